@@ -1,0 +1,36 @@
+# m3ctl: two entry points (see README.md).
+#   make demo  - venv + m3ctl + CPU vLLM, tiny model, doctor, serve, bench, stop
+#   make test  - venv as above, then the whole test suite (unit + real-server integration)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+DEMO   ?= .m3ctl-demo
+PORT   ?= 8011
+export M3CTL_STATE_DIR ?= $(abspath $(DEMO))/state
+
+.PHONY: demo test setup clean
+
+$(BIN)/m3ctl: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[cpu,dev]'
+	$(BIN)/m3ctl dev fix-vllm
+	touch $@
+
+setup: $(BIN)/m3ctl
+
+demo: setup
+	@test -f $(DEMO)/tiny-model/config.json || $(BIN)/m3ctl dev tiny-model $(DEMO)/tiny-model
+	$(BIN)/m3ctl doctor --model $(DEMO)/tiny-model --port $(PORT)
+	$(BIN)/m3ctl serve --model $(DEMO)/tiny-model --name demo --port $(PORT) --detach
+	$(BIN)/m3ctl bench --deployment demo --concurrency 4 --num-prompts 40 --input-len 128 --output-len 64 \
+	    --output-json $(DEMO)/bench.json || ($(BIN)/m3ctl stop demo; exit 1)
+	$(BIN)/m3ctl stop demo
+	@echo "bench result JSON: $(DEMO)/bench.json"
+
+test: setup
+	$(BIN)/python -m pytest -v tests
+
+clean:
+	-$(BIN)/m3ctl stop --all
+	rm -rf $(VENV) $(DEMO)

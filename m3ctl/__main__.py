@@ -1,0 +1,3 @@
+from m3ctl.cli import run
+
+run()

@@ -1,0 +1,6 @@
+"""``m3ctl bench``: load generation and metrics for any OpenAI-compatible endpoint.
+
+Metric names and meanings follow ``vllm bench serve`` (vllm/benchmarks/serve.py,
+``calculate_metrics``; summarised in shared/reference/anchors-bench-tune.md section 1)
+so results sit next to vLLM's key for key; m3ctl's additions use new keys.
+"""

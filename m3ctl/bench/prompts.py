@@ -1,0 +1,131 @@
+"""Prompts with exact input token lengths.
+
+Text is built from seeded random words, then trimmed or extended token by token
+against a tokenizer until re-encoding gives exactly the target length (BPE merges can
+change counts at a cut; a few rounds fix it). The tokenizer is the server's own
+(``POST /tokenize`` / ``/detokenize``, vLLM) when available, else the model's local
+``tokenizer.json``.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Protocol
+
+import httpx
+
+from m3ctl.errors import BadInput
+
+_WORDS = ("time person year way day thing man world life hand part child eye woman place work week case point "
+          "government company number group problem fact be have do say get make go know take see come think look "
+          "want give use find tell ask seem feel try leave call good new first last long great little own other "
+          "old right big high different small large next early young important few public bad same able to of in "
+          "for on with at by from up about into over after kernel tensor cache token expert router sparse block "
+          "latency throughput batch decode prefill memory bandwidth server request stream model weight layer").split()
+
+
+class Tokenizer(Protocol):
+    def encode(self, text: str) -> list[int]: ...
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class LocalTokenizer:
+    """A ``tokenizer.json`` from a local model directory (``tokenizers`` library), no special tokens added."""
+
+    def __init__(self, model_dir: str | Path):
+        from tokenizers import Tokenizer as HFTokenizer  # noqa: PLC0415
+
+        path = Path(model_dir) / "tokenizer.json"
+        if not path.is_file():
+            raise BadInput(f"no tokenizer.json in {model_dir}", "pass --tokenizer DIR or bench a vLLM server")
+        self._tok = HFTokenizer.from_file(str(path))
+        self.name = str(model_dir)
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=False)
+
+
+class ServerTokenizer:
+    """The server's tokenizer through vLLM's ``/tokenize`` and ``/detokenize`` endpoints."""
+
+    def __init__(self, base_url: str, model: str, headers: dict[str, str] | None = None):
+        self._c = httpx.Client(base_url=base_url, timeout=30.0, headers=headers or {})
+        self.model = model
+        self.name = f"{base_url}/tokenize"
+
+    def available(self) -> bool:
+        try:
+            r = self._c.post("/tokenize", json={"model": self.model, "prompt": "probe", "add_special_tokens": False})
+            return r.status_code == 200 and "tokens" in r.json()
+        except (httpx.HTTPError, ValueError):
+            return False
+
+    def encode(self, text: str) -> list[int]:
+        r = self._c.post("/tokenize", json={"model": self.model, "prompt": text, "add_special_tokens": False})
+        r.raise_for_status()
+        return list(r.json()["tokens"])
+
+    def decode(self, ids: list[int]) -> str:
+        r = self._c.post("/detokenize", json={"model": self.model, "tokens": ids})
+        r.raise_for_status()
+        return r.json()["prompt"]
+
+    def close(self) -> None:
+        self._c.close()
+
+
+def exact_prompt(tok: Tokenizer, length: int, rng: random.Random, max_rounds: int = 8) -> tuple[str, int]:
+    """A prompt of ``length`` tokens (or as close as ``max_rounds`` rounds get).
+
+    Returns:
+        ``(text, token_count)`` where ``token_count = len(tok.encode(text))``.
+    """
+    words: list[str] = []
+    ids: list[int] = []
+    while len(ids) < length:
+        words += [rng.choice(_WORDS) for _ in range(max(8, length - len(ids)))]
+        ids = tok.encode(" ".join(words))
+    text = tok.decode(ids[:length])
+    for _ in range(max_rounds):
+        got = tok.encode(text)
+        if len(got) == length:
+            return text, length
+        if len(got) > length:  # merges at the cut changed the count: cut the re-encoded ids
+            text = tok.decode(got[:length])
+        else:  # too short: extend with the tokens of one more word
+            text = tok.decode(got + tok.encode(" " + rng.choice(_WORDS))[: length - len(got)])
+    return text, len(tok.encode(text))
+
+
+def random_lengths(mean: int, range_ratio: float, n: int, rng: random.Random,
+                   convention: str = "vllm") -> list[int]:
+    """Per-request lengths.
+
+    Conventions (named explicitly because the same words mean different ranges;
+    shared/reference/anchors-bench-tune.md section 0.4):
+        ``vllm``: uniform integers in [floor(L(1-r)), ceil(L(1+r))], r in [0, 1).
+        ``inferencex``: uniform integers in [floor(rL), L], r in (0, 1].
+
+    Raises:
+        BadInput: ``range_ratio`` outside the convention's domain.
+    """
+    import math  # noqa: PLC0415
+
+    if convention == "vllm":
+        if not 0 <= range_ratio < 1:
+            raise BadInput(f"range ratio {range_ratio} is outside [0, 1) for the vllm convention",
+                           "use a value such as 0.1")
+        lo, hi = math.floor(mean * (1 - range_ratio)), math.ceil(mean * (1 + range_ratio))
+    elif convention == "inferencex":
+        if not 0 < range_ratio <= 1:
+            raise BadInput(f"range ratio {range_ratio} is outside (0, 1] for the inferencex convention",
+                           "use a value such as 0.8")
+        lo, hi = math.floor(mean * range_ratio), mean
+    else:
+        raise BadInput(f"unknown range convention {convention!r}", "use vllm or inferencex")
+    lo = max(1, lo)
+    return [rng.randint(lo, max(lo, hi)) for _ in range(n)]

@@ -1,0 +1,212 @@
+"""Kernel profiles and images as data: YAML files validated by pydantic schemas.
+
+Built-in files live in the package (``m3ctl/profiles/*.yaml``, ``m3ctl/images/*.yaml``);
+a user catalog directory (``$M3CTL_CATALOG_DIR`` or ``--catalog DIR``) with the same
+layout extends or overrides them by name. Unknown keys fail with a "did you mean"
+suggestion; every file carries ``schema_version``.
+
+Profiles hold values only (vLLM flags, env, constraints, sources); the logic that
+uses them lives in :mod:`m3ctl.plan`.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from m3ctl.errors import CatalogError
+
+SCHEMA_VERSION = 1
+
+FlagValue = bool | int | float | str | list[Any] | dict[str, Any]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Constraints(_Strict):
+    """Model constraints a profile's engine imposes, checked at plan time.
+
+    Attributes:
+        head_dim_in: attention head sizes the attention backend supports.
+        moe_scoring_func_in: MoE router scoring functions the MoE backend supports.
+    """
+
+    head_dim_in: list[int] | None = None
+    moe_scoring_func_in: list[str] | None = None
+
+
+class Readiness(_Strict):
+    """Readiness budgets (seconds): a fixed base plus a load rate per GiB of weights."""
+
+    startup_base_s: float = 120.0
+    startup_s_per_gib: float = 10.0
+    completion_timeout_s: float = 60.0
+
+
+class Profile(_Strict):
+    """A kernel profile: how vLLM is launched on one architecture family.
+
+    Attributes:
+        name: profile id (``cpu``, ``hopper``...).
+        arch: architecture family it applies to (see m3ctl/data/architectures.yaml; ``cpu`` for no GPU).
+        runtimes: runtimes that can launch it (``process``, ``docker``).
+        image: image id from the images catalog (None: bare ``vllm serve`` process only).
+        serve_args: ``vllm serve`` flags without the leading ``--``; ``true`` renders a bare flag,
+            ``false`` renders ``--no-<flag>`` (works on vLLM 0.32 and 0.33, see cpu-test-stack.md).
+        env: environment for the server.
+        constraints: model constraints checked before launch.
+        readiness: startup budgets.
+        sources: where each value comes from (flag or topic -> URL or doc).
+    """
+
+    schema_version: Literal[1] = 1
+    name: str
+    arch: str
+    description: str = ""
+    runtimes: list[Literal["process", "docker"]] = Field(default_factory=lambda: ["process"])
+    image: str | None = None
+    serve_args: dict[str, FlagValue] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    constraints: Constraints = Field(default_factory=Constraints)
+    readiness: Readiness = Field(default_factory=Readiness)
+    sources: dict[str, str] = Field(default_factory=dict)
+
+
+class Image(_Strict):
+    """A prebuilt serving image.
+
+    Attributes:
+        name: catalog id.
+        vendor: ``nvidia`` or ``amd``.
+        repository, tag, digest: the image reference (digest pins it when known).
+        vllm_version: vLLM inside the image.
+        cuda_version / rocm_version: toolkit inside the image.
+        min_driver: minimum host driver version.
+        archs: architecture families it supports.
+    """
+
+    schema_version: Literal[1] = 1
+    name: str
+    vendor: Literal["nvidia", "amd"]
+    repository: str
+    tag: str
+    digest: str | None = None
+    vllm_version: str
+    cuda_version: str | None = None
+    rocm_version: str | None = None
+    min_driver: str | None = None
+    archs: list[str]
+    notes: str = ""
+    sources: dict[str, str] = Field(default_factory=dict)
+
+    @property
+    def reference(self) -> str:
+        """``repository:tag`` or ``repository@digest`` when pinned."""
+        return f"{self.repository}@{self.digest}" if self.digest else f"{self.repository}:{self.tag}"
+
+
+def _explain(err: ValidationError, model: type[BaseModel], where: str) -> str:
+    e = err.errors()[0]
+    loc = ".".join(str(p) for p in e["loc"])
+    if e["type"] == "extra_forbidden":
+        bad = str(e["loc"][-1])
+        parent: Any = model
+        for part in e["loc"][:-1]:
+            field = getattr(parent, "model_fields", {}).get(part)
+            ann = getattr(field, "annotation", None) if field else None
+            parent = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
+            if parent is None:
+                break
+        known = list(getattr(parent, "model_fields", {}) or {})
+        close = difflib.get_close_matches(bad, known, n=1)
+        tip = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
+        return f"{where}: unknown key {loc!r}{tip}"
+    return f"{where}: {loc or '<top>'}: {e['msg']}"
+
+
+def _load(text: str, model: type[BaseModel], where: str) -> Any:
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise CatalogError(f"{where}: not valid YAML: {str(e).splitlines()[0]}", "fix the YAML syntax") from e
+    if not isinstance(data, dict):
+        raise CatalogError(f"{where}: expected a mapping at the top level", "see m3ctl/profiles/cpu.yaml")
+    if data.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise CatalogError(f"{where}: schema_version {data.get('schema_version')!r} is not supported "
+                           f"(this m3ctl reads {SCHEMA_VERSION})", "upgrade m3ctl or convert the file")
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise CatalogError(_explain(e, model, where), "fix the file; see the schema in m3ctl/catalog.py") from e
+
+
+def load_profile_file(path: Path) -> Profile:
+    """Load and validate one profile file.
+
+    Raises:
+        CatalogError: unreadable, invalid YAML, or schema violation (one-line message).
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise CatalogError(f"cannot read profile {path}: {e.strerror}", "check the path") from e
+    return _load(text, Profile, str(path))
+
+
+def _builtin(kind: str, model: type[BaseModel]) -> dict[str, Any]:
+    out = {}
+    for entry in sorted(resources.files("m3ctl").joinpath(kind).iterdir(), key=lambda p: p.name):
+        if entry.name.endswith(".yaml"):
+            obj = _load(entry.read_text(), model, f"m3ctl/{kind}/{entry.name}")
+            out[obj.name] = obj
+    return out
+
+
+def _user_dir(catalog_dir: str | os.PathLike | None) -> Path | None:
+    d = catalog_dir or os.environ.get("M3CTL_CATALOG_DIR")
+    return Path(d) if d else None
+
+
+@functools.lru_cache(maxsize=8)
+def _catalog(kind: str, catalog_dir: str | None) -> dict[str, Any]:
+    model = Profile if kind == "profiles" else Image
+    items = _builtin(kind, model)
+    user = _user_dir(catalog_dir)
+    if user and (user / kind).is_dir():
+        for p in sorted((user / kind).glob("*.yaml")):
+            obj = _load(p.read_text(), model, str(p))
+            items[obj.name] = obj
+    return items
+
+
+def profiles(catalog_dir: str | None = None) -> dict[str, Profile]:
+    """All profiles by name (built-in, then the user catalog overriding by name)."""
+    return dict(_catalog("profiles", catalog_dir or os.environ.get("M3CTL_CATALOG_DIR")))
+
+
+def images(catalog_dir: str | None = None) -> dict[str, Image]:
+    """All images by name (built-in, then the user catalog overriding by name)."""
+    return dict(_catalog("images", catalog_dir or os.environ.get("M3CTL_CATALOG_DIR")))
+
+
+def profile_for_arch(arch: str, catalog_dir: str | None = None) -> Profile:
+    """The profile for an architecture family.
+
+    Raises:
+        CatalogError: no profile covers ``arch``.
+    """
+    for p in profiles(catalog_dir).values():
+        if p.arch == arch:
+            return p
+    known = sorted({p.arch for p in profiles(catalog_dir).values()})
+    raise CatalogError(f"no kernel profile for architecture {arch!r}",
+                       f"profiles exist for: {', '.join(known)}; pass --profile FILE to supply one")

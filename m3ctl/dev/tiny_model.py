@@ -1,0 +1,141 @@
+"""Build tiny random-weight models locally (no hub access, ever).
+
+A byte-level BPE tokenizer is trained with ``tokenizers`` on local text (the running
+Python's standard library sources), given a ChatML chat template, and saved as a
+``PreTrainedTokenizerFast``; a random-weight model of the chosen architecture is saved
+with ``transformers``. Seeded: the same arguments on the same Python give the same
+files. Takes a few seconds on 2 CPU cores.
+
+Architectures:
+- ``minimax-m2`` (default): ``MiniMaxM2ForCausalLM``, MoE (4 experts, top-2), qk-norm,
+  partial RoPE, with ``scoring_func: softmax`` because vLLM's CPU MoE router rejects the
+  real checkpoints' sigmoid (shared/reference/cpu-test-stack.md section 3).
+- ``llama``: ``LlamaForCausalLM``, dense.
+
+``head_dim`` must be one vLLM's CPU attention supports (32, 64, ...); other values are
+allowed on purpose so tests can build a model the server accepts but cannot run.
+"""
+
+from __future__ import annotations
+
+import json
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from m3ctl.errors import BadInput
+
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+ARCHITECTURES = ("minimax-m2", "llama")
+
+
+@dataclass(frozen=True)
+class TinyModelSpec:
+    """Shape of a tiny model. Sizes are tiny on purpose (about 0.3-1 M parameters)."""
+
+    arch: str = "minimax-m2"
+    vocab_size: int = 2048
+    hidden_size: int = 128
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    head_dim: int = 32
+    intermediate_size: int = 128
+    num_experts: int = 4
+    experts_per_tok: int = 2
+    max_position_embeddings: int = 4096
+    seed: int = 0
+
+
+def _corpus(max_files: int = 200) -> list[str]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in stdlib.glob("*.py"))[:max_files]
+    return [str(p) for p in files]
+
+
+def build_tokenizer(out: Path, vocab_size: int):
+    """Train a byte-level BPE tokenizer on local text and save it (tokenizer.json + config)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # noqa: PLC0415
+    from transformers import PreTrainedTokenizerFast  # noqa: PLC0415
+
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train(_corpus(), trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>",
+                                   pad_token="<|endoftext|>", unk_token=None)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(out))
+    return fast
+
+
+def _config(spec: TinyModelSpec, tokenizer):
+    import transformers  # noqa: PLC0415
+
+    common = dict(vocab_size=len(tokenizer), hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
+                  num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+                  head_dim=spec.head_dim, intermediate_size=spec.intermediate_size,
+                  max_position_embeddings=spec.max_position_embeddings,
+                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                  pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    if spec.arch == "llama":
+        return transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
+    if spec.arch == "minimax-m2":
+        cfg = transformers.MiniMaxM2Config(
+            **common, num_local_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_tok,
+            rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0,
+                             "partial_rotary_factor": 0.5},
+        )
+        # Fields the real MiniMax-M2 config.json carries and vLLM's MiniMaxM2 model reads.
+        cfg.rotary_dim = spec.head_dim // 2
+        cfg.use_qk_norm = True
+        cfg.qk_norm_type = "per_layer"
+        cfg.use_routing_bias = True
+        cfg.scoring_func = "softmax"  # vLLM CPU router: softmax only (cpu-test-stack.md section 3)
+        return cfg, transformers.MiniMaxM2ForCausalLM
+    raise BadInput(f"unknown tiny-model architecture {spec.arch!r}", f"choose one of: {', '.join(ARCHITECTURES)}")
+
+
+def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None, *, overwrite: bool = False) -> Path:
+    """Build a tiny random-weight model directory that vLLM (CPU build) can serve.
+
+    Args:
+        out_dir: directory to create; holds config.json, model.safetensors, tokenizer files.
+        spec: model shape; defaults to :class:`TinyModelSpec` (MiniMax-M2, head_dim 32).
+        overwrite: replace an existing non-empty directory.
+
+    Returns:
+        The output directory.
+
+    Raises:
+        BadInput: unknown architecture, or ``out_dir`` exists and is not empty (without ``overwrite``).
+    """
+    spec = spec or TinyModelSpec()
+    if spec.arch not in ARCHITECTURES:
+        raise BadInput(f"unknown tiny-model architecture {spec.arch!r}", f"choose one of: {', '.join(ARCHITECTURES)}")
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()) and not overwrite:
+        raise BadInput(f"{out} exists and is not empty", "choose another directory or pass --overwrite")
+    out.mkdir(parents=True, exist_ok=True)
+    import torch  # noqa: PLC0415
+    from transformers.utils import logging as hf_logging  # noqa: PLC0415
+
+    hf_logging.disable_progress_bar()
+    tokenizer = build_tokenizer(out, spec.vocab_size)
+    cfg, cls = _config(spec, tokenizer)
+    torch.manual_seed(spec.seed)
+    model = cls(cfg).to(torch.bfloat16)
+    model.save_pretrained(str(out))
+    # Keep vLLM's view simple and explicit: dtype and the build recipe for reproducibility.
+    cfg_path = out / "config.json"
+    data = json.loads(cfg_path.read_text())
+    data["torch_dtype"] = "bfloat16"
+    cfg_path.write_text(json.dumps(data, indent=2, sort_keys=True))
+    (out / "m3ctl-tiny.json").write_text(json.dumps(spec.__dict__, indent=2, sort_keys=True))
+    return out

@@ -1,0 +1,91 @@
+"""Exception hierarchy and exit codes.
+
+Every error m3ctl raises on purpose is an :class:`M3Error`: a one-line ``message``
+saying what was wrong, an optional ``hint`` saying what to do, and an ``exit_code``.
+The CLI maps these to ``error: <message>`` / ``hint: <hint>`` on stderr and the exit
+code, without a traceback unless ``--debug`` is given.
+
+Exit codes (stable, documented in README.md):
+
+===  =========================================================
+0    ok
+1    checks failed / run invalid (e.g. doctor found a FAIL, bench had failures)
+2    usage or bad input (bad flag value, missing file)
+3    configuration rejected before launch (port in use, invalid plan)
+4    launch or readiness failed (server died, readiness budget ran out)
+130  interrupted (Ctrl-C)
+===  =========================================================
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_CHECKS_FAILED = 1
+EXIT_USAGE = 2
+EXIT_CONFIG_REJECTED = 3
+EXIT_LAUNCH_FAILED = 4
+EXIT_INTERRUPTED = 130
+
+
+class M3Error(Exception):
+    """Base of all deliberate m3ctl errors.
+
+    Args:
+        message: one line naming what was wrong.
+        hint: one line naming what to do about it (optional).
+    """
+
+    exit_code = EXIT_CHECKS_FAILED
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:  # pragma: no cover - trivial
+        return self.message
+
+
+class ChecksFailed(M3Error):
+    """A check or a measured run did not pass (exit 1)."""
+
+    exit_code = EXIT_CHECKS_FAILED
+
+
+class BadInput(M3Error):
+    """Usage error or bad input such as a missing file or a malformed value (exit 2)."""
+
+    exit_code = EXIT_USAGE
+
+
+class CatalogError(BadInput):
+    """A YAML profile/image/model file does not match its schema (exit 2)."""
+
+
+class ConfigRejected(M3Error):
+    """The launch configuration was rejected before anything started (exit 3)."""
+
+    exit_code = EXIT_CONFIG_REJECTED
+
+
+class LaunchFailed(M3Error):
+    """The server could not be started, died, or never became ready (exit 4).
+
+    Attributes:
+        phase: readiness phase in which the failure happened (e.g. ``"first_completion"``).
+        root_cause: the log line judged to be the root cause, if one was found.
+        log_path: path of the server log, if any.
+    """
+
+    exit_code = EXIT_LAUNCH_FAILED
+
+    def __init__(self, message: str, hint: str | None = None, *, phase: str | None = None,
+                 root_cause: str | None = None, log_path: str | None = None):
+        super().__init__(message, hint)
+        self.phase = phase
+        self.root_cause = root_cause
+        self.log_path = log_path
+
+
+class NotFound(BadInput):
+    """A named deployment or file does not exist (exit 2)."""

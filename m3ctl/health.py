@@ -1,0 +1,172 @@
+"""Staged readiness: a server is ready only when it really serves.
+
+Phases, in order (each reported through a callback as it starts and ends):
+
+1. ``process``: the main process/container is alive.
+2. ``port``: the API port accepts TCP connections. Connection refused means "loading"
+   until the startup budget runs out.
+3. ``health``: ``GET /health`` returns 200.
+4. ``models``: ``GET /v1/models`` lists the served model name.
+5. ``completion``: one real ``POST /v1/completions`` (a few tokens) returns 200 with a
+   non-empty choice. A server whose /health is 200 but whose first request fails (e.g. a
+   head_dim its attention backend cannot run) is NOT ready
+   (shared/reference/cpu-test-stack.md, "a /health 200 does not prove that the model can generate").
+
+A death or failure in any phase raises :class:`~m3ctl.errors.LaunchFailed` naming the
+phase and the root-cause log line (:mod:`m3ctl.diagnose`).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from m3ctl.diagnose import diagnose_log
+from m3ctl.errors import LaunchFailed
+
+PHASES = ("process", "port", "health", "models", "completion")
+
+
+@dataclass(frozen=True)
+class PhaseEvent:
+    """A readiness phase starting (``status="start"``), passing (``"ok"``) or failing (``"fail"``).
+
+    ``elapsed_s`` counts from the launch; ``detail`` is a short human note.
+    """
+
+    phase: str
+    status: str
+    elapsed_s: float
+    detail: str = ""
+
+
+@dataclass
+class ReadinessResult:
+    """Timings of a successful readiness wait: ``phase -> seconds since launch when it passed``."""
+
+    phase_times: dict[str, float]
+    completion_text: str
+
+    @property
+    def time_to_ready_s(self) -> float:
+        return self.phase_times["completion"]
+
+
+def _port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def wait_ready(url: str, served_model_name: str, *, is_alive: Callable[[], bool], started_at: float,
+               budget_s: float, completion_timeout_s: float = 60.0, log_path: str | None = None,
+               on_event: Callable[[PhaseEvent], None] | None = None, poll_s: float = 0.5,
+               headers: dict[str, str] | None = None) -> ReadinessResult:
+    """Wait until the server at ``url`` passes every phase, or raise.
+
+    Args:
+        url: base URL, e.g. ``http://127.0.0.1:8000``.
+        served_model_name: the model id /v1/models must list and the completion uses.
+        is_alive: returns False once the server process/container has died.
+        started_at: ``time.time()`` of the launch (s); budgets count from it.
+        budget_s: seconds from launch until the ``models`` phase must pass.
+        completion_timeout_s: seconds the first completion may take.
+        log_path: server log, for the root cause on failure.
+        on_event: receives :class:`PhaseEvent` s (for live display).
+        headers: extra HTTP headers (e.g. Authorization when the server has an API key).
+
+    Returns:
+        :class:`ReadinessResult` with each phase's pass time.
+
+    Raises:
+        LaunchFailed: the server died, a phase failed, or the budget ran out (exit 4).
+    """
+    host, port = url.split("//", 1)[1].rsplit(":", 1)
+    port_i = int(port.split("/")[0])
+    emit = on_event or (lambda e: None)
+    times: dict[str, float] = {}
+    deadline = started_at + budget_s
+
+    def elapsed() -> float:
+        return time.time() - started_at
+
+    def fail(phase: str, what: str, hint: str | None = None) -> LaunchFailed:
+        time.sleep(0.5)  # let the server flush the traceback to its log
+        diag = diagnose_log(log_path)
+        emit(PhaseEvent(phase, "fail", elapsed(), what))
+        if diag:
+            msg = f"{what} in phase '{phase}': {diag.cause} [{diag.line}]"
+            hint = diag.fix + (f"; full log: {log_path}" if log_path else "")
+        else:
+            msg = f"{what} in phase '{phase}'"
+            hint = hint or (f"see the log: {log_path}" if log_path else None)
+        return LaunchFailed(msg, hint, phase=phase, root_cause=diag.line if diag else None, log_path=log_path)
+
+    def until(phase: str, check: Callable[[], bool | str], note: str = "") -> None:
+        emit(PhaseEvent(phase, "start", elapsed(), note))
+        while True:
+            if not is_alive():
+                raise fail(phase, "server exited before it was ready")
+            r = check()
+            if r is True:
+                times[phase] = elapsed()
+                emit(PhaseEvent(phase, "ok", times[phase]))
+                return
+            if isinstance(r, str):  # a definite failure, not "still loading"
+                raise fail(phase, r)
+            if time.time() > deadline:
+                raise fail(phase, f"not ready after {budget_s:.0f} s",
+                           "raise the budget with --startup-timeout if the model is large")
+            time.sleep(poll_s)
+
+    until("process", lambda: True)
+    until("port", lambda: _port_open(host, port_i), f"{host}:{port_i}")
+    with httpx.Client(base_url=url, timeout=10.0, headers=headers or {}) as client:
+        def health() -> bool:
+            try:
+                return client.get("/health").status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        def models() -> bool | str:
+            try:
+                r = client.get("/v1/models")
+            except httpx.HTTPError:
+                return False
+            if r.status_code in (401, 403):
+                return f"/v1/models answered {r.status_code} (API key required?)"
+            if r.status_code != 200:
+                return False
+            ids = [m.get("id") for m in r.json().get("data", [])]
+            return True if served_model_name in ids else f"/v1/models lists {ids}, not {served_model_name!r}"
+
+        until("health", health)
+        until("models", models, served_model_name)
+        text = ""
+
+        def completion() -> bool | str:
+            nonlocal text
+            try:
+                r = client.post("/v1/completions", timeout=completion_timeout_s,
+                                json={"model": served_model_name, "prompt": "Hello", "max_tokens": 4,
+                                      "temperature": 0})
+            except httpx.TimeoutException:
+                return f"first completion did not return within {completion_timeout_s:.0f} s"
+            except httpx.HTTPError as e:
+                return f"first completion failed: {type(e).__name__}"
+            if r.status_code != 200:
+                return f"first completion returned HTTP {r.status_code}"
+            choices = r.json().get("choices") or []
+            if not choices or not isinstance(choices[0].get("text"), str):
+                return "first completion returned no choices"
+            text = choices[0]["text"]
+            return True
+
+        until("completion", completion, "one real completion")
+    return ReadinessResult(phase_times=times, completion_text=text)

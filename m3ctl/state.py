@@ -1,0 +1,146 @@
+"""Deployment registry: what m3ctl started, kept as JSON files under a state directory.
+
+Location: ``$M3CTL_STATE_DIR`` if set, else ``$XDG_STATE_HOME/m3ctl``, else
+``~/.local/state/m3ctl`` (XDG Base Directory spec,
+https://specifications.freedesktop.org/basedir-spec/latest/). Layout::
+
+    <state>/deployments/<name>.json   one record per deployment
+    <state>/logs/<name>.log           server stdout+stderr (process runtime)
+
+Records never hold secrets: argv and env are stored redacted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, Field
+
+from m3ctl.errors import BadInput, NotFound
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+
+def state_dir() -> Path:
+    """The state directory (created on demand by writers, not by this call)."""
+    env = os.environ.get("M3CTL_STATE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg).expanduser() if xdg else Path.home() / ".local" / "state"
+    return base / "m3ctl"
+
+
+def check_name(name: str) -> str:
+    """Validate a deployment name (letters, digits, ``_.-``; 1-63 chars).
+
+    Raises:
+        BadInput: the name has other characters.
+    """
+    if not _NAME_RE.match(name):
+        raise BadInput(f"invalid deployment name {name!r}",
+                       "use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit")
+    return name
+
+
+class Deployment(BaseModel):
+    """One server m3ctl started.
+
+    Attributes:
+        name: deployment name (unique in the state dir).
+        runtime: ``"process"`` or ``"docker"``.
+        pid: PID of the server's main process (process runtime); its process group id equals it.
+        container_id: container id (docker runtime).
+        host, port: where the OpenAI-compatible API listens.
+        served_model_name: the model id the server answers to.
+        model: model path or hub id.
+        argv: the launched command line (redacted).
+        log_path: server log file.
+        started_at: UNIX time of the launch (s).
+        ready_at: UNIX time readiness completed (s), None until ready.
+        phase: last known phase (``launching``, ``ready``, ``failed``, ``stopped``).
+        plan_hash: hash of the launch plan, to tell deployments of the same plan apart.
+    """
+
+    name: str
+    runtime: str = "process"
+    pid: int | None = None
+    container_id: str | None = None
+    host: str = "127.0.0.1"
+    port: int
+    served_model_name: str
+    model: str
+    argv: list[str] = Field(default_factory=list)
+    log_path: str | None = None
+    started_at: float = Field(default_factory=time.time)
+    ready_at: float | None = None
+    phase: str = "launching"
+    plan_hash: str | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL of the API, e.g. ``http://127.0.0.1:8000``."""
+        return f"http://{self.host}:{self.port}"
+
+
+class Registry:
+    """Reads and writes :class:`Deployment` records under a state directory."""
+
+    def __init__(self, root: Path | None = None):
+        self.root = Path(root) if root is not None else state_dir()
+
+    @property
+    def deployments_dir(self) -> Path:
+        return self.root / "deployments"
+
+    @property
+    def logs_dir(self) -> Path:
+        return self.root / "logs"
+
+    def log_path(self, name: str) -> Path:
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        return self.logs_dir / f"{check_name(name)}.log"
+
+    def _path(self, name: str) -> Path:
+        return self.deployments_dir / f"{check_name(name)}.json"
+
+    def save(self, dep: Deployment) -> None:
+        """Write a record atomically (write to a temp file, then rename)."""
+        self.deployments_dir.mkdir(parents=True, exist_ok=True)
+        path = self._path(dep.name)
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(dep.model_dump_json(indent=2))
+        os.replace(tmp, path)
+
+    def get(self, name: str) -> Deployment:
+        """Load a record.
+
+        Raises:
+            NotFound: no deployment of that name.
+        """
+        path = self._path(name)
+        if not path.exists():
+            known = ", ".join(d.name for d in self.list()) or "none"
+            raise NotFound(f"no deployment named {name!r}", f"known deployments: {known} (see `m3ctl status`)")
+        return Deployment.model_validate(json.loads(path.read_text()))
+
+    def exists(self, name: str) -> bool:
+        return self._path(name).exists()
+
+    def list(self) -> list[Deployment]:
+        """All records, oldest first; unreadable records are skipped."""
+        out = []
+        if self.deployments_dir.is_dir():
+            for p in sorted(self.deployments_dir.glob("*.json")):
+                try:
+                    out.append(Deployment.model_validate(json.loads(p.read_text())))
+                except (ValueError, OSError):
+                    continue
+        return sorted(out, key=lambda d: d.started_at)
+
+    def remove(self, name: str) -> None:
+        self._path(name).unlink(missing_ok=True)

