@@ -15,8 +15,10 @@ import traceback
 from pathlib import Path
 from typing import Annotated, Optional
 
-import click
 import typer
+from typer.exceptions import Abort as _Abort
+from typer.exceptions import Exit as _Exit
+from typer.exceptions import TyperException as _UsageBase
 
 from m3ctl import __version__
 from m3ctl.errors import EXIT_INTERRUPTED, EXIT_USAGE, BadInput, ChecksFailed, M3Error
@@ -434,13 +436,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         rv = app(args=args, prog_name="m3ctl", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
-    except click.exceptions.Exit as e:
+    except _Exit as e:
         return e.exit_code
-    except click.exceptions.Abort:
+    except _Abort:
         err.print("interrupted")
         return EXIT_INTERRUPTED
-    except click.ClickException as e:
-        e.show()
+    except _UsageBase as e:  # Typer's (vendored click) usage errors: show() prints usage + one line
+        show = getattr(e, "show", None)
+        if show:
+            show()
+        else:
+            err.print(f"error: {escape(e.format_message())}")
         return e.exit_code if e.exit_code else EXIT_USAGE
     except M3Error as e:
         if debug:

@@ -68,6 +68,16 @@ def _tokenizer(cfg: BenchConfig) -> Tokenizer:
                    "pass --tokenizer DIR (a local model directory with tokenizer.json)")
 
 
+def _check_reachable(cfg: BenchConfig) -> None:
+    import httpx  # noqa: PLC0415
+
+    try:
+        httpx.get(f"{cfg.url}/v1/models", headers=_headers(cfg), timeout=10.0)
+    except httpx.HTTPError as e:
+        raise BadInput(f"cannot reach {cfg.url}: {type(e).__name__}",
+                       "check --url (and that the server is up: `m3ctl status`)") from None
+
+
 def _headers(cfg: BenchConfig) -> dict[str, str]:
     return {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
 
@@ -131,6 +141,7 @@ def run_bench(cfg: BenchConfig) -> dict:
         raise BadInput(f"unknown endpoint {cfg.endpoint!r}", "use --endpoint completions or --endpoint chat")
     if cfg.goodput_slo_ms and (bad := set(cfg.goodput_slo_ms) - {"ttft", "tpot", "e2el"}):
         raise BadInput(f"unknown goodput metric(s) {sorted(bad)}", "use ttft, tpot or e2el, e.g. --goodput ttft:2000")
+    _check_reachable(cfg)
     tok = _tokenizer(cfg)
     reqs = build_requests(cfg, tok)
     if isinstance(tok, ServerTokenizer):

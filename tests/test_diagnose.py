@@ -1,0 +1,37 @@
+"""Root-cause patterns against real vLLM log lines (quoted in shared/reference/cpu-test-stack.md)."""
+
+import pytest
+
+from m3ctl.diagnose import diagnose_log, diagnose_text
+
+LINES = {
+    "cpu-attention-head-dim": "RuntimeError: Worker failed with error 'Unsupported CPU attention configuration: "
+                              "head_dim=16 isa=2 kv_cache_idx=0', please check the stack trace above",
+    "cpu-router-scoring": '  File "cpu_router.py", line 239\n    assert self.scoring_func == "softmax"\nAssertionError',
+    "cpu-memory-utilization": "ValueError: Available memory on node 0 (14.11/15.71 GiB) on startup is less than "
+                              "desired CPU memory utilization (0.92, 14.46 GiB).",
+    "address-in-use": "ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', 8011): "
+                      "address already in use",
+    "vllm-metadata-alias": "importlib.metadata.PackageNotFoundError: No package metadata was found for vllm",
+    "torchvision-cuda": "RuntimeError: operator torchvision::nms does not exist",
+}
+
+
+@pytest.mark.parametrize("pid", sorted(LINES))
+def test_known_patterns(pid):
+    text = "INFO starting\nTraceback (most recent call last):\n" + LINES[pid] + "\nINFO shutting down\n"
+    d = diagnose_text(text)
+    assert d is not None and d.id == pid and d.fix
+
+
+def test_specific_cause_beats_generic_engine_failure():
+    text = ("RuntimeError: Engine core initialization failed. See root cause above.\n"
+            + LINES["cpu-memory-utilization"])
+    assert diagnose_text(text).id == "cpu-memory-utilization"
+
+
+def test_generic_fallback_and_nothing(tmp_path):
+    d = diagnose_text("INFO ok\nValueError: something odd happened\nINFO bye\n")
+    assert d.id == "generic" and "something odd" in d.line
+    assert diagnose_text("INFO all good\n") is None
+    assert diagnose_log(tmp_path / "missing.log") is None
