@@ -54,6 +54,9 @@ class LaunchPlan(BaseModel):
         completion_timeout_s: budget for the first real completion, seconds.
         choices: the decisions and their reasons.
         warnings: non-fatal findings.
+        mounts: extra bind mounts for the docker runtime, ``HOST:CONTAINER[:ro|rw]`` (default ro).
+        gpu_vendor: ``nvidia``/``amd`` or None (CPU): how the docker runtime exposes devices.
+        gpu_devices: GPUs to expose (UUIDs where known, else indices); empty with a vendor = all.
     """
 
     name: str
@@ -71,6 +74,9 @@ class LaunchPlan(BaseModel):
     completion_timeout_s: float = 60.0
     choices: list[Choice] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
+    mounts: list[str] = Field(default_factory=list)
+    gpu_vendor: str | None = None
+    gpu_devices: list[str] = Field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -137,7 +143,8 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
          profile: Profile | None = None, overrides: dict[str, Any] | None = None,
          env: dict[str, str] | None = None, pass_env: list[str] | None = None,
          startup_budget_s: float | None = None, skip_checks: bool = False,
-         vllm_executable: str | None = None, catalog_dir: str | None = None) -> LaunchPlan:
+         vllm_executable: str | None = None, catalog_dir: str | None = None,
+         image: str | None = None, mounts: list[str] | None = None) -> LaunchPlan:
     """Plan one launch.
 
     Args:
@@ -152,6 +159,8 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
         pass_env: names of secret variables to pass through from m3ctl's environment.
         startup_budget_s: override of the readiness budget (seconds).
         skip_checks: plan even when a constraint rejects the model (the readiness check still runs).
+        image: image reference for the docker runtime (default: the profile's catalog image).
+        mounts: extra docker bind mounts ``HOST:CONTAINER[:ro|rw]``.
 
     Raises:
         ConfigRejected: the profile does not support this runtime or model (exit 3).
@@ -204,8 +213,20 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     else:
         why = "given with --startup-timeout"
     choices.append(Choice(what="startup budget", value=f"{startup_budget_s:.0f} s", why=why))
+    if runtime == "docker":
+        if image:
+            choices.append(Choice(what="image", value=image, why="given with --image"))
+        elif profile.image:
+            image = catalog.images(catalog_dir)[profile.image].reference
+            choices.append(Choice(what="image", value=image, why=f"profile {profile.name} image {profile.image}"))
+        else:
+            raise ConfigRejected(f"profile {profile.name!r} names no image for the docker runtime",
+                                 "pass --image REF (a local image works; see m3ctl/runtime/docker.py)")
+    gpus = inventory.gpus
     return LaunchPlan(name=name, runtime=runtime, profile=profile.name, model=model, served_model_name=served,
                       host=host, port=port, argv=argv, env=run_env, secret_env_names=sorted(pass_env or []),
                       startup_budget_s=startup_budget_s,
                       completion_timeout_s=profile.readiness.completion_timeout_s,
-                      choices=choices, warnings=warnings)
+                      choices=choices, warnings=warnings, image=image if runtime == "docker" else None,
+                      mounts=list(mounts or []), gpu_vendor=gpus[0].vendor if gpus else None,
+                      gpu_devices=[g.uuid or str(g.index) for g in gpus])

@@ -89,8 +89,19 @@ def test_max_model_len_capped_by_model(tiny_models, tmp_path):
 
 
 def test_runtime_not_supported_by_profile(tiny_models):
+    from m3ctl.catalog import profiles
+
+    process_only = profiles()["cpu"].model_copy(update={"runtimes": ["process"]})
     with pytest.raises(ConfigRejected, match="does not support runtime 'docker'"):
+        plan(CPU, str(tiny_models["m2"]), runtime="docker", profile=process_only)
+
+
+def test_docker_plan_needs_an_image(tiny_models):
+    with pytest.raises(ConfigRejected, match="names no image for the docker runtime"):
         plan(CPU, str(tiny_models["m2"]), runtime="docker")
+    p = plan(CPU, str(tiny_models["m2"]), runtime="docker", image="local/vllm-cpu:test", mounts=["/a:/b"])
+    assert p.image == "local/vllm-cpu:test" and p.mounts == ["/a:/b"] and p.gpu_vendor is None
+    assert plan(CPU, str(tiny_models["m2"])).image is None  # process runtime: no image
 
 
 def test_secrets_never_in_plan(tiny_models):
