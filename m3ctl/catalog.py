@@ -52,6 +52,23 @@ class Readiness(_Strict):
     completion_timeout_s: float = 60.0
 
 
+class KernelExpect(_Strict):
+    """The kernels a profile intends vLLM to pick; checked against the startup log after readiness
+    (:mod:`m3ctl.kernels`, patterns in m3ctl/data/kernel_patterns.yaml). None = no expectation.
+
+    Attributes:
+        attention, moe, moe_experts, linear: acceptable backend names as vLLM logs them
+            (case-insensitive, e.g. ``FLASHINFER``, ``MARLIN``, ``CPU``).
+        tolerate: fallback ids (kernel_patterns.yaml) that are expected on this profile: reported as INFO.
+    """
+
+    attention: list[str] | None = None
+    moe: list[str] | None = None
+    moe_experts: list[str] | None = None
+    linear: list[str] | None = None
+    tolerate: list[str] = Field(default_factory=list)
+
+
 class Profile(_Strict):
     """A kernel profile: how vLLM is launched on one architecture family.
 
@@ -65,6 +82,7 @@ class Profile(_Strict):
         env: environment for the server.
         constraints: model constraints checked before launch.
         readiness: startup budgets.
+        expect: kernels the profile intends (verified from the startup log after readiness).
         sources: where each value comes from (flag or topic -> URL or doc).
     """
 
@@ -78,6 +96,7 @@ class Profile(_Strict):
     env: dict[str, str] = Field(default_factory=dict)
     constraints: Constraints = Field(default_factory=Constraints)
     readiness: Readiness = Field(default_factory=Readiness)
+    expect: KernelExpect = Field(default_factory=KernelExpect)
     sources: dict[str, str] = Field(default_factory=dict)
 
 
