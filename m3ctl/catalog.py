@@ -52,6 +52,17 @@ class Readiness(_Strict):
     completion_timeout_s: float = 60.0
 
 
+class Supports(_Strict):
+    """Which parallel and speculative features a profile's engine build supports on its architecture."""
+
+    dcp: bool = False
+    dbo: bool = False
+    ep: bool = True
+    spec_methods: list[str] = Field(default_factory=lambda: ["ngram"])
+    dcp_attention: list[str] = Field(default_factory=list)
+    """Attention types (``gqa``, ``mla``, ``msa``) whose backend returns decode LSE, so DCP works."""
+
+
 class KernelExpect(_Strict):
     """The kernels a profile intends vLLM to pick; checked against the startup log after readiness
     (:mod:`m3ctl.kernels`, patterns in m3ctl/data/kernel_patterns.yaml). None = no expectation.
@@ -97,7 +108,120 @@ class Profile(_Strict):
     constraints: Constraints = Field(default_factory=Constraints)
     readiness: Readiness = Field(default_factory=Readiness)
     expect: KernelExpect = Field(default_factory=KernelExpect)
+    family_args: dict[str, dict[str, FlagValue]] = Field(default_factory=dict)
+    """Extra ``vllm serve`` flags for a model family on this architecture (e.g. MSA attention config)."""
+    family_env: dict[str, dict[str, str]] = Field(default_factory=dict)
+    kv_cache_dtypes: dict[str, list[str]] = Field(default_factory=lambda: {"gqa": ["auto"]})
+    """KV cache dtypes the engine runs on this architecture, by attention type (field failure F10)."""
+    supports: Supports = Field(default_factory=Supports)
+    all2all_backends: list[str] = Field(default_factory=list)
+    """EP all2all backends available in the profile's image (DBO needs a DeepEP/MoRI one)."""
+    strategies: dict[int, str] = Field(default_factory=lambda: {1: "tp"})
+    """Default parallel strategy by GPU count: ``tp`` (TP=N), ``tep`` (TP=N + EP), ``dep`` (DP=N + EP)."""
+    no_multicast_env: dict[str, str] = Field(default_factory=dict)
+    """Environment that turns NVLink multicast off for multi-GPU launches on shared hosts (opt-in)."""
     sources: dict[str, str] = Field(default_factory=dict)
+
+
+class Drafter(_Strict):
+    """The speculative-decoding drafter of a model.
+
+    Attributes:
+        method: vLLM speculative method (``dspark``, ``eagle3``, ``mtp``, ``ngram``...).
+        model: drafter checkpoint (None for ngram / built-in MTP heads).
+        block_size: DSpark trained block size; ``num_speculative_tokens`` must equal it.
+        default_depth: speculative tokens when enabled without an explicit depth.
+    """
+
+    method: str
+    model: str | None = None
+    block_size: int | None = None
+    default_depth: int = 3
+    assumed: bool = False
+    source: str = ""
+
+
+class Variant(_Strict):
+    """One checkpoint of a model (precision), and where it runs.
+
+    Attributes:
+        hf_id: checkpoint id (None: the model's own ``hf_id``).
+        precision: ``bf16``, ``fp8``, ``mxfp8``, ``nvfp4``, ``mxfp4``.
+        weights_gib: total weight size in GiB (drives the memory-fit rule).
+        native_archs: architectures with native kernels for this precision.
+        emulated_archs: architectures where vLLM runs it through a slower fallback, with the fallback named
+            in ``emulation``; planning refuses these unless explicitly allowed.
+        serve_args / env: flags and environment for this variant on every architecture.
+        arch_args / arch_env: per-architecture additions.
+        quant_block: FP8/MX block sizes ``[n, k]`` of quantized weights (shard-alignment rule, F11).
+    """
+
+    hf_id: str | None = None
+    precision: str
+    weights_gib: float
+    native_archs: list[str]
+    emulated_archs: list[str] = Field(default_factory=list)
+    emulation: str = ""
+    serve_args: dict[str, FlagValue] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    arch_args: dict[str, dict[str, FlagValue]] = Field(default_factory=dict)
+    arch_env: dict[str, dict[str, str]] = Field(default_factory=dict)
+    quant_block: list[int] | None = None
+    assumed: bool = False
+    source: str = ""
+
+
+class ModelFactsSpec(_Strict):
+    """Architecture facts planning needs (per-model numbers; ``assumed`` lists the ones not published)."""
+
+    num_layers: int | None = None
+    hidden_size: int | None = None
+    num_attention_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    num_experts: int | None = None
+    experts_per_tok: int | None = None
+    moe_intermediate_size: int | None = None
+    msa_block_size: int | None = None
+    max_position_embeddings: int | None = None
+
+
+class ModelSpec(_Strict):
+    """A model m3ctl knows: identity, architecture facts, parsers, variants and drafter.
+
+    Attributes:
+        name: display name; ``aliases`` are other accepted spellings.
+        hf_id: hub id of the default checkpoint; ``hf_ids`` lists every checkpoint id that maps here.
+        family: model family (``minimax-m3``, ``minimax-m2``, ``llama``...) for profile ``family_args``.
+        architectures: ``config.json`` architecture names that identify the family.
+        attention: ``msa`` (MiniMax Sparse Attention), ``gqa`` or ``mla``.
+        facts: numbers; a local ``config.json`` overrides them at plan time.
+        assumed: names of facts taken from a sibling model because they are not public.
+        base_args: flags every launch of this model needs (e.g. ``block-size: 128`` for MSA).
+        variants: checkpoints by name, in order of preference.
+    """
+
+    schema_version: Literal[1] = 1
+    name: str
+    aliases: list[str] = Field(default_factory=list)
+    hf_id: str | None = None
+    family: str
+    architectures: list[str] = Field(default_factory=list)
+    attention: Literal["msa", "gqa", "mla"] = "gqa"
+    moe: bool = False
+    facts: ModelFactsSpec = Field(default_factory=ModelFactsSpec)
+    assumed: list[str] = Field(default_factory=list)
+    base_args: dict[str, FlagValue] = Field(default_factory=dict)
+    drafter: Drafter | None = None
+    variants: dict[str, Variant] = Field(default_factory=dict)
+    sources: dict[str, str] = Field(default_factory=dict)
+
+    def all_ids(self) -> set[str]:
+        ids = {self.name.lower(), *(a.lower() for a in self.aliases)}
+        if self.hf_id:
+            ids.add(self.hf_id.lower())
+        ids |= {v.hf_id.lower() for v in self.variants.values() if v.hf_id}
+        return ids
 
 
 class Image(_Strict):
@@ -195,9 +319,9 @@ def _user_dir(catalog_dir: str | os.PathLike | None) -> Path | None:
     return Path(d) if d else None
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=16)
 def _catalog(kind: str, catalog_dir: str | None) -> dict[str, Any]:
-    model = Profile if kind == "profiles" else Image
+    model = {"profiles": Profile, "images": Image, "models": ModelSpec}[kind]
     items = _builtin(kind, model)
     user = _user_dir(catalog_dir)
     if user and (user / kind).is_dir():
@@ -215,6 +339,44 @@ def profiles(catalog_dir: str | None = None) -> dict[str, Profile]:
 def images(catalog_dir: str | None = None) -> dict[str, Image]:
     """All images by name (built-in, then the user catalog overriding by name)."""
     return dict(_catalog("images", catalog_dir or os.environ.get("M3CTL_CATALOG_DIR")))
+
+
+def models(catalog_dir: str | None = None) -> dict[str, ModelSpec]:
+    """All model specs by name (built-in ``m3ctl/models/*.yaml``, then the user catalog)."""
+    return dict(_catalog("models", catalog_dir or os.environ.get("M3CTL_CATALOG_DIR")))
+
+
+def find_model(ident: str, architectures: list[str] | None = None,
+               catalog_dir: str | None = None) -> ModelSpec | None:
+    """The spec for a model id, alias, hub id or local directory name; else by config.json architecture.
+
+    Returns None when nothing matches (planning then uses the local config.json alone).
+    """
+    key = ident.rstrip("/").lower()
+    base = key.rsplit("/", 1)[-1]
+    specs = models(catalog_dir)
+    for spec in specs.values():
+        ids = spec.all_ids()
+        if key in ids or base in {i.rsplit("/", 1)[-1] for i in ids}:
+            return spec
+    for spec in specs.values():
+        if architectures and set(architectures) & set(spec.architectures) and not spec.hf_id:
+            return spec
+    return None
+
+
+def image_by_name(name: str, catalog_dir: str | None = None) -> Image:
+    """An image by catalog name.
+
+    Raises:
+        CatalogError: unknown name.
+    """
+    imgs = images(catalog_dir)
+    if name not in imgs:
+        close = difflib.get_close_matches(name, list(imgs), n=1)
+        raise CatalogError(f"unknown image {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+                           f"known images: {', '.join(sorted(imgs))}")
+    return imgs[name]
 
 
 def profile_for_arch(arch: str, catalog_dir: str | None = None) -> Profile:

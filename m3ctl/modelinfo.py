@@ -35,6 +35,11 @@ class ModelFacts(BaseModel):
     num_experts: int | None = None
     scoring_func: str | None = None
     max_position_embeddings: int | None = None
+    num_layers: int | None = None
+    num_attention_heads: int | None = None
+    num_kv_heads: int | None = None
+    moe_intermediate_size: int | None = None
+    quant_block: list[int] | None = None
     weights_bytes: int = 0
 
     @property
@@ -69,6 +74,13 @@ def read_model_facts(source: str) -> ModelFacts:
     head_dim = text.get("head_dim") or (text["hidden_size"] // heads if heads and text.get("hidden_size") else None)
     experts = text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts")
     weights = sum(f.stat().st_size for pat in ("*.safetensors", "*.bin") for f in p.glob(pat))
+    quant = cfg.get("quantization_config") or {}
+    block = quant.get("weight_block_size") if isinstance(quant, dict) else None
     return ModelFacts(source=source, local=True, architectures=list(cfg.get("architectures") or []),
                       head_dim=head_dim, num_experts=experts, scoring_func=text.get("scoring_func"),
-                      max_position_embeddings=text.get("max_position_embeddings"), weights_bytes=weights)
+                      max_position_embeddings=text.get("max_position_embeddings"), weights_bytes=weights,
+                      num_layers=text.get("num_hidden_layers"), num_attention_heads=heads,
+                      num_kv_heads=text.get("num_key_value_heads") or heads,
+                      moe_intermediate_size=(text.get("moe_intermediate_size") if experts else None)
+                      or (text.get("intermediate_size") if experts else None),
+                      quant_block=list(block) if block else None)

@@ -1,13 +1,17 @@
-"""Launch planning: inventory + model + profile + overrides -> :class:`LaunchPlan`.
+"""Launch planning: inventory + model + variant + overrides -> :class:`LaunchPlan`.
 
-Planning is pure: it reads data and facts, starts nothing, and can be printed
-(``m3ctl serve --dry-run``). Precedence of a ``vllm serve`` flag value:
-CLI override > user profile file (``--profile FILE``) > catalog profile for the
-detected architecture > vLLM's own default. Each choice records its reason.
+Planning is pure: it reads catalog data (``m3ctl/profiles``, ``images``, ``models``) and
+host facts, starts nothing, and explains every choice (``m3ctl plan``, ``serve --dry-run``).
+Precedence of a ``vllm serve`` flag value, lowest to highest: kernel profile for the
+detected architecture -> model/variant data -> parallel/speculative choices -> user profile
+file (``--profile``) -> typed CLI overrides (``--tp``, ``--kv-cache-dtype``...) -> ``--arg`` ->
+raw args after ``--``. Every plan then passes the named rules of :mod:`m3ctl.rules`; a
+violation raises :class:`~m3ctl.errors.ConfigRejected` (exit 3) in milliseconds.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import shlex
@@ -19,15 +23,24 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from m3ctl import catalog
-from m3ctl.catalog import Profile
-from m3ctl.errors import ConfigRejected
+from m3ctl.catalog import ModelSpec, Profile, Variant
+from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.modelinfo import ModelFacts, read_model_facts
+from m3ctl.rules import Facts, PlanContext, Violation, check_all
 from m3ctl.secrets import redact_env
 
 
 class Choice(BaseModel):
     """One planning decision: what was chosen, the value, and why."""
+
+    what: str
+    value: str
+    why: str
+
+
+class Rejected(BaseModel):
+    """An alternative that was considered and not taken, and why."""
 
     what: str
     value: str
@@ -41,27 +54,27 @@ class LaunchPlan(BaseModel):
         name: deployment name.
         runtime: ``process`` (bare ``vllm serve``) or ``docker``.
         profile: kernel profile name.
-        image: image reference for the docker runtime, None for process.
-        model: model path or hub id.
+        model_spec: catalog model name (None for an unknown model).
+        variant: chosen variant (precision) name, None for a local checkpoint used as is.
+        image: image reference (``repo:tag`` or ``repo@digest``) for the docker runtime; None otherwise.
+        model: checkpoint path or hub id passed to ``vllm serve``.
         served_model_name: name the API answers to.
         host, port: API listen address.
-        argv: full command line (argv[0] is the vllm executable for the process runtime).
-        env: extra environment for the server (secret values are never stored here; see
-            ``secret_env_names``).
-        secret_env_names: names of variables passed through from m3ctl's environment
-            (e.g. ``HF_TOKEN``), values never recorded.
-        startup_budget_s: readiness budget in seconds.
-        completion_timeout_s: budget for the first real completion, seconds.
-        choices: the decisions and their reasons.
-        warnings: non-fatal findings.
-        mounts: extra bind mounts for the docker runtime, ``HOST:CONTAINER[:ro|rw]`` (default ro).
-        gpu_vendor: ``nvidia``/``amd`` or None (CPU): how the docker runtime exposes devices.
-        gpu_devices: GPUs to expose (UUIDs where known, else indices); empty with a vendor = all.
+        argv: full command line (argv[0] is the vllm executable; the docker runtime uses argv[1:]).
+        env: extra environment for the server (never secret values; see ``secret_env_names``).
+        secret_env_names: names of variables passed through from m3ctl's environment, values never recorded.
+        gpus: GPU indices used (empty on CPU).
+        tp, dp, dcp, ep, dbo, spec_depth: the parallel/speculative layout.
+        startup_budget_s: readiness budget (s); completion_timeout_s: first-completion budget (s).
+        choices: decisions and reasons; rejected: alternatives not taken; warnings: non-fatal findings;
+        violations: rule violations accepted with ``skip_checks``.
     """
 
     name: str
     runtime: str = "process"
     profile: str
+    model_spec: str | None = None
+    variant: str | None = None
     image: str | None = None
     model: str
     served_model_name: str
@@ -70,13 +83,19 @@ class LaunchPlan(BaseModel):
     argv: list[str]
     env: dict[str, str] = Field(default_factory=dict)
     secret_env_names: list[str] = Field(default_factory=list)
+    gpus: list[int] = Field(default_factory=list)
+    tp: int = 1
+    dp: int = 1
+    dcp: int = 1
+    ep: bool = False
+    dbo: bool = False
+    spec_depth: int = 0
     startup_budget_s: float
     completion_timeout_s: float = 60.0
     choices: list[Choice] = Field(default_factory=list)
+    rejected: list[Rejected] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
-    mounts: list[str] = Field(default_factory=list)
-    gpu_vendor: str | None = None
-    gpu_devices: list[str] = Field(default_factory=list)
+    violations: list[str] = Field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -85,24 +104,35 @@ class LaunchPlan(BaseModel):
     def command_line(self) -> str:
         """Shell-quoted command line with its environment (redacted), for display."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in redact_env(self.env).items())
-        cmd = shlex.join(self.argv)
-        return f"{env} {cmd}".strip()
+        return f"{env} {shlex.join(self.argv)}".strip()
 
     def plan_hash(self) -> str:
         """Short stable hash of what would run (argv, env, image)."""
         blob = json.dumps({"argv": self.argv, "env": self.env, "image": self.image}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
+    def summary(self) -> dict[str, Any]:
+        """The ``m3ctl plan --json`` shape: image, argv, env, explain, rejected (plus layout)."""
+        return {"image": self.image, "argv": self.argv, "env": redact_env(self.env), "profile": self.profile,
+                "model": self.model, "variant": self.variant, "runtime": self.runtime,
+                "layout": {"gpus": self.gpus, "tp": self.tp, "dp": self.dp, "dcp": self.dcp, "ep": self.ep,
+                           "dbo": self.dbo, "spec_depth": self.spec_depth},
+                "explain": [c.model_dump() for c in self.choices],
+                "rejected": [r.model_dump() for r in self.rejected],
+                "warnings": self.warnings, "violations": self.violations}
+
 
 def render_flags(args: dict[str, Any]) -> list[str]:
     """Render ``{flag: value}`` into ``vllm serve`` arguments.
 
-    ``True`` -> ``--flag``; ``False`` -> ``--no-flag`` (accepted by vLLM 0.32 and 0.33,
-    cpu-test-stack.md "Flag spellings"); ``None`` -> omitted; dicts/lists -> JSON.
+    ``True`` -> ``--flag``; ``False`` -> ``--no-flag`` (accepted by vLLM 0.32 and 0.33, which rejects
+    ``--disable-X``: cpu-test-stack.md "Flag spellings"); ``None`` -> omitted; dicts/lists -> JSON.
+    Dotted keys (``attention_config.backend``) keep their underscores, as vLLM spells them.
     """
     out: list[str] = []
     for key, val in args.items():
-        flag = "--" + key.lstrip("-").replace("_", "-")
+        k = key.lstrip("-")
+        flag = "--" + (k if "." in k else k.replace("_", "-"))
         if val is None:
             continue
         if val is True:
@@ -116,6 +146,31 @@ def render_flags(args: dict[str, Any]) -> list[str]:
     return out
 
 
+def parse_raw_args(raw: list[str]) -> dict[str, Any]:
+    """Parse raw ``vllm serve`` args (``--flag value`` / ``--flag`` / ``--flag=value``) into a flag dict.
+
+    Raises:
+        BadInput: a token that is not a flag where a flag is expected.
+    """
+    out: dict[str, Any] = {}
+    i = 0
+    while i < len(raw):
+        tok = raw[i]
+        if not tok.startswith("--"):
+            raise BadInput(f"unexpected raw argument {tok!r}", "pass vLLM flags after `--`, e.g. -- --max-num-seqs 64")
+        key, eq, val = tok[2:].partition("=")
+        if eq:
+            out[key] = val
+            i += 1
+        elif i + 1 < len(raw) and not raw[i + 1].startswith("--"):
+            out[key] = raw[i + 1]
+            i += 2
+        else:
+            out[key] = True
+            i += 1
+    return out
+
+
 def find_vllm_executable() -> str:
     """The ``vllm`` console script next to this Python, else on PATH, else plain ``vllm``."""
     here = Path(sys.executable).parent / "vllm"
@@ -124,51 +179,116 @@ def find_vllm_executable() -> str:
     return shutil.which("vllm") or "vllm"
 
 
-def _check_constraints(profile: Profile, facts: ModelFacts) -> list[str]:
-    """Return the reasons this model cannot run under this profile (empty when it can)."""
+def _merge_facts(spec: ModelSpec | None, local: ModelFacts, variant: Variant | None) -> Facts:
+    f = Facts()
+    if spec is not None:
+        for k, v in spec.facts.model_dump().items():
+            if v is not None and hasattr(f, k):
+                setattr(f, k, v)
+        f.attention, f.moe = spec.attention, spec.moe
+    if local.local:  # a real config.json overrides catalog (and assumed) facts
+        for k in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "num_experts",
+                  "moe_intermediate_size", "max_position_embeddings", "scoring_func"):
+            v = getattr(local, k, None)
+            if v is not None:
+                setattr(f, k, v)
+        if local.num_experts:
+            f.moe = True
+        if local.quant_block:
+            f.quant_block = local.quant_block
+        f.weights_gib = local.weights_gib
+    if variant is not None:
+        if not local.local:
+            f.weights_gib = variant.weights_gib
+        f.quant_block = f.quant_block or variant.quant_block
+    return f
+
+
+def _engine_constraints(profile: Profile, f: Facts) -> list[Violation]:
     c, bad = profile.constraints, []
-    if c.head_dim_in and facts.head_dim is not None and facts.head_dim not in c.head_dim_in:
-        bad.append(f"head_dim {facts.head_dim} is not supported by the {profile.name} attention backend "
-                   f"(supported: {', '.join(map(str, c.head_dim_in))}; source: "
-                   f"{profile.sources.get('head_dim_in', 'profile ' + profile.name)})")
-    if (c.moe_scoring_func_in and facts.num_experts and facts.scoring_func
-            and facts.scoring_func not in c.moe_scoring_func_in):
-        bad.append(f"MoE scoring_func {facts.scoring_func!r} is not supported by the {profile.name} MoE router "
-                   f"(supported: {', '.join(c.moe_scoring_func_in)})")
+    if c.head_dim_in and f.head_dim is not None and f.head_dim not in c.head_dim_in:
+        bad.append(Violation("engine.head_dim", f"head_dim {f.head_dim} is not supported by the {profile.name} "
+                             f"attention backend (supported: {', '.join(map(str, c.head_dim_in))})",
+                             "use a model with a supported head_dim",
+                             profile.sources.get("head_dim_in", f"profile {profile.name}")))
+    if c.moe_scoring_func_in and f.moe and f.scoring_func and f.scoring_func not in c.moe_scoring_func_in:
+        bad.append(Violation("engine.moe_scoring", f"MoE scoring_func {f.scoring_func!r} is not supported by the "
+                             f"{profile.name} MoE router (supported: {', '.join(c.moe_scoring_func_in)})",
+                             "use a supported scoring function or another architecture",
+                             profile.sources.get("moe_scoring_func_in", f"profile {profile.name}")))
     return bad
+
+
+def _pick_variant(spec: ModelSpec, model: str, requested: str | None, arch: str, n_gpus: int, mem_mib: int | None,
+                  rejected: list[Rejected]) -> tuple[str | None, Variant | None, str]:
+    if not spec.variants:
+        return None, None, "model has no variants"
+    if requested:
+        if requested not in spec.variants:
+            close = difflib.get_close_matches(requested, list(spec.variants), n=1)
+            raise BadInput(f"unknown variant {requested!r} of {spec.name}" +
+                           (f"; did you mean {close[0]!r}?" if close else ""),
+                           f"variants: {', '.join(spec.variants)}")
+        return requested, spec.variants[requested], "given with --variant"
+    for vname, v in spec.variants.items():
+        if v.hf_id and v.hf_id.lower() == model.lower():
+            return vname, v, f"the checkpoint {model} is this variant"
+    usable = (n_gpus * (mem_mib or 0) / 1024 * 0.92) if mem_mib else None
+    first_native = None
+    for vname, v in spec.variants.items():
+        if arch not in v.native_archs:
+            why = (f"emulated on {arch}: {v.emulation}" if arch in v.emulated_archs else f"does not run on {arch}")
+            rejected.append(Rejected(what="variant", value=vname, why=why))
+            continue
+        first_native = first_native or (vname, v)
+        if usable is not None and v.weights_gib > usable * 0.9:
+            rejected.append(Rejected(what="variant", value=vname,
+                                     why=f"weights {v.weights_gib:.0f} GiB do not fit {n_gpus} GPU(s) "
+                                         f"({usable:.0f} GiB usable) with KV headroom"))
+            continue
+        return vname, v, f"first variant with native kernels on {arch} that fits {n_gpus} GPU(s)"
+    if first_native:
+        return first_native[0], first_native[1], f"native on {arch} (does not fit: see the memory rule)"
+    vname, v = next(iter(spec.variants.items()))
+    return vname, v, f"no variant has native kernels on {arch}"
 
 
 def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int = 8000,
          host: str = "127.0.0.1", served_model_name: str | None = None, runtime: str = "process",
-         profile: Profile | None = None, overrides: dict[str, Any] | None = None,
-         env: dict[str, str] | None = None, pass_env: list[str] | None = None,
-         startup_budget_s: float | None = None, skip_checks: bool = False,
-         vllm_executable: str | None = None, catalog_dir: str | None = None,
-         image: str | None = None, mounts: list[str] | None = None) -> LaunchPlan:
-    """Plan one launch.
+         profile: Profile | None = None, variant: str | None = None, overrides: dict[str, Any] | None = None,
+         tp: int | None = None, dp: int | None = None, dcp: int | None = None, ep: bool | None = None,
+         dbo: bool | None = None, spec_depth: int | None = None, spec_method: str | None = None,
+         draft_tp: int | None = None, kv_cache_dtype: str | None = None, max_model_len: int | None = None,
+         max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
+         extra_args: list[str] | None = None, env: dict[str, str] | None = None,
+         pass_env: list[str] | None = None, startup_budget_s: float | None = None, skip_checks: bool = False,
+         allow_emulated: bool = False, no_multicast: bool = False, vllm_executable: str | None = None,
+         catalog_dir: str | None = None) -> LaunchPlan:
+    """Plan one launch and validate it.
 
     Args:
-        inventory: detected (or loaded) host inventory; its architecture picks the profile.
-        model: local model directory or hub id.
-        name, port, host: deployment name and API address.
-        served_model_name: API model id; defaults to ``name``.
-        runtime: ``process`` or ``docker``.
-        profile: a profile to use instead of the catalog's (``--profile FILE``).
-        overrides: ``vllm serve`` flag overrides (CLI level, highest precedence).
-        env: extra non-secret environment for the server.
-        pass_env: names of secret variables to pass through from m3ctl's environment.
-        startup_budget_s: override of the readiness budget (seconds).
-        skip_checks: plan even when a constraint rejects the model (the readiness check still runs).
-        image: image reference for the docker runtime (default: the profile's catalog image).
-        mounts: extra docker bind mounts ``HOST:CONTAINER[:ro|rw]``.
+        inventory: detected or loaded host inventory; its architecture picks the kernel profile.
+        model: catalog name/alias (``MiniMax-M3.1-Flash``), hub id, or local model directory.
+        variant: precision variant (``nvfp4``, ``mxfp8``...); default: best native variant that fits.
+        tp, dp, dcp, ep, dbo: parallel layout overrides (default: the profile's strategy for the GPU count).
+        spec_depth: speculative tokens (0 = off); ``spec_method`` defaults to the model's drafter, else ngram.
+        kv_cache_dtype, max_model_len, max_num_seqs, max_num_batched_tokens: typed overrides.
+        overrides: ``{flag: value}`` (``--arg``); extra_args: raw vLLM args (after ``--``), highest precedence.
+        pass_env: names of secret variables passed through (values never stored).
+        skip_checks: record rule violations as warnings instead of rejecting (readiness still runs).
+        allow_emulated: accept a variant that only runs through a fallback kernel on this architecture.
+        no_multicast: add the profile's NVLink-multicast-off environment (shared multi-GPU hosts).
 
     Raises:
-        ConfigRejected: the profile does not support this runtime or model (exit 3).
-        CatalogError: no profile exists for the detected architecture (exit 2).
-        BadInput: the model path does not exist.
+        ConfigRejected: a rule rejects the plan (exit 3); the message names the rule, the values and the fix.
+        CatalogError: no kernel profile for the detected architecture, or a bad catalog file (exit 2).
+        BadInput: missing model path, unknown variant, or malformed raw args (exit 2).
     """
     choices: list[Choice] = []
-    facts = read_model_facts(model)
+    rejected: list[Rejected] = []
+    warnings: list[str] = []
+    local = read_model_facts(model)
+    spec = catalog.find_model(model, local.architectures, catalog_dir)
     if profile is None:
         profile = catalog.profile_for_arch(inventory.arch, catalog_dir)
         choices.append(Choice(what="profile", value=profile.name,
@@ -179,54 +299,138 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     if runtime not in profile.runtimes:
         raise ConfigRejected(f"profile {profile.name!r} does not support runtime {runtime!r}",
                              f"use --runtime {' or '.join(profile.runtimes)}")
-    warnings = []
-    problems = _check_constraints(profile, facts)
-    if problems and not skip_checks:
-        raise ConfigRejected(f"model {model} cannot run with profile {profile.name!r}: {problems[0]}",
-                             "use a model the backend supports, or pass --skip-checks to try anyway")
-    warnings += [f"constraint skipped: {p}" for p in problems]
-    if not facts.local:
-        warnings.append(f"{model} is not a local directory: model facts unchecked, vLLM will resolve it")
+    n_gpus = len(inventory.gpus)
+    mem = inventory.gpus[0].memory_total_mib if inventory.gpus else None
+    vname, var = (None, None)
+    if spec is not None:
+        choices.append(Choice(what="model", value=spec.name, why=f"catalog match for {model!r}"))
+        if spec.assumed:
+            warnings.append(f"{spec.name}: facts assumed from a sibling model (not public): {', '.join(spec.assumed)}; "
+                            "a local config.json overrides them")
+        if not local.local or variant:
+            vname, var, why = _pick_variant(spec, model, variant, profile.arch, max(1, n_gpus), mem, rejected)
+            if vname:
+                choices.append(Choice(what="variant", value=f"{vname} ({var.precision})", why=why))
+    elif not local.local:
+        warnings.append(f"{model} is not a local directory nor a catalog model: facts unchecked, vLLM resolves it")
+    facts = _merge_facts(spec, local, var)
+    family = spec.family if spec else None
 
-    args: dict[str, Any] = dict(profile.serve_args)
-    for k, v in profile.serve_args.items():
-        choices.append(Choice(what=f"--{k}", value=str(v),
-                              why=f"profile {profile.name}" + (f" ({profile.sources[k]})" if k in profile.sources else "")))
+    # Parallel layout.
+    strategy = profile.strategies.get(max(1, n_gpus), "tp")
+    d_tp, d_dp, d_ep = (1, max(1, n_gpus), True) if strategy == "dep" else (max(1, n_gpus), 1, strategy == "tep")
+    if not facts.moe:
+        d_ep = False
+    tp_, dp_ = tp or d_tp, dp or d_dp
+    ep_ = d_ep if ep is None else ep
+    dcp_, dbo_ = dcp or 1, bool(dbo)
+    if tp is None and dp is None and n_gpus > 0:
+        choices.append(Choice(what="parallel", value=f"TP {tp_} x DP {dp_}{' + EP' if ep_ else ''}",
+                              why=f"profile {profile.name} strategy {strategy!r} for {n_gpus} GPU(s)"))
+    # Speculative decoding.
+    depth = spec_depth or 0
+    method = spec_method or ((spec.drafter.method if spec and spec.drafter else None) or "ngram")
+    spec_cfg: dict[str, Any] | None = None
+    if depth > 0:
+        spec_cfg = {"method": method, "num_speculative_tokens": depth}
+        if spec and spec.drafter and spec.drafter.model and method == spec.drafter.method:
+            spec_cfg["model"] = spec.drafter.model
+        if draft_tp is not None:
+            spec_cfg["draft_tensor_parallel_size"] = draft_tp
+        choices.append(Choice(what="speculative", value=json.dumps(spec_cfg),
+                              why="--spec-depth" + (" with the model's drafter" if "model" in spec_cfg else "")))
+
+    # Flags, lowest precedence first.
+    args: dict[str, Any] = {}
+    envs: dict[str, str] = {}
+
+    def layer(src: dict[str, Any], why: str) -> None:
+        for k, v in src.items():
+            args[k] = v
+            choices.append(Choice(what=f"--{k}", value=str(v), why=why))
+
+    layer(profile.serve_args, f"profile {profile.name}")
+    envs.update(profile.env)
+    if family:
+        layer(profile.family_args.get(family, {}), f"profile {profile.name} for the {family} family")
+        envs.update(profile.family_env.get(family, {}))
+    if spec:
+        layer(spec.base_args, f"model {spec.name}")
+    if var:
+        layer(var.serve_args, f"variant {vname}")
+        layer(var.arch_args.get(profile.arch, {}), f"variant {vname} on {profile.arch}")
+        envs.update(var.env)
+        envs.update(var.arch_env.get(profile.arch, {}))
+    par: dict[str, Any] = {}
+    if tp_ > 1:
+        par["tensor-parallel-size"] = tp_
+    if dp_ > 1:
+        par["data-parallel-size"] = dp_
+    if dcp_ > 1:
+        par["decode-context-parallel-size"] = dcp_
+    if ep_:
+        par["enable-expert-parallel"] = True
+    if dbo_:
+        par["enable-dbo"] = True
+    if spec_cfg:
+        par["speculative-config"] = spec_cfg
+    layer(par, "parallel / speculative layout")
+    typed = {"kv-cache-dtype": kv_cache_dtype, "max-model-len": max_model_len, "max-num-seqs": max_num_seqs,
+             "max-num-batched-tokens": max_num_batched_tokens}
+    layer({k: v for k, v in typed.items() if v is not None}, "command-line override")
     if facts.max_position_embeddings and isinstance(args.get("max-model-len"), int) \
             and args["max-model-len"] > facts.max_position_embeddings:
         args["max-model-len"] = facts.max_position_embeddings
         choices.append(Choice(what="--max-model-len", value=str(facts.max_position_embeddings),
                               why="capped at the model's max_position_embeddings"))
-    for k, v in (overrides or {}).items():
-        k = k.lstrip("-")
-        args[k] = v
-        choices.append(Choice(what=f"--{k}", value=str(v), why="command-line override"))
+    layer({k.lstrip("-"): v for k, v in (overrides or {}).items()}, "command-line override (--arg)")
+    raw = parse_raw_args(extra_args or [])
+    layer(raw, "raw vLLM argument")
+    envs.update(env or {})
+    if no_multicast and max(tp_ * dp_, 1) > 1:
+        envs.update(profile.no_multicast_env)
+        if profile.no_multicast_env:
+            choices.append(Choice(what="env", value="NVLink multicast off", why="--no-multicast (shared host)"))
+
+    image = None
+    if runtime == "docker" and profile.image:
+        image = catalog.image_by_name(profile.image, catalog_dir)
+        choices.append(Choice(what="image", value=image.reference, why=f"profile {profile.name}"))
+    ctx = PlanContext(inventory=inventory, profile=profile, spec=spec, variant_name=vname, variant=var, facts=facts,
+                      image=image, runtime=runtime, tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_,
+                      spec_method=method if depth else None, spec_depth=depth, draft_tp=draft_tp, args=args,
+                      env=envs, allow_emulated=allow_emulated)
+    violations = _engine_constraints(profile, facts) + check_all(ctx)
+    if violations and not skip_checks:
+        v = violations[0]
+        more = f" (+{len(violations) - 1} more)" if len(violations) > 1 else ""
+        alts = "; ".join(f"{r.what} {r.value}: {r.why}" for r in rejected)
+        raise ConfigRejected(f"rule {v.rule}: {v.message}{more}",
+                             f"{v.fix} [source: {v.source}]" + (f"; alternatives rejected: {alts}" if alts else ""))
+    if var and profile.arch in var.emulated_archs and allow_emulated:
+        warnings.append(f"variant {vname} runs emulated on {profile.arch}: {var.emulation}")
+    warnings += [f"rule {v.rule} skipped: {v.message}" for v in violations]
+
     served = served_model_name or name
+    target = model if local.local else ((var.hf_id if var and var.hf_id else None) or
+                                         (spec.hf_id if spec and spec.hf_id and model.lower() in spec.all_ids() else None)
+                                         or model)
     exe = vllm_executable or find_vllm_executable()
-    argv = [exe, "serve", model, "--host", host, "--port", str(port), "--served-model-name", served,
+    argv = [exe, "serve", target, "--host", host, "--port", str(port), "--served-model-name", served,
             *render_flags(args)]
-    run_env = {**profile.env, **(env or {})}
+    weights = facts.weights_gib
     if startup_budget_s is None:
-        startup_budget_s = profile.readiness.startup_base_s + profile.readiness.startup_s_per_gib * facts.weights_gib
+        startup_budget_s = profile.readiness.startup_base_s + profile.readiness.startup_s_per_gib * weights
         why = (f"{profile.readiness.startup_base_s:.0f} s + {profile.readiness.startup_s_per_gib:.0f} s/GiB x "
-               f"{facts.weights_gib:.2f} GiB of weights")
+               f"{weights:.2f} GiB of weights")
     else:
         why = "given with --startup-timeout"
     choices.append(Choice(what="startup budget", value=f"{startup_budget_s:.0f} s", why=why))
-    if runtime == "docker":
-        if image:
-            choices.append(Choice(what="image", value=image, why="given with --image"))
-        elif profile.image:
-            image = catalog.images(catalog_dir)[profile.image].reference
-            choices.append(Choice(what="image", value=image, why=f"profile {profile.name} image {profile.image}"))
-        else:
-            raise ConfigRejected(f"profile {profile.name!r} names no image for the docker runtime",
-                                 "pass --image REF (a local image works; see m3ctl/runtime/docker.py)")
-    gpus = inventory.gpus
-    return LaunchPlan(name=name, runtime=runtime, profile=profile.name, model=model, served_model_name=served,
-                      host=host, port=port, argv=argv, env=run_env, secret_env_names=sorted(pass_env or []),
-                      startup_budget_s=startup_budget_s,
-                      completion_timeout_s=profile.readiness.completion_timeout_s,
-                      choices=choices, warnings=warnings, image=image if runtime == "docker" else None,
-                      mounts=list(mounts or []), gpu_vendor=gpus[0].vendor if gpus else None,
-                      gpu_devices=[g.uuid or str(g.index) for g in gpus])
+    return LaunchPlan(name=name, runtime=runtime, profile=profile.name, model_spec=spec.name if spec else None,
+                      variant=vname, image=image.reference if image else None, model=target,
+                      served_model_name=served, host=host, port=port, argv=argv, env=envs,
+                      secret_env_names=sorted(pass_env or []), gpus=[g.index for g in inventory.gpus][: tp_ * dp_],
+                      tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_, spec_depth=depth,
+                      startup_budget_s=startup_budget_s, completion_timeout_s=profile.readiness.completion_timeout_s,
+                      choices=choices, rejected=rejected, warnings=warnings,
+                      violations=[f"{v.rule}: {v.message}" for v in violations])

@@ -1,0 +1,366 @@
+"""Named validation rules run on every launch plan before anything starts.
+
+Each rule takes a :class:`PlanContext` and returns a :class:`Violation` (or None). The
+rules encode vLLM constraints that vLLM itself only raises at engine init, often after
+minutes of weight loading. Every rule names its source. Rejections exit 3.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from m3ctl.catalog import Image, ModelSpec, Profile, Variant
+from m3ctl.hw.inventory import HostInventory
+
+KV_BYTES = {"auto": 2.0, "bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0,
+            "fp8_ds_mla": 1.0, "fp8_inc": 1.0, "nvfp4": 0.5625, "nvfp4_ds_mla": 0.5625, "nvfp4_4over6": 0.5625}
+"""Bytes per KV element by ``--kv-cache-dtype`` (NVFP4: 4 bits + one FP8 scale per 16 values)."""
+
+DEPRECATED_ENV = {
+    "VLLM_ATTENTION_BACKEND": "--attention-backend NAME (the env var is silently ignored since vLLM 0.26; "
+                              "vllm#50292, PR #30564)",
+    "VLLM_USE_FLASHINFER_MOE_FP4": "--moe-backend flashinfer_cutlass|flashinfer_trtllm (removed in v0.23; vllm PR #43148)",
+    "VLLM_FLASHINFER_MOE_BACKEND": "--moe-backend NAME (removed in v0.23; vllm PR #43148)",
+    "VLLM_NVFP4_GEMM_BACKEND": "--linear-backend NAME (vllm PR #49376)",
+    "VLLM_ALL2ALL_BACKEND": "--all2all-backend NAME (anchors-serving.md section 2)",
+}
+
+
+REAL_DISABLE_FLAGS = {"disable-access-log-for-endpoints", "disable-cascade-attn", "disable-chunked-mm-input",
+                      "disable-custom-all-reduce", "disable-fastapi-docs", "disable-hybrid-kv-cache-manager",
+                      "disable-log-stats", "disable-log-requests", "disable-nccl-for-dp-synchronization",
+                      "disable-sliding-window", "disable-uvicorn-access-log"}
+"""``--disable-*`` flags that really exist in vLLM 0.32 (shared/reference/vllm-0.32-serve-help.txt)."""
+
+
+@dataclass
+class Facts:
+    """Merged model facts (catalog, then local config.json) used by the rules."""
+
+    num_layers: int | None = None
+    num_attention_heads: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    num_experts: int | None = None
+    moe_intermediate_size: int | None = None
+    msa_block_size: int | None = None
+    max_position_embeddings: int | None = None
+    scoring_func: str | None = None
+    weights_gib: float = 0.0
+    quant_block: list[int] | None = None
+    attention: str = "gqa"
+    moe: bool = False
+
+
+@dataclass
+class PlanContext:
+    """Everything a rule may look at. Parallel sizes are ints >= 1; lengths in tokens."""
+
+    inventory: HostInventory
+    profile: Profile
+    spec: ModelSpec | None
+    variant_name: str | None
+    variant: Variant | None
+    facts: Facts
+    image: Image | None
+    runtime: str
+    tp: int = 1
+    dp: int = 1
+    dcp: int = 1
+    ep: bool = False
+    dbo: bool = False
+    spec_method: str | None = None
+    spec_depth: int = 0
+    draft_tp: int | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    allow_emulated: bool = False
+    gpu_memory_utilization: float = 0.92
+
+    @property
+    def gpus_used(self) -> int:
+        """GPUs the launch occupies: TP x DP (DCP adds none; anchors-bench-tune.md section 0.2)."""
+        return self.tp * self.dp
+
+    @property
+    def kv_dtype(self) -> str:
+        return str(self.args.get("kv-cache-dtype", "auto"))
+
+    def arg_int(self, name: str, default: int) -> int:
+        v = self.args.get(name)
+        try:
+            return int(v) if v is not None else default
+        except (TypeError, ValueError):
+            return default
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A rule that failed: its id, what is wrong (values included), the fix, and the source."""
+
+    rule: str
+    message: str
+    fix: str
+    source: str
+
+
+Rule = Callable[[PlanContext], Violation | None]
+RULES: list[tuple[str, Rule]] = []
+
+
+def rule(rule_id: str) -> Callable[[Rule], Rule]:
+    def deco(fn: Rule) -> Rule:
+        RULES.append((rule_id, fn))
+        return fn
+
+    return deco
+
+
+def _v(rule_id: str, msg: str, fix: str, src: str) -> Violation:
+    return Violation(rule_id, msg, fix, src)
+
+
+@rule("parallel.gpus")
+def _gpus(c: PlanContext) -> Violation | None:
+    n = len(c.inventory.gpus)
+    if c.profile.arch == "cpu":
+        if c.gpus_used > 1:
+            return _v("parallel.gpus", f"TP x DP = {c.gpus_used} on a host without GPUs",
+                      "use --tp 1 --dp 1 on CPU", "vLLM CPU backend runs one worker here")
+        return None
+    if c.gpus_used > n:
+        return _v("parallel.gpus", f"TP {c.tp} x DP {c.dp} = {c.gpus_used} GPUs, but {n} are visible",
+                  f"lower --tp/--dp so TP x DP <= {n}", "vllm/config/parallel.py (world size = TP x PP x DP)")
+    if n % c.tp:
+        return _v("parallel.gpus", f"TP {c.tp} does not divide the {n} visible GPUs",
+                  "choose a TP that divides the GPU count (1, 2, 4, 8)", "recipes strategies/single_node_tp.yaml")
+    return None
+
+
+@rule("parallel.dcp")
+def _dcp(c: PlanContext) -> Violation | None:
+    if c.dcp <= 1:
+        return None
+    src = "anchors-serving.md section 2 (Decode context parallel row; vllm/config/parallel.py)"
+    if c.tp % c.dcp:
+        return _v("parallel.dcp", f"DCP {c.dcp} does not divide TP {c.tp}", "choose DCP dividing TP", src)
+    if not c.profile.supports.dcp or c.facts.attention not in c.profile.supports.dcp_attention:
+        return _v("parallel.dcp", f"DCP is not supported for {c.facts.attention.upper()} attention on "
+                                  f"{c.profile.arch} (no LSE-returning decode backend; MSA + DCP has no evidence)",
+                  "drop --dcp (use DCP 1)", src)
+    kv = c.facts.num_kv_heads
+    if c.facts.attention == "gqa" and kv and c.tp // kv < c.dcp:
+        return _v("parallel.dcp", f"DCP {c.dcp} needs TP > KV heads for GQA: TP {c.tp} / {kv} KV heads allows "
+                                  f"at most DCP {max(1, c.tp // kv)}",
+                  f"raise TP to at least {kv * c.dcp} or lower DCP", src + "; recipes 'Max DCP = TP / num_kv_heads'")
+    return None
+
+
+@rule("parallel.ep")
+def _ep(c: PlanContext) -> Violation | None:
+    if c.ep and not c.facts.moe:
+        return _v("parallel.ep", "expert parallel on a dense (non-MoE) model", "drop --ep",
+                  "recipes strategies/single_node_tep.yaml (MoE only)")
+    if c.ep and not c.profile.supports.ep:
+        return _v("parallel.ep", f"expert parallel is not supported by profile {c.profile.name}", "drop --ep",
+                  f"profile {c.profile.name}")
+    return None
+
+
+@rule("parallel.dbo")
+def _dbo(c: PlanContext) -> Violation | None:
+    if not c.dbo:
+        return None
+    src = "https://docs.vllm.ai/en/stable/design/dbo/ ; field failure F12 (vllm#27513)"
+    missing = []
+    if not c.facts.moe:
+        missing.append("an MoE model")
+    if c.dp <= 1:
+        missing.append("DP > 1")
+    if not c.ep:
+        missing.append("expert parallel")
+    backend = str(c.args.get("all2all-backend", "allgather_reducescatter"))
+    deep = [b for b in c.profile.all2all_backends if b.startswith(("deepep", "mori"))]
+    if not c.profile.supports.dbo:
+        missing.append(f"DBO support on {c.profile.arch}")
+    elif backend not in deep:
+        missing.append(f"a DeepEP/MoRI all2all backend (got {backend}; available: {', '.join(deep) or 'none'})")
+    if missing:
+        fix = (f"switch to --arg all2all-backend={deep[0]}" if deep and c.dp > 1 and c.ep else
+               "add --dp N --ep with a DeepEP backend") + ", or drop --dbo"
+        return _v("parallel.dbo", "DBO (dual batch overlap) needs " + ", ".join(missing), fix, src)
+    return None
+
+
+@rule("spec.method")
+def _spec_method(c: PlanContext) -> Violation | None:
+    if not c.spec_method or c.spec_depth <= 0:
+        return None
+    if c.spec_method not in c.profile.supports.spec_methods:
+        return _v("spec.method", f"speculative method {c.spec_method!r} is not supported on {c.profile.arch}",
+                  f"use one of: {', '.join(c.profile.supports.spec_methods)}", f"profile {c.profile.name}")
+    return None
+
+
+@rule("spec.draft_tp")
+def _draft_tp(c: PlanContext) -> Violation | None:
+    if c.draft_tp is not None and c.draft_tp not in (1, c.tp):
+        return _v("spec.draft_tp", f"draft TP {c.draft_tp} must be 1 or TP ({c.tp})", "set draft TP to 1 or TP",
+                  "vllm/config/speculative.py (draft_tensor_parallel_size)")
+    return None
+
+
+@rule("spec.dspark_depth")
+def _dspark(c: PlanContext) -> Violation | None:
+    d = c.spec.drafter if c.spec else None
+    if c.spec_method == "dspark" and c.spec_depth > 0 and d and d.block_size and c.spec_depth != d.block_size:
+        return _v("spec.dspark_depth", f"DSpark depth {c.spec_depth} != the drafter's trained block size "
+                                       f"{d.block_size}",
+                  f"use --spec-depth {d.block_size} (or 0 to disable)",
+                  "anchors-serving.md section 2 (DSpark: num_speculative_tokens must equal block_size)")
+    return None
+
+
+@rule("spec.token_budget")
+def _budget(c: PlanContext) -> Violation | None:
+    if not c.spec_method or c.spec_depth <= 0:
+        return None
+    mbt = c.arg_int("max-num-batched-tokens", 2048 if c.profile.arch != "cpu" else 4096)
+    seqs = c.arg_int("max-num-seqs", 256)
+    slots = c.spec_depth - 1 if c.spec_method == "dflash" else c.spec_depth
+    left = mbt - slots * seqs
+    if left <= 0:
+        need_mbt = slots * seqs + 512
+        need_seqs = max(1, (mbt - 512) // max(1, slots))
+        return _v("spec.token_budget", f"speculative decoding leaves a token budget of {left} "
+                                       f"(max-num-batched-tokens {mbt} - {slots} draft slots x max-num-seqs {seqs})",
+                  f"raise --max-num-batched-tokens to {need_mbt} or lower --max-num-seqs to {need_seqs}",
+                  "field failure F13 (vllm#50708)")
+    return None
+
+
+@rule("msa.block_size")
+def _msa_block(c: PlanContext) -> Violation | None:
+    if c.facts.attention != "msa":
+        return None
+    need = c.facts.msa_block_size or 128
+    got = c.args.get("block-size")
+    if got is None or int(got) != need:
+        return _v("msa.block_size", f"MSA needs --block-size {need} (got {got if got is not None else 'default 16'})",
+                  f"use --block-size {need}", "vllm-recipes MiniMax-M3 (base_args; Troubleshooting)")
+    return None
+
+
+@rule("quant.shard_alignment")
+def _shard(c: PlanContext) -> Violation | None:
+    blk, width = c.facts.quant_block, c.facts.moe_intermediate_size
+    if not blk or not width or c.ep:
+        return None
+    per_rank = width / c.tp
+    if per_rank != int(per_rank) or int(per_rank) % blk[0]:
+        ok = [t for t in (1, 2, 4, 8) if width % t == 0 and (width // t) % blk[0] == 0 and t <= len(c.inventory.gpus)]
+        return _v("quant.shard_alignment", f"per-rank MoE width {width}/{c.tp} = {per_rank:g} is not a multiple of "
+                                           f"the quantization block {blk[0]}",
+                  f"use TP {max(ok) if ok else 1}, or add --ep so experts stay whole", "field failure F11 (vllm PR #48173)")
+    return None
+
+
+@rule("kv.dtype")
+def _kv(c: PlanContext) -> Violation | None:
+    allowed = c.profile.kv_cache_dtypes.get(c.facts.attention, ["auto"])
+    if c.kv_dtype not in allowed:
+        return _v("kv.dtype", f"KV cache dtype {c.kv_dtype!r} is not supported for {c.facts.attention.upper()} "
+                              f"attention on {c.profile.arch}",
+                  f"use --kv-cache-dtype {' or '.join(allowed)}",
+                  f"profile {c.profile.name} kv_cache_dtypes; field failure F10 (vllm#57713)")
+    return None
+
+
+@rule("variant.native")
+def _native(c: PlanContext) -> Violation | None:
+    v = c.variant
+    if v is None or c.profile.arch in v.native_archs:
+        return None
+    if c.profile.arch in v.emulated_archs:
+        if c.allow_emulated:
+            return None
+        return _v("variant.native", f"variant {c.variant_name!r} ({v.precision}) has no native kernels on "
+                                    f"{c.profile.arch}: {v.emulation}",
+                  "choose another --variant, or pass --allow-emulated to accept the fallback",
+                  "anchors-serving.md (NVFP4 hardware facts); field failures F08, F09")
+    return _v("variant.native", f"variant {c.variant_name!r} ({v.precision}) does not run on {c.profile.arch}",
+              f"choose a variant for {c.profile.arch}", f"model catalog {c.spec.name if c.spec else ''}")
+
+
+@rule("memory.fit")
+def _memory(c: PlanContext) -> Violation | None:
+    if c.profile.arch == "cpu" or not c.inventory.gpus:
+        return None
+    mem_mib = c.inventory.gpus[0].memory_total_mib
+    f = c.facts
+    if not mem_mib or not f.weights_gib:
+        return None
+    per_gpu = mem_mib / 1024 * c.gpu_memory_utilization
+    weights = f.weights_gib / c.gpus_used
+    kv_gib = 0.0
+    mml = c.arg_int("max-model-len", f.max_position_embeddings or 0)
+    if f.num_layers and f.num_kv_heads and f.head_dim and mml:
+        kv_per_rank = max(1.0, f.num_kv_heads / c.tp)
+        kv_gib = (mml * f.num_layers * 2 * kv_per_rank * f.head_dim * KV_BYTES.get(c.kv_dtype, 2.0)) / 2**30 / c.dcp
+    if weights + kv_gib > per_gpu:
+        need = math.ceil((f.weights_gib) / max(0.1, per_gpu - kv_gib)) if per_gpu > kv_gib else None
+        fix = (f"use at least {need} GPUs of this size, a smaller variant, or a lower --max-model-len"
+               if need else "lower --max-model-len")
+        return _v("memory.fit", f"weights {weights:.0f} GiB per GPU + KV for one {mml}-token sequence {kv_gib:.1f} GiB per GPU "
+                                f"exceed {per_gpu:.0f} GiB usable ({mem_mib / 1024:.0f} GiB x "
+                                f"{c.gpu_memory_utilization}) at TP {c.tp} x DP {c.dp}",
+                  fix, "vllm config/cache.py (gpu_memory_utilization 0.92); KV size = layers x 2 x kv_heads x head_dim x bytes")
+    return None
+
+
+@rule("image.cuda_vs_driver")
+def _cuda(c: PlanContext) -> Violation | None:
+    img, have = c.image, c.inventory.cuda_driver_version
+    if c.runtime != "docker" or img is None or not img.cuda_version or not have:
+        return None
+
+    def ver(s: str) -> tuple[int, ...]:
+        return tuple(int(x) for x in s.split(".")[:2])
+
+    if ver(img.cuda_version) > ver(have):
+        return _v("image.cuda_vs_driver", f"image {img.reference} needs CUDA {img.cuda_version}, the driver "
+                                          f"{c.inventory.driver_version} supports up to CUDA {have}",
+                  f"upgrade the driver to >= {img.min_driver or 'the image minimum'}, or use an image built for "
+                  f"CUDA <= {have}", "field failure F06 (CUDA error 804); https://docs.nvidia.com/deploy/cuda-compatibility/")
+    return None
+
+
+@rule("env.deprecated")
+def _env(c: PlanContext) -> Violation | None:
+    for k in c.env:
+        if k in DEPRECATED_ENV:
+            return _v("env.deprecated", f"environment variable {k} is deprecated or ignored by vLLM",
+                      f"use {DEPRECATED_ENV[k]}", "anchors-serving.md section 2")
+    return None
+
+
+@rule("flags.boolean_spelling")
+def _bool(c: PlanContext) -> Violation | None:
+    for k in c.args:
+        if k.startswith("disable-") and k not in REAL_DISABLE_FLAGS:
+            return _v("flags.boolean_spelling", f"--{k} is rejected by vLLM 0.32 (it accepts --no-enable-X)",
+                      f"use --no-enable-{k.removeprefix('disable-')}", "cpu-test-stack.md 'Flag spellings'")
+    return None
+
+
+def check_all(ctx: PlanContext) -> list[Violation]:
+    """Run every rule; return the violations in rule order (empty when the plan is valid)."""
+    out = []
+    for _, fn in RULES:
+        v = fn(ctx)
+        if v is not None:
+            out.append(v)
+    return out
