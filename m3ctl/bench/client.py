@@ -6,35 +6,69 @@ Timing semantics (vllm/benchmarks/lib/endpoint_request_func.py, vLLM 0.32):
 - ``latency`` (E2EL): from the POST to the last ``choices`` chunk (the usage-only chunk
   that follows carries no token and does not extend it).
 - token counts: ``usage`` of the final chunk (``stream_options.include_usage``).
-m3ctl adds ``scheduled_time`` (when the load model meant to send the request) so queueing
-inside the client is visible (coordinated omission), and ``chunk_tokens`` when the server
-reports continuous usage.
+
+m3ctl additions (new fields, never a changed meaning):
+- ``scheduled_time``: when the load model meant to send the request, so queueing inside the
+  client is visible (coordinated omission; vllm issue #54101).
+- ``chunk_tokens``: tokens carried by each ``choices`` chunk, from vLLM's
+  ``stream_options.continuous_usage_stats`` (cumulative ``usage.completion_tokens`` on every
+  chunk; vllm/entrypoints/openai/protocol.py ``StreamOptions``). Empty when the server does not
+  send it. Used for per-token ITL, so multi-token chunks (speculative decoding,
+  ``--stream-interval``, output coalescing) do not distort it (vllm PR #50600).
+- reasoning models (shared/cases/field-failures.md F18): any streamed delta (``content``,
+  ``reasoning_content``/``reasoning``, ``tool_calls``) is a token chunk; ``ttfa`` is the time
+  to the first *answer* (``content``) token; ``reasoning_tokens`` comes from
+  ``usage.completion_tokens_details.reasoning_tokens``.
+
+Efficiency: one ``perf_counter`` per network read (events in one read arrived together),
+one split per read, ``orjson`` when installed, pre-serialised request bodies.
 """
 
 from __future__ import annotations
 
-import json
+import asyncio
 import time
 from dataclasses import dataclass, field
 
 import aiohttp
 
+try:  # orjson is 3-10x faster than json for the per-chunk parse; json is the fallback.
+    import orjson as _json
+
+    _loads, _dumps = _json.loads, _json.dumps
+except ImportError:  # pragma: no cover - orjson is a declared dependency
+    import json as _json
+
+    _loads = _json.loads
+
+    def _dumps(obj) -> bytes:
+        return _json.dumps(obj).encode()
+
 
 @dataclass
 class BenchRequest:
-    """One request to send: prompt text, its client-side token count, and the output length to ask for."""
+    """One request to send.
+
+    Attributes:
+        prompt: prompt text (completions) or the last user message (chat) when ``messages`` is None.
+        prompt_len: client-side token count of the prompt (the server's ``usage`` is authoritative).
+        output_len: ``max_tokens`` to ask for.
+        messages: full chat message list (multi-turn); for completions they are joined into one prompt.
+    """
 
     prompt: str
     prompt_len: int
     output_len: int
+    messages: list[dict] | None = None
 
 
 @dataclass
 class RequestOutput:
-    """Timings (seconds, ``time.perf_counter`` clock) and counts of one request."""
+    """Timings (seconds, ``time.perf_counter`` clock, comparable across processes on Linux) and counts."""
 
     success: bool = False
     error: str = ""
+    error_kind: str = ""  # http_4xx, http_5xx, timeout, connection, stream_cut, no_token, bad_json
     prompt_len: int = 0
     output_tokens: int | None = None
     ttft: float = 0.0
@@ -44,81 +78,172 @@ class RequestOutput:
     scheduled_time: float = 0.0
     client_queue_time: float = 0.0
     generated_text: str = ""
+    chunk_tokens: list[int] = field(default_factory=list)  # per choices chunk (first included); [] if unknown
+    ttfa: float | None = None  # time to first answer (content) token
+    reasoning_tokens: int | None = None
+    reasoning_streamed: bool = False
+    cached_tokens: int | None = None  # usage.prompt_tokens_details.cached_tokens
+    client_prompt_len: int = 0
+    session: int = -1  # agentic session id, -1 otherwise
+    turn: int = 0
+
+    @property
+    def end_time(self) -> float:
+        return self.start_time + self.latency
+
+
+def build_body(model: str, endpoint: str, req: BenchRequest, *, ignore_eos: bool, temperature: float = 0.0,
+               continuous_usage: bool = True, extra: dict | None = None) -> bytes:
+    """The JSON body of one streaming request (bytes)."""
+    opts = {"include_usage": True}
+    if continuous_usage:
+        opts["continuous_usage_stats"] = True
+    payload: dict = {"model": model, "temperature": temperature, "stream": True, "stream_options": opts}
+    if ignore_eos:
+        payload["ignore_eos"] = True  # vLLM extra sampling parameter
+    if endpoint == "chat":
+        payload["messages"] = req.messages or [{"role": "user", "content": req.prompt}]
+        payload["max_completion_tokens"] = req.output_len
+    else:
+        payload["prompt"] = "\n".join(m["content"] for m in req.messages) if req.messages else req.prompt
+        payload["max_tokens"] = req.output_len
+    if extra:
+        payload.update(extra)
+    return _dumps(payload)
+
+
+_HDR = {"Content-Type": "application/json"}
+
+
+def _kind_of(e: BaseException) -> str:
+    if isinstance(e, asyncio.TimeoutError | TimeoutError | aiohttp.ServerTimeoutError):
+        return "timeout"
+    if isinstance(e, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
+        return "stream_cut"
+    if isinstance(e, ValueError):
+        return "bad_json"
+    return "connection"
 
 
 async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, model: str, req: BenchRequest,
                        *, ignore_eos: bool, headers: dict[str, str], scheduled_time: float,
-                       temperature: float = 0.0) -> RequestOutput:
+                       temperature: float = 0.0, continuous_usage: bool = True, keep_text: bool = False,
+                       body: bytes | None = None) -> RequestOutput:
     """Send one streaming request to ``url`` + ``/v1/completions`` or ``/v1/chat/completions``.
 
     Args:
         endpoint: ``"completions"`` or ``"chat"``.
         scheduled_time: perf_counter time at which the load model scheduled this request.
+        keep_text: keep the generated text (multi-turn workloads append it to the next turn).
+        body: a pre-built body from :func:`build_body` (saves the serialisation in the timed loop).
 
     Returns:
         A :class:`RequestOutput`; failures are recorded in it (``success=False``), never raised.
     """
-    out = RequestOutput(prompt_len=req.prompt_len, scheduled_time=scheduled_time)
-    payload: dict = {"model": model, "max_tokens": req.output_len, "temperature": temperature, "stream": True,
-                     "stream_options": {"include_usage": True}}
-    if ignore_eos:
-        payload["ignore_eos"] = True  # vLLM extra sampling parameter
-    if endpoint == "chat":
-        api = f"{url}/v1/chat/completions"
-        payload["messages"] = [{"role": "user", "content": req.prompt}]
-        payload["max_completion_tokens"] = payload.pop("max_tokens")
-    else:
-        api = f"{url}/v1/completions"
-        payload["prompt"] = req.prompt
+    out = RequestOutput(prompt_len=req.prompt_len, client_prompt_len=req.prompt_len, scheduled_time=scheduled_time)
+    chat = endpoint == "chat"
+    api = f"{url}/v1/chat/completions" if chat else f"{url}/v1/completions"
+    if body is None:
+        body = build_body(model, endpoint, req, ignore_eos=ignore_eos, temperature=temperature,
+                          continuous_usage=continuous_usage)
+    hdrs = {**_HDR, **headers} if headers else _HDR
+    text_parts: list[str] = []
+    itl = out.itl
+    chunk_tokens = out.chunk_tokens
+    prev_ct = 0
+    cont_ok = True  # every choices chunk carried usage so far
+    first = False
+    done = False
+    final_usage = None
+    buf = b""
     st = time.perf_counter()
     out.start_time = st
-    out.client_queue_time = max(0.0, st - scheduled_time)
+    out.client_queue_time = st - scheduled_time if st > scheduled_time else 0.0
     last = st
-    text_parts: list[str] = []
-    first = False
-    buf = b""
     try:
-        async with session.post(api, json=payload, headers=headers) as resp:
+        async with session.post(api, data=body, headers=hdrs) as resp:
             if resp.status != 200:
-                body = (await resp.text())[:300]
-                out.error = f"HTTP {resp.status}: {body}"
+                text = (await resp.text())[:300]
+                out.error = f"HTTP {resp.status}: {text}"
+                out.error_kind = "http_5xx" if resp.status >= 500 else "http_4xx"
                 return out
             async for raw in resp.content.iter_any():
+                ts = time.perf_counter()
                 buf += raw
-                while b"\n\n" in buf:
-                    event, buf = buf.split(b"\n\n", 1)
-                    for line in event.split(b"\n"):
-                        line = line.strip()
-                        if not line.startswith(b"data:"):
-                            continue  # SSE comments / pings
-                        data = line[5:].strip()
-                        if data == b"[DONE]":
+                if b"\n\n" not in buf:
+                    continue
+                events = buf.split(b"\n\n")
+                buf = events.pop()
+                for ev in events:
+                    if ev.startswith(b"data: "):
+                        data = ev[6:]
+                    else:  # comments (":" pings), CRLF or multi-line events
+                        data = b""
+                        for line in ev.replace(b"\r", b"").split(b"\n"):
+                            if line.startswith(b"data:"):
+                                data += line[5:].strip()
+                        if not data:
                             continue
-                        msg = json.loads(data)
-                        if choices := msg.get("choices"):
-                            ts = time.perf_counter()
-                            if not first:
-                                first = True
-                                out.ttft = ts - st
-                            else:
-                                out.itl.append(ts - last)
-                            last = ts
-                            c0 = choices[0]
-                            if endpoint == "chat":
-                                delta = c0.get("delta") or {}
-                                text_parts.append((delta.get("content") or "") + (delta.get("reasoning_content") or delta.get("reasoning") or ""))
-                            else:
-                                text_parts.append(c0.get("text") or "")
-                        elif usage := msg.get("usage"):
-                            out.output_tokens = usage.get("completion_tokens")
-                            if (pt := usage.get("prompt_tokens")) is not None:
-                                out.prompt_len = pt
-        if first:
-            out.success = True
+                    if data[:6] == b"[DONE]":
+                        done = True
+                        continue
+                    msg = _loads(data)
+                    usage = msg.get("usage")
+                    choices = msg.get("choices")
+                    if choices:
+                        if first:
+                            itl.append(ts - last)
+                        else:
+                            first = True
+                            out.ttft = ts - st
+                        last = ts
+                        c0 = choices[0]
+                        if chat:
+                            delta = c0.get("delta") or {}
+                            content = delta.get("content")
+                            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                            if reasoning:
+                                out.reasoning_streamed = True
+                                if keep_text:
+                                    text_parts.append(reasoning)
+                            if content and out.ttfa is None:
+                                out.ttfa = ts - st
+                        else:
+                            content = c0.get("text")
+                            if content and out.ttfa is None:
+                                out.ttfa = ts - st
+                        if keep_text and content:
+                            text_parts.append(content)
+                        if usage and cont_ok:
+                            ct = usage.get("completion_tokens") or 0
+                            chunk_tokens.append(ct - prev_ct)
+                            prev_ct = ct
+                        else:
+                            cont_ok = False
+                        if usage:
+                            final_usage = usage
+                    elif usage:
+                        final_usage = usage
+        if final_usage is not None:
+            out.output_tokens = final_usage.get("completion_tokens")
+            if (pt := final_usage.get("prompt_tokens")) is not None:
+                out.prompt_len = pt
+            if det := final_usage.get("completion_tokens_details"):
+                out.reasoning_tokens = det.get("reasoning_tokens")
+            if det := final_usage.get("prompt_tokens_details"):
+                out.cached_tokens = det.get("cached_tokens")
+        if not cont_ok or (chunk_tokens and sum(chunk_tokens) != out.output_tokens):
+            chunk_tokens.clear()
+        if not first:
+            out.error, out.error_kind = "no token chunk received", "no_token"
+        elif not done:
+            out.error, out.error_kind = "stream ended without [DONE]", "stream_cut"
         else:
-            out.error = "no token chunk received"
+            out.success = True
         out.latency = last - st
         out.generated_text = "".join(text_parts)
-    except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+    except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError, ValueError) as e:
         out.error = f"{type(e).__name__}: {e}"[:300]
+        out.error_kind = _kind_of(e)
+        out.latency = last - st
     return out

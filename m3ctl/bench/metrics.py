@@ -109,3 +109,136 @@ def _peaks(ok: Sequence[RequestOutput]) -> dict:
 def client_queue_stats(outputs: Sequence[RequestOutput], percentiles: Sequence[float]) -> dict:
     """vLLM's ``*_client_queue_time_ms`` statistics (time between schedule and send), successful requests."""
     return _stats("client_queue_time", [o.client_queue_time for o in outputs if o.success], percentiles)
+
+
+# ----------------------------------------------------------------------------- m3ctl extensions (new keys)
+def _pct_block(values: Sequence[float], percentiles: Sequence[float], scale: float = 1000.0,
+               unit: str = "ms") -> dict[str, float | None]:
+    """``{mean_<unit>, median_<unit>, std_<unit>, p<P>_<unit>}`` of ``values`` x ``scale``; None when empty."""
+    if not len(values):
+        return {f"mean_{unit}": None, f"median_{unit}": None, f"std_{unit}": None,
+                **{f"p{_word(p)}_{unit}": None for p in percentiles}}
+    v = np.asarray(values, dtype=float) * scale
+    out = {f"mean_{unit}": float(v.mean()), f"median_{unit}": float(np.median(v)), f"std_{unit}": float(v.std())}
+    for p in percentiles:
+        out[f"p{_word(p)}_{unit}"] = float(np.percentile(v, p))
+    return out
+
+
+def _word(p: float) -> str:
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def per_token_itl(outputs: Sequence[RequestOutput]) -> tuple[np.ndarray, str]:
+    """Per-token inter-token latencies (s), pooled over successful requests.
+
+    Each chunk after the first token-bearing one contributes ``k`` samples of ``gap / k``, where
+    ``k`` is the tokens it carries and ``gap`` the time since the previous token-bearing chunk
+    (chunks with no token, such as the chat role chunk, are skipped). Per request the samples
+    sum to ``t_last_token - t_first_token`` and number ``OSL - k_first``: the tokens that came
+    with the first one have no measurable gap (a large ``k_first`` means TTFT absorbed decode
+    time, e.g. hidden reasoning, shared/cases/field-failures.md F18).
+
+    Token counts per chunk come from ``continuous_usage_stats`` (source ``"continuous_usage"``);
+    without them a request's decode time is split evenly over its ``OSL - 1`` later tokens
+    (``"even_split"``, which equals its TPOT).
+
+    Returns:
+        ``(samples_s, source)``; source is ``"continuous_usage"``, ``"even_split"`` or ``"mixed"``.
+    """
+    parts: list[np.ndarray] = []
+    sources = set()
+    for o in outputs:
+        if not o.success or not o.output_tokens:
+            continue
+        if o.chunk_tokens and len(o.chunk_tokens) == len(o.itl) + 1:
+            sources.add("continuous_usage")
+            t, prev = 0.0, None
+            for i, k in enumerate(o.chunk_tokens):
+                if i:
+                    t += o.itl[i - 1]
+                if k <= 0:
+                    continue
+                if prev is not None:  # the first token-bearing chunk has no gap before it
+                    parts.append(np.full(k, (t - prev) / k))
+                prev = t
+        elif o.itl and o.output_tokens > 1:
+            sources.add("even_split")
+            parts.append(np.full(o.output_tokens - 1, sum(o.itl) / (o.output_tokens - 1)))
+    src = sources.pop() if len(sources) == 1 else ("mixed" if sources else "none")
+    return (np.concatenate(parts) if parts else np.zeros(0)), src
+
+
+def interactivity(outputs: Sequence[RequestOutput], percentiles: Sequence[float]) -> dict:
+    """Tokens per second per user, in the three published definitions (shared/reference/anchors-bench-tune.md s.0.1).
+
+    - ``inferencex_1000_over_tpot``: ``1000 / <stat of TPOT ms>`` for each statistic
+      (InferenceX utils/process_result.py; p99 is therefore the slow tail).
+    - ``agentx_e2e_normalized``: ``1 / percentile_q(E2EL_i / OSL_i)`` (InferenceX
+      utils/agentic/aggregation/request_metrics.py; includes TTFT; p90 is AgentX's Pareto x-axis).
+    - ``aiperf_per_user``: statistics over requests of ``1 / TPOT_i`` (AIPerf "Output Token
+      Throughput Per User" = 1/ITL with AIPerf's ITL = vLLM's TPOT; docs/metrics-reference.md).
+    Units: tokens/s. None when no request has more than one output token.
+    """
+    ok = [o for o in outputs if o.success and o.output_tokens]
+    tpots = np.array([(o.latency - o.ttft) / (o.output_tokens - 1) for o in ok if o.output_tokens > 1])
+    tpots = tpots[tpots > 0]
+    norm = np.array([o.latency / o.output_tokens for o in ok if o.latency > 0])
+    ix: dict = {}
+    if len(tpots):
+        stats = {"mean": tpots.mean(), "median": np.median(tpots),
+                 **{f"p{_word(p)}": np.percentile(tpots, p) for p in percentiles}}
+        ix["inferencex_1000_over_tpot"] = {k: float(1.0 / v) for k, v in stats.items()}
+        inv = 1.0 / tpots
+        ix["aiperf_per_user"] = {"mean": float(inv.mean()), "median": float(np.median(inv)),
+                                 **{f"p{_word(p)}": float(np.percentile(inv, p)) for p in percentiles}}
+    else:
+        ix["inferencex_1000_over_tpot"] = ix["aiperf_per_user"] = None
+    ix["agentx_e2e_normalized"] = ({f"p{_word(q)}": float(1.0 / np.percentile(norm, q)) for q in (50, 90, 95)}
+                                   if len(norm) else None)
+    # InferenceX's flat names, for tooling that reads them.
+    if ix["inferencex_1000_over_tpot"]:
+        for k, v in ix["inferencex_1000_over_tpot"].items():
+            ix[f"{k}_intvty"] = v
+    return ix
+
+
+def token_peak(outputs: Sequence[RequestOutput]) -> float | None:
+    """Peak output tokens/s over 1-second buckets counting *tokens* (vLLM's key counts chunks)."""
+    ok = [o for o in outputs if o.success and o.chunk_tokens and len(o.chunk_tokens) == len(o.itl) + 1]
+    if not ok:
+        return None
+    t0 = min(o.start_time for o in ok)
+    n = int(np.ceil(max(o.end_time for o in ok) - t0)) + 1
+    toks = np.zeros(n)
+    for o in ok:
+        t = o.start_time + o.ttft
+        toks[int(t - t0)] += o.chunk_tokens[0]
+        for k, g in zip(o.chunk_tokens[1:], o.itl, strict=True):
+            t += g
+            b = int(t - t0)
+            if b < n:
+                toks[b] += k
+    return float(toks.max())
+
+
+def extended(outputs: Sequence[RequestOutput], percentiles: Sequence[float]) -> dict:
+    """m3ctl's extra latency metrics: per-token ITL, from-schedule latencies, TTFA, interactivity."""
+    ok = [o for o in outputs if o.success]
+    samples, src = per_token_itl(ok)
+    ttfa = [o.ttfa for o in ok if o.ttfa is not None]
+    kinds: dict[str, int] = {}
+    for o in outputs:
+        if not o.success:
+            kinds[o.error_kind or "other"] = kinds.get(o.error_kind or "other", 0) + 1
+    return {
+        "per_token_itl": {**_pct_block(samples, percentiles), "source": src, "samples": int(len(samples))},
+        # AIPerf's effective latency: from when the load model scheduled the request (credit issued), so
+        # time spent queued inside the client counts (coordinated omission).
+        "e2el_from_schedule": _pct_block([o.end_time - o.scheduled_time for o in ok], percentiles),
+        "ttft_from_schedule": _pct_block([o.start_time + o.ttft - o.scheduled_time for o in ok], percentiles),
+        "ttfa": _pct_block(ttfa, percentiles) if ttfa else None,
+        "interactivity": interactivity(ok, percentiles),
+        "max_output_tokens_per_s_by_token": token_peak(ok),
+        "errors_by_kind": kinds,
+    }

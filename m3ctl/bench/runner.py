@@ -1,18 +1,27 @@
 """Run one benchmark: build the workload, generate load, compute metrics, return vLLM-compatible JSON.
 
-Load model (as ``vllm bench serve``): requests are scheduled at ``--request-rate`` (``inf``:
-all at t=0; otherwise gamma-distributed gaps with shape ``burstiness`` and mean ``1/rate``,
-Poisson at burstiness 1), and at most ``--concurrency`` are in flight (closed loop). Each
-request's scheduled and send times are recorded; ``*_client_queue_time_ms`` shows queueing
-inside the client. Warmup requests run first and are excluded.
+Load model (as ``vllm bench serve``, vllm/benchmarks/serve.py): requests are scheduled at
+``--request-rate`` (``inf``: all at t=0; otherwise gamma-distributed gaps with shape
+``burstiness`` and mean ``1/rate``, Poisson at burstiness 1) and at most ``--concurrency`` are
+in flight (closed loop). Each request's scheduled and send times are recorded; latency is
+reported both from send (vLLM's keys) and from schedule (``e2el_from_schedule``: coordinated
+omission, vllm issue #54101). With ``--duration`` the run stops issuing requests after that
+many seconds (the workload is cycled); in-flight requests finish and count. In duration mode a
+closed loop schedules each request when a lane frees (no client queue by construction).
+
+Warmup requests run first and are excluded. ``client_procs > 1`` splits the load over worker
+processes (each its own event loop, uvloop when installed, its own connections); all use the
+same ``perf_counter`` clock (CLOCK_MONOTONIC on Linux), so their records merge exactly.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import random
+import multiprocessing
+import os
 import time
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
 
@@ -21,14 +30,16 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from m3ctl import __version__
-from m3ctl.bench import metrics
-from m3ctl.bench.client import BenchRequest, RequestOutput, send_request
-from m3ctl.bench.prompts import LocalTokenizer, ServerTokenizer, Tokenizer, exact_prompt, random_lengths
+from m3ctl.bench import metrics, servermetrics, workloads
+from m3ctl.bench.client import BenchRequest, RequestOutput, build_body, send_request
+from m3ctl.bench.prompts import LocalTokenizer, ServerTokenizer, Tokenizer
 from m3ctl.errors import BadInput
+
+SCHEMA_VERSION = "1.0"
 
 
 class BenchConfig(BaseModel):
-    """A benchmark run. Units: lengths in tokens, rates in requests/s, times in seconds.
+    """A benchmark run. Units: lengths in tokens, rates in requests/s, times in seconds, money in USD.
 
     ``api_key`` is used for the Authorization header only and never written to results.
     """
@@ -40,19 +51,41 @@ class BenchConfig(BaseModel):
     concurrency: int | None = Field(None, ge=1)
     request_rate: float = math.inf
     burstiness: float = Field(1.0, gt=0)
+    duration_s: float | None = Field(None, gt=0)
     input_len: int = Field(128, ge=1)
     output_len: int = Field(128, ge=1)
     range_ratio: float = 0.0
     range_convention: str = "vllm"
     ignore_eos: bool = True
+    temperature: float = 0.0
     seed: int = 0
     num_warmups: int = Field(0, ge=0)
     percentiles: list[float] = Field(default_factory=lambda: [50.0, 90.0, 99.0])
     goodput_slo_ms: dict[str, float] | None = None
     tokenizer: str | None = None
     num_gpus: int | None = Field(None, ge=1)
+    num_gpus_source: str | None = None
+    usd_per_gpu_hour: float | None = Field(None, gt=0)
     label: str | None = None
     request_timeout_s: float = 6 * 3600
+    # workloads
+    workload: str = "random"
+    dataset_path: str | None = None
+    dataset_output_len: int | None = Field(None, ge=1)
+    max_model_len: int | None = None
+    num_prefixes: int = Field(4, ge=1)
+    prefix_len: int = Field(128, ge=1)
+    num_sessions: int | None = Field(None, ge=1)
+    turns: int = Field(4, ge=1)
+    turn_input_len: int = Field(64, ge=1)
+    think_time_s: float = Field(0.0, ge=0)
+    # client
+    client_procs: int = Field(1, ge=1)
+    continuous_usage: bool = True
+    scrape_server_metrics: bool = True
+    allow_approx: bool = False
+    max_error_rate: float = Field(0.0, ge=0, le=1)
+    per_request: bool = False
     api_key: str | None = Field(None, exclude=True, repr=False)
 
 
@@ -84,18 +117,12 @@ def _headers(cfg: BenchConfig) -> dict[str, str]:
 
 def build_requests(cfg: BenchConfig, tok: Tokenizer) -> list[BenchRequest]:
     """The random workload: seeded lengths per request and prompts of exactly those token counts."""
-    rng = random.Random(cfg.seed)
-    in_lens = random_lengths(cfg.input_len, cfg.range_ratio, cfg.num_prompts, rng, cfg.range_convention)
-    out_lens = random_lengths(cfg.output_len, cfg.range_ratio, cfg.num_prompts, rng, cfg.range_convention)
-    reqs = []
-    for il, ol in zip(in_lens, out_lens, strict=True):
-        text, n = exact_prompt(tok, il, rng)
-        reqs.append(BenchRequest(prompt=text, prompt_len=n, output_len=ol))
-    return reqs
+    return workloads.random_workload(tok, cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.range_ratio,
+                                     cfg.range_convention, cfg.seed)
 
 
 def _schedule(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
-    """Offsets (s) from the start at which each request is due."""
+    """Offsets (s) from the start at which each request is due (first at 0)."""
     if math.isinf(rate):
         return [0.0] * n
     rng = np.random.default_rng(seed)
@@ -103,59 +130,302 @@ def _schedule(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
     return list(np.cumsum(gaps) - gaps[0])
 
 
-async def _run(cfg: BenchConfig, reqs: list[BenchRequest], warmups: list[BenchRequest]) -> tuple[list[RequestOutput], float]:
-    limit = cfg.concurrency or 0
-    conn = aiohttp.TCPConnector(limit=limit, ttl_dns_cache=300, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
+@dataclass
+class ClientStats:
+    """What one client process measured about itself."""
+
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    loop_lag_max_ms: float = 0.0
+    loop_lag_p99_ms: float = 0.0
+    sessions: list[dict] = field(default_factory=list)
+
+
+@dataclass
+class _Job:
+    """One client process's share of the load."""
+
+    items: list[tuple[BenchRequest, float]]  # (request, offset s); offsets all 0 for rate=inf
+    concurrency: int | None
+    sessions: list = field(default_factory=list)  # agentic sessions
+    cycle: bool = False
+
+
+def _new_loop():
+    try:
+        import uvloop  # noqa: PLC0415
+
+        return uvloop.new_event_loop()
+    except ImportError:  # pragma: no cover
+        return asyncio.new_event_loop()
+
+
+async def _lag_monitor(samples: list[float], period: float = 0.01) -> None:
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(period)
+        samples.append(time.perf_counter() - t - period)
+
+
+async def _drive(cfg: BenchConfig, job: _Job, t0: float, deadline: float | None) -> tuple[list[RequestOutput], ClientStats]:
+    """Run one process's share: list mode (random/dataset/prefix) or agentic lanes."""
     headers = _headers(cfg)
-    sem = asyncio.Semaphore(cfg.concurrency) if cfg.concurrency else None
-    async with aiohttp.ClientSession(connector=conn, timeout=timeout, trust_env=False) as session:
-        async def one(req: BenchRequest, due: float) -> RequestOutput:
-            delay = due - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            if sem is None:
-                return await send_request(session, cfg.url, cfg.endpoint, cfg.model, req, ignore_eos=cfg.ignore_eos,
-                                          headers=headers, scheduled_time=due)
-            async with sem:
-                return await send_request(session, cfg.url, cfg.endpoint, cfg.model, req, ignore_eos=cfg.ignore_eos,
-                                          headers=headers, scheduled_time=due)
+    conn = aiohttp.TCPConnector(limit=job.concurrency or 0, ttl_dns_cache=300, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
+    outs: list[RequestOutput] = []
+    stats = ClientStats()
+    lags: list[float] = []
+    cpu0 = time.process_time()
+    async with aiohttp.ClientSession(connector=conn, timeout=timeout, trust_env=False,
+                                     read_bufsize=1 << 20, auto_decompress=False) as session:
+        mon = asyncio.create_task(_lag_monitor(lags))
 
-        if warmups:
-            now = time.perf_counter()
-            await asyncio.gather(*(one(w, now) for w in warmups))
-        t0 = time.perf_counter()
-        offsets = _schedule(len(reqs), cfg.request_rate, cfg.burstiness, cfg.seed)
-        outs = await asyncio.gather(*(one(r, t0 + off) for r, off in zip(reqs, offsets, strict=True)))
-        dur = time.perf_counter() - t0
-    return list(outs), dur
+        async def send(req: BenchRequest, due: float, keep_text: bool = False) -> RequestOutput:
+            body = build_body(cfg.model, cfg.endpoint, req, ignore_eos=cfg.ignore_eos, temperature=cfg.temperature,
+                              continuous_usage=cfg.continuous_usage)
+            return await send_request(session, cfg.url, cfg.endpoint, cfg.model, req, ignore_eos=cfg.ignore_eos,
+                                      headers=headers, scheduled_time=due, keep_text=keep_text, body=body)
+
+        now = time.perf_counter()
+        if t0 > now:
+            await asyncio.sleep(t0 - now)
+        if job.sessions:
+            await _agentic_lanes(cfg, job, send, outs, stats, deadline)
+        elif math.isinf(cfg.request_rate) and job.concurrency:
+            await _closed_lanes(job, send, outs, t0, deadline)
+        else:
+            await _open_loop(job, send, outs, t0, deadline)
+        mon.cancel()
+    stats.cpu_s = time.process_time() - cpu0
+    stats.wall_s = time.perf_counter() - t0
+    if lags:
+        stats.loop_lag_max_ms = float(max(lags) * 1000)
+        stats.loop_lag_p99_ms = float(np.percentile(lags, 99) * 1000)
+    return outs, stats
 
 
-def run_bench(cfg: BenchConfig) -> dict:
-    """Run the benchmark and return the result JSON (vLLM keys plus m3ctl's additions).
+async def _closed_lanes(job: _Job, send, outs: list, t0: float, deadline: float | None) -> None:
+    """``concurrency`` lanes pull the next request as soon as they are free.
 
-    Raises:
-        BadInput: invalid config (endpoint, range ratio) or no way to tokenize prompts.
+    Count mode: every request is scheduled at t0 (as vLLM with rate=inf), so time waiting for a
+    free lane shows as client queue time. Duration mode: scheduled when a lane picks it.
     """
+    it = iter(range(1 << 62)) if job.cycle else iter(range(len(job.items)))
+    n = len(job.items)
+
+    async def lane() -> None:
+        for i in it:
+            now = time.perf_counter()
+            if deadline is not None and now >= deadline:
+                return
+            req = job.items[i % n][0]
+            outs.append(await send(req, now if deadline is not None else t0))
+
+    await asyncio.gather(*(lane() for _ in range(min(job.concurrency, n if not job.cycle else job.concurrency))))
+
+
+async def _open_loop(job: _Job, send, outs: list, t0: float, deadline: float | None) -> None:
+    """Requests dispatched at their scheduled offsets, optionally capped at ``concurrency`` in flight."""
+    sem = asyncio.Semaphore(job.concurrency) if job.concurrency else None
+    tasks = []
+
+    async def one(req: BenchRequest, due: float) -> None:
+        if sem is None:
+            outs.append(await send(req, due))
+        else:
+            async with sem:
+                outs.append(await send(req, due))
+
+    for req, off in job.items:
+        due = t0 + off
+        if deadline is not None and due >= deadline:
+            break
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(req, due)))
+    await asyncio.gather(*tasks)
+
+
+async def _agentic_lanes(cfg: BenchConfig, job: _Job, send, outs: list, stats: ClientStats,
+                         deadline: float | None) -> None:
+    """``concurrency`` lanes, each running whole sessions turn by turn; a finished session frees its lane."""
+    queue = list(job.sessions)
+    queue.reverse()
+
+    async def lane() -> None:
+        while queue:
+            if deadline is not None and time.perf_counter() >= deadline:
+                return
+            s = queue.pop()
+            rec = {"session": s.sid, "start": None, "end": None, "turns": 0, "complete": False, "think_s": 0.0}
+            due = time.perf_counter()
+            while (req := s.next_request()) is not None:
+                if deadline is not None and time.perf_counter() >= deadline:
+                    break
+                o = await send(req, due, keep_text=True)
+                o.session, o.turn = s.sid, s.turn
+                outs.append(o)
+                rec["start"] = rec["start"] or o.start_time
+                rec["end"] = o.end_time
+                rec["turns"] += 1
+                if not o.success:
+                    break
+                s.record_answer(o.generated_text)
+                o.generated_text = ""
+                think = s.think_time()
+                if s.turn < len(s.user_texts) and think > 0:
+                    rec["think_s"] += think
+                    await asyncio.sleep(think)
+                due = o.end_time + think
+            rec["complete"] = rec["turns"] == len(s.user_texts) and outs[-1].success
+            stats.sessions.append(rec)
+
+    await asyncio.gather(*(lane() for _ in range(job.concurrency or 1)))
+
+
+def _drive_sync(cfg: BenchConfig, job: _Job, t0: float, deadline: float | None):
+    with asyncio.Runner(loop_factory=_new_loop) as r:
+        return r.run(_drive(cfg, job, t0, deadline))
+
+
+def _split(cfg: BenchConfig, job: _Job, procs: int) -> list[_Job]:
+    """Round-robin share of requests/sessions and of the concurrency over ``procs`` processes."""
+    conc = job.concurrency
+    shares = []
+    for p in range(procs):
+        c = None if conc is None else conc // procs + (1 if p < conc % procs else 0)
+        shares.append(_Job(items=job.items[p::procs], concurrency=c, sessions=job.sessions[p::procs],
+                           cycle=job.cycle))
+    return [s for s in shares if (s.items or s.sessions) and (s.concurrency is None or s.concurrency > 0)]
+
+
+def _execute(cfg: BenchConfig, job: _Job) -> tuple[list[RequestOutput], float, list[ClientStats]]:
+    """Run the measured phase; returns outputs, duration (first dispatch to last completion) and client stats."""
+    procs = cfg.client_procs
+    if job.concurrency:
+        procs = min(procs, job.concurrency)
+    if procs <= 1:
+        t0 = time.perf_counter()
+        deadline = t0 + cfg.duration_s if cfg.duration_s else None
+        outs, st = _drive_sync(cfg, job, t0, deadline)
+        stats = [st]
+    else:
+        ctx = multiprocessing.get_context("fork")
+        jobs = _split(cfg, job, procs)
+        with ctx.Pool(len(jobs)) as pool:
+            t0 = time.perf_counter() + 0.3  # every worker starts at the same instant
+            deadline = t0 + cfg.duration_s if cfg.duration_s else None
+            res = pool.starmap(_drive_sync, [(cfg, j, t0, deadline) for j in jobs])
+        outs = [o for r in res for o in r[0]]
+        stats = [r[1] for r in res]
+    ends = [o.end_time for o in outs if o.start_time]
+    dur = (max(ends) - t0) if ends else 0.0
+    return outs, dur, stats
+
+
+def _build_job(cfg: BenchConfig, tok: Tokenizer) -> tuple[_Job, dict]:
+    """The measured phase's job and the ``workload`` result block."""
+    wl: dict = {"kind": cfg.workload, "endpoint": cfg.endpoint, "ignore_eos": cfg.ignore_eos, "seed": cfg.seed,
+                "temperature": cfg.temperature}
+    n = cfg.num_prompts
+    if cfg.workload == "random":
+        reqs = build_requests(cfg, tok)
+        wl.update(isl=cfg.input_len, osl=cfg.output_len, range_ratio=cfg.range_ratio,
+                  range_semantics={"vllm": "vllm[L(1-r),L(1+r)]", "inferencex": "inferencex[r*L,L]"}.get(
+                      cfg.range_convention, cfg.range_convention))
+    elif cfg.workload == "dataset":
+        if not cfg.dataset_path:
+            raise BadInput("--workload dataset needs --dataset-path FILE", "pass a ShareGPT JSON or JSONL file")
+        reqs = workloads.dataset_workload(tok, cfg.dataset_path, n, cfg.seed, cfg.dataset_output_len,
+                                          cfg.max_model_len)
+        wl.update(dataset_path=str(cfg.dataset_path), output_len="forced" if cfg.dataset_output_len else "reference")
+    elif cfg.workload == "prefix-repetition":
+        reqs, exp = workloads.prefix_repetition_workload(tok, n, cfg.num_prefixes, cfg.prefix_len, cfg.input_len,
+                                                         cfg.output_len, cfg.seed)
+        wl.update(num_prefixes=cfg.num_prefixes, prefix_len=cfg.prefix_len, suffix_len=cfg.input_len,
+                  osl=cfg.output_len, prefix_cache_expected_hit=exp)
+    elif cfg.workload == "agentic":
+        if not cfg.concurrency:
+            raise BadInput("--workload agentic needs --concurrency (the number of session lanes)",
+                           "e.g. --concurrency 4")
+        spec = workloads.AgenticSpec(prefix_len=cfg.prefix_len, first_len=cfg.input_len,
+                                     turn_input_len=cfg.turn_input_len, turns=cfg.turns, think_time_s=cfg.think_time_s)
+        ns = cfg.num_sessions or 2 * cfg.concurrency
+        sessions = workloads.agentic_sessions(tok, spec, ns, cfg.output_len, cfg.seed)
+        wl.update(sessions=ns, lanes=cfg.concurrency, turns=cfg.turns, prefix_len=cfg.prefix_len,
+                  first_len=cfg.input_len, turn_input_len=cfg.turn_input_len, osl=cfg.output_len,
+                  think_time_s_mean=cfg.think_time_s)
+        return _Job(items=[], concurrency=cfg.concurrency, sessions=sessions), wl
+    else:
+        raise BadInput(f"unknown workload {cfg.workload!r}", f"use one of {', '.join(workloads.KINDS)}")
+    offsets = _schedule(len(reqs), cfg.request_rate, cfg.burstiness, cfg.seed)
+    if cfg.duration_s and not math.isinf(cfg.request_rate):
+        # enough arrivals to cover the duration; requests are cycled
+        m = int(cfg.request_rate * cfg.duration_s * 1.5) + 16
+        offsets = _schedule(m, cfg.request_rate, cfg.burstiness, cfg.seed)
+        reqs = [reqs[i % len(reqs)] for i in range(m)]
+    items = list(zip(reqs, offsets, strict=True))
+    return _Job(items=items, concurrency=cfg.concurrency, cycle=bool(cfg.duration_s)), wl
+
+
+def _validate(cfg: BenchConfig) -> None:
     if cfg.endpoint not in ("completions", "chat"):
         raise BadInput(f"unknown endpoint {cfg.endpoint!r}", "use --endpoint completions or --endpoint chat")
     if cfg.goodput_slo_ms and (bad := set(cfg.goodput_slo_ms) - {"ttft", "tpot", "e2el"}):
         raise BadInput(f"unknown goodput metric(s) {sorted(bad)}", "use ttft, tpot or e2el, e.g. --goodput ttft:2000")
+    if cfg.workload not in workloads.KINDS:
+        import difflib  # noqa: PLC0415
+
+        close = difflib.get_close_matches(cfg.workload, workloads.KINDS, n=1)
+        raise BadInput(f"unknown workload {cfg.workload!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+                       f"use one of {', '.join(workloads.KINDS)}")
+    if cfg.duration_s and math.isinf(cfg.request_rate) and not cfg.concurrency:
+        raise BadInput("--duration needs --concurrency or a finite --request-rate",
+                       "e.g. --duration 60 --concurrency 8")
+
+
+def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None) -> dict:
+    """Run the benchmark and return the result JSON (vLLM keys plus m3ctl's additions).
+
+    Args:
+        tok: a tokenizer to reuse (sweeps build it once); default: the server's ``/tokenize``.
+
+    Raises:
+        BadInput: invalid config (endpoint, range ratio, workload) or no way to tokenize prompts.
+    """
+    _validate(cfg)
     _check_reachable(cfg)
-    tok = _tokenizer(cfg)
-    reqs = build_requests(cfg, tok)
-    if isinstance(tok, ServerTokenizer):
+    own_tok = tok is None
+    tok = tok or _tokenizer(cfg)
+    job, wl = _build_job(cfg, tok)
+    if own_tok and isinstance(tok, ServerTokenizer):
         tok.close()
-    warmups = [reqs[0]] * cfg.num_warmups
-    outs, dur = asyncio.run(_run(cfg, reqs, warmups))
+    if cfg.num_warmups:
+        first = job.items[0][0] if job.items else BenchRequest(
+            prompt=job.sessions[0].system[0], prompt_len=job.sessions[0].system[1], output_len=1)
+        wjob = _Job(items=[(first, 0.0)] * cfg.num_warmups, concurrency=cfg.concurrency)
+        _drive_sync(cfg.model_copy(update={"request_rate": math.inf, "duration_s": None}), wjob, time.perf_counter(),
+                    None)
+    before = servermetrics.scrape(cfg.url, _headers(cfg)) if cfg.scrape_server_metrics else None
+    outs, dur, cstats = _execute(cfg, job)
+    after = servermetrics.scrape(cfg.url, _headers(cfg)) if cfg.scrape_server_metrics else None
+    return assemble(cfg, outs, dur, cstats, wl, tok_name=getattr(tok, "name", None),
+                    server=servermetrics.deltas(before, after))
+
+
+def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: list[ClientStats], wl: dict,
+             tok_name: str | None = None, server: dict | None = None) -> dict:
+    """The result JSON of a finished run (vLLM's keys and meanings first, m3ctl's additions after)."""
+    outs = sorted(outs, key=lambda o: o.scheduled_time)
     res: dict = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
         "endpoint_type": "openai-chat" if cfg.endpoint == "chat" else "openai",
         "backend": "openai-chat" if cfg.endpoint == "chat" else "openai",
         "label": cfg.label,
         "model_id": cfg.model,
-        "tokenizer_id": getattr(tok, "name", None),
-        "num_prompts": cfg.num_prompts,
+        "tokenizer_id": tok_name,
+        "num_prompts": cfg.num_prompts if not (cfg.duration_s or cfg.workload == "agentic") else len(outs),
         "request_rate": "inf" if math.isinf(cfg.request_rate) else cfg.request_rate,
         "burstiness": cfg.burstiness,
         "max_concurrency": cfg.concurrency,
@@ -166,19 +436,185 @@ def run_bench(cfg: BenchConfig) -> dict:
     res["queue_times"] = [o.client_queue_time for o in outs]
     res.update(metrics.client_queue_stats(outs, cfg.percentiles))
     res["errors"] = [o.error for o in outs if o.error][:20]
-    # m3ctl additions (new keys; vLLM has no equivalent).
+    # ---- m3ctl additions (new keys; never a vLLM name with another meaning) ----
     n_gpus = cfg.num_gpus
     res["m3ctl_version"] = __version__
+    res["m3ctl_schema_version"] = SCHEMA_VERSION
     res["num_gpus"] = n_gpus
     res["output_throughput_per_gpu"] = res["output_throughput"] / n_gpus if n_gpus else None
     res["total_token_throughput_per_gpu"] = res["total_token_throughput"] / n_gpus if n_gpus else None
     res["num_warmups"] = cfg.num_warmups
     res["input_len_requested"] = cfg.input_len
     res["output_len_requested"] = cfg.output_len
-    res["client_prompt_tokens"] = sum(r.prompt_len for r, o in zip(reqs, outs, strict=True) if o.success)
-    res["input_token_count_mismatches"] = sum(1 for r, o in zip(reqs, outs, strict=True)
-                                              if o.success and o.prompt_len != r.prompt_len)
-    res["output_token_count_mismatches"] = sum(1 for r, o in zip(reqs, outs, strict=True)
-                                               if o.success and cfg.ignore_eos and o.output_tokens != r.output_len)
-    res["token_counts_from"] = "server usage" if all(o.output_tokens is not None for o in ok) else "mixed"
+    res["client_prompt_tokens"] = sum(o.client_prompt_len for o in ok)
+    agentic = cfg.workload == "agentic"
+    res["input_token_count_mismatches"] = 0 if agentic else sum(1 for o in ok if o.prompt_len != o.client_prompt_len)
+    res["output_token_count_mismatches"] = sum(
+        1 for o in ok if cfg.ignore_eos and cfg.workload != "dataset" and o.output_tokens is not None
+        and o.output_tokens != cfg.output_len and cfg.range_ratio == 0)
+    res["token_counts_from"] = "server usage" if ok and all(o.output_tokens is not None for o in ok) else "mixed"
+    res["workload"] = wl
+    res["load"] = {"mode": "agentic-lanes" if agentic else (
+        "closed" if math.isinf(cfg.request_rate) else ("open-capped" if cfg.concurrency else "open")),
+        "concurrency": cfg.concurrency, "rate": None if math.isinf(cfg.request_rate) else cfg.request_rate,
+        "arrival": None if math.isinf(cfg.request_rate) else ("poisson" if cfg.burstiness == 1 else "gamma"),
+        "burstiness": cfg.burstiness, "duration_s": cfg.duration_s, "client_procs": len(cstats),
+        "stop": "duration" if cfg.duration_s else "count"}
+    res.update(metrics.extended(outs, cfg.percentiles))
+    res["per_gpu"] = _per_gpu(res, n_gpus, cfg.num_gpus_source)
+    res["cost"] = _cost(res["per_gpu"], cfg.usd_per_gpu_hour)
+    res["server_metrics"] = server
+    cached = [o.cached_tokens for o in ok if o.cached_tokens is not None]
+    in_total = res["total_input_tokens"]
+    res["token_counts"] = {
+        "input_source": "server usage.prompt_tokens" if ok and all(o.prompt_len for o in ok) else "client",
+        "output_source": "server usage.completion_tokens",
+        "client_prompt_tokens": res["client_prompt_tokens"],
+        "client_vs_server_input_diff_pct": (100.0 * (res["client_prompt_tokens"] - in_total) / in_total
+                                            if in_total and not agentic else None),
+        "cached_prompt_tokens": sum(cached) if cached else None,
+        "prefix_cache_hit_rate_usage": sum(cached) / in_total if cached and in_total else None,
+        "reasoning_tokens": sum(o.reasoning_tokens or 0 for o in ok),
+    }
+    if agentic:
+        res["agentic"] = _agentic_block(ok, [s for st in cstats for s in st.sessions], cfg.percentiles)
+    res["validity"] = _validity(cfg, outs, res, cstats, server)
+    if cfg.per_request:
+        res["requests"] = [_record(o) for o in outs]
     return res
+
+
+def _record(o: RequestOutput) -> dict:
+    d = asdict(o)
+    d.pop("generated_text", None)
+    return d
+
+
+def _per_gpu(res: dict, n: int | None, source: str | None) -> dict | None:
+    """InferenceX utils/process_result.py: tok/s divided by the GPUs of the deployment (tp*pp*dp*pcp; DCP adds none)."""
+    if not n:
+        return None
+    tot, outp = res["total_token_throughput"], res["output_throughput"]
+    return {"num_gpus": n, "num_gpus_source": source or "--num-gpus", "tput_per_gpu": tot / n,
+            "output_tput_per_gpu": outp / n, "input_tput_per_gpu": (tot - outp) / n}
+
+
+def _cost(per_gpu: dict | None, usd_h: float | None) -> dict | None:
+    """InferenceX-app useThroughputData.ts: cost per M tokens = $/GPU-h / (tok/s/GPU x 3600 / 1e6);
+    tokens per $ = tok/s/GPU x 3600 / ($/GPU-h)."""
+    if not per_gpu or not usd_h:
+        return None
+    tot, outp = per_gpu["tput_per_gpu"], per_gpu["output_tput_per_gpu"]
+    return {"usd_per_gpu_hour": usd_h,
+            "usd_per_m_total_tokens": usd_h / (tot * 3600 / 1e6) if tot else None,
+            "usd_per_m_output_tokens": usd_h / (outp * 3600 / 1e6) if outp else None,
+            "total_tokens_per_usd": tot * 3600 / usd_h, "output_tokens_per_usd": outp * 3600 / usd_h}
+
+
+def _agentic_block(ok: list[RequestOutput], sessions: list[dict], pcts: list[float]) -> dict:
+    """Session latency (first turn's send to last turn's end, think time included) and the prefix hit ceiling."""
+    done = [s for s in sessions if s["complete"]]
+    lat = [s["end"] - s["start"] for s in done]
+    active = [s["end"] - s["start"] - s["think_s"] for s in done]
+    # Theoretical prefix-cache hit: a turn can reuse the previous turn's prompt + answer; the first turn of
+    # every session after the first can reuse the shared system prefix (counted from the first turns' usage).
+    by_s: dict[int, list[RequestOutput]] = {}
+    for o in ok:
+        by_s.setdefault(o.session, []).append(o)
+    reusable = 0
+    first_lens = []
+    for turns in by_s.values():
+        turns.sort(key=lambda o: o.turn)
+        first_lens.append(turns[0].prompt_len)
+        for a, b in zip(turns, turns[1:], strict=False):
+            reusable += min(b.prompt_len, a.prompt_len + (a.output_tokens or 0))
+    total_in = sum(o.prompt_len for o in ok)
+    return {"sessions_started": len(sessions), "sessions_completed": len(done),
+            "session_latency": metrics._pct_block(lat, pcts, scale=1.0, unit="s"),
+            "session_active_latency": metrics._pct_block(active, pcts, scale=1.0, unit="s"),
+            "turns_completed": len(ok),
+            "theoretical_prefix_hit_rate_excl_system_prefix": reusable / total_in if total_in else None}
+
+
+def _validity(cfg: BenchConfig, outs: list[RequestOutput], res: dict, cstats: list[ClientStats],
+              server: dict | None) -> dict:
+    """Flags that say whether the numbers can be trusted; ``valid`` is False with ``reasons`` when not."""
+    n = len(outs)
+    ok = [o for o in outs if o.success]
+    reasons: list[str] = []
+    err_rate = (n - len(ok)) / n if n else 1.0
+    if err_rate > cfg.max_error_rate:
+        reasons.append(f"error rate {err_rate:.1%} above {cfg.max_error_rate:.1%}")
+    cpu = max((100.0 * s.cpu_s / s.wall_s for s in cstats if s.wall_s > 0), default=0.0)
+    lag99 = max((s.loop_lag_p99_ms for s in cstats), default=0.0)
+    saturated = cpu > 90.0
+    warnings: list[str] = []
+    if saturated:
+        reasons.append(f"client saturated (a client process used {cpu:.0f}% of a core, event-loop lag p99 "
+                       f"{lag99:.1f} ms): latencies include client delay; raise --client-procs")
+    elif lag99 > 20.0:
+        # The client was idle but not scheduled: other processes (often the server itself on a small host)
+        # held the CPU, so timestamps can be late by this much.
+        warnings.append(f"host CPU contention: the client's event loop woke up to {lag99:.0f} ms late (p99) "
+                        f"while using only {cpu:.0f}% of a core; run the client on other cores than the server")
+    no_usage = sum(1 for o in ok if o.output_tokens is None)
+    if no_usage and not cfg.allow_approx:
+        reasons.append(f"{no_usage} responses had no usage: output token counts unknown")
+    # F18: reasoning the server generated but did not stream makes TTFT include the whole thinking phase.
+    hidden = sum(1 for o in ok if (o.reasoning_tokens or 0) > 0 and not o.reasoning_streamed)
+    if hidden and not cfg.allow_approx:
+        reasons.append(f"{hidden} responses generated reasoning tokens that were not streamed: TTFT/ITL measure "
+                       "the answer only (field failure F18)")
+    first_k = [o.chunk_tokens[0] for o in ok if o.chunk_tokens]
+    mismatch = None
+    if server and server.get("generation_tokens") is not None and server.get("requests_finished"):
+        srv, cli = server["generation_tokens"], res["total_output_tokens"] + sum(
+            o.output_tokens or 0 for o in outs if not o.success)
+        mismatch = srv - cli
+        if srv and abs(mismatch) > 0.01 * srv and not cfg.allow_approx:
+            reasons.append(f"server generated {srv} tokens but clients counted {cli} (other traffic on the server?)")
+    return {"valid": not reasons, "reasons": reasons, "warnings": warnings, "error_rate": err_rate,
+            "client_cpu_max_pct": cpu, "client_loop_lag_p99_ms": lag99,
+            "client_loop_lag_max_ms": max((s.loop_lag_max_ms for s in cstats), default=0.0),
+            "client_saturated": saturated, "server_vs_client_output_token_diff": mismatch,
+            "reasoning_tokens_present": any((o.reasoning_tokens or 0) > 0 or o.reasoning_streamed for o in ok),
+            "reasoning_hidden_responses": hidden,
+            "first_chunk_tokens_max": max(first_k) if first_k else None,
+            "responses_without_usage": no_usage}
+
+
+def run_sweep(cfg: BenchConfig, concurrencies: list[int]) -> list[dict]:
+    """One run per concurrency (same workload and seed); the tokenizer is built once."""
+    _validate(cfg)
+    _check_reachable(cfg)
+    tok = _tokenizer(cfg)
+    try:
+        return [run_bench(cfg.model_copy(update={"concurrency": c}), tok=tok) for c in concurrencies]
+    finally:
+        if isinstance(tok, ServerTokenizer):
+            tok.close()
+
+
+def gpus_from_argv(argv: list[str]) -> int | None:
+    """GPUs used by a served vLLM command line: tp x pp x dp x pcp (DCP reuses the TP GPUs, so it adds none).
+
+    Flag spellings: shared/reference/vllm-0.32-serve-help.txt. None when the command names no
+    parallelism at all and does not look like a GPU launch (e.g. the CPU profile).
+    """
+    names = {"tp": ("--tensor-parallel-size", "-tp"), "pp": ("--pipeline-parallel-size", "-pp"),
+             "dp": ("--data-parallel-size", "-dp"), "pcp": ("--prefill-context-parallel-size", "-pcp")}
+    vals: dict[str, int] = {}
+    for i, a in enumerate(argv):
+        for k, flags in names.items():
+            for f in flags:
+                if a == f and i + 1 < len(argv):
+                    vals[k] = int(argv[i + 1])
+                elif a.startswith(f + "="):
+                    vals[k] = int(a.split("=", 1)[1])
+    if not vals:
+        return None
+    return int(np.prod([vals.get(k, 1) for k in names]))
+
+
+def cpu_count() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
