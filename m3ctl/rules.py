@@ -123,6 +123,22 @@ def _v(rule_id: str, msg: str, fix: str, src: str) -> Violation:
     return Violation(rule_id, msg, fix, src)
 
 
+@rule("variant.native")
+def _native(c: PlanContext) -> Violation | None:
+    v = c.variant
+    if v is None or c.profile.arch in v.native_archs:
+        return None
+    if c.profile.arch in v.emulated_archs:
+        if c.allow_emulated:
+            return None
+        return _v("variant.native", f"variant {c.variant_name!r} ({v.precision}) has no native kernels on "
+                                    f"{c.profile.arch}: {v.emulation}",
+                  "choose another --variant, or pass --allow-emulated to accept the fallback",
+                  "anchors-serving.md (NVFP4 hardware facts); field failures F08, F09")
+    return _v("variant.native", f"variant {c.variant_name!r} ({v.precision}) does not run on {c.profile.arch}",
+              f"choose a variant for {c.profile.arch}", f"model catalog {c.spec.name if c.spec else ''}")
+
+
 @rule("parallel.gpus")
 def _gpus(c: PlanContext) -> Violation | None:
     n = len(c.inventory.gpus)
@@ -277,22 +293,6 @@ def _kv(c: PlanContext) -> Violation | None:
                   f"use --kv-cache-dtype {' or '.join(allowed)}",
                   f"profile {c.profile.name} kv_cache_dtypes; field failure F10 (vllm#57713)")
     return None
-
-
-@rule("variant.native")
-def _native(c: PlanContext) -> Violation | None:
-    v = c.variant
-    if v is None or c.profile.arch in v.native_archs:
-        return None
-    if c.profile.arch in v.emulated_archs:
-        if c.allow_emulated:
-            return None
-        return _v("variant.native", f"variant {c.variant_name!r} ({v.precision}) has no native kernels on "
-                                    f"{c.profile.arch}: {v.emulation}",
-                  "choose another --variant, or pass --allow-emulated to accept the fallback",
-                  "anchors-serving.md (NVFP4 hardware facts); field failures F08, F09")
-    return _v("variant.native", f"variant {c.variant_name!r} ({v.precision}) does not run on {c.profile.arch}",
-              f"choose a variant for {c.profile.arch}", f"model catalog {c.spec.name if c.spec else ''}")
 
 
 @rule("memory.fit")
