@@ -145,6 +145,10 @@ def serve(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and exit; start nothing.")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="With --dry-run: print the plan as JSON.")] = False,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once the server is ready; leave it running.")] = False,
+    image: Annotated[Optional[str], typer.Option(help="Container image for --runtime docker (default: the profile's).")] = None,
+    mount: Annotated[Optional[list[str]], typer.Option("--mount", help="Extra docker bind mount HOST:CONTAINER[:ro|rw] (repeatable; read-only by default).")] = None,
+    restart: Annotated[str, typer.Option(help="Foreground watchdog: no or on-failure (restart a dead/stalled server).")] = "no",
+    watch_interval: Annotated[float, typer.Option(help="Foreground watchdog: seconds between liveness probes.")] = 10.0,
 ) -> None:
     """Plan, launch and wait until the server really serves (then watch it, or return with --detach)."""
     from m3ctl import serve as serving  # noqa: PLC0415
@@ -156,10 +160,17 @@ def serve(
     check_name(name)
     inv = _load_inventory(inventory) if inventory else detect()
     secrets = {k: os.environ[k] for k in SECRET_PASSTHROUGH if os.environ.get(k)}
+    if restart not in ("no", "on-failure"):
+        raise BadInput(f"bad --restart {restart!r}", "use --restart no or --restart on-failure")
+    prof = load_profile_file(profile) if profile else None
     p = make_plan(inv, model, name=name, port=port, host=host, served_model_name=served_model_name,
-                  runtime=runtime, profile=load_profile_file(profile) if profile else None,
+                  runtime=runtime, profile=prof,
                   overrides=_parse_args(arg or []), pass_env=list(secrets), startup_budget_s=startup_timeout,
                   skip_checks=skip_checks)
+    if image:
+        if runtime != "docker":
+            raise BadInput("--image needs --runtime docker", "add --runtime docker")
+        p = p.model_copy(update={"image": image})
     con = _console()
     if dry_run:
         if json_out:
@@ -184,33 +195,132 @@ def serve(
             con.print(f"  [red]✗[/] {e.phase:<11} {e.elapsed_s:6.1f} s  {escape(e.detail)}")
 
     reg = Registry()
-    serving.preflight(p, reg)  # fail in milliseconds, before printing "starting"
+    rt = _make_runtime(p.runtime, inv, mount or [], con)
+    expect = _profile_expect(prof, p.profile)
+    serving.preflight(p, reg, rt)  # fail in milliseconds (or after an image pull), before printing "starting"
     con.print(f"starting {p.name}: {escape(p.command_line())}", soft_wrap=True)
-    res = serving.launch_and_wait(p, registry=reg, secret_env=secrets, on_event=on_event)
+    res = serving.launch_and_wait(p, registry=reg, secret_env=secrets, on_event=on_event, runtime=rt, expect=expect)
     dep = res.deployment
     con.print(f"[green]ready[/] {dep.name} at {dep.url} (model {dep.served_model_name!r}) in "
               f"{res.readiness.time_to_ready_s:.1f} s; log {dep.log_path}")
+    _print_kernels(con, res.kernels)
     if detach:
         return
-    con.print("serving in the foreground; Ctrl-C stops it")
-    from m3ctl.diagnose import diagnose_log  # noqa: PLC0415
+    con.print(f"serving in the foreground (watchdog every {watch_interval:g} s, restart {restart}); Ctrl-C stops it")
+    _watch_loop(con, dep, rt, reg, secrets, expect, interval=watch_interval, restart=restart)
+
+
+def _make_runtime(name: str, inv, mounts: list[str], con):
     from m3ctl.runtime import get_runtime  # noqa: PLC0415
 
-    rt = get_runtime(dep.runtime)
+    if name != "docker":
+        if mounts:
+            raise BadInput("--mount needs --runtime docker", "add --runtime docker")
+        return get_runtime(name)
+    from m3ctl.runtime.docker import DockerOptions, DockerRuntime  # noqa: PLC0415
+
+    seen: dict[str, str] = {}
+
+    def progress(layer: str, status_: str, cur, total) -> None:  # one line per layer state change
+        if seen.get(layer) != status_ and status_ not in ("Downloading", "Extracting"):
+            seen[layer] = status_
+            con.print(f"  [dim]pull[/] {escape(layer)} {escape(status_)}")
+        elif status_ in ("Downloading", "Extracting") and total and cur and seen.get(layer) != status_:
+            seen[layer] = status_
+            con.print(f"  [dim]pull[/] {escape(layer)} {status_.lower()} {total / 2**20:.0f} MiB")
+
+    return DockerRuntime(DockerOptions.for_host(inv, mounts=mounts), on_progress=progress)
+
+
+def _profile_expect(prof, name: str):
+    from m3ctl.catalog import profiles  # noqa: PLC0415
+
+    prof = prof or profiles().get(name)
+    return getattr(prof, "expect", None)
+
+
+def _print_kernels(con, rep) -> None:
+    if rep is None:
+        return
+    colour = {"OK": "green", "WARN": "yellow", "INFO": "cyan"}
+    for f in rep.findings:
+        con.print(f"  kernels [{colour[f.level]}]{f.level}[/] {escape(f.message)}")
+
+
+def _watch_loop(con, dep, rt, reg, secrets, expect, *, interval: float, restart: str, canary_timeout: float = 30.0,
+                stall: float = 60.0, max_restarts: int = 3, count: int | None = None, stop_on_exit: bool = True):
+    """Run the watchdog in the foreground; Ctrl-C stops the deployment (exit 130); a failure exits 4."""
+    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.errors import LaunchFailed  # noqa: PLC0415
+    from m3ctl.watchdog import watch  # noqa: PLC0415
+
+    def on_watch(e) -> None:
+        if e.kind == "probe" and e.probe is not None:
+            p = e.probe
+            mark = "[green]ok[/]" if p.ok else f"[red]{p.verdict}[/]"
+            waiting = p.metrics.get("vllm:num_requests_waiting")
+            extra = f"  waiting {waiting:.0f}" if waiting is not None else ""
+            con.print(f"  watch {time.strftime('%H:%M:%S')} {mark} {escape(p.detail)}{extra}")
+        else:
+            con.print(f"  watch {e.kind} {escape(e.detail)}")
+
+    headers = {"Authorization": f"Bearer {secrets['VLLM_API_KEY']}"} if secrets.get("VLLM_API_KEY") else None
+
+    def relaunch(attempt: int):
+        return serving.relaunch(dep.name, registry=reg, secret_env=secrets, runtime=rt, expect=expect,
+                                attempt=attempt)
+
     try:
-        while rt.is_alive(dep):
-            time.sleep(1.0)
+        last = watch(dep, rt, interval_s=interval, canary_timeout_s=canary_timeout, stall_s=stall,
+                     restart=restart, max_restarts=max_restarts, relaunch=relaunch, on_event=on_watch,
+                     max_probes=count, headers=headers)
     except KeyboardInterrupt:
+        if not stop_on_exit:
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         con.print("stopping…")
         serving.stop([dep.name], registry=reg)
         con.print(f"stopped {dep.name}")
         raise typer.Exit(EXIT_INTERRUPTED) from None
-    diag = diagnose_log(dep.log_path)
-    reg.remove(dep.name)
-    from m3ctl.errors import LaunchFailed  # noqa: PLC0415
+    if last.ok:
+        return
+    current = reg.get(dep.name) if reg.exists(dep.name) else dep
+    if stop_on_exit or last.verdict == "exited":
+        serving.stop([current.name], registry=reg) if reg.exists(current.name) else None
+    cause = f" [{last.cause}]" if last.cause else ""
+    raise LaunchFailed(f"server {dep.name!r} failed: {last.verdict}: {last.detail}{cause}",
+                       f"see `m3ctl logs {dep.name}`" if not stop_on_exit else f"see the log {current.log_path}",
+                       phase="watch", log_path=current.log_path)
 
-    raise LaunchFailed(f"server {dep.name!r} exited" + (f": {diag.cause} [{diag.line}]" if diag else ""),
-                       diag.fix if diag else f"see {dep.log_path}", log_path=dep.log_path)
+
+@app.command()
+def watch(
+    name: Annotated[str, typer.Argument(help="Deployment name.")],
+    interval: Annotated[float, typer.Option(help="Seconds between probes.")] = 10.0,
+    canary_timeout: Annotated[float, typer.Option(help="Seconds the 1-token canary completion may take.")] = 30.0,
+    stall: Annotated[float, typer.Option(help="Seconds requests may wait with no token generated.")] = 60.0,
+    restart: Annotated[str, typer.Option(help="no or on-failure (stop and relaunch the saved plan).")] = "no",
+    max_restarts: Annotated[int, typer.Option(help="Restarts before giving up.")] = 3,
+    count: Annotated[Optional[int], typer.Option(help="Stop after this many probes (default: until a failure).")] = None,
+) -> None:
+    """Watch a running deployment: liveness with a real 1-token completion and /metrics; exit 4 on failure."""
+    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.state import Registry  # noqa: PLC0415
+
+    if restart not in ("no", "on-failure"):
+        raise BadInput(f"bad --restart {restart!r}", "use --restart no or --restart on-failure")
+    reg = Registry()
+    dep = reg.get(name)
+    rt = serving.runtime_for(dep)
+    secrets = {k: os.environ[k] for k in SECRET_PASSTHROUGH if os.environ.get(k)}
+    plan_json = reg.load_plan(name)
+    expect = None
+    if plan_json:
+        expect = _profile_expect(None, json.loads(plan_json).get("profile", ""))
+    con = _console()
+    con.print(f"watching {name} at {dep.url} every {interval:g} s (restart {restart})")
+    _watch_loop(con, dep, rt, reg, secrets, expect, interval=interval, restart=restart,
+                canary_timeout=canary_timeout, stall=stall, max_restarts=max_restarts, count=count,
+                stop_on_exit=False)
 
 
 @app.command()
@@ -229,11 +339,14 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="Print as JSON.
     from rich.table import Table  # noqa: PLC0415
 
     t = Table()
-    for col in ("name", "phase", "runtime", "endpoint", "model", "pid", "uptime"):
+    for col in ("name", "phase", "runtime", "endpoint", "model", "image / plan", "pid / container", "uptime"):
         t.add_column(col)
     for r in rows:
         d = r.deployment
-        t.add_row(d.name, r.phase, d.runtime, d.url, d.served_model_name, str(d.pid or ""), f"{r.uptime_s:.0f} s")
+        where = (d.container_id or "")[:12] if d.runtime == "docker" else str(d.pid or "")
+        restarts = f" ({d.restarts} restarts)" if d.restarts else ""
+        t.add_row(d.name, r.phase, d.runtime, d.url, d.served_model_name, f"{d.image or '-'} / {d.plan_hash or '-'}",
+                  where, f"{r.uptime_s:.0f} s{restarts}")
     _console().print(t)
 
 
@@ -251,7 +364,9 @@ def stop(
     reports = serving.stop(name, all_=all_, timeout_s=timeout)
     for r in reports:
         how = "was not running" if not r.was_running else ("stopped" if r.graceful else f"killed {r.killed}")
-        typer.echo(f"{r.name}: {how} in {r.seconds:.1f} s; port {'free' if r.port_free else 'STILL BUSY'}")
+        gpu = ("gpu memory n/a (no NVML)" if r.gpu_memory_left_mib is None
+               else "gpu memory released" if not r.gpu_memory_left_mib else f"GPU MEMORY HELD {r.gpu_memory_left_mib}")
+        typer.echo(f"{r.name}: {how} in {r.seconds:.1f} s; port {'free' if r.port_free else 'STILL BUSY'}; {gpu}")
     if not reports:
         typer.echo("no deployments")
 
@@ -263,26 +378,21 @@ def logs(
     lines: Annotated[int, typer.Option("-n", help="Lines from the end.")] = 100,
 ) -> None:
     """Print a deployment's server log."""
+    from m3ctl import serve as serving  # noqa: PLC0415
     from m3ctl.state import Registry  # noqa: PLC0415
 
     dep = Registry().get(name)
-    path = Path(dep.log_path or "")
-    if not path.is_file():
-        raise BadInput(f"no log for {name}", "the deployment has no log file yet")
-    text = path.read_text(errors="replace").splitlines()[-lines:]
-    typer.echo("\n".join(text))
+    rt = serving.runtime_for(dep)
+    text = rt.log_text(dep, tail_bytes=5_000_000)
+    if not text and not Path(dep.log_path or "").is_file():
+        raise BadInput(f"no log for {name}", "the deployment has no log yet")
+    typer.echo("\n".join(text.splitlines()[-lines:]))
     if follow:
-        with path.open(errors="replace") as f:
-            f.seek(0, 2)
-            try:
-                while True:
-                    line = f.readline()
-                    if line:
-                        typer.echo(line, nl=False)
-                    else:
-                        time.sleep(0.5)
-            except KeyboardInterrupt:
-                raise typer.Exit(0) from None
+        try:
+            for chunk in rt.follow(dep):
+                typer.echo(chunk, nl=False)
+        except KeyboardInterrupt:
+            raise typer.Exit(0) from None
 
 
 # ----------------------------------------------------------------------------- bench

@@ -8,9 +8,15 @@ Phases, in order (each reported through a callback as it starts and ends):
 3. ``health``: ``GET /health`` returns 200.
 4. ``models``: ``GET /v1/models`` lists the served model name.
 5. ``completion``: one real ``POST /v1/completions`` (a few tokens) returns 200 with a
-   non-empty choice. A server whose /health is 200 but whose first request fails (e.g. a
-   head_dim its attention backend cannot run) is NOT ready
+   non-empty choice whose text is not degenerate. A server whose /health is 200 but whose first
+   request fails (e.g. a head_dim its attention backend cannot run) is NOT ready
    (shared/reference/cpu-test-stack.md, "a /health 200 does not prove that the model can generate").
+
+"Degenerate" is defined narrowly on purpose: text made only of NUL characters (U+0000), the
+signature of broken kernels producing garbage (shared/cases/field-failures.md F08: "NUL bytes").
+Repeated-token soup is NOT rejected: random-weight tiny models legitimately emit text such as
+``"(((((((("`` (cpu-test-stack.md section 2), and no rule on 4 tokens separates the two
+robustly. Quality beyond that is ``m3ctl bench``/eval territory.
 
 A death or failure in any phase raises :class:`~m3ctl.errors.LaunchFailed` naming the
 phase and the root-cause log line (:mod:`m3ctl.diagnose`).
@@ -25,7 +31,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from m3ctl.diagnose import diagnose_log
+from m3ctl.diagnose import diagnose_log, diagnose_text
 from m3ctl.errors import LaunchFailed
 
 PHASES = ("process", "port", "health", "models", "completion")
@@ -64,10 +70,15 @@ def _port_open(host: str, port: int) -> bool:
         return False
 
 
+def is_degenerate(text: str) -> bool:
+    """True for completion text made only of NUL characters (see the module docstring for why so narrow)."""
+    return bool(text) and set(text) == {"\x00"}
+
+
 def wait_ready(url: str, served_model_name: str, *, is_alive: Callable[[], bool], started_at: float,
                budget_s: float, completion_timeout_s: float = 60.0, log_path: str | None = None,
                on_event: Callable[[PhaseEvent], None] | None = None, poll_s: float = 0.5,
-               headers: dict[str, str] | None = None) -> ReadinessResult:
+               headers: dict[str, str] | None = None, read_log: Callable[[], str] | None = None) -> ReadinessResult:
     """Wait until the server at ``url`` passes every phase, or raise.
 
     Args:
@@ -80,6 +91,7 @@ def wait_ready(url: str, served_model_name: str, *, is_alive: Callable[[], bool]
         log_path: server log, for the root cause on failure.
         on_event: receives :class:`PhaseEvent` s (for live display).
         headers: extra HTTP headers (e.g. Authorization when the server has an API key).
+        read_log: returns the server log text (containers); used instead of ``log_path`` for diagnosis.
 
     Returns:
         :class:`ReadinessResult` with each phase's pass time.
@@ -98,7 +110,7 @@ def wait_ready(url: str, served_model_name: str, *, is_alive: Callable[[], bool]
 
     def fail(phase: str, what: str, hint: str | None = None) -> LaunchFailed:
         time.sleep(0.5)  # let the server flush the traceback to its log
-        diag = diagnose_log(log_path)
+        diag = diagnose_text(read_log()) if read_log else diagnose_log(log_path)
         emit(PhaseEvent(phase, "fail", elapsed(), what))
         if diag:
             msg = f"{what} in phase '{phase}': {diag.cause} [{diag.line}]"
@@ -166,6 +178,8 @@ def wait_ready(url: str, served_model_name: str, *, is_alive: Callable[[], bool]
             if not choices or not isinstance(choices[0].get("text"), str):
                 return "first completion returned no choices"
             text = choices[0]["text"]
+            if is_degenerate(text):
+                return f"first completion returned degenerate text ({len(text)} NUL characters)"
             return True
 
         until("completion", completion, "one real completion")

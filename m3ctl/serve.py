@@ -14,25 +14,59 @@ from m3ctl import vllm_env
 from m3ctl.errors import ConfigRejected, LaunchFailed
 from m3ctl.health import PhaseEvent, ReadinessResult, wait_ready
 from m3ctl.plan import LaunchPlan, find_vllm_executable
+from m3ctl.kernels import KernelReport, verify_kernels
 from m3ctl.runtime import get_runtime
-from m3ctl.runtime.base import StopReport, ensure_port_free
+from m3ctl.runtime.base import Runtime, StopReport, ensure_port_free, port_in_use
 from m3ctl.state import Deployment, Registry
 
+#: Environment variables that name vLLM's internal ports (shared/cases/field-failures.md F17):
+#: VLLM_PORT is the base vLLM scans upward from for its internal sockets; MASTER_PORT is the
+#: torch.distributed rendezvous port.
+INTERNAL_PORT_ENV = ("VLLM_PORT", "MASTER_PORT")
 
-def preflight(plan: LaunchPlan, registry: Registry) -> None:
-    """Host checks before anything starts (milliseconds).
+
+def runtime_for(dep: Deployment) -> Runtime:
+    """The runtime that manages ``dep``, configured as it was launched."""
+    return get_runtime(dep.runtime, dep.runtime_options or None)
+
+
+def assign_internal_ports(plan: LaunchPlan) -> LaunchPlan:
+    """Pin vLLM's internal port base (``VLLM_PORT``) to a port free now, unless the plan sets it,
+    so nothing is left to a random choice that can collide (F17); returns the updated plan."""
+    if "VLLM_PORT" in plan.env:
+        return plan
+    import socket  # noqa: PLC0415
+
+    for _ in range(20):
+        with socket.socket() as s:
+            s.bind((plan.host if plan.host not in ("0.0.0.0", "::") else "127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port != plan.port and not any(port_in_use(plan.host, port + i) for i in range(1, 5)):
+            return plan.model_copy(update={"env": {**plan.env, "VLLM_PORT": str(port)}})
+    return plan
+
+
+def preflight(plan: LaunchPlan, registry: Registry, runtime: Runtime | None = None) -> None:
+    """Host checks before anything starts (milliseconds; a docker image pull when it is missing).
 
     Raises:
-        ConfigRejected: a deployment of that name is running, the port is taken, or the local vLLM
-            install is broken (the message names the missing fix).
+        ConfigRejected: a deployment of that name is running, the API port or an internal port
+            (``VLLM_PORT``, ``MASTER_PORT`` in the plan's env) is taken (the message names the holder),
+            the local vLLM install is broken, the Docker engine is unreachable or the image unavailable.
     """
     if registry.exists(plan.name):
         old = registry.get(plan.name)
-        if get_runtime(old.runtime).is_alive(old):
+        if runtime_for(old).is_alive(old):
             raise ConfigRejected(f"deployment {plan.name!r} is already running on port {old.port}",
                                  f"stop it first (`m3ctl stop {plan.name}`) or choose another --name")
         registry.remove(plan.name)  # stale record of a dead server
     ensure_port_free(plan.host, plan.port, registry)
+    for var in INTERNAL_PORT_ENV:
+        if plan.env.get(var, "").isdigit():
+            ensure_port_free(plan.host, int(plan.env[var]), registry, what=f"internal port {var}=")
+    if plan.runtime == "docker":
+        rt = runtime or get_runtime("docker")
+        rt.ensure_image(plan.image or "") if plan.image else None  # type: ignore[attr-defined]
     if plan.runtime == "process":
         exe = Path(plan.argv[0])
         if not exe.exists():
@@ -47,13 +81,22 @@ def preflight(plan: LaunchPlan, registry: Registry) -> None:
 
 @dataclass
 class ServeResult:
+    """A ready deployment, its readiness timings and the kernel verification of its startup log."""
+
     deployment: Deployment
     readiness: ReadinessResult
+    kernels: KernelReport | None = None
 
 
 def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secret_env: dict[str, str] | None = None,
-                    on_event: Callable[[PhaseEvent], None] | None = None) -> ServeResult:
-    """Launch ``plan`` and wait until it really serves.
+                    on_event: Callable[[PhaseEvent], None] | None = None, runtime: Runtime | None = None,
+                    expect=None, restarts: int = 0) -> ServeResult:
+    """Launch ``plan`` and wait until it really serves, then verify the kernels vLLM chose.
+
+    Args:
+        runtime: a configured runtime (e.g. a DockerRuntime with options); default from ``plan.runtime``.
+        expect: the profile's :class:`~m3ctl.catalog.KernelExpect` (None: report only).
+        restarts: restart count to record (the watchdog's relaunch).
 
     On failure (or Ctrl-C) during readiness the server is stopped, so nothing is left behind.
 
@@ -63,9 +106,14 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
         KeyboardInterrupt: interrupted; the server has been stopped.
     """
     registry = registry or Registry()
-    preflight(plan, registry)
-    rt = get_runtime(plan.runtime)
+    rt = runtime or get_runtime(plan.runtime)
+    plan = assign_internal_ports(plan)
+    preflight(plan, registry, rt)
+    registry.save_plan(plan.name, plan.model_dump_json())
     dep = rt.launch(plan, registry, secret_env or {})
+    if restarts:
+        dep.restarts = restarts
+        registry.save(dep)
     headers = {}
     if secret_env and secret_env.get("VLLM_API_KEY"):
         headers["Authorization"] = f"Bearer {secret_env['VLLM_API_KEY']}"
@@ -73,14 +121,34 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
         ready = wait_ready(dep.url, dep.served_model_name, is_alive=lambda: rt.is_alive(dep),
                            started_at=dep.started_at, budget_s=plan.startup_budget_s,
                            completion_timeout_s=plan.completion_timeout_s, log_path=dep.log_path,
-                           on_event=on_event, headers=headers)
+                           on_event=on_event, headers=headers, read_log=lambda: rt.log_text(dep))
     except (LaunchFailed, KeyboardInterrupt):
         rt.stop(dep)
         registry.remove(dep.name)
         raise
     dep.phase, dep.ready_at = "ready", time.time()
     registry.save(dep)
-    return ServeResult(dep, ready)
+    rt.sync_log(dep)
+    return ServeResult(dep, ready, verify_kernels(rt.log_text(dep, tail_bytes=5_000_000), expect))
+
+
+def relaunch(name: str, *, registry: Registry, secret_env: dict[str, str] | None, runtime: Runtime,
+             expect=None, attempt: int = 1, on_event: Callable[[PhaseEvent], None] | None = None) -> Deployment:
+    """Launch the saved plan of ``name`` again (the watchdog's ``--restart on-failure``) and wait until ready.
+
+    Raises:
+        NotFound: no saved plan for ``name``.
+        ConfigRejected / LaunchFailed: as :func:`launch_and_wait`.
+    """
+    from m3ctl.errors import NotFound  # noqa: PLC0415
+
+    text = registry.load_plan(name)
+    if text is None:
+        raise NotFound(f"no saved plan for deployment {name!r}", "start it with `m3ctl serve` first")
+    registry.remove(name)
+    plan = LaunchPlan.model_validate_json(text)
+    return launch_and_wait(plan, registry=registry, secret_env=secret_env, runtime=runtime, expect=expect,
+                           restarts=attempt, on_event=on_event).deployment
 
 
 @dataclass
@@ -100,25 +168,31 @@ class StatusRow:
 def status(registry: Registry | None = None) -> list[StatusRow]:
     """Every deployment m3ctl recorded, with liveness checked now."""
     registry = registry or Registry()
-    return [StatusRow(d, get_runtime(d.runtime).is_alive(d)) for d in registry.list()]
+    return [StatusRow(d, runtime_for(d).is_alive(d)) for d in registry.list()]
 
 
 def stop(names: list[str] | None = None, *, all_: bool = False, registry: Registry | None = None,
          timeout_s: float = 20.0) -> list[StopReport]:
     """Stop deployments by name (or all); remove their records; verify nothing is left.
 
+    Verification: no process/container of the deployment is left, the API port is free, and
+    (where NVML can tell) none of its PIDs holds GPU memory.
+
     Raises:
-        NotFound: a named deployment does not exist (exit 2).
-        LaunchFailed: processes were left alive or the port stayed busy (exit 4).
+        NotFound: a named deployment does not exist (exit 2); nothing is stopped.
+        LaunchFailed: processes were left alive, or they still hold GPU memory (exit 4).
     """
     registry = registry or Registry()
     deps = registry.list() if all_ else [registry.get(n) for n in (names or [])]
     reports = []
     for d in deps:
-        rep = get_runtime(d.runtime).stop(d, timeout_s)
+        rep = runtime_for(d).stop(d, timeout_s)
         reports.append(rep)
         if rep.leftover:
             raise LaunchFailed(f"deployment {d.name!r}: processes {rep.leftover} survived SIGKILL",
                                "check them with `ps -o pid,stat,cmd -p ...`")
+        if rep.gpu_memory_left_mib:
+            raise LaunchFailed(f"deployment {d.name!r}: PIDs still hold GPU memory {rep.gpu_memory_left_mib} MiB",
+                               "check with `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`")
         registry.remove(d.name)
     return reports

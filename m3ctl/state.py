@@ -64,6 +64,9 @@ class Deployment(BaseModel):
         ready_at: UNIX time readiness completed (s), None until ready.
         phase: last known phase (``launching``, ``ready``, ``failed``, ``stopped``).
         plan_hash: hash of the launch plan, to tell deployments of the same plan apart.
+        image: container image (docker runtime).
+        runtime_options: runtime settings (docker: network, ipc, mounts, GPUs), reused on restart.
+        restarts: how many times the watchdog restarted it.
     """
 
     name: str
@@ -80,6 +83,9 @@ class Deployment(BaseModel):
     ready_at: float | None = None
     phase: str = "launching"
     plan_hash: str | None = None
+    image: str | None = None
+    runtime_options: dict = Field(default_factory=dict)
+    restarts: int = 0
 
     @property
     def url(self) -> str:
@@ -144,3 +150,16 @@ class Registry:
 
     def remove(self, name: str) -> None:
         self._path(name).unlink(missing_ok=True)
+
+    def save_plan(self, name: str, plan_json: str) -> Path:
+        """Keep the launch plan (no secrets: a plan holds none) so the watchdog can relaunch it."""
+        d = self.root / "plans"
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"{check_name(name)}.json"
+        path.write_text(plan_json)
+        return path
+
+    def load_plan(self, name: str) -> str | None:
+        """The saved plan JSON of ``name``, or None."""
+        path = self.root / "plans" / f"{check_name(name)}.json"
+        return path.read_text() if path.is_file() else None

@@ -5,7 +5,10 @@ from __future__ import annotations
 import abc
 import errno
 import socket
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from m3ctl.errors import ConfigRejected
 from m3ctl.plan import LaunchPlan
@@ -24,6 +27,9 @@ class StopReport:
         leftover: PIDs still alive afterwards (should be empty).
         port_free: the API port is free afterwards.
         seconds: time taken.
+        pids_checked: PIDs of the deployment seen when stop began (checked for GPU memory afterwards).
+        gpu_memory_left_mib: ``{pid: MiB}`` of GPU memory still held by those PIDs; empty when none is
+            held; None where no GPU library can tell (no NVML, e.g. a CPU host).
     """
 
     name: str
@@ -33,6 +39,8 @@ class StopReport:
     leftover: list[int] = field(default_factory=list)
     port_free: bool = True
     seconds: float = 0.0
+    pids_checked: list[int] = field(default_factory=list)
+    gpu_memory_left_mib: dict[int, int] | None = None
 
 
 class Runtime(abc.ABC):
@@ -58,9 +66,42 @@ class Runtime(abc.ABC):
     def stop(self, dep: Deployment, timeout_s: float = 20.0) -> StopReport:
         """Stop gracefully (SIGTERM), then forcefully after ``timeout_s`` seconds; verify nothing is left."""
 
-    @abc.abstractmethod
     def log_text(self, dep: Deployment, tail_bytes: int = 200_000) -> str:
-        """The last ``tail_bytes`` of the server log."""
+        """The last ``tail_bytes`` of the server log (default: the log file)."""
+        if not dep.log_path or not Path(dep.log_path).is_file():
+            return ""
+        p = Path(dep.log_path)
+        with p.open("rb") as f:
+            f.seek(max(0, p.stat().st_size - tail_bytes))
+            return f.read().decode("utf-8", "replace")
+
+    def sync_log(self, dep: Deployment) -> None:
+        """Bring ``dep.log_path`` up to date (no-op where the server writes it directly)."""
+
+    def follow(self, dep: Deployment, poll_s: float = 0.5) -> Iterator[str]:
+        """Yield new log text as it is written, until the caller stops iterating (default: tail the file)."""
+        if not dep.log_path:
+            return
+        with open(dep.log_path, errors="replace") as f:
+            f.seek(0, 2)
+            while True:
+                chunk = f.read()
+                if chunk:
+                    yield chunk
+                else:
+                    time.sleep(poll_s)
+
+    def verify_released(self, dep: Deployment, rep: StopReport, pids: list[int]) -> None:
+        """After stopping: wait up to 5 s for the API port, then ask the GPU library what ``pids`` still hold."""
+        from m3ctl.hw.gpumem import gpu_memory_by_pid  # noqa: PLC0415
+
+        deadline = time.monotonic() + 5
+        while port_in_use(dep.host, dep.port) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        rep.port_free = not port_in_use(dep.host, dep.port)
+        rep.pids_checked = list(pids)
+        held = gpu_memory_by_pid()
+        rep.gpu_memory_left_mib = None if held is None else {p: held[p] for p in pids if p in held}
 
 
 def port_in_use(host: str, port: int) -> bool:
@@ -75,11 +116,31 @@ def port_in_use(host: str, port: int) -> bool:
     return False
 
 
-def ensure_port_free(host: str, port: int, registry: Registry | None = None) -> None:
-    """Reject a launch whose API port is taken, before anything starts.
+def port_holder(port: int) -> str | None:
+    """``"pid N (cmd)"`` of the process listening on TCP ``port``, from the kernel's socket table
+    (``/proc/net/tcp*`` via psutil); None when unknown (not listening, or not visible to this user)."""
+    import psutil  # noqa: PLC0415
+
+    try:
+        conns = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return None
+    for c in conns:
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+            try:
+                cmd = " ".join(psutil.Process(c.pid).cmdline())[:120]
+            except psutil.Error:
+                cmd = "?"
+            return f"pid {c.pid} ({cmd})"
+    return None
+
+
+def ensure_port_free(host: str, port: int, registry: Registry | None = None, what: str = "port") -> None:
+    """Reject a launch whose API (or internal) port is taken, before anything starts.
 
     Raises:
-        ConfigRejected: the port is in use (exit 3); the message names the m3ctl deployment holding it, if any.
+        ConfigRejected: the port is in use (exit 3); the message names the m3ctl deployment or the
+            process (pid, command) holding it, when known.
     """
     if not (0 < port < 65536):
         raise ConfigRejected(f"port {port} is out of range", "use a port between 1 and 65535")
@@ -90,4 +151,8 @@ def ensure_port_free(host: str, port: int, registry: Registry | None = None) -> 
                 if d.port == port and d.phase not in ("stopped", "failed"):
                     holder = f" by m3ctl deployment {d.name!r}"
         hint = f"stop it with `m3ctl stop {holder.split(chr(39))[1]}`" if holder else "pick another port with --port"
-        raise ConfigRejected(f"port {port} on {host} is already in use{holder}", hint)
+        proc = port_holder(port)
+        if proc and not holder:
+            holder = f" (held by {proc})"
+            hint = "stop that process, or pick another port" + (" with --port" if what == "port" else "")
+        raise ConfigRejected(f"{what} {port} on {host} is already in use{holder}", hint)

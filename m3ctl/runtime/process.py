@@ -12,13 +12,12 @@ import os
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import psutil
 
 from m3ctl.errors import LaunchFailed
 from m3ctl.plan import LaunchPlan
-from m3ctl.runtime.base import Runtime, StopReport, port_in_use
+from m3ctl.runtime.base import Runtime, StopReport
 from m3ctl.state import Deployment, Registry
 
 # Popen objects of servers this process launched, so their exit status is reaped (no zombies).
@@ -122,17 +121,6 @@ class ProcessRuntime(Runtime):
             except subprocess.TimeoutExpired:
                 pass
         rep.leftover = [p.pid for p in alive]
-        deadline = time.monotonic() + 5
-        while port_in_use(dep.host, dep.port) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        rep.port_free = not port_in_use(dep.host, dep.port)
+        self.verify_released(dep, rep, [p.pid for p in tree])
         rep.seconds = time.monotonic() - t0
         return rep
-
-    def log_text(self, dep: Deployment, tail_bytes: int = 200_000) -> str:
-        if not dep.log_path or not Path(dep.log_path).is_file():
-            return ""
-        p = Path(dep.log_path)
-        with p.open("rb") as f:
-            f.seek(max(0, p.stat().st_size - tail_bytes))
-            return f.read().decode("utf-8", "replace")

@@ -1,0 +1,123 @@
+"""Kernel verification: which attention / MoE / linear backends vLLM really chose, against the profile.
+
+After readiness, the startup log is parsed with the patterns in ``m3ctl/data/kernel_patterns.yaml``
+(each with the vLLM source that prints it). Each observed backend is compared with the profile's
+``expect`` (:class:`m3ctl.catalog.KernelExpect`): a backend outside the expected list is a WARN, as
+is any ``warn``-severity fallback line (e.g. NVFP4 on Hopper running as Marlin weight-only W4A16,
+shared/reference/anchors-serving.md) unless the profile lists its id in ``expect.tolerate``.
+A kind the profile expects but the log never names is INFO ("not reported"), not a WARN: vLLM
+does not log every choice (e.g. the CPU backend's GQA attention is silent).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Literal
+
+import yaml
+
+from m3ctl.catalog import KernelExpect
+
+
+@dataclass(frozen=True)
+class KernelFinding:
+    """One line of the verification report.
+
+    Attributes:
+        level: ``OK`` (as intended), ``WARN`` (differs from the profile / fast path not running),
+            ``INFO`` (noted, no verdict).
+        kind: ``attention``, ``moe``, ``moe_experts``, ``linear``.
+        message: one line for humans.
+        line: the log line it came from ("" for "not reported").
+    """
+
+    level: Literal["OK", "WARN", "INFO"]
+    kind: str
+    message: str
+    line: str = ""
+
+
+@dataclass
+class KernelReport:
+    """What vLLM chose (``observed``: kind -> backend names, in log order, unique) and the findings."""
+
+    observed: dict[str, list[str]] = field(default_factory=dict)
+    fallbacks: list[str] = field(default_factory=list)
+    findings: list[KernelFinding] = field(default_factory=list)
+
+    @property
+    def warnings(self) -> list[KernelFinding]:
+        return [f for f in self.findings if f.level == "WARN"]
+
+
+@functools.lru_cache(maxsize=1)
+def _patterns() -> tuple[list[tuple[str, re.Pattern]], list[dict]]:
+    data = yaml.safe_load(resources.files("m3ctl").joinpath("data/kernel_patterns.yaml").read_text())
+    backends = [(b["kind"], re.compile(b["regex"])) for b in data["backends"]]
+    fallbacks = [{**f, "rx": re.compile(f["regex"])} for f in data["fallbacks"]]
+    return backends, fallbacks
+
+
+def _norm(name: str) -> str:
+    return name.strip("'\"").upper().replace("-", "_")
+
+
+def verify_kernels(log_text: str, expect: KernelExpect | None = None) -> KernelReport:
+    """Parse a vLLM startup log and compare the chosen kernels with ``expect``.
+
+    Args:
+        log_text: the server log (any prefix such as ``(Worker pid=..) INFO ...`` is fine).
+        expect: the profile's expectations (None: only report what was chosen and any fallback).
+
+    Returns:
+        :class:`KernelReport`; ``report.warnings`` are the WARNs to show.
+    """
+    expect = expect or KernelExpect()
+    backends, fallbacks = _patterns()
+    rep = KernelReport()
+    first_line: dict[tuple[str, str], str] = {}
+    seen_fallbacks: set[str] = set()
+    for raw in log_text.splitlines():
+        line = raw.rstrip()
+        for kind, rx in backends:
+            m = rx.search(line)
+            if m:
+                name = m.group("name")
+                names = rep.observed.setdefault(kind, [])
+                if name not in names:
+                    names.append(name)
+                    first_line[(kind, name)] = line.strip()[:300]
+                break
+        for fb in fallbacks:
+            if fb["id"] in seen_fallbacks:
+                continue
+            if fb["rx"].search(line):
+                seen_fallbacks.add(fb["id"])
+                rep.fallbacks.append(fb["id"])
+                tolerated = fb["id"] in expect.tolerate
+                level = "WARN" if fb["severity"] == "warn" and not tolerated else "INFO"
+                note = " (tolerated by the profile)" if tolerated else ""
+                rep.findings.append(KernelFinding(level, fb["kind"], f"fallback {fb['id']}: {fb['meaning']}{note}",
+                                                  line.strip()[:300]))
+    for kind in ("attention", "moe", "moe_experts", "linear"):
+        wanted = getattr(expect, kind, None)
+        got = rep.observed.get(kind, [])
+        if wanted is None:
+            for name in got:
+                rep.findings.append(KernelFinding("INFO", kind, f"{kind} backend {name}", first_line[(kind, name)]))
+            continue
+        ok = {_norm(w) for w in wanted}
+        if not got:
+            rep.findings.append(KernelFinding("INFO", kind, f"{kind} backend not reported in the log "
+                                                            f"(profile expects {' or '.join(wanted)})"))
+        for name in got:
+            if _norm(name) in ok:
+                rep.findings.append(KernelFinding("OK", kind, f"{kind} backend {name} as the profile expects",
+                                                  first_line[(kind, name)]))
+            else:
+                rep.findings.append(KernelFinding("WARN", kind, f"{kind} backend {name}, but the profile expects "
+                                                                f"{' or '.join(wanted)}", first_line[(kind, name)]))
+    return rep

@@ -1,0 +1,373 @@
+"""Docker runtime: the plan's image through the Docker engine (docker SDK), same interface as ``process``.
+
+Container contract (documented for custom images): the image has ``vllm`` on ``PATH``; m3ctl
+sets the entrypoint to ``["vllm"]`` and the command to the plan's argv without its first element
+(``serve MODEL --host ... --port ...``), so the same plan runs bare or containerised. The official
+``vllm/vllm-openai`` and ``vllm/vllm-openai-rocm`` images ship ``vllm`` on PATH (their own
+entrypoint is ``vllm serve``, https://docs.vllm.ai/en/latest/deployment/docker.html); the local
+CPU test image (:mod:`m3ctl.dev.docker_stack`) provides a wrapper script.
+
+What :func:`container_spec` sets, and why:
+
+- NVIDIA: a device request for the plan's GPUs by UUID or index (``--gpus device=...``
+  semantics); ``CUDA_VISIBLE_DEVICES`` is dropped inside (the runtime already restricts the
+  devices; a UUID there crashes older vLLM, shared/cases/field-failures.md F02).
+- AMD: devices ``/dev/kfd`` and ``/dev/dri``, group ``video``, ``seccomp=unconfined``
+  (https://docs.vllm.ai/en/latest/deployment/docker.html, ROCm section); a GPU selection
+  becomes ``ROCR_VISIBLE_DEVICES`` only (F05: one variable).
+- ``--ipc=host`` by default (NCCL needs more than docker's 64 MiB ``/dev/shm``, F14); with
+  ``ipc_host=False`` a ``shm_size`` of at least 2 GiB per tensor-parallel rank and
+  ``memlock=-1``.
+- Read-only volumes: a local model directory at the same path (argv unchanged), the host HF
+  cache at ``/root/.cache/huggingface`` when the model is a hub id, plus ``DockerOptions.mounts``.
+- Host network (default; the only choice on an engine started with ``--bridge=none``) or a
+  port mapping (``network="bridge"``: the server listens on 0.0.0.0 inside, published on the
+  plan's host:port).
+- Labels ``m3ctl.name``, ``m3ctl.model``, ``m3ctl.served-model-name``, ``m3ctl.port``,
+  ``m3ctl.plan-hash``, ``m3ctl.runtime-version``. No restart policy (m3ctl's watchdog decides).
+- Secrets reach the container through its environment only, never argv or labels.
+
+A missing image is pulled with progress events; when the pull fails (offline host, no
+registry access, unknown name) :class:`~m3ctl.errors.ConfigRejected` names the image and the
+offline route (``docker save`` elsewhere, ``docker load`` here).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from m3ctl import __version__
+from m3ctl.errors import ConfigRejected, LaunchFailed
+from m3ctl.plan import LaunchPlan
+from m3ctl.runtime.base import Runtime, StopReport, port_in_use
+from m3ctl.state import Deployment, Registry
+
+LABEL_PREFIX = "m3ctl."
+#: GiB of /dev/shm per tensor-parallel rank when --ipc=host is not allowed (F14: 16 GiB for TP8).
+SHM_GIB_PER_RANK = 2
+
+ProgressFn = Callable[[str, str, int | None, int | None], None]
+"""``(layer_id, status, current_bytes, total_bytes)`` during an image pull."""
+
+
+class DockerOptions(BaseModel):
+    """Container-side settings that are not part of the launch plan (recorded with the deployment).
+
+    Attributes:
+        network: ``host`` (share the host network) or ``bridge`` (publish the plan's port).
+        ipc_host: ``--ipc=host``; False sizes ``/dev/shm`` instead (``shm_size`` or 2 GiB x TP).
+        shm_size: explicit ``/dev/shm`` size (docker syntax, e.g. ``16g``) when ``ipc_host`` is False.
+        mounts: extra bind mounts ``HOST:CONTAINER[:ro|rw]`` (read-only unless ``rw``).
+        gpu_vendor: ``nvidia`` / ``amd`` / None (CPU).
+        gpu_devices: GPUs to expose, UUIDs or indices; empty with a vendor means all.
+    """
+
+    network: Literal["host", "bridge"] = "host"
+    ipc_host: bool = True
+    shm_size: str | None = None
+    mounts: list[str] = Field(default_factory=list)
+    gpu_vendor: str | None = None
+    gpu_devices: list[str] = Field(default_factory=list)
+
+    @classmethod
+    def for_host(cls, inventory: Any = None, **kw: Any) -> DockerOptions:
+        """Options exposing every GPU of ``inventory`` (a :class:`~m3ctl.hw.inventory.HostInventory`)
+        by UUID where known (F02: UUIDs go to the device request, not to CUDA_VISIBLE_DEVICES)."""
+        gpus = list(getattr(inventory, "gpus", ()) or ())
+        if gpus:
+            kw.setdefault("gpu_vendor", gpus[0].vendor)
+            kw.setdefault("gpu_devices", [g.uuid or str(g.index) for g in gpus])
+        return cls(**kw)
+
+
+def container_name(name: str) -> str:
+    return f"m3ctl-{name}"
+
+
+def _tp_size(argv: list[str]) -> int:
+    for i, a in enumerate(argv):
+        if a in ("--tensor-parallel-size", "-tp") and i + 1 < len(argv):
+            try:
+                return int(argv[i + 1])
+            except ValueError:
+                return 1
+        if a.startswith("--tensor-parallel-size="):
+            return int(a.split("=", 1)[1])
+    return 1
+
+
+def _parse_mount(spec: str) -> tuple[str, dict[str, str]]:
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or not parts[0] or not parts[1] or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+        raise ConfigRejected(f"bad mount {spec!r}", "use HOST:CONTAINER[:ro|rw]")
+    return str(Path(parts[0]).expanduser().resolve()), {"bind": parts[1], "mode": parts[2] if len(parts) == 3 else "ro"}
+
+
+def _hf_cache() -> Path:
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).parent
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"])
+    return Path.home() / ".cache" / "huggingface"
+
+
+def container_spec(plan: LaunchPlan, secret_env: dict[str, str], opts: DockerOptions | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``docker.containers.run`` that launch ``plan`` (pure; talks to no engine).
+
+    Args:
+        plan: the launch plan; ``plan.image`` must be set.
+        secret_env: secret variables for the container environment only.
+        opts: container settings (default :class:`DockerOptions`: host network, ``--ipc=host``, no GPU).
+
+    Raises:
+        ConfigRejected: no image in the plan or a malformed mount.
+    """
+    import docker  # noqa: PLC0415
+
+    opts = opts or DockerOptions()
+    network, ipc_host, shm_size = opts.network, opts.ipc_host, opts.shm_size
+    if not plan.image:
+        raise ConfigRejected(f"profile {plan.profile!r} names no image for the docker runtime",
+                             "pass --image REF (a local image works; see m3ctl/runtime/docker.py)")
+    command = list(plan.argv[1:])
+    env = {**plan.env, **secret_env}
+    spec: dict[str, Any] = {
+        "image": plan.image, "name": container_name(plan.name), "entrypoint": ["vllm"], "command": command,
+        "detach": True, "restart_policy": {"Name": "no"}, "stdin_open": False, "tty": False,
+        "labels": {f"{LABEL_PREFIX}name": plan.name, f"{LABEL_PREFIX}model": plan.model,
+                   f"{LABEL_PREFIX}served-model-name": plan.served_model_name,
+                   f"{LABEL_PREFIX}port": str(plan.port), f"{LABEL_PREFIX}plan-hash": plan.plan_hash(),
+                   f"{LABEL_PREFIX}runtime-version": __version__},
+    }
+    if network == "host":
+        spec["network_mode"] = "host"
+    else:
+        # Listen on all interfaces inside the container; publish on the plan's address only.
+        for i, a in enumerate(command[:-1]):
+            if a == "--host":
+                command[i + 1] = "0.0.0.0"
+        spec["ports"] = {f"{plan.port}/tcp": (plan.host, plan.port)}
+    if ipc_host:
+        spec["ipc_mode"] = "host"
+    else:
+        spec["shm_size"] = shm_size or f"{SHM_GIB_PER_RANK * _tp_size(plan.argv)}g"
+        spec["ulimits"] = [docker.types.Ulimit(name="memlock", soft=-1, hard=-1)]
+    volumes: dict[str, dict[str, str]] = {}
+    model = Path(plan.model).expanduser()
+    if model.is_dir():
+        volumes[str(model.resolve())] = {"bind": str(model.resolve()), "mode": "ro"}
+    elif _hf_cache().is_dir():
+        volumes[str(_hf_cache().resolve())] = {"bind": "/root/.cache/huggingface", "mode": "ro"}
+    for m in opts.mounts:
+        host, bind = _parse_mount(m)
+        volumes[host] = bind
+    spec["volumes"] = volumes
+    if opts.gpu_vendor == "nvidia":
+        env.pop("CUDA_VISIBLE_DEVICES", None)
+        ids = list(opts.gpu_devices) or None
+        spec["device_requests"] = [docker.types.DeviceRequest(driver="nvidia", device_ids=ids,
+                                                              count=None if ids else -1, capabilities=[["gpu"]])]
+    elif opts.gpu_vendor == "amd":
+        spec["devices"] = ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"]
+        spec["group_add"] = ["video"]
+        spec["security_opt"] = ["seccomp=unconfined"]
+        for k in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
+            env.pop(k, None)
+        if opts.gpu_devices:
+            env["ROCR_VISIBLE_DEVICES"] = ",".join(opts.gpu_devices)
+    spec["environment"] = env
+    return spec
+
+
+def _engine_hint() -> str:
+    return ("start the Docker engine (or set DOCKER_HOST to its socket); `m3ctl doctor` checks it; "
+            "or use --runtime process")
+
+
+class DockerRuntime(Runtime):
+    """Runs plans as containers. ``on_progress`` receives image pull progress; the runtime never prints."""
+
+    name = "docker"
+
+    def __init__(self, options: DockerOptions | None = None, on_progress: ProgressFn | None = None):
+        self.options = options or DockerOptions()
+        self.on_progress = on_progress
+        self._client_obj = None
+
+    # ------------------------------------------------------------------ engine access
+    def client(self):
+        """A docker SDK client for ``DOCKER_HOST`` (or the default socket).
+
+        Raises:
+            ConfigRejected: the engine cannot be reached (exit 3).
+        """
+        if self._client_obj is None:
+            import docker  # noqa: PLC0415
+
+            try:
+                c = docker.from_env(timeout=60)
+                c.ping()
+            except docker.errors.DockerException as e:
+                where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+                raise ConfigRejected(f"cannot reach the Docker engine at {where}: {str(e).splitlines()[0][:200]}",
+                                     _engine_hint()) from e
+            self._client_obj = c
+        return self._client_obj
+
+    def _container(self, dep: Deployment):
+        import docker  # noqa: PLC0415
+
+        try:
+            return self.client().containers.get(dep.container_id or container_name(dep.name))
+        except docker.errors.NotFound:
+            return None
+
+    def ensure_image(self, ref: str) -> bool:
+        """Make ``ref`` available locally, pulling it (with progress events) when missing.
+
+        Returns:
+            True when it had to be pulled.
+
+        Raises:
+            ConfigRejected: not present and the pull failed; names the image and ``docker load``.
+        """
+        import docker  # noqa: PLC0415
+
+        c = self.client()
+        try:
+            c.images.get(ref)
+            return False
+        except docker.errors.ImageNotFound:
+            pass
+        except docker.errors.APIError as e:  # malformed reference
+            raise ConfigRejected(f"invalid image reference {ref!r}: {e.explanation}",
+                                 "use repository[:tag] or repository@sha256:digest") from e
+        repo, tag = ref, None
+        if "@" not in ref and ":" in ref.rsplit("/", 1)[-1]:
+            repo, tag = ref.rsplit(":", 1)
+        offline = (f"on a host without registry access: `docker save {ref} -o image.tar` where the image exists, "
+                   f"copy image.tar here, then `docker load -i image.tar`")
+        try:
+            for ev in c.api.pull(repo, tag=tag, stream=True, decode=True):
+                if "error" in ev:
+                    raise ConfigRejected(f"image {ref} is not available locally and the pull failed: "
+                                         f"{str(ev['error'])[:200]}", offline)
+                if self.on_progress:
+                    d = ev.get("progressDetail") or {}
+                    self.on_progress(ev.get("id", ""), ev.get("status", ""), d.get("current"), d.get("total"))
+        except docker.errors.APIError as e:
+            raise ConfigRejected(f"image {ref} is not available locally and the pull failed: "
+                                 f"{(e.explanation or str(e))[:200]}", offline) from e
+        except docker.errors.DockerException as e:
+            raise ConfigRejected(f"image {ref} is not available locally and the pull failed: {str(e)[:200]}",
+                                 offline) from e
+        return True
+
+    # ------------------------------------------------------------------ Runtime interface
+    def launch(self, plan: LaunchPlan, registry: Registry, secret_env: dict[str, str]) -> Deployment:
+        import docker  # noqa: PLC0415
+
+        spec = container_spec(plan, secret_env, self.options)
+        self.ensure_image(plan.image or "")
+        c = self.client()
+        old = self._container(Deployment(name=plan.name, port=plan.port, served_model_name="", model=""))
+        if old is not None:  # an exited container of a dead deployment; preflight refused live ones
+            old.remove(force=True)
+        try:
+            ct = c.containers.run(**spec)
+        except docker.errors.APIError as e:
+            raise LaunchFailed(f"the Docker engine refused to start {plan.image}: {(e.explanation or str(e))[:300]}",
+                               "check the image and the engine (`docker info`)", phase="process") from e
+        ct.reload()
+        started = time.time()
+        st = ct.attrs.get("State", {})
+        dep = Deployment(name=plan.name, runtime=self.name, container_id=ct.id, pid=st.get("Pid") or None,
+                         host=plan.host, port=plan.port, served_model_name=plan.served_model_name, model=plan.model,
+                         argv=plan.argv, log_path=str(registry.log_path(plan.name)), started_at=started,
+                         phase="launching", plan_hash=plan.plan_hash(), image=plan.image,
+                         runtime_options=self.options.model_dump())
+        Path(dep.log_path).write_bytes(b"")  # filled from the engine by sync_log()
+        registry.save(dep)
+        return dep
+
+    def is_alive(self, dep: Deployment) -> bool:
+        ct = self._container(dep)
+        if ct is None:
+            return False
+        try:
+            ct.reload()
+        except Exception:  # noqa: BLE001 - removed in between
+            return False
+        return ct.status == "running"
+
+    def exit_code(self, dep: Deployment) -> int | None:
+        """The container's exit code once it has exited, else None."""
+        ct = self._container(dep)
+        if ct is None:
+            return None
+        ct.reload()
+        return ct.attrs["State"]["ExitCode"] if ct.status == "exited" else None
+
+    def pids(self, dep: Deployment) -> list[int]:
+        """Host PIDs of the container's processes (``docker top``); empty when it is not running."""
+        ct = self._container(dep)
+        if ct is None or not self.is_alive(dep):
+            return []
+        try:
+            top = ct.top(ps_args="-eo pid")
+        except Exception:  # noqa: BLE001
+            return []
+        return [int(row[0]) for row in top.get("Processes") or [] if row and row[0].isdigit()]
+
+    def log_text(self, dep: Deployment, tail_bytes: int = 200_000) -> str:
+        ct = self._container(dep)
+        if ct is not None:
+            text = ct.logs(stdout=True, stderr=True).decode("utf-8", "replace")
+            return text[-tail_bytes:]
+        return super().log_text(dep, tail_bytes)
+
+    def sync_log(self, dep: Deployment) -> None:
+        ct = self._container(dep)
+        if ct is not None and dep.log_path:
+            Path(dep.log_path).write_bytes(ct.logs(stdout=True, stderr=True))
+
+    def follow(self, dep: Deployment) -> Iterator[str]:
+        ct = self._container(dep)
+        if ct is None:
+            yield from super().follow(dep)
+            return
+        for chunk in ct.logs(stdout=True, stderr=True, stream=True, follow=True, since=int(time.time())):
+            yield chunk.decode("utf-8", "replace")
+
+    def stop(self, dep: Deployment, timeout_s: float = 20.0) -> StopReport:
+        t0 = time.monotonic()
+        rep = StopReport(name=dep.name)
+        ct = self._container(dep)
+        pids = self.pids(dep)
+        if ct is not None:
+            ct.reload()
+            rep.was_running = ct.status == "running"
+            if rep.was_running:
+                ct.stop(timeout=int(max(1, timeout_s)))  # SIGTERM, SIGKILL after the timeout (engine-side)
+                ct.reload()
+                code = ct.attrs["State"]["ExitCode"]
+                rep.graceful = code != 137  # 137 = killed by SIGKILL
+                if not rep.graceful:
+                    rep.killed = pids[:1]
+            if dep.log_path:
+                Path(dep.log_path).write_bytes(ct.logs(stdout=True, stderr=True))
+            ct.remove(force=True)
+        left = self.client().containers.list(all=True, filters={"label": f"{LABEL_PREFIX}name={dep.name}"})
+        rep.leftover = [int(x.attrs["State"].get("Pid") or 0) for x in left]
+        rep.leftover = [p for p in rep.leftover if p] or ([-1] if left else [])
+        rep.pids_checked = pids
+        self.verify_released(dep, rep, pids)
+        rep.seconds = time.monotonic() - t0
+        return rep
+
