@@ -396,6 +396,10 @@ def logs(
 
 
 # ----------------------------------------------------------------------------- bench
+bench_app = typer.Typer(help="Load-test an OpenAI-compatible endpoint; `m3ctl bench report` compares results.")
+app.add_typer(bench_app, name="bench")
+
+
 def _parse_goodput(items: list[str]) -> dict[str, float] | None:
     if not items:
         return None
@@ -409,65 +413,163 @@ def _parse_goodput(items: list[str]) -> dict[str, float] | None:
     return out
 
 
-@app.command()
+def _parse_concurrency(text: Optional[str]) -> list[int]:
+    if not text:
+        return []
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise BadInput(f"bad --concurrency {text!r}", "use an integer or a list such as 1,2,4,8") from None
+    if any(v < 1 for v in vals):
+        raise BadInput(f"bad --concurrency {text!r}: values must be >= 1", "e.g. --concurrency 1,2,4,8")
+    return vals
+
+
+@bench_app.callback(invoke_without_command=True)
 def bench(
+    ctx: typer.Context,
     url: Annotated[Optional[str], typer.Option(help="Base URL of an OpenAI-compatible server.")] = None,
     deployment: Annotated[Optional[str], typer.Option(help="Bench an m3ctl deployment by name instead of --url.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Model id on the server (default: the only one it serves).")] = None,
     endpoint: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
-    concurrency: Annotated[Optional[int], typer.Option(help="Max requests in flight (closed loop).")] = None,
+    workload: Annotated[str, typer.Option(help="random, dataset, prefix-repetition or agentic.")] = "random",
+    concurrency: Annotated[Optional[str], typer.Option(help="Max requests in flight (closed loop); a list such as 1,2,4,8 runs a sweep. Agentic: session lanes.")] = None,
     request_rate: Annotated[float, typer.Option(help="Requests/s (inf: all at once).")] = math.inf,
-    burstiness: Annotated[float, typer.Option(help="Gamma shape of arrivals (1 = Poisson).")] = 1.0,
-    num_prompts: Annotated[int, typer.Option(help="Requests to send.")] = 100,
-    input_len: Annotated[int, typer.Option(help="Input tokens per request.")] = 128,
+    burstiness: Annotated[float, typer.Option(help="Gamma shape of arrivals (1 = Poisson, <1 burstier).")] = 1.0,
+    num_prompts: Annotated[int, typer.Option(help="Requests to send (stop by count).")] = 100,
+    duration: Annotated[Optional[float], typer.Option(help="Stop issuing requests after this many seconds (workload cycled).")] = None,
+    input_len: Annotated[int, typer.Option(help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn).")] = 128,
     output_len: Annotated[int, typer.Option(help="Output tokens per request.")] = 128,
     range_ratio: Annotated[float, typer.Option(help="Length spread (see --range-convention).")] = 0.0,
     range_convention: Annotated[str, typer.Option(help="vllm: [L(1-r), L(1+r)]; inferencex: [rL, L].")] = "vllm",
+    dataset_path: Annotated[Optional[Path], typer.Option(help="ShareGPT-style JSON/JSONL file (--workload dataset).")] = None,
+    dataset_output_len: Annotated[Optional[int], typer.Option(help="Force the output length of dataset requests (default: the reference reply's).")] = None,
+    num_prefixes: Annotated[int, typer.Option(help="prefix-repetition: distinct shared prefixes.")] = 4,
+    prefix_len: Annotated[int, typer.Option(help="prefix-repetition / agentic: shared prefix tokens.")] = 128,
+    num_sessions: Annotated[Optional[int], typer.Option(help="agentic: sessions (default 2 x lanes).")] = None,
+    turns: Annotated[int, typer.Option(help="agentic: turns per session.")] = 4,
+    turn_input_len: Annotated[int, typer.Option(help="agentic: new input tokens per later turn.")] = 64,
+    think_time: Annotated[float, typer.Option(help="agentic: mean think time between turns (s, exponential).")] = 0.0,
     ignore_eos: Annotated[bool, typer.Option(help="Ask for exactly --output-len tokens.")] = True,
+    temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.0,
     num_warmups: Annotated[int, typer.Option(help="Warmup requests (excluded).")] = 0,
     seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
     percentiles: Annotated[str, typer.Option(help="Comma-separated percentiles.")] = "50,90,99",
     goodput: Annotated[Optional[list[str]], typer.Option(help="SLO metric:ms for goodput (ttft, tpot, e2el).")] = None,
     tokenizer: Annotated[Optional[str], typer.Option(help="Local tokenizer dir (default: the server's /tokenize).")] = None,
-    num_gpus: Annotated[Optional[int], typer.Option(help="GPUs behind the endpoint, for tok/s per GPU.")] = None,
+    num_gpus: Annotated[Optional[int], typer.Option(help="GPUs behind the endpoint, for tok/s per GPU (default: from the deployment's tp x pp x dp).")] = None,
+    usd_per_gpu_hour: Annotated[Optional[float], typer.Option(help="GPU price for USD per million tokens and tokens per USD.")] = None,
+    client_procs: Annotated[int, typer.Option(help="Client worker processes (each its own event loop).")] = 1,
+    continuous_usage: Annotated[bool, typer.Option(help="Ask vLLM for per-chunk usage (per-token ITL).")] = True,
+    allow_approx: Annotated[bool, typer.Option(help="Accept runs whose token counts or TTFT are approximate.")] = False,
+    max_error_rate: Annotated[float, typer.Option(help="Failed-request fraction above which the run is invalid.")] = 0.0,
+    per_request: Annotated[bool, typer.Option(help="Include per-request records in the JSON.")] = False,
     label: Annotated[Optional[str], typer.Option(help="Label stored in the result.")] = None,
-    output_json: Annotated[Optional[Path], typer.Option(help="Write the result JSON here.")] = None,
+    output_json: Annotated[Optional[Path], typer.Option(help="Write the result JSON here (a sweep: all runs).")] = None,
+    output_csv: Annotated[Optional[Path], typer.Option(help="Write one CSV row per run here.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Pareto PNG (tok/s per GPU vs tok/s per user) for a sweep.")] = None,
+    plot_x: Annotated[str, typer.Option(help="Pareto x axis: inferencex-median, agentx-p90 or aiperf-median.")] = "inferencex-median",
 ) -> None:
-    """Load-test an OpenAI-compatible endpoint; report vLLM-compatible metrics."""
+    """Load-test an OpenAI-compatible endpoint; report vLLM-compatible metrics plus m3ctl's (see README)."""
+    if ctx.invoked_subcommand:
+        return
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from m3ctl.bench.runner import BenchConfig, run_bench  # noqa: PLC0415
+    from m3ctl.bench import report  # noqa: PLC0415
+    from m3ctl.bench.runner import BenchConfig, gpus_from_argv, run_bench, run_sweep  # noqa: PLC0415
 
+    gpus_source = "--num-gpus" if num_gpus else None
     if deployment:
         from m3ctl.state import Registry  # noqa: PLC0415
 
         dep = Registry().get(deployment)
         url, model = url or dep.url, model or dep.served_model_name
+        if not num_gpus and (n := gpus_from_argv(list(dep.argv))):
+            num_gpus, gpus_source = n, f"deployment {deployment}: tp x pp x dp x pcp (DCP adds none)"
     if not url:
         raise BadInput("no endpoint given", "pass --url http://HOST:PORT or --deployment NAME")
     url = url.rstrip("/").removesuffix("/v1")
     if not model:
         model = _only_model(url)
+    concs = _parse_concurrency(concurrency)
     try:
         pcts = [float(x) for x in percentiles.split(",") if x.strip()]
-        cfg = BenchConfig(url=url, model=model, endpoint=endpoint, num_prompts=num_prompts, concurrency=concurrency,
-                          request_rate=request_rate, burstiness=burstiness, input_len=input_len,
-                          output_len=output_len, range_ratio=range_ratio, range_convention=range_convention,
-                          ignore_eos=ignore_eos, seed=seed, num_warmups=num_warmups, percentiles=pcts,
-                          goodput_slo_ms=_parse_goodput(goodput or []), tokenizer=tokenizer, num_gpus=num_gpus,
-                          label=label, api_key=os.environ.get("OPENAI_API_KEY") or os.environ.get("VLLM_API_KEY"))
+        cfg = BenchConfig(url=url, model=model, endpoint=endpoint, workload=workload, num_prompts=num_prompts,
+                          concurrency=concs[0] if concs else None, request_rate=request_rate, burstiness=burstiness,
+                          duration_s=duration, input_len=input_len, output_len=output_len, range_ratio=range_ratio,
+                          range_convention=range_convention,
+                          dataset_path=str(dataset_path) if dataset_path else None,
+                          dataset_output_len=dataset_output_len, num_prefixes=num_prefixes, prefix_len=prefix_len,
+                          num_sessions=num_sessions, turns=turns, turn_input_len=turn_input_len,
+                          think_time_s=think_time, ignore_eos=ignore_eos, temperature=temperature, seed=seed,
+                          num_warmups=num_warmups, percentiles=pcts, goodput_slo_ms=_parse_goodput(goodput or []),
+                          tokenizer=tokenizer, num_gpus=num_gpus, num_gpus_source=gpus_source,
+                          usd_per_gpu_hour=usd_per_gpu_hour, client_procs=client_procs,
+                          continuous_usage=continuous_usage, allow_approx=allow_approx,
+                          max_error_rate=max_error_rate, per_request=per_request, label=label,
+                          api_key=os.environ.get("OPENAI_API_KEY") or os.environ.get("VLLM_API_KEY"))
     except ValueError as e:
         first = e.errors()[0] if isinstance(e, ValidationError) else {"loc": ["percentiles"], "msg": str(e)}
         raise BadInput(f"bad bench option {'.'.join(map(str, first['loc']))}: {first['msg']}",
                        "see `m3ctl bench --help`") from None
-    res = run_bench(cfg)
+    if len(concs) > 1:
+        with _console().status(f"sweeping concurrency {concs} ..."):
+            runs = run_sweep(cfg, concs)
+        doc: dict | list = report.sweep_doc(runs, "concurrency", concs)
+    else:
+        with _console().status("benchmarking ..."):
+            runs = [run_bench(cfg)]
+        doc = runs[0]
     if output_json:
         output_json.parent.mkdir(parents=True, exist_ok=True)
-        output_json.write_text(json.dumps(res, indent=2))
-    _print_bench(res, cfg.percentiles)
-    if res["failed"]:
-        raise ChecksFailed(f"{res['failed']} of {res['num_prompts']} requests failed: {res['errors'][0] if res['errors'] else ''}",
-                           "results were saved" if output_json else "pass --output-json to keep the results")
+        output_json.write_text(json.dumps(doc, indent=2))
+    if output_csv:
+        report.write_csv(runs, output_csv)
+    for r in runs:
+        _print_bench(r, cfg.percentiles)
+    if len(runs) > 1:
+        _print_compare(runs)
+    if plot:
+        _console().print(f"Pareto chart: {report.pareto_png(runs, plot, plot_x)}")
+    bad = [r for r in runs if not r["validity"]["valid"]]
+    if bad:
+        why = "; ".join(dict.fromkeys(x for r in bad for x in r["validity"]["reasons"]))
+        first_err = next((e for r in bad for e in r["errors"]), "")
+        raise ChecksFailed(f"BENCH-INVALID: {why}" + (f" (first error: {first_err})" if first_err else ""),
+                           "results were saved, marked invalid" if output_json else
+                           "pass --output-json to keep the results")
+
+
+@bench_app.command("report")
+def bench_report(
+    files: Annotated[list[Path], typer.Argument(help="Result JSON files (single runs or sweeps).")],
+    output_csv: Annotated[Optional[Path], typer.Option(help="Write one CSV row per run here.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Pareto PNG of all runs.")] = None,
+    plot_x: Annotated[str, typer.Option(help="Pareto x axis: inferencex-median, agentx-p90 or aiperf-median.")] = "inferencex-median",
+) -> None:
+    """Compare bench results side by side (and optionally write CSV / a Pareto chart)."""
+    from m3ctl.bench import report  # noqa: PLC0415
+
+    runs = report.load_runs(files)
+    _print_compare(runs)
+    if output_csv:
+        report.write_csv(runs, output_csv)
+    if plot:
+        _console().print(f"Pareto chart: {report.pareto_png(runs, plot, plot_x)}")
+
+
+def _print_compare(runs: list[dict]) -> None:
+    from rich.table import Table  # noqa: PLC0415
+
+    from m3ctl.bench import report  # noqa: PLC0415
+
+    t = Table(title="m3ctl bench: runs side by side")
+    t.add_column("metric")
+    for i in range(len(runs)):
+        t.add_column(f"#{i + 1}", justify="right")
+    for row in report.compare_table(runs):
+        t.add_row(*(escape(c) for c in row))
+    _console().print(t)
 
 
 def _only_model(url: str) -> str:
@@ -486,26 +588,65 @@ def _only_model(url: str) -> str:
 def _print_bench(res: dict, pcts: list[float]) -> None:
     from rich.table import Table  # noqa: PLC0415
 
-    t = Table(title=f"m3ctl bench: {res['model_id']} ({res['backend']}, concurrency {res['max_concurrency']}, "
-                    f"rate {res['request_rate']})")
+    t = Table(title=f"m3ctl bench: {res['model_id']} ({res['backend']}, {res['workload']['kind']}, concurrency "
+                    f"{res['max_concurrency']}, rate {res['request_rate']})")
     t.add_column("metric")
     t.add_column("value", justify="right")
+
+    def stat_row(label: str, block: dict | None, unit: str = "ms") -> None:
+        if block and block.get(f"mean_{unit}") is not None:
+            parts = [f"mean {block[f'mean_{unit}']:.2f}", f"median {block[f'median_{unit}']:.2f}"]
+            parts += [f"p{_pw(p)} {block[f'p{_pw(p)}_{unit}']:.2f}" for p in pcts]
+            rows.append((label, ", ".join(parts)))
+
     rows = [("successful requests", f"{res['completed']}"), ("failed requests", f"{res['failed']}"),
             ("duration (s)", f"{res['duration']:.2f}"), ("request throughput (req/s)", f"{res['request_throughput']:.2f}"),
             ("output token throughput (tok/s)", f"{res['output_throughput']:.1f}"),
             ("total token throughput (tok/s)", f"{res['total_token_throughput']:.1f}"),
-            ("input / output tokens", f"{res['total_input_tokens']} / {res['total_output_tokens']}")]
+            ("input / output tokens (server usage)", f"{res['total_input_tokens']} / {res['total_output_tokens']}")]
     if res.get("request_goodput") is not None:
         rows.append(("goodput (req/s)", f"{res['request_goodput']:.2f}"))
-    if res.get("output_throughput_per_gpu") is not None:
-        rows.append(("output tok/s per GPU", f"{res['output_throughput_per_gpu']:.1f}"))
-    for m, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL"), ("e2el", "E2E latency")):
-        parts = [f"mean {res[f'mean_{m}_ms']:.2f}", f"median {res[f'median_{m}_ms']:.2f}"]
-        parts += [f"p{int(p) if int(p) == p else p} {res[f'p{int(p) if int(p) == p else p}_{m}_ms']:.2f}" for p in pcts]
-        rows.append((f"{label} (ms)", ", ".join(parts)))
+    if pg := res.get("per_gpu"):
+        rows.append((f"tok/s per GPU total / output ({pg['num_gpus']} GPUs)",
+                     f"{pg['tput_per_gpu']:.1f} / {pg['output_tput_per_gpu']:.1f}"))
+    if c := res.get("cost"):
+        rows.append((f"USD per M total tokens / tokens per USD (${c['usd_per_gpu_hour']}/GPU-h)",
+                     f"{c['usd_per_m_total_tokens']:.4g} / {c['total_tokens_per_usd']:,.0f}"))
+    for m, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL per chunk (vLLM)"), ("e2el", "E2E latency")):
+        stat_row(f"{label} (ms)", {f"{k}_ms": res[f"{k}_{m}_ms"] for k in ["mean", "median", *(f"p{_pw(p)}" for p in pcts)]})
+    stat_row("ITL per token (ms)", res.get("per_token_itl"))
+    stat_row("TTFA, first answer token (ms)", res.get("ttfa"))
+    stat_row("E2E latency from schedule (ms)", res.get("e2el_from_schedule"))
+    ix = res.get("interactivity") or {}
+    if ix.get("inferencex_1000_over_tpot"):
+        rows.append(("tok/s/user: 1000/median TPOT (InferenceX)", f"{ix['inferencex_1000_over_tpot']['median']:.1f}"))
+    if ix.get("agentx_e2e_normalized"):
+        rows.append(("tok/s/user: 1/P90(E2EL/OSL) (AgentX)", f"{ix['agentx_e2e_normalized']['p90']:.1f}"))
+    if ix.get("aiperf_per_user"):
+        rows.append(("tok/s/user: median 1/TPOT_i (AIPerf)", f"{ix['aiperf_per_user']['median']:.1f}"))
+    if sm := res.get("server_metrics"):
+        if sm.get("prefix_cache_hit_rate") is not None:
+            rows.append(("server prefix cache hit rate", f"{sm['prefix_cache_hit_rate']:.1%}"))
+        if sm.get("spec_decode_acceptance_length") is not None:
+            rows.append(("server spec acceptance rate / length",
+                         f"{sm['spec_decode_acceptance_rate']:.1%} / {sm['spec_decode_acceptance_length']:.2f}"))
+        rows.append(("server preemptions", f"{sm['preemptions']}"))
+    if ag := res.get("agentic"):
+        rows.append(("sessions completed", f"{ag['sessions_completed']} / {ag['sessions_started']}"))
+        if ag["session_latency"]["mean_s"] is not None:
+            rows.append(("session latency mean / p90 (s)",
+                         f"{ag['session_latency']['mean_s']:.2f} / {ag['session_latency']['p90_s']:.2f}"))
+    v = res["validity"]
+    rows.append(("valid", "yes" if v["valid"] else "[red]BENCH-INVALID[/]"))
     for r in rows:
         t.add_row(*r)
     _console().print(t)
+    for w in v.get("warnings", []):
+        _console().print(f"[yellow]warning:[/] {escape(w)}")
+
+
+def _pw(p: float) -> str:
+    return str(int(p)) if int(p) == p else str(p)
 
 
 # ----------------------------------------------------------------------------- dev
