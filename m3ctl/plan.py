@@ -68,6 +68,9 @@ class LaunchPlan(BaseModel):
         startup_budget_s: readiness budget (s); completion_timeout_s: first-completion budget (s).
         choices: decisions and reasons; rejected: alternatives not taken; warnings: non-fatal findings;
         violations: rule violations accepted with ``skip_checks``.
+        mounts: extra bind mounts for the docker runtime, ``HOST:CONTAINER[:ro|rw]`` (default ro).
+        gpu_vendor: ``nvidia``/``amd`` or None (CPU): how the docker runtime exposes devices.
+        gpu_devices: GPUs to expose (UUIDs where known, else indices); empty with a vendor = all.
     """
 
     name: str
@@ -96,6 +99,9 @@ class LaunchPlan(BaseModel):
     rejected: list[Rejected] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
     violations: list[str] = Field(default_factory=list)
+    mounts: list[str] = Field(default_factory=list)
+    gpu_vendor: str | None = None
+    gpu_devices: list[str] = Field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -263,7 +269,7 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
          extra_args: list[str] | None = None, env: dict[str, str] | None = None,
          pass_env: list[str] | None = None, startup_budget_s: float | None = None, skip_checks: bool = False,
          allow_emulated: bool = False, no_multicast: bool = False, vllm_executable: str | None = None,
-         catalog_dir: str | None = None) -> LaunchPlan:
+         catalog_dir: str | None = None, image: str | None = None, mounts: list[str] | None = None) -> LaunchPlan:
     """Plan one launch and validate it.
 
     Args:
@@ -278,6 +284,8 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
         skip_checks: record rule violations as warnings instead of rejecting (readiness still runs).
         allow_emulated: accept a variant that only runs through a fallback kernel on this architecture.
         no_multicast: add the profile's NVLink-multicast-off environment (shared multi-GPU hosts).
+        image: image reference for the docker runtime (default: the profile's catalog image).
+        mounts: extra docker bind mounts ``HOST:CONTAINER[:ro|rw]``.
 
     Raises:
         ConfigRejected: a rule rejects the plan (exit 3); the message names the rule, the values and the fix.
@@ -392,12 +400,21 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
         if profile.no_multicast_env:
             choices.append(Choice(what="env", value="NVLink multicast off", why="--no-multicast (shared host)"))
 
-    image = None
-    if runtime == "docker" and profile.image:
-        image = catalog.image_by_name(profile.image, catalog_dir)
-        choices.append(Choice(what="image", value=image.reference, why=f"profile {profile.name}"))
+    img = None
+    image_ref = None
+    if runtime == "docker":
+        if image:
+            image_ref = image
+            choices.append(Choice(what="image", value=image, why="given with --image"))
+        elif profile.image:
+            img = catalog.image_by_name(profile.image, catalog_dir)
+            image_ref = img.reference
+            choices.append(Choice(what="image", value=image_ref, why=f"profile {profile.name} image {profile.image}"))
+        else:
+            raise ConfigRejected(f"profile {profile.name!r} names no image for the docker runtime",
+                                 "pass --image REF (a local image works; see m3ctl/runtime/docker.py)")
     ctx = PlanContext(inventory=inventory, profile=profile, spec=spec, variant_name=vname, variant=var, facts=facts,
-                      image=image, runtime=runtime, tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_,
+                      image=img, runtime=runtime, tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_,
                       spec_method=method if depth else None, spec_depth=depth, draft_tp=draft_tp, args=args,
                       env=envs, allow_emulated=allow_emulated)
     violations = _engine_constraints(profile, facts) + check_all(ctx)
@@ -427,10 +444,12 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
         why = "given with --startup-timeout"
     choices.append(Choice(what="startup budget", value=f"{startup_budget_s:.0f} s", why=why))
     return LaunchPlan(name=name, runtime=runtime, profile=profile.name, model_spec=spec.name if spec else None,
-                      variant=vname, image=image.reference if image else None, model=target,
+                      variant=vname, image=image_ref, model=target,
                       served_model_name=served, host=host, port=port, argv=argv, env=envs,
                       secret_env_names=sorted(pass_env or []), gpus=[g.index for g in inventory.gpus][: tp_ * dp_],
                       tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_, spec_depth=depth,
                       startup_budget_s=startup_budget_s, completion_timeout_s=profile.readiness.completion_timeout_s,
                       choices=choices, rejected=rejected, warnings=warnings,
-                      violations=[f"{v.rule}: {v.message}" for v in violations])
+                      violations=[f"{v.rule}: {v.message}" for v in violations], mounts=list(mounts or []),
+                      gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
+                      gpu_devices=[g.uuid or str(g.index) for g in inventory.gpus[: tp_ * dp_]])
