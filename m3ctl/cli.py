@@ -59,17 +59,13 @@ def _root(
 
 
 def _load_inventory(path: Path):
-    from pydantic import ValidationError  # noqa: PLC0415
-
-    from m3ctl.hw.inventory import HostInventory  # noqa: PLC0415
+    from m3ctl.hw.inventory import load_inventory  # noqa: PLC0415
 
     try:
-        return HostInventory.model_validate_json(path.read_text())
+        text = path.read_text()
     except OSError as e:
         raise BadInput(f"cannot read inventory {path}: {e.strerror}", "check the path") from e
-    except ValidationError as e:
-        raise BadInput(f"{path} is not an m3ctl inventory: {e.errors()[0]['msg']}",
-                       "create one with `m3ctl doctor --save-inventory FILE`") from e
+    return load_inventory(text, str(path))
 
 
 # ----------------------------------------------------------------------------- doctor
@@ -77,36 +73,54 @@ def _load_inventory(path: Path):
 def doctor(
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Show details and why probes declined.")] = False,
-    model: Annotated[Optional[str], typer.Option(help="Also check that this model can be served here.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model to check (default MiniMax-M3.1-Flash; or a local dir).")] = None,
+    variant: Annotated[Optional[str], typer.Option(help="Variant to check (nvfp4, mxfp4, mxfp8, bf16); default: best for the host.")] = None,
+    context: Annotated[Optional[int], typer.Option(help="Context tokens one sequence must fit (default 32768).")] = None,
+    kv_cache_dtype: Annotated[str, typer.Option(help="KV cache dtype to validate for this GPU.")] = "auto",
+    runtime: Annotated[str, typer.Option(help="auto, process or docker (what serve would use).")] = "auto",
     port: Annotated[int, typer.Option(help="API port to check.")] = 8000,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 on WARN too.")] = False,
     inventory: Annotated[Optional[Path], typer.Option(help="Evaluate a saved inventory instead of this host.")] = None,
     save_inventory: Annotated[Optional[Path], typer.Option(help="Write this host's inventory as JSON.")] = None,
 ) -> None:
-    """Probe this host and say, check by check, whether and how it can serve."""
-    from m3ctl.doctor import run_doctor  # noqa: PLC0415
+    """Probe this host and say, check by check, whether and how it can serve (exit 1 on FAIL)."""
+    from m3ctl.doctor import report_json, run_doctor  # noqa: PLC0415
     from m3ctl.hw.detect import detect  # noqa: PLC0415
 
+    if runtime not in ("auto", "process", "docker"):
+        raise BadInput(f"unknown runtime {runtime!r}", "use auto, process or docker")
     inv = _load_inventory(inventory) if inventory else detect()
     if save_inventory:
         save_inventory.write_text(inv.model_dump_json(indent=2))
-    rep = run_doctor(inv, model=model, port=port, host_checks=inventory is None)
+    rep = run_doctor(inv, model=model, variant=variant, context=context, kv_cache_dtype=kv_cache_dtype,
+                     runtime=runtime, port=port, host_checks=inventory is None)
     if json_out:
-        typer.echo(json.dumps({"ok": rep.ok, **rep.model_dump(mode="json")}, indent=2))
+        typer.echo(json.dumps(report_json(rep), indent=2))
     else:
         from rich.table import Table  # noqa: PLC0415
 
-        colour = {"OK": "green", "WARN": "yellow", "FAIL": "red", "INFO": "cyan"}
+        colour = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim"}
         t = Table(title="m3ctl doctor", show_lines=False)
         for col in ("check", "status", "finding", "fix"):
             t.add_column(col, overflow="fold")
         for c in rep.checks:
+            if c.status == "SKIP" and not verbose:
+                continue
             finding = c.message + ("".join("\n  " + d for d in c.details) if verbose and c.details else "")
-            t.add_row(c.name, f"[{colour[c.status]}]{c.status}[/]", escape(finding), escape(c.fix or "") if c.status != "OK" else "")
+            t.add_row(c.id, f"[{colour[c.status]}]{c.status}[/]", escape(finding),
+                      escape(c.fix or "") if c.status in ("WARN", "FAIL") else "")
         con = _console()
         con.print(t)
-        con.print("[green]verdict: ready[/]" if rep.ok else "[red]verdict: not ready (see FAIL rows)[/]")
-    if not rep.ok:
-        raise typer.Exit(1)
+        v = rep.verdict
+        vc = {"runnable_natively": "green", "runnable_with_fallbacks": "yellow", "not_runnable": "red"}[v.status]
+        con.print(f"[{vc}]verdict:[/] {escape(v.summary)}")
+        for f in v.fallbacks:
+            con.print(f"  fallback: {escape(f)}")
+        for n in v.notes:
+            con.print(f"  [dim]note: {escape(n)}[/]")
+    code = rep.exit_code(strict)
+    if code:
+        raise typer.Exit(code)
 
 
 # ----------------------------------------------------------------------------- serve

@@ -51,6 +51,34 @@ def diagnose_text(text: str) -> Diagnosis | None:
     return None
 
 
+_PORT_IN_LINE = re.compile(r"(?:port[ =:]+|', |:)(\d{2,5})\b")
+
+
+def explain_port_conflict(diag: Diagnosis, host: str, api_port: int) -> Diagnosis:
+    """Refine an address-in-use diagnosis: the API port or an internal one, and who holds it (F17).
+
+    When the API port is free now, the conflict was on an internal port (torch.distributed
+    rendezvous, ZMQ, ``VLLM_PORT`` range); the port number is read from the line when it has one
+    and its holder (pid, command) from the kernel socket table.
+    """
+    if diag.id not in ("address-in-use", "internal-port-in-use"):
+        return diag
+    from m3ctl.runtime.base import port_holder, port_in_use  # noqa: PLC0415
+
+    m = _PORT_IN_LINE.search(diag.line)
+    port = int(m.group(1)) if m else None
+    if port == api_port or (port is None and port_in_use(host, api_port) and diag.id == "address-in-use"):
+        holder = port_holder(api_port)
+        return Diagnosis(diag.id, f"the API port {api_port} is already in use" + (f" (held by {holder})" if holder else ""),
+                         "pick another --port, or stop what holds it", diag.line)
+    where = f"internal port {port}" if port else "an internal port (the API port is free)"
+    holder = port_holder(port) if port else None
+    return Diagnosis("internal-port-in-use", f"PORT-IN-USE on {where}" + (f" held by {holder}" if holder else "")
+                     + ": vLLM's rendezvous/ZMQ ports collided, not the API port",
+                     "stop the stale vLLM (m3ctl status; ss -ltnp) or set VLLM_PORT / MASTER_PORT to free ports",
+                     diag.line)
+
+
 def diagnose_log(path: str | Path | None, tail_bytes: int = 2_000_000) -> Diagnosis | None:
     """Diagnose the last ``tail_bytes`` of a log file; None when there is no file or nothing found."""
     if not path:

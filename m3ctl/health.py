@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from m3ctl.diagnose import diagnose_log, diagnose_text
+from m3ctl.diagnose import diagnose_log, diagnose_text, explain_port_conflict
 from m3ctl.errors import LaunchFailed
 
 PHASES = ("process", "port", "health", "models", "completion")
@@ -111,6 +111,8 @@ def wait_ready(url: str, served_model_name: str, *, is_alive: Callable[[], bool]
     def fail(phase: str, what: str, hint: str | None = None) -> LaunchFailed:
         time.sleep(0.5)  # let the server flush the traceback to its log
         diag = diagnose_text(read_log()) if read_log else diagnose_log(log_path)
+        if diag:
+            diag = explain_port_conflict(diag, host, port_i)
         emit(PhaseEvent(phase, "fail", elapsed(), what))
         if diag:
             msg = f"{what} in phase '{phase}': {diag.cause} [{diag.line}]"

@@ -63,7 +63,7 @@ def preflight(plan: LaunchPlan, registry: Registry, runtime: Runtime | None = No
     ensure_port_free(plan.host, plan.port, registry)
     for var in INTERNAL_PORT_ENV:
         if plan.env.get(var, "").isdigit():
-            ensure_port_free(plan.host, int(plan.env[var]), registry, what=f"internal port {var}=")
+            ensure_port_free(plan.host, int(plan.env[var]), registry, what=f"internal port ({var})")
     if plan.runtime == "docker":
         rt = runtime or get_runtime("docker")
         rt.ensure_image(plan.image or "") if plan.image else None  # type: ignore[attr-defined]
