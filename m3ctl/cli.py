@@ -142,9 +142,96 @@ def _parse_args(pairs: list[str]) -> dict:
 
 SECRET_PASSTHROUGH = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY")
 
+# Plan overrides shared by `plan` and `serve` (the planner's typed knobs; raw vLLM args go after `--`).
+OptVariant = Annotated[Optional[str], typer.Option(help="Model variant (nvfp4, mxfp4, mxfp8, fp8, bf16); default: best native one that fits.")]
+OptTP = Annotated[Optional[int], typer.Option("--tp", help="Tensor parallel size.")]
+OptDP = Annotated[Optional[int], typer.Option("--dp", help="Data parallel size.")]
+OptDCP = Annotated[Optional[int], typer.Option("--dcp", help="Decode context parallel size (adds no GPUs).")]
+OptEP = Annotated[Optional[bool], typer.Option("--ep/--no-ep", help="Expert parallel on/off (default: profile strategy).")]
+OptDBO = Annotated[Optional[bool], typer.Option("--dbo/--no-dbo", help="Dual batch overlap (needs DP>1 + EP + DeepEP).")]
+OptSpecDepth = Annotated[Optional[int], typer.Option(help="Speculative tokens (0 = off); uses the model's drafter, else ngram.")]
+OptSpecMethod = Annotated[Optional[str], typer.Option(help="Speculative method override (ngram, dspark, eagle3, mtp...).")]
+OptKV = Annotated[Optional[str], typer.Option(help="KV cache dtype (validated per architecture and attention type).")]
+OptMML = Annotated[Optional[int], typer.Option(help="Max model length (tokens).")]
+OptSeqs = Annotated[Optional[int], typer.Option(help="Max concurrent sequences.")]
+OptMBT = Annotated[Optional[int], typer.Option(help="Max batched tokens per step.")]
+OptEmul = Annotated[bool, typer.Option(help="Accept a variant that runs only through a fallback kernel here (e.g. NVFP4 on Hopper).")]
+OptNoMC = Annotated[bool, typer.Option(help="Turn NVLink multicast off for multi-GPU launches (shared hosts).")]
+RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
 
-@app.command()
+
+def _plan_kwargs(ctx: typer.Context, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
+                 max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated, no_multicast) -> dict:
+    extra = list(ctx.args)
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    return dict(variant=variant, tp=tp, dp=dp, dcp=dcp, ep=ep, dbo=dbo, spec_depth=spec_depth,
+                spec_method=spec_method, kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
+                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, extra_args=extra,
+                allow_emulated=allow_emulated, no_multicast=no_multicast)
+
+
+def _print_plan(con, p) -> None:
+    con.print(f"[bold]plan[/] {p.name}: profile {p.profile}, runtime {p.runtime}, {p.url}"
+              + (f", model {escape(p.model_spec)}" if p.model_spec else "")
+              + (f", variant {p.variant}" if p.variant else "") + (f", image {escape(p.image)}" if p.image else ""))
+    for c in p.choices:
+        con.print(f"  {escape(c.what)} = {escape(c.value)}  [dim]({escape(c.why)})[/]")
+    for r in p.rejected:
+        con.print(f"  [dim]rejected {escape(r.what)} {escape(r.value)}: {escape(r.why)}[/]")
+    for w in p.warnings:
+        con.print(f"  [yellow]warning:[/] {escape(w)}")
+    if p.secret_env_names:
+        con.print(f"  env passed through (values hidden): {', '.join(p.secret_env_names)}")
+    con.print(escape(p.command_line()), soft_wrap=True)
+
+
+@app.command(context_settings=RAW_ARGS)
+def plan(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Option("--model", "-m", help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory.")] = "MiniMax-M3.1-Flash",
+    name: Annotated[str, typer.Option(help="Deployment name.")] = "m3ctl",
+    port: Annotated[int, typer.Option(help="API port.")] = 8000,
+    runtime: Annotated[str, typer.Option(help="process or docker.")] = "docker",
+    inventory: Annotated[Optional[Path], typer.Option(help="Plan for a saved inventory instead of this host.")] = None,
+    profile: Annotated[Optional[Path], typer.Option(help="Kernel profile YAML to use instead of the catalog's.")] = None,
+    arg: Annotated[Optional[list[str]], typer.Option("--arg", help="vllm serve flag override flag=value (repeatable).")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print {image, argv, env, explain, rejected} as JSON.")] = False,
+    emit: Annotated[Optional[str], typer.Option(help="Render as docker, compose, k8s or script.")] = None,
+    skip_checks: Annotated[bool, typer.Option(help="Report rule violations as warnings instead of rejecting.")] = False,
+    variant: OptVariant = None, tp: OptTP = None, dp: OptDP = None, dcp: OptDCP = None, ep: OptEP = None,
+    dbo: OptDBO = None, spec_depth: OptSpecDepth = None, spec_method: OptSpecMethod = None, kv_cache_dtype: OptKV = None,
+    max_model_len: OptMML = None, max_num_seqs: OptSeqs = None, max_num_batched_tokens: OptMBT = None,
+    allow_emulated: OptEmul = False, no_multicast: OptNoMC = False,
+) -> None:
+    """Plan a launch for this host (or --inventory FILE): image, argv, env, every choice explained; start nothing.
+
+    Raw vLLM flags go after `--`. A rule violation exits 3 naming the rule, the values and the fix.
+    """
+    from m3ctl.catalog import load_profile_file  # noqa: PLC0415
+    from m3ctl.hw.detect import detect  # noqa: PLC0415
+    from m3ctl.plan import plan as make_plan  # noqa: PLC0415
+
+    inv = _load_inventory(inventory) if inventory else detect()
+    secrets = [k for k in SECRET_PASSTHROUGH if os.environ.get(k)]
+    p = make_plan(inv, model, name=name, port=port, runtime=runtime,
+                  profile=load_profile_file(profile) if profile else None, overrides=_parse_args(arg or []),
+                  pass_env=secrets, skip_checks=skip_checks,
+                  **_plan_kwargs(ctx, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
+                                 max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated, no_multicast))
+    if emit:
+        from m3ctl.emit import render  # noqa: PLC0415
+
+        typer.echo(render(p, emit), nl=False)
+    elif json_out:
+        typer.echo(json.dumps(p.summary(), indent=2))
+    else:
+        _print_plan(_console(), p)
+
+
+@app.command(context_settings=RAW_ARGS)
 def serve(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", "-m", help="Local model directory or Hugging Face id.")],
     name: Annotated[str, typer.Option(help="Deployment name.")] = "m3ctl",
     port: Annotated[int, typer.Option(help="API port.")] = 8000,
@@ -163,8 +250,15 @@ def serve(
     mount: Annotated[Optional[list[str]], typer.Option("--mount", help="Extra docker bind mount HOST:CONTAINER[:ro|rw] (repeatable; read-only by default).")] = None,
     restart: Annotated[str, typer.Option(help="Foreground watchdog: no or on-failure (restart a dead/stalled server).")] = "no",
     watch_interval: Annotated[float, typer.Option(help="Foreground watchdog: seconds between liveness probes.")] = 10.0,
+    variant: OptVariant = None, tp: OptTP = None, dp: OptDP = None, dcp: OptDCP = None, ep: OptEP = None,
+    dbo: OptDBO = None, spec_depth: OptSpecDepth = None, spec_method: OptSpecMethod = None, kv_cache_dtype: OptKV = None,
+    max_model_len: OptMML = None, max_num_seqs: OptSeqs = None, max_num_batched_tokens: OptMBT = None,
+    allow_emulated: OptEmul = False, no_multicast: OptNoMC = False,
 ) -> None:
-    """Plan, launch and wait until the server really serves (then watch it, or return with --detach)."""
+    """Plan, launch and wait until the server really serves (then watch it, or return with --detach).
+
+    Raw vLLM flags go after `--`; they pass the same plan rules as everything else.
+    """
     from m3ctl import serve as serving  # noqa: PLC0415
     from m3ctl.catalog import load_profile_file  # noqa: PLC0415
     from m3ctl.hw.detect import detect  # noqa: PLC0415
@@ -180,24 +274,17 @@ def serve(
     p = make_plan(inv, model, name=name, port=port, host=host, served_model_name=served_model_name,
                   runtime=runtime, profile=prof,
                   overrides=_parse_args(arg or []), pass_env=list(secrets), startup_budget_s=startup_timeout,
-                  skip_checks=skip_checks)
-    if image:
-        if runtime != "docker":
-            raise BadInput("--image needs --runtime docker", "add --runtime docker")
-        p = p.model_copy(update={"image": image})
+                  skip_checks=skip_checks, image=image,
+                  **_plan_kwargs(ctx, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
+                                 max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated, no_multicast))
+    if image and runtime != "docker":
+        raise BadInput("--image needs --runtime docker", "add --runtime docker")
     con = _console()
     if dry_run:
         if json_out:
             typer.echo(p.model_dump_json(indent=2))
             return
-        con.print(f"[bold]plan[/] {p.name}: profile {p.profile}, runtime {p.runtime}, {p.url}")
-        for c in p.choices:
-            con.print(f"  {escape(c.what)} = {escape(c.value)}  [dim]({escape(c.why)})[/]")
-        for w in p.warnings:
-            con.print(f"  [yellow]warning:[/] {escape(w)}")
-        if p.secret_env_names:
-            con.print(f"  env passed through (values hidden): {', '.join(p.secret_env_names)}")
-        con.print(escape(p.command_line()), soft_wrap=True)
+        _print_plan(con, p)
         return
 
     def on_event(e) -> None:

@@ -49,7 +49,7 @@ def docker_command(plan: LaunchPlan) -> str:
     for k in plan.secret_env_names:
         cmd += ["-e", k]
     cmd.append(plan.image)
-    return " ".join(c if c.startswith(("$", '"')) else shlex.quote(c) for c in cmd) + " " + shlex.join(_serve_args(plan)[1:])
+    return " ".join(c if c.startswith(("$", '"')) else shlex.quote(c) for c in cmd) + " " + shlex.join(_serve_args(plan)[1:]) + "\n"
 
 
 def compose(plan: LaunchPlan) -> str:

@@ -421,7 +421,7 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     if violations and not skip_checks:
         v = violations[0]
         more = f" (+{len(violations) - 1} more)" if len(violations) > 1 else ""
-        alts = "; ".join(f"{r.what} {r.value}: {r.why}" for r in rejected)
+        alts = "; ".join(f"{r.what} {r.value}: {r.why}" for r in rejected) if v.rule in ("variant.native", "memory.fit") else ""
         raise ConfigRejected(f"rule {v.rule}: {v.message}{more}",
                              f"{v.fix} [source: {v.source}]" + (f"; alternatives rejected: {alts}" if alts else ""))
     if var and profile.arch in var.emulated_archs and allow_emulated:

@@ -1,0 +1,90 @@
+"""Golden plans for the real H200 capture and each synthetic host; emitted forms; CLI `plan`.
+
+Regenerate after an intended catalog change: M3CTL_UPDATE_GOLDEN=1 pytest tests/test_plan_golden.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import yaml
+
+from m3ctl.emit import render
+from m3ctl.errors import ConfigRejected
+from m3ctl.plan import plan
+from tests.conftest import run_cli
+from tests.hosts import ALL
+
+GOLDEN = Path(__file__).parent / "golden" / "plans"
+
+
+def _golden_for(host: str) -> dict:
+    inv = ALL[host]()
+    try:
+        p = plan(inv, "MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm")
+        out = p.summary()
+    except ConfigRejected as e:
+        out = {"rejected": e.message, "hint": e.hint}
+    # The 131072-token plan: what an operator of this host can run when the full context does not fit.
+    try:
+        p2 = plan(inv, "MiniMax-M3.1-Flash", runtime="docker", max_model_len=131072, allow_emulated=True,
+                  vllm_executable="vllm")
+        out2 = {"variant": p2.variant, "argv": p2.argv, "env": p2.env, "warnings": p2.warnings}
+    except ConfigRejected as e:
+        out2 = {"rejected": e.message}
+    return {"host": host, "default": out, "context_131072_allow_emulated": out2}
+
+
+@pytest.mark.parametrize("host", sorted(ALL))
+def test_golden_plan(host):
+    got = _golden_for(host)
+    path = GOLDEN / f"{host}.json"
+    if os.environ.get("M3CTL_UPDATE_GOLDEN") == "1" or not path.exists():
+        path.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
+    assert got == json.loads(path.read_text())
+
+
+def test_emit_forms_for_b200():
+    p = plan(ALL["b200x8"](), "MiniMax-M3.1-Flash", runtime="docker", pass_env=["HF_TOKEN"], vllm_executable="vllm")
+    d = render(p, "docker")
+    assert d.startswith("docker run -d --name m3ctl --ipc=host") and '--gpus "device=0,1,2,3,4,5,6,7"' in d
+    assert "vllm/vllm-openai:minimax-m3 MiniMaxAI/MiniMax-M3.1-Flash-NVFP4 --host 0.0.0.0" in d
+    assert "-e HF_TOKEN " in d
+    c = yaml.safe_load(render(p, "compose"))["services"]["m3ctl"]
+    assert c["image"] == "vllm/vllm-openai:minimax-m3" and c["environment"]["HF_TOKEN"] == "${HF_TOKEN}"
+    assert c["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"] == [str(i) for i in range(8)]
+    k = yaml.safe_load(render(p, "k8s"))
+    cont = k["spec"]["template"]["spec"]["containers"][0]
+    assert cont["resources"]["limits"]["nvidia.com/gpu"] == 8 and cont["startupProbe"]["httpGet"]["path"] == "/v1/models"
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "m3ctl-secrets", "key": "HF_TOKEN"}}} in cont["env"]
+    s = render(p, "script")
+    assert s.startswith("#!/usr/bin/env bash") and "exec vllm serve MiniMaxAI/MiniMax-M3.1-Flash-NVFP4" in s
+
+
+def test_emit_amd_devices():
+    p = plan(ALL["mi355xx8"](), "MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm")
+    d = render(p, "docker")
+    assert "--device /dev/kfd --device /dev/dri --group-add video --security-opt seccomp=unconfined" in d
+    assert "VLLM_ROCM_USE_AITER=1" in d and "--attention-backend TRITON_ATTN" in d
+
+
+def test_cli_plan_json_and_exit_codes(tmp_path):
+    inv = tmp_path / "b200.json"
+    inv.write_text(ALL["b200x8"]().model_dump_json())
+    p = run_cli("plan", "--inventory", str(inv), "--json")
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert set(d) >= {"image", "argv", "env", "explain", "rejected"} and d["variant"] == "nvfp4"
+    p = run_cli("plan", "--inventory", str(inv), "--dcp", "2")
+    assert p.returncode == 3 and p.stderr.startswith("error: rule parallel.dcp:")
+    p = run_cli("plan", "--inventory", str(inv), "--emit", "k8s")
+    assert p.returncode == 0 and yaml.safe_load(p.stdout)["kind"] == "Deployment"
+    p = run_cli("plan", "--inventory", str(inv), "--emit", "helm")
+    assert p.returncode == 2 and "unknown --emit format" in p.stderr
+    p = run_cli("plan", "--inventory", str(inv), "--variant", "nvfp5")
+    assert p.returncode == 2 and "did you mean 'nvfp4'" in p.stderr
+    p = run_cli("plan", "--inventory", str(inv), "--", "--max-num-seqs", "64")
+    assert p.returncode == 0 and "--max-num-seqs 64" in p.stdout
