@@ -226,7 +226,7 @@ def _engine_constraints(profile: Profile, f: Facts) -> list[Violation]:
 
 
 def _pick_variant(spec: ModelSpec, model: str, requested: str | None, arch: str, n_gpus: int, mem_mib: int | None,
-                  rejected: list[Rejected]) -> tuple[str | None, Variant | None, str]:
+                  rejected: list[Rejected], allow_emulated: bool = False) -> tuple[str | None, Variant | None, str]:
     if not spec.variants:
         return None, None, "model has no variants"
     if requested:
@@ -253,6 +253,10 @@ def _pick_variant(spec: ModelSpec, model: str, requested: str | None, arch: str,
                                          f"({usable:.0f} GiB usable) with KV headroom"))
             continue
         return vname, v, f"first variant with native kernels on {arch} that fits {n_gpus} GPU(s)"
+    if allow_emulated:
+        for vname, v in spec.variants.items():
+            if arch in v.emulated_archs and (usable is None or v.weights_gib <= usable * 0.9):
+                return vname, v, f"no native variant fits; emulated on {arch} accepted with --allow-emulated"
     if first_native:
         return first_native[0], first_native[1], f"native on {arch} (does not fit: see the memory rule)"
     vname, v = next(iter(spec.variants.items()))
@@ -316,7 +320,8 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
             warnings.append(f"{spec.name}: facts assumed from a sibling model (not public): {', '.join(spec.assumed)}; "
                             "a local config.json overrides them")
         if not local.local or variant:
-            vname, var, why = _pick_variant(spec, model, variant, profile.arch, max(1, n_gpus), mem, rejected)
+            vname, var, why = _pick_variant(spec, model, variant, profile.arch, max(1, n_gpus), mem, rejected,
+                                            allow_emulated)
             if vname:
                 choices.append(Choice(what="variant", value=f"{vname} ({var.precision})", why=why))
     elif not local.local:
