@@ -1,161 +1,995 @@
-"""``m3ctl doctor``: check by check, can a model be served here, how, and what to fix.
+"""``m3ctl doctor``: check by check, can a model be served here, how, and what exactly to fix.
 
-First version (the doctor issue deepens it): GPU detection with each declining probe's
-reason, kernel profile, the vLLM install (and which fix-up is missing), container engine,
-/dev/shm, disk at the model cache, the default port, offline settings, and optionally a
-model's constraints against the profile. Checks never print; the CLI renders the report.
+Checks are grouped (``gpu``, ``driver``, ``capability``, ``container``, ``host``, ``model``); each
+returns a :class:`CheckResult` ``(id, group, status, message, fix, details)`` with status
+``OK`` / ``WARN`` / ``FAIL`` / ``SKIP``. A check that raises becomes ``FAIL`` with its error (never a
+traceback), and the remaining checks still run. The report ends with a :class:`Verdict`:
+runnable natively / runnable with fallbacks (listed) / not runnable, plus the recommended image and
+kernel profile by name.
+
+Two kinds of checks:
+- inventory checks read only the :class:`~m3ctl.hw.inventory.HostInventory`, so a saved inventory
+  evaluated elsewhere (``--inventory FILE``) gives the same findings and the same verdict;
+- live checks (``host.python``, ``host.vllm``, ``net.ports``) look at the machine running doctor and
+  run only when it evaluates itself (``host_checks=True``). They never change the verdict.
+
+Facts come from data: m3ctl/data/capabilities.yaml (per-architecture capabilities with sources),
+m3ctl/data/architectures.yaml, the model catalog (m3ctl.catalog) and the field failures in
+shared/cases/field-failures.md (F01-F10, F14, F17) that the checks are tested against.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
+import socket
 import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from m3ctl import catalog, vllm_env
-from m3ctl.errors import M3Error
-from m3ctl.hw.inventory import HostInventory
-from m3ctl.runtime.base import port_in_use
+from m3ctl.hw import capabilities as caps
+from m3ctl.hw import visible as vismod
+from m3ctl.hw.inventory import HostInventory, sm_name
 
-Status = Literal["OK", "WARN", "FAIL", "INFO"]
+Status = Literal["OK", "WARN", "FAIL", "SKIP"]
+Group = Literal["gpu", "driver", "capability", "container", "host", "model"]
+DEFAULT_MODEL = "MiniMax-M3.1-Flash"
+INVENTORY_GROUPS = ("gpu", "driver", "capability", "container", "model")
 
 
-class Check(BaseModel):
-    """One check: name, status, a one-line message, optional detail lines and fix."""
+class CheckResult(BaseModel):
+    """One check.
 
-    name: str
+    Attributes:
+        id: stable dotted id, e.g. ``gpu.nvml_init`` (tests and scripts key on it).
+        group: ``gpu``, ``driver``, ``capability``, ``container``, ``host`` or ``model``.
+        status: ``OK``, ``WARN`` (proceeds, known risk), ``FAIL`` (blocking), ``SKIP`` (not applicable).
+        message: one line.
+        fix: what to do (for WARN/FAIL).
+        details: extra lines (``doctor -v``), e.g. sources and how a value was computed.
+    """
+
+    id: str
+    group: Group
     status: Status
     message: str
-    details: list[str] = Field(default_factory=list)
     fix: str | None = None
+    details: list[str] = Field(default_factory=list)
+
+
+class Verdict(BaseModel):
+    """The bottom line for one model on this host.
+
+    Attributes:
+        model, variant: what was evaluated (variant: the best one for the host unless given).
+        status: ``runnable_natively``, ``runnable_with_fallbacks``, ``not_runnable``.
+        summary: one line.
+        fallbacks: each fallback and what it costs.
+        blockers: the FAIL findings that make it not runnable.
+        tp: tensor-parallel size that fits (None when nothing fits).
+        context: the context length the fit was computed for (tokens); max_context: what fits at ``tp``.
+        image, profile: recommended image and kernel profile names (None when the catalog has none).
+        notes: e.g. "no kernel profile for 'hopper' yet", assumed model facts.
+    """
+
+    model: str
+    variant: str | None = None
+    status: Literal["runnable_natively", "runnable_with_fallbacks", "not_runnable"]
+    summary: str
+    fallbacks: list[str] = Field(default_factory=list)
+    blockers: list[str] = Field(default_factory=list)
+    tp: int | None = None
+    context: int | None = None
+    max_context: int | None = None
+    image: str | None = None
+    profile: str | None = None
+    notes: list[str] = Field(default_factory=list)
 
 
 class DoctorReport(BaseModel):
-    """The inventory evaluated and the checks, in order."""
+    """The inventory evaluated, the checks in order, and the verdict."""
 
     inventory: HostInventory
-    checks: list[Check]
+    checks: list[CheckResult]
+    verdict: Verdict
 
     @property
     def ok(self) -> bool:
         return not any(c.status == "FAIL" for c in self.checks)
 
+    def exit_code(self, strict: bool = False) -> int:
+        """0 when no FAIL (and, with ``strict``, no WARN); else 1."""
+        bad = {"FAIL", "WARN"} if strict else {"FAIL"}
+        return 1 if any(c.status in bad for c in self.checks) else 0
 
-def _gpu_check(inv: HostInventory) -> Check:
+    def check(self, check_id: str) -> CheckResult:
+        """The check with this id. Raises KeyError."""
+        for c in self.checks:
+            if c.id == check_id:
+                return c
+        raise KeyError(check_id)
+
+
+# ----------------------------------------------------------------------------- evaluation context
+@dataclass
+class ImageFacts:
+    """The image a launch would use: catalog name, CUDA/ROCm and vLLM versions, minimum driver."""
+
+    name: str
+    reference: str = ""
+    cuda_version: str | None = None
+    rocm_version: str | None = None
+    vllm_version: str | None = None
+    min_driver: str | None = None
+
+
+def image_facts_from_env(name: str, env: list[str]) -> ImageFacts:
+    """Image facts from ``docker image inspect`` ``Config.Env`` (``CUDA_VERSION=12.4.1``,
+    ``NVIDIA_REQUIRE_CUDA=cuda>=12.4 ...``). Source: NVIDIA CUDA base images set both
+    (https://gitlab.com/nvidia/container-images/cuda)."""
+    kv = dict(e.split("=", 1) for e in env if "=" in e)
+    cuda = kv.get("CUDA_VERSION")
+    req = kv.get("NVIDIA_REQUIRE_CUDA", "")
+    if not cuda and "cuda>=" in req:
+        cuda = req.split("cuda>=", 1)[1].split()[0]
+    cuda = ".".join(cuda.split(".")[:2]) if cuda else None
+    return ImageFacts(name=name, reference=name, cuda_version=cuda, rocm_version=kv.get("ROCM_VERSION"),
+                      vllm_version=kv.get("VLLM_VERSION"))
+
+
+@dataclass
+class VariantEval:
+    size: caps.VariantSize
+    features: list[caps.FeatureVerdict]
+    known_bad: caps.KnownBad | None
+    fit: caps.Fit
+    memory_unknown: bool = False
+
+    @property
+    def cap_rank(self) -> int:
+        return max((caps.RANK[f.status] for f in self.features), default=0)
+
+    @property
+    def runnable(self) -> bool:
+        return self.cap_rank < caps.RANK["unsupported"] and (self.fit.fits or self.memory_unknown)
+
+
+@dataclass
+class Ctx:
+    inv: HostInventory
+    model: str
+    model_explicit: bool
+    variant: str | None
+    context: int
+    kv_dtype: str
+    runtime: str
+    env: Mapping[str, str]
+    port: int
+    vis: vismod.Visibility
+    image: ImageFacts | None = None
+    image_note: str | None = None
+    profile: str | None = None
+    profile_note: str | None = None
+    sizing: caps.ModelSizing | None = None
+    local_model: bool = False
+    chosen: VariantEval | None = None
+    evals: list[VariantEval] | None = None
+
+    @property
+    def gpu_host(self) -> bool:
+        return bool(self.inv.gpus)
+
+
+def _arch(ctx: Ctx) -> str:
+    return ctx.inv.arch
+
+
+def _r(id_: str, group: Group, status: Status, message: str, fix: str | None = None,
+       details: list[str] | None = None) -> CheckResult:
+    return CheckResult(id=id_, group=group, status=status, message=message, fix=fix, details=details or [])
+
+
+# ----------------------------------------------------------------------------- gpu
+def check_gpu_detect(ctx: Ctx) -> CheckResult:
+    inv = ctx.inv
     reasons = [f"{d.probe}: {d.reason}" for d in inv.declined]
     if not inv.gpus:
-        return Check(name="gpu", status="WARN", message="no NVIDIA/AMD GPU found; CPU serving only",
-                     details=reasons, fix="MiniMax-M3.1-Flash needs GPUs; on this host m3ctl serves tiny local models")
-    names = sorted({f"{g.name} ({g.arch}, {'cc ' + g.compute_capability if g.compute_capability else g.gfx_target})"
-                    for g in inv.gpus})
+        if inv.driver.kernel_module_version or inv.driver.device_nodes:
+            return _r("gpu.detect", "gpu", "FAIL", "NVIDIA driver present but no GPU could be queried "
+                      "(see gpu.nvml_init); not falling back to CPU mode", "fix the driver first", reasons)
+        if inv.container.dev_kfd:
+            return _r("gpu.detect", "gpu", "WARN", "/dev/kfd exists but no AMD probe listed a GPU",
+                      "install amd-smi/rocm-smi or load the amdgpu driver", reasons)
+        return _r("gpu.detect", "gpu", "WARN", "no NVIDIA/AMD GPU found; CPU serving only",
+                  "MiniMax-M3.1-Flash needs GPUs; on this host m3ctl serves tiny local models", reasons)
+    names = sorted({f"{g.name} ({g.arch}, {sm_name(g)})" for g in inv.gpus})
     unknown = [g for g in inv.gpus if g.arch == "unknown"]
+    label = [f"inventory: {inv.label}"] if inv.label else []
     if unknown:
         g = unknown[0]
         ident = f"cc {g.compute_capability}" if g.compute_capability else (g.gfx_target or "?")
-        return Check(name="gpu", status="WARN", message=f"unknown {g.vendor} GPU, {ident}",
-                     details=reasons, fix="update m3ctl, or supply a profile with --profile FILE")
-    return Check(name="gpu", status="OK", message=f"{len(inv.gpus)} x {', '.join(names)} via {inv.probe}",
-                 details=reasons + [f"driver {inv.driver_version}, CUDA {inv.cuda_driver_version}"
-                                    if inv.vendor == "nvidia" else f"driver {inv.driver_version}"])
+        return _r("gpu.detect", "gpu", "WARN", f"unknown {g.vendor} GPU, {ident}",
+                  "update m3ctl (architecture table m3ctl/data/architectures.yaml), or pass --profile FILE to serve",
+                  label + reasons)
+    mixed = len({g.arch for g in inv.gpus}) > 1
+    return _r("gpu.detect", "gpu", "WARN" if mixed else "OK",
+              f"{len(inv.gpus)} x {', '.join(names)} via {inv.probe}",
+              "use one architecture per server (CUDA_VISIBLE_DEVICES)" if mixed else None, label + reasons)
 
 
-def _profile_check(inv: HostInventory) -> Check:
+_RELOAD = ("reboot; or, with no process using the GPU, reload the modules: "
+           "`sudo rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia`")
+
+
+def check_nvml_init(ctx: Ctx) -> CheckResult:
+    """F01: every driver/library mismatch form (NVML code 18, nvidia-smi text, /proc vs soname, dmesg)."""
+    inv, drv = ctx.inv, ctx.inv.driver
+    nvml = next((d for d in inv.declined if d.probe == "nvml"), None)
+    if inv.probe == "nvml":
+        return _r("gpu.nvml_init", "gpu", "OK", f"NVML initialised; driver {inv.driver_version}")
+    if inv.vendor == "amd" or (nvml is None and inv.probe not in ("nvidia-smi",)):
+        return _r("gpu.nvml_init", "gpu", "SKIP", "no NVIDIA driver on this host")
+    reason = nvml.reason if nvml else ""
+    smi = drv.smi_error or next((d.reason for d in inv.declined if d.probe == "nvidia-smi"), "") or ""
+    kmod = drv.kernel_module_version
+    lib = ", ".join(drv.nvml_library_versions) or None
+    dm_lib = None
+    if drv.dmesg_mismatch:
+        from m3ctl.hw.host import mismatch_versions  # noqa: PLC0415
+
+        mv = mismatch_versions(drv.dmesg_mismatch)
+        if mv:
+            dm_lib, kmod = mv[0], kmod or mv[1]
+    smi_lib = None
+    if "NVML library version:" in smi:
+        smi_lib = smi.split("NVML library version:", 1)[1].strip().split()[0]
+    lib_ver = lib or dm_lib or smi_lib
+    mismatch = ((nvml is not None and nvml.code == 18) or "mismatch" in reason.lower() or "mismatch" in smi.lower()
+                or bool(drv.dmesg_mismatch)
+                or (kmod and drv.nvml_library_versions and kmod not in drv.nvml_library_versions))
+    details = [x for x in (reason and f"nvml: {reason}", smi and f"nvidia-smi: {smi}",
+                           drv.dmesg_mismatch and f"dmesg: {drv.dmesg_mismatch}") if x]
+    if mismatch:
+        return _r("gpu.nvml_init", "gpu", "FAIL",
+                  f"NVIDIA driver/library version mismatch: kernel module {kmod or '?'}, "
+                  f"userspace NVML library {lib_ver or '?'} (driver upgraded without reboot)", _RELOAD, details)
+    if inv.probe == "nvidia-smi":
+        return _r("gpu.nvml_init", "gpu", "WARN", f"NVML unusable ({reason}); GPUs found through nvidia-smi",
+                  "install nvidia-ml-py in this environment (vLLM uses NVML to detect CUDA)", details)
+    if kmod and "Library Not Found" in reason:
+        return _r("gpu.nvml_init", "gpu", "FAIL", f"NVIDIA kernel module {kmod} is loaded but libnvidia-ml is missing",
+                  "install the NVIDIA userspace driver matching the kernel module", details)
+    if kmod or drv.device_nodes or (reason and "Library Not Found" not in reason and "not importable" not in reason):
+        return _r("gpu.nvml_init", "gpu", "FAIL", f"NVML init failed: {reason or smi}",
+                  "check the driver: `nvidia-smi`; " + _RELOAD, details)
+    return _r("gpu.nvml_init", "gpu", "SKIP", "no NVIDIA driver on this host", details=details)
+
+
+def check_visible_devices(ctx: Ctx) -> CheckResult:
+    """F02 (UUID/MIG syntax) and F05 (ROCR + HIP/CUDA double masking)."""
+    v = ctx.vis
+    if not ctx.gpu_host:
+        set_vars = sorted(ctx.inv.visible_devices)
+        return _r("gpu.visible_devices", "gpu", "SKIP",
+                  "no GPU" + (f" ({', '.join(set_vars)} set)" if set_vars else ""))
+    details = v.notes + [f"visible: {u.label}" for u in v.units]
+    if v.problems:
+        return _r("gpu.visible_devices", "gpu", "FAIL", "; ".join(v.problems),
+                  "use integer indices, full GPU-/MIG- UUIDs or unique prefixes that exist here; one MIG slice per "
+                  "server; on AMD set only one of ROCR_/HIP_/CUDA_VISIBLE_DEVICES", details + v.warnings)
+    if v.warnings:
+        return _r("gpu.visible_devices", "gpu", "WARN", "; ".join(v.warnings),
+                  "set a single variable (m3ctl serve exports one and unsets the others)", details)
+    what = ", ".join(u.label for u in v.units)
+    how = f" (from {', '.join(v.controlled_by)})" if v.controlled_by else ""
+    return _r("gpu.visible_devices", "gpu", "OK", f"{len(v.units)} visible{how}: {what}", details=details)
+
+
+def check_mig(ctx: Ctx) -> CheckResult:
+    """F03: MIG slices use their own memory; NoPermission queries are n/a, detection marked degraded."""
+    migged = [g for g in ctx.inv.gpus if g.mig_mode]
+    degraded = sorted({q for g in ctx.inv.gpus for q in g.unavailable})
+    if not migged:
+        if degraded:
+            return _r("gpu.mig", "gpu", "WARN", f"degraded detection: {', '.join(degraded)} n/a",
+                      "run doctor with access to the full GPU for complete readings")
+        return _r("gpu.mig", "gpu", "SKIP", "MIG disabled" if ctx.gpu_host else "no GPU")
+    parts, details = [], []
+    for g in migged:
+        if g.mig_devices:
+            sl = ", ".join(f"{m.name or m.uuid} {m.memory_total_mib / 1024:.1f} GiB" if m.memory_total_mib else
+                           f"{m.name or m.uuid} n/a (MIG)" for m in g.mig_devices)
+            parts.append(f"GPU {g.index}: {len(g.mig_devices)} slice(s): {sl}")
+        else:
+            parts.append(f"GPU {g.index}: MIG on, no slice visible")
+        if g.memory_total_mib:
+            details.append(f"GPU {g.index} parent memory {g.memory_total_mib} MiB is NOT used for the fit")
+    details.append(f"capability checks use the parent GPU's architecture ({ctx.inv.arch})")
+    msg = "MIG enabled; memory fit uses slice memory; " + "; ".join(parts)
+    if degraded:
+        return _r("gpu.mig", "gpu", "WARN", f"{msg}; degraded detection: {', '.join(degraded)} n/a (MIG)",
+                  None, details)
+    return _r("gpu.mig", "gpu", "OK", msg, details=details)
+
+
+def check_links(ctx: Ctx) -> CheckResult:
+    inv = ctx.inv
+    if len(inv.gpus) < 2:
+        return _r("gpu.links", "gpu", "SKIP", "fewer than 2 GPUs")
+    if not inv.links:
+        return _r("gpu.links", "gpu", "OK", "GPU-GPU links not reported by this probe")
+    kinds = sorted({lk.kind for lk in inv.links})
+    det = [f"GPU{lk.a}-GPU{lk.b}: {lk.kind} {lk.detail}" for lk in inv.links]
+    if kinds == ["nvlink"]:
+        n = min(lk.count or 0 for lk in inv.links)
+        return _r("gpu.links", "gpu", "OK", f"NVLink (NV{n}) between every GPU pair ({len(inv.links)} pair(s))"
+                  + ("; NVSwitch fabric" if inv.nvswitch else ""), details=det)
+    if kinds == ["xgmi"]:
+        return _r("gpu.links", "gpu", "OK", f"XGMI between all {len(inv.links)} GPU pairs", details=det)
+    return _r("gpu.links", "gpu", "WARN", f"links: {', '.join(kinds)}; tensor parallelism over PCIe is slow",
+              "prefer TP within an NVLink/XGMI domain; consider pipeline or data parallelism across PCIe", det)
+
+
+def check_fabric_manager(ctx: Ctx) -> CheckResult:
+    """F07: NVSwitch hosts need fabric state COMPLETED and a fabric manager matching the driver."""
+    inv = ctx.inv
+    if not inv.nvswitch:
+        return _r("gpu.fabric_manager", "gpu", "SKIP", "no NVSwitch fabric")
+    states = sorted({g.fabric_state or "unknown" for g in inv.gpus})
+    fm = inv.fabric_manager
+    det = [f"fabric state per GPU: {[g.fabric_state for g in inv.gpus]}",
+           f"nvidia-fabricmanager: active={fm.active} version={fm.version} ({fm.detail})"]
+    fix = f"start/upgrade nvidia-fabricmanager to {inv.driver_version}: `sudo systemctl enable --now nvidia-fabricmanager`"
+    if states == ["completed"]:
+        if fm.version and inv.driver_version and fm.version != inv.driver_version:
+            return _r("gpu.fabric_manager", "gpu", "WARN", f"fabric COMPLETED but fabric manager {fm.version} != driver "
+                      f"{inv.driver_version}", fix, det)
+        return _r("gpu.fabric_manager", "gpu", "OK", "NVSwitch fabric state COMPLETED on every GPU", details=det)
+    if states == ["in_progress"]:
+        return _r("gpu.fabric_manager", "gpu", "WARN", "NVSwitch fabric still IN_PROGRESS (just booted?)",
+                  "wait and re-run doctor; if it stays, " + fix, det)
+    if states == ["unknown"] and fm.active is not False:
+        return _r("gpu.fabric_manager", "gpu", "WARN", "NVSwitch topology but the fabric state is not readable",
+                  "check `nvidia-smi -q | grep -A2 Fabric`", det)
+    why = [f"fabric state {', '.join(s.upper() for s in states)}"]
+    if fm.active is False:
+        why.append(f"nvidia-fabricmanager {fm.detail or 'inactive'}")
+    if fm.version and inv.driver_version and fm.version != inv.driver_version:
+        why.append(f"fabric manager {fm.version} != driver {inv.driver_version}")
+    return _r("gpu.fabric_manager", "gpu", "FAIL",
+              f"NVSwitch fabric not ready ({'; '.join(why)}): CUDA init fails with error 802 'system not yet initialized'",
+              fix, det)
+
+
+def check_cuda_init(ctx: Ctx) -> CheckResult:
+    ci = ctx.inv.cuda_init
+    if ci is None:
+        return _r("gpu.cuda_init", "gpu", "SKIP", "cuInit not tried (no libcuda or no NVIDIA GPU)")
+    if ci == "ok":
+        return _r("gpu.cuda_init", "gpu", "OK", "cuInit(0) succeeded")
+    fix = "see the driver checks above"
+    if ci.startswith("error 802"):
+        fix = "start nvidia-fabricmanager (NVSwitch systems) and re-run"
+    elif ci.startswith("error 804"):
+        fix = "the CUDA forward-compat libraries do not support this GPU; use an image whose CUDA <= the driver's"
+    return _r("gpu.cuda_init", "gpu", "FAIL", f"cuInit(0) failed: {ci}", fix)
+
+
+# ----------------------------------------------------------------------------- driver
+def check_driver_version(ctx: Ctx) -> CheckResult:
+    inv = ctx.inv
+    if inv.vendor == "nvidia":
+        return _r("driver.version", "driver", "OK", f"NVIDIA driver {inv.driver_version}, supports CUDA up to "
+                  f"{inv.cuda_driver_version or '?'}")
+    if inv.vendor == "amd":
+        if not inv.rocm_version and ctx.runtime == "process":
+            return _r("driver.version", "driver", "WARN", f"amdgpu driver {inv.driver_version or '?'}; no ROCm "
+                      "userspace found (/opt/rocm)", "install ROCm 7.2+ or use the ROCm vLLM image (docker)")
+        return _r("driver.version", "driver", "OK", f"amdgpu driver {inv.driver_version or '?'}, ROCm "
+                  f"{inv.rocm_version or 'n/a (image provides it)'}")
+    return _r("driver.version", "driver", "SKIP", "no GPU driver")
+
+
+def check_amdsmi(ctx: Ctx) -> CheckResult:
+    """F04: vLLM's ROCm platform detection needs the amdsmi Python module in the serving environment."""
+    inv = ctx.inv
+    if inv.vendor != "amd":
+        return _r("driver.amdsmi", "driver", "SKIP", "not an AMD host")
+    if inv.probe == "amdsmi":
+        return _r("driver.amdsmi", "driver", "OK", "amdsmi Python module works (vLLM will detect ROCm)")
+    why = next((d.reason for d in inv.declined if d.probe == "amdsmi"), "not importable")
+    if ctx.runtime == "docker":
+        return _r("driver.amdsmi", "driver", "OK", f"GPUs found via {inv.probe}; host amdsmi unusable ({why}) but the "
+                  "ROCm vLLM image ships amdsmi", details=[f"detection path: {inv.probe}"])
+    return _r("driver.amdsmi", "driver", "FAIL",
+              f"GPUs found via {inv.probe}, but {why}: vLLM will not detect ROCm (UnspecifiedPlatform)",
+              "install amdsmi from /opt/rocm/share/amd_smi (`pip install /opt/rocm/share/amd_smi`), "
+              "or use the ROCm vLLM image (--runtime docker)", [f"detection path: {inv.probe}"])
+
+
+def check_image_cuda(ctx: Ctx) -> CheckResult:
+    """F06: image CUDA newer than the driver supports -> error 804 on non-datacenter GPUs."""
+    inv, img = ctx.inv, ctx.image
+    if inv.vendor != "nvidia":
+        return _r("image.cuda_vs_driver", "driver", "SKIP", "not an NVIDIA host")
+    if img is None or not img.cuda_version:
+        return _r("image.cuda_vs_driver", "driver", "SKIP", ctx.image_note or "no image CUDA version known")
+    drv_cuda = inv.cuda_driver_version
+    det = [f"image {img.name}: CUDA {img.cuda_version}; driver {inv.driver_version} supports CUDA {drv_cuda}"]
+    need = caps.min_driver_for_cuda(img.cuda_version)
+    if img.min_driver and inv.driver_version and caps.version_lt(inv.driver_version, img.min_driver):
+        det.append(f"image requires driver >= {img.min_driver}")
+    if not drv_cuda or not caps.version_lt(drv_cuda, img.cuda_version):
+        return _r("image.cuda_vs_driver", "driver", "OK", f"image {img.name} CUDA {img.cuda_version} <= driver's "
+                  f"CUDA {drv_cuda}", details=det)
+    consumer = any(caps.is_consumer_gpu(g.name, g.brand) for g in inv.gpus)
+    alt = _older_image(ctx, drv_cuda)
+    fix = (f"upgrade the driver to >= {need} (CUDA {img.cuda_version})" if need else "upgrade the driver") + (
+        f", or use image {alt}" if alt else f"; no m3ctl-validated image has CUDA <= {drv_cuda}")
+    det.append(f"source: {caps.table().forward_compat.source}; {caps.table().cuda_min_driver.source}")
+    if consumer:
+        return _r("image.cuda_vs_driver", "driver", "FAIL",
+                  f"image {img.name} needs CUDA {img.cuda_version} but driver {inv.driver_version} supports CUDA "
+                  f"{drv_cuda}; forward compatibility does not work on {inv.gpus[0].name} (CUDA error 804)", fix, det)
+    return _r("image.cuda_vs_driver", "driver", "WARN",
+              f"image {img.name} needs CUDA {img.cuda_version} > driver's {drv_cuda}: relies on the cuda-compat "
+              "forward-compatibility libraries (datacenter GPUs only)", fix, det)
+
+
+def _older_image(ctx: Ctx, max_cuda: str) -> str | None:
     try:
-        p = catalog.profile_for_arch(inv.arch)
-    except M3Error as e:
-        return Check(name="profile", status="FAIL", message=e.message, fix=e.hint)
-    return Check(name="profile", status="OK", message=f"kernel profile {p.name!r} for {inv.arch}",
-                 details=[p.description] if p.description else [])
+        from m3ctl import catalog  # noqa: PLC0415
+
+        imgs = [i for i in catalog.images().values() if i.vendor == "nvidia" and i.cuda_version
+                and not caps.version_lt(max_cuda, i.cuda_version) and (ctx.inv.arch in i.archs)]
+    except Exception:  # noqa: BLE001 - catalog trouble: no suggestion
+        return None
+    imgs.sort(key=lambda i: caps._vtuple(i.cuda_version), reverse=True)
+    return imgs[0].name if imgs else None
 
 
-def _vllm_check() -> Check:
+# ----------------------------------------------------------------------------- capability
+def check_arch(ctx: Ctx) -> CheckResult:
+    if not ctx.gpu_host:
+        return _r("capability.arch", "capability", "SKIP", "no GPU")
+    arch = _arch(ctx)
+    row = caps.table().archs.get(arch)
+    if row is None:
+        g = ctx.inv.gpus[0]
+        return _r("capability.arch", "capability", "WARN",
+                  f"no capability data for {arch} ({sm_name(g)}): unknown {g.vendor} GPU", "update m3ctl")
+    return _r("capability.arch", "capability", "OK", f"{arch} ({row.sm}): {len(row.features)} capability rows",
+              details=[f"{k}: {f.status} ({f.source})" for k, f in row.features.items()])
+
+
+def _feature_result(id_: str, fvs: list[caps.FeatureVerdict], what: str) -> CheckResult:
+    worst = max(fvs, key=lambda f: caps.RANK[f.status])
+    det = [f"{f.name}: {f.status}" + (f" via {f.row.backend}" if f.row and f.row.backend else "")
+           + (f"; {f.note}" if f.note else "") + f" (source: {f.source})" for f in fvs]
+    if worst.status in ("native", "supported"):
+        how = "; ".join(f"{f.name} {f.status}" + (f" ({f.row.backend})" if f.row and f.row.backend else "") for f in fvs)
+        return _r(id_, "capability", "OK", f"{what}: {how}", details=det)
+    if worst.status == "unsupported":
+        return _r(id_, "capability", "FAIL", f"{what}: {worst.name} is not supported here"
+                  + (f" ({worst.note})" if worst.note else ""), "pick another variant (--variant) or GPU", det)
+    if worst.status == "fallback":
+        fb = [f for f in fvs if f.status == "fallback"]
+        msg = "; ".join(f"{f.name} falls back to {f.row.fallback if f.row else '?'}: {f.row.cost if f.row else ''}"
+                        for f in fb)
+        return _r(id_, "capability", "WARN", f"{what}: no native path: {msg}",
+                  "use hardware with a native path, or a variant this GPU runs natively", det)
+    return _r(id_, "capability", "WARN", f"{what}: {worst.name} is {worst.status} on this architecture"
+              + (f" ({worst.note})" if worst.note else ""), "expect to validate it yourself; prefer a validated variant", det)
+
+
+def check_quantization(ctx: Ctx) -> CheckResult:
+    if ctx.chosen is None:
+        return _r("capability.quantization", "capability", "SKIP", _no_model_reason(ctx))
+    prec = ctx.chosen.size.precision
+    need = set(caps.table().precisions.get(prec, []))
+    fvs = [f for f in ctx.chosen.features if f.name in need]
+    if not fvs:
+        return _r("capability.quantization", "capability", "OK", f"{ctx.chosen.size.name} ({prec}) needs no special kernels")
+    return _feature_result("capability.quantization", fvs, f"{ctx.chosen.size.name} ({prec}) weights on {_arch(ctx)}")
+
+
+def check_sparse_attention(ctx: Ctx) -> CheckResult:
+    if ctx.chosen is None or ctx.sizing is None:
+        return _r("capability.sparse_attention", "capability", "SKIP", _no_model_reason(ctx))
+    need = set(caps.table().attention_features.get(ctx.sizing.attention, []))
+    fvs = [f for f in ctx.chosen.features if f.name in need]
+    if not fvs:
+        return _r("capability.sparse_attention", "capability", "SKIP", f"{ctx.sizing.attention} attention needs no check")
+    return _feature_result("capability.sparse_attention", fvs, f"{ctx.sizing.attention.upper()} attention on {_arch(ctx)}")
+
+
+def check_kv_dtype(ctx: Ctx) -> CheckResult:
+    """F10: the KV cache dtype is validated against the capability table, never just passed through."""
+    if not ctx.gpu_host:
+        return _r("capability.kv_cache_dtype", "capability", "SKIP", "no GPU")
+    table = caps.table().kv_cache_dtypes
+    dt = ctx.kv_dtype
+    if dt not in table:
+        return _r("capability.kv_cache_dtype", "capability", "FAIL",
+                  f"--kv-cache-dtype {dt}: no validated row for {_arch(ctx)} (engine would fail at init)",
+                  f"use one of: {', '.join(k for k in table if _kv_ok(ctx, k))}")
+    feat = table[dt]
+    if feat is None:
+        return _r("capability.kv_cache_dtype", "capability", "OK", f"KV cache {dt} (model dtype)")
+    img_cuda = ctx.image.cuda_version if ctx.image else None
+    fv = caps.evaluate_feature(_arch(ctx), feat, engine_version=ctx.image.vllm_version if ctx.image else None,
+                               image_cuda=img_cuda)
+    res = _feature_result("capability.kv_cache_dtype", [fv], f"KV cache {dt}")
+    if res.status != "OK":
+        ok = [k for k in table if _kv_ok(ctx, k)]
+        res = res.model_copy(update={"fix": f"use --kv-cache-dtype {' or '.join(ok)} on {_arch(ctx)} "
+                                            "(M3.1-Flash default: auto until an FP8-KV row is validated)"})
+    return res
+
+
+def _kv_ok(ctx: Ctx, dt: str) -> bool:
+    feat = caps.table().kv_cache_dtypes.get(dt)
+    return feat is None or caps.evaluate_feature(_arch(ctx), feat).status in ("native", "supported")
+
+
+def check_known_bad(ctx: Ctx) -> CheckResult:
+    """F08: a combination that ran but produced garbage in the field is a WARN with its source."""
+    if ctx.chosen is None:
+        return _r("capability.known_bad", "capability", "SKIP", _no_model_reason(ctx))
+    kb = ctx.chosen.known_bad
+    if kb is None:
+        return _r("capability.known_bad", "capability", "OK",
+                  f"no known-bad report for {ctx.sizing.family if ctx.sizing else '?'} {ctx.chosen.size.precision} "
+                  f"on {_arch(ctx)}")
+    return _r("capability.known_bad", "capability", "WARN", f"known-bad: {kb.note}",
+              "prefer an FP8/BF16 variant on this GPU, or a GPU with native FP4 (Blackwell); m3ctl serve also runs "
+              "a correctness smoke test", [f"source: {kb.source}"])
+
+
+# ----------------------------------------------------------------------------- container
+def check_engine(ctx: Ctx) -> CheckResult:
+    c = ctx.inv.container
+    if c.docker_reachable:
+        return _r("container.engine", "container", "OK", f"Docker {c.docker_version} at {c.docker_socket}"
+                  + (f"; runtimes: {', '.join(c.runtimes)}" if c.runtimes else ""))
+    extra = f"; Podman socket at {c.podman_socket}" if c.podman_socket else ""
+    return _r("container.engine", "container", "WARN", f"Docker not reachable: {c.docker_error or 'not probed'}{extra}",
+              "start dockerd or set DOCKER_HOST; `--runtime process` works without it")
+
+
+def check_nvidia_runtime(ctx: Ctx) -> CheckResult:
+    c = ctx.inv.container
+    if ctx.inv.vendor != "nvidia":
+        return _r("container.nvidia_runtime", "container", "SKIP", "not an NVIDIA host")
+    if not c.docker_reachable:
+        return _r("container.nvidia_runtime", "container", "SKIP", "Docker not reachable")
+    if "nvidia" in c.runtimes:
+        return _r("container.nvidia_runtime", "container", "OK", "NVIDIA container runtime registered with Docker")
+    return _r("container.nvidia_runtime", "container", "WARN", "NVIDIA container runtime not registered with Docker "
+              f"(runtimes: {', '.join(c.runtimes) or 'none'})",
+              "install nvidia-container-toolkit and run `sudo nvidia-ctk runtime configure --runtime=docker`")
+
+
+def check_devices(ctx: Ctx) -> CheckResult:
+    c = ctx.inv.container
+    if ctx.inv.vendor != "amd":
+        return _r("container.devices", "container", "SKIP", "not an AMD host")
+    missing = [p for p, ok in (("/dev/kfd", c.dev_kfd), ("/dev/dri", c.dev_dri)) if not ok]
+    if not missing:
+        return _r("container.devices", "container", "OK", "/dev/kfd and /dev/dri present (docker --device both)")
+    return _r("container.devices", "container", "FAIL" if ctx.runtime == "docker" else "WARN",
+              f"{' and '.join(missing)} missing", "load the amdgpu driver; add the user to the video/render groups")
+
+
+# ----------------------------------------------------------------------------- host
+def check_python(ctx: Ctx) -> CheckResult:
+    ok = sys.version_info >= (3, 11)
+    return _r("host.python", "host", "OK" if ok else "FAIL", f"Python {sys.version.split()[0]}",
+              None if ok else "use Python 3.11 or newer")
+
+
+def check_cpu(ctx: Ctx) -> CheckResult:
+    inv = ctx.inv
+    mem = f", {inv.memory_total_mib / 1024:.0f} GiB RAM" if inv.memory_total_mib else ""
+    numa = f", {inv.numa_nodes} NUMA node(s)" if inv.numa_nodes else ""
+    gpu_numa = sorted({g.numa_node for g in inv.gpus if g.numa_node is not None})
+    det = [f"GPU NUMA nodes: {gpu_numa}"] if gpu_numa else []
+    return _r("host.cpu", "host", "OK", f"{inv.cpu_count} CPUs ({inv.cpu_model or 'model n/a'}){numa}{mem}", details=det)
+
+
+def _planned_tp(ctx: Ctx) -> int:
+    if ctx.chosen is not None and ctx.chosen.fit.fits:
+        return ctx.chosen.fit.tp
+    return max(1, len(ctx.vis.units))
+
+
+def check_shm(ctx: Ctx) -> CheckResult:
+    """F14: /dev/shm too small for NCCL; in a container WARN below the floor, FAIL when TP > 1."""
+    inv = ctx.inv
+    h = caps.table().host
+    if inv.shm_bytes is None:
+        return _r("host.shm", "host", "WARN", "/dev/shm not found", "mount a tmpfs at /dev/shm (containers: --ipc=host)")
+    gib = inv.shm_bytes / 2**30
+    tp = _planned_tp(ctx) if ctx.gpu_host else 1
+    floor = h.shm_gib_per_rank * tp
+    where = "in a container" if inv.container.in_container else "on the host"
+    if gib >= floor or not ctx.gpu_host:
+        return _r("host.shm", "host", "OK", f"/dev/shm {gib:.1f} GiB {where}")
+    fix = (f"restart the container with --ipc=host, or --shm-size {int(floor)}g --ulimit memlock=-1 "
+           f"(floor {h.shm_gib_per_rank:g} GiB per rank; m3ctl serve adds --ipc=host)")
+    det = [f"source: {h.shm_source}"]
+    status: Status = "FAIL" if inv.container.in_container and tp > 1 else "WARN"
+    return _r("host.shm", "host", status, f"/dev/shm is {gib * 1024:.0f} MiB {where}, below the {floor:g} GiB floor for "
+              f"TP={tp}: NCCL fails with 'Error while creating shared memory segment'", fix, det)
+
+
+def check_disk(ctx: Ctx) -> CheckResult:
+    inv = ctx.inv
+    if inv.model_cache_free_bytes is None:
+        return _r("host.disk", "host", "SKIP", "model cache free space unknown")
+    free = inv.model_cache_free_bytes / 2**30
+    need = ctx.chosen.size.weights_gib if ctx.chosen else 20.0
+    status: Status = "OK" if free >= need else "WARN"
+    return _r("host.disk", "host", status, f"{free:.0f} GiB free at the model cache {inv.model_cache}",
+              None if status == "OK" else f"free space: the weights need about {need:.0f} GiB")
+
+
+def check_hub(ctx: Ctx) -> CheckResult:
+    env = ctx.inv.hf_env
+    off = [k for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if env.get(k, "").lower() in ("1", "true", "yes")]
+    token = "HF token set" if ctx.inv.hf_token_set else "no HF token"
+    det = [f"{k}={v}" for k, v in env.items() if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")]
+    msg = f"offline mode ({', '.join(off)}): only cached models; {token}" if off else f"online mode; {token}"
+    return _r("host.hub", "host", "OK", msg, details=det)
+
+
+def check_vllm(ctx: Ctx) -> CheckResult:
+    from m3ctl import vllm_env  # noqa: PLC0415
+
     rep = vllm_env.check_install()
     if rep.ok:
-        return Check(name="vllm", status="OK", message=f"{rep.vllm_dist} {rep.version} installed",
-                     details=[f"python {sys.executable}"])
-    return Check(name="vllm", status="FAIL" if rep.vllm_dist else "WARN",
-                 message=rep.problems[0], details=rep.problems[1:],
-                 fix="run `m3ctl dev fix-vllm`" if rep.fixable else "install vLLM (pip install 'm3ctl[cpu]' on CPU)")
+        return _r("host.vllm", "host", "OK", f"{rep.vllm_dist} {rep.version} installed", details=[f"python {sys.executable}"])
+    return _r("host.vllm", "host", "FAIL" if rep.vllm_dist else ("WARN" if ctx.runtime == "process" else "SKIP"),
+              rep.problems[0] if rep.problems else "vLLM not installed", (
+                  "run `m3ctl dev fix-vllm`" if rep.fixable else "install vLLM, or use --runtime docker"), rep.problems[1:])
 
 
-def _docker_check() -> Check:
-    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-    if host.startswith("unix://") and not Path(host[7:]).exists():
-        return Check(name="container engine", status="WARN", message=f"no Docker socket at {host[7:]}",
-                     fix="start dockerd or set DOCKER_HOST; `--runtime process` works without it")
+def _bound(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return True
+    return False
+
+
+def check_ports(ctx: Ctx) -> CheckResult:
+    """F17: the API port and the internal ports (VLLM_PORT, MASTER_PORT) must be free; name the holder."""
+    from m3ctl.hw.host import port_owner  # noqa: PLC0415
+
+    ports = {ctx.port: "API port"}
+    for var in ("VLLM_PORT", "MASTER_PORT"):
+        v = ctx.env.get(var, "")
+        if v.isdigit():
+            ports.setdefault(int(v), f"{var} (internal rendezvous)")
+    busy, det = [], []
+    for port, what in ports.items():
+        if _bound(port):
+            owner = port_owner(port)
+            who = f"pid {owner[0]} ({owner[1]})" if owner and owner[0] > 0 else "another user's process"
+            busy.append(f"PORT-IN-USE {port} ({what}) held by {who}")
+        else:
+            det.append(f"{port} ({what}) free")
+    if busy:
+        return _r("net.ports", "host", "FAIL", "; ".join(busy),
+                  "stop that process, pick another --port, or unset/change VLLM_PORT/MASTER_PORT "
+                  "(m3ctl serve assigns free internal ports itself)", det)
+    return _r("net.ports", "host", "OK", ", ".join(f"{p} free" for p in ports), details=list(ports.values()))
+
+
+# ----------------------------------------------------------------------------- model
+def _no_model_reason(ctx: Ctx) -> str:
+    if not ctx.gpu_host:
+        return "no GPU"
+    if ctx.local_model:
+        return "local model directory: checked by model.plan"
+    if ctx.sizing is None:
+        return f"no sizing facts for {ctx.model}"
+    return "no variant evaluated"
+
+
+def check_memory_fit(ctx: Ctx) -> CheckResult:
+    if ctx.local_model:
+        return _r("model.memory_fit", "model", "SKIP", "local model: see model.plan")
+    if ctx.sizing is None:
+        status: Status = "FAIL" if ctx.model_explicit else "SKIP"
+        return _r("model.memory_fit", "model", status, f"unknown model {ctx.model!r}: no sizing facts",
+                  "use a catalog model name (MiniMax-M3.1-Flash, MiniMax-M3) or a local model directory")
+    if not ctx.gpu_host:
+        if ctx.model_explicit:
+            return _r("model.memory_fit", "model", "FAIL", f"{ctx.sizing.name} needs GPUs; none found",
+                      "run on a GPU host, or evaluate a captured one with --inventory FILE")
+        return _r("model.memory_fit", "model", "SKIP", "no GPU")
+    if ctx.chosen is None:
+        return _r("model.memory_fit", "model", "FAIL", f"variant {ctx.variant!r} unknown for {ctx.sizing.name}",
+                  f"use one of: {', '.join(v.name for v in ctx.sizing.variants)}")
+    ev, s = ctx.chosen, ctx.sizing
+    f = ev.fit
+    kvpt = s.kv_bytes_per_token(ctx.kv_dtype)
+    det = [f"KV per token: {kvpt / 1024:.0f} KiB ({s.num_layers} layers x {s.num_kv_heads} KV heads x {s.head_dim} x "
+           f"K,V in {ctx.kv_dtype}); KV shards at TP={f.tp}: {min(f.tp, s.num_kv_heads)}",
+           f"per GPU: {f.unit_gib:.1f} GiB x {caps.table().host.gpu_memory_utilization} - "
+           f"{caps.table().host.overhead_gib_per_gpu:g} GiB overhead = {f.per_gpu_budget_gib:.1f} GiB usable",
+           f"model facts: {s.source}" + (" (ASSUMED values: not published)" if s.assumed else "")]
+    for other in ctx.evals or []:
+        if other is not ev:
+            det.append(f"variant {other.size.name}: {'fits at TP=' + str(other.fit.tp) if other.fit.fits else 'does not fit'}"
+                       f", capability {max((fv.status for fv in other.features), key=lambda x: caps.RANK[x], default='native')}")
+    what = f"{s.name} {ev.size.name} ({ev.size.weights_gib:.0f} GiB weights)"
+    if ev.memory_unknown:
+        return _r("model.memory_fit", "model", "WARN", f"{what}: GPU memory not reported (n/a); fit not checked",
+                  "run doctor where NVML can read device memory", det)
+    if f.fits:
+        return _r("model.memory_fit", "model", "OK",
+                  f"{what} fits at TP={f.tp}: {f.weights_per_gpu_gib:.1f} GiB weights + {f.kv_needed_gib:.1f} GiB KV "
+                  f"({ctx.context} tokens) per GPU of {f.per_gpu_budget_gib:.1f} GiB usable; max context at TP={f.tp} "
+                  f"about {f.max_context:,} tokens", details=det)
+    unit = "MIG slice" if any(u.mig_uuid for u in ctx.vis.units) else "GPU"
+    if f.units == 0:
+        return _r("model.memory_fit", "model", "FAIL", f"{what}: no visible GPU", "fix gpu.visible_devices", det)
+    hint = (f"at TP={f.tp} only {f.max_context:,} tokens of KV fit: lower --context" if f.max_context > 0 else
+            f"needs about {ev.size.weights_gib / max(f.per_gpu_budget_gib, 1):.1f} x {f.unit_gib:.0f}-GiB {unit}s "
+            "for the weights alone: use more or larger GPUs, or a smaller variant")
+    return _r("model.memory_fit", "model", "FAIL",
+              f"{what} does not fit {f.units} visible {unit}(s) of {f.unit_gib:.1f} GiB at {ctx.context} tokens of "
+              f"context (tried TP up to {f.tp})", hint, det)
+
+
+def check_profile(ctx: Ctx) -> CheckResult:
+    if ctx.profile:
+        return _r("model.profile", "model", "OK", f"kernel profile {ctx.profile!r} for {_arch(ctx)}")
+    return _r("model.profile", "model", "WARN" if ctx.gpu_host else "FAIL",
+              ctx.profile_note or f"no kernel profile for {_arch(ctx)}",
+              "profiles come with the catalog (m3ctl/profiles/); pass --profile FILE to serve")
+
+
+def check_image(ctx: Ctx) -> CheckResult:
+    if not ctx.gpu_host:
+        return _r("model.image", "model", "SKIP", "CPU host: bare `vllm serve` process, no image")
+    if ctx.image:
+        v = f"vLLM {ctx.image.vllm_version}" if ctx.image.vllm_version else ""
+        tk = f"CUDA {ctx.image.cuda_version}" if ctx.image.cuda_version else (
+            f"ROCm {ctx.image.rocm_version}" if ctx.image.rocm_version else "")
+        return _r("model.image", "model", "OK", f"recommended image {ctx.image.name} ({', '.join(x for x in (v, tk) if x)})",
+                  details=[ctx.image.reference])
+    return _r("model.image", "model", "WARN", ctx.image_note or f"no catalog image for {_arch(ctx)}",
+              "add an image to the catalog (m3ctl/images/)")
+
+
+def check_plan(ctx: Ctx) -> CheckResult:
+    from m3ctl.errors import M3Error  # noqa: PLC0415
+    from m3ctl.plan import plan  # noqa: PLC0415 - plan imports the catalog; only for local models
+
     try:
-        import docker  # noqa: PLC0415
-
-        client = docker.DockerClient(base_url=host, timeout=5)
-        v = client.version()
-        client.close()
-    except Exception as e:  # any failure to reach the engine is a finding, not a crash
-        return Check(name="container engine", status="WARN", message=f"Docker at {host} not reachable: {e}"[:200],
-                     fix="start dockerd or fix DOCKER_HOST; `--runtime process` works without it")
-    return Check(name="container engine", status="OK", message=f"Docker {v.get('Version')} (API {v.get('ApiVersion')})")
-
-
-def _shm_check(inv: HostInventory) -> Check:
-    if inv.shm_bytes is None:
-        return Check(name="shm", status="WARN", message="/dev/shm not found")
-    gib = inv.shm_bytes / 2**30
-    if len(inv.gpus) > 1 and gib < 1:
-        return Check(name="shm", status="WARN", message=f"/dev/shm is {gib:.1f} GiB; NCCL needs more for multi-GPU",
-                     fix="containers: --ipc=host or --shm-size 16g")
-    return Check(name="shm", status="OK", message=f"/dev/shm {gib:.1f} GiB")
-
-
-def _disk_check() -> Check:
-    cache = Path(os.environ.get("HF_HUB_CACHE") or os.environ.get("HF_HOME") or Path.home() / ".cache" / "huggingface")
-    probe = cache
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    free = shutil.disk_usage(probe).free / 2**30
-    status: Status = "OK" if free >= 20 else "WARN"
-    return Check(name="disk", status=status, message=f"{free:.0f} GiB free at the model cache {cache}",
-                 fix=None if status == "OK" else "free space: MiniMax-M3.1-Flash weights need tens of GiB")
-
-
-def _port_check(port: int) -> Check:
-    if port_in_use("127.0.0.1", port):
-        return Check(name="port", status="WARN", message=f"port {port} is in use", fix="serve with --port N")
-    return Check(name="port", status="OK", message=f"port {port} is free")
-
-
-def _offline_check() -> Check:
-    off = [k for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if os.environ.get(k) in ("1", "true", "True")]
-    token = "HF_TOKEN set" if os.environ.get("HF_TOKEN") else "no HF_TOKEN"
-    msg = f"offline mode ({', '.join(off)}); {token}" if off else f"online mode; {token}"
-    return Check(name="hub", status="INFO", message=msg)
-
-
-def _model_check(inv: HostInventory, model: str) -> Check:
-    from m3ctl.plan import plan  # noqa: PLC0415 - plan imports catalog; avoid a cycle at import time
-
-    try:
-        p = plan(inv, model, name="doctor-check")
+        p = plan(ctx.inv, ctx.model, name="doctor-check")
     except M3Error as e:
-        return Check(name="model", status="FAIL", message=e.message, fix=e.hint)
-    return Check(name="model", status="OK" if not p.warnings else "WARN",
-                 message=f"{model} can be served with profile {p.profile!r}", details=p.warnings)
+        return _r("model.plan", "model", "FAIL", e.message, e.hint)
+    return _r("model.plan", "model", "OK" if not p.warnings else "WARN",
+              f"{ctx.model} can be served with profile {p.profile!r}", details=list(p.warnings))
 
 
-def run_doctor(inventory: HostInventory, *, model: str | None = None, port: int = 8000,
-               host_checks: bool = True) -> DoctorReport:
-    """Evaluate ``inventory`` (and, with ``host_checks``, this host's install, engine, disk, port).
+# ----------------------------------------------------------------------------- assembly
+def _resolve_catalog(ctx: Ctx) -> None:
+    """Profile and image names from the catalog; catalog errors become notes, never crashes."""
+    try:
+        from m3ctl import catalog  # noqa: PLC0415
 
-    ``host_checks=False`` evaluates a captured inventory from elsewhere (``--inventory FILE``).
+        arch = _arch(ctx)
+        try:
+            prof = catalog.profile_for_arch(arch)
+            ctx.profile = prof.name
+            image_name = prof.image
+        except Exception as e:  # noqa: BLE001 - CatalogError: no profile for this arch yet
+            ctx.profile_note = f"{getattr(e, 'message', str(e))} in this m3ctl yet"
+            image_name = None
+        if ctx.image is None and ctx.gpu_host:
+            imgs = catalog.images()
+            img = imgs.get(image_name) if image_name else None
+            if img is None:
+                img = next((i for i in imgs.values() if i.vendor == ctx.inv.vendor and arch in i.archs), None)
+            if img is not None:
+                ctx.image = ImageFacts(name=img.name, reference=img.reference, cuda_version=img.cuda_version,
+                                       rocm_version=img.rocm_version, vllm_version=img.vllm_version,
+                                       min_driver=img.min_driver)
+            else:
+                ctx.image_note = f"no catalog image lists architecture {arch!r}"
+    except Exception as e:  # noqa: BLE001 - a broken catalog must not break doctor
+        ctx.profile_note = ctx.profile_note or f"catalog unavailable: {type(e).__name__}: {e}"
+        ctx.image_note = ctx.image_note or ctx.profile_note
+
+
+def _evaluate_variants(ctx: Ctx) -> None:
+    s = ctx.sizing
+    if s is None or not ctx.gpu_host:
+        return
+    arch = _arch(ctx)
+    t = caps.table()
+    units = [u.memory_mib or 0 for u in ctx.vis.units]
+    mem_unknown = bool(units) and not all(units)
+    max_tp = 1 if any(u.mig_uuid for u in ctx.vis.units) else None
+    engine = ctx.image.vllm_version if ctx.image else None
+    img_cuda = ctx.image.cuda_version if ctx.image else None
+    evals = []
+    for v in s.variants:
+        if ctx.variant and v.name != ctx.variant:
+            continue
+        feats = [*t.precisions.get(v.precision, []), *t.attention_features.get(s.attention, [])]
+        fvs = [caps.evaluate_feature(arch, f, engine_version=engine, image_cuda=img_cuda) for f in feats]
+        fit = caps.memory_fit(units, v.weights_gib, s.kv_bytes_per_token(ctx.kv_dtype), s.num_kv_heads, ctx.context,
+                              max_tp=max_tp)
+        evals.append(VariantEval(v, fvs, caps.known_bad(s.family, arch, v.precision), fit, mem_unknown))
+    ctx.evals = evals
+    if not evals:
+        return
+    order = {ev.size.name: i for i, ev in enumerate(evals)}
+    runnable = [ev for ev in evals if ev.runnable]
+    if runnable:
+        ctx.chosen = min(runnable, key=lambda ev: (ev.cap_rank, ev.known_bad is not None, order[ev.size.name]))
+    else:
+        capable = [ev for ev in evals if ev.cap_rank < caps.RANK["unsupported"]]
+        pool = capable or evals
+        ctx.chosen = min(pool, key=lambda ev: ev.size.weights_gib)  # the closest to fitting
+
+
+CHECKS: list[tuple[str, Group, Callable[[Ctx], CheckResult], bool]] = [
+    # (id, group, function, live: needs this machine)
+    ("gpu.detect", "gpu", check_gpu_detect, False),
+    ("gpu.nvml_init", "gpu", check_nvml_init, False),
+    ("gpu.visible_devices", "gpu", check_visible_devices, False),
+    ("gpu.mig", "gpu", check_mig, False),
+    ("gpu.links", "gpu", check_links, False),
+    ("gpu.fabric_manager", "gpu", check_fabric_manager, False),
+    ("gpu.cuda_init", "gpu", check_cuda_init, False),
+    ("driver.version", "driver", check_driver_version, False),
+    ("driver.amdsmi", "driver", check_amdsmi, False),
+    ("image.cuda_vs_driver", "driver", check_image_cuda, False),
+    ("capability.arch", "capability", check_arch, False),
+    ("capability.quantization", "capability", check_quantization, False),
+    ("capability.sparse_attention", "capability", check_sparse_attention, False),
+    ("capability.kv_cache_dtype", "capability", check_kv_dtype, False),
+    ("capability.known_bad", "capability", check_known_bad, False),
+    ("container.engine", "container", check_engine, False),
+    ("container.nvidia_runtime", "container", check_nvidia_runtime, False),
+    ("container.devices", "container", check_devices, False),
+    ("host.python", "host", check_python, True),
+    ("host.cpu", "host", check_cpu, False),
+    ("host.shm", "host", check_shm, False),
+    ("host.disk", "host", check_disk, False),
+    ("host.hub", "host", check_hub, False),
+    ("host.vllm", "host", check_vllm, True),
+    ("net.ports", "host", check_ports, True),
+    ("model.memory_fit", "model", check_memory_fit, False),
+    ("model.profile", "model", check_profile, False),
+    ("model.image", "model", check_image, False),
+]
+
+
+def _safe(id_: str, group: Group, fn: Callable[[Ctx], CheckResult], ctx: Ctx) -> CheckResult:
+    try:
+        return fn(ctx)
+    except Exception as e:  # noqa: BLE001 - a crashing check is a FAIL with its error, never a traceback
+        return _r(id_, group, "FAIL", f"check crashed: {type(e).__name__}: {e}",
+                  "report this m3ctl bug (rerun with --debug for details)")
+
+
+def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
+    notes = []
+    if ctx.profile_note:
+        notes.append(ctx.profile_note)
+    if ctx.sizing and ctx.sizing.assumed:
+        notes.append(f"{ctx.sizing.name} facts are assumed (MiniMax-M3 values): {ctx.sizing.source}")
+    base = {"model": ctx.sizing.name if ctx.sizing else ctx.model, "image": ctx.image.name if ctx.image else None,
+            "profile": ctx.profile, "notes": notes, "context": ctx.context if not ctx.local_model else None}
+    verdict_checks = [c for c in checks if c.group in INVENTORY_GROUPS or c.id in ("host.shm",)]
+    blockers = [f"{c.id}: {c.message}" for c in verdict_checks if c.status == "FAIL"]
+    if ctx.local_model:
+        status = "not_runnable" if blockers else "runnable_natively"
+        return Verdict(**base, status=status, blockers=blockers,
+                       summary=f"{ctx.model}: " + ("not runnable: " + blockers[0] if blockers else
+                                                   f"runnable with profile {ctx.profile!r}"))
+    if not ctx.gpu_host:
+        why = blockers[0] if blockers else "no GPU on this host"
+        cpu = f"; this host serves tiny local models with the {ctx.profile!r} profile" if ctx.profile == "cpu" else ""
+        return Verdict(**base, status="not_runnable", blockers=blockers, summary=f"{base['model']}: not runnable here ({why}){cpu}")
+    ev = ctx.chosen
+    variant = ev.size.name if ev else None
+    tp = ev.fit.tp if ev and ev.fit.fits else None
+    max_ctx = ev.fit.max_context if ev and ev.fit.fits else None
+    if blockers or ev is None:
+        return Verdict(**base, variant=variant, status="not_runnable", blockers=blockers, tp=tp, max_context=max_ctx,
+                       summary=f"{base['model']}{' ' + variant if variant else ''}: not runnable here: "
+                               + (blockers[0] if blockers else "no variant evaluated"))
+    fallbacks = []
+    for fv in ev.features:
+        if fv.status == "fallback" and fv.row:
+            fallbacks.append(f"{fv.name}: {fv.row.fallback} (cost: {fv.row.cost})")
+        elif fv.status in ("partial", "unverified"):
+            fallbacks.append(f"{fv.name}: {fv.status} on {_arch(ctx)}" + (f" ({fv.note})" if fv.note else ""))
+    if ev.known_bad:
+        fallbacks.append(f"known-bad: {ev.known_bad.note} ({ev.known_bad.source})")
+    for c in verdict_checks:
+        if c.status == "WARN" and c.group in ("capability",) and c.id not in ("capability.quantization",
+                                                                              "capability.sparse_attention",
+                                                                              "capability.known_bad"):
+            fallbacks.append(f"{c.id}: {c.message}")
+    where = f"TP={tp}, {ctx.context} tokens (max about {max_ctx:,})"
+    img = f"; image {ctx.image.name}" if ctx.image else ""
+    prof = f", profile {ctx.profile}" if ctx.profile else ", no kernel profile yet"
+    if fallbacks:
+        return Verdict(**base, variant=variant, status="runnable_with_fallbacks", fallbacks=fallbacks, tp=tp,
+                       max_context=max_ctx,
+                       summary=f"{base['model']} {variant}: runnable with fallbacks at {where}: "
+                               + "; ".join(_short(f) for f in fallbacks) + img + prof)
+    return Verdict(**base, variant=variant, status="runnable_natively", tp=tp, max_context=max_ctx,
+                   summary=f"{base['model']} {variant}: runnable natively at {where}{img}{prof}")
+
+
+def _short(fallback: str) -> str:
+    head = fallback.split(" (cost")[0]
+    return head.split(";")[0][:90] if not head.startswith("known-bad") else "known-bad in the field (see fallbacks)"
+
+
+def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: str | None = None,
+               context: int | None = None, kv_cache_dtype: str = "auto", runtime: str = "auto", port: int = 8000,
+               host_checks: bool = True, image: ImageFacts | None = None,
+               env: Mapping[str, str] | None = None) -> DoctorReport:
+    """Evaluate ``inventory`` for ``model`` (default MiniMax-M3.1-Flash, best variant for the host).
+
+    Args:
+        inventory: detected or loaded host inventory.
+        model: catalog model name/alias/hub id, or a local model directory (checked through planning).
+        variant: force one variant (``nvfp4``, ``mxfp4``, ``mxfp8``, ``bf16``); default: the best runnable.
+        context: tokens of context one sequence must fit (default: capabilities.yaml host.default_context).
+        kv_cache_dtype: ``--kv-cache-dtype`` to validate (``auto`` = model dtype).
+        runtime: ``process``, ``docker`` or ``auto`` (docker when the engine is reachable on a GPU host).
+        port: API port for ``net.ports``.
+        host_checks: also run the live checks of this machine (False for ``--inventory FILE``).
+        image: image to check instead of the catalog's recommendation (e.g. from ``docker image inspect``).
+        env: environment for live checks (default ``os.environ``).
+
+    Returns:
+        The report; never raises for host problems (they are FAIL rows).
     """
-    checks = [Check(name="python", status="OK" if sys.version_info >= (3, 11) else "FAIL",
-                    message=f"Python {sys.version.split()[0]}", fix="use Python 3.11 or newer")]
-    checks += [_gpu_check(inventory), _profile_check(inventory)]
-    if host_checks:
-        checks += [_vllm_check(), _docker_check(), _shm_check(inventory), _disk_check(), _port_check(port),
-                   _offline_check()]
-    if model:
-        checks.append(_model_check(inventory, model))
-    return DoctorReport(inventory=inventory, checks=checks)
+    env = os.environ if env is None else env
+    h = caps.table().host
+    if runtime == "auto":
+        runtime = "docker" if inventory.container.docker_reachable and inventory.gpus else "process"
+    local = bool(model) and (Path(model).expanduser().is_dir() or model.startswith(("/", ".", "~")))
+    ctx = Ctx(inv=inventory, model=model or DEFAULT_MODEL, model_explicit=model is not None, variant=variant,
+              context=context or h.default_context, kv_dtype=kv_cache_dtype, runtime=runtime, env=env, port=port,
+              vis=vismod.resolve(inventory), image=image, local_model=local)
+    _resolve_catalog(ctx)
+    if not local:
+        try:
+            ctx.sizing = caps.model_sizing(ctx.model)
+        except Exception:  # noqa: BLE001 - sizing trouble shows up as model.memory_fit
+            ctx.sizing = None
+        _evaluate_variants(ctx)
+    checks: list[CheckResult] = []
+    for id_, group, fn, live in CHECKS:
+        if live and not host_checks:
+            continue
+        checks.append(_safe(id_, group, fn, ctx))
+    if local:
+        checks.append(_safe("model.plan", "model", check_plan, ctx))
+    return DoctorReport(inventory=inventory, checks=checks, verdict=_verdict(ctx, checks))
+
+
+def report_json(rep: DoctorReport) -> dict[str, Any]:
+    """The ``--json`` shape: ``{"ok", "inventory", "checks": [{"id","group","status","message","fix","details"}], "verdict"}``."""
+    return {"ok": rep.ok, "inventory": rep.inventory.model_dump(mode="json"),
+            "checks": [c.model_dump(mode="json") for c in rep.checks], "verdict": rep.verdict.model_dump(mode="json")}

@@ -1,39 +1,75 @@
-"""The probe chain: NVML -> nvidia-smi -> amdsmi -> KFD sysfs -> none.
+"""The probe chain: NVML -> nvidia-smi -> amdsmi -> amd-smi CLI -> rocm-smi -> KFD sysfs -> none.
 
-Each probe returns a :class:`ProbeResult` or raises :class:`ProbeDeclined` with the
-reason. The first probe that finds GPUs wins; the reasons of the others are kept.
-External boundaries are injectable so tests run the real parsing on recorded output:
-``nvml`` (a pynvml-like module), ``run`` (a subprocess runner), ``sysfs_root``.
+Each probe returns a :class:`ProbeResult` or raises :class:`ProbeDeclined` with the reason (and the
+vendor error code when there is one). The first probe that finds GPUs wins; the reasons of the
+others are kept (``doctor -v`` shows them). External boundaries are injectable so tests run the
+real parsing on recorded output: ``nvml`` (a pynvml-like module), ``run`` (a subprocess runner),
+``amdsmi`` (an amdsmi-like module), ``sysfs_root`` (a directory standing in for ``/``), ``env``,
+``cuda_init`` (a callable returning the ``cuInit`` result). Probes never print and never change
+the environment.
 
 Sources:
-- NVML API: https://docs.nvidia.com/deploy/nvml-api/ (init/shutdown pairing,
-  nvmlSystemGetCudaDriverVersion returns e.g. 13000 for CUDA 13.0).
-- nvidia-smi query format: ``nvidia-smi --help-query-gpu``.
+- NVML API: https://docs.nvidia.com/deploy/nvml-api/ (init/shutdown pairing; nvmlSystemGetCudaDriverVersion
+  returns e.g. 13000 for CUDA 13.0; MIG handles via nvmlDeviceGetMigDeviceHandleByIndex because
+  nvmlDeviceGetHandleByIndex returns the parent GPU, see https://github.com/gpustack/gpustack/issues/2758;
+  fabric state via nvmlDeviceGetGpuFabricInfo, NVML_GPU_FABRIC_STATE_* 0..3).
+- nvidia-smi query format: ``nvidia-smi --help-query-gpu``; ``nvidia-smi -q -x`` (nvsmi_device_v13.dtd);
+  ``nvidia-smi topo -m`` legend (NV#, PIX, PXB, PHB, NODE, SYS); captures in tests/fixtures/nvidia-h200x2/.
 - amdsmi import behaviour without libamd_smi.so (raises KeyError, prints to stdout):
-  shared/reference/cpu-test-stack.md section 5.
+  shared/reference/cpu-test-stack.md section 5. AMD fallback order: shared/cases/field-failures.md F04.
 - KFD topology: /sys/class/kfd/kfd/topology/nodes/*/properties, ``gfx_target_version``
-  encodes gfx942 as 90402 (https://github.com/ROCm/ROCR-Runtime, topology.c).
+  encodes gfx942 as 90402 (https://github.com/ROCm/ROCR-Runtime, topology.c); io_links type 11 = XGMI,
+  2 = PCIe (linux drivers/gpu/drm/amd/amdkfd/kfd_crat.h CRAT_IOLINK_TYPE_*).
+- cuInit error 802 "system not yet initialized" on NVSwitch hosts without fabric manager:
+  https://github.com/MiniMax-AI/MiniMax-M2.5/issues/9 (F07).
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
+import json
 import os
+import re
 import shutil
 import subprocess
-from collections.abc import Callable
+import time
+import xml.etree.ElementTree as ET
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from m3ctl.hw.inventory import GpuInfo, HostInventory, ProbeDecline, amd_arch, nvidia_arch
+from m3ctl.hw import host as hostmod
+from m3ctl.hw.inventory import (
+    FabricManager,
+    GpuInfo,
+    HostInventory,
+    Link,
+    MigDevice,
+    ProbeDecline,
+    amd_arch,
+    nvidia_arch,
+)
 
 Runner = Callable[[list[str]], tuple[int, str, str]]
 
+NVML_BRANDS = {0: "UNKNOWN", 1: "QUADRO", 2: "TESLA", 3: "NVS", 4: "GRID", 5: "GEFORCE", 6: "TITAN",
+               7: "NVIDIA_VAPPS", 8: "NVIDIA_VPC", 9: "NVIDIA_VCS", 10: "NVIDIA_VWS", 11: "NVIDIA_CLOUD_GAMING",
+               12: "QUADRO_RTX", 13: "NVIDIA_RTX", 14: "NVIDIA", 15: "GEFORCE_RTX", 16: "TITAN_RTX"}
+FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
+NVML_ERROR_NO_PERMISSION = 4
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18
+
 
 class ProbeDeclined(Exception):
-    """A probe found no usable GPU; ``str(exc)`` says why."""
+    """A probe found no usable GPU; ``str(exc)`` says why, ``code`` carries a vendor error code."""
+
+    def __init__(self, reason: str, code: int | None = None):
+        super().__init__(reason)
+        self.code = code
 
 
 @dataclass
@@ -42,6 +78,7 @@ class ProbeResult:
     driver_version: str | None = None
     cuda_driver_version: str | None = None
     rocm_version: str | None = None
+    links: list[Link] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -50,7 +87,8 @@ def default_runner(cmd: list[str], timeout: float = 15.0) -> tuple[int, str, str
     if shutil.which(cmd[0]) is None:
         return 127, "", f"{cmd[0]}: command not found"
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False,
+                           stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
         return 126, "", str(e)
     return p.returncode, p.stdout, p.stderr
@@ -60,14 +98,62 @@ def _s(v: Any) -> str:
     return v.decode() if isinstance(v, bytes) else str(v)
 
 
-def probe_nvml(nvml: Any | None = None) -> ProbeResult:
+def _code(e: BaseException) -> int | None:
+    v = getattr(e, "value", None)
+    return v if isinstance(v, int) else None
+
+
+# ----------------------------------------------------------------------------- NVML
+def _mig_devices(nvml: Any, h: Any, unavailable: set[str]) -> tuple[MigDevice, ...]:
+    out = []
+    try:
+        n = int(nvml.nvmlDeviceGetMaxMigDeviceCount(h))
+    except Exception:
+        return ()
+    for i in range(n):
+        try:
+            mh = nvml.nvmlDeviceGetMigDeviceHandleByIndex(h, i)
+        except Exception:
+            continue  # NOT_FOUND: this slot holds no MIG device
+        total = free = None
+        try:
+            mem = nvml.nvmlDeviceGetMemoryInfo(mh)
+            total, free = int(mem.total) // 2**20, int(mem.free) // 2**20
+        except Exception:
+            unavailable.add("mig memory")
+        name = ""
+        with contextlib.suppress(Exception):
+            name = _s(nvml.nvmlDeviceGetName(mh))
+        out.append(MigDevice(index=i, uuid=_s(nvml.nvmlDeviceGetUUID(mh)), name=name, memory_total_mib=total,
+                             memory_free_mib=free))
+    return tuple(out)
+
+
+def _fabric_state(nvml: Any, h: Any) -> str | None:
+    getter = getattr(nvml, "nvmlDeviceGetGpuFabricInfo", None)
+    struct = getattr(nvml, "c_nvmlGpuFabricInfo_t", None)
+    if getter is None:
+        return None
+    try:
+        info = struct() if struct is not None else None
+        res = getter(h, info) if info is not None else getter(h)
+        state = getattr(info if info is not None else res, "state", None)
+        return FABRIC_STATES.get(int(state), f"state {state}") if state is not None else None
+    except Exception as e:
+        return "not_supported" if _code(e) == NVML_ERROR_NOT_SUPPORTED else None
+
+
+def probe_nvml(nvml: Any | None = None, *, fabric_wait_s: float = 10.0,
+               sleep: Callable[[float], None] = time.sleep) -> ProbeResult:
     """Inventory through NVML (nvidia-ml-py). Init and shutdown are always paired.
 
-    Args:
-        nvml: a pynvml-compatible module; imported lazily when None.
+    MIG-enabled GPUs list their slices with the slices' own memory; queries answering
+    NoPermission/NotSupported are recorded in ``GpuInfo.unavailable``. A fabric state of
+    ``in_progress`` (right after boot) is re-read for up to ``fabric_wait_s`` seconds.
 
     Raises:
-        ProbeDeclined: pynvml missing, NVML library not found, or no devices.
+        ProbeDeclined: pynvml missing, NVML init failed (``code`` = NVML error, 18 = driver/library
+            version mismatch), or no devices.
     """
     if nvml is None:
         try:
@@ -77,7 +163,7 @@ def probe_nvml(nvml: Any | None = None) -> ProbeResult:
     try:
         nvml.nvmlInit()
     except Exception as e:
-        raise ProbeDeclined(f"NVML init failed: {_s(e) or type(e).__name__}") from e
+        raise ProbeDeclined(f"NVML init failed: {_s(e) or type(e).__name__}", _code(e)) from e
     try:
         count = nvml.nvmlDeviceGetCount()
         if count == 0:
@@ -87,31 +173,90 @@ def probe_nvml(nvml: Any | None = None) -> ProbeResult:
         with contextlib.suppress(Exception):
             v = int(nvml.nvmlSystemGetCudaDriverVersion())
             cuda = f"{v // 1000}.{(v % 1000) // 10}"
-        gpus = []
+        gpus, handles = [], []
         for i in range(count):
             h = nvml.nvmlDeviceGetHandleByIndex(i)
+            handles.append(h)
+            unavailable: set[str] = set()
             major, minor = nvml.nvmlDeviceGetCudaComputeCapability(h)
             cc = f"{major}.{minor}"
             total = free = None
-            with contextlib.suppress(Exception):
+            try:
                 mem = nvml.nvmlDeviceGetMemoryInfo(h)
                 total, free = int(mem.total) // 2**20, int(mem.free) // 2**20
+            except Exception:
+                unavailable.add("memory")
             mig = None
             with contextlib.suppress(Exception):
                 mig = bool(nvml.nvmlDeviceGetMigMode(h)[0])
-            pci = None
+            migs = _mig_devices(nvml, h, unavailable) if mig else ()
+            pci = brand = numa = None
             with contextlib.suppress(Exception):
                 pci = _s(nvml.nvmlDeviceGetPciInfo(h).busId)
+            with contextlib.suppress(Exception):
+                brand = NVML_BRANDS.get(int(nvml.nvmlDeviceGetBrand(h)))
+            with contextlib.suppress(Exception):
+                numa = int(nvml.nvmlDeviceGetNumaNodeId(h))
+            links = None
+            with contextlib.suppress(Exception):
+                links = sum(1 for ln in range(18) if _nvlink_up(nvml, h, ln))
+            for q in ("nvmlDeviceGetPowerUsage", "nvmlDeviceGetUtilizationRates"):
+                fn = getattr(nvml, q, None)
+                if fn is not None:
+                    try:
+                        fn(h)
+                    except Exception as e:
+                        if _code(e) == NVML_ERROR_NO_PERMISSION:
+                            unavailable.add(q.removeprefix("nvmlDeviceGet"))
+            fabric = _fabric_state(nvml, h)
+            waited = 0.0
+            while fabric == "in_progress" and waited < fabric_wait_s:
+                sleep(1.0)
+                waited += 1.0
+                fabric = _fabric_state(nvml, h)
             gpus.append(GpuInfo(index=i, vendor="nvidia", name=_s(nvml.nvmlDeviceGetName(h)),
                                 arch=nvidia_arch(cc), compute_capability=cc,
                                 memory_total_mib=total, memory_free_mib=free,
-                                uuid=_s(nvml.nvmlDeviceGetUUID(h)), pci_bus_id=pci, mig_mode=mig))
-        return ProbeResult(gpus=gpus, driver_version=driver, cuda_driver_version=cuda)
+                                uuid=_s(nvml.nvmlDeviceGetUUID(h)), pci_bus_id=pci, mig_mode=mig, mig_devices=migs,
+                                brand=brand, numa_node=numa, nvlinks_active=links or None, fabric_state=fabric,
+                                unavailable=tuple(sorted(unavailable))))
+        return ProbeResult(gpus=gpus, driver_version=driver, cuda_driver_version=cuda,
+                           links=_nvml_links(nvml, gpus, handles))
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
 
 
+def _nvlink_up(nvml: Any, h: Any, link: int) -> bool:
+    try:
+        return bool(nvml.nvmlDeviceGetNvLinkState(h, link))
+    except Exception as e:
+        if link == 0:
+            raise
+        del e
+        return False
+
+
+_TOPO_LEVEL = {0: "internal", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
+
+
+def _nvml_links(nvml: Any, gpus: list[GpuInfo], handles: list[Any]) -> list[Link]:
+    out = []
+    for i in range(len(gpus)):
+        for j in range(i + 1, len(gpus)):
+            level = None
+            with contextlib.suppress(Exception):
+                level = int(nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j]))
+            # NVML reports the PCIe path; NVLink presence comes from the link states of both GPUs.
+            if gpus[i].nvlinks_active and gpus[j].nvlinks_active:
+                n = min(gpus[i].nvlinks_active, gpus[j].nvlinks_active)
+                out.append(Link(a=i, b=j, kind="nvlink", detail=f"NV{n}", count=n))
+            elif level is not None:
+                out.append(Link(a=i, b=j, kind="pcie", detail=_TOPO_LEVEL.get(level, str(level))))
+    return out
+
+
+# ----------------------------------------------------------------------------- nvidia-smi
 _SMI_FIELDS = "index,name,uuid,compute_cap,memory.total,memory.free,driver_version,mig.mode.current,pci.bus_id"
 
 
@@ -146,21 +291,108 @@ def parse_nvidia_smi_csv(text: str) -> tuple[list[GpuInfo], str | None]:
     return gpus, driver
 
 
+def parse_nvidia_smi_xml(text: str) -> dict[str, Any]:
+    """Parse ``nvidia-smi -q -x``: driver/CUDA versions and, per GPU (keyed by PCI bus id), the
+    fabric state, MIG devices, product brand and memory.
+
+    Returns:
+        ``{"driver_version", "cuda_version", "gpus": {bus_id: {"name", "brand", "uuid",
+        "fabric_state", "mig_mode", "mig_devices": [MigDevice...], "memory_total_mib"}}}``.
+    """
+    root = ET.fromstring(text)
+
+    def txt(node: ET.Element | None, path: str) -> str | None:
+        if node is None:
+            return None
+        el = node.find(path)
+        v = el.text.strip() if el is not None and el.text else None
+        return None if v in (None, "N/A", "") else v
+
+    def mib(v: str | None) -> int | None:
+        return int(v.split()[0]) if v and v.split()[0].isdigit() else None
+
+    out: dict[str, Any] = {"driver_version": txt(root, "driver_version"), "cuda_version": txt(root, "cuda_version"),
+                           "gpus": {}}
+    for g in root.findall("gpu"):
+        state = (txt(g, "fabric/state") or "").lower().replace(" ", "_") or None
+        migs = []
+        for k, m in enumerate(g.findall("mig_devices/mig_device")):
+            migs.append(MigDevice(index=int(txt(m, "index") or k), uuid=txt(m, "uuid") or "",
+                                  memory_total_mib=mib(txt(m, "fb_memory_usage/total")),
+                                  memory_free_mib=mib(txt(m, "fb_memory_usage/free"))))
+        out["gpus"][g.get("id", "")] = {
+            "name": txt(g, "product_name"), "brand": (txt(g, "product_brand") or "").upper() or None,
+            "uuid": txt(g, "uuid"), "fabric_state": state, "mig_mode": txt(g, "mig_mode/current_mig") == "Enabled",
+            "mig_devices": migs, "memory_total_mib": mib(txt(g, "fb_memory_usage/total"))}
+    return out
+
+
+_TOPO_CELL = re.compile(r"^(X|NV(\d+)|PIX|PXB|PHB|NODE|SYS|SOC)$")
+
+
+def parse_topo_matrix(text: str) -> list[Link]:
+    """Parse ``nvidia-smi topo -m`` into GPU-GPU links (NV# -> nvlink with its count; PIX/PXB/PHB/NODE/SYS -> pcie)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    if not lines:
+        return []
+    header = lines[0].split()
+    gpu_cols = [h for h in header if re.fullmatch(r"GPU\d+", h)]
+    out = []
+    for line in lines[1:]:
+        cells = line.split()
+        if not cells or not re.fullmatch(r"GPU\d+", cells[0]):
+            continue
+        a = int(cells[0][3:])
+        for col, cell in zip(gpu_cols, cells[1:1 + len(gpu_cols)], strict=False):
+            b = int(col[3:])
+            m = _TOPO_CELL.match(cell)
+            if b <= a or not m or cell == "X":
+                continue
+            if m.group(2):
+                out.append(Link(a=a, b=b, kind="nvlink", detail=cell, count=int(m.group(2))))
+            else:
+                out.append(Link(a=a, b=b, kind="pcie", detail=cell))
+    return out
+
+
 def probe_nvidia_smi(run: Runner = default_runner) -> ProbeResult:
-    """Inventory through ``nvidia-smi --query-gpu=... --format=csv``.
+    """Inventory through ``nvidia-smi --query-gpu=... --format=csv``, enriched by ``-q -x``
+    (fabric state, MIG slices, brand) and ``topo -m`` (links) when those answer.
 
     Raises:
-        ProbeDeclined: nvidia-smi missing or failing, or no rows.
+        ProbeDeclined: nvidia-smi missing or failing (message carries its first line), or no rows.
     """
     rc, out, err = run(["nvidia-smi", f"--query-gpu={_SMI_FIELDS}", "--format=csv"])
     if rc != 0:
-        raise ProbeDeclined(f"nvidia-smi failed (exit {rc}): {(err or out).strip()[:200]}")
+        raise ProbeDeclined(f"nvidia-smi failed (exit {rc}): {(err or out).strip()[:300]}")
     gpus, driver = parse_nvidia_smi_csv(out)
     if not gpus:
         raise ProbeDeclined("nvidia-smi listed no GPUs")
-    return ProbeResult(gpus=gpus, driver_version=driver)
+    cuda = None
+    rc, xml_out, _ = run(["nvidia-smi", "-q", "-x"])
+    if rc == 0 and xml_out.strip():
+        with contextlib.suppress(ET.ParseError, ValueError):
+            x = parse_nvidia_smi_xml(xml_out)
+            cuda = x["cuda_version"]
+            by_bus = {k.lower(): v for k, v in x["gpus"].items()}
+            enriched = []
+            for g in gpus:
+                info = by_bus.get((g.pci_bus_id or "").lower()) or next(
+                    (v for v in x["gpus"].values() if v["uuid"] == g.uuid), None)
+                if info:
+                    g = g.model_copy(update={"fabric_state": info["fabric_state"], "brand": info["brand"],
+                                             "mig_devices": tuple(info["mig_devices"])})
+                enriched.append(g)
+            gpus = enriched
+    links: list[Link] = []
+    rc, topo, _ = run(["nvidia-smi", "topo", "-m"])
+    if rc == 0:
+        links = parse_topo_matrix(topo)
+    return ProbeResult(gpus=gpus, driver_version=driver, cuda_driver_version=cuda, links=links)
 
 
+# ----------------------------------------------------------------------------- AMD
 def import_amdsmi() -> Any:
     """Import amdsmi without letting it print (it prints to stdout and raises KeyError without libamd_smi.so).
 
@@ -201,16 +433,25 @@ def probe_amdsmi(amdsmi: Any | None = None) -> ProbeResult:
             total = None
             with contextlib.suppress(Exception):
                 total = int(amdsmi.amdsmi_get_gpu_memory_total(h, amdsmi.AmdSmiMemoryType.VRAM)) // 2**20
-            bus = None
+            bus = uuid = None
             with contextlib.suppress(Exception):
                 bus = amdsmi.amdsmi_get_gpu_device_bdf(h)
+            with contextlib.suppress(Exception):
+                uuid = amdsmi.amdsmi_get_gpu_device_uuid(h)
             gpus.append(GpuInfo(index=i, vendor="amd", name=str(asic.get("market_name", "AMD GPU")),
                                 arch=amd_arch(gfx), gfx_target=gfx or None, memory_total_mib=total,
-                                pci_bus_id=bus))
+                                pci_bus_id=bus, uuid=uuid))
+        links = []
+        for i in range(len(handles)):
+            for j in range(i + 1, len(handles)):
+                with contextlib.suppress(Exception):
+                    t = amdsmi.amdsmi_topo_get_link_type(handles[i], handles[j])
+                    kind = str(t.get("type") if isinstance(t, dict) else t).upper()
+                    links.append(Link(a=i, b=j, kind="xgmi" if "XGMI" in kind else "pcie", detail=kind))
         driver = None
         with contextlib.suppress(Exception):
             driver = amdsmi.amdsmi_get_gpu_driver_info(handles[0]).get("driver_version")
-        return ProbeResult(gpus=gpus, driver_version=driver)
+        return ProbeResult(gpus=gpus, driver_version=driver, links=links)
     finally:
         with contextlib.suppress(Exception):
             amdsmi.amdsmi_shut_down()
@@ -222,8 +463,63 @@ def _gfx_from_version(v: int) -> str:
     return f"gfx{major}{minor:x}{step:x}"
 
 
+def probe_amd_smi_cli(run: Runner = default_runner) -> ProbeResult:
+    """Inventory through ``amd-smi static --asic --vram --json`` (the CLI works without the Python binding).
+
+    Raises:
+        ProbeDeclined: amd-smi missing, failing, or unparsable.
+    """
+    rc, out, err = run(["amd-smi", "static", "--asic", "--vram", "--json"])
+    if rc != 0:
+        raise ProbeDeclined(f"amd-smi failed (exit {rc}): {(err or out).strip()[:200]}")
+    try:
+        data = json.loads(out)
+    except ValueError as e:
+        raise ProbeDeclined(f"amd-smi output is not JSON: {e}") from e
+    rows = data if isinstance(data, list) else data.get("gpu_data", [])
+    gpus = []
+    for i, row in enumerate(rows):
+        asic = row.get("asic", {})
+        gfx = str(asic.get("target_graphics_version", "")).lower()
+        vram = row.get("vram", {}).get("size", {})
+        total = vram.get("value") if isinstance(vram, dict) else None
+        gpus.append(GpuInfo(index=int(row.get("gpu", i)), vendor="amd", name=str(asic.get("market_name", "AMD GPU")),
+                            arch=amd_arch(gfx), gfx_target=gfx or None,
+                            memory_total_mib=int(total) if isinstance(total, int | float) else None))
+    if not gpus:
+        raise ProbeDeclined("amd-smi listed no GPUs")
+    return ProbeResult(gpus=gpus)
+
+
+def probe_rocm_smi(run: Runner = default_runner) -> ProbeResult:
+    """Inventory through ``rocm-smi --showproductname --showmeminfo vram --json``.
+
+    Raises:
+        ProbeDeclined: rocm-smi missing, failing, or no cards.
+    """
+    rc, out, err = run(["rocm-smi", "--showproductname", "--showmeminfo", "vram", "--json"])
+    if rc != 0:
+        raise ProbeDeclined(f"rocm-smi failed (exit {rc}): {(err or out).strip()[:200]}")
+    try:
+        data = json.loads(out)
+    except ValueError as e:
+        raise ProbeDeclined(f"rocm-smi output is not JSON: {e}") from e
+    gpus = []
+    for key in sorted((k for k in data if k.startswith("card")), key=lambda k: int(re.sub(r"\D", "", k) or 0)):
+        row = data[key]
+        gfx = str(row.get("GFX Version", "")).lower()
+        total = row.get("VRAM Total Memory (B)")
+        name = row.get("Card Series") or row.get("Card series") or row.get("Card Model") or "AMD GPU"
+        gpus.append(GpuInfo(index=len(gpus), vendor="amd", name=str(name), arch=amd_arch(gfx), gfx_target=gfx or None,
+                            memory_total_mib=int(total) // 2**20 if str(total).isdigit() else None))
+    if not gpus:
+        raise ProbeDeclined("rocm-smi listed no cards")
+    return ProbeResult(gpus=gpus)
+
+
 def probe_kfd_sysfs(sysfs_root: Path = Path("/")) -> ProbeResult:
-    """Inventory from the AMD KFD topology in sysfs (no ROCm userspace needed).
+    """Inventory from the AMD KFD topology in sysfs (no ROCm userspace needed): gfx target,
+    VRAM (mem_banks), and XGMI/PCIe io_links between GPU nodes.
 
     Raises:
         ProbeDeclined: no KFD topology, or only CPU nodes.
@@ -231,57 +527,132 @@ def probe_kfd_sysfs(sysfs_root: Path = Path("/")) -> ProbeResult:
     nodes = sysfs_root / "sys/class/kfd/kfd/topology/nodes"
     if not nodes.is_dir():
         raise ProbeDeclined(f"{nodes} not present (no amdgpu/KFD driver loaded)")
-    gpus = []
-    for node in sorted(nodes.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else 0):
-        props: dict[str, str] = {}
+
+    def props(path: Path) -> dict[str, str]:
+        out: dict[str, str] = {}
         with contextlib.suppress(OSError):
-            for line in (node / "properties").read_text().splitlines():
+            for line in path.read_text().splitlines():
                 k, _, v = line.partition(" ")
-                props[k] = v.strip()
-        v = int(props.get("gfx_target_version", "0") or 0)
+                out[k] = v.strip()
+        return out
+
+    gpus, node_to_gpu, raw_links = [], {}, []
+    for node in sorted(nodes.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else 0):
+        p = props(node / "properties")
+        v = int(p.get("gfx_target_version", "0") or 0)
         if v == 0:
             continue  # CPU node
         gfx = _gfx_from_version(v)
+        total = 0
+        for bank in sorted((node / "mem_banks").glob("*/properties")) if (node / "mem_banks").is_dir() else []:
+            total += int(props(bank).get("size_in_bytes", "0") or 0)
+        node_to_gpu[node.name] = len(gpus)
+        for lk in sorted((node / "io_links").glob("*/properties")) if (node / "io_links").is_dir() else []:
+            lp = props(lk)
+            raw_links.append((node.name, lp.get("node_to"), lp.get("type")))
         gpus.append(GpuInfo(index=len(gpus), vendor="amd", name=f"AMD GPU ({gfx})", arch=amd_arch(gfx),
-                            gfx_target=gfx))
+                            gfx_target=gfx, memory_total_mib=total // 2**20 or None))
     if not gpus:
         raise ProbeDeclined("KFD topology has only CPU nodes")
-    return ProbeResult(gpus=gpus)
+    links = []
+    for src, dst, typ in raw_links:
+        a, b = node_to_gpu.get(src), node_to_gpu.get(dst or "")
+        if a is None or b is None or b <= a:
+            continue
+        links.append(Link(a=a, b=b, kind={"11": "xgmi", "2": "pcie"}.get(typ or "", "unknown"), detail=f"type {typ}"))
+    return ProbeResult(gpus=gpus, links=links)
 
 
-def _host_facts() -> dict[str, Any]:
-    facts: dict[str, Any] = {"cpu_count": os.cpu_count()}
-    with contextlib.suppress(OSError, ValueError):
-        facts["memory_total_mib"] = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 2**20
-    with contextlib.suppress(OSError):
-        st = os.statvfs("/dev/shm")
-        facts["shm_bytes"] = st.f_frsize * st.f_blocks
-    facts["visible_devices"] = {k: os.environ[k] for k in
-                                ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES",
-                                 "ROCR_VISIBLE_DEVICES") if k in os.environ}
-    return facts
+# ----------------------------------------------------------------------------- CUDA init, fabric manager
+def cuda_init_probe() -> str | None:
+    """Call ``cuInit(0)`` through libcuda (no CUDA toolkit needed). Returns ``"ok"``, ``"error N: name"``,
+    or None when libcuda is absent. Catches 80x errors (802: fabric manager not running) in doctor,
+    not minutes into weight loading."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    rc = lib.cuInit(0)
+    if rc == 0:
+        return "ok"
+    name = ctypes.c_char_p()
+    with contextlib.suppress(Exception):
+        lib.cuGetErrorString(rc, ctypes.byref(name))
+    return f"error {rc}: {name.value.decode() if name.value else 'unknown'}"
 
 
+def fabric_manager_facts(run: Runner, driver_version: str | None) -> FabricManager:
+    """``systemctl is-active nvidia-fabricmanager`` and ``nv-fabricmanager --version``."""
+    rc, out, err = run(["systemctl", "is-active", "nvidia-fabricmanager"])
+    state = (out or err).strip().splitlines()[0] if (out or err).strip() else ""
+    active = None if rc == 127 else (state == "active")
+    rc2, out2, _ = run(["nv-fabricmanager", "--version"])
+    m = re.search(r"(\d+\.\d+(?:\.\d+)?)", out2 or "") if rc2 == 0 else None
+    del driver_version
+    return FabricManager(active=active, version=m.group(1) if m else None, detail=state or None)
+
+
+# ----------------------------------------------------------------------------- the chain
 def detect(*, nvml: Any | None = None, run: Runner = default_runner, amdsmi: Any | None = None,
-           sysfs_root: Path = Path("/")) -> HostInventory:
-    """Run the probe chain and return the host inventory. Never prints, never raises for absent GPUs."""
+           sysfs_root: Path = Path("/"), env: Mapping[str, str] | None = None,
+           cuda_init: Callable[[], str | None] | None = cuda_init_probe, container: bool = True,
+           fabric_wait_s: float = 10.0, sleep: Callable[[float], None] = time.sleep) -> HostInventory:
+    """Run the probe chain and the host probes; return the inventory. Never prints, never raises
+    for absent or broken GPUs (a probe bug becomes a declined probe with its error).
+
+    Args:
+        nvml, run, amdsmi, sysfs_root, env, cuda_init: injectable boundaries (see module doc).
+        container: also probe the container engine (Docker socket, registered runtimes).
+        fabric_wait_s: how long to re-read an ``in_progress`` NVSwitch fabric state.
+    """
+    env = os.environ if env is None else env
     chain: list[tuple[str, Callable[[], ProbeResult]]] = [
-        ("nvml", lambda: probe_nvml(nvml)),
+        ("nvml", lambda: probe_nvml(nvml, fabric_wait_s=fabric_wait_s, sleep=sleep)),
         ("nvidia-smi", lambda: probe_nvidia_smi(run)),
         ("amdsmi", lambda: probe_amdsmi(amdsmi)),
+        ("amd-smi", lambda: probe_amd_smi_cli(run)),
+        ("rocm-smi", lambda: probe_rocm_smi(run)),
         ("kfd-sysfs", lambda: probe_kfd_sysfs(sysfs_root)),
     ]
     declined: list[ProbeDecline] = []
+    res: ProbeResult | None = None
+    winner = "none"
     for name, fn in chain:
         try:
             res = fn()
         except ProbeDeclined as e:
-            declined.append(ProbeDecline(probe=name, reason=str(e)))
+            declined.append(ProbeDecline(probe=name, reason=str(e), code=e.code))
             continue
         except Exception as e:  # a probe bug must not crash the doctor
             declined.append(ProbeDecline(probe=name, reason=f"probe error: {type(e).__name__}: {e}"))
             continue
-        return HostInventory(gpus=tuple(res.gpus), probe=name, declined=tuple(declined),
-                             driver_version=res.driver_version, cuda_driver_version=res.cuda_driver_version,
-                             rocm_version=res.rocm_version, **_host_facts())
-    return HostInventory(declined=tuple(declined), **_host_facts())
+        winner = name
+        break
+    facts = hostmod.host_facts(sysfs_root, env)
+    if container:
+        facts["container"] = hostmod.container_facts(sysfs_root, env)
+    nvml_failed = next((d for d in declined if d.probe == "nvml" and "NVML init failed" in d.reason), None)
+    smi_failed = next((d.reason for d in declined if d.probe == "nvidia-smi" and "exit 127" not in d.reason), None)
+    kmod = hostmod.kernel_module_version(sysfs_root)
+    if res is not None and res.gpus[0].vendor == "nvidia" or kmod or (nvml_failed and "Library Not Found" not in nvml_failed.reason):
+        dmesg = None
+        if nvml_failed and nvml_failed.code == NVML_ERROR_LIB_RM_VERSION_MISMATCH or (smi_failed and "mismatch" in smi_failed):
+            rc, out, _ = run(["dmesg"])
+            dmesg = out if rc == 0 else None
+        facts["driver"] = hostmod.driver_facts(sysfs_root, smi_error=smi_failed, dmesg=dmesg)
+    if res is None:
+        return HostInventory(declined=tuple(declined), **facts)
+    rocm = res.rocm_version or (hostmod.rocm_version(sysfs_root) if res.gpus[0].vendor == "amd" else None)
+    inv = HostInventory(gpus=tuple(res.gpus), probe=winner, declined=tuple(declined),
+                        driver_version=res.driver_version, cuda_driver_version=res.cuda_driver_version,
+                        rocm_version=rocm, links=tuple(res.links), **facts)
+    if inv.vendor == "nvidia":
+        extra: dict[str, Any] = {}
+        if cuda_init is not None:
+            with contextlib.suppress(Exception):
+                extra["cuda_init"] = cuda_init()
+        if inv.nvswitch:
+            extra["fabric_manager"] = fabric_manager_facts(run, inv.driver_version)
+        if extra:
+            inv = inv.model_copy(update=extra)
+    return inv

@@ -1,0 +1,240 @@
+"""Host facts that are not GPUs: CPU/NUMA, memory, /dev/shm, model cache, HF env, visible-device
+variables, container engine, NVIDIA driver files, port owners.
+
+Every reader takes ``root`` (a directory standing in for ``/``) and ``env`` so tests feed recorded
+files and environments; nothing here prints or changes the environment.
+
+Sources:
+- /proc/driver/nvidia/version format ("NVRM version: NVIDIA UNIX x86_64 Kernel Module  570.124.04 ..."):
+  https://download.nvidia.com/XFree86/Linux-x86_64/570.124.04/README/procinterface.html
+- "NVRM: API mismatch" dmesg line: https://github.com/saharmor/dalle-playground/issues/104 (F01).
+- Docker Engine API ``GET /version`` and ``GET /info`` (``Runtimes``): https://docs.docker.com/reference/api/engine/
+- /proc/net/tcp format: https://www.kernel.org/doc/Documentation/networking/proc_net_tcp.txt
+"""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import os
+import re
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from m3ctl.hw.inventory import ContainerFacts, DriverFacts
+
+VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+HF_VARS = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+TOKEN_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+_LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "usr/lib", "lib/x86_64-linux-gnu",
+             "lib64", "usr/local/nvidia/lib64")
+
+
+def _p(root: Path, path: str) -> Path:
+    return root / path.lstrip("/")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return None
+
+
+def model_cache_dir(env: Mapping[str, str]) -> Path:
+    """The Hugging Face hub cache in effect: HF_HUB_CACHE, else HF_HOME/hub, else ~/.cache/huggingface/hub.
+
+    Source: https://huggingface.co/docs/huggingface_hub/package_reference/environment_variables
+    """
+    if env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE"):
+        return Path(env.get("HF_HUB_CACHE") or env["HUGGINGFACE_HUB_CACHE"]).expanduser()
+    if env.get("HF_HOME"):
+        return Path(env["HF_HOME"]).expanduser() / "hub"
+    return Path(env.get("HOME") or Path.home()) / ".cache" / "huggingface" / "hub"
+
+
+def host_facts(root: Path = Path("/"), env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """CPU, NUMA, RAM, /dev/shm, model cache, HF env and visible-device variables (fields of HostInventory)."""
+    env = os.environ if env is None else env
+    facts: dict[str, Any] = {"cpu_count": os.cpu_count()}
+    cpuinfo = _read(_p(root, "/proc/cpuinfo")) or ""
+    m = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
+    facts["cpu_model"] = m.group(1).strip() if m else None
+    node_dir = _p(root, "/sys/devices/system/node")
+    with contextlib.suppress(OSError):
+        facts["numa_nodes"] = sum(1 for p in node_dir.iterdir() if re.fullmatch(r"node\d+", p.name)) or None
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        facts["memory_total_mib"] = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")) // 2**20
+    with contextlib.suppress(OSError):
+        st = os.statvfs(_p(root, "/dev/shm"))
+        facts["shm_bytes"] = st.f_frsize * st.f_blocks
+    cache = model_cache_dir(env)
+    facts["model_cache"] = str(cache)
+    probe = cache
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    with contextlib.suppress(OSError):
+        st = os.statvfs(probe)
+        facts["model_cache_free_bytes"] = st.f_frsize * st.f_bavail
+    facts["hf_env"] = {k: env[k] for k in HF_VARS if k in env}
+    facts["hf_token_set"] = any(env.get(k) for k in TOKEN_VARS)
+    facts["visible_devices"] = {k: env[k] for k in VISIBLE_VARS if k in env}
+    return facts
+
+
+# ----------------------------------------------------------------------------- NVIDIA driver files
+_NVRM = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
+_API_MISMATCH = re.compile(r"NVRM: API mismatch.*?client has the version (\S+?),? but.*?kernel module has the version (\S+?)[,.]?\s",
+                           re.S)
+
+
+def kernel_module_version(root: Path = Path("/")) -> str | None:
+    """Version of the loaded NVIDIA kernel module from /proc/driver/nvidia/version, or None."""
+    text = _read(_p(root, "/proc/driver/nvidia/version"))
+    m = _NVRM.search(text or "")
+    return m.group(1) if m else None
+
+
+def nvml_library_versions(root: Path = Path("/")) -> tuple[str, ...]:
+    """Versions of ``libnvidia-ml.so.<x.y.z>`` files on disk (the userspace half of the driver)."""
+    found: set[str] = set()
+    for d in _LIB_DIRS:
+        with contextlib.suppress(OSError):
+            for p in _p(root, d).glob("libnvidia-ml.so.*"):
+                ver = p.name.removeprefix("libnvidia-ml.so.")
+                if ver.count(".") >= 1:
+                    found.add(ver)
+    return tuple(sorted(found))
+
+
+def parse_dmesg_mismatch(text: str) -> str | None:
+    """The ``NVRM: API mismatch`` line of a kernel log, or None."""
+    for line in text.splitlines():
+        if "NVRM: API mismatch" in line:
+            return line.strip()
+    return None
+
+
+def mismatch_versions(line: str) -> tuple[str, str] | None:
+    """(client/library version, kernel module version) from an ``NVRM: API mismatch`` line."""
+    m = _API_MISMATCH.search(line + " ")
+    return (m.group(1), m.group(2)) if m else None
+
+
+def driver_facts(root: Path = Path("/"), *, smi_error: str | None = None, dmesg: str | None = None) -> DriverFacts:
+    """NVIDIA driver facts for explaining a failed NVML init (F01)."""
+    dev = _p(root, "/dev")
+    nodes = 0
+    with contextlib.suppress(OSError):
+        nodes = sum(1 for p in dev.iterdir() if re.fullmatch(r"nvidia\d+", p.name))
+    return DriverFacts(kernel_module_version=kernel_module_version(root),
+                       nvml_library_versions=nvml_library_versions(root),
+                       dmesg_mismatch=parse_dmesg_mismatch(dmesg) if dmesg else None,
+                       smi_error=smi_error, device_nodes=nodes)
+
+
+def rocm_version(root: Path = Path("/")) -> str | None:
+    """ROCm version from /opt/rocm/.info/version (e.g. ``"6.4.2-120"`` -> ``"6.4.2"``)."""
+    text = _read(_p(root, "/opt/rocm/.info/version"))
+    return text.strip().split("-")[0] if text and text.strip() else None
+
+
+# ----------------------------------------------------------------------------- container engine
+class _UnixHTTP(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float):
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        s.connect(self._path)
+        self.sock = s
+
+
+def _engine_get(sock_path: str, url: str, timeout: float) -> dict:
+    conn = _UnixHTTP(sock_path, timeout)
+    try:
+        conn.request("GET", url)
+        resp = conn.getresponse()
+        body = resp.read()
+        if resp.status != 200:
+            raise OSError(f"HTTP {resp.status} from {url}")
+        return json.loads(body)
+    finally:
+        conn.close()
+
+
+def container_facts(root: Path = Path("/"), env: Mapping[str, str] | None = None, *,
+                    timeout: float = 2.0) -> ContainerFacts:
+    """Docker/Podman socket reachability (Engine API over the unix socket, no SDK import), the
+    registered OCI runtimes (``nvidia`` = NVIDIA container toolkit), and /dev/kfd, /dev/dri."""
+    env = os.environ if env is None else env
+    host = env.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    facts: dict[str, Any] = {
+        "in_container": _p(root, "/.dockerenv").exists() or _p(root, "/run/.containerenv").exists(),
+        "dev_kfd": _p(root, "/dev/kfd").exists(), "dev_dri": _p(root, "/dev/dri").is_dir(),
+    }
+    for cand in (f"{env.get('XDG_RUNTIME_DIR', '/run/user/0')}/podman/podman.sock", "/run/podman/podman.sock"):
+        if _p(root, cand).exists():
+            facts["podman_socket"] = cand
+            break
+    if not host.startswith("unix://"):
+        facts["docker_error"] = f"DOCKER_HOST={host} is not a unix socket; not probed"
+        return ContainerFacts(**facts)
+    path = host[len("unix://"):]
+    real = path if root == Path("/") else str(_p(root, path))
+    if not Path(real).exists():
+        facts["docker_reachable"] = False
+        facts["docker_error"] = f"no Docker socket at {path}"
+        return ContainerFacts(**facts)
+    facts["docker_socket"] = path
+    try:
+        ver = _engine_get(real, "/version", timeout)
+        info = _engine_get(real, "/info", timeout)
+    except (OSError, ValueError, http.client.HTTPException) as e:
+        facts["docker_reachable"] = False
+        facts["docker_error"] = f"{type(e).__name__}: {e}"[:200]
+        return ContainerFacts(**facts)
+    facts.update(docker_reachable=True, docker_version=str(ver.get("Version")),
+                 runtimes=tuple(sorted((info.get("Runtimes") or {}).keys())))
+    return ContainerFacts(**facts)
+
+
+# ----------------------------------------------------------------------------- ports
+def _listeners(root: Path) -> dict[int, str]:
+    """Listening TCP ports -> socket inode, from /proc/net/tcp and tcp6."""
+    out: dict[int, str] = {}
+    for name in ("tcp", "tcp6"):
+        text = _read(_p(root, f"/proc/net/{name}")) or ""
+        for line in text.splitlines()[1:]:
+            parts = line.split()
+            if len(parts) < 10 or parts[3] != "0A":  # 0A = TCP_LISTEN
+                continue
+            port = int(parts[1].rsplit(":", 1)[1], 16)
+            out.setdefault(port, parts[9])
+    return out
+
+
+def port_owner(port: int, root: Path = Path("/")) -> tuple[int, str] | None:
+    """(pid, command line) of the process listening on ``port``, from /proc; None when nobody
+    listens or the owner is not visible (another user's process without privileges)."""
+    inode = _listeners(root).get(port)
+    if inode is None:
+        return None
+    target = f"socket:[{inode}]"
+    proc = _p(root, "/proc")
+    with contextlib.suppress(OSError):
+        for pid_dir in proc.iterdir():
+            if not pid_dir.name.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                for fd in (pid_dir / "fd").iterdir():
+                    with contextlib.suppress(OSError):
+                        if os.readlink(fd) == target:
+                            cmd = (_read(pid_dir / "cmdline") or "").replace("\0", " ").strip()
+                            return int(pid_dir.name), cmd[:120]
+    return -1, "?"
