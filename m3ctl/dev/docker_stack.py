@@ -93,7 +93,17 @@ class Engine:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
+        _unmount_under(self.root)  # dockerd leaves exec/netns/default (an nsfs bind mount) behind
         shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _unmount_under(root: Path) -> None:
+    try:
+        mounts = [ln.split()[1] for ln in Path("/proc/mounts").read_text().splitlines()]
+    except OSError:
+        return
+    for m in sorted((m for m in mounts if m.startswith(str(root) + "/")), key=len, reverse=True):
+        subprocess.run(["umount", "-l", m], capture_output=True, check=False)
 
 
 def start_engine(timeout_s: float = 60.0) -> Engine:
