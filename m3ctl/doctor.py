@@ -20,6 +20,7 @@ shared/cases/field-failures.md (F01-F10, F14, F17) that the checks are tested ag
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import sys
@@ -611,7 +612,7 @@ def check_shm(ctx: Ctx) -> CheckResult:
     inv = ctx.inv
     h = caps.table().host
     if inv.shm_bytes is None:
-        return _r("host.shm", "host", "WARN", "/dev/shm not found", "mount a tmpfs at /dev/shm (containers: --ipc=host)")
+        return _r("host.shm", "host", "SKIP", "/dev/shm size not recorded")
     gib = inv.shm_bytes / 2**30
     tp = _planned_tp(ctx) if ctx.gpu_host else 1
     floor = h.shm_gib_per_rank * tp
@@ -831,6 +832,8 @@ def _evaluate_variants(ctx: Ctx) -> None:
         fvs = [caps.evaluate_feature(arch, f, engine_version=engine, image_cuda=img_cuda) for f in feats]
         fit = caps.memory_fit(units, v.weights_gib, s.kv_bytes_per_token(ctx.kv_dtype), s.num_kv_heads, ctx.context,
                               max_tp=max_tp)
+        if s.max_context and fit.max_context > s.max_context:
+            fit = dataclasses.replace(fit, max_context=s.max_context)
         evals.append(VariantEval(v, fvs, caps.known_bad(s.family, arch, v.precision), fit, mem_unknown))
     ctx.evals = evals
     if not evals:

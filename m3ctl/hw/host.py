@@ -87,7 +87,7 @@ def host_facts(root: Path = Path("/"), env: Mapping[str, str] | None = None) -> 
 
 # ----------------------------------------------------------------------------- NVIDIA driver files
 _NVRM = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
-_API_MISMATCH = re.compile(r"NVRM: API mismatch.*?client has the version (\S+?),? but.*?kernel module has the version (\S+?)[,.]?\s",
+_API_MISMATCH = re.compile(r"client has the version (\d+(?:\.\d+)+).*?kernel module has the version (\d+(?:\.\d+)+)",
                            re.S)
 
 
@@ -111,10 +111,11 @@ def nvml_library_versions(root: Path = Path("/")) -> tuple[str, ...]:
 
 
 def parse_dmesg_mismatch(text: str) -> str | None:
-    """The ``NVRM: API mismatch`` line of a kernel log, or None."""
-    for line in text.splitlines():
+    """The ``NVRM: API mismatch`` message of a kernel log (the line and its continuation), or None."""
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
         if "NVRM: API mismatch" in line:
-            return line.strip()
+            return " ".join(x.strip() for x in lines[i:i + 2])
     return None
 
 
