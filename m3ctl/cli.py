@@ -754,7 +754,7 @@ def _pw(p: float) -> str:
 @dev_app.command("tiny-model")
 def tiny_model(
     out_dir: Annotated[Path, typer.Argument(help="Directory to create.")],
-    arch: Annotated[str, typer.Option(help="minimax-m2 (MoE) or llama.")] = "minimax-m2",
+    arch: Annotated[str, typer.Option(help="minimax-m2 (MoE), llama, or minimax-m3 (config only, for --load-format dummy).")] = "minimax-m2",
     head_dim: Annotated[int, typer.Option(help="Attention head size (CPU attention: 32, 64, ...).")] = 32,
     seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty directory.")] = False,

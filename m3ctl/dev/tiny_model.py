@@ -11,6 +11,9 @@ Architectures:
   partial RoPE, with ``scoring_func: softmax`` because vLLM's CPU MoE router rejects the
   real checkpoints' sigmoid (shared/reference/cpu-test-stack.md section 3).
 - ``llama``: ``LlamaForCausalLM``, dense.
+- ``minimax-m3``: config only (no weights): a tiny ``MiniMaxM3SparseForConditionalGeneration`` (MSA,
+  MoE) built from transformers' ``MiniMaxM3VLConfig`` with shrunken dimensions, for GPU tests with
+  ``vllm serve --load-format dummy --language-model-only`` (vLLM creates random weights itself).
 
 ``head_dim`` must be one vLLM's CPU attention supports (32, 64, ...); other values are
 allowed on purpose so tests can build a model the server accepts but cannot run.
@@ -30,7 +33,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-ARCHITECTURES = ("minimax-m2", "llama")
+ARCHITECTURES = ("minimax-m2", "llama", "minimax-m3")
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,21 @@ def _config(spec: TinyModelSpec, tokenizer):
                   pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
     if spec.arch == "llama":
         return transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
+    if spec.arch == "minimax-m3":
+        n = spec.num_layers
+        cfg = transformers.MiniMaxM3VLConfig(
+            text_config=dict(vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+                             num_hidden_layers=n, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+                             head_dim=spec.head_dim, num_local_experts=spec.num_experts,
+                             num_experts_per_tok=spec.experts_per_tok, dense_intermediate_size=spec.intermediate_size,
+                             shared_intermediate_size=spec.intermediate_size, max_position_embeddings=spec.max_position_embeddings,
+                             mlp_layer_types=["sparse"] * n, layer_types=["full_attention"] * n, index_n_heads=2,
+                             index_head_dim=spec.head_dim, index_block_size=128, index_topk_blocks=4,
+                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id),
+            vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2),
+            projector_hidden_size=spec.hidden_size, image_token_index=1, video_token_index=1)
+        cfg.architectures = ["MiniMaxM3SparseForConditionalGeneration"]
+        return cfg, None
     if spec.arch == "minimax-m2":
         cfg = transformers.MiniMaxM2Config(
             **common, num_local_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_tok,
@@ -129,6 +147,11 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None, *, 
     hf_logging.disable_progress_bar()
     tokenizer = build_tokenizer(out, spec.vocab_size)
     cfg, cls = _config(spec, tokenizer)
+    if cls is None:  # config-only architecture: serve with --load-format dummy
+        cfg.save_pretrained(str(out))
+        (out / "m3ctl-tiny.json").write_text(json.dumps({**spec.__dict__, "weights": "none (--load-format dummy)"},
+                                                        indent=2, sort_keys=True))
+        return out
     torch.manual_seed(spec.seed)
     model = cls(cfg).to(torch.bfloat16)
     model.save_pretrained(str(out))
