@@ -756,6 +756,7 @@ def tiny_model(
     out_dir: Annotated[Path, typer.Argument(help="Directory to create.")],
     arch: Annotated[str, typer.Option(help="minimax-m2 (MoE), llama, or minimax-m3 (config only, for --load-format dummy).")] = "minimax-m2",
     head_dim: Annotated[int, typer.Option(help="Attention head size (CPU attention: 32, 64, ...).")] = 32,
+    kv_heads: Annotated[int, typer.Option(help="KV heads (1 lets TP2 + DCP2 run: DCP needs TP > KV heads).")] = 2,
     seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty directory.")] = False,
 ) -> None:
@@ -763,7 +764,7 @@ def tiny_model(
     from m3ctl.dev.tiny_model import TinyModelSpec, build_tiny_model  # noqa: PLC0415
 
     t0 = time.monotonic()
-    out = build_tiny_model(out_dir, TinyModelSpec(arch=arch, head_dim=head_dim, seed=seed), overwrite=overwrite)
+    out = build_tiny_model(out_dir, TinyModelSpec(arch=arch, head_dim=head_dim, num_kv_heads=kv_heads, seed=seed), overwrite=overwrite)
     typer.echo(f"built {arch} tiny model (head_dim {head_dim}) in {out} in {time.monotonic() - t0:.1f} s")
 
 
