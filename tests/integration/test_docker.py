@@ -134,7 +134,7 @@ def test_docker_labels_secrets_ipc_and_restart_policy(dserver, engine):
     (ct,) = _containers(engine, "dshared")
     a = ct.attrs
     labels = a["Config"]["Labels"]
-    assert labels["m3ctl.name"] == "dshared" and labels["m3ctl.plan-hash"] == dserver["plan"].plan_hash()
+    assert labels["m3ctl.name"] == "dshared" and labels["m3ctl.plan-hash"] == dep.plan_hash
     assert labels["m3ctl.model"] == dserver["plan"].model and labels["m3ctl.port"] == str(dep.port)
     assert a["HostConfig"]["RestartPolicy"]["Name"] == "no"
     assert a["HostConfig"]["IpcMode"] == "host" and a["HostConfig"]["NetworkMode"] == "host"
