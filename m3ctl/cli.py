@@ -4,7 +4,6 @@ Errors: every :class:`~m3ctl.errors.M3Error` becomes ``error: <message>`` and ``
 on stderr with its exit code; a traceback is shown only with ``--debug`` (or M3CTL_DEBUG=1).
 """
 
-from __future__ import annotations
 
 import json
 import math
@@ -23,9 +22,13 @@ from typer.exceptions import TyperException as _UsageBase
 from m3ctl import __version__
 from m3ctl.errors import EXIT_INTERRUPTED, EXIT_USAGE, BadInput, ChecksFailed, M3Error
 
+# Plain (click) help formatting: Typer's rich help imports rich + markdown-it (~0.2 s), which alone would break
+# the `m3ctl --help` <= 0.25 s target (benchmarks/doctor_speed.py).
+PLAIN_HELP = {"rich_markup_mode": None}
 app = typer.Typer(help="Get MiniMax-M3.1-Flash serving on vLLM, fast and correctly, on the GPUs at hand.",
-                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-dev_app = typer.Typer(help="Developer tools: tiny local models, vLLM CPU install fix-ups.", no_args_is_help=True)
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False, **PLAIN_HELP)
+dev_app = typer.Typer(help="Developer tools: tiny local models, vLLM CPU install fix-ups.", no_args_is_help=True,
+                      **PLAIN_HELP)
 app.add_typer(dev_app, name="dev")
 
 
@@ -199,6 +202,7 @@ def plan(
     json_out: Annotated[bool, typer.Option("--json", help="Print {image, argv, env, explain, rejected} as JSON.")] = False,
     emit: Annotated[Optional[str], typer.Option(help="Render as docker, compose, k8s or script.")] = None,
     skip_checks: Annotated[bool, typer.Option(help="Report rule violations as warnings instead of rejecting.")] = False,
+    config: Annotated[Optional[Path], typer.Option(help="User plan config YAML (CLI flags override it).")] = None,
     variant: OptVariant = None, tp: OptTP = None, dp: OptDP = None, dcp: OptDCP = None, ep: OptEP = None,
     dbo: OptDBO = None, spec_depth: OptSpecDepth = None, spec_method: OptSpecMethod = None, kv_cache_dtype: OptKV = None,
     max_model_len: OptMML = None, max_num_seqs: OptSeqs = None, max_num_batched_tokens: OptMBT = None,
@@ -212,13 +216,21 @@ def plan(
     from m3ctl.hw.detect import detect  # noqa: PLC0415
     from m3ctl.plan import plan as make_plan  # noqa: PLC0415
 
+    from m3ctl.userconfig import load_user_config, merge  # noqa: PLC0415
+
     inv = _load_inventory(inventory) if inventory else detect()
     secrets = [k for k in SECRET_PASSTHROUGH if os.environ.get(k)]
+    ucfg = load_user_config(config) if config else None
+    kw = merge(ucfg, {"overrides": _parse_args(arg or []), "skip_checks": skip_checks,
+                      **_plan_kwargs(ctx, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
+                                     max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated,
+                                     no_multicast)})
+    if ucfg and ucfg.model and model == "MiniMax-M3.1-Flash":
+        model = ucfg.model
+    if ucfg and ucfg.runtime and runtime == "docker":
+        runtime = ucfg.runtime
     p = make_plan(inv, model, name=name, port=port, runtime=runtime,
-                  profile=load_profile_file(profile) if profile else None, overrides=_parse_args(arg or []),
-                  pass_env=secrets, skip_checks=skip_checks,
-                  **_plan_kwargs(ctx, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
-                                 max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated, no_multicast))
+                  profile=load_profile_file(profile) if profile else None, pass_env=secrets, **kw)
     if emit:
         from m3ctl.emit import render  # noqa: PLC0415
 
@@ -497,7 +509,8 @@ def logs(
 
 
 # ----------------------------------------------------------------------------- bench
-bench_app = typer.Typer(help="Load-test an OpenAI-compatible endpoint; `m3ctl bench report` compares results.")
+bench_app = typer.Typer(help="Load-test an OpenAI-compatible endpoint; `m3ctl bench report` compares results.",
+                        **PLAIN_HELP)
 app.add_typer(bench_app, name="bench")
 
 
@@ -785,7 +798,12 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the app and map errors to one line + exit code."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args or os.environ.get("M3CTL_DEBUG") == "1"
-    err = _console(stderr=True)
+
+    class _LazyErr:  # rich.console costs ~50 ms to import; only pay it when there is an error to print
+        def print(self, *a, **kw):
+            _console(stderr=True).print(*a, **kw)
+
+    err = _LazyErr()
     try:
         rv = app(args=args, prog_name="m3ctl", standalone_mode=False)
         return rv if isinstance(rv, int) else 0

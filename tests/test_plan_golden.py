@@ -88,3 +88,21 @@ def test_cli_plan_json_and_exit_codes(tmp_path):
     assert p.returncode == 2 and "did you mean 'nvfp4'" in p.stderr
     p = run_cli("plan", "--inventory", str(inv), "--", "--max-num-seqs", "64")
     assert p.returncode == 0 and "--max-num-seqs 64" in p.stdout
+
+
+def test_user_config_file_precedence(tmp_path):
+    inv = tmp_path / "b200.json"
+    inv.write_text(ALL["b200x8"]().model_dump_json())
+    cfg = tmp_path / "m3ctl.yaml"
+    cfg.write_text("schema_version: 1\nvariant: mxfp8\nmax_model_len: 131072\nargs: {max-num-seqs: 128}\n")
+    d = json.loads(run_cli("plan", "--inventory", str(inv), "--config", str(cfg), "--json", check=True).stdout)
+    a = d["argv"]
+    assert d["variant"] == "mxfp8" and a[a.index("--max-num-seqs") + 1] == "128" and "131072" in a
+    # CLI flags beat the file.
+    d = json.loads(run_cli("plan", "--inventory", str(inv), "--config", str(cfg), "--variant", "nvfp4",
+                           "--max-num-seqs", "64", "--json", check=True).stdout)
+    a = d["argv"]
+    assert d["variant"] == "nvfp4" and a[a.index("--max-num-seqs") + 1] == "64" and a.count("--max-num-seqs") == 1
+    cfg.write_text("schema_version: 1\nvarint: x\n")
+    p = run_cli("plan", "--inventory", str(inv), "--config", str(cfg))
+    assert p.returncode == 2 and "unknown key 'varint'; did you mean 'variant'?" in p.stderr
