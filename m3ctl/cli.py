@@ -262,6 +262,7 @@ def serve(
     mount: Annotated[Optional[list[str]], typer.Option("--mount", help="Extra docker bind mount HOST:CONTAINER[:ro|rw] (repeatable; read-only by default).")] = None,
     restart: Annotated[str, typer.Option(help="Foreground watchdog: no or on-failure (restart a dead/stalled server).")] = "no",
     watch_interval: Annotated[float, typer.Option(help="Foreground watchdog: seconds between liveness probes.")] = 10.0,
+    config: Annotated[Optional[Path], typer.Option(help="User plan config YAML (CLI flags override it).")] = None,
     variant: OptVariant = None, tp: OptTP = None, dp: OptDP = None, dcp: OptDCP = None, ep: OptEP = None,
     dbo: OptDBO = None, spec_depth: OptSpecDepth = None, spec_method: OptSpecMethod = None, kv_cache_dtype: OptKV = None,
     max_model_len: OptMML = None, max_num_seqs: OptSeqs = None, max_num_batched_tokens: OptMBT = None,
@@ -283,12 +284,15 @@ def serve(
     if restart not in ("no", "on-failure"):
         raise BadInput(f"bad --restart {restart!r}", "use --restart no or --restart on-failure")
     prof = load_profile_file(profile) if profile else None
+    from m3ctl.userconfig import load_user_config, merge  # noqa: PLC0415
+
+    kw = merge(load_user_config(config) if config else None,
+               {"overrides": _parse_args(arg or []), "skip_checks": skip_checks,
+                **_plan_kwargs(ctx, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
+                               max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated, no_multicast)})
     p = make_plan(inv, model, name=name, port=port, host=host, served_model_name=served_model_name,
-                  runtime=runtime, profile=prof,
-                  overrides=_parse_args(arg or []), pass_env=list(secrets), startup_budget_s=startup_timeout,
-                  skip_checks=skip_checks, image=image,
-                  **_plan_kwargs(ctx, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
-                                 max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated, no_multicast))
+                  runtime=runtime, profile=prof, pass_env=list(secrets), startup_budget_s=startup_timeout,
+                  image=image, **kw)
     if image and runtime != "docker":
         raise BadInput("--image needs --runtime docker", "add --runtime docker")
     con = _console()
