@@ -18,7 +18,6 @@ m3ctl/data/architectures.yaml, the model catalog (m3ctl.catalog) and the field f
 shared/cases/field-failures.md (F01-F10, F14, F17) that the checks are tested against.
 """
 
-from __future__ import annotations
 
 import dataclasses
 import os

@@ -4,11 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import socket
-import subprocess
-import tempfile
-import time
 from pathlib import Path
 
 import pytest
@@ -225,32 +221,17 @@ def test_container_facts_without_engine(tmp_path):
 
 @pytest.fixture(scope="module")
 def dockerd():
-    """A real private dockerd (Debian docker.io), as the CI installs it; stopped afterwards."""
-    exe = shutil.which("dockerd") or ("/usr/sbin/dockerd" if Path("/usr/sbin/dockerd").exists() else None)
-    if exe is None:
-        pytest.skip("dockerd not installed (apt-get install docker.io)")
-    root = Path(tempfile.mkdtemp(prefix="m3hw-", dir="/tmp"))
-    sock = root / "d.sock"
-    proc = subprocess.Popen([exe, "--data-root", str(root / "data"), "--exec-root", str(root / "exec"),
-                             "-H", f"unix://{sock}", "--pidfile", str(root / "d.pid"), "--bridge=none",
-                             "--iptables=false", "--ip-masq=false"], stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, start_new_session=True)
+    """A real private dockerd (Debian docker.io), started by m3ctl's test stack; stopped afterwards."""
+    from m3ctl.dev.docker_stack import StackUnavailable, start_engine
+
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            c = container_facts(Path("/"), {"DOCKER_HOST": f"unix://{sock}"})
-            if c.docker_reachable:
-                break
-            time.sleep(0.3)
-        yield f"unix://{sock}"
+        eng = start_engine()
+    except StackUnavailable as e:
+        pytest.skip(f"no container engine can start here: {e}")
+    try:
+        yield eng.docker_host
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=10)
-        shutil.rmtree(root, ignore_errors=True)
+        eng.stop()
 
 
 def test_container_facts_real_dockerd(dockerd):

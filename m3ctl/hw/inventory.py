@@ -10,7 +10,6 @@ An inventory can be saved to JSON on a GPU node and evaluated anywhere else
   error by :func:`load_inventory`.
 """
 
-from __future__ import annotations
 
 import functools
 import json
@@ -282,7 +281,7 @@ def load_inventory(text: str, where: str = "inventory") -> HostInventory:
 @functools.lru_cache(maxsize=1)
 def _arch_table() -> dict:
     text = resources.files("m3ctl").joinpath("data/architectures.yaml").read_text()
-    return yaml.safe_load(text)
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def nvidia_arch(cc: str) -> str:
