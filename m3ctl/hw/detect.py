@@ -135,8 +135,8 @@ def _fabric_state(nvml: Any, h: Any) -> str | None:
     if getter is None:
         return None
     try:
-        info = struct() if struct is not None else None
-        res = getter(h, info) if info is not None else getter(h)
+        info = struct() if struct is not None else None  # pynvml fills a c_nvmlGpuFabricInfo_t passed by reference
+        res = getter(h, ctypes.byref(info)) if info is not None else getter(h)
         state = getattr(info if info is not None else res, "state", None)
         return FABRIC_STATES.get(int(state), f"state {state}") if state is not None else None
     except Exception as e:
@@ -589,7 +589,9 @@ def fabric_manager_facts(run: Runner, driver_version: str | None) -> FabricManag
     """``systemctl is-active nvidia-fabricmanager`` and ``nv-fabricmanager --version``."""
     rc, out, err = run(["systemctl", "is-active", "nvidia-fabricmanager"])
     state = (out or err).strip().splitlines()[0] if (out or err).strip() else ""
-    active = None if rc == 127 else (state == "active")
+    # Only systemd's own answers count; "System has not been booted with systemd" (containers) means unknown.
+    active = {"active": True, "inactive": False, "failed": False, "activating": False,
+              "deactivating": False}.get(state)
     rc2, out2, _ = run(["nv-fabricmanager", "--version"])
     m = re.search(r"(\d+\.\d+(?:\.\d+)?)", out2 or "") if rc2 == 0 else None
     del driver_version
