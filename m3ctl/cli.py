@@ -83,11 +83,12 @@ def doctor(
     runtime: Annotated[str, typer.Option(help="auto, process or docker (what serve would use).")] = "auto",
     port: Annotated[int, typer.Option(help="API port to check.")] = 8000,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 on WARN too.")] = False,
+    image: Annotated[Optional[str], typer.Option(help="Check this image (catalog name or a local image) instead of the recommended one.")] = None,
     inventory: Annotated[Optional[Path], typer.Option(help="Evaluate a saved inventory instead of this host.")] = None,
     save_inventory: Annotated[Optional[Path], typer.Option(help="Write this host's inventory as JSON.")] = None,
 ) -> None:
     """Probe this host and say, check by check, whether and how it can serve (exit 1 on FAIL)."""
-    from m3ctl.doctor import report_json, run_doctor  # noqa: PLC0415
+    from m3ctl.doctor import report_json, resolve_image, run_doctor  # noqa: PLC0415
     from m3ctl.hw.detect import detect  # noqa: PLC0415
 
     if runtime not in ("auto", "process", "docker"):
@@ -96,7 +97,8 @@ def doctor(
     if save_inventory:
         save_inventory.write_text(inv.model_dump_json(indent=2))
     rep = run_doctor(inv, model=model, variant=variant, context=context, kv_cache_dtype=kv_cache_dtype,
-                     runtime=runtime, port=port, host_checks=inventory is None)
+                     runtime=runtime, port=port, host_checks=inventory is None,
+                     image=resolve_image(image) if image else None)
     if json_out:
         typer.echo(json.dumps(report_json(rep), indent=2))
     else:

@@ -945,6 +945,32 @@ def _short(fallback: str) -> str:
     return head.split(";")[0][:90] if not head.startswith("known-bad") else "known-bad in the field (see fallbacks)"
 
 
+def resolve_image(ref: str, env: Mapping[str, str] | None = None) -> ImageFacts:
+    """Image facts for ``--image``: a catalog image name, else a local image inspected through the
+    container engine (``CUDA_VERSION`` / ``NVIDIA_REQUIRE_CUDA`` / ``VLLM_VERSION`` in its env).
+
+    Raises:
+        BadInput: neither a catalog name nor an image the engine has (pull it first).
+    """
+    from m3ctl.errors import BadInput  # noqa: PLC0415
+    from m3ctl.hw.host import inspect_image_env  # noqa: PLC0415
+
+    try:
+        from m3ctl import catalog  # noqa: PLC0415
+
+        img = catalog.images().get(ref)
+    except Exception:  # noqa: BLE001 - catalog trouble: fall through to the engine
+        img = None
+    if img is not None:
+        return ImageFacts(name=img.name, reference=img.reference, cuda_version=img.cuda_version,
+                          rocm_version=img.rocm_version, vllm_version=img.vllm_version, min_driver=img.min_driver)
+    env_list = inspect_image_env(ref, env)
+    if env_list is None:
+        raise BadInput(f"image {ref!r} is neither a catalog image nor present in the container engine",
+                       "use a catalog image name, or `docker pull` it first so doctor can read its CUDA version")
+    return image_facts_from_env(ref, env_list)
+
+
 def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: str | None = None,
                context: int | None = None, kv_cache_dtype: str = "auto", runtime: str = "auto", port: int = 8000,
                host_checks: bool = True, image: ImageFacts | None = None,

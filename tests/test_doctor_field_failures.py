@@ -413,3 +413,42 @@ def test_a_crashing_check_becomes_fail_not_traceback(monkeypatch):
     assert c.status == "FAIL" and "check crashed: RuntimeError: probe exploded" in c.message
     assert rep.check("model.memory_fit").status == "OK"  # later checks still ran
     assert GpuInfo and rep.exit_code() == 1
+
+
+# ----------------------------------------------------------------------------- F06 through a real engine
+from tests.test_hw import dockerd  # noqa: E402,F401 - the real private dockerd fixture
+
+
+def test_f06_image_cuda_read_from_a_real_engine(dockerd, tmp_path, monkeypatch):
+    """`--image REF` reads CUDA_VERSION / NVIDIA_REQUIRE_CUDA from `docker image inspect` (Engine API) before any launch."""
+    import io
+    import tarfile
+
+    import docker
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        info = tarfile.TarInfo("etc/marker")
+        info.size = 2
+        tf.addfile(info, io.BytesIO(b"ok"))
+    client = docker.DockerClient(base_url=dockerd, timeout=60)
+    try:
+        client.api.import_image_from_data(buf.getvalue(), repository="m3ctl-test/cuda124", tag="1",
+                                          changes=["ENV CUDA_VERSION=12.4.1",
+                                                   "ENV NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=470"])
+        monkeypatch.setenv("DOCKER_HOST", dockerd)
+        from m3ctl.doctor import resolve_image
+
+        img = resolve_image("m3ctl-test/cuda124:1")
+        assert img.cuda_version == "12.4"
+        rep = run_doctor(rtx_driver525(), image=img, host_checks=False)
+        assert rep.check("image.cuda_vs_driver").status == "FAIL" and rep.exit_code() == 1
+        inv_file = tmp_path / "rtx.json"
+        inv_file.write_text(rtx_driver525().model_dump_json())
+        p = run_cli("doctor", "--inventory", str(inv_file), "--image", "m3ctl-test/cuda124:1", env={"DOCKER_HOST": dockerd})
+        assert p.returncode == 1 and "image.cuda_vs_driver" in p.stdout and "550.54.14" in p.stdout
+        p = run_cli("doctor", "--inventory", str(inv_file), "--image", "m3ctl-test/absent:9", env={"DOCKER_HOST": dockerd})
+        assert p.returncode == 2 and "docker pull" in p.stderr
+    finally:
+        client.images.remove("m3ctl-test/cuda124:1", force=True)
+        client.close()

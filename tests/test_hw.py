@@ -286,3 +286,16 @@ def test_memory_fit_arithmetic():
     one = caps.memory_fit([143771], 224, 122880, 4, 32768)
     assert not one.fits and one.tp == 1 and one.max_context == 0
     assert FIXTURES.is_dir()
+
+
+def test_cuda_init_probe_without_libcuda_and_fabric_manager_outside_systemd():
+    from m3ctl.hw.detect import cuda_init_probe, fabric_manager_facts
+
+    assert cuda_init_probe() is None  # this host has no libcuda.so.1: not tried, not an error
+    no_systemd = smi_runner(None, extra={
+        "systemctl": (1, "", "System has not been booted with systemd as init system (PID 1). Can't operate.\n"),
+        "nv-fabricmanager": (0, "Fabric Manager version is : 580.159.04\n", "")})
+    fm = fabric_manager_facts(no_systemd, "580.159.04")
+    assert fm.active is None and fm.version == "580.159.04"
+    dead = fabric_manager_facts(smi_runner(None, extra={"systemctl": (3, "failed\n", "")}), "580.159.04")
+    assert dead.active is False and dead.version is None

@@ -205,6 +205,22 @@ def container_facts(root: Path = Path("/"), env: Mapping[str, str] | None = None
     return ContainerFacts(**facts)
 
 
+def inspect_image_env(ref: str, env: Mapping[str, str] | None = None, *, timeout: float = 5.0) -> list[str] | None:
+    """``Config.Env`` of a local image via the Engine API (``GET /images/{ref}/json``, what
+    ``docker image inspect`` reads); None when the engine is unreachable or the image is not pulled."""
+    env = os.environ if env is None else env
+    host = env.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+    if not host.startswith("unix://") or not Path(host[len("unix://"):]).exists():
+        return None
+    from urllib.parse import quote  # noqa: PLC0415
+
+    try:
+        data = _engine_get(host[len("unix://"):], f"/images/{quote(ref, safe='')}/json", timeout)
+    except (OSError, ValueError, http.client.HTTPException):
+        return None
+    return list((data.get("Config") or {}).get("Env") or [])
+
+
 # ----------------------------------------------------------------------------- ports
 def _listeners(root: Path) -> dict[int, str]:
     """Listening TCP ports -> socket inode, from /proc/net/tcp and tcp6."""
