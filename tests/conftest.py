@@ -67,3 +67,21 @@ def tiny_server(tiny_models, session_state):
     yield res
     reports = stop(["shared"], registry=reg)
     assert reports[0].leftover == [] and reports[0].port_free
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Say how many docker-runtime tests ran (they skip, with the reason, where no engine can start)."""
+    ran, skipped = 0, []
+    for key in ("passed", "failed", "error", "skipped"):
+        for rep in terminalreporter.stats.get(key, []):
+            if "test_docker.py" not in getattr(rep, "nodeid", "") or rep.when not in ("call", "setup"):
+                continue
+            if key == "skipped":
+                skipped.append(rep)
+            elif rep.when == "call" or key == "error":
+                ran += 1
+    if ran or skipped:
+        reason = ""
+        if skipped and isinstance(skipped[0].longrepr, tuple):
+            reason = f" (skip reason: {skipped[0].longrepr[2]})"
+        terminalreporter.write_line(f"docker runtime tests: {ran} ran, {len(skipped)} skipped{reason}")
