@@ -260,8 +260,10 @@ def check_nvml_init(ctx: Ctx) -> CheckResult:
         return _r("gpu.nvml_init", "gpu", "WARN", f"NVML unusable ({reason}); GPUs found through nvidia-smi",
                   "install nvidia-ml-py in this environment (vLLM uses NVML to detect CUDA)", details)
     if kmod and "Library Not Found" in reason:
+        fix = ("this is a container without the GPUs: start it with --gpus all (NVIDIA container toolkit)"
+               if inv.container.in_container else "install the NVIDIA userspace driver matching the kernel module")
         return _r("gpu.nvml_init", "gpu", "FAIL", f"NVIDIA kernel module {kmod} is loaded but libnvidia-ml is missing",
-                  "install the NVIDIA userspace driver matching the kernel module", details)
+                  fix, details)
     if kmod or drv.device_nodes or (reason and "Library Not Found" not in reason and "not importable" not in reason):
         return _r("gpu.nvml_init", "gpu", "FAIL", f"NVML init failed: {reason or smi}",
                   "check the driver: `nvidia-smi`; " + _RELOAD, details)

@@ -452,3 +452,15 @@ def test_f06_image_cuda_read_from_a_real_engine(dockerd, tmp_path, monkeypatch):
     finally:
         client.images.remove("m3ctl-test/cuda124:1", force=True)
         client.close()
+
+
+def test_f01_kind_library_missing_next_to_a_loaded_module(tmp_path):
+    """Same kind as F01 (userspace vs kernel): module loaded, libnvidia-ml absent; in a container the fix is --gpus."""
+    root = _nvidia_root(tmp_path, lib=None)
+    inv = inv_of(root, nvml=NO_NVML, run=smi_runner(None))
+    c = run_doctor(inv, host_checks=False).check("gpu.nvml_init")
+    assert c.status == "FAIL" and "570.124.04 is loaded but libnvidia-ml is missing" in c.message
+    assert "userspace driver" in c.fix
+    (root / ".dockerenv").write_text("")
+    inv2 = inv_of(root, nvml=NO_NVML, run=smi_runner(None), container=True, env={"DOCKER_HOST": "unix:///none.sock"})
+    assert "--gpus all" in run_doctor(inv2, host_checks=False).check("gpu.nvml_init").fix
