@@ -1003,7 +1003,7 @@ def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: s
               context=context or h.default_context, kv_dtype=kv_cache_dtype, runtime=runtime, env=env, port=port,
               vis=vismod.resolve(inventory), image=image, local_model=local)
     _resolve_catalog(ctx)
-    if not local:
+    if not local and (inventory.gpus or model is not None):  # no GPU and no --model: nothing to size (saves ~50 ms)
         try:
             ctx.sizing = caps.model_sizing(ctx.model)
         except Exception:  # noqa: BLE001 - sizing trouble shows up as model.memory_fit
