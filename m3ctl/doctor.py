@@ -551,6 +551,20 @@ def check_known_bad(ctx: Ctx) -> CheckResult:
               "a correctness smoke test", [f"source: {kb.source}"])
 
 
+def check_dbo(ctx: Ctx) -> CheckResult:
+    """DeepEP/NVSHMEM availability for dual batch overlap (DBO needs DP > 1, EP and a DeepEP all2all backend)."""
+    if not ctx.gpu_host:
+        return _r("capability.dbo", "capability", "SKIP", "no GPU")
+    fv = caps.evaluate_feature(_arch(ctx), "deepep_dbo")
+    det = [f"source: {fv.source}"]
+    if fv.status in ("native", "supported"):
+        many = len(ctx.vis.units) > 1
+        return _r("capability.dbo", "capability", "OK", f"DBO with DeepEP all2all available on {_arch(ctx)}"
+                  + ("" if many else " (needs DP > 1: more than one GPU)"), details=det)
+    return _r("capability.dbo", "capability", "SKIP", f"DBO not offered on {_arch(ctx)}: DeepEP/NVSHMEM path "
+              f"{fv.status}" + (f" ({fv.note})" if fv.note else ""), details=det)
+
+
 # ----------------------------------------------------------------------------- container
 def check_engine(ctx: Ctx) -> CheckResult:
     c = ctx.inv.container
@@ -866,6 +880,7 @@ CHECKS: list[tuple[str, Group, Callable[[Ctx], CheckResult], bool]] = [
     ("capability.sparse_attention", "capability", check_sparse_attention, False),
     ("capability.kv_cache_dtype", "capability", check_kv_dtype, False),
     ("capability.known_bad", "capability", check_known_bad, False),
+    ("capability.dbo", "capability", check_dbo, False),
     ("container.engine", "container", check_engine, False),
     ("container.nvidia_runtime", "container", check_nvidia_runtime, False),
     ("container.devices", "container", check_devices, False),

@@ -163,3 +163,10 @@ def test_replay_detects_a_changed_verdict(tmp_path):
     with pytest.raises(AssertionError):
         replay(inv_file, doc)
     assert INVENTORY_GROUPS and report_json
+
+
+def test_dbo_availability_per_arch():
+    h = run_doctor(host("nvidia-h200x2"), host_checks=False).check("capability.dbo")
+    assert h.status == "OK" and "DeepEP" in h.message
+    amd = run_doctor(host("synthetic-mi300xx8"), host_checks=False).check("capability.dbo")
+    assert amd.status == "SKIP" and "unverified" in amd.message and "54591" in amd.details[0]
