@@ -167,15 +167,19 @@ async def _lag_monitor(samples: list[float], period: float = 0.01) -> None:
         samples.append(time.perf_counter() - t - period)
 
 
-async def _drive(cfg: BenchConfig, job: _Job, t0: float, deadline: float | None) -> tuple[list[RequestOutput], ClientStats]:
-    """Run one process's share: list mode (random/dataset/prefix) or agentic lanes."""
+async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[BenchRequest] | None = None
+                 ) -> tuple[list[RequestOutput], ClientStats, float]:
+    """Run one process's share: list mode (random/dataset/prefix) or agentic lanes.
+
+    Warmups run first in the same session, so the measured run starts on warm connections. ``t0``
+    None starts the measured phase right after them. Returns ``(outputs, stats, t0)``.
+    """
     headers = _headers(cfg)
     conn = aiohttp.TCPConnector(limit=job.concurrency or 0, ttl_dns_cache=300, force_close=False)
     timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
     outs: list[RequestOutput] = []
     stats = ClientStats()
     lags: list[float] = []
-    cpu0 = time.process_time()
     async with aiohttp.ClientSession(connector=conn, timeout=timeout, trust_env=False,
                                      read_bufsize=1 << 20, auto_decompress=False) as session:
         mon = asyncio.create_task(_lag_monitor(lags))
@@ -186,9 +190,22 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float, deadline: float | None)
             return await send_request(session, cfg.url, cfg.endpoint, cfg.model, req, ignore_eos=cfg.ignore_eos,
                                       headers=headers, scheduled_time=due, keep_text=keep_text, body=body)
 
+        if warmups:
+            sem = asyncio.Semaphore(job.concurrency or len(warmups))
+
+            async def warm(req: BenchRequest) -> None:
+                async with sem:
+                    await send(req, time.perf_counter())
+
+            await asyncio.gather(*(warm(w) for w in warmups))
+        cpu0 = time.process_time()
+        del lags[:]
         now = time.perf_counter()
-        if t0 > now:
+        if t0 is None:
+            t0 = now
+        elif t0 > now:
             await asyncio.sleep(t0 - now)
+        deadline = t0 + cfg.duration_s if cfg.duration_s else None
         if job.sessions:
             await _agentic_lanes(cfg, job, send, outs, stats, deadline)
         elif math.isinf(cfg.request_rate) and job.concurrency:
@@ -201,7 +218,7 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float, deadline: float | None)
     if lags:
         stats.loop_lag_max_ms = float(max(lags) * 1000)
         stats.loop_lag_p99_ms = float(np.percentile(lags, 99) * 1000)
-    return outs, stats
+    return outs, stats, t0
 
 
 async def _closed_lanes(job: _Job, send, outs: list, t0: float, deadline: float | None) -> None:
@@ -284,9 +301,9 @@ async def _agentic_lanes(cfg: BenchConfig, job: _Job, send, outs: list, stats: C
     await asyncio.gather(*(lane() for _ in range(job.concurrency or 1)))
 
 
-def _drive_sync(cfg: BenchConfig, job: _Job, t0: float, deadline: float | None):
+def _drive_sync(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[BenchRequest] | None = None):
     with asyncio.Runner(loop_factory=_new_loop) as r:
-        return r.run(_drive(cfg, job, t0, deadline))
+        return r.run(_drive(cfg, job, t0, warmups))
 
 
 def _split(cfg: BenchConfig, job: _Job, procs: int) -> list[_Job]:
@@ -300,23 +317,25 @@ def _split(cfg: BenchConfig, job: _Job, procs: int) -> list[_Job]:
     return [s for s in shares if (s.items or s.sessions) and (s.concurrency is None or s.concurrency > 0)]
 
 
-def _execute(cfg: BenchConfig, job: _Job) -> tuple[list[RequestOutput], float, list[ClientStats]]:
-    """Run the measured phase; returns outputs, duration (first dispatch to last completion) and client stats."""
+def _execute(cfg: BenchConfig, job: _Job, warmups: list[BenchRequest]) -> tuple[list[RequestOutput], float,
+                                                                               list[ClientStats]]:
+    """Run warmups then the measured phase; returns outputs, duration (first dispatch to last completion), stats.
+
+    Several processes: each warms its own connections with its share of the warmups, then all start
+    together at a common ``t0`` (set far enough ahead for the warmups when there are any).
+    """
     procs = cfg.client_procs
     if job.concurrency:
         procs = min(procs, job.concurrency)
     if procs <= 1:
-        t0 = time.perf_counter()
-        deadline = t0 + cfg.duration_s if cfg.duration_s else None
-        outs, st = _drive_sync(cfg, job, t0, deadline)
+        outs, st, t0 = _drive_sync(cfg, job, None, warmups)
         stats = [st]
     else:
         ctx = multiprocessing.get_context("fork")
         jobs = _split(cfg, job, procs)
         with ctx.Pool(len(jobs)) as pool:
-            t0 = time.perf_counter() + 0.3  # every worker starts at the same instant
-            deadline = t0 + cfg.duration_s if cfg.duration_s else None
-            res = pool.starmap(_drive_sync, [(cfg, j, t0, deadline) for j in jobs])
+            t0 = time.perf_counter() + 0.3 + (2.0 if warmups else 0.0)
+            res = pool.starmap(_drive_sync, [(cfg, j, t0, warmups[p::len(jobs)]) for p, j in enumerate(jobs)])
         outs = [o for r in res for o in r[0]]
         stats = [r[1] for r in res]
     ends = [o.end_time for o in outs if o.start_time]
@@ -401,14 +420,13 @@ def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None) -> dict:
     job, wl = _build_job(cfg, tok)
     if own_tok and isinstance(tok, ServerTokenizer):
         tok.close()
-    if cfg.num_warmups:
+    warmups: list[BenchRequest] = []
+    if cfg.num_warmups:  # as vLLM: copies of the first prompt (agentic: the shared prefix, priming the cache)
         first = job.items[0][0] if job.items else BenchRequest(
             prompt=job.sessions[0].system[0], prompt_len=job.sessions[0].system[1], output_len=1)
-        wjob = _Job(items=[(first, 0.0)] * cfg.num_warmups, concurrency=cfg.concurrency)
-        _drive_sync(cfg.model_copy(update={"request_rate": math.inf, "duration_s": None}), wjob, time.perf_counter(),
-                    None)
+        warmups = [first] * cfg.num_warmups
     before = servermetrics.scrape(cfg.url, _headers(cfg)) if cfg.scrape_server_metrics else None
-    outs, dur, cstats = _execute(cfg, job)
+    outs, dur, cstats = _execute(cfg, job, warmups)
     after = servermetrics.scrape(cfg.url, _headers(cfg)) if cfg.scrape_server_metrics else None
     return assemble(cfg, outs, dur, cstats, wl, tok_name=getattr(tok, "name", None),
                     server=servermetrics.deltas(before, after))
