@@ -766,6 +766,10 @@ def check_memory_fit(ctx: Ctx) -> CheckResult:
 
 
 def check_profile(ctx: Ctx) -> CheckResult:
+    drv = ctx.inv.driver
+    if not ctx.gpu_host and (drv.kernel_module_version or drv.device_nodes):
+        return _r("model.profile", "model", "SKIP", "GPU driver present but unusable: no kernel profile chosen "
+                  "(not falling back to CPU)")
     if ctx.profile:
         return _r("model.profile", "model", "OK", f"kernel profile {ctx.profile!r} for {_arch(ctx)}")
     return _r("model.profile", "model", "WARN" if ctx.gpu_host else "FAIL",
@@ -920,9 +924,11 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
         return Verdict(**base, status=status, blockers=blockers,
                        summary=f"{ctx.model}: " + ("not runnable: " + blockers[0] if blockers else
                                                    f"runnable with profile {ctx.profile!r}"))
+    root_causes = [b for b in blockers if not b.startswith("gpu.detect")] or blockers
     if not ctx.gpu_host:
-        why = blockers[0] if blockers else "no GPU on this host"
-        cpu = f"; this host serves tiny local models with the {ctx.profile!r} profile" if ctx.profile == "cpu" else ""
+        why = root_causes[0] if root_causes else "no GPU on this host"
+        cpu = (f"; this host serves tiny local models with the {ctx.profile!r} profile"
+               if ctx.profile == "cpu" and not blockers else "")
         return Verdict(**base, status="not_runnable", blockers=blockers, summary=f"{base['model']}: not runnable here ({why}){cpu}")
     ev = ctx.chosen
     variant = ev.size.name if ev else None
@@ -931,7 +937,7 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
     if blockers or ev is None:
         return Verdict(**base, variant=variant, status="not_runnable", blockers=blockers, tp=tp, max_context=max_ctx,
                        summary=f"{base['model']}{' ' + variant if variant else ''}: not runnable here: "
-                               + (blockers[0] if blockers else "no variant evaluated"))
+                               + (root_causes[0] if root_causes else "no variant evaluated"))
     fallbacks = []
     for fv in ev.features:
         if fv.status == "fallback" and fv.row:

@@ -464,3 +464,12 @@ def test_f01_kind_library_missing_next_to_a_loaded_module(tmp_path):
     (root / ".dockerenv").write_text("")
     inv2 = inv_of(root, nvml=NO_NVML, run=smi_runner(None), container=True, env={"DOCKER_HOST": "unix:///none.sock"})
     assert "--gpus all" in run_doctor(inv2, host_checks=False).check("gpu.nvml_init").fix
+
+
+def test_f01_verdict_names_the_root_cause_not_cpu_mode(tmp_path):
+    root = _nvidia_root(tmp_path)
+    nvml = FakeNVML({"gpus": []}, init_error="RM has detected an NVML/RM version mismatch.", init_code=18)
+    rep = run_doctor(inv_of(root, nvml=nvml, run=smi_runner(MISMATCH_SMI[0], rc=18)), host_checks=False)
+    assert rep.verdict.summary.startswith("MiniMax-M3.1-Flash: not runnable here (gpu.nvml_init: NVIDIA driver/library")
+    assert "cpu" not in rep.verdict.summary.lower().split("(")[0] and "tiny local models" not in rep.verdict.summary
+    assert rep.check("model.profile").status == "SKIP" and "not falling back to CPU" in rep.check("model.profile").message
