@@ -77,7 +77,7 @@ def is_degenerate(text: str) -> bool:
 
 def wait_ready(url: str, served_model_name: str, *, is_alive: Callable[[], bool], started_at: float,
                budget_s: float, completion_timeout_s: float = 60.0, log_path: str | None = None,
-               on_event: Callable[[PhaseEvent], None] | None = None, poll_s: float = 0.5,
+               on_event: Callable[[PhaseEvent], None] | None = None, poll_s: float = 0.2,
                headers: dict[str, str] | None = None, read_log: Callable[[], str] | None = None) -> ReadinessResult:
     """Wait until the server at ``url`` passes every phase, or raise.
 

@@ -199,6 +199,7 @@ class DockerRuntime(Runtime):
         self.options = options or DockerOptions()
         self.on_progress = on_progress
         self._client_obj = None
+        self._present: set[str] = set()  # images already found or pulled by this runtime
 
     # ------------------------------------------------------------------ engine access
     def client(self):
@@ -239,9 +240,12 @@ class DockerRuntime(Runtime):
         """
         import docker  # noqa: PLC0415
 
+        if ref in self._present:
+            return False
         c = self.client()
         try:
             c.images.get(ref)
+            self._present.add(ref)
             return False
         except docker.errors.ImageNotFound:
             pass
@@ -267,6 +271,7 @@ class DockerRuntime(Runtime):
         except docker.errors.DockerException as e:
             raise ConfigRejected(f"image {ref} is not available locally and the pull failed: {str(e)[:200]}",
                                  offline) from e
+        self._present.add(ref)
         return True
 
     # ------------------------------------------------------------------ Runtime interface
