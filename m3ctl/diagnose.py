@@ -34,6 +34,17 @@ def _patterns() -> list[tuple[str, re.Pattern, str, str]]:
     return [(p["id"], re.compile(p["regex"]), p["cause"], p["fix"]) for p in data["patterns"]]
 
 
+# An exception line as Python prints it, after vLLM's "(EngineCore pid=N)" prefix and an optional ERROR header.
+_EXCEPTION = re.compile(r"^(?:\([^)]*\)\s+)?(?:ERROR [^\]]*\]\s+)?((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception): .+)$")
+
+
+@functools.lru_cache(maxsize=1)
+def _weak_ids() -> frozenset[str]:
+    """Patterns marked ``weak: true``: wrappers whose real cause is an earlier exception line."""
+    data = yaml.safe_load(resources.files("m3ctl").joinpath("data/log_patterns.yaml").read_text())
+    return frozenset(p["id"] for p in data["patterns"] if p.get("weak"))
+
+
 _ERRORISH = re.compile(r"(Error|Exception|error:|FAILED|Traceback)")
 
 
@@ -41,8 +52,13 @@ def diagnose_text(text: str) -> Diagnosis | None:
     """Find the root cause in log text: the first known pattern (in pattern order), else the last error line."""
     lines = text.splitlines()
     for pid, rx, cause, fix in _patterns():
-        for line in lines:
+        for i, line in enumerate(lines):
             if rx.search(line):
+                if pid in _weak_ids():  # a wrapper ("see root cause above"): report the first exception instead
+                    first = next((ln for ln in lines[:i] if _EXCEPTION.search(ln)), None)
+                    if first is not None:
+                        exc = _EXCEPTION.search(first).group(1)
+                        return Diagnosis(pid, f"{cause.split(' (')[0]}: {exc[:200]}", fix, first.strip()[:300])
                 return Diagnosis(pid, cause, fix, line.strip()[:300])
     for line in reversed(lines):
         if _ERRORISH.search(line) and not line.lstrip().startswith("Traceback"):

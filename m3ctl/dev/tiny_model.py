@@ -33,7 +33,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-ARCHITECTURES = ("minimax-m2", "llama", "minimax-m3")
+ARCHITECTURES = ("minimax-m2", "llama", "minimax-m3", "minimax-m3-text")
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,7 @@ def _config(spec: TinyModelSpec, tokenizer):
                   pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
     if spec.arch == "llama":
         return transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
-    if spec.arch == "minimax-m3":
+    if spec.arch in ("minimax-m3", "minimax-m3-text"):
         n = spec.num_layers
         cfg = transformers.MiniMaxM3VLConfig(
             text_config=dict(vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
@@ -103,6 +103,9 @@ def _config(spec: TinyModelSpec, tokenizer):
             vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2),
             projector_hidden_size=spec.hidden_size, image_token_index=1, video_token_index=1)
         cfg.architectures = ["MiniMaxM3SparseForConditionalGeneration"]
+        if spec.arch == "minimax-m3-text":  # text-only: the text config alone, MiniMaxM3SparseForCausalLM
+            cfg = cfg.text_config
+            cfg.architectures = ["MiniMaxM3SparseForCausalLM"]
         return cfg, None
     if spec.arch == "minimax-m2":
         cfg = transformers.MiniMaxM2Config(
