@@ -317,7 +317,12 @@ def serve(
     rt = _make_runtime(p.runtime, inv, mount or [], con)
     expect = _profile_expect(prof, p.profile)
     serving.preflight(p, reg, rt)  # fail in milliseconds (or after an image pull), before printing "starting"
-    con.print(f"starting {p.name}: {escape(p.command_line())}", soft_wrap=True)
+    shown = p.command_line()
+    if p.runtime == "docker":  # the container runs `vllm` + argv[1:] (m3ctl/runtime/docker.py)
+        import shlex  # noqa: PLC0415
+
+        shown = f"container {p.image}: vllm {shlex.join(p.argv[1:])}"
+    con.print(f"starting {p.name}: {escape(shown)}", soft_wrap=True)
     res = serving.launch_and_wait(p, registry=reg, secret_env=secrets, on_event=on_event, runtime=rt, expect=expect)
     dep = res.deployment
     con.print(f"[green]ready[/] {dep.name} at {dep.url} (model {dep.served_model_name!r}) in "
