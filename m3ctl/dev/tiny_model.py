@@ -106,6 +106,19 @@ def _config(spec: TinyModelSpec, tokenizer):
         if spec.arch == "minimax-m3-text":  # text-only: the text config alone, MiniMaxM3SparseForCausalLM
             cfg = cfg.text_config
             cfg.architectures = ["MiniMaxM3SparseForCausalLM"]
+            # Fields vLLM's MiniMax-M3 model code reads from the release-format config (vllm/models/minimax_m3,
+            # vLLM 0.32 source; H200 run with vLLM 0.26 failed on the missing `rope_theta` first).
+            for k, v in dict(rope_theta=5_000_000.0, partial_rotary_factor=0.5, hidden_act="swigluoai",
+                             swiglu_alpha=1.702, swiglu_beta=1.0, swiglu_limit=7.0, use_gemma_norm=True,
+                             qk_norm_type="per_head", scoring_func="sigmoid", use_routing_bias=True,
+                             routed_scaling_factor=2.0, n_shared_experts=1, moe_layer_freq=[1] * n,
+                             layer_norm_eps=1e-6, num_mtp_modules=0,
+                             sparse_attention_config=dict(sparse_attention_freq=[1] * n,
+                                                          sparse_num_index_heads=spec.num_kv_heads,
+                                                          sparse_index_dim=spec.head_dim, sparse_block_size=128,
+                                                          sparse_topk_blocks=4, sparse_local_block=1,
+                                                          sparse_init_block=1)).items():
+                setattr(cfg, k, v)
         return cfg, None
     if spec.arch == "minimax-m2":
         cfg = transformers.MiniMaxM2Config(
