@@ -334,6 +334,8 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     d_tp, d_dp, d_ep = (1, max(1, n_gpus), True) if strategy == "dep" else (max(1, n_gpus), 1, strategy == "tep")
     if not facts.moe:
         d_ep = False
+    if dp and not tp:  # DP given alone: fill the GPUs with TP (DP x TP = GPU count)
+        d_tp = max(1, max(1, n_gpus) // dp)
     tp_, dp_ = tp or d_tp, dp or d_dp
     ep_ = d_ep if ep is None else ep
     dcp_, dbo_ = dcp or 1, bool(dbo)

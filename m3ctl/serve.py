@@ -77,6 +77,29 @@ def preflight(plan: LaunchPlan, registry: Registry, runtime: Runtime | None = No
             if not rep.ok:
                 raise ConfigRejected(f"the vLLM install is broken: {rep.problems[0]}",
                                      "run `m3ctl dev fix-vllm`, then `m3ctl doctor`")
+            _check_all2all_kernels(plan)
+
+
+def _check_all2all_kernels(plan: LaunchPlan) -> None:
+    """A DeepEP/MoRI all2all backend needs its kernels in the server's Python (the process runtime's own).
+
+    Evidence: vLLM 0.26 on H200 without DeepEP died at worker start with "DeepEP kernels not found"
+    after 84 s (tests/fixtures/h200x2-real/call2/log-dbo.txt).
+
+    Raises:
+        ConfigRejected: the backend's package is not importable.
+    """
+    import importlib.util  # noqa: PLC0415
+
+    argv = plan.argv
+    backend = argv[argv.index("--all2all-backend") + 1] if "--all2all-backend" in argv[:-1] else None
+    if not backend or not backend.startswith(("deepep", "mori")):
+        return
+    module = "deep_ep" if backend.startswith("deepep") else "mori"
+    if importlib.util.find_spec(module) is None:
+        raise ConfigRejected(f"--all2all-backend {backend} needs the {module} kernels, which this vLLM "
+                             "environment does not have", "use an image with DeepEP/MoRI, install them "
+                             "(vllm tools/ep_kernels), or drop --dbo and the backend")
 
 
 @dataclass

@@ -1,0 +1,117 @@
+"""What real H200 hosts reported (tests/fixtures/h200x{1,2}-real, docs/results/h200.md), as tests.
+
+Captured with scripts/gpu/h200_call{1,2,3,4}.sh through m3ctl on vLLM 0.26.0 (offline bundle).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from m3ctl.diagnose import diagnose_log
+from m3ctl.errors import ConfigRejected
+from m3ctl.hw.inventory import HostInventory
+from m3ctl.kernels import verify_kernels
+from m3ctl.catalog import profiles
+from m3ctl.plan import plan
+from m3ctl.serve import _check_all2all_kernels
+
+FIX = Path(__file__).parent / "fixtures"
+H2 = FIX / "h200x2-real"
+H1 = FIX / "h200x1-real"
+
+
+@pytest.fixture(params=["h200x2-real", "h200x1-real"])
+def real_inventory(request) -> HostInventory:
+    return HostInventory.model_validate_json((FIX / request.param / "inventory.json").read_text())
+
+
+def test_recorded_inventories_parse(real_inventory):
+    inv = real_inventory
+    assert inv.probe == "nvml" and inv.arch == "hopper"
+    assert {g.name for g in inv.gpus} == {"NVIDIA H200"} and inv.gpus[0].compute_capability == "9.0"
+    assert inv.driver_version == "580.159.04" and inv.cuda_driver_version == "13.0"
+    assert inv.gpus[0].memory_total_mib == 143771
+
+
+def test_flagship_plan_verdict_on_real_hosts(real_inventory):
+    # No native FP4 on Hopper: NVFP4 is refused (F08) and the FP8/BF16 checkpoints do not fit 1-2 H200s.
+    with pytest.raises(ConfigRejected) as ei:
+        plan(real_inventory, "MiniMax-M3.1-Flash", vllm_executable="vllm")
+    assert ei.value.message.startswith("rule memory.fit:")
+    assert "nvfp4: emulated on hopper: weight-only Marlin W4A16" in ei.value.hint
+    recorded = (H2 if len(real_inventory.gpus) == 2 else H1) / "plan-flash.txt"
+    assert recorded.read_text().startswith("error: rule memory.fit:")
+
+
+def test_emulated_nvfp4_fits_two_h200_at_128k():
+    inv = HostInventory.model_validate_json((H2 / "inventory.json").read_text())
+    p = plan(inv, "MiniMax-M3.1-Flash", allow_emulated=True, max_model_len=131072, vllm_executable="vllm")
+    assert p.variant == "nvfp4" and p.tp == 2 and any("emulated on hopper" in w for w in p.warnings)
+    rec = json.loads((H2 / "plan-flash-emulated.json").read_text())
+    assert rec["variant"] == "nvfp4" and rec["layout"]["tp"] == 2
+
+
+@pytest.mark.parametrize("log,pattern", [
+    ("call2/log-nvfp4kv.txt", "kv-dtype-unsupported"),
+    ("call2/log-gqadcp.txt", "dcp-gqa-heads"),
+    ("call2/log-dbo.txt", "deepep-missing"),
+    ("call2/log-m3t.txt", "minimax-m3-config-format"),
+    ("log-m3.txt", "minimax-m3-config-format"),
+    ("call3/log-m3t.txt", "minimax-m3-config-format"),
+])
+def test_real_failures_diagnosed(log, pattern):
+    d = diagnose_log(H2 / log)
+    assert d is not None and d.id == pattern, d
+
+
+def test_m3ctl_rejects_before_launch_what_h200_rejected():
+    inv = HostInventory.model_validate_json((H2 / "inventory.json").read_text())
+    tm2 = H2 / "plan-tm2.json"
+    assert json.loads(tm2.read_text())["variant"] is None
+    verdicts = (H2 / "call2" / "plan-verdicts.txt").read_text()
+    # Recorded on the host: m3ctl refused NVFP4 KV and GQA DCP in milliseconds; vLLM took 76 s / 24 s to fail.
+    assert "rule kv.dtype: KV cache dtype 'nvfp4' is not supported for GQA attention on hopper" in verdicts
+    assert "rule parallel.dcp: DCP 2 needs TP > KV heads" in verdicts
+    p = plan(inv, "someorg/dense-model", runtime="process", dp=2, ep=False, vllm_executable="vllm",
+             skip_checks=True)
+    assert (p.tp, p.dp) == (1, 2)  # --dp alone fills the GPUs with TP = 2 / 2
+
+
+def test_deepep_preflight(tiny_models):
+    p = plan(HostInventory(), str(tiny_models["m2"]), vllm_executable="vllm", skip_checks=True,
+             extra_args=["--all2all-backend", "deepep_low_latency"])
+    with pytest.raises(ConfigRejected, match="needs the deep_ep kernels"):
+        _check_all2all_kernels(p)
+    _check_all2all_kernels(plan(HostInventory(), str(tiny_models["m2"]), vllm_executable="vllm"))
+
+
+def test_hopper_kernel_expectations_match_real_startup_log():
+    text = (H1 / "log-m2-full.txt").read_text()
+    rep = verify_kernels(text, profiles()["hopper"].expect)
+    levels = {f.kind: f.level for f in rep.findings}
+    assert levels == {"attention": "OK", "moe": "OK", "moe_experts": "OK"}, rep.findings
+    # And the CPU profile's expectations do not match a GPU log (the check can fail).
+    cpu = verify_kernels(text, profiles()["cpu"].expect)
+    assert any(f.level == "WARN" for f in cpu.findings)
+
+
+def test_readiness_timings_recorded():
+    for f in (H2 / "serve-m2.txt", H1 / "serve-m2.txt"):
+        t = f.read_text()
+        assert "✓ completion" in t and "kernels" in t
+    mem = (H2 / "gpu-mem-after-stop.csv").read_text().splitlines()
+    assert mem[1:] == ["0, 0 MiB", "1, 0 MiB"]  # stop freed both GPUs
+
+
+def test_bench_matches_vllm_bench_serve_on_gpu():
+    ours = json.loads((H2 / "bench-m3ctl-c16.json").read_text())
+    ours = ours[0] if isinstance(ours, list) else ours
+    theirs = json.loads((H2 / "vllm-bench-c16.json").read_text())
+    assert ours["completed"] == theirs["completed"] == 256
+    assert ours["total_output_tokens"] == theirs["total_output_tokens"]
+    assert ours["total_input_tokens"] == 256 * 512  # exact lengths; vLLM's random dataset drifted
+    for k in ("output_throughput", "median_ttft_ms", "median_tpot_ms", "mean_e2el_ms"):
+        assert abs(ours[k] - theirs[k]) / theirs[k] < 0.15, (k, ours[k], theirs[k])
