@@ -656,6 +656,9 @@ def bench(
         _print_compare(runs)
     if plot:
         _console().print(f"Pareto chart: {report.pareto_png(runs, plot, plot_x)}")
+    if runs[-1].get("interrupted"):
+        _console(stderr=True).print("partial results " + (f"written to {output_json}" if output_json else "above"))
+        raise KeyboardInterrupt
     bad = [r for r in runs if not r["validity"]["valid"]]
     if bad:
         why = "; ".join(dict.fromkeys(x for r in bad for x in r["validity"]["reasons"]))

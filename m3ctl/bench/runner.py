@@ -139,6 +139,7 @@ class ClientStats:
     loop_lag_max_ms: float = 0.0
     loop_lag_p99_ms: float = 0.0
     sessions: list[dict] = field(default_factory=list)
+    interrupted: bool = False
 
 
 @dataclass
@@ -208,12 +209,15 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
         elif t0 > now:
             await asyncio.sleep(t0 - now)
         deadline = t0 + cfg.duration_s if cfg.duration_s else None
-        if job.sessions:
-            await _agentic_lanes(cfg, job, send, outs, stats, deadline)
-        elif math.isinf(cfg.request_rate) and job.concurrency:
-            await _closed_lanes(job, send, outs, t0, deadline)
-        else:
-            await _open_loop(job, send, outs, t0, deadline)
+        try:
+            if job.sessions:
+                await _agentic_lanes(cfg, job, send, outs, stats, deadline)
+            elif math.isinf(cfg.request_rate) and job.concurrency:
+                await _closed_lanes(job, send, outs, t0, deadline)
+            else:
+                await _open_loop(job, send, outs, t0, deadline)
+        except asyncio.CancelledError:  # Ctrl-C (asyncio.Runner cancels the main task): keep what finished
+            stats.interrupted = True
         mon.cancel()
     stats.cpu_s = time.process_time() - cpu0
     stats.wall_s = time.perf_counter() - t0
@@ -523,6 +527,11 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
     res["validity"] = _validity(cfg, outs, res, cstats, server)
     if cfg.per_request:
         res["requests"] = [_record(o) for o in outs]
+    if any(st.interrupted for st in cstats):
+        res["interrupted"] = True
+        res["validity"]["valid"] = False
+        res["validity"]["reasons"] = [r for r in res["validity"]["reasons"] if not r.startswith("server generated")]
+        res["validity"]["reasons"].append("interrupted (Ctrl-C): partial results of the requests that finished")
     return res
 
 
@@ -633,7 +642,12 @@ def run_sweep(cfg: BenchConfig, concurrencies: list[int]) -> list[dict]:
     _check_reachable(cfg)
     tok = _tokenizer(cfg)
     try:
-        return [run_bench(cfg.model_copy(update={"concurrency": c}), tok=tok) for c in concurrencies]
+        runs = []
+        for c in concurrencies:
+            runs.append(run_bench(cfg.model_copy(update={"concurrency": c}), tok=tok))
+            if runs[-1].get("interrupted"):
+                break
+        return runs
     finally:
         if isinstance(tok, ServerTokenizer):
             tok.close()

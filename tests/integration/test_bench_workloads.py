@@ -125,7 +125,9 @@ def test_side_by_side_with_vllm_bench_serve(tiny_server, tiny_models, tmp_path):
     # re-encodes token ids and lands a few tokens off (it logs the mismatch).
     assert ours["total_input_tokens"] == n * isl
     assert theirs["total_input_tokens"] == pytest.approx(n * isl, rel=0.01)
-    # Timing noise on a shared 2-core host running the server too: a factor 1.5 bound, not a tight one
-    # (benchmarks/bench_bench_side_by_side.py prints the measured differences).
-    for k in ("output_throughput", "median_ttft_ms", "median_tpot_ms", "median_e2el_ms"):
-        assert theirs[k] / 1.5 <= ours[k] <= theirs[k] * 1.5, (k, ours[k], theirs[k])
+    # Timing: the server shares this 2-core host with both clients (and other work), so one run of either tool
+    # varies by +-40 % (benchmarks/bench_side_by_side.py prints repeated, alternating runs): a factor-2 bound.
+    # m3ctl's TTFT is lower than vLLM's in every measured repetition (less client work per chunk), never higher.
+    for k in ("output_throughput", "median_tpot_ms", "median_e2el_ms"):
+        assert theirs[k] / 2 <= ours[k] <= theirs[k] * 2, (k, ours[k], theirs[k])
+    assert ours["median_ttft_ms"] <= theirs["median_ttft_ms"] * 2
