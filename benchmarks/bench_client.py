@@ -56,12 +56,12 @@ def start_server(core: int, ttft_ms: float, itl_ms: float, tokens_per_chunk: int
 
 
 def run_m3ctl(core: int, url: str, tok: str, n: int, osl: int, conc: int, procs: int, out: Path,
-              warmups: int = 0, continuous: bool = True) -> dict:
+              warmups: int = 0, continuous: bool = True, http: str = "fast") -> dict:
     code = (
         "import json,sys; from m3ctl.bench.runner import BenchConfig, run_bench; "
         f"r = run_bench(BenchConfig(url={url!r}, model='groundtruth', num_prompts={n}, concurrency={conc}, "
         f"input_len=16, output_len={osl}, tokenizer={tok!r}, client_procs={procs}, num_warmups={warmups}, "
-        f"scrape_server_metrics=False, per_request=True, continuous_usage={continuous})); "
+        f"scrape_server_metrics=False, per_request=True, continuous_usage={continuous}, http_client={http!r})); "
         f"json.dump(r, open({str(out)!r}, 'w'))")
     t = time.perf_counter()
     subprocess.run(["taskset", "-c", str(core), PY, "-c", code], check=True)
@@ -94,13 +94,16 @@ def capacity(args, tmp: Path) -> None:
         rows = []
         for name, fn in (("vllm bench serve", lambda: run_vllm(args.client_core, url, args.tokenizer, args.requests,
                                                                  args.osl, args.conc, tmp)),
+                         ("m3ctl (aiohttp)", lambda: run_m3ctl(args.client_core, url, args.tokenizer, args.requests,
+                                                               args.osl, args.conc, 1, tmp / "m3a.json", http="aiohttp")),
                          ("m3ctl bench", lambda: run_m3ctl(args.client_core, url, args.tokenizer, args.requests,
                                                            args.osl, args.conc, 1, tmp / "m3.json"))):
             r = fn()
             rows.append((name, r["completed"], r["request_throughput"], r["output_throughput"]))
             print(f"  {name:18s} completed {r['completed']:6d}  {r['request_throughput']:8.1f} req/s  "
                   f"{r['output_throughput']:10.1f} streamed tok/s  (duration {r['duration']:.2f} s)")
-        print(f"  ratio m3ctl / vllm: {rows[1][2] / rows[0][2]:.2f}x requests/s, {rows[1][3] / rows[0][3]:.2f}x tok/s")
+        print(f"  ratio m3ctl / vllm: {rows[-1][2] / rows[0][2]:.2f}x requests/s, {rows[-1][3] / rows[0][3]:.2f}x tok/s "
+              f"(m3ctl on aiohttp: {rows[1][2] / rows[0][2]:.2f}x)")
     finally:
         srv.terminate()
         srv.wait()

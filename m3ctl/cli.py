@@ -585,6 +585,7 @@ def bench(
     num_gpus: Annotated[Optional[int], typer.Option(help="GPUs behind the endpoint, for tok/s per GPU (default: from the deployment's tp x pp x dp).")] = None,
     usd_per_gpu_hour: Annotated[Optional[float], typer.Option(help="GPU price for USD per million tokens and tokens per USD.")] = None,
     client_procs: Annotated[int, typer.Option(help="Client worker processes (each its own event loop).")] = 1,
+    http_client: Annotated[str, typer.Option(help="fast (lean keep-alive HTTP/1.1) or aiohttp.")] = "fast",
     continuous_usage: Annotated[bool, typer.Option(help="Ask vLLM for per-chunk usage (per-token ITL).")] = True,
     allow_approx: Annotated[bool, typer.Option(help="Accept runs whose token counts or TTFT are approximate.")] = False,
     max_error_rate: Annotated[float, typer.Option(help="Failed-request fraction above which the run is invalid.")] = 0.0,
@@ -629,7 +630,7 @@ def bench(
                           think_time_s=think_time, ignore_eos=ignore_eos, temperature=temperature, seed=seed,
                           num_warmups=num_warmups, percentiles=pcts, goodput_slo_ms=_parse_goodput(goodput or []),
                           tokenizer=tokenizer, num_gpus=num_gpus, num_gpus_source=gpus_source,
-                          usd_per_gpu_hour=usd_per_gpu_hour, client_procs=client_procs,
+                          usd_per_gpu_hour=usd_per_gpu_hour, client_procs=client_procs, http_client=http_client,
                           continuous_usage=continuous_usage, allow_approx=allow_approx,
                           max_error_rate=max_error_rate, per_request=per_request, label=label,
                           api_key=os.environ.get("OPENAI_API_KEY") or os.environ.get("VLLM_API_KEY"))

@@ -225,3 +225,14 @@ def test_ctrl_c_writes_partial_results(gt_server, tiny_models, tmp_path):
     res = json.loads(out.read_text())
     assert res["interrupted"] is True and not res["validity"]["valid"]
     assert 2 <= res["completed"] < 40 and res["total_output_tokens"] == 50 * res["completed"]
+
+
+@pytest.mark.parametrize("endpoint", ["completions", "chat"])
+def test_aiohttp_and_fast_http_paths_agree(gt_server, tok, endpoint):
+    url = gt_server("--ttft-ms", "20", "--itl-ms", "4", "--tokens-per-chunk", "2")
+    runs = {h: run_bench(_cfg(url, endpoint=endpoint, num_prompts=8, concurrency=4, output_len=16, http_client=h),
+                         tok=tok) for h in ("fast", "aiohttp")}
+    for r in runs.values():
+        assert r["completed"] == 8 and r["total_output_tokens"] == 128 and r["validity"]["valid"]
+        assert r["per_token_itl"]["samples"] == 8 * 14 and r["per_token_itl"]["median_ms"] == pytest.approx(4, abs=1)
+    assert runs["fast"]["median_itl_ms"] == pytest.approx(runs["aiohttp"]["median_itl_ms"], abs=1.0)

@@ -115,10 +115,106 @@ def build_body(model: str, endpoint: str, req: BenchRequest, *, ignore_eos: bool
 _HDR = {"Content-Type": "application/json"}
 
 
+class _Stream:
+    """SSE state of one response: ``feed(ts, raw)`` per network read, ``finish()`` at the end."""
+
+    __slots__ = ("out", "chat", "keep_text", "text_parts", "prev_ct", "cont_ok", "first", "done", "final_usage",
+                 "buf", "st", "last")
+
+    def __init__(self, out: RequestOutput, chat: bool, keep_text: bool, st: float):
+        self.out, self.chat, self.keep_text, self.st, self.last = out, chat, keep_text, st, st
+        self.text_parts: list[str] = []
+        self.prev_ct = 0
+        self.cont_ok = True
+        self.first = self.done = False
+        self.final_usage = None
+        self.buf = b""
+
+    def feed(self, ts: float, raw: bytes) -> None:
+        buf = self.buf + raw
+        if b"\n\n" not in buf:
+            self.buf = buf
+            return
+        events = buf.split(b"\n\n")
+        self.buf = events.pop()
+        out = self.out
+        for ev in events:
+            if ev.startswith(b"data: "):
+                data = ev[6:]
+            else:  # comments (":" pings), CRLF or multi-line events
+                data = b""
+                for line in ev.replace(b"\r", b"").split(b"\n"):
+                    if line.startswith(b"data:"):
+                        data += line[5:].strip()
+                if not data:
+                    continue
+            if data[:6] == b"[DONE]":
+                self.done = True
+                continue
+            msg = _loads(data)
+            usage = msg.get("usage")
+            choices = msg.get("choices")
+            if choices:
+                if self.first:
+                    out.itl.append(ts - self.last)
+                else:
+                    self.first = True
+                    out.ttft = ts - self.st
+                self.last = ts
+                c0 = choices[0]
+                if self.chat:
+                    delta = c0.get("delta") or {}
+                    content = delta.get("content")
+                    reasoning = delta.get("reasoning_content") or delta.get("reasoning")
+                    if reasoning:
+                        out.reasoning_streamed = True
+                        if self.keep_text:
+                            self.text_parts.append(reasoning)
+                else:
+                    content = c0.get("text")
+                if content:
+                    if out.ttfa is None:
+                        out.ttfa = ts - self.st
+                    if self.keep_text:
+                        self.text_parts.append(content)
+                if usage and self.cont_ok:
+                    ct = usage.get("completion_tokens") or 0
+                    out.chunk_tokens.append(ct - self.prev_ct)
+                    self.prev_ct = ct
+                else:
+                    self.cont_ok = False
+                if usage:
+                    self.final_usage = usage
+            elif usage:
+                self.final_usage = usage
+
+    def finish(self) -> RequestOutput:
+        out = self.out
+        if (u := self.final_usage) is not None:
+            out.output_tokens = u.get("completion_tokens")
+            if (pt := u.get("prompt_tokens")) is not None:
+                out.prompt_len = pt
+            if det := u.get("completion_tokens_details"):
+                out.reasoning_tokens = det.get("reasoning_tokens")
+            if det := u.get("prompt_tokens_details"):
+                out.cached_tokens = det.get("cached_tokens")
+        if not self.cont_ok or (out.chunk_tokens and sum(out.chunk_tokens) != out.output_tokens):
+            out.chunk_tokens.clear()
+        if not self.first:
+            out.error, out.error_kind = "no token chunk received", "no_token"
+        elif not self.done:
+            out.error, out.error_kind = "stream ended without [DONE]", "stream_cut"
+        else:
+            out.success = True
+        out.latency = self.last - self.st
+        out.generated_text = "".join(self.text_parts)
+        return out
+
+
 def _kind_of(e: BaseException) -> str:
     if isinstance(e, asyncio.TimeoutError | TimeoutError | aiohttp.ServerTimeoutError):
         return "timeout"
-    if isinstance(e, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError):
+    if isinstance(e, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError | ConnectionResetError):
         return "stream_cut"
     if isinstance(e, ValueError):
         return "bad_json"
@@ -132,6 +228,8 @@ async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, 
     """Send one streaming request to ``url`` + ``/v1/completions`` or ``/v1/chat/completions``.
 
     Args:
+        session: an aiohttp session, or a :class:`m3ctl.bench.fasthttp.Connection` (one keep-alive HTTP/1.1
+            connection of a lane; same semantics, less client CPU per request).
         endpoint: ``"completions"`` or ``"chat"``.
         scheduled_time: perf_counter time at which the load model scheduled this request.
         keep_text: keep the generated text (multi-turn workloads append it to the next turn).
@@ -142,108 +240,38 @@ async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, 
     """
     out = RequestOutput(prompt_len=req.prompt_len, client_prompt_len=req.prompt_len, scheduled_time=scheduled_time)
     chat = endpoint == "chat"
-    api = f"{url}/v1/chat/completions" if chat else f"{url}/v1/completions"
+    path = "/v1/chat/completions" if chat else "/v1/completions"
     if body is None:
         body = build_body(model, endpoint, req, ignore_eos=ignore_eos, temperature=temperature,
                           continuous_usage=continuous_usage)
-    hdrs = {**_HDR, **headers} if headers else _HDR
-    text_parts: list[str] = []
-    itl = out.itl
-    chunk_tokens = out.chunk_tokens
-    prev_ct = 0
-    cont_ok = True  # every choices chunk carried usage so far
-    first = False
-    done = False
-    final_usage = None
-    buf = b""
     st = time.perf_counter()
     out.start_time = st
     out.client_queue_time = st - scheduled_time if st > scheduled_time else 0.0
-    last = st
+    stream = _Stream(out, chat, keep_text, st)
     try:
-        async with session.post(api, data=body, headers=hdrs) as resp:
+        if not isinstance(session, aiohttp.ClientSession):
+            await session.request(path, body, stream)
+            return stream.finish()
+        hdrs = {**_HDR, **headers} if headers else _HDR
+        async with session.post(url + path, data=body, headers=hdrs) as resp:
             if resp.status != 200:
                 text = (await resp.text())[:300]
                 out.error = f"HTTP {resp.status}: {text}"
                 out.error_kind = "http_5xx" if resp.status >= 500 else "http_4xx"
                 return out
             async for raw in resp.content.iter_any():
-                ts = time.perf_counter()
-                buf += raw
-                if b"\n\n" not in buf:
-                    continue
-                events = buf.split(b"\n\n")
-                buf = events.pop()
-                for ev in events:
-                    if ev.startswith(b"data: "):
-                        data = ev[6:]
-                    else:  # comments (":" pings), CRLF or multi-line events
-                        data = b""
-                        for line in ev.replace(b"\r", b"").split(b"\n"):
-                            if line.startswith(b"data:"):
-                                data += line[5:].strip()
-                        if not data:
-                            continue
-                    if data[:6] == b"[DONE]":
-                        done = True
-                        continue
-                    msg = _loads(data)
-                    usage = msg.get("usage")
-                    choices = msg.get("choices")
-                    if choices:
-                        if first:
-                            itl.append(ts - last)
-                        else:
-                            first = True
-                            out.ttft = ts - st
-                        last = ts
-                        c0 = choices[0]
-                        if chat:
-                            delta = c0.get("delta") or {}
-                            content = delta.get("content")
-                            reasoning = delta.get("reasoning_content") or delta.get("reasoning")
-                            if reasoning:
-                                out.reasoning_streamed = True
-                                if keep_text:
-                                    text_parts.append(reasoning)
-                            if content and out.ttfa is None:
-                                out.ttfa = ts - st
-                        else:
-                            content = c0.get("text")
-                            if content and out.ttfa is None:
-                                out.ttfa = ts - st
-                        if keep_text and content:
-                            text_parts.append(content)
-                        if usage and cont_ok:
-                            ct = usage.get("completion_tokens") or 0
-                            chunk_tokens.append(ct - prev_ct)
-                            prev_ct = ct
-                        else:
-                            cont_ok = False
-                        if usage:
-                            final_usage = usage
-                    elif usage:
-                        final_usage = usage
-        if final_usage is not None:
-            out.output_tokens = final_usage.get("completion_tokens")
-            if (pt := final_usage.get("prompt_tokens")) is not None:
-                out.prompt_len = pt
-            if det := final_usage.get("completion_tokens_details"):
-                out.reasoning_tokens = det.get("reasoning_tokens")
-            if det := final_usage.get("prompt_tokens_details"):
-                out.cached_tokens = det.get("cached_tokens")
-        if not cont_ok or (chunk_tokens and sum(chunk_tokens) != out.output_tokens):
-            chunk_tokens.clear()
-        if not first:
-            out.error, out.error_kind = "no token chunk received", "no_token"
-        elif not done:
-            out.error, out.error_kind = "stream ended without [DONE]", "stream_cut"
-        else:
-            out.success = True
-        out.latency = last - st
-        out.generated_text = "".join(text_parts)
-    except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError, ValueError) as e:
+                stream.feed(time.perf_counter(), raw)
+        return stream.finish()
+    except _HTTPStatus as e:
+        out.error, out.error_kind = f"HTTP {e.status}: {e.text[:300]}", "http_5xx" if e.status >= 500 else "http_4xx"
+    except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError, ValueError, OSError) as e:
         out.error = f"{type(e).__name__}: {e}"[:300]
         out.error_kind = _kind_of(e)
-        out.latency = last - st
+        out.latency = stream.last - st
     return out
+
+
+class _HTTPStatus(Exception):
+    def __init__(self, status: int, text: str):
+        super().__init__(status)
+        self.status, self.text = status, text

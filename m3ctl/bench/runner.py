@@ -32,6 +32,7 @@ from pydantic import BaseModel, Field
 from m3ctl import __version__
 from m3ctl.bench import metrics, servermetrics, workloads
 from m3ctl.bench.client import BenchRequest, RequestOutput, build_body, send_request
+from m3ctl.bench.fasthttp import ConnectionPool
 from m3ctl.bench.prompts import LocalTokenizer, ServerTokenizer, Tokenizer
 from m3ctl.errors import BadInput
 
@@ -81,6 +82,7 @@ class BenchConfig(BaseModel):
     think_time_s: float = Field(0.0, ge=0)
     # client
     client_procs: int = Field(1, ge=1)
+    http_client: str = "fast"  # fast (m3ctl.bench.fasthttp) or aiohttp
     continuous_usage: bool = True
     scrape_server_metrics: bool = True
     allow_approx: bool = False
@@ -185,11 +187,20 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
                                      read_bufsize=1 << 20, auto_decompress=False) as session:
         mon = asyncio.create_task(_lag_monitor(lags))
 
+        pool = ConnectionPool(cfg.url, headers) if cfg.http_client == "fast" else None
+
         async def send(req: BenchRequest, due: float, keep_text: bool = False) -> RequestOutput:
             body = build_body(cfg.model, cfg.endpoint, req, ignore_eos=cfg.ignore_eos, temperature=cfg.temperature,
                               continuous_usage=cfg.continuous_usage)
-            return await send_request(session, cfg.url, cfg.endpoint, cfg.model, req, ignore_eos=cfg.ignore_eos,
-                                      headers=headers, scheduled_time=due, keep_text=keep_text, body=body)
+            if pool is None:
+                return await send_request(session, cfg.url, cfg.endpoint, cfg.model, req, ignore_eos=cfg.ignore_eos,
+                                          headers=headers, scheduled_time=due, keep_text=keep_text, body=body)
+            c = pool.acquire()
+            try:
+                return await send_request(c, cfg.url, cfg.endpoint, cfg.model, req, ignore_eos=cfg.ignore_eos,
+                                          headers=headers, scheduled_time=due, keep_text=keep_text, body=body)
+            finally:
+                pool.release(c)
 
         if warmups:
             sem = asyncio.Semaphore(job.concurrency or len(warmups))
@@ -219,6 +230,8 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
         except asyncio.CancelledError:  # Ctrl-C (asyncio.Runner cancels the main task): keep what finished
             stats.interrupted = True
         mon.cancel()
+        if pool is not None:
+            pool.close()
     stats.cpu_s = time.process_time() - cpu0
     stats.wall_s = time.perf_counter() - t0
     if lags:
@@ -413,6 +426,8 @@ def _validate(cfg: BenchConfig) -> None:
         close = difflib.get_close_matches(cfg.workload, workloads.KINDS, n=1)
         raise BadInput(f"unknown workload {cfg.workload!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
                        f"use one of {', '.join(workloads.KINDS)}")
+    if cfg.http_client not in ("fast", "aiohttp"):
+        raise BadInput(f"unknown http client {cfg.http_client!r}", "use --http-client fast or aiohttp")
     if cfg.duration_s and math.isinf(cfg.request_rate) and not cfg.concurrency:
         raise BadInput("--duration needs --concurrency or a finite --request-rate",
                        "e.g. --duration 60 --concurrency 8")
