@@ -46,6 +46,7 @@ def _weak_ids() -> frozenset[str]:
 
 
 _ERRORISH = re.compile(r"(Error|Exception|error:|FAILED|Traceback)")
+_NOT_ERROR = re.compile(r"\b(WARNING|INFO|DEBUG)\b \d\d-\d\d ")  # vLLM log levels below ERROR
 
 
 def diagnose_text(text: str) -> Diagnosis | None:
@@ -61,13 +62,18 @@ def diagnose_text(text: str) -> Diagnosis | None:
                         return Diagnosis(pid, f"{cause.split(' (')[0]}: {exc[:200]}", fix, first.strip()[:300])
                 return Diagnosis(pid, cause, fix, line.strip()[:300])
     for line in reversed(lines):
+        if _NOT_ERROR.search(line):  # e.g. vLLM's "WARNING ... failed to automatically increase ... error"
+            continue
         if _ERRORISH.search(line) and not line.lstrip().startswith("Traceback"):
             return Diagnosis("generic", "the server logged an error", "read the log (m3ctl logs NAME)",
                              line.strip()[:300])
     return None
 
 
-_PORT_IN_LINE = re.compile(r"(?:port[ =:]+|', |:)(\d{2,5})\b")
+# A port number in an error line: "port: 29500" (TCPStore), "('127.0.0.1', 8011)" (uvicorn bind),
+# "127.0.0.1:29500" / "tcp://host:5555" (ZMQ). Timestamps such as "20:21:11" must not match.
+_PORT_IN_LINE = re.compile(r"(?:\bport[ =:]+(\d{2,5})\b|\('[^']*',\s*(\d{2,5})\)|(?:\d{1,3}\.){3}\d{1,3}:(\d{2,5})\b"
+                           r"|tcp://[^\s:/]+:(\d{2,5})\b)")
 
 
 def explain_port_conflict(diag: Diagnosis, host: str, api_port: int) -> Diagnosis:
@@ -82,7 +88,7 @@ def explain_port_conflict(diag: Diagnosis, host: str, api_port: int) -> Diagnosi
     from m3ctl.runtime.base import port_holder, port_in_use  # noqa: PLC0415
 
     m = _PORT_IN_LINE.search(diag.line)
-    port = int(m.group(1)) if m else None
+    port = int(next(g for g in m.groups() if g)) if m else None
     if port == api_port or (port is None and port_in_use(host, api_port) and diag.id == "address-in-use"):
         holder = port_holder(api_port)
         return Diagnosis(diag.id, f"the API port {api_port} is already in use" + (f" (held by {holder})" if holder else ""),

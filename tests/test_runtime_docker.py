@@ -143,8 +143,14 @@ def test_f17_tcpstore_eaddrinuse_is_diagnosed_as_internal_port_with_holder(liste
     d = explain_port_conflict(d, "127.0.0.1", api)
     assert f"internal port {port}" in d.cause and f"pid {proc.pid}" in d.cause and "not the API port" in d.cause
     # The plain OSError form without a port number: the API port is free, so it must be an internal one.
-    d2 = explain_port_conflict(diagnose_text("OSError: [Errno 98] Address already in use\n"), "127.0.0.1", api)
+    # The plain OSError form (vLLM log prefix with a timestamp, no port): the API port is free, so internal.
+    line2 = "(EngineCore pid=2618) ERROR 11-29 20:21:11 [core.py:1] OSError: [Errno 98] Address already in use"
+    d2 = explain_port_conflict(diagnose_text(line2 + "\n"), "127.0.0.1", api)
     assert d2.id == "internal-port-in-use" and "API port is free" in d2.cause
+    # uvicorn's bind error names the API port: reported as the API port, not an internal one.
+    line3 = f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): address already in use"
+    d3 = explain_port_conflict(diagnose_text(line3 + "\n"), "127.0.0.1", port)
+    assert d3.id == "address-in-use" and f"API port {port}" in d3.cause and f"pid {proc.pid}" in d3.cause
 
 
 def test_f17_preflight_rejects_busy_internal_port_naming_the_holder(listener, tmp_path):
@@ -167,3 +173,13 @@ def test_f17_serve_pins_vllm_port_to_a_free_port(tmp_path):
     port = int(plan.env["VLLM_PORT"])
     assert port != plan.port and not port_in_use("127.0.0.1", port)
     assert assign_internal_ports(_plan(tmp_path, env={"VLLM_PORT": "4242"})).env["VLLM_PORT"] == "4242"
+
+
+def test_warning_lines_mentioning_error_are_not_a_root_cause():
+    """Seen under load: a readiness timeout blamed vLLM's ulimit WARNING because it contains 'error'."""
+    warn = ("(APIServer pid=1) WARNING 11-29 21:13:54 [system_utils.py:255] Found ulimit of 20000 and failed to "
+            "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors "
+            "like `OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n")
+    assert diagnose_text(warn + "\n(APIServer pid=1) INFO 11-29 21:13:55 [api.py:1] loading\n") is None
+    d = diagnose_text(warn + "\n(EngineCore pid=7) ERROR 11-29 21:14:00 [core.py:9] RuntimeError: boom\n")
+    assert d.id == "generic" and "boom" in d.line

@@ -302,7 +302,11 @@ class DockerRuntime(Runtime):
         return dep
 
     def is_alive(self, dep: Deployment) -> bool:
-        ct = self._container(dep)
+        """True while the container runs; False when it exited, was removed, or the engine is unreachable."""
+        try:
+            ct = self._container(dep)
+        except ConfigRejected:
+            return False
         if ct is None:
             return False
         try:
