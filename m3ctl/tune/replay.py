@@ -1,0 +1,78 @@
+"""Replay evaluation: answers the search from a recorded grid of real measurements (no server).
+
+Grid file (benchmarks/tune_efficiency.py ``--record``; tests/fixtures/tune_grid_cpu.json)::
+
+    {"meta": {...}, "ladder": [1, 2, 4, ...],
+     "configs": [{"config": {...}, "status": "ok" | "crashed" | "rejected", "reason": str,
+                  "start_s": float, "points": {"<concurrency>": {bench result keys...}}}]}
+
+The cost of a replayed run is the recorded server start and run durations, so replays count cost in
+the same units as the grid: server starts x run time.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from m3ctl.errors import ConfigRejected, LaunchFailed
+from m3ctl.tune.space import key_of
+
+
+class ReplaySession:
+    def __init__(self, rec: dict, clock: list[float]):
+        self.rec, self.start_s, self.clock = rec, float(rec.get("start_s", 0.0)), clock
+        clock[0] += self.start_s
+
+    def measure(self, concurrency: int, fidelity: float) -> dict:
+        res = self.rec["points"].get(str(concurrency))
+        if res is None:
+            raise LaunchFailed(f"no recorded run at concurrency {concurrency}", "record the grid with this ladder")
+        res = dict(res)
+        res["duration"] = float(res.get("duration", 0.0)) * fidelity
+        self.clock[0] += res["duration"]
+        return res
+
+    def close(self) -> None:
+        pass
+
+
+class ReplayEvaluator:
+    def __init__(self, grid: dict):
+        self.grid = grid
+        self.by_key = {key_of(c["config"]): c for c in grid["configs"]}
+        self.clock = [0.0]
+        self.opened = 0
+
+    @classmethod
+    def load(cls, path: Path) -> ReplayEvaluator:
+        return cls(json.loads(Path(path).read_text()))
+
+    def _rec(self, cand: dict[str, Any]) -> dict:
+        rec = self.by_key.get(key_of(cand))
+        if rec is None:
+            raise KeyError(f"candidate not in the recorded grid: {cand}")
+        return rec
+
+    def check(self, cand: dict[str, Any]) -> None:
+        rec = self._rec(cand)
+        if rec["status"] == "rejected":
+            raise ConfigRejected(rec.get("reason", "rejected"), "recorded")
+
+    def open(self, cand: dict[str, Any], trial: int, on_event: Callable[[str], None]) -> ReplaySession:
+        rec = self._rec(cand)
+        self.opened += 1
+        if rec["status"] == "crashed":
+            self.clock[0] += float(rec.get("start_s", 0.0))
+            e = LaunchFailed(rec.get("reason", "crashed"), "recorded")
+            e.elapsed_s = float(rec.get("start_s", 0.0))  # type: ignore[attr-defined]
+            raise e
+        return ReplaySession(rec, self.clock)
+
+    def n_gpus(self, cand: dict[str, Any]) -> int:
+        return 1
+
+    def command(self, cand: dict[str, Any]) -> str:
+        return json.dumps(cand)

@@ -1,0 +1,420 @@
+"""The search: per configuration one server start and a bisection on concurrency against the SLO;
+across configurations an optuna TPE study with a feasibility constraint, then a confirmation rung.
+
+Algorithm (shared/reference/anchors-bench-tune.md section 8, reduced to what runs without a model prior):
+
+1. Every candidate first goes through :func:`m3ctl.plan.plan` and its named rules; a rejected candidate
+   is an infeasible trial (constraint violated, value 0) recorded with the rule and never launched.
+2. A launched candidate gets one server start, then a binary search over the concurrency ladder
+   (default 1, 2, 4, ..., 64): SLO latencies are monotone in load (vLLM ``bench sweep serve_sla`` and
+   AIPerf ``monotonic_sla`` rely on the same property), so ``ceil(log2(len(ladder)+1))`` short runs find
+   the largest concurrency that meets the SLO. The configuration's value is the best objective of its
+   SLO-meeting runs. A crash, OOM or readiness timeout is an infeasible trial (constraint > 0) that
+   teaches the sampler (TPE ``constraints_func``, optuna >= 3.0), never an abort.
+3. Across configurations optuna's TPE sampler (multivariate) proposes the next restart-knob values;
+   duplicates of a finished configuration are answered from the record at no cost.
+4. Successive halving: the best ``confirm_top`` configurations are started again and re-measured at
+   their chosen concurrency with ``confirm_factor`` times more requests; their final value is the worse
+   of the two measurements (SCOOT's robustness re-test, arXiv 2408.04323).
+
+Budgets: ``max_trials`` server starts (rejected candidates cost none) and ``time_budget_s`` of wall time,
+both counted across resumes. State lives in an optuna SQLite study plus one folder per trial.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from m3ctl.errors import ConfigRejected, LaunchFailed
+from m3ctl.tune.slo import SLO, metric, objective_value
+from m3ctl.tune.space import Space, describe, key_of
+
+STUDY_NAME = "m3ctl-tune"
+DEFAULT_LADDER = [1, 2, 4, 8, 16, 32, 64]
+KEEP_KEYS = ("duration", "completed", "failed", "output_throughput", "total_token_throughput", "request_throughput",
+             *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "p90", "p99")))
+
+
+class Session(Protocol):
+    """One running server of one configuration."""
+
+    start_s: float
+
+    def measure(self, concurrency: int, fidelity: float) -> dict: ...
+
+    def close(self) -> None: ...
+
+
+class Evaluator(Protocol):
+    """Turns a candidate into a checked plan and a running server (real, or replayed from a record)."""
+
+    def check(self, cand: dict[str, Any]) -> Any: ...
+
+    def open(self, cand: dict[str, Any], trial: int, on_event: Callable[[str], None]) -> Session: ...
+
+    def n_gpus(self, cand: dict[str, Any]) -> int: ...
+
+    def command(self, cand: dict[str, Any]) -> str: ...
+
+
+@dataclass
+class Point:
+    concurrency: int
+    fidelity: float
+    objective: float
+    slo_ok: bool
+    valid: bool
+    duration_s: float
+    metrics: dict[str, Any]
+    reasons: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Outcome:
+    """What one configuration gave. status: ``feasible`` | ``slo_infeasible`` | ``rejected`` | ``crashed``."""
+
+    config: dict[str, Any]
+    status: str
+    objective: float = 0.0
+    concurrency: int | None = None
+    points: list[Point] = field(default_factory=list)
+    start_s: float = 0.0
+    cost_s: float = 0.0
+    reason: str = ""
+    launched: bool = False
+    confirmed: float | None = None
+    trial: int | None = None
+
+    @property
+    def final(self) -> float:
+        """Objective used for the final ranking: the worse of search and confirmation runs."""
+        return self.objective if self.confirmed is None else min(self.objective, self.confirmed)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> Outcome:
+        d = dict(d)
+        d["points"] = [Point(**p) for p in d.get("points", [])]
+        return cls(**d)
+
+
+@dataclass
+class TuneSpec:
+    """Search settings (saved in the study dir, reused by ``--resume``).
+
+    Units: time in seconds, ``usd_per_gpu_hour`` in USD. ``prompts_per_concurrency`` x concurrency
+    requests per search run (at least ``min_prompts``); confirmation runs use ``confirm_factor`` times more.
+    """
+
+    slo: str = ""
+    objective: str = "tput_per_gpu"
+    usd_per_gpu_hour: float | None = None
+    ladder: list[int] = field(default_factory=lambda: list(DEFAULT_LADDER))
+    max_trials: int = 12
+    time_budget_s: float | None = None
+    seed: int = 0
+    confirm_top: int = 2
+    confirm_factor: float = 2.0
+    prompts_per_concurrency: int = 4
+    min_prompts: int = 8
+    n_startup_trials: int | None = None
+
+
+@dataclass
+class TuneResult:
+    outcomes: list[Outcome]
+    best: Outcome | None
+    launches: int
+    cost_s: float
+    elapsed_s: float
+    stopped_by: str
+
+
+def num_prompts(spec: TuneSpec, concurrency: int, fidelity: float) -> int:
+    return max(spec.min_prompts, int(round(spec.prompts_per_concurrency * concurrency * fidelity)))
+
+
+def _point(spec: TuneSpec, slo: SLO, res: dict, c: int, fid: float, n_gpus: int) -> Point:
+    validity = res.get("validity") or {"valid": True, "reasons": []}
+    valid = bool(validity.get("valid", True)) and res.get("completed", 0) > 0
+    obj = objective_value(res, spec.objective, n_gpus, spec.usd_per_gpu_hour) if valid else 0.0
+    kept = {k: res.get(k) for k in KEEP_KEYS if k in res}
+    return Point(concurrency=c, fidelity=fid, objective=obj, slo_ok=valid and slo.ok(res), valid=valid,
+                 duration_s=float(res.get("duration") or 0.0), metrics=kept, reasons=list(validity.get("reasons", [])))
+
+
+def bisect_concurrency(session: Session, spec: TuneSpec, slo: SLO, n_gpus: int,
+                       on_event: Callable[[str], None]) -> list[Point]:
+    """Binary search for the largest ladder concurrency that meets the SLO (monotone in load)."""
+    lad = spec.ladder
+    lo, hi = -1, len(lad)
+    points: list[Point] = []
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        c = lad[mid]
+        on_event(f"bench c={c}")
+        res = session.measure(c, 1.0)
+        p = _point(spec, slo, res, c, 1.0, n_gpus)
+        points.append(p)
+        on_event(f"c={c}: {p.objective:.1f} {'ok' if p.slo_ok else 'SLO miss' if p.valid else 'invalid'}")
+        if not p.valid and getattr(session, "alive", lambda: True)() is False:
+            raise LaunchFailed(f"server died during the run at concurrency {c}", "see the trial's server.log")
+        if p.slo_ok:
+            lo = mid
+        else:
+            hi = mid
+    return points
+
+
+def _summarise(out: Outcome, slo: SLO) -> Outcome:
+    ok = [p for p in out.points if p.slo_ok]
+    out.cost_s = out.start_s + sum(p.duration_s for p in out.points)
+    if ok:
+        best = max(ok, key=lambda p: p.objective)
+        out.status, out.objective, out.concurrency = "feasible", best.objective, best.concurrency
+    else:
+        out.status, out.objective = "slo_infeasible", 0.0
+        viol = [slo.violation(p.metrics) for p in out.points if p.valid]
+        out.reason = (f"SLO {slo} not met at concurrency {min(p.concurrency for p in out.points)}"
+                      + (f" (worst term {min(viol):+.0%} over)" if viol else "")) if out.points else "no runs"
+    return out
+
+
+def evaluate(ev: Evaluator, cand: dict[str, Any], spec: TuneSpec, slo: SLO, trial: int,
+             on_event: Callable[[str], None]) -> Outcome:
+    """Check, start, bisect and stop one configuration. Never raises for a bad configuration."""
+    try:
+        ev.check(cand)
+    except ConfigRejected as e:
+        on_event(f"rejected: {e.message}")
+        return Outcome(config=cand, status="rejected", reason=e.message, trial=trial)
+    t0 = time.monotonic()
+    out = Outcome(config=cand, status="crashed", launched=True, trial=trial)
+    on_event("start")
+    try:
+        session = ev.open(cand, trial, on_event)
+    except LaunchFailed as e:
+        out.start_s = getattr(e, "elapsed_s", None) or (time.monotonic() - t0)
+        out.cost_s, out.reason = out.start_s, e.message
+        on_event(f"crashed: {e.message}")
+        return out
+    out.start_s = session.start_s
+    try:
+        out.points = bisect_concurrency(session, spec, slo, ev.n_gpus(cand), on_event)
+    except LaunchFailed as e:
+        out.reason = e.message
+        out.cost_s = out.start_s + sum(p.duration_s for p in out.points)
+        on_event(f"crashed: {e.message}")
+        return out
+    finally:
+        session.close()
+    return _summarise(out, slo)
+
+
+def confirm(ev: Evaluator, out: Outcome, spec: TuneSpec, slo: SLO, on_event: Callable[[str], None]) -> None:
+    """Re-measure a feasible outcome on a fresh server with more requests; step down the ladder on an SLO miss."""
+    assert out.concurrency is not None
+    on_event("confirm: start")
+    try:
+        session = ev.open(out.config, out.trial if out.trial is not None else -1, on_event)
+    except LaunchFailed as e:
+        out.confirmed, out.reason = 0.0, f"confirmation start failed: {e.message}"
+        return
+    out.cost_s += session.start_s
+    try:
+        idx = spec.ladder.index(out.concurrency) if out.concurrency in spec.ladder else 0
+        while idx >= 0:
+            c = spec.ladder[idx]
+            on_event(f"confirm c={c}")
+            p = _point(spec, slo, session.measure(c, spec.confirm_factor), c, spec.confirm_factor,
+                       ev.n_gpus(out.config))
+            out.points.append(p)
+            out.cost_s += p.duration_s
+            if p.slo_ok:
+                out.confirmed = p.objective
+                if c != out.concurrency:
+                    out.concurrency, out.objective = c, min(out.objective, p.objective)
+                return
+            idx -= 1
+        out.confirmed = 0.0
+    finally:
+        session.close()
+
+
+class Tuner:
+    """Drives the optuna study. ``storage`` None = in memory (replays); else an SQLite URL."""
+
+    def __init__(self, space: Space, ev: Evaluator, spec: TuneSpec, *, storage: str | None = None,
+                 on_event: Callable[[int | None, str, str], None] | None = None):
+        import optuna  # noqa: PLC0415  (lazy: ~0.5 s import)
+
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.optuna = optuna
+        self.space, self.ev, self.spec = space, ev, spec
+        self.slo = __import__("m3ctl.tune.slo", fromlist=["parse_slo"]).parse_slo(spec.slo)
+        self.on_event = on_event or (lambda t, c, m: None)
+        free = space.free()
+        n_start = spec.n_startup_trials if spec.n_startup_trials is not None else max(2, min(4, spec.max_trials // 3))
+        sampler = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=n_start, multivariate=True,
+                                             constraints_func=lambda t: t.user_attrs.get("constraint", [1.0]))
+        self.study = optuna.create_study(study_name=STUDY_NAME, storage=storage, load_if_exists=True,
+                                         direction="maximize", sampler=sampler)
+        self.dists = {k: optuna.distributions.CategoricalDistribution(space.values[k]) for k in free}
+        self.rng = random.Random(spec.seed)
+        self.outcomes: dict[str, Outcome] = {}
+        self.interrupted_trials: list[int] = []
+        self._load()
+
+    def _load(self) -> None:
+        """Completed trials from the study; trials left RUNNING by a killed process are marked FAIL."""
+        TS = self.optuna.trial.TrialState
+        for t in self.study.get_trials(deepcopy=False):
+            if t.state == TS.COMPLETE and "outcome" in t.user_attrs and not t.user_attrs.get("duplicate"):
+                o = Outcome.from_json(t.user_attrs["outcome"])
+                self.outcomes[key_of(o.config)] = o
+            elif t.state == TS.RUNNING:
+                self.study.tell(t.number, state=TS.FAIL)
+                self.interrupted_trials.append(t.number)
+        for k, v in self.study.user_attrs.items():
+            if k.startswith("confirm:") and k[8:] in self.outcomes:
+                self.outcomes[k[8:]].confirmed = v["confirmed"]
+                self.outcomes[k[8:]].points = [Point(**p) for p in v["points"]]
+                self.outcomes[k[8:]].cost_s = v["cost_s"]
+
+    @property
+    def launches(self) -> int:
+        return sum(1 for o in self.outcomes.values() if o.launched)
+
+    @property
+    def cost_s(self) -> float:
+        return sum(o.cost_s for o in self.outcomes.values())
+
+    def _cand(self, params: dict[str, Any]) -> dict[str, Any]:
+        return {k: (params[k] if k in params else v[0]) for k, v in self.space.values.items()}
+
+    def _unseen(self) -> dict[str, Any] | None:
+        rest = [c for c in self.space.grid() if key_of(c) not in self.outcomes]
+        return self.rng.choice(rest) if rest else None
+
+    def _tell(self, trial, out: Outcome, duplicate: bool = False) -> None:
+        if out.status == "feasible":
+            cons = -1.0
+        elif out.status == "slo_infeasible":
+            viol = [self.slo.violation(p.metrics) for p in out.points if p.valid]
+            cons = max(0.01, min(viol)) if viol else 1.0
+        else:
+            cons = 1.0
+        trial.set_user_attr("constraint", [cons])
+        trial.set_user_attr("outcome", out.to_json())
+        if duplicate:
+            trial.set_user_attr("duplicate", True)
+        self.study.tell(trial, out.objective)
+
+    def _elapsed_before(self) -> float:
+        return float(self.study.user_attrs.get("elapsed_s", 0.0))
+
+    def run(self, clock: Callable[[], float] = time.monotonic) -> TuneResult:
+        """Search until the trial or time budget is spent or the space is exhausted.
+
+        ``clock`` measures wall time (replays pass a simulated clock). Ctrl-C stops the server of the
+        current trial (its trial is marked FAIL) and propagates KeyboardInterrupt; completed trials stay.
+        """
+        t_run = clock()
+        before = self._elapsed_before()
+        stopped_by = "space exhausted"
+        dups = 0
+        size = self.space.size()
+        try:
+            while True:
+                elapsed = before + clock() - t_run
+                if self.launches >= self.spec.max_trials:
+                    stopped_by = f"trial budget ({self.spec.max_trials} server starts)"
+                    break
+                if self.spec.time_budget_s is not None and elapsed >= self.spec.time_budget_s:
+                    stopped_by = f"time budget ({self.spec.time_budget_s:g} s)"
+                    break
+                if len(self.outcomes) >= size:
+                    break
+                if dups >= 3:
+                    nxt = self._unseen()
+                    if nxt is None:
+                        break
+                    self.study.enqueue_trial({k: nxt[k] for k in self.dists})
+                    dups = 0
+                trial = self.study.ask(self.dists)
+                cand = self._cand(trial.params)
+                k = key_of(cand)
+                if k in self.outcomes:
+                    self._tell(trial, self.outcomes[k], duplicate=True)
+                    dups += 1
+                    continue
+                dups = 0
+                desc = describe(cand, self.space)
+                n = trial.number
+                try:
+                    out = evaluate(self.ev, cand, self.spec, self.slo, n, lambda m, n=n, d=desc: self.on_event(n, d, m))
+                except BaseException:
+                    self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+                    raise
+                self.outcomes[k] = out
+                self._tell(trial, out)
+                res = (f"{out.objective:.1f} at c={out.concurrency}" if out.status == "feasible"
+                       else f"{out.status}: {out.reason}")
+                self.on_event(n, desc, f"done: {res}")
+            self._confirm()
+        finally:
+            self.study.set_user_attr("elapsed_s", before + clock() - t_run)
+        ranked = sorted((o for o in self.outcomes.values() if o.status == "feasible" and o.final > 0),
+                        key=lambda o: (o.confirmed is not None or self.spec.confirm_top == 0, o.final), reverse=True)
+        return TuneResult(outcomes=list(self.outcomes.values()), best=ranked[0] if ranked else None,
+                          launches=self.launches, cost_s=self.cost_s, elapsed_s=before + clock() - t_run,
+                          stopped_by=stopped_by)
+
+    def _confirm(self) -> None:
+        if self.spec.confirm_top <= 0:
+            return
+        feas = sorted((o for o in self.outcomes.values() if o.status == "feasible"), key=lambda o: o.objective,
+                      reverse=True)[: self.spec.confirm_top]
+        for o in feas:
+            if o.confirmed is not None:
+                continue
+            desc = describe(o.config, self.space)
+            confirm(self.ev, o, self.spec, self.slo, lambda m, n=o.trial, d=desc: self.on_event(n, d, m))
+            self.study.set_user_attr(f"confirm:{key_of(o.config)}",
+                                     {"confirmed": o.confirmed, "points": [asdict(p) for p in o.points],
+                                      "cost_s": o.cost_s})
+            self.on_event(o.trial, desc, f"confirmed: {o.confirmed:.1f} at c={o.concurrency}")
+
+
+def pareto(outcomes: list[Outcome]) -> list[dict[str, Any]]:
+    """Frontier of (objective, p90 interactivity = 1000 / p90 TPOT in tok/s/user) over every valid run."""
+    pts = []
+    for o in outcomes:
+        for p in o.points:
+            tpot = p.metrics.get("p90_tpot_ms")
+            if p.valid and tpot:
+                pts.append({"config": o.config, "concurrency": p.concurrency, "objective": p.objective,
+                            "interactivity": 1000.0 / tpot, "slo_ok": p.slo_ok, "trial": o.trial})
+    front = [a for a in pts if not any(b["objective"] >= a["objective"] and b["interactivity"] >= a["interactivity"]
+                                       and (b["objective"] > a["objective"] or b["interactivity"] > a["interactivity"])
+                                       for b in pts)]
+    uniq = {(round(a["objective"], 6), round(a["interactivity"], 6)): a for a in front}
+    return sorted(uniq.values(), key=lambda a: a["interactivity"])
+
+
+def write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str))
+    tmp.replace(path)
+
+
+__all__ = ["Tuner", "TuneSpec", "TuneResult", "Outcome", "Point", "evaluate", "pareto", "num_prompts", "math"]

@@ -1,0 +1,150 @@
+"""Real evaluation: plan() -> launch_and_wait() -> run_bench() per concurrency -> stop(), with every trial's
+bench JSON and server log saved in the study dir, and the running server recorded so a resume after
+SIGKILL stops it first (``running.json`` + the m3ctl registry)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from m3ctl.errors import LaunchFailed
+from m3ctl.tune.search import TuneSpec, num_prompts, write_json
+from m3ctl.tune.space import plan_kwargs
+
+
+class ServerSession:
+    def __init__(self, ev: ServerEvaluator, plan, dep, trial_dir: Path, start_s: float):
+        self.ev, self.plan, self.dep, self.dir, self.start_s = ev, plan, dep, trial_dir, start_s
+
+    def alive(self) -> bool:
+        from m3ctl.serve import runtime_for  # noqa: PLC0415
+
+        return runtime_for(self.dep).is_alive(self.dep)
+
+    def measure(self, concurrency: int, fidelity: float) -> dict:
+        from m3ctl.bench.runner import BenchConfig, run_bench  # noqa: PLC0415
+
+        cfg = BenchConfig(url=self.dep.url, model=self.dep.served_model_name, concurrency=concurrency,
+                          num_prompts=num_prompts(self.ev.spec, concurrency, fidelity),
+                          num_gpus=self.ev.n_gpus_plan(self.plan), num_gpus_source="plan (tp x dp)",
+                          label=f"tune trial {self.dir.name} c={concurrency}", **self.ev.bench)
+        res = run_bench(cfg)
+        res["tune"] = {"trial_dir": str(self.dir), "argv": self.plan.argv, "fidelity": fidelity}
+        write_json(self.dir / f"bench-c{concurrency}-x{fidelity:g}.json", res)
+        return res
+
+    def close(self) -> None:
+        self.ev.stop_current()
+
+
+class ServerEvaluator:
+    """Launches one real server per configuration (m3ctl's serve + bench libraries).
+
+    Args:
+        plan_base: plan() keyword arguments shared by every candidate (profile, overrides, extra_args,
+            skip_checks, variant, max_model_len, runtime...).
+        bench: BenchConfig fields for the workload (workload, input_len, output_len, seed, ...).
+        name_prefix: deployment names are ``{name_prefix}-t{trial}``; resume stops any leftover of that prefix.
+    """
+
+    def __init__(self, inventory, model: str, study_dir: Path, spec: TuneSpec, *, plan_base: dict[str, Any],
+                 bench: dict[str, Any], port: int, name_prefix: str, registry=None, space=None):
+        from m3ctl.state import Registry  # noqa: PLC0415
+
+        self.inv, self.model, self.dir, self.spec = inventory, model, Path(study_dir), spec
+        self.plan_base, self.bench, self.port, self.prefix = plan_base, bench, port, name_prefix
+        self.registry = registry or Registry()
+        self.spec_method = space.spec_method if space is not None else None
+        self.current: str | None = None
+        self.trial_dir: Path | None = None
+
+    def plan(self, cand: dict[str, Any], name: str | None = None):
+        from m3ctl.plan import plan  # noqa: PLC0415
+
+        return plan(self.inv, self.model, name=name or f"{self.prefix}-check", port=self.port,
+                    **self.plan_base, **plan_kwargs(cand, self.spec_method))
+
+    def check(self, cand: dict[str, Any]):
+        return self.plan(cand)
+
+    @staticmethod
+    def n_gpus_plan(p) -> int:
+        return max(1, p.tp * p.dp) if p.gpus else 1
+
+    def n_gpus(self, cand: dict[str, Any]) -> int:
+        return max(1, cand.get("tp", 1) * cand.get("dp", 1)) if self.inv.gpus else 1
+
+    def command(self, cand: dict[str, Any]) -> str:
+        return self.plan(cand, name=self.plan_base.get("served_model_name") or "m3ctl").command_line()
+
+    def open(self, cand: dict[str, Any], trial: int, on_event: Callable[[str], None]) -> ServerSession:
+        from m3ctl.serve import launch_and_wait  # noqa: PLC0415
+
+        name = f"{self.prefix}-t{trial}"
+        tdir = self.dir / "trials" / f"{trial:04d}"
+        tdir.mkdir(parents=True, exist_ok=True)
+        p = self.plan(cand, name=name)
+        write_json(tdir / "config.json", {"config": cand, "argv": p.argv, "command": p.command_line()})
+        self.current, self.trial_dir = name, tdir
+        write_json(self.dir / "running.json", {"name": name, "trial": trial, "state_dir": str(self.registry.root)})
+        t0 = time.monotonic()
+        try:
+            res = launch_and_wait(p, registry=self.registry,
+                                  on_event=lambda e: on_event(f"{e.phase} {e.status}") if e.status != "start" else None)
+        except LaunchFailed as e:
+            e.elapsed_s = time.monotonic() - t0  # type: ignore[attr-defined]
+            self._save_log(name, tdir)
+            self.current = None
+            (self.dir / "running.json").unlink(missing_ok=True)
+            raise
+        except BaseException:
+            self._save_log(name, tdir)
+            self.current = None
+            (self.dir / "running.json").unlink(missing_ok=True)
+            raise
+        return ServerSession(self, p, res.deployment, tdir, time.monotonic() - t0)
+
+    def _save_log(self, name: str, tdir: Path) -> None:
+        src = self.registry.log_path(name)
+        if src.exists():
+            shutil.copyfile(src, tdir / "server.log")
+
+    def stop_current(self) -> None:
+        from m3ctl.serve import stop  # noqa: PLC0415
+
+        name, tdir = self.current, self.trial_dir
+        if name is None:
+            return
+        try:
+            if self.registry.exists(name):
+                stop([name], registry=self.registry)
+        finally:
+            if tdir is not None:
+                self._save_log(name, tdir)
+            self.current = None
+            (self.dir / "running.json").unlink(missing_ok=True)
+
+
+def stop_leftovers(study_dir: Path, prefix: str, registry) -> list[str]:
+    """Stop servers a killed tune left behind: the one in ``running.json`` and any deployment named
+    ``{prefix}-t*`` in the registry. Returns the names stopped."""
+    from m3ctl.serve import stop  # noqa: PLC0415
+
+    names = {d.name for d in registry.list() if d.name.startswith(prefix + "-t")}
+    run = Path(study_dir) / "running.json"
+    if run.exists():
+        try:
+            names.add(json.loads(run.read_text())["name"])
+        except (ValueError, KeyError):
+            pass
+    stopped = []
+    for n in sorted(names):
+        if registry.exists(n):
+            stop([n], registry=registry)
+            stopped.append(n)
+    run.unlink(missing_ok=True)
+    return stopped

@@ -1,0 +1,150 @@
+"""m3ctl tune on the real vLLM CPU server: a real search (rule-rejected candidates never launched),
+SIGKILL of tune mid-trial then --resume (no orphan, no lost trial), the profile it writes launches
+through `serve --profile`, and crashed / out-of-KV-memory trials are infeasible trials, not aborts.
+
+Budget: 4 server starts for the search + resume test, 1 for the OOM test, 2 instant crashes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from m3ctl.catalog import load_profile_file
+from m3ctl.state import Registry
+from tests.conftest import M3CTL, free_port, run_cli
+
+pytestmark = pytest.mark.integration
+
+SLO = "p90_tpot_ms<=250,p90_ttft_ms<=5000"
+
+
+def _tune_args(model: Path, sdir: Path, *extra: str) -> list[str]:
+    return ["tune", "--model", str(model), "--study-dir", str(sdir), "--port", str(free_port()),
+            "--input-len", "64", "--output-len", "32", "--prompts-per-concurrency", "2", "--seed", "3", *extra]
+
+
+def _wait_mid_trial(sdir: Path, proc: subprocess.Popen, timeout: float = 420) -> dict:
+    """Wait until one trial has finished (its server.log saved) and the next one's server runs a benchmark."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
+        run = sdir / "running.json"
+        if run.exists():
+            try:
+                cur = json.loads(run.read_text())
+            except ValueError:
+                cur = None
+            if cur:
+                done = [d for d in (sdir / "trials").iterdir() if (d / "server.log").exists()
+                        and any(d.glob("bench-*.json")) and d.name != f"{cur['trial']:04d}"]
+                tdir = sdir / "trials" / f"{cur['trial']:04d}"
+                if done and any(tdir.glob("bench-*.json")):
+                    return cur
+        time.sleep(0.3)
+    raise AssertionError(f"no second trial benchmark within {timeout} s")
+
+
+def test_tune_real_search_sigkill_resume_and_profile(tiny_models, tmp_path):
+    model = tiny_models["m2"]
+    sdir = tmp_path / "study"
+    args = _tune_args(model, sdir, "--knob", "spec_depth=0-4", "--knob", "max_num_seqs=4,16",
+                      "--knob", "max_num_batched_tokens=256,2048", "--knob", "dcp=1,2", "--slo", SLO,
+                      "--ladder", "1,4,16", "--max-trials", "3", "--confirm-top", "0", "--pareto")
+    proc = subprocess.Popen([*M3CTL, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "200"})
+    try:
+        cur = _wait_mid_trial(sdir, proc)
+        reg = Registry()
+        dep = reg.get(cur["name"])
+        assert psutil.pid_exists(dep.pid)
+        done_before = sorted(d.name for d in (sdir / "trials").iterdir() if (d / "server.log").exists()
+                             and d.name != f"{cur['trial']:04d}")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    time.sleep(1.0)
+    assert psutil.pid_exists(dep.pid) and psutil.Process(dep.pid).status() != psutil.STATUS_ZOMBIE  # orphan now
+
+    p = run_cli("tune", "--resume", str(sdir), "--pareto", timeout=900)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert f"stopped leftover server(s) of an interrupted run: {cur['name']}" in p.stdout
+    assert f"trial(s) [{cur['trial']}] had been interrupted" in p.stdout
+    assert not psutil.pid_exists(dep.pid) or psutil.Process(dep.pid).status() == psutil.STATUS_ZOMBIE
+    assert Registry().list() == []  # nothing left running
+    assert not (sdir / "running.json").exists()
+
+    res = json.loads((sdir / "result.json").read_text())
+    trials = {f"{t['trial']:04d}": t for t in res["trials"]}
+    for name in done_before:  # completed before the kill: still there, not re-run
+        assert trials[name]["launched"] and trials[name]["status"] in ("feasible", "slo_infeasible")
+    assert cur["trial"] not in [t["trial"] for t in res["trials"]]  # the killed trial was not counted
+    assert res["launches"] == 3
+    for t in res["trials"]:
+        tdir = sdir / "trials" / f"{t['trial']:04d}"
+        if t["status"] == "rejected":  # rule-rejected: never launched, no folder, no cost
+            assert not t["launched"] and not tdir.exists() and t["config"]["dcp"] == 2 and "parallel.dcp" in t["reason"]
+        else:
+            assert (tdir / "server.log").stat().st_size > 0 and list(tdir.glob("bench-c*-x1.json"))
+            assert len([pt for pt in t["points"]]) <= 2  # bisection over 3 ladder points: <= 2 runs
+    best = res["best"]
+    assert best and best["config"]["dcp"] == 1 and "vllm" in best["command"] and " serve " in best["command"]
+    bench = json.loads((sdir / "trials" / f"{best['trial']:04d}" / f"bench-c{best['concurrency']}-x1.json").read_text())
+    assert bench["p90_tpot_ms"] <= 250 and bench["p90_ttft_ms"] <= 5000
+    assert best["objective"] == pytest.approx(bench["total_token_throughput"])
+    assert "best trial" in p.stdout and "Pareto" in p.stdout and (sdir / "pareto.png").stat().st_size > 1000
+
+    prof = load_profile_file(sdir / "profile.yaml")
+    assert prof.name == "cpu-tuned"
+    assert prof.serve_args["max-num-seqs"] == best["config"]["max_num_seqs"]
+    assert prof.serve_args["max-num-batched-tokens"] == best["config"]["max_num_batched_tokens"]
+    assert prof.serve_args["kv-cache-memory-bytes"] == "256M"  # the base profile is kept
+    d = run_cli("serve", "--dry-run", "--json", "--profile", str(sdir / "profile.yaml"), "--model", str(model))
+    assert d.returncode == 0, d.stderr
+    argv = json.loads(d.stdout)["argv"]
+    assert argv[argv.index("--max-num-seqs") + 1] == str(best["config"]["max_num_seqs"])
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == str(best["config"]["max_num_batched_tokens"])
+    k = best["config"]["spec_depth"]
+    if k:
+        assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == k
+    else:
+        assert "--speculative-config" not in argv
+
+
+def test_tune_crashing_trials_are_infeasible_not_fatal(tiny_models, tmp_path):
+    """An invalid raw flag (accepted with --skip-checks) kills every server at argument parsing."""
+    sdir = tmp_path / "study"
+    p = run_cli(*_tune_args(tiny_models["m2"], sdir, "--knob", "spec_depth=0,1", "--knob", "max_num_seqs=4",
+                            "--knob", "max_num_batched_tokens=256", "--max-trials", "2", "--ladder", "1",
+                            "--skip-checks", "--", "--no-such-flag", "1"), timeout=600)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "no configuration met the SLO" in p.stdout and "Traceback" not in p.stderr
+    res = json.loads((sdir / "result.json").read_text())
+    assert [t["status"] for t in res["trials"]] == ["crashed", "crashed"] and res["launches"] == 2
+    for t in res["trials"]:
+        assert "no-such-flag" in (sdir / "trials" / f"{t['trial']:04d}" / "server.log").read_text()
+    assert Registry().list() == []
+
+
+def test_tune_out_of_kv_memory_trial_is_infeasible(tiny_models, tmp_path):
+    """1 MiB of KV cache cannot hold one 2048-token sequence: vLLM refuses at engine start (the CPU OOM)."""
+    sdir = tmp_path / "study"
+    p = run_cli(*_tune_args(tiny_models["m2"], sdir, "--knob", "spec_depth=0", "--knob", "max_num_seqs=4",
+                            "--knob", "max_num_batched_tokens=256", "--max-trials", "1", "--ladder", "1",
+                            "--arg", "kv-cache-memory-bytes=1M"), timeout=600)
+    assert p.returncode == 1, p.stdout + p.stderr
+    res = json.loads((sdir / "result.json").read_text())
+    (t,) = res["trials"]
+    assert t["status"] == "crashed" and t["launched"]
+    log = (sdir / "trials" / f"{t['trial']:04d}" / "server.log").read_text()
+    assert "KV cache" in log
+    assert Registry().list() == []
