@@ -778,6 +778,134 @@ def _pw(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)
 
 
+# ----------------------------------------------------------------------------- tune
+@app.command(context_settings=RAW_ARGS)
+def tune(
+    ctx: typer.Context,
+    model: Annotated[Optional[str], typer.Option("--model", "-m", help="Local model directory or Hugging Face id.")] = None,
+    study_dir: Annotated[Optional[Path], typer.Option(help="Study directory (SQLite study, trials, outputs); default ./m3ctl-tune-<time>.")] = None,
+    resume: Annotated[Optional[Path], typer.Option(help="Continue the study in DIR (after Ctrl-C or a kill); other options are ignored.")] = None,
+    slo: Annotated[str, typer.Option(help='SLO over bench result keys, e.g. "p90_tpot_ms<=20,p90_ttft_ms<=2000".')] = "",
+    objective: Annotated[str, typer.Option(help="tput_per_gpu, output_tput_per_gpu or tokens_per_usd.")] = "tput_per_gpu",
+    usd_per_gpu_hour: Annotated[Optional[float], typer.Option(help="GPU price for tokens_per_usd.")] = None,
+    knob: Annotated[Optional[list[str]], typer.Option("--knob", help="Pin or narrow a knob: spec_depth=0-4, max_num_seqs=4,8 (repeatable).")] = None,
+    ladder: Annotated[str, typer.Option(help="Concurrency ladder bisected per configuration.")] = "1,2,4,8,16,32,64",
+    max_trials: Annotated[int, typer.Option(help="Budget: server starts (rejected configurations cost none).")] = 12,
+    time_budget: Annotated[Optional[float], typer.Option(help="Budget: wall seconds (checked before each start).")] = None,
+    seed: Annotated[int, typer.Option(help="Sampler and workload seed.")] = 0,
+    confirm_top: Annotated[int, typer.Option(help="Successive halving: re-measure the best N on a fresh server.")] = 2,
+    max_spec_depth: Annotated[int, typer.Option(help="Largest speculation depth searched.")] = 4,
+    pareto: Annotated[bool, typer.Option("--pareto", help="Also print the Pareto table and write pareto.png.")] = False,
+    port: Annotated[int, typer.Option(help="API port of the trial servers.")] = 8000,
+    workload: Annotated[str, typer.Option(help="Bench workload (random, prefix, agentic, ...).")] = "random",
+    input_len: Annotated[int, typer.Option(help="Prompt tokens per request.")] = 128,
+    output_len: Annotated[int, typer.Option(help="Output tokens per request.")] = 128,
+    prompts_per_concurrency: Annotated[int, typer.Option(help="Requests per run = this x concurrency.")] = 4,
+    profile: Annotated[Optional[Path], typer.Option(help="Kernel profile YAML to use instead of the catalog's.")] = None,
+    arg: Annotated[Optional[list[str]], typer.Option("--arg", help="vllm serve flag for every trial (repeatable).")] = None,
+    skip_checks: Annotated[bool, typer.Option(help="Launch even if a plan rule rejects (failures become crashed trials).")] = False,
+    inventory: Annotated[Optional[Path], typer.Option(help="Plan for a saved inventory instead of this host.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print result.json instead of tables.")] = False,
+) -> None:
+    """Search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO (resumable).
+
+    Raw vLLM flags after `--` apply to every trial and pass the plan rules like everything else.
+    """
+    from m3ctl.catalog import load_profile_file, profile_for_arch  # noqa: PLC0415
+    from m3ctl.hw.detect import detect  # noqa: PLC0415
+    from m3ctl.modelinfo import read_model_facts  # noqa: PLC0415
+    from m3ctl.tune import study as st  # noqa: PLC0415
+    from m3ctl.tune.slo import objective_value, parse_slo  # noqa: PLC0415
+    from m3ctl.tune.space import apply_pins, default_space, describe  # noqa: PLC0415
+
+    con = _console()
+    inv = _load_inventory(inventory) if inventory else detect()
+    if resume:
+        sdir = resume
+        settings = st.load_settings(sdir)
+    else:
+        if not model:
+            raise BadInput("--model is required (or --resume DIR)", "e.g. m3ctl tune --model DIR --slo 'p90_tpot_ms<=50'")
+        parse_slo(slo)
+        objective_value({"total_token_throughput": 1.0, "output_throughput": 1.0}, objective, 1, usd_per_gpu_hour)
+        try:
+            lad = sorted({int(x) for x in ladder.split(",") if x.strip()})
+        except ValueError:
+            raise BadInput(f"bad --ladder {ladder!r}", "e.g. --ladder 1,2,4,8,16") from None
+        if not lad or lad[0] < 1:
+            raise BadInput(f"bad --ladder {ladder!r}", "concurrencies are integers >= 1")
+        sdir = study_dir or Path(f"m3ctl-tune-{time.strftime('%Y%m%d-%H%M%S')}")
+        if (sdir / "tune.json").exists():
+            raise BadInput(f"{sdir} already holds a study", f"continue it with --resume {sdir} or choose another --study-dir")
+        base = load_profile_file(profile) if profile else profile_for_arch(inv.arch)
+        facts = read_model_facts(model)
+        from m3ctl import catalog  # noqa: PLC0415
+
+        spec_m = catalog.find_model(model, facts.architectures)
+        drafter = spec_m.drafter.method if spec_m and spec_m.drafter else None
+        space = default_space(base, len(inv.gpus), moe=bool(facts.moe_intermediate_size),
+                              drafter_method=drafter, max_spec_depth=max_spec_depth)
+        space = apply_pins(space, knob or [])
+        settings = {"model": model, "space": space.to_json(), "port": port, "profile_file": str(profile) if profile else None,
+                    "spec": {"slo": slo, "objective": objective, "usd_per_gpu_hour": usd_per_gpu_hour, "ladder": lad,
+                             "max_trials": max_trials, "time_budget_s": time_budget, "seed": seed,
+                             "confirm_top": confirm_top, "prompts_per_concurrency": prompts_per_concurrency},
+                    "plan_base": {"overrides": _parse_args(arg or []), "extra_args": list(ctx.args),
+                                  "skip_checks": skip_checks},
+                    "bench": {"workload": workload, "input_len": input_len, "output_len": output_len, "seed": seed,
+                              "num_warmups": 1, "usd_per_gpu_hour": usd_per_gpu_hour}}
+        st.save_settings(sdir, settings)
+    base = load_profile_file(Path(settings["profile_file"])) if settings.get("profile_file") else profile_for_arch(inv.arch)
+    if settings.get("profile_file"):
+        settings["plan_base"]["profile"] = base
+    from m3ctl.tune.space import Space  # noqa: PLC0415
+
+    sp = Space.from_json(settings["space"])
+    if not json_out:
+        con.print(f"study {sdir}: {sp.size()} configurations over {', '.join(sp.free()) or 'nothing'}; SLO "
+                  f"{parse_slo(settings['spec']['slo'])}; objective {settings['spec']['objective']}; budget "
+                  f"{settings['spec']['max_trials']} starts" + (f", {settings['spec']['time_budget_s']:g} s"
+                                                                  if settings['spec'].get('time_budget_s') else ""))
+        con.print(f"{'trial':>5}  {'config':<40} phase / result")
+
+    def on_event(n, desc, msg) -> None:
+        if not json_out:
+            con.print(f"{n if n is not None else '-':>5}  {escape(desc):<40} {escape(msg)}")
+
+    def on_cleanup(names) -> None:
+        if names and not json_out:
+            con.print(f"stopped leftover server(s) of an interrupted run: {', '.join(names)}")
+
+    try:
+        res, tuner, ev = st.run_tune(sdir, settings, inventory=inv, on_event=on_event, on_cleanup=on_cleanup)
+    except KeyboardInterrupt:
+        _console(stderr=True).print(f"interrupted: completed trials are saved; continue with `m3ctl tune --resume {sdir}`")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
+    if tuner.interrupted_trials and not json_out:
+        con.print(f"resumed: trial(s) {tuner.interrupted_trials} had been interrupted and were marked failed")
+    out = st.write_outputs(sdir, res, tuner, ev, settings, base, pareto)
+    if json_out:
+        typer.echo(json.dumps(out, indent=2, default=str))
+        return
+    con.print(f"done ({res.stopped_by}): {res.launches} server starts, {res.cost_s:.0f} s of server time, "
+              f"{res.elapsed_s:.0f} s wall")
+    if res.best is None:
+        con.print("[red]no configuration met the SLO[/]; relax --slo or widen --knob ranges")
+        raise typer.Exit(1)
+    b = out["best"]
+    con.print(f"[green]best[/] trial {b['trial']}: {describe(b['config'], sp)}: {b['objective']:.1f} "
+              f"{settings['spec']['objective']} at concurrency {b['concurrency']}")
+    con.print(f"command: {escape(b['command'])}", soft_wrap=True)
+    con.print(f"profile: {out['profile']} (m3ctl serve --profile {out['profile']} --model {settings['model']})")
+    if pareto:
+        con.print("Pareto (p90 interactivity tok/s/user vs objective):")
+        for p in out["pareto"]:
+            con.print(f"  {p['interactivity']:8.1f}  {p['objective']:10.1f}  c={p['concurrency']:<4} "
+                      f"{describe(p['config'], sp)}{'' if p['slo_ok'] else '  (SLO miss)'}")
+        if out.get("pareto_png"):
+            con.print(f"plot: {out['pareto_png']}")
+
+
 # ----------------------------------------------------------------------------- dev
 @dev_app.command("tiny-model")
 def tiny_model(
