@@ -87,6 +87,7 @@ def run_vllm(core: int, url: str, tok: str, n: int, osl: int, conc: int, outdir:
 
 
 def capacity(args, tmp: Path) -> None:
+    print("   (a client below ~90% CPU was limited by the one-core server: its ratio is a lower bound)")
     print(f"\n== capacity: {args.requests} requests x {args.osl} tokens, closed loop at {args.conc}, "
           f"client pinned to core {args.client_core}, server to core {args.server_core}")
     srv, url = start_server(args.server_core, 0, 0)
@@ -100,8 +101,10 @@ def capacity(args, tmp: Path) -> None:
                                                            args.osl, args.conc, 1, tmp / "m3.json"))):
             r = fn()
             rows.append((name, r["completed"], r["request_throughput"], r["output_throughput"]))
+            cpu = (r.get("validity") or {}).get("client_cpu_max_pct")
             print(f"  {name:18s} completed {r['completed']:6d}  {r['request_throughput']:8.1f} req/s  "
-                  f"{r['output_throughput']:10.1f} streamed tok/s  (duration {r['duration']:.2f} s)")
+                  f"{r['output_throughput']:10.1f} streamed tok/s  (duration {r['duration']:.2f} s"
+                  + (f", client CPU {cpu:.0f}% of its core" if cpu is not None else "") + ")")
         print(f"  ratio m3ctl / vllm: {rows[-1][2] / rows[0][2]:.2f}x requests/s, {rows[-1][3] / rows[0][3]:.2f}x tok/s "
               f"(m3ctl on aiohttp: {rows[1][2] / rows[0][2]:.2f}x)")
     finally:
