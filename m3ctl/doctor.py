@@ -353,9 +353,14 @@ def check_fabric_manager(ctx: Ctx) -> CheckResult:
     if states == ["in_progress"]:
         return _r("gpu.fabric_manager", "gpu", "WARN", "NVSwitch fabric still IN_PROGRESS (just booted?)",
                   "wait and re-run doctor; if it stays, " + fix, det)
-    if states == ["unknown"] and fm.active is not False:
-        return _r("gpu.fabric_manager", "gpu", "WARN", "NVSwitch topology but the fabric state is not readable",
-                  "check `nvidia-smi -q | grep -A2 Fabric`", det)
+    unreadable = set(states) <= {"unknown", "not_supported"}
+    ci = inv.cuda_init or ""
+    if unreadable and not ci.startswith("error 802") and fm.active is not False:
+        if ci == "ok":  # the fabric is what CUDA init waits for: cuInit succeeding proves it is up
+            return _r("gpu.fabric_manager", "gpu", "OK", "NVSwitch fabric usable: cuInit(0) succeeds (NVML does not "
+                      f"report the fabric state here: {', '.join(states)})", details=det)
+        return _r("gpu.fabric_manager", "gpu", "WARN", "NVSwitch topology but the fabric state is not readable and "
+                  "cuInit was not tried", "check `nvidia-smi -q | grep -A3 Fabric` (State must be Completed)", det)
     why = [f"fabric state {', '.join(s.upper() for s in states)}"]
     if fm.active is False:
         why.append(f"nvidia-fabricmanager {fm.detail or 'inactive'}")

@@ -132,10 +132,18 @@ def replay(inv_path: Path, doctor_json: Path | None) -> None:
         return
     rec = json.loads(doctor_json.read_text())
     rv = rec["verdict"]
+    recorded = {c["id"]: c["status"] for c in rec["checks"] if c.get("group") in ("gpu", "driver", "capability")}
+    # A reviewed change of doctor's logic since the recording (a bug fix) is declared next to it, with its reason,
+    # until the host is recorded again: expected-doctor.json = {"reason", "verdict": {...}, "checks": {id: status}}.
+    override = doctor_json.with_name("expected-" + doctor_json.name)
+    if override.exists():
+        ov = json.loads(override.read_text())
+        assert len(ov["reason"]) > 20
+        rv = {**rv, **ov.get("verdict", {})}
+        recorded.update(ov.get("checks", {}))
     rep = run_doctor(inv, model=rv["model"], context=rv.get("context"), host_checks=False)
     now = rep.verdict
     assert (now.status, now.variant, now.tp) == (rv["status"], rv["variant"], rv["tp"]), (now.summary, rv["summary"])
-    recorded = {c["id"]: c["status"] for c in rec["checks"] if c.get("group") in ("gpu", "driver", "capability")}
     current = {c.id: c.status for c in rep.checks if c.group in ("gpu", "driver", "capability")}
     assert {k: current.get(k) for k in recorded} == recorded
 
@@ -170,3 +178,20 @@ def test_dbo_availability_per_arch():
     assert h.status == "OK" and "DeepEP" in h.message
     amd = run_doctor(host("synthetic-mi300xx8"), host_checks=False).check("capability.dbo")
     assert amd.status == "SKIP" and "unverified" in amd.message and "54591" in amd.details[0]
+
+
+def test_real_h200x2_fabric_state_unreadable_but_cuda_init_ok():
+    """The real H200 x2 run: NVML's v1 fabric call answered NOT_SUPPORTED, but cuInit succeeded (and vLLM ran TP2 on
+    that host): the fabric is usable, not a FAIL. The same unreadable state with cuInit error 802 is a FAIL."""
+    path = FIXTURES / "h200x2-real" / "inventory.json"
+    if not path.exists():
+        pytest.skip("real H200 x2 capture not present")
+    inv = load_inventory(path.read_text())
+    assert {g.fabric_state for g in inv.gpus} == {"not_supported"} and inv.cuda_init == "ok" and inv.nvswitch
+    rep = run_doctor(inv, host_checks=False)
+    assert rep.check("gpu.fabric_manager").status == "OK" and "cuInit(0) succeeds" in rep.check("gpu.fabric_manager").message
+    assert (rep.verdict.status, rep.verdict.variant, rep.verdict.tp) == ("runnable_with_fallbacks", "nvfp4", 2)
+    broken = run_doctor(inv.model_copy(update={"cuda_init": "error 802: system not yet initialized"}), host_checks=False)
+    assert broken.check("gpu.fabric_manager").status == "FAIL" and broken.verdict.status == "not_runnable"
+    unknown = run_doctor(inv.model_copy(update={"cuda_init": None}), host_checks=False)
+    assert unknown.check("gpu.fabric_manager").status == "WARN"

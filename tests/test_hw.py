@@ -299,3 +299,31 @@ def test_cuda_init_probe_without_libcuda_and_fabric_manager_outside_systemd():
     assert fm.active is None and fm.version == "580.159.04"
     dead = fabric_manager_facts(smi_runner(None, extra={"systemctl": (3, "failed\n", "")}), "580.159.04")
     assert dead.active is False and dead.version is None
+
+
+def test_fabric_state_reads_the_versioned_call_first():
+    """pynvml's real structs, filled through the pointer as libnvidia-ml does: V says COMPLETED, v1 says NOT_SUPPORTED."""
+    import ctypes
+
+    import pynvml
+
+    from m3ctl.hw.detect import _fabric_state
+    from tests.fakes import FakeNVMLError
+
+    class Lib:
+        c_nvmlGpuFabricInfoV_t = pynvml.c_nvmlGpuFabricInfoV_t
+        c_nvmlGpuFabricInfo_t = pynvml.c_nvmlGpuFabricInfo_t
+
+        @staticmethod
+        def nvmlDeviceGetGpuFabricInfoV(h, ptr):
+            info = ctypes.cast(ptr, ctypes.POINTER(pynvml.c_nvmlGpuFabricInfoV_t)).contents
+            assert info.version == pynvml.nvmlGpuFabricInfo_v2  # the versioned struct announces its version
+            info.state = 3
+
+        @staticmethod
+        def nvmlDeviceGetGpuFabricInfo(h, ptr):
+            raise FakeNVMLError("Not Supported", 3)
+
+    assert _fabric_state(Lib, None) == "completed"
+    Lib.nvmlDeviceGetGpuFabricInfoV = staticmethod(lambda h, ptr: (_ for _ in ()).throw(FakeNVMLError("Not Supported", 3)))
+    assert _fabric_state(Lib, None) == "not_supported"

@@ -130,17 +130,31 @@ def _mig_devices(nvml: Any, h: Any, unavailable: set[str]) -> tuple[MigDevice, .
 
 
 def _fabric_state(nvml: Any, h: Any) -> str | None:
-    getter = getattr(nvml, "nvmlDeviceGetGpuFabricInfo", None)
-    struct = getattr(nvml, "c_nvmlGpuFabricInfo_t", None)
-    if getter is None:
-        return None
-    try:
-        info = struct() if struct is not None else None  # pynvml fills a c_nvmlGpuFabricInfo_t passed by reference
-        res = getter(h, ctypes.byref(info)) if info is not None else getter(h)
-        state = getattr(info if info is not None else res, "state", None)
-        return FABRIC_STATES.get(int(state), f"state {state}") if state is not None else None
-    except Exception as e:
-        return "not_supported" if _code(e) == NVML_ERROR_NOT_SUPPORTED else None
+    """NVSwitch fabric state of one GPU: the versioned ``nvmlDeviceGetGpuFabricInfoV`` first (what nvidia-smi -q
+    reads), then the deprecated v1 call. ``not_supported`` only when every call says so; None when unknown.
+    (On a real H200 HGX the v1 call answered NOT_SUPPORTED while nvidia-smi -q showed "Completed".)"""
+    result = None
+    for fn_name, struct_name in (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+                                 ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")):
+        getter = getattr(nvml, fn_name, None)
+        if getter is None:
+            continue
+        struct = getattr(nvml, struct_name, None)
+        try:
+            info = struct() if struct is not None else None  # filled through a pointer, as libnvidia-ml does
+            res = getter(h, ctypes.byref(info)) if info is not None else getter(h)
+            raw = getattr(info if info is not None else res, "state", None)
+        except Exception as e:
+            if _code(e) == NVML_ERROR_NOT_SUPPORTED:
+                result = "not_supported"
+            continue
+        if raw is None:
+            continue
+        state = FABRIC_STATES.get(int(raw), f"state {raw}")
+        if state != "not_supported":
+            return state
+        result = "not_supported"
+    return result
 
 
 def probe_nvml(nvml: Any | None = None, *, fabric_wait_s: float = 10.0,
