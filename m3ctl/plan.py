@@ -102,6 +102,8 @@ class LaunchPlan(BaseModel):
     mounts: list[str] = Field(default_factory=list)
     gpu_vendor: str | None = None
     gpu_devices: list[str] = Field(default_factory=list)
+    unset_env: list[str] = Field(default_factory=list)
+    """Variables removed from the server's inherited environment (one visibility variable on AMD, F05)."""
 
     @property
     def url(self) -> str:
@@ -210,6 +212,15 @@ def _merge_facts(spec: ModelSpec | None, local: ModelFacts, variant: Variant | N
     return f
 
 
+def _device_ids(inventory: HostInventory, units, n: int) -> list[str]:
+    """Devices to expose to a container: MIG or GPU UUIDs where known, else indices (first ``n``)."""
+    if units is None:
+        return [g.uuid or str(g.index) for g in inventory.gpus[:n]]
+    by_index = {g.index: g for g in inventory.gpus}
+    return [u.mig_uuid or (by_index[u.gpu].uuid if u.gpu in by_index and by_index[u.gpu].uuid else str(u.gpu))
+            for u in units[:n]]
+
+
 def _engine_constraints(profile: Profile, f: Facts) -> list[Violation]:
     c, bad = profile.constraints, []
     if c.head_dim_in and f.head_dim is not None and f.head_dim not in c.head_dim_in:
@@ -311,8 +322,17 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     if runtime not in profile.runtimes:
         raise ConfigRejected(f"profile {profile.name!r} does not support runtime {runtime!r}",
                              f"use --runtime {' or '.join(profile.runtimes)}")
-    n_gpus = len(inventory.gpus)
-    mem = inventory.gpus[0].memory_total_mib if inventory.gpus else None
+    # The device set the server will really see (visible-device variables, MIG slices): F02, F03, F05.
+    from m3ctl.hw.visible import resolve as resolve_visibility  # noqa: PLC0415
+
+    vis = resolve_visibility(inventory) if inventory.gpus else None
+    units = vis.units if vis is not None and vis.controlled_by else None
+    n_gpus = len(units) if units is not None else len(inventory.gpus)
+    mem = (units[0].memory_mib if units else None) if units is not None else \
+        (inventory.gpus[0].memory_total_mib if inventory.gpus else None)
+    if vis is not None and vis.controlled_by:
+        choices.append(Choice(what="visible GPUs", value=", ".join(u.label for u in vis.units) or "none",
+                              why=f"from {', '.join(vis.controlled_by)}"))
     vname, var = (None, None)
     if spec is not None:
         choices.append(Choice(what="model", value=spec.name, why=f"catalog match for {model!r}"))
@@ -402,6 +422,18 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     raw = parse_raw_args(extra_args or [])
     layer(raw, "raw vLLM argument")
     envs.update(env or {})
+    unset_env: list[str] = []
+    if vis is not None and vis.controlled_by and runtime == "process":
+        if inventory.vendor == "nvidia" and vis.index_form:
+            envs["CUDA_VISIBLE_DEVICES"] = vis.index_form
+            choices.append(Choice(what="CUDA_VISIBLE_DEVICES", value=vis.index_form,
+                                  why="UUIDs translated to indices (vLLM before the UUID fix crashes on them: F02)"))
+        if inventory.vendor == "amd" and vis.units and len(vis.controlled_by) > 1:
+            envs["ROCR_VISIBLE_DEVICES"] = ",".join(str(u.gpu) for u in vis.units)
+            unset_env = [k for k in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if k in vis.controlled_by]
+            choices.append(Choice(what="ROCR_VISIBLE_DEVICES", value=envs["ROCR_VISIBLE_DEVICES"],
+                                  why=f"one visibility variable instead of {' + '.join(vis.controlled_by)} "
+                                      "(double masking: F05); the others are unset for the server"))
     if no_multicast and max(tp_ * dp_, 1) > 1:
         envs.update(profile.no_multicast_env)
         if profile.no_multicast_env:
@@ -423,7 +455,8 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     ctx = PlanContext(inventory=inventory, profile=profile, spec=spec, variant_name=vname, variant=var, facts=facts,
                       image=img, runtime=runtime, tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_,
                       spec_method=method if depth else None, spec_depth=depth, draft_tp=draft_tp, args=args,
-                      env=envs, allow_emulated=allow_emulated)
+                      env=envs, allow_emulated=allow_emulated, n_visible=n_gpus, unit_memory_mib=mem,
+                      visibility_problems=list(vis.problems) if vis is not None else [])
     violations = _engine_constraints(profile, facts) + check_all(ctx)
     if violations and not skip_checks:
         v = violations[0]
@@ -453,10 +486,10 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     return LaunchPlan(name=name, runtime=runtime, profile=profile.name, model_spec=spec.name if spec else None,
                       variant=vname, image=image_ref, model=target,
                       served_model_name=served, host=host, port=port, argv=argv, env=envs,
-                      secret_env_names=sorted(pass_env or []), gpus=[g.index for g in inventory.gpus][: tp_ * dp_],
+                      secret_env_names=sorted(pass_env or []), gpus=[u.gpu for u in units][: tp_ * dp_] if units is not None else [g.index for g in inventory.gpus][: tp_ * dp_],
                       tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_, spec_depth=depth,
                       startup_budget_s=startup_budget_s, completion_timeout_s=profile.readiness.completion_timeout_s,
                       choices=choices, rejected=rejected, warnings=warnings,
                       violations=[f"{v.rule}: {v.message}" for v in violations], mounts=list(mounts or []),
                       gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
-                      gpu_devices=[g.uuid or str(g.index) for g in inventory.gpus[: tp_ * dp_]])
+                      gpu_devices=_device_ids(inventory, units, tp_ * dp_), unset_env=unset_env)

@@ -79,6 +79,11 @@ class PlanContext:
     env: dict[str, str] = field(default_factory=dict)
     allow_emulated: bool = False
     gpu_memory_utilization: float = 0.92
+    n_visible: int | None = None
+    """GPUs (or MIG slices) the server will see; None = every GPU in the inventory."""
+    unit_memory_mib: int | None = None
+    """Memory of one visible device (a MIG slice's own memory: F03); None = the inventory's GPU 0."""
+    visibility_problems: list[str] = field(default_factory=list)
 
     @property
     def gpus_used(self) -> int:
@@ -139,9 +144,17 @@ def _native(c: PlanContext) -> Violation | None:
               f"choose a variant for {c.profile.arch}", f"model catalog {c.spec.name if c.spec else ''}")
 
 
+@rule("gpu.visible_devices")
+def _visible(c: PlanContext) -> Violation | None:
+    if c.visibility_problems:
+        return _v("gpu.visible_devices", c.visibility_problems[0], "fix CUDA_/NVIDIA_/HIP_/ROCR_VISIBLE_DEVICES "
+                  "(see `m3ctl doctor -v`)", "field failures F02, F05 (vllm#41848, #12572)")
+    return None
+
+
 @rule("parallel.gpus")
 def _gpus(c: PlanContext) -> Violation | None:
-    n = len(c.inventory.gpus)
+    n = c.n_visible if c.n_visible is not None else len(c.inventory.gpus)
     if c.profile.arch == "cpu":
         if c.gpus_used > 1:
             return _v("parallel.gpus", f"TP x DP = {c.gpus_used} on a host without GPUs",
@@ -277,7 +290,8 @@ def _shard(c: PlanContext) -> Violation | None:
         return None
     per_rank = width / c.tp
     if per_rank != int(per_rank) or int(per_rank) % blk[0]:
-        ok = [t for t in (1, 2, 4, 8) if width % t == 0 and (width // t) % blk[0] == 0 and t <= len(c.inventory.gpus)]
+        n = c.n_visible if c.n_visible is not None else len(c.inventory.gpus)
+        ok = [t for t in (1, 2, 4, 8) if width % t == 0 and (width // t) % blk[0] == 0 and t <= n]
         return _v("quant.shard_alignment", f"per-rank MoE width {width}/{c.tp} = {per_rank:g} is not a multiple of "
                                            f"the quantization block {blk[0]}",
                   f"use TP {max(ok) if ok else 1}, or add --ep so experts stay whole", "field failure F11 (vllm PR #48173)")
@@ -299,7 +313,7 @@ def _kv(c: PlanContext) -> Violation | None:
 def _memory(c: PlanContext) -> Violation | None:
     if c.profile.arch == "cpu" or not c.inventory.gpus:
         return None
-    mem_mib = c.inventory.gpus[0].memory_total_mib
+    mem_mib = c.unit_memory_mib if c.unit_memory_mib is not None else c.inventory.gpus[0].memory_total_mib
     f = c.facts
     if not mem_mib or not f.weights_gib:
         return None

@@ -56,7 +56,7 @@ class ProcessRuntime(Runtime):
 
     def launch(self, plan: LaunchPlan, registry: Registry, secret_env: dict[str, str]) -> Deployment:
         log_path = registry.log_path(plan.name)
-        env = {**os.environ, **plan.env, **secret_env}
+        env = {**{k: v for k, v in os.environ.items() if k not in plan.unset_env}, **plan.env, **secret_env}
         env.setdefault("PYTHONUNBUFFERED", "1")
         with open(log_path, "wb") as log:
             try:
