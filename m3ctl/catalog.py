@@ -278,7 +278,7 @@ def _explain(err: ValidationError, model: type[BaseModel], where: str) -> str:
 
 def _load(text: str, model: type[BaseModel], where: str) -> Any:
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml when present
     except yaml.YAMLError as e:
         raise CatalogError(f"{where}: not valid YAML: {str(e).splitlines()[0]}", "fix the YAML syntax") from e
     if not isinstance(data, dict):
