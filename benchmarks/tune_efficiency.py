@@ -97,12 +97,14 @@ def grid_truth(grid: dict, slo_text: str) -> tuple[float, float, dict]:
 
 
 def replay(path: Path, seeds: int, max_trials: int, confirm_top: int, slo: str) -> int:
-    from m3ctl.tune.replay import ReplayEvaluator
+    from m3ctl.tune.replay import ReplayEvaluator, recorded_space
     from m3ctl.tune.search import TuneSpec, Tuner
-    from m3ctl.tune.space import Space
+    from m3ctl.tune.space import key_of
 
     grid = json.loads(path.read_text())
-    space = Space.from_json(grid["space"])
+    space = recorded_space(grid)
+    keys = {key_of(c) for c in space.grid()}
+    grid["configs"] = [c for c in grid["configs"] if key_of(c["config"]) in keys]
     opt, gcost, gbest = grid_truth(grid, slo)
     print(f"grid: {len(grid['configs'])} configurations x ladder {grid['ladder']}; optimum {opt:.1f} tok/s/GPU "
           f"at {gbest}; grid cost {gcost:.0f} s")

@@ -11,7 +11,7 @@ import pytest
 
 from m3ctl.catalog import profile_for_arch, profiles
 from m3ctl.errors import BadInput
-from m3ctl.tune.replay import ReplayEvaluator
+from m3ctl.tune.replay import ReplayEvaluator, recorded_space
 from m3ctl.tune.search import Tuner, TuneSpec, evaluate, pareto
 from m3ctl.tune.slo import parse_slo
 from m3ctl.tune.space import Space, apply_pins, default_space, key_of
@@ -88,7 +88,7 @@ def test_rule_rejected_candidate_is_never_launched(tiny_models, tmp_path):
 # ---------------------------------------------------------------- search on recorded measurements
 def test_replay_search_finds_a_feasible_config_cheaper_than_the_grid():
     grid = _grid()
-    space = Space.from_json(grid["space"])
+    space = recorded_space(grid)
     ev = ReplayEvaluator(grid)
     spec = TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=4, seed=1, confirm_top=1)
     res = Tuner(space, ev, spec).run(clock=lambda: ev.clock[0])
@@ -112,7 +112,7 @@ def test_replay_search_finds_a_feasible_config_cheaper_than_the_grid():
 
 def test_replay_study_resumes_from_sqlite_without_repeating(tmp_path):
     grid = _grid()
-    space = Space.from_json(grid["space"])
+    space = recorded_space(grid)
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     ev1 = ReplayEvaluator(grid)
     r1 = Tuner(space, ev1, TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=2, confirm_top=0),

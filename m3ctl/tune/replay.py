@@ -76,3 +76,20 @@ class ReplayEvaluator:
 
     def command(self, cand: dict[str, Any]) -> str:
         return json.dumps(cand)
+
+
+def recorded_space(grid: dict):
+    """The grid's space narrowed to values whose every combination was recorded (a partial recording
+    is cut to its complete sub-grid by dropping, one at a time, the knob value with the most gaps)."""
+    from m3ctl.tune.space import Space  # noqa: PLC0415
+
+    space = Space.from_json(grid["space"])
+    have = {key_of(c["config"]) for c in grid["configs"]}
+    while True:
+        missing = [c for c in space.grid() if key_of(c) not in have]
+        if not missing:
+            return space
+        worst = max(((k, v) for k in space.free() for v in space.values[k]),
+                    key=lambda kv: sum(1 for c in missing if c[kv[0]] == kv[1])
+                    / sum(1 for c in space.grid() if c[kv[0]] == kv[1]))
+        space.values[worst[0]] = [v for v in space.values[worst[0]] if v != worst[1]]

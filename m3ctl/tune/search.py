@@ -264,11 +264,19 @@ class Tuner:
         self.on_event = on_event or (lambda t, c, m: None)
         free = space.free()
         n_start = spec.n_startup_trials if spec.n_startup_trials is not None else max(2, min(4, spec.max_trials // 3))
+        import warnings  # noqa: PLC0415
+
+        # constraints_func: deprecated in optuna 5 in favour of Trial.set_constraint (absent before 5); it works in 3.x-6.x.
+        warnings.filterwarnings("ignore", message=".*constraints_func.*", category=FutureWarning)
         sampler = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=n_start, multivariate=True,
                                              constraints_func=lambda t: t.user_attrs.get("constraint", [1.0]))
         self.study = optuna.create_study(study_name=STUDY_NAME, storage=storage, load_if_exists=True,
                                          direction="maximize", sampler=sampler)
-        self.dists = {k: optuna.distributions.CategoricalDistribution(space.values[k]) for k in free}
+        # Ordered integer knobs are searched by index (IntDistribution) so TPE uses their order;
+        # booleans and strings are categorical.
+        self.ordinal = {k for k in free if all(isinstance(v, int) and not isinstance(v, bool) for v in space.values[k])}
+        self.dists = {k: (optuna.distributions.IntDistribution(0, len(space.values[k]) - 1) if k in self.ordinal
+                          else optuna.distributions.CategoricalDistribution(space.values[k])) for k in free}
         self.rng = random.Random(spec.seed)
         self.outcomes: dict[str, Outcome] = {}
         self.interrupted_trials: list[int] = []
@@ -299,7 +307,16 @@ class Tuner:
         return sum(o.cost_s for o in self.outcomes.values())
 
     def _cand(self, params: dict[str, Any]) -> dict[str, Any]:
-        return {k: (params[k] if k in params else v[0]) for k, v in self.space.values.items()}
+        out = {}
+        for k, v in self.space.values.items():
+            if k not in params:
+                out[k] = v[0]
+            else:
+                out[k] = v[params[k]] if k in self.ordinal else params[k]
+        return out
+
+    def _params(self, cand: dict[str, Any]) -> dict[str, Any]:
+        return {k: (self.space.values[k].index(cand[k]) if k in self.ordinal else cand[k]) for k in self.dists}
 
     def _unseen(self) -> dict[str, Any] | None:
         rest = [c for c in self.space.grid() if key_of(c) not in self.outcomes]
@@ -348,7 +365,7 @@ class Tuner:
                     nxt = self._unseen()
                     if nxt is None:
                         break
-                    self.study.enqueue_trial({k: nxt[k] for k in self.dists})
+                    self.study.enqueue_trial(self._params(nxt))
                     dups = 0
                 trial = self.study.ask(self.dists)
                 cand = self._cand(trial.params)
