@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -55,6 +56,11 @@ def start_server(core: int, ttft_ms: float, itl_ms: float, tokens_per_chunk: int
     raise SystemExit("ground-truth server did not start")
 
 
+def child_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
 def run_m3ctl(core: int, url: str, tok: str, n: int, osl: int, conc: int, procs: int, out: Path,
               warmups: int = 0, continuous: bool = True, http: str = "fast") -> dict:
     code = (
@@ -63,10 +69,10 @@ def run_m3ctl(core: int, url: str, tok: str, n: int, osl: int, conc: int, procs:
         f"input_len=16, output_len={osl}, tokenizer={tok!r}, client_procs={procs}, num_warmups={warmups}, "
         f"scrape_server_metrics=False, per_request=True, continuous_usage={continuous}, http_client={http!r})); "
         f"json.dump(r, open({str(out)!r}, 'w'))")
-    t = time.perf_counter()
+    t, c0 = time.perf_counter(), child_cpu()
     subprocess.run(["taskset", "-c", str(core), PY, "-c", code], check=True)
     res = json.loads(out.read_text())
-    res["_wall"] = time.perf_counter() - t
+    res["_wall"], res["_cpu"] = time.perf_counter() - t, child_cpu() - c0
     return res
 
 
@@ -78,11 +84,11 @@ def run_vllm(core: int, url: str, tok: str, n: int, osl: int, conc: int, outdir:
            "--max-concurrency", str(conc), "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
            "--metric-percentiles", "50,90,99", "--save-result", "--save-detailed", "--result-dir", str(outdir),
            "--result-filename", "vllm.json", "--disable-tqdm", "--num-warmups", str(warmups)]
-    t = time.perf_counter()
+    t, c0 = time.perf_counter(), child_cpu()
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    env={**os.environ, "HF_HUB_OFFLINE": "1"})
     res = json.loads((outdir / "vllm.json").read_text())
-    res["_wall"] = time.perf_counter() - t
+    res["_wall"], res["_cpu"] = time.perf_counter() - t, child_cpu() - c0
     return res
 
 
@@ -93,20 +99,27 @@ def capacity(args, tmp: Path) -> None:
     srv, url = start_server(args.server_core, 0, 0)
     try:
         rows = []
-        for name, fn in (("vllm bench serve", lambda: run_vllm(args.client_core, url, args.tokenizer, args.requests,
-                                                                 args.osl, args.conc, tmp)),
-                         ("m3ctl (aiohttp)", lambda: run_m3ctl(args.client_core, url, args.tokenizer, args.requests,
-                                                               args.osl, args.conc, 1, tmp / "m3a.json", http="aiohttp")),
-                         ("m3ctl bench", lambda: run_m3ctl(args.client_core, url, args.tokenizer, args.requests,
-                                                           args.osl, args.conc, 1, tmp / "m3.json"))):
-            r = fn()
-            rows.append((name, r["completed"], r["request_throughput"], r["output_throughput"]))
+        tools = (("vllm bench serve", lambda n: run_vllm(args.client_core, url, args.tokenizer, n, args.osl,
+                                                          args.conc, tmp)),
+                 ("m3ctl (aiohttp)", lambda n: run_m3ctl(args.client_core, url, args.tokenizer, n, args.osl,
+                                                         args.conc, 1, tmp / "m3a.json", http="aiohttp")),
+                 ("m3ctl bench", lambda n: run_m3ctl(args.client_core, url, args.tokenizer, n, args.osl, args.conc, 1,
+                                                     tmp / "m3.json")))
+        for name, fn in tools:
+            base = fn(args.conc)  # same tool, a run of CONC requests: its fixed CPU (imports, prompt building)
+            r = fn(args.requests)
+            # Client CPU per request, whatever the server's speed: (CPU of the big run - CPU of the small run) / extra
+            # requests. Prompt building is in both runs' fixed part only approximately (it scales with N too).
+            per_req_ms = 1000 * (r["_cpu"] - base["_cpu"]) / (args.requests - args.conc)
+            rows.append((name, r["completed"], r["request_throughput"], r["output_throughput"], per_req_ms))
             cpu = (r.get("validity") or {}).get("client_cpu_max_pct")
             print(f"  {name:18s} completed {r['completed']:6d}  {r['request_throughput']:8.1f} req/s  "
                   f"{r['output_throughput']:10.1f} streamed tok/s  (duration {r['duration']:.2f} s"
-                  + (f", client CPU {cpu:.0f}% of its core" if cpu is not None else "") + ")")
+                  + (f", client CPU {cpu:.0f}% of its core" if cpu is not None else "")
+                  + f")  client CPU per request {per_req_ms:.3f} ms -> one core sustains ~{1000 / per_req_ms:,.0f} req/s")
         print(f"  ratio m3ctl / vllm: {rows[-1][2] / rows[0][2]:.2f}x requests/s, {rows[-1][3] / rows[0][3]:.2f}x tok/s "
-              f"(m3ctl on aiohttp: {rows[1][2] / rows[0][2]:.2f}x)")
+              f"(m3ctl on aiohttp: {rows[1][2] / rows[0][2]:.2f}x); CPU per request: vllm / m3ctl = "
+              f"{rows[0][4] / rows[-1][4]:.2f}x (aiohttp path {rows[0][4] / rows[1][4]:.2f}x)")
     finally:
         srv.terminate()
         srv.wait()
