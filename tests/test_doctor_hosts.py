@@ -183,7 +183,7 @@ def test_dbo_availability_per_arch():
 def test_real_h200x2_fabric_state_unreadable_but_cuda_init_ok():
     """The real H200 x2 run: NVML's v1 fabric call answered NOT_SUPPORTED, but cuInit succeeded (and vLLM ran TP2 on
     that host): the fabric is usable, not a FAIL. The same unreadable state with cuInit error 802 is a FAIL."""
-    path = FIXTURES / "h200x2-real" / "inventory.json"
+    path = FIXTURES / "h200x2-real" / "call1-inventory-fabric-v1.json"  # the first capture (call 1)
     if not path.exists():
         pytest.skip("real H200 x2 capture not present")
     inv = load_inventory(path.read_text())
