@@ -202,7 +202,8 @@ def plan(
     profile: Annotated[Optional[Path], typer.Option(help="Kernel profile YAML to use instead of the catalog's.")] = None,
     arg: Annotated[Optional[list[str]], typer.Option("--arg", help="vllm serve flag override flag=value (repeatable).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print {image, argv, env, explain, rejected} as JSON.")] = False,
-    emit: Annotated[Optional[str], typer.Option(help="Render as docker, compose, k8s or script.")] = None,
+    emit: Annotated[Optional[str], typer.Option(help="Render as docker, compose, k8s, lws (multi-node) or script.")] = None,
+    nodes: Annotated[int, typer.Option(help="With --emit lws: nodes (pods) in the LeaderWorkerSet.")] = 2,
     skip_checks: Annotated[bool, typer.Option(help="Report rule violations as warnings instead of rejecting.")] = False,
     config: Annotated[Optional[Path], typer.Option(help="User plan config YAML (CLI flags override it).")] = None,
     variant: OptVariant = None, tp: OptTP = None, dp: OptDP = None, dcp: OptDCP = None, ep: OptEP = None,
@@ -236,7 +237,7 @@ def plan(
     if emit:
         from m3ctl.emit import render  # noqa: PLC0415
 
-        typer.echo(render(p, emit), nl=False)
+        typer.echo(render(p, emit, nodes=nodes), nl=False)
     elif json_out:
         typer.echo(json.dumps(p.summary(), indent=2))
     else:

@@ -8,6 +8,7 @@ AMD ``--device /dev/kfd --device /dev/dri --group-add video --security-opt secco
 
 from __future__ import annotations
 
+import copy
 import shlex
 
 import yaml
@@ -16,7 +17,8 @@ from m3ctl.errors import BadInput
 from m3ctl.plan import LaunchPlan
 from m3ctl.secrets import redact_env
 
-FORMATS = ("docker", "compose", "k8s", "script")
+FORMATS = ("docker", "compose", "k8s", "lws", "script")
+DP_RPC_PORT = 13345
 HF_CACHE = "/root/.cache/huggingface"
 
 
@@ -97,6 +99,64 @@ def k8s(plan: LaunchPlan) -> str:
     return yaml.safe_dump(dep, sort_keys=False)
 
 
+def lws(plan: LaunchPlan, nodes: int = 2) -> str:
+    """A LeaderWorkerSet (https://lws.sigs.k8s.io) for multi-node data parallel: ``nodes`` pods of ``len(gpus)``
+    GPUs each. The plan's DP (default: 1 per node, TP = GPUs per node) is the per-node
+    ``--data-parallel-size-local``; the total ``--data-parallel-size`` is ``DP x nodes``; the leader (rank 0)
+    serves the API, each worker runs ``--headless`` with ``--data-parallel-start-rank = index x DP``
+    (vLLM multi-node data parallel: docs.vllm.ai/en/latest/serving/data_parallel_deployment.html).
+    ``LWS_LEADER_ADDRESS`` / ``LWS_WORKER_INDEX`` are set by the LWS controller.
+
+    Raises:
+        BadInput: fewer than 2 nodes, or a plan without an image.
+    """
+    if nodes < 2:
+        raise BadInput(f"--nodes {nodes}: a LeaderWorkerSet needs at least 2 nodes", "use --emit k8s for one node")
+    if not plan.image:
+        raise BadInput("the plan has no image (runtime process)", "plan with --runtime docker to emit container forms")
+    dp_local = max(1, plan.dp)
+    base = [a for a in _serve_args(plan)]
+    for flag in ("--data-parallel-size",):
+        if flag in base:
+            i = base.index(flag)
+            del base[i:i + 2]
+    dp_args = ["--data-parallel-size", str(dp_local * nodes), "--data-parallel-size-local", str(dp_local),
+               "--data-parallel-address", "$(LWS_LEADER_ADDRESS)", "--data-parallel-rpc-port", str(DP_RPC_PORT)]
+    n = max(1, len(plan.gpus))
+    res_key = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}.get(_vendor(plan))
+    env = [{"name": k, "value": v} for k, v in plan.env.items()]
+    env += [{"name": k, "valueFrom": {"secretKeyRef": {"name": "m3ctl-secrets", "key": k}}}
+            for k in plan.secret_env_names]
+
+    def container(args: list[str], probes: bool) -> dict:
+        c: dict = {"name": "vllm", "image": plan.image, "command": ["sh", "-c"],
+                   "args": [" ".join(shlex.quote(a) if not a.startswith("$(") else a for a in ["vllm", *args])],
+                   "env": copy.deepcopy(env), "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]}
+        if res_key:
+            c["resources"] = {"limits": {res_key: n}}
+        if probes:
+            c["ports"] = [{"containerPort": plan.port}]
+            c["startupProbe"] = {"httpGet": {"path": "/v1/models", "port": plan.port}, "periodSeconds": 10,
+                                 "failureThreshold": int(plan.startup_budget_s // 10) + 1}
+        return c
+
+    leader = container([*base, *dp_args, "--data-parallel-start-rank", "0"], probes=True)
+    worker = container([*base, *dp_args, "--headless", "--data-parallel-start-rank",
+                        f"$(( LWS_WORKER_INDEX * {dp_local} ))"], probes=False)
+    worker["args"] = [worker["args"][0].replace("'$(( LWS_WORKER_INDEX * " + str(dp_local) + " ))'",
+                                                f"$(( LWS_WORKER_INDEX * {dp_local} ))")]
+    def vols() -> list[dict]:
+        return [{"name": "shm", "emptyDir": {"medium": "Memory"}}]
+
+    doc = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+           "metadata": {"name": plan.name, "labels": {"m3ctl.name": plan.name, "m3ctl.plan": plan.plan_hash()}},
+           "spec": {"replicas": 1, "leaderWorkerTemplate": {
+               "size": nodes,
+               "leaderTemplate": {"spec": {"containers": [leader], "volumes": vols()}},
+               "workerTemplate": {"spec": {"containers": [worker], "volumes": vols()}}}}}
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
 def script(plan: LaunchPlan) -> str:
     """A bash script that runs the plan's ``vllm serve`` (process form) with its environment."""
     lines = ["#!/usr/bin/env bash", f"# m3ctl plan {plan.name} ({plan.plan_hash()}): profile {plan.profile}", "set -euo pipefail"]
@@ -106,12 +166,14 @@ def script(plan: LaunchPlan) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render(plan: LaunchPlan, fmt: str) -> str:
-    """Render ``plan`` as ``docker``, ``compose``, ``k8s`` or ``script``.
+def render(plan: LaunchPlan, fmt: str, nodes: int = 2) -> str:
+    """Render ``plan`` as ``docker``, ``compose``, ``k8s``, ``lws`` (multi-node, ``nodes`` pods) or ``script``.
 
     Raises:
         BadInput: unknown format, or a container format for a plan without an image.
     """
+    if fmt == "lws":
+        return lws(plan, nodes)
     fn = {"docker": docker_command, "compose": compose, "k8s": k8s, "script": script}.get(fmt)
     if fn is None:
         raise BadInput(f"unknown --emit format {fmt!r}", f"use one of: {', '.join(FORMATS)}")

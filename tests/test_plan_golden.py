@@ -106,3 +106,20 @@ def test_user_config_file_precedence(tmp_path):
     cfg.write_text("schema_version: 1\nvarint: x\n")
     p = run_cli("plan", "--inventory", str(inv), "--config", str(cfg))
     assert p.returncode == 2 and "unknown key 'varint'; did you mean 'variant'?" in p.stderr
+
+
+def test_emit_lws_multi_node_dp():
+    p = plan(ALL["b200x8"](), "MiniMax-M3.1-Flash", runtime="docker", tp=1, dp=8, ep=True, vllm_executable="vllm")
+    doc = yaml.safe_load(render(p, "lws", nodes=2))
+    assert doc["kind"] == "LeaderWorkerSet" and doc["spec"]["leaderWorkerTemplate"]["size"] == 2
+    lead = doc["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]
+    work = doc["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]["containers"][0]
+    la, wa = lead["args"][0], work["args"][0]
+    for a in (la, wa):
+        assert "--data-parallel-size 16 --data-parallel-size-local 8" in a
+        assert "--data-parallel-address $(LWS_LEADER_ADDRESS)" in a and a.count("--data-parallel-size ") == 1
+    assert la.endswith("--data-parallel-start-rank 0") and "--headless" not in la
+    assert "--headless" in wa and wa.endswith("--data-parallel-start-rank $(( LWS_WORKER_INDEX * 8 ))")
+    assert lead["resources"]["limits"]["nvidia.com/gpu"] == 8 and "ports" in lead and "ports" not in work
+    with pytest.raises(Exception, match="at least 2 nodes"):
+        render(p, "lws", nodes=1)
