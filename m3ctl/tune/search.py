@@ -11,8 +11,11 @@ Algorithm (shared/reference/anchors-bench-tune.md section 8, reduced to what run
    the largest concurrency that meets the SLO. The configuration's value is the best objective of its
    SLO-meeting runs. A crash, OOM or readiness timeout is an infeasible trial (constraint > 0) that
    teaches the sampler (TPE ``constraints_func``, optuna >= 3.0), never an abort.
-3. Across configurations optuna's TPE sampler (multivariate) proposes the next restart-knob values;
-   duplicates of a finished configuration are answered from the record at no cost.
+3. Across configurations: the first trial is the anchor (:meth:`Space.anchor`: speculation off, largest
+   batch limits); then one-knob moves around the best feasible configuration so far (pattern search;
+   ``local_first``), then optuna's TPE sampler (multivariate, ordered knobs by index) proposes the next
+   restart-knob values. All of them are trials of the same optuna study; duplicates of a finished
+   configuration are answered from the record at no cost.
 4. Successive halving: the best ``confirm_top`` configurations are started again and re-measured at
    their chosen concurrency with ``confirm_factor`` times more requests; their final value is the worse
    of the two measurements (SCOOT's robustness re-test, arXiv 2408.04323).
@@ -127,6 +130,7 @@ class TuneSpec:
     prompts_per_concurrency: int = 4
     min_prompts: int = 8
     n_startup_trials: int | None = None
+    local_first: bool = True
 
 
 @dataclass
@@ -281,6 +285,8 @@ class Tuner:
         self.outcomes: dict[str, Outcome] = {}
         self.interrupted_trials: list[int] = []
         self._load()
+        if not self.study.trials and free:
+            self.study.enqueue_trial(self._params(space.anchor()))
 
     def _load(self) -> None:
         """Completed trials from the study; trials left RUNNING by a killed process are marked FAIL."""
@@ -317,6 +323,24 @@ class Tuner:
 
     def _params(self, cand: dict[str, Any]) -> dict[str, Any]:
         return {k: (self.space.values[k].index(cand[k]) if k in self.ordinal else cand[k]) for k in self.dists}
+
+    def _neighbour(self) -> dict[str, Any] | None:
+        """An unmeasured configuration one step (one knob, adjacent value) from the best feasible one so far:
+        a pattern search around the incumbent before TPE's model takes over (restart knobs interact weakly
+        on a fixed host, so single-knob moves from a good point are the cheapest improvements)."""
+        feas = [o for o in self.outcomes.values() if o.status == "feasible"]
+        if not feas:
+            return None
+        inc = max(feas, key=lambda o: o.objective).config
+        for k in self.space.free():
+            vals = self.space.values[k]
+            i = vals.index(inc[k]) if inc[k] in vals else 0
+            for j in (i - 1, i + 1):
+                if 0 <= j < len(vals):
+                    cand = {**inc, k: vals[j]}
+                    if key_of(cand) not in self.outcomes:
+                        return cand
+        return None
 
     def _unseen(self) -> dict[str, Any] | None:
         rest = [c for c in self.space.grid() if key_of(c) not in self.outcomes]
@@ -361,7 +385,10 @@ class Tuner:
                     break
                 if len(self.outcomes) >= size:
                     break
-                if dups >= 3:
+                nb = self._neighbour() if self.spec.local_first else None
+                if nb is not None:
+                    self.study.enqueue_trial(self._params(nb))
+                elif dups >= 3:
                     nxt = self._unseen()
                     if nxt is None:
                         break

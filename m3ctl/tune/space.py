@@ -49,6 +49,21 @@ class Space:
             n *= len(v)
         return n
 
+    def anchor(self) -> dict[str, Any]:
+        """The first configuration to measure (anchors-bench-tune.md section 8: start from a reference so the
+        search is never worse than it): speculation off, the largest batch limits and TP in range (vLLM's own
+        defaults are at or above them: max-num-seqs 256, max-num-batched-tokens 8192 on GPUs), the first value
+        of every other knob."""
+        out = {}
+        for k, v in self.values.items():
+            if k == "spec_depth":
+                out[k] = min(v)
+            elif k in ("max_num_seqs", "max_num_batched_tokens", "tp"):
+                out[k] = max(v)
+            else:
+                out[k] = v[0]
+        return out
+
     def free(self) -> list[str]:
         return [k for k, v in self.values.items() if len(v) > 1]
 
