@@ -40,6 +40,8 @@ class ModelFacts(BaseModel):
     num_kv_heads: int | None = None
     moe_intermediate_size: int | None = None
     quant_block: list[int] | None = None
+    model_type: str | None = None
+    config_keys: list[str] = []
     weights_bytes: int = 0
 
     @property
@@ -83,4 +85,5 @@ def read_model_facts(source: str) -> ModelFacts:
                       num_kv_heads=text.get("num_key_value_heads") or heads,
                       moe_intermediate_size=(text.get("moe_intermediate_size") if experts else None)
                       or (text.get("intermediate_size") if experts else None),
-                      quant_block=list(block) if block else None)
+                      quant_block=list(block) if block else None, model_type=cfg.get("model_type"),
+                      config_keys=sorted(set(cfg) | set(text)))

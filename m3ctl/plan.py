@@ -348,6 +348,7 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
         warnings.append(f"{model} is not a local directory nor a catalog model: facts unchecked, vLLM resolves it")
     facts = _merge_facts(spec, local, var)
     family = spec.family if spec else None
+    facts.family, facts.model_type = family, local.model_type if local.local else None
 
     # Parallel layout.
     strategy = profile.strategies.get(max(1, n_gpus), "tp")

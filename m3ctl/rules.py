@@ -53,6 +53,9 @@ class Facts:
     quant_block: list[int] | None = None
     attention: str = "gqa"
     moe: bool = False
+    family: str | None = None
+    model_type: str | None = None
+    """``config.json`` model_type of a local checkpoint (None for catalog/hub models)."""
 
 
 @dataclass
@@ -149,6 +152,22 @@ def _visible(c: PlanContext) -> Violation | None:
     if c.visibility_problems:
         return _v("gpu.visible_devices", c.visibility_problems[0], "fix CUDA_/NVIDIA_/HIP_/ROCR_VISIBLE_DEVICES "
                   "(see `m3ctl doctor -v`)", "field failures F02, F05 (vllm#41848, #12572)")
+    return None
+
+
+TRANSFORMERS_M3_TYPES = ("minimax_m3_vl", "minimax_m3_vl_text")
+
+
+@rule("model.config_format")
+def _m3_config(c: PlanContext) -> Violation | None:
+    if c.facts.family == "minimax-m3" and c.facts.model_type in TRANSFORMERS_M3_TYPES:
+        return _v("model.config_format", f"config.json has transformers' model_type {c.facts.model_type!r}: vLLM's "
+                                         "MiniMax-M3 code reads release-format fields (rope_theta, "
+                                         "sparse_attention_config, img_token_compression_config) that this config "
+                                         "class drops",
+                  "serve the checkpoint's own config.json with --trust-remote-code (or pass --skip-checks to try)",
+                  "H200 runs with vLLM 0.26 + transformers 5.17 (tests/fixtures/h200x2-real/call2/log-m3t.txt, "
+                  "call3/log-m3t.txt, log-m3.txt)")
     return None
 
 

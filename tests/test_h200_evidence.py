@@ -115,3 +115,17 @@ def test_bench_matches_vllm_bench_serve_on_gpu():
     assert ours["total_input_tokens"] == 256 * 512  # exact lengths; vLLM's random dataset drifted
     for k in ("output_throughput", "median_ttft_ms", "median_tpot_ms", "mean_e2el_ms"):
         assert abs(ours[k] - theirs[k]) / theirs[k] < 0.15, (k, ours[k], theirs[k])
+
+
+def test_m3_transformers_config_rejected_before_launch(tmp_path):
+    """The three tiny MiniMax-M3 attempts on H200 died in vLLM's model code; m3ctl now says so up front."""
+    from m3ctl.dev.tiny_model import TinyModelSpec, build_tiny_model
+
+    inv = HostInventory.model_validate_json((H2 / "inventory.json").read_text())
+    for arch in ("minimax-m3", "minimax-m3-text"):
+        d = build_tiny_model(tmp_path / arch, TinyModelSpec(arch=arch, head_dim=128))
+        with pytest.raises(ConfigRejected, match="rule model.config_format: .*minimax_m3_vl"):
+            plan(inv, str(d), runtime="process", tp=1, vllm_executable="vllm")
+        p = plan(inv, str(d), runtime="process", tp=1, skip_checks=True, vllm_executable="vllm",
+                 extra_args=["--load-format", "dummy"])
+        assert "--block-size" in p.argv and any(v.startswith("model.config_format") for v in p.violations)
