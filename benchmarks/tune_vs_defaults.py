@@ -54,8 +54,9 @@ def main() -> int:
             out = evaluate(ev, cand, spec, slo, 1000 + n, lambda m: None)
             n += 1
             got[label].append(out.objective)
-            print(f"  run {r + 1} {label:8s}: {out.status:14s} {out.objective:8.1f} at c={out.concurrency} "
-                  f"({', '.join(f'c={p.concurrency}:{p.objective:.0f}{"" if p.slo_ok else "x"}' for p in out.points)})",
+            pts = ", ".join(f"c={p.concurrency}:{p.objective:.0f}" + ("" if p.slo_ok else " (SLO miss)")
+                            for p in out.points)
+            print(f"  run {r + 1} {label:8s}: {out.status:14s} {out.objective:8.1f} at c={out.concurrency} ({pts})",
                   flush=True)
     d, t = statistics.median(got["defaults"]), statistics.median(got["tuned"])
     print(f"median {spec.objective}: defaults {d:.1f}, tuned {t:.1f}, ratio {t / d if d else float('inf'):.2f}x")

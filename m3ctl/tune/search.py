@@ -418,7 +418,7 @@ class Tuner:
         finally:
             self.study.set_user_attr("elapsed_s", before + clock() - t_run)
         ranked = sorted((o for o in self.outcomes.values() if o.status == "feasible" and o.final > 0),
-                        key=lambda o: (o.confirmed is not None or self.spec.confirm_top == 0, o.final), reverse=True)
+                        key=lambda o: o.final, reverse=True)
         return TuneResult(outcomes=list(self.outcomes.values()), best=ranked[0] if ranked else None,
                           launches=self.launches, cost_s=self.cost_s, elapsed_s=before + clock() - t_run,
                           stopped_by=stopped_by)
@@ -426,11 +426,15 @@ class Tuner:
     def _confirm(self) -> None:
         if self.spec.confirm_top <= 0:
             return
-        feas = sorted((o for o in self.outcomes.values() if o.status == "feasible"), key=lambda o: o.objective,
-                      reverse=True)[: self.spec.confirm_top]
-        for o in feas:
-            if o.confirmed is not None:
-                continue
+        # Successive halving: confirm the top ``confirm_top`` by their current value; a configuration whose
+        # confirmation falls below an unconfirmed one lets that one be confirmed too (at most 2 x confirm_top).
+        for _ in range(2 * self.spec.confirm_top):
+            top = sorted((o for o in self.outcomes.values() if o.status == "feasible" and o.final > 0),
+                         key=lambda o: o.final, reverse=True)[: self.spec.confirm_top]
+            todo = [o for o in top if o.confirmed is None]
+            if not todo:
+                break
+            o = todo[0]
             desc = describe(o.config, self.space)
             confirm(self.ev, o, self.spec, self.slo, lambda m, n=o.trial, d=desc: self.on_event(n, d, m))
             self.study.set_user_attr(f"confirm:{key_of(o.config)}",
