@@ -9,9 +9,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --tar
 source .bundle/env.sh
 export PYTHONPATH=$PWD:$PYTHONPATH:/tmp/site M3CTL_STATE_DIR=/tmp/m3state COLUMNS=160
 M="python3 -m m3ctl"
-$M dev tiny-model /tmp/tm2 --head-dim 128 > /dev/null
-timeout 245 $M tune --model /tmp/tm2 --study-dir /tmp/study --slo "p90_tpot_ms<=5,p90_ttft_ms<=500" \
+[ -f /tmp/tm2/config.json ] || $M dev tiny-model /tmp/tm2 --head-dim 128 > /dev/null
+timeout 230 $M tune --model /tmp/tm2 --study-dir /tmp/study-$(date +%s) --slo "p90_tpot_ms<=5,p90_ttft_ms<=500" \
    --knob spec_depth=0,3 --knob max_num_seqs=256 --knob max_num_batched_tokens=8192 --ladder 4,16,64 --max-trials 2 --time-budget 150 \
    --confirm-top 0 --input-len 256 --output-len 128 --prompts-per-concurrency 4; echo "tune rc=$?"
-cp /tmp/study/result.json "$OUT/tune-result.json" 2>/dev/null; cp /tmp/study/profile.yaml "$OUT/tune-profile.yaml" 2>/dev/null
+cp /tmp/study-*/result.json "$OUT/tune-result.json" 2>/dev/null; cp /tmp/study-*/profile.yaml "$OUT/tune-profile.yaml" 2>/dev/null
 $M stop --all; nvidia-smi --query-gpu=index,memory.used --format=csv
