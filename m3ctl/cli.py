@@ -197,7 +197,7 @@ def plan(
     model: Annotated[str, typer.Option("--model", "-m", help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory.")] = "MiniMax-M3.1-Flash",
     name: Annotated[str, typer.Option(help="Deployment name.")] = "m3ctl",
     port: Annotated[int, typer.Option(help="API port.")] = 8000,
-    runtime: Annotated[str, typer.Option(help="process or docker.")] = "docker",
+    runtime: Annotated[str, typer.Option(help="process, docker, or auto (docker when the profile has an image).")] = "auto",
     inventory: Annotated[Optional[Path], typer.Option(help="Plan for a saved inventory instead of this host.")] = None,
     profile: Annotated[Optional[Path], typer.Option(help="Kernel profile YAML to use instead of the catalog's.")] = None,
     arg: Annotated[Optional[list[str]], typer.Option("--arg", help="vllm serve flag override flag=value (repeatable).")] = None,
@@ -221,6 +221,10 @@ def plan(
 
     from m3ctl.userconfig import load_user_config, merge  # noqa: PLC0415
 
+    from m3ctl.emit import FORMATS  # noqa: PLC0415
+
+    if emit and emit not in FORMATS:
+        raise BadInput(f"unknown --emit format {emit!r}", f"use one of: {', '.join(FORMATS)}")
     inv = _load_inventory(inventory) if inventory else detect()
     secrets = [k for k in SECRET_PASSTHROUGH if os.environ.get(k)]
     ucfg = load_user_config(config) if config else None
@@ -230,7 +234,7 @@ def plan(
                                      no_multicast)})
     if ucfg and ucfg.model and model == "MiniMax-M3.1-Flash":
         model = ucfg.model
-    if ucfg and ucfg.runtime and runtime == "docker":
+    if ucfg and ucfg.runtime and runtime == "auto":
         runtime = ucfg.runtime
     p = make_plan(inv, model, name=name, port=port, runtime=runtime,
                   profile=load_profile_file(profile) if profile else None, pass_env=secrets, **kw)

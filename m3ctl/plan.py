@@ -319,6 +319,9 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
                                   f" ({len(inventory.gpus)} GPU(s), probe {inventory.probe})"))
     else:
         choices.append(Choice(what="profile", value=profile.name, why="given with --profile"))
+    if runtime == "auto":  # the profile's image when it has one (GPU hosts), else a bare `vllm serve` process
+        runtime = "docker" if profile.image and "docker" in profile.runtimes else profile.runtimes[0]
+        choices.append(Choice(what="runtime", value=runtime, why=f"--runtime auto with profile {profile.name}"))
     if runtime not in profile.runtimes:
         raise ConfigRejected(f"profile {profile.name!r} does not support runtime {runtime!r}",
                              f"use --runtime {' or '.join(profile.runtimes)}")

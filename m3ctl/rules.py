@@ -143,8 +143,13 @@ def _native(c: PlanContext) -> Violation | None:
                                     f"{c.profile.arch}: {v.emulation}",
                   "choose another --variant, or pass --allow-emulated to accept the fallback",
                   "anchors-serving.md (NVFP4 hardware facts); field failures F08, F09")
+    runs_here = [n for n, x in (c.spec.variants.items() if c.spec else [])
+                 if c.profile.arch in x.native_archs or c.profile.arch in x.emulated_archs]
+    fix = (f"choose --variant {' or '.join(runs_here)}" if runs_here else
+           f"{c.spec.name if c.spec else 'this model'} has no variant for {c.profile.arch}: plan it for a GPU host "
+           "(`m3ctl plan --inventory FILE`), or serve a local model here")
     return _v("variant.native", f"variant {c.variant_name!r} ({v.precision}) does not run on {c.profile.arch}",
-              f"choose a variant for {c.profile.arch}", f"model catalog {c.spec.name if c.spec else ''}")
+              fix, f"model catalog {c.spec.name if c.spec else ''}")
 
 
 @rule("gpu.visible_devices")

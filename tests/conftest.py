@@ -85,3 +85,15 @@ def pytest_terminal_summary(terminalreporter):
         if skipped and isinstance(skipped[0].longrepr, tuple):
             reason = f" (skip reason: {skipped[0].longrepr[2]})"
         terminalreporter.write_line(f"docker runtime tests: {ran} ran, {len(skipped)} skipped{reason}")
+
+
+def vllm_procs_for(port: int) -> list:
+    """Live processes whose command line is a vLLM server on ``port`` (to check nothing is left behind)."""
+    import psutil
+
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(p.info["cmdline"] or [])
+        if "vllm" in cmd and f"--port {port}" in cmd:
+            out.append(p)
+    return out

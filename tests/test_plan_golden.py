@@ -123,3 +123,12 @@ def test_emit_lws_multi_node_dp():
     assert lead["resources"]["limits"]["nvidia.com/gpu"] == 8 and "ports" in lead and "ports" not in work
     with pytest.raises(Exception, match="at least 2 nodes"):
         render(p, "lws", nodes=1)
+
+
+def test_cli_plan_on_this_cpu_host_defaults():
+    # Default runtime "auto": no image on the cpu profile, so the real verdict shows (no variant runs on CPU).
+    p = run_cli("plan")
+    assert p.returncode == 3 and p.stderr.startswith("error: rule variant.native:")
+    assert "has no variant for cpu: plan it for a GPU host" in p.stderr
+    p = run_cli("plan", "--emit", "helm")  # a bad format is refused before any planning
+    assert p.returncode == 2 and "unknown --emit format 'helm'" in p.stderr

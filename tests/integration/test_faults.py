@@ -17,18 +17,11 @@ import psutil
 import pytest
 
 from m3ctl.runtime.base import port_in_use
-from tests.conftest import M3CTL, free_port, run_cli
+from tests.conftest import M3CTL, free_port, run_cli, vllm_procs_for
 
 pytestmark = pytest.mark.integration
 
 
-def _vllm_procs_for(port: int) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "vllm" in cmd and f"--port {port}" in cmd:
-            out.append(p)
-    return out
 
 
 def _engine_core(pid: int) -> psutil.Process:
@@ -47,7 +40,7 @@ def test_readiness_timeout(tiny_models):
     assert "not ready after 4 s" in p.stderr and "--startup-timeout" in p.stderr
     assert time.monotonic() - t0 < 60  # did not wait for the server's own start
     time.sleep(1)
-    assert _vllm_procs_for(port) == [] and not port_in_use("127.0.0.1", port)
+    assert vllm_procs_for(port) == [] and not port_in_use("127.0.0.1", port)
     assert json.loads(run_cli("status", "--json", check=True).stdout) == []
 
 
@@ -62,7 +55,7 @@ def test_ctrl_c_during_load_stops_everything(tiny_models):
         if "… port" in line:  # launched, still loading
             break
     time.sleep(2)
-    server = _vllm_procs_for(port)
+    server = vllm_procs_for(port)
     assert server, "".join(lines)
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=60)

@@ -14,18 +14,11 @@ import psutil
 import pytest
 
 from m3ctl.runtime.base import port_in_use
-from tests.conftest import M3CTL, free_port, run_cli
+from tests.conftest import M3CTL, free_port, run_cli, vllm_procs_for
 
 pytestmark = pytest.mark.integration
 
 
-def _vllm_procs_for(port: int) -> list[psutil.Process]:
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "vllm" in cmd and f"--port {port}" in cmd:
-            out.append(p)
-    return out
 
 
 def test_cli_serve_status_bench_stop(tiny_models, tmp_path):
@@ -70,7 +63,7 @@ def test_readiness_rejects_model_that_cannot_generate(tiny_models, tmp_path):
     assert "head_dim" in p.stderr and "Unsupported CPU attention configuration" in p.stderr
     assert "Traceback" not in p.stderr
     time.sleep(1)
-    assert _vllm_procs_for(port) == [] and not port_in_use("127.0.0.1", port)
+    assert vllm_procs_for(port) == [] and not port_in_use("127.0.0.1", port)
     assert json.loads(run_cli("status", "--json", check=True).stdout) == []
 
 
@@ -86,7 +79,7 @@ def test_foreground_serve_stops_cleanly_on_ctrl_c(tiny_models):
         if "serving in the foreground" in line or time.time() > deadline:
             break
     assert any("ready fg" in ln for ln in lines), "".join(lines)
-    server = _vllm_procs_for(port)
+    server = vllm_procs_for(port)
     assert server
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=60)
