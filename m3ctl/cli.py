@@ -789,13 +789,13 @@ def tune(
     ctx: typer.Context,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Local model directory or Hugging Face id.")] = None,
     study_dir: Annotated[Optional[Path], typer.Option(help="Study directory (SQLite study, trials, outputs); default ./m3ctl-tune-<time>.")] = None,
-    resume: Annotated[Optional[Path], typer.Option(help="Continue the study in DIR (after Ctrl-C or a kill); other options are ignored.")] = None,
+    resume: Annotated[Optional[Path], typer.Option(help="Continue the study in DIR (after Ctrl-C or a kill); other options are ignored except --max-trials / --time-budget, which replace the saved budgets (both count across resumes).")] = None,
     slo: Annotated[str, typer.Option(help='SLO over bench result keys, e.g. "p90_tpot_ms<=20,p90_ttft_ms<=2000".')] = "",
     objective: Annotated[str, typer.Option(help="tput_per_gpu, output_tput_per_gpu or tokens_per_usd.")] = "tput_per_gpu",
     usd_per_gpu_hour: Annotated[Optional[float], typer.Option(help="GPU price for tokens_per_usd.")] = None,
     knob: Annotated[Optional[list[str]], typer.Option("--knob", help="Pin or narrow a knob: spec_depth=0-4, max_num_seqs=4,8 (repeatable).")] = None,
     ladder: Annotated[str, typer.Option(help="Concurrency ladder bisected per configuration.")] = "1,2,4,8,16,32,64",
-    max_trials: Annotated[int, typer.Option(help="Budget: server starts (rejected configurations cost none).")] = 12,
+    max_trials: Annotated[Optional[int], typer.Option(help="Budget: server starts (rejected configurations cost none); default 12.")] = None,
     time_budget: Annotated[Optional[float], typer.Option(help="Budget: wall seconds (checked before each start).")] = None,
     seed: Annotated[int, typer.Option(help="Sampler and workload seed.")] = 0,
     confirm_top: Annotated[int, typer.Option(help="Successive halving: re-measure the best N on a fresh server.")] = 2,
@@ -828,6 +828,13 @@ def tune(
     if resume:
         sdir = resume
         settings = st.load_settings(sdir)
+        # A resumed study may get a larger budget (e.g. continued on another machine); budgets count across resumes.
+        if max_trials is not None or time_budget is not None:
+            if max_trials is not None:
+                settings["spec"]["max_trials"] = max_trials
+            if time_budget is not None:
+                settings["spec"]["time_budget_s"] = time_budget
+            st.save_settings(sdir, settings)
     else:
         if not model:
             raise BadInput("--model is required (or --resume DIR)", "e.g. m3ctl tune --model DIR --slo 'p90_tpot_ms<=50'")
@@ -853,7 +860,7 @@ def tune(
         space = apply_pins(space, knob or [])
         settings = {"model": model, "space": space.to_json(), "port": port, "profile_file": str(profile) if profile else None,
                     "spec": {"slo": slo, "objective": objective, "usd_per_gpu_hour": usd_per_gpu_hour, "ladder": lad,
-                             "max_trials": max_trials, "time_budget_s": time_budget, "seed": seed,
+                             "max_trials": 12 if max_trials is None else max_trials, "time_budget_s": time_budget, "seed": seed,
                              "confirm_top": confirm_top, "prompts_per_concurrency": prompts_per_concurrency},
                     "plan_base": {"overrides": _parse_args(arg or []), "extra_args": list(ctx.args),
                                   "skip_checks": skip_checks},
@@ -891,6 +898,8 @@ def tune(
     out = st.write_outputs(sdir, res, tuner, ev, settings, base, pareto)
     if json_out:
         typer.echo(json.dumps(out, indent=2, default=str))
+        if res.best is None:  # same exit status as the table output: no configuration met the SLO
+            raise typer.Exit(1)
         return
     con.print(f"done ({res.stopped_by}): {res.launches} server starts, {res.cost_s:.0f} s of server time, "
               f"{res.elapsed_s:.0f} s wall")

@@ -138,3 +138,17 @@ def test_cli_tune_bad_slo_and_knob(tiny_models, tmp_path):
     assert p.returncode == 2 and "unknown knob 'max_seq'" in p.stderr
     p = run_cli("tune", "--resume", str(tmp_path / "nothing"))
     assert p.returncode == 2 and "not a tune study" in p.stderr
+
+
+def test_cli_resume_takes_new_budgets(tiny_models, tmp_path):
+    """A study continued elsewhere (e.g. on another lent GPU machine) can get a larger budget on --resume;
+    a zero-start budget ends at once without launching anything, and the new budget is saved."""
+    sdir = tmp_path / "s"
+    p = run_cli("tune", "--model", str(tiny_models["m2"]), "--study-dir", str(sdir), "--max-trials", "0",
+                "--knob", "spec_depth=0", "--json")
+    assert p.returncode == 1, p.stderr  # nothing measured: no configuration met the SLO
+    assert json.loads((sdir / "tune.json").read_text())["spec"]["max_trials"] == 0
+    p = run_cli("tune", "--resume", str(sdir), "--max-trials", "0", "--time-budget", "7", "--json")
+    saved = json.loads((sdir / "tune.json").read_text())["spec"]
+    assert (saved["max_trials"], saved["time_budget_s"]) == (0, 7.0)
+    assert json.loads(p.stdout)["launches"] == 0 and "trial budget" in json.loads(p.stdout)["stopped_by"]
