@@ -86,4 +86,4 @@ def read_model_facts(source: str) -> ModelFacts:
                       moe_intermediate_size=(text.get("moe_intermediate_size") if experts else None)
                       or (text.get("intermediate_size") if experts else None),
                       quant_block=list(block) if block else None, model_type=cfg.get("model_type"),
-                      config_keys=sorted(set(cfg) | set(text)))
+                      config_keys=sorted(set(cfg) | set(text) | set(cfg.get("vision_config") or {})))

@@ -352,6 +352,8 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     facts = _merge_facts(spec, local, var)
     family = spec.family if spec else None
     facts.family, facts.model_type = family, local.model_type if local.local else None
+    if local.local:
+        facts.architectures, facts.config_keys = list(local.architectures), list(local.config_keys)
 
     # Parallel layout.
     strategy = profile.strategies.get(max(1, n_gpus), "tp")

@@ -56,6 +56,10 @@ class Facts:
     family: str | None = None
     model_type: str | None = None
     """``config.json`` model_type of a local checkpoint (None for catalog/hub models)."""
+    architectures: list[str] = field(default_factory=list)
+    """``config.json`` architectures of a local checkpoint (empty for catalog/hub models)."""
+    config_keys: list[str] | None = None
+    """Keys of a local ``config.json`` (top level, text_config, vision_config); None for catalog/hub models."""
 
 
 @dataclass
@@ -160,19 +164,35 @@ def _visible(c: PlanContext) -> Violation | None:
     return None
 
 
-TRANSFORMERS_M3_TYPES = ("minimax_m3_vl", "minimax_m3_vl_text")
+#: model_type written by transformers' own MiniMax-M3 text config class (not in vLLM's config registry, so
+#: transformers' class loads it and drops fields; vllm/transformers_utils/config.py registers only
+#: ``minimax_m3_vl`` and ``minimax_m3_mtp``, vLLM 0.26 and 0.32 source).
+TRANSFORMERS_M3_TYPES = ("minimax_m3_vl_text",)
+#: Release-format fields vLLM's MiniMax-M3 model code reads (vllm/models/minimax_m3/nvidia/model.py:
+#: ``config.rope_theta``, ``config.sparse_attention_config[...]``; common/vision_tower.py:
+#: ``config.img_token_compression_config`` for the VL architecture), vLLM 0.26 source.
+M3_TEXT_FIELDS = ("rope_theta", "sparse_attention_config")
+M3_VISION_FIELDS = ("img_token_compression_config",)
 
 
 @rule("model.config_format")
 def _m3_config(c: PlanContext) -> Violation | None:
-    if c.facts.family == "minimax-m3" and c.facts.model_type in TRANSFORMERS_M3_TYPES:
-        return _v("model.config_format", f"config.json has transformers' model_type {c.facts.model_type!r}: vLLM's "
-                                         "MiniMax-M3 code reads release-format fields (rope_theta, "
-                                         "sparse_attention_config, img_token_compression_config) that this config "
-                                         "class drops",
-                  "serve the checkpoint's own config.json with --trust-remote-code (or pass --skip-checks to try)",
-                  "H200 runs with vLLM 0.26 + transformers 5.17 (tests/fixtures/h200x2-real/call2/log-m3t.txt, "
-                  "call3/log-m3t.txt, log-m3.txt)")
+    if c.facts.family != "minimax-m3" or c.facts.config_keys is None:
+        return None
+    need = list(M3_TEXT_FIELDS)
+    if any(a.endswith("ForConditionalGeneration") for a in c.facts.architectures):
+        need += M3_VISION_FIELDS
+    missing = [k for k in need if k not in c.facts.config_keys]
+    if c.facts.model_type in TRANSFORMERS_M3_TYPES or missing:
+        what = (f"model_type {c.facts.model_type!r} is transformers' class, which vLLM does not register"
+                if c.facts.model_type in TRANSFORMERS_M3_TYPES else f"config.json lacks {', '.join(missing)}")
+        return _v("model.config_format", f"{what}: vLLM's MiniMax-M3 code reads the release-format config "
+                                         "(model_type minimax_m3_vl with rope_theta and sparse_attention_config "
+                                         "in text_config)",
+                  "serve the checkpoint's own config.json (or `m3ctl dev tiny-model --arch minimax-m3-release`), "
+                  "or pass --skip-checks to try",
+                  "vllm/models/minimax_m3 + vllm/transformers_utils/config.py (vLLM 0.26 source); H200 runs "
+                  "tests/fixtures/h200x2-real/call2/log-m3t.txt, call3/log-m3t.txt, log-m3.txt")
     return None
 
 

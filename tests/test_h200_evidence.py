@@ -129,3 +129,8 @@ def test_m3_transformers_config_rejected_before_launch(tmp_path):
         p = plan(inv, str(d), runtime="process", tp=1, skip_checks=True, vllm_executable="vllm",
                  extra_args=["--load-format", "dummy"])
         assert "--block-size" in p.argv and any(v.startswith("model.config_format") for v in p.violations)
+    # The release-format config (vLLM's own MiniMaxM3Config class loads it) passes the rule and gets the
+    # profile's MSA block size.
+    d = build_tiny_model(tmp_path / "release", TinyModelSpec(arch="minimax-m3-release", head_dim=128))
+    p = plan(inv, str(d), runtime="process", tp=1, vllm_executable="vllm", extra_args=["--load-format", "dummy"])
+    assert not p.violations and p.argv[p.argv.index("--block-size") + 1] == "128"

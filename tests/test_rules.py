@@ -164,8 +164,23 @@ def test_local_config_overrides_assumed_facts(tmp_path):
     (d / "config.json").write_text(json.dumps({"architectures": ["MiniMaxM3SparseForCausalLM"],
                                                "num_hidden_layers": 4, "num_attention_heads": 8,
                                                "num_key_value_heads": 8, "head_dim": 64, "hidden_size": 512,
-                                               "num_local_experts": 4, "max_position_embeddings": 4096}))
+                                               "num_local_experts": 4, "max_position_embeddings": 4096,
+                                               "rope_theta": 5e6, "sparse_attention_config": {
+                                                   "sparse_block_size": 128, "sparse_topk_blocks": 16}}))
     # 8 KV heads from config.json (catalog assumed 4): DCP at TP 8 on MSA is still rejected for MSA,
     # and the plan uses the local dir with block size 128.
     p = plan(synthetic("b200x8"), str(d), vllm_executable="vllm")
     assert p.model == str(d) and "--block-size" in p.argv and p.model_spec == "MiniMax-M3.1-Flash"
+
+
+def test_m3_config_without_release_fields_rejected(tmp_path):
+    """vLLM's MiniMax-M3 code reads rope_theta and sparse_attention_config (vllm/models/minimax_m3, 0.26 source):
+    a config without them dies in model init after minutes (H200 evidence); the plan says so in ms."""
+    d = tmp_path / "m3"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["MiniMaxM3SparseForCausalLM"], "model_type": "x",
+                                               "num_hidden_layers": 2, "num_attention_heads": 4, "head_dim": 128,
+                                               "num_key_value_heads": 1, "num_local_experts": 4}))
+    with pytest.raises(ConfigRejected, match="rule model.config_format: config.json lacks rope_theta, "
+                                             "sparse_attention_config"):
+        plan(synthetic("b200x8"), str(d), vllm_executable="vllm")

@@ -15,6 +15,12 @@ Architectures:
   MoE) built from transformers' ``MiniMaxM3VLConfig`` with shrunken dimensions, for GPU tests with
   ``vllm serve --load-format dummy --language-model-only`` (vLLM creates random weights itself).
 
+- ``minimax-m3-release``: config only: ``MiniMaxM3SparseForCausalLM`` in the release checkpoint's format
+  (``model_type: minimax_m3_vl`` with a ``text_config`` holding vLLM's ``MiniMaxM3TextConfig`` fields:
+  ``rope_theta``, ``sparse_attention_config``, ``moe_layer_freq``...; vLLM 0.26/0.32
+  vllm/transformers_utils/configs/minimax_m3.py), which vLLM's own config class loads. The two
+  transformers-built variants above lose those fields (H200 evidence: rule ``model.config_format``).
+
 ``head_dim`` must be one vLLM's CPU attention supports (32, 64, ...); other values are
 allowed on purpose so tests can build a model the server accepts but cannot run.
 """
@@ -33,7 +39,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-ARCHITECTURES = ("minimax-m2", "llama", "minimax-m3", "minimax-m3-text")
+ARCHITECTURES = ("minimax-m2", "llama", "minimax-m3", "minimax-m3-text", "minimax-m3-release")
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,8 @@ def _config(spec: TinyModelSpec, tokenizer):
                   pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
     if spec.arch == "llama":
         return transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
+    if spec.arch == "minimax-m3-release":
+        return _m3_release_config(spec, tokenizer), None
     if spec.arch in ("minimax-m3", "minimax-m3-text"):
         n = spec.num_layers
         cfg = transformers.MiniMaxM3VLConfig(
@@ -136,6 +144,36 @@ def _config(spec: TinyModelSpec, tokenizer):
     raise BadInput(f"unknown tiny-model architecture {spec.arch!r}", f"choose one of: {', '.join(ARCHITECTURES)}")
 
 
+def _m3_release_config(spec: TinyModelSpec, tokenizer):
+    """A release-format MiniMax-M3 text config (a plain dict; saved as config.json as is).
+
+    Field names and meanings: vLLM's ``MiniMaxM3TextConfig`` (vllm/transformers_utils/configs/minimax_m3.py,
+    vLLM 0.26 source), shrunk; every layer MoE with sparse (MSA) attention: ``sparse_block_size`` 128 (the
+    MSA block the profile's ``--block-size 128`` matches), top-k 4 blocks, one init and one local block.
+    """
+    n = spec.num_layers
+    text = dict(model_type="minimax_m3_text", architectures=["MiniMaxM3SparseForCausalLM"],
+                vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+                dense_intermediate_size=spec.intermediate_size, shared_intermediate_size=spec.intermediate_size,
+                num_hidden_layers=n, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
+                head_dim=spec.head_dim, max_position_embeddings=spec.max_position_embeddings, rms_norm_eps=1e-6,
+                use_gemma_norm=True, attention_output_gate=False, rope_theta=5_000_000.0,
+                rotary_dim=spec.head_dim // 2, partial_rotary_factor=0.5, hidden_act="swigluoai", swiglu_alpha=1.702,
+                swiglu_beta=1.0, swiglu_limit=7.0, use_qk_norm=True, qk_norm_type="per_head",
+                num_local_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_tok, n_shared_experts=1,
+                scoring_func="sigmoid", use_routing_bias=True, routed_scaling_factor=2.0, num_mtp_modules=0,
+                moe_layer_freq=[1] * n, tie_word_embeddings=False,
+                sparse_attention_config=dict(use_sparse_attention=True, sparse_index_dim=spec.head_dim,
+                                             sparse_num_index_heads=spec.num_kv_heads, sparse_topk_blocks=4,
+                                             sparse_block_size=128, sparse_disable_index_value=[1] * n,
+                                             sparse_score_type="max", sparse_init_block=1, sparse_local_block=1,
+                                             sparse_attention_freq=[1] * n),
+                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                pad_token_id=tokenizer.pad_token_id)
+    return dict(model_type="minimax_m3_vl", architectures=["MiniMaxM3SparseForCausalLM"], text_config=text,
+                vision_config=None, torch_dtype="bfloat16", tie_word_embeddings=False)
+
+
 def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None, *, overwrite: bool = False) -> Path:
     """Build a tiny random-weight model directory that vLLM (CPU build) can serve.
 
@@ -164,7 +202,10 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None, *, 
     tokenizer = build_tokenizer(out, spec.vocab_size)
     cfg, cls = _config(spec, tokenizer)
     if cls is None:  # config-only architecture: serve with --load-format dummy
-        cfg.save_pretrained(str(out))
+        if isinstance(cfg, dict):
+            (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
+        else:
+            cfg.save_pretrained(str(out))
         (out / "m3ctl-tiny.json").write_text(json.dumps({**spec.__dict__, "weights": "none (--load-format dummy)"},
                                                         indent=2, sort_keys=True))
         return out
