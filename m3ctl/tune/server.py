@@ -19,6 +19,7 @@ from m3ctl.tune.space import plan_kwargs
 class ServerSession:
     def __init__(self, ev: ServerEvaluator, plan, dep, trial_dir: Path, start_s: float):
         self.ev, self.plan, self.dep, self.dir, self.start_s = ev, plan, dep, trial_dir, start_s
+        self.warmed: set[int] = set()
 
     def alive(self) -> bool:
         from m3ctl.serve import runtime_for  # noqa: PLC0415
@@ -32,6 +33,13 @@ class ServerSession:
                           num_prompts=num_prompts(self.ev.spec, concurrency, fidelity),
                           num_gpus=self.ev.n_gpus_plan(self.plan), num_gpus_source="plan (tp x dp)",
                           label=f"tune trial {self.dir.name} c={concurrency}", **self.ev.bench)
+        if concurrency not in self.warmed and concurrency > 1:
+            # Warm this load level once per server, unrecorded: the first batch of a new size pays one-off costs
+            # (Triton JIT/autotune of MoE kernels for new token counts, allocator growth) that the measured run
+            # must not carry; one burst of `concurrency` distinct requests at the same lengths.
+            run_bench(cfg.model_copy(update={"num_prompts": concurrency, "num_warmups": 0, "seed": cfg.seed + 7919,
+                                             "scrape_server_metrics": False, "label": f"{cfg.label} warm-up"}))
+        self.warmed.add(concurrency)
         res = run_bench(cfg)
         res["tune"] = {"trial_dir": str(self.dir), "argv": self.plan.argv, "fidelity": fidelity}
         write_json(self.dir / f"bench-c{concurrency}-x{fidelity:g}.json", res)
@@ -81,11 +89,31 @@ class ServerEvaluator:
     def command(self, cand: dict[str, Any]) -> str:
         return self.plan(cand, name=self.plan_base.get("served_model_name") or "m3ctl").command_line()
 
-    def open(self, cand: dict[str, Any], trial: int, on_event: Callable[[str], None]) -> ServerSession:
+    def baseline_candidate(self) -> tuple[dict[str, Any] | None, str]:
+        """vLLM's defaults as a candidate: none of the tuned knobs' flags (vLLM picks max-num-seqs,
+        max-num-batched-tokens... itself; no speculation), DP 1 and the smallest power-of-two TP that the
+        planner accepts (1 first). Returns (candidate, "") or (None, why: the last rejection)."""
+        from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+
+        why = "no GPU count to try"
+        tp, n = 1, max(1, len(self.inv.gpus))
+        while tp <= n:
+            cand = {"tp": tp, "dp": 1}
+            try:
+                self.plan(cand)
+                return cand, ""
+            except ConfigRejected as e:
+                why = f"TP {tp}: {e.message}"
+            tp *= 2
+        return None, f"the planner rejects vLLM's defaults at every TP ({why})"
+
+    def open(self, cand: dict[str, Any], trial: int | str, on_event: Callable[[str], None]) -> ServerSession:
+        """Start the server of ``cand``; ``trial`` names it (``{prefix}-t{trial}``) and its folder
+        (``trials/NNNN``, or ``trials/base`` for the baseline)."""
         from m3ctl.serve import launch_and_wait  # noqa: PLC0415
 
         name = f"{self.prefix}-t{trial}"
-        tdir = self.dir / "trials" / f"{trial:04d}"
+        tdir = self.dir / "trials" / (f"{trial:04d}" if isinstance(trial, int) else str(trial))
         tdir.mkdir(parents=True, exist_ok=True)
         p = self.plan(cand, name=name)
         write_json(tdir / "config.json", {"config": cand, "argv": p.argv, "command": p.command_line()})
