@@ -801,6 +801,7 @@ def tune(
     confirm_top: Annotated[int, typer.Option(help="Successive halving: re-measure the best N on a fresh server.")] = 2,
     max_spec_depth: Annotated[int, typer.Option(help="Largest speculation depth searched.")] = 4,
     pareto: Annotated[bool, typer.Option("--pareto", help="Also print the Pareto table and write pareto.png.")] = False,
+    baseline: Annotated[Optional[bool], typer.Option("--baseline/--no-baseline", help="Also measure vLLM's defaults (no tuned flags, smallest accepted TP) with the same bisection and SLO, once per study (default: on for a new study; with --resume: keep the saved choice).")] = None,
     port: Annotated[int, typer.Option(help="API port of the trial servers.")] = 8000,
     workload: Annotated[str, typer.Option(help="Bench workload (random, prefix, agentic, ...).")] = "random",
     input_len: Annotated[int, typer.Option(help="Prompt tokens per request.")] = 128,
@@ -829,11 +830,13 @@ def tune(
         sdir = resume
         settings = st.load_settings(sdir)
         # A resumed study may get a larger budget (e.g. continued on another machine); budgets count across resumes.
-        if max_trials is not None or time_budget is not None:
+        if max_trials is not None or time_budget is not None or baseline is not None:
             if max_trials is not None:
                 settings["spec"]["max_trials"] = max_trials
             if time_budget is not None:
                 settings["spec"]["time_budget_s"] = time_budget
+            if baseline is not None:
+                settings["spec"]["baseline"] = baseline
             st.save_settings(sdir, settings)
     else:
         if not model:
@@ -861,7 +864,8 @@ def tune(
         settings = {"model": model, "space": space.to_json(), "port": port, "profile_file": str(profile) if profile else None,
                     "spec": {"slo": slo, "objective": objective, "usd_per_gpu_hour": usd_per_gpu_hour, "ladder": lad,
                              "max_trials": 12 if max_trials is None else max_trials, "time_budget_s": time_budget, "seed": seed,
-                             "confirm_top": confirm_top, "prompts_per_concurrency": prompts_per_concurrency},
+                             "confirm_top": confirm_top, "prompts_per_concurrency": prompts_per_concurrency,
+                             "baseline": True if baseline is None else baseline},
                     "plan_base": {"overrides": _parse_args(arg or []), "extra_args": list(ctx.args),
                                   "skip_checks": skip_checks},
                     "bench": {"workload": workload, "input_len": input_len, "output_len": output_len, "seed": seed,
@@ -909,6 +913,15 @@ def tune(
     b = out["best"]
     con.print(f"[green]best[/] trial {b['trial']}: {describe(b['config'], sp)}: {b['objective']:.1f} "
               f"{settings['spec']['objective']} at concurrency {b['concurrency']}")
+    bl = out.get("baseline")
+    if bl is not None:
+        if "skipped" in bl:
+            con.print(f"baseline (vLLM defaults): skipped: {escape(bl['skipped'])}")
+        elif bl["status"] == "feasible":
+            con.print(f"baseline (vLLM defaults): {bl['objective']:.1f} at concurrency {bl['concurrency']}; "
+                      f"best / baseline = {out['vs_baseline']:.2f}x")
+        else:
+            con.print(f"baseline (vLLM defaults): {bl['status']}: {escape(bl['reason'])}")
     con.print(f"command: {escape(b['command'])}", soft_wrap=True)
     con.print(f"profile: {out['profile']} (m3ctl serve --profile {out['profile']} --model {settings['model']})")
     if pareto:

@@ -4,7 +4,10 @@ Grid file (benchmarks/tune_efficiency.py ``--record``; tests/fixtures/tune_grid_
 
     {"meta": {...}, "ladder": [1, 2, 4, ...],
      "configs": [{"config": {...}, "status": "ok" | "crashed" | "rejected", "reason": str,
-                  "start_s": float, "points": {"<concurrency>": {bench result keys...}}}]}
+                  "start_s": float, "points": {"<concurrency>": {bench result keys...}}}],
+     "baseline": {same shape as a configs entry: vLLM's defaults, optional}}
+
+A grid without ``baseline`` replays a study that asked for one as "baseline skipped" with the reason.
 
 The cost of a replayed run is the recorded server start and run durations, so replays count cost in
 the same units as the grid: server starts x run time.
@@ -43,6 +46,8 @@ class ReplayEvaluator:
     def __init__(self, grid: dict):
         self.grid = grid
         self.by_key = {key_of(c["config"]): c for c in grid["configs"]}
+        if grid.get("baseline"):
+            self.by_key[key_of(grid["baseline"]["config"])] = grid["baseline"]
         self.clock = [0.0]
         self.opened = 0
 
@@ -73,6 +78,13 @@ class ReplayEvaluator:
 
     def n_gpus(self, cand: dict[str, Any]) -> int:
         return 1
+
+    def baseline_candidate(self) -> tuple[dict[str, Any] | None, str]:
+        """The recorded vLLM-defaults configuration, or None and why there is none."""
+        if self.grid.get("baseline"):
+            return dict(self.grid["baseline"]["config"]), ""
+        return None, ("the recorded grid has no vLLM-defaults entry (record one with "
+                      "benchmarks/tune_efficiency.py --record)")
 
     def command(self, cand: dict[str, Any]) -> str:
         return json.dumps(cand)

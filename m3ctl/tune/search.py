@@ -1,27 +1,42 @@
-"""The search: per configuration one server start and a bisection on concurrency against the SLO;
-across configurations an optuna TPE study with a feasibility constraint, then a confirmation rung.
+"""The search: per configuration one server start and a (warm-started) bisection on concurrency against the
+SLO; across configurations a complete-poll pattern search around the incumbent, then an optuna TPE study with a
+feasibility constraint, a stall stop, and a confirmation rung.
 
 Algorithm (shared/reference/anchors-bench-tune.md section 8, reduced to what runs without a model prior):
 
 1. Every candidate first goes through :func:`m3ctl.plan.plan` and its named rules; a rejected candidate
    is an infeasible trial (constraint violated, value 0) recorded with the rule and never launched.
-2. A launched candidate gets one server start, then a binary search over the concurrency ladder
-   (default 1, 2, 4, ..., 64): SLO latencies are monotone in load (vLLM ``bench sweep serve_sla`` and
-   AIPerf ``monotonic_sla`` rely on the same property), so ``ceil(log2(len(ladder)+1))`` short runs find
-   the largest concurrency that meets the SLO. The configuration's value is the best objective of its
-   SLO-meeting runs. A crash, OOM or readiness timeout is an infeasible trial (constraint > 0) that
-   teaches the sampler (TPE ``constraints_func``, optuna >= 3.0), never an abort.
+2. A launched candidate gets one server start, then a search over the concurrency ladder (default
+   1, 2, 4, ..., 64) for the largest concurrency that meets the SLO: SLO latencies are monotone in load
+   (vLLM ``bench sweep serve_sla`` and AIPerf ``monotonic_sla`` rely on the same property). Cold, it is a
+   binary search (``ceil(log2(len(ladder)+1))`` runs). Warm (``warm_start``), it starts at the SLO-meeting
+   concurrency of the nearest measured configuration (neighbours differ by one knob step, so their
+   capacities are close), gallops away from it (1, 2, 4... ladder steps) until the SLO flips, then bisects
+   the bracket: one or two runs when the guess is right, never more than about twice the cold count.
+   The configuration's value is the best objective of its SLO-meeting runs. A crash, OOM or readiness
+   timeout is an infeasible trial (constraint > 0) that teaches the sampler (TPE ``constraints_func``,
+   optuna >= 3.0), never an abort.
 3. Across configurations: the first trial is the anchor (:meth:`Space.anchor`: speculation off, largest
-   batch limits); then one-knob moves around the best feasible configuration so far (pattern search;
-   ``local_first``), then optuna's TPE sampler (multivariate, ordered knobs by index) proposes the next
-   restart-knob values. All of them are trials of the same optuna study; duplicates of a finished
-   configuration are answered from the record at no cost.
+   batch limits); then a generalised pattern search (Torczon 1997, SIAM J. Optim. 7(1); "compass search",
+   Kolda, Lewis & Torczon 2003, SIAM Review 45(3)) with a *complete poll*: every one-step neighbour (one knob,
+   adjacent value) of the poll centre is measured before the centre moves to the best point found, so a
+   noisy early improvement along one knob cannot lead the search away from a better move along another.
+   While nothing meets the SLO the centre is the least-violating configuration (the search walks towards
+   feasibility instead of sampling blindly). When the poll around the incumbent is complete (a local
+   optimum on the one-step mesh), optuna's TPE sampler (multivariate, ordered knobs by index) proposes
+   the next restart-knob values; a better point found there becomes a new poll centre. ``patience``
+   global trials in a row without improvement end the search ("stalled"). All of them are trials of the
+   same optuna study; duplicates of a finished configuration are answered from the record at no cost.
 4. Successive halving: the best ``confirm_top`` configurations are started again and re-measured at
    their chosen concurrency with ``confirm_factor`` times more requests; their final value is the worse
    of the two measurements (SCOOT's robustness re-test, arXiv 2408.04323).
+5. Baseline (``baseline``): vLLM's defaults (the plan with none of the tuned knobs' flags, the smallest TP
+   the planner accepts) measured once with the same bisection and SLO, so every study says by how much
+   the tuned configuration beats them (``vs_baseline``).
 
 Budgets: ``max_trials`` server starts (rejected candidates cost none) and ``time_budget_s`` of wall time,
-both counted across resumes. State lives in an optuna SQLite study plus one folder per trial.
+both counted across resumes; a start is skipped when the median cost of the trials so far would overrun
+the time budget. State lives in an optuna SQLite study plus one folder per trial.
 """
 
 from __future__ import annotations
@@ -93,7 +108,7 @@ class Outcome:
     reason: str = ""
     launched: bool = False
     confirmed: float | None = None
-    trial: int | None = None
+    trial: int | str | None = None
 
     @property
     def final(self) -> float:
@@ -112,10 +127,15 @@ class Outcome:
 
 @dataclass
 class TuneSpec:
-    """Search settings (saved in the study dir, reused by ``--resume``).
+    """Search settings (saved in the study dir, reused by ``--resume``; fields added later have defaults,
+    so an older ``tune.json`` still loads).
 
     Units: time in seconds, ``usd_per_gpu_hour`` in USD. ``prompts_per_concurrency`` x concurrency
     requests per search run (at least ``min_prompts``); confirmation runs use ``confirm_factor`` times more.
+    ``local_first``: complete-poll pattern search around the incumbent before TPE. ``warm_start``: start each
+    configuration's concurrency search at its nearest measured neighbour's SLO-meeting concurrency.
+    ``patience``: stop after this many global (TPE) starts in a row without improvement once the local poll
+    is complete (None: never). ``baseline``: also measure vLLM's defaults (see the module docstring).
     """
 
     slo: str = ""
@@ -131,16 +151,24 @@ class TuneSpec:
     min_prompts: int = 8
     n_startup_trials: int | None = None
     local_first: bool = True
+    warm_start: bool = True
+    patience: int | None = 3
+    baseline: bool = False
 
 
 @dataclass
 class TuneResult:
+    """``cost_s`` counts every server start and run, the baseline's included; ``launches`` counts search starts
+    only (the budget unit). ``baseline``: the vLLM-defaults outcome, or one with status ``skipped`` and the
+    reason, or None when the study did not ask for one."""
+
     outcomes: list[Outcome]
     best: Outcome | None
     launches: int
     cost_s: float
     elapsed_s: float
     stopped_by: str
+    baseline: Outcome | None = None
 
 
 def num_prompts(spec: TuneSpec, concurrency: int, fidelity: float) -> int:
@@ -157,13 +185,29 @@ def _point(spec: TuneSpec, slo: SLO, res: dict, c: int, fid: float, n_gpus: int)
 
 
 def bisect_concurrency(session: Session, spec: TuneSpec, slo: SLO, n_gpus: int,
-                       on_event: Callable[[str], None]) -> list[Point]:
-    """Binary search for the largest ladder concurrency that meets the SLO (monotone in load)."""
+                       on_event: Callable[[str], None], start: int | None = None) -> list[Point]:
+    """Search for the largest ladder concurrency that meets the SLO (latency is monotone in load).
+
+    ``start``: a ladder concurrency to try first (warm start); from there the search gallops up while the
+    SLO holds (or down while it fails) by 1, 2, 4... ladder steps, then bisects the bracket. None or a value
+    off the ladder: plain binary search. Returns the runs made, in order.
+    """
     lad = spec.ladder
     lo, hi = -1, len(lad)
     points: list[Point] = []
+    mode = "first" if start in lad else "bisect"
+    step = 1
     while hi - lo > 1:
-        mid = (lo + hi) // 2
+        if mode == "first":
+            mid = lad.index(start)
+        elif mode == "up":
+            mid = min(lo + step, hi - 1)
+            step *= 2
+        elif mode == "down":
+            mid = max(hi - step, lo + 1)
+            step *= 2
+        else:
+            mid = (lo + hi) // 2
         c = lad[mid]
         on_event(f"bench c={c}")
         res = session.measure(c, 1.0)
@@ -174,8 +218,10 @@ def bisect_concurrency(session: Session, spec: TuneSpec, slo: SLO, n_gpus: int,
             raise LaunchFailed(f"server died during the run at concurrency {c}", "see the trial's server.log")
         if p.slo_ok:
             lo = mid
+            mode = "up" if mode in ("first", "up") else "bisect"
         else:
             hi = mid
+            mode = "down" if mode in ("first", "down") else "bisect"
     return points
 
 
@@ -193,9 +239,10 @@ def _summarise(out: Outcome, slo: SLO) -> Outcome:
     return out
 
 
-def evaluate(ev: Evaluator, cand: dict[str, Any], spec: TuneSpec, slo: SLO, trial: int,
-             on_event: Callable[[str], None]) -> Outcome:
-    """Check, start, bisect and stop one configuration. Never raises for a bad configuration."""
+def evaluate(ev: Evaluator, cand: dict[str, Any], spec: TuneSpec, slo: SLO, trial: int | str,
+             on_event: Callable[[str], None], start: int | None = None) -> Outcome:
+    """Check, start, bisect (from ``start``, a warm-start concurrency, when given) and stop one configuration.
+    Never raises for a bad configuration."""
     try:
         ev.check(cand)
     except ConfigRejected as e:
@@ -213,7 +260,7 @@ def evaluate(ev: Evaluator, cand: dict[str, Any], spec: TuneSpec, slo: SLO, tria
         return out
     out.start_s = session.start_s
     try:
-        out.points = bisect_concurrency(session, spec, slo, ev.n_gpus(cand), on_event)
+        out.points = bisect_concurrency(session, spec, slo, ev.n_gpus(cand), on_event, start)
     except LaunchFailed as e:
         out.reason = e.message
         out.cost_s = out.start_s + sum(p.duration_s for p in out.points)
@@ -284,6 +331,9 @@ class Tuner:
         self.rng = random.Random(spec.seed)
         self.outcomes: dict[str, Outcome] = {}
         self.interrupted_trials: list[int] = []
+        self.baseline: Outcome | None = None
+        self._centre: str | None = None
+        self._local_done = False
         self._load()
         if not self.study.trials and free:
             self.study.enqueue_trial(self._params(space.anchor()))
@@ -298,6 +348,8 @@ class Tuner:
             elif t.state == TS.RUNNING:
                 self.study.tell(t.number, state=TS.FAIL)
                 self.interrupted_trials.append(t.number)
+        if "baseline" in self.study.user_attrs:
+            self.baseline = Outcome.from_json(self.study.user_attrs["baseline"])
         for k, v in self.study.user_attrs.items():
             if k.startswith("confirm:") and k[8:] in self.outcomes:
                 self.outcomes[k[8:]].confirmed = v["confirmed"]
@@ -310,7 +362,25 @@ class Tuner:
 
     @property
     def cost_s(self) -> float:
-        return sum(o.cost_s for o in self.outcomes.values())
+        return sum(o.cost_s for o in self.outcomes.values()) + (self.baseline.cost_s if self.baseline else 0.0)
+
+    def _run_baseline(self) -> None:
+        """Measure vLLM's defaults once per study (kept in the study across resumes; a skip says why)."""
+        if not self.spec.baseline or self.baseline is not None:
+            return
+        get = getattr(self.ev, "baseline_candidate", None)
+        cand, why = get() if get else (None, "this evaluator cannot build a vLLM-defaults configuration")
+        if cand is None:
+            out = Outcome(config={}, status="skipped", reason=why, trial="base")
+            self.on_event("base", "vLLM defaults", f"skipped: {why}")
+        else:
+            out = evaluate(self.ev, cand, self.spec, self.slo, "base",
+                           lambda m: self.on_event("base", "vLLM defaults", m))
+            res = (f"{out.objective:.1f} at c={out.concurrency}" if out.status == "feasible"
+                   else f"{out.status}: {out.reason}")
+            self.on_event("base", "vLLM defaults", f"done: {res}")
+        self.baseline = out
+        self.study.set_user_attr("baseline", out.to_json())
 
     def _cand(self, params: dict[str, Any]) -> dict[str, Any]:
         out = {}
@@ -324,23 +394,74 @@ class Tuner:
     def _params(self, cand: dict[str, Any]) -> dict[str, Any]:
         return {k: (self.space.values[k].index(cand[k]) if k in self.ordinal else cand[k]) for k in self.dists}
 
-    def _neighbour(self) -> dict[str, Any] | None:
-        """An unmeasured configuration one step (one knob, adjacent value) from the best feasible one so far:
-        a pattern search around the incumbent before TPE's model takes over (restart knobs interact weakly
-        on a fixed host, so single-knob moves from a good point are the cheapest improvements)."""
-        feas = [o for o in self.outcomes.values() if o.status == "feasible"]
-        if not feas:
-            return None
-        inc = max(feas, key=lambda o: o.objective).config
+    def _rank(self, o: Outcome) -> tuple[int, float] | None:
+        """Poll-centre order: feasible by objective, then SLO-infeasible by (smaller) violation; crashed and
+        rejected configurations are never centres."""
+        if o.status == "feasible":
+            return (1, o.objective)
+        if o.status == "slo_infeasible":
+            viol = [self.slo.violation(p.metrics) for p in o.points if p.valid]
+            return (0, -min(viol)) if viol else None
+        return None
+
+    def _best_centre(self) -> Outcome | None:
+        ranked = [(r, o) for o in self.outcomes.values() if (r := self._rank(o)) is not None]
+        return max(ranked, key=lambda ro: ro[0])[1] if ranked else None
+
+    def _mesh(self, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+        """The one-step neighbours of ``cfg`` (one knob moved to an adjacent value), in knob order."""
+        out = []
         for k in self.space.free():
             vals = self.space.values[k]
-            i = vals.index(inc[k]) if inc[k] in vals else 0
+            i = vals.index(cfg[k]) if cfg.get(k) in vals else 0
             for j in (i - 1, i + 1):
                 if 0 <= j < len(vals):
-                    cand = {**inc, k: vals[j]}
-                    if key_of(cand) not in self.outcomes:
-                        return cand
-        return None
+                    out.append({**cfg, k: vals[j]})
+        return out
+
+    def _neighbour(self) -> dict[str, Any] | None:
+        """The next unmeasured configuration of the complete poll around the poll centre, or None when the
+        incumbent's whole neighbourhood is measured (a local optimum on the one-step mesh: TPE's turn).
+
+        The centre moves only when its poll is complete, to the best configuration measured so far (module
+        docstring, step 3); restart knobs interact weakly on a fixed host, so single-knob moves from a good
+        point are the cheapest improvements, and polling all of them before moving keeps one noisy gain
+        from steering the search."""
+        while True:
+            if self._centre is None or self._centre not in self.outcomes:
+                best = self._best_centre()
+                if best is None:
+                    return None
+                self._centre = key_of(best.config)
+            todo = [c for c in self._mesh(self.outcomes[self._centre].config) if key_of(c) not in self.outcomes]
+            if todo:
+                return todo[0]
+            best = self._best_centre()
+            if best is None or key_of(best.config) == self._centre:
+                self._local_done = True
+                return None
+            self._centre = key_of(best.config)
+
+    def _dist(self, a: dict[str, Any], b: dict[str, Any]) -> float:
+        """Knob-step distance: ordered knobs by index difference, the others 0/1."""
+        d = 0.0
+        for k in self.space.free():
+            vals = self.space.values[k]
+            if k in self.ordinal and a.get(k) in vals and b.get(k) in vals:
+                d += abs(vals.index(a[k]) - vals.index(b[k]))
+            else:
+                d += float(a.get(k) != b.get(k))
+        return d
+
+    def _warm_start(self, cand: dict[str, Any]) -> int | None:
+        """The SLO-meeting concurrency of the nearest feasible configuration measured so far (ties: the better
+        objective), or None (cold bisection)."""
+        if not self.spec.warm_start:
+            return None
+        feas = [o for o in self.outcomes.values() if o.status == "feasible" and o.concurrency in self.spec.ladder]
+        if not feas:
+            return None
+        return min(feas, key=lambda o: (self._dist(cand, o.config), -o.objective)).concurrency
 
     def _unseen(self) -> dict[str, Any] | None:
         rest = [c for c in self.space.grid() if key_of(c) not in self.outcomes]
@@ -364,7 +485,7 @@ class Tuner:
         return float(self.study.user_attrs.get("elapsed_s", 0.0))
 
     def run(self, clock: Callable[[], float] = time.monotonic) -> TuneResult:
-        """Search until the trial or time budget is spent or the space is exhausted.
+        """Search until the trial or time budget is spent, the search stalls or the space is exhausted.
 
         ``clock`` measures wall time (replays pass a simulated clock). Ctrl-C stops the server of the
         current trial (its trial is marked FAIL) and propagates KeyboardInterrupt; completed trials stay.
@@ -374,16 +495,27 @@ class Tuner:
         stopped_by = "space exhausted"
         dups = 0
         size = self.space.size()
+        # Global (TPE) starts since the best value last improved, counted once the local poll is complete.
+        best_val = max((o.objective for o in self.outcomes.values() if o.status == "feasible"), default=0.0)
+        idle = 0
         try:
+            self._run_baseline()
             while True:
                 elapsed = before + clock() - t_run
                 if self.launches >= self.spec.max_trials:
                     stopped_by = f"trial budget ({self.spec.max_trials} server starts)"
                     break
-                if self.spec.time_budget_s is not None and elapsed >= self.spec.time_budget_s:
-                    stopped_by = f"time budget ({self.spec.time_budget_s:g} s)"
-                    break
+                if self.spec.time_budget_s is not None:
+                    costs = sorted(o.cost_s for o in self.outcomes.values() if o.launched)
+                    typical = costs[len(costs) // 2] if costs else 0.0
+                    if elapsed + typical > self.spec.time_budget_s:
+                        stopped_by = (f"time budget ({self.spec.time_budget_s:g} s"
+                                      + (f"; a typical trial takes {typical:.0f} s" if typical else "") + ")")
+                        break
                 if len(self.outcomes) >= size:
+                    break
+                if self.spec.patience is not None and idle >= self.spec.patience:
+                    stopped_by = f"stalled ({idle} global trials without improvement after the local poll)"
                     break
                 nb = self._neighbour() if self.spec.local_first else None
                 if nb is not None:
@@ -405,12 +537,17 @@ class Tuner:
                 desc = describe(cand, self.space)
                 n = trial.number
                 try:
-                    out = evaluate(self.ev, cand, self.spec, self.slo, n, lambda m, n=n, d=desc: self.on_event(n, d, m))
+                    out = evaluate(self.ev, cand, self.spec, self.slo, n,
+                                   lambda m, n=n, d=desc: self.on_event(n, d, m), start=self._warm_start(cand))
                 except BaseException:
                     self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
                     raise
                 self.outcomes[k] = out
                 self._tell(trial, out)
+                if out.status == "feasible" and out.objective > best_val:
+                    best_val, idle = out.objective, 0
+                elif out.launched and nb is None and (self._local_done or not self.spec.local_first):
+                    idle += 1
                 res = (f"{out.objective:.1f} at c={out.concurrency}" if out.status == "feasible"
                        else f"{out.status}: {out.reason}")
                 self.on_event(n, desc, f"done: {res}")
@@ -421,7 +558,7 @@ class Tuner:
                         key=lambda o: o.final, reverse=True)
         return TuneResult(outcomes=list(self.outcomes.values()), best=ranked[0] if ranked else None,
                           launches=self.launches, cost_s=self.cost_s, elapsed_s=before + clock() - t_run,
-                          stopped_by=stopped_by)
+                          stopped_by=stopped_by, baseline=self.baseline)
 
     def _confirm(self) -> None:
         if self.spec.confirm_top <= 0:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import asdict
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -130,7 +131,12 @@ def all_points(outcomes: list[Outcome]) -> list[dict[str, Any]]:
 
 def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: dict[str, Any], base_profile,
                   want_pareto: bool) -> dict[str, Any]:
-    """``result.json`` (always), ``profile.yaml`` (when a configuration met the SLO), ``pareto.png`` (``--pareto``)."""
+    """``result.json`` (always), ``profile.yaml`` (when a configuration met the SLO), ``pareto.png`` (``--pareto``).
+
+    result.json: ``best`` {config, objective, concurrency, command, argv, trial, flags}; ``baseline``
+    {config, objective, concurrency, command, status, reason, cost_s, points} or {skipped: why} when the study
+    measured vLLM's defaults; ``vs_baseline`` = best / baseline objective (None when either is missing or 0).
+    """
     out: dict[str, Any] = {"stopped_by": res.stopped_by, "launches": res.launches, "cost_s": res.cost_s,
                            "elapsed_s": res.elapsed_s, "slo": settings["spec"]["slo"],
                            "objective": settings["spec"]["objective"],
@@ -142,6 +148,15 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
                        "flags": tuned_flags(res.best.config, p)}
         (study_dir / "profile.yaml").write_text(profile_yaml(base_profile, res.best.config, p, res.best, settings))
         out["profile"] = str(study_dir / "profile.yaml")
+    b = res.baseline
+    if b is not None:
+        if b.status == "skipped":
+            out["baseline"] = {"skipped": b.reason}
+        else:
+            out["baseline"] = {"config": b.config, "objective": b.objective, "concurrency": b.concurrency,
+                               "status": b.status, "reason": b.reason, "command": ev.command(b.config),
+                               "cost_s": b.cost_s, "points": [asdict(p) for p in b.points]}
+        out["vs_baseline"] = (res.best.final / b.objective if res.best is not None and b.objective > 0 else None)
     front = pareto(res.outcomes)
     out["pareto"] = front
     if want_pareto and front:
