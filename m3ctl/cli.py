@@ -5,6 +5,7 @@ on stderr with its exit code; a traceback is shown only with ``--debug`` (or M3C
 """
 
 
+import contextlib
 import json
 import math
 import os
@@ -596,10 +597,12 @@ def bench(
     max_error_rate: Annotated[float, typer.Option(help="Failed-request fraction above which the run is invalid.")] = 0.0,
     per_request: Annotated[bool, typer.Option(help="Include per-request records in the JSON.")] = False,
     label: Annotated[Optional[str], typer.Option(help="Label stored in the result.")] = None,
-    output_json: Annotated[Optional[Path], typer.Option(help="Write the result JSON here (a sweep: all runs).")] = None,
+    output_json: Annotated[Optional[Path], typer.Option(help="Write the result JSON here (a sweep: all runs); - : stdout.")] = None,
     output_csv: Annotated[Optional[Path], typer.Option(help="Write one CSV row per run here.")] = None,
     plot: Annotated[Optional[Path], typer.Option(help="Pareto PNG (tok/s per GPU vs tok/s per user) for a sweep.")] = None,
     plot_x: Annotated[str, typer.Option(help="Pareto x axis: inferencex-median, agentx-p90 or aiperf-median.")] = "inferencex-median",
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result JSON on stdout instead of tables.")] = False,
+    progress: Annotated[Optional[bool], typer.Option("--progress/--no-progress", help="Live progress on stderr (default: when stderr is a terminal).")] = None,
 ) -> None:
     """Load-test an OpenAI-compatible endpoint; report vLLM-compatible metrics plus m3ctl's (see README)."""
     if ctx.invoked_subcommand:
@@ -643,34 +646,62 @@ def bench(
         first = e.errors()[0] if isinstance(e, ValidationError) else {"loc": ["percentiles"], "msg": str(e)}
         raise BadInput(f"bad bench option {'.'.join(map(str, first['loc']))}: {first['msg']}",
                        "see `m3ctl bench --help`") from None
+    to_stdout = json_out or str(output_json) == "-"
+    show = sys.stderr.isatty() if progress is None else progress
+    err_con = _console(stderr=True)
+    if progress:  # forced: frames even when stderr is not a terminal (a log file, CI)
+        from rich.console import Console  # noqa: PLC0415
+
+        err_con = Console(stderr=True, force_terminal=True, highlight=False)
+
+    def live(c):
+        from m3ctl.bench.progress import LiveProgress  # noqa: PLC0415
+
+        if not show:
+            return contextlib.nullcontext(None)
+        total = None if c.duration_s or c.workload == "agentic" else c.num_prompts
+        return LiveProgress(err_con, total=total, label=f"bench c={c.concurrency or '-'}")
+
     if len(concs) > 1:
-        with _console().status(f"sweeping concurrency {concs} ..."):
-            runs = run_sweep(cfg, concs)
+        runs = run_sweep(cfg, concs, progress=live)
         doc: dict | list = report.sweep_doc(runs, "concurrency", concs)
     else:
-        with _console().status("benchmarking ..."):
-            runs = [run_bench(cfg)]
+        with live(cfg) as prog:
+            runs = [run_bench(cfg, progress=prog)]
         doc = runs[0]
-    if output_json:
+    where = "stdout" if to_stdout else output_json
+    if to_stdout:
+        typer.echo(json.dumps(doc, indent=2))
+    elif output_json:
         output_json.parent.mkdir(parents=True, exist_ok=True)
         output_json.write_text(json.dumps(doc, indent=2))
     if output_csv:
         report.write_csv(runs, output_csv)
-    for r in runs:
-        _print_bench(r, cfg.percentiles)
-    if len(runs) > 1:
-        _print_compare(runs)
+    if not to_stdout:
+        for r in runs:
+            _print_bench(r, cfg.percentiles)
+        if len(runs) > 1:
+            _print_compare(runs)
     if plot:
-        _console().print(f"Pareto chart: {report.pareto_png(runs, plot, plot_x)}")
+        err_con.print(f"Pareto chart: {report.pareto_png(runs, plot, plot_x)}") if to_stdout else \
+            _console().print(f"Pareto chart: {report.pareto_png(runs, plot, plot_x)}")
     if runs[-1].get("interrupted"):
-        _console(stderr=True).print("partial results " + (f"written to {output_json}" if output_json else "above"))
+        _console(stderr=True).print("partial results " + (f"written to {where}" if where else "above"))
         raise KeyboardInterrupt
+    if down := next((r for r in runs if r.get("server_down")), None):
+        from m3ctl.bench.runner import BenchServerDown  # noqa: PLC0415
+
+        kinds = ", ".join(f"{k} {v}" for k, v in down["failed_by_kind"].items())
+        raise BenchServerDown(f"server at {url} went down during the run: {down['completed']} requests completed, "
+                              f"{down['failed']} failed ({kinds}), {down.get('not_sent', 0)} not sent",
+                              f"partial results written to {where}" if where else
+                              "pass --output-json to keep partial results; check the server log")
     bad = [r for r in runs if not r["validity"]["valid"]]
     if bad:
         why = "; ".join(dict.fromkeys(x for r in bad for x in r["validity"]["reasons"]))
         first_err = next((e for r in bad for e in r["errors"]), "")
         raise ChecksFailed(f"BENCH-INVALID: {why}" + (f" (first error: {first_err})" if first_err else ""),
-                           "results were saved, marked invalid" if output_json else
+                           "results were saved, marked invalid" if where else
                            "pass --output-json to keep the results")
 
 
