@@ -683,8 +683,7 @@ def bench(
         if len(runs) > 1:
             _print_compare(runs)
     if plot:
-        err_con.print(f"Pareto chart: {report.pareto_png(runs, plot, plot_x)}") if to_stdout else \
-            _console().print(f"Pareto chart: {report.pareto_png(runs, plot, plot_x)}")
+        (err_con if to_stdout else _console()).print(f"Pareto chart: {report.pareto_png(runs, plot, plot_x)}")
     if runs[-1].get("interrupted"):
         _console(stderr=True).print("partial results " + (f"written to {where}" if where else "above"))
         raise KeyboardInterrupt

@@ -68,7 +68,9 @@ class RequestOutput:
 
     success: bool = False
     error: str = ""
-    error_kind: str = ""  # http_4xx, http_5xx, timeout, connection, stream_cut, no_token, bad_json
+    # http_4xx, http_5xx, timeout, connection_refused, connection_reset (closed before any token), stream_cut
+    # (closed after some tokens, or no [DONE]), connection (other socket errors), no_token, bad_json
+    error_kind: str = ""
     prompt_len: int = 0
     output_tokens: int | None = None
     ttft: float = 0.0
@@ -214,6 +216,9 @@ class _Stream:
 def _kind_of(e: BaseException) -> str:
     if isinstance(e, asyncio.TimeoutError | TimeoutError | aiohttp.ServerTimeoutError):
         return "timeout"
+    if isinstance(e, ConnectionRefusedError) or (isinstance(e, aiohttp.ClientConnectorError)
+                                                 and isinstance(e.os_error, ConnectionRefusedError)):
+        return "connection_refused"
     if isinstance(e, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError | ConnectionResetError):
         return "stream_cut"
     if isinstance(e, ValueError):
@@ -267,6 +272,8 @@ async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, 
     except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError, ValueError, OSError) as e:
         out.error = f"{type(e).__name__}: {e}"[:300]
         out.error_kind = _kind_of(e)
+        if out.error_kind == "stream_cut" and not stream.first:
+            out.error_kind = "connection_reset"  # closed before the first token: nothing was streamed
         out.latency = stream.last - st
     return out
 

@@ -1,34 +1,49 @@
-"""A ground-truth streaming server (aiohttp): OpenAI-style SSE with injected timings and exact token counts.
+"""A ground-truth streaming server: OpenAI-style SSE with injected timings and exact token counts.
 
 It is a *test instrument* for the bench client, not a stand-in for vLLM (correctness against
-vLLM is tested on a real vLLM server). Each request gets its first chunk ``ttft_ms`` after it
-arrives, then one chunk every ``tokens_per_chunk * itl_ms`` on an absolute schedule (so timer
-error does not accumulate), ``max_tokens`` tokens in all (``ignore_eos`` behaviour). Each chunk
-carries ``"gt_ts"``: the server's ``time.perf_counter()`` when it was written (the same clock as the
-client's on one Linux host); ``GET /gt/records`` returns every request's arrival and chunk write times
-(``POST /gt/reset`` clears them), so tests compare the client's timestamps with the real send times.
+vLLM is tested on a real vLLM server). Each request gets its first chunk ``ttft_ms`` after its
+bytes arrived, then one chunk every ``tokens_per_chunk * itl_ms`` on an absolute schedule
+(``arrival + ttft + j * k * itl``: a late wake-up never delays the chunks after it), ``max_tokens``
+tokens in all (``ignore_eos`` behaviour). Each chunk carries ``"gt_ts"``: the server's
+``time.perf_counter()`` when it was written (the same clock as the client's on one Linux host);
+``GET /gt/records`` returns every request's arrival and chunk write times (``POST /gt/reset`` clears
+them), so tests compare the client's timestamps with the real send times.
+
+Why not aiohttp's web server (the first version of this file): its per-request machinery (parser,
+task, ``request.json()``, ``prepare``) costs ~0.3 ms of server CPU before the handler can note the
+arrival, so 64 requests arriving together were stamped up to ~15 ms late and every client's TTFT
+looked ~6 ms above the injected value. Here an ``asyncio.Protocol`` stamps the arrival in
+``data_received`` and one scheduler (a heap of due times) writes every stream's chunks: a timer
+to ~1.5 ms before the earliest due time, then event-loop turns (I/O still served) until it is due,
+so chunks go out within tens of microseconds after their due time and never before it.
 
 Options mimic what matters in vLLM's stream (vllm/entrypoints/openai, 0.32): ``usage`` in a final
 chunk when ``stream_options.include_usage``; cumulative ``usage`` on every chunk when
 ``continuous_usage_stats``; ``[DONE]`` at the end. Reasoning (shared/cases/field-failures.md F18):
 the first ``reasoning_tokens`` tokens are streamed as ``delta.reasoning_content`` (``reasoning=stream``)
 or not streamed at all (``reasoning=hidden``), and ``usage.completion_tokens_details.reasoning_tokens``
-reports them. ``usage=off`` drops usage entirely.
+reports them. ``usage=off`` drops usage entirely. With ``ttft_ms == itl_ms == 0`` each response is
+one pre-rendered write (client-capacity benchmarks: the server is then as fast as it can be).
 
-Run: ``python -m m3ctl.bench.groundtruth --port 8123 --ttft-ms 50 --itl-ms 10``.
+HTTP/1.1 subset: keep-alive, ``Content-Length`` request bodies, chunked responses; enough for
+aiohttp, httpx, m3ctl's fast client and ``vllm bench serve``.
+
+Run: ``python -m m3ctl.bench.groundtruth --port 8123 --ttft-ms 150 --itl-ms 15``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import heapq
+import itertools
 import json
+import socket
 import time
 from dataclasses import dataclass
 
-from aiohttp import web
-
 MODEL = "groundtruth"
+_SPIN_S = 0.0015  # below this, wait by event-loop turns instead of a timer (timers have ~1 ms resolution)
 
 
 @dataclass
@@ -48,105 +63,248 @@ def _sse(obj: dict) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def _sleep_until(t: float) -> None:
-    d = t - time.perf_counter()
-    if d > 0.002:
-        await asyncio.sleep(d - 0.001)
-    while time.perf_counter() < t:  # last millisecond: yield until due (sub-ms accuracy)
-        await asyncio.sleep(0)
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-def make_app(cfg: GTConfig) -> web.Application:
-    records: list[dict] = []  # per request: arrival and chunk write times (perf_counter s), tokens per chunk
-    cache: dict[tuple, bytes] = {}  # no-delay mode: the whole response body per request shape
+_SSE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+             b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n")
 
-    async def handle(request: web.Request) -> web.StreamResponse:
-        t_arrive = time.perf_counter()
-        rec = {"arrival": t_arrive, "writes": [], "tokens": []}
-        records.append(rec)
-        body = await request.json()
-        chat = request.path.endswith("/chat/completions")
-        n = int(body.get("max_completion_tokens") or body.get("max_tokens") or 16)
-        opts = body.get("stream_options") or {}
-        want_usage = cfg.usage and opts.get("include_usage")
-        cont = cfg.usage and opts.get("continuous_usage_stats")
-        batch = cfg.ttft_ms == 0 and cfg.itl_ms == 0
-        key = (n, chat, bool(want_usage), bool(cont))
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        await resp.prepare(request)
-        if batch and key in cache:  # as fast as the server can go: one write of a pre-rendered stream
-            await resp.write(cache[key])
-            await resp.write_eof()
-            return resp
-        r = min(cfg.reasoning_tokens, n)
-        k = max(1, cfg.tokens_per_chunk)
-        sent = 0
-        j = 0
-        t_first = t_arrive + cfg.ttft_ms / 1000
+
+def _json_response(obj, status: str = "200 OK") -> bytes:
+    body = json.dumps(obj).encode()
+    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            f"Connection: keep-alive\r\n\r\n").encode() + body
+
+
+class _Stream:
+    """One streaming response: which chunk comes next and when."""
+
+    __slots__ = ("conn", "n", "chat", "cont", "want_usage", "r", "k", "sent", "j", "t_first", "rec", "cfg")
+
+    def __init__(self, conn: _Conn, cfg: GTConfig, n: int, chat: bool, cont: bool, want_usage: bool, t_arrive: float,
+                 rec: dict):
+        self.conn, self.cfg, self.n, self.chat, self.cont, self.want_usage, self.rec = (
+            conn, cfg, n, chat, cont, want_usage, rec)
+        self.r = min(cfg.reasoning_tokens, n)
+        self.k = max(1, cfg.tokens_per_chunk)
+        self.sent = 0
+        self.j = 0
+        self.t_first = t_arrive + cfg.ttft_ms / 1000
         # Hidden reasoning: those tokens are generated but not streamed; the first visible chunk comes after them.
-        if chat and r and cfg.reasoning == "hidden":
-            t_first += r * cfg.itl_ms / 1000
-            sent = r
-        out = bytearray()
-        while sent < n:
-            due = t_first + j * k * cfg.itl_ms / 1000
-            if not batch:
-                await _sleep_until(due)
-            take = min(k, n - sent)
-            in_reasoning = chat and sent < r and cfg.reasoning == "stream"
-            if in_reasoning:
-                take = min(take, r - sent)
-            text = " tok" * take
-            sent += take
-            if chat:
-                delta = {"reasoning_content": text} if in_reasoning else {"content": text}
-                if j == 0:
-                    delta["role"] = "assistant"
-                choice = {"index": 0, "delta": delta, "finish_reason": "length" if sent >= n else None}
-            else:
-                choice = {"index": 0, "text": text, "finish_reason": "length" if sent >= n else None}
-            obj = {"object": "chat.completion.chunk" if chat else "text_completion", "model": MODEL,
-                   "choices": [choice], "gt_ts": time.perf_counter()}
-            rec["writes"].append(obj["gt_ts"])
-            rec["tokens"].append(take)
-            if cont:
-                obj["usage"] = {"prompt_tokens": cfg.prompt_tokens, "completion_tokens": sent,
-                                "total_tokens": cfg.prompt_tokens + sent}
-            if batch:
-                out += _sse(obj)
-            else:
-                await resp.write(_sse(obj))
-            j += 1
-        if want_usage:
-            usage = {"prompt_tokens": cfg.prompt_tokens, "completion_tokens": n, "total_tokens": cfg.prompt_tokens + n}
-            if r:
-                usage["completion_tokens_details"] = {"reasoning_tokens": r}
+        if chat and self.r and cfg.reasoning == "hidden":
+            self.t_first += self.r * cfg.itl_ms / 1000
+            self.sent = self.r
+
+    def due(self) -> float:
+        return self.t_first + self.j * self.k * self.cfg.itl_ms / 1000
+
+    def render(self, ts: float) -> tuple[bytes, bool]:
+        """The next chunk (SSE event bytes, stamped ``ts``) and whether the stream is then complete."""
+        cfg, n = self.cfg, self.n
+        take = min(self.k, n - self.sent)
+        in_reasoning = self.chat and self.sent < self.r and cfg.reasoning == "stream"
+        if in_reasoning:
+            take = min(take, self.r - self.sent)
+        text = " tok" * take
+        self.sent += take
+        if self.chat:
+            delta = {"reasoning_content": text} if in_reasoning else {"content": text}
+            if self.j == 0:
+                delta["role"] = "assistant"
+            choice = {"index": 0, "delta": delta, "finish_reason": "length" if self.sent >= n else None}
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": "length" if self.sent >= n else None}
+        obj = {"object": "chat.completion.chunk" if self.chat else "text_completion", "model": MODEL,
+               "choices": [choice], "gt_ts": ts}
+        if self.cont:
+            obj["usage"] = {"prompt_tokens": cfg.prompt_tokens, "completion_tokens": self.sent,
+                            "total_tokens": cfg.prompt_tokens + self.sent}
+        if self.rec is not None:
+            self.rec["writes"].append(ts)
+            self.rec["tokens"].append(take)
+        self.j += 1
+        out = _sse(obj)
+        done = self.sent >= n
+        if done:
+            out += self.tail()
+        return out, done
+
+    def tail(self) -> bytes:
+        out = b""
+        if self.want_usage:
+            usage = {"prompt_tokens": self.cfg.prompt_tokens, "completion_tokens": self.n,
+                     "total_tokens": self.cfg.prompt_tokens + self.n}
+            if self.r:
+                usage["completion_tokens_details"] = {"reasoning_tokens": self.r}
             out += _sse({"object": "chunk", "model": MODEL, "choices": [], "usage": usage})
-        out += b"data: [DONE]\n\n"
-        if batch:
-            cache[key] = bytes(out)
-            records.pop()
-        await resp.write(bytes(out))
-        await resp.write_eof()
-        return resp
+        return out + b"data: [DONE]\n\n"
 
-    async def get_records(_request: web.Request) -> web.Response:
-        return web.json_response(records)
 
-    async def reset(_request: web.Request) -> web.Response:
-        records.clear()
-        return web.json_response({"ok": True})
+class _Server:
+    """Shared state: config, records, the chunk scheduler."""
 
-    async def models(_request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+    def __init__(self, cfg: GTConfig):
+        self.cfg = cfg
+        self.records: list[dict] = []
+        self.cache: dict[tuple, bytes] = {}  # no-delay mode: whole response per request shape
+        self.heap: list[tuple[float, int, _Stream]] = []
+        self.seq = itertools.count()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.spinning = False
 
-    app = web.Application()
-    app.router.add_post("/v1/completions", handle)
-    app.router.add_post("/v1/chat/completions", handle)
-    app.router.add_get("/v1/models", models)
-    app.router.add_get("/gt/records", get_records)
-    app.router.add_post("/gt/reset", reset)
-    return app
+    def add(self, s: _Stream) -> None:
+        heapq.heappush(self.heap, (s.due(), next(self.seq), s))
+        self._arm()
+
+    def _arm(self) -> None:
+        if self.spinning or not self.heap:
+            return
+        wait = self.heap[0][0] - time.perf_counter()
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if wait > _SPIN_S:
+            self.timer = self.loop.call_later(wait - _SPIN_S, self._tick)
+        else:
+            self.spinning = True
+            self.loop.call_soon(self._tick)
+
+    def _tick(self) -> None:
+        self.timer = None
+        self.spinning = False
+        heap = self.heap
+        now = time.perf_counter()
+        while heap and heap[0][0] <= now:
+            _, _, s = heapq.heappop(heap)
+            if s.conn.transport is None or s.conn.transport.is_closing():
+                continue  # the client went away: drop the stream
+            ts = time.perf_counter()
+            data, done = s.render(ts)
+            if done:
+                s.conn.transport.write(_chunk(data) + b"0\r\n\r\n")
+                s.conn.response_done()
+            else:
+                s.conn.transport.write(_chunk(data))
+                heapq.heappush(heap, (s.due(), next(self.seq), s))
+            now = time.perf_counter()
+        self._arm()
+
+
+class _Conn(asyncio.Protocol):
+    def __init__(self, srv: _Server):
+        self.srv = srv
+        self.transport: asyncio.Transport | None = None
+        self.buf = b""
+        self.busy = False  # a streaming response is in progress
+        self.queued = False  # a parse is scheduled
+        self.close_after = False
+        self.t_arrive = 0.0
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+    def connection_lost(self, exc) -> None:
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        # Stamp now, parse on the next loop turn: requests that arrive together are all stamped before any is
+        # parsed, so one request's parsing never delays another's arrival time.
+        if not self.buf:
+            self.t_arrive = time.perf_counter()
+        self.buf += data
+        if not self.busy and not self.queued:
+            self.queued = True
+            self.srv.loop.call_soon(self._parse)
+
+    def _parse(self) -> None:
+        self.queued = False
+        while not self.busy and self.transport is not None:
+            t_arrive = self.t_arrive
+            end = self.buf.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buf[:end].decode("latin-1").split("\r\n")
+            hdrs = {}
+            for ln in head[1:]:
+                k, _, v = ln.partition(":")
+                hdrs[k.strip().lower()] = v.strip()
+            n = int(hdrs.get("content-length") or 0)
+            if len(self.buf) < end + 4 + n:
+                return
+            body = self.buf[end + 4:end + 4 + n]
+            self.buf = self.buf[end + 4 + n:]
+            method, path = head[0].split(" ", 2)[:2]
+            if self.buf:
+                self.t_arrive = time.perf_counter()  # a pipelined request behind this one
+            self.close_after = hdrs.get("connection", "").lower() == "close"
+            self.handle(method, path.split("?", 1)[0], body, t_arrive)
+
+    def response_done(self) -> None:
+        self.busy = False
+        if self.close_after and self.transport is not None:
+            self.transport.close()
+        elif self.buf and self.transport is not None and not self.queued:
+            self.queued = True
+            self.srv.loop.call_soon(self._parse)
+
+    def _send(self, data: bytes) -> None:
+        self.transport.write(data)
+        if self.close_after:
+            self.transport.close()
+
+    def handle(self, method: str, path: str, body: bytes, t_arrive: float) -> None:
+        srv = self.srv
+        if method == "GET" and path == "/v1/models":
+            return self._send(_json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]}))
+        if method == "GET" and path == "/gt/records":
+            return self._send(_json_response(srv.records))
+        if method == "POST" and path == "/gt/reset":
+            srv.records.clear()
+            return self._send(_json_response({"ok": True}))
+        if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions"):
+            return self._send(_json_response({"error": f"no route {method} {path}"}, "404 Not Found"))
+        try:
+            req = json.loads(body)
+        except ValueError:
+            return self._send(_json_response({"error": "bad json"}, "400 Bad Request"))
+        cfg = srv.cfg
+        chat = path.endswith("/chat/completions")
+        n = int(req.get("max_completion_tokens") or req.get("max_tokens") or 16)
+        opts = req.get("stream_options") or {}
+        want_usage = bool(cfg.usage and opts.get("include_usage"))
+        cont = bool(cfg.usage and opts.get("continuous_usage_stats"))
+        if cfg.ttft_ms == 0 and cfg.itl_ms == 0:  # as fast as the server can go: one write of a pre-rendered stream
+            key = (n, chat, want_usage, cont)
+            if key not in srv.cache:
+                s = _Stream(self, cfg, n, chat, cont, want_usage, t_arrive, None)
+                out, done = b"", False
+                while not done:
+                    data, done = s.render(0.0)
+                    out += _chunk(data)
+                srv.cache[key] = _SSE_HEAD + out + b"0\r\n\r\n"
+            return self._send(srv.cache[key])
+        rec = {"arrival": t_arrive, "writes": [], "tokens": []}
+        srv.records.append(rec)
+        self.busy = True
+        self.transport.write(_SSE_HEAD)
+        s = _Stream(self, cfg, n, chat, cont, want_usage, t_arrive, rec)
+        if s.sent >= n:  # every token hidden: no chunk at all, only usage and [DONE]
+            self.transport.write(_chunk(s.tail()) + b"0\r\n\r\n")
+            return self.response_done()
+        srv.add(s)
+
+
+async def _serve_forever(port: int, cfg: GTConfig, host: str) -> None:
+    srv = _Server(cfg)
+    srv.loop = asyncio.get_running_loop()
+    server = await srv.loop.create_server(lambda: _Conn(srv), host, port, backlog=4096, reuse_address=True)
+    async with server:
+        await server.serve_forever()
 
 
 def serve(port: int, cfg: GTConfig, host: str = "127.0.0.1") -> None:
@@ -154,10 +312,14 @@ def serve(port: int, cfg: GTConfig, host: str = "127.0.0.1") -> None:
     try:
         import uvloop  # noqa: PLC0415
 
-        uvloop.install()
+        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
     except ImportError:  # pragma: no cover
-        pass
-    web.run_app(make_app(cfg), host=host, port=port, print=None, access_log=None, backlog=4096)
+        runner = asyncio.Runner()
+    with runner:
+        try:
+            runner.run(_serve_forever(port, cfg, host))
+        except KeyboardInterrupt:  # pragma: no cover
+            pass
 
 
 def main(argv: list[str] | None = None) -> None:

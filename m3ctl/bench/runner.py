@@ -17,6 +17,8 @@ same ``perf_counter`` clock (CLOCK_MONOTONIC on Linux), so their records merge e
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import math
 import multiprocessing
 import os
@@ -34,9 +36,18 @@ from m3ctl.bench import metrics, servermetrics, workloads
 from m3ctl.bench.client import BenchRequest, RequestOutput, build_body, send_request
 from m3ctl.bench.fasthttp import ConnectionPool
 from m3ctl.bench.prompts import LocalTokenizer, ServerTokenizer, Tokenizer
-from m3ctl.errors import BadInput
+from m3ctl.errors import EXIT_LAUNCH_FAILED, BadInput, M3Error
 
 SCHEMA_VERSION = "1.0"
+
+
+class BenchServerDown(M3Error):
+    """The server stopped accepting connections during the run (exit 4, as a server that died at launch).
+
+    Partial results are kept (``--output-json``); the failures are counted per kind in ``failed_by_kind``.
+    """
+
+    exit_code = EXIT_LAUNCH_FAILED
 
 
 class BenchConfig(BaseModel):
@@ -142,6 +153,8 @@ class ClientStats:
     loop_lag_p99_ms: float = 0.0
     sessions: list[dict] = field(default_factory=list)
     interrupted: bool = False
+    server_down: bool = False  # the server refused connections SERVER_DOWN_AFTER times in a row: run stopped
+    not_sent: int = 0  # requests of the workload never sent because the run stopped early (count mode)
 
 
 @dataclass
@@ -152,6 +165,26 @@ class _Job:
     concurrency: int | None
     sessions: list = field(default_factory=list)  # agentic sessions
     cycle: bool = False
+
+
+SERVER_DOWN_AFTER = 3  # consecutive "connection refused" results that mean the server is gone
+
+# Progress events sink (m3ctl.bench.progress): set in this process for one-process runs, or in each worker by the
+# pool initializer (a multiprocessing queue inherited through fork). None: no events, no cost.
+_EMIT = None
+
+
+def _set_emit(fn) -> None:
+    global _EMIT
+    _EMIT = fn
+
+
+def _set_emit_queue(q) -> None:
+    _set_emit(q.put)
+
+
+class _Stop(Exception):
+    """Internal: the server is down; stop issuing requests."""
 
 
 def _new_loop():
@@ -188,19 +221,36 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
         mon = asyncio.create_task(_lag_monitor(lags))
 
         pool = ConnectionPool(cfg.url, headers) if cfg.http_client == "fast" else None
+        emit = None  # progress events: measured phase only
+        refused = 0  # consecutive connection-refused results
 
         async def send(req: BenchRequest, due: float, keep_text: bool = False) -> RequestOutput:
+            nonlocal refused
+            if stats.server_down:
+                raise _Stop
             body = build_body(cfg.model, cfg.endpoint, req, ignore_eos=cfg.ignore_eos, temperature=cfg.temperature,
                               continuous_usage=cfg.continuous_usage)
+            if emit is not None:
+                emit(("s", time.perf_counter()))
             if pool is None:
-                return await send_request(session, cfg.url, cfg.endpoint, cfg.model, req, ignore_eos=cfg.ignore_eos,
-                                          headers=headers, scheduled_time=due, keep_text=keep_text, body=body)
-            c = pool.acquire()
-            try:
-                return await send_request(c, cfg.url, cfg.endpoint, cfg.model, req, ignore_eos=cfg.ignore_eos,
-                                          headers=headers, scheduled_time=due, keep_text=keep_text, body=body)
-            finally:
-                pool.release(c)
+                o = await send_request(session, cfg.url, cfg.endpoint, cfg.model, req, ignore_eos=cfg.ignore_eos,
+                                       headers=headers, scheduled_time=due, keep_text=keep_text, body=body)
+            else:
+                c = pool.acquire()
+                try:
+                    o = await send_request(c, cfg.url, cfg.endpoint, cfg.model, req, ignore_eos=cfg.ignore_eos,
+                                           headers=headers, scheduled_time=due, keep_text=keep_text, body=body)
+                finally:
+                    pool.release(c)
+            if emit is not None:
+                emit(("d", o.end_time, o.success, o.error_kind, o.ttft, o.output_tokens or 0))
+            if o.error_kind == "connection_refused":
+                refused += 1
+                if refused >= SERVER_DOWN_AFTER:
+                    stats.server_down = True
+            elif o.error_kind not in ("connection_reset", "stream_cut"):
+                refused = 0
+            return o
 
         if warmups:
             sem = asyncio.Semaphore(job.concurrency or len(warmups))
@@ -220,15 +270,20 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
         elif t0 > now:
             await asyncio.sleep(t0 - now)
         deadline = t0 + cfg.duration_s if cfg.duration_s else None
+        emit = _EMIT
         try:
             if job.sessions:
                 await _agentic_lanes(cfg, job, send, outs, stats, deadline)
             elif math.isinf(cfg.request_rate) and job.concurrency:
                 await _closed_lanes(job, send, outs, t0, deadline)
             else:
-                await _open_loop(job, send, outs, t0, deadline)
+                await _open_loop(job, send, outs, t0, deadline, lambda: stats.server_down)
         except asyncio.CancelledError:  # Ctrl-C (asyncio.Runner cancels the main task): keep what finished
             stats.interrupted = True
+        except _Stop:
+            pass
+        if stats.server_down and not job.cycle and not job.sessions:
+            stats.not_sent = max(0, len(job.items) - len(outs))
         mon.cancel()
         if pool is not None:
             pool.close()
@@ -255,26 +310,34 @@ async def _closed_lanes(job: _Job, send, outs: list, t0: float, deadline: float 
             if deadline is not None and now >= deadline:
                 return
             req = job.items[i % n][0]
-            outs.append(await send(req, now if deadline is not None else t0))
+            try:
+                outs.append(await send(req, now if deadline is not None else t0))
+            except _Stop:
+                return
 
     await asyncio.gather(*(lane() for _ in range(min(job.concurrency, n if not job.cycle else job.concurrency))))
 
 
-async def _open_loop(job: _Job, send, outs: list, t0: float, deadline: float | None) -> None:
+async def _open_loop(job: _Job, send, outs: list, t0: float, deadline: float | None, stopped=lambda: False) -> None:
     """Requests dispatched at their scheduled offsets, optionally capped at ``concurrency`` in flight."""
     sem = asyncio.Semaphore(job.concurrency) if job.concurrency else None
     tasks = []
 
     async def one(req: BenchRequest, due: float) -> None:
-        if sem is None:
-            outs.append(await send(req, due))
-        else:
-            async with sem:
+        try:
+            if sem is None:
                 outs.append(await send(req, due))
+            else:
+                async with sem:
+                    outs.append(await send(req, due))
+        except _Stop:
+            pass
 
     for req, off in job.items:
         due = t0 + off
         if deadline is not None and due >= deadline:
+            break
+        if stopped():
             break
         delay = due - time.perf_counter()
         if delay > 0:
@@ -299,7 +362,10 @@ async def _agentic_lanes(cfg: BenchConfig, job: _Job, send, outs: list, stats: C
             while (req := s.next_request()) is not None:
                 if deadline is not None and time.perf_counter() >= deadline:
                     break
-                o = await send(req, due, keep_text=True)
+                try:
+                    o = await send(req, due, keep_text=True)
+                except _Stop:
+                    return
                 o.session, o.turn = s.sid, s.turn
                 outs.append(o)
                 rec["start"] = rec["start"] or o.start_time
@@ -337,7 +403,7 @@ def _split(cfg: BenchConfig, job: _Job, procs: int) -> list[_Job]:
     return [s for s in shares if (s.items or s.sessions) and (s.concurrency is None or s.concurrency > 0)]
 
 
-def _execute(cfg: BenchConfig, job: _Job, warmups: list[BenchRequest], before=None
+def _execute(cfg: BenchConfig, job: _Job, warmups: list[BenchRequest], before=None, progress=None
              ) -> tuple[list[RequestOutput], float, list[ClientStats]]:
     """Run warmups then the measured phase; returns outputs, duration (first dispatch to last completion), stats.
 
@@ -349,12 +415,20 @@ def _execute(cfg: BenchConfig, job: _Job, warmups: list[BenchRequest], before=No
     if job.concurrency:
         procs = min(procs, job.concurrency)
     if procs <= 1:
-        outs, st, t0 = _drive_sync(cfg, job, None, warmups, before)
+        _set_emit(progress.put if progress is not None else None)
+        try:
+            outs, st, t0 = _drive_sync(cfg, job, None, warmups, before)
+        finally:
+            _set_emit(None)
         stats = [st]
     else:
         ctx = multiprocessing.get_context("fork")
         jobs = _split(cfg, job, procs)
-        with ctx.Pool(len(jobs)) as pool:
+        q = ctx.SimpleQueue() if progress is not None else None
+        if q is not None:
+            progress.attach(q)
+        with ctx.Pool(len(jobs), initializer=_set_emit_queue if q is not None else None,
+                      initargs=(q,) if q is not None else ()) as pool:
             t0 = time.perf_counter() + 0.8 + (3.0 if warmups else 0.0)
             pending = pool.starmap_async(_drive_sync, [(cfg, j, t0, warmups[p::len(jobs)])
                                                        for p, j in enumerate(jobs)])
@@ -363,6 +437,8 @@ def _execute(cfg: BenchConfig, job: _Job, warmups: list[BenchRequest], before=No
                 time.sleep(max(0.0, t0 - 0.5 - time.perf_counter()))
                 before()
             res = pending.get()
+        if q is not None:
+            progress.detach(q)
         outs = [o for r in res for o in r[0]]
         stats = [r[1] for r in res]
     ends = [o.end_time for o in outs if o.start_time]
@@ -433,11 +509,17 @@ def _validate(cfg: BenchConfig) -> None:
                        "e.g. --duration 60 --concurrency 8")
 
 
-def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None) -> dict:
+def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None) -> dict:
     """Run the benchmark and return the result JSON (vLLM keys plus m3ctl's additions).
+
+    A server that stops accepting connections mid-run (``SERVER_DOWN_AFTER`` connection-refused
+    results in a row) ends the run early: the result holds what finished, ``server_down: true``,
+    ``failed_by_kind`` and ``not_sent``, and is marked invalid (the CLI exits 4, see ``BenchServerDown``).
 
     Args:
         tok: a tokenizer to reuse (sweeps build it once); default: the server's ``/tokenize``.
+        progress: a :class:`m3ctl.bench.progress.LiveProgress` (or any object with ``put(event)``,
+            ``attach(queue)`` and ``detach(queue)``) fed with the measured phase's send/finish events.
 
     Raises:
         BadInput: invalid config (endpoint, range ratio, workload) or no way to tokenize prompts.
@@ -459,7 +541,7 @@ def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None) -> dict:
     def before() -> None:
         scraped["before"] = servermetrics.scrape(cfg.url, _headers(cfg))
 
-    outs, dur, cstats = _execute(cfg, job, warmups, before if cfg.scrape_server_metrics else None)
+    outs, dur, cstats = _execute(cfg, job, warmups, before if cfg.scrape_server_metrics else None, progress)
     before = scraped.get("before")
     after = None
     if cfg.scrape_server_metrics and before is not None:
@@ -497,6 +579,8 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
     res["queue_times"] = [o.client_queue_time for o in outs]
     res.update(metrics.client_queue_stats(outs, cfg.percentiles))
     res["errors"] = [o.error for o in outs if o.error][:20]
+    res["failed_by_kind"] = dict(sorted(collections.Counter(o.error_kind or "other" for o in outs
+                                                            if not o.success).items()))
     # ---- m3ctl additions (new keys; never a vLLM name with another meaning) ----
     n_gpus = cfg.num_gpus
     res["m3ctl_version"] = __version__
@@ -542,6 +626,14 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
     res["validity"] = _validity(cfg, outs, res, cstats, server)
     if cfg.per_request:
         res["requests"] = [_record(o) for o in outs]
+    if any(st.server_down for st in cstats):
+        res["server_down"] = True
+        res["not_sent"] = sum(st.not_sent for st in cstats)
+        res["validity"]["valid"] = False
+        res["validity"]["reasons"] = [r for r in res["validity"]["reasons"] if not r.startswith("server generated")]
+        res["validity"]["reasons"].append(
+            f"server stopped accepting connections ({SERVER_DOWN_AFTER} connection-refused results in a row) after "
+            f"{res['completed']} completed requests: partial results")
     if any(st.interrupted for st in cstats):
         res["interrupted"] = True
         res["validity"]["valid"] = False
@@ -651,16 +743,22 @@ def _validity(cfg: BenchConfig, outs: list[RequestOutput], res: dict, cstats: li
             "responses_without_usage": no_usage}
 
 
-def run_sweep(cfg: BenchConfig, concurrencies: list[int]) -> list[dict]:
-    """One run per concurrency (same workload and seed); the tokenizer is built once."""
+def run_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None) -> list[dict]:
+    """One run per concurrency (same workload and seed); the tokenizer is built once.
+
+    ``progress``: optional ``callable(run_cfg)`` returning a context manager that yields a progress
+    sink for that run (see :func:`run_bench`) or None.
+    """
     _validate(cfg)
     _check_reachable(cfg)
     tok = _tokenizer(cfg)
     try:
         runs = []
         for c in concurrencies:
-            runs.append(run_bench(cfg.model_copy(update={"concurrency": c}), tok=tok))
-            if runs[-1].get("interrupted"):
+            one = cfg.model_copy(update={"concurrency": c})
+            with progress(one) if progress else contextlib.nullcontext(None) as prog:
+                runs.append(run_bench(one, tok=tok, progress=prog))
+            if runs[-1].get("interrupted") or runs[-1].get("server_down"):
                 break
         return runs
     finally:
