@@ -1,0 +1,128 @@
+"""Live progress: the rolling statistics (pure) and the rich display driven by a real run.
+
+The display test runs the bench client against the ground-truth server (m3ctl/bench/groundtruth.py,
+a test instrument with injected TTFT/ITL) and reads the frames rich wrote to a recording console.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from rich.console import Console
+
+from m3ctl.bench.progress import LiveProgress, RollingStats, render_line
+from m3ctl.bench.prompts import LocalTokenizer
+from m3ctl.bench.runner import BenchConfig, run_bench
+from tests.conftest import free_port, run_cli
+
+
+def _done(t, ok=True, kind="", ttft=0.1, toks=10):
+    return ("d", t, ok, kind, ttft, toks)
+
+
+def test_rolling_stats_counts_window_and_median():
+    rs = RollingStats(window_s=5.0, total=10)
+    for t in (100.0, 100.0, 100.5):
+        rs.add(("s", t))
+    s = rs.snapshot(100.6)
+    assert (s.completed, s.failed, s.in_flight, s.rolling_ttft_ms, s.total) == (0, 0, 3, None, 10)
+    assert s.elapsed_s == pytest.approx(0.6)
+    rs.add(_done(101.0, ttft=0.200, toks=30))
+    rs.add(_done(102.0, ttft=0.100, toks=30))
+    rs.add(_done(102.5, ok=False, kind="stream_cut", ttft=0.0, toks=0))
+    s = rs.snapshot(103.0)
+    assert (s.completed, s.failed, s.in_flight) == (2, 1, 0)
+    assert s.failed_by_kind == {"stream_cut": 1}
+    assert s.rolling_ttft_ms == pytest.approx(150.0)  # median of 200 and 100 (even count: mean of the middle two)
+    # run younger than the window: 60 tokens over the 3 s since the first send
+    assert s.rolling_output_tok_s == pytest.approx(20.0)
+    for i in range(3):
+        rs.add(("s", 103.0))
+        rs.add(_done(104.0 + i, ttft=0.050 * (i + 1), toks=5))
+    s = rs.snapshot(106.5)  # window [101.5, 106.5]: finishes at 102, 104, 105, 106 (101.0 dropped)
+    assert s.completed == 5
+    assert s.rolling_ttft_ms == pytest.approx(100.0)  # median of 100, 50, 100, 150
+    assert s.rolling_output_tok_s == pytest.approx((30 + 15) / 5.0)
+    s = rs.snapshot(120.0)  # nothing finished in the last 5 s
+    assert s.rolling_ttft_ms is None and s.rolling_output_tok_s == 0.0 and s.completed == 5
+
+
+def test_rolling_stats_out_of_order_events_and_failure_kinds():
+    rs = RollingStats(window_s=2.0)
+    rs.add(("s", 10.0))
+    rs.add(_done(11.5, ttft=0.3))
+    rs.add(_done(11.0, ttft=0.1))  # from another process, earlier
+    rs.add(_done(11.2, ok=False, kind="connection_refused"))
+    rs.add(_done(11.3, ok=False, kind="connection_refused"))
+    rs.add(_done(11.4, ok=False, kind=""))
+    s = rs.snapshot(12.9)  # window [10.9, 12.9] still holds both
+    assert s.rolling_ttft_ms == pytest.approx(200.0)
+    assert s.failed_by_kind == {"connection_refused": 2, "other": 1}
+    assert rs.snapshot(13.2).rolling_ttft_ms == pytest.approx(300.0)  # 11.0 left the window, 11.5 did not
+    line = render_line(s)
+    assert "failed 3 (connection_refused 2, other 1)" in line and "TTFT p50 (2s) 200.0 ms" in line
+
+
+@pytest.fixture(scope="module")
+def gt_url():
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "m3ctl.bench.groundtruth", "--port", str(port), "--ttft-ms", "120",
+                          "--itl-ms", "10"])
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            httpx.get(f"{url}/v1/models", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    yield url
+    p.terminate()
+    p.wait(timeout=10)
+
+
+_FRAME = re.compile(r"completed (\d+)/(\d+)\s+failed (\d+)\s+in flight (\d+)\s+TTFT p50 \(5s\) ([\d.]+|-)(?: ms)?"
+                    r"\s+output \(5s\) ([\d.]+) tok/s")
+
+
+@pytest.mark.parametrize("procs", [1, 2])
+def test_live_display_frames_from_a_real_run(gt_url, tiny_models, procs):
+    """Frames show completed counts rising to the total and a rolling TTFT near the injected 120 ms."""
+    buf = io.StringIO()
+    con = Console(file=buf, force_terminal=True, width=250, color_system=None)
+    cfg = BenchConfig(url=gt_url, model="groundtruth", num_prompts=48, concurrency=4, input_len=8, output_len=20,
+                      scrape_server_metrics=False, client_procs=procs)
+    # 12 waves of (120 + 19 x 10) ms = 3.7 s; 20 frames a second
+    with LiveProgress(con, total=48, refresh_per_second=20) as prog:
+        res = run_bench(cfg, tok=LocalTokenizer(tiny_models["m2"]), progress=prog)
+    frames = _FRAME.findall(buf.getvalue())
+    assert res["completed"] == 48 and len(frames) >= 20, buf.getvalue()[-500:]
+    done = [int(f[0]) for f in frames]
+    assert all(int(f[1]) == 48 for f in frames)
+    assert done == sorted(done) and done[-1] == 48 and len(set(done)) >= 6  # rises in steps of the waves
+    assert all(0 <= int(f[3]) <= 4 for f in frames) and int(frames[-1][3]) == 0
+    ttfts = [float(f[4]) for f in frames if f[4] != "-"]
+    assert ttfts and all(119.0 <= t <= 135.0 for t in ttfts), ttfts  # injected 120 ms (+ scheduling on this host)
+    # steady state: 4 streams x 20 tokens every 0.31 s = 258 tok/s (counted at request ends: bucketed, so +-25 %)
+    late = [float(f[5]) for f, d in zip(frames, done, strict=True) if 16 <= d < 48]
+    assert late and 190 <= sorted(late)[len(late) // 2] <= 330, late
+
+
+def test_cli_progress_on_stderr_json_on_stdout(gt_url, tiny_models):
+    p = run_cli("bench", "--url", gt_url, "--model", "groundtruth", "--num-prompts", "12", "--concurrency", "4",
+                "--input-len", "8", "--output-len", "10", "--tokenizer", str(tiny_models["m2"]), "--progress",
+                "--output-json", "-")
+    assert p.returncode == 0, p.stderr
+    res = json.loads(p.stdout)  # stdout is the JSON and nothing else
+    assert res["completed"] == 12
+    assert "completed 12/12" in p.stderr and "\x1b[" in p.stderr  # forced: rich frames even into a pipe
+    q = run_cli("bench", "--url", gt_url, "--model", "groundtruth", "--num-prompts", "4", "--concurrency", "2",
+                "--input-len", "8", "--output-len", "5", "--tokenizer", str(tiny_models["m2"]), "--json")
+    assert q.returncode == 0 and json.loads(q.stdout)["completed"] == 4
+    assert "completed" not in q.stderr  # auto: stderr is a pipe here, so no progress
