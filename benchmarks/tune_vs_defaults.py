@@ -7,9 +7,14 @@
     # 2. measure both back to back (one server at a time), alternating, --repeats times each
     python benchmarks/tune_vs_defaults.py --study /tmp/study --repeats 2
 
-"Defaults" = the catalog profile alone (no max-num-seqs, max-num-batched-tokens or speculative flags:
-vLLM picks its own). Each measurement is one server start plus the same concurrency bisection against
-the study's SLO (m3ctl.tune.search.evaluate), so both sides get their best SLO-meeting load.
+"Defaults" = the study's baseline configuration (m3ctl.tune.server.ServerEvaluator.baseline_candidate: the
+catalog profile with none of the tuned knobs' flags, so vLLM picks max-num-seqs, max-num-batched-tokens and no
+speculation itself; the smallest TP the planner accepts). Each measurement is one fresh server start plus the
+same concurrency search against the study's SLO (m3ctl.tune.search.evaluate, cold bisection so neither side
+gets a warm-start advantage), so both sides get their best SLO-meeting load. Runs alternate defaults/tuned so
+slow drifts of the host hit both. Reports every repeat, the mean, the spread (sample standard deviation and
+range) and whether the difference of the means exceeds the sum of the two spreads. Run it on a quiet host
+(check `uptime`; no other `vllm serve`).
 """
 
 from __future__ import annotations
@@ -36,17 +41,20 @@ def main() -> int:
 
     settings = load_settings(a.study)
     best = json.loads((a.study / "result.json").read_text())["best"]
-    spec = TuneSpec(**{**settings["spec"], "confirm_top": 0})
+    spec = TuneSpec(**{**settings["spec"], "confirm_top": 0, "warm_start": False})
     slo = parse_slo(spec.slo)
     space = Space.from_json(settings["space"])
     work = Path("/tmp/m3ctl-tune-vs-defaults")
     work.mkdir(exist_ok=True)
     ev = ServerEvaluator(detect(), settings["model"], work, spec, plan_base=settings.get("plan_base", {}),
                          bench=settings.get("bench", {}), port=settings["port"], name_prefix="tunevsdef", space=space)
-    defaults = {k: v for k, v in best["config"].items() if k in ("tp", "dp")}
+    defaults, why = ev.baseline_candidate()
+    if defaults is None:
+        print(f"no defaults configuration: {why}")
+        return 2
     print(f"SLO {slo}; objective {spec.objective}; ladder {spec.ladder}")
     print(f"tuned: {best['command']}")
-    print(f"defaults: {ev.plan(defaults, name='m3ctl').command_line()}")
+    print(f"defaults: {ev.command(defaults)}")
     got: dict[str, list[float]] = {"defaults": [], "tuned": []}
     n = 0
     for r in range(a.repeats):
@@ -56,11 +64,21 @@ def main() -> int:
             got[label].append(out.objective)
             pts = ", ".join(f"c={p.concurrency}:{p.objective:.0f}" + ("" if p.slo_ok else " (SLO miss)")
                             for p in out.points)
-            print(f"  run {r + 1} {label:8s}: {out.status:14s} {out.objective:8.1f} at c={out.concurrency} ({pts})",
-                  flush=True)
-    d, t = statistics.median(got["defaults"]), statistics.median(got["tuned"])
-    print(f"median {spec.objective}: defaults {d:.1f}, tuned {t:.1f}, ratio {t / d if d else float('inf'):.2f}x")
-    return 0 if t > d else 1
+            print(f"  run {r + 1} {label:8s}: {out.status:14s} {out.objective:8.1f} at c={out.concurrency} "
+                  f"(start {out.start_s:.0f} s; {pts})", flush=True)
+    stats = {}
+    for label, xs in got.items():
+        sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+        stats[label] = (statistics.mean(xs), sd, min(xs), max(xs))
+        print(f"{label:8s}: mean {stats[label][0]:.1f}  stdev {sd:.1f}  range {min(xs):.1f}-{max(xs):.1f}  "
+              f"runs {', '.join(f'{x:.1f}' for x in xs)}")
+    d, t = stats["defaults"][0], stats["tuned"][0]
+    gap, spread = t - d, stats["defaults"][1] + stats["tuned"][1]
+    print(f"mean {spec.objective}: defaults {d:.1f}, tuned {t:.1f}, ratio {t / d if d else float('inf'):.2f}x; "
+          f"difference {gap:+.1f} vs spread (sum of stdevs) {spread:.1f}: "
+          f"{'exceeds' if abs(gap) > spread else 'within'} the spread; ranges "
+          f"{'disjoint' if stats['tuned'][2] > stats['defaults'][3] or stats['defaults'][2] > stats['tuned'][3] else 'overlap'}")
+    return 0 if gap > spread else 1
 
 
 if __name__ == "__main__":

@@ -63,6 +63,27 @@ class Supports(_Strict):
     """Attention types (``gqa``, ``mla``, ``msa``) whose backend returns decode LSE, so DCP works."""
 
 
+class ParallelDefaults(_Strict):
+    """A profile's parallel layout defaults, used by :func:`m3ctl.plan.plan` for each value not given on the
+    command line (``--tp``/``--dp``/``--dcp``/``--ep``/``--dbo`` always win); None = the profile's strategy for
+    the GPU count. ``m3ctl tune`` writes the tuned layout here so ``serve --profile FILE`` launches it as is.
+    The plan rules still apply (e.g. TP x DP larger than the visible GPUs is rejected, rule parallel.gpus).
+
+    Attributes:
+        tp: tensor-parallel size (``--tensor-parallel-size``), >= 1.
+        dp: data-parallel size (``--data-parallel-size``), >= 1.
+        dcp: decode-context-parallel size (``--decode-context-parallel-size``), >= 1.
+        ep: expert parallelism on/off (``--enable-expert-parallel``).
+        dbo: dual-batch overlap on/off (``--enable-dbo``).
+    """
+
+    tp: int | None = Field(default=None, ge=1)
+    dp: int | None = Field(default=None, ge=1)
+    dcp: int | None = Field(default=None, ge=1)
+    ep: bool | None = None
+    dbo: bool | None = None
+
+
 class KernelExpect(_Strict):
     """The kernels a profile intends vLLM to pick; checked against the startup log after readiness
     (:mod:`m3ctl.kernels`, patterns in m3ctl/data/kernel_patterns.yaml). None = no expectation.
@@ -94,6 +115,7 @@ class Profile(_Strict):
         constraints: model constraints checked before launch.
         readiness: startup budgets.
         expect: kernels the profile intends (verified from the startup log after readiness).
+        parallel: parallel layout defaults (:class:`ParallelDefaults`) for plans that do not set them.
         sources: where each value comes from (flag or topic -> URL or doc).
     """
 
@@ -120,6 +142,8 @@ class Profile(_Strict):
     """Default parallel strategy by GPU count: ``tp`` (TP=N), ``tep`` (TP=N + EP), ``dep`` (DP=N + EP)."""
     no_multicast_env: dict[str, str] = Field(default_factory=dict)
     """Environment that turns NVLink multicast off for multi-GPU launches on shared hosts (opt-in)."""
+    parallel: ParallelDefaults | None = None
+    """Parallel layout defaults (a tuned profile's TP/DP/DCP); command-line values win."""
     sources: dict[str, str] = Field(default_factory=dict)
 
 
@@ -266,6 +290,9 @@ def _explain(err: ValidationError, model: type[BaseModel], where: str) -> str:
         for part in e["loc"][:-1]:
             field = getattr(parent, "model_fields", {}).get(part)
             ann = getattr(field, "annotation", None) if field else None
+            # ``Model | None`` (an optional section): suggest from the model inside the union
+            ann = next((a for a in getattr(ann, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)),
+                       ann)
             parent = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
             if parent is None:
                 break

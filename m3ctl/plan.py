@@ -355,7 +355,26 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     if local.local:
         facts.architectures, facts.config_keys = list(local.architectures), list(local.config_keys)
 
-    # Parallel layout.
+    # Parallel layout. A profile's ``parallel`` defaults (a tuned profile) fill what the caller left unset:
+    # TP and DP as a pair (either one given = the caller's layout), DCP/EP/DBO one by one.
+    pd = profile.parallel
+    if pd is not None:
+        from_profile = []
+        if tp is None and dp is None and (pd.tp or pd.dp):
+            tp, dp = pd.tp, pd.dp
+            from_profile += [f"TP {tp}"] * bool(tp) + [f"DP {dp}"] * bool(dp)
+        if dcp is None and pd.dcp is not None:
+            dcp = pd.dcp
+            from_profile.append(f"DCP {dcp}")
+        if ep is None and pd.ep is not None:
+            ep = pd.ep
+            from_profile.append(f"EP {'on' if ep else 'off'}")
+        if dbo is None and pd.dbo is not None:
+            dbo = pd.dbo
+            from_profile.append(f"DBO {'on' if dbo else 'off'}")
+        if from_profile:
+            choices.append(Choice(what="parallel defaults", value=", ".join(from_profile),
+                                  why=f"profile {profile.name} parallel section (command-line values win)"))
     strategy = profile.strategies.get(max(1, n_gpus), "tp")
     d_tp, d_dp, d_ep = (1, max(1, n_gpus), True) if strategy == "dep" else (max(1, n_gpus), 1, strategy == "tep")
     if not facts.moe:

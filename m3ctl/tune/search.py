@@ -455,12 +455,13 @@ class Tuner:
 
     def _warm_start(self, cand: dict[str, Any]) -> int | None:
         """The SLO-meeting concurrency of the nearest feasible configuration measured so far (ties: the better
-        objective), or None (cold bisection)."""
+        objective), else the baseline's, or None (cold bisection)."""
         if not self.spec.warm_start:
             return None
         feas = [o for o in self.outcomes.values() if o.status == "feasible" and o.concurrency in self.spec.ladder]
-        if not feas:
-            return None
+        if not feas:  # the first search trial: start from the baseline's (vLLM defaults) capacity when measured
+            b = self.baseline
+            return b.concurrency if b is not None and b.status == "feasible" and b.concurrency in self.spec.ladder else None
         return min(feas, key=lambda o: (self._dist(cand, o.config), -o.objective)).concurrency
 
     def _unseen(self) -> dict[str, Any] | None:
