@@ -826,7 +826,7 @@ def tune(
     knob: Annotated[Optional[list[str]], typer.Option("--knob", help="Pin or narrow a knob: spec_depth=0-4, max_num_seqs=4,8 (repeatable).")] = None,
     ladder: Annotated[str, typer.Option(help="Concurrency ladder bisected per configuration.")] = "1,2,4,8,16,32,64",
     max_trials: Annotated[Optional[int], typer.Option(help="Budget: server starts (rejected configurations cost none); default 12.")] = None,
-    time_budget: Annotated[Optional[float], typer.Option(help="Budget: wall seconds (checked before each start).")] = None,
+    time_budget: Annotated[Optional[float], typer.Option(help="Budget: wall seconds (no start begins when the median trial so far would overrun it).")] = None,
     seed: Annotated[int, typer.Option(help="Sampler and workload seed.")] = 0,
     confirm_top: Annotated[int, typer.Option(help="Successive halving: re-measure the best N on a fresh server.")] = 2,
     max_spec_depth: Annotated[int, typer.Option(help="Largest speculation depth searched.")] = 4,
