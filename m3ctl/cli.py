@@ -852,7 +852,7 @@ def tune(
     from m3ctl.modelinfo import read_model_facts  # noqa: PLC0415
     from m3ctl.tune import study as st  # noqa: PLC0415
     from m3ctl.tune.slo import objective_value, parse_slo  # noqa: PLC0415
-    from m3ctl.tune.space import apply_pins, default_space, describe  # noqa: PLC0415
+    from m3ctl.tune.space import apply_pins, default_space, describe, prune_dominated  # noqa: PLC0415
 
     con = _console()
     inv = _load_inventory(inventory) if inventory else detect()
@@ -891,7 +891,9 @@ def tune(
         space = default_space(base, len(inv.gpus), moe=bool(facts.moe_intermediate_size),
                               drafter_method=drafter, max_spec_depth=max_spec_depth)
         space = apply_pins(space, knob or [])
+        space, pruned = prune_dominated(space, lad)
         settings = {"model": model, "space": space.to_json(), "port": port, "profile_file": str(profile) if profile else None,
+                    "pruned": pruned,
                     "spec": {"slo": slo, "objective": objective, "usd_per_gpu_hour": usd_per_gpu_hour, "ladder": lad,
                              "max_trials": 12 if max_trials is None else max_trials, "time_budget_s": time_budget, "seed": seed,
                              "confirm_top": confirm_top, "prompts_per_concurrency": prompts_per_concurrency,
@@ -912,6 +914,8 @@ def tune(
                   f"{parse_slo(settings['spec']['slo'])}; objective {settings['spec']['objective']}; budget "
                   f"{settings['spec']['max_trials']} starts" + (f", {settings['spec']['time_budget_s']:g} s"
                                                                   if settings['spec'].get('time_budget_s') else ""))
+        for note in settings.get("pruned", []):
+            con.print(f"pruned before launch: {note}")
         con.print(f"{'trial':>5}  {'config':<40} phase / result")
 
     def on_event(n, desc, msg) -> None:

@@ -66,6 +66,23 @@ def test_pins_narrow_and_reject_typos():
         apply_pins(sp, ["spec_depth=4-1"])
 
 
+def test_prune_keeps_one_max_num_seqs_covering_the_ladder():
+    """On the default GPU space (max_num_seqs 64..512) a ladder up to 64 can never use more than 64 sequences:
+    128/256/512 are dropped; a ladder up to 100 keeps 64 and 128; a user-pinned knob is never pruned."""
+    from m3ctl.tune.space import prune_dominated
+
+    hop = next(p for p in profiles().values() if p.arch == "hopper")
+    sp = default_space(hop, 8, moe=True)
+    pr, notes = prune_dominated(sp, [1, 2, 4, 8, 16, 32, 64])
+    assert pr.values["max_num_seqs"] == [64] and notes and "128, 256, 512" in notes[0]
+    assert pr.size() * 4 == sp.size() and pr.anchor()["max_num_seqs"] == 64
+    assert prune_dominated(sp, [1, 100])[0].values["max_num_seqs"] == [64, 128]
+    pinned = apply_pins(sp, ["max_num_seqs=64,512"])
+    assert prune_dominated(pinned, [1, 64]) == (pinned, [])
+    cpu = default_space(profile_for_arch("cpu"), 0)
+    assert prune_dominated(cpu, [1, 2, 4, 8, 16])[0].values["max_num_seqs"] == [2, 4, 8, 16]
+
+
 def test_rule_rejected_candidate_is_never_launched(tiny_models, tmp_path):
     """DCP on the CPU profile breaks rule parallel.dcp: the trial is infeasible with the rule, nothing starts."""
     from m3ctl.hw.detect import detect

@@ -159,6 +159,30 @@ def apply_pins(space: Space, specs: list[str]) -> Space:
     return Space(values=vals, spec_method=space.spec_method, pinned_by_user=pinned)
 
 
+def prune_dominated(space: Space, ladder: list[int]) -> tuple[Space, list[str]]:
+    """Drop knob values that cannot change a measurement on this ladder (analytic pruning before launch,
+    anchors-bench-tune.md section 8 step 1: "max-num-seqs is set to just cover the chosen C").
+
+    max-num-seqs caps the requests the scheduler runs at once (vLLM ``--max-num-seqs``: "Maximum number of
+    sequences to be processed in a single iteration", shared/reference/vllm-0.32-serve-help.txt); a bench run
+    at concurrency C never has more than C requests in flight (each request is one sequence; speculative
+    tokens count against max-num-batched-tokens, not sequences). So every value at or above the largest
+    ladder concurrency behaves like the smallest such value; only that one is kept. A knob the user pinned
+    or narrowed (``--knob``) is left alone. Returns the pruned space and one note per pruning.
+    """
+    notes: list[str] = []
+    vals = dict(space.values)
+    seqs = vals.get("max_num_seqs", [])
+    if "max_num_seqs" not in space.pinned_by_user and ladder and len(seqs) > 1:
+        cmax = max(ladder)
+        cover = sorted(v for v in seqs if v >= cmax)
+        if len(cover) > 1:
+            vals["max_num_seqs"] = [v for v in seqs if v < cmax or v == cover[0]]
+            notes.append(f"max_num_seqs {', '.join(map(str, cover[1:]))} dropped: the largest ladder concurrency "
+                         f"{cmax} never fills more than {cover[0]} sequences")
+    return Space(values=vals, spec_method=space.spec_method, pinned_by_user=set(space.pinned_by_user)), notes
+
+
 def plan_kwargs(cand: dict[str, Any], spec_method: str | None) -> dict[str, Any]:
     """plan() keyword arguments for one candidate."""
     kw: dict[str, Any] = {k: v for k, v in cand.items() if k in KNOBS}

@@ -2,7 +2,9 @@
 SIGKILL of tune mid-trial then --resume (no orphan, no lost trial), the profile it writes launches
 through `serve --profile`, and crashed / out-of-KV-memory trials are infeasible trials, not aborts.
 
-Budget: 4 server starts for the search + resume test, 1 for the OOM test, 2 instant crashes.
+The search test also measures vLLM's defaults (the baseline, once per study, kept across the resume).
+Budget: 5 server starts for the search + resume test (baseline + 3 search starts + the killed one), 1 for
+the OOM test (--no-baseline), 3 instant crashes.
 """
 
 from __future__ import annotations
@@ -31,8 +33,9 @@ def _tune_args(model: Path, sdir: Path, *extra: str) -> list[str]:
             "--input-len", "64", "--output-len", "32", "--prompts-per-concurrency", "2", "--seed", "3", *extra]
 
 
-def _wait_mid_trial(sdir: Path, proc: subprocess.Popen, timeout: float = 420) -> dict:
-    """Wait until one trial has finished (its server.log saved) and the next one's server runs a benchmark."""
+def _wait_mid_trial(sdir: Path, proc: subprocess.Popen, timeout: float = 540) -> dict:
+    """Wait until one search trial has finished (its server.log saved) and the next one's server runs a benchmark
+    (the baseline, folder trials/base, runs before them)."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
@@ -42,8 +45,8 @@ def _wait_mid_trial(sdir: Path, proc: subprocess.Popen, timeout: float = 420) ->
                 cur = json.loads(run.read_text())
             except ValueError:
                 cur = None
-            if cur:
-                done = [d for d in (sdir / "trials").iterdir() if (d / "server.log").exists()
+            if cur and isinstance(cur["trial"], int):
+                done = [d for d in (sdir / "trials").iterdir() if (d / "server.log").exists() and d.name != "base"
                         and any(d.glob("bench-*.json")) and d.name != f"{cur['trial']:04d}"]
                 tdir = sdir / "trials" / f"{cur['trial']:04d}"
                 if done and any(tdir.glob("bench-*.json")):
@@ -66,7 +69,9 @@ def test_tune_real_search_sigkill_resume_and_profile(tiny_models, tmp_path):
         dep = reg.get(cur["name"])
         assert psutil.pid_exists(dep.pid)
         done_before = sorted(d.name for d in (sdir / "trials").iterdir() if (d / "server.log").exists()
-                             and d.name != f"{cur['trial']:04d}")
+                             and d.name not in (f"{cur['trial']:04d}", "base"))
+        base_runs = sorted(p.name for p in (sdir / "trials" / "base").glob("bench-*.json"))
+        assert base_runs  # the baseline was measured before the search
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
     finally:
@@ -103,11 +108,22 @@ def test_tune_real_search_sigkill_resume_and_profile(tiny_models, tmp_path):
     assert best["objective"] == pytest.approx(bench["total_token_throughput"])
     assert "best trial" in p.stdout and "Pareto" in p.stdout and (sdir / "pareto.png").stat().st_size > 1000
 
+    # vLLM's defaults: measured once (not again after the resume) with the same SLO bisection
+    base = res["baseline"]
+    assert base["status"] == "feasible" and base["concurrency"] in (1, 4, 16)
+    assert sorted(p.name for p in (sdir / "trials" / "base").glob("bench-*.json")) == base_runs
+    assert "--max-num-seqs" not in base["command"] and "--speculative-config" not in base["command"]
+    bb = json.loads((sdir / "trials" / "base" / f"bench-c{base['concurrency']}-x1.json").read_text())
+    assert base["objective"] == pytest.approx(bb["total_token_throughput"]) and bb["p90_ttft_ms"] <= 5000
+    assert res["vs_baseline"] == pytest.approx(best["objective"] / base["objective"])
+    assert f"baseline (vLLM defaults): {base['objective']:.1f}" in p.stdout
+
     prof = load_profile_file(sdir / "profile.yaml")
     assert prof.name == "cpu-tuned"
     assert prof.serve_args["max-num-seqs"] == best["config"]["max_num_seqs"]
     assert prof.serve_args["max-num-batched-tokens"] == best["config"]["max_num_batched_tokens"]
     assert prof.serve_args["kv-cache-memory-bytes"] == "256M"  # the base profile is kept
+    assert (prof.parallel.tp, prof.parallel.dp, prof.parallel.dcp) == (1, 1, best["config"]["dcp"])
     d = run_cli("serve", "--dry-run", "--json", "--profile", str(sdir / "profile.yaml"), "--model", str(model))
     assert d.returncode == 0, d.stderr
     argv = json.loads(d.stdout)["argv"]
@@ -132,6 +148,8 @@ def test_tune_crashing_trials_are_infeasible_not_fatal(tiny_models, tmp_path):
     assert [t["status"] for t in res["trials"]] == ["crashed", "crashed"] and res["launches"] == 2
     for t in res["trials"]:
         assert "no-such-flag" in (sdir / "trials" / f"{t['trial']:04d}" / "server.log").read_text()
+    assert res["baseline"]["status"] == "crashed" and res["vs_baseline"] is None  # same raw flag: crashes too
+    assert "no-such-flag" in (sdir / "trials" / "base" / "server.log").read_text()
     assert Registry().list() == []
 
 
@@ -140,11 +158,11 @@ def test_tune_out_of_kv_memory_trial_is_infeasible(tiny_models, tmp_path):
     sdir = tmp_path / "study"
     p = run_cli(*_tune_args(tiny_models["m2"], sdir, "--knob", "spec_depth=0", "--knob", "max_num_seqs=4",
                             "--knob", "max_num_batched_tokens=256", "--max-trials", "1", "--ladder", "1",
-                            "--arg", "kv-cache-memory-bytes=1M"), timeout=600)
+                            "--no-baseline", "--arg", "kv-cache-memory-bytes=1M"), timeout=600)
     assert p.returncode == 1, p.stdout + p.stderr
     res = json.loads((sdir / "result.json").read_text())
     (t,) = res["trials"]
-    assert t["status"] == "crashed" and t["launched"]
+    assert t["status"] == "crashed" and t["launched"] and "baseline" not in res
     log = (sdir / "trials" / f"{t['trial']:04d}" / "server.log").read_text()
     assert "KV cache" in log
     assert Registry().list() == []
