@@ -62,11 +62,11 @@ def record(out: Path, model: str | None) -> None:
             "ladder": LADDER, "space": space.to_json(), "configs": []}
     keep = ("duration", "completed", "failed", "output_throughput", "total_token_throughput", "validity",
             *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "p90", "p99")))
-    for i, cand in enumerate(space.grid()):
+    def measure(cand: dict, i) -> dict:
         rec = {"config": cand, "status": "ok", "points": {}}
+        t0 = time.monotonic()
         try:
             ev.check(cand)
-            t0 = time.monotonic()
             sess = ev.open(cand, i, lambda m: None)
             rec["start_s"] = sess.start_s
             try:
@@ -80,11 +80,21 @@ def record(out: Path, model: str | None) -> None:
             rec.update(status="rejected", reason=e.message)
         except LaunchFailed as e:
             rec.update(status="crashed", reason=e.message, start_s=time.monotonic() - t0)
+        return rec
+
+    for i, cand in enumerate(space.grid()):
+        rec = measure(cand, i)
         grid["configs"].append(rec)
         out.write_text(json.dumps(grid, indent=1))
         best = max((p["total_token_throughput"] for p in rec["points"].values()), default=0)
         print(f"[{i + 1}/{len(space.grid())}] {cand} {rec['status']} start {rec.get('start_s', 0):.0f}s "
               f"max tput {best:.0f}", flush=True)
+    base, why = ev.baseline_candidate()  # vLLM's defaults, for studies replayed with a baseline
+    if base is not None:
+        grid["baseline"] = measure(base, "base")
+        out.write_text(json.dumps(grid, indent=1))
+    else:
+        print(f"baseline not recorded: {why}")
 
 
 def grid_truth(grid: dict, slo_text: str) -> tuple[float, float, dict]:
