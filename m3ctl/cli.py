@@ -595,6 +595,7 @@ def bench(
     continuous_usage: Annotated[bool, typer.Option(help="Ask vLLM for per-chunk usage (per-token ITL).")] = True,
     allow_approx: Annotated[bool, typer.Option(help="Accept runs whose token counts or TTFT are approximate.")] = False,
     max_error_rate: Annotated[float, typer.Option(help="Failed-request fraction above which the run is invalid.")] = 0.0,
+    request_timeout: Annotated[float, typer.Option(help="Seconds a request may take in all before it counts as failed (timeout).")] = 6 * 3600,
     per_request: Annotated[bool, typer.Option(help="Include per-request records in the JSON.")] = False,
     label: Annotated[Optional[str], typer.Option(help="Label stored in the result.")] = None,
     output_json: Annotated[Optional[Path], typer.Option(help="Write the result JSON here (a sweep: all runs); - : stdout.")] = None,
@@ -641,6 +642,7 @@ def bench(
                           usd_per_gpu_hour=usd_per_gpu_hour, client_procs=client_procs, http_client=http_client,
                           continuous_usage=continuous_usage, allow_approx=allow_approx,
                           max_error_rate=max_error_rate, per_request=per_request, label=label,
+                          request_timeout_s=request_timeout,
                           api_key=os.environ.get("OPENAI_API_KEY") or os.environ.get("VLLM_API_KEY"))
     except ValueError as e:
         first = e.errors()[0] if isinstance(e, ValidationError) else {"loc": ["percentiles"], "msg": str(e)}

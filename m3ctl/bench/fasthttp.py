@@ -143,7 +143,8 @@ class _Proto(asyncio.Protocol):
 class Connection:
     """One keep-alive connection to ``base_url``; ``request`` sends a POST and streams the answer into ``stream``."""
 
-    def __init__(self, base_url: str, headers: dict[str, str] | None = None):
+    def __init__(self, base_url: str, headers: dict[str, str] | None = None, timeout_s: float | None = None):
+        self.timeout_s = timeout_s  # whole request (connect to last byte), as aiohttp's ClientTimeout(total=)
         u = urlsplit(base_url)
         self.host = u.hostname or "127.0.0.1"
         self.tls = u.scheme == "https"
@@ -161,18 +162,27 @@ class Connection:
         return proto
 
     async def request(self, path: str, body: bytes, stream) -> None:
-        """POST ``body`` to ``path``; raises ``client._HTTPStatus`` on non-200 and ``OSError`` on connection loss."""
+        """POST ``body`` to ``path``; raises ``client._HTTPStatus`` on non-200, ``OSError`` on connection loss and
+        ``TimeoutError`` after ``timeout_s`` (the connection is then dropped)."""
+        loop = asyncio.get_running_loop()
+        t_end = loop.time() + self.timeout_s if self.timeout_s else None
         p = self._proto
         if p is None or p.transport is None or p.transport.is_closing():
-            p = self._proto = await self._connect()
+            if t_end is None:
+                p = self._proto = await self._connect()
+            else:
+                p = self._proto = await asyncio.wait_for(self._connect(), self.timeout_s)
         p._reset()
         p.stream = stream
-        p.fut = asyncio.get_running_loop().create_future()
+        p.fut = fut = loop.create_future()
+        timer = loop.call_at(t_end, _expire, p, fut, self.timeout_s) if t_end is not None else None
         p.transport.write(b"POST " + (self.prefix + path).encode() + b" HTTP/1.1\r\n" + self._head
                           + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
         try:
-            await p.fut
+            await fut
         finally:
+            if timer is not None:
+                timer.cancel()
             p.fut = None
             if p.close_after and p.transport is not None:
                 p.transport.close()
@@ -182,18 +192,25 @@ class Connection:
             self._proto.transport.close()
 
 
+def _expire(p: _Proto, fut: asyncio.Future, timeout_s: float) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError(f"no complete response within {timeout_s:g} s"))
+        if p.transport is not None:
+            p.transport.abort()
+
+
 class ConnectionPool:
     """Idle keep-alive connections, reused last-in first-out; grows on demand (bounded by the callers' concurrency)."""
 
-    def __init__(self, base_url: str, headers: dict[str, str] | None = None):
-        self.base_url, self.headers = base_url, headers
+    def __init__(self, base_url: str, headers: dict[str, str] | None = None, timeout_s: float | None = None):
+        self.base_url, self.headers, self.timeout_s = base_url, headers, timeout_s
         self._idle: list[Connection] = []
         self._all: list[Connection] = []
 
     def acquire(self) -> Connection:
         if self._idle:
             return self._idle.pop()
-        c = Connection(self.base_url, self.headers)
+        c = Connection(self.base_url, self.headers, self.timeout_s)
         self._all.append(c)
         return c
 

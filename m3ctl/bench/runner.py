@@ -220,7 +220,7 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
                                      read_bufsize=1 << 20, auto_decompress=False) as session:
         mon = asyncio.create_task(_lag_monitor(lags))
 
-        pool = ConnectionPool(cfg.url, headers) if cfg.http_client == "fast" else None
+        pool = ConnectionPool(cfg.url, headers, cfg.request_timeout_s) if cfg.http_client == "fast" else None
         emit = None  # progress events: measured phase only
         refused = 0  # consecutive connection-refused results
 
