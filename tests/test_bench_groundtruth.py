@@ -120,6 +120,71 @@ def test_timings_match_ground_truth(gt_server, tok, conc):
     assert res["output_throughput"] <= n * osl / span * 1.001  # the client's window is never shorter
 
 
+INJ_TTFT, INJ_ITL, INJ_OSL = 150.0, 15.0, 30  # values one server core of a 2-core box delivers at 64 streams
+
+
+def _inj_tol(v: float) -> float:
+    return max(0.01 * abs(v), 0.5)  # the issue's tolerance: 1 % or 0.5 ms, whichever is larger
+
+
+def _vs_injected(res: dict, conc: int, n: int) -> dict[str, tuple[float, float]]:
+    """(measured, injected) per metric; throughput: closed loop of n/conc waves of identical requests."""
+    e2e = INJ_TTFT + (INJ_OSL - 1) * INJ_ITL
+    out = {}
+    for stat in ("median", "mean"):
+        out[f"{stat}_ttft_ms"] = (res[f"{stat}_ttft_ms"], INJ_TTFT)
+        out[f"{stat}_itl_ms"] = (res[f"{stat}_itl_ms"], INJ_ITL)
+        out[f"{stat}_tpot_ms"] = (res[f"{stat}_tpot_ms"], INJ_ITL)
+        out[f"{stat}_e2el_ms"] = (res[f"{stat}_e2el_ms"], e2e)
+    out["per_token_itl_median_ms"] = (res["per_token_itl"]["median_ms"], INJ_ITL)
+    out["output_throughput"] = (res["output_throughput"], n * INJ_OSL / (n / conc * e2e / 1000))
+    out["request_throughput"] = (res["request_throughput"], n / (n / conc * e2e / 1000))
+    return out
+
+
+def _cpu_stall_s() -> float | None:
+    """Seconds some task of this host waited for a CPU (Linux PSI, /proc/pressure/cpu ``some total``, in us)."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            return int(f.readline().split("total=")[1]) / 1e6
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+MAX_STALL = 0.03  # an attempt counts when other tasks waited for a CPU less than 3 % of its wall time
+
+
+@pytest.mark.parametrize("conc", [1, 8, 64])
+def test_timings_match_injected_values(gt_server, tok, conc):
+    """TTFT, ITL, TPOT, E2E (mean and median) and throughput equal the injected values within 1 % or 0.5 ms.
+
+    Client and server are two processes that each need a core at the right moment; on this 2-core box a
+    third runnable process (another test suite, a vLLM server) delays one of them by milliseconds (measured
+    while other suites ran: a process spinning on one pinned core lost up to 8-12 ms at a time, and the
+    c=64 run read TTFT 3-5 ms high with 10-60 % CPU stall). So each attempt measures the host's CPU stall
+    (Linux PSI) over the run; only an attempt with less than 3 % stall is judged, up to 4 attempts. With
+    no quiet attempt the test skips and prints every attempt's numbers (never a loosened tolerance).
+    """
+    url = gt_server("--ttft-ms", str(INJ_TTFT), "--itl-ms", str(INJ_ITL))
+    n = max(16, 3 * conc)
+    attempts = []
+    for _ in range(4):
+        httpx.post(f"{url}/gt/reset")
+        s0, w0 = _cpu_stall_s(), time.perf_counter()
+        res = run_bench(_cfg(url, num_prompts=n, concurrency=conc, output_len=INJ_OSL, num_warmups=conc), tok=tok)
+        stall = None if s0 is None else (_cpu_stall_s() - s0) / (time.perf_counter() - w0)
+        real = _realized(url, skip=conc)
+        assert res["completed"] == n and res["failed"] == 0 and res["total_output_tokens"] == n * INJ_OSL
+        bad = {k: (round(m, 2), round(i, 2)) for k, (m, i) in _vs_injected(res, conc, n).items()
+               if abs(m - i) > _inj_tol(i)}
+        attempts.append({"cpu_stall": None if stall is None else f"{stall:.1%}", "client_off": bad,
+                         "server_realized_ttft_gap_ms": (round(real["ttft"], 2), round(real["gap_median"], 2))})
+        if stall is None or stall < MAX_STALL:
+            assert not bad, f"c={conc}: measured vs injected (1 % or 0.5 ms) on a quiet host; attempts: {attempts}"
+            return
+    pytest.skip(f"c={conc}: host CPU contended in every attempt (PSI stall >= {MAX_STALL:.0%}): {attempts}")
+
+
 def test_per_token_itl_under_multi_token_chunks(gt_server, tok):
     """4 tokens per chunk every 20 ms (as speculative decoding): vLLM's ITL says 20 ms, per-token ITL 5 ms."""
     url = gt_server("--ttft-ms", "20", "--itl-ms", "5", "--tokens-per-chunk", "4")
@@ -236,3 +301,61 @@ def test_aiohttp_and_fast_http_paths_agree(gt_server, tok, endpoint):
         assert r["completed"] == 8 and r["total_output_tokens"] == 128 and r["validity"]["valid"]
         assert r["per_token_itl"]["samples"] == 8 * 14 and r["per_token_itl"]["median_ms"] == pytest.approx(4, abs=1)
     assert runs["fast"]["median_itl_ms"] == pytest.approx(runs["aiohttp"]["median_itl_ms"], abs=1.0)
+
+
+def test_server_death_writes_partial_results(tiny_models, tmp_path):
+    """The server process is killed mid-run: partial JSON, failures per kind, exit 4, one error line."""
+    port = free_port()
+    srv = subprocess.Popen([sys.executable, "-m", "m3ctl.bench.groundtruth", "--port", str(port), "--ttft-ms", "10",
+                            "--itl-ms", "20"])
+    url = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                httpx.get(f"{url}/v1/models", timeout=1)
+                break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        out = tmp_path / "partial.json"
+        p = subprocess.Popen([sys.executable, "-m", "m3ctl", "bench", "--url", url, "--model", "groundtruth",
+                              "--num-prompts", "40", "--concurrency", "3", "--input-len", "8", "--output-len", "50",
+                              "--tokenizer", str(tiny_models["m2"]), "--output-json", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "COLUMNS": "150"})
+        deadline = time.time() + 60
+        while time.time() < deadline:  # a few requests finished (~1 s each) and the next ones mid-stream
+            recs = httpx.get(f"{url}/gt/records").json()
+            if sum(1 for r in recs if len(r["writes"]) == 50) >= 3 and any(0 < len(r["writes"]) < 40 for r in recs):
+                break
+            time.sleep(0.05)
+        srv.kill()
+        srv.wait(timeout=10)
+        _, err = p.communicate(timeout=60)
+    finally:
+        if srv.poll() is None:
+            srv.kill()
+            srv.wait(timeout=10)
+    assert p.returncode == 4, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert lines[0].startswith("error: server at ") and "went down during the run" in lines[0], err
+    assert "Traceback" not in err and f"partial results written to {out}" in err
+    res = json.loads(out.read_text())
+    assert res["server_down"] is True and not res["validity"]["valid"]
+    assert any("stopped accepting connections" in r for r in res["validity"]["reasons"])
+    kinds = res["failed_by_kind"]
+    assert kinds.get("stream_cut", 0) >= 1  # the streams in flight at the kill, cut mid-way
+    assert kinds.get("connection_refused", 0) >= 3  # then nothing listens: the run stops
+    assert res["completed"] >= 3 and res["total_output_tokens"] == 50 * res["completed"]
+    assert res["completed"] + res["failed"] + res["not_sent"] == 40
+    assert res["failed"] == sum(kinds.values())
+
+
+@pytest.mark.parametrize("http", ["fast", "aiohttp"])
+def test_request_timeout_counted_per_kind(gt_server, tok, http):
+    url = gt_server("--ttft-ms", "20", "--itl-ms", "100")  # 10 tokens: ~0.92 s per request
+    res = run_bench(_cfg(url, num_prompts=4, concurrency=2, output_len=10, request_timeout_s=0.3, http_client=http),
+                    tok=tok)
+    assert res["completed"] == 0 and res["failed"] == 4 and res["failed_by_kind"] == {"timeout": 4}
+    ok = run_bench(_cfg(url, num_prompts=2, concurrency=2, output_len=3, request_timeout_s=2.0, http_client=http),
+                   tok=tok)
+    assert ok["completed"] == 2 and ok["failed_by_kind"] == {}
