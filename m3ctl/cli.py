@@ -821,7 +821,7 @@ def tune(
     ctx: typer.Context,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Local model directory or Hugging Face id.")] = None,
     study_dir: Annotated[Optional[Path], typer.Option(help="Study directory (SQLite study, trials, outputs); default ./m3ctl-tune-<time>.")] = None,
-    resume: Annotated[Optional[Path], typer.Option(help="Continue the study in DIR (after Ctrl-C or a kill); other options are ignored except --max-trials / --time-budget, which replace the saved budgets (both count across resumes).")] = None,
+    resume: Annotated[Optional[Path], typer.Option(help="Continue the study in DIR (after Ctrl-C or a kill); other options are ignored except --max-trials / --time-budget, which replace the saved budgets (both count across resumes), and --baseline/--no-baseline.")] = None,
     slo: Annotated[str, typer.Option(help='SLO over bench result keys, e.g. "p90_tpot_ms<=20,p90_ttft_ms<=2000".')] = "",
     objective: Annotated[str, typer.Option(help="tput_per_gpu, output_tput_per_gpu or tokens_per_usd.")] = "tput_per_gpu",
     usd_per_gpu_hour: Annotated[Optional[float], typer.Option(help="GPU price for tokens_per_usd.")] = None,
