@@ -80,7 +80,7 @@ def _json_response(obj, status: str = "200 OK") -> bytes:
 class _Stream:
     """One streaming response: which chunk comes next and when."""
 
-    __slots__ = ("conn", "n", "chat", "cont", "want_usage", "r", "k", "sent", "j", "t_first", "rec", "cfg")
+    __slots__ = ("cfg", "chat", "conn", "cont", "j", "k", "n", "r", "rec", "sent", "t_first", "want_usage")
 
     def __init__(self, conn: _Conn, cfg: GTConfig, n: int, chat: bool, cont: bool, want_usage: bool, t_arrive: float,
                  rec: dict):

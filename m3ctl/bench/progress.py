@@ -22,6 +22,7 @@ import collections
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Self
 
 
 @dataclass
@@ -159,7 +160,7 @@ class LiveProgress:
     def _renderable(self):
         return self._text.from_markup(f"[bold]{self.label}[/] " + render_line(self.snapshot()))
 
-    def __enter__(self) -> LiveProgress:
+    def __enter__(self) -> Self:
         self.live.start(refresh=True)
         return self
 
