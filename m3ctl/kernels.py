@@ -61,6 +61,26 @@ def _patterns() -> tuple[list[tuple[str, re.Pattern]], list[dict]]:
     return backends, fallbacks
 
 
+@functools.lru_cache(maxsize=1)
+def _runtime_jit() -> tuple[re.Pattern, list[str]]:
+    d = yaml.safe_load(resources.files("m3ctl").joinpath("data/kernel_patterns.yaml").read_text())["runtime_jit"]
+    return re.compile(d["regex"]), list(d["measure_args"])
+
+
+def jit_measure_args() -> list[str]:
+    """``vllm serve`` flags a measuring server needs so every in-service kernel JIT compile is logged
+    (m3ctl/data/kernel_patterns.yaml ``runtime_jit``; vllm/utils/jit_monitor.py)."""
+    return list(_runtime_jit()[1])
+
+
+def jit_events(log_text: str) -> list[str]:
+    """Kernel names JIT-compiled or autotuned while serving (one per log line, in order) in ``log_text``.
+
+    Each is a latency spike inside whatever benchmark ran at that time (vllm/utils/jit_monitor.py)."""
+    rx = _runtime_jit()[0]
+    return [m.group("name") for line in log_text.splitlines() if (m := rx.search(line))]
+
+
 def _norm(name: str) -> str:
     return name.strip("'\"").upper().replace("-", "_")
 

@@ -12,37 +12,65 @@ from pathlib import Path
 from typing import Any
 
 from m3ctl.errors import LaunchFailed
+from m3ctl.kernels import jit_measure_args
 from m3ctl.tune.search import TuneSpec, num_prompts, write_json
 from m3ctl.tune.space import plan_kwargs
+
+
+#: Repeats of a bench run spoiled by in-service kernel JIT compilation (each repeat hits compiled kernels).
+JIT_RERUNS = 2
 
 
 class ServerSession:
     def __init__(self, ev: ServerEvaluator, plan, dep, trial_dir: Path, start_s: float):
         self.ev, self.plan, self.dep, self.dir, self.start_s = ev, plan, dep, trial_dir, start_s
-        self.warmed: set[int] = set()
 
     def alive(self) -> bool:
         from m3ctl.serve import runtime_for  # noqa: PLC0415
 
         return runtime_for(self.dep).is_alive(self.dep)
 
+    def _log_size(self) -> int:
+        from m3ctl.serve import runtime_for  # noqa: PLC0415
+
+        runtime_for(self.dep).sync_log(self.dep)
+        p = Path(self.dep.log_path) if self.dep.log_path else None
+        return p.stat().st_size if p is not None and p.is_file() else 0
+
+    def _jit_since(self, offset: int) -> list[str]:
+        from m3ctl.kernels import jit_events  # noqa: PLC0415
+        from m3ctl.serve import runtime_for  # noqa: PLC0415
+
+        runtime_for(self.dep).sync_log(self.dep)
+        if not self.dep.log_path or not Path(self.dep.log_path).is_file():
+            return []
+        with open(self.dep.log_path, "rb") as f:
+            f.seek(offset)
+            return jit_events(f.read().decode("utf-8", "replace"))
+
     def measure(self, concurrency: int, fidelity: float) -> dict:
+        """One bench run at ``concurrency``. A run during which the server JIT-compiled or autotuned a kernel
+        (a latency spike of up to seconds: m3ctl.kernels.jit_events) did not measure the steady state: it is
+        kept as ``bench-cC-xF-jitN.json`` and repeated, at most ``JIT_RERUNS`` times."""
         from m3ctl.bench.runner import BenchConfig, run_bench  # noqa: PLC0415
 
         cfg = BenchConfig(url=self.dep.url, model=self.dep.served_model_name, concurrency=concurrency,
                           num_prompts=num_prompts(self.ev.spec, concurrency, fidelity),
                           num_gpus=self.ev.n_gpus_plan(self.plan), num_gpus_source="plan (tp x dp)",
                           label=f"tune trial {self.dir.name} c={concurrency}", **self.ev.bench)
-        if concurrency not in self.warmed and concurrency > 1:
-            # Warm this load level once per server, unrecorded: the first batch of a new size pays one-off costs
-            # (Triton JIT/autotune of MoE kernels for new token counts, allocator growth) that the measured run
-            # must not carry; one burst of `concurrency` distinct requests at the same lengths.
-            run_bench(cfg.model_copy(update={"num_prompts": concurrency, "num_warmups": 0, "seed": cfg.seed + 7919,
-                                             "scrape_server_metrics": False, "label": f"{cfg.label} warm-up"}))
-        self.warmed.add(concurrency)
-        res = run_bench(cfg)
-        res["tune"] = {"trial_dir": str(self.dir), "argv": self.plan.argv, "fidelity": fidelity}
-        write_json(self.dir / f"bench-c{concurrency}-x{fidelity:g}.json", res)
+        stem = f"bench-c{concurrency}-x{fidelity:g}"
+        reruns = 0
+        while True:
+            off = self._log_size()
+            res = run_bench(cfg)
+            jit = self._jit_since(off)
+            res["tune"] = {"trial_dir": str(self.dir), "argv": self.plan.argv, "fidelity": fidelity,
+                           "jit_events": jit, "jit_reruns": reruns}
+            if not jit or reruns >= JIT_RERUNS:
+                break
+            write_json(self.dir / f"{stem}-jit{reruns}.json", res)
+            reruns += 1
+        write_json(self.dir / f"{stem}.json", res)
         return res
 
     def close(self) -> None:
@@ -116,6 +144,11 @@ class ServerEvaluator:
         tdir = self.dir / "trials" / (f"{trial:04d}" if isinstance(trial, int) else str(trial))
         tdir.mkdir(parents=True, exist_ok=True)
         p = self.plan(cand, name=name)
+        # Measuring servers log every in-service kernel JIT compile (ServerSession.measure repeats spoiled runs);
+        # the flag is for measurement only: the tuned command and profile.yaml come from plan() without it.
+        extra = [a for a in jit_measure_args() if a not in p.argv]
+        if extra:
+            p = p.model_copy(update={"argv": [*p.argv, *extra]})
         write_json(tdir / "config.json", {"config": cand, "argv": p.argv, "command": p.command_line()})
         self.current, self.trial_dir = name, tdir
         write_json(self.dir / "running.json", {"name": name, "trial": trial, "state_dir": str(self.registry.root)})

@@ -1,0 +1,84 @@
+"""A tune measurement spoiled by in-service kernel JIT compilation is repeated (m3ctl/tune/server.py).
+
+The JIT line format is vLLM's (vllm/utils/jit_monitor.py), as recorded on a real H200
+(tests/fixtures/h200x1-real/log-m2-full.txt). The endpoint is the ground-truth SSE test server; the server
+log is a plain file the test writes the JIT line into while the first run is going on.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import httpx
+import pytest
+
+from m3ctl.kernels import jit_events, jit_measure_args
+from m3ctl.state import Deployment
+from tests.conftest import free_port
+
+H1 = Path(__file__).parent / "fixtures" / "h200x1-real"
+JIT_LINE = ("(EngineCore pid=716) WARNING 11-29 21:24:48 [jit_monitor.py:135] Triton kernel JIT compilation during "
+            "inference: fused_moe_kernel (constexprs={BLOCK_SIZE_M: 64}). This causes a latency spike; consider "
+            "extending warmup to cover this shape/config.\n")
+
+
+def test_jit_events_on_the_real_h200_log():
+    assert jit_events((H1 / "log-m2-full.txt").read_text()) == ["fused_moe_kernel"]
+    assert jit_events("Kernel JIT monitor activated; monitored JIT compilations during inference will use "
+                      "mode=warn.") == []
+    assert jit_measure_args() == ["--jit-monitor-verbose"]
+
+
+@pytest.fixture()
+def gt_url(tiny_models):
+    port = free_port()
+    p = subprocess.Popen([sys.executable, "-m", "m3ctl.bench.groundtruth", "--port", str(port)])
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            httpx.get(f"{url}/v1/models", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    yield url
+    p.terminate()
+    p.wait(timeout=10)
+
+
+def test_measure_repeats_a_run_with_jit(gt_url, tiny_models, tmp_path, monkeypatch):
+    from m3ctl.bench import runner
+    from m3ctl.tune.search import TuneSpec
+    from m3ctl.tune.server import ServerSession
+
+    log = tmp_path / "server.log"
+    log.write_text("INFO started\n")
+    dep = Deployment(name="t", port=int(gt_url.rsplit(":", 1)[1]), served_model_name="groundtruth",
+                     model="groundtruth", log_path=str(log))
+    ev = SimpleNamespace(spec=TuneSpec(prompts_per_concurrency=2), n_gpus_plan=lambda p: 1,
+                         bench={"input_len": 16, "output_len": 8, "scrape_server_metrics": False,
+                                "tokenizer": str(tiny_models["m2"])})
+    sess = ServerSession(ev, SimpleNamespace(argv=["vllm", "serve"]), dep, tmp_path, 1.0)
+    real, calls = runner.run_bench, []
+
+    def run_and_compile_once(cfg, *a, **kw):  # the server compiles a kernel during the first run only
+        calls.append(cfg.num_prompts)
+        out = real(cfg, *a, **kw)
+        if len(calls) == 1:
+            with log.open("a") as f:
+                f.write(JIT_LINE)
+        return out
+
+    monkeypatch.setattr(runner, "run_bench", run_and_compile_once)
+    res = sess.measure(4, 1.0)
+    assert len(calls) == 2 and res["completed"] == 8
+    assert res["tune"]["jit_reruns"] == 1 and res["tune"]["jit_events"] == []
+    spoiled = json.loads((tmp_path / "bench-c4-x1-jit0.json").read_text())
+    assert spoiled["tune"]["jit_events"] == ["fused_moe_kernel"]
+    # a clean run is not repeated
+    res = sess.measure(2, 1.0)
+    assert len(calls) == 3 and res["tune"]["jit_reruns"] == 0
