@@ -133,6 +133,9 @@ class Profile(_Strict):
     family_args: dict[str, dict[str, FlagValue]] = Field(default_factory=dict)
     """Extra ``vllm serve`` flags for a model family on this architecture (e.g. MSA attention config)."""
     family_env: dict[str, dict[str, str]] = Field(default_factory=dict)
+    family_python_modules: dict[str, list[str]] = Field(default_factory=dict)
+    """Python modules vLLM imports for a model family on this architecture (e.g. ``flashinfer`` for MiniMax-M3
+    on NVIDIA); the process runtime's pre-flight checks that the server's Python has them."""
     kv_cache_dtypes: dict[str, list[str]] = Field(default_factory=lambda: {"gqa": ["auto"]})
     """KV cache dtypes the engine runs on this architecture, by attention type (field failure F10)."""
     supports: Supports = Field(default_factory=Supports)

@@ -71,6 +71,7 @@ class LaunchPlan(BaseModel):
         mounts: extra bind mounts for the docker runtime, ``HOST:CONTAINER[:ro|rw]`` (default ro).
         gpu_vendor: ``nvidia``/``amd`` or None (CPU): how the docker runtime exposes devices.
         gpu_devices: GPUs to expose (UUIDs where known, else indices); empty with a vendor = all.
+        python_modules: modules the server's Python must have (profile ``family_python_modules``).
     """
 
     name: str
@@ -102,6 +103,7 @@ class LaunchPlan(BaseModel):
     mounts: list[str] = Field(default_factory=list)
     gpu_vendor: str | None = None
     gpu_devices: list[str] = Field(default_factory=list)
+    python_modules: list[str] = Field(default_factory=list)
     unset_env: list[str] = Field(default_factory=list)
     """Variables removed from the server's inherited environment (one visibility variable on AMD, F05)."""
 
@@ -517,4 +519,5 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
                       choices=choices, rejected=rejected, warnings=warnings,
                       violations=[f"{v.rule}: {v.message}" for v in violations], mounts=list(mounts or []),
                       gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
-                      gpu_devices=_device_ids(inventory, units, tp_ * dp_), unset_env=unset_env)
+                      gpu_devices=_device_ids(inventory, units, tp_ * dp_), unset_env=unset_env,
+                      python_modules=list(profile.family_python_modules.get(family, [])) if family else [])

@@ -78,6 +78,28 @@ def preflight(plan: LaunchPlan, registry: Registry, runtime: Runtime | None = No
                 raise ConfigRejected(f"the vLLM install is broken: {rep.problems[0]}",
                                      "run `m3ctl dev fix-vllm`, then `m3ctl doctor`")
             _check_all2all_kernels(plan)
+            _check_python_modules(plan)
+
+
+def _check_python_modules(plan: LaunchPlan) -> None:
+    """Modules vLLM imports for this model family on this architecture (profile ``family_python_modules``)
+    must be in the server's Python (the process runtime's own).
+
+    Evidence: a release-format tiny MiniMax-M3 on H200 with vLLM 0.26 and no FlashInfer died after 73.5 s in
+    the profiling run with "ModuleNotFoundError: No module named 'flashinfer'" (MiniMAXGemmaRMSNorm imports
+    flashinfer.norm; tests/fixtures/h200x2-real/call7/log-m3r.txt).
+
+    Raises:
+        ConfigRejected: a module is not importable.
+    """
+    import importlib.util  # noqa: PLC0415
+
+    missing = [m for m in plan.python_modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise ConfigRejected(f"{plan.model_spec or plan.model} on profile {plan.profile} needs the Python "
+                             f"module(s) {', '.join(missing)}, which this vLLM environment does not have",
+                             "use the profile's image (--runtime docker) or install them in vLLM's environment "
+                             "(e.g. pip install flashinfer-python at the version vLLM pins)")
 
 
 def _check_all2all_kernels(plan: LaunchPlan) -> None:
