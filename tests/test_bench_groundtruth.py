@@ -23,6 +23,9 @@ from m3ctl.bench.runner import BenchConfig, run_bench
 from tests.conftest import free_port, run_cli
 
 
+CORES = sorted(os.sched_getaffinity(0))
+
+
 @pytest.fixture(scope="module")
 def gt_server():
     """Factory: start a ground-truth server with the given options (cached per option set); all stopped at the end."""
@@ -33,6 +36,8 @@ def gt_server():
             return procs[opts][1]
         port = free_port()
         p = subprocess.Popen([sys.executable, "-m", "m3ctl.bench.groundtruth", "--port", str(port), *opts])
+        if len(CORES) >= 2:  # the server on its own core; the accuracy test pins the client to another
+            os.sched_setaffinity(p.pid, {CORES[-1]})
         url = f"http://127.0.0.1:{port}"
         for _ in range(100):
             try:
@@ -161,9 +166,11 @@ def test_timings_match_injected_values(gt_server, tok, conc):
     Client and server are two processes that each need a core at the right moment; on this 2-core box a
     third runnable process (another test suite, a vLLM server) delays one of them by milliseconds (measured
     while other suites ran: a process spinning on one pinned core lost up to 8-12 ms at a time, and the
-    c=64 run read TTFT 3-5 ms high with 10-60 % CPU stall). So each attempt measures the host's CPU stall
-    (Linux PSI) over the run; only an attempt with less than 3 % stall is judged, up to 4 attempts. With
-    no quiet attempt the test skips and prints every attempt's numbers (never a loosened tolerance).
+    c=64 run read TTFT 2-5 ms high with 5-60 % CPU stall, +0.3 ms with < 1 %). So each attempt also
+    measures the host's CPU stall (Linux PSI) over the run, and up to 4 attempts are made: the test passes
+    at the first attempt within tolerance; it fails when an attempt on a quiet host (stall < 3 %) was out
+    of tolerance; it skips, printing every attempt's numbers, when all attempts were out of tolerance on a
+    contended host. The tolerance is never loosened.
     """
     url = gt_server("--ttft-ms", str(INJ_TTFT), "--itl-ms", str(INJ_ITL))
     n = max(16, 3 * conc)
@@ -171,7 +178,14 @@ def test_timings_match_injected_values(gt_server, tok, conc):
     for _ in range(4):
         httpx.post(f"{url}/gt/reset")
         s0, w0 = _cpu_stall_s(), time.perf_counter()
-        res = run_bench(_cfg(url, num_prompts=n, concurrency=conc, output_len=INJ_OSL, num_warmups=conc), tok=tok)
+        # client (this process) and server on different cores, as benchmarks/bench_client.py runs them:
+        # unpinned, the scheduler at times stacks both on one core (c=64: TTFT +3.8 ms unpinned, +0.3 ms pinned)
+        if len(CORES) >= 2:
+            os.sched_setaffinity(0, {CORES[0]})
+        try:
+            res = run_bench(_cfg(url, num_prompts=n, concurrency=conc, output_len=INJ_OSL, num_warmups=conc), tok=tok)
+        finally:
+            os.sched_setaffinity(0, CORES)
         stall = None if s0 is None else (_cpu_stall_s() - s0) / (time.perf_counter() - w0)
         real = _realized(url, skip=conc)
         assert res["completed"] == n and res["failed"] == 0 and res["total_output_tokens"] == n * INJ_OSL
@@ -179,9 +193,13 @@ def test_timings_match_injected_values(gt_server, tok, conc):
                if abs(m - i) > _inj_tol(i)}
         attempts.append({"cpu_stall": None if stall is None else f"{stall:.1%}", "client_off": bad,
                          "server_realized_ttft_gap_ms": (round(real["ttft"], 2), round(real["gap_median"], 2))})
-        if stall is None or stall < MAX_STALL:
-            assert not bad, f"c={conc}: measured vs injected (1 % or 0.5 ms) on a quiet host; attempts: {attempts}"
+        if not bad:
+            worst = max(_vs_injected(res, conc, n).items(), key=lambda kv: abs(kv[1][0] - kv[1][1]) / _inj_tol(kv[1][1]))
+            print(f"c={conc} attempt {len(attempts)}: worst {worst[0]} {worst[1][0]:.2f} vs {worst[1][1]:.2f}; "
+                  f"TTFT median {res['median_ttft_ms']:.2f} mean {res['mean_ttft_ms']:.2f}; {attempts[-1]}")
             return
+        assert stall is not None and stall >= MAX_STALL, (
+            f"c={conc}: measured vs injected (1 % or 0.5 ms) on a quiet host; attempts: {attempts}")
     pytest.skip(f"c={conc}: host CPU contended in every attempt (PSI stall >= {MAX_STALL:.0%}): {attempts}")
 
 
