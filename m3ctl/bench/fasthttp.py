@@ -111,6 +111,25 @@ class _Proto(asyncio.Protocol):
         buf = self.cbuf + data if self.cbuf else data
         pieces = []
         i, n = 0, len(buf)
+        if not self.skip and not self.remaining:
+            # Fast path: whole "size CRLF data CRLF" chunks, one step each (a read often holds many of them).
+            find = buf.find
+            while True:
+                j = find(b"\r\n", i)
+                if j < 0:
+                    break
+                line = buf[i:j]
+                size = int(line if b";" not in line else line.split(b";", 1)[0], 16)
+                if size == 0:  # last chunk (trailers, if any, are not used)
+                    self.cbuf = b""
+                    self._body(ts, b"".join(pieces))
+                    self._complete()
+                    return
+                end = j + 2 + size
+                if end + 2 > n:  # incomplete: the general loop below takes it from the size line
+                    break
+                pieces.append(buf[j + 2:end])
+                i = end + 2
         while i < n:
             if self.skip:
                 k = min(self.skip, n - i)

@@ -146,7 +146,8 @@ def per_token_itl(outputs: Sequence[RequestOutput]) -> tuple[np.ndarray, str]:
     Returns:
         ``(samples_s, source)``; source is ``"continuous_usage"``, ``"even_split"`` or ``"mixed"``.
     """
-    parts: list[np.ndarray] = []
+    samples: list[float] = []  # a flat list (one numpy array per chunk cost ~4 us each)
+    add, extend = samples.append, samples.extend
     sources = set()
     for o in outputs:
         if not o.success or not o.output_tokens:
@@ -154,19 +155,23 @@ def per_token_itl(outputs: Sequence[RequestOutput]) -> tuple[np.ndarray, str]:
         if o.chunk_tokens and len(o.chunk_tokens) == len(o.itl) + 1:
             sources.add("continuous_usage")
             t, prev = 0.0, None
+            itl = o.itl
             for i, k in enumerate(o.chunk_tokens):
                 if i:
-                    t += o.itl[i - 1]
+                    t += itl[i - 1]
                 if k <= 0:
                     continue
                 if prev is not None:  # the first token-bearing chunk has no gap before it
-                    parts.append(np.full(k, (t - prev) / k))
+                    if k == 1:
+                        add(t - prev)
+                    else:
+                        extend([(t - prev) / k] * k)
                 prev = t
         elif o.itl and o.output_tokens > 1:
             sources.add("even_split")
-            parts.append(np.full(o.output_tokens - 1, sum(o.itl) / (o.output_tokens - 1)))
+            extend([sum(o.itl) / (o.output_tokens - 1)] * (o.output_tokens - 1))
     src = sources.pop() if len(sources) == 1 else ("mixed" if sources else "none")
-    return (np.concatenate(parts) if parts else np.zeros(0)), src
+    return np.asarray(samples, dtype=float), src
 
 
 def interactivity(outputs: Sequence[RequestOutput], percentiles: Sequence[float]) -> dict:
