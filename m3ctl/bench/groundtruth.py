@@ -13,9 +13,12 @@ Why not aiohttp's web server (the first version of this file): its per-request m
 task, ``request.json()``, ``prepare``) costs ~0.3 ms of server CPU before the handler can note the
 arrival, so 64 requests arriving together were stamped up to ~15 ms late and every client's TTFT
 looked ~6 ms above the injected value. Here an ``asyncio.Protocol`` stamps the arrival in
-``data_received`` and one scheduler (a heap of due times) writes every stream's chunks: a timer
-to ~1.5 ms before the earliest due time, then event-loop turns (I/O still served) until it is due,
-so chunks go out within tens of microseconds after their due time and never before it.
+``data_received`` (parsing waits for the next loop turn) and one scheduler (a heap of due times)
+writes every stream's chunks: a timer to ~1.5 ms before the earliest due time, then event-loop turns
+(I/O still served) until it is due, at most two chunk writes per turn, so chunks go out within tens
+of microseconds after their due time and never before it, and a burst of 64 streams' chunks does not
+hold back the stamping of new arrivals (measured at 64 streams, client and server on their own cores:
+TTFT +0.3 ms over the injected 150 ms, against +3 ms with one unbounded burst per turn).
 
 Options mimic what matters in vLLM's stream (vllm/entrypoints/openai, 0.32): ``usage`` in a final
 chunk when ``stream_options.include_usage``; cumulative ``usage`` on every chunk when
