@@ -116,7 +116,7 @@ class LiveProgress:
     """Thread-safe event sink plus a ``rich.live.Live`` display; use as a context manager.
 
     ``put(ev)`` may be called from the event-loop thread; ``attach(queue)`` adds a
-    ``multiprocessing`` queue that worker processes write to (drained at each refresh).
+    ``multiprocessing`` queue that worker processes write to (read by a thread as events come).
     """
 
     def __init__(self, console, window_s: float = 5.0, total: int | None = None, refresh_per_second: float = 4.0,
@@ -137,20 +137,31 @@ class LiveProgress:
         self._events.append(ev)
 
     def attach(self, queue) -> None:
-        self._queues.append(queue)
+        """Read events from ``queue`` (a ``multiprocessing.SimpleQueue`` the workers ``put`` to) in a thread,
+        so a full pipe never blocks a worker between two refreshes."""
+        t = threading.Thread(target=self._reader, args=(queue,), daemon=True)
+        self._queues.append((queue, t))
+        t.start()
 
     def detach(self, queue) -> None:
-        with self._lock:
-            self._drain()
-            self._queues.remove(queue)
+        """Stop reading ``queue`` after the events already in it (call once the workers have finished)."""
+        for q, t in list(self._queues):
+            if q is queue:
+                q.put(None)
+                t.join()
+                self._queues.remove((q, t))
+
+    def _reader(self, q) -> None:
+        while (ev := q.get()) is not None:
+            if isinstance(ev, list):  # workers send events in batches
+                self._events.extend(ev)
+            else:
+                self._events.append(ev)
 
     def _drain(self) -> None:
         ev = self._events
         while ev:
             self.stats.add(ev.popleft())
-        for q in self._queues:
-            while not q.empty():
-                self.stats.add(q.get())
 
     def snapshot(self) -> Snapshot:
         with self._lock:

@@ -179,8 +179,26 @@ def _set_emit(fn) -> None:
     _EMIT = fn
 
 
+class _Batcher:
+    """Worker side of the progress pipe: events go in lists, at most every 0.1 s (one pickle per list)."""
+
+    def __init__(self, put):
+        self.put, self.buf, self.t = put, [], time.perf_counter()
+
+    def __call__(self, ev: tuple) -> None:
+        self.buf.append(ev)
+        if len(self.buf) >= 256 or ev[1] - self.t > 0.1:  # ev[1]: the event's perf_counter time
+            self.flush()
+
+    def flush(self) -> None:
+        if self.buf:
+            self.put(self.buf)
+            self.buf = []
+        self.t = time.perf_counter()
+
+
 def _set_emit_queue(q) -> None:
-    _set_emit(q.put)
+    _set_emit(_Batcher(q.put))
 
 
 class _Stop(Exception):
@@ -282,6 +300,8 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
             stats.interrupted = True
         except _Stop:
             pass
+        if isinstance(emit, _Batcher):
+            emit.flush()
         if stats.server_down and not job.cycle and not job.sessions:
             stats.not_sent = max(0, len(job.items) - len(outs))
         mon.cancel()
