@@ -364,3 +364,4 @@ def test_cli_resume_takes_new_budgets(tiny_models, tmp_path):
     saved = json.loads((sdir / "tune.json").read_text())["spec"]
     assert (saved["max_trials"], saved["time_budget_s"]) == (0, 7.0)
     assert json.loads(p.stdout)["launches"] == 0 and "trial budget" in json.loads(p.stdout)["stopped_by"]
+    assert "baseline" not in json.loads(p.stdout)  # a zero budget starts nothing, the baseline neither

@@ -500,7 +500,6 @@ class Tuner:
         best_val = max((o.objective for o in self.outcomes.values() if o.status == "feasible"), default=0.0)
         idle = 0
         try:
-            self._run_baseline()
             while True:
                 elapsed = before + clock() - t_run
                 if self.launches >= self.spec.max_trials:
@@ -515,6 +514,9 @@ class Tuner:
                         break
                 if len(self.outcomes) >= size:
                     break
+                if self.spec.baseline and self.baseline is None:  # once the budgets allow a start at all
+                    self._run_baseline()
+                    continue
                 if self.spec.patience is not None and idle >= self.spec.patience:
                     stopped_by = f"stalled ({idle} global trials without improvement after the local poll)"
                     break
