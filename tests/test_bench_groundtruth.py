@@ -287,26 +287,31 @@ def test_duration_stop_and_multiprocess_client(gt_server, tok):
     assert res["total_output_tokens"] == 10 * res["completed"]
 
 
-def test_ctrl_c_writes_partial_results(gt_server, tiny_models, tmp_path):
+@pytest.mark.parametrize("procs", [1, 2])
+def test_ctrl_c_writes_partial_results(gt_server, tiny_models, tmp_path, procs):
+    """SIGINT to the process group, as a terminal's Ctrl-C (with 2 client processes, the workers too)."""
     url = gt_server("--ttft-ms", "10", "--itl-ms", "20")
+    httpx.post(f"{url}/gt/reset")
     out = tmp_path / "partial.json"
     p = subprocess.Popen([sys.executable, "-m", "m3ctl", "bench", "--url", url, "--model", "groundtruth",
                           "--num-prompts", "40", "--concurrency", "2", "--input-len", "8", "--output-len", "50",
-                          "--tokenizer", str(tiny_models["m2"]), "--output-json", str(out)],
+                          "--tokenizer", str(tiny_models["m2"]), "--output-json", str(out), "--client-procs",
+                          str(procs), "--progress"],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "150"},
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.time() + 60
     while time.time() < deadline:  # wait until the measured phase has finished a few requests (~1 s each)
         recs = httpx.get(f"{url}/gt/records").json()
         if sum(1 for r in recs if len(r["writes"]) == 50) >= 4:
             break
         time.sleep(0.2)
-    p.send_signal(signal.SIGINT)
+    os.killpg(p.pid, signal.SIGINT)
     _, err = p.communicate(timeout=60)
     assert p.returncode == 130, err
     assert "partial results written" in err and "Traceback" not in err
     res = json.loads(out.read_text())
     assert res["interrupted"] is True and not res["validity"]["valid"]
+    assert res["load"]["client_procs"] == procs
     assert 2 <= res["completed"] < 40 and res["total_output_tokens"] == 50 * res["completed"]
 
 

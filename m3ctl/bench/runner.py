@@ -22,6 +22,7 @@ import contextlib
 import math
 import multiprocessing
 import os
+import signal
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -197,8 +198,29 @@ class _Batcher:
         self.t = time.perf_counter()
 
 
-def _set_emit_queue(q) -> None:
-    _set_emit(_Batcher(q.put))
+_STOP = None  # worker processes: a multiprocessing.Event the parent sets on Ctrl-C
+
+
+def _worker_init(q, stop) -> None:
+    """Pool worker setup: Ctrl-C is the parent's to handle (it sets ``stop``: every worker then cancels its
+    run and returns what finished, as one process does on SIGINT); progress events go to ``q``."""
+    global _STOP
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _STOP = stop
+    if q is not None:
+        _set_emit(_Batcher(q.put))
+
+
+async def _watch_stop(task: asyncio.Task, stop) -> None:
+    while not stop.is_set():
+        await asyncio.sleep(0.05)
+    task.cancel()
+
+
+async def _flush_every(b: _Batcher, period: float = 0.1) -> None:
+    while True:
+        await asyncio.sleep(period)
+        b.flush()
 
 
 class _Stop(Exception):
@@ -289,6 +311,11 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
             await asyncio.sleep(t0 - now)
         deadline = t0 + cfg.duration_s if cfg.duration_s else None
         emit = _EMIT
+        helpers = []
+        if _STOP is not None:
+            helpers.append(asyncio.create_task(_watch_stop(asyncio.current_task(), _STOP)))
+        if isinstance(emit, _Batcher):  # sends show up while their requests are in flight
+            helpers.append(asyncio.create_task(_flush_every(emit)))
         try:
             if job.sessions:
                 await _agentic_lanes(cfg, job, send, outs, stats, deadline)
@@ -300,6 +327,8 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
             stats.interrupted = True
         except _Stop:
             pass
+        for h in helpers:
+            h.cancel()
         if isinstance(emit, _Batcher):
             emit.flush()
         if stats.server_down and not job.cycle and not job.sessions:
@@ -445,18 +474,22 @@ def _execute(cfg: BenchConfig, job: _Job, warmups: list[BenchRequest], before=No
         ctx = multiprocessing.get_context("fork")
         jobs = _split(cfg, job, procs)
         q = ctx.SimpleQueue() if progress is not None else None
+        stop = ctx.Event()
         if q is not None:
             progress.attach(q)
-        with ctx.Pool(len(jobs), initializer=_set_emit_queue if q is not None else None,
-                      initargs=(q,) if q is not None else ()) as pool:
+        with ctx.Pool(len(jobs), initializer=_worker_init, initargs=(q, stop)) as pool:
             t0 = time.perf_counter() + 0.8 + (3.0 if warmups else 0.0)
             pending = pool.starmap_async(_drive_sync, [(cfg, j, t0, warmups[p::len(jobs)])
                                                        for p, j in enumerate(jobs)])
-            if before is not None:
-                # /metrics can take 100+ ms to render on a busy host: snapshot well before t0
-                time.sleep(max(0.0, t0 - 0.5 - time.perf_counter()))
-                before()
-            res = pending.get()
+            try:
+                if before is not None:
+                    # /metrics can take 100+ ms to render on a busy host: snapshot well before t0
+                    time.sleep(max(0.0, t0 - 0.5 - time.perf_counter()))
+                    before()
+                res = pending.get()
+            except KeyboardInterrupt:  # Ctrl-C: the workers stop and return what finished (a second one aborts)
+                stop.set()
+                res = pending.get(timeout=60)
         if q is not None:
             progress.detach(q)
         outs = [o for r in res for o in r[0]]
