@@ -108,7 +108,9 @@ def capacity(args, tmp: Path) -> None:
                                                      tmp / "m3.json")))
         for name, fn in tools:
             base = fn(args.conc)  # same tool, a run of CONC requests: its fixed CPU (imports, prompt building)
+            s0, w0 = cpu_stall_s(), time.perf_counter()
             r = fn(args.requests)
+            stall = "n/a" if s0 is None else f"{(cpu_stall_s() - s0) / (time.perf_counter() - w0):.0%}"
             # Client CPU per request, whatever the server's speed: (CPU of the big run - CPU of the small run) / extra
             # requests. Prompt building is in both runs' fixed part only approximately (it scales with N too).
             per_req_ms = 1000 * (r["_cpu"] - base["_cpu"]) / (args.requests - args.conc)
@@ -117,7 +119,8 @@ def capacity(args, tmp: Path) -> None:
             print(f"  {name:18s} completed {r['completed']:6d}  {r['request_throughput']:8.1f} req/s  "
                   f"{r['output_throughput']:10.1f} streamed tok/s  (duration {r['duration']:.2f} s"
                   + (f", client CPU {cpu:.0f}% of its core" if cpu is not None else "")
-                  + f")  client CPU per request {per_req_ms:.3f} ms -> one core sustains ~{1000 / per_req_ms:,.0f} req/s")
+                  + f")  client CPU per request {per_req_ms:.3f} ms (prompt building and result processing"
+                  f" included) -> one core sustains ~{1000 / per_req_ms:,.0f} req/s; host CPU stall {stall}")
         print(f"  ratio m3ctl / vllm: {rows[-1][2] / rows[0][2]:.2f}x requests/s, {rows[-1][3] / rows[0][3]:.2f}x tok/s "
               f"(m3ctl on aiohttp: {rows[1][2] / rows[0][2]:.2f}x); CPU per request: vllm / m3ctl = "
               f"{rows[0][4] / rows[-1][4]:.2f}x (aiohttp path {rows[0][4] / rows[1][4]:.2f}x)")

@@ -22,7 +22,6 @@ from m3ctl.bench.prompts import LocalTokenizer
 from m3ctl.bench.runner import BenchConfig, run_bench
 from tests.conftest import free_port, run_cli
 
-
 CORES = sorted(os.sched_getaffinity(0))
 
 
