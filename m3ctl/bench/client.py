@@ -120,8 +120,8 @@ _HDR = {"Content-Type": "application/json"}
 class _Stream:
     """SSE state of one response: ``feed(ts, raw)`` per network read, ``finish()`` at the end."""
 
-    __slots__ = ("out", "chat", "keep_text", "text_parts", "prev_ct", "cont_ok", "first", "done", "final_usage",
-                 "buf", "st", "last")
+    __slots__ = ("buf", "chat", "cont_ok", "done", "final_usage", "first", "keep_text", "last", "out", "prev_ct", "st",
+                 "text_parts")
 
     def __init__(self, out: RequestOutput, chat: bool, keep_text: bool, st: float):
         self.out, self.chat, self.keep_text, self.st, self.last = out, chat, keep_text, st, st
@@ -133,15 +133,17 @@ class _Stream:
         self.buf = b""
 
     def feed(self, ts: float, raw: bytes) -> None:
-        buf = self.buf + raw
+        buf = self.buf + raw if self.buf else raw
         if b"\n\n" not in buf:
             self.buf = buf
             return
         events = buf.split(b"\n\n")
         self.buf = events.pop()
         out = self.out
+        # state in locals for the loop (a read can hold many events), written back once below
+        first, last, prev_ct, cont_ok, chat = self.first, self.last, self.prev_ct, self.cont_ok, self.chat
         for ev in events:
-            if ev.startswith(b"data: "):
+            if ev[:6] == b"data: ":
                 data = ev[6:]
             else:  # comments (":" pings), CRLF or multi-line events
                 data = b""
@@ -157,14 +159,14 @@ class _Stream:
             usage = msg.get("usage")
             choices = msg.get("choices")
             if choices:
-                if self.first:
-                    out.itl.append(ts - self.last)
+                if first:
+                    out.itl.append(ts - last)
                 else:
-                    self.first = True
+                    first = True
                     out.ttft = ts - self.st
-                self.last = ts
+                last = ts
                 c0 = choices[0]
-                if self.chat:
+                if chat:
                     delta = c0.get("delta") or {}
                     content = delta.get("content")
                     reasoning = delta.get("reasoning_content") or delta.get("reasoning")
@@ -179,16 +181,17 @@ class _Stream:
                         out.ttfa = ts - self.st
                     if self.keep_text:
                         self.text_parts.append(content)
-                if usage and self.cont_ok:
-                    ct = usage.get("completion_tokens") or 0
-                    out.chunk_tokens.append(ct - self.prev_ct)
-                    self.prev_ct = ct
-                else:
-                    self.cont_ok = False
                 if usage:
+                    if cont_ok:
+                        ct = usage.get("completion_tokens") or 0
+                        out.chunk_tokens.append(ct - prev_ct)
+                        prev_ct = ct
                     self.final_usage = usage
+                else:
+                    cont_ok = False
             elif usage:
                 self.final_usage = usage
+        self.first, self.last, self.prev_ct, self.cont_ok = first, last, prev_ct, cont_ok
 
     def finish(self) -> RequestOutput:
         out = self.out
