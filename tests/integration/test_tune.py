@@ -34,9 +34,11 @@ def _tune_args(model: Path, sdir: Path, *extra: str) -> list[str]:
 
 
 def _wait_mid_trial(sdir: Path, proc: subprocess.Popen, timeout: float = 540) -> dict:
-    """Wait until one search trial has finished (its server.log saved) and the next one's server runs a benchmark
-    (the baseline, folder trials/base, runs before them)."""
+    """Wait until one search trial has finished (its server.log saved) and the next one's server is ready and
+    running its first benchmark (no bench JSON yet: with a warm-started bisection one run may end a trial, so
+    "after a run" could already be the server's stop). The baseline (folder trials/base) runs before them."""
     t0 = time.monotonic()
+    reg = Registry()
     while time.monotonic() - t0 < timeout:
         assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
         run = sdir / "running.json"
@@ -49,9 +51,10 @@ def _wait_mid_trial(sdir: Path, proc: subprocess.Popen, timeout: float = 540) ->
                 done = [d for d in (sdir / "trials").iterdir() if (d / "server.log").exists() and d.name != "base"
                         and any(d.glob("bench-*.json")) and d.name != f"{cur['trial']:04d}"]
                 tdir = sdir / "trials" / f"{cur['trial']:04d}"
-                if done and any(tdir.glob("bench-*.json")):
+                dep = reg.get(cur["name"]) if reg.exists(cur["name"]) else None
+                if done and dep is not None and dep.phase == "ready" and not any(tdir.glob("bench-*.json")):
                     return cur
-        time.sleep(0.3)
+        time.sleep(0.2)
     raise AssertionError(f"no second trial benchmark within {timeout} s")
 
 
@@ -100,7 +103,8 @@ def test_tune_real_search_sigkill_resume_and_profile(tiny_models, tmp_path):
             assert not t["launched"] and not tdir.exists() and t["config"]["dcp"] == 2 and "parallel.dcp" in t["reason"]
         else:
             assert (tdir / "server.log").stat().st_size > 0 and list(tdir.glob("bench-c*-x1.json"))
-            assert len([pt for pt in t["points"]]) <= 2  # bisection over 3 ladder points: <= 2 runs
+            conc = [pt["concurrency"] for pt in t["points"]]
+            assert len(conc) == len(set(conc)) <= 3  # 3 ladder points: each measured at most once
     best = res["best"]
     assert best and best["config"]["dcp"] == 1 and "vllm" in best["command"] and " serve " in best["command"]
     bench = json.loads((sdir / "trials" / f"{best['trial']:04d}" / f"bench-c{best['concurrency']}-x1.json").read_text())
