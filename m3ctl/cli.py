@@ -614,11 +614,13 @@ def bench(
     from m3ctl.bench.runner import BenchConfig, gpus_from_argv, run_bench, run_sweep  # noqa: PLC0415
 
     gpus_source = "--num-gpus" if num_gpus else None
+    server_log = None
     if deployment:
         from m3ctl.state import Registry  # noqa: PLC0415
 
         dep = Registry().get(deployment)
         url, model = url or dep.url, model or dep.served_model_name
+        server_log = dep.log_path if dep.runtime == "process" else None  # written live by the process runtime
         if not num_gpus and (n := gpus_from_argv(list(dep.argv))):
             num_gpus, gpus_source = n, f"deployment {deployment}: tp x pp x dp x pcp (DCP adds none)"
     if not url:
@@ -642,7 +644,7 @@ def bench(
                           usd_per_gpu_hour=usd_per_gpu_hour, client_procs=client_procs, http_client=http_client,
                           continuous_usage=continuous_usage, allow_approx=allow_approx,
                           max_error_rate=max_error_rate, per_request=per_request, label=label,
-                          request_timeout_s=request_timeout,
+                          request_timeout_s=request_timeout, server_log=server_log,
                           api_key=os.environ.get("OPENAI_API_KEY") or os.environ.get("VLLM_API_KEY"))
     except ValueError as e:
         first = e.errors()[0] if isinstance(e, ValidationError) else {"loc": ["percentiles"], "msg": str(e)}

@@ -82,3 +82,31 @@ def test_measure_repeats_a_run_with_jit(gt_url, tiny_models, tmp_path, monkeypat
     # a clean run is not repeated
     res = sess.measure(2, 1.0)
     assert len(calls) == 3 and res["tune"]["jit_reruns"] == 0
+
+
+def test_bench_reports_server_jit_during_the_run(gt_url, tiny_models, tmp_path):
+    """bench with a live server log (m3ctl bench --deployment NAME of a process-runtime server) reports kernels
+    the server JIT-compiled during the measured phase as a validity warning; a clean run reports none."""
+    import threading
+
+    from m3ctl.bench.runner import BenchConfig, run_bench
+
+    log = tmp_path / "server.log"
+    log.write_text(JIT_LINE)  # a compile before the run (startup) is not the run's
+    cfg = BenchConfig(url=gt_url, model="groundtruth", input_len=16, output_len=30, num_prompts=8, concurrency=2,
+                      scrape_server_metrics=False, tokenizer=str(tiny_models["m2"]), server_log=str(log))
+    res = run_bench(cfg)  # 4 rounds x (50 ms + 29 x 10 ms): about 1.4 s
+    assert res["server_jit_compiles"] == {"count": 0, "kernels": []} and res["validity"]["warnings"] == []
+
+    def compile_mid_run() -> None:
+        time.sleep(0.5)
+        with log.open("a") as f:
+            f.write(JIT_LINE)
+
+    t = threading.Thread(target=compile_mid_run)
+    t.start()
+    res = run_bench(cfg)
+    t.join()
+    assert res["server_jit_compiles"] == {"count": 1, "kernels": ["fused_moe_kernel"]}
+    assert any("JIT-compiled 1 kernel(s)" in w for w in res["validity"]["warnings"]) and res["validity"]["valid"]
+    assert "server_jit_compiles" not in run_bench(cfg.model_copy(update={"server_log": None}))

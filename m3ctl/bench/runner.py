@@ -80,6 +80,9 @@ class BenchConfig(BaseModel):
     num_gpus_source: str | None = None
     usd_per_gpu_hour: float | None = Field(None, gt=0)
     label: str | None = None
+    server_log: str | None = None
+    """Server log file written live (an m3ctl process-runtime deployment's): the measured phase's part is
+    scanned for in-service kernel JIT compiles (m3ctl.kernels.jit_events), reported as a validity warning."""
     request_timeout_s: float = 6 * 3600
     # workloads
     workload: str = "random"
@@ -591,10 +594,16 @@ def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None) -> 
         warmups = [first] * cfg.num_warmups
     scraped: dict = {}
 
-    def before() -> None:
-        scraped["before"] = servermetrics.scrape(cfg.url, _headers(cfg))
+    log = Path(cfg.server_log) if cfg.server_log else None
 
-    outs, dur, cstats = _execute(cfg, job, warmups, before if cfg.scrape_server_metrics else None, progress)
+    def before() -> None:
+        if log is not None:
+            scraped["log_offset"] = log.stat().st_size if log.is_file() else 0
+        if cfg.scrape_server_metrics:
+            scraped["before"] = servermetrics.scrape(cfg.url, _headers(cfg))
+
+    outs, dur, cstats = _execute(cfg, job, warmups, before if cfg.scrape_server_metrics or log else None, progress)
+    jit = _server_jit(log, scraped.get("log_offset"))
     before = scraped.get("before")
     after = None
     if cfg.scrape_server_metrics and before is not None:
@@ -607,11 +616,11 @@ def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None) -> 
                 break
             time.sleep(0.2)
     return assemble(cfg, outs, dur, cstats, wl, tok_name=getattr(tok, "name", None),
-                    server=servermetrics.deltas(before, after))
+                    server=servermetrics.deltas(before, after), jit=jit)
 
 
 def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: list[ClientStats], wl: dict,
-             tok_name: str | None = None, server: dict | None = None) -> dict:
+             tok_name: str | None = None, server: dict | None = None, jit: list[str] | None = None) -> dict:
     """The result JSON of a finished run (vLLM's keys and meanings first, m3ctl's additions after)."""
     outs = sorted(outs, key=lambda o: o.scheduled_time)
     res: dict = {
@@ -677,6 +686,13 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
     if agentic:
         res["agentic"] = _agentic_block(ok, [s for st in cstats for s in st.sessions], cfg.percentiles)
     res["validity"] = _validity(cfg, outs, res, cstats, server)
+    if jit is not None:
+        res["server_jit_compiles"] = {"count": len(jit), "kernels": sorted(set(jit))}
+        if jit:
+            res["validity"]["warnings"].append(
+                f"the server JIT-compiled {len(jit)} kernel(s) during the run ({', '.join(sorted(set(jit)))}): "
+                "one-off latency spikes, so TTFT/TPOT tails overstate the steady state; run again (the kernels are "
+                "compiled now) or warm at this load first")
     if cfg.per_request:
         res["requests"] = [_record(o) for o in outs]
     if any(st.server_down for st in cstats):
@@ -693,6 +709,19 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
         res["validity"]["reasons"] = [r for r in res["validity"]["reasons"] if not r.startswith("server generated")]
         res["validity"]["reasons"].append("interrupted (Ctrl-C): partial results of the requests that finished")
     return res
+
+
+def _server_jit(log: Path | None, offset: int | None) -> list[str] | None:
+    """Kernels the server JIT-compiled after byte ``offset`` of its log (None when there is no log to read).
+    vLLM >= 0.26 logs them (vllm/utils/jit_monitor.py); without --jit-monitor-verbose only a kernel's first
+    compile is logged, so the count is a lower bound."""
+    if log is None or offset is None or not log.is_file():
+        return None
+    from m3ctl.kernels import jit_events  # noqa: PLC0415
+
+    with log.open("rb") as f:
+        f.seek(offset)
+        return jit_events(f.read().decode("utf-8", "replace"))
 
 
 def _record(o: RequestOutput) -> dict:
