@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,23 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def start_groundtruth(*opts: str) -> tuple[subprocess.Popen, str]:
+    """Start the ground-truth SSE test server (m3ctl/bench/groundtruth.py) with ``opts`` on a free port and
+    wait (<= 10 s) until it answers; returns (process, base URL). The caller terminates the process."""
+    import httpx
+
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "m3ctl.bench.groundtruth", "--port", str(port), *opts])
+    url = f"http://127.0.0.1:{port}"
+    for _ in range(100):
+        try:
+            httpx.get(f"{url}/v1/models", timeout=1)
+            break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    return proc, url
 
 
 @pytest.fixture(autouse=True)

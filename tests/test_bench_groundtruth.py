@@ -20,7 +20,7 @@ import pytest
 
 from m3ctl.bench.prompts import LocalTokenizer
 from m3ctl.bench.runner import BenchConfig, run_bench
-from tests.conftest import free_port, run_cli
+from tests.conftest import free_port, run_cli, start_groundtruth
 
 CORES = sorted(os.sched_getaffinity(0))
 
@@ -327,17 +327,8 @@ def test_aiohttp_and_fast_http_paths_agree(gt_server, tok, endpoint):
 
 def test_server_death_writes_partial_results(tiny_models, tmp_path):
     """The server process is killed mid-run: partial JSON, failures per kind, exit 4, one error line."""
-    port = free_port()
-    srv = subprocess.Popen([sys.executable, "-m", "m3ctl.bench.groundtruth", "--port", str(port), "--ttft-ms", "10",
-                            "--itl-ms", "20"])
-    url = f"http://127.0.0.1:{port}"
+    srv, url = start_groundtruth("--ttft-ms", "10", "--itl-ms", "20")
     try:
-        for _ in range(100):
-            try:
-                httpx.get(f"{url}/v1/models", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
         out = tmp_path / "partial.json"
         p = subprocess.Popen([sys.executable, "-m", "m3ctl", "bench", "--url", url, "--model", "groundtruth",
                               "--num-prompts", "40", "--concurrency", "3", "--input-len", "8", "--output-len", "50",

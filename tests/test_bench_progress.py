@@ -9,18 +9,14 @@ from __future__ import annotations
 import io
 import json
 import re
-import subprocess
-import sys
-import time
 
-import httpx
 import pytest
 from rich.console import Console
 
 from m3ctl.bench.progress import LiveProgress, RollingStats, render_line
 from m3ctl.bench.prompts import LocalTokenizer
 from m3ctl.bench.runner import BenchConfig, run_bench
-from tests.conftest import free_port, run_cli
+from tests.conftest import run_cli, start_groundtruth
 
 
 def _done(t, ok=True, kind="", ttft=0.1, toks=10):
@@ -72,16 +68,7 @@ def test_rolling_stats_out_of_order_events_and_failure_kinds():
 
 @pytest.fixture(scope="module")
 def gt_url():
-    port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "m3ctl.bench.groundtruth", "--port", str(port), "--ttft-ms", "120",
-                          "--itl-ms", "10"])
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            httpx.get(f"{url}/v1/models", timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    p, url = start_groundtruth("--ttft-ms", "120", "--itl-ms", "10")
     yield url
     p.terminate()
     p.wait(timeout=10)

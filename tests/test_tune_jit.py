@@ -8,18 +8,15 @@ log is a plain file the test writes the JIT line into while the first run is goi
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
-import httpx
 import pytest
 
 from m3ctl.kernels import jit_events, jit_measure_args
 from m3ctl.state import Deployment
-from tests.conftest import free_port
+from tests.conftest import start_groundtruth
 
 H1 = Path(__file__).parent / "fixtures" / "h200x1-real"
 JIT_LINE = ("(EngineCore pid=716) WARNING 11-29 21:24:48 [jit_monitor.py:135] Triton kernel JIT compilation during "
@@ -36,15 +33,7 @@ def test_jit_events_on_the_real_h200_log():
 
 @pytest.fixture()
 def gt_url(tiny_models):
-    port = free_port()
-    p = subprocess.Popen([sys.executable, "-m", "m3ctl.bench.groundtruth", "--port", str(port)])
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(100):
-        try:
-            httpx.get(f"{url}/v1/models", timeout=1)
-            break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    p, url = start_groundtruth()
     yield url
     p.terminate()
     p.wait(timeout=10)
