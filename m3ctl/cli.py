@@ -958,6 +958,9 @@ def tune(
         elif bl["status"] == "feasible":
             con.print(f"baseline (vLLM defaults): {bl['objective']:.1f} at concurrency {bl['concurrency']}; "
                       f"best / baseline = {out['vs_baseline']:.2f}x")
+            if out["vs_baseline"] is not None and out["vs_baseline"] <= 1.0:
+                con.print("[yellow]the defaults measured as good or better[/]: keep them (or tune with more "
+                          "--prompts-per-concurrency / --confirm-top on a quieter host)")
         else:
             con.print(f"baseline (vLLM defaults): {bl['status']}: {escape(bl['reason'])}")
     con.print(f"command: {escape(b['command'])}", soft_wrap=True)

@@ -212,6 +212,13 @@ def test_baseline_in_replay_measured_or_skipped_with_reason():
     assert res2.cost_s == pytest.approx(sum(o.cost_s for o in res2.outcomes) + b.cost_s)
     assert b.cost_s == pytest.approx(60.0 + len(b.points) * 1.0)
 
+    # with a confirmation rung the baseline is re-tested too (fresh start, more requests), like the best
+    ev3 = ReplayEvaluator(g2)
+    res3 = Tuner(space, ev3, TuneSpec(**{**spec.__dict__, "confirm_top": 1})).run(clock=lambda: ev3.clock[0])
+    b3 = res3.baseline
+    assert b3.confirmed == 1500 and b3.final == 1500 and [p.fidelity for p in b3.points][-1] == 2.0
+    assert ev3.opened == 2 + 1 + 1 + 1  # search, baseline, best's confirmation, baseline's confirmation
+
 
 def test_baseline_survives_resume_and_is_not_remeasured(tmp_path):
     grid = _grid()

@@ -31,8 +31,9 @@ Algorithm (shared/reference/anchors-bench-tune.md section 8, reduced to what run
    their chosen concurrency with ``confirm_factor`` times more requests; their final value is the worse
    of the two measurements (SCOOT's robustness re-test, arXiv 2408.04323).
 5. Baseline (``baseline``): vLLM's defaults (the plan with none of the tuned knobs' flags, the smallest TP
-   the planner accepts) measured once with the same bisection and SLO, so every study says by how much
-   the tuned configuration beats them (``vs_baseline``).
+   the planner accepts) measured once with the same bisection and SLO, and re-tested like the top
+   configurations when ``confirm_top`` > 0, so every study says by how much the tuned configuration beats
+   them (``vs_baseline``, both sides the worse of their two measurements).
 
 Budgets: ``max_trials`` server starts (rejected candidates cost none) and ``time_budget_s`` of wall time,
 both counted across resumes; a start is skipped when the median cost of the trials so far would overrun
@@ -581,6 +582,13 @@ class Tuner:
                                      {"confirmed": o.confirmed, "points": [asdict(p) for p in o.points],
                                       "cost_s": o.cost_s})
             self.on_event(o.trial, desc, f"confirmed: {o.confirmed:.1f} at c={o.concurrency}")
+        # The baseline gets the same re-test, so best / baseline compares like with like (both the worse of a
+        # search run and a confirmation run on a fresh server).
+        b = self.baseline
+        if b is not None and b.status == "feasible" and b.confirmed is None and b.config:
+            confirm(self.ev, b, self.spec, self.slo, lambda m: self.on_event("base", "vLLM defaults", m))
+            self.study.set_user_attr("baseline", b.to_json())
+            self.on_event("base", "vLLM defaults", f"confirmed: {b.confirmed:.1f} at c={b.concurrency}")
 
 
 def pareto(outcomes: list[Outcome]) -> list[dict[str, Any]]:

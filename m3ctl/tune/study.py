@@ -141,8 +141,9 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
     """``result.json`` (always), ``profile.yaml`` (when a configuration met the SLO), ``pareto.png`` (``--pareto``).
 
     result.json: ``best`` {config, objective, concurrency, command, argv, trial, flags}; ``baseline``
-    {config, objective, concurrency, command, status, reason, cost_s, points} or {skipped: why} when the study
-    measured vLLM's defaults; ``vs_baseline`` = best / baseline objective (None when either is missing or 0).
+    {config, objective (the worse of search and confirmation, like ``best``), search_objective, confirmed,
+    concurrency, command, status, reason, cost_s, points} or {skipped: why} when the study measured vLLM's
+    defaults; ``vs_baseline`` = best / baseline objective (None when either is missing or 0).
     """
     out: dict[str, Any] = {"stopped_by": res.stopped_by, "launches": res.launches, "cost_s": res.cost_s,
                            "elapsed_s": res.elapsed_s, "slo": settings["spec"]["slo"],
@@ -160,10 +161,11 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
         if b.status == "skipped":
             out["baseline"] = {"skipped": b.reason}
         else:
-            out["baseline"] = {"config": b.config, "objective": b.objective, "concurrency": b.concurrency,
+            out["baseline"] = {"config": b.config, "objective": b.final, "search_objective": b.objective,
+                               "confirmed": b.confirmed, "concurrency": b.concurrency,
                                "status": b.status, "reason": b.reason, "command": ev.command(b.config),
                                "cost_s": b.cost_s, "points": [asdict(p) for p in b.points]}
-        out["vs_baseline"] = (res.best.final / b.objective if res.best is not None and b.objective > 0 else None)
+        out["vs_baseline"] = (res.best.final / b.final if res.best is not None and b.final > 0 else None)
     front = pareto(res.outcomes)
     out["pareto"] = front
     if want_pareto and front:
