@@ -32,6 +32,8 @@ from pathlib import Path
 import httpx
 import numpy as np
 
+from m3ctl.bench.groundtruth import cpu_stall_s
+
 PY = sys.executable
 
 
@@ -127,15 +129,6 @@ def capacity(args, tmp: Path) -> None:
     finally:
         srv.terminate()
         srv.wait()
-
-
-def cpu_stall_s() -> float | None:
-    """Seconds some task of this host waited for a CPU (Linux PSI ``/proc/pressure/cpu``), None without PSI."""
-    try:
-        with open("/proc/pressure/cpu") as f:
-            return int(f.readline().split("total=")[1]) / 1e6
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def timing(args, tmp: Path) -> None:

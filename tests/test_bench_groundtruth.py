@@ -18,9 +18,10 @@ import httpx
 import numpy as np
 import pytest
 
+from m3ctl.bench.groundtruth import cpu_stall_s
 from m3ctl.bench.prompts import LocalTokenizer
 from m3ctl.bench.runner import BenchConfig, run_bench
-from tests.conftest import free_port, run_cli, start_groundtruth
+from tests.conftest import run_cli, start_groundtruth
 
 CORES = sorted(os.sched_getaffinity(0))
 
@@ -33,17 +34,9 @@ def gt_server():
     def start(*opts: str) -> str:
         if opts in procs:
             return procs[opts][1]
-        port = free_port()
-        p = subprocess.Popen([sys.executable, "-m", "m3ctl.bench.groundtruth", "--port", str(port), *opts])
+        p, url = start_groundtruth(*opts)
         if len(CORES) >= 2:  # the server on its own core; the accuracy test pins the client to another
             os.sched_setaffinity(p.pid, {CORES[-1]})
-        url = f"http://127.0.0.1:{port}"
-        for _ in range(100):
-            try:
-                httpx.get(f"{url}/v1/models", timeout=1)
-                break
-            except httpx.HTTPError:
-                time.sleep(0.1)
         procs[opts] = (p, url)
         return url
 
@@ -146,15 +139,6 @@ def _vs_injected(res: dict, conc: int, n: int) -> dict[str, tuple[float, float]]
     return out
 
 
-def _cpu_stall_s() -> float | None:
-    """Seconds some task of this host waited for a CPU (Linux PSI, /proc/pressure/cpu ``some total``, in us)."""
-    try:
-        with open("/proc/pressure/cpu") as f:
-            return int(f.readline().split("total=")[1]) / 1e6
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 MAX_STALL = 0.03  # an attempt counts when other tasks waited for a CPU less than 3 % of its wall time
 
 
@@ -176,7 +160,7 @@ def test_timings_match_injected_values(gt_server, tok, conc):
     attempts = []
     for _ in range(4):
         httpx.post(f"{url}/gt/reset")
-        s0, w0 = _cpu_stall_s(), time.perf_counter()
+        s0, w0 = cpu_stall_s(), time.perf_counter()
         # client (this process) and server on different cores, as benchmarks/bench_client.py runs them:
         # unpinned, the scheduler at times stacks both on one core (c=64: TTFT +3.8 ms unpinned, +0.3 ms pinned)
         if len(CORES) >= 2:
@@ -185,7 +169,7 @@ def test_timings_match_injected_values(gt_server, tok, conc):
             res = run_bench(_cfg(url, num_prompts=n, concurrency=conc, output_len=INJ_OSL, num_warmups=conc), tok=tok)
         finally:
             os.sched_setaffinity(0, CORES)
-        stall = None if s0 is None else (_cpu_stall_s() - s0) / (time.perf_counter() - w0)
+        stall = None if s0 is None else (cpu_stall_s() - s0) / (time.perf_counter() - w0)
         real = _realized(url, skip=conc)
         assert res["completed"] == n and res["failed"] == 0 and res["total_output_tokens"] == n * INJ_OSL
         bad = {k: (round(m, 2), round(i, 2)) for k, (m, i) in _vs_injected(res, conc, n).items()

@@ -317,6 +317,17 @@ async def _serve_forever(port: int, cfg: GTConfig, host: str) -> None:
         await server.serve_forever()
 
 
+def cpu_stall_s() -> float | None:
+    """Seconds some task of this host waited for a CPU (Linux PSI ``/proc/pressure/cpu``, ``some total`` in us),
+    None without PSI. Accuracy runs against this instrument compare its growth with their wall time: a run
+    during which other tasks waited for a CPU cannot judge millisecond timing."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            return int(f.readline().split("total=")[1]) / 1e6
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def serve(port: int, cfg: GTConfig, host: str = "127.0.0.1") -> None:
     """Serve until killed (uvloop when installed)."""
     try:
