@@ -614,13 +614,17 @@ def bench(
     from m3ctl.bench.runner import BenchConfig, gpus_from_argv, run_bench, run_sweep  # noqa: PLC0415
 
     gpus_source = "--num-gpus" if num_gpus else None
-    server_log = None
+    server_log, sync_log = None, None
     if deployment:
         from m3ctl.state import Registry  # noqa: PLC0415
 
         dep = Registry().get(deployment)
         url, model = url or dep.url, model or dep.served_model_name
-        server_log = dep.log_path if dep.runtime == "process" else None  # written live by the process runtime
+        server_log = dep.log_path  # JIT compiles during the measured phase (docker: the log is synced first)
+        if dep.runtime != "process":
+            from m3ctl.serve import runtime_for  # noqa: PLC0415
+
+            sync_log = lambda: runtime_for(dep).sync_log(dep)  # noqa: E731
         if not num_gpus and (n := gpus_from_argv(list(dep.argv))):
             num_gpus, gpus_source = n, f"deployment {deployment}: tp x pp x dp x pcp (DCP adds none)"
     if not url:
@@ -667,11 +671,11 @@ def bench(
         return LiveProgress(err_con, total=total, label=f"bench c={c.concurrency or '-'}")
 
     if len(concs) > 1:
-        runs = run_sweep(cfg, concs, progress=live)
+        runs = run_sweep(cfg, concs, progress=live, sync_log=sync_log)
         doc: dict | list = report.sweep_doc(runs, "concurrency", concs)
     else:
         with live(cfg) as prog:
-            runs = [run_bench(cfg, progress=prog)]
+            runs = [run_bench(cfg, progress=prog, sync_log=sync_log)]
         doc = runs[0]
     where = "stdout" if to_stdout else output_json
     if to_stdout:

@@ -54,13 +54,19 @@ def test_measure_repeats_a_run_with_jit(gt_url, tiny_models, tmp_path, monkeypat
     sess = ServerSession(ev, SimpleNamespace(argv=["vllm", "serve"]), dep, tmp_path, 1.0)
     real, calls = runner.run_bench, []
 
-    def run_and_compile_once(cfg, *a, **kw):  # the server compiles a kernel during the first run only
+    def run_and_compile_once(cfg, *a, sync_log=None, **kw):  # the server compiles during the first run only
         calls.append(cfg.num_prompts)
-        out = real(cfg, *a, **kw)
-        if len(calls) == 1:
-            with log.open("a") as f:
-                f.write(JIT_LINE)
-        return out
+        syncs = []
+
+        def sync() -> None:  # bench syncs the log before and after its measured phase
+            syncs.append(1)
+            if len(calls) == 1 and len(syncs) == 2:
+                with log.open("a") as f:
+                    f.write(JIT_LINE)
+            if sync_log is not None:
+                sync_log()
+
+        return real(cfg, *a, sync_log=sync, **kw)
 
     monkeypatch.setattr(runner, "run_bench", run_and_compile_once)
     res = sess.measure(4, 1.0)

@@ -81,8 +81,9 @@ class BenchConfig(BaseModel):
     usd_per_gpu_hour: float | None = Field(None, gt=0)
     label: str | None = None
     server_log: str | None = None
-    """Server log file written live (an m3ctl process-runtime deployment's): the measured phase's part is
-    scanned for in-service kernel JIT compiles (m3ctl.kernels.jit_events), reported as a validity warning."""
+    """Server log file of an m3ctl deployment (kept current by ``run_bench``'s ``sync_log`` where the runtime
+    copies it): the measured phase's part is scanned for in-service kernel JIT compiles
+    (m3ctl.kernels.jit_events), reported as ``server_jit_compiles`` and a validity warning."""
     request_timeout_s: float = 6 * 3600
     # workloads
     workload: str = "random"
@@ -565,7 +566,7 @@ def _validate(cfg: BenchConfig) -> None:
                        "e.g. --duration 60 --concurrency 8")
 
 
-def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None) -> dict:
+def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None, sync_log=None) -> dict:
     """Run the benchmark and return the result JSON (vLLM keys plus m3ctl's additions).
 
     A server that stops accepting connections mid-run (``SERVER_DOWN_AFTER`` connection-refused
@@ -574,6 +575,8 @@ def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None) -> 
 
     Args:
         tok: a tokenizer to reuse (sweeps build it once); default: the server's ``/tokenize``.
+        sync_log: called before reading ``cfg.server_log`` (a runtime whose log is copied, e.g. Docker's
+            ``sync_log``); None when the server writes the file itself.
         progress: a :class:`m3ctl.bench.progress.LiveProgress` (or any object with ``put(event)``,
             ``attach(queue)`` and ``detach(queue)``) fed with the measured phase's send/finish events.
 
@@ -598,11 +601,15 @@ def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None) -> 
 
     def before() -> None:
         if log is not None:
+            if sync_log is not None:
+                sync_log()
             scraped["log_offset"] = log.stat().st_size if log.is_file() else 0
         if cfg.scrape_server_metrics:
             scraped["before"] = servermetrics.scrape(cfg.url, _headers(cfg))
 
     outs, dur, cstats = _execute(cfg, job, warmups, before if cfg.scrape_server_metrics or log else None, progress)
+    if log is not None and sync_log is not None:
+        sync_log()
     jit = _server_jit(log, scraped.get("log_offset"))
     before = scraped.get("before")
     after = None
@@ -825,8 +832,9 @@ def _validity(cfg: BenchConfig, outs: list[RequestOutput], res: dict, cstats: li
             "responses_without_usage": no_usage}
 
 
-def run_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None) -> list[dict]:
-    """One run per concurrency (same workload and seed); the tokenizer is built once.
+def run_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None, sync_log=None) -> list[dict]:
+    """One run per concurrency (same workload and seed); the tokenizer is built once. ``sync_log``: as
+    :func:`run_bench`.
 
     ``progress``: optional ``callable(run_cfg)`` returning a context manager that yields a progress
     sink for that run (see :func:`run_bench`) or None.
@@ -839,7 +847,7 @@ def run_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None) -> list
         for c in concurrencies:
             one = cfg.model_copy(update={"concurrency": c})
             with progress(one) if progress else contextlib.nullcontext(None) as prog:
-                runs.append(run_bench(one, tok=tok, progress=prog))
+                runs.append(run_bench(one, tok=tok, progress=prog, sync_log=sync_log))
             if runs[-1].get("interrupted") or runs[-1].get("server_down"):
                 break
         return runs

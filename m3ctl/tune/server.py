@@ -30,40 +30,23 @@ class ServerSession:
 
         return runtime_for(self.dep).is_alive(self.dep)
 
-    def _log_size(self) -> int:
-        from m3ctl.serve import runtime_for  # noqa: PLC0415
-
-        runtime_for(self.dep).sync_log(self.dep)
-        p = Path(self.dep.log_path) if self.dep.log_path else None
-        return p.stat().st_size if p is not None and p.is_file() else 0
-
-    def _jit_since(self, offset: int) -> list[str]:
-        from m3ctl.kernels import jit_events  # noqa: PLC0415
-        from m3ctl.serve import runtime_for  # noqa: PLC0415
-
-        runtime_for(self.dep).sync_log(self.dep)
-        if not self.dep.log_path or not Path(self.dep.log_path).is_file():
-            return []
-        with open(self.dep.log_path, "rb") as f:
-            f.seek(offset)
-            return jit_events(f.read().decode("utf-8", "replace"))
-
     def measure(self, concurrency: int, fidelity: float) -> dict:
         """One bench run at ``concurrency``. A run during which the server JIT-compiled or autotuned a kernel
         (a latency spike of up to seconds: m3ctl.kernels.jit_events) did not measure the steady state: it is
         kept as ``bench-cC-xF-jitN.json`` and repeated, at most ``JIT_RERUNS`` times."""
         from m3ctl.bench.runner import BenchConfig, run_bench  # noqa: PLC0415
+        from m3ctl.serve import runtime_for  # noqa: PLC0415
 
         cfg = BenchConfig(url=self.dep.url, model=self.dep.served_model_name, concurrency=concurrency,
                           num_prompts=num_prompts(self.ev.spec, concurrency, fidelity),
                           num_gpus=self.ev.n_gpus_plan(self.plan), num_gpus_source="plan (tp x dp)",
-                          label=f"tune trial {self.dir.name} c={concurrency}", **self.ev.bench)
+                          label=f"tune trial {self.dir.name} c={concurrency}", server_log=self.dep.log_path,
+                          **self.ev.bench)
         stem = f"bench-c{concurrency}-x{fidelity:g}"
         reruns = 0
-        while True:
-            off = self._log_size()
-            res = run_bench(cfg)
-            jit = self._jit_since(off)
+        while True:  # the bench reports the kernels the server compiled during its measured phase
+            res = run_bench(cfg, sync_log=lambda: runtime_for(self.dep).sync_log(self.dep))
+            jit = (res.get("server_jit_compiles") or {}).get("kernels", [])
             res["tune"] = {"trial_dir": str(self.dir), "argv": self.plan.argv, "fidelity": fidelity,
                            "jit_events": jit, "jit_reruns": reruns}
             if not jit or reruns >= JIT_RERUNS:
