@@ -7,6 +7,15 @@ Two steps:
     # any time (seconds, no server): run the search with many seeds against the recorded results
     python benchmarks/tune_efficiency.py --grid tests/fixtures/tune_grid_cpu.json --seeds 50
 
+Two recorded landscapes (``--preset``):
+
+- ``short`` (tests/fixtures/tune_grid_cpu.json): 128-token prompts, 32-token outputs, SLO
+  ``p90_tpot_ms<=60,p90_ttft_ms<=1500``. vLLM's CPU defaults sit on the compute plateau here.
+- ``long-prompt`` (tests/fixtures/tune_grid_cpu_long.json, about 50 min to record): 1,792-token prompts,
+  128-token outputs, SLO ``p99_itl_ms<=100`` (no token gap above 100 ms while streaming). A prefill chunk of
+  up to max-num-batched-tokens (vLLM CPU default 2,048) stalls every decode in its engine step, so the knob
+  sets the p99 ITL at load; the defaults cap at a low concurrency.
+
 Grid optimum: for every configuration, the best objective over the ladder concurrencies that meet the
 SLO (the value a brute-force sweep would find). Grid cost: every server start plus every run duration.
 Search cost: the starts and runs the search actually made (replayed with their recorded durations).
@@ -28,14 +37,26 @@ import sys
 import time
 from pathlib import Path
 
-SLO = "p90_tpot_ms<=60,p90_ttft_ms<=1500"
-SLOS = [None, "p90_tpot_ms<=20,p90_ttft_ms<=500", "p90_ttft_ms<=300"]  # None: the grid's recorded SLO
-LADDER = [1, 2, 4, 8, 16]
-KNOBS = ["spec_depth=0-4", "max_num_seqs=4,16", "max_num_batched_tokens=256,2048"]
-BENCH = {"input_len": 128, "output_len": 32, "seed": 0, "num_warmups": 1}
+FIXTURES = Path(__file__).parent.parent / "tests/fixtures"
+#: Recorded landscapes. ``replay_slos``: None = the grid's recorded SLO; all fixed before recording.
+PRESETS = {
+    "short": {"slo": "p90_tpot_ms<=60,p90_ttft_ms<=1500",
+              "replay_slos": [None, "p90_tpot_ms<=20,p90_ttft_ms<=500", "p90_ttft_ms<=300"],
+              "ladder": [1, 2, 4, 8, 16],
+              "knobs": ["spec_depth=0-4", "max_num_seqs=4,16", "max_num_batched_tokens=256,2048"],
+              "bench": {"input_len": 128, "output_len": 32, "seed": 0, "num_warmups": 1},
+              "grid": FIXTURES / "tune_grid_cpu.json"},
+    "long-prompt": {"slo": "p99_itl_ms<=100",
+                    "replay_slos": [None, "p99_itl_ms<=50", "p99_itl_ms<=200,p90_ttft_ms<=5000"],
+                    "ladder": [1, 2, 4, 8, 16],
+                    "knobs": ["spec_depth=0,2", "max_num_seqs=8,64", "max_num_batched_tokens=128,256,512,1024,2048"],
+                    "bench": {"input_len": 1792, "output_len": 128, "seed": 0, "num_warmups": 1},
+                    "grid": FIXTURES / "tune_grid_cpu_long.json"},
+}
+SLOS = PRESETS["short"]["replay_slos"]  # for grids recorded before presets existed (no meta.replay_slos)
 
 
-def record(out: Path, model: str | None) -> None:
+def record(out: Path, model: str | None, preset: str = "short") -> None:
     from m3ctl.dev.tiny_model import build_tiny_model
     from m3ctl.errors import ConfigRejected, LaunchFailed
     from m3ctl.hw.detect import detect
@@ -44,6 +65,8 @@ def record(out: Path, model: str | None) -> None:
     from m3ctl.tune.server import ServerEvaluator
     from m3ctl.tune.space import apply_pins, default_space
 
+    pre = PRESETS[preset]
+    SLO, LADDER, KNOBS, BENCH = pre["slo"], pre["ladder"], pre["knobs"], pre["bench"]
     inv = detect()
     model = model or str(build_tiny_model(Path("/tmp/m3ctl-tune-grid-model")))
     space = apply_pins(default_space(profile_for_arch(inv.arch), len(inv.gpus)), KNOBS)
@@ -56,7 +79,7 @@ def record(out: Path, model: str | None) -> None:
     work.mkdir(exist_ok=True)
     ev = ServerEvaluator(inv, model, work, spec, plan_base={}, bench=BENCH, port=port, name_prefix="tunegrid",
                          space=space)
-    grid = {"meta": {"slo": SLO, "knobs": KNOBS, "bench": BENCH, "host_cpus": __import__("os").cpu_count(),
+    grid = {"meta": {"slo": SLO, "replay_slos": pre["replay_slos"], "preset": preset, "knobs": KNOBS, "bench": BENCH, "host_cpus": __import__("os").cpu_count(),
                      "model": "m3ctl dev tiny-model (MiniMax-M2 tiny)", "recorded": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                      "objective": "tput_per_gpu", "prompts_per_concurrency": 4, "min_prompts": 8},
             "ladder": LADDER, "space": space.to_json(), "configs": []}
@@ -189,7 +212,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--record", type=Path, help="measure the grid on the real CPU server and write it here")
     ap.add_argument("--model", help="local model dir for --record (default: a fresh tiny model)")
-    ap.add_argument("--grid", type=Path, default=Path(__file__).parent.parent / "tests/fixtures/tune_grid_cpu.json")
+    ap.add_argument("--preset", choices=list(PRESETS), default="short",
+                    help="landscape to record, and the default --grid to replay (see the module docstring)")
+    ap.add_argument("--grid", type=Path, default=None, help="recorded grid (default: the preset's fixture)")
     ap.add_argument("--seeds", type=int, default=50)
     ap.add_argument("--max-trials", type=int, default=12, help="server-start budget (the CLI's default)")
     ap.add_argument("--budget-frac", type=float, default=0.25,
@@ -199,11 +224,12 @@ def main() -> int:
                     help="SLO to replay (repeatable; default: the recorded one and two tighter ones)")
     a = ap.parse_args()
     if a.record:
-        record(a.record, a.model)
+        record(a.record, a.model, a.preset)
         return 0
-    grid = json.loads(a.grid.read_text())
-    slos = a.slo or [x or grid["meta"]["slo"] for x in SLOS]
-    return replay(a.grid, a.seeds, a.max_trials, a.confirm_top, slos, a.budget_frac or None)
+    path = a.grid or PRESETS[a.preset]["grid"]
+    grid = json.loads(path.read_text())
+    slos = a.slo or [x or grid["meta"]["slo"] for x in grid["meta"].get("replay_slos", SLOS)]
+    return replay(path, a.seeds, a.max_trials, a.confirm_top, slos, a.budget_frac or None)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ benchmarks/tune_efficiency.py --record)."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -169,6 +170,69 @@ def test_complete_poll_measures_every_anchor_neighbour_before_moving():
     assert order[0].config == anchor
     steps = [sum(o.config[k] != anchor[k] for k in space.free()) for o in order[1:]]
     assert steps == [1, 1, 1] and len({key_of(o.config) for o in order}) == 4
+
+
+def test_slo_boundary_value_ranks_equal_capacity_by_headroom():
+    """Two configurations that both meet the SLO at c=2 and miss it at c=4 differ in throughput by noise only;
+    the one whose c=4 run misses by less is closer to the next load step and ranks higher. The value is
+    interpolated between the measured objectives, the binding term decides, and it is never below the
+    measured objective."""
+    from m3ctl.tune.search import Outcome, Point, slo_boundary_value
+
+    slo = parse_slo("p99_itl_ms<=100,p90_ttft_ms<=2000")
+
+    def out(itl4: float, ttft4: float = 500.0, tput2: float = 2500.0, tput4: float = 3500.0) -> Outcome:
+        pts = [Point(2, 1.0, tput2, True, True, 1.0, {"p99_itl_ms": 20.0, "p90_ttft_ms": 400.0}),
+               Point(4, 1.0, tput4, False, True, 1.0, {"p99_itl_ms": itl4, "p90_ttft_ms": ttft4})]
+        return Outcome(config={}, status="feasible", objective=tput2, concurrency=2, points=pts)
+
+    near, far = slo_boundary_value(out(120.0), slo), slo_boundary_value(out(400.0), slo)
+    assert 2500 < far < near < 3500
+    assert near == pytest.approx(2500 + (80 / 100) * 1000)  # ITL crosses 100 ms at 80 % of the 20 -> 120 step
+    # the TTFT term binds when it misses by more (relative violation): 400 -> 3000 ms crosses 2000 at 61.5 %
+    assert slo_boundary_value(out(120.0, ttft4=3000.0), slo) == pytest.approx(2500 + 0.615384 * 1000, rel=1e-4)
+    assert slo_boundary_value(out(120.0, tput4=2000.0), slo) == 2500  # no throughput gain above: the measured value
+    top = Outcome(config={}, status="feasible", objective=2500.0, concurrency=2, points=out(120.0).points[:1])
+    assert slo_boundary_value(top, slo) == 2500  # nothing measured above: the measured value
+    assert slo_boundary_value(Outcome(config={}, status="slo_infeasible"), slo) == 0.0
+
+
+def _itl_landscape() -> tuple[Space, dict]:
+    """A grid shaped like the long-prompt CPU study (docs/results/cpu-tune.md): every configuration's
+    throughput curve is the same within a few per cent, but a prefill chunk of max-num-batched-tokens stalls
+    every decode in its step, so p99 ITL grows with that knob and with load; ngram speculation only adds work."""
+    space = Space(values={"spec_depth": [0, 1, 2], "max_num_batched_tokens": [128, 256, 512, 1024, 2048]})
+    base = {1: 1500.0, 2: 2500.0, 4: 3000.0, 8: 4000.0, 16: 4200.0}
+    configs = []
+    for cand in space.grid():
+        k, mbt = cand["spec_depth"], cand["max_num_batched_tokens"]
+        pts = {}
+        for c, tput in base.items():
+            itl = (10.0 if c <= 2 else 10.0 + mbt * 0.12 * (c / 4) ** 0.5) * (1 + 0.1 * k)
+            pts[str(c)] = {"duration": 10.0, "completed": 4 * c, "p99_itl_ms": itl, "p90_ttft_ms": 100.0 * c,
+                           "total_token_throughput": tput * (1 - 0.02 * math.log2(2048 / mbt)) * (1 - 0.05 * k)}
+        configs.append({"config": cand, "status": "ok", "start_s": 50.0, "points": pts})
+    return space, {"ladder": list(base), "configs": configs, "space": space.to_json(), "meta": {"slo": "p99_itl_ms<=100"}}
+
+
+def test_pattern_moves_walk_a_monotone_knob_to_the_optimum():
+    """On a plateau where every configuration caps at c=2 under the raw objective, the headroom ranking moves
+    the centre to max-num-batched-tokens 1024 after the anchor's poll, and the Hooke-Jeeves pattern moves
+    then walk the knob one start per step (512, 256, 128) before the final poll: the grid optimum (256, no
+    speculation, c=16) at the 5th of 15 starts, then the poll and ``patience`` TPE starts stop it."""
+    space, grid = _itl_landscape()
+    ev = ReplayEvaluator(grid)
+    res = Tuner(space, ev, TuneSpec(slo="p99_itl_ms<=100", ladder=grid["ladder"], max_trials=14,
+                                    confirm_top=0)).run(clock=lambda: ev.clock[0])
+    launched = sorted((o for o in res.outcomes if o.launched), key=lambda o: o.trial)
+    order = [(o.config["spec_depth"], o.config["max_num_batched_tokens"]) for o in launched]
+    assert order[:6] == [(0, 2048), (1, 2048), (0, 1024), (0, 512), (0, 256), (0, 128)]
+    assert res.best.config == {"spec_depth": 0, "max_num_batched_tokens": 256} and res.best.concurrency == 16
+    grid_best = max(max(p["total_token_throughput"] for p in c["points"].values() if p["p99_itl_ms"] <= 100)
+                    for c in grid["configs"])
+    assert res.best.objective == pytest.approx(grid_best)
+    assert launched.index(res.best) == 4 and order[6] == (1, 256)  # then the poll's last unmeasured neighbour
+    assert res.stopped_by.startswith("stalled") and res.launches == 7 + 3  # + patience (3) TPE starts
 
 
 def test_replay_meets_the_efficiency_target_on_the_recorded_grid():

@@ -21,6 +21,11 @@ Algorithm (shared/reference/anchors-bench-tune.md section 8, reduced to what run
    Kolda, Lewis & Torczon 2003, SIAM Review 45(3)) with a *complete poll*: every one-step neighbour (one knob,
    adjacent value) of the poll centre is measured before the centre moves to the best point found, so a
    noisy early improvement along one knob cannot lead the search away from a better move along another.
+   After each move the pattern point one more step the same way is tried first (Hooke & Jeeves 1961) and
+   taken at once when better, so a knob with a monotone effect is walked at one start per step.
+   Configurations rank by :func:`slo_boundary_value` (the objective interpolated to where the SLO's binding
+   term crosses between the last meeting and the first missing load), not by the raw objective: on a
+   plateau where every configuration caps at the same ladder rung, the raw values differ by noise only.
    While nothing meets the SLO the centre is the least-violating configuration (the search walks towards
    feasibility instead of sampling blindly). When the poll around the incumbent is complete (a local
    optimum on the one-step mesh), optuna's TPE sampler (multivariate, ordered knobs by index) proposes
@@ -52,7 +57,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from m3ctl.errors import ConfigRejected, LaunchFailed
-from m3ctl.tune.slo import SLO, metric, objective_value
+from m3ctl.tune.slo import SLO, objective_value
 from m3ctl.tune.space import Space, describe, key_of
 
 STUDY_NAME = "m3ctl-tune"
@@ -240,6 +245,40 @@ def _summarise(out: Outcome, slo: SLO) -> Outcome:
     return out
 
 
+def slo_boundary_value(out: Outcome, slo: SLO) -> float:
+    """The search's guide for a feasible configuration: its objective interpolated to the load at which the
+    SLO's binding term would be met exactly (tok/s per GPU, or tokens per USD, like the objective).
+
+    Between the highest concurrency that met the SLO (objective ``o_ok``) and the next measured one that
+    missed it (``o_miss``), each term's relative violation (:meth:`Term.violation`, affine in the metric) is
+    interpolated linearly; the binding term crosses zero at fraction ``f`` in [0, 1) of the step, and the
+    value is ``o_ok + f * max(0, o_miss - o_ok)``. With no missing run above the best SLO-meeting one the
+    value is the measured objective. Why: configurations capped at the same ladder rung differ in throughput
+    only by run-to-run noise, but they differ clearly in how far the next rung misses the SLO (a p99 ITL of
+    120 ms vs 400 ms against 100 ms); ranking by this headroom gives the pattern search a direction where the
+    measured objective is flat (the "SLO-limited capacity" of SCOOT, arXiv 2408.04323, interpolated like
+    ``vllm bench sweep serve_sla``). Reported results always stay measured (``Outcome.objective``/``final``).
+    Returns 0.0 for an outcome that is not feasible.
+    """
+    if out.status != "feasible":
+        return 0.0
+    ok = [p for p in out.points if p.valid and p.slo_ok]
+    if not ok:
+        return out.objective
+    top = max(ok, key=lambda p: (p.concurrency, p.objective))
+    above = [p for p in out.points if p.valid and not p.slo_ok and p.concurrency > top.concurrency]
+    if not above:
+        return out.objective
+    miss = min(above, key=lambda p: p.concurrency)
+    frac = 1.0
+    for t in slo.terms:
+        v_ok, v_miss = t.violation(top.metrics), t.violation(miss.metrics)
+        if v_miss > 0:
+            frac = min(frac, max(0.0, -v_ok) / (v_miss - v_ok) if v_miss > v_ok else 0.0)
+    frac = min(max(frac, 0.0), 0.999)
+    return max(out.objective, top.objective + frac * max(0.0, miss.objective - top.objective))
+
+
 def evaluate(ev: Evaluator, cand: dict[str, Any], spec: TuneSpec, slo: SLO, trial: int | str,
              on_event: Callable[[str], None], start: int | None = None) -> Outcome:
     """Check, start, bisect (from ``start``, a warm-start concurrency, when given) and stop one configuration.
@@ -334,6 +373,7 @@ class Tuner:
         self.interrupted_trials: list[int] = []
         self.baseline: Outcome | None = None
         self._centre: str | None = None
+        self._pattern: dict[str, Any] | None = None
         self._local_done = False
         self._load()
         if not self.study.trials and free:
@@ -399,7 +439,7 @@ class Tuner:
         """Poll-centre order: feasible by objective, then SLO-infeasible by (smaller) violation; crashed and
         rejected configurations are never centres."""
         if o.status == "feasible":
-            return (1, o.objective)
+            return (1, slo_boundary_value(o, self.slo))
         if o.status == "slo_infeasible":
             viol = [self.slo.violation(p.metrics) for p in o.points if p.valid]
             return (0, -min(viol)) if viol else None
@@ -420,20 +460,51 @@ class Tuner:
                     out.append({**cfg, k: vals[j]})
         return out
 
+    def _extrapolate(self, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
+        """The Hooke-Jeeves pattern point ``new + (new - old)`` on the knob mesh: ordered knobs by index, other
+        knobs keep ``new``'s value. None when it leaves a knob's range or equals ``new``."""
+        out = dict(new)
+        for k in self.space.free():
+            vals = self.space.values[k]
+            if k in self.ordinal and old.get(k) in vals and new.get(k) in vals:
+                j = 2 * vals.index(new[k]) - vals.index(old[k])
+                if not 0 <= j < len(vals):
+                    return None
+                out[k] = vals[j]
+        return None if key_of(out) == key_of(new) else out
+
+    def _move_centre(self, to: Outcome) -> None:
+        old = self.outcomes[self._centre].config if self._centre in self.outcomes else None
+        self._centre = key_of(to.config)
+        self._pattern = self._extrapolate(old, to.config) if old is not None else None
+
     def _neighbour(self) -> dict[str, Any] | None:
-        """The next unmeasured configuration of the complete poll around the poll centre, or None when the
+        """The next unmeasured configuration of the local search around the poll centre, or None when the
         incumbent's whole neighbourhood is measured (a local optimum on the one-step mesh: TPE's turn).
 
-        The centre moves only when its poll is complete, to the best configuration measured so far (module
+        The centre moves when its poll is complete, to the best configuration measured so far (module
         docstring, step 3); restart knobs interact weakly on a fixed host, so single-knob moves from a good
         point are the cheapest improvements, and polling all of them before moving keeps one noisy gain
-        from steering the search."""
+        from steering the search. After a move, the pattern point one more step the same way (Hooke & Jeeves
+        1961, J. ACM 8(2)) is tried first and taken at once when it ranks better: a knob whose effect is
+        monotone over several values (max-num-batched-tokens against a p99 ITL SLO, say) is walked to its
+        end at one start per step instead of one complete poll per step."""
         while True:
             if self._centre is None or self._centre not in self.outcomes:
                 best = self._best_centre()
                 if best is None:
                     return None
-                self._centre = key_of(best.config)
+                self._centre, self._pattern = key_of(best.config), None
+            if self._pattern is not None:
+                pk = key_of(self._pattern)
+                if pk not in self.outcomes:
+                    return self._pattern
+                cand, centre = self.outcomes[pk], self.outcomes[self._centre]
+                self._pattern = None
+                rc, rp = self._rank(centre), self._rank(cand)
+                if rp is not None and (rc is None or rp > rc):
+                    self._move_centre(cand)
+                    continue
             todo = [c for c in self._mesh(self.outcomes[self._centre].config) if key_of(c) not in self.outcomes]
             if todo:
                 return todo[0]
@@ -441,7 +512,7 @@ class Tuner:
             if best is None or key_of(best.config) == self._centre:
                 self._local_done = True
                 return None
-            self._centre = key_of(best.config)
+            self._move_centre(best)
 
     def _dist(self, a: dict[str, Any], b: dict[str, Any]) -> float:
         """Knob-step distance: ordered knobs by index difference, the others 0/1."""
@@ -481,7 +552,9 @@ class Tuner:
         trial.set_user_attr("outcome", out.to_json())
         if duplicate:
             trial.set_user_attr("duplicate", True)
-        self.study.tell(trial, out.objective)
+        # TPE learns the SLO-boundary value (the measured objective plus the headroom towards the next load
+        # step): the same order as the poll, and no flat plateau of equal-capacity configurations.
+        self.study.tell(trial, slo_boundary_value(out, self.slo))
 
     def _elapsed_before(self) -> float:
         return float(self.study.user_attrs.get("elapsed_s", 0.0))
@@ -498,7 +571,8 @@ class Tuner:
         dups = 0
         size = self.space.size()
         # Global (TPE) starts since the best value last improved, counted once the local poll is complete.
-        best_val = max((o.objective for o in self.outcomes.values() if o.status == "feasible"), default=0.0)
+        best_val = max((slo_boundary_value(o, self.slo) for o in self.outcomes.values() if o.status == "feasible"),
+                       default=0.0)
         idle = 0
         try:
             while True:
@@ -548,8 +622,8 @@ class Tuner:
                     raise
                 self.outcomes[k] = out
                 self._tell(trial, out)
-                if out.status == "feasible" and out.objective > best_val:
-                    best_val, idle = out.objective, 0
+                if out.status == "feasible" and (v := slo_boundary_value(out, self.slo)) > best_val:
+                    best_val, idle = v, 0
                 elif out.launched and nb is None and (self._local_done or not self.spec.local_first):
                     idle += 1
                 res = (f"{out.objective:.1f} at c={out.concurrency}" if out.status == "feasible"
