@@ -1,0 +1,78 @@
+"""The real CPU-server tune of issue 6, recorded (tests/fixtures/cpu-tune-long/, docs/results/cpu-tune.md).
+
+`m3ctl tune` of the tiny MiniMax-M2 on vLLM 0.32 CPU, 1,792-token prompts and 128-token outputs, SLO
+``p99_itl_ms<=100`` (no token gap above 100 ms while streaming), knobs ngram depth 0-4 x max-num-seqs
+8-64 x max-num-batched-tokens 128-2048, 11 server starts, vLLM's defaults as the baseline. These tests read
+what that run wrote, so CI keeps checking the claims made about it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from m3ctl.tune.slo import parse_slo
+
+D = Path(__file__).parent / "fixtures" / "cpu-tune-long"
+
+
+@pytest.fixture(scope="module")
+def result() -> dict:
+    return json.loads((D / "result.json").read_text())
+
+
+def test_tuned_beats_vllm_defaults_both_confirmed(result):
+    """Best (confirmed on a fresh server with 2x requests) vs vLLM's CPU defaults (confirmed the same way):
+    5,030 vs 2,908 total tok/s at the SLO = 1.73x. The defaults (max-num-batched-tokens 2,048) miss the
+    p99 ITL bound from c=4 on: a whole 1,792-token prefill lands in one engine step and stalls every decode."""
+    slo = parse_slo(result["slo"])
+    b, base = result["best"], result["baseline"]
+    assert result["vs_baseline"] == pytest.approx(b["objective"] / base["objective"]) and result["vs_baseline"] > 1.5
+    best = next(t for t in result["trials"] if t["trial"] == b["trial"])
+    confirm = [p for p in best["points"] if p["fidelity"] == 2.0]
+    assert confirm and all(p["slo_ok"] and slo.ok(p["metrics"]) for p in confirm)
+    assert b["objective"] == pytest.approx(min(best["objective"], best["confirmed"]))
+    assert base["confirmed"] == base["objective"] < base["search_objective"]  # the worse of its two measurements
+    assert base["concurrency"] == 2 and b["concurrency"] == 32
+    miss = [p for p in base["points"] if not p["slo_ok"]]
+    assert miss and all(p["concurrency"] == 4 and p["metrics"]["p99_itl_ms"] > 200 for p in miss)
+    assert b["flags"]["max-num-batched-tokens"] < 2048  # vLLM's CPU API-server default (arg_utils.py)
+
+
+def test_every_reported_run_is_what_the_ranking_says(result):
+    """Each trial's status and objective follow from its recorded runs and the SLO (nothing re-ranked by hand)."""
+    slo = parse_slo(result["slo"])
+    for t in result["trials"]:
+        ok = [p for p in t["points"] if p["fidelity"] == 1.0 and slo.ok(p["metrics"])]
+        assert (t["status"] == "feasible") == bool(ok)
+        if ok:
+            assert t["objective"] == pytest.approx(max(p["objective"] for p in ok))
+
+
+def test_search_walked_max_num_batched_tokens_down(result):
+    """Trials 0-3 are the anchor (vLLM-like limits) and its complete poll; all cap at c=2. Once a small
+    chunk budget met the SLO at c=32, the poll found 256 and the pattern move tried 512 next. The search
+    before headroom ranking and pattern moves (same workload and SLO, 8 starts) never left 1,024-2,048."""
+    t = {x["trial"]: x for x in result["trials"]}
+    assert [t[i]["concurrency"] for i in range(4)] == [2, 2, 2, 2]
+    assert t[0]["config"]["max_num_batched_tokens"] == 2048 and t[0]["config"]["spec_depth"] == 0
+    assert t[8]["config"]["max_num_batched_tokens"] == 256 and t[9]["config"]["max_num_batched_tokens"] == 512
+    before = (D / "tune-before-headroom-ranking.log").read_text()
+    mbts = {int(m) for m in re.findall(r"mbt=(\d+)\s+done", before)}
+    assert mbts == {1024, 2048}
+
+
+def test_tuned_profile_plans_the_tuned_flags(tiny_models):
+    """profile.yaml from this study plans as is on this host: the tuned flags and TP 1."""
+    from m3ctl.catalog import load_profile_file
+    from m3ctl.hw.detect import detect
+    from m3ctl.plan import plan
+
+    prof = load_profile_file(D / "profile.yaml")
+    p = plan(detect(), str(tiny_models["m2"]), profile=prof, runtime="process", vllm_executable="vllm")
+    a = p.argv
+    assert a[a.index("--max-num-seqs") + 1] == "16" and a[a.index("--max-num-batched-tokens") + 1] == "256"
+    assert "--speculative-config" not in a and p.tp == 1
