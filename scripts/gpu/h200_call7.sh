@@ -7,11 +7,7 @@
 set -u
 exec > >(tee "$OUT/run7.log") 2>&1
 t0=$(date +%s)
-bash .bundle/setup.sh > "$OUT/setup.log" 2>&1
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
-source .bundle/env.sh
-export PYTHONPATH=$PWD/.snap:$PYTHONPATH:/tmp/site M3CTL_STATE_DIR=/tmp/m3state COLUMNS=200
-M="python3 -m m3ctl"
+source scripts/gpu/snap-env.sh
 $M dev tiny-model /tmp/tm2 --head-dim 128 > /dev/null
 $M dev tiny-model /tmp/tm3r --arch minimax-m3-release --head-dim 128 > /dev/null
 cp /tmp/tm3r/config.json "$OUT/tm3r-config.json"
