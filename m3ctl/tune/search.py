@@ -256,8 +256,9 @@ def slo_boundary_value(out: Outcome, slo: SLO) -> float:
     value is the measured objective. Why: configurations capped at the same ladder rung differ in throughput
     only by run-to-run noise, but they differ clearly in how far the next rung misses the SLO (a p99 ITL of
     120 ms vs 400 ms against 100 ms); ranking by this headroom gives the pattern search a direction where the
-    measured objective is flat (the "SLO-limited capacity" of SCOOT, arXiv 2408.04323, interpolated like
-    ``vllm bench sweep serve_sla``). Reported results always stay measured (``Outcome.objective``/``final``).
+    measured objective is flat. It estimates the throughput at the largest load that meets the SLO (the
+    quantity a load sweep against an SLO searches for), linearly between two measured loads; reported results
+    always stay measured (``Outcome.objective`` / ``final``).
     Returns 0.0 for an outcome that is not feasible.
     """
     if out.status != "feasible":
@@ -436,8 +437,8 @@ class Tuner:
         return {k: (self.space.values[k].index(cand[k]) if k in self.ordinal else cand[k]) for k in self.dists}
 
     def _rank(self, o: Outcome) -> tuple[int, float] | None:
-        """Poll-centre order: feasible by objective, then SLO-infeasible by (smaller) violation; crashed and
-        rejected configurations are never centres."""
+        """Poll-centre order: feasible by :func:`slo_boundary_value`, then SLO-infeasible by (smaller) violation;
+        crashed and rejected configurations are never centres."""
         if o.status == "feasible":
             return (1, slo_boundary_value(o, self.slo))
         if o.status == "slo_infeasible":
