@@ -227,6 +227,9 @@ def main() -> int:
         record(a.record, a.model, a.preset)
         return 0
     path = a.grid or PRESETS[a.preset]["grid"]
+    if not path.is_file():
+        print(f"error: no recorded grid at {path}; record it with --preset {a.preset} --record {path}", file=sys.stderr)
+        return 2
     grid = json.loads(path.read_text())
     slos = a.slo or [x or grid["meta"]["slo"] for x in grid["meta"].get("replay_slos", SLOS)]
     return replay(path, a.seeds, a.max_trials, a.confirm_top, slos, a.budget_frac or None)

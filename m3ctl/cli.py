@@ -954,7 +954,9 @@ def tune(
         raise typer.Exit(1)
     b = out["best"]
     con.print(f"[green]best[/] trial {b['trial']}: {describe(b['config'], sp)}: {b['objective']:.1f} "
-              f"{settings['spec']['objective']} at concurrency {b['concurrency']}")
+              f"{settings['spec']['objective']} at concurrency {b['concurrency']}"
+              + ("" if b.get("confirmed") or not settings["spec"].get("confirm_top") else
+                 " [yellow](not confirmed on a fresh server: the confirmation budget ran out)[/]"))
     bl = out.get("baseline")
     if bl is not None:
         if "skipped" in bl:

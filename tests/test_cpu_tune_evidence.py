@@ -52,17 +52,34 @@ def test_every_reported_run_is_what_the_ranking_says(result):
             assert t["objective"] == pytest.approx(max(p["objective"] for p in ok))
 
 
-def test_search_walked_max_num_batched_tokens_down(result):
-    """Trials 0-3 are the anchor (vLLM-like limits) and its complete poll; all cap at c=2. Once a small
-    chunk budget met the SLO at c=32, the poll found 256 and the pattern move tried 512 next. The search
-    before headroom ranking and pattern moves (same workload and SLO, 8 starts) never left 1,024-2,048."""
+def test_how_this_run_found_it_and_what_the_headroom_ranking_does_with_its_data(result):
+    """What happened: trials 0-3 are the anchor (vLLM-like limits) and its complete poll; all capped at c=2,
+    their throughputs within noise, so the search of the time kept the anchor as centre and TPE's sampling
+    found max-num-batched-tokens 128 (trial 4, c=32); the poll around it found 256 (trial 8), and a pattern
+    move tried 512 (trial 9). The search before that (same workload and SLO, 8 starts) never left
+    1,024-2,048. What the ranking now does with the same four outcomes: trial 3 (1,024) ranks first, because
+    its c=4 run missed the p99 ITL bound by the least (155 ms), so the centre moves to it and the pattern
+    point is 512: the direction that led to the optimum, without waiting for TPE."""
+    from m3ctl.tune.search import Outcome, Tuner, TuneSpec, headroom_rank
+    from m3ctl.tune.space import Space
+
+    slo = parse_slo(result["slo"])
     t = {x["trial"]: x for x in result["trials"]}
     assert [t[i]["concurrency"] for i in range(4)] == [2, 2, 2, 2]
     assert t[0]["config"]["max_num_batched_tokens"] == 2048 and t[0]["config"]["spec_depth"] == 0
+    assert t[4]["config"]["max_num_batched_tokens"] == 128 and t[4]["concurrency"] == 32
     assert t[8]["config"]["max_num_batched_tokens"] == 256 and t[9]["config"]["max_num_batched_tokens"] == 512
     before = (D / "tune-before-headroom-ranking.log").read_text()
-    mbts = {int(m) for m in re.findall(r"mbt=(\d+)\s+done", before)}
-    assert mbts == {1024, 2048}
+    assert {int(m) for m in re.findall(r"mbt=(\d+)\s+done", before)} == {1024, 2048}
+
+    first = {i: Outcome.from_json({**t[i], "confirmed": None}) for i in range(4)}
+    best = max(first, key=lambda i: headroom_rank(first[i], slo))
+    assert best == 3 and first[3].config["max_num_batched_tokens"] == 1024
+    assert max(first, key=lambda i: first[i].objective) == 0  # by raw throughput the anchor stays
+    settings = json.loads((D / "tune.json").read_text())
+    tuner = Tuner(Space.from_json(settings["space"]), None, TuneSpec(**settings["spec"]))  # type: ignore[arg-type]
+    nxt = tuner._extrapolate(first[0].config, first[3].config)
+    assert nxt is not None and nxt["max_num_batched_tokens"] == 512 and nxt["max_num_seqs"] == 64
 
 
 def test_tuned_profile_plans_the_tuned_flags(tiny_models):

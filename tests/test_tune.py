@@ -172,29 +172,53 @@ def test_complete_poll_measures_every_anchor_neighbour_before_moving():
     assert steps == [1, 1, 1] and len({key_of(o.config) for o in order}) == 4
 
 
-def test_slo_boundary_value_ranks_equal_capacity_by_headroom():
-    """Two configurations that both meet the SLO at c=2 and miss it at c=4 differ in throughput by noise only;
-    the one whose c=4 run misses by less is closer to the next load step and ranks higher. The value is
-    interpolated between the measured objectives, the binding term decides, and it is never below the
-    measured objective."""
-    from m3ctl.tune.search import Outcome, Point, slo_boundary_value
+def test_headroom_rank_orders_equal_capacity_by_the_next_miss():
+    """Configurations capped at the same concurrency rank by how far the next concurrency missed the SLO (worst
+    term, relative), not by their noisy throughput; a higher SLO-meeting concurrency always ranks higher, the
+    top of the ladder (nothing measured above) beats a near miss, and a failed confirmation run counts."""
+    from m3ctl.tune.search import Outcome, Point, headroom_rank
 
     slo = parse_slo("p99_itl_ms<=100,p90_ttft_ms<=2000")
 
-    def out(itl4: float, ttft4: float = 500.0, tput2: float = 2500.0, tput4: float = 3500.0) -> Outcome:
-        pts = [Point(2, 1.0, tput2, True, True, 1.0, {"p99_itl_ms": 20.0, "p90_ttft_ms": 400.0}),
-               Point(4, 1.0, tput4, False, True, 1.0, {"p99_itl_ms": itl4, "p90_ttft_ms": ttft4})]
-        return Outcome(config={}, status="feasible", objective=tput2, concurrency=2, points=pts)
+    def pt(c, tput, ok, itl, ttft=400.0, fid=1.0):
+        return Point(c, fid, tput, ok, True, 1.0, {"p99_itl_ms": itl, "p90_ttft_ms": ttft})
 
-    near, far = slo_boundary_value(out(120.0), slo), slo_boundary_value(out(400.0), slo)
-    assert 2500 < far < near < 3500
-    assert near == pytest.approx(2500 + (80 / 100) * 1000)  # ITL crosses 100 ms at 80 % of the 20 -> 120 step
-    # the TTFT term binds when it misses by more (relative violation): 400 -> 3000 ms crosses 2000 at 61.5 %
-    assert slo_boundary_value(out(120.0, ttft4=3000.0), slo) == pytest.approx(2500 + 0.615384 * 1000, rel=1e-4)
-    assert slo_boundary_value(out(120.0, tput4=2000.0), slo) == 2500  # no throughput gain above: the measured value
-    top = Outcome(config={}, status="feasible", objective=2500.0, concurrency=2, points=out(120.0).points[:1])
-    assert slo_boundary_value(top, slo) == 2500  # nothing measured above: the measured value
-    assert slo_boundary_value(Outcome(config={}, status="slo_infeasible"), slo) == 0.0
+    def out(*pts, obj=None):
+        ok = [p for p in pts if p.slo_ok and p.fidelity == 1.0]
+        return Outcome(config={}, status="feasible", objective=obj or max(p.objective for p in ok),
+                       concurrency=max(p.concurrency for p in ok), points=list(pts))
+
+    near = headroom_rank(out(pt(2, 2300, True, 80), pt(4, 3300, False, 155)), slo)
+    far = headroom_rank(out(pt(2, 2700, True, 11), pt(4, 3700, False, 284)), slo)
+    assert near[:2] == (2, pytest.approx(-0.55)) and far[:2] == (2, pytest.approx(-1.84))
+    assert near > far  # the noisy c=2 throughput (2,300 < 2,700) and c=2 p99 ITL do not decide
+    # the TTFT term binds when it misses by more (relative): 3,000 ms against 2,000 is +0.5, ITL 120 is +0.2
+    assert headroom_rank(out(pt(2, 2500, True, 20), pt(4, 3500, False, 120, ttft=3000)), slo)[1] == pytest.approx(-0.5)
+    # a missing metric at the miss counts as a full violation (+1.0), never as headroom
+    miss_no_metric = Point(4, 1.0, 3500, False, True, 1.0, {"p90_ttft_ms": 400.0})
+    assert headroom_rank(out(pt(2, 2500, True, 20), miss_no_metric), slo)[1] == -1.0
+    # capacity first: meeting the SLO at c=4 beats any miss at c=4, and the ladder top beats a near miss
+    assert headroom_rank(out(pt(4, 3000, True, 60), pt(8, 3100, False, 101)), slo) > near
+    top = headroom_rank(out(pt(32, 5000, True, 60)), slo)
+    assert top == (32, math.inf, 5000) and top > headroom_rank(out(pt(16, 4900, True, 60), pt(32, 5400, False, 101)), slo)
+    # a confirmation (fidelity 2) that missed at the searched concurrency lowers the capacity to what held
+    o = out(pt(16, 3000, True, 50), pt(32, 4000, True, 90), pt(64, 4200, False, 300), pt(32, 3900, False, 130, fid=2.0),
+            pt(16, 2900, True, 55, fid=2.0))
+    o.confirmed, o.concurrency = 2900, 16
+    assert headroom_rank(o, slo)[:2] == (16, pytest.approx(-0.3)) and headroom_rank(o, slo)[2] == 2900
+    assert headroom_rank(Outcome(config={}, status="slo_infeasible"), slo) is None
+
+
+def test_point_keeps_every_slo_key():
+    """A result key that the SLO bounds is kept in the trial record even when it is not one of the usual
+    percentiles (p50, std, goodput), so rankings and resumes can read it."""
+    from m3ctl.tune.search import _point
+
+    slo = parse_slo("p50_ttft_ms<=300,request_goodput>=2")
+    res = {"completed": 4, "total_token_throughput": 100.0, "p50_ttft_ms": 250.0, "request_goodput": 3.0,
+           "p90_tpot_ms": 5.0}
+    p = _point(TuneSpec(slo="p50_ttft_ms<=300,request_goodput>=2"), slo, res, 4, 1.0, 1)
+    assert p.metrics["p50_ttft_ms"] == 250.0 and p.metrics["request_goodput"] == 3.0 and p.slo_ok
 
 
 def _itl_landscape() -> tuple[Space, dict]:
@@ -216,10 +240,12 @@ def _itl_landscape() -> tuple[Space, dict]:
 
 
 def test_pattern_moves_walk_a_monotone_knob_to_the_optimum():
-    """On a plateau where every configuration caps at c=2 under the raw objective, the headroom ranking moves
-    the centre to max-num-batched-tokens 1024 after the anchor's poll, and the Hooke-Jeeves pattern moves
-    then walk the knob one start per step (512, 256, 128) before the final poll: the grid optimum (256, no
-    speculation, c=16) at the 5th of 15 starts, then the poll and ``patience`` TPE starts stop it."""
+    """The anchor (2,048) and its poll neighbours (1,024; ngram k=1) all cap at c=2 with throughputs that tie
+    within noise; the headroom ranking moves the centre to 1,024 (its c=4 run missed the ITL bound by less),
+    and the Hooke-Jeeves pattern moves walk the knob one start per step (512 at c=8, 256 at c=16, 128 not
+    clearly better) before the final poll: the grid optimum (256, no speculation, c=16) at the 5th start of
+    a 15-configuration space, then the poll and ``patience`` TPE starts end it (10 starts). The search before
+    these changes needed TPE to land on it (7th start)."""
     space, grid = _itl_landscape()
     ev = ReplayEvaluator(grid)
     res = Tuner(space, ev, TuneSpec(slo="p99_itl_ms<=100", ladder=grid["ladder"], max_trials=14,

@@ -153,7 +153,8 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
         p = ev.plan(res.best.config, name="m3ctl")
         out["best"] = {"config": res.best.config, "objective": res.best.final, "concurrency": res.best.concurrency,
                        "command": p.command_line(), "argv": p.argv, "trial": res.best.trial,
-                       "flags": tuned_flags(res.best.config, p)}
+                       "flags": tuned_flags(res.best.config, p),
+                       "confirmed": res.best.confirmed is not None}
         (study_dir / "profile.yaml").write_text(profile_yaml(base_profile, res.best.config, p, res.best, settings))
         out["profile"] = str(study_dir / "profile.yaml")
     b = res.baseline

@@ -12,16 +12,17 @@
 set -u
 exec > >(tee "$OUT/tune-call.log") 2>&1
 t0=$(date +%s); B=${1:-300}; SLO=${2:-p90_tpot_ms<=1.5}; K=${3:-0-4}; STOP=${4:-570}
+left() { local l=$(( STOP - ($(date +%s) - t0) )); echo $(( l > 30 ? l : 30 )); }  # seconds to the stop, >= 30
 source scripts/gpu/snap-env.sh
 $M dev tiny-model /tmp/tm2 --head-dim 128 > /dev/null
 S=/tmp/study
 if [ -f .study/study.tgz ]; then
   mkdir -p $S && tar -xzf .study/study.tgz -C $S
   echo "resuming (setup took $(( $(date +%s) - t0 )) s)"
-  timeout -s INT $(( STOP - ($(date +%s) - t0) )) $M tune --resume $S --time-budget $B --pareto; echo "tune rc=$?"
+  timeout -s INT $(left) $M tune --resume $S --time-budget $B --pareto; echo "tune rc=$?"
 else
   echo "starting (setup took $(( $(date +%s) - t0 )) s)"
-  timeout -s INT $(( STOP - ($(date +%s) - t0) )) $M tune --model /tmp/tm2 --study-dir $S --port 8040 \
+  timeout -s INT $(left) $M tune --model /tmp/tm2 --study-dir $S --port 8040 \
     --slo "$SLO" --objective tput_per_gpu \
     --knob tp=1 --knob spec_depth=$K --knob max_num_seqs=1024 --knob dcp=1 --knob ep=false --knob dbo=false \
     --knob max_num_batched_tokens=8192 --knob kv_cache_dtype=default \
