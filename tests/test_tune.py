@@ -462,3 +462,34 @@ def test_cli_resume_takes_new_budgets(tiny_models, tmp_path):
     assert (saved["max_trials"], saved["time_budget_s"]) == (0, 7.0)
     assert json.loads(p.stdout)["launches"] == 0 and "trial budget" in json.loads(p.stdout)["stopped_by"]
     assert "baseline" not in json.loads(p.stdout)  # a zero budget starts nothing, the baseline neither
+
+
+def test_confirmation_cascade_confirms_the_reported_best_once_more():
+    """Successive halving: when every confirmation falls (here each fresh server measures half), the top
+    unconfirmed configuration is confirmed in turn, 2 x confirm_top starts plus one more for the one that ends
+    on top; a best that is still unconfirmed after that is reported as such (result.json ``confirmed``)."""
+    from m3ctl.tune.replay import ReplaySession
+
+    space, grid = _itl_landscape()
+
+    class HalfOnSecondStart(ReplayEvaluator):
+        def open(self, cand, trial, on_event):
+            seen = self.starts.setdefault(key_of(cand), 0)
+            self.starts[key_of(cand)] = seen + 1
+            sess = super().open(cand, trial, on_event)
+            if seen:
+                rec = {**sess.rec, "points": {c: {**p, "total_token_throughput": p["total_token_throughput"] / 2}
+                                              for c, p in sess.rec["points"].items()}}
+                return ReplaySession({**rec, "start_s": 0.0}, self.clock)
+            return sess
+
+    ev = HalfOnSecondStart(grid)
+    ev.starts = {}
+    res = Tuner(space, ev, TuneSpec(slo="p99_itl_ms<=100", ladder=grid["ladder"], max_trials=6,
+                                    confirm_top=1)).run(clock=lambda: ev.clock[0])
+    confirmed = [o for o in res.outcomes if o.confirmed is not None]
+    assert len(confirmed) == 3 and sum(ev.starts.values()) == 6 + 3
+    assert all(o.confirmed == pytest.approx(o.objective / 2) for o in confirmed)
+    # every confirmed value is below every unconfirmed search value here, so the best is never one of them
+    unconfirmed = [o for o in res.outcomes if o.status == "feasible" and o.confirmed is None]
+    assert res.best in unconfirmed and res.best.final == max(o.final for o in res.outcomes if o.status == "feasible")
