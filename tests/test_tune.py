@@ -493,3 +493,23 @@ def test_confirmation_cascade_confirms_the_reported_best_once_more():
     # every confirmed value is below every unconfirmed search value here, so the best is never one of them
     unconfirmed = [o for o in res.outcomes if o.status == "feasible" and o.confirmed is None]
     assert res.best in unconfirmed and res.best.final == max(o.final for o in res.outcomes if o.status == "feasible")
+
+
+def test_replay_long_prompt_grid_walks_the_chunk_budget_down():
+    """The recorded long-prompt CPU grid (tests/fixtures/tune_grid_cpu_long.json: 1,792 in / 128 out, SLO
+    p99 ITL <= 100 ms; benchmarks/tune_efficiency.py --preset long-prompt): after the anchor's poll the centre
+    moves to max-num-batched-tokens 1,024 (its c=4 miss was the smallest) and pattern moves walk it to 512 and
+    256, which holds the SLO up to the ladder top, where vLLM's defaults (2,048) fail from c=4 on."""
+    grid = json.loads((GRID.parent / "tune_grid_cpu_long.json").read_text())
+    space = recorded_space(grid)
+    ev = ReplayEvaluator(grid)
+    res = Tuner(space, ev, TuneSpec(slo="p99_itl_ms<=100", ladder=grid["ladder"], max_trials=6,
+                                    confirm_top=0)).run(clock=lambda: ev.clock[0])
+    walk = [o.config["max_num_batched_tokens"] for o in sorted(res.outcomes, key=lambda o: o.trial) if o.launched]
+    assert walk[0] == 2048 and walk[-3:] == [1024, 512, 256]
+    by_mbt = {o.config["max_num_batched_tokens"]: o for o in res.outcomes if o.config["spec_depth"] == 0
+              and o.config["max_num_seqs"] == 64}
+    slo = parse_slo("p99_itl_ms<=100")
+    base = grid["baseline"]["points"]
+    assert slo.ok(base["2"]) and not slo.ok(base["4"])  # the defaults cap at c=2
+    assert max(p.concurrency for p in by_mbt[256].points if p.slo_ok) == 16
