@@ -900,7 +900,10 @@ def tune(
                               drafter_method=drafter, max_spec_depth=max_spec_depth)
         space = apply_pins(space, knob or [])
         space, pruned = prune_dominated(space, lad)
-        settings = {"model": model, "space": space.to_json(), "port": port, "profile_file": str(profile) if profile else None,
+        # A local model directory and profile file are stored absolute, so `--resume DIR` works from any directory.
+        saved_model = str(Path(model).resolve()) if Path(model).is_dir() else model
+        settings = {"model": saved_model, "space": space.to_json(), "port": port,
+                    "profile_file": str(Path(profile).resolve()) if profile else None,
                     "pruned": pruned,
                     "spec": {"slo": slo, "objective": objective, "usd_per_gpu_hour": usd_per_gpu_hour, "ladder": lad,
                              "max_trials": 12 if max_trials is None else max_trials, "time_budget_s": time_budget, "seed": seed,
@@ -950,7 +953,13 @@ def tune(
     con.print(f"done ({res.stopped_by}): {res.launches} server starts, {res.cost_s:.0f} s of server time, "
               f"{res.elapsed_s:.0f} s wall")
     if res.best is None:
-        con.print("[red]no configuration met the SLO[/]; relax --slo or widen --knob ranges")
+        bl = out.get("baseline") or {}
+        if bl.get("status") == "feasible":  # the defaults met it: that is the answer, not "relax the SLO"
+            con.print(f"[red]no tuned configuration met the SLO[/]; vLLM's defaults did: {bl['objective']:.1f} at "
+                      f"concurrency {bl['concurrency']}: keep them ({escape(bl['command'])}) or widen --knob ranges",
+                      soft_wrap=True)
+        else:
+            con.print("[red]no configuration met the SLO[/]; relax --slo or widen --knob ranges")
         raise typer.Exit(1)
     b = out["best"]
     con.print(f"[green]best[/] trial {b['trial']}: {describe(b['config'], sp)}: {b['objective']:.1f} "

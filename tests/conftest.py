@@ -44,10 +44,11 @@ def _isolated_state(tmp_path, monkeypatch):
     monkeypatch.delenv("M3CTL_CATALOG_DIR", raising=False)
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 600, check: bool = False) -> subprocess.CompletedProcess:
-    """Run the real CLI in a subprocess (``python -m m3ctl``)."""
+def run_cli(*args: str, env: dict | None = None, timeout: float = 600, check: bool = False,
+            cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+    """Run the real CLI in a subprocess (``python -m m3ctl``), in ``cwd`` when given."""
     full_env = {**os.environ, **(env or {}), "COLUMNS": "200"}
-    p = subprocess.run([*M3CTL, *args], capture_output=True, text=True, env=full_env, timeout=timeout)
+    p = subprocess.run([*M3CTL, *args], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd)
     if check and p.returncode != 0:
         raise AssertionError(f"m3ctl {' '.join(args)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
     return p

@@ -513,3 +513,18 @@ def test_replay_long_prompt_grid_walks_the_chunk_budget_down():
     base = grid["baseline"]["points"]
     assert slo.ok(base["2"]) and not slo.ok(base["4"])  # the defaults cap at c=2
     assert max(p.concurrency for p in by_mbt[256].points if p.slo_ok) == 16
+
+
+def test_study_saves_a_relative_model_path_absolute_for_resume(tiny_models, tmp_path):
+    """`tune --model ./rel/dir` in one directory, `tune --resume` from another: the study stores the model
+    directory absolute (a relative one made resume fail with "model path ... does not exist")."""
+    import shutil
+
+    work = tmp_path / "w"
+    shutil.copytree(tiny_models["m2"], work / "models" / "m2")
+    p = run_cli("tune", "--model", "models/m2", "--study-dir", "s", "--max-trials", "0", "--knob", "spec_depth=0",
+                "--json", cwd=work)
+    assert p.returncode == 1, p.stderr
+    assert json.loads((work / "s" / "tune.json").read_text())["model"] == str((work / "models" / "m2").resolve())
+    p = run_cli("tune", "--resume", str(work / "s"), "--max-trials", "0", "--json", cwd=tmp_path)
+    assert "does not exist" not in p.stderr and json.loads(p.stdout)["launches"] == 0
