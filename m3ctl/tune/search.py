@@ -453,8 +453,8 @@ class Tuner:
             return False
         if rb is None or ra[:2] != rb[:2]:
             return rb is None or ra[:2] > rb[:2]
-        if ra[2] != rb[2]:
-            return ra[2] - rb[2] > 0.05 if math.isfinite(ra[2]) and math.isfinite(rb[2]) else ra[2] > rb[2]
+        if ra[2] != rb[2]:  # an infinite headroom (nothing measured above) against a finite one: inf - x > 0.05
+            return ra[2] - rb[2] > 0.05
         return ra[3] > 1.03 * rb[3]
 
     def _best_centre(self) -> Outcome | None:
