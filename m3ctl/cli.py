@@ -331,13 +331,23 @@ def serve(
     con.print(f"starting {p.name}: {escape(shown)}", soft_wrap=True)
     res = serving.launch_and_wait(p, registry=reg, secret_env=secrets, on_event=on_event, runtime=rt, expect=expect)
     dep = res.deployment
-    con.print(f"[green]ready[/] {dep.name} at {dep.url} (model {dep.served_model_name!r}) in "
-              f"{res.readiness.time_to_ready_s:.1f} s; log {dep.log_path}")
-    _print_kernels(con, res.kernels)
-    if detach:
-        return
-    con.print(f"serving in the foreground (watchdog every {watch_interval:g} s, restart {restart}); Ctrl-C stops it")
-    _watch_loop(con, dep, rt, reg, secrets, expect, interval=watch_interval, restart=restart)
+    try:  # from here on a foreground Ctrl-C stops the server, wherever it lands (a print, an import, a probe)
+        con.print(f"[green]ready[/] {dep.name} at {dep.url} (model {dep.served_model_name!r}) in "
+                  f"{res.readiness.time_to_ready_s:.1f} s; log {dep.log_path}")
+        _print_kernels(con, res.kernels)
+        if detach:
+            return
+        con.print(f"serving in the foreground (watchdog every {watch_interval:g} s, restart {restart}); "
+                  "Ctrl-C stops it")
+        _watch_loop(con, dep, rt, reg, secrets, expect, interval=watch_interval, restart=restart)
+    except KeyboardInterrupt:
+        if detach:  # a detached server is meant to outlive this command
+            raise
+        con.print("stopping…")
+        if reg.exists(dep.name):  # a relaunch interrupted during readiness has already stopped its server
+            serving.stop([dep.name], registry=reg)
+        con.print(f"stopped {dep.name}")
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 def _make_runtime(name: str, inv, mounts: list[str], con):
@@ -379,7 +389,10 @@ def _print_kernels(con, rep) -> None:
 
 def _watch_loop(con, dep, rt, reg, secrets, expect, *, interval: float, restart: str, canary_timeout: float = 30.0,
                 stall: float = 60.0, max_restarts: int = 3, count: int | None = None, stop_on_exit: bool = True):
-    """Run the watchdog in the foreground; Ctrl-C stops the deployment (exit 130); a failure exits 4."""
+    """Run the watchdog in the foreground until a failure (exit 4; the deployment is stopped if ``stop_on_exit``).
+
+    KeyboardInterrupt propagates: the caller decides whether Ctrl-C stops the deployment.
+    """
     from m3ctl import serve as serving  # noqa: PLC0415
     from m3ctl.errors import LaunchFailed  # noqa: PLC0415
     from m3ctl.watchdog import watch  # noqa: PLC0415
@@ -400,17 +413,9 @@ def _watch_loop(con, dep, rt, reg, secrets, expect, *, interval: float, restart:
         return serving.relaunch(dep.name, registry=reg, secret_env=secrets, runtime=rt, expect=expect,
                                 attempt=attempt)
 
-    try:
-        last = watch(dep, rt, interval_s=interval, canary_timeout_s=canary_timeout, stall_s=stall,
-                     restart=restart, max_restarts=max_restarts, relaunch=relaunch, on_event=on_watch,
-                     max_probes=count, headers=headers)
-    except KeyboardInterrupt:
-        if not stop_on_exit:
-            raise typer.Exit(EXIT_INTERRUPTED) from None
-        con.print("stopping…")
-        serving.stop([dep.name], registry=reg)
-        con.print(f"stopped {dep.name}")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+    last = watch(dep, rt, interval_s=interval, canary_timeout_s=canary_timeout, stall_s=stall,
+                 restart=restart, max_restarts=max_restarts, relaunch=relaunch, on_event=on_watch,
+                 max_probes=count, headers=headers)
     if last.ok:
         return
     current = reg.get(dep.name) if reg.exists(dep.name) else dep
@@ -448,9 +453,12 @@ def watch(
         expect = _profile_expect(None, json.loads(plan_json).get("profile", ""))
     con = _console()
     con.print(f"watching {name} at {dep.url} every {interval:g} s (restart {restart})")
-    _watch_loop(con, dep, rt, reg, secrets, expect, interval=interval, restart=restart,
-                canary_timeout=canary_timeout, stall=stall, max_restarts=max_restarts, count=count,
-                stop_on_exit=False)
+    try:
+        _watch_loop(con, dep, rt, reg, secrets, expect, interval=interval, restart=restart,
+                    canary_timeout=canary_timeout, stall=stall, max_restarts=max_restarts, count=count,
+                    stop_on_exit=False)
+    except KeyboardInterrupt:  # watching only: the deployment keeps running
+        raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
 @app.command()

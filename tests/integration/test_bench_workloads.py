@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from m3ctl.bench.prompts import LocalTokenizer
@@ -109,25 +110,46 @@ def test_side_by_side_with_vllm_bench_serve(tiny_server, tiny_models, tmp_path):
     dep = tiny_server.deployment
     n, c, isl, osl = 24, 4, 64, 32
     vllm = Path(sys.executable).parent / "vllm"
-    cmd = [str(vllm), "bench", "serve", "--backend", "openai", "--base-url", dep.url, "--endpoint",
-           "/v1/completions", "--model", dep.served_model_name, "--tokenizer", str(tiny_models["m2"]),
-           "--dataset-name", "random", "--random-input-len", str(isl), "--random-output-len", str(osl),
-           "--num-prompts", str(n), "--max-concurrency", str(c), "--ignore-eos", "--num-warmups", str(c),
-           "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result", "--result-dir", str(tmp_path),
-           "--result-filename", "vllm.json", "--disable-tqdm"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-    assert p.returncode == 0, p.stderr[-2000:]
-    theirs = json.loads((tmp_path / "vllm.json").read_text())
-    ours = run_bench(_cfg(dep, num_prompts=n, concurrency=c, input_len=isl, output_len=osl, num_warmups=c))
+
+    def theirs_run(i: int) -> dict:
+        cmd = [str(vllm), "bench", "serve", "--backend", "openai", "--base-url", dep.url, "--endpoint",
+               "/v1/completions", "--model", dep.served_model_name, "--tokenizer", str(tiny_models["m2"]),
+               "--dataset-name", "random", "--random-input-len", str(isl), "--random-output-len", str(osl),
+               "--num-prompts", str(n), "--max-concurrency", str(c), "--ignore-eos", "--num-warmups", str(c),
+               "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result", "--result-dir", str(tmp_path),
+               "--result-filename", f"vllm{i}.json", "--disable-tqdm"]
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        return json.loads((tmp_path / f"vllm{i}.json").read_text())
+
+    def ours_run() -> dict:
+        return run_bench(_cfg(dep, num_prompts=n, concurrency=c, input_len=isl, output_len=osl, num_warmups=c))
+
+    theirs, ours = [theirs_run(0)], [ours_run()]
     for k in ("completed", "failed", "total_output_tokens", "num_prompts", "max_concurrency"):
-        assert ours[k] == theirs[k], k
+        assert ours[0][k] == theirs[0][k], k
     # Input tokens (both from the server's usage): m3ctl's prompts are exact; vLLM's random dataset decodes and
     # re-encodes token ids and lands a few tokens off (it logs the mismatch).
-    assert ours["total_input_tokens"] == n * isl
-    assert theirs["total_input_tokens"] == pytest.approx(n * isl, rel=0.01)
+    assert ours[0]["total_input_tokens"] == n * isl
+    assert theirs[0]["total_input_tokens"] == pytest.approx(n * isl, rel=0.01)
+
     # Timing: the server shares this 2-core host with both clients (and other work), so one run of either tool
-    # varies by +-40 % (benchmarks/bench_side_by_side.py prints repeated, alternating runs): a factor-2 bound.
-    # m3ctl's TTFT is lower than vLLM's in every measured repetition (less client work per chunk), never higher.
-    for k in ("output_throughput", "median_tpot_ms", "median_e2el_ms"):
-        assert theirs[k] / 2 <= ours[k] <= theirs[k] * 2, (k, ours[k], theirs[k])
-    assert ours["median_ttft_ms"] <= theirs["median_ttft_ms"] * 2
+    # varies by +-40 % (benchmarks/bench_side_by_side.py prints repeated, alternating runs), and one pair landed
+    # at 2.2x on median TPOT in CI (2.47 vs 5.41 ms). So: a factor-2 bound on one pair, and when one pair is
+    # outside it, two more alternating pairs and the bound on the medians of three.
+    def outside_bounds(keys=("output_throughput", "median_tpot_ms", "median_e2el_ms")) -> list[tuple]:
+        med = {side: {k: float(np.median([r[k] for r in runs])) for k in (*keys, "median_ttft_ms")}
+               for side, runs in (("ours", ours), ("theirs", theirs))}
+        bad = [(k, med["ours"][k], med["theirs"][k]) for k in keys
+               if not med["theirs"][k] / 2 <= med["ours"][k] <= med["theirs"][k] * 2]
+        # m3ctl's TTFT is lower than vLLM's in every measured repetition (less client work per chunk), never higher.
+        if med["ours"]["median_ttft_ms"] > med["theirs"]["median_ttft_ms"] * 2:
+            bad.append(("median_ttft_ms", med["ours"]["median_ttft_ms"], med["theirs"]["median_ttft_ms"]))
+        return bad
+
+    if outside_bounds():
+        for i in (1, 2):
+            theirs.append(theirs_run(i))
+            ours.append(ours_run())
+    bad = outside_bounds()
+    assert not bad, (bad, [r["median_tpot_ms"] for r in ours], [r["median_tpot_ms"] for r in theirs])
