@@ -291,6 +291,8 @@ def _explain(err: ValidationError, model: type[BaseModel], where: str) -> str:
         bad = str(e["loc"][-1])
         parent: Any = model
         for part in e["loc"][:-1]:
+            if isinstance(part, int):  # a list index: the item model was taken from list[Model] one step up
+                continue
             field = getattr(parent, "model_fields", {}).get(part)
             ann = getattr(field, "annotation", None) if field else None
             # ``Model | None`` (an optional section): suggest from the model inside the union
@@ -421,3 +423,58 @@ def profile_for_arch(arch: str, catalog_dir: str | None = None) -> Profile:
     known = sorted({p.arch for p in profiles(catalog_dir).values()})
     raise CatalogError(f"no kernel profile for architecture {arch!r}",
                        f"profiles exist for: {', '.join(known)}; pass --profile FILE to supply one")
+
+
+class SchedulerDefault(_Strict):
+    """One row of vLLM's default ``--max-num-batched-tokens`` / ``--max-num-seqs`` table."""
+
+    platform: Literal["cpu", "gpu"]
+    min_device_memory_gib: float = 0.0
+    name_excludes: str | None = None
+    per_rank: bool = False
+    max_num_batched_tokens: int = Field(gt=0)
+    max_num_seqs: int = Field(gt=0)
+
+
+class VllmDefaults(_Strict):
+    """vLLM defaults the rules need (m3ctl/data/vllm_defaults.yaml); ``source`` names the vLLM code."""
+
+    schema_version: int = SCHEMA_VERSION
+    source: str
+    scheduler: list[SchedulerDefault] = Field(min_length=1)
+
+    def scheduler_limits(self, *, platform: str, device_memory_mib: float | None, device_name: str = "",
+                         world_size: int = 1) -> tuple[int, int]:
+        """vLLM's default (max_num_batched_tokens, max_num_seqs) for ``vllm serve`` on this device.
+
+        Args:
+            platform: ``"cpu"`` or ``"gpu"``.
+            device_memory_mib: total memory of one device in MiB (a MIG slice's own); None = unknown (0).
+            device_name: e.g. ``"NVIDIA H200"``; matched case-insensitively against ``name_excludes``.
+            world_size: TP size (multiplies rows marked ``per_rank``).
+
+        Raises:
+            CatalogError: no row matches (the table must end with a catch-all row per platform).
+        """
+        gib = (device_memory_mib or 0) / 1024
+        for row in self.scheduler:
+            if row.platform != platform or gib < row.min_device_memory_gib:
+                continue
+            if row.name_excludes and row.name_excludes in device_name.lower():
+                continue
+            k = world_size if row.per_rank else 1
+            return row.max_num_batched_tokens * k, row.max_num_seqs * k
+        raise CatalogError(f"vllm_defaults.yaml: no scheduler row for platform {platform!r} with "
+                           f"{gib:.0f} GiB", "add a catch-all row for that platform")
+
+
+def parse_vllm_defaults(text: str, where: str = "vllm_defaults.yaml") -> VllmDefaults:
+    """Validate a vLLM-defaults file. Raises CatalogError with the key that is wrong."""
+    return _load(text, VllmDefaults, where)
+
+
+@functools.lru_cache(maxsize=1)
+def vllm_defaults() -> VllmDefaults:
+    """The built-in vLLM defaults table (m3ctl/data/vllm_defaults.yaml), validated once."""
+    return parse_vllm_defaults(resources.files("m3ctl").joinpath("data/vllm_defaults.yaml").read_text(),
+                               "m3ctl/data/vllm_defaults.yaml")

@@ -8,6 +8,7 @@ minutes of weight loading. Every rule names its source. Rejections exit 3.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,11 +103,34 @@ class PlanContext:
         return str(self.args.get("kv-cache-dtype", "auto"))
 
     def arg_int(self, name: str, default: int) -> int:
+        """An integer flag as vLLM reads it (``8k`` = 8000, ``8K`` = 8192: vllm/utils/argparse_utils.py
+        human_readable_int); ``default`` when unset or not a number (``auto``, ``-1``)."""
         v = self.args.get(name)
-        try:
-            return int(v) if v is not None else default
-        except (TypeError, ValueError):
+        if v is None or isinstance(v, bool):
             return default
+        if isinstance(v, int):
+            return v if v >= 0 else default
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", str(v).strip())
+        if not m:
+            return default
+        number, suffix = m.groups()
+        if suffix.islower():
+            return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
+        if suffix and "." not in number:
+            return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
+        return int(number) if "." not in number else default
+
+    def scheduler_limits(self) -> tuple[int, int]:
+        """(max-num-batched-tokens, max-num-seqs) the server will run with: the flags, else vLLM's defaults
+        for this device (m3ctl/data/vllm_defaults.yaml: they depend on platform, device memory and TP)."""
+        from m3ctl.catalog import vllm_defaults  # noqa: PLC0415
+
+        gpu0 = self.inventory.gpus[0] if self.inventory.gpus else None
+        mem = self.unit_memory_mib if self.unit_memory_mib is not None else (gpu0.memory_total_mib if gpu0 else None)
+        mbt, seqs = vllm_defaults().scheduler_limits(
+            platform="cpu" if self.profile.arch == "cpu" else "gpu", device_memory_mib=mem,
+            device_name=gpu0.name if gpu0 else "", world_size=self.tp)
+        return self.arg_int("max-num-batched-tokens", mbt), self.arg_int("max-num-seqs", seqs)
 
 
 @dataclass(frozen=True)
@@ -297,12 +321,32 @@ def _dspark(c: PlanContext) -> Violation | None:
     return None
 
 
+@rule("batching.limits")
+def _batching(c: PlanContext) -> Violation | None:
+    mbt, seqs = c.scheduler_limits()
+    src = "vllm/config/scheduler.py SchedulerConfig._verify_args (vLLM 0.32)"
+    if mbt < seqs:
+        return _v("batching.limits", f"max-num-batched-tokens {mbt} < max-num-seqs {seqs}: vLLM refuses to start",
+                  f"raise --max-num-batched-tokens to at least {seqs} or lower --max-num-seqs to {mbt}", src)
+    mml = c.arg_int("max-model-len", c.facts.max_position_embeddings or 0)
+    no_chunking = c.args.get("enable-chunked-prefill") is False or bool(c.args.get("no-enable-chunked-prefill"))
+    if no_chunking and mml and mbt < mml:
+        return _v("batching.limits", f"max-num-batched-tokens {mbt} < max-model-len {mml} with chunked prefill off: "
+                                     "vLLM refuses to start (a prompt must fit one step)",
+                  f"raise --max-num-batched-tokens to {mml}, lower --max-model-len, or keep chunked prefill on", src)
+    if "max-num-batched-tokens" in c.args and mml and mbt > seqs * mml:
+        return _v("batching.limits", f"max-num-batched-tokens {mbt} > max-num-seqs {seqs} x max-model-len {mml}: no "
+                                     "engine step can schedule that many tokens, and per-step buffers are sized by it",
+                  f"use --max-num-batched-tokens {seqs * mml} or less",
+                  src + " (warns 'may lead to unexpected behavior'); the CPU backend failed to allocate at 100000000")
+    return None
+
+
 @rule("spec.token_budget")
 def _budget(c: PlanContext) -> Violation | None:
     if not c.spec_method or c.spec_depth <= 0:
         return None
-    mbt = c.arg_int("max-num-batched-tokens", 2048 if c.profile.arch != "cpu" else 4096)
-    seqs = c.arg_int("max-num-seqs", 256)
+    mbt, seqs = c.scheduler_limits()
     slots = c.spec_depth - 1 if c.spec_method == "dflash" else c.spec_depth
     left = mbt - slots * seqs
     if left <= 0:

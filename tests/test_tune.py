@@ -84,21 +84,24 @@ def test_prune_keeps_one_max_num_seqs_covering_the_ladder():
     assert prune_dominated(cpu, [1, 2, 4, 8, 16])[0].values["max_num_seqs"] == [2, 4, 8, 16]
 
 
-def test_rule_rejected_candidate_is_never_launched(tiny_models, tmp_path):
-    """DCP on the CPU profile breaks rule parallel.dcp: the trial is infeasible with the rule, nothing starts."""
+@pytest.mark.parametrize(("pins", "rule_id"), [(["dcp=2"], "parallel.dcp"),
+                                               (["max_num_seqs=128", "max_num_batched_tokens=64"], "batching.limits")])
+def test_rule_rejected_candidate_is_never_launched(tiny_models, tmp_path, pins, rule_id):
+    """DCP on the CPU profile breaks rule parallel.dcp; a chunk budget below max-num-seqs breaks
+    batching.limits (vLLM refuses it at start): the trial is infeasible with the rule, nothing starts."""
     from m3ctl.hw.detect import detect
     from m3ctl.state import Registry
     from m3ctl.tune.server import ServerEvaluator
 
     inv = detect()
-    sp = apply_pins(default_space(profile_for_arch(inv.arch), len(inv.gpus)), ["dcp=2"])
+    sp = apply_pins(default_space(profile_for_arch(inv.arch), len(inv.gpus)), pins)
     reg = Registry(tmp_path / "state")
     ev = ServerEvaluator(inv, str(tiny_models["m2"]), tmp_path / "study", TuneSpec(), plan_base={}, bench={},
                          port=1, name_prefix="tune-x", registry=reg, space=sp)
     events: list[str] = []
     out = evaluate(ev, sp.grid()[0], TuneSpec(), parse_slo(""), 0, events.append)
     assert out.status == "rejected" and not out.launched and out.cost_s == 0
-    assert "parallel.dcp" in out.reason
+    assert rule_id in out.reason
     assert events == [f"rejected: {out.reason}"]
     assert reg.list() == [] and not (tmp_path / "study" / "trials").exists()
 
