@@ -155,26 +155,29 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
     plan = assign_internal_ports(plan)
     preflight(plan, registry, rt)
     registry.save_plan(plan.name, plan.model_dump_json())
-    dep = rt.launch(plan, registry, secret_env or {})
-    if restarts:
-        dep.restarts = restarts
-        registry.save(dep)
     headers = {}
     if secret_env and secret_env.get("VLLM_API_KEY"):
         headers["Authorization"] = f"Bearer {secret_env['VLLM_API_KEY']}"
-    try:
+    dep = None
+    try:  # everything up to the result: a Ctrl-C anywhere in here stops the server it started
+        dep = rt.launch(plan, registry, secret_env or {})
+        if restarts:
+            dep.restarts = restarts
+            registry.save(dep)
         ready = wait_ready(dep.url, dep.served_model_name, is_alive=lambda: rt.is_alive(dep),
                            started_at=dep.started_at, budget_s=plan.startup_budget_s,
                            completion_timeout_s=plan.completion_timeout_s, log_path=dep.log_path,
                            on_event=on_event, headers=headers, read_log=lambda: rt.log_text(dep))
+        dep.phase, dep.ready_at = "ready", time.time()
+        registry.save(dep)
+        rt.sync_log(dep)
+        kernels = verify_kernels(rt.log_text(dep, tail_bytes=5_000_000), expect)
     except (LaunchFailed, KeyboardInterrupt):
-        rt.stop(dep)
-        registry.remove(dep.name)
+        if dep is not None:
+            rt.stop(dep)
+            registry.remove(dep.name)
         raise
-    dep.phase, dep.ready_at = "ready", time.time()
-    registry.save(dep)
-    rt.sync_log(dep)
-    return ServeResult(dep, ready, verify_kernels(rt.log_text(dep, tail_bytes=5_000_000), expect))
+    return ServeResult(dep, ready, kernels)
 
 
 def relaunch(name: str, *, registry: Registry, secret_env: dict[str, str] | None, runtime: Runtime,

@@ -93,6 +93,30 @@ def test_foreground_serve_stops_cleanly_on_ctrl_c(tiny_models, signal_after):
     assert alive == [] and not port_in_use("127.0.0.1", port)
 
 
+def test_ctrl_c_after_readiness_before_the_result_stops_the_server(tiny_models, tmp_path):
+    """launch_and_wait: a Ctrl-C that lands after the server answered its first completion but before the
+    result is returned (here: while the startup log is read for the kernel check) stops that server too."""
+    from m3ctl.hw.detect import detect
+    from m3ctl.plan import plan
+    from m3ctl.runtime.process import ProcessRuntime
+    from m3ctl.serve import launch_and_wait
+    from m3ctl.state import Registry
+
+    class CtrlCInKernelCheck(ProcessRuntime):
+        def log_text(self, dep, tail_bytes=200_000):
+            if tail_bytes == 5_000_000:  # the kernel verification's read, after readiness
+                raise KeyboardInterrupt
+            return super().log_text(dep, tail_bytes)
+
+    port = free_port()
+    reg = Registry(tmp_path / "state")
+    with pytest.raises(KeyboardInterrupt):
+        launch_and_wait(plan(detect(), str(tiny_models["llama"]), name="late", port=port), registry=reg,
+                        runtime=CtrlCInKernelCheck())
+    assert reg.list() == []
+    assert vllm_procs_for(port) == [] and not port_in_use("127.0.0.1", port)
+
+
 def test_bench_metrics_plausible(tiny_server, tmp_path):
     from m3ctl.bench.runner import BenchConfig, run_bench
 
