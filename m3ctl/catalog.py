@@ -436,12 +436,21 @@ class SchedulerDefault(_Strict):
     max_num_seqs: int = Field(gt=0)
 
 
+class BatchedDpMoe(_Strict):
+    """The default token budget when vLLM batches DP MoE (``ParallelConfig.use_batched_dp_moe``)."""
+
+    all2all_backends: list[str]
+    max_num_batched_tokens: int = Field(gt=0)
+
+
 class VllmDefaults(_Strict):
     """vLLM defaults the rules need (m3ctl/data/vllm_defaults.yaml); ``source`` names the vLLM code."""
 
     schema_version: int = SCHEMA_VERSION
     source: str
     scheduler: list[SchedulerDefault] = Field(min_length=1)
+    batched_dp_moe: BatchedDpMoe
+    throughput_mode_factor: int = Field(gt=0)
 
     def scheduler_limits(self, *, platform: str, device_memory_mib: float | None, device_name: str = "",
                          world_size: int = 1) -> tuple[int, int]:
@@ -451,7 +460,7 @@ class VllmDefaults(_Strict):
             platform: ``"cpu"`` or ``"gpu"``.
             device_memory_mib: total memory of one device in MiB (a MIG slice's own); None = unknown (0).
             device_name: e.g. ``"NVIDIA H200"``; matched case-insensitively against ``name_excludes``.
-            world_size: TP size (multiplies rows marked ``per_rank``).
+            world_size: TP x PP (multiplies rows marked ``per_rank``).
 
         Raises:
             CatalogError: no row matches (the table must end with a catch-all row per platform).

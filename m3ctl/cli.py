@@ -329,9 +329,11 @@ def serve(
 
         shown = f"container {p.image}: vllm {shlex.join(p.argv[1:])}"
     con.print(f"starting {p.name}: {escape(shown)}", soft_wrap=True)
-    res = serving.launch_and_wait(p, registry=reg, secret_env=secrets, on_event=on_event, runtime=rt, expect=expect)
-    dep = res.deployment
-    try:  # from here on a foreground Ctrl-C stops the server, wherever it lands (a print, an import, a probe)
+    res = None
+    try:  # a foreground Ctrl-C stops the server wherever it lands (a print, an import, a probe)
+        res = serving.launch_and_wait(p, registry=reg, secret_env=secrets, on_event=on_event, runtime=rt,
+                                      expect=expect)
+        dep = res.deployment
         con.print(f"[green]ready[/] {dep.name} at {dep.url} (model {dep.served_model_name!r}) in "
                   f"{res.readiness.time_to_ready_s:.1f} s; log {dep.log_path}")
         _print_kernels(con, res.kernels)
@@ -341,12 +343,16 @@ def serve(
                   "Ctrl-C stops it")
         _watch_loop(con, dep, rt, reg, secrets, expect, interval=watch_interval, restart=restart)
     except KeyboardInterrupt:
+        if res is None:  # interrupted during launch or readiness: launch_and_wait has stopped its server
+            con.print(f"interrupted: {p.name} stopped before it was ready")
+            raise typer.Exit(EXIT_INTERRUPTED) from None
         if detach:  # a detached server is meant to outlive this command
             raise
-        con.print("stopping…")
-        if reg.exists(dep.name):  # a relaunch interrupted during readiness has already stopped its server
-            serving.stop([dep.name], registry=reg)
-        con.print(f"stopped {dep.name}")
+        con.print("stopping… (a second Ctrl-C waits until the server is down)")
+        with serving.deferred_sigint():
+            if reg.exists(p.name):  # a relaunch interrupted during readiness has already stopped its server
+                serving.stop([p.name], registry=reg)
+        con.print(f"stopped {p.name}")
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 
@@ -457,7 +463,11 @@ def watch(
         _watch_loop(con, dep, rt, reg, secrets, expect, interval=interval, restart=restart,
                     canary_timeout=canary_timeout, stall=stall, max_restarts=max_restarts, count=count,
                     stop_on_exit=False)
-    except KeyboardInterrupt:  # watching only: the deployment keeps running
+    except KeyboardInterrupt:  # watching only: the deployment keeps running (unless a relaunch was cut short)
+        if reg.exists(name) and rt.is_alive(reg.get(name)):
+            con.print(f"stopped watching; {name} keeps running")
+        else:
+            con.print(f"stopped watching; {name} is not running (an interrupted relaunch stops its server)")
         raise typer.Exit(EXIT_INTERRUPTED) from None
 
 

@@ -27,7 +27,7 @@ from m3ctl.catalog import ModelSpec, Profile, Variant
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.modelinfo import ModelFacts, read_model_facts
-from m3ctl.rules import Facts, PlanContext, Violation, check_all
+from m3ctl.rules import Facts, PlanContext, Violation, advisories, check_all
 from m3ctl.secrets import redact_env
 
 
@@ -494,6 +494,7 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     if var and profile.arch in var.emulated_archs and allow_emulated:
         warnings.append(f"variant {vname} runs emulated on {profile.arch}: {var.emulation}")
     warnings += [f"rule {v.rule} skipped: {v.message}" for v in violations]
+    warnings += advisories(ctx)
 
     served = served_model_name or name
     target = model if local.local else ((var.hf_id if var and var.hf_id else None) or

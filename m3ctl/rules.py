@@ -103,34 +103,81 @@ class PlanContext:
         return str(self.args.get("kv-cache-dtype", "auto"))
 
     def arg_int(self, name: str, default: int) -> int:
-        """An integer flag as vLLM reads it (``8k`` = 8000, ``8K`` = 8192: vllm/utils/argparse_utils.py
-        human_readable_int); ``default`` when unset or not a number (``auto``, ``-1``)."""
+        """An integer flag as vLLM reads it (``8k`` = 8000, ``8K`` = 8192, else Python's ``int``:
+        vllm/utils/argparse_utils.py human_readable_int); ``default`` when unset, negative (``-1``) or not a
+        number (``auto``)."""
         v = self.args.get(name)
         if v is None or isinstance(v, bool):
             return default
-        if isinstance(v, int):
-            return v if v >= 0 else default
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT]?)", str(v).strip())
-        if not m:
+        m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", str(v).strip())
+        if m:
+            number, suffix = m.groups()
+            if suffix.islower():
+                return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
+            return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10) if "." not in number else default
+        try:
+            n = int(v) if not isinstance(v, float) else default
+        except (TypeError, ValueError):
             return default
-        number, suffix = m.groups()
-        if suffix.islower():
-            return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
-        if suffix and "." not in number:
-            return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10)
-        return int(number) if "." not in number else default
+        return n if n >= 0 else default
+
+    def explicit_int(self, name: str) -> int | None:
+        """An integer flag that was given (see :meth:`arg_int`); None when unset or not a number."""
+        v = self.arg_int(name, -1)
+        return None if v < 0 else v
+
+    @property
+    def chunked_prefill(self) -> bool:
+        """Chunked prefill on (vLLM's default for decoder models) unless only the ``--no-`` form is given."""
+        on = self.args.get("enable-chunked-prefill")
+        return not (on is False or (self.args.get("no-enable-chunked-prefill") and on is not True))
+
+    def max_model_len(self) -> int:
+        """--max-model-len, else the model's max_position_embeddings (vLLM's ``auto``); 0 when unknown."""
+        return self.arg_int("max-model-len", self.facts.max_position_embeddings or 0)
 
     def scheduler_limits(self) -> tuple[int, int]:
-        """(max-num-batched-tokens, max-num-seqs) the server will run with: the flags, else vLLM's defaults
-        for this device (m3ctl/data/vllm_defaults.yaml: they depend on platform, device memory and TP)."""
+        """(max-num-batched-tokens, max-num-seqs) the engine will run with, resolved as vLLM 0.32 does
+        (vllm/engine/arg_utils.py EngineArgs._set_default_max_num_seqs_and_batched_tokens_args): the flags;
+        unset ones from the device table (m3ctl/data/vllm_defaults.yaml: platform, the physical GPU's memory
+        and name, TP x PP) or the batched-DP-MoE budget; doubled by ``--performance-mode throughput``; an
+        unset budget raised to max-model-len without chunked prefill and capped at max-num-seqs x
+        max-model-len; an unset max-num-seqs capped at the budget."""
         from m3ctl.catalog import vllm_defaults  # noqa: PLC0415
 
+        d = vllm_defaults()
         gpu0 = self.inventory.gpus[0] if self.inventory.gpus else None
-        mem = self.unit_memory_mib if self.unit_memory_mib is not None else (gpu0.memory_total_mib if gpu0 else None)
-        mbt, seqs = vllm_defaults().scheduler_limits(
-            platform="cpu" if self.profile.arch == "cpu" else "gpu", device_memory_mib=mem,
-            device_name=gpu0.name if gpu0 else "", world_size=self.tp)
-        return self.arg_int("max-num-batched-tokens", mbt), self.arg_int("max-num-seqs", seqs)
+        world = self.tp * max(1, self.arg_int("pipeline-parallel-size", 1))
+        d_mbt, d_seqs = d.scheduler_limits(platform="cpu" if self.profile.arch == "cpu" else "gpu",
+                                           device_memory_mib=gpu0.memory_total_mib if gpu0 else None,
+                                           device_name=gpu0.name if gpu0 else "", world_size=world)
+        x_mbt, x_seqs = self.explicit_int("max-num-batched-tokens"), self.explicit_int("max-num-seqs")
+        if self.dp > 1 and self.ep and self.args.get("all2all-backend") in d.batched_dp_moe.all2all_backends:
+            d_mbt = d.batched_dp_moe.max_num_batched_tokens
+        if self.args.get("performance-mode") == "throughput":
+            d_mbt, d_seqs = d_mbt * d.throughput_mode_factor, d_seqs * d.throughput_mode_factor
+        seqs = x_seqs if x_seqs is not None else d_seqs
+        mbt = x_mbt
+        if mbt is None:
+            mbt, mml = d_mbt, self.max_model_len()
+            if mml:
+                mbt = min(seqs * mml, mbt if self.chunked_prefill else max(mml, mbt))
+        if x_seqs is None:
+            seqs = min(seqs, mbt)
+        return mbt, seqs
+
+
+def advisories(c: PlanContext) -> list[str]:
+    """Plan warnings about settings vLLM accepts but only warns about (shown with the plan; not rejected)."""
+    out = []
+    mbt, seqs = c.scheduler_limits()
+    mml = c.max_model_len()
+    if c.explicit_int("max-num-batched-tokens") is not None and mml and mbt > seqs * mml:
+        out.append(f"max-num-batched-tokens {mbt} > max-num-seqs {seqs} x max-model-len {mml}: no engine step can "
+                   f"schedule more than {seqs * mml} tokens; vLLM warns 'may lead to unexpected behavior' "
+                   "(vllm/config/scheduler.py SchedulerConfig.verify_max_model_len), and buffers sized by it can fail "
+                   "to allocate (the CPU backend did at 100000000)")
+    return out
 
 
 @dataclass(frozen=True)
@@ -324,21 +371,15 @@ def _dspark(c: PlanContext) -> Violation | None:
 @rule("batching.limits")
 def _batching(c: PlanContext) -> Violation | None:
     mbt, seqs = c.scheduler_limits()
-    src = "vllm/config/scheduler.py SchedulerConfig._verify_args (vLLM 0.32)"
+    src = "vllm/config/scheduler.py SchedulerConfig.verify_max_model_len (vLLM 0.32)"
     if mbt < seqs:
         return _v("batching.limits", f"max-num-batched-tokens {mbt} < max-num-seqs {seqs}: vLLM refuses to start",
                   f"raise --max-num-batched-tokens to at least {seqs} or lower --max-num-seqs to {mbt}", src)
-    mml = c.arg_int("max-model-len", c.facts.max_position_embeddings or 0)
-    no_chunking = c.args.get("enable-chunked-prefill") is False or bool(c.args.get("no-enable-chunked-prefill"))
-    if no_chunking and mml and mbt < mml:
+    mml = c.max_model_len()
+    if not c.chunked_prefill and mml and mbt < mml:
         return _v("batching.limits", f"max-num-batched-tokens {mbt} < max-model-len {mml} with chunked prefill off: "
                                      "vLLM refuses to start (a prompt must fit one step)",
                   f"raise --max-num-batched-tokens to {mml}, lower --max-model-len, or keep chunked prefill on", src)
-    if "max-num-batched-tokens" in c.args and mml and mbt > seqs * mml:
-        return _v("batching.limits", f"max-num-batched-tokens {mbt} > max-num-seqs {seqs} x max-model-len {mml}: no "
-                                     "engine step can schedule that many tokens, and per-step buffers are sized by it",
-                  f"use --max-num-batched-tokens {seqs * mml} or less",
-                  src + " (warns 'may lead to unexpected behavior'); the CPU backend failed to allocate at 100000000")
     return None
 
 

@@ -5,6 +5,9 @@ The CLI's ``serve``/``status``/``stop``/``logs`` are thin wrappers over these fu
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -171,13 +174,30 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
         dep.phase, dep.ready_at = "ready", time.time()
         registry.save(dep)
         rt.sync_log(dep)
-        kernels = verify_kernels(rt.log_text(dep, tail_bytes=5_000_000), expect)
+        return ServeResult(dep, ready, verify_kernels(rt.log_text(dep, tail_bytes=5_000_000), expect))
     except (LaunchFailed, KeyboardInterrupt):
+        if dep is None and registry.exists(plan.name):  # interrupted inside launch, after it saved the record
+            dep = registry.get(plan.name)
         if dep is not None:
-            rt.stop(dep)
-            registry.remove(dep.name)
+            with deferred_sigint():
+                rt.stop(dep)
+                registry.remove(dep.name)
         raise
-    return ServeResult(dep, ready, kernels)
+
+
+@contextlib.contextmanager
+def deferred_sigint():
+    """Ignore Ctrl-C for the block: a stop that must finish (its SIGKILL step after ``timeout_s`` and the
+    registry removal). Callers are already handling an interruption, so a second Ctrl-C has nothing more to
+    say. Only in the main thread (Python's signal handlers live there); elsewhere a no-op."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
 
 
 def relaunch(name: str, *, registry: Registry, secret_env: dict[str, str] | None, runtime: Runtime,

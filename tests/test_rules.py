@@ -141,35 +141,59 @@ def test_vllm_defaults_schema_errors():
     from m3ctl.catalog import parse_vllm_defaults
     from m3ctl.errors import CatalogError
 
+    rest = "batched_dp_moe: {all2all_backends: [x], max_num_batched_tokens: 256}\nthroughput_mode_factor: 2\n"
     with pytest.raises(CatalogError, match="unknown key 'scheduler.0.min_device_memory_gb'; did you mean "
                                            "'min_device_memory_gib'"):
         parse_vllm_defaults("source: x\nscheduler:\n  - {platform: gpu, max_num_batched_tokens: 1, max_num_seqs: 2, "
-                            "min_device_memory_gb: 70}\n")
+                            "min_device_memory_gb: 70}\n" + rest)
     with pytest.raises(CatalogError, match="no scheduler row for platform 'cpu'"):
         parse_vllm_defaults("source: x\nscheduler:\n  - {platform: gpu, max_num_batched_tokens: 1, max_num_seqs: 2}\n"
-                            ).scheduler_limits(platform="cpu", device_memory_mib=None)
+                            + rest).scheduler_limits(platform="cpu", device_memory_mib=None)
+    with pytest.raises(CatalogError, match="throughput_mode_factor: Field required"):
+        parse_vllm_defaults("source: x\nscheduler:\n  - {platform: gpu, max_num_batched_tokens: 1, max_num_seqs: 2}\n"
+                            "batched_dp_moe: {all2all_backends: [x], max_num_batched_tokens: 256}\n")
 
 
 def test_batching_limits(tiny_models):
     """vLLM refuses max-num-batched-tokens < max-num-seqs, and < max-model-len without chunked prefill
-    (vllm/config/scheduler.py); a budget above max-num-seqs x max-model-len cannot be used (the CPU backend
-    failed to allocate at 100000000 in a real tune trial)."""
+    (vllm/config/scheduler.py verify_max_model_len). A budget above max-num-seqs x max-model-len only gets a
+    warning there, so here too (a real tune trial at 100000000 failed to allocate on CPU: an infeasible trial)."""
     m2 = str(tiny_models["m2"])
     e = _rejects("batching.limits", HostInventory(), model=m2, max_num_seqs=64, max_num_batched_tokens=32)
     assert "max-num-batched-tokens 32 < max-num-seqs 64" in e.message and "at least 64" in e.hint
     e = _rejects("batching.limits", HostInventory(), model=m2, max_num_batched_tokens=1024,
                  extra_args=["--no-enable-chunked-prefill"])
     assert "< max-model-len 2048 with chunked prefill off" in e.message
-    e = _rejects("batching.limits", HostInventory(), model=m2, max_num_batched_tokens=100_000_000)
-    assert "x max-model-len 2048" in e.message and "use --max-num-batched-tokens 262144 or less" in e.hint
+    p = plan(HostInventory(), m2, max_num_batched_tokens=100_000_000, vllm_executable="vllm")
+    assert any("max-num-batched-tokens 100000000 > max-num-seqs 128 x max-model-len 2048" in w for w in p.warnings)
     # vLLM's human-readable integers: 8K = 8192, 8k = 8000 (vllm/utils/argparse_utils.py human_readable_int)
     e = _rejects("batching.limits", HostInventory(), model=m2, extra_args=["--max-num-batched-tokens", "8K",
                                                                              "--max-num-seqs", "9k"])
     assert "max-num-batched-tokens 8192 < max-num-seqs 9000" in e.message
     p = plan(HostInventory(), m2, max_num_batched_tokens=256, max_num_seqs=16, vllm_executable="vllm")
-    assert p.violations == []
+    assert p.violations == [] and not any("max-num-batched-tokens" in w for w in p.warnings)
     plan(HostInventory(), m2, max_num_batched_tokens=1024, extra_args=["--enable-chunked-prefill"],
          vllm_executable="vllm")
+
+
+def test_batching_limits_follow_vllms_default_adjustments():
+    """Unset flags resolve as vLLM's _set_default_max_num_seqs_and_batched_tokens_args does, so a setting
+    vLLM accepts is not rejected and one it refuses is."""
+    m, h200, b200 = "MiniMax-M3.1-Flash", synthetic("h200x8"), synthetic("b200x8")
+    # A budget alone: max-num-seqs follows it down (H200 default 1024 -> 512).
+    plan(h200, m, max_num_batched_tokens=512, vllm_executable="vllm")
+    # Chunked prefill off with no budget: the budget is raised to max-model-len.
+    plan(b200, m, extra_args=["--no-enable-chunked-prefill"], vllm_executable="vllm")
+    _rejects("batching.limits", b200, max_num_batched_tokens=8192, extra_args=["--no-enable-chunked-prefill"])
+    # 10000 sequences exceed H200's default budget of 8192, unless throughput mode doubles it.
+    e = _rejects("batching.limits", h200, max_num_seqs=10000)
+    assert "max-num-batched-tokens 8192 < max-num-seqs 10000" in e.message
+    plan(h200, m, max_num_seqs=10000, extra_args=["--performance-mode", "throughput"], vllm_executable="vllm")
+    # DP + EP with a low-latency all2all: vLLM's default budget is 256 (batched DP MoE).
+    dp_ep = {"tp": 4, "dp": 2, "ep": True, "extra_args": ["--all2all-backend", "deepep_low_latency"]}
+    e = _rejects("batching.limits", b200, max_num_seqs=512, **dp_ep)
+    assert "max-num-batched-tokens 256 < max-num-seqs 512" in e.message
+    plan(b200, m, vllm_executable="vllm", **dp_ep)
 
 
 def test_spec_method_not_on_arch(tiny_models):
