@@ -349,7 +349,7 @@ def serve(
         if detach:  # a detached server is meant to outlive this command
             raise
         con.print("stopping… (a second Ctrl-C waits until the server is down)")
-        with serving.deferred_sigint():
+        with serving.sigint_ignored():
             if reg.exists(p.name):  # a relaunch interrupted during readiness has already stopped its server
                 serving.stop([p.name], registry=reg)
         con.print(f"stopped {p.name}")

@@ -146,7 +146,8 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
         expect: the profile's :class:`~m3ctl.catalog.KernelExpect` (None: report only).
         restarts: restart count to record (the watchdog's relaunch).
 
-    On failure (or Ctrl-C) during readiness the server is stopped, so nothing is left behind.
+    On failure (or Ctrl-C) anywhere from the launch to the returned result the server is stopped, so nothing
+    is left behind.
 
     Raises:
         ConfigRejected: pre-flight failed (exit 3); nothing was started.
@@ -179,14 +180,14 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
         if dep is None and registry.exists(plan.name):  # interrupted inside launch, after it saved the record
             dep = registry.get(plan.name)
         if dep is not None:
-            with deferred_sigint():
+            with sigint_ignored():
                 rt.stop(dep)
                 registry.remove(dep.name)
         raise
 
 
 @contextlib.contextmanager
-def deferred_sigint():
+def sigint_ignored():
     """Ignore Ctrl-C for the block: a stop that must finish (its SIGKILL step after ``timeout_s`` and the
     registry removal). Callers are already handling an interruption, so a second Ctrl-C has nothing more to
     say. Only in the main thread (Python's signal handlers live there); elsewhere a no-op."""
