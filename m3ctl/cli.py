@@ -329,8 +329,18 @@ def serve(
 
         shown = f"container {p.image}: vllm {shlex.join(p.argv[1:])}"
     con.print(f"starting {p.name}: {escape(shown)}", soft_wrap=True)
+    # A foreground Ctrl-C (or SIGTERM/SIGHUP) stops the server wherever it lands (a print, an import, a probe).
+    with serving.stop_signals_as_interrupt():
+        _launch_and_serve(con, p, reg, rt, secrets, expect, on_event, detach, watch_interval, restart)
+
+
+def _launch_and_serve(con, p, reg, rt, secrets, expect, on_event, detach: bool, watch_interval: float,
+                      restart: str) -> None:
+    """Launch, report readiness and kernels, then watch in the foreground (unless ``detach``)."""
+    from m3ctl import serve as serving  # noqa: PLC0415
+
     res = None
-    try:  # a foreground Ctrl-C stops the server wherever it lands (a print, an import, a probe)
+    try:
         res = serving.launch_and_wait(p, registry=reg, secret_env=secrets, on_event=on_event, runtime=rt,
                                       expect=expect)
         dep = res.deployment
@@ -342,10 +352,13 @@ def serve(
         con.print(f"serving in the foreground (watchdog every {watch_interval:g} s, restart {restart}); "
                   "Ctrl-C stops it")
         _watch_loop(con, dep, rt, reg, secrets, expect, interval=watch_interval, restart=restart)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP (serve.Terminated)
+        # A fresh console: the signal may have landed inside a print, which can leave that console holding
+        # (never flushing) what is printed next.
+        con = _console()
         if res is None:  # interrupted during launch or readiness: launch_and_wait has stopped its server
             con.print(f"interrupted: {p.name} stopped before it was ready")
-            raise typer.Exit(EXIT_INTERRUPTED) from None
+            raise typer.Exit(serving.interrupt_exit_code(e)) from None
         if detach:  # a detached server is meant to outlive this command
             raise
         con.print("stopping… (a second Ctrl-C waits until the server is down)")
@@ -353,7 +366,7 @@ def serve(
             if reg.exists(p.name):  # a relaunch interrupted during readiness has already stopped its server
                 serving.stop([p.name], registry=reg)
         con.print(f"stopped {p.name}")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(serving.interrupt_exit_code(e)) from None
 
 
 def _make_runtime(name: str, inv, mounts: list[str], con):
@@ -955,11 +968,14 @@ def tune(
         if names and not json_out:
             con.print(f"stopped leftover server(s) of an interrupted run: {', '.join(names)}")
 
+    from m3ctl import serve as serving  # noqa: PLC0415
+
     try:
-        res, tuner, ev = st.run_tune(sdir, settings, inventory=inv, on_event=on_event, on_cleanup=on_cleanup)
-    except KeyboardInterrupt:
+        with serving.stop_signals_as_interrupt():  # SIGTERM/SIGHUP: the trial's server is stopped as on Ctrl-C
+            res, tuner, ev = st.run_tune(sdir, settings, inventory=inv, on_event=on_event, on_cleanup=on_cleanup)
+    except KeyboardInterrupt as e:
         _console(stderr=True).print(f"interrupted: completed trials are saved; continue with `m3ctl tune --resume {sdir}`")
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(serving.interrupt_exit_code(e)) from None
     if tuner.interrupted_trials and not json_out:
         con.print(f"resumed: trial(s) {tuner.interrupted_trials} had been interrupted and were marked failed")
     out = st.write_outputs(sdir, res, tuner, ev, settings, base, pareto)

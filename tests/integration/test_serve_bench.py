@@ -67,11 +67,14 @@ def test_readiness_rejects_model_that_cannot_generate(tiny_models, tmp_path):
     assert json.loads(run_cli("status", "--json", check=True).stdout) == []
 
 
-@pytest.mark.parametrize("signal_after", ["ready fg", "serving in the foreground"])
-def test_foreground_serve_stops_cleanly_on_ctrl_c(tiny_models, signal_after):
+@pytest.mark.parametrize(("signum", "signal_after"), [(signal.SIGINT, "ready fg"),
+                                                      (signal.SIGINT, "serving in the foreground"),
+                                                      (signal.SIGTERM, "serving in the foreground")])
+def test_foreground_serve_stops_cleanly_on_ctrl_c(tiny_models, signum, signal_after):
     """Ctrl-C as soon as a line is out. Right after "serving in the foreground" the CLI was still importing
     the watchdog (outside its Ctrl-C handler): Typer turned the KeyboardInterrupt into a silent exit 130 and
-    the server was left running (CI, stop 11). Right after "ready" the kernel report is still printing."""
+    the server was left running (CI, stop 11). Right after "ready" the kernel report is still printing.
+    SIGTERM (``kill``, exit 143) left the server running too (its own session): it now stops it the same way."""
     port = free_port()
     proc = subprocess.Popen([*M3CTL, "serve", "--model", str(tiny_models["llama"]), "--name", "fg", "--port",
                              str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -85,10 +88,10 @@ def test_foreground_serve_stops_cleanly_on_ctrl_c(tiny_models, signal_after):
     assert any("ready fg" in ln for ln in lines), "".join(lines)
     server = vllm_procs_for(port)
     assert server
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     proc.wait(timeout=60)  # what it prints after Ctrl-C is a few lines: no pipe to drain meanwhile
     rest = proc.stdout.read()  # through the same reader: lines it had read ahead are kept
-    assert proc.returncode == 130, "".join(lines) + rest
+    assert proc.returncode == 128 + signum, "".join(lines) + rest
     assert "stopped fg" in rest, "".join(lines) + rest
     _, alive = psutil.wait_procs(server, timeout=5)
     assert alive == [], [p.pid for p in alive]
