@@ -163,14 +163,12 @@ OptSeqs = Annotated[Optional[int], typer.Option(help="Max concurrent sequences."
 OptMBT = Annotated[Optional[int], typer.Option(help="Max batched tokens per step.")]
 OptEmul = Annotated[bool, typer.Option(help="Accept a variant that runs only through a fallback kernel here (e.g. NVFP4 on Hopper).")]
 OptNoMC = Annotated[bool, typer.Option(help="Turn NVLink multicast off for multi-GPU launches (shared hosts).")]
-RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": True}
+RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
 
 
 def _plan_kwargs(ctx: typer.Context, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
                  max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated, no_multicast) -> dict:
-    extra = list(ctx.args)
-    if extra and extra[0] == "--":
-        extra = extra[1:]
+    extra = list(ctx.args)  # what follows `--` (click consumes the `--` itself; raw_args reads the rest)
     return dict(variant=variant, tp=tp, dp=dp, dcp=dcp, ep=ep, dbo=dbo, spec_depth=spec_depth,
                 spec_method=spec_method, kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, extra_args=extra,
@@ -853,6 +851,41 @@ def _pw(p: float) -> str:
 
 
 # ----------------------------------------------------------------------------- tune
+def _print_tune_dry_run(con, r: dict, limit: int = 40) -> None:
+    """Human form of :func:`m3ctl.tune.study.dry_run` (``--json`` prints all of it)."""
+    from m3ctl.tune.slo import parse_slo  # noqa: PLC0415
+
+    sp, spec, b = r["space"], r["spec"], r["bench"]
+    con.print(f"[bold]tune (dry run)[/] {escape(r['model'])}: nothing is started or written; the study would be "
+              f"{escape(r['study_dir'])}", soft_wrap=True)
+    con.print(f"  space: {sp['size']} configurations over {', '.join(sp['free']) or 'nothing'}; "
+              + "; ".join(f"{k} {v}" for k, v in sp["values"].items()), soft_wrap=True)
+    con.print(f"  SLO {parse_slo(spec['slo'])}; objective {spec['objective']}; budget {spec['max_trials']} starts"
+              + (f", {spec['time_budget_s']:g} s" if spec.get("time_budget_s") else ""))
+    con.print(f"  each measurement: bench {b.get('workload')} {b.get('input_len')} in / {b.get('output_len')} out, "
+              "requests per concurrency " + ", ".join(f"c={c}: {n}" for c, n in r["prompts_per_run"].items()),
+              soft_wrap=True)
+    for note in r["pruned"]:
+        con.print(f"  pruned before launch: {escape(note)}", soft_wrap=True)
+    rejected = [c for c in r["candidates"] if c["status"] != "ok"]
+    con.print(f"  {r['feasible']} of {len(r['candidates'])} configurations pass the plan rules; "
+              f"{len(rejected)} would be rejected without a launch")
+    for c in r["candidates"][:limit]:
+        verdict = "[green]ok[/]" if c["status"] == "ok" else f"[red]rejected[/] {escape(c['reason'])}"
+        con.print(f"    {escape(c['describe']):<44} {verdict}", soft_wrap=True)
+    if len(r["candidates"]) > limit:
+        con.print(f"    ... {len(r['candidates']) - limit} more (--json lists them all, with their commands)")
+    con.print("  order:")
+    for i, step in enumerate(r["order"], 1):
+        con.print(f"    {i}. {escape(step)}", soft_wrap=True)
+    bl = r["baseline"]
+    con.print("  baseline command: " + (escape(bl["command"]) if "command" in bl else f"skipped ({escape(bl['skipped'])})"),
+              soft_wrap=True)
+    first = r.get("first")
+    con.print("  first configuration: " + (f"{escape(first['command'])}" if first else "rejected by the plan rules: "
+                                           "the search starts from the best accepted one"), soft_wrap=True)
+
+
 @app.command(context_settings=RAW_ARGS)
 def tune(
     ctx: typer.Context,
@@ -881,6 +914,7 @@ def tune(
     skip_checks: Annotated[bool, typer.Option(help="Launch even if a plan rule rejects (failures become crashed trials).")] = False,
     inventory: Annotated[Optional[Path], typer.Option(help="Plan for a saved inventory instead of this host.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print result.json instead of tables.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what the study would run (every configuration with its rule check and command, the baseline, the order, the bench runs); start and write nothing.")] = False,
 ) -> None:
     """Search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO (resumable).
 
@@ -899,7 +933,7 @@ def tune(
         sdir = resume
         settings = st.load_settings(sdir)
         # A resumed study may get a larger budget (e.g. continued on another machine); budgets count across resumes.
-        if max_trials is not None or time_budget is not None or baseline is not None:
+        if (max_trials is not None or time_budget is not None or baseline is not None) and not dry_run:
             if max_trials is not None:
                 settings["spec"]["max_trials"] = max_trials
             if time_budget is not None:
@@ -944,12 +978,23 @@ def tune(
                                   "skip_checks": skip_checks},
                     "bench": {"workload": workload, "input_len": input_len, "output_len": output_len, "seed": seed,
                               "num_warmups": 1, "usd_per_gpu_hour": usd_per_gpu_hour}}
-        st.save_settings(sdir, settings)
+        if not dry_run:
+            st.save_settings(sdir, settings)
     base = load_profile_file(Path(settings["profile_file"])) if settings.get("profile_file") else profile_for_arch(inv.arch)
     if settings.get("profile_file"):
         settings["plan_base"]["profile"] = base
     from m3ctl.tune.space import Space  # noqa: PLC0415
 
+    if dry_run:
+        if resume and (max_trials is not None or time_budget is not None or baseline is not None):
+            settings["spec"].update({k: v for k, v in (("max_trials", max_trials), ("time_budget_s", time_budget),
+                                                       ("baseline", baseline)) if v is not None})
+        report = st.dry_run(sdir, settings, inventory=inv)
+        if json_out:
+            typer.echo(json.dumps(report, indent=2, default=str))
+        else:
+            _print_tune_dry_run(con, report)
+        return
     sp = Space.from_json(settings["space"])
     if not json_out:
         con.print(f"study {sdir}: {sp.size()} configurations over {', '.join(sp.free()) or 'nothing'}; SLO "
@@ -1097,5 +1142,27 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+#: Exit statuses of an interruption (128 + SIGHUP, SIGINT, SIGTERM): see :func:`run`.
+INTERRUPT_EXIT_CODES = frozenset({129, EXIT_INTERRUPTED, 143})
+
+
 def run() -> None:
-    sys.exit(main())
+    """Console entry point (and ``python -m m3ctl``).
+
+    After an interruption that m3ctl handled (servers stopped, results saved, exit 130/143/129), the process
+    leaves with ``os._exit`` once stdout and stderr are flushed. CPython 3.11 marks a KeyboardInterrupt as
+    unhandled when it is raised inside ``exec()``/``eval()`` code (a dataclass or namedtuple being created,
+    e.g. during an import) even when it is caught later (``_Py_UnhandledKeyboardInterrupt``, set in
+    Python/pythonrun.c ``run_eval_code_obj``); under ``python -m m3ctl`` the interpreter then kills itself
+    with SIGINT at exit: status -2 instead of 130 (CI, stop 12). Nothing is left to clean up on this path:
+    the bench's worker pool is a context manager and the serve/tune handlers have stopped their servers.
+    """
+    code = main()
+    if code in INTERRUPT_EXIT_CODES:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):  # a closed pipe: nothing more can be shown
+                pass
+        os._exit(code)
+    sys.exit(code)

@@ -136,7 +136,8 @@ def render_flags(args: dict[str, Any]) -> list[str]:
     """Render ``{flag: value}`` into ``vllm serve`` arguments.
 
     ``True`` -> ``--flag``; ``False`` -> ``--no-flag`` (accepted by vLLM 0.32 and 0.33, which rejects
-    ``--disable-X``: cpu-test-stack.md "Flag spellings"); ``None`` -> omitted; dicts/lists -> JSON.
+    ``--disable-X``: cpu-test-stack.md "Flag spellings"); ``None`` -> omitted; tuples -> one token per
+    value (``nargs="+"`` flags); dicts/lists -> JSON.
     Dotted keys (``attention_config.backend``) keep their underscores, as vLLM spells them.
     """
     out: list[str] = []
@@ -149,35 +150,12 @@ def render_flags(args: dict[str, Any]) -> list[str]:
             out.append(flag)
         elif val is False:
             out.append("--no-" + flag[2:])
+        elif isinstance(val, tuple):  # a flag of several values (nargs="+"): --served-model-name a b
+            out += [flag, *(str(v) for v in val)]
         elif isinstance(val, dict | list):
             out += [flag, json.dumps(val, separators=(",", ":"))]
         else:
             out += [flag, str(val)]
-    return out
-
-
-def parse_raw_args(raw: list[str]) -> dict[str, Any]:
-    """Parse raw ``vllm serve`` args (``--flag value`` / ``--flag`` / ``--flag=value``) into a flag dict.
-
-    Raises:
-        BadInput: a token that is not a flag where a flag is expected.
-    """
-    out: dict[str, Any] = {}
-    i = 0
-    while i < len(raw):
-        tok = raw[i]
-        if not tok.startswith("--"):
-            raise BadInput(f"unexpected raw argument {tok!r}", "pass vLLM flags after `--`, e.g. -- --max-num-seqs 64")
-        key, eq, val = tok[2:].partition("=")
-        if eq:
-            out[key] = val
-            i += 1
-        elif i + 1 < len(raw) and not raw[i + 1].startswith("--"):
-            out[key] = raw[i + 1]
-            i += 2
-        else:
-            out[key] = True
-            i += 1
     return out
 
 
@@ -446,8 +424,13 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
         choices.append(Choice(what="--max-model-len", value=str(facts.max_position_embeddings),
                               why="capped at the model's max_position_embeddings"))
     layer({k.lstrip("-"): v for k, v in (overrides or {}).items()}, "command-line override (--arg)")
-    raw = parse_raw_args(extra_args or [])
-    layer(raw, "raw vLLM argument")
+    from m3ctl.vllm_args import read_raw_args  # noqa: PLC0415
+
+    raw = read_raw_args(extra_args or [])
+    layer(raw.flags, "raw vLLM argument")
+    for note in raw.notes:
+        choices.append(Choice(what="raw argument", value=note.split(" read as ")[-1].split(" (")[0],
+                              why=note))
     envs.update(env or {})
     unset_env: list[str] = []
     if vis is not None and vis.controlled_by and runtime == "process":

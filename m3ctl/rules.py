@@ -30,11 +30,7 @@ DEPRECATED_ENV = {
 }
 
 
-REAL_DISABLE_FLAGS = {"disable-access-log-for-endpoints", "disable-cascade-attn", "disable-chunked-mm-input",
-                      "disable-custom-all-reduce", "disable-fastapi-docs", "disable-hybrid-kv-cache-manager",
-                      "disable-log-stats", "disable-log-requests", "disable-nccl-for-dp-synchronization",
-                      "disable-sliding-window", "disable-uvicorn-access-log"}
-"""``--disable-*`` flags that really exist in vLLM 0.32 (shared/reference/vllm-0.32-serve-help.txt)."""
+
 
 
 @dataclass
@@ -492,10 +488,44 @@ def _env(c: PlanContext) -> Violation | None:
 
 @rule("flags.boolean_spelling")
 def _bool(c: PlanContext) -> Violation | None:
+    from m3ctl.vllm_args import flag_table  # noqa: PLC0415
+
+    flags = flag_table().flags
     for k in c.args:
-        if k.startswith("disable-") and k not in REAL_DISABLE_FLAGS:
+        if k.startswith("disable-") and k not in flags and f"enable-{k.removeprefix('disable-')}" in flags:
             return _v("flags.boolean_spelling", f"--{k} is rejected by vLLM 0.32 (it accepts --no-enable-X)",
                       f"use --no-enable-{k.removeprefix('disable-')}", "cpu-test-stack.md 'Flag spellings'")
+    return None
+
+
+@rule("flags.unknown")
+def _unknown_flag(c: PlanContext) -> Violation | None:
+    from m3ctl.vllm_args import flag_table, suggest_flag, unknown_flags  # noqa: PLC0415
+
+    bad = unknown_flags(list(c.args))
+    if bad:
+        t = flag_table()
+        return _v("flags.unknown", f"vllm serve (vLLM {t.vllm_version}) has no flag --{bad[0]}{suggest_flag(bad[0])}",
+                  "fix the spelling (see `vllm serve --help=all`); --skip-checks passes it through for a newer vLLM",
+                  f"m3ctl/data/vllm_serve_flags.yaml, from vllm serve --help=all of vLLM {t.vllm_version}")
+    return None
+
+
+@rule("flags.choices")
+def _flag_choice(c: PlanContext) -> Violation | None:
+    from m3ctl.vllm_args import flag_table  # noqa: PLC0415
+
+    t = flag_table()
+    for k, v in c.args.items():
+        f = t.flags.get(k)
+        vals = v if isinstance(v, tuple) else (v,)
+        if f is None or f.choices is None or not all(isinstance(x, str) for x in vals):
+            continue
+        for x in vals:
+            if x not in f.choices:
+                return _v("flags.choices", f"--{k} {x!r} is not one of vLLM {t.vllm_version}'s choices",
+                          f"use one of: {', '.join(f.choices)}",
+                          f"m3ctl/data/vllm_serve_flags.yaml, from vllm serve --help=all of vLLM {t.vllm_version}")
     return None
 
 

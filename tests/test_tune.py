@@ -531,3 +531,34 @@ def test_study_saves_a_relative_model_path_absolute_for_resume(tiny_models, tmp_
     assert json.loads((work / "s" / "tune.json").read_text())["model"] == str((work / "models" / "m2").resolve())
     p = run_cli("tune", "--resume", str(work / "s"), "--max-trials", "0", "--json", cwd=tmp_path)
     assert "does not exist" not in p.stderr and json.loads(p.stdout)["launches"] == 0
+
+
+def test_cli_tune_dry_run_prints_the_study_and_starts_nothing(tiny_models, tmp_path):
+    """`tune --dry-run`: every configuration with its rule check and command, the baseline and the first start;
+    no study directory, no deployment, no vLLM process. Raw flags after `--` reach every command."""
+    sdir = tmp_path / "s"
+    state = tmp_path / "state"
+    args = ["tune", "--model", str(tiny_models["llama"]), "--study-dir", str(sdir), "--slo", "p99_itl_ms<=100",
+            "--knob", "spec_depth=0,2", "--knob", "max_num_seqs=8,64", "--knob", "max_num_batched_tokens=32,2048",
+            "--dry-run"]
+    p = run_cli(*args, "--json", "--", "--seed", "7", env={"M3CTL_STATE_DIR": str(state)})
+    assert p.returncode == 0, p.stderr
+    r = json.loads(p.stdout)
+    assert not sdir.exists() and not (state / "deployments").exists()
+    assert r["space"]["size"] == 8 and len(r["candidates"]) == 8
+    by = {(c["config"]["spec_depth"], c["config"]["max_num_seqs"], c["config"]["max_num_batched_tokens"]): c
+          for c in r["candidates"]}
+    assert by[(0, 64, 32)]["status"] == "rejected" and by[(0, 64, 32)]["rule"] == "batching.limits"
+    assert by[(2, 8, 32)]["status"] == "ok"  # 32 - 2 x 8 = 16 tokens left for prefill
+    assert r["feasible"] == sum(1 for c in r["candidates"] if c["status"] == "ok") == 6
+    ok = by[(2, 64, 2048)]["command"]
+    assert "--max-num-seqs 64 --max-num-batched-tokens 2048" in ok and '"num_speculative_tokens":2' in ok
+    assert all("--seed 7" in c["command"] for c in r["candidates"] if c["status"] == "ok")
+    assert "--max-num-seqs" not in r["baseline"]["command"] and "--seed 7" in r["baseline"]["command"]
+    assert r["first"]["config"] == {**r["first"]["config"], "spec_depth": 0, "max_num_seqs": 64,
+                                    "max_num_batched_tokens": 2048}
+    assert r["prompts_per_run"]["4"] == 16
+    t = run_cli(*args, env={"M3CTL_STATE_DIR": str(state)})
+    assert t.returncode == 0, t.stderr
+    assert "6 of 8 configurations pass the plan rules" in t.stdout and "rule batching.limits" in t.stdout
+    assert "baseline command:" in t.stdout and "first configuration:" in t.stdout and not sdir.exists()

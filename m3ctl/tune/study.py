@@ -15,7 +15,7 @@ import yaml
 
 from m3ctl.errors import BadInput
 from m3ctl.tune.search import Outcome, Tuner, TuneResult, TuneSpec, pareto, write_json
-from m3ctl.tune.space import FLAGS, Space, describe, plan_kwargs
+from m3ctl.tune.space import FLAGS, Space, describe, key_of, plan_kwargs
 
 
 def prefix_for(study_dir: Path) -> str:
@@ -68,11 +68,66 @@ def run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry=N
     return res, tuner, ev
 
 
+def dry_run(study_dir: Path, settings: dict[str, Any], *, inventory, registry=None) -> dict[str, Any]:
+    """What ``m3ctl tune`` would do with ``settings`` (the ``tune.json`` shape), starting nothing and writing
+    nothing: every configuration of the space checked by the plan rules (a rejected one is never launched),
+    the configurations pruned before launch, the vLLM-defaults baseline and the first configuration with
+    their exact commands, and the bench run behind each measurement.
+
+    Returns a dict: ``study_dir``, ``spec`` (SLO, objective, budgets, ladder...), ``bench`` (workload),
+    ``space`` {values, free, size}, ``pruned`` (notes), ``candidates`` [{config, describe, status "ok" or
+    "rejected", rule, reason, command}], ``feasible`` (count), ``baseline`` {config, command} or
+    {skipped: why}, ``first`` {config, command} (the anchor: the search's first start) or None,
+    ``order`` (what runs in which order), ``prompts_per_run`` {concurrency: requests}.
+    """
+    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+    from m3ctl.state import Registry  # noqa: PLC0415
+    from m3ctl.tune.search import num_prompts  # noqa: PLC0415
+    from m3ctl.tune.server import ServerEvaluator  # noqa: PLC0415
+
+    space = Space.from_json(settings["space"])
+    spec = TuneSpec(**settings["spec"])
+    prefix = prefix_for(study_dir)
+    ev = ServerEvaluator(inventory, settings["model"], Path(study_dir), spec, plan_base=settings.get("plan_base", {}),
+                         bench=settings.get("bench", {}), port=settings["port"], name_prefix=prefix,
+                         registry=registry or Registry(), space=space)
+    cands = []
+    for cand in space.grid():
+        row: dict[str, Any] = {"config": cand, "describe": describe(cand, space)}
+        try:
+            row.update(status="ok", command=ev.command(cand))
+        except ConfigRejected as e:
+            row.update(status="rejected", rule=e.message.split(":", 1)[0].removeprefix("rule "), reason=e.message)
+        cands.append(row)
+    out: dict[str, Any] = {"study_dir": str(study_dir), "model": settings["model"], "spec": settings["spec"],
+                           "bench": settings.get("bench", {}), "port": settings["port"],
+                           "space": {"values": space.values, "free": space.free(), "size": space.size()},
+                           "pruned": settings.get("pruned", []), "candidates": cands,
+                           "feasible": sum(1 for c in cands if c["status"] == "ok"),
+                           "prompts_per_run": {c: num_prompts(spec, c, 1.0) for c in spec.ladder}}
+    if spec.baseline:
+        base, why = ev.baseline_candidate()
+        out["baseline"] = {"config": base, "command": ev.command(base)} if base is not None else {"skipped": why}
+    else:
+        out["baseline"] = {"skipped": "--no-baseline"}
+    first = space.anchor()
+    ok = {key_of(c["config"]): c for c in cands if c["status"] == "ok"}
+    out["first"] = {"config": first, "command": ok[key_of(first)]["command"]} if key_of(first) in ok else None
+    out["order"] = (["baseline: vLLM's defaults, bisected on load against the SLO"] if "config" in out["baseline"]
+                    else []) + [
+        "first configuration (speculation off, largest batch limits in range), bisected on load",
+        f"then a local poll around the best so far and optuna TPE over the {out['feasible']} configurations the "
+        f"rules accept, until {spec.max_trials} server starts"
+        + (f" or {spec.time_budget_s:g} s" if spec.time_budget_s else ""),
+        f"then the best {spec.confirm_top} re-measured on a fresh server with {spec.confirm_factor:g}x the requests"]
+    return out
+
+
 def tuned_flags(cand: dict[str, Any], plan) -> dict[str, Any]:
     """The ``vllm serve`` flags the tuned knobs set, read back from the plan's argv (so values match)."""
-    from m3ctl.plan import parse_raw_args  # noqa: PLC0415
+    from m3ctl.vllm_args import read_raw_args  # noqa: PLC0415
 
-    args = parse_raw_args(plan.argv[plan.argv.index("--served-model-name") + 2:])
+    args = read_raw_args(plan.argv[plan.argv.index("--served-model-name") + 2:]).flags
     out: dict[str, Any] = {}
     for knob, flag in FLAGS.items():
         if flag in args:
@@ -176,4 +231,4 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
     return out
 
 
-__all__ = ["run_tune", "write_outputs", "load_settings", "save_settings", "prefix_for", "plan_kwargs"]
+__all__ = ["run_tune", "dry_run", "write_outputs", "load_settings", "save_settings", "prefix_for", "plan_kwargs"]

@@ -1,0 +1,135 @@
+"""Raw vLLM arguments read as vLLM 0.32's FlexibleArgumentParser reads them, and the flag table behind it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from m3ctl import catalog
+from m3ctl.dev.vllm_flags import parse_help, render
+from m3ctl.errors import BadInput, CatalogError, ConfigRejected
+from m3ctl.hw.inventory import HostInventory
+from m3ctl.plan import plan, render_flags
+from m3ctl.vllm_args import flag_table, parse_flag_table, read_raw_args, unknown_flags
+
+HELP = Path(__file__).resolve().parents[2] / "shared" / "reference" / "vllm-0.32-serve-help.txt"
+
+SNIPPET = """\
+options:
+  --api-server-count API_SERVER_COUNT, -asc API_SERVER_COUNT
+                        How many API server processes to run.
+  --enable-expert-parallel, --no-enable-expert-parallel, -ep
+                        Use expert parallelism. (default: False)
+  --hf-token [HF_TOKEN]
+                        The token. (default: None)
+  --served-model-name SERVED_MODEL_NAME [SERVED_MODEL_NAME ...]
+                        The model name(s). (default: None)
+  --kv-cache-dtype {auto,bfloat16,fp8}
+                        Data type for kv cache storage. (default: auto)
+  --config-format ['auto', 'hf', 'mistral']
+                        The format. (default: auto)
+  --enforce-eager       Always use eager-mode PyTorch. (default: False)
+  -h, --help            show this help message and exit
+"""
+
+
+def test_help_parser_reads_arity_aliases_and_choices():
+    f = parse_help(SNIPPET)
+    assert f["api-server-count"] == {"arity": "one", "aliases": ["asc"]}
+    assert f["enable-expert-parallel"] == {"arity": "none", "negatable": True, "aliases": ["ep"]}
+    assert f["hf-token"] == {"arity": "optional"}
+    assert f["served-model-name"] == {"arity": "many"}
+    assert f["kv-cache-dtype"] == {"arity": "one", "choices": ["auto", "bfloat16", "fp8"]}
+    assert f["config-format"] == {"arity": "one", "choices": ["auto", "hf", "mistral"]}
+    assert f["enforce-eager"] == {"arity": "none"} and "help" not in f
+    t = parse_flag_table(render(f, "0.32.0", "test"))
+    assert t.flags["enable-expert-parallel"].aliases == ["ep"]
+
+
+@pytest.mark.skipif(not HELP.exists(), reason="shared/reference is not next to this checkout")
+def test_committed_table_is_what_the_generator_makes_from_vllms_help():
+    text = HELP.read_text()
+    first = text.splitlines()[0].lstrip("# ").strip()
+    shipped = (Path(__file__).resolve().parents[1] / "m3ctl" / "data" / "vllm_serve_flags.yaml").read_text()
+    assert render(parse_help(text), "0.32.0", first) == shipped
+
+
+def test_builtin_table_facts():
+    t = flag_table()
+    assert t.vllm_version == "0.32.0" and len(t.flags) > 300
+    assert t.flags["tensor-parallel-size"].aliases == ["tp"] and t.flags["enable-chunked-prefill"].negatable
+    assert "nvfp4" in t.flags["kv-cache-dtype"].choices and t.flags["api-key"].arity == "many"
+
+
+def test_table_schema_errors_name_the_key():
+    with pytest.raises(CatalogError, match="arity"):
+        parse_flag_table("vllm_version: x\nsource: y\nflags:\n  seed: {arity: two}\n")
+    with pytest.raises(CatalogError, match="alias"):
+        parse_flag_table("vllm_version: x\nsource: y\nflags:\n  seed: {arity: one, alias: [s]}\n")
+
+
+def test_raw_args_read_as_vllm_reads_them():
+    r = read_raw_args(["--max-num-seq", "64", "-tp", "2", "--no-enable-chunked-prefill", "--max_model_len=4096",
+                       "-O3", "--speculative-config.method", "ngram", "--seed", "-1", "--api-key", "a", "b",
+                       "--hf-token", "--enforce-eager"])
+    assert r.flags == {"max-num-seqs": "64", "tensor-parallel-size": "2", "enable-chunked-prefill": False,
+                       "max-model-len": "4096", "optimization-level": "3", "speculative-config.method": "ngram",
+                       "seed": "-1", "api-key": ("a", "b"), "hf-token": True, "enforce-eager": True}
+    assert r.notes[0] == "--max-num-seq read as --max-num-seqs (vLLM expands a unique prefix)"
+    assert "-tp read as --tensor-parallel-size" in r.notes and r.unknown == []
+    out = render_flags({"api-key": ("a", "b"), "enable-chunked-prefill": False})
+    assert out == ["--api-key", "a", "b", "--no-enable-chunked-prefill"]
+    u = read_raw_args(["--prot", "8125", "--turbo"])
+    assert u.unknown == ["--prot", "--turbo"] and u.flags == {"prot": "8125", "turbo": True}
+
+
+@pytest.mark.parametrize(("raw", "needle"), [
+    (["stray"], "unexpected raw vLLM argument 'stray'"),
+    (["--max"], "ambiguous vLLM option --max"),
+    (["--max-num-seqs"], "--max-num-seqs needs a value"),
+    (["--max-num-seqs", "--enforce-eager"], "--max-num-seqs needs a value"),
+    (["--enforce-eager=1"], "--enforce-eager takes no value"),
+    (["--api-key"], "--api-key needs at least one value"),
+    (["-zz", "1"], "unknown vLLM option '-zz'"),
+    (["--port", "9000"], "m3ctl sets --port itself"),
+    (["--served_model_name", "x"], "m3ctl sets --served-model-name itself"),
+    (["--mod", "x"], "ambiguous vLLM option --mod"),
+    (["--seed", "1", "--"], "a second `--`"),
+])
+def test_raw_args_syntax_errors(raw, needle):
+    with pytest.raises(BadInput) as e:
+        read_raw_args(raw)
+    assert needle in e.value.message
+
+
+def test_unknown_flags_and_bad_choices_are_plan_rules(tiny_models):
+    m = str(tiny_models["llama"])
+    with pytest.raises(ConfigRejected) as e:
+        plan(HostInventory(), m, extra_args=["--max-num-seqz", "8"], vllm_executable="vllm")
+    assert "rule flags.unknown" in e.value.message and "did you mean --max-num-seqs?" in e.value.message
+    with pytest.raises(ConfigRejected) as e:
+        plan(HostInventory(), m, extra_args=["--all2all-backend", "deepep"], vllm_executable="vllm")
+    assert "rule flags.choices" in e.value.message and "deepep_low_latency" in e.value.hint
+    p = plan(HostInventory(), m, extra_args=["--max-num-seqz", "8"], skip_checks=True, vllm_executable="vllm")
+    assert p.argv[-2:] == ["--max-num-seqz", "8"] and any("flags.unknown" in w for w in p.warnings)
+    p = plan(HostInventory(), m, extra_args=["--max-num-seq", "8", "--max-num-batched-tokens", "4"],
+             skip_checks=True, vllm_executable="vllm")
+    assert any("batching.limits" in w for w in p.warnings)  # the rules see the expanded flag
+    with pytest.raises(ConfigRejected, match="batching.limits"):
+        plan(HostInventory(), m, extra_args=["--max-num-seq", "8", "--max-num-batched-tokens", "4"],
+             vllm_executable="vllm")
+
+
+def test_every_flag_in_the_catalog_exists_in_vllm():
+    """Profiles, model specs and their variants name only flags vLLM 0.32 has (a typo there would reach vLLM)."""
+    keys: list[str] = []
+    for p in catalog.profiles().values():
+        keys += list(p.serve_args) + [k for fam in p.family_args.values() for k in fam]
+    for m in catalog.models().values():
+        keys += list(m.base_args)
+        for v in m.variants.values():
+            keys += list(v.serve_args) + [k for a in v.arch_args.values() for k in a]
+    assert len(keys) > 40
+    assert unknown_flags(keys) == []
+    assert unknown_flags(["max-num-seqz", "speculative_config.method", "no-enable-chunked-prefill"]) == ["max-num-seqz"]
