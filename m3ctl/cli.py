@@ -82,7 +82,7 @@ def doctor(
     context: Annotated[Optional[int], typer.Option(help="Context tokens one sequence must fit (default 32768).")] = None,
     kv_cache_dtype: Annotated[str, typer.Option(help="KV cache dtype to validate for this GPU.")] = "auto",
     runtime: Annotated[str, typer.Option(help="auto, process or docker (what serve would use).")] = "auto",
-    port: Annotated[int, typer.Option(help="API port to check.")] = 8000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="API port to check.")] = 8000,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 on WARN too.")] = False,
     image: Annotated[Optional[str], typer.Option(help="Check this image (catalog name or a local image) instead of the recommended one.")] = None,
     inventory: Annotated[Optional[Path], typer.Option(help="Evaluate a saved inventory instead of this host.")] = None,
@@ -150,17 +150,17 @@ SECRET_PASSTHROUGH = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY")
 
 # Plan overrides shared by `plan` and `serve` (the planner's typed knobs; raw vLLM args go after `--`).
 OptVariant = Annotated[Optional[str], typer.Option(help="Model variant (nvfp4, mxfp4, mxfp8, fp8, bf16); default: best native one that fits.")]
-OptTP = Annotated[Optional[int], typer.Option("--tp", help="Tensor parallel size.")]
-OptDP = Annotated[Optional[int], typer.Option("--dp", help="Data parallel size.")]
-OptDCP = Annotated[Optional[int], typer.Option("--dcp", help="Decode context parallel size (adds no GPUs).")]
+OptTP = Annotated[Optional[int], typer.Option("--tp", min=1, help="Tensor parallel size.")]
+OptDP = Annotated[Optional[int], typer.Option("--dp", min=1, help="Data parallel size.")]
+OptDCP = Annotated[Optional[int], typer.Option("--dcp", min=1, help="Decode context parallel size (adds no GPUs).")]
 OptEP = Annotated[Optional[bool], typer.Option("--ep/--no-ep", help="Expert parallel on/off (default: profile strategy).")]
 OptDBO = Annotated[Optional[bool], typer.Option("--dbo/--no-dbo", help="Dual batch overlap (needs DP>1 + EP + DeepEP).")]
-OptSpecDepth = Annotated[Optional[int], typer.Option(help="Speculative tokens (0 = off); uses the model's drafter, else ngram.")]
+OptSpecDepth = Annotated[Optional[int], typer.Option(min=0, help="Speculative tokens (0 = off); uses the model's drafter, else ngram.")]
 OptSpecMethod = Annotated[Optional[str], typer.Option(help="Speculative method override (ngram, dspark, eagle3, mtp...).")]
 OptKV = Annotated[Optional[str], typer.Option(help="KV cache dtype (validated per architecture and attention type).")]
-OptMML = Annotated[Optional[int], typer.Option(help="Max model length (tokens).")]
-OptSeqs = Annotated[Optional[int], typer.Option(help="Max concurrent sequences.")]
-OptMBT = Annotated[Optional[int], typer.Option(help="Max batched tokens per step.")]
+OptMML = Annotated[Optional[int], typer.Option(min=1, help="Max model length (tokens).")]
+OptSeqs = Annotated[Optional[int], typer.Option(min=1, help="Max concurrent sequences.")]
+OptMBT = Annotated[Optional[int], typer.Option(min=1, help="Max batched tokens per step.")]
 OptEmul = Annotated[bool, typer.Option(help="Accept a variant that runs only through a fallback kernel here (e.g. NVFP4 on Hopper).")]
 OptNoMC = Annotated[bool, typer.Option(help="Turn NVLink multicast off for multi-GPU launches (shared hosts).")]
 RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
@@ -195,7 +195,7 @@ def plan(
     ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", "-m", help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory.")] = "MiniMax-M3.1-Flash",
     name: Annotated[str, typer.Option(help="Deployment name.")] = "m3ctl",
-    port: Annotated[int, typer.Option(help="API port.")] = 8000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="API port.")] = 8000,
     runtime: Annotated[str, typer.Option(help="process, docker, or auto (docker when the profile has an image).")] = "auto",
     inventory: Annotated[Optional[Path], typer.Option(help="Plan for a saved inventory instead of this host.")] = None,
     profile: Annotated[Optional[Path], typer.Option(help="Kernel profile YAML to use instead of the catalog's.")] = None,
@@ -252,7 +252,7 @@ def serve(
     ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", "-m", help="Local model directory or Hugging Face id.")],
     name: Annotated[str, typer.Option(help="Deployment name.")] = "m3ctl",
-    port: Annotated[int, typer.Option(help="API port.")] = 8000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="API port.")] = 8000,
     host: Annotated[str, typer.Option(help="API listen address.")] = "127.0.0.1",
     runtime: Annotated[str, typer.Option(help="process (bare `vllm serve`) or docker.")] = "process",
     served_model_name: Annotated[Optional[str], typer.Option(help="API model id (default: --name).")] = None,
@@ -904,7 +904,7 @@ def tune(
     max_spec_depth: Annotated[int, typer.Option(help="Largest speculation depth searched.")] = 4,
     pareto: Annotated[bool, typer.Option("--pareto", help="Also print the Pareto table and write pareto.png.")] = False,
     baseline: Annotated[Optional[bool], typer.Option("--baseline/--no-baseline", help="Also measure vLLM's defaults (no tuned flags, smallest accepted TP) with the same bisection and SLO, once per study (default: on for a new study; with --resume: keep the saved choice).")] = None,
-    port: Annotated[int, typer.Option(help="API port of the trial servers.")] = 8000,
+    port: Annotated[int, typer.Option(min=1, max=65535, help="API port of the trial servers.")] = 8000,
     workload: Annotated[str, typer.Option(help="Bench workload (random, prefix, agentic, ...).")] = "random",
     input_len: Annotated[int, typer.Option(help="Prompt tokens per request.")] = 128,
     output_len: Annotated[int, typer.Option(help="Output tokens per request.")] = 128,

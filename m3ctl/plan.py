@@ -27,7 +27,7 @@ from m3ctl.catalog import ModelSpec, Profile, Variant
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.modelinfo import ModelFacts, read_model_facts
-from m3ctl.rules import Facts, PlanContext, Violation, advisories, check_all
+from m3ctl.rules import Facts, PlanContext, Violation, advisories, check_all, vllm_int
 from m3ctl.secrets import redact_env
 
 
@@ -130,6 +130,11 @@ class LaunchPlan(BaseModel):
                 "explain": [c.model_dump() for c in self.choices],
                 "rejected": [r.model_dump() for r in self.rejected],
                 "warnings": self.warnings, "violations": self.violations}
+
+
+#: Raw parallel flags planned as m3ctl's own knobs (flag -> plan() argument).
+RAW_PARALLEL_FLAGS = {"tensor-parallel-size": "tp", "data-parallel-size": "dp", "decode-context-parallel-size": "dcp",
+                      "enable-expert-parallel": "ep", "enable-dbo": "dbo"}
 
 
 def render_flags(args: dict[str, Any]) -> list[str]:
@@ -335,6 +340,25 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     if local.local:
         facts.architectures, facts.config_keys = list(local.architectures), list(local.config_keys)
 
+    # Raw vLLM arguments, read as vLLM reads them. Parallel flags among them are planned like --tp/--dp/...
+    # (GPU selection, visibility and every rule see the layout vLLM will use).
+    from m3ctl.vllm_args import read_raw_args  # noqa: PLC0415
+
+    raw = read_raw_args(extra_args or [])
+    given: dict[str, Any] = {"tp": tp, "dp": dp, "dcp": dcp, "ep": ep, "dbo": dbo}
+    for flag, knob in RAW_PARALLEL_FLAGS.items():
+        if flag not in raw.flags:
+            continue
+        v = raw.flags.pop(flag)
+        val = v if isinstance(v, bool) else vllm_int(v)
+        if val is None or (not isinstance(val, bool) and val < 1):
+            raise BadInput(f"raw --{flag} {v!r} is not an integer >= 1", f"e.g. -- --{flag} 2, or m3ctl's --{knob}")
+        if given[knob] is not None and given[knob] != val:
+            raise BadInput(f"--{knob} {given[knob]} and raw --{flag} {v} disagree", f"give the {knob.upper()} once")
+        given[knob] = val
+        choices.append(Choice(what=f"--{flag}", value=str(v), why=f"raw vLLM argument, planned as --{knob}"))
+    tp, dp, dcp, ep, dbo = given["tp"], given["dp"], given["dcp"], given["ep"], given["dbo"]
+
     # Parallel layout. A profile's ``parallel`` defaults (a tuned profile) fill what the caller left unset:
     # TP and DP as a pair (either one given = the caller's layout), DCP/EP/DBO one by one.
     pd = profile.parallel
@@ -424,9 +448,6 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
         choices.append(Choice(what="--max-model-len", value=str(facts.max_position_embeddings),
                               why="capped at the model's max_position_embeddings"))
     layer({k.lstrip("-"): v for k, v in (overrides or {}).items()}, "command-line override (--arg)")
-    from m3ctl.vllm_args import read_raw_args  # noqa: PLC0415
-
-    raw = read_raw_args(extra_args or [])
     layer(raw.flags, "raw vLLM argument")
     for note in raw.notes:
         choices.append(Choice(what="raw argument", value=note.split(" read as ")[-1].split(" (")[0],

@@ -33,6 +33,29 @@ DEPRECATED_ENV = {
 
 
 
+def vllm_int(v: Any) -> int | None:
+    """An integer flag value as vLLM reads it (``8k`` = 8000, ``8K`` = 8192, else Python's ``int``:
+    vllm/utils/argparse_utils.py human_readable_int); None when unset, a switch, or not an integer."""
+    if v is None or isinstance(v, bool) or isinstance(v, float):
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", str(v).strip())
+    if m:
+        number, suffix = m.groups()
+        if suffix.islower():
+            return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
+        return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10) if "." not in number else None
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+#: Integer flags the rules read, with the smallest value vLLM accepts (``auto``/-1 allowed where noted).
+INT_FLAGS = {"max-num-seqs": 1, "max-num-batched-tokens": 1, "max-model-len": 1, "tensor-parallel-size": 1,
+             "data-parallel-size": 1, "decode-context-parallel-size": 1, "pipeline-parallel-size": 1}
+AUTO_OK = {"max-model-len"}  # vLLM: "-1 or 'auto'" = the model's maximum (vllm/config/model.py)
+
+
 @dataclass
 class Facts:
     """Merged model facts (catalog, then local config.json) used by the rules."""
@@ -99,23 +122,10 @@ class PlanContext:
         return str(self.args.get("kv-cache-dtype", "auto"))
 
     def arg_int(self, name: str, default: int) -> int:
-        """An integer flag as vLLM reads it (``8k`` = 8000, ``8K`` = 8192, else Python's ``int``:
-        vllm/utils/argparse_utils.py human_readable_int); ``default`` when unset, negative (``-1``) or not a
-        number (``auto``)."""
-        v = self.args.get(name)
-        if v is None or isinstance(v, bool):
-            return default
-        m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", str(v).strip())
-        if m:
-            number, suffix = m.groups()
-            if suffix.islower():
-                return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
-            return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10) if "." not in number else default
-        try:
-            n = int(v) if not isinstance(v, float) else default
-        except (TypeError, ValueError):
-            return default
-        return n if n >= 0 else default
+        """An integer flag as vLLM reads it (:func:`vllm_int`); ``default`` when unset, negative (``-1``) or
+        not a number (``auto``)."""
+        n = vllm_int(self.args.get(name))
+        return default if n is None or n < 0 else n
 
     def explicit_int(self, name: str) -> int | None:
         """An integer flag that was given (see :meth:`arg_int`); None when unset or not a number."""
@@ -495,6 +505,21 @@ def _bool(c: PlanContext) -> Violation | None:
         if k.startswith("disable-") and k not in flags and f"enable-{k.removeprefix('disable-')}" in flags:
             return _v("flags.boolean_spelling", f"--{k} is rejected by vLLM 0.32 (it accepts --no-enable-X)",
                       f"use --no-enable-{k.removeprefix('disable-')}", "cpu-test-stack.md 'Flag spellings'")
+    return None
+
+
+@rule("flags.integers")
+def _int_flags(c: PlanContext) -> Violation | None:
+    for k, low in INT_FLAGS.items():
+        v = c.args.get(k)
+        if v is None or (k in AUTO_OK and str(v).strip().lower() in ("auto", "-1")):
+            continue
+        n = vllm_int(v)
+        if n is None or n < low:
+            return _v("flags.integers", f"--{k} {v!r} is not an integer >= {low}",
+                      f"give --{k} a whole number >= {low}" + (" or auto" if k in AUTO_OK else "")
+                      + " (vLLM also reads 8k = 8000 and 8K = 8192)",
+                      "vllm/utils/argparse_utils.py human_readable_int; vllm/config/scheduler.py")
     return None
 
 

@@ -187,7 +187,7 @@ def test_unknown_options_are_errors_raw_vllm_flags_go_after_double_dash(tiny_mod
     assert p.returncode == 0, p.stderr
     argv = json.loads(p.stdout)["argv"]
     assert argv[argv.index("--max-num-seqs") + 1] == "64" and argv[argv.index("--max-model-len") + 1] == "1024"
-    assert "--max-num-seq" not in argv and "-tp" not in argv and "--tensor-parallel-size" in argv
+    assert "--max-num-seq" not in argv and "-tp" not in argv  # -tp 1 is planned as TP 1 (vLLM's default)
     p = run_cli("plan", "--model", m, "--", "--prot", "8125")
     assert p.returncode == 3 and "rule flags.unknown" in p.stderr and "did you mean --port?" in p.stderr
     p = run_cli("plan", "--model", m, "--skip-checks", "--json", "--", "--prot", "8125")
@@ -198,3 +198,13 @@ def test_unknown_options_are_errors_raw_vllm_flags_go_after_double_dash(tiny_mod
     assert p.returncode == 2 and "--max-num-seqs needs a value" in p.stderr
     p = run_cli("tune", "--model", m, "--no-such-option")
     assert p.returncode == 2 and "No such option" in p.stderr
+
+
+def test_out_of_range_numbers_are_usage_errors(tiny_models):
+    m = str(tiny_models["llama"])
+    for args, name in [(["--tp", "0"], "--tp"), (["--port", "99999"], "--port"), (["--max-num-seqs", "0"], "--max-num-seqs"),
+                       (["--spec-depth", "-1"], "--spec-depth")]:
+        p = run_cli("plan", "--model", m, *args)
+        assert p.returncode == 2 and f"Invalid value for '{name}'" in p.stderr, (args, p.stderr)
+    p = run_cli("plan", "--model", m, "--", "--max-num-batched-tokens", "banana")
+    assert p.returncode == 3 and "rule flags.integers" in p.stderr

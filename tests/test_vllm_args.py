@@ -133,3 +133,33 @@ def test_every_flag_in_the_catalog_exists_in_vllm():
     assert len(keys) > 40
     assert unknown_flags(keys) == []
     assert unknown_flags(["max-num-seqz", "speculative_config.method", "no-enable-chunked-prefill"]) == ["max-num-seqz"]
+
+
+def test_raw_parallel_flags_are_planned_like_the_typed_knobs():
+    """`-- -tp 4` used to reach vLLM past the planner: GPU selection and the parallel rules saw TP 8."""
+    from tests.hosts import synthetic
+
+    inv = synthetic("b200x8")
+    p = plan(inv, "MiniMax-M3.1-Flash", extra_args=["-tp", "4"], vllm_executable="vllm")
+    assert p.tp == 4 and p.argv.count("--tensor-parallel-size") == 1 and len(p.gpus) == 4
+    assert p.argv[p.argv.index("--tensor-parallel-size") + 1] == "4"
+    with pytest.raises(BadInput, match="disagree"):
+        plan(inv, "MiniMax-M3.1-Flash", tp=2, extra_args=["-tp", "4"], vllm_executable="vllm")
+    with pytest.raises(BadInput, match="not an integer"):
+        plan(inv, "MiniMax-M3.1-Flash", extra_args=["--tensor-parallel-size", "x"], vllm_executable="vllm")
+    assert plan(inv, "MiniMax-M3.1-Flash", tp=8, extra_args=["-tp", "8"], vllm_executable="vllm").tp == 8
+    with pytest.raises(ConfigRejected, match="parallel.dcp"):  # the DCP rule sees the raw DCP
+        plan(synthetic("b200x8"), "MiniMax-M3.1-Flash", extra_args=["-dcp", "3"], vllm_executable="vllm")
+
+
+def test_integer_flags_rule(tiny_models):
+    from m3ctl.rules import vllm_int
+
+    assert (vllm_int("8k"), vllm_int("8K"), vllm_int("64"), vllm_int("banana"), vllm_int(True)) == \
+        (8000, 8192, 64, None, None)
+    with pytest.raises(ConfigRejected, match="flags.integers"):
+        plan(HostInventory(), str(tiny_models["llama"]), extra_args=["--max-num-batched-tokens", "banana"],
+             vllm_executable="vllm")
+    with pytest.raises(ConfigRejected, match="flags.integers"):
+        plan(HostInventory(), str(tiny_models["llama"]), extra_args=["--max-num-seqs", "0"], vllm_executable="vllm")
+    plan(HostInventory(), str(tiny_models["llama"]), extra_args=["--max-model-len", "auto"], vllm_executable="vllm")
