@@ -162,7 +162,7 @@ OptMML = Annotated[Optional[int], typer.Option(min=1, help="Max model length (to
 OptSeqs = Annotated[Optional[int], typer.Option(min=1, help="Max concurrent sequences.")]
 OptMBT = Annotated[Optional[int], typer.Option(min=1, help="Max batched tokens per step.")]
 OptEmul = Annotated[bool, typer.Option(help="Accept a variant that runs only through a fallback kernel here (e.g. NVFP4 on Hopper).")]
-OptNoMC = Annotated[bool, typer.Option(help="Turn NVLink multicast off for multi-GPU launches (shared hosts).")]
+OptNoMC = Annotated[bool, typer.Option("--no-multicast", help="Turn NVLink multicast off for multi-GPU launches (shared hosts).")]
 RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
 
 

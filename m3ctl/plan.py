@@ -290,8 +290,11 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     Raises:
         ConfigRejected: a rule rejects the plan (exit 3); the message names the rule, the values and the fix.
         CatalogError: no kernel profile for the detected architecture, or a bad catalog file (exit 2).
-        BadInput: missing model path, unknown variant, or malformed raw args (exit 2).
+        BadInput: an invalid deployment name, missing model path, unknown variant, or malformed raw args (exit 2).
     """
+    from m3ctl.state import check_name  # noqa: PLC0415
+
+    check_name(name)  # it names the container, the registry record and the emitted manifests
     choices: list[Choice] = []
     rejected: list[Rejected] = []
     warnings: list[str] = []

@@ -155,7 +155,7 @@ def read_raw_args(raw: list[str], *, table: VllmFlagTable | None = None) -> RawA
             if body not in aliases:
                 raise BadInput(f"unknown vLLM option {tok!r}" + _closest(body, list(aliases)),
                                f"see `vllm serve --help=all` (vLLM {table.vllm_version})")
-            name, dot, sub, spelled = aliases[body], "", "", tok
+            name, dot, sub, spelled = aliases[body], "", "", f"-{body}"
         if dot:  # --json-arg.key value: vLLM builds the JSON flag from the keys; no prefix matching here
             if name not in table.flags:
                 out.unknown.append(f"--{name}")
@@ -170,8 +170,6 @@ def read_raw_args(raw: list[str], *, table: VllmFlagTable | None = None) -> RawA
         expanded = False
         if name in opts:
             name, value = opts[name]
-        elif name in table.flags:
-            pass
         else:
             matches = sorted(o for o in opts if o.startswith(name)) if tok.startswith("--") else []
             if len(matches) == 1:  # argparse allow_abbrev: a unique prefix is that option
@@ -196,8 +194,8 @@ def read_raw_args(raw: list[str], *, table: VllmFlagTable | None = None) -> RawA
             raise BadInput(f"raw {spelled}: m3ctl sets --{name} itself (its readiness checks use it)",
                            f"use m3ctl's own {OWNED_FLAGS[name]} option instead")
         canon = f"--{'no-' if value is False else ''}{name}"
-        if not expanded and spelled.split("=")[0] != canon:
-            out.notes.append(f"{spelled.split('=')[0]} read as {canon}")
+        if not expanded and spelled != canon:
+            out.notes.append(f"{spelled} read as {canon}")
         flag = table.flags[name]
         if flag.arity == "none":
             if explicit is not None:

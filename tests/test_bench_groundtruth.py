@@ -151,13 +151,17 @@ def test_timings_match_injected_values(gt_server, tok, conc):
     while other suites ran: a process spinning on one pinned core lost up to 8-12 ms at a time, and the
     c=64 run read TTFT 2-5 ms high with 5-60 % CPU stall, +0.3 ms with < 1 %). So each attempt also
     measures the host's CPU stall (Linux PSI) over the run, and up to 4 attempts are made: the test passes
-    at the first attempt within tolerance; it fails when an attempt on a quiet host (stall < 3 %) was out
-    of tolerance; it skips, printing every attempt's numbers, when all attempts were out of tolerance on a
-    contended host. The tolerance is never loosened.
+    at the first attempt within tolerance; when all 4 are out of tolerance it fails if any of them ran on a
+    quiet host (stall < 3 %) and skips, printing every attempt's numbers, if all ran on a contended host.
+    A quiet host still misses now and then at c=64 (1 run in 6 here: mean TTFT 151.6 vs 150 ms with the
+    server's own TTFT 150.06 and 0.6 % stall: 64 first tokens arriving together are read one after another
+    on one core), so one quiet miss is not a verdict; a real error misses in every attempt. The tolerance
+    is never loosened.
     """
     url = gt_server("--ttft-ms", str(INJ_TTFT), "--itl-ms", str(INJ_ITL))
     n = max(16, 3 * conc)
     attempts = []
+    quiet_miss = False
     for _ in range(4):
         httpx.post(f"{url}/gt/reset")
         s0, w0 = cpu_stall_s(), time.perf_counter()
@@ -181,8 +185,8 @@ def test_timings_match_injected_values(gt_server, tok, conc):
             print(f"c={conc} attempt {len(attempts)}: worst {worst[0]} {worst[1][0]:.2f} vs {worst[1][1]:.2f}; "
                   f"TTFT median {res['median_ttft_ms']:.2f} mean {res['mean_ttft_ms']:.2f}; {attempts[-1]}")
             return
-        assert stall is not None and stall >= MAX_STALL, (
-            f"c={conc}: measured vs injected (1 % or 0.5 ms) on a quiet host; attempts: {attempts}")
+        quiet_miss = quiet_miss or stall is None or stall < MAX_STALL
+    assert not quiet_miss, f"c={conc}: measured vs injected (1 % or 0.5 ms) in 4 attempts, on a quiet host: {attempts}"
     pytest.skip(f"c={conc}: host CPU contended in every attempt (PSI stall >= {MAX_STALL:.0%}): {attempts}")
 
 
