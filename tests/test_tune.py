@@ -562,3 +562,27 @@ def test_cli_tune_dry_run_prints_the_study_and_starts_nothing(tiny_models, tmp_p
     assert t.returncode == 0, t.stderr
     assert "6 of 8 configurations pass the plan rules" in t.stdout and "rule batching.limits" in t.stdout
     assert "baseline command:" in t.stdout and "first configuration:" in t.stdout and not sdir.exists()
+
+
+def test_resume_continues_the_same_local_walk(tmp_path):
+    """A study stopped after any number of starts and resumed measures the same configurations in the same
+    order as one uninterrupted run, up to where TPE takes over: the poll centre and a pending Hooke-Jeeves
+    pattern point are saved with the study (before, a resume restarted the poll at the best configuration and
+    dropped the pattern point, so a walk down max-num-batched-tokens took extra starts after a Ctrl-C)."""
+    space, grid = _itl_landscape()
+
+    def spec(n):
+        return TuneSpec(slo="p99_itl_ms<=100", ladder=grid["ladder"], max_trials=n, confirm_top=0)
+
+    ev = ReplayEvaluator(grid)
+    whole = Tuner(space, ev, spec(7), storage=f"sqlite:///{tmp_path / 'whole.db'}").run(clock=lambda: ev.clock[0])
+    want = [key_of(o.config) for o in sorted(whole.outcomes, key=lambda o: o.trial) if o.launched]
+    assert len(want) == 7
+    for k in range(1, 7):
+        storage = f"sqlite:///{tmp_path / f'split{k}.db'}"
+        ev1 = ReplayEvaluator(grid)
+        Tuner(space, ev1, spec(k), storage=storage).run(clock=lambda: ev1.clock[0])
+        ev2 = ReplayEvaluator(grid)
+        res = Tuner(space, ev2, spec(7), storage=storage).run(clock=lambda: ev2.clock[0])
+        got = [key_of(o.config) for o in sorted(res.outcomes, key=lambda o: o.trial) if o.launched]
+        assert got == want, f"stopped after {k} starts"

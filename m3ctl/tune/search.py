@@ -389,6 +389,9 @@ class Tuner:
                 self.interrupted_trials.append(t.number)
         if "baseline" in self.study.user_attrs:
             self.baseline = Outcome.from_json(self.study.user_attrs["baseline"])
+        st = self.study.user_attrs.get("search_state")
+        if st:  # the local search where the last run left it (a resumed study continues the same walk)
+            self._centre, self._pattern, self._local_done = st["centre"], st["pattern"], st["local_done"]
         for k, v in self.study.user_attrs.items():
             if k.startswith("confirm:") and k[8:] in self.outcomes:
                 self.outcomes[k[8:]].confirmed = v["confirmed"]
@@ -500,8 +503,8 @@ class Tuner:
         (Hooke & Jeeves 1961, J. ACM 8(2)) is tried first and taken at once when it ranks clearly better
         (:meth:`_clearly_better`): a knob whose effect is monotone over several values
         (max-num-batched-tokens against a p99 ITL SLO, say) is walked at one start per step instead of one
-        complete poll per step. Not persisted: after ``--resume`` the centre restarts at the best
-        configuration measured so far and a pending pattern point is dropped (nothing is measured twice)."""
+        complete poll per step. The centre, a pending pattern point and whether the poll is finished are saved
+        with the study after every trial, so ``--resume`` continues the same walk."""
         while True:
             if self._centre is None or self._centre not in self.outcomes:
                 best = self._best_centre()
@@ -551,6 +554,11 @@ class Tuner:
     def _unseen(self) -> dict[str, Any] | None:
         rest = [c for c in self.space.grid() if key_of(c) not in self.outcomes]
         return self.rng.choice(rest) if rest else None
+
+    def _save_search_state(self) -> None:
+        """Persist the local search (poll centre, pending pattern point, poll finished) with the study."""
+        self.study.set_user_attr("search_state", {"centre": self._centre, "pattern": self._pattern,
+                                                  "local_done": self._local_done})
 
     def _tell(self, trial, out: Outcome, duplicate: bool = False) -> None:
         if out.status == "feasible":
@@ -618,6 +626,7 @@ class Tuner:
                 k = key_of(cand)
                 if k in self.outcomes:
                     self._tell(trial, self.outcomes[k], duplicate=True)
+                    self._save_search_state()
                     dups += 1
                     continue
                 dups = 0
@@ -631,6 +640,7 @@ class Tuner:
                     raise
                 self.outcomes[k] = out
                 self._tell(trial, out)
+                self._save_search_state()
                 if out.status == "feasible" and out.objective > best_val:
                     best_val, idle = out.objective, 0
                 elif out.launched and nb is None and (self._local_done or not self.spec.local_first):
