@@ -101,9 +101,10 @@ class DoctorReport(BaseModel):
         return not any(c.status == "FAIL" for c in self.checks)
 
     def exit_code(self, strict: bool = False) -> int:
-        """0 when no FAIL (and, with ``strict``, no WARN); else 1."""
+        """0 when no FAIL (and, with ``strict``, no WARN) and the verdict is runnable (natively or with
+        fallbacks); else 1, so ``m3ctl doctor && m3ctl serve`` only serves where the model can run."""
         bad = {"FAIL", "WARN"} if strict else {"FAIL"}
-        return 1 if any(c.status in bad for c in self.checks) else 0
+        return 1 if any(c.status in bad for c in self.checks) or self.verdict.status == "not_runnable" else 0
 
     def check(self, check_id: str) -> CheckResult:
         """The check with this id. Raises KeyError."""
