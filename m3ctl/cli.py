@@ -158,9 +158,19 @@ OptDBO = Annotated[Optional[bool], typer.Option("--dbo/--no-dbo", help="Dual bat
 OptSpecDepth = Annotated[Optional[int], typer.Option(min=0, help="Speculative tokens (0 = off); uses the model's drafter, else ngram.")]
 OptSpecMethod = Annotated[Optional[str], typer.Option(help="Speculative method override (ngram, dspark, eagle3, mtp...).")]
 OptKV = Annotated[Optional[str], typer.Option(help="KV cache dtype (validated per architecture and attention type).")]
-OptMML = Annotated[Optional[int], typer.Option(min=1, help="Max model length (tokens).")]
-OptSeqs = Annotated[Optional[int], typer.Option(min=1, help="Max concurrent sequences.")]
-OptMBT = Annotated[Optional[int], typer.Option(min=1, help="Max batched tokens per step.")]
+def _token_count(text: str) -> int:
+    """A token count as vLLM reads one (``8k`` = 8000, ``8K`` = 8192, else an integer), at least 1."""
+    from m3ctl.rules import vllm_int  # noqa: PLC0415
+
+    n = vllm_int(text)
+    if n is None or n < 1:
+        raise typer.BadParameter(f"{text!r} is not a whole number >= 1 (8k = 8000 and 8K = 8192 work too)")
+    return n
+
+
+OptMML = Annotated[Optional[int], typer.Option(parser=_token_count, metavar="N", help="Max model length (tokens).")]
+OptSeqs = Annotated[Optional[int], typer.Option(parser=_token_count, metavar="N", help="Max concurrent sequences.")]
+OptMBT = Annotated[Optional[int], typer.Option(parser=_token_count, metavar="N", help="Max batched tokens per step.")]
 OptEmul = Annotated[bool, typer.Option(help="Accept a variant that runs only through a fallback kernel here (e.g. NVFP4 on Hopper).")]
 OptNoMC = Annotated[bool, typer.Option("--no-multicast", help="Turn NVLink multicast off for multi-GPU launches (shared hosts).")]
 RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`

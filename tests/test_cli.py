@@ -209,3 +209,6 @@ def test_out_of_range_numbers_are_usage_errors(tiny_models):
         assert p.returncode == 2 and f"Invalid value for '{name}'" in p.stderr, (args, p.stderr)
     p = run_cli("plan", "--model", m, "--", "--max-num-batched-tokens", "banana")
     assert p.returncode == 3 and "rule flags.integers" in p.stderr
+    p = run_cli("plan", "--model", m, "--max-num-batched-tokens", "8K", "--max-num-seqs", "64", "--json")
+    argv = json.loads(p.stdout)["argv"]  # m3ctl's own token counts read 8K as vLLM does
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == "8192"
