@@ -206,6 +206,8 @@ def plan(
     model: Annotated[str, typer.Option("--model", "-m", help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory.")] = "MiniMax-M3.1-Flash",
     name: Annotated[str, typer.Option(help="Deployment name.")] = "m3ctl",
     port: Annotated[int, typer.Option(min=1, max=65535, help="API port.")] = 8000,
+    host: Annotated[str, typer.Option(help="API listen address.")] = "127.0.0.1",
+    served_model_name: Annotated[Optional[str], typer.Option(help="API model id (default: --name).")] = None,
     runtime: Annotated[str, typer.Option(help="process, docker, or auto (docker when the profile has an image).")] = "auto",
     inventory: Annotated[Optional[Path], typer.Option(help="Plan for a saved inventory instead of this host.")] = None,
     profile: Annotated[Optional[Path], typer.Option(help="Kernel profile YAML to use instead of the catalog's.")] = None,
@@ -245,7 +247,7 @@ def plan(
         model = ucfg.model
     if ucfg and ucfg.runtime and runtime == "auto":
         runtime = ucfg.runtime
-    p = make_plan(inv, model, name=name, port=port, runtime=runtime,
+    p = make_plan(inv, model, name=name, port=port, host=host, served_model_name=served_model_name, runtime=runtime,
                   profile=load_profile_file(profile) if profile else None, pass_env=secrets, **kw)
     if emit:
         from m3ctl.emit import render  # noqa: PLC0415
@@ -369,7 +371,7 @@ def _launch_and_serve(con, p, reg, rt, secrets, expect, on_event, detach: bool, 
             raise typer.Exit(serving.interrupt_exit_code(e)) from None
         if detach:  # a detached server is meant to outlive this command
             raise
-        con.print("stopping… (a second Ctrl-C waits until the server is down)")
+        con.print("stopping… (further Ctrl-C or signals are ignored until the server is down)")
         with serving.sigint_ignored():
             if reg.exists(p.name):  # a relaunch interrupted during readiness has already stopped its server
                 serving.stop([p.name], registry=reg)

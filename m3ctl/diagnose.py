@@ -65,7 +65,7 @@ def diagnose_text(text: str) -> Diagnosis | None:
         if _NOT_ERROR.search(line):  # e.g. vLLM's "WARNING ... failed to automatically increase ... error"
             continue
         if _ERRORISH.search(line) and not line.lstrip().startswith("Traceback"):
-            return Diagnosis("generic", "the server logged an error", "read the log (m3ctl logs NAME)",
+            return Diagnosis("generic", "the server logged an error", "read the server log (path below)",
                              line.strip()[:300])
     return None
 

@@ -494,7 +494,7 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     violations = _engine_constraints(profile, facts) + check_all(ctx)
     if violations and not skip_checks:
         v = violations[0]
-        more = f" (+{len(violations) - 1} more)" if len(violations) > 1 else ""
+        more = f" (also: {', '.join(x.rule for x in violations[1:])})" if len(violations) > 1 else ""
         alts = "; ".join(f"{r.what} {r.value}: {r.why}" for r in rejected) if v.rule in ("variant.native", "memory.fit") else ""
         raise ConfigRejected(f"rule {v.rule}: {v.message}{more}",
                              f"{v.fix} [source: {v.source}]" + (f"; alternatives rejected: {alts}" if alts else ""))

@@ -8,6 +8,7 @@ minutes of weight loading. Every rule names its source. Rejections exit 3.
 from __future__ import annotations
 
 import math
+import difflib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -523,6 +524,34 @@ def _int_flags(c: PlanContext) -> Violation | None:
     return None
 
 
+@rule("flags.json")
+def _json_flags(c: PlanContext) -> Violation | None:
+    import json  # noqa: PLC0415
+
+    for k, v in c.args.items():
+        if isinstance(v, str) and v.lstrip()[:1] in ("{", "["):
+            try:
+                json.loads(v)
+            except ValueError as e:
+                return _v("flags.json", f"--{k} {v[:60]!r} is not valid JSON ({e.msg} at character {e.pos})",
+                          f"quote the whole value in single quotes, e.g. --{k} '{{\"key\": \"value\"}}', or pass "
+                          f"keys one by one (--{k}.key value)",
+                          "vLLM parses config flags with json.loads (vllm/engine/arg_utils.py) and exits at start")
+    return None
+
+
+@rule("model.max_len")
+def _max_len(c: PlanContext) -> Violation | None:
+    limit = c.facts.max_position_embeddings
+    want = vllm_int(c.args.get("max-model-len"))
+    if not limit or want is None or want <= limit or c.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1":
+        return None
+    return _v("model.max_len", f"--max-model-len {want} > the model's max_position_embeddings {limit}: vLLM refuses "
+                               "a max_model_len above the one it derives from the model config",
+              f"use --max-model-len {limit} or less (m3ctl's own --max-model-len is capped for you)",
+              "vllm/config/model.py _get_and_verify_max_len (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 overrides it)")
+
+
 @rule("flags.unknown")
 def _unknown_flag(c: PlanContext) -> Violation | None:
     from m3ctl.vllm_args import flag_table, suggest_flag, unknown_flags  # noqa: PLC0415
@@ -548,16 +577,19 @@ def _flag_choice(c: PlanContext) -> Violation | None:
             continue
         for x in vals:
             if x not in f.choices:
-                return _v("flags.choices", f"--{k} {x!r} is not one of vLLM {t.vllm_version}'s choices",
+                near = difflib.get_close_matches(x, f.choices, n=1, cutoff=0.6)
+                return _v("flags.choices", f"--{k} {x!r} is not one of vLLM {t.vllm_version}'s choices"
+                          + (f" (did you mean {near[0]}?)" if near else ""),
                           f"use one of: {', '.join(f.choices)}",
                           f"m3ctl/data/vllm_serve_flags.yaml, from vllm serve --help=all of vLLM {t.vllm_version}")
     return None
 
 
 def check_all(ctx: PlanContext) -> list[Violation]:
-    """Run every rule; return the violations in rule order (empty when the plan is valid)."""
+    """Run every rule; return the violations in rule order, the ``flags.*`` rules (is each flag one vLLM
+    knows, with a value it can read?) first: a misspelt flag or value explains the rest (empty when valid)."""
     out = []
-    for _, fn in RULES:
+    for _, fn in sorted(RULES, key=lambda r: not r[0].startswith("flags.")):
         v = fn(ctx)
         if v is not None:
             out.append(v)

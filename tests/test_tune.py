@@ -586,3 +586,9 @@ def test_resume_continues_the_same_local_walk(tmp_path):
         res = Tuner(space, ev2, spec(7), storage=storage).run(clock=lambda: ev2.clock[0])
         got = [key_of(o.config) for o in sorted(res.outcomes, key=lambda o: o.trial) if o.launched]
         assert got == want, f"stopped after {k} starts"
+
+
+@pytest.mark.parametrize("bad", ["p99_itl_ms<=-5", "p99_itl_ms<=nan", "p90_tpot_ms<=inf"])
+def test_slo_values_must_be_finite_and_not_negative(bad):
+    with pytest.raises(BadInput, match="finite and >= 0"):
+        parse_slo(bad)

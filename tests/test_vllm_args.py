@@ -231,3 +231,26 @@ def test_vllm_refuses_what_m3ctl_refuses(vllm_parser):
     with pytest.raises(SystemExit):
         parser.parse_args(["serve", "m", "--max-num-seqz", "8"])
     assert read_raw_args(["--max-num-seqz", "8"]).unknown == ["--max-num-seqz"]  # rule flags.unknown rejects it
+
+
+def test_json_values_and_max_model_len_are_checked_before_launch(tiny_models):
+    """Both passed the plan and failed at vLLM's start (new-user check, session 5): a raw JSON value vLLM cannot
+    parse, and a raw --max-model-len above the model's max_position_embeddings (4096 for the tiny Llama)."""
+    m = str(tiny_models["llama"])
+    with pytest.raises(ConfigRejected) as e:
+        plan(HostInventory(), m, extra_args=["--speculative-config", "{bad"], vllm_executable="vllm")
+    assert "rule flags.json" in e.value.message and "not valid JSON" in e.value.message
+    p = plan(HostInventory(), m, extra_args=["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2,'
+                                             ' "prompt_lookup_max": 3}'], vllm_executable="vllm")
+    assert '"num_speculative_tokens": 2' in " ".join(p.argv)
+    with pytest.raises(ConfigRejected) as e:
+        plan(HostInventory(), m, extra_args=["--max-model-len", "99999999"], vllm_executable="vllm")
+    assert "rule model.max_len" in e.value.message and "4096" in e.value.hint
+    with pytest.raises(ConfigRejected, match="model.max_len"):
+        plan(HostInventory(), m, overrides={"max-model-len": 8192}, vllm_executable="vllm")
+    plan(HostInventory(), m, extra_args=["--max-model-len", "4096"], vllm_executable="vllm")
+    assert plan(HostInventory(), m, max_model_len=99999999, vllm_executable="vllm").argv[-1] != "99999999"
+    with pytest.raises(ConfigRejected) as e:  # the flag rules come first: the misspelt value explains the rest
+        plan(HostInventory(), m, extra_args=["--kv-cache-dtype", "fp9"], vllm_executable="vllm")
+    assert e.value.message.startswith("rule flags.choices") and "did you mean fp8?" in e.value.message
+    assert "(also: kv.dtype)" in e.value.message

@@ -87,6 +87,15 @@ class ServerEvaluator:
         return plan(self.inv, self.model, name=name or f"{self.prefix}-check", port=self.port,
                     **self.plan_base, **plan_kwargs(cand, self.spec_method))
 
+    def trial_plan(self, cand: dict[str, Any], trial: int | str):
+        """The plan a trial server runs: named ``{prefix}-t{trial}``, plus the measurement-only flags.
+
+        Measuring servers log every in-service kernel JIT compile (ServerSession.measure repeats spoiled runs);
+        the flag is for measurement only: the tuned command and profile.yaml come from plan() without it."""
+        p = self.plan(cand, name=f"{self.prefix}-t{trial}")
+        extra = [a for a in jit_measure_args() if a not in p.argv]
+        return p.model_copy(update={"argv": [*p.argv, *extra]}) if extra else p
+
     def check(self, cand: dict[str, Any]):
         return self.plan(cand)
 
@@ -126,12 +135,7 @@ class ServerEvaluator:
         name = f"{self.prefix}-t{trial}"
         tdir = self.dir / "trials" / (f"{trial:04d}" if isinstance(trial, int) else str(trial))
         tdir.mkdir(parents=True, exist_ok=True)
-        p = self.plan(cand, name=name)
-        # Measuring servers log every in-service kernel JIT compile (ServerSession.measure repeats spoiled runs);
-        # the flag is for measurement only: the tuned command and profile.yaml come from plan() without it.
-        extra = [a for a in jit_measure_args() if a not in p.argv]
-        if extra:
-            p = p.model_copy(update={"argv": [*p.argv, *extra]})
+        p = self.trial_plan(cand, trial)
         write_json(tdir / "config.json", {"config": cand, "argv": p.argv, "command": p.command_line()})
         self.current, self.trial_dir = name, tdir
         write_json(self.dir / "running.json", {"name": name, "trial": trial, "state_dir": str(self.registry.root)})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import operator
+import math
 import re
 from dataclasses import dataclass
 
@@ -103,6 +104,9 @@ def parse_slo(text: str | None) -> SLO:
             value = float(val)
         except ValueError:
             raise BadInput(f"bad SLO value {val!r} in {part!r}: not a number", "e.g. p90_tpot_ms<=20") from None
+        if not math.isfinite(value) or value < 0:
+            raise BadInput(f"bad SLO value {val!r} in {part!r}: latencies, rates and counts are finite and >= 0",
+                           "e.g. p90_tpot_ms<=20")
         terms.append(Term(key, op, value))
     return SLO(tuple(terms))
 

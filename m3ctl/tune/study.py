@@ -72,7 +72,9 @@ def dry_run(study_dir: Path, settings: dict[str, Any], *, inventory, registry=No
     """What ``m3ctl tune`` would do with ``settings`` (the ``tune.json`` shape), starting nothing and writing
     nothing: every configuration of the space checked by the plan rules (a rejected one is never launched),
     the configurations pruned before launch, the vLLM-defaults baseline and the first configuration with
-    their exact commands, and the bench run behind each measurement.
+    their exact commands (as the trial servers run them: named ``{prefix}-tN``, with the measurement-only
+    flags; the tuned command written at the end has neither; ``tN`` in a listed command is the grid position,
+    a real trial is numbered when it starts), and the bench run behind each measurement.
 
     Returns a dict: ``study_dir``, ``spec`` (SLO, objective, budgets, ladder...), ``bench`` (workload),
     ``space`` {values, free, size}, ``pruned`` (notes), ``candidates`` [{config, describe, status "ok" or
@@ -92,14 +94,14 @@ def dry_run(study_dir: Path, settings: dict[str, Any], *, inventory, registry=No
                          bench=settings.get("bench", {}), port=settings["port"], name_prefix=prefix,
                          registry=registry or Registry(), space=space)
     cands = []
-    for cand in space.grid():
+    for i, cand in enumerate(space.grid()):
         row: dict[str, Any] = {"config": cand, "describe": describe(cand, space)}
         try:
-            row.update(status="ok", command=ev.command(cand))
+            row.update(status="ok", command=ev.trial_plan(cand, i).command_line())
         except ConfigRejected as e:
             row.update(status="rejected", rule=e.message.split(":", 1)[0].removeprefix("rule "), reason=e.message)
         cands.append(row)
-    out: dict[str, Any] = {"study_dir": str(study_dir), "model": settings["model"], "spec": settings["spec"],
+    out: dict[str, Any] = {"study_dir": str(Path(study_dir).resolve()), "model": settings["model"], "spec": settings["spec"],
                            "bench": settings.get("bench", {}), "port": settings["port"],
                            "space": {"values": space.values, "free": space.free(), "size": space.size()},
                            "pruned": settings.get("pruned", []), "candidates": cands,
@@ -107,15 +109,16 @@ def dry_run(study_dir: Path, settings: dict[str, Any], *, inventory, registry=No
                            "prompts_per_run": {c: num_prompts(spec, c, 1.0) for c in spec.ladder}}
     if spec.baseline:
         base, why = ev.baseline_candidate()
-        out["baseline"] = {"config": base, "command": ev.command(base)} if base is not None else {"skipped": why}
+        out["baseline"] = ({"config": base, "command": ev.trial_plan(base, "base").command_line()} if base is not None
+                           else {"skipped": why})
     else:
         out["baseline"] = {"skipped": "--no-baseline"}
     first = space.anchor()
     ok = {key_of(c["config"]): c for c in cands if c["status"] == "ok"}
     out["first"] = {"config": first, "command": ok[key_of(first)]["command"]} if key_of(first) in ok else None
-    out["order"] = (["baseline: vLLM's defaults, bisected on load against the SLO"] if "config" in out["baseline"]
-                    else []) + [
-        "first configuration (speculation off, largest batch limits in range), bisected on load",
+    load = "bisected on load against the SLO" if spec.slo.strip() else "up the concurrency ladder (no SLO: every load meets it)"
+    out["order"] = ([f"baseline: vLLM's defaults, {load}"] if "config" in out["baseline"] else []) + [
+        f"first configuration (speculation off, largest batch limits in range), {load}",
         f"then a local poll around the best so far and optuna TPE over the {out['feasible']} configurations the "
         f"rules accept, until {spec.max_trials} server starts"
         + (f" or {spec.time_budget_s:g} s" if spec.time_budget_s else ""),
