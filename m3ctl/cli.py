@@ -894,8 +894,8 @@ def _print_tune_dry_run(con, r: dict, limit: int = 40) -> None:
     con.print("  baseline command: " + (escape(bl["command"]) if "command" in bl else f"skipped ({escape(bl['skipped'])})"),
               soft_wrap=True)
     first = r.get("first")
-    con.print("  first configuration: " + (f"{escape(first['command'])}" if first else "rejected by the plan rules: "
-                                           "the search starts from the best accepted one"), soft_wrap=True)
+    con.print("  first configuration: " + (f"{escape(first['command'])}" if first else "the anchor is rejected by the "
+                                           "plan rules (no launch); optuna TPE picks the first start"), soft_wrap=True)
 
 
 @app.command(context_settings=RAW_ARGS)
