@@ -79,8 +79,11 @@ def test_image_that_does_not_exist(engine, docker_env, tiny_models):
 
 def test_container_exits_during_load_reports_phase_and_cause(engine, docker_env, tiny_models):
     port = free_port()
-    p = run_cli("serve", "--model", str(tiny_models["llama"]), "--name", "dies", "--port", str(port),
-                *_image_args(), "--arg", "max-model-len=100000", "--detach", env=docker_env)
+    args = ["serve", "--model", str(tiny_models["llama"]), "--name", "dies", "--port", str(port), *_image_args(),
+            "--arg", "max-model-len=100000", "--detach"]
+    p = run_cli(*args, env=docker_env)  # the plan rule catches it in milliseconds ...
+    assert p.returncode == 3 and "rule model.max_len" in p.stderr, p.stdout + p.stderr
+    p = run_cli(*args, "--skip-checks", env=docker_env)  # ... and past the rule, the container dies while loading
     assert p.returncode == 4, p.stdout + p.stderr
     assert "✗ port" in p.stdout  # died while loading, before the API port opened
     assert "phase 'port'" in p.stderr and "max-model-len exceeds" in p.stderr and "100000" in p.stderr
