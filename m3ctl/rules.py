@@ -7,8 +7,8 @@ minutes of weight loading. Every rule names its source. Rejections exit 3.
 
 from __future__ import annotations
 
-import math
 import difflib
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,9 +29,6 @@ DEPRECATED_ENV = {
     "VLLM_NVFP4_GEMM_BACKEND": "--linear-backend NAME (vllm PR #49376)",
     "VLLM_ALL2ALL_BACKEND": "--all2all-backend NAME (anchors-serving.md section 2)",
 }
-
-
-
 
 
 def vllm_int(v: Any) -> int | None:

