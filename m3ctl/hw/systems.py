@@ -1,0 +1,248 @@
+"""Hosts you don't have: a :class:`~m3ctl.hw.inventory.HostInventory` built from the systems catalog.
+
+``m3ctl/data/systems.yaml`` describes typical nodes (``h200``, ``b200``, ``gb300``, ``mi355x``...): GPU name,
+memory in MiB exactly as NVML / amdsmi report it, compute capability or gfx target, GPU links, NUMA layout
+and a typical driver, each with its source. :func:`inventory_for_system` turns a system name into the
+inventory that detection (:func:`m3ctl.hw.detect.detect`) would produce on such a node, so doctor, plan and
+tune evaluate it exactly as they evaluate a probed host; nothing is probed.
+
+Names: a catalog key or alias, optionally with ``xN`` for N GPUs of that node: ``b200`` = ``b200x8``,
+``b200x2`` = two GPUs of a B200 node, ``mi300xx8`` = eight MI300X. N above the node's ``max_gpus`` is more
+than one node and is refused with the multi-node route (``m3ctl plan --emit lws --nodes K``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import re
+from importlib import resources
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from m3ctl.errors import BadInput, CatalogError
+from m3ctl.hw.inventory import GpuInfo, HostInventory, Link, amd_arch, nvidia_arch
+
+REQUIRED_SOURCES = ("gpu", "memory", "links", "driver")
+"""Facts every system must source (``sources`` keys)."""
+
+
+class UnknownSystem(BadInput):
+    """A ``--system`` name that is not in the catalog, or a GPU count the node cannot hold (exit 2)."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class GpuSpec(_Strict):
+    """One GPU of a system, as the vendor library reports it.
+
+    Attributes:
+        name: NVML ``nvmlDeviceGetName`` / amdsmi ``market_name``.
+        compute_capability: NVIDIA ``"major.minor"``; gfx_target: AMD ``gfx942``... (exactly one of the two).
+        memory_mib: total memory in MiB as NVML (``memory.total``) / amdsmi (VRAM size) report it.
+        memory_reading: ``measured`` (a published reading) or ``vendor`` (capacity GB x 1024, no reading found).
+        brand: NVML brand name (``NVIDIA``, ``NVIDIA_RTX``...); None on AMD.
+    """
+
+    name: str
+    compute_capability: str | None = None
+    gfx_target: str | None = None
+    memory_mib: int = Field(gt=0)
+    memory_reading: Literal["measured", "vendor"] = "measured"
+    brand: str | None = None
+
+    @model_validator(mode="after")
+    def _one_ident(self) -> GpuSpec:
+        if (self.compute_capability is None) == (self.gfx_target is None):
+            raise ValueError("give exactly one of compute_capability (NVIDIA) or gfx_target (AMD)")
+        return self
+
+
+class Interconnect(_Strict):
+    """How the GPUs of one node connect.
+
+    Attributes:
+        kind: ``nvswitch`` (every pair over NVLink), ``pcie``, or ``xgmi`` (AMD Infinity Fabric, all pairs).
+        nvlinks: active NVLink links per GPU (``nvswitch`` only; ``nvidia-smi topo -m`` shows ``NV<n>``).
+    """
+
+    kind: Literal["nvswitch", "pcie", "xgmi"]
+    nvlinks: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _links(self) -> Interconnect:
+        if (self.kind == "nvswitch") != (self.nvlinks is not None):
+            raise ValueError("nvlinks is required for kind nvswitch and only for it")
+        return self
+
+
+class SystemSpec(_Strict):
+    """One kind of node.
+
+    Attributes:
+        description: one line for people.
+        aliases: other names accepted for the key.
+        vendor: ``nvidia`` or ``amd`` (must match the GPU identifier).
+        gpu: the GPU.
+        gpus: GPUs in the default configuration (the name without ``xN``).
+        max_gpus: GPUs one node holds; more is multi-node.
+        multi_node_domain: GPUs in the NVLink domain across nodes (GB200/GB300 NVL72), if any.
+        interconnect: GPU-GPU links inside the node.
+        gpu_numa: NUMA node of each GPU index (NVIDIA; ``nvmlDeviceGetNumaNodeId``), length ``max_gpus``.
+        numa_nodes: host NUMA nodes.
+        driver_version, cuda_driver_version: typical driver (NVIDIA: driver + highest CUDA it supports;
+            AMD: amdgpu driver version as amdsmi reports it).
+        sources: where each fact comes from (keys: gpu, memory, links, driver; host when NUMA is given).
+    """
+
+    description: str
+    aliases: tuple[str, ...] = ()
+    vendor: Literal["nvidia", "amd"]
+    gpu: GpuSpec
+    gpus: int = Field(ge=1)
+    max_gpus: int = Field(ge=1)
+    multi_node_domain: int | None = None
+    interconnect: Interconnect
+    gpu_numa: tuple[int, ...] | None = None
+    numa_nodes: int | None = None
+    driver_version: str
+    cuda_driver_version: str | None = None
+    sources: dict[str, str]
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SystemSpec:
+        missing = [k for k in REQUIRED_SOURCES if not self.sources.get(k)]
+        if missing:
+            raise ValueError(f"sources needs {', '.join(missing)} (every fact has a source)")
+        if self.gpus > self.max_gpus:
+            raise ValueError(f"gpus {self.gpus} > max_gpus {self.max_gpus}")
+        if (self.vendor == "nvidia") != (self.gpu.compute_capability is not None):
+            raise ValueError(f"vendor {self.vendor} does not match the GPU identifier")
+        if self.vendor == "nvidia" and not self.cuda_driver_version:
+            raise ValueError("cuda_driver_version is required for NVIDIA systems")
+        if self.gpu_numa is not None and len(self.gpu_numa) != self.max_gpus:
+            raise ValueError(f"gpu_numa lists {len(self.gpu_numa)} GPUs, max_gpus is {self.max_gpus}")
+        if self.gpu_numa is not None and "host" not in self.sources:
+            raise ValueError("gpu_numa needs sources.host")
+        return self
+
+
+class SystemCatalog(_Strict):
+    """``m3ctl/data/systems.yaml``."""
+
+    schema_version: int = 1
+    systems: dict[str, SystemSpec]
+
+
+@functools.lru_cache(maxsize=1)
+def load_systems() -> SystemCatalog:
+    """The systems catalog, validated.
+
+    Raises:
+        CatalogError: the file does not match :class:`SystemCatalog` (exit 2; the message names the key).
+    """
+    from m3ctl.catalog import _load  # noqa: PLC0415 - the catalog's YAML + schema loader (one copy)
+
+    text = resources.files("m3ctl").joinpath("data/systems.yaml").read_text()
+    try:
+        return _load(text, SystemCatalog, "data/systems.yaml")
+    except CatalogError as e:
+        raise CatalogError(e.message, "fix the file; see the schema in m3ctl/hw/systems.py") from e
+
+
+def system_names() -> list[str]:
+    """Default names of every catalog system (``b200x8``, ``gb300x4``...), sorted."""
+    return sorted(f"{k}x{s.gpus}" for k, s in load_systems().systems.items())
+
+
+_NAME = re.compile(r"^(?P<key>.+?)(?:x(?P<n>\d+))?$")
+
+
+def resolve_system(name: str) -> tuple[str, SystemSpec, int]:
+    """Parse a system name into (catalog key, spec, GPU count).
+
+    Raises:
+        UnknownSystem: not in the catalog (the message lists the close matches), a count of 0, or more GPUs
+            than one node holds (the message says how many nodes that is).
+    """
+    cat = load_systems().systems
+    norm = re.sub(r"[\s_-]", "", name.strip().lower())
+    aliases = {a: k for k, s in cat.items() for a in (k, *s.aliases)}
+    m = _NAME.match(norm)
+    key = n = None
+    if m and m.group("key") in aliases:
+        key, n = aliases[m.group("key")], m.group("n")
+    elif norm in aliases:  # a name that itself ends in x<digits>
+        key = aliases[norm]
+    elif m and m.group("n") and m.group("key") + "x" in aliases:  # mi300x8: the product's own x, once
+        key, n = aliases[m.group("key") + "x"], m.group("n")
+    if key is None:
+        choices = system_names() + sorted(aliases)
+        close = list(dict.fromkeys(difflib.get_close_matches(norm, choices, n=3, cutoff=0.5)))
+        raise UnknownSystem(f"unknown system {name!r}" + (f"; did you mean {', '.join(close)}?" if close else ""),
+                            f"known systems: {', '.join(system_names())} (xN sets the GPU count)")
+    spec = cat[key]
+    count = spec.gpus if n is None else int(n)
+    if count < 1:
+        raise UnknownSystem(f"system {name!r} has 0 GPUs", f"use {key}x1 .. {key}x{spec.max_gpus}")
+    if count > spec.max_gpus:
+        nodes = -(-count // spec.max_gpus)
+        dom = (f" (NVLink domain up to {spec.multi_node_domain} GPUs across nodes)" if spec.multi_node_domain else "")
+        raise UnknownSystem(f"system {name!r}: one {key} node holds at most {spec.max_gpus} GPUs; {count} GPUs is "
+                            f"{nodes} nodes{dom}",
+                            f"plan one node ({key}x{spec.max_gpus}) and render it for {nodes} nodes with "
+                            f"`m3ctl plan --system {key}x{spec.max_gpus} --emit lws --nodes {nodes}`")
+    return key, spec, count
+
+
+def _links(spec: SystemSpec, count: int) -> tuple[Link, ...]:
+    """GPU pairs as :func:`m3ctl.hw.detect.probe_nvml` / ``probe_amdsmi`` report them."""
+    out = []
+    numa = spec.gpu_numa
+    for a in range(count):
+        for b in range(a + 1, count):
+            ic = spec.interconnect
+            if ic.kind == "nvswitch":
+                out.append(Link(a=a, b=b, kind="nvlink", detail=f"NV{ic.nvlinks}", count=ic.nvlinks))
+            elif ic.kind == "xgmi":
+                out.append(Link(a=a, b=b, kind="xgmi", detail="XGMI"))
+            else:  # NVML topology level: same socket = NODE, across sockets = SYS
+                same = numa is None or numa[a] == numa[b]
+                out.append(Link(a=a, b=b, kind="pcie", detail="NODE" if same else "SYS"))
+    return tuple(out)
+
+
+def inventory_for_system(name: str) -> HostInventory:
+    """The inventory detection would produce on a node of system ``name`` (nothing is probed).
+
+    The GPUs carry what NVML / amdsmi report for that GPU (name, compute capability or gfx target, total
+    memory in MiB, brand, NUMA node, active NVLinks, fabric state ``completed`` on NVSwitch systems) and the
+    links between them; driver and CUDA version are the system's typical ones. Per-host facts (UUIDs, PCI
+    bus ids, free memory, CPU count, disk, container engine) are left unset, so plans address GPUs by index.
+    ``probe`` is ``"system"`` and ``label`` names the system and the catalog.
+
+    Args:
+        name: catalog name with optional ``xN`` (``gb300x4``, ``b200x2``, ``mi355x``).
+
+    Raises:
+        UnknownSystem: see :func:`resolve_system` (exit 2).
+    """
+    key, spec, count = resolve_system(name)
+    g = spec.gpu
+    nv = spec.vendor == "nvidia"
+    gpus = tuple(GpuInfo(index=i, vendor=spec.vendor, name=g.name,
+                         arch=nvidia_arch(g.compute_capability) if nv else amd_arch(g.gfx_target or ""),
+                         compute_capability=g.compute_capability, gfx_target=g.gfx_target,
+                         memory_total_mib=g.memory_mib, mig_mode=False if nv else None, brand=g.brand,
+                         numa_node=spec.gpu_numa[i] if nv and spec.gpu_numa else None,
+                         nvlinks_active=spec.interconnect.nvlinks if nv else None,
+                         fabric_state=("completed" if spec.interconnect.kind == "nvswitch" else "not_supported")
+                         if nv else None)
+                 for i in range(count))
+    return HostInventory(label=f"system {key}x{count}: {spec.description} (m3ctl/data/systems.yaml; not probed)",
+                         gpus=gpus, probe="system", driver_version=spec.driver_version,
+                         cuda_driver_version=spec.cuda_driver_version, links=_links(spec, count),
+                         numa_nodes=spec.numa_nodes)
