@@ -72,6 +72,24 @@ def _load_inventory(path: Path):
     return load_inventory(text, str(path))
 
 
+OptSystem = Annotated[Optional[str], typer.Option(help="Evaluate a catalog system you don't have (h200x8, gb300x4, mi355xx8; xN sets the GPU count); nothing is probed.")]
+
+
+def _host(inventory: Optional[Path], system: Optional[str]):
+    """The inventory to evaluate: a saved file (--inventory), a catalog system (--system), else this host."""
+    if inventory and system:
+        raise BadInput("--inventory and --system are mutually exclusive", "give one of them")
+    if system:
+        from m3ctl.hw.systems import inventory_for_system  # noqa: PLC0415
+
+        return inventory_for_system(system)
+    if inventory:
+        return _load_inventory(inventory)
+    from m3ctl.hw.detect import detect  # noqa: PLC0415
+
+    return detect()
+
+
 # ----------------------------------------------------------------------------- doctor
 @app.command()
 def doctor(
@@ -87,18 +105,18 @@ def doctor(
     image: Annotated[Optional[str], typer.Option(help="Check this image (catalog name or a local image) instead of the recommended one.")] = None,
     inventory: Annotated[Optional[Path], typer.Option(help="Evaluate a saved inventory instead of this host.")] = None,
     save_inventory: Annotated[Optional[Path], typer.Option(help="Write this host's inventory as JSON.")] = None,
+    system: OptSystem = None,
 ) -> None:
     """Probe this host and say, check by check, whether and how it can serve (exit 1 on FAIL)."""
     from m3ctl.doctor import report_json, resolve_image, run_doctor  # noqa: PLC0415
-    from m3ctl.hw.detect import detect  # noqa: PLC0415
 
     if runtime not in ("auto", "process", "docker"):
         raise BadInput(f"unknown runtime {runtime!r}", "use auto, process or docker")
-    inv = _load_inventory(inventory) if inventory else detect()
+    inv = _host(inventory, system)
     if save_inventory:
         save_inventory.write_text(inv.model_dump_json(indent=2))
     rep = run_doctor(inv, model=model, variant=variant, context=context, kv_cache_dtype=kv_cache_dtype,
-                     runtime=runtime, port=port, host_checks=inventory is None,
+                     runtime=runtime, port=port, host_checks=inventory is None and system is None,
                      image=resolve_image(image) if image else None)
     if json_out:
         typer.echo(json.dumps(report_json(rep), indent=2))
@@ -200,6 +218,39 @@ def _print_plan(con, p) -> None:
     con.print(escape(p.command_line()), soft_wrap=True)
 
 
+def _print_sizing(model: str, systems: list[str], request: dict, json_out: bool) -> None:
+    """``plan --systems``: the sizing table (exit 3 when no system serves the model)."""
+    from m3ctl.errors import EXIT_CONFIG_REJECTED  # noqa: PLC0415
+    from m3ctl.sizing import size_systems, sizing_json  # noqa: PLC0415
+
+    rows = size_systems(model, systems, request)
+    if json_out:
+        typer.echo(json.dumps(sizing_json(model, rows), indent=2))
+    else:
+        from rich.table import Table  # noqa: PLC0415
+
+        mml = request.get("max_model_len")
+        t = Table(title=f"m3ctl plan --systems: {escape(model)}" + (f" at {mml} tokens" if mml else "") +
+                  " (KV tokens per replica; seqs = sequences of that length at once)")
+        for col in ("system", "MiB/GPU", "variant", "layout", "KV tokens", "seqs"):
+            t.add_column(col, no_wrap=True)
+        t.add_column("verdict", overflow="fold")
+        for r in rows:
+            layout = (f"TP{r.tp} DP{r.dp}" + (" EP" if r.ep else "") + (f" DCP{r.dcp}" if r.dcp and r.dcp > 1 else "")
+                      if r.serves else "")
+            verdict = "[green]serves[/]" if r.serves else f"[red]{escape(r.rule or 'no plan')}[/]"
+            t.add_row(r.system, str(r.gpu_mib or "?"), r.variant or "", layout,
+                      f"{r.kv_tokens:,}" if r.kv_tokens is not None else "",
+                      f"{r.concurrent_sequences:,}" if r.concurrent_sequences is not None else "", verdict)
+        con = _console()
+        con.print(t)
+        for r in rows:
+            if not r.serves:
+                con.print(f"  {r.system}: {escape(r.rule + ': ' if r.rule else '')}{escape(r.reason or '')}")
+    if not any(r.serves for r in rows):
+        raise typer.Exit(EXIT_CONFIG_REJECTED)
+
+
 @app.command(context_settings=RAW_ARGS)
 def plan(
     ctx: typer.Context,
@@ -220,14 +271,14 @@ def plan(
     variant: OptVariant = None, tp: OptTP = None, dp: OptDP = None, dcp: OptDCP = None, ep: OptEP = None,
     dbo: OptDBO = None, spec_depth: OptSpecDepth = None, spec_method: OptSpecMethod = None, kv_cache_dtype: OptKV = None,
     max_model_len: OptMML = None, max_num_seqs: OptSeqs = None, max_num_batched_tokens: OptMBT = None,
-    allow_emulated: OptEmul = False, no_multicast: OptNoMC = False,
+    allow_emulated: OptEmul = False, no_multicast: OptNoMC = False, system: OptSystem = None,
+    systems: Annotated[Optional[list[str]], typer.Option("--systems", help="Sizing view: plan on these catalog systems (comma list or repeated; 'all' = every one) and print which serve the model at --max-model-len, how, with how much KV cache.")] = None,
 ) -> None:
-    """Plan a launch for this host (or --inventory FILE): image, argv, env, every choice explained; start nothing.
+    """Plan a launch for this host (or --inventory FILE, --system NAME): image, argv, env, every choice explained; start nothing.
 
     Raw vLLM flags go after `--`. A rule violation exits 3 naming the rule, the values and the fix.
     """
     from m3ctl.catalog import load_profile_file  # noqa: PLC0415
-    from m3ctl.hw.detect import detect  # noqa: PLC0415
     from m3ctl.plan import plan as make_plan  # noqa: PLC0415
 
     from m3ctl.userconfig import load_user_config, merge  # noqa: PLC0415
@@ -236,7 +287,9 @@ def plan(
 
     if emit and emit not in FORMATS:
         raise BadInput(f"unknown --emit format {emit!r}", f"use one of: {', '.join(FORMATS)}")
-    inv = _load_inventory(inventory) if inventory else detect()
+    if systems and (inventory or system):
+        raise BadInput("--systems plans on catalog systems; it takes no --inventory or --system", "drop one of them")
+    inv = None if systems else _host(inventory, system)
     secrets = [k for k in SECRET_PASSTHROUGH if os.environ.get(k)]
     ucfg = load_user_config(config) if config else None
     kw = merge(ucfg, {"overrides": _parse_args(arg or []), "skip_checks": skip_checks,
@@ -247,8 +300,11 @@ def plan(
         model = ucfg.model
     if ucfg and ucfg.runtime and runtime == "auto":
         runtime = ucfg.runtime
-    p = make_plan(inv, model, name=name, port=port, host=host, served_model_name=served_model_name, runtime=runtime,
-                  profile=load_profile_file(profile) if profile else None, pass_env=secrets, **kw)
+    req = dict(name=name, port=port, host=host, served_model_name=served_model_name, runtime=runtime,
+               profile=load_profile_file(profile) if profile else None, pass_env=secrets, **kw)
+    if systems:
+        return _print_sizing(model, [n for s_ in systems for n in s_.split(",") if n.strip()], req, json_out)
+    p = make_plan(inv, model, **req)
     if emit:
         from m3ctl.emit import render  # noqa: PLC0415
 
@@ -925,6 +981,7 @@ def tune(
     arg: Annotated[Optional[list[str]], typer.Option("--arg", help="vllm serve flag for every trial (repeatable).")] = None,
     skip_checks: Annotated[bool, typer.Option(help="Launch even if a plan rule rejects (failures become crashed trials).")] = False,
     inventory: Annotated[Optional[Path], typer.Option(help="Plan for a saved inventory instead of this host.")] = None,
+    system: OptSystem = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print result.json instead of tables.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what the study would run (every configuration with its rule check and command, the baseline, the order, the bench runs); start and write nothing.")] = False,
 ) -> None:
@@ -933,14 +990,15 @@ def tune(
     Raw vLLM flags after `--` apply to every trial and pass the plan rules like everything else.
     """
     from m3ctl.catalog import load_profile_file, profile_for_arch  # noqa: PLC0415
-    from m3ctl.hw.detect import detect  # noqa: PLC0415
     from m3ctl.modelinfo import read_model_facts  # noqa: PLC0415
     from m3ctl.tune import study as st  # noqa: PLC0415
     from m3ctl.tune.slo import objective_value, parse_slo  # noqa: PLC0415
     from m3ctl.tune.space import apply_pins, default_space, describe, prune_dominated  # noqa: PLC0415
 
     con = _console()
-    inv = _load_inventory(inventory) if inventory else detect()
+    if system and not dry_run:
+        raise BadInput(f"--system {system} is a host you don't have: nothing can be measured there", "add --dry-run")
+    inv = _host(inventory, system)
     if resume:
         sdir = resume
         settings = st.load_settings(sdir)

@@ -27,7 +27,7 @@ from m3ctl.catalog import ModelSpec, Profile, Variant
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.modelinfo import ModelFacts, read_model_facts
-from m3ctl.rules import Facts, PlanContext, Violation, advisories, check_all, vllm_int
+from m3ctl.rules import Facts, MemoryFit, PlanContext, Violation, advisories, check_all, memory_fit, vllm_int
 from m3ctl.secrets import redact_env
 
 
@@ -106,6 +106,8 @@ class LaunchPlan(BaseModel):
     python_modules: list[str] = Field(default_factory=list)
     unset_env: list[str] = Field(default_factory=list)
     """Variables removed from the server's inherited environment (one visibility variable on AMD, F05)."""
+    memory_fit: MemoryFit | None = Field(default=None, exclude=True)
+    """The memory budget rule ``memory.fit`` decided on (KV capacity); None on CPU or without sizing facts."""
 
     @property
     def url(self) -> str:
@@ -528,4 +530,5 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
                       violations=[f"{v.rule}: {v.message}" for v in violations], mounts=list(mounts or []),
                       gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
                       gpu_devices=_device_ids(inventory, units, tp_ * dp_), unset_env=unset_env,
-                      python_modules=list(profile.family_python_modules.get(family, [])) if family else [])
+                      python_modules=list(profile.family_python_modules.get(family, [])) if family else [],
+                      memory_fit=memory_fit(ctx))

@@ -442,30 +442,82 @@ def _kv(c: PlanContext) -> Violation | None:
     return None
 
 
-@rule("memory.fit")
-def _memory(c: PlanContext) -> Violation | None:
+@dataclass(frozen=True)
+class MemoryFit:
+    """The planner's per-GPU memory budget for one plan (what rule ``memory.fit`` decides on).
+
+    Attributes:
+        gpu_mib: memory of one visible device (MiB, as NVML/amdsmi report it).
+        usable_gib: per GPU, ``gpu_mib`` x ``gpu_memory_utilization`` (GiB).
+        weights_gib: weights per GPU (total / TP x DP, GiB).
+        kv_gib_per_token: KV cache per GPU for one token (GiB): layers x 2 x max(1, kv_heads / TP) x
+            head_dim x bytes(kv dtype) / DCP; 0 when the model's attention facts are unknown.
+        max_model_len: tokens one sequence may hold (--max-model-len, else max_position_embeddings).
+        dp: data-parallel replicas (each holds its own KV cache).
+    Source: vllm config/cache.py (gpu_memory_utilization 0.92); KV size = layers x 2 x kv_heads x head_dim x bytes.
+    """
+
+    gpu_mib: int
+    usable_gib: float
+    weights_gib: float
+    kv_gib_per_token: float
+    max_model_len: int
+    dp: int = 1
+
+    @property
+    def kv_gib(self) -> float:
+        """KV cache per GPU for one ``max_model_len``-token sequence (GiB)."""
+        return self.kv_gib_per_token * self.max_model_len
+
+    @property
+    def fits(self) -> bool:
+        return self.weights_gib + self.kv_gib <= self.usable_gib
+
+    @property
+    def kv_tokens(self) -> int | None:
+        """KV cache capacity in tokens of one replica (what is left after the weights); None when unknown."""
+        if not self.kv_gib_per_token:
+            return None
+        return max(0, int((self.usable_gib - self.weights_gib) / self.kv_gib_per_token))
+
+    @property
+    def concurrent_sequences(self) -> int | None:
+        """Sequences of ``max_model_len`` tokens whose KV fits at once, over all DP replicas (vLLM logs the
+        per-replica ratio as 'Maximum concurrency for N tokens per request': vllm/v1/core/kv_cache_utils.py)."""
+        t = self.kv_tokens
+        return None if t is None or not self.max_model_len else self.dp * (t // self.max_model_len)
+
+
+def memory_fit(c: PlanContext) -> MemoryFit | None:
+    """The memory budget of a plan; None on CPU, without GPU memory, or without the model's weight size."""
     if c.profile.arch == "cpu" or not c.inventory.gpus:
         return None
     mem_mib = c.unit_memory_mib if c.unit_memory_mib is not None else c.inventory.gpus[0].memory_total_mib
     f = c.facts
     if not mem_mib or not f.weights_gib:
         return None
-    per_gpu = mem_mib / 1024 * c.gpu_memory_utilization
-    weights = f.weights_gib / c.gpus_used
-    kv_gib = 0.0
     mml = c.arg_int("max-model-len", f.max_position_embeddings or 0)
-    if f.num_layers and f.num_kv_heads and f.head_dim and mml:
+    per_token = 0.0
+    if f.num_layers and f.num_kv_heads and f.head_dim:
         kv_per_rank = max(1.0, f.num_kv_heads / c.tp)
-        kv_gib = (mml * f.num_layers * 2 * kv_per_rank * f.head_dim * KV_BYTES.get(c.kv_dtype, 2.0)) / 2**30 / c.dcp
-    if weights + kv_gib > per_gpu:
-        need = math.ceil((f.weights_gib) / max(0.1, per_gpu - kv_gib)) if per_gpu > kv_gib else None
-        fix = (f"use at least {need} GPUs of this size, a smaller variant, or a lower --max-model-len"
-               if need else "lower --max-model-len")
-        return _v("memory.fit", f"weights {weights:.0f} GiB per GPU + KV for one {mml}-token sequence {kv_gib:.1f} GiB per GPU "
-                                f"exceed {per_gpu:.0f} GiB usable ({mem_mib / 1024:.0f} GiB x "
-                                f"{c.gpu_memory_utilization}) at TP {c.tp} x DP {c.dp}",
-                  fix, "vllm config/cache.py (gpu_memory_utilization 0.92); KV size = layers x 2 x kv_heads x head_dim x bytes")
-    return None
+        per_token = (f.num_layers * 2 * kv_per_rank * f.head_dim * KV_BYTES.get(c.kv_dtype, 2.0)) / 2**30 / c.dcp
+    return MemoryFit(gpu_mib=mem_mib, usable_gib=mem_mib / 1024 * c.gpu_memory_utilization,
+                     weights_gib=f.weights_gib / c.gpus_used, kv_gib_per_token=per_token, max_model_len=mml, dp=c.dp)
+
+
+@rule("memory.fit")
+def _memory(c: PlanContext) -> Violation | None:
+    m = memory_fit(c)
+    if m is None or m.fits:
+        return None
+    per_gpu, kv_gib, mml, mem_mib = m.usable_gib, m.kv_gib, m.max_model_len, m.gpu_mib
+    need = math.ceil((c.facts.weights_gib) / max(0.1, per_gpu - kv_gib)) if per_gpu > kv_gib else None
+    fix = (f"use at least {need} GPUs of this size, a smaller variant, or a lower --max-model-len"
+           if need else "lower --max-model-len")
+    return _v("memory.fit", f"weights {m.weights_gib:.0f} GiB per GPU + KV for one {mml}-token sequence {kv_gib:.1f} GiB per GPU "
+                            f"exceed {per_gpu:.0f} GiB usable ({mem_mib / 1024:.0f} GiB x "
+                            f"{c.gpu_memory_utilization}) at TP {c.tp} x DP {c.dp}",
+              fix, "vllm config/cache.py (gpu_memory_utilization 0.92); KV size = layers x 2 x kv_heads x head_dim x bytes")
 
 
 @rule("image.cuda_vs_driver")

@@ -222,7 +222,8 @@ def inventory_for_system(name: str) -> HostInventory:
     memory in MiB, brand, NUMA node, active NVLinks, fabric state ``completed`` on NVSwitch systems) and the
     links between them; driver and CUDA version are the system's typical ones. Per-host facts (UUIDs, PCI
     bus ids, free memory, CPU count, disk, container engine) are left unset, so plans address GPUs by index.
-    ``probe`` is ``"system"`` and ``label`` names the system and the catalog.
+    ``probe`` is the vendor library detection would have used (``nvml`` / ``amdsmi``); ``label`` names the
+    system and the catalog and says nothing was probed.
 
     Args:
         name: catalog name with optional ``xN`` (``gb300x4``, ``b200x2``, ``mi355x``).
@@ -243,6 +244,6 @@ def inventory_for_system(name: str) -> HostInventory:
                          if nv else None)
                  for i in range(count))
     return HostInventory(label=f"system {key}x{count}: {spec.description} (m3ctl/data/systems.yaml; not probed)",
-                         gpus=gpus, probe="system", driver_version=spec.driver_version,
+                         gpus=gpus, probe="nvml" if nv else "amdsmi", driver_version=spec.driver_version,
                          cuda_driver_version=spec.cuda_driver_version, links=_links(spec, count),
                          numa_nodes=spec.numa_nodes)
