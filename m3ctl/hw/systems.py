@@ -91,8 +91,8 @@ class SystemSpec(_Strict):
         max_gpus: GPUs one node holds; more is multi-node.
         multi_node_domain: GPUs in the NVLink domain across nodes (GB200/GB300 NVL72), if any.
         interconnect: GPU-GPU links inside the node.
-        gpu_numa: NUMA node of each GPU index (NVIDIA; ``nvmlDeviceGetNumaNodeId``), length ``max_gpus``.
-        numa_nodes: host NUMA nodes.
+        numa_nodes: host NUMA nodes (CPU sockets); the GPUs spread evenly over them in index order, as
+            ``nvmlDeviceGetNumaNodeId`` reports on HGX hosts (GPUs 0-3 on node 0, 4-7 on node 1).
         driver_version, cuda_driver_version: typical driver (NVIDIA: driver + highest CUDA it supports;
             AMD: amdgpu driver version as amdsmi reports it).
         sources: where each fact comes from (keys: gpu, memory, links, driver; host when NUMA is given).
@@ -106,7 +106,6 @@ class SystemSpec(_Strict):
     max_gpus: int = Field(ge=1)
     multi_node_domain: int | None = None
     interconnect: Interconnect
-    gpu_numa: tuple[int, ...] | None = None
     numa_nodes: int | None = None
     driver_version: str
     cuda_driver_version: str | None = None
@@ -123,10 +122,8 @@ class SystemSpec(_Strict):
             raise ValueError(f"vendor {self.vendor} does not match the GPU identifier")
         if self.vendor == "nvidia" and not self.cuda_driver_version:
             raise ValueError("cuda_driver_version is required for NVIDIA systems")
-        if self.gpu_numa is not None and len(self.gpu_numa) != self.max_gpus:
-            raise ValueError(f"gpu_numa lists {len(self.gpu_numa)} GPUs, max_gpus is {self.max_gpus}")
-        if self.gpu_numa is not None and "host" not in self.sources:
-            raise ValueError("gpu_numa needs sources.host")
+        if self.numa_nodes is not None and "host" not in self.sources:
+            raise ValueError("numa_nodes needs sources.host")
         return self
 
 
@@ -137,16 +134,20 @@ class SystemCatalog(_Strict):
     systems: dict[str, SystemSpec]
 
 
-@functools.lru_cache(maxsize=1)
-def load_systems() -> SystemCatalog:
+@functools.lru_cache(maxsize=2)
+def load_systems(text: str | None = None) -> SystemCatalog:
     """The systems catalog, validated.
+
+    Args:
+        text: YAML to read instead of the packaged ``m3ctl/data/systems.yaml``.
 
     Raises:
         CatalogError: the file does not match :class:`SystemCatalog` (exit 2; the message names the key).
     """
     from m3ctl.catalog import _load  # noqa: PLC0415 - the catalog's YAML + schema loader (one copy)
 
-    text = resources.files("m3ctl").joinpath("data/systems.yaml").read_text()
+    if text is None:
+        text = resources.files("m3ctl").joinpath("data/systems.yaml").read_text()
     try:
         return _load(text, SystemCatalog, "data/systems.yaml")
     except CatalogError as e:
@@ -198,10 +199,15 @@ def resolve_system(name: str) -> tuple[str, SystemSpec, int]:
     return key, spec, count
 
 
+def _numa(spec: SystemSpec, index: int, count: int) -> int | None:
+    """NUMA node of GPU ``index`` of ``count``: spread evenly over the host's NUMA nodes in index order."""
+    return index * spec.numa_nodes // count if spec.numa_nodes else None
+
+
 def _links(spec: SystemSpec, count: int) -> tuple[Link, ...]:
     """GPU pairs as :func:`m3ctl.hw.detect.probe_nvml` / ``probe_amdsmi`` report them."""
     out = []
-    numa = spec.gpu_numa
+    numa = [_numa(spec, i, count) for i in range(count)]
     for a in range(count):
         for b in range(a + 1, count):
             ic = spec.interconnect
@@ -210,7 +216,7 @@ def _links(spec: SystemSpec, count: int) -> tuple[Link, ...]:
             elif ic.kind == "xgmi":
                 out.append(Link(a=a, b=b, kind="xgmi", detail="XGMI"))
             else:  # NVML topology level: same socket = NODE, across sockets = SYS
-                same = numa is None or numa[a] == numa[b]
+                same = numa[a] == numa[b]
                 out.append(Link(a=a, b=b, kind="pcie", detail="NODE" if same else "SYS"))
     return tuple(out)
 
@@ -238,7 +244,7 @@ def inventory_for_system(name: str) -> HostInventory:
                          arch=nvidia_arch(g.compute_capability) if nv else amd_arch(g.gfx_target or ""),
                          compute_capability=g.compute_capability, gfx_target=g.gfx_target,
                          memory_total_mib=g.memory_mib, mig_mode=False if nv else None, brand=g.brand,
-                         numa_node=spec.gpu_numa[i] if nv and spec.gpu_numa else None,
+                         numa_node=_numa(spec, i, count) if nv else None,
                          nvlinks_active=spec.interconnect.nvlinks if nv else None,
                          fabric_state=("completed" if spec.interconnect.kind == "nvswitch" else "not_supported")
                          if nv else None)
