@@ -72,7 +72,7 @@ def _load_inventory(path: Path):
     return load_inventory(text, str(path))
 
 
-OptSystem = Annotated[Optional[str], typer.Option(help="Evaluate a catalog system you don't have (h200x8, gb300x4, mi355xx8; xN sets the GPU count); nothing is probed.")]
+OptSystem = Annotated[Optional[str], typer.Option(metavar="NAME", help="Evaluate a catalog system you don't have (h200x8, gb300x4, mi355xx8; xN sets the GPU count); nothing is probed.")]
 
 
 def _host(inventory: Optional[Path], system: Optional[str]):
@@ -272,7 +272,7 @@ def plan(
     dbo: OptDBO = None, spec_depth: OptSpecDepth = None, spec_method: OptSpecMethod = None, kv_cache_dtype: OptKV = None,
     max_model_len: OptMML = None, max_num_seqs: OptSeqs = None, max_num_batched_tokens: OptMBT = None,
     allow_emulated: OptEmul = False, no_multicast: OptNoMC = False, system: OptSystem = None,
-    systems: Annotated[Optional[list[str]], typer.Option("--systems", help="Sizing view: plan on these catalog systems (comma list or repeated; 'all' = every one) and print which serve the model at --max-model-len, how, with how much KV cache.")] = None,
+    systems: Annotated[Optional[list[str]], typer.Option("--systems", metavar="NAMES", help="Sizing view: plan on these catalog systems (comma list or repeated; 'all' = every one) and print which serve the model at --max-model-len, how, with how much KV cache.")] = None,
 ) -> None:
     """Plan a launch for this host (or --inventory FILE, --system NAME): image, argv, env, every choice explained; start nothing.
 
