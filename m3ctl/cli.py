@@ -230,7 +230,7 @@ def _print_sizing(model: str, systems: list[str], request: dict, json_out: bool)
         from rich.table import Table  # noqa: PLC0415
 
         mml = request.get("max_model_len")
-        t = Table(title=f"m3ctl plan --systems: {escape(model)}" + (f" at {mml} tokens" if mml else "") +
+        t = Table(title=f"m3ctl plan --systems: {escape(model)} at " + (f"{mml} tokens" if mml else "its maximum length") +
                   " (KV tokens per replica; seqs = sequences of that length at once)")
         for col in ("system", "MiB/GPU", "variant", "layout", "KV tokens", "seqs"):
             t.add_column(col, no_wrap=True)
