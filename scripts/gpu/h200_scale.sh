@@ -18,6 +18,7 @@ STOP_AT=${STOP_AT:-560}; LADDER=${LADDER:-4,8,16,32,64,128}; IN=${IN:-4096}; OUT
 SLO=${SLO:-p90_tpot_ms<=25}
 left() { echo $(( STOP_AT - ($(date +%s) - t0) )); }
 source .snap/scripts/gpu/snap-env.sh
+M="python3 -P -m m3ctl"  # -P: m3ctl from .snap, not the working-tree copy in the cwd
 [ -f /tmp/sm2/config.json ] || $M dev scale-model /tmp/sm2 --arch minimax-m2 --layers 16 --quant fp8
 echo "setup done at $(( $(date +%s) - t0 )) s"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
 if [ "$MODE" = grid ]; then
