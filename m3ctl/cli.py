@@ -1036,10 +1036,14 @@ def tune(
         with serving.stop_signals_as_interrupt():  # SIGTERM/SIGHUP: the trial's server is stopped as on Ctrl-C
             res, tuner, ev = st.run_tune(sdir, settings, inventory=inv, on_event=on_event, on_cleanup=on_cleanup)
     except KeyboardInterrupt as e:
-        _console(stderr=True).print(f"interrupted: completed trials are saved; continue with `m3ctl tune --resume {sdir}`")
+        _console(stderr=True).print("interrupted: completed trials and every finished bench run are saved; continue "
+                                    f"with `m3ctl tune --resume {sdir}`")
         raise typer.Exit(serving.interrupt_exit_code(e)) from None
     if tuner.interrupted_trials and not json_out:
-        con.print(f"resumed: trial(s) {tuner.interrupted_trials} had been interrupted and were marked failed")
+        again = [n for n in tuner.interrupted_trials if n not in tuner.recovered_trials]
+        con.print(f"resumed: trial(s) {tuner.interrupted_trials} had been interrupted"
+                  + (f"; kept from the runs they had finished: {tuner.recovered_trials}" if tuner.recovered_trials else "")
+                  + (f"; no run finished, so measured again (their starts count): {again}" if again else ""))
     out = st.write_outputs(sdir, res, tuner, ev, settings, base, pareto)
     if json_out:
         typer.echo(json.dumps(out, indent=2, default=str))
