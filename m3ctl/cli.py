@@ -680,8 +680,10 @@ def bench(
     think_time: Annotated[float, typer.Option(help="agentic: mean think time between turns (s, exponential).")] = 0.0,
     ignore_eos: Annotated[bool, typer.Option(help="Ask for exactly --output-len tokens.")] = True,
     temperature: Annotated[float, typer.Option(help="Sampling temperature.")] = 0.0,
-    num_warmups: Annotated[int, typer.Option(help="Warmup requests (excluded).")] = 0,
-    seed: Annotated[int, typer.Option(help="Workload seed.")] = 0,
+    num_warmups: Annotated[int, typer.Option(help="Warmup requests (excluded; fresh prompts of the workload's shapes).")] = 0,
+    warmup: Annotated[Optional[bool], typer.Option("--warmup/--no-warmup", help="Warm up at each load level before measuring (--num-warmups requests, else as many as the concurrency); default: on for a sweep.")] = None,
+    seed: Annotated[int, typer.Option(help="Workload seed (lengths, order, arrivals); the prompt text is fresh every run.")] = 0,
+    prompt_salt: Annotated[Optional[str], typer.Option(help="Resend the prompts of the run with this workload.prompt_salt (a server that cached them makes the run BENCH-INVALID).")] = None,
     percentiles: Annotated[str, typer.Option(help="Comma-separated percentiles.")] = "50,90,99",
     goodput: Annotated[Optional[list[str]], typer.Option(help="SLO metric:ms for goodput (ttft, tpot, e2el).")] = None,
     tokenizer: Annotated[Optional[str], typer.Option(help="Local tokenizer dir (default: the server's /tokenize).")] = None,
@@ -740,7 +742,9 @@ def bench(
                           dataset_output_len=dataset_output_len, num_prefixes=num_prefixes, prefix_len=prefix_len,
                           num_sessions=num_sessions, turns=turns, turn_input_len=turn_input_len,
                           think_time_s=think_time, ignore_eos=ignore_eos, temperature=temperature, seed=seed,
-                          num_warmups=num_warmups, percentiles=pcts, goodput_slo_ms=_parse_goodput(goodput or []),
+                          prompt_salt=prompt_salt, num_warmups=num_warmups,
+                          warmup=len(concs) > 1 if warmup is None else warmup, percentiles=pcts,
+                          goodput_slo_ms=_parse_goodput(goodput or []),
                           tokenizer=tokenizer, num_gpus=num_gpus, num_gpus_source=gpus_source,
                           usd_per_gpu_hour=usd_per_gpu_hour, client_procs=client_procs, http_client=http_client,
                           continuous_usage=continuous_usage, allow_approx=allow_approx,
@@ -977,6 +981,7 @@ def tune(
     input_len: Annotated[int, typer.Option(help="Prompt tokens per request.")] = 128,
     output_len: Annotated[int, typer.Option(help="Output tokens per request.")] = 128,
     prompts_per_concurrency: Annotated[int, typer.Option(help="Requests per run = this x concurrency.")] = 4,
+    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Warm up before every measured run at its concurrency (as many fresh requests as the concurrency).")] = True,
     profile: Annotated[Optional[Path], typer.Option(help="Kernel profile YAML to use instead of the catalog's.")] = None,
     arg: Annotated[Optional[list[str]], typer.Option("--arg", help="vllm serve flag for every trial (repeatable).")] = None,
     skip_checks: Annotated[bool, typer.Option(help="Launch even if a plan rule rejects (failures become crashed trials).")] = False,
@@ -1047,7 +1052,7 @@ def tune(
                     "plan_base": {"overrides": _parse_args(arg or []), "extra_args": list(ctx.args),
                                   "skip_checks": skip_checks},
                     "bench": {"workload": workload, "input_len": input_len, "output_len": output_len, "seed": seed,
-                              "num_warmups": 1, "usd_per_gpu_hour": usd_per_gpu_hour}}
+                              "warmup": warmup, "usd_per_gpu_hour": usd_per_gpu_hour}}
         if not dry_run:
             st.save_settings(sdir, settings)
     base = load_profile_file(Path(settings["profile_file"])) if settings.get("profile_file") else profile_for_arch(inv.arch)
@@ -1089,10 +1094,14 @@ def tune(
         with serving.stop_signals_as_interrupt():  # SIGTERM/SIGHUP: the trial's server is stopped as on Ctrl-C
             res, tuner, ev = st.run_tune(sdir, settings, inventory=inv, on_event=on_event, on_cleanup=on_cleanup)
     except KeyboardInterrupt as e:
-        _console(stderr=True).print(f"interrupted: completed trials are saved; continue with `m3ctl tune --resume {sdir}`")
+        _console(stderr=True).print("interrupted: completed trials and every finished bench run are saved; continue "
+                                    f"with `m3ctl tune --resume {sdir}`")
         raise typer.Exit(serving.interrupt_exit_code(e)) from None
     if tuner.interrupted_trials and not json_out:
-        con.print(f"resumed: trial(s) {tuner.interrupted_trials} had been interrupted and were marked failed")
+        again = [n for n in tuner.interrupted_trials if n not in tuner.recovered_trials]
+        con.print(f"resumed: trial(s) {tuner.interrupted_trials} had been interrupted"
+                  + (f"; kept from the runs they had finished: {tuner.recovered_trials}" if tuner.recovered_trials else "")
+                  + (f"; no run finished, so measured again (their starts count): {again}" if again else ""))
     out = st.write_outputs(sdir, res, tuner, ev, settings, base, pareto)
     if json_out:
         typer.echo(json.dumps(out, indent=2, default=str))
@@ -1154,6 +1163,26 @@ def tiny_model(
     t0 = time.monotonic()
     out = build_tiny_model(out_dir, TinyModelSpec(arch=arch, head_dim=head_dim, num_kv_heads=kv_heads, seed=seed), overwrite=overwrite)
     typer.echo(f"built {arch} tiny model (head_dim {head_dim}) in {out} in {time.monotonic() - t0:.1f} s")
+
+
+@dev_app.command("scale-model")
+def scale_model(
+    out_dir: Annotated[Path, typer.Argument(help="Directory to create (config.json + tokenizer, no weights).")],
+    arch: Annotated[str, typer.Option(help="minimax-m2 (MiniMax-M2.5 shapes) or minimax-m3 (MiniMax-M3.1-Flash shapes, release format).")] = "minimax-m2",
+    layers: Annotated[int, typer.Option(help="Decoder layers (the full models have 62 / 60).")] = 16,
+    quant: Annotated[str, typer.Option(help="fp8 (128x128 blocks), bf16 or nvfp4 (ModelOpt, experts only).")] = "fp8",
+    max_position_embeddings: Annotated[Optional[int], typer.Option(help="Context the config declares (default: the catalog model's).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty directory.")] = False,
+) -> None:
+    """Write a realistic-scale model (real per-layer shapes, fewer layers) for `vllm serve --load-format dummy`."""
+    from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model  # noqa: PLC0415
+    from m3ctl.modelinfo import read_model_facts  # noqa: PLC0415
+
+    spec = ScaleModelSpec(arch=arch, layers=layers, quant=quant, max_position_embeddings=max_position_embeddings)
+    out = build_scale_model(out_dir, spec, overwrite=overwrite)
+    gib = read_model_facts(str(out)).weights_gib
+    typer.echo(f"built {arch} scale model ({layers} layers, {quant}, about {gib:.1f} GiB of weights) in {out}; "
+               f"serve it with: m3ctl serve --model {out} -- --load-format dummy")
 
 
 @dev_app.command("fix-vllm")

@@ -105,3 +105,49 @@ def test_bench_reports_server_jit_during_the_run(gt_url, tiny_models, tmp_path):
     assert res["server_jit_compiles"] == {"count": 1, "kernels": ["fused_moe_kernel"]}
     assert any("JIT-compiled 1 kernel(s)" in w for w in res["validity"]["warnings"]) and res["validity"]["valid"]
     assert "server_jit_compiles" not in run_bench(cfg.model_copy(update={"server_log": None}))
+
+
+def test_jit_repeat_and_each_level_use_fresh_prompts_and_warm_up(tiny_models, tmp_path, monkeypatch):
+    """Issue 15: the repeat of a JIT-spoiled run re-sent the same prompts and measured the prefix cache (99.6 %
+    of the prompt tokens, 2.2-2.5x the real throughput on an H200). Here the server has a prefix cache: the
+    repeat and every later level send fresh prompts (0 % hits) after a warm-up wave at their concurrency."""
+    from m3ctl.bench import runner
+    from m3ctl.tune.search import TuneSpec
+    from m3ctl.tune.server import ServerSession
+
+    proc, url = start_groundtruth("--ttft-ms", "2", "--itl-ms", "1", "--tokenizer", str(tiny_models["m2"]),
+                                  "--prefix-cache-block", "16")
+    try:
+        log = tmp_path / "server.log"
+        log.write_text("INFO started\n")
+        dep = Deployment(name="t", port=int(url.rsplit(":", 1)[1]), served_model_name="groundtruth",
+                         model="groundtruth", log_path=str(log))
+        ev = SimpleNamespace(spec=TuneSpec(prompts_per_concurrency=2), n_gpus_plan=lambda p: 1,
+                             bench={"input_len": 100, "output_len": 8, "warmup": True})
+        sess = ServerSession(ev, SimpleNamespace(argv=["vllm", "serve"]), dep, tmp_path, 1.0)
+        real, calls = runner.run_bench, []
+
+        def run_and_compile_once(cfg, *a, sync_log=None, **kw):
+            calls.append(cfg)
+            syncs = []
+
+            def sync() -> None:
+                syncs.append(1)
+                if len(calls) == 1 and len(syncs) == 2:
+                    with log.open("a") as f:
+                        f.write(JIT_LINE)
+
+            return real(cfg, *a, sync_log=sync, **kw)
+
+        monkeypatch.setattr(runner, "run_bench", run_and_compile_once)
+        res = sess.measure(4, 1.0)
+        spoiled = json.loads((tmp_path / "bench-c4-x1-jit0.json").read_text())
+        assert res["tune"]["jit_reruns"] == 1 and spoiled["tune"]["jit_events"] == ["fused_moe_kernel"]
+        assert spoiled["workload"]["prompt_salt"] != res["workload"]["prompt_salt"]
+        assert res["server_metrics"]["prefix_cache_hit_rate"] == 0.0 and res["validity"]["valid"], res["validity"]
+        assert res["num_warmups"] == 4
+        lower = sess.measure(2, 1.0)  # the next rung of the bisection, same server
+        assert lower["server_metrics"]["prefix_cache_hit_rate"] == 0.0 and lower["num_warmups"] == 2
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -28,6 +28,15 @@ or not streamed at all (``reasoning=hidden``), and ``usage.completion_tokens_det
 reports them. ``usage=off`` drops usage entirely. With ``ttft_ms == itl_ms == 0`` each response is
 one pre-rendered write (client-capacity benchmarks: the server is then as fast as it can be).
 
+Server-side state, for the checks that compare what was asked with what happened (issue 15):
+``tokenizer`` (a model directory with ``tokenizer.json``) makes ``usage.prompt_tokens`` the prompt's real
+token count (chat: the messages in a small template, ``<|role|>content`` each, then ``<|assistant|>``) and
+serves vLLM's ``POST /tokenize`` and ``/detokenize``; ``prefix_cache_block`` > 0 adds a block-granular
+prefix cache of the prompt token ids, as vLLM's (full blocks only, hash-chained, the last prompt token never
+served from cache) with its ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` counters
+in ``GET /metrics`` (served when ``metrics`` is on, also ``vllm:prompt_tokens_total``,
+``vllm:generation_tokens_total`` and ``vllm:request_success_total``).
+
 HTTP/1.1 subset: keep-alive, ``Content-Length`` request bodies, chunked responses; enough for
 aiohttp, httpx, m3ctl's fast client and ``vllm bench serve``.
 
@@ -61,6 +70,9 @@ class GTConfig:
     reasoning_tokens: int = 0
     reasoning: str = "stream"  # stream | hidden
     usage: bool = True
+    tokenizer: str | None = None
+    prefix_cache_block: int = 0
+    metrics: bool = False
 
 
 def _sse(obj: dict) -> bytes:
@@ -84,12 +96,13 @@ def _json_response(obj, status: str = "200 OK") -> bytes:
 class _Stream:
     """One streaming response: which chunk comes next and when."""
 
-    __slots__ = ("cfg", "chat", "conn", "cont", "j", "k", "n", "r", "rec", "sent", "t_first", "want_usage")
+    __slots__ = ("cfg", "chat", "conn", "cont", "j", "k", "n", "pt", "r", "rec", "sent", "t_first", "want_usage")
 
     def __init__(self, conn: _Conn, cfg: GTConfig, n: int, chat: bool, cont: bool, want_usage: bool, t_arrive: float,
-                 rec: dict):
+                 rec: dict, prompt_tokens: int | None = None):
         self.conn, self.cfg, self.n, self.chat, self.cont, self.want_usage, self.rec = (
             conn, cfg, n, chat, cont, want_usage, rec)
+        self.pt = cfg.prompt_tokens if prompt_tokens is None else prompt_tokens
         self.r = min(cfg.reasoning_tokens, n)
         self.k = max(1, cfg.tokens_per_chunk)
         self.sent = 0
@@ -122,8 +135,8 @@ class _Stream:
         obj = {"object": "chat.completion.chunk" if self.chat else "text_completion", "model": MODEL,
                "choices": [choice], "gt_ts": ts}
         if self.cont:
-            obj["usage"] = {"prompt_tokens": cfg.prompt_tokens, "completion_tokens": self.sent,
-                            "total_tokens": cfg.prompt_tokens + self.sent}
+            obj["usage"] = {"prompt_tokens": self.pt, "completion_tokens": self.sent,
+                            "total_tokens": self.pt + self.sent}
         if self.rec is not None:
             self.rec["writes"].append(ts)
             self.rec["tokens"].append(take)
@@ -136,9 +149,10 @@ class _Stream:
 
     def tail(self) -> bytes:
         out = b""
+        if self.conn is not None:
+            self.conn.srv.finished(self)
         if self.want_usage:
-            usage = {"prompt_tokens": self.cfg.prompt_tokens, "completion_tokens": self.n,
-                     "total_tokens": self.cfg.prompt_tokens + self.n}
+            usage = {"prompt_tokens": self.pt, "completion_tokens": self.n, "total_tokens": self.pt + self.n}
             if self.r:
                 usage["completion_tokens_details"] = {"reasoning_tokens": self.r}
             out += _sse({"object": "chunk", "model": MODEL, "choices": [], "usage": usage})
@@ -157,6 +171,53 @@ class _Server:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.timer: asyncio.TimerHandle | None = None
         self.spinning = False
+        self.tok = None
+        if cfg.tokenizer:
+            from tokenizers import Tokenizer  # noqa: PLC0415
+
+            self.tok = Tokenizer.from_file(f"{cfg.tokenizer}/tokenizer.json")
+        self.blocks: set[int] = set()  # hashes of cached full blocks (prefix_cache_block > 0)
+        self.counters = {"prefix_cache_queries_total": 0, "prefix_cache_hits_total": 0, "prompt_tokens_total": 0,
+                         "generation_tokens_total": 0, "request_success_total": 0}
+
+    def prompt_ids(self, req: dict, chat: bool) -> list[int] | None:
+        """The prompt's token ids (None without a tokenizer); chat messages in the module's small template."""
+        if self.tok is None:
+            return None
+        if chat:
+            text = "".join(f"<|{m.get('role')}|>{m.get('content') or ''}" for m in req.get("messages") or [])
+            text += "<|assistant|>"
+        else:
+            text = req.get("prompt") or ""
+        return self.tok.encode(text, add_special_tokens=False).ids
+
+    def admit(self, ids: list[int] | None) -> None:
+        """Count one request's prompt in the counters; look it up in (and add it to) the prefix cache."""
+        if ids is None:
+            return
+        c = self.counters
+        c["prompt_tokens_total"] += len(ids)
+        b = self.cfg.prefix_cache_block
+        if b <= 0:
+            return
+        c["prefix_cache_queries_total"] += len(ids)
+        h, hit, hashes = 0, 0, []
+        for i in range(len(ids) // b):
+            h = hash((h, tuple(ids[i * b:(i + 1) * b])))
+            hashes.append(h)
+        for i, h in enumerate(hashes):
+            if h not in self.blocks or (i + 1) * b > len(ids) - 1:  # vLLM computes at least the last token
+                break
+            hit += b
+        c["prefix_cache_hits_total"] += hit
+        self.blocks.update(hashes)
+
+    def finished(self, s: _Stream) -> None:
+        self.counters["generation_tokens_total"] += s.n
+        self.counters["request_success_total"] += 1
+
+    def metrics_text(self) -> str:
+        return "".join(f'vllm:{k}{{model_name="{MODEL}"}} {v}\n' for k, v in self.counters.items())
 
     def add(self, s: _Stream) -> None:
         heapq.heappush(self.heap, (s.due(), next(self.seq), s))
@@ -276,6 +337,19 @@ class _Conn(asyncio.Protocol):
         if method == "POST" and path == "/gt/reset":
             srv.records.clear()
             return self._send(_json_response({"ok": True}))
+        if method == "GET" and path == "/metrics" and srv.cfg.metrics:
+            body = srv.metrics_text().encode()
+            return self._send(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+                              b"Connection: keep-alive\r\n\r\n%s" % (len(body), body))
+        if method == "POST" and path in ("/tokenize", "/detokenize") and srv.tok is not None:
+            try:
+                req = json.loads(body)
+                if path == "/tokenize":
+                    ids = srv.tok.encode(req["prompt"], add_special_tokens=bool(req.get("add_special_tokens"))).ids
+                    return self._send(_json_response({"count": len(ids), "max_model_len": 4096, "tokens": ids}))
+                return self._send(_json_response({"prompt": srv.tok.decode(req["tokens"], skip_special_tokens=False)}))
+            except (ValueError, KeyError, TypeError) as e:
+                return self._send(_json_response({"error": str(e)}, "400 Bad Request"))
         if method != "POST" or path not in ("/v1/completions", "/v1/chat/completions"):
             return self._send(_json_response({"error": f"no route {method} {path}"}, "404 Not Found"))
         try:
@@ -288,7 +362,9 @@ class _Conn(asyncio.Protocol):
         opts = req.get("stream_options") or {}
         want_usage = bool(cfg.usage and opts.get("include_usage"))
         cont = bool(cfg.usage and opts.get("continuous_usage_stats"))
-        if cfg.ttft_ms == 0 and cfg.itl_ms == 0:  # as fast as the server can go: one write of a pre-rendered stream
+        ids = srv.prompt_ids(req, chat)
+        srv.admit(ids)
+        if cfg.ttft_ms == 0 and cfg.itl_ms == 0 and ids is None:  # as fast as it can go: a pre-rendered stream
             key = (n, chat, want_usage, cont)
             if key not in srv.cache:
                 s = _Stream(self, cfg, n, chat, cont, want_usage, t_arrive, None)
@@ -302,7 +378,7 @@ class _Conn(asyncio.Protocol):
         srv.records.append(rec)
         self.busy = True
         self.transport.write(_SSE_HEAD)
-        s = _Stream(self, cfg, n, chat, cont, want_usage, t_arrive, rec)
+        s = _Stream(self, cfg, n, chat, cont, want_usage, t_arrive, rec, None if ids is None else len(ids))
         if s.sent >= n:  # every token hidden: no chunk at all, only usage and [DONE]
             self.transport.write(_chunk(s.tail()) + b"0\r\n\r\n")
             return self.response_done()
@@ -353,9 +429,14 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--reasoning-tokens", type=int, default=0)
     ap.add_argument("--reasoning", choices=["stream", "hidden"], default="stream")
     ap.add_argument("--no-usage", action="store_true")
+    ap.add_argument("--tokenizer", help="model dir with tokenizer.json: real prompt counts, /tokenize, /detokenize")
+    ap.add_argument("--prefix-cache-block", type=int, default=0, help="block size of a fake prefix cache (0: none)")
+    ap.add_argument("--metrics", action="store_true", help="serve vLLM-style GET /metrics")
     a = ap.parse_args(argv)
-    serve(a.port, GTConfig(a.ttft_ms, a.itl_ms, a.tokens_per_chunk, a.prompt_tokens, a.reasoning_tokens, a.reasoning,
-                           not a.no_usage))
+    serve(a.port, GTConfig(ttft_ms=a.ttft_ms, itl_ms=a.itl_ms, tokens_per_chunk=a.tokens_per_chunk,
+                           prompt_tokens=a.prompt_tokens, reasoning_tokens=a.reasoning_tokens, reasoning=a.reasoning,
+                           usage=not a.no_usage, tokenizer=a.tokenizer, prefix_cache_block=a.prefix_cache_block,
+                           metrics=a.metrics or a.prefix_cache_block > 0))
 
 
 if __name__ == "__main__":

@@ -9,7 +9,15 @@ omission, vllm issue #54101). With ``--duration`` the run stops issuing requests
 many seconds (the workload is cycled); in-flight requests finish and count. In duration mode a
 closed loop schedules each request when a lane frees (no client queue by construction).
 
-Warmup requests run first and are excluded. ``client_procs > 1`` splits the load over worker
+Fresh prompts (issue 15, shared/cases/field-failures-2.md N13): every run draws its prompt text with a new
+random salt (``workload.prompt_salt``; ``prompt_salt`` replays one), so a repeated run, each sweep level and
+each tune repeat sends prompts the server's prefix cache has never seen; the seed fixes only lengths, order
+and arrivals. The run's prefix-cache hit rate (``/metrics`` counter deltas, else ``usage`` cached tokens) is
+compared with what its workload means (:func:`prefix_cache_check`): above it, the run is BENCH-INVALID.
+
+Warmup requests run first and are excluded: fresh prompts of the workload's shapes, sent at the run's
+concurrency (``warmup``: as many as the concurrency, one wave at that load, so kernels JIT-compiled for its
+batch sizes are compiled before the measured phase). ``client_procs > 1`` splits the load over worker
 processes (each its own event loop, uvloop when installed, its own connections); all use the
 same ``perf_counter`` clock (CLOCK_MONOTONIC on Linux), so their records merge exactly.
 """
@@ -72,7 +80,15 @@ class BenchConfig(BaseModel):
     ignore_eos: bool = True
     temperature: float = 0.0
     seed: int = 0
+    prompt_salt: str | None = None
+    """Salt of the prompt text (see the module docstring); None: a fresh random salt for this run."""
     num_warmups: int = Field(0, ge=0)
+    warmup: bool = False
+    """Warm up at this run's load: ``num_warmups`` fresh requests, or when that is 0 as many as the concurrency
+    (:func:`warmup_count`). Sweeps and tune turn it on at every level."""
+    prefix_cache_tolerance: float = Field(0.03, ge=0, le=1)
+    """Prefix-cache hit rate (fraction of prompt tokens) allowed above what the workload means before the run
+    is BENCH-INVALID (:func:`prefix_cache_check`)."""
     percentiles: list[float] = Field(default_factory=lambda: [50.0, 90.0, 99.0])
     goodput_slo_ms: dict[str, float] | None = None
     tokenizer: str | None = None
@@ -133,10 +149,31 @@ def _headers(cfg: BenchConfig) -> dict[str, str]:
     return {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
 
 
-def build_requests(cfg: BenchConfig, tok: Tokenizer) -> list[BenchRequest]:
+def build_requests(cfg: BenchConfig, tok: Tokenizer, salt: str | None = None) -> list[BenchRequest]:
     """The random workload: seeded lengths per request and prompts of exactly those token counts."""
     return workloads.random_workload(tok, cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.range_ratio,
-                                     cfg.range_convention, cfg.seed)
+                                     cfg.range_convention, cfg.seed, salt)
+
+
+#: Warmup requests per run with ``warmup`` on and no ``concurrency`` (an open loop without a cap).
+OPEN_LOOP_WARMUPS = 8
+
+
+def warmup_count(cfg: BenchConfig) -> int:
+    """Warmup requests of a run: ``num_warmups`` when set; else with ``warmup`` the concurrency (one wave at
+    the run's load; ``OPEN_LOOP_WARMUPS`` for an uncapped open loop); else 0."""
+    if cfg.num_warmups:
+        return cfg.num_warmups
+    if not cfg.warmup:
+        return 0
+    return cfg.concurrency or OPEN_LOOP_WARMUPS
+
+
+def new_salt() -> str:
+    """A fresh prompt salt (8 hex digits, from the OS's random source)."""
+    import secrets  # noqa: PLC0415
+
+    return secrets.token_hex(4)
 
 
 def _schedule(n: int, rate: float, burstiness: float, seed: int) -> list[float]:
@@ -503,25 +540,29 @@ def _execute(cfg: BenchConfig, job: _Job, warmups: list[BenchRequest], before=No
     return outs, dur, stats
 
 
-def _build_job(cfg: BenchConfig, tok: Tokenizer) -> tuple[_Job, dict]:
-    """The measured phase's job and the ``workload`` result block."""
+def _build_job(cfg: BenchConfig, tok: Tokenizer, salt: str | None = None) -> tuple[_Job, dict]:
+    """The measured phase's job and the ``workload`` result block (prompt text drawn with ``salt``).
+
+    ``workload.prefix_cache_expected_hit``: the fraction of input tokens the workload means a prefix cache to
+    serve (0 for random and dataset; prefix-repetition's from its shape; agentic: set after the run)."""
     wl: dict = {"kind": cfg.workload, "endpoint": cfg.endpoint, "ignore_eos": cfg.ignore_eos, "seed": cfg.seed,
-                "temperature": cfg.temperature}
+                "prompt_salt": salt, "temperature": cfg.temperature}
     n = cfg.num_prompts
     if cfg.workload == "random":
-        reqs = build_requests(cfg, tok)
+        reqs = build_requests(cfg, tok, salt)
         wl.update(isl=cfg.input_len, osl=cfg.output_len, range_ratio=cfg.range_ratio,
                   range_semantics={"vllm": "vllm[L(1-r),L(1+r)]", "inferencex": "inferencex[r*L,L]"}.get(
-                      cfg.range_convention, cfg.range_convention))
+                      cfg.range_convention, cfg.range_convention), prefix_cache_expected_hit=0.0)
     elif cfg.workload == "dataset":
         if not cfg.dataset_path:
             raise BadInput("--workload dataset needs --dataset-path FILE", "pass a ShareGPT JSON or JSONL file")
         reqs = workloads.dataset_workload(tok, cfg.dataset_path, n, cfg.seed, cfg.dataset_output_len,
-                                          cfg.max_model_len)
-        wl.update(dataset_path=str(cfg.dataset_path), output_len="forced" if cfg.dataset_output_len else "reference")
+                                          cfg.max_model_len, salt)
+        wl.update(dataset_path=str(cfg.dataset_path), output_len="forced" if cfg.dataset_output_len else "reference",
+                  prefix_cache_expected_hit=0.0)
     elif cfg.workload == "prefix-repetition":
         reqs, exp = workloads.prefix_repetition_workload(tok, n, cfg.num_prefixes, cfg.prefix_len, cfg.input_len,
-                                                         cfg.output_len, cfg.seed)
+                                                         cfg.output_len, cfg.seed, salt)
         wl.update(num_prefixes=cfg.num_prefixes, prefix_len=cfg.prefix_len, suffix_len=cfg.input_len,
                   osl=cfg.output_len, prefix_cache_expected_hit=exp)
     elif cfg.workload == "agentic":
@@ -531,7 +572,7 @@ def _build_job(cfg: BenchConfig, tok: Tokenizer) -> tuple[_Job, dict]:
         spec = workloads.AgenticSpec(prefix_len=cfg.prefix_len, first_len=cfg.input_len,
                                      turn_input_len=cfg.turn_input_len, turns=cfg.turns, think_time_s=cfg.think_time_s)
         ns = cfg.num_sessions or 2 * cfg.concurrency
-        sessions = workloads.agentic_sessions(tok, spec, ns, cfg.output_len, cfg.seed)
+        sessions = workloads.agentic_sessions(tok, spec, ns, cfg.output_len, cfg.seed, salt)
         wl.update(sessions=ns, lanes=cfg.concurrency, turns=cfg.turns, prefix_len=cfg.prefix_len,
                   first_len=cfg.input_len, turn_input_len=cfg.turn_input_len, osl=cfg.output_len,
                   think_time_s_mean=cfg.think_time_s)
@@ -587,14 +628,19 @@ def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None, syn
     _check_reachable(cfg)
     own_tok = tok is None
     tok = tok or _tokenizer(cfg)
-    job, wl = _build_job(cfg, tok)
+    salt = cfg.prompt_salt or new_salt()
+    job, wl = _build_job(cfg, tok, salt)
+    warmups: list[BenchRequest] = []
+    if nw := warmup_count(cfg):
+        if job.sessions:  # agentic: the run's shared system prefix (priming it is what the workload means)
+            warmups = [BenchRequest(prompt=job.sessions[0].system[0], prompt_len=job.sessions[0].system[1],
+                                    output_len=1)] * nw
+        else:  # fresh prompts of the workload's shapes (vLLM sends copies of the first one: a cache hit later)
+            wcfg = cfg.model_copy(update={"num_prompts": nw, "duration_s": None, "request_rate": math.inf})
+            warmups = [r for r, _ in _build_job(wcfg, tok, f"{salt}-warmup")[0].items]
+    wl["warmups"] = len(warmups)
     if own_tok and isinstance(tok, ServerTokenizer):
         tok.close()
-    warmups: list[BenchRequest] = []
-    if cfg.num_warmups:  # as vLLM: copies of the first prompt (agentic: the shared prefix, priming the cache)
-        first = job.items[0][0] if job.items else BenchRequest(
-            prompt=job.sessions[0].system[0], prompt_len=job.sessions[0].system[1], output_len=1)
-        warmups = [first] * cfg.num_warmups
     scraped: dict = {}
 
     log = Path(cfg.server_log) if cfg.server_log else None
@@ -657,7 +703,7 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
     res["num_gpus"] = n_gpus
     res["output_throughput_per_gpu"] = res["output_throughput"] / n_gpus if n_gpus else None
     res["total_token_throughput_per_gpu"] = res["total_token_throughput"] / n_gpus if n_gpus else None
-    res["num_warmups"] = cfg.num_warmups
+    res["num_warmups"] = wl.get("warmups", cfg.num_warmups)
     res["input_len_requested"] = cfg.input_len
     res["output_len_requested"] = cfg.output_len
     res["client_prompt_tokens"] = sum(o.client_prompt_len for o in ok)
@@ -692,7 +738,18 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
     }
     if agentic:
         res["agentic"] = _agentic_block(ok, [s for st in cstats for s in st.sessions], cfg.percentiles)
+        # what the workload means a cache to serve: each turn's previous context, and the shared system prefix
+        # of every session's first turn (the warmups prime it)
+        theo = res["agentic"]["theoretical_prefix_hit_rate_excl_system_prefix"]
+        firsts = sum(1 for o in ok if o.turn == 1)
+        wl["prefix_cache_expected_hit"] = (min(1.0, theo + cfg.prefix_len * firsts / in_total)
+                                           if theo is not None and in_total else None)
     res["validity"] = _validity(cfg, outs, res, cstats, server)
+    pc, why = prefix_cache_check(cfg, res, server)
+    res["validity"]["prefix_cache"] = pc
+    if why:
+        res["validity"]["valid"] = False
+        res["validity"]["reasons"].append(why)
     if jit is not None:
         res["server_jit_compiles"] = {"count": len(jit), "kernels": sorted(set(jit))}
         if jit:
@@ -716,6 +773,50 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
         res["validity"]["reasons"] = [r for r in res["validity"]["reasons"] if not r.startswith("server generated")]
         res["validity"]["reasons"].append("interrupted (Ctrl-C): partial results of the requests that finished")
     return res
+
+
+def prefix_cache_check(cfg: BenchConfig, res: dict, server: dict | None) -> tuple[dict, str | None]:
+    """Did the server's prefix cache serve more of the prompts than the workload means? (issue 15; N13)
+
+    Observed: the run's ``vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`` deltas (tokens),
+    else the responses' ``usage.prompt_tokens_details.cached_tokens`` over their prompt tokens. Intended:
+    ``workload.prefix_cache_expected_hit``. Allowed: intended + ``cfg.prefix_cache_tolerance`` + the share of
+    tokens the client did not send (chat template, BOS: the same for every prompt, so a cache may serve
+    them) + the tokens of preempted requests (vLLM recomputes them and may find their blocks cached).
+
+    Returns:
+        ``(block, reason)``: ``block`` = {observed, intended, allowed, source} (observed None when the server
+        reports neither), ``reason`` a BENCH-INVALID sentence or None.
+    """
+    sm = server or {}
+    wl = res.get("workload") or {}
+    intended = wl.get("prefix_cache_expected_hit")
+    block: dict = {"observed": None, "intended": intended, "allowed": None, "source": None}
+    queried = sm.get("prefix_cache_queried_tokens") or 0
+    if queried and sm.get("prefix_cache_hit_rate") is not None:
+        block.update(observed=sm["prefix_cache_hit_rate"], source="server /metrics prefix_cache_hits/queries")
+    elif (u := (res.get("token_counts") or {}).get("prefix_cache_hit_rate_usage")) is not None:
+        block.update(observed=u, source="usage.prompt_tokens_details.cached_tokens")
+    if block["observed"] is None or intended is None:
+        return block, None
+    in_total = res.get("total_input_tokens") or 0
+    extra = 0.0
+    if cfg.workload != "agentic" and in_total:
+        extra += max(0, in_total - res.get("client_prompt_tokens", in_total)) / in_total
+    if (pre := sm.get("preemptions")) and queried and res.get("completed"):
+        extra += pre * (in_total / res["completed"] + cfg.output_len) / queried
+    allowed = min(1.0, intended + cfg.prefix_cache_tolerance + extra)
+    block["allowed"] = allowed
+    if block["observed"] <= allowed:
+        return block, None
+    means = "no reuse" if intended == 0 else f"at most {intended:.1%}"
+    why = (f"the server's prefix cache served {block['observed']:.1%} of the prompt tokens, but the "
+           f"{cfg.workload} workload means {means} ({allowed:.1%} allowed): the server had seen these prompts "
+           "before (a repeated --prompt-salt, or other traffic), so TTFT and throughput skip their prefill")
+    if cfg.duration_s and res.get("completed", 0) > cfg.num_prompts and cfg.workload != "agentic":
+        why += (f"; this duration run cycled its {cfg.num_prompts} prompts: raise --num-prompts above the "
+                f"{res['completed']} requests it sent")
+    return block, why
 
 
 def _server_jit(log: Path | None, offset: int | None) -> list[str] | None:
@@ -833,8 +934,8 @@ def _validity(cfg: BenchConfig, outs: list[RequestOutput], res: dict, cstats: li
 
 
 def run_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None, sync_log=None) -> list[dict]:
-    """One run per concurrency (same workload and seed); the tokenizer is built once. ``sync_log``: as
-    :func:`run_bench`.
+    """One run per concurrency (same workload shape and seed, fresh prompt text at every level unless
+    ``cfg.prompt_salt`` pins it); the tokenizer is built once. ``sync_log``: as :func:`run_bench`.
 
     ``progress``: optional ``callable(run_cfg)`` returning a context manager that yields a progress
     sink for that run (see :func:`run_bench`) or None.

@@ -15,6 +15,13 @@
   section 4.4): one shared system prefix for all sessions, each turn appends the previous answer
   (the live one) and new user input, think time between turns; sessions run in concurrent lanes.
   Turns are produced on the fly by :class:`AgenticSession` since they depend on the answers.
+
+Fresh prompts (shared/cases/field-failures-2.md N13; issue 15): every generator takes a ``salt``. The seed
+fixes the lengths, the order and the arrival schedule; the salt fixes the prompt *text*. A run with a new
+salt sends prompts no server has seen (a prefix cache cannot serve them), with the same lengths as any
+other run of that seed; the reuse a workload means (prefix-repetition's shared prefixes, the agentic
+sessions' growing context) stays inside the run. ``salt=None`` keeps the seed-only text of earlier versions.
+Random text is drawn afresh; dataset prompts, whose text is given, start with a short run tag instead.
 """
 
 from __future__ import annotations
@@ -31,15 +38,21 @@ from m3ctl.errors import BadInput
 KINDS = ("random", "dataset", "prefix-repetition", "agentic")
 
 
+def _text_rng(rng: random.Random, seed: int, salt: str | None) -> random.Random:
+    """The generator of prompt text: ``rng`` itself without a salt, else one seeded by (seed, salt)."""
+    return rng if salt is None else random.Random(f"{seed}/{salt}")
+
+
 def random_workload(tok: Tokenizer, n: int, input_len: int, output_len: int, range_ratio: float,
-                    convention: str, seed: int) -> list[BenchRequest]:
-    """``n`` requests with seeded lengths and prompts of exactly those token counts."""
+                    convention: str, seed: int, salt: str | None = None) -> list[BenchRequest]:
+    """``n`` requests with seeded lengths and prompts of exactly those token counts (text drawn with ``salt``)."""
     rng = random.Random(seed)
     in_lens = random_lengths(input_len, range_ratio, n, rng, convention)
     out_lens = random_lengths(output_len, range_ratio, n, rng, convention)
+    trng = _text_rng(rng, seed, salt)
     reqs = []
     for il, ol in zip(in_lens, out_lens, strict=True):
-        text, got = exact_prompt(tok, il, rng)
+        text, got = exact_prompt(tok, il, trng)
         reqs.append(BenchRequest(prompt=text, prompt_len=got, output_len=ol))
     return reqs
 
@@ -86,8 +99,12 @@ def load_dataset_records(path: str | Path) -> list[dict]:
 
 
 def dataset_workload(tok: Tokenizer, path: str | Path, n: int, seed: int, output_len: int | None = None,
-                     max_len: int | None = None) -> list[BenchRequest]:
+                     max_len: int | None = None, salt: str | None = None) -> list[BenchRequest]:
     """``n`` requests from a ShareGPT-style file (cycled when the file has fewer usable pairs).
+
+    With ``salt``, each prompt starts with the tag ``[<salt>-<i>] `` (``i``: the request's index), so a
+    repeated run, a sweep level and a cycled record are all fresh to a prefix cache (a few tokens more,
+    counted in ``prompt_len``).
 
     Args:
         output_len: force this output length; None takes the reference reply's token count.
@@ -119,11 +136,18 @@ def dataset_workload(tok: Tokenizer, path: str | Path, n: int, seed: int, output
     base = list(out)
     while len(out) < n:
         out.append(base[len(out) % len(base)])
+    if salt is not None:
+        tagged = []
+        for i, r in enumerate(out):
+            text = f"[{salt}-{i}] {r.prompt}"
+            tagged.append(BenchRequest(prompt=text, prompt_len=len(tok.encode(text)), output_len=r.output_len))
+        out = tagged
     return out
 
 
 def prefix_repetition_workload(tok: Tokenizer, n: int, num_prefixes: int, prefix_len: int, suffix_len: int,
-                               output_len: int, seed: int) -> tuple[list[BenchRequest], float]:
+                               output_len: int, seed: int, salt: str | None = None
+                               ) -> tuple[list[BenchRequest], float]:
     """``n`` requests: ``num_prefixes`` shared prefixes, each followed by its own random suffix; shuffled.
 
     Returns:
@@ -133,10 +157,11 @@ def prefix_repetition_workload(tok: Tokenizer, n: int, num_prefixes: int, prefix
     if num_prefixes < 1 or num_prefixes > n:
         raise BadInput(f"--num-prefixes {num_prefixes} must be in [1, num_prompts={n}]", "lower --num-prefixes")
     rng = random.Random(seed)
-    prefixes = [exact_prompt(tok, prefix_len, rng)[0] for _ in range(num_prefixes)]
+    trng = _text_rng(rng, seed, salt)
+    prefixes = [exact_prompt(tok, prefix_len, trng)[0] for _ in range(num_prefixes)]
     reqs = []
     for i in range(n):
-        suffix, _ = exact_prompt(tok, suffix_len, rng)
+        suffix, _ = exact_prompt(tok, suffix_len, trng)
         text = prefixes[i % num_prefixes] + " " + suffix
         reqs.append(BenchRequest(prompt=text, prompt_len=len(tok.encode(text)), output_len=output_len))
     rng.shuffle(reqs)
@@ -205,20 +230,21 @@ class AgenticSession:
 
 
 def agentic_sessions(tok: Tokenizer, spec: AgenticSpec, num_sessions: int, output_len: int,
-                     seed: int) -> list[AgenticSession]:
+                     seed: int, salt: str | None = None) -> list[AgenticSession]:
     """``num_sessions`` seeded sessions sharing one system prefix of ``spec.prefix_len`` tokens.
 
     All user texts and think times are drawn here, before the run, so nothing is tokenized
     while requests are timed.
     """
     rng = random.Random(seed)
-    system = exact_prompt(tok, spec.prefix_len, rng)
+    trng = _text_rng(rng, seed, salt)
+    system = exact_prompt(tok, spec.prefix_len, trng)
     out = []
     for i in range(num_sessions):
         texts = []
         for t in range(spec.turns):
             n = spec.first_len if t == 0 else spec.turn_input_len
-            text, got = exact_prompt(tok, n, rng)
+            text, got = exact_prompt(tok, n, trng)
             if t == 0:
                 text = f"session {i}: {text}"  # unique per session, right after the shared prefix
                 got = len(tok.encode(text))

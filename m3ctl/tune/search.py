@@ -43,6 +43,13 @@ Algorithm (shared/reference/anchors-bench-tune.md section 8, reduced to what run
 Budgets: ``max_trials`` server starts (rejected candidates cost none) and ``time_budget_s`` of wall time,
 both counted across resumes; a start is skipped when the median cost of the trials so far would overrun
 the time budget. State lives in an optuna SQLite study plus one folder per trial.
+
+Resume keeps what was measured (issue 15): every finished bench run of a trial is saved with its optuna
+trial as it completes (user attribute ``partial``), and each event refreshes the trial's cost and the
+study's wall time. A trial killed (SIGKILL, Ctrl-C) after a run is *recovered* on resume from those runs
+(its bisection ends where the kill stopped it) instead of launched again; one killed before any run counts
+its launch and cost, and its configuration is measured again. ``launches``, ``cost_s`` and ``elapsed_s``
+therefore count every start and second across all resumes.
 """
 
 from __future__ import annotations
@@ -115,6 +122,7 @@ class Outcome:
     launched: bool = False
     confirmed: float | None = None
     trial: int | str | None = None
+    recovered: bool = False  # rebuilt on resume from the runs of a killed trial (its bisection was cut short)
 
     @property
     def final(self) -> float:
@@ -191,12 +199,14 @@ def _point(spec: TuneSpec, slo: SLO, res: dict, c: int, fid: float, n_gpus: int)
 
 
 def bisect_concurrency(session: Session, spec: TuneSpec, slo: SLO, n_gpus: int,
-                       on_event: Callable[[str], None], start: int | None = None) -> list[Point]:
+                       on_event: Callable[[str], None], start: int | None = None,
+                       on_point: Callable[[list[Point]], None] | None = None) -> list[Point]:
     """Search for the largest ladder concurrency that meets the SLO (latency is monotone in load).
 
     ``start``: a ladder concurrency to try first (warm start); from there the search gallops up while the
     SLO holds (or down while it fails) by 1, 2, 4... ladder steps, then bisects the bracket. None or a value
-    off the ladder: plain binary search. Returns the runs made, in order.
+    off the ladder: plain binary search. ``on_point(points)``: called after every run with the runs so far
+    (the study saves them, so a killed trial keeps them). Returns the runs made, in order.
     """
     lad = spec.ladder
     lo, hi = -1, len(lad)
@@ -219,6 +229,8 @@ def bisect_concurrency(session: Session, spec: TuneSpec, slo: SLO, n_gpus: int,
         res = session.measure(c, 1.0)
         p = _point(spec, slo, res, c, 1.0, n_gpus)
         points.append(p)
+        if on_point is not None:
+            on_point(points)
         on_event(f"c={c}: {p.objective:.1f} {'ok' if p.slo_ok else 'SLO miss' if p.valid else 'invalid'}")
         if not p.valid and getattr(session, "alive", lambda: True)() is False:
             raise LaunchFailed(f"server died during the run at concurrency {c}", "see the trial's server.log")
@@ -278,9 +290,11 @@ def headroom_rank(out: Outcome, slo: SLO) -> tuple[int, float, float] | None:
 
 
 def evaluate(ev: Evaluator, cand: dict[str, Any], spec: TuneSpec, slo: SLO, trial: int | str,
-             on_event: Callable[[str], None], start: int | None = None) -> Outcome:
+             on_event: Callable[[str], None], start: int | None = None,
+             on_partial: Callable[[Outcome], None] | None = None) -> Outcome:
     """Check, start, bisect (from ``start``, a warm-start concurrency, when given) and stop one configuration.
-    Never raises for a bad configuration."""
+    ``on_partial(outcome)``: called before the server starts and after every run with the outcome so far
+    (``launched``, ``start_s``, the points measured). Never raises for a bad configuration."""
     try:
         ev.check(cand)
     except ConfigRejected as e:
@@ -288,6 +302,8 @@ def evaluate(ev: Evaluator, cand: dict[str, Any], spec: TuneSpec, slo: SLO, tria
         return Outcome(config=cand, status="rejected", reason=e.message, trial=trial)
     t0 = time.monotonic()
     out = Outcome(config=cand, status="crashed", launched=True, trial=trial)
+    if on_partial is not None:
+        on_partial(out)
     on_event("start")
     try:
         session = ev.open(cand, trial, on_event)
@@ -297,8 +313,14 @@ def evaluate(ev: Evaluator, cand: dict[str, Any], spec: TuneSpec, slo: SLO, tria
         on_event(f"crashed: {e.message}")
         return out
     out.start_s = session.start_s
+
+    def saved(points: list[Point]) -> None:
+        if on_partial is not None:
+            out.points = list(points)
+            on_partial(out)
+
     try:
-        out.points = bisect_concurrency(session, spec, slo, ev.n_gpus(cand), on_event, start)
+        out.points = bisect_concurrency(session, spec, slo, ev.n_gpus(cand), on_event, start, saved)
     except LaunchFailed as e:
         out.reason = e.message
         out.cost_s = out.start_s + sum(p.duration_s for p in out.points)
@@ -368,27 +390,60 @@ class Tuner:
                           else optuna.distributions.CategoricalDistribution(space.values[k])) for k in free}
         self.rng = random.Random(spec.seed)
         self.outcomes: dict[str, Outcome] = {}
-        self.interrupted_trials: list[int] = []
+        self.interrupted_trials: list[int] = []  # trials this resume found interrupted (killed or Ctrl-C)
+        self.recovered_trials: list[int] = []  # those of them kept from the runs they had finished
+        self.lost: dict[str, dict] = {}  # interrupted launches that finished no run: {trial: {"cost_s": s}}
         self.baseline: Outcome | None = None
         self._centre: str | None = None
         self._pattern: dict[str, Any] | None = None
         self._local_done = False
+        self._heartbeat: Callable[[], None] = lambda: None  # run() saves the study's wall time at every event
         self._load()
         if not self.study.trials and free:
             self.study.enqueue_trial(self._params(space.anchor()))
 
     def _load(self) -> None:
-        """Completed trials from the study; trials left RUNNING by a killed process are marked FAIL."""
+        """Completed trials from the study; trials left RUNNING by a killed process are marked FAIL, then every
+        interrupted trial not handled by an earlier resume is recovered from its saved runs (module docstring)."""
         TS = self.optuna.trial.TrialState
-        for t in self.study.get_trials(deepcopy=False):
+        trials = self.study.get_trials(deepcopy=False)
+        for t in trials:
             if t.state == TS.COMPLETE and "outcome" in t.user_attrs and not t.user_attrs.get("duplicate"):
                 o = Outcome.from_json(t.user_attrs["outcome"])
                 self.outcomes[key_of(o.config)] = o
             elif t.state == TS.RUNNING:
                 self.study.tell(t.number, state=TS.FAIL)
                 self.interrupted_trials.append(t.number)
+        handled: dict[str, dict] = dict(self.study.user_attrs.get("interrupted", {}))
+        for t in trials:
+            if t.state == TS.COMPLETE or str(t.number) in handled or not t.user_attrs.get("launched"):
+                continue
+            partial = t.user_attrs.get("partial")
+            if partial and partial.get("points") and t.params:
+                out = _summarise(Outcome.from_json(partial), self.slo)
+                out.recovered = True
+                out.reason = (out.reason + "; " if out.reason else "") + (
+                    f"recovered after an interruption from its {len(out.points)} finished run(s)")
+                if key_of(out.config) not in self.outcomes:
+                    self.outcomes[key_of(out.config)] = out
+                    self.study.add_trial(self.optuna.trial.create_trial(
+                        params=t.params, distributions=t.distributions, value=out.objective,
+                        user_attrs=self._attrs(out)))
+                    self.recovered_trials.append(t.number)
+                handled[str(t.number)] = {"recovered": True}
+            else:
+                handled[str(t.number)] = {"recovered": False, "cost_s": float(t.user_attrs.get("cost_s", 0.0))}
+            if t.number not in self.interrupted_trials:
+                self.interrupted_trials.append(t.number)
+        if handled:
+            self.study.set_user_attr("interrupted", handled)
+        self.lost = {k: v for k, v in handled.items() if not v["recovered"]}
         if "baseline" in self.study.user_attrs:
             self.baseline = Outcome.from_json(self.study.user_attrs["baseline"])
+        elif (bp := self.study.user_attrs.get("baseline_partial")) and bp.get("points"):
+            self.baseline = _summarise(Outcome.from_json(bp), self.slo)
+            self.baseline.recovered = True
+            self.study.set_user_attr("baseline", self.baseline.to_json())
         st = self.study.user_attrs.get("search_state")
         if st:  # the local search where the last run left it (a resumed study continues the same walk)
             self._centre, self._pattern, self._local_done = st["centre"], st["pattern"], st["local_done"]
@@ -400,11 +455,14 @@ class Tuner:
 
     @property
     def launches(self) -> int:
-        return sum(1 for o in self.outcomes.values() if o.launched)
+        """Search server starts across all resumes: every launched outcome plus interrupted starts that finished
+        no run (their configuration was started again)."""
+        return sum(1 for o in self.outcomes.values() if o.launched) + len(self.lost)
 
     @property
     def cost_s(self) -> float:
-        return sum(o.cost_s for o in self.outcomes.values()) + (self.baseline.cost_s if self.baseline else 0.0)
+        return (sum(o.cost_s for o in self.outcomes.values()) + (self.baseline.cost_s if self.baseline else 0.0)
+                + sum(v.get("cost_s", 0.0) for v in self.lost.values()))
 
     def _run_baseline(self) -> None:
         """Measure vLLM's defaults once per study (kept in the study across resumes; a skip says why)."""
@@ -416,8 +474,12 @@ class Tuner:
             out = Outcome(config={}, status="skipped", reason=why, trial="base")
             self.on_event("base", "vLLM defaults", f"skipped: {why}")
         else:
-            out = evaluate(self.ev, cand, self.spec, self.slo, "base",
-                           lambda m: self.on_event("base", "vLLM defaults", m))
+            def event(m: str) -> None:
+                self._heartbeat()
+                self.on_event("base", "vLLM defaults", m)
+
+            out = evaluate(self.ev, cand, self.spec, self.slo, "base", event,
+                           on_partial=lambda o: self.study.set_user_attr("baseline_partial", o.to_json()))
             res = (f"{out.objective:.1f} at c={out.concurrency}" if out.status == "feasible"
                    else f"{out.status}: {out.reason}")
             self.on_event("base", "vLLM defaults", f"done: {res}")
@@ -560,7 +622,8 @@ class Tuner:
         self.study.set_user_attr("search_state", {"centre": self._centre, "pattern": self._pattern,
                                                   "local_done": self._local_done})
 
-    def _tell(self, trial, out: Outcome, duplicate: bool = False) -> None:
+    def _attrs(self, out: Outcome) -> dict[str, Any]:
+        """The optuna user attributes of a told trial: TPE's ``constraint`` and the ``outcome``."""
         if out.status == "feasible":
             cons = -1.0
         elif out.status == "slo_infeasible":
@@ -568,8 +631,11 @@ class Tuner:
             cons = max(0.01, min(viol)) if viol else 1.0
         else:
             cons = 1.0
-        trial.set_user_attr("constraint", [cons])
-        trial.set_user_attr("outcome", out.to_json())
+        return {"constraint": [cons], "outcome": out.to_json()}
+
+    def _tell(self, trial, out: Outcome, duplicate: bool = False) -> None:
+        for k, v in self._attrs(out).items():
+            trial.set_user_attr(k, v)
         if duplicate:
             trial.set_user_attr("duplicate", True)
         self.study.tell(trial, out.objective)
@@ -585,6 +651,7 @@ class Tuner:
         """
         t_run = clock()
         before = self._elapsed_before()
+        self._heartbeat = lambda: self.study.set_user_attr("elapsed_s", before + clock() - t_run)
         stopped_by = "space exhausted"
         dups = 0
         size = self.space.size()
@@ -632,9 +699,21 @@ class Tuner:
                 dups = 0
                 desc = describe(cand, self.space)
                 n = trial.number
+                t_trial = clock()
+
+                def event(m: str, n=n, d=desc, trial=trial, t_trial=t_trial) -> None:
+                    # heartbeat: a SIGKILL loses at most the time since the last event
+                    trial.set_user_attr("cost_s", clock() - t_trial)
+                    self._heartbeat()
+                    self.on_event(n, d, m)
+
+                def partial(o: Outcome, trial=trial) -> None:
+                    trial.set_user_attr("launched", True)
+                    trial.set_user_attr("partial", o.to_json())
+
                 try:
-                    out = evaluate(self.ev, cand, self.spec, self.slo, n,
-                                   lambda m, n=n, d=desc: self.on_event(n, d, m), start=self._warm_start(cand))
+                    out = evaluate(self.ev, cand, self.spec, self.slo, n, event, start=self._warm_start(cand),
+                                   on_partial=partial)
                 except BaseException:
                     self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
                     raise

@@ -198,13 +198,15 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
                   want_pareto: bool) -> dict[str, Any]:
     """``result.json`` (always), ``profile.yaml`` (when a configuration met the SLO), ``pareto.png`` (``--pareto``).
 
-    result.json: ``best`` {config, objective, concurrency, command, argv, trial, flags}; ``baseline``
+    result.json: ``launches``, ``cost_s`` (server time) and ``elapsed_s`` (wall) across all resumes;
+    ``interrupted_launches`` {trial: {cost_s}}: starts killed before any run finished (counted in both);
+    ``best`` {config, objective, concurrency, command, argv, trial, flags}; ``baseline``
     {config, objective (the worse of search and confirmation, like ``best``), search_objective, confirmed,
     concurrency, command, status, reason, cost_s, points} or {skipped: why} when the study measured vLLM's
     defaults; ``vs_baseline`` = best / baseline objective (None when either is missing or 0).
     """
     out: dict[str, Any] = {"stopped_by": res.stopped_by, "launches": res.launches, "cost_s": res.cost_s,
-                           "elapsed_s": res.elapsed_s, "slo": settings["spec"]["slo"],
+                           "elapsed_s": res.elapsed_s, "interrupted_launches": tuner.lost, "slo": settings["spec"]["slo"],
                            "objective": settings["spec"]["objective"],
                            "trials": [o.to_json() for o in sorted(res.outcomes, key=lambda o: o.trial or 0)]}
     if res.best is not None:

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from m3ctl.bench.prompts import LocalTokenizer
-from m3ctl.bench.runner import BenchConfig, run_bench
+from m3ctl.bench.runner import BenchConfig, run_bench, run_sweep
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
@@ -50,6 +50,23 @@ def test_prefix_repetition_hits_the_prefix_cache(tiny_server):
     assert 0.6 < exp < 0.8
     # vLLM caches whole blocks (128 tokens on this CPU build): 256 of each 300-token prefix can hit.
     assert 0.4 < sm["prefix_cache_hit_rate"] <= exp
+
+
+def test_sweep_sends_fresh_prompts_and_forced_reuse_is_invalid(tiny_server):
+    """Issue 15 / N13 on the real server (prefix caching on, 128-token blocks on this CPU build): every sweep
+    level measures about 0 % prefix-cache hits; the last level's prompts sent again are BENCH-INVALID."""
+    dep = tiny_server.deployment
+    runs = run_sweep(_cfg(dep, input_len=300, output_len=4, num_prompts=6, warmup=True, seed=7), [1, 2, 4])
+    for r in runs:
+        sm = r["server_metrics"]
+        assert sm["prefix_cache_queried_tokens"] >= 6 * 300 and sm["prefix_cache_hit_rate"] < 0.01, sm
+        assert r["validity"]["valid"], r["validity"]
+    assert [r["num_warmups"] for r in runs] == [1, 2, 4]
+    again = run_bench(_cfg(dep, input_len=300, output_len=4, num_prompts=6, concurrency=4, seed=7,
+                           prompt_salt=runs[-1]["workload"]["prompt_salt"]))
+    assert again["server_metrics"]["prefix_cache_hit_rate"] > 0.5  # 256 of each 300-token prompt
+    assert not again["validity"]["valid"]
+    assert any("prefix cache served" in x for x in again["validity"]["reasons"]), again["validity"]
 
 
 def test_agentic_sessions(tiny_server):

@@ -1,0 +1,79 @@
+"""Issue #15 item 5: what one H200 measured for the MiniMax-M2-shaped scale model (tests/fixtures/h200x1-real/scale,
+made by scripts/gpu/h200_scale.sh; analysed by benchmarks/scale_evidence.py; docs/results/h200-scale.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCALE = ROOT / "tests" / "fixtures" / "h200x1-real" / "scale"
+
+
+@pytest.fixture(scope="module")
+def ev():
+    spec = importlib.util.spec_from_file_location("scale_evidence", ROOT / "benchmarks" / "scale_evidence.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _all_bench_files():
+    return sorted(SCALE.glob("grid-*/grid-*.json")) + sorted(SCALE.glob("study/trials/*/bench-*.json"))
+
+
+def test_every_run_at_realistic_scale_used_fresh_prompts():
+    # The defect of issue #15: sweep levels and tune repeats re-sent the same prompts (98.4 % / 99.6 % hits).
+    # With fresh prompts every grid level and every tune measurement queried 4096-token prompts the server
+    # had never seen: 0 prefix-cache hits, all prompt tokens queried.
+    files = _all_bench_files()
+    assert len(files) >= 20
+    for f in files:
+        r = json.loads(f.read_text())
+        r = r[0] if isinstance(r, list) else r
+        sm = r["server_metrics"]
+        assert sm["prefix_cache_hit_rate"] == 0.0, f
+        assert sm["prefix_cache_queried_tokens"] == r["total_input_tokens"] == r["completed"] * 4096, f
+        assert r["validity"]["valid"], f
+
+
+def test_tune_measurements_carry_a_warmup_and_a_salt_of_their_own():
+    salts = set()
+    for f in sorted(SCALE.glob("study/trials/*/bench-*.json")):
+        wl = json.loads(f.read_text())["workload"]
+        c = int(f.stem.split("-")[1][1:])
+        assert wl["warmups"] == c, f  # one wave at the run's load before the measured window
+        salts.add(wl["prompt_salt"])
+    assert len(salts) == len(list(SCALE.glob("study/trials/*/bench-*.json")))
+
+
+def test_resumed_study_counts_the_interrupted_launch():
+    res = json.loads((SCALE / "study" / "result.json").read_text())
+    assert res["launches"] == 5 and res["stopped_by"].startswith("trial budget")
+    assert res["interrupted_launches"]["3"]["recovered"] is False  # killed during its start: no bench to keep
+    assert not list((SCALE / "study" / "trials" / "0003").glob("bench-*.json"))
+
+
+def test_the_clean_grid_and_the_tune_disagree_near_the_slo(ev):
+    # Recorded as it is: the tune's one run per level put vLLM's defaults at c=64 under p90 TPOT <= 30 ms;
+    # two clean grid runs at c=64 measured 34.5 and 29.6 ms, so the grid's capacity is c=48. The capacity
+    # criterion of issue #15 (within 5 %) is not met with single runs at the boundary (docs/results/h200-scale.md).
+    rep = ev.report("p90_tpot_ms<=30")
+    assert rep["tune_chosen"] == "defaults" and rep["tune_best"]["concurrency"] == 64
+    assert rep["grid"]["defaults"]["capacity"] == 48
+    assert rep["ratios"]["tune_capacity_over_grid"] == pytest.approx(64 / 48)
+    # ... while its choice is as good as the grid's best configuration (within 3 %)
+    assert rep["ratios"]["grid_choice_over_grid_best"] == pytest.approx(1.0, abs=0.03)
+    p90s = [r["p90_tpot_ms"] for r in rep["grid"]["defaults"]["levels"][64]]
+    assert min(p90s) <= 30 < max(p90s)
+
+
+def test_kv_capacity_vllm_reported_for_the_scale_model():
+    log = (SCALE / "grid-call7" / "server-defaults-startup.log").read_text()
+    assert "Model loading took 57.03 GiB" in log  # m3ctl's config estimate: 57.0 GiB (modelinfo.estimate_weights_bytes)
+    assert "GPU KV cache size: 1,101,296 tokens" in log
+    # 16 layers x 8 KV heads x 128 x (K+V) x 2 bytes = 64 KiB per token; 67.22 GiB of KV memory
+    assert 67.22 * 2**30 / (16 * 8 * 128 * 2 * 2) == pytest.approx(1_101_296, rel=1e-3)
