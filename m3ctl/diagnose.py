@@ -47,6 +47,20 @@ class DiagContext:
     gpu_names: tuple[str, ...] = ()
     phase: Phase | None = None
 
+    @classmethod
+    def for_plan(cls, plan, inventory=None) -> DiagContext:
+        """The context of a :class:`~m3ctl.plan.LaunchPlan` (arch from its profile; GPU names of the
+        ``inventory``'s GPUs the plan uses, all when it names none)."""
+        from m3ctl.catalog import profiles  # noqa: PLC0415
+
+        prof = profiles().get(plan.profile)
+        names: tuple[str, ...] = ()
+        if inventory is not None:
+            gpus = [g for g in inventory.gpus if not plan.gpus or g.index in plan.gpus]
+            names = tuple(g.name for g in gpus)
+        return cls(arch=prof.arch if prof else plan.profile, argv=tuple(plan.argv), env=dict(plan.env),
+                   gpu_names=names)
+
     def flag_value(self, flag: str) -> str | None:
         """The value of ``flag`` in argv (``--flag v`` or ``--flag=v``), ``""`` for a bare switch, else None."""
         for i, a in enumerate(self.argv):
@@ -82,6 +96,13 @@ class Diagnosis:
     kind: str = "generic"
     versions: dict[str, str] = field(default_factory=dict)
 
+    def summary(self) -> str:
+        """One line for an error message: class, finding id, component and cause (the quoted line apart)."""
+        if self.id == "generic":
+            return self.cause
+        where = f" in {self.component}" if self.component else ""
+        return f"{self.kind} {self.id}{where}: {self.cause}"
+
 
 # ---------------------------------------------------------------------------------------------- the data
 class When(BaseModel):
@@ -92,7 +113,7 @@ class When(BaseModel):
     flags: list[str] | None = None
     flag_values: dict[str, str] | None = None
     env: dict[str, str] | None = None
-    gpu_name: str | None = None
+    vgpu: bool | None = None
     log: str | None = None
     versions: dict[str, str] | None = None
     phase: list[Phase] | None = None
@@ -252,11 +273,13 @@ def _when_holds(w: When, ctx: DiagContext, text: str, versions: dict[str, str]) 
     for k, rx in (w.env or {}).items():
         if k not in ctx.env or not re.fullmatch(rx, ctx.env[k]):
             return False, vals
-    if w.gpu_name is not None:
-        hit = next((g for g in ctx.gpu_names if re.search(w.gpu_name, g)), None)
-        if hit is None:
+    if w.vgpu is not None:
+        from m3ctl.hw.vgpu import vgpu_profile  # noqa: PLC0415
+
+        hit = next((g for g in ctx.gpu_names if vgpu_profile(g)), None)
+        if (hit is not None) != w.vgpu:
             return False, vals
-        vals["gpu_name"] = hit
+        vals["gpu_name"] = hit or ""
     for k, spec in (w.versions or {}).items():
         if k not in versions or not version_matches(versions[k], spec):
             return False, vals
