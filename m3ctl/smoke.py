@@ -102,7 +102,7 @@ def _flag(argv: list[str] | tuple[str, ...], flag: str) -> str | None:
 
 
 def _excerpt(text: str) -> str:
-    return text[:200].replace("\x00", "\\x00")
+    return text[:200].replace("\x00", "\\x00").replace("\n", "\\n")
 
 
 def degenerate(text: str) -> str | None:
