@@ -307,6 +307,7 @@ def _refine(p: LogPattern, line: str, text: str, ctx: DiagContext) -> Diagnosis:
         fix = fix or (_fmt(w.fix, vals) if w.fix else None)
         component = component or w.component
         confirm = confirm or w.confirm
+    notes = list(dict.fromkeys(notes))  # two refinements may say the same thing
     cause = p.cause + ("; " + "; ".join(notes) if notes else "")
     return Diagnosis(p.id, cause, fix or p.fix, line.strip()[:300], component or p.component,
                      tuple(confirm or p.confirm), p.kind, versions)

@@ -128,6 +128,9 @@ def test_n03_variant_marlin_moe_fault_at_startup_on_four_gpus(tmp_path):
     assert p.returncode == 4 and "phase 'port'" in p.stderr
     _assert_root_cause(p.stderr, "cuda-illegal-memory-access", "CUDA error: an illegal memory access")
     assert "in the MoE layer" in p.stderr and "first request" not in p.stderr and "known-bad" not in p.stderr
+    # vLLM 0.11 (from the log) has no --moe-backend: the hint switches the kernel with env vars instead.
+    hint = p.stderr.split("hint:", 1)[1]
+    assert "0.11.0) predates --moe-backend" in hint and "VLLM_USE_FLASHINFER_MOE_FP4" in hint
 
 
 # ------------------------------------------------------------------------------------------------- N04
