@@ -320,6 +320,10 @@ def serve(
             typer.echo(p.model_dump_json(indent=2))
             return
         _print_plan(con, p)
+        from m3ctl.smoke import planned_checks  # noqa: PLC0415
+
+        checks = "skipped (--no-smoke)" if no_smoke else "; ".join(planned_checks(p.argv))
+        con.print(f"after readiness, smoke test: {escape(checks)}")
         return
 
     def on_event(e) -> None:

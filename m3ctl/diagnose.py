@@ -139,7 +139,10 @@ class LogPattern(BaseModel):
     @field_validator("regex")
     @classmethod
     def _compiles(cls, v: str) -> str:
-        re.compile(v)
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"regex does not compile: {e}") from None
         return v
 
 
@@ -162,7 +165,7 @@ def load_patterns(text: str, where: str = "log_patterns.yaml") -> LogPatterns:
     """
     try:
         return LogPatterns.model_validate(yaml.safe_load(text))
-    except (yaml.YAMLError, ValidationError, re.error) as e:
+    except (yaml.YAMLError, ValidationError) as e:
         if isinstance(e, ValidationError):
             err = e.errors()[0]
             raise ValueError(f"{where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None

@@ -211,6 +211,19 @@ def _check_tools(client, model: str, parser: str, texts: list[str]) -> SmokeFind
                         "send a tool-requiring request yourself and check tool_calls", _excerpt(content))
 
 
+def planned_checks(argv: list[str] | tuple[str, ...]) -> list[str]:
+    """The smoke checks that apply to a launch, with why (what ``serve --dry-run`` prints); the order
+    :func:`run_smoke` runs them in."""
+    out = []
+    if parser := _flag(argv, "--reasoning-parser"):
+        out.append(f"smoke.reasoning (--reasoning-parser {parser}: reasoning_content filled, no <think> in content)")
+    tparser = _flag(argv, "--tool-call-parser")
+    if tparser and _flag(argv, "--enable-auto-tool-choice") is not None:
+        out.append(f"smoke.tool_calls (--tool-call-parser {tparser}: structured tool_calls, no raw markup)")
+    out.append("smoke.output (no NUL characters, no single repeated token)")
+    return out
+
+
 def run_smoke(url: str, model: str, argv: list[str] | tuple[str, ...], *, headers: dict[str, str] | None = None,
               timeout_s: float = 60.0, plan_warnings: list[str] | tuple[str, ...] = ()) -> list[SmokeFinding]:
     """Run the smoke checks that apply to this launch against ``url`` (a ready server).
@@ -231,15 +244,16 @@ def run_smoke(url: str, model: str, argv: list[str] | tuple[str, ...], *, header
     out: list[SmokeFinding] = []
     texts: list[str] = []
     with httpx.Client(base_url=url, timeout=timeout_s, headers=headers or {}) as client:
+        checks = {c.split(" ")[0] for c in planned_checks(argv)}
         parser = _flag(argv, "--reasoning-parser")
-        if parser:
+        if "smoke.reasoning" in checks:
             try:
                 out.append(_check_reasoning(client, model, parser, texts))
             except (httpx.HTTPError, RuntimeError, ValueError) as e:
                 out.append(SmokeFinding("smoke.reasoning", "WARN", f"chat request failed: {type(e).__name__}: {e}",
                                         "check the server log; a chat template may be missing"))
         tparser = _flag(argv, "--tool-call-parser")
-        if tparser and _flag(argv, "--enable-auto-tool-choice") is not None:
+        if "smoke.tool_calls" in checks:
             try:
                 out.append(_check_tools(client, model, tparser, texts))
             except (httpx.HTTPError, RuntimeError, ValueError) as e:

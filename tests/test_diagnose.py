@@ -35,3 +35,17 @@ def test_generic_fallback_and_nothing(tmp_path):
     assert d.id == "generic" and "something odd" in d.line
     assert diagnose_text("INFO all good\n") is None
     assert diagnose_log(tmp_path / "missing.log") is None
+
+
+def test_pattern_file_errors_name_the_entry():
+    from m3ctl.diagnose import load_patterns
+
+    good = "schema_version: 1\npatterns:\n  - {id: a, regex: 'x', cause: c, fix: f, source: s}\n"
+    assert load_patterns(good).patterns[0].id == "a"
+    for bad, where in (("  - {id: a, regex: '(x', cause: c, fix: f, source: s}", "patterns.0.regex"),
+                       ("  - {id: a, regex: 'x', cause: c, fix: f, source: s, when: [{archs: [hopper]}]}",
+                        "patterns.0.when.0.archs"),
+                       ("  - {id: a, regex: 'x', cause: c, fix: f}", "patterns.0.source")):
+        with pytest.raises(ValueError) as e:
+            load_patterns("schema_version: 1\npatterns:\n" + bad + "\n", "p.yaml")
+        assert str(e.value).startswith(f"p.yaml: {where}:") and "\n" not in str(e.value)

@@ -345,3 +345,13 @@ def test_the_first_real_error_wins_over_later_wrappers_without_a_pattern():
     # Only wrappers: the first one is quoted (better than nothing).
     _, line = first_error_line(["Fatal Python error: Aborted", "RuntimeError: Engine core initialization failed."])
     assert line == "Fatal Python error: Aborted"
+
+
+def test_serve_dry_run_prints_the_smoke_checks_it_would_run(tmp_path):
+    inv = str(_inventory(tmp_path, "h200x8"))
+    p = run_cli("serve", "--inventory", inv, "-m", "MiniMax-M2.5", "--tp", "4", "--dry-run", check=True)
+    line = p.stdout.strip().splitlines()[-1]
+    assert line.startswith("after readiness, smoke test: smoke.reasoning (--reasoning-parser minimax_m2_append_think")
+    assert "smoke.tool_calls (--tool-call-parser minimax_m2" in line and "smoke.output" in line
+    p = run_cli("serve", "--inventory", inv, "-m", "MiniMax-M2.5", "--tp", "4", "--dry-run", "--no-smoke", check=True)
+    assert p.stdout.strip().splitlines()[-1] == "after readiness, smoke test: skipped (--no-smoke)"
