@@ -126,8 +126,10 @@ def likely_causes(argv: list[str] | tuple[str, ...], plan_warnings: list[str] | 
     cmd = " ".join(argv)
     out = []
     for c in smoke_data().degenerate_causes:
-        if c.always or (c.when_argv and re.search(c.when_argv, cmd)) or \
-                (c.when_warning and any(re.search(c.when_warning, w, re.I) for w in plan_warnings)):
+        hit = next((w for w in plan_warnings if c.when_warning and re.search(c.when_warning, w, re.I)), None)
+        if hit:
+            out.append(f"{c.cause}: {hit[:200]}")
+        elif c.always or (c.when_argv and re.search(c.when_argv, cmd)):
             out.append(c.cause)
     return out
 

@@ -268,6 +268,7 @@ def test_smoke_degenerate_output_names_likely_causes(tmp_path):
                          "--skip-checks", serve={"degenerate": "nul"})
     o = next(f for f in smoke if f["id"] == "smoke.output")
     assert o["status"] == "FAIL" and "NUL characters" in o["message"] and "emulated quantization" in o["fix"]
+    assert "known-bad capability row" in o["fix"] and "field failure F08" in o["fix"]  # quoted from the plan
     smoke, _, _ = _smoke(tmp_path, "-m", "MiniMax-M2.5", "--tp", "4", "--", "--dtype", "float16",
                          serve={"degenerate": "repeat"}, name="rep")
     o = next(f for f in smoke if f["id"] == "smoke.output")
