@@ -285,7 +285,7 @@ def serve(
     dbo: OptDBO = None, spec_depth: OptSpecDepth = None, spec_method: OptSpecMethod = None, kv_cache_dtype: OptKV = None,
     max_model_len: OptMML = None, max_num_seqs: OptSeqs = None, max_num_batched_tokens: OptMBT = None,
     allow_emulated: OptEmul = False, no_multicast: OptNoMC = False,
-    no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Skip the correctness smoke test after readiness (reasoning/tool-call parsers, degenerate output).")] = False,
+    no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Skip the smoke test after readiness (parsers, degenerate output).")] = False,
 ) -> None:
     """Plan, launch and wait until the server really serves (then watch it, or return with --detach).
 

@@ -324,7 +324,7 @@ def diagnose_text(text: str, context: DiagContext | None = None) -> Diagnosis | 
     lines = text.splitlines()
     first = first_error_line(lines)
     for p, rx in _compiled()[0]:
-        for i, line in enumerate(lines):
+        for line in lines:
             if not rx.search(line):
                 continue
             if p.weak:  # a wrapper ("see root cause above"): report the first real error instead
@@ -362,7 +362,8 @@ def explain_port_conflict(diag: Diagnosis, host: str, api_port: int) -> Diagnosi
     if port == api_port or (port is None and port_in_use(host, api_port) and diag.id == "address-in-use"):
         holder = port_holder(api_port)
         return Diagnosis(diag.id, f"the API port {api_port} is already in use" + (f" (held by {holder})" if holder else ""),
-                         "pick another --port, or stop what holds it", diag.line, kind=diag.kind)
+                         "pick another --port, or stop what holds it", diag.line,
+                         kind=diag.kind)
     where = f"internal port {port}" if port else "an internal port (the API port is free)"
     holder = port_holder(port) if port else None
     return Diagnosis("internal-port-in-use", f"PORT-IN-USE on {where}" + (f" held by {holder}" if holder else "")

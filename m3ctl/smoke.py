@@ -187,7 +187,8 @@ def _check_reasoning(client, model: str, parser: str, texts: list[str]) -> Smoke
     if empty:
         return SmokeFinding("smoke.reasoning", "WARN",
                             f"no reasoning returned ({', '.join(r[0] for r in empty)} reply) although "
-                            f"--reasoning-parser {parser} is set: the model may not have thought, or the parser drops it",
+                            f"--reasoning-parser {parser} is set: the model may not have thought, or the parser "
+                            "drops it",
                             "check the parser against the model's output format (catalog reasoning_parser)",
                             _excerpt(empty[0][1]))
     return SmokeFinding("smoke.reasoning", "OK", f"reasoning separated from content by {parser} (plain and streamed)")
