@@ -121,6 +121,17 @@ def test_n03_illegal_memory_access_at_first_request_names_moe_not_the_wrapper(tm
     assert "--moe-backend" in p.stderr and "EngineDeadError" not in p.stderr
 
 
+def test_n03_crash_at_the_smoke_tests_first_chat_request_is_diagnosed_and_stopped(tmp_path):
+    """Readiness's 4-token completion passed; the smoke test's chat request is the first real one and kills it."""
+    p = _serve(tmp_path, _inventory(tmp_path, "rtxpro6000x2", count=1), "-m", "MiniMax-M2.5", "--skip-checks",
+               fake={"start_log": str(LOGS / "N03-start.log"), "crash_log": str(LOGS / "N03-req.log"),
+                     "serve": {"crash_after": 1}})
+    assert p.returncode == 4 and "server died during the smoke test after readiness" in p.stderr, p.stderr
+    _assert_root_cause(p.stderr, "cuda-illegal-memory-access", "torch.AcceleratorError: CUDA error")
+    assert "first request" in p.stderr
+    assert json.loads(run_cli("status", "--json", check=True).stdout) == []  # stopped and removed
+
+
 def test_n03_variant_marlin_moe_fault_at_startup_on_four_gpus(tmp_path):
     """vllm#26558: fused_marlin_moe, 4x RTX PRO 6000, during the profiling run (no NVFP4: no known-bad note)."""
     p = _serve(tmp_path, _inventory(tmp_path, "rtxpro6000x2"), "-m", "MiniMax-M2.5", "--tp", "2", "--skip-checks",
