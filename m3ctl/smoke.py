@@ -9,6 +9,8 @@ markup that betrays an unparsed reply and the fixes):
   Reasoning in ``content`` is a FAIL (PARSER-MISMATCH; shared/cases/field-failures-2.md N05, vllm#38212).
 - ``smoke.tool_calls`` (only with ``--enable-auto-tool-choice`` and ``--tool-call-parser``): a request that
   needs a tool must come back as structured ``tool_calls``; raw tool-call markup in ``content`` is a FAIL.
+  The request uses ``tool_choice: "auto"``: vLLM serves ``"required"`` with structured outputs, which
+  bypasses the tool-call parser this check is about.
 - ``smoke.output``: a completion and the chat replies must not hold NUL characters (FAIL) or one token
   repeated (WARN: random-weight test models legitimately do that); the finding names the likely causes
   from the plan (dtype, emulated quantization, a known-bad row, a quantized KV cache).
