@@ -341,6 +341,7 @@ def serve(
     dbo: OptDBO = None, spec_depth: OptSpecDepth = None, spec_method: OptSpecMethod = None, kv_cache_dtype: OptKV = None,
     max_model_len: OptMML = None, max_num_seqs: OptSeqs = None, max_num_batched_tokens: OptMBT = None,
     allow_emulated: OptEmul = False, no_multicast: OptNoMC = False,
+    no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Skip the smoke test after readiness (parsers, degenerate output).")] = False,
 ) -> None:
     """Plan, launch and wait until the server really serves (then watch it, or return with --detach).
 
@@ -375,6 +376,10 @@ def serve(
             typer.echo(p.model_dump_json(indent=2))
             return
         _print_plan(con, p)
+        from m3ctl.smoke import planned_checks  # noqa: PLC0415
+
+        checks = "skipped (--no-smoke)" if no_smoke else "; ".join(planned_checks(p.argv))
+        con.print(f"after readiness, smoke test: {escape(checks)}")
         return
 
     def on_event(e) -> None:
@@ -397,21 +402,24 @@ def serve(
     con.print(f"starting {p.name}: {escape(shown)}", soft_wrap=True)
     # A foreground Ctrl-C (or SIGTERM/SIGHUP) stops the server wherever it lands (a print, an import, a probe).
     with serving.stop_signals_as_interrupt():
-        _launch_and_serve(con, p, reg, rt, secrets, expect, on_event, detach, watch_interval, restart)
+        _launch_and_serve(con, p, reg, rt, secrets, expect, on_event, detach, watch_interval, restart,
+                          smoke=not no_smoke, inv=inv)
 
 
 def _launch_and_serve(con, p, reg, rt, secrets, expect, on_event, detach: bool, watch_interval: float,
-                      restart: str) -> None:
-    """Launch, report readiness and kernels, then watch in the foreground (unless ``detach``)."""
+                      restart: str, smoke: bool = True, inv=None) -> None:
+    """Launch, report readiness, smoke findings and kernels, then watch in the foreground (unless ``detach``)."""
     from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.diagnose import DiagContext  # noqa: PLC0415
 
     res = None
     try:
         res = serving.launch_and_wait(p, registry=reg, secret_env=secrets, on_event=on_event, runtime=rt,
-                                      expect=expect)
+                                      expect=expect, smoke=smoke, diag_context=DiagContext.for_plan(p, inv))
         dep = res.deployment
         con.print(f"[green]ready[/] {dep.name} at {dep.url} (model {dep.served_model_name!r}) in "
                   f"{res.readiness.time_to_ready_s:.1f} s; log {dep.log_path}")
+        _print_smoke(con, dep.smoke)
         _print_kernels(con, res.kernels)
         if detach:
             return
@@ -462,6 +470,18 @@ def _profile_expect(prof, name: str):
 
     prof = prof or profiles().get(name)
     return getattr(prof, "expect", None)
+
+
+def _print_smoke(con, findings: list[dict] | None, only_problems: bool = False) -> None:
+    colour = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim"}
+    for f in findings or []:
+        if only_problems and f["status"] in ("OK", "SKIP"):
+            continue
+        con.print(f"  smoke [{colour[f['status']]}]{f['status']}[/] {f['id']}: {escape(f['message'])}")
+        if f.get("evidence") and f["status"] != "OK":
+            con.print(f"        got: {escape(f['evidence'])}")
+        if f.get("fix") and f["status"] != "OK":
+            con.print(f"        fix: {escape(f['fix'])}")
 
 
 def _print_kernels(con, rep) -> None:
@@ -566,15 +586,23 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="Print as JSON.
     from rich.table import Table  # noqa: PLC0415
 
     t = Table()
-    for col in ("name", "phase", "runtime", "endpoint", "model", "image / plan", "pid / container", "uptime"):
+    for col in ("name", "phase", "runtime", "endpoint", "model", "image / plan", "pid / container", "uptime", "smoke"):
         t.add_column(col)
     for r in rows:
         d = r.deployment
         where = (d.container_id or "")[:12] if d.runtime == "docker" else str(d.pid or "")
         restarts = f" ({d.restarts} restarts)" if d.restarts else ""
+        bad = [f["status"] for f in d.smoke or [] if f["status"] in ("WARN", "FAIL")]
+        smoke = "-" if d.smoke is None else (", ".join(f"{n} {s}" for s, n in sorted(
+            {s: bad.count(s) for s in bad}.items())) if bad else "ok")
         t.add_row(d.name, r.phase, d.runtime, d.url, d.served_model_name, f"{d.image or '-'} / {d.plan_hash or '-'}",
-                  where, f"{r.uptime_s:.0f} s{restarts}")
-    _console().print(t)
+                  where, f"{r.uptime_s:.0f} s{restarts}", smoke)
+    con = _console()
+    con.print(t)
+    for r in rows:
+        if any(f["status"] in ("WARN", "FAIL") for f in r.deployment.smoke or []):
+            con.print(f"{r.deployment.name}:")
+            _print_smoke(con, r.deployment.smoke, only_problems=True)
 
 
 @app.command()
@@ -800,10 +828,18 @@ def bench(
         from m3ctl.bench.runner import BenchServerDown  # noqa: PLC0415
 
         kinds = ", ".join(f"{k} {v}" for k, v in down["failed_by_kind"].items())
+        diag = None
+        if server_log:  # a deployment: name the root cause from its log (a GPU fault under load, N09)
+            from m3ctl.diagnose import DiagContext, diagnose_log  # noqa: PLC0415
+
+            sync_log() if sync_log else None
+            diag = diagnose_log(server_log, context=DiagContext(argv=tuple(dep.argv), phase="serving"))
+        cause = f": {diag.summary()} [{diag.line}]" if diag else ""
+        keep = (f"partial results written to {where}" if where else "pass --output-json to keep partial results")
         raise BenchServerDown(f"server at {url} went down during the run: {down['completed']} requests completed, "
-                              f"{down['failed']} failed ({kinds}), {down.get('not_sent', 0)} not sent",
-                              f"partial results written to {where}" if where else
-                              "pass --output-json to keep partial results; check the server log")
+                              f"{down['failed']} failed ({kinds}), {down.get('not_sent', 0)} not sent{cause}",
+                              f"{diag.fix}; {keep}" if diag else
+                              (keep if where else keep + "; check the server log"))
     bad = [r for r in runs if not r["validity"]["valid"]]
     if bad:
         why = "; ".join(dict.fromkeys(x for r in bad for x in r["validity"]["reasons"]))

@@ -336,6 +336,30 @@ def check_links(ctx: Ctx) -> CheckResult:
               "prefer TP within an NVLink/XGMI domain; consider pipeline or data parallelism across PCIe", det)
 
 
+def check_virtualized(ctx: Ctx) -> CheckResult:
+    """N02: a vGPU profile in the GPU name (``H200-141C``, ``-nnQ``): peer-to-peer and vLLM's custom all-reduce
+    are not validated there (vllm#50557: custom_all_reduce.cuh illegal memory access during CUDA-graph capture
+    on 4x H200-141C). Naming convention: m3ctl/hw/vgpu.py."""
+    from m3ctl.hw.vgpu import vgpu_profile  # noqa: PLC0415
+
+    nvidia = [g for g in ctx.inv.gpus if g.vendor == "nvidia"]
+    if not nvidia:
+        return _r("gpu.virtualized", "gpu", "SKIP", "no NVIDIA GPU")
+    virt = [(g, vgpu_profile(g.name)) for g in nvidia if vgpu_profile(g.name)]
+    if not virt:
+        return _r("gpu.virtualized", "gpu", "OK", "no vGPU profile in the GPU names (full GPUs)")
+    profs = sorted({p for _, p in virt})
+    det = [f"GPU {g.index}: {g.name} (vGPU profile {p})" for g, p in virt]
+    tp_note = ("; with TP > 1 vLLM's custom all-reduce uses peer-to-peer IPC buffers between these GPUs"
+               if len(nvidia) > 1 else "")
+    return _r("gpu.virtualized", "gpu", "WARN",
+              f"{len(virt)} GPU(s) are NVIDIA vGPU profiles ({', '.join(profs)}): peer-to-peer access and custom "
+              f"all-reduce are not validated on vGPU{tp_note} (vllm#50557: illegal memory access in "
+              "custom_all_reduce.cuh during CUDA-graph capture)",
+              "if the server faults in custom all-reduce, serve with `-- --disable-custom-all-reduce` (NCCL instead); "
+              "check peer access with `nvidia-smi topo -p2p r`", det)
+
+
 def check_fabric_manager(ctx: Ctx) -> CheckResult:
     """F07: NVSwitch hosts need fabric state COMPLETED and a fabric manager matching the driver."""
     inv = ctx.inv
@@ -880,6 +904,7 @@ CHECKS: list[tuple[str, Group, Callable[[Ctx], CheckResult], bool]] = [
     ("gpu.visible_devices", "gpu", check_visible_devices, False),
     ("gpu.mig", "gpu", check_mig, False),
     ("gpu.links", "gpu", check_links, False),
+    ("gpu.virtualized", "gpu", check_virtualized, False),
     ("gpu.fabric_manager", "gpu", check_fabric_manager, False),
     ("gpu.cuda_init", "gpu", check_cuda_init, False),
     ("driver.version", "driver", check_driver_version, False),

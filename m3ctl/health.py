@@ -24,6 +24,7 @@ phase and the root-cause log line (:mod:`m3ctl.diagnose`).
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import time
 from collections.abc import Callable
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from m3ctl.diagnose import diagnose_log, diagnose_text, explain_port_conflict
+from m3ctl.diagnose import DiagContext, diagnose_log, diagnose_text, explain_port_conflict
 from m3ctl.errors import LaunchFailed
 
 PHASES = ("process", "port", "health", "models", "completion")
@@ -78,7 +79,8 @@ def is_degenerate(text: str) -> bool:
 def wait_ready(url: str, served_model_name: str, *, is_alive: Callable[[], bool], started_at: float,
                budget_s: float, completion_timeout_s: float = 60.0, log_path: str | None = None,
                on_event: Callable[[PhaseEvent], None] | None = None, poll_s: float = 0.2,
-               headers: dict[str, str] | None = None, read_log: Callable[[], str] | None = None) -> ReadinessResult:
+               headers: dict[str, str] | None = None, read_log: Callable[[], str] | None = None,
+               diag_context: DiagContext | None = None) -> ReadinessResult:
     """Wait until the server at ``url`` passes every phase, or raise.
 
     Args:
@@ -92,6 +94,8 @@ def wait_ready(url: str, served_model_name: str, *, is_alive: Callable[[], bool]
         on_event: receives :class:`PhaseEvent` s (for live display).
         headers: extra HTTP headers (e.g. Authorization when the server has an API key).
         read_log: returns the server log text (containers); used instead of ``log_path`` for diagnosis.
+        diag_context: the launch (arch, argv, GPUs) the diagnosis of a failure is keyed on; the phase is set here
+            (``startup`` up to ``models``, ``first-request`` in ``completion``).
 
     Returns:
         :class:`ReadinessResult` with each phase's pass time.
@@ -110,12 +114,14 @@ def wait_ready(url: str, served_model_name: str, *, is_alive: Callable[[], bool]
 
     def fail(phase: str, what: str, hint: str | None = None) -> LaunchFailed:
         time.sleep(0.5)  # let the server flush the traceback to its log
-        diag = diagnose_text(read_log()) if read_log else diagnose_log(log_path)
+        ctx = dataclasses.replace(diag_context or DiagContext(),
+                                  phase="first-request" if phase == "completion" else "startup")
+        diag = diagnose_text(read_log(), ctx) if read_log else diagnose_log(log_path, context=ctx)
         if diag:
             diag = explain_port_conflict(diag, host, port_i)
         emit(PhaseEvent(phase, "fail", elapsed(), what))
         if diag:
-            msg = f"{what} in phase '{phase}': {diag.cause} [{diag.line}]"
+            msg = f"{what} in phase '{phase}': {diag.summary()} [{diag.line}]"
             hint = diag.fix + (f"; full log: {log_path}" if log_path else "")
         else:
             msg = f"{what} in phase '{phase}'"

@@ -6,6 +6,7 @@ The CLI's ``serve``/``status``/``stop``/``logs`` are thin wrappers over these fu
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import signal
 import threading
 import time
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from m3ctl import vllm_env
+from m3ctl.diagnose import DiagContext, diagnose_text
 from m3ctl.errors import ConfigRejected, LaunchFailed
 from m3ctl.health import PhaseEvent, ReadinessResult, wait_ready
 from m3ctl.plan import LaunchPlan, find_vllm_executable
@@ -134,17 +136,24 @@ class ServeResult:
     deployment: Deployment
     readiness: ReadinessResult
     kernels: KernelReport | None = None
+    smoke: list | None = None
+    """The smoke test's :class:`~m3ctl.smoke.SmokeFinding` s (None with ``smoke=False``)."""
 
 
 def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secret_env: dict[str, str] | None = None,
                     on_event: Callable[[PhaseEvent], None] | None = None, runtime: Runtime | None = None,
-                    expect=None, restarts: int = 0) -> ServeResult:
+                    expect=None, restarts: int = 0, smoke: bool = True,
+                    diag_context: DiagContext | None = None) -> ServeResult:
     """Launch ``plan`` and wait until it really serves, then verify the kernels vLLM chose.
 
     Args:
         runtime: a configured runtime (e.g. a DockerRuntime with options); default from ``plan.runtime``.
         expect: the profile's :class:`~m3ctl.catalog.KernelExpect` (None: report only).
         restarts: restart count to record (the watchdog's relaunch).
+        smoke: run the correctness smoke test (m3ctl/smoke.py) after readiness; its findings are stored on the
+            deployment record (``Deployment.smoke``) and returned, never fatal unless the server dies.
+        diag_context: the launch a failure's diagnosis is keyed on (default: from the plan; the CLI adds the
+            inventory's GPU names).
 
     On failure (or Ctrl-C) anywhere from the launch to the returned result the server is stopped, so nothing
     is left behind.
@@ -168,14 +177,17 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
         if restarts:
             dep.restarts = restarts
             registry.save(dep)
+        ctx = diag_context or DiagContext.for_plan(plan)
         ready = wait_ready(dep.url, dep.served_model_name, is_alive=lambda: rt.is_alive(dep),
                            started_at=dep.started_at, budget_s=plan.startup_budget_s,
                            completion_timeout_s=plan.completion_timeout_s, log_path=dep.log_path,
-                           on_event=on_event, headers=headers, read_log=lambda: rt.log_text(dep))
+                           on_event=on_event, headers=headers, read_log=lambda: rt.log_text(dep), diag_context=ctx)
+        findings = _smoke(plan, dep, rt, headers, ctx) if smoke else None
         dep.phase, dep.ready_at = "ready", time.time()
+        dep.smoke = [f.to_dict() for f in findings] if findings is not None else None
         registry.save(dep)
         rt.sync_log(dep)
-        return ServeResult(dep, ready, verify_kernels(rt.log_text(dep, tail_bytes=5_000_000), expect))
+        return ServeResult(dep, ready, verify_kernels(rt.log_text(dep, tail_bytes=5_000_000), expect), findings)
     except (LaunchFailed, KeyboardInterrupt):
         if dep is None and registry.exists(plan.name):  # interrupted inside launch, after it saved the record
             dep = registry.get(plan.name)
@@ -184,6 +196,28 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
                 rt.stop(dep)
                 registry.remove(dep.name)
         raise
+
+
+def _smoke(plan: LaunchPlan, dep: Deployment, rt: Runtime, headers: dict[str, str], ctx: DiagContext) -> list:
+    """The smoke test (m3ctl/smoke.py) on a ready server.
+
+    Raises:
+        LaunchFailed: the server died during it (phase ``smoke``), with the log's root cause.
+    """
+    from m3ctl.smoke import run_smoke  # noqa: PLC0415
+
+    findings = run_smoke(dep.url, dep.served_model_name, plan.argv, headers=headers,
+                         timeout_s=plan.completion_timeout_s, plan_warnings=plan.warnings + plan.violations)
+    if not rt.is_alive(dep):
+        time.sleep(0.5)  # let the server flush the traceback to its log
+        diag = diagnose_text(rt.log_text(dep), dataclasses.replace(ctx, phase="first-request"))
+        what = "server died during the smoke test after readiness"
+        if diag:
+            raise LaunchFailed(f"{what}: {diag.summary()} [{diag.line}]",
+                               diag.fix + (f"; full log: {dep.log_path}" if dep.log_path else ""), phase="smoke",
+                               root_cause=diag.line, log_path=dep.log_path)
+        raise LaunchFailed(what, f"see the log: {dep.log_path}", phase="smoke", log_path=dep.log_path)
+    return findings
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)

@@ -67,6 +67,8 @@ class Deployment(BaseModel):
         image: container image (docker runtime).
         runtime_options: runtime settings (docker: network, ipc, mounts, GPUs), reused on restart.
         restarts: how many times the watchdog restarted it.
+        smoke: the correctness smoke test's findings after readiness (m3ctl/smoke.py: ``id``, ``status``,
+            ``message``, ``fix``, ``evidence``); None when it did not run (``--no-smoke``).
     """
 
     name: str
@@ -86,6 +88,7 @@ class Deployment(BaseModel):
     image: str | None = None
     runtime_options: dict = Field(default_factory=dict)
     restarts: int = 0
+    smoke: list[dict] | None = None
 
     @property
     def url(self) -> str:

@@ -8,6 +8,7 @@ Example::
     max_model_len: 131072
     args: {max-num-seqs: 128}
     env: {VLLM_LOGGING_LEVEL: INFO}
+    vllm_executable: /opt/vllm-venv/bin/vllm   # process runtime: a vLLM installed elsewhere
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class UserConfig(BaseModel):
     max_num_batched_tokens: int | None = None
     allow_emulated: bool | None = None
     no_multicast: bool | None = None
+    vllm_executable: str | None = None
     args: dict[str, Any] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
 

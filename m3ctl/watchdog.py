@@ -29,7 +29,7 @@ from typing import Literal
 
 import httpx
 
-from m3ctl.diagnose import diagnose_text
+from m3ctl.diagnose import DiagContext, diagnose_text
 from m3ctl.runtime.base import Runtime
 from m3ctl.state import Deployment
 
@@ -94,10 +94,15 @@ class Watchdog:
         self.headers = headers or {}
         self._last_progress: tuple[float, float] | None = None  # (tokens, time they last changed)
 
+    @property
+    def _diag_context(self) -> DiagContext:
+        """A death while watching happened under traffic: the diagnosis is keyed on the ``serving`` phase."""
+        return DiagContext(argv=tuple(self.dep.argv), phase="serving")
+
     def _died(self) -> Probe:
         self.rt.sync_log(self.dep)
-        diag = diagnose_text(self.rt.log_text(self.dep))
-        detail = "server process/container exited" + (f": {diag.cause}" if diag else "")
+        diag = diagnose_text(self.rt.log_text(self.dep), self._diag_context)
+        detail = "server process/container exited" + (f": {diag.summary()}" if diag else "")
         return Probe("exited", detail, cause=diag.line if diag else None)
 
     def probe(self) -> Probe:
@@ -112,7 +117,7 @@ class Watchdog:
                     return self._died()
                 return Probe("unreachable", f"/health: {type(e).__name__}")
             if h.status_code >= 500:
-                diag = diagnose_text(self.rt.log_text(self.dep))
+                diag = diagnose_text(self.rt.log_text(self.dep), self._diag_context)
                 return Probe("engine-dead", f"/health answered {h.status_code}: the engine core is dead",
                              cause=diag.line if diag else None)
             metrics: dict[str, float] = {}
@@ -146,7 +151,7 @@ class Watchdog:
                 return Probe("unreachable", f"canary completion: {type(e).__name__}", metrics=metrics)
             dt = time.monotonic() - t0
             if r.status_code != 200:
-                diag = diagnose_text(self.rt.log_text(self.dep))
+                diag = diagnose_text(self.rt.log_text(self.dep), self._diag_context)
                 return Probe("engine-dead", f"canary completion answered HTTP {r.status_code} while /health is "
                                             f"{h.status_code}", metrics=metrics, cause=diag.line if diag else None)
             if toks is not None:

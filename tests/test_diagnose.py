@@ -35,3 +35,34 @@ def test_generic_fallback_and_nothing(tmp_path):
     assert d.id == "generic" and "something odd" in d.line
     assert diagnose_text("INFO all good\n") is None
     assert diagnose_log(tmp_path / "missing.log") is None
+
+
+def test_pattern_file_errors_name_the_entry():
+    from m3ctl.diagnose import load_patterns
+
+    good = "schema_version: 1\npatterns:\n  - {id: a, regex: 'x', cause: c, fix: f, source: s}\n"
+    assert load_patterns(good).patterns[0].id == "a"
+    for bad, where in (("  - {id: a, regex: '(x', cause: c, fix: f, source: s}", "patterns.0.regex"),
+                       ("  - {id: a, regex: 'x', cause: c, fix: f, source: s, when: [{archs: [hopper]}]}",
+                        "patterns.0.when.0.archs"),
+                       ("  - {id: a, regex: 'x', cause: c, fix: f}", "patterns.0.source")):
+        with pytest.raises(ValueError) as e:
+            load_patterns("schema_version: 1\npatterns:\n" + bad + "\n", "p.yaml")
+        assert str(e.value).startswith(f"p.yaml: {where}:") and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("line,fid", [
+    # SGLang's custom all-reduce (sgl-project/sglang#27948): no quotes around the CUDA error
+    ("Exception: Capture cuda graph failed: Runtime check failed at /sgl-workspace/sglang/python/sglang/jit_kernel/"
+     "include/sgl_kernel/distributed/custom_all_reduce.cuh:37: CUDA error: invalid argument", "custom-allreduce-fault"),
+    # vLLM 0.5 (vllm#5613): no "Cuda error" word
+    ("Failed: /home/runner/work/vllm/vllm/csrc/custom_all_reduce.cuh:310 'invalid argument'", "custom-allreduce-fault"),
+    # torch on ROCm names the HIP error instead of the HSA page fault
+    ("RuntimeError: HIP error: an illegal memory access was encountered", "rocm-memory-access-fault"),
+    # the NCCL watchdog thread reports the same CUDA fault (vllm#9308)
+    ("[rank1]:[E1012 13:54:01.1] Process group watchdog thread terminated with exception: CUDA error: an illegal "
+     "memory access was encountered", "cuda-illegal-memory-access"),
+])
+def test_runtime_fault_wordings(line, fid):
+    d = diagnose_text("INFO loading\n" + line + "\nFatal Python error: Aborted\n")
+    assert d is not None and d.id == fid and d.kind == "RUNTIME-DIAG" and d.line == line.strip()
