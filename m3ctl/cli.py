@@ -99,7 +99,8 @@ def doctor(
         save_inventory.write_text(inv.model_dump_json(indent=2))
     rep = run_doctor(inv, model=model, variant=variant, context=context, kv_cache_dtype=kv_cache_dtype,
                      runtime=runtime, port=port, host_checks=inventory is None,
-                     image=resolve_image(image) if image else None)
+                     image=resolve_image(image) if image else None,
+                     inventory_file=str(inventory) if inventory else None)
     if json_out:
         typer.echo(json.dumps(report_json(rep), indent=2))
     else:
@@ -124,6 +125,8 @@ def doctor(
             con.print(f"  fallback: {escape(f)}")
         for n in v.notes:
             con.print(f"  [dim]note: {escape(n)}[/]")
+        if v.serve_command:
+            con.print(f"  serve it: {escape(v.serve_command)}")
     code = rep.exit_code(strict)
     if code:
         raise typer.Exit(code)
@@ -160,7 +163,7 @@ OptSpecMethod = Annotated[Optional[str], typer.Option(help="Speculative method o
 OptKV = Annotated[Optional[str], typer.Option(help="KV cache dtype (validated per architecture and attention type).")]
 def _token_count(text: str) -> int:
     """A token count as vLLM reads one (``8k`` = 8000, ``8K`` = 8192, else an integer), at least 1."""
-    from m3ctl.rules import vllm_int  # noqa: PLC0415
+    from m3ctl.assess.rules import vllm_int  # noqa: PLC0415
 
     n = vllm_int(text)
     if n is None or n < 1:
@@ -176,13 +179,22 @@ OptNoMC = Annotated[bool, typer.Option("--no-multicast", help="Turn NVLink multi
 RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
 
 
-def _plan_kwargs(ctx: typer.Context, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
-                 max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated, no_multicast) -> dict:
-    extra = list(ctx.args)  # what follows `--` (click consumes the `--` itself; raw_args reads the rest)
-    return dict(variant=variant, tp=tp, dp=dp, dcp=dcp, ep=ep, dbo=dbo, spec_depth=spec_depth,
-                spec_method=spec_method, kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, extra_args=extra,
-                allow_emulated=allow_emulated, no_multicast=no_multicast)
+def _cli_request(ctx: typer.Context, config: Optional[Path], **given):
+    """The plan request: the command line's explicitly given values over the ``--config`` file's (PlanRequest
+    precedence: command line > file > catalog > vLLM default). Click's ``--`` remainder is the raw vLLM args."""
+    from m3ctl.assess.request import PlanRequest, load_request, merge  # noqa: PLC0415
+
+    extra = list(ctx.args)
+    cli = {k: v for k, v in given.items() if v is not None and v is not False and v != {} and v != []}
+    if extra:
+        cli["extra_args"] = extra
+    for k in list(cli):  # an option left at its default is not "given": the file (then the catalog) decides
+        src = ctx.get_parameter_source(k) if k in ctx.params else None
+        if src is not None and src.name == "DEFAULT":
+            cli.pop(k, None)
+    file_req = load_request(config) if config else None
+    req = merge(file_req, PlanRequest(**cli))
+    return req
 
 
 def _print_plan(con, p) -> None:
@@ -226,29 +238,24 @@ def plan(
 
     Raw vLLM flags go after `--`. A rule violation exits 3 naming the rule, the values and the fix.
     """
-    from m3ctl.catalog import load_profile_file  # noqa: PLC0415
+    from m3ctl.emit import FORMATS  # noqa: PLC0415
     from m3ctl.hw.detect import detect  # noqa: PLC0415
     from m3ctl.plan import plan as make_plan  # noqa: PLC0415
-
-    from m3ctl.userconfig import load_user_config, merge  # noqa: PLC0415
-
-    from m3ctl.emit import FORMATS  # noqa: PLC0415
 
     if emit and emit not in FORMATS:
         raise BadInput(f"unknown --emit format {emit!r}", f"use one of: {', '.join(FORMATS)}")
     inv = _load_inventory(inventory) if inventory else detect()
     secrets = [k for k in SECRET_PASSTHROUGH if os.environ.get(k)]
-    ucfg = load_user_config(config) if config else None
-    kw = merge(ucfg, {"overrides": _parse_args(arg or []), "skip_checks": skip_checks,
-                      **_plan_kwargs(ctx, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
-                                     max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated,
-                                     no_multicast)})
-    if ucfg and ucfg.model and model == "MiniMax-M3.1-Flash":
-        model = ucfg.model
-    if ucfg and ucfg.runtime and runtime == "auto":
-        runtime = ucfg.runtime
-    p = make_plan(inv, model, name=name, port=port, host=host, served_model_name=served_model_name, runtime=runtime,
-                  profile=load_profile_file(profile) if profile else None, pass_env=secrets, **kw)
+    req = _cli_request(ctx, config, model=model, name=name, port=port, host=host, served_model_name=served_model_name,
+                       runtime=runtime, profile_file=str(profile) if profile else None, args=_parse_args(arg or []),
+                       skip_checks=skip_checks, variant=variant, tp=tp, dp=dp, dcp=dcp, ep=ep, dbo=dbo,
+                       spec_depth=spec_depth, spec_method=spec_method, kv_cache_dtype=kv_cache_dtype,
+                       max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=max_num_batched_tokens, allow_emulated=allow_emulated,
+                       no_multicast=no_multicast, pass_env=secrets)
+    if "runtime" not in req.model_fields_set:
+        req = req.model_copy(update={"runtime": "auto"})  # `plan` defaults to auto, `serve` to process
+    p = make_plan(inv, req)
     if emit:
         from m3ctl.emit import render  # noqa: PLC0415
 
@@ -291,7 +298,6 @@ def serve(
     Raw vLLM flags go after `--`; they pass the same plan rules as everything else.
     """
     from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.catalog import load_profile_file  # noqa: PLC0415
     from m3ctl.hw.detect import detect  # noqa: PLC0415
     from m3ctl.plan import plan as make_plan  # noqa: PLC0415
     from m3ctl.state import Registry, check_name  # noqa: PLC0415
@@ -301,16 +307,19 @@ def serve(
     secrets = {k: os.environ[k] for k in SECRET_PASSTHROUGH if os.environ.get(k)}
     if restart not in ("no", "on-failure"):
         raise BadInput(f"bad --restart {restart!r}", "use --restart no or --restart on-failure")
-    prof = load_profile_file(profile) if profile else None
-    from m3ctl.userconfig import load_user_config, merge  # noqa: PLC0415
+    req = _cli_request(ctx, config, model=model, name=name, port=port, host=host, served_model_name=served_model_name,
+                       runtime=runtime, profile_file=str(profile) if profile else None, args=_parse_args(arg or []),
+                       skip_checks=skip_checks, variant=variant, tp=tp, dp=dp, dcp=dcp, ep=ep, dbo=dbo,
+                       spec_depth=spec_depth, spec_method=spec_method, kv_cache_dtype=kv_cache_dtype,
+                       max_model_len=max_model_len, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=max_num_batched_tokens, allow_emulated=allow_emulated,
+                       no_multicast=no_multicast, pass_env=list(secrets), startup_budget_s=startup_timeout,
+                       image=image)
+    runtime = req.runtime
+    from m3ctl.catalog import load_profile_file  # noqa: PLC0415
 
-    kw = merge(load_user_config(config) if config else None,
-               {"overrides": _parse_args(arg or []), "skip_checks": skip_checks,
-                **_plan_kwargs(ctx, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
-                               max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated, no_multicast)})
-    p = make_plan(inv, model, name=name, port=port, host=host, served_model_name=served_model_name,
-                  runtime=runtime, profile=prof, pass_env=list(secrets), startup_budget_s=startup_timeout,
-                  image=image, **kw)
+    prof = req.profile = load_profile_file(Path(req.profile_file)) if req.profile_file else None
+    p = make_plan(inv, req)
     if image and runtime != "docker":
         raise BadInput("--image needs --runtime docker", "add --runtime docker")
     con = _console()
@@ -934,7 +943,7 @@ def tune(
     """
     from m3ctl.catalog import load_profile_file, profile_for_arch  # noqa: PLC0415
     from m3ctl.hw.detect import detect  # noqa: PLC0415
-    from m3ctl.modelinfo import read_model_facts  # noqa: PLC0415
+    from m3ctl.assess.facts import read_model_facts  # noqa: PLC0415
     from m3ctl.tune import study as st  # noqa: PLC0415
     from m3ctl.tune.slo import objective_value, parse_slo  # noqa: PLC0415
     from m3ctl.tune.space import apply_pins, default_space, describe, prune_dominated  # noqa: PLC0415

@@ -5,8 +5,10 @@ host facts, starts nothing, and explains every choice (``m3ctl plan``, ``serve -
 Precedence of a ``vllm serve`` flag value, lowest to highest: kernel profile for the
 detected architecture -> model/variant data -> parallel/speculative choices -> user profile
 file (``--profile``) -> typed CLI overrides (``--tp``, ``--kv-cache-dtype``...) -> ``--arg`` ->
-raw args after ``--``. Every plan then passes the named rules of :mod:`m3ctl.rules`; a
-violation raises :class:`~m3ctl.errors.ConfigRejected` (exit 3) in milliseconds.
+raw args after ``--``. Every plan then passes the named rules of :mod:`m3ctl.assess.rules`; a
+violation raises :class:`~m3ctl.errors.ConfigRejected` (exit 3) in milliseconds. Where the request leaves
+a choice open, the plan chooses instead of rejecting: the largest max-model-len that fits, and the newest
+catalog image whose CUDA the driver supports (both explained and warned).
 """
 
 from __future__ import annotations
@@ -23,11 +25,14 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from m3ctl import catalog
+from m3ctl.assess import capability
+from m3ctl.assess import memory as mem
+from m3ctl.assess.facts import ModelFacts, model_facts, read_model_facts
+from m3ctl.assess.request import PlanRequest, merge, serve_command  # noqa: F401 - re-exported
+from m3ctl.assess.rules import Finding, PlanContext, advisories, run_rules, vllm_int
 from m3ctl.catalog import ModelSpec, Profile, Variant
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
-from m3ctl.modelinfo import ModelFacts, read_model_facts
-from m3ctl.rules import Facts, PlanContext, Violation, advisories, check_all, vllm_int
 from m3ctl.secrets import redact_env
 
 
@@ -172,31 +177,6 @@ def find_vllm_executable() -> str:
     return shutil.which("vllm") or "vllm"
 
 
-def _merge_facts(spec: ModelSpec | None, local: ModelFacts, variant: Variant | None) -> Facts:
-    f = Facts()
-    if spec is not None:
-        for k, v in spec.facts.model_dump().items():
-            if v is not None and hasattr(f, k):
-                setattr(f, k, v)
-        f.attention, f.moe = spec.attention, spec.moe
-    if local.local:  # a real config.json overrides catalog (and assumed) facts
-        for k in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "num_experts",
-                  "moe_intermediate_size", "max_position_embeddings", "scoring_func"):
-            v = getattr(local, k, None)
-            if v is not None:
-                setattr(f, k, v)
-        if local.num_experts:
-            f.moe = True
-        if local.quant_block:
-            f.quant_block = local.quant_block
-        f.weights_gib = local.weights_gib
-    if variant is not None:
-        if not local.local:
-            f.weights_gib = variant.weights_gib
-        f.quant_block = f.quant_block or variant.quant_block
-    return f
-
-
 def _device_ids(inventory: HostInventory, units, n: int) -> list[str]:
     """Devices to expose to a container: MIG or GPU UUIDs where known, else indices (first ``n``)."""
     if units is None:
@@ -206,23 +186,37 @@ def _device_ids(inventory: HostInventory, units, n: int) -> list[str]:
             for u in units[:n]]
 
 
-def _engine_constraints(profile: Profile, f: Facts) -> list[Violation]:
+def _engine_constraints(profile: Profile, f: ModelFacts) -> list[Finding]:
     c, bad = profile.constraints, []
     if c.head_dim_in and f.head_dim is not None and f.head_dim not in c.head_dim_in:
-        bad.append(Violation("engine.head_dim", f"head_dim {f.head_dim} is not supported by the {profile.name} "
+        bad.append(Finding("engine.head_dim", f"head_dim {f.head_dim} is not supported by the {profile.name} "
                              f"attention backend (supported: {', '.join(map(str, c.head_dim_in))})",
                              "use a model with a supported head_dim",
                              profile.sources.get("head_dim_in", f"profile {profile.name}")))
     if c.moe_scoring_func_in and f.moe and f.scoring_func and f.scoring_func not in c.moe_scoring_func_in:
-        bad.append(Violation("engine.moe_scoring", f"MoE scoring_func {f.scoring_func!r} is not supported by the "
+        bad.append(Finding("engine.moe_scoring", f"MoE scoring_func {f.scoring_func!r} is not supported by the "
                              f"{profile.name} MoE router (supported: {', '.join(c.moe_scoring_func_in)})",
                              "use a supported scoring function or another architecture",
                              profile.sources.get("moe_scoring_func_in", f"profile {profile.name}")))
     return bad
 
 
+def _variant_fits(spec: ModelSpec, v: Variant, sup: capability.Support, n_gpus: int, mem_mib: int | None,
+                  kv_dtype: str) -> bool:
+    """The variant's weights (x its load factor) + KV for one sequence of the default context fit the GPUs at
+    TP = GPU count (:mod:`m3ctl.assess.memory`); True when memory is unknown."""
+    if not mem_mib:
+        return True
+    f = model_facts(spec, ModelFacts(source=spec.name), v)
+    ctx = min(capability.table().host.default_context, f.max_position_embeddings or 2**31)
+    return mem.fit_at(mem_mib, weights_gib=v.weights_gib * sup.weights_factor,
+                      kv_bytes_per_token=f.kv_bytes_per_token(kv_dtype), num_kv_heads=f.num_kv_heads,
+                      tp=max(1, n_gpus), context=ctx, units=max(1, n_gpus)).fits
+
+
 def _pick_variant(spec: ModelSpec, model: str, requested: str | None, arch: str, n_gpus: int, mem_mib: int | None,
-                  rejected: list[Rejected], allow_emulated: bool = False) -> tuple[str | None, Variant | None, str]:
+                  rejected: list[Rejected], allow_emulated: bool = False, engine_version: str | None = None,
+                  image_cuda: str | None = None, kv_dtype: str = "auto") -> tuple[str | None, Variant | None, str]:
     if not spec.variants:
         return None, None, "model has no variants"
     if requested:
@@ -235,23 +229,27 @@ def _pick_variant(spec: ModelSpec, model: str, requested: str | None, arch: str,
     for vname, v in spec.variants.items():
         if v.hf_id and v.hf_id.lower() == model.lower():
             return vname, v, f"the checkpoint {model} is this variant"
-    usable = (n_gpus * (mem_mib or 0) / 1024 * 0.92) if mem_mib else None
     first_native = None
+    emulated = []
     for vname, v in spec.variants.items():
-        if arch not in v.native_archs:
-            why = (f"emulated on {arch}: {v.emulation}" if arch in v.emulated_archs else f"does not run on {arch}")
+        sup = capability.variant_support(arch, v.precision, spec.attention, engine_version=engine_version,
+                                         image_cuda=image_cuda)
+        if sup.status != "native":
+            why = f"emulated on {arch}: {sup.note}" if sup.status == "emulated" else f"does not run on {arch}: {sup.note}"
             rejected.append(Rejected(what="variant", value=vname, why=why))
+            if sup.status == "emulated":
+                emulated.append((vname, v, sup))
             continue
         first_native = first_native or (vname, v)
-        if usable is not None and v.weights_gib > usable * 0.9:
+        if not _variant_fits(spec, v, sup, n_gpus, mem_mib, kv_dtype):
             rejected.append(Rejected(what="variant", value=vname,
-                                     why=f"weights {v.weights_gib:.0f} GiB do not fit {n_gpus} GPU(s) "
-                                         f"({usable:.0f} GiB usable) with KV headroom"))
+                                     why=f"weights {v.weights_gib * sup.weights_factor:.0f} GiB do not fit {n_gpus} "
+                                         "GPU(s) with KV for one sequence of the default context"))
             continue
         return vname, v, f"first variant with native kernels on {arch} that fits {n_gpus} GPU(s)"
     if allow_emulated:
-        for vname, v in spec.variants.items():
-            if arch in v.emulated_archs and (usable is None or v.weights_gib <= usable * 0.9):
+        for vname, v, sup in emulated:
+            if _variant_fits(spec, v, sup, n_gpus, mem_mib, kv_dtype):
                 return vname, v, f"no native variant fits; emulated on {arch} accepted with --allow-emulated"
     if first_native:
         return first_native[0], first_native[1], f"native on {arch} (does not fit: see the memory rule)"
@@ -259,39 +257,58 @@ def _pick_variant(spec: ModelSpec, model: str, requested: str | None, arch: str,
     return vname, v, f"no variant has native kernels on {arch}"
 
 
-def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int = 8000,
-         host: str = "127.0.0.1", served_model_name: str | None = None, runtime: str = "process",
-         profile: Profile | None = None, variant: str | None = None, overrides: dict[str, Any] | None = None,
-         tp: int | None = None, dp: int | None = None, dcp: int | None = None, ep: bool | None = None,
-         dbo: bool | None = None, spec_depth: int | None = None, spec_method: str | None = None,
-         draft_tp: int | None = None, kv_cache_dtype: str | None = None, max_model_len: int | None = None,
-         max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-         extra_args: list[str] | None = None, env: dict[str, str] | None = None,
-         pass_env: list[str] | None = None, startup_budget_s: float | None = None, skip_checks: bool = False,
-         allow_emulated: bool = False, no_multicast: bool = False, vllm_executable: str | None = None,
-         catalog_dir: str | None = None, image: str | None = None, mounts: list[str] | None = None) -> LaunchPlan:
+def _engine_version(runtime: str, image_version: str | None) -> str | None:
+    """vLLM version of the engine that will run: the image's (docker), else the installed ``vllm`` package."""
+    if runtime == "docker":
+        return image_version
+    try:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        return version("vllm").split("+")[0]
+    except Exception:  # noqa: BLE001 - not installed: unknown
+        return None
+
+
+def _canon_flag(key: str) -> str:
+    """One spelling per dotted config key: ``attention-config.x`` -> ``attention_config.x`` (vLLM reads both),
+    so a raw dotted flag replaces the catalog's instead of reaching vLLM twice."""
+    k = key.lstrip("-")
+    if "." in k:
+        group, rest = k.split(".", 1)
+        return group.replace("-", "_") + "." + rest
+    return k
+
+
+#: Flags that set the same vLLM setting in two spellings; the higher layer's removes the lower's.
+SAME_SETTING = {"attention-backend": "attention_config.backend", "attention_config.backend": "attention-backend"}
+
+
+def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     """Plan one launch and validate it.
 
     Args:
-        inventory: detected or loaded host inventory; its architecture picks the kernel profile.
-        model: catalog name/alias (``MiniMax-M3.1-Flash``), hub id, or local model directory.
-        variant: precision variant (``nvfp4``, ``mxfp8``...); default: best native variant that fits.
-        tp, dp, dcp, ep, dbo: parallel layout overrides (default: the profile's strategy for the GPU count).
-        spec_depth: speculative tokens (0 = off); ``spec_method`` defaults to the model's drafter, else ngram.
-        kv_cache_dtype, max_model_len, max_num_seqs, max_num_batched_tokens: typed overrides.
-        overrides: ``{flag: value}`` (``--arg``); extra_args: raw vLLM args (after ``--``), highest precedence.
-        pass_env: names of secret variables passed through (values never stored).
-        skip_checks: record rule violations as warnings instead of rejecting (readiness still runs).
-        allow_emulated: accept a variant that only runs through a fallback kernel on this architecture.
-        no_multicast: add the profile's NVLink-multicast-off environment (shared multi-GPU hosts).
-        image: image reference for the docker runtime (default: the profile's catalog image).
-        mounts: extra docker bind mounts ``HOST:CONTAINER[:ro|rw]``.
+        inventory: detected, loaded or catalog (``--system``) host inventory; its architecture picks the profile.
+        request: what is asked (:class:`~m3ctl.assess.request.PlanRequest`; built by the CLI, a ``--config``
+            file, tune and doctor's verdict). Unset fields are chosen here and explained in ``choices``.
 
     Raises:
         ConfigRejected: a rule rejects the plan (exit 3); the message names the rule, the values and the fix.
         CatalogError: no kernel profile for the detected architecture, or a bad catalog file (exit 2).
         BadInput: an invalid deployment name, missing model path, unknown variant, or malformed raw args (exit 2).
     """
+    r = request
+    model, name, port, host, runtime = r.model, r.name, r.port, r.host, r.runtime
+    variant, tp, dp, dcp, ep, dbo = r.variant, r.tp, r.dp, r.dcp, r.ep, r.dbo
+    spec_depth, spec_method, draft_tp = r.spec_depth, r.spec_method, r.draft_tp
+    kv_cache_dtype, max_model_len = r.kv_cache_dtype, r.max_model_len
+    max_num_seqs, max_num_batched_tokens = r.max_num_seqs, r.max_num_batched_tokens
+    overrides, extra_args, env, pass_env = r.args, r.extra_args, r.env, r.pass_env
+    allow_emulated, skip_checks, no_multicast = r.allow_emulated, r.skip_checks, r.no_multicast
+    catalog_dir, image, mounts, startup_budget_s = r.catalog_dir, r.image, r.mounts, r.startup_budget_s
+    served_model_name, vllm_executable = r.served_model_name, r.vllm_executable
+    profile = r.profile
+    if profile is None and r.profile_file:
+        profile = catalog.load_profile_file(Path(r.profile_file))
     from m3ctl.state import check_name  # noqa: PLC0415
 
     check_name(name)  # it names the container, the registry record and the emitted manifests
@@ -300,6 +317,10 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     warnings: list[str] = []
     local = read_model_facts(model)
     spec = catalog.find_model(model, local.architectures, catalog_dir)
+    # The image that will run (docker) and so the engine (vLLM) version and CUDA the capability rows see.
+    img = None
+    image_ref = None
+    user_image = None
     if profile is None:
         profile = catalog.profile_for_arch(inventory.arch, catalog_dir)
         choices.append(Choice(what="profile", value=profile.name,
@@ -324,6 +345,18 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     if vis is not None and vis.controlled_by:
         choices.append(Choice(what="visible GPUs", value=", ".join(u.label for u in vis.units) or "none",
                               why=f"from {', '.join(vis.controlled_by)}"))
+    if runtime == "docker" and not image and profile.image:
+        img, why_img = capability.choose_image(inventory.vendor or "", profile.arch, inventory.cuda_driver_version,
+                                               profile.image, catalog_dir)
+        if img is not None and img.name != profile.image:
+            warnings.append(f"image {img.name} (CUDA {img.cuda_version}) instead of {profile.image}: {why_img}")
+    elif runtime == "docker" and image:
+        from m3ctl.assess.image import inspect_user_image  # noqa: PLC0415
+
+        user_image = inspect_user_image(image)
+    image_vllm = (img.vllm_version if img is not None else (user_image.vllm_version if user_image else None))
+    image_cuda = (img.cuda_version if img is not None else (user_image.cuda_version if user_image else None))
+    engine_version = r.engine_version or _engine_version(runtime, image_vllm)
     vname, var = (None, None)
     if spec is not None:
         choices.append(Choice(what="model", value=spec.name, why=f"catalog match for {model!r}"))
@@ -332,16 +365,13 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
                             "a local config.json overrides them")
         if not local.local or variant:
             vname, var, why = _pick_variant(spec, model, variant, profile.arch, max(1, n_gpus), mem, rejected,
-                                            allow_emulated)
+                                            allow_emulated, engine_version, image_cuda, kv_cache_dtype or "auto")
             if vname:
                 choices.append(Choice(what="variant", value=f"{vname} ({var.precision})", why=why))
     elif not local.local:
         warnings.append(f"{model} is not a local directory nor a catalog model: facts unchecked, vLLM resolves it")
-    facts = _merge_facts(spec, local, var)
+    facts = model_facts(spec, local, var)
     family = spec.family if spec else None
-    facts.family, facts.model_type = family, local.model_type if local.local else None
-    if local.local:
-        facts.architectures, facts.config_keys = list(local.architectures), list(local.config_keys)
 
     # Raw vLLM arguments, read as vLLM reads them. Parallel flags among them are planned like --tp/--dp/...
     # (GPU selection, visibility and every rule see the layout vLLM will use).
@@ -413,6 +443,11 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
 
     def layer(src: dict[str, Any], why: str) -> None:
         for k, v in src.items():
+            k = _canon_flag(k)
+            other = SAME_SETTING.get(k)
+            if other and other in args:  # two spellings of one setting never both reach vLLM
+                choices.append(Choice(what=f"--{other}", value="dropped", why=f"--{k} ({why}) sets the same setting"))
+                del args[other]
             args[k] = v
             choices.append(Choice(what=f"--{k}", value=str(v), why=why))
 
@@ -473,16 +508,18 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
         if profile.no_multicast_env:
             choices.append(Choice(what="env", value="NVLink multicast off", why="--no-multicast (shared host)"))
 
-    img = None
-    image_ref = None
     if runtime == "docker":
         if image:
             image_ref = image
-            choices.append(Choice(what="image", value=image, why="given with --image"))
-        elif profile.image:
-            img = catalog.image_by_name(profile.image, catalog_dir)
+            choices.append(Choice(what="image", value=image, why="given with --image" + (
+                f" (labels/env: {user_image.describe()})" if user_image else " (not inspected: no container engine or "
+                                                                           "not pulled)")))
+            img = user_image.as_catalog_image() if user_image else None
+        elif img is not None:
             image_ref = img.reference
-            choices.append(Choice(what="image", value=image_ref, why=f"profile {profile.name} image {profile.image}"))
+            choices.append(Choice(what="image", value=image_ref,
+                                  why=f"profile {profile.name} image {profile.image}" if img.name == profile.image
+                                  else f"{img.name}: the profile image needs a newer driver"))
         else:
             raise ConfigRejected(f"profile {profile.name!r} names no image for the docker runtime",
                                  "pass --image REF (a local image works; see m3ctl/runtime/docker.py)")
@@ -490,17 +527,22 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
                       image=img, runtime=runtime, tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_,
                       spec_method=method if depth else None, spec_depth=depth, draft_tp=draft_tp, args=args,
                       env=envs, allow_emulated=allow_emulated, n_visible=n_gpus, unit_memory_mib=mem,
-                      visibility_problems=list(vis.problems) if vis is not None else [])
-    violations = _engine_constraints(profile, facts) + check_all(ctx)
+                      visibility_problems=list(vis.problems) if vis is not None else [],
+                      engine_version=engine_version, image_cuda=image_cuda if runtime == "docker" else None,
+                      drafter_block_size=_drafter_block_size(spec))
+    _choose_max_model_len(ctx, choices, warnings)
+    findings = run_rules(ctx)
+    violations = _engine_constraints(profile, facts) + [f for f in findings if f.status == "FAIL"]
     if violations and not skip_checks:
         v = violations[0]
         more = f" (also: {', '.join(x.rule for x in violations[1:])})" if len(violations) > 1 else ""
         alts = "; ".join(f"{r.what} {r.value}: {r.why}" for r in rejected) if v.rule in ("variant.native", "memory.fit") else ""
         raise ConfigRejected(f"rule {v.rule}: {v.message}{more}",
                              f"{v.fix} [source: {v.source}]" + (f"; alternatives rejected: {alts}" if alts else ""))
-    if var and profile.arch in var.emulated_archs and allow_emulated:
-        warnings.append(f"variant {vname} runs emulated on {profile.arch}: {var.emulation}")
+    if var and allow_emulated and ctx.support().status == "emulated":
+        warnings.append(f"variant {vname} runs emulated on {profile.arch}: {ctx.support().note}")
     warnings += [f"rule {v.rule} skipped: {v.message}" for v in violations]
+    warnings += [f"rule {f.id}: {f.message} ({f.fix})" for f in findings if f.status == "WARN"]
     warnings += advisories(ctx)
 
     served = served_model_name or name
@@ -522,10 +564,51 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
                       variant=vname, image=image_ref, model=target,
                       served_model_name=served, host=host, port=port, argv=argv, env=envs,
                       secret_env_names=sorted(pass_env or []), gpus=[u.gpu for u in units][: tp_ * dp_] if units is not None else [g.index for g in inventory.gpus][: tp_ * dp_],
-                      tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_, spec_depth=depth,
+                      tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_, spec_depth=ctx.speculation()[1],
                       startup_budget_s=startup_budget_s, completion_timeout_s=profile.readiness.completion_timeout_s,
                       choices=choices, rejected=rejected, warnings=warnings,
                       violations=[f"{v.rule}: {v.message}" for v in violations], mounts=list(mounts or []),
                       gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
                       gpu_devices=_device_ids(inventory, units, tp_ * dp_), unset_env=unset_env,
                       python_modules=list(profile.family_python_modules.get(family, [])) if family else [])
+
+
+def _drafter_block_size(spec: ModelSpec | None) -> int | None:
+    """The DSpark drafter's trained block size: ``dspark_block_size`` in a local drafter's config.json, else the
+    catalog's ``drafter.block_size`` (may be ``assumed``)."""
+    d = spec.drafter if spec else None
+    if d is None:
+        return None
+    if d.model:
+        try:
+            cfg = Path(d.model).expanduser() / "config.json"
+            if cfg.is_file():
+                data = json.loads(cfg.read_text())
+                for k in ("dspark_block_size", "block_size"):
+                    if isinstance(data.get(k), int):
+                        return data[k]
+        except (OSError, ValueError):
+            pass
+    return d.block_size
+
+
+def _choose_max_model_len(ctx: PlanContext, choices: list[Choice], warnings: list[str]) -> None:
+    """No max-model-len asked and the model's full context does not fit next to the weights: choose the largest
+    that fits (a multiple of the KV block size) and say so, with the KV capacity in tokens and sequences."""
+    if ctx.args.get("max-model-len") is not None or not ctx.facts.max_position_embeddings:
+        return
+    fit = ctx.memory_fit()
+    if fit is None or fit.fits or fit.max_context <= 0:
+        return
+    n = mem.largest_context(fit, ctx.facts.max_position_embeddings, ctx.block_size())
+    if n < ctx.block_size():
+        return
+    ctx.args["max-model-len"] = n
+    at = ctx.memory_fit(n)
+    seqs = at.concurrent_sequences(n) if at else 1
+    why = (f"the model's {ctx.facts.max_position_embeddings}-token context does not fit next to the weights at "
+           f"TP {ctx.tp} x DP {ctx.dp}; largest that fits, a multiple of the {ctx.block_size()}-token KV block")
+    choices.append(Choice(what="--max-model-len", value=str(n), why=why))
+    warnings.append(f"max-model-len {n} chosen (the model allows {ctx.facts.max_position_embeddings}): KV capacity "
+                    f"about {fit.max_context:,} tokens = {seqs} concurrent sequence(s) of {n} tokens; set "
+                    "--max-model-len lower for more concurrency")
