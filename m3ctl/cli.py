@@ -179,22 +179,26 @@ OptNoMC = Annotated[bool, typer.Option("--no-multicast", help="Turn NVLink multi
 RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
 
 
-def _cli_request(ctx: typer.Context, config: Optional[Path], **given):
-    """The plan request: the command line's explicitly given values over the ``--config`` file's (PlanRequest
-    precedence: command line > file > catalog > vLLM default). Click's ``--`` remainder is the raw vLLM args."""
+def _cli_request(ctx: typer.Context, **extra):
+    """The plan request of a `plan`/`serve` command: its options explicitly given on the command line over the
+    ``--config`` file's values (PlanRequest precedence: command line > file > catalog > vLLM default). Click's
+    ``--`` remainder is the raw vLLM args; ``extra`` adds values that are not options (e.g. ``pass_env``)."""
     from m3ctl.assess.request import PlanRequest, load_request, merge  # noqa: PLC0415
 
-    extra = list(ctx.args)
-    cli = {k: v for k, v in given.items() if v is not None and v is not False and v != {} and v != []}
-    if extra:
-        cli["extra_args"] = extra
-    for k in list(cli):  # an option left at its default is not "given": the file (then the catalog) decides
-        src = ctx.get_parameter_source(k) if k in ctx.params else None
+    opts = dict(ctx.params)
+    given = {k: v for k, v in opts.items() if k in PlanRequest.model_fields and k != "profile"}
+    given.update(profile_file=str(opts["profile"]) if opts.get("profile") else None,
+                 args=_parse_args(opts.get("arg") or []), startup_budget_s=opts.get("startup_timeout"),
+                 extra_args=list(ctx.args))
+    for k in list(given):  # an option left at its default is not "given": the file (then the catalog) decides
+        src = ctx.get_parameter_source(k) if k in opts else None
         if src is not None and src.name == "DEFAULT":
-            cli.pop(k, None)
-    file_req = load_request(config) if config else None
-    req = merge(file_req, PlanRequest(**cli))
-    return req
+            given.pop(k)
+    switches = ("allow_emulated", "no_multicast", "skip_checks")  # flags without a --no- form: False = not given
+    cli = {k: v for k, v in {**given, **extra}.items()
+           if v is not None and v != {} and v != [] and not (k in switches and v is False)}
+    file_req = load_request(opts["config"]) if opts.get("config") else None
+    return merge(file_req, PlanRequest(**cli))
 
 
 def _print_plan(con, p) -> None:
@@ -246,13 +250,7 @@ def plan(
         raise BadInput(f"unknown --emit format {emit!r}", f"use one of: {', '.join(FORMATS)}")
     inv = _load_inventory(inventory) if inventory else detect()
     secrets = [k for k in SECRET_PASSTHROUGH if os.environ.get(k)]
-    req = _cli_request(ctx, config, model=model, name=name, port=port, host=host, served_model_name=served_model_name,
-                       runtime=runtime, profile_file=str(profile) if profile else None, args=_parse_args(arg or []),
-                       skip_checks=skip_checks, variant=variant, tp=tp, dp=dp, dcp=dcp, ep=ep, dbo=dbo,
-                       spec_depth=spec_depth, spec_method=spec_method, kv_cache_dtype=kv_cache_dtype,
-                       max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max_num_batched_tokens, allow_emulated=allow_emulated,
-                       no_multicast=no_multicast, pass_env=secrets)
+    req = _cli_request(ctx, pass_env=secrets)
     if "runtime" not in req.model_fields_set:
         req = req.model_copy(update={"runtime": "auto"})  # `plan` defaults to auto, `serve` to process
     p = make_plan(inv, req)
@@ -307,14 +305,7 @@ def serve(
     secrets = {k: os.environ[k] for k in SECRET_PASSTHROUGH if os.environ.get(k)}
     if restart not in ("no", "on-failure"):
         raise BadInput(f"bad --restart {restart!r}", "use --restart no or --restart on-failure")
-    req = _cli_request(ctx, config, model=model, name=name, port=port, host=host, served_model_name=served_model_name,
-                       runtime=runtime, profile_file=str(profile) if profile else None, args=_parse_args(arg or []),
-                       skip_checks=skip_checks, variant=variant, tp=tp, dp=dp, dcp=dcp, ep=ep, dbo=dbo,
-                       spec_depth=spec_depth, spec_method=spec_method, kv_cache_dtype=kv_cache_dtype,
-                       max_model_len=max_model_len, max_num_seqs=max_num_seqs,
-                       max_num_batched_tokens=max_num_batched_tokens, allow_emulated=allow_emulated,
-                       no_multicast=no_multicast, pass_env=list(secrets), startup_budget_s=startup_timeout,
-                       image=image)
+    req = _cli_request(ctx, pass_env=list(secrets))
     runtime = req.runtime
     from m3ctl.catalog import load_profile_file  # noqa: PLC0415
 

@@ -76,9 +76,10 @@ class Verdict(BaseModel):
         context: the context length the fit was computed for (tokens); max_context: what fits at ``tp``.
         image, profile: recommended image and kernel profile names (None when the catalog has none).
         notes: e.g. "no kernel profile for 'hopper' yet", assumed model facts.
-        plan_request: for a runnable verdict, the exact plan request (:class:`~m3ctl.assess.request.PlanRequest`,
-            as JSON) that the engine accepted; None otherwise.
-        serve_command: the ``m3ctl serve ...`` command that launches ``plan_request``.
+        plan_request: the plan request (:class:`~m3ctl.assess.request.PlanRequest`, as JSON) that does what the
+            verdict says: for a runnable verdict the exact request the engine accepted; for a not-runnable one the
+            request that was tried (its rejection is among ``blockers``); None when nothing could be planned.
+        serve_command: for a runnable verdict, the ``m3ctl serve ...`` command that launches ``plan_request``.
     """
 
     model: str
@@ -1006,13 +1007,14 @@ def _as_plan(ctx: Ctx, v: Verdict, checks: list[CheckResult], inventory_file: st
         blocker = f"{rule}: {msg}"
         if not ctx.local_model:
             checks.append(_r("model.plan", "model", "FAIL", f"m3ctl plan rejects it: rule {rule}: {msg}", e.hint))
+        tried = req.model_dump(mode="json", exclude_defaults=True)
         if v.status == "not_runnable":
-            return v.model_copy(update={"blockers": [*v.blockers, blocker]})
-        return v.model_copy(update={"status": "not_runnable", "blockers": [*v.blockers, blocker],
+            return v.model_copy(update={"blockers": [*v.blockers, blocker], "plan_request": tried})
+        return v.model_copy(update={"status": "not_runnable", "blockers": [*v.blockers, blocker], "plan_request": tried,
                                     "summary": f"{v.model}{' ' + v.variant if v.variant else ''}: not runnable "
                                                f"here: {blocker}"})
-    if v.status == "not_runnable":
-        return v
+    if v.status == "not_runnable":  # the engine plans it, a host check (driver, /dev/shm...) blocks it
+        return v.model_copy(update={"plan_request": req.model_dump(mode="json", exclude_defaults=True)})
     from m3ctl.assess.request import serve_command  # noqa: PLC0415
 
     cmd = serve_command(req, inventory_file)
