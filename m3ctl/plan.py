@@ -529,7 +529,8 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
                       env=envs, allow_emulated=allow_emulated, n_visible=n_gpus, unit_memory_mib=mem,
                       visibility_problems=list(vis.problems) if vis is not None else [],
                       engine_version=engine_version, image_cuda=image_cuda if runtime == "docker" else None,
-                      drafter_block_size=_drafter_block_size(spec))
+                      drafter_block_size=_drafter_block_size(spec),
+                      image_archs=list(user_image.cuda_archs) if user_image and runtime == "docker" else [])
     _choose_max_model_len(ctx, choices, warnings)
     findings = run_rules(ctx)
     violations = _engine_constraints(profile, facts) + [f for f in findings if f.status == "FAIL"]

@@ -258,4 +258,68 @@ def test_old_engine_is_not_native_for_minimax_m3():
     assert rep.verdict.status == "not_runnable"
     with pytest.raises(ConfigRejected) as ei:
         _plan(synthetic("b200x8"), engine_version="0.12.0")
-    assert _rule(ei.value) in ("engine.version", "variant.native")
+    assert _rule(ei.value) == "variant.native" and "needs vLLM >= 0.24.0" in ei.value.message
+    with pytest.raises(ConfigRejected) as ei:  # a local-dir-free bf16 request hits the model's own minimum too
+        _plan(synthetic("b200x8"), model="MiniMax-M2.5", engine_version="0.12.0")
+    assert _rule(ei.value) == "engine.version" and "0.20.2" in ei.value.message
+
+
+# ----------------------------------------------------------------------------- a user --image, checked before launch
+@pytest.fixture
+def fake_engine(tmp_path, monkeypatch):
+    """A Docker Engine API on a unix socket that knows one image (what `docker image inspect` reads)."""
+    import http.server
+    import socketserver
+    import threading
+
+    images: dict[str, dict] = {}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            from urllib.parse import unquote
+
+            ref = unquote(self.path.removeprefix("/images/").removesuffix("/json"))
+            body = json.dumps({"Config": images[ref]}).encode() if ref in images else b"{}"
+            self.send_response(200 if ref in images else 404)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    class Server(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+        daemon_threads = True
+
+        def get_request(self):
+            req, _ = super().get_request()
+            return req, ("local", 0)
+
+    sock = tmp_path / "docker.sock"
+    srv = Server(str(sock), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{sock}")
+    yield images
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_user_image_checked_from_its_labels_before_launch(fake_engine):
+    fake_engine["me/vllm:old"] = {"Env": ["CUDA_VERSION=13.0.1", "VLLM_VERSION=0.12.0"], "Labels": {}}
+    fake_engine["me/vllm:cu13"] = {"Env": ["CUDA_VERSION=13.0.1", "TORCH_CUDA_ARCH_LIST=9.0a 10.0a"],
+                                   "Labels": {"org.opencontainers.image.version": "v0.32.0"}}
+    fake_engine["me/vllm:cu129"] = {"Env": ["CUDA_VERSION=12.9.1", "VLLM_VERSION=0.32.0"], "Labels": {}}
+    b200 = synthetic("b200x8")
+    with pytest.raises(ConfigRejected) as ei:
+        _plan(b200, runtime="docker", image="me/vllm:old")
+    assert _rule(ei.value) == "variant.native" and "needs vLLM >= 0.24.0" in ei.value.message  # from its VLLM_VERSION
+    ok = _plan(b200, runtime="docker", image="me/vllm:cu13")
+    assert ok.image == "me/vllm:cu13" and any("vLLM 0.32.0" in c.why for c in ok.choices if c.what == "image")
+    with pytest.raises(ConfigRejected) as ei:  # GB300 (sm_103) is not in the image's arch list
+        _plan(synthetic("b300x8"), runtime="docker", image="me/vllm:cu13")
+    assert _rule(ei.value) == "image.archs"
+    old_driver = b200.model_copy(update={"driver_version": "575.57.08", "cuda_driver_version": "12.9"})
+    with pytest.raises(ConfigRejected) as ei:
+        _plan(old_driver, runtime="docker", image="me/vllm:cu13")
+    assert _rule(ei.value) == "image.cuda_vs_driver" and "580.65.06" in ei.value.hint
+    assert _plan(old_driver, runtime="docker", image="me/vllm:cu129").image == "me/vllm:cu129"

@@ -86,6 +86,8 @@ class PlanContext:
     """vLLM version of the engine that will run (image label / catalog image / installed vLLM); None unknown."""
     image_cuda: str | None = None
     """CUDA toolkit of the image that will run (None: process runtime or unknown)."""
+    image_archs: list[str] = field(default_factory=list)
+    """Compute capabilities a user image's kernels were built for (``TORCH_CUDA_ARCH_LIST``); empty = unknown."""
     drafter_block_size: int | None = None
     """The DSpark drafter's trained block size (its config.json ``dspark_block_size`` when local, else catalog)."""
 
@@ -603,6 +605,23 @@ def _cuda(c: PlanContext) -> Finding | None:
                   f"CUDA <= {have}", "field failure F06 (CUDA error 804); https://docs.nvidia.com/deploy/cuda-compatibility/; "
                   + capability.table().cuda_min_driver.source)
     return None
+
+
+@rule("image.archs")
+def _image_archs(c: PlanContext) -> Finding | None:
+    if c.runtime != "docker" or not c.image_archs or not c.inventory.gpus:
+        return None
+    cc = c.inventory.gpus[0].compute_capability
+    if not cc:
+        return None
+    built = {re.sub(r"[^0-9.]", "", a) for a in c.image_archs}
+    if cc in built:
+        return None
+    return _v("image.archs", f"the image's kernels are built for compute capability {', '.join(sorted(built))}, not "
+                             f"{cc} ({c.inventory.gpus[0].name}): vLLM dies with 'no kernel image is available'",
+              "use the catalog image (drop --image) or an image built with this architecture in TORCH_CUDA_ARCH_LIST",
+              "image env TORCH_CUDA_ARCH_LIST (vllm docker/Dockerfile torch_cuda_arch_list); anchors-serving.md "
+              "(sm_103 on a CUDA 12.9 build: no kernel image)")
 
 
 @rule("env.deprecated")

@@ -5,7 +5,7 @@ Every knob is a restart knob (changing it needs a new server); concurrency is th
 knob and is bisected per configuration (:mod:`m3ctl.tune.search`). Default ranges follow
 shared/reference/anchors-bench-tune.md section 8 ("Outer (restart) knobs"); a knob whose feature the
 profile does not support (``supports.dcp``/``dbo``/``ep``, ``spec_methods``) is pinned off, and the
-planning rules (m3ctl/rules.py) reject any remaining illegal combination before launch.
+planning rules (m3ctl/assess/rules.py) reject any remaining illegal combination before launch.
 """
 
 from __future__ import annotations
