@@ -855,14 +855,16 @@ def _evaluate_variants(ctx: Ctx) -> None:
     ctx.evals = evals
     if not evals:
         return
-    order = {ev.size.name: i for i, ev in enumerate(evals)}
-    runnable = [ev for ev in evals if ev.runnable]
-    if runnable:
-        ctx.chosen = min(runnable, key=lambda ev: (ev.cap_rank, ev.known_bad is not None, order[ev.size.name]))
-    else:
-        capable = [ev for ev in evals if ev.cap_rank < caps.RANK["unsupported"]]
-        pool = capable or evals
-        ctx.chosen = min(pool, key=lambda ev: ev.size.weights_gib)  # the closest to fitting
+    if len(evals) == 1:
+        ctx.chosen = evals[0]
+        return
+    # The engine's choice (the same function plan uses), with fallbacks accepted: doctor reports them.
+    from m3ctl.assess.choose import choose_variant  # noqa: PLC0415
+
+    good = [u for u in units if u] or [0]
+    name, _, _ = choose_variant(ctx.spec, ctx.model, None, arch, len(units), min(good) or None, [],
+                                allow_emulated=True, engine_version=engine, image_cuda=img_cuda, kv_dtype=ctx.kv_dtype)
+    ctx.chosen = next((ev for ev in evals if ev.name == name), evals[0])
 
 
 CHECKS: list[tuple[str, Group, Callable[[Ctx], CheckResult], bool]] = [

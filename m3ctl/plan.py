@@ -13,7 +13,6 @@ catalog image whose CUDA the driver supports (both explained and warned).
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import shlex
@@ -26,11 +25,11 @@ from pydantic import BaseModel, Field
 
 from m3ctl import catalog
 from m3ctl.assess import capability
-from m3ctl.assess import memory as mem
+from m3ctl.assess.choose import choose_max_model_len, choose_variant
 from m3ctl.assess.facts import ModelFacts, model_facts, read_model_facts
 from m3ctl.assess.request import PlanRequest, merge, serve_command  # noqa: F401 - re-exported
 from m3ctl.assess.rules import Finding, PlanContext, advisories, run_rules, vllm_int
-from m3ctl.catalog import ModelSpec, Profile, Variant
+from m3ctl.catalog import ModelSpec, Profile
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.secrets import redact_env
@@ -201,62 +200,6 @@ def _engine_constraints(profile: Profile, f: ModelFacts) -> list[Finding]:
     return bad
 
 
-def _variant_fits(spec: ModelSpec, v: Variant, sup: capability.Support, n_gpus: int, mem_mib: int | None,
-                  kv_dtype: str) -> bool:
-    """The variant's weights (x its load factor) + KV for one sequence of the default context fit the GPUs at
-    TP = GPU count (:mod:`m3ctl.assess.memory`); True when memory is unknown."""
-    if not mem_mib:
-        return True
-    f = model_facts(spec, ModelFacts(source=spec.name), v)
-    ctx = min(capability.table().host.default_context, f.max_position_embeddings or 2**31)
-    return mem.fit_at(mem_mib, weights_gib=v.weights_gib * sup.weights_factor,
-                      kv_bytes_per_token=f.kv_bytes_per_token(kv_dtype), num_kv_heads=f.num_kv_heads,
-                      tp=max(1, n_gpus), context=ctx, units=max(1, n_gpus)).fits
-
-
-def _pick_variant(spec: ModelSpec, model: str, requested: str | None, arch: str, n_gpus: int, mem_mib: int | None,
-                  rejected: list[Rejected], allow_emulated: bool = False, engine_version: str | None = None,
-                  image_cuda: str | None = None, kv_dtype: str = "auto") -> tuple[str | None, Variant | None, str]:
-    if not spec.variants:
-        return None, None, "model has no variants"
-    if requested:
-        if requested not in spec.variants:
-            close = difflib.get_close_matches(requested, list(spec.variants), n=1)
-            raise BadInput(f"unknown variant {requested!r} of {spec.name}" +
-                           (f"; did you mean {close[0]!r}?" if close else ""),
-                           f"variants: {', '.join(spec.variants)}")
-        return requested, spec.variants[requested], "given with --variant"
-    for vname, v in spec.variants.items():
-        if v.hf_id and v.hf_id.lower() == model.lower():
-            return vname, v, f"the checkpoint {model} is this variant"
-    first_native = None
-    emulated = []
-    for vname, v in spec.variants.items():
-        sup = capability.variant_support(arch, v.precision, spec.attention, engine_version=engine_version,
-                                         image_cuda=image_cuda)
-        if sup.status != "native":
-            why = f"emulated on {arch}: {sup.note}" if sup.status == "emulated" else f"does not run on {arch}: {sup.note}"
-            rejected.append(Rejected(what="variant", value=vname, why=why))
-            if sup.status == "emulated":
-                emulated.append((vname, v, sup))
-            continue
-        first_native = first_native or (vname, v)
-        if not _variant_fits(spec, v, sup, n_gpus, mem_mib, kv_dtype):
-            rejected.append(Rejected(what="variant", value=vname,
-                                     why=f"weights {v.weights_gib * sup.weights_factor:.0f} GiB do not fit {n_gpus} "
-                                         "GPU(s) with KV for one sequence of the default context"))
-            continue
-        return vname, v, f"first variant with native kernels on {arch} that fits {n_gpus} GPU(s)"
-    if allow_emulated:
-        for vname, v, sup in emulated:
-            if _variant_fits(spec, v, sup, n_gpus, mem_mib, kv_dtype):
-                return vname, v, f"no native variant fits; emulated on {arch} accepted with --allow-emulated"
-    if first_native:
-        return first_native[0], first_native[1], f"native on {arch} (does not fit: see the memory rule)"
-    vname, v = next(iter(spec.variants.items()))
-    return vname, v, f"no variant has native kernels on {arch}"
-
-
 def _engine_version(runtime: str, image_version: str | None) -> str | None:
     """vLLM version of the engine that will run: the image's (docker), else the installed ``vllm`` package."""
     if runtime == "docker":
@@ -364,8 +307,10 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
             warnings.append(f"{spec.name}: facts assumed from a sibling model (not public): {', '.join(spec.assumed)}; "
                             "a local config.json overrides them")
         if not local.local or variant:
-            vname, var, why = _pick_variant(spec, model, variant, profile.arch, max(1, n_gpus), mem, rejected,
-                                            allow_emulated, engine_version, image_cuda, kv_cache_dtype or "auto")
+            passed: list[tuple[str, str]] = []
+            vname, var, why = choose_variant(spec, model, variant, profile.arch, max(1, n_gpus), mem, passed,
+                                             allow_emulated, engine_version, image_cuda, kv_cache_dtype or "auto")
+            rejected += [Rejected(what="variant", value=n, why=w) for n, w in passed]
             if vname:
                 choices.append(Choice(what="variant", value=f"{vname} ({var.precision})", why=why))
     elif not local.local:
@@ -531,7 +476,10 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
                       engine_version=engine_version, image_cuda=image_cuda if runtime == "docker" else None,
                       drafter_block_size=_drafter_block_size(spec),
                       image_archs=list(user_image.cuda_archs) if user_image and runtime == "docker" else [])
-    _choose_max_model_len(ctx, choices, warnings)
+    chosen_len = choose_max_model_len(ctx)
+    if chosen_len:
+        choices.append(Choice(what="--max-model-len", value=str(chosen_len[0]), why=chosen_len[1]))
+        warnings.append(chosen_len[2])
     findings = run_rules(ctx)
     violations = _engine_constraints(profile, facts) + [f for f in findings if f.status == "FAIL"]
     if violations and not skip_checks:
@@ -591,25 +539,3 @@ def _drafter_block_size(spec: ModelSpec | None) -> int | None:
         except (OSError, ValueError):
             pass
     return d.block_size
-
-
-def _choose_max_model_len(ctx: PlanContext, choices: list[Choice], warnings: list[str]) -> None:
-    """No max-model-len asked and the model's full context does not fit next to the weights: choose the largest
-    that fits (a multiple of the KV block size) and say so, with the KV capacity in tokens and sequences."""
-    if ctx.args.get("max-model-len") is not None or not ctx.facts.max_position_embeddings:
-        return
-    fit = ctx.memory_fit()
-    if fit is None or fit.fits or fit.max_context <= 0:
-        return
-    n = mem.largest_context(fit, ctx.facts.max_position_embeddings, ctx.block_size())
-    if n < ctx.block_size():
-        return
-    ctx.args["max-model-len"] = n
-    at = ctx.memory_fit(n)
-    seqs = at.concurrent_sequences(n) if at else 1
-    why = (f"the model's {ctx.facts.max_position_embeddings}-token context does not fit next to the weights at "
-           f"TP {ctx.tp} x DP {ctx.dp}; largest that fits, a multiple of the {ctx.block_size()}-token KV block")
-    choices.append(Choice(what="--max-model-len", value=str(n), why=why))
-    warnings.append(f"max-model-len {n} chosen (the model allows {ctx.facts.max_position_embeddings}): KV capacity "
-                    f"about {fit.max_context:,} tokens = {seqs} concurrent sequence(s) of {n} tokens; set "
-                    "--max-model-len lower for more concurrency")
