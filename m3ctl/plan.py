@@ -474,7 +474,7 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
                       env=envs, allow_emulated=allow_emulated, n_visible=n_gpus, unit_memory_mib=mem,
                       visibility_problems=list(vis.problems) if vis is not None else [],
                       engine_version=engine_version, image_cuda=image_cuda if runtime == "docker" else None,
-                      drafter_block_size=_drafter_block_size(spec),
+                      drafter_block_size=spec.drafter.block_size if spec and spec.drafter else None,
                       image_archs=list(user_image.cuda_archs) if user_image and runtime == "docker" else [])
     chosen_len = choose_max_model_len(ctx)
     if chosen_len:
@@ -520,22 +520,3 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
                       gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
                       gpu_devices=_device_ids(inventory, units, tp_ * dp_), unset_env=unset_env,
                       python_modules=list(profile.family_python_modules.get(family, [])) if family else [])
-
-
-def _drafter_block_size(spec: ModelSpec | None) -> int | None:
-    """The DSpark drafter's trained block size: ``dspark_block_size`` in a local drafter's config.json, else the
-    catalog's ``drafter.block_size`` (may be ``assumed``)."""
-    d = spec.drafter if spec else None
-    if d is None:
-        return None
-    if d.model:
-        try:
-            cfg = Path(d.model).expanduser() / "config.json"
-            if cfg.is_file():
-                data = json.loads(cfg.read_text())
-                for k in ("dspark_block_size", "block_size"):
-                    if isinstance(data.get(k), int):
-                        return data[k]
-        except (OSError, ValueError):
-            pass
-    return d.block_size

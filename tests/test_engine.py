@@ -226,7 +226,8 @@ def test_n11_dspark_depth_vs_block_size_every_spelling(form):
             return {"spec_method": "dspark", "spec_depth": depth}
         if form == "json":
             return {"extra_args": ["--speculative-config",
-                                   json.dumps({"method": "dspark", "model": "x/drafter", "num_speculative_tokens": depth})]}
+                                   json.dumps({"method": "dspark", "model": "MiniMaxAI/MiniMax-M3.1-Flash-DSpark",
+                                               "num_speculative_tokens": depth})]}
         return {"extra_args": ["--speculative-config.method", "dspark",
                                "--speculative-config.num_speculative_tokens", str(depth)]}
 
@@ -238,6 +239,19 @@ def test_n11_dspark_depth_vs_block_size_every_spelling(form):
     assert above.spec_depth == 9
     ok = _plan(inv, **req(7))
     assert not any("spec.dspark_depth" in w for w in ok.warnings)
+
+
+def test_n11_block_size_read_from_a_local_drafter_config(tmp_path):
+    d = tmp_path / "drafter"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({"architectures": ["DSparkDrafter"], "dspark_block_size": 5}))
+    inv = synthetic("b200x8")
+    spec = json.dumps({"method": "dspark", "model": str(d), "num_speculative_tokens": 7})
+    p = _plan(inv, extra_args=["--speculative-config", spec])  # the model card's 7 on a block-5 drafter: WARN
+    assert any("spec.dspark_depth" in w and "block size 5" in w and "config.json" in w for w in p.warnings)
+    with pytest.raises(ConfigRejected) as ei:
+        _plan(inv, extra_args=["--speculative-config", spec.replace('"num_speculative_tokens": 7', '"num_speculative_tokens": 4')])
+    assert "< the drafter's trained block size 5" in ei.value.message
 
 
 def test_raw_speculative_config_goes_through_the_token_budget_rule():

@@ -173,3 +173,23 @@ def model_facts(spec: ModelSpec | None, local: ModelFacts, variant: Variant | No
         f.quant_block = f.quant_block or variant.quant_block
         f.precision = variant.precision
     return f
+
+
+def drafter_block_size(drafter_model: str | None) -> int | None:
+    """A DSpark drafter's trained block size from its local ``config.json`` (``dspark_block_size``, else
+    ``block_size``; also inside ``dspark_config``); None when the drafter is not a local directory or says nothing.
+    Source: vllm#50012 / PR #47419 (vLLM reads ``dspark_block_size`` from the drafter config)."""
+    if not drafter_model:
+        return None
+    cfg = Path(drafter_model).expanduser() / "config.json"
+    try:
+        data = json.loads(cfg.read_text()) if cfg.is_file() else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    for src in (data, data.get("dspark_config") or {}):
+        for k in ("dspark_block_size", "block_size"):
+            if isinstance(src.get(k), int) and src[k] > 0:
+                return src[k]
+    return None

@@ -89,7 +89,7 @@ class PlanContext:
     image_archs: list[str] = field(default_factory=list)
     """Compute capabilities a user image's kernels were built for (``TORCH_CUDA_ARCH_LIST``); empty = unknown."""
     drafter_block_size: int | None = None
-    """The DSpark drafter's trained block size (its config.json ``dspark_block_size`` when local, else catalog)."""
+    """The catalog drafter's trained block size (``drafter.block_size``; see :meth:`drafter_block`)."""
 
     def config_value(self, group: str, key: str) -> Any:
         """A key of a JSON config flag as vLLM will read it, in any spelling: ``--group '{"key": v}'`` (JSON
@@ -120,6 +120,21 @@ class PlanContext:
         if method is None and depth is None:
             return (self.spec_method, self.spec_depth) if self.spec_depth > 0 else (None, 0)
         return (str(method) if method is not None else self.spec_method), (depth if depth is not None else 0)
+
+    def drafter_block(self) -> tuple[int | None, str]:
+        """(block size, where from) of the drafter the speculation uses: its local config.json
+        (``dspark_block_size``) when the drafter (raw ``speculative-config`` ``model``, else the catalog's) is a
+        local directory; else the catalog's ``drafter.block_size`` when the drafter is the catalog's own."""
+        from m3ctl.assess.facts import drafter_block_size  # noqa: PLC0415
+
+        catalog_model = self.spec.drafter.model if self.spec and self.spec.drafter else None
+        model = self.config_value("speculative-config", "model") or catalog_model
+        local = drafter_block_size(str(model)) if model else None
+        if local:
+            return local, f"{model}/config.json"
+        if model is None or model == catalog_model:
+            return self.drafter_block_size, "model catalog drafter.block_size"
+        return None, "unknown (drafter not local)"
 
     @property
     def gpus_used(self) -> int:
@@ -432,16 +447,16 @@ def _draft_tp(c: PlanContext) -> Finding | None:
 @rule("spec.dspark_depth")
 def _dspark(c: PlanContext) -> Finding | None:
     method, depth = c.speculation()
-    block = c.drafter_block_size
+    block, where = c.drafter_block()
     if method != "dspark" or depth <= 0 or not block or depth == block:
         return None
     src = ("vllm#50012 (since PR #47419 num_speculative_tokens < dspark_block_size is a ValueError); vllm PR #41834 "
            "review (depth 7 on a block-5 drafter: acceptance length 1.31); field failure N11")
     if depth < block:
-        return _v("spec.dspark_depth", f"DSpark depth {depth} < the drafter's trained block size {block}: vLLM "
-                                       "refuses to start", f"use --spec-depth {block} (or 0 to disable)", src)
-    return _v("spec.dspark_depth", f"DSpark depth {depth} > the drafter's trained block size {block}: the server "
-                                   "runs, but acceptance collapses past the block (slower than no speculation)",
+        return _v("spec.dspark_depth", f"DSpark depth {depth} < the drafter's trained block size {block} ({where}): "
+                                       "vLLM refuses to start", f"use --spec-depth {block} (or 0 to disable)", src)
+    return _v("spec.dspark_depth", f"DSpark depth {depth} > the drafter's trained block size {block} ({where}): the "
+                                   "server runs, but acceptance collapses past the block (slower than no speculation)",
               f"use --spec-depth {block}", src, status="WARN")
 
 
