@@ -509,6 +509,12 @@ def check_kv_dtype(ctx: Ctx) -> CheckResult:
         return _r("capability.kv_cache_dtype", "capability", "SKIP", "no GPU")
     table = caps.table().kv_cache_dtypes
     dt = ctx.kv_dtype
+    allowed = _profile_kv_dtypes(ctx)
+    if allowed is not None and dt not in allowed:  # the plan's rule kv.dtype, same data
+        att = ctx.sizing.attention.upper() if ctx.sizing else "this"
+        return _r("capability.kv_cache_dtype", "capability", "FAIL",
+                  f"KV cache dtype {dt!r} is not supported for {att} attention on {_arch(ctx)} (rule kv.dtype, "
+                  f"profile {ctx.profile})", f"use --kv-cache-dtype {' or '.join(allowed)}")
     if dt not in table:
         return _r("capability.kv_cache_dtype", "capability", "FAIL",
                   f"--kv-cache-dtype {dt}: no validated row for {_arch(ctx)} (engine would fail at init)",
@@ -525,6 +531,19 @@ def check_kv_dtype(ctx: Ctx) -> CheckResult:
         res = res.model_copy(update={"fix": f"use --kv-cache-dtype {' or '.join(ok)} on {_arch(ctx)} "
                                             "(M3.1-Flash default: auto until an FP8-KV row is validated)"})
     return res
+
+
+def _profile_kv_dtypes(ctx: Ctx) -> list[str] | None:
+    """The KV dtypes the plan rule kv.dtype allows here (profile x attention); None when unknown."""
+    if ctx.profile is None or ctx.sizing is None:
+        return None
+    try:
+        from m3ctl import catalog  # noqa: PLC0415
+        from m3ctl.assess.rules import kv_dtypes_allowed  # noqa: PLC0415
+
+        return kv_dtypes_allowed(catalog.profiles()[ctx.profile], ctx.sizing.attention)
+    except Exception:  # noqa: BLE001 - catalog trouble: the capability rows alone decide
+        return None
 
 
 def _kv_ok(ctx: Ctx, dt: str) -> bool:

@@ -576,10 +576,19 @@ def _shard(c: PlanContext) -> Finding | None:
     return None
 
 
+def kv_dtypes_allowed(profile: Profile, attention: str) -> list[str] | None:
+    """``--kv-cache-dtype`` values the profile's engine runs for this attention type (``auto`` only when the
+    profile lists none for it); None when the attention type is unknown (vLLM decides). Doctor's
+    capability.kv_cache_dtype check reads the same list. Source: the profile's ``kv_cache_dtypes``."""
+    if attention == "unknown":
+        return None
+    return profile.kv_cache_dtypes.get(attention, ["auto"])
+
+
 @rule("kv.dtype")
 def _kv(c: PlanContext) -> Finding | None:
-    allowed = c.profile.kv_cache_dtypes.get(c.facts.attention, ["auto"])
-    if c.kv_dtype not in allowed:
+    allowed = kv_dtypes_allowed(c.profile, c.facts.attention)
+    if allowed is not None and c.kv_dtype not in allowed:
         return _v("kv.dtype", f"KV cache dtype {c.kv_dtype!r} is not supported for {c.facts.attention.upper()} "
                               f"attention on {c.profile.arch}",
                   f"use --kv-cache-dtype {' or '.join(allowed)}",
