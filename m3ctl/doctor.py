@@ -1001,8 +1001,9 @@ def _doctor_request(ctx: Ctx):
         fields["allow_emulated"] = True
     if ctx.kv_dtype != "auto":
         fields["kv_cache_dtype"] = ctx.kv_dtype
-    if ctx.context_given:
-        fields["max_model_len"] = ctx.context
+    full = ctx.sizing.max_position_embeddings if ctx.sizing else None
+    if ctx.context_given or (full and ev.fit.fits and ev.fit.max_context < full):
+        fields["max_model_len"] = ctx.context  # what the verdict promises (the full context does not fit)
     if ctx.user_image and ctx.image is not None:
         fields["image"] = ctx.image.reference or ctx.image.name
     return PlanRequest(**fields)

@@ -45,10 +45,12 @@ def test_real_h200x2_doctor_runnable_means_its_serve_command_plans(tmp_path):
     assert v["status"] == "runnable_with_fallbacks" and v["plan_request"]["allow_emulated"] is True
     cmd = shlex.split(v["serve_command"])
     assert cmd[:2] == ["m3ctl", "serve"] and "--allow-emulated" in cmd and "--inventory" in cmd
+    assert cmd[cmd.index("--max-model-len") + 1] == str(v["context"])  # the context the verdict promises
     s = run_cli(*cmd[1:], "--dry-run", "--json")  # accepted as is
     assert s.returncode == 0, s.stderr
     planned = json.loads(s.stdout)
     assert planned["variant"] == v["variant"] and planned["tp"] == v["tp"]
+    assert planned["argv"][planned["argv"].index("--max-model-len") + 1] == str(v["context"])
 
 
 def test_h200x8_driver_575_both_pick_the_cu129_image():
