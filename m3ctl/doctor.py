@@ -857,7 +857,9 @@ def _evaluate_variants(ctx: Ctx) -> None:
     units = [u.memory_mib or 0 for u in ctx.vis.units]
     mem_unknown = bool(units) and not all(units)
     max_tp = 1 if any(u.mig_uuid for u in ctx.vis.units) else None
-    engine = ctx.image.vllm_version if ctx.image else None
+    # The engine that will run (same as plan): a checked --image's, else the image's (docker) or the installed vLLM.
+    engine = ctx.image.vllm_version if ctx.image and (ctx.user_image or ctx.runtime == "docker") else \
+        caps.engine_version(ctx.runtime, ctx.image.vllm_version if ctx.image else None)
     img_cuda = ctx.image.cuda_version if ctx.image else None
     evals = []
     for vname, v in ctx.spec.variants.items():

@@ -200,18 +200,6 @@ def _engine_constraints(profile: Profile, f: ModelFacts) -> list[Finding]:
     return bad
 
 
-def _engine_version(runtime: str, image_version: str | None) -> str | None:
-    """vLLM version of the engine that will run: the image's (docker), else the installed ``vllm`` package."""
-    if runtime == "docker":
-        return image_version
-    try:
-        from importlib.metadata import version  # noqa: PLC0415
-
-        return version("vllm").split("+")[0]
-    except Exception:  # noqa: BLE001 - not installed: unknown
-        return None
-
-
 def _canon_flag(key: str) -> str:
     """One spelling per dotted config key: ``attention-config.x`` -> ``attention_config.x`` (vLLM reads both),
     so a raw dotted flag replaces the catalog's instead of reaching vLLM twice."""
@@ -299,7 +287,7 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         user_image = inspect_user_image(image)
     image_vllm = (img.vllm_version if img is not None else (user_image.vllm_version if user_image else None))
     image_cuda = (img.cuda_version if img is not None else (user_image.cuda_version if user_image else None))
-    engine_version = r.engine_version or _engine_version(runtime, image_vllm)
+    engine_version = r.engine_version or capability.engine_version(runtime, image_vllm)
     vname, var = (None, None)
     if spec is not None:
         choices.append(Choice(what="model", value=spec.name, why=f"catalog match for {model!r}"))

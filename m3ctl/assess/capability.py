@@ -327,3 +327,16 @@ def choose_image(vendor: str, arch: str, driver_cuda: str | None, preferred: str
                    "driver supports" if first is not None else "newest catalog image the driver supports")
             return img, why
     return first, (f"no catalog image for {arch} has CUDA <= {driver_cuda}" if first else f"no catalog image for {arch}")
+
+
+def engine_version(runtime: str, image_version: str | None) -> str | None:
+    """vLLM version of the engine that will run: the image's for ``docker``, else the installed ``vllm``
+    package's (``0.32.0+cpu`` -> ``0.32.0``); None when unknown. Capability rows and rules take it as input."""
+    if runtime == "docker":
+        return image_version
+    try:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        return version("vllm").split("+")[0]
+    except Exception:  # noqa: BLE001 - not installed: unknown
+        return None
