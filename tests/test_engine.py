@@ -65,10 +65,12 @@ def test_h200x8_driver_575_both_pick_the_cu129_image():
 
 def test_a100_doctor_and_plan_agree_not_runnable():
     inv = _a100x8()
-    with pytest.raises(CatalogError, match="no kernel profile"):
-        _plan(inv)
-    rep = run_doctor(inv, host_checks=False)
-    assert rep.verdict.status == "not_runnable" and rep.exit_code() == 1
+    for model in ("MiniMax-M2.5", "MiniMax-M3.1-Flash"):  # M2.5 FP8 was "runnable with fallbacks" in doctor only
+        with pytest.raises(CatalogError, match="no kernel profile"):
+            _plan(inv, model=model)
+        rep = run_doctor(inv, model=model, host_checks=False)
+        assert rep.verdict.status == "not_runnable" and rep.exit_code() == 1, rep.verdict.summary
+    assert any(b.startswith("model.profile:") for b in run_doctor(inv, model="MiniMax-M2.5", host_checks=False).verdict.blockers)
 
 
 def test_rtxpro6000_mxfp8_does_not_run_in_both():
