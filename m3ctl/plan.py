@@ -26,10 +26,9 @@ from pydantic import BaseModel, Field
 from m3ctl import catalog
 from m3ctl.assess import capability
 from m3ctl.assess.choose import choose_max_model_len, choose_variant
-from m3ctl.assess.facts import ModelFacts, model_facts, read_model_facts
+from m3ctl.assess.facts import model_facts, read_model_facts
 from m3ctl.assess.request import PlanRequest, merge, serve_command  # noqa: F401 - re-exported
-from m3ctl.assess.rules import Finding, PlanContext, advisories, run_rules, vllm_int
-from m3ctl.catalog import ModelSpec, Profile
+from m3ctl.assess.rules import PlanContext, advisories, run_rules, vllm_int
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.secrets import redact_env
@@ -183,21 +182,6 @@ def _device_ids(inventory: HostInventory, units, n: int) -> list[str]:
     by_index = {g.index: g for g in inventory.gpus}
     return [u.mig_uuid or (by_index[u.gpu].uuid if u.gpu in by_index and by_index[u.gpu].uuid else str(u.gpu))
             for u in units[:n]]
-
-
-def _engine_constraints(profile: Profile, f: ModelFacts) -> list[Finding]:
-    c, bad = profile.constraints, []
-    if c.head_dim_in and f.head_dim is not None and f.head_dim not in c.head_dim_in:
-        bad.append(Finding("engine.head_dim", f"head_dim {f.head_dim} is not supported by the {profile.name} "
-                             f"attention backend (supported: {', '.join(map(str, c.head_dim_in))})",
-                             "use a model with a supported head_dim",
-                             profile.sources.get("head_dim_in", f"profile {profile.name}")))
-    if c.moe_scoring_func_in and f.moe and f.scoring_func and f.scoring_func not in c.moe_scoring_func_in:
-        bad.append(Finding("engine.moe_scoring", f"MoE scoring_func {f.scoring_func!r} is not supported by the "
-                             f"{profile.name} MoE router (supported: {', '.join(c.moe_scoring_func_in)})",
-                             "use a supported scoring function or another architecture",
-                             profile.sources.get("moe_scoring_func_in", f"profile {profile.name}")))
-    return bad
 
 
 def _canon_flag(key: str) -> str:
@@ -469,7 +453,7 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         choices.append(Choice(what="--max-model-len", value=str(chosen_len[0]), why=chosen_len[1]))
         warnings.append(chosen_len[2])
     findings = run_rules(ctx)
-    violations = _engine_constraints(profile, facts) + [f for f in findings if f.status == "FAIL"]
+    violations = [f for f in findings if f.status == "FAIL"]
     if violations and not skip_checks:
         v = violations[0]
         more = f" (also: {', '.join(x.rule for x in violations[1:])})" if len(violations) > 1 else ""
