@@ -341,3 +341,18 @@ def test_user_image_checked_from_its_labels_before_launch(fake_engine):
         _plan(old_driver, runtime="docker", image="me/vllm:cu13")
     assert _rule(ei.value) == "image.cuda_vs_driver" and "580.65.06" in ei.value.hint
     assert _plan(old_driver, runtime="docker", image="me/vllm:cu129").image == "me/vllm:cu129"
+
+
+def test_mla_config_is_not_gqa_for_the_dcp_rule(tmp_path):
+    """A DeepSeek-V3-style config (kv_lora_rank: MLA, one latent KV 'head') is not held to GQA's TP > KV heads."""
+    d = tmp_path / "mla"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 1024,
+        "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 2, "kv_lora_rank": 512,
+        "n_routed_experts": 8, "moe_intermediate_size": 256, "max_position_embeddings": 4096}))
+    p = _plan(synthetic("b200x8"), model=str(d), tp=8, dcp=2)  # GQA with 16 KV heads would need TP >= 32
+    assert p.dcp == 2
+    with pytest.raises(ConfigRejected) as ei:  # cdna3 has no DCP (N17)
+        _plan(synthetic("mi300xx8"), model=str(d), tp=8, dcp=2)
+    assert _rule(ei.value) == "parallel.dcp" and "MLA" in ei.value.message
