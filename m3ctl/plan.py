@@ -109,6 +109,8 @@ class LaunchPlan(BaseModel):
     python_modules: list[str] = Field(default_factory=list)
     unset_env: list[str] = Field(default_factory=list)
     """Variables removed from the server's inherited environment (one visibility variable on AMD, F05)."""
+    request: dict[str, Any] | None = None
+    """The merged :class:`~m3ctl.assess.request.PlanRequest` this plan answers (JSON; defaults left out)."""
 
     @property
     def url(self) -> str:
@@ -132,7 +134,7 @@ class LaunchPlan(BaseModel):
                            "dbo": self.dbo, "spec_depth": self.spec_depth},
                 "explain": [c.model_dump() for c in self.choices],
                 "rejected": [r.model_dump() for r in self.rejected],
-                "warnings": self.warnings, "violations": self.violations}
+                "warnings": self.warnings, "violations": self.violations, "request": self.request}
 
 
 #: Raw parallel flags planned as m3ctl's own knobs (flag -> plan() argument).
@@ -491,4 +493,5 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
                       violations=[f"{v.rule}: {v.message}" for v in violations], mounts=list(mounts or []),
                       gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
                       gpu_devices=_device_ids(inventory, units, tp_ * dp_), unset_env=unset_env,
-                      python_modules=list(profile.family_python_modules.get(family, [])) if family else [])
+                      python_modules=list(profile.family_python_modules.get(family, [])) if family else [],
+                      request=r.model_dump(mode="json", exclude_defaults=True))

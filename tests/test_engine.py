@@ -144,6 +144,7 @@ def test_command_line_beats_config_file(tmp_path):
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert out["layout"]["ep"] is False  # --no-ep on the command line beats ep: true in the file
+    assert out["request"]["ep"] is False and out["request"]["max_model_len"] == 65536  # the merged request
     argv = out["argv"]
     assert argv[argv.index("--max-model-len") + 1] == "65536" and argv[argv.index("--max-num-seqs") + 1] == "8"
     p2 = run_cli("plan", "--inventory", str(inv), "--config", str(cfg), "--max-model-len", "4096", "--json")
