@@ -181,7 +181,7 @@ def test_n07_mxfp8_on_cdna3_is_sized_as_bf16():
 
 def _moe_dir(tmp_path, quant: dict):
     d = tmp_path / "moe704"
-    d.mkdir()
+    d.mkdir(parents=True)
     (d / "config.json").write_text(json.dumps({
         "architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2", "hidden_size": 1024,
         "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 2, "num_local_experts": 8,
@@ -195,6 +195,13 @@ def test_n15_nvfp4_moe_shard_alignment(tmp_path):
         _plan(synthetic("b200x8"), model=m, tp=4)
     assert _rule(ei.value) == "quant.shard_alignment" and "--ep" in ei.value.hint
     _plan(synthetic("b200x8"), model=m, tp=4, ep=True)
+    with pytest.raises(ConfigRejected):  # the FlashInfer TRT-LLM backend named explicitly: same tile
+        _plan(synthetic("b200x8"), model=m, tp=4, extra_args=["--moe-backend", "flashinfer_trtllm"])
+    _plan(synthetic("h200x8"), model=m, tp=4)  # Hopper runs NVFP4 MoE through Marlin: not this tile
+    fp8 = _moe_dir(tmp_path / "fp8", {"quant_method": "fp8", "weight_block_size": [128, 128]})
+    with pytest.raises(ConfigRejected) as ei:  # the FP8 block rule (F11) is unchanged
+        _plan(synthetic("h200x8"), model=fp8, tp=4)
+    assert "quantization block 128" in ei.value.message
 
 
 def test_n10_flat_hf_overrides_warned_with_the_nested_form():

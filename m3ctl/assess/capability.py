@@ -87,6 +87,8 @@ class HostRules(_Strict):
 
 class ShardAlignment(_Strict):
     multiple_of: int = Field(gt=0)
+    archs: list[str]
+    moe_backends: list[str] = Field(default_factory=lambda: ["auto"])
     note: str = ""
     source: str = Field(min_length=3)
 

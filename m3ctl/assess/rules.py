@@ -582,9 +582,12 @@ def _shard(c: PlanContext) -> Finding | None:
     if not width or c.ep:
         return None
     fp4 = capability.table().moe_shard_alignment.get(c.facts.precision or "")
+    if fp4 is not None and (c.profile.arch not in fp4.archs
+                            or str(c.args.get("moe-backend", "auto")) not in fp4.moe_backends):
+        fp4 = None  # another kernel (e.g. Marlin on Hopper, or a backend the user picked) has its own tiling
     if c.facts.quant_block:
         step, what, src = c.facts.quant_block[0], "the quantization block", "field failure F11 (vllm PR #48173)"
-    elif fp4 is not None and c.profile.arch != "cpu":
+    elif fp4 is not None:
         step, what, src = fp4.multiple_of, f"the {c.facts.precision.upper()} MoE kernel alignment", f"{fp4.note}; {fp4.source}"
     else:
         return None
