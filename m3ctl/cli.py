@@ -971,10 +971,14 @@ def tune(
         facts = read_model_facts(model)
         from m3ctl import catalog  # noqa: PLC0415
 
+        from m3ctl.assess.facts import model_facts  # noqa: PLC0415
+
         spec_m = catalog.find_model(model, facts.architectures)
+        facts = model_facts(spec_m, facts)  # the engine's one record: the search space follows the same facts
         drafter = spec_m.drafter.method if spec_m and spec_m.drafter else None
-        space = default_space(base, len(inv.gpus), moe=bool(facts.moe_intermediate_size),
-                              drafter_method=drafter, max_spec_depth=max_spec_depth)
+        space = default_space(base, len(inv.gpus), moe=bool(facts.moe), attention=facts.attention,
+                              drafter_method=drafter, max_spec_depth=max_spec_depth,
+                              drafter_block_size=spec_m.drafter.block_size if spec_m and spec_m.drafter else None)
         space = apply_pins(space, knob or [])
         space, pruned = prune_dominated(space, lad)
         # A local model directory and profile file are stored absolute, so `--resume DIR` works from any directory.

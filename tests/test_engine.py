@@ -364,3 +364,16 @@ def test_mla_config_is_not_gqa_for_the_dcp_rule(tmp_path):
     with pytest.raises(ConfigRejected) as ei:  # cdna3 has no DCP (N17)
         _plan(synthetic("mi300xx8"), model=str(d), tp=8, dcp=2)
     assert _rule(ei.value) == "parallel.dcp" and "MLA" in ei.value.message
+
+
+def test_tune_searches_what_the_rules_allow(tmp_path):
+    """tune builds its space from the same model facts and rules: no DCP for MSA on Hopper, DSpark only at its
+    block size (both were swept and then rejected trial by trial)."""
+    inv = tmp_path / "b200.json"
+    inv.write_text(synthetic("b200x8").model_dump_json())
+    p = run_cli("tune", "--model", "MiniMax-M3.1-Flash", "--inventory", str(inv), "--slo", "p90_tpot_ms<=50",
+                "--dry-run")
+    assert p.returncode == 0, p.stderr
+    space = next(line for line in p.stdout.splitlines() if "space:" in line)
+    assert "dcp [1];" in space and "spec_depth [0, 7]" in space
+    assert "spec.dspark_depth" not in p.stdout
