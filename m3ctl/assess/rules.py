@@ -276,26 +276,26 @@ def _v(rule_id: str, msg: str, fix: str, src: str, status: str = "FAIL") -> Find
     return Finding(rule_id, msg, fix, src, status)
 
 
+def _profile_constraint(c: PlanContext, rule_id: str, key: str, value: Any, what: str, fix: str) -> Finding | None:
+    """A model value outside the profile's ``constraints.<key>`` list (None when unset or unknown)."""
+    allowed = getattr(c.profile.constraints, key)
+    if not allowed or value is None or value in allowed:
+        return None
+    return _v(rule_id, f"{what} {value!r} is not supported by the {c.profile.name} backend (supported: "
+                       f"{', '.join(map(str, allowed))})", fix, c.profile.sources.get(key, f"profile {c.profile.name}"))
+
+
 @rule("engine.head_dim")
 def _head_dim(c: PlanContext) -> Finding | None:
-    want, f = c.profile.constraints.head_dim_in, c.facts
-    if want and f.head_dim is not None and f.head_dim not in want:
-        return _v("engine.head_dim", f"head_dim {f.head_dim} is not supported by the {c.profile.name} attention "
-                                     f"backend (supported: {', '.join(map(str, want))})",
-                  "use a model with a supported head_dim",
-                  c.profile.sources.get("head_dim_in", f"profile {c.profile.name}"))
-    return None
+    return _profile_constraint(c, "engine.head_dim", "head_dim_in", c.facts.head_dim, "head_dim",
+                               "use a model with a supported head_dim")
 
 
 @rule("engine.moe_scoring")
 def _moe_scoring(c: PlanContext) -> Finding | None:
-    want, f = c.profile.constraints.moe_scoring_func_in, c.facts
-    if want and f.moe and f.scoring_func and f.scoring_func not in want:
-        return _v("engine.moe_scoring", f"MoE scoring_func {f.scoring_func!r} is not supported by the "
-                                        f"{c.profile.name} MoE router (supported: {', '.join(want)})",
-                  "use a supported scoring function or another architecture",
-                  c.profile.sources.get("moe_scoring_func_in", f"profile {c.profile.name}"))
-    return None
+    return _profile_constraint(c, "engine.moe_scoring", "moe_scoring_func_in",
+                               c.facts.scoring_func if c.facts.moe else None, "MoE scoring_func",
+                               "use a supported scoring function or another architecture")
 
 
 @rule("variant.native")
