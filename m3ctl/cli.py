@@ -198,7 +198,14 @@ def _cli_request(ctx: typer.Context, **extra):
     cli = {k: v for k, v in {**given, **extra}.items()
            if v is not None and v != {} and v != [] and not (k in switches and v is False)}
     file_req = load_request(opts["config"]) if opts.get("config") else None
-    return merge(file_req, PlanRequest(**cli))
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    try:
+        return merge(file_req, PlanRequest(**cli))
+    except ValidationError as e:
+        err = e.errors()[0]
+        opt = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "an option"
+        raise BadInput(f"{opt}: {err['msg']}", f"see `m3ctl {ctx.info_name} --help`") from None
 
 
 def _print_plan(con, p) -> None:

@@ -377,3 +377,10 @@ def test_tune_searches_what_the_rules_allow(tmp_path):
     space = next(line for line in p.stdout.splitlines() if "space:" in line)
     assert "dcp [1];" in space and "spec_depth [0, 7]" in space
     assert "spec.dspark_depth" not in p.stdout
+
+
+def test_a_bad_option_value_is_one_line_exit_2(tmp_path):
+    inv = tmp_path / "h.json"
+    inv.write_text(h200x2().model_dump_json())
+    p = run_cli("plan", "--inventory", str(inv), "--runtime", "dockr")
+    assert p.returncode == 2 and p.stderr.startswith("error: --runtime: Input should be") and "Traceback" not in p.stderr
