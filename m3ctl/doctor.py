@@ -139,10 +139,6 @@ class VariantEval:
     support: caps.Support | None = None
 
     @property
-    def size(self) -> "VariantEval":
-        return self
-
-    @property
     def cap_rank(self) -> int:
         return max((caps.RANK[f.status] for f in self.features), default=0)
 
@@ -485,12 +481,12 @@ def _feature_result(id_: str, fvs: list[caps.FeatureVerdict], what: str) -> Chec
 def check_quantization(ctx: Ctx) -> CheckResult:
     if ctx.chosen is None:
         return _r("capability.quantization", "capability", "SKIP", _no_model_reason(ctx))
-    prec = ctx.chosen.size.precision
+    prec = ctx.chosen.precision
     need = set(caps.table().precisions.get(prec, []))
     fvs = [f for f in ctx.chosen.features if f.name in need]
     if not fvs:
-        return _r("capability.quantization", "capability", "OK", f"{ctx.chosen.size.name} ({prec}) needs no special kernels")
-    return _feature_result("capability.quantization", fvs, f"{ctx.chosen.size.name} ({prec}) weights on {_arch(ctx)}")
+        return _r("capability.quantization", "capability", "OK", f"{ctx.chosen.name} ({prec}) needs no special kernels")
+    return _feature_result("capability.quantization", fvs, f"{ctx.chosen.name} ({prec}) weights on {_arch(ctx)}")
 
 
 def check_sparse_attention(ctx: Ctx) -> CheckResult:
@@ -558,7 +554,7 @@ def check_known_bad(ctx: Ctx) -> CheckResult:
     kb = ctx.chosen.known_bad
     if kb is None:
         return _r("capability.known_bad", "capability", "OK",
-                  f"no known-bad report for {ctx.sizing.family if ctx.sizing else '?'} {ctx.chosen.size.precision} "
+                  f"no known-bad report for {ctx.sizing.family if ctx.sizing else '?'} {ctx.chosen.precision} "
                   f"on {_arch(ctx)}")
     return _r("capability.known_bad", "capability", "WARN", f"known-bad: {kb.note}",
               "prefer an FP8/BF16 variant on this GPU, or a GPU with native FP4 (Blackwell); m3ctl serve also runs "
@@ -661,7 +657,7 @@ def check_disk(ctx: Ctx) -> CheckResult:
     if inv.model_cache_free_bytes is None:
         return _r("host.disk", "host", "SKIP", "model cache free space unknown")
     free = inv.model_cache_free_bytes / 2**30
-    need = ctx.chosen.size.weights_gib if ctx.chosen else 20.0
+    need = ctx.chosen.weights_gib if ctx.chosen else 20.0
     status: Status = "OK" if free >= need else "WARN"
     return _r("host.disk", "host", status, f"{free:.0f} GiB free at the model cache {inv.model_cache}",
               None if status == "OK" else f"free space: the weights need about {need:.0f} GiB")
@@ -757,9 +753,9 @@ def check_memory_fit(ctx: Ctx) -> CheckResult:
            f"model facts: m3ctl model catalog ({s.name})" + (" (ASSUMED values: not published)" if s.assumed else "")]
     for other in ctx.evals or []:
         if other is not ev:
-            det.append(f"variant {other.size.name}: {'fits at TP=' + str(other.fit.tp) if other.fit.fits else 'does not fit'}"
+            det.append(f"variant {other.name}: {'fits at TP=' + str(other.fit.tp) if other.fit.fits else 'does not fit'}"
                        f", capability {max((fv.status for fv in other.features), key=lambda x: caps.RANK[x], default='native')}")
-    what = f"{s.name} {ev.size.name} ({ev.size.weights_gib:.0f} GiB weights)"
+    what = f"{s.name} {ev.name} ({ev.weights_gib:.0f} GiB weights)"
     if ev.memory_unknown:
         return _r("model.memory_fit", "model", "WARN", f"{what}: GPU memory not reported (n/a); fit not checked",
                   "run doctor where NVML can read device memory", det)
@@ -772,7 +768,7 @@ def check_memory_fit(ctx: Ctx) -> CheckResult:
     if f.units == 0:
         return _r("model.memory_fit", "model", "FAIL", f"{what}: no visible GPU", "fix gpu.visible_devices", det)
     hint = (f"at TP={f.tp} only {f.max_context:,} tokens of KV fit: lower --context" if f.max_context > 0 else
-            f"needs about {ev.size.weights_gib / max(f.per_gpu_budget_gib, 1):.1f} x {f.unit_gib:.0f}-GiB {unit}s "
+            f"needs about {ev.weights_gib / max(f.per_gpu_budget_gib, 1):.1f} x {f.unit_gib:.0f}-GiB {unit}s "
             "for the weights alone: use more or larger GPUs, or a smaller variant")
     return _r("model.memory_fit", "model", "FAIL",
               f"{what} does not fit {f.units} visible {unit}(s) of {f.unit_gib:.1f} GiB at {ctx.context} tokens of "
@@ -953,7 +949,7 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
                if ctx.profile == "cpu" and not blockers else "")
         return Verdict(**base, status="not_runnable", blockers=blockers, summary=f"{base['model']}: not runnable here ({why}){cpu}")
     ev = ctx.chosen
-    variant = ev.size.name if ev else None
+    variant = ev.name if ev else None
     tp = ev.fit.tp if ev and ev.fit.fits else None
     max_ctx = ev.fit.max_context if ev and ev.fit.fits else None
     if blockers or ev is None:
