@@ -1007,42 +1007,74 @@ def _doctor_request(ctx: Ctx):
     return PlanRequest(**fields)
 
 
+def _rejection(e) -> str:
+    """``rule: message`` of an engine rejection (ConfigRejected ``rule X: ...``; a catalog error as model.profile)."""
+    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+
+    if isinstance(e, ConfigRejected) and e.message.startswith("rule "):
+        rule, _, msg = e.message.removeprefix("rule ").partition(": ")
+        return f"{rule}: {msg}"
+    return f"{'model.profile' if 'kernel profile' in e.message else 'model.plan'}: {e.message}"
+
+
+def _user_request(ctx: Ctx, req):
+    """The request as the user would type it to ``m3ctl plan`` (doctor's own choices of TP, fallbacks and
+    context left out): what ``m3ctl plan`` answers for the same question."""
+    keep = {"model", "runtime", "image", "kv_cache_dtype"} | ({"variant"} if ctx.variant else set()) \
+        | ({"max_model_len"} if ctx.context_given else set())
+    return req.model_copy(update={k: None for k in ("tp", "dp")} | {"allow_emulated": False}
+                          | {k: None for k in ("variant", "max_model_len") if k not in keep})
+
+
 def _as_plan(ctx: Ctx, v: Verdict, checks: list[CheckResult], inventory_file: str | None) -> Verdict:
     """Doctor's verdict is a plan: a runnable verdict holds only if the engine (:func:`m3ctl.plan.plan`) accepts
     the request that does it; then it carries that request and its ``m3ctl serve`` command. A rejection makes
-    the verdict not runnable, naming the same rule id as ``m3ctl plan`` (check ``model.plan``)."""
-    from m3ctl.errors import ConfigRejected, M3Error  # noqa: PLC0415
+    the verdict not runnable, naming the same rule id as ``m3ctl plan`` (check ``model.plan``); a not-runnable
+    verdict also names the rule ``m3ctl plan`` rejects the user's own request with."""
+    from m3ctl.errors import M3Error  # noqa: PLC0415
     from m3ctl.plan import plan  # noqa: PLC0415
 
     req = _doctor_request(ctx)
     if req is None or ctx.local_model and v.status == "not_runnable":
         return v
+    tried = req.model_dump(mode="json", exclude_defaults=True)
     try:
         p = plan(ctx.inv, req)
     except M3Error as e:
-        if isinstance(e, ConfigRejected) and e.message.startswith("rule "):
-            rule, _, msg = e.message.removeprefix("rule ").partition(": ")
-        else:
-            rule, msg = ("model.profile" if "kernel profile" in e.message else "model.plan"), e.message
-        blocker = f"{rule}: {msg}"
+        blocker = _rejection(e)
         if not ctx.local_model:
-            checks.append(_r("model.plan", "model", "FAIL", f"m3ctl plan rejects it: rule {rule}: {msg}", e.hint))
-        tried = req.model_dump(mode="json", exclude_defaults=True)
-        if v.status == "not_runnable":
-            return v.model_copy(update={"blockers": [*v.blockers, blocker], "plan_request": tried})
-        return v.model_copy(update={"status": "not_runnable", "blockers": [*v.blockers, blocker], "plan_request": tried,
-                                    "summary": f"{v.model}{' ' + v.variant if v.variant else ''}: not runnable "
-                                               f"here: {blocker}"})
+            checks.append(_r("model.plan", "model", "FAIL", f"m3ctl plan rejects it: rule {blocker}", e.hint))
+        v = v.model_copy(update={"blockers": [*v.blockers, blocker], "plan_request": tried,
+                                 **({} if v.status == "not_runnable" else {
+                                     "status": "not_runnable",
+                                     "summary": f"{v.model}{' ' + v.variant if v.variant else ''}: not runnable "
+                                                f"here: {blocker}"})})
+        return _name_user_rule(ctx, v, req)
     if v.status == "not_runnable":  # the engine plans it, a host check (driver, /dev/shm...) blocks it
-        return v.model_copy(update={"plan_request": req.model_dump(mode="json", exclude_defaults=True)})
+        return _name_user_rule(ctx, v.model_copy(update={"plan_request": tried}), req)
     from m3ctl.assess.request import serve_command  # noqa: PLC0415
 
     cmd = serve_command(req, inventory_file)
     if not ctx.local_model:
         checks.append(_r("model.plan", "model", "WARN" if p.warnings else "OK", f"the engine plans it: {cmd}",
                          details=list(p.warnings)))
-    return v.model_copy(update={"plan_request": req.model_dump(mode="json", exclude_defaults=True),
-                                "serve_command": cmd})
+    return v.model_copy(update={"plan_request": tried, "serve_command": cmd})
+
+
+def _name_user_rule(ctx: Ctx, v: Verdict, req) -> Verdict:
+    """Add the rule ``m3ctl plan`` rejects the user's own request with, when the verdict does not name it yet."""
+    from m3ctl.errors import M3Error  # noqa: PLC0415
+    from m3ctl.plan import plan  # noqa: PLC0415
+
+    if ctx.local_model:
+        return v
+    try:
+        plan(ctx.inv, _user_request(ctx, req))
+    except M3Error as e:
+        blocker = _rejection(e)
+        if not any(b.split(":")[0] == blocker.split(":")[0] for b in v.blockers):
+            return v.model_copy(update={"blockers": [*v.blockers, blocker]})
+    return v
 
 
 def _short(fallback: str) -> str:

@@ -89,29 +89,45 @@ HOSTS = {**{k: ALL[k] for k in ALL}, **{k: (lambda k=k: host(k)) for k in EXPECT
 
 @pytest.mark.parametrize("host_name", sorted(HOSTS))
 def test_doctor_verdict_is_a_plan_on_every_host_model_variant(host_name):
-    """doctor runnable => its request plans (exit 0); the engine rejects doctor's request => doctor is not runnable
-    and names the same rule id. Every real and synthetic host x every catalog model x its variants (and default)."""
+    """Every real and synthetic host x every catalog model x its variants (and the default):
+    1. doctor runnable => its request plans (exit 0), same variant and TP;
+    2. the engine rejects doctor's request => doctor is not runnable and names the same rule id;
+    3. `m3ctl plan --model M [--variant V]` rejects => a not-runnable verdict names the same rule id, or a runnable
+       verdict's request carries the flag that answers it (--allow-emulated, --max-model-len, --tp)."""
     inv = HOSTS[host_name]()
-    seen = {"runnable": 0, "rejected": 0}
+    seen = {"runnable": 0, "rejected": 0, "user_rejected": 0}
+    fixed_by = {"variant.native": ["allow_emulated"], "memory.fit": ["max_model_len", "tp"],
+                "quant.shard_alignment": ["tp"], "parallel.gpus": ["tp"]}
     for model in CATALOG_MODELS:
         for variant in [None, *catalog.models()[model].variants]:
             v = run_doctor(inv, model=model, variant=variant, host_checks=False).verdict
             where = (host_name, model, variant, v.summary)
             if v.plan_request is None:
                 assert v.status == "not_runnable" and v.serve_command is None, where
-                continue
+            else:
+                try:
+                    p = _plan(inv, **v.plan_request)
+                except ConfigRejected as e:
+                    seen["rejected"] += 1
+                    assert v.status == "not_runnable", where
+                    assert any(b.startswith(_rule(e) + ":") for b in v.blockers), (where, _rule(e))
+                else:
+                    if v.status == "not_runnable":  # planned; a host check blocks (e.g. driver.amdsmi for a process)
+                        assert v.blockers, where
+                    else:
+                        seen["runnable"] += 1
+                        assert v.serve_command and p.variant == v.variant and p.tp == v.tp, where
             try:
-                p = _plan(inv, **v.plan_request)
+                _plan(inv, model=model, variant=variant)
             except ConfigRejected as e:
-                seen["rejected"] += 1
+                seen["user_rejected"] += 1
+                rule = _rule(e)
+                if v.status == "not_runnable":
+                    assert any(b.startswith(rule + ":") for b in v.blockers), (where, rule)
+                else:
+                    assert any(k in v.plan_request for k in fixed_by[rule]), (where, rule, v.plan_request)
+            except CatalogError:
                 assert v.status == "not_runnable", where
-                assert any(b.startswith(_rule(e) + ":") for b in v.blockers), (where, _rule(e))
-                continue
-            if v.status == "not_runnable":  # planned, but a host check blocks (e.g. driver.amdsmi for a process)
-                assert v.blockers and not any(b.split(":")[0] in {r for r, _ in RULES} for b in v.blockers), where
-                continue
-            seen["runnable"] += 1
-            assert v.serve_command and p.variant == v.variant and p.tp == v.tp, where
     assert seen["runnable"] + seen["rejected"] > 0
 
 
