@@ -1037,7 +1037,7 @@ def _as_plan(ctx: Ctx, v: Verdict, checks: list[CheckResult], inventory_file: st
     req = _doctor_request(ctx)
     if req is None or ctx.local_model and v.status == "not_runnable":
         return v
-    tried = req.model_dump(mode="json", exclude_defaults=True)
+    tried = req.public()
     try:
         p = plan(ctx.inv, req)
     except M3Error as e:

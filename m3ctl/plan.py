@@ -494,4 +494,4 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
                       gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
                       gpu_devices=_device_ids(inventory, units, tp_ * dp_), unset_env=unset_env,
                       python_modules=list(profile.family_python_modules.get(family, [])) if family else [],
-                      request=r.model_dump(mode="json", exclude_defaults=True))
+                      request=r.public())

@@ -400,3 +400,13 @@ def test_a_bad_option_value_is_one_line_exit_2(tmp_path):
     inv.write_text(h200x2().model_dump_json())
     p = run_cli("plan", "--inventory", str(inv), "--runtime", "dockr")
     assert p.returncode == 2 and p.stderr.startswith("error: --runtime: Input should be") and "Traceback" not in p.stderr
+
+
+def test_the_request_never_shows_secrets():
+    from m3ctl.plan import serve_command
+
+    req = PlanRequest(model="MiniMax-M3.1-Flash", env={"MY_API_KEY": "abc123secret"}, args={"api-key": "abc123secret"},
+                      extra_args=["--hf-token", "hf_abcdefghijklmnop"], vllm_executable=VLLM)
+    cmd = serve_command(req)
+    assert "abc123secret" not in cmd and "hf_abcdefghijklmnop" not in cmd
+    assert "abc123secret" not in json.dumps(req.public()) and "hf_abcdefghij" not in json.dumps(req.public())

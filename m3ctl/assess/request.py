@@ -99,6 +99,21 @@ class PlanRequest(BaseModel):
         return out
 
 
+    def public(self) -> dict[str, Any]:
+        """JSON of the fields set (defaults left out) with secret-looking env values, arg values and raw tokens
+        masked (m3ctl.secrets): what plan --json, doctor --json and the registry may show."""
+        from m3ctl.secrets import MASK, is_secret_name, redact_env, redact_text  # noqa: PLC0415
+
+        out = self.model_dump(mode="json", exclude_defaults=True)
+        if "env" in out:
+            out["env"] = redact_env(out["env"])
+        if "args" in out:
+            out["args"] = {k: (MASK if is_secret_name(k.replace("-", "_")) else v) for k, v in out["args"].items()}
+        if "extra_args" in out:
+            out["extra_args"] = [redact_text(t) for t in out["extra_args"]]
+        return out
+
+
 def merge(*layers: PlanRequest | None) -> PlanRequest:
     """Merge requests, lowest precedence first (e.g. ``merge(file_request, cli_request)``): see the module doc."""
     data: dict[str, Any] = {}
@@ -145,7 +160,8 @@ def load_request(path: str | Path) -> PlanRequest:
 
 
 def serve_command(req: PlanRequest, inventory: str | None = None) -> str:
-    """The ``m3ctl serve ...`` command line that plans exactly ``req`` (shell-quoted; raw args after ``--``).
+    """The ``m3ctl serve ...`` command line that plans exactly ``req`` (shell-quoted; raw args after ``--``;
+    secret-looking values masked, and ``env``/``pass_env`` never rendered: they come from the environment).
 
     ``inventory``: a saved inventory file to plan for (as ``--inventory``), None for the host serve runs on.
     """
@@ -169,10 +185,11 @@ def serve_command(req: PlanRequest, inventory: str | None = None) -> str:
                     ("skip_checks", "--skip-checks")):
         if getattr(req, k):
             out.append(flag)
-    for k, v in req.args.items():
+    pub = req.public()
+    for k, v in pub.get("args", {}).items():
         out += ["--arg", k if v is True else f"{k}={v if isinstance(v, str) else json.dumps(v)}"]
     if inventory:
         out += ["--inventory", inventory]
-    if req.extra_args:
-        out += ["--", *req.extra_args]
+    if pub.get("extra_args"):
+        out += ["--", *pub["extra_args"]]
     return shlex.join(out)
