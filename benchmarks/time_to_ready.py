@@ -127,7 +127,7 @@ def main() -> None:
     a = ap.parse_args()
 
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import plan as make_plan
+    from m3ctl.plan import PlanRequest, plan as make_plan
     from m3ctl.runtime import get_runtime
     from m3ctl.state import Registry
 
@@ -142,7 +142,7 @@ def main() -> None:
     rows: dict[str, list[dict]] = {}
 
     def plan_for(name: str, runtime: str = "process", image: str | None = None):
-        return make_plan(inv, model, name=name, port=free_port(), runtime=runtime, image=image)
+        return make_plan(inv, PlanRequest(model=model, name=name, port=free_port(), runtime=runtime, image=image))
 
     eng = None
     try:

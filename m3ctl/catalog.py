@@ -175,9 +175,9 @@ class Variant(_Strict):
         hf_id: checkpoint id (None: the model's own ``hf_id``).
         precision: ``bf16``, ``fp8``, ``mxfp8``, ``nvfp4``, ``mxfp4``.
         weights_gib: total weight size in GiB (drives the memory-fit rule).
-        native_archs: architectures with native kernels for this precision.
-        emulated_archs: architectures where vLLM runs it through a slower fallback, with the fallback named
-            in ``emulation``; planning refuses these unless explicitly allowed.
+        Where it runs (natively, emulated, not at all) is NOT listed here: it follows from its precision and
+        the model's attention in the one capability table (m3ctl/data/capabilities.yaml,
+        :func:`m3ctl.assess.capability.variant_support`).
         serve_args / env: flags and environment for this variant on every architecture.
         arch_args / arch_env: per-architecture additions.
         quant_block: FP8/MX block sizes ``[n, k]`` of quantized weights (shard-alignment rule, F11).
@@ -186,9 +186,6 @@ class Variant(_Strict):
     hf_id: str | None = None
     precision: str
     weights_gib: float
-    native_archs: list[str]
-    emulated_archs: list[str] = Field(default_factory=list)
-    emulation: str = ""
     serve_args: dict[str, FlagValue] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
     arch_args: dict[str, dict[str, FlagValue]] = Field(default_factory=dict)
@@ -241,6 +238,10 @@ class ModelSpec(_Strict):
     base_args: dict[str, FlagValue] = Field(default_factory=dict)
     drafter: Drafter | None = None
     variants: dict[str, Variant] = Field(default_factory=dict)
+    min_vllm: str | None = None
+    """Oldest vLLM that serves this model (rule engine.version; source in ``sources.min_vllm``)."""
+    text_config_nested: bool = False
+    """The model's config nests its text settings under ``text_config`` (vLLM applies ``--hf-overrides`` there)."""
     sources: dict[str, str] = Field(default_factory=dict)
 
     def all_ids(self) -> set[str]:
@@ -260,7 +261,7 @@ class Image(_Strict):
         repository, tag, digest: the image reference (digest pins it when known).
         vllm_version: vLLM inside the image.
         cuda_version / rocm_version: toolkit inside the image.
-        min_driver: minimum host driver version.
+        The minimum host driver follows from ``cuda_version`` (capabilities.yaml ``cuda_min_driver``).
         archs: architecture families it supports.
     """
 
@@ -273,7 +274,6 @@ class Image(_Strict):
     vllm_version: str
     cuda_version: str | None = None
     rocm_version: str | None = None
-    min_driver: str | None = None
     archs: list[str]
     notes: str = ""
     sources: dict[str, str] = Field(default_factory=dict)

@@ -117,7 +117,8 @@ def doctor(
         save_inventory.write_text(inv.model_dump_json(indent=2))
     rep = run_doctor(inv, model=model, variant=variant, context=context, kv_cache_dtype=kv_cache_dtype,
                      runtime=runtime, port=port, host_checks=inventory is None and system is None,
-                     image=resolve_image(image) if image else None)
+                     image=resolve_image(image) if image else None,
+                     inventory_file=str(inventory) if inventory else None)
     if json_out:
         typer.echo(json.dumps(report_json(rep), indent=2))
     else:
@@ -142,6 +143,8 @@ def doctor(
             con.print(f"  fallback: {escape(f)}")
         for n in v.notes:
             con.print(f"  [dim]note: {escape(n)}[/]")
+        if v.serve_command:
+            con.print(f"  serve it: {escape(v.serve_command)}")
     code = rep.exit_code(strict)
     if code:
         raise typer.Exit(code)
@@ -178,7 +181,7 @@ OptSpecMethod = Annotated[Optional[str], typer.Option(help="Speculative method o
 OptKV = Annotated[Optional[str], typer.Option(help="KV cache dtype (validated per architecture and attention type).")]
 def _token_count(text: str) -> int:
     """A token count as vLLM reads one (``8k`` = 8000, ``8K`` = 8192, else an integer), at least 1."""
-    from m3ctl.rules import vllm_int  # noqa: PLC0415
+    from m3ctl.assess.rules import vllm_int  # noqa: PLC0415
 
     n = vllm_int(text)
     if n is None or n < 1:
@@ -194,13 +197,33 @@ OptNoMC = Annotated[bool, typer.Option("--no-multicast", help="Turn NVLink multi
 RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
 
 
-def _plan_kwargs(ctx: typer.Context, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
-                 max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated, no_multicast) -> dict:
-    extra = list(ctx.args)  # what follows `--` (click consumes the `--` itself; raw_args reads the rest)
-    return dict(variant=variant, tp=tp, dp=dp, dcp=dcp, ep=ep, dbo=dbo, spec_depth=spec_depth,
-                spec_method=spec_method, kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
-                max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, extra_args=extra,
-                allow_emulated=allow_emulated, no_multicast=no_multicast)
+def _cli_request(ctx: typer.Context, **extra):
+    """The plan request of a `plan`/`serve` command: its options explicitly given on the command line over the
+    ``--config`` file's values (PlanRequest precedence: command line > file > catalog > vLLM default). Click's
+    ``--`` remainder is the raw vLLM args; ``extra`` adds values that are not options (e.g. ``pass_env``)."""
+    from m3ctl.assess.request import PlanRequest, load_request, merge  # noqa: PLC0415
+
+    opts = dict(ctx.params)
+    given = {k: v for k, v in opts.items() if k in PlanRequest.model_fields and k != "profile"}
+    given.update(profile_file=str(opts["profile"]) if opts.get("profile") else None,
+                 args=_parse_args(opts.get("arg") or []), startup_budget_s=opts.get("startup_timeout"),
+                 extra_args=list(ctx.args))
+    for k in list(given):  # an option left at its default is not "given": the file (then the catalog) decides
+        src = ctx.get_parameter_source(k) if k in opts else None
+        if src is not None and src.name == "DEFAULT":
+            given.pop(k)
+    switches = ("allow_emulated", "no_multicast", "skip_checks")  # flags without a --no- form: False = not given
+    cli = {k: v for k, v in {**given, **extra}.items()
+           if v is not None and v != {} and v != [] and not (k in switches and v is False)}
+    file_req = load_request(opts["config"]) if opts.get("config") else None
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    try:
+        return merge(file_req, PlanRequest(**cli))
+    except ValidationError as e:
+        err = e.errors()[0]
+        opt = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "an option"
+        raise BadInput(f"{opt}: {err['msg']}", f"see `m3ctl {ctx.info_name} --help`") from None
 
 
 def _print_plan(con, p) -> None:
@@ -218,18 +241,18 @@ def _print_plan(con, p) -> None:
     con.print(escape(p.command_line()), soft_wrap=True)
 
 
-def _print_sizing(model: str, systems: list[str], request: dict, json_out: bool) -> None:
+def _print_sizing(model: str, systems: list[str], request, json_out: bool) -> None:
     """``plan --systems``: the sizing table (exit 3 when no system serves the model)."""
     from m3ctl.errors import EXIT_CONFIG_REJECTED  # noqa: PLC0415
     from m3ctl.sizing import size_systems, sizing_json  # noqa: PLC0415
 
-    rows = size_systems(model, systems, request)
+    rows = size_systems(systems, request)
     if json_out:
         typer.echo(json.dumps(sizing_json(model, rows), indent=2))
     else:
         from rich.table import Table  # noqa: PLC0415
 
-        mml = request.get("max_model_len")
+        mml = request.max_model_len
         t = Table(title=f"m3ctl plan --systems: {escape(model)} at " + (f"{mml} tokens" if mml else "its maximum length") +
                   " (KV tokens per replica; seqs = sequences of that length at once)")
         for col in ("system", "MiB/GPU", "variant", "layout", "KV tokens", "seqs"):
@@ -278,12 +301,8 @@ def plan(
 
     Raw vLLM flags go after `--`. A rule violation exits 3 naming the rule, the values and the fix.
     """
-    from m3ctl.catalog import load_profile_file  # noqa: PLC0415
-    from m3ctl.plan import plan as make_plan  # noqa: PLC0415
-
-    from m3ctl.userconfig import load_user_config, merge  # noqa: PLC0415
-
     from m3ctl.emit import FORMATS  # noqa: PLC0415
+    from m3ctl.plan import plan as make_plan  # noqa: PLC0415
 
     if emit and emit not in FORMATS:
         raise BadInput(f"unknown --emit format {emit!r}", f"use one of: {', '.join(FORMATS)}")
@@ -291,20 +310,12 @@ def plan(
         raise BadInput("--systems plans on catalog systems; it takes no --inventory or --system", "drop one of them")
     inv = None if systems else _host(inventory, system)
     secrets = [k for k in SECRET_PASSTHROUGH if os.environ.get(k)]
-    ucfg = load_user_config(config) if config else None
-    kw = merge(ucfg, {"overrides": _parse_args(arg or []), "skip_checks": skip_checks,
-                      **_plan_kwargs(ctx, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
-                                     max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated,
-                                     no_multicast)})
-    if ucfg and ucfg.model and model == "MiniMax-M3.1-Flash":
-        model = ucfg.model
-    if ucfg and ucfg.runtime and runtime == "auto":
-        runtime = ucfg.runtime
-    req = dict(name=name, port=port, host=host, served_model_name=served_model_name, runtime=runtime,
-               profile=load_profile_file(profile) if profile else None, pass_env=secrets, **kw)
+    req = _cli_request(ctx, pass_env=secrets)
+    if "runtime" not in req.model_fields_set:
+        req = req.model_copy(update={"runtime": "auto"})  # `plan` defaults to auto, `serve` to process
     if systems:
-        return _print_sizing(model, [n for s_ in systems for n in s_.split(",") if n.strip()], req, json_out)
-    p = make_plan(inv, model, **req)
+        return _print_sizing(req.model, [n for s_ in systems for n in s_.split(",") if n.strip()], req, json_out)
+    p = make_plan(inv, req)
     if emit:
         from m3ctl.emit import render  # noqa: PLC0415
 
@@ -348,7 +359,6 @@ def serve(
     Raw vLLM flags go after `--`; they pass the same plan rules as everything else.
     """
     from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.catalog import load_profile_file  # noqa: PLC0415
     from m3ctl.hw.detect import detect  # noqa: PLC0415
     from m3ctl.plan import plan as make_plan  # noqa: PLC0415
     from m3ctl.state import Registry, check_name  # noqa: PLC0415
@@ -358,16 +368,12 @@ def serve(
     secrets = {k: os.environ[k] for k in SECRET_PASSTHROUGH if os.environ.get(k)}
     if restart not in ("no", "on-failure"):
         raise BadInput(f"bad --restart {restart!r}", "use --restart no or --restart on-failure")
-    prof = load_profile_file(profile) if profile else None
-    from m3ctl.userconfig import load_user_config, merge  # noqa: PLC0415
+    req = _cli_request(ctx, pass_env=list(secrets))
+    runtime = req.runtime
+    from m3ctl.catalog import load_profile_file  # noqa: PLC0415
 
-    kw = merge(load_user_config(config) if config else None,
-               {"overrides": _parse_args(arg or []), "skip_checks": skip_checks,
-                **_plan_kwargs(ctx, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
-                               max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated, no_multicast)})
-    p = make_plan(inv, model, name=name, port=port, host=host, served_model_name=served_model_name,
-                  runtime=runtime, profile=prof, pass_env=list(secrets), startup_budget_s=startup_timeout,
-                  image=image, **kw)
+    prof = req.profile = load_profile_file(Path(req.profile_file)) if req.profile_file else None
+    p = make_plan(inv, req)
     if image and runtime != "docker":
         raise BadInput("--image needs --runtime docker", "add --runtime docker")
     con = _console()
@@ -1031,7 +1037,7 @@ def tune(
     Raw vLLM flags after `--` apply to every trial and pass the plan rules like everything else.
     """
     from m3ctl.catalog import load_profile_file, profile_for_arch  # noqa: PLC0415
-    from m3ctl.modelinfo import read_model_facts  # noqa: PLC0415
+    from m3ctl.assess.facts import read_model_facts  # noqa: PLC0415
     from m3ctl.tune import study as st  # noqa: PLC0415
     from m3ctl.tune.slo import objective_value, parse_slo  # noqa: PLC0415
     from m3ctl.tune.space import apply_pins, default_space, describe, prune_dominated  # noqa: PLC0415
@@ -1070,10 +1076,14 @@ def tune(
         facts = read_model_facts(model)
         from m3ctl import catalog  # noqa: PLC0415
 
+        from m3ctl.assess.facts import model_facts  # noqa: PLC0415
+
         spec_m = catalog.find_model(model, facts.architectures)
+        facts = model_facts(spec_m, facts)  # the engine's one record: the search space follows the same facts
         drafter = spec_m.drafter.method if spec_m and spec_m.drafter else None
-        space = default_space(base, len(inv.gpus), moe=bool(facts.moe_intermediate_size),
-                              drafter_method=drafter, max_spec_depth=max_spec_depth)
+        space = default_space(base, len(inv.gpus), moe=bool(facts.moe), attention=facts.attention,
+                              drafter_method=drafter, max_spec_depth=max_spec_depth,
+                              drafter_block_size=spec_m.drafter.block_size if spec_m and spec_m.drafter else None)
         space = apply_pins(space, knob or [])
         space, pruned = prune_dominated(space, lad)
         # A local model directory and profile file are stored absolute, so `--resume DIR` works from any directory.
@@ -1212,7 +1222,7 @@ def scale_model(
 ) -> None:
     """Write a realistic-scale model (real per-layer shapes, fewer layers) for `vllm serve --load-format dummy`."""
     from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model  # noqa: PLC0415
-    from m3ctl.modelinfo import read_model_facts  # noqa: PLC0415
+    from m3ctl.assess.facts import read_model_facts  # noqa: PLC0415
 
     spec = ScaleModelSpec(arch=arch, layers=layers, quant=quant, max_position_embeddings=max_position_embeddings)
     out = build_scale_model(out_dir, spec, overwrite=overwrite)

@@ -30,7 +30,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from m3ctl.hw import capabilities as caps
+from m3ctl.assess import capability as caps
+from m3ctl.assess import memory as mem
+from m3ctl.assess.facts import ModelFacts
+from m3ctl.assess.image import ImageFacts, image_facts_from_env  # noqa: F401 - public here too
 from m3ctl.hw import visible as vismod
 from m3ctl.hw.inventory import HostInventory, sm_name
 
@@ -73,6 +76,10 @@ class Verdict(BaseModel):
         context: the context length the fit was computed for (tokens); max_context: what fits at ``tp``.
         image, profile: recommended image and kernel profile names (None when the catalog has none).
         notes: e.g. "no kernel profile for 'hopper' yet", assumed model facts.
+        plan_request: the plan request (:class:`~m3ctl.assess.request.PlanRequest`, as JSON) that does what the
+            verdict says: for a runnable verdict the exact request the engine accepted; for a not-runnable one the
+            request that was tried (its rejection is among ``blockers``); None when nothing could be planned.
+        serve_command: for a runnable verdict, the ``m3ctl serve ...`` command that launches ``plan_request``.
     """
 
     model: str
@@ -87,6 +94,8 @@ class Verdict(BaseModel):
     image: str | None = None
     profile: str | None = None
     notes: list[str] = Field(default_factory=list)
+    plan_request: dict[str, Any] | None = None
+    serve_command: str | None = None
 
 
 class DoctorReport(BaseModel):
@@ -116,38 +125,18 @@ class DoctorReport(BaseModel):
 
 # ----------------------------------------------------------------------------- evaluation context
 @dataclass
-class ImageFacts:
-    """The image a launch would use: catalog name, CUDA/ROCm and vLLM versions, minimum driver."""
+class VariantEval:
+    """One catalog variant evaluated here: capability rows (the one table), known-bad report, memory fit."""
 
     name: str
-    reference: str = ""
-    cuda_version: str | None = None
-    rocm_version: str | None = None
-    vllm_version: str | None = None
-    min_driver: str | None = None
-
-
-def image_facts_from_env(name: str, env: list[str]) -> ImageFacts:
-    """Image facts from ``docker image inspect`` ``Config.Env`` (``CUDA_VERSION=12.4.1``,
-    ``NVIDIA_REQUIRE_CUDA=cuda>=12.4 ...``). Source: NVIDIA CUDA base images set both
-    (https://gitlab.com/nvidia/container-images/cuda)."""
-    kv = dict(e.split("=", 1) for e in env if "=" in e)
-    cuda = kv.get("CUDA_VERSION")
-    req = kv.get("NVIDIA_REQUIRE_CUDA", "")
-    if not cuda and "cuda>=" in req:
-        cuda = req.split("cuda>=", 1)[1].split()[0]
-    cuda = ".".join(cuda.split(".")[:2]) if cuda else None
-    return ImageFacts(name=name, reference=name, cuda_version=cuda, rocm_version=kv.get("ROCM_VERSION"),
-                      vllm_version=kv.get("VLLM_VERSION"))
-
-
-@dataclass
-class VariantEval:
-    size: caps.VariantSize
+    precision: str
+    weights_gib: float
+    """Weights at load (checkpoint x the capability table's weights_factor: BF16-dequantized MXFP8 is 2x, N07)."""
     features: list[caps.FeatureVerdict]
     known_bad: caps.KnownBad | None
-    fit: caps.Fit
+    fit: mem.Fit
     memory_unknown: bool = False
+    support: caps.Support | None = None
 
     @property
     def cap_rank(self) -> int:
@@ -164,6 +153,8 @@ class Ctx:
     model: str
     model_explicit: bool
     variant: str | None
+    context_given: bool
+    user_image: bool
     context: int
     kv_dtype: str
     runtime: str
@@ -174,7 +165,8 @@ class Ctx:
     image_note: str | None = None
     profile: str | None = None
     profile_note: str | None = None
-    sizing: caps.ModelSizing | None = None
+    sizing: ModelFacts | None = None
+    spec: Any = None
     local_model: bool = False
     chosen: VariantEval | None = None
     evals: list[VariantEval] | None = None
@@ -452,8 +444,8 @@ def check_image_cuda(ctx: Ctx) -> CheckResult:
     drv_cuda = inv.cuda_driver_version
     det = [f"image {img.name}: CUDA {img.cuda_version}; driver {inv.driver_version} supports CUDA {drv_cuda}"]
     need = caps.min_driver_for_cuda(img.cuda_version)
-    if img.min_driver and inv.driver_version and caps.version_lt(inv.driver_version, img.min_driver):
-        det.append(f"image requires driver >= {img.min_driver}")
+    if ctx.image_note:
+        det.append(ctx.image_note)
     if not drv_cuda or not caps.version_lt(drv_cuda, img.cuda_version):
         return _r("image.cuda_vs_driver", "driver", "OK", f"image {img.name} CUDA {img.cuda_version} <= driver's "
                   f"CUDA {drv_cuda}", details=det)
@@ -472,15 +464,8 @@ def check_image_cuda(ctx: Ctx) -> CheckResult:
 
 
 def _older_image(ctx: Ctx, max_cuda: str) -> str | None:
-    try:
-        from m3ctl import catalog  # noqa: PLC0415
-
-        imgs = [i for i in catalog.images().values() if i.vendor == "nvidia" and i.cuda_version
-                and not caps.version_lt(max_cuda, i.cuda_version) and (ctx.inv.arch in i.archs)]
-    except Exception:  # noqa: BLE001 - catalog trouble: no suggestion
-        return None
-    imgs.sort(key=lambda i: caps._vtuple(i.cuda_version), reverse=True)
-    return imgs[0].name if imgs else None
+    img, _ = caps.choose_image(ctx.inv.vendor or "", ctx.inv.arch, max_cuda)
+    return img.name if img is not None and caps.image_runs_on_driver(img.cuda_version, max_cuda) else None
 
 
 # ----------------------------------------------------------------------------- capability
@@ -520,12 +505,12 @@ def _feature_result(id_: str, fvs: list[caps.FeatureVerdict], what: str) -> Chec
 def check_quantization(ctx: Ctx) -> CheckResult:
     if ctx.chosen is None:
         return _r("capability.quantization", "capability", "SKIP", _no_model_reason(ctx))
-    prec = ctx.chosen.size.precision
+    prec = ctx.chosen.precision
     need = set(caps.table().precisions.get(prec, []))
     fvs = [f for f in ctx.chosen.features if f.name in need]
     if not fvs:
-        return _r("capability.quantization", "capability", "OK", f"{ctx.chosen.size.name} ({prec}) needs no special kernels")
-    return _feature_result("capability.quantization", fvs, f"{ctx.chosen.size.name} ({prec}) weights on {_arch(ctx)}")
+        return _r("capability.quantization", "capability", "OK", f"{ctx.chosen.name} ({prec}) needs no special kernels")
+    return _feature_result("capability.quantization", fvs, f"{ctx.chosen.name} ({prec}) weights on {_arch(ctx)}")
 
 
 def check_sparse_attention(ctx: Ctx) -> CheckResult:
@@ -544,6 +529,12 @@ def check_kv_dtype(ctx: Ctx) -> CheckResult:
         return _r("capability.kv_cache_dtype", "capability", "SKIP", "no GPU")
     table = caps.table().kv_cache_dtypes
     dt = ctx.kv_dtype
+    allowed = _profile_kv_dtypes(ctx)
+    if allowed is not None and dt not in allowed:  # the plan's rule kv.dtype, same data
+        att = ctx.sizing.attention.upper() if ctx.sizing else "this"
+        return _r("capability.kv_cache_dtype", "capability", "FAIL",
+                  f"KV cache dtype {dt!r} is not supported for {att} attention on {_arch(ctx)} (rule kv.dtype, "
+                  f"profile {ctx.profile})", f"use --kv-cache-dtype {' or '.join(allowed)}")
     if dt not in table:
         return _r("capability.kv_cache_dtype", "capability", "FAIL",
                   f"--kv-cache-dtype {dt}: no validated row for {_arch(ctx)} (engine would fail at init)",
@@ -562,6 +553,19 @@ def check_kv_dtype(ctx: Ctx) -> CheckResult:
     return res
 
 
+def _profile_kv_dtypes(ctx: Ctx) -> list[str] | None:
+    """The KV dtypes the plan rule kv.dtype allows here (profile x attention); None when unknown."""
+    if ctx.profile is None or ctx.sizing is None:
+        return None
+    try:
+        from m3ctl import catalog  # noqa: PLC0415
+        from m3ctl.assess.rules import kv_dtypes_allowed  # noqa: PLC0415
+
+        return kv_dtypes_allowed(catalog.profiles()[ctx.profile], ctx.sizing.attention)
+    except Exception:  # noqa: BLE001 - catalog trouble: the capability rows alone decide
+        return None
+
+
 def _kv_ok(ctx: Ctx, dt: str) -> bool:
     feat = caps.table().kv_cache_dtypes.get(dt)
     return feat is None or caps.evaluate_feature(_arch(ctx), feat).status in ("native", "supported")
@@ -574,7 +578,7 @@ def check_known_bad(ctx: Ctx) -> CheckResult:
     kb = ctx.chosen.known_bad
     if kb is None:
         return _r("capability.known_bad", "capability", "OK",
-                  f"no known-bad report for {ctx.sizing.family if ctx.sizing else '?'} {ctx.chosen.size.precision} "
+                  f"no known-bad report for {ctx.sizing.family if ctx.sizing else '?'} {ctx.chosen.precision} "
                   f"on {_arch(ctx)}")
     return _r("capability.known_bad", "capability", "WARN", f"known-bad: {kb.note}",
               "prefer an FP8/BF16 variant on this GPU, or a GPU with native FP4 (Blackwell); m3ctl serve also runs "
@@ -677,7 +681,7 @@ def check_disk(ctx: Ctx) -> CheckResult:
     if inv.model_cache_free_bytes is None:
         return _r("host.disk", "host", "SKIP", "model cache free space unknown")
     free = inv.model_cache_free_bytes / 2**30
-    need = ctx.chosen.size.weights_gib if ctx.chosen else 20.0
+    need = ctx.chosen.weights_gib if ctx.chosen else 20.0
     status: Status = "OK" if free >= need else "WARN"
     return _r("host.disk", "host", status, f"{free:.0f} GiB free at the model cache {inv.model_cache}",
               None if status == "OK" else f"free space: the weights need about {need:.0f} GiB")
@@ -762,20 +766,20 @@ def check_memory_fit(ctx: Ctx) -> CheckResult:
         return _r("model.memory_fit", "model", "SKIP", "no GPU")
     if ctx.chosen is None:
         return _r("model.memory_fit", "model", "FAIL", f"variant {ctx.variant!r} unknown for {ctx.sizing.name}",
-                  f"use one of: {', '.join(v.name for v in ctx.sizing.variants)}")
+                  f"use one of: {', '.join(ctx.spec.variants)}")
     ev, s = ctx.chosen, ctx.sizing
     f = ev.fit
-    kvpt = s.kv_bytes_per_token(ctx.kv_dtype)
+    kvpt = s.kv_bytes_per_token(ctx.kv_dtype) or 1
     det = [f"KV per token: {kvpt / 1024:.0f} KiB ({s.num_layers} layers x {s.num_kv_heads} KV heads x {s.head_dim} x "
            f"K,V in {ctx.kv_dtype}); KV shards at TP={f.tp}: {min(f.tp, s.num_kv_heads)}",
            f"per GPU: {f.unit_gib:.1f} GiB x {caps.table().host.gpu_memory_utilization} - "
            f"{caps.table().host.overhead_gib_per_gpu:g} GiB overhead = {f.per_gpu_budget_gib:.1f} GiB usable",
-           f"model facts: {s.source}" + (" (ASSUMED values: not published)" if s.assumed else "")]
+           f"model facts: m3ctl model catalog ({s.name})" + (" (ASSUMED values: not published)" if s.assumed else "")]
     for other in ctx.evals or []:
         if other is not ev:
-            det.append(f"variant {other.size.name}: {'fits at TP=' + str(other.fit.tp) if other.fit.fits else 'does not fit'}"
+            det.append(f"variant {other.name}: {'fits at TP=' + str(other.fit.tp) if other.fit.fits else 'does not fit'}"
                        f", capability {max((fv.status for fv in other.features), key=lambda x: caps.RANK[x], default='native')}")
-    what = f"{s.name} {ev.size.name} ({ev.size.weights_gib:.0f} GiB weights)"
+    what = f"{s.name} {ev.name} ({ev.weights_gib:.0f} GiB weights)"
     if ev.memory_unknown:
         return _r("model.memory_fit", "model", "WARN", f"{what}: GPU memory not reported (n/a); fit not checked",
                   "run doctor where NVML can read device memory", det)
@@ -788,7 +792,7 @@ def check_memory_fit(ctx: Ctx) -> CheckResult:
     if f.units == 0:
         return _r("model.memory_fit", "model", "FAIL", f"{what}: no visible GPU", "fix gpu.visible_devices", det)
     hint = (f"at TP={f.tp} only {f.max_context:,} tokens of KV fit: lower --context" if f.max_context > 0 else
-            f"needs about {ev.size.weights_gib / max(f.per_gpu_budget_gib, 1):.1f} x {f.unit_gib:.0f}-GiB {unit}s "
+            f"needs about {ev.weights_gib / max(f.per_gpu_budget_gib, 1):.1f} x {f.unit_gib:.0f}-GiB {unit}s "
             "for the weights alone: use more or larger GPUs, or a smaller variant")
     return _r("model.memory_fit", "model", "FAIL",
               f"{what} does not fit {f.units} visible {unit}(s) of {f.unit_gib:.1f} GiB at {ctx.context} tokens of "
@@ -824,8 +828,10 @@ def check_plan(ctx: Ctx) -> CheckResult:
     from m3ctl.errors import M3Error  # noqa: PLC0415
     from m3ctl.plan import plan  # noqa: PLC0415 - plan imports the catalog; only for local models
 
+    from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
+
     try:
-        p = plan(ctx.inv, ctx.model, name="doctor-check")
+        p = plan(ctx.inv, PlanRequest(model=ctx.model, name="doctor-check"))
     except M3Error as e:
         return _r("model.plan", "model", "FAIL", e.message, e.hint)
     return _r("model.plan", "model", "OK" if not p.warnings else "WARN",
@@ -847,14 +853,15 @@ def _resolve_catalog(ctx: Ctx) -> None:
             ctx.profile_note = f"{getattr(e, 'message', str(e))} in this m3ctl yet"
             image_name = None
         if ctx.image is None and ctx.gpu_host:
-            imgs = catalog.images()
-            img = imgs.get(image_name) if image_name else None
+            # The same choice as plan: the profile's image, else the newest catalog image the driver supports.
+            img, why = caps.choose_image(ctx.inv.vendor or "", arch, ctx.inv.cuda_driver_version, image_name)
             if img is None:
-                img = next((i for i in imgs.values() if i.vendor == ctx.inv.vendor and arch in i.archs), None)
+                img = next(iter(caps.images_for(ctx.inv.vendor or "", arch)), None)
             if img is not None:
                 ctx.image = ImageFacts(name=img.name, reference=img.reference, cuda_version=img.cuda_version,
-                                       rocm_version=img.rocm_version, vllm_version=img.vllm_version,
-                                       min_driver=img.min_driver)
+                                       rocm_version=img.rocm_version, vllm_version=img.vllm_version)
+                if image_name and img.name != image_name:
+                    ctx.image_note = f"image {img.name} instead of {image_name}: {why}"
             else:
                 ctx.image_note = f"no catalog image lists architecture {arch!r}"
     except Exception as e:  # noqa: BLE001 - a broken catalog must not break doctor
@@ -867,34 +874,38 @@ def _evaluate_variants(ctx: Ctx) -> None:
     if s is None or not ctx.gpu_host:
         return
     arch = _arch(ctx)
-    t = caps.table()
     units = [u.memory_mib or 0 for u in ctx.vis.units]
     mem_unknown = bool(units) and not all(units)
     max_tp = 1 if any(u.mig_uuid for u in ctx.vis.units) else None
-    engine = ctx.image.vllm_version if ctx.image else None
+    # The engine that will run (same as plan): a checked --image's, else the image's (docker) or the installed vLLM.
+    engine = ctx.image.vllm_version if ctx.image and (ctx.user_image or ctx.runtime == "docker") else \
+        caps.engine_version(ctx.runtime, ctx.image.vllm_version if ctx.image else None)
     img_cuda = ctx.image.cuda_version if ctx.image else None
     evals = []
-    for v in s.variants:
-        if ctx.variant and v.name != ctx.variant:
+    for vname, v in ctx.spec.variants.items():
+        if ctx.variant and vname != ctx.variant:
             continue
-        feats = [*t.precisions.get(v.precision, []), *t.attention_features.get(s.attention, [])]
-        fvs = [caps.evaluate_feature(arch, f, engine_version=engine, image_cuda=img_cuda) for f in feats]
-        fit = caps.memory_fit(units, v.weights_gib, s.kv_bytes_per_token(ctx.kv_dtype), s.num_kv_heads, ctx.context,
-                              max_tp=max_tp)
-        if s.max_context and fit.max_context > s.max_context:
-            fit = dataclasses.replace(fit, max_context=s.max_context)
-        evals.append(VariantEval(v, fvs, caps.known_bad(s.family, arch, v.precision), fit, mem_unknown))
+        sup = caps.variant_support(arch, v.precision, s.attention, engine_version=engine, image_cuda=img_cuda)
+        weights = v.weights_gib * sup.weights_factor
+        fit = mem.smallest_tp(units, weights_gib=weights, kv_bytes_per_token=s.kv_bytes_per_token(ctx.kv_dtype),
+                              num_kv_heads=s.num_kv_heads, context=ctx.context, max_tp=max_tp)
+        if s.max_position_embeddings and fit.max_context > s.max_position_embeddings:
+            fit = dataclasses.replace(fit, max_context=s.max_position_embeddings)
+        evals.append(VariantEval(vname, v.precision, weights, list(sup.features),
+                                 caps.known_bad(s.family or "", arch, v.precision), fit, mem_unknown, sup))
     ctx.evals = evals
     if not evals:
         return
-    order = {ev.size.name: i for i, ev in enumerate(evals)}
-    runnable = [ev for ev in evals if ev.runnable]
-    if runnable:
-        ctx.chosen = min(runnable, key=lambda ev: (ev.cap_rank, ev.known_bad is not None, order[ev.size.name]))
-    else:
-        capable = [ev for ev in evals if ev.cap_rank < caps.RANK["unsupported"]]
-        pool = capable or evals
-        ctx.chosen = min(pool, key=lambda ev: ev.size.weights_gib)  # the closest to fitting
+    if len(evals) == 1:
+        ctx.chosen = evals[0]
+        return
+    # The engine's choice (the same function plan uses), with fallbacks accepted: doctor reports them.
+    from m3ctl.assess.choose import choose_variant  # noqa: PLC0415
+
+    good = [u for u in units if u] or [0]
+    name, _, _ = choose_variant(ctx.spec, ctx.model, None, arch, len(units), min(good) or None, [],
+                                allow_emulated=True, engine_version=engine, image_cuda=img_cuda, kv_dtype=ctx.kv_dtype)
+    ctx.chosen = next((ev for ev in evals if ev.name == name), evals[0])
 
 
 CHECKS: list[tuple[str, Group, Callable[[Ctx], CheckResult], bool]] = [
@@ -945,7 +956,8 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
     if ctx.profile_note:
         notes.append(ctx.profile_note)
     if ctx.sizing and ctx.sizing.assumed:
-        notes.append(f"{ctx.sizing.name} facts are assumed (MiniMax-M3 values): {ctx.sizing.source}")
+        notes.append(f"{ctx.sizing.name} facts are assumed (MiniMax-M3 values): m3ctl model catalog "
+                     f"({', '.join(ctx.sizing.assumed)})")
     base = {"model": ctx.sizing.name if ctx.sizing else ctx.model, "image": ctx.image.name if ctx.image else None,
             "profile": ctx.profile, "notes": notes, "context": ctx.context if not ctx.local_model else None}
     verdict_checks = [c for c in checks if c.group in INVENTORY_GROUPS or c.id in ("host.shm",)]
@@ -962,7 +974,7 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
                if ctx.profile == "cpu" and not blockers else "")
         return Verdict(**base, status="not_runnable", blockers=blockers, summary=f"{base['model']}: not runnable here ({why}){cpu}")
     ev = ctx.chosen
-    variant = ev.size.name if ev else None
+    variant = ev.name if ev else None
     tp = ev.fit.tp if ev and ev.fit.fits else None
     max_ctx = ev.fit.max_context if ev and ev.fit.fits else None
     if blockers or ev is None:
@@ -994,6 +1006,102 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
                    summary=f"{base['model']} {variant}: runnable natively at {where}{img}{prof}")
 
 
+def _doctor_request(ctx: Ctx):
+    """The plan request that does what the verdict says: the chosen variant at the TP that fits, with the flags
+    it needs (``--allow-emulated`` for a fallback, ``--max-model-len``/``--kv-cache-dtype``/``--image`` as checked)."""
+    from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
+
+    if ctx.local_model:
+        return PlanRequest(model=ctx.model)
+    if not ctx.gpu_host or ctx.chosen is None or ctx.profile is None and ctx.profile_note is None:
+        return None
+    ev = ctx.chosen
+    fields: dict[str, Any] = {"model": ctx.model, "variant": ev.name,
+                              "runtime": "docker" if ctx.runtime == "docker" else "process"}
+    if ev.fit.units > 0:
+        fields.update(tp=ev.fit.tp, dp=1)
+    if ev.support is not None and ev.support.status == "emulated":
+        fields["allow_emulated"] = True
+    if ctx.kv_dtype != "auto":
+        fields["kv_cache_dtype"] = ctx.kv_dtype
+    full = ctx.sizing.max_position_embeddings if ctx.sizing else None
+    if ctx.context_given or (full and ev.fit.fits and ev.fit.max_context < full):
+        fields["max_model_len"] = ctx.context  # what the verdict promises (the full context does not fit)
+    if ctx.user_image and ctx.image is not None:
+        fields["image"] = ctx.image.reference or ctx.image.name
+    return PlanRequest(**fields)
+
+
+def _rejection(e) -> str:
+    """``rule: message`` of an engine rejection (ConfigRejected ``rule X: ...``; a catalog error as model.profile)."""
+    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+
+    if isinstance(e, ConfigRejected) and e.message.startswith("rule "):
+        rule, _, msg = e.message.removeprefix("rule ").partition(": ")
+        return f"{rule}: {msg}"
+    return f"{'model.profile' if 'kernel profile' in e.message else 'model.plan'}: {e.message}"
+
+
+def _user_request(ctx: Ctx, req):
+    """The request as the user would type it to ``m3ctl plan`` (doctor's own choices of TP, fallbacks and
+    context left out): what ``m3ctl plan`` answers for the same question."""
+    keep = {"model", "runtime", "image", "kv_cache_dtype"} | ({"variant"} if ctx.variant else set()) \
+        | ({"max_model_len"} if ctx.context_given else set())
+    return req.model_copy(update={k: None for k in ("tp", "dp")} | {"allow_emulated": False}
+                          | {k: None for k in ("variant", "max_model_len") if k not in keep})
+
+
+def _as_plan(ctx: Ctx, v: Verdict, checks: list[CheckResult], inventory_file: str | None) -> Verdict:
+    """Doctor's verdict is a plan: a runnable verdict holds only if the engine (:func:`m3ctl.plan.plan`) accepts
+    the request that does it; then it carries that request and its ``m3ctl serve`` command. A rejection makes
+    the verdict not runnable, naming the same rule id as ``m3ctl plan`` (check ``model.plan``); a not-runnable
+    verdict also names the rule ``m3ctl plan`` rejects the user's own request with."""
+    from m3ctl.errors import M3Error  # noqa: PLC0415
+    from m3ctl.plan import plan  # noqa: PLC0415
+
+    req = _doctor_request(ctx)
+    if req is None or ctx.local_model and v.status == "not_runnable":
+        return v
+    tried = req.public()
+    try:
+        p = plan(ctx.inv, req)
+    except M3Error as e:
+        blocker = _rejection(e)
+        if not ctx.local_model:
+            checks.append(_r("model.plan", "model", "FAIL", f"m3ctl plan rejects it: rule {blocker}", e.hint))
+        v = v.model_copy(update={"blockers": [*v.blockers, blocker], "plan_request": tried,
+                                 **({} if v.status == "not_runnable" else {
+                                     "status": "not_runnable",
+                                     "summary": f"{v.model}{' ' + v.variant if v.variant else ''}: not runnable "
+                                                f"here: {blocker}"})})
+        return _name_user_rule(ctx, v, req)
+    if v.status == "not_runnable":  # the engine plans it, a host check (driver, /dev/shm...) blocks it
+        return _name_user_rule(ctx, v.model_copy(update={"plan_request": tried}), req)
+    from m3ctl.assess.request import serve_command  # noqa: PLC0415
+
+    cmd = serve_command(req, inventory_file)
+    if not ctx.local_model:
+        checks.append(_r("model.plan", "model", "WARN" if p.warnings else "OK", f"the engine plans it: {cmd}",
+                         details=list(p.warnings)))
+    return v.model_copy(update={"plan_request": tried, "serve_command": cmd})
+
+
+def _name_user_rule(ctx: Ctx, v: Verdict, req) -> Verdict:
+    """Add the rule ``m3ctl plan`` rejects the user's own request with, when the verdict does not name it yet."""
+    from m3ctl.errors import M3Error  # noqa: PLC0415
+    from m3ctl.plan import plan  # noqa: PLC0415
+
+    if ctx.local_model:
+        return v
+    try:
+        plan(ctx.inv, _user_request(ctx, req))
+    except M3Error as e:
+        blocker = _rejection(e)
+        if not any(b.split(":")[0] == blocker.split(":")[0] for b in v.blockers):
+            return v.model_copy(update={"blockers": [*v.blockers, blocker]})
+    return v
+
+
 def _short(fallback: str) -> str:
     head = fallback.split(" (cost")[0]
     return head.split(";")[0][:90] if not head.startswith("known-bad") else "known-bad in the field (see fallbacks)"
@@ -1007,7 +1115,7 @@ def resolve_image(ref: str, env: Mapping[str, str] | None = None) -> ImageFacts:
         BadInput: neither a catalog name nor an image the engine has (pull it first).
     """
     from m3ctl.errors import BadInput  # noqa: PLC0415
-    from m3ctl.hw.host import inspect_image_env  # noqa: PLC0415
+    from m3ctl.hw.host import inspect_image_config  # noqa: PLC0415
 
     try:
         from m3ctl import catalog  # noqa: PLC0415
@@ -1017,18 +1125,18 @@ def resolve_image(ref: str, env: Mapping[str, str] | None = None) -> ImageFacts:
         img = None
     if img is not None:
         return ImageFacts(name=img.name, reference=img.reference, cuda_version=img.cuda_version,
-                          rocm_version=img.rocm_version, vllm_version=img.vllm_version, min_driver=img.min_driver)
-    env_list = inspect_image_env(ref, env)
-    if env_list is None:
+                          rocm_version=img.rocm_version, vllm_version=img.vllm_version)
+    cfg = inspect_image_config(ref, env)
+    if cfg is None:
         raise BadInput(f"image {ref!r} is neither a catalog image nor present in the container engine",
                        "use a catalog image name, or `docker pull` it first so doctor can read its CUDA version")
-    return image_facts_from_env(ref, env_list)
+    return image_facts_from_env(ref, list(cfg.get("Env") or []), cfg.get("Labels") or {})
 
 
 def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: str | None = None,
                context: int | None = None, kv_cache_dtype: str = "auto", runtime: str = "auto", port: int = 8000,
                host_checks: bool = True, image: ImageFacts | None = None,
-               env: Mapping[str, str] | None = None) -> DoctorReport:
+               env: Mapping[str, str] | None = None, inventory_file: str | None = None) -> DoctorReport:
     """Evaluate ``inventory`` for ``model`` (default MiniMax-M3.1-Flash, best variant for the host).
 
     Args:
@@ -1042,6 +1150,7 @@ def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: s
         host_checks: also run the live checks of this machine (False for ``--inventory FILE``).
         image: image to check instead of the catalog's recommendation (e.g. from ``docker image inspect``).
         env: environment for live checks (default ``os.environ``).
+        inventory_file: the saved inventory evaluated, named as ``--inventory`` in the verdict's serve command.
 
     Returns:
         The report; never raises for host problems (they are FAIL rows).
@@ -1052,12 +1161,18 @@ def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: s
         runtime = "docker" if inventory.container.docker_reachable and inventory.gpus else "process"
     local = bool(model) and (Path(model).expanduser().is_dir() or model.startswith(("/", ".", "~")))
     ctx = Ctx(inv=inventory, model=model or DEFAULT_MODEL, model_explicit=model is not None, variant=variant,
+              context_given=context is not None, user_image=image is not None,
               context=context or h.default_context, kv_dtype=kv_cache_dtype, runtime=runtime, env=env, port=port,
               vis=vismod.resolve(inventory), image=image, local_model=local)
     _resolve_catalog(ctx)
     if not local and (inventory.gpus or model is not None):  # no GPU and no --model: nothing to size (saves ~50 ms)
         try:
-            ctx.sizing = caps.model_sizing(ctx.model)
+            from m3ctl import catalog  # noqa: PLC0415
+            from m3ctl.assess.facts import model_facts  # noqa: PLC0415
+
+            ctx.spec = catalog.find_model(ctx.model)
+            ctx.sizing = (model_facts(ctx.spec, ModelFacts(source=ctx.model))
+                          if ctx.spec is not None and ctx.spec.variants and ctx.spec.facts.num_layers else None)
         except Exception:  # noqa: BLE001 - sizing trouble shows up as model.memory_fit
             ctx.sizing = None
         _evaluate_variants(ctx)
@@ -1068,7 +1183,9 @@ def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: s
         checks.append(_safe(id_, group, fn, ctx))
     if local:
         checks.append(_safe("model.plan", "model", check_plan, ctx))
-    return DoctorReport(inventory=inventory, checks=checks, verdict=_verdict(ctx, checks))
+    verdict = _verdict(ctx, checks)
+    verdict = _as_plan(ctx, verdict, checks, inventory_file)
+    return DoctorReport(inventory=inventory, checks=checks, verdict=verdict)
 
 
 def report_json(rep: DoctorReport) -> dict[str, Any]:

@@ -5,13 +5,14 @@ host facts, starts nothing, and explains every choice (``m3ctl plan``, ``serve -
 Precedence of a ``vllm serve`` flag value, lowest to highest: kernel profile for the
 detected architecture -> model/variant data -> parallel/speculative choices -> user profile
 file (``--profile``) -> typed CLI overrides (``--tp``, ``--kv-cache-dtype``...) -> ``--arg`` ->
-raw args after ``--``. Every plan then passes the named rules of :mod:`m3ctl.rules`; a
-violation raises :class:`~m3ctl.errors.ConfigRejected` (exit 3) in milliseconds.
+raw args after ``--``. Every plan then passes the named rules of :mod:`m3ctl.assess.rules`; a
+violation raises :class:`~m3ctl.errors.ConfigRejected` (exit 3) in milliseconds. Where the request leaves
+a choice open, the plan chooses instead of rejecting: the largest max-model-len that fits, and the newest
+catalog image whose CUDA the driver supports (both explained and warned).
 """
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import shlex
@@ -23,11 +24,13 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from m3ctl import catalog
-from m3ctl.catalog import ModelSpec, Profile, Variant
+from m3ctl.assess import capability
+from m3ctl.assess.choose import choose_max_model_len, choose_variant
+from m3ctl.assess.facts import model_facts, read_model_facts
+from m3ctl.assess.request import PlanRequest, merge, serve_command  # noqa: F401 - re-exported
+from m3ctl.assess.rules import PlanContext, advisories, run_rules, vllm_int
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
-from m3ctl.modelinfo import ModelFacts, read_model_facts
-from m3ctl.rules import Facts, MemoryFit, PlanContext, Violation, advisories, check_all, memory_fit, vllm_int
 from m3ctl.secrets import redact_env
 
 
@@ -106,8 +109,11 @@ class LaunchPlan(BaseModel):
     python_modules: list[str] = Field(default_factory=list)
     unset_env: list[str] = Field(default_factory=list)
     """Variables removed from the server's inherited environment (one visibility variable on AMD, F05)."""
-    memory_fit: MemoryFit | None = Field(default=None, exclude=True)
-    """The memory budget rule ``memory.fit`` decided on (KV capacity); None on CPU or without sizing facts."""
+    request: dict[str, Any] | None = None
+    """The merged :class:`~m3ctl.assess.request.PlanRequest` this plan answers (JSON; defaults left out)."""
+    memory_fit: Any = Field(default=None, exclude=True)
+    """The memory fit rule ``memory.fit`` decided on (:class:`m3ctl.assess.memory.Fit`: KV capacity in tokens
+    at this layout); None on CPU or without sizing facts. Not serialized."""
 
     @property
     def url(self) -> str:
@@ -131,7 +137,7 @@ class LaunchPlan(BaseModel):
                            "dbo": self.dbo, "spec_depth": self.spec_depth},
                 "explain": [c.model_dump() for c in self.choices],
                 "rejected": [r.model_dump() for r in self.rejected],
-                "warnings": self.warnings, "violations": self.violations}
+                "warnings": self.warnings, "violations": self.violations, "request": self.request}
 
 
 #: Raw parallel flags planned as m3ctl's own knobs (flag -> plan() argument).
@@ -174,31 +180,6 @@ def find_vllm_executable() -> str:
     return shutil.which("vllm") or "vllm"
 
 
-def _merge_facts(spec: ModelSpec | None, local: ModelFacts, variant: Variant | None) -> Facts:
-    f = Facts()
-    if spec is not None:
-        for k, v in spec.facts.model_dump().items():
-            if v is not None and hasattr(f, k):
-                setattr(f, k, v)
-        f.attention, f.moe = spec.attention, spec.moe
-    if local.local:  # a real config.json overrides catalog (and assumed) facts
-        for k in ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "num_experts",
-                  "moe_intermediate_size", "max_position_embeddings", "scoring_func"):
-            v = getattr(local, k, None)
-            if v is not None:
-                setattr(f, k, v)
-        if local.num_experts:
-            f.moe = True
-        if local.quant_block:
-            f.quant_block = local.quant_block
-        f.weights_gib = local.weights_gib
-    if variant is not None:
-        if not local.local:
-            f.weights_gib = variant.weights_gib
-        f.quant_block = f.quant_block or variant.quant_block
-    return f
-
-
 def _device_ids(inventory: HostInventory, units, n: int) -> list[str]:
     """Devices to expose to a container: MIG or GPU UUIDs where known, else indices (first ``n``)."""
     if units is None:
@@ -208,92 +189,46 @@ def _device_ids(inventory: HostInventory, units, n: int) -> list[str]:
             for u in units[:n]]
 
 
-def _engine_constraints(profile: Profile, f: Facts) -> list[Violation]:
-    c, bad = profile.constraints, []
-    if c.head_dim_in and f.head_dim is not None and f.head_dim not in c.head_dim_in:
-        bad.append(Violation("engine.head_dim", f"head_dim {f.head_dim} is not supported by the {profile.name} "
-                             f"attention backend (supported: {', '.join(map(str, c.head_dim_in))})",
-                             "use a model with a supported head_dim",
-                             profile.sources.get("head_dim_in", f"profile {profile.name}")))
-    if c.moe_scoring_func_in and f.moe and f.scoring_func and f.scoring_func not in c.moe_scoring_func_in:
-        bad.append(Violation("engine.moe_scoring", f"MoE scoring_func {f.scoring_func!r} is not supported by the "
-                             f"{profile.name} MoE router (supported: {', '.join(c.moe_scoring_func_in)})",
-                             "use a supported scoring function or another architecture",
-                             profile.sources.get("moe_scoring_func_in", f"profile {profile.name}")))
-    return bad
+def _canon_flag(key: str) -> str:
+    """One spelling per dotted config key: ``attention-config.x`` -> ``attention_config.x`` (vLLM reads both),
+    so a raw dotted flag replaces the catalog's instead of reaching vLLM twice."""
+    k = key.lstrip("-")
+    if "." in k:
+        group, rest = k.split(".", 1)
+        return group.replace("-", "_") + "." + rest
+    return k
 
 
-def _pick_variant(spec: ModelSpec, model: str, requested: str | None, arch: str, n_gpus: int, mem_mib: int | None,
-                  rejected: list[Rejected], allow_emulated: bool = False) -> tuple[str | None, Variant | None, str]:
-    if not spec.variants:
-        return None, None, "model has no variants"
-    if requested:
-        if requested not in spec.variants:
-            close = difflib.get_close_matches(requested, list(spec.variants), n=1)
-            raise BadInput(f"unknown variant {requested!r} of {spec.name}" +
-                           (f"; did you mean {close[0]!r}?" if close else ""),
-                           f"variants: {', '.join(spec.variants)}")
-        return requested, spec.variants[requested], "given with --variant"
-    for vname, v in spec.variants.items():
-        if v.hf_id and v.hf_id.lower() == model.lower():
-            return vname, v, f"the checkpoint {model} is this variant"
-    usable = (n_gpus * (mem_mib or 0) / 1024 * 0.92) if mem_mib else None
-    first_native = None
-    for vname, v in spec.variants.items():
-        if arch not in v.native_archs:
-            why = (f"emulated on {arch}: {v.emulation}" if arch in v.emulated_archs else f"does not run on {arch}")
-            rejected.append(Rejected(what="variant", value=vname, why=why))
-            continue
-        first_native = first_native or (vname, v)
-        if usable is not None and v.weights_gib > usable * 0.9:
-            rejected.append(Rejected(what="variant", value=vname,
-                                     why=f"weights {v.weights_gib:.0f} GiB do not fit {n_gpus} GPU(s) "
-                                         f"({usable:.0f} GiB usable) with KV headroom"))
-            continue
-        return vname, v, f"first variant with native kernels on {arch} that fits {n_gpus} GPU(s)"
-    if allow_emulated:
-        for vname, v in spec.variants.items():
-            if arch in v.emulated_archs and (usable is None or v.weights_gib <= usable * 0.9):
-                return vname, v, f"no native variant fits; emulated on {arch} accepted with --allow-emulated"
-    if first_native:
-        return first_native[0], first_native[1], f"native on {arch} (does not fit: see the memory rule)"
-    vname, v = next(iter(spec.variants.items()))
-    return vname, v, f"no variant has native kernels on {arch}"
+#: Flags that set the same vLLM setting in two spellings; the higher layer's removes the lower's.
+SAME_SETTING = {"attention-backend": "attention_config.backend", "attention_config.backend": "attention-backend"}
 
 
-def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int = 8000,
-         host: str = "127.0.0.1", served_model_name: str | None = None, runtime: str = "process",
-         profile: Profile | None = None, variant: str | None = None, overrides: dict[str, Any] | None = None,
-         tp: int | None = None, dp: int | None = None, dcp: int | None = None, ep: bool | None = None,
-         dbo: bool | None = None, spec_depth: int | None = None, spec_method: str | None = None,
-         draft_tp: int | None = None, kv_cache_dtype: str | None = None, max_model_len: int | None = None,
-         max_num_seqs: int | None = None, max_num_batched_tokens: int | None = None,
-         extra_args: list[str] | None = None, env: dict[str, str] | None = None,
-         pass_env: list[str] | None = None, startup_budget_s: float | None = None, skip_checks: bool = False,
-         allow_emulated: bool = False, no_multicast: bool = False, vllm_executable: str | None = None,
-         catalog_dir: str | None = None, image: str | None = None, mounts: list[str] | None = None) -> LaunchPlan:
+def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     """Plan one launch and validate it.
 
     Args:
-        inventory: detected or loaded host inventory; its architecture picks the kernel profile.
-        model: catalog name/alias (``MiniMax-M3.1-Flash``), hub id, or local model directory.
-        variant: precision variant (``nvfp4``, ``mxfp8``...); default: best native variant that fits.
-        tp, dp, dcp, ep, dbo: parallel layout overrides (default: the profile's strategy for the GPU count).
-        spec_depth: speculative tokens (0 = off); ``spec_method`` defaults to the model's drafter, else ngram.
-        kv_cache_dtype, max_model_len, max_num_seqs, max_num_batched_tokens: typed overrides.
-        overrides: ``{flag: value}`` (``--arg``); extra_args: raw vLLM args (after ``--``), highest precedence.
-        pass_env: names of secret variables passed through (values never stored).
-        skip_checks: record rule violations as warnings instead of rejecting (readiness still runs).
-        allow_emulated: accept a variant that only runs through a fallback kernel on this architecture.
-        no_multicast: add the profile's NVLink-multicast-off environment (shared multi-GPU hosts).
-        image: image reference for the docker runtime (default: the profile's catalog image).
-        mounts: extra docker bind mounts ``HOST:CONTAINER[:ro|rw]``.
+        inventory: detected, loaded or catalog (``--system``) host inventory; its architecture picks the profile.
+        request: what is asked (:class:`~m3ctl.assess.request.PlanRequest`; built by the CLI, a ``--config``
+            file, tune and doctor's verdict). Unset fields are chosen here and explained in ``choices``.
 
     Raises:
         ConfigRejected: a rule rejects the plan (exit 3); the message names the rule, the values and the fix.
         CatalogError: no kernel profile for the detected architecture, or a bad catalog file (exit 2).
         BadInput: an invalid deployment name, missing model path, unknown variant, or malformed raw args (exit 2).
     """
+    r = request
+    model, name, port, host, runtime = r.model, r.name, r.port, r.host, r.runtime
+    variant, tp, dp, dcp, ep, dbo = r.variant, r.tp, r.dp, r.dcp, r.ep, r.dbo
+    spec_depth, spec_method, draft_tp = r.spec_depth, r.spec_method, r.draft_tp
+    kv_cache_dtype, max_model_len = r.kv_cache_dtype, r.max_model_len
+    max_num_seqs, max_num_batched_tokens = r.max_num_seqs, r.max_num_batched_tokens
+    overrides, extra_args, env, pass_env = r.args, r.extra_args, r.env, r.pass_env
+    allow_emulated, skip_checks, no_multicast = r.allow_emulated, r.skip_checks, r.no_multicast
+    catalog_dir, image, mounts, startup_budget_s = r.catalog_dir, r.image, r.mounts, r.startup_budget_s
+    served_model_name, vllm_executable = r.served_model_name, r.vllm_executable
+    profile = r.profile
+    if profile is None and r.profile_file:
+        profile = catalog.load_profile_file(Path(r.profile_file))
     from m3ctl.state import check_name  # noqa: PLC0415
 
     check_name(name)  # it names the container, the registry record and the emitted manifests
@@ -302,6 +237,10 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     warnings: list[str] = []
     local = read_model_facts(model)
     spec = catalog.find_model(model, local.architectures, catalog_dir)
+    # The image that will run (docker) and so the engine (vLLM) version and CUDA the capability rows see.
+    img = None
+    image_ref = None
+    user_image = None
     if profile is None:
         profile = catalog.profile_for_arch(inventory.arch, catalog_dir)
         choices.append(Choice(what="profile", value=profile.name,
@@ -326,6 +265,18 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     if vis is not None and vis.controlled_by:
         choices.append(Choice(what="visible GPUs", value=", ".join(u.label for u in vis.units) or "none",
                               why=f"from {', '.join(vis.controlled_by)}"))
+    if runtime == "docker" and not image and profile.image:
+        img, why_img = capability.choose_image(inventory.vendor or "", profile.arch, inventory.cuda_driver_version,
+                                               profile.image, catalog_dir)
+        if img is not None and img.name != profile.image:
+            warnings.append(f"image {img.name} (CUDA {img.cuda_version}) instead of {profile.image}: {why_img}")
+    elif runtime == "docker" and image:
+        from m3ctl.assess.image import inspect_user_image  # noqa: PLC0415
+
+        user_image = inspect_user_image(image)
+    image_vllm = (img.vllm_version if img is not None else (user_image.vllm_version if user_image else None))
+    image_cuda = (img.cuda_version if img is not None else (user_image.cuda_version if user_image else None))
+    engine_version = r.engine_version or capability.engine_version(runtime, image_vllm)
     vname, var = (None, None)
     if spec is not None:
         choices.append(Choice(what="model", value=spec.name, why=f"catalog match for {model!r}"))
@@ -333,17 +284,16 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
             warnings.append(f"{spec.name}: facts assumed from a sibling model (not public): {', '.join(spec.assumed)}; "
                             "a local config.json overrides them")
         if not local.local or variant:
-            vname, var, why = _pick_variant(spec, model, variant, profile.arch, max(1, n_gpus), mem, rejected,
-                                            allow_emulated)
+            passed: list[tuple[str, str]] = []
+            vname, var, why = choose_variant(spec, model, variant, profile.arch, max(1, n_gpus), mem, passed,
+                                             allow_emulated, engine_version, image_cuda, kv_cache_dtype or "auto")
+            rejected += [Rejected(what="variant", value=n, why=w) for n, w in passed]
             if vname:
                 choices.append(Choice(what="variant", value=f"{vname} ({var.precision})", why=why))
     elif not local.local:
         warnings.append(f"{model} is not a local directory nor a catalog model: facts unchecked, vLLM resolves it")
-    facts = _merge_facts(spec, local, var)
+    facts = model_facts(spec, local, var)
     family = spec.family if spec else None
-    facts.family, facts.model_type = family, local.model_type if local.local else None
-    if local.local:
-        facts.architectures, facts.config_keys = list(local.architectures), list(local.config_keys)
 
     # Raw vLLM arguments, read as vLLM reads them. Parallel flags among them are planned like --tp/--dp/...
     # (GPU selection, visibility and every rule see the layout vLLM will use).
@@ -415,6 +365,11 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
 
     def layer(src: dict[str, Any], why: str) -> None:
         for k, v in src.items():
+            k = _canon_flag(k)
+            other = SAME_SETTING.get(k)
+            if other and other in args:  # two spellings of one setting never both reach vLLM
+                choices.append(Choice(what=f"--{other}", value="dropped", why=f"--{k} ({why}) sets the same setting"))
+                del args[other]
             args[k] = v
             choices.append(Choice(what=f"--{k}", value=str(v), why=why))
 
@@ -475,16 +430,18 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
         if profile.no_multicast_env:
             choices.append(Choice(what="env", value="NVLink multicast off", why="--no-multicast (shared host)"))
 
-    img = None
-    image_ref = None
     if runtime == "docker":
         if image:
             image_ref = image
-            choices.append(Choice(what="image", value=image, why="given with --image"))
-        elif profile.image:
-            img = catalog.image_by_name(profile.image, catalog_dir)
+            choices.append(Choice(what="image", value=image, why="given with --image" + (
+                f" (labels/env: {user_image.describe()})" if user_image else " (not inspected: no container engine or "
+                                                                           "not pulled)")))
+            img = user_image.as_catalog_image() if user_image else None
+        elif img is not None:
             image_ref = img.reference
-            choices.append(Choice(what="image", value=image_ref, why=f"profile {profile.name} image {profile.image}"))
+            choices.append(Choice(what="image", value=image_ref,
+                                  why=f"profile {profile.name} image {profile.image}" if img.name == profile.image
+                                  else f"{img.name}: the profile image needs a newer driver"))
         else:
             raise ConfigRejected(f"profile {profile.name!r} names no image for the docker runtime",
                                  "pass --image REF (a local image works; see m3ctl/runtime/docker.py)")
@@ -492,17 +449,26 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
                       image=img, runtime=runtime, tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_,
                       spec_method=method if depth else None, spec_depth=depth, draft_tp=draft_tp, args=args,
                       env=envs, allow_emulated=allow_emulated, n_visible=n_gpus, unit_memory_mib=mem,
-                      visibility_problems=list(vis.problems) if vis is not None else [])
-    violations = _engine_constraints(profile, facts) + check_all(ctx)
+                      visibility_problems=list(vis.problems) if vis is not None else [],
+                      engine_version=engine_version, image_cuda=image_cuda if runtime == "docker" else None,
+                      drafter_block_size=spec.drafter.block_size if spec and spec.drafter else None,
+                      image_archs=list(user_image.cuda_archs) if user_image and runtime == "docker" else [])
+    chosen_len = choose_max_model_len(ctx)
+    if chosen_len:
+        choices.append(Choice(what="--max-model-len", value=str(chosen_len[0]), why=chosen_len[1]))
+        warnings.append(chosen_len[2])
+    findings = run_rules(ctx)
+    violations = [f for f in findings if f.status == "FAIL"]
     if violations and not skip_checks:
         v = violations[0]
         more = f" (also: {', '.join(x.rule for x in violations[1:])})" if len(violations) > 1 else ""
         alts = "; ".join(f"{r.what} {r.value}: {r.why}" for r in rejected) if v.rule in ("variant.native", "memory.fit") else ""
         raise ConfigRejected(f"rule {v.rule}: {v.message}{more}",
                              f"{v.fix} [source: {v.source}]" + (f"; alternatives rejected: {alts}" if alts else ""))
-    if var and profile.arch in var.emulated_archs and allow_emulated:
-        warnings.append(f"variant {vname} runs emulated on {profile.arch}: {var.emulation}")
+    if var and allow_emulated and ctx.support().status == "emulated":
+        warnings.append(f"variant {vname} runs emulated on {profile.arch}: {ctx.support().note}")
     warnings += [f"rule {v.rule} skipped: {v.message}" for v in violations]
+    warnings += [f"rule {f.id}: {f.message} ({f.fix})" for f in findings if f.status == "WARN"]
     warnings += advisories(ctx)
 
     served = served_model_name or name
@@ -524,11 +490,11 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
                       variant=vname, image=image_ref, model=target,
                       served_model_name=served, host=host, port=port, argv=argv, env=envs,
                       secret_env_names=sorted(pass_env or []), gpus=[u.gpu for u in units][: tp_ * dp_] if units is not None else [g.index for g in inventory.gpus][: tp_ * dp_],
-                      tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_, spec_depth=depth,
+                      tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_, spec_depth=ctx.speculation()[1],
                       startup_budget_s=startup_budget_s, completion_timeout_s=profile.readiness.completion_timeout_s,
                       choices=choices, rejected=rejected, warnings=warnings,
                       violations=[f"{v.rule}: {v.message}" for v in violations], mounts=list(mounts or []),
                       gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
                       gpu_devices=_device_ids(inventory, units, tp_ * dp_), unset_env=unset_env,
                       python_modules=list(profile.family_python_modules.get(family, [])) if family else [],
-                      memory_fit=memory_fit(ctx))
+                      request=r.public(), memory_fit=ctx.memory_fit())

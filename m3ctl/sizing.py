@@ -3,7 +3,7 @@
 For each system of the catalog (``m3ctl/data/systems.yaml``, see :mod:`m3ctl.hw.systems`) this plans the
 launch exactly as ``m3ctl plan --system NAME`` would (:func:`plan_on`, the one call into the planner) and
 reports the planner's answer: the variant and parallel layout it chose and the KV capacity of its memory
-budget (:class:`m3ctl.rules.MemoryFit`), or the rule that rejected the launch. Nothing here decides fit or
+budget (:class:`m3ctl.assess.memory.Fit`), or the rule that rejected the launch. Nothing here decides fit or
 layout itself; ``m3ctl plan --systems`` renders it as a table or JSON.
 """
 
@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from m3ctl.assess.request import PlanRequest
 from m3ctl.errors import ConfigRejected, M3Error
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.hw.systems import inventory_for_system, resolve_system, system_names
@@ -54,23 +55,23 @@ class SizingRow(BaseModel):
     reason: str | None = None
 
 
-def plan_on(inventory: HostInventory, model: str, request: dict[str, Any]) -> LaunchPlan:
-    """The one call from the sizing view into the planner: plan ``model`` on ``inventory`` with the same
-    request ``m3ctl plan`` builds (its keyword arguments: variant, tp, max_model_len...).
+def plan_on(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
+    """The one call from the sizing view into the planner: plan on ``inventory`` with the same
+    :class:`~m3ctl.assess.request.PlanRequest` ``m3ctl plan`` builds.
 
     Raises:
         ConfigRejected: a rule rejects the launch (exit 3); M3Error: bad input or catalog (exit 2).
     """
     from m3ctl.plan import plan  # noqa: PLC0415
 
-    return plan(inventory, model, **request)
+    return plan(inventory, request)
 
 
 _RULE = re.compile(r"^rule ([\w.]+):")
 
 
-def size_system(name: str, model: str, request: dict[str, Any]) -> SizingRow:
-    """Plan ``model`` on system ``name`` and summarise the planner's answer as a :class:`SizingRow`.
+def size_system(name: str, request: PlanRequest) -> SizingRow:
+    """Plan ``request.model`` on system ``name`` and summarise the planner's answer as a :class:`SizingRow`.
 
     Raises:
         UnknownSystem: ``name`` is not in the catalog (exit 2). Planner rejections become rows.
@@ -80,7 +81,7 @@ def size_system(name: str, model: str, request: dict[str, Any]) -> SizingRow:
     g = inv.gpus[0]
     row = dict(system=f"{key}x{count}", gpus=count, gpu=g.name, gpu_mib=g.memory_total_mib)
     try:
-        p = plan_on(inv, model, request)
+        p = plan_on(inv, request)
     except ConfigRejected as e:
         m = _RULE.match(e.message)
         return SizingRow(**row, serves=False, rule=m.group(1) if m else None,
@@ -89,18 +90,17 @@ def size_system(name: str, model: str, request: dict[str, Any]) -> SizingRow:
         return SizingRow(**row, serves=False, rule=None, reason=e.message)
     fit = p.memory_fit
     return SizingRow(**row, serves=True, variant=p.variant, tp=p.tp, dp=p.dp, ep=p.ep, dcp=p.dcp,
-                     gpus_used=p.tp * p.dp, max_model_len=fit.max_model_len if fit else None,
-                     kv_tokens=fit.kv_tokens if fit else None,
-                     concurrent_sequences=fit.concurrent_sequences if fit else None)
+                     gpus_used=p.tp * p.dp, max_model_len=fit.context if fit else None,
+                     kv_tokens=fit.capacity_tokens() if fit else None,
+                     concurrent_sequences=p.dp * fit.concurrent_sequences(fit.context) if fit else None)
 
 
-def size_systems(model: str, systems: list[str] | None, request: dict[str, Any]) -> list[SizingRow]:
+def size_systems(systems: list[str] | None, request: PlanRequest) -> list[SizingRow]:
     """One :class:`SizingRow` per system (default: every catalog system at its default GPU count).
 
     Args:
-        model: catalog model, hub id or local directory (as ``m3ctl plan --model``).
         systems: system names (``b200x8``, ``gb300x4``...; ``all`` = every catalog system).
-        request: the planner's request (as ``m3ctl plan`` builds it: max_model_len, variant, tp...).
+        request: the planner's request (as ``m3ctl plan`` builds it: model, max_model_len, variant, tp...).
 
     Raises:
         UnknownSystem: a name is not in the catalog (checked for all names before anything is planned).
@@ -110,7 +110,7 @@ def size_systems(model: str, systems: list[str] | None, request: dict[str, Any])
         names = list(dict.fromkeys(names + system_names()))
     for n in names:
         resolve_system(n)
-    return [size_system(n, model, request) for n in names]
+    return [size_system(n, request) for n in names]
 
 
 def sizing_json(model: str, rows: list[SizingRow]) -> dict[str, Any]:

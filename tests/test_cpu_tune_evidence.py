@@ -86,10 +86,10 @@ def test_tuned_profile_plans_the_tuned_flags(tiny_models):
     """profile.yaml from this study plans as is on this host: the tuned flags and TP 1."""
     from m3ctl.catalog import load_profile_file
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import plan
+    from m3ctl.plan import plan, PlanRequest
 
     prof = load_profile_file(D / "profile.yaml")
-    p = plan(detect(), str(tiny_models["m2"]), profile=prof, runtime="process", vllm_executable="vllm")
+    p = plan(detect(), PlanRequest(model=str(tiny_models["m2"]), profile=prof, runtime="process", vllm_executable="vllm"))
     a = p.argv
     assert a[a.index("--max-num-seqs") + 1] == "16" and a[a.index("--max-num-batched-tokens") + 1] == "256"
     assert "--speculative-config" not in a and p.tp == 1

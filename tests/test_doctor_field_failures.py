@@ -229,8 +229,8 @@ def test_f05_rocr_then_hip_cuda_masking(env, status, needle):
         assert "GPU 3" in c.details[-1]  # HIP index 1 of the ROCR-filtered [2, 3] is physical GPU 3
     if status == "FAIL":
         assert rep.exit_code() == 1
-    if status == "OK":  # 4 x MI300X: MXFP8 fits at TP=4, nothing blocks
-        assert rep.exit_code() == 0 and rep.verdict.tp == 4
+    if status == "OK":  # 4 x MI300X: MXFP8 is dequantized to BF16 at load (N07): it no longer "fits" TP=4
+        assert rep.verdict.status == "not_runnable" and any(b.startswith("memory.fit:") for b in rep.verdict.blockers)
 
 
 # ----------------------------------------------------------------------------- F06
@@ -344,7 +344,7 @@ def test_f09_nvfp4_moe_on_sm120_depends_on_engine():
 
 
 # ----------------------------------------------------------------------------- F10
-@pytest.mark.parametrize(("dtype", "status"), [("fp8", "WARN"), ("nvfp4", "FAIL"), ("fp8_ds_mla", "FAIL"),
+@pytest.mark.parametrize(("dtype", "status"), [("fp8", "FAIL"), ("nvfp4", "FAIL"), ("fp8_ds_mla", "FAIL"),
                                                ("fp8_inc", "FAIL"), ("auto", "OK")])
 def test_f10_kv_cache_dtype_validated_per_arch(dtype, status):
     rep = run_doctor(h200(), kv_cache_dtype=dtype, host_checks=False)
@@ -352,7 +352,10 @@ def test_f10_kv_cache_dtype_validated_per_arch(dtype, status):
     assert c.status == status, c.message
     if status != "OK":
         assert "auto" in c.fix
+    # FP8 KV for MSA on Hopper: doctor's check reads the plan rule's data (kv.dtype), no longer a lone WARN (issue 13).
     assert rep.exit_code() == (1 if status == "FAIL" else 0)
+    if dtype == "fp8":
+        assert "rule kv.dtype" in c.message and any(b.startswith("kv.dtype:") for b in rep.verdict.blockers)
     b200 = h200().model_copy(update={"gpus": tuple(g.model_copy(update={"compute_capability": "10.0", "arch": "blackwell"})
                                                    for g in h200().gpus)})
     if dtype == "fp8":

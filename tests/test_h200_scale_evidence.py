@@ -73,7 +73,7 @@ def test_the_clean_grid_and_the_tune_disagree_near_the_slo(ev):
 
 def test_kv_capacity_vllm_reported_for_the_scale_model():
     log = (SCALE / "grid-call7" / "server-defaults-startup.log").read_text()
-    assert "Model loading took 57.03 GiB" in log  # m3ctl's config estimate: 57.0 GiB (modelinfo.estimate_weights_bytes)
+    assert "Model loading took 57.03 GiB" in log  # m3ctl's config estimate: 57.0 GiB (assess.facts.estimate_weights_bytes)
     assert "GPU KV cache size: 1,101,296 tokens" in log
     # 16 layers x 8 KV heads x 128 x (K+V) x 2 bytes = 64 KiB per token; 67.22 GiB of KV memory
     assert 67.22 * 2**30 / (16 * 8 * 128 * 2 * 2) == pytest.approx(1_101_296, rel=1e-3)

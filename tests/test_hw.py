@@ -11,7 +11,7 @@ import pytest
 
 from m3ctl.doctor import run_doctor
 from m3ctl.errors import BadInput, CatalogError
-from m3ctl.hw import capabilities as caps
+from m3ctl.assess import capability as caps
 from m3ctl.hw.detect import (
     ProbeDeclined,
     detect,
@@ -279,11 +279,14 @@ def test_capability_table_typos_fail_with_did_you_mean():
 
 def test_memory_fit_arithmetic():
     # 2 x 143771 MiB (H200), 224 GiB weights, 120 KiB KV/token (60 layers x 4 KV heads x 128 x K,V x bf16).
-    fit = caps.memory_fit([143771, 143771], 224, 2 * 60 * 4 * 128 * 2, 4, 32768)
+    from m3ctl.assess import memory as mem
+
+    fit = mem.smallest_tp([143771, 143771], weights_gib=224, kv_bytes_per_token=2 * 60 * 4 * 128 * 2, num_kv_heads=4,
+                          context=32768)
     assert fit.fits and fit.tp == 2
     assert fit.per_gpu_budget_gib == pytest.approx(143771 / 1024 * 0.92 - 4)
     assert fit.weights_per_gpu_gib == 112 and fit.kv_needed_gib == pytest.approx(32768 * 122880 / 2 / 2**30)
-    one = caps.memory_fit([143771], 224, 122880, 4, 32768)
+    one = mem.smallest_tp([143771], weights_gib=224, kv_bytes_per_token=122880, num_kv_heads=4, context=32768)
     assert not one.fits and one.tp == 1 and one.max_context == 0
     assert FIXTURES.is_dir()
 

@@ -14,7 +14,7 @@ import yaml
 
 from m3ctl.emit import render
 from m3ctl.errors import ConfigRejected
-from m3ctl.plan import plan
+from m3ctl.plan import plan, PlanRequest
 from tests.conftest import run_cli
 from tests.hosts import ALL
 
@@ -24,14 +24,14 @@ GOLDEN = Path(__file__).parent / "golden" / "plans"
 def _golden_for(host: str) -> dict:
     inv = ALL[host]()
     try:
-        p = plan(inv, "MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm")
+        p = plan(inv, PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm"))
         out = p.summary()
     except ConfigRejected as e:
         out = {"rejected": e.message, "hint": e.hint}
     # The 131072-token plan: what an operator of this host can run when the full context does not fit.
     try:
-        p2 = plan(inv, "MiniMax-M3.1-Flash", runtime="docker", max_model_len=131072, allow_emulated=True,
-                  vllm_executable="vllm")
+        p2 = plan(inv, PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", max_model_len=131072, allow_emulated=True,
+                  vllm_executable="vllm"))
         out2 = {"variant": p2.variant, "argv": p2.argv, "env": p2.env, "warnings": p2.warnings}
     except ConfigRejected as e:
         out2 = {"rejected": e.message}
@@ -48,7 +48,7 @@ def test_golden_plan(host):
 
 
 def test_emit_forms_for_b200():
-    p = plan(ALL["b200x8"](), "MiniMax-M3.1-Flash", runtime="docker", pass_env=["HF_TOKEN"], vllm_executable="vllm")
+    p = plan(ALL["b200x8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", pass_env=["HF_TOKEN"], vllm_executable="vllm"))
     d = render(p, "docker")
     assert d.startswith("docker run -d --name m3ctl --ipc=host") and '--gpus "device=0,1,2,3,4,5,6,7"' in d
     assert "vllm/vllm-openai:minimax-m3 MiniMaxAI/MiniMax-M3.1-Flash-NVFP4 --host 0.0.0.0" in d
@@ -65,7 +65,7 @@ def test_emit_forms_for_b200():
 
 
 def test_emit_amd_devices():
-    p = plan(ALL["mi355xx8"](), "MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm")
+    p = plan(ALL["mi355xx8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm"))
     d = render(p, "docker")
     assert "--device /dev/kfd --device /dev/dri --group-add video --security-opt seccomp=unconfined" in d
     assert "VLLM_ROCM_USE_AITER=1" in d and "--attention-backend TRITON_ATTN" in d
@@ -109,7 +109,7 @@ def test_user_config_file_precedence(tmp_path):
 
 
 def test_emit_lws_multi_node_dp():
-    p = plan(ALL["b200x8"](), "MiniMax-M3.1-Flash", runtime="docker", tp=1, dp=8, ep=True, vllm_executable="vllm")
+    p = plan(ALL["b200x8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", tp=1, dp=8, ep=True, vllm_executable="vllm"))
     doc = yaml.safe_load(render(p, "lws", nodes=2))
     assert doc["kind"] == "LeaderWorkerSet" and doc["spec"]["leaderWorkerTemplate"]["size"] == 2
     lead = doc["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]

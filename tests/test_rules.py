@@ -8,13 +8,13 @@ import pytest
 
 from m3ctl.errors import ConfigRejected
 from m3ctl.hw.inventory import GpuInfo, HostInventory
-from m3ctl.plan import plan
+from m3ctl.plan import plan, PlanRequest
 from tests.hosts import h200x2, synthetic
 
 
 def _rejects(rule_id: str, inv: HostInventory, model: str = "MiniMax-M3.1-Flash", **kw) -> ConfigRejected:
     with pytest.raises(ConfigRejected) as ei:
-        plan(inv, model, vllm_executable="vllm", **kw)
+        plan(inv, PlanRequest(model=model, vllm_executable="vllm", **kw))
     assert ei.value.message.startswith(f"rule {rule_id}:"), ei.value.message
     assert ei.value.hint and "[source:" in ei.value.hint
     return ei.value
@@ -22,8 +22,8 @@ def _rejects(rule_id: str, inv: HostInventory, model: str = "MiniMax-M3.1-Flash"
 
 def test_valid_flagship_plans():
     for host, variant in (("b200x8", "nvfp4"), ("b300x8", "nvfp4"), ("rubinx8", "nvfp4"), ("mi355xx8", "mxfp4"),
-                          ("mi300xx8", "mxfp8"), ("h200x8", "mxfp8")):
-        p = plan(synthetic(host), "MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm")
+                          ("mi300xx8", "bf16"), ("h200x8", "mxfp8")):  # MI300X: MXFP8 is BF16 at load (N07)
+        p = plan(synthetic(host), PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm"))
         assert p.variant == variant, host
         assert p.argv[p.argv.index("--block-size") + 1] == "128"
         assert p.argv[p.argv.index("--tensor-parallel-size") + 1] == "8"
@@ -33,8 +33,8 @@ def test_valid_flagship_plans():
 def test_variant_native_f08_nvfp4_on_hopper():
     e = _rejects("variant.native", h200x2(), variant="nvfp4")
     assert "Marlin" in e.message and "--allow-emulated" in e.hint
-    p = plan(h200x2(), "MiniMax-M3.1-Flash", variant="nvfp4", allow_emulated=True, max_model_len=131072,
-             vllm_executable="vllm")
+    p = plan(h200x2(), PlanRequest(model="MiniMax-M3.1-Flash", variant="nvfp4", allow_emulated=True, max_model_len=131072,
+             vllm_executable="vllm"))
     assert any("emulated on hopper" in w for w in p.warnings)
 
 
@@ -69,8 +69,8 @@ def test_dbo_f12():
     assert "DP > 1" in e.message and "expert parallel" in e.message
     e = _rejects("parallel.dbo", synthetic("b200x8"), dbo=True, tp=1, dp=8, ep=True, overrides={"all2all-backend": "pplx"})
     assert "DeepEP" in e.message and "deepep_low_latency" in e.hint
-    p = plan(synthetic("b200x8"), "MiniMax-M3.1-Flash", dbo=True, tp=1, dp=8, ep=True,
-             overrides={"all2all-backend": "deepep_low_latency"}, vllm_executable="vllm", max_model_len=131072)
+    p = plan(synthetic("b200x8"), PlanRequest(model="MiniMax-M3.1-Flash", dbo=True, tp=1, dp=8, ep=True,
+             overrides={"all2all-backend": "deepep_low_latency"}, vllm_executable="vllm", max_model_len=131072))
     assert "--enable-dbo" in p.argv and "--enable-expert-parallel" in p.argv
     _rejects("parallel.dbo", synthetic("mi355xx8"), dbo=True, tp=1, dp=8, ep=True)
 
@@ -82,8 +82,8 @@ def test_ep_on_dense_model(tiny_models):
 def test_spec_rules_dspark_and_draft_tp():
     e = _rejects("spec.dspark_depth", synthetic("b200x8"), spec_depth=3)
     assert "block size 7" in e.message
-    p = plan(synthetic("b200x8"), "MiniMax-M3.1-Flash", spec_depth=7, vllm_executable="vllm",
-             max_num_batched_tokens=8192, max_num_seqs=64)
+    p = plan(synthetic("b200x8"), PlanRequest(model="MiniMax-M3.1-Flash", spec_depth=7, vllm_executable="vllm",
+             max_num_batched_tokens=8192, max_num_seqs=64))
     cfg = json.loads(p.argv[p.argv.index("--speculative-config") + 1])
     assert cfg == {"method": "dspark", "num_speculative_tokens": 7, "model": "MiniMaxAI/MiniMax-M3.1-Flash-DSpark"}
     _rejects("spec.draft_tp", synthetic("b200x8"), spec_depth=7, draft_tp=4, max_num_batched_tokens=8192,
@@ -101,13 +101,13 @@ def test_spec_token_budget_uses_vllms_defaults_for_the_device(tiny_models):
     """Unset flags: vLLM's own defaults for the device (m3ctl/data/vllm_defaults.yaml), not one fixed pair.
     B200 (180 GiB): 16384 / 1024; the real H200 host (143,771 MiB): 8192 / 1024; CPU: 2048 / 128."""
     m2 = str(tiny_models["m2"])
-    plan(synthetic("b200x8"), "MiniMax-M3.1-Flash", spec_depth=15, spec_method="ngram", vllm_executable="vllm")
+    plan(synthetic("b200x8"), PlanRequest(model="MiniMax-M3.1-Flash", spec_depth=15, spec_method="ngram", vllm_executable="vllm"))
     e = _rejects("spec.token_budget", synthetic("b200x8"), spec_depth=16, spec_method="ngram")
     assert "(max-num-batched-tokens 16384 - 16 draft slots x max-num-seqs 1024)" in e.message
-    plan(h200x2(), m2, spec_depth=7, spec_method="ngram", vllm_executable="vllm")
+    plan(h200x2(), PlanRequest(model=m2, spec_depth=7, spec_method="ngram", vllm_executable="vllm"))
     e = _rejects("spec.token_budget", h200x2(), model=m2, spec_depth=8, spec_method="ngram")
     assert "(max-num-batched-tokens 8192 - 8 draft slots x max-num-seqs 1024)" in e.message
-    plan(HostInventory(), m2, spec_depth=15, spec_method="ngram", vllm_executable="vllm")
+    plan(HostInventory(), PlanRequest(model=m2, spec_depth=15, spec_method="ngram", vllm_executable="vllm"))
     e = _rejects("spec.token_budget", HostInventory(), model=m2, spec_depth=16, spec_method="ngram")
     assert "(max-num-batched-tokens 2048 - 16 draft slots x max-num-seqs 128)" in e.message
     # A GPU whose memory NVML cannot report (GB10's unified memory): vLLM's fallback row, 2048 / 256, which is
@@ -164,16 +164,16 @@ def test_batching_limits(tiny_models):
     e = _rejects("batching.limits", HostInventory(), model=m2, max_num_batched_tokens=1024,
                  extra_args=["--no-enable-chunked-prefill"])
     assert "< max-model-len 2048 with chunked prefill off" in e.message
-    p = plan(HostInventory(), m2, max_num_batched_tokens=100_000_000, vllm_executable="vllm")
+    p = plan(HostInventory(), PlanRequest(model=m2, max_num_batched_tokens=100_000_000, vllm_executable="vllm"))
     assert any("max-num-batched-tokens 100000000 > max-num-seqs 128 x max-model-len 2048" in w for w in p.warnings)
     # vLLM's human-readable integers: 8K = 8192, 8k = 8000 (vllm/utils/argparse_utils.py human_readable_int)
     e = _rejects("batching.limits", HostInventory(), model=m2, extra_args=["--max-num-batched-tokens", "8K",
                                                                              "--max-num-seqs", "9k"])
     assert "max-num-batched-tokens 8192 < max-num-seqs 9000" in e.message
-    p = plan(HostInventory(), m2, max_num_batched_tokens=256, max_num_seqs=16, vllm_executable="vllm")
+    p = plan(HostInventory(), PlanRequest(model=m2, max_num_batched_tokens=256, max_num_seqs=16, vllm_executable="vllm"))
     assert p.violations == [] and not any("max-num-batched-tokens" in w for w in p.warnings)
-    plan(HostInventory(), m2, max_num_batched_tokens=1024, extra_args=["--enable-chunked-prefill"],
-         vllm_executable="vllm")
+    plan(HostInventory(), PlanRequest(model=m2, max_num_batched_tokens=1024, extra_args=["--enable-chunked-prefill"],
+         vllm_executable="vllm"))
 
 
 def test_batching_limits_follow_vllms_default_adjustments():
@@ -181,24 +181,24 @@ def test_batching_limits_follow_vllms_default_adjustments():
     vLLM accepts is not rejected and one it refuses is."""
     m, h200, b200 = "MiniMax-M3.1-Flash", synthetic("h200x8"), synthetic("b200x8")
     # A budget alone: max-num-seqs follows it down (H200 default 1024 -> 512).
-    plan(h200, m, max_num_batched_tokens=512, vllm_executable="vllm")
+    plan(h200, PlanRequest(model=m, max_num_batched_tokens=512, vllm_executable="vllm"))
     # Chunked prefill off with no budget: the budget is raised to max-model-len.
-    plan(b200, m, extra_args=["--no-enable-chunked-prefill"], vllm_executable="vllm")
+    plan(b200, PlanRequest(model=m, extra_args=["--no-enable-chunked-prefill"], vllm_executable="vllm"))
     _rejects("batching.limits", b200, max_num_batched_tokens=8192, extra_args=["--no-enable-chunked-prefill"])
     # 10000 sequences exceed H200's default budget of 8192, unless throughput mode doubles it.
     e = _rejects("batching.limits", h200, max_num_seqs=10000)
     assert "max-num-batched-tokens 8192 < max-num-seqs 10000" in e.message
-    plan(h200, m, max_num_seqs=10000, extra_args=["--performance-mode", "throughput"], vllm_executable="vllm")
+    plan(h200, PlanRequest(model=m, max_num_seqs=10000, extra_args=["--performance-mode", "throughput"], vllm_executable="vllm"))
     # DP + EP with a low-latency all2all: vLLM's default budget is 256 (batched DP MoE).
     dp_ep = {"tp": 4, "dp": 2, "ep": True, "extra_args": ["--all2all-backend", "deepep_low_latency"]}
     e = _rejects("batching.limits", b200, max_num_seqs=512, **dp_ep)
     assert "max-num-batched-tokens 256 < max-num-seqs 512" in e.message
-    plan(b200, m, vllm_executable="vllm", **dp_ep)
+    plan(b200, PlanRequest(model=m, vllm_executable="vllm", **dp_ep))
 
 
 def test_spec_method_not_on_arch(tiny_models):
     _rejects("spec.method", HostInventory(), model=str(tiny_models["llama"]), spec_depth=3, spec_method="eagle3")
-    p = plan(HostInventory(), str(tiny_models["llama"]), spec_depth=3, vllm_executable="vllm")
+    p = plan(HostInventory(), PlanRequest(model=str(tiny_models["llama"]), spec_depth=3, vllm_executable="vllm"))
     assert json.loads(p.argv[p.argv.index("--speculative-config") + 1]) == {"method": "ngram",
                                                                              "num_speculative_tokens": 3}
 
@@ -218,15 +218,15 @@ def test_shard_alignment_f11(tmp_path):
         "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}))
     e = _rejects("quant.shard_alignment", synthetic("h200x8"), model=str(d), tp=8, ep=False)
     assert "1536/8 = 192" in e.message and "use TP 4" in e.hint
-    plan(synthetic("h200x8"), str(d), tp=4, vllm_executable="vllm")
-    plan(synthetic("h200x8"), str(d), tp=8, ep=True, vllm_executable="vllm")
+    plan(synthetic("h200x8"), PlanRequest(model=str(d), tp=4, vllm_executable="vllm"))
+    plan(synthetic("h200x8"), PlanRequest(model=str(d), tp=8, ep=True, vllm_executable="vllm"))
 
 
 def test_kv_dtype_f10():
     e = _rejects("kv.dtype", synthetic("h200x8"), kv_cache_dtype="fp8")
     assert "MSA attention on hopper" in e.message and "auto" in e.hint
     _rejects("kv.dtype", synthetic("mi355xx8"), kv_cache_dtype="nvfp4")
-    p = plan(synthetic("b200x8"), "MiniMax-M3.1-Flash", kv_cache_dtype="nvfp4", vllm_executable="vllm")
+    p = plan(synthetic("b200x8"), PlanRequest(model="MiniMax-M3.1-Flash", kv_cache_dtype="nvfp4", vllm_executable="vllm"))
     assert p.argv[p.argv.index("--kv-cache-dtype") + 1] == "nvfp4"
 
 
@@ -234,7 +234,7 @@ def test_image_cuda_vs_driver_f06():
     old = synthetic("b200x8").model_copy(update={"cuda_driver_version": "12.4", "driver_version": "550.54"})
     e = _rejects("image.cuda_vs_driver", old, runtime="docker")
     assert "needs CUDA 13.0" in e.message and "12.4" in e.message
-    plan(old, "MiniMax-M3.1-Flash", runtime="process", vllm_executable="vllm")  # bare host: no image involved
+    plan(old, PlanRequest(model="MiniMax-M3.1-Flash", runtime="process", vllm_executable="vllm"))  # bare host: no image involved
 
 
 def test_deprecated_env_and_boolean_spelling(tiny_models):
@@ -244,16 +244,16 @@ def test_deprecated_env_and_boolean_spelling(tiny_models):
     e = _rejects("flags.boolean_spelling", HostInventory(), model=str(tiny_models["llama"]),
                  extra_args=["--disable-prefix-caching"])
     assert "--no-enable-prefix-caching" in e.hint
-    plan(HostInventory(), str(tiny_models["llama"]), extra_args=["--disable-log-stats"], vllm_executable="vllm")
+    plan(HostInventory(), PlanRequest(model=str(tiny_models["llama"]), extra_args=["--disable-log-stats"], vllm_executable="vllm"))
 
 
 def test_skip_checks_records_violations():
-    p = plan(synthetic("b200x8"), "MiniMax-M3.1-Flash", dcp=2, skip_checks=True, vllm_executable="vllm")
+    p = plan(synthetic("b200x8"), PlanRequest(model="MiniMax-M3.1-Flash", dcp=2, skip_checks=True, vllm_executable="vllm"))
     assert any(v.startswith("parallel.dcp") for v in p.violations)
 
 
 def test_no_multicast_env_for_multi_gpu():
-    p = plan(synthetic("b200x8"), "MiniMax-M3.1-Flash", no_multicast=True, vllm_executable="vllm")
+    p = plan(synthetic("b200x8"), PlanRequest(model="MiniMax-M3.1-Flash", no_multicast=True, vllm_executable="vllm"))
     assert p.env["NCCL_NVLS_ENABLE"] == "0" and p.env["VLLM_ALLREDUCE_USE_SYMM_MEM"] == "0"
 
 
@@ -268,7 +268,7 @@ def test_local_config_overrides_assumed_facts(tmp_path):
                                                    "sparse_block_size": 128, "sparse_topk_blocks": 16}}))
     # 8 KV heads from config.json (catalog assumed 4): DCP at TP 8 on MSA is still rejected for MSA,
     # and the plan uses the local dir with block size 128.
-    p = plan(synthetic("b200x8"), str(d), vllm_executable="vllm")
+    p = plan(synthetic("b200x8"), PlanRequest(model=str(d), vllm_executable="vllm"))
     assert p.model == str(d) and "--block-size" in p.argv and p.model_spec == "MiniMax-M3.1-Flash"
 
 
@@ -282,4 +282,4 @@ def test_m3_config_without_release_fields_rejected(tmp_path):
                                                "num_key_value_heads": 1, "num_local_experts": 4}))
     with pytest.raises(ConfigRejected, match="rule model.config_format: config.json lacks rope_theta, "
                                              "sparse_attention_config"):
-        plan(synthetic("b200x8"), str(d), vllm_executable="vllm")
+        plan(synthetic("b200x8"), PlanRequest(model=str(d), vllm_executable="vllm"))

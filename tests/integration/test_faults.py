@@ -77,13 +77,13 @@ def test_watchdog_stalled_engine_dead_engine_and_restart(tiny_models, tmp_path):
     import httpx
 
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import plan
+    from m3ctl.plan import plan, PlanRequest
     from m3ctl.serve import launch_and_wait, relaunch, runtime_for, stop
     from m3ctl.state import Registry
     from m3ctl.watchdog import Watchdog, parse_metrics, watch
 
     reg = Registry(tmp_path / "state")
-    res = launch_and_wait(plan(detect(), str(tiny_models["llama"]), name="wd", port=free_port()), registry=reg)
+    res = launch_and_wait(plan(detect(), PlanRequest(model=str(tiny_models["llama"]), name="wd", port=free_port())), registry=reg)
     dep = res.deployment
     rt = runtime_for(dep)
     try:

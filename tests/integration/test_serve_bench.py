@@ -102,7 +102,7 @@ def test_ctrl_c_after_readiness_before_the_result_stops_the_server(tiny_models, 
     """launch_and_wait: a Ctrl-C that lands after the server answered its first completion but before the
     result is returned (here: while the startup log is read for the kernel check) stops that server too."""
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import plan
+    from m3ctl.plan import plan, PlanRequest
     from m3ctl.runtime.process import ProcessRuntime
     from m3ctl.serve import launch_and_wait
     from m3ctl.state import Registry
@@ -116,7 +116,7 @@ def test_ctrl_c_after_readiness_before_the_result_stops_the_server(tiny_models, 
     port = free_port()
     reg = Registry(tmp_path / "state")
     with pytest.raises(KeyboardInterrupt):
-        launch_and_wait(plan(detect(), str(tiny_models["llama"]), name="late", port=port), registry=reg,
+        launch_and_wait(plan(detect(), PlanRequest(model=str(tiny_models["llama"]), name="late", port=port)), registry=reg,
                         runtime=CtrlCInKernelCheck())
     assert reg.list() == []
     assert vllm_procs_for(port) == [] and not port_in_use("127.0.0.1", port)

@@ -8,7 +8,7 @@ import pytest
 
 from m3ctl.catalog import models
 from m3ctl.errors import ConfigRejected
-from m3ctl.plan import plan
+from m3ctl.plan import plan, PlanRequest
 from tests.hosts import ALL
 
 pytestmark = pytest.mark.integration
@@ -30,8 +30,8 @@ def test_all_plans_parse(vllm_parser, tiny_models):
             if len(inv.gpus) < 8 and kw.get("dp") == 8:
                 kw["dp"] = len(inv.gpus)
             try:
-                p = plan(inv, model, variant=variant, runtime="docker", skip_checks=True, allow_emulated=True,
-                         vllm_executable="vllm", **kw)
+                p = plan(inv, PlanRequest(model=model, variant=variant, runtime="docker", skip_checks=True, allow_emulated=True,
+                         vllm_executable="vllm", **kw))
             except ConfigRejected:
                 continue
             ns = vllm_parser.parse_args(p.argv[2:])
@@ -39,7 +39,7 @@ def test_all_plans_parse(vllm_parser, tiny_models):
             assert (ns.tensor_parallel_size, ns.data_parallel_size) == (p.tp, p.dp)
             rendered += 1
     for name, path in tiny_models.items():
-        p = plan(ALL["h200x2"](), str(path), skip_checks=True, spec_depth=3, vllm_executable="vllm")
+        p = plan(ALL["h200x2"](), PlanRequest(model=str(path), skip_checks=True, spec_depth=3, vllm_executable="vllm"))
         vllm_parser.parse_args(p.argv[2:])
         rendered += 1
     assert rendered > 150, rendered

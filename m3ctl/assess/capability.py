@@ -1,17 +1,10 @@
-"""Capabilities per architecture (data: m3ctl/data/capabilities.yaml) and the memory-fit arithmetic.
+"""The one capability table: which precision / attention / KV feature runs how on which architecture,
+from which engine (vLLM) version and image CUDA, with its source (data: m3ctl/data/capabilities.yaml).
 
 The YAML is validated by :class:`CapabilityTable` (unknown keys fail with "did you mean"; every
-feature row must carry a ``source``). Logic lives here; values live in the YAML.
-
-Memory fit (per GPU, at tensor-parallel size ``tp``)::
-
-    budget      = memory_gib * gpu_memory_utilization - overhead_gib
-    weights     = weights_gib / tp
-    kv_per_tok  = 2 (K,V) * num_layers * num_kv_heads * head_dim * bytes(kv dtype)   [bytes]
-    kv_shards   = min(tp, num_kv_heads)      (KV heads replicate beyond that)
-    fits        = weights + context * kv_per_tok / kv_shards / 2**30 <= budget
-
-The smallest ``tp`` from ``host.tp_candidates`` that fits on the visible GPUs wins.
+feature row must carry a ``source``). Logic lives here; values live in the YAML. A variant's status on
+an architecture (:func:`variant_support`: ``native`` / ``emulated`` / ``unsupported``) is derived from
+its precision's and its attention's rows; doctor and plan both read it (there is no per-model copy).
 """
 
 
@@ -52,6 +45,8 @@ class Feature(_Strict):
     min_cuda: str | None = None
     min_image_cuda: str | None = None
     engine: EngineRule | None = None
+    weights_factor: float = Field(default=1.0, gt=0)
+    """Memory the weights take at load relative to the checkpoint (2.0: dequantized to BF16 at load, N07)."""
 
 
 class ArchRow(_Strict):
@@ -90,23 +85,12 @@ class HostRules(_Strict):
     tp_candidates: list[int]
 
 
-class FallbackVariant(_Strict):
-    precision: str
-    weights_gib: float
-
-
-class FallbackModel(_Strict):
-    name: str
-    aliases: list[str] = Field(default_factory=list)
-    family: str
-    attention: str
-    assumed: bool
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    max_position_embeddings: int
-    variants: dict[str, FallbackVariant]
-    source: str
+class ShardAlignment(_Strict):
+    multiple_of: int = Field(gt=0)
+    archs: list[str]
+    moe_backends: list[str] = Field(default_factory=lambda: ["auto"])
+    note: str = ""
+    source: str = Field(min_length=3)
 
 
 class CapabilityTable(_Strict):
@@ -114,12 +98,16 @@ class CapabilityTable(_Strict):
     precisions: dict[str, list[str]]
     attention_features: dict[str, list[str]]
     kv_cache_dtypes: dict[str, str | None]
+    kv_bytes_per_element: dict[str, float]
+    kv_bytes_source: str
+    moe_shard_alignment: dict[str, ShardAlignment] = Field(default_factory=dict)
+    flag_features: list[str] = Field(default_factory=list)
+    """Rows that gate one vLLM flag value rather than a precision (e.g. ``msa_fp8_indexer_cache``)."""
     archs: dict[str, ArchRow]
     known_bad: list[KnownBad] = Field(default_factory=list)
     cuda_min_driver: CudaDrivers
     forward_compat: ForwardCompat
     host: HostRules
-    fallback_models: list[FallbackModel] = Field(default_factory=list)
 
 
 def _explain(err: ValidationError, where: str) -> str:
@@ -129,7 +117,7 @@ def _explain(err: ValidationError, where: str) -> str:
     if e["type"] == "extra_forbidden":
         bad = str(e["loc"][-1])
         known = sorted({*Feature.model_fields, *CapabilityTable.model_fields, *HostRules.model_fields,
-                        *FallbackModel.model_fields, *KnownBad.model_fields})
+                        *KnownBad.model_fields})
         close = difflib.get_close_matches(bad, known, n=1)
         return f"{where}: unknown key {loc!r}" + (f"; did you mean {close[0]!r}?" if close else "")
     return f"{where}: {loc}: {e['msg']}"
@@ -148,11 +136,11 @@ def parse_table(text: str, where: str = "capabilities.yaml") -> CapabilityTable:
     try:
         table = CapabilityTable.model_validate(data)
     except ValidationError as e:
-        raise CatalogError(_explain(e, where), "see the schema in m3ctl/hw/capabilities.py") from e
+        raise CatalogError(_explain(e, where), "see the schema in m3ctl/assess/capability.py") from e
     needed = {f for fs in (*table.precisions.values(), *table.attention_features.values()) for f in fs}
     needed |= {f for f in table.kv_cache_dtypes.values() if f}
     for arch, row in table.archs.items():
-        unknown = set(row.features) - needed - {"deepep_dbo"}
+        unknown = set(row.features) - needed - {"deepep_dbo", *table.flag_features}
         if unknown:
             name = sorted(unknown)[0]
             close = difflib.get_close_matches(name, sorted(needed), n=1)
@@ -245,111 +233,112 @@ def is_consumer_gpu(name: str, brand: str | None) -> bool:
     return any(m.lower() in name.lower() for m in fc.consumer_name_markers)
 
 
-# ----------------------------------------------------------------------------- model sizing
-@dataclass(frozen=True)
-class VariantSize:
-    name: str
-    precision: str
-    weights_gib: float
+
+
+def kv_bytes_per_element(kv_dtype: str) -> float:
+    """Bytes per KV element for a ``--kv-cache-dtype`` (``auto``/bf16: 2, fp8*: 1, nvfp4*: 0.5625 = 4 bits + one
+    FP8 scale per 16 values); unknown dtypes count as 2 (m3ctl/data/capabilities.yaml kv_bytes_per_element)."""
+    return table().kv_bytes_per_element.get(kv_dtype, 2.0)
+
+
+#: Feature status -> how a variant needing it runs: natively, emulated (needs --allow-emulated), not at all.
+RUNS = {"native": "native", "supported": "native", "fallback": "emulated", "partial": "emulated",
+        "unverified": "emulated", "unsupported": "unsupported"}
 
 
 @dataclass(frozen=True)
-class ModelSizing:
-    """What the doctor needs about a model: identity, attention type, KV geometry and variants.
-
-    ``assumed`` is True when the numbers are not the model's own published values.
-    """
-
-    name: str
-    family: str
-    attention: str
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    max_context: int
-    variants: tuple[VariantSize, ...]
-    assumed: bool
-    source: str
-
-    def kv_bytes_per_token(self, kv_dtype: str = "auto") -> int:
-        """K and V bytes per token over all layers (``auto``/bf16: 2 bytes, fp8*: 1, nvfp4: 0.5625)."""
-        width = {"fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0, "nvfp4": 0.5625}.get(kv_dtype, 2.0)
-        return int(2 * self.num_layers * self.num_kv_heads * self.head_dim * width)
-
-
-def model_sizing(name: str) -> ModelSizing | None:
-    """Sizing for a model name/alias/hub id: from the model catalog (m3ctl.catalog.find_model, issue 4)
-    when this build has it, else from ``fallback_models`` in capabilities.yaml. None when unknown."""
-    from m3ctl import catalog  # noqa: PLC0415 - catalog imports are heavier; only for --model
-
-    finder = getattr(catalog, "find_model", None)
-    if finder is not None:
-        try:
-            spec = finder(name)
-        except Exception:  # noqa: BLE001 - a broken catalog must not break doctor; fall back to our table
-            spec = None
-        if spec is not None and spec.variants:
-            f = spec.facts
-            if f.num_layers and f.num_kv_heads and f.head_dim:
-                return ModelSizing(
-                    name=spec.name, family=spec.family, attention=spec.attention, num_layers=f.num_layers,
-                    num_kv_heads=f.num_kv_heads, head_dim=f.head_dim,
-                    max_context=f.max_position_embeddings or 0,
-                    variants=tuple(VariantSize(k, v.precision, v.weights_gib) for k, v in spec.variants.items()),
-                    assumed=bool(spec.assumed), source=f"m3ctl model catalog ({spec.name})")
-    key = name.lower().rstrip("/")
-    for fm in table().fallback_models:
-        if key in {fm.name.lower(), *(a.lower() for a in fm.aliases)}:
-            return ModelSizing(name=fm.name, family=fm.family, attention=fm.attention, num_layers=fm.num_layers,
-                               num_kv_heads=fm.num_kv_heads, head_dim=fm.head_dim,
-                               max_context=fm.max_position_embeddings,
-                               variants=tuple(VariantSize(k, v.precision, v.weights_gib) for k, v in fm.variants.items()),
-                               assumed=fm.assumed, source=fm.source)
-    return None
-
-
-@dataclass(frozen=True)
-class Fit:
-    """Result of the memory-fit arithmetic.
+class Support:
+    """How one variant (precision x attention type) runs on one architecture, engine and image.
 
     Attributes:
-        fits: some TP fits.
-        tp: the smallest TP that fits (or the largest tried when none does).
-        per_gpu_budget_gib: usable memory per GPU (utilization x memory - overhead).
-        weights_per_gpu_gib: weights per GPU at ``tp``.
-        kv_needed_gib: KV cache for one sequence of ``context`` tokens, per GPU at ``tp``.
-        max_context: tokens of KV that fit at ``tp`` (one sequence), 0 when weights alone do not fit.
-        units: how many GPUs/slices were visible; unit_gib: the smallest one's memory.
+        status: ``native`` (native or validated kernels), ``emulated`` (a fallback, partial or unverified path:
+            planning needs ``--allow-emulated``) or ``unsupported``.
+        features: the capability rows evaluated (each with status, note and source).
+        weights_factor: memory of the weights at load relative to the checkpoint (2.0 = dequantized to BF16).
+        note: why, for the worst row (fallback named, or the unsupported reason).
     """
 
-    fits: bool
-    tp: int
-    per_gpu_budget_gib: float
-    weights_per_gpu_gib: float
-    kv_needed_gib: float
-    max_context: int
-    units: int
-    unit_gib: float
+    status: str
+    features: tuple[FeatureVerdict, ...]
+    weights_factor: float
+    note: str
+
+    @property
+    def source(self) -> str:
+        worst = self.worst
+        return worst.source if worst else "m3ctl/data/capabilities.yaml"
+
+    @property
+    def worst(self) -> FeatureVerdict | None:
+        return max(self.features, key=lambda f: RANK[f.status], default=None)
 
 
-def memory_fit(unit_mib: list[int], weights_gib: float, kv_bytes_per_token: int, num_kv_heads: int,
-               context: int, *, max_tp: int | None = None) -> Fit:
-    """Smallest valid TP at which weights + one ``context``-token sequence of KV fit (see module doc)."""
-    h = table().host
-    n = len(unit_mib)
-    unit_gib = min(unit_mib) / 1024 if unit_mib else 0.0
-    budget = unit_gib * h.gpu_memory_utilization - h.overhead_gib_per_gpu
-    cands = [t for t in h.tp_candidates if t <= n and (max_tp is None or t <= max_tp)] or [1]
-    last = None
-    for tp in cands:
-        shards = max(1, min(tp, num_kv_heads))
-        w = weights_gib / tp
-        kv = context * kv_bytes_per_token / shards / 2**30
-        room = budget - w
-        max_ctx = int(room * 2**30 * shards / kv_bytes_per_token) if room > 0 and kv_bytes_per_token else 0
-        last = Fit(fits=n > 0 and w + kv <= budget, tp=tp, per_gpu_budget_gib=budget, weights_per_gpu_gib=w,
-                   kv_needed_gib=kv, max_context=max_ctx, units=n, unit_gib=unit_gib)
-        if last.fits:
-            return last
-    assert last is not None
-    return last
+def variant_support(arch: str, precision: str, attention: str, *, engine_version: str | None = None,
+                    image_cuda: str | None = None) -> Support:
+    """How a checkpoint of ``precision`` with ``attention`` runs on ``arch`` (see :class:`Support`).
+
+    An architecture with no row (``cpu``, ``unknown``, a new GPU) is ``unsupported`` for GPU variants:
+    m3ctl has no evidence for it. Source: m3ctl/data/capabilities.yaml (each row names its own).
+    """
+    t = table()
+    if arch not in t.archs:
+        return Support("unsupported", (), 1.0, f"no capability data for architecture {arch!r}")
+    names = [*t.precisions.get(precision, []), *t.attention_features.get(attention, [])]
+    fvs = tuple(evaluate_feature(arch, n, engine_version=engine_version, image_cuda=image_cuda) for n in names)
+    if not fvs:
+        return Support("native", (), 1.0, "")
+    worst = max(fvs, key=lambda f: RANK[f.status])
+    status = RUNS[worst.status]
+    if worst.status == "fallback" and worst.row and worst.row.fallback:
+        note = worst.row.fallback + (f" ({worst.row.cost})" if worst.row.cost else "")
+    else:
+        note = f"{worst.name} is {worst.status}" + (f": {worst.note}" if worst.note else "")
+    factor = max((f.row.weights_factor for f in fvs if f.row), default=1.0)
+    return Support(status, fvs, factor, note if status != "native" else "")
+
+
+def images_for(vendor: str, arch: str, catalog_dir: str | None = None) -> list:
+    """Catalog images of ``vendor`` that list ``arch``, newest toolkit (CUDA/ROCm) first."""
+    from m3ctl import catalog  # noqa: PLC0415
+
+    imgs = [i for i in catalog.images(catalog_dir).values() if i.vendor == vendor and arch in i.archs]
+    return sorted(imgs, key=lambda i: (_vtuple(i.cuda_version or i.rocm_version), _vtuple(i.vllm_version)),
+                  reverse=True)
+
+
+def image_runs_on_driver(cuda_version: str | None, driver_cuda: str | None) -> bool:
+    """An image toolkit runs on a driver when its CUDA (major.minor) <= the driver's CUDA (no forward
+    compatibility assumed); True when either is unknown. Source: https://docs.nvidia.com/deploy/cuda-compatibility/"""
+    return not (cuda_version and driver_cuda and version_lt(driver_cuda, ".".join(cuda_version.split(".")[:2])))
+
+
+def choose_image(vendor: str, arch: str, driver_cuda: str | None, preferred: str | None = None,
+                 catalog_dir: str | None = None):
+    """(image, why) for a launch: ``preferred`` (the profile's) when the driver supports its CUDA, else the
+    newest catalog image for ``vendor``/``arch`` whose CUDA the driver supports; (None, why) when none does."""
+    from m3ctl import catalog  # noqa: PLC0415
+
+    imgs = catalog.images(catalog_dir)
+    first = imgs.get(preferred) if preferred else None
+    if first is not None and image_runs_on_driver(first.cuda_version, driver_cuda):
+        return first, f"profile image {first.name}"
+    for img in images_for(vendor, arch, catalog_dir):
+        if image_runs_on_driver(img.cuda_version, driver_cuda):
+            why = (f"the profile image {first.name} needs CUDA {first.cuda_version} > the driver's {driver_cuda} "
+                   f"(minimum driver {min_driver_for_cuda(first.cuda_version) or '?'}); newest catalog image the "
+                   "driver supports" if first is not None else "newest catalog image the driver supports")
+            return img, why
+    return first, (f"no catalog image for {arch} has CUDA <= {driver_cuda}" if first else f"no catalog image for {arch}")
+
+
+def engine_version(runtime: str, image_version: str | None) -> str | None:
+    """vLLM version of the engine that will run: the image's for ``docker``, else the installed ``vllm``
+    package's (``0.32.0+cpu`` -> ``0.32.0``); None when unknown. Capability rows and rules take it as input."""
+    if runtime == "docker":
+        return image_version
+    try:
+        from importlib.metadata import version  # noqa: PLC0415
+
+        return version("vllm").split("+")[0]
+    except Exception:  # noqa: BLE001 - not installed: unknown
+        return None

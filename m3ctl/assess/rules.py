@@ -1,8 +1,9 @@
-"""Named validation rules run on every launch plan before anything starts.
+"""The one rule registry: named checks run on every launch plan (plan, serve, tune, doctor's verdict).
 
-Each rule takes a :class:`PlanContext` and returns a :class:`Violation` (or None). The
-rules encode vLLM constraints that vLLM itself only raises at engine init, often after
-minutes of weight loading. Every rule names its source. Rejections exit 3.
+Each rule takes a :class:`PlanContext` and returns a :class:`Finding` (or None): id, status (``FAIL``
+rejects the plan, exit 3; ``WARN`` is shown with it), message, fix and source. The rules encode vLLM
+constraints that vLLM itself only raises at engine init, often after minutes of weight loading. Every
+rule sees raw flags in every spelling (typed knob, ``--x-config`` JSON, dotted ``--x-config.key``).
 """
 
 from __future__ import annotations
@@ -14,12 +15,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from m3ctl.assess import capability
+from m3ctl.assess import memory as mem
+from m3ctl.assess.facts import ModelFacts
 from m3ctl.catalog import Image, ModelSpec, Profile, Variant
 from m3ctl.hw.inventory import HostInventory
-
-KV_BYTES = {"auto": 2.0, "bfloat16": 2.0, "float16": 2.0, "fp8": 1.0, "fp8_e4m3": 1.0, "fp8_e5m2": 1.0,
-            "fp8_ds_mla": 1.0, "fp8_inc": 1.0, "nvfp4": 0.5625, "nvfp4_ds_mla": 0.5625, "nvfp4_4over6": 0.5625}
-"""Bytes per KV element by ``--kv-cache-dtype`` (NVFP4: 4 bits + one FP8 scale per 16 values)."""
 
 DEPRECATED_ENV = {
     "VLLM_ATTENTION_BACKEND": "--attention-backend NAME (the env var is silently ignored since vLLM 0.26; "
@@ -55,32 +55,6 @@ AUTO_OK = {"max-model-len"}  # vLLM: "-1 or 'auto'" = the model's maximum (vllm/
 
 
 @dataclass
-class Facts:
-    """Merged model facts (catalog, then local config.json) used by the rules."""
-
-    num_layers: int | None = None
-    num_attention_heads: int | None = None
-    num_kv_heads: int | None = None
-    head_dim: int | None = None
-    num_experts: int | None = None
-    moe_intermediate_size: int | None = None
-    msa_block_size: int | None = None
-    max_position_embeddings: int | None = None
-    scoring_func: str | None = None
-    weights_gib: float = 0.0
-    quant_block: list[int] | None = None
-    attention: str = "gqa"
-    moe: bool = False
-    family: str | None = None
-    model_type: str | None = None
-    """``config.json`` model_type of a local checkpoint (None for catalog/hub models)."""
-    architectures: list[str] = field(default_factory=list)
-    """``config.json`` architectures of a local checkpoint (empty for catalog/hub models)."""
-    config_keys: list[str] | None = None
-    """Keys of a local ``config.json`` (top level, text_config, vision_config); None for catalog/hub models."""
-
-
-@dataclass
 class PlanContext:
     """Everything a rule may look at. Parallel sizes are ints >= 1; lengths in tokens."""
 
@@ -89,7 +63,7 @@ class PlanContext:
     spec: ModelSpec | None
     variant_name: str | None
     variant: Variant | None
-    facts: Facts
+    facts: ModelFacts
     image: Image | None
     runtime: str
     tp: int = 1
@@ -103,12 +77,64 @@ class PlanContext:
     args: dict[str, Any] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     allow_emulated: bool = False
-    gpu_memory_utilization: float = 0.92
     n_visible: int | None = None
     """GPUs (or MIG slices) the server will see; None = every GPU in the inventory."""
     unit_memory_mib: int | None = None
     """Memory of one visible device (a MIG slice's own memory: F03); None = the inventory's GPU 0."""
     visibility_problems: list[str] = field(default_factory=list)
+    engine_version: str | None = None
+    """vLLM version of the engine that will run (image label / catalog image / installed vLLM); None unknown."""
+    image_cuda: str | None = None
+    """CUDA toolkit of the image that will run (None: process runtime or unknown)."""
+    image_archs: list[str] = field(default_factory=list)
+    """Compute capabilities a user image's kernels were built for (``TORCH_CUDA_ARCH_LIST``); empty = unknown."""
+    drafter_block_size: int | None = None
+    """The catalog drafter's trained block size (``drafter.block_size``; see :meth:`drafter_block`)."""
+
+    def config_value(self, group: str, key: str) -> Any:
+        """A key of a JSON config flag as vLLM will read it, in any spelling: ``--group '{"key": v}'`` (JSON
+        text or dict), dotted ``--group.key v`` with ``-`` or ``_`` in the group name; the last one wins as in
+        vLLM (dotted keys are applied onto the JSON). None when unset."""
+        import json  # noqa: PLC0415
+
+        val = None
+        for g in (group, group.replace("-", "_")):
+            whole = self.args.get(g)
+            if isinstance(whole, str) and whole.lstrip().startswith("{"):
+                try:
+                    whole = json.loads(whole)
+                except ValueError:
+                    whole = None
+            if isinstance(whole, dict) and key in whole:
+                val = whole[key]
+        for g in (group, group.replace("-", "_")):
+            if f"{g}.{key}" in self.args:
+                val = self.args[f"{g}.{key}"]
+        return val
+
+    def speculation(self) -> tuple[str | None, int]:
+        """(method, depth) of speculative decoding however it is given: ``--spec-depth``/``--spec-method``
+        or a raw ``--speculative-config`` (JSON or dotted keys); (None, 0) when off."""
+        method = self.config_value("speculative-config", "method")
+        depth = vllm_int(self.config_value("speculative-config", "num_speculative_tokens"))
+        if method is None and depth is None:
+            return (self.spec_method, self.spec_depth) if self.spec_depth > 0 else (None, 0)
+        return (str(method) if method is not None else self.spec_method), (depth if depth is not None else 0)
+
+    def drafter_block(self) -> tuple[int | None, str]:
+        """(block size, where from) of the drafter the speculation uses: its local config.json
+        (``dspark_block_size``) when the drafter (raw ``speculative-config`` ``model``, else the catalog's) is a
+        local directory; else the catalog's ``drafter.block_size`` when the drafter is the catalog's own."""
+        from m3ctl.assess.facts import drafter_block_size  # noqa: PLC0415
+
+        catalog_model = self.spec.drafter.model if self.spec and self.spec.drafter else None
+        model = self.config_value("speculative-config", "model") or catalog_model
+        local = drafter_block_size(str(model)) if model else None
+        if local:
+            return local, f"{model}/config.json"
+        if model is None or model == catalog_model:
+            return self.drafter_block_size, "model catalog drafter.block_size"
+        return None, "unknown (drafter not local)"
 
     @property
     def gpus_used(self) -> int:
@@ -135,6 +161,40 @@ class PlanContext:
         """Chunked prefill on (vLLM's default for decoder models) unless only the ``--no-`` form is given."""
         on = self.args.get("enable-chunked-prefill")
         return not (on is False or (self.args.get("no-enable-chunked-prefill") and on is not True))
+
+    def support(self, precision: str | None = None) -> capability.Support:
+        """How the chosen variant (or ``precision``) runs here: the one capability table, at this engine
+        version and image CUDA (:func:`m3ctl.assess.capability.variant_support`)."""
+        prec = precision or (self.variant.precision if self.variant else "bf16")
+        return capability.variant_support(self.profile.arch, prec, self.facts.attention,
+                                          engine_version=self.engine_version, image_cuda=self.image_cuda)
+
+    def block_size(self) -> int:
+        """The KV cache block size (tokens): ``--block-size``, else vLLM's default 16."""
+        return self.arg_int("block-size", 16) or 16
+
+    def unit_mib(self) -> int | None:
+        """Memory of one visible GPU or MIG slice (MiB); None on CPU or when unknown."""
+        if self.profile.arch == "cpu" or not self.inventory.gpus:
+            return None
+        return self.unit_memory_mib if self.unit_memory_mib is not None else self.inventory.gpus[0].memory_total_mib
+
+    def memory_fit(self, context: int | None = None) -> mem.Fit | None:
+        """The one memory fit (:mod:`m3ctl.assess.memory`) at this layout for one ``context``-token sequence
+        (default: the max-model-len vLLM will use); None on CPU or when memory or weights are unknown."""
+        unit = self.unit_mib()
+        f = self.facts
+        if not unit or not f.weights_gib:
+            return None
+        util = self.args.get("gpu-memory-utilization")
+        try:
+            util = float(util) if util is not None else None
+        except (TypeError, ValueError):
+            util = None
+        weights = f.weights_gib * (self.support().weights_factor if self.variant else 1.0)
+        return mem.fit_at(unit, weights_gib=weights, kv_bytes_per_token=f.kv_bytes_per_token(self.kv_dtype),
+                          num_kv_heads=f.num_kv_heads, tp=self.tp, dp=self.dp, dcp=self.dcp, ep=self.ep,
+                          context=self.max_model_len() if context is None else context, utilization=util)
 
     def max_model_len(self) -> int:
         """--max-model-len, else the model's max_position_embeddings (vLLM's ``auto``); 0 when unknown."""
@@ -185,16 +245,22 @@ def advisories(c: PlanContext) -> list[str]:
 
 
 @dataclass(frozen=True)
-class Violation:
-    """A rule that failed: its id, what is wrong (values included), the fix, and the source."""
+class Finding:
+    """A rule's finding: its id, ``FAIL`` (rejects the plan) or ``WARN``, what is wrong (values included),
+    the fix, and the source."""
 
-    rule: str
+    id: str
     message: str
     fix: str
     source: str
+    status: str = "FAIL"
+
+    @property
+    def rule(self) -> str:
+        return self.id
 
 
-Rule = Callable[[PlanContext], Violation | None]
+Rule = Callable[[PlanContext], "Finding | None"]
 RULES: list[tuple[str, Rule]] = []
 
 
@@ -206,33 +272,81 @@ def rule(rule_id: str) -> Callable[[Rule], Rule]:
     return deco
 
 
-def _v(rule_id: str, msg: str, fix: str, src: str) -> Violation:
-    return Violation(rule_id, msg, fix, src)
+def _v(rule_id: str, msg: str, fix: str, src: str, status: str = "FAIL") -> Finding:
+    return Finding(rule_id, msg, fix, src, status)
+
+
+def _profile_constraint(c: PlanContext, rule_id: str, key: str, value: Any, what: str, fix: str) -> Finding | None:
+    """A model value outside the profile's ``constraints.<key>`` list (None when unset or unknown)."""
+    allowed = getattr(c.profile.constraints, key)
+    if not allowed or value is None or value in allowed:
+        return None
+    return _v(rule_id, f"{what} {value!r} is not supported by the {c.profile.name} backend (supported: "
+                       f"{', '.join(map(str, allowed))})", fix, c.profile.sources.get(key, f"profile {c.profile.name}"))
+
+
+@rule("engine.head_dim")
+def _head_dim(c: PlanContext) -> Finding | None:
+    return _profile_constraint(c, "engine.head_dim", "head_dim_in", c.facts.head_dim, "head_dim",
+                               "use a model with a supported head_dim")
+
+
+@rule("engine.moe_scoring")
+def _moe_scoring(c: PlanContext) -> Finding | None:
+    return _profile_constraint(c, "engine.moe_scoring", "moe_scoring_func_in",
+                               c.facts.scoring_func if c.facts.moe else None, "MoE scoring_func",
+                               "use a supported scoring function or another architecture")
 
 
 @rule("variant.native")
-def _native(c: PlanContext) -> Violation | None:
+def _native(c: PlanContext) -> Finding | None:
     v = c.variant
-    if v is None or c.profile.arch in v.native_archs:
+    if v is None:
         return None
-    if c.profile.arch in v.emulated_archs:
+    sup = c.support()
+    if sup.status == "native":
+        return None
+    if sup.status == "emulated":
         if c.allow_emulated:
             return None
         return _v("variant.native", f"variant {c.variant_name!r} ({v.precision}) has no native kernels on "
-                                    f"{c.profile.arch}: {v.emulation}",
-                  "choose another --variant, or pass --allow-emulated to accept the fallback",
-                  "anchors-serving.md (NVFP4 hardware facts); field failures F08, F09")
+                                    f"{c.profile.arch}: {sup.note}",
+                  "choose another --variant, or pass --allow-emulated to accept the fallback", sup.source)
     runs_here = [n for n, x in (c.spec.variants.items() if c.spec else [])
-                 if c.profile.arch in x.native_archs or c.profile.arch in x.emulated_archs]
+                 if c.support(x.precision).status != "unsupported"]
     fix = (f"choose --variant {' or '.join(runs_here)}" if runs_here else
            f"{c.spec.name if c.spec else 'this model'} has no variant for {c.profile.arch}: plan it for a GPU host "
            "(`m3ctl plan --inventory FILE`), or serve a local model here")
-    return _v("variant.native", f"variant {c.variant_name!r} ({v.precision}) does not run on {c.profile.arch}",
-              fix, f"model catalog {c.spec.name if c.spec else ''}")
+    return _v("variant.native", f"variant {c.variant_name!r} ({v.precision}) does not run on {c.profile.arch}"
+              + (f": {sup.note}" if sup.note else ""), fix, sup.source)
+
+
+@rule("engine.version")
+def _engine_version(c: PlanContext) -> Finding | None:
+    need = c.spec.min_vllm if c.spec else None
+    if not need or not c.engine_version or not capability.version_lt(c.engine_version, need):
+        return None
+    return _v("engine.version", f"{c.spec.name} needs vLLM >= {need}; the engine here is vLLM {c.engine_version}",
+              "use the catalog image (drop --image) or an image/install with a newer vLLM",
+              c.spec.sources.get("min_vllm", f"model catalog {c.spec.name}"))
+
+
+@rule("capability.known_bad")
+def _known_bad(c: PlanContext) -> Finding | None:
+    """A (model family, architecture, precision) that ran but produced garbage in the field: a WARN on the plan
+    (doctor's ``capability.known_bad`` row reads the same table row)."""
+    if c.variant is None or not c.facts.family:
+        return None
+    kb = capability.known_bad(c.facts.family, c.profile.arch, c.variant.precision)
+    if kb is None:
+        return None
+    return _v("capability.known_bad", f"known-bad: {kb.note}",
+              "prefer an FP8/BF16 variant on this GPU, or a GPU with native FP4 (Blackwell); m3ctl serve runs a "
+              "correctness smoke test after readiness", kb.source, status="WARN")
 
 
 @rule("gpu.visible_devices")
-def _visible(c: PlanContext) -> Violation | None:
+def _visible(c: PlanContext) -> Finding | None:
     if c.visibility_problems:
         return _v("gpu.visible_devices", c.visibility_problems[0], "fix CUDA_/NVIDIA_/HIP_/ROCR_VISIBLE_DEVICES "
                   "(see `m3ctl doctor -v`)", "field failures F02, F05 (vllm#41848, #12572)")
@@ -251,7 +365,7 @@ M3_VISION_FIELDS = ("img_token_compression_config",)
 
 
 @rule("model.config_format")
-def _m3_config(c: PlanContext) -> Violation | None:
+def _m3_config(c: PlanContext) -> Finding | None:
     if c.facts.family != "minimax-m3" or c.facts.config_keys is None:
         return None
     need = list(M3_TEXT_FIELDS)
@@ -272,7 +386,7 @@ def _m3_config(c: PlanContext) -> Violation | None:
 
 
 @rule("parallel.gpus")
-def _gpus(c: PlanContext) -> Violation | None:
+def _gpus(c: PlanContext) -> Finding | None:
     n = c.n_visible if c.n_visible is not None else len(c.inventory.gpus)
     if c.profile.arch == "cpu":
         if c.gpus_used > 1:
@@ -289,12 +403,16 @@ def _gpus(c: PlanContext) -> Violation | None:
 
 
 @rule("parallel.dcp")
-def _dcp(c: PlanContext) -> Violation | None:
+def _dcp(c: PlanContext) -> Finding | None:
     if c.dcp <= 1:
         return None
     src = "anchors-serving.md section 2 (Decode context parallel row; vllm/config/parallel.py)"
     if c.tp % c.dcp:
         return _v("parallel.dcp", f"DCP {c.dcp} does not divide TP {c.tp}", "choose DCP dividing TP", src)
+    if c.facts.attention == "unknown":
+        return _v("parallel.dcp", f"DCP depends on the attention type, which is unknown for {c.facts.source} "
+                                  "(not in the catalog, no local config.json)",
+                  "drop --dcp, or plan a local copy of the model (its config.json says MLA or GQA)", src)
     if not c.profile.supports.dcp or c.facts.attention not in c.profile.supports.dcp_attention:
         return _v("parallel.dcp", f"DCP is not supported for {c.facts.attention.upper()} attention on "
                                   f"{c.profile.arch} (no LSE-returning decode backend; MSA + DCP has no evidence)",
@@ -308,8 +426,8 @@ def _dcp(c: PlanContext) -> Violation | None:
 
 
 @rule("parallel.ep")
-def _ep(c: PlanContext) -> Violation | None:
-    if c.ep and not c.facts.moe:
+def _ep(c: PlanContext) -> Finding | None:
+    if c.ep and c.facts.moe is False:  # None = unknown (a hub id without facts): vLLM decides
         return _v("parallel.ep", "expert parallel on a dense (non-MoE) model", "drop --ep",
                   "recipes strategies/single_node_tep.yaml (MoE only)")
     if c.ep and not c.profile.supports.ep:
@@ -319,12 +437,12 @@ def _ep(c: PlanContext) -> Violation | None:
 
 
 @rule("parallel.dbo")
-def _dbo(c: PlanContext) -> Violation | None:
+def _dbo(c: PlanContext) -> Finding | None:
     if not c.dbo:
         return None
     src = "https://docs.vllm.ai/en/stable/design/dbo/ ; field failure F12 (vllm#27513)"
     missing = []
-    if not c.facts.moe:
+    if c.facts.moe is False:
         missing.append("an MoE model")
     if c.dp <= 1:
         missing.append("DP > 1")
@@ -344,17 +462,18 @@ def _dbo(c: PlanContext) -> Violation | None:
 
 
 @rule("spec.method")
-def _spec_method(c: PlanContext) -> Violation | None:
-    if not c.spec_method or c.spec_depth <= 0:
+def _spec_method(c: PlanContext) -> Finding | None:
+    method, depth = c.speculation()
+    if not method or depth <= 0:
         return None
-    if c.spec_method not in c.profile.supports.spec_methods:
-        return _v("spec.method", f"speculative method {c.spec_method!r} is not supported on {c.profile.arch}",
+    if method not in c.profile.supports.spec_methods:
+        return _v("spec.method", f"speculative method {method!r} is not supported on {c.profile.arch}",
                   f"use one of: {', '.join(c.profile.supports.spec_methods)}", f"profile {c.profile.name}")
     return None
 
 
 @rule("spec.draft_tp")
-def _draft_tp(c: PlanContext) -> Violation | None:
+def _draft_tp(c: PlanContext) -> Finding | None:
     if c.draft_tp is not None and c.draft_tp not in (1, c.tp):
         return _v("spec.draft_tp", f"draft TP {c.draft_tp} must be 1 or TP ({c.tp})", "set draft TP to 1 or TP",
                   "vllm/config/speculative.py (draft_tensor_parallel_size)")
@@ -362,18 +481,23 @@ def _draft_tp(c: PlanContext) -> Violation | None:
 
 
 @rule("spec.dspark_depth")
-def _dspark(c: PlanContext) -> Violation | None:
-    d = c.spec.drafter if c.spec else None
-    if c.spec_method == "dspark" and c.spec_depth > 0 and d and d.block_size and c.spec_depth != d.block_size:
-        return _v("spec.dspark_depth", f"DSpark depth {c.spec_depth} != the drafter's trained block size "
-                                       f"{d.block_size}",
-                  f"use --spec-depth {d.block_size} (or 0 to disable)",
-                  "anchors-serving.md section 2 (DSpark: num_speculative_tokens must equal block_size)")
-    return None
+def _dspark(c: PlanContext) -> Finding | None:
+    method, depth = c.speculation()
+    block, where = c.drafter_block()
+    if method != "dspark" or depth <= 0 or not block or depth == block:
+        return None
+    src = ("vllm#50012 (since PR #47419 num_speculative_tokens < dspark_block_size is a ValueError); vllm PR #41834 "
+           "review (depth 7 on a block-5 drafter: acceptance length 1.31); field failure N11")
+    if depth < block:
+        return _v("spec.dspark_depth", f"DSpark depth {depth} < the drafter's trained block size {block} ({where}): "
+                                       "vLLM refuses to start", f"use --spec-depth {block} (or 0 to disable)", src)
+    return _v("spec.dspark_depth", f"DSpark depth {depth} > the drafter's trained block size {block} ({where}): the "
+                                   "server runs, but acceptance collapses past the block (slower than no speculation)",
+              f"use --spec-depth {block}", src, status="WARN")
 
 
 @rule("batching.limits")
-def _batching(c: PlanContext) -> Violation | None:
+def _batching(c: PlanContext) -> Finding | None:
     mbt, seqs = c.scheduler_limits()
     src = "vllm/config/scheduler.py SchedulerConfig.verify_max_model_len (vLLM 0.32)"
     if mbt < seqs:
@@ -388,11 +512,12 @@ def _batching(c: PlanContext) -> Violation | None:
 
 
 @rule("spec.token_budget")
-def _budget(c: PlanContext) -> Violation | None:
-    if not c.spec_method or c.spec_depth <= 0:
+def _budget(c: PlanContext) -> Finding | None:
+    method, depth = c.speculation()
+    if not method or depth <= 0:
         return None
     mbt, seqs = c.scheduler_limits()
-    slots = c.spec_depth - 1 if c.spec_method == "dflash" else c.spec_depth
+    slots = depth - 1 if method == "dflash" else depth
     left = mbt - slots * seqs
     if left <= 0:
         need_mbt = slots * seqs + 512
@@ -405,7 +530,7 @@ def _budget(c: PlanContext) -> Violation | None:
 
 
 @rule("msa.block_size")
-def _msa_block(c: PlanContext) -> Violation | None:
+def _msa_block(c: PlanContext) -> Finding | None:
     if c.facts.attention != "msa":
         return None
     need = c.facts.msa_block_size or 128
@@ -416,25 +541,93 @@ def _msa_block(c: PlanContext) -> Violation | None:
     return None
 
 
+@rule("msa.indexer_kv_dtype")
+def _indexer(c: PlanContext) -> Finding | None:
+    if c.facts.attention not in ("msa", "unknown"):
+        return None
+    v = c.config_value("attention-config", "indexer_kv_dtype")
+    if v is None or str(v).lower() in ("bf16", "bfloat16", "auto"):
+        return None
+    fv = capability.evaluate_feature(c.profile.arch, "msa_fp8_indexer_cache", engine_version=c.engine_version,
+                                     image_cuda=c.image_cuda)
+    if fv.status in ("native", "supported") or c.profile.arch == "cpu":
+        return None
+    return _v("msa.indexer_kv_dtype", f"attention_config.indexer_kv_dtype {v} on {c.profile.arch}: {fv.note or fv.status}; "
+                                      "vLLM fails at load (NotImplementedError ... not supported by the Triton indexer impl)",
+              "drop --attention_config.indexer_kv_dtype (the default bf16 index cache works everywhere)", fv.source)
+
+
+#: ``--hf-overrides`` keys that belong at the top level of a nested (``text_config``) model config.
+HF_TOP_LEVEL = {"text_config", "vision_config", "architectures", "model_type", "quantization_config", "torch_dtype",
+                "dtype", "auto_map", "tie_word_embeddings"}
+
+
+@rule("model.hf_overrides")
+def _hf_overrides(c: PlanContext) -> Finding | None:
+    import json  # noqa: PLC0415
+
+    if not c.facts.text_config_nested:
+        return None
+    whole = c.args.get("hf-overrides", c.args.get("hf_overrides"))
+    if isinstance(whole, str):
+        try:
+            whole = json.loads(whole)
+        except ValueError:
+            whole = None
+    keys = dict(whole) if isinstance(whole, dict) else {}
+    for k, v in c.args.items():
+        if k.startswith(("hf-overrides.", "hf_overrides.")):
+            keys[k.split(".", 1)[1]] = v
+    flat = {k: v for k, v in keys.items() if k.split(".")[0] not in HF_TOP_LEVEL}
+    if not flat:
+        return None
+    nested = json.dumps({"text_config": flat}, separators=(",", ":"))
+    return _v("model.hf_overrides", f"--hf-overrides sets {', '.join(sorted(flat))} at the top level, but "
+                                    f"{c.facts.name or 'this model'} reads its text settings from text_config: "
+                                    "vLLM accepts it and changes nothing",
+              f"nest them: --hf-overrides '{nested}'",
+              "https://github.com/vllm-project/recipes/pull/621 (flat form ignored, nested +10% tok/s); field "
+              "failure N10", status="WARN")
+
+
 @rule("quant.shard_alignment")
-def _shard(c: PlanContext) -> Violation | None:
-    blk, width = c.facts.quant_block, c.facts.moe_intermediate_size
-    if not blk or not width or c.ep:
+def _shard(c: PlanContext) -> Finding | None:
+    width = c.facts.moe_intermediate_size
+    if not width or c.ep:
+        return None
+    fp4 = capability.table().moe_shard_alignment.get(c.facts.precision or "")
+    if fp4 is not None and (c.profile.arch not in fp4.archs
+                            or str(c.args.get("moe-backend", "auto")) not in fp4.moe_backends):
+        fp4 = None  # another kernel (e.g. Marlin on Hopper, or a backend the user picked) has its own tiling
+    if c.facts.quant_block:
+        step, what, src = c.facts.quant_block[0], "the quantization block", "field failure F11 (vllm PR #48173)"
+    elif fp4 is not None:
+        step, what, src = fp4.multiple_of, f"the {c.facts.precision.upper()} MoE kernel alignment", f"{fp4.note}; {fp4.source}"
+    else:
         return None
     per_rank = width / c.tp
-    if per_rank != int(per_rank) or int(per_rank) % blk[0]:
+    if per_rank != int(per_rank) or int(per_rank) % step:
         n = c.n_visible if c.n_visible is not None else len(c.inventory.gpus)
-        ok = [t for t in (1, 2, 4, 8) if width % t == 0 and (width // t) % blk[0] == 0 and t <= n]
+        ok = [t for t in (1, 2, 4, 8) if width % t == 0 and (width // t) % step == 0 and t <= n]
         return _v("quant.shard_alignment", f"per-rank MoE width {width}/{c.tp} = {per_rank:g} is not a multiple of "
-                                           f"the quantization block {blk[0]}",
-                  f"use TP {max(ok) if ok else 1}, or add --ep so experts stay whole", "field failure F11 (vllm PR #48173)")
+                                           f"{what} {step}",
+                  f"add --ep so experts stay whole, or use TP {max(ok) if ok else 1}", src)
     return None
 
 
+def kv_dtypes_allowed(profile: Profile, attention: str) -> list[str] | None:
+    """``--kv-cache-dtype`` values the profile's engine runs for this attention type (``auto`` only when the
+    profile lists none for it); None when the attention type is unknown (vLLM decides). Doctor's
+    capability.kv_cache_dtype check reads the same list. Source: the profile's ``kv_cache_dtypes``."""
+    if attention == "unknown":
+        return None
+    return profile.kv_cache_dtypes.get(attention, ["auto"])
+
+
 @rule("kv.dtype")
-def _kv(c: PlanContext) -> Violation | None:
-    allowed = c.profile.kv_cache_dtypes.get(c.facts.attention, ["auto"])
-    if c.kv_dtype not in allowed:
+def _kv(c: PlanContext) -> Finding | None:
+    allowed = kv_dtypes_allowed(c.profile, c.facts.attention)
+    if allowed is not None and c.kv_dtype not in allowed:
         return _v("kv.dtype", f"KV cache dtype {c.kv_dtype!r} is not supported for {c.facts.attention.upper()} "
                               f"attention on {c.profile.arch}",
                   f"use --kv-cache-dtype {' or '.join(allowed)}",
@@ -442,103 +635,60 @@ def _kv(c: PlanContext) -> Violation | None:
     return None
 
 
-@dataclass(frozen=True)
-class MemoryFit:
-    """The planner's per-GPU memory budget for one plan (what rule ``memory.fit`` decides on).
-
-    Attributes:
-        gpu_mib: memory of one visible device (MiB, as NVML/amdsmi report it).
-        usable_gib: per GPU, ``gpu_mib`` x ``gpu_memory_utilization`` (GiB).
-        weights_gib: weights per GPU (total / TP x DP, GiB).
-        kv_gib_per_token: KV cache per GPU for one token (GiB): layers x 2 x max(1, kv_heads / TP) x
-            head_dim x bytes(kv dtype) / DCP; 0 when the model's attention facts are unknown.
-        max_model_len: tokens one sequence may hold (--max-model-len, else max_position_embeddings).
-        dp: data-parallel replicas (each holds its own KV cache).
-    Source: vllm config/cache.py (gpu_memory_utilization 0.92); KV size = layers x 2 x kv_heads x head_dim x bytes.
-    """
-
-    gpu_mib: int
-    usable_gib: float
-    weights_gib: float
-    kv_gib_per_token: float
-    max_model_len: int
-    dp: int = 1
-
-    @property
-    def kv_gib(self) -> float:
-        """KV cache per GPU for one ``max_model_len``-token sequence (GiB)."""
-        return self.kv_gib_per_token * self.max_model_len
-
-    @property
-    def fits(self) -> bool:
-        return self.weights_gib + self.kv_gib <= self.usable_gib
-
-    @property
-    def kv_tokens(self) -> int | None:
-        """KV cache capacity in tokens of one replica (what is left after the weights); None when unknown."""
-        if not self.kv_gib_per_token:
-            return None
-        return max(0, int((self.usable_gib - self.weights_gib) / self.kv_gib_per_token))
-
-    @property
-    def concurrent_sequences(self) -> int | None:
-        """Sequences of ``max_model_len`` tokens whose KV fits at once, over all DP replicas (vLLM logs the
-        per-replica ratio as 'Maximum concurrency for N tokens per request': vllm/v1/core/kv_cache_utils.py)."""
-        t = self.kv_tokens
-        return None if t is None or not self.max_model_len else self.dp * (t // self.max_model_len)
-
-
-def memory_fit(c: PlanContext) -> MemoryFit | None:
-    """The memory budget of a plan; None on CPU, without GPU memory, or without the model's weight size."""
-    if c.profile.arch == "cpu" or not c.inventory.gpus:
-        return None
-    mem_mib = c.unit_memory_mib if c.unit_memory_mib is not None else c.inventory.gpus[0].memory_total_mib
-    f = c.facts
-    if not mem_mib or not f.weights_gib:
-        return None
-    mml = c.arg_int("max-model-len", f.max_position_embeddings or 0)
-    per_token = 0.0
-    if f.num_layers and f.num_kv_heads and f.head_dim:
-        kv_per_rank = max(1.0, f.num_kv_heads / c.tp)
-        per_token = (f.num_layers * 2 * kv_per_rank * f.head_dim * KV_BYTES.get(c.kv_dtype, 2.0)) / 2**30 / c.dcp
-    return MemoryFit(gpu_mib=mem_mib, usable_gib=mem_mib / 1024 * c.gpu_memory_utilization,
-                     weights_gib=f.weights_gib / c.gpus_used, kv_gib_per_token=per_token, max_model_len=mml, dp=c.dp)
-
-
 @rule("memory.fit")
-def _memory(c: PlanContext) -> Violation | None:
-    m = memory_fit(c)
-    if m is None or m.fits:
+def _memory(c: PlanContext) -> Finding | None:
+    fit = c.memory_fit()
+    if fit is None or fit.fits:
         return None
-    per_gpu, kv_gib, mml, mem_mib = m.usable_gib, m.kv_gib, m.max_model_len, m.gpu_mib
-    need = math.ceil((c.facts.weights_gib) / max(0.1, per_gpu - kv_gib)) if per_gpu > kv_gib else None
-    fix = (f"use at least {need} GPUs of this size, a smaller variant, or a lower --max-model-len"
-           if need else "lower --max-model-len")
-    return _v("memory.fit", f"weights {m.weights_gib:.0f} GiB per GPU + KV for one {mml}-token sequence {kv_gib:.1f} GiB per GPU "
-                            f"exceed {per_gpu:.0f} GiB usable ({mem_mib / 1024:.0f} GiB x "
-                            f"{c.gpu_memory_utilization}) at TP {c.tp} x DP {c.dp}",
-              fix, "vllm config/cache.py (gpu_memory_utilization 0.92); KV size = layers x 2 x kv_heads x head_dim x bytes")
+    f, mml = c.facts, c.max_model_len()
+    weights = f.weights_gib * c.support().weights_factor if c.variant else f.weights_gib
+    if fit.max_context > 0:
+        fix = f"use --max-model-len {mem.largest_context(fit, mml, c.block_size())} or less, more GPUs, or a smaller variant"
+    else:
+        need = math.ceil(weights / max(0.1, fit.per_gpu_budget_gib))
+        fix = f"use at least {need} GPUs of this size (more TP), or a smaller variant"
+    dq = " (dequantized to BF16 at load)" if c.variant and c.support().weights_factor > 1 else ""
+    return _v("memory.fit", f"weights {fit.weights_per_gpu_gib:.0f} GiB per GPU{dq} + KV for one {mml}-token sequence "
+                            f"{fit.kv_needed_gib:.1f} GiB per GPU exceed {fit.per_gpu_budget_gib:.0f} GiB usable "
+                            f"({fit.unit_gib:.0f} GiB x {fit.utilization} - overhead) at TP {c.tp} x DP {c.dp}",
+              fix, "m3ctl/assess/memory.py (vllm/config/cache.py gpu_memory_utilization 0.92; overhead assumed: "
+                   "capabilities.yaml host); KV size = layers x 2 x kv_heads x head_dim x bytes")
 
 
 @rule("image.cuda_vs_driver")
-def _cuda(c: PlanContext) -> Violation | None:
+def _cuda(c: PlanContext) -> Finding | None:
     img, have = c.image, c.inventory.cuda_driver_version
     if c.runtime != "docker" or img is None or not img.cuda_version or not have:
         return None
-
-    def ver(s: str) -> tuple[int, ...]:
-        return tuple(int(x) for x in s.split(".")[:2])
-
-    if ver(img.cuda_version) > ver(have):
+    if not capability.image_runs_on_driver(img.cuda_version, have):
+        need = capability.min_driver_for_cuda(img.cuda_version)
         return _v("image.cuda_vs_driver", f"image {img.reference} needs CUDA {img.cuda_version}, the driver "
                                           f"{c.inventory.driver_version} supports up to CUDA {have}",
-                  f"upgrade the driver to >= {img.min_driver or 'the image minimum'}, or use an image built for "
-                  f"CUDA <= {have}", "field failure F06 (CUDA error 804); https://docs.nvidia.com/deploy/cuda-compatibility/")
+                  f"upgrade the driver to >= {need or 'the image minimum'}, or use an image built for "
+                  f"CUDA <= {have}", "field failure F06 (CUDA error 804); https://docs.nvidia.com/deploy/cuda-compatibility/; "
+                  + capability.table().cuda_min_driver.source)
     return None
 
 
+@rule("image.archs")
+def _image_archs(c: PlanContext) -> Finding | None:
+    if c.runtime != "docker" or not c.image_archs or not c.inventory.gpus:
+        return None
+    cc = c.inventory.gpus[0].compute_capability
+    if not cc:
+        return None
+    built = {re.sub(r"[^0-9.]", "", a) for a in c.image_archs}
+    if cc in built:
+        return None
+    return _v("image.archs", f"the image's kernels are built for compute capability {', '.join(sorted(built))}, not "
+                             f"{cc} ({c.inventory.gpus[0].name}): vLLM dies with 'no kernel image is available'",
+              "use the catalog image (drop --image) or an image built with this architecture in TORCH_CUDA_ARCH_LIST",
+              "image env TORCH_CUDA_ARCH_LIST (vllm docker/Dockerfile torch_cuda_arch_list); anchors-serving.md "
+              "(sm_103 on a CUDA 12.9 build: no kernel image)")
+
+
 @rule("env.deprecated")
-def _env(c: PlanContext) -> Violation | None:
+def _env(c: PlanContext) -> Finding | None:
     for k in c.env:
         if k in DEPRECATED_ENV:
             return _v("env.deprecated", f"environment variable {k} is deprecated or ignored by vLLM",
@@ -547,7 +697,7 @@ def _env(c: PlanContext) -> Violation | None:
 
 
 @rule("flags.boolean_spelling")
-def _bool(c: PlanContext) -> Violation | None:
+def _bool(c: PlanContext) -> Finding | None:
     from m3ctl.vllm_args import flag_table  # noqa: PLC0415
 
     flags = flag_table().flags
@@ -559,7 +709,7 @@ def _bool(c: PlanContext) -> Violation | None:
 
 
 @rule("flags.integers")
-def _int_flags(c: PlanContext) -> Violation | None:
+def _int_flags(c: PlanContext) -> Finding | None:
     for k, low in INT_FLAGS.items():
         v = c.args.get(k)
         if v is None or (k in AUTO_OK and str(v).strip().lower() in ("auto", "-1")):
@@ -574,7 +724,7 @@ def _int_flags(c: PlanContext) -> Violation | None:
 
 
 @rule("flags.json")
-def _json_flags(c: PlanContext) -> Violation | None:
+def _json_flags(c: PlanContext) -> Finding | None:
     import json  # noqa: PLC0415
 
     for k, v in c.args.items():
@@ -590,7 +740,7 @@ def _json_flags(c: PlanContext) -> Violation | None:
 
 
 @rule("model.max_len")
-def _max_len(c: PlanContext) -> Violation | None:
+def _max_len(c: PlanContext) -> Finding | None:
     limit = c.facts.max_position_embeddings
     want = vllm_int(c.args.get("max-model-len"))
     if not limit or want is None or want <= limit or c.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1":
@@ -602,7 +752,7 @@ def _max_len(c: PlanContext) -> Violation | None:
 
 
 @rule("flags.unknown")
-def _unknown_flag(c: PlanContext) -> Violation | None:
+def _unknown_flag(c: PlanContext) -> Finding | None:
     from m3ctl.vllm_args import flag_table, suggest_flag, unknown_flags  # noqa: PLC0415
 
     bad = unknown_flags(list(c.args))
@@ -615,7 +765,7 @@ def _unknown_flag(c: PlanContext) -> Violation | None:
 
 
 @rule("flags.choices")
-def _flag_choice(c: PlanContext) -> Violation | None:
+def _flag_choice(c: PlanContext) -> Finding | None:
     from m3ctl.vllm_args import flag_table  # noqa: PLC0415
 
     t = flag_table()
@@ -634,12 +784,17 @@ def _flag_choice(c: PlanContext) -> Violation | None:
     return None
 
 
-def check_all(ctx: PlanContext) -> list[Violation]:
-    """Run every rule; return the violations in rule order, the ``flags.*`` rules (is each flag one vLLM
-    knows, with a value it can read?) first: a misspelt flag or value explains the rest (empty when valid)."""
+def run_rules(ctx: PlanContext) -> list[Finding]:
+    """Run every rule; return all findings (FAIL and WARN) in rule order, the ``flags.*`` rules (is each flag
+    one vLLM knows, with a value it can read?) first: a misspelt flag or value explains the rest."""
     out = []
     for _, fn in sorted(RULES, key=lambda r: not r[0].startswith("flags.")):
         v = fn(ctx)
         if v is not None:
             out.append(v)
     return out
+
+
+def check_all(ctx: PlanContext) -> list[Finding]:
+    """The ``FAIL`` findings of :func:`run_rules` (empty when the plan is valid)."""
+    return [f for f in run_rules(ctx) if f.status == "FAIL"]

@@ -1,0 +1,195 @@
+"""The typed plan request: what a user (CLI, ``--config`` file, tune, doctor's verdict) asks ``plan()`` for.
+
+Precedence, highest first: command line > ``--config`` file > catalog (model/variant/profile data for the
+detected architecture) > vLLM default. Layers merge with :func:`merge`: a field set in a higher layer wins
+(``--no-ep`` on the command line beats ``ep: true`` in the file), ``args`` and ``env`` merge key by key, and a
+typed flag set above removes the same vLLM flag from a lower layer's ``args``.
+
+Example ``--config`` file::
+
+    schema_version: 1
+    variant: mxfp8
+    max_model_len: 131072
+    args: {max-num-seqs: 128}
+    env: {VLLM_LOGGING_LEVEL: INFO}
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+
+from m3ctl.errors import BadInput
+
+#: Typed knobs -> the vLLM flag they set (a typed knob set in a higher layer drops that flag from lower ``args``).
+TYPED_FLAGS = {"kv_cache_dtype": "kv-cache-dtype", "max_model_len": "max-model-len", "max_num_seqs": "max-num-seqs",
+               "max_num_batched_tokens": "max-num-batched-tokens"}
+
+
+class PlanRequest(BaseModel):
+    """One plan request; every field optional (None = not asked: the catalog or vLLM decides).
+
+    Attributes:
+        model: catalog name/alias (``MiniMax-M3.1-Flash``), hub id, or local model directory.
+        name, port, host, served_model_name: deployment name and API address.
+        runtime: ``process``, ``docker`` or ``auto`` (docker when the profile has an image).
+        profile_file: kernel profile YAML instead of the catalog's (``--profile``); ``profile`` holds it loaded.
+        variant: precision variant (``nvfp4``, ``mxfp8``...); default: best native one that fits.
+        tp, dp, dcp, ep, dbo: parallel layout (default: the profile's strategy for the GPU count).
+        spec_depth, spec_method, draft_tp: speculative decoding (depth 0 = off).
+        kv_cache_dtype, max_model_len (tokens), max_num_seqs, max_num_batched_tokens: typed vLLM flags.
+        args: ``{flag: value}`` vLLM flags (``--arg``; ``args:`` in a file); extra_args: raw vLLM args after ``--``.
+        env: extra server environment; pass_env: names of secret variables passed through (values never stored).
+        image, mounts: docker image (default: the catalog's) and extra bind mounts.
+        engine_version: vLLM version of the engine when known from outside (else image label / installed vLLM).
+        allow_emulated, no_multicast, skip_checks: opt-ins (fallback kernels, NVLink multicast off, rules as warnings).
+        startup_budget_s: readiness budget (s); vllm_executable, catalog_dir: where vLLM and the catalog are.
+    """
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, arbitrary_types_allowed=True)
+    schema_version: Literal[1] = 1
+    model: str = "MiniMax-M3.1-Flash"
+    name: str = "m3ctl"
+    port: int = Field(default=8000, ge=1, le=65535)
+    host: str = "127.0.0.1"
+    served_model_name: str | None = None
+    runtime: Literal["process", "docker", "auto"] = "process"
+    profile_file: str | None = None
+    profile: Any = Field(default=None, exclude=True)
+    variant: str | None = None
+    tp: int | None = Field(default=None, ge=1)
+    dp: int | None = Field(default=None, ge=1)
+    dcp: int | None = Field(default=None, ge=1)
+    ep: bool | None = None
+    dbo: bool | None = None
+    spec_depth: int | None = Field(default=None, ge=0)
+    spec_method: str | None = None
+    draft_tp: int | None = Field(default=None, ge=1)
+    kv_cache_dtype: str | None = None
+    max_model_len: int | None = Field(default=None, ge=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    args: dict[str, Any] = Field(default_factory=dict, validation_alias=AliasChoices("args", "overrides"))
+    extra_args: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    pass_env: list[str] = Field(default_factory=list)
+    image: str | None = None
+    mounts: list[str] = Field(default_factory=list)
+    engine_version: str | None = None
+    allow_emulated: bool = False
+    no_multicast: bool = False
+    skip_checks: bool = False
+    startup_budget_s: float | None = None
+    vllm_executable: str | None = None
+    catalog_dir: str | None = None
+
+    def set_fields(self) -> dict[str, Any]:
+        """The fields this layer sets (explicitly given, and for switches only ``True``)."""
+        out = {}
+        for k in self.model_fields_set:
+            v = getattr(self, k)
+            if v is None or k == "schema_version" or (k in ("allow_emulated", "no_multicast", "skip_checks") and not v):
+                continue
+            out[k] = v
+        return out
+
+
+    def public(self) -> dict[str, Any]:
+        """JSON of the fields set (defaults left out) with secret-looking env values, arg values and raw tokens
+        masked (m3ctl.secrets): what plan --json, doctor --json and the registry may show."""
+        from m3ctl.secrets import MASK, is_secret_name, redact_env, redact_text  # noqa: PLC0415
+
+        out = self.model_dump(mode="json", exclude_defaults=True)
+        if "env" in out:
+            out["env"] = redact_env(out["env"])
+        if "args" in out:
+            out["args"] = {k: (MASK if is_secret_name(k.replace("-", "_")) else v) for k, v in out["args"].items()}
+        if "extra_args" in out:
+            out["extra_args"] = [redact_text(t) for t in out["extra_args"]]
+        return out
+
+
+def merge(*layers: PlanRequest | None) -> PlanRequest:
+    """Merge requests, lowest precedence first (e.g. ``merge(file_request, cli_request)``): see the module doc."""
+    data: dict[str, Any] = {}
+    args: dict[str, Any] = {}
+    env: dict[str, str] = {}
+    for layer in layers:
+        if layer is None:
+            continue
+        given = layer.set_fields()
+        for k, flag in TYPED_FLAGS.items():
+            if k in given:
+                args.pop(flag, None)
+        args.update(given.pop("args", {}))
+        env.update(given.pop("env", {}))
+        data.update(given)
+    prof = data.pop("profile", None)
+    req = PlanRequest(**data, args=args, env=env)
+    if prof is not None:
+        req.profile = prof
+    return req
+
+
+def load_request(path: str | Path) -> PlanRequest:
+    """A :class:`PlanRequest` from a YAML file (``--config``).
+
+    Raises:
+        BadInput: unreadable file, invalid YAML, or an unknown key (with a "did you mean").
+    """
+    from m3ctl.catalog import _explain  # noqa: PLC0415
+
+    p = Path(path)
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except OSError as e:
+        raise BadInput(f"cannot read config {p}: {e.strerror}", "check the --config path") from e
+    except yaml.YAMLError as e:
+        raise BadInput(f"{p}: not valid YAML: {str(e).splitlines()[0]}", "fix the YAML syntax") from e
+    if not isinstance(data, dict):
+        raise BadInput(f"{p}: expected a mapping at the top level", "see the example in m3ctl/assess/request.py")
+    try:
+        return PlanRequest.model_validate(data)
+    except ValidationError as e:
+        raise BadInput(_explain(e, PlanRequest, str(p)), "see the example in m3ctl/assess/request.py") from e
+
+
+def serve_command(req: PlanRequest, inventory: str | None = None) -> str:
+    """The ``m3ctl serve ...`` command line that plans exactly ``req`` (shell-quoted; raw args after ``--``;
+    secret-looking values masked, and ``env``/``pass_env`` never rendered: they come from the environment).
+
+    ``inventory``: a saved inventory file to plan for (as ``--inventory``), None for the host serve runs on.
+    """
+    out = ["m3ctl", "serve", "--model", req.model]
+    if req.name != "m3ctl":
+        out += ["--name", req.name]
+    if req.port != 8000:
+        out += ["--port", str(req.port)]
+    if req.runtime != "process":
+        out += ["--runtime", req.runtime]
+    for k in ("variant", "tp", "dp", "dcp", "spec_depth", "spec_method", "kv_cache_dtype", "max_model_len",
+              "max_num_seqs", "max_num_batched_tokens", "image", "served_model_name", "profile_file"):
+        v = getattr(req, k)
+        if v is not None:
+            out += ["--" + k.replace("_", "-").replace("profile-file", "profile"), str(v)]
+    for k in ("ep", "dbo"):
+        v = getattr(req, k)
+        if v is not None:
+            out.append(f"--{k}" if v else f"--no-{k}")
+    for k, flag in (("allow_emulated", "--allow-emulated"), ("no_multicast", "--no-multicast"),
+                    ("skip_checks", "--skip-checks")):
+        if getattr(req, k):
+            out.append(flag)
+    pub = req.public()
+    for k, v in pub.get("args", {}).items():
+        out += ["--arg", k if v is True else f"{k}={v if isinstance(v, str) else json.dumps(v)}"]
+    if inventory:
+        out += ["--inventory", inventory]
+    if pub.get("extra_args"):
+        out += ["--", *pub["extra_args"]]
+    return shlex.join(out)
