@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from m3ctl.tune.replay import ReplayEvaluator
-from m3ctl.tune.search import Tuner, TuneSpec, evaluate, level_spread
+from m3ctl.tune.search import Tuner, TuneSpec, evaluate
 from m3ctl.tune.slo import parse_slo
 
 LADDER = [1, 2, 4, 8, 16]
@@ -85,6 +85,8 @@ def test_one_lucky_run_near_the_slo_does_not_place_the_capacity():
 def test_alternating_runs_are_placed_by_the_median_and_report_their_spread():
     """19, 23, 19.5 ms around the 20 ms bound: two of three meet it, so c=8 holds (median 19.5 ms); the reported
     capacity says 3 runs back it and that its p90 TPOT spread from 19 to 23 ms."""
+    from m3ctl.tune.search import level_spread
+
     out, sess, _ = _evaluate([19.0, 23.0, 19.5])
     assert out.concurrency == 8 and out.objective == 2000.0  # median objective of the three runs
     assert sess.made == {4: 1, 8: 3, 16: 1}  # c=16 (100 % over) is measured once
@@ -182,9 +184,17 @@ def test_resume_keeps_the_runs_of_a_level_being_repeated(tmp_path):
     assert ev2.opened == 0 and res.launches == 1
 
 
-def test_dry_run_explains_the_boundary_rule():
+def test_dry_run_explains_the_boundary_rule(tiny_models, tmp_path):
     from m3ctl.tune.study import boundary_rule
+    from tests.conftest import run_cli
 
+    p = run_cli("tune", "--model", str(tiny_models["llama"]), "--study-dir", str(tmp_path / "s"), "--slo",
+                "p90_tpot_ms<=50", "--knob", "spec_depth=0", "--knob", "max_num_seqs=8", "--knob",
+                "max_num_batched_tokens=2048", "--boundary-margin", "0.05", "--boundary-repeats", "4", "--dry-run",
+                env={"M3CTL_STATE_DIR": str(tmp_path / "state")})
+    assert p.returncode == 0, p.stderr
+    assert "near the SLO: a run whose binding SLO term is within 5% of its limit" in p.stdout
+    assert "up to 4 more run(s), until a majority of the 5 agree" in p.stdout and not (tmp_path / "s").exists()
     text = boundary_rule(TuneSpec(slo=SLO, boundary_margin=0.1, boundary_repeats=2))
     assert "within 10% of its limit" in text and "up to 2 more" in text and "median" in text
     assert "measured once" in boundary_rule(TuneSpec(slo=SLO, boundary_repeats=0))
