@@ -208,8 +208,8 @@ def main() -> None:
     print("\nrepeat rule near the SLO (runs within 10 % of the bound repeated, up to 2 more; median decides), "
           "replayed on the recorded runs: c: p90 TPOT ms of each run -> median")
     for name, row in replay_with_repeats(a.slo).items():
-        lv = "  ".join(f"c{c}: {'/'.join(map(str, x['p90_tpot_ms']))} -> {x['median']} {'partial' if x['partial'] else 'ok' if x['slo_ok'] else 'miss'}"
-                       for c, x in row["levels"].items())
+        lv = "  ".join(f"c{c}: {'/'.join(map(str, x['p90_tpot_ms']))} -> {x['median']} "
+                       + ("partial" if x["partial"] else "ok" if x["slo_ok"] else "miss") for c, x in row["levels"].items())
         sp = row["spread"]
         tail = (f"capacity c={row['capacity']} from {sp['runs']} run(s), p90 TPOT {sp['min']:.1f}-{sp['max']:.1f} ms, "
                 f"{row['objective']} tok/s per GPU" if row["capacity"] else f"undecided: {row['needs_more_runs']}")

@@ -51,16 +51,17 @@ Algorithm (shared/reference/anchors-bench-tune.md section 8, reduced to what run
    them (``vs_baseline``, both sides the worse of their two measurements).
 
 Budgets: ``max_trials`` server starts (rejected candidates cost none) and ``time_budget_s`` of wall time,
-both counted across resumes (a trial's cost includes its boundary repeats); a start is skipped when the median cost of the trials so far would overrun
-the time budget. State lives in an optuna SQLite study plus one folder per trial.
+both counted across resumes (a trial's cost includes its boundary repeats); a start is skipped when the median
+cost of the trials so far would overrun the time budget. State lives in an optuna SQLite study plus one folder
+per trial.
 
 Resume keeps what was measured (issue 15): every finished bench run of a trial is saved with its optuna
 trial as it completes (user attribute ``partial``), and each event refreshes the trial's cost and the
 study's wall time. A trial killed (SIGKILL, Ctrl-C) after a run is *recovered* on resume from those runs
 (its bisection ends where the kill stopped it) instead of launched again; one killed before any run counts
 its launch and cost, and its configuration is measured again. The runs of a level being repeated are saved
-after each run too, so a kill between repeats keeps them (the level is then the median of the runs it had). ``launches``, ``cost_s`` and ``elapsed_s``
-therefore count every start and second across all resumes.
+after each run too, so a kill between repeats keeps them (the level is then the median of the runs it had).
+``launches``, ``cost_s`` and ``elapsed_s`` therefore count every start and second across all resumes.
 """
 
 from __future__ import annotations

@@ -227,7 +227,8 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
     {skipped: why} when the study measured vLLM's defaults; ``capacity_runs``: the valid bench runs at the
     reported concurrency (repeats near the SLO boundary and confirmation included), ``capacity_spread``: their
     binding SLO term and its min/median/max (m3ctl.tune.search.level_spread; None without an SLO); every run of
-    a repeated level is in ``trials[].points[].runs``; ``vs_baseline`` = best / baseline objective (None when either is missing or 0).
+    a repeated level is in ``trials[].points[].runs``; ``vs_baseline`` = best / baseline objective (None when
+    either is missing or 0).
     """
     out: dict[str, Any] = {"stopped_by": res.stopped_by, "launches": res.launches, "cost_s": res.cost_s,
                            "elapsed_s": res.elapsed_s, "interrupted_launches": tuner.lost, "slo": settings["spec"]["slo"],
