@@ -9,7 +9,12 @@ prompts at every run, a warm-up per load level) and prints:
   concurrency must meet it) and the objective there;
 - the tune's own measurements (trials, the concurrencies its bisection visited);
 - the ratios issue #15 asks for: the tune's reported capacity and objective for its choice over the grid's,
-  and its choice's objective over the grid's best.
+  and its choice's objective over the grid's best;
+- the repeat rule near the SLO boundary (m3ctl/tune/search.py ``measure_level``) replayed on these runs: each
+  tuned configuration's bisection from where the tune started it, the n-th run at a level answered by the n-th
+  recorded run there (the tune's own run first, then the grid's in recording order; the repeats of the rule
+  would run on the tune's server, so the grid runs stand in for them, from other fresh servers). A level that
+  would need more runs than were recorded is reported as such.
 
     python benchmarks/scale_evidence.py [--slo "p90_tpot_ms<=30"] [--json]
 """
@@ -110,6 +115,69 @@ def report(slo_text: str, root: Path = EVIDENCE) -> dict:
             "ratios": ratios}
 
 
+class _NotRecorded(Exception):
+    pass
+
+
+class _RecordedRuns:
+    """A tune session answering the n-th run at a concurrency with the n-th recorded result there."""
+
+    start_s = 0.0
+
+    def __init__(self, runs: dict[int, list[dict]]):
+        self.runs, self.made = runs, defaultdict(int)
+
+    def measure(self, c: int, fidelity: float) -> dict:
+        n = self.made[c]
+        if n >= len(self.runs.get(c, [])):
+            raise _NotRecorded(f"c={c} needs run {n + 1}; {len(self.runs.get(c, []))} recorded")
+        self.made[c] += 1
+        return self.runs[c][n]
+
+    def close(self) -> None:
+        pass
+
+
+def replay_with_repeats(slo_text: str, root: Path = EVIDENCE) -> dict:
+    """The boundary repeat rule (TuneSpec defaults) replayed per tuned configuration that the grid also measured:
+    {config name: {"start", "levels" {c: {"p90_tpot_ms": [runs], "median", "slo_ok", "objective"}},
+    "capacity", "objective", "spread" (m3ctl.tune.search.level_spread), "needs_more_runs" (why, or None)}}."""
+    from m3ctl.tune.search import TuneSpec, bisect_concurrency, level_spread  # noqa: PLC0415
+
+    grid, tune = grid_runs(root), tune_runs(root)
+    res = json.loads((root / "study" / "result.json").read_text())
+    settings = json.loads((root / "study" / "tune.json").read_text())
+    first = {t["trial"]: t["points"][0]["concurrency"] for t in res["trials"] if t.get("points")}
+    spec = TuneSpec(slo=slo_text, ladder=settings["spec"]["ladder"])
+    slo = parse_slo(slo_text)
+    out = {}
+    for t, v in tune.items():
+        name = next((n for n, k in GRID_CONFIGS.items() if all(v["config"].get(x) == y for x, y in k.items())), None)
+        if name is None or name not in grid or not v["runs"]:
+            continue
+        runs = {c: [*v["runs"].get(c, []), *grid[name].get(c, [])] for c in {*v["runs"], *grid[name]}}
+        done: list = []
+        row: dict = {"trial": t, "start": first.get(t), "needs_more_runs": None}
+        try:
+            bisect_concurrency(_RecordedRuns(runs), spec, slo, 1, lambda m: None, first.get(t),
+                               on_point=lambda pts: done.__setitem__(slice(None), pts))
+        except _NotRecorded as e:
+            row["needs_more_runs"] = str(e)
+        pts = done
+        row["levels"] = {p.concurrency: {"p90_tpot_ms": [round(r["metrics"]["p90_tpot_ms"], 1) for r in p.runs]
+                                         or [round(p.metrics["p90_tpot_ms"], 1)],
+                                         "median": round(p.metrics["p90_tpot_ms"], 1), "slo_ok": p.slo_ok,
+                                         "objective": round(p.objective),
+                                         "partial": row["needs_more_runs"] is not None and p is pts[-1]} for p in pts}
+        ok = [p for p in pts if p.slo_ok]
+        cap = max((p.concurrency for p in ok), default=None) if row["needs_more_runs"] is None else None
+        row["capacity"] = cap
+        row["objective"] = round(max(p.objective for p in ok if p.concurrency == cap)) if cap else None
+        row["spread"] = level_spread(slo, pts, cap) if cap else None
+        out[name] = row
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slo", default="p90_tpot_ms<=30")
@@ -137,6 +205,15 @@ def main() -> None:
           f"launches {rep['launches']}, interrupted {list((rep['interrupted_launches'] or {}))}")
     for k, v in rep["ratios"].items():
         print(f"  {k}: {v:.3f}" if v is not None else f"  {k}: n/a")
+    print("\nrepeat rule near the SLO (runs within 10 % of the bound repeated, up to 2 more; median decides), "
+          "replayed on the recorded runs: c: p90 TPOT ms of each run -> median")
+    for name, row in replay_with_repeats(a.slo).items():
+        lv = "  ".join(f"c{c}: {'/'.join(map(str, x['p90_tpot_ms']))} -> {x['median']} "
+                       + ("partial" if x["partial"] else "ok" if x["slo_ok"] else "miss") for c, x in row["levels"].items())
+        sp = row["spread"]
+        tail = (f"capacity c={row['capacity']} from {sp['runs']} run(s), p90 TPOT {sp['min']:.1f}-{sp['max']:.1f} ms, "
+                f"{row['objective']} tok/s per GPU" if row["capacity"] else f"undecided: {row['needs_more_runs']}")
+        print(f"  {name:9s} {lv}\n    {tail}")
 
 
 if __name__ == "__main__":

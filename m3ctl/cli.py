@@ -992,12 +992,25 @@ def _print_tune_dry_run(con, r: dict, limit: int = 40) -> None:
     con.print("  order:")
     for i, step in enumerate(r["order"], 1):
         con.print(f"    {i}. {escape(step)}", soft_wrap=True)
+    con.print(f"  near the SLO: {escape(r['boundary'])}", soft_wrap=True)
     bl = r["baseline"]
     con.print("  baseline command: " + (escape(bl["command"]) if "command" in bl else f"skipped ({escape(bl['skipped'])})"),
               soft_wrap=True)
     first = r.get("first")
     con.print("  first configuration: " + (f"{escape(first['command'])}" if first else "the anchor is rejected by the "
                                            "plan rules (no launch); optuna TPE picks the first start"), soft_wrap=True)
+
+
+def _capacity_line(b: dict) -> str:
+    """How many runs back a reported capacity and the spread of its binding SLO term (result.json fields)."""
+    n, sp = b.get("capacity_runs", 0), b.get("capacity_spread")
+    head = f"capacity c={b['concurrency']}: {n} run{'s' if n != 1 else ''}"
+    if not sp:
+        return head
+    if sp["min"] == sp["max"]:
+        return f"{head}, {sp['key']} {sp['median']:.4g} (SLO {sp['term']})"
+    return (f"{head}, {sp['key']} {sp['min']:.4g}-{sp['max']:.4g}, median {sp['median']:.4g} "
+            f"(SLO {sp['term']})")
 
 
 @app.command(context_settings=RAW_ARGS)
@@ -1015,6 +1028,8 @@ def tune(
     time_budget: Annotated[Optional[float], typer.Option(help="Budget: wall seconds (no start begins when the median trial so far would overrun it).")] = None,
     seed: Annotated[int, typer.Option(help="Sampler and workload seed.")] = 0,
     confirm_top: Annotated[int, typer.Option(help="Successive halving: re-measure the best N on a fresh server.")] = 2,
+    boundary_margin: Annotated[float, typer.Option(min=0.0, max=1.0, help="Repeat a run whose binding SLO term is within this fraction of its limit (met or missed); the level is the median of its runs.")] = 0.10,
+    boundary_repeats: Annotated[int, typer.Option(min=0, help="At most this many more runs of a level near the SLO boundary, on the same server with fresh prompts (0: one run per level).")] = 2,
     max_spec_depth: Annotated[int, typer.Option(help="Largest speculation depth searched.")] = 4,
     pareto: Annotated[bool, typer.Option("--pareto", help="Also print the Pareto table and write pareto.png.")] = False,
     baseline: Annotated[Optional[bool], typer.Option("--baseline/--no-baseline", help="Also measure vLLM's defaults (no tuned flags, smallest accepted TP) with the same bisection and SLO, once per study (default: on for a new study; with --resume: keep the saved choice).")] = None,
@@ -1094,7 +1109,8 @@ def tune(
                     "spec": {"slo": slo, "objective": objective, "usd_per_gpu_hour": usd_per_gpu_hour, "ladder": lad,
                              "max_trials": 12 if max_trials is None else max_trials, "time_budget_s": time_budget, "seed": seed,
                              "confirm_top": confirm_top, "prompts_per_concurrency": prompts_per_concurrency,
-                             "baseline": True if baseline is None else baseline},
+                             "baseline": True if baseline is None else baseline,
+                             "boundary_margin": boundary_margin, "boundary_repeats": boundary_repeats},
                     "plan_base": {"overrides": _parse_args(arg or []), "extra_args": list(ctx.args),
                                   "skip_checks": skip_checks},
                     "bench": {"workload": workload, "input_len": input_len, "output_len": output_len, "seed": seed,
@@ -1170,6 +1186,7 @@ def tune(
               f"{settings['spec']['objective']} at concurrency {b['concurrency']}"
               + ("" if b.get("confirmed") or not settings["spec"].get("confirm_top") else
                  " [yellow](not confirmed on a fresh server: the confirmation budget ran out)[/]"))
+    con.print("  " + _capacity_line(b), soft_wrap=True)
     bl = out.get("baseline")
     if bl is not None:
         if "skipped" in bl:
@@ -1177,6 +1194,7 @@ def tune(
         elif bl["status"] == "feasible":
             con.print(f"baseline (vLLM defaults): {bl['objective']:.1f} at concurrency {bl['concurrency']}; "
                       f"best / baseline = {out['vs_baseline']:.2f}x")
+            con.print("  " + _capacity_line(bl), soft_wrap=True)
             if out["vs_baseline"] is not None and out["vs_baseline"] <= 1.0:
                 con.print("[yellow]the defaults measured as good or better[/]: keep them (or tune with more "
                           "--prompts-per-concurrency / --confirm-top on a quieter host)")

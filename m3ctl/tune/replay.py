@@ -8,6 +8,9 @@ Grid file (benchmarks/tune_efficiency.py ``--record``; tests/fixtures/tune_grid_
      "baseline": {same shape as a configs entry: vLLM's defaults, optional}}
 
 A grid without ``baseline`` replays a study that asked for one as "baseline skipped" with the reason.
+A concurrency may also hold a list of results (repeated runs of one level, in the order they were measured):
+the n-th run at that concurrency on one server replays the n-th entry, cycling (the search repeats runs near
+the SLO boundary; a single result answers every repeat the same).
 
 The cost of a replayed run is the recorded server start and run durations, so replays count cost in
 the same units as the grid: server starts x run time.
@@ -27,13 +30,16 @@ from m3ctl.tune.space import key_of
 class ReplaySession:
     def __init__(self, rec: dict, clock: list[float]):
         self.rec, self.start_s, self.clock = rec, float(rec.get("start_s", 0.0)), clock
+        self.count: dict[int, int] = {}  # runs made per concurrency on this server
         clock[0] += self.start_s
 
     def measure(self, concurrency: int, fidelity: float) -> dict:
         res = self.rec["points"].get(str(concurrency))
         if res is None:
             raise LaunchFailed(f"no recorded run at concurrency {concurrency}", "record the grid with this ladder")
-        res = dict(res)
+        n = self.count.get(concurrency, 0)
+        self.count[concurrency] = n + 1
+        res = dict(res[n % len(res)] if isinstance(res, list) else res)
         res["duration"] = float(res.get("duration", 0.0)) * fidelity
         self.clock[0] += res["duration"]
         return res

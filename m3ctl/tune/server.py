@@ -33,7 +33,9 @@ class ServerSession:
     def measure(self, concurrency: int, fidelity: float) -> dict:
         """One bench run at ``concurrency``. A run during which the server JIT-compiled or autotuned a kernel
         (a latency spike of up to seconds: m3ctl.kernels.jit_events) did not measure the steady state: it is
-        kept as ``bench-cC-xF-jitN.json`` and repeated, at most ``JIT_RERUNS`` times."""
+        kept as ``bench-cC-xF-jitN.json`` and repeated, at most ``JIT_RERUNS`` times. A further run at the same
+        concurrency and fidelity in the trial folder (a repeat near the SLO boundary, m3ctl.tune.search.measure_level)
+        is saved as ``bench-cC-xF-rN.json`` (N = 1, 2, ...), so every run is kept."""
         from m3ctl.bench.runner import BenchConfig, run_bench  # noqa: PLC0415
         from m3ctl.serve import runtime_for  # noqa: PLC0415
 
@@ -43,6 +45,10 @@ class ServerSession:
                           label=f"tune trial {self.dir.name} c={concurrency}", server_log=self.dep.log_path,
                           **self.ev.bench)
         stem = f"bench-c{concurrency}-x{fidelity:g}"
+        rep = 0
+        while (self.dir / f"{stem}{f'-r{rep}' if rep else ''}.json").exists():
+            rep += 1
+        stem += f"-r{rep}" if rep else ""
         reruns = 0
         while True:  # the bench reports the kernels the server compiled during its measured phase
             res = run_bench(cfg, sync_log=lambda: runtime_for(self.dep).sync_log(self.dep))

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from m3ctl.errors import BadInput
-from m3ctl.tune.search import Outcome, Tuner, TuneResult, TuneSpec, pareto, write_json
+from m3ctl.tune.search import Outcome, Tuner, TuneResult, TuneSpec, level_spread, pareto, write_json
 from m3ctl.tune.space import FLAGS, Space, describe, key_of, plan_kwargs
 
 
@@ -80,7 +80,8 @@ def dry_run(study_dir: Path, settings: dict[str, Any], *, inventory, registry=No
     ``space`` {values, free, size}, ``pruned`` (notes), ``candidates`` [{config, describe, status "ok" or
     "rejected", rule, reason, command}], ``feasible`` (count), ``baseline`` {config, command} or
     {skipped: why}, ``first`` {config, command} (the anchor: the search's first start) or None,
-    ``order`` (what runs in which order), ``prompts_per_run`` {concurrency: requests}.
+    ``order`` (what runs in which order), ``prompts_per_run`` {concurrency: requests}, ``boundary`` (the rule for
+    repeating a run near the SLO boundary, in words).
     """
     from m3ctl.errors import ConfigRejected  # noqa: PLC0415
     from m3ctl.state import Registry  # noqa: PLC0415
@@ -123,7 +124,20 @@ def dry_run(study_dir: Path, settings: dict[str, Any], *, inventory, registry=No
         f"rules accept, until {spec.max_trials} server starts"
         + (f" or {spec.time_budget_s:g} s" if spec.time_budget_s else ""),
         f"then the best {spec.confirm_top} re-measured on a fresh server with {spec.confirm_factor:g}x the requests"]
+    out["boundary"] = boundary_rule(spec)
     return out
+
+
+def boundary_rule(spec: TuneSpec) -> str:
+    """The repeat rule near the SLO boundary (m3ctl.tune.search.measure_level), in words, for --dry-run."""
+    if not spec.slo.strip() or spec.boundary_repeats <= 0:
+        return ("every load level is measured once" + ("" if spec.slo.strip() else " (no SLO, no boundary)")
+                + ("" if spec.boundary_repeats > 0 or not spec.slo.strip() else " (--boundary-repeats 0)"))
+    return (f"a run whose binding SLO term is within {spec.boundary_margin:.0%} of its limit (met or missed) is "
+            f"repeated on the same server with fresh prompts, up to {spec.boundary_repeats} more run(s), until a "
+            f"majority of the {1 + spec.boundary_repeats} agree; the level's verdict and objective are the median "
+            "of its runs (one run near the limit decides by chance: p90 TPOT spread +-12 % between runs on an "
+            "H200); runs further from the limit stay single; repeats count in the time budget")
 
 
 def tuned_flags(cand: dict[str, Any], plan) -> dict[str, Any]:
@@ -194,16 +208,27 @@ def all_points(outcomes: list[Outcome]) -> list[dict[str, Any]]:
             for o in outcomes for p in o.points if p.valid and p.metrics.get("p90_tpot_ms")]
 
 
+def _capacity(tuner: Tuner, out: Outcome) -> dict[str, Any]:
+    """``capacity_runs`` and ``capacity_spread`` of an outcome (see :func:`write_outputs`)."""
+    ev = level_spread(tuner.slo, out.points, out.concurrency)
+    spread = {k: v for k, v in ev.items() if k not in ("runs", "concurrency")} if ev else {}
+    return {"capacity_runs": ev["runs"] if ev else 0, "capacity_spread": spread or None}
+
+
 def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: dict[str, Any], base_profile,
                   want_pareto: bool) -> dict[str, Any]:
     """``result.json`` (always), ``profile.yaml`` (when a configuration met the SLO), ``pareto.png`` (``--pareto``).
 
     result.json: ``launches``, ``cost_s`` (server time) and ``elapsed_s`` (wall) across all resumes;
     ``interrupted_launches`` {trial: {cost_s}}: starts killed before any run finished (counted in both);
-    ``best`` {config, objective, concurrency, command, argv, trial, flags}; ``baseline``
-    {config, objective (the worse of search and confirmation, like ``best``), search_objective, confirmed,
-    concurrency, command, status, reason, cost_s, points} or {skipped: why} when the study measured vLLM's
-    defaults; ``vs_baseline`` = best / baseline objective (None when either is missing or 0).
+    ``best`` {config, objective, concurrency, command, argv, trial, flags, capacity_runs, capacity_spread};
+    ``baseline`` {config, objective (the worse of search and confirmation, like ``best``), search_objective,
+    confirmed, concurrency, command, status, reason, cost_s, points, capacity_runs, capacity_spread} or
+    {skipped: why} when the study measured vLLM's defaults; ``capacity_runs``: the valid bench runs at the
+    reported concurrency (repeats near the SLO boundary and confirmation included), ``capacity_spread``: their
+    binding SLO term and its min/median/max (m3ctl.tune.search.level_spread; None without an SLO); every run of
+    a repeated level is in ``trials[].points[].runs``; ``vs_baseline`` = best / baseline objective (None when
+    either is missing or 0).
     """
     out: dict[str, Any] = {"stopped_by": res.stopped_by, "launches": res.launches, "cost_s": res.cost_s,
                            "elapsed_s": res.elapsed_s, "interrupted_launches": tuner.lost, "slo": settings["spec"]["slo"],
@@ -214,7 +239,7 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
         out["best"] = {"config": res.best.config, "objective": res.best.final, "concurrency": res.best.concurrency,
                        "command": p.command_line(), "argv": p.argv, "trial": res.best.trial,
                        "flags": tuned_flags(res.best.config, p),
-                       "confirmed": res.best.confirmed is not None}
+                       "confirmed": res.best.confirmed is not None, **_capacity(tuner, res.best)}
         (study_dir / "profile.yaml").write_text(profile_yaml(base_profile, res.best.config, p, res.best, settings))
         out["profile"] = str(study_dir / "profile.yaml")
     b = res.baseline
@@ -225,7 +250,7 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
             out["baseline"] = {"config": b.config, "objective": b.final, "search_objective": b.objective,
                                "confirmed": b.confirmed, "concurrency": b.concurrency,
                                "status": b.status, "reason": b.reason, "command": ev.command(b.config),
-                               "cost_s": b.cost_s, "points": [asdict(p) for p in b.points]}
+                               "cost_s": b.cost_s, "points": [asdict(p) for p in b.points], **_capacity(tuner, b)}
         out["vs_baseline"] = (res.best.final / b.final if res.best is not None and b.final > 0 else None)
     front = pareto(res.outcomes)
     out["pareto"] = front
@@ -236,4 +261,4 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
     return out
 
 
-__all__ = ["run_tune", "dry_run", "write_outputs", "load_settings", "save_settings", "prefix_for", "plan_kwargs"]
+__all__ = ["run_tune", "dry_run", "boundary_rule", "write_outputs", "load_settings", "save_settings", "prefix_for", "plan_kwargs"]

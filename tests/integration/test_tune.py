@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
 import subprocess
 import time
 from pathlib import Path
@@ -56,6 +57,12 @@ def _wait_mid_trial(sdir: Path, proc: subprocess.Popen, timeout: float = 540) ->
                     return cur
         time.sleep(0.2)
     raise AssertionError(f"no second trial benchmark within {timeout} s")
+
+
+def _level_runs(tdir: Path, c: int) -> list[dict]:
+    """Every kept bench run at concurrency ``c`` (fidelity 1): the first, and its repeats near the SLO bound
+    (``-rN``); JIT-spoiled runs (``-jitN``) were repeated and are not part of the level."""
+    return [json.loads(f.read_text()) for f in sorted(tdir.glob(f"bench-c{c}-x1*.json")) if "-jit" not in f.name]
 
 
 def test_tune_real_search_sigkill_resume_and_profile(tiny_models, tmp_path):
@@ -108,9 +115,11 @@ def test_tune_real_search_sigkill_resume_and_profile(tiny_models, tmp_path):
             assert len(conc) == len(set(conc)) <= 3  # 3 ladder points: each measured at most once
     best = res["best"]
     assert best and best["config"]["dcp"] == 1 and "vllm" in best["command"] and " serve " in best["command"]
-    bench = json.loads((sdir / "trials" / f"{best['trial']:04d}" / f"bench-c{best['concurrency']}-x1.json").read_text())
-    assert bench["p90_tpot_ms"] <= 250 and bench["p90_ttft_ms"] <= 5000
-    assert best["objective"] == pytest.approx(bench["total_token_throughput"])
+    runs = _level_runs(sdir / "trials" / f"{best['trial']:04d}", best["concurrency"])
+    assert len(runs) == best["capacity_runs"]  # one run, or the runs of a level repeated near the SLO bound
+    assert statistics.median(r["p90_tpot_ms"] for r in runs) <= 250
+    assert statistics.median(r["p90_ttft_ms"] for r in runs) <= 5000
+    assert best["objective"] == pytest.approx(statistics.median(r["total_token_throughput"] for r in runs))
     assert "best trial" in p.stdout and "Pareto" in p.stdout and (sdir / "pareto.png").stat().st_size > 1000
 
     # vLLM's defaults: measured once (not again after the resume) with the same SLO bisection
@@ -118,8 +127,9 @@ def test_tune_real_search_sigkill_resume_and_profile(tiny_models, tmp_path):
     assert base["status"] == "feasible" and base["concurrency"] in (1, 4, 16)
     assert sorted(p.name for p in (sdir / "trials" / "base").glob("bench-*.json")) == base_runs
     assert "--max-num-seqs" not in base["command"] and "--speculative-config" not in base["command"]
-    bb = json.loads((sdir / "trials" / "base" / f"bench-c{base['concurrency']}-x1.json").read_text())
-    assert base["objective"] == pytest.approx(bb["total_token_throughput"]) and bb["p90_ttft_ms"] <= 5000
+    bb = _level_runs(sdir / "trials" / "base", base["concurrency"])
+    assert base["objective"] == pytest.approx(statistics.median(r["total_token_throughput"] for r in bb))
+    assert statistics.median(r["p90_ttft_ms"] for r in bb) <= 5000
     assert res["vs_baseline"] == pytest.approx(best["objective"] / base["objective"])
     assert f"baseline (vLLM defaults): {base['objective']:.1f}" in p.stdout
 
