@@ -96,3 +96,18 @@ def test_the_repeat_rule_replayed_on_the_h200_runs(ev):
     assert rep["seqs128"]["levels"][64]["p90_tpot_ms"] == [29.9, 27.0] and rep["seqs128"]["capacity"] == 64
     # max-num-batched-tokens 2,048 at c=64 split 32.2 / 27.6 ms: the rule asks for a third run, which was not recorded
     assert rep["mbt2048"]["capacity"] is None and "needs run 3" in rep["mbt2048"]["needs_more_runs"]
+
+
+def test_memory_fit_predicts_the_kv_capacity_vllm_reported(tmp_path):
+    # vLLM 0.26 on one H200 gave the 16-layer scale model 1,101,296 KV tokens (5.60x sequences of 196,608);
+    # m3ctl's one memory fit (assess/memory.py: 0.92 x NVML memory - overhead - weights) predicts it within 3 %.
+    from m3ctl.assess.request import PlanRequest
+    from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model
+    from m3ctl.sizing import size_systems
+
+    d = build_scale_model(tmp_path / "sm2", ScaleModelSpec(arch="minimax-m2", layers=16, quant="fp8"))
+    (row,) = size_systems(["h200x1"], PlanRequest(model=str(d), max_model_len=196608, runtime="process",
+                                                  extra_args=["--load-format", "dummy"]))
+    assert row.serves and row.tp == 1
+    assert row.kv_tokens == pytest.approx(1_101_296, rel=0.03)
+    assert row.concurrent_sequences == int(1_101_296 / 196_608)  # vLLM: "Maximum concurrency ... 5.60x"
