@@ -6,7 +6,11 @@
 #   grid CFG...   a clean grid: for each configuration one fresh server; at every concurrency of $LADDER a
 #                 warm-up run (c prompts, 16 output tokens, own seed), then the measured run (max(2c,32) prompts,
 #                 own seed); bench JSONs (with server /metrics deltas: prefix-cache hits, JIT compiles) -> grid.tgz
-#   tune B        `m3ctl tune` over the same knobs (new study, or `--resume` of .study/study.tgz) with time budget B
+#   tune B        `m3ctl tune` over the same knobs (new study, or `--resume` of .study/study.tgz) with time budget B;
+#                 TUNE_KNOBS replaces the knob pins (e.g. for issue #18 on 2-8 GPUs:
+#                 TUNE_KNOBS="--knob tp=1,2,4,8 --knob dp=1,2 --knob ep=false,true --knob spec_depth=0,3")
+#   plans N...    doctor, then plan at each TP N (EP where the rules ask for it), saved as JSON: what m3ctl predicts
+#                 (layout, KV capacity) before a multi-GPU serve (issue #18)
 #
 # CFG is NAME=FLAGS with m3ctl serve flags joined by '+', e.g. mbt2048=--max-num-batched-tokens+2048; "defaults="
 # is vLLM's defaults. m3ctl runs from .snap (git archive of the commit under test); carry .bundle .whl .snap
@@ -45,6 +49,15 @@ if [ "$MODE" = grid ]; then
     $M stop g > /dev/null 2>&1
   done
   tar -C $G -czf "$OUT/grid.tgz" .
+elif [ "$MODE" = plans ]; then
+  P=/tmp/plans; mkdir -p $P
+  $M doctor --model /tmp/sm2 --json > $P/doctor.json 2> $P/doctor.err; echo "doctor rc=$?"
+  for tp in "$@"; do
+    $M plan --model /tmp/sm2 --runtime process --tp $tp --json -- --load-format dummy > $P/plan-tp$tp.json 2> $P/plan-tp$tp.err \
+      || $M plan --model /tmp/sm2 --runtime process --tp $tp --ep --json -- --load-format dummy > $P/plan-tp$tp-ep.json 2>> $P/plan-tp$tp.err
+    echo "plan tp=$tp rc=$?"
+  done
+  tar -C $P -czf "$OUT/plans.tgz" .
 else
   S=/tmp/study; B=${1:-400}
   if [ -f .study/study.tgz ]; then
@@ -52,8 +65,8 @@ else
     timeout -s INT $(left) $M tune --resume $S --time-budget $B; echo "tune rc=$?"
   else
     timeout -s INT $(left) $M tune --model /tmp/sm2 --study-dir $S --port 8040 --slo "$SLO" --objective tput_per_gpu \
-      --knob tp=1 --knob dcp=1 --knob ep=false --knob dbo=false --knob spec_depth=0,3 --knob max_num_seqs=128,1024 \
-      --knob max_num_batched_tokens=2048,8192 --knob kv_cache_dtype=default,fp8 \
+      ${TUNE_KNOBS:---knob tp=1 --knob dcp=1 --knob ep=false --knob dbo=false --knob spec_depth=0,3 --knob max_num_seqs=128,1024 \
+      --knob max_num_batched_tokens=2048,8192 --knob kv_cache_dtype=default,fp8} \
       --ladder $LADDER --input-len $IN --output-len $OUTLEN --prompts-per-concurrency 2 \
       --max-trials ${TRIALS:-5} --time-budget $B --confirm-top 0 --no-baseline -- --load-format dummy; echo "tune rc=$?"
   fi
