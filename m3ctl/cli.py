@@ -197,7 +197,16 @@ def _print_plan(con, p) -> None:
         con.print(f"  [yellow]warning:[/] {escape(w)}")
     if p.secret_env_names:
         con.print(f"  env passed through (values hidden): {', '.join(p.secret_env_names)}")
-    con.print(escape(p.command_line()), soft_wrap=True)
+    con.print(escape(_shown_command(p)), soft_wrap=True)
+
+
+def _shown_command(p) -> str:
+    """What will run, for display: the ``docker run`` of a docker plan (its image), else the process command."""
+    if p.runtime == "docker" and p.image:
+        from m3ctl.emit import docker_command  # noqa: PLC0415
+
+        return docker_command(p).strip()
+    return p.command_line()
 
 
 @app.command(context_settings=RAW_ARGS)
@@ -213,8 +222,9 @@ def plan(
     profile: Annotated[Optional[Path], typer.Option(help="Kernel profile YAML to use instead of the catalog's.")] = None,
     arg: Annotated[Optional[list[str]], typer.Option("--arg", help="vllm serve flag override flag=value (repeatable).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print {image, argv, env, explain, rejected} as JSON.")] = False,
-    emit: Annotated[Optional[str], typer.Option(help="Render as docker, compose, k8s, lws (multi-node) or script.")] = None,
-    nodes: Annotated[int, typer.Option(help="With --emit lws: nodes (pods) in the LeaderWorkerSet.")] = 2,
+    emit: Annotated[Optional[str], typer.Option(help="Render as docker, compose, k8s, lws (multi-node DP), script or ray (multi-node TP x PP).")] = None,
+    nodes: Annotated[int, typer.Option(help="With --emit lws/ray: nodes (pods/hosts).")] = 2,
+    hf_cache_hostpath: Annotated[Optional[str], typer.Option(help="With --emit k8s/lws: mount this node path as the HF cache instead of a PersistentVolumeClaim.")] = None,
     skip_checks: Annotated[bool, typer.Option(help="Report rule violations as warnings instead of rejecting.")] = False,
     config: Annotated[Optional[Path], typer.Option(help="User plan config YAML (CLI flags override it).")] = None,
     variant: OptVariant = None, tp: OptTP = None, dp: OptDP = None, dcp: OptDCP = None, ep: OptEP = None,
@@ -252,7 +262,7 @@ def plan(
     if emit:
         from m3ctl.emit import render  # noqa: PLC0415
 
-        typer.echo(render(p, emit, nodes=nodes), nl=False)
+        typer.echo(render(p, emit, nodes=nodes, hf_host_path=hf_cache_hostpath), nl=False)
     elif json_out:
         typer.echo(json.dumps(p.summary(), indent=2))
     else:
@@ -333,12 +343,7 @@ def serve(
     rt = _make_runtime(p.runtime, inv, mount or [], con)
     expect = _profile_expect(prof, p.profile)
     serving.preflight(p, reg, rt)  # fail in milliseconds (or after an image pull), before printing "starting"
-    shown = p.command_line()
-    if p.runtime == "docker":  # the container runs `vllm` + argv[1:] (m3ctl/runtime/docker.py)
-        import shlex  # noqa: PLC0415
-
-        shown = f"container {p.image}: vllm {shlex.join(p.argv[1:])}"
-    con.print(f"starting {p.name}: {escape(shown)}", soft_wrap=True)
+    con.print(f"starting {p.name}: {escape(_shown_command(p))}", soft_wrap=True)
     # A foreground Ctrl-C (or SIGTERM/SIGHUP) stops the server wherever it lands (a print, an import, a probe).
     with serving.stop_signals_as_interrupt():
         _launch_and_serve(con, p, reg, rt, secrets, expect, on_event, detach, watch_interval, restart)
@@ -398,7 +403,7 @@ def _make_runtime(name: str, inv, mounts: list[str], con):
             seen[layer] = status_
             con.print(f"  [dim]pull[/] {escape(layer)} {status_.lower()} {total / 2**20:.0f} MiB")
 
-    return DockerRuntime(DockerOptions.for_host(inv, mounts=mounts), on_progress=progress)
+    return DockerRuntime(DockerOptions(mounts=mounts), on_progress=progress)  # GPUs: the plan's (m3ctl/launch.py)
 
 
 def _profile_expect(prof, name: str):
@@ -572,6 +577,18 @@ bench_app = typer.Typer(help="Load-test an OpenAI-compatible endpoint; `m3ctl be
 app.add_typer(bench_app, name="bench")
 
 
+def _deployment_gpus(reg, name: str) -> int | None:
+    """GPUs of a deployment, from the Layout of its saved plan (m3ctl/launch.py); None on a CPU plan or without one."""
+    from m3ctl.launch import launch_spec  # noqa: PLC0415
+    from m3ctl.plan import LaunchPlan  # noqa: PLC0415
+
+    text = reg.load_plan(name)
+    if not text:
+        return None
+    plan = LaunchPlan.model_validate_json(text)
+    return launch_spec(plan).layout.num_gpus if plan.gpu_vendor else None
+
+
 def _parse_goodput(items: list[str]) -> dict[str, float] | None:
     if not items:
         return None
@@ -652,21 +669,22 @@ def bench(
     from pydantic import ValidationError  # noqa: PLC0415
 
     from m3ctl.bench import report  # noqa: PLC0415
-    from m3ctl.bench.runner import BenchConfig, gpus_from_argv, run_bench, run_sweep  # noqa: PLC0415
+    from m3ctl.bench.runner import BenchConfig, run_bench, run_sweep  # noqa: PLC0415
 
     gpus_source = "--num-gpus" if num_gpus else None
     server_log, sync_log = None, None
     if deployment:
         from m3ctl.state import Registry  # noqa: PLC0415
 
-        dep = Registry().get(deployment)
+        reg = Registry()
+        dep = reg.get(deployment)
         url, model = url or dep.url, model or dep.served_model_name
         server_log = dep.log_path  # JIT compiles during the measured phase (docker: the log is synced first)
         if dep.runtime != "process":
             from m3ctl.serve import runtime_for  # noqa: PLC0415
 
             sync_log = lambda: runtime_for(dep).sync_log(dep)  # noqa: E731
-        if not num_gpus and (n := gpus_from_argv(list(dep.argv))):
+        if not num_gpus and (n := _deployment_gpus(reg, deployment)):
             num_gpus, gpus_source = n, f"deployment {deployment}: tp x pp x dp x pcp (DCP adds none)"
     if not url:
         raise BadInput("no endpoint given", "pass --url http://HOST:PORT or --deployment NAME")

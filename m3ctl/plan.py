@@ -106,6 +106,15 @@ class LaunchPlan(BaseModel):
     python_modules: list[str] = Field(default_factory=list)
     unset_env: list[str] = Field(default_factory=list)
     """Variables removed from the server's inherited environment (one visibility variable on AMD, F05)."""
+    vllm_args: dict[str, Any] | None = None
+    """Typed ``vllm serve`` flags after ``--served-model-name`` ({flag: value}); the launch spec
+    (:mod:`m3ctl.launch`) renders every form from them. None in plans saved before they were kept."""
+    served_model_aliases: list[str] = Field(default_factory=list)
+    """Further names the API answers to (vLLM takes several ``--served-model-name`` values)."""
+    offline: bool = False
+    """Hub references were resolved to local snapshots (``--offline`` / ``HF_HUB_OFFLINE=1``)."""
+    local_paths: list[str] = Field(default_factory=list)
+    """Local files/directories the server reads besides the model (tokenizer, draft model): mounted read-only."""
 
     @property
     def url(self) -> str:
@@ -348,6 +357,9 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     from m3ctl.vllm_args import read_raw_args  # noqa: PLC0415
 
     raw = read_raw_args(extra_args or [])
+    if "api-key" in raw.flags:  # m3ctl serve takes it out of the raw args first and passes it as VLLM_API_KEY
+        raise BadInput("a raw --api-key would put the key on vLLM's command line (ps, logs, state files)",
+                       "pass it through the environment: m3ctl serve --api-key-env VAR, or VLLM_API_KEY")
     given: dict[str, Any] = {"tp": tp, "dp": dp, "dcp": dcp, "ep": ep, "dbo": dbo}
     for flag, knob in RAW_PARALLEL_FLAGS.items():
         if flag not in raw.flags:
@@ -503,13 +515,15 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
     warnings += [f"rule {v.rule} skipped: {v.message}" for v in violations]
     warnings += advisories(ctx)
 
-    served = served_model_name or name
     target = model if local.local else ((var.hf_id if var and var.hf_id else None) or
                                          (spec.hf_id if spec and spec.hf_id and model.lower() in spec.all_ids() else None)
                                          or model)
+    served = served_model_name or target  # what OpenAI clients send; the deployment name is an alias
+    aliases = [name] if served_model_name is None and name != target else []
     exe = vllm_executable or find_vllm_executable()
-    argv = [exe, "serve", target, "--host", host, "--port", str(port), "--served-model-name", served,
-            *render_flags(args)]
+    from m3ctl.launch import serve_command  # noqa: PLC0415
+
+    argv = [exe, *serve_command(target, host, port, [served, *aliases], args)]
     weights = facts.weights_gib
     if startup_budget_s is None:
         startup_budget_s = profile.readiness.startup_base_s + profile.readiness.startup_s_per_gib * weights
@@ -528,4 +542,5 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
                       violations=[f"{v.rule}: {v.message}" for v in violations], mounts=list(mounts or []),
                       gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
                       gpu_devices=_device_ids(inventory, units, tp_ * dp_), unset_env=unset_env,
-                      python_modules=list(profile.family_python_modules.get(family, [])) if family else [])
+                      python_modules=list(profile.family_python_modules.get(family, [])) if family else [],
+                      vllm_args=args, served_model_aliases=aliases)

@@ -116,8 +116,7 @@ def _check_all2all_kernels(plan: LaunchPlan) -> None:
     """
     import importlib.util  # noqa: PLC0415
 
-    argv = plan.argv
-    backend = argv[argv.index("--all2all-backend") + 1] if "--all2all-backend" in argv[:-1] else None
+    backend = str((plan.vllm_args or {}).get("all2all-backend") or "")
     if not backend or not backend.startswith(("deepep", "mori")):
         return
     module = "deep_ep" if backend.startswith("deepep") else "mori"
