@@ -94,6 +94,8 @@ def doctor(
 
     if runtime not in ("auto", "process", "docker"):
         raise BadInput(f"unknown runtime {runtime!r}", "use auto, process or docker")
+    if save_inventory:
+        _check_writable_file(save_inventory, "--save-inventory")
     inv = _load_inventory(inventory) if inventory else detect()
     if save_inventory:
         save_inventory.write_text(inv.model_dump_json(indent=2))
@@ -127,6 +129,24 @@ def doctor(
     code = rep.exit_code(strict)
     if code:
         raise typer.Exit(code)
+
+
+def _check_writable_file(path: Path, opt: str) -> None:
+    """Refuse an output path that cannot be written, before any work (nothing measured is lost).
+
+    Raises:
+        BadInput: a directory, a missing parent, or no write permission.
+    """
+    if path.is_dir():
+        raise BadInput(f"{opt} {path} is a directory", "give a file path")
+    existed = path.exists()
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise BadInput(f"{opt} {path} is not writable ({e.strerror})", "choose a writable path") from None
+    if not existed:
+        path.unlink()
 
 
 # ----------------------------------------------------------------------------- serve
@@ -176,9 +196,26 @@ OptNoMC = Annotated[bool, typer.Option("--no-multicast", help="Turn NVLink multi
 RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
 
 
+def _no_api_key(args: list[str]) -> list[str]:
+    """Raw args for tune, which starts private trial servers: an API key is refused (it would be stored)."""
+    from m3ctl.secrets import split_api_key  # noqa: PLC0415
+
+    rest, key = split_api_key(list(args))
+    if key:
+        raise BadInput("tune starts its own private trial servers: a raw --api-key is not used (nor stored)",
+                       "drop --api-key from the raw arguments")
+    return rest
+
+
 def _plan_kwargs(ctx: typer.Context, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
                  max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated, no_multicast) -> dict:
-    extra = list(ctx.args)  # what follows `--` (click consumes the `--` itself; raw_args reads the rest)
+    from m3ctl.secrets import split_api_key  # noqa: PLC0415
+
+    # What follows `--` (click consumes the `--` itself; raw_args reads the rest). vLLM's --api-key is taken
+    # out here: the key goes to the server as VLLM_API_KEY in its environment (ctx.meta), never in argv.
+    extra, key = split_api_key(list(ctx.args))
+    if key:
+        ctx.meta["api_key"] = key
     return dict(variant=variant, tp=tp, dp=dp, dcp=dcp, ep=ep, dbo=dbo, spec_depth=spec_depth,
                 spec_method=spec_method, kv_cache_dtype=kv_cache_dtype, max_model_len=max_model_len,
                 max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens, extra_args=extra,
@@ -246,6 +283,9 @@ def plan(
 
     if emit and emit not in FORMATS:
         raise BadInput(f"unknown --emit format {emit!r}", f"use one of: {', '.join(FORMATS)}")
+    from m3ctl.launch import check_host  # noqa: PLC0415
+
+    check_host(host)
     inv = _load_inventory(inventory) if inventory else detect()
     secrets = [k for k in SECRET_PASSTHROUGH if os.environ.get(k)]
     ucfg = load_user_config(config) if config else None
@@ -253,6 +293,8 @@ def plan(
                       **_plan_kwargs(ctx, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
                                      max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated,
                                      no_multicast)})
+    if ctx.meta.get("api_key") and "VLLM_API_KEY" not in secrets:  # a raw --api-key: passed as VLLM_API_KEY
+        secrets.append("VLLM_API_KEY")
     if ucfg and ucfg.model and model == "MiniMax-M3.1-Flash":
         model = ucfg.model
     if ucfg and ucfg.runtime and runtime == "auto":
@@ -290,6 +332,7 @@ def serve(
     mount: Annotated[Optional[list[str]], typer.Option("--mount", help="Extra docker bind mount HOST:CONTAINER[:ro|rw] (repeatable; read-only by default).")] = None,
     restart: Annotated[str, typer.Option(help="Foreground watchdog: no or on-failure (restart a dead/stalled server).")] = "no",
     watch_interval: Annotated[float, typer.Option(help="Foreground watchdog: seconds between liveness probes.")] = 10.0,
+    api_key_env: Annotated[Optional[str], typer.Option(help="Require this API key: the name of the environment variable holding it (handed to vLLM as VLLM_API_KEY, never on its command line).")] = None,
     config: Annotated[Optional[Path], typer.Option(help="User plan config YAML (CLI flags override it).")] = None,
     variant: OptVariant = None, tp: OptTP = None, dp: OptDP = None, dcp: OptDCP = None, ep: OptEP = None,
     dbo: OptDBO = None, spec_depth: OptSpecDepth = None, spec_method: OptSpecMethod = None, kv_cache_dtype: OptKV = None,
@@ -306,11 +349,18 @@ def serve(
     from m3ctl.plan import plan as make_plan  # noqa: PLC0415
     from m3ctl.state import Registry, check_name  # noqa: PLC0415
 
+    from m3ctl.launch import check_host  # noqa: PLC0415
+
     check_name(name)
-    inv = _load_inventory(inventory) if inventory else detect()
-    secrets = {k: os.environ[k] for k in SECRET_PASSTHROUGH if os.environ.get(k)}
+    check_host(host)
+    if startup_timeout is not None and not startup_timeout > 0:
+        raise BadInput(f"--startup-timeout {startup_timeout:g} must be > 0 seconds", "e.g. --startup-timeout 600")
+    if not watch_interval >= 0:
+        raise BadInput(f"--watch-interval {watch_interval:g} must be >= 0 seconds", "e.g. --watch-interval 10")
     if restart not in ("no", "on-failure"):
         raise BadInput(f"bad --restart {restart!r}", "use --restart no or --restart on-failure")
+    inv = _load_inventory(inventory) if inventory else detect()
+    secrets = {k: os.environ[k] for k in SECRET_PASSTHROUGH if os.environ.get(k)}
     prof = load_profile_file(profile) if profile else None
     from m3ctl.userconfig import load_user_config, merge  # noqa: PLC0415
 
@@ -318,9 +368,22 @@ def serve(
                {"overrides": _parse_args(arg or []), "skip_checks": skip_checks,
                 **_plan_kwargs(ctx, variant, tp, dp, dcp, ep, dbo, spec_depth, spec_method, kv_cache_dtype,
                                max_model_len, max_num_seqs, max_num_batched_tokens, allow_emulated, no_multicast)})
+    from m3ctl.secrets import API_KEY_ENV  # noqa: PLC0415
+
+    raw_key = ctx.meta.get("api_key")
+    if api_key_env is not None:
+        if not os.environ.get(api_key_env):
+            raise BadInput(f"--api-key-env {api_key_env}: that variable is not set", f"export {api_key_env}=KEY first")
+        if raw_key:
+            raise BadInput("both --api-key-env and a raw --api-key given", "give the key once")
+        raw_key = os.environ[api_key_env]
+    if raw_key:
+        secrets[API_KEY_ENV] = raw_key
     p = make_plan(inv, model, name=name, port=port, host=host, served_model_name=served_model_name,
                   runtime=runtime, profile=prof, pass_env=list(secrets), startup_budget_s=startup_timeout,
                   image=image, **kw)
+    if api_key_env and api_key_env != API_KEY_ENV:
+        p = p.model_copy(update={"api_key_env": api_key_env})
     if image and runtime != "docker":
         raise BadInput("--image needs --runtime docker", "add --runtime docker")
     con = _console()
@@ -366,7 +429,13 @@ def _launch_and_serve(con, p, reg, rt, secrets, expect, on_event, detach: bool, 
             return
         con.print(f"serving in the foreground (watchdog every {watch_interval:g} s, restart {restart}); "
                   "Ctrl-C stops it")
-        _watch_loop(con, dep, rt, reg, secrets, expect, interval=watch_interval, restart=restart)
+        try:
+            _watch_loop(con, dep, rt, reg, secrets, expect, interval=watch_interval, restart=restart)
+        except Exception:  # any other end of the foreground watch: the server must not outlive it
+            with serving.sigint_ignored():
+                if reg.exists(p.name):
+                    serving.stop([p.name], registry=reg)
+            raise
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP (serve.Terminated)
         # A fresh console: the signal may have landed inside a print, which can leave that console holding
         # (never flushing) what is printed next.
@@ -433,6 +502,7 @@ def _watch_loop(con, dep, rt, reg, secrets, expect, *, interval: float, restart:
 
     def on_watch(e) -> None:
         if e.kind == "probe" and e.probe is not None:
+            _record_probe(reg, dep.name, e.probe.verdict)
             p = e.probe
             mark = "[green]ok[/]" if p.ok else f"[red]{p.verdict}[/]"
             waiting = p.metrics.get("vllm:num_requests_waiting")
@@ -461,6 +531,20 @@ def _watch_loop(con, dep, rt, reg, secrets, expect, *, interval: float, restart:
                        phase="watch", log_path=current.log_path)
 
 
+def _record_probe(reg, name: str, verdict: str) -> None:
+    """Keep the watchdog's last verdict in the record: ``status`` shows ``stalled`` while it lasts."""
+    from m3ctl.state import UnreadableRecord  # noqa: PLC0415
+
+    try:
+        cur = reg.get(name)
+    except (UnreadableRecord, M3Error):
+        return
+    phase = "stalled" if verdict == "stalled" else ("ready" if cur.phase == "stalled" and verdict == "ok" else cur.phase)
+    if phase != cur.phase:
+        cur.phase = phase
+        reg.save(cur)
+
+
 @app.command()
 def watch(
     name: Annotated[str, typer.Argument(help="Deployment name.")],
@@ -477,10 +561,19 @@ def watch(
 
     if restart not in ("no", "on-failure"):
         raise BadInput(f"bad --restart {restart!r}", "use --restart no or --restart on-failure")
+    for opt, val, ok, want in (("--interval", interval, interval >= 0, ">= 0 seconds"),
+                               ("--canary-timeout", canary_timeout, canary_timeout > 0, "> 0 seconds"),
+                               ("--stall", stall, stall >= 0, ">= 0 seconds"),
+                               ("--count", count, count is None or count >= 1, ">= 1 probes"),
+                               ("--max-restarts", max_restarts, max_restarts >= 0, ">= 0")):
+        if not ok:
+            raise BadInput(f"{opt} {val:g} must be {want}", "see `m3ctl watch --help`")
     reg = Registry()
     dep = reg.get(name)
     rt = serving.runtime_for(dep)
     secrets = {k: os.environ[k] for k in SECRET_PASSTHROUGH if os.environ.get(k)}
+    if (key := serving.api_key_for(reg, name)) is not None:
+        secrets["VLLM_API_KEY"] = key
     plan_json = reg.load_plan(name)
     expect = None
     if plan_json:
@@ -505,11 +598,13 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="Print as JSON.
     from m3ctl import serve as serving  # noqa: PLC0415
 
     rows = serving.status()
+    bad = serving.unreadable()
     if json_out:
         typer.echo(json.dumps([{**r.deployment.model_dump(), "alive": r.alive, "phase": r.phase,
-                                "uptime_s": r.uptime_s} for r in rows], indent=2))
+                                "uptime_s": r.uptime_s} for r in rows]
+                              + [{"name": n, "phase": "unreadable", "path": path} for n, path in bad.items()], indent=2))
         return
-    if not rows:
+    if not rows and not bad:
         typer.echo("no deployments")
         return
     from rich.table import Table  # noqa: PLC0415
@@ -523,6 +618,8 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="Print as JSON.
         restarts = f" ({d.restarts} restarts)" if d.restarts else ""
         t.add_row(d.name, r.phase, d.runtime, d.url, d.served_model_name, f"{d.image or '-'} / {d.plan_hash or '-'}",
                   where, f"{r.uptime_s:.0f} s{restarts}")
+    for n, path in bad.items():
+        t.add_row(n, "unreadable", "?", "?", escape(path), "-", "-", "-")
     _console().print(t)
 
 
@@ -557,7 +654,13 @@ def logs(
     from m3ctl import serve as serving  # noqa: PLC0415
     from m3ctl.state import Registry  # noqa: PLC0415
 
-    dep = Registry().get(name)
+    from m3ctl.state import Deployment, UnreadableRecord  # noqa: PLC0415
+
+    reg = Registry()
+    try:
+        dep = reg.get(name)
+    except UnreadableRecord:  # the log is where every server of that name writes it
+        dep = Deployment(name=name, port=0, served_model_name="", model="", log_path=str(reg.logs_dir / f"{name}.log"))
     rt = serving.runtime_for(dep)
     text = rt.log_text(dep, tail_bytes=5_000_000)
     if not text and not Path(dep.log_path or "").is_file():
@@ -672,6 +775,7 @@ def bench(
     from m3ctl.bench.runner import BenchConfig, run_bench, run_sweep  # noqa: PLC0415
 
     gpus_source = "--num-gpus" if num_gpus else None
+    api_key = os.environ.get("VLLM_API_KEY")
     server_log, sync_log = None, None
     if deployment:
         from m3ctl.state import Registry  # noqa: PLC0415
@@ -679,6 +783,9 @@ def bench(
         reg = Registry()
         dep = reg.get(deployment)
         url, model = url or dep.url, model or dep.served_model_name
+        from m3ctl.serve import api_key_for  # noqa: PLC0415
+
+        api_key = api_key_for(reg, deployment)
         server_log = dep.log_path  # JIT compiles during the measured phase (docker: the log is synced first)
         if dep.runtime != "process":
             from m3ctl.serve import runtime_for  # noqa: PLC0415
@@ -708,7 +815,7 @@ def bench(
                           continuous_usage=continuous_usage, allow_approx=allow_approx,
                           max_error_rate=max_error_rate, per_request=per_request, label=label,
                           request_timeout_s=request_timeout, server_log=server_log,
-                          api_key=os.environ.get("OPENAI_API_KEY") or os.environ.get("VLLM_API_KEY"))
+                          api_key=os.environ.get("OPENAI_API_KEY") or api_key)
     except ValueError as e:
         first = e.errors()[0] if isinstance(e, ValidationError) else {"loc": ["percentiles"], "msg": str(e)}
         raise BadInput(f"bad bench option {'.'.join(map(str, first['loc']))}: {first['msg']}",
@@ -1004,7 +1111,7 @@ def tune(
                              "max_trials": 12 if max_trials is None else max_trials, "time_budget_s": time_budget, "seed": seed,
                              "confirm_top": confirm_top, "prompts_per_concurrency": prompts_per_concurrency,
                              "baseline": True if baseline is None else baseline},
-                    "plan_base": {"overrides": _parse_args(arg or []), "extra_args": list(ctx.args),
+                    "plan_base": {"overrides": _parse_args(arg or []), "extra_args": _no_api_key(ctx.args),
                                   "skip_checks": skip_checks},
                     "bench": {"workload": workload, "input_len": input_len, "output_len": output_len, "seed": seed,
                               "num_warmups": 1, "usd_per_gpu_hour": usd_per_gpu_hour}}

@@ -213,3 +213,26 @@ def launch_spec(plan, *, nodes: int = 1, environ: dict[str, str] | None = None) 
                                        devices=devices, mounts=mounts, env=env,
                                        secret_env_names=list(plan.secret_env_names), port=plan.port, labels=labels)
     return spec
+
+
+_HOSTNAME = __import__("re").compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+
+
+def check_host(host: str) -> str:
+    """Validate an API listen address: an IPv4/IPv6 address or an RFC 1123 host name.
+
+    Raises:
+        BadInput: anything else (e.g. ``999.1.1.1``, ``local host``, ``http://x``).
+    """
+    import ipaddress  # noqa: PLC0415
+
+    from m3ctl.errors import BadInput  # noqa: PLC0415
+
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    if _HOSTNAME.match(host) and not host.replace(".", "").isdigit():
+        return host
+    raise BadInput(f"invalid --host {host!r}", "use an IP address (127.0.0.1, 0.0.0.0, ::) or a host name")

@@ -115,6 +115,9 @@ class LaunchPlan(BaseModel):
     """Hub references were resolved to local snapshots (``--offline`` / ``HF_HUB_OFFLINE=1``)."""
     local_paths: list[str] = Field(default_factory=list)
     """Local files/directories the server reads besides the model (tokenizer, draft model): mounted read-only."""
+    api_key_env: str | None = None
+    """Name of the variable that held the API key on the launching host (``serve --api-key-env``; the server
+    gets the value as ``VLLM_API_KEY``); watch and bench read the key from it. Never the value."""
 
     @property
     def url(self) -> str:
