@@ -193,6 +193,14 @@ OptSeqs = Annotated[Optional[int], typer.Option(parser=_token_count, metavar="N"
 OptMBT = Annotated[Optional[int], typer.Option(parser=_token_count, metavar="N", help="Max batched tokens per step.")]
 OptEmul = Annotated[bool, typer.Option(help="Accept a variant that runs only through a fallback kernel here (e.g. NVFP4 on Hopper).")]
 OptNoMC = Annotated[bool, typer.Option("--no-multicast", help="Turn NVLink multicast off for multi-GPU launches (shared hosts).")]
+OptOffline = Annotated[Optional[bool], typer.Option("--offline/--online", help="Air-gapped: resolve the model, tokenizer and draft model to local HF-cache snapshots and check every file before launch (default: on when HF_HUB_OFFLINE=1).")]
+
+
+def _maybe_offline(p, offline):
+    """The plan with hub references resolved to checked local snapshots when offline (m3ctl/offline.py)."""
+    from m3ctl.offline import offline_requested, resolve_offline  # noqa: PLC0415
+
+    return resolve_offline(p) if (offline if offline is not None else offline_requested()) else p
 RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
 
 
@@ -267,7 +275,7 @@ def plan(
     variant: OptVariant = None, tp: OptTP = None, dp: OptDP = None, dcp: OptDCP = None, ep: OptEP = None,
     dbo: OptDBO = None, spec_depth: OptSpecDepth = None, spec_method: OptSpecMethod = None, kv_cache_dtype: OptKV = None,
     max_model_len: OptMML = None, max_num_seqs: OptSeqs = None, max_num_batched_tokens: OptMBT = None,
-    allow_emulated: OptEmul = False, no_multicast: OptNoMC = False,
+    allow_emulated: OptEmul = False, no_multicast: OptNoMC = False, offline: OptOffline = None,
 ) -> None:
     """Plan a launch for this host (or --inventory FILE): image, argv, env, every choice explained; start nothing.
 
@@ -301,6 +309,7 @@ def plan(
         runtime = ucfg.runtime
     p = make_plan(inv, model, name=name, port=port, host=host, served_model_name=served_model_name, runtime=runtime,
                   profile=load_profile_file(profile) if profile else None, pass_env=secrets, **kw)
+    p = _maybe_offline(p, offline)
     if emit:
         from m3ctl.emit import render  # noqa: PLC0415
 
@@ -337,7 +346,7 @@ def serve(
     variant: OptVariant = None, tp: OptTP = None, dp: OptDP = None, dcp: OptDCP = None, ep: OptEP = None,
     dbo: OptDBO = None, spec_depth: OptSpecDepth = None, spec_method: OptSpecMethod = None, kv_cache_dtype: OptKV = None,
     max_model_len: OptMML = None, max_num_seqs: OptSeqs = None, max_num_batched_tokens: OptMBT = None,
-    allow_emulated: OptEmul = False, no_multicast: OptNoMC = False,
+    allow_emulated: OptEmul = False, no_multicast: OptNoMC = False, offline: OptOffline = None,
 ) -> None:
     """Plan, launch and wait until the server really serves (then watch it, or return with --detach).
 
@@ -384,6 +393,7 @@ def serve(
                   image=image, **kw)
     if api_key_env and api_key_env != API_KEY_ENV:
         p = p.model_copy(update={"api_key_env": api_key_env})
+    p = _maybe_offline(p, offline)
     if image and runtime != "docker":
         raise BadInput("--image needs --runtime docker", "add --runtime docker")
     con = _console()

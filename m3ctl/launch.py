@@ -192,13 +192,16 @@ def launch_spec(plan, *, nodes: int = 1, environ: dict[str, str] | None = None) 
                       startup_budget_s=plan.startup_budget_s, offline=bool(plan.offline))
     if plan.image:
         mounts: list[Mount] = []
-        model_dir = Path(plan.model).expanduser()
-        if model_dir.is_dir():
-            mounts.append(Mount(source=str(model_dir.resolve()), target=str(model_dir.resolve()), kind="model"))
         mounts.append(hf_cache_mount(environ))
-        for extra in [*plan.local_paths, *plan.mounts]:
-            m = parse_mount(extra) if ":" in extra else Mount(source=str(Path(extra).resolve()),
-                                                                target=str(Path(extra).resolve()), kind="model")
+        for local in [plan.model, *plan.local_paths]:  # the model (tokenizer, draft) directories, read-only
+            d = Path(local).expanduser()
+            if d.is_dir():
+                d = d.resolve()
+                if d.parent.name == "snapshots":  # an HF cache snapshot: its files link into ../../blobs
+                    d = d.parent.parent
+                mounts.insert(len(mounts) - 1, Mount(source=str(d), target=str(d), kind="model"))
+        for extra in plan.mounts:
+            m = parse_mount(extra)
             if all(m.target != x.target for x in mounts):
                 mounts.append(m)
         vendor = plan.gpu_vendor if plan.gpu_vendor in ("nvidia", "amd") else None
