@@ -22,11 +22,10 @@ import shlex
 import yaml
 
 from m3ctl.errors import BadInput
-from m3ctl.launch import ContainerSpec, LaunchSpec, launch_spec
+from m3ctl.launch import DP_RPC_PORT, ContainerSpec, LaunchSpec, launch_spec, multinode_dp_args
 from m3ctl.plan import LaunchPlan
 
 FORMATS = ("docker", "compose", "k8s", "lws", "script", "ray")
-DP_RPC_PORT = 13345
 RAY_PORT = 6379
 HF_CACHE = "/root/.cache/huggingface"
 PROBE_PERIOD_S = 10
@@ -172,7 +171,8 @@ def lws(plan: LaunchPlan, nodes: int = 2, hf_host_path: str | None = None) -> st
     GPUs each. The plan's DP (default: 1 per node, TP = GPUs per node) is the per-node
     ``--data-parallel-size-local``; the total ``--data-parallel-size`` is ``DP x nodes``; the leader (rank 0)
     serves the API, each worker runs ``--headless`` with ``--data-parallel-start-rank = index x DP``
-    (vLLM multi-node data parallel: docs.vllm.ai/en/latest/serving/data_parallel_deployment.html).
+    (vLLM multi-node data parallel: docs.vllm.ai/en/latest/serving/data_parallel_deployment.html; the leader
+    passes no start rank: :func:`m3ctl.launch.multinode_dp_args`, run end to end on 127.0.0.1).
     ``LWS_LEADER_ADDRESS`` / ``LWS_WORKER_INDEX`` are set by the LWS controller. The HF cache is a
     ReadWriteMany claim (or ``hf_host_path`` on every node).
 
@@ -183,20 +183,15 @@ def lws(plan: LaunchPlan, nodes: int = 2, hf_host_path: str | None = None) -> st
         raise BadInput(f"--nodes {nodes}: a LeaderWorkerSet needs at least 2 nodes", "use --emit k8s for one node")
     spec = launch_spec(plan, nodes=nodes)
     c = _container(spec)
-    if spec.vllm_args is None:
-        raise BadInput("this saved plan has no typed vLLM flags", "plan it again to emit multi-node forms")
     dp_local = max(1, spec.layout.dp)
-    args = {k: v for k, v in spec.vllm_args.items() if k not in ("data-parallel-size",)}
-    args.update({"data-parallel-size": dp_local * nodes, "data-parallel-size-local": dp_local,
-                 "data-parallel-address": "$(LWS_LEADER_ADDRESS)", "data-parallel-rpc-port": DP_RPC_PORT})
-    from m3ctl.launch import serve_command  # noqa: PLC0415
-
-    base = serve_command(spec.model, "0.0.0.0", spec.port, spec.served_model_names, args)
+    rank = f"$(( LWS_WORKER_INDEX * {dp_local} ))"
+    lead_args = multinode_dp_args(spec, nodes, "$(LWS_LEADER_ADDRESS)", None, DP_RPC_PORT)
+    work_args = multinode_dp_args(spec, nodes, "$(LWS_LEADER_ADDRESS)", rank, DP_RPC_PORT)
     env, mounts, vols, extra = _k8s_pod_parts(spec, hf_host_path, multi_node=True)
     per_pod = spec.layout.num_gpus
 
-    def container(tail: list[str], leader: bool) -> dict:
-        text = " ".join(a if a.startswith("$(") else shlex.quote(a) for a in ["vllm", *base, *tail])
+    def container(args: list[str], leader: bool) -> dict:
+        text = " ".join(a if a.startswith("$(") else shlex.quote(a) for a in ["vllm", *args])
         ct: dict = {"name": "vllm", "image": c.image, "command": ["sh", "-c"], "args": [text],
                     "env": copy.deepcopy(env), "volumeMounts": copy.deepcopy(mounts), **_gpu_limits(spec, per_pod)}
         if leader:
@@ -204,11 +199,8 @@ def lws(plan: LaunchPlan, nodes: int = 2, hf_host_path: str | None = None) -> st
             ct.update(_probes(spec))
         return ct
 
-    leader = container(["--data-parallel-start-rank", "0"], leader=True)
-    worker = container(["--headless", "--data-parallel-start-rank", f"$(( LWS_WORKER_INDEX * {dp_local} ))"],
-                       leader=False)
-    worker["args"] = [worker["args"][0].replace(shlex.quote(f"$(( LWS_WORKER_INDEX * {dp_local} ))"),
-                                                f"$(( LWS_WORKER_INDEX * {dp_local} ))")]
+    leader = container(lead_args, leader=True)
+    worker = container(work_args, leader=False)
     name = _k8s_name(plan.name)
     doc = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
            "metadata": {"name": name, "labels": {"m3ctl.name": name, "m3ctl.plan-hash": plan.plan_hash()}},
