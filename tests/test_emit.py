@@ -233,3 +233,26 @@ def test_layout_from_the_plan_gives_bench_its_gpu_count():
     saved = LaunchPlan.model_validate_json(p.model_dump_json())  # as bench reads it from the registry
     assert launch_spec(saved).layout.num_gpus == 8 and launch_spec(saved).serve_args() == p.argv[1:]
     assert json.loads(p.model_dump_json())["vllm_args"]["pipeline-parallel-size"] == "2"
+
+
+def test_bench_deployment_takes_its_gpu_count_from_the_saved_layout(tmp_path, tiny_models):
+    """bench --deployment reads the Layout of the saved plan (TP 4 x PP 2 = 8 GPUs: the PP is a raw flag)."""
+    from m3ctl.state import Deployment, Registry
+    from tests.conftest import start_groundtruth
+
+    proc, url = start_groundtruth("--ttft-ms", "1", "--itl-ms", "1")
+    try:
+        reg = Registry()
+        p = _b200(name="gt", tp=4, extra_args=["-pp", "2"], skip_checks=True)
+        reg.save_plan("gt", p.model_dump_json())
+        reg.save(Deployment(name="gt", port=int(url.rsplit(":", 1)[1]), served_model_name="groundtruth",
+                            model="groundtruth", argv=["vllm", "serve", "x"], pid=proc.pid))
+        out = tmp_path / "b.json"
+        r = run_cli("bench", "--deployment", "gt", "--num-prompts", "2", "--input-len", "8", "--output-len", "4",
+                    "--tokenizer", str(tiny_models["m2"]), "--output-json", str(out))
+        assert r.returncode == 0, r.stdout + r.stderr
+        res = json.loads(out.read_text())
+        assert res["num_gpus"] == 8 and "deployment gt" in res["per_gpu"]["num_gpus_source"]
+    finally:
+        proc.terminate()
+        proc.wait(10)

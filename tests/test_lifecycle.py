@@ -40,7 +40,7 @@ def _start(reg: Registry, name: str, tmp_path: Path) -> tuple[psutil.Process, ps
     return psutil.Process(dep.pid), psutil.Process(int(pidfile.read_text()))
 
 
-def test_unreadable_record_is_listed_and_stop_still_finds_the_server(tmp_path):
+def test_unreadable_record_is_listed_and_stop_still_finds_the_server(tmp_path, tiny_models):
     reg = Registry()
     main, worker = _start(reg, "trunc", tmp_path)
     rec = reg.deployments_dir / "trunc.json"
@@ -52,6 +52,8 @@ def test_unreadable_record_is_listed_and_stop_still_finds_the_server(tmp_path):
     for cmd in (["logs", "trunc"], ["watch", "trunc", "--count", "1"]):
         p = run_cli(*cmd)
         assert "Traceback" not in p.stderr and "JSONDecodeError" not in p.stderr, p.stderr
+    p = run_cli("serve", "--model", str(tiny_models["llama"]), "--name", "trunc", "--port", str(free_port()))
+    assert p.returncode == 3 and "already running" in p.stderr and str(rec) in p.stderr, p.stdout + p.stderr
     s = run_cli("stop", "--all")
     assert s.returncode == 0 and "trunc: stopped" in s.stdout, s.stdout + s.stderr
     _, alive = psutil.wait_procs([main, worker], timeout=5)
