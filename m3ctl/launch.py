@@ -21,6 +21,7 @@ absent, vllm/entrypoints/serve/middleware/register.py).
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -218,7 +219,7 @@ def launch_spec(plan, *, nodes: int = 1, environ: dict[str, str] | None = None) 
     return spec
 
 
-_HOSTNAME = __import__("re").compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
 
 
 def check_host(host: str) -> str:
