@@ -136,11 +136,18 @@ def _k8s_pod_parts(spec: LaunchSpec, hf_host_path: str | None, multi_node: bool)
                 extra.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
                               "metadata": {"name": claim, "labels": {"m3ctl.name": _k8s_name(spec.name)}},
                               "spec": {"accessModes": ["ReadWriteMany" if multi_node else "ReadWriteOnce"],
-                                       "resources": {"requests": {"storage": "1Ti"}}}})
+                                       "resources": {"requests": {"storage": _cache_size(spec)}}}})
         else:  # the model (or tokenizer/draft) directory on the node, read-only
             mounts.append({"name": vname, "mountPath": m.target, "readOnly": True})
             vols.append({"name": vname, "hostPath": {"path": m.source, "type": "Directory"}})
     return env, mounts, vols, extra
+
+
+def _cache_size(spec: LaunchSpec) -> str:
+    """HF-cache claim size: the checkpoint plus a quarter (tokenizer, a second revision) and 10 GiB;
+    100 GiB when the plan does not know the weights."""
+    w = spec.weights_gib
+    return f"{math.ceil(w * 1.25) + 10}Gi" if w else "100Gi"
 
 
 def _gpu_limits(spec: LaunchSpec, n: int) -> dict:

@@ -107,6 +107,7 @@ class LaunchSpec(BaseModel):
     secret_env_names: list[str] = Field(default_factory=list)
     layout: Layout
     startup_budget_s: float
+    weights_gib: float | None = None
     offline: bool = False
     container: ContainerSpec | None = None
 
@@ -190,7 +191,8 @@ def launch_spec(plan, *, nodes: int = 1, environ: dict[str, str] | None = None) 
                       host=plan.host, port=plan.port, vllm_args=_typed(args) if args is not None else None,
                       legacy_argv=list(plan.argv) if args is None else [], env=dict(plan.env),
                       unset_env=list(plan.unset_env), secret_env_names=list(plan.secret_env_names), layout=layout,
-                      startup_budget_s=plan.startup_budget_s, offline=bool(plan.offline))
+                      startup_budget_s=plan.startup_budget_s, weights_gib=plan.weights_gib,
+                      offline=bool(plan.offline))
     if plan.image:
         mounts: list[Mount] = []
         mounts.append(hf_cache_mount(environ))

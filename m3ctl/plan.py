@@ -115,6 +115,8 @@ class LaunchPlan(BaseModel):
     """Hub references were resolved to local snapshots (``--offline`` / ``HF_HUB_OFFLINE=1``)."""
     local_paths: list[str] = Field(default_factory=list)
     """Local files/directories the server reads besides the model (tokenizer, draft model): mounted read-only."""
+    weights_gib: float | None = None
+    """Checkpoint weights (GiB) the plan assumed: sizes the k8s HF-cache claim."""
     api_key_env: str | None = None
     """Name of the variable that held the API key on the launching host (``serve --api-key-env``; the server
     gets the value as ``VLLM_API_KEY``); watch and bench read the key from it. Never the value."""
@@ -546,4 +548,4 @@ def plan(inventory: HostInventory, model: str, *, name: str = "m3ctl", port: int
                       gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
                       gpu_devices=_device_ids(inventory, units, tp_ * dp_), unset_env=unset_env,
                       python_modules=list(profile.family_python_modules.get(family, [])) if family else [],
-                      vllm_args=args, served_model_aliases=aliases)
+                      vllm_args=args, served_model_aliases=aliases, weights_gib=weights or None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import shlex
 import shutil
@@ -164,6 +165,7 @@ def test_k8s_objects_pass_kubernetes_validate_with_cache_claim_probes_and_secret
     _k8s_validate(tmp_path, docs)
     pvc, dep = docs
     assert pvc["kind"] == "PersistentVolumeClaim" and dep["kind"] == "Deployment"
+    assert pvc["spec"]["resources"]["requests"]["storage"] == f"{math.ceil(p.weights_gib * 1.25) + 10}Gi"
     pod = dep["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     assert {"name": "hf-cache", "persistentVolumeClaim": {"claimName": pvc["metadata"]["name"]}} in pod["volumes"]
