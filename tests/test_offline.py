@@ -92,3 +92,16 @@ def test_cli_offline_is_automatic_under_hf_hub_offline(hub, tmp_path):
     p = run_cli(*base, "--model", "org/absent", env=env)
     assert p.returncode == 3 and "org/absent" in p.stderr and "not in the HF cache" in p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_doctor_fails_offline_naming_the_missing_shard(hub, tmp_path):
+    inv = tmp_path / "b200.json"
+    inv.write_text(ALL["b200x8"]().model_dump_json())
+    env = {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
+    args = ["doctor", "--inventory", str(inv), "--model", "org/tiny", "--json"]
+    ok = {c["id"]: c for c in json.loads(run_cli(*args, env=env).stdout)["checks"]}["model.offline"]
+    assert ok["status"] == "OK"
+    (hub / "models--org--tiny" / "snapshots" / COMMIT / "model-00002-of-00002.safetensors").unlink()
+    r = run_cli(*args, env=env)
+    bad = {c["id"]: c for c in json.loads(r.stdout)["checks"]}["model.offline"]
+    assert r.returncode == 1 and bad["status"] == "FAIL" and "model-00002-of-00002.safetensors" in bad["message"]
