@@ -355,10 +355,9 @@ def serve(
     from m3ctl import serve as serving  # noqa: PLC0415
     from m3ctl.catalog import load_profile_file  # noqa: PLC0415
     from m3ctl.hw.detect import detect  # noqa: PLC0415
+    from m3ctl.launch import check_host  # noqa: PLC0415
     from m3ctl.plan import plan as make_plan  # noqa: PLC0415
     from m3ctl.state import Registry, check_name  # noqa: PLC0415
-
-    from m3ctl.launch import check_host  # noqa: PLC0415
 
     check_name(name)
     check_host(host)
@@ -662,9 +661,7 @@ def logs(
 ) -> None:
     """Print a deployment's server log."""
     from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.state import Registry  # noqa: PLC0415
-
-    from m3ctl.state import Deployment, UnreadableRecord  # noqa: PLC0415
+    from m3ctl.state import Deployment, Registry, UnreadableRecord  # noqa: PLC0415
 
     reg = Registry()
     try:

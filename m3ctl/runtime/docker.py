@@ -44,7 +44,7 @@ from pydantic import BaseModel, Field
 
 from m3ctl.errors import ConfigRejected, LaunchFailed
 from m3ctl.plan import LaunchPlan
-from m3ctl.runtime.base import Runtime, StopReport, port_in_use
+from m3ctl.runtime.base import Runtime, StopReport
 from m3ctl.state import Deployment, Registry
 
 LABEL_PREFIX = "m3ctl."
