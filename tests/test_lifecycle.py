@@ -150,3 +150,24 @@ def test_bad_inputs_are_one_line_exit_2_before_anything_starts(args, names):
     p = run_cli(*args)
     assert p.returncode == 2 and p.stderr.startswith("error: ") and names in p.stderr.splitlines()[0], p.stderr
     assert "Traceback" not in p.stderr and "starting" not in p.stdout
+
+
+def test_state_writes_are_atomic(monkeypatch):
+    """A write that dies half way (here: the flush to disk fails) leaves the previous record and plan whole."""
+    from m3ctl.state import Deployment
+
+    reg = Registry()
+    dep = Deployment(name="a", port=8000, served_model_name="m", model="m")
+    reg.save(dep)
+    reg.save_plan("a", '{"v": 1}')
+
+    def crash(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", crash)
+    with pytest.raises(OSError):
+        reg.save(dep.model_copy(update={"phase": "ready"}))
+    with pytest.raises(OSError):
+        reg.save_plan("a", '{"v": 2}')
+    assert reg.get("a").phase == "launching" and reg.load_plan("a") == '{"v": 1}'
+    assert [p.name for p in reg.root.rglob("*.tmp")] == []
