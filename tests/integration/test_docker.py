@@ -146,6 +146,29 @@ def test_emitted_docker_run_and_the_sdk_create_the_same_container(engine, docker
         c.close()
 
 
+def test_stop_finds_the_container_of_an_unreadable_record(engine, docker_env):
+    """A truncated record of a docker deployment: status lists it as unreadable, stop finds its container by name."""
+    from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE
+    from m3ctl.state import Registry
+
+    c = engine.client()
+    try:
+        c.containers.run(VLLM_CPU_IMAGE, ["-c", "import time; time.sleep(300)"], entrypoint=["python3"],
+                         name="m3ctl-lostrec", labels={"m3ctl.name": "lostrec"}, detach=True, network_mode="host")
+        reg = Registry()
+        reg.deployments_dir.mkdir(parents=True, exist_ok=True)
+        (reg.deployments_dir / "lostrec.json").write_text('{"name": "lostrec", "runtime": "dock')
+        st = json.loads(run_cli("status", "--json", env=docker_env, check=True).stdout)
+        assert [(d["name"], d["phase"]) for d in st] == [("lostrec", "unreadable")]
+        p = run_cli("stop", "lostrec", "--timeout", "2", env=docker_env)  # python as PID 1 ignores SIGTERM
+        assert p.returncode == 0 and "lostrec: killed" in p.stdout, p.stdout + p.stderr
+        assert _containers(engine, "lostrec") == [] and not reg.exists("lostrec")
+    finally:
+        for ct in c.containers.list(all=True, filters={"name": "m3ctl-lostrec"}):
+            ct.remove(force=True)
+        c.close()
+
+
 # ------------------------------------------------------------------ one shared container server
 @pytest.fixture(scope="module")
 def dserver(engine, tiny_models, tmp_path_factory):
