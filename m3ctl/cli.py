@@ -112,6 +112,8 @@ def doctor(
 
     if runtime not in ("auto", "process", "docker"):
         raise BadInput(f"unknown runtime {runtime!r}", "use auto, process or docker")
+    if save_inventory:
+        _check_writable_file(save_inventory, "--save-inventory")
     inv = _host(inventory, system)
     if save_inventory:
         save_inventory.write_text(inv.model_dump_json(indent=2))
@@ -148,6 +150,24 @@ def doctor(
     code = rep.exit_code(strict)
     if code:
         raise typer.Exit(code)
+
+
+def _check_writable_file(path: Path, opt: str) -> None:
+    """Refuse an output path that cannot be written, before any work (nothing measured is lost).
+
+    Raises:
+        BadInput: a directory, a missing parent, or no write permission.
+    """
+    if path.is_dir():
+        raise BadInput(f"{opt} {path} is a directory", "give a file path")
+    existed = path.exists()
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as e:
+        raise BadInput(f"{opt} {path} is not writable ({e.strerror})", "choose a writable path") from None
+    if not existed:
+        path.unlink()
 
 
 # ----------------------------------------------------------------------------- serve
@@ -194,6 +214,14 @@ OptSeqs = Annotated[Optional[int], typer.Option(parser=_token_count, metavar="N"
 OptMBT = Annotated[Optional[int], typer.Option(parser=_token_count, metavar="N", help="Max batched tokens per step.")]
 OptEmul = Annotated[bool, typer.Option(help="Accept a variant that runs only through a fallback kernel here (e.g. NVFP4 on Hopper).")]
 OptNoMC = Annotated[bool, typer.Option("--no-multicast", help="Turn NVLink multicast off for multi-GPU launches (shared hosts).")]
+OptOffline = Annotated[Optional[bool], typer.Option("--offline/--online", help="Air-gapped: resolve the model, tokenizer and draft model to local HF-cache snapshots and check every file before launch (default: on when HF_HUB_OFFLINE=1).")]
+
+
+def _maybe_offline(p, offline):
+    """The plan with hub references resolved to checked local snapshots when offline (m3ctl/offline.py)."""
+    from m3ctl.offline import offline_requested, resolve_offline  # noqa: PLC0415
+
+    return resolve_offline(p) if (offline if offline is not None else offline_requested()) else p
 RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
 
 
@@ -207,7 +235,7 @@ def _cli_request(ctx: typer.Context, **extra):
     given = {k: v for k, v in opts.items() if k in PlanRequest.model_fields and k != "profile"}
     given.update(profile_file=str(opts["profile"]) if opts.get("profile") else None,
                  args=_parse_args(opts.get("arg") or []), startup_budget_s=opts.get("startup_timeout"),
-                 extra_args=list(ctx.args))
+                 extra_args=_raw_args_without_key(ctx))
     for k in list(given):  # an option left at its default is not "given": the file (then the catalog) decides
         src = ctx.get_parameter_source(k) if k in opts else None
         if src is not None and src.name == "DEFAULT":
@@ -226,6 +254,28 @@ def _cli_request(ctx: typer.Context, **extra):
         raise BadInput(f"{opt}: {err['msg']}", f"see `m3ctl {ctx.info_name} --help`") from None
 
 
+def _raw_args_without_key(ctx: typer.Context) -> list[str]:
+    """What follows `--` (click consumes the `--` itself), with vLLM's --api-key taken out: the key goes to the
+    server as VLLM_API_KEY in its environment (kept in ``ctx.meta["api_key"]``), never in argv."""
+    from m3ctl.secrets import split_api_key  # noqa: PLC0415
+
+    extra, key = split_api_key(list(ctx.args))
+    if key:
+        ctx.meta["api_key"] = key
+    return extra
+
+
+def _no_api_key(args: list[str]) -> list[str]:
+    """Raw args for tune, which starts private trial servers: an API key is refused (it would be stored)."""
+    from m3ctl.secrets import split_api_key  # noqa: PLC0415
+
+    rest, key = split_api_key(list(args))
+    if key:
+        raise BadInput("tune starts its own private trial servers: a raw --api-key is not used (nor stored)",
+                       "drop --api-key from the raw arguments")
+    return rest
+
+
 def _print_plan(con, p) -> None:
     con.print(f"[bold]plan[/] {p.name}: profile {p.profile}, runtime {p.runtime}, {p.url}"
               + (f", model {escape(p.model_spec)}" if p.model_spec else "")
@@ -238,7 +288,16 @@ def _print_plan(con, p) -> None:
         con.print(f"  [yellow]warning:[/] {escape(w)}")
     if p.secret_env_names:
         con.print(f"  env passed through (values hidden): {', '.join(p.secret_env_names)}")
-    con.print(escape(p.command_line()), soft_wrap=True)
+    con.print(escape(_shown_command(p)), soft_wrap=True)
+
+
+def _shown_command(p) -> str:
+    """What will run, for display: the ``docker run`` of a docker plan (its image), else the process command."""
+    if p.runtime == "docker" and p.image:
+        from m3ctl.emit import docker_command  # noqa: PLC0415
+
+        return docker_command(p).strip()
+    return p.command_line()
 
 
 def _print_sizing(model: str, systems: list[str], request, json_out: bool) -> None:
@@ -281,20 +340,21 @@ def plan(
     name: Annotated[str, typer.Option(help="Deployment name.")] = "m3ctl",
     port: Annotated[int, typer.Option(min=1, max=65535, help="API port.")] = 8000,
     host: Annotated[str, typer.Option(help="API listen address.")] = "127.0.0.1",
-    served_model_name: Annotated[Optional[str], typer.Option(help="API model id (default: --name).")] = None,
+    served_model_name: Annotated[Optional[str], typer.Option(help="API model id (default: the model id, with --name as a second name).")] = None,
     runtime: Annotated[str, typer.Option(help="process, docker, or auto (docker when the profile has an image).")] = "auto",
     inventory: Annotated[Optional[Path], typer.Option(help="Plan for a saved inventory instead of this host.")] = None,
     profile: Annotated[Optional[Path], typer.Option(help="Kernel profile YAML to use instead of the catalog's.")] = None,
     arg: Annotated[Optional[list[str]], typer.Option("--arg", help="vllm serve flag override flag=value (repeatable).")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print {image, argv, env, explain, rejected} as JSON.")] = False,
-    emit: Annotated[Optional[str], typer.Option(help="Render as docker, compose, k8s, lws (multi-node) or script.")] = None,
-    nodes: Annotated[int, typer.Option(help="With --emit lws: nodes (pods) in the LeaderWorkerSet.")] = 2,
+    emit: Annotated[Optional[str], typer.Option(help="Render as docker, compose, k8s, lws (multi-node DP), script or ray (multi-node TP x PP).")] = None,
+    nodes: Annotated[int, typer.Option(help="With --emit lws/ray: nodes (pods/hosts).")] = 2,
+    hf_cache_hostpath: Annotated[Optional[str], typer.Option(help="With --emit k8s/lws: mount this node path as the HF cache instead of a PersistentVolumeClaim.")] = None,
     skip_checks: Annotated[bool, typer.Option(help="Report rule violations as warnings instead of rejecting.")] = False,
     config: Annotated[Optional[Path], typer.Option(help="User plan config YAML (CLI flags override it).")] = None,
     variant: OptVariant = None, tp: OptTP = None, dp: OptDP = None, dcp: OptDCP = None, ep: OptEP = None,
     dbo: OptDBO = None, spec_depth: OptSpecDepth = None, spec_method: OptSpecMethod = None, kv_cache_dtype: OptKV = None,
     max_model_len: OptMML = None, max_num_seqs: OptSeqs = None, max_num_batched_tokens: OptMBT = None,
-    allow_emulated: OptEmul = False, no_multicast: OptNoMC = False, system: OptSystem = None,
+    allow_emulated: OptEmul = False, no_multicast: OptNoMC = False, offline: OptOffline = None, system: OptSystem = None,
     systems: Annotated[Optional[list[str]], typer.Option("--systems", metavar="NAMES", help="Sizing view: plan on these catalog systems (comma list or repeated; 'all' = every one) and print which serve the model at --max-model-len, how, with how much KV cache.")] = None,
 ) -> None:
     """Plan a launch for this host (or --inventory FILE, --system NAME): image, argv, env, every choice explained; start nothing.
@@ -306,20 +366,27 @@ def plan(
 
     if emit and emit not in FORMATS:
         raise BadInput(f"unknown --emit format {emit!r}", f"use one of: {', '.join(FORMATS)}")
+    from m3ctl.launch import check_host  # noqa: PLC0415
+
+    check_host(host)
     if systems and (inventory or system):
         raise BadInput("--systems plans on catalog systems; it takes no --inventory or --system", "drop one of them")
     inv = None if systems else _host(inventory, system)
     secrets = [k for k in SECRET_PASSTHROUGH if os.environ.get(k)]
-    req = _cli_request(ctx, pass_env=secrets)
+    req = _cli_request(ctx)
+    if ctx.meta.get("api_key") and "VLLM_API_KEY" not in secrets:  # a raw --api-key: passed as VLLM_API_KEY
+        secrets.append("VLLM_API_KEY")
+    req = req.model_copy(update={"pass_env": secrets})
     if "runtime" not in req.model_fields_set:
         req = req.model_copy(update={"runtime": "auto"})  # `plan` defaults to auto, `serve` to process
     if systems:
         return _print_sizing(req.model, [n for s_ in systems for n in s_.split(",") if n.strip()], req, json_out)
     p = make_plan(inv, req)
+    p = _maybe_offline(p, offline)
     if emit:
         from m3ctl.emit import render  # noqa: PLC0415
 
-        typer.echo(render(p, emit, nodes=nodes), nl=False)
+        typer.echo(render(p, emit, nodes=nodes, hf_host_path=hf_cache_hostpath), nl=False)
     elif json_out:
         typer.echo(json.dumps(p.summary(), indent=2))
     else:
@@ -334,7 +401,7 @@ def serve(
     port: Annotated[int, typer.Option(min=1, max=65535, help="API port.")] = 8000,
     host: Annotated[str, typer.Option(help="API listen address.")] = "127.0.0.1",
     runtime: Annotated[str, typer.Option(help="process (bare `vllm serve`) or docker.")] = "process",
-    served_model_name: Annotated[Optional[str], typer.Option(help="API model id (default: --name).")] = None,
+    served_model_name: Annotated[Optional[str], typer.Option(help="API model id (default: the model id, with --name as a second name).")] = None,
     profile: Annotated[Optional[Path], typer.Option(help="Kernel profile YAML to use instead of the catalog's.")] = None,
     arg: Annotated[Optional[list[str]], typer.Option("--arg", help="vllm serve flag override, e.g. max-num-seqs=64 (repeatable).")] = None,
     startup_timeout: Annotated[Optional[float], typer.Option(help="Readiness budget in seconds (default: from model size).")] = None,
@@ -347,11 +414,12 @@ def serve(
     mount: Annotated[Optional[list[str]], typer.Option("--mount", help="Extra docker bind mount HOST:CONTAINER[:ro|rw] (repeatable; read-only by default).")] = None,
     restart: Annotated[str, typer.Option(help="Foreground watchdog: no or on-failure (restart a dead/stalled server).")] = "no",
     watch_interval: Annotated[float, typer.Option(help="Foreground watchdog: seconds between liveness probes.")] = 10.0,
+    api_key_env: Annotated[Optional[str], typer.Option(help="Require this API key: the name of the environment variable holding it (handed to vLLM as VLLM_API_KEY, never on its command line).")] = None,
     config: Annotated[Optional[Path], typer.Option(help="User plan config YAML (CLI flags override it).")] = None,
     variant: OptVariant = None, tp: OptTP = None, dp: OptDP = None, dcp: OptDCP = None, ep: OptEP = None,
     dbo: OptDBO = None, spec_depth: OptSpecDepth = None, spec_method: OptSpecMethod = None, kv_cache_dtype: OptKV = None,
     max_model_len: OptMML = None, max_num_seqs: OptSeqs = None, max_num_batched_tokens: OptMBT = None,
-    allow_emulated: OptEmul = False, no_multicast: OptNoMC = False,
+    allow_emulated: OptEmul = False, no_multicast: OptNoMC = False, offline: OptOffline = None,
     no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Skip the smoke test after readiness (parsers, degenerate output).")] = False,
 ) -> None:
     """Plan, launch and wait until the server really serves (then watch it, or return with --detach).
@@ -360,20 +428,41 @@ def serve(
     """
     from m3ctl import serve as serving  # noqa: PLC0415
     from m3ctl.hw.detect import detect  # noqa: PLC0415
+    from m3ctl.launch import check_host  # noqa: PLC0415
     from m3ctl.plan import plan as make_plan  # noqa: PLC0415
     from m3ctl.state import Registry, check_name  # noqa: PLC0415
 
     check_name(name)
-    inv = _load_inventory(inventory) if inventory else detect()
-    secrets = {k: os.environ[k] for k in SECRET_PASSTHROUGH if os.environ.get(k)}
+    check_host(host)
+    if startup_timeout is not None and not startup_timeout > 0:
+        raise BadInput(f"--startup-timeout {startup_timeout:g} must be > 0 seconds", "e.g. --startup-timeout 600")
+    if not watch_interval >= 0:
+        raise BadInput(f"--watch-interval {watch_interval:g} must be >= 0 seconds", "e.g. --watch-interval 10")
     if restart not in ("no", "on-failure"):
         raise BadInput(f"bad --restart {restart!r}", "use --restart no or --restart on-failure")
-    req = _cli_request(ctx, pass_env=list(secrets))
+    inv = _host(inventory, None)
+    secrets = {k: os.environ[k] for k in SECRET_PASSTHROUGH if os.environ.get(k)}
+    req = _cli_request(ctx)
+    from m3ctl.secrets import API_KEY_ENV  # noqa: PLC0415
+
+    raw_key = ctx.meta.get("api_key")
+    if api_key_env is not None:
+        if not os.environ.get(api_key_env):
+            raise BadInput(f"--api-key-env {api_key_env}: that variable is not set", f"export {api_key_env}=KEY first")
+        if raw_key:
+            raise BadInput("both --api-key-env and a raw --api-key given", "give the key once")
+        raw_key = os.environ[api_key_env]
+    if raw_key:
+        secrets[API_KEY_ENV] = raw_key
+    req = req.model_copy(update={"pass_env": list(secrets)})
     runtime = req.runtime
     from m3ctl.catalog import load_profile_file  # noqa: PLC0415
 
     prof = req.profile = load_profile_file(Path(req.profile_file)) if req.profile_file else None
     p = make_plan(inv, req)
+    if api_key_env and api_key_env != API_KEY_ENV:
+        p = p.model_copy(update={"api_key_env": api_key_env})
+    p = _maybe_offline(p, offline)
     if image and runtime != "docker":
         raise BadInput("--image needs --runtime docker", "add --runtime docker")
     con = _console()
@@ -400,12 +489,7 @@ def serve(
     rt = _make_runtime(p.runtime, inv, mount or [], con)
     expect = _profile_expect(prof, p.profile)
     serving.preflight(p, reg, rt)  # fail in milliseconds (or after an image pull), before printing "starting"
-    shown = p.command_line()
-    if p.runtime == "docker":  # the container runs `vllm` + argv[1:] (m3ctl/runtime/docker.py)
-        import shlex  # noqa: PLC0415
-
-        shown = f"container {p.image}: vllm {shlex.join(p.argv[1:])}"
-    con.print(f"starting {p.name}: {escape(shown)}", soft_wrap=True)
+    con.print(f"starting {p.name}: {escape(_shown_command(p))}", soft_wrap=True)
     # A foreground Ctrl-C (or SIGTERM/SIGHUP) stops the server wherever it lands (a print, an import, a probe).
     with serving.stop_signals_as_interrupt():
         _launch_and_serve(con, p, reg, rt, secrets, expect, on_event, detach, watch_interval, restart,
@@ -431,7 +515,13 @@ def _launch_and_serve(con, p, reg, rt, secrets, expect, on_event, detach: bool, 
             return
         con.print(f"serving in the foreground (watchdog every {watch_interval:g} s, restart {restart}); "
                   "Ctrl-C stops it")
-        _watch_loop(con, dep, rt, reg, secrets, expect, interval=watch_interval, restart=restart)
+        try:
+            _watch_loop(con, dep, rt, reg, secrets, expect, interval=watch_interval, restart=restart)
+        except Exception:  # any other end of the foreground watch: the server must not outlive it
+            with serving.sigint_ignored():
+                if reg.exists(p.name):
+                    serving.stop([p.name], registry=reg)
+            raise
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP (serve.Terminated)
         # A fresh console: the signal may have landed inside a print, which can leave that console holding
         # (never flushing) what is printed next.
@@ -468,7 +558,7 @@ def _make_runtime(name: str, inv, mounts: list[str], con):
             seen[layer] = status_
             con.print(f"  [dim]pull[/] {escape(layer)} {status_.lower()} {total / 2**20:.0f} MiB")
 
-    return DockerRuntime(DockerOptions.for_host(inv, mounts=mounts), on_progress=progress)
+    return DockerRuntime(DockerOptions(mounts=mounts), on_progress=progress)  # GPUs: the plan's (m3ctl/launch.py)
 
 
 def _profile_expect(prof, name: str):
@@ -510,6 +600,7 @@ def _watch_loop(con, dep, rt, reg, secrets, expect, *, interval: float, restart:
 
     def on_watch(e) -> None:
         if e.kind == "probe" and e.probe is not None:
+            _record_probe(reg, dep.name, e.probe.verdict)
             p = e.probe
             mark = "[green]ok[/]" if p.ok else f"[red]{p.verdict}[/]"
             waiting = p.metrics.get("vllm:num_requests_waiting")
@@ -538,6 +629,20 @@ def _watch_loop(con, dep, rt, reg, secrets, expect, *, interval: float, restart:
                        phase="watch", log_path=current.log_path)
 
 
+def _record_probe(reg, name: str, verdict: str) -> None:
+    """Keep the watchdog's last verdict in the record: ``status`` shows ``stalled`` while it lasts."""
+    from m3ctl.state import UnreadableRecord  # noqa: PLC0415
+
+    try:
+        cur = reg.get(name)
+    except (UnreadableRecord, M3Error):
+        return
+    phase = "stalled" if verdict == "stalled" else ("ready" if cur.phase == "stalled" and verdict == "ok" else cur.phase)
+    if phase != cur.phase:
+        cur.phase = phase
+        reg.save(cur)
+
+
 @app.command()
 def watch(
     name: Annotated[str, typer.Argument(help="Deployment name.")],
@@ -554,10 +659,19 @@ def watch(
 
     if restart not in ("no", "on-failure"):
         raise BadInput(f"bad --restart {restart!r}", "use --restart no or --restart on-failure")
+    for opt, val, ok, want in (("--interval", interval, interval >= 0, ">= 0 seconds"),
+                               ("--canary-timeout", canary_timeout, canary_timeout > 0, "> 0 seconds"),
+                               ("--stall", stall, stall >= 0, ">= 0 seconds"),
+                               ("--count", count, count is None or count >= 1, ">= 1 probes"),
+                               ("--max-restarts", max_restarts, max_restarts >= 0, ">= 0")):
+        if not ok:
+            raise BadInput(f"{opt} {val:g} must be {want}", "see `m3ctl watch --help`")
     reg = Registry()
     dep = reg.get(name)
     rt = serving.runtime_for(dep)
     secrets = {k: os.environ[k] for k in SECRET_PASSTHROUGH if os.environ.get(k)}
+    if (key := serving.api_key_for(reg, name)) is not None:
+        secrets["VLLM_API_KEY"] = key
     plan_json = reg.load_plan(name)
     expect = None
     if plan_json:
@@ -582,11 +696,13 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="Print as JSON.
     from m3ctl import serve as serving  # noqa: PLC0415
 
     rows = serving.status()
+    bad = serving.unreadable()
     if json_out:
         typer.echo(json.dumps([{**r.deployment.model_dump(), "alive": r.alive, "phase": r.phase,
-                                "uptime_s": r.uptime_s} for r in rows], indent=2))
+                                "uptime_s": r.uptime_s} for r in rows]
+                              + [{"name": n, "phase": "unreadable", "path": path} for n, path in bad.items()], indent=2))
         return
-    if not rows:
+    if not rows and not bad:
         typer.echo("no deployments")
         return
     from rich.table import Table  # noqa: PLC0415
@@ -598,11 +714,13 @@ def status(json_out: Annotated[bool, typer.Option("--json", help="Print as JSON.
         d = r.deployment
         where = (d.container_id or "")[:12] if d.runtime == "docker" else str(d.pid or "")
         restarts = f" ({d.restarts} restarts)" if d.restarts else ""
-        bad = [f["status"] for f in d.smoke or [] if f["status"] in ("WARN", "FAIL")]
+        probs = [f["status"] for f in d.smoke or [] if f["status"] in ("WARN", "FAIL")]
         smoke = "-" if d.smoke is None else (", ".join(f"{n} {s}" for s, n in sorted(
-            {s: bad.count(s) for s in bad}.items())) if bad else "ok")
+            {s: probs.count(s) for s in probs}.items())) if probs else "ok")
         t.add_row(d.name, r.phase, d.runtime, d.url, d.served_model_name, f"{d.image or '-'} / {d.plan_hash or '-'}",
                   where, f"{r.uptime_s:.0f} s{restarts}", smoke)
+    for n, path in bad.items():
+        t.add_row(n, "unreadable", "?", "?", escape(path), "-", "-", "-", "-")
     con = _console()
     con.print(t)
     for r in rows:
@@ -640,9 +758,13 @@ def logs(
 ) -> None:
     """Print a deployment's server log."""
     from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.state import Registry  # noqa: PLC0415
+    from m3ctl.state import Deployment, Registry, UnreadableRecord  # noqa: PLC0415
 
-    dep = Registry().get(name)
+    reg = Registry()
+    try:
+        dep = reg.get(name)
+    except UnreadableRecord:  # the log is where every server of that name writes it
+        dep = Deployment(name=name, port=0, served_model_name="", model="", log_path=str(reg.logs_dir / f"{name}.log"))
     rt = serving.runtime_for(dep)
     text = rt.log_text(dep, tail_bytes=5_000_000)
     if not text and not Path(dep.log_path or "").is_file():
@@ -660,6 +782,18 @@ def logs(
 bench_app = typer.Typer(help="Load-test an OpenAI-compatible endpoint; `m3ctl bench report` compares results.",
                         **PLAIN_HELP)
 app.add_typer(bench_app, name="bench")
+
+
+def _deployment_gpus(reg, name: str) -> int | None:
+    """GPUs of a deployment, from the Layout of its saved plan (m3ctl/launch.py); None on a CPU plan or without one."""
+    from m3ctl.launch import launch_spec  # noqa: PLC0415
+    from m3ctl.plan import LaunchPlan  # noqa: PLC0415
+
+    text = reg.load_plan(name)
+    if not text:
+        return None
+    plan = LaunchPlan.model_validate_json(text)
+    return launch_spec(plan).layout.num_gpus if plan.gpu_vendor else None
 
 
 def _parse_goodput(items: list[str]) -> dict[str, float] | None:
@@ -744,21 +878,26 @@ def bench(
     from pydantic import ValidationError  # noqa: PLC0415
 
     from m3ctl.bench import report  # noqa: PLC0415
-    from m3ctl.bench.runner import BenchConfig, gpus_from_argv, run_bench, run_sweep  # noqa: PLC0415
+    from m3ctl.bench.runner import BenchConfig, run_bench, run_sweep  # noqa: PLC0415
 
     gpus_source = "--num-gpus" if num_gpus else None
+    api_key = os.environ.get("VLLM_API_KEY")
     server_log, sync_log = None, None
     if deployment:
         from m3ctl.state import Registry  # noqa: PLC0415
 
-        dep = Registry().get(deployment)
+        reg = Registry()
+        dep = reg.get(deployment)
         url, model = url or dep.url, model or dep.served_model_name
+        from m3ctl.serve import api_key_for  # noqa: PLC0415
+
+        api_key = api_key_for(reg, deployment)
         server_log = dep.log_path  # JIT compiles during the measured phase (docker: the log is synced first)
         if dep.runtime != "process":
             from m3ctl.serve import runtime_for  # noqa: PLC0415
 
             sync_log = lambda: runtime_for(dep).sync_log(dep)  # noqa: E731
-        if not num_gpus and (n := gpus_from_argv(list(dep.argv))):
+        if not num_gpus and (n := _deployment_gpus(reg, deployment)):
             num_gpus, gpus_source = n, f"deployment {deployment}: tp x pp x dp x pcp (DCP adds none)"
     if not url:
         raise BadInput("no endpoint given", "pass --url http://HOST:PORT or --deployment NAME")
@@ -784,7 +923,7 @@ def bench(
                           continuous_usage=continuous_usage, allow_approx=allow_approx,
                           max_error_rate=max_error_rate, per_request=per_request, label=label,
                           request_timeout_s=request_timeout, server_log=server_log,
-                          api_key=os.environ.get("OPENAI_API_KEY") or os.environ.get("VLLM_API_KEY"))
+                          api_key=os.environ.get("OPENAI_API_KEY") or api_key)
     except ValueError as e:
         first = e.errors()[0] if isinstance(e, ValidationError) else {"loc": ["percentiles"], "msg": str(e)}
         raise BadInput(f"bad bench option {'.'.join(map(str, first['loc']))}: {first['msg']}",
@@ -1111,7 +1250,7 @@ def tune(
                              "confirm_top": confirm_top, "prompts_per_concurrency": prompts_per_concurrency,
                              "baseline": True if baseline is None else baseline,
                              "boundary_margin": boundary_margin, "boundary_repeats": boundary_repeats},
-                    "plan_base": {"overrides": _parse_args(arg or []), "extra_args": list(ctx.args),
+                    "plan_base": {"overrides": _parse_args(arg or []), "extra_args": _no_api_key(ctx.args),
                                   "skip_checks": skip_checks},
                     "bench": {"workload": workload, "input_len": input_len, "output_len": output_len, "seed": seed,
                               "warmup": warmup, "usd_per_gpu_hour": usd_per_gpu_hour}}

@@ -838,6 +838,24 @@ def check_plan(ctx: Ctx) -> CheckResult:
               f"{ctx.model} can be served with profile {p.profile!r}", details=list(p.warnings))
 
 
+def check_offline(ctx: Ctx) -> CheckResult:
+    """Under ``HF_HUB_OFFLINE=1``: the model (and its tokenizer and draft) resolve to complete local snapshots
+    (m3ctl/offline.py); a missing file is a FAIL naming it."""
+    from m3ctl.errors import M3Error  # noqa: PLC0415
+    from m3ctl.offline import offline_requested, resolve_offline  # noqa: PLC0415
+    from m3ctl.plan import PlanRequest, plan  # noqa: PLC0415
+
+    if not offline_requested():
+        return _r("model.offline", "model", "SKIP", "HF_HUB_OFFLINE is not set: the hub is reachable or not needed")
+    try:
+        p = resolve_offline(plan(ctx.inv, PlanRequest(model=ctx.model, name="doctor-check", skip_checks=True,
+                                                      vllm_executable="vllm")))
+    except M3Error as e:
+        return _r("model.offline", "model", "FAIL", e.message, e.hint)
+    return _r("model.offline", "model", "OK", f"{ctx.model}: every file vLLM reads is in {p.model}",
+              details=list(p.local_paths))
+
+
 # ----------------------------------------------------------------------------- assembly
 def _resolve_catalog(ctx: Ctx) -> None:
     """Profile and image names from the catalog; catalog errors become notes, never crashes."""
@@ -940,6 +958,7 @@ CHECKS: list[tuple[str, Group, Callable[[Ctx], CheckResult], bool]] = [
     ("model.memory_fit", "model", check_memory_fit, False),
     ("model.profile", "model", check_profile, False),
     ("model.image", "model", check_image, False),
+    ("model.offline", "model", check_offline, False),
 ]
 
 

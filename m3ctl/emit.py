@@ -1,180 +1,297 @@
-"""Render a :class:`~m3ctl.plan.LaunchPlan` as a docker command, a compose service, a Kubernetes
-Deployment, or a shell script. Pure text rendering: nothing is started.
+"""Render a :class:`~m3ctl.plan.LaunchPlan` as a ``docker run`` command, a compose file, Kubernetes objects, a
+LeaderWorkerSet, a shell script or a Ray multi-node script. Pure text rendering of the plan's launch spec
+(:func:`m3ctl.launch.launch_spec`, the same spec the docker runtime starts): nothing is started and no argv is
+parsed back.
 
-Run flags: NVIDIA ``--runtime nvidia --gpus ... --ipc=host`` (https://docs.vllm.ai/en/stable/deployment/docker/);
-AMD ``--device /dev/kfd --device /dev/dri --group-add video --security-opt seccomp=unconfined --ipc=host``
-(vllm-recipes MiniMax-M3 guide). Secret variables are referenced by name (``-e HF_TOKEN``), never by value.
+Run flags: NVIDIA ``--runtime nvidia --gpus '"device=0,1"'`` (the docker CLI reads the ``--gpus`` value as CSV,
+so a list of devices needs the inner double quotes: docs.docker.com/engine/containers/resource_constraints/#gpu;
+https://docs.vllm.ai/en/stable/deployment/docker/); AMD ``--device /dev/kfd --device /dev/dri --group-add video
+--security-opt seccomp=unconfined --ipc=host`` (vllm-recipes MiniMax-M3 guide). The model directory and the HF
+cache are mounted read-only. Secret variables are referenced by name (``-e HF_TOKEN``, ``secretKeyRef``),
+never by value. Every emitted form is checked by a real tool in tests/test_emit.py (docker compose config,
+kubernetes-validate, bash -n, the docker CLI's CSV reading of ``--gpus``).
 """
 
 from __future__ import annotations
 
 import copy
+import math
+import re
 import shlex
 
 import yaml
 
 from m3ctl.errors import BadInput
+from m3ctl.launch import DP_RPC_PORT, ContainerSpec, LaunchSpec, launch_spec, multinode_dp_args
 from m3ctl.plan import LaunchPlan
-from m3ctl.secrets import redact_env
 
-FORMATS = ("docker", "compose", "k8s", "lws", "script")
-DP_RPC_PORT = 13345
+FORMATS = ("docker", "compose", "k8s", "lws", "script", "ray")
+RAY_PORT = 6379
 HF_CACHE = "/root/.cache/huggingface"
+PROBE_PERIOD_S = 10
+SECRET_NAME = "m3ctl-secrets"
 
 
-def _vendor(plan: LaunchPlan) -> str:
-    return "amd" if plan.profile.startswith("cdna") else ("cpu" if plan.profile == "cpu" else "nvidia")
+def _container(spec: LaunchSpec) -> ContainerSpec:
+    if spec.container is None:
+        raise BadInput("the plan has no image (runtime process)", "plan with --runtime docker to emit container forms")
+    return spec.container
 
 
-def _serve_args(plan: LaunchPlan) -> list[str]:
-    args = list(plan.argv[1:])  # drop the local executable: images run `vllm serve ...`
-    if "--host" in args:
-        args[args.index("--host") + 1] = "0.0.0.0"
-    return args
+def _q(tokens: list[str]) -> str:
+    return " ".join(shlex.quote(t) for t in tokens)
+
+
+def docker_run_args(c: ContainerSpec, *, detach: bool = True) -> list[str]:
+    """``docker run`` argv (as the docker CLI receives it) for a container spec."""
+    cmd = ["docker", "run", *(["-d"] if detach else ["--rm"]), "--name", c.name, f"--ipc={c.ipc}",
+           "--restart", c.restart, "-p", f"{c.port}:{c.port}"]
+    for m in c.mounts:
+        cmd += ["-v", m.docker_cli()]
+    for k, v in c.labels.items():
+        cmd += ["--label", f"{k}={v}"]
+    if c.devices.vendor == "nvidia":
+        # One CSV field holding the comma list: the CLI's CSV reader would split an unquoted list.
+        cmd += ["--runtime", "nvidia", "--gpus", f'"device={",".join(c.devices.ids)}"' if c.devices.ids else "all"]
+    elif c.devices.vendor == "amd":
+        cmd += ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video",
+                "--security-opt", "seccomp=unconfined"]
+    if c.user:
+        cmd += ["--user", c.user]
+    for k, v in c.env.items():
+        cmd += ["-e", f"{k}={v}"]
+    for k in c.secret_env_names:
+        cmd += ["-e", k]
+    return [*cmd, "--entrypoint", c.entrypoint[0], c.image, *c.command]
 
 
 def docker_command(plan: LaunchPlan) -> str:
-    """A ``docker run`` line equivalent to the plan."""
-    if not plan.image:
-        raise BadInput("the plan has no image (runtime process)", "plan with --runtime docker to emit container forms")
-    cmd = ["docker", "run", "-d", "--name", plan.name, "--ipc=host", "-p", f"{plan.port}:{plan.port}",
-           "-v", f"$HOME/.cache/huggingface:{HF_CACHE}", "--label", f"m3ctl.name={plan.name}",
-           "--label", f"m3ctl.plan={plan.plan_hash()}"]
-    if _vendor(plan) == "nvidia":
-        devices = ",".join(map(str, plan.gpus)) if plan.gpus else "all"
-        cmd += ["--runtime", "nvidia", "--gpus", f'"device={devices}"']
-    elif _vendor(plan) == "amd":
-        cmd += ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video",
-                "--security-opt", "seccomp=unconfined"]
-    for k, v in plan.env.items():
-        cmd += ["-e", f"{k}={v}"]
-    for k in plan.secret_env_names:
-        cmd += ["-e", k]
-    cmd.append(plan.image)
-    return " ".join(c if c.startswith(("$", '"')) else shlex.quote(c) for c in cmd) + " " + shlex.join(_serve_args(plan)[1:]) + "\n"
+    """A ``docker run`` line equivalent to the plan (what the docker runtime asks the engine for)."""
+    return _q(docker_run_args(_container(launch_spec(plan)))) + "\n"
 
 
 def compose(plan: LaunchPlan) -> str:
-    """A docker-compose file with one service."""
-    if not plan.image:
-        raise BadInput("the plan has no image (runtime process)", "plan with --runtime docker to emit container forms")
-    svc: dict = {"image": plan.image, "command": _serve_args(plan)[1:], "ipc": "host",
-                 "ports": [f"{plan.port}:{plan.port}"], "volumes": [f"${{HOME}}/.cache/huggingface:{HF_CACHE}"],
-                 "environment": {**plan.env, **{k: f"${{{k}}}" for k in plan.secret_env_names}},
-                 "labels": {"m3ctl.name": plan.name, "m3ctl.plan": plan.plan_hash()}, "restart": "no"}
-    if _vendor(plan) == "nvidia":
-        svc["deploy"] = {"resources": {"reservations": {"devices": [
-            {"driver": "nvidia", "device_ids": [str(g) for g in plan.gpus] or None, "capabilities": ["gpu"]}]}}}
-        if not plan.gpus:
-            svc["deploy"]["resources"]["reservations"]["devices"][0].pop("device_ids")
-    elif _vendor(plan) == "amd":
+    """A compose file with one service (Compose Specification, compose-spec.io)."""
+    c = _container(launch_spec(plan))
+    svc: dict = {"image": c.image, "container_name": c.name, "entrypoint": list(c.entrypoint),
+                 "command": list(c.command), "ipc": c.ipc, "ports": [f"{c.port}:{c.port}"],
+                 "volumes": [{"type": "bind", "source": m.source, "target": m.target, "read_only": m.read_only}
+                             for m in c.mounts],
+                 "environment": {**c.env, **{k: f"${{{k}:?set {k}}}" for k in c.secret_env_names}},
+                 "labels": dict(c.labels), "restart": c.restart}
+    if c.user:
+        svc["user"] = c.user
+    if c.devices.vendor == "nvidia":
+        dev: dict = {"driver": "nvidia", "capabilities": ["gpu"]}
+        if c.devices.ids:
+            dev["device_ids"] = list(c.devices.ids)
+        else:
+            dev["count"] = "all"
+        svc["deploy"] = {"resources": {"reservations": {"devices": [dev]}}}
+    elif c.devices.vendor == "amd":
         svc.update(devices=["/dev/kfd", "/dev/dri"], group_add=["video"], security_opt=["seccomp=unconfined"])
-    return yaml.safe_dump({"services": {plan.name: svc}}, sort_keys=False)
+    return yaml.safe_dump({"services": {_k8s_name(plan.name): svc}}, sort_keys=False)
 
 
-def k8s(plan: LaunchPlan) -> str:
-    """A Kubernetes Deployment (single node; multi-node needs a LeaderWorkerSet, not rendered here)."""
-    if not plan.image:
-        raise BadInput("the plan has no image (runtime process)", "plan with --runtime docker to emit container forms")
-    n = max(1, len(plan.gpus))
-    res_key = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}.get(_vendor(plan))
-    env = [{"name": k, "value": v} for k, v in plan.env.items()]
-    env += [{"name": k, "valueFrom": {"secretKeyRef": {"name": "m3ctl-secrets", "key": k}}}
-            for k in plan.secret_env_names]
-    container = {"name": "vllm", "image": plan.image, "command": ["vllm"], "args": _serve_args(plan),
-                 "ports": [{"containerPort": plan.port}], "env": env,
-                 "startupProbe": {"httpGet": {"path": "/v1/models", "port": plan.port}, "periodSeconds": 10,
-                                  "failureThreshold": int(plan.startup_budget_s // 10) + 1},
-                 "readinessProbe": {"httpGet": {"path": "/health", "port": plan.port}, "periodSeconds": 10},
-                 "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}, {"name": "hf", "mountPath": HF_CACHE}]}
-    if res_key:
-        container["resources"] = {"limits": {res_key: n}}
+def _k8s_name(name: str) -> str:
+    """A DNS-1123 label from a deployment name (lower case; ``_`` and ``.`` become ``-``)."""
+    return re.sub(r"[^a-z0-9-]", "-", name.lower()).strip("-")[:63] or "m3ctl"
+
+
+def _probes(spec: LaunchSpec) -> dict:
+    """Startup (``/health`` within the plan's model-size budget), liveness (``/health``) and readiness (the
+    served model is listed by ``/v1/models``; the key, when set, is sent from the container's environment)."""
+    name = spec.served_model_names[0]
+    check = ("import json,os,sys,urllib.request as u;"
+             f"r=u.Request('http://127.0.0.1:{spec.port}/v1/models');"
+             "k=os.environ.get('VLLM_API_KEY');"
+             "k and r.add_header('Authorization','Bearer '+k);"
+             f"sys.exit(0 if {name!r} in [m['id'] for m in json.load(u.urlopen(r,timeout=5))['data']] else 1)")
+    return {"startupProbe": {"httpGet": {"path": "/health", "port": spec.port}, "periodSeconds": PROBE_PERIOD_S,
+                             "failureThreshold": max(1, math.ceil(spec.startup_budget_s / PROBE_PERIOD_S))},
+            "livenessProbe": {"httpGet": {"path": "/health", "port": spec.port}, "periodSeconds": PROBE_PERIOD_S,
+                              "failureThreshold": 3},
+            "readinessProbe": {"exec": {"command": ["python3", "-c", check]}, "periodSeconds": PROBE_PERIOD_S,
+                               "timeoutSeconds": 8}}
+
+
+def _k8s_pod_parts(spec: LaunchSpec, hf_host_path: str | None, multi_node: bool) -> tuple[list, list, list, list]:
+    """(env, volumeMounts, volumes, extra objects) shared by the Deployment and the LeaderWorkerSet."""
+    c = _container(spec)
+    env = [{"name": k, "value": v} for k, v in c.env.items() if k != "ROCR_VISIBLE_DEVICES"]  # the device plugin picks GPUs
+    env += [{"name": k, "valueFrom": {"secretKeyRef": {"name": SECRET_NAME, "key": k}}} for k in c.secret_env_names]
+    mounts = [{"name": "shm", "mountPath": "/dev/shm"}]
+    vols: list[dict] = [{"name": "shm", "emptyDir": {"medium": "Memory"}}]
+    extra: list[dict] = []
+    for i, m in enumerate(c.mounts):
+        vname = "hf-cache" if m.kind == "hf-cache" else f"{m.kind}-{i}"
+        if m.kind == "hf-cache":
+            # The first pod fills the cache unless offline (then it must be filled beforehand: read-only).
+            mounts.append({"name": vname, "mountPath": m.target, "readOnly": spec.offline})
+            if hf_host_path:
+                vols.append({"name": vname, "hostPath": {"path": hf_host_path, "type": "DirectoryOrCreate"}})
+            else:
+                claim = f"{_k8s_name(spec.name)}-hf-cache"
+                vols.append({"name": vname, "persistentVolumeClaim": {"claimName": claim}})
+                extra.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+                              "metadata": {"name": claim, "labels": {"m3ctl.name": _k8s_name(spec.name)}},
+                              "spec": {"accessModes": ["ReadWriteMany" if multi_node else "ReadWriteOnce"],
+                                       "resources": {"requests": {"storage": _cache_size(spec)}}}})
+        else:  # the model (or tokenizer/draft) directory on the node, read-only
+            mounts.append({"name": vname, "mountPath": m.target, "readOnly": True})
+            vols.append({"name": vname, "hostPath": {"path": m.source, "type": "Directory"}})
+    return env, mounts, vols, extra
+
+
+def _cache_size(spec: LaunchSpec) -> str:
+    """HF-cache claim size: the checkpoint plus a quarter (tokenizer, a second revision) and 10 GiB;
+    100 GiB when the plan does not know the weights."""
+    w = spec.weights_gib
+    return f"{math.ceil(w * 1.25) + 10}Gi" if w else "100Gi"
+
+
+def _gpu_limits(spec: LaunchSpec, n: int) -> dict:
+    key = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}.get(_container(spec).devices.vendor or "")
+    return {"resources": {"limits": {key: n}}} if key else {}
+
+
+def k8s(plan: LaunchPlan, hf_host_path: str | None = None) -> str:
+    """A Kubernetes Deployment (one node) and, unless ``hf_host_path`` is given, a PersistentVolumeClaim for the
+    HF cache (multi-document YAML: the claim first)."""
+    spec = launch_spec(plan)
+    c = _container(spec)
+    env, mounts, vols, extra = _k8s_pod_parts(spec, hf_host_path, multi_node=False)
+    container = {"name": "vllm", "image": c.image, "command": list(c.entrypoint), "args": list(c.command),
+                 "ports": [{"containerPort": c.port}], "env": env, **_probes(spec), "volumeMounts": mounts,
+                 **_gpu_limits(spec, spec.layout.num_gpus)}
+    name = _k8s_name(plan.name)
     dep = {"apiVersion": "apps/v1", "kind": "Deployment",
-           "metadata": {"name": plan.name, "labels": {"m3ctl.name": plan.name, "m3ctl.plan": plan.plan_hash()}},
-           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": plan.name}},
-                    "template": {"metadata": {"labels": {"app": plan.name}},
-                                 "spec": {"containers": [container],
-                                          "volumes": [{"name": "shm", "emptyDir": {"medium": "Memory"}},
-                                                      {"name": "hf", "emptyDir": {}}]}}}}
-    return yaml.safe_dump(dep, sort_keys=False)
+           "metadata": {"name": name, "labels": {"m3ctl.name": name, "m3ctl.plan-hash": plan.plan_hash()}},
+           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                    "template": {"metadata": {"labels": {"app": name}},
+                                 "spec": {"containers": [container], "volumes": vols}}}}
+    return yaml.safe_dump_all([*extra, dep], sort_keys=False)
 
 
-def lws(plan: LaunchPlan, nodes: int = 2) -> str:
-    """A LeaderWorkerSet (https://lws.sigs.k8s.io) for multi-node data parallel: ``nodes`` pods of ``len(gpus)``
+def lws(plan: LaunchPlan, nodes: int = 2, hf_host_path: str | None = None) -> str:
+    """A LeaderWorkerSet (https://lws.sigs.k8s.io) for multi-node data parallel: ``nodes`` pods of the plan's
     GPUs each. The plan's DP (default: 1 per node, TP = GPUs per node) is the per-node
     ``--data-parallel-size-local``; the total ``--data-parallel-size`` is ``DP x nodes``; the leader (rank 0)
     serves the API, each worker runs ``--headless`` with ``--data-parallel-start-rank = index x DP``
-    (vLLM multi-node data parallel: docs.vllm.ai/en/latest/serving/data_parallel_deployment.html).
-    ``LWS_LEADER_ADDRESS`` / ``LWS_WORKER_INDEX`` are set by the LWS controller.
+    (vLLM multi-node data parallel: docs.vllm.ai/en/latest/serving/data_parallel_deployment.html; the leader
+    passes no start rank: :func:`m3ctl.launch.multinode_dp_args`, run end to end on 127.0.0.1).
+    ``LWS_LEADER_ADDRESS`` / ``LWS_WORKER_INDEX`` are set by the LWS controller. The HF cache is a
+    ReadWriteMany claim (or ``hf_host_path`` on every node).
 
     Raises:
         BadInput: fewer than 2 nodes, or a plan without an image.
     """
     if nodes < 2:
         raise BadInput(f"--nodes {nodes}: a LeaderWorkerSet needs at least 2 nodes", "use --emit k8s for one node")
-    if not plan.image:
-        raise BadInput("the plan has no image (runtime process)", "plan with --runtime docker to emit container forms")
-    dp_local = max(1, plan.dp)
-    base = [a for a in _serve_args(plan)]
-    for flag in ("--data-parallel-size",):
-        if flag in base:
-            i = base.index(flag)
-            del base[i:i + 2]
-    dp_args = ["--data-parallel-size", str(dp_local * nodes), "--data-parallel-size-local", str(dp_local),
-               "--data-parallel-address", "$(LWS_LEADER_ADDRESS)", "--data-parallel-rpc-port", str(DP_RPC_PORT)]
-    n = max(1, len(plan.gpus))
-    res_key = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}.get(_vendor(plan))
-    env = [{"name": k, "value": v} for k, v in plan.env.items()]
-    env += [{"name": k, "valueFrom": {"secretKeyRef": {"name": "m3ctl-secrets", "key": k}}}
-            for k in plan.secret_env_names]
+    spec = launch_spec(plan, nodes=nodes)
+    c = _container(spec)
+    dp_local = max(1, spec.layout.dp)
+    rank = f"$(( LWS_WORKER_INDEX * {dp_local} ))"
+    lead_args = multinode_dp_args(spec, nodes, "$(LWS_LEADER_ADDRESS)", None, DP_RPC_PORT)
+    work_args = multinode_dp_args(spec, nodes, "$(LWS_LEADER_ADDRESS)", rank, DP_RPC_PORT)
+    env, mounts, vols, extra = _k8s_pod_parts(spec, hf_host_path, multi_node=True)
+    per_pod = spec.layout.num_gpus
 
-    def container(args: list[str], probes: bool) -> dict:
-        c: dict = {"name": "vllm", "image": plan.image, "command": ["sh", "-c"],
-                   "args": [" ".join(shlex.quote(a) if not a.startswith("$(") else a for a in ["vllm", *args])],
-                   "env": copy.deepcopy(env), "volumeMounts": [{"name": "shm", "mountPath": "/dev/shm"}]}
-        if res_key:
-            c["resources"] = {"limits": {res_key: n}}
-        if probes:
-            c["ports"] = [{"containerPort": plan.port}]
-            c["startupProbe"] = {"httpGet": {"path": "/v1/models", "port": plan.port}, "periodSeconds": 10,
-                                 "failureThreshold": int(plan.startup_budget_s // 10) + 1}
-        return c
+    def container(args: list[str], leader: bool) -> dict:
+        text = " ".join(a if a.startswith("$(") else shlex.quote(a) for a in ["vllm", *args])
+        ct: dict = {"name": "vllm", "image": c.image, "command": ["sh", "-c"], "args": [text],
+                    "env": copy.deepcopy(env), "volumeMounts": copy.deepcopy(mounts), **_gpu_limits(spec, per_pod)}
+        if leader:
+            ct["ports"] = [{"containerPort": c.port}]
+            ct.update(_probes(spec))
+        return ct
 
-    leader = container([*base, *dp_args, "--data-parallel-start-rank", "0"], probes=True)
-    worker = container([*base, *dp_args, "--headless", "--data-parallel-start-rank",
-                        f"$(( LWS_WORKER_INDEX * {dp_local} ))"], probes=False)
-    worker["args"] = [worker["args"][0].replace("'$(( LWS_WORKER_INDEX * " + str(dp_local) + " ))'",
-                                                f"$(( LWS_WORKER_INDEX * {dp_local} ))")]
-    def vols() -> list[dict]:
-        return [{"name": "shm", "emptyDir": {"medium": "Memory"}}]
-
+    leader = container(lead_args, leader=True)
+    worker = container(work_args, leader=False)
+    name = _k8s_name(plan.name)
     doc = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
-           "metadata": {"name": plan.name, "labels": {"m3ctl.name": plan.name, "m3ctl.plan": plan.plan_hash()}},
+           "metadata": {"name": name, "labels": {"m3ctl.name": name, "m3ctl.plan-hash": plan.plan_hash()}},
            "spec": {"replicas": 1, "leaderWorkerTemplate": {
                "size": nodes,
-               "leaderTemplate": {"spec": {"containers": [leader], "volumes": vols()}},
-               "workerTemplate": {"spec": {"containers": [worker], "volumes": vols()}}}}}
-    return yaml.safe_dump(doc, sort_keys=False)
+               "leaderTemplate": {"spec": {"containers": [leader], "volumes": copy.deepcopy(vols)}},
+               "workerTemplate": {"spec": {"containers": [worker], "volumes": copy.deepcopy(vols)}}}}}
+    return yaml.safe_dump_all([*extra, doc], sort_keys=False)
+
+
+def _script_head(plan: LaunchPlan, spec: LaunchSpec, env: dict[str, str]) -> list[str]:
+    lines = ["#!/usr/bin/env bash", f"# m3ctl plan {plan.name} ({plan.plan_hash()}): profile {plan.profile}",
+             "set -euo pipefail"]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
+    lines += [f"unset {k}" for k in spec.unset_env]
+    lines += [f': "${{{k}:?set {k} in the environment}}"' for k in spec.secret_env_names]
+    return lines
 
 
 def script(plan: LaunchPlan) -> str:
-    """A bash script that runs the plan's ``vllm serve`` (process form) with its environment."""
-    lines = ["#!/usr/bin/env bash", f"# m3ctl plan {plan.name} ({plan.plan_hash()}): profile {plan.profile}", "set -euo pipefail"]
-    lines += [f"export {k}={shlex.quote(v)}" for k, v in redact_env(plan.env).items()]
-    lines += [f': "${{{k}:?set {k} in the environment}}"' for k in plan.secret_env_names]
-    lines.append("exec " + shlex.join(plan.argv))
+    """A bash script for the target host: the ``docker run`` of a docker plan (its image), else ``vllm serve``
+    with ``vllm`` from PATH (``$VLLM`` overrides it); listens on every interface."""
+    spec = launch_spec(plan)
+    if spec.container is not None:
+        lines = _script_head(plan, spec, {})
+        lines.append("exec " + _q(docker_run_args(spec.container, detach=False)))
+        return "\n".join(lines) + "\n"
+    lines = _script_head(plan, spec, spec.env)
+    lines.append('exec "${VLLM:-vllm}" ' + _q(spec.serve_args("0.0.0.0")))
     return "\n".join(lines) + "\n"
 
 
-def render(plan: LaunchPlan, fmt: str, nodes: int = 2) -> str:
-    """Render ``plan`` as ``docker``, ``compose``, ``k8s``, ``lws`` (multi-node, ``nodes`` pods) or ``script``.
+def ray(plan: LaunchPlan, nodes: int = 2) -> str:
+    """A bash script for a Ray cluster of ``nodes`` hosts: ``ray.sh head`` starts the head and then
+    ``vllm serve --distributed-executor-backend ray`` with TP = the plan's GPUs per node and PP = ``nodes``;
+    ``ray.sh worker HEAD_IP`` joins a worker (vLLM "Multi-node deployment",
+    docs.vllm.ai/en/latest/serving/parallelism_scaling.html: TP within a node, PP across nodes).
+
+    Raises:
+        BadInput: fewer than 2 nodes, or DP > 1 (multi-node DP is ``--emit lws``).
+    """
+    if nodes < 2:
+        raise BadInput(f"--nodes {nodes}: a Ray cluster form needs at least 2 nodes", "use --emit script for one node")
+    spec = launch_spec(plan, nodes=nodes)
+    if spec.vllm_args is None:
+        raise BadInput("this saved plan has no typed vLLM flags", "plan it again to emit multi-node forms")
+    if spec.layout.dp > 1:
+        raise BadInput(f"the Ray form spreads TP x PP over nodes; this plan has DP {spec.layout.dp}",
+                       "use --emit lws for multi-node data parallel, or plan with --dp 1")
+    args = {**spec.vllm_args, "pipeline-parallel-size": nodes, "distributed-executor-backend": "ray"}
+    from m3ctl.launch import serve_command  # noqa: PLC0415
+
+    serve = serve_command(spec.model, "0.0.0.0", spec.port, spec.served_model_names, args)
+    gpus = spec.layout.tp
+    lines = _script_head(plan, spec, spec.env)
+    lines += [f"# {nodes} nodes x {gpus} GPU(s): run `$0 head` on the head node, `$0 worker HEAD_IP` on the others",
+              f"RAY_PORT={RAY_PORT}",
+              'case "${1:-}" in',
+              "  head)",
+              f"    ray start --head --port \"$RAY_PORT\" --num-gpus {gpus}",
+              f"    until [ \"$(ray status 2>/dev/null | grep -c node_)\" -ge {nodes} ]; do sleep 5; done",
+              '    exec "${VLLM:-vllm}" ' + _q(serve) + " ;;",
+              "  worker)",
+              '    exec ray start --address "${2:?HEAD_IP}:$RAY_PORT" ' + f"--num-gpus {gpus} --block ;;",
+              '  *) echo "usage: $0 head | $0 worker HEAD_IP" >&2; exit 2 ;;',
+              "esac"]
+    return "\n".join(lines) + "\n"
+
+
+def render(plan: LaunchPlan, fmt: str, nodes: int = 2, hf_host_path: str | None = None) -> str:
+    """Render ``plan`` as ``docker``, ``compose``, ``k8s``, ``lws`` (multi-node DP, ``nodes`` pods), ``script`` or
+    ``ray`` (multi-node TP x PP, ``nodes`` hosts). ``hf_host_path``: k8s/LWS mount this node path as the HF cache
+    instead of a PersistentVolumeClaim.
 
     Raises:
         BadInput: unknown format, or a container format for a plan without an image.
     """
     if fmt == "lws":
-        return lws(plan, nodes)
-    fn = {"docker": docker_command, "compose": compose, "k8s": k8s, "script": script}.get(fmt)
+        return lws(plan, nodes, hf_host_path)
+    if fmt == "ray":
+        return ray(plan, nodes)
+    if fmt == "k8s":
+        return k8s(plan, hf_host_path)
+    fn = {"docker": docker_command, "compose": compose, "script": script}.get(fmt)
     if fn is None:
         raise BadInput(f"unknown --emit format {fmt!r}", f"use one of: {', '.join(FORMATS)}")
     return fn(plan)

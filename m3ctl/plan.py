@@ -114,6 +114,20 @@ class LaunchPlan(BaseModel):
     memory_fit: Any = Field(default=None, exclude=True)
     """The memory fit rule ``memory.fit`` decided on (:class:`m3ctl.assess.memory.Fit`: KV capacity in tokens
     at this layout); None on CPU or without sizing facts. Not serialized."""
+    vllm_args: dict[str, Any] | None = None
+    """Typed ``vllm serve`` flags after ``--served-model-name`` ({flag: value}); the launch spec
+    (:mod:`m3ctl.launch`) renders every form from them. None in plans saved before they were kept."""
+    served_model_aliases: list[str] = Field(default_factory=list)
+    """Further names the API answers to (vLLM takes several ``--served-model-name`` values)."""
+    offline: bool = False
+    """Hub references were resolved to local snapshots (``--offline`` / ``HF_HUB_OFFLINE=1``)."""
+    local_paths: list[str] = Field(default_factory=list)
+    """Local files/directories the server reads besides the model (tokenizer, draft model): mounted read-only."""
+    weights_gib: float | None = None
+    """Checkpoint weights (GiB) the plan assumed: sizes the k8s HF-cache claim."""
+    api_key_env: str | None = None
+    """Name of the variable that held the API key on the launching host (``serve --api-key-env``; the server
+    gets the value as ``VLLM_API_KEY``); watch and bench read the key from it. Never the value."""
 
     @property
     def url(self) -> str:
@@ -300,6 +314,9 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     from m3ctl.vllm_args import read_raw_args  # noqa: PLC0415
 
     raw = read_raw_args(extra_args or [])
+    if "api-key" in raw.flags:  # m3ctl serve takes it out of the raw args first and passes it as VLLM_API_KEY
+        raise BadInput("a raw --api-key would put the key on vLLM's command line (ps, logs, state files)",
+                       "pass it through the environment: m3ctl serve --api-key-env VAR, or VLLM_API_KEY")
     given: dict[str, Any] = {"tp": tp, "dp": dp, "dcp": dcp, "ep": ep, "dbo": dbo}
     for flag, knob in RAW_PARALLEL_FLAGS.items():
         if flag not in raw.flags:
@@ -471,13 +488,15 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     warnings += [f"rule {f.id}: {f.message} ({f.fix})" for f in findings if f.status == "WARN"]
     warnings += advisories(ctx)
 
-    served = served_model_name or name
     target = model if local.local else ((var.hf_id if var and var.hf_id else None) or
                                          (spec.hf_id if spec and spec.hf_id and model.lower() in spec.all_ids() else None)
                                          or model)
+    served = served_model_name or target  # what OpenAI clients send; the deployment name is an alias
+    aliases = [name] if served_model_name is None and name != target else []
     exe = vllm_executable or find_vllm_executable()
-    argv = [exe, "serve", target, "--host", host, "--port", str(port), "--served-model-name", served,
-            *render_flags(args)]
+    from m3ctl.launch import serve_command as vllm_serve_argv  # noqa: PLC0415
+
+    argv = [exe, *vllm_serve_argv(target, host, port, [served, *aliases], args)]
     weights = facts.weights_gib
     if startup_budget_s is None:
         startup_budget_s = profile.readiness.startup_base_s + profile.readiness.startup_s_per_gib * weights
@@ -497,4 +516,5 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
                       gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
                       gpu_devices=_device_ids(inventory, units, tp_ * dp_), unset_env=unset_env,
                       python_modules=list(profile.family_python_modules.get(family, [])) if family else [],
-                      request=r.public(), memory_fit=ctx.memory_fit())
+                      request=r.public(), memory_fit=ctx.memory_fit(),
+                      vllm_args=args, served_model_aliases=aliases, weights_gib=weights or None)

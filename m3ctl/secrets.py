@@ -33,3 +33,45 @@ def redact_text(text: str, secrets: list[str] | tuple[str, ...] = ()) -> str:
         if s and len(s) >= 4:
             text = text.replace(s, MASK)
     return _SECRET_VALUE.sub(MASK, text)
+
+
+#: The variable vLLM reads its API key from when ``--api-key`` is not given
+#: (vllm/entrypoints/serve/middleware/register.py: ``args.api_key or [envs.VLLM_API_KEY]``).
+API_KEY_ENV = "VLLM_API_KEY"
+
+
+def split_api_key(raw_args: list[str]) -> tuple[list[str], str | None]:
+    """Take vLLM's ``--api-key KEY`` (or ``--api-key=KEY``) out of raw ``vllm serve`` arguments, so the key
+    reaches the server through :data:`API_KEY_ENV` in its environment, never its argv.
+
+    Returns:
+        (the arguments without the key, the key or None).
+
+    Raises:
+        BadInput: ``--api-key`` without a value, or with several keys (the environment carries one).
+    """
+    from m3ctl.errors import BadInput  # noqa: PLC0415
+
+    out: list[str] = []
+    keys: list[str] = []
+    i = 0
+    while i < len(raw_args):
+        a = raw_args[i]
+        if a == "--api-key" or a == "--api_key":
+            j = i + 1
+            while j < len(raw_args) and not raw_args[j].startswith("-"):
+                keys.append(raw_args[j])
+                j += 1
+            if j == i + 1:
+                raise BadInput("raw --api-key has no value", "give one key: -- --api-key KEY, or --api-key-env VAR")
+            i = j
+            continue
+        if a.startswith(("--api-key=", "--api_key=")):
+            keys.append(a.split("=", 1)[1])
+        else:
+            out.append(a)
+        i += 1
+    if len(keys) > 1:
+        raise BadInput(f"raw --api-key has {len(keys)} keys; m3ctl hands one to vLLM through {API_KEY_ENV}",
+                       "give one key")
+    return out, (keys[0] if keys else None)

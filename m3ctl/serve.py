@@ -22,7 +22,7 @@ from m3ctl.plan import LaunchPlan, find_vllm_executable
 from m3ctl.kernels import KernelReport, verify_kernels
 from m3ctl.runtime import get_runtime
 from m3ctl.runtime.base import Runtime, StopReport, ensure_port_free, port_in_use
-from m3ctl.state import Deployment, Registry
+from m3ctl.state import Deployment, Registry, UnreadableRecord
 
 #: Environment variables that name vLLM's internal ports (shared/cases/field-failures.md F17):
 #: VLLM_PORT is the base vLLM scans upward from for its internal sockets; MASTER_PORT is the
@@ -57,12 +57,22 @@ def preflight(plan: LaunchPlan, registry: Registry, runtime: Runtime | None = No
     Raises:
         ConfigRejected: a deployment of that name is running, the API port or an internal port
             (``VLLM_PORT``, ``MASTER_PORT`` in the plan's env) is taken (the message names the holder),
-            the local vLLM install is broken, the Docker engine is unreachable or the image unavailable.
+            the local vLLM install is broken, the Docker engine is unreachable or the image unavailable,
+            or the state directory is not writable.
     """
+    registry.check_writable()  # a server nobody can find again is worse than no server
     if registry.exists(plan.name):
-        old = registry.get(plan.name)
-        if runtime_for(old).is_alive(old):
-            raise ConfigRejected(f"deployment {plan.name!r} is already running on port {old.port}",
+        try:
+            old = registry.get(plan.name)
+            alive = runtime_for(old).is_alive(old)
+            where = f"on port {old.port}"
+        except UnreadableRecord as e:
+            from m3ctl.runtime.process import marked_processes  # noqa: PLC0415
+
+            alive = bool(marked_processes(registry.marker(plan.name)))
+            where = f"(its record {e.path} is unreadable)"
+        if alive:
+            raise ConfigRejected(f"deployment {plan.name!r} is already running {where}",
                                  f"stop it first (`m3ctl stop {plan.name}`) or choose another --name")
         registry.remove(plan.name)  # stale record of a dead server
     ensure_port_free(plan.host, plan.port, registry)
@@ -118,8 +128,7 @@ def _check_all2all_kernels(plan: LaunchPlan) -> None:
     """
     import importlib.util  # noqa: PLC0415
 
-    argv = plan.argv
-    backend = argv[argv.index("--all2all-backend") + 1] if "--all2all-backend" in argv[:-1] else None
+    backend = str((plan.vllm_args or {}).get("all2all-backend") or "")
     if not backend or not backend.startswith(("deepep", "mori")):
         return
     module = "deep_ep" if backend.startswith("deepep") else "mori"
@@ -166,14 +175,15 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
     registry = registry or Registry()
     rt = runtime or get_runtime(plan.runtime)
     plan = assign_internal_ports(plan)
-    preflight(plan, registry, rt)
-    registry.save_plan(plan.name, plan.model_dump_json())
     headers = {}
     if secret_env and secret_env.get("VLLM_API_KEY"):
         headers["Authorization"] = f"Bearer {secret_env['VLLM_API_KEY']}"
     dep = None
     try:  # everything up to the result: a Ctrl-C anywhere in here stops the server it started
-        dep = rt.launch(plan, registry, secret_env or {})
+        with registry.lock(plan.name):  # same-name starts: one passes pre-flight and records its server
+            preflight(plan, registry, rt)
+            registry.save_plan(plan.name, plan.model_dump_json())
+            dep = rt.launch(plan, registry, secret_env or {})
         if restarts:
             dep.restarts = restarts
             registry.save(dep)
@@ -190,7 +200,10 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
         return ServeResult(dep, ready, verify_kernels(rt.log_text(dep, tail_bytes=5_000_000), expect), findings)
     except (LaunchFailed, KeyboardInterrupt):
         if dep is None and registry.exists(plan.name):  # interrupted inside launch, after it saved the record
-            dep = registry.get(plan.name)
+            try:
+                dep = registry.get(plan.name)
+            except UnreadableRecord:
+                dep = None
         if dep is not None:
             with sigint_ignored():
                 rt.stop(dep)
@@ -295,6 +308,21 @@ def relaunch(name: str, *, registry: Registry, secret_env: dict[str, str] | None
                            restarts=attempt, on_event=on_event).deployment
 
 
+def api_key_for(registry: Registry, name: str) -> str | None:
+    """The API key a client of deployment ``name`` sends: from the variable its plan names
+    (``serve --api-key-env VAR``), else ``VLLM_API_KEY``; None when neither is set. Only the name is stored."""
+    import os  # noqa: PLC0415
+
+    var = "VLLM_API_KEY"
+    text = registry.load_plan(name)
+    if text:
+        try:
+            var = LaunchPlan.model_validate_json(text).api_key_env or var
+        except ValueError:
+            pass
+    return os.environ.get(var) or os.environ.get("VLLM_API_KEY") or None
+
+
 @dataclass
 class StatusRow:
     deployment: Deployment
@@ -310,9 +338,35 @@ class StatusRow:
 
 
 def status(registry: Registry | None = None) -> list[StatusRow]:
-    """Every deployment m3ctl recorded, with liveness checked now."""
+    """Every deployment m3ctl recorded, with liveness checked now (unreadable records: :func:`unreadable`)."""
     registry = registry or Registry()
     return [StatusRow(d, runtime_for(d).is_alive(d)) for d in registry.list()]
+
+
+def unreadable(registry: Registry | None = None) -> dict[str, str]:
+    """``{name: record path}`` of deployments whose record cannot be read (``status`` shows them as unreadable)."""
+    registry = registry or Registry()
+    return {n: str(p) for n, p in registry.unreadable().items()}
+
+
+def stop_unreadable(name: str, registry: Registry, timeout_s: float = 20.0) -> StopReport:
+    """Stop the server of a deployment whose record cannot be read: its processes by their marker
+    (:data:`~m3ctl.state.MARKER_ENV`), its container by name/label where a Docker engine answers."""
+    from m3ctl.runtime.process import stop_marked  # noqa: PLC0415
+
+    rep = stop_marked(name, registry.marker(name), timeout_s)
+    if rep.was_running:
+        return rep
+    try:
+        from m3ctl.runtime.docker import DockerRuntime  # noqa: PLC0415
+
+        drt = DockerRuntime()
+        stub = Deployment(name=name, runtime="docker", port=0, served_model_name="", model="")
+        if drt._container(stub) is not None:
+            return drt.stop(stub, timeout_s)
+    except (ConfigRejected, ImportError):  # no engine here: nothing of it can be running in one
+        pass
+    return rep
 
 
 def stop(names: list[str] | None = None, *, all_: bool = False, registry: Registry | None = None,
@@ -327,8 +381,16 @@ def stop(names: list[str] | None = None, *, all_: bool = False, registry: Regist
         LaunchFailed: processes were left alive, or they still hold GPU memory (exit 4).
     """
     registry = registry or Registry()
-    deps = registry.list() if all_ else [registry.get(n) for n in (names or [])]
+    bad = registry.unreadable()
+    deps = registry.list() if all_ else [registry.get(n) for n in (names or []) if n not in bad]
     reports = []
+    for n in (bad if all_ else [n for n in (names or []) if n in bad]):
+        rep = stop_unreadable(n, registry, timeout_s)
+        reports.append(rep)
+        if rep.leftover:
+            raise LaunchFailed(f"deployment {n!r}: processes {rep.leftover} survived SIGKILL",
+                               "check them with `ps -o pid,stat,cmd -p ...`")
+        registry.remove(n)
     for d in deps:
         rep = runtime_for(d).stop(d, timeout_s)
         reports.append(rep)

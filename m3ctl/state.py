@@ -12,17 +12,54 @@ Records never hold secrets: argv and env are stored redacted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from m3ctl.errors import BadInput, NotFound
+from m3ctl.errors import BadInput, ConfigRejected, NotFound
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+
+#: Environment variable set in every server process m3ctl starts (inherited by all its children, also those
+#: that leave its process group): ``<state dir>::<name>``. ``stop`` finds the server by it when the record
+#: is unreadable or a worker left the group.
+MARKER_ENV = "M3CTL_DEPLOYMENT"
+
+
+class UnreadableRecord(NotFound):
+    """A deployment record exists but cannot be read (truncated, not JSON, wrong shape).
+
+    Attributes:
+        path: the record file.
+    """
+
+    def __init__(self, name: str, path: Path, why: str):
+        super().__init__(f"the record of deployment {name!r} is unreadable ({path}: {why})",
+                         f"`m3ctl stop {name}` still finds its server by its process marker or container label")
+        self.path = path
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a unique temp file in the same directory and a rename (a crash leaves
+    the old file or the new one, never half of one; two writers never share a temp file)."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def state_dir() -> Path:
@@ -89,6 +126,8 @@ class Deployment(BaseModel):
     runtime_options: dict = Field(default_factory=dict)
     restarts: int = 0
     smoke: list[dict] | None = None
+    marker: str | None = None
+    """:data:`MARKER_ENV` value of its processes (process runtime): how ``stop`` finds every one of them."""
 
     @property
     def url(self) -> str:
@@ -117,31 +156,86 @@ class Registry:
     def _path(self, name: str) -> Path:
         return self.deployments_dir / f"{check_name(name)}.json"
 
+    def marker(self, name: str) -> str:
+        """The value of :data:`MARKER_ENV` for deployment ``name`` of this state dir."""
+        return f"{self.root.expanduser().resolve()}::{check_name(name)}"
+
+    def check_writable(self) -> None:
+        """Make sure records and logs can be written, before anything starts.
+
+        Raises:
+            ConfigRejected: the state directory cannot be created or written.
+        """
+        for d in (self.deployments_dir, self.logs_dir, self.root / "plans", self.root / "locks"):
+            probe = d
+            while not probe.exists() and probe.parent != probe:  # creates nothing: probes what it would create in
+                probe = probe.parent
+            try:
+                with tempfile.NamedTemporaryFile(dir=probe, prefix=".m3ctl-probe-"):
+                    pass
+            except OSError as e:
+                raise ConfigRejected(f"the m3ctl state directory {d} is not writable ({e.strerror})",
+                                     "set M3CTL_STATE_DIR to a writable directory") from None
+
+    @contextlib.contextmanager
+    def lock(self, name: str) -> Iterator[None]:
+        """Hold the start lock of ``name`` (an exclusive ``flock`` on ``<state>/locks/<name>.lock``).
+
+        Raises:
+            ConfigRejected: another m3ctl process holds it (it is starting a server of that name).
+        """
+        import fcntl  # noqa: PLC0415
+
+        d = self.root / "locks"
+        d.mkdir(parents=True, exist_ok=True)
+        with open(d / f"{check_name(name)}.lock", "w") as f:
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ConfigRejected(f"another m3ctl is starting deployment {name!r} right now",
+                                     "wait for it (`m3ctl status`) or choose another --name") from None
+            try:
+                yield
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+
     def save(self, dep: Deployment) -> None:
-        """Write a record atomically (write to a temp file, then rename)."""
+        """Write a record atomically (a unique temp file, fsync, then rename)."""
         self.deployments_dir.mkdir(parents=True, exist_ok=True)
-        path = self._path(dep.name)
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(dep.model_dump_json(indent=2))
-        os.replace(tmp, path)
+        _atomic_write(self._path(dep.name), dep.model_dump_json(indent=2))
 
     def get(self, name: str) -> Deployment:
         """Load a record.
 
         Raises:
             NotFound: no deployment of that name.
+            UnreadableRecord: the record exists but cannot be read.
         """
         path = self._path(name)
         if not path.exists():
             known = ", ".join(d.name for d in self.list()) or "none"
             raise NotFound(f"no deployment named {name!r}", f"known deployments: {known} (see `m3ctl status`)")
-        return Deployment.model_validate(json.loads(path.read_text()))
+        try:
+            return Deployment.model_validate(json.loads(path.read_text()))
+        except (ValueError, OSError) as e:
+            raise UnreadableRecord(name, path, str(e).splitlines()[0][:120]) from None
 
     def exists(self, name: str) -> bool:
         return self._path(name).exists()
 
+    def unreadable(self) -> dict[str, Path]:
+        """``{name: path}`` of records that exist but cannot be read (see :meth:`list`)."""
+        out = {}
+        if self.deployments_dir.is_dir():
+            for p in sorted(self.deployments_dir.glob("*.json")):
+                try:
+                    Deployment.model_validate(json.loads(p.read_text()))
+                except (ValueError, OSError):
+                    out[p.stem] = p
+        return out
+
     def list(self) -> list[Deployment]:
-        """All records, oldest first; unreadable records are skipped."""
+        """All readable records, oldest first (unreadable ones: :meth:`unreadable`)."""
         out = []
         if self.deployments_dir.is_dir():
             for p in sorted(self.deployments_dir.glob("*.json")):
@@ -159,7 +253,7 @@ class Registry:
         d = self.root / "plans"
         d.mkdir(parents=True, exist_ok=True)
         path = d / f"{check_name(name)}.json"
-        path.write_text(plan_json)
+        _atomic_write(path, plan_json)
         return path
 
     def load_plan(self, name: str) -> str | None:

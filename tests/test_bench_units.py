@@ -12,7 +12,7 @@ import pytest
 from m3ctl.bench import metrics, report, servermetrics, workloads
 from m3ctl.bench.client import RequestOutput
 from m3ctl.bench.prompts import LocalTokenizer
-from m3ctl.bench.runner import _cost, _per_gpu, _schedule, gpus_from_argv
+from m3ctl.bench.runner import _cost, _per_gpu, _schedule
 from m3ctl.errors import BadInput
 
 FIX = Path(__file__).parent / "fixtures" / "bench"
@@ -146,13 +146,6 @@ def test_per_gpu_and_cost_match_inferencex_formulas():
     assert c["total_tokens_per_usd"] == pytest.approx(133.3e6, rel=0.001)
     assert c["usd_per_m_total_tokens"] == pytest.approx(1.48 / (54_800 * 3600 / 1e6))
     assert _cost(None, 1.48) is None and _per_gpu(res, None, None) is None
-
-
-def test_gpus_from_argv_dcp_adds_none():
-    assert gpus_from_argv(["vllm", "serve", "m", "--tensor-parallel-size", "8", "--decode-context-parallel-size",
-                           "4"]) == 8
-    assert gpus_from_argv(["-tp", "4", "--pipeline-parallel-size=2", "--data-parallel-size", "2"]) == 16
-    assert gpus_from_argv(["vllm", "serve", "m", "--enforce-eager"]) is None
 
 
 def test_schedule_poisson_and_gamma():

@@ -21,8 +21,8 @@ def test_render_flags():
 
 def test_cpu_plan_argv(tiny_models):
     p = plan(CPU, PlanRequest(model=str(tiny_models["m2"]), name="t", port=8123, vllm_executable="vllm"))
-    assert p.argv[:9] == ["vllm", "serve", str(tiny_models["m2"]), "--host", "127.0.0.1", "--port", "8123",
-                          "--served-model-name", "t"]
+    assert p.argv[:10] == ["vllm", "serve", str(tiny_models["m2"]), "--host", "127.0.0.1", "--port", "8123",
+                           "--served-model-name", str(tiny_models["m2"]), "t"]
     a = p.argv
     assert a[a.index("--kv-cache-memory-bytes") + 1] == "256M" and "--enforce-eager" in a
     assert a[a.index("--max-model-len") + 1] == "2048"

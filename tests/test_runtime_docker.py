@@ -71,7 +71,7 @@ def test_amd_spec_devices_video_group_seccomp_single_visibility_var(tmp_path):
 
 
 def test_shm_floor_scales_with_tp_when_ipc_host_is_not_allowed(tmp_path):
-    spec = container_spec(_plan(tmp_path), {}, DockerOptions(ipc_host=False))
+    spec = container_spec(_plan(tmp_path, tp=8), {}, DockerOptions(ipc_host=False))
     assert "ipc_mode" not in spec and spec["shm_size"] == "16g"  # F14: >= 16 GiB for TP8
     assert spec["ulimits"][0]["Name"] == "memlock" and spec["ulimits"][0]["Soft"] == -1
 

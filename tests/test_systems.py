@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from m3ctl.assess.request import PlanRequest
 from m3ctl.doctor import run_doctor
 from m3ctl.errors import CatalogError, ConfigRejected
 from m3ctl.hw.systems import UnknownSystem, inventory_for_system, load_systems, resolve_system, system_names
@@ -125,28 +126,27 @@ def test_kv_capacity_is_the_memory_rule_boundary():
     token is rejected by memory.fit."""
     inv = inventory_for_system("h100x8")
     small = inv.model_copy(update={"gpus": tuple(g.model_copy(update={"memory_total_mib": 68000}) for g in inv.gpus)})
-    p = plan(small, "MiniMax-M3.1-Flash", max_model_len=4096)
-    t = p.memory_fit.kv_tokens
+    p = plan(small, PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=4096))
+    t = p.memory_fit.capacity_tokens()
     assert 4096 < t < 524288
-    plan(small, "MiniMax-M3.1-Flash", max_model_len=t, variant=p.variant)
+    plan(small, PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=t, variant=p.variant))
     with pytest.raises(ConfigRejected, match="rule memory.fit"):
-        plan(small, "MiniMax-M3.1-Flash", max_model_len=t + 1, variant=p.variant)
+        plan(small, PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=t + 1, variant=p.variant))
 
 
 def test_sizing_rows_are_the_planners_answers():
-    rows = {r.system: r for r in size_systems("MiniMax-M3.1-Flash", ["gb300x4", "rtxpro6000x4", "l40s"],
-                                              {"max_model_len": 131072})}
-    p = plan(inventory_for_system("gb300x4"), "MiniMax-M3.1-Flash", max_model_len=131072, runtime="auto")
+    rows = {r.system: r for r in size_systems(["gb300x4", "rtxpro6000x4", "l40s"], PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=131072))}
+    p = plan(inventory_for_system("gb300x4"), PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=131072, runtime="auto"))
     g = rows["gb300x4"]
     assert g.serves and (g.variant, g.tp, g.dp, g.ep) == (p.variant, p.tp, p.dp, p.ep)
-    assert g.kv_tokens == p.memory_fit.kv_tokens and g.concurrent_sequences == g.kv_tokens // 131072 > 0
+    assert g.kv_tokens == p.memory_fit.capacity_tokens() and g.concurrent_sequences == g.kv_tokens // 131072 > 0
     with pytest.raises(ConfigRejected) as e:
-        plan(inventory_for_system("rtxpro6000x4"), "MiniMax-M3.1-Flash", max_model_len=131072, runtime="auto")
+        plan(inventory_for_system("rtxpro6000x4"), PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=131072, runtime="auto"))
     r = rows["rtxpro6000x4"]
     assert not r.serves and e.value.message.startswith(f"rule {r.rule}:") and r.reason in e.value.message
     assert not rows["l40sx4"].serves and "no kernel profile for architecture 'ada'" in rows["l40sx4"].reason
     with pytest.raises(UnknownSystem):  # a bad name fails before anything is planned
-        size_systems("MiniMax-M3.1-Flash", ["gb300x4", "nope"], {})
+        size_systems(["gb300x4", "nope"], PlanRequest(model="MiniMax-M3.1-Flash"))
 
 
 def test_cli_plan_system_works_without_gpus():
@@ -183,13 +183,14 @@ def test_cli_sizing_table_and_json():
     rows = {r["system"]: r for r in json.loads(p.stdout)["systems"]}
     assert list(rows) == ["gb300x4", "rtxpro6000x4", "h200x8"]
     assert rows["gb300x4"]["serves"] and rows["gb300x4"]["max_model_len"] == 131072
-    assert rows["rtxpro6000x4"]["rule"] == "memory.fit"
+    # the engine's answer for SM120 (no native MSA kernels; MXFP8 unsupported there: N08), as `plan --system` says
+    assert rows["rtxpro6000x4"]["rule"] == "variant.native"
     one = json.loads(run_cli("plan", "--system", "h200x8", "--max-model-len", "131072", "--json", check=True).stdout)
     h = rows["h200x8"]
     assert (h["variant"], h["tp"], h["dp"], h["ep"]) == (one["variant"], one["layout"]["tp"], one["layout"]["dp"],
                                                           one["layout"]["ep"])
     t = run_cli("plan", "--max-model-len", "131072", "--systems", "all")
     assert t.returncode == 0 and all(n in t.stdout for n in system_names())
-    assert "rtxpro6000x4: memory.fit: weights" in t.stdout
+    assert "rtxpro6000x4: variant.native: variant 'nvfp4'" in t.stdout
     none = run_cli("plan", "--systems", "l40s")
     assert none.returncode == 3 and "no kernel profile" in none.stdout

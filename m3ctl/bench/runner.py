@@ -957,26 +957,5 @@ def run_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None, sync_lo
             tok.close()
 
 
-def gpus_from_argv(argv: list[str]) -> int | None:
-    """GPUs used by a served vLLM command line: tp x pp x dp x pcp (DCP reuses the TP GPUs, so it adds none).
-
-    Flag spellings: shared/reference/vllm-0.32-serve-help.txt. None when the command names no
-    parallelism at all and does not look like a GPU launch (e.g. the CPU profile).
-    """
-    names = {"tp": ("--tensor-parallel-size", "-tp"), "pp": ("--pipeline-parallel-size", "-pp"),
-             "dp": ("--data-parallel-size", "-dp"), "pcp": ("--prefill-context-parallel-size", "-pcp")}
-    vals: dict[str, int] = {}
-    for i, a in enumerate(argv):
-        for k, flags in names.items():
-            for f in flags:
-                if a == f and i + 1 < len(argv):
-                    vals[k] = int(argv[i + 1])
-                elif a.startswith(f + "="):
-                    vals[k] = int(a.split("=", 1)[1])
-    if not vals:
-        return None
-    return int(np.prod([vals.get(k, 1) for k in names]))
-
-
 def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

@@ -42,10 +42,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from m3ctl import __version__
 from m3ctl.errors import ConfigRejected, LaunchFailed
 from m3ctl.plan import LaunchPlan
-from m3ctl.runtime.base import Runtime, StopReport, port_in_use
+from m3ctl.runtime.base import Runtime, StopReport
 from m3ctl.state import Deployment, Registry
 
 LABEL_PREFIX = "m3ctl."
@@ -90,97 +89,70 @@ def container_name(name: str) -> str:
     return f"m3ctl-{name}"
 
 
-def _tp_size(argv: list[str]) -> int:
-    for i, a in enumerate(argv):
-        if a in ("--tensor-parallel-size", "-tp") and i + 1 < len(argv):
-            try:
-                return int(argv[i + 1])
-            except ValueError:
-                return 1
-        if a.startswith("--tensor-parallel-size="):
-            return int(a.split("=", 1)[1])
-    return 1
-
-
-def _parse_mount(spec: str) -> tuple[str, dict[str, str]]:
-    parts = spec.split(":")
-    if len(parts) not in (2, 3) or not parts[0] or not parts[1] or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
-        raise ConfigRejected(f"bad mount {spec!r}", "use HOST:CONTAINER[:ro|rw]")
-    return str(Path(parts[0]).expanduser().resolve()), {"bind": parts[1], "mode": parts[2] if len(parts) == 3 else "ro"}
-
-
-def _hf_cache() -> Path:
-    if os.environ.get("HF_HUB_CACHE"):
-        return Path(os.environ["HF_HUB_CACHE"]).parent
-    if os.environ.get("HF_HOME"):
-        return Path(os.environ["HF_HOME"])
-    return Path.home() / ".cache" / "huggingface"
-
-
 def container_spec(plan: LaunchPlan, secret_env: dict[str, str], opts: DockerOptions | None = None) -> dict[str, Any]:
-    """Keyword arguments for ``docker.containers.run`` that launch ``plan`` (pure; talks to no engine).
+    """Keyword arguments for ``docker.containers.run`` that launch ``plan`` (pure; talks to no engine): a
+    render of the plan's :class:`~m3ctl.launch.ContainerSpec`, the same one ``m3ctl plan --emit docker`` prints.
 
     Args:
         plan: the launch plan; ``plan.image`` must be set.
         secret_env: secret variables for the container environment only.
-        opts: container settings (default :class:`DockerOptions`: host network, ``--ipc=host``, no GPU).
+        opts: container settings (default :class:`DockerOptions`: host network, ``--ipc=host``); its
+            ``gpu_vendor``/``gpu_devices`` (a host's GPUs), when set, replace the plan's; ``mounts`` add to them.
 
     Raises:
         ConfigRejected: no image in the plan or a malformed mount.
     """
     import docker  # noqa: PLC0415
 
+    from m3ctl.launch import Devices, launch_spec, parse_mount  # noqa: PLC0415
+
     opts = opts or DockerOptions()
-    network, ipc_host, shm_size = opts.network, opts.ipc_host, opts.shm_size
     if not plan.image:
         raise ConfigRejected(f"profile {plan.profile!r} names no image for the docker runtime",
                              "pass --image REF (a local image works; see m3ctl/runtime/docker.py)")
-    command = list(plan.argv[1:])
-    env = {**plan.env, **secret_env}
+    ls = launch_spec(plan)
+    c = ls.container
+    assert c is not None
+    devices, env = c.devices, dict(c.env)
+    if opts.gpu_vendor:  # the runtime's view of this host's GPUs
+        devices = Devices(vendor=opts.gpu_vendor if opts.gpu_vendor in ("nvidia", "amd") else None,
+                          ids=list(opts.gpu_devices) if opts.gpu_vendor == "nvidia" else [])
+        env.pop("ROCR_VISIBLE_DEVICES", None)
+        if opts.gpu_vendor == "amd" and opts.gpu_devices:  # F05: one visibility variable
+            env["ROCR_VISIBLE_DEVICES"] = ",".join(opts.gpu_devices)
+    env.update(secret_env)
+    command = list(c.command)
     spec: dict[str, Any] = {
-        "image": plan.image, "name": container_name(plan.name), "entrypoint": ["vllm"], "command": command,
-        "detach": True, "restart_policy": {"Name": "no"}, "stdin_open": False, "tty": False,
-        "labels": {f"{LABEL_PREFIX}name": plan.name, f"{LABEL_PREFIX}model": plan.model,
-                   f"{LABEL_PREFIX}served-model-name": plan.served_model_name,
-                   f"{LABEL_PREFIX}port": str(plan.port), f"{LABEL_PREFIX}plan-hash": plan.plan_hash(),
-                   f"{LABEL_PREFIX}runtime-version": __version__},
+        "image": c.image, "name": c.name, "entrypoint": list(c.entrypoint), "command": command,
+        "detach": True, "restart_policy": {"Name": c.restart}, "stdin_open": False, "tty": False,
+        "labels": dict(c.labels),
     }
-    if network == "host":
+    if c.user:
+        spec["user"] = c.user
+    if opts.network == "host":
         spec["network_mode"] = "host"
-    else:
-        # Listen on all interfaces inside the container; publish on the plan's address only.
-        for i, a in enumerate(command[:-1]):
-            if a == "--host":
-                command[i + 1] = "0.0.0.0"
+        command[:] = ls.serve_args()  # the host network: listen where the plan says
+    else:  # listen on all interfaces inside the container; publish on the plan's address only
         spec["ports"] = {f"{plan.port}/tcp": (plan.host, plan.port)}
-    if ipc_host:
+    if opts.ipc_host:
         spec["ipc_mode"] = "host"
     else:
-        spec["shm_size"] = shm_size or f"{SHM_GIB_PER_RANK * _tp_size(plan.argv)}g"
+        spec["shm_size"] = opts.shm_size or f"{SHM_GIB_PER_RANK * ls.layout.tp}g"
         spec["ulimits"] = [docker.types.Ulimit(name="memlock", soft=-1, hard=-1)]
     volumes: dict[str, dict[str, str]] = {}
-    model = Path(plan.model).expanduser()
-    if model.is_dir():
-        volumes[str(model.resolve())] = {"bind": str(model.resolve()), "mode": "ro"}
-    elif _hf_cache().is_dir():
-        volumes[str(_hf_cache().resolve())] = {"bind": "/root/.cache/huggingface", "mode": "ro"}
-    for m in opts.mounts:
-        host, bind = _parse_mount(m)
-        volumes[host] = bind
+    for m in [*c.mounts, *(parse_mount(x) for x in opts.mounts)]:
+        if m.kind == "hf-cache" and not Path(m.source).is_dir():
+            continue  # nothing cached here: the engine would create an empty root-owned directory
+        volumes[m.source] = {"bind": m.target, "mode": "ro" if m.read_only else "rw"}
     spec["volumes"] = volumes
-    if opts.gpu_vendor == "nvidia":
-        env.pop("CUDA_VISIBLE_DEVICES", None)
-        ids = list(opts.gpu_devices) or None
+    if devices.vendor == "nvidia":
+        ids = list(devices.ids) or None
         spec["device_requests"] = [docker.types.DeviceRequest(driver="nvidia", device_ids=ids,
                                                               count=None if ids else -1, capabilities=[["gpu"]])]
-    elif opts.gpu_vendor == "amd":
+    elif devices.vendor == "amd":
         spec["devices"] = ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"]
         spec["group_add"] = ["video"]
         spec["security_opt"] = ["seccomp=unconfined"]
-        for k in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"):
-            env.pop(k, None)
-        if opts.gpu_devices:
-            env["ROCR_VISIBLE_DEVICES"] = ",".join(opts.gpu_devices)
     spec["environment"] = env
     return spec
 

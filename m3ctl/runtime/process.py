@@ -3,7 +3,9 @@
 Works for a bare-metal GPU host and for the CPU stack. Stop sends SIGTERM to the API
 server process first (it brings down EngineCore and workers cleanly in under a second,
 shared/reference/cpu-test-stack.md "Clean shutdown"), then SIGTERM/SIGKILL to whatever
-of the process tree remains after the timeout.
+of the process tree remains after the timeout. Every process of the server carries
+:data:`~m3ctl.state.MARKER_ENV` in its environment (inherited by all children), so stop also
+ends those that left the process group, and finds the server when its record is unreadable.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import psutil
 from m3ctl.errors import LaunchFailed
 from m3ctl.plan import LaunchPlan
 from m3ctl.runtime.base import Runtime, StopReport
-from m3ctl.state import Deployment, Registry
+from m3ctl.state import MARKER_ENV, Deployment, Registry
 
 # Popen objects of servers this process launched, so their exit status is reaped (no zombies).
 _CHILDREN: dict[int, subprocess.Popen] = {}
@@ -51,6 +53,79 @@ def _group_members(pgid: int) -> list[psutil.Process]:
     return out
 
 
+def marked_processes(marker: str) -> list[psutil.Process]:
+    """Live processes whose environment carries ``MARKER_ENV=marker`` (those this user may read)."""
+    out = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid != os.getpid() and p.environ().get(MARKER_ENV) == marker and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return out
+
+
+def end_processes(tree: list[psutil.Process], first: psutil.Process | None, timeout_s: float,
+                  rep: StopReport) -> list[psutil.Process]:
+    """SIGTERM ``first`` (the API server: it stops its engine and workers), wait, SIGTERM the rest, SIGKILL what is
+    left; fills ``rep.graceful``/``rep.killed``/``rep.leftover``; returns the processes still alive."""
+    if first is not None:
+        try:
+            first.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = _wait(tree, timeout=timeout_s * 0.75 if first is not None else 0.1)
+    if alive:  # the API server exited but left children, or it ignored SIGTERM
+        for p in alive:
+            try:
+                p.send_signal(signal.SIGTERM)
+            except psutil.Error:
+                pass
+        _, alive = _wait(alive, timeout=max(1.0, timeout_s * 0.25))
+    if alive:
+        rep.graceful = False
+        for p in alive:
+            try:
+                p.kill()
+                rep.killed.append(p.pid)
+            except psutil.Error:
+                pass
+        _, alive = _wait(alive, timeout=5)
+    rep.leftover = [p.pid for p in alive]
+    return alive
+
+
+def _running(p: psutil.Process) -> bool:
+    """Alive and not a zombie (a zombie is dead: it only waits for its parent to reap it)."""
+    try:
+        return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _wait(procs: list[psutil.Process], timeout: float) -> tuple[list[psutil.Process], list[psutil.Process]]:
+    """(gone, alive) after waiting up to ``timeout`` s for ``procs`` to end (zombies count as ended)."""
+    deadline = time.monotonic() + timeout
+    alive = [p for p in procs if _running(p)]
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if _running(p)]
+    return [p for p in procs if p not in alive], alive
+
+
+def stop_marked(name: str, marker: str, timeout_s: float = 20.0) -> StopReport:
+    """Stop every process carrying ``marker`` (a deployment whose record is unreadable)."""
+    t0 = time.monotonic()
+    rep = StopReport(name=name)
+    tree = marked_processes(marker)
+    rep.was_running = bool(tree)
+    roots = [p for p in tree if p.ppid() not in {t.pid for t in tree}]
+    end_processes(tree, roots[0] if len(roots) == 1 else None, timeout_s, rep)
+    rep.pids_checked = [p.pid for p in tree]
+    rep.seconds = time.monotonic() - t0
+    return rep
+
+
 class ProcessRuntime(Runtime):
     name = "process"
 
@@ -58,6 +133,7 @@ class ProcessRuntime(Runtime):
         log_path = registry.log_path(plan.name)
         env = {**{k: v for k, v in os.environ.items() if k not in plan.unset_env}, **plan.env, **secret_env}
         env.setdefault("PYTHONUNBUFFERED", "1")
+        env[MARKER_ENV] = registry.marker(plan.name)
         with open(log_path, "wb") as log:
             try:
                 proc = subprocess.Popen(plan.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -72,7 +148,8 @@ class ProcessRuntime(Runtime):
             started = time.time()
         dep = Deployment(name=plan.name, runtime=self.name, pid=proc.pid, host=plan.host, port=plan.port,
                          served_model_name=plan.served_model_name, model=plan.model, argv=plan.argv,
-                         log_path=str(log_path), started_at=started, phase="launching", plan_hash=plan.plan_hash())
+                         log_path=str(log_path), started_at=started, phase="launching", plan_hash=plan.plan_hash(),
+                         marker=env[MARKER_ENV])
         registry.save(dep)
         return dep
 
@@ -92,35 +169,16 @@ class ProcessRuntime(Runtime):
                 tree = [main]
         if dep.pid is not None:
             tree += [p for p in _group_members(dep.pid) if p.pid not in {t.pid for t in tree}]
-        if main is not None:
-            try:
-                main.send_signal(signal.SIGTERM)
-            except psutil.Error:
-                pass
-        _, alive = psutil.wait_procs(tree, timeout=timeout_s * 0.75)
-        if alive:  # the API server exited but left children, or it ignored SIGTERM
-            for p in alive:
-                try:
-                    p.send_signal(signal.SIGTERM)
-                except psutil.Error:
-                    pass
-            _, alive = psutil.wait_procs(alive, timeout=max(1.0, timeout_s * 0.25))
-        if alive:
-            rep.graceful = False
-            for p in alive:
-                try:
-                    p.kill()
-                    rep.killed.append(p.pid)
-                except psutil.Error:
-                    pass
-            _, alive = psutil.wait_procs(alive, timeout=5)
+        if dep.marker:  # also those that left the process group (setsid) after the main process died
+            tree += [p for p in marked_processes(dep.marker) if p.pid not in {t.pid for t in tree}]
+            rep.was_running = rep.was_running or bool(tree)
+        end_processes(tree, main, timeout_s, rep)
         child = _CHILDREN.pop(dep.pid, None) if dep.pid is not None else None
         if child is not None:
             try:
                 child.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 pass
-        rep.leftover = [p.pid for p in alive]
         self.verify_released(dep, rep, [p.pid for p in tree])
         rep.seconds = time.monotonic() - t0
         return rep

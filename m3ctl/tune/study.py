@@ -141,15 +141,13 @@ def boundary_rule(spec: TuneSpec) -> str:
 
 
 def tuned_flags(cand: dict[str, Any], plan) -> dict[str, Any]:
-    """The ``vllm serve`` flags the tuned knobs set, read back from the plan's argv (so values match)."""
-    from m3ctl.vllm_args import read_raw_args  # noqa: PLC0415
-
-    args = read_raw_args(plan.argv[plan.argv.index("--served-model-name") + 2:]).flags
+    """The ``vllm serve`` flags the tuned knobs set, from the plan's typed flags (what the server was given)."""
+    args = dict(plan.vllm_args or {})
     out: dict[str, Any] = {}
     for knob, flag in FLAGS.items():
         if flag in args:
             v = args[flag]
-            if flag == "speculative-config":
+            if flag == "speculative-config" and isinstance(v, str):
                 v = json.loads(v)
             elif isinstance(v, str) and v.isdigit():
                 v = int(v)

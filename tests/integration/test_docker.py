@@ -18,6 +18,7 @@ import httpx
 import psutil
 import pytest
 
+from m3ctl.assess.request import PlanRequest
 from m3ctl.runtime.base import port_in_use
 from tests.conftest import free_port, run_cli
 
@@ -95,6 +96,77 @@ def test_container_exits_during_load_reports_phase_and_cause(engine, docker_env,
 def test_stop_of_unknown_name(docker_env):
     p = run_cli("stop", "nope", env=docker_env)
     assert p.returncode == 2 and "no deployment named 'nope'" in p.stderr
+
+
+def test_emitted_docker_run_and_the_sdk_create_the_same_container(engine, docker_env, tiny_models, tmp_path,
+                                                                   monkeypatch):
+    """The real docker CLI reads the emitted `docker run` (its --gpus CSV, -v, -e) into the same device request,
+    binds and environment as the SDK kwargs of the runtime (containers created, not started: no NVIDIA here)."""
+    import shlex
+    import subprocess
+
+    from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE
+    from m3ctl.emit import render
+    from m3ctl.plan import plan
+    from m3ctl.runtime.docker import container_spec
+    from tests.hosts import ALL
+
+    (tmp_path / "hf").mkdir()
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
+    inv = ALL["h200x2"]()
+    p = plan(inv, PlanRequest(model=str(tiny_models["llama"]), name="emitcli", runtime="docker", image=VLLM_CPU_IMAGE, tp=2, skip_checks=True, pass_env=["HF_TOKEN"], vllm_executable="vllm"))
+    argv = shlex.split(render(p, "docker"))
+    i = argv.index("--runtime")
+    del argv[i:i + 2]  # this engine has no NVIDIA runtime; the device request is what is compared
+    argv[argv.index("run"):argv.index("run") + 2] = ["create"]  # `run -d` -> `create`
+    r = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **docker_env, "HF_TOKEN": "x"})
+    assert r.returncode == 0, r.stderr
+    c = engine.client()
+    try:
+        cli_ct = c.containers.get("m3ctl-emitcli")
+        spec = container_spec(p, {"HF_TOKEN": "x"})
+        spec.pop("detach")
+        spec["name"] = "m3ctl-emitcli-sdk"
+        sdk_ct = c.containers.create(**spec)
+        a, b = cli_ct.attrs, sdk_ct.attrs
+        # (the CLI leaves Driver empty: the engine picks the driver that offers the "gpu" capability)
+        devs = [(d["DeviceIDs"], d["Capabilities"]) for d in a["HostConfig"]["DeviceRequests"]]
+        assert devs == [(d["DeviceIDs"], d["Capabilities"]) for d in b["HostConfig"]["DeviceRequests"]]
+        assert devs == [([g.uuid for g in inv.gpus], [["gpu"]])]  # both GPUs, one request (not Count=1, ["0"])
+        assert sorted(a["HostConfig"]["Binds"]) == sorted(b["HostConfig"]["Binds"])
+        assert all(x.endswith(":ro") for x in a["HostConfig"]["Binds"])
+        assert sorted(a["Config"]["Env"]) == sorted(b["Config"]["Env"])
+        assert a["Config"]["Entrypoint"] == b["Config"]["Entrypoint"] == ["vllm"]
+    finally:
+        for n in ("m3ctl-emitcli", "m3ctl-emitcli-sdk"):
+            try:
+                c.containers.get(n).remove(force=True)
+            except Exception:  # noqa: BLE001
+                pass
+        c.close()
+
+
+def test_stop_finds_the_container_of_an_unreadable_record(engine, docker_env):
+    """A truncated record of a docker deployment: status lists it as unreadable, stop finds its container by name."""
+    from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE
+    from m3ctl.state import Registry
+
+    c = engine.client()
+    try:
+        c.containers.run(VLLM_CPU_IMAGE, ["-c", "import time; time.sleep(300)"], entrypoint=["python3"],
+                         name="m3ctl-lostrec", labels={"m3ctl.name": "lostrec"}, detach=True, network_mode="host")
+        reg = Registry()
+        reg.deployments_dir.mkdir(parents=True, exist_ok=True)
+        (reg.deployments_dir / "lostrec.json").write_text('{"name": "lostrec", "runtime": "dock')
+        st = json.loads(run_cli("status", "--json", env=docker_env, check=True).stdout)
+        assert [(d["name"], d["phase"]) for d in st] == [("lostrec", "unreadable")]
+        p = run_cli("stop", "lostrec", "--timeout", "2", env=docker_env)  # python as PID 1 ignores SIGTERM
+        assert p.returncode == 0 and "lostrec: killed" in p.stdout, p.stdout + p.stderr
+        assert _containers(engine, "lostrec") == [] and not reg.exists("lostrec")
+    finally:
+        for ct in c.containers.list(all=True, filters={"name": "m3ctl-lostrec"}):
+            ct.remove(force=True)
+        c.close()
 
 
 # ------------------------------------------------------------------ one shared container server

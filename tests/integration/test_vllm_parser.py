@@ -50,3 +50,30 @@ def test_parser_rejects_what_m3ctl_rejects(vllm_parser):
     with pytest.raises(SystemExit):
         vllm_parser.parse_args(["m", "--disable-dbo"])
     vllm_parser.parse_args(["m", "--no-enable-dbo"])
+
+
+def test_emitted_forms_parse(vllm_parser):
+    """The serve arguments of every emitted form (container, LWS leader/worker, Ray head) parse with vLLM's parser,
+    with both served names, the multi-node flags and the Ray backend where they apply."""
+    import shlex
+
+    import yaml
+
+    from m3ctl.emit import render
+    from m3ctl.launch import launch_spec, multinode_dp_args
+
+    p = plan(ALL["b200x8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm", name="prod", tp=1, dp=8, ep=True, skip_checks=True))
+    spec = launch_spec(p, nodes=2)
+    ns = vllm_parser.parse_args(spec.container.command[1:])
+    assert ns.served_model_name == [p.model, "prod"] and ns.host == "0.0.0.0"
+    lead = vllm_parser.parse_args(multinode_dp_args(spec, 2, "10.0.0.1")[1:])
+    work = vllm_parser.parse_args(multinode_dp_args(spec, 2, "10.0.0.1", start_rank=8)[1:])
+    assert (lead.data_parallel_size, lead.data_parallel_size_local, lead.data_parallel_start_rank) == (16, 8, None)
+    assert work.headless and work.data_parallel_start_rank == 8
+    lws = list(yaml.safe_load_all(render(p, "lws", nodes=2)))[-1]
+    text = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["args"][0]
+    vllm_parser.parse_args(shlex.split(text.replace("$(LWS_LEADER_ADDRESS)", "10.0.0.1"))[2:])
+    p = plan(ALL["b200x8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm", tp=8, skip_checks=True))
+    serve = next(line for line in render(p, "ray", nodes=2).splitlines() if "serve " in line)
+    ns = vllm_parser.parse_args(shlex.split(serve.split('"${VLLM:-vllm}" serve ', 1)[1].removesuffix(" ;;")))
+    assert (ns.distributed_executor_backend, ns.pipeline_parallel_size, ns.tensor_parallel_size) == ("ray", 2, 8)

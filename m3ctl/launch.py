@@ -1,0 +1,275 @@
+"""The launch spec: one structured description of a server launch, built once from a
+:class:`~m3ctl.plan.LaunchPlan` by :func:`launch_spec`, and rendered (never parsed back) into every form:
+the process runtime's argv, the docker SDK kwargs (:mod:`m3ctl.runtime.docker`), and the emitted
+``docker run``/compose/k8s/LWS/script/Ray texts (:mod:`m3ctl.emit`).
+
+Shapes:
+
+- :class:`Layout`: the parallel layout (TP, PP, DP, DCP, PCP, EP, DBO, nodes); ``num_gpus`` = TP x PP x DP x PCP
+  (DCP reuses the TP GPUs: vLLM "Context parallel" docs, docs.vllm.ai/en/latest/serving/context_parallel_deployment.html).
+- :class:`ContainerSpec`: image, vendor device request (UUIDs or indices; empty = all), read-only mounts of the
+  model directory and the HF cache (``HF_HUB_CACHE``, else ``HF_HOME``, else ``~/.cache/huggingface``:
+  huggingface_hub "Environment variables", huggingface.co/docs/huggingface_hub/package_reference/environment_variables),
+  environment (non-secret values; secret names passed through), ipc, port, labels, restart policy ``no``.
+- :class:`LaunchSpec`: model, served names, typed vLLM flags, env, secret names, layout, container.
+
+Secrets never appear in a spec: ``secret_env_names`` lists the variables the server receives from the
+environment of whoever launches it (``VLLM_API_KEY`` for an API key: vLLM reads it when ``--api-key`` is
+absent, vllm/entrypoints/serve/middleware/register.py).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+#: Where the HF cache is mounted inside a container (the official images run as root).
+CONTAINER_HF_HOME = "/root/.cache/huggingface"
+#: Environment variables that select GPUs for a process; a container gets its devices from the engine instead.
+VISIBILITY_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+class Layout(BaseModel):
+    """Parallel layout of one deployment (sizes >= 1; ``nodes`` >= 1)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    dcp: int = 1
+    pcp: int = 1
+    ep: bool = False
+    dbo: bool = False
+    nodes: int = 1
+
+    @property
+    def num_gpus(self) -> int:
+        """GPUs the server uses: TP x PP x DP x PCP (DCP adds none)."""
+        return self.tp * self.pp * self.dp * self.pcp
+
+
+class Mount(BaseModel):
+    """A bind mount: host ``source`` at ``target`` in the container; ``kind`` says what it carries."""
+
+    source: str
+    target: str
+    read_only: bool = True
+    kind: Literal["model", "hf-cache", "extra"] = "extra"
+
+    def docker_cli(self) -> str:
+        return f"{self.source}:{self.target}:{'ro' if self.read_only else 'rw'}"
+
+
+class Devices(BaseModel):
+    """GPUs a container sees: ``vendor`` None = none (CPU); ``ids`` empty with a vendor = all of them."""
+
+    vendor: Literal["nvidia", "amd"] | None = None
+    ids: list[str] = Field(default_factory=list)
+
+
+class ContainerSpec(BaseModel):
+    """Everything a container engine needs for the launch (no secret values)."""
+
+    image: str
+    name: str
+    entrypoint: list[str] = Field(default_factory=lambda: ["vllm"])
+    command: list[str]
+    """``serve MODEL --host 0.0.0.0 --port N ...``: the server listens on every interface inside."""
+    devices: Devices = Field(default_factory=Devices)
+    mounts: list[Mount] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    secret_env_names: list[str] = Field(default_factory=list)
+    ipc: Literal["host"] = "host"
+    port: int
+    user: str | None = None
+    restart: Literal["no"] = "no"
+    labels: dict[str, str] = Field(default_factory=dict)
+
+
+class LaunchSpec(BaseModel):
+    """The structured launch of one plan; see the module docstring."""
+
+    name: str
+    runtime: str
+    model: str
+    served_model_names: list[str]
+    host: str
+    port: int
+    vllm_args: dict[str, Any] | None
+    """Typed ``vllm serve`` flags (``{flag: value}``, rendered by :func:`m3ctl.plan.render_flags`); None for a
+    plan saved before flags were kept typed (its argv is then used as recorded)."""
+    legacy_argv: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    unset_env: list[str] = Field(default_factory=list)
+    secret_env_names: list[str] = Field(default_factory=list)
+    layout: Layout
+    startup_budget_s: float
+    weights_gib: float | None = None
+    offline: bool = False
+    container: ContainerSpec | None = None
+
+    def serve_args(self, host: str | None = None) -> list[str]:
+        """``serve MODEL --host H --port P --served-model-name N... FLAGS``, listening on ``host`` (default: the plan's)."""
+        if self.vllm_args is None:
+            args = list(self.legacy_argv[1:])
+            if host is not None and "--host" in args[:-1]:
+                args[args.index("--host") + 1] = host
+            return args
+        return serve_command(self.model, host or self.host, self.port, self.served_model_names, self.vllm_args)
+
+    def argv(self, executable: str = "vllm", host: str | None = None) -> list[str]:
+        """The full command line with ``executable`` as argv[0]."""
+        return [executable, *self.serve_args(host)]
+
+
+def serve_command(model: str, host: str, port: int, served: list[str], args: dict[str, Any]) -> list[str]:
+    """``serve MODEL --host H --port P --served-model-name N [ALIAS...] FLAGS`` (argv without the executable)."""
+    from m3ctl.plan import render_flags  # noqa: PLC0415
+
+    return ["serve", model, "--host", host, "--port", str(port), "--served-model-name", *served, *render_flags(args)]
+
+
+def hf_cache_mount(environ: dict[str, str] | None = None) -> Mount:
+    """The host HF cache as huggingface_hub resolves it, mounted read-only where the container's hub looks.
+
+    ``HF_HUB_CACHE`` (the hub directory itself) -> ``/root/.cache/huggingface/hub``; else ``HF_HOME`` or
+    ``~/.cache/huggingface`` -> ``/root/.cache/huggingface``.
+    """
+    env = os.environ if environ is None else environ
+    if env.get("HF_HUB_CACHE"):
+        return Mount(source=str(Path(env["HF_HUB_CACHE"]).expanduser().resolve()),
+                     target=f"{CONTAINER_HF_HOME}/hub", kind="hf-cache")
+    home = Path(env["HF_HOME"]).expanduser() if env.get("HF_HOME") else Path.home() / ".cache" / "huggingface"
+    return Mount(source=str(home.resolve()), target=CONTAINER_HF_HOME, kind="hf-cache")
+
+
+def parse_mount(spec: str) -> Mount:
+    """``HOST:CONTAINER[:ro|rw]`` -> :class:`Mount` (read-only unless ``rw``).
+
+    Raises:
+        ConfigRejected: malformed.
+    """
+    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+
+    parts = spec.split(":")
+    if len(parts) not in (2, 3) or not parts[0] or not parts[1] or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+        raise ConfigRejected(f"bad mount {spec!r}", "use HOST:CONTAINER[:ro|rw]")
+    return Mount(source=str(Path(parts[0]).expanduser().resolve()), target=parts[1],
+                 read_only=len(parts) == 2 or parts[2] == "ro")
+
+
+def _int(v: Any) -> int:
+    from m3ctl.rules import vllm_int  # noqa: PLC0415
+
+    n = v if isinstance(v, int) else vllm_int(str(v))
+    return n if isinstance(n, int) and n >= 1 else 1
+
+
+def _typed(args: dict[str, Any]) -> dict[str, Any]:
+    """Flags of several values (``nargs="+"``) as tuples again after a JSON round trip (a saved plan)."""
+    from m3ctl.vllm_args import flag_table  # noqa: PLC0415
+
+    flags = flag_table().flags
+    return {k: tuple(v) if isinstance(v, list) and k in flags and flags[k].arity == "many" else v
+            for k, v in args.items()}
+
+
+def launch_spec(plan, *, nodes: int = 1, environ: dict[str, str] | None = None) -> LaunchSpec:
+    """Build the :class:`LaunchSpec` of ``plan`` (a :class:`~m3ctl.plan.LaunchPlan`). Pure apart from reading
+    where the HF cache is (``environ``, default ``os.environ``) and whether the model is a local directory."""
+    from m3ctl import __version__  # noqa: PLC0415
+
+    args = plan.vllm_args
+    layout = Layout(tp=plan.tp, dp=plan.dp, dcp=plan.dcp, ep=plan.ep, dbo=plan.dbo, nodes=max(1, nodes),
+                    pp=_int(args.get("pipeline-parallel-size", 1)) if args else 1,
+                    pcp=_int(args.get("prefill-context-parallel-size", 1)) if args else 1)
+    served = [plan.served_model_name, *[a for a in plan.served_model_aliases if a != plan.served_model_name]]
+    spec = LaunchSpec(name=plan.name, runtime=plan.runtime, model=plan.model, served_model_names=served,
+                      host=plan.host, port=plan.port, vllm_args=_typed(args) if args is not None else None,
+                      legacy_argv=list(plan.argv) if args is None else [], env=dict(plan.env),
+                      unset_env=list(plan.unset_env), secret_env_names=list(plan.secret_env_names), layout=layout,
+                      startup_budget_s=plan.startup_budget_s, weights_gib=plan.weights_gib,
+                      offline=bool(plan.offline))
+    if plan.image:
+        mounts: list[Mount] = []
+        mounts.append(hf_cache_mount(environ))
+        for local in [plan.model, *plan.local_paths]:  # the model (tokenizer, draft) directories, read-only
+            d = Path(local).expanduser()
+            if d.is_dir():
+                d = d.resolve()
+                if d.parent.name == "snapshots":  # an HF cache snapshot: its files link into ../../blobs
+                    d = d.parent.parent
+                mounts.insert(len(mounts) - 1, Mount(source=str(d), target=str(d), kind="model"))
+        for extra in plan.mounts:
+            m = parse_mount(extra)
+            if all(m.target != x.target for x in mounts):
+                mounts.append(m)
+        vendor = plan.gpu_vendor if plan.gpu_vendor in ("nvidia", "amd") else None
+        env = {k: v for k, v in plan.env.items() if k not in VISIBILITY_ENV}
+        if vendor == "amd" and plan.gpu_devices:  # AMD: one visibility variable, inside the container (F05)
+            env["ROCR_VISIBLE_DEVICES"] = ",".join(plan.gpu_devices)
+        devices = Devices(vendor=vendor, ids=list(plan.gpu_devices) if vendor == "nvidia" else [])
+        labels = {"m3ctl.name": plan.name, "m3ctl.model": plan.model, "m3ctl.served-model-name": served[0],
+                  "m3ctl.port": str(plan.port), "m3ctl.plan-hash": plan.plan_hash(),
+                  "m3ctl.runtime-version": __version__}
+        spec.container = ContainerSpec(image=plan.image, name=f"m3ctl-{plan.name}", command=spec.serve_args("0.0.0.0"),
+                                       devices=devices, mounts=mounts, env=env,
+                                       secret_env_names=list(plan.secret_env_names), port=plan.port, labels=labels)
+    return spec
+
+
+_HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+
+
+def check_host(host: str) -> str:
+    """Validate an API listen address: an IPv4/IPv6 address or an RFC 1123 host name.
+
+    Raises:
+        BadInput: anything else (e.g. ``999.1.1.1``, ``local host``, ``http://x``).
+    """
+    import ipaddress  # noqa: PLC0415
+
+    from m3ctl.errors import BadInput  # noqa: PLC0415
+
+    try:
+        ipaddress.ip_address(host)
+        return host
+    except ValueError:
+        pass
+    if _HOSTNAME.match(host) and not host.replace(".", "").isdigit():
+        return host
+    raise BadInput(f"invalid --host {host!r}", "use an IP address (127.0.0.1, 0.0.0.0, ::) or a host name")
+
+
+#: Default RPC port of vLLM's multi-node data parallel coordinator (``--data-parallel-rpc-port``).
+DP_RPC_PORT = 13345
+
+
+def multinode_dp_args(spec: LaunchSpec, nodes: int, address: str, start_rank: int | str | None = None,
+                      rpc_port: int = DP_RPC_PORT, host: str = "0.0.0.0") -> list[str]:
+    """``serve ...`` arguments of one node of a multi-node data parallel deployment: ``nodes`` nodes of the plan's
+    DP (per node, ``--data-parallel-size-local``), ``--data-parallel-size`` = DP x nodes. ``start_rank`` None is the
+    leader (it serves the API; no start rank, which vLLM would read as hybrid/external load balancing); a worker is
+    ``--headless`` with ``--data-parallel-start-rank`` = node index x DP (an int, or a shell expression).
+    Source: docs.vllm.ai/en/latest/serving/data_parallel_deployment.html; checked end to end with vLLM 0.32 CPU,
+    two nodes on 127.0.0.1 (tests/integration/test_multinode.py).
+
+    Raises:
+        BadInput: fewer than 2 nodes, or a spec without typed flags (a plan saved before they were kept).
+    """
+    from m3ctl.errors import BadInput  # noqa: PLC0415
+
+    if nodes < 2:
+        raise BadInput(f"{nodes} node(s): multi-node data parallel needs at least 2", "use a single-node form")
+    if spec.vllm_args is None:
+        raise BadInput("this saved plan has no typed vLLM flags", "plan it again to emit multi-node forms")
+    dp_local = max(1, spec.layout.dp)
+    args = {k: v for k, v in spec.vllm_args.items() if k != "data-parallel-size"}
+    args.update({"data-parallel-size": dp_local * nodes, "data-parallel-size-local": dp_local,
+                 "data-parallel-address": address, "data-parallel-rpc-port": rpc_port})
+    if start_rank is not None:
+        args.update({"headless": True, "data-parallel-start-rank": start_rank})
+    return serve_command(spec.model, host, spec.port, spec.served_model_names, args)

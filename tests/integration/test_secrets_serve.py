@@ -1,0 +1,72 @@
+"""An API key end to end on a real vLLM CPU server: it reaches vLLM through VLLM_API_KEY in the server's
+environment (never argv), readiness/watch/bench send it, and it appears in no output, state file, log, process
+command line or emitted form."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.conftest import free_port, run_cli
+
+pytestmark = pytest.mark.integration
+
+
+def test_api_key_reaches_vllm_only_through_the_environment_and_leaks_nowhere(tiny_models, tmp_path):
+    key = f"k3y-{uuid.uuid4().hex}"
+    model, port = str(tiny_models["llama"]), free_port()
+    base = ["--model", model, "--name", "keyed", "--port", str(port)]
+    outputs: dict[str, str] = {}
+
+    def keep(label: str, p) -> None:
+        outputs[label] = p.stdout + p.stderr
+
+    keep("serve --dry-run", run_cli("serve", *base, "--dry-run", "--", "--api-key", key))
+    keep("serve --dry-run --json", run_cli("serve", *base, "--dry-run", "--json", "--", "--api-key", key))
+    keep("plan", run_cli("plan", *base, "--runtime", "process", "--skip-checks", "--", f"--api-key={key}"))
+    for fmt in ("script", "docker", "compose", "k8s"):
+        keep(f"plan --emit {fmt}", run_cli("plan", *base, "--runtime", "docker", "--image", "local/vllm:cpu",
+                                           "--skip-checks", "--emit", fmt, "--", "--api-key", key))
+    keep("tune --dry-run", run_cli("tune", "--model", model, "--dry-run", "--", "--api-key", key))
+    assert "--api-key" not in outputs["serve --dry-run"] and "VLLM_API_KEY" in outputs["serve --dry-run"]
+    assert "tune starts its own private trial servers" in outputs["tune --dry-run"]
+
+    p = run_cli("serve", *base, "--detach", "--", "--api-key", key)
+    keep("serve", p)
+    assert p.returncode == 0, p.stdout + p.stderr  # readiness sent the key (it got 401 before)
+    try:
+        st = json.loads(run_cli("status", "--json", check=True).stdout)
+        keep("status --json", run_cli("status", "--json"))
+        (dep,) = st
+        tree = [psutil.Process(dep["pid"]), *psutil.Process(dep["pid"]).children(recursive=True)]
+        assert all(key not in " ".join(t.cmdline()) for t in tree)
+        assert psutil.Process(dep["pid"]).environ().get("VLLM_API_KEY") == key
+        url = f"http://127.0.0.1:{port}/v1/models"
+        assert httpx.get(url, timeout=10).status_code == 401  # vLLM really requires it
+        assert httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=10).status_code == 200
+        env = {"VLLM_API_KEY": key}
+        w = run_cli("watch", "keyed", "--count", "1", "--interval", "0", env=env)
+        keep("watch", w)
+        assert w.returncode == 0, w.stdout + w.stderr
+        out = tmp_path / "bench.json"
+        b = run_cli("bench", "--deployment", "keyed", "--num-prompts", "4", "--concurrency", "2", "--input-len", "16",
+                    "--output-len", "8", "--output-json", str(out), env=env)
+        keep("bench", b)
+        assert b.returncode == 0 and json.loads(out.read_text())["completed"] == 4, b.stdout + b.stderr
+        outputs["bench.json"] = out.read_text()
+        keep("logs", run_cli("logs", "keyed", "-n", "2000"))
+    finally:
+        keep("stop", run_cli("stop", "keyed"))
+    state = Path(os.environ["M3CTL_STATE_DIR"])
+    files = [f for f in state.rglob("*") if f.is_file()]
+    assert any(f.suffix == ".log" for f in files) and any("plans" in f.parts for f in files)
+    for f in files:
+        outputs[str(f)] = f.read_text(errors="replace")
+    leaks = [label for label, text in outputs.items() if key in text]
+    assert leaks == [], f"the key appears in: {leaks}"
