@@ -33,7 +33,7 @@ def test_jit_events_on_the_real_h200_log():
 
 @pytest.fixture()
 def gt_url(tiny_models):
-    p, url = start_groundtruth()
+    p, url = start_groundtruth("--tokenizer", str(tiny_models["m2"]))  # usage counts the prompts really sent
     yield url
     p.terminate()
     p.wait(timeout=10)

@@ -74,6 +74,18 @@ class ServerTokenizer:
         r.raise_for_status()
         return r.json()["prompt"]
 
+    def count(self, text: str | None = None, messages: list[dict] | None = None, special: bool = False) -> int:
+        """Tokens the server counts for ``text`` (``special``: with its special tokens, as a completions prompt)
+        or for chat ``messages`` rendered with its chat template and generation prompt (vLLM's /tokenize)."""
+        body: dict = {"model": self.model}
+        if messages is not None:
+            body.update(messages=messages, add_generation_prompt=True)
+        else:
+            body.update(prompt=text, add_special_tokens=special)
+        r = self._c.post("/tokenize", json=body)
+        r.raise_for_status()
+        return int(r.json()["count"])
+
     def close(self) -> None:
         self._c.close()
 
