@@ -630,7 +630,7 @@ def bench(
     prompt_salt: Annotated[Optional[str], typer.Option(help="Resend the prompts of the run with this workload.prompt_salt (a server that cached them makes the run BENCH-INVALID).")] = None,
     percentiles: Annotated[str, typer.Option(help="Comma-separated percentiles.")] = "50,90,99",
     goodput: Annotated[Optional[list[str]], typer.Option(help="SLO metric:ms for goodput (ttft, tpot, e2el).")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option(help="Local tokenizer dir (default: the server's /tokenize).")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(help="Local tokenizer dir (default: the server's /tokenize and /detokenize, else the deployment's model dir).")] = None,
     num_gpus: Annotated[Optional[int], typer.Option(help="GPUs behind the endpoint, for tok/s per GPU (default: from the deployment's tp x pp x dp).")] = None,
     usd_per_gpu_hour: Annotated[Optional[float], typer.Option(help="GPU price for USD per million tokens and tokens per USD.")] = None,
     client_procs: Annotated[int, typer.Option(help="Client worker processes (each its own event loop).")] = 1,
@@ -658,12 +658,13 @@ def bench(
     from m3ctl.bench.runner import BenchConfig, gpus_from_argv, run_bench, run_sweep  # noqa: PLC0415
 
     gpus_source = "--num-gpus" if num_gpus else None
-    server_log, sync_log = None, None
+    server_log, sync_log, model_dir = None, None, None
     if deployment:
         from m3ctl.state import Registry  # noqa: PLC0415
 
         dep = Registry().get(deployment)
         url, model = url or dep.url, model or dep.served_model_name
+        model_dir = dep.model if Path(dep.model).is_dir() else None  # tokenizer fallback without /tokenize
         server_log = dep.log_path  # JIT compiles during the measured phase (docker: the log is synced first)
         if dep.runtime != "process":
             from m3ctl.serve import runtime_for  # noqa: PLC0415
@@ -690,7 +691,7 @@ def bench(
                           prompt_salt=prompt_salt, num_warmups=num_warmups,
                           warmup=len(concs) > 1 if warmup is None else warmup, percentiles=pcts,
                           goodput_slo_ms=_parse_goodput(goodput or []),
-                          tokenizer=tokenizer, num_gpus=num_gpus, num_gpus_source=gpus_source,
+                          tokenizer=tokenizer, model_dir=model_dir, num_gpus=num_gpus, num_gpus_source=gpus_source,
                           usd_per_gpu_hour=usd_per_gpu_hour, client_procs=client_procs, http_client=http_client,
                           continuous_usage=continuous_usage, allow_approx=allow_approx,
                           max_error_rate=max_error_rate, per_request=per_request, label=label,
@@ -790,9 +791,9 @@ def _print_compare(runs: list[dict]) -> None:
     from m3ctl.bench import report  # noqa: PLC0415
 
     t = Table(title="m3ctl bench: runs side by side")
-    t.add_column("metric")
+    t.add_column("metric", overflow="fold")
     for i in range(len(runs)):
-        t.add_column(f"#{i + 1}", justify="right")
+        t.add_column(f"#{i + 1}", justify="right", no_wrap=True)
     for row in report.compare_table(runs):
         t.add_row(*(escape(c) for c in row))
     _console().print(t)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import httpx
+
 import pytest
 
 from m3ctl.bench.prompts import LocalTokenizer
@@ -194,3 +196,101 @@ def test_stalled_server_ends_the_run_with_partial_results(gt, tmp_path):
     # zero successes: latencies print n/a, not 0.00 ms
     ttft = next(line for line in p.stdout.splitlines() if "TTFT" in line)
     assert ttft.count("n/a") == 4 and "0.00" not in ttft, p.stdout
+
+
+# ---------------------------------------------------------------- any OpenAI-compatible endpoint
+def test_plain_openai_server_without_tokenize_endpoints(gt, tiny_models, tmp_path):
+    """/tokenize and /detokenize are vLLM extensions: a plain server has neither. bench builds the prompts with
+    --tokenizer (or a local model directory), and without one says so in one line (exit 2)."""
+    url = gt("--tokenize", "none")
+    assert httpx.post(f"{url}/tokenize", json={"prompt": "x"}).status_code == 404
+    out = tmp_path / "r.json"
+    p = run_cli("bench", "--url", url, "--model", "groundtruth", "--num-prompts", "4", "--concurrency", "2",
+                "--input-len", "50", "--output-len", "4", "--tokenizer", str(tiny_models["m2"]),
+                "--output-json", str(out))
+    assert p.returncode == 0, p.stderr
+    res = json.loads(out.read_text())
+    assert res["validity"]["valid"] and res["total_input_tokens"] == res["client_prompt_tokens"] == 4 * 50
+    lib = run_bench(_cfg(url, model_dir=str(tiny_models["m2"]), num_prompts=2))  # e.g. a deployment's model dir
+    assert lib["tokenizer_id"] == str(tiny_models["m2"]) and lib["validity"]["valid"]
+    p = run_cli("bench", "--url", url, "--model", "groundtruth", "--num-prompts", "2")
+    assert p.returncode == 2 and "has no /tokenize endpoint" in p.stderr and "--tokenizer" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and "internal error" not in p.stderr
+
+
+def test_server_with_tokenize_but_no_detokenize(gt):
+    """Before: 'internal error: HTTPStatusError 404'. Now the server's /tokenize alone builds the prompts
+    (encode-only bisection on characters), and the server's usage agrees with the client's counts."""
+    url = gt("--tokenize", "tokenize")
+    assert httpx.post(f"{url}/detokenize", json={"tokens": [1]}).status_code == 404
+    res = run_bench(_cfg(url, input_len=60, num_prompts=6, per_request=True))
+    assert res["validity"]["valid"], res["validity"]
+    assert res["input_token_count_mismatches"] == 0
+    assert all(58 <= q["prompt_len"] <= 60 for q in res["requests"]), [q["prompt_len"] for q in res["requests"]]
+
+
+def test_wrong_model_names_the_served_models(gt):
+    """Before: a wrong --model was reported as 'has no /tokenize endpoint'."""
+    url = gt("--check-model")
+    p = run_cli("bench", "--url", url, "--model", "MiniMax-M3", "--num-prompts", "2")
+    assert p.returncode == 2, p.stderr
+    assert "does not serve model 'MiniMax-M3'; it serves: groundtruth" in p.stderr and "--model groundtruth" in p.stderr
+
+
+@pytest.mark.parametrize("eol", ["crlf", "cr"])
+def test_sse_crlf_and_cr_framing(gt, eol):
+    """The SSE spec allows CRLF, LF and CR line ends; a CRLF-framed stream counted as failed requests."""
+    res = run_bench(_cfg(gt("--sse-eol", eol), output_len=12, num_prompts=4))
+    assert res["completed"] == 4 and res["failed"] == 0 and res["total_output_tokens"] == 4 * 12
+    assert res["median_itl_ms"] > 0 and res["validity"]["valid"], res["validity"]
+
+
+def test_sse_crlf_split_between_reads():
+    """A CRLF pair split across two network reads is one line end, not an event end plus an empty line."""
+    from m3ctl.bench.client import RequestOutput, _Stream
+
+    out = RequestOutput()
+    s = _Stream(out, False, True, 0.0)
+    ev = (b'data: {"choices":[{"text":"a"}],\r\ndata: "usage":{"completion_tokens":1,"prompt_tokens":3}}\r\n\r\n'
+          b"data: [DONE]\r\n\r\n")
+    cut = ev.index(b"\r\n") + 1
+    s.feed(1.0, ev[:cut])
+    s.feed(2.0, ev[cut:])
+    s.finish()
+    assert out.success and out.output_tokens == 1 and out.generated_text == "a", out
+
+
+# ---------------------------------------------------------------- output at 80 columns
+def _render(res: dict, pcts=(50.0, 90.0, 99.0)) -> str:
+    from rich.console import Console
+
+    from m3ctl.bench.report import bench_tables
+
+    con = Console(width=80, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    tables, notes = bench_tables(res, list(pcts))
+    for t in tables:
+        con.print(t)
+    for n in notes:
+        con.print(n, soft_wrap=False)
+    return con.export_text()
+
+
+def test_bench_tables_fit_80_columns_without_splitting_numbers(gt):
+    closed = run_bench(_cfg(gt(), output_len=12, num_prompts=6, usd_per_gpu_hour=2.5, num_gpus=8,
+                            goodput_slo_ms={"ttft": 1000}))
+    text = _render(closed)
+    lines = text.splitlines()
+    assert max(len(x) for x in lines) <= 80
+    for key in ("mean_ttft_ms", "p50_ttft_ms", "p99_tpot_ms", "p90_itl_ms", "p99_e2el_ms"):
+        assert f"{closed[key]:.2f}" in text, key  # every number whole, on one line
+    assert f"{closed['total_token_throughput']:.1f}" in text
+    header = next(x for x in lines if "p50" in x)
+    assert "median" not in header  # p50 is the median: one column, not two rows of the same number
+    assert "ITL per token" not in text and "from schedule" not in text  # 1-token chunks; closed loop
+    assert "median" in _render(closed, pcts=(90.0, 99.0))  # without p50 the median is shown
+    multi = run_bench(_cfg(gt("--tokens-per-chunk", "4"), output_len=12, num_prompts=4))
+    assert "ITL per token" in _render(multi) and "ITL per chunk (vLLM)" in _render(multi)
+    opened = run_bench(_cfg(gt(), output_len=4, num_prompts=6, concurrency=None, request_rate=50.0))
+    text = _render(opened)
+    assert "E2E latency from schedule *" in text and "coordinated omission" in text
+    assert max(len(x) for x in text.splitlines()) <= 80

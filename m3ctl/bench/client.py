@@ -146,8 +146,8 @@ PROGRESS = Progress()
 class _Stream:
     """SSE state of one response: ``feed(ts, raw)`` per network read, ``finish()`` at the end."""
 
-    __slots__ = ("buf", "chat", "cont_ok", "done", "final_usage", "first", "keep_text", "last", "out", "prev_ct", "st",
-                 "text_parts")
+    __slots__ = ("buf", "chat", "cont_ok", "done", "final_usage", "first", "keep_text", "last", "out", "prev_ct",
+                 "skip_lf", "st", "text_parts")
 
     def __init__(self, out: RequestOutput, chat: bool, keep_text: bool, st: float):
         self.out, self.chat, self.keep_text, self.st, self.last = out, chat, keep_text, st, st
@@ -157,29 +157,32 @@ class _Stream:
         self.first = self.done = False
         self.final_usage = None
         self.buf = b""
+        self.skip_lf = False  # the last read ended in CR: an LF opening the next one completes that CRLF
 
     def feed(self, ts: float, raw: bytes) -> None:
+        if self.skip_lf:
+            self.skip_lf = False
+            if raw[:1] == b"\n":
+                raw = raw[1:]
         buf = self.buf + raw if self.buf else raw
-        tail = b""
-        if b"\r" in buf:  # CRLF or CR line ends: normalise to LF (a CR at the end may be half of a CRLF)
-            if buf[-1:] == b"\r":
-                buf, tail = buf[:-1], b"\r"
+        if b"\r" in buf:  # CRLF or CR line ends: normalise to LF (the buffer kept holds no CR)
+            self.skip_lf = buf[-1:] == b"\r"
             buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if b"\n\n" not in buf:
-            self.buf = buf + tail
+            self.buf = buf
             return
         events = buf.split(b"\n\n")
-        self.buf = events.pop() + tail
+        self.buf = events.pop()
         out = self.out
         # state in locals for the loop (a read can hold many events), written back once below
         first, last, prev_ct, cont_ok, chat = self.first, self.last, self.prev_ct, self.cont_ok, self.chat
         got = False
         for ev in events:
-            if ev[:6] == b"data: ":
+            if ev[:6] == b"data: " and b"\n" not in ev:
                 data = ev[6:]
-            else:  # comments (":" pings), CRLF or multi-line events
+            else:  # comments (":" pings), multi-line events
                 data = b""
-                for line in ev.replace(b"\r", b"").split(b"\n"):
+                for line in ev.split(b"\n"):
                     if line.startswith(b"data:"):
                         data += line[5:].strip()
                 if not data:

@@ -195,7 +195,8 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
     column per statistic, without a median column when p50 is one (they are the same number). Rows shown only
     where they say something: ITL per token when chunks carried several tokens (else it equals ITL per chunk);
     E2E latency from schedule for open-loop runs only (a closed loop schedules every request at the start),
-    with a note saying what it is; TTFA only when it is valid (N05). With no successful request every latency
+    with a note saying what it is; TTFA for reasoning runs only (else it is TTFT), ``n/a`` when the answers
+    carry the reasoning (N05). With no successful request every latency
     is ``n/a``, not 0.
     """
     from rich.markup import escape  # noqa: PLC0415
@@ -269,7 +270,7 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
     if multi:
         row("ITL per token", pt)
     row("E2E latency", vllm_block("e2el"))
-    if res.get("ttfa") is not None:
+    if res.get("ttfa") is not None and (v.get("reasoning_tokens_present") or v.get("ttfa_valid") is False):
         if v.get("ttfa_valid") is False:
             lt.add_row("TTFA (first answer token)", *["n/a"] * len(cols))
             notes.append("TTFA n/a: the answers carry the reasoning (<think>) in content")

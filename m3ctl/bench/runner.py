@@ -108,6 +108,8 @@ class BenchConfig(BaseModel):
     percentiles: list[float] = Field(default_factory=lambda: [50.0, 90.0, 99.0])
     goodput_slo_ms: dict[str, float] | None = None
     tokenizer: str | None = None
+    model_dir: str | None = None
+    """Local model directory of the served model (``--deployment``: the deployment's), a tokenizer fallback."""
     num_gpus: int | None = Field(None, ge=1)
     num_gpus_source: str | None = None
     usd_per_gpu_hour: float | None = Field(None, gt=0)
@@ -144,25 +146,62 @@ class BenchConfig(BaseModel):
 
 
 def _tokenizer(cfg: BenchConfig) -> Tokenizer:
+    """The tokenizer that builds exact-length prompts, first found of: ``--tokenizer``; the server's
+    ``/tokenize`` + ``/detokenize``; a local model directory (``model_dir``, or ``model`` when it is one); the
+    server's ``/tokenize`` alone (encode-only). Those endpoints are extensions (vLLM, SGLang, llama.cpp, TGI),
+    so a plain OpenAI-compatible server needs a local tokenizer.
+
+    Raises:
+        BadInput: none of them is available.
+    """
     if cfg.tokenizer:
         return LocalTokenizer(cfg.tokenizer)
     st = ServerTokenizer(cfg.url, cfg.model, _headers(cfg))
-    if st.available():
+    has = st.available()
+    if has and st.can_decode:
         return st
-    if Path(cfg.model).is_dir():
-        return LocalTokenizer(cfg.model)
-    raise BadInput(f"cannot build exact-length prompts: {cfg.url} has no /tokenize endpoint",
-                   "pass --tokenizer DIR (a local model directory with tokenizer.json)")
+    for d in (cfg.model_dir, cfg.model):
+        if d and (Path(d) / "tokenizer.json").is_file():
+            st.close()
+            return LocalTokenizer(d)
+    if has:
+        return st
+    st.close()
+    raise BadInput(f"cannot build exact-length prompts: {cfg.url} has no /tokenize endpoint (a vLLM/SGLang/"
+                   "llama.cpp extension, not OpenAI API) and no local tokenizer was given",
+                   "pass --tokenizer DIR (the served model's directory with tokenizer.json)")
 
 
 def _check_reachable(cfg: BenchConfig) -> None:
+    """The server answers, and serves ``cfg.model``: a name missing from ``/v1/models`` that the server also
+    rejects (vLLM: 404 "does not exist") is bad input naming the served models.
+
+    Raises:
+        BadInput: unreachable, or a model the server does not serve.
+    """
     import httpx  # noqa: PLC0415
 
     try:
-        httpx.get(f"{cfg.url}/v1/models", headers=_headers(cfg), timeout=10.0)
+        r = httpx.get(f"{cfg.url}/v1/models", headers=_headers(cfg), timeout=10.0)
     except httpx.HTTPError as e:
         raise BadInput(f"cannot reach {cfg.url}: {type(e).__name__}",
                        "check --url (and that the server is up: `m3ctl status`)") from None
+    try:
+        ids = [m["id"] for m in r.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        return  # no model list: the requests will tell
+    if not ids or cfg.model in ids:
+        return
+    path = "/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"
+    body = {"model": cfg.model, "max_tokens": 1, "stream": False}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if cfg.endpoint == "chat" else {"prompt": "hi"})
+    try:
+        probe = httpx.post(f"{cfg.url}{path}", json=body, headers=_headers(cfg), timeout=60.0)
+    except httpx.HTTPError:
+        return
+    if probe.status_code in (400, 404):  # the server rejects the name (others ignore it, e.g. llama.cpp)
+        raise BadInput(f"{cfg.url} does not serve model {cfg.model!r}; it serves: {', '.join(ids)}",
+                       f"pass --model {ids[0]}" if len(ids) == 1 else "pass --model with one of them")
 
 
 def _headers(cfg: BenchConfig) -> dict[str, str]:
@@ -771,8 +810,11 @@ def _realign(cfg: BenchConfig, job: _Job, tok: Tokenizer, res: dict) -> None:
         sample = [r for r, _ in job.items[:REALIGN_SAMPLE]]
         client = sum(r.prompt_len for r in sample)
         raw = sum(st.count(text=r.prompt) for r in sample)
-        sent = sum(st.count(messages=r.messages or [{"role": "user", "content": r.prompt}]) if cfg.endpoint == "chat"
-                   else st.count(text=r.prompt, special=True) for r in sample)
+        if cfg.endpoint == "chat" and st.dialect != "vllm":  # only vLLM's /tokenize renders chat messages
+            sent = raw
+        else:
+            sent = sum(st.count(messages=r.messages or [{"role": "user", "content": r.prompt}])
+                       if cfg.endpoint == "chat" else st.count(text=r.prompt, special=True) for r in sample)
     finally:
         if st is not tok:
             st.close()
