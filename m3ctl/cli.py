@@ -836,8 +836,9 @@ def _print_tune_dry_run(con, r: dict, limit: int = 40) -> None:
     con.print(f"  SLO {parse_slo(spec['slo'])}; objective {spec['objective']}; budget {spec['max_trials']} starts"
               + (f", {spec['time_budget_s']:g} s" if spec.get("time_budget_s") else ""))
     con.print(f"  each measurement: bench {b.get('workload')} {b.get('input_len')} in / {b.get('output_len')} out, "
-              "requests per concurrency " + ", ".join(f"c={c}: {n}" for c, n in r["prompts_per_run"].items()),
-              soft_wrap=True)
+              "requests per concurrency " + ", ".join(f"c={c}: {n}" for c, n in r["prompts_per_run"].items())
+              + ("; fresh prompts every run, after a warm-up of as many requests as the concurrency"
+                 if b.get("warmup") else "; fresh prompts every run"), soft_wrap=True)
     for note in r["pruned"]:
         con.print(f"  pruned before launch: {escape(note)}", soft_wrap=True)
     rejected = [c for c in r["candidates"] if c["status"] != "ok"]

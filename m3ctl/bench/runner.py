@@ -15,9 +15,9 @@ each tune repeat sends prompts the server's prefix cache has never seen; the see
 and arrivals. The run's prefix-cache hit rate (``/metrics`` counter deltas, else ``usage`` cached tokens) is
 compared with what its workload means (:func:`prefix_cache_check`): above it, the run is BENCH-INVALID.
 
-Warmup requests run first and are excluded: fresh prompts of the workload's shapes, sent at the run's
-concurrency (``warmup``: as many as the concurrency, one wave at that load, so kernels JIT-compiled for its
-batch sizes are compiled before the measured phase). ``client_procs > 1`` splits the load over worker
+Warmup requests run first and are excluded: fresh prompts of the workload's input lengths with at most
+``WARMUP_OUTPUT_LEN`` output tokens, sent at the run's concurrency (``warmup``: as many as the concurrency,
+one wave at that load, so kernels JIT-compiled for its batch sizes are compiled before the measured phase). ``client_procs > 1`` splits the load over worker
 processes (each its own event loop, uvloop when installed, its own connections); all use the
 same ``perf_counter`` clock (CLOCK_MONOTONIC on Linux), so their records merge exactly.
 """
@@ -216,6 +216,9 @@ def build_requests(cfg: BenchConfig, tok: Tokenizer, salt: str | None = None) ->
 
 #: Warmup requests per run with ``warmup`` on and no ``concurrency`` (an open loop without a cap).
 OPEN_LOOP_WARMUPS = 8
+#: Output tokens of a warm-up request at most: enough decode steps at the level's batch size to compile its
+#: kernels, without a full-length wave (GPU time).
+WARMUP_OUTPUT_LEN = 32
 
 
 def warmup_count(cfg: BenchConfig) -> int:
@@ -737,7 +740,9 @@ def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None, syn
             warmups = [BenchRequest(prompt=job.sessions[0].system[0], prompt_len=job.sessions[0].system[1],
                                     output_len=1)] * nw
         else:  # fresh prompts of the workload's shapes (vLLM sends copies of the first one: a cache hit later)
-            wcfg = cfg.model_copy(update={"num_prompts": nw, "duration_s": None, "request_rate": math.inf})
+            wcfg = cfg.model_copy(update={"num_prompts": nw, "duration_s": None, "request_rate": math.inf,
+                                          "output_len": min(cfg.output_len, WARMUP_OUTPUT_LEN),
+                                          "dataset_output_len": WARMUP_OUTPUT_LEN})
             warmups = [r for r, _ in _build_job(wcfg, tok, f"{salt}-warmup")[0].items]
     wl["warmups"] = len(warmups)
     scraped: dict = {}
