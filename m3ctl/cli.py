@@ -854,7 +854,7 @@ def bench(
     prompt_salt: Annotated[Optional[str], typer.Option(help="Resend the prompts of the run with this workload.prompt_salt (a server that cached them makes the run BENCH-INVALID).")] = None,
     percentiles: Annotated[str, typer.Option(help="Comma-separated percentiles.")] = "50,90,99",
     goodput: Annotated[Optional[list[str]], typer.Option(help="SLO metric:ms for goodput (ttft, tpot, e2el).")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option(help="Local tokenizer dir (default: the server's /tokenize).")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(help="Local tokenizer dir (default: the server's /tokenize and /detokenize, else the deployment's model dir).")] = None,
     num_gpus: Annotated[Optional[int], typer.Option(help="GPUs behind the endpoint, for tok/s per GPU (default: from the deployment's tp x pp x dp).")] = None,
     usd_per_gpu_hour: Annotated[Optional[float], typer.Option(help="GPU price for USD per million tokens and tokens per USD.")] = None,
     client_procs: Annotated[int, typer.Option(help="Client worker processes (each its own event loop).")] = 1,
@@ -863,6 +863,7 @@ def bench(
     allow_approx: Annotated[bool, typer.Option(help="Accept runs whose token counts or TTFT are approximate.")] = False,
     max_error_rate: Annotated[float, typer.Option(help="Failed-request fraction above which the run is invalid.")] = 0.0,
     request_timeout: Annotated[float, typer.Option(help="Seconds a request may take in all before it counts as failed (timeout).")] = 6 * 3600,
+    stall_floor: Annotated[float, typer.Option(help="Seconds without a token on any in-flight request that end the run as stalled, at least (the window grows to 20x the largest chunk gap and 3x the largest TTFT seen).")] = 30.0,
     per_request: Annotated[bool, typer.Option(help="Include per-request records in the JSON.")] = False,
     label: Annotated[Optional[str], typer.Option(help="Label stored in the result.")] = None,
     output_json: Annotated[Optional[Path], typer.Option(help="Write the result JSON here (a sweep: all runs); - : stdout.")] = None,
@@ -882,7 +883,7 @@ def bench(
 
     gpus_source = "--num-gpus" if num_gpus else None
     api_key = os.environ.get("VLLM_API_KEY")
-    server_log, sync_log = None, None
+    server_log, sync_log, model_dir = None, None, None
     if deployment:
         from m3ctl.state import Registry  # noqa: PLC0415
 
@@ -892,6 +893,7 @@ def bench(
         from m3ctl.serve import api_key_for  # noqa: PLC0415
 
         api_key = api_key_for(reg, deployment)
+        model_dir = dep.model if Path(dep.model).is_dir() else None  # tokenizer fallback without /tokenize
         server_log = dep.log_path  # JIT compiles during the measured phase (docker: the log is synced first)
         if dep.runtime != "process":
             from m3ctl.serve import runtime_for  # noqa: PLC0415
@@ -918,11 +920,11 @@ def bench(
                           prompt_salt=prompt_salt, num_warmups=num_warmups,
                           warmup=len(concs) > 1 if warmup is None else warmup, percentiles=pcts,
                           goodput_slo_ms=_parse_goodput(goodput or []),
-                          tokenizer=tokenizer, num_gpus=num_gpus, num_gpus_source=gpus_source,
+                          tokenizer=tokenizer, model_dir=model_dir, num_gpus=num_gpus, num_gpus_source=gpus_source,
                           usd_per_gpu_hour=usd_per_gpu_hour, client_procs=client_procs, http_client=http_client,
                           continuous_usage=continuous_usage, allow_approx=allow_approx,
                           max_error_rate=max_error_rate, per_request=per_request, label=label,
-                          request_timeout_s=request_timeout, server_log=server_log,
+                          request_timeout_s=request_timeout, stall_floor_s=stall_floor, server_log=server_log,
                           api_key=os.environ.get("OPENAI_API_KEY") or api_key)
     except ValueError as e:
         first = e.errors()[0] if isinstance(e, ValidationError) else {"loc": ["percentiles"], "msg": str(e)}
@@ -985,6 +987,14 @@ def bench(
                               f"{down['failed']} failed ({kinds}), {down.get('not_sent', 0)} not sent{cause}",
                               f"{diag.fix}; {keep}" if diag else
                               (keep if where else keep + "; check the server log"))
+    if stalled := next((r for r in runs if r.get("stalled")), None):
+        from m3ctl.bench.runner import BenchServerStalled  # noqa: PLC0415
+
+        st = stalled["stalled"]
+        raise BenchServerStalled(f"server at {url} stalled: no token on any of {st['in_flight']} in-flight requests "
+                                 f"for {st['idle_s']:.1f} s; {stalled['completed']} requests completed",
+                                 f"partial results written to {where}" if where else
+                                 "pass --output-json to keep partial results; check the server log")
     bad = [r for r in runs if not r["validity"]["valid"]]
     if bad:
         why = "; ".join(dict.fromkeys(x for r in bad for x in r["validity"]["reasons"]))
@@ -1018,9 +1028,9 @@ def _print_compare(runs: list[dict]) -> None:
     from m3ctl.bench import report  # noqa: PLC0415
 
     t = Table(title="m3ctl bench: runs side by side")
-    t.add_column("metric")
+    t.add_column("metric", overflow="fold")
     for i in range(len(runs)):
-        t.add_column(f"#{i + 1}", justify="right")
+        t.add_column(f"#{i + 1}", justify="right", no_wrap=True)
     for row in report.compare_table(runs):
         t.add_row(*(escape(c) for c in row))
     _console().print(t)
@@ -1040,67 +1050,14 @@ def _only_model(url: str) -> str:
 
 
 def _print_bench(res: dict, pcts: list[float]) -> None:
-    from rich.table import Table  # noqa: PLC0415
+    from m3ctl.bench import report  # noqa: PLC0415
 
-    t = Table(title=f"m3ctl bench: {res['model_id']} ({res['backend']}, {res['workload']['kind']}, concurrency "
-                    f"{res['max_concurrency']}, rate {res['request_rate']})")
-    t.add_column("metric")
-    t.add_column("value", justify="right")
-
-    def stat_row(label: str, block: dict | None, unit: str = "ms") -> None:
-        if block and block.get(f"mean_{unit}") is not None:
-            parts = [f"mean {block[f'mean_{unit}']:.2f}", f"median {block[f'median_{unit}']:.2f}"]
-            parts += [f"p{_pw(p)} {block[f'p{_pw(p)}_{unit}']:.2f}" for p in pcts]
-            rows.append((label, ", ".join(parts)))
-
-    rows = [("successful requests", f"{res['completed']}"), ("failed requests", f"{res['failed']}"),
-            ("duration (s)", f"{res['duration']:.2f}"), ("request throughput (req/s)", f"{res['request_throughput']:.2f}"),
-            ("output token throughput (tok/s)", f"{res['output_throughput']:.1f}"),
-            ("total token throughput (tok/s)", f"{res['total_token_throughput']:.1f}"),
-            ("input / output tokens (server usage)", f"{res['total_input_tokens']} / {res['total_output_tokens']}")]
-    if res.get("request_goodput") is not None:
-        rows.append(("goodput (req/s)", f"{res['request_goodput']:.2f}"))
-    if pg := res.get("per_gpu"):
-        rows.append((f"tok/s per GPU total / output ({pg['num_gpus']} GPUs)",
-                     f"{pg['tput_per_gpu']:.1f} / {pg['output_tput_per_gpu']:.1f}"))
-    if c := res.get("cost"):
-        rows.append((f"USD per M total tokens / tokens per USD (${c['usd_per_gpu_hour']}/GPU-h)",
-                     f"{c['usd_per_m_total_tokens']:.4g} / {c['total_tokens_per_usd']:,.0f}"))
-    for m, label in (("ttft", "TTFT"), ("tpot", "TPOT"), ("itl", "ITL per chunk (vLLM)"), ("e2el", "E2E latency")):
-        stat_row(f"{label} (ms)", {f"{k}_ms": res[f"{k}_{m}_ms"] for k in ["mean", "median", *(f"p{_pw(p)}" for p in pcts)]})
-    stat_row("ITL per token (ms)", res.get("per_token_itl"))
-    stat_row("TTFA, first answer token (ms)", res.get("ttfa"))
-    stat_row("E2E latency from schedule (ms)", res.get("e2el_from_schedule"))
-    ix = res.get("interactivity") or {}
-    if ix.get("inferencex_1000_over_tpot"):
-        rows.append(("tok/s/user: 1000/median TPOT (InferenceX)", f"{ix['inferencex_1000_over_tpot']['median']:.1f}"))
-    if ix.get("agentx_e2e_normalized"):
-        rows.append(("tok/s/user: 1/P90(E2EL/OSL) (AgentX)", f"{ix['agentx_e2e_normalized']['p90']:.1f}"))
-    if ix.get("aiperf_per_user"):
-        rows.append(("tok/s/user: median 1/TPOT_i (AIPerf)", f"{ix['aiperf_per_user']['median']:.1f}"))
-    if sm := res.get("server_metrics"):
-        if sm.get("prefix_cache_hit_rate") is not None:
-            rows.append(("server prefix cache hit rate", f"{sm['prefix_cache_hit_rate']:.1%}"))
-        if sm.get("spec_decode_acceptance_length") is not None:
-            rows.append(("server spec acceptance rate / length",
-                         f"{sm['spec_decode_acceptance_rate']:.1%} / {sm['spec_decode_acceptance_length']:.2f}"))
-        rows.append(("server preemptions", f"{sm['preemptions']}"))
-    if ag := res.get("agentic"):
-        rows.append(("sessions completed", f"{ag['sessions_completed']} / {ag['sessions_started']}"))
-        if ag["session_latency"]["mean_s"] is not None:
-            rows.append(("session latency mean / p90 (s)",
-                         f"{ag['session_latency']['mean_s']:.2f} / {ag['session_latency']['p90_s']:.2f}"))
-    v = res["validity"]
-    rows.append(("valid", "yes" if v["valid"] else "[red]BENCH-INVALID[/]"))
-    for r in rows:
-        t.add_row(*r)
-    _console().print(t)
-    for w in v.get("warnings", []):
-        _console().print(f"[yellow]warning:[/] {escape(w)}")
-
-
-def _pw(p: float) -> str:
-    return str(int(p)) if int(p) == p else str(p)
+    con = _console()
+    tables, notes = report.bench_tables(res, pcts)
+    for t in tables:
+        con.print(t)
+    for n in notes:
+        con.print(n, soft_wrap=False)  # wrapped at word boundaries: never inside a number
 
 
 # ----------------------------------------------------------------------------- tune
@@ -1116,8 +1073,9 @@ def _print_tune_dry_run(con, r: dict, limit: int = 40) -> None:
     con.print(f"  SLO {parse_slo(spec['slo'])}; objective {spec['objective']}; budget {spec['max_trials']} starts"
               + (f", {spec['time_budget_s']:g} s" if spec.get("time_budget_s") else ""))
     con.print(f"  each measurement: bench {b.get('workload')} {b.get('input_len')} in / {b.get('output_len')} out, "
-              "requests per concurrency " + ", ".join(f"c={c}: {n}" for c, n in r["prompts_per_run"].items()),
-              soft_wrap=True)
+              "requests per concurrency " + ", ".join(f"c={c}: {n}" for c, n in r["prompts_per_run"].items())
+              + ("; fresh prompts every run, after a warm-up of as many requests as the concurrency"
+                 if b.get("warmup") else "; fresh prompts every run"), soft_wrap=True)
     for note in r["pruned"]:
         con.print(f"  pruned before launch: {escape(note)}", soft_wrap=True)
     rejected = [c for c in r["candidates"] if c["status"] != "ok"]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 
+import httpx
+
 import pytest
 
 from m3ctl.bench.prompts import LocalTokenizer
@@ -105,3 +107,190 @@ def test_cli_sweep_warms_each_level_unless_told_not_to(gt, tmp_path):
     p = run_cli(*base, str(tmp_path / "b.json"), "--no-warmup")
     assert p.returncode == 0, p.stderr
     assert [r["num_warmups"] for r in json.loads((tmp_path / "b.json").read_text())["runs"]] == [0, 0]
+
+
+# ---------------------------------------------------------------- asked vs happened
+def test_n14_outputs_shorter_than_requested_are_invalid(gt):
+    """N14: 1-token answers when 32 were asked with ignore_eos (a server that ignores it) were a valid run."""
+    url = gt("--eos-at", "1")
+    for endpoint in ("completions", "chat"):
+        res = run_bench(_cfg(url, endpoint=endpoint, output_len=32))
+        v = res["validity"]
+        assert res["total_output_tokens"] == 8 and v["short_outputs"] == 8 and not v["valid"]
+        assert any("outputs shorter than requested (median 1 of 32 tokens, 8 of 8 responses)" in r
+                   for r in v["reasons"]), v
+    assert run_bench(_cfg(url, output_len=32, ignore_eos=False))["validity"]["valid"]  # EOS allowed: fine
+
+
+def test_input_token_gap_warns_and_realigns_with_tokenize(gt, tok):
+    """A server whose usage counts 18 % more prompt tokens than it was sent: WARN, and the server's own
+    /tokenize (realign) shows the usage, not the client's tokenizer, is off; without /tokenize the cause is
+    unknown (still a warning); a chat run whose gap is only the template does not warn."""
+    res = run_bench(_cfg(gt("--prompt-tokens-scale", "1.18")), tok=tok)
+    assert res["token_counts"]["realigned"]["server_tokenizer_tokens"] == res["client_prompt_tokens"] == 8 * 100
+    assert any("usage counted +18.0% against its own /tokenize" in w for w in res["validity"]["warnings"]), res
+    bare = run_bench(_cfg(gt("--prompt-tokens-scale", "1.18", "--tokenize", "none")), tok=tok)
+    assert any("+18.0%" in w and "no /tokenize" in w for w in bare["validity"]["warnings"]), bare["validity"]
+    chat = run_bench(_cfg(gt(), endpoint="chat"), tok=tok)
+    assert chat["token_counts"]["realigned"]["template_tokens_per_request"] > 0
+    assert not any("input tokens" in w for w in chat["validity"]["warnings"]), chat["validity"]
+
+
+def test_n12_prefix_shorter_than_a_kv_block_warns(gt):
+    """N12: a 10-token shared prefix with 16-token blocks can never hit: the expected hit is 0 (whole blocks)
+    and the run says why; a 40-token prefix (2 blocks cached) hits and does not warn."""
+    url = gt("--prefix-cache-block", "16")
+    kw = {"workload": "prefix-repetition", "num_prefixes": 2, "input_len": 16, "concurrency": 1}
+    res = run_bench(_cfg(url, prefix_len=10, **kw))
+    assert res["workload"]["kv_block_size"] == 16 and res["workload"]["prefix_cache_expected_hit"] == 0
+    assert any("shorter than one KV-cache block of the server (16 tokens)" in w for w in res["validity"]["warnings"])
+    ok = run_bench(_cfg(url, prefix_len=40, **kw))
+    assert not any("KV-cache block" in w for w in ok["validity"]["warnings"]) and ok["validity"]["valid"]
+    assert ok["server_metrics"]["prefix_cache_hit_rate"] > 0
+
+
+def test_n16_speculative_acceptance_collapse_warns(gt):
+    """N16: per-position acceptance 30 %, 9 %, 4 %, 2 %, 1 % (mean acceptance length ~1.46 with 5 tokens)."""
+    bad = run_bench(_cfg(gt("--spec-accept", "0.3,0.09,0.04,0.02,0.01")))
+    sm = bad["server_metrics"]
+    assert sm["spec_decode_acceptance_per_position"] == pytest.approx([0.3, 0.09, 0.04, 0.02, 0.01])
+    assert bad["validity"]["spec_decode_collapsed"]
+    assert any("acceptance collapses after position 0 (per position 30%, 9%, 4%, 2%, 1%" in w
+               for w in bad["validity"]["warnings"]), bad["validity"]
+    good = run_bench(_cfg(gt("--spec-accept", "0.8,0.65,0.5")))
+    assert not good["validity"]["spec_decode_collapsed"] and good["validity"]["warnings"] == []
+
+
+def test_n05_reasoning_left_in_content_makes_ttfa_invalid(gt, tiny_models):
+    """N05: the parser leaves <think>...</think> in content: the first 'answer' token is a thinking token."""
+    url = gt("--reasoning", "content", "--reasoning-tokens", "5")
+    res = run_bench(_cfg(url, endpoint="chat", output_len=12))
+    v = res["validity"]
+    assert v["reasoning_in_content_responses"] == 8 and v["ttfa_valid"] is False
+    assert any("TTFA is not reported" in w for w in v["warnings"])
+    clean = run_bench(_cfg(gt("--reasoning", "stream", "--reasoning-tokens", "5"), endpoint="chat", output_len=12))
+    assert clean["validity"]["ttfa_valid"] and clean["validity"]["reasoning_in_content_responses"] == 0
+    p = run_cli("bench", "--url", url, "--model", "groundtruth", "--endpoint", "chat", "--num-prompts", "2",
+                "--input-len", "8", "--output-len", "12")
+    ttfa = next(line for line in p.stdout.splitlines() if "TTFA" in line)
+    assert "n/a" in ttfa and not any(ch.isdigit() for ch in ttfa), p.stdout
+
+
+def test_stalled_server_ends_the_run_with_partial_results(gt, tmp_path):
+    """A server that stops sending tokens mid-run (connections open): the run ends once no token arrived for
+    the stall window (here its 0.5 s floor; the observed ITL is 1 ms), as `stalled`, with what finished."""
+    import time
+
+    url = gt("--stall-after", "50")
+    t0 = time.monotonic()
+    res = run_bench(_cfg(url, output_len=20, num_prompts=8, concurrency=2, stall_floor_s=0.5))
+    assert time.monotonic() - t0 < 20
+    st = res["stalled"]
+    assert res["completed"] == 2 and st["in_flight"] == 2 and res["not_sent"] == 4 and 0.5 <= st["window_s"] < 2
+    assert not res["validity"]["valid"] and any(r.startswith("stalled: no token") for r in res["validity"]["reasons"])
+    out = tmp_path / "s.json"
+    p = run_cli("bench", "--url", url, "--model", "groundtruth", "--num-prompts", "4", "--concurrency", "2",
+                "--input-len", "8", "--output-len", "20", "--stall-floor", "0.5", "--output-json", str(out))
+    assert p.returncode == 4 and "stalled" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert json.loads(out.read_text())["stalled"]["in_flight"] == 2
+    # zero successes: latencies print n/a, not 0.00 ms
+    ttft = next(line for line in p.stdout.splitlines() if "TTFT" in line)
+    assert ttft.count("n/a") == 4 and "0.00" not in ttft, p.stdout
+
+
+# ---------------------------------------------------------------- any OpenAI-compatible endpoint
+def test_plain_openai_server_without_tokenize_endpoints(gt, tiny_models, tmp_path):
+    """/tokenize and /detokenize are vLLM extensions: a plain server has neither. bench builds the prompts with
+    --tokenizer (or a local model directory), and without one says so in one line (exit 2)."""
+    url = gt("--tokenize", "none")
+    assert httpx.post(f"{url}/tokenize", json={"prompt": "x"}).status_code == 404
+    out = tmp_path / "r.json"
+    p = run_cli("bench", "--url", url, "--model", "groundtruth", "--num-prompts", "4", "--concurrency", "2",
+                "--input-len", "50", "--output-len", "4", "--tokenizer", str(tiny_models["m2"]),
+                "--output-json", str(out))
+    assert p.returncode == 0, p.stderr
+    res = json.loads(out.read_text())
+    assert res["validity"]["valid"] and res["total_input_tokens"] == res["client_prompt_tokens"] == 4 * 50
+    lib = run_bench(_cfg(url, model_dir=str(tiny_models["m2"]), num_prompts=2))  # e.g. a deployment's model dir
+    assert lib["tokenizer_id"] == str(tiny_models["m2"]) and lib["validity"]["valid"]
+    p = run_cli("bench", "--url", url, "--model", "groundtruth", "--num-prompts", "2")
+    assert p.returncode == 2 and "has no /tokenize endpoint" in p.stderr and "--tokenizer" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and "internal error" not in p.stderr
+
+
+def test_server_with_tokenize_but_no_detokenize(gt):
+    """Before: 'internal error: HTTPStatusError 404'. Now the server's /tokenize alone builds the prompts
+    (encode-only bisection on characters), and the server's usage agrees with the client's counts."""
+    url = gt("--tokenize", "tokenize")
+    assert httpx.post(f"{url}/detokenize", json={"tokens": [1]}).status_code == 404
+    res = run_bench(_cfg(url, input_len=60, num_prompts=6, per_request=True))
+    assert res["validity"]["valid"], res["validity"]
+    assert res["input_token_count_mismatches"] == 0
+    assert all(58 <= q["prompt_len"] <= 60 for q in res["requests"]), [q["prompt_len"] for q in res["requests"]]
+
+
+def test_wrong_model_names_the_served_models(gt):
+    """Before: a wrong --model was reported as 'has no /tokenize endpoint'."""
+    url = gt("--check-model")
+    p = run_cli("bench", "--url", url, "--model", "MiniMax-M3", "--num-prompts", "2")
+    assert p.returncode == 2, p.stderr
+    assert "does not serve model 'MiniMax-M3'; it serves: groundtruth" in p.stderr and "--model groundtruth" in p.stderr
+
+
+@pytest.mark.parametrize("eol", ["crlf", "cr"])
+def test_sse_crlf_and_cr_framing(gt, eol):
+    """The SSE spec allows CRLF, LF and CR line ends; a CRLF-framed stream counted as failed requests."""
+    res = run_bench(_cfg(gt("--sse-eol", eol), output_len=12, num_prompts=4))
+    assert res["completed"] == 4 and res["failed"] == 0 and res["total_output_tokens"] == 4 * 12
+    assert res["median_itl_ms"] > 0 and res["validity"]["valid"], res["validity"]
+
+
+def test_sse_crlf_split_between_reads():
+    """A CRLF pair split across two network reads is one line end, not an event end plus an empty line."""
+    from m3ctl.bench.client import RequestOutput, _Stream
+
+    out = RequestOutput()
+    s = _Stream(out, False, True, 0.0)
+    ev = (b'data: {"choices":[{"text":"a"}],\r\ndata: "usage":{"completion_tokens":1,"prompt_tokens":3}}\r\n\r\n'
+          b"data: [DONE]\r\n\r\n")
+    cut = ev.index(b"\r\n") + 1
+    s.feed(1.0, ev[:cut])
+    s.feed(2.0, ev[cut:])
+    s.finish()
+    assert out.success and out.output_tokens == 1 and out.generated_text == "a", out
+
+
+# ---------------------------------------------------------------- output at 80 columns
+def _render(res: dict, pcts=(50.0, 90.0, 99.0)) -> str:
+    from rich.console import Console
+
+    from m3ctl.bench.report import bench_tables
+
+    con = Console(width=80, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    tables, notes = bench_tables(res, list(pcts))
+    for t in tables:
+        con.print(t)
+    for n in notes:
+        con.print(n, soft_wrap=False)
+    return con.export_text()
+
+
+def test_bench_tables_fit_80_columns_without_splitting_numbers(gt):
+    closed = run_bench(_cfg(gt(), output_len=12, num_prompts=6, usd_per_gpu_hour=2.5, num_gpus=8,
+                            goodput_slo_ms={"ttft": 1000}))
+    text = _render(closed)
+    lines = text.splitlines()
+    assert max(len(x) for x in lines) <= 80
+    for key in ("mean_ttft_ms", "p50_ttft_ms", "p99_tpot_ms", "p90_itl_ms", "p99_e2el_ms"):
+        assert f"{closed[key]:.2f}" in text, key  # every number whole, on one line
+    assert f"{closed['total_token_throughput']:.1f}" in text
+    header = next(x for x in lines if "p50" in x)
+    assert "median" not in header  # p50 is the median: one column, not two rows of the same number
+    assert "ITL per token" not in text and "from schedule" not in text  # 1-token chunks; closed loop
+    assert "median" in _render(closed, pcts=(90.0, 99.0))  # without p50 the median is shown
+    multi = run_bench(_cfg(gt("--tokens-per-chunk", "4"), output_len=12, num_prompts=4))
+    assert "ITL per token" in _render(multi) and "ITL per chunk (vLLM)" in _render(multi)
+    opened = run_bench(_cfg(gt(), output_len=4, num_prompts=6, concurrency=None, request_rate=50.0))
+    text = _render(opened)
+    assert "E2E latency from schedule *" in text and "coordinated omission" in text
+    assert max(len(x) for x in text.splitlines()) <= 80

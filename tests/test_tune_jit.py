@@ -33,7 +33,7 @@ def test_jit_events_on_the_real_h200_log():
 
 @pytest.fixture()
 def gt_url(tiny_models):
-    p, url = start_groundtruth()
+    p, url = start_groundtruth("--tokenizer", str(tiny_models["m2"]))  # usage counts the prompts really sent
     yield url
     p.terminate()
     p.wait(timeout=10)
@@ -143,8 +143,8 @@ def test_jit_repeat_and_each_level_use_fresh_prompts_and_warm_up(tiny_models, tm
         res = sess.measure(4, 1.0)
         spoiled = json.loads((tmp_path / "bench-c4-x1-jit0.json").read_text())
         assert res["tune"]["jit_reruns"] == 1 and spoiled["tune"]["jit_events"] == ["fused_moe_kernel"]
-        assert spoiled["workload"]["prompt_salt"] != res["workload"]["prompt_salt"]
         assert res["server_metrics"]["prefix_cache_hit_rate"] == 0.0 and res["validity"]["valid"], res["validity"]
+        assert spoiled["workload"]["prompt_salt"] != res["workload"]["prompt_salt"]
         assert res["num_warmups"] == 4
         lower = sess.measure(2, 1.0)  # the next rung of the bisection, same server
         assert lower["server_metrics"]["prefix_cache_hit_rate"] == 0.0 and lower["num_warmups"] == 2

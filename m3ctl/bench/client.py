@@ -20,6 +20,15 @@ m3ctl additions (new fields, never a changed meaning):
   to the first *answer* (``content``) token; ``reasoning_tokens`` comes from
   ``usage.completion_tokens_details.reasoning_tokens``.
 
+- ``think_in_content``: a chat answer (``delta.content``) that starts with ``<think>`` or carries
+  ``</think>``: the reasoning parser left the reasoning in the answer (shared/cases/field-failures-2.md N05),
+  so ``ttfa`` timed the first *thinking* token.
+- SSE framing: events end at a blank line, and lines end with LF, CRLF or CR (the WHATWG
+  server-sent-events spec, https://html.spec.whatwg.org/multipage/server-sent-events.html#parsing-an-event-stream);
+  all three are accepted, also when a CRLF pair is split across network reads.
+- :data:`PROGRESS`: when this process last received a token chunk, and the largest chunk gap and TTFT
+  seen, for the runner's stalled-server watchdog.
+
 Efficiency: one ``perf_counter`` per network read (events in one read arrived together),
 one split per read, ``orjson`` when installed, pre-serialised request bodies.
 """
@@ -88,6 +97,8 @@ class RequestOutput:
     client_prompt_len: int = 0
     session: int = -1  # agentic session id, -1 otherwise
     turn: int = 0
+    output_len_requested: int = 0  # max_tokens asked for
+    think_in_content: bool = False  # chat: reasoning tags in the answer (N05)
 
     @property
     def end_time(self) -> float:
@@ -117,11 +128,26 @@ def build_body(model: str, endpoint: str, req: BenchRequest, *, ignore_eos: bool
 _HDR = {"Content-Type": "application/json"}
 
 
+class Progress:
+    """Token arrivals of this process (perf_counter s): ``last`` chunk, largest chunk gap and TTFT seen."""
+
+    __slots__ = ("last", "max_gap", "max_ttft")
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.last, self.max_gap, self.max_ttft = 0.0, 0.0, 0.0
+
+
+PROGRESS = Progress()
+
+
 class _Stream:
     """SSE state of one response: ``feed(ts, raw)`` per network read, ``finish()`` at the end."""
 
-    __slots__ = ("buf", "chat", "cont_ok", "done", "final_usage", "first", "keep_text", "last", "out", "prev_ct", "st",
-                 "text_parts")
+    __slots__ = ("buf", "chat", "cont_ok", "done", "final_usage", "first", "keep_text", "last", "out", "prev_ct",
+                 "skip_lf", "st", "text_parts")
 
     def __init__(self, out: RequestOutput, chat: bool, keep_text: bool, st: float):
         self.out, self.chat, self.keep_text, self.st, self.last = out, chat, keep_text, st, st
@@ -131,9 +157,17 @@ class _Stream:
         self.first = self.done = False
         self.final_usage = None
         self.buf = b""
+        self.skip_lf = False  # the last read ended in CR: an LF opening the next one completes that CRLF
 
     def feed(self, ts: float, raw: bytes) -> None:
+        if self.skip_lf:
+            self.skip_lf = False
+            if raw[:1] == b"\n":
+                raw = raw[1:]
         buf = self.buf + raw if self.buf else raw
+        if b"\r" in buf:  # CRLF or CR line ends: normalise to LF (the buffer kept holds no CR)
+            self.skip_lf = buf[-1:] == b"\r"
+            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         if b"\n\n" not in buf:
             self.buf = buf
             return
@@ -142,12 +176,13 @@ class _Stream:
         out = self.out
         # state in locals for the loop (a read can hold many events), written back once below
         first, last, prev_ct, cont_ok, chat = self.first, self.last, self.prev_ct, self.cont_ok, self.chat
+        got = False
         for ev in events:
-            if ev[:6] == b"data: ":
+            if ev[:6] == b"data: " and b"\n" not in ev:
                 data = ev[6:]
-            else:  # comments (":" pings), CRLF or multi-line events
+            else:  # comments (":" pings), multi-line events
                 data = b""
-                for line in ev.replace(b"\r", b"").split(b"\n"):
+                for line in ev.split(b"\n"):
                     if line.startswith(b"data:"):
                         data += line[5:].strip()
                 if not data:
@@ -159,11 +194,16 @@ class _Stream:
             usage = msg.get("usage")
             choices = msg.get("choices")
             if choices:
+                got = True
                 if first:
                     out.itl.append(ts - last)
+                    if ts - last > PROGRESS.max_gap:
+                        PROGRESS.max_gap = ts - last
                 else:
                     first = True
                     out.ttft = ts - self.st
+                    if out.ttft > PROGRESS.max_ttft:
+                        PROGRESS.max_ttft = out.ttft
                 last = ts
                 c0 = choices[0]
                 if chat:
@@ -177,6 +217,9 @@ class _Stream:
                 else:
                     content = c0.get("text")
                 if content:
+                    if chat and ((out.ttfa is None and content.lstrip().startswith("<think>"))
+                                 or "</think>" in content):
+                        out.think_in_content = True
                     if out.ttfa is None:
                         out.ttfa = ts - self.st
                     if self.keep_text:
@@ -191,6 +234,8 @@ class _Stream:
                     cont_ok = False
             elif usage:
                 self.final_usage = usage
+        if got:
+            PROGRESS.last = ts
         self.first, self.last, self.prev_ct, self.cont_ok = first, last, prev_ct, cont_ok
 
     def finish(self) -> RequestOutput:
@@ -246,7 +291,8 @@ async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, 
     Returns:
         A :class:`RequestOutput`; failures are recorded in it (``success=False``), never raised.
     """
-    out = RequestOutput(prompt_len=req.prompt_len, client_prompt_len=req.prompt_len, scheduled_time=scheduled_time)
+    out = RequestOutput(prompt_len=req.prompt_len, client_prompt_len=req.prompt_len, scheduled_time=scheduled_time,
+                        output_len_requested=req.output_len)
     chat = endpoint == "chat"
     path = "/v1/chat/completions" if chat else "/v1/completions"
     if body is None:

@@ -37,6 +37,17 @@ served from cache) with its ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_
 in ``GET /metrics`` (served when ``metrics`` is on, also ``vllm:prompt_tokens_total``,
 ``vllm:generation_tokens_total`` and ``vllm:request_success_total``).
 
+Misbehaviours, one option each, for the bench validity checks (shared/cases/field-failures-2.md):
+``eos_at`` ends every answer after that many tokens with ``finish_reason: stop`` whatever ``ignore_eos``
+says (N14); ``prompt_tokens_scale`` inflates ``usage.prompt_tokens`` (a usage that does not count what was
+sent); ``spec_accept`` (per-position acceptance rates) exposes vLLM's speculative-decoding counters, one
+draft of ``len(spec_accept)`` tokens per chunk (N16); ``reasoning=content`` streams the reasoning inside
+``content`` between ``<think>`` tags (a parser that does not separate it, N05); ``stall_after`` stops writing
+any chunk once that many were written in all, keeping the connections open (a stalled engine);
+``sse_eol`` frames events with LF, CRLF or CR line ends; ``tokenize`` serves both vLLM tokenizer
+endpoints, ``tokenize`` only, or none (a plain OpenAI-compatible server); ``check_model`` answers 404 with
+vLLM's error body for another model name.
+
 HTTP/1.1 subset: keep-alive, ``Content-Length`` request bodies, chunked responses; enough for
 aiohttp, httpx, m3ctl's fast client and ``vllm bench serve``.
 
@@ -73,10 +84,21 @@ class GTConfig:
     tokenizer: str | None = None
     prefix_cache_block: int = 0
     metrics: bool = False
+    eos_at: int = 0
+    prompt_tokens_scale: float = 1.0
+    spec_accept: tuple[float, ...] = ()
+    stall_after: int = 0
+    sse_eol: str = "lf"  # lf | crlf | cr
+    tokenize: str = "both"  # both | tokenize | none (with a tokenizer)
+    check_model: bool = False
+
+
+_EOL = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
+_eol = b"\n"  # set by serve() from GTConfig.sse_eol
 
 
 def _sse(obj: dict) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
+    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + _eol + _eol
 
 
 def _chunk(data: bytes) -> bytes:
@@ -103,6 +125,9 @@ class _Stream:
         self.conn, self.cfg, self.n, self.chat, self.cont, self.want_usage, self.rec = (
             conn, cfg, n, chat, cont, want_usage, rec)
         self.pt = cfg.prompt_tokens if prompt_tokens is None else prompt_tokens
+        if cfg.eos_at:
+            n = min(n, cfg.eos_at)
+            self.n = n
         self.r = min(cfg.reasoning_tokens, n)
         self.k = max(1, cfg.tokens_per_chunk)
         self.sent = 0
@@ -120,18 +145,21 @@ class _Stream:
         """The next chunk (SSE event bytes, stamped ``ts``) and whether the stream is then complete."""
         cfg, n = self.cfg, self.n
         take = min(self.k, n - self.sent)
-        in_reasoning = self.chat and self.sent < self.r and cfg.reasoning == "stream"
+        in_reasoning = self.chat and self.sent < self.r and cfg.reasoning in ("stream", "content")
         if in_reasoning:
             take = min(take, self.r - self.sent)
         text = " tok" * take
+        if in_reasoning and cfg.reasoning == "content":  # the parser left the reasoning in the answer
+            in_reasoning = False
+            text = ("<think>" if self.sent == 0 else "") + text + ("</think>" if self.sent + take == self.r else "")
         self.sent += take
         if self.chat:
             delta = {"reasoning_content": text} if in_reasoning else {"content": text}
             if self.j == 0:
                 delta["role"] = "assistant"
-            choice = {"index": 0, "delta": delta, "finish_reason": "length" if self.sent >= n else None}
+            choice = {"index": 0, "delta": delta, "finish_reason": self._finish()}
         else:
-            choice = {"index": 0, "text": text, "finish_reason": "length" if self.sent >= n else None}
+            choice = {"index": 0, "text": text, "finish_reason": self._finish()}
         obj = {"object": "chat.completion.chunk" if self.chat else "text_completion", "model": MODEL,
                "choices": [choice], "gt_ts": ts}
         if self.cont:
@@ -147,6 +175,11 @@ class _Stream:
             out += self.tail()
         return out, done
 
+    def _finish(self) -> str | None:
+        if self.sent < self.n:
+            return None
+        return "stop" if self.cfg.eos_at and self.n >= self.cfg.eos_at else "length"
+
     def tail(self) -> bytes:
         out = b""
         if self.conn is not None:
@@ -156,7 +189,7 @@ class _Stream:
             if self.r:
                 usage["completion_tokens_details"] = {"reasoning_tokens": self.r}
             out += _sse({"object": "chunk", "model": MODEL, "choices": [], "usage": usage})
-        return out + b"data: [DONE]\n\n"
+        return out + b"data: [DONE]" + _eol + _eol
 
 
 class _Server:
@@ -179,6 +212,11 @@ class _Server:
         self.blocks: set[int] = set()  # hashes of cached full blocks (prefix_cache_block > 0)
         self.counters = {"prefix_cache_queries_total": 0, "prefix_cache_hits_total": 0, "prompt_tokens_total": 0,
                          "generation_tokens_total": 0, "request_success_total": 0}
+        if cfg.spec_accept:
+            self.counters.update(spec_decode_num_drafts_total=0, spec_decode_num_draft_tokens_total=0,
+                                 spec_decode_num_accepted_tokens_total=0.0)
+        self.accepted_pos = [0.0] * len(cfg.spec_accept)
+        self.chunks_written = 0
 
     def prompt_ids(self, req: dict, chat: bool) -> list[int] | None:
         """The prompt's token ids (None without a tokenizer); chat messages in the module's small template."""
@@ -213,11 +251,26 @@ class _Server:
         self.blocks.update(hashes)
 
     def finished(self, s: _Stream) -> None:
-        self.counters["generation_tokens_total"] += s.n
-        self.counters["request_success_total"] += 1
+        c = self.counters
+        c["generation_tokens_total"] += s.n
+        c["request_success_total"] += 1
+        if self.cfg.spec_accept:  # one draft per chunk, accepted at each position with the configured rate
+            k = len(self.cfg.spec_accept)
+            c["spec_decode_num_drafts_total"] += s.j
+            c["spec_decode_num_draft_tokens_total"] += s.j * k
+            for i, r in enumerate(self.cfg.spec_accept):
+                self.accepted_pos[i] += r * s.j
+                c["spec_decode_num_accepted_tokens_total"] += r * s.j
 
     def metrics_text(self) -> str:
-        return "".join(f'vllm:{k}{{model_name="{MODEL}"}} {v}\n' for k, v in self.counters.items())
+        lab = f'model_name="{MODEL}",engine="0"'
+        out = [f"vllm:{k}{{{lab}}} {v}\n" for k, v in self.counters.items()]
+        out += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {v}\n'
+                for i, v in enumerate(self.accepted_pos)]
+        if self.cfg.prefix_cache_block:
+            out.append(f'vllm:cache_config_info{{block_size="{self.cfg.prefix_cache_block}",'
+                       f'enable_prefix_caching="True",engine="0"}} 1.0\n')
+        return "".join(out)
 
     def add(self, s: _Stream) -> None:
         heapq.heappush(self.heap, (s.due(), next(self.seq), s))
@@ -243,6 +296,8 @@ class _Server:
         now = time.perf_counter()
         budget = _CHUNKS_PER_TURN
         while heap and heap[0][0] <= now:
+            if self.cfg.stall_after and self.chunks_written >= self.cfg.stall_after:
+                return  # stalled: nothing is written any more, the connections stay open
             if not budget:  # let the loop poll sockets between writes: arrivals are stamped without waiting
                 self.spinning = True
                 self.loop.call_soon(self._tick)
@@ -252,6 +307,7 @@ class _Server:
             if s.conn.transport is None or s.conn.transport.is_closing():
                 continue  # the client went away: drop the stream
             ts = time.perf_counter()
+            self.chunks_written += 1
             data, done = s.render(ts)
             if done:
                 s.conn.transport.write(_chunk(data) + b"0\r\n\r\n")
@@ -341,11 +397,17 @@ class _Conn(asyncio.Protocol):
             body = srv.metrics_text().encode()
             return self._send(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
                               b"Connection: keep-alive\r\n\r\n%s" % (len(body), body))
-        if method == "POST" and path in ("/tokenize", "/detokenize") and srv.tok is not None:
+        served = {"both": ("/tokenize", "/detokenize"), "tokenize": ("/tokenize",)}.get(srv.cfg.tokenize, ())
+        if method == "POST" and path in served and srv.tok is not None:
             try:
                 req = json.loads(body)
+                if srv.cfg.check_model and req.get("model") != MODEL:
+                    return self._send(_no_model(req.get("model")))
                 if path == "/tokenize":
-                    ids = srv.tok.encode(req["prompt"], add_special_tokens=bool(req.get("add_special_tokens"))).ids
+                    if "messages" in req:
+                        ids = srv.prompt_ids(req, True)
+                    else:
+                        ids = srv.tok.encode(req["prompt"], add_special_tokens=bool(req.get("add_special_tokens"))).ids
                     return self._send(_json_response({"count": len(ids), "max_model_len": 4096, "tokens": ids}))
                 return self._send(_json_response({"prompt": srv.tok.decode(req["tokens"], skip_special_tokens=False)}))
             except (ValueError, KeyError, TypeError) as e:
@@ -357,6 +419,8 @@ class _Conn(asyncio.Protocol):
         except ValueError:
             return self._send(_json_response({"error": "bad json"}, "400 Bad Request"))
         cfg = srv.cfg
+        if cfg.check_model and req.get("model") != MODEL:
+            return self._send(_no_model(req.get("model")))
         chat = path.endswith("/chat/completions")
         n = int(req.get("max_completion_tokens") or req.get("max_tokens") or 16)
         opts = req.get("stream_options") or {}
@@ -364,6 +428,7 @@ class _Conn(asyncio.Protocol):
         cont = bool(cfg.usage and opts.get("continuous_usage_stats"))
         ids = srv.prompt_ids(req, chat)
         srv.admit(ids)
+        ptoks = None if ids is None else round(len(ids) * cfg.prompt_tokens_scale)
         if cfg.ttft_ms == 0 and cfg.itl_ms == 0 and ids is None:  # as fast as it can go: a pre-rendered stream
             key = (n, chat, want_usage, cont)
             if key not in srv.cache:
@@ -378,11 +443,17 @@ class _Conn(asyncio.Protocol):
         srv.records.append(rec)
         self.busy = True
         self.transport.write(_SSE_HEAD)
-        s = _Stream(self, cfg, n, chat, cont, want_usage, t_arrive, rec, None if ids is None else len(ids))
+        s = _Stream(self, cfg, n, chat, cont, want_usage, t_arrive, rec, ptoks)
         if s.sent >= n:  # every token hidden: no chunk at all, only usage and [DONE]
             self.transport.write(_chunk(s.tail()) + b"0\r\n\r\n")
             return self.response_done()
         srv.add(s)
+
+
+def _no_model(name) -> bytes:
+    """vLLM's answer to an unknown model name (vllm/entrypoints/openai/serving_engine.py ``_check_model``)."""
+    return _json_response({"error": {"message": f"The model `{name}` does not exist.", "type": "NotFoundError",
+                                     "param": "model", "code": 404}}, "404 Not Found")
 
 
 async def _serve_forever(port: int, cfg: GTConfig, host: str) -> None:
@@ -406,6 +477,8 @@ def cpu_stall_s() -> float | None:
 
 def serve(port: int, cfg: GTConfig, host: str = "127.0.0.1") -> None:
     """Serve until killed (uvloop when installed)."""
+    global _eol
+    _eol = _EOL[cfg.sse_eol]
     try:
         import uvloop  # noqa: PLC0415
 
@@ -427,16 +500,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokens-per-chunk", type=int, default=1)
     ap.add_argument("--prompt-tokens", type=int, default=32)
     ap.add_argument("--reasoning-tokens", type=int, default=0)
-    ap.add_argument("--reasoning", choices=["stream", "hidden"], default="stream")
+    ap.add_argument("--reasoning", choices=["stream", "hidden", "content"], default="stream")
     ap.add_argument("--no-usage", action="store_true")
     ap.add_argument("--tokenizer", help="model dir with tokenizer.json: real prompt counts, /tokenize, /detokenize")
     ap.add_argument("--prefix-cache-block", type=int, default=0, help="block size of a fake prefix cache (0: none)")
     ap.add_argument("--metrics", action="store_true", help="serve vLLM-style GET /metrics")
+    ap.add_argument("--eos-at", type=int, default=0, help="end every answer after N tokens (ignores ignore_eos)")
+    ap.add_argument("--prompt-tokens-scale", type=float, default=1.0, help="inflate usage.prompt_tokens")
+    ap.add_argument("--spec-accept", default="", help="per-position acceptance rates, e.g. 0.3,0.09,0.04")
+    ap.add_argument("--stall-after", type=int, default=0, help="stop writing after N chunks in all")
+    ap.add_argument("--sse-eol", choices=list(_EOL), default="lf")
+    ap.add_argument("--tokenize", choices=["both", "tokenize", "none"], default="both")
+    ap.add_argument("--check-model", action="store_true", help="404 for another model name, as vLLM")
     a = ap.parse_args(argv)
     serve(a.port, GTConfig(ttft_ms=a.ttft_ms, itl_ms=a.itl_ms, tokens_per_chunk=a.tokens_per_chunk,
                            prompt_tokens=a.prompt_tokens, reasoning_tokens=a.reasoning_tokens, reasoning=a.reasoning,
                            usage=not a.no_usage, tokenizer=a.tokenizer, prefix_cache_block=a.prefix_cache_block,
-                           metrics=a.metrics or a.prefix_cache_block > 0))
+                           metrics=a.metrics or a.prefix_cache_block > 0 or bool(a.spec_accept), eos_at=a.eos_at,
+                           prompt_tokens_scale=a.prompt_tokens_scale,
+                           spec_accept=tuple(float(x) for x in a.spec_accept.split(",") if x),
+                           stall_after=a.stall_after, sse_eol=a.sse_eol, tokenize=a.tokenize,
+                           check_model=a.check_model))
 
 
 if __name__ == "__main__":

@@ -227,6 +227,15 @@ def token_peak(outputs: Sequence[RequestOutput]) -> float | None:
     return float(toks.max())
 
 
+def _multi_token_chunks(ok: Sequence[RequestOutput]) -> bool:
+    """Whether any chunk after a request's first carried several tokens (speculative decoding, ``--stream-interval``):
+    only then does ITL per token differ from ITL per chunk. Without per-chunk counts: more tokens than chunks."""
+    known = [o for o in ok if o.chunk_tokens]
+    if known:
+        return any(k > 1 for o in known for k in o.chunk_tokens[1:])
+    return sum(o.output_tokens or 0 for o in ok) > sum(1 + len(o.itl) for o in ok)
+
+
 def extended(outputs: Sequence[RequestOutput], percentiles: Sequence[float]) -> dict:
     """m3ctl's extra latency metrics: per-token ITL, from-schedule latencies, TTFA, interactivity."""
     ok = [o for o in outputs if o.success]
@@ -237,7 +246,8 @@ def extended(outputs: Sequence[RequestOutput], percentiles: Sequence[float]) -> 
         if not o.success:
             kinds[o.error_kind or "other"] = kinds.get(o.error_kind or "other", 0) + 1
     return {
-        "per_token_itl": {**_pct_block(samples, percentiles), "source": src, "samples": int(len(samples))},
+        "per_token_itl": {**_pct_block(samples, percentiles), "source": src, "samples": int(len(samples)),
+                          "multi_token_chunks": _multi_token_chunks(ok)},
         # AIPerf's effective latency: from when the load model scheduled the request (credit issued), so
         # time spent queued inside the client counts (coordinated omission).
         "e2el_from_schedule": _pct_block([o.end_time - o.scheduled_time for o in ok], percentiles),

@@ -3,8 +3,16 @@
 Text is built from seeded random words, then trimmed or extended token by token
 against a tokenizer until re-encoding gives exactly the target length (BPE merges can
 change counts at a cut; a few rounds fix it). The tokenizer is the server's own
-(``POST /tokenize`` / ``/detokenize``, vLLM) when available, else the model's local
-``tokenizer.json``.
+(``POST /tokenize`` / ``/detokenize``) when available, else the model's local
+``tokenizer.json``. A server with ``/tokenize`` but no ``/detokenize`` (or a tokenizer without
+``decode``) is used encode-only: the text is cut by bisection on its characters until it encodes
+to the target length (:func:`exact_prompt`).
+
+``/tokenize`` and ``/detokenize`` are server extensions, not OpenAI API: :class:`ServerTokenizer` speaks
+vLLM's (and SGLang's) ``{"prompt"}`` -> ``{"tokens", "count"}`` / ``{"tokens"}`` -> ``{"prompt"}``
+(vllm/entrypoints/serve/tokenize), llama.cpp's ``{"content"}`` -> ``{"tokens"}`` / ``{"tokens"}`` ->
+``{"content"}`` (tools/server/README.md) and TGI's ``{"inputs"}`` -> ``[{"id", "text"}, ...]`` (no
+detokenize; https://huggingface.github.io/text-generation-inference/ ``/tokenize``).
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ _WORDS = ("time person year way day thing man world life hand part child eye wom
 
 
 class Tokenizer(Protocol):
+    """``encode`` text to ids; ``decode`` ids to text (absent or ``can_decode`` False: encode-only)."""
+
     def encode(self, text: str) -> list[int]: ...
     def decode(self, ids: list[int]) -> str: ...
 
@@ -49,30 +59,85 @@ class LocalTokenizer:
         return self._tok.decode(ids, skip_special_tokens=False)
 
 
+#: /tokenize request bodies per server dialect (module docstring); the first that answers with ids is used.
+_DIALECTS = {
+    "vllm": lambda model, text, special: {"model": model, "prompt": text, "add_special_tokens": special},
+    "llama.cpp": lambda model, text, special: {"content": text, "add_special": special},
+    "tgi": lambda model, text, special: {"inputs": text},
+}
+
+
+def _ids(body) -> list[int] | None:
+    """Token ids from a /tokenize answer of any dialect, None when it holds none."""
+    if isinstance(body, list):  # TGI: [{"id": .., "text": ..}, ...]
+        return [int(t["id"]) for t in body] if all(isinstance(t, dict) and "id" in t for t in body) else None
+    if isinstance(body, dict) and isinstance(body.get("tokens"), list):
+        toks = body["tokens"]  # llama.cpp with_pieces: [{"id": .., "piece": ..}]
+        return [int(t["id"]) if isinstance(t, dict) else int(t) for t in toks]
+    return None
+
+
 class ServerTokenizer:
-    """The server's tokenizer through vLLM's ``/tokenize`` and ``/detokenize`` endpoints."""
+    """The server's tokenizer through its ``/tokenize`` (and ``/detokenize`` when it has one) endpoints.
+
+    :meth:`available` finds the dialect; ``can_decode`` says whether ``/detokenize`` works (else the prompt
+    builder runs encode-only). ``model_error`` holds the server's answer when it rejected the model name.
+    """
 
     def __init__(self, base_url: str, model: str, headers: dict[str, str] | None = None):
         self._c = httpx.Client(base_url=base_url, timeout=30.0, headers=headers or {})
         self.model = model
         self.name = f"{base_url}/tokenize"
+        self.dialect = "vllm"
+        self.can_decode = False
+        self.model_error: str | None = None
 
     def available(self) -> bool:
-        try:
-            r = self._c.post("/tokenize", json={"model": self.model, "prompt": "probe", "add_special_tokens": False})
-            return r.status_code == 200 and "tokens" in r.json()
-        except (httpx.HTTPError, ValueError):
-            return False
+        """Whether ``/tokenize`` answers with ids in a known dialect (sets ``dialect`` and ``can_decode``)."""
+        for dialect, body in _DIALECTS.items():
+            try:
+                r = self._c.post("/tokenize", json=body(self.model, "probe text", False))
+            except httpx.HTTPError:
+                return False
+            if r.status_code == 404 and "does not exist" in r.text:  # vLLM: the model name, not the endpoint
+                self.model_error = r.text[:300]
+                return False
+            try:
+                ids = _ids(r.json()) if r.status_code == 200 else None
+            except ValueError:
+                ids = None
+            if ids:
+                self.dialect = dialect
+                try:
+                    self.can_decode = bool(self.decode(ids))
+                except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                    self.can_decode = False
+                return True
+        return False
 
-    def encode(self, text: str) -> list[int]:
-        r = self._c.post("/tokenize", json={"model": self.model, "prompt": text, "add_special_tokens": False})
+    def encode(self, text: str, special: bool = False) -> list[int]:
+        r = self._c.post("/tokenize", json=_DIALECTS[self.dialect](self.model, text, special))
         r.raise_for_status()
-        return list(r.json()["tokens"])
+        ids = _ids(r.json())
+        if ids is None:
+            raise ValueError(f"unexpected /tokenize answer: {r.text[:200]}")
+        return ids
 
     def decode(self, ids: list[int]) -> str:
-        r = self._c.post("/detokenize", json={"model": self.model, "tokens": ids})
+        body = {"model": self.model, "tokens": ids} if self.dialect == "vllm" else {"tokens": ids}
+        r = self._c.post("/detokenize", json=body)
         r.raise_for_status()
-        return r.json()["prompt"]
+        j = r.json()
+        return j["prompt"] if "prompt" in j else j["content"]
+
+    def count(self, text: str | None = None, messages: list[dict] | None = None, special: bool = False) -> int:
+        """Tokens the server counts for ``text`` (``special``: with its special tokens, as a completions prompt)
+        or for chat ``messages`` rendered with its chat template and generation prompt (vLLM's /tokenize)."""
+        if messages is None:
+            return len(self.encode(text or "", special))
+        r = self._c.post("/tokenize", json={"model": self.model, "messages": messages, "add_generation_prompt": True})
+        r.raise_for_status()
+        return int(r.json()["count"])
 
     def close(self) -> None:
         self._c.close()
@@ -80,6 +145,10 @@ class ServerTokenizer:
 
 def exact_prompt(tok: Tokenizer, length: int, rng: random.Random, max_rounds: int = 8) -> tuple[str, int]:
     """A prompt of ``length`` tokens (or as close as ``max_rounds`` rounds get).
+
+    Encode-only tokenizers (``can_decode`` False): the longest character prefix of the words that encodes to at
+    most ``length`` tokens, by bisection (about log2(characters) encodes), extended by single characters of the
+    next word while it falls short.
 
     Returns:
         ``(text, token_count)`` where ``token_count = len(tok.encode(text))``.
@@ -89,6 +158,17 @@ def exact_prompt(tok: Tokenizer, length: int, rng: random.Random, max_rounds: in
     while len(ids) < length:
         words += [rng.choice(_WORDS) for _ in range(max(8, length - len(ids)))]
         ids = tok.encode(" ".join(words))
+    if not getattr(tok, "can_decode", True):
+        full = " ".join(words)
+        lo, hi = 0, len(full)  # encode(full[:lo]) <= length < encode(full[:hi]) (or hi is all of it)
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if len(tok.encode(full[:mid])) <= length:
+                lo = mid
+            else:
+                hi = mid
+        text = full[:lo]
+        return text, len(tok.encode(text))
     text = tok.decode(ids[:length])
     for _ in range(max_rounds):
         got = tok.encode(text)

@@ -174,3 +174,112 @@ def compare_table(runs: list[dict]) -> list[list[str]]:
         return str(v)
 
     return [[name] + [fmt(get(r)) for r in runs] for name, get in COMPARE_ROWS]
+
+
+def _pw(p: float) -> str:
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def _latency_columns(pcts: list[float]) -> list[tuple[str, str]]:
+    """(header, key stem) of the latency table: mean, median (only when p50 is not asked), the percentiles."""
+    cols = [("mean", "mean")]
+    if 50.0 not in [float(p) for p in pcts]:
+        cols.append(("median", "median"))
+    return cols + [(f"p{_pw(p)}", f"p{_pw(p)}") for p in pcts]
+
+
+def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
+    """A run's result as rich tables readable at 80 columns, and the notes and warnings to print under them.
+
+    Numbers are never wrapped mid-value (numeric columns do not wrap; labels fold). The latency table has one
+    column per statistic, without a median column when p50 is one (they are the same number). Rows shown only
+    where they say something: ITL per token when chunks carried several tokens (else it equals ITL per chunk);
+    E2E latency from schedule for open-loop runs only (a closed loop schedules every request at the start),
+    with a note saying what it is; TTFA for reasoning runs only (else it is TTFT), ``n/a`` when the answers
+    carry the reasoning (N05). With no successful request every latency
+    is ``n/a``, not 0.
+    """
+    from rich.markup import escape  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    done = res.get("completed", 0) > 0
+    wl, v = res.get("workload") or {}, res["validity"]
+    title = (f"m3ctl bench: {res['model_id']} ({res['backend']}, {wl.get('kind')}, concurrency "
+             f"{res['max_concurrency']}, rate {res['request_rate']})")
+    t = Table(title=escape(title))
+    t.add_column("metric", overflow="fold", ratio=1)
+    t.add_column("value", justify="right", no_wrap=True)
+    rows = [("successful requests", f"{res['completed']}"), ("failed requests", f"{res['failed']}"),
+            ("duration (s)", f"{res['duration']:.2f}"),
+            ("request throughput (req/s)", f"{res['request_throughput']:.2f}"),
+            ("output token throughput (tok/s)", f"{res['output_throughput']:.1f}"),
+            ("total token throughput (tok/s)", f"{res['total_token_throughput']:.1f}"),
+            ("input / output tokens (server usage)", f"{res['total_input_tokens']} / {res['total_output_tokens']}")]
+    if res.get("request_goodput") is not None:
+        rows.append(("goodput (req/s)", f"{res['request_goodput']:.2f}"))
+    if pg := res.get("per_gpu"):
+        rows.append((f"tok/s per GPU total / output ({pg['num_gpus']} GPUs)",
+                     f"{pg['tput_per_gpu']:.1f} / {pg['output_tput_per_gpu']:.1f}"))
+    if c := res.get("cost"):
+        rows.append((f"USD per M total tokens / tokens per USD (${c['usd_per_gpu_hour']}/GPU-h)",
+                     f"{c['usd_per_m_total_tokens']:.4g} / {c['total_tokens_per_usd']:,.0f}"))
+    ix = res.get("interactivity") or {}
+    if done and ix.get("inferencex_1000_over_tpot"):
+        rows.append(("tok/s/user: 1000/median TPOT (InferenceX)", f"{ix['inferencex_1000_over_tpot']['median']:.1f}"))
+    if done and ix.get("agentx_e2e_normalized"):
+        rows.append(("tok/s/user: 1/P90(E2EL/OSL) (AgentX)", f"{ix['agentx_e2e_normalized']['p90']:.1f}"))
+    if done and ix.get("aiperf_per_user"):
+        rows.append(("tok/s/user: median 1/TPOT_i (AIPerf)", f"{ix['aiperf_per_user']['median']:.1f}"))
+    if sm := res.get("server_metrics"):
+        if sm.get("prefix_cache_hit_rate") is not None:
+            rows.append(("server prefix cache hit rate", f"{sm['prefix_cache_hit_rate']:.1%}"))
+        if sm.get("spec_decode_acceptance_length") is not None:
+            rows.append(("server spec acceptance rate / length",
+                         f"{sm['spec_decode_acceptance_rate']:.1%} / {sm['spec_decode_acceptance_length']:.2f}"))
+        rows.append(("server preemptions", f"{sm['preemptions']}"))
+    if ag := res.get("agentic"):
+        rows.append(("sessions completed", f"{ag['sessions_completed']} / {ag['sessions_started']}"))
+        if ag["session_latency"]["mean_s"] is not None:
+            rows.append(("session latency mean / p90 (s)",
+                         f"{ag['session_latency']['mean_s']:.2f} / {ag['session_latency']['p90_s']:.2f}"))
+    rows.append(("valid", "yes" if v["valid"] else "[red]BENCH-INVALID[/]"))
+    for r in rows:
+        t.add_row(escape(r[0]), r[1])
+
+    cols = _latency_columns(pcts)
+    lt = Table(title="latency (ms)")
+    lt.add_column("metric", overflow="fold", ratio=1)
+    for head, _ in cols:
+        lt.add_column(head, justify="right", no_wrap=True)
+    notes: list[str] = []
+
+    def row(label: str, block: dict | None) -> None:
+        if not done or block is None or block.get("mean_ms") is None:
+            lt.add_row(label, *["n/a"] * len(cols))
+        else:
+            lt.add_row(label, *(f"{block[f'{stem}_ms']:.2f}" for _, stem in cols))
+
+    def vllm_block(m: str) -> dict:
+        return {f"{stem}_ms": res.get(f"{stem}_{m}_ms") for _, stem in cols} | {"mean_ms": res.get(f"mean_{m}_ms")}
+
+    row("TTFT", vllm_block("ttft"))
+    row("TPOT", vllm_block("tpot"))
+    pt = res.get("per_token_itl") or {}
+    multi = bool(pt.get("multi_token_chunks"))
+    row("ITL per chunk (vLLM)" if multi else "ITL", vllm_block("itl"))
+    if multi:
+        row("ITL per token", pt)
+    row("E2E latency", vllm_block("e2el"))
+    if res.get("ttfa") is not None and (v.get("reasoning_tokens_present") or v.get("ttfa_valid") is False):
+        if v.get("ttfa_valid") is False:
+            lt.add_row("TTFA (first answer token)", *["n/a"] * len(cols))
+            notes.append("TTFA n/a: the answers carry the reasoning (<think>) in content")
+        else:
+            row("TTFA (first answer token)", res["ttfa"])
+    if (res.get("load") or {}).get("mode") in ("open", "open-capped"):
+        row("E2E latency from schedule *", res.get("e2el_from_schedule"))
+        notes.append("* from when the arrival process scheduled the request, so time queued in the client "
+                     "counts (coordinated omission); E2E latency starts at the send")
+    if not done:
+        notes.append("n/a: no request succeeded")
+    return [t, lt], notes + [f"[yellow]warning:[/] {escape(w)}" for w in v.get("warnings", [])]

@@ -15,9 +15,9 @@ each tune repeat sends prompts the server's prefix cache has never seen; the see
 and arrivals. The run's prefix-cache hit rate (``/metrics`` counter deltas, else ``usage`` cached tokens) is
 compared with what its workload means (:func:`prefix_cache_check`): above it, the run is BENCH-INVALID.
 
-Warmup requests run first and are excluded: fresh prompts of the workload's shapes, sent at the run's
-concurrency (``warmup``: as many as the concurrency, one wave at that load, so kernels JIT-compiled for its
-batch sizes are compiled before the measured phase). ``client_procs > 1`` splits the load over worker
+Warmup requests run first and are excluded: fresh prompts of the workload's input lengths with at most
+``WARMUP_OUTPUT_LEN`` output tokens, sent at the run's concurrency (``warmup``: as many as the concurrency,
+one wave at that load, so kernels JIT-compiled for its batch sizes are compiled before the measured phase). ``client_procs > 1`` splits the load over worker
 processes (each its own event loop, uvloop when installed, its own connections); all use the
 same ``perf_counter`` clock (CLOCK_MONOTONIC on Linux), so their records merge exactly.
 """
@@ -42,7 +42,7 @@ from pydantic import BaseModel, Field
 
 from m3ctl import __version__
 from m3ctl.bench import metrics, servermetrics, workloads
-from m3ctl.bench.client import BenchRequest, RequestOutput, build_body, send_request
+from m3ctl.bench.client import PROGRESS, BenchRequest, RequestOutput, build_body, send_request
 from m3ctl.bench.fasthttp import ConnectionPool
 from m3ctl.bench.prompts import LocalTokenizer, ServerTokenizer, Tokenizer
 from m3ctl.errors import EXIT_LAUNCH_FAILED, BadInput, M3Error
@@ -57,6 +57,22 @@ class BenchServerDown(M3Error):
     """
 
     exit_code = EXIT_LAUNCH_FAILED
+
+
+class BenchServerStalled(BenchServerDown):
+    """No token arrived on any in-flight request for the stall window (:func:`stall_window`): the run ended as
+    ``stalled`` with the partial results (exit 4)."""
+
+
+#: Stall window (s) = max(stall_floor_s, STALL_GAP_FACTOR x the largest chunk gap seen, STALL_TTFT_FACTOR x the
+#: largest TTFT seen) in this run (warm-ups included): an order of magnitude above what the server has shown.
+STALL_GAP_FACTOR = 20.0
+STALL_TTFT_FACTOR = 3.0
+
+
+def stall_window(floor_s: float, max_gap_s: float, max_ttft_s: float) -> float:
+    """Seconds without a token on any in-flight request after which the server counts as stalled."""
+    return max(floor_s, STALL_GAP_FACTOR * max_gap_s, STALL_TTFT_FACTOR * max_ttft_s)
 
 
 class BenchConfig(BaseModel):
@@ -92,6 +108,8 @@ class BenchConfig(BaseModel):
     percentiles: list[float] = Field(default_factory=lambda: [50.0, 90.0, 99.0])
     goodput_slo_ms: dict[str, float] | None = None
     tokenizer: str | None = None
+    model_dir: str | None = None
+    """Local model directory of the served model (``--deployment``: the deployment's), a tokenizer fallback."""
     num_gpus: int | None = Field(None, ge=1)
     num_gpus_source: str | None = None
     usd_per_gpu_hour: float | None = Field(None, gt=0)
@@ -101,6 +119,10 @@ class BenchConfig(BaseModel):
     copies it): the measured phase's part is scanned for in-service kernel JIT compiles
     (m3ctl.kernels.jit_events), reported as ``server_jit_compiles`` and a validity warning."""
     request_timeout_s: float = 6 * 3600
+    stall_floor_s: float = Field(30.0, gt=0)
+    """Shortest stall window (s); the window grows with the chunk gaps and TTFTs seen (:func:`stall_window`)."""
+    block_size: int | None = Field(None, ge=1)
+    """KV-cache block size of the server (tokens); None: read from its /metrics (``vllm:cache_config_info``)."""
     # workloads
     workload: str = "random"
     dataset_path: str | None = None
@@ -124,25 +146,62 @@ class BenchConfig(BaseModel):
 
 
 def _tokenizer(cfg: BenchConfig) -> Tokenizer:
+    """The tokenizer that builds exact-length prompts, first found of: ``--tokenizer``; the server's
+    ``/tokenize`` + ``/detokenize``; a local model directory (``model_dir``, or ``model`` when it is one); the
+    server's ``/tokenize`` alone (encode-only). Those endpoints are extensions (vLLM, SGLang, llama.cpp, TGI),
+    so a plain OpenAI-compatible server needs a local tokenizer.
+
+    Raises:
+        BadInput: none of them is available.
+    """
     if cfg.tokenizer:
         return LocalTokenizer(cfg.tokenizer)
     st = ServerTokenizer(cfg.url, cfg.model, _headers(cfg))
-    if st.available():
+    has = st.available()
+    if has and st.can_decode:
         return st
-    if Path(cfg.model).is_dir():
-        return LocalTokenizer(cfg.model)
-    raise BadInput(f"cannot build exact-length prompts: {cfg.url} has no /tokenize endpoint",
-                   "pass --tokenizer DIR (a local model directory with tokenizer.json)")
+    for d in (cfg.model_dir, cfg.model):
+        if d and (Path(d) / "tokenizer.json").is_file():
+            st.close()
+            return LocalTokenizer(d)
+    if has:
+        return st
+    st.close()
+    raise BadInput(f"cannot build exact-length prompts: {cfg.url} has no /tokenize endpoint (a vLLM/SGLang/"
+                   "llama.cpp extension, not OpenAI API) and no local tokenizer was given",
+                   "pass --tokenizer DIR (the served model's directory with tokenizer.json)")
 
 
 def _check_reachable(cfg: BenchConfig) -> None:
+    """The server answers, and serves ``cfg.model``: a name missing from ``/v1/models`` that the server also
+    rejects (vLLM: 404 "does not exist") is bad input naming the served models.
+
+    Raises:
+        BadInput: unreachable, or a model the server does not serve.
+    """
     import httpx  # noqa: PLC0415
 
     try:
-        httpx.get(f"{cfg.url}/v1/models", headers=_headers(cfg), timeout=10.0)
+        r = httpx.get(f"{cfg.url}/v1/models", headers=_headers(cfg), timeout=10.0)
     except httpx.HTTPError as e:
         raise BadInput(f"cannot reach {cfg.url}: {type(e).__name__}",
                        "check --url (and that the server is up: `m3ctl status`)") from None
+    try:
+        ids = [m["id"] for m in r.json()["data"]]
+    except (ValueError, KeyError, TypeError):
+        return  # no model list: the requests will tell
+    if not ids or cfg.model in ids:
+        return
+    path = "/v1/chat/completions" if cfg.endpoint == "chat" else "/v1/completions"
+    body = {"model": cfg.model, "max_tokens": 1, "stream": False}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if cfg.endpoint == "chat" else {"prompt": "hi"})
+    try:
+        probe = httpx.post(f"{cfg.url}{path}", json=body, headers=_headers(cfg), timeout=60.0)
+    except httpx.HTTPError:
+        return
+    if probe.status_code in (400, 404):  # the server rejects the name (others ignore it, e.g. llama.cpp)
+        raise BadInput(f"{cfg.url} does not serve model {cfg.model!r}; it serves: {', '.join(ids)}",
+                       f"pass --model {ids[0]}" if len(ids) == 1 else "pass --model with one of them")
 
 
 def _headers(cfg: BenchConfig) -> dict[str, str]:
@@ -157,6 +216,9 @@ def build_requests(cfg: BenchConfig, tok: Tokenizer, salt: str | None = None) ->
 
 #: Warmup requests per run with ``warmup`` on and no ``concurrency`` (an open loop without a cap).
 OPEN_LOOP_WARMUPS = 8
+#: Output tokens of a warm-up request at most: enough decode steps at the level's batch size to compile its
+#: kernels, without a full-length wave (GPU time).
+WARMUP_OUTPUT_LEN = 32
 
 
 def warmup_count(cfg: BenchConfig) -> int:
@@ -196,6 +258,7 @@ class ClientStats:
     sessions: list[dict] = field(default_factory=list)
     interrupted: bool = False
     server_down: bool = False  # the server refused connections SERVER_DOWN_AFTER times in a row: run stopped
+    stalled: dict | None = None  # {window_s, idle_s, in_flight}: no token for the stall window, run stopped
     not_sent: int = 0  # requests of the workload never sent because the run stopped early (count mode)
 
 
@@ -277,6 +340,23 @@ def _new_loop():
         return asyncio.new_event_loop()
 
 
+async def _stall_watch(cfg: BenchConfig, task: asyncio.Task, stats: ClientStats, busy: list) -> None:
+    """Cancel ``task`` (the run) when no token arrived on any in-flight request for the stall window.
+    ``busy``: [requests in flight, perf_counter time the count last rose from 0]."""
+    while True:
+        w = stall_window(cfg.stall_floor_s, PROGRESS.max_gap, PROGRESS.max_ttft)
+        await asyncio.sleep(min(1.0, w / 10))
+        if busy[0] <= 0:
+            continue
+        idle = time.perf_counter() - max(PROGRESS.last, busy[1])
+        w = stall_window(cfg.stall_floor_s, PROGRESS.max_gap, PROGRESS.max_ttft)
+        if idle >= w:
+            stats.stalled = {"window_s": w, "idle_s": idle, "in_flight": busy[0],
+                             "max_chunk_gap_ms": 1000 * PROGRESS.max_gap, "max_ttft_ms": 1000 * PROGRESS.max_ttft}
+            task.cancel()
+            return
+
+
 async def _lag_monitor(samples: list[float], period: float = 0.01) -> None:
     while True:
         t = time.perf_counter()
@@ -304,11 +384,24 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
         pool = ConnectionPool(cfg.url, headers, cfg.request_timeout_s) if cfg.http_client == "fast" else None
         emit = None  # progress events: measured phase only
         refused = 0  # consecutive connection-refused results
+        busy = [0, 0.0]  # in flight, when that count last rose from 0
+        PROGRESS.reset()
+        watch = asyncio.create_task(_stall_watch(cfg, asyncio.current_task(), stats, busy))
 
         async def send(req: BenchRequest, due: float, keep_text: bool = False) -> RequestOutput:
             nonlocal refused
-            if stats.server_down:
+            if stats.server_down or stats.stalled:
                 raise _Stop
+            if not busy[0]:
+                busy[1] = time.perf_counter()
+            busy[0] += 1
+            try:
+                return await _send(req, due, keep_text)
+            finally:
+                busy[0] -= 1
+
+        async def _send(req: BenchRequest, due: float, keep_text: bool = False) -> RequestOutput:
+            nonlocal refused
             body = build_body(cfg.model, cfg.endpoint, req, ignore_eos=cfg.ignore_eos, temperature=cfg.temperature,
                               continuous_usage=cfg.continuous_usage)
             if emit is not None:
@@ -340,8 +433,12 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
                 async with sem:
                     await send(req, time.perf_counter())
 
-            await asyncio.gather(*(warm(w) for w in warmups))
-        if before is not None:
+            try:
+                await asyncio.gather(*(warm(w) for w in warmups))
+            except asyncio.CancelledError:  # stalled during the warm-ups (else Ctrl-C: stop here too)
+                if not stats.stalled:
+                    stats.interrupted = True
+        if before is not None and not (stats.stalled or stats.interrupted):
             before()  # e.g. scrape server counters after the warmups
         cpu0 = time.process_time()
         del lags[:]
@@ -358,22 +455,26 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
         if isinstance(emit, _Batcher):  # sends show up while their requests are in flight
             helpers.append(asyncio.create_task(_flush_every(emit)))
         try:
-            if job.sessions:
+            if stats.stalled or stats.interrupted:
+                pass
+            elif job.sessions:
                 await _agentic_lanes(cfg, job, send, outs, stats, deadline)
             elif math.isinf(cfg.request_rate) and job.concurrency:
                 await _closed_lanes(job, send, outs, t0, deadline)
             else:
                 await _open_loop(job, send, outs, t0, deadline, lambda: stats.server_down)
-        except asyncio.CancelledError:  # Ctrl-C (asyncio.Runner cancels the main task): keep what finished
-            stats.interrupted = True
+        except asyncio.CancelledError:  # Ctrl-C (asyncio.Runner cancels the main task) or a stall: keep what finished
+            if not stats.stalled:
+                stats.interrupted = True
         except _Stop:
             pass
+        watch.cancel()
         for h in helpers:
             h.cancel()
         if isinstance(emit, _Batcher):
             emit.flush()
-        if stats.server_down and not job.cycle and not job.sessions:
-            stats.not_sent = max(0, len(job.items) - len(outs))
+        if (stats.server_down or stats.stalled) and not job.cycle and not job.sessions:
+            stats.not_sent = max(0, len(job.items) - len(outs) - (stats.stalled or {}).get("in_flight", 0))
         mon.cancel()
         if pool is not None:
             pool.close()
@@ -540,7 +641,8 @@ def _execute(cfg: BenchConfig, job: _Job, warmups: list[BenchRequest], before=No
     return outs, dur, stats
 
 
-def _build_job(cfg: BenchConfig, tok: Tokenizer, salt: str | None = None) -> tuple[_Job, dict]:
+def _build_job(cfg: BenchConfig, tok: Tokenizer, salt: str | None = None, block: int | None = None
+               ) -> tuple[_Job, dict]:
     """The measured phase's job and the ``workload`` result block (prompt text drawn with ``salt``).
 
     ``workload.prefix_cache_expected_hit``: the fraction of input tokens the workload means a prefix cache to
@@ -562,7 +664,7 @@ def _build_job(cfg: BenchConfig, tok: Tokenizer, salt: str | None = None) -> tup
                   prefix_cache_expected_hit=0.0)
     elif cfg.workload == "prefix-repetition":
         reqs, exp = workloads.prefix_repetition_workload(tok, n, cfg.num_prefixes, cfg.prefix_len, cfg.input_len,
-                                                         cfg.output_len, cfg.seed, salt)
+                                                         cfg.output_len, cfg.seed, salt, block)
         wl.update(num_prefixes=cfg.num_prefixes, prefix_len=cfg.prefix_len, suffix_len=cfg.input_len,
                   osl=cfg.output_len, prefix_cache_expected_hit=exp)
     elif cfg.workload == "agentic":
@@ -629,18 +731,20 @@ def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None, syn
     own_tok = tok is None
     tok = tok or _tokenizer(cfg)
     salt = cfg.prompt_salt or new_salt()
-    job, wl = _build_job(cfg, tok, salt)
+    block = cfg.block_size or (servermetrics.block_size(cfg.url, _headers(cfg)) if cfg.scrape_server_metrics else None)
+    job, wl = _build_job(cfg, tok, salt, block)
+    wl["kv_block_size"] = block
     warmups: list[BenchRequest] = []
     if nw := warmup_count(cfg):
         if job.sessions:  # agentic: the run's shared system prefix (priming it is what the workload means)
             warmups = [BenchRequest(prompt=job.sessions[0].system[0], prompt_len=job.sessions[0].system[1],
                                     output_len=1)] * nw
         else:  # fresh prompts of the workload's shapes (vLLM sends copies of the first one: a cache hit later)
-            wcfg = cfg.model_copy(update={"num_prompts": nw, "duration_s": None, "request_rate": math.inf})
+            wcfg = cfg.model_copy(update={"num_prompts": nw, "duration_s": None, "request_rate": math.inf,
+                                          "output_len": min(cfg.output_len, WARMUP_OUTPUT_LEN),
+                                          "dataset_output_len": WARMUP_OUTPUT_LEN})
             warmups = [r for r, _ in _build_job(wcfg, tok, f"{salt}-warmup")[0].items]
     wl["warmups"] = len(warmups)
-    if own_tok and isinstance(tok, ServerTokenizer):
-        tok.close()
     scraped: dict = {}
 
     log = Path(cfg.server_log) if cfg.server_log else None
@@ -668,8 +772,73 @@ def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None, syn
                                  >= sent_out):
                 break
             time.sleep(0.2)
-    return assemble(cfg, outs, dur, cstats, wl, tok_name=getattr(tok, "name", None),
-                    server=servermetrics.deltas(before, after), jit=jit)
+    res = assemble(cfg, outs, dur, cstats, wl, tok_name=getattr(tok, "name", None),
+                   server=servermetrics.deltas(before, after), jit=jit)
+    try:
+        _realign(cfg, job, tok, res)
+    finally:
+        if own_tok and isinstance(tok, ServerTokenizer):
+            tok.close()
+    return res
+
+
+#: Input-token gap (server usage vs the client's count) above which a run warns (fraction).
+INPUT_GAP = 0.01
+REALIGN_SAMPLE = 16
+
+
+def _realign(cfg: BenchConfig, job: _Job, tok: Tokenizer, res: dict) -> None:
+    """Input tokens: the server's ``usage.prompt_tokens`` against the client's count of the same prompts.
+
+    Over :data:`INPUT_GAP`, the prompts sent are counted again with the server's own ``/tokenize`` (a sample of
+    ``REALIGN_SAMPLE``; chat: the messages, so its template counts): ``token_counts.realigned`` then says
+    whether the client's tokenizer, the chat template or the server's usage accounts for the gap, and the
+    run warns. Without ``/tokenize`` the warning says the cause is unknown. Agentic runs are skipped (the
+    client does not count the answers it re-sends)."""
+    tc = res["token_counts"]
+    gap = tc.get("client_vs_server_input_diff_pct")
+    if gap is None or not job.items:
+        return
+    srv_in, cli_in = res["total_input_tokens"], res["client_prompt_tokens"]
+    ratio_usage = srv_in / cli_in if cli_in else None
+    if ratio_usage is None or abs(ratio_usage - 1) <= INPUT_GAP:
+        return
+    st = tok if isinstance(tok, ServerTokenizer) else ServerTokenizer(cfg.url, cfg.model, _headers(cfg))
+    try:
+        if not st.available():
+            res["validity"]["warnings"].append(
+                f"input tokens: the server's usage counted {100 * (ratio_usage - 1):+.1f}% against the client's "
+                f"count ({srv_in} vs {cli_in}) and it has no /tokenize to tell why (chat template? another "
+                "tokenizer?): the prompts may not be --input-len tokens; pass --tokenizer with the served model's")
+            tc["realigned"] = {"source": None}
+            return
+        sample = [r for r, _ in job.items[:REALIGN_SAMPLE]]
+        client = sum(r.prompt_len for r in sample)
+        raw = sum(st.count(text=r.prompt) for r in sample)
+        if cfg.endpoint == "chat" and st.dialect != "vllm":  # only vLLM's /tokenize renders chat messages
+            sent = raw
+        else:
+            sent = sum(st.count(messages=r.messages or [{"role": "user", "content": r.prompt}])
+                       if cfg.endpoint == "chat" else st.count(text=r.prompt, special=True) for r in sample)
+    finally:
+        if st is not tok:
+            st.close()
+    tc["realigned"] = {"source": "server /tokenize", "sample": len(sample), "client_tokens": client,
+                       "server_tokenizer_tokens": raw, "server_tokens_as_sent": sent,
+                       "template_tokens_per_request": (sent - raw) / len(sample)}
+    ratio_tok = raw / client if client else 1.0
+    ratio_sent = sent / client if client else 1.0
+    if abs(ratio_tok - 1) > INPUT_GAP:
+        res["validity"]["warnings"].append(
+            f"input tokens: the client's tokenizer ({getattr(tok, 'name', '?')}) counts the prompts "
+            f"{100 * (1 / ratio_tok - 1):+.1f}% against the server's /tokenize: prompts are not --input-len tokens "
+            "for the served model; realigned with /tokenize (token_counts.realigned); drop --tokenizer or pass the "
+            "served model's")
+    elif abs(ratio_usage / ratio_sent - 1) > INPUT_GAP:
+        res["validity"]["warnings"].append(
+            f"input tokens: the server's usage counted {100 * (ratio_usage / ratio_sent - 1):+.1f}% against its own "
+            f"/tokenize of the prompts sent ({srv_in} vs about {round(cli_in * ratio_sent)}): usage.prompt_tokens "
+            "does not count what was sent, so input throughput and per-token figures are off by as much")
 
 
 def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: list[ClientStats], wl: dict,
@@ -766,6 +935,16 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
         res["validity"]["reasons"] = [r for r in res["validity"]["reasons"] if not r.startswith("server generated")]
         res["validity"]["reasons"].append(
             f"server stopped accepting connections ({SERVER_DOWN_AFTER} connection-refused results in a row) after "
+            f"{res['completed']} completed requests: partial results")
+    if stalled := next((st.stalled for st in cstats if st.stalled), None):
+        res["stalled"] = {**stalled, "in_flight": sum(st.stalled["in_flight"] for st in cstats if st.stalled)}
+        res["not_sent"] = sum(st.not_sent for st in cstats)
+        res["validity"]["valid"] = False
+        res["validity"]["reasons"] = [r for r in res["validity"]["reasons"] if not r.startswith("server generated")]
+        res["validity"]["reasons"].append(
+            f"stalled: no token on any of the {res['stalled']['in_flight']} in-flight requests for "
+            f"{stalled['idle_s']:.1f} s (window {stalled['window_s']:.1f} s, from the largest chunk gap "
+            f"{stalled['max_chunk_gap_ms']:.0f} ms and TTFT {stalled['max_ttft_ms']:.0f} ms seen) after "
             f"{res['completed']} completed requests: partial results")
     if any(st.interrupted for st in cstats):
         res["interrupted"] = True
@@ -909,7 +1088,7 @@ def _validity(cfg: BenchConfig, outs: list[RequestOutput], res: dict, cstats: li
     if no_usage and not cfg.allow_approx:
         reasons.append(f"{no_usage} responses had no usage: output token counts unknown")
     # F18: reasoning the server generated but did not stream makes TTFT include the whole thinking phase.
-    hidden = sum(1 for o in ok if (o.reasoning_tokens or 0) > 0 and not o.reasoning_streamed)
+    hidden = sum(1 for o in ok if (o.reasoning_tokens or 0) > 0 and not o.reasoning_streamed and not o.think_in_content)
     if hidden and not cfg.allow_approx:
         reasons.append(f"{hidden} responses generated reasoning tokens that were not streamed: TTFT/ITL measure "
                        "the answer only (field failure F18)")
@@ -923,7 +1102,8 @@ def _validity(cfg: BenchConfig, outs: list[RequestOutput], res: dict, cstats: li
         slack = cfg.num_warmups * cfg.output_len if cfg.client_procs > 1 else 0
         if srv and (srv < 0.99 * cli or srv > 1.01 * (cli + slack)) and not cfg.allow_approx:
             reasons.append(f"server generated {srv} tokens but clients counted {cli} (other traffic on the server?)")
-    return {"valid": not reasons, "reasons": reasons, "warnings": warnings, "error_rate": err_rate,
+    checks = _asked_vs_happened(cfg, ok, res, server, reasons, warnings)
+    return {"valid": not reasons, "reasons": reasons, "warnings": warnings, "error_rate": err_rate, **checks,
             "client_cpu_max_pct": cpu, "client_loop_lag_p99_ms": lag99,
             "client_loop_lag_max_ms": max((s.loop_lag_max_ms for s in cstats), default=0.0),
             "client_saturated": saturated, "server_vs_client_output_token_diff": mismatch,
@@ -931,6 +1111,72 @@ def _validity(cfg: BenchConfig, outs: list[RequestOutput], res: dict, cstats: li
             "reasoning_hidden_responses": hidden,
             "first_chunk_tokens_max": max(first_k) if first_k else None,
             "responses_without_usage": no_usage}
+
+
+#: Fraction of responses allowed to end short of the requested output with ignore_eos (N14).
+SHORT_OUTPUT_FRACTION = 0.01
+#: Speculative decoding "collapses" (N16) when the mean acceptance length is below this with 2+ speculative
+#: tokens, or when position 1 accepts less than SPEC_POS_DROP x position 0's rate (EAGLE-style drafters lose
+#: 20-30 % per position; N16's DSpark lost 70 %: 0.30 -> 0.09).
+SPEC_MIN_ACCEPTANCE_LENGTH = 1.5
+SPEC_POS_DROP = 0.4
+
+
+def _asked_vs_happened(cfg: BenchConfig, ok: list[RequestOutput], res: dict, server: dict | None,
+                       reasons: list[str], warnings: list[str]) -> dict:
+    """Validity checks that compare what the run asked for with what the server did (issue 15); they append
+    to ``reasons`` (BENCH-INVALID) and ``warnings`` and return their result fields.
+
+    - outputs shorter than requested with ``ignore_eos`` (shared/cases/field-failures-2.md N14): invalid;
+    - a shared prefix (prefix-repetition, agentic) shorter than the server's KV-cache block, or a prefix
+      workload with 0 % measured hits (N12): warning;
+    - speculative acceptance per position (``/metrics``) collapsing after position 0 (N16): warning;
+    - the reasoning parser leaving ``<think>`` reasoning in the chat ``content`` (N05): TTFA is not reported
+      as valid (``ttfa_valid``), warning.
+    """
+    out: dict = {}
+    if cfg.ignore_eos:
+        short = [o for o in ok if o.output_tokens is not None and o.output_tokens < o.output_len_requested]
+        out["short_outputs"] = len(short)
+        if ok and len(short) > SHORT_OUTPUT_FRACTION * len(ok):
+            got = int(np.median([o.output_tokens for o in short]))
+            want = int(np.median([o.output_len_requested for o in short]))
+            reasons.append(f"outputs shorter than requested (median {got} of {want} tokens, {len(short)} of "
+                           f"{len(ok)} responses) although ignore_eos was set: the server stopped early (it ignores "
+                           "ignore_eos, caps max_tokens, or reached max_model_len), so TPOT and output throughput do "
+                           f"not describe {want}-token outputs")
+    wl = res.get("workload") or {}
+    block = wl.get("kv_block_size")
+    if cfg.workload in ("prefix-repetition", "agentic"):
+        if block and cfg.prefix_len < block:
+            warnings.append(f"the shared prefix ({cfg.prefix_len} tokens) is shorter than one KV-cache block of the "
+                            f"server ({block} tokens): vLLM caches whole blocks only, so it can never hit; use "
+                            f"--prefix-len {block} or more")
+        elif (server or {}).get("prefix_cache_queried_tokens") and server.get("prefix_cache_hit_rate") == 0 \
+                and wl.get("prefix_cache_expected_hit"):
+            warnings.append("the prefix cache served 0% of the prompt tokens of a workload built to reuse "
+                            f"prefixes (expected {wl['prefix_cache_expected_hit']:.0%}): is prefix caching on? (a "
+                            "prefix shorter than a KV-cache block never hits"
+                            + (f"; this server's block is {block} tokens)" if block else ")"))
+    per_pos = (server or {}).get("spec_decode_acceptance_per_position")
+    al = (server or {}).get("spec_decode_acceptance_length")
+    if per_pos and len(per_pos) >= 2 and al is not None:
+        collapsed = al < SPEC_MIN_ACCEPTANCE_LENGTH or (per_pos[0] > 0 and per_pos[1] < SPEC_POS_DROP * per_pos[0])
+        out["spec_decode_collapsed"] = collapsed
+        if collapsed:
+            warnings.append(f"speculative decoding: acceptance collapses after position 0 (per position "
+                            f"{', '.join(f'{r:.0%}' for r in per_pos)}; mean acceptance length {al:.2f} with "
+                            f"{len(per_pos)} speculative tokens): drafting costs more than it saves; lower "
+                            "num_speculative_tokens or turn speculation off")
+    if cfg.endpoint == "chat":
+        think = sum(1 for o in ok if o.think_in_content)
+        out["reasoning_in_content_responses"] = think
+        out["ttfa_valid"] = not think and res.get("ttfa") is not None
+        if think and res.get("ttfa") is not None:
+            warnings.append(f"{think} of {len(ok)} answers carry <think> reasoning in content: the server's "
+                            "reasoning parser did not separate it (check --reasoning-parser), so the first "
+                            "'answer' token is a thinking token: TTFA is not reported")
+    return out
 
 
 def run_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None, sync_log=None) -> list[dict]:

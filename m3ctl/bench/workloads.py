@@ -146,13 +146,15 @@ def dataset_workload(tok: Tokenizer, path: str | Path, n: int, seed: int, output
 
 
 def prefix_repetition_workload(tok: Tokenizer, n: int, num_prefixes: int, prefix_len: int, suffix_len: int,
-                               output_len: int, seed: int, salt: str | None = None
+                               output_len: int, seed: int, salt: str | None = None, block_size: int | None = None
                                ) -> tuple[list[BenchRequest], float]:
     """``n`` requests: ``num_prefixes`` shared prefixes, each followed by its own random suffix; shuffled.
 
     Returns:
         ``(requests, expected_prefix_hit)``: the fraction of input tokens a perfect prefix cache
-        would serve (every use of a prefix after its first).
+        would serve (every use of a prefix after its first). With ``block_size`` (the server's KV-cache block,
+        tokens) the prefix counts in whole blocks only, as vLLM caches them (vllm issue #53749; a prefix
+        shorter than one block can never hit).
     """
     if num_prefixes < 1 or num_prefixes > n:
         raise BadInput(f"--num-prefixes {num_prefixes} must be in [1, num_prompts={n}]", "lower --num-prefixes")
@@ -166,7 +168,8 @@ def prefix_repetition_workload(tok: Tokenizer, n: int, num_prefixes: int, prefix
         reqs.append(BenchRequest(prompt=text, prompt_len=len(tok.encode(text)), output_len=output_len))
     rng.shuffle(reqs)
     total = sum(r.prompt_len for r in reqs)
-    expected = prefix_len * (n - num_prefixes) / total if total else 0.0
+    cacheable = prefix_len - prefix_len % block_size if block_size else prefix_len
+    expected = cacheable * (n - num_prefixes) / total if total else 0.0
     return reqs, expected
 
 
