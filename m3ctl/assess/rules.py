@@ -626,13 +626,30 @@ def kv_dtypes_allowed(profile: Profile, attention: str) -> list[str] | None:
 
 @rule("kv.dtype")
 def _kv(c: PlanContext) -> Finding | None:
+    """The KV cache dtype against the profile's list for the attention type (FAIL), then against the capability
+    table's row for the architecture (``kv_cache_dtypes`` -> feature: unsupported is a FAIL, unverified or a
+    fallback a WARN): the same two facts doctor's ``capability.kv_cache_dtype`` check reports."""
     allowed = kv_dtypes_allowed(c.profile, c.facts.attention)
     if allowed is not None and c.kv_dtype not in allowed:
         return _v("kv.dtype", f"KV cache dtype {c.kv_dtype!r} is not supported for {c.facts.attention.upper()} "
                               f"attention on {c.profile.arch}",
                   f"use --kv-cache-dtype {' or '.join(allowed)}",
                   f"profile {c.profile.name} kv_cache_dtypes; field failure F10 (vllm#57713)")
-    return None
+    feat = capability.table().kv_cache_dtypes.get(c.kv_dtype)
+    if not feat or c.profile.arch == "cpu":
+        return None
+    fv = capability.evaluate_feature(c.profile.arch, feat, engine_version=c.engine_version, image_cuda=c.image_cuda)
+    if fv.status in ("native", "supported"):
+        return None
+    ok = [d for d in (allowed or ["auto"])
+          if capability.table().kv_cache_dtypes.get(d) is None
+          or capability.evaluate_feature(c.profile.arch, capability.table().kv_cache_dtypes[d]).status
+          in ("native", "supported")]
+    return _v("kv.dtype", f"KV cache dtype {c.kv_dtype!r} is {fv.status} on {c.profile.arch} ({feat})"
+              + (f": {fv.note}" if fv.note else ""),
+              f"use --kv-cache-dtype {' or '.join(ok or ['auto'])}, or validate it yourself",
+              f"m3ctl/data/capabilities.yaml {c.profile.arch}.{feat}: {fv.source}",
+              status="FAIL" if fv.status == "unsupported" else "WARN")
 
 
 @rule("memory.fit")
