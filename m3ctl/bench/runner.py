@@ -17,9 +17,11 @@ compared with what its workload means (:func:`prefix_cache_check`): above it, th
 
 Warmup requests run first and are excluded: fresh prompts of the workload's input lengths with at most
 ``WARMUP_OUTPUT_LEN`` output tokens, sent at the run's concurrency (``warmup``: as many as the concurrency,
-one wave at that load, so kernels JIT-compiled for its batch sizes are compiled before the measured phase). ``client_procs > 1`` splits the load over worker
-processes (each its own event loop, uvloop when installed, its own connections); all use the
-same ``perf_counter`` clock (CLOCK_MONOTONIC on Linux), so their records merge exactly.
+one wave at that load, so kernels JIT-compiled for its batch sizes are compiled before the measured phase).
+
+``client_procs > 1`` splits the load over worker processes (each its own event loop, uvloop when installed,
+its own connections); all use the same ``perf_counter`` clock (CLOCK_MONOTONIC on Linux), so their records
+merge exactly.
 """
 
 from __future__ import annotations
