@@ -312,3 +312,15 @@ def test_sweep_realigns_on_a_client_tokenizer_that_is_not_the_servers(gt, tmp_pa
     assert any("client's tokenizer" in w and "realigned" in w for w in first["validity"]["warnings"]), first
     assert second["total_input_tokens"] == second["client_prompt_tokens"] == 4 * 100  # server-exact prompts
     assert not any("input tokens" in w for w in second["validity"]["warnings"]), second["validity"]
+
+
+def test_prefix_cache_reuse_seen_in_usage_without_metrics(gt):
+    """A server without vLLM's /metrics (e.g. another engine) that reports usage.prompt_tokens_details.cached_tokens:
+    the forced reuse is still BENCH-INVALID, from the usage."""
+    url = gt("--prefix-cache-block", "16", "--no-metrics")
+    first = run_bench(_cfg(url))
+    assert first["server_metrics"] is None and first["validity"]["prefix_cache"]["observed"] == 0.0
+    again = run_bench(_cfg(url, prompt_salt=first["workload"]["prompt_salt"]))
+    pc = again["validity"]["prefix_cache"]
+    assert pc["source"] == "usage.prompt_tokens_details.cached_tokens" and pc["observed"] > 0.9
+    assert not again["validity"]["valid"]
