@@ -294,3 +294,33 @@ def test_bench_tables_fit_80_columns_without_splitting_numbers(gt):
     text = _render(opened)
     assert "E2E latency from schedule *" in text and "coordinated omission" in text
     assert max(len(x) for x in text.splitlines()) <= 80
+
+
+def test_sweep_realigns_on_a_client_tokenizer_that_is_not_the_servers(gt, tmp_path):
+    """--tokenizer of another model: the prompts are not --input-len tokens for the server. The first level
+    warns (its recount with the server's /tokenize shows the client is off); the next levels build their
+    prompts with the server's /tokenize and are exact."""
+    from m3ctl.dev.tiny_model import build_tokenizer
+
+    other = tmp_path / "other-tok"
+    other.mkdir()
+    build_tokenizer(other, 600)  # a smaller vocabulary: other merges, other counts
+    runs = run_sweep(_cfg(gt(), tokenizer=str(other), input_len=100, num_prompts=4), [1, 2])
+    first, second = runs
+    assert first["token_counts"]["realigned"]["client_tokenizer_off"]
+    assert first["total_input_tokens"] != 4 * 100
+    assert any("client's tokenizer" in w and "realigned" in w for w in first["validity"]["warnings"]), first
+    assert second["total_input_tokens"] == second["client_prompt_tokens"] == 4 * 100  # server-exact prompts
+    assert not any("input tokens" in w for w in second["validity"]["warnings"]), second["validity"]
+
+
+def test_prefix_cache_reuse_seen_in_usage_without_metrics(gt):
+    """A server without vLLM's /metrics (e.g. another engine) that reports usage.prompt_tokens_details.cached_tokens:
+    the forced reuse is still BENCH-INVALID, from the usage."""
+    url = gt("--prefix-cache-block", "16", "--no-metrics")
+    first = run_bench(_cfg(url))
+    assert first["server_metrics"] is None and first["validity"]["prefix_cache"]["observed"] == 0.0
+    again = run_bench(_cfg(url, prompt_salt=first["workload"]["prompt_salt"]))
+    pc = again["validity"]["prefix_cache"]
+    assert pc["source"] == "usage.prompt_tokens_details.cached_tokens" and pc["observed"] > 0.9
+    assert not again["validity"]["valid"]

@@ -118,13 +118,15 @@ def _json_response(obj, status: str = "200 OK") -> bytes:
 class _Stream:
     """One streaming response: which chunk comes next and when."""
 
-    __slots__ = ("cfg", "chat", "conn", "cont", "j", "k", "n", "pt", "r", "rec", "sent", "t_first", "want_usage")
+    __slots__ = ("cached", "cfg", "chat", "conn", "cont", "j", "k", "n", "pt", "r", "rec", "sent", "t_first",
+                 "want_usage")
 
     def __init__(self, conn: _Conn, cfg: GTConfig, n: int, chat: bool, cont: bool, want_usage: bool, t_arrive: float,
                  rec: dict, prompt_tokens: int | None = None):
         self.conn, self.cfg, self.n, self.chat, self.cont, self.want_usage, self.rec = (
             conn, cfg, n, chat, cont, want_usage, rec)
         self.pt = cfg.prompt_tokens if prompt_tokens is None else prompt_tokens
+        self.cached: int | None = None  # prompt tokens served by the fake prefix cache (usage.prompt_tokens_details)
         if cfg.eos_at:
             n = min(n, cfg.eos_at)
             self.n = n
@@ -188,6 +190,8 @@ class _Stream:
             usage = {"prompt_tokens": self.pt, "completion_tokens": self.n, "total_tokens": self.pt + self.n}
             if self.r:
                 usage["completion_tokens_details"] = {"reasoning_tokens": self.r}
+            if self.cached is not None:
+                usage["prompt_tokens_details"] = {"cached_tokens": self.cached}
             out += _sse({"object": "chunk", "model": MODEL, "choices": [], "usage": usage})
         return out + b"data: [DONE]" + _eol + _eol
 
@@ -229,15 +233,16 @@ class _Server:
             text = req.get("prompt") or ""
         return self.tok.encode(text, add_special_tokens=False).ids
 
-    def admit(self, ids: list[int] | None) -> None:
-        """Count one request's prompt in the counters; look it up in (and add it to) the prefix cache."""
+    def admit(self, ids: list[int] | None) -> int | None:
+        """Count one request's prompt in the counters; look it up in (and add it to) the prefix cache. Returns
+        the tokens the cache served (None without a cache)."""
         if ids is None:
-            return
+            return None
         c = self.counters
         c["prompt_tokens_total"] += len(ids)
         b = self.cfg.prefix_cache_block
         if b <= 0:
-            return
+            return None
         c["prefix_cache_queries_total"] += len(ids)
         h, hit, hashes = 0, 0, []
         for i in range(len(ids) // b):
@@ -249,6 +254,7 @@ class _Server:
             hit += b
         c["prefix_cache_hits_total"] += hit
         self.blocks.update(hashes)
+        return hit
 
     def finished(self, s: _Stream) -> None:
         c = self.counters
@@ -427,7 +433,7 @@ class _Conn(asyncio.Protocol):
         want_usage = bool(cfg.usage and opts.get("include_usage"))
         cont = bool(cfg.usage and opts.get("continuous_usage_stats"))
         ids = srv.prompt_ids(req, chat)
-        srv.admit(ids)
+        cached = srv.admit(ids)
         ptoks = None if ids is None else round(len(ids) * cfg.prompt_tokens_scale)
         if cfg.ttft_ms == 0 and cfg.itl_ms == 0 and ids is None:  # as fast as it can go: a pre-rendered stream
             key = (n, chat, want_usage, cont)
@@ -444,6 +450,7 @@ class _Conn(asyncio.Protocol):
         self.busy = True
         self.transport.write(_SSE_HEAD)
         s = _Stream(self, cfg, n, chat, cont, want_usage, t_arrive, rec, ptoks)
+        s.cached = cached
         if s.sent >= n:  # every token hidden: no chunk at all, only usage and [DONE]
             self.transport.write(_chunk(s.tail()) + b"0\r\n\r\n")
             return self.response_done()
@@ -505,6 +512,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokenizer", help="model dir with tokenizer.json: real prompt counts, /tokenize, /detokenize")
     ap.add_argument("--prefix-cache-block", type=int, default=0, help="block size of a fake prefix cache (0: none)")
     ap.add_argument("--metrics", action="store_true", help="serve vLLM-style GET /metrics")
+    ap.add_argument("--no-metrics", action="store_true", help="no /metrics even with a prefix cache")
     ap.add_argument("--eos-at", type=int, default=0, help="end every answer after N tokens (ignores ignore_eos)")
     ap.add_argument("--prompt-tokens-scale", type=float, default=1.0, help="inflate usage.prompt_tokens")
     ap.add_argument("--spec-accept", default="", help="per-position acceptance rates, e.g. 0.3,0.09,0.04")
@@ -516,7 +524,8 @@ def main(argv: list[str] | None = None) -> None:
     serve(a.port, GTConfig(ttft_ms=a.ttft_ms, itl_ms=a.itl_ms, tokens_per_chunk=a.tokens_per_chunk,
                            prompt_tokens=a.prompt_tokens, reasoning_tokens=a.reasoning_tokens, reasoning=a.reasoning,
                            usage=not a.no_usage, tokenizer=a.tokenizer, prefix_cache_block=a.prefix_cache_block,
-                           metrics=a.metrics or a.prefix_cache_block > 0 or bool(a.spec_accept), eos_at=a.eos_at,
+                           metrics=not a.no_metrics and (a.metrics or a.prefix_cache_block > 0 or bool(a.spec_accept)),
+                           eos_at=a.eos_at,
                            prompt_tokens_scale=a.prompt_tokens_scale,
                            spec_accept=tuple(float(x) for x in a.spec_accept.split(",") if x),
                            stall_after=a.stall_after, sse_eol=a.sse_eol, tokenize=a.tokenize,

@@ -17,9 +17,11 @@ compared with what its workload means (:func:`prefix_cache_check`): above it, th
 
 Warmup requests run first and are excluded: fresh prompts of the workload's input lengths with at most
 ``WARMUP_OUTPUT_LEN`` output tokens, sent at the run's concurrency (``warmup``: as many as the concurrency,
-one wave at that load, so kernels JIT-compiled for its batch sizes are compiled before the measured phase). ``client_procs > 1`` splits the load over worker
-processes (each its own event loop, uvloop when installed, its own connections); all use the
-same ``perf_counter`` clock (CLOCK_MONOTONIC on Linux), so their records merge exactly.
+one wave at that load, so kernels JIT-compiled for its batch sizes are compiled before the measured phase).
+
+``client_procs > 1`` splits the load over worker processes (each its own event loop, uvloop when installed,
+its own connections); all use the same ``perf_counter`` clock (CLOCK_MONOTONIC on Linux), so their records
+merge exactly.
 """
 
 from __future__ import annotations
@@ -823,17 +825,18 @@ def _realign(cfg: BenchConfig, job: _Job, tok: Tokenizer, res: dict) -> None:
     finally:
         if st is not tok:
             st.close()
+    ratio_tok = raw / client if client else 1.0
     tc["realigned"] = {"source": "server /tokenize", "sample": len(sample), "client_tokens": client,
                        "server_tokenizer_tokens": raw, "server_tokens_as_sent": sent,
-                       "template_tokens_per_request": (sent - raw) / len(sample)}
-    ratio_tok = raw / client if client else 1.0
+                       "template_tokens_per_request": (sent - raw) / len(sample),
+                       "client_tokenizer_off": abs(ratio_tok - 1) > INPUT_GAP}
     ratio_sent = sent / client if client else 1.0
     if abs(ratio_tok - 1) > INPUT_GAP:
         res["validity"]["warnings"].append(
             f"input tokens: the client's tokenizer ({getattr(tok, 'name', '?')}) counts the prompts "
             f"{100 * (1 / ratio_tok - 1):+.1f}% against the server's /tokenize: prompts are not --input-len tokens "
-            "for the served model; realigned with /tokenize (token_counts.realigned); drop --tokenizer or pass the "
-            "served model's")
+            "for the served model; realigned with /tokenize (token_counts.realigned; a sweep's next levels build "
+            "their prompts with it); drop --tokenizer or pass the served model's")
     elif abs(ratio_usage / ratio_sent - 1) > INPUT_GAP:
         res["validity"]["warnings"].append(
             f"input tokens: the server's usage counted {100 * (ratio_usage / ratio_sent - 1):+.1f}% against its own "
@@ -1181,7 +1184,9 @@ def _asked_vs_happened(cfg: BenchConfig, ok: list[RequestOutput], res: dict, ser
 
 def run_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None, sync_log=None) -> list[dict]:
     """One run per concurrency (same workload shape and seed, fresh prompt text at every level unless
-    ``cfg.prompt_salt`` pins it); the tokenizer is built once. ``sync_log``: as :func:`run_bench`.
+    ``cfg.prompt_salt`` pins it); the tokenizer is built once, and replaced by the server's ``/tokenize`` when a
+    level found the client's counting the prompts differently (:func:`_realign`). ``sync_log``: as
+    :func:`run_bench`.
 
     ``progress``: optional ``callable(run_cfg)`` returning a context manager that yields a progress
     sink for that run (see :func:`run_bench`) or None.
@@ -1195,6 +1200,13 @@ def run_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None, sync_lo
             one = cfg.model_copy(update={"concurrency": c})
             with progress(one) if progress else contextlib.nullcontext(None) as prog:
                 runs.append(run_bench(one, tok=tok, progress=prog, sync_log=sync_log))
+            if ((runs[-1]["token_counts"].get("realigned") or {}).get("client_tokenizer_off")
+                    and not isinstance(tok, ServerTokenizer)):
+                st = ServerTokenizer(cfg.url, cfg.model, _headers(cfg))
+                if st.available() and st.can_decode:  # realign: the next levels' prompts from the server's own
+                    tok = st
+                else:
+                    st.close()
             if runs[-1].get("interrupted") or runs[-1].get("server_down"):
                 break
         return runs
