@@ -162,7 +162,7 @@ def parse_mount(spec: str) -> Mount:
 
 
 def _int(v: Any) -> int:
-    from m3ctl.rules import vllm_int  # noqa: PLC0415
+    from m3ctl.assess.rules import vllm_int  # noqa: PLC0415
 
     n = v if isinstance(v, int) else vllm_int(str(v))
     return n if isinstance(n, int) and n >= 1 else 1

@@ -153,7 +153,7 @@ def test_raw_parallel_flags_are_planned_like_the_typed_knobs():
 
 
 def test_integer_flags_rule(tiny_models):
-    from m3ctl.rules import vllm_int
+    from m3ctl.assess.rules import vllm_int
 
     assert (vllm_int("8k"), vllm_int("8K"), vllm_int("64"), vllm_int("banana"), vllm_int(True)) == \
         (8000, 8192, 64, None, None)
