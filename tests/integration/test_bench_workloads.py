@@ -102,12 +102,22 @@ def test_open_loop_gamma_duration(tiny_server):
     assert res["e2el_from_schedule"]["mean_ms"] >= res["mean_e2el_ms"]
 
 
+def _contended(r: dict) -> bool:
+    """The bench flagged its own client as starved of CPU (validity warning 'host CPU contention'), or the client
+    read every request's whole stream in one burst (median TPOT 0 with 32-token outputs): it timed the host."""
+    return any("host CPU contention" in w for w in r["validity"]["warnings"]) or not r["median_tpot_ms"]
+
+
 def test_sweep_cli_pareto_csv_report(tiny_server, tmp_path):
     dep = tiny_server.deployment
     out, png, csvp = tmp_path / "sweep.json", tmp_path / "pareto.png", tmp_path / "sweep.csv"
-    p = run_cli("bench", "--url", dep.url, "--model", dep.served_model_name, "--concurrency", "1,2,4",
-                "--num-prompts", "8", "--input-len", "32", "--output-len", "24", "--num-gpus", "1",
-                "--usd-per-gpu-hour", "1.41", "--output-json", str(out), "--plot", str(png), "--output-csv", str(csvp))
+    for _ in range(3):  # a sweep whose client was starved of CPU (see _contended) is run again
+        p = run_cli("bench", "--url", dep.url, "--model", dep.served_model_name, "--concurrency", "1,2,4",
+                    "--num-prompts", "8", "--input-len", "32", "--output-len", "24", "--num-gpus", "1",
+                    "--usd-per-gpu-hour", "1.41", "--output-json", str(out), "--plot", str(png), "--output-csv",
+                    str(csvp))
+        if p.returncode == 0 or "host CPU contention" not in p.stdout + p.stderr:
+            break
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(out.read_text())
     assert doc["sweep"] == {"axis": "concurrency", "values": [1, 2, 4]}
@@ -140,7 +150,14 @@ def test_side_by_side_with_vllm_bench_serve(tiny_server, tiny_models, tmp_path):
         return json.loads((tmp_path / f"vllm{i}.json").read_text())
 
     def ours_run() -> dict:
-        return run_bench(_cfg(dep, num_prompts=n, concurrency=c, input_len=isl, output_len=osl, num_warmups=c))
+        # A run whose own client was starved of CPU (the server's API and engine processes share the second core
+        # with it: m3ctl reports "host CPU contention", chunks read in one burst, TPOT ~0) measured the host, not
+        # the server: up to two more tries, as the bench itself advises.
+        for _ in range(3):
+            r = run_bench(_cfg(dep, num_prompts=n, concurrency=c, input_len=isl, output_len=osl, num_warmups=c))
+            if not _contended(r):
+                break
+        return r
 
     theirs, ours = [theirs_run(0)], [ours_run()]
     for k in ("completed", "failed", "total_output_tokens", "num_prompts", "max_concurrency"):
