@@ -54,6 +54,25 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 600, check: bo
     return p
 
 
+def groundtruth_session(url: str, tmp_path, **bench):
+    """A tune ServerSession on a running ground-truth server at ``url`` (deployment ``t``, empty log in
+    ``tmp_path/server.log``, 2 prompts per concurrency; ``bench`` overrides 16 in / 8 out, no /metrics scrape);
+    returns (session, log path)."""
+    from types import SimpleNamespace
+
+    from m3ctl.state import Deployment
+    from m3ctl.tune.search import TuneSpec
+    from m3ctl.tune.server import ServerSession
+
+    log = tmp_path / "server.log"
+    log.write_text("INFO started\n")
+    dep = Deployment(name="t", port=int(url.rsplit(":", 1)[1]), served_model_name="groundtruth",
+                     model="groundtruth", log_path=str(log))
+    ev = SimpleNamespace(spec=TuneSpec(prompts_per_concurrency=2), n_gpus_plan=lambda p: 1,
+                         bench={"input_len": 16, "output_len": 8, "scrape_server_metrics": False, **bench})
+    return ServerSession(ev, SimpleNamespace(argv=["vllm", "serve"]), dep, tmp_path, 1.0), log
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory) -> dict[str, Path]:
     """Tiny local models built once: MiniMax-M2 (default), Llama, and a head_dim-16 Llama vLLM CPU cannot run."""

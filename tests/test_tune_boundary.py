@@ -204,22 +204,11 @@ def test_dry_run_explains_the_boundary_rule(tiny_models, tmp_path):
 def test_a_repeat_on_a_real_bench_keeps_both_files(tiny_models, tmp_path):
     """ServerSession (real bench against the ground-truth server): a second run at the same concurrency and
     fidelity is saved as bench-c4-x1-r1.json, not over the first."""
-    from types import SimpleNamespace
-
-    from m3ctl.state import Deployment
-    from m3ctl.tune.server import ServerSession
-    from tests.conftest import start_groundtruth
+    from tests.conftest import groundtruth_session, start_groundtruth
 
     p, url = start_groundtruth()
     try:
-        log = tmp_path / "server.log"
-        log.write_text("INFO started\n")
-        dep = Deployment(name="t", port=int(url.rsplit(":", 1)[1]), served_model_name="groundtruth",
-                         model="groundtruth", log_path=str(log))
-        ev = SimpleNamespace(spec=TuneSpec(prompts_per_concurrency=2), n_gpus_plan=lambda p: 1,
-                             bench={"input_len": 16, "output_len": 8, "scrape_server_metrics": False,
-                                    "tokenizer": str(tiny_models["m2"])})
-        sess = ServerSession(ev, SimpleNamespace(argv=["vllm", "serve"]), dep, tmp_path, 1.0)
+        sess, _ = groundtruth_session(url, tmp_path, tokenizer=str(tiny_models["m2"]))
         a, b = sess.measure(4, 1.0), sess.measure(4, 1.0)
     finally:
         p.terminate()

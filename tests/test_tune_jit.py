@@ -10,13 +10,11 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
 from m3ctl.kernels import jit_events, jit_measure_args
-from m3ctl.state import Deployment
-from tests.conftest import start_groundtruth
+from tests.conftest import groundtruth_session, start_groundtruth
 
 H1 = Path(__file__).parent / "fixtures" / "h200x1-real"
 JIT_LINE = ("(EngineCore pid=716) WARNING 11-29 21:24:48 [jit_monitor.py:135] Triton kernel JIT compilation during "
@@ -41,17 +39,8 @@ def gt_url(tiny_models):
 
 def test_measure_repeats_a_run_with_jit(gt_url, tiny_models, tmp_path, monkeypatch):
     from m3ctl.bench import runner
-    from m3ctl.tune.search import TuneSpec
-    from m3ctl.tune.server import ServerSession
 
-    log = tmp_path / "server.log"
-    log.write_text("INFO started\n")
-    dep = Deployment(name="t", port=int(gt_url.rsplit(":", 1)[1]), served_model_name="groundtruth",
-                     model="groundtruth", log_path=str(log))
-    ev = SimpleNamespace(spec=TuneSpec(prompts_per_concurrency=2), n_gpus_plan=lambda p: 1,
-                         bench={"input_len": 16, "output_len": 8, "scrape_server_metrics": False,
-                                "tokenizer": str(tiny_models["m2"])})
-    sess = ServerSession(ev, SimpleNamespace(argv=["vllm", "serve"]), dep, tmp_path, 1.0)
+    sess, log = groundtruth_session(gt_url, tmp_path, tokenizer=str(tiny_models["m2"]))
     real, calls = runner.run_bench, []
 
     def run_and_compile_once(cfg, *a, sync_log=None, **kw):  # the server compiles during the first run only
@@ -112,19 +101,11 @@ def test_jit_repeat_and_each_level_use_fresh_prompts_and_warm_up(tiny_models, tm
     of the prompt tokens, 2.2-2.5x the real throughput on an H200). Here the server has a prefix cache: the
     repeat and every later level send fresh prompts (0 % hits) after a warm-up wave at their concurrency."""
     from m3ctl.bench import runner
-    from m3ctl.tune.search import TuneSpec
-    from m3ctl.tune.server import ServerSession
 
     proc, url = start_groundtruth("--ttft-ms", "2", "--itl-ms", "1", "--tokenizer", str(tiny_models["m2"]),
                                   "--prefix-cache-block", "16")
     try:
-        log = tmp_path / "server.log"
-        log.write_text("INFO started\n")
-        dep = Deployment(name="t", port=int(url.rsplit(":", 1)[1]), served_model_name="groundtruth",
-                         model="groundtruth", log_path=str(log))
-        ev = SimpleNamespace(spec=TuneSpec(prompts_per_concurrency=2), n_gpus_plan=lambda p: 1,
-                             bench={"input_len": 100, "output_len": 8, "warmup": True})
-        sess = ServerSession(ev, SimpleNamespace(argv=["vllm", "serve"]), dep, tmp_path, 1.0)
+        sess, log = groundtruth_session(url, tmp_path, input_len=100, warmup=True, scrape_server_metrics=True)
         real, calls = runner.run_bench, []
 
         def run_and_compile_once(cfg, *a, sync_log=None, **kw):
