@@ -251,18 +251,15 @@ def run_smoke(url: str, model: str, argv: list[str] | tuple[str, ...], *, header
     with httpx.Client(base_url=url, timeout=timeout_s, headers=headers or {}) as client:
         checks = {c.split(" ")[0] for c in planned_checks(argv)}
         parser = _flag(argv, "--reasoning-parser")
-        if "smoke.reasoning" in checks:
-            try:
-                out.append(_check_reasoning(client, model, parser, texts))
-            except (httpx.HTTPError, RuntimeError, ValueError) as e:
-                out.append(SmokeFinding("smoke.reasoning", "WARN", f"chat request failed: {type(e).__name__}: {e}",
-                                        "check the server log; a chat template may be missing"))
         tparser = _flag(argv, "--tool-call-parser")
-        if "smoke.tool_calls" in checks:
+        for cid, what, check, p in (("smoke.reasoning", "chat", _check_reasoning, parser),
+                                    ("smoke.tool_calls", "tool", _check_tools, tparser)):
+            if cid not in checks:
+                continue
             try:
-                out.append(_check_tools(client, model, tparser, texts))
+                out.append(check(client, model, p, texts))
             except (httpx.HTTPError, RuntimeError, ValueError) as e:
-                out.append(SmokeFinding("smoke.tool_calls", "WARN", f"tool request failed: {type(e).__name__}: {e}",
+                out.append(SmokeFinding(cid, "WARN", f"{what} request failed: {type(e).__name__}: {e}",
                                         "check the server log; a chat template may be missing"))
         try:
             r = client.post("/v1/completions", json={"model": model, "prompt": d.requests["output"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import subprocess
@@ -52,6 +53,28 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 600, check: bo
     if check and p.returncode != 0:
         raise AssertionError(f"m3ctl {' '.join(args)} exited {p.returncode}\n{p.stdout}\n{p.stderr}")
     return p
+
+
+@contextlib.contextmanager
+def groundtruth_pool(*base_opts: str, core: int | None = None):
+    """Factory of ground-truth servers, one per option set (``base_opts`` + the given ones), started on first use
+    and all stopped on exit; ``core`` pins each server to that CPU."""
+    procs: dict[tuple, tuple[subprocess.Popen, str]] = {}
+
+    def start(*opts: str) -> str:
+        if opts not in procs:
+            p, url = start_groundtruth(*base_opts, *opts)
+            if core is not None:
+                os.sched_setaffinity(p.pid, {core})
+            procs[opts] = (p, url)
+        return procs[opts][1]
+
+    try:
+        yield start
+    finally:
+        for p, _ in procs.values():
+            p.terminate()
+            p.wait(timeout=10)
 
 
 def groundtruth_session(url: str, tmp_path, **bench):

@@ -21,7 +21,7 @@ import pytest
 from m3ctl.bench.groundtruth import cpu_stall_s
 from m3ctl.bench.prompts import LocalTokenizer
 from m3ctl.bench.runner import BenchConfig, run_bench
-from tests.conftest import run_cli, start_groundtruth
+from tests.conftest import groundtruth_pool, run_cli, start_groundtruth
 
 CORES = sorted(os.sched_getaffinity(0))
 
@@ -29,21 +29,9 @@ CORES = sorted(os.sched_getaffinity(0))
 @pytest.fixture(scope="module")
 def gt_server():
     """Factory: start a ground-truth server with the given options (cached per option set); all stopped at the end."""
-    procs: dict[tuple, tuple[subprocess.Popen, str]] = {}
-
-    def start(*opts: str) -> str:
-        if opts in procs:
-            return procs[opts][1]
-        p, url = start_groundtruth(*opts)
-        if len(CORES) >= 2:  # the server on its own core; the accuracy test pins the client to another
-            os.sched_setaffinity(p.pid, {CORES[-1]})
-        procs[opts] = (p, url)
-        return url
-
-    yield start
-    for p, _ in procs.values():
-        p.terminate()
-        p.wait(timeout=10)
+    # the server on its own core; the accuracy test pins the client to another
+    with groundtruth_pool(core=CORES[-1] if len(CORES) >= 2 else None) as start:
+        yield start
 
 
 @pytest.fixture(scope="module")

@@ -15,24 +15,14 @@ import pytest
 
 from m3ctl.bench.prompts import LocalTokenizer
 from m3ctl.bench.runner import BenchConfig, run_bench, run_sweep
-from tests.conftest import run_cli, start_groundtruth
+from tests.conftest import groundtruth_pool, run_cli
 
 
 @pytest.fixture(scope="module")
 def gt(tiny_models):
     """Factory: a ground-truth server with the tiny model's tokenizer and the given options (one per option set)."""
-    procs: dict[tuple, tuple] = {}
-
-    def start(*opts: str) -> str:
-        if opts not in procs:
-            procs[opts] = start_groundtruth("--ttft-ms", "2", "--itl-ms", "1", "--tokenizer", str(tiny_models["m2"]),
-                                            *opts)
-        return procs[opts][1]
-
-    yield start
-    for p, _ in procs.values():
-        p.terminate()
-        p.wait(timeout=10)
+    with groundtruth_pool("--ttft-ms", "2", "--itl-ms", "1", "--tokenizer", str(tiny_models["m2"])) as start:
+        yield start
 
 
 @pytest.fixture(scope="module")
