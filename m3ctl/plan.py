@@ -114,6 +114,9 @@ class LaunchPlan(BaseModel):
     memory_fit: Any = Field(default=None, exclude=True)
     """The memory fit rule ``memory.fit`` decided on (:class:`m3ctl.assess.memory.Fit`: KV capacity in tokens
     at this layout); None on CPU or without sizing facts. Not serialized."""
+    scheduler_limits: tuple[int, int] | None = Field(default=None, exclude=True)
+    """(max-num-batched-tokens, max-num-seqs) the engine will run with: the flags, else vLLM's defaults for this
+    GPU (:meth:`m3ctl.assess.rules.PlanContext.scheduler_limits`, m3ctl/data/vllm_defaults.yaml). Not serialized."""
     vllm_args: dict[str, Any] | None = None
     """Typed ``vllm serve`` flags after ``--served-model-name`` ({flag: value}); the launch spec
     (:mod:`m3ctl.launch`) renders every form from them. None in plans saved before they were kept."""
@@ -516,5 +519,5 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
                       gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
                       gpu_devices=_device_ids(inventory, units, tp_ * dp_), unset_env=unset_env,
                       python_modules=list(profile.family_python_modules.get(family, [])) if family else [],
-                      request=r.public(), memory_fit=ctx.memory_fit(),
+                      request=r.public(), memory_fit=ctx.memory_fit(), scheduler_limits=ctx.scheduler_limits(),
                       vllm_args=args, served_model_aliases=aliases, weights_gib=weights or None)

@@ -592,3 +592,61 @@ def test_resume_continues_the_same_local_walk(tmp_path):
 def test_slo_values_must_be_finite_and_not_negative(bad):
     with pytest.raises(BadInput, match="finite and >= 0"):
         parse_slo(bad)
+
+
+def test_candidate_that_spells_out_vllm_defaults_reuses_the_baseline_server(tmp_path):
+    """A search candidate whose flags only spell out vLLM's defaults (the first configuration on an H200 is
+    --max-num-seqs 1024 --max-num-batched-tokens 8192, vLLM's own defaults there) starts the same engine as
+    the baseline: the study reuses the baseline's runs instead of a second start, and shares one confirmation."""
+    grid = _grid()
+    space = recorded_space(grid)
+    anchor = space.anchor()
+    # the defaults' engine is the best configuration here (9,000 tok/s at c=16 within the 20 ms p90 TPOT SLO)
+    base = _record({1: (400, 10), 2: (800, 12), 4: (1500, 15), 8: (5000, 16), 16: (9000, 18)}, start_s=60.0)
+    base["config"] = {"tp": 1, "dp": 1}
+    grid["baseline"] = base
+
+    class SameEngine(ReplayEvaluator):
+        def server_key(self, cand):  # the baseline's engine is the anchor's (what ServerEvaluator resolves)
+            return key_of(anchor) if cand == base["config"] else key_of(cand)
+
+        def _rec(self, cand):  # and measures like it, on any start
+            return base if key_of(cand) == key_of(anchor) else super()._rec(cand)
+
+    for confirm_top in (0, 1):
+        spec = TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=2, confirm_top=confirm_top,
+                        baseline=True)
+        plain, twin_ev = ReplayEvaluator(grid), SameEngine(grid)
+        r_plain = Tuner(space, plain, spec).run(clock=lambda: plain.clock[0])
+        res = Tuner(space, twin_ev, spec).run(clock=lambda: twin_ev.clock[0])
+        twin = next(o for o in res.outcomes if key_of(o.config) == key_of(anchor))
+        assert twin.same_server_as == "base" and not twin.launched
+        assert twin.cost_s == (0.0 if not confirm_top else pytest.approx(twin.cost_s))  # a confirmation costs its start
+        assert twin.points[: len(res.baseline.points)] == res.baseline.points[: len(twin.points)]
+        assert twin.concurrency == res.baseline.concurrency == 16
+        # the start saved goes to a configuration the plain study never reached within the same budget
+        assert res.launches == 2 and len([o for o in res.outcomes if o.launched]) == 2
+        assert {key_of(o.config) for o in res.outcomes} > {key_of(o.config) for o in r_plain.outcomes} - {key_of(anchor)}
+        assert res.best.same_server_as == "base"
+        if confirm_top:  # the best is the defaults' engine: confirmed once, for both
+            assert res.baseline.confirmed == res.best.confirmed is not None
+            assert twin_ev.opened == 1 + 2 + 1 and plain.opened == 1 + 2 + 2  # the plain study starts it twice
+        else:
+            assert twin_ev.opened == 1 + 2 and plain.opened == 1 + 2
+
+
+def test_server_key_resolves_vllm_defaults_on_an_h200(tmp_path):
+    """ServerEvaluator.server_key: explicit flags equal to vLLM's defaults for the GPU (1024 sequences, 8192
+    batched tokens on an H200: m3ctl/data/vllm_defaults.yaml) give the baseline's key; other values do not."""
+    from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model
+    from m3ctl.hw.systems import inventory_for_system
+    from m3ctl.tune.server import ServerEvaluator
+
+    d = build_scale_model(tmp_path / "sm2", ScaleModelSpec(arch="minimax-m2", layers=16, quant="fp8"))
+    ev = ServerEvaluator(inventory_for_system("h200x1"), str(d), tmp_path / "study", TuneSpec(),
+                         plan_base={"runtime": "process", "extra_args": ["--load-format", "dummy"]}, bench={},
+                         port=8040, name_prefix="t")
+    base = ev.server_key({"tp": 1, "dp": 1})
+    assert ev.server_key({"tp": 1, "dp": 1, "max_num_seqs": 1024, "max_num_batched_tokens": 8192}) == base
+    assert ev.server_key({"tp": 1, "dp": 1, "max_num_seqs": 128, "max_num_batched_tokens": 8192}) != base
+    assert ev.server_key({"tp": 1, "dp": 1, "max_num_seqs": 1024, "max_num_batched_tokens": 2048}) != base

@@ -144,6 +144,7 @@ class Outcome:
     confirmed: float | None = None
     trial: int | str | None = None
     recovered: bool = False  # rebuilt on resume from the runs of a killed trial (its bisection was cut short)
+    same_server_as: str | None = None  # "base": the same engine as the baseline, whose runs it reuses (no start)
 
     @property
     def final(self) -> float:
@@ -753,6 +754,32 @@ class Tuner:
             trial.set_user_attr("duplicate", True)
         self.study.tell(trial, out.objective)
 
+    def _server_key(self, cand: dict[str, Any]) -> str | None:
+        get = getattr(self.ev, "server_key", None)
+        if get is None:
+            return None
+        try:
+            return get(cand)
+        except Exception:  # noqa: BLE001 - a candidate the planner rejects has no server to compare
+            return None
+
+    def _as_baseline(self, cand: dict[str, Any], trial: int) -> Outcome | None:
+        """The baseline's outcome as trial ``trial`` when ``cand`` starts the very same engine (its flags only
+        spell out vLLM's defaults for this GPU, e.g. ``--max-num-seqs 1024 --max-num-batched-tokens 8192`` on
+        an H200: :meth:`ServerEvaluator.server_key`), else None. Starting it again would measure one engine
+        twice and spend a start of the budget on it; the copy counts no launch and no cost."""
+        b = self.baseline
+        if b is None or not b.config or not b.launched or b.status not in ("feasible", "slo_infeasible"):
+            return None
+        kb, kc = self._server_key(b.config), self._server_key(cand)
+        if kb is None or kb != kc:
+            return None
+        return Outcome(config=dict(cand), status=b.status, objective=b.objective, concurrency=b.concurrency,
+                       points=list(b.points), start_s=0.0, cost_s=0.0,
+                       reason="the same server as the vLLM-defaults baseline: its runs, no start of its own"
+                       + (f"; {b.reason}" if b.reason else ""),
+                       launched=False, confirmed=b.confirmed, trial=trial, same_server_as="base")
+
     def _elapsed_before(self) -> float:
         return float(self.study.user_attrs.get("elapsed_s", 0.0))
 
@@ -824,6 +851,16 @@ class Tuner:
                     trial.set_user_attr("launched", True)
                     trial.set_user_attr("partial", o.to_json())
 
+                shared = self._as_baseline(cand, n)
+                if shared is not None:
+                    self.outcomes[k] = shared
+                    self._tell(trial, shared)
+                    self._save_search_state()
+                    self.on_event(n, desc, f"same server as the vLLM-defaults baseline: its runs reused, no start "
+                                           f"({shared.objective:.1f} at c={shared.concurrency})"
+                                  if shared.status == "feasible" else
+                                  f"same server as the vLLM-defaults baseline: {shared.status}, no start")
+                    continue
                 try:
                     out = evaluate(self.ev, cand, self.spec, self.slo, n, event, start=self._warm_start(cand),
                                    on_partial=partial)
@@ -872,7 +909,16 @@ class Tuner:
         # The baseline gets the same re-test, so best / baseline compares like with like (both the worse of a
         # search run and a confirmation run on a fresh server).
         b = self.baseline
-        if b is not None and b.status == "feasible" and b.confirmed is None and b.config:
+        twin = next((o for o in self.outcomes.values() if o.same_server_as == "base" and o.confirmed is not None),
+                    None)
+        if b is not None and b.status == "feasible" and b.confirmed is None and twin is not None:
+            # The confirmed search trial ran the baseline's engine: its confirmation is the baseline's.
+            b.confirmed, b.points, b.concurrency = twin.confirmed, list(twin.points), twin.concurrency
+            b.objective = min(b.objective, twin.objective)
+            self.study.set_user_attr("baseline", b.to_json())
+            self.on_event("base", "vLLM defaults", f"confirmed with trial {twin.trial} (the same server): "
+                                                    f"{b.confirmed:.1f} at c={b.concurrency}")
+        elif b is not None and b.status == "feasible" and b.confirmed is None and b.config:
             confirm(self.ev, b, self.spec, self.slo, lambda m: self.on_event("base", "vLLM defaults", m))
             self.study.set_user_attr("baseline", b.to_json())
             self.on_event("base", "vLLM defaults", f"confirmed: {b.confirmed:.1f} at c={b.concurrency}")

@@ -111,6 +111,19 @@ class ServerEvaluator:
     def check(self, cand: dict[str, Any]):
         return self.plan(cand)
 
+    def server_key(self, cand: dict[str, Any]) -> str:
+        """What the server of ``cand`` would effectively run, as a comparable string: its vLLM arguments with
+        the scheduler limits resolved (an explicit ``--max-num-seqs 1024`` equals vLLM's default of 1024 on an
+        H200; :attr:`m3ctl.plan.LaunchPlan.scheduler_limits`), its environment and layout. Two candidates with
+        the same key start the same engine. Raises ConfigRejected like :meth:`check`."""
+        p = self.plan(cand)
+        args = {k: v for k, v in (p.vllm_args or {}).items()
+                if k not in ("max-num-batched-tokens", "max-num-seqs")}
+        if p.scheduler_limits is not None:
+            args["max-num-batched-tokens"], args["max-num-seqs"] = p.scheduler_limits
+        return json.dumps({"args": args, "env": p.env, "tp": p.tp, "dp": p.dp, "dcp": p.dcp, "ep": p.ep,
+                           "dbo": p.dbo, "gpus": len(p.gpus)}, sort_keys=True, default=str)
+
     @staticmethod
     def n_gpus_plan(p) -> int:
         return max(1, p.tp * p.dp) if p.gpus else 1
