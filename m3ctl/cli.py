@@ -1115,7 +1115,7 @@ def tune(
     ctx: typer.Context,
     model: Annotated[Optional[str], typer.Option("--model", "-m", help="Local model directory or Hugging Face id.")] = None,
     study_dir: Annotated[Optional[Path], typer.Option(help="Study directory (SQLite study, trials, outputs); default ./m3ctl-tune-<time>.")] = None,
-    resume: Annotated[Optional[Path], typer.Option(help="Continue the study in DIR (after Ctrl-C or a kill); other options are ignored except --max-trials / --time-budget, which replace the saved budgets (both count across resumes), and --baseline/--no-baseline.")] = None,
+    resume: Annotated[Optional[Path], typer.Option(help="Continue the study in DIR (after Ctrl-C or a kill); other options are ignored except --max-trials / --time-budget, which replace the saved budgets (both count across resumes), --confirm-top and --baseline/--no-baseline.")] = None,
     slo: Annotated[str, typer.Option(help='SLO over bench result keys, e.g. "p90_tpot_ms<=20,p90_ttft_ms<=2000".')] = "",
     objective: Annotated[str, typer.Option(help="tput_per_gpu, output_tput_per_gpu or tokens_per_usd.")] = "tput_per_gpu",
     usd_per_gpu_hour: Annotated[Optional[float], typer.Option(help="GPU price for tokens_per_usd.")] = None,
@@ -1124,7 +1124,7 @@ def tune(
     max_trials: Annotated[Optional[int], typer.Option(help="Budget: server starts (rejected configurations cost none); default 12.")] = None,
     time_budget: Annotated[Optional[float], typer.Option(help="Budget: wall seconds (no start begins when the median trial so far would overrun it).")] = None,
     seed: Annotated[int, typer.Option(help="Sampler and workload seed.")] = 0,
-    confirm_top: Annotated[int, typer.Option(help="Successive halving: re-measure the best N on a fresh server.")] = 2,
+    confirm_top: Annotated[Optional[int], typer.Option(min=0, help="Successive halving: re-measure the best N on a fresh server (default 2; with --resume it replaces the saved value, e.g. 0 while a study is spread over several sessions, then 1 for the last).")] = None,
     boundary_margin: Annotated[float, typer.Option(min=0.0, max=1.0, help="Repeat a run whose binding SLO term is within this fraction of its limit (met or missed); the level is the median of its runs.")] = 0.10,
     boundary_repeats: Annotated[int, typer.Option(min=0, help="At most this many more runs of a level near the SLO boundary, on the same server with fresh prompts (0: one run per level).")] = 2,
     max_spec_depth: Annotated[int, typer.Option(help="Largest speculation depth searched.")] = 4,
@@ -1162,7 +1162,10 @@ def tune(
         sdir = resume
         settings = st.load_settings(sdir)
         # A resumed study may get a larger budget (e.g. continued on another machine); budgets count across resumes.
-        if (max_trials is not None or time_budget is not None or baseline is not None) and not dry_run:
+        if (max_trials is not None or time_budget is not None or baseline is not None
+                or confirm_top is not None) and not dry_run:
+            if confirm_top is not None:
+                settings["spec"]["confirm_top"] = confirm_top
             if max_trials is not None:
                 settings["spec"]["max_trials"] = max_trials
             if time_budget is not None:
@@ -1205,7 +1208,7 @@ def tune(
                     "pruned": pruned,
                     "spec": {"slo": slo, "objective": objective, "usd_per_gpu_hour": usd_per_gpu_hour, "ladder": lad,
                              "max_trials": 12 if max_trials is None else max_trials, "time_budget_s": time_budget, "seed": seed,
-                             "confirm_top": confirm_top, "prompts_per_concurrency": prompts_per_concurrency,
+                             "confirm_top": 2 if confirm_top is None else confirm_top, "prompts_per_concurrency": prompts_per_concurrency,
                              "baseline": True if baseline is None else baseline,
                              "boundary_margin": boundary_margin, "boundary_repeats": boundary_repeats},
                     "plan_base": {"overrides": _parse_args(arg or []), "extra_args": _no_api_key(ctx.args),
@@ -1220,9 +1223,11 @@ def tune(
     from m3ctl.tune.space import Space  # noqa: PLC0415
 
     if dry_run:
-        if resume and (max_trials is not None or time_budget is not None or baseline is not None):
+        if resume and (max_trials is not None or time_budget is not None or baseline is not None
+                       or confirm_top is not None):
             settings["spec"].update({k: v for k, v in (("max_trials", max_trials), ("time_budget_s", time_budget),
-                                                       ("baseline", baseline)) if v is not None})
+                                                       ("baseline", baseline), ("confirm_top", confirm_top))
+                                     if v is not None})
         report = st.dry_run(sdir, settings, inventory=inv)
         if json_out:
             typer.echo(json.dumps(report, indent=2, default=str))

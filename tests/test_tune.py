@@ -460,9 +460,11 @@ def test_cli_resume_takes_new_budgets(tiny_models, tmp_path):
                 "--knob", "spec_depth=0", "--json")
     assert p.returncode == 1, p.stderr  # nothing measured: no configuration met the SLO
     assert json.loads((sdir / "tune.json").read_text())["spec"]["max_trials"] == 0
-    p = run_cli("tune", "--resume", str(sdir), "--max-trials", "0", "--time-budget", "7", "--json")
+    assert json.loads((sdir / "tune.json").read_text())["spec"]["confirm_top"] == 2  # the default
+    p = run_cli("tune", "--resume", str(sdir), "--max-trials", "0", "--time-budget", "7", "--confirm-top", "1",
+                "--json")
     saved = json.loads((sdir / "tune.json").read_text())["spec"]
-    assert (saved["max_trials"], saved["time_budget_s"]) == (0, 7.0)
+    assert (saved["max_trials"], saved["time_budget_s"], saved["confirm_top"]) == (0, 7.0, 1)
     assert json.loads(p.stdout)["launches"] == 0 and "trial budget" in json.loads(p.stdout)["stopped_by"]
     assert "baseline" not in json.loads(p.stdout)  # a zero budget starts nothing, the baseline neither
 

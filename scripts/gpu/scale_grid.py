@@ -1,0 +1,164 @@
+#!/usr/bin/env python3
+"""The clean grid of issue #15 item 5: what the tune's capacity is checked against.
+
+For each configuration ``NAME=FLAGS`` (m3ctl serve flags joined by '+', then raw vLLM flags after a '--' token,
+e.g. ``spec3=--spec-depth+3``, ``seqs128=--+--max-num-seqs+128``; ``defaults=`` for vLLM's defaults):
+one fresh server (``m3ctl serve --detach``), then every concurrency of ``--ladder`` in ascending order, each
+level measured by ``m3ctl bench`` (its own process, its own seed: fresh prompts; ``--warmup``: a wave of as
+many fresh requests as the concurrency first, out of the measured window). A level whose run lands within
+``--margin`` of the SLO's limit is repeated with fresh prompts, up to ``--repeats`` more runs, and decided by
+the median of its runs: the same rule as ``m3ctl tune`` (m3ctl/tune/search.py ``measure_level``, imported, not
+copied), so both sides define a level's verdict alike while measuring independently (separate servers, the
+bench CLI here, the tune's own sessions there). Levels go up until one misses the SLO; the capacity is the
+last level that met it. A configuration the ``grid.json`` in ``--outdir`` already holds complete (from an
+earlier call) is skipped; an incomplete one is measured again from a fresh server.
+
+Writes ``OUTDIR/grid-NAME-cC-rK.json`` (each bench run), ``OUTDIR/log-NAME.txt`` (server log) and
+``OUTDIR/grid.json``: ``{"slo", "ladder", "configs": {NAME: {"flags", "ready_s", "levels": {C: {"runs":
+[{p90_tpot_ms, objective, valid, file}], "median_p90_tpot_ms", "median_objective", "slo_ok"}}, "capacity",
+"objective_at_capacity", "stopped"}}}``, rewritten after every run (a call that ends early keeps what it
+measured). Objective: total tok/s per GPU (``tput_per_gpu``), as the tune's.
+
+Run on the GPU host with m3ctl importable (scripts/gpu/h200_scale.sh ``grid`` mode).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from m3ctl.tune.search import TuneSpec, measure_level
+from m3ctl.tune.slo import parse_slo
+
+
+class CliSession:
+    """One running deployment measured through the ``m3ctl bench`` CLI (the tune's Session protocol)."""
+
+    def __init__(self, m3: list[str], name: str, cfg: str, out: Path, args: argparse.Namespace, seed0: int):
+        self.m3, self.name, self.cfg, self.out, self.a = m3, name, cfg, out, args
+        self.seed, self.runs, self.files = seed0, {}, []
+
+    def measure(self, c: int, fidelity: float) -> dict:
+        k = self.runs[c] = self.runs.get(c, 0) + 1
+        self.seed += 1
+        f = self.out / f"grid-{self.cfg}-c{c}-r{k}.json"
+        n = max(self.a.min_prompts, int(round(self.a.prompts_per_concurrency * c * fidelity)))
+        cmd = [*self.m3, "bench", "--deployment", self.name, "--concurrency", str(c), "--num-prompts", str(n),
+               "--input-len", str(self.a.input_len), "--output-len", str(self.a.output_len), "--warmup",
+               "--seed", str(self.seed), "--no-progress", "--label", f"{self.cfg} c={c} r{k}",
+               "--output-json", str(f)]
+        try:
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30, self.a.deadline - time.time()))
+            (self.out / f"bench-{self.cfg}-c{c}-r{k}.txt").write_text(p.stdout + p.stderr)
+            rc = p.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        self.files.append(f.name)
+        if not f.exists():
+            return {"completed": 0, "validity": {"valid": False, "reasons": [f"bench exit {rc}"]}}
+        return json.loads(f.read_text())
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("configs", nargs="+", help="NAME=FLAGS (flags joined by '+')")
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--outdir", type=Path, required=True)
+    ap.add_argument("--slo", required=True)
+    ap.add_argument("--ladder", default="16,32,48,64,96,128")
+    ap.add_argument("--input-len", type=int, default=4096)
+    ap.add_argument("--output-len", type=int, default=256)
+    ap.add_argument("--prompts-per-concurrency", type=float, default=3)
+    ap.add_argument("--min-prompts", type=int, default=32)
+    ap.add_argument("--margin", type=float, default=0.10)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--port", type=int, default=8050)
+    ap.add_argument("--seconds", type=float, default=540, help="stop by this many seconds after the start")
+    ap.add_argument("--min-config-s", type=float, default=200, help="start no configuration with less left")
+    ap.add_argument("--extra", default="--load-format+dummy", help="vLLM args after --, joined by '+'")
+    a = ap.parse_args()
+    a.deadline = time.time() + a.seconds
+    m3 = [sys.executable, "-P", "-m", "m3ctl"]
+    slo = parse_slo(a.slo)
+    ladder = [int(x) for x in a.ladder.split(",")]
+    spec = TuneSpec(slo=a.slo, objective="tput_per_gpu", ladder=ladder, boundary_margin=a.margin,
+                    boundary_repeats=a.repeats)
+    a.outdir.mkdir(parents=True, exist_ok=True)
+    summary_f = a.outdir / "grid.json"
+    summary = json.loads(summary_f.read_text()) if summary_f.exists() else {"configs": {}}
+    summary.update(slo=a.slo, ladder=ladder, input_len=a.input_len, output_len=a.output_len,
+                   prompts_per_concurrency=a.prompts_per_concurrency, margin=a.margin, repeats=a.repeats)
+
+    def save() -> None:
+        tmp = summary_f.with_suffix(".tmp")
+        tmp.write_text(json.dumps(summary, indent=1))
+        tmp.replace(summary_f)
+
+    for i, item in enumerate(a.configs):
+        cfg, _, flags = item.partition("=")
+        done = summary["configs"].get(cfg, {}).get("stopped") or ""
+        if done.startswith("missed") or done == "top of the ladder":
+            print(f"skip {cfg}: measured by an earlier call ({done})", flush=True)
+            continue
+        left = a.deadline - time.time()
+        if left < a.min_config_s:
+            print(f"skip {cfg}: {left:.0f} s left", flush=True)
+            continue
+        name = f"grid-{cfg}"
+        toks = [f for f in flags.split("+") if f]
+        own, raw = (toks[: toks.index("--")], toks[toks.index("--") + 1:]) if "--" in toks else (toks, [])
+        serve = [*m3, "serve", "--model", a.model, "--name", name, "--port", str(a.port), "--runtime", "process",
+                 "--detach", *own, "--", *[f for f in a.extra.split("+") if f], *raw]
+        t0 = time.time()
+        p = subprocess.run(serve, capture_output=True, text=True, timeout=max(30, a.deadline - time.time() - 20))
+        rec = summary["configs"].setdefault(cfg, {})
+        rec.update(flags=flags.replace("+", " "), ready_s=round(time.time() - t0, 1), serve_rc=p.returncode,
+                   levels={}, capacity=None, objective_at_capacity=None, stopped=None)
+        print(f"serve {cfg} rc={p.returncode} ready_s={rec['ready_s']}", flush=True)
+        if p.returncode != 0:
+            rec["stopped"] = "serve failed: " + (p.stdout + p.stderr).strip().splitlines()[-1:][0][:300]
+            save()
+            subprocess.run([*m3, "stop", name], capture_output=True)
+            continue
+        sess = CliSession(m3, name, cfg, a.outdir, a, seed0=1000 * (i + 1))
+        try:
+            for c in ladder:
+                if a.deadline - time.time() < 45:
+                    rec["stopped"] = f"deadline at c={c}"
+                    break
+                pt = measure_level(sess, spec, slo, c, 1.0, 1,
+                                   lambda m, cfg=cfg: print(f"  {cfg} {m}", flush=True))
+                runs = pt.runs or [pt.__dict__]
+                rec["levels"][str(c)] = {
+                    "runs": [{"p90_tpot_ms": r["metrics"].get("p90_tpot_ms"), "objective": r["objective"],
+                              "valid": r["valid"], "slo_ok": r["slo_ok"], "reasons": r["reasons"]} for r in runs],
+                    "median_p90_tpot_ms": pt.metrics.get("p90_tpot_ms"), "median_objective": pt.objective,
+                    "slo_ok": pt.slo_ok, "valid": pt.valid}
+                print(f"  {cfg} c={c}: {len(runs)} run(s) p90 TPOT "
+                      f"{[round(r['metrics'].get('p90_tpot_ms') or 0, 1) for r in runs]} -> "
+                      f"{'met' if pt.slo_ok else 'missed'}, {pt.objective:.0f} tok/s/GPU "
+                      f"at {time.time() - t0:.0f} s", flush=True)
+                if pt.slo_ok:
+                    rec["capacity"], rec["objective_at_capacity"] = c, pt.objective
+                save()
+                if not pt.slo_ok:
+                    rec["stopped"] = f"missed at c={c}"
+                    break
+            else:
+                rec["stopped"] = "top of the ladder"
+        finally:
+            log = Path(os.environ.get("M3CTL_STATE_DIR", "")) / "logs" / f"{name}.log"
+            if log.exists():
+                (a.outdir / f"log-{cfg}.txt").write_text(log.read_text()[-200_000:])
+            subprocess.run([*m3, "stop", name], capture_output=True)
+            save()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
