@@ -6,7 +6,7 @@
 #   grid CFG...   a clean grid (scripts/gpu/scale_grid.py): for each configuration one fresh server, levels of
 #                 $GRID_LADDER (default $LADDER) upwards until one misses the SLO, each a warmed `m3ctl bench` run of
 #                 PPC x c prompts with its own seed, repeated near the SLO limit like the tune's levels; bench JSONs
-#                 and grid.json -> grid.tgz (a carried .grid/grid.tgz is continued: finished configurations skipped)
+#                 and grid.json -> grid.tgz (a carried .grid/grid.json is continued: finished configurations skipped)
 #   tune B        `m3ctl tune` over the same knobs (new study, or `--resume` of .study/study.tgz) with time budget B
 #                 (cumulative wall seconds over resumes; baseline on, --confirm-top $CONFIRM, --max-trials $TRIALS);
 #   pair B CFG... both at once on an nvidia-h200-x2: the tune on GPU 0, the grid on GPU 1 (own HOME and state dir);
@@ -28,8 +28,8 @@ source .snap/scripts/gpu/snap-env.sh
 M="python3 -P -m m3ctl"  # -P: m3ctl from .snap, not the working-tree copy in the cwd
 [ -f /tmp/sm2/config.json ] || $M dev scale-model /tmp/sm2 --arch minimax-m2 --layers 16 --quant fp8
 echo "setup done at $(( $(date +%s) - t0 )) s"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-grid_run() {  # CFG... on GPU $GRID_GPU, own HOME (compile caches) and state dir; resumes .grid/grid.tgz
-  mkdir -p /tmp/grid /tmp/hgrid; [ -f .grid/grid.tgz ] && [ ! -f /tmp/grid/grid.json ] && tar -xzf .grid/grid.tgz -C /tmp/grid
+grid_run() {  # CFG... on GPU $GRID_GPU, own HOME (compile caches) and state dir; continues .grid/grid.json
+  mkdir -p /tmp/grid /tmp/hgrid; [ -f .grid/grid.json ] && [ ! -f /tmp/grid/grid.json ] && cp .grid/grid.json /tmp/grid/
   HOME=/tmp/hgrid M3CTL_STATE_DIR=/tmp/m3state-grid CUDA_VISIBLE_DEVICES=${GRID_GPU:-0} \
     python3 -P .snap/scripts/gpu/scale_grid.py "$@" --model /tmp/sm2 --outdir /tmp/grid --slo "$SLO" \
     --ladder ${GRID_LADDER:-$LADDER} --input-len $IN --output-len $OUTLEN --prompts-per-concurrency $PPC \
