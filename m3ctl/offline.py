@@ -119,7 +119,10 @@ def resolve_offline(plan, environ: dict[str, str] | None = None):
     from m3ctl.launch import serve_command  # noqa: PLC0415
 
     args: dict[str, Any] = dict(plan.vllm_args or {})
-    model = _local(plan.model, str(args.get("revision") or "main"), True, environ)
+    # ``--load-format dummy`` initialises random weights and reads no weight file (vLLM LoadFormat "dummy",
+    # https://docs.vllm.ai/en/latest/configuration/engine_args.html#-load-format): config and tokenizer only.
+    weights = str(args.get("load-format") or "").lower() != "dummy"
+    model = _local(plan.model, str(args.get("revision") or "main"), weights, environ)
     local_paths: list[str] = []
     tok = args.get("tokenizer")
     if isinstance(tok, str) and tok:
@@ -132,7 +135,7 @@ def resolve_offline(plan, environ: dict[str, str] | None = None):
         except ValueError:
             spec = None
     if isinstance(spec, dict) and isinstance(spec.get("model"), str) and spec["model"]:
-        draft = _local(spec["model"], str(spec.get("revision") or "main"), True, environ)
+        draft = _local(spec["model"], str(spec.get("revision") or "main"), weights, environ)
         args["speculative-config"] = {**spec, "model": str(draft)}
         local_paths.append(str(draft))
     served = [plan.served_model_name, *plan.served_model_aliases]

@@ -82,6 +82,21 @@ def test_a_missing_or_short_file_fails_before_launch_naming_it(hub, damage, name
     assert named in e.value.message
 
 
+def test_load_format_dummy_needs_no_weight_shard(hub):
+    """`-- --load-format dummy` (a scale model served with random weights, `m3ctl dev scale-model`) reads no weight
+    file: offline, a model without shards resolves; config and tokenizer are still checked. Seen on the H200,
+    where every `m3ctl serve` of the config-only scale model under HF_HUB_OFFLINE=1 failed before launch."""
+    snap = hub / "models--org--tiny" / "snapshots" / COMMIT
+    (snap / "model-00002-of-00002.safetensors").unlink()
+    p = resolve_offline(_plan(extra_args=["--load-format", "dummy"]))
+    assert p.model == str(snap) and p.offline
+    with pytest.raises(ConfigRejected, match="model-00002"):
+        resolve_offline(_plan(extra_args=["--load-format", "safetensors"]))
+    (snap / "tokenizer.json").unlink()
+    with pytest.raises(ConfigRejected, match="tokenizer"):
+        resolve_offline(_plan(extra_args=["--load-format", "dummy"]))
+
+
 def test_cli_offline_is_automatic_under_hf_hub_offline(hub, tmp_path):
     inv = tmp_path / "b200.json"
     inv.write_text(ALL["b200x8"]().model_dump_json())

@@ -28,13 +28,15 @@ source .snap/scripts/gpu/snap-env.sh
 M="python3 -P -m m3ctl"  # -P: m3ctl from .snap, not the working-tree copy in the cwd
 [ -f /tmp/sm2/config.json ] || $M dev scale-model /tmp/sm2 --arch minimax-m2 --layers 16 --quant fp8
 echo "setup done at $(( $(date +%s) - t0 )) s"; nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-grid_run() {  # CFG... on GPU $GRID_GPU, own HOME (compile caches) and state dir; continues .grid/grid.json
-  mkdir -p /tmp/grid /tmp/hgrid; [ -f .grid/grid.json ] && [ ! -f /tmp/grid/grid.json ] && cp .grid/grid.json /tmp/grid/
-  HOME=/tmp/hgrid M3CTL_STATE_DIR=/tmp/m3state-grid CUDA_VISIBLE_DEVICES=${GRID_GPU:-0} \
-    python3 -P .snap/scripts/gpu/scale_grid.py "$@" --model /tmp/sm2 --outdir /tmp/grid --slo "$SLO" \
+grid_run() {  # CFG... on GPU $GRID_GPU, own HOME (compile caches), state dir and port per ${TAG:-} ("" or "0");
+  # continues .grid/grid${TAG:-}.json (finished configurations are skipped)
+  local G=/tmp/grid${TAG:-}; mkdir -p $G /tmp/hgrid${TAG:-}
+  [ -f .grid/grid${TAG:-}.json ] && [ ! -f $G/grid.json ] && cp .grid/grid${TAG:-}.json $G/grid.json
+  HOME=/tmp/hgrid${TAG:-} M3CTL_STATE_DIR=/tmp/m3state-grid${TAG:-} CUDA_VISIBLE_DEVICES=${GRID_GPU:-0} \
+    python3 -P .snap/scripts/gpu/scale_grid.py "$@" --model /tmp/sm2 --outdir $G --slo "$SLO" \
     --ladder ${GRID_LADDER:-$LADDER} --input-len $IN --output-len $OUTLEN --prompts-per-concurrency $PPC \
-    --seconds $(( $(left) - 25 )) --port 8050 > $OUT/grid.log 2>&1; echo "grid rc=$?"
-  tar -C /tmp/grid -czf "$OUT/grid.tgz" . ; cp /tmp/grid/grid.json "$OUT/" 2>/dev/null
+    --seconds $(( $(left) - 25 )) --port $(( 8050 + ${TAG:-1} )) > $OUT/grid${TAG:-}.log 2>&1; echo "grid${TAG:-} rc=$?"
+  tar -C $G -czf "$OUT/grid${TAG:-}.tgz" .
 }
 tune_run() {  # new study, or --resume of .study/study.tgz, on GPU $TUNE_GPU with cumulative time budget $1
   S=/tmp/study; B=${1:-400}
@@ -53,14 +55,15 @@ tune_run() {  # new study, or --resume of .study/study.tgz, on GPU $TUNE_GPU wit
     echo "tune rc=$?"
   fi
   $M stop --all > /dev/null 2>&1
-  tar -C $S -czf "$OUT/study.tgz" . && cp $S/result.json "$OUT/" 2>/dev/null
+  tar -C $S -czf "$OUT/study.tgz" .
 }
 if [ "$MODE" = grid ]; then
   grid_run "$@"
 elif [ "$MODE" = pair ]; then  # the tune on GPU 0 and the grid on GPU 1 at once (nvidia-h200-x2): B CFG...
   B=$1; shift
-  TUNE_GPU=0 tune_run "$B" & tp=$!
-  sleep ${GRID_DELAY:-0}; GRID_GPU=1 grid_run "$@" & gp=$!
+  # GRID0="CFG...": once the tune is done, a second grid on GPU 0 (own grid0.json) for these configurations
+  (TUNE_GPU=0 tune_run "$B"; [ -n "${GRID0:-}" ] && GRID_GPU=0 TAG=0 grid_run $GRID0) & tp=$!
+  GRID_GPU=1 TAG= grid_run "$@" & gp=$!
   wait $tp $gp
 elif [ "$MODE" = plans ]; then
   P=/tmp/plans; mkdir -p $P
