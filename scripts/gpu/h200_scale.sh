@@ -35,7 +35,7 @@ grid_run() {  # CFG... on GPU $GRID_GPU, own HOME (compile caches), state dir an
   HOME=/tmp/hgrid${TAG:-} M3CTL_STATE_DIR=/tmp/m3state-grid${TAG:-} CUDA_VISIBLE_DEVICES=${GRID_GPU:-0} \
     python3 -P .snap/scripts/gpu/scale_grid.py "$@" --model /tmp/sm2 --outdir $G --slo "$SLO" \
     --ladder ${GRID_LADDER:-$LADDER} --input-len $IN --output-len $OUTLEN --prompts-per-concurrency $PPC \
-    --seconds $(( $(left) - 25 )) --port $(( 8050 + ${TAG:-1} )) > $OUT/grid${TAG:-}.log 2>&1; echo "grid${TAG:-} rc=$?"
+    --below 32,16 --seconds $(( $(left) - 25 )) --port $(( 8050 + ${TAG:-1} )) > $OUT/grid${TAG:-}.log 2>&1; echo "grid${TAG:-} rc=$?"
   tar -C $G -czf "$OUT/grid${TAG:-}.tgz" .
 }
 tune_run() {  # new study, or --resume of .study/study.tgz, on GPU $TUNE_GPU with cumulative time budget $1

@@ -75,6 +75,7 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=256)
     ap.add_argument("--prompts-per-concurrency", type=float, default=3)
     ap.add_argument("--min-prompts", type=int, default=32)
+    ap.add_argument("--below", default="32,16", help="levels tried downwards when the ladder's first one misses")
     ap.add_argument("--margin", type=float, default=0.10)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--port", type=int, default=8050)
@@ -86,6 +87,7 @@ def main() -> int:
     m3 = [sys.executable, "-P", "-m", "m3ctl"]
     slo = parse_slo(a.slo)
     ladder = [int(x) for x in a.ladder.split(",")]
+    below0 = sorted((int(x) for x in a.below.split(",") if x), reverse=True)
     spec = TuneSpec(slo=a.slo, objective="tput_per_gpu", ladder=ladder, boundary_margin=a.margin,
                     boundary_repeats=a.repeats)
     a.outdir.mkdir(parents=True, exist_ok=True)
@@ -126,8 +128,12 @@ def main() -> int:
             subprocess.run([*m3, "stop", name], capture_output=True)
             continue
         sess = CliSession(m3, name, cfg, a.outdir, a, seed0=1000 * (i + 1))
+        # Upwards from the ladder's first level until a level misses; when that first level misses, downwards
+        # through --below until one meets (the capacity is then below the ladder).
+        levels, below = list(ladder), list(below0)
         try:
-            for c in ladder:
+            while levels:
+                c = levels.pop(0)
                 if a.deadline - time.time() < 45:
                     rec["stopped"] = f"deadline at c={c}"
                     break
@@ -143,14 +149,21 @@ def main() -> int:
                       f"{[round(r['metrics'].get('p90_tpot_ms') or 0, 1) for r in runs]} -> "
                       f"{'met' if pt.slo_ok else 'missed'}, {pt.objective:.0f} tok/s/GPU "
                       f"at {time.time() - t0:.0f} s", flush=True)
-                if pt.slo_ok:
+                going_down = rec["capacity"] is None and c <= ladder[0]
+                if pt.slo_ok and (rec["capacity"] is None or c > rec["capacity"]):
                     rec["capacity"], rec["objective_at_capacity"] = c, pt.objective
-                save()
+                if pt.slo_ok and going_down and c < ladder[0]:
+                    rec["stopped"] = f"missed at c={min(int(x) for x in rec['levels'] if int(x) > c)}"
+                    break
                 if not pt.slo_ok:
                     rec["stopped"] = f"missed at c={c}"
+                    if going_down and below:
+                        levels = [below.pop(0)]
+                        continue
                     break
+                save()
             else:
-                rec["stopped"] = "top of the ladder"
+                rec["stopped"] = rec["stopped"] or "top of the ladder"
         finally:
             log = Path(os.environ.get("M3CTL_STATE_DIR", "")) / "logs" / f"{name}.log"
             if log.exists():
