@@ -652,3 +652,41 @@ def test_server_key_resolves_vllm_defaults_on_an_h200(tmp_path):
     assert ev.server_key({"tp": 1, "dp": 1, "max_num_seqs": 1024, "max_num_batched_tokens": 8192}) == base
     assert ev.server_key({"tp": 1, "dp": 1, "max_num_seqs": 128, "max_num_batched_tokens": 8192}) != base
     assert ev.server_key({"tp": 1, "dp": 1, "max_num_seqs": 1024, "max_num_batched_tokens": 2048}) != base
+
+
+def test_resume_restores_a_stepped_down_confirmation_and_shares_it_with_the_baseline(tmp_path):
+    """Seen on the H200 (issue #15): the defaults' confirmation missed the SLO at c=64 and stepped down to c=48,
+    then the call ended before the baseline took the confirmation of its twin. On resume the study must report
+    the confirmed capacity (c=48, not the search's c=64) for the trial and for the baseline (one engine)."""
+    from dataclasses import asdict
+
+    from m3ctl.tune.search import Point
+
+    grid = _grid()
+    space = recorded_space(grid)
+    anchor = space.anchor()
+    base = _record({1: (400, 10), 2: (800, 12), 4: (1500, 15), 8: (5000, 16), 16: (9000, 18)}, start_s=60.0)
+    base["config"] = {"tp": 1, "dp": 1}
+    grid["baseline"] = base
+
+    class SameEngine(ReplayEvaluator):
+        def server_key(self, cand):
+            return key_of(anchor) if cand == base["config"] else key_of(cand)
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    spec = TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=1, confirm_top=0, baseline=True)
+    ev = SameEngine(grid)
+    t1 = Tuner(space, ev, spec, storage=storage)
+    t1.run(clock=lambda: ev.clock[0])
+    twin = t1.outcomes[key_of(anchor)]
+    assert twin.same_server_as == "base" and twin.concurrency == 16
+    # the confirmation as a study written before this fix saved it: no concurrency, a step down to c=8
+    miss = Point(concurrency=16, fidelity=2.0, objective=8000.0, slo_ok=False, valid=True, duration_s=1.0, metrics={})
+    met = Point(concurrency=8, fidelity=2.0, objective=4800.0, slo_ok=True, valid=True, duration_s=1.0, metrics={})
+    t1.study.set_user_attr(f"confirm:{key_of(anchor)}", {"confirmed": 4800.0, "cost_s": 70.0,
+                                                         "points": [asdict(p) for p in [*twin.points, miss, met]]})
+    t2 = Tuner(space, SameEngine(grid), spec, storage=storage)
+    tw = t2.outcomes[key_of(anchor)]
+    assert (tw.concurrency, tw.objective, tw.confirmed) == (8, 4800.0, 4800.0)
+    b = t2.baseline
+    assert (b.concurrency, b.confirmed, b.final) == (8, 4800.0, 4800.0)

@@ -566,6 +566,15 @@ class Tuner:
                 self.outcomes[k[8:]].confirmed = v["confirmed"]
                 self.outcomes[k[8:]].points = [Point(**p) for p in v["points"]]
                 self.outcomes[k[8:]].cost_s = v["cost_s"]
+                # a confirmation that stepped down the ladder moved the capacity: saved with it since 2026-12;
+                # for an older study, the concurrency of its last SLO-meeting confirmation run
+                o = self.outcomes[k[8:]]
+                met = [p for p in o.points if p.fidelity > 1 and p.slo_ok]
+                if "concurrency" in v:
+                    o.concurrency, o.objective = v["concurrency"], v["objective"]
+                elif met and met[-1].concurrency != o.concurrency:
+                    o.concurrency, o.objective = met[-1].concurrency, min(o.objective, met[-1].objective)
+        self._share_twin_confirmation()
 
     @property
     def launches(self) -> int:
@@ -780,6 +789,20 @@ class Tuner:
                        + (f"; {b.reason}" if b.reason else ""),
                        launched=False, confirmed=b.confirmed, trial=trial, same_server_as="base")
 
+    def _share_twin_confirmation(self) -> bool:
+        """When the search trial that reused the baseline's server (``same_server_as``) was confirmed, that
+        confirmation is the baseline's too (one engine): copy it, save it, return True. Also run on load, so a
+        study interrupted between the two (or resumed with ``confirm_top`` 0) reports one engine one way."""
+        b = self.baseline
+        twin = next((o for o in self.outcomes.values() if o.same_server_as == "base" and o.confirmed is not None),
+                    None)
+        if b is None or b.status != "feasible" or b.confirmed is not None or twin is None:
+            return False
+        b.confirmed, b.points, b.concurrency = twin.confirmed, list(twin.points), twin.concurrency
+        b.objective = min(b.objective, twin.objective)
+        self.study.set_user_attr("baseline", b.to_json())
+        return True
+
     def _elapsed_before(self) -> float:
         return float(self.study.user_attrs.get("elapsed_s", 0.0))
 
@@ -904,19 +927,13 @@ class Tuner:
             confirm(self.ev, o, self.spec, self.slo, lambda m, n=o.trial, d=desc: self.on_event(n, d, m))
             self.study.set_user_attr(f"confirm:{key_of(o.config)}",
                                      {"confirmed": o.confirmed, "points": [asdict(p) for p in o.points],
-                                      "cost_s": o.cost_s})
+                                      "cost_s": o.cost_s, "concurrency": o.concurrency, "objective": o.objective})
             self.on_event(o.trial, desc, f"confirmed: {o.confirmed:.1f} at c={o.concurrency}")
         # The baseline gets the same re-test, so best / baseline compares like with like (both the worse of a
         # search run and a confirmation run on a fresh server).
         b = self.baseline
-        twin = next((o for o in self.outcomes.values() if o.same_server_as == "base" and o.confirmed is not None),
-                    None)
-        if b is not None and b.status == "feasible" and b.confirmed is None and twin is not None:
-            # The confirmed search trial ran the baseline's engine: its confirmation is the baseline's.
-            b.confirmed, b.points, b.concurrency = twin.confirmed, list(twin.points), twin.concurrency
-            b.objective = min(b.objective, twin.objective)
-            self.study.set_user_attr("baseline", b.to_json())
-            self.on_event("base", "vLLM defaults", f"confirmed with trial {twin.trial} (the same server): "
+        if self._share_twin_confirmation():
+            self.on_event("base", "vLLM defaults", f"confirmed with the search trial of the same server: "
                                                     f"{b.confirmed:.1f} at c={b.concurrency}")
         elif b is not None and b.status == "feasible" and b.confirmed is None and b.config:
             confirm(self.ev, b, self.spec, self.slo, lambda m: self.on_event("base", "vLLM defaults", m))
