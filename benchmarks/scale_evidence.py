@@ -178,6 +178,94 @@ def replay_with_repeats(slo_text: str, root: Path = EVIDENCE) -> dict:
     return out
 
 
+# ---------------------------------------------------------------- study 2 (session 7, nvidia-h200-x2)
+#: The second study (tests/fixtures/h200x1-real/scale2/): `h200_scale.sh pair` on an nvidia-h200-x2, the tune
+#: on GPU 0 and the clean grid (scripts/gpu/scale_grid.py) on GPU 1 at the same time; baseline on, boundary
+#: repeats (10 %, 2 more), --confirm-top 1, --prompts-per-concurrency 2, ladder 16..128 (grid: 48, 64, 96, 128).
+EVIDENCE2 = EVIDENCE.parent / "scale2"
+GRID2_CONFIGS = {**GRID_CONFIGS,
+                 "spec3": dict(spec_depth=3, max_num_seqs=1024, max_num_batched_tokens=8192, kv_cache_dtype="default"),
+                 "kvfp8": dict(spec_depth=0, max_num_seqs=1024, max_num_batched_tokens=8192, kv_cache_dtype="fp8")}
+
+
+def grid2_from_runs(slo_text: str, root: Path = EVIDENCE2) -> dict[str, dict]:
+    """The clean grid recomputed from its raw bench JSONs (not from grid.json): per configuration and level the
+    p90 TPOT and tok/s per GPU of every run, the median verdict (the tune's rule), the capacity (levels upwards
+    until the first miss) and the median objective there."""
+    slo = parse_slo(slo_text)
+    runs: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for f in sorted((root / "grid").glob("grid-*-c*-r*.json")):
+        name, c, k = f.stem[len("grid-"):].rsplit("-", 2)
+        r = _one(f)
+        runs[name][int(c[1:])].append({"run": int(k[1:]), "p90_tpot_ms": r["p90_tpot_ms"],
+                                       "tput_per_gpu": objective_value(r, "tput_per_gpu", 1, None),
+                                       "prefix_cache_hit_rate": r["server_metrics"]["prefix_cache_hit_rate"]})
+    out = {}
+    for name, levels in runs.items():
+        cap, obj, rows = None, None, {}
+        for c in sorted(levels):
+            rs = sorted(levels[c], key=lambda r: r["run"])
+            med = statistics.median(r["p90_tpot_ms"] for r in rs)
+            ok = slo.ok({"p90_tpot_ms": med})
+            rows[c] = {"p90_tpot_ms": [round(r["p90_tpot_ms"], 1) for r in rs], "median_p90_tpot_ms": round(med, 2),
+                       "tput_per_gpu": [round(r["tput_per_gpu"]) for r in rs], "slo_ok": ok}
+            if not ok:
+                break
+            cap, obj = c, statistics.median(r["tput_per_gpu"] for r in rs)
+        out[name] = {"levels": rows, "capacity": cap, "objective": obj}
+    return out
+
+
+def study2_report(slo_text: str = "p90_tpot_ms<=30", root: Path = EVIDENCE2) -> dict:
+    """Tune (result.json) against the clean grid, per configuration: capacity concurrency and objective on
+    both sides and their ratios (tune / grid); the tune's choice against the grid's best."""
+    res = json.loads((root / "study" / "result.json").read_text())
+    grid = grid2_from_runs(slo_text, root)
+    name_of = {json.dumps(v, sort_keys=True): k for k, v in GRID2_CONFIGS.items()}
+
+    def name(cfg: dict) -> str:
+        return name_of.get(json.dumps({k: cfg[k] for k in GRID_CONFIGS["defaults"]}, sort_keys=True), "?")
+
+    rows = {}
+    for t in res["trials"]:
+        n = name(t["config"])
+        final = t["objective"] if t.get("confirmed") is None else min(t["objective"], t["confirmed"])
+        g = grid.get(n, {})
+        rows[n] = {"trial": t["trial"], "tune_capacity": t["concurrency"], "tune_objective": final,
+                   "confirmed": t.get("confirmed"), "same_server_as": t.get("same_server_as"),
+                   "grid_capacity": g.get("capacity"), "grid_objective": g.get("objective"),
+                   "capacity_ratio": (t["concurrency"] / g["capacity"]) if g.get("capacity") else None,
+                   "objective_ratio": (final / g["objective"]) if g.get("objective") else None}
+    chosen = name(res["best"]["config"])
+    measured = {k: v for k, v in grid.items() if v["objective"] is not None}
+    grid_best = max(measured, key=lambda k: measured[k]["objective"])
+    return {"slo": slo_text, "grid": grid, "rows": rows, "tune_chosen": chosen, "grid_best": grid_best,
+            "choice_vs_grid_best": measured[chosen]["objective"] / measured[grid_best]["objective"]
+            if chosen in measured else None,
+            "stopped_by": res["stopped_by"], "launches": res["launches"], "elapsed_s": res["elapsed_s"]}
+
+
+def print_study2(slo_text: str) -> None:
+    rep = study2_report(slo_text)
+    print(f"\nstudy 2 (tests/fixtures/h200x1-real/scale2): SLO {rep['slo']}; tune {rep['launches']} starts "
+          f"({rep['stopped_by']}), {rep['elapsed_s']:.0f} s wall")
+    print("clean grid, from the raw runs: c: p90 TPOT ms of each run -> verdict of the median")
+    for n, g in rep["grid"].items():
+        lv = "  ".join(f"c{c}: {'/'.join(map(str, x['p90_tpot_ms']))} {'ok' if x['slo_ok'] else 'miss'}"
+                       for c, x in g["levels"].items())
+        print(f"  {n:9s} {lv}")
+    print(f"  {'config':9s} {'tune c':>6s} {'tune tok/s':>10s} {'grid c':>6s} {'grid tok/s':>10s} {'c ratio':>7s} "
+          f"{'tok/s ratio':>11s}")
+    for n, r in rep["rows"].items():
+        def f(x, spec):
+            return format(x, spec) if x is not None else "n/a"
+        print(f"  {n:9s} {f(r['tune_capacity'], '6d')} {f(r['tune_objective'], '10.0f')} "
+              f"{f(r['grid_capacity'], '6d')} {f(r['grid_objective'], '10.0f')} {f(r['capacity_ratio'], '7.2f')} "
+              f"{f(r['objective_ratio'], '11.3f')}" + (" (confirmed)" if r["confirmed"] is not None else ""))
+    print(f"  tune chose {rep['tune_chosen']}; grid best {rep['grid_best']}; grid objective of the choice / grid best "
+          f"= {rep['choice_vs_grid_best']:.3f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--slo", default="p90_tpot_ms<=30")
@@ -214,6 +302,7 @@ def main() -> None:
         tail = (f"capacity c={row['capacity']} from {sp['runs']} run(s), p90 TPOT {sp['min']:.1f}-{sp['max']:.1f} ms, "
                 f"{row['objective']} tok/s per GPU" if row["capacity"] else f"undecided: {row['needs_more_runs']}")
         print(f"  {name:9s} {lv}\n    {tail}")
+    print_study2(a.slo)
 
 
 if __name__ == "__main__":

@@ -111,3 +111,61 @@ def test_memory_fit_predicts_the_kv_capacity_vllm_reported(tmp_path):
     assert row.serves and row.tp == 1
     assert row.kv_tokens == pytest.approx(1_101_296, rel=0.03)
     assert row.concurrent_sequences == int(1_101_296 / 196_608)  # vLLM: "Maximum concurrency ... 5.60x"
+
+
+# ---------------------------------------------------------------- study 2: tune and grid side by side (x2 host)
+SCALE2 = ROOT / "tests" / "fixtures" / "h200x1-real" / "scale2"
+
+
+def test_study2_every_run_used_fresh_prompts_and_was_valid():
+    files = sorted((SCALE2 / "grid").glob("grid-*-c*-r*.json")) + sorted(SCALE2.glob("study/trials/*/bench-*.json"))
+    assert len(files) >= 35
+    for f in files:
+        r = json.loads(f.read_text())
+        sm = r["server_metrics"]
+        assert sm["prefix_cache_hit_rate"] == 0.0 and sm["prefix_cache_queried_tokens"] == r["total_input_tokens"], f
+        assert r["validity"]["valid"], f
+
+
+def test_study2_grid_json_written_on_the_gpu_matches_its_raw_runs(ev):
+    # scale_grid.py decided each level by the tune's own rule (measure_level); recomputed here from the raw
+    # bench JSONs with a plain median, the verdicts and capacities agree
+    rec = json.loads((SCALE2 / "grid" / "grid.json").read_text())["configs"]
+    again = ev.grid2_from_runs("p90_tpot_ms<=30", SCALE2)
+    assert set(rec) == set(again) == {"defaults", "spec3", "seqs128", "mbt2048"}
+    for name, g in again.items():
+        assert rec[name]["capacity"] == g["capacity"], name
+        assert rec[name]["objective_at_capacity"] == pytest.approx(g["objective"], rel=1e-3), name
+        for c, lv in g["levels"].items():
+            assert rec[name]["levels"][str(c)]["slo_ok"] == lv["slo_ok"], (name, c)
+    # near the bound the grid repeated: the defaults at c=64 measured 28.4, 37.9 and 29.1 ms (median meets 30)
+    assert again["defaults"]["levels"][64]["p90_tpot_ms"] == [28.4, 37.9, 29.1]
+
+
+def test_study2_the_defaults_engine_was_started_once_for_search(ev):
+    # Trial 0 (--max-num-seqs 1024 --max-num-batched-tokens 8192) spells out vLLM's defaults on an H200: the
+    # study reused the baseline's runs (no start, no search run of its own); its folder holds only the
+    # confirmation on a fresh server (x2 runs). The baseline's server log shows the 8192-token budget.
+    res = json.loads((SCALE2 / "study" / "result.json").read_text())
+    t0 = next(t for t in res["trials"] if t["trial"] == 0)
+    assert t0["same_server_as"] == "base" and not t0["launched"]
+    assert all("-x2" in f.name for f in (SCALE2 / "study" / "trials" / "0000").glob("bench-*.json"))
+    assert res["launches"] == 4 and len(res["trials"]) == 5  # baseline + 4 other configurations measured
+    assert "max_num_batched_tokens=8192" in (SCALE2 / "study" / "server-base-excerpt.txt").read_text()
+    # one engine, one confirmation: the baseline reports trial 0's (stepped down from c=64 to c=48)
+    assert res["baseline"]["confirmed"] == t0["confirmed"] and res["baseline"]["concurrency"] == 48
+
+
+def test_study2_ratios_as_reported_in_the_results_page(ev):
+    rep = ev.study2_report("p90_tpot_ms<=30", SCALE2)
+    # the choice is the grid's best, at the grid's capacity, its objective within 5 % (issue #15 item 5)
+    assert rep["tune_chosen"] == rep["grid_best"] == "spec3" and rep["choice_vs_grid_best"] == 1.0
+    s = rep["rows"]["spec3"]
+    assert s["capacity_ratio"] == 1.0 and s["objective_ratio"] == pytest.approx(0.969, abs=0.001)
+    # ... but not for every configuration: the defaults and mbt 2048 sit on the bound at c=64, where single runs
+    # spread 24.8-37.9 ms; the tune's single run there (33.1 ms, 10.3 % over: outside the 10 % repeat margin)
+    # put mbt 2048 at c=48
+    assert rep["rows"]["defaults"]["capacity_ratio"] == 0.75 and rep["rows"]["mbt2048"]["capacity_ratio"] == 0.75
+    assert rep["rows"]["seqs128"]["capacity_ratio"] == 1.0
+    assert rep["rows"]["seqs128"]["objective_ratio"] == pytest.approx(1.130, abs=0.001)
+    assert rep["rows"]["kvfp8"]["grid_capacity"] is None  # the grid ran out of device time before it
