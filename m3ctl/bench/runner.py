@@ -49,8 +49,7 @@ from m3ctl.bench.client import PROGRESS, BenchRequest, RequestOutput, build_body
 from m3ctl.bench.fasthttp import ConnectionPool
 from m3ctl.bench.prompts import LocalTokenizer, ServerTokenizer, Tokenizer
 from m3ctl.errors import EXIT_LAUNCH_FAILED, BadInput, M3Error
-
-SCHEMA_VERSION = "1.0"
+from m3ctl.results import BENCH_SCHEMA_VERSION as SCHEMA_VERSION  # the result's version: m3ctl/results.py
 
 
 class BenchServerDown(M3Error):
