@@ -265,6 +265,12 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
     from m3ctl.bench.runner import BenchConfig  # noqa: PLC0415
     from m3ctl.bench.target import resolve_target  # noqa: PLC0415
 
+    if unknown := sorted(set(options) - set(BenchConfig.model_fields)):
+        import difflib  # noqa: PLC0415
+
+        close = difflib.get_close_matches(unknown[0], list(BenchConfig.model_fields), n=1)
+        raise BadInput(f"unknown bench option {unknown[0]!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+                       "see m3ctl.bench.runner.BenchConfig for the options and their units")
     levels = [concurrency] if isinstance(concurrency, int) else list(concurrency or [])
     if any(not isinstance(c, int) or c < 1 for c in levels):
         raise BadInput(f"bad concurrency {concurrency!r}: values must be integers >= 1", "e.g. concurrency=[1, 2, 4]")

@@ -167,15 +167,15 @@ class BenchResult(BaseModel):
             raise BadInput(_one_line(e, where), "pass a file written by `m3ctl bench --output-json`") from None
 
     @classmethod
-    def load(cls, path: str | Path) -> BenchResult:
+    def read(cls, path: str | Path) -> BenchResult:
         """A single-run result file (``m3ctl bench --output-json`` or ``vllm bench serve --save-result``).
 
         Raises:
-            BadInput: missing, unreadable, not JSON, a sweep file (use :meth:`BenchSweep.load`), or invalid.
+            BadInput: missing, unreadable, not JSON, a sweep file (use :meth:`BenchSweep.read`), or invalid.
         """
         data = _read_json(path, "bench result", "pass a file written by `m3ctl bench --output-json`")
         if isinstance(data, dict) and "runs" in data:
-            raise BadInput(f"{path} is a sweep of {len(data['runs'])} runs", "load it with BenchSweep.load")
+            raise BadInput(f"{path} is a sweep of {len(data['runs'])} runs", "load it with BenchSweep.read")
         return cls.from_dict(data, str(path))
 
 
@@ -195,11 +195,11 @@ class BenchSweep(BaseModel):
         return out
 
     @classmethod
-    def load(cls, path: str | Path) -> BenchSweep:
+    def read(cls, path: str | Path) -> BenchSweep:
         """Raises: BadInput (missing, not JSON, not a sweep, or a run that is not a bench result)."""
         data = _read_json(path, "bench sweep", "pass a file written by `m3ctl bench --concurrency 1,2,4 --output-json`")
         if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
-            raise BadInput(f"{path} is not a bench sweep (no runs list)", "load a single run with BenchResult.load")
+            raise BadInput(f"{path} is not a bench sweep (no runs list)", "load a single run with BenchResult.read")
         runs = [BenchResult.from_dict(r, f"{path}: runs[{i}]") for i, r in enumerate(data["runs"])]
         try:
             return cls.model_validate({**data, "runs": runs})
@@ -278,7 +278,7 @@ class TuneReport(BaseModel):
             raise BadInput(_one_line(e, where), "pass the result.json of a tune study directory") from None
 
     @classmethod
-    def load(cls, path: str | Path) -> TuneReport:
+    def read(cls, path: str | Path) -> TuneReport:
         """``result.json`` of a study (a study directory is accepted for its ``result.json``).
 
         Raises:
