@@ -112,13 +112,14 @@ def doctor(*, model: str | None = None, variant: str | None = None, context: int
 
 # ----------------------------------------------------------------------------- plan
 def _request(request: PlanRequest | dict | None, config: str | Path | None, knobs: dict[str, Any],
-             default_runtime: str) -> PlanRequest:
+             default_runtime: str) -> tuple[PlanRequest, str | None]:
     """``config`` file < ``request`` < ``knobs`` (PlanRequest precedence), as a checked PlanRequest; the secret
-    variables of this environment are passed through by name (m3ctl.secrets.PASSTHROUGH)."""
+    variables of this environment are passed through by name (m3ctl.secrets.PASSTHROUGH). A raw ``--api-key``
+    in ``extra_args`` is taken out (returned second): the server gets it as VLLM_API_KEY, never in argv."""
     from pydantic import ValidationError  # noqa: PLC0415
 
     from m3ctl.assess.request import PlanRequest, load_request, merge  # noqa: PLC0415
-    from m3ctl.secrets import passthrough_env  # noqa: PLC0415
+    from m3ctl.secrets import API_KEY_ENV, passthrough_env, split_api_key  # noqa: PLC0415
 
     try:
         layers = [load_request(config) if config else None,
@@ -131,7 +132,9 @@ def _request(request: PlanRequest | dict | None, config: str | Path | None, knob
         raise BadInput(f"plan request {where}: {err['msg']}", "see m3ctl.assess.request.PlanRequest") from None
     if "runtime" not in req.model_fields_set:
         req = req.model_copy(update={"runtime": default_runtime})
-    return req.model_copy(update={"pass_env": sorted(set(req.pass_env) | set(passthrough_env()))})
+    extra, key = split_api_key(list(req.extra_args))  # a raw --api-key goes to the server's environment only
+    names = set(req.pass_env) | set(passthrough_env()) | ({API_KEY_ENV} if key else set())
+    return req.model_copy(update={"pass_env": sorted(names), "extra_args": extra}), key
 
 
 def plan(request: PlanRequest | dict | None = None, *, inventory: str | Path | HostInventory | None = None,
@@ -161,7 +164,7 @@ def plan(request: PlanRequest | dict | None = None, *, inventory: str | Path | H
     from m3ctl.launch import check_host  # noqa: PLC0415
     from m3ctl.plan import plan as make_plan  # noqa: PLC0415
 
-    req = _request(request, config, knobs, "auto")
+    req, _ = _request(request, config, knobs, "auto")
     check_host(req.host)
     p = make_plan(host_inventory(inventory, system), req)
     return _maybe_offline(p, offline)
@@ -209,18 +212,24 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
     from m3ctl.secrets import API_KEY_ENV, passthrough_env  # noqa: PLC0415
     from m3ctl.state import Registry, check_name  # noqa: PLC0415
 
-    req = _request(request, config, knobs, "process")
+    req, raw_key = _request(request, config, knobs, "process")
     if "model" not in req.model_fields_set:
         raise BadInput("serve needs a model", "pass model='DIR or hub id'")
     check_name(req.name)
     check_host(req.host)
     if req.startup_budget_s is not None and not req.startup_budget_s > 0:
         raise BadInput(f"startup_budget_s {req.startup_budget_s:g} must be > 0 seconds", "e.g. 600")
+    if (req.image or req.mounts) and req.runtime != "docker":
+        raise BadInput("image and mounts need the docker runtime", "add runtime='docker'")
     secrets = passthrough_env()
     if api_key_env is not None:
         if not os.environ.get(api_key_env):
             raise BadInput(f"--api-key-env {api_key_env}: that variable is not set", f"export {api_key_env}=KEY first")
-        secrets[API_KEY_ENV] = os.environ[api_key_env]
+        if raw_key:
+            raise BadInput("both api_key_env and a raw --api-key given", "give the key once")
+        raw_key = os.environ[api_key_env]
+    if raw_key:
+        secrets[API_KEY_ENV] = raw_key
     req = req.model_copy(update={"pass_env": list(secrets)})
     inv = host_inventory(inventory)
     prof = req.profile = load_profile_file(Path(req.profile_file)) if req.profile_file else None

@@ -75,8 +75,12 @@ def test_bench_bad_options_are_one_line_bad_input(gt_url):
         m3ctl.bench(gt_url, concurrency=[2, 0])
     with pytest.raises(BadInput, match="num_prompts"):
         m3ctl.bench(gt_url, num_prompts=0)
-    with pytest.raises(BadInput, match="no_such_option"):
-        m3ctl.bench(gt_url, no_such_option=1)
+    with pytest.raises(BadInput, match="unknown bench option 'num_prompt'; did you mean 'num_prompts'"):
+        m3ctl.bench(gt_url, num_prompt=1)
+    with pytest.raises(BadInput, match="request_rate: Input should be greater than 0"):
+        m3ctl.bench(gt_url, request_rate=0)
+    with pytest.raises(BadInput, match="percentiles.0: Input should be less than or equal to 100"):
+        m3ctl.bench(gt_url, percentiles=[150])
     with pytest.raises(BadInput, match="no endpoint"):
         m3ctl.bench()
 
@@ -159,6 +163,9 @@ def test_doctor_and_plan_on_saved_and_catalog_hosts():
     p8 = m3ctl.plan(PlanRequest(max_model_len=65536, tp=4), system="h200x8", tp=8)
     assert p8.tp == 8 and p8.runtime == "docker"  # keyword over request; plan's runtime default is auto
     assert p8.vllm_args["max-model-len"] in (65536, "65536")
+    keyed = m3ctl.plan(system="h200x8", extra_args=["--api-key", "sk-notprinted-1234", "--enforce-eager"])
+    assert "sk-notprinted-1234" not in " ".join(keyed.argv) and "--enforce-eager" in keyed.argv
+    assert "VLLM_API_KEY" in keyed.secret_env_names  # the raw key reaches the server through its environment
     with pytest.raises(BadInput, match="plan request tpp: Extra inputs are not permitted"):
         m3ctl.plan(system="h200x8", tpp=2)
     with pytest.raises(BadInput, match="--context -5 must be >= 1"):

@@ -38,6 +38,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Annotated
 
 import aiohttp
 import numpy as np
@@ -88,7 +89,8 @@ class BenchConfig(BaseModel):
     endpoint: str = "completions"
     num_prompts: int = Field(100, ge=1)
     concurrency: int | None = Field(None, ge=1)
-    request_rate: float = math.inf
+    request_rate: float = Field(math.inf, gt=0)
+    """Requests/s (``inf``: all at once); > 0."""
     burstiness: float = Field(1.0, gt=0)
     duration_s: float | None = Field(None, gt=0)
     input_len: int = Field(128, ge=1)
@@ -107,7 +109,8 @@ class BenchConfig(BaseModel):
     prefix_cache_tolerance: float = Field(0.03, ge=0, le=1)
     """Prefix-cache hit rate (fraction of prompt tokens) allowed above what the workload means before the run
     is BENCH-INVALID (:func:`prefix_cache_check`)."""
-    percentiles: list[float] = Field(default_factory=lambda: [50.0, 90.0, 99.0])
+    percentiles: list[Annotated[float, Field(ge=0, le=100)]] = Field(default_factory=lambda: [50.0, 90.0, 99.0])
+    """Percentiles reported as ``p<P>_<metric>_ms`` (each 0-100)."""
     goodput_slo_ms: dict[str, float] | None = None
     tokenizer: str | None = None
     model_dir: str | None = None
