@@ -178,19 +178,30 @@ def _maybe_offline(p: LaunchPlan, offline: bool | None) -> LaunchPlan:
 
 
 # ----------------------------------------------------------------------------- serve / stop
+@overload
+def serve(request: PlanRequest | dict | None = None, *, dry_run: Literal[False] = False, **kw: Any) -> ServeResult: ...
+@overload
+def serve(request: PlanRequest | dict | None = None, *, dry_run: Literal[True], **kw: Any) -> LaunchPlan: ...
+
+
 def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | HostInventory | None = None,
           config: str | Path | None = None, offline: bool | None = None, api_key_env: str | None = None,
-          smoke: bool = True, on_event: Callable[[Any], None] | None = None, **knobs: Any) -> ServeResult:
+          smoke: bool = True, on_event: Callable[[Any], None] | None = None,
+          on_pull: Callable[[str, str, int | None, int | None], None] | None = None, dry_run: bool = False,
+          **knobs: Any) -> ServeResult | LaunchPlan:
     """Plan, launch and wait until the server really serves (readiness phases, first completion, smoke test);
     return once it is ready and leave it running (``m3ctl serve --detach``); stop it with :func:`stop`.
+    With ``dry_run`` return the plan it would launch (``serve --dry-run``) and start nothing.
 
     Args:
-        request, knobs, config, offline: as :func:`plan` (``runtime`` defaults to ``process``; ``model`` is
-            required; ``startup_budget_s`` is the readiness budget in seconds, default from the model size).
+        request, knobs, config, offline: as :func:`plan` (``runtime`` defaults to ``process``; ``model`` to
+            MiniMax-M3.1-Flash; ``startup_budget_s`` is the readiness budget in seconds, default from the model
+            size).
         api_key_env: require an API key: the name of the environment variable holding it (handed to vLLM as
             ``VLLM_API_KEY`` in its environment, never on its command line).
         smoke: run the correctness smoke test after readiness (findings in ``result.smoke``).
         on_event: called with each readiness :class:`~m3ctl.health.PhaseEvent` (phase, status, elapsed_s).
+        on_pull: docker runtime: called with ``(layer, status, current bytes, total bytes)`` while an image is pulled.
 
     Returns:
         :class:`~m3ctl.serve.ServeResult`: ``url`` (base URL), ``served_model_name``, ``deployment`` (the
@@ -213,8 +224,6 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
     from m3ctl.state import Registry, check_name  # noqa: PLC0415
 
     req, raw_key = _request(request, config, knobs, "process")
-    if "model" not in req.model_fields_set:
-        raise BadInput("serve needs a model", "pass model='DIR or hub id'")
     check_name(req.name)
     check_host(req.host)
     if req.startup_budget_s is not None and not req.startup_budget_s > 0:
@@ -237,10 +246,17 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
     if api_key_env and api_key_env != API_KEY_ENV:
         p = p.model_copy(update={"api_key_env": api_key_env})
     p = _maybe_offline(p, offline)
+    if dry_run:
+        return p
     expect = getattr(prof or profiles().get(p.profile), "expect", None)
-    return serving.launch_and_wait(p, registry=Registry(), secret_env=secrets, on_event=on_event,
-                                   runtime=get_runtime(p.runtime), expect=expect, smoke=smoke,
-                                   diag_context=DiagContext.for_plan(p, inv))
+    if p.runtime == "docker" and on_pull is not None:
+        from m3ctl.runtime.docker import DockerRuntime  # noqa: PLC0415
+
+        rt = DockerRuntime(on_progress=on_pull)  # GPUs and mounts: the plan's (m3ctl/launch.py)
+    else:
+        rt = get_runtime(p.runtime)
+    return serving.launch_and_wait(p, registry=Registry(), secret_env=secrets, on_event=on_event, runtime=rt,
+                                   expect=expect, smoke=smoke, diag_context=DiagContext.for_plan(p, inv))
 
 
 def stop(*names: str, all: bool = False, timeout_s: float = 20.0) -> list[StopReport]:  # noqa: A002

@@ -195,8 +195,13 @@ def test_stop_and_serve_refuse_bad_input_before_anything_starts():
         m3ctl.stop()
     with pytest.raises(NotFound):
         m3ctl.stop("no-such-deployment")
-    with pytest.raises(BadInput, match="serve needs a model"):
-        m3ctl.serve()
+    with pytest.raises(BadInput, match="startup_budget_s -1 must be > 0 seconds"):
+        m3ctl.serve(startup_budget_s=-1)
+    inv_file = FIX / "h200x2-real" / "inventory.json"
+    verdict = m3ctl.doctor(inventory=inv_file).verdict
+    req = {k: v for k, v in verdict.plan_request.items() if k != "runtime"}
+    dry = m3ctl.serve(req, inventory=inv_file, dry_run=True, name="d")
+    assert dry.runtime == "process" and dry.name == "d" and dry.tp == verdict.tp  # serve's default runtime
     with pytest.raises(BadInput, match="invalid --host 'not a host'"):
         m3ctl.serve(model="./does/not/exist", host="not a host")
 

@@ -771,9 +771,10 @@ async def arun_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=No
     a worker thread (``asyncio.to_thread``); a one-process load generator (``client_procs`` 1) runs as a task on
     the caller's loop (its lag is measured and reported as ``validity.client_loop_lag_*``: other work on that
     loop delays the client as it would any client); with ``client_procs > 1`` the worker processes are driven
-    from a worker thread. Cancelling the awaiting task ends the run early as Ctrl-C does on the command line:
-    requests in flight are cancelled and the partial result (``interrupted: true``, invalid) is returned, so
-    nothing measured is lost.
+    from a worker thread. Cancelling the awaiting task while requests are being sent ends the run early as Ctrl-C
+    does on the command line: requests in flight are cancelled and the partial result (``interrupted: true``,
+    invalid) is returned, so nothing measured is lost (cancelled before the first request or while the result
+    is assembled, it raises ``CancelledError``).
 
     Raises:
         BadInput: as :func:`run_bench`.
