@@ -1211,3 +1211,8 @@ def report_json(rep: DoctorReport) -> dict[str, Any]:
     """The ``--json`` shape: ``{"ok", "inventory", "checks": [{"id","group","status","message","fix","details"}], "verdict"}``."""
     return {"ok": rep.ok, "inventory": rep.inventory.model_dump(mode="json"),
             "checks": [c.model_dump(mode="json") for c in rep.checks], "verdict": rep.verdict.model_dump(mode="json")}
+
+
+from m3ctl import _api_module  # noqa: E402
+
+_api_module(__name__)  # `m3ctl.doctor(...)` calls m3ctl.api.doctor (see m3ctl/__init__.py)

@@ -521,3 +521,8 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
                       python_modules=list(profile.family_python_modules.get(family, [])) if family else [],
                       request=r.public(), memory_fit=ctx.memory_fit(), scheduler_limits=ctx.scheduler_limits(),
                       vllm_args=args, served_model_aliases=aliases, weights_gib=weights or None)
+
+
+from m3ctl import _api_module  # noqa: E402
+
+_api_module(__name__)  # `m3ctl.plan(...)` calls m3ctl.api.plan (see m3ctl/__init__.py)

@@ -75,3 +75,15 @@ def split_api_key(raw_args: list[str]) -> tuple[list[str], str | None]:
         raise BadInput(f"raw --api-key has {len(keys)} keys; m3ctl hands one to vLLM through {API_KEY_ENV}",
                        "give one key")
     return out, (keys[0] if keys else None)
+
+
+#: Secret variables of this environment handed to the server (their values only through its environment).
+PASSTHROUGH = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", API_KEY_ENV)
+
+
+def passthrough_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``{name: value}`` of the :data:`PASSTHROUGH` variables set in ``environ`` (default ``os.environ``)."""
+    import os  # noqa: PLC0415
+
+    env = os.environ if environ is None else environ
+    return {k: env[k] for k in PASSTHROUGH if env.get(k)}

@@ -148,6 +148,16 @@ class ServeResult:
     smoke: list | None = None
     """The smoke test's :class:`~m3ctl.smoke.SmokeFinding` s (None with ``smoke=False``)."""
 
+    @property
+    def url(self) -> str:
+        """Base URL of the server's OpenAI-compatible API, e.g. ``http://127.0.0.1:8000``."""
+        return self.deployment.url
+
+    @property
+    def served_model_name(self) -> str:
+        """The model id requests name."""
+        return self.deployment.served_model_name
+
 
 def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secret_env: dict[str, str] | None = None,
                     on_event: Callable[[PhaseEvent], None] | None = None, runtime: Runtime | None = None,
@@ -402,3 +412,8 @@ def stop(names: list[str] | None = None, *, all_: bool = False, registry: Regist
                                "check with `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`")
         registry.remove(d.name)
     return reports
+
+
+from m3ctl import _api_module  # noqa: E402
+
+_api_module(__name__)  # `m3ctl.serve(...)` calls m3ctl.api.serve (see m3ctl/__init__.py)

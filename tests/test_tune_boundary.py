@@ -144,6 +144,9 @@ def test_result_json_keeps_every_run_and_says_what_backs_the_capacity(tiny_model
     out = json.loads((tmp_path / "result.json").read_text())
     b = out["best"]
     assert b["concurrency"] == 8 and b["capacity_runs"] == 3
+    from m3ctl.results import TuneReport
+
+    assert out["schema_version"] == 1 and TuneReport.read(tmp_path).best.capacity_runs == 3  # the typed result
     assert b["capacity_spread"] == {"term": "p90_tpot_ms<=20", "key": "p90_tpot_ms", "limit": 20.0, "min": 19.0,
                                     "median": 19.5, "max": 23.0}
     lvl = next(p for p in out["trials"][0]["points"] if p["concurrency"] == 8)

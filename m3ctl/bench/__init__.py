@@ -4,3 +4,8 @@ Metric names and meanings follow ``vllm bench serve`` (vllm/benchmarks/serve.py,
 ``calculate_metrics``; summarised in shared/reference/anchors-bench-tune.md section 1)
 so results sit next to vLLM's key for key; m3ctl's additions use new keys.
 """
+
+
+from m3ctl import _api_module  # noqa: E402
+
+_api_module(__name__)  # `m3ctl.bench(...)` calls m3ctl.api.bench (see m3ctl/__init__.py)

@@ -33,10 +33,12 @@ import math
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import Annotated
 
 import aiohttp
 import numpy as np
@@ -48,8 +50,7 @@ from m3ctl.bench.client import PROGRESS, BenchRequest, RequestOutput, build_body
 from m3ctl.bench.fasthttp import ConnectionPool
 from m3ctl.bench.prompts import LocalTokenizer, ServerTokenizer, Tokenizer
 from m3ctl.errors import EXIT_LAUNCH_FAILED, BadInput, M3Error
-
-SCHEMA_VERSION = "1.0"
+from m3ctl.results import BENCH_SCHEMA_VERSION as SCHEMA_VERSION  # the result's version: m3ctl/results.py
 
 
 class BenchServerDown(M3Error):
@@ -88,7 +89,8 @@ class BenchConfig(BaseModel):
     endpoint: str = "completions"
     num_prompts: int = Field(100, ge=1)
     concurrency: int | None = Field(None, ge=1)
-    request_rate: float = math.inf
+    request_rate: float = Field(math.inf, gt=0)
+    """Requests/s (``inf``: all at once); > 0."""
     burstiness: float = Field(1.0, gt=0)
     duration_s: float | None = Field(None, gt=0)
     input_len: int = Field(128, ge=1)
@@ -107,7 +109,8 @@ class BenchConfig(BaseModel):
     prefix_cache_tolerance: float = Field(0.03, ge=0, le=1)
     """Prefix-cache hit rate (fraction of prompt tokens) allowed above what the workload means before the run
     is BENCH-INVALID (:func:`prefix_cache_check`)."""
-    percentiles: list[float] = Field(default_factory=lambda: [50.0, 90.0, 99.0])
+    percentiles: list[Annotated[float, Field(ge=0, le=100)]] = Field(default_factory=lambda: [50.0, 90.0, 99.0])
+    """Percentiles reported as ``p<P>_<metric>_ms`` (each 0-100)."""
     goodput_slo_ms: dict[str, float] | None = None
     tokenizer: str | None = None
     model_dir: str | None = None
@@ -441,7 +444,8 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
                 if not stats.stalled:
                     stats.interrupted = True
         if before is not None and not (stats.stalled or stats.interrupted):
-            before()  # e.g. scrape server counters after the warmups
+            if asyncio.iscoroutine(r := before()):  # e.g. scrape server counters after the warmups
+                await r  # (arun_bench: the blocking scrape in a worker thread, off the caller's loop)
         cpu0 = time.process_time()
         del lags[:]
         now = time.perf_counter()
@@ -581,8 +585,28 @@ async def _agentic_lanes(cfg: BenchConfig, job: _Job, send, outs: list, stats: C
 
 def _drive_sync(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[BenchRequest] | None = None,
                 before=None):
-    with asyncio.Runner(loop_factory=_new_loop) as r:
-        return r.run(_drive(cfg, job, t0, warmups, before))
+    """:func:`_drive` on a new event loop (uvloop when installed). In a thread whose loop is already running
+    (a Jupyter cell), that loop cannot be re-entered: the run gets its own loop in a worker thread, and a Ctrl-C
+    (KeyboardInterrupt) while waiting for it stops it as in a worker process (``_STOP``): partial results."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        with asyncio.Runner(loop_factory=_new_loop) as r:
+            return r.run(_drive(cfg, job, t0, warmups, before))
+    global _STOP
+    import concurrent.futures  # noqa: PLC0415
+
+    stop = _STOP = threading.Event()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="m3ctl-bench") as pool:
+            fut = pool.submit(_drive_sync, cfg, job, t0, warmups, before)
+            try:
+                return fut.result()
+            except KeyboardInterrupt:
+                stop.set()
+                return fut.result(timeout=60)
+    finally:
+        _STOP = None
 
 
 def _split(cfg: BenchConfig, job: _Job, procs: int) -> list[_Job]:
@@ -718,6 +742,10 @@ def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None, syn
     results in a row) ends the run early: the result holds what finished, ``server_down: true``,
     ``failed_by_kind`` and ``not_sent``, and is marked invalid (the CLI exits 4, see ``BenchServerDown``).
 
+    Called from a thread whose event loop is running (a Jupyter cell), the load generator runs on its own
+    event loop in a worker thread and this call blocks until it is done; ``await arun_bench(...)`` runs it on
+    the caller's loop instead.
+
     Args:
         tok: a tokenizer to reuse (sweeps build it once); default: the server's ``/tokenize``.
         sync_log: called before reading ``cfg.server_log`` (a runtime whose log is copied, e.g. Docker's
@@ -726,8 +754,81 @@ def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None, syn
             ``attach(queue)`` and ``detach(queue)``) fed with the measured phase's send/finish events.
 
     Raises:
-        BadInput: invalid config (endpoint, range ratio, workload) or no way to tokenize prompts.
+        BadInput: invalid config (endpoint, range ratio, workload), no way to tokenize prompts, or another
+            run already in progress in this process.
     """
+    with _one_run():
+        prep = _prepare(cfg, tok, sync_log)
+        outs, dur, cstats = _execute(cfg, prep.job, prep.warmups, prep.before, progress)
+        return _finish(prep, outs, dur, cstats, sync_log)
+
+
+async def arun_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None, sync_log=None) -> dict:
+    """:func:`run_bench` as a coroutine, for a caller whose event loop is already running (Jupyter, an async
+    service): the same result dict, the same errors.
+
+    The blocking steps (reachability check, tokenizer, prompt building, ``/metrics`` scrapes, the result) run in
+    a worker thread (``asyncio.to_thread``); a one-process load generator (``client_procs`` 1) runs as a task on
+    the caller's loop (its lag is measured and reported as ``validity.client_loop_lag_*``: other work on that
+    loop delays the client as it would any client); with ``client_procs > 1`` the worker processes are driven
+    from a worker thread. Cancelling the awaiting task while requests are being sent ends the run early as Ctrl-C
+    does on the command line: requests in flight are cancelled and the partial result (``interrupted: true``,
+    invalid) is returned, so nothing measured is lost (cancelled before the first request or while the result
+    is assembled, it raises ``CancelledError``).
+
+    Raises:
+        BadInput: as :func:`run_bench`.
+    """
+    with _one_run():
+        prep = await asyncio.to_thread(_prepare, cfg, tok, sync_log)
+        procs = min(cfg.client_procs, prep.job.concurrency) if prep.job.concurrency else cfg.client_procs
+        if procs > 1:
+            outs, dur, cstats = await asyncio.to_thread(_execute, cfg, prep.job, prep.warmups, prep.before, progress)
+        else:
+            before = (lambda: asyncio.to_thread(prep.before)) if prep.before is not None else None
+            _set_emit(progress.put if progress is not None else None)
+            try:
+                outs, st, t0 = await asyncio.ensure_future(_drive(cfg, prep.job, None, prep.warmups, before))
+            finally:
+                _set_emit(None)
+            ends = [o.end_time for o in outs if o.start_time]
+            outs, dur, cstats = outs, (max(ends) - t0) if ends else 0.0, [st]
+        return await asyncio.to_thread(_finish, prep, outs, dur, cstats, sync_log)
+
+
+_RUN_LOCK = threading.Lock()
+
+
+@contextlib.contextmanager
+def _one_run():
+    """One run at a time per process: the stall tracker (``client.PROGRESS``) and the progress sink are
+    process-wide. Raises BadInput for a second concurrent run (await runs one after the other)."""
+    if not _RUN_LOCK.acquire(blocking=False):
+        raise BadInput("another bench run is in progress in this process",
+                       "await the running one first (runs in one process go one after the other)")
+    try:
+        yield
+    finally:
+        _RUN_LOCK.release()
+
+
+@dataclass
+class _Prepared:
+    """A run ready to send: its workload, warm-ups, tokenizer, and the ``before`` hook of the measured phase."""
+
+    cfg: BenchConfig
+    tok: Tokenizer
+    own_tok: bool
+    job: _Job
+    wl: dict
+    warmups: list[BenchRequest]
+    log: Path | None
+    scraped: dict
+    before: object  # callable or None
+
+
+def _prepare(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Prepared:
+    """Everything before the first request (blocking I/O: reachability, tokenizer, KV block size)."""
     _validate(cfg)
     _check_reachable(cfg)
     own_tok = tok is None
@@ -759,7 +860,13 @@ def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None, syn
         if cfg.scrape_server_metrics:
             scraped["before"] = servermetrics.scrape(cfg.url, _headers(cfg))
 
-    outs, dur, cstats = _execute(cfg, job, warmups, before if cfg.scrape_server_metrics or log else None, progress)
+    return _Prepared(cfg, tok, own_tok, job, wl, warmups, log, scraped,
+                     before if cfg.scrape_server_metrics or log else None)
+
+
+def _finish(prep: _Prepared, outs: list[RequestOutput], dur: float, cstats: list[ClientStats], sync_log) -> dict:
+    """Everything after the last response (blocking I/O: log, ``/metrics``, realignment): the result dict."""
+    cfg, tok, log, scraped = prep.cfg, prep.tok, prep.log, prep.scraped
     if log is not None and sync_log is not None:
         sync_log()
     jit = _server_jit(log, scraped.get("log_offset"))
@@ -774,12 +881,12 @@ def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None, syn
                                  >= sent_out):
                 break
             time.sleep(0.2)
-    res = assemble(cfg, outs, dur, cstats, wl, tok_name=getattr(tok, "name", None),
+    res = assemble(cfg, outs, dur, cstats, prep.wl, tok_name=getattr(tok, "name", None),
                    server=servermetrics.deltas(before, after), jit=jit)
     try:
-        _realign(cfg, job, tok, res)
+        _realign(cfg, prep.job, tok, res)
     finally:
-        if own_tok and isinstance(tok, ServerTokenizer):
+        if prep.own_tok and isinstance(tok, ServerTokenizer):
             tok.close()
     return res
 
@@ -1191,28 +1298,60 @@ def run_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None, sync_lo
     ``progress``: optional ``callable(run_cfg)`` returning a context manager that yields a progress
     sink for that run (see :func:`run_bench`) or None.
     """
-    _validate(cfg)
-    _check_reachable(cfg)
-    tok = _tokenizer(cfg)
+    sw = _Sweep(cfg)
     try:
-        runs = []
-        for c in concurrencies:
-            one = cfg.model_copy(update={"concurrency": c})
+        for one in sw.levels(concurrencies):
             with progress(one) if progress else contextlib.nullcontext(None) as prog:
-                runs.append(run_bench(one, tok=tok, progress=prog, sync_log=sync_log))
-            if ((runs[-1]["token_counts"].get("realigned") or {}).get("client_tokenizer_off")
-                    and not isinstance(tok, ServerTokenizer)):
-                st = ServerTokenizer(cfg.url, cfg.model, _headers(cfg))
-                if st.available() and st.can_decode:  # realign: the next levels' prompts from the server's own
-                    tok = st
-                else:
-                    st.close()
-            if runs[-1].get("interrupted") or runs[-1].get("server_down"):
-                break
-        return runs
+                sw.add(run_bench(one, tok=sw.tok, progress=prog, sync_log=sync_log))
+        return sw.runs
     finally:
-        if isinstance(tok, ServerTokenizer):
-            tok.close()
+        sw.close()
+
+
+async def arun_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None, sync_log=None) -> list[dict]:
+    """:func:`run_sweep` as a coroutine (each level through :func:`arun_bench`)."""
+    sw = await asyncio.to_thread(_Sweep, cfg)
+    try:
+        for one in sw.levels(concurrencies):
+            with progress(one) if progress else contextlib.nullcontext(None) as prog:
+                res = await arun_bench(one, tok=sw.tok, progress=prog, sync_log=sync_log)
+            await asyncio.to_thread(sw.add, res)
+        return sw.runs
+    finally:
+        sw.close()
+
+
+class _Sweep:
+    """A sweep's shared state: the checked config, one tokenizer for all levels, the runs so far."""
+
+    def __init__(self, cfg: BenchConfig):
+        _validate(cfg)
+        _check_reachable(cfg)
+        self.cfg, self.tok, self.runs, self._stop = cfg, _tokenizer(cfg), [], False
+
+    def levels(self, concurrencies: list[int]):
+        """The config of each level, until a run ends the sweep (interrupted, server down)."""
+        for c in concurrencies:
+            if self._stop:
+                return
+            yield self.cfg.model_copy(update={"concurrency": c})
+
+    def add(self, res: dict) -> None:
+        """Keep a level's result; realign the tokenizer for the next levels when this one found it off."""
+        cfg = self.cfg
+        self.runs.append(res)
+        if ((res["token_counts"].get("realigned") or {}).get("client_tokenizer_off")
+                and not isinstance(self.tok, ServerTokenizer)):
+            st = ServerTokenizer(cfg.url, cfg.model, _headers(cfg))
+            if st.available() and st.can_decode:  # realign: the next levels' prompts from the server's own
+                self.tok = st
+            else:
+                st.close()
+        self._stop = bool(res.get("interrupted") or res.get("server_down"))
+
+    def close(self) -> None:
+        if isinstance(self.tok, ServerTokenizer):
+            self.tok.close()
 
 
 def cpu_count() -> int:

@@ -9,9 +9,10 @@ import json
 from dataclasses import asdict
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from m3ctl.errors import BadInput
 from m3ctl.tune.search import Outcome, Tuner, TuneResult, TuneSpec, level_spread, pareto, write_json
@@ -23,17 +24,187 @@ def prefix_for(study_dir: Path) -> str:
     return "tune-" + hashlib.sha256(str(Path(study_dir).resolve()).encode()).hexdigest()[:8]
 
 
+#: Version of ``tune.json`` (``schema_version``; absent in studies of m3ctl <= 0.1: version 1).
+SETTINGS_SCHEMA_VERSION = 1
+
+
+class TuneSettings(BaseModel):
+    """A study's ``tune.json``: everything ``--resume`` needs to continue it.
+
+    Attributes:
+        model: catalog name, hub id, or a local model directory (stored absolute).
+        space: the search space (:meth:`m3ctl.tune.space.Space.to_json`); pruned: notes on values pruned before launch.
+        port: API port of the trial servers.
+        profile_file: kernel profile YAML the study was started with (absolute), None for the catalog's.
+        spec: :class:`~m3ctl.tune.search.TuneSpec` fields (SLO, objective, budgets, ladder...).
+        plan_base: plan overrides of every trial (``overrides`` vLLM flags, ``extra_args``, ``skip_checks``).
+        bench: the bench options of every measurement (workload, input_len, output_len, seed, warmup...).
+    """
+
+    model_config = ConfigDict(extra="allow")
+    schema_version: Literal[1] = SETTINGS_SCHEMA_VERSION
+    model: str
+    space: dict[str, Any]
+    port: int = Field(ge=1, le=65535)
+    profile_file: str | None = None
+    pruned: list[str] = Field(default_factory=list)
+    spec: dict[str, Any]
+    plan_base: dict[str, Any] = Field(default_factory=dict)
+    bench: dict[str, Any] = Field(default_factory=dict)
+
+
 def save_settings(study_dir: Path, settings: dict[str, Any]) -> None:
+    """Write ``tune.json`` (with ``schema_version``)."""
     study_dir.mkdir(parents=True, exist_ok=True)
-    write_json(study_dir / "tune.json", settings)
+    write_json(study_dir / "tune.json", {"schema_version": SETTINGS_SCHEMA_VERSION, **settings})
 
 
 def load_settings(study_dir: Path) -> dict[str, Any]:
-    """Raises BadInput when ``study_dir`` holds no study."""
+    """The study's settings (the ``tune.json`` dict), checked against :class:`TuneSettings` and
+    :class:`~m3ctl.tune.search.TuneSpec`; a ``tune.json`` without ``schema_version`` (m3ctl <= 0.1) loads as 1.
+
+    Raises:
+        BadInput: ``study_dir`` holds no study, or its ``tune.json`` is not JSON, of a newer schema_version, or
+            not a study's settings (one line naming the first bad key).
+    """
+    from m3ctl.results import _one_line  # noqa: PLC0415
+
     p = Path(study_dir) / "tune.json"
     if not p.exists():
         raise BadInput(f"{study_dir} is not a tune study (no tune.json)", "start one with `m3ctl tune --study-dir DIR ...`")
-    return json.loads(p.read_text())
+    fix = f"restore {p} from a backup, or start a new study with another --study-dir"
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise BadInput(f"{p} is unreadable or not JSON ({str(e).splitlines()[0]})", fix) from None
+    if not isinstance(data, dict):
+        raise BadInput(f"{p}: expected a JSON object, got {type(data).__name__}", fix)
+    if data.get("schema_version", 1) != SETTINGS_SCHEMA_VERSION:
+        raise BadInput(f"{p}: schema_version {data.get('schema_version')!r} is not readable by this m3ctl "
+                       f"(reads {SETTINGS_SCHEMA_VERSION})", "upgrade m3ctl")
+    try:
+        TuneSettings.model_validate(data)
+        TuneSpec(**data["spec"])
+    except ValidationError as e:
+        raise BadInput(_one_line(e, str(p)), fix) from None
+    except TypeError as e:  # an unknown or missing TuneSpec field
+        raise BadInput(f"{p}: spec: {e}", fix) from None
+    data.pop("schema_version", None)
+    return data
+
+
+def resume_settings(study_dir: Path, *, max_trials: int | None = None, time_budget_s: float | None = None,
+                    baseline: bool | None = None, save: bool = True) -> dict[str, Any]:
+    """The settings of the study in ``study_dir`` with new budgets: a resumed study may get a larger budget (e.g.
+    continued on another machine); ``max_trials`` (server starts) and ``time_budget_s`` (s) count across
+    resumes. ``baseline`` turns measuring vLLM's defaults on/off. ``save``: write them back (False: dry run).
+
+    Raises:
+        BadInput: as :func:`load_settings`; a negative budget.
+    """
+    check_budgets(max_trials=max_trials, time_budget_s=time_budget_s)
+    settings = load_settings(study_dir)
+    new = {k: v for k, v in (("max_trials", max_trials), ("time_budget_s", time_budget_s), ("baseline", baseline))
+           if v is not None}
+    if new:
+        settings["spec"].update(new)
+        if save:
+            save_settings(Path(study_dir), settings)
+    return settings
+
+
+def check_budgets(*, max_trials: int | None = None, time_budget_s: float | None = None,
+                  confirm_top: int | None = None) -> None:
+    """Raises BadInput for a negative budget (before anything starts)."""
+    for opt, v, ok in (("--max-trials", max_trials, max_trials is None or max_trials >= 0),
+                       ("--time-budget", time_budget_s, time_budget_s is None or time_budget_s > 0),
+                       ("--confirm-top", confirm_top, confirm_top is None or confirm_top >= 0)):
+        if not ok:
+            raise BadInput(f"{opt} {v:g} must be {'> 0 seconds' if opt == '--time-budget' else '>= 0'}",
+                           "see `m3ctl tune --help`")
+
+
+def new_settings(model: str, inventory, *, slo: str = "", objective: str = "tput_per_gpu",
+                 usd_per_gpu_hour: float | None = None, knobs: list[str] | None = None,
+                 ladder: list[int] | None = None, max_trials: int | None = None, time_budget_s: float | None = None,
+                 seed: int = 0, confirm_top: int = 2, boundary_margin: float = 0.10, boundary_repeats: int = 2,
+                 max_spec_depth: int = 4, baseline: bool | None = None, port: int = 8000, workload: str = "random",
+                 input_len: int = 128, output_len: int = 128, prompts_per_concurrency: int = 4, warmup: bool = True,
+                 profile_file: str | Path | None = None, overrides: dict[str, Any] | None = None,
+                 extra_args: list[str] | None = None, skip_checks: bool = False) -> dict[str, Any]:
+    """The settings (``tune.json`` shape) of a new study of ``model`` on ``inventory``: the search space from
+    the base profile (``profile_file`` or the catalog's for the GPU architecture) and the model's facts,
+    narrowed by ``knobs`` (``"spec_depth=0-4"``, ``"max_num_seqs=4,8"``) and pruned for the ``ladder``.
+
+    Units: ``ladder`` concurrencies (default 1, 2, 4 ... 64), ``time_budget_s`` seconds, ``usd_per_gpu_hour`` USD,
+    ``input_len``/``output_len`` tokens, ``boundary_margin`` a fraction of the SLO limit. ``overrides``:
+    ``{flag: value}`` vLLM flags of every trial; ``extra_args``: raw vLLM args (no ``--api-key``).
+
+    Raises:
+        BadInput: a bad SLO, objective (``tokens_per_usd`` without a price), ladder, workload, knob, budget or
+            length; an unreadable profile or model.
+    """
+    from m3ctl import catalog  # noqa: PLC0415
+    from m3ctl.assess.facts import model_facts, read_model_facts  # noqa: PLC0415
+    from m3ctl.bench.workloads import KINDS  # noqa: PLC0415
+    from m3ctl.catalog import load_profile_file, profile_for_arch  # noqa: PLC0415
+    from m3ctl.tune.slo import objective_value, parse_slo  # noqa: PLC0415
+    from m3ctl.tune.space import apply_pins, default_space, prune_dominated  # noqa: PLC0415
+
+    parse_slo(slo)
+    objective_value({"total_token_throughput": 1.0, "output_throughput": 1.0}, objective, 1, usd_per_gpu_hour)
+    lad = sorted(set(ladder if ladder is not None else (1, 2, 4, 8, 16, 32, 64)))
+    if not lad or lad[0] < 1:
+        raise BadInput(f"bad ladder {lad}", "concurrencies are integers >= 1, e.g. --ladder 1,2,4,8,16")
+    if workload not in KINDS:
+        raise BadInput(f"unknown workload {workload!r}", f"use one of {', '.join(KINDS)}")
+    check_budgets(max_trials=max_trials, time_budget_s=time_budget_s, confirm_top=confirm_top)
+    for opt, v in (("--input-len", input_len), ("--output-len", output_len),
+                   ("--prompts-per-concurrency", prompts_per_concurrency), ("--port", port)):
+        if v < 1:
+            raise BadInput(f"{opt} {v} must be >= 1", "see `m3ctl tune --help`")
+    from m3ctl.secrets import split_api_key  # noqa: PLC0415
+
+    extra_args, key = split_api_key(list(extra_args or []))
+    if key:
+        raise BadInput("tune starts its own private trial servers: a raw --api-key is not used (nor stored)",
+                       "drop --api-key from the raw arguments")
+    base = load_profile_file(Path(profile_file)) if profile_file else profile_for_arch(inventory.arch)
+    facts = read_model_facts(model)
+    spec_m = catalog.find_model(model, facts.architectures)
+    facts = model_facts(spec_m, facts)  # the engine's one record: the search space follows the same facts
+    drafter = spec_m.drafter if spec_m else None
+    space = default_space(base, len(inventory.gpus), moe=bool(facts.moe), attention=facts.attention,
+                          drafter_method=drafter.method if drafter else None, max_spec_depth=max_spec_depth,
+                          drafter_block_size=drafter.block_size if drafter else None)
+    space = apply_pins(space, knobs or [])
+    space, pruned = prune_dominated(space, lad)
+    # A local model directory and profile file are stored absolute, so `--resume DIR` works from any directory.
+    saved_model = str(Path(model).resolve()) if Path(model).is_dir() else model
+    return {"model": saved_model, "space": space.to_json(), "port": port,
+            "profile_file": str(Path(profile_file).resolve()) if profile_file else None,
+            "pruned": pruned,
+            "spec": {"slo": slo, "objective": objective, "usd_per_gpu_hour": usd_per_gpu_hour, "ladder": lad,
+                     "max_trials": 12 if max_trials is None else max_trials, "time_budget_s": time_budget_s,
+                     "seed": seed, "confirm_top": confirm_top, "prompts_per_concurrency": prompts_per_concurrency,
+                     "baseline": True if baseline is None else baseline,
+                     "boundary_margin": boundary_margin, "boundary_repeats": boundary_repeats},
+            "plan_base": {"overrides": dict(overrides or {}), "extra_args": list(extra_args or []),
+                          "skip_checks": skip_checks},
+            "bench": {"workload": workload, "input_len": input_len, "output_len": output_len, "seed": seed,
+                      "warmup": warmup, "usd_per_gpu_hour": usd_per_gpu_hour}}
+
+
+def base_profile(settings: dict[str, Any], inventory):
+    """The study's base kernel profile (its ``profile_file``, else the catalog's for the GPU architecture); a
+    profile file is also put in ``settings["plan_base"]["profile"]`` so every trial plans with it."""
+    from m3ctl.catalog import load_profile_file, profile_for_arch  # noqa: PLC0415
+
+    if settings.get("profile_file"):
+        base = load_profile_file(Path(settings["profile_file"]))
+        settings["plan_base"]["profile"] = base
+        return base
+    return profile_for_arch(inventory.arch)
 
 
 def run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry=None,
@@ -217,7 +388,7 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
                   want_pareto: bool) -> dict[str, Any]:
     """``result.json`` (always), ``profile.yaml`` (when a configuration met the SLO), ``pareto.png`` (``--pareto``).
 
-    result.json: ``launches``, ``cost_s`` (server time) and ``elapsed_s`` (wall) across all resumes;
+    result.json (:class:`m3ctl.results.TuneReport`): ``schema_version``, ``launches``, ``cost_s`` (server time) and ``elapsed_s`` (wall) across all resumes;
     ``interrupted_launches`` {trial: {cost_s}}: starts killed before any run finished (counted in both);
     ``best`` {config, objective, concurrency, command, argv, trial, flags, capacity_runs, capacity_spread};
     ``baseline`` {config, objective (the worse of search and confirmation, like ``best``), search_objective,
@@ -228,7 +399,9 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
     a repeated level is in ``trials[].points[].runs``; ``vs_baseline`` = best / baseline objective (None when
     either is missing or 0).
     """
-    out: dict[str, Any] = {"stopped_by": res.stopped_by, "launches": res.launches, "cost_s": res.cost_s,
+    from m3ctl.results import TUNE_SCHEMA_VERSION, TuneReport  # noqa: PLC0415
+
+    out: dict[str, Any] = {"schema_version": TUNE_SCHEMA_VERSION, "stopped_by": res.stopped_by, "launches": res.launches, "cost_s": res.cost_s,
                            "elapsed_s": res.elapsed_s, "interrupted_launches": tuner.lost, "slo": settings["spec"]["slo"],
                            "objective": settings["spec"]["objective"],
                            "trials": [o.to_json() for o in sorted(res.outcomes, key=lambda o: o.trial or 0)]}
@@ -255,8 +428,9 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
     if want_pareto and front:
         pareto_png(front, all_points(res.outcomes), study_dir / "pareto.png", settings["spec"]["objective"])
         out["pareto_png"] = str(study_dir / "pareto.png")
+    TuneReport.from_dict(out, "result.json being written")  # the typed shape (m3ctl/results.py) is what is written
     write_json(study_dir / "result.json", out)
     return out
 
 
-__all__ = ["run_tune", "dry_run", "boundary_rule", "write_outputs", "load_settings", "save_settings", "prefix_for", "plan_kwargs"]
+__all__ = ["TuneSettings", "new_settings", "resume_settings", "base_profile", "check_budgets", "run_tune", "dry_run", "boundary_rule", "write_outputs", "load_settings", "save_settings", "prefix_for", "plan_kwargs"]

@@ -1,0 +1,480 @@
+"""The Python API: one call per ``m3ctl`` command, typed arguments and typed results (notebooks, scripts).
+
+Re-exported at the package: ``import m3ctl; m3ctl.doctor()``, ``m3ctl.plan(...)``, ``m3ctl.serve(...)``,
+``m3ctl.stop(...)``, ``m3ctl.bench(...)``, ``await m3ctl.abench(...)``, ``m3ctl.tune(...)``.
+``from m3ctl.api import bench`` gives the same functions with their signatures for type checkers.
+
+Every function mirrors its CLI command (same defaults, same checks) with keyword arguments whose units are in
+their names or documented (``*_s`` seconds, ``*_ms`` milliseconds, lengths in tokens, money in USD). Errors
+are :class:`~m3ctl.errors.M3Error` subclasses with a one-line ``message`` and a ``hint``: ``BadInput``
+(exit code 2 in the CLI), ``ConfigRejected`` (3), ``LaunchFailed`` (4), ``ChecksFailed`` (1).
+
+Host to evaluate (``doctor``, ``plan``, ``tune``): ``inventory`` (a saved ``m3ctl doctor --save-inventory``
+file, or a :class:`~m3ctl.hw.inventory.HostInventory`), or ``system`` (a catalog system such as ``h200x8``;
+nothing is probed), else this host is detected.
+
+Importing this module imports neither vLLM, torch, NVML, amdsmi nor docker; each call imports what it needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal, overload
+
+from m3ctl.errors import BadInput
+
+if TYPE_CHECKING:
+    from m3ctl.assess.request import PlanRequest
+    from m3ctl.bench.runner import BenchConfig
+    from m3ctl.doctor import DoctorReport
+    from m3ctl.hw.inventory import HostInventory
+    from m3ctl.plan import LaunchPlan
+    from m3ctl.results import BenchResult, BenchSweep, TuneReport
+    from m3ctl.runtime.base import StopReport
+    from m3ctl.serve import ServeResult
+
+__all__ = ["host_inventory", "doctor", "plan", "serve", "stop", "bench", "abench", "tune"]
+
+# ----------------------------------------------------------------------------- host
+def host_inventory(inventory: str | Path | HostInventory | None = None, system: str | None = None) -> HostInventory:
+    """The host inventory to evaluate: a saved file or object (``inventory``), a catalog system (``system``,
+    e.g. ``"h200x8"``, ``"gb300x4"``, ``"mi355xx8"``; ``xN`` sets the GPU count), else this host (probed: NVML,
+    nvidia-smi, amdsmi..., never raising for a missing GPU).
+
+    Raises:
+        BadInput: both given; an unreadable or invalid inventory file; an unknown system (UnknownSystem).
+    """
+    if inventory is not None and system:
+        raise BadInput("--inventory and --system are mutually exclusive", "give one of them")
+    if system:
+        from m3ctl.hw.systems import inventory_for_system  # noqa: PLC0415
+
+        return inventory_for_system(system)
+    if inventory is not None:
+        from m3ctl.hw.inventory import HostInventory, load_inventory  # noqa: PLC0415
+
+        if isinstance(inventory, HostInventory):
+            return inventory
+        path = Path(inventory)
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise BadInput(f"cannot read inventory {path}: {e.strerror}", "check the path") from None
+        return load_inventory(text, str(path))
+    from m3ctl.hw.detect import detect  # noqa: PLC0415
+
+    return detect()
+
+
+def _inventory_file(inv: Any) -> str | None:
+    return str(inv) if isinstance(inv, str | Path) else None
+
+
+# ----------------------------------------------------------------------------- doctor
+def doctor(*, model: str | None = None, variant: str | None = None, context: int | None = None,
+           kv_cache_dtype: str = "auto", runtime: Literal["auto", "process", "docker"] = "auto", port: int = 8000,
+           image: str | None = None, inventory: str | Path | HostInventory | None = None,
+           system: str | None = None) -> DoctorReport:
+    """Check, check by check, whether and how this host (or ``inventory``/``system``) can serve ``model``.
+
+    Args:
+        model: catalog name/alias, hub id or local model directory (default MiniMax-M3.1-Flash).
+        variant: force a variant (``nvfp4``, ``mxfp4``, ``mxfp8``, ``bf16``); default: the best for the host.
+        context: tokens of context one sequence must fit (default 32768, from capabilities.yaml), >= 1.
+        kv_cache_dtype: KV cache dtype to validate (``auto`` = the model's dtype).
+        runtime: what serve would use (``auto``: docker when the engine is reachable on a GPU host).
+        port: API port checked for being free (1-65535).
+        image: a catalog image name or a local image to check instead of the recommended one.
+
+    Returns:
+        :class:`~m3ctl.doctor.DoctorReport`: ``checks`` (id, status OK/WARN/FAIL/SKIP, message, fix), ``verdict``
+        (status, summary, plan_request, serve_command), ``ok``; ``m3ctl.doctor.report_json(rep)`` is the
+        ``--json`` shape. Host problems are FAIL rows, never exceptions.
+
+    Raises:
+        BadInput: a bad argument (runtime, context, port, image), an unreadable inventory, an unknown system.
+    """
+    from m3ctl.doctor import resolve_image, run_doctor  # noqa: PLC0415
+
+    if runtime not in ("auto", "process", "docker"):
+        raise BadInput(f"unknown runtime {runtime!r}", "use auto, process or docker")
+    if context is not None and context < 1:
+        raise BadInput(f"--context {context} must be >= 1 token", "e.g. --context 32768")
+    if not 1 <= port <= 65535:
+        raise BadInput(f"--port {port} is not a TCP port", "use 1-65535")
+    inv = host_inventory(inventory, system)
+    return run_doctor(inv, model=model, variant=variant, context=context, kv_cache_dtype=kv_cache_dtype,
+                      runtime=runtime, port=port, host_checks=inventory is None and system is None,
+                      image=resolve_image(image) if image else None, inventory_file=_inventory_file(inventory))
+
+
+# ----------------------------------------------------------------------------- plan
+def _request(request: PlanRequest | dict | None, config: str | Path | None, knobs: dict[str, Any],
+             default_runtime: str) -> tuple[PlanRequest, str | None]:
+    """``config`` file < ``request`` < ``knobs`` (PlanRequest precedence), as a checked PlanRequest; the secret
+    variables of this environment are passed through by name (m3ctl.secrets.PASSTHROUGH). A raw ``--api-key``
+    in ``extra_args`` is taken out (returned second): the server gets it as VLLM_API_KEY, never in argv."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from m3ctl.assess.request import PlanRequest, load_request, merge  # noqa: PLC0415
+    from m3ctl.secrets import API_KEY_ENV, passthrough_env, split_api_key  # noqa: PLC0415
+
+    try:
+        layers = [load_request(config) if config else None,
+                  request if isinstance(request, PlanRequest) else PlanRequest(**(request or {})),
+                  PlanRequest(**knobs)]
+        req = merge(*layers)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "request"
+        raise BadInput(f"plan request {where}: {err['msg']}", "see m3ctl.assess.request.PlanRequest") from None
+    if "runtime" not in req.model_fields_set:
+        req = req.model_copy(update={"runtime": default_runtime})
+    extra, key = split_api_key(list(req.extra_args))  # a raw --api-key goes to the server's environment only
+    names = set(req.pass_env) | set(passthrough_env()) | ({API_KEY_ENV} if key else set())
+    return req.model_copy(update={"pass_env": sorted(names), "extra_args": extra}), key
+
+
+def plan(request: PlanRequest | dict | None = None, *, inventory: str | Path | HostInventory | None = None,
+         system: str | None = None, config: str | Path | None = None, offline: bool | None = None,
+         **knobs: Any) -> LaunchPlan:
+    """Plan a launch (image, argv, env, every choice explained); start nothing.
+
+    Args:
+        request: a :class:`~m3ctl.assess.request.PlanRequest` (or its fields as a dict).
+        knobs: PlanRequest fields as keywords, over ``request``: ``model``, ``variant``, ``tp``, ``dp``, ``dcp``,
+            ``ep``, ``dbo``, ``spec_depth``, ``kv_cache_dtype``, ``max_model_len`` (tokens), ``max_num_seqs``,
+            ``max_num_batched_tokens`` (tokens), ``args`` ({vLLM flag: value}), ``extra_args`` (raw vLLM
+            args), ``runtime`` (default ``auto``), ``name``, ``port``, ``host``, ``allow_emulated``... (see
+            PlanRequest for all of them and their units).
+        config: a ``--config`` YAML file, the lowest layer.
+        offline: resolve the model, tokenizer and drafter to checked local HF-cache snapshots (default: when
+            ``HF_HUB_OFFLINE=1``).
+
+    Returns:
+        :class:`~m3ctl.plan.LaunchPlan`: ``argv``, ``env``, ``image``, ``choices`` (what, value, why),
+        ``rejected``, ``warnings``; ``summary()`` is the ``plan --json`` shape, ``command_line()`` the command.
+
+    Raises:
+        BadInput: an unknown field or bad value (one line), a bad host address, an unreadable config/inventory.
+        ConfigRejected: a plan rule rejects the request (the rule, the values and the fix).
+    """
+    from m3ctl.launch import check_host  # noqa: PLC0415
+    from m3ctl.plan import plan as make_plan  # noqa: PLC0415
+
+    req, _ = _request(request, config, knobs, "auto")
+    check_host(req.host)
+    p = make_plan(host_inventory(inventory, system), req)
+    return _maybe_offline(p, offline)
+
+
+def _maybe_offline(p: LaunchPlan, offline: bool | None) -> LaunchPlan:
+    """The plan with hub references resolved to checked local snapshots when offline (m3ctl/offline.py)."""
+    from m3ctl.offline import offline_requested, resolve_offline  # noqa: PLC0415
+
+    return resolve_offline(p) if (offline if offline is not None else offline_requested()) else p
+
+
+# ----------------------------------------------------------------------------- serve / stop
+@overload
+def serve(request: PlanRequest | dict | None = None, *, dry_run: Literal[False] = False, **kw: Any) -> ServeResult: ...
+@overload
+def serve(request: PlanRequest | dict | None = None, *, dry_run: Literal[True], **kw: Any) -> LaunchPlan: ...
+
+
+def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | HostInventory | None = None,
+          config: str | Path | None = None, offline: bool | None = None, api_key_env: str | None = None,
+          smoke: bool = True, on_event: Callable[[Any], None] | None = None,
+          on_pull: Callable[[str, str, int | None, int | None], None] | None = None, dry_run: bool = False,
+          **knobs: Any) -> ServeResult | LaunchPlan:
+    """Plan, launch and wait until the server really serves (readiness phases, first completion, smoke test);
+    return once it is ready and leave it running (``m3ctl serve --detach``); stop it with :func:`stop`.
+    With ``dry_run`` return the plan it would launch (``serve --dry-run``) and start nothing.
+
+    Args:
+        request, knobs, config, offline: as :func:`plan` (``runtime`` defaults to ``process``; ``model`` to
+            MiniMax-M3.1-Flash; ``startup_budget_s`` is the readiness budget in seconds, default from the model
+            size).
+        api_key_env: require an API key: the name of the environment variable holding it (handed to vLLM as
+            ``VLLM_API_KEY`` in its environment, never on its command line).
+        smoke: run the correctness smoke test after readiness (findings in ``result.smoke``).
+        on_event: called with each readiness :class:`~m3ctl.health.PhaseEvent` (phase, status, elapsed_s).
+        on_pull: docker runtime: called with ``(layer, status, current bytes, total bytes)`` while an image is pulled.
+
+    Returns:
+        :class:`~m3ctl.serve.ServeResult`: ``url`` (base URL), ``served_model_name``, ``deployment`` (the
+        record: name, pid or container, log_path), ``readiness`` (phase times, s), ``kernels``, ``smoke``.
+
+    Raises:
+        BadInput: bad arguments (name, host, budget, api_key_env not set).
+        ConfigRejected: a plan rule or a pre-flight check (port taken, name running, vLLM broken); nothing started.
+        LaunchFailed: the server died or failed readiness (its root cause from the log); it has been stopped.
+    """
+    import os  # noqa: PLC0415
+
+    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.catalog import load_profile_file, profiles  # noqa: PLC0415
+    from m3ctl.diagnose import DiagContext  # noqa: PLC0415
+    from m3ctl.launch import check_host  # noqa: PLC0415
+    from m3ctl.plan import plan as make_plan  # noqa: PLC0415
+    from m3ctl.runtime import get_runtime  # noqa: PLC0415
+    from m3ctl.secrets import API_KEY_ENV, passthrough_env  # noqa: PLC0415
+    from m3ctl.state import Registry, check_name  # noqa: PLC0415
+
+    req, raw_key = _request(request, config, knobs, "process")
+    check_name(req.name)
+    check_host(req.host)
+    if req.startup_budget_s is not None and not req.startup_budget_s > 0:
+        raise BadInput(f"startup_budget_s {req.startup_budget_s:g} must be > 0 seconds", "e.g. 600")
+    if (req.image or req.mounts) and req.runtime != "docker":
+        raise BadInput("image and mounts need the docker runtime", "add runtime='docker'")
+    secrets = passthrough_env()
+    if api_key_env is not None:
+        if not os.environ.get(api_key_env):
+            raise BadInput(f"--api-key-env {api_key_env}: that variable is not set", f"export {api_key_env}=KEY first")
+        if raw_key:
+            raise BadInput("both api_key_env and a raw --api-key given", "give the key once")
+        raw_key = os.environ[api_key_env]
+    if raw_key:
+        secrets[API_KEY_ENV] = raw_key
+    req = req.model_copy(update={"pass_env": list(secrets)})
+    inv = host_inventory(inventory)
+    prof = req.profile = load_profile_file(Path(req.profile_file)) if req.profile_file else None
+    p = make_plan(inv, req)
+    if api_key_env and api_key_env != API_KEY_ENV:
+        p = p.model_copy(update={"api_key_env": api_key_env})
+    p = _maybe_offline(p, offline)
+    if dry_run:
+        return p
+    expect = getattr(prof or profiles().get(p.profile), "expect", None)
+    if p.runtime == "docker" and on_pull is not None:
+        from m3ctl.runtime.docker import DockerRuntime  # noqa: PLC0415
+
+        rt = DockerRuntime(on_progress=on_pull)  # GPUs and mounts: the plan's (m3ctl/launch.py)
+    else:
+        rt = get_runtime(p.runtime)
+    return serving.launch_and_wait(p, registry=Registry(), secret_env=secrets, on_event=on_event, runtime=rt,
+                                   expect=expect, smoke=smoke, diag_context=DiagContext.for_plan(p, inv))
+
+
+def stop(*names: str, all: bool = False, timeout_s: float = 20.0) -> list[StopReport]:  # noqa: A002
+    """Stop deployments by name (or ``all=True``): SIGTERM, then SIGKILL after ``timeout_s`` seconds; their
+    records are removed and nothing is left (processes, port, GPU memory where NVML can tell).
+
+    Returns:
+        One :class:`~m3ctl.runtime.base.StopReport` per deployment (was_running, graceful, killed, port_free,
+        seconds, gpu_memory_left_mib).
+
+    Raises:
+        BadInput: no name and not ``all``, a bad timeout; NotFound: an unknown name (nothing is stopped).
+        LaunchFailed: processes survived SIGKILL or still hold GPU memory.
+    """
+    from m3ctl import serve as serving  # noqa: PLC0415
+
+    if not names and not all:
+        raise BadInput("name a deployment to stop, or pass all=True", "see `m3ctl status`")
+    if not timeout_s >= 0:
+        raise BadInput(f"--timeout {timeout_s:g} must be >= 0 seconds", "e.g. 20")
+    return serving.stop(list(names), all_=all, timeout_s=timeout_s)
+
+
+# ----------------------------------------------------------------------------- bench
+def _bench_config(url: str | None, deployment: str | None, model: str | None, concurrency: int | Sequence[int] | None,
+                  api_key: str | None, num_gpus: int | None, warmup: bool | None, options: dict[str, Any]
+                  ) -> tuple[BenchConfig, list[int], Any]:
+    """(config, concurrency levels, sync_log) of a bench call; the levels are [] or [c] for a single run."""
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from m3ctl.bench.runner import BenchConfig  # noqa: PLC0415
+    from m3ctl.bench.target import resolve_target  # noqa: PLC0415
+
+    if unknown := sorted(set(options) - set(BenchConfig.model_fields)):
+        import difflib  # noqa: PLC0415
+
+        close = difflib.get_close_matches(unknown[0], list(BenchConfig.model_fields), n=1)
+        raise BadInput(f"unknown bench option {unknown[0]!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+                       "see m3ctl.bench.runner.BenchConfig for the options and their units")
+    levels = [concurrency] if isinstance(concurrency, int) else list(concurrency or [])
+    if any(not isinstance(c, int) or c < 1 for c in levels):
+        raise BadInput(f"bad concurrency {concurrency!r}: values must be integers >= 1", "e.g. concurrency=[1, 2, 4]")
+    t = resolve_target(url, deployment=deployment, model=model, num_gpus=num_gpus, api_key=api_key)
+    try:
+        cfg = BenchConfig(url=t.url, model=t.model, concurrency=levels[0] if levels else None,
+                          warmup=len(levels) > 1 if warmup is None else warmup, model_dir=t.model_dir,
+                          server_log=t.server_log, num_gpus=t.num_gpus, num_gpus_source=t.num_gpus_source,
+                          api_key=t.api_key, **options)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise BadInput(f"bad bench option {'.'.join(map(str, err['loc']))}: {err['msg']}",
+                       "see m3ctl.bench.runner.BenchConfig") from None
+    except TypeError as e:
+        raise BadInput(f"bad bench option: {e}", "see m3ctl.bench.runner.BenchConfig") from None
+    return cfg, levels, t.sync_log
+
+
+def _bench_result(runs: list[dict], levels: list[int]) -> BenchResult | BenchSweep:
+    from m3ctl.bench.report import sweep_doc  # noqa: PLC0415
+    from m3ctl.results import BenchResult, BenchSweep  # noqa: PLC0415
+
+    if len(levels) > 1:
+        return BenchSweep.model_validate({**sweep_doc(runs, "concurrency", levels),
+                                          "runs": [BenchResult.from_dict(r) for r in runs]})
+    return BenchResult.from_dict(runs[0])
+
+
+@overload
+def bench(url: str | None = None, *, concurrency: int | None = None, deployment: str | None = None,
+          model: str | None = None, api_key: str | None = None, num_gpus: int | None = None,
+          warmup: bool | None = None, **options: Any) -> BenchResult: ...
+@overload
+def bench(url: str | None = None, *, concurrency: Sequence[int], deployment: str | None = None,
+          model: str | None = None, api_key: str | None = None, num_gpus: int | None = None,
+          warmup: bool | None = None, **options: Any) -> BenchResult | BenchSweep: ...
+
+
+def bench(url: str | None = None, *, concurrency: int | Sequence[int] | None = None, deployment: str | None = None,
+          model: str | None = None, api_key: str | None = None, num_gpus: int | None = None,
+          warmup: bool | None = None, **options: Any) -> BenchResult | BenchSweep:
+    """Load-test an OpenAI-compatible endpoint (``m3ctl bench``); vLLM-compatible metrics plus m3ctl's.
+
+    Args:
+        url: base URL (``http://HOST:PORT``, a trailing ``/v1`` is dropped), or ``deployment``: an m3ctl
+            deployment's name (its URL, model, key, log and GPU count).
+        concurrency: requests in flight (closed loop); a list of several runs a sweep (one run per level, with
+            a warm-up at each). None: no cap (with ``request_rate`` the arrivals decide).
+        model: the model id (default: the only one the server serves).
+        api_key: bearer key (default ``OPENAI_API_KEY``, the deployment's, ``VLLM_API_KEY``); never stored.
+        num_gpus: GPUs behind the endpoint, for tok/s per GPU (default: the deployment's).
+        warmup: warm up at each level before measuring (default: on for a sweep).
+        options: :class:`~m3ctl.bench.runner.BenchConfig` fields with their units: ``num_prompts``,
+            ``request_rate`` (req/s, default inf), ``burstiness``, ``duration_s``, ``input_len``/``output_len``
+            (tokens), ``endpoint`` (``completions``/``chat``), ``workload`` (``random``, ``dataset``,
+            ``prefix-repetition``, ``agentic``), ``percentiles`` (list, 0-100), ``goodput_slo_ms``
+            ({ttft|tpot|e2el: ms}), ``tokenizer`` (dir), ``usd_per_gpu_hour``, ``client_procs``, ``seed``...
+
+    Returns:
+        :class:`~m3ctl.results.BenchResult` (one level), or :class:`~m3ctl.results.BenchSweep` for several
+        levels. A run the server broke (``server_down``, ``stalled``) or that is BENCH-INVALID is returned, not
+        raised: check ``result.valid`` and ``result.validity.reasons`` (nothing measured is lost).
+
+    Inside a running event loop (a Jupyter cell) this call blocks that loop while the load generator runs on
+    its own loop in a worker thread; ``await abench(...)`` runs it on the caller's loop instead.
+
+    Raises:
+        BadInput: no endpoint, an unreachable server, a model it does not serve, a bad option, no tokenizer;
+            another run in progress in this process.
+    """
+    from m3ctl.bench.runner import run_bench, run_sweep  # noqa: PLC0415
+
+    cfg, levels, sync_log = _bench_config(url, deployment, model, concurrency, api_key, num_gpus, warmup, options)
+    runs = run_sweep(cfg, levels, sync_log=sync_log) if len(levels) > 1 else [run_bench(cfg, sync_log=sync_log)]
+    return _bench_result(runs, levels)
+
+
+async def abench(url: str | None = None, *, concurrency: int | Sequence[int] | None = None,
+                 deployment: str | None = None, model: str | None = None, api_key: str | None = None,
+                 num_gpus: int | None = None, warmup: bool | None = None, **options: Any) -> BenchResult | BenchSweep:
+    """:func:`bench` as a coroutine: ``await m3ctl.abench(...)`` inside a running event loop (Jupyter, an async
+    service). Same arguments, result and errors; the blocking steps (endpoint check, tokenizer, prompts,
+    ``/metrics``) run in worker threads and the load generator on the caller's loop
+    (m3ctl.bench.runner.arun_bench). Cancelling the task ends the run early with the partial result
+    (``interrupted``, invalid)."""
+    from m3ctl.bench.runner import arun_bench, arun_sweep  # noqa: PLC0415
+
+    cfg, levels, sync_log = await asyncio.to_thread(_bench_config, url, deployment, model, concurrency, api_key,
+                                                    num_gpus, warmup, options)
+    runs = (await arun_sweep(cfg, levels, sync_log=sync_log) if len(levels) > 1
+            else [await arun_bench(cfg, sync_log=sync_log)])
+    return _bench_result(runs, levels)
+
+
+# ----------------------------------------------------------------------------- tune
+@overload
+def tune(model: str | None = None, *, dry_run: Literal[False] = False, **kw: Any) -> TuneReport: ...
+@overload
+def tune(model: str | None = None, *, dry_run: Literal[True], **kw: Any) -> dict[str, Any]: ...
+
+
+def tune(model: str | None = None, *, study_dir: str | Path | None = None, resume: str | Path | None = None,
+         slo: str = "", objective: str = "tput_per_gpu", usd_per_gpu_hour: float | None = None,
+         knobs: Sequence[str] = (), ladder: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), max_trials: int | None = None,
+         time_budget_s: float | None = None, seed: int = 0, confirm_top: int = 2, boundary_margin: float = 0.10,
+         boundary_repeats: int = 2, max_spec_depth: int = 4, pareto: bool = False, baseline: bool | None = None,
+         port: int = 8000, workload: str = "random", input_len: int = 128, output_len: int = 128,
+         prompts_per_concurrency: int = 4, warmup: bool = True, profile: str | Path | None = None,
+         args: dict[str, Any] | None = None, extra_args: Sequence[str] = (), skip_checks: bool = False,
+         inventory: str | Path | HostInventory | None = None, system: str | None = None, dry_run: bool = False,
+         on_event: Callable[[int | None, str, str], None] | None = None) -> TuneReport | dict[str, Any]:
+    """Search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO (``m3ctl tune``).
+
+    A new study of ``model`` goes to ``study_dir`` (default ``./m3ctl-tune-<time>``); ``resume`` continues the
+    study in that directory (its saved settings; ``max_trials``, ``time_budget_s`` and ``baseline`` given here
+    replace the saved ones; budgets count across resumes).
+
+    Args:
+        slo: limits over bench result keys, e.g. ``"p90_tpot_ms<=20,p90_ttft_ms<=2000"`` ("" = none).
+        objective: ``tput_per_gpu``, ``output_tput_per_gpu`` or ``tokens_per_usd`` (needs ``usd_per_gpu_hour``).
+        knobs: pins or ranges, e.g. ``["spec_depth=0-4", "max_num_seqs=4,8"]``.
+        ladder: concurrencies bisected per configuration.
+        max_trials: budget in server starts (default 12); ``time_budget_s``: budget in wall seconds.
+        confirm_top: re-measure the best N on a fresh server; ``boundary_margin`` (fraction of a limit) and
+            ``boundary_repeats``: repeats of a run near the SLO boundary.
+        baseline: also measure vLLM's defaults (default on for a new study).
+        port: API port of the trial servers; workload, input_len/output_len (tokens), prompts_per_concurrency,
+            warmup: the bench run of each measurement.
+        profile: kernel profile YAML instead of the catalog's; args ({vLLM flag: value}) and extra_args (raw
+            vLLM args, no ``--api-key``): given to every trial; skip_checks: rule violations become crashed trials.
+        dry_run: start and write nothing; return what the study would run (m3ctl.tune.study.dry_run's dict).
+        on_event: ``(trial, config description, message)`` for each trial phase.
+
+    Returns:
+        :class:`~m3ctl.results.TuneReport` (``result.json``): ``best`` (None when no configuration met the SLO:
+        ``report.ok`` False), ``baseline``, ``vs_baseline``, ``trials``, ``pareto``; ``profile.yaml`` is written
+        to the study dir for the best. With ``dry_run``: the dry-run dict.
+
+    Raises:
+        BadInput: bad options (SLO, objective, ladder, workload, budgets, lengths), ``system`` without
+            ``dry_run`` (nothing can be measured there), a directory that already holds a study, an unreadable
+            or corrupt study (``tune.json``).
+        KeyboardInterrupt: interrupted; the trial's server is stopped, completed trials are kept (resume).
+    """
+    import time  # noqa: PLC0415
+
+    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.results import TuneReport  # noqa: PLC0415
+    from m3ctl.tune import study as st  # noqa: PLC0415
+
+    if system and not dry_run:
+        raise BadInput(f"--system {system} is a host you don't have: nothing can be measured there", "add --dry-run")
+    inv = host_inventory(inventory, system)
+    if resume:
+        sdir = Path(resume)
+        settings = st.resume_settings(sdir, max_trials=max_trials, time_budget_s=time_budget_s, baseline=baseline,
+                                      save=not dry_run)
+    else:
+        if not model:
+            raise BadInput("--model is required (or --resume DIR)", "e.g. m3ctl tune --model DIR --slo 'p90_tpot_ms<=50'")
+        sdir = Path(study_dir) if study_dir else Path(f"m3ctl-tune-{time.strftime('%Y%m%d-%H%M%S')}")
+        if (sdir / "tune.json").exists():
+            raise BadInput(f"{sdir} already holds a study", f"continue it with --resume {sdir} or choose another --study-dir")
+        settings = st.new_settings(model, inv, slo=slo, objective=objective, usd_per_gpu_hour=usd_per_gpu_hour,
+                                   knobs=list(knobs), ladder=list(ladder), max_trials=max_trials,
+                                   time_budget_s=time_budget_s, seed=seed, confirm_top=confirm_top,
+                                   boundary_margin=boundary_margin, boundary_repeats=boundary_repeats,
+                                   max_spec_depth=max_spec_depth, baseline=baseline, port=port, workload=workload,
+                                   input_len=input_len, output_len=output_len,
+                                   prompts_per_concurrency=prompts_per_concurrency, warmup=warmup,
+                                   profile_file=profile, overrides=args, extra_args=list(extra_args),
+                                   skip_checks=skip_checks)
+        if not dry_run:
+            st.save_settings(sdir, settings)
+    base = st.base_profile(settings, inv)
+    if dry_run:
+        return st.dry_run(sdir, settings, inventory=inv)
+    with serving.stop_signals_as_interrupt():  # SIGTERM/SIGHUP: the trial's server is stopped as on Ctrl-C
+        res, tuner, ev = st.run_tune(sdir, settings, inventory=inv, on_event=on_event)
+    return TuneReport.from_dict(st.write_outputs(sdir, res, tuner, ev, settings, base, pareto),
+                                str(sdir / "result.json"))
+

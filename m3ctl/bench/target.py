@@ -1,0 +1,108 @@
+"""What a bench run is pointed at: a URL or an m3ctl deployment, its model id, key, log and GPU count.
+
+``m3ctl bench --url/--deployment`` and :func:`m3ctl.api.bench` resolve their endpoint here (one place).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from m3ctl.errors import BadInput
+
+
+@dataclass
+class BenchTarget:
+    """A resolved endpoint.
+
+    Attributes:
+        url: base URL without ``/v1`` (e.g. ``http://127.0.0.1:8000``).
+        model: the model id requests name.
+        api_key: bearer key (``OPENAI_API_KEY``, else the deployment's key, else ``VLLM_API_KEY``); never stored.
+        model_dir: the deployment's local model directory (a tokenizer fallback), else None.
+        server_log: the deployment's server log (JIT compiles in the measured phase), else None.
+        sync_log: brings ``server_log`` up to date (runtimes that copy it, e.g. docker), else None.
+        num_gpus, num_gpus_source: GPUs behind the endpoint (tok/s per GPU) and where that number came from.
+    """
+
+    url: str
+    model: str
+    api_key: str | None = None
+    model_dir: str | None = None
+    server_log: str | None = None
+    sync_log: Callable[[], None] | None = None
+    num_gpus: int | None = None
+    num_gpus_source: str | None = None
+    argv: tuple[str, ...] = ()
+    """The deployment's launch command (a failure's diagnosis is keyed on it)."""
+
+
+def deployment_gpus(reg, name: str) -> int | None:
+    """GPUs of a deployment, from the Layout of its saved plan (m3ctl/launch.py); None on a CPU plan or without one."""
+    from m3ctl.launch import launch_spec  # noqa: PLC0415
+    from m3ctl.plan import LaunchPlan  # noqa: PLC0415
+
+    text = reg.load_plan(name)
+    if not text:
+        return None
+    plan = LaunchPlan.model_validate_json(text)
+    return launch_spec(plan).layout.num_gpus if plan.gpu_vendor else None
+
+
+def only_model(url: str, headers: dict[str, str] | None = None) -> str:
+    """The one model id ``url`` serves (``GET /v1/models``).
+
+    Raises:
+        BadInput: the list cannot be read, or the server serves none or several (then pass the model).
+    """
+    import httpx  # noqa: PLC0415
+
+    try:
+        ids = [m["id"] for m in httpx.get(f"{url}/v1/models", headers=headers or {}, timeout=10).json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
+        raise BadInput(f"cannot list models at {url}/v1/models: {type(e).__name__}",
+                       "check --url, or pass --model") from None
+    if len(ids) != 1:
+        raise BadInput(f"{url} serves {len(ids)} models {ids}", "pass --model")
+    return ids[0]
+
+
+def resolve_target(url: str | None = None, *, deployment: str | None = None, model: str | None = None,
+                   num_gpus: int | None = None, api_key: str | None = None) -> BenchTarget:
+    """The endpoint of a bench run: ``url``, or the m3ctl deployment named ``deployment`` (its URL, served model,
+    API key, model directory, log and GPU count from its saved plan); ``model`` defaults to the only model the
+    server serves; ``num_gpus`` given wins over the deployment's. ``api_key`` given wins over the environment.
+
+    Raises:
+        BadInput: neither ``url`` nor ``deployment``; an unknown deployment (NotFound); no model to pick.
+    """
+    gpus_source = "--num-gpus" if num_gpus else None
+    key = api_key or os.environ.get("OPENAI_API_KEY")
+    model_dir = server_log = sync_log = None
+    argv: tuple[str, ...] = ()
+    if deployment:
+        from m3ctl.serve import api_key_for, runtime_for  # noqa: PLC0415
+        from m3ctl.state import Registry  # noqa: PLC0415
+
+        reg = Registry()
+        dep = reg.get(deployment)
+        url, model = url or dep.url, model or dep.served_model_name
+        key = key or api_key_for(reg, deployment)
+        model_dir = dep.model if Path(dep.model).is_dir() else None  # tokenizer fallback without /tokenize
+        server_log = dep.log_path  # JIT compiles during the measured phase (docker: the log is synced first)
+        argv = tuple(dep.argv)
+        if dep.runtime != "process":
+            sync_log = lambda: runtime_for(dep).sync_log(dep)  # noqa: E731
+        if not num_gpus and (n := deployment_gpus(reg, deployment)):
+            num_gpus, gpus_source = n, f"deployment {deployment}: tp x pp x dp x pcp (DCP adds none)"
+    else:
+        key = key or os.environ.get("VLLM_API_KEY")
+    if not url:
+        raise BadInput("no endpoint given", "pass --url http://HOST:PORT or --deployment NAME")
+    url = url.rstrip("/").removesuffix("/v1")
+    if not model:
+        model = only_model(url, {"Authorization": f"Bearer {key}"} if key else None)
+    return BenchTarget(url=url, model=model, api_key=key, model_dir=model_dir, server_log=server_log,
+                       sync_log=sync_log, num_gpus=num_gpus, num_gpus_source=gpus_source, argv=argv)

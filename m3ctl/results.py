@@ -1,0 +1,295 @@
+"""Typed results of ``bench`` and ``tune``: what :mod:`m3ctl.api` returns and what their JSON files hold.
+
+- :class:`BenchResult`: one ``m3ctl bench`` run (``--output-json``). Its keys are ``vllm bench serve``'s
+  ``--save-result`` keys with their meanings (vllm/benchmarks/serve.py, vLLM 0.32; m3ctl/bench/metrics.py),
+  then m3ctl's additions under new names; ``m3ctl_schema_version`` is the file's version (a name of m3ctl's
+  own, so the file stays key-for-key a superset of vLLM's). A ``vllm bench serve`` result file loads too.
+  :class:`BenchSweep`: a ``--concurrency 1,2,4`` sweep file.
+- :class:`TuneReport`: a tune study's ``result.json`` (``schema_version`` 1; a file written before the
+  version existed loads as version 1).
+
+The producers build the JSON as dicts (m3ctl.bench.runner.assemble, m3ctl.tune.study.write_outputs); these
+models validate it, give typed access, and dump it back unchanged (:meth:`BenchResult.to_dict`: the same keys
+and values). Keys not declared here (percentiles other than the default, blocks added later) are kept as
+extra fields. Loading a file that does not match raises one-line :class:`~m3ctl.errors.BadInput`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from m3ctl.errors import BadInput
+
+#: Version of the bench result JSON (``m3ctl_schema_version``); the major number changes on a breaking change.
+BENCH_SCHEMA_VERSION = "1.0"
+#: Version of a tune study's ``result.json`` (``schema_version``; absent in files of m3ctl <= 0.1: version 1).
+TUNE_SCHEMA_VERSION = 1
+
+
+def _one_line(e: ValidationError, what: str) -> str:
+    """The first validation error as one line: ``<what>: <field.path>: <message>`` (+ how many more)."""
+    errs = e.errors()
+    first = errs[0]
+    loc = ".".join(str(x) for x in first["loc"]) or "top level"
+    more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
+    return f"{what}: {loc}: {first['msg']}{more}"
+
+
+def _read_json(path: str | Path, what: str, hint: str) -> Any:
+    p = Path(path)
+    try:
+        return json.loads(p.read_text())
+    except FileNotFoundError:
+        raise BadInput(f"{what} {p} not found", hint) from None
+    except IsADirectoryError:
+        raise BadInput(f"{what} {p} is a directory", hint) from None
+    except OSError as e:
+        raise BadInput(f"cannot read {what} {p}: {e.strerror}", hint) from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadInput(f"{p} is not JSON ({str(e).splitlines()[0]})", hint) from None
+
+
+class BenchValidity(BaseModel):
+    """Whether a run's numbers can be trusted (``validity`` block; the full set of checks is in
+    m3ctl.bench.runner._validity). ``valid`` False: the run is BENCH-INVALID for each of ``reasons``."""
+
+    model_config = ConfigDict(extra="allow")
+    valid: bool
+    reasons: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+
+
+class BenchResult(BaseModel):
+    """One bench run. Units: times in ms (``*_ms``) or s (``duration``), throughputs in tokens/s or
+    requests/s, token counts in tokens.
+
+    vLLM's keys (``vllm bench serve --save-result``): ``date`` (YYYYmmdd-HHMMSS), ``endpoint_type``, ``backend``,
+    ``label``, ``model_id``, ``tokenizer_id``, ``num_prompts``, ``request_rate`` (req/s or ``"inf"``),
+    ``burstiness``, ``max_concurrency``, ``duration`` (s, first send to last completion), ``completed``,
+    ``failed``, ``total_input_tokens``, ``total_output_tokens``, ``request_throughput`` (req/s),
+    ``request_goodput`` (req/s meeting every goodput SLO; None without one), ``output_throughput`` and
+    ``total_token_throughput`` (tok/s), ``max_output_tokens_per_s``, ``max_concurrent_requests``, and for each
+    of TTFT, TPOT, ITL, E2EL ``mean_/median_/std_<m>_ms`` plus ``p<P>_<m>_ms`` for each requested percentile
+    (the ``p*`` keys are extra fields: :meth:`percentile` reads them). ``rtfx`` (audio only) is declared but
+    never written by m3ctl.
+
+    m3ctl's additions (absent in a vLLM file): ``m3ctl_version``, ``m3ctl_schema_version``, ``num_gpus``,
+    ``validity`` (:class:`BenchValidity`), ``workload``, ``load``, ``per_gpu``, ``cost``, ``server_metrics``,
+    ``token_counts`` and more (see README/docs), kept as they are.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    # ---- vllm bench serve (vllm/benchmarks/serve.py, 0.32), in its order
+    date: str | None = None
+    endpoint_type: str | None = None
+    backend: str | None = None
+    label: str | None = None
+    model_id: str | None = None
+    tokenizer_id: str | None = None
+    num_prompts: int | None = None
+    request_rate: float | Literal["inf"] | None = None
+    burstiness: float | None = None
+    max_concurrency: int | None = None
+    duration: float
+    completed: int
+    failed: int = 0
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: float
+    request_goodput: float | None = None
+    output_throughput: float
+    total_token_throughput: float
+    max_output_tokens_per_s: float | None = None
+    max_concurrent_requests: int | None = None
+    rtfx: float | None = None
+    mean_ttft_ms: float | None = None
+    median_ttft_ms: float | None = None
+    std_ttft_ms: float | None = None
+    mean_tpot_ms: float | None = None
+    median_tpot_ms: float | None = None
+    std_tpot_ms: float | None = None
+    mean_itl_ms: float | None = None
+    median_itl_ms: float | None = None
+    std_itl_ms: float | None = None
+    mean_e2el_ms: float | None = None
+    median_e2el_ms: float | None = None
+    std_e2el_ms: float | None = None
+    # ---- m3ctl's additions
+    m3ctl_version: str | None = None
+    m3ctl_schema_version: str | None = None
+    num_gpus: int | None = None
+    validity: BenchValidity | None = None
+    workload: dict[str, Any] | None = None
+    load: dict[str, Any] | None = None
+
+    @property
+    def valid(self) -> bool:
+        """False when m3ctl marked the run BENCH-INVALID; True for a valid run and for a vLLM file (no verdict)."""
+        return self.validity is None or self.validity.valid
+
+    def percentile(self, metric: str, p: float) -> float | None:
+        """``p<P>_<metric>_ms`` (ms), e.g. ``percentile("tpot", 90)``; None when the run did not report it.
+
+        Args:
+            metric: ``ttft``, ``tpot``, ``itl``, ``e2el`` (or ``client_queue_time``).
+            p: the percentile (0-100) as given to ``percentiles``.
+        """
+        word = str(int(p)) if int(p) == p else str(p)
+        v = (self.model_extra or {}).get(f"p{word}_{metric}_ms")
+        return float(v) if v is not None else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The result JSON as a dict: exactly the keys it was built or loaded with (nothing added)."""
+        return self.model_dump(exclude_unset=True)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "bench result") -> BenchResult:
+        """Validate a result dict (a run's, or one loaded from a file).
+
+        Raises:
+            BadInput: not a bench result (one line naming the first bad field), or written by a newer m3ctl.
+        """
+        if not isinstance(data, dict):
+            raise BadInput(f"{where}: expected a JSON object, got {type(data).__name__}",
+                           "pass a file written by `m3ctl bench --output-json` or `vllm bench serve --save-result`")
+        ver = data.get("m3ctl_schema_version")
+        if ver is not None and str(ver).split(".")[0] != BENCH_SCHEMA_VERSION.split(".")[0]:
+            raise BadInput(f"{where}: m3ctl_schema_version {ver!r} is not readable by this m3ctl "
+                           f"(reads {BENCH_SCHEMA_VERSION.split('.')[0]}.x)", "upgrade m3ctl")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise BadInput(_one_line(e, where), "pass a file written by `m3ctl bench --output-json`") from None
+
+    @classmethod
+    def read(cls, path: str | Path) -> BenchResult:
+        """A single-run result file (``m3ctl bench --output-json`` or ``vllm bench serve --save-result``).
+
+        Raises:
+            BadInput: missing, unreadable, not JSON, a sweep file (use :meth:`BenchSweep.read`), or invalid.
+        """
+        data = _read_json(path, "bench result", "pass a file written by `m3ctl bench --output-json`")
+        if isinstance(data, dict) and "runs" in data:
+            raise BadInput(f"{path} is a sweep of {len(data['runs'])} runs", "load it with BenchSweep.read")
+        return cls.from_dict(data, str(path))
+
+
+class BenchSweep(BaseModel):
+    """A sweep file: ``{"m3ctl_schema_version", "sweep": {"axis": "concurrency", "values": [...]}, "runs": [...]}``
+    (m3ctl.bench.report.sweep_doc), one :class:`BenchResult` per level in ``values`` order."""
+
+    model_config = ConfigDict(extra="allow")
+    m3ctl_schema_version: str | None = None
+    sweep: dict[str, Any]
+    runs: list[BenchResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The sweep JSON as a dict (each run exactly as it was built)."""
+        out = self.model_dump(exclude_unset=True)
+        out["runs"] = [r.to_dict() for r in self.runs]
+        return out
+
+    @classmethod
+    def read(cls, path: str | Path) -> BenchSweep:
+        """Raises: BadInput (missing, not JSON, not a sweep, or a run that is not a bench result)."""
+        data = _read_json(path, "bench sweep", "pass a file written by `m3ctl bench --concurrency 1,2,4 --output-json`")
+        if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+            raise BadInput(f"{path} is not a bench sweep (no runs list)", "load a single run with BenchResult.read")
+        runs = [BenchResult.from_dict(r, f"{path}: runs[{i}]") for i, r in enumerate(data["runs"])]
+        try:
+            return cls.model_validate({**data, "runs": runs})
+        except ValidationError as e:
+            raise BadInput(_one_line(e, str(path)), "pass a sweep file written by m3ctl bench") from None
+
+
+class TuneBest(BaseModel):
+    """The best configuration of a study (``result.json`` ``best``). ``objective`` in the study's objective unit
+    (e.g. tok/s per GPU), ``concurrency`` the highest load meeting the SLO, ``command``/``argv`` the tuned
+    ``vllm serve`` command, ``flags`` the vLLM flags the tuned knobs set, ``confirmed`` re-measured on a fresh
+    server; ``capacity_runs``/``capacity_spread``: see m3ctl.tune.study.write_outputs."""
+
+    model_config = ConfigDict(extra="allow")
+    config: dict[str, Any]
+    objective: float
+    concurrency: int | None = None
+    command: str
+    argv: list[str] = Field(default_factory=list)
+    trial: int | None = None
+    flags: dict[str, Any] = Field(default_factory=dict)
+    confirmed: bool | None = None
+    capacity_runs: int | None = None
+    capacity_spread: dict[str, Any] | None = None
+
+
+class TuneReport(BaseModel):
+    """A tune study's ``result.json`` (m3ctl.tune.study.write_outputs documents every key). Units: ``cost_s``
+    (server time) and ``elapsed_s`` (wall) in seconds across all resumes; objectives in the study's objective
+    unit. ``best`` is None when no configuration met the SLO (then ``ok`` is False); ``baseline`` is vLLM's
+    defaults measured the same way, or ``{"skipped": why}``; ``vs_baseline`` = best / baseline objective."""
+
+    model_config = ConfigDict(extra="allow")
+    schema_version: Literal[1] = TUNE_SCHEMA_VERSION
+    stopped_by: str
+    launches: int
+    cost_s: float
+    elapsed_s: float
+    interrupted_launches: dict[str, Any] | None = None
+    slo: str = ""
+    objective: str
+    trials: list[dict[str, Any]] = Field(default_factory=list)
+    best: TuneBest | None = None
+    profile: str | None = None
+    baseline: dict[str, Any] | None = None
+    vs_baseline: float | None = None
+    pareto: list[dict[str, Any]] = Field(default_factory=list)
+    pareto_png: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """A configuration met the SLO (the CLI exits 1 otherwise)."""
+        return self.best is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``result.json`` content: the keys it was built with, plus ``schema_version``."""
+        return {"schema_version": self.schema_version, **self.model_dump(exclude_unset=True)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any], where: str = "tune result") -> TuneReport:
+        """Validate a ``result.json`` dict; one written before ``schema_version`` existed is version 1.
+
+        Raises:
+            BadInput: not a tune result (one line naming the first bad field), or a newer schema_version.
+        """
+        if not isinstance(data, dict):
+            raise BadInput(f"{where}: expected a JSON object, got {type(data).__name__}",
+                           "pass the result.json of a tune study directory")
+        ver = data.get("schema_version", 1)
+        if ver != TUNE_SCHEMA_VERSION:
+            raise BadInput(f"{where}: schema_version {ver!r} is not readable by this m3ctl "
+                           f"(reads {TUNE_SCHEMA_VERSION})", "upgrade m3ctl")
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise BadInput(_one_line(e, where), "pass the result.json of a tune study directory") from None
+
+    @classmethod
+    def read(cls, path: str | Path) -> TuneReport:
+        """``result.json`` of a study (a study directory is accepted for its ``result.json``).
+
+        Raises:
+            BadInput: missing (the study has not finished), not JSON, or not a tune result.
+        """
+        p = Path(path)
+        if p.is_dir():
+            p = p / "result.json"
+        data = _read_json(p, "tune result", "a study writes result.json when it finishes; run `m3ctl tune --resume DIR`")
+        return cls.from_dict(data, str(p))
+
+
+__all__ = ["BENCH_SCHEMA_VERSION", "TUNE_SCHEMA_VERSION", "BenchResult", "BenchSweep", "BenchValidity",
+           "TuneBest", "TuneReport"]
