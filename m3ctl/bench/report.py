@@ -257,8 +257,9 @@ def _latency_columns(pcts: list[float]) -> list[tuple[str, str]]:
 def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
     """A run's result as rich tables readable at 80 columns, and the notes and warnings to print under them.
 
-    Numbers are never wrapped mid-value (numeric columns do not wrap; labels fold). The latency table
-    (a :class:`FitTable`) has one column per statistic, split over two tables when they do not fit the width, without a median column when p50 is one (they are the same number). Rows shown only
+    Numbers are never wrapped mid-value (numeric columns do not wrap; labels fold). The latency table (a
+    :class:`FitTable`: statistics move to a second table when they do not fit the width) has one column per
+    statistic, without a median column when p50 is one (they are the same number). Rows shown only
     where they say something: ITL per token when chunks carried several tokens (else it equals ITL per chunk);
     E2E latency from schedule for open-loop runs only (a closed loop schedules every request at the start),
     with a note saying what it is; TTFA for reasoning runs only (else it is TTFT), ``n/a`` when the answers
