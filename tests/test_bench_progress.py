@@ -97,9 +97,9 @@ def test_progress_live_frames_at_80_columns_show_the_throughput():
     con = Console(file=buf, force_terminal=True, width=80, color_system=None)
     with LiveProgress(con, total=100000, refresh_per_second=50, label="bench c=128", plain=False) as prog:
         t = time.perf_counter()
-        for i in range(200):
+        for _ in range(200):
             prog.put(("s", t))
-        for i in range(64):
+        for _ in range(64):
             prog.put(_done(t + 0.01, ttft=12.3456, toks=4000))
         time.sleep(0.2)
     frames = [f for f in re.split(r"\r|\n|\x1b\[[0-9;?]*[A-Za-z]", buf.getvalue()) if "done" in f]
