@@ -63,7 +63,69 @@ def test_rolling_stats_out_of_order_events_and_failure_kinds():
     assert s.failed_by_kind == {"connection_refused": 2, "other": 1}
     assert rs.snapshot(13.2).rolling_ttft_ms == pytest.approx(300.0)  # 11.0 left the window, 11.5 did not
     line = render_line(s)
-    assert "failed 3 (connection_refused 2, other 1)" in line and "TTFT p50 (2s) 200.0 ms" in line
+    assert "failed 3 (connection_refused 2, other 1)" in line and "TTFT p50 200 ms (last 2s)" in line
+
+
+def _snap(**kw):
+    from m3ctl.bench.progress import Snapshot
+
+    base = dict(completed=12345, total=100000, in_flight=128, elapsed_s=1234.5, rolling_ttft_ms=12345.6,
+                rolling_output_tok_s=123456.7)
+    return Snapshot(**(base | kw))
+
+
+@pytest.mark.parametrize("failed", [{}, {"connection_refused": 20, "stream_cut": 7, "timeout": 3}])
+def test_progress_line_fits_80_columns_with_the_throughput_whole(failed):
+    """At 80 columns the line keeps done, throughput and TTFT whole and drops the lesser figures whole."""
+    s = _snap(failed=sum(failed.values()), failed_by_kind=failed)
+    line = render_line(s, 80, "bench c=128")
+    assert len(line) <= 80, line
+    assert line.startswith("bench c=128  12345/100000 done  out 123457 tok/s  TTFT p50 12346 ms"), line
+    if failed:
+        assert "failed 30" in line  # failures outrank in flight and elapsed
+    for part in line.split("  "):  # every figure shown is whole: it is one of the full-width line's parts
+        assert part in render_line(s, None, "bench c=128") or part == "failed 30", part
+    wide = render_line(s, 300, "bench c=128")
+    assert "in flight 128" in wide and "1234.5 s" in wide and "(last 5s)" in wide
+
+
+def test_progress_live_frames_at_80_columns_show_the_throughput():
+    """A terminal 80 columns wide: each frame is one line of at most 80 columns ending in whole figures."""
+    import time
+
+    buf = io.StringIO()
+    con = Console(file=buf, force_terminal=True, width=80, color_system=None)
+    with LiveProgress(con, total=100000, refresh_per_second=50, label="bench c=128", plain=False) as prog:
+        t = time.perf_counter()
+        for _ in range(200):
+            prog.put(("s", t))
+        for _ in range(64):
+            prog.put(_done(t + 0.01, ttft=12.3456, toks=4000))
+        time.sleep(0.2)
+    frames = [f for f in re.split(r"\r|\n|\x1b\[[0-9;?]*[A-Za-z]", buf.getvalue()) if "done" in f]
+    assert frames, buf.getvalue()
+    for f in frames:
+        assert len(f) <= 80 and "…" not in f and re.search(r"done  out [\d.]+ tok/s  TTFT p50 ", f), f
+    assert re.match(r"bench c=128  64/100000 done  out \d+ tok/s  TTFT p50 12346 ms", frames[-1]), frames[-1]
+
+
+def test_progress_into_a_log_file_prints_plain_lines():
+    """No terminal (a log file, CI), even when the console is forced to emit terminal codes: a plain line now and
+    then and one at the end, without cursor movement, carriage returns or colours."""
+    import time
+
+    buf = io.StringIO()
+    con = Console(file=buf, force_terminal=True, width=80)
+    with LiveProgress(con, total=10, label="bench c=2", plain_every_s=0.15) as prog:
+        for _ in range(5):
+            prog.put(("s", time.perf_counter()))
+            time.sleep(0.1)
+            prog.put(_done(time.perf_counter(), ttft=0.05, toks=10))
+    out = buf.getvalue()
+    lines = out.splitlines()
+    assert "\x1b" not in out and "\r" not in out, repr(out)
+    assert 2 <= len(lines) <= 6, lines  # about one per 0.15 s over 0.5 s, plus the final one
+    assert lines[-1].startswith("bench c=2  5/10 done  out ") and all(len(x) <= 80 for x in lines), lines
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +136,8 @@ def gt_url():
     p.wait(timeout=10)
 
 
-_FRAME = re.compile(r"completed (\d+)/(\d+)\s+failed (\d+)\s+in flight (\d+)\s+TTFT p50 \(5s\) ([\d.]+|-)(?: ms)?"
-                    r"\s+output \(5s\) ([\d.]+) tok/s")
+_FRAME = re.compile(r"(\d+)/(\d+) done\s+out ([\d.]+) tok/s\s+TTFT p50 ([\d.]+|-)(?: ms)? \(last 5s\)"
+                    r"\s+failed (\d+)\s+in flight (\d+)")
 
 
 @pytest.mark.parametrize("procs", [1, 2])
@@ -86,18 +148,18 @@ def test_live_display_frames_from_a_real_run(gt_url, tiny_models, procs):
     cfg = BenchConfig(url=gt_url, model="groundtruth", num_prompts=48, concurrency=4, input_len=8, output_len=20,
                       scrape_server_metrics=False, client_procs=procs)
     # 12 waves of (120 + 19 x 10) ms = 3.7 s; 20 frames a second
-    with LiveProgress(con, total=48, refresh_per_second=20) as prog:
+    with LiveProgress(con, total=48, refresh_per_second=20, plain=False) as prog:
         res = run_bench(cfg, tok=LocalTokenizer(tiny_models["m2"]), progress=prog)
     frames = _FRAME.findall(buf.getvalue())
     assert res["completed"] == 48 and len(frames) >= 10, buf.getvalue()[-500:]
     done = [int(f[0]) for f in frames]
     assert all(int(f[1]) == 48 for f in frames)
     assert done == sorted(done) and done[-1] == 48 and len(set(done)) >= 6  # rises in steps of the waves
-    assert all(0 <= int(f[3]) <= 4 for f in frames) and int(frames[-1][3]) == 0
-    ttfts = [float(f[4]) for f in frames if f[4] != "-"]
+    assert all(0 <= int(f[5]) <= 4 for f in frames) and int(frames[-1][5]) == 0
+    ttfts = [float(f[3]) for f in frames if f[3] != "-"]
     assert ttfts and all(119.0 <= t <= 145.0 for t in ttfts), ttfts  # injected 120 ms (+ scheduling on this host)
     # steady state: 4 streams x 20 tokens every 0.31 s = 258 tok/s (counted at request ends: bucketed, so +-25 %)
-    late = [float(f[5]) for f, d in zip(frames, done, strict=True) if 16 <= d < 48]
+    late = [float(f[2]) for f, d in zip(frames, done, strict=True) if 16 <= d < 48]
     assert late and 190 <= sorted(late)[len(late) // 2] <= 330, late
 
 
@@ -108,8 +170,9 @@ def test_cli_progress_on_stderr_json_on_stdout(gt_url, tiny_models):
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)  # stdout is the JSON and nothing else
     assert res["completed"] == 12
-    assert "completed 12/12" in p.stderr and "\x1b[" in p.stderr  # forced: rich frames even into a pipe
+    # forced into a pipe (a log file): plain lines, no terminal codes
+    assert "12/12 done" in p.stderr and "\x1b[" not in p.stderr and "\r" not in p.stderr, p.stderr
     q = run_cli("bench", "--url", gt_url, "--model", "groundtruth", "--num-prompts", "4", "--concurrency", "2",
                 "--input-len", "8", "--output-len", "5", "--tokenizer", str(tiny_models["m2"]), "--json")
     assert q.returncode == 0 and json.loads(q.stdout)["completed"] == 4
-    assert "completed" not in q.stderr  # auto: stderr is a pipe here, so no progress
+    assert "done" not in q.stderr  # auto: stderr is a pipe here, so no progress

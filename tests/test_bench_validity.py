@@ -314,3 +314,49 @@ def test_prefix_cache_reuse_seen_in_usage_without_metrics(gt):
     pc = again["validity"]["prefix_cache"]
     assert pc["source"] == "usage.prompt_tokens_details.cached_tokens" and pc["observed"] > 0.9
     assert not again["validity"]["valid"]
+
+
+def _numbers(text: str) -> set[str]:
+    import re
+
+    return set(re.findall(r"\d[\d,]*(?:\.\d+)?%?", text))
+
+
+def test_latency_table_with_many_percentiles_splits_at_80_columns(gt):
+    """Seven percentiles plus the mean of second-long latencies do not fit 80 columns side by side: the statistics
+    go to a second table
+    (the metric labels repeated) rather than cutting numbers with an ellipsis."""
+    pcts = (25.0, 50.0, 75.0, 90.0, 95.0, 99.0, 99.9)
+    res = run_bench(_cfg(gt("--ttft-ms", "1000"), output_len=12, num_prompts=4, percentiles=list(pcts)))
+    text = _render(res, pcts)
+    assert max(len(x) for x in text.splitlines()) <= 80 and "…" not in text, text
+    assert "latency (ms), continued" in text
+    for m in ("ttft", "tpot", "itl", "e2el"):
+        for stem in ("mean", "p25", "p50", "p75", "p90", "p95", "p99", "p99.9"):
+            assert f"{res[f'{stem}_{m}_ms']:.2f}" in _numbers(text), (stem, m)  # whole, on one line
+
+
+def test_runs_side_by_side_at_80_columns_split_by_runs():
+    """`bench report` / a sweep's comparison of six recorded H200 runs at 80 columns: the runs are spread over two
+    tables; every figure of the comparison reads whole, the file of each run in a legend below."""
+    from pathlib import Path
+
+    from rich.console import Console
+
+    from m3ctl.bench import report
+
+    fx = Path(__file__).parent / "fixtures"
+    runs = report.load_runs([fx / "h200x2-real/bench-sweep.json", fx / "h200x1-real/bench.json",
+                             fx / "h200x2-real/bench-m3ctl-c16.json"])
+    con = Console(width=80, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    for r in report.compare_renderables(runs):
+        con.print(r)
+    text = con.export_text()
+    lines = text.splitlines()
+    assert max(len(x) for x in lines) <= 80 and "…" not in text, text
+    assert "runs side by side, continued" in text
+    shown = _numbers(text)
+    for row in report.compare_table(runs)[2:]:  # after file and label: the figures
+        for cell in row[1:]:
+            assert _numbers(cell) <= shown, (row[0], cell)
+    assert "#6 bench-m3ctl-c16.json" in lines

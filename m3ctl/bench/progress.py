@@ -6,9 +6,10 @@ tokens). :class:`RollingStats` folds them into the figures shown while the run g
 completed and failed counts (failed per kind, the ``RequestOutput.error_kind`` names), requests
 in flight, and over the last ``window_s`` seconds the median TTFT and the output tokens/s
 (tokens of the requests that finished in the window, over the window, or over the time since the
-first send when the run is younger than the window). :class:`LiveProgress` renders them with
-``rich.live.Live`` (refreshed a few times a second by rich's own thread) on a console that the
-caller chooses (the CLI: stderr, so ``--json`` / ``--output-json -`` keep stdout clean).
+first send when the run is younger than the window). :class:`LiveProgress` shows them on a console
+that the caller chooses (the CLI: stderr, so ``--json`` / ``--output-json -`` keep stdout clean): on a
+terminal one ``rich.live.Live`` line (refreshed a few times a second by rich's own thread) fitted to the
+terminal's width with the throughput never cut off; in a log file a plain line every few seconds.
 
 Events are tuples, kept small because workers pickle them: ``("s", t)`` for a send and
 ``("d", t_end, ok, kind, ttft_s, output_tokens)`` for a finish; times are ``time.perf_counter()``
@@ -100,38 +101,79 @@ class RollingStats:
                         rolling_output_tok_s=sum(x[2] for x in inside) / span, total=self.total)
 
 
-def render_line(s: Snapshot) -> str:
-    """One-line text of a snapshot (rich markup)."""
-    done = f"{s.completed}/{s.total}" if s.total else f"{s.completed}"
-    fails = ""
+def _segments(s: Snapshot, label: str) -> list[tuple[int, str, str | None]]:
+    """(priority, text, shorter text or None) in display order; priority 0 is always shown."""
+    def num(x: float) -> str:  # a rolling figure: tenths below 100, whole numbers above (its noise is larger)
+        return f"{x:.1f}" if x < 100 else f"{x:.0f}"
+
+    done = f"{s.completed}/{s.total} done" if s.total else f"{s.completed} done"
+    ttft = f"{num(s.rolling_ttft_ms)} ms" if s.rolling_ttft_ms is not None else "-"
+    segs: list[tuple[int, str, str | None]] = [(0, label, None)] if label else []
+    segs += [(0, done, None), (0, f"out {num(s.rolling_output_tok_s)} tok/s", None), (1, f"TTFT p50 {ttft}", None),
+             (4, f"(last {s.window_s:g}s)", None)]
     if s.failed:
-        fails = " (" + ", ".join(f"{k} {v}" for k, v in sorted(s.failed_by_kind.items())) + ")"
-    ttft = f"{s.rolling_ttft_ms:.1f} ms" if s.rolling_ttft_ms is not None else "-"
-    w = f"{s.window_s:g}s"
-    return (f"completed {done}  failed {s.failed}{fails}  in flight {s.in_flight}  "
-            f"TTFT p50 ({w}) {ttft}  output ({w}) {s.rolling_output_tok_s:.1f} tok/s  elapsed {s.elapsed_s:.1f} s")
+        kinds = ", ".join(f"{k} {v}" for k, v in sorted(s.failed_by_kind.items()))
+        segs.append((2, f"failed {s.failed} ({kinds})", f"failed {s.failed}"))
+    else:
+        segs.append((4, "failed 0", None))
+    return segs + [(3, f"in flight {s.in_flight}", None), (5, f"{s.elapsed_s:.1f} s", None)]
+
+
+def render_line(s: Snapshot, width: int | None = None, label: str = "") -> str:
+    """One line of plain text for a snapshot, at most ``width`` characters when given.
+
+    The figures come in order of importance: requests done, the rolling output tok/s and median TTFT first,
+    then failures (per kind when they fit), requests in flight, the window and the elapsed time. When the
+    line would be wider than ``width``, the least important figures are left out whole (never cut inside a
+    number); ``label``, the done count and the throughput are always kept.
+    """
+    segs = _segments(s, label)
+    chosen: dict[int, str] = {i: t for i, (p, t, _) in enumerate(segs) if p == 0}
+
+    def join(c: dict[int, str]) -> str:  # the window tag follows the figures it qualifies after one space
+        return "".join(("" if not k else " " if c[i].startswith("(") else "  ") + c[i]
+                       for k, i in enumerate(sorted(c)))
+
+    for p in sorted({p for p, _, _ in segs if p}):
+        for i, (q, text, short) in enumerate(segs):
+            if q != p:
+                continue
+            for t in (text, short):
+                if t is not None and (width is None or len(join(chosen | {i: t})) <= width):
+                    chosen[i] = t
+                    break
+    return join(chosen)
 
 
 class LiveProgress:
-    """Thread-safe event sink plus a ``rich.live.Live`` display; use as a context manager.
+    """Thread-safe event sink plus a display on ``console``; use as a context manager.
+
+    On a terminal the display is one ``rich.live.Live`` line, redrawn a few times a second and fitted to the
+    console's width (:func:`render_line`). Anywhere else (a log file, a pipe, CI; also a console forced to
+    emit terminal codes into such a file) it prints a plain line, without cursor movement or colours, every
+    ``plain_every_s`` seconds and once at the end. ``plain`` forces one mode (None: decide from the console).
 
     ``put(ev)`` may be called from the event-loop thread; ``attach(queue)`` adds a
     ``multiprocessing`` queue that worker processes write to (read by a thread as events come).
     """
 
     def __init__(self, console, window_s: float = 5.0, total: int | None = None, refresh_per_second: float = 4.0,
-                 label: str = "bench"):
+                 label: str = "bench", plain: bool | None = None, plain_every_s: float = 10.0):
         from rich.live import Live  # noqa: PLC0415
-        from rich.text import Text  # noqa: PLC0415
 
         self.stats = RollingStats(window_s, total)
         self.label = label
+        self.console = console
+        self.plain = (not _is_tty(console)) if plain is None else plain
+        self.plain_every_s = plain_every_s
         self._events: collections.deque = collections.deque()
         self._queues: list = []
         self._lock = threading.Lock()
-        self._text = Text
-        self.live = Live(console=console, refresh_per_second=refresh_per_second, transient=False,
-                         get_renderable=self._renderable, redirect_stdout=False, redirect_stderr=False)
+        self._stop = threading.Event()
+        self._printer: threading.Thread | None = None
+        self.live = None if self.plain else Live(
+            console=console, refresh_per_second=refresh_per_second, transient=False,
+            get_renderable=lambda: _Fitted(self), redirect_stdout=False, redirect_stderr=False)
 
     def put(self, ev: tuple) -> None:
         self._events.append(ev)
@@ -168,12 +210,55 @@ class LiveProgress:
             self._drain()
             return self.stats.snapshot(time.perf_counter())
 
-    def _renderable(self):
-        return self._text.from_markup(f"[bold]{self.label}[/] " + render_line(self.snapshot()))
+    def _print_plain(self) -> None:
+        from rich.text import Text  # noqa: PLC0415
+
+        line = render_line(self.snapshot(), self.console.width, self.label)
+        self.console.print(Text(line), highlight=False, soft_wrap=True)
+
+    def _plain_loop(self) -> None:
+        while not self._stop.wait(self.plain_every_s):
+            self._print_plain()
 
     def __enter__(self) -> Self:
-        self.live.start(refresh=True)
+        if self.live is not None:
+            self.live.start(refresh=True)
+        else:
+            self._printer = threading.Thread(target=self._plain_loop, daemon=True)
+            self._printer.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self.live.stop()
+        if self.live is not None:
+            self.live.stop()
+            return
+        self._stop.set()
+        if self._printer is not None:
+            self._printer.join()
+        self._print_plain()  # the final figures, once
+
+
+def _is_tty(console) -> bool:
+    """True when ``console`` draws on an interactive terminal (or a notebook), not into a file or pipe."""
+    if getattr(console, "is_jupyter", False):
+        return True
+    isatty = getattr(console.file, "isatty", None)
+    try:
+        return bool(console.is_terminal and isatty and isatty())
+    except ValueError:  # a closed file
+        return False
+
+
+class _Fitted:
+    """The live line, fitted at render time to the width rich gives it (the label in bold)."""
+
+    def __init__(self, prog: LiveProgress):
+        self.prog = prog
+
+    def __rich_console__(self, console, options):
+        from rich.text import Text  # noqa: PLC0415
+
+        line = render_line(self.prog.snapshot(), options.max_width, self.prog.label)
+        text = Text(line, no_wrap=True, overflow="ellipsis")
+        text.stylize("bold", 0, len(self.prog.label))
+        yield text

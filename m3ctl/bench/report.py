@@ -176,6 +176,72 @@ def compare_table(runs: list[dict]) -> list[list[str]]:
     return [[name] + [fmt(get(r)) for r in runs] for name, get in COMPARE_ROWS]
 
 
+def compare_renderables(runs: list[dict]) -> list:
+    """The side-by-side comparison for a rich console: a table (metric rows, one column ``#i`` per run) that is
+    split into several tables of fewer runs when the console is too narrow for all, so no number is wrapped or
+    cut; then one legend line per run (``#i``, its file and label), printed whole below the tables."""
+    from rich.markup import escape  # noqa: PLC0415
+    from rich.text import Text  # noqa: PLC0415
+
+    rows = [r for r in compare_table(runs) if r[0] not in ("file", "label")]
+    cols = [(f"#{i + 1}", [escape(r[i + 1]) for r in rows]) for i in range(len(runs))]
+    legend = [Text(f"#{i + 1} {Path(r.get('_file', '')).name}" + (f" ({r['label']})" if r.get("label") else ""))
+              for i, r in enumerate(runs)]
+    return [FitTable("m3ctl bench: runs side by side", "metric", [escape(r[0]) for r in rows], cols), *legend]
+
+
+class FitTable:
+    """A rich renderable: a label column and value columns, laid out for the width it is printed at.
+
+    One table when everything fits; otherwise the value columns are spread over as many tables as needed,
+    each repeating the label column (which folds down to ``label_min`` characters before a split). Value
+    cells never wrap and are never cut with an ellipsis, so a number always reads whole, at 80 columns too.
+
+    Args:
+        title: the first table's title (the next ones add ", continued").
+        label_header: the label column's header.
+        labels: one label per row (rich markup).
+        columns: (header, cells) per value column, one cell per row (rich markup), right-aligned.
+    """
+
+    def __init__(self, title: str, label_header: str, labels: list[str], columns: list[tuple[str, list[str]]],
+                 label_min: int = 14):
+        self.title, self.label_header, self.labels, self.columns = title, label_header, labels, columns
+        self.label_min = label_min
+
+    @staticmethod
+    def _w(cells: list[str]) -> int:
+        from rich.text import Text  # noqa: PLC0415
+
+        return max((Text.from_markup(c).cell_len for c in cells), default=0)
+
+    def groups(self, width: int) -> list[list[int]]:
+        """Indices of the value columns in each table at ``width`` columns (box borders and padding counted)."""
+        label_w = min(self._w([self.label_header, *self.labels]), self.label_min) + 3  # padding 2 + a border
+        out: list[list[int]] = [[]]
+        used = label_w + 1  # the table's closing border
+        for i, (head, cells) in enumerate(self.columns):
+            w = self._w([head, *cells]) + 3
+            if out[-1] and used + w > width:
+                out.append([])
+                used = label_w + 1
+            out[-1].append(i)
+            used += w
+        return out
+
+    def __rich_console__(self, console, options):
+        from rich.table import Table  # noqa: PLC0415
+
+        for k, group in enumerate(self.groups(options.max_width)):
+            t = Table(title=self.title + (", continued" if k else ""))
+            t.add_column(self.label_header, overflow="fold", ratio=1)
+            for i in group:
+                t.add_column(self.columns[i][0], justify="right", no_wrap=True)
+            for r, label in enumerate(self.labels):
+                t.add_row(label, *(self.columns[i][1][r] for i in group))
+            yield t
+
+
 def _pw(p: float) -> str:
     return str(int(p)) if int(p) == p else str(p)
 
@@ -191,8 +257,9 @@ def _latency_columns(pcts: list[float]) -> list[tuple[str, str]]:
 def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
     """A run's result as rich tables readable at 80 columns, and the notes and warnings to print under them.
 
-    Numbers are never wrapped mid-value (numeric columns do not wrap; labels fold). The latency table has one
-    column per statistic, without a median column when p50 is one (they are the same number). Rows shown only
+    Numbers are never wrapped mid-value (numeric columns do not wrap; labels fold). The latency table (a
+    :class:`FitTable`: statistics move to a second table when they do not fit the width) has one column per
+    statistic, without a median column when p50 is one (they are the same number). Rows shown only
     where they say something: ITL per token when chunks carried several tokens (else it equals ITL per chunk);
     E2E latency from schedule for open-loop runs only (a closed loop schedules every request at the start),
     with a note saying what it is; TTFA for reasoning runs only (else it is TTFT), ``n/a`` when the answers
@@ -247,17 +314,14 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
         t.add_row(escape(r[0]), r[1])
 
     cols = _latency_columns(pcts)
-    lt = Table(title="latency (ms)")
-    lt.add_column("metric", overflow="fold", ratio=1)
-    for head, _ in cols:
-        lt.add_column(head, justify="right", no_wrap=True)
+    lrows: list[tuple[str, list[str]]] = []  # (label, one cell per statistic)
     notes: list[str] = []
 
     def row(label: str, block: dict | None) -> None:
         if not done or block is None or block.get("mean_ms") is None:
-            lt.add_row(label, *["n/a"] * len(cols))
+            lrows.append((label, ["n/a"] * len(cols)))
         else:
-            lt.add_row(label, *(f"{block[f'{stem}_ms']:.2f}" for _, stem in cols))
+            lrows.append((label, [f"{block[f'{stem}_ms']:.2f}" for _, stem in cols]))
 
     def vllm_block(m: str) -> dict:
         return {f"{stem}_ms": res.get(f"{stem}_{m}_ms") for _, stem in cols} | {"mean_ms": res.get(f"mean_{m}_ms")}
@@ -272,7 +336,7 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
     row("E2E latency", vllm_block("e2el"))
     if res.get("ttfa") is not None and (v.get("reasoning_tokens_present") or v.get("ttfa_valid") is False):
         if v.get("ttfa_valid") is False:
-            lt.add_row("TTFA (first answer token)", *["n/a"] * len(cols))
+            lrows.append(("TTFA (first answer token)", ["n/a"] * len(cols)))
             notes.append("TTFA n/a: the answers carry the reasoning (<think>) in content")
         else:
             row("TTFA (first answer token)", res["ttfa"])
@@ -282,4 +346,6 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
                      "counts (coordinated omission); E2E latency starts at the send")
     if not done:
         notes.append("n/a: no request succeeded")
+    lt = FitTable("latency (ms)", "metric", [escape(label) for label, _ in lrows],
+                  [(head, [cells[j] for _, cells in lrows]) for j, (head, _) in enumerate(cols)])
     return [t, lt], notes + [f"[yellow]warning:[/] {escape(w)}" for w in v.get("warnings", [])]
