@@ -400,7 +400,7 @@ def tune(model: str | None = None, *, dry_run: Literal[True], **kw: Any) -> dict
 def tune(model: str | None = None, *, study_dir: str | Path | None = None, resume: str | Path | None = None,
          slo: str = "", objective: str = "tput_per_gpu", usd_per_gpu_hour: float | None = None,
          knobs: Sequence[str] = (), ladder: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), max_trials: int | None = None,
-         time_budget_s: float | None = None, seed: int = 0, confirm_top: int = 2, boundary_margin: float = 0.10,
+         time_budget_s: float | None = None, seed: int = 0, confirm_top: int | None = None, boundary_margin: float = 0.10,
          boundary_repeats: int = 2, max_spec_depth: int = 4, pareto: bool = False, baseline: bool | None = None,
          port: int = 8000, workload: str = "random", input_len: int = 128, output_len: int = 128,
          prompts_per_concurrency: int = 4, warmup: bool = True, profile: str | Path | None = None,
@@ -419,8 +419,9 @@ def tune(model: str | None = None, *, study_dir: str | Path | None = None, resum
         knobs: pins or ranges, e.g. ``["spec_depth=0-4", "max_num_seqs=4,8"]``.
         ladder: concurrencies bisected per configuration.
         max_trials: budget in server starts (default 12); ``time_budget_s``: budget in wall seconds.
-        confirm_top: re-measure the best N on a fresh server; ``boundary_margin`` (fraction of a limit) and
-            ``boundary_repeats``: repeats of a run near the SLO boundary.
+        confirm_top: re-measure the best N on a fresh server (default 2; with ``resume`` it replaces the saved
+            value); ``boundary_margin`` (fraction of a limit) and ``boundary_repeats``: repeats of a run near the
+            SLO boundary.
         baseline: also measure vLLM's defaults (default on for a new study).
         port: API port of the trial servers; workload, input_len/output_len (tokens), prompts_per_concurrency,
             warmup: the bench run of each measurement.
@@ -452,7 +453,7 @@ def tune(model: str | None = None, *, study_dir: str | Path | None = None, resum
     if resume:
         sdir = Path(resume)
         settings = st.resume_settings(sdir, max_trials=max_trials, time_budget_s=time_budget_s, baseline=baseline,
-                                      save=not dry_run)
+                                      confirm_top=confirm_top, save=not dry_run)
     else:
         if not model:
             raise BadInput("--model is required (or --resume DIR)", "e.g. m3ctl tune --model DIR --slo 'p90_tpot_ms<=50'")
@@ -461,7 +462,7 @@ def tune(model: str | None = None, *, study_dir: str | Path | None = None, resum
             raise BadInput(f"{sdir} already holds a study", f"continue it with --resume {sdir} or choose another --study-dir")
         settings = st.new_settings(model, inv, slo=slo, objective=objective, usd_per_gpu_hour=usd_per_gpu_hour,
                                    knobs=list(knobs), ladder=list(ladder), max_trials=max_trials,
-                                   time_budget_s=time_budget_s, seed=seed, confirm_top=confirm_top,
+                                   time_budget_s=time_budget_s, seed=seed, confirm_top=2 if confirm_top is None else confirm_top,
                                    boundary_margin=boundary_margin, boundary_repeats=boundary_repeats,
                                    max_spec_depth=max_spec_depth, baseline=baseline, port=port, workload=workload,
                                    input_len=input_len, output_len=output_len,

@@ -94,18 +94,21 @@ def load_settings(study_dir: Path) -> dict[str, Any]:
 
 
 def resume_settings(study_dir: Path, *, max_trials: int | None = None, time_budget_s: float | None = None,
-                    baseline: bool | None = None, save: bool = True) -> dict[str, Any]:
+                    baseline: bool | None = None, confirm_top: int | None = None,
+                    save: bool = True) -> dict[str, Any]:
     """The settings of the study in ``study_dir`` with new budgets: a resumed study may get a larger budget (e.g.
     continued on another machine); ``max_trials`` (server starts) and ``time_budget_s`` (s) count across
-    resumes. ``baseline`` turns measuring vLLM's defaults on/off. ``save``: write them back (False: dry run).
+    resumes. ``baseline`` turns measuring vLLM's defaults on/off; ``confirm_top`` replaces the number of
+    configurations re-measured at the end (0 while a study is spread over several device sessions, then 1 for the
+    last, as on the H200: docs/results/h200-scale.md). ``save``: write them back (False: dry run).
 
     Raises:
         BadInput: as :func:`load_settings`; a negative budget.
     """
-    check_budgets(max_trials=max_trials, time_budget_s=time_budget_s)
+    check_budgets(max_trials=max_trials, time_budget_s=time_budget_s, confirm_top=confirm_top)
     settings = load_settings(study_dir)
-    new = {k: v for k, v in (("max_trials", max_trials), ("time_budget_s", time_budget_s), ("baseline", baseline))
-           if v is not None}
+    new = {k: v for k, v in (("max_trials", max_trials), ("time_budget_s", time_budget_s), ("baseline", baseline),
+                             ("confirm_top", confirm_top)) if v is not None}
     if new:
         settings["spec"].update(new)
         if save:
