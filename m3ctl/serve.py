@@ -308,6 +308,91 @@ def relaunch(name: str, *, registry: Registry, secret_env: dict[str, str] | None
                            restarts=attempt, on_event=on_event).deployment
 
 
+def profile_expect(profile, name: str):
+    """The kernel expectations (``expect``) of ``profile``, else of the catalog profile ``name``; None if none."""
+    from m3ctl.catalog import profiles  # noqa: PLC0415
+
+    profile = profile or profiles().get(name)
+    return getattr(profile, "expect", None)
+
+
+def deployment_gpus(registry: Registry, name: str) -> int | None:
+    """GPUs of a deployment, from the Layout of its saved plan (m3ctl/launch.py); None on a CPU plan or without one."""
+    from m3ctl.launch import launch_spec  # noqa: PLC0415
+
+    text = registry.load_plan(name)
+    if not text:
+        return None
+    plan = LaunchPlan.model_validate_json(text)
+    return launch_spec(plan).layout.num_gpus if plan.gpu_vendor else None
+
+
+def record_probe(registry: Registry, name: str, verdict: str) -> None:
+    """Keep the watchdog's last verdict in the record: ``status`` shows ``stalled`` while it lasts."""
+    from m3ctl.errors import M3Error  # noqa: PLC0415
+
+    try:
+        cur = registry.get(name)
+    except (UnreadableRecord, M3Error):
+        return
+    phase = "stalled" if verdict == "stalled" else ("ready" if cur.phase == "stalled" and verdict == "ok" else cur.phase)
+    if phase != cur.phase:
+        cur.phase = phase
+        registry.save(cur)
+
+
+def watch_deployment(dep: Deployment, rt: Runtime, registry: Registry, secret_env: dict[str, str] | None, expect=None,
+                     *, interval_s: float = 10.0, restart: str = "no", canary_timeout_s: float = 30.0,
+                     stall_s: float = 60.0, max_restarts: int = 3, count: int | None = None,
+                     stop_on_exit: bool = True, on_event: Callable | None = None) -> None:
+    """Watch ``dep`` in the foreground (m3ctl.watchdog.watch) until a failure, ``count`` probes, or Ctrl-C; each
+    probe's verdict is kept in the record (:func:`record_probe`); ``restart="on-failure"`` relaunches the saved
+    plan up to ``max_restarts`` times. ``on_event`` gets every watchdog event (m3ctl.watchdog.WatchEvent).
+
+    ``stop_on_exit`` (foreground ``serve``): the deployment is stopped on any end of the watch but Ctrl-C
+    (a failed probe, or any exception: the server must not outlive the command that owns it). Without it
+    (``m3ctl watch``) only a server that exited is cleaned up. KeyboardInterrupt propagates: the caller
+    decides whether Ctrl-C stops the deployment.
+
+    Raises:
+        LaunchFailed: the server failed (phase ``watch``), with the log path.
+    """
+    from m3ctl.watchdog import watch  # noqa: PLC0415
+
+    def on_watch(e) -> None:
+        if e.kind == "probe" and e.probe is not None:
+            record_probe(registry, dep.name, e.probe.verdict)
+        if on_event:
+            on_event(e)
+
+    headers = {"Authorization": f"Bearer {secret_env['VLLM_API_KEY']}"} if (secret_env or {}).get("VLLM_API_KEY") else None
+
+    def again(attempt: int):
+        return relaunch(dep.name, registry=registry, secret_env=secret_env, runtime=rt, expect=expect, attempt=attempt)
+
+    try:
+        last = watch(dep, rt, interval_s=interval_s, canary_timeout_s=canary_timeout_s, stall_s=stall_s,
+                     restart=restart, max_restarts=max_restarts, relaunch=again, on_event=on_watch,
+                     max_probes=count, headers=headers)
+    except KeyboardInterrupt:
+        raise
+    except Exception:
+        if stop_on_exit:
+            with sigint_ignored():
+                if registry.exists(dep.name):
+                    stop([dep.name], registry=registry)
+        raise
+    if last.ok:
+        return
+    current = registry.get(dep.name) if registry.exists(dep.name) else dep
+    if (stop_on_exit or last.verdict == "exited") and registry.exists(current.name):
+        stop([current.name], registry=registry)
+    cause = f" [{last.cause}]" if last.cause else ""
+    raise LaunchFailed(f"server {dep.name!r} failed: {last.verdict}: {last.detail}{cause}",
+                       f"see `m3ctl logs {dep.name}`" if not stop_on_exit else f"see the log {current.log_path}",
+                       phase="watch", log_path=current.log_path)
+
+
 def api_key_for(registry: Registry, name: str) -> str | None:
     """The API key a client of deployment ``name`` sends: from the variable its plan names
     (``serve --api-key-env VAR``), else ``VLLM_API_KEY``; None when neither is set. Only the name is stored."""

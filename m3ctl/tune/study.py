@@ -29,11 +29,101 @@ def save_settings(study_dir: Path, settings: dict[str, Any]) -> None:
 
 
 def load_settings(study_dir: Path) -> dict[str, Any]:
-    """Raises BadInput when ``study_dir`` holds no study."""
+    """The settings of the study in ``study_dir`` (``tune.json``).
+
+    Raises:
+        BadInput: ``study_dir`` holds no study, or its ``tune.json`` is unreadable, not JSON or not a study's.
+    """
     p = Path(study_dir) / "tune.json"
     if not p.exists():
         raise BadInput(f"{study_dir} is not a tune study (no tune.json)", "start one with `m3ctl tune --study-dir DIR ...`")
-    return json.loads(p.read_text())
+    try:
+        data = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise BadInput(f"the study file {p} is unreadable ({type(e).__name__}: {str(e).splitlines()[0]})",
+                       "restore it, or start a new study with another --study-dir") from None
+    missing = [k for k in ("model", "space", "spec", "port") if not isinstance(data, dict) or k not in data]
+    if missing:
+        raise BadInput(f"the study file {p} is not a tune study's (missing {', '.join(missing)})",
+                       "restore it, or start a new study with another --study-dir")
+    return data
+
+
+def resume_settings(study_dir: Path, *, max_trials: int | None = None, time_budget_s: float | None = None,
+                    baseline: bool | None = None, save: bool = True) -> dict[str, Any]:
+    """The settings of a study to continue, with new budgets: ``max_trials`` / ``time_budget_s`` replace the
+    saved ones (both count across resumes, e.g. a study continued on another machine with a larger budget),
+    ``baseline`` the saved choice; None keeps the saved value. Saved unless ``save`` is False (a dry run).
+
+    Raises:
+        BadInput: as :func:`load_settings`.
+    """
+    settings = load_settings(study_dir)
+    new = {k: v for k, v in (("max_trials", max_trials), ("time_budget_s", time_budget_s), ("baseline", baseline))
+           if v is not None}
+    if new:
+        settings["spec"].update(new)
+        if save:
+            save_settings(study_dir, settings)
+    return settings
+
+
+def new_settings(study_dir: Path, *, inventory, model: str, bench: dict[str, Any], spec: dict[str, Any],
+                 port: int = 8000, profile_file: str | Path | None = None, knobs: list[str] | None = None,
+                 max_spec_depth: int = 4, overrides: dict[str, Any] | None = None, extra_args: list[str] | None = None,
+                 skip_checks: bool = False, save: bool = True) -> dict[str, Any]:
+    """The settings (``tune.json`` shape) of a new study of ``model`` on ``inventory``: the search space of the
+    kernel profile (``profile_file``, else the catalog's for the architecture) narrowed by ``knobs``
+    (``name=range``) and pruned against the ladder; ``spec`` holds the TuneSpec fields (slo, objective,
+    ladder, budgets...; ``max_trials`` default 12, ``baseline`` default on); ``bench`` the workload. A local
+    model directory and profile file are stored absolute, so ``--resume DIR`` works from any directory.
+    Saved to ``study_dir/tune.json`` unless ``save`` is False (a dry run).
+
+    Raises:
+        BadInput: ``study_dir`` already holds a study, a bad knob, SLO or objective.
+    """
+    from m3ctl import catalog  # noqa: PLC0415
+    from m3ctl.assess.facts import model_facts, read_model_facts  # noqa: PLC0415
+    from m3ctl.tune.slo import objective_value, parse_slo  # noqa: PLC0415
+    from m3ctl.tune.space import apply_pins, default_space, prune_dominated  # noqa: PLC0415
+
+    parse_slo(spec.get("slo", ""))
+    objective_value({"total_token_throughput": 1.0, "output_throughput": 1.0}, spec.get("objective", "tput_per_gpu"),
+                    1, spec.get("usd_per_gpu_hour"))
+    if (Path(study_dir) / "tune.json").exists():
+        raise BadInput(f"{study_dir} already holds a study",
+                       f"continue it with --resume {study_dir} or choose another --study-dir")
+    base = catalog.load_profile_file(Path(profile_file)) if profile_file else catalog.profile_for_arch(inventory.arch)
+    facts = read_model_facts(model)
+    spec_m = catalog.find_model(model, facts.architectures)
+    facts = model_facts(spec_m, facts)  # the engine's one record: the search space follows the same facts
+    drafter = spec_m.drafter if spec_m else None
+    space = default_space(base, len(inventory.gpus), moe=bool(facts.moe), attention=facts.attention,
+                          drafter_method=drafter.method if drafter else None, max_spec_depth=max_spec_depth,
+                          drafter_block_size=drafter.block_size if drafter else None)
+    space, pruned = prune_dominated(apply_pins(space, knobs or []), spec["ladder"])
+    settings = {"model": str(Path(model).resolve()) if Path(model).is_dir() else model, "space": space.to_json(),
+                "port": port, "profile_file": str(Path(profile_file).resolve()) if profile_file else None,
+                "pruned": pruned,
+                "spec": {**spec, "max_trials": 12 if spec.get("max_trials") is None else spec["max_trials"],
+                         "baseline": True if spec.get("baseline") is None else spec["baseline"]},
+                "plan_base": {"overrides": overrides or {}, "extra_args": extra_args or [], "skip_checks": skip_checks},
+                "bench": bench}
+    if save:
+        save_settings(Path(study_dir), settings)
+    return settings
+
+
+def base_profile(settings: dict[str, Any], inventory):
+    """The kernel profile a study's trials start from (its ``--profile`` file, else the catalog's); a profile
+    file is also put into ``settings["plan_base"]`` so every trial plans with it."""
+    from m3ctl.catalog import load_profile_file, profile_for_arch  # noqa: PLC0415
+
+    if settings.get("profile_file"):
+        base = load_profile_file(Path(settings["profile_file"]))
+        settings["plan_base"]["profile"] = base
+        return base
+    return profile_for_arch(inventory.arch)
 
 
 def run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry=None,

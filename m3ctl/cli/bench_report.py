@@ -1,0 +1,70 @@
+"""``m3ctl bench report``: compare bench results side by side; the human renderings of bench results."""
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from m3ctl.cli import options as o
+from m3ctl.cli.inputs import check_outputs
+from m3ctl.cli.output import Output, console, escape
+
+
+
+def plot_axis(text: str) -> str:
+    """A Pareto x axis of m3ctl.bench.report.X_AXES."""
+    from m3ctl.bench.report import X_AXES  # noqa: PLC0415
+
+    return o.choice(*X_AXES)(text)
+
+
+PlotX = Annotated[str, typer.Option(parser=plot_axis, help="Pareto x axis: inferencex-median, agentx-p90 or aiperf-median.")]
+
+
+def bench_report(
+    files: Annotated[list[Path], typer.Argument(help="Result JSON files (single runs or sweeps).")],
+    output_csv: Annotated[Optional[Path], typer.Option(help="Write one CSV row per run here.")] = None,
+    plot: Annotated[Optional[Path], typer.Option(help="Pareto PNG of all runs.")] = None,
+    plot_x: PlotX = "inferencex-median",
+    json_out: o.Json = False,
+) -> None:
+    """Compare bench results side by side (and optionally write CSV / a Pareto chart)."""
+    from m3ctl.bench import report  # noqa: PLC0415
+
+    out = Output(json_out)
+    check_outputs(output_csv=output_csv, plot=plot)
+    runs = report.load_runs(files)
+    rows = report.compare_table(runs)
+    out.result({"runs": len(runs), "rows": [{"metric": r[0], "values": r[1:]} for r in rows]})
+    if not out.json:
+        print_compare(runs)
+    if output_csv:
+        report.write_csv(runs, output_csv)
+    if plot:
+        png = report.pareto_png(runs, plot, plot_x)
+        out.print(f"Pareto chart: {png}")
+
+
+def print_compare(runs: list[dict]) -> None:
+    from rich.table import Table  # noqa: PLC0415
+
+    from m3ctl.bench import report  # noqa: PLC0415
+
+    t = Table(title="m3ctl bench: runs side by side")
+    t.add_column("metric", overflow="fold")
+    for i in range(len(runs)):
+        t.add_column(f"#{i + 1}", justify="right", no_wrap=True)
+    for row in report.compare_table(runs):
+        t.add_row(*(escape(c) for c in row))
+    console().print(t)
+
+
+def print_bench(res: dict, pcts: list[float]) -> None:
+    from m3ctl.bench import report  # noqa: PLC0415
+
+    con = console()
+    tables, notes = report.bench_tables(res, pcts)
+    for t in tables:
+        con.print(t)
+    for n in notes:
+        con.print(n, soft_wrap=False)  # wrapped at word boundaries: never inside a number

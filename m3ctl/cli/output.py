@@ -1,0 +1,67 @@
+"""The one output sink of a command: human (rich text and tables) or JSON.
+
+Every command takes ``--json``. A command that ends with one result prints it as one JSON document
+(:meth:`Output.result`); a command that streams (``serve`` in the foreground, ``watch``, ``logs --follow``)
+prints JSON Lines: one object per event (:meth:`Output.event`), each with an ``"event"`` key. Errors go to
+stderr as ``error: <what>`` / ``hint: <fix>`` (m3ctl.cli.app.main) in both modes.
+"""
+
+import json
+import sys
+from typing import Any
+
+
+def console(stderr: bool = False):
+    """A rich console without highlighting; soft wrap, so a long line is wrapped by the terminal, not cut."""
+    from rich.console import Console  # noqa: PLC0415
+
+    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+
+
+def escape(text: str) -> str:
+    """Escape rich markup in dynamic text (log lines and paths contain brackets)."""
+    from rich.markup import escape as _esc  # noqa: PLC0415
+
+    return _esc(str(text))
+
+
+class Output:
+    """Where a command's output goes. ``json_mode``: documents and events on stdout as JSON, human text off."""
+
+    def __init__(self, json_mode: bool = False):
+        self.json = json_mode
+        self._con = None
+
+    @property
+    def con(self):
+        """The stdout console of the human form (created on first use: rich costs ~50 ms to import)."""
+        if self._con is None:
+            self._con = console()
+        return self._con
+
+    def print(self, *args, **kw) -> None:
+        """Human text on stdout; nothing in JSON mode."""
+        if not self.json:
+            self.con.print(*args, **kw)
+
+    def echo(self, text: str) -> None:
+        """Plain text on stdout (no markup, no wrapping); nothing in JSON mode."""
+        if not self.json:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+
+    def result(self, doc: Any) -> None:
+        """The command's result as one JSON document (JSON mode only)."""
+        if self.json:
+            sys.stdout.write(json.dumps(doc, indent=2, default=str) + "\n")
+            sys.stdout.flush()
+
+    def event(self, event: str, **fields: Any) -> None:
+        """One JSON Lines record ``{"event": event, ...}`` of a streaming command (JSON mode only)."""
+        if self.json:
+            sys.stdout.write(json.dumps({"event": event, **fields}, default=str) + "\n")
+            sys.stdout.flush()
+
+    def note(self, text: str) -> None:
+        """A message for the user that is not the result (where a fallback file went...): stderr in both modes."""
+        console(stderr=True).print(escape(text), soft_wrap=True)
