@@ -299,13 +299,30 @@ def relaunch(name: str, *, registry: Registry, secret_env: dict[str, str] | None
     """
     from m3ctl.errors import NotFound  # noqa: PLC0415
 
-    text = registry.load_plan(name)
-    if text is None:
+    plan = saved_plan(registry, name)
+    if plan is None:
         raise NotFound(f"no saved plan for deployment {name!r}", "start it with `m3ctl serve` first")
     registry.remove(name)
-    plan = LaunchPlan.model_validate_json(text)
     return launch_and_wait(plan, registry=registry, secret_env=secret_env, runtime=runtime, expect=expect,
                            restarts=attempt, on_event=on_event).deployment
+
+
+def saved_plan(registry: Registry, name: str) -> LaunchPlan | None:
+    """The launch plan saved for deployment ``name`` (Registry.save_plan), None when there is none.
+
+    Raises:
+        BadInput: the saved plan file is unreadable or not a plan (names the file and what to do).
+    """
+    from m3ctl.errors import BadInput  # noqa: PLC0415
+
+    try:
+        text = registry.load_plan(name)
+        return None if text is None else LaunchPlan.model_validate_json(text)
+    except (OSError, ValueError) as e:
+        path = registry.root / "plans" / f"{name}.json"
+        why = e.errors()[0]["msg"] if hasattr(e, "errors") else str(e).splitlines()[0]
+        raise BadInput(f"the saved plan of deployment {name!r} is unreadable ({path}: {why[:120]})",
+                       f"`m3ctl stop {name}` and serve it again (the plan is saved at launch)") from None
 
 
 def profile_expect(profile, name: str):
@@ -320,10 +337,9 @@ def deployment_gpus(registry: Registry, name: str) -> int | None:
     """GPUs of a deployment, from the Layout of its saved plan (m3ctl/launch.py); None on a CPU plan or without one."""
     from m3ctl.launch import launch_spec  # noqa: PLC0415
 
-    text = registry.load_plan(name)
-    if not text:
+    plan = saved_plan(registry, name)
+    if plan is None:
         return None
-    plan = LaunchPlan.model_validate_json(text)
     return launch_spec(plan).layout.num_gpus if plan.gpu_vendor else None
 
 

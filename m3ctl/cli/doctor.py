@@ -7,13 +7,13 @@ import typer
 
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import check_outputs, host_inventory, user_defaults
-from m3ctl.cli.output import Output, escape
+from m3ctl.cli.output import Output
 from m3ctl.cli.render import COLOUR
 
 
 def doctor(
     json_out: o.Json = False,
-    verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Show every detail and the skipped checks.")] = False,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Show every detail and the skipped checks (without it: the first detail of a WARN or FAIL).")] = False,
     model: o.Model = None,
     variant: o.Variant = None,
     context: Annotated[Optional[int], typer.Option(parser=o.token_count, metavar="N", help="Context tokens one sequence must fit (default 32768).")] = None,
@@ -49,26 +49,31 @@ def doctor(
 
 
 def render(con, rep, verbose: bool) -> None:
-    """The checks as a table (details of WARN and FAIL always; of every check with -v), then the verdict."""
-    from rich.table import Table  # noqa: PLC0415
+    """One entry per check (status, id, finding; under it why: the first detail of a WARN or FAIL, every detail
+    with -v; then the fix), wrapped at the terminal width (80 columns in a log file), then the verdict."""
+    from rich.text import Text  # noqa: PLC0415
 
-    t = Table(title="m3ctl doctor", show_lines=False)
-    for col in ("check", "status", "finding", "fix"):
-        t.add_column(col, overflow="fold")
-    for c in rep.checks:
-        if c.status == "SKIP" and not verbose:
-            continue
-        details = c.details if verbose or c.status in ("WARN", "FAIL") else []
-        finding = c.message + "".join("\n  " + d for d in details)
-        t.add_row(c.id, f"[{COLOUR[c.status]}]{c.status}[/]", escape(finding),
-                  escape(c.fix or "") if c.status in ("WARN", "FAIL") else "")
-    con.print(t)
+    from m3ctl.cli.output import hang  # noqa: PLC0415
+
+    shown = [c for c in rep.checks if verbose or c.status != "SKIP"]
+    w = max((len(c.id) for c in shown), default=0)
+    con.print("m3ctl doctor", style="bold")
+    for c in shown:
+        problem = c.status in ("WARN", "FAIL")
+        lines = [c.message, *(c.details if verbose else c.details[:1] if problem else [])]
+        if problem and c.fix:
+            lines.append(f"fix: {c.fix}")
+        body = hang(f"{c.status:<4} {c.id:<{w}} ", "\n".join(lines), con.width)
+        text = Text(body)
+        text.stylize(COLOUR[c.status], 0, len(c.status))
+        con.print(text, soft_wrap=True)
     v = rep.verdict
     vc = {"runnable_natively": "green", "runnable_with_fallbacks": "yellow", "not_runnable": "red"}[v.status]
-    con.print(f"[{vc}]verdict:[/] {escape(v.summary)}")
-    for f in v.fallbacks:
-        con.print(f"  fallback: {escape(f)}")
-    for n in v.notes:
-        con.print(f"  [dim]note: {escape(n)}[/]")
+    text = Text(hang("verdict: ", v.summary, con.width))
+    text.stylize(vc, 0, 8)
+    con.print(text, soft_wrap=True)
+    for head, items in (("  fallback: ", v.fallbacks), ("  note: ", v.notes)):
+        for item in items:
+            con.print(Text(hang(head, item, con.width, 4)), soft_wrap=True)
     if v.serve_command:
-        con.print(f"  serve it: {escape(v.serve_command)}")
+        con.print(Text(hang("  serve it: ", v.serve_command, con.width, 4)), soft_wrap=True)

@@ -25,6 +25,20 @@ def escape(text: str) -> str:
     return _esc(str(text))
 
 
+def hang(head: str, text: str, width: int, indent: int | None = None) -> str:
+    """``head`` + ``text`` wrapped at ``width`` columns at word boundaries (never inside a number or a path),
+    later lines indented to ``indent`` (default: under the text); plain text, no trailing spaces."""
+    import textwrap  # noqa: PLC0415
+
+    pad = " " * (len(head) if indent is None else indent)
+    lines = []
+    for i, para in enumerate(text.split("\n")):
+        first = head if i == 0 else pad
+        lines += textwrap.wrap(para, max(len(pad) + 20, width), initial_indent=first, subsequent_indent=pad,
+                               break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
+    return "\n".join(lines)
+
+
 class Output:
     """Where a command's output goes. ``json_mode``: documents and events on stdout as JSON, human text off."""
 

@@ -3,7 +3,6 @@
 With ``--json``: JSON Lines, one object per watchdog event (``probe``, ``restart``...).
 """
 
-import json
 import time
 from typing import Annotated, Optional
 
@@ -52,8 +51,8 @@ def watch(
     secrets = secrets_present()
     if (key := serving.api_key_for(reg, name)) is not None:
         secrets["VLLM_API_KEY"] = key
-    plan_json = reg.load_plan(name)
-    expect = serving.profile_expect(None, json.loads(plan_json).get("profile", "")) if plan_json else None
+    plan = serving.saved_plan(reg, name)
+    expect = serving.profile_expect(None, plan.profile) if plan else None
     out.print(f"watching {name} at {dep.url} every {interval:g} s (restart {restart})")
     try:
         serving.watch_deployment(dep, rt, reg, secrets, expect, interval_s=interval, restart=restart,

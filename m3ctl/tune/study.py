@@ -59,6 +59,10 @@ def resume_settings(study_dir: Path, *, max_trials: int | None = None, time_budg
         BadInput: as :func:`load_settings`.
     """
     settings = load_settings(study_dir)
+    if save:
+        from m3ctl.state import check_output_path  # noqa: PLC0415
+
+        check_output_path(Path(study_dir) / "tune.json", "--resume")
     new = {k: v for k, v in (("max_trials", max_trials), ("time_budget_s", time_budget_s), ("baseline", baseline))
            if v is not None}
     if new:
@@ -93,6 +97,9 @@ def new_settings(study_dir: Path, *, inventory, model: str, bench: dict[str, Any
     if (Path(study_dir) / "tune.json").exists():
         raise BadInput(f"{study_dir} already holds a study",
                        f"continue it with --resume {study_dir} or choose another --study-dir")
+    from m3ctl.state import check_output_path  # noqa: PLC0415
+
+    check_output_path(Path(study_dir) / "tune.json", "--study-dir")
     base = catalog.load_profile_file(Path(profile_file)) if profile_file else catalog.profile_for_arch(inventory.arch)
     facts = read_model_facts(model)
     spec_m = catalog.find_model(model, facts.architectures)
