@@ -42,6 +42,15 @@ def choice(*values: str) -> Callable[[str], str]:
     return parse
 
 
+def runtime(text: str) -> str:
+    """A runtime PlanRequest accepts (process, docker, auto)."""
+    from typing import get_args  # noqa: PLC0415
+
+    from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
+
+    return choice(*get_args(PlanRequest.model_fields["runtime"].annotation))(text)
+
+
 def positive_float(text: str) -> float:
     """A number > 0 (``inf`` allowed)."""
     try:
@@ -89,7 +98,7 @@ Port = Annotated[Optional[int], typer.Option(min=1, max=65535, help="API port (d
 Host = Annotated[str, typer.Option(help="API listen address.")]
 Name = Annotated[str, typer.Option(help="Deployment name.")]
 ServedName = Annotated[Optional[str], typer.Option(help="API model id (default: the model id, with --name as a second name).")]
-Runtime = Annotated[Optional[str], typer.Option(parser=choice("process", "docker", "auto"), help="process (bare `vllm serve`), docker, or auto (docker when the profile has an image).")]
+Runtime = Annotated[Optional[str], typer.Option(parser=runtime, help="process (bare `vllm serve`), docker, or auto (docker when the profile has an image).")]
 Profile = Annotated[Optional[Path], typer.Option(help="Kernel profile YAML to use instead of the catalog's.")]
 Arg = Annotated[Optional[list[str]], typer.Option("--arg", help="vllm serve flag override flag=value, e.g. max-num-seqs=64 (repeatable).")]
 SkipChecks = Annotated[bool, typer.Option(help="Report plan rule violations as warnings instead of rejecting.")]

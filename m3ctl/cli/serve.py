@@ -98,15 +98,30 @@ def show_dry_run(out: Output, p, no_smoke: bool) -> None:
 
 
 def on_phase(out: Output):
-    """Readiness phase events, one line each (``…`` start, ``✓`` done, ``✗`` failed), or JSON Lines."""
+    """Readiness phases, one line each: ``✓ phase  12.3 s  what it waited for`` (``✗`` and the cause on a
+    failure). On a terminal the phase in progress shows as ``…`` on that line until it ends; in a log file only
+    the result lines are written. JSON Lines with ``--json``."""
+    started: dict[str, str] = {}
+    tty = not out.json and out.con.is_terminal
+
     def show(e) -> None:
         out.event("phase", phase=e.phase, status=e.status, elapsed_s=e.elapsed_s, detail=e.detail)
+        if out.json:
+            return
         if e.status == "start":
-            out.print(f"  [dim]…[/] {e.phase:<11} {escape(e.detail)}", overflow="ellipsis", no_wrap=True)
-        elif e.status == "ok":
-            out.print(f"  [green]✓[/] {e.phase:<11} {e.elapsed_s:6.1f} s")
-        else:
-            out.print(f"  [red]✗[/] {e.phase:<11} {e.elapsed_s:6.1f} s  {escape(e.detail)}")
+            started[e.phase] = e.detail
+            if tty:  # replaced by the phase's result line
+                out.con.print(f"  [dim]…[/] {e.phase:<11} {escape(e.detail)}", end="\r", no_wrap=True,
+                              overflow="ellipsis", soft_wrap=False)
+            return
+        if tty:
+            out.con.file.write("\x1b[2K")
+        mark, detail = ("[green]✓[/]", started.get(e.phase, "")) if e.status == "ok" else ("[red]✗[/]", e.detail)
+        line = f"  {mark} {e.phase:<11} {e.elapsed_s:6.1f} s  {escape(detail)}".rstrip()
+        if e.status == "ok":  # one line: what the phase waited for is a short note
+            out.con.print(line, no_wrap=True, overflow="ellipsis", soft_wrap=False)
+        else:  # the cause in full
+            out.con.print(line, soft_wrap=True)
     return show
 
 

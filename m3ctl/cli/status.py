@@ -21,29 +21,21 @@ def status(json_out: o.Json = False) -> None:
     if not rows and not bad:
         typer.echo("no deployments")
         return
-    from rich.table import Table  # noqa: PLC0415
+    from m3ctl.cli.output import hang  # noqa: PLC0415
 
-    t = Table()
-    t.add_column("name", overflow="fold")
-    t.add_column("phase", no_wrap=True)
-    t.add_column("endpoint", no_wrap=True)  # never cut: it is what a client needs
-    t.add_column("model", overflow="fold")
-    t.add_column("runtime / pid / image / plan", overflow="fold")
-    t.add_column("uptime", no_wrap=True)
-    t.add_column("smoke", overflow="fold")
-    for r in rows:
+    width = out.con.width
+    for r in rows:  # a head line (name, phase, endpoint: never cut), then the details wrapped under it
         d = r.deployment
-        where = (d.container_id or "")[:12] if d.runtime == "docker" else str(d.pid or "")
+        where = f"container {(d.container_id or '')[:12]}" if d.runtime == "docker" else f"pid {d.pid or '-'}"
         restarts = f" ({d.restarts} restarts)" if d.restarts else ""
         probs = [f["status"] for f in d.smoke or [] if f["status"] in ("WARN", "FAIL")]
         smoke = "-" if d.smoke is None else (", ".join(f"{n} {s}" for s, n in sorted(
             {s: probs.count(s) for s in probs}.items())) if probs else "ok")
-        t.add_row(escape(d.name), r.phase, d.url, escape(d.served_model_name),
-                  escape(f"{d.runtime} {where} {d.image or '-'} / {d.plan_hash or '-'}"),
-                  f"{r.uptime_s:.0f} s{restarts}", smoke)
+        out.con.print(escape(f"{d.name}  {r.phase}  {d.url}  up {r.uptime_s:.0f} s{restarts}"), soft_wrap=True)
+        out.con.print(escape(hang("  ", f"model {d.served_model_name}; {d.runtime} {where}; image {d.image or '-'}; "
+                                  f"plan {d.plan_hash or '-'}; smoke {smoke}", width)), soft_wrap=True)
     for n, path in bad.items():
-        t.add_row(escape(n), "unreadable", "?", escape(path), "-", "-", "-")
-    out.con.print(t)
+        out.con.print(escape(f"{n}  unreadable  {path}"), soft_wrap=True)
     for r in rows:
         if any(f["status"] in ("WARN", "FAIL") for f in r.deployment.smoke or []):
             out.print(f"{r.deployment.name}:")
