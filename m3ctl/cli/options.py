@@ -126,7 +126,7 @@ PLAN_KNOBS: dict[str, tuple[Any, Any]] = {
 }
 
 # ------------------------------------------------------------------ workload (bench, tune)
-Workload = Annotated[str, typer.Option(parser=choice(*WORKLOADS), help=f"Bench workload: {', '.join(WORKLOADS)}.")]
+Workload = Annotated[str, typer.Option(parser=choice(*WORKLOADS), autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)], help=f"Bench workload: {', '.join(WORKLOADS)}.")]
 InputLen = Annotated[int, typer.Option(min=1, help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn).")]
 OutputLen = Annotated[int, typer.Option(min=1, help="Output tokens per request.")]
 Seed = Annotated[int, typer.Option(help="Workload seed (lengths, order, arrivals); the prompt text is fresh every run.")]
