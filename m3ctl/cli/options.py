@@ -86,7 +86,6 @@ def int_list(text: str) -> str:
 
 # ------------------------------------------------------------------ output
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (a stream: one JSON object per line).")]
-OutFile = Annotated[Optional[Path], typer.Option(metavar="FILE", help="Write here (checked writable before any work).")]
 
 # ------------------------------------------------------------------ host to plan for
 Inventory = Annotated[Optional[Path], typer.Option(help="Evaluate a saved inventory (doctor --save-inventory) instead of this host.")]

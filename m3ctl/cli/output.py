@@ -39,6 +39,18 @@ def hang(head: str, text: str, width: int, indent: int | None = None) -> str:
     return "\n".join(lines)
 
 
+def print_hang(con, head: str, text: str, indent: int | None = None, style: str | None = None,
+               span: tuple[int, int] | None = None) -> None:
+    """Print :func:`hang` at the console's width (80 in a log file) as plain text; ``style`` colours the
+    characters ``span`` of the first line (a status word)."""
+    from rich.text import Text  # noqa: PLC0415
+
+    t = Text(hang(head, text, con.width, indent))
+    if style and span:
+        t.stylize(style, *span)
+    con.print(t, soft_wrap=True)
+
+
 class Output:
     """Where a command's output goes. ``json_mode``: documents and events on stdout as JSON, human text off."""
 

@@ -1,6 +1,6 @@
 """Human renderings shared by several commands: a launch plan, smoke findings, kernel findings."""
 
-from m3ctl.cli.output import escape
+from m3ctl.cli.output import escape, print_hang
 
 COLOUR = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "INFO": "cyan"}
 
@@ -15,17 +15,19 @@ def shown_command(p) -> str:
 
 
 def print_plan(con, p) -> None:
-    con.print(f"[bold]plan[/] {p.name}: profile {p.profile}, runtime {p.runtime}, {p.url}"
-              + (f", model {escape(p.model_spec)}" if p.model_spec else "")
-              + (f", variant {p.variant}" if p.variant else "") + (f", image {escape(p.image)}" if p.image else ""))
+    """The plan: a head line, each choice with why, what was rejected, warnings (wrapped at the console width),
+    then the command on one line (whole, so it can be copied)."""
+    print_hang(con, "plan ", f"{p.name}: profile {p.profile}, runtime {p.runtime}, {p.url}"
+               + (f", model {p.model_spec}" if p.model_spec else "") + (f", variant {p.variant}" if p.variant else "")
+               + (f", image {p.image}" if p.image else ""), 2, "bold", (0, 4))
     for c in p.choices:
-        con.print(f"  {escape(c.what)} = {escape(c.value)}  [dim]({escape(c.why)})[/]")
+        print_hang(con, f"  {c.what} = ", f"{c.value}  ({c.why})", 4)
     for r in p.rejected:
-        con.print(f"  [dim]rejected {escape(r.what)} {escape(r.value)}: {escape(r.why)}[/]")
+        print_hang(con, "  rejected ", f"{r.what} {r.value}: {r.why}", 4, "dim", (2, 10))
     for w in p.warnings:
-        con.print(f"  [yellow]warning:[/] {escape(w)}")
+        print_hang(con, "  warning: ", w, 4, "yellow", (2, 10))
     if p.secret_env_names:
-        con.print(f"  env passed through (values hidden): {', '.join(p.secret_env_names)}")
+        print_hang(con, "  env passed through (values hidden): ", ", ".join(p.secret_env_names), 4)
     con.print(escape(shown_command(p)), soft_wrap=True)
 
 
@@ -33,15 +35,16 @@ def print_smoke(con, findings: list[dict] | None, only_problems: bool = False) -
     for f in findings or []:
         if only_problems and f["status"] in ("OK", "SKIP"):
             continue
-        con.print(f"  smoke [{COLOUR[f['status']]}]{f['status']}[/] {f['id']}: {escape(f['message'])}")
+        head = f"  smoke {f['status']} {f['id']}: "
+        print_hang(con, head, f["message"], 8, COLOUR[f["status"]], (8, 8 + len(f["status"])))
         if f.get("evidence") and f["status"] != "OK":
-            con.print(f"        got: {escape(f['evidence'])}")
+            print_hang(con, "        got: ", f["evidence"], 13)
         if f.get("fix") and f["status"] != "OK":
-            con.print(f"        fix: {escape(f['fix'])}")
+            print_hang(con, "        fix: ", f["fix"], 13)
 
 
 def print_kernels(con, rep) -> None:
     if rep is None:
         return
     for f in rep.findings:
-        con.print(f"  kernels [{COLOUR[f.level]}]{f.level}[/] {escape(f.message)}")
+        print_hang(con, f"  kernels {f.level} ", f.message, 10, COLOUR[f.level], (10, 10 + len(f.level)))

@@ -11,7 +11,7 @@ import typer
 
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import host_inventory, maybe_offline, plan_request, secrets_present
-from m3ctl.cli.output import Output, console, escape
+from m3ctl.cli.output import Output, console, escape, print_hang
 from m3ctl.cli.render import print_kernels, print_plan, print_smoke, shown_command
 from m3ctl.cli.watch import probe_printer
 from m3ctl.errors import BadInput
@@ -139,8 +139,9 @@ def launch_and_serve(out: Output, p, reg, rt, secrets, expect, detach: bool, wat
         dep = res.deployment
         out.event("ready", deployment=dep.model_dump(mode="json"), time_to_ready_s=res.readiness.time_to_ready_s,
                   kernels=[{"level": f.level, "message": f.message} for f in (res.kernels.findings if res.kernels else [])])
-        out.print(f"[green]ready[/] {dep.name} at {dep.url} (model {dep.served_model_name!r}) in "
-                  f"{res.readiness.time_to_ready_s:.1f} s; log {dep.log_path}")
+        if not out.json:
+            print_hang(out.con, "ready ", f"{dep.name} at {dep.url} (model {dep.served_model_name!r}) in "
+                       f"{res.readiness.time_to_ready_s:.1f} s; log {dep.log_path}", 2, "green", (0, 5))
         if not out.json:
             print_smoke(out.con, dep.smoke)
             print_kernels(out.con, res.kernels)
