@@ -171,8 +171,10 @@ def bench(
             print_compare(runs)
     if plot:
         from m3ctl.bench import report  # noqa: PLC0415
+        from m3ctl.state import save_output  # noqa: PLC0415
 
-        (err_con if to_stdout else console()).print(f"Pareto chart: {report.pareto_png(runs, plot, plot_x)}")
+        png = save_output(plot, lambda p: report.pareto_png(runs, p, plot_x), "pareto.png")
+        (err_con if to_stdout else console()).print(f"Pareto chart: {png}")
     if runs[-1].get("interrupted"):
         console(stderr=True).print("partial results " + (f"written to {saved}" if saved else "above"))
         raise KeyboardInterrupt

@@ -45,7 +45,7 @@ def tune(
     usd_per_gpu_hour: o.UsdPerGpuHour = None,
     knob: Annotated[Optional[list[str]], typer.Option("--knob", help="Pin or narrow a knob: spec_depth=0-4, max_num_seqs=4,8 (repeatable).")] = None,
     ladder: Annotated[str, typer.Option(parser=o.int_list, help="Concurrency ladder bisected per configuration.")] = "1,2,4,8,16,32,64",
-    max_trials: Annotated[Optional[int], typer.Option(min=1, help="Budget: server starts (rejected configurations cost none); default 12.")] = None,
+    max_trials: Annotated[Optional[int], typer.Option(min=0, help="Budget: server starts (rejected configurations cost none; 0: none, e.g. to rewrite the outputs of a resumed study); default 12.")] = None,
     time_budget: Annotated[Optional[float], typer.Option(parser=o.positive_float, metavar="SECONDS", help="Budget: wall seconds (no start begins when the median trial so far would overrun it).")] = None,
     seed: Annotated[int, typer.Option(help="Sampler and workload seed.")] = 0,
     confirm_top: Annotated[int, typer.Option(min=0, help="Successive halving: re-measure the best N on a fresh server.")] = 2,
