@@ -25,10 +25,18 @@ def escape(text: str) -> str:
     return _esc(str(text))
 
 
+#: A number and its unit ("21.9 s", "8 GPU(s)") are never split over two lines.
+_UNIT = r"(\d) (s|ms|GiB|MiB|tokens|GPU\(s\)|%)(?!\w)"
+
+
 def hang(head: str, text: str, width: int, indent: int | None = None) -> str:
-    """``head`` + ``text`` wrapped at ``width`` columns at word boundaries (never inside a number or a path),
-    later lines indented to ``indent`` (default: under the text); plain text, no trailing spaces."""
+    """``head`` + ``text`` wrapped at ``width`` columns at word boundaries (never inside a number, a path, or
+    between a number and its unit), later lines indented to ``indent`` (default: under the text); plain text,
+    no trailing spaces."""
+    import re  # noqa: PLC0415
     import textwrap  # noqa: PLC0415
+
+    text = re.sub(_UNIT, "\\1\x00\\2", text)  # glued for textwrap, a space again below
 
     pad = " " * (len(head) if indent is None else indent)
     lines = []
@@ -36,7 +44,37 @@ def hang(head: str, text: str, width: int, indent: int | None = None) -> str:
         first = head if i == 0 else pad
         lines += textwrap.wrap(para, max(len(pad) + 20, width), initial_indent=first, subsequent_indent=pad,
                                break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
-    return "\n".join(lines)
+    return "\n".join(lines).replace("\x00", " ")
+
+
+def shell_lines(command: str, width: int, indent: int = 4) -> str:
+    """A shell command as lines of at most ``width`` columns joined by `` \\`` continuations (still one command
+    when pasted into a shell); a flag stays on one line with its values. One line when it fits."""
+    import shlex  # noqa: PLC0415
+
+    if len(command) <= width:
+        return command
+    try:
+        tokens = shlex.split(command)
+    except ValueError:
+        return command
+    groups: list[list[str]] = [[]]
+    for t in tokens:
+        if t.startswith("-") and groups[-1]:
+            groups.append([])
+        groups[-1].append(shlex.quote(t))
+    lines = [""]
+    for g in groups:
+        part = " ".join(g)
+        if not lines[-1] or len(lines[-1]) + 1 + len(part) + 2 <= width:
+            lines[-1] += (" " if lines[-1] else "") + part
+            continue
+        lines.append(" " * indent)
+        for t in g:  # a flag with values too long for a line: its values go on as many lines as they need
+            if lines[-1].strip() and len(lines[-1]) + 1 + len(t) + 2 > width:
+                lines.append(" " * indent)
+            lines[-1] += (" " if lines[-1].strip() else "") + t
+    return " \\\n".join(lines)
 
 
 def print_hang(con, head: str, text: str, indent: int | None = None, style: str | None = None,

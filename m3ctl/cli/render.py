@@ -1,6 +1,6 @@
 """Human renderings shared by several commands: a launch plan, smoke findings, kernel findings."""
 
-from m3ctl.cli.output import escape, print_hang
+from m3ctl.cli.output import escape, print_hang, shell_lines
 
 COLOUR = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "INFO": "cyan"}
 
@@ -28,7 +28,7 @@ def print_plan(con, p) -> None:
         print_hang(con, "  warning: ", w, 4, "yellow", (2, 10))
     if p.secret_env_names:
         print_hang(con, "  env passed through (values hidden): ", ", ".join(p.secret_env_names), 4)
-    con.print(escape(shown_command(p)), soft_wrap=True)
+    con.print(escape(shell_lines(shown_command(p), con.width)), soft_wrap=True)
 
 
 def print_smoke(con, findings: list[dict] | None, only_problems: bool = False) -> None:

@@ -11,7 +11,7 @@ import typer
 
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import host_inventory, maybe_offline, plan_request, secrets_present
-from m3ctl.cli.output import Output, console, escape, print_hang
+from m3ctl.cli.output import Output, console, escape, print_hang, shell_lines
 from m3ctl.cli.render import print_kernels, print_plan, print_smoke, shown_command
 from m3ctl.cli.watch import probe_printer
 from m3ctl.errors import BadInput
@@ -78,7 +78,11 @@ def serve(
     rt = make_runtime(p.runtime, mount or [], out)
     expect = serving.profile_expect(prof, p.profile)
     serving.preflight(p, reg, rt)  # fail in milliseconds (or after an image pull), before printing "starting"
-    out.print(f"starting {p.name}: {escape(shown_command(p))}", soft_wrap=True)
+    if not out.json:
+        cmd = shell_lines(shown_command(p), out.con.width - 2)
+        out.print(f"starting {p.name}:" + (f" {escape(cmd)}" if "\n" not in cmd and len(cmd) + len(p.name) + 10
+                                           <= out.con.width else "\n  " + escape(cmd).replace("\n", "\n  ")),
+                  soft_wrap=True)
     out.event("starting", name=p.name, command=shown_command(p))
     # A foreground Ctrl-C (or SIGTERM/SIGHUP) stops the server wherever it lands (a print, an import, a probe).
     with serving.stop_signals_as_interrupt():
