@@ -17,7 +17,7 @@ import typer
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import check_outputs
 from m3ctl.cli.output import Output, console
-from m3ctl.cli.bench_report import PlotX, print_bench, print_compare
+from m3ctl.cli.bench_report import print_bench, print_compare
 from m3ctl.errors import BadInput
 
 app = typer.Typer(help="Load-test an OpenAI-compatible endpoint; `m3ctl bench report` compares results.", **o.PLAIN_HELP)
@@ -79,9 +79,9 @@ def bench(
     per_request: Annotated[bool, typer.Option(help="Include per-request records in the JSON.")] = False,
     label: Annotated[Optional[str], typer.Option(help="Label stored in the result.")] = None,
     output_json: Annotated[Optional[Path], typer.Option(help="Write the result JSON here (a sweep: all runs); - : stdout.")] = None,
-    output_csv: Annotated[Optional[Path], typer.Option(help="Write one CSV row per run here.")] = None,
-    plot: Annotated[Optional[Path], typer.Option(help="Pareto PNG (tok/s per GPU vs tok/s per user) for a sweep.")] = None,
-    plot_x: PlotX = "inferencex-median",
+    output_csv: o.OutputCsv = None,
+    plot: o.Plot = None,
+    plot_x: o.PlotX = "inferencex-median",
     json_out: Annotated[bool, typer.Option("--json", help="Print the result JSON on stdout instead of tables.")] = False,
     progress: Annotated[Optional[bool], typer.Option("--progress/--no-progress", help="Live progress on stderr (default: when stderr is a terminal).")] = None,
 ) -> None:

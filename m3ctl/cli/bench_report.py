@@ -1,7 +1,7 @@
 """``m3ctl bench report``: compare bench results side by side; the human renderings of bench results."""
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -10,22 +10,11 @@ from m3ctl.cli.inputs import check_outputs
 from m3ctl.cli.output import Output, console, escape
 
 
-
-def plot_axis(text: str) -> str:
-    """A Pareto x axis of m3ctl.bench.report.X_AXES."""
-    from m3ctl.bench.report import X_AXES  # noqa: PLC0415
-
-    return o.choice(*X_AXES)(text)
-
-
-PlotX = Annotated[str, typer.Option(parser=plot_axis, help="Pareto x axis: inferencex-median, agentx-p90 or aiperf-median.")]
-
-
 def bench_report(
     files: Annotated[list[Path], typer.Argument(help="Result JSON files (single runs or sweeps).")],
-    output_csv: Annotated[Optional[Path], typer.Option(help="Write one CSV row per run here.")] = None,
-    plot: Annotated[Optional[Path], typer.Option(help="Pareto PNG of all runs.")] = None,
-    plot_x: PlotX = "inferencex-median",
+    output_csv: o.OutputCsv = None,
+    plot: o.Plot = None,
+    plot_x: o.PlotX = "inferencex-median",
     json_out: o.Json = False,
 ) -> None:
     """Compare bench results side by side (and optionally write CSV / a Pareto chart)."""

@@ -87,6 +87,17 @@ def int_list(text: str) -> str:
 # ------------------------------------------------------------------ output
 Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (a stream: one JSON object per line).")]
 
+def plot_axis(text: str) -> str:
+    """A Pareto x axis of m3ctl.bench.report.X_AXES."""
+    from m3ctl.bench.report import X_AXES  # noqa: PLC0415
+
+    return choice(*X_AXES)(text)
+
+
+OutputCsv = Annotated[Optional[Path], typer.Option(help="Write one CSV row per run here (checked writable before any work).")]
+Plot = Annotated[Optional[Path], typer.Option(help="Pareto PNG of the runs: tok/s per GPU vs tok/s per user (checked writable before any work).")]
+PlotX = Annotated[str, typer.Option(parser=plot_axis, help="Pareto x axis: inferencex-median, agentx-p90 or aiperf-median.")]
+
 # ------------------------------------------------------------------ host to plan for
 Inventory = Annotated[Optional[Path], typer.Option(help="Evaluate a saved inventory (doctor --save-inventory) instead of this host.")]
 System = Annotated[Optional[str], typer.Option(metavar="NAME", help="Evaluate a catalog system you don't have (h200x8, gb300x4, mi355xx8; xN sets the GPU count); nothing is probed.")]

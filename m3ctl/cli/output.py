@@ -125,7 +125,3 @@ class Output:
         if self.json:
             sys.stdout.write(json.dumps({"event": event, **fields}, default=str) + "\n")
             sys.stdout.flush()
-
-    def note(self, text: str) -> None:
-        """A message for the user that is not the result (where a fallback file went...): stderr in both modes."""
-        console(stderr=True).print(escape(text), soft_wrap=True)
