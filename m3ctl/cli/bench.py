@@ -23,6 +23,11 @@ from m3ctl.errors import BadInput
 app = typer.Typer(help="Load-test an OpenAI-compatible endpoint; `m3ctl bench report` compares results.", **o.PLAIN_HELP)
 
 
+#: Options whose BenchConfig field has a unit suffix.
+RENAMED = {"duration": "duration_s", "think_time": "think_time_s", "request_timeout": "request_timeout_s",
+           "stall_floor": "stall_floor_s"}
+
+
 def goodput_slos(items: list[str]) -> dict[str, float] | None:
     out = {}
     for it in items:
@@ -114,24 +119,17 @@ def bench(
         raise BadInput("no endpoint given", "pass --url http://HOST:PORT or --deployment NAME")
     url = url.rstrip("/").removesuffix("/v1")
     concs = [int(x) for x in (concurrency or "").split(",") if x.strip()]
+    given = {RENAMED.get(k, k): v for k, v in ctx.params.items()}  # options named as BenchConfig's fields
+    given = {k: v for k, v in given.items() if k in BenchConfig.model_fields and v is not None}
+    given.update(url=url, model=model or "?", concurrency=concs[0] if concs else None,
+                 dataset_path=str(dataset_path) if dataset_path else None,
+                 warmup=len(concs) > 1 if warmup is None else warmup,
+                 percentiles=[float(x) for x in percentiles.split(",") if x.strip()],
+                 goodput_slo_ms=goodput_slos(goodput or []), model_dir=model_dir, num_gpus=num_gpus,
+                 num_gpus_source=gpus_source, server_log=server_log,
+                 api_key=os.environ.get("OPENAI_API_KEY") or api_key)
     try:
-        cfg = BenchConfig(url=url, model=model or "?", endpoint=endpoint, workload=workload, num_prompts=num_prompts,
-                          concurrency=concs[0] if concs else None, request_rate=request_rate, burstiness=burstiness,
-                          duration_s=duration, input_len=input_len, output_len=output_len, range_ratio=range_ratio,
-                          range_convention=range_convention, dataset_path=str(dataset_path) if dataset_path else None,
-                          dataset_output_len=dataset_output_len, num_prefixes=num_prefixes, prefix_len=prefix_len,
-                          num_sessions=num_sessions, turns=turns, turn_input_len=turn_input_len,
-                          think_time_s=think_time, ignore_eos=ignore_eos, temperature=temperature, seed=seed,
-                          prompt_salt=prompt_salt, num_warmups=num_warmups,
-                          warmup=len(concs) > 1 if warmup is None else warmup,
-                          percentiles=[float(x) for x in percentiles.split(",") if x.strip()],
-                          goodput_slo_ms=goodput_slos(goodput or []),
-                          tokenizer=tokenizer, model_dir=model_dir, num_gpus=num_gpus, num_gpus_source=gpus_source,
-                          usd_per_gpu_hour=usd_per_gpu_hour, client_procs=client_procs, http_client=http_client,
-                          continuous_usage=continuous_usage, allow_approx=allow_approx,
-                          max_error_rate=max_error_rate, per_request=per_request, label=label,
-                          request_timeout_s=request_timeout, stall_floor_s=stall_floor, server_log=server_log,
-                          api_key=os.environ.get("OPENAI_API_KEY") or api_key)
+        cfg = BenchConfig(**given)
     except ValidationError as e:
         first = e.errors()[0]
         raise BadInput(f"bad bench option --{'.'.join(map(str, first['loc'])).replace('_', '-')}: {first['msg']}",
