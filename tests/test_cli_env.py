@@ -79,7 +79,8 @@ def test_bad_values_in_env_and_xdg_file_name_their_source(capsys, monkeypatch, x
 
 
 def test_unknown_m3ctl_variables_are_reported_on_stderr(tmp_path):
-    env = {**os.environ, "M3CTL_PROT": "8000", "M3CTL_MODEL": "x", "M3CTL_DEBUG": "0",
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("M3CTL_")}, "M3CTL_PROT": "8000",
+           "M3CTL_MODEL": "x", "M3CTL_DEBUG": "0", "M3CTL_STATE_DIR": os.environ["M3CTL_STATE_DIR"],
            "XDG_CONFIG_HOME": str(tmp_path)}
     p = subprocess.run([sys.executable, "-m", "m3ctl", "status", "--json"], capture_output=True, text=True, env=env,
                        timeout=60)
