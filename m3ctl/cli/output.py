@@ -66,11 +66,12 @@ def shell_lines(command: str, width: int, indent: int = 4) -> str:
     lines = [""]
     for g in groups:
         part = " ".join(g)
-        if not lines[-1] or len(lines[-1]) + 1 + len(part) + 2 <= width:
-            lines[-1] += (" " if lines[-1] else "") + part
+        if lines[-1].strip() and len(lines[-1]) + 1 + len(part) + 2 > width:
+            lines.append(" " * indent)
+        if len(lines[-1]) + 1 + len(part) + 2 <= width:
+            lines[-1] += (" " if lines[-1].strip() else "") + part
             continue
-        lines.append(" " * indent)
-        for t in g:  # a flag with values too long for a line: its values go on as many lines as they need
+        for t in g:  # too long for a line of its own: its words go on as many lines as they need
             if lines[-1].strip() and len(lines[-1]) + 1 + len(t) + 2 > width:
                 lines.append(" " * indent)
             lines[-1] += (" " if lines[-1].strip() else "") + t
