@@ -7,7 +7,7 @@ import typer
 
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import check_outputs
-from m3ctl.cli.output import Output, console, escape
+from m3ctl.cli.output import Output, console, escape, print_hang
 
 
 def bench_report(
@@ -55,5 +55,9 @@ def print_bench(res: dict, pcts: list[float]) -> None:
     tables, notes = report.bench_tables(res, pcts)
     for t in tables:
         con.print(t)
-    for n in notes:
-        con.print(n, soft_wrap=False)  # wrapped at word boundaries: never inside a number
+    from rich.text import Text  # noqa: PLC0415
+
+    for n in notes:  # wrapped at word boundaries (never inside a number), no trailing spaces in a log file
+        plain = Text.from_markup(n).plain
+        warn = plain.startswith("warning:")
+        print_hang(con, "", plain, 0, "yellow" if warn else None, (0, 8) if warn else None)
