@@ -26,7 +26,9 @@ CASES = [
     (["bench", *DEAD, "--burstiness", "0"], "--burstiness"),
     (["bench", *DEAD, "--concurrency", "0,2"], "--concurrency"),
     (["bench", *DEAD, "--workload", "prefix"], "--workload"),
-    (["bench", *DEAD, "--endpoint", "chats"], "--endpoint"),
+    (["bench", *DEAD, "--endpoint", "chats"], "unknown endpoint 'chats'"),
+    (["bench", *DEAD, "--http-client", "curl"], "unknown http client 'curl'"),
+    (["bench", *DEAD, "--goodput", "itl:50"], "unknown goodput metric"),
     (["bench", *DEAD, "--max-error-rate", "2"], "--max-error-rate"),
     (["bench", *DEAD, "--duration", "60"], "--duration needs --concurrency"),
     # bench: outputs checked before the run
