@@ -755,6 +755,8 @@ def _no_model_reason(ctx: Ctx) -> str:
 def check_memory_fit(ctx: Ctx) -> CheckResult:
     if ctx.local_model:
         return _r("model.memory_fit", "model", "SKIP", "local model: see model.plan")
+    if not ctx.gpu_host and not ctx.model_explicit:  # nothing was sized (run_doctor skips it): not "unknown"
+        return _r("model.memory_fit", "model", "SKIP", "no GPU")
     if ctx.sizing is None:
         status: Status = "FAIL" if ctx.model_explicit else "SKIP"
         return _r("model.memory_fit", "model", status, f"unknown model {ctx.model!r}: no sizing facts",

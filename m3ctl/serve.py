@@ -309,13 +309,114 @@ def relaunch(name: str, *, registry: Registry, secret_env: dict[str, str] | None
     """
     from m3ctl.errors import NotFound  # noqa: PLC0415
 
-    text = registry.load_plan(name)
-    if text is None:
+    plan = saved_plan(registry, name)
+    if plan is None:
         raise NotFound(f"no saved plan for deployment {name!r}", "start it with `m3ctl serve` first")
     registry.remove(name)
-    plan = LaunchPlan.model_validate_json(text)
     return launch_and_wait(plan, registry=registry, secret_env=secret_env, runtime=runtime, expect=expect,
                            restarts=attempt, on_event=on_event).deployment
+
+
+def saved_plan(registry: Registry, name: str) -> LaunchPlan | None:
+    """The launch plan saved for deployment ``name`` (Registry.save_plan), None when there is none.
+
+    Raises:
+        BadInput: the saved plan file is unreadable or not a plan (names the file and what to do).
+    """
+    from m3ctl.errors import BadInput  # noqa: PLC0415
+
+    try:
+        text = registry.load_plan(name)
+        return None if text is None else LaunchPlan.model_validate_json(text)
+    except (OSError, ValueError) as e:
+        path = registry.root / "plans" / f"{name}.json"
+        why = e.errors()[0]["msg"] if hasattr(e, "errors") else str(e).splitlines()[0]
+        raise BadInput(f"the saved plan of deployment {name!r} is unreadable ({path}: {why[:120]})",
+                       f"`m3ctl stop {name}` and serve it again (the plan is saved at launch)") from None
+
+
+def profile_expect(profile, name: str):
+    """The kernel expectations (``expect``) of ``profile``, else of the catalog profile ``name``; None if none."""
+    from m3ctl.catalog import profiles  # noqa: PLC0415
+
+    profile = profile or profiles().get(name)
+    return getattr(profile, "expect", None)
+
+
+def deployment_gpus(registry: Registry, name: str) -> int | None:
+    """GPUs of a deployment, from the Layout of its saved plan (m3ctl/launch.py); None on a CPU plan or without one."""
+    from m3ctl.launch import launch_spec  # noqa: PLC0415
+
+    plan = saved_plan(registry, name)
+    if plan is None:
+        return None
+    return launch_spec(plan).layout.num_gpus if plan.gpu_vendor else None
+
+
+def record_probe(registry: Registry, name: str, verdict: str) -> None:
+    """Keep the watchdog's last verdict in the record: ``status`` shows ``stalled`` while it lasts."""
+    from m3ctl.errors import M3Error  # noqa: PLC0415
+
+    try:
+        cur = registry.get(name)
+    except (UnreadableRecord, M3Error):
+        return
+    phase = "stalled" if verdict == "stalled" else ("ready" if cur.phase == "stalled" and verdict == "ok" else cur.phase)
+    if phase != cur.phase:
+        cur.phase = phase
+        registry.save(cur)
+
+
+def watch_deployment(dep: Deployment, rt: Runtime, registry: Registry, secret_env: dict[str, str] | None, expect=None,
+                     *, interval_s: float = 10.0, restart: str = "no", canary_timeout_s: float = 30.0,
+                     stall_s: float = 60.0, max_restarts: int = 3, count: int | None = None,
+                     stop_on_exit: bool = True, on_event: Callable | None = None) -> None:
+    """Watch ``dep`` in the foreground (m3ctl.watchdog.watch) until a failure, ``count`` probes, or Ctrl-C; each
+    probe's verdict is kept in the record (:func:`record_probe`); ``restart="on-failure"`` relaunches the saved
+    plan up to ``max_restarts`` times. ``on_event`` gets every watchdog event (m3ctl.watchdog.WatchEvent).
+
+    ``stop_on_exit`` (foreground ``serve``): the deployment is stopped on any end of the watch but Ctrl-C
+    (a failed probe, or any exception: the server must not outlive the command that owns it). Without it
+    (``m3ctl watch``) only a server that exited is cleaned up. KeyboardInterrupt propagates: the caller
+    decides whether Ctrl-C stops the deployment.
+
+    Raises:
+        LaunchFailed: the server failed (phase ``watch``), with the log path.
+    """
+    from m3ctl.watchdog import watch  # noqa: PLC0415
+
+    def on_watch(e) -> None:
+        if e.kind == "probe" and e.probe is not None:
+            record_probe(registry, dep.name, e.probe.verdict)
+        if on_event:
+            on_event(e)
+
+    headers = {"Authorization": f"Bearer {secret_env['VLLM_API_KEY']}"} if (secret_env or {}).get("VLLM_API_KEY") else None
+
+    def again(attempt: int):
+        return relaunch(dep.name, registry=registry, secret_env=secret_env, runtime=rt, expect=expect, attempt=attempt)
+
+    try:
+        last = watch(dep, rt, interval_s=interval_s, canary_timeout_s=canary_timeout_s, stall_s=stall_s,
+                     restart=restart, max_restarts=max_restarts, relaunch=again, on_event=on_watch,
+                     max_probes=count, headers=headers)
+    except KeyboardInterrupt:
+        raise
+    except Exception:
+        if stop_on_exit:
+            with sigint_ignored():
+                if registry.exists(dep.name):
+                    stop([dep.name], registry=registry)
+        raise
+    if last.ok:
+        return
+    current = registry.get(dep.name) if registry.exists(dep.name) else dep
+    if (stop_on_exit or last.verdict == "exited") and registry.exists(current.name):
+        stop([current.name], registry=registry)
+    cause = f" [{last.cause}]" if last.cause else ""
+    raise LaunchFailed(f"server {dep.name!r} failed: {last.verdict}: {last.detail}{cause}",
+                       f"see `m3ctl logs {dep.name}`" if not stop_on_exit else f"see the log {current.log_path}",
+                       phase="watch", log_path=current.log_path)
 
 
 def api_key_for(registry: Registry, name: str) -> str | None:

@@ -72,6 +72,52 @@ def state_dir() -> Path:
     return base / "m3ctl"
 
 
+def check_output_path(path: Path, opt: str) -> None:
+    """Refuse an output file that cannot be written, before any work starts (nothing measured is lost to it).
+    A missing parent directory is fine when it can be created (writers create it).
+
+    Raises:
+        BadInput: ``path`` is a directory, lies under a file, or cannot be written (naming ``opt``).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise BadInput(f"{opt} {path} is a directory", "give a file path")
+    parent = path.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BadInput(f"{opt} {path}: {parent} is a file, not a directory", "choose a path in a directory")
+    if path.exists() or parent == path.parent:  # try it: permission bits do not tell for root or /proc
+        existed = path.exists()
+        try:
+            with open(path, "a"):
+                pass
+        except OSError as e:
+            raise BadInput(f"{opt} {path} is not writable ({e.strerror})", "choose a writable path") from None
+        if not existed:
+            path.unlink()
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        raise BadInput(f"{opt} {path} is not writable (no write permission in {parent})", "choose a writable path")
+
+
+def save_output(path: Path, write, what: str) -> Path:
+    """Call ``write(path)``; when that fails (disk full, the path went away since :func:`check_output_path`),
+    call ``write`` again on ``<state dir>/results/<time>-<name>`` so a run's results are never lost.
+
+    Returns the path written (the fallback when ``path`` failed). Raises OSError only when both fail.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write(path)
+        return path
+    except OSError:
+        fallback = state_dir() / "results" / f"{time.strftime('%Y%m%d-%H%M%S')}-{path.name or what}"
+        fallback.parent.mkdir(parents=True, exist_ok=True)
+        write(fallback)
+        return fallback
+
+
 def check_name(name: str) -> str:
     """Validate a deployment name (letters, digits, ``_.-``; 1-63 chars).
 

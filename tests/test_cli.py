@@ -127,7 +127,7 @@ def test_bench_unreachable_endpoint():
 
 def test_bench_bad_options():
     p = run_cli("bench", "--url", "http://127.0.0.1:1", "--model", "x", "--num-prompts", "0")
-    assert p.returncode == 2 and "num_prompts" in p.stderr
+    assert p.returncode == 2 and "--num-prompts" in p.stderr
     p = run_cli("bench", "--url", "http://127.0.0.1:1", "--model", "x", "--goodput", "ttft=5")
     assert p.returncode == 2 and "bad --goodput" in p.stderr
 

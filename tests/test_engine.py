@@ -406,7 +406,7 @@ def test_a_bad_option_value_is_one_line_exit_2(tmp_path):
     inv = tmp_path / "h.json"
     inv.write_text(h200x2().model_dump_json())
     p = run_cli("plan", "--inventory", str(inv), "--runtime", "dockr")
-    assert p.returncode == 2 and p.stderr.startswith("error: --runtime: Input should be") and "Traceback" not in p.stderr
+    assert p.returncode == 2 and p.stderr.startswith("error: Invalid value for '--runtime'") and "Traceback" not in p.stderr
 
 
 def test_the_request_never_shows_secrets():

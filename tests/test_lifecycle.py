@@ -82,7 +82,7 @@ def test_same_name_start_is_locked(tmp_path):
 
 
 def test_status_shows_stalled_from_the_watchdogs_last_probe(tmp_path):
-    from m3ctl.cli import _record_probe
+    from m3ctl.serve import record_probe as _record_probe
 
     reg = Registry()
     main, worker = _start(reg, "slow", tmp_path)
@@ -108,8 +108,9 @@ def test_unwritable_state_dir_is_one_line_before_launch(tiny_models):
 
 def test_foreground_serve_stops_its_server_when_the_watch_loop_fails(monkeypatch, tmp_path):
     """Any exception out of the foreground watch (not only Ctrl-C or a failed probe) stops the server."""
-    from m3ctl import cli
     from m3ctl import serve as serving
+    from m3ctl.cli import serve as serve_cmd
+    from m3ctl.cli.output import Output
 
     reg = Registry()
     main, worker = _start(reg, "fg", tmp_path)
@@ -126,11 +127,11 @@ def test_foreground_serve_stops_its_server_when_the_watch_loop_fails(monkeypatch
         raise ValueError("watch loop bug")
 
     monkeypatch.setattr(serving, "launch_and_wait", lambda *a, **kw: Ready)
-    monkeypatch.setattr(cli, "_watch_loop", broken_watch)
+    monkeypatch.setattr("m3ctl.watchdog.watch", broken_watch)
     plan = LaunchPlan(name="fg", profile="cpu", model="m", served_model_name="m", port=dep.port, startup_budget_s=10,
                       argv=["x"])
     with pytest.raises(ValueError):
-        cli._launch_and_serve(cli._console(), plan, reg, ProcessRuntime(), {}, None, None, False, 1.0, "no")
+        serve_cmd.launch_and_serve(Output(), plan, reg, ProcessRuntime(), {}, None, False, 1.0, "no")
     _, alive = psutil.wait_procs([main, worker], timeout=5)
     assert alive == [] and not reg.exists("fg")
 

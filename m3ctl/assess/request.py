@@ -1,7 +1,10 @@
 """The typed plan request: what a user (CLI, ``--config`` file, tune, doctor's verdict) asks ``plan()`` for.
 
-Precedence, highest first: command line > ``--config`` file > catalog (model/variant/profile data for the
-detected architecture) > vLLM default. Layers merge with :func:`merge`: a field set in a higher layer wins
+Precedence, highest first: command line > ``--config`` file > ``M3CTL_*`` environment variables
+(:func:`env_request`) > the user's default config file ``$XDG_CONFIG_HOME/m3ctl/config.yaml``, default
+``~/.config/m3ctl/config.yaml`` (:func:`user_config_path`; same format as ``--config``) > catalog
+(model/variant/profile data for the detected architecture) > vLLM default. :func:`user_request` is the two
+per-machine layers merged. Layers merge with :func:`merge`: a field set in a higher layer wins
 (``--no-ep`` on the command line beats ``ep: true`` in the file), ``args`` and ``env`` merge key by key, and a
 typed flag set above removes the same vLLM flag from a lower layer's ``args``.
 
@@ -17,6 +20,7 @@ Example ``--config`` file::
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from pathlib import Path
 from typing import Any, Literal
@@ -157,6 +161,54 @@ def load_request(path: str | Path) -> PlanRequest:
         return PlanRequest.model_validate(data)
     except ValidationError as e:
         raise BadInput(_explain(e, PlanRequest, str(p)), "see the example in m3ctl/assess/request.py") from e
+
+
+#: Environment variables for the options people set per machine -> the PlanRequest field each sets.
+#: (Read where they are used: M3CTL_STATE_DIR by m3ctl.state.state_dir, M3CTL_CATALOG_DIR by m3ctl.catalog.)
+ENV_FIELDS = {"M3CTL_MODEL": "model", "M3CTL_PORT": "port"}
+#: Every ``M3CTL_`` variable m3ctl reads; any other is reported by :func:`unknown_env` (a typo would be ignored).
+KNOWN_ENV = frozenset({*ENV_FIELDS, "M3CTL_STATE_DIR", "M3CTL_CATALOG_DIR", "M3CTL_DEBUG", "M3CTL_DEPLOYMENT",
+                       "M3CTL_TEST_CACHE", "M3CTL_UPDATE_GOLDEN"})
+
+
+def env_request(environ: dict[str, str] | None = None) -> PlanRequest:
+    """The ``M3CTL_*`` layer (:data:`ENV_FIELDS`): e.g. ``M3CTL_MODEL=/models/m3 M3CTL_PORT=8001``.
+
+    Raises:
+        BadInput: a value that is not valid for its field (``M3CTL_PORT=abc``), naming the variable.
+    """
+    env = os.environ if environ is None else environ
+    data = {f: env[k] for k, f in ENV_FIELDS.items() if env.get(k)}
+    try:
+        return PlanRequest.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        var = next(k for k, f in ENV_FIELDS.items() if f == err["loc"][0])
+        raise BadInput(f"{var}={env[var]!r}: {err['msg']}", f"fix or unset {var}") from None
+
+
+def user_config_path(environ: dict[str, str] | None = None) -> Path:
+    """The user's default config file: ``$XDG_CONFIG_HOME/m3ctl/config.yaml``, else ``~/.config/m3ctl/config.yaml``
+    (XDG Base Directory spec, https://specifications.freedesktop.org/basedir-spec/latest/)."""
+    env = os.environ if environ is None else environ
+    base = Path(env["XDG_CONFIG_HOME"]).expanduser() if env.get("XDG_CONFIG_HOME") else Path.home() / ".config"
+    return base / "m3ctl" / "config.yaml"
+
+
+def user_request(environ: dict[str, str] | None = None) -> PlanRequest:
+    """The per-machine layers merged: the user's default config file (if it exists), under ``M3CTL_*``.
+
+    Raises:
+        BadInput: as :func:`load_request` and :func:`env_request`.
+    """
+    path = user_config_path(environ)
+    return merge(load_request(path) if path.is_file() else None, env_request(environ))
+
+
+def unknown_env(environ: dict[str, str] | None = None) -> list[str]:
+    """``M3CTL_`` variables that m3ctl does not read (sorted): most likely typos of :data:`KNOWN_ENV`."""
+    env = os.environ if environ is None else environ
+    return sorted(k for k in env if k.startswith("M3CTL_") and k not in KNOWN_ENV)
 
 
 def serve_command(req: PlanRequest, inventory: str | None = None) -> str:

@@ -5,6 +5,9 @@ Metric names and meanings follow ``vllm bench serve`` (vllm/benchmarks/serve.py,
 so results sit next to vLLM's key for key; m3ctl's additions use new keys.
 """
 
+#: The workload kinds of ``m3ctl bench --workload`` and ``m3ctl tune --workload`` (m3ctl.bench.workloads builds
+#: them); kept here so the CLI can check a name without importing the load generator.
+WORKLOADS = ("random", "dataset", "prefix-repetition", "agentic")
 
 from m3ctl import _api_module  # noqa: E402
 

@@ -78,6 +78,11 @@ def stall_window(floor_s: float, max_gap_s: float, max_ttft_s: float) -> float:
     return max(floor_s, STALL_GAP_FACTOR * max_gap_s, STALL_TTFT_FACTOR * max_ttft_s)
 
 
+#: Most requests one run may send: the prompts are built in memory before the first is sent (about 1 KiB per
+#: 128-token request), so more than this would build prompts for minutes and never send (issue 17).
+MAX_PROMPTS = 1_000_000
+
+
 class BenchConfig(BaseModel):
     """A benchmark run. Units: lengths in tokens, rates in requests/s, times in seconds, money in USD.
 
@@ -87,7 +92,7 @@ class BenchConfig(BaseModel):
     url: str
     model: str
     endpoint: str = "completions"
-    num_prompts: int = Field(100, ge=1)
+    num_prompts: int = Field(100, ge=1, le=MAX_PROMPTS)
     concurrency: int | None = Field(None, ge=1)
     request_rate: float = Field(math.inf, gt=0)
     """Requests/s (``inf``: all at once); > 0."""
@@ -109,8 +114,9 @@ class BenchConfig(BaseModel):
     prefix_cache_tolerance: float = Field(0.03, ge=0, le=1)
     """Prefix-cache hit rate (fraction of prompt tokens) allowed above what the workload means before the run
     is BENCH-INVALID (:func:`prefix_cache_check`)."""
-    percentiles: list[Annotated[float, Field(ge=0, le=100)]] = Field(default_factory=lambda: [50.0, 90.0, 99.0])
-    """Percentiles reported as ``p<P>_<metric>_ms`` (each 0-100)."""
+    percentiles: list[Annotated[float, Field(ge=0, le=100)]] = Field(default_factory=lambda: [50.0, 90.0, 99.0],
+                                                                   min_length=1)
+    """Percentiles reported as ``p<P>_<metric>_ms`` (each 0-100, at least one)."""
     goodput_slo_ms: dict[str, float] | None = None
     tokenizer: str | None = None
     model_dir: str | None = None
@@ -717,7 +723,12 @@ def _build_job(cfg: BenchConfig, tok: Tokenizer, salt: str | None = None, block:
     return _Job(items=items, concurrency=cfg.concurrency, cycle=bool(cfg.duration_s)), wl
 
 
-def _validate(cfg: BenchConfig) -> None:
+def validate(cfg: BenchConfig) -> None:
+    """Check option combinations that cannot run, before anything is sent (run_bench and run_sweep call it).
+
+    Raises:
+        BadInput: unknown endpoint, goodput metric, workload or HTTP client; --duration without a bound on load.
+    """
     if cfg.endpoint not in ("completions", "chat"):
         raise BadInput(f"unknown endpoint {cfg.endpoint!r}", "use --endpoint completions or --endpoint chat")
     if cfg.goodput_slo_ms and (bad := set(cfg.goodput_slo_ms) - {"ttft", "tpot", "e2el"}):
@@ -829,7 +840,7 @@ class _Prepared:
 
 def _prepare(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Prepared:
     """Everything before the first request (blocking I/O: reachability, tokenizer, KV block size)."""
-    _validate(cfg)
+    validate(cfg)
     _check_reachable(cfg)
     own_tok = tok is None
     tok = tok or _tokenizer(cfg)
@@ -1325,7 +1336,7 @@ class _Sweep:
     """A sweep's shared state: the checked config, one tokenizer for all levels, the runs so far."""
 
     def __init__(self, cfg: BenchConfig):
-        _validate(cfg)
+        validate(cfg)
         _check_reachable(cfg)
         self.cfg, self.tok, self.runs, self._stop = cfg, _tokenizer(cfg), [], False
 
@@ -1356,3 +1367,33 @@ class _Sweep:
 
 def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def run_failure(runs: list[dict], url: str, saved: str | None, diagnosis=None) -> M3Error | None:
+    """The error a finished bench command ends with, or None when every run is valid: the server went down
+    (BenchServerDown, exit 4; ``diagnosis``: m3ctl.diagnose's root cause from the server log, if known), it
+    stalled (BenchServerStalled, exit 4), or a run is BENCH-INVALID (ChecksFailed, exit 1). ``saved``: where
+    the results were written (None: nowhere), named in the hint so nothing measured is lost."""
+    from m3ctl.errors import ChecksFailed  # noqa: PLC0415
+
+    keep = f"partial results written to {saved}" if saved else "pass --output-json to keep partial results"
+    if down := next((r for r in runs if r.get("server_down")), None):
+        kinds = ", ".join(f"{k} {v}" for k, v in down["failed_by_kind"].items())
+        cause = f": {diagnosis.summary()} [{diagnosis.line}]" if diagnosis else ""
+        return BenchServerDown(f"server at {url} went down during the run: {down['completed']} requests completed, "
+                               f"{down['failed']} failed ({kinds}), {down.get('not_sent', 0)} not sent{cause}",
+                               f"{diagnosis.fix}; {keep}" if diagnosis else
+                               (keep if saved else keep + "; check the server log"))
+    if stalled := next((r for r in runs if r.get("stalled")), None):
+        st = stalled["stalled"]
+        return BenchServerStalled(f"server at {url} stalled: no token on any of {st['in_flight']} in-flight requests "
+                                  f"for {st['idle_s']:.1f} s; {stalled['completed']} requests completed",
+                                  keep if saved else keep + "; check the server log")
+    bad = [r for r in runs if not r["validity"]["valid"]]
+    if bad:
+        why = "; ".join(dict.fromkeys(x for r in bad for x in r["validity"]["reasons"]))
+        first_err = next((e for r in bad for e in r["errors"]), "")
+        return ChecksFailed(f"BENCH-INVALID: {why}" + (f" (first error: {first_err})" if first_err else ""),
+                            f"results were saved to {saved}, marked invalid" if saved else
+                            "pass --output-json to keep the results")
+    return None

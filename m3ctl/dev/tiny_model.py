@@ -59,6 +59,19 @@ class TinyModelSpec:
     max_position_embeddings: int = 4096
     seed: int = 0
 
+    def __post_init__(self) -> None:
+        """Raises BadInput: a size below 1, or KV heads that do not divide the attention heads (GQA groups)."""
+        from m3ctl.errors import BadInput  # noqa: PLC0415
+
+        for f in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
+                  "intermediate_size", "num_experts", "experts_per_tok", "max_position_embeddings"):
+            if getattr(self, f) < 1:
+                raise BadInput(f"tiny model {f.replace('num_', '').replace('_', '-')} {getattr(self, f)} must be >= 1",
+                               "e.g. --head-dim 32 --kv-heads 2")
+        if self.num_heads % self.num_kv_heads:
+            raise BadInput(f"tiny model kv-heads {self.num_kv_heads} must divide its {self.num_heads} attention heads",
+                           "use --kv-heads 1, 2 or 4")
+
 
 def _corpus(max_files: int = 200) -> list[str]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])

@@ -107,6 +107,10 @@ def resume_settings(study_dir: Path, *, max_trials: int | None = None, time_budg
     """
     check_budgets(max_trials=max_trials, time_budget_s=time_budget_s, confirm_top=confirm_top)
     settings = load_settings(study_dir)
+    if save:
+        from m3ctl.state import check_output_path  # noqa: PLC0415
+
+        check_output_path(Path(study_dir) / "tune.json", "--resume")
     new = {k: v for k, v in (("max_trials", max_trials), ("time_budget_s", time_budget_s), ("baseline", baseline),
                              ("confirm_top", confirm_top)) if v is not None}
     if new:
@@ -134,10 +138,12 @@ def new_settings(model: str, inventory, *, slo: str = "", objective: str = "tput
                  max_spec_depth: int = 4, baseline: bool | None = None, port: int = 8000, workload: str = "random",
                  input_len: int = 128, output_len: int = 128, prompts_per_concurrency: int = 4, warmup: bool = True,
                  profile_file: str | Path | None = None, overrides: dict[str, Any] | None = None,
-                 extra_args: list[str] | None = None, skip_checks: bool = False) -> dict[str, Any]:
+                 extra_args: list[str] | None = None, skip_checks: bool = False, study_dir: Path | None = None,
+                 save: bool = False) -> dict[str, Any]:
     """The settings (``tune.json`` shape) of a new study of ``model`` on ``inventory``: the search space from
     the base profile (``profile_file`` or the catalog's for the GPU architecture) and the model's facts,
     narrowed by ``knobs`` (``"spec_depth=0-4"``, ``"max_num_seqs=4,8"``) and pruned for the ``ladder``.
+    With ``study_dir``: checked to hold no study yet and to be writable, and (``save``) written there.
 
     Units: ``ladder`` concurrencies (default 1, 2, 4 ... 64), ``time_budget_s`` seconds, ``usd_per_gpu_hour`` USD,
     ``input_len``/``output_len`` tokens, ``boundary_margin`` a fraction of the SLO limit. ``overrides``:
@@ -145,7 +151,7 @@ def new_settings(model: str, inventory, *, slo: str = "", objective: str = "tput
 
     Raises:
         BadInput: a bad SLO, objective (``tokens_per_usd`` without a price), ladder, workload, knob, budget or
-            length; an unreadable profile or model.
+            length; an unreadable profile or model; ``study_dir`` already holds a study or is not writable.
     """
     from m3ctl import catalog  # noqa: PLC0415
     from m3ctl.assess.facts import model_facts, read_model_facts  # noqa: PLC0415
@@ -172,6 +178,13 @@ def new_settings(model: str, inventory, *, slo: str = "", objective: str = "tput
     if key:
         raise BadInput("tune starts its own private trial servers: a raw --api-key is not used (nor stored)",
                        "drop --api-key from the raw arguments")
+    if study_dir is not None:
+        if (Path(study_dir) / "tune.json").exists():
+            raise BadInput(f"{study_dir} already holds a study",
+                           f"continue it with --resume {study_dir} or choose another --study-dir")
+        from m3ctl.state import check_output_path  # noqa: PLC0415
+
+        check_output_path(Path(study_dir) / "tune.json", "--study-dir")
     base = load_profile_file(Path(profile_file)) if profile_file else profile_for_arch(inventory.arch)
     facts = read_model_facts(model)
     spec_m = catalog.find_model(model, facts.architectures)
@@ -184,18 +197,21 @@ def new_settings(model: str, inventory, *, slo: str = "", objective: str = "tput
     space, pruned = prune_dominated(space, lad)
     # A local model directory and profile file are stored absolute, so `--resume DIR` works from any directory.
     saved_model = str(Path(model).resolve()) if Path(model).is_dir() else model
-    return {"model": saved_model, "space": space.to_json(), "port": port,
-            "profile_file": str(Path(profile_file).resolve()) if profile_file else None,
-            "pruned": pruned,
-            "spec": {"slo": slo, "objective": objective, "usd_per_gpu_hour": usd_per_gpu_hour, "ladder": lad,
-                     "max_trials": 12 if max_trials is None else max_trials, "time_budget_s": time_budget_s,
-                     "seed": seed, "confirm_top": confirm_top, "prompts_per_concurrency": prompts_per_concurrency,
-                     "baseline": True if baseline is None else baseline,
-                     "boundary_margin": boundary_margin, "boundary_repeats": boundary_repeats},
-            "plan_base": {"overrides": dict(overrides or {}), "extra_args": list(extra_args or []),
-                          "skip_checks": skip_checks},
-            "bench": {"workload": workload, "input_len": input_len, "output_len": output_len, "seed": seed,
-                      "warmup": warmup, "usd_per_gpu_hour": usd_per_gpu_hour}}
+    settings = {"model": saved_model, "space": space.to_json(), "port": port,
+                "profile_file": str(Path(profile_file).resolve()) if profile_file else None,
+                "pruned": pruned,
+                "spec": {"slo": slo, "objective": objective, "usd_per_gpu_hour": usd_per_gpu_hour, "ladder": lad,
+                         "max_trials": 12 if max_trials is None else max_trials, "time_budget_s": time_budget_s,
+                         "seed": seed, "confirm_top": confirm_top, "prompts_per_concurrency": prompts_per_concurrency,
+                         "baseline": True if baseline is None else baseline,
+                         "boundary_margin": boundary_margin, "boundary_repeats": boundary_repeats},
+                "plan_base": {"overrides": dict(overrides or {}), "extra_args": list(extra_args or []),
+                              "skip_checks": skip_checks},
+                "bench": {"workload": workload, "input_len": input_len, "output_len": output_len, "seed": seed,
+                          "warmup": warmup, "usd_per_gpu_hour": usd_per_gpu_hour}}
+    if save and study_dir is not None:
+        save_settings(Path(study_dir), settings)
+    return settings
 
 
 def base_profile(settings: dict[str, Any], inventory):

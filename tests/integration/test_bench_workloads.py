@@ -139,6 +139,15 @@ def test_side_by_side_with_vllm_bench_serve(tiny_server, tiny_models, tmp_path):
     vllm = Path(sys.executable).parent / "vllm"
 
     def theirs_run(i: int) -> dict:
+        # vLLM's own client reads bursts too when the host is starved (median TPOT 0.003-0.006 ms seen with two
+        # pytest sessions on the 2 cores: no decode step is that fast): such a run timed the host; up to two more.
+        for _ in range(3):
+            r = theirs_once(i)
+            if r["median_tpot_ms"] >= 0.05:
+                break
+        return r
+
+    def theirs_once(i: int) -> dict:
         cmd = [str(vllm), "bench", "serve", "--backend", "openai", "--base-url", dep.url, "--endpoint",
                "/v1/completions", "--model", dep.served_model_name, "--tokenizer", str(tiny_models["m2"]),
                "--dataset-name", "random", "--random-input-len", str(isl), "--random-output-len", str(osl),

@@ -50,12 +50,14 @@ def test_ctrl_c_during_load_stops_everything(tiny_models):
                              str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**os.environ, "COLUMNS": "200"})
     lines = []
-    for line in proc.stdout:
+    for line in proc.stdout:  # a log file gets one line per finished phase: wait for the launch, then the server
         lines.append(line)
-        if "… port" in line:  # launched, still loading
+        if line.startswith("starting intr"):
             break
-    time.sleep(2)
-    server = vllm_procs_for(port)
+    deadline = time.monotonic() + 30
+    while not (server := vllm_procs_for(port)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # launched, still loading
     assert server, "".join(lines)
     proc.send_signal(signal.SIGINT)
     rest, _ = proc.communicate(timeout=60)

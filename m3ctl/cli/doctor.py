@@ -1,0 +1,79 @@
+"""``m3ctl doctor``: probe this host (or an inventory/system) and say, check by check, whether it can serve."""
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from m3ctl.cli import options as o
+from m3ctl.cli.inputs import check_outputs, host_inventory, user_defaults
+from m3ctl.cli.output import Output
+from m3ctl.cli.render import COLOUR
+
+
+def doctor(
+    json_out: o.Json = False,
+    verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Show every detail and the skipped checks (without it: the first detail of a WARN or FAIL).")] = False,
+    model: o.Model = None,
+    variant: o.Variant = None,
+    context: Annotated[Optional[int], typer.Option(parser=o.token_count, metavar="N", help="Context tokens one sequence must fit (default 32768).")] = None,
+    kv_cache_dtype: Annotated[str, typer.Option(help="KV cache dtype to validate for this GPU.")] = "auto",
+    runtime: Annotated[str, typer.Option(parser=o.choice("auto", "process", "docker"), help="auto, process or docker (what serve would use).")] = "auto",
+    port: o.Port = None,
+    strict: Annotated[bool, typer.Option("--strict", help="Exit 1 on WARN too.")] = False,
+    image: Annotated[Optional[str], typer.Option(help="Check this image (catalog name or a local image) instead of the recommended one.")] = None,
+    inventory: o.Inventory = None,
+    save_inventory: Annotated[Optional[Path], typer.Option(help="Write this host's inventory as JSON.")] = None,
+    system: o.System = None,
+) -> None:
+    """Probe this host and say, check by check, whether and how it can serve (exit 1 on FAIL)."""
+    from m3ctl.doctor import report_json, resolve_image, run_doctor  # noqa: PLC0415
+
+    out = Output(json_out)
+    check_outputs(save_inventory=save_inventory)
+    user = user_defaults()
+    inv = host_inventory(inventory, system)
+    if save_inventory:
+        save_inventory.write_text(inv.model_dump_json(indent=2))
+    rep = run_doctor(inv, model=model or (user.model if "model" in user.model_fields_set else None),
+                     variant=variant, context=context, kv_cache_dtype=kv_cache_dtype, runtime=runtime,
+                     port=port or user.port, host_checks=inventory is None and system is None,
+                     image=resolve_image(image) if image else None,
+                     inventory_file=str(inventory) if inventory else None)
+    out.result(report_json(rep))
+    if not out.json:
+        render(out.con, rep, verbose)
+    code = rep.exit_code(strict)
+    if code:
+        raise typer.Exit(code)
+
+
+def render(con, rep, verbose: bool) -> None:
+    """One entry per check (status, id, finding; under it why: the first detail of a WARN or FAIL, every detail
+    with -v; then the fix), wrapped at the terminal width (80 columns in a log file), then the verdict."""
+    from rich.text import Text  # noqa: PLC0415
+
+    from m3ctl.cli.output import hang  # noqa: PLC0415
+
+    shown = [c for c in rep.checks if verbose or c.status != "SKIP"]
+    w = max((len(c.id) for c in shown), default=0)
+    con.print("m3ctl doctor", style="bold")
+    for c in shown:
+        problem = c.status in ("WARN", "FAIL")
+        lines = [c.message, *(c.details if verbose else c.details[:1] if problem else [])]
+        if problem and c.fix:
+            lines.append(f"fix: {c.fix}")
+        body = hang(f"{c.status:<4} {c.id:<{w}} ", "\n".join(lines), con.width)
+        text = Text(body)
+        text.stylize(COLOUR[c.status], 0, len(c.status))
+        con.print(text, soft_wrap=True)
+    v = rep.verdict
+    vc = {"runnable_natively": "green", "runnable_with_fallbacks": "yellow", "not_runnable": "red"}[v.status]
+    text = Text(hang("verdict: ", v.summary, con.width))
+    text.stylize(vc, 0, 8)
+    con.print(text, soft_wrap=True)
+    for head, items in (("  fallback: ", v.fallbacks), ("  note: ", v.notes)):
+        for item in items:
+            con.print(Text(hang(head, item, con.width, 4)), soft_wrap=True)
+    if v.serve_command:
+        con.print(Text(hang("  serve it: ", v.serve_command, con.width, 4)), soft_wrap=True)

@@ -1,0 +1,163 @@
+"""Options declared once and shared by the commands: output (``--json``, output files), where to plan for
+(``--inventory``, ``--system``), the deployment and its plan knobs (plan, serve, doctor, tune), the workload
+(bench, tune). Values are checked at parse time (click ranges and the parsers below), so a bad value is one
+``error:`` line with exit 2 before any work starts.
+
+Per-machine defaults (``--model``, ``--port``) come from ``M3CTL_*`` variables and the user's config file
+through the plan request's layers (m3ctl.assess.request: command line > --config > env > config file).
+"""
+
+import functools
+import inspect
+import math
+from pathlib import Path
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+
+from m3ctl.bench import WORKLOADS
+
+PLAIN_HELP = {"rich_markup_mode": None}  # click help: Typer's rich help costs ~0.2 s of imports
+RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
+
+
+# ------------------------------------------------------------------ parsers (parse-time value checks)
+def token_count(text: str) -> int:
+    """A token count as vLLM reads one (``8k`` = 8000, ``8K`` = 8192, else an integer), at least 1."""
+    from m3ctl.assess.rules import vllm_int  # noqa: PLC0415
+
+    n = vllm_int(text)
+    if n is None or n < 1:
+        raise typer.BadParameter(f"{text!r} is not a whole number >= 1 (8k = 8000 and 8K = 8192 work too)")
+    return n
+
+
+def choice(*values: str) -> Callable[[str], str]:
+    """A parser accepting one of ``values`` (an error lists them)."""
+    def parse(text: str) -> str:
+        if text not in values:
+            raise typer.BadParameter(f"{text!r} is not one of {', '.join(values)}")
+        return text
+    parse.__name__ = "choice"
+    return parse
+
+
+def runtime(text: str) -> str:
+    """A runtime PlanRequest accepts (process, docker, auto)."""
+    from typing import get_args  # noqa: PLC0415
+
+    from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
+
+    return choice(*get_args(PlanRequest.model_fields["runtime"].annotation))(text)
+
+
+def positive_float(text: str) -> float:
+    """A number > 0 (``inf`` allowed)."""
+    try:
+        v = float(text)
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a number") from None
+    if not v > 0:
+        raise typer.BadParameter(f"{text} must be > 0 (inf: all at once)")
+    return v
+
+
+def percentiles(text: str) -> str:
+    """Comma-separated percentiles, each in [0, 100]."""
+    try:
+        vals = [float(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a comma-separated list of numbers (e.g. 50,90,99)") from None
+    if not vals or any(not 0 <= v <= 100 or math.isnan(v) for v in vals):
+        raise typer.BadParameter(f"{text!r}: percentiles are numbers from 0 to 100 (e.g. 50,90,99)")
+    return text
+
+
+def int_list(text: str) -> str:
+    """A comma-separated list of integers >= 1 (``1,2,4,8``)."""
+    try:
+        vals = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not an integer or a list such as 1,2,4,8") from None
+    if not vals or min(vals) < 1:
+        raise typer.BadParameter(f"{text!r}: values must be integers >= 1 (e.g. 1,2,4,8)")
+    return text
+
+
+# ------------------------------------------------------------------ output
+Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (a stream: one JSON object per line).")]
+
+def plot_axis(text: str) -> str:
+    """A Pareto x axis of m3ctl.bench.report.X_AXES."""
+    from m3ctl.bench.report import X_AXES  # noqa: PLC0415
+
+    return choice(*X_AXES)(text)
+
+
+OutputCsv = Annotated[Optional[Path], typer.Option(help="Write one CSV row per run here (checked writable before any work).")]
+Plot = Annotated[Optional[Path], typer.Option(help="Pareto PNG of the runs: tok/s per GPU vs tok/s per user (checked writable before any work).")]
+PlotX = Annotated[str, typer.Option(parser=plot_axis, help="Pareto x axis: inferencex-median, agentx-p90 or aiperf-median.")]
+
+# ------------------------------------------------------------------ host to plan for
+Inventory = Annotated[Optional[Path], typer.Option(help="Evaluate a saved inventory (doctor --save-inventory) instead of this host.")]
+System = Annotated[Optional[str], typer.Option(metavar="NAME", help="Evaluate a catalog system you don't have (h200x8, gb300x4, mi355xx8; xN sets the GPU count); nothing is probed.")]
+
+# ------------------------------------------------------------------ deployment (plan, serve, doctor, tune)
+Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory (default: $M3CTL_MODEL, the config file's, else MiniMax-M3.1-Flash).")]
+Port = Annotated[Optional[int], typer.Option(min=1, max=65535, help="API port (default: $M3CTL_PORT, the config file's, else 8000).")]
+Host = Annotated[str, typer.Option(help="API listen address.")]
+Name = Annotated[str, typer.Option(help="Deployment name.")]
+ServedName = Annotated[Optional[str], typer.Option(help="API model id (default: the model id, with --name as a second name).")]
+Runtime = Annotated[Optional[str], typer.Option(parser=runtime, help="process (bare `vllm serve`), docker, or auto (docker when the profile has an image).")]
+Profile = Annotated[Optional[Path], typer.Option(help="Kernel profile YAML to use instead of the catalog's.")]
+Arg = Annotated[Optional[list[str]], typer.Option("--arg", help="vllm serve flag override flag=value, e.g. max-num-seqs=64 (repeatable).")]
+SkipChecks = Annotated[bool, typer.Option(help="Report plan rule violations as warnings instead of rejecting.")]
+Config = Annotated[Optional[Path], typer.Option(help="Plan config YAML (flags override it; it overrides M3CTL_* and ~/.config/m3ctl/config.yaml).")]
+Variant = Annotated[Optional[str], typer.Option(help="Model variant (nvfp4, mxfp4, mxfp8, fp8, bf16); default: best native one that fits.")]
+KVDtype = Annotated[Optional[str], typer.Option(help="KV cache dtype (validated per architecture and attention type).")]
+
+#: The planner's typed knobs (PlanRequest fields), shared by `plan` and `serve` through :func:`plan_knobs`.
+PLAN_KNOBS: dict[str, tuple[Any, Any]] = {
+    "variant": (Variant, None),
+    "tp": (Annotated[Optional[int], typer.Option("--tp", min=1, help="Tensor parallel size.")], None),
+    "dp": (Annotated[Optional[int], typer.Option("--dp", min=1, help="Data parallel size.")], None),
+    "dcp": (Annotated[Optional[int], typer.Option("--dcp", min=1, help="Decode context parallel size (adds no GPUs).")], None),
+    "ep": (Annotated[Optional[bool], typer.Option("--ep/--no-ep", help="Expert parallel on/off (default: profile strategy).")], None),
+    "dbo": (Annotated[Optional[bool], typer.Option("--dbo/--no-dbo", help="Dual batch overlap (needs DP>1 + EP + DeepEP).")], None),
+    "spec_depth": (Annotated[Optional[int], typer.Option(min=0, help="Speculative tokens (0 = off); uses the model's drafter, else ngram.")], None),
+    "spec_method": (Annotated[Optional[str], typer.Option(help="Speculative method override (ngram, dspark, eagle3, mtp...).")], None),
+    "kv_cache_dtype": (KVDtype, None),
+    "max_model_len": (Annotated[Optional[int], typer.Option(parser=token_count, metavar="N", help="Max model length (tokens).")], None),
+    "max_num_seqs": (Annotated[Optional[int], typer.Option(parser=token_count, metavar="N", help="Max concurrent sequences.")], None),
+    "max_num_batched_tokens": (Annotated[Optional[int], typer.Option(parser=token_count, metavar="N", help="Max batched tokens per step.")], None),
+    "allow_emulated": (Annotated[bool, typer.Option(help="Accept a variant that runs only through a fallback kernel here (e.g. NVFP4 on Hopper).")], False),
+    "no_multicast": (Annotated[bool, typer.Option("--no-multicast", help="Turn NVLink multicast off for multi-GPU launches (shared hosts).")], False),
+    "offline": (Annotated[Optional[bool], typer.Option("--offline/--online", help="Air-gapped: resolve the model, tokenizer and draft model to local HF-cache snapshots and check every file before launch (default: on when HF_HUB_OFFLINE=1).")], None),
+}
+
+# ------------------------------------------------------------------ workload (bench, tune)
+Workload = Annotated[str, typer.Option(parser=choice(*WORKLOADS), autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)], help=f"Bench workload: {', '.join(WORKLOADS)}.")]
+InputLen = Annotated[int, typer.Option(min=1, help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn).")]
+OutputLen = Annotated[int, typer.Option(min=1, help="Output tokens per request.")]
+Seed = Annotated[int, typer.Option(help="Workload seed (lengths, order, arrivals); the prompt text is fresh every run.")]
+UsdPerGpuHour = Annotated[Optional[float], typer.Option(parser=positive_float, metavar="USD", help="GPU price for USD per million tokens and tokens per USD.")]
+
+
+def options(group: dict[str, tuple[Any, Any]], into: str):
+    """Add the options of ``group`` ({name: (Annotated type, default)}) to a command; the command receives them
+    as one dict argument ``into`` (so a group is declared once, here, and not repeated per command)."""
+    def deco(fn):
+        sig = inspect.signature(fn)
+        params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values() if p.name != into]
+        params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=t, default=d)
+                   for n, (t, d) in group.items()]
+
+        @functools.wraps(fn)
+        def wrapper(**kw):
+            return fn(**{k: v for k, v in kw.items() if k not in group}, **{into: {k: kw[k] for k in group}})
+
+        del wrapper.__wrapped__  # typer reads the signature and annotations below, not fn's
+        wrapper.__signature__ = sig.replace(parameters=params)
+        wrapper.__annotations__ = {p.name: p.annotation for p in params}
+        return wrapper
+    return deco

@@ -1,0 +1,94 @@
+"""``m3ctl plan``: plan a launch (image, argv, env, every choice explained) or size catalog systems; start nothing."""
+
+import os
+from typing import Annotated, Optional
+
+import typer
+
+from m3ctl.cli import options as o
+from m3ctl.cli.inputs import SECRET_PASSTHROUGH, host_inventory, maybe_offline, plan_request
+from m3ctl.cli.output import Output, escape
+from m3ctl.cli.render import print_plan
+from m3ctl.errors import BadInput
+
+
+@o.options(o.PLAN_KNOBS, into="knobs")
+def plan(
+    ctx: typer.Context,
+    model: o.Model = None, name: o.Name = "m3ctl", port: o.Port = None, host: o.Host = "127.0.0.1",
+    served_model_name: o.ServedName = None, runtime: o.Runtime = None, inventory: o.Inventory = None,
+    profile: o.Profile = None, arg: o.Arg = None, skip_checks: o.SkipChecks = False, config: o.Config = None,
+    system: o.System = None, knobs: dict = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print {image, argv, env, explain, rejected} as JSON.")] = False,
+    emit: Annotated[Optional[str], typer.Option(help="Render as docker, compose, k8s, lws (multi-node DP), script or ray (multi-node TP x PP).")] = None,
+    nodes: Annotated[int, typer.Option(min=1, help="With --emit lws/ray: nodes (pods/hosts).")] = 2,
+    hf_cache_hostpath: Annotated[Optional[str], typer.Option(help="With --emit k8s/lws: mount this node path as the HF cache instead of a PersistentVolumeClaim.")] = None,
+    systems: Annotated[Optional[list[str]], typer.Option("--systems", metavar="NAMES", help="Sizing view: plan on these catalog systems (comma list or repeated; 'all' = every one) and print which serve the model at --max-model-len, how, with how much KV cache.")] = None,
+) -> None:
+    """Plan a launch for this host (or --inventory FILE, --system NAME): image, argv, env, every choice explained; start nothing.
+
+    Raw vLLM flags go after `--`. A rule violation exits 3 naming the rule, the values and the fix.
+    """
+    from m3ctl.emit import FORMATS  # noqa: PLC0415
+    from m3ctl.launch import check_host  # noqa: PLC0415
+    from m3ctl.plan import plan as make_plan  # noqa: PLC0415
+
+    out = Output(json_out)
+    if emit and emit not in FORMATS:
+        raise BadInput(f"unknown --emit format {emit!r}", f"use one of: {', '.join(FORMATS)}")
+    if emit and json_out:
+        raise BadInput("--emit prints a file in its own format, not JSON", "drop --json or --emit")
+    check_host(host)
+    if systems and (inventory or system):
+        raise BadInput("--systems plans on catalog systems; it takes no --inventory or --system", "drop one of them")
+    inv = None if systems else host_inventory(inventory, system)
+    secrets = [k for k in SECRET_PASSTHROUGH if os.environ.get(k)]
+    req = plan_request(ctx)
+    if ctx.meta.get("api_key") and "VLLM_API_KEY" not in secrets:  # a raw --api-key: passed as VLLM_API_KEY
+        secrets.append("VLLM_API_KEY")
+    req = req.model_copy(update={"pass_env": secrets})
+    if "runtime" not in req.model_fields_set:
+        req = req.model_copy(update={"runtime": "auto"})  # `plan` defaults to auto, `serve` to process
+    if systems:
+        return sizing(out, req, [n for s_ in systems for n in s_.split(",") if n.strip()])
+    p = maybe_offline(make_plan(inv, req), knobs["offline"])
+    if emit:
+        from m3ctl.emit import render  # noqa: PLC0415
+
+        typer.echo(render(p, emit, nodes=nodes, hf_host_path=hf_cache_hostpath), nl=False)
+    elif json_out:
+        out.result(p.summary())
+    else:
+        print_plan(out.con, p)
+
+
+def sizing(out: Output, request, systems: list[str]) -> None:
+    """``plan --systems``: the sizing table (exit 3 when no system serves the model)."""
+    from m3ctl.errors import EXIT_CONFIG_REJECTED  # noqa: PLC0415
+    from m3ctl.sizing import size_systems, sizing_json  # noqa: PLC0415
+
+    rows = size_systems(systems, request)
+    out.result(sizing_json(request.model, rows))
+    if not out.json:
+        from rich.table import Table  # noqa: PLC0415
+
+        mml = request.max_model_len
+        t = Table(title=f"m3ctl plan --systems: {escape(request.model)} at "
+                  + (f"{mml} tokens" if mml else "its maximum length")
+                  + " (KV tokens per replica; seqs = sequences of that length at once)")
+        for col in ("system", "MiB/GPU", "variant", "layout", "KV tokens", "seqs"):
+            t.add_column(col, no_wrap=True)
+        t.add_column("verdict", overflow="fold")
+        for r in rows:
+            layout = (f"TP{r.tp} DP{r.dp}" + (" EP" if r.ep else "") + (f" DCP{r.dcp}" if r.dcp and r.dcp > 1 else "")
+                      if r.serves else "")
+            verdict = "[green]serves[/]" if r.serves else f"[red]{escape(r.rule or 'no plan')}[/]"
+            t.add_row(r.system, str(r.gpu_mib or "?"), r.variant or "", layout,
+                      f"{r.kv_tokens:,}" if r.kv_tokens is not None else "",
+                      f"{r.concurrent_sequences:,}" if r.concurrent_sequences is not None else "", verdict)
+        out.con.print(t)
+        for r in rows:
+            if not r.serves:
+                out.con.print(f"  {r.system}: {escape(r.rule + ': ' if r.rule else '')}{escape(r.reason or '')}")
+    if not any(r.serves for r in rows):
+        raise typer.Exit(EXIT_CONFIG_REJECTED)

@@ -1,0 +1,50 @@
+"""Human renderings shared by several commands: a launch plan, smoke findings, kernel findings."""
+
+from m3ctl.cli.output import escape, print_hang, shell_lines
+
+COLOUR = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "INFO": "cyan"}
+
+
+def shown_command(p) -> str:
+    """What will run, for display: the ``docker run`` of a docker plan (its image), else the process command."""
+    if p.runtime == "docker" and p.image:
+        from m3ctl.emit import docker_command  # noqa: PLC0415
+
+        return docker_command(p).strip()
+    return p.command_line()
+
+
+def print_plan(con, p) -> None:
+    """The plan: a head line, each choice with why, what was rejected, warnings (wrapped at the console width),
+    then the command on one line (whole, so it can be copied)."""
+    print_hang(con, "plan ", f"{p.name}: profile {p.profile}, runtime {p.runtime}, {p.url}"
+               + (f", model {p.model_spec}" if p.model_spec else "") + (f", variant {p.variant}" if p.variant else "")
+               + (f", image {p.image}" if p.image else ""), 2, "bold", (0, 4))
+    for c in p.choices:
+        print_hang(con, f"  {c.what} = ", f"{c.value}  ({c.why})", 4)
+    for r in p.rejected:
+        print_hang(con, "  rejected ", f"{r.what} {r.value}: {r.why}", 4, "dim", (2, 10))
+    for w in p.warnings:
+        print_hang(con, "  warning: ", w, 4, "yellow", (2, 10))
+    if p.secret_env_names:
+        print_hang(con, "  env passed through (values hidden): ", ", ".join(p.secret_env_names), 4)
+    con.print(escape(shell_lines(shown_command(p), con.width)), soft_wrap=True)
+
+
+def print_smoke(con, findings: list[dict] | None, only_problems: bool = False) -> None:
+    for f in findings or []:
+        if only_problems and f["status"] in ("OK", "SKIP"):
+            continue
+        head = f"  smoke {f['status']} {f['id']}: "
+        print_hang(con, head, f["message"], 8, COLOUR[f["status"]], (8, 8 + len(f["status"])))
+        if f.get("evidence") and f["status"] != "OK":
+            print_hang(con, "        got: ", f["evidence"], 13)
+        if f.get("fix") and f["status"] != "OK":
+            print_hang(con, "        fix: ", f["fix"], 13)
+
+
+def print_kernels(con, rep) -> None:
+    if rep is None:
+        return
+    for f in rep.findings:
+        print_hang(con, f"  kernels {f.level} ", f.message, 10, COLOUR[f.level], (10, 10 + len(f.level)))

@@ -1,0 +1,200 @@
+"""``m3ctl serve``: plan, launch, wait until the server really serves, then watch it (or return with --detach).
+
+With ``--json``: ``--dry-run`` prints the plan as one JSON document; a launch prints JSON Lines (one object
+per readiness phase, the ready deployment, each watchdog probe, the stop).
+"""
+
+import os
+from typing import Annotated, Optional
+
+import typer
+
+from m3ctl.cli import options as o
+from m3ctl.cli.inputs import host_inventory, maybe_offline, plan_request, secrets_present
+from m3ctl.cli.output import Output, console, escape, print_hang, shell_lines
+from m3ctl.cli.render import print_kernels, print_plan, print_smoke, shown_command
+from m3ctl.cli.watch import probe_printer
+from m3ctl.errors import BadInput
+
+
+@o.options(o.PLAN_KNOBS, into="knobs")
+def serve(
+    ctx: typer.Context,
+    model: o.Model = None, name: o.Name = "m3ctl", port: o.Port = None, host: o.Host = "127.0.0.1",
+    runtime: o.Runtime = None, served_model_name: o.ServedName = None, profile: o.Profile = None,
+    arg: o.Arg = None, skip_checks: o.SkipChecks = False, inventory: o.Inventory = None, config: o.Config = None,
+    knobs: dict = None, json_out: o.Json = False,
+    startup_timeout: Annotated[Optional[float], typer.Option(parser=o.positive_float, metavar="SECONDS", help="Readiness budget in seconds (default: from model size).")] = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and exit; start nothing.")] = False,
+    detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once the server is ready; leave it running.")] = False,
+    image: Annotated[Optional[str], typer.Option(help="Container image for --runtime docker (default: the profile's).")] = None,
+    mount: Annotated[Optional[list[str]], typer.Option("--mount", help="Extra docker bind mount HOST:CONTAINER[:ro|rw] (repeatable; read-only by default).")] = None,
+    restart: Annotated[str, typer.Option(parser=o.choice("no", "on-failure"), help="Foreground watchdog: no or on-failure (restart a dead/stalled server).")] = "no",
+    watch_interval: Annotated[float, typer.Option(min=0, help="Foreground watchdog: seconds between liveness probes.")] = 10.0,
+    api_key_env: Annotated[Optional[str], typer.Option(help="Require this API key: the name of the environment variable holding it (handed to vLLM as VLLM_API_KEY, never on its command line).")] = None,
+    no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Skip the smoke test after readiness (parsers, degenerate output).")] = False,
+) -> None:
+    """Plan, launch and wait until the server really serves (then watch it, or return with --detach).
+
+    Raw vLLM flags go after `--`; they pass the same plan rules as everything else.
+    """
+    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.catalog import load_profile_file  # noqa: PLC0415
+    from m3ctl.launch import check_host  # noqa: PLC0415
+    from m3ctl.plan import plan as make_plan  # noqa: PLC0415
+    from m3ctl.secrets import API_KEY_ENV  # noqa: PLC0415
+    from m3ctl.state import Registry, check_name  # noqa: PLC0415
+
+    out = Output(json_out)
+    check_name(name)
+    check_host(host)
+    req = plan_request(ctx)
+    if "model" not in req.model_fields_set:
+        from typer._click.exceptions import MissingParameter  # noqa: PLC0415  (Typer's click)
+
+        raise MissingParameter(ctx=ctx, param_hint="'--model' (or M3CTL_MODEL)", param_type="option")
+    inv = host_inventory(inventory, None)
+    secrets = secrets_present()
+    raw_key = ctx.meta.get("api_key")
+    if api_key_env is not None:
+        if not os.environ.get(api_key_env):
+            raise BadInput(f"--api-key-env {api_key_env}: that variable is not set", f"export {api_key_env}=KEY first")
+        if raw_key:
+            raise BadInput("both --api-key-env and a raw --api-key given", "give the key once")
+        raw_key = os.environ[api_key_env]
+    if raw_key:
+        secrets[API_KEY_ENV] = raw_key
+    req = req.model_copy(update={"pass_env": list(secrets)})
+    prof = req.profile = load_profile_file(req.profile_file) if req.profile_file else None
+    p = make_plan(inv, req)
+    if api_key_env and api_key_env != API_KEY_ENV:
+        p = p.model_copy(update={"api_key_env": api_key_env})
+    p = maybe_offline(p, knobs["offline"])
+    if image and req.runtime != "docker":
+        raise BadInput("--image needs --runtime docker", "add --runtime docker")
+    if dry_run:
+        return show_dry_run(out, p, no_smoke)
+    reg = Registry()
+    rt = make_runtime(p.runtime, mount or [], out)
+    expect = serving.profile_expect(prof, p.profile)
+    serving.preflight(p, reg, rt)  # fail in milliseconds (or after an image pull), before printing "starting"
+    if not out.json:
+        cmd = shell_lines(shown_command(p), out.con.width - 2)
+        out.print(f"starting {p.name}:" + (f" {escape(cmd)}" if "\n" not in cmd and len(cmd) + len(p.name) + 10
+                                           <= out.con.width else "\n  " + escape(cmd).replace("\n", "\n  ")),
+                  soft_wrap=True)
+    out.event("starting", name=p.name, command=shown_command(p))
+    # A foreground Ctrl-C (or SIGTERM/SIGHUP) stops the server wherever it lands (a print, an import, a probe).
+    with serving.stop_signals_as_interrupt():
+        launch_and_serve(out, p, reg, rt, secrets, expect, detach, watch_interval, restart, smoke=not no_smoke,
+                         inv=inv)
+
+
+def show_dry_run(out: Output, p, no_smoke: bool) -> None:
+    from m3ctl.smoke import planned_checks  # noqa: PLC0415
+
+    if out.json:
+        typer.echo(p.model_dump_json(indent=2))
+        return
+    print_plan(out.con, p)
+    checks = "skipped (--no-smoke)" if no_smoke else "; ".join(planned_checks(p.argv))
+    out.print(f"after readiness, smoke test: {escape(checks)}")
+
+
+def on_phase(out: Output):
+    """Readiness phases, one line each: ``✓ phase  12.3 s  what it waited for`` (``✗`` and the cause on a
+    failure). On a terminal the phase in progress shows as ``…`` on that line until it ends; in a log file only
+    the result lines are written. JSON Lines with ``--json``."""
+    started: dict[str, str] = {}
+    tty = not out.json and out.con.is_terminal
+
+    def show(e) -> None:
+        out.event("phase", phase=e.phase, status=e.status, elapsed_s=e.elapsed_s, detail=e.detail)
+        if out.json:
+            return
+        if e.status == "start":
+            started[e.phase] = e.detail
+            if tty:  # replaced by the phase's result line
+                out.con.print(f"  [dim]…[/] {e.phase:<11} {escape(e.detail)}", end="\r", no_wrap=True,
+                              overflow="ellipsis", soft_wrap=False)
+            return
+        if tty:
+            out.con.file.write("\x1b[2K")
+        mark, detail = ("[green]✓[/]", started.get(e.phase, "")) if e.status == "ok" else ("[red]✗[/]", e.detail)
+        line = f"  {mark} {e.phase:<11} {e.elapsed_s:6.1f} s  {escape(detail)}".rstrip()
+        if e.status == "ok":  # one line: what the phase waited for is a short note
+            out.con.print(line, no_wrap=True, overflow="ellipsis", soft_wrap=False)
+        else:  # the cause in full
+            out.con.print(line, soft_wrap=True)
+    return show
+
+
+def launch_and_serve(out: Output, p, reg, rt, secrets, expect, detach: bool, watch_interval: float,
+                     restart: str, smoke: bool = True, inv=None) -> None:
+    """Launch, report readiness, smoke findings and kernels, then watch in the foreground (unless ``detach``);
+    any end of the foreground watch but a detached Ctrl-C stops the server (m3ctl.serve.watch_deployment)."""
+    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.diagnose import DiagContext  # noqa: PLC0415
+
+    res = None
+    try:
+        res = serving.launch_and_wait(p, registry=reg, secret_env=secrets, on_event=on_phase(out), runtime=rt,
+                                      expect=expect, smoke=smoke, diag_context=DiagContext.for_plan(p, inv))
+        dep = res.deployment
+        out.event("ready", deployment=dep.model_dump(mode="json"), time_to_ready_s=res.readiness.time_to_ready_s,
+                  kernels=[{"level": f.level, "message": f.message} for f in (res.kernels.findings if res.kernels else [])])
+        if not out.json:
+            print_hang(out.con, "ready ", f"{dep.name} at {dep.url} (model {dep.served_model_name!r}) in "
+                       f"{res.readiness.time_to_ready_s:.1f} s; log {dep.log_path}", 2, "green", (0, 5))
+        if not out.json:
+            print_smoke(out.con, dep.smoke)
+            print_kernels(out.con, res.kernels)
+        if detach:
+            return
+        out.print(f"serving in the foreground (watchdog every {watch_interval:g} s, restart {restart}); "
+                  "Ctrl-C stops it")
+        serving.watch_deployment(dep, rt, reg, secrets, expect, interval_s=watch_interval, restart=restart,
+                                 on_event=probe_printer(out, dep.name))
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP (serve.Terminated)
+        # A fresh console: the signal may have landed inside a print, which can leave that console holding
+        # (never flushing) what is printed next.
+        con = console() if not out.json else None
+        say = (lambda s: con.print(s)) if con else (lambda s: out.event("interrupted", detail=s))
+        if res is None:  # interrupted during launch or readiness: launch_and_wait has stopped its server
+            say(f"interrupted: {p.name} stopped before it was ready")
+            raise typer.Exit(serving.interrupt_exit_code(e)) from None
+        if detach:  # a detached server is meant to outlive this command
+            raise
+        say("stopping… (further Ctrl-C or signals are ignored until the server is down)")
+        with serving.sigint_ignored():
+            if reg.exists(p.name):  # a relaunch interrupted during readiness has already stopped its server
+                serving.stop([p.name], registry=reg)
+        say(f"stopped {p.name}")
+        raise typer.Exit(serving.interrupt_exit_code(e)) from None
+
+
+def make_runtime(name: str, mounts: list[str], out: Output):
+    """The runtime of a plan; docker's image pull is shown one line per layer state change."""
+    from m3ctl.runtime import get_runtime  # noqa: PLC0415
+
+    if name != "docker":
+        if mounts:
+            raise BadInput("--mount needs --runtime docker", "add --runtime docker")
+        return get_runtime(name)
+    from m3ctl.runtime.docker import DockerOptions, DockerRuntime  # noqa: PLC0415
+
+    seen: dict[str, str] = {}
+
+    def progress(layer: str, status_: str, cur, total) -> None:
+        if seen.get(layer) == status_:
+            return
+        if status_ not in ("Downloading", "Extracting"):
+            seen[layer] = status_
+            out.print(f"  [dim]pull[/] {escape(layer)} {escape(status_)}")
+            out.event("pull", layer=layer, status=status_)
+        elif total and cur:
+            seen[layer] = status_
+            out.print(f"  [dim]pull[/] {escape(layer)} {status_.lower()} {total / 2**20:.0f} MiB")
+            out.event("pull", layer=layer, status=status_, total_bytes=total)
+
+    return DockerRuntime(DockerOptions(mounts=mounts), on_progress=progress)  # GPUs: the plan's (m3ctl/launch.py)

@@ -1,0 +1,42 @@
+"""``m3ctl status``: the deployments m3ctl started, with their phase, endpoint and uptime."""
+
+import typer
+
+from m3ctl.cli import options as o
+from m3ctl.cli.output import Output, escape
+from m3ctl.cli.render import print_smoke
+
+
+def status(json_out: o.Json = False) -> None:
+    """List the deployments m3ctl started, with their phase, endpoint and uptime."""
+    from m3ctl import serve as serving  # noqa: PLC0415
+
+    out = Output(json_out)
+    rows = serving.status()
+    bad = serving.unreadable()
+    out.result([{**r.deployment.model_dump(), "alive": r.alive, "phase": r.phase, "uptime_s": r.uptime_s}
+                for r in rows] + [{"name": n, "phase": "unreadable", "path": path} for n, path in bad.items()])
+    if out.json:
+        return
+    if not rows and not bad:
+        typer.echo("no deployments")
+        return
+    from m3ctl.cli.output import hang  # noqa: PLC0415
+
+    width = out.con.width
+    for r in rows:  # a head line (name, phase, endpoint: never cut), then the details wrapped under it
+        d = r.deployment
+        where = f"container {(d.container_id or '')[:12]}" if d.runtime == "docker" else f"pid {d.pid or '-'}"
+        restarts = f" ({d.restarts} restarts)" if d.restarts else ""
+        probs = [f["status"] for f in d.smoke or [] if f["status"] in ("WARN", "FAIL")]
+        smoke = "-" if d.smoke is None else (", ".join(f"{n} {s}" for s, n in sorted(
+            {s: probs.count(s) for s in probs}.items())) if probs else "ok")
+        out.con.print(escape(f"{d.name}  {r.phase}  {d.url}  up {r.uptime_s:.0f} s{restarts}"), soft_wrap=True)
+        out.con.print(escape(hang("  ", f"model {d.served_model_name}; {d.runtime} {where}; image {d.image or '-'}; "
+                                  f"plan {d.plan_hash or '-'}; smoke {smoke}", width)), soft_wrap=True)
+    for n, path in bad.items():
+        out.con.print(escape(f"{n}  unreadable  {path}"), soft_wrap=True)
+    for r in rows:
+        if any(f["status"] in ("WARN", "FAIL") for f in r.deployment.smoke or []):
+            out.print(f"{r.deployment.name}:")
+            print_smoke(out.con, r.deployment.smoke, only_problems=True)

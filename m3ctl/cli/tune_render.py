@@ -1,0 +1,97 @@
+"""Human renderings of ``m3ctl tune``: the dry-run report and the study's result (``--json`` prints them whole)."""
+
+from m3ctl.cli.output import escape
+
+
+def print_dry_run(con, r: dict, limit: int = 40) -> None:
+    """Human form of :func:`m3ctl.tune.study.dry_run`."""
+    from m3ctl.tune.slo import parse_slo  # noqa: PLC0415
+
+    sp, spec, b = r["space"], r["spec"], r["bench"]
+    con.print(f"[bold]tune (dry run)[/] {escape(r['model'])}: nothing is started or written; the study would be "
+              f"{escape(r['study_dir'])}", soft_wrap=True)
+    con.print(f"  space: {sp['size']} configurations over {', '.join(sp['free']) or 'nothing'}; "
+              + "; ".join(f"{k} {v}" for k, v in sp["values"].items()), soft_wrap=True)
+    con.print(f"  SLO {parse_slo(spec['slo'])}; objective {spec['objective']}; budget {spec['max_trials']} starts"
+              + (f", {spec['time_budget_s']:g} s" if spec.get("time_budget_s") else ""))
+    con.print(f"  each measurement: bench {b.get('workload')} {b.get('input_len')} in / {b.get('output_len')} out, "
+              "requests per concurrency " + ", ".join(f"c={c}: {n}" for c, n in r["prompts_per_run"].items())
+              + ("; fresh prompts every run, after a warm-up of as many requests as the concurrency"
+                 if b.get("warmup") else "; fresh prompts every run"), soft_wrap=True)
+    for note in r["pruned"]:
+        con.print(f"  pruned before launch: {escape(note)}", soft_wrap=True)
+    rejected = [c for c in r["candidates"] if c["status"] != "ok"]
+    con.print(f"  {r['feasible']} of {len(r['candidates'])} configurations pass the plan rules; "
+              f"{len(rejected)} would be rejected without a launch")
+    for c in r["candidates"][:limit]:
+        verdict = "[green]ok[/]" if c["status"] == "ok" else f"[red]rejected[/] {escape(c['reason'])}"
+        con.print(f"    {escape(c['describe']):<44} {verdict}", soft_wrap=True)
+    if len(r["candidates"]) > limit:
+        con.print(f"    ... {len(r['candidates']) - limit} more (--json lists them all, with their commands)")
+    con.print("  order:")
+    for i, step in enumerate(r["order"], 1):
+        con.print(f"    {i}. {escape(step)}", soft_wrap=True)
+    con.print(f"  near the SLO: {escape(r['boundary'])}", soft_wrap=True)
+    bl = r["baseline"]
+    con.print("  baseline command: " + (escape(bl["command"]) if "command" in bl else f"skipped ({escape(bl['skipped'])})"),
+              soft_wrap=True)
+    first = r.get("first")
+    con.print("  first configuration: " + (f"{escape(first['command'])}" if first else "the anchor is rejected by the "
+                                           "plan rules (no launch); optuna TPE picks the first start"), soft_wrap=True)
+
+
+def capacity_line(b: dict) -> str:
+    """How many runs back a reported capacity and the spread of its binding SLO term (result.json fields)."""
+    n, sp = b.get("capacity_runs", 0), b.get("capacity_spread")
+    head = f"capacity c={b['concurrency']}: {n} run{'s' if n != 1 else ''}"
+    if not sp:
+        return head
+    if sp["min"] == sp["max"]:
+        return f"{head}, {sp['key']} {sp['median']:.4g} (SLO {sp['term']})"
+    return (f"{head}, {sp['key']} {sp['min']:.4g}-{sp['max']:.4g}, median {sp['median']:.4g} "
+            f"(SLO {sp['term']})")
+
+
+def print_result(con, res, out: dict, settings: dict, sp, pareto: bool) -> None:
+    """The study's outcome: the best configuration and its command, the baseline, the Pareto front."""
+    from m3ctl.tune.space import describe  # noqa: PLC0415
+
+    con.print(f"done ({res.stopped_by}): {res.launches} server starts, {res.cost_s:.0f} s of server time, "
+              f"{res.elapsed_s:.0f} s wall")
+    if res.best is None:
+        bl = out.get("baseline") or {}
+        if bl.get("status") == "feasible":  # the defaults met it: that is the answer, not "relax the SLO"
+            con.print(f"[red]no tuned configuration met the SLO[/]; vLLM's defaults did: {bl['objective']:.1f} at "
+                      f"concurrency {bl['concurrency']}: keep them ({escape(bl['command'])}) or widen --knob ranges",
+                      soft_wrap=True)
+        else:
+            con.print("[red]no configuration met the SLO[/]; relax --slo or widen --knob ranges")
+        return
+    b = out["best"]
+    con.print(f"[green]best[/] trial {b['trial']}: {describe(b['config'], sp)}: {b['objective']:.1f} "
+              f"{settings['spec']['objective']} at concurrency {b['concurrency']}"
+              + ("" if b.get("confirmed") or not settings["spec"].get("confirm_top") else
+                 " [yellow](not confirmed on a fresh server: the confirmation budget ran out)[/]"))
+    con.print("  " + capacity_line(b), soft_wrap=True)
+    bl = out.get("baseline")
+    if bl is not None:
+        if "skipped" in bl:
+            con.print(f"baseline (vLLM defaults): skipped: {escape(bl['skipped'])}")
+        elif bl["status"] == "feasible":
+            con.print(f"baseline (vLLM defaults): {bl['objective']:.1f} at concurrency {bl['concurrency']}; "
+                      f"best / baseline = {out['vs_baseline']:.2f}x")
+            con.print("  " + capacity_line(bl), soft_wrap=True)
+            if out["vs_baseline"] is not None and out["vs_baseline"] <= 1.0:
+                con.print("[yellow]the defaults measured as good or better[/]: keep them (or tune with more "
+                          "--prompts-per-concurrency / --confirm-top on a quieter host)")
+        else:
+            con.print(f"baseline (vLLM defaults): {bl['status']}: {escape(bl['reason'])}")
+    con.print(f"command: {escape(b['command'])}", soft_wrap=True)
+    con.print(f"profile: {out['profile']} (m3ctl serve --profile {out['profile']} --model {settings['model']})")
+    if pareto:
+        con.print("Pareto (p90 interactivity tok/s/user vs objective):")
+        for p in out["pareto"]:
+            con.print(f"  {p['interactivity']:8.1f}  {p['objective']:10.1f}  c={p['concurrency']:<4} "
+                      f"{describe(p['config'], sp)}{'' if p['slo_ok'] else '  (SLO miss)'}")
+        if out.get("pareto_png"):
+            con.print(f"plot: {out['pareto_png']}")

@@ -1,0 +1,66 @@
+"""``m3ctl watch``: liveness of a running deployment (a real 1-token completion and /metrics); exit 4 on failure.
+
+With ``--json``: JSON Lines, one object per watchdog event (``probe``, ``restart``...).
+"""
+
+import time
+from typing import Annotated, Optional
+
+import typer
+
+from m3ctl.cli import options as o
+from m3ctl.cli.inputs import secrets_present
+from m3ctl.cli.output import Output, escape
+from m3ctl.errors import EXIT_INTERRUPTED
+
+
+def probe_printer(out: Output, name: str):
+    """The watchdog's events as one line each (or JSON Lines)."""
+    def show(e) -> None:
+        if e.kind == "probe" and e.probe is not None:
+            p = e.probe
+            waiting = p.metrics.get("vllm:num_requests_waiting")
+            out.event("probe", name=name, ok=p.ok, verdict=p.verdict, detail=p.detail, requests_waiting=waiting)
+            mark = "[green]ok[/]" if p.ok else f"[red]{p.verdict}[/]"
+            extra = f"  waiting {waiting:.0f}" if waiting is not None else ""
+            out.print(f"  watch {time.strftime('%H:%M:%S')} {mark} {escape(p.detail)}{extra}")
+        else:
+            out.event(e.kind, name=name, detail=e.detail)
+            out.print(f"  watch {e.kind} {escape(e.detail)}")
+    return show
+
+
+def watch(
+    name: Annotated[str, typer.Argument(help="Deployment name.")],
+    interval: Annotated[float, typer.Option(min=0, help="Seconds between probes.")] = 10.0,
+    canary_timeout: Annotated[float, typer.Option(parser=o.positive_float, metavar="SECONDS", help="Seconds the 1-token canary completion may take.")] = 30.0,
+    stall: Annotated[float, typer.Option(min=0, help="Seconds requests may wait with no token generated.")] = 60.0,
+    restart: Annotated[str, typer.Option(parser=o.choice("no", "on-failure"), help="no or on-failure (stop and relaunch the saved plan).")] = "no",
+    max_restarts: Annotated[int, typer.Option(min=0, help="Restarts before giving up.")] = 3,
+    count: Annotated[Optional[int], typer.Option(min=1, help="Stop after this many probes (default: until a failure).")] = None,
+    json_out: o.Json = False,
+) -> None:
+    """Watch a running deployment: liveness with a real 1-token completion and /metrics; exit 4 on failure."""
+    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.state import Registry  # noqa: PLC0415
+
+    out = Output(json_out)
+    reg = Registry()
+    dep = reg.get(name)
+    rt = serving.runtime_for(dep)
+    secrets = secrets_present()
+    if (key := serving.api_key_for(reg, name)) is not None:
+        secrets["VLLM_API_KEY"] = key
+    plan = serving.saved_plan(reg, name)
+    expect = serving.profile_expect(None, plan.profile) if plan else None
+    out.print(f"watching {name} at {dep.url} every {interval:g} s (restart {restart})")
+    try:
+        serving.watch_deployment(dep, rt, reg, secrets, expect, interval_s=interval, restart=restart,
+                                 canary_timeout_s=canary_timeout, stall_s=stall, max_restarts=max_restarts,
+                                 count=count, stop_on_exit=False, on_event=probe_printer(out, name))
+    except KeyboardInterrupt:  # watching only: the deployment keeps running (unless a relaunch was cut short)
+        running = reg.exists(name) and rt.is_alive(reg.get(name))
+        out.event("interrupted", name=name, running=running)
+        out.print(f"stopped watching; {name} keeps running" if running else
+                  f"stopped watching; {name} is not running (an interrupted relaunch stops its server)")
+        raise typer.Exit(EXIT_INTERRUPTED) from None

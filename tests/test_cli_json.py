@@ -1,0 +1,110 @@
+"""Every command and subcommand takes ``--json`` and prints JSON only on stdout (issue 17): one document, or for
+a stream (``serve`` launching, ``watch``, ``logs -f``) one JSON object per line. No GPU: catalog systems
+(``--system``), saved inventories, ``--dry-run``, the ground-truth bench server and the fake vLLM of
+tests/fake_vllm.py stand in for the hardware."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from m3ctl.cli import main
+from tests.conftest import free_port, run_cli, start_groundtruth
+from tests.hosts import synthetic
+
+FAKE = Path(__file__).parent / "fake_vllm.py"
+
+
+def doc(capsys, *args: str, code: int = 0):
+    """Run ``m3ctl ARGS`` in this process; its stdout parsed as one JSON document."""
+    rc = main(list(args))
+    cap = capsys.readouterr()
+    assert rc == code, (args, rc, cap.err)
+    return json.loads(cap.out)
+
+
+def lines(text: str) -> list[dict]:
+    """JSON Lines: every non-empty line one object with an "event"."""
+    out = [json.loads(x) for x in text.splitlines() if x.strip()]
+    assert out and all("event" in x for x in out), text
+    return out
+
+
+def test_every_command_prints_json(capsys, tmp_path, tiny_models):
+    tiny = str(tiny_models["llama"])
+    assert doc(capsys, "doctor", "--json", "--system", "h200x8")["verdict"]["status"] == "runnable_natively"
+    assert doc(capsys, "plan", "--json", "--system", "h200x8")["argv"]
+    assert doc(capsys, "plan", "--json", "--systems", "h200x8,a100x8")
+    assert doc(capsys, "serve", "--json", "--dry-run", "--model", tiny)["argv"]
+    tune = doc(capsys, "tune", "--json", "--dry-run", "--system", "h200x8", "--model", "MiniMax-M3.1-Flash")
+    assert tune["candidates"] and tune["bench"]["workload"] == "random"
+    assert doc(capsys, "status", "--json") == []
+    assert doc(capsys, "stop", "--all", "--json") == []
+    built = doc(capsys, "dev", "tiny-model", str(tmp_path / "tm"), "--arch", "llama", "--json")
+    assert Path(built["path"]).is_dir()
+    scale = doc(capsys, "dev", "scale-model", str(tmp_path / "sm"), "--layers", "2", "--json")
+    assert scale["weights_gib"] > 0
+    assert doc(capsys, "dev", "fix-vllm", "--json")["ok"] is True
+    proc, url = start_groundtruth()
+    try:
+        res = doc(capsys, "bench", "--json", "--url", url, "--model", "groundtruth", "--num-prompts", "4",
+                  "--input-len", "8", "--output-len", "8", "--tokenizer", str(tiny_models["m2"]),
+                  "--output-json", str(tmp_path / "b.json"))
+    finally:
+        proc.terminate()
+        proc.wait()
+    assert res["completed"] == 4 and json.loads((tmp_path / "b.json").read_text())["completed"] == 4
+    rep = doc(capsys, "bench", "report", str(tmp_path / "b.json"), "--json")
+    assert rep["runs"] == 1 and any(r["metric"] for r in rep["rows"])
+
+
+def test_served_deployment_commands_print_json(tmp_path):
+    """serve (JSON Lines while it launches), status, watch (JSON Lines), logs, stop: on the fake vLLM."""
+    inv = tmp_path / "h200x8.json"
+    inv.write_text(synthetic("h200x8").model_dump_json())
+    exe = tmp_path / "vllm"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} \"$@\"\n")
+    exe.chmod(0o755)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"vllm_executable: {exe}\n")
+    env = {"FAKE_VLLM": json.dumps({"serve": {}})}
+    p = run_cli("serve", "--json", "--detach", "--inventory", str(inv), "--config", str(cfg), "--name", "js",
+                "--port", str(free_port()), "--startup-timeout", "60", "-m", "MiniMax-M3.1-Flash", env=env,
+                timeout=120)
+    try:
+        assert p.returncode == 0, p.stderr
+        events = lines(p.stdout)
+        assert events[0]["event"] == "starting" and events[-1]["event"] == "ready"
+        assert {e["phase"] for e in events if e["event"] == "phase"} >= {"health", "completion"}
+        assert events[-1]["deployment"]["name"] == "js"
+        assert [d["name"] for d in json.loads(run_cli("status", "--json", check=True).stdout)] == ["js"]
+        w = run_cli("watch", "js", "--json", "--count", "1", "--interval", "0", env=env, timeout=60)
+        assert w.returncode == 0, w.stderr
+        assert [e["event"] for e in lines(w.stdout)] == ["probe"]
+        logs = json.loads(run_cli("logs", "js", "--json", check=True).stdout)
+        assert logs["name"] == "js" and isinstance(logs["lines"], list)
+    finally:
+        stop = run_cli("stop", "js", "--json")
+    assert stop.returncode == 0 and json.loads(stop.stdout)[0]["name"] == "js"
+
+
+def test_every_command_in_the_app_has_a_json_option():
+    """Walks the command tree, so a command added later without --json fails here."""
+    import typer.main
+
+    from m3ctl.cli import app
+
+    def walk(cmd, path):
+        subs = getattr(cmd, "commands", None)
+        if subs:
+            if cmd.callback is not None and path:  # a group that is also a command (`bench`)
+                yield path, cmd
+            for name, sub in subs.items():
+                yield from walk(sub, [*path, name])
+        else:
+            yield path, cmd
+
+    found = {" ".join(path): any("--json" in p.opts for p in cmd.params) for path, cmd in walk(typer.main.get_command(app), [])}
+    assert len(found) >= 13 and {"bench", "bench report", "dev fix-vllm", "watch", "logs", "stop"} <= set(found)
+    assert [name for name, ok in found.items() if not ok] == []
