@@ -167,10 +167,10 @@ def plan(request: PlanRequest | dict | None = None, *, inventory: str | Path | H
     req, _ = _request(request, config, knobs, "auto")
     check_host(req.host)
     p = make_plan(host_inventory(inventory, system), req)
-    return _maybe_offline(p, offline)
+    return resolve_if_offline(p, offline)
 
 
-def _maybe_offline(p: LaunchPlan, offline: bool | None) -> LaunchPlan:
+def resolve_if_offline(p: LaunchPlan, offline: bool | None) -> LaunchPlan:
     """The plan with hub references resolved to checked local snapshots when offline (m3ctl/offline.py)."""
     from m3ctl.offline import offline_requested, resolve_offline  # noqa: PLC0415
 
@@ -178,6 +178,40 @@ def _maybe_offline(p: LaunchPlan, offline: bool | None) -> LaunchPlan:
 
 
 # ----------------------------------------------------------------------------- serve / stop
+def serve_plan(req: PlanRequest, inventory: HostInventory, *, raw_key: str | None = None,
+               api_key_env: str | None = None, offline: bool | None = None) -> tuple[LaunchPlan, dict[str, str], Any]:
+    """What ``serve`` launches: ``(plan, secrets, profile)``. ``secrets`` are the variables handed to the server's
+    environment only (the pass-through ones set here, :data:`m3ctl.secrets.PASSTHROUGH`, plus the API key as
+    ``VLLM_API_KEY``, from ``raw_key`` or the variable named ``api_key_env``); their names, never their values,
+    are in the plan. ``profile``: the ``profile_file``'s kernel profile, or None for the catalog's.
+
+    Raises:
+        BadInput: ``api_key_env`` names an unset variable, or a key given twice.
+        ConfigRejected: a plan rule; offline, a file missing from the local snapshot.
+    """
+    import os  # noqa: PLC0415
+
+    from m3ctl.catalog import load_profile_file  # noqa: PLC0415
+    from m3ctl.plan import plan as make_plan  # noqa: PLC0415
+    from m3ctl.secrets import API_KEY_ENV, passthrough_env  # noqa: PLC0415
+
+    secrets = passthrough_env()
+    if api_key_env is not None:
+        if not os.environ.get(api_key_env):
+            raise BadInput(f"--api-key-env {api_key_env}: that variable is not set", f"export {api_key_env}=KEY first")
+        if raw_key:
+            raise BadInput("both --api-key-env and a raw --api-key given", "give the key once")
+        raw_key = os.environ[api_key_env]
+    if raw_key:
+        secrets[API_KEY_ENV] = raw_key
+    req = req.model_copy(update={"pass_env": list(secrets)})
+    prof = req.profile = load_profile_file(Path(req.profile_file)) if req.profile_file else None
+    p = make_plan(inventory, req)
+    if api_key_env and api_key_env != API_KEY_ENV:
+        p = p.model_copy(update={"api_key_env": api_key_env})
+    return resolve_if_offline(p, offline), secrets, prof
+
+
 @overload
 def serve(request: PlanRequest | dict | None = None, *, dry_run: Literal[False] = False, **kw: Any) -> ServeResult: ...
 @overload
@@ -212,15 +246,11 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
         ConfigRejected: a plan rule or a pre-flight check (port taken, name running, vLLM broken); nothing started.
         LaunchFailed: the server died or failed readiness (its root cause from the log); it has been stopped.
     """
-    import os  # noqa: PLC0415
-
     from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.catalog import load_profile_file, profiles  # noqa: PLC0415
+    from m3ctl.catalog import profiles  # noqa: PLC0415
     from m3ctl.diagnose import DiagContext  # noqa: PLC0415
     from m3ctl.launch import check_host  # noqa: PLC0415
-    from m3ctl.plan import plan as make_plan  # noqa: PLC0415
     from m3ctl.runtime import get_runtime  # noqa: PLC0415
-    from m3ctl.secrets import API_KEY_ENV, passthrough_env  # noqa: PLC0415
     from m3ctl.state import Registry, check_name  # noqa: PLC0415
 
     req, raw_key = _request(request, config, knobs, "process")
@@ -230,22 +260,8 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
         raise BadInput(f"startup_budget_s {req.startup_budget_s:g} must be > 0 seconds", "e.g. 600")
     if (req.image or req.mounts) and req.runtime != "docker":
         raise BadInput("image and mounts need the docker runtime", "add runtime='docker'")
-    secrets = passthrough_env()
-    if api_key_env is not None:
-        if not os.environ.get(api_key_env):
-            raise BadInput(f"--api-key-env {api_key_env}: that variable is not set", f"export {api_key_env}=KEY first")
-        if raw_key:
-            raise BadInput("both api_key_env and a raw --api-key given", "give the key once")
-        raw_key = os.environ[api_key_env]
-    if raw_key:
-        secrets[API_KEY_ENV] = raw_key
-    req = req.model_copy(update={"pass_env": list(secrets)})
     inv = host_inventory(inventory)
-    prof = req.profile = load_profile_file(Path(req.profile_file)) if req.profile_file else None
-    p = make_plan(inv, req)
-    if api_key_env and api_key_env != API_KEY_ENV:
-        p = p.model_copy(update={"api_key_env": api_key_env})
-    p = _maybe_offline(p, offline)
+    p, secrets, prof = serve_plan(req, inv, raw_key=raw_key, api_key_env=api_key_env, offline=offline)
     if dry_run:
         return p
     expect = getattr(prof or profiles().get(p.profile), "expect", None)

@@ -1,7 +1,6 @@
 """From parsed options to the library's inputs: the host to plan for, the plan request (its layers), raw args."""
 
 import json
-import os
 from pathlib import Path
 from typing import Optional
 
@@ -9,33 +8,17 @@ import typer
 
 from m3ctl.errors import BadInput
 
-#: Secret variables passed through to the server's environment (values never stored or shown).
-SECRET_PASSTHROUGH = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "VLLM_API_KEY")
-
 
 def host_inventory(inventory: Optional[Path], system: Optional[str]):
-    """The inventory to evaluate: a saved file (--inventory), a catalog system (--system), else this host.
+    """The inventory to evaluate: ``--inventory FILE``, ``--system NAME``, else this host
+    (:func:`m3ctl.api.host_inventory`).
 
     Raises:
         BadInput: both given, an unreadable or invalid inventory file, an unknown system.
     """
-    if inventory and system:
-        raise BadInput("--inventory and --system are mutually exclusive", "give one of them")
-    if system:
-        from m3ctl.hw.systems import inventory_for_system  # noqa: PLC0415
+    from m3ctl.api import host_inventory as inventory_of  # noqa: PLC0415
 
-        return inventory_for_system(system)
-    if inventory:
-        from m3ctl.hw.inventory import load_inventory  # noqa: PLC0415
-
-        try:
-            text = inventory.read_text()
-        except OSError as e:
-            raise BadInput(f"cannot read inventory {inventory}: {e.strerror}", "check the path") from e
-        return load_inventory(text, str(inventory))
-    from m3ctl.hw.detect import detect  # noqa: PLC0415
-
-    return detect()
+    return inventory_of(inventory, system)
 
 
 def user_defaults():
@@ -118,15 +101,17 @@ def plan_request(ctx: typer.Context, **extra):
 
 
 def secrets_present() -> dict[str, str]:
-    """The pass-through secrets set in this environment (name -> value; values are never shown)."""
-    return {k: os.environ[k] for k in SECRET_PASSTHROUGH if os.environ.get(k)}
+    """The pass-through secrets set in this environment (:func:`m3ctl.secrets.passthrough_env`; never shown)."""
+    from m3ctl.secrets import passthrough_env  # noqa: PLC0415
+
+    return passthrough_env()
 
 
 def maybe_offline(p, offline: Optional[bool]):
-    """The plan with hub references resolved to checked local snapshots when offline (m3ctl/offline.py)."""
-    from m3ctl.offline import offline_requested, resolve_offline  # noqa: PLC0415
+    """The plan resolved to checked local snapshots when offline (:func:`m3ctl.api.resolve_if_offline`)."""
+    from m3ctl.api import resolve_if_offline  # noqa: PLC0415
 
-    return resolve_offline(p) if (offline if offline is not None else offline_requested()) else p
+    return resolve_if_offline(p, offline)
 
 
 def check_outputs(**paths: Optional[Path]) -> None:

@@ -1,12 +1,11 @@
 """``m3ctl plan``: plan a launch (image, argv, env, every choice explained) or size catalog systems; start nothing."""
 
-import os
 from typing import Annotated, Optional
 
 import typer
 
 from m3ctl.cli import options as o
-from m3ctl.cli.inputs import SECRET_PASSTHROUGH, host_inventory, maybe_offline, plan_request
+from m3ctl.cli.inputs import host_inventory, maybe_offline, plan_request, secrets_present
 from m3ctl.cli.output import Output, escape
 from m3ctl.cli.render import print_plan
 from m3ctl.errors import BadInput
@@ -42,7 +41,7 @@ def plan(
     if systems and (inventory or system):
         raise BadInput("--systems plans on catalog systems; it takes no --inventory or --system", "drop one of them")
     inv = None if systems else host_inventory(inventory, system)
-    secrets = [k for k in SECRET_PASSTHROUGH if os.environ.get(k)]
+    secrets = list(secrets_present())
     req = plan_request(ctx)
     if ctx.meta.get("api_key") and "VLLM_API_KEY" not in secrets:  # a raw --api-key: passed as VLLM_API_KEY
         secrets.append("VLLM_API_KEY")

@@ -4,13 +4,12 @@ With ``--json``: ``--dry-run`` prints the plan as one JSON document; a launch pr
 per readiness phase, the ready deployment, each watchdog probe, the stop).
 """
 
-import os
 from typing import Annotated, Optional
 
 import typer
 
 from m3ctl.cli import options as o
-from m3ctl.cli.inputs import host_inventory, maybe_offline, plan_request, secrets_present
+from m3ctl.cli.inputs import host_inventory, plan_request
 from m3ctl.cli.output import Output, console, escape, print_hang, shell_lines
 from m3ctl.cli.render import print_kernels, print_plan, print_smoke, shown_command
 from m3ctl.cli.watch import probe_printer
@@ -39,10 +38,8 @@ def serve(
     Raw vLLM flags go after `--`; they pass the same plan rules as everything else.
     """
     from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.catalog import load_profile_file  # noqa: PLC0415
+    from m3ctl.api import serve_plan  # noqa: PLC0415
     from m3ctl.launch import check_host  # noqa: PLC0415
-    from m3ctl.plan import plan as make_plan  # noqa: PLC0415
-    from m3ctl.secrets import API_KEY_ENV  # noqa: PLC0415
     from m3ctl.state import Registry, check_name  # noqa: PLC0415
 
     out = Output(json_out)
@@ -54,22 +51,8 @@ def serve(
 
         raise MissingParameter(ctx=ctx, param_hint="'--model' (or M3CTL_MODEL)", param_type="option")
     inv = host_inventory(inventory, None)
-    secrets = secrets_present()
-    raw_key = ctx.meta.get("api_key")
-    if api_key_env is not None:
-        if not os.environ.get(api_key_env):
-            raise BadInput(f"--api-key-env {api_key_env}: that variable is not set", f"export {api_key_env}=KEY first")
-        if raw_key:
-            raise BadInput("both --api-key-env and a raw --api-key given", "give the key once")
-        raw_key = os.environ[api_key_env]
-    if raw_key:
-        secrets[API_KEY_ENV] = raw_key
-    req = req.model_copy(update={"pass_env": list(secrets)})
-    prof = req.profile = load_profile_file(req.profile_file) if req.profile_file else None
-    p = make_plan(inv, req)
-    if api_key_env and api_key_env != API_KEY_ENV:
-        p = p.model_copy(update={"api_key_env": api_key_env})
-    p = maybe_offline(p, knobs["offline"])
+    p, secrets, prof = serve_plan(req, inv, raw_key=ctx.meta.get("api_key"), api_key_env=api_key_env,
+                                  offline=knobs["offline"])
     if image and req.runtime != "docker":
         raise BadInput("--image needs --runtime docker", "add --runtime docker")
     if dry_run:
