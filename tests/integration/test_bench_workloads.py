@@ -6,6 +6,7 @@ import csv
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -111,13 +112,14 @@ def _contended(r: dict) -> bool:
 def test_sweep_cli_pareto_csv_report(tiny_server, tmp_path):
     dep = tiny_server.deployment
     out, png, csvp = tmp_path / "sweep.json", tmp_path / "pareto.png", tmp_path / "sweep.csv"
-    for _ in range(3):  # a sweep whose client was starved of CPU (see _contended) is run again
+    for _ in range(5):  # a sweep that ran in a burst spell of the server (see the side-by-side test) is run again
         p = run_cli("bench", "--url", dep.url, "--model", dep.served_model_name, "--concurrency", "1,2,4",
                     "--num-prompts", "8", "--input-len", "32", "--output-len", "24", "--num-gpus", "1",
                     "--usd-per-gpu-hour", "1.41", "--output-json", str(out), "--plot", str(png), "--output-csv",
                     str(csvp))
         if p.returncode == 0 or "host CPU contention" not in p.stdout + p.stderr:
             break
+        time.sleep(3)
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(out.read_text())
     assert doc["sweep"] == {"axis": "concurrency", "values": [1, 2, 4]}
@@ -138,13 +140,17 @@ def test_side_by_side_with_vllm_bench_serve(tiny_server, tiny_models, tmp_path):
     n, c, isl, osl = 24, 4, 64, 32
     vllm = Path(sys.executable).parent / "vllm"
 
+    # The vLLM CPU server on this 2-core host now and then streams in bursts for a few seconds: every chunk of a
+    # request arrives at its end (TTFT 140-180 ms instead of 9-10, median TPOT 0), whatever the client: m3ctl's
+    # fast client, aiohttp, and vLLM's own bench alike (measured back to back on one server, /tmp probes during
+    # session 7). Such a run timed the host, not the tool: either side's run is repeated, after a pause that
+    # outlasts such a spell, up to four more times.
     def theirs_run(i: int) -> dict:
-        # vLLM's own client reads bursts too when the host is starved (median TPOT 0.003-0.006 ms seen with two
-        # pytest sessions on the 2 cores: no decode step is that fast): such a run timed the host; up to two more.
-        for _ in range(3):
+        for k in range(5):
             r = theirs_once(i)
-            if r["median_tpot_ms"] >= 0.05:
+            if r["median_tpot_ms"] >= 0.05:  # no decode step is faster: a lower median is a burst
                 break
+            time.sleep(3)
         return r
 
     def theirs_once(i: int) -> dict:
@@ -162,10 +168,11 @@ def test_side_by_side_with_vllm_bench_serve(tiny_server, tiny_models, tmp_path):
         # A run whose own client was starved of CPU (the server's API and engine processes share the second core
         # with it: m3ctl reports "host CPU contention", chunks read in one burst, TPOT ~0) measured the host, not
         # the server: up to two more tries, as the bench itself advises.
-        for _ in range(3):
+        for _ in range(5):
             r = run_bench(_cfg(dep, num_prompts=n, concurrency=c, input_len=isl, output_len=osl, num_warmups=c))
             if not _contended(r):
                 break
+            time.sleep(3)
         return r
 
     theirs, ours = [theirs_run(0)], [ours_run()]
