@@ -19,7 +19,8 @@ class BenchTarget:
 
     Attributes:
         url: base URL without ``/v1`` (e.g. ``http://127.0.0.1:8000``).
-        model: the model id requests name.
+        model: the model id requests name (None only when ``resolve_target(lookup_model=False)`` found none to
+            take from the deployment: the caller asks :func:`only_model` once its options are checked).
         api_key: bearer key (``OPENAI_API_KEY``, else the deployment's key, else ``VLLM_API_KEY``); never stored.
         model_dir: the deployment's local model directory (a tokenizer fallback), else None.
         server_log: the deployment's server log (JIT compiles in the measured phase), else None.
@@ -28,7 +29,7 @@ class BenchTarget:
     """
 
     url: str
-    model: str
+    model: str | None
     api_key: str | None = None
     model_dir: str | None = None
     server_log: str | None = None
@@ -37,18 +38,6 @@ class BenchTarget:
     num_gpus_source: str | None = None
     argv: tuple[str, ...] = ()
     """The deployment's launch command (a failure's diagnosis is keyed on it)."""
-
-
-def deployment_gpus(reg, name: str) -> int | None:
-    """GPUs of a deployment, from the Layout of its saved plan (m3ctl/launch.py); None on a CPU plan or without one."""
-    from m3ctl.launch import launch_spec  # noqa: PLC0415
-    from m3ctl.plan import LaunchPlan  # noqa: PLC0415
-
-    text = reg.load_plan(name)
-    if not text:
-        return None
-    plan = LaunchPlan.model_validate_json(text)
-    return launch_spec(plan).layout.num_gpus if plan.gpu_vendor else None
 
 
 def only_model(url: str, headers: dict[str, str] | None = None) -> str:
@@ -70,10 +59,11 @@ def only_model(url: str, headers: dict[str, str] | None = None) -> str:
 
 
 def resolve_target(url: str | None = None, *, deployment: str | None = None, model: str | None = None,
-                   num_gpus: int | None = None, api_key: str | None = None) -> BenchTarget:
+                   num_gpus: int | None = None, api_key: str | None = None, lookup_model: bool = True) -> BenchTarget:
     """The endpoint of a bench run: ``url``, or the m3ctl deployment named ``deployment`` (its URL, served model,
     API key, model directory, log and GPU count from its saved plan); ``model`` defaults to the only model the
-    server serves; ``num_gpus`` given wins over the deployment's. ``api_key`` given wins over the environment.
+    server serves (``lookup_model=False``: left None, nothing is sent); ``num_gpus`` given wins over the deployment's.
+    ``api_key`` given wins over the environment.
 
     Raises:
         BadInput: neither ``url`` nor ``deployment``; an unknown deployment (NotFound); no model to pick.
@@ -83,7 +73,7 @@ def resolve_target(url: str | None = None, *, deployment: str | None = None, mod
     model_dir = server_log = sync_log = None
     argv: tuple[str, ...] = ()
     if deployment:
-        from m3ctl.serve import api_key_for, runtime_for  # noqa: PLC0415
+        from m3ctl.serve import api_key_for, deployment_gpus, runtime_for  # noqa: PLC0415
         from m3ctl.state import Registry  # noqa: PLC0415
 
         reg = Registry()
@@ -102,7 +92,7 @@ def resolve_target(url: str | None = None, *, deployment: str | None = None, mod
     if not url:
         raise BadInput("no endpoint given", "pass --url http://HOST:PORT or --deployment NAME")
     url = url.rstrip("/").removesuffix("/v1")
-    if not model:
+    if not model and lookup_model:
         model = only_model(url, {"Authorization": f"Bearer {key}"} if key else None)
     return BenchTarget(url=url, model=model, api_key=key, model_dir=model_dir, server_log=server_log,
                        sync_log=sync_log, num_gpus=num_gpus, num_gpus_source=gpus_source, argv=argv)

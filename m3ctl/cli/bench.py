@@ -7,7 +7,6 @@ the results are written (to the state dir when the given path fails: nothing mea
 import contextlib
 import json
 import math
-import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -96,38 +95,20 @@ def bench(
     from pydantic import ValidationError  # noqa: PLC0415
 
     from m3ctl.bench.runner import BenchConfig, run_bench, run_sweep, validate  # noqa: PLC0415
+    from m3ctl.bench.target import only_model, resolve_target  # noqa: PLC0415
 
     to_stdout = json_out or str(output_json) == "-"
     check_outputs(output_json=output_json, output_csv=output_csv, plot=plot)
-    gpus_source = "--num-gpus" if num_gpus else None
-    api_key, server_log, sync_log, model_dir, dep = os.environ.get("VLLM_API_KEY"), None, None, None, None
-    if deployment:
-        from m3ctl.serve import api_key_for, deployment_gpus, runtime_for  # noqa: PLC0415
-        from m3ctl.state import Registry  # noqa: PLC0415
-
-        reg = Registry()
-        dep = reg.get(deployment)
-        url, model = url or dep.url, model or dep.served_model_name
-        api_key = api_key_for(reg, deployment)
-        model_dir = dep.model if Path(dep.model).is_dir() else None  # tokenizer fallback without /tokenize
-        server_log = dep.log_path  # JIT compiles during the measured phase (docker: the log is synced first)
-        if dep.runtime != "process":
-            sync_log = lambda: runtime_for(dep).sync_log(dep)  # noqa: E731
-        if not num_gpus and (n := deployment_gpus(reg, deployment)):
-            num_gpus, gpus_source = n, f"deployment {deployment}: tp x pp x dp x pcp (DCP adds none)"
-    if not url:
-        raise BadInput("no endpoint given", "pass --url http://HOST:PORT or --deployment NAME")
-    url = url.rstrip("/").removesuffix("/v1")
+    t = resolve_target(url, deployment=deployment, model=model, num_gpus=num_gpus, lookup_model=False)
     concs = [int(x) for x in (concurrency or "").split(",") if x.strip()]
     given = {RENAMED.get(k, k): v for k, v in ctx.params.items()}  # options named as BenchConfig's fields
     given = {k: v for k, v in given.items() if k in BenchConfig.model_fields and v is not None}
-    given.update(url=url, model=model or "?", concurrency=concs[0] if concs else None,
+    given.update(url=t.url, model=t.model or "?", concurrency=concs[0] if concs else None,
                  dataset_path=str(dataset_path) if dataset_path else None,
                  warmup=len(concs) > 1 if warmup is None else warmup,
                  percentiles=[float(x) for x in percentiles.split(",") if x.strip()],
-                 goodput_slo_ms=goodput_slos(goodput or []), model_dir=model_dir, num_gpus=num_gpus,
-                 num_gpus_source=gpus_source, server_log=server_log,
-                 api_key=os.environ.get("OPENAI_API_KEY") or api_key)
+                 goodput_slo_ms=goodput_slos(goodput or []), model_dir=t.model_dir, num_gpus=t.num_gpus,
+                 num_gpus_source=t.num_gpus_source, server_log=t.server_log, api_key=t.api_key)
     try:
         cfg = BenchConfig(**given)
     except ValidationError as e:
@@ -135,8 +116,9 @@ def bench(
         raise BadInput(f"bad bench option --{'.'.join(map(str, first['loc'])).replace('_', '-')}: {first['msg']}",
                        "see `m3ctl bench --help`") from None
     validate(cfg)  # endpoint, HTTP client, goodput metrics, --duration's bound: checked once, in the library
-    if not model:
-        cfg = cfg.model_copy(update={"model": only_model(url)})
+    if not t.model:
+        cfg = cfg.model_copy(update={"model": only_model(t.url, {"Authorization": f"Bearer {t.api_key}"}
+                                                         if t.api_key else None)})
     show = sys.stderr.isatty() if progress is None else progress
     err_con = console(stderr=True)
     if progress:  # forced: frames even when stderr is not a terminal (a log file, CI)
@@ -153,13 +135,13 @@ def bench(
         return LiveProgress(err_con, total=total, label=f"bench c={c.concurrency or '-'}")
 
     if len(concs) > 1:
-        runs = run_sweep(cfg, concs, progress=live, sync_log=sync_log)
+        runs = run_sweep(cfg, concs, progress=live, sync_log=t.sync_log)
         from m3ctl.bench import report  # noqa: PLC0415
 
         doc: dict | list = report.sweep_doc(runs, "concurrency", concs)
     else:
         with live(cfg) as prog:
-            runs = [run_bench(cfg, progress=prog, sync_log=sync_log)]
+            runs = [run_bench(cfg, progress=prog, sync_log=t.sync_log)]
         doc = runs[0]
     saved = write_results(doc, runs, output_json, output_csv, to_stdout)
     if not to_stdout:
@@ -176,7 +158,7 @@ def bench(
     if runs[-1].get("interrupted"):
         console(stderr=True).print("partial results " + (f"written to {saved}" if saved else "above"))
         raise KeyboardInterrupt
-    finish(runs, url, saved, server_log, sync_log, dep)
+    finish(runs, t, saved)
 
 
 def write_results(doc, runs: list[dict], output_json: Optional[Path], output_csv: Optional[Path],
@@ -202,30 +184,16 @@ def write_results(doc, runs: list[dict], output_json: Optional[Path], output_csv
     return saved
 
 
-def finish(runs: list[dict], url: str, saved: str | None, server_log, sync_log, dep) -> None:
+def finish(runs: list[dict], t, saved: str | None) -> None:
     """End as the runs ended: a dead or stalled server (exit 4) or an invalid run (exit 1)."""
     from m3ctl.bench.runner import run_failure  # noqa: PLC0415
 
     diag = None
-    if server_log and any(r.get("server_down") for r in runs):  # name the root cause from the log (N09)
+    if t.server_log and any(r.get("server_down") for r in runs):  # name the root cause from the log (N09)
         from m3ctl.diagnose import DiagContext, diagnose_log  # noqa: PLC0415
 
-        sync_log() if sync_log else None
-        diag = diagnose_log(server_log, context=DiagContext(argv=tuple(dep.argv), phase="serving"))
-    err = run_failure(runs, url, saved, diag)
+        t.sync_log() if t.sync_log else None
+        diag = diagnose_log(t.server_log, context=DiagContext(argv=t.argv, phase="serving"))
+    err = run_failure(runs, t.url, saved, diag)
     if err is not None:
         raise err
-
-
-def only_model(url: str) -> str:
-    """The one model a server serves (its /v1/models). Raises BadInput: unreachable, or not exactly one."""
-    import httpx  # noqa: PLC0415
-
-    try:
-        ids = [m["id"] for m in httpx.get(f"{url}/v1/models", timeout=10).json()["data"]]
-    except (httpx.HTTPError, ValueError, KeyError) as e:
-        raise BadInput(f"cannot list models at {url}/v1/models: {type(e).__name__}",
-                       "check --url, or pass --model") from None
-    if len(ids) != 1:
-        raise BadInput(f"{url} serves {len(ids)} models {ids}", "pass --model")
-    return ids[0]
