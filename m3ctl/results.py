@@ -39,6 +39,25 @@ def _one_line(e: ValidationError, what: str) -> str:
     return f"{what}: {loc}: {first['msg']}{more}"
 
 
+def _validated(cls, data: Any, where: str, hint: str, version_key: str, version: Any, readable: bool,
+               reads: str):
+    """``cls.model_validate(data)`` for a result file's content, every failure one line.
+
+    Raises:
+        BadInput: not a JSON object; ``version`` (the value of ``version_key``) not ``readable`` by this m3ctl
+            (it ``reads`` another); the first invalid field (:func:`_one_line`).
+    """
+    if not isinstance(data, dict):
+        raise BadInput(f"{where}: expected a JSON object, got {type(data).__name__}", hint)
+    if not readable:
+        raise BadInput(f"{where}: {version_key} {version!r} is not readable by this m3ctl (reads {reads})",
+                       "upgrade m3ctl")
+    try:
+        return cls.model_validate(data)
+    except ValidationError as e:
+        raise BadInput(_one_line(e, where), hint) from None
+
+
 def _read_json(path: str | Path, what: str, hint: str) -> Any:
     p = Path(path)
     try:
@@ -154,17 +173,11 @@ class BenchResult(BaseModel):
         Raises:
             BadInput: not a bench result (one line naming the first bad field), or written by a newer m3ctl.
         """
-        if not isinstance(data, dict):
-            raise BadInput(f"{where}: expected a JSON object, got {type(data).__name__}",
-                           "pass a file written by `m3ctl bench --output-json` or `vllm bench serve --save-result`")
-        ver = data.get("m3ctl_schema_version")
-        if ver is not None and str(ver).split(".")[0] != BENCH_SCHEMA_VERSION.split(".")[0]:
-            raise BadInput(f"{where}: m3ctl_schema_version {ver!r} is not readable by this m3ctl "
-                           f"(reads {BENCH_SCHEMA_VERSION.split('.')[0]}.x)", "upgrade m3ctl")
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            raise BadInput(_one_line(e, where), "pass a file written by `m3ctl bench --output-json`") from None
+        ver = data.get("m3ctl_schema_version") if isinstance(data, dict) else None
+        return _validated(cls, data, where, "pass a file written by `m3ctl bench --output-json` or `vllm bench "
+                          "serve --save-result`", "m3ctl_schema_version", ver,
+                          ver is None or str(ver).split(".")[0] == BENCH_SCHEMA_VERSION.split(".")[0],
+                          f"{BENCH_SCHEMA_VERSION.split('.')[0]}.x")
 
     @classmethod
     def read(cls, path: str | Path) -> BenchResult:
@@ -265,17 +278,9 @@ class TuneReport(BaseModel):
         Raises:
             BadInput: not a tune result (one line naming the first bad field), or a newer schema_version.
         """
-        if not isinstance(data, dict):
-            raise BadInput(f"{where}: expected a JSON object, got {type(data).__name__}",
-                           "pass the result.json of a tune study directory")
-        ver = data.get("schema_version", 1)
-        if ver != TUNE_SCHEMA_VERSION:
-            raise BadInput(f"{where}: schema_version {ver!r} is not readable by this m3ctl "
-                           f"(reads {TUNE_SCHEMA_VERSION})", "upgrade m3ctl")
-        try:
-            return cls.model_validate(data)
-        except ValidationError as e:
-            raise BadInput(_one_line(e, where), "pass the result.json of a tune study directory") from None
+        ver = data.get("schema_version", 1) if isinstance(data, dict) else None
+        return _validated(cls, data, where, "pass the result.json of a tune study directory", "schema_version", ver,
+                          ver == TUNE_SCHEMA_VERSION, str(TUNE_SCHEMA_VERSION))
 
     @classmethod
     def read(cls, path: str | Path) -> TuneReport:

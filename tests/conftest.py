@@ -14,6 +14,19 @@ import pytest
 
 M3CTL = [sys.executable, "-m", "m3ctl"]
 
+FAKE_VLLM = Path(__file__).parent / "fake_vllm.py"
+
+
+def fake_vllm_config(tmp_path: Path) -> Path:
+    """A user config (``--config``) whose vllm_executable is the fake vLLM: a shell script running
+    tests/fake_vllm.py, whose behaviour the ``FAKE_VLLM`` environment variable selects."""
+    exe = tmp_path / "vllm"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE_VLLM} \"$@\"\n")
+    exe.chmod(0o755)
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(f"vllm_executable: {exe}\n")
+    return cfg
+
 
 def free_port() -> int:
     with socket.socket() as s:

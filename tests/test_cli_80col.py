@@ -7,13 +7,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 from m3ctl.state import Deployment, Registry
-from tests.conftest import free_port
+from tests.conftest import fake_vllm_config, free_port
 from tests.hosts import synthetic
 
-FAKE = Path(__file__).parent / "fake_vllm.py"
 
 
 def m3ctl80(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -51,11 +49,7 @@ def test_status_shows_the_whole_endpoint_at_80_columns():
 def test_serve_prints_one_line_per_readiness_phase_in_a_log_file(tmp_path):
     inv = tmp_path / "h200x8.json"
     inv.write_text(synthetic("h200x8").model_dump_json())
-    exe = tmp_path / "vllm"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} \"$@\"\n")
-    exe.chmod(0o755)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(f"vllm_executable: {exe}\n")
+    cfg = fake_vllm_config(tmp_path)
     p = m3ctl80("serve", "--detach", "--inventory", str(inv), "--config", str(cfg), "--name", "col80", "--port",
                 str(free_port()), "--startup-timeout", "60", "-m", "MiniMax-M3.1-Flash",
                 env={"FAKE_VLLM": json.dumps({"serve": {}})})

@@ -6,14 +6,12 @@ tests/fake_vllm.py stand in for the hardware."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from m3ctl.cli import main
-from tests.conftest import free_port, run_cli, start_groundtruth
+from tests.conftest import fake_vllm_config, free_port, run_cli, start_groundtruth
 from tests.hosts import synthetic
 
-FAKE = Path(__file__).parent / "fake_vllm.py"
 
 
 def doc(capsys, *args: str, code: int = 0):
@@ -63,11 +61,7 @@ def test_served_deployment_commands_print_json(tmp_path):
     """serve (JSON Lines while it launches), status, watch (JSON Lines), logs, stop: on the fake vLLM."""
     inv = tmp_path / "h200x8.json"
     inv.write_text(synthetic("h200x8").model_dump_json())
-    exe = tmp_path / "vllm"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} \"$@\"\n")
-    exe.chmod(0o755)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(f"vllm_executable: {exe}\n")
+    cfg = fake_vllm_config(tmp_path)
     env = {"FAKE_VLLM": json.dumps({"serve": {}})}
     p = run_cli("serve", "--json", "--detach", "--inventory", str(inv), "--config", str(cfg), "--name", "js",
                 "--port", str(free_port()), "--startup-timeout", "60", "-m", "MiniMax-M3.1-Flash", env=env,

@@ -10,18 +10,16 @@ config's ``vllm_executable``) that prints the report's log and exits, or serves 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 from m3ctl.diagnose import diagnose_log, diagnose_text, first_error_line
-from tests.conftest import free_port, run_cli
+from tests.conftest import fake_vllm_config, free_port, run_cli
 from tests.hosts import synthetic
 
 LOGS = Path(__file__).parent / "fixtures" / "field-2"
 H2 = Path(__file__).parent / "fixtures" / "h200x2-real"
-FAKE = Path(__file__).parent / "fake_vllm.py"
 WRAPPERS = ("Traceback (most recent call last):", "EngineDeadError", "Engine core initialization failed",
             "Fatal Python error: Aborted", "died unexpectedly", "WorkerProc failed to start")
 
@@ -45,19 +43,9 @@ def _inventory(tmp_path: Path, name: str, *, gpu_name: str | None = None, count:
     return p
 
 
-def _fake_vllm(tmp_path: Path) -> Path:
-    """A user config whose vllm_executable is the fake vLLM (a shell script running tests/fake_vllm.py)."""
-    exe = tmp_path / "vllm"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE} \"$@\"\n")
-    exe.chmod(0o755)
-    cfg = tmp_path / "cfg.yaml"
-    cfg.write_text(f"vllm_executable: {exe}\n")
-    return cfg
-
-
 def _serve(tmp_path: Path, inventory: Path, *args: str, fake: dict, name: str = "case"):
     """``m3ctl serve --detach`` with the fake vLLM behaving as ``fake`` (see tests/fake_vllm.py)."""
-    return run_cli("serve", "--inventory", str(inventory), "--config", str(_fake_vllm(tmp_path)), "--detach",
+    return run_cli("serve", "--inventory", str(inventory), "--config", str(fake_vllm_config(tmp_path)), "--detach",
                    "--name", name, "--port", str(free_port()), "--startup-timeout", "60", *args,
                    env={"FAKE_VLLM": json.dumps(fake)}, timeout=120)
 

@@ -595,25 +595,33 @@ def test_slo_values_must_be_finite_and_not_negative(bad):
     with pytest.raises(BadInput, match="finite and >= 0"):
         parse_slo(bad)
 
-
-def test_candidate_that_spells_out_vllm_defaults_reuses_the_baseline_server(tmp_path):
-    """A search candidate whose flags only spell out vLLM's defaults (the first configuration on an H200 is
-    --max-num-seqs 1024 --max-num-batched-tokens 8192, vLLM's own defaults there) starts the same engine as
-    the baseline: the study reuses the baseline's runs instead of a second start, and shares one confirmation."""
+def _baseline_twin_grid():
+    """A recorded grid whose vLLM-defaults baseline runs the same engine as the search's anchor (what
+    ServerEvaluator.server_key resolves on an H200), and an evaluator class that says so; the defaults' engine is
+    the best configuration here (9,000 tok/s at c=16 within the grid's p90 TPOT SLO).
+    Returns (grid, space, anchor, evaluator class)."""
     grid = _grid()
     space = recorded_space(grid)
     anchor = space.anchor()
-    # the defaults' engine is the best configuration here (9,000 tok/s at c=16 within the 20 ms p90 TPOT SLO)
     base = _record({1: (400, 10), 2: (800, 12), 4: (1500, 15), 8: (5000, 16), 16: (9000, 18)}, start_s=60.0)
     base["config"] = {"tp": 1, "dp": 1}
     grid["baseline"] = base
 
     class SameEngine(ReplayEvaluator):
-        def server_key(self, cand):  # the baseline's engine is the anchor's (what ServerEvaluator resolves)
+        def server_key(self, cand):
             return key_of(anchor) if cand == base["config"] else key_of(cand)
 
         def _rec(self, cand):  # and measures like it, on any start
             return base if key_of(cand) == key_of(anchor) else super()._rec(cand)
+
+    return grid, space, anchor, SameEngine
+
+
+def test_candidate_that_spells_out_vllm_defaults_reuses_the_baseline_server(tmp_path):
+    """A search candidate whose flags only spell out vLLM's defaults (the first configuration on an H200 is
+    --max-num-seqs 1024 --max-num-batched-tokens 8192, vLLM's own defaults there) starts the same engine as
+    the baseline: the study reuses the baseline's runs instead of a second start, and shares one confirmation."""
+    grid, space, anchor, SameEngine = _baseline_twin_grid()
 
     for confirm_top in (0, 1):
         spec = TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=2, confirm_top=confirm_top,
@@ -662,17 +670,7 @@ def test_resume_restores_a_stepped_down_confirmation_and_shares_it_with_the_base
 
     from m3ctl.tune.search import Point
 
-    grid = _grid()
-    space = recorded_space(grid)
-    anchor = space.anchor()
-    base = _record({1: (400, 10), 2: (800, 12), 4: (1500, 15), 8: (5000, 16), 16: (9000, 18)}, start_s=60.0)
-    base["config"] = {"tp": 1, "dp": 1}
-    grid["baseline"] = base
-
-    class SameEngine(ReplayEvaluator):
-        def server_key(self, cand):
-            return key_of(anchor) if cand == base["config"] else key_of(cand)
-
+    grid, space, anchor, SameEngine = _baseline_twin_grid()
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     spec = TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=1, confirm_top=0, baseline=True)
     ev = SameEngine(grid)
