@@ -360,3 +360,13 @@ def test_runs_side_by_side_at_80_columns_split_by_runs():
         for cell in row[1:]:
             assert _numbers(cell) <= shown, (row[0], cell)
     assert "#6 bench-m3ctl-c16.json" in lines
+
+
+def test_a_stream_delivered_in_one_burst_is_flagged_tpot_not_measured(gt):
+    """A server (or a proxy) that holds a request's tokens and sends them in one piece: TTFT is then the whole
+    request and TPOT/ITL were not measured. The run says so (the vLLM CPU server does it for seconds at a time on
+    a 2-core host); a server that streams token by token gets no such warning."""
+    burst = run_bench(_cfg(gt("--tokens-per-chunk", "64"), output_len=12, num_prompts=4))
+    assert any(w.startswith("streamed in bursts: 4 of 4 requests") for w in burst["validity"]["warnings"])
+    streamed = run_bench(_cfg(gt(), output_len=12, num_prompts=4))
+    assert not any("streamed in bursts" in w for w in streamed["validity"]["warnings"])

@@ -1205,6 +1205,14 @@ def _validity(cfg: BenchConfig, outs: list[RequestOutput], res: dict, cstats: li
         # held the CPU, so timestamps can be late by this much.
         warnings.append(f"host CPU contention: the client's event loop woke up to {lag99:.0f} ms late (p99) "
                         f"while using only {cpu:.0f}% of a core; run the client on other cores than the server")
+    # Every token of a request in one network read (the decode time after the first token under 50 us): the
+    # server, or a proxy in front of it, delivered the stream at the end, so TPOT and ITL were not measured. Seen
+    # with the vLLM CPU server on a 2-core host in spells of a few seconds, with every client alike.
+    multi = [o for o in ok if (o.output_tokens or 0) > 2]
+    burst = sum(1 for o in multi if o.latency - o.ttft < 5e-5)
+    if multi and burst * 2 > len(multi):
+        warnings.append(f"streamed in bursts: {burst} of {len(multi)} requests received all their tokens at once "
+                        "(TPOT and ITL not measured; the server or a proxy buffered the stream)")
     no_usage = sum(1 for o in ok if o.output_tokens is None)
     if no_usage and not cfg.allow_approx:
         reasons.append(f"{no_usage} responses had no usage: output token counts unknown")

@@ -104,9 +104,9 @@ def test_open_loop_gamma_duration(tiny_server):
 
 
 def _contended(r: dict) -> bool:
-    """The bench flagged its own client as starved of CPU (validity warning 'host CPU contention'), or the client
-    read every request's whole stream in one burst (median TPOT 0 with 32-token outputs): it timed the host."""
-    return any("host CPU contention" in w for w in r["validity"]["warnings"]) or not r["median_tpot_ms"]
+    """The bench flagged the run as timing the host: its own client starved of CPU ('host CPU contention'), or
+    the streams delivered in bursts ('streamed in bursts': TPOT not measured)."""
+    return any(w.startswith(("host CPU contention", "streamed in bursts")) for w in r["validity"]["warnings"])
 
 
 def test_sweep_cli_pareto_csv_report(tiny_server, tmp_path):
@@ -117,7 +117,8 @@ def test_sweep_cli_pareto_csv_report(tiny_server, tmp_path):
                     "--num-prompts", "8", "--input-len", "32", "--output-len", "24", "--num-gpus", "1",
                     "--usd-per-gpu-hour", "1.41", "--output-json", str(out), "--plot", str(png), "--output-csv",
                     str(csvp))
-        if p.returncode == 0 or "host CPU contention" not in p.stdout + p.stderr:
+        said = p.stdout + p.stderr
+        if p.returncode == 0 or not any(w in said for w in ("host CPU contention", "streamed in bursts")):
             break
         time.sleep(3)
     assert p.returncode == 0, p.stdout + p.stderr
