@@ -303,8 +303,8 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
     """(config, concurrency levels, sync_log) of a bench call; the levels are [] or [c] for a single run."""
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from m3ctl.bench.runner import BenchConfig  # noqa: PLC0415
-    from m3ctl.bench.target import resolve_target  # noqa: PLC0415
+    from m3ctl.bench.runner import BenchConfig, validate  # noqa: PLC0415
+    from m3ctl.bench.target import only_model, resolve_target  # noqa: PLC0415
 
     if unknown := sorted(set(options) - set(BenchConfig.model_fields)):
         import difflib  # noqa: PLC0415
@@ -315,9 +315,10 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
     levels = [concurrency] if isinstance(concurrency, int) else list(concurrency or [])
     if any(not isinstance(c, int) or c < 1 for c in levels):
         raise BadInput(f"bad concurrency {concurrency!r}: values must be integers >= 1", "e.g. concurrency=[1, 2, 4]")
-    t = resolve_target(url, deployment=deployment, model=model, num_gpus=num_gpus, api_key=api_key)
+    # The options are checked before anything is sent: the model id is asked of the server afterwards.
+    t = resolve_target(url, deployment=deployment, model=model, num_gpus=num_gpus, api_key=api_key, lookup_model=False)
     try:
-        cfg = BenchConfig(url=t.url, model=t.model, concurrency=levels[0] if levels else None,
+        cfg = BenchConfig(url=t.url, model=t.model or "?", concurrency=levels[0] if levels else None,
                           warmup=len(levels) > 1 if warmup is None else warmup, model_dir=t.model_dir,
                           server_log=t.server_log, num_gpus=t.num_gpus, num_gpus_source=t.num_gpus_source,
                           api_key=t.api_key, **options)
@@ -327,6 +328,10 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
                        "see m3ctl.bench.runner.BenchConfig") from None
     except TypeError as e:
         raise BadInput(f"bad bench option: {e}", "see m3ctl.bench.runner.BenchConfig") from None
+    validate(cfg)
+    if not t.model:
+        cfg = cfg.model_copy(update={"model": only_model(t.url, {"Authorization": f"Bearer {t.api_key}"}
+                                                         if t.api_key else None)})
     return cfg, levels, t.sync_log
 
 

@@ -83,6 +83,9 @@ def test_bench_bad_options_are_one_line_bad_input(gt_url):
         m3ctl.bench(gt_url, percentiles=[150])
     with pytest.raises(BadInput, match="no endpoint"):
         m3ctl.bench()
+    # checked before anything is sent: an unreachable server still gets the option's error, not a connect error
+    with pytest.raises(BadInput, match="request_rate: Input should be greater than 0"):
+        m3ctl.bench(f"http://127.0.0.1:{free_port()}", request_rate=0)
 
 
 def test_bench_result_keeps_vllm_keys_and_round_trips_files():
