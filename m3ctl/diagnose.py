@@ -178,6 +178,7 @@ class LogPattern(BaseModel):
     source: str
     weak: bool = False
     defer: bool = False
+    stack_first: bool = False
     kind: Literal["RUNTIME-DIAG", "CONFIG"] = Field("CONFIG", alias="class")
     component: str | None = None
     confirm: list[str] = Field(default_factory=list)
@@ -371,6 +372,7 @@ class Component(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     id: str
+    kind: Literal["RUNTIME-DIAG", "CONFIG"] = "RUNTIME-DIAG"
     name: str
     scope: Literal["frame", "phase"] = "frame"
     frames: list[str] = Field(default_factory=list)
@@ -414,11 +416,32 @@ class ExitCode(BaseModel):
     fixes: list[str]
 
 
+class AsyncErrors(BaseModel):
+    """Which GPU errors are reported asynchronously, the note that says so, and the command that pins them."""
+
+    model_config = ConfigDict(extra="forbid")
+    errors: str
+    note: str
+    blocking_env: dict[str, str]
+    pin: str
+    source: str
+
+    @field_validator("errors", "note")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"regex does not compile: {e}") from None
+        return v
+
+
 class ComponentMap(BaseModel):
     """Schema of m3ctl/data/components.yaml."""
 
     model_config = ConfigDict(extra="forbid")
     schema_version: Literal[1]
+    async_errors: AsyncErrors
     components: list[Component]
     exit_codes: list[ExitCode] = Field(default_factory=list)
 
@@ -460,7 +483,6 @@ def _components() -> ComponentMap:
 
 
 # ---------------------------------------------------------------------------------------------- the reading
-_ASYNC = re.compile(r"(might be asynchronously reported|CUDA_LAUNCH_BLOCKING=1|AMD_SERIALIZE_KERNEL)")
 _CUDA_ERR = re.compile(r"(CUDA error|cuda error|Cuda error|CUDA_ERROR_|HIP error|cudaError\w+|Triton Error \[CUDA\])")
 _VALIDATION = re.compile(r"^\d+ validation errors? for (\w+)")
 _VALIDATION_ITEM = re.compile(r"^(Value error|Assertion failed|Input should|Field required|Extra inputs|"
@@ -564,7 +586,7 @@ def _exit_view(code: int) -> tuple[str, list[str]]:
     for e in _components().exit_codes:
         if e.code == code or (sig is not None and e.code - 128 == sig):
             how = f"signal {e.signal}" if code < 0 else f"code {code} ({e.signal})"
-            return f"exited with {how}: {e.meaning}", list(e.fixes)
+            return f"exited with {how} ({e.meaning})", list(e.fixes)
     if sig is not None and code < 0:
         return f"exited with signal {sig}", []
     return f"exited with code {code}", []
@@ -644,28 +666,37 @@ def _assemble(ev, block, hit, lines, text, ctx, versions, wrappers) -> Diagnosis
     quote_line = (vc[2] if vc and vc[2] is not None else None) or block.header_line or block.lines[0]
     etext = block.text + "\n" + "\n".join(ln.msg for b in ev.chain for ln in b.lines)
     is_cuda = bool(_CUDA_ERR.search(etext))
-    blocking = ctx.env.get("CUDA_LAUNCH_BLOCKING") == "1"
-    is_async = is_cuda and not blocking and bool(_ASYNC.search("\n".join(block.detail) + "\n" + etext))
-    inner = block.innermost
+    ae = _components().async_errors
+    blocking = any(ctx.env.get(k) == v for k, v in ae.blocking_env.items())
+    is_async = (is_cuda and not blocking and bool(re.search(ae.errors, etext))
+                and bool(re.search(ae.note, etext)))
+    inner = next((f for f in reversed(block.frames) if not logtrace.short_path(f.file).startswith("pydantic/")),
+                 block.innermost)  # a validator's frames say nothing about the failing setting
     frame = inner.where() if inner else None
     cm = _match_component(block, ev, is_async=is_async)
     reported_in = None
-    if is_async:  # which component the (untrustworthy) frame is in, for the words only
+    if is_async:  # the component of the (untrustworthy) frame: a suspect, not the culprit
         for f in reversed(block.frames):
             for c in _components().components:
                 if c.scope == "frame" and any(re.search(rx, _frame_key(f)) for rx in c.frames):
-                    reported_in = c.name
+                    reported_in = c
                     break
             if reported_in:
                 break
     suspects: list[tuple[str, str, list[str]]] = []
+    first_suspect: Component | None = None
     if is_async and cm is None:
         for c in _components().components:
             for w in c.suspect:
                 ok, vals = _when_holds(w, ctx, text, versions)
-                if ok:
+                if ok and (reported_in is None or c.id != reported_in.id):
                     suspects.append((c.name, _fmt(w.note, vals) if w.note else "", list(c.fixes)))
+                    first_suspect = first_suspect or c
                     break
+        if reported_in is not None:
+            rname, _, rfixes = _component_view(reported_in, None, ctx, text, versions)
+            suspects.append((rname, "", rfixes))
+        reported_in = reported_in.name if reported_in else None
     notes: list[str] = []
     fixes: list[str] = []
     comp_name = comp_id = None
@@ -678,8 +709,7 @@ def _assemble(ev, block, hit, lines, text, ctx, versions, wrappers) -> Diagnosis
     async_note = (f"the CUDA error was reported asynchronously{' at ' + frame if frame else ''}"
                   + (f" ({reported_in})" if reported_in else "")
                   + ", which may not be the faulting kernel") if is_async else ""
-    pin = ("rerun with CUDA_LAUNCH_BLOCKING=1 in the server's environment (`CUDA_LAUNCH_BLOCKING=1 m3ctl serve ...`: "
-           "the process runtime passes it on; slower) so the traceback stops at the kernel that faulted")
+    pin = ae.pin
     if hit is not None:
         p, ln = hit
         d = _refine(p, ln.raw, text, ctx)
@@ -690,23 +720,30 @@ def _assemble(ev, block, hit, lines, text, ctx, versions, wrappers) -> Diagnosis
             comp_name = pcomp
         elif cm is not None:
             notes.extend(cnotes)
-            fixes = list(cfixes) + ([] if p.defer else [d.fix])
+            if p.defer:
+                fixes = list(cfixes)
+            elif p.stack_first:
+                fixes = [*cfixes, d.fix]
+            else:
+                fixes = [d.fix, *cfixes]
         else:
             fixes = [d.fix]
         if is_async:
             notes.append(async_note)
             fixes = [pin, *fixes]
-        for name, note, sfixes in suspects:
-            notes.append(note)
-            fixes = [fixes[0], *sfixes[:1], *fixes[1:]] if fixes else sfixes[:1]
+        if suspects:
+            notes.extend(note for _, note, _ in suspects)
+            fixes = [fixes[0], *(s[2][0] for s in suspects if s[2]), *fixes[1:]]
         fid, kind, confirm = p.id, p.kind, d.confirm
         if is_async and "CUDA_LAUNCH_BLOCKING=1" not in confirm:
             confirm = (*confirm, "CUDA_LAUNCH_BLOCKING=1")
         line = ln.raw
     else:
-        head = f"{exc_type}: {message}" if exc_type else message
+        head = (f"{exc_type}: {message}" if message else f"{exc_type}") if exc_type else message
+        if not message and inner is not None and inner.code:
+            head += f" ({inner.code})"
         if cm is not None:
-            fid, kind = comp_id, "RUNTIME-DIAG" if is_cuda else "CONFIG"
+            fid, kind = comp_id, cm[0].kind
             notes.append(f"{head}{where}")
             notes.extend(cnotes)
             fixes = list(cfixes)
@@ -725,13 +762,18 @@ def _assemble(ev, block, hit, lines, text, ctx, versions, wrappers) -> Diagnosis
         if is_async:
             notes.append(async_note)
             fixes = [pin, *fixes]
-        for name, note, sfixes in suspects:
-            notes.append(note)
-            fixes = [fixes[0], *sfixes[:1], *fixes[1:]]
+        if suspects:
+            notes.extend(note for _, note, _ in suspects)
+            fixes = [fixes[0], *(s[2][0] for s in suspects if s[2]), *fixes[1:]]
         confirm = ("CUDA_LAUNCH_BLOCKING=1",) if is_async else ()
         line = quote_line.raw
     if hit is not None and vc and vc[2] is not None and hit[1] is block.header_line:
         line = vc[2].raw  # the Value error line, never the validation header
+    if first_suspect is not None and comp_name is None:
+        # The log names the model whose kernel is the known suspect: serve-now fix first, then pin to confirm.
+        comp_name, comp_id = f"{first_suspect.name}, suspected", first_suspect.id
+        if fixes and fixes[0] == pin and len(fixes) > 1:
+            fixes = [fixes[1], pin, *fixes[2:]]
     fixes = _dedupe(fixes)
     cause = "; ".join(_dedupe(notes))
     return Diagnosis(fid, cause, _join_fixes(fixes), line.strip()[:300], comp_name, tuple(confirm), kind,

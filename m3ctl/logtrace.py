@@ -36,7 +36,7 @@ _HEAD = re.compile(
     r"(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)"
     r"(?: (?P<ts>\d\d-\d\d [\d:.]+) \[(?P<loc>[^\]]*)\] ?|:\s+))?")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>.+))?\s*$')
-_TB_START = re.compile(r"^\s*Traceback \(most recent call last\):\s*$")
+_TB_START = re.compile(r"(?:^\s*|: )Traceback \(most recent call last\):\s*$")  # SGLang: "... hit an exception: Traceback ..."
 _RAY_START = re.compile(r"^(?P<type>(?:ray\.exceptions\.)?Ray\w*Error)\((?P<inner>[\w.]+)\): (?P<msg>ray::.*)$")
 _CHAIN = re.compile(r"^\s*(The above exception was the direct cause of the following exception:|"
                     r"During handling of the above exception, another exception occurred:)\s*$")
@@ -172,7 +172,10 @@ def short_path(path: str) -> str:
             return p.split(anchor, 1)[1]
     m = re.search(r"(?:^|/)((?:vllm|torch|triton|flashinfer|aiter|ray|transformers|pydantic)/.*)$", p)
     if m:
-        return m.group(1)
+        out = m.group(1)
+        while re.match(r"^(\w+)/\1/", out):  # a checkout named like its package: /opt/vllm/vllm/...
+            out = out.split("/", 1)[1]
+        return out
     return "/".join(p.split("/")[-3:])
 
 
@@ -250,7 +253,7 @@ def parse_events(text: str) -> tuple[list[LogLine], list[Event]]:
         st = streams.setdefault(key, _Stream())
         msg = ln.msg
         # ---- traceback structure
-        if _TB_START.match(msg) or _RAY_START.match(msg.strip()):
+        if _TB_START.search(msg) or _RAY_START.match(msg.strip()):
             close_loose(st, key)
             if st.pending_chain and st.block is not None:
                 st.chain.append(st.block)
