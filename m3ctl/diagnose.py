@@ -213,10 +213,10 @@ def load_patterns(text: str, where: str = "log_patterns.yaml") -> LogPatterns:
     """
     try:
         return LogPatterns.model_validate(yaml.safe_load(text))
-    except (yaml.YAMLError, ValidationError) as e:
-        if isinstance(e, ValidationError):
-            err = e.errors()[0]
-            raise ValueError(f"{where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ValueError(f"{where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    except yaml.YAMLError as e:
         raise ValueError(f"{where}: {str(e).splitlines()[0]}") from None
 
 
@@ -469,11 +469,11 @@ def load_components(text: str, where: str = "components.yaml") -> ComponentMap:
     """
     try:
         return ComponentMap.model_validate(yaml.safe_load(text))
-    except (yaml.YAMLError, ValidationError) as e:
-        if isinstance(e, ValidationError):
-            err = e.errors()[0]
-            msg = err["msg"].removeprefix("Value error, ")
-            raise ValueError(f"{where}: {'.'.join(map(str, err['loc']))}: {msg}") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{where}: {'.'.join(map(str, err['loc']))}: {msg}") from None
+    except yaml.YAMLError as e:
         raise ValueError(f"{where}: {str(e).splitlines()[0]}") from None
 
 
@@ -528,8 +528,9 @@ def _frame_key(f: logtrace.Frame) -> str:
 
 
 def _match_component(block: logtrace.ExcBlock, ev: logtrace.Event, *, is_async: bool,
-                     ) -> tuple[Component, re.Match | None] | None:
-    """The components.yaml entry for the failing exception (passes: messages, phases, frames)."""
+                     ) -> tuple[Component, re.Match | None, logtrace.Frame | None] | None:
+    """The components.yaml entry for the failing exception (passes: messages, phases, frames), the message
+    match (for ``{1}`` in the name) and the frame that matched."""
     comps = _components().components
     etext = block.text
     evtext = "\n".join(ln.msg for b in ev.chain for ln in b.lines)
@@ -537,24 +538,25 @@ def _match_component(block: logtrace.ExcBlock, ev: logtrace.Event, *, is_async: 
         for rx in c.messages:
             m = re.search(rx, etext) or re.search(rx, evtext)
             if m:
-                return c, m
+                return c, m, None
     frames = [f for b in reversed(ev.chain) for f in reversed(b.frames)]  # innermost first
     root_first = list(reversed(block.frames)) + [f for f in frames if f not in block.frames]
-    keys = [_frame_key(f) for f in root_first]
+    keys = [(_frame_key(f), f) for f in root_first]
     chain_text = "\n".join(b.text for b in ev.chain)
     for c in comps:
         if c.scope != "phase":
             continue
         if c.exceptions and not re.search(c.exceptions, chain_text):
             continue
-        if any(re.search(rx, k) for rx in c.frames for k in keys):
-            return c, None
+        for k, f in keys:
+            if any(re.search(rx, k) for rx in c.frames):
+                return c, None, f
     if is_async:
         return None
-    for k in keys:
+    for k, f in keys:
         for c in comps:
             if c.scope == "frame" and any(re.search(rx, k) for rx in c.frames):
-                return c, None
+                return c, None, f
     return None
 
 
@@ -642,8 +644,10 @@ def diagnose_text(text: str, context: DiagContext | None = None) -> Diagnosis | 
         for p, rx in pats:
             if p.weak:
                 continue
-            for cand in [*b.lines, *(ln for x in e.chain for ln in x.lines)]:
-                if rx.search(cand.msg):
+            after = [ln for ln in b.lines if b.header_line is not None and ln.index > b.header_line.index]
+            for cand in [*([b.header_line] if b.header_line else []), *after, *b.lines,
+                         *(ln for x in e.chain for ln in x.lines)]:
+                if rx.search(cand.msg) and not _is_wrapper(cand.msg) and not logtrace.is_ray_header(cand.msg):
                     return p, cand
             if rx.search(b.text):
                 return p, b.header_line or b.lines[0]
@@ -705,7 +709,10 @@ def _assemble(ev, block, hit, lines, text, ctx, versions, wrappers) -> Diagnosis
         comp_id = cm[0].id
     else:
         cnotes, cfixes = [], []
-    where = f" in {frame}" if frame else ""
+    at = cm[2] if cm is not None and cm[2] is not None else inner
+    where = f" in {at.where()}" if at is not None else ""
+    if at is not None and inner is not None and at is not inner:
+        where += f" (raised in {inner.where()})"
     async_note = (f"the CUDA error was reported asynchronously{' at ' + frame if frame else ''}"
                   + (f" ({reported_in})" if reported_in else "")
                   + ", which may not be the faulting kernel") if is_async else ""
@@ -793,13 +800,11 @@ def _no_traceback(lines, events, text, ctx, versions, wrappers) -> Diagnosis | N
     last = _last_lines(lines)
     shutdown = next((ln for ln in lines if _SHUTDOWN.search(ln.msg)), None)
     if shutdown is not None and (code is None or code in (0, -15, 143, -2, 130)):
+        fx = "find who stopped it (m3ctl stop, docker stop, a supervisor); start it again with m3ctl serve"
         return Diagnosis("engine-terminated", "the engine was shut down on request (SIGTERM/SIGINT), not by a crash: "
-                         "the EngineDeadError lines after it belong to the shutdown",
-                         "find who stopped it (m3ctl stop, docker stop, a supervisor); start it again with m3ctl serve",
+                         "the EngineDeadError lines after it belong to the shutdown", fx,
                          shutdown.raw.strip()[:300], kind="RUNTIME-DIAG", versions=versions, wrappers=wrappers,
-                         exit_code=code, last_lines=last,
-                         fixes=("find who stopped it (m3ctl stop, docker stop, a supervisor); start it again with "
-                                "m3ctl serve",))
+                         exit_code=code, last_lines=last, fixes=(fx,))
     if code is not None and code != 0:
         words, fixes = _exit_view(code)
         tail = f"; last lines: {' | '.join(last)}" if last else ""

@@ -192,6 +192,11 @@ def parse_line(index: int, raw: str) -> LogLine:
                    level, m.group("loc"), m.group("ts"))
 
 
+def is_ray_header(msg: str) -> bool:
+    """Ray's ``RayTaskError(Type): ray::Actor.method() (pid=..)`` line (a wrapper of the remote exception)."""
+    return bool(_RAY_START.match(msg.strip()))
+
+
 def is_progress(msg: str) -> bool:
     """A tqdm progress bar line (``Capturing CUDA graphs ...:  53%|#####     | 27/51 [00:06<00:05, 4.14it/s]``)."""
     return bool(_PROGRESS.search(msg))
@@ -252,6 +257,8 @@ def parse_events(text: str) -> tuple[list[LogLine], list[Event]]:
         key = ln.stream
         st = streams.setdefault(key, _Stream())
         msg = ln.msg
+        if st.block is None and st.chain and not st.pending_chain and msg.strip() and not _CHAIN.match(msg):
+            close_chain(st, key)  # a finished chain: no "The above exception ..." followed its blank line
         # ---- traceback structure
         if _TB_START.search(msg) or _RAY_START.match(msg.strip()):
             close_loose(st, key)
@@ -305,6 +312,10 @@ def parse_events(text: str) -> tuple[list[LogLine], list[Event]]:
                 st.block.header_line = ln
                 st.block.lines.append(ln)
                 st.reading_detail = True
+                continue
+            if st.reading_detail and not msg.strip():  # a blank line: the chain may continue ("The above ...")
+                st.chain.append(st.block)
+                st.block, st.reading_detail = None, False
                 continue
             if st.reading_detail:
                 hdr = st.block.header_line
