@@ -534,14 +534,15 @@ def _match_component(block: logtrace.ExcBlock, ev: logtrace.Event, *, is_async: 
     comps = _components().components
     etext = block.text
     evtext = "\n".join(ln.msg for b in ev.chain for ln in b.lines)
+    frames = [f for b in reversed(ev.chain) for f in reversed(b.frames)]  # innermost first
+    root_first = list(reversed(block.frames)) + [f for f in frames if f not in block.frames]
+    keys = [(_frame_key(f), f) for f in root_first]
     for c in comps:
         for rx in c.messages:
             m = re.search(rx, etext) or re.search(rx, evtext)
             if m:
-                return c, m, None
-    frames = [f for b in reversed(ev.chain) for f in reversed(b.frames)]  # innermost first
-    root_first = list(reversed(block.frames)) + [f for f in frames if f not in block.frames]
-    keys = [(_frame_key(f), f) for f in root_first]
+                at = next((f for k, f in keys if any(re.search(fx, k) for fx in c.frames)), None)
+                return c, m, at
     chain_text = "\n".join(b.text for b in ev.chain)
     for c in comps:
         if c.scope != "phase":
@@ -662,131 +663,121 @@ def diagnose_text(text: str, context: DiagContext | None = None) -> Diagnosis | 
     return _assemble(ev, block, hit, lines, text, ctx, versions, wrappers)
 
 
+def _is_async(block: logtrace.ExcBlock, ev: logtrace.Event, ctx: DiagContext) -> bool:
+    """A GPU kernel fault reported at a later synchronisation: a kernel error (not an API error such as
+    "invalid argument"), torch's "might be asynchronously reported" note, and no CUDA_LAUNCH_BLOCKING=1."""
+    ae = _components().async_errors
+    etext = block.text + "\n" + "\n".join(ln.msg for b in ev.chain for ln in b.lines)
+    if not _CUDA_ERR.search(etext) or any(ctx.env.get(k) == v for k, v in ae.blocking_env.items()):
+        return False
+    return bool(re.search(ae.errors, etext)) and bool(re.search(ae.note, etext))
+
+
+def _suspects(block: logtrace.ExcBlock, ctx: DiagContext, text: str, versions: dict[str, str]
+              ) -> tuple[list[tuple[str, str, list[str]]], Component | None, str | None]:
+    """For an asynchronous error: the suspects (name, note, fixes) — components whose ``suspect``
+    refinements hold on this log first, then the component of the frame where it surfaced — the first
+    log-based suspect, and the name of the surfacing component."""
+    comps = _components().components
+    surfaced = next((c for f in reversed(block.frames) for c in comps
+                     if c.scope == "frame" and any(re.search(rx, _frame_key(f)) for rx in c.frames)), None)
+    out: list[tuple[str, str, list[str]]] = []
+    first = None
+    for c in comps:
+        if surfaced is not None and c.id == surfaced.id:
+            continue
+        for w in c.suspect:
+            ok, vals = _when_holds(w, ctx, text, versions)
+            if ok:
+                out.append((c.name, _fmt(w.note, vals) if w.note else "", list(c.fixes)))
+                first = first or c
+                break
+    if surfaced is not None:
+        name, _, fixes = _component_view(surfaced, None, ctx, text, versions)
+        out.append((name, "", fixes))
+    return out, first, surfaced.name if surfaced else None
+
+
 def _assemble(ev, block, hit, lines, text, ctx, versions, wrappers) -> Diagnosis:
     """The Diagnosis of the failing exception ``block`` of event ``ev`` (``hit``: (pattern, line) or None)."""
     vc = _validation_cause(block)
     message = vc[1] if vc else block.message
     exc_type = f"{block.exc_type} ({vc[0]})" if vc and block.exc_type else block.exc_type
     quote_line = (vc[2] if vc and vc[2] is not None else None) or block.header_line or block.lines[0]
-    etext = block.text + "\n" + "\n".join(ln.msg for b in ev.chain for ln in b.lines)
-    is_cuda = bool(_CUDA_ERR.search(etext))
-    ae = _components().async_errors
-    blocking = any(ctx.env.get(k) == v for k, v in ae.blocking_env.items())
-    is_async = (is_cuda and not blocking and bool(re.search(ae.errors, etext))
-                and bool(re.search(ae.note, etext)))
+    is_async = _is_async(block, ev, ctx)
     inner = next((f for f in reversed(block.frames) if not logtrace.short_path(f.file).startswith("pydantic/")),
                  block.innermost)  # a validator's frames say nothing about the failing setting
     frame = inner.where() if inner else None
     cm = _match_component(block, ev, is_async=is_async)
-    reported_in = None
-    if is_async:  # the component of the (untrustworthy) frame: a suspect, not the culprit
-        for f in reversed(block.frames):
-            for c in _components().components:
-                if c.scope == "frame" and any(re.search(rx, _frame_key(f)) for rx in c.frames):
-                    reported_in = c
-                    break
-            if reported_in:
-                break
-    suspects: list[tuple[str, str, list[str]]] = []
-    first_suspect: Component | None = None
-    if is_async and cm is None:
-        for c in _components().components:
-            for w in c.suspect:
-                ok, vals = _when_holds(w, ctx, text, versions)
-                if ok and (reported_in is None or c.id != reported_in.id):
-                    suspects.append((c.name, _fmt(w.note, vals) if w.note else "", list(c.fixes)))
-                    first_suspect = first_suspect or c
-                    break
-        if reported_in is not None:
-            rname, _, rfixes = _component_view(reported_in, None, ctx, text, versions)
-            suspects.append((rname, "", rfixes))
-        reported_in = reported_in.name if reported_in else None
-    notes: list[str] = []
-    fixes: list[str] = []
+    suspects, first_suspect, surfaced = _suspects(block, ctx, text, versions) if is_async and cm is None \
+        else ([], None, None)
     comp_name = comp_id = None
+    cnotes: list[str] = []
+    cfixes: list[str] = []
     if cm is not None:
         comp_name, cnotes, cfixes = _component_view(cm[0], cm[1], ctx, text, versions)
         comp_id = cm[0].id
-    else:
-        cnotes, cfixes = [], []
     at = cm[2] if cm is not None and cm[2] is not None else inner
     where = f" in {at.where()}" if at is not None else ""
     if at is not None and inner is not None and at is not inner:
         where += f" (raised in {inner.where()})"
-    async_note = (f"the CUDA error was reported asynchronously{' at ' + frame if frame else ''}"
-                  + (f" ({reported_in})" if reported_in else "")
-                  + ", which may not be the faulting kernel") if is_async else ""
-    pin = ae.pin
-    if hit is not None:
+    notes: list[str] = []
+    if hit is not None:  # a known message: the pattern's finding, the stack's component
         p, ln = hit
         d = _refine(p, ln.raw, text, ctx)
-        pcomp = d.component
         notes.append(d.cause)
-        if pcomp:  # the pattern knows its component: its fix first
+        if d.component:  # the pattern names its component: its fix first
             fixes = [d.fix]
-            comp_name = pcomp
+            comp_name = d.component
         elif cm is not None:
             notes.extend(cnotes)
-            if p.defer:
-                fixes = list(cfixes)
-            elif p.stack_first:
-                fixes = [*cfixes, d.fix]
-            else:
-                fixes = [d.fix, *cfixes]
+            if cm[2] is not None and not is_async:
+                notes.append(f"failing frame {where.removeprefix(' in ')}")
+            fixes = list(cfixes) if p.defer else [*cfixes, d.fix] if p.stack_first else [d.fix, *cfixes]
         else:
             fixes = [d.fix]
-        if is_async:
-            notes.append(async_note)
-            fixes = [pin, *fixes]
-        if suspects:
-            notes.extend(note for _, note, _ in suspects)
-            fixes = [fixes[0], *(s[2][0] for s in suspects if s[2]), *fixes[1:]]
-        fid, kind, confirm = p.id, p.kind, d.confirm
-        if is_async and "CUDA_LAUNCH_BLOCKING=1" not in confirm:
-            confirm = (*confirm, "CUDA_LAUNCH_BLOCKING=1")
-        line = ln.raw
-    else:
+        fid, kind, confirm, line = p.id, p.kind, d.confirm, ln.raw
+        if vc and vc[2] is not None and ln is block.header_line:
+            line = vc[2].raw  # the Value error line, never the validation header
+    else:  # no known message: the component of the stack, else "unrecognised" with the exception and frame
         head = (f"{exc_type}: {message}" if message else f"{exc_type}") if exc_type else message
         if not message and inner is not None and inner.code:
             head += f" ({inner.code})"
         if cm is not None:
             fid, kind = comp_id, cm[0].kind
-            notes.append(f"{head}{where}")
-            notes.extend(cnotes)
+            notes += [f"{head}{where}", *cnotes]
             fixes = list(cfixes)
         else:
             fid, kind = "generic", "generic"
             if frame:
                 notes.append(f"unrecognised failure in {frame}: {head}")
             else:
-                by = f" (logged by {ev.process}" + (f" at {quote_line.loc})" if quote_line.loc else ")") \
-                    if ev.process else (f" (logged at {quote_line.loc})" if quote_line.loc else "")
+                by = ""
+                if ev.process or quote_line.loc:
+                    by = " (logged" + (f" by {ev.process}" if ev.process else "") + \
+                         (f" at {quote_line.loc}" if quote_line.loc else "") + ")"
                 notes.append(f"unrecognised failure: {head}{by}")
             short = f"{(block.exc_type or '').split('.')[-1]} {message[:60]}".strip()
             fixes = [f"search vLLM's issues for '{short}'"
                      + (f" and the function {inner.function}" if inner and inner.function else "")
                      + "; rerun with --enforce-eager to rule out CUDA graphs and torch.compile"]
-        if is_async:
-            notes.append(async_note)
-            fixes = [pin, *fixes]
-        if suspects:
-            notes.extend(note for _, note, _ in suspects)
-            fixes = [fixes[0], *(s[2][0] for s in suspects if s[2]), *fixes[1:]]
-        confirm = ("CUDA_LAUNCH_BLOCKING=1",) if is_async else ()
-        line = quote_line.raw
-    if hit is not None and vc and vc[2] is not None and hit[1] is block.header_line:
-        line = vc[2].raw  # the Value error line, never the validation header
-    if first_suspect is not None and comp_name is None:
-        # The log names the model whose kernel is the known suspect: serve-now fix first, then pin to confirm.
-        comp_name, comp_id = f"{first_suspect.name}, suspected", first_suspect.id
-        if fixes and fixes[0] == pin and len(fixes) > 1:
-            fixes = [fixes[1], pin, *fixes[2:]]
+        confirm, line = (), quote_line.raw
+    if is_async:
+        ae = _components().async_errors
+        notes.append(f"the CUDA error was reported asynchronously{' at ' + frame if frame else ''}"
+                     + (f" ({surfaced})" if surfaced else "") + ", which may not be the faulting kernel")
+        notes.extend(note for _, note, _ in suspects)
+        fixes = [ae.pin, *(sf[2][0] for sf in suspects if sf[2]), *fixes]
+        confirm = tuple(dict.fromkeys([*confirm, "CUDA_LAUNCH_BLOCKING=1"]))
+        if first_suspect is not None and comp_name is None:
+            # The log names the model whose kernel is the known suspect: its serve-now fix first, then pin.
+            comp_name, comp_id = f"{first_suspect.name}, suspected", first_suspect.id
+            fixes = [fixes[1], fixes[0], *fixes[2:]]
     fixes = _dedupe(fixes)
-    cause = "; ".join(_dedupe(notes))
-    return Diagnosis(fid, cause, _join_fixes(fixes), line.strip()[:300], comp_name, tuple(confirm), kind,
-                     versions, exc_type=exc_type, message=message, frame=frame, component_id=comp_id,
-                     process=ev.process, wrappers=wrappers, async_error=is_async, fixes=tuple(fixes),
-                     exit_code=ctx.exit_code, suspects=tuple(s[0] for s in suspects))
+    return Diagnosis(fid, "; ".join(_dedupe(notes)), _join_fixes(fixes), line.strip()[:300], comp_name,
+                     tuple(confirm), kind, versions, exc_type=exc_type, message=message, frame=frame,
+                     component_id=comp_id, process=ev.process, wrappers=wrappers, async_error=is_async,
+                     fixes=tuple(fixes), exit_code=ctx.exit_code, suspects=tuple(sf[0] for sf in suspects))
 
 
 def _no_traceback(lines, events, text, ctx, versions, wrappers) -> Diagnosis | None:
