@@ -46,6 +46,7 @@ _EXC_WORD = re.compile(r"(Error|Exception|Exit|Interrupt|Fault|Warning|Failure)(
 # A line outside a traceback that reports a failure (C++ prints, fault handlers, NCCL WARN, HSA status).
 ERRORISH = re.compile(r"(Error\b|Error:|Exception\b|error:|FAILED|Failed:|\b[Ff]ault\b|HSA_STATUS_ERROR|NCCL WARN"
                       r"|Fatal Python error|Segmentation fault|Aborted|core dumped)")
+_RAW = ("untagged", None)  # loose_loc of an untagged exception line reading its message lines
 _PROGRESS = re.compile(r"(\d+%\|)|(\|\s*\d+/\d+ \[)|(it/s\]$)|(s/it\]$)")
 
 
@@ -335,6 +336,13 @@ def parse_events(text: str) -> tuple[list[LogLine], list[Event]]:
             continue
         exc = exception_line(msg)
         errorish = bool(exc) or bool(ERRORISH.search(msg)) or ln.level in ("ERROR", "CRITICAL")
+        if st.loose and st.loose_loc == _RAW and ln.level is None:
+            # an untagged exception line's own message lines (pydantic's per-field errors, torch's notes)
+            if (exc is None and not re.match(r"^(\[|\(|INFO|WARNING|DEBUG|nanobind)", msg)
+                    and len(st.loose[-1].detail) < 12):
+                st.loose[-1].detail.append(msg.strip())
+                st.loose[-1].lines.append(ln)
+                continue
         if st.loose and (ln.level, ln.loc) == st.loose_loc and ln.level is not None:
             if exc:  # a logged exception string: a new block of the same event
                 st.loose.append(ExcBlock(exc_type=exc[0], message=exc[1], lines=[ln], header_line=ln))
@@ -349,6 +357,8 @@ def parse_events(text: str) -> tuple[list[LogLine], list[Event]]:
                        header_line=ln)
         if ln.level is not None:
             st.loose, st.loose_loc = [blk], (ln.level, ln.loc)
+        elif exc:
+            st.loose, st.loose_loc = [blk], _RAW
         else:
             events.append(Event([blk], key, ln.index, False))
     for key, st in streams.items():

@@ -422,3 +422,23 @@ def test_component_file_errors_name_the_entry():
         with pytest.raises(ValueError) as e:
             load_components(head + bad + "\n", "c.yaml")
         assert str(e.value).startswith("c.yaml: ") and where in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+def test_pydantic_with_several_errors_quotes_the_first_value_error_with_its_field():
+    text = ("pydantic_core._pydantic_core.ValidationError: 2 validation errors for ParallelConfig\n"
+            "data_parallel_size\n"
+            "  Input should be greater than 0 [type=greater_than, input_value=0, input_type=int]\n"
+            "  Value error, tensor_parallel_size must divide the number of attention heads [type=value_error, "
+            "input_value=ArgsKwargs(()), input_type=ArgsKwargs]\n")
+    d = diagnose_text(text)
+    assert d.component == "vLLM config validation (ParallelConfig)" and d.id == "config-validation"
+    assert d.message == "data_parallel_size: Input should be greater than 0"
+    assert d.line.startswith("Input should be greater than 0") and "validation errors for" not in d.line
+
+
+def test_one_line_is_the_cause_then_what_to_try():
+    d = diagnose_log(FIX / "diagnose" / "cudagraph-oom.log")
+    cause, _, tried = d.one_line().partition("; try: ")
+    assert cause == d.summary() and tried == d.fix and tried.startswith(d.fixes[0])
+    assert d.process == "Worker_TP0 pid=3310" and d.exc_type == "torch.OutOfMemoryError"
+    assert any("WorkerProc hit an exception" in w for w in d.wrappers)
