@@ -336,13 +336,12 @@ def parse_events(text: str) -> tuple[list[LogLine], list[Event]]:
             continue
         exc = exception_line(msg)
         errorish = bool(exc) or bool(ERRORISH.search(msg)) or ln.level in ("ERROR", "CRITICAL")
-        if st.loose and st.loose_loc == _RAW and ln.level is None:
-            # an untagged exception line's own message lines (pydantic's per-field errors, torch's notes)
-            if (exc is None and not re.match(r"^(\[|\(|INFO|WARNING|DEBUG|nanobind)", msg)
-                    and len(st.loose[-1].detail) < 12):
-                st.loose[-1].detail.append(msg.strip())
-                st.loose[-1].lines.append(ln)
-                continue
+        # an untagged exception line's own message lines (pydantic's per-field errors, torch's notes)
+        if (st.loose and st.loose_loc == _RAW and ln.level is None and exc is None
+                and not re.match(r"^(\[|\(|INFO|WARNING|DEBUG|nanobind)", msg) and len(st.loose[-1].detail) < 12):
+            st.loose[-1].detail.append(msg.strip())
+            st.loose[-1].lines.append(ln)
+            continue
         if st.loose and (ln.level, ln.loc) == st.loose_loc and ln.level is not None:
             if exc:  # a logged exception string: a new block of the same event
                 st.loose.append(ExcBlock(exc_type=exc[0], message=exc[1], lines=[ln], header_line=ln))
