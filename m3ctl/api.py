@@ -194,9 +194,9 @@ def serve_plan(req: PlanRequest, inventory: HostInventory, *, raw_key: str | Non
 
     from m3ctl.catalog import load_profile_file  # noqa: PLC0415
     from m3ctl.plan import plan as make_plan  # noqa: PLC0415
-    from m3ctl.secrets import API_KEY_ENV, passthrough_env, remember  # noqa: PLC0415
+    from m3ctl.secrets import API_KEY_ENV, launch_env, passthrough_env, remember  # noqa: PLC0415
 
-    secrets = passthrough_env()
+    secrets: dict[str, str] = {}
     given: dict[str, str] = {}
     if api_key_env is not None:
         if not os.environ.get(api_key_env):
@@ -209,14 +209,13 @@ def serve_plan(req: PlanRequest, inventory: HostInventory, *, raw_key: str | Non
         remember(raw_key)
         secrets[API_KEY_ENV] = raw_key
         given.setdefault(API_KEY_ENV, "raw --api-key")
-    req = req.model_copy(update={"pass_env": sorted(set(req.pass_env) | set(secrets))})
+    req = req.model_copy(update={"pass_env": sorted(set(req.pass_env) | set(passthrough_env()) | set(secrets))})
     prof = req.profile = load_profile_file(Path(req.profile_file)) if req.profile_file else None
     p = make_plan(inventory, req)
-    inline = p.secret_values()
-    if raw_key and API_KEY_ENV in inline:
+    if raw_key and API_KEY_ENV in p.secret_values():
         raise BadInput(f"an API key given twice: {given[API_KEY_ENV]} and {p.secret_origins[API_KEY_ENV]}",
                        "give the key once")
-    secrets.update(inline)
+    secrets = {**launch_env(p), **secrets}  # the one launch environment of secrets (m3ctl.secrets.launch_env)
     update: dict[str, Any] = {"secret_origins": {**p.secret_origins, **given}}
     if api_key_env and api_key_env != API_KEY_ENV:
         update["api_key_env"] = api_key_env
@@ -332,7 +331,7 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
         cfg = BenchConfig(url=t.url, model=t.model or "?", concurrency=levels[0] if levels else None,
                           warmup=len(levels) > 1 if warmup is None else warmup, model_dir=t.model_dir,
                           server_log=t.server_log, num_gpus=t.num_gpus, num_gpus_source=t.num_gpus_source,
-                          api_key=t.api_key, **options)
+                          api_key=t.api_key, auth_basic=t.basic_auth, **options)
     except ValidationError as e:
         err = e.errors()[0]
         raise BadInput(f"bad bench option {'.'.join(map(str, err['loc']))}: {err['msg']}",
@@ -341,8 +340,7 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
         raise BadInput(f"bad bench option: {e}", "see m3ctl.bench.runner.BenchConfig") from None
     validate(cfg)
     if not t.model:
-        cfg = cfg.model_copy(update={"model": only_model(t.url, {"Authorization": f"Bearer {t.api_key}"}
-                                                         if t.api_key else None)})
+        cfg = cfg.model_copy(update={"model": only_model(t.url, t.headers(), t.key_hint)})
     return cfg, levels, t.sync_log
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel, Field, PrivateAttr
 
 from m3ctl import catalog
+from m3ctl import secrets as _secrets
 from m3ctl.assess import capability
 from m3ctl.assess.choose import choose_max_model_len, choose_variant
 from m3ctl.assess.facts import model_facts, read_model_facts
@@ -31,7 +32,6 @@ from m3ctl.assess.request import PlanRequest, merge, serve_command  # noqa: F401
 from m3ctl.assess.rules import PlanContext, advisories, run_rules, vllm_int
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
-from m3ctl import secrets as _secrets
 from m3ctl.secrets import redact_env
 
 

@@ -257,6 +257,15 @@ def passthrough_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     return out
 
 
+def launch_env(plan: Any, environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``{server variable: value}`` a launch of ``plan`` hands to the server's environment: the pass-through
+    variables set in ``environ`` (default ``os.environ``), then the values the plan's inputs carried
+    (:meth:`~m3ctl.plan.LaunchPlan.secret_values`; they win, as vLLM's flag wins over its variable)."""
+    out = passthrough_env(environ)
+    out.update(plan.secret_values())
+    return out
+
+
 def source_var(plan: Any, name: str) -> str:
     """The variable of the launching environment that holds the value the server gets as ``name``: the one
     ``serve --api-key-env VAR`` named for :data:`API_KEY_ENV`, else ``name`` itself."""
