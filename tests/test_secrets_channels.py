@@ -272,3 +272,36 @@ def test_watchdog_calls_401_unauthorised_and_never_restarts(monkeypatch):
     p = watchdog.watch(dep, Rt(), interval_s=0, restart="on-failure", relaunch=lambda a: relaunched.append(a),
                        max_probes=3)
     assert p.verdict == "unauthorised" and not relaunched and "401" in p.detail
+
+
+def test_tune_trial_server_that_inherits_vllm_api_key_gets_it_sent(tmp_path, tiny_models, monkeypatch):
+    """A trial server inherits VLLM_API_KEY (so it requires it): tune's readiness and benches send it, and the
+    trial files keep no trace of it."""
+    from m3ctl.tune.search import TuneSpec
+    from m3ctl.tune.server import ServerEvaluator
+
+    key = _marker("tune")
+    monkeypatch.setenv("VLLM_API_KEY", key)
+    monkeypatch.setenv("FAKE_VLLM", FAKE["FAKE_VLLM"])
+    exe = fake_vllm_config(tmp_path).parent / "vllm"
+    ev = ServerEvaluator(synthetic("h200x8"), "MiniMax-M3.1-Flash", tmp_path / "study", TuneSpec(prompts_per_concurrency=2),
+                         plan_base={"vllm_executable": str(exe), "startup_budget_s": 60},
+                         bench={"input_len": 8, "output_len": 4, "tokenizer": str(tiny_models["m2"]),
+                                "scrape_server_metrics": False}, port=free_port(), name_prefix="sk")
+    cand, why = ev.baseline_candidate()
+    assert cand is not None, why
+    session = ev.open(cand, 0, on_event=lambda s: None)
+    try:
+        assert psutil.Process(session.dep.pid).environ()["VLLM_API_KEY"] == key
+        res = session.measure(1, 1.0)
+        assert res["completed"] == res["num_prompts"] > 0 and res.get("failed", 0) == 0
+    finally:
+        session.close()
+    texts = [f.read_text(errors="replace") for f in (tmp_path / "study").rglob("*") if f.is_file()]
+    assert texts and not any(key in t for t in texts)
+
+
+def test_tune_refuses_a_secret_it_would_store(tiny_models):
+    secret = _marker("tunearg")
+    p = run_cli("tune", "--model", str(tiny_models["m2"]), "--dry-run", "--arg", f"api-key={secret}")
+    assert p.returncode == 2 and "secret flag" in p.stderr and secret not in p.stdout + p.stderr, p.stderr
