@@ -43,3 +43,8 @@ def test_dense_run_is_clean_and_served_long_prompts():
     bench = json.loads((M3 / "bench-m3-dense-c16.json").read_text())
     assert bench["completed"] == 48 and bench["failed"] == 0
     assert bench["total_input_tokens"] == 48 * 4096 and bench["max_concurrency"] == 16
+
+
+def test_every_m3_log_is_asserted_here():
+    asserted = {"log-m3-bf16-long", "log-m3-bf16-long-blocking", "log-m3-bf16-dense"}
+    assert {p.name.removesuffix(".txt.gz") for p in M3.glob("*.txt.gz")} == asserted
