@@ -305,3 +305,20 @@ def test_concurrent_tune_resume_is_refused_naming_the_holder(tmp_path):
     assert q.exitcode == -signal.SIGKILL and f"pid {q.pid}" in (sdir / LOCK_FILE).read_text()
     with study_lock(sdir):  # the stale lock of a dead pid is taken over (the kernel released its flock)
         assert f"pid {os.getpid()}" in (sdir / LOCK_FILE).read_text()
+
+
+def test_bench_of_a_deployment_already_dead_names_the_death(tmp_path, tiny_models):
+    """Not "cannot reach ... check --url": the deployment m3ctl knows is dead, and why (exit 4)."""
+    reg = Registry()
+    dep, proc = _fake(reg, "gone", tmp_path, crash_after=1)  # readiness took 1; the next request kills it
+    import httpx
+
+    with pytest.raises(httpx.HTTPError):
+        httpx.post(f"{dep.url}/v1/completions", json={"model": "gone", "prompt": "x", "max_tokens": 1}, timeout=10)
+    try:
+        b = _bench(["--deployment", "gone"], tiny_models["llama"])
+        assert b.returncode == 4, b.stdout + b.stderr
+        assert b.stderr.startswith("error: cannot reach") and "the engine of deployment 'gone' died at" in b.stderr
+        assert "illegal memory access" in b.stderr and "Traceback" not in b.stderr
+    finally:
+        run_cli("stop", "gone")

@@ -886,7 +886,14 @@ def _prepare(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Prepared:
     import httpx  # noqa: PLC0415
 
     validate(cfg)
-    _check_reachable(cfg)
+    try:
+        _check_reachable(cfg)
+    except BadInput as e:  # a deployment m3ctl knows whose engine is dead: say so, not "check --url"
+        if e.message.startswith("cannot reach") and (died := engine_death(cfg)):
+            raise BenchServerDown(f"{e.message}: {died['sentence']}",
+                                  (f"{died['fix']}; " if died.get("fix") else "")
+                                  + f"`m3ctl logs {cfg.deployment}` shows its log") from None
+        raise
     try:
         return _prepare_reachable(cfg, tok, sync_log)
     except (httpx.HTTPError, ConnectionError) as e:
