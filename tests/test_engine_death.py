@@ -322,3 +322,52 @@ def test_bench_of_a_deployment_already_dead_names_the_death(tmp_path, tiny_model
         assert "illegal memory access" in b.stderr and "Traceback" not in b.stderr
     finally:
         run_cli("stop", "gone")
+
+
+class _FakeContainer:
+    """What the docker SDK's Container shows of state (``status``, ``attrs["State"]``)."""
+
+    def __init__(self, status: str, exit_code: int = 0, oom: bool = False):
+        self.name, self.status, self.labels = "m3ctl-dk", status, {}
+        self.attrs = {"State": {"Status": status, "ExitCode": exit_code, "OOMKilled": oom,
+                                "FinishedAt": "2026-12-01T21:55:03.123456789Z"}}
+
+    def reload(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(("ct", "state", "needle"), [
+    (_FakeContainer("paused"), "paused", "docker unpause m3ctl-dk"),
+    (_FakeContainer("running"), "alive", ""),
+    (_FakeContainer("exited", 137), "dead", "exit 137 (SIGKILL)"),
+    (_FakeContainer("exited", 137, oom=True), "dead", "OOM-killed"),
+    (None, "dead", "was removed"),
+])
+def test_docker_container_states(monkeypatch, tmp_path, ct, state, needle):
+    """`docker pause` is paused, not dead (it was reported `exited`, then watch removed it and its record); an
+    exited container gives its exit code and FinishedAt; a removed one is dead; none of them leaves the record."""
+    from m3ctl.lifecycle import engine_state
+    from m3ctl.runtime.docker import DockerRuntime
+    from m3ctl.state import Deployment
+    from m3ctl.watchdog import Watchdog
+
+    monkeypatch.setattr(DockerRuntime, "_container", lambda self, dep: ct)
+    monkeypatch.setattr(DockerRuntime, "sync_log", lambda self, dep: None)
+    reg = Registry()
+    log = tmp_path / "dk.log"
+    log.write_text(CRASH)
+    dep = Deployment(name="dk", runtime="docker", container_id="c0ffee", port=free_port(), served_model_name="dk",
+                     model="m", log_path=str(log), phase="ready")
+    reg.save(dep)
+    rt = DockerRuntime()
+    raw = rt.inspect(dep)
+    es = engine_state(dep, rt, registry=reg)
+    assert raw.state == es.state == state and needle in f"{raw.detail} {raw.exit_status}"
+    assert rt.is_alive(dep) is (state in ("alive", "paused"))
+    if state == "paused":
+        p = Watchdog(dep, rt).probe()
+        assert p.verdict == "paused" and not p.failed and reg.get("dk").phase == "ready"
+    if state == "dead":
+        assert "illegal memory access" in es.cause and reg.get("dk").phase == "dead"
+    if ct is not None and ct.status == "exited":
+        assert time.strftime("%H:%M:%S", time.gmtime(es.at)) == "21:55:03"
