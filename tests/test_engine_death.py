@@ -310,7 +310,7 @@ def test_concurrent_tune_resume_is_refused_naming_the_holder(tmp_path):
 def test_bench_of_a_deployment_already_dead_names_the_death(tmp_path, tiny_models):
     """Not "cannot reach ... check --url": the deployment m3ctl knows is dead, and why (exit 4)."""
     reg = Registry()
-    dep, proc = _fake(reg, "gone", tmp_path, crash_after=1)  # readiness took 1; the next request kills it
+    dep, _ = _fake(reg, "gone", tmp_path, crash_after=1)  # readiness took 1; the next request kills it
     import httpx
 
     with pytest.raises(httpx.HTTPError):

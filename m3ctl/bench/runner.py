@@ -958,11 +958,11 @@ def _finish(prep: _Prepared, outs: list[RequestOutput], dur: float, cstats: list
             time.sleep(0.2)
     res = assemble(cfg, outs, dur, cstats, prep.wl, tok_name=getattr(tok, "name", None),
                    server=servermetrics.deltas(before, after), jit=jit)
-    if cfg.deployment and (res.get("failed") or res.get("server_down") or res.get("stalled")):
-        if died := engine_death(cfg):  # the requests failed because the engine died: say when and why
-            fails = [o.end_time for o in outs if not o.success and o.end_time]
-            wall = time.time() - (time.perf_counter() - min(fails)) if fails else None
-            _mark_engine_died(res, died, wall)
+    if (cfg.deployment and (res.get("failed") or res.get("server_down") or res.get("stalled"))
+            and (died := engine_death(cfg))):  # the requests failed because the engine died: say when and why
+        fails = [o.end_time for o in outs if not o.success and o.end_time]
+        wall = time.time() - (time.perf_counter() - min(fails)) if fails else None
+        _mark_engine_died(res, died, wall)
     try:
         _realign(cfg, prep.job, tok, res)
     finally:

@@ -313,10 +313,10 @@ class DockerRuntime(Runtime):
         st = ct.attrs.get("State", {})
         at = None
         if fin := st.get("FinishedAt"):
-            from datetime import datetime  # noqa: PLC0415
+            from datetime import datetime, timezone  # noqa: PLC0415
 
-            try:  # RFC 3339 with nanoseconds: keep microseconds
-                at = datetime.fromisoformat(fin[:26].rstrip("Z") + "+00:00").timestamp()
+            try:  # RFC 3339 in UTC with nanoseconds: keep microseconds
+                at = datetime.fromisoformat(fin[:26].rstrip("Z")).replace(tzinfo=timezone.utc).timestamp()
             except ValueError:
                 at = None
         how = "OOM-killed" if st.get("OOMKilled") else exit_status(st.get("ExitCode"))
