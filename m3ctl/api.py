@@ -386,6 +386,9 @@ def bench(url: str | None = None, *, concurrency: int | Sequence[int] | None = N
     Raises:
         BadInput: no endpoint, an unreachable server, a model it does not serve, a bad option, no tokenizer;
             another run in progress in this process.
+        BenchServerDown: the server was lost while the prompts were prepared, or the m3ctl deployment behind the
+            endpoint is already dead (its death named: m3ctl.lifecycle). A death during the run is returned in the
+            result instead (``engine_died``, ``server_down``, invalid).
     """
     from m3ctl.bench.runner import run_bench, run_sweep  # noqa: PLC0415
 

@@ -436,9 +436,9 @@ def watch_deployment(dep: Deployment, rt: Runtime, registry: Registry, secret_en
     if (stop_on_exit or last.verdict == "exited") and registry.exists(current.name):
         with sigint_ignored():  # what is left of it; the record stays (`dead`, with its cause) for `m3ctl logs`
             runtime_for(current).stop(current, timeout_s=10)
-            es = last.engine or EngineState(current.name, "dead", last.detail, at=last.at, cause=last.detail,
-                                            log_path=current.log_path)
-            record_death(registry, current.name, es)
+            es = last.engine or EngineState(current.name, "failed", last.detail, at=last.at,
+                                            cause=f"{last.verdict}: {last.detail}", log_path=current.log_path)
+            record_death(registry, current.name, es, phase="dead" if last.engine is not None else "failed")
     what = last.engine.sentence() if last.engine is not None else f"server {dep.name!r} failed: {last.verdict}: " \
         f"{last.detail}" + (f" [{last.cause}]" if last.cause else "")
     fix = (last.engine.fix + "; " if last.engine is not None and last.engine.fix else "")
