@@ -331,7 +331,7 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
         cfg = BenchConfig(url=t.url, model=t.model or "?", concurrency=levels[0] if levels else None,
                           warmup=len(levels) > 1 if warmup is None else warmup, model_dir=t.model_dir,
                           server_log=t.server_log, num_gpus=t.num_gpus, num_gpus_source=t.num_gpus_source,
-                          api_key=t.api_key, auth_basic=t.basic_auth, **options)
+                          api_key=t.api_key, auth_basic=t.basic_auth, deployment=t.deployment, **options)
     except ValidationError as e:
         err = e.errors()[0]
         raise BadInput(f"bad bench option {'.'.join(map(str, err['loc']))}: {err['msg']}",
@@ -395,6 +395,9 @@ def bench(url: str | None = None, *, concurrency: int | Sequence[int] | None = N
     Raises:
         BadInput: no endpoint, an unreachable server, a model it does not serve, a bad option, no tokenizer;
             another run in progress in this process.
+        BenchServerDown: the server was lost while the prompts were prepared, or the m3ctl deployment behind the
+            endpoint is already dead (its death named: m3ctl.lifecycle). A death during the run is returned in the
+            result instead (``engine_died``, ``server_down``, invalid).
     """
     from m3ctl.bench.runner import run_bench, run_sweep  # noqa: PLC0415
 

@@ -74,6 +74,13 @@ def preflight(plan: LaunchPlan, registry: Registry, runtime: Runtime | None = No
         if alive:
             raise ConfigRejected(f"deployment {plan.name!r} is already running {where}",
                                  f"stop it first (`m3ctl stop {plan.name}`) or choose another --name")
+    from m3ctl.lifecycle import orphan_of  # noqa: PLC0415
+
+    if orphan := orphan_of(plan.name, registry, docker=plan.runtime == "docker"):  # its record gone or dead
+        raise ConfigRejected(f"a server of deployment {plan.name!r} is still running without a live record "
+                             f"({orphan})", f"stop it with `m3ctl stop {plan.name}` (found by its process marker or "
+                             "container label), or choose another --name")
+    if registry.exists(plan.name):
         registry.remove(plan.name)  # stale record of a dead server
     ensure_port_free(plan.host, plan.port, registry)
     for var in INTERNAL_PORT_ENV:
@@ -208,7 +215,7 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
         registry.save(dep)
         rt.sync_log(dep)
         return ServeResult(dep, ready, verify_kernels(rt.log_text(dep, tail_bytes=5_000_000), expect), findings)
-    except (LaunchFailed, KeyboardInterrupt):
+    except (LaunchFailed, KeyboardInterrupt) as e:
         if dep is None and registry.exists(plan.name):  # interrupted inside launch, after it saved the record
             try:
                 dep = registry.get(plan.name)
@@ -217,8 +224,21 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
         if dep is not None:
             with sigint_ignored():
                 rt.stop(dep)
-                registry.remove(dep.name)
+                if isinstance(e, LaunchFailed):  # kept as `failed`, with its cause and log, until `m3ctl stop`
+                    _record_failure(registry, dep, e)
+                else:
+                    registry.remove(dep.name)
         raise
+
+
+def _record_failure(registry: Registry, dep: Deployment, e: LaunchFailed) -> None:
+    """Keep the record of a launch that failed (phase ``failed``) with the error as its cause."""
+    from m3ctl.lifecycle import EngineState, record_death  # noqa: PLC0415
+
+    es = EngineState(dep.name, "failed", at=time.time(), cause=e.message, fix=e.hint, log_path=dep.log_path)
+    if not registry.exists(dep.name):
+        registry.save(dep)
+    record_death(registry, dep.name, es, phase="failed")
 
 
 def _smoke(plan: LaunchPlan, dep: Deployment, rt: Runtime, headers: dict[str, str], ctx: DiagContext) -> list:
@@ -414,7 +434,7 @@ def watch_deployment(dep: Deployment, rt: Runtime, registry: Registry, secret_en
                 if registry.exists(dep.name):
                     stop([dep.name], registry=registry)
         raise
-    if last.ok:
+    if not last.failed:  # healthy, or paused (not dead) when the probes ran out
         return
     if last.verdict == "unauthorised":  # the server is healthy and keyed: never called dead, never restarted
         from m3ctl.errors import Unauthorised  # noqa: PLC0415
@@ -423,12 +443,20 @@ def watch_deployment(dep: Deployment, rt: Runtime, registry: Registry, secret_en
             stop([dep.name], registry=registry)
         raise Unauthorised(f"deployment {dep.name!r} is unauthorised: {last.detail} (the engine is not dead)",
                            key_hint(saved_plan(registry, dep.name)))
+
+    from m3ctl.lifecycle import EngineState, record_death  # noqa: PLC0415
+
     current = registry.get(dep.name) if registry.exists(dep.name) else dep
     if (stop_on_exit or last.verdict == "exited") and registry.exists(current.name):
-        stop([current.name], registry=registry)
-    cause = f" [{last.cause}]" if last.cause else ""
-    raise LaunchFailed(f"server {dep.name!r} failed: {last.verdict}: {last.detail}{cause}",
-                       f"see `m3ctl logs {dep.name}`" if not stop_on_exit else f"see the log {current.log_path}",
+        with sigint_ignored():  # what is left of it; the record stays (`dead`, with its cause) for `m3ctl logs`
+            runtime_for(current).stop(current, timeout_s=10)
+            es = last.engine or EngineState(current.name, "failed", last.detail, at=last.at,
+                                            cause=f"{last.verdict}: {last.detail}", log_path=current.log_path)
+            record_death(registry, current.name, es, phase="dead" if last.engine is not None else "failed")
+    what = last.engine.sentence() if last.engine is not None else f"server {dep.name!r} failed: {last.verdict}: " \
+        f"{last.detail}" + (f" [{last.cause}]" if last.cause else "")
+    fix = (last.engine.fix + "; " if last.engine is not None and last.engine.fix else "")
+    raise LaunchFailed(what, fix + f"`m3ctl logs {dep.name}` shows its log; `m3ctl stop {dep.name}` removes the record",
                        phase="watch", log_path=current.log_path)
 
 
@@ -467,22 +495,38 @@ def api_key_for(registry: Registry, name: str) -> str | None:
 
 @dataclass
 class StatusRow:
+    """A deployment and its engine now (:func:`m3ctl.lifecycle.engine_state`)."""
+
     deployment: Deployment
-    alive: bool
+    engine: object  # m3ctl.lifecycle.EngineState
+
+    @property
+    def alive(self) -> bool:
+        """The server runs (``paused`` counts: it is not dead)."""
+        return self.engine.state in ("alive", "paused")  # type: ignore[attr-defined]
 
     @property
     def phase(self) -> str:
-        return self.deployment.phase if self.alive else "dead"
+        """The record's phase, or ``dead``/``failed``/``paused``/``unknown`` as the engine is now."""
+        st = self.engine.state  # type: ignore[attr-defined]
+        return self.deployment.phase if st == "alive" else st
 
     @property
     def uptime_s(self) -> float:
-        return time.time() - self.deployment.started_at
+        return (self.deployment.died_at or time.time()) - self.deployment.started_at
 
 
 def status(registry: Registry | None = None) -> list[StatusRow]:
-    """Every deployment m3ctl recorded, with liveness checked now (unreadable records: :func:`unreadable`)."""
+    """Every deployment m3ctl recorded, with its engine checked now (a death seen first here is recorded, with
+    its cause; unreadable records: :func:`unreadable`)."""
+    from m3ctl.lifecycle import engine_state  # noqa: PLC0415
+
     registry = registry or Registry()
-    return [StatusRow(d, runtime_for(d).is_alive(d)) for d in registry.list()]
+    rows = []
+    for d in registry.list():
+        es = engine_state(d, registry=registry)
+        rows.append(StatusRow(registry.get(d.name) if es.dead and registry.exists(d.name) else d, es))
+    return rows
 
 
 def unreadable(registry: Registry | None = None) -> dict[str, str]:
@@ -513,7 +557,9 @@ def stop_unreadable(name: str, registry: Registry, timeout_s: float = 20.0) -> S
 
 def stop(names: list[str] | None = None, *, all_: bool = False, registry: Registry | None = None,
          timeout_s: float = 20.0) -> list[StopReport]:
-    """Stop deployments by name (or all); remove their records; verify nothing is left.
+    """Stop deployments by name (or all); remove their records; verify nothing is left. A name whose record is
+    gone is still found by its process marker or container label (and ``all_`` finds every such server of the
+    state dir); a ``dead`` or ``failed`` record is removed (what is left of its server stopped).
 
     Verification: no process/container of the deployment is left, the API port is free, and
     (where NVML can tell) none of its PIDs holds GPU memory.
@@ -522,11 +568,20 @@ def stop(names: list[str] | None = None, *, all_: bool = False, registry: Regist
         NotFound: a named deployment does not exist (exit 2); nothing is stopped.
         LaunchFailed: processes were left alive, or they still hold GPU memory (exit 4).
     """
+    from m3ctl.lifecycle import orphan_of, orphans  # noqa: PLC0415
+
     registry = registry or Registry()
     bad = registry.unreadable()
-    deps = registry.list() if all_ else [registry.get(n) for n in (names or []) if n not in bad]
+    if all_:  # servers of this state dir whose records are gone: by their process marker / container label
+        lost = list(orphans(registry, docker=True))
+    else:
+        lost = [n for n in (names or []) if n not in bad and not registry.exists(n)]
+        for n in lost:  # an unknown name stops nothing: all are checked first
+            if orphan_of(n, registry, docker=True) is None:
+                registry.get(n)  # raises NotFound naming the known deployments
+    deps = registry.list() if all_ else [registry.get(n) for n in (names or []) if n not in bad and n not in lost]
     reports = []
-    for n in (bad if all_ else [n for n in (names or []) if n in bad]):
+    for n in [*(bad if all_ else [n for n in (names or []) if n in bad]), *lost]:
         rep = stop_unreadable(n, registry, timeout_s)
         reports.append(rep)
         if rep.leftover:

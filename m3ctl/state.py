@@ -145,7 +145,9 @@ class Deployment(BaseModel):
         log_path: server log file.
         started_at: UNIX time of the launch (s).
         ready_at: UNIX time readiness completed (s), None until ready.
-        phase: last known phase (``launching``, ``ready``, ``failed``, ``stopped``).
+        phase: last known phase (``launching``, ``ready``, ``stalled``, ``failed``: a launch m3ctl gave up on and
+            stopped, ``dead``: the server died after its launch; both keep the record, with its log, until
+            ``m3ctl stop NAME`` removes it).
         plan_hash: hash of the launch plan, to tell deployments of the same plan apart.
         image: container image (docker runtime).
         runtime_options: runtime settings (docker: network, ipc, mounts, GPUs), reused on restart.
@@ -174,6 +176,14 @@ class Deployment(BaseModel):
     smoke: list[dict] | None = None
     marker: str | None = None
     """:data:`MARKER_ENV` value of its processes (process runtime): how ``stop`` finds every one of them."""
+    died_at: float | None = None
+    """UNIX time (s) the death was first seen (phase ``dead``/``failed``), else None."""
+    exit_status: str | None = None
+    """How the server process/container ended (``exit 134``, ``killed by SIGKILL``, ``OOM-killed``), when known."""
+    cause: str | None = None
+    """One line: why it died or failed (the root cause from its log, m3ctl.diagnose), when known."""
+    fix: str | None = None
+    """One line: what to try about ``cause``, when known."""
 
     @property
     def url(self) -> str:

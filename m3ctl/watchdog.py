@@ -32,10 +32,11 @@ from typing import Literal
 import httpx
 
 from m3ctl.diagnose import DiagContext, diagnose_text
+from m3ctl.lifecycle import EngineState, engine_state, explain
 from m3ctl.runtime.base import Runtime
 from m3ctl.state import Deployment
 
-Verdict = Literal["ok", "exited", "unreachable", "engine-dead", "stalled", "unauthorised"]
+Verdict = Literal["ok", "exited", "unreachable", "engine-dead", "stalled", "paused", "unauthorised"]
 
 _METRIC = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$")
 _WANTED = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:generation_tokens_total")
@@ -73,10 +74,18 @@ class Probe:
     canary_s: float | None = None
     metrics: dict[str, float] = field(default_factory=dict)
     cause: str | None = None
+    engine: EngineState | None = None
+    """When the server died (``exited``): when, how and why (m3ctl.lifecycle)."""
 
     @property
     def ok(self) -> bool:
         return self.verdict == "ok"
+
+    @property
+    def failed(self) -> bool:
+        """A failure :func:`watch` ends on (or restarts): not ``ok``, and not ``paused`` (a paused server is not
+        dead: it resumes where it stopped)."""
+        return self.verdict not in ("ok", "paused")
 
 
 class Watchdog:
@@ -101,16 +110,21 @@ class Watchdog:
         """A death while watching happened under traffic: the diagnosis is keyed on the ``serving`` phase."""
         return DiagContext(argv=tuple(self.dep.argv), phase="serving")
 
-    def _died(self) -> Probe:
-        self.rt.sync_log(self.dep)
-        diag = diagnose_text(self.rt.log_text(self.dep), self._diag_context)
-        detail = "server process/container exited" + (f": {diag.summary()}" if diag else "")
-        return Probe("exited", detail, cause=diag.line if diag else None)
+    def _died(self, es: EngineState | None = None) -> Probe:
+        es = es or engine_state(self.dep, self.rt)
+        if not es.dead:
+            es = EngineState(self.dep.name, "dead", es.detail or "not running", at=time.time(),
+                             log_path=self.dep.log_path)
+            es.cause, es.fix = explain(self.dep, self.rt)
+        return Probe("exited", es.sentence(), cause=es.cause, engine=es)
 
     def probe(self) -> Probe:
         """Run one probe now (takes at most about ``canary_timeout_s`` + 10 s)."""
-        if not self.rt.is_alive(self.dep):
-            return self._died()
+        es = engine_state(self.dep, self.rt)
+        if es.state == "paused":
+            return Probe("paused", es.detail)
+        if es.dead or not self.rt.is_alive(self.dep):
+            return self._died(es)
         with httpx.Client(base_url=self.dep.url, timeout=10.0, headers=self.headers) as c:
             try:
                 h = c.get("/health")
@@ -200,7 +214,7 @@ def watch(dep: Deployment, rt: Runtime, *, interval_s: float = 10.0, canary_time
         p = dog.probe()
         n += 1
         emit(WatchEvent("probe", p, deployment=dep))
-        if not p.ok:
+        if p.failed:
             if restart != "on-failure" or relaunch is None or p.verdict == "unauthorised":
                 return p  # a keyed server answering 401 is healthy: restarting it would not fix the key
             if attempt >= max_restarts:

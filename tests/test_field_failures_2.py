@@ -117,7 +117,8 @@ def test_n03_crash_at_the_smoke_tests_first_chat_request_is_diagnosed_and_stoppe
     assert p.returncode == 4 and "server died during the smoke test after readiness" in p.stderr, p.stderr
     _assert_root_cause(p.stderr, "cuda-illegal-memory-access", "torch.AcceleratorError: CUDA error")
     assert "first request" in p.stderr
-    assert json.loads(run_cli("status", "--json", check=True).stdout) == []  # stopped and removed
+    (rec,) = json.loads(run_cli("status", "--json", check=True).stdout)  # stopped; the record kept, with its cause
+    assert rec["phase"] == "failed" and rec["alive"] is False and "CUDA error" in rec["cause"]
 
 
 def test_n03_variant_marlin_moe_fault_at_startup_on_four_gpus(tmp_path):

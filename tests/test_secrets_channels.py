@@ -250,9 +250,14 @@ def test_watchdog_calls_401_unauthorised_and_never_restarts(monkeypatch):
     from m3ctl import watchdog
     from m3ctl.state import Deployment
 
+    from m3ctl.runtime.base import RawState
+
     class Rt:
         def is_alive(self, dep):
             return True
+
+        def inspect(self, dep):
+            return RawState("alive")
 
         def log_text(self, dep, **kw):
             return ""

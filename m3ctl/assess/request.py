@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from m3ctl.errors import BadInput
 
@@ -91,6 +91,15 @@ class PlanRequest(BaseModel):
     startup_budget_s: float | None = None
     vllm_executable: str | None = None
     catalog_dir: str | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _absolute_local_model(cls, v: str) -> str:
+        """A local model directory given relative (``./tm2``, ``~/m``) is stored absolute: a plan, a record and a
+        restart from another directory name the same directory (vLLM would take a relative path that does not
+        exist there for a hub id and download it)."""
+        p = Path(v).expanduser()
+        return str(p.resolve()) if v and not p.is_absolute() and p.is_dir() else v
 
     def set_fields(self) -> dict[str, Any]:
         """The fields this layer sets (explicitly given, and for switches only ``True``)."""

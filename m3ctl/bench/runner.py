@@ -62,6 +62,37 @@ class BenchServerDown(M3Error):
     exit_code = EXIT_LAUNCH_FAILED
 
 
+def engine_death(cfg: BenchConfig) -> dict | None:
+    """The death of ``cfg.deployment``'s engine (:meth:`m3ctl.lifecycle.EngineState.to_dict` plus ``sentence``),
+    None when it lives, is paused, or no deployment is known. A death seen first here is recorded in its record."""
+    if not cfg.deployment:
+        return None
+    from m3ctl.lifecycle import check  # noqa: PLC0415
+    from m3ctl.state import Registry  # noqa: PLC0415
+
+    es = check(cfg.deployment, Registry(cfg.state_dir) if cfg.state_dir else None)
+    if es is None or not es.dead:
+        return None
+    return {**es.to_dict(), "sentence": es.sentence()}
+
+
+def _mark_engine_died(res: dict, died: dict, first_fail_wall: float | None) -> None:
+    """Mark a result whose server's engine died: ``engine_died`` (when, how, why), ``server_down``, invalid."""
+    if first_fail_wall is not None and (died.get("at") is None or first_fail_wall < died["at"]):
+        died = {**died, "at": first_fail_wall}
+        from m3ctl.lifecycle import EngineState  # noqa: PLC0415
+
+        es = EngineState(**{k: v for k, v in died.items() if k != "sentence"})
+        died["sentence"] = es.sentence()
+    res["engine_died"] = died
+    res["server_down"] = True
+    res.setdefault("not_sent", 0)
+    v = res.setdefault("validity", {"valid": False, "reasons": [], "warnings": []})
+    v["valid"] = False
+    v["reasons"] = [r for r in v.get("reasons", []) if not r.startswith("server generated")]
+    v["reasons"].append(f"{died['sentence']}; partial results")
+
+
 class BenchServerStalled(BenchServerDown):
     """No token arrived on any in-flight request for the stall window (:func:`stall_window`): the run ended as
     ``stalled`` with the partial results (exit 4)."""
@@ -157,6 +188,12 @@ class BenchConfig(BaseModel):
     auth_basic: str | None = Field(None, exclude=True, repr=False)
     """Base64 ``user:password`` of URL credentials (m3ctl.secrets.split_url_credentials): a Basic header when
     there is no ``api_key``; never written to results."""
+    deployment: str | None = None
+    """The m3ctl deployment behind ``url`` (``--deployment``, or the one m3ctl knows at that address): when requests
+    fail or the server goes away, its engine is checked (m3ctl.lifecycle) and a death is reported with its time
+    and cause (``engine_died``)."""
+    state_dir: str | None = None
+    """State directory of ``deployment`` (default: m3ctl's, m3ctl.state.state_dir)."""
 
 
 def _tokenizer(cfg: BenchConfig) -> Tokenizer:
@@ -851,9 +888,36 @@ class _Prepared:
 
 
 def _prepare(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Prepared:
-    """Everything before the first request (blocking I/O: reachability, tokenizer, KV block size)."""
+    """Everything before the first request (blocking I/O: reachability, tokenizer, KV block size).
+
+    Raises:
+        BadInput: as :func:`_check_reachable` (the server never answered).
+        BenchServerDown: it answered, then went away while the prompts were prepared (its engine's death named
+            when ``cfg.deployment`` is known).
+    """
+    import httpx  # noqa: PLC0415
+
     validate(cfg)
-    _check_reachable(cfg)
+    try:
+        _check_reachable(cfg)
+    except BadInput as e:  # a deployment m3ctl knows whose engine is dead: say so, not "check --url"
+        if e.message.startswith("cannot reach") and (died := engine_death(cfg)):
+            raise BenchServerDown(f"{e.message}: {died['sentence']}",
+                                  (f"{died['fix']}; " if died.get("fix") else "")
+                                  + f"`m3ctl logs {cfg.deployment}` shows its log") from None
+        raise
+    try:
+        return _prepare_reachable(cfg, tok, sync_log)
+    except (httpx.HTTPError, ConnectionError) as e:
+        died = engine_death(cfg)
+        what = died["sentence"] if died else f"server at {cfg.url} went away ({type(e).__name__})"
+        raise BenchServerDown(f"lost the server while bench prepared the prompts (nothing was measured): {what}",
+                              (died.get("fix") or "") + ("; " if died and died.get("fix") else "")
+                              + (f"`m3ctl logs {cfg.deployment}` shows its log" if cfg.deployment
+                                 else "check the server (`m3ctl status`, its log)")) from None
+
+
+def _prepare_reachable(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Prepared:
     own_tok = tok is None
     tok = tok or _tokenizer(cfg)
     salt = cfg.prompt_salt or new_salt()
@@ -906,6 +970,11 @@ def _finish(prep: _Prepared, outs: list[RequestOutput], dur: float, cstats: list
             time.sleep(0.2)
     res = assemble(cfg, outs, dur, cstats, prep.wl, tok_name=getattr(tok, "name", None),
                    server=servermetrics.deltas(before, after), jit=jit)
+    if (cfg.deployment and (res.get("failed") or res.get("server_down") or res.get("stalled"))
+            and (died := engine_death(cfg))):  # the requests failed because the engine died: say when and why
+        fails = [o.end_time for o in outs if not o.success and o.end_time]
+        wall = time.time() - (time.perf_counter() - min(fails)) if fails else None
+        _mark_engine_died(res, died, wall)
     try:
         _realign(cfg, prep.job, tok, res)
     finally:
@@ -1333,7 +1402,11 @@ def run_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None, sync_lo
     try:
         for one in sw.levels(concurrencies):
             with progress(one) if progress else contextlib.nullcontext(None) as prog:
-                sw.add(run_bench(one, tok=sw.tok, progress=prog, sync_log=sync_log))
+                try:
+                    sw.add(run_bench(one, tok=sw.tok, progress=prog, sync_log=sync_log))
+                except (BadInput, BenchServerDown) as e:
+                    if not sw.lost(one, e):
+                        raise
         return sw.runs
     finally:
         sw.close()
@@ -1345,7 +1418,12 @@ async def arun_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None, 
     try:
         for one in sw.levels(concurrencies):
             with progress(one) if progress else contextlib.nullcontext(None) as prog:
-                res = await arun_bench(one, tok=sw.tok, progress=prog, sync_log=sync_log)
+                try:
+                    res = await arun_bench(one, tok=sw.tok, progress=prog, sync_log=sync_log)
+                except (BadInput, BenchServerDown) as e:
+                    if not await asyncio.to_thread(sw.lost, one, e):
+                        raise
+                    continue
             await asyncio.to_thread(sw.add, res)
         return sw.runs
     finally:
@@ -1380,6 +1458,24 @@ class _Sweep:
                 st.close()
         self._stop = bool(res.get("interrupted") or res.get("server_down"))
 
+    def lost(self, cfg: BenchConfig, err: M3Error) -> bool:
+        """A level after the first could not start because the server went away (unreachable now, or lost while
+        its prompts were prepared): the sweep stops and its last run is marked ``server_down`` (with the engine's
+        death when the deployment is known). False when there is no earlier run (the error stands)."""
+        if not self.runs:
+            return False
+        last = self.runs[-1]
+        if died := engine_death(cfg):
+            _mark_engine_died(last, died, None)
+        elif not last.get("server_down"):
+            last["server_down"] = True
+            last.setdefault("not_sent", 0)
+            last["validity"]["valid"] = False
+            last["validity"]["reasons"].append(f"the server went away before concurrency {cfg.concurrency} "
+                                               f"({err.message}): the sweep stopped there")
+        self._stop = True
+        return True
+
     def close(self) -> None:
         if isinstance(self.tok, ServerTokenizer):
             self.tok.close()
@@ -1397,6 +1493,14 @@ def run_failure(runs: list[dict], url: str, saved: str | None, diagnosis=None) -
     from m3ctl.errors import ChecksFailed  # noqa: PLC0415
 
     keep = f"partial results written to {saved}" if saved else "pass --output-json to keep partial results"
+    if died := next((r for r in runs if r.get("engine_died")), None):
+        ed = died["engine_died"]
+        kinds = ", ".join(f"{k} {v}" for k, v in died["failed_by_kind"].items())
+        return BenchServerDown(f"server at {url} went down during the run: {ed['sentence']} "
+                               f"({died['completed']} requests completed, {died['failed']} failed"
+                               + (f": {kinds}" if kinds else "") + f", {died.get('not_sent', 0)} not sent)",
+                               (f"{ed['fix']}; " if ed.get("fix") else "") + f"`m3ctl logs {ed['name']}` shows its "
+                               f"log; {keep}")
     if down := next((r for r in runs if r.get("server_down")), None):
         kinds = ", ".join(f"{k} {v}" for k, v in down["failed_by_kind"].items())
         cause = f": {diagnosis.summary()} [{diagnosis.line}]" if diagnosis else ""

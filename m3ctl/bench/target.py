@@ -43,6 +43,9 @@ class BenchTarget:
     num_gpus_source: str | None = None
     argv: tuple[str, ...] = ()
     """The deployment's launch command (a failure's diagnosis is keyed on it)."""
+    deployment: str | None = None
+    """The m3ctl deployment behind the endpoint (``--deployment``, or the one recorded at ``--url``'s address):
+    a run whose requests fail checks its engine (m3ctl.lifecycle) and names a death."""
 
     def headers(self) -> dict[str, str]:
         """The Authorization header this endpoint gets (m3ctl.secrets.auth_headers), ``{}`` without a key."""
@@ -119,9 +122,15 @@ def resolve_target(url: str | None = None, *, deployment: str | None = None, mod
     if not url:
         raise BadInput("no endpoint given", "pass --url http://HOST:PORT or --deployment NAME")
     url = url.rstrip("/").removesuffix("/v1")
+    if not deployment:  # a server m3ctl launched, benched by its URL: its engine is checked when requests fail
+        from m3ctl.lifecycle import deployment_for_url  # noqa: PLC0415
+
+        known = deployment_for_url(url)
+        deployment = known.name if known is not None else None
     if not model and lookup_model:
         from m3ctl.secrets import auth_headers  # noqa: PLC0415
 
         model = only_model(url, auth_headers(key, basic=basic), hint)
-    return BenchTarget(url=url, model=model, api_key=key, basic_auth=basic, key_hint=hint, model_dir=model_dir, server_log=server_log,
-                       sync_log=sync_log, num_gpus=num_gpus, num_gpus_source=gpus_source, argv=argv)
+    return BenchTarget(url=url, model=model, api_key=key, basic_auth=basic, key_hint=hint, model_dir=model_dir,
+                       server_log=server_log, sync_log=sync_log, num_gpus=num_gpus, num_gpus_source=gpus_source,
+                       argv=argv, deployment=deployment)

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from m3ctl.errors import ConfigRejected
 from m3ctl.plan import LaunchPlan
@@ -43,6 +44,45 @@ class StopReport:
     gpu_memory_left_mib: dict[int, int] | None = None
 
 
+@dataclass
+class RawState:
+    """What a runtime sees of a deployment's main process or container (m3ctl.lifecycle adds the cause).
+
+    Attributes:
+        state: ``alive``; ``paused`` (SIGSTOP'd process in state T, or a ``docker pause``d container: not
+            dead, it resumes where it stopped); ``dead`` (exited, killed, removed); ``unknown`` (the runtime
+            cannot tell, e.g. the Docker engine does not answer).
+        detail: one line for humans.
+        exit_status: ``exit N``, ``killed by SIGNAME`` or ``OOM-killed`` when the runtime knows it.
+        at: UNIX time (s) it ended, when the runtime records it (Docker's ``State.FinishedAt``).
+    """
+
+    state: Literal["alive", "paused", "dead", "unknown"]
+    detail: str = ""
+    exit_status: str | None = None
+    at: float | None = None
+
+
+def exit_status(code: int | None) -> str | None:
+    """``exit N`` or ``killed by SIGNAME`` for a wait status as Python reports it (negative: the signal), and for
+    ``128 + N`` (a shell's or Docker's way to say signal N, e.g. 137 = SIGKILL)."""
+    import signal  # noqa: PLC0415
+
+    if code is None:
+        return None
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    if 128 < code < 128 + 65:
+        try:
+            return f"exit {code} ({signal.Signals(code - 128).name})"
+        except ValueError:
+            pass
+    return f"exit {code}"
+
+
 class Runtime(abc.ABC):
     """Launches plans and manages deployments. Implementations never print."""
 
@@ -61,6 +101,10 @@ class Runtime(abc.ABC):
     @abc.abstractmethod
     def is_alive(self, dep: Deployment) -> bool:
         """True while the deployment's main process/container is running."""
+
+    def inspect(self, dep: Deployment) -> RawState:
+        """Alive, paused, dead or unknown, as this runtime sees it now (default: from :meth:`is_alive`)."""
+        return RawState("alive") if self.is_alive(dep) else RawState("dead", "not running")
 
     @abc.abstractmethod
     def stop(self, dep: Deployment, timeout_s: float = 20.0) -> StopReport:

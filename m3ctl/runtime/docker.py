@@ -44,10 +44,13 @@ from pydantic import BaseModel, Field
 
 from m3ctl.errors import ConfigRejected, LaunchFailed
 from m3ctl.plan import LaunchPlan
-from m3ctl.runtime.base import Runtime, StopReport
+from m3ctl.runtime.base import RawState, Runtime, StopReport, exit_status
 from m3ctl.state import Deployment, Registry
 
 LABEL_PREFIX = "m3ctl."
+#: Label holding ``<state dir>::<name>`` (as the process runtime's marker): ``stop --all`` of a state dir finds its
+#: containers by it when their records are gone.
+DEPLOYMENT_LABEL = LABEL_PREFIX + "deployment"
 #: GiB of /dev/shm per tensor-parallel rank when --ipc=host is not allowed (F14: 16 GiB for TP8).
 SHM_GIB_PER_RANK = 2
 
@@ -251,6 +254,7 @@ class DockerRuntime(Runtime):
         import docker  # noqa: PLC0415
 
         spec = container_spec(plan, secret_env, self.options)
+        spec["labels"][DEPLOYMENT_LABEL] = registry.marker(plan.name)  # stop --all finds it without its record
         self.ensure_image(plan.image or "")
         c = self.client()
         old = self._container(Deployment(name=plan.name, port=plan.port, served_model_name="", model=""))
@@ -274,7 +278,8 @@ class DockerRuntime(Runtime):
         return dep
 
     def is_alive(self, dep: Deployment) -> bool:
-        """True while the container runs; False when it exited, was removed, or the engine is unreachable."""
+        """True while the container runs or is paused (``docker pause``: not dead); False when it exited, was
+        removed, or the engine is unreachable."""
         try:
             ct = self._container(dep)
         except ConfigRejected:
@@ -285,7 +290,37 @@ class DockerRuntime(Runtime):
             ct.reload()
         except Exception:  # noqa: BLE001 - removed in between
             return False
-        return ct.status == "running"
+        return ct.status in ("running", "paused")
+
+    def inspect(self, dep: Deployment) -> RawState:
+        """The container's state (``docker inspect``): ``paused`` is not dead; an exited container gives its exit
+        code (137 = SIGKILL), ``OOMKilled`` and ``FinishedAt``; an unreachable engine is ``unknown``."""
+        try:
+            ct = self._container(dep)
+        except ConfigRejected as e:
+            return RawState("unknown", e.message)
+        if ct is None:
+            return RawState("dead", f"container {container_name(dep.name)} was removed")
+        try:
+            ct.reload()
+        except Exception:  # noqa: BLE001 - removed in between
+            return RawState("dead", f"container {container_name(dep.name)} was removed")
+        if ct.status == "paused":
+            return RawState("paused", f"container {ct.name} is paused (docker pause): not dead; "
+                                      f"`docker unpause {ct.name}` resumes it")
+        if ct.status in ("running", "restarting", "created"):
+            return RawState("alive")
+        st = ct.attrs.get("State", {})
+        at = None
+        if fin := st.get("FinishedAt"):
+            from datetime import datetime, timezone  # noqa: PLC0415
+
+            try:  # RFC 3339 in UTC with nanoseconds: keep microseconds
+                at = datetime.fromisoformat(fin[:26].rstrip("Z")).replace(tzinfo=timezone.utc).timestamp()
+            except ValueError:
+                at = None
+        how = "OOM-killed" if st.get("OOMKilled") else exit_status(st.get("ExitCode"))
+        return RawState("dead", f"container {ct.name} {ct.status}", exit_status=how, at=at)
 
     def exit_code(self, dep: Deployment) -> int | None:
         """The container's exit code once it has exited, else None."""
@@ -333,7 +368,9 @@ class DockerRuntime(Runtime):
         pids = self.pids(dep)
         if ct is not None:
             ct.reload()
-            rep.was_running = ct.status == "running"
+            rep.was_running = ct.status in ("running", "paused")
+            if ct.status == "paused":  # a paused container cannot act on SIGTERM
+                ct.unpause()
             if rep.was_running:
                 ct.stop(timeout=int(max(1, timeout_s)))  # SIGTERM, SIGKILL after the timeout (engine-side)
                 ct.reload()

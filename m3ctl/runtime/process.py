@@ -19,7 +19,7 @@ import psutil
 
 from m3ctl.errors import LaunchFailed
 from m3ctl.plan import LaunchPlan
-from m3ctl.runtime.base import Runtime, StopReport
+from m3ctl.runtime.base import RawState, Runtime, StopReport, exit_status
 from m3ctl.state import MARKER_ENV, Deployment, Registry
 
 # Popen objects of servers this process launched, so their exit status is reaped (no zombies).
@@ -113,6 +113,22 @@ def _wait(procs: list[psutil.Process], timeout: float) -> tuple[list[psutil.Proc
     return [p for p in procs if p not in alive], alive
 
 
+def marked_names(root_marker_prefix: str) -> dict[str, list[psutil.Process]]:
+    """``{deployment name: live processes}`` of every process whose :data:`MARKER_ENV` starts with
+    ``root_marker_prefix`` (``<state dir>::``): the servers of one state dir, with or without their records."""
+    out: dict[str, list[psutil.Process]] = {}
+    for p in psutil.process_iter(["pid"]):
+        try:
+            if p.pid == os.getpid() or p.status() == psutil.STATUS_ZOMBIE:
+                continue
+            m = p.environ().get(MARKER_ENV) or ""
+        except (psutil.Error, OSError):
+            continue
+        if m.startswith(root_marker_prefix):
+            out.setdefault(m[len(root_marker_prefix):], []).append(p)
+    return out
+
+
 def stop_marked(name: str, marker: str, timeout_s: float = 20.0) -> StopReport:
     """Stop every process carrying ``marker`` (a deployment whose record is unreadable)."""
     t0 = time.monotonic()
@@ -155,6 +171,30 @@ class ProcessRuntime(Runtime):
 
     def is_alive(self, dep: Deployment) -> bool:
         return _proc(dep) is not None
+
+    def inspect(self, dep: Deployment) -> RawState:
+        """The main process: alive, ``paused`` when stopped by a signal (state T: SIGSTOP, Ctrl-Z; not dead), or
+        dead (its exit status when this process launched it and reaped it)."""
+        if dep.pid is None:
+            return RawState("unknown", "no process id recorded")
+        child = _CHILDREN.get(dep.pid)
+        if child is not None and child.poll() is not None:
+            return RawState("dead", f"process {dep.pid} exited", exit_status=exit_status(child.returncode))
+        try:
+            p = psutil.Process(dep.pid)
+            if abs(p.create_time() - dep.started_at) > 30:
+                return RawState("dead", f"process {dep.pid} is gone (its id now belongs to another process)")
+            st = p.status()
+        except psutil.NoSuchProcess:
+            return RawState("dead", f"process {dep.pid} is gone")
+        except psutil.Error as e:
+            return RawState("unknown", f"process {dep.pid}: {type(e).__name__}")
+        if st == psutil.STATUS_ZOMBIE:
+            return RawState("dead", f"process {dep.pid} exited (not reaped yet)")
+        if st in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
+            return RawState("paused", f"process {dep.pid} is stopped by a signal (state T, e.g. SIGSTOP): not dead; "
+                                      f"`kill -CONT {dep.pid}` resumes it")
+        return RawState("alive")
 
     def stop(self, dep: Deployment, timeout_s: float = 20.0) -> StopReport:
         t0 = time.monotonic()

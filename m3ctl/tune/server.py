@@ -38,15 +38,14 @@ class ServerSession:
         kept as ``bench-cC-xF-jitN.json`` and repeated, at most ``JIT_RERUNS`` times. A further run at the same
         concurrency and fidelity in the trial folder (a repeat near the SLO boundary, m3ctl.tune.search.measure_level)
         is saved as ``bench-cC-xF-rN.json`` (N = 1, 2, ...), so every run is kept."""
-        from m3ctl.bench.runner import BenchConfig, run_bench  # noqa: PLC0415
-        from m3ctl.serve import runtime_for  # noqa: PLC0415
+        from m3ctl.bench.runner import BenchConfig  # noqa: PLC0415
 
         cfg = BenchConfig(url=self.dep.url, model=self.dep.served_model_name, concurrency=concurrency,
                           api_key=self.secrets.get("VLLM_API_KEY"),
                           num_prompts=num_prompts(self.ev.spec, concurrency, fidelity),
                           num_gpus=self.ev.n_gpus_plan(self.plan), num_gpus_source="plan (tp x dp)",
                           label=f"tune trial {self.dir.name} c={concurrency}", server_log=self.dep.log_path,
-                          **self.ev.bench)
+                          deployment=self.dep.name, state_dir=str(self.ev.registry.root), **self.ev.bench)
         stem = f"bench-c{concurrency}-x{fidelity:g}"
         rep = 0
         while (self.dir / f"{stem}{f'-r{rep}' if rep else ''}.json").exists():
@@ -54,7 +53,12 @@ class ServerSession:
         stem += f"-r{rep}" if rep else ""
         reruns = 0
         while True:  # the bench reports the kernels the server compiled during its measured phase
-            res = run_bench(cfg, sync_log=lambda: runtime_for(self.dep).sync_log(self.dep))
+            res = self._run(cfg, concurrency)
+            if died := res.get("engine_died"):  # kept, then the trial is a crash with its cause (not an SLO miss)
+                write_json(self.dir / f"{stem}.json", res)
+                raise LaunchFailed(f"{died['sentence']} (during the run at concurrency {concurrency})",
+                                   died.get("fix") or f"see {self.dir / 'server.log'}", phase="serving",
+                                   log_path=self.dep.log_path)
             jit = (res.get("server_jit_compiles") or {}).get("kernels", [])
             res["tune"] = {"trial_dir": str(self.dir), "argv": self.plan.argv, "fidelity": fidelity,
                            "jit_events": jit, "jit_reruns": reruns}
@@ -64,6 +68,23 @@ class ServerSession:
             reruns += 1
         write_json(self.dir / f"{stem}.json", res)
         return res
+
+    def _run(self, cfg, concurrency: int) -> dict:
+        """One bench run; a server lost before it could start (unreachable, gone while the prompts were prepared)
+        is a crash of the trial with the engine's cause (LaunchFailed), not an error of the study."""
+        from m3ctl.bench.runner import BenchServerDown, engine_death, run_bench  # noqa: PLC0415
+        from m3ctl.errors import BadInput  # noqa: PLC0415
+        from m3ctl.serve import runtime_for  # noqa: PLC0415
+
+        try:
+            return run_bench(cfg, sync_log=lambda: runtime_for(self.dep).sync_log(self.dep))
+        except (BadInput, BenchServerDown) as e:
+            died = engine_death(cfg)
+            if died is None and isinstance(e, BadInput) and self.alive():
+                raise
+            raise LaunchFailed(f"{died['sentence'] if died else e.message} (before the run at concurrency "
+                               f"{concurrency})", (died or {}).get("fix") or f"see {self.dir / 'server.log'}",
+                               phase="serving", log_path=self.dep.log_path) from None
 
     def close(self) -> None:
         self.ev.stop_current()
@@ -177,6 +198,7 @@ class ServerEvaluator:
         except LaunchFailed as e:
             e.elapsed_s = time.monotonic() - t0  # type: ignore[attr-defined]
             self._save_log(name, tdir)
+            self.registry.remove(name)  # the trial's folder keeps its log and the study its cause
             self.current = None
             (self.dir / "running.json").unlink(missing_ok=True)
             raise

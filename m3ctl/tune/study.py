@@ -4,10 +4,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import asdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
@@ -229,6 +230,47 @@ def base_profile(settings: dict[str, Any], inventory):
     return profile_for_arch(inventory.arch)
 
 
+LOCK_FILE = "tune.lock"
+
+
+@contextlib.contextmanager
+def study_lock(study_dir: Path) -> Iterator[None]:
+    """Hold the study's lock for the block: an exclusive ``flock`` on ``<study>/tune.lock``, which names its holder
+    (``pid N since TIME``). The kernel releases it when the holder exits, however it ends, so the lock of a
+    killed tune is taken over by the next one (https://man7.org/linux/man-pages/man2/flock.2.html).
+
+    Raises:
+        ConfigRejected: another process holds it (a concurrent ``tune --resume`` of the same study), named with
+            its pid (exit 3); nothing of the study was touched.
+    """
+    import fcntl  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import time  # noqa: PLC0415
+
+    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+
+    study_dir = Path(study_dir)
+    study_dir.mkdir(parents=True, exist_ok=True)
+    with open(study_dir / LOCK_FILE, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "a process"
+            raise ConfigRejected(f"study {study_dir} is in use by another m3ctl tune ({holder})",
+                                 "wait for it to end, or stop it (Ctrl-C or kill that pid: it stops its trial "
+                                 f"server), then `m3ctl tune --resume {study_dir}`") from None
+        f.seek(0)
+        f.truncate()
+        f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            f.truncate(0)
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
 def run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry=None,
              on_event: Callable[[int | None, str, str], None] | None = None,
              on_cleanup: Callable[[list[str]], None] | None = None) -> tuple[TuneResult, Tuner, Any]:
@@ -236,9 +278,19 @@ def run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry=N
     ``model``, ``space``, ``spec``, ``plan_base``, ``bench``, ``port``). Leftover servers of a killed
     run are stopped first. Returns the result, the tuner and the evaluator.
 
+    The study is locked for the run (:func:`study_lock`): a second concurrent run of it refuses before touching it.
+
     Raises:
+        ConfigRejected: another process runs this study (exit 3).
         KeyboardInterrupt: Ctrl-C; the current server is stopped and completed trials are kept.
     """
+    with study_lock(Path(study_dir)):
+        return _run_tune(Path(study_dir), settings, inventory=inventory, registry=registry, on_event=on_event,
+                         on_cleanup=on_cleanup)
+
+
+def _run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry, on_event, on_cleanup
+              ) -> tuple[TuneResult, Tuner, Any]:
     from m3ctl.state import Registry  # noqa: PLC0415
     from m3ctl.tune.server import ServerEvaluator, stop_leftovers  # noqa: PLC0415
 

@@ -5,6 +5,7 @@ One server at a time: each test that launches stops what it started before it re
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -41,6 +42,9 @@ def test_readiness_timeout(tiny_models):
     assert time.monotonic() - t0 < 60  # did not wait for the server's own start
     time.sleep(1)
     assert vllm_procs_for(port) == [] and not port_in_use("127.0.0.1", port)
+    (rec,) = json.loads(run_cli("status", "--json", check=True).stdout)  # kept as failed, with why, until stop
+    assert rec["phase"] == "failed" and "not ready after 4 s" in rec["cause"] and rec["alive"] is False
+    assert run_cli("stop", "slow").returncode == 0
     assert json.loads(run_cli("status", "--json", check=True).stdout) == []
 
 
@@ -125,6 +129,134 @@ def test_watchdog_stalled_engine_dead_engine_and_restart(tiny_models, tmp_path):
     finally:
         reps = stop(["wd"], registry=reg) if reg.exists("wd") else []
         assert all(r.leftover == [] and r.port_free for r in reps)
+
+
+# ------------------------------------------------------------------ lifecycle faults (issue 22 item 3, issue 24 item 4)
+def _serve_detached(model, name: str) -> tuple[dict, int]:
+    port = free_port()
+    p = run_cli("serve", "--model", str(model), "--name", name, "--port", str(port), "--detach", "--smoke", "off")
+    if p.returncode == 2 and "--smoke" in p.stderr:  # before the smoke levels land: the older switch
+        p = run_cli("serve", "--model", str(model), "--name", name, "--port", str(port), "--detach", "--no-smoke")
+    assert p.returncode == 0, p.stdout + p.stderr
+    (dep,) = [d for d in json.loads(run_cli("status", "--json", check=True).stdout) if d["name"] == name]
+    return dep, port
+
+
+def test_pause_is_not_dead_and_a_deleted_record_is_still_stopped(tiny_models):
+    """SIGSTOP of the real server: status `paused`, watch reports it and carries on, SIGCONT and it serves again.
+    Then its record is deleted: a new serve of the name refuses (exit 3) and `stop --all` finds the server by its
+    process marker; nothing is left."""
+    dep, port = _serve_detached(tiny_models["llama"], "pz")
+    main = psutil.Process(dep["pid"])
+    tree = [main, *main.children(recursive=True)]
+    try:
+        main.send_signal(signal.SIGSTOP)
+        st = json.loads(run_cli("status", "--json", check=True).stdout)
+        assert st[0]["phase"] == "paused" and st[0]["alive"], st
+        w = run_cli("watch", "pz", "--count", "1", "--json", timeout=120)
+        assert w.returncode == 0 and '"verdict": "paused"' in w.stdout, w.stdout + w.stderr
+        main.send_signal(signal.SIGCONT)
+        w = run_cli("watch", "pz", "--count", "1", "--canary-timeout", "60", timeout=120)
+        assert w.returncode == 0 and "ok" in w.stdout, w.stdout + w.stderr
+        from m3ctl.state import Registry
+
+        Registry().remove("pz")  # the record is gone; the server is not
+        p = run_cli("serve", "--model", str(tiny_models["llama"]), "--name", "pz", "--port", str(free_port()),
+                    "--detach")
+        assert p.returncode == 3 and "still running" in p.stderr and str(main.pid) in p.stderr, p.stderr
+        s = run_cli("stop", "--all")
+        assert s.returncode == 0 and "pz: stopped" in s.stdout, s.stdout + s.stderr
+        _, alive = psutil.wait_procs(tree, timeout=15)
+        assert alive == [] and vllm_procs_for(port) == [] and not port_in_use("127.0.0.1", port)
+    finally:
+        with contextlib.suppress(psutil.Error):
+            main.send_signal(signal.SIGCONT)
+        run_cli("stop", "pz")
+
+
+def test_kill_9_mid_bench_names_the_death_keeps_the_results_and_the_record(tiny_models, tmp_path):
+    """kill -9 of the real server's API process while a bench runs: exit 4 naming the engine's death and when, the
+    partial results written and marked invalid, the record kept as dead (so `m3ctl logs` works) until stop."""
+    dep, port = _serve_detached(tiny_models["llama"], "k9")
+    main = psutil.Process(dep["pid"])
+    tree = [main, *main.children(recursive=True)]
+    out = tmp_path / "b.json"
+    bench = subprocess.Popen([*M3CTL, "bench", "--deployment", "k9", "--num-prompts", "400", "--concurrency", "2",
+                              "--input-len", "32", "--output-len", "32", "--output-json", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "COLUMNS": "200"})
+    import httpx
+
+    def successes() -> float:
+        m = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+        return sum(float(line.rsplit(" ", 1)[1]) for line in m.splitlines()
+                   if line.startswith("vllm:request_success_total"))
+
+    try:
+        before = successes()  # readiness's completion
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 180 and successes() < before + 4:  # the bench's own requests complete
+            assert bench.poll() is None, bench.communicate()
+            time.sleep(0.3)
+        main.send_signal(signal.SIGKILL)
+        stdout, stderr = bench.communicate(timeout=300)
+    finally:
+        if bench.poll() is None:
+            bench.kill()
+    assert bench.returncode == 4, stdout + stderr
+    err = stderr.split("\nhint:")[0]
+    assert "the engine of deployment 'k9' died at" in err and "Traceback" not in err, stderr
+    res = json.loads(out.read_text())
+    assert res["engine_died"]["state"] == "dead" and res["validity"]["valid"] is False and res["completed"] > 0
+    st = json.loads(run_cli("status", "--json", check=True).stdout)
+    assert [(d["name"], d["phase"]) for d in st] == [("k9", "dead")] and st[0]["cause"], st
+    assert run_cli("logs", "k9").returncode == 0
+    s = run_cli("stop", "k9")  # what is left of it (orphaned engine processes) is ended, the record removed
+    assert s.returncode == 0, s.stdout + s.stderr
+    _, alive = psutil.wait_procs(tree, timeout=15)
+    assert alive == [] and vllm_procs_for(port) == []
+    assert json.loads(run_cli("status", "--json", check=True).stdout) == []
+
+
+def test_concurrent_tune_resume_is_refused_and_leaves_the_running_trial_alone(tiny_models, tmp_path):
+    """A second `tune --resume` of a study another tune is running refuses in one line (exit 3) naming the
+    holder's pid, and does not touch its trial server; SIGTERM of the first tune stops that server."""
+    sdir = tmp_path / "study"
+    first = subprocess.Popen([*M3CTL, "tune", "--model", str(tiny_models["llama"]), "--study-dir", str(sdir),
+                              "--port", str(free_port()), "--input-len", "32", "--output-len", "16",
+                              "--prompts-per-concurrency", "2", "--ladder", "1,2", "--max-trials", "2",
+                              "--confirm-top", "0", "--no-baseline"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             env={**os.environ, "COLUMNS": "200"})
+    from m3ctl.state import Registry
+
+    reg = Registry()
+    try:
+        t0 = time.monotonic()
+        dep = None
+        while time.monotonic() - t0 < 300 and dep is None:
+            assert first.poll() is None, first.stdout.read()
+            run = sdir / "running.json"
+            if run.exists():
+                with contextlib.suppress(ValueError, KeyError):
+                    name = json.loads(run.read_text())["name"]
+                    dep = reg.get(name) if reg.exists(name) else None
+            time.sleep(0.3)
+        assert dep is not None, "no trial server started"
+        second = run_cli("tune", "--resume", str(sdir), timeout=120)
+        assert second.returncode == 3, second.stdout + second.stderr
+        assert f"in use by another m3ctl tune (pid {first.pid}" in second.stderr and "Traceback" not in second.stderr
+        assert psutil.pid_exists(dep.pid) and reg.exists(dep.name)  # the first one's trial server untouched
+        server = [psutil.Process(dep.pid), *psutil.Process(dep.pid).children(recursive=True)]
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)
+        assert first.returncode == 143
+        _, alive = psutil.wait_procs(server, timeout=15)
+        assert alive == [] and vllm_procs_for(dep.port) == []
+    finally:
+        if first.poll() is None:
+            first.kill()
+        run_cli("stop", "--all")
 
 
 # ------------------------------------------------------------------ F15: readiness semantics per engine
