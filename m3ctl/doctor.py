@@ -833,7 +833,8 @@ def check_plan(ctx: Ctx) -> CheckResult:
     from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
 
     try:
-        p = plan(ctx.inv, PlanRequest(model=ctx.model, name="doctor-check"))
+        req = _doctor_request(ctx) or PlanRequest(model=ctx.model)  # the verdict's request (fallbacks accepted)
+        p = plan(ctx.inv, req.model_copy(update={"name": "doctor-check"}))
     except M3Error as e:
         return _r("model.plan", "model", "FAIL", e.message, e.hint)
     return _r("model.plan", "model", "OK" if not p.warnings else "WARN",
@@ -902,8 +903,14 @@ def _evaluate_variants(ctx: Ctx) -> None:
         caps.engine_version(ctx.runtime, ctx.image.vllm_version if ctx.image else None)
     img_cuda = ctx.image.cuda_version if ctx.image else None
     evals = []
-    for vname, v in ctx.spec.variants.items():
-        if ctx.variant and vname != ctx.variant:
+    if ctx.local_model:  # a local checkpoint as is: its own precision (the same rows as its catalog name's variant)
+        from m3ctl.assess.facts import checkpoint_variant  # noqa: PLC0415
+
+        candidates = dict([checkpoint_variant(s)])
+    else:
+        candidates = ctx.spec.variants
+    for vname, v in candidates.items():
+        if ctx.variant and vname != ctx.variant and not ctx.local_model:
             continue
         sup = caps.variant_support(arch, v.precision, s.attention, engine_version=engine, image_cuda=img_cuda)
         weights = v.weights_gib * sup.weights_factor
@@ -984,10 +991,14 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
     verdict_checks = [c for c in checks if c.group in INVENTORY_GROUPS or c.id in ("host.shm",)]
     blockers = [f"{c.id}: {c.message}" for c in verdict_checks if c.status == "FAIL"]
     if ctx.local_model:
-        status = "not_runnable" if blockers else "runnable_natively"
-        return Verdict(**base, status=status, blockers=blockers,
+        fbs = _fallbacks(ctx, verdict_checks) if ctx.chosen is not None else []
+        status = "not_runnable" if blockers else ("runnable_with_fallbacks" if fbs else "runnable_natively")
+        return Verdict(**base, status=status, blockers=blockers, fallbacks=fbs,
+                       variant=ctx.chosen.name if ctx.chosen else None,
                        summary=f"{ctx.model}: " + ("not runnable: " + blockers[0] if blockers else
-                                                   f"runnable with profile {ctx.profile!r}"))
+                                                   f"runnable with profile {ctx.profile!r}" + (
+                                                       ", with fallbacks: " + "; ".join(_short(f) for f in fbs)
+                                                       if fbs else "")))
     root_causes = [b for b in blockers if not b.startswith("gpu.detect")] or blockers
     if not ctx.gpu_host:
         why = root_causes[0] if root_causes else "no GPU on this host"
@@ -1002,6 +1013,22 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
         return Verdict(**base, variant=variant, status="not_runnable", blockers=blockers, tp=tp, max_context=max_ctx,
                        summary=f"{base['model']}{' ' + variant if variant else ''}: not runnable here: "
                                + (root_causes[0] if root_causes else "no variant evaluated"))
+    fallbacks = _fallbacks(ctx, verdict_checks)
+    where = f"TP={tp}, {ctx.context} tokens (max about {max_ctx:,})"
+    img = f"; image {ctx.image.name}" if ctx.image else ""
+    prof = f", profile {ctx.profile}" if ctx.profile else ", no kernel profile yet"
+    if fallbacks:
+        return Verdict(**base, variant=variant, status="runnable_with_fallbacks", fallbacks=fallbacks, tp=tp,
+                       max_context=max_ctx,
+                       summary=f"{base['model']} {variant}: runnable with fallbacks at {where}: "
+                               + "; ".join(_short(f) for f in fallbacks) + img + prof)
+    return Verdict(**base, variant=variant, status="runnable_natively", tp=tp, max_context=max_ctx,
+                   summary=f"{base['model']} {variant}: runnable natively at {where}{img}{prof}")
+
+
+def _fallbacks(ctx: Ctx, verdict_checks: list[CheckResult]) -> list[str]:
+    """The fallback paths of the chosen variant (capability rows), its known-bad report and other capability WARNs."""
+    ev = ctx.chosen
     fallbacks = []
     for fv in ev.features:
         if fv.status == "fallback" and fv.row:
@@ -1015,16 +1042,7 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
                                                                               "capability.sparse_attention",
                                                                               "capability.known_bad"):
             fallbacks.append(f"{c.id}: {c.message}")
-    where = f"TP={tp}, {ctx.context} tokens (max about {max_ctx:,})"
-    img = f"; image {ctx.image.name}" if ctx.image else ""
-    prof = f", profile {ctx.profile}" if ctx.profile else ", no kernel profile yet"
-    if fallbacks:
-        return Verdict(**base, variant=variant, status="runnable_with_fallbacks", fallbacks=fallbacks, tp=tp,
-                       max_context=max_ctx,
-                       summary=f"{base['model']} {variant}: runnable with fallbacks at {where}: "
-                               + "; ".join(_short(f) for f in fallbacks) + img + prof)
-    return Verdict(**base, variant=variant, status="runnable_natively", tp=tp, max_context=max_ctx,
-                   summary=f"{base['model']} {variant}: runnable natively at {where}{img}{prof}")
+    return fallbacks
 
 
 def _doctor_request(ctx: Ctx):
@@ -1033,7 +1051,8 @@ def _doctor_request(ctx: Ctx):
     from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
 
     if ctx.local_model:
-        return PlanRequest(model=ctx.model)
+        emulated = ctx.chosen is not None and ctx.chosen.support is not None and ctx.chosen.support.status == "emulated"
+        return PlanRequest(model=ctx.model, **({"allow_emulated": True} if emulated else {}))
     if not ctx.gpu_host or ctx.chosen is None or ctx.profile is None and ctx.profile_note is None:
         return None
     ev = ctx.chosen
@@ -1186,15 +1205,20 @@ def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: s
               context=context or h.default_context, kv_dtype=kv_cache_dtype, runtime=runtime, env=env, port=port,
               vis=vismod.resolve(inventory), image=image, local_model=local)
     _resolve_catalog(ctx)
-    if not local and (inventory.gpus or model is not None):  # no GPU and no --model: nothing to size (saves ~50 ms)
+    if inventory.gpus or (model is not None and not local):  # no GPU and no --model: nothing to size (saves ~50 ms)
         try:
             from m3ctl import catalog  # noqa: PLC0415
-            from m3ctl.assess.facts import model_facts  # noqa: PLC0415
+            from m3ctl.assess.facts import model_facts, read_model_facts  # noqa: PLC0415
 
-            ctx.spec = catalog.find_model(ctx.model)
-            ctx.sizing = (model_facts(ctx.spec, ModelFacts(source=ctx.model))
-                          if ctx.spec is not None and ctx.spec.variants and ctx.spec.facts.num_layers else None)
-        except Exception:  # noqa: BLE001 - sizing trouble shows up as model.memory_fit
+            # The checkpoint's own config.json (a local directory, or a hub id's cached config) over the catalog.
+            own = read_model_facts(ctx.model) if (local or ctx.model_explicit) else ModelFacts(source=ctx.model)
+            ctx.spec = catalog.find_model(ctx.model, own.architectures)
+            if local:
+                ctx.sizing = model_facts(ctx.spec, own) if ctx.spec is not None else None
+            else:
+                ctx.sizing = (model_facts(ctx.spec, own)
+                              if ctx.spec is not None and ctx.spec.variants and ctx.spec.facts.num_layers else None)
+        except Exception:  # noqa: BLE001 - sizing trouble shows up as model.memory_fit (local: model.plan)
             ctx.sizing = None
         _evaluate_variants(ctx)
     checks: list[CheckResult] = []

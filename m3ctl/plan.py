@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field
 from m3ctl import catalog
 from m3ctl.assess import capability
 from m3ctl.assess.choose import choose_max_model_len, choose_variant
-from m3ctl.assess.facts import model_facts, read_model_facts
+from m3ctl.assess.facts import checkpoint_variant, model_facts, read_model_facts
 from m3ctl.assess.request import PlanRequest, merge, serve_command  # noqa: F401 - re-exported
 from m3ctl.assess.rules import PlanContext, advisories, run_rules, vllm_int
 from m3ctl.errors import BadInput, ConfigRejected
@@ -311,6 +311,11 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         warnings.append(f"{model} is not a local directory nor a catalog model: facts unchecked, vLLM resolves it")
     facts = model_facts(spec, local, var)
     family = spec.family if spec else None
+    # A local checkpoint is served as is: its own precision is the variant the capability rows and rules read
+    # (on an architecture the capability table covers; the CPU profile has none).
+    ctx_vname, ctx_var = vname, var
+    if var is None and local.local and profile.arch in capability.table().archs:
+        ctx_vname, ctx_var = checkpoint_variant(facts)
 
     # Raw vLLM arguments, read as vLLM reads them. Parallel flags among them are planned like --tp/--dp/...
     # (GPU selection, visibility and every rule see the layout vLLM will use).
@@ -465,7 +470,8 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         else:
             raise ConfigRejected(f"profile {profile.name!r} names no image for the docker runtime",
                                  "pass --image REF (a local image works; see m3ctl/runtime/docker.py)")
-    ctx = PlanContext(inventory=inventory, profile=profile, spec=spec, variant_name=vname, variant=var, facts=facts,
+    ctx = PlanContext(inventory=inventory, profile=profile, spec=spec, variant_name=ctx_vname, variant=ctx_var,
+                      facts=facts,
                       image=img, runtime=runtime, tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_,
                       spec_method=method if depth else None, spec_depth=depth, draft_tp=draft_tp, args=args,
                       env=envs, allow_emulated=allow_emulated, n_visible=n_gpus, unit_memory_mib=mem,
@@ -485,8 +491,8 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         alts = "; ".join(f"{r.what} {r.value}: {r.why}" for r in rejected) if v.rule in ("variant.native", "memory.fit") else ""
         raise ConfigRejected(f"rule {v.rule}: {v.message}{more}",
                              f"{v.fix} [source: {v.source}]" + (f"; alternatives rejected: {alts}" if alts else ""))
-    if var and allow_emulated and ctx.support().status == "emulated":
-        warnings.append(f"variant {vname} runs emulated on {profile.arch}: {ctx.support().note}")
+    if ctx.variant and allow_emulated and ctx.support().status == "emulated":
+        warnings.append(f"variant {ctx_vname} runs emulated on {profile.arch}: {ctx.support().note}")
     warnings += [f"rule {v.rule} skipped: {v.message}" for v in violations]
     warnings += [f"rule {f.id}: {f.message} ({f.fix})" for f in findings if f.status == "WARN"]
     warnings += advisories(ctx)
