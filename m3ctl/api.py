@@ -247,7 +247,6 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
         LaunchFailed: the server died or failed readiness (its root cause from the log); it has been stopped.
     """
     from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.catalog import profiles  # noqa: PLC0415
     from m3ctl.diagnose import DiagContext  # noqa: PLC0415
     from m3ctl.launch import check_host  # noqa: PLC0415
     from m3ctl.runtime import get_runtime  # noqa: PLC0415
@@ -264,7 +263,7 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
     p, secrets, prof = serve_plan(req, inv, raw_key=raw_key, api_key_env=api_key_env, offline=offline)
     if dry_run:
         return p
-    expect = getattr(prof or profiles().get(p.profile), "expect", None)
+    expect = serving.profile_expect(prof, p.profile, p)
     if p.runtime == "docker" and on_pull is not None:
         from m3ctl.runtime.docker import DockerRuntime  # noqa: PLC0415
 

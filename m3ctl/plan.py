@@ -31,6 +31,7 @@ from m3ctl.assess.request import PlanRequest, merge, serve_command  # noqa: F401
 from m3ctl.assess.rules import PlanContext, advisories, run_rules, vllm_int
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
+from m3ctl.kernels import expectation as kernel_expectation
 from m3ctl.secrets import redact_env
 
 
@@ -128,6 +129,9 @@ class LaunchPlan(BaseModel):
     """Local files/directories the server reads besides the model (tokenizer, draft model): mounted read-only."""
     weights_gib: float | None = None
     """Checkpoint weights (GiB) the plan assumed: sizes the k8s HF-cache claim."""
+    kernel_expect: dict[str, Any] | None = None
+    """The kernels the post-launch check expects (:func:`m3ctl.kernels.expectation`: the profile's ``expect`` with
+    the planned variant's capability rows applied, e.g. MARLIN MoE for NVFP4 on Hopper); None in older plans."""
     api_key_env: str | None = None
     """Name of the variable that held the API key on the launching host (``serve --api-key-env``; the server
     gets the value as ``VLLM_API_KEY``); watch and bench read the key from it. Never the value."""
@@ -526,7 +530,9 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
                       gpu_devices=_device_ids(inventory, units, tp_ * dp_), unset_env=unset_env,
                       python_modules=list(profile.family_python_modules.get(family, [])) if family else [],
                       request=r.public(), memory_fit=ctx.memory_fit(), scheduler_limits=ctx.scheduler_limits(),
-                      vllm_args=args, served_model_aliases=aliases, weights_gib=weights or None)
+                      vllm_args=args, served_model_aliases=aliases, weights_gib=weights or None,
+                      kernel_expect=kernel_expectation(profile.expect, ctx.support() if ctx.variant else None)
+                      .model_dump())
 
 
 from m3ctl import _api_module  # noqa: E402

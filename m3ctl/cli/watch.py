@@ -52,7 +52,7 @@ def watch(
     if (key := serving.api_key_for(reg, name)) is not None:
         secrets["VLLM_API_KEY"] = key
     plan = serving.saved_plan(reg, name)
-    expect = serving.profile_expect(None, plan.profile) if plan else None
+    expect = serving.profile_expect(None, plan.profile, plan) if plan else None
     out.print(f"watching {name} at {dep.url} every {interval:g} s (restart {restart})")
     try:
         serving.watch_deployment(dep, rt, reg, secrets, expect, interval_s=interval, restart=restart,
