@@ -170,6 +170,10 @@ class Ctx:
     local_model: bool = False
     chosen: VariantEval | None = None
     evals: list[VariantEval] | None = None
+    attention: str | None = None
+    """``--attention`` (``dense``: the opt-in fallback of a known issue); None: the checkpoint's own."""
+    engine: str | None = None
+    """vLLM version of the engine that would run (as plan decides it); None unknown."""
 
     @property
     def gpu_host(self) -> bool:
@@ -585,6 +589,29 @@ def check_known_bad(ctx: Ctx) -> CheckResult:
               "a correctness smoke test", [f"source: {kb.source}"])
 
 
+def check_known_issue(ctx: Ctx) -> CheckResult:
+    """A known issue of this engine x architecture x model family (m3ctl/data/known_issues.yaml; the plan rule
+    ``capability.known_issue`` reads the same rows), with its opt-in fallback, or the fallback chosen."""
+    from m3ctl.assess.known_issues import applicable  # noqa: PLC0415
+
+    if ctx.chosen is None or ctx.sizing is None:
+        return _r("capability.known_issue", "capability", "SKIP", _no_model_reason(ctx))
+    rows = applicable(ctx.sizing.family, _arch(ctx), ctx.sizing.attention, ctx.engine)
+    if not rows:
+        return _r("capability.known_issue", "capability", "OK",
+                  f"no known issue for {ctx.sizing.family or '?'} {ctx.sizing.attention.upper()} on {_arch(ctx)}"
+                  + (f" with vLLM {ctx.engine}" if ctx.engine else ""))
+    a, fb = rows[0], rows[0].fallback
+    det = [*a.limits(), f"source: {a.issue.source}"] + ([f"fallback evidence: {fb.evidence}"] if fb else [])
+    if fb is not None and ctx.attention == "dense":
+        return _r("capability.known_issue", "capability", "WARN",
+                  f"known issue {a.issue.id} avoided with {fb.option} ({fb.what}); {fb.warning}",
+                  f"drop {fb.option} once the engine is fixed", det)
+    return _r("capability.known_issue", "capability", "WARN", f"known issue {a.describe()}",
+              f"opt in to {fb.option} ({fb.what}; {fb.warning})" if fb else "use an engine or GPU it was not seen on",
+              det)
+
+
 def check_dbo(ctx: Ctx) -> CheckResult:
     """DeepEP/NVSHMEM availability for dual batch overlap (DBO needs DP > 1, EP and a DeepEP all2all backend)."""
     if not ctx.gpu_host:
@@ -902,6 +929,7 @@ def _evaluate_variants(ctx: Ctx) -> None:
     engine = ctx.image.vllm_version if ctx.image and (ctx.user_image or ctx.runtime == "docker") else \
         caps.engine_version(ctx.runtime, ctx.image.vllm_version if ctx.image else None)
     img_cuda = ctx.image.cuda_version if ctx.image else None
+    ctx.engine = engine
     evals = []
     if ctx.local_model:  # a local checkpoint as is: its own precision (the same rows as its catalog name's variant)
         from m3ctl.assess.facts import checkpoint_variant  # noqa: PLC0415
@@ -953,6 +981,7 @@ CHECKS: list[tuple[str, Group, Callable[[Ctx], CheckResult], bool]] = [
     ("capability.sparse_attention", "capability", check_sparse_attention, False),
     ("capability.kv_cache_dtype", "capability", check_kv_dtype, False),
     ("capability.known_bad", "capability", check_known_bad, False),
+    ("capability.known_issue", "capability", check_known_issue, False),
     ("capability.dbo", "capability", check_dbo, False),
     ("container.engine", "container", check_engine, False),
     ("container.nvidia_runtime", "container", check_nvidia_runtime, False),
@@ -1052,7 +1081,8 @@ def _doctor_request(ctx: Ctx):
 
     if ctx.local_model:
         emulated = ctx.chosen is not None and ctx.chosen.support is not None and ctx.chosen.support.status == "emulated"
-        return PlanRequest(model=ctx.model, **({"allow_emulated": True} if emulated else {}))
+        return PlanRequest(model=ctx.model, **({"allow_emulated": True} if emulated else {}),
+                           **({"attention": ctx.attention} if ctx.attention else {}))
     if not ctx.gpu_host or ctx.chosen is None or ctx.profile is None and ctx.profile_note is None:
         return None
     ev = ctx.chosen
@@ -1064,6 +1094,8 @@ def _doctor_request(ctx: Ctx):
         fields["allow_emulated"] = True
     if ctx.kv_dtype != "auto":
         fields["kv_cache_dtype"] = ctx.kv_dtype
+    if ctx.attention:
+        fields["attention"] = ctx.attention
     full = ctx.sizing.max_position_embeddings if ctx.sizing else None
     if ctx.context_given or (full and ev.fit.fits and ev.fit.max_context < full):
         fields["max_model_len"] = ctx.context  # what the verdict promises (the full context does not fit)
@@ -1085,7 +1117,7 @@ def _rejection(e) -> str:
 def _user_request(ctx: Ctx, req):
     """The request as the user would type it to ``m3ctl plan`` (doctor's own choices of TP, fallbacks and
     context left out): what ``m3ctl plan`` answers for the same question."""
-    keep = {"model", "runtime", "image", "kv_cache_dtype"} | ({"variant"} if ctx.variant else set()) \
+    keep = {"model", "runtime", "image", "kv_cache_dtype", "attention"} | ({"variant"} if ctx.variant else set()) \
         | ({"max_model_len"} if ctx.context_given else set())
     return req.model_copy(update={k: None for k in ("tp", "dp")} | {"allow_emulated": False}
                           | {k: None for k in ("variant", "max_model_len") if k not in keep})
@@ -1176,7 +1208,8 @@ def resolve_image(ref: str, env: Mapping[str, str] | None = None) -> ImageFacts:
 def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: str | None = None,
                context: int | None = None, kv_cache_dtype: str = "auto", runtime: str = "auto", port: int = 8000,
                host_checks: bool = True, image: ImageFacts | None = None,
-               env: Mapping[str, str] | None = None, inventory_file: str | None = None) -> DoctorReport:
+               env: Mapping[str, str] | None = None, inventory_file: str | None = None,
+               attention: str | None = None) -> DoctorReport:
     """Evaluate ``inventory`` for ``model`` (default MiniMax-M3.1-Flash, best variant for the host).
 
     Args:
@@ -1191,6 +1224,8 @@ def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: s
         image: image to check instead of the catalog's recommendation (e.g. from ``docker image inspect``).
         env: environment for live checks (default ``os.environ``).
         inventory_file: the saved inventory evaluated, named as ``--inventory`` in the verdict's serve command.
+        attention: ``dense`` checks the opt-in dense-attention fallback of an MSA model (a known issue's
+            workaround, m3ctl/data/known_issues.yaml); None: the checkpoint's own attention.
 
     Returns:
         The report; never raises for host problems (they are FAIL rows).
@@ -1203,7 +1238,8 @@ def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: s
     ctx = Ctx(inv=inventory, model=model or DEFAULT_MODEL, model_explicit=model is not None, variant=variant,
               context_given=context is not None, user_image=image is not None,
               context=context or h.default_context, kv_dtype=kv_cache_dtype, runtime=runtime, env=env, port=port,
-              vis=vismod.resolve(inventory), image=image, local_model=local)
+              vis=vismod.resolve(inventory), image=image, local_model=local,
+              attention=attention if attention != "msa" else None)
     _resolve_catalog(ctx)
     if inventory.gpus or (model is not None and not local):  # no GPU and no --model: nothing to size (saves ~50 ms)
         try:

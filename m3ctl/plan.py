@@ -224,6 +224,28 @@ def _canon_flag(key: str) -> str:
 SAME_SETTING = {"attention-backend": "attention_config.backend", "attention_config.backend": "attention-backend"}
 
 
+def _attention_choice(mode: str | None, facts, family: str | None, arch: str, engine_version: str | None,
+                      args: dict[str, Any], choices: list[Choice], warnings: list[str]) -> None:
+    """``--attention``: ``dense`` sets the fallback's flag (m3ctl.assess.known_issues.attention_overrides, merged
+    into the user's own ``--hf-overrides``) and warns; with the default, a known issue that has this fallback is
+    named in the choices (the rule ``capability.known_issue`` warns)."""
+    from m3ctl.assess.known_issues import applicable, attention_overrides, known_issues  # noqa: PLC0415
+
+    fb = known_issues().fallbacks["attention_dense"]
+    if mode == "dense":
+        flag, value = attention_overrides(facts, args.get(fb.flag))
+        args[flag] = value
+        choices.append(Choice(what="attention", value="dense", why=f"--attention dense: {fb.what} "
+                              f"(--{flag} {json.dumps(value, separators=(',', ':'))})"))
+        warnings.append(f"--attention dense: {fb.warning}")
+        return
+    rows = [a for a in applicable(family, arch, facts.attention, engine_version) if a.fallback is not None]
+    if rows:
+        choices.append(Choice(what="attention", value=facts.attention,
+                              why=f"the checkpoint's own; known issue {rows[0].issue.id} here: {rows[0].fallback.option} "
+                                  f"is its opt-in fallback ({rows[0].fallback.what}; quality cost unknown)"))
+
+
 def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     """Plan one launch and validate it.
 
@@ -438,6 +460,7 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
                               why="capped at the model's max_position_embeddings"))
     layer({k.lstrip("-"): v for k, v in (overrides or {}).items()}, "command-line override (--arg)")
     layer(raw.flags, "raw vLLM argument")
+    _attention_choice(r.attention, facts, family, profile.arch, engine_version, args, choices, warnings)
     for note in raw.notes:
         choices.append(Choice(what="raw argument", value=note.split(" read as ")[-1].split(" (")[0],
                               why=note))

@@ -345,6 +345,25 @@ def _known_bad(c: PlanContext) -> Finding | None:
               "correctness smoke test after readiness", kb.source, status="WARN")
 
 
+@rule("capability.known_issue")
+def _known_issue(c: PlanContext) -> Finding | None:
+    """A known issue of this engine x architecture x model family (m3ctl/data/known_issues.yaml): a WARN naming
+    its opt-in fallback, or, with the fallback in effect, what it costs (doctor's row of the same id agrees)."""
+    from m3ctl.assess.known_issues import applicable, dense_in_effect  # noqa: PLC0415
+
+    rows = applicable(c.facts.family, c.profile.arch, c.facts.attention, c.engine_version)
+    if not rows:
+        return None
+    a, fb = rows[0], rows[0].fallback
+    if fb is not None and dense_in_effect(c.facts, c.args):
+        return _v("capability.known_issue", f"known issue {a.issue.id} avoided with {fb.option} ({fb.what}); "
+                                            "its quality cost is unknown", f"drop {fb.option} once the engine is fixed",
+                  fb.source, status="WARN")
+    return _v("capability.known_issue", f"known issue {a.describe()}",
+              f"opt in to {fb.option} ({fb.what}; {fb.warning}), or use an engine/GPU it was not seen on"
+              if fb else "use an engine/GPU it was not seen on", a.issue.source, status="WARN")
+
+
 @rule("gpu.visible_devices")
 def _visible(c: PlanContext) -> Finding | None:
     if c.visibility_problems:
