@@ -331,6 +331,25 @@ def _engine_version(c: PlanContext) -> Finding | None:
               c.spec.sources.get("min_vllm", f"model catalog {c.spec.name}"))
 
 
+@rule("model.architecture")
+def _architecture(c: PlanContext) -> Finding | None:
+    """The checkpoint's architectures against the engine's model registry (m3ctl.assess.engine_models): vLLM
+    refuses an architecture it lacks at start, after its API server came up."""
+    from m3ctl.assess.engine_models import unknown_architectures  # noqa: PLC0415
+
+    if not c.facts.architectures or str(c.args.get("model-impl", "auto")) == "transformers":
+        return None  # nothing known, or vLLM's Transformers backend asked for explicitly
+    missing, source = unknown_architectures(c.facts.architectures, c.engine_version, c.runtime)
+    if not missing:
+        return None
+    engine = f"vLLM {c.engine_version}" if c.engine_version else "the engine"
+    return _v("model.architecture", f"{engine} does not know the architecture {', '.join(missing)} of "
+                                    f"{c.facts.source}: vLLM refuses it at start ('Model architectures "
+                                    f"{missing} are not supported for now')",
+              "use an engine (image or vLLM install) whose model registry has it; --skip-checks to try anyway "
+              "(e.g. with -- --model-impl transformers)", source)
+
+
 @rule("capability.known_bad")
 def _known_bad(c: PlanContext) -> Finding | None:
     """A (model family, architecture, precision) that ran but produced garbage in the field: a WARN on the plan
