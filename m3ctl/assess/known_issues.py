@@ -96,7 +96,8 @@ def parse_known_issues(text: str, where: str = "known_issues.yaml") -> KnownIssu
     try:
         table = KnownIssues.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
+        errs = e.errors()
+        err = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])  # a typo explains a missing key
         loc = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
             known = sorted({*KnownIssue.model_fields, *Fallback.model_fields, *KnownIssues.model_fields})
