@@ -674,7 +674,9 @@ def check_cpu(ctx: Ctx) -> CheckResult:
     numa = f", {inv.numa_nodes} NUMA node(s)" if inv.numa_nodes else ""
     gpu_numa = sorted({g.numa_node for g in inv.gpus if g.numa_node is not None})
     det = [f"GPU NUMA nodes: {gpu_numa}"] if gpu_numa else []
-    return _r("host.cpu", "host", "OK", f"{inv.cpu_count} CPUs ({inv.cpu_model or 'model n/a'}){numa}{mem}", details=det)
+    arch = f", {inv.cpu_arch}" + (" (NVIDIA Grace)" if inv.grace else "") if inv.cpu_arch else ", architecture n/a"
+    return _r("host.cpu", "host", "OK", f"{inv.cpu_count} CPUs ({inv.cpu_model or 'model n/a'}{arch}){numa}{mem}",
+              details=det)
 
 
 def _planned_tp(ctx: Ctx) -> int:

@@ -493,8 +493,11 @@ def _dbo(c: PlanContext) -> Finding | None:
     elif backend not in deep:
         missing.append(f"a DeepEP/MoRI all2all backend (got {backend}; available: {', '.join(deep) or 'none'})")
     if missing:
-        fix = (f"switch to --arg all2all-backend={deep[0]}" if deep and c.dp > 1 and c.ep else
-               "add --dp N --ep with a DeepEP backend") + ", or drop --dbo"
+        if not c.profile.supports.dbo:  # no backend change can help here: the hint must lead somewhere
+            fix = f"drop --dbo (DBO is not offered on {c.profile.arch})"
+        else:
+            fix = (f"switch to --arg all2all-backend={deep[0]}" if deep and c.dp > 1 and c.ep else
+                   "add --dp N --ep with a DeepEP backend") + ", or drop --dbo"
         return _v("parallel.dbo", "DBO (dual batch overlap) needs " + ", ".join(missing), fix, src)
     return None
 
@@ -740,6 +743,25 @@ def _image_archs(c: PlanContext) -> Finding | None:
               "use the catalog image (drop --image) or an image built with this architecture in TORCH_CUDA_ARCH_LIST",
               "image env TORCH_CUDA_ARCH_LIST (vllm docker/Dockerfile torch_cuda_arch_list); anchors-serving.md "
               "(sm_103 on a CUDA 12.9 build: no kernel image)")
+
+
+@rule("image.platform")
+def _image_platform(c: PlanContext) -> Finding | None:
+    """The host CPU architecture (inventory ``cpu_arch``: aarch64 on Grace) against the image's published
+    platforms (catalog ``platforms``; not checked when either is unknown)."""
+    from m3ctl.hw.host import cpu_table  # noqa: PLC0415
+
+    img, arch = c.image, c.inventory.cpu_arch
+    if c.runtime != "docker" or img is None or not getattr(img, "platforms", None) or not arch:
+        return None
+    want = cpu_table().get("oci_platforms", {}).get(arch)
+    if want is None or want in img.platforms:
+        return None
+    grace = " (NVIDIA Grace)" if c.inventory.grace else ""
+    return _v("image.platform", f"image {img.reference} is published for {', '.join(img.platforms)}, not {want}: the "
+                                f"host CPU is {arch}{grace}; docker refuses it ('exec format error')",
+              f"use an image built for {want} (--image), or --runtime process with a vLLM built for {arch}",
+              "m3ctl/data/host_cpus.yaml oci_platforms (OCI image index platform); image catalog platforms")
 
 
 @rule("env.deprecated")
