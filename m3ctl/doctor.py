@@ -1020,6 +1020,8 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
     base = {"model": ctx.sizing.name if ctx.sizing else ctx.model, "image": ctx.image.name if ctx.image else None,
             "profile": ctx.profile, "notes": notes, "context": ctx.context if not ctx.local_model else None}
     verdict_checks = [c for c in checks if c.group in INVENTORY_GROUPS or c.id in ("host.shm",)]
+    # A known issue is not a fallback path: the verdict notes it with its opt-in workaround (row capability.known_issue).
+    notes += [f"{c.message} ({c.fix})" for c in checks if c.id == "capability.known_issue" and c.status == "WARN"]
     blockers = [f"{c.id}: {c.message}" for c in verdict_checks if c.status == "FAIL"]
     if ctx.local_model:
         fbs = _fallbacks(ctx, verdict_checks) if ctx.chosen is not None else []
@@ -1071,7 +1073,8 @@ def _fallbacks(ctx: Ctx, verdict_checks: list[CheckResult]) -> list[str]:
     for c in verdict_checks:
         if c.status == "WARN" and c.group in ("capability",) and c.id not in ("capability.quantization",
                                                                               "capability.sparse_attention",
-                                                                              "capability.known_bad"):
+                                                                              "capability.known_bad",
+                                                                              "capability.known_issue"):
             fallbacks.append(f"{c.id}: {c.message}")
     return fallbacks
 
