@@ -63,7 +63,7 @@ def test_image_platform_row_keyed_on_the_cpu_arch(tmp_path, monkeypatch):
     (imgs / "amd64-only.yaml").write_text(
         "schema_version: 1\nname: vllm-openai-minimax-m3\nvendor: nvidia\nrepository: example/vllm\ntag: amd64\n"
         "vllm_version: 0.32.0\ncuda_version: '13.0'\narchs: [blackwell-ultra, blackwell]\nplatforms: [linux/amd64]\n")
-    req = dict(model="MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm", catalog_dir=str(tmp_path))
+    req = {"model": "MiniMax-M3.1-Flash", "runtime": "docker", "vllm_executable": "vllm", "catalog_dir": str(tmp_path)}
     with pytest.raises(ConfigRejected) as ei:
         plan(inventory_for_system("gb300x4"), PlanRequest(**req))
     assert ei.value.message.startswith("rule image.platform") and "linux/arm64" in ei.value.message
@@ -74,8 +74,8 @@ def test_image_platform_row_keyed_on_the_cpu_arch(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- hints that lead somewhere
 #: Requests that capability rules refuse on some catalog system.
-ASKS = [dict(dbo=True, ep=True, dp=0), dict(kv_cache_dtype="nvfp4"), dict(kv_cache_dtype="fp8"),
-        dict(variant="nvfp4"), dict(variant="mxfp4"), dict(dbo=True, ep=True, dp=0, args={"all2all-backend": "nope"})]
+ASKS = [{"dbo": True, "ep": True, "dp": 0}, {"kv_cache_dtype": "nvfp4"}, {"kv_cache_dtype": "fp8"},
+        {"variant": "nvfp4"}, {"variant": "mxfp4"}, {"dbo": True, "ep": True, "dp": 0, "args": {"all2all-backend": "nope"}}]
 
 
 def _follow(fix: str, req: dict) -> dict | None:
@@ -110,7 +110,7 @@ def test_following_a_capability_hint_never_gives_the_same_refusal():
                 continue
             except ConfigRejected as e:
                 first = e
-            except Exception:  # noqa: BLE001 - no profile for the system, a bad variant: not a hint to follow
+            except Exception:  # noqa: BLE001, S112 - no profile for the system, a bad variant: not a hint to follow
                 continue
             nxt = _follow(first.hint, req)
             if nxt is None:

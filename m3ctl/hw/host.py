@@ -92,8 +92,8 @@ def is_grace(cpu_arch: str | None, cpuinfo: str = "", gpu_names: tuple[str, ...]
     g = cpu_table()["grace"]
     if cpu_arch != g["cpu_arch"]:
         return False
-    parts = {p.lower() for p in re.findall(r"^CPU part\s*:\s*(\S+)", cpuinfo, re.M)}
-    impl = {p.lower() for p in re.findall(r"^CPU implementer\s*:\s*(\S+)", cpuinfo, re.M)}
+    parts = {p.lower() for p in re.findall(r"^CPU part\s*:\s*(\S+)", cpuinfo, re.MULTILINE)}
+    impl = {p.lower() for p in re.findall(r"^CPU implementer\s*:\s*(\S+)", cpuinfo, re.MULTILINE)}
     if g["cpu_implementer"] in impl and parts & {p.lower() for p in g["cpu_parts"]}:
         return True
     return any(m.lower() in n.lower() for n in gpu_names for m in g["gpu_name_markers"])
