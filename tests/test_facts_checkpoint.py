@@ -294,3 +294,31 @@ def test_kernel_expectation_for_nvfp4_on_hopper_is_marlin(tmp_path):
     assert KernelExpect(**bf16.kernel_expect) == catalog.profiles()["hopper"].expect  # BF16: the profile's TRITON
     # the same log against the BF16 expectation still warns (the check is real)
     assert [w.kind for w in verify_kernels(HOPPER_NVFP4_LOG, KernelExpect(**bf16.kernel_expect)).warnings]
+
+
+# ----------------------------------------------------------------------------- the real H200 run (vLLM 0.26, 2026-12-01)
+def _log(name: str) -> str:
+    import gzip  # noqa: PLC0415
+
+    return gzip.decompress((FIX / "h200x1-real" / "m3" / name).read_bytes()).decode(errors="replace")
+
+
+def test_dense_override_equals_what_the_real_h200_engine_received(tmp_path):
+    import ast  # noqa: PLC0415
+
+    line = next(x for x in _log("log-m3-bf16-dense.txt.gz").splitlines() if "non-default args:" in x)
+    seen = ast.literal_eval(line.split("non-default args: ", 1)[1])["hf_overrides"]
+    p = plan(_inv(str(H200)), PlanRequest(model=str(_m3(tmp_path)), attention="dense", vllm_executable="vllm"))
+    assert json.loads(p.argv[p.argv.index("--hf-overrides") + 1]) == seen == H200_DENSE
+    rep = verify_kernels(_log("log-m3-bf16-dense.txt.gz"), KernelExpect(**p.kernel_expect))
+    assert rep.observed["attention"] == ["FLASH_ATTN"] and not [w for w in rep.warnings if w.kind == "attention"]
+
+
+def test_known_issue_symptom_is_what_the_real_h200_log_shows():
+    from m3ctl.assess.known_issues import known_issues  # noqa: PLC0415
+
+    ki = next(k for k in known_issues().issues if k.id == "msa-triton-illegal-memory-access")
+    log = _log("log-m3-bf16-long-blocking.txt.gz")
+    assert "an illegal memory access" in log and "sparse_attn.py" in log and "minimax_m3_sparse_attn" in log
+    assert all(s in ki.symptom for s in ("an illegal memory access", "sparse_attn.py", "minimax_m3_sparse_attn"))
+    assert "0.26.0" in ki.seen_with
