@@ -76,7 +76,7 @@ def _inventory_file(inv: Any) -> str | None:
 def doctor(*, model: str | None = None, variant: str | None = None, context: int | None = None,
            kv_cache_dtype: str = "auto", runtime: Literal["auto", "process", "docker"] = "auto", port: int = 8000,
            image: str | None = None, inventory: str | Path | HostInventory | None = None,
-           system: str | None = None) -> DoctorReport:
+           system: str | None = None, attention: Literal["msa", "dense"] | None = None) -> DoctorReport:
     """Check, check by check, whether and how this host (or ``inventory``/``system``) can serve ``model``.
 
     Args:
@@ -87,6 +87,8 @@ def doctor(*, model: str | None = None, variant: str | None = None, context: int
         runtime: what serve would use (``auto``: docker when the engine is reachable on a GPU host).
         port: API port checked for being free (1-65535).
         image: a catalog image name or a local image to check instead of the recommended one.
+        attention: ``dense`` checks an MSA model served with dense attention on every layer (the opt-in fallback
+            of a known issue; quality cost unknown); None/``msa``: its own sparse attention.
 
     Returns:
         :class:`~m3ctl.doctor.DoctorReport`: ``checks`` (id, status OK/WARN/FAIL/SKIP, message, fix), ``verdict``
@@ -104,8 +106,10 @@ def doctor(*, model: str | None = None, variant: str | None = None, context: int
         raise BadInput(f"--context {context} must be >= 1 token", "e.g. --context 32768")
     if not 1 <= port <= 65535:
         raise BadInput(f"--port {port} is not a TCP port", "use 1-65535")
+    if attention not in (None, "msa", "dense"):
+        raise BadInput(f"attention {attention!r} is not msa or dense", "use attention='dense' or leave it out")
     inv = host_inventory(inventory, system)
-    return run_doctor(inv, model=model, variant=variant, context=context, kv_cache_dtype=kv_cache_dtype,
+    return run_doctor(inv, attention=attention, model=model, variant=variant, context=context, kv_cache_dtype=kv_cache_dtype,
                       runtime=runtime, port=port, host_checks=inventory is None and system is None,
                       image=resolve_image(image) if image else None, inventory_file=_inventory_file(inventory))
 
@@ -257,7 +261,6 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
         LaunchFailed: the server died or failed readiness (its root cause from the log); it has been stopped.
     """
     from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.catalog import profiles  # noqa: PLC0415
     from m3ctl.diagnose import DiagContext  # noqa: PLC0415
     from m3ctl.launch import check_host  # noqa: PLC0415
     from m3ctl.runtime import get_runtime  # noqa: PLC0415
@@ -274,7 +277,7 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
     p, secrets, prof = serve_plan(req, inv, api_key_env=api_key_env, offline=offline)
     if dry_run:
         return p
-    expect = getattr(prof or profiles().get(p.profile), "expect", None)
+    expect = serving.profile_expect(prof, p.profile, p)
     if p.runtime == "docker" and on_pull is not None:
         from m3ctl.runtime.docker import DockerRuntime  # noqa: PLC0415
 

@@ -275,6 +275,9 @@ class Image(_Strict):
     cuda_version: str | None = None
     rocm_version: str | None = None
     archs: list[str]
+    platforms: list[str] = Field(default_factory=list)
+    """OCI platforms the image is published for (``linux/amd64``, ``linux/arm64``); empty = not recorded (not
+    checked). Rule ``image.platform`` checks the host CPU architecture against it (Grace hosts are arm64)."""
     notes: str = ""
     sources: dict[str, str] = Field(default_factory=dict)
 

@@ -170,6 +170,10 @@ class Ctx:
     local_model: bool = False
     chosen: VariantEval | None = None
     evals: list[VariantEval] | None = None
+    attention: str | None = None
+    """``--attention`` (``dense``: the opt-in fallback of a known issue); None: the checkpoint's own."""
+    engine: str | None = None
+    """vLLM version of the engine that would run (as plan decides it); None unknown."""
 
     @property
     def gpu_host(self) -> bool:
@@ -585,6 +589,29 @@ def check_known_bad(ctx: Ctx) -> CheckResult:
               "a correctness smoke test", [f"source: {kb.source}"])
 
 
+def check_known_issue(ctx: Ctx) -> CheckResult:
+    """A known issue of this engine x architecture x model family (m3ctl/data/known_issues.yaml; the plan rule
+    ``capability.known_issue`` reads the same rows), with its opt-in fallback, or the fallback chosen."""
+    from m3ctl.assess.known_issues import applicable  # noqa: PLC0415
+
+    if ctx.chosen is None or ctx.sizing is None:
+        return _r("capability.known_issue", "capability", "SKIP", _no_model_reason(ctx))
+    rows = applicable(ctx.sizing.family, _arch(ctx), ctx.sizing.attention, ctx.engine)
+    if not rows:
+        return _r("capability.known_issue", "capability", "OK",
+                  f"no known issue for {ctx.sizing.family or '?'} {ctx.sizing.attention.upper()} on {_arch(ctx)}"
+                  + (f" with vLLM {ctx.engine}" if ctx.engine else ""))
+    a, fb = rows[0], rows[0].fallback
+    det = [*a.limits(), f"source: {a.issue.source}"] + ([f"fallback evidence: {fb.evidence}"] if fb else [])
+    if fb is not None and ctx.attention == "dense":
+        return _r("capability.known_issue", "capability", "WARN",
+                  f"known issue {a.issue.id} avoided with {fb.option} ({fb.what}); {fb.warning}",
+                  f"drop {fb.option} once the engine is fixed", det)
+    return _r("capability.known_issue", "capability", "WARN", f"known issue {a.describe()}",
+              f"opt in to {fb.option} ({fb.what}; {fb.warning})" if fb else "use an engine or GPU it was not seen on",
+              det)
+
+
 def check_dbo(ctx: Ctx) -> CheckResult:
     """DeepEP/NVSHMEM availability for dual batch overlap (DBO needs DP > 1, EP and a DeepEP all2all backend)."""
     if not ctx.gpu_host:
@@ -647,7 +674,9 @@ def check_cpu(ctx: Ctx) -> CheckResult:
     numa = f", {inv.numa_nodes} NUMA node(s)" if inv.numa_nodes else ""
     gpu_numa = sorted({g.numa_node for g in inv.gpus if g.numa_node is not None})
     det = [f"GPU NUMA nodes: {gpu_numa}"] if gpu_numa else []
-    return _r("host.cpu", "host", "OK", f"{inv.cpu_count} CPUs ({inv.cpu_model or 'model n/a'}){numa}{mem}", details=det)
+    arch = f", {inv.cpu_arch}" + (" (NVIDIA Grace)" if inv.grace else "") if inv.cpu_arch else ", architecture n/a"
+    return _r("host.cpu", "host", "OK", f"{inv.cpu_count} CPUs ({inv.cpu_model or 'model n/a'}{arch}){numa}{mem}",
+              details=det)
 
 
 def _planned_tp(ctx: Ctx) -> int:
@@ -833,7 +862,8 @@ def check_plan(ctx: Ctx) -> CheckResult:
     from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
 
     try:
-        p = plan(ctx.inv, PlanRequest(model=ctx.model, name="doctor-check"))
+        req = _doctor_request(ctx) or PlanRequest(model=ctx.model)  # the verdict's request (fallbacks accepted)
+        p = plan(ctx.inv, req.model_copy(update={"name": "doctor-check"}))
     except M3Error as e:
         return _r("model.plan", "model", "FAIL", e.message, e.hint)
     return _r("model.plan", "model", "OK" if not p.warnings else "WARN",
@@ -901,9 +931,16 @@ def _evaluate_variants(ctx: Ctx) -> None:
     engine = ctx.image.vllm_version if ctx.image and (ctx.user_image or ctx.runtime == "docker") else \
         caps.engine_version(ctx.runtime, ctx.image.vllm_version if ctx.image else None)
     img_cuda = ctx.image.cuda_version if ctx.image else None
+    ctx.engine = engine
     evals = []
-    for vname, v in ctx.spec.variants.items():
-        if ctx.variant and vname != ctx.variant:
+    if ctx.local_model:  # a local checkpoint as is: its own precision (the same rows as its catalog name's variant)
+        from m3ctl.assess.facts import checkpoint_variant  # noqa: PLC0415
+
+        candidates = dict([checkpoint_variant(s)])
+    else:
+        candidates = ctx.spec.variants
+    for vname, v in candidates.items():
+        if ctx.variant and vname != ctx.variant and not ctx.local_model:
             continue
         sup = caps.variant_support(arch, v.precision, s.attention, engine_version=engine, image_cuda=img_cuda)
         weights = v.weights_gib * sup.weights_factor
@@ -946,6 +983,7 @@ CHECKS: list[tuple[str, Group, Callable[[Ctx], CheckResult], bool]] = [
     ("capability.sparse_attention", "capability", check_sparse_attention, False),
     ("capability.kv_cache_dtype", "capability", check_kv_dtype, False),
     ("capability.known_bad", "capability", check_known_bad, False),
+    ("capability.known_issue", "capability", check_known_issue, False),
     ("capability.dbo", "capability", check_dbo, False),
     ("container.engine", "container", check_engine, False),
     ("container.nvidia_runtime", "container", check_nvidia_runtime, False),
@@ -982,12 +1020,18 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
     base = {"model": ctx.sizing.name if ctx.sizing else ctx.model, "image": ctx.image.name if ctx.image else None,
             "profile": ctx.profile, "notes": notes, "context": ctx.context if not ctx.local_model else None}
     verdict_checks = [c for c in checks if c.group in INVENTORY_GROUPS or c.id in ("host.shm",)]
+    # A known issue is not a fallback path: the verdict notes it with its opt-in workaround (row capability.known_issue).
+    notes += [f"{c.message} ({c.fix})" for c in checks if c.id == "capability.known_issue" and c.status == "WARN"]
     blockers = [f"{c.id}: {c.message}" for c in verdict_checks if c.status == "FAIL"]
     if ctx.local_model:
-        status = "not_runnable" if blockers else "runnable_natively"
-        return Verdict(**base, status=status, blockers=blockers,
+        fbs = _fallbacks(ctx, verdict_checks) if ctx.chosen is not None else []
+        status = "not_runnable" if blockers else ("runnable_with_fallbacks" if fbs else "runnable_natively")
+        return Verdict(**base, status=status, blockers=blockers, fallbacks=fbs,
+                       variant=ctx.chosen.name if ctx.chosen else None,
                        summary=f"{ctx.model}: " + ("not runnable: " + blockers[0] if blockers else
-                                                   f"runnable with profile {ctx.profile!r}"))
+                                                   f"runnable with profile {ctx.profile!r}" + (
+                                                       ", with fallbacks: " + "; ".join(_short(f) for f in fbs)
+                                                       if fbs else "")))
     root_causes = [b for b in blockers if not b.startswith("gpu.detect")] or blockers
     if not ctx.gpu_host:
         why = root_causes[0] if root_causes else "no GPU on this host"
@@ -1002,19 +1046,7 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
         return Verdict(**base, variant=variant, status="not_runnable", blockers=blockers, tp=tp, max_context=max_ctx,
                        summary=f"{base['model']}{' ' + variant if variant else ''}: not runnable here: "
                                + (root_causes[0] if root_causes else "no variant evaluated"))
-    fallbacks = []
-    for fv in ev.features:
-        if fv.status == "fallback" and fv.row:
-            fallbacks.append(f"{fv.name}: {fv.row.fallback} (cost: {fv.row.cost})")
-        elif fv.status in ("partial", "unverified"):
-            fallbacks.append(f"{fv.name}: {fv.status} on {_arch(ctx)}" + (f" ({fv.note})" if fv.note else ""))
-    if ev.known_bad:
-        fallbacks.append(f"known-bad: {ev.known_bad.note} ({ev.known_bad.source})")
-    for c in verdict_checks:
-        if c.status == "WARN" and c.group in ("capability",) and c.id not in ("capability.quantization",
-                                                                              "capability.sparse_attention",
-                                                                              "capability.known_bad"):
-            fallbacks.append(f"{c.id}: {c.message}")
+    fallbacks = _fallbacks(ctx, verdict_checks)
     where = f"TP={tp}, {ctx.context} tokens (max about {max_ctx:,})"
     img = f"; image {ctx.image.name}" if ctx.image else ""
     prof = f", profile {ctx.profile}" if ctx.profile else ", no kernel profile yet"
@@ -1027,13 +1059,35 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
                    summary=f"{base['model']} {variant}: runnable natively at {where}{img}{prof}")
 
 
+def _fallbacks(ctx: Ctx, verdict_checks: list[CheckResult]) -> list[str]:
+    """The fallback paths of the chosen variant (capability rows), its known-bad report and other capability WARNs."""
+    ev = ctx.chosen
+    fallbacks = []
+    for fv in ev.features:
+        if fv.status == "fallback" and fv.row:
+            fallbacks.append(f"{fv.name}: {fv.row.fallback} (cost: {fv.row.cost})")
+        elif fv.status in ("partial", "unverified"):
+            fallbacks.append(f"{fv.name}: {fv.status} on {_arch(ctx)}" + (f" ({fv.note})" if fv.note else ""))
+    if ev.known_bad:
+        fallbacks.append(f"known-bad: {ev.known_bad.note} ({ev.known_bad.source})")
+    for c in verdict_checks:
+        if c.status == "WARN" and c.group in ("capability",) and c.id not in ("capability.quantization",
+                                                                              "capability.sparse_attention",
+                                                                              "capability.known_bad",
+                                                                              "capability.known_issue"):
+            fallbacks.append(f"{c.id}: {c.message}")
+    return fallbacks
+
+
 def _doctor_request(ctx: Ctx):
     """The plan request that does what the verdict says: the chosen variant at the TP that fits, with the flags
     it needs (``--allow-emulated`` for a fallback, ``--max-model-len``/``--kv-cache-dtype``/``--image`` as checked)."""
     from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
 
     if ctx.local_model:
-        return PlanRequest(model=ctx.model)
+        emulated = ctx.chosen is not None and ctx.chosen.support is not None and ctx.chosen.support.status == "emulated"
+        return PlanRequest(model=ctx.model, **({"allow_emulated": True} if emulated else {}),
+                           **({"attention": ctx.attention} if ctx.attention else {}))
     if not ctx.gpu_host or ctx.chosen is None or ctx.profile is None and ctx.profile_note is None:
         return None
     ev = ctx.chosen
@@ -1045,6 +1099,8 @@ def _doctor_request(ctx: Ctx):
         fields["allow_emulated"] = True
     if ctx.kv_dtype != "auto":
         fields["kv_cache_dtype"] = ctx.kv_dtype
+    if ctx.attention:
+        fields["attention"] = ctx.attention
     full = ctx.sizing.max_position_embeddings if ctx.sizing else None
     if ctx.context_given or (full and ev.fit.fits and ev.fit.max_context < full):
         fields["max_model_len"] = ctx.context  # what the verdict promises (the full context does not fit)
@@ -1066,7 +1122,7 @@ def _rejection(e) -> str:
 def _user_request(ctx: Ctx, req):
     """The request as the user would type it to ``m3ctl plan`` (doctor's own choices of TP, fallbacks and
     context left out): what ``m3ctl plan`` answers for the same question."""
-    keep = {"model", "runtime", "image", "kv_cache_dtype"} | ({"variant"} if ctx.variant else set()) \
+    keep = {"model", "runtime", "image", "kv_cache_dtype", "attention"} | ({"variant"} if ctx.variant else set()) \
         | ({"max_model_len"} if ctx.context_given else set())
     return req.model_copy(update={k: None for k in ("tp", "dp")} | {"allow_emulated": False}
                           | {k: None for k in ("variant", "max_model_len") if k not in keep})
@@ -1157,7 +1213,8 @@ def resolve_image(ref: str, env: Mapping[str, str] | None = None) -> ImageFacts:
 def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: str | None = None,
                context: int | None = None, kv_cache_dtype: str = "auto", runtime: str = "auto", port: int = 8000,
                host_checks: bool = True, image: ImageFacts | None = None,
-               env: Mapping[str, str] | None = None, inventory_file: str | None = None) -> DoctorReport:
+               env: Mapping[str, str] | None = None, inventory_file: str | None = None,
+               attention: str | None = None) -> DoctorReport:
     """Evaluate ``inventory`` for ``model`` (default MiniMax-M3.1-Flash, best variant for the host).
 
     Args:
@@ -1172,6 +1229,8 @@ def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: s
         image: image to check instead of the catalog's recommendation (e.g. from ``docker image inspect``).
         env: environment for live checks (default ``os.environ``).
         inventory_file: the saved inventory evaluated, named as ``--inventory`` in the verdict's serve command.
+        attention: ``dense`` checks the opt-in dense-attention fallback of an MSA model (a known issue's
+            workaround, m3ctl/data/known_issues.yaml); None: the checkpoint's own attention.
 
     Returns:
         The report; never raises for host problems (they are FAIL rows).
@@ -1184,17 +1243,23 @@ def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: s
     ctx = Ctx(inv=inventory, model=model or DEFAULT_MODEL, model_explicit=model is not None, variant=variant,
               context_given=context is not None, user_image=image is not None,
               context=context or h.default_context, kv_dtype=kv_cache_dtype, runtime=runtime, env=env, port=port,
-              vis=vismod.resolve(inventory), image=image, local_model=local)
+              vis=vismod.resolve(inventory), image=image, local_model=local,
+              attention=attention if attention != "msa" else None)
     _resolve_catalog(ctx)
-    if not local and (inventory.gpus or model is not None):  # no GPU and no --model: nothing to size (saves ~50 ms)
+    if inventory.gpus or (model is not None and not local):  # no GPU and no --model: nothing to size (saves ~50 ms)
         try:
             from m3ctl import catalog  # noqa: PLC0415
-            from m3ctl.assess.facts import model_facts  # noqa: PLC0415
+            from m3ctl.assess.facts import model_facts, read_model_facts  # noqa: PLC0415
 
-            ctx.spec = catalog.find_model(ctx.model)
-            ctx.sizing = (model_facts(ctx.spec, ModelFacts(source=ctx.model))
-                          if ctx.spec is not None and ctx.spec.variants and ctx.spec.facts.num_layers else None)
-        except Exception:  # noqa: BLE001 - sizing trouble shows up as model.memory_fit
+            # The checkpoint's own config.json (a local directory, or a hub id's cached config) over the catalog.
+            own = read_model_facts(ctx.model) if (local or ctx.model_explicit) else ModelFacts(source=ctx.model)
+            ctx.spec = catalog.find_model(ctx.model, own.architectures)
+            if local:
+                ctx.sizing = model_facts(ctx.spec, own) if ctx.spec is not None else None
+            else:
+                ctx.sizing = (model_facts(ctx.spec, own)
+                              if ctx.spec is not None and ctx.spec.variants and ctx.spec.facts.num_layers else None)
+        except Exception:  # noqa: BLE001 - sizing trouble shows up as model.memory_fit (local: model.plan)
             ctx.sizing = None
         _evaluate_variants(ctx)
     checks: list[CheckResult] = []

@@ -27,11 +27,12 @@ from m3ctl import catalog
 from m3ctl import secrets as _secrets
 from m3ctl.assess import capability
 from m3ctl.assess.choose import choose_max_model_len, choose_variant
-from m3ctl.assess.facts import model_facts, read_model_facts
+from m3ctl.assess.facts import checkpoint_variant, model_facts, read_model_facts
 from m3ctl.assess.request import PlanRequest, merge, serve_command  # noqa: F401 - re-exported
 from m3ctl.assess.rules import PlanContext, advisories, run_rules, vllm_int
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
+from m3ctl.kernels import expectation as kernel_expectation
 from m3ctl.secrets import redact_env
 
 
@@ -129,6 +130,9 @@ class LaunchPlan(BaseModel):
     """Local files/directories the server reads besides the model (tokenizer, draft model): mounted read-only."""
     weights_gib: float | None = None
     """Checkpoint weights (GiB) the plan assumed: sizes the k8s HF-cache claim."""
+    kernel_expect: dict[str, Any] | None = None
+    """The kernels the post-launch check expects (:func:`m3ctl.kernels.expectation`: the profile's ``expect`` with
+    the planned variant's capability rows applied, e.g. MARLIN MoE for NVFP4 on Hopper); None in older plans."""
     api_key_env: str | None = None
     """Name of the variable that held the API key on the launching host (``serve --api-key-env``; the server
     gets the value as ``VLLM_API_KEY``); watch and bench read the key from it. Never the value."""
@@ -232,6 +236,28 @@ def _canon_flag(key: str) -> str:
 SAME_SETTING = {"attention-backend": "attention_config.backend", "attention_config.backend": "attention-backend"}
 
 
+def _attention_choice(mode: str | None, facts, family: str | None, arch: str, engine_version: str | None,
+                      args: dict[str, Any], choices: list[Choice], warnings: list[str]) -> None:
+    """``--attention``: ``dense`` sets the fallback's flag (m3ctl.assess.known_issues.attention_overrides, merged
+    into the user's own ``--hf-overrides``) and warns; with the default, a known issue that has this fallback is
+    named in the choices (the rule ``capability.known_issue`` warns)."""
+    from m3ctl.assess.known_issues import applicable, attention_overrides, known_issues  # noqa: PLC0415
+
+    fb = known_issues().fallbacks["attention_dense"]
+    if mode == "dense":
+        flag, value = attention_overrides(facts, args.get(fb.flag))
+        args[flag] = value
+        choices.append(Choice(what="attention", value="dense", why=f"--attention dense: {fb.what} "
+                              f"(--{flag} {json.dumps(value, separators=(',', ':'))})"))
+        warnings.append(f"--attention dense: {fb.warning}")
+        return
+    rows = [a for a in applicable(family, arch, facts.attention, engine_version) if a.fallback is not None]
+    if rows:
+        choices.append(Choice(what="attention", value=facts.attention,
+                              why=f"the checkpoint's own; known issue {rows[0].issue.id} here: {rows[0].fallback.option} "
+                                  f"is its opt-in fallback ({rows[0].fallback.what}; quality cost unknown)"))
+
+
 def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     """Plan one launch and validate it.
 
@@ -323,6 +349,11 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         warnings.append(f"{model} is not a local directory nor a catalog model: facts unchecked, vLLM resolves it")
     facts = model_facts(spec, local, var)
     family = spec.family if spec else None
+    # A local checkpoint is served as is: its own precision is the variant the capability rows and rules read
+    # (on an architecture the capability table covers; the CPU profile has none).
+    ctx_vname, ctx_var = vname, var
+    if var is None and local.local and profile.arch in capability.table().archs:
+        ctx_vname, ctx_var = checkpoint_variant(facts)
 
     # Raw vLLM arguments, read as vLLM reads them. Parallel flags among them are planned like --tp/--dp/...
     # (GPU selection, visibility and every rule see the layout vLLM will use).
@@ -445,6 +476,7 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
                               why="capped at the model's max_position_embeddings"))
     layer({k.lstrip("-"): v for k, v in (overrides or {}).items()}, "command-line override (--arg)")
     layer(raw.flags, "raw vLLM argument")
+    _attention_choice(r.attention, facts, family, profile.arch, engine_version, args, choices, warnings)
     for note in raw.notes:
         choices.append(Choice(what="raw argument", value=note.split(" read as ")[-1].split(" (")[0],
                               why=note))
@@ -491,7 +523,8 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         else:
             raise ConfigRejected(f"profile {profile.name!r} names no image for the docker runtime",
                                  "pass --image REF (a local image works; see m3ctl/runtime/docker.py)")
-    ctx = PlanContext(inventory=inventory, profile=profile, spec=spec, variant_name=vname, variant=var, facts=facts,
+    ctx = PlanContext(inventory=inventory, profile=profile, spec=spec, variant_name=ctx_vname, variant=ctx_var,
+                      facts=facts,
                       image=img, runtime=runtime, tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_,
                       spec_method=method if depth else None, spec_depth=depth, draft_tp=draft_tp, args=args,
                       env=envs, allow_emulated=allow_emulated, n_visible=n_gpus, unit_memory_mib=mem,
@@ -511,8 +544,8 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         alts = "; ".join(f"{r.what} {r.value}: {r.why}" for r in rejected) if v.rule in ("variant.native", "memory.fit") else ""
         raise ConfigRejected(f"rule {v.rule}: {v.message}{more}",
                              f"{v.fix} [source: {v.source}]" + (f"; alternatives rejected: {alts}" if alts else ""))
-    if var and allow_emulated and ctx.support().status == "emulated":
-        warnings.append(f"variant {vname} runs emulated on {profile.arch}: {ctx.support().note}")
+    if ctx.variant and allow_emulated and ctx.support().status == "emulated":
+        warnings.append(f"variant {ctx_vname} runs emulated on {profile.arch}: {ctx.support().note}")
     warnings += [f"rule {v.rule} skipped: {v.message}" for v in violations]
     warnings += [f"rule {f.id}: {f.message} ({f.fix})" for f in findings if f.status == "WARN"]
     warnings += advisories(ctx)
@@ -546,7 +579,9 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
                       gpu_devices=_device_ids(inventory, units, tp_ * dp_), unset_env=unset_env,
                       python_modules=list(profile.family_python_modules.get(family, [])) if family else [],
                       request=r.public(), memory_fit=ctx.memory_fit(), scheduler_limits=ctx.scheduler_limits(),
-                      vllm_args=args, served_model_aliases=aliases, weights_gib=weights or None)
+                      vllm_args=args, served_model_aliases=aliases, weights_gib=weights or None,
+                      kernel_expect=kernel_expectation(profile.expect, ctx.support() if ctx.variant else None)
+                      .model_dump())
     lp._secret_values = dict(found.values)
     return lp
 

@@ -359,10 +359,14 @@ def saved_plan(registry: Registry, name: str) -> LaunchPlan | None:
                        f"`m3ctl stop {name}` and serve it again (the plan is saved at launch)") from None
 
 
-def profile_expect(profile, name: str):
-    """The kernel expectations (``expect``) of ``profile``, else of the catalog profile ``name``; None if none."""
-    from m3ctl.catalog import profiles  # noqa: PLC0415
+def profile_expect(profile, name: str, plan=None):
+    """The kernel expectations: the ``plan``'s (its variant's capability rows applied to the profile's, see
+    :func:`m3ctl.kernels.expectation`) when it has them; else ``expect`` of ``profile``, else of the catalog
+    profile ``name``; None if none."""
+    from m3ctl.catalog import KernelExpect, profiles  # noqa: PLC0415
 
+    if plan is not None and getattr(plan, "kernel_expect", None) is not None:
+        return KernelExpect(**plan.kernel_expect)
     profile = profile or profiles().get(name)
     return getattr(profile, "expect", None)
 

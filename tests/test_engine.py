@@ -220,7 +220,10 @@ def test_n15_nvfp4_moe_shard_alignment(tmp_path):
     _plan(synthetic("b200x8"), model=m, tp=4, ep=True)
     with pytest.raises(ConfigRejected):  # the FlashInfer TRT-LLM backend named explicitly: same tile
         _plan(synthetic("b200x8"), model=m, tp=4, extra_args=["--moe-backend", "flashinfer_trtllm"])
-    _plan(synthetic("h200x8"), model=m, tp=4)  # Hopper runs NVFP4 MoE through Marlin: not this tile
+    _plan(synthetic("h200x8"), model=m, tp=4, allow_emulated=True)  # Hopper: NVFP4 MoE via Marlin, not this tile
+    with pytest.raises(ConfigRejected) as ei:  # the local checkpoint's NVFP4 is emulated there, as the catalog's is
+        _plan(synthetic("h200x8"), model=m, tp=4)
+    assert _rule(ei.value) == "variant.native"
     fp8 = _moe_dir(tmp_path / "fp8", {"quant_method": "fp8", "weight_block_size": [128, 128]})
     with pytest.raises(ConfigRejected) as ei:  # the FP8 block rule (F11) is unchanged
         _plan(synthetic("h200x8"), model=fp8, tp=4)

@@ -33,6 +33,19 @@ class EngineRule(_Strict):
     note: str = ""
 
 
+class KernelHint(_Strict):
+    """The kernels vLLM picks for a capability row on this architecture, as its startup log names them
+    (m3ctl/data/kernel_patterns.yaml); they replace the profile's ``expect`` for the kinds given (an explicit
+    ``null`` clears the profile's expectation for that kind). ``tolerate``: fallback ids that are this row's
+    planned path (reported as INFO after launch; the plan already warned)."""
+
+    attention: list[str] | None = None
+    moe: list[str] | None = None
+    moe_experts: list[str] | None = None
+    linear: list[str] | None = None
+    tolerate: list[str] = Field(default_factory=list)
+
+
 class Feature(_Strict):
     """One capability row: status on this architecture, with its source (required)."""
 
@@ -47,6 +60,8 @@ class Feature(_Strict):
     engine: EngineRule | None = None
     weights_factor: float = Field(default=1.0, gt=0)
     """Memory the weights take at load relative to the checkpoint (2.0: dequantized to BF16 at load, N07)."""
+    kernels: KernelHint | None = None
+    """What vLLM's startup log names for this row's path here (the post-launch kernel check expects it)."""
 
 
 class ArchRow(_Strict):
@@ -117,7 +132,7 @@ def _explain(err: ValidationError, where: str) -> str:
     if e["type"] == "extra_forbidden":
         bad = str(e["loc"][-1])
         known = sorted({*Feature.model_fields, *CapabilityTable.model_fields, *HostRules.model_fields,
-                        *KnownBad.model_fields})
+                        *KnownBad.model_fields, *KernelHint.model_fields})
         close = difflib.get_close_matches(bad, known, n=1)
         return f"{where}: unknown key {loc!r}" + (f"; did you mean {close[0]!r}?" if close else "")
     return f"{where}: {loc}: {e['msg']}"

@@ -26,12 +26,19 @@ class ModelFacts(BaseModel):
     Attributes:
         source: path or hub id as given.
         local: True when ``source`` is a local directory with a config.json.
+        config_source: the config.json the numbers were read from (a local directory's, or the HF-cache
+            snapshot's of a hub id); None when they come from the catalog alone.
         name, family: catalog name and family (None when the catalog has no match).
         attention: ``msa``, ``gqa``, ``mla`` or ``unknown`` (a hub id m3ctl has no facts for).
         moe: True/False, or None when unknown (no rule may treat an unknown model as dense).
         num_layers, num_attention_heads, num_kv_heads, head_dim: attention geometry.
-        num_experts, moe_intermediate_size (per-expert width), scoring_func: MoE facts.
+        hidden_size: model width.
+        num_experts, experts_per_tok (top-k), moe_intermediate_size (per-expert width), scoring_func: MoE facts.
         msa_block_size: MiniMax Sparse Attention block (tokens); max_position_embeddings: context (tokens).
+        sparse_attention_freq: per-layer MSA switch (``sparse_attention_config.sparse_attention_freq``: non-zero =
+            that layer runs sparse attention; vLLM's MiniMax-M3 model reads it per layer); sparse_attention_config:
+            the whole section as the checkpoint has it (None from the catalog).
+        num_mtp_modules: multi-token-prediction modules in the checkpoint.
         weights_gib: checkpoint size (GiB): the variant's catalog size, else the local files' size; for a
             config-only directory (``m3ctl dev scale-model``, served with ``--load-format dummy``) the size
             :func:`estimate_weights_bytes` derives from the config's shapes.
@@ -47,17 +54,23 @@ class ModelFacts(BaseModel):
 
     source: str
     local: bool = False
+    config_source: str | None = None
     name: str | None = None
     family: str | None = None
     attention: str = "unknown"
     moe: bool | None = None
     num_layers: int | None = None
+    hidden_size: int | None = None
     num_attention_heads: int | None = None
     num_kv_heads: int | None = None
     head_dim: int | None = None
     num_experts: int | None = None
+    experts_per_tok: int | None = None
     moe_intermediate_size: int | None = None
     msa_block_size: int | None = None
+    sparse_attention_freq: list[int] | None = None
+    sparse_attention_config: dict | None = None
+    num_mtp_modules: int | None = None
     max_position_embeddings: int | None = None
     scoring_func: str | None = None
     weights_gib: float = 0.0
@@ -82,18 +95,49 @@ class ModelFacts(BaseModel):
         return int(2 * self.num_layers * self.num_kv_heads * self.head_dim * kv_bytes_per_element(kv_dtype))
 
 
-def _quant(cfg: dict) -> tuple[list[int] | None, str | None, int | None, str | None]:
-    """(weight_block_size, quant_algo, group_size, precision) from ``quantization_config`` (FP8 block quant,
-    ModelOpt NVFP4 ``quant_algo``/``group_size``, compressed-tensors/MX ``format``)."""
-    q = cfg.get("quantization_config") or {}
-    if not isinstance(q, dict):
+def _quant_dict(cfg: dict, text: dict, model_dir: Path | None) -> dict:
+    """The quantization description of a checkpoint: ``quantization_config`` (top level, else inside
+    ``text_config``), else ModelOpt's ``hf_quant_config.json`` ``quantization`` section (vLLM's ModelOpt loader
+    reads both: vllm/model_executor/layers/quantization/modelopt.py, https://github.com/vllm-project/vllm)."""
+    for q in (cfg.get("quantization_config"), text.get("quantization_config")):
+        if isinstance(q, dict) and q:
+            return q
+    if model_dir is not None:
+        try:
+            hq = json.loads((model_dir / "hf_quant_config.json").read_text())
+        except (OSError, ValueError):
+            return {}
+        if isinstance(hq, dict) and isinstance(hq.get("quantization"), dict):
+            return {"quant_method": "modelopt", **hq["quantization"]}
+    return {}
+
+
+def _quant(q: dict) -> tuple[list[int] | None, str | None, int | None, str | None]:
+    """(weight_block_size, quant_algo, group_size, precision) from a quantization description: FP8 block quant
+    (``quant_method: fp8``, ``weight_block_size``), ModelOpt (``quant_algo`` NVFP4/FP8/MXFP8, ``group_size``),
+    compressed-tensors (``format`` or ``config_groups.*.format`` such as ``nvfp4-pack-quantized``,
+    ``config_groups.*.weights.num_bits``/``type``), MX formats (``quant_method: mxfp4``). Formats: the vLLM
+    quantization configs (vllm/model_executor/layers/quantization/{fp8,modelopt,mxfp4}.py and
+    compressed_tensors/compressed_tensors.py, https://github.com/vllm-project/vllm)."""
+    if not isinstance(q, dict) or not q:
         return None, None, None, None
     block = q.get("weight_block_size")
     algo = q.get("quant_algo")
     method = str(q.get("quant_method") or "").lower()
-    fmt = str(q.get("format") or q.get("fmt") or "").lower()
+    words = [algo, method, q.get("format"), q.get("fmt")]
     group = q.get("group_size")
-    text = " ".join(str(x).lower() for x in (algo, method, fmt) if x)
+    for g in (q.get("config_groups") or {}).values() if isinstance(q.get("config_groups"), dict) else ():
+        if not isinstance(g, dict):
+            continue
+        words.append(g.get("format"))
+        w = g.get("weights") or {}
+        if isinstance(w, dict):
+            group = group or w.get("group_size")
+            if w.get("num_bits") == 4 and str(w.get("type")).lower() == "float":
+                words.append("nvfp4" if (w.get("group_size") or 16) == 16 else "mxfp4")
+            elif w.get("num_bits") == 8 and str(w.get("type")).lower() == "float":
+                words.append("fp8")
+    text = " ".join(str(x).lower() for x in words if x)
     precision = None
     for p in ("nvfp4", "mxfp4", "mxfp8", "fp8"):
         if p in text:
@@ -106,8 +150,90 @@ def _quant(cfg: dict) -> tuple[list[int] | None, str | None, int | None, str | N
     return (list(block) if block else None), (str(algo) if algo else None), group, precision
 
 
+def hub_config_dir(repo_id: str, environ: dict[str, str] | None = None) -> Path | None:
+    """The HF-cache snapshot directory of hub model ``repo_id`` (revision ``main``) when it holds a config.json;
+    None when the id is not cached (nothing is downloaded). Cache layout: :func:`m3ctl.offline.snapshot_dir`."""
+    from m3ctl.offline import snapshot_dir  # noqa: PLC0415
+
+    if repo_id.count("/") != 1 or repo_id.startswith(("/", ".", "~")):
+        return None
+    try:
+        snap = snapshot_dir(repo_id, "main", environ)
+    except Exception:  # noqa: BLE001 - not cached: no facts from a config
+        return None
+    return snap if (snap / "config.json").is_file() else None
+
+
+def hub_id_of_snapshot(path: Path) -> str | None:
+    """``ORG/NAME`` when ``path`` is an HF-cache snapshot (``.../models--ORG--NAME/snapshots/<commit>``), else None
+    (huggingface.co/docs/huggingface_hub/guides/manage-cache)."""
+    parts = path.resolve().parts if path.exists() else path.parts
+    if len(parts) >= 3 and parts[-2] == "snapshots" and parts[-3].startswith("models--"):
+        org_name = parts[-3].removeprefix("models--").split("--", 1)
+        return "/".join(org_name) if len(org_name) == 2 else None
+    return None
+
+
+def facts_from_config(cfg: dict, source: str, *, local: bool, model_dir: Path | None = None) -> ModelFacts:
+    """The facts a checkpoint's ``config.json`` states, in the fields the catalog holds (m3ctl/models/*.yaml).
+
+    Reads a nested ``text_config`` when there is one (MiniMax-M3's release format, ``minimax_m3_vl``); MoE
+    (``num_local_experts``/``num_experts``/``n_routed_experts``, ``num_experts_per_tok``, expert width), MiniMax
+    Sparse Attention (``sparse_attention_config``: ``sparse_block_size``, per-layer ``sparse_attention_freq``),
+    MTP modules (``num_mtp_modules``), the quantization (:func:`_quant`). Field names: vLLM's MiniMaxM3TextConfig
+    (vllm/transformers_utils/configs/minimax_m3.py) and the transformers configs of each architecture,
+    https://github.com/vllm-project/vllm.
+
+    Args:
+        cfg: the parsed config.json; source: what the user named; local: ``source`` is a local directory;
+        model_dir: the directory (for ``hf_quant_config.json`` and the weight files' size).
+    """
+    nested = isinstance(cfg.get("text_config"), dict)
+    text = cfg["text_config"] if nested else cfg
+    heads = text.get("num_attention_heads")
+    head_dim = text.get("head_dim") or (text["hidden_size"] // heads if heads and text.get("hidden_size") else None)
+    experts = text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts")
+    weights = 0
+    estimated = False
+    if model_dir is not None:
+        weights = sum(f.stat().st_size for pat in ("*.safetensors", "*.bin") for f in model_dir.glob(pat)
+                      if f.is_file())  # a dangling blob link (an interrupted download) counts as nothing
+        estimated = not weights and not any(model_dir.glob("*.safetensors.index.json"))
+        if estimated:
+            weights = estimate_weights_bytes(cfg)
+    block, algo, group, precision = _quant(_quant_dict(cfg, text, model_dir))
+    if precision is None:
+        dtype = str(text.get("torch_dtype") or cfg.get("torch_dtype") or text.get("dtype") or cfg.get("dtype") or "")
+        precision = "bf16" if dtype in ("bfloat16", "float16", "float32") else None
+    mla = "kv_lora_rank" in text  # DeepSeek-V2/V3-style multi-head latent attention
+    sparse = text.get("sparse_attention_config") if isinstance(text.get("sparse_attention_config"), dict) else None
+    freq = sparse.get("sparse_attention_freq") if sparse else None
+    msa = bool(sparse) and sparse.get("use_sparse_attention", True) is not False and (
+        freq is None or (any(freq) if isinstance(freq, list) else bool(freq)))
+    return ModelFacts(
+        source=source, local=local, config_source=str(model_dir / "config.json") if model_dir else None,
+        architectures=list(cfg.get("architectures") or text.get("architectures") or []),
+        attention="msa" if msa else ("mla" if mla else "gqa"), moe=bool(experts),
+        hidden_size=text.get("hidden_size"), head_dim=head_dim, num_experts=experts,
+        experts_per_tok=text.get("num_experts_per_tok") if experts else None,
+        scoring_func=text.get("scoring_func"), max_position_embeddings=text.get("max_position_embeddings"),
+        weights_gib=weights / 2**30, weights_estimated=estimated and weights > 0,
+        num_layers=text.get("num_hidden_layers"), num_attention_heads=heads,
+        num_kv_heads=text.get("num_key_value_heads") or heads,
+        moe_intermediate_size=(text.get("moe_intermediate_size") or text.get("intermediate_size")) if experts else None,
+        msa_block_size=sparse.get("sparse_block_size") if sparse else None,
+        sparse_attention_freq=list(freq) if isinstance(freq, list) else None,
+        sparse_attention_config=dict(sparse) if sparse else None,
+        num_mtp_modules=text.get("num_mtp_modules"),
+        quant_block=block, quant_algo=algo, group_size=group, precision=precision,
+        model_type=cfg.get("model_type"), text_config_nested=nested,
+        config_keys=sorted(set(cfg) | set(text) | set(cfg.get("vision_config") or {})))
+
+
 def read_model_facts(source: str) -> ModelFacts:
-    """Facts from a local model directory, or an empty (``local=False``) record for a hub id.
+    """Facts from the checkpoint's own config.json: a local directory (an HF-cache snapshot directory too), or a
+    hub id whose config is in the local HF cache (``local=False``, ``config_source`` set). A hub id with no cached
+    config yields an empty (``local=False``) record: nothing is downloaded.
 
     Raises:
         BadInput: ``source`` looks like a path (starts with ``/``, ``.`` or ``~``) but does not
@@ -115,12 +241,16 @@ def read_model_facts(source: str) -> ModelFacts:
     """
     p = Path(source).expanduser()
     looks_like_path = source.startswith(("/", ".", "~")) or p.exists()
-    if not p.exists():
+    local = p.exists()
+    if not local:
         if looks_like_path:
             raise BadInput(f"model path {source} does not exist",
                            "pass a local model directory or a Hugging Face id; build a tiny one with "
                            "`m3ctl dev tiny-model DIR`")
-        return ModelFacts(source=source)
+        cached = hub_config_dir(source)
+        if cached is None:
+            return ModelFacts(source=source)
+        p = cached
     cfg_path = p / "config.json"
     if not cfg_path.is_file():
         raise BadInput(f"{source} has no config.json", "point --model at a Hugging Face model directory")
@@ -128,57 +258,46 @@ def read_model_facts(source: str) -> ModelFacts:
         cfg = json.loads(cfg_path.read_text())
     except ValueError as e:
         raise BadInput(f"{cfg_path} is not valid JSON: {e}", "fix or re-download the model") from e
-    text = cfg.get("text_config", cfg)
-    heads = text.get("num_attention_heads")
-    head_dim = text.get("head_dim") or (text["hidden_size"] // heads if heads and text.get("hidden_size") else None)
-    experts = text.get("num_local_experts") or text.get("num_experts") or text.get("n_routed_experts")
-    weights = sum(f.stat().st_size for pat in ("*.safetensors", "*.bin") for f in p.glob(pat))
-    estimated = not weights and not any(p.glob("*.safetensors.index.json"))
-    if estimated:
-        weights = estimate_weights_bytes(cfg)
-    block, algo, group, precision = _quant(cfg)
-    mla = "kv_lora_rank" in text  # DeepSeek-V2/V3-style multi-head latent attention
-    return ModelFacts(source=source, local=True, architectures=list(cfg.get("architectures") or []),
-                      attention="mla" if mla else "gqa", moe=bool(experts),
-                      head_dim=head_dim, num_experts=experts, scoring_func=text.get("scoring_func"),
-                      max_position_embeddings=text.get("max_position_embeddings"), weights_gib=weights / 2**30,
-                      weights_estimated=estimated and weights > 0, num_layers=text.get("num_hidden_layers"), num_attention_heads=heads,
-                      num_kv_heads=text.get("num_key_value_heads") or heads,
-                      moe_intermediate_size=(text.get("moe_intermediate_size") if experts else None)
-                      or (text.get("intermediate_size") if experts else None),
-                      quant_block=block, quant_algo=algo, group_size=group, precision=precision,
-                      model_type=cfg.get("model_type"), text_config_nested="text_config" in cfg,
-                      config_keys=sorted(set(cfg) | set(text) | set(cfg.get("vision_config") or {})))
+    if not isinstance(cfg, dict):
+        raise BadInput(f"{cfg_path} is not a JSON object", "fix or re-download the model")
+    f = facts_from_config(cfg, source, local=local, model_dir=p)
+    if not local and f.weights_estimated:
+        f.weights_gib, f.weights_estimated = 0.0, False  # a config-only cache entry: the catalog variant's size
+    return f
 
 
-#: Numbers a local config.json overrides in the catalog's (often assumed) facts.
-LOCAL_WINS = ("num_layers", "num_attention_heads", "num_kv_heads", "head_dim", "num_experts",
-              "moe_intermediate_size", "max_position_embeddings", "scoring_func")
+#: Numbers a checkpoint's config.json overrides in the catalog's (often assumed) facts.
+LOCAL_WINS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim", "num_experts",
+              "experts_per_tok", "moe_intermediate_size", "max_position_embeddings", "scoring_func", "msa_block_size")
 
 
 def model_facts(spec: ModelSpec | None, local: ModelFacts, variant: Variant | None = None) -> ModelFacts:
-    """Merge catalog spec < variant < local ``config.json`` into one :class:`ModelFacts`.
+    """Merge catalog spec < variant < the checkpoint's ``config.json`` into one :class:`ModelFacts`.
 
-    A catalog model with no local copy takes the spec's numbers and the variant's weights; a local directory
-    keeps its own numbers and file sizes; a hub id unknown to the catalog stays ``attention='unknown'``,
-    ``moe=None``.
+    The catalog gives defaults and sources; a config (a local directory, or a hub id's cached config) wins for
+    every number it states (:data:`LOCAL_WINS`; facts it states are no longer ``assumed``). A catalog model with
+    no config takes the spec's numbers and the variant's weights; a local directory keeps its own file sizes; a
+    hub id unknown to the catalog and not cached stays ``attention='unknown'``, ``moe=None``.
     """
     f = local.model_copy(deep=True)
+    from_config = local.config_source is not None or local.local
     if spec is not None:
         for k, v in spec.facts.model_dump().items():
-            if v is not None and k in ModelFacts.model_fields and (not local.local or getattr(f, k) is None
+            if v is not None and k in ModelFacts.model_fields and (not from_config or getattr(f, k) is None
                                                                    or k not in LOCAL_WINS):
                 setattr(f, k, v)
         f.name, f.family, f.attention = spec.name, spec.family, spec.attention
-        f.moe = spec.moe if not local.local else (f.moe or spec.moe)
-        f.assumed = list(spec.assumed) if not local.local else []
+        f.moe = spec.moe if not from_config else (f.moe or spec.moe)
+        f.assumed = [a for a in spec.assumed if not from_config or a not in LOCAL_WINS
+                     or getattr(local, a, None) is None]
         if spec.text_config_nested:
             f.text_config_nested = True
     if variant is not None:
         if not local.local:
             f.weights_gib = variant.weights_gib
         f.quant_block = f.quant_block or variant.quant_block
-        f.precision = variant.precision
+        if not (from_config and f.precision):  # the checkpoint's own quantization is what vLLM loads
+            f.precision = variant.precision
     return f
 
 
@@ -249,3 +368,14 @@ def estimate_weights_bytes(cfg: dict) -> int:
     total += moe_layers * (experts * 3 * h * moe_w * q + h * experts * 2.0 + 3 * h * shared * q_dense)
     total += (n - moe_layers) * 3 * h * dense_w * q_dense
     return int(total)
+
+
+def checkpoint_variant(facts: ModelFacts) -> tuple[str, Variant]:
+    """A local checkpoint served as is, as the variant the capability table and the rules read: named by its
+    precision (``nvfp4``, ``fp8``, ``bf16``: the same name the catalog gives the variant of that precision, so the
+    checkpoint and the catalog name give the same capability rows), with the checkpoint's weight size (GiB)."""
+    from m3ctl.catalog import Variant  # noqa: PLC0415
+
+    prec = facts.precision or "bf16"
+    return prec, Variant(precision=prec, weights_gib=facts.weights_gib, quant_block=facts.quant_block,
+                         source=f"the checkpoint's config.json ({facts.config_source or facts.source})")

@@ -47,6 +47,8 @@ class PlanRequest(BaseModel):
         tp, dp, dcp, ep, dbo: parallel layout (default: the profile's strategy for the GPU count).
         spec_depth, spec_method, draft_tp: speculative decoding (depth 0 = off).
         kv_cache_dtype, max_model_len (tokens), max_num_seqs, max_num_batched_tokens: typed vLLM flags.
+        attention: ``dense`` serves an MSA model with dense attention on every layer (the opt-in fallback of a
+            known issue, m3ctl/data/known_issues.yaml; quality cost unknown); None / ``msa``: the checkpoint's own.
         args: ``{flag: value}`` vLLM flags (``--arg``; ``args:`` in a file); extra_args: raw vLLM args after ``--``.
         env: extra server environment; pass_env: names of secret variables passed through (values never stored).
         image, mounts: docker image (default: the catalog's) and extra bind mounts.
@@ -75,6 +77,7 @@ class PlanRequest(BaseModel):
     spec_method: str | None = None
     draft_tp: int | None = Field(default=None, ge=1)
     kv_cache_dtype: str | None = None
+    attention: Literal["msa", "dense"] | None = None
     max_model_len: int | None = Field(default=None, ge=1)
     max_num_seqs: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
@@ -233,7 +236,7 @@ def serve_command(req: PlanRequest, inventory: str | None = None) -> str:
         out += ["--port", str(req.port)]
     if req.runtime != "process":
         out += ["--runtime", req.runtime]
-    for k in ("variant", "tp", "dp", "dcp", "spec_depth", "spec_method", "kv_cache_dtype", "max_model_len",
+    for k in ("variant", "tp", "dp", "dcp", "spec_depth", "spec_method", "kv_cache_dtype", "attention", "max_model_len",
               "max_num_seqs", "max_num_batched_tokens", "image", "served_model_name", "profile_file"):
         v = getattr(req, k)
         if v is not None:

@@ -331,6 +331,25 @@ def _engine_version(c: PlanContext) -> Finding | None:
               c.spec.sources.get("min_vllm", f"model catalog {c.spec.name}"))
 
 
+@rule("model.architecture")
+def _architecture(c: PlanContext) -> Finding | None:
+    """The checkpoint's architectures against the engine's model registry (m3ctl.assess.engine_models): vLLM
+    refuses an architecture it lacks at start, after its API server came up."""
+    from m3ctl.assess.engine_models import unknown_architectures  # noqa: PLC0415
+
+    if not c.facts.architectures or str(c.args.get("model-impl", "auto")) == "transformers":
+        return None  # nothing known, or vLLM's Transformers backend asked for explicitly
+    missing, source = unknown_architectures(c.facts.architectures, c.engine_version, c.runtime)
+    if not missing:
+        return None
+    engine = f"vLLM {c.engine_version}" if c.engine_version else "the engine"
+    return _v("model.architecture", f"{engine} does not know the architecture {', '.join(missing)} of "
+                                    f"{c.facts.source}: vLLM refuses it at start ('Model architectures "
+                                    f"{missing} are not supported for now')",
+              "use an engine (image or vLLM install) whose model registry has it; --skip-checks to try anyway "
+              "(e.g. with -- --model-impl transformers)", source)
+
+
 @rule("capability.known_bad")
 def _known_bad(c: PlanContext) -> Finding | None:
     """A (model family, architecture, precision) that ran but produced garbage in the field: a WARN on the plan
@@ -343,6 +362,25 @@ def _known_bad(c: PlanContext) -> Finding | None:
     return _v("capability.known_bad", f"known-bad: {kb.note}",
               "prefer an FP8/BF16 variant on this GPU, or a GPU with native FP4 (Blackwell); m3ctl serve runs a "
               "correctness smoke test after readiness", kb.source, status="WARN")
+
+
+@rule("capability.known_issue")
+def _known_issue(c: PlanContext) -> Finding | None:
+    """A known issue of this engine x architecture x model family (m3ctl/data/known_issues.yaml): a WARN naming
+    its opt-in fallback, or, with the fallback in effect, what it costs (doctor's row of the same id agrees)."""
+    from m3ctl.assess.known_issues import applicable, dense_in_effect  # noqa: PLC0415
+
+    rows = applicable(c.facts.family, c.profile.arch, c.facts.attention, c.engine_version)
+    if not rows:
+        return None
+    a, fb = rows[0], rows[0].fallback
+    if fb is not None and dense_in_effect(c.facts, c.args):
+        return _v("capability.known_issue", f"known issue {a.issue.id} avoided with {fb.option} ({fb.what}); "
+                                            "its quality cost is unknown", f"drop {fb.option} once the engine is fixed",
+                  fb.source, status="WARN")
+    return _v("capability.known_issue", f"known issue {a.describe()}",
+              f"opt in to {fb.option} ({fb.what}; {fb.warning}), or use an engine/GPU it was not seen on"
+              if fb else "use an engine/GPU it was not seen on", a.issue.source, status="WARN")
 
 
 @rule("gpu.visible_devices")
@@ -455,8 +493,11 @@ def _dbo(c: PlanContext) -> Finding | None:
     elif backend not in deep:
         missing.append(f"a DeepEP/MoRI all2all backend (got {backend}; available: {', '.join(deep) or 'none'})")
     if missing:
-        fix = (f"switch to --arg all2all-backend={deep[0]}" if deep and c.dp > 1 and c.ep else
-               "add --dp N --ep with a DeepEP backend") + ", or drop --dbo"
+        if not c.profile.supports.dbo:  # no backend change can help here: the hint must lead somewhere
+            fix = f"drop --dbo (DBO is not offered on {c.profile.arch})"
+        else:
+            fix = (f"switch to --arg all2all-backend={deep[0]}" if deep and c.dp > 1 and c.ep else
+                   "add --dp N --ep with a DeepEP backend") + ", or drop --dbo"
         return _v("parallel.dbo", "DBO (dual batch overlap) needs " + ", ".join(missing), fix, src)
     return None
 
@@ -702,6 +743,25 @@ def _image_archs(c: PlanContext) -> Finding | None:
               "use the catalog image (drop --image) or an image built with this architecture in TORCH_CUDA_ARCH_LIST",
               "image env TORCH_CUDA_ARCH_LIST (vllm docker/Dockerfile torch_cuda_arch_list); anchors-serving.md "
               "(sm_103 on a CUDA 12.9 build: no kernel image)")
+
+
+@rule("image.platform")
+def _image_platform(c: PlanContext) -> Finding | None:
+    """The host CPU architecture (inventory ``cpu_arch``: aarch64 on Grace) against the image's published
+    platforms (catalog ``platforms``; not checked when either is unknown)."""
+    from m3ctl.hw.host import cpu_table  # noqa: PLC0415
+
+    img, arch = c.image, c.inventory.cpu_arch
+    if c.runtime != "docker" or img is None or not getattr(img, "platforms", None) or not arch:
+        return None
+    want = cpu_table().get("oci_platforms", {}).get(arch)
+    if want is None or want in img.platforms:
+        return None
+    grace = " (NVIDIA Grace)" if c.inventory.grace else ""
+    return _v("image.platform", f"image {img.reference} is published for {', '.join(img.platforms)}, not {want}: the "
+                                f"host CPU is {arch}{grace}; docker refuses it ('exec format error')",
+              f"use an image built for {want} (--image), or --runtime process with a vLLM built for {arch}",
+              "m3ctl/data/host_cpus.yaml oci_platforms (OCI image index platform); image catalog platforms")
 
 
 @rule("env.deprecated")

@@ -72,3 +72,40 @@ def fix_vllm(json_out: o.Json = False) -> None:
     out.echo("; ".join(done) if done else "nothing to fix")
     if not rep.ok:
         raise ChecksFailed(rep.problems[0], "see `m3ctl doctor`")
+
+
+@app.command("vllm-models")
+def vllm_models(
+    registries: Annotated[list[str], typer.Argument(metavar="VERSION=PATH", help="A vLLM version and its registry: registry.py, a vLLM wheel, or a site-packages directory (repeatable).")],
+    output: Annotated[Path, typer.Option(help="File to write.")] = Path("m3ctl/data/vllm_models.yaml"),
+    json_out: o.Json = False,
+) -> None:
+    """Generate the per-version model architecture lists (m3ctl/data/vllm_models.yaml) from vLLM registry files."""
+    import yaml  # noqa: PLC0415
+
+    from m3ctl.assess.engine_models import generate, parse_engine_models  # noqa: PLC0415
+    from m3ctl.errors import BadInput  # noqa: PLC0415
+
+    out = Output(json_out)
+    pairs = {}
+    for item in registries:
+        ver, sep, path = item.partition("=")
+        if not sep or not ver or not path:
+            raise BadInput(f"{item!r} is not VERSION=PATH", "e.g. 0.33.0=vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+        pairs[ver] = path
+    added = {}
+    if output.is_file():  # keep the sourced added_in rows (and every version not regenerated now)
+        old = parse_engine_models(output.read_text(), str(output))
+        added = {k: v.model_dump() for k, v in old.added_in.items()}
+    text = generate(pairs, added)
+    if output.is_file():
+        new, old_data = yaml.safe_load(text), yaml.safe_load(output.read_text())
+        for ver, row in (old_data.get("versions") or {}).items():
+            new["versions"].setdefault(ver, row)
+        new["versions"] = dict(sorted(new["versions"].items()))
+        text = text.split("schema_version:")[0] + yaml.safe_dump(new, sort_keys=False, width=120)
+    output.write_text(text)
+    data = parse_engine_models(text, str(output))
+    out.result({"path": str(output), "versions": {v: len(r.architectures) for v, r in data.versions.items()}})
+    out.echo(f"wrote {output}: " + ", ".join(f"vLLM {v} {len(r.architectures)} architectures"
+                                            for v, r in data.versions.items()))

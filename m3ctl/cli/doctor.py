@@ -25,6 +25,7 @@ def doctor(
     inventory: o.Inventory = None,
     save_inventory: Annotated[Optional[Path], typer.Option(help="Write this host's inventory as JSON.")] = None,
     system: o.System = None,
+    attention: o.Attention = None,
 ) -> None:
     """Probe this host and say, check by check, whether and how it can serve (exit 1 on FAIL)."""
     from m3ctl.doctor import report_json, resolve_image, run_doctor  # noqa: PLC0415
@@ -39,7 +40,7 @@ def doctor(
                      variant=variant, context=context, kv_cache_dtype=kv_cache_dtype, runtime=runtime,
                      port=port or user.port, host_checks=inventory is None and system is None,
                      image=resolve_image(image) if image else None,
-                     inventory_file=str(inventory) if inventory else None)
+                     inventory_file=str(inventory) if inventory else None, attention=attention)
     out.result(report_json(rep))
     if not out.json:
         render(out.con, rep, verbose)

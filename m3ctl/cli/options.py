@@ -115,6 +115,7 @@ SkipChecks = Annotated[bool, typer.Option(help="Report plan rule violations as w
 Config = Annotated[Optional[Path], typer.Option(help="Plan config YAML (flags override it; it overrides M3CTL_* and ~/.config/m3ctl/config.yaml).")]
 Variant = Annotated[Optional[str], typer.Option(help="Model variant (nvfp4, mxfp4, mxfp8, fp8, bf16); default: best native one that fits.")]
 KVDtype = Annotated[Optional[str], typer.Option(help="KV cache dtype (validated per architecture and attention type).")]
+Attention = Annotated[Optional[str], typer.Option(parser=choice("msa", "dense"), metavar="msa|dense", help="msa (the checkpoint's sparse attention, default) or dense: every layer dense through --hf-overrides, the opt-in fallback of a known MSA issue (quality cost unknown).")]
 
 #: The planner's typed knobs (PlanRequest fields), shared by `plan` and `serve` through :func:`plan_knobs`.
 PLAN_KNOBS: dict[str, tuple[Any, Any]] = {
@@ -127,6 +128,7 @@ PLAN_KNOBS: dict[str, tuple[Any, Any]] = {
     "spec_depth": (Annotated[Optional[int], typer.Option(min=0, help="Speculative tokens (0 = off); uses the model's drafter, else ngram.")], None),
     "spec_method": (Annotated[Optional[str], typer.Option(help="Speculative method override (ngram, dspark, eagle3, mtp...).")], None),
     "kv_cache_dtype": (KVDtype, None),
+    "attention": (Attention, None),
     "max_model_len": (Annotated[Optional[int], typer.Option(parser=token_count, metavar="N", help="Max model length (tokens).")], None),
     "max_num_seqs": (Annotated[Optional[int], typer.Option(parser=token_count, metavar="N", help="Max concurrent sequences.")], None),
     "max_num_batched_tokens": (Annotated[Optional[int], typer.Option(parser=token_count, metavar="N", help="Max batched tokens per step.")], None),

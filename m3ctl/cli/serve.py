@@ -59,7 +59,7 @@ def serve(
         return show_dry_run(out, p, no_smoke)
     reg = Registry()
     rt = make_runtime(p.runtime, mount or [], out)
-    expect = serving.profile_expect(prof, p.profile)
+    expect = serving.profile_expect(prof, p.profile, p)
     serving.preflight(p, reg, rt)  # fail in milliseconds (or after an image pull), before printing "starting"
     if not out.json:
         cmd = shell_lines(shown_command(p), out.con.width - 2)

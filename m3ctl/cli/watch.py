@@ -50,7 +50,7 @@ def watch(
     # the key the canary sends and, to restart, every secret of the launch (or one line naming what is unset)
     secrets = serving.deployment_secrets(reg, name, for_restart=restart == "on-failure")
     plan = serving.saved_plan(reg, name)
-    expect = serving.profile_expect(None, plan.profile) if plan else None
+    expect = serving.profile_expect(None, plan.profile, plan) if plan else None
     out.print(f"watching {name} at {dep.url} every {interval:g} s (restart {restart})")
     try:
         serving.watch_deployment(dep, rt, reg, secrets, expect, interval_s=interval, restart=restart,

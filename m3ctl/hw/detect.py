@@ -616,7 +616,8 @@ def fabric_manager_facts(run: Runner, driver_version: str | None) -> FabricManag
 def detect(*, nvml: Any | None = None, run: Runner = default_runner, amdsmi: Any | None = None,
            sysfs_root: Path = Path("/"), env: Mapping[str, str] | None = None,
            cuda_init: Callable[[], str | None] | None = cuda_init_probe, container: bool = True,
-           fabric_wait_s: float = 10.0, sleep: Callable[[float], None] = time.sleep) -> HostInventory:
+           fabric_wait_s: float = 10.0, sleep: Callable[[float], None] = time.sleep,
+           machine: str | None = None) -> HostInventory:
     """Run the probe chain and the host probes; return the inventory. Never prints, never raises
     for absent or broken GPUs (a probe bug becomes a declined probe with its error).
 
@@ -624,6 +625,7 @@ def detect(*, nvml: Any | None = None, run: Runner = default_runner, amdsmi: Any
         nvml, run, amdsmi, sysfs_root, env, cuda_init: injectable boundaries (see module doc).
         container: also probe the container engine (Docker socket, registered runtimes).
         fabric_wait_s: how long to re-read an ``in_progress`` NVSwitch fabric state.
+        machine: the CPU architecture as ``platform.machine()`` reports it (default: this host's).
     """
     env = os.environ if env is None else env
     chain: list[tuple[str, Callable[[], ProbeResult]]] = [
@@ -648,7 +650,7 @@ def detect(*, nvml: Any | None = None, run: Runner = default_runner, amdsmi: Any
             continue
         winner = name
         break
-    facts = hostmod.host_facts(sysfs_root, env)
+    facts = hostmod.host_facts(sysfs_root, env, machine)
     if container:
         facts["container"] = hostmod.container_facts(sysfs_root, env)
     nvml_failed = next((d for d in declined if d.probe == "nvml" and "NVML init failed" in d.reason), None)
@@ -662,6 +664,8 @@ def detect(*, nvml: Any | None = None, run: Runner = default_runner, amdsmi: Any
         facts["driver"] = hostmod.driver_facts(sysfs_root, smi_error=smi_failed, dmesg=dmesg)
     if res is None:
         return HostInventory(declined=tuple(declined), **facts)
+    if facts.get("cpu_arch") == "aarch64" and not facts.get("grace"):  # a Grace superchip by its GPU's name
+        facts["grace"] = hostmod.is_grace(facts["cpu_arch"], "", [g.name for g in res.gpus])
     rocm = res.rocm_version or (hostmod.rocm_version(sysfs_root) if res.gpus[0].vendor == "amd" else None)
     inv = HostInventory(gpus=tuple(res.gpus), probe=winner, declined=tuple(declined),
                         driver_version=res.driver_version, cuda_driver_version=res.cuda_driver_version,

@@ -15,12 +15,14 @@ Sources:
 from __future__ import annotations
 
 import contextlib
+import functools
 import http.client
 import json
 import os
 import re
 import socket
 from collections.abc import Mapping
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -56,13 +58,61 @@ def model_cache_dir(env: Mapping[str, str]) -> Path:
     return Path(env.get("HOME") or Path.home()) / ".cache" / "huggingface" / "hub"
 
 
-def host_facts(root: Path = Path("/"), env: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """CPU, NUMA, RAM, /dev/shm, model cache, HF env and visible-device variables (fields of HostInventory)."""
+@functools.lru_cache(maxsize=1)
+def cpu_table() -> dict[str, Any]:
+    """The CPU recognition table (m3ctl/data/host_cpus.yaml): machine name aliases and the Grace markers.
+
+    Raises:
+        CatalogError: the file lacks a section.
+    """
+    import yaml  # noqa: PLC0415
+
+    from m3ctl.errors import CatalogError  # noqa: PLC0415
+
+    data = yaml.safe_load(resources.files("m3ctl").joinpath("data/host_cpus.yaml").read_text()) or {}
+    for key in ("machine_aliases", "grace"):
+        if key not in data:
+            raise CatalogError(f"m3ctl/data/host_cpus.yaml: {key} missing", "restore the file")
+    return data
+
+
+def normalize_machine(machine: str | None) -> str | None:
+    """``platform.machine()`` -> ``x86_64`` / ``aarch64`` (other names as given; None when empty)."""
+    if not machine:
+        return None
+    return cpu_table()["machine_aliases"].get(machine, machine)
+
+
+def is_grace(cpu_arch: str | None, cpuinfo: str = "", gpu_names: tuple[str, ...] | list[str] = ()) -> bool | None:
+    """Whether the host CPU is NVIDIA Grace: aarch64 with the Neoverse V2 part in /proc/cpuinfo, or aarch64 next
+    to a Grace superchip GPU (GH200/GB200/GB300 by NVML name). None when the CPU architecture is unknown.
+    Markers: m3ctl/data/host_cpus.yaml ``grace`` (with its sources)."""
+    if not cpu_arch:
+        return None
+    g = cpu_table()["grace"]
+    if cpu_arch != g["cpu_arch"]:
+        return False
+    parts = {p.lower() for p in re.findall(r"^CPU part\s*:\s*(\S+)", cpuinfo, re.MULTILINE)}
+    impl = {p.lower() for p in re.findall(r"^CPU implementer\s*:\s*(\S+)", cpuinfo, re.MULTILINE)}
+    if g["cpu_implementer"] in impl and parts & {p.lower() for p in g["cpu_parts"]}:
+        return True
+    return any(m.lower() in n.lower() for n in gpu_names for m in g["gpu_name_markers"])
+
+
+def host_facts(root: Path = Path("/"), env: Mapping[str, str] | None = None,
+               machine: str | None = None) -> dict[str, Any]:
+    """CPU (count, model, architecture, Grace), NUMA, RAM, /dev/shm, model cache, HF env and visible-device
+    variables (fields of HostInventory). ``machine``: the CPU architecture as ``platform.machine()`` says it
+    (default: this host's)."""
+    import platform  # noqa: PLC0415
+
     env = os.environ if env is None else env
     facts: dict[str, Any] = {"cpu_count": os.cpu_count()}
     cpuinfo = _read(_p(root, "/proc/cpuinfo")) or ""
     m = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
     facts["cpu_model"] = m.group(1).strip() if m else None
+    facts["cpu_arch"] = normalize_machine(machine if machine is not None else platform.machine())
+    facts["grace"] = is_grace(facts["cpu_arch"], cpuinfo)
     node_dir = _p(root, "/sys/devices/system/node")
     with contextlib.suppress(OSError):
         facts["numa_nodes"] = sum(1 for p in node_dir.iterdir() if re.fullmatch(r"node\d+", p.name)) or None

@@ -192,6 +192,9 @@ class HostInventory(_Frozen):
         cuda_init: result of a cheap ``cuInit(0)``: ``"ok"``, ``"error 802: ..."``, None when not tried.
         cpu_count: logical CPUs visible to this process.
         cpu_model: CPU model name.
+        cpu_arch: CPU architecture (``x86_64``, ``aarch64``; ``platform.machine()`` normalised). None = unknown:
+            inventories saved before m3ctl recorded it load with None (never assumed x86_64).
+        grace: the CPU is NVIDIA Grace (aarch64 Neoverse V2, or next to a GH200/GB200/GB300); None = unknown.
         numa_nodes: NUMA node count.
         memory_total_mib: host RAM in MiB.
         shm_bytes: size of /dev/shm in bytes.
@@ -217,6 +220,8 @@ class HostInventory(_Frozen):
     cuda_init: str | None = None
     cpu_count: int | None = None
     cpu_model: str | None = None
+    cpu_arch: str | None = None
+    grace: bool | None = None
     numa_nodes: int | None = None
     memory_total_mib: int | None = None
     shm_bytes: int | None = None

@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from m3ctl.errors import BadInput, CatalogError
+from m3ctl.hw.host import is_grace
 from m3ctl.hw.inventory import GpuInfo, HostInventory, Link, amd_arch, nvidia_arch
 
 REQUIRED_SOURCES = ("gpu", "memory", "links", "driver")
@@ -91,6 +92,7 @@ class SystemSpec(_Strict):
         max_gpus: GPUs one node holds; more is multi-node.
         multi_node_domain: GPUs in the NVLink domain across nodes (GB200/GB300 NVL72), if any.
         interconnect: GPU-GPU links inside the node.
+        cpu_arch: host CPU architecture (``aarch64`` for Grace trays; needs ``sources.host``).
         numa_nodes: host NUMA nodes (CPU sockets); the GPUs spread evenly over them in index order, as
             ``nvmlDeviceGetNumaNodeId`` reports on HGX hosts (GPUs 0-3 on node 0, 4-7 on node 1).
         driver_version, cuda_driver_version: typical driver (NVIDIA: driver + highest CUDA it supports;
@@ -107,6 +109,7 @@ class SystemSpec(_Strict):
     multi_node_domain: int | None = None
     interconnect: Interconnect
     numa_nodes: int | None = None
+    cpu_arch: Literal["x86_64", "aarch64"] = "x86_64"
     driver_version: str
     cuda_driver_version: str | None = None
     sources: dict[str, str]
@@ -252,4 +255,5 @@ def inventory_for_system(name: str) -> HostInventory:
     return HostInventory(label=f"system {key}x{count}: {spec.description} (m3ctl/data/systems.yaml; not probed)",
                          gpus=gpus, probe="nvml" if nv else "amdsmi", driver_version=spec.driver_version,
                          cuda_driver_version=spec.cuda_driver_version, links=_links(spec, count),
-                         numa_nodes=spec.numa_nodes)
+                         numa_nodes=spec.numa_nodes, cpu_arch=spec.cpu_arch,
+                         grace=is_grace(spec.cpu_arch, "", [g.name] if nv else []))
