@@ -34,7 +34,9 @@ def doctor(
     user = user_defaults()
     inv = host_inventory(inventory, system)
     if save_inventory:
-        save_inventory.write_text(inv.model_dump_json(indent=2))
+        from m3ctl.files import write_atomic  # noqa: PLC0415
+
+        write_atomic(save_inventory, inv.model_dump_json(indent=2))
     rep = run_doctor(inv, model=model or (user.model if "model" in user.model_fields_set else None),
                      variant=variant, context=context, kv_cache_dtype=kv_cache_dtype, runtime=runtime,
                      port=port or user.port, host_checks=inventory is None and system is None,

@@ -146,9 +146,19 @@ def run(out: Output, sdir: Path, settings: dict, inv, base, pareto: bool) -> Non
         out.print(f"resumed: trial(s) {tuner.interrupted_trials} had been interrupted"
                   + (f"; kept from the runs they had finished: {tuner.recovered_trials}" if tuner.recovered_trials else "")
                   + (f"; no run finished, so measured again (their starts count): {again}" if again else ""))
-    result = st.write_outputs(sdir, res, tuner, ev, settings, base, pareto)
+    from m3ctl.files import WriteFailed  # noqa: PLC0415
+
+    lost = None
+    try:
+        result = st.write_outputs(sdir, res, tuner, ev, settings, base, pareto)
+    except WriteFailed as e:  # shown anyway, then the one-line error (exit 5)
+        result, lost = e.document, e
     out.result(result)
     if not out.json:
         print_result(out.con, res, result, settings, sp, pareto)
+    if lost is not None:
+        for other in lost.others:
+            console(stderr=True).print(f"warning: {other.message}", soft_wrap=True)
+        raise lost
     if res.best is None:  # no configuration met the SLO: exit 1 in both forms
         raise typer.Exit(1)

@@ -54,9 +54,18 @@ class TuneSettings(BaseModel):
 
 
 def save_settings(study_dir: Path, settings: dict[str, Any]) -> None:
-    """Write ``tune.json`` (with ``schema_version``)."""
-    study_dir.mkdir(parents=True, exist_ok=True)
-    write_json(study_dir / "tune.json", {"schema_version": SETTINGS_SCHEMA_VERSION, **settings})
+    """Write ``tune.json`` (with ``schema_version``) atomically, before any trial starts.
+
+    Raises:
+        ConfigRejected: it could not be written (disk full, read-only: the cause, the path, the bytes needed).
+    """
+    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+    from m3ctl.files import WriteFailed  # noqa: PLC0415
+
+    try:
+        write_json(study_dir / "tune.json", {"schema_version": SETTINGS_SCHEMA_VERSION, **settings})
+    except WriteFailed as e:
+        raise ConfigRejected(f"cannot save the study's settings: {e.message}", e.hint) from None
 
 
 def load_settings(study_dir: Path) -> dict[str, Any]:
@@ -374,7 +383,16 @@ def profile_yaml(base, cand: dict[str, Any], plan, result: Outcome, settings: di
 
 
 def pareto_png(front: list[dict[str, Any]], points: list[dict[str, Any]], path: Path, objective: str) -> None:
+    """The study's Pareto chart as a PNG, written atomically.
+
+    Raises:
+        m3ctl.files.WriteFailed: it could not be written (nothing partial is left).
+    """
+    import io  # noqa: PLC0415
+
     import matplotlib  # noqa: PLC0415
+
+    from m3ctl.files import write_atomic  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
@@ -387,8 +405,10 @@ def pareto_png(front: list[dict[str, Any]], points: list[dict[str, Any]], path: 
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
+    write_atomic(path, buf.getvalue())
 
 
 def all_points(outcomes: list[Outcome]) -> list[dict[str, Any]]:
@@ -405,7 +425,12 @@ def _capacity(tuner: Tuner, out: Outcome) -> dict[str, Any]:
 
 def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: dict[str, Any], base_profile,
                   want_pareto: bool) -> dict[str, Any]:
-    """``result.json`` (always), ``profile.yaml`` (when a configuration met the SLO), ``pareto.png`` (``--pareto``).
+    """``result.json`` (always), ``profile.yaml`` (when a configuration met the SLO), ``pareto.png`` (``--pareto``),
+    each written atomically; returns the result.json dict.
+
+    Raises:
+        m3ctl.files.WriteFailed: a file could not be written (the others were written); the result dict is its
+            ``document`` attribute, the other failures its ``others`` (exit 5: measured, shown, not saved).
 
     result.json (:class:`m3ctl.results.TuneReport`): ``schema_version``, ``launches``, ``cost_s`` (server time) and ``elapsed_s`` (wall) across all resumes;
     ``interrupted_launches`` {trial: {cost_s}}: starts killed before any run finished (counted in both);
@@ -418,6 +443,7 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
     a repeated level is in ``trials[].points[].runs``; ``vs_baseline`` = best / baseline objective (None when
     either is missing or 0).
     """
+    from m3ctl.files import WriteFailed, write_atomic  # noqa: PLC0415
     from m3ctl.results import TUNE_SCHEMA_VERSION, TuneReport  # noqa: PLC0415
 
     out: dict[str, Any] = {"schema_version": TUNE_SCHEMA_VERSION, "stopped_by": res.stopped_by, "launches": res.launches, "cost_s": res.cost_s,
@@ -430,7 +456,7 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
                        "command": p.command_line(), "argv": p.argv, "trial": res.best.trial,
                        "flags": tuned_flags(res.best.config, p),
                        "confirmed": res.best.confirmed is not None, **_capacity(tuner, res.best)}
-        (study_dir / "profile.yaml").write_text(profile_yaml(base_profile, res.best.config, p, res.best, settings))
+        profile_text = profile_yaml(base_profile, res.best.config, p, res.best, settings)
         out["profile"] = str(study_dir / "profile.yaml")
     b = res.baseline
     if b is not None:
@@ -445,10 +471,24 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
     front = pareto(res.outcomes)
     out["pareto"] = front
     if want_pareto and front:
-        pareto_png(front, all_points(res.outcomes), study_dir / "pareto.png", settings["spec"]["objective"])
         out["pareto_png"] = str(study_dir / "pareto.png")
     TuneReport.from_dict(out, "result.json being written")  # the typed shape (m3ctl/results.py) is what is written
-    write_json(study_dir / "result.json", out)
+    writes = [lambda: write_json(study_dir / "result.json", out)]
+    if res.best is not None:
+        writes.append(lambda: write_atomic(study_dir / "profile.yaml", profile_text))
+    if want_pareto and front:
+        writes.append(lambda: pareto_png(front, all_points(res.outcomes), study_dir / "pareto.png",
+                                         settings["spec"]["objective"]))
+    lost = []
+    for write in writes:  # each file whole or not at all; one that fails does not stop the others
+        try:
+            write()
+        except WriteFailed as e:
+            lost.append(e)
+    if lost:
+        lost[0].document = out  # the caller shows the result before the error (nothing measured is lost)
+        lost[0].others = lost[1:]
+        raise lost[0]
     return out
 
 
