@@ -57,12 +57,10 @@ def host_inventory(inventory: str | Path | HostInventory | None = None, system: 
 
         if isinstance(inventory, HostInventory):
             return inventory
+        from m3ctl.files import read_user_text  # noqa: PLC0415
+
         path = Path(inventory)
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise BadInput(f"cannot read inventory {path}: {e.strerror}", "check the path") from None
-        return load_inventory(text, str(path))
+        return load_inventory(read_user_text(path, "inventory"), str(path))
     from m3ctl.hw.detect import detect  # noqa: PLC0415
 
     return detect()

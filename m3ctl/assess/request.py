@@ -148,11 +148,12 @@ def load_request(path: str | Path) -> PlanRequest:
     """
     from m3ctl.catalog import _explain  # noqa: PLC0415
 
+    from m3ctl.files import read_user_text  # noqa: PLC0415
+
     p = Path(path)
+    text = read_user_text(p, "config")  # BadInput: missing, a directory, unreadable, not UTF-8
     try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except OSError as e:
-        raise BadInput(f"cannot read config {p}: {e.strerror}", "check the --config path") from e
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
         raise BadInput(f"{p}: not valid YAML: {str(e).splitlines()[0]}", "fix the YAML syntax") from e
     if not isinstance(data, dict):

@@ -34,10 +34,10 @@ def load_runs(paths: list[Path]) -> list[dict]:
     """
     runs = []
     for p in paths:
+        from m3ctl.files import read_user_text  # noqa: PLC0415
+
         try:
-            data = json.loads(Path(p).read_text())
-        except FileNotFoundError:
-            raise BadInput(f"result file {p} not found", "pass files written by --output-json") from None
+            data = json.loads(read_user_text(p, "result file"))
         except json.JSONDecodeError as e:
             raise BadInput(f"{p} is not JSON: {e.msg}", "pass files written by --output-json") from None
         items = data.get("runs", [data]) if isinstance(data, dict) else []

@@ -15,7 +15,7 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from m3ctl.bench import WORKLOADS
+from m3ctl.bench import MAX_REQUEST_TOKENS, WORKLOADS
 
 PLAIN_HELP = {"rich_markup_mode": None}  # click help: Typer's rich help costs ~0.2 s of imports
 RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
@@ -137,8 +137,8 @@ PLAN_KNOBS: dict[str, tuple[Any, Any]] = {
 
 # ------------------------------------------------------------------ workload (bench, tune)
 Workload = Annotated[str, typer.Option(parser=choice(*WORKLOADS), autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)], help=f"Bench workload: {', '.join(WORKLOADS)}.")]
-InputLen = Annotated[int, typer.Option(min=1, help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn).")]
-OutputLen = Annotated[int, typer.Option(min=1, help="Output tokens per request.")]
+InputLen = Annotated[int, typer.Option(min=1, max=MAX_REQUEST_TOKENS, help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn).")]
+OutputLen = Annotated[int, typer.Option(min=1, max=MAX_REQUEST_TOKENS, help="Output tokens per request.")]
 Seed = Annotated[int, typer.Option(help="Workload seed (lengths, order, arrivals); the prompt text is fresh every run.")]
 UsdPerGpuHour = Annotated[Optional[float], typer.Option(parser=positive_float, metavar="USD", help="GPU price for USD per million tokens and tokens per USD.")]
 

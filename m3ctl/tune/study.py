@@ -177,10 +177,16 @@ def new_settings(model: str, inventory, *, slo: str = "", objective: str = "tput
     if workload not in KINDS:
         raise BadInput(f"unknown workload {workload!r}", f"use one of {', '.join(KINDS)}")
     check_budgets(max_trials=max_trials, time_budget_s=time_budget_s, confirm_top=confirm_top)
-    for opt, v in (("--input-len", input_len), ("--output-len", output_len),
-                   ("--prompts-per-concurrency", prompts_per_concurrency), ("--port", port)):
-        if v < 1:
-            raise BadInput(f"{opt} {v} must be >= 1", "see `m3ctl tune --help`")
+    from m3ctl.bench import MAX_REQUEST_TOKENS  # noqa: PLC0415
+    from m3ctl.bench.runner import MAX_PROMPTS  # noqa: PLC0415
+
+    for opt, v, top in (("--input-len", input_len, MAX_REQUEST_TOKENS), ("--output-len", output_len, MAX_REQUEST_TOKENS),
+                        ("--prompts-per-concurrency", prompts_per_concurrency, MAX_PROMPTS), ("--port", port, 65535)):
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= top:
+            raise BadInput(f"{opt} {v!r} must be a whole number from 1 to {top:,}", "see `m3ctl tune --help`")
+    if lad[-1] * prompts_per_concurrency * 2 > MAX_PROMPTS:  # x2: a confirmation run sends twice as many
+        raise BadInput(f"--ladder {lad[-1]} x --prompts-per-concurrency {prompts_per_concurrency} (x2 to confirm) "
+                       f"is more than {MAX_PROMPTS:,} requests in one bench run", "lower the ladder's top")
     from m3ctl.secrets import split_api_key  # noqa: PLC0415
 
     extra_args, key = split_api_key(list(extra_args or []))
@@ -235,6 +241,23 @@ def base_profile(settings: dict[str, Any], inventory):
     return profile_for_arch(inventory.arch)
 
 
+def open_tuner(study_dir: Path, space: Space, ev, spec: TuneSpec, on_event=None) -> Tuner:
+    """The study's :class:`~m3ctl.tune.search.Tuner` on its optuna SQLite file ``study.db`` (created when new).
+
+    Raises:
+        BadInput: ``study.db`` is not a readable optuna SQLite study (corrupt, truncated, another file, not
+            writable); nothing has started.
+    """
+    db = Path(study_dir) / "study.db"
+    try:
+        return Tuner(space, ev, spec, storage=f"sqlite:///{db}", on_event=on_event)
+    except Exception as e:  # noqa: BLE001 - sqlalchemy/optuna raise many kinds (DatabaseError, RuntimeError...)
+        first = (str(e).splitlines() or [type(e).__name__])[0][:160]
+        raise BadInput(f"{db} is not a readable optuna study ({type(e).__name__}: {first})",
+                       f"restore it from a backup, or move it away to start the search over (the trials/ folder "
+                       "and tune.json are kept)") from None
+
+
 def run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry=None,
              on_event: Callable[[int | None, str, str], None] | None = None,
              on_cleanup: Callable[[list[str]], None] | None = None) -> tuple[TuneResult, Tuner, Any]:
@@ -259,7 +282,7 @@ def run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry=N
     ev = ServerEvaluator(inventory, settings["model"], study_dir, spec, plan_base=settings.get("plan_base", {}),
                          bench=settings.get("bench", {}), port=settings["port"], name_prefix=prefix,
                          registry=registry, space=space)
-    tuner = Tuner(space, ev, spec, storage=f"sqlite:///{study_dir / 'study.db'}", on_event=on_event)
+    tuner = open_tuner(study_dir, space, ev, spec, on_event)
     try:
         res = tuner.run()
     finally:
