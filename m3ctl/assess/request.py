@@ -147,7 +147,6 @@ def load_request(path: str | Path) -> PlanRequest:
         BadInput: unreadable file, invalid YAML, or an unknown key (with a "did you mean").
     """
     from m3ctl.catalog import _explain  # noqa: PLC0415
-
     from m3ctl.files import read_user_text  # noqa: PLC0415
 
     p = Path(path)

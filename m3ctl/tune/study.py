@@ -254,7 +254,7 @@ def open_tuner(study_dir: Path, space: Space, ev, spec: TuneSpec, on_event=None)
     except Exception as e:  # noqa: BLE001 - sqlalchemy/optuna raise many kinds (DatabaseError, RuntimeError...)
         first = (str(e).splitlines() or [type(e).__name__])[0][:160]
         raise BadInput(f"{db} is not a readable optuna study ({type(e).__name__}: {first})",
-                       f"restore it from a backup, or move it away to start the search over (the trials/ folder "
+                       "restore it from a backup, or move it away to start the search over (the trials/ folder "
                        "and tune.json are kept)") from None
 
 
