@@ -46,8 +46,8 @@ class WriteFailed(M3Error):
     exit_code = EXIT_NOT_SAVED
 
     def __init__(self, path: Path, nbytes: int, err: OSError, hint: str | None = None):
-        self.path, self.nbytes, self.errno = Path(path), nbytes, err.errno
-        super().__init__(f"{cause(err)} writing {path} ({nbytes:,} bytes needed)",
+        self.path, self.nbytes, self.errno, self.cause = Path(path), nbytes, err.errno, cause(err)
+        super().__init__(f"{self.cause} writing {path} ({nbytes:,} bytes needed)",
                          hint or "free space or choose another path, then rerun")
 
 
@@ -78,7 +78,10 @@ def write_atomic(path: str | Path, data: str | bytes, *, mkdir: bool = True) -> 
         if path.is_dir():
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         if mkdir:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except FileExistsError:  # a component of the parent is a file
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent)) from None
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
@@ -90,6 +93,8 @@ def write_atomic(path: str | Path, data: str | bytes, *, mkdir: bool = True) -> 
         return path
     except OSError as e:
         raise WriteFailed(path, len(blob), e) from None
+    except ValueError as e:  # a NUL byte in the path
+        raise WriteFailed(path, len(blob), OSError(errno.EINVAL, f"invalid path ({e})")) from None
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):
@@ -114,11 +119,10 @@ def save_with_fallback(path: str | Path, data: str | bytes, fallback_dir: Path, 
         try:
             return write_atomic(fallback, data)
         except WriteFailed as second:
-            extra = "" if second.message.split(" writing ")[0] == first.message.split(" writing ")[0] else \
-                f"; the fallback copy {fallback}: {second.message.split(' writing ')[0]}"
-            raise WriteFailed(path, first.nbytes, OSError(first.errno, ""),
-                              f"nothing was saved (the fallback copy under {fallback_dir} failed too{extra}); free "
-                              "space or choose another path, then rerun") from None
+            extra = "" if second.cause == first.cause else f": {second.cause}"
+            first.hint = (f"nothing was saved (the fallback copy under {fallback_dir} failed too{extra}); free "
+                          "space or choose another path, then rerun")
+            raise first from None
 
 
 
