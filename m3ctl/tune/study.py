@@ -184,6 +184,16 @@ def new_settings(model: str, inventory, *, slo: str = "", objective: str = "tput
                         ("--prompts-per-concurrency", prompts_per_concurrency, MAX_PROMPTS), ("--port", port, 65535)):
         if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= top:
             raise BadInput(f"{opt} {v!r} must be a whole number from 1 to {top:,}", "see `m3ctl tune --help`")
+    import math  # noqa: PLC0415
+
+    for opt, v, ok, what in (
+            ("--boundary-margin", boundary_margin, 0 <= boundary_margin <= 1, "a fraction from 0 to 1"),
+            ("--boundary-repeats", boundary_repeats, boundary_repeats >= 0, "a whole number >= 0"),
+            ("--max-spec-depth", max_spec_depth, max_spec_depth >= 0, "a whole number >= 0"),
+            ("--usd-per-gpu-hour", usd_per_gpu_hour,
+             usd_per_gpu_hour is None or (math.isfinite(usd_per_gpu_hour) and usd_per_gpu_hour > 0), "USD > 0")):
+        if not ok:
+            raise BadInput(f"{opt} {v!r} must be {what}", "see `m3ctl tune --help`")
     if lad[-1] * prompts_per_concurrency * 2 > MAX_PROMPTS:  # x2: a confirmation run sends twice as many
         raise BadInput(f"--ladder {lad[-1]} x --prompts-per-concurrency {prompts_per_concurrency} (x2 to confirm) "
                        f"is more than {MAX_PROMPTS:,} requests in one bench run", "lower the ladder's top")
