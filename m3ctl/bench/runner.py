@@ -99,7 +99,7 @@ class BenchConfig(BaseModel):
     model: str
     endpoint: str = "completions"
     num_prompts: int = Field(100, ge=1, le=MAX_PROMPTS)
-    concurrency: int | None = Field(None, ge=1)
+    concurrency: int | None = Field(None, ge=1, le=MAX_PROMPTS)
     request_rate: float = Field(math.inf, gt=0)
     """Requests/s (``inf``: all at once); > 0."""
     burstiness: float = Field(1.0, gt=0)
@@ -145,14 +145,14 @@ class BenchConfig(BaseModel):
     dataset_path: str | None = None
     dataset_output_len: int | None = Field(None, ge=1, le=MAX_REQUEST_TOKENS)
     max_model_len: int | None = None
-    num_prefixes: int = Field(4, ge=1)
+    num_prefixes: int = Field(4, ge=1, le=MAX_PROMPTS)
     prefix_len: int = Field(128, ge=1, le=MAX_REQUEST_TOKENS)
-    num_sessions: int | None = Field(None, ge=1)
-    turns: int = Field(4, ge=1)
+    num_sessions: int | None = Field(None, ge=1, le=MAX_PROMPTS)
+    turns: int = Field(4, ge=1, le=MAX_PROMPTS)
     turn_input_len: int = Field(64, ge=1, le=MAX_REQUEST_TOKENS)
     think_time_s: float = Field(0.0, ge=0)
     # client
-    client_procs: int = Field(1, ge=1)
+    client_procs: int = Field(1, ge=1, le=MAX_PROMPTS)
     http_client: str = "fast"  # fast (m3ctl.bench.fasthttp) or aiohttp
     continuous_usage: bool = True
     scrape_server_metrics: bool = True
@@ -755,6 +755,9 @@ def validate(cfg: BenchConfig) -> None:
                        "e.g. --duration 60 --concurrency 8")
     _check_url(cfg.url)
     _check_sizes(cfg)
+    if cfg.client_procs > max(cfg.num_prompts, cfg.concurrency or 1):
+        raise BadInput(f"--client-procs {cfg.client_procs} is more worker processes than requests "
+                       f"({max(cfg.num_prompts, cfg.concurrency or 1)})", "e.g. --client-procs 2")
     _check_files(cfg)
     if cfg.goodput_slo_ms and (bad := {k: v for k, v in cfg.goodput_slo_ms.items()
                                        if not (isinstance(v, int | float) and math.isfinite(v) and v > 0)}):
@@ -818,7 +821,7 @@ def _check_files(cfg: BenchConfig) -> None:
         except OSError as e:
             raise BadInput(f"cannot read {what} {p}: {cause(e)}", fix) from None
 
-    if cfg.workload == "dataset" and cfg.dataset_path:
+    if cfg.dataset_path:  # a file given is read, whatever the workload
         p = Path(cfg.dataset_path)
         if not p.is_file():
             raise BadInput(f"--dataset-path {p} is {'a directory' if p.is_dir() else 'not found'}",

@@ -41,8 +41,8 @@ def goodput_slos(items: list[str]) -> dict[str, float] | None:
 @app.callback(invoke_without_command=True)
 def bench(
     ctx: typer.Context,
-    url: Annotated[Optional[str], typer.Option(help="Base URL of an OpenAI-compatible server.")] = None,
-    deployment: Annotated[Optional[str], typer.Option(help="Bench an m3ctl deployment by name instead of --url.")] = None,
+    url: Annotated[Optional[str], typer.Option(parser=o.text, help="Base URL of an OpenAI-compatible server.")] = None,
+    deployment: Annotated[Optional[str], typer.Option(parser=o.text, help="Bench an m3ctl deployment by name instead of --url.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Model id on the server (default: the only one it serves).")] = None,
     endpoint: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
     workload: o.Workload = "random",

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from dataclasses import asdict
@@ -99,7 +100,29 @@ def load_settings(study_dir: Path) -> dict[str, Any]:
     except TypeError as e:  # an unknown or missing TuneSpec field
         raise BadInput(f"{p}: spec: {e}", fix) from None
     data.pop("schema_version", None)
+    check_study_db(Path(study_dir) / "study.db")
     return data
+
+
+def check_study_db(db: Path) -> None:
+    """A study's ``study.db``, when there is one, is an SQLite database with optuna's tables (opened read-only:
+    nothing is created or changed), so ``--resume`` (dry run included) refuses a corrupt one before any work.
+
+    Raises:
+        BadInput: it is not an SQLite file, is truncated, or holds no optuna study.
+    """
+    import sqlite3  # noqa: PLC0415
+
+    if not db.exists():
+        return
+    fix = f"restore {db} from a backup, or move it away to start the search over (trials/ and tune.json are kept)"
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.Error as e:
+        raise BadInput(f"{db} is not a readable optuna study (sqlite: {e})", fix) from None
+    if "studies" not in tables:
+        raise BadInput(f"{db} is not an optuna study (no 'studies' table)", fix)
 
 
 def resume_settings(study_dir: Path, *, max_trials: int | None = None, time_budget_s: float | None = None,
