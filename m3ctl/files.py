@@ -139,7 +139,7 @@ def read_user_text(path: str | Path, what: str) -> str:
     try:
         raw = p.read_bytes()
     except FileNotFoundError:
-        raise BadInput(f"{what} {p} does not exist", "check the path") from None
+        raise BadInput(f"cannot read {what} {p}: not found", "check the path") from None
     except OSError as e:
         raise BadInput(f"cannot read {what} {p}: {cause(e)}", "check the path and its permissions") from None
     try:
