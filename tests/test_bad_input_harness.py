@@ -93,7 +93,7 @@ STRING_CASES: dict[str, list[str]] = {
 }
 #: Multiple-valued string options and their bad values.
 LIST_CASES: dict[str, list[str]] = {
-    "--arg": ["=5", ""],
+    "--arg": ["=5", "", "kv-cache-memory-bytes=banana", "max-model-len=x"],
     "--systems": ["nosuch", ""],
     "--mount": ["nocolon"],
     "--goodput": ["itl:50", "ttft:-5", "ttft:nan", "ttft", "ttft:abc"],
@@ -373,7 +373,7 @@ def test_every_string_option_is_classified():
 
 # ----------------------------------------------------------------------------- the API
 def _api_cases(tiny: str, result: str, bin_file: str) -> list[tuple[str, object]]:
-    import m3ctl.api as api
+    from m3ctl import api
 
     s = {"system": "h200x8"}
     url = DEAD_URL

@@ -107,6 +107,10 @@ CASES = [
     (["plan", "--system", "h200x8", "--max-model-len", "100000000000"], "--max-model-len"),
     (["plan", "--system", "h200x8", "--spec-method", "banana"], "--spec-method"),
     (["serve", "--model", "{tiny}", "--mount", "nocolon", "--dry-run"], "--mount"),
+    # issue 24: started vLLM with a value vLLM then refused
+    (["plan", "--system", "h200x8", "--arg", "kv-cache-memory-bytes=banana"], "kv-cache-memory-bytes"),
+    (["serve", "--model", "{tiny}", "--arg", "kv-cache-memory-bytes=banana", "--dry-run"], "kv-cache-memory-bytes"),
+    (["serve", "--model", "{tiny}", "--arg", "max-num-batched-tokens=1.5K", "--dry-run"], "max-num-batched-tokens"),
 ]
 
 
@@ -196,6 +200,6 @@ def test_a_corrupt_study_db_is_one_line_before_any_trial(capsys, paths, tiny_mod
     st.save_settings(d, st.new_settings(str(tiny_models["llama"]), detect(), max_trials=1))
     (d / "study.db").write_bytes(b"not an sqlite file" * 64)
     for args in (["tune", "--resume", str(d), "--dry-run"], ["tune", "--resume", str(d)]):
-        code, err, out = one_line_error(capsys, args, paths)
+        code, err, _ = one_line_error(capsys, args, paths)
         assert code == 2 and len(err) == 2 and "study.db is not a readable optuna study" in err[0], (args, err)
         assert not (d / "trials").exists() and not (d / "result.json").exists()

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from m3ctl.errors import BadInput
 
@@ -91,6 +91,15 @@ class PlanRequest(BaseModel):
     startup_budget_s: float | None = None
     vllm_executable: str | None = None
     catalog_dir: str | None = None
+
+    @field_validator("args")
+    @classmethod
+    def _vllm_values(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """Values of size flags read as vLLM reads them (m3ctl.vllm_values; BadInput, one line, on a bad one)."""
+        from m3ctl.vllm_values import check_args  # noqa: PLC0415
+
+        check_args(v)
+        return v
 
     def set_fields(self) -> dict[str, Any]:
         """The fields this layer sets (explicitly given, and for switches only ``True``)."""
