@@ -16,6 +16,9 @@ process runtime):
     no ``tool_calls``;
   - ``degenerate``: ``"nul"`` (NUL characters) or ``"repeat"`` (one token repeated) as every generated text
     after the first completion (readiness passes).
+
+An API key (``--api-key K`` or ``VLLM_API_KEY`` in the environment) guards ``/v1`` as vLLM does: 401 without
+``Authorization: Bearer K``; ``/health`` stays open.
 """
 
 from __future__ import annotations
@@ -58,8 +61,17 @@ def _text(kind: str) -> str:
     return {"completion": " Paris, a city of bridges.", "answer": "4"}[kind]
 
 
+API_KEY = _arg("--api-key", os.environ.get("VLLM_API_KEY", ""))
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+
+    def _refused(self) -> bool:
+        if API_KEY and self.path.startswith("/v1") and self.headers.get("Authorization") != f"Bearer {API_KEY}":
+            self._send(401, {"error": "Unauthorized"})
+            return True
+        return False
 
     def log_message(self, *a):  # keep the server log to the recorded lines
         pass
@@ -73,6 +85,8 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):  # noqa: N802
+        if self._refused():
+            return
         if self.path == "/health":
             self._send(200, {})
         elif self.path == "/v1/models":
@@ -88,6 +102,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        if self._refused():
+            return
         self._generation()
         if self.path == "/v1/completions" and req.get("stream"):  # bench: one token per chunk, then usage
             n = int(req.get("max_completion_tokens") or req.get("max_tokens") or 16)

@@ -108,7 +108,8 @@ def bench(
                  warmup=len(concs) > 1 if warmup is None else warmup,
                  percentiles=[float(x) for x in percentiles.split(",") if x.strip()],
                  goodput_slo_ms=goodput_slos(goodput or []), model_dir=t.model_dir, num_gpus=t.num_gpus,
-                 num_gpus_source=t.num_gpus_source, server_log=t.server_log, api_key=t.api_key)
+                 num_gpus_source=t.num_gpus_source, server_log=t.server_log, api_key=t.api_key,
+                 auth_basic=t.basic_auth)
     try:
         cfg = BenchConfig(**given)
     except ValidationError as e:
@@ -117,8 +118,7 @@ def bench(
                        "see `m3ctl bench --help`") from None
     validate(cfg)  # endpoint, HTTP client, goodput metrics, --duration's bound: checked once, in the library
     if not t.model:
-        cfg = cfg.model_copy(update={"model": only_model(t.url, {"Authorization": f"Bearer {t.api_key}"}
-                                                         if t.api_key else None)})
+        cfg = cfg.model_copy(update={"model": only_model(t.url, t.headers(), t.key_hint)})
     show = sys.stderr.isatty() if progress is None else progress
     err_con = console(stderr=True)
     if progress:  # forced: frames even when stderr is not a terminal (a log file, CI)
