@@ -37,7 +37,80 @@ if TYPE_CHECKING:
 
 __all__ = ["host_inventory", "doctor", "plan", "serve", "stop", "bench", "abench", "tune"]
 
+
+# ----------------------------------------------------------------------------- argument types
+def _type_namespace() -> dict[str, Any]:
+    """The names the annotations of this module refer to (those under TYPE_CHECKING imported now, on first call)."""
+    from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
+    from m3ctl.bench.runner import BenchConfig  # noqa: PLC0415
+    from m3ctl.doctor import DoctorReport  # noqa: PLC0415
+    from m3ctl.hw.inventory import HostInventory  # noqa: PLC0415
+    from m3ctl.plan import LaunchPlan  # noqa: PLC0415
+    from m3ctl.results import BenchResult, BenchSweep, TuneReport  # noqa: PLC0415
+    from m3ctl.runtime.base import StopReport  # noqa: PLC0415
+    from m3ctl.serve import ServeResult  # noqa: PLC0415
+
+    return {**globals(), **{c.__name__: c for c in (PlanRequest, BenchConfig, DoctorReport, HostInventory, LaunchPlan,
+                                                    BenchResult, BenchSweep, TuneReport, StopReport, ServeResult)}}
+
+
+def _checked(fn):
+    """Check every argument of the API function ``fn`` against its annotation (pydantic, lax: ``"8000"`` is a port,
+    ``"abc"`` is not) before the call: a wrong type is one :class:`~m3ctl.errors.BadInput` line naming the
+    argument, never a TypeError/AttributeError from deep inside. Values (ranges, names) are checked by the
+    library as the CLI's are; ``**knobs``/``**options`` by the model they feed (PlanRequest, BenchConfig)."""
+    import functools  # noqa: PLC0415
+    import inspect  # noqa: PLC0415
+
+    sig = inspect.signature(fn)
+    adapters: dict[str, Any] = {}
+
+    def check(args, kwargs):
+        if not adapters:
+            from typing import get_type_hints  # noqa: PLC0415
+
+            from pydantic import ConfigDict, TypeAdapter  # noqa: PLC0415
+
+            hints = get_type_hints(fn, globalns=_type_namespace())
+            cfg = ConfigDict(arbitrary_types_allowed=True)
+            for name, par in sig.parameters.items():
+                if name in hints and par.kind is not par.VAR_KEYWORD:
+                    t = tuple[hints[name], ...] if par.kind is par.VAR_POSITIONAL else hints[name]
+                    adapters[name] = TypeAdapter(t, config=cfg)
+        from pydantic import ValidationError  # noqa: PLC0415
+
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise BadInput(f"m3ctl.{fn.__name__}(): {e}", f"see help(m3ctl.api.{fn.__name__})") from None
+        for name, value in bound.arguments.items():
+            if name not in adapters or value is None and sig.parameters[name].default is None:
+                continue
+            try:
+                bound.arguments[name] = adapters[name].validate_python(value)
+            except ValidationError as e:
+                err = e.errors()[0]
+                shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+                raise BadInput(f"m3ctl.{fn.__name__}({name}={shown}): {err['msg']}",
+                               f"see help(m3ctl.api.{fn.__name__}) for the type and unit of {name}") from None
+        return bound
+
+    if inspect.iscoroutinefunction(fn):
+        @functools.wraps(fn)
+        async def acall(*args, **kwargs):
+            bound = check(args, kwargs)
+            return await fn(*bound.args, **bound.kwargs)
+        return acall
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        bound = check(args, kwargs)
+        return fn(*bound.args, **bound.kwargs)
+    return call
+
+
 # ----------------------------------------------------------------------------- host
+@_checked
 def host_inventory(inventory: str | Path | HostInventory | None = None, system: str | None = None) -> HostInventory:
     """The host inventory to evaluate: a saved file or object (``inventory``), a catalog system (``system``,
     e.g. ``"h200x8"``, ``"gb300x4"``, ``"mi355xx8"``; ``xN`` sets the GPU count), else this host (probed: NVML,
@@ -57,12 +130,10 @@ def host_inventory(inventory: str | Path | HostInventory | None = None, system: 
 
         if isinstance(inventory, HostInventory):
             return inventory
+        from m3ctl.files import read_user_text  # noqa: PLC0415
+
         path = Path(inventory)
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise BadInput(f"cannot read inventory {path}: {e.strerror}", "check the path") from None
-        return load_inventory(text, str(path))
+        return load_inventory(read_user_text(path, "inventory"), str(path))
     from m3ctl.hw.detect import detect  # noqa: PLC0415
 
     return detect()
@@ -73,6 +144,7 @@ def _inventory_file(inv: Any) -> str | None:
 
 
 # ----------------------------------------------------------------------------- doctor
+@_checked
 def doctor(*, model: str | None = None, variant: str | None = None, context: int | None = None,
            kv_cache_dtype: str = "auto", runtime: Literal["auto", "process", "docker"] = "auto", port: int = 8000,
            image: str | None = None, inventory: str | Path | HostInventory | None = None,
@@ -140,6 +212,7 @@ def _request(request: PlanRequest | dict | None, config: str | Path | None, knob
     return req.model_copy(update={"pass_env": sorted(set(req.pass_env) | set(passthrough_env()))})
 
 
+@_checked
 def plan(request: PlanRequest | dict | None = None, *, inventory: str | Path | HostInventory | None = None,
          system: str | None = None, config: str | Path | None = None, offline: bool | None = None,
          **knobs: Any) -> LaunchPlan:
@@ -232,6 +305,7 @@ def serve(request: PlanRequest | dict | None = None, *, dry_run: Literal[False] 
 def serve(request: PlanRequest | dict | None = None, *, dry_run: Literal[True], **kw: Any) -> LaunchPlan: ...
 
 
+@_checked
 def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | HostInventory | None = None,
           config: str | Path | None = None, offline: bool | None = None, api_key_env: str | None = None,
           smoke: bool = True, on_event: Callable[[Any], None] | None = None,
@@ -288,6 +362,7 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
                                    expect=expect, smoke=smoke, diag_context=DiagContext.for_plan(p, inv))
 
 
+@_checked
 def stop(*names: str, all: bool = False, timeout_s: float = 20.0) -> list[StopReport]:  # noqa: A002
     """Stop deployments by name (or ``all=True``): SIGTERM, then SIGKILL after ``timeout_s`` seconds; their
     records are removed and nothing is left (processes, port, GPU memory where NVML can tell).
@@ -367,6 +442,7 @@ def bench(url: str | None = None, *, concurrency: Sequence[int], deployment: str
           warmup: bool | None = None, **options: Any) -> BenchResult | BenchSweep: ...
 
 
+@_checked
 def bench(url: str | None = None, *, concurrency: int | Sequence[int] | None = None, deployment: str | None = None,
           model: str | None = None, api_key: str | None = None, num_gpus: int | None = None,
           warmup: bool | None = None, **options: Any) -> BenchResult | BenchSweep:
@@ -409,6 +485,7 @@ def bench(url: str | None = None, *, concurrency: int | Sequence[int] | None = N
     return _bench_result(runs, levels)
 
 
+@_checked
 async def abench(url: str | None = None, *, concurrency: int | Sequence[int] | None = None,
                  deployment: str | None = None, model: str | None = None, api_key: str | None = None,
                  num_gpus: int | None = None, warmup: bool | None = None, **options: Any) -> BenchResult | BenchSweep:
@@ -433,6 +510,7 @@ def tune(model: str | None = None, *, dry_run: Literal[False] = False, **kw: Any
 def tune(model: str | None = None, *, dry_run: Literal[True], **kw: Any) -> dict[str, Any]: ...
 
 
+@_checked
 def tune(model: str | None = None, *, study_dir: str | Path | None = None, resume: str | Path | None = None,
          slo: str = "", objective: str = "tput_per_gpu", usd_per_gpu_hour: float | None = None,
          knobs: Sequence[str] = (), ladder: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), max_trials: int | None = None,

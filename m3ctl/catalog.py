@@ -21,7 +21,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from m3ctl.errors import CatalogError
+from m3ctl.errors import BadInput, CatalogError
 
 SCHEMA_VERSION = 1
 
@@ -333,10 +333,12 @@ def load_profile_file(path: Path) -> Profile:
     Raises:
         CatalogError: unreadable, invalid YAML, or schema violation (one-line message).
     """
+    from m3ctl.files import read_user_text  # noqa: PLC0415
+
     try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise CatalogError(f"cannot read profile {path}: {e.strerror}", "check the path") from e
+        text = read_user_text(path, "profile")
+    except BadInput as e:
+        raise CatalogError(e.message, e.hint) from None
     return _load(text, Profile, str(path))
 
 

@@ -13,6 +13,7 @@ Exit codes (stable, documented in README.md):
 2    usage or bad input (bad flag value, missing file)
 3    configuration rejected before launch (port in use, invalid plan)
 4    launch or readiness failed (server died, readiness budget ran out)
+5    results measured and printed, but they could not be saved (disk full, read-only; m3ctl.files.WriteFailed)
 130  interrupted (Ctrl-C)
 ===  =========================================================
 """
@@ -24,6 +25,7 @@ EXIT_CHECKS_FAILED = 1
 EXIT_USAGE = 2
 EXIT_CONFIG_REJECTED = 3
 EXIT_LAUNCH_FAILED = 4
+EXIT_NOT_SAVED = 5
 EXIT_INTERRUPTED = 130
 
 

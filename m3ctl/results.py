@@ -59,15 +59,15 @@ def _validated(cls, data: Any, where: str, hint: str, version_key: str, version:
 
 
 def _read_json(path: str | Path, what: str, hint: str) -> Any:
+    from m3ctl.files import read_user_text  # noqa: PLC0415
+
     p = Path(path)
     try:
-        return json.loads(p.read_text())
-    except FileNotFoundError:
-        raise BadInput(f"{what} {p} not found", hint) from None
-    except IsADirectoryError:
-        raise BadInput(f"{what} {p} is a directory", hint) from None
-    except OSError as e:
-        raise BadInput(f"cannot read {what} {p}: {e.strerror}", hint) from None
+        text = read_user_text(p, what)
+    except BadInput as e:
+        raise BadInput(e.message, hint) from None
+    try:
+        return json.loads(text)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadInput(f"{p} is not JSON ({str(e).splitlines()[0]})", hint) from None
 

@@ -22,7 +22,7 @@ from m3ctl.plan import LaunchPlan, find_vllm_executable
 from m3ctl.kernels import KernelReport, verify_kernels
 from m3ctl.runtime import get_runtime
 from m3ctl.runtime.base import Runtime, StopReport, ensure_port_free, port_in_use
-from m3ctl.state import Deployment, Registry, UnreadableRecord
+from m3ctl.state import Deployment, Registry, StateWriteFailed, UnreadableRecord
 
 #: Environment variables that name vLLM's internal ports (shared/cases/field-failures.md F17):
 #: VLLM_PORT is the base vLLM scans upward from for its internal sockets; MASTER_PORT is the
@@ -215,7 +215,7 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
         registry.save(dep)
         rt.sync_log(dep)
         return ServeResult(dep, ready, verify_kernels(rt.log_text(dep, tail_bytes=5_000_000), expect), findings)
-    except (LaunchFailed, KeyboardInterrupt) as e:
+    except (LaunchFailed, KeyboardInterrupt, StateWriteFailed) as e:
         if dep is None and registry.exists(plan.name):  # interrupted inside launch, after it saved the record
             try:
                 dep = registry.get(plan.name)
@@ -228,6 +228,8 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
                     _record_failure(registry, dep, e)
                 else:
                     registry.remove(dep.name)
+            if isinstance(e, StateWriteFailed):  # the state dir filled up after the launch: exit 4, stopped
+                raise LaunchFailed(f"{e.message}; the server was stopped", e.hint, phase=dep.phase) from None
         raise
 
 

@@ -46,20 +46,29 @@ class UnreadableRecord(NotFound):
         self.path = path
 
 
+class StateWriteFailed(ConfigRejected):
+    """The state directory could not take a record, a plan or its probe (disk full, read-only): exit 3 before a
+    launch; a runtime that has already started a server stops it and raises LaunchFailed instead."""
+
+
+#: Bytes :meth:`Registry.check_writable` writes (and removes) in the state dir before a launch: room for the
+#: record, the saved plan and the start of the log (a few KiB each), so a full disk is refused before anything starts.
+STATE_PROBE_BYTES = 64 * 1024
+
+
 def _atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` through a unique temp file in the same directory and a rename (a crash leaves
-    the old file or the new one, never half of one; two writers never share a temp file)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    """Write ``text`` to ``path`` atomically (m3ctl.files.write_atomic: a crash leaves the old file or the new one).
+
+    Raises:
+        StateWriteFailed: it could not be written (the cause, the path and the bytes needed).
+    """
+    from m3ctl.files import WriteFailed, write_atomic  # noqa: PLC0415
+
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        write_atomic(path, text)
+    except WriteFailed as e:
+        raise StateWriteFailed(f"m3ctl state: {e.message}", "free space in the state directory or set "
+                               "M3CTL_STATE_DIR to a writable directory") from None
 
 
 def state_dir() -> Path:
@@ -100,22 +109,20 @@ def check_output_path(path: Path, opt: str) -> None:
         raise BadInput(f"{opt} {path} is not writable (no write permission in {parent})", "choose a writable path")
 
 
-def save_output(path: Path, write, what: str) -> Path:
-    """Call ``write(path)``; when that fails (disk full, the path went away since :func:`check_output_path`),
-    call ``write`` again on ``<state dir>/results/<time>-<name>`` so a run's results are never lost.
+def save_output(path: Path, data: str | bytes, what: str) -> Path:
+    """Write ``data`` to ``path`` atomically; when that fails (disk full, the path went away since
+    :func:`check_output_path`), to ``<state dir>/results/<time>-<name>`` so a run's results are kept if they can
+    be written whole anywhere (m3ctl.files.save_with_fallback).
 
-    Returns the path written (the fallback when ``path`` failed). Raises OSError only when both fail.
+    Returns:
+        The path written (the fallback when ``path`` failed).
+
+    Raises:
+        m3ctl.files.WriteFailed: both failed (exit 5); nothing partial is left behind.
     """
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write(path)
-        return path
-    except OSError:
-        fallback = state_dir() / "results" / f"{time.strftime('%Y%m%d-%H%M%S')}-{path.name or what}"
-        fallback.parent.mkdir(parents=True, exist_ok=True)
-        write(fallback)
-        return fallback
+    from m3ctl.files import save_with_fallback  # noqa: PLC0415
+
+    return save_with_fallback(path, data, state_dir() / "results", what)
 
 
 def check_name(name: str) -> str:
@@ -220,18 +227,24 @@ class Registry:
         """Make sure records and logs can be written, before anything starts.
 
         Raises:
-            ConfigRejected: the state directory cannot be created or written.
+            StateWriteFailed: the state directory cannot be created or written, or has no room for
+                :data:`STATE_PROBE_BYTES` (a ConfigRejected, exit 3).
         """
         for d in (self.deployments_dir, self.logs_dir, self.root / "plans", self.root / "locks"):
             probe = d
             while not probe.exists() and probe.parent != probe:  # creates nothing: probes what it would create in
                 probe = probe.parent
             try:
-                with tempfile.NamedTemporaryFile(dir=probe, prefix=".m3ctl-probe-"):
-                    pass
+                with tempfile.NamedTemporaryFile(dir=probe, prefix=".m3ctl-probe-") as f:
+                    f.write(b"\0" * STATE_PROBE_BYTES)  # a full disk takes an empty file, not its bytes
+                    f.flush()
+                    os.fsync(f.fileno())
             except OSError as e:
-                raise ConfigRejected(f"the m3ctl state directory {d} is not writable ({e.strerror})",
-                                     "set M3CTL_STATE_DIR to a writable directory") from None
+                from m3ctl.files import cause  # noqa: PLC0415
+
+                raise StateWriteFailed(f"the m3ctl state directory {d} is not writable ({cause(e)}; "
+                                       f"{STATE_PROBE_BYTES // 1024} KiB probe)",
+                                       "free space there or set M3CTL_STATE_DIR to a writable directory") from None
 
     @contextlib.contextmanager
     def lock(self, name: str) -> Iterator[None]:
@@ -256,7 +269,11 @@ class Registry:
                 fcntl.flock(f, fcntl.LOCK_UN)
 
     def save(self, dep: Deployment) -> None:
-        """Write a record atomically (a unique temp file, fsync, then rename)."""
+        """Write a record atomically (a unique temp file, fsync, then rename).
+
+        Raises:
+            StateWriteFailed: it could not be written (disk full, read-only); the old record, if any, is intact.
+        """
         self.deployments_dir.mkdir(parents=True, exist_ok=True)
         _atomic_write(self._path(dep.name), dep.model_dump_json(indent=2))
 

@@ -1,7 +1,8 @@
 """Bad input (issue 17): every value below is refused before any work starts with one ``error:`` line naming
 what was wrong (and a ``hint:`` line saying what to do), exit 2 (m3ctl.errors.EXIT_USAGE), no traceback.
 
-Placeholders: {dir} a directory, {file} a regular file, {ro} a file no one may write (even root: /proc),
+Placeholders: {dir} a directory, {file} a regular file, {bin} a non-UTF-8 file, {bintok} a tokenizer dir whose
+tokenizer.json is not UTF-8, {ro} a file no one may write (even root: /proc),
 {corrupt} a file that is not JSON, {study} a study dir with a corrupt tune.json, {tiny} a tiny model dir.
 ``dead`` is a closed port: a check made after contacting the server would end as "cannot reach" instead.
 """
@@ -69,18 +70,62 @@ CASES = [
     (["watch", "x", "--interval", "-1"], "--interval"),
     (["stop", "x", "--timeout", "-1"], "--timeout"),
     (["logs", "x", "-n", "-1"], "-n"),
+    # issue 24: were "internal error"s (non-UTF-8 files, a directory for a file, a malformed URL, a negative knob)
+    (["plan", "--system", "h200x8", "--config", "{bin}"], "is not UTF-8 text"),
+    (["plan", "--system", "h200x8", "--profile", "{bin}"], "is not UTF-8 text"),
+    (["plan", "--inventory", "{bin}"], "is not UTF-8 text"),
+    (["doctor", "--inventory", "{bin}"], "is not UTF-8 text"),
+    ([*TUNE, "--profile", "{bin}"], "is not UTF-8 text"),
+    (["bench", "report", "{bin}"], "is not UTF-8 text"),
+    (["bench", "report", "{dir}"], "is a directory"),
+    (["bench", *DEAD, "--workload", "dataset", "--dataset-path", "{bin}"], "is not UTF-8 text"),
+    (["bench", *DEAD, "--tokenizer", "{file}"], "--tokenizer"),
+    (["bench", *DEAD, "--tokenizer", "{bintok}"], "is not UTF-8 text"),
+    (["bench", "--url", "http://[::1", "--model", "x"], "--url"),
+    (["bench", "--url", "http://[::1"], "--url"),
+    ([*TUNE, "--knob", "max_num_seqs=-4"], "knob max_num_seqs"),
+    ([*TUNE, "--knob", "spec_depth=-1"], "knob spec_depth"),
+    ([*TUNE, "--max-spec-depth", "99999999999999999999"], "--max-spec-depth"),
+    (["dev", "tiny-model", "{file}"], "is a file"),
+    (["dev", "scale-model", "{file}/m"], "is a file"),
+    # issue 24: were hangs (prompts built for minutes before the first send)
+    (["bench", *DEAD, "--input-len", "1000000000"], "--input-len"),
+    (["bench", *DEAD, "--num-warmups", "100000000"], "--num-warmups"),
+    (["bench", *DEAD, "--num-prompts", "1000000", "--input-len", "1000"], "prompt tokens in memory"),
+    # issue 24: were accepted silently (a percentile above 100 cost a real tune trial)
+    ([*TUNE, "--slo", "p101_ttft_ms<=5"], "percentile"),
+    ([*TUNE, "--slo", "p0_ttft_ms<=5"], "percentile"),
+    ([*TUNE, "--boundary-repeats", "-1"], "--boundary-repeats"),
+    ([*TUNE, "--seed", "-1"], "--seed"),
+    (["bench", *DEAD, "--goodput", "ttft:-5"], "--goodput"),
+    (["bench", *DEAD, "--goodput", "ttft:nan"], "--goodput"),
+    (["bench", "--url", "", "--model", "x"], "--url"),
+    (["doctor", "--system", "h200x8", "--kv-cache-dtype", "banana"], "--kv-cache-dtype"),
+    (["doctor", "--system", "h200x8", "--variant", "nvfp5"], "--variant"),
+    (["doctor", "--model", ""], "--model"),
+    (["plan", "--system", "h200x8", "--emit", ""], "--emit"),
+    (["plan", "--system", "h200x8", "--max-model-len", "100000000000"], "--max-model-len"),
+    (["plan", "--system", "h200x8", "--spec-method", "banana"], "--spec-method"),
+    (["serve", "--model", "{tiny}", "--mount", "nocolon", "--dry-run"], "--mount"),
+    # issue 24: started vLLM with a value vLLM then refused
+    (["plan", "--system", "h200x8", "--arg", "kv-cache-memory-bytes=banana"], "kv-cache-memory-bytes"),
+    (["serve", "--model", "{tiny}", "--arg", "kv-cache-memory-bytes=banana", "--dry-run"], "kv-cache-memory-bytes"),
+    (["serve", "--model", "{tiny}", "--arg", "max-num-batched-tokens=1.5K", "--dry-run"], "max-num-batched-tokens"),
 ]
 
 
 @pytest.fixture
 def paths(tmp_path, tiny_models):
     (tmp_path / "a-file").write_text("x")
+    (tmp_path / "bin.yaml").write_bytes(b"\xff\xfe\x00 not utf-8")
+    (tmp_path / "bintok").mkdir()
+    (tmp_path / "bintok" / "tokenizer.json").write_bytes(b"\xff\xfe{")
     (tmp_path / "corrupt.json").write_text("{not json")
     (tmp_path / "study").mkdir()
     (tmp_path / "study" / "tune.json").write_text('{"model": "x", "spa')
     return {"dir": str(tmp_path), "file": str(tmp_path / "a-file"), "ro": "/proc/version",
             "corrupt": str(tmp_path / "corrupt.json"), "study": str(tmp_path / "study"),
-            "tiny": str(tiny_models["llama"])}
+            "tiny": str(tiny_models["llama"]), "bin": str(tmp_path / "bin.yaml"), "bintok": str(tmp_path / "bintok")}
 
 
 def one_line_error(capsys, args: list[str], paths: dict) -> tuple[int, list[str], str]:
@@ -143,3 +188,18 @@ def test_results_are_kept_when_the_output_cannot_be_written_after_the_run(capsys
     assert saved.startswith(str(state.state_dir() / "results"))
     assert json.loads(open(saved).read())["completed"] == 4
     assert "Traceback" not in cap.err and "4" in cap.out  # the tables were still shown
+
+
+def test_a_corrupt_study_db_is_one_line_before_any_trial(capsys, paths, tiny_models, tmp_path):
+    """A study whose tune.json is fine but whose study.db is not an SQLite file: `--resume` (dry run or not) says
+    so in one line, exit 2, and starts no trial server."""
+    from m3ctl.hw.detect import detect
+    from m3ctl.tune import study as st
+
+    d = tmp_path / "dbstudy"
+    st.save_settings(d, st.new_settings(str(tiny_models["llama"]), detect(), max_trials=1))
+    (d / "study.db").write_bytes(b"not an sqlite file" * 64)
+    for args in (["tune", "--resume", str(d), "--dry-run"], ["tune", "--resume", str(d)]):
+        code, err, _ = one_line_error(capsys, args, paths)
+        assert code == 2 and len(err) == 2 and "study.db is not a readable optuna study" in err[0], (args, err)
+        assert not (d / "trials").exists() and not (d / "result.json").exists()

@@ -104,6 +104,15 @@ class PlanRequest(BaseModel):
         p = Path(v).expanduser()
         return str(p.resolve()) if v and not p.is_absolute() and p.is_dir() else v
 
+    @field_validator("args")
+    @classmethod
+    def _vllm_values(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """Values of size flags read as vLLM reads them (m3ctl.vllm_values; BadInput, one line, on a bad one)."""
+        from m3ctl.vllm_values import check_args  # noqa: PLC0415
+
+        check_args(v)
+        return v
+
     def set_fields(self) -> dict[str, Any]:
         """The fields this layer sets (explicitly given, and for switches only ``True``)."""
         out = {}
@@ -159,12 +168,12 @@ def load_request(path: str | Path) -> PlanRequest:
         BadInput: unreadable file, invalid YAML, or an unknown key (with a "did you mean").
     """
     from m3ctl.catalog import _explain  # noqa: PLC0415
+    from m3ctl.files import read_user_text  # noqa: PLC0415
 
     p = Path(path)
+    text = read_user_text(p, "config")  # BadInput: missing, a directory, unreadable, not UTF-8
     try:
-        data = yaml.safe_load(p.read_text()) or {}
-    except OSError as e:
-        raise BadInput(f"cannot read config {p}: {e.strerror}", "check the --config path") from e
+        data = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
         raise BadInput(f"{p}: not valid YAML: {str(e).splitlines()[0]}", "fix the YAML syntax") from e
     if not isinstance(data, dict):

@@ -9,6 +9,11 @@ so results sit next to vLLM's key for key; m3ctl's additions use new keys.
 #: them); kept here so the CLI can check a name without importing the load generator.
 WORKLOADS = ("random", "dataset", "prefix-repetition", "agentic")
 
+#: Most tokens one request may ask for (input, output, a shared prefix, a turn): 10,000,000, the longest context
+#: window of a public model (Llama 4 Scout, 10M tokens: https://ai.meta.com/blog/llama-4-multimodal-intelligence/).
+#: A longer request cannot be served anywhere; building its prompt would take minutes before the first send.
+MAX_REQUEST_TOKENS = 10_000_000
+
 from m3ctl import _api_module  # noqa: E402
 
 _api_module(__name__)  # `m3ctl.bench(...)` calls m3ctl.api.bench (see m3ctl/__init__.py)

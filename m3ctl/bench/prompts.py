@@ -49,7 +49,11 @@ class LocalTokenizer:
         path = Path(model_dir) / "tokenizer.json"
         if not path.is_file():
             raise BadInput(f"no tokenizer.json in {model_dir}", "pass --tokenizer DIR or bench a vLLM server")
-        self._tok = HFTokenizer.from_file(str(path))
+        try:
+            self._tok = HFTokenizer.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception on a bad file
+            raise BadInput(f"{path} is not a tokenizer.json the tokenizers library reads ({str(e)[:120]})",
+                           "pass --tokenizer DIR of the served model (its tokenizer.json)") from None
         self.name = str(model_dir)
 
     def encode(self, text: str) -> list[int]:

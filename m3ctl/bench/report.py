@@ -9,6 +9,7 @@ section 4.2): y = total tok/s per GPU, x = tok/s per user, frontier = points not
 from __future__ import annotations
 
 import csv
+import io
 import json
 from pathlib import Path
 
@@ -33,10 +34,10 @@ def load_runs(paths: list[Path]) -> list[dict]:
     """
     runs = []
     for p in paths:
+        from m3ctl.files import read_user_text  # noqa: PLC0415
+
         try:
-            data = json.loads(Path(p).read_text())
-        except FileNotFoundError:
-            raise BadInput(f"result file {p} not found", "pass files written by --output-json") from None
+            data = json.loads(read_user_text(p, "result file"))
         except json.JSONDecodeError as e:
             raise BadInput(f"{p} is not JSON: {e.msg}", "pass files written by --output-json") from None
         items = data.get("runs", [data]) if isinstance(data, dict) else []
@@ -69,17 +70,28 @@ def flat(r: dict) -> dict:
     return out
 
 
-def write_csv(runs: list[dict], path: Path) -> None:
-    """One row per run, the union of flattened keys as columns."""
+def csv_text(runs: list[dict]) -> str:
+    """One CSV row per run, the union of flattened keys as columns (the text :func:`write_csv` writes)."""
     rows = [flat(r) for r in runs]
     cols: list[str] = []
     for row in rows:
         cols += [k for k in row if k not in cols]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(rows)
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=cols)
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def write_csv(runs: list[dict], path: Path) -> None:
+    """One row per run, the union of flattened keys as columns, written atomically (m3ctl.files.write_atomic).
+
+    Raises:
+        m3ctl.files.WriteFailed: the file could not be written (nothing partial is left).
+    """
+    from m3ctl.files import write_atomic  # noqa: PLC0415
+
+    write_atomic(path, csv_text(runs))
 
 
 def y_value(r: dict) -> tuple[float, str]:
@@ -100,7 +112,21 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
 
 
 def pareto_png(runs: list[dict], path: Path, x_axis: str = "inferencex-median", title: str | None = None) -> Path:
-    """Plot tok/s per GPU vs tok/s per user for the runs (labelled by concurrency or rate) to a PNG.
+    """Plot tok/s per GPU vs tok/s per user for the runs (labelled by concurrency or rate) to a PNG, written
+    atomically (m3ctl.files.write_atomic).
+
+    Raises:
+        BadInput: unknown ``x_axis`` or no run with the metric.
+        m3ctl.files.WriteFailed: the file could not be written (nothing partial is left).
+    """
+    from m3ctl.files import write_atomic  # noqa: PLC0415
+
+    write_atomic(path, pareto_png_bytes(runs, x_axis, title))
+    return path
+
+
+def pareto_png_bytes(runs: list[dict], x_axis: str = "inferencex-median", title: str | None = None) -> bytes:
+    """The PNG of :func:`pareto_png`, in memory.
 
     Raises:
         BadInput: unknown ``x_axis`` or no run with the metric.
@@ -138,10 +164,10 @@ def pareto_png(runs: list[dict], path: Path, x_axis: str = "inferencex-median", 
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
     plt.close(fig)
-    return path
+    return buf.getvalue()
 
 
 COMPARE_ROWS = [

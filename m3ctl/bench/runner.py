@@ -113,6 +113,12 @@ def stall_window(floor_s: float, max_gap_s: float, max_ttft_s: float) -> float:
 #: 128-token request), so more than this would build prompts for minutes and never send (issue 17).
 MAX_PROMPTS = 1_000_000
 
+from m3ctl.bench import MAX_REQUEST_TOKENS  # noqa: E402 - kept with WORKLOADS so the CLI checks it cheaply
+
+#: Most prompt tokens one run builds in memory before the first send (measured and warm-up requests together):
+#: MAX_PROMPTS requests of 128 tokens, about 1 GiB of prompt text (see MAX_PROMPTS).
+MAX_RUN_PROMPT_TOKENS = MAX_PROMPTS * 128
+
 
 class BenchConfig(BaseModel):
     """A benchmark run. Units: lengths in tokens, rates in requests/s, times in seconds, money in USD.
@@ -124,13 +130,13 @@ class BenchConfig(BaseModel):
     model: str
     endpoint: str = "completions"
     num_prompts: int = Field(100, ge=1, le=MAX_PROMPTS)
-    concurrency: int | None = Field(None, ge=1)
+    concurrency: int | None = Field(None, ge=1, le=MAX_PROMPTS)
     request_rate: float = Field(math.inf, gt=0)
     """Requests/s (``inf``: all at once); > 0."""
     burstiness: float = Field(1.0, gt=0)
     duration_s: float | None = Field(None, gt=0)
-    input_len: int = Field(128, ge=1)
-    output_len: int = Field(128, ge=1)
+    input_len: int = Field(128, ge=1, le=MAX_REQUEST_TOKENS)
+    output_len: int = Field(128, ge=1, le=MAX_REQUEST_TOKENS)
     range_ratio: float = 0.0
     range_convention: str = "vllm"
     ignore_eos: bool = True
@@ -138,7 +144,7 @@ class BenchConfig(BaseModel):
     seed: int = 0
     prompt_salt: str | None = None
     """Salt of the prompt text (see the module docstring); None: a fresh random salt for this run."""
-    num_warmups: int = Field(0, ge=0)
+    num_warmups: int = Field(0, ge=0, le=MAX_PROMPTS)
     warmup: bool = False
     """Warm up at this run's load: ``num_warmups`` fresh requests, or when that is 0 as many as the concurrency
     (:func:`warmup_count`). Sweeps and tune turn it on at every level."""
@@ -168,16 +174,16 @@ class BenchConfig(BaseModel):
     # workloads
     workload: str = "random"
     dataset_path: str | None = None
-    dataset_output_len: int | None = Field(None, ge=1)
+    dataset_output_len: int | None = Field(None, ge=1, le=MAX_REQUEST_TOKENS)
     max_model_len: int | None = None
-    num_prefixes: int = Field(4, ge=1)
-    prefix_len: int = Field(128, ge=1)
-    num_sessions: int | None = Field(None, ge=1)
-    turns: int = Field(4, ge=1)
-    turn_input_len: int = Field(64, ge=1)
+    num_prefixes: int = Field(4, ge=1, le=MAX_PROMPTS)
+    prefix_len: int = Field(128, ge=1, le=MAX_REQUEST_TOKENS)
+    num_sessions: int | None = Field(None, ge=1, le=MAX_PROMPTS)
+    turns: int = Field(4, ge=1, le=MAX_PROMPTS)
+    turn_input_len: int = Field(64, ge=1, le=MAX_REQUEST_TOKENS)
     think_time_s: float = Field(0.0, ge=0)
     # client
-    client_procs: int = Field(1, ge=1)
+    client_procs: int = Field(1, ge=1, le=MAX_PROMPTS)
     http_client: str = "fast"  # fast (m3ctl.bench.fasthttp) or aiohttp
     continuous_usage: bool = True
     scrape_server_metrics: bool = True
@@ -776,7 +782,10 @@ def validate(cfg: BenchConfig) -> None:
     """Check option combinations that cannot run, before anything is sent (run_bench and run_sweep call it).
 
     Raises:
-        BadInput: unknown endpoint, goodput metric, workload or HTTP client; --duration without a bound on load.
+        BadInput: unknown endpoint, goodput metric, workload or HTTP client; --duration without a bound on load;
+            a malformed URL; a goodput limit that is not a finite number of ms > 0; a run that would build more
+            than :data:`MAX_RUN_PROMPT_TOKENS` prompt tokens; an unreadable, non-UTF-8 or misplaced dataset or
+            tokenizer file.
     """
     if cfg.endpoint not in ("completions", "chat"):
         raise BadInput(f"unknown endpoint {cfg.endpoint!r}", "use --endpoint completions or --endpoint chat")
@@ -793,6 +802,89 @@ def validate(cfg: BenchConfig) -> None:
     if cfg.duration_s and math.isinf(cfg.request_rate) and not cfg.concurrency:
         raise BadInput("--duration needs --concurrency or a finite --request-rate",
                        "e.g. --duration 60 --concurrency 8")
+    _check_url(cfg.url)
+    _check_sizes(cfg)
+    if cfg.client_procs > max(cfg.num_prompts, cfg.concurrency or 1):
+        raise BadInput(f"--client-procs {cfg.client_procs} is more worker processes than requests "
+                       f"({max(cfg.num_prompts, cfg.concurrency or 1)})", "e.g. --client-procs 2")
+    _check_files(cfg)
+    if cfg.goodput_slo_ms and (bad := {k: v for k, v in cfg.goodput_slo_ms.items()
+                                       if not (isinstance(v, int | float) and math.isfinite(v) and v > 0)}):
+        k, v = next(iter(bad.items()))
+        raise BadInput(f"--goodput {k}:{v}: a goodput limit is a finite number of ms > 0", "e.g. --goodput ttft:2000")
+
+
+def _check_url(url: str) -> None:
+    """An http(s) URL with a host and a valid port (``http://[::1`` and ``http://h:99999`` are refused here,
+    before anything is sent, instead of failing inside the HTTP client).
+
+    Raises:
+        BadInput: not such a URL.
+    """
+    from urllib.parse import urlsplit  # noqa: PLC0415
+
+    hint = "give the server's base URL, e.g. --url http://127.0.0.1:8000"
+    try:
+        u = urlsplit(url)
+        port = u.port
+    except ValueError as e:
+        raise BadInput(f"--url {url!r} is not a valid URL ({e})", hint) from None
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise BadInput(f"--url {url!r} is not an http(s) URL with a host", hint)
+    if port == 0:
+        raise BadInput(f"--url {url!r}: port 0 is not a server port", hint)
+
+
+def _check_sizes(cfg: BenchConfig) -> None:
+    """What the run builds in memory before the first send stays within :data:`MAX_RUN_PROMPT_TOKENS`.
+
+    Raises:
+        BadInput: (num_prompts + num_warmups) x the tokens of a request's prompt is above it.
+    """
+    per = cfg.input_len + (cfg.prefix_len if cfg.workload in ("prefix-repetition", "agentic") else 0)
+    if cfg.workload == "agentic":
+        per += cfg.turns * cfg.turn_input_len
+    total = (cfg.num_prompts + cfg.num_warmups) * per
+    if cfg.workload != "dataset" and total > MAX_RUN_PROMPT_TOKENS:
+        raise BadInput(f"the run would build {total:,} prompt tokens in memory before sending anything "
+                       f"((--num-prompts {cfg.num_prompts} + --num-warmups {cfg.num_warmups}) x {per:,} tokens); "
+                       f"at most {MAX_RUN_PROMPT_TOKENS:,}", "lower --num-prompts, --num-warmups or --input-len")
+
+
+def _check_files(cfg: BenchConfig) -> None:
+    """The dataset file and the local tokenizer are readable UTF-8 files, before anything is sent.
+
+    Raises:
+        BadInput: a missing or unreadable file, a directory for a file (or a file for a directory), not UTF-8.
+    """
+    import codecs  # noqa: PLC0415
+
+    from m3ctl.files import cause  # noqa: PLC0415
+
+    def head_is_text(p: Path, what: str, fix: str) -> None:
+        try:
+            with p.open("rb") as f:
+                codecs.getincrementaldecoder("utf-8")().decode(f.read(65536), final=False)
+        except UnicodeDecodeError as e:
+            raise BadInput(f"{what} {p} is not UTF-8 text (byte {e.start})", fix) from None
+        except OSError as e:
+            raise BadInput(f"cannot read {what} {p}: {cause(e)}", fix) from None
+
+    if cfg.dataset_path:  # a file given is read, whatever the workload
+        p = Path(cfg.dataset_path)
+        if not p.is_file():
+            raise BadInput(f"--dataset-path {p} is {'a directory' if p.is_dir() else 'not found'}",
+                           "pass --dataset-path FILE (ShareGPT JSON or JSONL)")
+        head_is_text(p, "--dataset-path", "pass a ShareGPT JSON or JSONL file (UTF-8)")
+    if cfg.tokenizer:
+        p = Path(cfg.tokenizer)
+        if p.exists() and not p.is_dir():
+            raise BadInput(f"--tokenizer {p} is a file, not a directory", "pass the model directory that holds "
+                           "tokenizer.json")
+        if p.is_dir():
+            if not (p / "tokenizer.json").is_file():
+                raise BadInput(f"no tokenizer.json in --tokenizer {p}", "pass the served model's directory")
+            head_is_text(p / "tokenizer.json", "--tokenizer", "pass the served model's directory (UTF-8 JSON)")
 
 
 def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None, sync_log=None) -> dict:

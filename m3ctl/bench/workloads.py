@@ -81,10 +81,12 @@ def load_dataset_records(path: str | Path) -> list[dict]:
     Raises:
         BadInput: missing file, or not JSON/JSONL of objects.
     """
+    from m3ctl.files import read_user_text  # noqa: PLC0415
+
     p = Path(path)
-    if not p.is_file():
+    if not p.is_file() and not p.is_dir():
         raise BadInput(f"dataset file {p} not found", "pass --dataset-path FILE (ShareGPT JSON or JSONL)")
-    text = p.read_text(encoding="utf-8")
+    text = read_user_text(p, "dataset file")
     try:
         if text.lstrip().startswith("["):
             recs = json.loads(text)

@@ -41,8 +41,8 @@ def goodput_slos(items: list[str]) -> dict[str, float] | None:
 @app.callback(invoke_without_command=True)
 def bench(
     ctx: typer.Context,
-    url: Annotated[Optional[str], typer.Option(help="Base URL of an OpenAI-compatible server.")] = None,
-    deployment: Annotated[Optional[str], typer.Option(help="Bench an m3ctl deployment by name instead of --url.")] = None,
+    url: Annotated[Optional[str], typer.Option(parser=o.text, help="Base URL of an OpenAI-compatible server.")] = None,
+    deployment: Annotated[Optional[str], typer.Option(parser=o.text, help="Bench an m3ctl deployment by name instead of --url.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Model id on the server (default: the only one it serves).")] = None,
     endpoint: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
     workload: o.Workload = "random",
@@ -143,7 +143,7 @@ def bench(
         with live(cfg) as prog:
             runs = [run_bench(cfg, progress=prog, sync_log=t.sync_log)]
         doc = runs[0]
-    saved = write_results(doc, runs, output_json, output_csv, to_stdout)
+    saved, lost = write_results(doc, runs, output_json, output_csv, to_stdout)
     if not to_stdout:
         for r in runs:
             print_bench(r, cfg.percentiles)
@@ -151,42 +151,56 @@ def bench(
             print_compare(runs)
     if plot:
         from m3ctl.bench import report  # noqa: PLC0415
+        from m3ctl.files import WriteFailed  # noqa: PLC0415
         from m3ctl.state import save_output  # noqa: PLC0415
 
-        png = save_output(plot, lambda p: report.pareto_png(runs, p, plot_x), "pareto.png")
-        (err_con if to_stdout else console()).print(f"Pareto chart: {png}")
+        try:
+            png = save_output(plot, report.pareto_png_bytes(runs, plot_x), "pareto.png")
+            (err_con if to_stdout else console()).print(f"Pareto chart: {png}")
+        except WriteFailed as e:
+            lost.append(e)
     if runs[-1].get("interrupted"):
+        for e in lost:
+            console(stderr=True).print(f"warning: {e.message}", soft_wrap=True)
         console(stderr=True).print("partial results " + (f"written to {saved}" if saved else "above"))
         raise KeyboardInterrupt
-    finish(runs, t, saved)
+    finish(runs, t, saved, lost)
 
 
 def write_results(doc, runs: list[dict], output_json: Optional[Path], output_csv: Optional[Path],
-                  to_stdout: bool) -> str | None:
-    """Write the results where asked (a failing path falls back to the state dir, said on stderr); returns
-    where the JSON went ("stdout", a path, or None)."""
+                  to_stdout: bool) -> tuple[str | None, list]:
+    """Write the results where asked, each file atomically (a failing path falls back to the state dir, said on
+    stderr); returns (where the JSON went: "stdout", a path, or None; the m3ctl.files.WriteFailed of files
+    written nowhere). Nothing is raised: the tables are shown before any write error."""
     from m3ctl.bench import report  # noqa: PLC0415
+    from m3ctl.files import WriteFailed  # noqa: PLC0415
     from m3ctl.state import save_output  # noqa: PLC0415
 
-    text = json.dumps(doc, indent=2)
-    saved = None
+    saved, lost = None, []
     if to_stdout:
         Output(True).result(doc)
         saved = "stdout"
-    for path, write in ((None if str(output_json) == "-" else output_json, lambda p: p.write_text(text)),
-                        (output_csv, lambda p: report.write_csv(runs, p))):
+    for path, render in ((None if str(output_json) == "-" else output_json, lambda: json.dumps(doc, indent=2)),
+                         (output_csv, lambda: report.csv_text(runs))):
         if path is None:
             continue
-        got = save_output(path, write, "bench.json")
+        try:
+            got = save_output(path, render(), "bench.json")
+        except WriteFailed as e:
+            lost.append(e)
+            continue
         if got != path:
             console(stderr=True).print(f"warning: could not write {path}; the results are in {got}", soft_wrap=True)
         saved = saved if path is output_csv else str(got)
-    return saved
+    return saved, lost
 
 
-def finish(runs: list[dict], t, saved: str | None) -> None:
-    """End as the runs ended: a dead or stalled server (exit 4) or an invalid run (exit 1)."""
+def finish(runs: list[dict], t, saved: str | None, lost: list | None = None) -> None:
+    """End as the runs ended: a dead or stalled server (exit 4), results that could not be saved anywhere
+    (m3ctl.files.WriteFailed, exit 5: the tables were shown), or an invalid run (exit 1). The lesser failures
+    are ``warning:`` lines, so the command ends with one ``error:`` line."""
     from m3ctl.bench.runner import run_failure  # noqa: PLC0415
+    from m3ctl.errors import EXIT_LAUNCH_FAILED  # noqa: PLC0415
 
     diag = None
     if t.server_log and any(r.get("server_down") for r in runs):  # name the root cause from the log (N09)
@@ -195,5 +209,9 @@ def finish(runs: list[dict], t, saved: str | None) -> None:
         t.sync_log() if t.sync_log else None
         diag = diagnose_log(t.server_log, context=DiagContext(argv=t.argv, phase="serving"))
     err = run_failure(runs, t.url, saved, diag)
-    if err is not None:
-        raise err
+    errors = [e for e in (err,) if e is not None and e.exit_code == EXIT_LAUNCH_FAILED] + list(lost or [])
+    errors += [e for e in (err,) if e is not None and e.exit_code != EXIT_LAUNCH_FAILED]
+    for e in errors[1:]:
+        console(stderr=True).print(f"warning: {e.message}", soft_wrap=True)
+    if errors:
+        raise errors[0]

@@ -18,7 +18,7 @@ app = typer.Typer(help="Developer tools: tiny local models, vLLM CPU install fix
 def tiny_model(
     out_dir: Annotated[Path, typer.Argument(help="Directory to create.")],
     arch: Annotated[str, typer.Option(help="minimax-m2 (MoE), llama, or minimax-m3 (config only, for --load-format dummy).")] = "minimax-m2",
-    head_dim: Annotated[int, typer.Option(min=1, help="Attention head size (CPU attention: 32, 64, ...).")] = 32,
+    head_dim: Annotated[int, typer.Option(min=1, max=256, help="Attention head size (CPU attention: 32, 64, ...; at most 256, FlashAttention's largest: https://github.com/Dao-AILab/flash-attention).")] = 32,
     kv_heads: Annotated[int, typer.Option(min=1, help="KV heads (1 lets TP2 + DCP2 run: DCP needs TP > KV heads).")] = 2,
     seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty directory.")] = False,
@@ -28,6 +28,7 @@ def tiny_model(
     from m3ctl.dev.tiny_model import TinyModelSpec, build_tiny_model  # noqa: PLC0415
 
     out = Output(json_out)
+    o.output_dir(out_dir, "OUT_DIR")
     spec = TinyModelSpec(arch=arch, head_dim=head_dim, num_kv_heads=kv_heads, seed=seed)  # checked before work
     t0 = time.monotonic()
     path = build_tiny_model(out_dir, spec, overwrite=overwrite)
@@ -40,9 +41,9 @@ def tiny_model(
 def scale_model(
     out_dir: Annotated[Path, typer.Argument(help="Directory to create (config.json + tokenizer, no weights).")],
     arch: Annotated[str, typer.Option(help="minimax-m2 (MiniMax-M2.5 shapes) or minimax-m3 (MiniMax-M3.1-Flash shapes, release format).")] = "minimax-m2",
-    layers: Annotated[int, typer.Option(min=1, help="Decoder layers (the full models have 62 / 60).")] = 16,
+    layers: Annotated[int, typer.Option(min=1, max=62, help="Decoder layers (the full models have 62 / 60; no more).")] = 16,
     quant: Annotated[str, typer.Option(help="fp8 (128x128 blocks), bf16 or nvfp4 (ModelOpt, experts only).")] = "fp8",
-    max_position_embeddings: Annotated[Optional[int], typer.Option(min=1, help="Context the config declares (default: the catalog model's).")] = None,
+    max_position_embeddings: Annotated[Optional[int], typer.Option(min=1, max=o.MAX_REQUEST_TOKENS, help="Context the config declares (default: the catalog model's).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty directory.")] = False,
     json_out: o.Json = False,
 ) -> None:
@@ -51,6 +52,7 @@ def scale_model(
     from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model  # noqa: PLC0415
 
     out = Output(json_out)
+    o.output_dir(out_dir, "OUT_DIR")
     spec = ScaleModelSpec(arch=arch, layers=layers, quant=quant, max_position_embeddings=max_position_embeddings)
     path = build_scale_model(out_dir, spec, overwrite=overwrite)
     gib = read_model_facts(str(path)).weights_gib

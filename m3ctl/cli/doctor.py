@@ -17,11 +17,11 @@ def doctor(
     model: o.Model = None,
     variant: o.Variant = None,
     context: Annotated[Optional[int], typer.Option(parser=o.token_count, metavar="N", help="Context tokens one sequence must fit (default 32768).")] = None,
-    kv_cache_dtype: Annotated[str, typer.Option(help="KV cache dtype to validate for this GPU.")] = "auto",
+    kv_cache_dtype: Annotated[str, typer.Option(parser=o.vllm_choice("kv-cache-dtype"), help="KV cache dtype to validate for this GPU.")] = "auto",
     runtime: Annotated[str, typer.Option(parser=o.choice("auto", "process", "docker"), help="auto, process or docker (what serve would use).")] = "auto",
     port: o.Port = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 on WARN too.")] = False,
-    image: Annotated[Optional[str], typer.Option(help="Check this image (catalog name or a local image) instead of the recommended one.")] = None,
+    image: Annotated[Optional[str], typer.Option(parser=o.text, help="Check this image (catalog name or a local image) instead of the recommended one.")] = None,
     inventory: o.Inventory = None,
     save_inventory: Annotated[Optional[Path], typer.Option(help="Write this host's inventory as JSON.")] = None,
     system: o.System = None,
@@ -35,7 +35,9 @@ def doctor(
     user = user_defaults()
     inv = host_inventory(inventory, system)
     if save_inventory:
-        save_inventory.write_text(inv.model_dump_json(indent=2))
+        from m3ctl.files import write_atomic  # noqa: PLC0415
+
+        write_atomic(save_inventory, inv.model_dump_json(indent=2))
     rep = run_doctor(inv, model=model or (user.model if "model" in user.model_fields_set else None),
                      variant=variant, context=context, kv_cache_dtype=kv_cache_dtype, runtime=runtime,
                      port=port or user.port, host_checks=inventory is None and system is None,

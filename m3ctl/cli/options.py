@@ -15,7 +15,7 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from m3ctl.bench import WORKLOADS
+from m3ctl.bench import MAX_REQUEST_TOKENS, WORKLOADS
 
 PLAIN_HELP = {"rich_markup_mode": None}  # click help: Typer's rich help costs ~0.2 s of imports
 RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
@@ -29,7 +29,80 @@ def token_count(text: str) -> int:
     n = vllm_int(text)
     if n is None or n < 1:
         raise typer.BadParameter(f"{text!r} is not a whole number >= 1 (8k = 8000 and 8K = 8192 work too)")
+    if n > MAX_REQUEST_TOKENS:  # no model has a longer context (m3ctl.bench.MAX_REQUEST_TOKENS): nothing fits more
+        raise typer.BadParameter(f"{text} is above {MAX_REQUEST_TOKENS:,}, the longest context of any public model")
     return n
+
+
+def text(value: str) -> str:
+    """A non-empty value (an empty ``--model ''`` would silently mean "the default")."""
+    if not value.strip():
+        raise typer.BadParameter("an empty value is not allowed (leave the option out for the default)")
+    return value
+
+
+def vllm_choice(flag: str) -> Callable[[str], str]:
+    """A parser accepting the values vLLM's own ``--FLAG`` accepts (its choices in m3ctl/data/vllm_serve_flags.yaml,
+    read from ``vllm serve --help=all``); the rules check the rest (per architecture, per model)."""
+    def parse(value: str) -> str:
+        from m3ctl.vllm_args import flag_table  # noqa: PLC0415
+
+        choices = [c for c in (flag_table().flags[flag].choices or []) if c != "None"]
+        if value not in choices:
+            import difflib  # noqa: PLC0415
+
+            close = difflib.get_close_matches(value, choices, n=1)
+            raise typer.BadParameter(f"{value!r} is not a value vLLM's --{flag} accepts"
+                                     + (f" (did you mean {close[0]!r}?)" if close else f" ({', '.join(choices)})"))
+        return value
+    parse.__name__ = "vllm_choice"
+    return parse
+
+
+def variant_name(value: str) -> str:
+    """A variant name some catalog model has (m3ctl/models/*.yaml: nvfp4, mxfp4, mxfp8, fp8, bf16...)."""
+    from m3ctl.catalog import models  # noqa: PLC0415
+
+    names = sorted({v for m in models().values() for v in m.variants})
+    return choice(*names)(value)
+
+
+def output_dir(path: Path, what: str) -> Path:
+    """A directory m3ctl will create (or fill): refused when it is a file or lies under one, before any work.
+
+    Raises:
+        BadInput: it is a file, or a parent is a file.
+    """
+    from m3ctl.errors import BadInput  # noqa: PLC0415
+
+    p = Path(path)
+    if p.exists() and not p.is_dir():
+        raise BadInput(f"{what} {p} is a file, not a directory", "give a directory path")
+    parent = p.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise BadInput(f"{what} {p}: {parent} is a file, not a directory", "choose a path in a directory")
+    return p
+
+
+def mount_spec(value: str) -> str:
+    """A docker bind mount ``HOST:CONTAINER[:ro|rw]`` as m3ctl.launch.parse_mount reads it."""
+    from m3ctl.errors import M3Error  # noqa: PLC0415
+    from m3ctl.launch import parse_mount  # noqa: PLC0415
+
+    try:
+        parse_mount(value)
+    except M3Error as e:
+        raise typer.BadParameter(f"{e.message} ({e.hint})") from None
+    return value
+
+
+def absolute_path(value: str) -> str:
+    """An absolute path (a Kubernetes hostPath must be one: https://kubernetes.io/docs/concepts/storage/volumes/#hostpath)."""
+    if not value.startswith("/"):
+        raise typer.BadParameter(f"{value!r} is not an absolute path (e.g. /data/hf-cache)")
+    return value
 
 
 def choice(*values: str) -> Callable[[str], str]:
@@ -100,21 +173,21 @@ PlotX = Annotated[str, typer.Option(parser=plot_axis, help="Pareto x axis: infer
 
 # ------------------------------------------------------------------ host to plan for
 Inventory = Annotated[Optional[Path], typer.Option(help="Evaluate a saved inventory (doctor --save-inventory) instead of this host.")]
-System = Annotated[Optional[str], typer.Option(metavar="NAME", help="Evaluate a catalog system you don't have (h200x8, gb300x4, mi355xx8; xN sets the GPU count); nothing is probed.")]
+System = Annotated[Optional[str], typer.Option(parser=text, metavar="NAME", help="Evaluate a catalog system you don't have (h200x8, gb300x4, mi355xx8; xN sets the GPU count); nothing is probed.")]
 
 # ------------------------------------------------------------------ deployment (plan, serve, doctor, tune)
-Model = Annotated[Optional[str], typer.Option("--model", "-m", help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory (default: $M3CTL_MODEL, the config file's, else MiniMax-M3.1-Flash).")]
+Model = Annotated[Optional[str], typer.Option("--model", "-m", parser=text, help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory (default: $M3CTL_MODEL, the config file's, else MiniMax-M3.1-Flash).")]
 Port = Annotated[Optional[int], typer.Option(min=1, max=65535, help="API port (default: $M3CTL_PORT, the config file's, else 8000).")]
 Host = Annotated[str, typer.Option(help="API listen address.")]
 Name = Annotated[str, typer.Option(help="Deployment name.")]
-ServedName = Annotated[Optional[str], typer.Option(help="API model id (default: the model id, with --name as a second name).")]
+ServedName = Annotated[Optional[str], typer.Option(parser=text, help="API model id (default: the model id, with --name as a second name).")]
 Runtime = Annotated[Optional[str], typer.Option(parser=runtime, help="process (bare `vllm serve`), docker, or auto (docker when the profile has an image).")]
 Profile = Annotated[Optional[Path], typer.Option(help="Kernel profile YAML to use instead of the catalog's.")]
 Arg = Annotated[Optional[list[str]], typer.Option("--arg", help="vllm serve flag override flag=value, e.g. max-num-seqs=64 (repeatable).")]
 SkipChecks = Annotated[bool, typer.Option(help="Report plan rule violations as warnings instead of rejecting.")]
 Config = Annotated[Optional[Path], typer.Option(help="Plan config YAML (flags override it; it overrides M3CTL_* and ~/.config/m3ctl/config.yaml).")]
-Variant = Annotated[Optional[str], typer.Option(help="Model variant (nvfp4, mxfp4, mxfp8, fp8, bf16); default: best native one that fits.")]
-KVDtype = Annotated[Optional[str], typer.Option(help="KV cache dtype (validated per architecture and attention type).")]
+Variant = Annotated[Optional[str], typer.Option(parser=variant_name, help="Model variant (nvfp4, mxfp4, mxfp8, fp8, bf16); default: best native one that fits.")]
+KVDtype = Annotated[Optional[str], typer.Option(parser=vllm_choice("kv-cache-dtype"), help="KV cache dtype (validated per architecture and attention type).")]
 Attention = Annotated[Optional[str], typer.Option(parser=choice("msa", "dense"), metavar="msa|dense", help="msa (the checkpoint's sparse attention, default) or dense: every layer dense through --hf-overrides, the opt-in fallback of a known MSA issue (quality cost unknown).")]
 
 #: The planner's typed knobs (PlanRequest fields), shared by `plan` and `serve` through :func:`plan_knobs`.
@@ -126,7 +199,7 @@ PLAN_KNOBS: dict[str, tuple[Any, Any]] = {
     "ep": (Annotated[Optional[bool], typer.Option("--ep/--no-ep", help="Expert parallel on/off (default: profile strategy).")], None),
     "dbo": (Annotated[Optional[bool], typer.Option("--dbo/--no-dbo", help="Dual batch overlap (needs DP>1 + EP + DeepEP).")], None),
     "spec_depth": (Annotated[Optional[int], typer.Option(min=0, help="Speculative tokens (0 = off); uses the model's drafter, else ngram.")], None),
-    "spec_method": (Annotated[Optional[str], typer.Option(help="Speculative method override (ngram, dspark, eagle3, mtp...).")], None),
+    "spec_method": (Annotated[Optional[str], typer.Option(parser=vllm_choice("spec-method"), help="Speculative method override (ngram, dspark, eagle3, mtp...).")], None),
     "kv_cache_dtype": (KVDtype, None),
     "attention": (Attention, None),
     "max_model_len": (Annotated[Optional[int], typer.Option(parser=token_count, metavar="N", help="Max model length (tokens).")], None),
@@ -139,8 +212,8 @@ PLAN_KNOBS: dict[str, tuple[Any, Any]] = {
 
 # ------------------------------------------------------------------ workload (bench, tune)
 Workload = Annotated[str, typer.Option(parser=choice(*WORKLOADS), autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)], help=f"Bench workload: {', '.join(WORKLOADS)}.")]
-InputLen = Annotated[int, typer.Option(min=1, help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn).")]
-OutputLen = Annotated[int, typer.Option(min=1, help="Output tokens per request.")]
+InputLen = Annotated[int, typer.Option(min=1, max=MAX_REQUEST_TOKENS, help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn).")]
+OutputLen = Annotated[int, typer.Option(min=1, max=MAX_REQUEST_TOKENS, help="Output tokens per request.")]
 Seed = Annotated[int, typer.Option(help="Workload seed (lengths, order, arrivals); the prompt text is fresh every run.")]
 UsdPerGpuHour = Annotated[Optional[float], typer.Option(parser=positive_float, metavar="USD", help="GPU price for USD per million tokens and tokens per USD.")]
 

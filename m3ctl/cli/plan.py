@@ -19,10 +19,11 @@ def plan(
     profile: o.Profile = None, arg: o.Arg = None, skip_checks: o.SkipChecks = False, config: o.Config = None,
     system: o.System = None, knobs: dict = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print {image, argv, env, explain, rejected} as JSON.")] = False,
-    emit: Annotated[Optional[str], typer.Option(help="Render as docker, compose, k8s, lws (multi-node DP), script or ray (multi-node TP x PP).")] = None,
-    nodes: Annotated[int, typer.Option(min=1, help="With --emit lws/ray: nodes (pods/hosts).")] = 2,
-    hf_cache_hostpath: Annotated[Optional[str], typer.Option(help="With --emit k8s/lws: mount this node path as the HF cache instead of a PersistentVolumeClaim.")] = None,
-    systems: Annotated[Optional[list[str]], typer.Option("--systems", metavar="NAMES", help="Sizing view: plan on these catalog systems (comma list or repeated; 'all' = every one) and print which serve the model at --max-model-len, how, with how much KV cache.")] = None,
+    emit: Annotated[Optional[str], typer.Option(parser=o.choice("docker", "compose", "k8s", "lws", "script", "ray"), help="Render as docker, compose, k8s, lws (multi-node DP), script or ray (multi-node TP x PP).")] = None,
+    nodes: Annotated[int, typer.Option(min=1, max=5000, help="(at most 5,000: the largest Kubernetes cluster, https://kubernetes.io/docs/setup/best-practices/cluster-large/) "
+                                           "With --emit lws/ray: nodes (pods/hosts).")] = 2,
+    hf_cache_hostpath: Annotated[Optional[str], typer.Option(parser=o.absolute_path, help="With --emit k8s/lws: mount this node path as the HF cache instead of a PersistentVolumeClaim.")] = None,
+    systems: Annotated[Optional[list[str]], typer.Option("--systems", parser=o.text, metavar="NAMES", help="Sizing view: plan on these catalog systems (comma list or repeated; 'all' = every one) and print which serve the model at --max-model-len, how, with how much KV cache.")] = None,
 ) -> None:
     """Plan a launch for this host (or --inventory FILE, --system NAME): image, argv, env, every choice explained; start nothing.
 

@@ -52,11 +52,11 @@ def tune(
     ladder: Annotated[str, typer.Option(parser=o.int_list, help="Concurrency ladder bisected per configuration.")] = "1,2,4,8,16,32,64",
     max_trials: Annotated[Optional[int], typer.Option(min=0, help="Budget: server starts (rejected configurations cost none; 0: none, e.g. to rewrite the outputs of a resumed study); default 12.")] = None,
     time_budget: Annotated[Optional[float], typer.Option(parser=o.positive_float, metavar="SECONDS", help="Budget: wall seconds (no start begins when the median trial so far would overrun it).")] = None,
-    seed: Annotated[int, typer.Option(help="Sampler and workload seed.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Sampler and workload seed, 0 to 2**32-1 (optuna's sampler seeds numpy's RandomState, which takes that range: https://numpy.org/doc/stable/reference/random/legacy.html).")] = 0,
     confirm_top: Annotated[Optional[int], typer.Option(min=0, help="Successive halving: re-measure the best N on a fresh server (default 2; with --resume it replaces the saved value, e.g. 0 while a study is spread over several sessions, then 1 for the last).")] = None,
     boundary_margin: Annotated[float, typer.Option(min=0.0, max=1.0, help="Repeat a run whose binding SLO term is within this fraction of its limit (met or missed); the level is the median of its runs.")] = 0.10,
     boundary_repeats: Annotated[int, typer.Option(min=0, help="At most this many more runs of a level near the SLO boundary, on the same server with fresh prompts (0: one run per level).")] = 2,
-    max_spec_depth: Annotated[int, typer.Option(min=0, help="Largest speculation depth searched.")] = 4,
+    max_spec_depth: Annotated[int, typer.Option(min=0, max=32, help="Largest speculation depth searched (at most 32: every depth from 0 is a candidate).")] = 4,
     pareto: Annotated[bool, typer.Option("--pareto", help="Also print the Pareto table and write pareto.png.")] = False,
     baseline: Annotated[Optional[bool], typer.Option("--baseline/--no-baseline", help="Also measure vLLM's defaults (no tuned flags, smallest accepted TP) with the same bisection and SLO, once per study (default: on for a new study; with --resume: keep the saved choice).")] = None,
     port: o.Port = None,
@@ -146,9 +146,19 @@ def run(out: Output, sdir: Path, settings: dict, inv, base, pareto: bool) -> Non
         out.print(f"resumed: trial(s) {tuner.interrupted_trials} had been interrupted"
                   + (f"; kept from the runs they had finished: {tuner.recovered_trials}" if tuner.recovered_trials else "")
                   + (f"; no run finished, so measured again (their starts count): {again}" if again else ""))
-    result = st.write_outputs(sdir, res, tuner, ev, settings, base, pareto)
+    from m3ctl.files import WriteFailed  # noqa: PLC0415
+
+    lost = None
+    try:
+        result = st.write_outputs(sdir, res, tuner, ev, settings, base, pareto)
+    except WriteFailed as e:  # shown anyway, then the one-line error (exit 5)
+        result, lost = e.document, e
     out.result(result)
     if not out.json:
         print_result(out.con, res, result, settings, sp, pareto)
+    if lost is not None:
+        for other in lost.others:
+            console(stderr=True).print(f"warning: {other.message}", soft_wrap=True)
+        raise lost
     if res.best is None:  # no configuration met the SLO: exit 1 in both forms
         raise typer.Exit(1)

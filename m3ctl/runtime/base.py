@@ -110,6 +110,23 @@ class Runtime(abc.ABC):
     def stop(self, dep: Deployment, timeout_s: float = 20.0) -> StopReport:
         """Stop gracefully (SIGTERM), then forcefully after ``timeout_s`` seconds; verify nothing is left."""
 
+    def record(self, dep: Deployment, registry: Registry) -> Deployment:
+        """Save the record of a server just started; when the state dir cannot take it (disk full), stop the
+        server (a server nobody can find again is an orphan) and fail the launch.
+
+        Raises:
+            LaunchFailed: the record could not be written (the cause, the path, the bytes needed); stopped.
+        """
+        from m3ctl.errors import LaunchFailed  # noqa: PLC0415
+        from m3ctl.state import StateWriteFailed  # noqa: PLC0415
+
+        try:
+            registry.save(dep)
+        except StateWriteFailed as e:
+            self.stop(dep, timeout_s=10)
+            raise LaunchFailed(f"{e.message}; the server just started was stopped", e.hint, phase="process") from None
+        return dep
+
     def log_text(self, dep: Deployment, tail_bytes: int = 200_000) -> str:
         """The last ``tail_bytes`` of the server log (default: the log file)."""
         if not dep.log_path or not Path(dep.log_path).is_file():

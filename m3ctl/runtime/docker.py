@@ -34,6 +34,7 @@ offline route (``docker save`` elsewhere, ``docker load`` here).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -165,6 +166,14 @@ def _engine_hint() -> str:
             "or use --runtime process")
 
 
+def _copy_log(path: str, data: bytes) -> None:
+    """The engine's log copied to ``path`` whole (m3ctl.files.write_atomic); on a full disk the older copy stays."""
+    from m3ctl.files import WriteFailed, write_atomic  # noqa: PLC0415
+
+    with contextlib.suppress(WriteFailed):
+        write_atomic(path, data)
+
+
 class DockerRuntime(Runtime):
     """Runs plans as containers. ``on_progress`` receives image pull progress; the runtime never prints."""
 
@@ -274,8 +283,7 @@ class DockerRuntime(Runtime):
                          phase="launching", plan_hash=plan.plan_hash(), image=plan.image,
                          runtime_options=self.options.model_dump())
         Path(dep.log_path).write_bytes(b"")  # filled from the engine by sync_log()
-        registry.save(dep)
-        return dep
+        return self.record(dep, registry)
 
     def is_alive(self, dep: Deployment) -> bool:
         """True while the container runs or is paused (``docker pause``: not dead); False when it exited, was
@@ -351,7 +359,7 @@ class DockerRuntime(Runtime):
     def sync_log(self, dep: Deployment) -> None:
         ct = self._container(dep)
         if ct is not None and dep.log_path:
-            Path(dep.log_path).write_bytes(ct.logs(stdout=True, stderr=True))
+            _copy_log(dep.log_path, ct.logs(stdout=True, stderr=True))
 
     def follow(self, dep: Deployment) -> Iterator[str]:
         ct = self._container(dep)
@@ -379,7 +387,7 @@ class DockerRuntime(Runtime):
                 if not rep.graceful:
                     rep.killed = pids[:1]
             if dep.log_path:
-                Path(dep.log_path).write_bytes(ct.logs(stdout=True, stderr=True))
+                _copy_log(dep.log_path, ct.logs(stdout=True, stderr=True))
             ct.remove(force=True)
         left = self.client().containers.list(all=True, filters={"label": f"{LABEL_PREFIX}name={dep.name}"})
         rep.leftover = [int(x.attrs["State"].get("Pid") or 0) for x in left]

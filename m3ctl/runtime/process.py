@@ -166,8 +166,7 @@ class ProcessRuntime(Runtime):
                          served_model_name=plan.served_model_name, model=plan.model, argv=plan.argv,
                          log_path=str(log_path), started_at=started, phase="launching", plan_hash=plan.plan_hash(),
                          marker=env[MARKER_ENV])
-        registry.save(dep)
-        return dep
+        return self.record(dep, registry)
 
     def is_alive(self, dep: Deployment) -> bool:
         return _proc(dep) is not None

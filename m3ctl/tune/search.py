@@ -958,9 +958,14 @@ def pareto(outcomes: list[Outcome]) -> list[dict[str, Any]]:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str))
-    tmp.replace(path)
+    """Write ``obj`` as JSON to ``path`` atomically (m3ctl.files.write_atomic).
+
+    Raises:
+        m3ctl.files.WriteFailed: it could not be written (the cause, the path, the bytes needed; nothing partial left).
+    """
+    from m3ctl.files import write_atomic  # noqa: PLC0415
+
+    write_atomic(path, json.dumps(obj, indent=2, default=str))
 
 
 __all__ = ["Tuner", "TuneSpec", "TuneResult", "Outcome", "Point", "evaluate", "pareto", "num_prompts", "math",

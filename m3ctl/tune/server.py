@@ -212,7 +212,10 @@ class ServerEvaluator:
     def _save_log(self, name: str, tdir: Path) -> None:
         src = self.registry.log_path(name)
         if src.exists():
-            shutil.copyfile(src, tdir / "server.log")
+            try:
+                shutil.copyfile(src, tdir / "server.log")
+            except OSError:  # a full disk: no truncated copy (the log stays in the state dir)
+                (tdir / "server.log").unlink(missing_ok=True)
 
     def stop_current(self) -> None:
         from m3ctl.serve import stop  # noqa: PLC0415

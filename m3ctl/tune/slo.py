@@ -80,7 +80,8 @@ def parse_slo(text: str | None) -> SLO:
     """Parse ``"p90_tpot_ms<=20,p90_ttft_ms<=2000"``.
 
     Raises:
-        BadInput: a term without an operator, an unknown key (with a did-you-mean), or a non-number.
+        BadInput: a term without an operator, an unknown key (with a did-you-mean), a percentile outside
+            (0, 100], or a value that is not a finite number >= 0.
     """
     if not text or not text.strip():
         return SLO(())
@@ -100,6 +101,9 @@ def parse_slo(text: str | None) -> SLO:
             close = difflib.get_close_matches(key, _SUGGEST + list(OTHER_KEYS), n=1)
             raise BadInput(f"unknown SLO metric {key!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
                            "use a bench result key such as p90_tpot_ms, p99_ttft_ms, mean_e2el_ms (milliseconds)")
+        if key.startswith("p") and _LAT.match(key) and not 0 < float(key[1:].split("_")[0]) <= 100:
+            raise BadInput(f"bad SLO metric {key!r}: a percentile is above 0 and at most 100",
+                           "e.g. p90_tpot_ms, p99_ttft_ms, p99.9_e2el_ms")
         try:
             value = float(val)
         except ValueError:

@@ -126,9 +126,19 @@ def _coerce(knob: str, text: str) -> Any:
     if knob == "kv_cache_dtype":
         return DEFAULT if t in ("", "auto", DEFAULT) else t
     try:
-        return int(t)
+        v = int(t)
     except ValueError:
         raise BadInput(f"bad value {t!r} for knob {knob}: not an integer", f"e.g. --knob {knob}=4,8,16") from None
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
+
+    try:  # the knob's domain is its PlanRequest field's (tp >= 1, spec_depth >= 0, ...): checked in one place
+        PlanRequest.model_validate({knob: v})
+    except ValidationError as e:
+        raise BadInput(f"bad value {t!r} for knob {knob}: {e.errors()[0]['msg']}",
+                       f"e.g. --knob {knob}=4,8,16") from None
+    return v
 
 
 def apply_pins(space: Space, specs: list[str]) -> Space:

@@ -55,9 +55,18 @@ class TuneSettings(BaseModel):
 
 
 def save_settings(study_dir: Path, settings: dict[str, Any]) -> None:
-    """Write ``tune.json`` (with ``schema_version``)."""
-    study_dir.mkdir(parents=True, exist_ok=True)
-    write_json(study_dir / "tune.json", {"schema_version": SETTINGS_SCHEMA_VERSION, **settings})
+    """Write ``tune.json`` (with ``schema_version``) atomically, before any trial starts.
+
+    Raises:
+        ConfigRejected: it could not be written (disk full, read-only: the cause, the path, the bytes needed).
+    """
+    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+    from m3ctl.files import WriteFailed  # noqa: PLC0415
+
+    try:
+        write_json(study_dir / "tune.json", {"schema_version": SETTINGS_SCHEMA_VERSION, **settings})
+    except WriteFailed as e:
+        raise ConfigRejected(f"cannot save the study's settings: {e.message}", e.hint) from None
 
 
 def load_settings(study_dir: Path) -> dict[str, Any]:
@@ -91,7 +100,29 @@ def load_settings(study_dir: Path) -> dict[str, Any]:
     except TypeError as e:  # an unknown or missing TuneSpec field
         raise BadInput(f"{p}: spec: {e}", fix) from None
     data.pop("schema_version", None)
+    check_study_db(Path(study_dir) / "study.db")
     return data
+
+
+def check_study_db(db: Path) -> None:
+    """A study's ``study.db``, when there is one, is an SQLite database with optuna's tables (opened read-only:
+    nothing is created or changed), so ``--resume`` (dry run included) refuses a corrupt one before any work.
+
+    Raises:
+        BadInput: it is not an SQLite file, is truncated, or holds no optuna study.
+    """
+    import sqlite3  # noqa: PLC0415
+
+    if not db.exists():
+        return
+    fix = f"restore {db} from a backup, or move it away to start the search over (trials/ and tune.json are kept)"
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+            tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except sqlite3.Error as e:
+        raise BadInput(f"{db} is not a readable optuna study (sqlite: {e})", fix) from None
+    if "studies" not in tables:
+        raise BadInput(f"{db} is not an optuna study (no 'studies' table)", fix)
 
 
 def resume_settings(study_dir: Path, *, max_trials: int | None = None, time_budget_s: float | None = None,
@@ -169,10 +200,26 @@ def new_settings(model: str, inventory, *, slo: str = "", objective: str = "tput
     if workload not in KINDS:
         raise BadInput(f"unknown workload {workload!r}", f"use one of {', '.join(KINDS)}")
     check_budgets(max_trials=max_trials, time_budget_s=time_budget_s, confirm_top=confirm_top)
-    for opt, v in (("--input-len", input_len), ("--output-len", output_len),
-                   ("--prompts-per-concurrency", prompts_per_concurrency), ("--port", port)):
-        if v < 1:
-            raise BadInput(f"{opt} {v} must be >= 1", "see `m3ctl tune --help`")
+    from m3ctl.bench import MAX_REQUEST_TOKENS  # noqa: PLC0415
+    from m3ctl.bench.runner import MAX_PROMPTS  # noqa: PLC0415
+
+    for opt, v, top in (("--input-len", input_len, MAX_REQUEST_TOKENS), ("--output-len", output_len, MAX_REQUEST_TOKENS),
+                        ("--prompts-per-concurrency", prompts_per_concurrency, MAX_PROMPTS), ("--port", port, 65535)):
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= top:
+            raise BadInput(f"{opt} {v!r} must be a whole number from 1 to {top:,}", "see `m3ctl tune --help`")
+    import math  # noqa: PLC0415
+
+    for opt, v, ok, what in (
+            ("--boundary-margin", boundary_margin, 0 <= boundary_margin <= 1, "a fraction from 0 to 1"),
+            ("--boundary-repeats", boundary_repeats, boundary_repeats >= 0, "a whole number >= 0"),
+            ("--max-spec-depth", max_spec_depth, max_spec_depth >= 0, "a whole number >= 0"),
+            ("--usd-per-gpu-hour", usd_per_gpu_hour,
+             usd_per_gpu_hour is None or (math.isfinite(usd_per_gpu_hour) and usd_per_gpu_hour > 0), "USD > 0")):
+        if not ok:
+            raise BadInput(f"{opt} {v!r} must be {what}", "see `m3ctl tune --help`")
+    if lad[-1] * prompts_per_concurrency * 2 > MAX_PROMPTS:  # x2: a confirmation run sends twice as many
+        raise BadInput(f"--ladder {lad[-1]} x --prompts-per-concurrency {prompts_per_concurrency} (x2 to confirm) "
+                       f"is more than {MAX_PROMPTS:,} requests in one bench run", "lower the ladder's top")
     from m3ctl.secrets import separate, split_api_key  # noqa: PLC0415
 
     extra_args, key = split_api_key(list(extra_args or []))
@@ -271,6 +318,23 @@ def study_lock(study_dir: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def open_tuner(study_dir: Path, space: Space, ev, spec: TuneSpec, on_event=None) -> Tuner:
+    """The study's :class:`~m3ctl.tune.search.Tuner` on its optuna SQLite file ``study.db`` (created when new).
+
+    Raises:
+        BadInput: ``study.db`` is not a readable optuna SQLite study (corrupt, truncated, another file, not
+            writable); nothing has started.
+    """
+    db = Path(study_dir) / "study.db"
+    try:
+        return Tuner(space, ev, spec, storage=f"sqlite:///{db}", on_event=on_event)
+    except Exception as e:  # noqa: BLE001 - sqlalchemy/optuna raise many kinds (DatabaseError, RuntimeError...)
+        first = (str(e).splitlines() or [type(e).__name__])[0][:160]
+        raise BadInput(f"{db} is not a readable optuna study ({type(e).__name__}: {first})",
+                       "restore it from a backup, or move it away to start the search over (the trials/ folder "
+                       "and tune.json are kept)") from None
+
+
 def run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry=None,
              on_event: Callable[[int | None, str, str], None] | None = None,
              on_cleanup: Callable[[list[str]], None] | None = None) -> tuple[TuneResult, Tuner, Any]:
@@ -305,7 +369,7 @@ def _run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry,
     ev = ServerEvaluator(inventory, settings["model"], study_dir, spec, plan_base=settings.get("plan_base", {}),
                          bench=settings.get("bench", {}), port=settings["port"], name_prefix=prefix,
                          registry=registry, space=space)
-    tuner = Tuner(space, ev, spec, storage=f"sqlite:///{study_dir / 'study.db'}", on_event=on_event)
+    tuner = open_tuner(study_dir, space, ev, spec, on_event)
     try:
         res = tuner.run()
     finally:
@@ -443,7 +507,16 @@ def profile_yaml(base, cand: dict[str, Any], plan, result: Outcome, settings: di
 
 
 def pareto_png(front: list[dict[str, Any]], points: list[dict[str, Any]], path: Path, objective: str) -> None:
+    """The study's Pareto chart as a PNG, written atomically.
+
+    Raises:
+        m3ctl.files.WriteFailed: it could not be written (nothing partial is left).
+    """
+    import io  # noqa: PLC0415
+
     import matplotlib  # noqa: PLC0415
+
+    from m3ctl.files import write_atomic  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
@@ -456,8 +529,10 @@ def pareto_png(front: list[dict[str, Any]], points: list[dict[str, Any]], path: 
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
+    write_atomic(path, buf.getvalue())
 
 
 def all_points(outcomes: list[Outcome]) -> list[dict[str, Any]]:
@@ -474,7 +549,12 @@ def _capacity(tuner: Tuner, out: Outcome) -> dict[str, Any]:
 
 def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: dict[str, Any], base_profile,
                   want_pareto: bool) -> dict[str, Any]:
-    """``result.json`` (always), ``profile.yaml`` (when a configuration met the SLO), ``pareto.png`` (``--pareto``).
+    """``result.json`` (always), ``profile.yaml`` (when a configuration met the SLO), ``pareto.png`` (``--pareto``),
+    each written atomically; returns the result.json dict.
+
+    Raises:
+        m3ctl.files.WriteFailed: a file could not be written (the others were written); the result dict is its
+            ``document`` attribute, the other failures its ``others`` (exit 5: measured, shown, not saved).
 
     result.json (:class:`m3ctl.results.TuneReport`): ``schema_version``, ``launches``, ``cost_s`` (server time) and ``elapsed_s`` (wall) across all resumes;
     ``interrupted_launches`` {trial: {cost_s}}: starts killed before any run finished (counted in both);
@@ -487,6 +567,7 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
     a repeated level is in ``trials[].points[].runs``; ``vs_baseline`` = best / baseline objective (None when
     either is missing or 0).
     """
+    from m3ctl.files import WriteFailed, write_atomic  # noqa: PLC0415
     from m3ctl.results import TUNE_SCHEMA_VERSION, TuneReport  # noqa: PLC0415
 
     out: dict[str, Any] = {"schema_version": TUNE_SCHEMA_VERSION, "stopped_by": res.stopped_by, "launches": res.launches, "cost_s": res.cost_s,
@@ -499,7 +580,7 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
                        "command": p.command_line(), "argv": p.argv, "trial": res.best.trial,
                        "flags": tuned_flags(res.best.config, p),
                        "confirmed": res.best.confirmed is not None, **_capacity(tuner, res.best)}
-        (study_dir / "profile.yaml").write_text(profile_yaml(base_profile, res.best.config, p, res.best, settings))
+        profile_text = profile_yaml(base_profile, res.best.config, p, res.best, settings)
         out["profile"] = str(study_dir / "profile.yaml")
     b = res.baseline
     if b is not None:
@@ -514,10 +595,24 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
     front = pareto(res.outcomes)
     out["pareto"] = front
     if want_pareto and front:
-        pareto_png(front, all_points(res.outcomes), study_dir / "pareto.png", settings["spec"]["objective"])
         out["pareto_png"] = str(study_dir / "pareto.png")
     TuneReport.from_dict(out, "result.json being written")  # the typed shape (m3ctl/results.py) is what is written
-    write_json(study_dir / "result.json", out)
+    writes = [lambda: write_json(study_dir / "result.json", out)]
+    if res.best is not None:
+        writes.append(lambda: write_atomic(study_dir / "profile.yaml", profile_text))
+    if want_pareto and front:
+        writes.append(lambda: pareto_png(front, all_points(res.outcomes), study_dir / "pareto.png",
+                                         settings["spec"]["objective"]))
+    lost = []
+    for write in writes:  # each file whole or not at all; one that fails does not stop the others
+        try:
+            write()
+        except WriteFailed as e:
+            lost.append(e)
+    if lost:
+        lost[0].document = out  # the caller shows the result before the error (nothing measured is lost)
+        lost[0].others = lost[1:]
+        raise lost[0]
     return out
 
 

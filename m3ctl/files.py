@@ -1,0 +1,149 @@
+"""Files m3ctl writes (results, state) and reads (files a user names): one place for both.
+
+Writes are atomic: the content is rendered in memory first (so its size is known), written to a unique temp
+file in the target's directory, flushed and fsync'ed, renamed over the target (``os.replace``: POSIX
+``rename(2)`` is atomic within a file system, https://pubs.opengroup.org/onlinepubs/9699919799/functions/rename.html)
+and the directory is fsync'ed so the rename itself survives a crash. A failed write (disk full, read-only file
+system, no permission, a directory in the way) leaves the old file or none, never a 0-byte or truncated one: the
+temp file is removed, and the error names the cause, the path and the bytes it needed.
+
+Reads of user files (``--config``, a profile, a trace, records) say in one line what is wrong with the file (a
+directory, not UTF-8, unreadable) instead of raising a raw ``UnicodeDecodeError``/``IsADirectoryError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import tempfile
+import time
+from pathlib import Path
+
+from m3ctl.errors import EXIT_NOT_SAVED, BadInput, M3Error
+
+#: Cause words per errno, as an operator reads them (``strerror`` of the C library, lower case).
+_CAUSES = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
+           errno.EROFS: "read-only file system", errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+           errno.EISDIR: "is a directory", errno.ENOTDIR: "a parent is not a directory", errno.EIO: "I/O error",
+           errno.ENOENT: "no such directory"}
+
+
+def cause(e: OSError) -> str:
+    """The cause of ``e`` in words (``no space left on device``), from its errno."""
+    return _CAUSES.get(e.errno or 0) or (e.strerror or type(e).__name__).lower()
+
+
+class WriteFailed(M3Error):
+    """A file could not be written (exit 5: results measured and shown, but not saved).
+
+    Attributes:
+        path: the file that was not written.
+        nbytes: the bytes the write needed.
+        errno: the OSError's errno (``errno.ENOSPC``...).
+    """
+
+    exit_code = EXIT_NOT_SAVED
+
+    def __init__(self, path: Path, nbytes: int, err: OSError, hint: str | None = None):
+        self.path, self.nbytes, self.errno, self.cause = Path(path), nbytes, err.errno, cause(err)
+        super().__init__(f"{self.cause} writing {path} ({nbytes:,} bytes needed)",
+                         hint or "free space or choose another path, then rerun")
+
+
+def _fsync_dir(d: Path) -> None:
+    with contextlib.suppress(OSError):  # some file systems (and Windows) cannot open a directory: best effort
+        fd = os.open(d, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_atomic(path: str | Path, data: str | bytes, *, mkdir: bool = True) -> Path:
+    """Write ``data`` (text is UTF-8) to ``path`` atomically: a unique temp file in the same directory, write,
+    flush, fsync, rename over ``path``, fsync the directory. Two writers never share a temp file.
+
+    Returns:
+        ``path``.
+
+    Raises:
+        WriteFailed: any OSError (ENOSPC, EDQUOT, EROFS, EACCES, EISDIR, ...): ``path`` is untouched (the old file
+            or none) and no temp file is left.
+    """
+    path = Path(path)
+    blob = data.encode() if isinstance(data, str) else bytes(data)
+    tmp = None
+    try:
+        if path.is_dir():
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if mkdir:
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except FileExistsError:  # a component of the parent is a file
+                raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent)) from None
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        with os.fdopen(fd, "wb") as f:
+            f.write(blob)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        _fsync_dir(path.parent)
+        return path
+    except OSError as e:
+        raise WriteFailed(path, len(blob), e) from None
+    except ValueError as e:  # a NUL byte in the path
+        raise WriteFailed(path, len(blob), OSError(errno.EINVAL, f"invalid path ({e})")) from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def save_with_fallback(path: str | Path, data: str | bytes, fallback_dir: Path, what: str) -> Path:
+    """:func:`write_atomic` to ``path``; when that fails, to ``fallback_dir/<time>-<name>`` (the results are kept
+    if they can be written whole anywhere).
+
+    Returns:
+        The path written (the fallback's when ``path`` failed).
+
+    Raises:
+        WriteFailed: both failed; its message names the cause at ``path``, and the fallback's if it differed.
+    """
+    path = Path(path)
+    try:
+        return write_atomic(path, data)
+    except WriteFailed as first:
+        fallback = Path(fallback_dir) / f"{time.strftime('%Y%m%d-%H%M%S')}-{path.name or what}"
+        try:
+            return write_atomic(fallback, data)
+        except WriteFailed as second:
+            extra = "" if second.cause == first.cause else f": {second.cause}"
+            first.hint = (f"nothing was saved (the fallback copy under {fallback_dir} failed too{extra}); free "
+                          "space or choose another path, then rerun")
+            raise first from None
+
+
+
+
+def read_user_text(path: str | Path, what: str) -> str:
+    """The text of a file the user named (``what``: ``--config``, ``profile``...), UTF-8.
+
+    Raises:
+        BadInput: missing, a directory, unreadable (permission, I/O), or not UTF-8 text; one line naming ``what``.
+    """
+    p = Path(path)
+    if p.is_dir():
+        raise BadInput(f"{what} {p} is a directory, not a file", "give the file's path")
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise BadInput(f"cannot read {what} {p}: not found", "check the path") from None
+    except OSError as e:
+        raise BadInput(f"cannot read {what} {p}: {cause(e)}", "check the path and its permissions") from None
+    try:
+        return raw.decode()
+    except UnicodeDecodeError as e:
+        raise BadInput(f"{what} {p} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})",
+                       "give a UTF-8 text file (YAML or JSON)") from None

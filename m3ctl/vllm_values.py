@@ -1,0 +1,67 @@
+"""vLLM flag values read as vLLM's own argument parser reads them, for the flags listed in
+m3ctl/data/vllm_value_types.yaml (human-readable integer sizes: ``256M``, ``8k``, ``auto`` for max-model-len).
+
+Used by the plan request (``--arg FLAG=VALUE``, ``args:`` of a config file, ``args=`` of the API), so a value vLLM
+would reject at start-up is one line before anything starts. Other flags' values are checked by the plan rules.
+"""
+
+from __future__ import annotations
+
+import functools
+from importlib import resources
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from m3ctl.errors import BadInput
+
+
+class VllmValueTypes(BaseModel):
+    """m3ctl/data/vllm_value_types.yaml: flags (without ``--``) per vLLM value parser."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: int = 1
+    vllm_version: str
+    source: str
+    human_readable_int: list[str] = Field(min_length=1)
+    human_readable_int_or_auto: list[str] = Field(default_factory=list)
+
+
+def parse_value_types(text: str, where: str = "vllm_value_types.yaml") -> VllmValueTypes:
+    """Validate the table.
+
+    Raises:
+        CatalogError: invalid YAML or a key that does not fit the schema (one line naming it).
+    """
+    from m3ctl.catalog import _load  # noqa: PLC0415
+
+    return _load(text, VllmValueTypes, where)
+
+
+@functools.lru_cache(maxsize=1)
+def value_types() -> VllmValueTypes:
+    """The built-in table, validated once."""
+    return parse_value_types(resources.files("m3ctl").joinpath("data/vllm_value_types.yaml").read_text())
+
+
+def check_args(args: dict[str, Any]) -> None:
+    """Check ``{flag: value}`` vLLM args whose flag takes a human-readable integer (vLLM's
+    ``human_readable_int``: ``1k`` = 1000, ``1K`` = 1024; max-model-len also ``auto``/-1).
+
+    Raises:
+        BadInput: a value vLLM's parser rejects, naming the flag and the value.
+    """
+    from m3ctl.assess.rules import vllm_int  # noqa: PLC0415
+
+    t = value_types()
+    for flag, v in args.items():
+        name = str(flag).lstrip("-").replace("_", "-")
+        auto = name in t.human_readable_int_or_auto
+        if name not in t.human_readable_int and not auto:
+            continue
+        if auto and (v == -1 or str(v).strip().lower() in ("auto", "-1")):
+            continue
+        if isinstance(v, bool) or vllm_int(v) is None:
+            raise BadInput(f"--arg {name}={v!r}: vLLM reads {name} as an integer (e.g. 256M = 256 x 2**20, 8k = "
+                           f"8000{', or auto' if auto else ''}); {v!r} is not one",
+                           f"e.g. --arg {name}=256M")
