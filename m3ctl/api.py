@@ -220,7 +220,7 @@ def serve(request: PlanRequest | dict | None = None, *, dry_run: Literal[True], 
 
 def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | HostInventory | None = None,
           config: str | Path | None = None, offline: bool | None = None, api_key_env: str | None = None,
-          smoke: bool = True, on_event: Callable[[Any], None] | None = None,
+          smoke: str | bool = "full", on_event: Callable[[Any], None] | None = None,
           on_pull: Callable[[str, str, int | None, int | None], None] | None = None, dry_run: bool = False,
           **knobs: Any) -> ServeResult | LaunchPlan:
     """Plan, launch and wait until the server really serves (readiness phases, first completion, smoke test);
@@ -233,8 +233,12 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
             size).
         api_key_env: require an API key: the name of the environment variable holding it (handed to vLLM as
             ``VLLM_API_KEY`` in its environment, never on its command line).
-        smoke: run the correctness smoke test after readiness (findings in ``result.smoke``).
-        on_event: called with each readiness :class:`~m3ctl.health.PhaseEvent` (phase, status, elapsed_s).
+        smoke: the smoke test before "ready" (m3ctl/smoke.py; findings in ``result.smoke``, its seconds in
+            ``result.deployment.smoke_s``): ``"full"`` (default: a long prompt of several KV/MSA blocks, a mixed
+            concurrent batch, chat, parsers, a known answer, output checks), ``"quick"`` (the long prompt and the
+            batch) or ``"off"``; True/False mean full/off.
+        on_event: called with each readiness :class:`~m3ctl.health.PhaseEvent` (phase, status, elapsed_s; the
+            smoke test is the phase ``smoke``).
         on_pull: docker runtime: called with ``(layer, status, current bytes, total bytes)`` while an image is pulled.
 
     Returns:
@@ -242,17 +246,20 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
         record: name, pid or container, log_path), ``readiness`` (phase times, s), ``kernels``, ``smoke``.
 
     Raises:
-        BadInput: bad arguments (name, host, budget, api_key_env not set).
+        BadInput: bad arguments (name, host, budget, api_key_env not set, a smoke level not quick/full/off).
         ConfigRejected: a plan rule or a pre-flight check (port taken, name running, vLLM broken); nothing started.
-        LaunchFailed: the server died or failed readiness (its root cause from the log); it has been stopped.
+        LaunchFailed: the server died or failed readiness or died during the smoke test (its root cause from the
+            log); it has been stopped.
     """
     from m3ctl import serve as serving  # noqa: PLC0415
     from m3ctl.catalog import profiles  # noqa: PLC0415
     from m3ctl.diagnose import DiagContext  # noqa: PLC0415
     from m3ctl.launch import check_host  # noqa: PLC0415
     from m3ctl.runtime import get_runtime  # noqa: PLC0415
+    from m3ctl.smoke import smoke_level  # noqa: PLC0415
     from m3ctl.state import Registry, check_name  # noqa: PLC0415
 
+    smoke = smoke_level(smoke)
     req, raw_key = _request(request, config, knobs, "process")
     check_name(req.name)
     check_host(req.host)

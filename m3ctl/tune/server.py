@@ -20,6 +20,10 @@ from m3ctl.tune.space import plan_kwargs
 #: Repeats of a bench run spoiled by in-service kernel JIT compilation (each repeat hits compiled kernels).
 JIT_RERUNS = 2
 
+#: Smoke level of a trial server (m3ctl/smoke.py): the workload checks only; parsers and output are the tuned
+#: command's business once it is served with ``m3ctl serve``.
+TRIAL_SMOKE = "quick"
+
 
 class ServerSession:
     def __init__(self, ev: ServerEvaluator, plan, dep, trial_dir: Path, start_s: float):
@@ -166,7 +170,9 @@ class ServerEvaluator:
         write_json(self.dir / "running.json", {"name": name, "trial": trial, "state_dir": str(self.registry.root)})
         t0 = time.monotonic()
         try:
-            res = launch_and_wait(p, registry=self.registry,
+            # The quick smoke (a long prompt of several KV/MSA blocks and a mixed batch): a trial whose server would
+            # die on the workload's prompts fails here, with the cause, instead of as a bench run.
+            res = launch_and_wait(p, registry=self.registry, smoke=TRIAL_SMOKE,
                                   on_event=lambda e: on_event(f"{e.phase} {e.status}") if e.status != "start" else None)
         except LaunchFailed as e:
             e.elapsed_s = time.monotonic() - t0  # type: ignore[attr-defined]
