@@ -311,7 +311,7 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
     from pydantic import ValidationError  # noqa: PLC0415
 
     from m3ctl.bench.runner import BenchConfig, validate  # noqa: PLC0415
-    from m3ctl.bench.target import only_model, resolve_target  # noqa: PLC0415
+    from m3ctl.bench.target import resolve_target  # noqa: PLC0415
 
     if unknown := sorted(set(options) - set(BenchConfig.model_fields)):
         import difflib  # noqa: PLC0415
@@ -336,9 +336,13 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
     except TypeError as e:
         raise BadInput(f"bad bench option: {e}", "see m3ctl.bench.runner.BenchConfig") from None
     validate(cfg)
-    if not t.model:
-        cfg = cfg.model_copy(update={"model": only_model(t.url, {"Authorization": f"Bearer {t.api_key}"}
-                                                         if t.api_key else None)})
+    if not t.model:  # several served names: the deployment's model, else the first listed (logged)
+        picked, note = t.pick_model()
+        cfg = cfg.model_copy(update={"model": picked})
+        if note:
+            import logging  # noqa: PLC0415
+
+            logging.getLogger("m3ctl.bench").info(note)
     return cfg, levels, t.sync_log
 
 
@@ -372,7 +376,10 @@ def bench(url: str | None = None, *, concurrency: int | Sequence[int] | None = N
             deployment's name (its URL, model, key, log and GPU count).
         concurrency: requests in flight (closed loop); a list of several runs a sweep (one run per level, with
             a warm-up at each). None: no cap (with ``request_rate`` the arrivals decide).
-        model: the model id (default: the only one the server serves).
+        model: the model id (default: the deployment's; for a ``url``, the one the server serves, or of several
+            names, the model of the m3ctl deployment at that address, else the first ``/v1/models`` lists, as
+            ``vllm bench serve`` does; the choice is logged on the ``m3ctl.bench`` logger and is the result's
+            ``model_id``).
         api_key: bearer key (default ``OPENAI_API_KEY``, the deployment's, ``VLLM_API_KEY``); never stored.
         num_gpus: GPUs behind the endpoint, for tok/s per GPU (default: the deployment's).
         warmup: warm up at each level before measuring (default: on for a sweep).

@@ -113,6 +113,7 @@ class ServerDied(Exception):
 # ----------------------------------------------------------------------------------------------- data
 class _ParserNote(BaseModel):
     model_config = ConfigDict(extra="forbid")
+    family: str
     note: str
     fix: str
 
@@ -131,6 +132,7 @@ class _LongPrompt(BaseModel):
     min_kv_blocks: int = Field(gt=0)
     min_msa_blocks: int = Field(gt=0)
     max_tokens: int = Field(gt=0)
+    fit_share: float = Field(gt=0, le=1)
     filler: str = Field(min_length=1)
 
 
@@ -556,8 +558,9 @@ class _Run:
         t, lp = self.target, smoke_data().long_prompt
         wanted, send, why = long_prompt_size(t.block_size, t.msa_block_size, t.max_model_len)
         room = (t.max_model_len - max(lp.max_tokens, smoke_data().batch.max_tokens) - 1) if t.max_model_len else 10**9
+        need = send if send == wanted else max(1, int(send * lp.fit_share))  # capped: most of the room will do
         self.sent = f"sizing a {send:,}-token prompt"
-        self.units, counted = self.size(send, room)
+        self.units, counted = self.size(need, room)
         self.sent = f"a {counted or send:,}-token prompt"
         text, usage = self.complete(self.filler(self.units), lp.max_tokens, ignore_eos=True)
         n = usage.get("prompt_tokens")
@@ -570,9 +573,9 @@ class _Run:
             return SmokeFinding("smoke.long_prompt", "WARN", f"the long prompt was answered, but the server reported "
                                 f"no usage.prompt_tokens: its length is unverified ({why})",
                                 "check the server's usage reporting")
-        if n < send:
+        if n < need:
             return SmokeFinding("smoke.long_prompt", "WARN", f"the long prompt came to only {n:,} tokens "
-                                f"(usage.prompt_tokens) of the {send:,} wanted ({why})",
+                                f"(usage.prompt_tokens) of the {need:,} wanted ({why})",
                                 "send a longer prompt yourself to prove the workload")
         return SmokeFinding("smoke.long_prompt", "OK", f"a {n:,}-token prompt (usage.prompt_tokens) was answered; "
                             f"{why}" + ("" if send == wanted else " (only that fits)"))
@@ -640,14 +643,17 @@ class _Run:
             self.texts += replies[-1][1:]
         bad = [r for r in replies if tags.search(r[1])]
         if bad:
-            known = d.reasoning_parsers.get(parser)
             fam = d.families.get(self.target.family or "")
+            known = d.reasoning_parsers.get(parser)
+            if known and fam and known.family != self.target.family:
+                known = None  # a note about another family's parser: the parser is the wrong one for this model
             msg = (f"PARSER-MISMATCH: the reasoning arrived in content ({', '.join(b[0] for b in bad)} reply) with "
                    f"--reasoning-parser {parser}; clients show the thinking as the answer and TTFA times the thinking")
             if known:
                 msg += f"; {known.note}"
             fix = known.fix if known else "use the reasoning parser that matches the model's output format"
             if not known and fam and fam.reasoning_parser != parser:
+                msg += f"; {self.target.family} marks its reasoning {start}...{end}"
                 fix += (f": --reasoning-parser {fam.reasoning_parser} (family {self.target.family}, markers "
                         f"{start}...{end})")
             return SmokeFinding("smoke.reasoning", "FAIL", msg, fix, _excerpt(bad[0][1]))

@@ -21,6 +21,7 @@ process runtime):
     no ``tool_calls``;
   - ``wrong_answer``: arithmetic is answered wrong (a server whose kernels produce wrong output);
   - ``tokenize``: false = no ``/tokenize`` (404, as a non-vLLM server);
+  - ``block_size``: the KV block size ``/metrics`` reports (``vllm:cache_config_info``); no ``/metrics`` without;
   - ``degenerate``: ``"nul"`` (NUL characters) or ``"repeat"`` (one token repeated) as every generated text
     after the first completion (readiness passes).
 """
@@ -138,6 +139,14 @@ class Handler(BaseHTTPRequestHandler):
         elif self.path == "/v1/models":
             extra = {"max_model_len": SERVE["max_model_len"]} if "max_model_len" in SERVE else {}
             self._send(200, {"object": "list", "data": [{"id": n, "object": "model", **extra} for n in NAMES]})
+        elif self.path == "/metrics" and "block_size" in SERVE:
+            body = (f'vllm:cache_config_info{{block_size="{SERVE["block_size"]}",cache_dtype="auto",engine="0"}} 1.0\n'
+                    ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         else:
             self._send(404, {})
 
