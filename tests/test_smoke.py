@@ -323,3 +323,31 @@ def test_bench_url_of_an_unknown_server_takes_the_first_name(tmp_path, tiny_mode
     finally:
         srv.terminate()
         srv.wait(timeout=10)
+
+
+def test_a_tune_trial_whose_server_dies_on_long_prompts_fails_at_its_quick_smoke(tmp_path, tiny_models, monkeypatch):
+    from m3ctl.hw.detect import detect
+    from m3ctl.tune.search import TuneSpec
+    from m3ctl.tune.server import TRIAL_SMOKE, ServerEvaluator
+
+    assert TRIAL_SMOKE == "quick"
+    exe = tmp_path / "vllm"
+    fake_vllm_config(tmp_path)  # writes the executable
+    reg = Registry(tmp_path / "state")
+    ev = ServerEvaluator(detect(), str(tiny_models["m2"]), tmp_path / "study", TuneSpec(),
+                         plan_base={"vllm_executable": str(exe)}, bench={}, port=free_port(), name_prefix="tq",
+                         registry=reg)
+    events: list[str] = []
+    monkeypatch.setenv("FAKE_VLLM", json.dumps({"serve": {"die_above_tokens": 128}}))
+    with pytest.raises(LaunchFailed) as e:
+        ev.open({"tp": 1}, 1, events.append)
+    assert e.value.phase == "smoke" and "in smoke.long_prompt" in e.value.message, e.value.message
+    assert "smoke fail" in events and reg.list() == [] and (tmp_path / "study/trials/0001/server.log").exists()
+    monkeypatch.setenv("FAKE_VLLM", json.dumps({"serve": {}}))
+    sess = ev.open({"tp": 1}, 2, events.append)
+    try:
+        assert events[-1] == "smoke ok" and reg.get("tq-t2").smoke_level == "quick"
+        assert [f["id"] for f in reg.get("tq-t2").smoke] == ["smoke.long_prompt", "smoke.batch"]
+    finally:
+        sess.close()
+    assert reg.list() == []
