@@ -732,9 +732,13 @@ class _Run:
             return SmokeFinding("smoke.output", "OK", "output is not degenerate")
         t = self.target
         status: Status = "FAIL" if "NUL" in why[0] else "WARN"
-        note = f" (expected of random weights: {t.random_weights})" if t.random_weights and status == "WARN" else ""
-        return SmokeFinding("smoke.output", status, f"degenerate output: {why[0]}{note}",
-                            "likely causes: " + "; ".join(likely_causes(t.argv, t.plan_warnings)), _excerpt(why[1]))
+        causes = "; ".join(likely_causes(t.argv, t.plan_warnings))
+        if t.random_weights and status == "WARN":
+            return SmokeFinding("smoke.output", status, f"degenerate output: {why[0]} (expected of random weights: "
+                                f"{t.random_weights})", f"none for a random-weight model; with real weights the "
+                                f"likely causes are: {causes}", _excerpt(why[1]))
+        return SmokeFinding("smoke.output", status, f"degenerate output: {why[0]}", f"likely causes: {causes}",
+                            _excerpt(why[1]))
 
 
 _CHECKS: dict[str, Callable[[_Run], SmokeFinding]] = {

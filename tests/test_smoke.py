@@ -17,8 +17,16 @@ import pytest
 from m3ctl.errors import BadInput, LaunchFailed
 from m3ctl.plan import LaunchPlan
 from m3ctl.serve import launch_and_wait, stop
-from m3ctl.smoke import (SmokeTarget, degenerate, long_prompt_size, planned_checks, random_weights_reason,
-                         smoke_data, smoke_level, smoke_target)
+from m3ctl.smoke import (
+    SmokeTarget,
+    degenerate,
+    long_prompt_size,
+    planned_checks,
+    random_weights_reason,
+    smoke_data,
+    smoke_level,
+    smoke_target,
+)
 from m3ctl.state import Registry
 from tests.conftest import FAKE_VLLM, fake_vllm_config, free_port, run_cli, vllm_procs_for
 from tests.hosts import synthetic
@@ -91,7 +99,7 @@ def test_degenerate_text_is_named(text, why):
 
 
 def test_random_weights_are_recognised_from_the_plan_and_the_model_dir(tmp_path):
-    assert random_weights_reason(["vllm", "serve", "m", "--load-format", "dummy"]) .startswith("--load-format dummy")
+    assert random_weights_reason(["vllm", "serve", "m", "--load-format", "dummy"]).startswith("--load-format dummy")
     assert random_weights_reason(["vllm", "serve", "m", "--load-format=dummy"]).startswith("--load-format dummy")
     (tmp_path / "m3ctl-tiny.json").write_text("{}")
     assert "m3ctl dev tiny-model" in random_weights_reason(["vllm", "serve", str(tmp_path)], str(tmp_path))
@@ -215,7 +223,8 @@ def test_m3_reasoning_markers_in_content_are_a_parser_mismatch_plain_and_streame
     finally:
         stop(["smk"])
     p = _plan({}, model="MiniMax-M3.1-Flash", model_spec="MiniMax-M3.1-Flash",
-              extra=("--reasoning-parser", "minimax_m3", "--tool-call-parser", "minimax_m3", "--enable-auto-tool-choice"))
+              extra=("--reasoning-parser", "minimax_m3", "--tool-call-parser", "minimax_m3",
+                     "--enable-auto-tool-choice"))
     res, f = _serve(p)
     try:
         assert f["smoke.reasoning"].status == "OK" and "<mm:think>...</mm:think>" in f["smoke.reasoning"].message
@@ -230,7 +239,8 @@ def test_raw_tool_markup_is_caught_streamed_too():
     res, f = _serve(p)
     try:
         t = f["smoke.tool_calls"]
-        assert t.status == "FAIL" and "(plain, streamed reply)" in t.message and "--tool-call-parser minimax_m3" in t.fix
+        assert t.status == "FAIL" and "(plain, streamed reply)" in t.message
+        assert "--tool-call-parser minimax_m3" in t.fix
     finally:
         stop(["smk"])
 
@@ -257,6 +267,7 @@ def test_degenerate_output_of_random_weights_is_a_warning_that_says_so():
     try:
         o = f["smoke.output"]
         assert o.status == "WARN" and "one token repeated" in o.message and "random weights" in o.message, o
+        assert o.fix.startswith("none for a random-weight model")
         assert "FAIL" not in {x.status for x in f.values()}
     finally:
         stop(["smk"])
