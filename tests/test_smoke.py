@@ -117,7 +117,7 @@ def test_smoke_target_reads_msa_block_and_limits_from_the_plan():
 
 # ------------------------------------------------------------------------------------------ the workload
 def test_full_smoke_sends_a_verified_long_prompt_and_a_mixed_batch():
-    res, f = _serve(_plan({}, model="MiniMax-M3.1-Flash", model_spec="MiniMax-M3.1-Flash"))
+    _res, f = _serve(_plan({}, model="MiniMax-M3.1-Flash", model_spec="MiniMax-M3.1-Flash"))
     try:
         assert list(f) == FULL and {x.status for x in f.values()} == {"OK"}, f
         lp = f["smoke.long_prompt"].message  # the fake counted what it received and reported it in usage
@@ -140,7 +140,7 @@ def test_the_engines_own_block_size_and_max_model_len_size_the_prompt():
         assert int(lp.message.split("-token")[0].split()[-1].replace(",", "")) >= 4096
     finally:
         stop(["smk"])
-    res, f = _serve(_plan({"max_model_len": 600}), smoke="quick")  # /v1/models' max_model_len caps it
+    _res, f = _serve(_plan({"max_model_len": 600}), smoke="quick")  # /v1/models' max_model_len caps it
     try:
         lp = f["smoke.long_prompt"]
         n = int(lp.message.split("-token")[0].split()[-1].replace(",", ""))
@@ -151,7 +151,7 @@ def test_the_engines_own_block_size_and_max_model_len_size_the_prompt():
 
 
 def test_without_tokenize_the_prompt_is_sized_from_usage():
-    res, f = _serve(_plan({"tokenize": False}), smoke="quick")
+    _res, f = _serve(_plan({"tokenize": False}), smoke="quick")
     try:
         lp = f["smoke.long_prompt"]
         assert lp.status == "OK" and int(lp.message.split("-token")[0].split()[-1].replace(",", "")) >= 1024, lp
@@ -160,7 +160,7 @@ def test_without_tokenize_the_prompt_is_sized_from_usage():
 
 
 def test_quick_sends_only_the_workload_checks_and_catches_a_long_prompt_death():
-    res, f = _serve(_plan({}), smoke="quick")
+    _res, f = _serve(_plan({}), smoke="quick")
     try:
         assert list(f) == ["smoke.long_prompt", "smoke.batch"] and Registry().get("smk").smoke_level == "quick"
     finally:
@@ -225,7 +225,7 @@ def test_m3_reasoning_markers_in_content_are_a_parser_mismatch_plain_and_streame
     p = _plan({}, model="MiniMax-M3.1-Flash", model_spec="MiniMax-M3.1-Flash",
               extra=("--reasoning-parser", "minimax_m3", "--tool-call-parser", "minimax_m3",
                      "--enable-auto-tool-choice"))
-    res, f = _serve(p)
+    _res, f = _serve(p)
     try:
         assert f["smoke.reasoning"].status == "OK" and "<mm:think>...</mm:think>" in f["smoke.reasoning"].message
         assert f["smoke.tool_calls"].status == "OK" and "plain and streamed" in f["smoke.tool_calls"].message
@@ -236,7 +236,7 @@ def test_m3_reasoning_markers_in_content_are_a_parser_mismatch_plain_and_streame
 def test_raw_tool_markup_is_caught_streamed_too():
     p = _plan({"raw_tool_calls": True}, model="MiniMax-M3.1-Flash", model_spec="MiniMax-M3.1-Flash",
               extra=("--tool-call-parser", "minimax_m2", "--enable-auto-tool-choice"))
-    res, f = _serve(p)
+    _res, f = _serve(p)
     try:
         t = f["smoke.tool_calls"]
         assert t.status == "FAIL" and "(plain, streamed reply)" in t.message
@@ -253,7 +253,7 @@ def test_a_wrong_answer_fails_with_real_weights_and_is_skipped_with_random_ones(
         assert "likely causes" in a.fix
     finally:
         stop(["smk"])
-    res, f = _serve(_plan({"wrong_answer": True}, extra=("--load-format", "dummy")))
+    _res, f = _serve(_plan({"wrong_answer": True}, extra=("--load-format", "dummy")))
     try:
         a = f["smoke.answer"]
         assert a.status == "SKIP" and "--load-format dummy" in a.message, a
@@ -263,7 +263,7 @@ def test_a_wrong_answer_fails_with_real_weights_and_is_skipped_with_random_ones(
 
 
 def test_degenerate_output_of_random_weights_is_a_warning_that_says_so():
-    res, f = _serve(_plan({"degenerate": "repeat"}, extra=("--load-format", "dummy")))
+    _res, f = _serve(_plan({"degenerate": "repeat"}, extra=("--load-format", "dummy")))
     try:
         o = f["smoke.output"]
         assert o.status == "WARN" and "one token repeated" in o.message and "random weights" in o.message, o
