@@ -117,7 +117,7 @@ def test_smoke_target_reads_msa_block_and_limits_from_the_plan():
 
 # ------------------------------------------------------------------------------------------ the workload
 def test_full_smoke_sends_a_verified_long_prompt_and_a_mixed_batch():
-    _res, f = _serve(_plan({}, model="MiniMax-M3.1-Flash", model_spec="MiniMax-M3.1-Flash"))
+    _, f = _serve(_plan({}, model="MiniMax-M3.1-Flash", model_spec="MiniMax-M3.1-Flash"))
     try:
         assert list(f) == FULL and {x.status for x in f.values()} == {"OK"}, f
         lp = f["smoke.long_prompt"].message  # the fake counted what it received and reported it in usage
@@ -133,14 +133,14 @@ def test_full_smoke_sends_a_verified_long_prompt_and_a_mixed_batch():
 
 
 def test_the_engines_own_block_size_and_max_model_len_size_the_prompt():
-    res, f = _serve(_plan({"block_size": 1024, "max_model_len": 8192}), smoke="quick")
+    _, f = _serve(_plan({"block_size": 1024, "max_model_len": 8192}), smoke="quick")
     try:
         lp = f["smoke.long_prompt"]
         assert lp.status == "OK" and "4 KV blocks of 1024" in lp.message, lp  # from /metrics, not the default
         assert int(lp.message.split("-token")[0].split()[-1].replace(",", "")) >= 4096
     finally:
         stop(["smk"])
-    _res, f = _serve(_plan({"max_model_len": 600}), smoke="quick")  # /v1/models' max_model_len caps it
+    _, f = _serve(_plan({"max_model_len": 600}), smoke="quick")  # /v1/models' max_model_len caps it
     try:
         lp = f["smoke.long_prompt"]
         n = int(lp.message.split("-token")[0].split()[-1].replace(",", ""))
@@ -151,7 +151,7 @@ def test_the_engines_own_block_size_and_max_model_len_size_the_prompt():
 
 
 def test_without_tokenize_the_prompt_is_sized_from_usage():
-    _res, f = _serve(_plan({"tokenize": False}), smoke="quick")
+    _, f = _serve(_plan({"tokenize": False}), smoke="quick")
     try:
         lp = f["smoke.long_prompt"]
         assert lp.status == "OK" and int(lp.message.split("-token")[0].split()[-1].replace(",", "")) >= 1024, lp
@@ -160,7 +160,7 @@ def test_without_tokenize_the_prompt_is_sized_from_usage():
 
 
 def test_quick_sends_only_the_workload_checks_and_catches_a_long_prompt_death():
-    _res, f = _serve(_plan({}), smoke="quick")
+    _, f = _serve(_plan({}), smoke="quick")
     try:
         assert list(f) == ["smoke.long_prompt", "smoke.batch"] and Registry().get("smk").smoke_level == "quick"
     finally:
@@ -214,7 +214,7 @@ def test_m3_reasoning_markers_in_content_are_a_parser_mismatch_plain_and_streame
     leak = {"reasoning_in_content": True, "think": ["<mm:think>", "</mm:think>"]}
     p = _plan(leak, model="MiniMax-M3.1-Flash", model_spec="MiniMax-M3.1-Flash",
               extra=("--reasoning-parser", "minimax_m2"))
-    res, f = _serve(p)
+    _, f = _serve(p)
     try:
         r = f["smoke.reasoning"]
         assert r.status == "FAIL" and "PARSER-MISMATCH" in r.message and "plain, streamed" in r.message, r
@@ -225,7 +225,7 @@ def test_m3_reasoning_markers_in_content_are_a_parser_mismatch_plain_and_streame
     p = _plan({}, model="MiniMax-M3.1-Flash", model_spec="MiniMax-M3.1-Flash",
               extra=("--reasoning-parser", "minimax_m3", "--tool-call-parser", "minimax_m3",
                      "--enable-auto-tool-choice"))
-    _res, f = _serve(p)
+    _, f = _serve(p)
     try:
         assert f["smoke.reasoning"].status == "OK" and "<mm:think>...</mm:think>" in f["smoke.reasoning"].message
         assert f["smoke.tool_calls"].status == "OK" and "plain and streamed" in f["smoke.tool_calls"].message
@@ -236,7 +236,7 @@ def test_m3_reasoning_markers_in_content_are_a_parser_mismatch_plain_and_streame
 def test_raw_tool_markup_is_caught_streamed_too():
     p = _plan({"raw_tool_calls": True}, model="MiniMax-M3.1-Flash", model_spec="MiniMax-M3.1-Flash",
               extra=("--tool-call-parser", "minimax_m2", "--enable-auto-tool-choice"))
-    _res, f = _serve(p)
+    _, f = _serve(p)
     try:
         t = f["smoke.tool_calls"]
         assert t.status == "FAIL" and "(plain, streamed reply)" in t.message
@@ -246,14 +246,14 @@ def test_raw_tool_markup_is_caught_streamed_too():
 
 
 def test_a_wrong_answer_fails_with_real_weights_and_is_skipped_with_random_ones(tmp_path):
-    res, f = _serve(_plan({"wrong_answer": True}, model="MiniMaxAI/MiniMax-M2.5"))
+    _, f = _serve(_plan({"wrong_answer": True}, model="MiniMaxAI/MiniMax-M2.5"))
     try:
         a = f["smoke.answer"]
         assert a.status == "FAIL" and "does not hold the answer" in a.message and a.evidence.startswith("43"), a
         assert "likely causes" in a.fix
     finally:
         stop(["smk"])
-    _res, f = _serve(_plan({"wrong_answer": True}, extra=("--load-format", "dummy")))
+    _, f = _serve(_plan({"wrong_answer": True}, extra=("--load-format", "dummy")))
     try:
         a = f["smoke.answer"]
         assert a.status == "SKIP" and "--load-format dummy" in a.message, a
@@ -263,7 +263,7 @@ def test_a_wrong_answer_fails_with_real_weights_and_is_skipped_with_random_ones(
 
 
 def test_degenerate_output_of_random_weights_is_a_warning_that_says_so():
-    _res, f = _serve(_plan({"degenerate": "repeat"}, extra=("--load-format", "dummy")))
+    _, f = _serve(_plan({"degenerate": "repeat"}, extra=("--load-format", "dummy")))
     try:
         o = f["smoke.output"]
         assert o.status == "WARN" and "one token repeated" in o.message and "random weights" in o.message, o
