@@ -112,14 +112,15 @@ def doctor(*, model: str | None = None, variant: str | None = None, context: int
 
 # ----------------------------------------------------------------------------- plan
 def _request(request: PlanRequest | dict | None, config: str | Path | None, knobs: dict[str, Any],
-             default_runtime: str) -> tuple[PlanRequest, str | None]:
+             default_runtime: str) -> PlanRequest:
     """``config`` file < ``request`` < ``knobs`` (PlanRequest precedence), as a checked PlanRequest; the secret
-    variables of this environment are passed through by name (m3ctl.secrets.PASSTHROUGH). A raw ``--api-key``
-    in ``extra_args`` is taken out (returned second): the server gets it as VLLM_API_KEY, never in argv."""
+    variables of this environment are passed through by name (m3ctl/data/secrets.yaml ``passthrough``). Secrets
+    in flags (a raw ``--api-key``, ``args: {api-key: K}``) or env are separated by the planner
+    (m3ctl.secrets.separate): the server gets them in its environment, never in argv."""
     from pydantic import ValidationError  # noqa: PLC0415
 
     from m3ctl.assess.request import PlanRequest, load_request, merge  # noqa: PLC0415
-    from m3ctl.secrets import API_KEY_ENV, passthrough_env, split_api_key  # noqa: PLC0415
+    from m3ctl.secrets import passthrough_env  # noqa: PLC0415
 
     try:
         layers = [load_request(config) if config else None,
@@ -132,9 +133,7 @@ def _request(request: PlanRequest | dict | None, config: str | Path | None, knob
         raise BadInput(f"plan request {where}: {err['msg']}", "see m3ctl.assess.request.PlanRequest") from None
     if "runtime" not in req.model_fields_set:
         req = req.model_copy(update={"runtime": default_runtime})
-    extra, key = split_api_key(list(req.extra_args))  # a raw --api-key goes to the server's environment only
-    names = set(req.pass_env) | set(passthrough_env()) | ({API_KEY_ENV} if key else set())
-    return req.model_copy(update={"pass_env": sorted(names), "extra_args": extra}), key
+    return req.model_copy(update={"pass_env": sorted(set(req.pass_env) | set(passthrough_env()))})
 
 
 def plan(request: PlanRequest | dict | None = None, *, inventory: str | Path | HostInventory | None = None,
@@ -164,7 +163,7 @@ def plan(request: PlanRequest | dict | None = None, *, inventory: str | Path | H
     from m3ctl.launch import check_host  # noqa: PLC0415
     from m3ctl.plan import plan as make_plan  # noqa: PLC0415
 
-    req, _ = _request(request, config, knobs, "auto")
+    req = _request(request, config, knobs, "auto")
     check_host(req.host)
     p = make_plan(host_inventory(inventory, system), req)
     return resolve_if_offline(p, offline)
@@ -181,35 +180,46 @@ def resolve_if_offline(p: LaunchPlan, offline: bool | None) -> LaunchPlan:
 def serve_plan(req: PlanRequest, inventory: HostInventory, *, raw_key: str | None = None,
                api_key_env: str | None = None, offline: bool | None = None) -> tuple[LaunchPlan, dict[str, str], Any]:
     """What ``serve`` launches: ``(plan, secrets, profile)``. ``secrets`` are the variables handed to the server's
-    environment only (the pass-through ones set here, :data:`m3ctl.secrets.PASSTHROUGH`, plus the API key as
-    ``VLLM_API_KEY``, from ``raw_key`` or the variable named ``api_key_env``); their names, never their values,
-    are in the plan. ``profile``: the ``profile_file``'s kernel profile, or None for the catalog's.
+    environment only: the pass-through ones set here (m3ctl/data/secrets.yaml), the API key as ``VLLM_API_KEY``
+    (from the variable named ``api_key_env``, or ``raw_key``), and whatever the plan's inputs carried (a raw
+    ``--api-key``, ``--arg api-key=K``, a config's or profile's args/env: :meth:`LaunchPlan.secret_values`, which
+    win over the shell's pass-through variable as vLLM's flag wins over its variable). Their names, never their
+    values, are in the plan. ``profile``: the ``profile_file``'s kernel profile, or None for the catalog's.
 
     Raises:
-        BadInput: ``api_key_env`` names an unset variable, or a key given twice.
+        BadInput: ``api_key_env`` names an unset variable, or an API key given twice.
         ConfigRejected: a plan rule; offline, a file missing from the local snapshot.
     """
     import os  # noqa: PLC0415
 
     from m3ctl.catalog import load_profile_file  # noqa: PLC0415
     from m3ctl.plan import plan as make_plan  # noqa: PLC0415
-    from m3ctl.secrets import API_KEY_ENV, passthrough_env  # noqa: PLC0415
+    from m3ctl.secrets import API_KEY_ENV, launch_env, passthrough_env, remember  # noqa: PLC0415
 
-    secrets = passthrough_env()
+    secrets: dict[str, str] = {}
+    given: dict[str, str] = {}
     if api_key_env is not None:
         if not os.environ.get(api_key_env):
             raise BadInput(f"--api-key-env {api_key_env}: that variable is not set", f"export {api_key_env}=KEY first")
         if raw_key:
             raise BadInput("both --api-key-env and a raw --api-key given", "give the key once")
         raw_key = os.environ[api_key_env]
+        given[API_KEY_ENV] = f"--api-key-env {api_key_env}"
     if raw_key:
+        remember(raw_key)
         secrets[API_KEY_ENV] = raw_key
-    req = req.model_copy(update={"pass_env": list(secrets)})
+        given.setdefault(API_KEY_ENV, "raw --api-key")
+    req = req.model_copy(update={"pass_env": sorted(set(req.pass_env) | set(passthrough_env()) | set(secrets))})
     prof = req.profile = load_profile_file(Path(req.profile_file)) if req.profile_file else None
     p = make_plan(inventory, req)
+    if raw_key and API_KEY_ENV in p.secret_values():
+        raise BadInput(f"an API key given twice: {given[API_KEY_ENV]} and {p.secret_origins[API_KEY_ENV]}",
+                       "give the key once")
+    secrets = {**launch_env(p), **secrets}  # the one launch environment of secrets (m3ctl.secrets.launch_env)
+    update: dict[str, Any] = {"secret_origins": {**p.secret_origins, **given}}
     if api_key_env and api_key_env != API_KEY_ENV:
-        p = p.model_copy(update={"api_key_env": api_key_env})
-    return resolve_if_offline(p, offline), secrets, prof
+        update["api_key_env"] = api_key_env
+    return resolve_if_offline(p.model_copy(update=update), offline), secrets, prof
 
 
 @overload
@@ -260,7 +270,7 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
     from m3ctl.state import Registry, check_name  # noqa: PLC0415
 
     smoke = smoke_level(smoke)
-    req, raw_key = _request(request, config, knobs, "process")
+    req = _request(request, config, knobs, "process")
     check_name(req.name)
     check_host(req.host)
     if req.startup_budget_s is not None and not req.startup_budget_s > 0:
@@ -268,7 +278,7 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
     if (req.image or req.mounts) and req.runtime != "docker":
         raise BadInput("image and mounts need the docker runtime", "add runtime='docker'")
     inv = host_inventory(inventory)
-    p, secrets, prof = serve_plan(req, inv, raw_key=raw_key, api_key_env=api_key_env, offline=offline)
+    p, secrets, prof = serve_plan(req, inv, api_key_env=api_key_env, offline=offline)
     if dry_run:
         return p
     expect = getattr(prof or profiles().get(p.profile), "expect", None)
@@ -328,7 +338,7 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
         cfg = BenchConfig(url=t.url, model=t.model or "?", concurrency=levels[0] if levels else None,
                           warmup=len(levels) > 1 if warmup is None else warmup, model_dir=t.model_dir,
                           server_log=t.server_log, num_gpus=t.num_gpus, num_gpus_source=t.num_gpus_source,
-                          api_key=t.api_key, **options)
+                          api_key=t.api_key, auth_basic=t.basic_auth, **options)
     except ValidationError as e:
         err = e.errors()[0]
         raise BadInput(f"bad bench option {'.'.join(map(str, err['loc']))}: {err['msg']}",

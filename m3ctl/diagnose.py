@@ -1,15 +1,21 @@
-"""Root-cause diagnosis from server logs; the patterns are data (m3ctl/data/log_patterns.yaml).
+"""Root-cause diagnosis from server logs: the engine's own tracebacks, read as data.
 
-Two jobs:
-
-1. **Name the fault.** A known pattern (first in file order that matches a line) gives the cause, the
-   component, the fix and the flags that confirm it. Its ``when`` refinements key the diagnosis on the launch
-   (:class:`DiagContext`: architecture, argv, env, GPU names, readiness phase) and on versions read from the
-   log (vLLM, NCCL).
-2. **Quote the root cause, not the wrapper.** Without a known pattern the first real error line is quoted:
-   Python exception lines and error lines, skipping traceback headers and bodies, log levels below ERROR and
-   the ``wrappers`` of the pattern file (``EngineDeadError``, "Engine core initialization failed",
-   "Fatal Python error: Aborted", ...), which are quoted only when nothing more specific exists.
+1. **Read the log as tracebacks** (:mod:`m3ctl.logtrace`): the innermost exception of the first failing
+   process (log order), its frames and the worker/engine/API-server wrappers around it. A wrapper
+   (``EngineDeadError``, "Engine core initialization failed", "WorkerProc failed to start", the
+   ``wrappers`` of m3ctl/data/log_patterns.yaml), a "see above" line or a validation header (pydantic's
+   ``1 validation error for ModelConfig``: its ``Value error, ...`` line is the cause) is never the cause.
+2. **Name what failed**: a known pattern (m3ctl/data/log_patterns.yaml, first in file order that matches the
+   failing exception, then the other failure lines) gives the finding, its cause and fix; its ``when``
+   refinements key it on the launch (:class:`DiagContext`: architecture, argv, env, GPU names, phase) and
+   on versions read from the log (vLLM, NCCL).
+3. **Name where it failed**: the failing frames map to a component (m3ctl/data/components.yaml: module
+   paths / functions -> component -> what to try), the component's fixes are tried first unless the pattern
+   names its own component. A CUDA error raised asynchronously is reported as such, with
+   ``CUDA_LAUNCH_BLOCKING=1`` to pin the kernel, and its frame is not blamed.
+4. **No traceback**: a process that exited without one is named by its exit status (DiagContext.exit_code,
+   or the "died unexpectedly (exit code: -6)" wrapper line) and the last meaningful lines.
+5. **Nothing known**: "unrecognised failure in FILE:LINE (function): ExcType: message", never "read the log".
 """
 
 from __future__ import annotations
@@ -23,6 +29,8 @@ from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from m3ctl import logtrace
 
 Phase = Literal["startup", "first-request", "serving"]
 
@@ -39,6 +47,9 @@ class DiagContext:
         gpu_names: marketing names of the GPUs (e.g. ``NVIDIA H200-141C``).
         phase: ``startup`` (readiness up to /v1/models), ``first-request`` (the readiness completion or the
             smoke test) or ``serving`` (watch, bench).
+        exit_code: the server's exit status once it has exited (``Popen.returncode``: negative for a signal,
+            e.g. -9; or a shell/container code, 128 + signal, e.g. 137), None while unknown. A log without a
+            traceback is named by it (SIGKILL / OOM killer 137, SIGSEGV 139, SIGABRT 134, ...).
     """
 
     arch: str | None = None
@@ -46,6 +57,7 @@ class DiagContext:
     env: dict[str, str] = field(default_factory=dict)
     gpu_names: tuple[str, ...] = ()
     phase: Phase | None = None
+    exit_code: int | None = None
 
     @classmethod
     def for_plan(cls, plan, inventory=None) -> DiagContext:
@@ -77,14 +89,33 @@ class Diagnosis:
     """A root cause found in a log.
 
     Attributes:
-        id: pattern id (``"generic"`` when no known pattern matched and the first real error line is used).
-        cause: what went wrong, in words (with the matching refinements' notes).
-        fix: what to do.
-        line: the log line quoted as the root cause (stripped, at most 300 chars).
-        component: what faulted (None when the pattern does not say).
+        id: finding id: a pattern of log_patterns.yaml, else the component id of components.yaml, else
+            ``generic`` (an unrecognised failure, still named by its exception and frame), ``exit-code`` (no
+            traceback, named by the exit status), ``no-traceback`` (only wrappers, no exit status known) or
+            ``engine-terminated`` (a requested shutdown, not a crash).
+        cause: what went wrong, in words: the exception and where, the refinements' notes.
+        fix: what to try, in order, as one string (the first one or two of ``fixes``).
+        line: the log line quoted as the root cause (stripped, at most 300 chars): the line holding the
+            failing exception's cause (pydantic's ``Value error`` line, not its header), never a wrapper.
+        component: what faulted, in words (None when neither the pattern nor the stack says).
         confirm: flags / env that confirm or avoid the cause.
         kind: the message class (``RUNTIME-DIAG``, ``CONFIG`` or ``generic``).
         versions: engine/library versions read from the log (``{"vllm": "0.16.0", "nccl": "2.29.7"}``).
+        exc_type: the failing exception's type as printed (``torch.AcceleratorError``), None for a non-Python
+            error line.
+        message: the failing exception's message (for a pydantic ValidationError: the ``Value error`` text).
+        frame: the innermost frame, ``vllm/path.py:123 (function)``, or None.
+        component_id: the components.yaml entry that matched, or None.
+        process: the failing process (``Worker_TP1 pid=3101``), or None when the lines carry no tag.
+        wrappers: the wrapper lines seen around it (``EngineCore failed to start.``, ``EngineDeadError ...``),
+            first lines only, in log order.
+        async_error: True when the CUDA error was reported asynchronously: ``frame`` is where the next
+            synchronisation happened, not necessarily the faulting kernel.
+        fixes: what to try, in order (``fix`` is their short form).
+        exit_code: the exit status used (from the context or the log), or None.
+        last_lines: the last meaningful log lines (no progress bars, blank or INFO lines) for a death without
+            a traceback.
+        suspects: component names the log points at when the frame cannot be trusted (asynchronous errors).
     """
 
     id: str
@@ -95,13 +126,28 @@ class Diagnosis:
     confirm: tuple[str, ...] = ()
     kind: str = "generic"
     versions: dict[str, str] = field(default_factory=dict)
+    exc_type: str | None = None
+    message: str | None = None
+    frame: str | None = None
+    component_id: str | None = None
+    process: str | None = None
+    wrappers: tuple[str, ...] = ()
+    async_error: bool = False
+    fixes: tuple[str, ...] = ()
+    exit_code: int | None = None
+    last_lines: tuple[str, ...] = ()
+    suspects: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """One line for an error message: class, finding id, component and cause (the quoted line apart)."""
-        if self.id == "generic":
+        if self.id in ("generic", "exit-code", "no-traceback"):
             return self.cause
         where = f" in {self.component}" if self.component else ""
         return f"{self.kind} {self.id}{where}: {self.cause}"
+
+    def one_line(self) -> str:
+        """The cause first, then what to try: what serve/status/bench print for a dead engine."""
+        return f"{self.summary()}; try: {self.fix}" if self.fix else self.summary()
 
 
 # ---------------------------------------------------------------------------------------------- the data
@@ -131,6 +177,8 @@ class LogPattern(BaseModel):
     fix: str
     source: str
     weak: bool = False
+    defer: bool = False
+    stack_first: bool = False
     kind: Literal["RUNTIME-DIAG", "CONFIG"] = Field("CONFIG", alias="class")
     component: str | None = None
     confirm: list[str] = Field(default_factory=list)
@@ -165,10 +213,10 @@ def load_patterns(text: str, where: str = "log_patterns.yaml") -> LogPatterns:
     """
     try:
         return LogPatterns.model_validate(yaml.safe_load(text))
-    except (yaml.YAMLError, ValidationError) as e:
-        if isinstance(e, ValidationError):
-            err = e.errors()[0]
-            raise ValueError(f"{where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ValueError(f"{where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+    except yaml.YAMLError as e:
         raise ValueError(f"{where}: {str(e).splitlines()[0]}") from None
 
 
@@ -300,6 +348,7 @@ def _fmt(template: str, vals: dict[str, str]) -> str:
 
 
 def _refine(p: LogPattern, line: str, text: str, ctx: DiagContext) -> Diagnosis:
+    """The pattern's finding with the refinements that hold (notes added, first fix/component/confirm)."""
     versions = log_versions(text)
     notes, fix, component, confirm = [], None, None, None
     for w in p.when:
@@ -314,29 +363,453 @@ def _refine(p: LogPattern, line: str, text: str, ctx: DiagContext) -> Diagnosis:
     notes = list(dict.fromkeys(notes))  # two refinements may say the same thing
     cause = p.cause + ("; " + "; ".join(notes) if notes else "")
     return Diagnosis(p.id, cause, fix or p.fix, line.strip()[:300], component or p.component,
-                     tuple(confirm or p.confirm), p.kind, versions)
+                     tuple(confirm or p.confirm), p.kind, versions, fixes=(fix or p.fix,))
+
+
+# ---------------------------------------------------------------------------------------------- components
+class Component(BaseModel):
+    """One entry of m3ctl/data/components.yaml (see the file's header for the matching passes)."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    kind: Literal["RUNTIME-DIAG", "CONFIG"] = "RUNTIME-DIAG"
+    name: str
+    scope: Literal["frame", "phase"] = "frame"
+    frames: list[str] = Field(default_factory=list)
+    messages: list[str] = Field(default_factory=list)
+    exceptions: str | None = None
+    cause: str | None = None
+    fixes: list[str] = Field(default_factory=list)
+    when: list[When] = Field(default_factory=list)
+    suspect: list[When] = Field(default_factory=list)
+    inherit: str | None = None
+    source: str
+
+    @field_validator("frames", "messages")
+    @classmethod
+    def _compile_all(cls, v: list[str]) -> list[str]:
+        for rx in v:
+            try:
+                re.compile(rx)
+            except re.error as e:
+                raise ValueError(f"regex {rx!r} does not compile: {e}") from None
+        return v
+
+    @field_validator("exceptions")
+    @classmethod
+    def _compile_one(cls, v: str | None) -> str | None:
+        if v is not None:
+            try:
+                re.compile(v)
+            except re.error as e:
+                raise ValueError(f"regex does not compile: {e}") from None
+        return v
+
+
+class ExitCode(BaseModel):
+    """How a death without a traceback is named from its exit status (shell 128 + N, Python -N)."""
+
+    model_config = ConfigDict(extra="forbid")
+    code: int
+    signal: str
+    meaning: str
+    fixes: list[str]
+
+
+class AsyncErrors(BaseModel):
+    """Which GPU errors are reported asynchronously, the note that says so, and the command that pins them."""
+
+    model_config = ConfigDict(extra="forbid")
+    errors: str
+    note: str
+    blocking_env: dict[str, str]
+    pin: str
+    source: str
+
+    @field_validator("errors", "note")
+    @classmethod
+    def _compiles(cls, v: str) -> str:
+        try:
+            re.compile(v)
+        except re.error as e:
+            raise ValueError(f"regex does not compile: {e}") from None
+        return v
+
+
+class ComponentMap(BaseModel):
+    """Schema of m3ctl/data/components.yaml."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: Literal[1]
+    async_errors: AsyncErrors
+    components: list[Component]
+    exit_codes: list[ExitCode] = Field(default_factory=list)
+
+    @field_validator("components")
+    @classmethod
+    def _unique_and_inherit(cls, v: list[Component]) -> list[Component]:
+        ids = [c.id for c in v]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"duplicate component id {dup[0]!r}")
+        for c in v:
+            if c.inherit is not None and c.inherit not in ids:
+                raise ValueError(f"component {c.id!r} inherits unknown id {c.inherit!r}")
+            if not (c.frames or c.messages):
+                raise ValueError(f"component {c.id!r} has neither frames nor messages to match")
+        return v
+
+
+def load_components(text: str, where: str = "components.yaml") -> ComponentMap:
+    """Validate a component map.
+
+    Raises:
+        ValueError: invalid YAML, an unknown key, a missing field, a regex that does not compile, a duplicate
+            id or an unknown ``inherit`` (one line, naming the entry).
+    """
+    try:
+        return ComponentMap.model_validate(yaml.safe_load(text))
+    except ValidationError as e:
+        err = e.errors()[0]
+        msg = err["msg"].removeprefix("Value error, ")
+        raise ValueError(f"{where}: {'.'.join(map(str, err['loc']))}: {msg}") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{where}: {str(e).splitlines()[0]}") from None
+
+
+@functools.lru_cache(maxsize=1)
+def _components() -> ComponentMap:
+    return load_components(resources.files("m3ctl").joinpath("data/components.yaml").read_text())
+
+
+# ---------------------------------------------------------------------------------------------- the reading
+_CUDA_ERR = re.compile(r"(CUDA error|cuda error|Cuda error|CUDA_ERROR_|HIP error|cudaError\w+|Triton Error \[CUDA\])")
+_VALIDATION = re.compile(r"^\d+ validation errors? for (\w+)")
+_VALIDATION_ITEM = re.compile(r"^(Value error|Assertion failed|Input should|Field required|Extra inputs|"
+                              r"Invalid|String should|Unable to)[, ]\s*(?P<msg>.*?)(?:\s+\[type=[^\]]*\]?)?$")
+_DIED_CODE = re.compile(r"died unexpectedly \(exit code: (-?\d+)\)|exited with (?:exit )?code (-?\d+)")
+_SHUTDOWN = re.compile(r"(trigger received signal=SIG(TERM|INT)|\[shutdown\] API server: shutdown triggered|"
+                       r"Shutting down\b)")
+_NOISE = re.compile(r"^(nanobind: |\s*- leaked |\s*- \.\.\. skipped|See https://nanobind|\s*warnings\.warn\()")
+
+
+def _block_is_wrapper(b: logtrace.ExcBlock) -> bool:
+    head = f"{b.exc_type}: {b.message}" if b.exc_type else b.message
+    return _is_wrapper(head) or _is_wrapper(b.message) or any(
+        p.weak and rx.search(head) for p, rx in _compiled()[0])
+
+
+def _root_block(ev: logtrace.Event) -> logtrace.ExcBlock | None:
+    """The event's cause: the first non-wrapper exception of its chain (Python prints the cause first)."""
+    return next((b for b in ev.chain if not _block_is_wrapper(b)), None)
+
+
+def _validation_cause(b: logtrace.ExcBlock) -> tuple[str, str, logtrace.LogLine | None] | None:
+    """(Config class, the cause text, its line) of a pydantic ValidationError block, or None."""
+    m = _VALIDATION.match(b.message)
+    if not m:
+        return None
+    for i, d in enumerate(b.detail):
+        im = _VALIDATION_ITEM.match(d)
+        if im:
+            line = next((ln for ln in b.lines if ln.msg.strip() == d), None)
+            field_name = b.detail[i - 1] if i > 0 and not _VALIDATION_ITEM.match(b.detail[i - 1]) else ""
+            text = im.group("msg") if im.group(1) in ("Value error", "Assertion failed") else d.split(" [type=")[0]
+            return m.group(1), (f"{field_name}: " if field_name and " " not in field_name else "") + text, line
+    return m.group(1), b.message, None
+
+
+def _events(text: str) -> tuple[list[logtrace.LogLine], list[logtrace.Event]]:
+    return logtrace.parse_events(text)
+
+
+def _frame_key(f: logtrace.Frame) -> str:
+    return f"{logtrace.short_path(f.file)}:{f.function or ''}"
+
+
+def _match_component(block: logtrace.ExcBlock, ev: logtrace.Event, *, is_async: bool,
+                     ) -> tuple[Component, re.Match | None, logtrace.Frame | None] | None:
+    """The components.yaml entry for the failing exception (passes: messages, phases, frames), the message
+    match (for ``{1}`` in the name) and the frame that matched."""
+    comps = _components().components
+    etext = block.text
+    evtext = "\n".join(ln.msg for b in ev.chain for ln in b.lines)
+    frames = [f for b in reversed(ev.chain) for f in reversed(b.frames)]  # innermost first
+    root_first = list(reversed(block.frames)) + [f for f in frames if f not in block.frames]
+    keys = [(_frame_key(f), f) for f in root_first]
+    for c in comps:
+        for rx in c.messages:
+            m = re.search(rx, etext) or re.search(rx, evtext)
+            if m:
+                at = next((f for k, f in keys if any(re.search(fx, k) for fx in c.frames)), None)
+                return c, m, at
+    chain_text = "\n".join(b.text for b in ev.chain)
+    for c in comps:
+        if c.scope != "phase":
+            continue
+        if c.exceptions and not re.search(c.exceptions, chain_text):
+            continue
+        for k, f in keys:
+            if any(re.search(rx, k) for rx in c.frames):
+                return c, None, f
+    if is_async:
+        return None
+    for k, f in keys:
+        for c in comps:
+            if c.scope == "frame" and any(re.search(rx, k) for rx in c.frames):
+                return c, None, f
+    return None
+
+
+def _component_view(c: Component, m: re.Match | None, ctx: DiagContext, text: str, versions: dict[str, str]
+                    ) -> tuple[str, list[str], list[str]]:
+    """(name, notes, fixes) of a matched component with its (and its parent's) refinements."""
+    by_id = {x.id: x for x in _components().components}
+    parent = by_id.get(c.inherit) if c.inherit else None
+    groups = {str(i): g or "" for i, g in enumerate(m.groups(), 1)} if m else {}
+    name = _fmt(c.name, groups)
+    notes: list[str] = []
+    cause = c.cause or (parent.cause if parent else None)
+    if cause:
+        notes.append(cause)
+    fix = None
+    for w in [*c.when, *(parent.when if parent else [])]:
+        ok, vals = _when_holds(w, ctx, text, versions)
+        if ok:
+            if w.note:
+                notes.append(_fmt(w.note, vals))
+            fix = fix or (_fmt(w.fix, vals) if w.fix else None)
+    fixes = [fix] if fix else list(c.fixes)
+    return name, notes, fixes
+
+
+def _exit_view(code: int) -> tuple[str, list[str]]:
+    """(words, fixes) for an exit status: Python's -N and the shell's 128 + N name the same signal N."""
+    sig = -code if code < 0 else (code - 128 if code > 128 else None)
+    for e in _components().exit_codes:
+        if e.code == code or (sig is not None and e.code - 128 == sig):
+            how = f"signal {e.signal}" if code < 0 else f"code {code} ({e.signal})"
+            return f"exited with {how} ({e.meaning})", list(e.fixes)
+    if sig is not None and code < 0:
+        return f"exited with signal {sig}", []
+    return f"exited with code {code}", []
+
+
+def _last_lines(lines: list[logtrace.LogLine], n: int = 3) -> tuple[str, ...]:
+    """The last ``n`` meaningful lines: not blank, not progress bars, not DEBUG/INFO, not leak reports."""
+    out: list[str] = []
+    for ln in reversed(lines):
+        m = ln.msg.strip()
+        if not m or ln.level in ("DEBUG", "INFO") or logtrace.is_progress(m) or _NOISE.match(ln.msg):
+            continue
+        if re.match(r"^INFO[: ]", m):
+            continue
+        out.append(ln.raw.strip()[:300])
+        if len(out) == n:
+            break
+    return tuple(reversed(out))
+
+
+def _join_fixes(fixes: list[str]) -> str:
+    return "; then ".join(fixes[:2]) if fixes else ""
+
+
+def _dedupe(xs: list[str]) -> list[str]:
+    return list(dict.fromkeys(x for x in xs if x))
 
 
 def diagnose_text(text: str, context: DiagContext | None = None) -> Diagnosis | None:
-    """Find the root cause in log text: the first known pattern (in pattern order), else the first real
-    error line (see the module docstring). None when the log shows no error."""
+    """Find the root cause in log text (see the module docstring); None when the log shows no failure and
+    the context gives no failing exit status.
+
+    Args:
+        text: the server log (several processes interleaved, as vLLM writes it).
+        context: the launch (arch, argv, env, GPUs, phase, exit status); default: nothing known.
+
+    Returns:
+        A :class:`Diagnosis`; its ``summary()`` / ``one_line()`` are what the commands print.
+    """
     ctx = context or DiagContext()
-    lines = text.splitlines()
-    first = first_error_line(lines)
-    for p, rx in _compiled()[0]:
-        for line in lines:
-            if not rx.search(line):
+    lines, events = _events(text)
+    versions = log_versions(text)
+    wrappers = tuple(dict.fromkeys(
+        (b.header_line.raw.strip() if b.header_line else b.message)[:200]
+        for ev in events for b in ev.chain if _block_is_wrapper(b)))
+    real = [(ev, rb) for ev in events if (rb := _root_block(ev)) is not None]
+    if not real:
+        return _no_traceback(lines, events, text, ctx, versions, wrappers)
+    ev, block = real[0]
+    pats = _compiled()[0]
+
+    def find_pattern(b: logtrace.ExcBlock, e: logtrace.Event):
+        for p, rx in pats:
+            if p.weak:
                 continue
-            if p.weak:  # a wrapper ("see root cause above"): report the first real error instead
-                if first is not None and not _is_wrapper(_message(first[1])[1]):
-                    _, msg = _message(first[1])
-                    d = _refine(p, first[1], text, ctx)
-                    return Diagnosis(p.id, f"{p.cause.split(' (')[0]}: {msg.strip()[:200]}", d.fix, d.line,
-                                     d.component, d.confirm, d.kind, d.versions)
-            return _refine(p, line, text, ctx)
-    if first is not None:
-        return Diagnosis("generic", "the server logged an error", "read the server log (path below)",
-                         first[1].strip()[:300], versions=log_versions(text))
+            after = [ln for ln in b.lines if b.header_line is not None and ln.index > b.header_line.index]
+            for cand in [*([b.header_line] if b.header_line else []), *after, *b.lines,
+                         *(ln for x in e.chain for ln in x.lines)]:
+                if rx.search(cand.msg) and not _is_wrapper(cand.msg) and not logtrace.is_ray_header(cand.msg):
+                    return p, cand
+            if rx.search(b.text):
+                return p, b.header_line or b.lines[0]
+        return None
+
+    hit = find_pattern(block, ev)
+    if hit is None and not ev.traceback:  # a loose line: a later failure may carry the known signature
+        for ev2, b2 in real[1:]:
+            if (h2 := find_pattern(b2, ev2)) is not None:
+                ev, block, hit = ev2, b2, h2
+                break
+    return _assemble(ev, block, hit, lines, text, ctx, versions, wrappers)
+
+
+def _is_async(block: logtrace.ExcBlock, ev: logtrace.Event, ctx: DiagContext) -> bool:
+    """A GPU kernel fault reported at a later synchronisation: a kernel error (not an API error such as
+    "invalid argument"), torch's "might be asynchronously reported" note, and no CUDA_LAUNCH_BLOCKING=1."""
+    ae = _components().async_errors
+    etext = block.text + "\n" + "\n".join(ln.msg for b in ev.chain for ln in b.lines)
+    if not _CUDA_ERR.search(etext) or any(ctx.env.get(k) == v for k, v in ae.blocking_env.items()):
+        return False
+    return bool(re.search(ae.errors, etext)) and bool(re.search(ae.note, etext))
+
+
+def _suspects(block: logtrace.ExcBlock, ctx: DiagContext, text: str, versions: dict[str, str]
+              ) -> tuple[list[tuple[str, str, list[str]]], Component | None, str | None]:
+    """For an asynchronous error: the suspects (name, note, fixes) — components whose ``suspect``
+    refinements hold on this log first, then the component of the frame where it surfaced — the first
+    log-based suspect, and the name of the surfacing component."""
+    comps = _components().components
+    surfaced = next((c for f in reversed(block.frames) for c in comps
+                     if c.scope == "frame" and any(re.search(rx, _frame_key(f)) for rx in c.frames)), None)
+    out: list[tuple[str, str, list[str]]] = []
+    first = None
+    for c in comps:
+        if surfaced is not None and c.id == surfaced.id:
+            continue
+        for w in c.suspect:
+            ok, vals = _when_holds(w, ctx, text, versions)
+            if ok:
+                out.append((c.name, _fmt(w.note, vals) if w.note else "", list(c.fixes)))
+                first = first or c
+                break
+    if surfaced is not None:
+        name, _, fixes = _component_view(surfaced, None, ctx, text, versions)
+        out.append((name, "", fixes))
+    return out, first, surfaced.name if surfaced else None
+
+
+def _assemble(ev, block, hit, lines, text, ctx, versions, wrappers) -> Diagnosis:
+    """The Diagnosis of the failing exception ``block`` of event ``ev`` (``hit``: (pattern, line) or None)."""
+    vc = _validation_cause(block)
+    message = vc[1] if vc else block.message
+    exc_type = f"{block.exc_type} ({vc[0]})" if vc and block.exc_type else block.exc_type
+    quote_line = (vc[2] if vc and vc[2] is not None else None) or block.header_line or block.lines[0]
+    is_async = _is_async(block, ev, ctx)
+    inner = next((f for f in reversed(block.frames) if not logtrace.short_path(f.file).startswith("pydantic/")),
+                 block.innermost)  # a validator's frames say nothing about the failing setting
+    frame = inner.where() if inner else None
+    cm = _match_component(block, ev, is_async=is_async)
+    suspects, first_suspect, surfaced = _suspects(block, ctx, text, versions) if is_async and cm is None \
+        else ([], None, None)
+    comp_name = comp_id = None
+    cnotes: list[str] = []
+    cfixes: list[str] = []
+    if cm is not None:
+        comp_name, cnotes, cfixes = _component_view(cm[0], cm[1], ctx, text, versions)
+        comp_id = cm[0].id
+    at = cm[2] if cm is not None and cm[2] is not None else inner
+    where = f" in {at.where()}" if at is not None else ""
+    if at is not None and inner is not None and at is not inner:
+        where += f" (raised in {inner.where()})"
+    notes: list[str] = []
+    if hit is not None:  # a known message: the pattern's finding, the stack's component
+        p, ln = hit
+        d = _refine(p, ln.raw, text, ctx)
+        notes.append(d.cause)
+        if d.component:  # the pattern names its component: its fix first
+            fixes = [d.fix]
+            comp_name = d.component
+        elif cm is not None:
+            notes.extend(cnotes)
+            if cm[2] is not None and not is_async:
+                notes.append(f"failing frame {where.removeprefix(' in ')}")
+            fixes = list(cfixes) if p.defer else [*cfixes, d.fix] if p.stack_first else [d.fix, *cfixes]
+        else:
+            fixes = [d.fix]
+        fid, kind, confirm, line = p.id, p.kind, d.confirm, ln.raw
+        if vc and vc[2] is not None and ln is block.header_line:
+            line = vc[2].raw  # the Value error line, never the validation header
+    else:  # no known message: the component of the stack, else "unrecognised" with the exception and frame
+        head = (f"{exc_type}: {message}" if message else f"{exc_type}") if exc_type else message
+        if not message and inner is not None and inner.code:
+            head += f" ({inner.code})"
+        if cm is not None:
+            fid, kind = comp_id, cm[0].kind
+            notes += [f"{head}{where}", *cnotes]
+            fixes = list(cfixes)
+        else:
+            fid, kind = "generic", "generic"
+            if frame:
+                notes.append(f"unrecognised failure in {frame}: {head}")
+            else:
+                by = ""
+                if ev.process or quote_line.loc:
+                    by = " (logged" + (f" by {ev.process}" if ev.process else "") + \
+                         (f" at {quote_line.loc}" if quote_line.loc else "") + ")"
+                notes.append(f"unrecognised failure: {head}{by}")
+            short = f"{(block.exc_type or '').split('.')[-1]} {message[:60]}".strip()
+            fixes = [f"search vLLM's issues for '{short}'"
+                     + (f" and the function {inner.function}" if inner and inner.function else "")
+                     + "; rerun with --enforce-eager to rule out CUDA graphs and torch.compile"]
+        confirm, line = (), quote_line.raw
+    if is_async:
+        ae = _components().async_errors
+        notes.append(f"the CUDA error was reported asynchronously{' at ' + frame if frame else ''}"
+                     + (f" ({surfaced})" if surfaced else "") + ", which may not be the faulting kernel")
+        notes.extend(note for _, note, _ in suspects)
+        fixes = [ae.pin, *(sf[2][0] for sf in suspects if sf[2]), *fixes]
+        confirm = tuple(dict.fromkeys([*confirm, "CUDA_LAUNCH_BLOCKING=1"]))
+        if first_suspect is not None and comp_name is None:
+            # The log names the model whose kernel is the known suspect: its serve-now fix first, then pin.
+            comp_name, comp_id = f"{first_suspect.name}, suspected", first_suspect.id
+            fixes = [fixes[1], fixes[0], *fixes[2:]]
+    fixes = _dedupe(fixes)
+    return Diagnosis(fid, "; ".join(_dedupe(notes)), _join_fixes(fixes), line.strip()[:300], comp_name,
+                     tuple(confirm), kind, versions, exc_type=exc_type, message=message, frame=frame,
+                     component_id=comp_id, process=ev.process, wrappers=wrappers, async_error=is_async,
+                     fixes=tuple(fixes), exit_code=ctx.exit_code, suspects=tuple(sf[0] for sf in suspects))
+
+
+def _no_traceback(lines, events, text, ctx, versions, wrappers) -> Diagnosis | None:
+    """A log with no failing exception: named by the exit status, a requested shutdown, or the wrappers."""
+    code = ctx.exit_code
+    if code is None:
+        for ln in lines:
+            if (m := _DIED_CODE.search(ln.msg)) and (m.group(1) or m.group(2)) not in (None, "None"):
+                code = int(m.group(1) or m.group(2))
+                break
+    last = _last_lines(lines)
+    shutdown = next((ln for ln in lines if _SHUTDOWN.search(ln.msg)), None)
+    if shutdown is not None and (code is None or code in (0, -15, 143, -2, 130)):
+        fx = "find who stopped it (m3ctl stop, docker stop, a supervisor); start it again with m3ctl serve"
+        return Diagnosis("engine-terminated", "the engine was shut down on request (SIGTERM/SIGINT), not by a crash: "
+                         "the EngineDeadError lines after it belong to the shutdown", fx,
+                         shutdown.raw.strip()[:300], kind="RUNTIME-DIAG", versions=versions, wrappers=wrappers,
+                         exit_code=code, last_lines=last, fixes=(fx,))
+    if code is not None and code != 0:
+        words, fixes = _exit_view(code)
+        tail = f"; last lines: {' | '.join(last)}" if last else ""
+        cause = f"the engine {words}, with no traceback in the log{tail}"
+        return Diagnosis("exit-code", cause, _join_fixes(fixes), (last[-1] if last else f"exit status {code}")[:300],
+                         kind="RUNTIME-DIAG", versions=versions, wrappers=wrappers, fixes=tuple(fixes), exit_code=code,
+                         last_lines=last)
+    if wrappers:
+        tail = f"; last lines: {' | '.join(last)}" if last else ""
+        fx = ("the failing process's own error is not in this log: look at the other ranks' / nodes' logs, or rerun "
+              "with one GPU (TP=1) to see it")
+        return Diagnosis("no-traceback", f"the engine died without its own traceback in this log (only wrappers: "
+                         f"{wrappers[0][:120]}){tail}", fx, wrappers[-1][:300], kind="RUNTIME-DIAG", versions=versions,
+                         wrappers=wrappers, exit_code=code, last_lines=last, fixes=(fx,))
     return None
 
 

@@ -7,8 +7,16 @@ Run flags: NVIDIA ``--runtime nvidia --gpus '"device=0,1"'`` (the docker CLI rea
 so a list of devices needs the inner double quotes: docs.docker.com/engine/containers/resource_constraints/#gpu;
 https://docs.vllm.ai/en/stable/deployment/docker/); AMD ``--device /dev/kfd --device /dev/dri --group-add video
 --security-opt seccomp=unconfined --ipc=host`` (vllm-recipes MiniMax-M3 guide). The model directory and the HF
-cache are mounted read-only. Secret variables are referenced by name (``-e HF_TOKEN``, ``secretKeyRef``),
-never by value. Every emitted form is checked by a real tool in tests/test_emit.py (docker compose config,
+cache are mounted read-only. Secret variables are referenced by name, never by value: ``docker run -e VAR`` takes
+the value from the caller's environment, compose interpolates ``${VAR:?}``, Kubernetes reads a Secret
+(``secretKeyRef``; create it with ``kubectl create secret generic m3ctl-secrets --from-literal=VAR=...``), a
+script checks ``: "${VAR:?}"``.
+
+Exposure: every form binds where ``serve`` binds. ``docker run`` and compose share the host network as ``serve
+--runtime docker`` does and listen on the plan's ``--host`` (127.0.0.1 unless given; ``--host 0.0.0.0`` is the
+explicit opt-in to every interface, and the plan warns when no API key is set); scripts listen on the plan's host
+too. Kubernetes and LeaderWorkerSet pods listen inside their pod network and no Service or Ingress is emitted: the
+API is reachable only inside the cluster (pod IP) until you expose it deliberately. Every emitted form is checked by a real tool in tests/test_emit.py (docker compose config,
 kubernetes-validate, bash -n, the docker CLI's CSV reading of ``--gpus``).
 """
 
@@ -45,7 +53,7 @@ def _q(tokens: list[str]) -> str:
 def docker_run_args(c: ContainerSpec, *, detach: bool = True) -> list[str]:
     """``docker run`` argv (as the docker CLI receives it) for a container spec."""
     cmd = ["docker", "run", *(["-d"] if detach else ["--rm"]), "--name", c.name, f"--ipc={c.ipc}",
-           "--restart", c.restart, "-p", f"{c.port}:{c.port}"]
+           "--restart", c.restart, "--network", "host"]  # as serve --runtime docker: listen on the plan's host only
     for m in c.mounts:
         cmd += ["-v", m.docker_cli()]
     for k, v in c.labels.items():
@@ -62,7 +70,7 @@ def docker_run_args(c: ContainerSpec, *, detach: bool = True) -> list[str]:
         cmd += ["-e", f"{k}={v}"]
     for k in c.secret_env_names:
         cmd += ["-e", k]
-    return [*cmd, "--entrypoint", c.entrypoint[0], c.image, *c.command]
+    return [*cmd, "--entrypoint", c.entrypoint[0], c.image, *(c.host_command or c.command)]
 
 
 def docker_command(plan: LaunchPlan) -> str:
@@ -74,7 +82,7 @@ def compose(plan: LaunchPlan) -> str:
     """A compose file with one service (Compose Specification, compose-spec.io)."""
     c = _container(launch_spec(plan))
     svc: dict = {"image": c.image, "container_name": c.name, "entrypoint": list(c.entrypoint),
-                 "command": list(c.command), "ipc": c.ipc, "ports": [f"{c.port}:{c.port}"],
+                 "command": list(c.host_command or c.command), "ipc": c.ipc, "network_mode": "host",
                  "volumes": [{"type": "bind", "source": m.source, "target": m.target, "read_only": m.read_only}
                              for m in c.mounts],
                  "environment": {**c.env, **{k: f"${{{k}:?set {k}}}" for k in c.secret_env_names}},
@@ -170,7 +178,12 @@ def k8s(plan: LaunchPlan, hf_host_path: str | None = None) -> str:
            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
                     "template": {"metadata": {"labels": {"app": name}},
                                  "spec": {"containers": [container], "volumes": vols}}}}
-    return yaml.safe_dump_all([*extra, dep], sort_keys=False)
+    return CLUSTER_NOTE.format(port=c.port) + yaml.safe_dump_all([*extra, dep], sort_keys=False)
+
+
+#: First line of the Kubernetes forms: what is (not) exposed.
+CLUSTER_NOTE = ("# m3ctl: no Service or Ingress is emitted: the API (port {port}) is reachable only inside the cluster"
+                " (pod IP); expose it deliberately.\n")
 
 
 def lws(plan: LaunchPlan, nodes: int = 2, hf_host_path: str | None = None) -> str:
@@ -215,7 +228,7 @@ def lws(plan: LaunchPlan, nodes: int = 2, hf_host_path: str | None = None) -> st
                "size": nodes,
                "leaderTemplate": {"spec": {"containers": [leader], "volumes": copy.deepcopy(vols)}},
                "workerTemplate": {"spec": {"containers": [worker], "volumes": copy.deepcopy(vols)}}}}}
-    return yaml.safe_dump_all([*extra, doc], sort_keys=False)
+    return CLUSTER_NOTE.format(port=c.port) + yaml.safe_dump_all([*extra, doc], sort_keys=False)
 
 
 def _script_head(plan: LaunchPlan, spec: LaunchSpec, env: dict[str, str]) -> list[str]:
@@ -229,14 +242,14 @@ def _script_head(plan: LaunchPlan, spec: LaunchSpec, env: dict[str, str]) -> lis
 
 def script(plan: LaunchPlan) -> str:
     """A bash script for the target host: the ``docker run`` of a docker plan (its image), else ``vllm serve``
-    with ``vllm`` from PATH (``$VLLM`` overrides it); listens on every interface."""
+    with ``vllm`` from PATH (``$VLLM`` overrides it); listens on the plan's host (``--host``)."""
     spec = launch_spec(plan)
     if spec.container is not None:
         lines = _script_head(plan, spec, {})
         lines.append("exec " + _q(docker_run_args(spec.container, detach=False)))
         return "\n".join(lines) + "\n"
     lines = _script_head(plan, spec, spec.env)
-    lines.append('exec "${VLLM:-vllm}" ' + _q(spec.serve_args("0.0.0.0")))
+    lines.append('exec "${VLLM:-vllm}" ' + _q(spec.serve_args()))
     return "\n".join(lines) + "\n"
 
 
@@ -260,7 +273,7 @@ def ray(plan: LaunchPlan, nodes: int = 2) -> str:
     args = {**spec.vllm_args, "pipeline-parallel-size": nodes, "distributed-executor-backend": "ray"}
     from m3ctl.launch import serve_command  # noqa: PLC0415
 
-    serve = serve_command(spec.model, "0.0.0.0", spec.port, spec.served_model_names, args)
+    serve = serve_command(spec.model, spec.host, spec.port, spec.served_model_names, args)
     gpus = spec.layout.tp
     lines = _script_head(plan, spec, spec.env)
     lines += [f"# {nodes} nodes x {gpus} GPU(s): run `$0 head` on the head node, `$0 worker HEAD_IP` on the others",

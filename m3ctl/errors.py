@@ -87,5 +87,10 @@ class LaunchFailed(M3Error):
         self.log_path = log_path
 
 
+class Unauthorised(BadInput):
+    """A server answered 401/403: it requires an API key that was not sent (or not that one). Never a dead
+    engine: the message names the key source the deployment expects (exit 2)."""
+
+
 class NotFound(BadInput):
     """A named deployment or file does not exist (exit 2)."""

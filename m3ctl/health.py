@@ -159,8 +159,9 @@ def wait_ready(url: str, served_model_name: str, *, is_alive: Callable[[], bool]
                 r = client.get("/v1/models")
             except httpx.HTTPError:
                 return False
-            if r.status_code in (401, 403):
-                return f"/v1/models answered {r.status_code} (API key required?)"
+            if r.status_code in (401, 403):  # m3ctl sends the key it launched with: another key guards this server
+                return (f"unauthorised: /v1/models answered {r.status_code}: the server requires an API key m3ctl "
+                        "did not send (serve --api-key-env VAR, or VLLM_API_KEY in the environment)")
             if r.status_code != 200:
                 return False
             ids = [m.get("id") for m in r.json().get("data", [])]

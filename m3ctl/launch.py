@@ -77,7 +77,11 @@ class ContainerSpec(BaseModel):
     name: str
     entrypoint: list[str] = Field(default_factory=lambda: ["vllm"])
     command: list[str]
-    """``serve MODEL --host 0.0.0.0 --port N ...``: the server listens on every interface inside."""
+    """``serve MODEL --host 0.0.0.0 --port N ...``: the server listens on every interface inside its own network
+    namespace (a pod; a bridge network publishing only the plan's address)."""
+    host_command: list[str] = Field(default_factory=list)
+    """``serve MODEL --host <plan host> ...``: sharing the host's network (``--network host``, what ``serve
+    --runtime docker`` does), the server listens only where the plan says (127.0.0.1 unless ``--host``)."""
     devices: Devices = Field(default_factory=Devices)
     mounts: list[Mount] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
@@ -216,6 +220,7 @@ def launch_spec(plan, *, nodes: int = 1, environ: dict[str, str] | None = None) 
                   "m3ctl.port": str(plan.port), "m3ctl.plan-hash": plan.plan_hash(),
                   "m3ctl.runtime-version": __version__}
         spec.container = ContainerSpec(image=plan.image, name=f"m3ctl-{plan.name}", command=spec.serve_args("0.0.0.0"),
+                                       host_command=spec.serve_args(),
                                        devices=devices, mounts=mounts, env=env,
                                        secret_env_names=list(plan.secret_env_names), port=plan.port, labels=labels)
     return spec

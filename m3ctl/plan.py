@@ -21,9 +21,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, PrivateAttr
 
 from m3ctl import catalog
+from m3ctl import secrets as _secrets
 from m3ctl.assess import capability
 from m3ctl.assess.choose import choose_max_model_len, choose_variant
 from m3ctl.assess.facts import model_facts, read_model_facts
@@ -131,13 +132,24 @@ class LaunchPlan(BaseModel):
     api_key_env: str | None = None
     """Name of the variable that held the API key on the launching host (``serve --api-key-env``; the server
     gets the value as ``VLLM_API_KEY``); watch and bench read the key from it. Never the value."""
+    secret_origins: dict[str, str] = Field(default_factory=dict)
+    """``{variable in secret_env_names: where the launch took it from}`` (a flag, a profile, the launching
+    shell...), for messages that say which key source is expected. Never a value."""
+    _secret_values: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def secret_values(self) -> dict[str, str]:
+        """Secret values the plan's inputs carried (an ``--arg api-key=K``, a profile's ``env: {HF_TOKEN: T}``...),
+        separated from its flags and env by :func:`m3ctl.secrets.separate`: for the server's environment only.
+        Never serialized (a saved plan has none)."""
+        return dict(self._secret_values)
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def command_line(self) -> str:
-        """Shell-quoted command line with its environment (redacted), for display."""
+        """Shell-quoted command line with its environment (redacted), for display; secret variables are not in it
+        (they are passed through by name: ``secret_env_names``)."""
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in redact_env(self.env).items())
         return f"{env} {shlex.join(self.argv)}".strip()
 
@@ -317,9 +329,6 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     from m3ctl.vllm_args import read_raw_args  # noqa: PLC0415
 
     raw = read_raw_args(extra_args or [])
-    if "api-key" in raw.flags:  # m3ctl serve takes it out of the raw args first and passes it as VLLM_API_KEY
-        raise BadInput("a raw --api-key would put the key on vLLM's command line (ps, logs, state files)",
-                       "pass it through the environment: m3ctl serve --api-key-env VAR, or VLLM_API_KEY")
     given: dict[str, Any] = {"tp": tp, "dp": dp, "dcp": dcp, "ep": ep, "dbo": dbo}
     for flag, knob in RAW_PARALLEL_FLAGS.items():
         if flag not in raw.flags:
@@ -383,8 +392,15 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     args: dict[str, Any] = {}
     envs: dict[str, str] = {}
 
+    found = _secrets.Separated()
+
     def layer(src: dict[str, Any], why: str) -> None:
-        for k, v in src.items():
+        sep = _secrets.separate(src, origin=why)  # a secret flag: its value to the server's environment only
+        found.values.update(sep.values)
+        found.origins.update(sep.origins)
+        for secret_var, where in sep.origins.items():
+            choices.append(Choice(what=secret_var, value="(server environment; value hidden)", why=where))
+        for k, v in sep.args.items():
             k = _canon_flag(k)
             other = SAME_SETTING.get(k)
             if other and other in args:  # two spellings of one setting never both reach vLLM
@@ -449,6 +465,16 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         envs.update(profile.no_multicast_env)
         if profile.no_multicast_env:
             choices.append(Choice(what="env", value="NVLink multicast off", why="--no-multicast (shared host)"))
+    sep = _secrets.separate(env=envs, origin="an env: of the profile, model or request")
+    envs = sep.env
+    for secret_var, where in sep.origins.items():
+        found.values[secret_var] = sep.values[secret_var]
+        found.origins[secret_var] = where
+        choices.append(Choice(what=secret_var, value="(server environment; value hidden)", why=where))
+    secret_names = sorted(set(pass_env or []) | set(found.values))
+    origins = {k: "the launching environment" for k in pass_env or []} | found.origins
+    if exposed := _secrets.exposure_warning(host, secret_names):
+        warnings.append(exposed)
 
     if runtime == "docker":
         if image:
@@ -508,10 +534,10 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     else:
         why = "given with --startup-timeout"
     choices.append(Choice(what="startup budget", value=f"{startup_budget_s:.0f} s", why=why))
-    return LaunchPlan(name=name, runtime=runtime, profile=profile.name, model_spec=spec.name if spec else None,
+    lp = LaunchPlan(name=name, runtime=runtime, profile=profile.name, model_spec=spec.name if spec else None,
                       variant=vname, image=image_ref, model=target,
                       served_model_name=served, host=host, port=port, argv=argv, env=envs,
-                      secret_env_names=sorted(pass_env or []), gpus=[u.gpu for u in units][: tp_ * dp_] if units is not None else [g.index for g in inventory.gpus][: tp_ * dp_],
+                      secret_env_names=secret_names, secret_origins=origins, gpus=[u.gpu for u in units][: tp_ * dp_] if units is not None else [g.index for g in inventory.gpus][: tp_ * dp_],
                       tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_, spec_depth=ctx.speculation()[1],
                       startup_budget_s=startup_budget_s, completion_timeout_s=profile.readiness.completion_timeout_s,
                       choices=choices, rejected=rejected, warnings=warnings,
@@ -521,6 +547,8 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
                       python_modules=list(profile.family_python_modules.get(family, [])) if family else [],
                       request=r.public(), memory_fit=ctx.memory_fit(), scheduler_limits=ctx.scheduler_limits(),
                       vllm_args=args, served_model_aliases=aliases, weights_gib=weights or None)
+    lp._secret_values = dict(found.values)
+    return lp
 
 
 from m3ctl import _api_module  # noqa: E402

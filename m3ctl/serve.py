@@ -191,9 +191,9 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
     registry = registry or Registry()
     rt = runtime or get_runtime(plan.runtime)
     plan = assign_internal_ports(plan)
-    headers = {}
-    if secret_env and secret_env.get("VLLM_API_KEY"):
-        headers["Authorization"] = f"Bearer {secret_env['VLLM_API_KEY']}"
+    from m3ctl.secrets import auth_headers  # noqa: PLC0415
+
+    headers = auth_headers(secret_env=secret_env)
     dep = None
     try:  # everything up to the result: a Ctrl-C anywhere in here stops the server it started
         with registry.lock(plan.name):  # same-name starts: one passes pre-flight and records its server
@@ -331,6 +331,7 @@ def relaunch(name: str, *, registry: Registry, secret_env: dict[str, str] | None
         ConfigRejected / LaunchFailed: as :func:`launch_and_wait`.
     """
     from m3ctl.errors import NotFound  # noqa: PLC0415
+    from m3ctl.secrets import restart_env  # noqa: PLC0415
 
     plan = saved_plan(registry, name)
     if plan is None:
@@ -339,6 +340,9 @@ def relaunch(name: str, *, registry: Registry, secret_env: dict[str, str] | None
         level = registry.get(name).smoke_level or "full"
     except (UnreadableRecord, NotFound):
         level = "full"
+    missing = [k for k in plan.secret_env_names if not (secret_env or {}).get(k)]
+    if missing:  # never relaunch without a secret of the original launch (a keyed server would come back open)
+        secret_env = {**restart_env(plan), **(secret_env or {})}  # BadInput naming the variable when unset here
     registry.remove(name)
     return launch_and_wait(plan, registry=registry, secret_env=secret_env, runtime=runtime, expect=expect,
                            restarts=attempt, on_event=on_event, smoke=level).deployment
@@ -418,7 +422,9 @@ def watch_deployment(dep: Deployment, rt: Runtime, registry: Registry, secret_en
         if on_event:
             on_event(e)
 
-    headers = {"Authorization": f"Bearer {secret_env['VLLM_API_KEY']}"} if (secret_env or {}).get("VLLM_API_KEY") else None
+    from m3ctl.secrets import auth_headers, key_hint  # noqa: PLC0415
+
+    headers = auth_headers(secret_env=secret_env) or None
 
     def again(attempt: int):
         return relaunch(dep.name, registry=registry, secret_env=secret_env, runtime=rt, expect=expect, attempt=attempt)
@@ -437,6 +443,13 @@ def watch_deployment(dep: Deployment, rt: Runtime, registry: Registry, secret_en
         raise
     if last.ok:
         return
+    if last.verdict == "unauthorised":  # the server is healthy and keyed: never called dead, never restarted
+        from m3ctl.errors import Unauthorised  # noqa: PLC0415
+
+        if stop_on_exit and registry.exists(dep.name):
+            stop([dep.name], registry=registry)
+        raise Unauthorised(f"deployment {dep.name!r} is unauthorised: {last.detail} (the engine is not dead)",
+                           key_hint(saved_plan(registry, dep.name)))
     current = registry.get(dep.name) if registry.exists(dep.name) else dep
     if (stop_on_exit or last.verdict == "exited") and registry.exists(current.name):
         stop([current.name], registry=registry)
@@ -446,19 +459,37 @@ def watch_deployment(dep: Deployment, rt: Runtime, registry: Registry, secret_en
                        phase="watch", log_path=current.log_path)
 
 
+def deployment_secrets(registry: Registry, name: str, *, for_restart: bool = False) -> dict[str, str]:
+    """The secrets a client of deployment ``name`` (``watch``) sends, and with ``for_restart`` every secret its
+    launch passed (m3ctl.secrets.restart_env), from this environment: ``{server variable: value}``.
+
+    Raises:
+        BadInput: ``for_restart`` and a variable the launch passed is not set here (a restart would drop it).
+    """
+    from m3ctl.secrets import API_KEY_ENV, passthrough_env, restart_env  # noqa: PLC0415
+
+    out = passthrough_env()
+    if (key := api_key_for(registry, name)) is not None:
+        out[API_KEY_ENV] = key
+    plan = saved_plan(registry, name) if for_restart else None
+    if plan is not None:
+        out.update(restart_env(plan))
+    return out
+
+
 def api_key_for(registry: Registry, name: str) -> str | None:
     """The API key a client of deployment ``name`` sends: from the variable its plan names
     (``serve --api-key-env VAR``), else ``VLLM_API_KEY``; None when neither is set. Only the name is stored."""
-    import os  # noqa: PLC0415
+    from m3ctl.secrets import client_key  # noqa: PLC0415
 
-    var = "VLLM_API_KEY"
+    plan = None
     text = registry.load_plan(name)
     if text:
         try:
-            var = LaunchPlan.model_validate_json(text).api_key_env or var
+            plan = LaunchPlan.model_validate_json(text)
         except ValueError:
             pass
-    return os.environ.get(var) or os.environ.get("VLLM_API_KEY") or None
+    return client_key(plan)
 
 
 @dataclass

@@ -10,7 +10,9 @@ the API server still answers 200):
    ``vllm:generation_tokens_total`` counter; requests waiting while the counter has not moved
    for ``stall_s`` means ``stalled``;
 4. a real 1-token completion (canary) with a timeout: no answer in time means ``stalled``
-   (a hung request), an HTTP error means ``engine-dead``.
+   (a hung request), 401/403 means ``unauthorised`` (the server requires an API key this watch does not send:
+   vLLM's ``--api-key`` guards ``/v1`` only, so ``/health`` still answers 200; never a dead engine, never
+   restarted: https://docs.vllm.ai/en/latest/usage/security.html), another HTTP error means ``engine-dead``.
 
 :func:`watch` loops over probes, reports each verdict through a callback and, with
 ``restart="on-failure"``, stops the deployment and relaunches its saved plan with exponential
@@ -33,7 +35,7 @@ from m3ctl.diagnose import DiagContext, diagnose_text
 from m3ctl.runtime.base import Runtime
 from m3ctl.state import Deployment
 
-Verdict = Literal["ok", "exited", "unreachable", "engine-dead", "stalled"]
+Verdict = Literal["ok", "exited", "unreachable", "engine-dead", "stalled", "unauthorised"]
 
 _METRIC = re.compile(r"^(vllm:[a-z_]+)(?:\{[^}]*\})?\s+([-+0-9.eE]+|NaN)\s*$")
 _WANTED = ("vllm:num_requests_waiting", "vllm:num_requests_running", "vllm:generation_tokens_total")
@@ -150,6 +152,9 @@ class Watchdog:
                     return self._died()
                 return Probe("unreachable", f"canary completion: {type(e).__name__}", metrics=metrics)
             dt = time.monotonic() - t0
+            if r.status_code in (401, 403):  # a keyed server and no (or another) key: the engine is fine
+                return Probe("unauthorised", f"canary completion answered HTTP {r.status_code}: the server requires "
+                                             "an API key this watch does not send", metrics=metrics)
             if r.status_code != 200:
                 diag = diagnose_text(self.rt.log_text(self.dep), self._diag_context)
                 return Probe("engine-dead", f"canary completion answered HTTP {r.status_code} while /health is "
@@ -196,8 +201,8 @@ def watch(dep: Deployment, rt: Runtime, *, interval_s: float = 10.0, canary_time
         n += 1
         emit(WatchEvent("probe", p, deployment=dep))
         if not p.ok:
-            if restart != "on-failure" or relaunch is None:
-                return p
+            if restart != "on-failure" or relaunch is None or p.verdict == "unauthorised":
+                return p  # a keyed server answering 401 is healthy: restarting it would not fix the key
             if attempt >= max_restarts:
                 emit(WatchEvent("gave-up", p, f"{max_restarts} restart(s) used", deployment=dep))
                 return p

@@ -24,6 +24,9 @@ process runtime):
   - ``block_size``: the KV block size ``/metrics`` reports (``vllm:cache_config_info``); no ``/metrics`` without;
   - ``degenerate``: ``"nul"`` (NUL characters) or ``"repeat"`` (one token repeated) as every generated text
     after the first completion (readiness passes).
+
+An API key (``--api-key K`` or ``VLLM_API_KEY`` in the environment) guards ``/v1`` as vLLM does: 401 without
+``Authorization: Bearer K``; ``/health`` stays open.
 """
 
 from __future__ import annotations
@@ -113,8 +116,17 @@ def _prompt_tokens(req: dict) -> int:
     return len((p if isinstance(p, str) else " ".join(map(str, p))).split())
 
 
+API_KEY = _arg("--api-key", os.environ.get("VLLM_API_KEY", ""))
+
+
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+
+    def _refused(self) -> bool:
+        if API_KEY and self.path.startswith("/v1") and self.headers.get("Authorization") != f"Bearer {API_KEY}":
+            self._send(401, {"error": "Unauthorized"})
+            return True
+        return False
 
     def log_message(self, *a):  # keep the server log to the recorded lines
         pass
@@ -128,6 +140,8 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):  # noqa: N802
+        if self._refused():
+            return
         if self.path == "/health":
             self._send(200, {})
         elif self.path == "/v1/models":
@@ -153,6 +167,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self):  # noqa: N802
         req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        if self._refused():
+            return
         if self.path == "/tokenize":
             if SERVE.get("tokenize", True):
                 self._send(200, {"count": _prompt_tokens(req), "max_model_len": SERVE.get("max_model_len", 4096)})

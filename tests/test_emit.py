@@ -93,10 +93,11 @@ def test_script_is_for_the_target_host_not_this_machine():
     venv_vllm = "/home/me/proj/.venv/bin/vllm"
     p = plan(ALL["b200x8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="process", vllm_executable=venv_vllm))
     s = render(p, "script")
-    assert venv_vllm not in s and "127.0.0.1" not in s and 'exec "${VLLM:-vllm}" serve ' in s and "--host 0.0.0.0" in s
-    d = _b200()  # a docker plan's script runs the image the plan chose
+    # the target host's vllm; it listens where serve would (loopback unless --host says otherwise)
+    assert venv_vllm not in s and 'exec "${VLLM:-vllm}" serve ' in s and "--host 127.0.0.1" in s and "0.0.0.0" not in s
+    d = _b200()  # a docker plan's script runs the image the plan chose, on the host network as serve does
     s = render(d, "script")
-    assert "vllm/vllm-openai:minimax-m3" in s and "127.0.0.1" not in s
+    assert "vllm/vllm-openai:minimax-m3" in s and "--network host" in s and "--host 127.0.0.1" in s
     shown = run_cli("plan", "--inventory", _inv_file("b200x8"), "--runtime", "docker").stdout
     assert "vllm/vllm-openai:minimax-m3" in shown and sys.executable.rsplit("/", 2)[0] not in shown
 

@@ -51,7 +51,8 @@ def test_emit_forms_for_b200():
     p = plan(ALL["b200x8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", pass_env=["HF_TOKEN"], vllm_executable="vllm"))
     d = render(p, "docker")
     assert d.startswith("docker run -d --name m3ctl-m3ctl --ipc=host") and """--gpus '"device=0,1,2,3,4,5,6,7"'""" in d
-    assert "vllm/vllm-openai:minimax-m3 serve MiniMaxAI/MiniMax-M3.1-Flash-NVFP4 --host 0.0.0.0" in d
+    assert "vllm/vllm-openai:minimax-m3 serve MiniMaxAI/MiniMax-M3.1-Flash-NVFP4 --host 127.0.0.1" in d
+    assert "--network host" in d and " -p " not in d  # binds where serve --runtime docker binds
     assert "-e HF_TOKEN " in d
     c = yaml.safe_load(render(p, "compose"))["services"]["m3ctl"]
     assert c["image"] == "vllm/vllm-openai:minimax-m3" and c["environment"]["HF_TOKEN"].startswith("${HF_TOKEN:?")

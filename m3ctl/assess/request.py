@@ -106,15 +106,15 @@ class PlanRequest(BaseModel):
     def public(self) -> dict[str, Any]:
         """JSON of the fields set (defaults left out) with secret-looking env values, arg values and raw tokens
         masked (m3ctl.secrets): what plan --json, doctor --json and the registry may show."""
-        from m3ctl.secrets import MASK, is_secret_name, redact_env, redact_text  # noqa: PLC0415
+        from m3ctl.secrets import MASK, is_secret_name, redact_env, redact_raw, secret_flag  # noqa: PLC0415
 
         out = self.model_dump(mode="json", exclude_defaults=True)
         if "env" in out:
             out["env"] = redact_env(out["env"])
         if "args" in out:
-            out["args"] = {k: (MASK if is_secret_name(k.replace("-", "_")) else v) for k, v in out["args"].items()}
+            out["args"] = {k: (MASK if is_secret_name(k) or secret_flag(k) else v) for k, v in out["args"].items()}
         if "extra_args" in out:
-            out["extra_args"] = [redact_text(t) for t in out["extra_args"]]
+            out["extra_args"] = redact_raw(out["extra_args"])
         return out
 
 

@@ -154,6 +154,9 @@ class BenchConfig(BaseModel):
     max_error_rate: float = Field(0.0, ge=0, le=1)
     per_request: bool = False
     api_key: str | None = Field(None, exclude=True, repr=False)
+    auth_basic: str | None = Field(None, exclude=True, repr=False)
+    """Base64 ``user:password`` of URL credentials (m3ctl.secrets.split_url_credentials): a Basic header when
+    there is no ``api_key``; never written to results."""
 
 
 def _tokenizer(cfg: BenchConfig) -> Tokenizer:
@@ -197,6 +200,13 @@ def _check_reachable(cfg: BenchConfig) -> None:
     except httpx.HTTPError as e:
         raise BadInput(f"cannot reach {cfg.url}: {type(e).__name__}",
                        "check --url (and that the server is up: `m3ctl status`)") from None
+    if r.status_code in (401, 403):  # a keyed server: no run of failed requests, one line naming the key
+        from m3ctl.errors import Unauthorised  # noqa: PLC0415
+
+        raise Unauthorised(f"{cfg.url} answered {r.status_code}: the server requires an API key and "
+                           + ("this one was refused" if _headers(cfg) else "none was sent"),
+                           "set OPENAI_API_KEY or VLLM_API_KEY (bench --deployment: the variable its launch took "
+                           "the key from)")
     try:
         ids = [m["id"] for m in r.json()["data"]]
     except (ValueError, KeyError, TypeError):
@@ -216,7 +226,9 @@ def _check_reachable(cfg: BenchConfig) -> None:
 
 
 def _headers(cfg: BenchConfig) -> dict[str, str]:
-    return {"Authorization": f"Bearer {cfg.api_key}"} if cfg.api_key else {}
+    from m3ctl.secrets import auth_headers  # noqa: PLC0415
+
+    return auth_headers(cfg.api_key, basic=cfg.auth_basic)
 
 
 def build_requests(cfg: BenchConfig, tok: Tokenizer, salt: str | None = None) -> list[BenchRequest]:

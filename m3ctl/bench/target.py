@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from m3ctl.errors import BadInput
@@ -21,7 +21,10 @@ class BenchTarget:
         url: base URL without ``/v1`` (e.g. ``http://127.0.0.1:8000``).
         model: the model id requests name (None only when ``resolve_target(lookup_model=False)`` found none to
             take from the deployment: the caller asks :func:`only_model` once its options are checked).
-        api_key: bearer key (``OPENAI_API_KEY``, else the deployment's key, else ``VLLM_API_KEY``); never stored.
+        api_key: bearer key (given, else a deployment's key from the variable its launch took it from, else
+            ``OPENAI_API_KEY``, else ``VLLM_API_KEY``: m3ctl.secrets.client_key); never stored or shown.
+        basic_auth: base64 ``user:password`` of credentials that were in the URL (taken out of ``url``).
+        key_hint: which key source the endpoint expects, for an "unauthorised" message.
         model_dir: the deployment's local model directory (a tokenizer fallback), else None.
         server_log: the deployment's server log (JIT compiles in the measured phase), else None.
         sync_log: brings ``server_log`` up to date (runtimes that copy it, e.g. docker), else None.
@@ -30,7 +33,9 @@ class BenchTarget:
 
     url: str
     model: str | None
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    basic_auth: str | None = field(default=None, repr=False)
+    key_hint: str = "set OPENAI_API_KEY or VLLM_API_KEY to the server's API key"
     model_dir: str | None = None
     server_log: str | None = None
     sync_log: Callable[[], None] | None = None
@@ -38,6 +43,13 @@ class BenchTarget:
     num_gpus_source: str | None = None
     argv: tuple[str, ...] = ()
     """The deployment's launch command (a failure's diagnosis is keyed on it)."""
+
+    def headers(self) -> dict[str, str]:
+        """The Authorization header this endpoint gets (m3ctl.secrets.auth_headers), ``{}`` without a key."""
+        from m3ctl.secrets import auth_headers  # noqa: PLC0415
+
+        return auth_headers(self.api_key, basic=self.basic_auth)
+
     deployment: str | None = None
     """The m3ctl deployment behind ``url`` (given, or found by its address), else None."""
     deployment_model: str | None = None
@@ -48,14 +60,13 @@ class BenchTarget:
         picked and why (:func:`model_choice`).
 
         Raises:
-            BadInput: as :func:`model_choice`.
+            Unauthorised, BadInput: as :func:`model_choice`.
         """
-        return model_choice(self.url, {"Authorization": f"Bearer {self.api_key}"} if self.api_key else None,
-                            self.deployment_model, self.deployment)
+        return model_choice(self.url, self.headers(), self.deployment_model, self.deployment, self.key_hint)
 
 
 def model_choice(url: str, headers: dict[str, str] | None = None, preferred: str | None = None,
-                 deployment: str | None = None) -> tuple[str, str | None]:
+                 deployment: str | None = None, key_hint: str | None = None) -> tuple[str, str | None]:
     """The model id to benchmark at ``url`` (``GET /v1/models``) and a note naming the choice (None when the server
     lists one name). Of several names (m3ctl's servers answer to the model and to the deployment's name), the
     deployment's model ``preferred`` when listed, else the first listed, as ``vllm bench serve`` takes the first
@@ -63,12 +74,20 @@ def model_choice(url: str, headers: dict[str, str] | None = None, preferred: str
     https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/benchmarks/serve.py).
 
     Raises:
+        Unauthorised: the server answers 401/403 (``key_hint`` says which key it expects).
         BadInput: the list cannot be read, or the server lists no model (then pass the model).
     """
     import httpx  # noqa: PLC0415
 
+    from m3ctl.errors import Unauthorised  # noqa: PLC0415
+
     try:
-        ids = [m["id"] for m in httpx.get(f"{url}/v1/models", headers=headers or {}, timeout=10).json()["data"]]
+        r = httpx.get(f"{url}/v1/models", headers=headers or {}, timeout=10)
+        if r.status_code in (401, 403):
+            raise Unauthorised(f"{url}/v1/models answered {r.status_code}: the server requires an API key "
+                               + ("and this one was refused" if headers else "and none was sent"),
+                               key_hint or "set OPENAI_API_KEY or VLLM_API_KEY to the server's API key")
+        ids = [m["id"] for m in r.json()["data"]]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
         raise BadInput(f"cannot list models at {url}/v1/models: {type(e).__name__}",
                        "check --url, or pass --model") from None
@@ -84,13 +103,13 @@ def model_choice(url: str, headers: dict[str, str] | None = None, preferred: str
                     "vllm bench serve takes; --model picks another")
 
 
-def only_model(url: str, headers: dict[str, str] | None = None) -> str:
+def only_model(url: str, headers: dict[str, str] | None = None, key_hint: str | None = None) -> str:
     """The model id to benchmark at ``url``: :func:`model_choice` without a deployment (the first name listed).
 
     Raises:
-        BadInput: as :func:`model_choice`.
+        Unauthorised, BadInput: as :func:`model_choice`.
     """
-    return model_choice(url, headers)[0]
+    return model_choice(url, headers, key_hint=key_hint)[0]
 
 
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0", "::"}
@@ -128,18 +147,26 @@ def resolve_target(url: str | None = None, *, deployment: str | None = None, mod
     Raises:
         BadInput: neither ``url`` nor ``deployment``; an unknown deployment (NotFound); no model to pick.
     """
+    from m3ctl.secrets import client_key, key_hint, split_url_credentials  # noqa: PLC0415
+
     gpus_source = "--num-gpus" if num_gpus else None
-    key = api_key or os.environ.get("OPENAI_API_KEY")
+    basic = None
+    if url:  # credentials in the URL go to the Authorization header, never into results or messages
+        url, basic = split_url_credentials(url)
+    key = api_key
+    hint = BenchTarget.key_hint
     model_dir = server_log = sync_log = None
     argv: tuple[str, ...] = ()
     if deployment:
-        from m3ctl.serve import api_key_for, deployment_gpus, runtime_for  # noqa: PLC0415
+        from m3ctl.serve import deployment_gpus, runtime_for, saved_plan  # noqa: PLC0415
         from m3ctl.state import Registry  # noqa: PLC0415
 
         reg = Registry()
         dep = reg.get(deployment)
         url, model = url or dep.url, model or dep.served_model_name
-        key = key or api_key_for(reg, deployment)
+        plan = saved_plan(reg, deployment)
+        key = key or client_key(plan) or os.environ.get("OPENAI_API_KEY")  # the deployment's own key first
+        hint = key_hint(plan)
         model_dir = dep.model if Path(dep.model).is_dir() else None  # tokenizer fallback without /tokenize
         server_log = dep.log_path  # JIT compiles during the measured phase (docker: the log is synced first)
         argv = tuple(dep.argv)
@@ -148,16 +175,16 @@ def resolve_target(url: str | None = None, *, deployment: str | None = None, mod
         if not num_gpus and (n := deployment_gpus(reg, deployment)):
             num_gpus, gpus_source = n, f"deployment {deployment}: tp x pp x dp x pcp (DCP adds none)"
     else:
-        key = key or os.environ.get("VLLM_API_KEY")
+        key = key or os.environ.get("OPENAI_API_KEY") or client_key(None)
     if not url:
         raise BadInput("no endpoint given", "pass --url http://HOST:PORT or --deployment NAME")
     url = url.rstrip("/").removesuffix("/v1")
     dep_name, dep_model = deployment, (model if deployment else None)
     if not deployment and not model and (known := deployment_for_url(url)) is not None:
         dep_name, dep_model = known.name, known.served_model_name  # the model the record says it serves
-    t = BenchTarget(url=url, model=model, api_key=key, model_dir=model_dir, server_log=server_log,
-                    sync_log=sync_log, num_gpus=num_gpus, num_gpus_source=gpus_source, argv=argv,
-                    deployment=dep_name, deployment_model=dep_model)
+    t = BenchTarget(url=url, model=model, api_key=key, basic_auth=basic, key_hint=hint, model_dir=model_dir,
+                    server_log=server_log, sync_log=sync_log, num_gpus=num_gpus, num_gpus_source=gpus_source,
+                    argv=argv, deployment=dep_name, deployment_model=dep_model)
     if not model and lookup_model:
         t.model = t.pick_model()[0]
     return t

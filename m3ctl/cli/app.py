@@ -21,6 +21,13 @@ from m3ctl.cli.options import PLAIN_HELP, RAW_ARGS
 from m3ctl.cli.output import console, escape
 from m3ctl.errors import EXIT_INTERRUPTED, EXIT_USAGE, M3Error
 
+
+def redact_text(text: str) -> str:
+    """``text`` with every secret m3ctl has seen masked (m3ctl.secrets.redact_text; imported on errors only)."""
+    from m3ctl.secrets import redact_text as redact  # noqa: PLC0415
+
+    return redact(text)
+
 app = typer.Typer(help="Get MiniMax-M3.1-Flash serving on vLLM, fast and correctly, on the GPUs at hand.",
                   no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False, **PLAIN_HELP)
 
@@ -92,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         err = console(stderr=True)
-        err.print(f"error: {escape(e.format_message())}", soft_wrap=True)
+        err.print(f"error: {escape(redact_text(e.format_message()))}", soft_wrap=True)
         cmd = _command_of(args)
         err.print(f"hint: see `m3ctl {cmd + ' ' if cmd else ''}--help`", soft_wrap=True)
         return e.exit_code if e.exit_code else EXIT_USAGE
@@ -100,9 +107,9 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         err = console(stderr=True)
-        err.print(f"[red]error:[/] {escape(e.message)}", soft_wrap=True)
+        err.print(f"[red]error:[/] {escape(redact_text(e.message))}", soft_wrap=True)  # no secret in a message
         if e.hint:
-            err.print(f"[dim]hint:[/] {escape(e.hint)}", soft_wrap=True)
+            err.print(f"[dim]hint:[/] {escape(redact_text(e.hint))}", soft_wrap=True)
         return e.exit_code
     except KeyboardInterrupt:
         console(stderr=True).print("interrupted")
@@ -111,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         err = console(stderr=True)
-        err.print(f"[red]internal error:[/] {type(e).__name__}: {escape(str(e))}", soft_wrap=True)
+        err.print(f"[red]internal error:[/] {type(e).__name__}: {escape(redact_text(str(e)))}", soft_wrap=True)
         err.print("[dim]hint:[/] rerun with --debug for the traceback and report it")
         return 1
 

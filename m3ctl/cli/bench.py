@@ -108,7 +108,8 @@ def bench(
                  warmup=len(concs) > 1 if warmup is None else warmup,
                  percentiles=[float(x) for x in percentiles.split(",") if x.strip()],
                  goodput_slo_ms=goodput_slos(goodput or []), model_dir=t.model_dir, num_gpus=t.num_gpus,
-                 num_gpus_source=t.num_gpus_source, server_log=t.server_log, api_key=t.api_key)
+                 num_gpus_source=t.num_gpus_source, server_log=t.server_log, api_key=t.api_key,
+                 auth_basic=t.basic_auth)
     try:
         cfg = BenchConfig(**given)
     except ValidationError as e:

@@ -46,14 +46,9 @@ def parse_args(pairs: list[str]) -> dict:
 
 
 def raw_args_without_key(ctx: typer.Context) -> list[str]:
-    """What follows `--` (click consumes the `--` itself), with vLLM's --api-key taken out: the key goes to the
-    server as VLLM_API_KEY in its environment (kept in ``ctx.meta["api_key"]``), never in argv."""
-    from m3ctl.secrets import split_api_key  # noqa: PLC0415
-
-    extra, key = split_api_key(list(ctx.args))
-    if key:
-        ctx.meta["api_key"] = key
-    return extra
+    """What follows `--` (click consumes the `--` itself). A secret flag among them (``--api-key K``) is taken
+    out by the planner (m3ctl.secrets.separate): the server gets it in its environment, never in argv."""
+    return list(ctx.args)
 
 
 def no_api_key(args: list[str]) -> list[str]:

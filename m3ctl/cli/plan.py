@@ -43,8 +43,6 @@ def plan(
     inv = None if systems else host_inventory(inventory, system)
     secrets = list(secrets_present())
     req = plan_request(ctx)
-    if ctx.meta.get("api_key") and "VLLM_API_KEY" not in secrets:  # a raw --api-key: passed as VLLM_API_KEY
-        secrets.append("VLLM_API_KEY")
     req = req.model_copy(update={"pass_env": secrets})
     if "runtime" not in req.model_fields_set:
         req = req.model_copy(update={"runtime": "auto"})  # `plan` defaults to auto, `serve` to process

@@ -55,7 +55,7 @@ def serve(
 
         raise MissingParameter(ctx=ctx, param_hint="'--model' (or M3CTL_MODEL)", param_type="option")
     inv = host_inventory(inventory, None)
-    p, secrets, prof = serve_plan(req, inv, raw_key=ctx.meta.get("api_key"), api_key_env=api_key_env,
+    p, secrets, prof = serve_plan(req, inv, api_key_env=api_key_env,
                                   offline=knobs["offline"])
     if image and req.runtime != "docker":
         raise BadInput("--image needs --runtime docker", "add --runtime docker")

@@ -9,7 +9,6 @@ from typing import Annotated, Optional
 import typer
 
 from m3ctl.cli import options as o
-from m3ctl.cli.inputs import secrets_present
 from m3ctl.cli.output import Output, escape
 from m3ctl.errors import EXIT_INTERRUPTED
 
@@ -48,9 +47,8 @@ def watch(
     reg = Registry()
     dep = reg.get(name)
     rt = serving.runtime_for(dep)
-    secrets = secrets_present()
-    if (key := serving.api_key_for(reg, name)) is not None:
-        secrets["VLLM_API_KEY"] = key
+    # the key the canary sends and, to restart, every secret of the launch (or one line naming what is unset)
+    secrets = serving.deployment_secrets(reg, name, for_restart=restart == "on-failure")
     plan = serving.saved_plan(reg, name)
     expect = serving.profile_expect(None, plan.profile) if plan else None
     out.print(f"watching {name} at {dep.url} every {interval:g} s (restart {restart})")

@@ -26,8 +26,10 @@ TRIAL_SMOKE = "quick"
 
 
 class ServerSession:
-    def __init__(self, ev: ServerEvaluator, plan, dep, trial_dir: Path, start_s: float):
+    def __init__(self, ev: ServerEvaluator, plan, dep, trial_dir: Path, start_s: float,
+                 secrets: dict[str, str] | None = None):
         self.ev, self.plan, self.dep, self.dir, self.start_s = ev, plan, dep, trial_dir, start_s
+        self.secrets = secrets or {}  # the trial server's secret env: its key is what the benches send
 
     def alive(self) -> bool:
         from m3ctl.serve import runtime_for  # noqa: PLC0415
@@ -44,6 +46,7 @@ class ServerSession:
         from m3ctl.serve import runtime_for  # noqa: PLC0415
 
         cfg = BenchConfig(url=self.dep.url, model=self.dep.served_model_name, concurrency=concurrency,
+                          api_key=self.secrets.get("VLLM_API_KEY"),
                           num_prompts=num_prompts(self.ev.spec, concurrency, fidelity),
                           num_gpus=self.ev.n_gpus_plan(self.plan), num_gpus_source="plan (tp x dp)",
                           label=f"tune trial {self.dir.name} c={concurrency}", server_log=self.dep.log_path,
@@ -168,11 +171,15 @@ class ServerEvaluator:
         write_json(tdir / "config.json", {"config": cand, "argv": p.argv, "command": p.command_line()})
         self.current, self.trial_dir = name, tdir
         write_json(self.dir / "running.json", {"name": name, "trial": trial, "state_dir": str(self.registry.root)})
+        from m3ctl.secrets import launch_env  # noqa: PLC0415
+
+        secrets = launch_env(p)  # a server that inherits VLLM_API_KEY requires it: readiness and benches send it
         t0 = time.monotonic()
         try:
             # The quick smoke (a long prompt of several KV/MSA blocks and a mixed batch): a trial whose server would
             # die on the workload's prompts fails here, with the cause, instead of as a bench run.
-            res = launch_and_wait(p, registry=self.registry, smoke=TRIAL_SMOKE,
+            res = launch_and_wait(p, registry=self.registry, secret_env=secrets,
+                                  smoke=TRIAL_SMOKE,
                                   on_event=lambda e: on_event(f"{e.phase} {e.status}") if e.status != "start" else None)
         except LaunchFailed as e:
             e.elapsed_s = time.monotonic() - t0  # type: ignore[attr-defined]
@@ -185,7 +192,7 @@ class ServerEvaluator:
             self.current = None
             (self.dir / "running.json").unlink(missing_ok=True)
             raise
-        return ServerSession(self, p, res.deployment, tdir, time.monotonic() - t0)
+        return ServerSession(self, p, res.deployment, tdir, time.monotonic() - t0, secrets)
 
     def _save_log(self, name: str, tdir: Path) -> None:
         src = self.registry.log_path(name)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import uuid
 from pathlib import Path
 
@@ -34,10 +35,13 @@ def test_api_key_reaches_vllm_only_through_the_environment_and_leaks_nowhere(tin
         keep(f"plan --emit {fmt}", run_cli("plan", *base, "--runtime", "docker", "--image", "local/vllm:cpu",
                                            "--skip-checks", "--emit", fmt, "--", "--api-key", key))
     keep("tune --dry-run", run_cli("tune", "--model", model, "--dry-run", "--", "--api-key", key))
-    assert "--api-key" not in outputs["serve --dry-run"] and "VLLM_API_KEY" in outputs["serve --dry-run"]
+    shown = outputs["serve --dry-run"]
+    command = shown[shown.index("vllm serve "):]  # the plan names the channel; the command has no key flag
+    assert "--api-key" not in command and "VLLM_API_KEY" in shown
     assert "tune starts its own private trial servers" in outputs["tune --dry-run"]
 
-    p = run_cli("serve", *base, "--detach", "--", "--api-key", key)
+    # The key as --arg (it used to reach vLLM's argv and the record); the raw-flag spelling is planned the same way.
+    p = run_cli("serve", *base, "--detach", "--arg", f"api-key={key}")
     keep("serve", p)
     assert p.returncode == 0, p.stdout + p.stderr  # readiness sent the key (it got 401 before)
     try:
@@ -46,10 +50,20 @@ def test_api_key_reaches_vllm_only_through_the_environment_and_leaks_nowhere(tin
         (dep,) = st
         tree = [psutil.Process(dep["pid"]), *psutil.Process(dep["pid"]).children(recursive=True)]
         assert all(key not in " ".join(t.cmdline()) for t in tree)
+        assert key not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True, check=True).stdout
         assert psutil.Process(dep["pid"]).environ().get("VLLM_API_KEY") == key
         url = f"http://127.0.0.1:{port}/v1/models"
         assert httpx.get(url, timeout=10).status_code == 401  # vLLM really requires it
         assert httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=10).status_code == 200
+        # watch without the key: "unauthorised", never engine-dead, never restarted; the server stays keyed.
+        for restart in ("no", "on-failure"):
+            w = run_cli("watch", "keyed", "--count", "1", "--interval", "0", "--restart", restart,
+                        env={"VLLM_API_KEY": ""})
+            keep(f"watch --restart {restart} without the key", w)
+            assert w.returncode == 2 and "engine-dead" not in w.stdout + w.stderr and "VLLM_API_KEY" in w.stderr, \
+                w.stdout + w.stderr
+        assert json.loads(run_cli("status", "--json", check=True).stdout)[0]["pid"] == dep["pid"]
+        assert httpx.get(url, timeout=10).status_code == 401
         env = {"VLLM_API_KEY": key}
         w = run_cli("watch", "keyed", "--count", "1", "--interval", "0", env=env)
         keep("watch", w)
