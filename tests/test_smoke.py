@@ -204,6 +204,7 @@ def test_serve_refuses_a_server_that_dies_on_long_prompts(tmp_path):
     assert p.returncode == 4, p.stdout + p.stderr
     assert "server died during the smoke test after readiness, in smoke.long_prompt" in p.stderr, p.stderr
     assert "illegal memory access" in p.stderr and "Traceback" not in p.stderr.split(" [", 1)[0]
+    assert "MSA sparse attention" in p.stderr  # the failing frame's component (m3ctl/data/components.yaml)
     assert "\nready " not in "\n" + p.stdout and "✓ completion" in p.stdout and "✗ smoke" in p.stdout, p.stdout
     assert json.loads(run_cli("status", "--json", check=True).stdout) == []  # stopped and removed
     assert vllm_procs_for(port) == []
