@@ -308,7 +308,7 @@ def serve(request: PlanRequest | dict | None = None, *, dry_run: Literal[True], 
 @_checked
 def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | HostInventory | None = None,
           config: str | Path | None = None, offline: bool | None = None, api_key_env: str | None = None,
-          smoke: bool = True, on_event: Callable[[Any], None] | None = None,
+          smoke: str | bool = "full", on_event: Callable[[Any], None] | None = None,
           on_pull: Callable[[str, str, int | None, int | None], None] | None = None, dry_run: bool = False,
           **knobs: Any) -> ServeResult | LaunchPlan:
     """Plan, launch and wait until the server really serves (readiness phases, first completion, smoke test);
@@ -321,8 +321,12 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
             size).
         api_key_env: require an API key: the name of the environment variable holding it (handed to vLLM as
             ``VLLM_API_KEY`` in its environment, never on its command line).
-        smoke: run the correctness smoke test after readiness (findings in ``result.smoke``).
-        on_event: called with each readiness :class:`~m3ctl.health.PhaseEvent` (phase, status, elapsed_s).
+        smoke: the smoke test before "ready" (m3ctl/smoke.py; findings in ``result.smoke``, its seconds in
+            ``result.deployment.smoke_s``): ``"full"`` (default: a long prompt of several KV/MSA blocks, a mixed
+            concurrent batch, chat, parsers, a known answer, output checks), ``"quick"`` (the long prompt and the
+            batch) or ``"off"``; True/False mean full/off.
+        on_event: called with each readiness :class:`~m3ctl.health.PhaseEvent` (phase, status, elapsed_s; the
+            smoke test is the phase ``smoke``).
         on_pull: docker runtime: called with ``(layer, status, current bytes, total bytes)`` while an image is pulled.
 
     Returns:
@@ -330,16 +334,19 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
         record: name, pid or container, log_path), ``readiness`` (phase times, s), ``kernels``, ``smoke``.
 
     Raises:
-        BadInput: bad arguments (name, host, budget, api_key_env not set).
+        BadInput: bad arguments (name, host, budget, api_key_env not set, a smoke level not quick/full/off).
         ConfigRejected: a plan rule or a pre-flight check (port taken, name running, vLLM broken); nothing started.
-        LaunchFailed: the server died or failed readiness (its root cause from the log); it has been stopped.
+        LaunchFailed: the server died or failed readiness or died during the smoke test (its root cause from the
+            log); it has been stopped.
     """
     from m3ctl import serve as serving  # noqa: PLC0415
     from m3ctl.diagnose import DiagContext  # noqa: PLC0415
     from m3ctl.launch import check_host  # noqa: PLC0415
     from m3ctl.runtime import get_runtime  # noqa: PLC0415
+    from m3ctl.smoke import smoke_level  # noqa: PLC0415
     from m3ctl.state import Registry, check_name  # noqa: PLC0415
 
+    smoke = smoke_level(smoke)
     req = _request(request, config, knobs, "process")
     check_name(req.name)
     check_host(req.host)
@@ -392,7 +399,7 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
     from pydantic import ValidationError  # noqa: PLC0415
 
     from m3ctl.bench.runner import BenchConfig, validate  # noqa: PLC0415
-    from m3ctl.bench.target import only_model, resolve_target  # noqa: PLC0415
+    from m3ctl.bench.target import resolve_target  # noqa: PLC0415
 
     if unknown := sorted(set(options) - set(BenchConfig.model_fields)):
         import difflib  # noqa: PLC0415
@@ -417,8 +424,13 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
     except TypeError as e:
         raise BadInput(f"bad bench option: {e}", "see m3ctl.bench.runner.BenchConfig") from None
     validate(cfg)
-    if not t.model:
-        cfg = cfg.model_copy(update={"model": only_model(t.url, t.headers(), t.key_hint)})
+    if not t.model:  # several served names: the deployment's model, else the first listed (logged)
+        picked, note = t.pick_model()
+        cfg = cfg.model_copy(update={"model": picked})
+        if note:
+            import logging  # noqa: PLC0415
+
+            logging.getLogger("m3ctl.bench").info(note)
     return cfg, levels, t.sync_log
 
 
@@ -453,7 +465,10 @@ def bench(url: str | None = None, *, concurrency: int | Sequence[int] | None = N
             deployment's name (its URL, model, key, log and GPU count).
         concurrency: requests in flight (closed loop); a list of several runs a sweep (one run per level, with
             a warm-up at each). None: no cap (with ``request_rate`` the arrivals decide).
-        model: the model id (default: the only one the server serves).
+        model: the model id (default: the deployment's; for a ``url``, the one the server serves, or of several
+            names, the model of the m3ctl deployment at that address, else the first ``/v1/models`` lists, as
+            ``vllm bench serve`` does; the choice is logged on the ``m3ctl.bench`` logger and is the result's
+            ``model_id``).
         api_key: bearer key (default ``OPENAI_API_KEY``, the deployment's, ``VLLM_API_KEY``); never stored.
         num_gpus: GPUs behind the endpoint, for tok/s per GPU (default: the deployment's).
         warmup: warm up at each level before measuring (default: on for a sweep).

@@ -456,6 +456,9 @@ class VllmDefaults(_Strict):
     scheduler: list[SchedulerDefault] = Field(min_length=1)
     batched_dp_moe: BatchedDpMoe
     throughput_mode_factor: int = Field(gt=0)
+    block_size: dict[Literal["cpu", "gpu"], int] = Field(default_factory=dict)
+    """vLLM's KV-cache block size (tokens) without ``--block-size``, per platform (the smoke test sizes its long
+    prompt in blocks; the running engine's ``vllm:cache_config_info`` metric wins when it is served)."""
 
     def scheduler_limits(self, *, platform: str, device_memory_mib: float | None, device_name: str = "",
                          world_size: int = 1) -> tuple[int, int]:

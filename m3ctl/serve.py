@@ -153,7 +153,7 @@ class ServeResult:
     readiness: ReadinessResult
     kernels: KernelReport | None = None
     smoke: list | None = None
-    """The smoke test's :class:`~m3ctl.smoke.SmokeFinding` s (None with ``smoke=False``)."""
+    """The smoke test's :class:`~m3ctl.smoke.SmokeFinding` s (None with ``smoke="off"``)."""
 
     @property
     def url(self) -> str:
@@ -168,7 +168,7 @@ class ServeResult:
 
 def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secret_env: dict[str, str] | None = None,
                     on_event: Callable[[PhaseEvent], None] | None = None, runtime: Runtime | None = None,
-                    expect=None, restarts: int = 0, smoke: bool = True,
+                    expect=None, restarts: int = 0, smoke: str | bool = "full",
                     diag_context: DiagContext | None = None) -> ServeResult:
     """Launch ``plan`` and wait until it really serves, then verify the kernels vLLM chose.
 
@@ -176,8 +176,10 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
         runtime: a configured runtime (e.g. a DockerRuntime with options); default from ``plan.runtime``.
         expect: the profile's :class:`~m3ctl.catalog.KernelExpect` (None: report only).
         restarts: restart count to record (the watchdog's relaunch).
-        smoke: run the correctness smoke test (m3ctl/smoke.py) after readiness; its findings are stored on the
-            deployment record (``Deployment.smoke``) and returned, never fatal unless the server dies.
+        smoke: the smoke test's level after readiness (m3ctl/smoke.py): ``"quick"`` (a long prompt and a mixed
+            batch), ``"full"`` (also chat, parsers, a known answer, output checks) or ``"off"``; True/False mean
+            full/off. Its findings, level and duration are stored on the deployment record (``Deployment.smoke``,
+            ``smoke_level``, ``smoke_s``) and returned, never fatal unless the server dies.
         diag_context: the launch a failure's diagnosis is keyed on (default: from the plan; the CLI adds the
             inventory's GPU names).
 
@@ -186,9 +188,13 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
 
     Raises:
         ConfigRejected: pre-flight failed (exit 3); nothing was started.
-        LaunchFailed: the server died or failed a readiness phase (exit 4); it has been stopped.
+        LaunchFailed: the server died or failed a readiness phase or the smoke test (exit 4); it has been stopped.
+        BadInput: an unknown smoke level; nothing was started.
         KeyboardInterrupt: interrupted; the server has been stopped.
     """
+    from m3ctl.smoke import smoke_level  # noqa: PLC0415
+
+    level = smoke_level(smoke)
     registry = registry or Registry()
     rt = runtime or get_runtime(plan.runtime)
     plan = assign_internal_ports(plan)
@@ -209,8 +215,8 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
                            started_at=dep.started_at, budget_s=plan.startup_budget_s,
                            completion_timeout_s=plan.completion_timeout_s, log_path=dep.log_path,
                            on_event=on_event, headers=headers, read_log=lambda: rt.log_text(dep), diag_context=ctx)
-        findings = _smoke(plan, dep, rt, headers, ctx) if smoke else None
-        dep.phase, dep.ready_at = "ready", time.time()
+        findings, dep.smoke_s = _smoke(plan, dep, rt, headers, ctx, level, on_event) if level != "off" else (None, None)
+        dep.phase, dep.ready_at, dep.smoke_level = "ready", time.time(), level
         dep.smoke = [f.to_dict() for f in findings] if findings is not None else None
         registry.save(dep)
         rt.sync_log(dep)
@@ -243,26 +249,42 @@ def _record_failure(registry: Registry, dep: Deployment, e: LaunchFailed) -> Non
     record_death(registry, dep.name, es, phase="failed")
 
 
-def _smoke(plan: LaunchPlan, dep: Deployment, rt: Runtime, headers: dict[str, str], ctx: DiagContext) -> list:
-    """The smoke test (m3ctl/smoke.py) on a ready server.
+def _smoke(plan: LaunchPlan, dep: Deployment, rt: Runtime, headers: dict[str, str], ctx: DiagContext,
+           level: str = "full", on_event: Callable[[PhaseEvent], None] | None = None) -> tuple[list, float]:
+    """The smoke test (m3ctl/smoke.py) at ``level`` on a ready server, reported as the readiness phase ``smoke``
+    (its ``ok`` event's detail: the level, the number of checks and their seconds); returns (the findings, the
+    smoke's wall time in seconds).
 
     Raises:
-        LaunchFailed: the server died during it (phase ``smoke``), with the log's root cause.
+        LaunchFailed: the server died during it (phase ``smoke``), with the check that was running, what it
+            sent and the log's root cause.
     """
-    from m3ctl.smoke import run_smoke  # noqa: PLC0415
+    from m3ctl.smoke import ServerDied, run_smoke, smoke_target  # noqa: PLC0415
 
-    findings = run_smoke(dep.url, dep.served_model_name, plan.argv, headers=headers,
-                         timeout_s=plan.completion_timeout_s, plan_warnings=plan.warnings + plan.violations)
-    if not rt.is_alive(dep):
+    emit = on_event or (lambda e: None)
+    emit(PhaseEvent("smoke", "start", time.time() - dep.started_at, f"{level}: the workload's prompts"))
+    t0 = time.monotonic()
+    try:
+        findings = run_smoke(dep.url, dep.served_model_name, level=level, target=smoke_target(plan),
+                             headers=headers, timeout_s=plan.completion_timeout_s, is_alive=lambda: rt.is_alive(dep))
+        died = None if rt.is_alive(dep) else "after its last check"
+    except ServerDied as e:
+        died = f"in {e.check} ({e.sent})"
+    if died:
         time.sleep(0.5)  # let the server flush the traceback to its log
         diag = diagnose_text(rt.log_text(dep), dataclasses.replace(ctx, phase="first-request"))
-        what = "server died during the smoke test after readiness"
+        what = f"server died during the smoke test after readiness, {died}"
+        emit(PhaseEvent("smoke", "fail", time.time() - dep.started_at, what))
         if diag:
             raise LaunchFailed(f"{what}: {diag.summary()} [{diag.line}]",
                                diag.fix + (f"; full log: {dep.log_path}" if dep.log_path else ""), phase="smoke",
                                root_cause=diag.line, log_path=dep.log_path)
         raise LaunchFailed(what, f"see the log: {dep.log_path}", phase="smoke", log_path=dep.log_path)
-    return findings
+    took = round(time.monotonic() - t0, 3)
+    bad = [f.status for f in findings if f.status in ("WARN", "FAIL")]
+    emit(PhaseEvent("smoke", "ok", time.time() - dep.started_at, f"{level}: {len(findings)} checks in {took:.1f} s"
+                    + (f" ({', '.join(f'{bad.count(s)} {s}' for s in ('FAIL', 'WARN') if s in bad)})" if bad else "")))
+    return findings, took
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -323,7 +345,8 @@ def sigint_ignored():
 
 def relaunch(name: str, *, registry: Registry, secret_env: dict[str, str] | None, runtime: Runtime,
              expect=None, attempt: int = 1, on_event: Callable[[PhaseEvent], None] | None = None) -> Deployment:
-    """Launch the saved plan of ``name`` again (the watchdog's ``--restart on-failure``) and wait until ready.
+    """Launch the saved plan of ``name`` again (the watchdog's ``--restart on-failure``) and wait until ready,
+    with the smoke level of the launch it replaces.
 
     Raises:
         NotFound: no saved plan for ``name``.
@@ -335,12 +358,16 @@ def relaunch(name: str, *, registry: Registry, secret_env: dict[str, str] | None
     plan = saved_plan(registry, name)
     if plan is None:
         raise NotFound(f"no saved plan for deployment {name!r}", "start it with `m3ctl serve` first")
+    try:
+        level = registry.get(name).smoke_level or "full"
+    except (UnreadableRecord, NotFound):
+        level = "full"
     missing = [k for k in plan.secret_env_names if not (secret_env or {}).get(k)]
     if missing:  # never relaunch without a secret of the original launch (a keyed server would come back open)
         secret_env = {**restart_env(plan), **(secret_env or {})}  # BadInput naming the variable when unset here
     registry.remove(name)
     return launch_and_wait(plan, registry=registry, secret_env=secret_env, runtime=runtime, expect=expect,
-                           restarts=attempt, on_event=on_event).deployment
+                           restarts=attempt, on_event=on_event, smoke=level).deployment
 
 
 def saved_plan(registry: Registry, name: str) -> LaunchPlan | None:

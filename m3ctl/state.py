@@ -160,7 +160,9 @@ class Deployment(BaseModel):
         runtime_options: runtime settings (docker: network, ipc, mounts, GPUs), reused on restart.
         restarts: how many times the watchdog restarted it.
         smoke: the correctness smoke test's findings after readiness (m3ctl/smoke.py: ``id``, ``status``,
-            ``message``, ``fix``, ``evidence``); None when it did not run (``--no-smoke``).
+            ``message``, ``fix``, ``evidence``, ``duration_s``); None when it did not run (``--smoke off``).
+        smoke_level: the smoke test's level (``quick``, ``full``, ``off``); None in records written before levels.
+        smoke_s: the smoke test's wall time (s), None when it did not run.
     """
 
     name: str
@@ -181,6 +183,8 @@ class Deployment(BaseModel):
     runtime_options: dict = Field(default_factory=dict)
     restarts: int = 0
     smoke: list[dict] | None = None
+    smoke_level: str | None = None
+    smoke_s: float | None = None
     marker: str | None = None
     """:data:`MARKER_ENV` value of its processes (process runtime): how ``stop`` finds every one of them."""
     died_at: float | None = None

@@ -1,19 +1,27 @@
 """A fake ``vllm`` executable for failure-case tests: prints a recorded log, then exits or serves and misbehaves.
 
-Invoked as ``vllm serve MODEL --host H --port P --served-model-name NAME ...`` (other flags are ignored).
-Behaviour comes from the JSON in ``$FAKE_VLLM`` (the test's environment reaches the server through the
+Invoked as ``vllm serve MODEL --host H --port P --served-model-name NAME [ALIAS...] ...`` (other flags are
+ignored). Behaviour comes from the JSON in ``$FAKE_VLLM`` (the test's environment reaches the server through the
 process runtime):
 
 - ``start_log``: a file printed first (the report's startup lines);
 - ``exit``: exit with this status right after the start log (a start-time crash);
-- otherwise serve an OpenAI-compatible API on the port: ``/health``, ``/v1/models``, ``/v1/completions``,
-  ``/v1/chat/completions`` (plain and streamed), with:
+- otherwise serve an OpenAI-compatible API on the port: ``/health``, ``/v1/models`` (every served name, in
+  order, with ``max_model_len`` when ``serve.max_model_len`` is set), ``/tokenize``, ``/v1/completions``,
+  ``/v1/chat/completions`` (plain and streamed). Prompt tokens are counted by whitespace and reported in
+  ``usage``; a chat question "What is A + B?" is answered with the sum. ``serve`` options:
   - ``crash_after``: the number of generation requests answered before the next one crashes the server
     (``crash_log`` printed, exit status ``crash_code``, default 134 = SIGABRT);
-  - ``reasoning_in_content``: the reasoning comes back inside ``content`` as ``<think>...</think>`` and
-    ``reasoning_content`` stays null (N05);
+  - ``die_above_tokens``: a generation request whose prompt has more tokens than this crashes the server the
+    same way (default log: a CUDA illegal memory access raised in MiniMax-M3's MSA sparse attention, as vLLM 0.26
+    did on an H200 for any prompt beyond one 128-token MSA block);
+  - ``reasoning_in_content``: the reasoning comes back inside ``content`` between the ``think`` markers
+    (default ``["<think>", "</think>"]``) and ``reasoning_content`` stays null (N05);
   - ``raw_tool_calls``: a tool request gets the model's raw ``<minimax:tool_call>`` markup as ``content`` and
     no ``tool_calls``;
+  - ``wrong_answer``: arithmetic is answered wrong (a server whose kernels produce wrong output);
+  - ``tokenize``: false = no ``/tokenize`` (404, as a non-vLLM server);
+  - ``block_size``: the KV block size ``/metrics`` reports (``vllm:cache_config_info``); no ``/metrics`` without;
   - ``degenerate``: ``"nul"`` (NUL characters) or ``"repeat"`` (one token repeated) as every generated text
     after the first completion (readiness passes).
 
@@ -25,6 +33,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -32,9 +41,26 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 SPEC = json.loads(os.environ.get("FAKE_VLLM", "{}"))
 ARGS = sys.argv[1:]
 
+#: The crash ``die_above_tokens`` prints by default: the shape of vLLM 0.26's MSA failure on an H200 (a CUDA illegal
+#: memory access raised in MiniMax-M3's sparse attention, then the engine-dead wrappers); not a captured log.
+MSA_CRASH_LOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "smoke",
+                             "msa-long-prompt-crash.log")
+
 
 def _arg(flag: str, default: str) -> str:
     return ARGS[ARGS.index(flag) + 1] if flag in ARGS[:-1] else default
+
+
+def _args(flag: str) -> list[str]:
+    """Every value after ``flag`` up to the next flag (``--served-model-name a b``)."""
+    if flag not in ARGS:
+        return []
+    out = []
+    for a in ARGS[ARGS.index(flag) + 1:]:
+        if a.startswith("-"):
+            break
+        out.append(a)
+    return out
 
 
 def _print_file(key: str) -> None:
@@ -49,16 +75,45 @@ if "exit" in SPEC:
     time.sleep(0.3)
     sys.exit(SPEC["exit"])
 
-MODEL = _arg("--served-model-name", "fake")
+NAMES = _args("--served-model-name") or ["fake"]
+MODEL = NAMES[0]
 SERVE = SPEC.get("serve", {})
+THINK = SERVE.get("think", ["<think>", "</think>"])
 state = {"generations": 0}
 
 
-def _text(kind: str) -> str:
+def _crash() -> None:
+    if SPEC.get("crash_log"):
+        _print_file("crash_log")
+    else:
+        with open(MSA_CRASH_LOG) as f:
+            sys.stdout.write(f.read())
+        sys.stdout.flush()
+    os._exit(SERVE.get("crash_code", 134))
+
+
+def _text(kind: str, n: int = 0) -> str:
     deg = SERVE.get("degenerate")
     if deg and state["generations"] > 1:
         return "\x00" * 8 if deg == "nul" else " the" * 24
-    return {"completion": " Paris, a city of bridges.", "answer": "4"}[kind]
+    if kind == "tokens":
+        return " tok" * n
+    return {"completion": " Paris, a city of bridges.", "answer": "4"}.get(kind, kind)
+
+
+def _answer(question: str) -> str:
+    m = re.search(r"What is (\d+)\s*\+\s*(\d+)", question)
+    if not m:
+        return "Red."
+    total = int(m.group(1)) + int(m.group(2))
+    return _text(str(total + 1 if SERVE.get("wrong_answer") else total))
+
+
+def _prompt_tokens(req: dict) -> int:
+    if "messages" in req:
+        return sum(len(str(m.get("content") or "").split()) for m in req["messages"]) + 4
+    p = req.get("prompt") or ""
+    return len((p if isinstance(p, str) else " ".join(map(str, p))).split())
 
 
 API_KEY = _arg("--api-key", os.environ.get("VLLM_API_KEY", ""))
@@ -90,37 +145,59 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self._send(200, {})
         elif self.path == "/v1/models":
-            self._send(200, {"object": "list", "data": [{"id": MODEL, "object": "model"}]})
+            extra = {"max_model_len": SERVE["max_model_len"]} if "max_model_len" in SERVE else {}
+            self._send(200, {"object": "list", "data": [{"id": n, "object": "model", **extra} for n in NAMES]})
+        elif self.path == "/metrics" and "block_size" in SERVE:
+            body = (f'vllm:cache_config_info{{block_size="{SERVE["block_size"]}",cache_dtype="auto",engine="0"}} 1.0\n'
+                    ).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
         else:
             self._send(404, {})
 
-    def _generation(self) -> None:
+    def _generation(self, req: dict) -> None:
         state["generations"] += 1
         if "crash_after" in SERVE and state["generations"] > SERVE["crash_after"]:
-            _print_file("crash_log")
-            os._exit(SERVE.get("crash_code", 134))
+            _crash()
+        if "die_above_tokens" in SERVE and _prompt_tokens(req) > SERVE["die_above_tokens"]:
+            _crash()
 
     def do_POST(self):  # noqa: N802
         req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
         if self._refused():
             return
-        self._generation()
+        if self.path == "/tokenize":
+            if SERVE.get("tokenize", True):
+                self._send(200, {"count": _prompt_tokens(req), "max_model_len": SERVE.get("max_model_len", 4096)})
+            else:
+                self._send(404, {"detail": "Not Found"})
+            return
+        if self.path not in ("/v1/completions", "/v1/chat/completions"):
+            self._send(404, {})
+            return
+        self._generation(req)
+        n = int(req.get("max_completion_tokens") or req.get("max_tokens") or 16)
+        pt = _prompt_tokens(req)
         if self.path == "/v1/completions" and req.get("stream"):  # bench: one token per chunk, then usage
-            n = int(req.get("max_completion_tokens") or req.get("max_tokens") or 16)
             self._sse([{"choices": [{"index": 0, "text": " tok", "finish_reason": "length" if i == n - 1 else None}],
-                        **({"usage": {"prompt_tokens": 8, "completion_tokens": i + 1, "total_tokens": 9 + i}}
+                        **({"usage": {"prompt_tokens": pt, "completion_tokens": i + 1, "total_tokens": pt + i + 1}}
                            if (req.get("stream_options") or {}).get("continuous_usage_stats") else {})}
                        for i in range(n)]
-                      + ([{"choices": [], "usage": {"prompt_tokens": 8, "completion_tokens": n, "total_tokens": 8 + n}}]
+                      + ([{"choices": [],
+                            "usage": {"prompt_tokens": pt, "completion_tokens": n, "total_tokens": pt + n}}]
                          if (req.get("stream_options") or {}).get("include_usage") else []))
             return
         if self.path == "/v1/completions":
-            self._send(200, {"choices": [{"index": 0, "text": _text("completion"), "finish_reason": "length"}]})
+            text = _text("tokens", n) if req.get("ignore_eos") else _text("completion")
+            done = n if req.get("ignore_eos") else min(n, len(text.split()))
+            self._send(200, {"choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                             "usage": {"prompt_tokens": pt, "completion_tokens": done, "total_tokens": pt + done}})
             return
-        if self.path != "/v1/chat/completions":
-            self._send(404, {})
-            return
-        msg: dict = {"role": "assistant", "content": _text("answer"), "reasoning_content": "2 plus 2 is 4.",
+        question = " ".join(str(m.get("content") or "") for m in req.get("messages") or [])
+        msg: dict = {"role": "assistant", "content": _answer(question), "reasoning_content": "2 plus 2 is 4.",
                      "tool_calls": []}
         if req.get("tools"):
             msg["reasoning_content"] = None
@@ -132,14 +209,22 @@ class Handler(BaseHTTPRequestHandler):
                 msg["tool_calls"] = [{"id": "call_0", "type": "function",
                                       "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]
         elif SERVE.get("reasoning_in_content"):
-            msg["content"] = "<think>\n2 plus 2 is 4.\n</think>\n\n" + _text("answer")
+            msg["content"] = f"{THINK[0]}\n2 plus 2 is 4.\n{THINK[1]}\n\n" + _answer(question)
             msg["reasoning_content"] = None
         if not req.get("stream"):
-            self._send(200, {"choices": [{"index": 0, "message": msg, "finish_reason": "stop"}]})
+            self._send(200, {"choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
+                             "usage": {"prompt_tokens": pt, "completion_tokens": 8, "total_tokens": pt + 8}})
             return
         deltas = [{"reasoning_content": msg["reasoning_content"]}] if msg.get("reasoning_content") else []
-        deltas.append({"content": msg["content"]})
-        self._sse([{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas])
+        if msg["tool_calls"]:
+            fn = msg["tool_calls"][0]["function"]
+            deltas += [{"tool_calls": [{"index": 0, "id": "call_0", "type": "function",
+                                        "function": {"name": fn["name"], "arguments": ""}}]},
+                       {"tool_calls": [{"index": 0, "function": {"arguments": fn["arguments"]}}]}]
+        else:
+            deltas.append({"content": msg["content"]})
+        self._sse([{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+                  + [{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}])
 
     def _sse(self, chunks: list[dict]) -> None:
         self.send_response(200)

@@ -56,7 +56,7 @@ def test_serve_prints_one_line_per_readiness_phase_in_a_log_file(tmp_path):
     try:
         assert p.returncode == 0, p.stderr
         phases = [line.split()[1] for line in p.stdout.splitlines() if line.startswith(("  ✓", "  …", "  ✗"))]
-        assert phases == ["process", "port", "health", "models", "completion"], p.stdout
+        assert phases == ["process", "port", "health", "models", "completion", "smoke"], p.stdout
         assert long_lines(p.stdout) == [], p.stdout
         assert p.stdout.splitlines()[1].rstrip().endswith("\\")  # the command: shell lines, one command
     finally:

@@ -257,7 +257,9 @@ def test_n05_variant_other_parser_and_a_clean_server(tmp_path, tiny_models):
     r = next(f for f in smoke if f["id"] == "smoke.reasoning")
     assert r["status"] == "FAIL" and "deepseek_r1" in r["message"] and "matches the model" in r["fix"]
     smoke, _, table = _smoke(tmp_path, "-m", "MiniMax-M2.5", "--tp", "4", serve={}, name="clean")
-    assert [f["status"] for f in smoke] == ["OK", "OK", "OK"] and "ok" in table
+    assert [f["id"] for f in smoke] == ["smoke.long_prompt", "smoke.batch", "smoke.chat", "smoke.reasoning",
+                                        "smoke.tool_calls", "smoke.answer", "smoke.output"], smoke
+    assert {f["status"] for f in smoke} == {"OK"} and "ok" in table
 
 
 def test_smoke_raw_tool_call_markup_is_a_named_finding(tmp_path):
@@ -356,10 +358,11 @@ def test_serve_dry_run_prints_the_smoke_checks_it_would_run(tmp_path):
     inv = str(_inventory(tmp_path, "h200x8"))
     p = run_cli("serve", "--inventory", inv, "-m", "MiniMax-M2.5", "--tp", "4", "--dry-run", check=True)
     line = p.stdout.strip().splitlines()[-1]
-    assert line.startswith("after readiness, smoke test: smoke.reasoning (--reasoning-parser minimax_m2_append_think")
+    assert line.startswith("after readiness, smoke test: full: smoke.long_prompt (one 1,024-token prompt"), line
+    assert "smoke.reasoning (--reasoning-parser minimax_m2_append_think" in line, line
     assert "smoke.tool_calls (--tool-call-parser minimax_m2" in line and "smoke.output" in line
     p = run_cli("serve", "--inventory", inv, "-m", "MiniMax-M2.5", "--tp", "4", "--dry-run", "--no-smoke", check=True)
-    assert p.stdout.strip().splitlines()[-1] == "after readiness, smoke test: skipped (--no-smoke)"
+    assert p.stdout.strip().splitlines()[-1] == "after readiness, smoke test: skipped (--smoke off)"
 
 
 def test_traceback_body_lines_under_a_vllm_header_are_never_the_root_cause():

@@ -53,13 +53,32 @@ class BenchTarget:
 
         return auth_headers(self.api_key, basic=self.basic_auth)
 
+    deployment: str | None = None
+    """The m3ctl deployment behind ``url`` (given, or found by its address), else None."""
+    deployment_model: str | None = None
+    """That deployment's served model name (what :meth:`pick_model` prefers when the server lists several)."""
 
-def only_model(url: str, headers: dict[str, str] | None = None, key_hint: str | None = None) -> str:
-    """The one model id ``url`` serves (``GET /v1/models``).
+    def pick_model(self) -> tuple[str, str | None]:
+        """The model id to benchmark and, when the server lists several names, the one line saying which was
+        picked and why (:func:`model_choice`).
+
+        Raises:
+            Unauthorised, BadInput: as :func:`model_choice`.
+        """
+        return model_choice(self.url, self.headers(), self.deployment_model, self.deployment, self.key_hint)
+
+
+def model_choice(url: str, headers: dict[str, str] | None = None, preferred: str | None = None,
+                 deployment: str | None = None, key_hint: str | None = None) -> tuple[str, str | None]:
+    """The model id to benchmark at ``url`` (``GET /v1/models``) and a note naming the choice (None when the server
+    lists one name). Of several names (m3ctl's servers answer to the model and to the deployment's name), the
+    deployment's model ``preferred`` when listed, else the first listed, as ``vllm bench serve`` takes the first
+    (vllm/benchmarks/serve.py ``get_first_model_from_server``: ``data["data"][0]["id"]``;
+    https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/benchmarks/serve.py).
 
     Raises:
         Unauthorised: the server answers 401/403 (``key_hint`` says which key it expects).
-        BadInput: the list cannot be read, or the server serves none or several (then pass the model).
+        BadInput: the list cannot be read, or the server lists no model (then pass the model).
     """
     import httpx  # noqa: PLC0415
 
@@ -75,17 +94,47 @@ def only_model(url: str, headers: dict[str, str] | None = None, key_hint: str | 
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
         raise BadInput(f"cannot list models at {url}/v1/models: {type(e).__name__}",
                        "check --url, or pass --model") from None
-    if len(ids) != 1:
-        raise BadInput(f"{url} serves {len(ids)} models {ids}", "pass --model")
-    return ids[0]
+    if not ids:
+        raise BadInput(f"{url} serves no model (/v1/models lists none)", "check --url, or pass --model")
+    if len(ids) == 1:
+        return ids[0], None
+    names = ", ".join(map(repr, ids))
+    if preferred in ids:
+        return preferred, (f"model {preferred!r}: the model of deployment {deployment!r} ({url} answers to {names}; "
+                           "--model picks another)")
+    return ids[0], (f"model {ids[0]!r}: the first of the {len(ids)} names {url}/v1/models lists ({names}), as "
+                    "vllm bench serve takes; --model picks another")
+
+
+def only_model(url: str, headers: dict[str, str] | None = None, key_hint: str | None = None) -> str:
+    """The model id to benchmark at ``url``: :func:`model_choice` without a deployment (the first name listed).
+
+    Raises:
+        Unauthorised, BadInput: as :func:`model_choice`.
+    """
+    return model_choice(url, headers, key_hint=key_hint)[0]
+
+
+
+
+def deployment_for_url(url: str):
+    """The m3ctl deployment (:class:`~m3ctl.state.Deployment`) listening at ``url``, else None: the one lookup,
+    :func:`m3ctl.lifecycle.deployment_for_url`."""
+    from m3ctl.lifecycle import deployment_for_url as lookup  # noqa: PLC0415
+
+    try:
+        return lookup(url)
+    except OSError:
+        return None
 
 
 def resolve_target(url: str | None = None, *, deployment: str | None = None, model: str | None = None,
                    num_gpus: int | None = None, api_key: str | None = None, lookup_model: bool = True) -> BenchTarget:
     """The endpoint of a bench run: ``url``, or the m3ctl deployment named ``deployment`` (its URL, served model,
-    API key, model directory, log and GPU count from its saved plan); ``model`` defaults to the only model the
-    server serves (``lookup_model=False``: left None, nothing is sent); ``num_gpus`` given wins over the deployment's.
-    ``api_key`` given wins over the environment.
+    API key, model directory, log and GPU count from its saved plan); ``model`` defaults to the deployment's
+    model, else to the model :meth:`BenchTarget.pick_model` picks from ``/v1/models`` (the model of the deployment
+    listening at ``url`` when m3ctl knows one, else the first listed; ``lookup_model=False``: left None, nothing is
+    sent); ``num_gpus`` given wins over the deployment's. ``api_key`` given wins over the environment.
 
     Raises:
         BadInput: neither ``url`` nor ``deployment``; an unknown deployment (NotFound); no model to pick.
@@ -122,15 +171,12 @@ def resolve_target(url: str | None = None, *, deployment: str | None = None, mod
     if not url:
         raise BadInput("no endpoint given", "pass --url http://HOST:PORT or --deployment NAME")
     url = url.rstrip("/").removesuffix("/v1")
-    if not deployment:  # a server m3ctl launched, benched by its URL: its engine is checked when requests fail
-        from m3ctl.lifecycle import deployment_for_url  # noqa: PLC0415
-
-        known = deployment_for_url(url)
-        deployment = known.name if known is not None else None
+    dep_name, dep_model = deployment, (model if deployment else None)
+    if not deployment and not model and (known := deployment_for_url(url)) is not None:
+        dep_name, dep_model = known.name, known.served_model_name  # the model the record says it serves
+    t = BenchTarget(url=url, model=model, api_key=key, basic_auth=basic, key_hint=hint, model_dir=model_dir,
+                    server_log=server_log, sync_log=sync_log, num_gpus=num_gpus, num_gpus_source=gpus_source,
+                    argv=argv, deployment=dep_name, deployment_model=dep_model)
     if not model and lookup_model:
-        from m3ctl.secrets import auth_headers  # noqa: PLC0415
-
-        model = only_model(url, auth_headers(key, basic=basic), hint)
-    return BenchTarget(url=url, model=model, api_key=key, basic_auth=basic, key_hint=hint, model_dir=model_dir,
-                       server_log=server_log, sync_log=sync_log, num_gpus=num_gpus, num_gpus_source=gpus_source,
-                       argv=argv, deployment=deployment)
+        t.model = t.pick_model()[0]
+    return t

@@ -15,7 +15,7 @@ import typer
 
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import check_outputs
-from m3ctl.cli.output import Output, console
+from m3ctl.cli.output import Output, console, escape
 from m3ctl.cli.bench_report import print_bench, print_compare
 from m3ctl.errors import BadInput
 
@@ -95,7 +95,7 @@ def bench(
     from pydantic import ValidationError  # noqa: PLC0415
 
     from m3ctl.bench.runner import BenchConfig, run_bench, run_sweep, validate  # noqa: PLC0415
-    from m3ctl.bench.target import only_model, resolve_target  # noqa: PLC0415
+    from m3ctl.bench.target import resolve_target  # noqa: PLC0415
 
     to_stdout = json_out or str(output_json) == "-"
     check_outputs(output_json=output_json, output_csv=output_csv, plot=plot)
@@ -117,10 +117,13 @@ def bench(
         raise BadInput(f"bad bench option --{'.'.join(map(str, first['loc'])).replace('_', '-')}: {first['msg']}",
                        "see `m3ctl bench --help`") from None
     validate(cfg)  # endpoint, HTTP client, goodput metrics, --duration's bound: checked once, in the library
-    if not t.model:
-        cfg = cfg.model_copy(update={"model": only_model(t.url, t.headers(), t.key_hint)})
-    show = sys.stderr.isatty() if progress is None else progress
     err_con = console(stderr=True)
+    if not t.model:  # several served names: the deployment's model, else the first listed; say which
+        picked, note = t.pick_model()
+        cfg = cfg.model_copy(update={"model": picked})
+        if note:
+            err_con.print(escape(note), soft_wrap=True)
+    show = sys.stderr.isatty() if progress is None else progress
     if progress:  # forced: frames even when stderr is not a terminal (a log file, CI)
         from rich.console import Console  # noqa: PLC0415
 

@@ -38,7 +38,8 @@ def print_smoke(con, findings: list[dict] | None, only_problems: bool = False) -
     for f in findings or []:
         if only_problems and f["status"] in ("OK", "SKIP"):
             continue
-        head = f"  smoke {f['status']} {f['id']}: "
+        took = f" {f['duration_s']:.1f} s" if f.get("duration_s") is not None else ""
+        head = f"  smoke {f['status']} {f['id']}{took}: "
         print_hang(con, head, f["message"], 8, COLOUR[f["status"]], (8, 8 + len(f["status"])))
         if f.get("evidence") and f["status"] != "OK":
             print_hang(con, "        got: ", f["evidence"], 13)

@@ -31,7 +31,8 @@ def serve(
     restart: Annotated[str, typer.Option(parser=o.choice("no", "on-failure"), help="Foreground watchdog: no or on-failure (restart a dead/stalled server).")] = "no",
     watch_interval: Annotated[float, typer.Option(min=0, help="Foreground watchdog: seconds between liveness probes.")] = 10.0,
     api_key_env: Annotated[Optional[str], typer.Option(help="Require this API key: the name of the environment variable holding it (handed to vLLM as VLLM_API_KEY, never on its command line).")] = None,
-    no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Skip the smoke test after readiness (parsers, degenerate output).")] = False,
+    smoke: Annotated[Optional[str], typer.Option("--smoke", parser=o.choice("quick", "full", "off"), metavar="quick|full|off", help="Smoke test before 'ready': quick (a long prompt + a mixed concurrent batch), full (also chat, parsers, a known answer, output checks; default) or off.")] = None,
+    no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Same as --smoke off.")] = False,
 ) -> None:
     """Plan, launch and wait until the server really serves (then watch it, or return with --detach).
 
@@ -43,6 +44,9 @@ def serve(
     from m3ctl.state import Registry, check_name  # noqa: PLC0415
 
     out = Output(json_out)
+    if no_smoke and smoke not in (None, "off"):
+        raise BadInput(f"--no-smoke contradicts --smoke {smoke}", "give one of them (--no-smoke is --smoke off)")
+    level = "off" if no_smoke else (smoke or "full")
     check_name(name)
     check_host(host)
     req = plan_request(ctx)
@@ -56,7 +60,7 @@ def serve(
     if image and req.runtime != "docker":
         raise BadInput("--image needs --runtime docker", "add --runtime docker")
     if dry_run:
-        return show_dry_run(out, p, no_smoke)
+        return show_dry_run(out, p, level)
     reg = Registry()
     rt = make_runtime(p.runtime, mount or [], out)
     expect = serving.profile_expect(prof, p.profile, p)
@@ -69,18 +73,19 @@ def serve(
     out.event("starting", name=p.name, command=shown_command(p))
     # A foreground Ctrl-C (or SIGTERM/SIGHUP) stops the server wherever it lands (a print, an import, a probe).
     with serving.stop_signals_as_interrupt():
-        launch_and_serve(out, p, reg, rt, secrets, expect, detach, watch_interval, restart, smoke=not no_smoke,
+        launch_and_serve(out, p, reg, rt, secrets, expect, detach, watch_interval, restart, smoke=level,
                          inv=inv)
 
 
-def show_dry_run(out: Output, p, no_smoke: bool) -> None:
-    from m3ctl.smoke import planned_checks  # noqa: PLC0415
+def show_dry_run(out: Output, p, level: str) -> None:
+    from m3ctl.smoke import planned_checks, smoke_target  # noqa: PLC0415
 
     if out.json:
         typer.echo(p.model_dump_json(indent=2))
         return
     print_plan(out.con, p)
-    checks = "skipped (--no-smoke)" if no_smoke else "; ".join(planned_checks(p.argv))
+    checks = "skipped (--smoke off)" if level == "off" else f"{level}: " + "; ".join(
+        planned_checks(p.argv, level, smoke_target(p)))
     out.print(f"after readiness, smoke test: {escape(checks)}")
 
 
@@ -103,7 +108,8 @@ def on_phase(out: Output):
             return
         if tty:
             out.con.file.write("\x1b[2K")
-        mark, detail = ("[green]✓[/]", started.get(e.phase, "")) if e.status == "ok" else ("[red]✗[/]", e.detail)
+        ok = e.status == "ok"  # an ok event may carry its result (the smoke's checks and seconds)
+        mark, detail = ("[green]✓[/]", e.detail or started.get(e.phase, "")) if ok else ("[red]✗[/]", e.detail)
         line = f"  {mark} {e.phase:<11} {e.elapsed_s:6.1f} s  {escape(detail)}".rstrip()
         if e.status == "ok":  # one line: what the phase waited for is a short note
             out.con.print(line, no_wrap=True, overflow="ellipsis", soft_wrap=False)
@@ -113,7 +119,7 @@ def on_phase(out: Output):
 
 
 def launch_and_serve(out: Output, p, reg, rt, secrets, expect, detach: bool, watch_interval: float,
-                     restart: str, smoke: bool = True, inv=None) -> None:
+                     restart: str, smoke: str = "full", inv=None) -> None:
     """Launch, report readiness, smoke findings and kernels, then watch in the foreground (unless ``detach``);
     any end of the foreground watch but a detached Ctrl-C stops the server (m3ctl.serve.watch_deployment)."""
     from m3ctl import serve as serving  # noqa: PLC0415

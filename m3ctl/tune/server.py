@@ -20,6 +20,10 @@ from m3ctl.tune.space import plan_kwargs
 #: Repeats of a bench run spoiled by in-service kernel JIT compilation (each repeat hits compiled kernels).
 JIT_RERUNS = 2
 
+#: Smoke level of a trial server (m3ctl/smoke.py): the workload checks only; parsers and output are the tuned
+#: command's business once it is served with ``m3ctl serve``.
+TRIAL_SMOKE = "quick"
+
 
 class ServerSession:
     def __init__(self, ev: ServerEvaluator, plan, dep, trial_dir: Path, start_s: float,
@@ -193,7 +197,10 @@ class ServerEvaluator:
         secrets = launch_env(p)  # a server that inherits VLLM_API_KEY requires it: readiness and benches send it
         t0 = time.monotonic()
         try:
+            # The quick smoke (a long prompt of several KV/MSA blocks and a mixed batch): a trial whose server would
+            # die on the workload's prompts fails here, with the cause, instead of as a bench run.
             res = launch_and_wait(p, registry=self.registry, secret_env=secrets,
+                                  smoke=TRIAL_SMOKE,
                                   on_event=lambda e: on_event(f"{e.phase} {e.status}") if e.status != "start" else None)
         except LaunchFailed as e:
             e.elapsed_s = time.monotonic() - t0  # type: ignore[attr-defined]
