@@ -115,8 +115,6 @@ def only_model(url: str, headers: dict[str, str] | None = None, key_hint: str | 
     return model_choice(url, headers, key_hint=key_hint)[0]
 
 
-
-
 def deployment_for_url(url: str):
     """The m3ctl deployment (:class:`~m3ctl.state.Deployment`) listening at ``url``, else None: the one lookup,
     :func:`m3ctl.lifecycle.deployment_for_url`."""
