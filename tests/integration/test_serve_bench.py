@@ -64,6 +64,9 @@ def test_readiness_rejects_model_that_cannot_generate(tiny_models, tmp_path):
     assert "Traceback" not in p.stderr
     time.sleep(1)
     assert vllm_procs_for(port) == [] and not port_in_use("127.0.0.1", port)
+    (rec,) = json.loads(run_cli("status", "--json", check=True).stdout)  # kept as failed, with why, until stop
+    assert rec["phase"] == "failed" and "head_dim" in rec["cause"] and rec["alive"] is False
+    assert run_cli("stop", "hd16").returncode == 0
     assert json.loads(run_cli("status", "--json", check=True).stdout) == []
 
 
