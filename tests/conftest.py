@@ -96,7 +96,7 @@ def groundtruth_session(url: str, tmp_path, **bench):
     returns (session, log path)."""
     from types import SimpleNamespace
 
-    from m3ctl.state import Deployment
+    from m3ctl.state import Deployment, Registry
     from m3ctl.tune.search import TuneSpec
     from m3ctl.tune.server import ServerSession
 
@@ -105,6 +105,7 @@ def groundtruth_session(url: str, tmp_path, **bench):
     dep = Deployment(name="t", port=int(url.rsplit(":", 1)[1]), served_model_name="groundtruth",
                      model="groundtruth", log_path=str(log))
     ev = SimpleNamespace(spec=TuneSpec(prompts_per_concurrency=2), n_gpus_plan=lambda p: 1,
+                         registry=Registry(tmp_path / "state"),
                          bench={"input_len": 16, "output_len": 8, "scrape_server_metrics": False, **bench})
     return ServerSession(ev, SimpleNamespace(argv=["vllm", "serve"]), dep, tmp_path, 1.0), log
 

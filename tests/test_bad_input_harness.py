@@ -49,6 +49,7 @@ BASE = {
     "dev tiny-model": ["dev", "tiny-model", "{cwd}/tm"],
     "dev scale-model": ["dev", "scale-model", "{cwd}/sm", "--layers", "1"],
     "dev fix-vllm": ["dev", "fix-vllm"],
+    "dev vllm-models": ["dev", "vllm-models", "0.26.0={registry}", "--output", "{cwd}/../vm.yaml"],
 }
 #: Options that replace a base option (the base's would conflict or decide first).
 REPLACES = {"--inventory": ("--system",), "--systems": ("--system",), "--resume": ("--model",),
@@ -56,7 +57,7 @@ REPLACES = {"--inventory": ("--system",), "--systems": ("--system",), "--resume"
 
 #: Files read (bad: not UTF-8, a directory, missing) and written (bad: a directory, read-only, under a file).
 INPUT_FILES = {"--inventory", "--config", "--profile", "--dataset-path", "files"}
-OUTPUT_FILES = {"--save-inventory", "--output-json", "--output-csv", "--plot"}
+OUTPUT_FILES = {"--save-inventory", "--output-json", "--output-csv", "--plot", "--output"}
 OUTPUT_DIRS = {"--study-dir", "out_dir"}  # a directory m3ctl creates: bad under a file, or a file itself
 
 #: Bad values of string options ({bin}: a non-UTF-8 file, {dir}: a directory, {file}: a regular file).
@@ -90,6 +91,8 @@ STRING_CASES: dict[str, list[str]] = {
     "--arch": ["gpt2", ""],
     "--quant": ["int3", ""],
     "--hf-cache-hostpath": ["relative/path"],
+    "--attention": ["sparse", ""],
+    "--smoke": ["fast", ""],
 }
 #: Multiple-valued string options and their bad values.
 LIST_CASES: dict[str, list[str]] = {
@@ -97,6 +100,7 @@ LIST_CASES: dict[str, list[str]] = {
     "--systems": ["nosuch", ""],
     "--mount": ["nocolon"],
     "--goodput": ["itl:50", "ttft:-5", "ttft:nan", "ttft", "ttft:abc"],
+    "registries": ["0.26.0", "=x", "0.26.0=", "0.26.0={cwd}/missing.py", "0.26.0={bin}", "0.26.0={file}"],
     "--knob": ["max_num_seqs=-4", "spec_depth=-1", "tp=0", "nosuch=1", "tp=", "spec_depth=3-1", "tp=a"],
 }
 #: String options that take any text (a label, a salt): nothing to refuse.
@@ -202,7 +206,7 @@ def argv(case: Case, paths: dict[str, str]) -> list[str]:
                 del base[i:i + 2]
         args = [*base, case.option, case.value]
     else:  # a positional: replace the base's
-        pos = {"files": 2, "out_dir": 2, "name": 1}[case.option]
+        pos = {"files": 2, "out_dir": 2, "name": 1, "registries": 2}[case.option]
         args = [*base[:pos], case.value, *base[pos + 1:]]
     return [a.format(**paths) for a in args]
 
@@ -300,6 +304,7 @@ def make_paths(root: Path, tiny: Path) -> tuple[dict[str, str], Path, Path]:
     root.mkdir(parents=True, exist_ok=True)
     (root / "bin.yaml").write_bytes(b"\xff\xfe\x00 not utf-8 \x80")
     (root / "a-file").write_text("x")
+    (root / "registry.py").write_text('_TEXT_GENERATION_MODELS = {"LlamaForCausalLM": ("llama", "LlamaForCausalLM")}\n')
     (root / "adir").mkdir(exist_ok=True)
     (root / "badstudy").mkdir(exist_ok=True)
     (root / "badstudy" / "tune.json").write_bytes(b"\xff\xfe{")
@@ -311,7 +316,7 @@ def make_paths(root: Path, tiny: Path) -> tuple[dict[str, str], Path, Path]:
     cwd.mkdir(exist_ok=True)
     paths = {"bin": str(root / "bin.yaml"), "dir": str(root / "adir"), "file": str(root / "a-file"),
              "tiny": str(tiny), "result": str(res), "cwd": str(cwd), "badstudy": str(root / "badstudy"),
-             "corruptdb": str(root / "corruptdb")}
+             "corruptdb": str(root / "corruptdb"), "registry": str(root / "registry.py")}
     return paths, state, cwd
 
 

@@ -166,9 +166,11 @@ def test_state_writes_are_atomic(monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", crash)
-    with pytest.raises(OSError):
+    from m3ctl.state import StateWriteFailed
+
+    with pytest.raises(StateWriteFailed, match="no space left"):
         reg.save(dep.model_copy(update={"phase": "ready"}))
-    with pytest.raises(OSError):
+    with pytest.raises(StateWriteFailed, match="no space left"):
         reg.save_plan("a", '{"v": 2}')
     assert reg.get("a").phase == "launching" and reg.load_plan("a") == '{"v": 1}'
     assert [p.name for p in reg.root.rglob("*.tmp")] == []

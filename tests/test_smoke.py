@@ -159,6 +159,16 @@ def test_without_tokenize_the_prompt_is_sized_from_usage():
         stop(["smk"])
 
 
+def _only_the_failed_record(err: LaunchFailed, port: int) -> None:
+    """Nothing of a launch that failed its smoke runs; its record stays, phase failed, with the error as cause
+    (what `m3ctl status` shows until `m3ctl stop` clears it)."""
+    recs = Registry().list()
+    assert [(d.name, d.phase) for d in recs] == [("smk", "failed")] and vllm_procs_for(port) == []
+    assert recs[0].cause == err.message and recs[0].died_at
+    stop(["smk"])
+    assert Registry().list() == []
+
+
 def test_quick_sends_only_the_workload_checks_and_catches_a_long_prompt_death():
     _, f = _serve(_plan({}), smoke="quick")
     try:
@@ -169,7 +179,7 @@ def test_quick_sends_only_the_workload_checks_and_catches_a_long_prompt_death():
     with pytest.raises(LaunchFailed) as e:
         _serve(p, smoke="quick")
     assert e.value.phase == "smoke" and "in smoke.long_prompt" in e.value.message, e.value.message
-    assert Registry().list() == [] and vllm_procs_for(p.port) == []
+    _only_the_failed_record(e.value, p.port)
 
 
 def test_off_sends_nothing():
@@ -192,7 +202,7 @@ def test_a_server_dying_on_the_nth_request_is_named_and_stopped():
     assert e.value.phase == "smoke" and msg.startswith("server died during the smoke test after readiness, in "
                                                        "smoke.batch (6 concurrent prompts"), msg
     assert "illegal memory access" in msg and "EngineDeadError" not in msg.split(" [", 1)[0]
-    assert Registry().list() == [] and vllm_procs_for(p.port) == []
+    _only_the_failed_record(e.value, p.port)
 
 
 def test_serve_refuses_a_server_that_dies_on_long_prompts(tmp_path):
@@ -206,8 +216,10 @@ def test_serve_refuses_a_server_that_dies_on_long_prompts(tmp_path):
     assert "illegal memory access" in p.stderr and "Traceback" not in p.stderr.split(" [", 1)[0]
     assert "MSA sparse attention" in p.stderr  # the failing frame's component (m3ctl/data/components.yaml)
     assert "\nready " not in "\n" + p.stdout and "✓ completion" in p.stdout and "✗ smoke" in p.stdout, p.stdout
-    assert json.loads(run_cli("status", "--json", check=True).stdout) == []  # stopped and removed
+    st = json.loads(run_cli("status", "--json", check=True).stdout)  # stopped; the record stays with its cause
+    assert [(d["name"], d["phase"]) for d in st] == [("m3", "failed")] and "MSA sparse attention" in st[0]["cause"]
     assert vllm_procs_for(port) == []
+    assert run_cli("stop", "m3").returncode == 0 and json.loads(run_cli("status", "--json", check=True).stdout) == []
 
 
 # ------------------------------------------------------------------------------------------ parsers, answer

@@ -81,7 +81,7 @@ def read_registry(path: str | Path) -> str:
         if p.is_dir():
             p = p / REGISTRY_PATH
         return p.read_text()
-    except (OSError, KeyError, zipfile.BadZipFile) as e:
+    except (OSError, KeyError, zipfile.BadZipFile, UnicodeDecodeError) as e:
         raise BadInput(f"cannot read a vLLM model registry from {path}: {e}",
                        f"pass {REGISTRY_PATH}, a vLLM wheel, or a site-packages directory with vllm") from None
 

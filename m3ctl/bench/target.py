@@ -170,8 +170,8 @@ def resolve_target(url: str | None = None, *, deployment: str | None = None, mod
         raise BadInput("no endpoint given", "pass --url http://HOST:PORT or --deployment NAME")
     url = url.rstrip("/").removesuffix("/v1")
     dep_name, dep_model = deployment, (model if deployment else None)
-    if not deployment and not model and (known := deployment_for_url(url)) is not None:
-        dep_name, dep_model = known.name, known.served_model_name  # the model the record says it serves
+    if not deployment and (known := deployment_for_url(url)) is not None:  # its engine's death gets named
+        dep_name, dep_model = known.name, model or known.served_model_name  # the model the record says it serves
     t = BenchTarget(url=url, model=model, api_key=key, basic_auth=basic, key_hint=hint, model_dir=model_dir,
                     server_log=server_log, sync_log=sync_log, num_gpus=num_gpus, num_gpus_source=gpus_source,
                     argv=argv, deployment=dep_name, deployment_model=dep_model)

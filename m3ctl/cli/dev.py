@@ -85,15 +85,22 @@ def vllm_models(
     """Generate the per-version model architecture lists (m3ctl/data/vllm_models.yaml) from vLLM registry files."""
     import yaml  # noqa: PLC0415
 
-    from m3ctl.assess.engine_models import generate, parse_engine_models  # noqa: PLC0415
+    from m3ctl.assess.engine_models import generate, parse_engine_models, read_registry, registry_architectures  # noqa: PLC0415
     from m3ctl.errors import BadInput  # noqa: PLC0415
 
+    from m3ctl.cli.inputs import check_outputs  # noqa: PLC0415
+
     out = Output(json_out)
+    check_outputs(output=output)
     pairs = {}
     for item in registries:
         ver, sep, path = item.partition("=")
         if not sep or not ver or not path:
             raise BadInput(f"{item!r} is not VERSION=PATH", "e.g. 0.33.0=vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+        try:
+            registry_architectures(read_registry(path))
+        except BadInput as e:
+            raise BadInput(f"{item}: {e.message}", e.hint) from None
         pairs[ver] = path
     added = {}
     if output.is_file():  # keep the sourced added_in rows (and every version not regenerated now)

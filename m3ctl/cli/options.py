@@ -106,10 +106,14 @@ def absolute_path(value: str) -> str:
 
 
 def choice(*values: str) -> Callable[[str], str]:
-    """A parser accepting one of ``values`` (an error lists them)."""
+    """A parser accepting one of ``values`` (an error lists them, with the closest as a "did you mean")."""
     def parse(text: str) -> str:
         if text not in values:
-            raise typer.BadParameter(f"{text!r} is not one of {', '.join(values)}")
+            import difflib  # noqa: PLC0415
+
+            close = difflib.get_close_matches(text, values, n=1)
+            raise typer.BadParameter(f"{text!r} is not one of {', '.join(values)}"
+                                     + (f"; did you mean {close[0]!r}?" if close else ""))
         return text
     parse.__name__ = "choice"
     return parse

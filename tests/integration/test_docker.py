@@ -90,6 +90,9 @@ def test_container_exits_during_load_reports_phase_and_cause(engine, docker_env,
     assert "phase 'port'" in p.stderr and "max-model-len exceeds" in p.stderr and "100000" in p.stderr
     assert "Traceback" not in p.stderr
     assert _containers(engine, "dies") == [] and not port_in_use("127.0.0.1", port)
+    st = json.loads(run_cli("status", "--json", env=docker_env, check=True).stdout)  # the record keeps the cause
+    assert [(d["name"], d["phase"]) for d in st] == [("dies", "failed")] and "max-model-len exceeds" in st[0]["cause"]
+    assert run_cli("stop", "dies", env=docker_env).returncode == 0
     assert json.loads(run_cli("status", "--json", env=docker_env, check=True).stdout) == []
 
 
