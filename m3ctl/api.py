@@ -316,7 +316,7 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
     With ``dry_run`` return the plan it would launch (``serve --dry-run``) and start nothing.
 
     Args:
-        request, knobs, config, offline: as :func:`plan` (``runtime`` defaults to ``process``; ``model`` to
+        request, knobs, config, offline: as :func:`plan` (``runtime`` defaults to ``auto``, as ``plan``; ``model`` to
             MiniMax-M3.1-Flash; ``startup_budget_s`` is the readiness budget in seconds, default from the model
             size).
         api_key_env: require an API key: the name of the environment variable holding it (handed to vLLM as
@@ -347,15 +347,18 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
     from m3ctl.state import Registry, check_name  # noqa: PLC0415
 
     smoke = smoke_level(smoke)
-    req = _request(request, config, knobs, "process")
+    req = _request(request, config, knobs, "auto")
     check_name(req.name)
     check_host(req.host)
     if req.startup_budget_s is not None and not req.startup_budget_s > 0:
         raise BadInput(f"startup_budget_s {req.startup_budget_s:g} must be > 0 seconds", "e.g. 600")
-    if (req.image or req.mounts) and req.runtime != "docker":
+    if (req.image or req.mounts) and req.runtime == "process":
         raise BadInput("image and mounts need the docker runtime", "add runtime='docker'")
     inv = host_inventory(inventory)
     p, secrets, prof = serve_plan(req, inv, api_key_env=api_key_env, offline=offline)
+    if req.mounts and p.runtime != "docker":
+        raise BadInput(f"mounts need the docker runtime; runtime auto chose {p.runtime} here",
+                       "add runtime='docker'")
     if dry_run:
         return p
     expect = serving.profile_expect(prof, p.profile, p)

@@ -378,6 +378,13 @@ def images(catalog_dir: str | None = None) -> dict[str, Image]:
     return dict(_catalog("images", catalog_dir or os.environ.get("M3CTL_CATALOG_DIR")))
 
 
+def find_image(ref: str, catalog_dir: str | None = None) -> Image | None:
+    """The catalog image named ``ref`` or whose reference (``repository:tag`` / ``@digest``) is ``ref``; None
+    otherwise (a user image: inspected through the container engine instead)."""
+    imgs = images(catalog_dir)
+    return imgs.get(ref) or next((i for i in imgs.values() if ref in (i.reference, f"{i.repository}:{i.tag}")), None)
+
+
 def models(catalog_dir: str | None = None) -> dict[str, ModelSpec]:
     """All model specs by name (built-in ``m3ctl/models/*.yaml``, then the user catalog)."""
     return dict(_catalog("models", catalog_dir or os.environ.get("M3CTL_CATALOG_DIR")))

@@ -174,6 +174,8 @@ class Ctx:
     """``--attention`` (``dense``: the opt-in fallback of a known issue); None: the checkpoint's own."""
     engine: str | None = None
     """vLLM version of the engine that would run (as plan decides it); None unknown."""
+    planned: Any = None
+    """The plan of the verdict's request (the planner's layout search), or the M3Error it raised; None = not planned."""
 
     @property
     def gpu_host(self) -> bool:
@@ -439,37 +441,26 @@ def check_amdsmi(ctx: Ctx) -> CheckResult:
 
 
 def check_image_cuda(ctx: Ctx) -> CheckResult:
-    """F06: image CUDA newer than the driver supports -> error 804 on non-datacenter GPUs."""
+    """F06: the plan rule ``image.cuda_vs_driver``'s finding for the image the verdict would run (a view of
+    :func:`m3ctl.assess.rules.cuda_vs_driver`, never a second decision); SKIP for the process runtime."""
+    from m3ctl.assess.rules import cuda_vs_driver  # noqa: PLC0415
+
     inv, img = ctx.inv, ctx.image
     if inv.vendor != "nvidia":
         return _r("image.cuda_vs_driver", "driver", "SKIP", "not an NVIDIA host")
     if img is None or not img.cuda_version:
         return _r("image.cuda_vs_driver", "driver", "SKIP", ctx.image_note or "no image CUDA version known")
-    drv_cuda = inv.cuda_driver_version
-    det = [f"image {img.name}: CUDA {img.cuda_version}; driver {inv.driver_version} supports CUDA {drv_cuda}"]
-    need = caps.min_driver_for_cuda(img.cuda_version)
-    if ctx.image_note:
-        det.append(ctx.image_note)
-    if not drv_cuda or not caps.version_lt(drv_cuda, img.cuda_version):
+    det = [f"image {img.name}: CUDA {img.cuda_version}; driver {inv.driver_version} supports CUDA "
+           f"{inv.cuda_driver_version}"] + ([ctx.image_note] if ctx.image_note else [])
+    f = cuda_vs_driver(img.as_catalog_image(), inv)
+    if f is None:
         return _r("image.cuda_vs_driver", "driver", "OK", f"image {img.name} CUDA {img.cuda_version} <= driver's "
-                  f"CUDA {drv_cuda}", details=det)
-    consumer = any(caps.is_consumer_gpu(g.name, g.brand) for g in inv.gpus)
-    alt = _older_image(ctx, drv_cuda)
-    fix = (f"upgrade the driver to >= {need} (CUDA {img.cuda_version})" if need else "upgrade the driver") + (
-        f", or use image {alt}" if alt else f"; no m3ctl-validated image has CUDA <= {drv_cuda}")
-    det.append(f"source: {caps.table().forward_compat.source}; {caps.table().cuda_min_driver.source}")
-    if consumer:
-        return _r("image.cuda_vs_driver", "driver", "FAIL",
-                  f"image {img.name} needs CUDA {img.cuda_version} but driver {inv.driver_version} supports CUDA "
-                  f"{drv_cuda}; forward compatibility does not work on {inv.gpus[0].name} (CUDA error 804)", fix, det)
-    return _r("image.cuda_vs_driver", "driver", "WARN",
-              f"image {img.name} needs CUDA {img.cuda_version} > driver's {drv_cuda}: relies on the cuda-compat "
-              "forward-compatibility libraries (datacenter GPUs only)", fix, det)
-
-
-def _older_image(ctx: Ctx, max_cuda: str) -> str | None:
-    img, _ = caps.choose_image(ctx.inv.vendor or "", ctx.inv.arch, max_cuda)
-    return img.name if img is not None and caps.image_runs_on_driver(img.cuda_version, max_cuda) else None
+                  f"CUDA {inv.cuda_driver_version}", details=det)
+    if ctx.runtime != "docker":  # the rule judges docker launches only: the process runtime runs no image
+        return _r("image.cuda_vs_driver", "driver", "WARN", f"with --runtime docker: {f.message}", f.fix,
+                  [*det, f"runtime {ctx.runtime}: no image runs", f"source: {f.source}"])
+    return _r("image.cuda_vs_driver", "driver", "FAIL" if f.status == "FAIL" else "WARN", f.message, f.fix,
+              [*det, f"source: {f.source}"])
 
 
 # ----------------------------------------------------------------------------- capability
@@ -1047,7 +1038,8 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
                        summary=f"{base['model']}{' ' + variant if variant else ''}: not runnable here: "
                                + (root_causes[0] if root_causes else "no variant evaluated"))
     fallbacks = _fallbacks(ctx, verdict_checks)
-    where = f"TP={tp}, {ctx.context} tokens (max about {max_ctx:,})"
+    planned = ctx.planned if ctx.planned is not None and hasattr(ctx.planned, "tp") else None
+    where = f"{_layout_label(planned) if planned else f'TP={tp}'}, {ctx.context} tokens (max about {max_ctx:,})"
     img = f"; image {ctx.image.name}" if ctx.image else ""
     prof = f", profile {ctx.profile}" if ctx.profile else ", no kernel profile yet"
     if fallbacks:
@@ -1093,20 +1085,52 @@ def _doctor_request(ctx: Ctx):
     ev = ctx.chosen
     fields: dict[str, Any] = {"model": ctx.model, "variant": ev.name,
                               "runtime": "docker" if ctx.runtime == "docker" else "process"}
-    if ev.fit.units > 0:
-        fields.update(tp=ev.fit.tp, dp=1)
+    # The layout (TP, DP, EP, PP) is left to the planner's search, as for `m3ctl plan`: one answer for both.
     if ev.support is not None and ev.support.status == "emulated":
         fields["allow_emulated"] = True
     if ctx.kv_dtype != "auto":
         fields["kv_cache_dtype"] = ctx.kv_dtype
     if ctx.attention:
         fields["attention"] = ctx.attention
-    full = ctx.sizing.max_position_embeddings if ctx.sizing else None
-    if ctx.context_given or (full and ev.fit.fits and ev.fit.max_context < full):
-        fields["max_model_len"] = ctx.context  # what the verdict promises (the full context does not fit)
+    if ctx.context_given:
+        fields["max_model_len"] = ctx.context  # what the verdict promises (else the planner sizes the context)
     if ctx.user_image and ctx.image is not None:
         fields["image"] = ctx.image.reference or ctx.image.name
     return PlanRequest(**fields)
+
+
+def _plan_layout(ctx: Ctx) -> None:
+    """Plan the verdict's request once (:func:`m3ctl.plan.plan`, whose layout search picks TP/DP/EP/PP exactly as
+    ``m3ctl plan`` does) and make the chosen variant's memory fit the plan's: doctor's memory row, verdict and
+    ``serve`` command are views of that one plan. A rejection is kept for :func:`_as_plan`."""
+    from m3ctl.errors import M3Error  # noqa: PLC0415
+    from m3ctl.plan import plan  # noqa: PLC0415
+
+    if ctx.local_model or ctx.chosen is None:
+        return
+    req = _doctor_request(ctx)
+    if req is None:
+        return
+    try:
+        ctx.planned = plan(ctx.inv, req)
+    except M3Error as e:
+        ctx.planned = e
+        return
+    fit = ctx.planned.memory_fit
+    if fit is None:
+        return
+    kv = ctx.context * fit.kv_bytes_per_token_gpu / 2**30
+    limit = ctx.sizing.max_position_embeddings if ctx.sizing else None
+    fit = dataclasses.replace(fit, context=ctx.context, kv_needed_gib=kv,
+                              fits=fit.weights_per_gpu_gib + kv <= fit.per_gpu_budget_gib,
+                              max_context=min(fit.max_context, limit) if limit else fit.max_context)
+    ctx.chosen = dataclasses.replace(ctx.chosen, fit=fit)
+
+
+def _layout_label(p) -> str:
+    """``TP=4 x DP=2 + EP``: the plan's layout as doctor's verdict names it."""
+    return (f"TP={p.tp}" + (f" x PP={p.pp}" if getattr(p, "pp", 1) > 1 else "") + (f" x DP={p.dp}" if p.dp > 1 else "")
+            + (" + EP" if p.ep else "") + (f" DCP={p.dcp}" if p.dcp > 1 else ""))
 
 
 def _rejection(e) -> str:
@@ -1141,7 +1165,9 @@ def _as_plan(ctx: Ctx, v: Verdict, checks: list[CheckResult], inventory_file: st
         return v
     tried = req.public()
     try:
-        p = plan(ctx.inv, req)
+        if isinstance(ctx.planned, M3Error):
+            raise ctx.planned
+        p = ctx.planned if ctx.planned is not None else plan(ctx.inv, req)
     except M3Error as e:
         blocker = _rejection(e)
         if not ctx.local_model:
@@ -1210,6 +1236,29 @@ def resolve_image(ref: str, env: Mapping[str, str] | None = None) -> ImageFacts:
     return image_facts_from_env(ref, list(cfg.get("Env") or []), cfg.get("Labels") or {})
 
 
+def _runtime(inventory: HostInventory, requested: str, image: ImageFacts | None) -> str:
+    """The runtime serve would use: :func:`m3ctl.assess.choose.choose_runtime` with the architecture's profile
+    (the one choice plan and serve make); ``process`` without GPUs or a profile.
+
+    Raises:
+        BadInput: an image with runtime ``process``.
+    """
+    from m3ctl.assess.choose import choose_runtime  # noqa: PLC0415
+    from m3ctl.errors import CatalogError  # noqa: PLC0415
+
+    if not inventory.gpus:
+        return "process" if requested == "auto" else requested
+    if image is not None and requested == "auto":
+        return "docker"  # an image runs only in a container (choose_runtime's first answer)
+    try:
+        from m3ctl import catalog  # noqa: PLC0415
+
+        prof = catalog.profile_for_arch(inventory.arch)
+    except CatalogError:
+        return "process" if requested == "auto" else requested
+    return choose_runtime(requested, prof, inventory, image.reference or image.name if image else None)[0]
+
+
 def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: str | None = None,
                context: int | None = None, kv_cache_dtype: str = "auto", runtime: str = "auto", port: int = 8000,
                host_checks: bool = True, image: ImageFacts | None = None,
@@ -1237,8 +1286,8 @@ def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: s
     """
     env = os.environ if env is None else env
     h = caps.table().host
-    if runtime == "auto":
-        runtime = "docker" if inventory.container.docker_reachable and inventory.gpus else "process"
+    if runtime == "auto" or image is not None:
+        runtime = _runtime(inventory, runtime, image)
     local = bool(model) and (Path(model).expanduser().is_dir() or model.startswith(("/", ".", "~")))
     ctx = Ctx(inv=inventory, model=model or DEFAULT_MODEL, model_explicit=model is not None, variant=variant,
               context_given=context is not None, user_image=image is not None,
@@ -1262,6 +1311,7 @@ def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: s
         except Exception:  # noqa: BLE001 - sizing trouble shows up as model.memory_fit (local: model.plan)
             ctx.sizing = None
         _evaluate_variants(ctx)
+    _plan_layout(ctx)
     checks: list[CheckResult] = []
     for id_, group, fn, live in CHECKS:
         if live and not host_checks:

@@ -69,7 +69,7 @@ class LaunchPlan(BaseModel):
         env: extra environment for the server (never secret values; see ``secret_env_names``).
         secret_env_names: names of variables passed through from m3ctl's environment, values never recorded.
         gpus: GPU indices used (empty on CPU).
-        tp, dp, dcp, ep, dbo, spec_depth: the parallel/speculative layout.
+        tp, dp, dcp, ep, dbo, pp, spec_depth: the parallel/speculative layout (GPUs = TP x PP x DP).
         startup_budget_s: readiness budget (s); completion_timeout_s: first-completion budget (s).
         choices: decisions and reasons; rejected: alternatives not taken; warnings: non-fatal findings;
         violations: rule violations accepted with ``skip_checks``.
@@ -98,6 +98,7 @@ class LaunchPlan(BaseModel):
     dcp: int = 1
     ep: bool = False
     dbo: bool = False
+    pp: int = 1
     spec_depth: int = 0
     startup_budget_s: float
     completion_timeout_s: float = 60.0
@@ -119,6 +120,9 @@ class LaunchPlan(BaseModel):
     scheduler_limits: tuple[int, int] | None = Field(default=None, exclude=True)
     """(max-num-batched-tokens, max-num-seqs) the engine will run with: the flags, else vLLM's defaults for this
     GPU (:meth:`m3ctl.assess.rules.PlanContext.scheduler_limits`, m3ctl/data/vllm_defaults.yaml). Not serialized."""
+    layouts: list[dict[str, Any]] = Field(default_factory=list)
+    """The layouts the search tried (:mod:`m3ctl.assess.search`), each ``{tp, pp, dp, dcp, ep, gpus, verdict,
+    rule, message, kv_tokens, max_model_len}``, in the order tried; empty when the request pinned the layout."""
     vllm_args: dict[str, Any] | None = None
     """Typed ``vllm serve`` flags after ``--served-model-name`` ({flag: value}); the launch spec
     (:mod:`m3ctl.launch`) renders every form from them. None in plans saved before they were kept."""
@@ -166,8 +170,9 @@ class LaunchPlan(BaseModel):
         """The ``m3ctl plan --json`` shape: image, argv, env, explain, rejected (plus layout)."""
         return {"image": self.image, "argv": self.argv, "env": redact_env(self.env), "profile": self.profile,
                 "model": self.model, "variant": self.variant, "runtime": self.runtime,
-                "layout": {"gpus": self.gpus, "tp": self.tp, "dp": self.dp, "dcp": self.dcp, "ep": self.ep,
-                           "dbo": self.dbo, "spec_depth": self.spec_depth},
+                "layout": {"gpus": self.gpus, "tp": self.tp, "pp": self.pp, "dp": self.dp, "dcp": self.dcp,
+                           "ep": self.ep, "dbo": self.dbo, "spec_depth": self.spec_depth},
+                "layouts": self.layouts,
                 "explain": [c.model_dump() for c in self.choices],
                 "rejected": [r.model_dump() for r in self.rejected],
                 "warnings": self.warnings, "violations": self.violations, "request": self.request}
@@ -175,7 +180,7 @@ class LaunchPlan(BaseModel):
 
 #: Raw parallel flags planned as m3ctl's own knobs (flag -> plan() argument).
 RAW_PARALLEL_FLAGS = {"tensor-parallel-size": "tp", "data-parallel-size": "dp", "decode-context-parallel-size": "dcp",
-                      "enable-expert-parallel": "ep", "enable-dbo": "dbo"}
+                      "enable-expert-parallel": "ep", "enable-dbo": "dbo", "pipeline-parallel-size": "pp"}
 
 
 def render_flags(args: dict[str, Any]) -> list[str]:
@@ -303,9 +308,10 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
                                   f" ({len(inventory.gpus)} GPU(s), probe {inventory.probe})"))
     else:
         choices.append(Choice(what="profile", value=profile.name, why="given with --profile"))
-    if runtime == "auto":  # the profile's image when it has one (GPU hosts), else a bare `vllm serve` process
-        runtime = "docker" if profile.image and "docker" in profile.runtimes else profile.runtimes[0]
-        choices.append(Choice(what="runtime", value=runtime, why=f"--runtime auto with profile {profile.name}"))
+    from m3ctl.assess.choose import choose_runtime  # noqa: PLC0415
+
+    runtime, why_rt = choose_runtime(runtime, profile, inventory, image)
+    choices.append(Choice(what="runtime", value=runtime, why=why_rt))
     if runtime not in profile.runtimes:
         raise ConfigRejected(f"profile {profile.name!r} does not support runtime {runtime!r}",
                              f"use --runtime {' or '.join(profile.runtimes)}")
@@ -326,9 +332,13 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         if img is not None and img.name != profile.image:
             warnings.append(f"image {img.name} (CUDA {img.cuda_version}) instead of {profile.image}: {why_img}")
     elif runtime == "docker" and image:
-        from m3ctl.assess.image import inspect_user_image  # noqa: PLC0415
+        cat_img = catalog.find_image(image, catalog_dir)
+        if cat_img is not None:  # a catalog image by name or reference: its catalog facts (as doctor reads them)
+            img = cat_img
+        else:
+            from m3ctl.assess.image import inspect_user_image  # noqa: PLC0415
 
-        user_image = inspect_user_image(image)
+            user_image = inspect_user_image(image)
     image_vllm = (img.vllm_version if img is not None else (user_image.vllm_version if user_image else None))
     image_cuda = (img.cuda_version if img is not None else (user_image.cuda_version if user_image else None))
     engine_version = r.engine_version or capability.engine_version(runtime, image_vllm)
@@ -360,7 +370,7 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     from m3ctl.vllm_args import read_raw_args  # noqa: PLC0415
 
     raw = read_raw_args(extra_args or [])
-    given: dict[str, Any] = {"tp": tp, "dp": dp, "dcp": dcp, "ep": ep, "dbo": dbo}
+    given: dict[str, Any] = {"tp": tp, "dp": dp, "dcp": dcp, "ep": ep, "dbo": dbo, "pp": r.pp}
     for flag, knob in RAW_PARALLEL_FLAGS.items():
         if flag not in raw.flags:
             continue
@@ -372,16 +382,16 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
             raise BadInput(f"--{knob} {given[knob]} and raw --{flag} {v} disagree", f"give the {knob.upper()} once")
         given[knob] = val
         choices.append(Choice(what=f"--{flag}", value=str(v), why=f"raw vLLM argument, planned as --{knob}"))
-    tp, dp, dcp, ep, dbo = given["tp"], given["dp"], given["dcp"], given["ep"], given["dbo"]
+    tp, dp, dcp, ep, dbo, pp = given["tp"], given["dp"], given["dcp"], given["ep"], given["dbo"], given["pp"]
 
     # Parallel layout. A profile's ``parallel`` defaults (a tuned profile) fill what the caller left unset:
     # TP and DP as a pair (either one given = the caller's layout), DCP/EP/DBO one by one.
     pd = profile.parallel
     if pd is not None:
         from_profile = []
-        if tp is None and dp is None and (pd.tp or pd.dp):
-            tp, dp = pd.tp, pd.dp
-            from_profile += [f"TP {tp}"] * bool(tp) + [f"DP {dp}"] * bool(dp)
+        if tp is None and dp is None and (pd.tp or pd.dp):  # a pair: the other one at its default
+            tp, dp = pd.tp or max(1, max(1, n_gpus) // (pd.dp or 1)), pd.dp or 1
+            from_profile += [f"TP {pd.tp}"] * bool(pd.tp) + [f"DP {pd.dp}"] * bool(pd.dp)
         if dcp is None and pd.dcp is not None:
             dcp = pd.dcp
             from_profile.append(f"DCP {dcp}")
@@ -402,7 +412,23 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         d_tp = max(1, max(1, n_gpus) // dp)
     tp_, dp_ = tp or d_tp, dp or d_dp
     ep_ = d_ep if ep is None else ep
-    dcp_, dbo_ = dcp or 1, bool(dbo)
+    dcp_, dbo_, pp_ = dcp or 1, bool(dbo), pp or 1
+    if n_gpus > 0 and profile.arch != "cpu" and None in (tp, dp, dcp, ep, pp):
+        # Open dimensions: search the layouts (m3ctl.assess.search); each candidate is this function with every
+        # dimension pinned, so every rule judges it.
+        from m3ctl.assess import search as layout_search  # noqa: PLC0415
+        from m3ctl.vllm_args import engine_facts  # noqa: PLC0415
+
+        pins = {"tp": tp, "pp": pp, "dp": dp, "dcp": dcp, "ep": ep}
+        archs = facts.architectures or (spec.architectures if spec else [])
+        pp_ok = bool(archs) and any(a in engine_facts(engine_version).pp_architectures for a in archs)
+        dcp_ok = profile.supports.dcp and facts.attention in profile.supports.dcp_attention
+        default = layout_search.Layout(tp_, pp_, dp_, dcp_, bool(ep_))
+        best = layout_search.search(lambda q: plan(inventory, q), r, n_gpus=n_gpus, pins=pins, moe=facts.moe,
+                                    ep_ok=profile.supports.ep, pp_ok=pp_ok,
+                                    dcp_sizes=[d for d in (2, 4, 8) if d <= n_gpus] if dcp_ok else [],
+                                    default=default)
+        return best.model_copy(update={"request": r.public()})
     if tp is None and dp is None and n_gpus > 0:
         choices.append(Choice(what="parallel", value=f"TP {tp_} x DP {dp_}{' + EP' if ep_ else ''}",
                               why=f"profile {profile.name} strategy {strategy!r} for {n_gpus} GPU(s)"))
@@ -457,6 +483,8 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         par["tensor-parallel-size"] = tp_
     if dp_ > 1:
         par["data-parallel-size"] = dp_
+    if pp_ > 1:
+        par["pipeline-parallel-size"] = pp_
     if dcp_ > 1:
         par["decode-context-parallel-size"] = dcp_
     if ep_:
@@ -493,7 +521,8 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
             choices.append(Choice(what="ROCR_VISIBLE_DEVICES", value=envs["ROCR_VISIBLE_DEVICES"],
                                   why=f"one visibility variable instead of {' + '.join(vis.controlled_by)} "
                                       "(double masking: F05); the others are unset for the server"))
-    if no_multicast and max(tp_ * dp_, 1) > 1:
+    world = tp_ * pp_ * dp_  # vLLM's world size: the GPUs the launch occupies
+    if no_multicast and max(world, 1) > 1:
         envs.update(profile.no_multicast_env)
         if profile.no_multicast_env:
             choices.append(Choice(what="env", value="NVLink multicast off", why="--no-multicast (shared host)"))
@@ -509,7 +538,10 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         warnings.append(exposed)
 
     if runtime == "docker":
-        if image:
+        if image and img is not None:  # a catalog image given with --image
+            image_ref = img.reference
+            choices.append(Choice(what="image", value=image_ref, why=f"given with --image (catalog image {img.name})"))
+        elif image:
             image_ref = image
             choices.append(Choice(what="image", value=image, why="given with --image" + (
                 f" (labels/env: {user_image.describe()})" if user_image else " (not inspected: no container engine or "
@@ -525,7 +557,7 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
                                  "pass --image REF (a local image works; see m3ctl/runtime/docker.py)")
     ctx = PlanContext(inventory=inventory, profile=profile, spec=spec, variant_name=ctx_vname, variant=ctx_var,
                       facts=facts,
-                      image=img, runtime=runtime, tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_,
+                      image=img, runtime=runtime, tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_, pp=pp_,
                       spec_method=method if depth else None, spec_depth=depth, draft_tp=draft_tp, args=args,
                       env=envs, allow_emulated=allow_emulated, n_visible=n_gpus, unit_memory_mib=mem,
                       visibility_problems=list(vis.problems) if vis is not None else [],
@@ -570,13 +602,13 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     lp = LaunchPlan(name=name, runtime=runtime, profile=profile.name, model_spec=spec.name if spec else None,
                       variant=vname, image=image_ref, model=target,
                       served_model_name=served, host=host, port=port, argv=argv, env=envs,
-                      secret_env_names=secret_names, secret_origins=origins, gpus=[u.gpu for u in units][: tp_ * dp_] if units is not None else [g.index for g in inventory.gpus][: tp_ * dp_],
-                      tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_, spec_depth=ctx.speculation()[1],
+                      secret_env_names=secret_names, secret_origins=origins, gpus=[u.gpu for u in units][:world] if units is not None else [g.index for g in inventory.gpus][:world],
+                      tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_, pp=pp_, spec_depth=ctx.speculation()[1],
                       startup_budget_s=startup_budget_s, completion_timeout_s=profile.readiness.completion_timeout_s,
                       choices=choices, rejected=rejected, warnings=warnings,
                       violations=[f"{v.rule}: {v.message}" for v in violations], mounts=list(mounts or []),
                       gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
-                      gpu_devices=_device_ids(inventory, units, tp_ * dp_), unset_env=unset_env,
+                      gpu_devices=_device_ids(inventory, units, world), unset_env=unset_env,
                       python_modules=list(profile.family_python_modules.get(family, [])) if family else [],
                       request=r.public(), memory_fit=ctx.memory_fit(), scheduler_limits=ctx.scheduler_limits(),
                       vllm_args=args, served_model_aliases=aliases, weights_gib=weights or None,

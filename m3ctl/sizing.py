@@ -28,8 +28,10 @@ class SizingRow(BaseModel):
         system: system name with its GPU count (``gb300x4``).
         gpus: GPUs in the system; gpu: GPU name; gpu_mib: memory per GPU (MiB).
         serves: True when the planner accepts the launch.
-        variant: the chosen variant (precision); tp, dp, ep, dcp: the planned layout (None when rejected).
-        gpus_used: TP x DP.
+        variant: the chosen variant (precision); tp, pp, dp, ep, dcp: the planned layout (None when rejected): the
+            planner's layout search, as ``m3ctl plan --system NAME`` chooses it.
+        image, profile, runtime: the image (docker runtime), kernel profile and runtime the plan launches with.
+        gpus_used: TP x PP x DP.
         max_model_len: the context length planned (tokens).
         kv_tokens: KV cache capacity of one DP replica (tokens); None when unknown or rejected.
         concurrent_sequences: ``max_model_len``-token sequences whose KV fits at once, over all replicas.
@@ -44,6 +46,7 @@ class SizingRow(BaseModel):
     serves: bool
     variant: str | None = None
     tp: int | None = None
+    pp: int | None = None
     dp: int | None = None
     ep: bool | None = None
     dcp: int | None = None
@@ -51,6 +54,9 @@ class SizingRow(BaseModel):
     max_model_len: int | None = None
     kv_tokens: int | None = None
     concurrent_sequences: int | None = None
+    image: str | None = None
+    profile: str | None = None
+    runtime: str | None = None
     rule: str | None = None
     reason: str | None = None
 
@@ -65,6 +71,14 @@ def plan_on(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     from m3ctl.plan import plan  # noqa: PLC0415
 
     return plan(inventory, request)
+
+
+def _docker_unless_given(request: PlanRequest) -> PlanRequest:
+    """A system you don't have has no engine of its own but its image: the sizing view plans the docker runtime
+    (the profile's image, chosen for the system's driver) unless the request names a runtime."""
+    if request.runtime == "auto" or "runtime" not in request.model_fields_set:
+        return request.model_copy(update={"runtime": "docker"})
+    return request
 
 
 _RULE = re.compile(r"^rule ([\w.]+):")
@@ -89,8 +103,8 @@ def size_system(name: str, request: PlanRequest) -> SizingRow:
     except M3Error as e:  # e.g. no kernel profile for the architecture (catalog)
         return SizingRow(**row, serves=False, rule=None, reason=e.message)
     fit = p.memory_fit
-    return SizingRow(**row, serves=True, variant=p.variant, tp=p.tp, dp=p.dp, ep=p.ep, dcp=p.dcp,
-                     gpus_used=p.tp * p.dp, max_model_len=fit.context if fit else None,
+    return SizingRow(**row, serves=True, variant=p.variant, tp=p.tp, pp=p.pp, dp=p.dp, ep=p.ep, dcp=p.dcp,
+                     image=p.image, profile=p.profile, runtime=p.runtime, gpus_used=p.tp * p.pp * p.dp, max_model_len=fit.context if fit else None,
                      kv_tokens=fit.capacity_tokens() if fit else None,
                      concurrent_sequences=p.dp * fit.concurrent_sequences(fit.context) if fit else None)
 
@@ -110,6 +124,7 @@ def size_systems(systems: list[str] | None, request: PlanRequest) -> list[Sizing
         names = list(dict.fromkeys(names + system_names()))
     for n in names:
         resolve_system(n)
+    request = _docker_unless_given(request)
     return [size_system(n, request) for n in names]
 
 

@@ -164,7 +164,10 @@ def test_doctor_and_plan_on_saved_and_catalog_hosts():
     p = m3ctl.plan(rep.verdict.plan_request, inventory=inv_file)  # the verdict is a plan request
     assert isinstance(p, LaunchPlan) and p.tp == rep.verdict.tp
     p8 = m3ctl.plan(PlanRequest(max_model_len=65536, tp=4), system="h200x8", tp=8)
-    assert p8.tp == 8 and p8.runtime == "docker"  # keyword over request; plan's runtime default is auto
+    # keyword over request; plan's runtime default is auto: a catalog system's container engine is not probed, so
+    # auto is a process there, and says so (issue 23: one runtime answer for plan, serve and doctor)
+    assert p8.tp == 8 and p8.runtime == "process"
+    assert any(c.what == "runtime" and "not probed" in c.why for c in p8.choices)
     assert p8.vllm_args["max-model-len"] in (65536, "65536")
     keyed = m3ctl.plan(system="h200x8", extra_args=["--api-key", "sk-notprinted-1234", "--enforce-eager"])
     assert "sk-notprinted-1234" not in " ".join(keyed.argv) and "--enforce-eager" in keyed.argv

@@ -33,15 +33,16 @@ def host(name: str) -> HostInventory:
     return inv.model_copy(update={"label": snap["synthetic"]["label"]})
 
 
-# host -> (arch, verdict status, variant, tp)
+# host -> (arch, verdict status, variant, tp). The TP is the planner's layout (issue 23: doctor used to answer the
+# smallest TP that fits, TP 2 of 8 on b200x8 and TP 1 of 4 on gb300x4, where `m3ctl plan` chose TP 8 and TP 4).
 EXPECTED = {
     "nvidia-h200x2": ("hopper", "runnable_with_fallbacks", "nvfp4", 2),
-    "synthetic-b200x8": ("blackwell", "runnable_natively", "nvfp4", 2),
-    "synthetic-gb300x4": ("blackwell-ultra", "runnable_natively", "nvfp4", 1),
-    "synthetic-rubinx8": ("rubin", "runnable_natively", "nvfp4", 1),
+    "synthetic-b200x8": ("blackwell", "runnable_natively", "nvfp4", 8),
+    "synthetic-gb300x4": ("blackwell-ultra", "runnable_natively", "nvfp4", 4),
+    "synthetic-rubinx8": ("rubin", "runnable_natively", "nvfp4", 8),
     "synthetic-rtxpro6000x4": ("blackwell-client", "runnable_with_fallbacks", "nvfp4", 4),
     "synthetic-mi300xx8": ("cdna3", "runnable_natively", "bf16", 8),
-    "synthetic-mi355xx8": ("cdna4", "runnable_natively", "mxfp4", 1),
+    "synthetic-mi355xx8": ("cdna4", "runnable_natively", "mxfp4", 8),
 }
 
 

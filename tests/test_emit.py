@@ -232,7 +232,7 @@ def test_layout_from_the_plan_gives_bench_its_gpu_count():
     p = _b200(tp=4, extra_args=["--pipeline-parallel-size", "2"], skip_checks=True)
     saved = LaunchPlan.model_validate_json(p.model_dump_json())  # as bench reads it from the registry
     assert launch_spec(saved).layout.num_gpus == 8 and launch_spec(saved).serve_args() == p.argv[1:]
-    assert json.loads(p.model_dump_json())["vllm_args"]["pipeline-parallel-size"] == "2"
+    assert json.loads(p.model_dump_json())["vllm_args"]["pipeline-parallel-size"] == 2  # planned as --pp (issue 23)
 
 
 def test_bench_deployment_takes_its_gpu_count_from_the_saved_layout(tmp_path, tiny_models):

@@ -86,8 +86,12 @@ def test_spec_rules_dspark_and_draft_tp():
              max_num_batched_tokens=8192, max_num_seqs=64))
     cfg = json.loads(p.argv[p.argv.index("--speculative-config") + 1])
     assert cfg == {"method": "dspark", "num_speculative_tokens": 7, "model": "MiniMaxAI/MiniMax-M3.1-Flash-DSpark"}
-    _rejects("spec.draft_tp", synthetic("b200x8"), spec_depth=7, draft_tp=4, max_num_batched_tokens=8192,
+    _rejects("spec.draft_tp", synthetic("b200x8"), spec_depth=7, draft_tp=4, tp=8, max_num_batched_tokens=8192,
              max_num_seqs=64)
+    # TP left open: the layout search picks a TP the draft TP is valid with (1 or TP), instead of refusing.
+    p = plan(synthetic("b200x8"), PlanRequest(model="MiniMax-M3.1-Flash", spec_depth=7, draft_tp=4,
+                                              max_num_batched_tokens=8192, max_num_seqs=64, vllm_executable="vllm"))
+    assert p.tp == 4 and any(x["tp"] == 8 and x["rule"] == "spec.draft_tp" for x in p.layouts)
 
 
 def test_spec_token_budget_f13():

@@ -129,9 +129,10 @@ def test_kv_capacity_is_the_memory_rule_boundary():
     p = plan(small, PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=4096))
     t = p.memory_fit.capacity_tokens()
     assert 4096 < t < 524288
-    plan(small, PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=t, variant=p.variant))
+    at = dict(variant=p.variant, tp=p.tp, dp=p.dp, ep=p.ep, pp=p.pp, dcp=p.dcp)  # at the layout the search chose
+    plan(small, PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=t, **at))
     with pytest.raises(ConfigRejected, match="rule memory.fit"):
-        plan(small, PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=t + 1, variant=p.variant))
+        plan(small, PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=t + 1, **at))
 
 
 def test_sizing_rows_are_the_planners_answers():

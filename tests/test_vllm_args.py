@@ -141,7 +141,8 @@ def test_raw_parallel_flags_are_planned_like_the_typed_knobs():
 
     inv = synthetic("b200x8")
     p = plan(inv, PlanRequest(model="MiniMax-M3.1-Flash", extra_args=["-tp", "4"], vllm_executable="vllm"))
-    assert p.tp == 4 and p.argv.count("--tensor-parallel-size") == 1 and len(p.gpus) == 4
+    # TP pinned to 4; the layout search fills the host with DP (issue 23: given dimensions pin, the rest is searched)
+    assert p.tp == 4 and p.argv.count("--tensor-parallel-size") == 1 and len(p.gpus) == 4 * p.dp
     assert p.argv[p.argv.index("--tensor-parallel-size") + 1] == "4"
     with pytest.raises(BadInput, match="disagree"):
         plan(inv, PlanRequest(model="MiniMax-M3.1-Flash", tp=2, extra_args=["-tp", "4"], vllm_executable="vllm"))

@@ -99,3 +99,33 @@ def choose_max_model_len(ctx: PlanContext) -> tuple[int, str, str] | None:
     return n, why, (f"max-model-len {n} chosen (the model allows {ctx.facts.max_position_embeddings}): KV capacity "
                     f"about {fit.max_context:,} tokens = {seqs} concurrent sequence(s) of {n} tokens; set "
                     "--max-model-len lower for more concurrency")
+
+
+def choose_runtime(requested: str, profile, inventory, image: str | None = None) -> tuple[str, str]:
+    """(runtime, why): ``process`` or ``docker`` for a launch; plan, serve and doctor all choose here.
+
+    ``auto``: docker when an image was given (``--image`` runs only in a container); else docker when the
+    profile names an image, runs in docker, and the host's container engine answered (inventory
+    ``container.docker_reachable``); else the profile's first runtime (``process``: a bare ``vllm serve`` in this
+    Python), also for an inventory whose engine was not probed (a catalog ``--system``): ``--runtime docker``
+    plans the profile's image there. An explicit ``process`` or ``docker`` is kept.
+
+    Raises:
+        BadInput: an image with ``--runtime process`` (the process runtime runs no image).
+    """
+    c = inventory.container
+    if requested == "process" and image:
+        raise BadInput(f"--image {image} needs the docker runtime, but --runtime process was given",
+                       "drop --runtime process (an image implies docker) or drop --image")
+    if requested != "auto":
+        return requested, f"--runtime {requested}"
+    if image:
+        return "docker", "--image given: an image runs in the docker runtime"
+    if not (profile.image and "docker" in profile.runtimes):
+        return profile.runtimes[0], f"profile {profile.name} names no image for the docker runtime"
+    fallback = "process" if "process" in profile.runtimes else profile.runtimes[0]
+    if not c.docker_reachable:
+        why = ("container engine not probed (a catalog system)" if c.docker_reachable is None else
+               f"no reachable container engine on this host ({c.docker_error or 'the engine did not answer'})")
+        return fallback, f"{why}: a bare `vllm serve` process; --runtime docker for the profile's image {profile.image}"
+    return "docker", f"profile {profile.name} image {profile.image} (Docker {c.docker_version or 'reachable'})"

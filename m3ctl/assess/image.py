@@ -39,8 +39,14 @@ class ImageFacts:
         """A :class:`m3ctl.catalog.Image` view for the plan rules (image.cuda_vs_driver)."""
         from m3ctl.catalog import Image  # noqa: PLC0415
 
-        return Image(name=self.name, vendor="amd" if self.rocm_version else "nvidia", repository=self.reference or self.name,
-                     tag="user", vllm_version=self.vllm_version or "unknown", cuda_version=self.cuda_version,
+        ref = self.reference or self.name
+        repo, digest, tag = ref, None, "user"
+        if "@" in ref:
+            repo, digest = ref.split("@", 1)
+        elif ":" in ref.rsplit("/", 1)[-1]:
+            repo, tag = ref.rsplit(":", 1)
+        return Image(name=self.name, vendor="amd" if self.rocm_version else "nvidia", repository=repo, tag=tag,
+                     digest=digest, vllm_version=self.vllm_version or "unknown", cuda_version=self.cuda_version,
                      rocm_version=self.rocm_version, archs=[])
 
 

@@ -44,7 +44,8 @@ class PlanRequest(BaseModel):
         runtime: ``process``, ``docker`` or ``auto`` (docker when the profile has an image).
         profile_file: kernel profile YAML instead of the catalog's (``--profile``); ``profile`` holds it loaded.
         variant: precision variant (``nvfp4``, ``mxfp8``...); default: best native one that fits.
-        tp, dp, dcp, ep, dbo: parallel layout (default: the profile's strategy for the GPU count).
+        tp, dp, dcp, ep, dbo, pp: parallel layout (pp: pipeline stages); each one given pins that dimension, the
+            planner searches the others (:mod:`m3ctl.assess.search`).
         spec_depth, spec_method, draft_tp: speculative decoding (depth 0 = off).
         kv_cache_dtype, max_model_len (tokens), max_num_seqs, max_num_batched_tokens: typed vLLM flags.
         attention: ``dense`` serves an MSA model with dense attention on every layer (the opt-in fallback of a
@@ -73,6 +74,7 @@ class PlanRequest(BaseModel):
     dcp: int | None = Field(default=None, ge=1)
     ep: bool | None = None
     dbo: bool | None = None
+    pp: int | None = Field(default=None, ge=1)
     spec_depth: int | None = Field(default=None, ge=0)
     spec_method: str | None = None
     draft_tp: int | None = Field(default=None, ge=1)
@@ -245,7 +247,8 @@ def serve_command(req: PlanRequest, inventory: str | None = None) -> str:
         out += ["--port", str(req.port)]
     if req.runtime != "process":
         out += ["--runtime", req.runtime]
-    for k in ("variant", "tp", "dp", "dcp", "spec_depth", "spec_method", "kv_cache_dtype", "attention", "max_model_len",
+    for k in ("variant", "tp", "dp", "dcp", "pp", "spec_depth", "spec_method", "kv_cache_dtype", "attention",
+              "max_model_len",
               "max_num_seqs", "max_num_batched_tokens", "image", "served_model_name", "profile_file"):
         v = getattr(req, k)
         if v is not None:

@@ -71,6 +71,7 @@ class PlanContext:
     dcp: int = 1
     ep: bool = False
     dbo: bool = False
+    pp: int = 1
     spec_method: str | None = None
     spec_depth: int = 0
     draft_tp: int | None = None
@@ -138,8 +139,9 @@ class PlanContext:
 
     @property
     def gpus_used(self) -> int:
-        """GPUs the launch occupies: TP x DP (DCP adds none; anchors-bench-tune.md section 0.2)."""
-        return self.tp * self.dp
+        """GPUs the launch occupies: vLLM's world size TP x PP x DP (DCP adds none): ParallelConfig.world_size
+        (https://github.com/vllm-project/vllm/blob/main/vllm/config/parallel.py)."""
+        return self.tp * self.pp * self.dp
 
     @property
     def kv_dtype(self) -> str:
@@ -193,7 +195,8 @@ class PlanContext:
             util = None
         weights = f.weights_gib * (self.support().weights_factor if self.variant else 1.0)
         return mem.fit_at(unit, weights_gib=weights, kv_bytes_per_token=f.kv_bytes_per_token(self.kv_dtype),
-                          num_kv_heads=f.num_kv_heads, tp=self.tp, dp=self.dp, dcp=self.dcp, ep=self.ep,
+                          num_kv_heads=f.num_kv_heads, tp=self.tp, dp=self.dp, dcp=self.dcp, ep=self.ep, pp=self.pp,
+                          expert_share=mem.expert_fraction(f),
                           context=self.max_model_len() if context is None else context, utilization=util)
 
     def max_model_len(self) -> int:
@@ -211,7 +214,7 @@ class PlanContext:
 
         d = vllm_defaults()
         gpu0 = self.inventory.gpus[0] if self.inventory.gpus else None
-        world = self.tp * max(1, self.arg_int("pipeline-parallel-size", 1))
+        world = self.tp * self.pp
         d_mbt, d_seqs = d.scheduler_limits(platform="cpu" if self.profile.arch == "cpu" else "gpu",
                                            device_memory_mib=gpu0.memory_total_mib if gpu0 else None,
                                            device_name=gpu0.name if gpu0 else "", world_size=world)
@@ -432,11 +435,51 @@ def _gpus(c: PlanContext) -> Finding | None:
                       "use --tp 1 --dp 1 on CPU", "vLLM CPU backend runs one worker here")
         return None
     if c.gpus_used > n:
-        return _v("parallel.gpus", f"TP {c.tp} x DP {c.dp} = {c.gpus_used} GPUs, but {n} are visible",
-                  f"lower --tp/--dp so TP x DP <= {n}", "vllm/config/parallel.py (world size = TP x PP x DP)")
+        pp = f" x PP {c.pp}" if c.pp > 1 else ""
+        return _v("parallel.gpus", f"TP {c.tp}{pp} x DP {c.dp} = {c.gpus_used} GPUs, but {n} are visible",
+                  f"lower --tp/--dp{'/-pp' if pp else ''} so TP x PP x DP <= {n}",
+                  "vLLM world size = TP x PP x DP "
+                  "(https://github.com/vllm-project/vllm/blob/main/vllm/config/parallel.py)")
     if n % c.tp:
         return _v("parallel.gpus", f"TP {c.tp} does not divide the {n} visible GPUs",
                   "choose a TP that divides the GPU count (1, 2, 4, 8)", "recipes strategies/single_node_tp.yaml")
+    return None
+
+
+@rule("parallel.heads")
+def _heads(c: PlanContext) -> Finding | None:
+    """TP must divide the attention heads, and the KV heads must split or replicate evenly over TP (vLLM
+    ModelConfig.verify_with_parallel_config and the QKV projection's head partition)."""
+    src = ("vLLM ModelConfig.verify_with_parallel_config (https://github.com/vllm-project/vllm/blob/main/"
+           "vllm/config/model.py); QKVParallelLinear (vllm/model_executor/layers/linear.py)")
+    heads, kv = c.facts.num_attention_heads, c.facts.num_kv_heads
+    if heads and heads % c.tp:
+        return _v("parallel.heads", f"TP {c.tp} does not divide the model's {heads} attention heads: vLLM refuses it",
+                  f"use a TP that divides {heads}", src)
+    if kv and (kv % c.tp if c.tp <= kv else c.tp % kv):
+        return _v("parallel.heads", f"TP {c.tp} and {kv} KV heads: the KV heads neither split nor replicate evenly",
+                  f"use a TP that divides {kv} or is a multiple of it", src)
+    return None
+
+
+@rule("parallel.pp")
+def _pp(c: PlanContext) -> Finding | None:
+    """Pipeline parallel needs a model class that implements SupportsPP in the engine's vLLM (data:
+    m3ctl/data/vllm_engine.yaml ``pp_architectures``) and at least one decoder layer per stage."""
+    if c.pp <= 1:
+        return None
+    from m3ctl.vllm_args import engine_facts  # noqa: PLC0415
+
+    eng = engine_facts(c.engine_version)
+    archs = c.facts.architectures or (c.spec.architectures if c.spec else [])
+    src = f"m3ctl/data/vllm_engine.yaml (vLLM {eng.vllm_version} model classes implementing SupportsPP: {eng.source})"
+    if archs and not any(a in eng.pp_architectures for a in archs):
+        return _v("parallel.pp", f"pipeline parallel (PP {c.pp}): {', '.join(archs)} does not implement SupportsPP in "
+                                 f"vLLM {eng.vllm_version}: vLLM refuses it",
+                  "drop --pipeline-parallel-size (use TP/DP)", src)
+    layers = c.facts.num_layers
+    if layers and c.pp > layers:
+        return _v("parallel.pp", f"PP {c.pp} > the model's {layers} layers", f"use PP <= {layers}", src)
     return None
 
 
@@ -646,13 +689,18 @@ def _shard(c: PlanContext) -> Finding | None:
         step, what, src = fp4.multiple_of, f"the {c.facts.precision.upper()} MoE kernel alignment", f"{fp4.note}; {fp4.source}"
     else:
         return None
-    per_rank = width / c.tp
+    # Without EP vLLM slices every expert over DP x TP (FusedMoEParallelConfig.flatten_tp_across_dp,
+    # https://github.com/vllm-project/vllm/blob/main/vllm/model_executor/layers/fused_moe/config.py).
+    ranks = c.tp * c.dp
+    per_rank = width / ranks
     if per_rank != int(per_rank) or int(per_rank) % step:
         n = c.n_visible if c.n_visible is not None else len(c.inventory.gpus)
         ok = [t for t in (1, 2, 4, 8) if width % t == 0 and (width // t) % step == 0 and t <= n]
-        return _v("quant.shard_alignment", f"per-rank MoE width {width}/{c.tp} = {per_rank:g} is not a multiple of "
-                                           f"{what} {step}",
-                  f"add --ep so experts stay whole, or use TP {max(ok) if ok else 1}", src)
+        what_ranks = f"{c.tp}" if c.dp == 1 else f"(TP {c.tp} x DP {c.dp})"
+        return _v("quant.shard_alignment", f"per-rank MoE width {width}/{what_ranks} = {per_rank:g} is not a multiple "
+                                           f"of {what} {step}",
+                  f"add --ep so experts stay whole, or use {'TP' if c.dp == 1 else 'TP x DP'} {max(ok) if ok else 1}",
+                  src)
     return None
 
 
@@ -713,28 +761,87 @@ def _memory(c: PlanContext) -> Finding | None:
                    "capabilities.yaml host); KV size = layers x 2 x kv_heads x head_dim x bytes")
 
 
+def cuda_vs_driver(img: Image | None, inventory: HostInventory) -> Finding | None:
+    """The ``image.cuda_vs_driver`` finding for image ``img`` on ``inventory``'s driver (None when it runs or a
+    version is unknown): the plan rule's, and doctor's row of the same id is a view of it. An image toolkit newer
+    than the driver's CUDA is refused on every GPU: consumer GPUs fail with CUDA error 804, and datacenter GPUs
+    run it only through the cuda-compat forward-compatibility libraries of supported driver branches, which
+    m3ctl does not assume (https://docs.nvidia.com/deploy/cuda-compatibility/)."""
+    have = inventory.cuda_driver_version
+    if img is None or not img.cuda_version or not have:
+        return None
+    if capability.image_runs_on_driver(img.cuda_version, have):
+        return None
+    need = capability.min_driver_for_cuda(img.cuda_version)
+    consumer = any(capability.is_consumer_gpu(g.name, g.brand) for g in inventory.gpus)
+    alt, _ = capability.choose_image(inventory.vendor or "", inventory.arch, have)
+    alt_name = alt.name if alt is not None and capability.image_runs_on_driver(alt.cuda_version, have) else None
+    gpu = inventory.gpus[0].name if inventory.gpus else "this GPU"
+    why = (f"forward compatibility does not work on {gpu} (CUDA error 804)" if consumer else
+           "it would run only through the cuda-compat forward-compatibility libraries (datacenter GPUs, supported "
+           "driver branches), which are not assumed")
+    fix = (f"upgrade the driver to >= {need} (CUDA {img.cuda_version})" if need else "upgrade the driver") + (
+        f", or use image {alt_name}" if alt_name else f"; no m3ctl-validated image has CUDA <= {have}") + (
+        "" if consumer else "; --skip-checks to rely on forward compatibility")
+    return _v("image.cuda_vs_driver", f"image {img.reference} needs CUDA {img.cuda_version}, the driver "
+                                      f"{inventory.driver_version} supports up to CUDA {have}: {why}", fix,
+              "field failure F06 (CUDA error 804); https://docs.nvidia.com/deploy/cuda-compatibility/; "
+              + capability.table().cuda_min_driver.source)
+
+
 @rule("image.cuda_vs_driver")
 def _cuda(c: PlanContext) -> Finding | None:
-    img, have = c.image, c.inventory.cuda_driver_version
-    if c.runtime != "docker" or img is None or not img.cuda_version or not have:
-        return None
-    if not capability.image_runs_on_driver(img.cuda_version, have):
-        need = capability.min_driver_for_cuda(img.cuda_version)
-        return _v("image.cuda_vs_driver", f"image {img.reference} needs CUDA {img.cuda_version}, the driver "
-                                          f"{c.inventory.driver_version} supports up to CUDA {have}",
-                  f"upgrade the driver to >= {need or 'the image minimum'}, or use an image built for "
-                  f"CUDA <= {have}", "field failure F06 (CUDA error 804); https://docs.nvidia.com/deploy/cuda-compatibility/; "
-                  + capability.table().cuda_min_driver.source)
-    return None
+    return cuda_vs_driver(c.image, c.inventory) if c.runtime == "docker" else None
+
+
+def _arch_min_cuda(vendor: str, arch: str) -> tuple[str | None, str | None]:
+    """(the lowest CUDA among the catalog images listing ``arch``, the lowest CUDA of any of the vendor's catalog
+    images): an arch whose first is higher than the second needs a newer toolkit than some images have (sm_103
+    and sm_107: CUDA 13 builds only)."""
+    from m3ctl import catalog  # noqa: PLC0415
+
+    imgs = [i for i in catalog.images().values() if i.vendor == vendor and i.cuda_version]
+    key = capability._vtuple
+    for_arch = sorted((i.cuda_version for i in imgs if arch in i.archs), key=key)
+    every = sorted((i.cuda_version for i in imgs), key=key)
+    return (for_arch[0] if for_arch else None), (every[0] if every else None)
 
 
 @rule("image.archs")
 def _image_archs(c: PlanContext) -> Finding | None:
-    if c.runtime != "docker" or not c.image_archs or not c.inventory.gpus:
+    """The image's kernels against the GPU: a catalog image must list the profile's architecture; a user image
+    with ``TORCH_CUDA_ARCH_LIST`` must include the GPU's compute capability; one without it is refused on an
+    architecture that the catalog serves only from newer CUDA builds when its CUDA is older, and warned about
+    when its CUDA is unknown or new enough (the kernels cannot be checked)."""
+    if c.runtime != "docker" or not c.inventory.gpus or c.image is None and not c.image_archs:
         return None
+    src = ("image env TORCH_CUDA_ARCH_LIST (vllm docker/Dockerfile torch_cuda_arch_list, "
+           "https://github.com/vllm-project/vllm/blob/main/docker/Dockerfile); catalog images m3ctl/images/")
+    arch = c.profile.arch
+    if c.image is not None and c.image.archs and arch not in c.image.archs:
+        return _v("image.archs", f"catalog image {c.image.name} is not built for {arch} (it lists "
+                                 f"{', '.join(c.image.archs)})",
+                  "drop --image (the profile's image), or use a catalog image for this architecture", src)
     cc = c.inventory.gpus[0].compute_capability
     if not cc:
         return None
+    if not c.image_archs:
+        if c.image is None or c.image.archs or c.inventory.vendor != "nvidia":
+            return None  # a catalog image (checked above), or not an NVIDIA user image
+        need, lowest = _arch_min_cuda("nvidia", arch)
+        if not need or not lowest or not capability.version_lt(lowest, need):
+            return None
+        have = c.image.cuda_version
+        sm = f"sm_{cc.replace('.', '')}"
+        if have and capability.version_lt(have, need):
+            return _v("image.archs", f"image {c.image.reference} lists no TORCH_CUDA_ARCH_LIST and is a CUDA {have} "
+                                     f"build: {arch} ({sm}) kernels need a CUDA >= {need} build, so vLLM would die "
+                                     "with 'no kernel image is available'",
+                      f"use an image built with CUDA >= {need} and {cc} in TORCH_CUDA_ARCH_LIST, or drop --image", src)
+        return _v("image.archs", f"image {c.image.reference} lists no TORCH_CUDA_ARCH_LIST: whether it has {arch} "
+                                 f"({sm}) kernels cannot be checked (the catalog serves {arch} only from CUDA >= "
+                                 f"{need} builds)", f"check the image was built for {cc}, or drop --image", src,
+                  status="WARN")
     built = {re.sub(r"[^0-9.]", "", a) for a in c.image_archs}
     if cc in built:
         return None
@@ -813,6 +920,76 @@ def _json_flags(c: PlanContext) -> Finding | None:
                           f"quote the whole value in single quotes, e.g. --{k} '{{\"key\": \"value\"}}', or pass "
                           f"keys one by one (--{k}.key value)",
                           "vLLM parses config flags with json.loads (vllm/engine/arg_utils.py) and exits at start")
+    return None
+
+
+#: Attention backend kinds (m3ctl/data/vllm_engine.yaml) that serve each attention type: MiniMax-M3's MSA layers
+#: pick their own sparse backend and its dense layers take a standard (MHA/GQA) one; MLA models need an MLA backend.
+BACKEND_KINDS = {"msa": ("standard", "msa"), "gqa": ("standard",), "mla": ("mla",)}
+
+
+def _json_value(v: Any) -> Any:
+    import json  # noqa: PLC0415
+
+    if isinstance(v, str):
+        try:
+            return json.loads(v)
+        except ValueError:
+            return v
+    return v
+
+
+@rule("flags.values")
+def _flag_values(c: PlanContext) -> Finding | None:
+    """Raw and typed flag values checked as vLLM checks them (data generated from vLLM's source:
+    m3ctl/data/vllm_engine.yaml): numeric bounds of config fields (``--gpu-memory-utilization`` in (0, 1]),
+    config flags that must be JSON objects (``--compilation-config 3`` is refused), bounds and choices of their
+    keys (``num_speculative_tokens`` > 0), attention backend names, and the backend's kind against the model's
+    attention (an MLA backend for an MSA/GQA model is refused)."""
+    from m3ctl.vllm_args import engine_facts  # noqa: PLC0415
+
+    e = engine_facts(c.engine_version)
+    src = f"vLLM {e.vllm_version} {{}} (m3ctl/data/vllm_engine.yaml, generated from vLLM's source)"
+    fix_src = "https://github.com/vllm-project/vllm/tree/v0.32.0/vllm/config"
+    for k, v in c.args.items():
+        group, _, key = k.partition(".")
+        flag = group.replace("_", "-")
+        if not key and flag in e.values and (why := e.values[flag].violation(v)):
+            return _v("flags.values", f"--{flag} {v}: vLLM {e.vllm_version} refuses it ({why})",
+                      f"give --{flag} a value {why.removeprefix('must be ')}", src.format(e.values[flag].source))
+        if not key and flag in e.json_object_flags and not isinstance(_json_value(v), dict):
+            return _v("flags.values", f"--{flag} {str(v)[:40]!r}: vLLM {e.vllm_version} parses it into a config "
+                                      "object and refuses anything but a JSON object",
+                      f"pass a JSON object, e.g. --{flag} '{{\"key\": value}}', or one key as --{flag}.key value",
+                      src.format(f"EngineArgs.{group.replace('-', '_')} ({fix_src})"))
+        items = [(key, v)] if key else (list(_json_value(v).items()) if flag in e.json_object_flags
+                                        and isinstance(_json_value(v), dict) else [])
+        for sub, x in items:
+            b = e.config_keys.get(f"{flag.replace('-', '_')}.{sub}")
+            if b is not None and (why := b.violation(x)):
+                return _v("flags.values", f"--{flag} {sub}={x}: vLLM {e.vllm_version} refuses it ({why})",
+                          f"set {sub} to a value {why.removeprefix('must be ')}", src.format(b.source))
+    backend = c.config_value("attention-config", "backend")
+    if backend is None:
+        backend = c.args.get("attention-backend")
+    if backend is None or str(backend).lower() == "auto":
+        return None
+    name = str(backend).upper()
+    known = e.attention_backends.get(name)
+    bsrc = src.format("AttentionBackendEnum (vllm/v1/attention/backends/registry.py; AttentionConfig.backend)")
+    if known is None:
+        near = difflib.get_close_matches(name, list(e.attention_backends), n=1, cutoff=0.6)
+        return _v("flags.values", f"attention backend {backend!r} is not one of vLLM {e.vllm_version}'s backends"
+                  + (f" (did you mean {near[0]}?)" if near else ""),
+                  "use auto or one of: " + ", ".join(sorted(e.attention_backends)), bsrc)
+    kinds = BACKEND_KINDS.get(c.facts.attention)
+    if kinds and known.kind not in kinds:
+        fits = sorted(n for n, b in e.attention_backends.items() if b.kind in kinds and n != "NO_ATTENTION")
+        what = {"mla": "an MLA backend", "msa": "a MiniMax sparse-attention backend", "standard": "an MHA/GQA backend"}
+        model = {"msa": "GQA + MiniMax Sparse Attention (MSA)", "gqa": "GQA", "mla": "MLA"}[c.facts.attention]
+        return _v("flags.values", f"attention backend {name} is {what[known.kind]}; {c.facts.name or 'this model'} "
+                                  f"uses {model}: vLLM cannot serve it with that backend",
+                  "drop the attention backend (auto), or use one of: " + ", ".join(fits), bsrc)
     return None
 
 

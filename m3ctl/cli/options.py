@@ -185,7 +185,7 @@ Port = Annotated[Optional[int], typer.Option(min=1, max=65535, help="API port (d
 Host = Annotated[str, typer.Option(help="API listen address.")]
 Name = Annotated[str, typer.Option(help="Deployment name.")]
 ServedName = Annotated[Optional[str], typer.Option(parser=text, help="API model id (default: the model id, with --name as a second name).")]
-Runtime = Annotated[Optional[str], typer.Option(parser=runtime, help="process (bare `vllm serve`), docker, or auto (docker when the profile has an image).")]
+Runtime = Annotated[Optional[str], typer.Option(parser=runtime, help="process (bare `vllm serve`), docker, or auto (the default: docker when --image is given, or the profile has an image and the container engine is reachable; else process).")]
 Profile = Annotated[Optional[Path], typer.Option(help="Kernel profile YAML to use instead of the catalog's.")]
 Arg = Annotated[Optional[list[str]], typer.Option("--arg", help="vllm serve flag override flag=value, e.g. max-num-seqs=64 (repeatable).")]
 SkipChecks = Annotated[bool, typer.Option(help="Report plan rule violations as warnings instead of rejecting.")]
@@ -200,6 +200,7 @@ PLAN_KNOBS: dict[str, tuple[Any, Any]] = {
     "tp": (Annotated[Optional[int], typer.Option("--tp", min=1, help="Tensor parallel size.")], None),
     "dp": (Annotated[Optional[int], typer.Option("--dp", min=1, help="Data parallel size.")], None),
     "dcp": (Annotated[Optional[int], typer.Option("--dcp", min=1, help="Decode context parallel size (adds no GPUs).")], None),
+    "pp": (Annotated[Optional[int], typer.Option("--pp", min=1, help="Pipeline parallel stages (GPUs = TP x PP x DP); default: the planner's layout search.")], None),
     "ep": (Annotated[Optional[bool], typer.Option("--ep/--no-ep", help="Expert parallel on/off (default: profile strategy).")], None),
     "dbo": (Annotated[Optional[bool], typer.Option("--dbo/--no-dbo", help="Dual batch overlap (needs DP>1 + EP + DeepEP).")], None),
     "spec_depth": (Annotated[Optional[int], typer.Option(min=0, help="Speculative tokens (0 = off); uses the model's drafter, else ngram.")], None),

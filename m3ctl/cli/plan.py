@@ -18,6 +18,7 @@ def plan(
     served_model_name: o.ServedName = None, runtime: o.Runtime = None, inventory: o.Inventory = None,
     profile: o.Profile = None, arg: o.Arg = None, skip_checks: o.SkipChecks = False, config: o.Config = None,
     system: o.System = None, knobs: dict = None,
+    image: Annotated[Optional[str], typer.Option(help="Container image (catalog name, reference or a local image); implies --runtime docker.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print {image, argv, env, explain, rejected} as JSON.")] = False,
     emit: Annotated[Optional[str], typer.Option(parser=o.choice("docker", "compose", "k8s", "lws", "script", "ray"), help="Render as docker, compose, k8s, lws (multi-node DP), script or ray (multi-node TP x PP).")] = None,
     nodes: Annotated[int, typer.Option(min=1, max=5000, help="(at most 5,000: the largest Kubernetes cluster, https://kubernetes.io/docs/setup/best-practices/cluster-large/) "
@@ -45,8 +46,8 @@ def plan(
     secrets = list(secrets_present())
     req = plan_request(ctx)
     req = req.model_copy(update={"pass_env": secrets})
-    if "runtime" not in req.model_fields_set:
-        req = req.model_copy(update={"runtime": "auto"})  # `plan` defaults to auto, `serve` to process
+    if "runtime" not in req.model_fields_set:  # auto, as `serve`; a container form asks for the docker runtime
+        req = req.model_copy(update={"runtime": "docker" if emit in ("docker", "compose", "k8s", "lws") else "auto"})
     if systems:
         return sizing(out, req, [n for s_ in systems for n in s_.split(",") if n.strip()])
     p = maybe_offline(make_plan(inv, req), knobs["offline"])
@@ -74,14 +75,15 @@ def sizing(out: Output, request, systems: list[str]) -> None:
         t = Table(title=f"m3ctl plan --systems: {escape(request.model)} at "
                   + (f"{mml} tokens" if mml else "its maximum length")
                   + " (KV tokens per replica; seqs = sequences of that length at once)")
-        for col in ("system", "MiB/GPU", "variant", "layout", "KV tokens", "seqs"):
+        for col in ("system", "MiB/GPU", "variant", "layout", "profile", "image", "KV tokens", "seqs"):
             t.add_column(col, no_wrap=True)
         t.add_column("verdict", overflow="fold")
         for r in rows:
-            layout = (f"TP{r.tp} DP{r.dp}" + (" EP" if r.ep else "") + (f" DCP{r.dcp}" if r.dcp and r.dcp > 1 else "")
-                      if r.serves else "")
+            layout = (f"TP{r.tp}" + (f" PP{r.pp}" if r.pp and r.pp > 1 else "") + f" DP{r.dp}" + (" EP" if r.ep else "")
+                      + (f" DCP{r.dcp}" if r.dcp and r.dcp > 1 else "") if r.serves else "")
             verdict = "[green]serves[/]" if r.serves else f"[red]{escape(r.rule or 'no plan')}[/]"
-            t.add_row(r.system, str(r.gpu_mib or "?"), r.variant or "", layout,
+            t.add_row(r.system, str(r.gpu_mib or "?"), r.variant or "", layout, escape(r.profile or ""),
+                      escape(r.image.split("/")[-1] if r.image else (r.runtime or "")),
                       f"{r.kv_tokens:,}" if r.kv_tokens is not None else "",
                       f"{r.concurrent_sequences:,}" if r.concurrent_sequences is not None else "", verdict)
         out.con.print(t)

@@ -55,10 +55,10 @@ def serve(
 
         raise MissingParameter(ctx=ctx, param_hint="'--model' (or M3CTL_MODEL)", param_type="option")
     inv = host_inventory(inventory, None)
+    if "runtime" not in req.model_fields_set:  # as `plan`: auto (m3ctl.assess.choose.choose_runtime explains it)
+        req = req.model_copy(update={"runtime": "auto"})
     p, secrets, prof = serve_plan(req, inv, api_key_env=api_key_env,
                                   offline=knobs["offline"])
-    if image and req.runtime != "docker":
-        raise BadInput("--image needs --runtime docker", "add --runtime docker")
     if dry_run:
         return show_dry_run(out, p, level)
     reg = Registry()
