@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -221,11 +220,9 @@ def test_tp_must_divide_the_heads(tmp_path):
 ])
 def test_raw_values_refused_as_vllm_refuses_them(raw, what):
     """Each of these `vllm serve` 0.32 refuses 7-9 s into startup (checked against the installed vLLM's parser
-    and config classes); m3ctl refuses them in milliseconds, exit 3, one line naming what vLLM accepts."""
-    t = time.monotonic()
+    and config classes); m3ctl refuses them at plan time, before any launch, exit 3, one line naming what vLLM accepts."""
     with pytest.raises(ConfigRejected) as ei:
         plan(inventory_for_system("b200x8"), _req("MiniMax-M3.1-Flash", extra_args=raw))
-    assert time.monotonic() - t < 2.0
     assert _rule(ei.value) == "flags.values" and what in ei.value.message
     assert "\n" not in ei.value.message and ei.value.exit_code == 3
 
