@@ -14,14 +14,27 @@ from __future__ import annotations
 import difflib
 import functools
 import os
+import re
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from m3ctl.errors import BadInput, CatalogError
+
+
+def _compiles(v: str) -> str:
+    try:
+        re.compile(v)
+    except re.error as e:
+        raise ValueError(f"regex does not compile: {e}") from None
+    return v
+
+
+#: A data-file string that must be a Python regular expression (a schema error names the field otherwise).
+Regex = Annotated[str, AfterValidator(_compiles)]
 
 SCHEMA_VERSION = 1
 

@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from m3ctl import logtrace
+from m3ctl.catalog import Regex
 
 Phase = Literal["startup", "first-request", "serving"]
 
@@ -172,7 +173,7 @@ class When(BaseModel):
 class LogPattern(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: str
-    regex: str
+    regex: Regex
     cause: str
     fix: str
     source: str
@@ -183,15 +184,6 @@ class LogPattern(BaseModel):
     component: str | None = None
     confirm: list[str] = Field(default_factory=list)
     when: list[When] = Field(default_factory=list)
-
-    @field_validator("regex")
-    @classmethod
-    def _compiles(cls, v: str) -> str:
-        try:
-            re.compile(v)
-        except re.error as e:
-            raise ValueError(f"regex does not compile: {e}") from None
-        return v
 
 
 class LogPatterns(BaseModel):
@@ -420,20 +412,11 @@ class AsyncErrors(BaseModel):
     """Which GPU errors are reported asynchronously, the note that says so, and the command that pins them."""
 
     model_config = ConfigDict(extra="forbid")
-    errors: str
-    note: str
+    errors: Regex
+    note: Regex
     blocking_env: dict[str, str]
     pin: str
     source: str
-
-    @field_validator("errors", "note")
-    @classmethod
-    def _compiles(cls, v: str) -> str:
-        try:
-            re.compile(v)
-        except re.error as e:
-            raise ValueError(f"regex does not compile: {e}") from None
-        return v
 
 
 class ComponentMap(BaseModel):

@@ -25,9 +25,9 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import Field
 
-from m3ctl.catalog import _load, _Strict
+from m3ctl.catalog import Regex, _load, _Strict
 
 MASK = "***"
 
@@ -55,20 +55,11 @@ class SecretsTable(_Strict):
     """m3ctl/data/secrets.yaml (see the file for what each field means)."""
 
     schema_version: int = 1
-    secret_name_pattern: str
+    secret_name_pattern: Regex
     passthrough: list[str] = Field(min_length=1)
     flags: dict[str, SecretFlag] = Field(min_length=1)
     protected_prefixes: list[str] = Field(default_factory=list)
     protected_source: str = Field(pattern=r"^https://")
-
-    @field_validator("secret_name_pattern")
-    @classmethod
-    def _compiles(cls, v: str) -> str:
-        try:
-            re.compile(v)
-        except re.error as e:
-            raise ValueError(f"not a regular expression: {e}") from None
-        return v
 
 
 @functools.lru_cache(maxsize=1)

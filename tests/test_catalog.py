@@ -52,3 +52,21 @@ def test_user_catalog_overrides_by_name(tmp_path, monkeypatch):
 def test_no_profile_for_arch():
     with pytest.raises(CatalogError, match="no kernel profile for architecture 'unknown'"):
         catalog.profile_for_arch("unknown")
+
+
+def test_a_data_file_regex_that_does_not_compile_is_one_schema_error():
+    """One Regex type (m3ctl.catalog.Regex) checks every pattern of the data files: log patterns, components."""
+    from importlib import resources
+
+    import yaml
+
+    from m3ctl.diagnose import load_components, load_patterns
+
+    pats = yaml.safe_load(resources.files("m3ctl").joinpath("data/log_patterns.yaml").read_text())
+    pats["patterns"][0]["regex"] = "(unclosed"
+    with pytest.raises(ValueError, match=r"patterns\.0\.regex: Value error, regex does not compile"):
+        load_patterns(yaml.safe_dump(pats))
+    comp = yaml.safe_load(resources.files("m3ctl").joinpath("data/components.yaml").read_text())
+    comp["async_errors"]["errors"] = "[bad"
+    with pytest.raises(ValueError, match=r"async_errors\.errors: Value error, regex does not compile"):
+        load_components(yaml.safe_dump(comp))
