@@ -236,6 +236,21 @@ def test_no_usage_is_invalid(gt_server, tok):
     res = run_bench(_cfg(url, num_prompts=2, concurrency=1, output_len=5), tok=tok)
     assert not res["validity"]["valid"] and res["validity"]["responses_without_usage"] == 2
     assert res["per_token_itl"]["source"] == "none" or res["per_token_itl"]["samples"] == 0
+    assert res["output_tokens_source"] == "usage"
+
+
+def test_allow_approx_counts_the_streamed_tokens_and_says_so(gt_server, tok):
+    """Without usage, --allow-approx counts one token per streamed chunk (issue 25: it counted 1 per request)."""
+    url = gt_server("--ttft-ms", "1", "--itl-ms", "1", "--no-usage")
+    res = run_bench(_cfg(url, num_prompts=4, concurrency=2, output_len=32, allow_approx=True), tok=tok)
+    v = res["validity"]
+    assert v["valid"] and res["completed"] == 4 and res["total_output_tokens"] == 4 * 32, res["total_output_tokens"]
+    assert v["responses_without_usage"] == 4 and any("counted from stream chunks" in w for w in v["warnings"])
+    assert res["output_tokens_source"].startswith("stream chunks for 4 of 4 responses")
+    # 4 tokens a chunk: the chunk count undercounts by 4x, and the result says where the count came from
+    url4 = gt_server("--ttft-ms", "1", "--itl-ms", "1", "--no-usage", "--tokens-per-chunk", "4")
+    r4 = run_bench(_cfg(url4, num_prompts=2, concurrency=1, output_len=32, allow_approx=True), tok=tok)
+    assert r4["total_output_tokens"] == 2 * 8 and "undercount" in r4["output_tokens_source"]
 
 
 def test_open_loop_poisson_and_coordinated_omission(gt_server, tok):

@@ -192,3 +192,22 @@ def test_pareto_front_and_png(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     with pytest.raises(BadInput, match="unknown x axis"):
         report.pareto_png(runs, tmp_path / "q.png", x_axis="nope")
+
+
+def _stream_of(*events: bytes):
+    from m3ctl.bench.client import RequestOutput, _Stream
+
+    st = _Stream(RequestOutput(), chat=False, keep_text=True, st=0.0)
+    for i, ev in enumerate(events):
+        st.feed(0.01 * (i + 1), ev)
+    return st.finish()
+
+
+def test_a_mid_stream_error_event_fails_its_request():
+    """vLLM ends a failing stream with ``data: {"error": ...}`` (and may still send [DONE]): the request failed."""
+    tok = b'data: {"choices":[{"text":"a"}],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n'
+    err = b'data: {"error":{"object":"error","message":"EngineCore died","type":"InternalServerError","code":500}}\n\n'
+    o = _stream_of(tok, err, b"data: [DONE]\n\n")
+    assert not o.success and o.error_kind == "error_event" and "EngineCore died" in o.error
+    ok = _stream_of(tok, tok.replace(b'"completion_tokens":1', b'"completion_tokens":2'), b"data: [DONE]\n\n")
+    assert ok.success and ok.output_tokens == 2 and ok.stream_chunks == 2

@@ -78,7 +78,8 @@ class RequestOutput:
     success: bool = False
     error: str = ""
     # http_4xx, http_5xx, timeout, connection_refused, connection_reset (closed before any token), stream_cut
-    # (closed after some tokens, or no [DONE]), connection (other socket errors), no_token, bad_json
+    # (closed after some tokens, or no [DONE]), connection (other socket errors), no_token, bad_json,
+    # error_event (the server sent ``data: {"error": ...}`` in the stream: the request failed, whatever followed)
     error_kind: str = ""
     prompt_len: int = 0
     output_tokens: int | None = None
@@ -99,6 +100,8 @@ class RequestOutput:
     turn: int = 0
     output_len_requested: int = 0  # max_tokens asked for
     think_in_content: bool = False  # chat: reasoning tags in the answer (N05)
+    stream_chunks: int = 0  # choices chunks received (the first included): the --allow-approx token count
+    tokens_from_chunks: bool = False  # output_tokens is stream_chunks (no usage; set by --allow-approx)
 
     @property
     def end_time(self) -> float:
@@ -146,8 +149,8 @@ PROGRESS = Progress()
 class _Stream:
     """SSE state of one response: ``feed(ts, raw)`` per network read, ``finish()`` at the end."""
 
-    __slots__ = ("buf", "chat", "cont_ok", "done", "final_usage", "first", "keep_text", "last", "out", "prev_ct",
-                 "skip_lf", "st", "text_parts")
+    __slots__ = ("buf", "chat", "cont_ok", "done", "error_event", "final_usage", "first", "keep_text", "last", "out",
+                 "prev_ct", "skip_lf", "st", "text_parts")
 
     def __init__(self, out: RequestOutput, chat: bool, keep_text: bool, st: float):
         self.out, self.chat, self.keep_text, self.st, self.last = out, chat, keep_text, st, st
@@ -156,6 +159,7 @@ class _Stream:
         self.cont_ok = True
         self.first = self.done = False
         self.final_usage = None
+        self.error_event: str | None = None  # the first ``{"error": ...}`` event's message
         self.buf = b""
         self.skip_lf = False  # the last read ended in CR: an LF opening the next one completes that CRLF
 
@@ -193,8 +197,11 @@ class _Stream:
             msg = _loads(data)
             usage = msg.get("usage")
             choices = msg.get("choices")
+            if (err := msg.get("error")) is not None and self.error_event is None:  # vLLM's mid-stream error event
+                self.error_event = str(err.get("message") or err) if isinstance(err, dict) else str(err)
             if choices:
                 got = True
+                out.stream_chunks += 1
                 if first:
                     out.itl.append(ts - last)
                     if ts - last > PROGRESS.max_gap:
@@ -250,7 +257,9 @@ class _Stream:
                 out.cached_tokens = det.get("cached_tokens")
         if not self.cont_ok or (out.chunk_tokens and sum(out.chunk_tokens) != out.output_tokens):
             out.chunk_tokens.clear()
-        if not self.first:
+        if self.error_event is not None:
+            out.error, out.error_kind = f"error event in the stream: {self.error_event[:300]}", "error_event"
+        elif not self.first:
             out.error, out.error_kind = "no token chunk received", "no_token"
         elif not self.done:
             out.error, out.error_kind = "stream ended without [DONE]", "stream_cut"

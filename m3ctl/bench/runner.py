@@ -1151,7 +1151,16 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
         "burstiness": cfg.burstiness,
         "max_concurrency": cfg.concurrency,
     }
+    approx = 0
+    if cfg.allow_approx:  # no usage: count the streamed chunks (one token each), and say so
+        for o in outs:
+            if o.success and o.output_tokens is None and o.stream_chunks:
+                o.output_tokens, o.tokens_from_chunks = o.stream_chunks, True
+                approx += 1
     res.update(metrics.calculate(outs, dur, cfg.percentiles, cfg.goodput_slo_ms))
+    res["output_tokens_source"] = (f"stream chunks for {approx} of {sum(o.success for o in outs)} responses "
+                                   "(no usage; one token per chunk, an undercount where a chunk carries several, "
+                                   "as with speculative decoding)" if approx else "usage")
     ok = [o for o in outs if o.success]
     res["latencies"] = [o.latency for o in outs]
     res["queue_times"] = [o.client_queue_time for o in outs]
@@ -1386,9 +1395,12 @@ def _validity(cfg: BenchConfig, outs: list[RequestOutput], res: dict, cstats: li
     if multi and burst * 2 > len(multi):
         warnings.append(f"streamed in bursts: {burst} of {len(multi)} requests received all their tokens at once "
                         "(TPOT and ITL not measured; the server or a proxy buffered the stream)")
-    no_usage = sum(1 for o in ok if o.output_tokens is None)
+    no_usage = sum(1 for o in ok if o.output_tokens is None or o.tokens_from_chunks)
     if no_usage and not cfg.allow_approx:
         reasons.append(f"{no_usage} responses had no usage: output token counts unknown")
+    elif no_usage:
+        warnings.append(f"{no_usage} responses had no usage: output tokens counted from stream chunks "
+                        "(--allow-approx; one token per chunk)")
     # F18: reasoning the server generated but did not stream makes TTFT include the whole thinking phase.
     hidden = sum(1 for o in ok if (o.reasoning_tokens or 0) > 0 and not o.reasoning_streamed and not o.think_in_content)
     if hidden and not cfg.allow_approx:
