@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from m3ctl.errors import BadInput
 
 if TYPE_CHECKING:
+    from pydantic import StrictInt
+
     from m3ctl.assess.request import PlanRequest
     from m3ctl.bench.runner import BenchConfig
     from m3ctl.doctor import DoctorReport
@@ -41,6 +43,8 @@ __all__ = ["host_inventory", "doctor", "plan", "serve", "stop", "bench", "abench
 # ----------------------------------------------------------------------------- argument types
 def _type_namespace() -> dict[str, Any]:
     """The names the annotations of this module refer to (those under TYPE_CHECKING imported now, on first call)."""
+    from pydantic import StrictInt  # noqa: PLC0415
+
     from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
     from m3ctl.bench.runner import BenchConfig  # noqa: PLC0415
     from m3ctl.doctor import DoctorReport  # noqa: PLC0415
@@ -50,7 +54,7 @@ def _type_namespace() -> dict[str, Any]:
     from m3ctl.runtime.base import StopReport  # noqa: PLC0415
     from m3ctl.serve import ServeResult  # noqa: PLC0415
 
-    return {**globals(), **{c.__name__: c for c in (PlanRequest, BenchConfig, DoctorReport, HostInventory, LaunchPlan,
+    return {**globals(), "StrictInt": StrictInt, **{c.__name__: c for c in (PlanRequest, BenchConfig, DoctorReport, HostInventory, LaunchPlan,
                                                     BenchResult, BenchSweep, TuneReport, StopReport, ServeResult)}}
 
 
@@ -71,7 +75,7 @@ def _checked(fn):
 
             from pydantic import ConfigDict, TypeAdapter  # noqa: PLC0415
 
-            hints = get_type_hints(fn, globalns=_type_namespace())
+            hints = get_type_hints(fn, globalns=_type_namespace(), include_extras=True)  # keep Strict*
             cfg = ConfigDict(arbitrary_types_allowed=True)
             for name, par in sig.parameters.items():
                 if name in hints and par.kind is not par.VAR_KEYWORD:
@@ -458,9 +462,9 @@ def bench(url: str | None = None, *, concurrency: Sequence[int], deployment: str
 
 
 @_checked
-def bench(url: str | None = None, *, concurrency: int | Sequence[int] | None = None, deployment: str | None = None,
-          model: str | None = None, api_key: str | None = None, num_gpus: int | None = None,
-          warmup: bool | None = None, **options: Any) -> BenchResult | BenchSweep:
+def bench(url: str | None = None, *, concurrency: StrictInt | Sequence[StrictInt] | None = None,
+          deployment: str | None = None, model: str | None = None, api_key: str | None = None,
+          num_gpus: int | None = None, warmup: bool | None = None, **options: Any) -> BenchResult | BenchSweep:
     """Load-test an OpenAI-compatible endpoint (``m3ctl bench``); vLLM-compatible metrics plus m3ctl's.
 
     Args:
@@ -504,7 +508,7 @@ def bench(url: str | None = None, *, concurrency: int | Sequence[int] | None = N
 
 
 @_checked
-async def abench(url: str | None = None, *, concurrency: int | Sequence[int] | None = None,
+async def abench(url: str | None = None, *, concurrency: StrictInt | Sequence[StrictInt] | None = None,
                  deployment: str | None = None, model: str | None = None, api_key: str | None = None,
                  num_gpus: int | None = None, warmup: bool | None = None, **options: Any) -> BenchResult | BenchSweep:
     """:func:`bench` as a coroutine: ``await m3ctl.abench(...)`` inside a running event loop (Jupyter, an async

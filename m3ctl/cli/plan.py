@@ -18,7 +18,7 @@ def plan(
     served_model_name: o.ServedName = None, runtime: o.Runtime = None, inventory: o.Inventory = None,
     profile: o.Profile = None, arg: o.Arg = None, skip_checks: o.SkipChecks = False, config: o.Config = None,
     system: o.System = None, knobs: dict = None,
-    image: Annotated[Optional[str], typer.Option(help="Container image (catalog name, reference or a local image); implies --runtime docker.")] = None,
+    image: Annotated[Optional[str], typer.Option(parser=o.text, help="Container image (catalog name, reference or a local image); implies --runtime docker.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print {image, argv, env, explain, rejected} as JSON.")] = False,
     emit: Annotated[Optional[str], typer.Option(parser=o.choice("docker", "compose", "k8s", "lws", "script", "ray"), help="Render as docker, compose, k8s, lws (multi-node DP), script or ray (multi-node TP x PP).")] = None,
     nodes: Annotated[int, typer.Option(min=1, max=5000, help="(at most 5,000: the largest Kubernetes cluster, https://kubernetes.io/docs/setup/best-practices/cluster-large/) "
