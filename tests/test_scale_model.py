@@ -85,15 +85,18 @@ def test_cli_builds_and_plan_sizes_it(tmp_path):
 def test_multi_gpu_plans_of_the_scale_model_on_a_catalog_h200x8(tmp_path):
     # What issue #18 will serve on 2-8 H200s, planned here without the GPUs: TP 2 and 4 plan; TP 8 splits the
     # 1536-wide experts into 192-wide shards, not a multiple of the FP8 block 128 (field failure F11), so the
-    # rule asks for EP, with which TP 8 plans.
+    # rule asks for EP, with which TP 8 plans (and which the layout search picks when EP is left open).
     out = build_scale_model(tmp_path / "sm", ScaleModelSpec(layers=16))
     base = [*M3CTL, "plan", "--model", str(out), "--system", "h200x8", "--runtime", "process", "--json"]
     for tp in (2, 4):
         r = subprocess.run([*base, "--tp", str(tp), "--", "--load-format", "dummy"], capture_output=True, text=True)
         assert r.returncode == 0, r.stderr
         assert json.loads(r.stdout)["layout"]["tp"] == tp
-    r = subprocess.run([*base, "--tp", "8", "--", "--load-format", "dummy"], capture_output=True, text=True)
+    r = subprocess.run([*base, "--tp", "8", "--no-ep", "--", "--load-format", "dummy"], capture_output=True, text=True)
     assert r.returncode == 3 and "quant.shard_alignment" in r.stderr and "--ep" in r.stderr
+    # TP pinned, EP left open: the layout search (m3ctl/assess/search.py) picks EP, the layout that passes
+    r = subprocess.run([*base, "--tp", "8", "--", "--load-format", "dummy"], capture_output=True, text=True)
+    assert r.returncode == 0 and json.loads(r.stdout)["layout"]["ep"], r.stderr
     r = subprocess.run([*base, "--tp", "8", "--ep", "--", "--load-format", "dummy"], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["layout"]["ep"] and "--enable-expert-parallel" in json.loads(r.stdout)["argv"]
