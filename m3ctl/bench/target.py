@@ -46,17 +46,14 @@ class BenchTarget:
     deployment: str | None = None
     """The m3ctl deployment behind the endpoint (``--deployment``, or the one recorded at ``--url``'s address):
     a run whose requests fail checks its engine (m3ctl.lifecycle) and names a death."""
+    deployment_model: str | None = None
+    """That deployment's served model name (what :meth:`pick_model` prefers when the server lists several)."""
 
     def headers(self) -> dict[str, str]:
         """The Authorization header this endpoint gets (m3ctl.secrets.auth_headers), ``{}`` without a key."""
         from m3ctl.secrets import auth_headers  # noqa: PLC0415
 
         return auth_headers(self.api_key, basic=self.basic_auth)
-
-    deployment: str | None = None
-    """The m3ctl deployment behind ``url`` (given, or found by its address), else None."""
-    deployment_model: str | None = None
-    """That deployment's served model name (what :meth:`pick_model` prefers when the server lists several)."""
 
     def pick_model(self) -> tuple[str, str | None]:
         """The model id to benchmark and, when the server lists several names, the one line saying which was
