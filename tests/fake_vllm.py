@@ -71,6 +71,13 @@ def _print_file(key: str) -> None:
 
 
 _print_file("start_log")
+# {"corrupt_cache_log": FILE}: a start whose VLLM_CACHE_ROOT holds torch_compile_cache/CORRUPT prints FILE (the
+# engine's error reading a compiled artifact back) and exits 1, as vLLM does; a cleared cache starts normally.
+if SPEC.get("corrupt_cache_log") and os.path.exists(
+        os.path.join(os.environ.get("VLLM_CACHE_ROOT", "/nonexistent"), "torch_compile_cache", "CORRUPT")):
+    _print_file("corrupt_cache_log")
+    time.sleep(0.3)
+    sys.exit(1)
 if "exit" in SPEC:
     time.sleep(0.3)
     sys.exit(SPEC["exit"])

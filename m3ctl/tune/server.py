@@ -13,6 +13,7 @@ from typing import Any
 
 from m3ctl.errors import LaunchFailed
 from m3ctl.kernels import jit_measure_args
+from m3ctl.tune import startup
 from m3ctl.tune.search import TuneSpec, num_prompts, write_json
 from m3ctl.tune.space import plan_kwargs
 
@@ -105,7 +106,8 @@ class ServerEvaluator:
     """
 
     def __init__(self, inventory, model: str, study_dir: Path, spec: TuneSpec, *, plan_base: dict[str, Any],
-                 bench: dict[str, Any], port: int, name_prefix: str, registry=None, space=None):
+                 bench: dict[str, Any], port: int, name_prefix: str, registry=None, space=None,
+                 fast_starts: bool = True):
         from m3ctl.state import Registry  # noqa: PLC0415
 
         self.inv, self.model, self.dir, self.spec = inventory, model, Path(study_dir), spec
@@ -114,6 +116,10 @@ class ServerEvaluator:
         self.spec_method = space.spec_method if space is not None else None
         self.current: str | None = None
         self.trial_dir: Path | None = None
+        #: the study's start measures (m3ctl.tune.startup): one compile cache per study and model, CUDA-graph
+        #: capture bounded by the ladder. Off: every trial starts as `m3ctl serve` would.
+        self.fast_starts = fast_starts
+        self.cache_root = startup.study_cache_root(self.dir, model)
 
     def plan(self, cand: dict[str, Any], name: str | None = None):
         from m3ctl.plan import plan  # noqa: PLC0415
@@ -134,7 +140,34 @@ class ServerEvaluator:
         the flag is for measurement only: the tuned command and profile.yaml come from plan() without it."""
         p = self.plan(cand, name=f"{self.prefix}-t{trial}")
         extra = [a for a in jit_measure_args() if a not in p.argv]
-        return p.model_copy(update={"argv": [*p.argv, *extra]}) if extra else p
+        update: dict[str, Any] = {"argv": [*p.argv, *extra]} if extra else {}
+        if self.fast_starts:
+            update.update(self._start_measures(p, update.get("argv", p.argv)))
+        return p.model_copy(update=update) if update else p
+
+    def start_measures_note(self, cand: dict[str, Any]) -> str:
+        """The start measures of ``cand``'s trial server in words (for ``--dry-run``)."""
+        if not self.fast_starts:
+            return "off (--no-fast-starts): every trial starts as `m3ctl serve` would"
+        p = self.plan(cand)
+        _, note = self._capture_bound(p, p.argv)
+        return f"compile cache {self.cache_root} (one per study and model); {note}"
+
+    def _capture_bound(self, p, argv: list[str]) -> tuple[list[str], str]:
+        if not p.gpus:  # CPU: no CUDA graphs to bound
+            return [], "no CUDA graphs on CPU"
+        seqs = p.scheduler_limits[1] if p.scheduler_limits is not None else None
+        return startup.capture_bound_args(argv, max(self.spec.ladder), p.spec_depth, seqs)
+
+    def _start_measures(self, p, argv: list[str]) -> dict[str, Any]:
+        """The trial plan's start measures (m3ctl.tune.startup): the study's vLLM cache root in its environment
+        (bind-mounted at the same path for the docker runtime) and the CUDA-graph capture bound of the ladder.
+        Measurement-only, like the JIT-monitor flag: the tuned command and profile.yaml come from plan()."""
+        flags, _ = self._capture_bound(p, argv)
+        out: dict[str, Any] = {"argv": [*argv, *flags], "env": {**p.env, **startup.cache_env(self.cache_root)}}
+        if p.runtime == "docker":
+            out["mounts"] = [*p.mounts, f"{self.cache_root}:{self.cache_root}:rw"]
+        return out
 
     def check(self, cand: dict[str, Any]):
         return self.plan(cand)
@@ -183,7 +216,6 @@ class ServerEvaluator:
     def open(self, cand: dict[str, Any], trial: int | str, on_event: Callable[[str], None]) -> ServerSession:
         """Start the server of ``cand``; ``trial`` names it (``{prefix}-t{trial}``) and its folder
         (``trials/NNNN``, or ``trials/base`` for the baseline)."""
-        from m3ctl.serve import launch_and_wait  # noqa: PLC0415
 
         name = f"{self.prefix}-t{trial}"
         tdir = self.dir / "trials" / (f"{trial:04d}" if isinstance(trial, int) else str(trial))
@@ -195,13 +227,11 @@ class ServerEvaluator:
         from m3ctl.secrets import launch_env  # noqa: PLC0415
 
         secrets = launch_env(p)  # a server that inherits VLLM_API_KEY requires it: readiness and benches send it
+        if self.fast_starts:
+            self.cache_root.mkdir(parents=True, exist_ok=True)
         t0 = time.monotonic()
         try:
-            # The quick smoke (a long prompt of several KV/MSA blocks and a mixed batch): a trial whose server would
-            # die on the workload's prompts fails here, with the cause, instead of as a bench run.
-            res = launch_and_wait(p, registry=self.registry, secret_env=secrets,
-                                  smoke=TRIAL_SMOKE,
-                                  on_event=lambda e: on_event(f"{e.phase} {e.status}") if e.status != "start" else None)
+            res = self._launch(p, secrets, on_event)
         except LaunchFailed as e:
             e.elapsed_s = time.monotonic() - t0  # type: ignore[attr-defined]
             self._save_log(name, tdir)
@@ -214,7 +244,48 @@ class ServerEvaluator:
             self.current = None
             (self.dir / "running.json").unlink(missing_ok=True)
             raise
-        return ServerSession(self, p, res.deployment, tdir, time.monotonic() - t0, secrets)
+        start_s = time.monotonic() - t0
+        self._record_start(res, tdir, start_s)
+        return ServerSession(self, p, res.deployment, tdir, start_s, secrets)
+
+    def _launch(self, p, secrets: dict[str, str], on_event: Callable[[str], None]):
+        """launch_and_wait with the trial smoke: the quick smoke (a long prompt of several KV/MSA blocks and a
+        mixed batch), so a trial whose server would die on the workload's prompts fails here, with the cause,
+        instead of as a bench run. A start that failed reading the study's compile cache back (the engine's own
+        error, m3ctl.diagnose: component ``torch-compile-cache``) clears the cache and starts once more."""
+        from m3ctl.diagnose import diagnose_log  # noqa: PLC0415
+        from m3ctl.serve import launch_and_wait  # noqa: PLC0415
+
+        def go():
+            return launch_and_wait(p, registry=self.registry, secret_env=secrets, smoke=TRIAL_SMOKE,
+                                   on_event=lambda e: on_event(f"{e.phase} {e.status}") if e.status != "start" else None)
+
+        try:
+            return go()
+        except LaunchFailed as e:
+            d = diagnose_log(e.log_path or self.registry.log_path(p.name))
+            if not (self.fast_starts and d is not None and startup.is_corrupt_cache(d.component_id)):
+                raise
+            startup.clear_cache(self.cache_root)
+            self.cache_root.mkdir(parents=True, exist_ok=True)
+            on_event("compile cache unreadable: cleared, starting again")
+            self.registry.remove(p.name)
+            return go()
+
+    def _record_start(self, res, tdir: Path, start_s: float) -> None:
+        """``trials/NNNN/start.json``: the start broken down from the server's own log (m3ctl.tune.startup),
+        with the study's start measures and the wall seconds the tune counted for it."""
+        from m3ctl.serve import runtime_for  # noqa: PLC0415
+
+        dep = res.deployment
+        try:
+            text = runtime_for(dep).log_text(dep, tail_bytes=5_000_000)
+        except OSError:
+            text = ""
+        ready_at = dep.started_at + res.readiness.time_to_ready_s if dep.started_at else None
+        b = startup.start_breakdown(text, launched_at=dep.started_at, ready_at=ready_at, smoke_s=dep.smoke_s)
+        write_json(tdir / "start.json", {**b.to_json(), "start_s": round(start_s, 2), "fast_starts": self.fast_starts,
+                                         "cache_root": str(self.cache_root) if self.fast_starts else None})
 
     def _save_log(self, name: str, tdir: Path) -> None:
         src = self.registry.log_path(name)

@@ -40,6 +40,8 @@ class TuneSettings(BaseModel):
         spec: :class:`~m3ctl.tune.search.TuneSpec` fields (SLO, objective, budgets, ladder...).
         plan_base: plan overrides of every trial (``overrides`` vLLM flags, ``extra_args``, ``skip_checks``).
         bench: the bench options of every measurement (workload, input_len, output_len, seed, warmup...).
+        fast_starts: the trial servers' start measures (m3ctl.tune.startup: one compile cache per study and
+            model, CUDA-graph capture bounded by the ladder); absent in older studies: on.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -52,6 +54,7 @@ class TuneSettings(BaseModel):
     spec: dict[str, Any]
     plan_base: dict[str, Any] = Field(default_factory=dict)
     bench: dict[str, Any] = Field(default_factory=dict)
+    fast_starts: bool = True
 
 
 def save_settings(study_dir: Path, settings: dict[str, Any]) -> None:
@@ -167,7 +170,8 @@ def new_settings(model: str, inventory, *, slo: str = "", objective: str = "tput
                  usd_per_gpu_hour: float | None = None, knobs: list[str] | None = None,
                  ladder: list[int] | None = None, max_trials: int | None = None, time_budget_s: float | None = None,
                  seed: int = 0, confirm_top: int = 2, boundary_margin: float = 0.10, boundary_repeats: int = 2,
-                 max_spec_depth: int = 4, baseline: bool | None = None, port: int = 8000, workload: str = "random",
+                 max_spec_depth: int = 4, baseline: bool | None = None, fast_starts: bool = True,
+                 port: int = 8000, workload: str = "random",
                  input_len: int = 128, output_len: int = 128, prompts_per_concurrency: int = 4, warmup: bool = True,
                  profile_file: str | Path | None = None, overrides: dict[str, Any] | None = None,
                  extra_args: list[str] | None = None, skip_checks: bool = False, study_dir: Path | None = None,
@@ -248,7 +252,7 @@ def new_settings(model: str, inventory, *, slo: str = "", objective: str = "tput
     space, pruned = prune_dominated(space, lad)
     # A local model directory and profile file are stored absolute, so `--resume DIR` works from any directory.
     saved_model = str(Path(model).resolve()) if Path(model).is_dir() else model
-    settings = {"model": saved_model, "space": space.to_json(), "port": port,
+    settings = {"model": saved_model, "space": space.to_json(), "port": port, "fast_starts": bool(fast_starts),
                 "profile_file": str(Path(profile_file).resolve()) if profile_file else None,
                 "pruned": pruned,
                 "spec": {"slo": slo, "objective": objective, "usd_per_gpu_hour": usd_per_gpu_hour, "ladder": lad,
@@ -368,7 +372,7 @@ def _run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry,
     spec = TuneSpec(**settings["spec"])
     ev = ServerEvaluator(inventory, settings["model"], study_dir, spec, plan_base=settings.get("plan_base", {}),
                          bench=settings.get("bench", {}), port=settings["port"], name_prefix=prefix,
-                         registry=registry, space=space)
+                         registry=registry, space=space, fast_starts=settings.get("fast_starts", True))
     tuner = open_tuner(study_dir, space, ev, spec, on_event)
     try:
         res = tuner.run()
@@ -402,7 +406,7 @@ def dry_run(study_dir: Path, settings: dict[str, Any], *, inventory, registry=No
     prefix = prefix_for(study_dir)
     ev = ServerEvaluator(inventory, settings["model"], Path(study_dir), spec, plan_base=settings.get("plan_base", {}),
                          bench=settings.get("bench", {}), port=settings["port"], name_prefix=prefix,
-                         registry=registry or Registry(), space=space)
+                         registry=registry or Registry(), space=space, fast_starts=settings.get("fast_starts", True))
     cands = []
     for i, cand in enumerate(space.grid()):
         row: dict[str, Any] = {"config": cand, "describe": describe(cand, space)}
@@ -434,6 +438,7 @@ def dry_run(study_dir: Path, settings: dict[str, Any], *, inventory, registry=No
         + (f" or {spec.time_budget_s:g} s" if spec.time_budget_s else ""),
         f"then the best {spec.confirm_top} re-measured on a fresh server with {spec.confirm_factor:g}x the requests"]
     out["boundary"] = boundary_rule(spec)
+    out["starts"] = ev.start_measures_note(first) if key_of(first) in ok else None
     return out
 
 
