@@ -96,6 +96,9 @@ class BenchResult(BaseModel):
     (the ``p*`` keys are extra fields: :meth:`percentile` reads them). ``rtfx`` (audio only) is declared but
     never written by m3ctl.
 
+    A metric m3ctl did not measure is None, never 0: TPOT and ITL of a run streamed in bursts (and goodput on a
+    TPOT SLO), with the reason in ``unmeasured`` ({metric: reason}; m3ctl.bench.metrics.unmeasured).
+
     m3ctl's additions (absent in a vLLM file): ``m3ctl_version``, ``m3ctl_schema_version``, ``num_gpus``,
     ``validity`` (:class:`BenchValidity`), ``workload``, ``load``, ``per_gpu``, ``cost``, ``server_metrics``,
     ``token_counts`` and more (see README/docs), kept as they are.

@@ -194,6 +194,77 @@ def test_pareto_front_and_png(tmp_path):
         report.pareto_png(runs, tmp_path / "q.png", x_axis="nope")
 
 
+REAL = Path(__file__).parent / "fixtures" / "h200x1-real" / "scale2" / "study" / "trials" / "0002"  # real H200 runs
+
+
+def _real_runs() -> tuple[dict, dict, dict]:
+    """A clean run, one with a validity warning (kernels JIT-compiled mid-run), and an invalid one: a real run
+    marked BENCH-INVALID and given the best throughput of the three (so it would top an honest frontier)."""
+    clean = json.loads((REAL / "bench-c48-x1.json").read_text())
+    warned = json.loads((REAL / "bench-c64-x1-jit0.json").read_text())
+    invalid = json.loads((REAL / "bench-c64-x1.json").read_text())
+    invalid["validity"] = {**invalid["validity"], "valid": False, "reasons": ["client saturated"]}
+    invalid["per_gpu"] = {**invalid["per_gpu"], "tput_per_gpu": 2 * clean["per_gpu"]["tput_per_gpu"]}
+    return clean, warned, invalid
+
+
+def test_validity_class_of_a_result():
+    clean, warned, invalid = _real_runs()
+    assert [report.validity_class(r) for r in (clean, warned, invalid)] == ["clean", "warnings", "invalid"]
+    vllm_file = json.loads((Path(__file__).parent / "fixtures" / "h200x2-real" / "vllm-bench-c16.json").read_text())
+    assert "validity" not in vllm_file and report.validity_class(vllm_file) == "unchecked"
+    with pytest.raises(BadInput, match="no run has the metrics"):  # no interactivity block: skipped, no KeyError
+        report.pareto_figure([vllm_file])
+    bursty = {**clean, "unmeasured": {"tpot": "bursts: ..."},
+              "validity": {**clean["validity"], "unmeasured": ["itl", "tpot"]}}
+    assert report.validity_class(bursty) == "warnings"  # valid, but TPOT/ITL not measured
+    assert report.validity_class({**clean, "completed": 0}) == "invalid"
+
+
+def _collections(fig) -> dict:
+    return {c.get_gid(): c for c in fig.axes[0].collections if c.get_gid()}
+
+
+def test_pareto_draws_clean_warned_and_invalid_runs_apart():
+    """Issue 25: the Pareto chart drew every run alike. Clean runs are filled circles, runs with warnings hollow
+    circles, invalid runs grey crosses, each with a legend entry; the frontier skips the invalid run even
+    though it has the best throughput."""
+    import matplotlib.pyplot as plt
+    from matplotlib.markers import MarkerStyle
+
+    clean, warned, invalid = _real_runs()
+    fig = report.pareto_figure([clean, warned, invalid])
+    try:
+        by = _collections(fig)
+        assert set(by) == {"clean", "warnings", "invalid"}
+        assert by["clean"].get_facecolor()[0][3] == 1.0  # filled
+        assert all(fc[3] == 0.0 for fc in by["warnings"].get_facecolor())  # hollow ...
+        assert by["warnings"].get_edgecolor()[0][3] == 1.0  # ... with a visible edge
+        x_path = MarkerStyle("x").get_path().transformed(MarkerStyle("x").get_transform())
+        o_path = MarkerStyle("o").get_path().transformed(MarkerStyle("o").get_transform())
+        assert np.allclose(by["invalid"].get_paths()[0].vertices, x_path.vertices)
+        assert np.allclose(by["clean"].get_paths()[0].vertices, o_path.vertices)
+        assert np.allclose(by["warnings"].get_paths()[0].vertices, o_path.vertices)
+        inv = by["invalid"]
+        grey = inv.get_edgecolor()[0] if len(inv.get_edgecolor()) else inv.get_facecolor()[0]
+        assert grey[0] == grey[1] == grey[2]  # grey
+        labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+        assert {"valid", "valid, with warnings", "BENCH-INVALID", "Pareto frontier (valid runs)"} <= set(labels)
+        (front,) = fig.axes[0].lines
+        inv_x = invalid["interactivity"]["inferencex_1000_over_tpot"]["median"]
+        # the invalid run (highest tok/s per GPU) would be on the frontier; the clean run dominates the warned one
+        assert inv_x not in list(front.get_xdata())
+        assert list(front.get_xdata()) == [clean["interactivity"]["inferencex_1000_over_tpot"]["median"]]
+    finally:
+        plt.close(fig)
+    only_clean = report.pareto_figure([clean])
+    try:  # a legend entry only for the classes present
+        assert set(_collections(only_clean)) == {"clean"}
+        assert "BENCH-INVALID" not in [t.get_text() for t in only_clean.axes[0].get_legend().get_texts()]
+    finally:
+        plt.close(only_clean)
+
+
 def _stream_of(*events: bytes):
     from m3ctl.bench.client import RequestOutput, _Stream
 

@@ -370,3 +370,62 @@ def test_a_stream_delivered_in_one_burst_is_flagged_tpot_not_measured(gt):
     assert any(w.startswith("streamed in bursts: 4 of 4 requests") for w in burst["validity"]["warnings"])
     streamed = run_bench(_cfg(gt(), output_len=12, num_prompts=4))
     assert not any("streamed in bursts" in w for w in streamed["validity"]["warnings"])
+
+
+def _latency_keys(res: dict, metric: str) -> list[str]:
+    return [k for k in res if k.endswith(f"_{metric}_ms") and k.split("_")[0] in ("mean", "median", "std", "p50",
+                                                                                  "p90", "p99")]
+
+
+def test_bursty_run_reports_tpot_and_itl_unmeasured_not_zero(gt, tmp_path):
+    """Issue 25: a run whose requests each arrived in one chunk (12 tokens in one read) printed "TPOT p50 0.00"
+    next to "valid yes". TPOT and ITL (vLLM's keys, per-token ITL, the TPOT-based interactivity) are null with
+    the reason in ``unmeasured``, the run stays valid for TTFT / E2E / throughput with validity.unmeasured
+    naming them, goodput on a TPOT SLO is not claimed, and the tables print "n/a (bursts)"."""
+    url = gt("--tokens-per-chunk", "64")
+    res = run_bench(_cfg(url, output_len=12, num_prompts=4, goodput_slo_ms={"tpot": 50, "ttft": 1000}))
+    v = res["validity"]
+    assert v["valid"] and v["unmeasured"] == ["itl", "request_goodput", "tpot"], v
+    assert set(res["unmeasured"]) == {"tpot", "itl", "request_goodput"}
+    assert res["unmeasured"]["tpot"].startswith("bursts: 4 of 4 requests with 3+ output tokens")
+    for m in ("tpot", "itl"):
+        keys = _latency_keys(res, m)
+        assert len(keys) == 6 and all(res[k] is None for k in keys), {k: res[k] for k in keys}
+    for k in ("mean_ms", "median_ms", "p99_ms"):
+        assert res["per_token_itl"][k] is None
+    ix = res["interactivity"]
+    assert ix["inferencex_1000_over_tpot"] is None and ix["aiperf_per_user"] is None
+    assert ix["agentx_e2e_normalized"]["p90"] > 0  # E2E-based: measured
+    assert res["request_goodput"] is None and any("goodput not claimed" in w for w in v["warnings"])
+    # what was measured still is
+    assert res["completed"] == 4 and res["total_output_tokens"] == 48 and res["median_ttft_ms"] > 0
+    assert all(res[k] is not None for k in _latency_keys(res, "ttft") + _latency_keys(res, "e2el"))
+    text = _render(res)
+    tpot_row = next(x for x in text.splitlines() if x.lstrip("│ ").startswith("TPOT"))
+    itl_row = next(x for x in text.splitlines() if x.lstrip("│ ").startswith("ITL"))
+    assert tpot_row.count("n/a (bursts)") == 4 and itl_row.count("n/a (bursts)") == 4, text  # mean, p50, p90, p99
+    assert "0.00" not in tpot_row and "0.00" not in itl_row
+    assert "yes, TPOT/ITL n/a (bursts)" in text
+    assert "goodput (req/s)" in next(x for x in text.splitlines() if "goodput" in x) and "n/a (bursts)" in next(
+        x for x in text.splitlines() if "goodput" in x)
+    ttft_row = next(x for x in text.splitlines() if x.lstrip("│ ").startswith("TTFT"))
+    assert f"{res['mean_ttft_ms']:.2f}" in ttft_row
+    from m3ctl.bench.report import compare_table
+
+    rows = {r[0]: r[1:] for r in compare_table([res])}
+    assert rows["median TPOT ms"] == ["n/a (bursts)"] and rows["p99 ITL ms (per chunk)"] == ["n/a (bursts)"]
+    assert rows["median TTFT ms"] != ["-"]
+    # a goodput SLO on TTFT only is still claimed; a run streamed token by token measures everything
+    ttft_only = run_bench(_cfg(url, output_len=12, num_prompts=4, goodput_slo_ms={"ttft": 1000}))
+    assert ttft_only["request_goodput"] > 0 and "request_goodput" not in ttft_only["unmeasured"]
+    streamed = run_bench(_cfg(gt(), output_len=12, num_prompts=4, goodput_slo_ms={"tpot": 50}))
+    assert streamed["unmeasured"] == {} and streamed["validity"]["unmeasured"] == []
+    assert streamed["median_tpot_ms"] > 0.5 and streamed["request_goodput"] > 0
+    # the CLI: exit 0 (valid), JSON nulls, n/a (bursts) in the tables
+    out = tmp_path / "b.json"
+    p = run_cli("bench", "--url", url, "--model", "groundtruth", "--num-prompts", "3", "--concurrency", "1",
+                "--input-len", "8", "--output-len", "12", "--output-json", str(out), "--no-progress")
+    assert p.returncode == 0, p.stdout + p.stderr
+    doc = json.loads(out.read_text())
+    assert doc["median_tpot_ms"] is None and doc["p99_itl_ms"] is None and set(doc["unmeasured"]) == {"tpot", "itl"}
+    assert "n/a (bursts)" in p.stdout and "streamed in bursts" in p.stdout + p.stderr

@@ -69,3 +69,40 @@ def test_equal_to_vllm_calculate_metrics():
             assert ours[f"{stat}_{m}_ms"] == pytest.approx(getattr(theirs, f"{stat}_{m}_ms")), (stat, m)
         for p, v in getattr(theirs, f"percentiles_{m}_ms"):
             assert ours[f"p{int(p)}_{m}_ms"] == pytest.approx(v), (p, m)
+
+
+def _burst(n_out: int, ttft: float = 0.2, start: float = 0.0) -> RequestOutput:
+    """A request whose n_out tokens all came in one network read: its last token at its first token's time."""
+    return RequestOutput(success=True, prompt_len=10, output_tokens=n_out, ttft=ttft, itl=[], latency=ttft,
+                         start_time=start, chunk_tokens=[n_out])
+
+
+def _streamed(n_out: int, gap: float = 0.01, ttft: float = 0.2) -> RequestOutput:
+    return RequestOutput(success=True, prompt_len=10, output_tokens=n_out, ttft=ttft, itl=[gap] * (n_out - 1),
+                         latency=ttft + gap * (n_out - 1), start_time=0.0, chunk_tokens=[1] * n_out)
+
+
+def test_streams_in_bursts_leave_tpot_and_itl_unmeasured_not_zero():
+    """More than half of the requests with 3+ tokens got every token at once: TPOT/ITL null (vLLM would say 0),
+    with the reason; goodput on a TPOT SLO is null too, on TTFT alone it is claimed."""
+    from m3ctl.bench.metrics import bursts, extended, unmeasured
+
+    outs = [_burst(8), _burst(8), _streamed(8), _burst(2), _burst(2), _burst(2)]  # 2 of 3 with 3+ tokens
+    assert bursts(outs) == (2, 3)
+    m = calculate(outs, 1.0, [50, 99], goodput_slo_ms={"tpot": 50.0, "ttft": 500.0})
+    assert set(m["unmeasured"]) == {"tpot", "itl", "request_goodput"}
+    assert m["unmeasured"]["tpot"].startswith("bursts: 2 of 3 requests with 3+ output tokens")
+    for stat in ("mean", "median", "std", "p50", "p99"):
+        assert m[f"{stat}_tpot_ms"] is None and m[f"{stat}_itl_ms"] is None
+        assert m[f"{stat}_ttft_ms"] == pytest.approx(200.0) or stat == "std"
+    assert m["request_goodput"] is None and m["completed"] == 6 and m["total_output_tokens"] == 30
+    assert calculate(outs, 1.0, [50], goodput_slo_ms={"ttft": 500.0})["request_goodput"] == pytest.approx(6.0)
+    ext = extended(outs, [50])
+    assert ext["per_token_itl"]["median_ms"] is None and ext["per_token_itl"]["samples"] == 7  # counted, not used
+    assert ext["interactivity"]["inferencex_1000_over_tpot"] is None and ext["interactivity"]["aiperf_per_user"] is None
+    assert ext["interactivity"]["agentx_e2e_normalized"] is not None
+    # the rule is "more than half": one burst of two multi-token requests is measured (and TPOT is not 0)
+    half = [_burst(8), _streamed(8)]
+    assert unmeasured(half) == {} and calculate(half, 1.0, [50])["median_tpot_ms"] == pytest.approx(5.0)
+    # 2-token answers may share a read: they never count; no request with 3+ tokens: nothing unmeasured
+    assert unmeasured([_burst(2)] * 5) == {} and calculate([_burst(2)] * 5, 1.0, [50])["unmeasured"] == {}

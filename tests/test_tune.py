@@ -8,6 +8,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from m3ctl.catalog import profile_for_arch, profiles
@@ -688,3 +689,91 @@ def test_resume_restores_a_stepped_down_confirmation_and_shares_it_with_the_base
     assert (tw.concurrency, tw.objective, tw.confirmed) == (8, 4800.0, 4800.0)
     b = t2.baseline
     assert (b.concurrency, b.confirmed, b.final) == (8, 4800.0, 4800.0)
+
+
+def _bursty_result(tokens_at_once: bool = True) -> dict:
+    """A bench result computed by m3ctl's metrics from 4 requests of 8 tokens, each either in one network read
+    (TPOT/ITL unmeasured) or streamed 10 ms apart; valid, with the warning _validity gives a bursty run."""
+    from m3ctl.bench import metrics
+    from m3ctl.bench.client import RequestOutput
+
+    outs = [RequestOutput(success=True, prompt_len=16, output_tokens=8, ttft=0.1,
+                          itl=[] if tokens_at_once else [0.01] * 7, latency=0.1 if tokens_at_once else 0.17,
+                          start_time=0.0) for _ in range(4)]
+    res = metrics.calculate(outs, 1.0, [50, 90, 99])
+    res["validity"] = {"valid": True, "reasons": [], "unmeasured": sorted(res["unmeasured"]),
+                       "warnings": ["streamed in bursts: 4 of 4 requests ..."] if tokens_at_once else []}
+    return res
+
+
+def test_slo_term_on_an_unmeasured_metric_fails_and_says_why():
+    """Issue 25: a run streamed in bursts has TPOT null (not 0). An SLO term on TPOT (or on interactivity, which
+    is 1000/TPOT) must not pass silently: it fails with violation 1.0 and names the reason; the tune's point
+    records it as a warning, its bisection says "SLO not measured", and an outcome that only ever missed that
+    way says so instead of a "+100 % over"."""
+    from m3ctl.tune.search import Outcome, _point, _summarise
+
+    res = _bursty_result()
+    assert res["p90_tpot_ms"] is None and res["p90_ttft_ms"] == pytest.approx(100.0)
+    slo = parse_slo("p90_tpot_ms<=20,p90_ttft_ms<=2000,p90_interactivity_tok_s_user>=10")
+    tpot, ttft, ix = slo.terms
+    assert not tpot.ok(res) and tpot.violation(res) == 1.0 and tpot.unmeasured(res).startswith("bursts: 4 of 4")
+    assert not ix.ok(res) and ix.unmeasured(res).startswith("bursts: ")
+    assert ttft.ok(res) and ttft.unmeasured(res) is None
+    assert not slo.ok(res) and [str(t) for t, _ in slo.unmeasured(res)] == [str(tpot), str(ix)]
+    assert parse_slo("p95_ttft_ms<=10").terms[0].unmeasured(res) == "not in the result"  # a percentile not asked
+    measured = _bursty_result(tokens_at_once=False)
+    assert measured["p90_tpot_ms"] == pytest.approx(10.0) and slo.ok(measured) and slo.unmeasured(measured) == []
+
+    spec = TuneSpec(slo=str(slo))
+    p = _point(spec, slo, res, 4, 1.0, 1)
+    assert p.valid and not p.slo_ok and p.metrics["p90_tpot_ms"] is None
+    assert any(w.startswith("SLO term p90_tpot_ms<=20 not measured: bursts: ") for w in p.warnings)
+    assert "streamed in bursts: 4 of 4 requests ..." in p.warnings
+    out = _summarise(Outcome(config={}, status="", points=[p]), slo)
+    assert out.status == "slo_infeasible"
+    assert "not measured: p90_tpot_ms<=20, p90_interactivity_tok_s_user>=10" in out.reason
+    assert "over" not in out.reason
+
+    from m3ctl.tune.replay import ReplaySession
+    from m3ctl.tune.search import bisect_concurrency
+
+    events: list[str] = []
+    rec = {"config": {}, "status": "ok", "start_s": 1.0, "points": {"1": res, "2": res}}
+    pts = bisect_concurrency(ReplaySession(rec, [0.0]), TuneSpec(slo=str(slo), ladder=[1, 2]), slo, 1, events.append)
+    assert pts and not any(q.slo_ok for q in pts) and any("SLO not measured" in e for e in events), events
+
+
+def test_tune_pareto_draws_runs_by_validity_class():
+    """The tune's Pareto chart uses the bench chart's classes: clean filled, warnings hollow, invalid grey
+    crosses (drawn at the throughput it measured, never on the frontier)."""
+    import matplotlib.pyplot as plt
+
+    from m3ctl.tune.search import Outcome, Point
+    from m3ctl.tune.study import all_points, pareto_figure, point_class
+
+    clean = Point(1, 1.0, 100.0, True, True, 1.0, {"p90_tpot_ms": 10.0, "completed": 8})
+    warned = Point(2, 1.0, 180.0, True, True, 1.0, {"p90_tpot_ms": 20.0, "completed": 8},
+                   warnings=["the server JIT-compiled 2 kernel(s) during the run"])
+    invalid = Point(4, 1.0, 0.0, False, False, 1.0, {"p90_tpot_ms": 40.0, "completed": 8,
+                                                     "total_token_throughput": 300.0}, reasons=["client saturated"])
+    assert [point_class(p) for p in (clean, warned, invalid)] == ["clean", "warnings", "invalid"]
+    outs = [Outcome(config={}, status="feasible", points=[clean, warned, invalid])]
+    assert [q["validity"] for q in all_points(outs)] == ["clean", "warnings"]  # no objective for the invalid one
+    pts = all_points(outs, lambda o, p: p.metrics["total_token_throughput"])
+    assert [(q["validity"], q["objective"]) for q in pts] == [("clean", 100.0), ("warnings", 180.0), ("invalid", 300.0)]
+    front = pareto(outs)
+    assert [f["concurrency"] for f in front] == [2, 1]  # valid runs only
+    fig = pareto_figure(front, pts, "tput_per_gpu")
+    try:
+        ax = fig.axes[0]
+        by = {c.get_gid(): c for c in ax.collections if c.get_gid()}
+        assert set(by) == {"clean", "warnings", "invalid"}
+        assert by["clean"].get_facecolor()[0][3] == 1.0 and all(fc[3] == 0.0 for fc in by["warnings"].get_facecolor())
+        assert not np.allclose(by["invalid"].get_paths()[0].vertices[:4], by["clean"].get_paths()[0].vertices[:4])
+        assert list(by["invalid"].get_offsets()[0]) == [25.0, 300.0]
+        labels = {t.get_text() for t in ax.get_legend().get_texts()}
+        assert {"valid", "valid, with warnings", "BENCH-INVALID", "Pareto (valid runs)"} <= labels
+        assert 25.0 not in list(ax.lines[0].get_xdata())
+    finally:
+        plt.close(fig)

@@ -220,3 +220,39 @@ def test_a_repeat_on_a_real_bench_keeps_both_files(tiny_models, tmp_path):
     fb = json.loads((tmp_path / "bench-c4-x1-r1.json").read_text())
     assert fa["workload"]["prompt_salt"] == a["workload"]["prompt_salt"] != fb["workload"]["prompt_salt"]
     assert fb["workload"]["prompt_salt"] == b["workload"]["prompt_salt"]
+
+
+def test_pareto_png_marks_runs_with_warnings_and_invalid_runs(tiny_models, tmp_path, monkeypatch):
+    """Issue 25: the study's pareto.png drew every run alike. Through write_outputs(--pareto): the level with a
+    validity warning and the invalid level the bisection measured are drawn in their classes; the invalid one at
+    the throughput it measured (tok/s per GPU), off the frontier."""
+    from m3ctl.catalog import profile_for_arch
+    from m3ctl.hw.detect import detect
+    from m3ctl.state import Registry
+    from m3ctl.tune import study
+    from m3ctl.tune.server import ServerEvaluator
+
+    space, grid = _one_config_grid([15.0])
+    warned = {**_res(15.0, 1000.0), "validity": {"valid": True, "reasons": [], "warnings": ["host CPU contention"]}}
+    invalid = {**_res(18.0, 1500.0), "validity": {"valid": False, "reasons": ["client saturated"], "warnings": []}}
+    for c in grid["configs"]:
+        c["points"] = {"4": _res(10.0, 400.0), "8": warned, "16": invalid}
+    spec = TuneSpec(slo=SLO, ladder=grid["ladder"], max_trials=1, confirm_top=0)
+    ev = ReplayEvaluator(grid)
+    tuner = Tuner(space, ev, spec)
+    res = tuner.run(clock=lambda: ev.clock[0])
+    assert res.best.concurrency == 8
+    sev = ServerEvaluator(detect(), str(tiny_models["m2"]), tmp_path, spec, plan_base={}, bench={}, port=1,
+                          name_prefix="tune-x", registry=Registry(tmp_path / "state"), space=space)
+    drawn = []
+    real = study.pareto_figure
+    monkeypatch.setattr(study, "pareto_figure", lambda front, points, obj: drawn.append((front, points)) or real(
+        front, points, obj))
+    settings = {"model": str(tiny_models["m2"]), "spec": {"slo": SLO, "objective": "tput_per_gpu"}}
+    out = study.write_outputs(tmp_path, res, tuner, sev, settings, profile_for_arch("cpu"), True)
+    assert Path(out["pareto_png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    (front, points), = drawn
+    by_c = {round(1000.0 / p["interactivity"]): (p["validity"], p["objective"]) for p in points}
+    n = sev.n_gpus(res.best.config)
+    assert by_c == {15: ("warnings", 1000.0 / n), 18: ("invalid", 1500.0 / n)}
+    assert all(round(1000.0 / f["interactivity"]) != 18 for f in front)

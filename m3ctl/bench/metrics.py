@@ -12,6 +12,11 @@ summarised in shared/reference/anchors-bench-tune.md section 1.3:
 - goodput: requests meeting every given SLO (``slo_ms >= value``), per second.
 - ``max_output_tokens_per_s`` / ``max_concurrent_requests``: peaks over 1-second buckets rebuilt
   from ``start + ttft + cumsum(itl)`` (counts chunks, as vLLM does).
+
+m3ctl's one departure, where vLLM would print a number that was never measured (:func:`unmeasured`): a run
+whose streams arrived in bursts (every token of most requests in one network read) has TPOT and ITL ``None``
+(null in the JSON, not vLLM's 0.00), ``request_goodput`` ``None`` when its SLO bounds TPOT, and the key
+``unmeasured`` ({metric: reason}) says why; ``{}`` when everything was measured.
 """
 
 from __future__ import annotations
@@ -23,6 +28,43 @@ import numpy as np
 from m3ctl.bench.client import RequestOutput
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
+#: A request arrived "in one burst" when its last token came less than this after its first (s): all its
+#: tokens were in one network read (the client stamps a read once), so its decode time was not observed.
+BURST_DECODE_S = 5e-5
+#: A run "streamed in bursts" when more than this fraction of its successful requests with 3+ output tokens
+#: arrived in one burst (2-token answers can legitimately share a read).
+BURST_FRACTION = 0.5
+
+
+def bursts(outputs: Sequence[RequestOutput]) -> tuple[int, int]:
+    """``(burst, multi)``: successful requests with 3+ output tokens (``multi``) and how many of them received
+    every token within :data:`BURST_DECODE_S` of the first (``burst``)."""
+    multi = [o for o in outputs if o.success and (o.output_tokens or 0) > 2]
+    return sum(1 for o in multi if o.latency - o.ttft < BURST_DECODE_S), len(multi)
+
+
+def unmeasured(outputs: Sequence[RequestOutput], goodput_slo_ms: dict[str, float] | None = None) -> dict[str, str]:
+    """Metrics this run did not measure, ``{metric: reason}`` (``{}`` when all were measured).
+
+    The rule: when ``burst * 2 > multi`` (:func:`bursts`, i.e. more than :data:`BURST_FRACTION` of the requests
+    with 3+ output tokens got all their tokens at once, so the server or a proxy in front of it buffered the
+    stream) ``tpot`` and ``itl`` are unmeasured (TPOT would read ~0), and so is ``request_goodput`` when
+    ``goodput_slo_ms`` bounds ``tpot``. Each reason starts with a one-word cause (``bursts``), then ``": "``
+    and the detail; reports print ``n/a (<cause>)``.
+    """
+    burst, multi = bursts(outputs)
+    if not multi or burst <= BURST_FRACTION * multi:
+        return {}
+    detail = (f"{burst} of {multi} requests with 3+ output tokens received all their tokens in one network read "
+              "(the server or a proxy buffered the stream), so the time between tokens was not observed")
+    out = {"tpot": f"bursts: {detail}", "itl": f"bursts: {detail}"}
+    if goodput_slo_ms and "tpot" in goodput_slo_ms:
+        out["request_goodput"] = f"bursts: the goodput SLO bounds TPOT, which was not measured ({detail})"
+    return out
+
+
+def _null_stats(name: str, percentiles: Sequence[float]) -> dict[str, None]:
+    return {k: None for k in _stats(name, [], percentiles)}
 
 
 def _stats(name: str, values: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
@@ -46,7 +88,8 @@ def calculate(outputs: Sequence[RequestOutput], duration_s: float, percentiles: 
         goodput_slo_ms: SLOs in ms keyed by ``ttft``, ``tpot``, ``e2el``; None disables goodput.
 
     Returns:
-        A dict with vLLM's key names (see module docstring).
+        A dict with vLLM's key names (see module docstring), plus ``unmeasured`` (:func:`unmeasured`): the
+        metrics set to None because the run did not measure them, with the reason.
     """
     ok = [o for o in outputs if o.success]
     out_lens = [o.output_tokens if o.output_tokens else 1 for o in ok]
@@ -79,8 +122,12 @@ def calculate(outputs: Sequence[RequestOutput], duration_s: float, percentiles: 
         "total_token_throughput": (in_total + sum(out_lens)) / dur,
     }
     res.update(_peaks(ok))
+    miss = unmeasured(ok, goodput_slo_ms)
     for name, vals in (("ttft", ttfts), ("tpot", tpots), ("itl", itls), ("e2el", e2els)):
-        res.update(_stats(name, vals, percentiles))
+        res.update(_null_stats(name, percentiles) if name in miss else _stats(name, vals, percentiles))
+    if "request_goodput" in miss:
+        res["request_goodput"] = None
+    res["unmeasured"] = miss
     return res
 
 
@@ -183,11 +230,12 @@ def interactivity(outputs: Sequence[RequestOutput], percentiles: Sequence[float]
       utils/agentic/aggregation/request_metrics.py; includes TTFT; p90 is AgentX's Pareto x-axis).
     - ``aiperf_per_user``: statistics over requests of ``1 / TPOT_i`` (AIPerf "Output Token
       Throughput Per User" = 1/ITL with AIPerf's ITL = vLLM's TPOT; docs/metrics-reference.md).
-    Units: tokens/s. None when no request has more than one output token.
+    Units: tokens/s. The two TPOT-based ones are None when no request has more than one output token, or when
+    TPOT was not measured (:func:`unmeasured`: the streams arrived in bursts).
     """
     ok = [o for o in outputs if o.success and o.output_tokens]
     tpots = np.array([(o.latency - o.ttft) / (o.output_tokens - 1) for o in ok if o.output_tokens > 1])
-    tpots = tpots[tpots > 0]
+    tpots = tpots[tpots > 0] if "tpot" not in unmeasured(ok) else tpots[:0]
     norm = np.array([o.latency / o.output_tokens for o in ok if o.latency > 0])
     ix: dict = {}
     if len(tpots):
@@ -237,16 +285,20 @@ def _multi_token_chunks(ok: Sequence[RequestOutput]) -> bool:
 
 
 def extended(outputs: Sequence[RequestOutput], percentiles: Sequence[float]) -> dict:
-    """m3ctl's extra latency metrics: per-token ITL, from-schedule latencies, TTFA, interactivity."""
+    """m3ctl's extra latency metrics: per-token ITL, from-schedule latencies, TTFA, interactivity. Per-token ITL
+    statistics are None (its ``source`` and ``samples`` kept) when ITL was not measured (:func:`unmeasured`)."""
     ok = [o for o in outputs if o.success]
     samples, src = per_token_itl(ok)
+    n_samples = len(samples)
+    if "itl" in unmeasured(ok):
+        samples = samples[:0]
     ttfa = [o.ttfa for o in ok if o.ttfa is not None]
     kinds: dict[str, int] = {}
     for o in outputs:
         if not o.success:
             kinds[o.error_kind or "other"] = kinds.get(o.error_kind or "other", 0) + 1
     return {
-        "per_token_itl": {**_pct_block(samples, percentiles), "source": src, "samples": int(len(samples)),
+        "per_token_itl": {**_pct_block(samples, percentiles), "source": src, "samples": n_samples,
                           "multi_token_chunks": _multi_token_chunks(ok)},
         # AIPerf's effective latency: from when the load model scheduled the request (credit issued), so
         # time spent queued inside the client counts (coordinated omission).

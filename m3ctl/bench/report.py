@@ -4,6 +4,7 @@ A sweep file is ``{"m3ctl_schema_version": ..., "sweep": {"axis": "concurrency",
 "runs": [<run result>, ...]}``; a single run is one result dict (a superset of ``vllm bench serve``
 ``--save-result``). The Pareto chart follows InferenceX (shared/reference/anchors-bench-tune.md
 section 4.2): y = total tok/s per GPU, x = tok/s per user, frontier = points not dominated on both.
+Runs are drawn by validity class (:func:`validity_class`, :data:`RUN_STYLES`), in the tune's chart too.
 """
 
 from __future__ import annotations
@@ -16,13 +17,18 @@ from pathlib import Path
 from m3ctl.errors import BadInput
 
 # x-axis choices: name -> (label, getter)
+def _ix(r: dict, block: str, stat: str) -> float | None:
+    """``interactivity.<block>.<stat>`` of a run; None when absent or not measured (a vLLM file, TPOT in bursts)."""
+    return ((r.get("interactivity") or {}).get(block) or {}).get(stat)
+
+
 X_AXES = {
     "inferencex-median": ("tok/s per user = 1000 / median TPOT (InferenceX)",
-                          lambda r: (r["interactivity"].get("inferencex_1000_over_tpot") or {}).get("median")),
+                          lambda r: _ix(r, "inferencex_1000_over_tpot", "median")),
     "agentx-p90": ("tok/s per user = 1 / P90(E2EL_i / OSL_i) (AgentX)",
-                   lambda r: (r["interactivity"].get("agentx_e2e_normalized") or {}).get("p90")),
+                   lambda r: _ix(r, "agentx_e2e_normalized", "p90")),
     "aiperf-median": ("tok/s per user = median of 1 / TPOT_i (AIPerf)",
-                      lambda r: (r["interactivity"].get("aiperf_per_user") or {}).get("median")),
+                      lambda r: _ix(r, "aiperf_per_user", "median")),
 }
 
 
@@ -111,6 +117,45 @@ def pareto_front(points: list[tuple[float, float]]) -> list[int]:
     return sorted(idx, key=lambda i: points[i][0])
 
 
+#: Validity classes of a run, in legend order (:func:`validity_class`).
+VALIDITY_CLASSES = ("clean", "warnings", "invalid", "unchecked")
+#: How a Pareto chart draws each class: (legend label, matplotlib ``scatter`` keywords). Clean: filled circle;
+#: with warnings (or unmeasured metrics): hollow circle; BENCH-INVALID: grey cross; no m3ctl verdict: hollow
+#: grey square.
+RUN_STYLES: dict[str, tuple[str, dict]] = {
+    "clean": ("valid", {"marker": "o", "facecolors": "tab:blue", "edgecolors": "tab:blue"}),
+    "warnings": ("valid, with warnings", {"marker": "o", "facecolors": "none", "edgecolors": "tab:orange",
+                                          "linewidths": 1.5}),
+    "invalid": ("BENCH-INVALID", {"marker": "x", "c": "0.6"}),
+    "unchecked": ("no validity verdict (not an m3ctl run)", {"marker": "s", "facecolors": "none",
+                                                             "edgecolors": "0.4"}),
+}
+
+
+def validity_class(res: dict) -> str:
+    """A run's validity class from its result dict (its ``validity`` block, m3ctl.bench.runner._validity):
+    ``invalid`` when ``validity.valid`` is False or nothing completed; ``warnings`` when valid with
+    ``validity.warnings`` or metrics it did not measure (``validity.unmeasured`` / ``unmeasured``);
+    ``clean`` when valid without either; ``unchecked`` without a ``validity`` block (a ``vllm bench serve``
+    file: m3ctl checked nothing)."""
+    v = res.get("validity")
+    if not isinstance(v, dict):
+        return "invalid" if res.get("completed") == 0 else "unchecked"
+    if not v.get("valid", True) or res.get("completed") == 0:
+        return "invalid"
+    return "warnings" if v.get("warnings") or v.get("unmeasured") or res.get("unmeasured") else "clean"
+
+
+def scatter_by_validity(ax, xs: list[float], ys: list[float], classes: list[str], **kw) -> None:
+    """Scatter the points on ``ax``, one collection per validity class present (style and legend label from
+    :data:`RUN_STYLES`, ``gid`` = the class name); ``kw`` go to every ``scatter`` (e.g. ``s``, ``zorder``)."""
+    for cls in VALIDITY_CLASSES:
+        idx = [i for i, c in enumerate(classes) if c == cls]
+        if idx:
+            label, style = RUN_STYLES[cls]
+            ax.scatter([xs[i] for i in idx], [ys[i] for i in idx], label=label, gid=cls, **style, **kw)
+
+
 def pareto_png(runs: list[dict], path: Path, x_axis: str = "inferencex-median", title: str | None = None) -> Path:
     """Plot tok/s per GPU vs tok/s per user for the runs (labelled by concurrency or rate) to a PNG, written
     atomically (m3ctl.files.write_atomic).
@@ -131,6 +176,24 @@ def pareto_png_bytes(runs: list[dict], x_axis: str = "inferencex-median", title:
     Raises:
         BadInput: unknown ``x_axis`` or no run with the metric.
     """
+    fig = pareto_figure(runs, x_axis, title)
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def pareto_figure(runs: list[dict], x_axis: str = "inferencex-median", title: str | None = None):
+    """The matplotlib Figure of :func:`pareto_png` (the caller closes it): every run with the x metric, drawn by
+    :func:`validity_class` (a legend entry per class present); the frontier is drawn over the valid runs only
+    (a BENCH-INVALID run is shown, never on the frontier). A run whose TPOT was not measured (streamed in
+    bursts: ``unmeasured``) has no TPOT-based x and is left out of those axes.
+
+    Raises:
+        BadInput: unknown ``x_axis`` or no run with the metric.
+    """
     if x_axis not in X_AXES:
         raise BadInput(f"unknown x axis {x_axis!r}", f"use one of {', '.join(X_AXES)}")
     import matplotlib  # noqa: PLC0415
@@ -139,22 +202,27 @@ def pareto_png_bytes(runs: list[dict], x_axis: str = "inferencex-median", title:
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     xlabel, get = X_AXES[x_axis]
-    pts, labels, ylabel = [], [], ""
+    pts, labels, classes, ylabel = [], [], [], ""
     for r in runs:
         x = get(r)
         if x is None:
             continue
         y, ylabel = y_value(r)
         pts.append((x, y))
+        classes.append(validity_class(r))
         c = r.get("max_concurrency")
         labels.append(f"c={c}" if c else f"{r.get('request_rate')} req/s")
     if not pts:
-        raise BadInput("no run has the metrics for a Pareto chart", "runs need output lengths above 1 token")
-    front = pareto_front(pts)
+        raise BadInput("no run has the metrics for a Pareto chart",
+                       "runs need output lengths above 1 token and a measured TPOT (not streamed in bursts), "
+                       "or use --plot-x agentx-p90")
+    ok = [i for i, c in enumerate(classes) if c != "invalid"]
+    front = [ok[j] for j in pareto_front([pts[i] for i in ok])]
     fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
-    ax.scatter([p[0] for p in pts], [p[1] for p in pts], color="tab:gray", label="runs", zorder=2)
-    ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "-o", color="tab:blue", label="Pareto frontier",
-            zorder=3)
+    scatter_by_validity(ax, [p[0] for p in pts], [p[1] for p in pts], classes, zorder=3)
+    if front:
+        ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "-", color="tab:blue",
+                label="Pareto frontier (valid runs)", zorder=2)
     for (x, y), lab in zip(pts, labels, strict=True):
         ax.annotate(lab, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xlabel(xlabel)
@@ -164,10 +232,19 @@ def pareto_png_bytes(runs: list[dict], x_axis: str = "inferencex-median", title:
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    plt.close(fig)
-    return buf.getvalue()
+    return fig
+
+
+def na(unmeasured: dict, metric: str) -> str:
+    """``n/a (<cause>)`` for a metric the run did not measure: the cause is the first word of its reason in the
+    result's ``unmeasured`` (m3ctl.bench.metrics.unmeasured), e.g. ``n/a (bursts)``; ``n/a`` without one."""
+    why = unmeasured.get(metric)
+    return f"n/a ({why.partition(':')[0]})" if why else "n/a"
+
+
+def _unmeasured_or(metric: str, get):
+    """A compare-table getter: ``n/a (<cause>)`` when the run did not measure ``metric``, else ``get(r)``."""
+    return lambda r: na(r["unmeasured"], metric) if metric in (r.get("unmeasured") or {}) else get(r)
 
 
 COMPARE_ROWS = [
@@ -180,10 +257,11 @@ COMPARE_ROWS = [
     ("total tok/s", lambda r: r["total_token_throughput"]),
     ("total tok/s per GPU", lambda r: (r.get("per_gpu") or {}).get("tput_per_gpu")),
     ("median TTFT ms", lambda r: r.get("median_ttft_ms")),
-    ("median TPOT ms", lambda r: r.get("median_tpot_ms")),
-    ("p99 ITL ms (per chunk)", lambda r: r.get("p99_itl_ms")),
-    ("p99 ITL ms (per token)", lambda r: (r.get("per_token_itl") or {}).get("p99_ms")),
-    ("median intvty 1000/TPOT", lambda r: ((r.get("interactivity") or {}).get("inferencex_1000_over_tpot") or {}).get("median")),
+    ("median TPOT ms", _unmeasured_or("tpot", lambda r: r.get("median_tpot_ms"))),
+    ("p99 ITL ms (per chunk)", _unmeasured_or("itl", lambda r: r.get("p99_itl_ms"))),
+    ("p99 ITL ms (per token)", _unmeasured_or("itl", lambda r: (r.get("per_token_itl") or {}).get("p99_ms"))),
+    ("median intvty 1000/TPOT", _unmeasured_or("tpot", lambda r: ((r.get("interactivity") or {}).get(
+        "inferencex_1000_over_tpot") or {}).get("median"))),
     ("p90 e2e-norm intvty", lambda r: ((r.get("interactivity") or {}).get("agentx_e2e_normalized") or {}).get("p90")),
     ("tokens per USD", lambda r: (r.get("cost") or {}).get("total_tokens_per_usd")),
     ("prefix cache hit", lambda r: (r.get("server_metrics") or {}).get("prefix_cache_hit_rate")),
@@ -290,7 +368,8 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
     E2E latency from schedule for open-loop runs only (a closed loop schedules every request at the start),
     with a note saying what it is; TTFA for reasoning runs only (else it is TTFT), ``n/a`` when the answers
     carry the reasoning (N05). With no successful request every latency
-    is ``n/a``, not 0.
+    is ``n/a``, not 0; a metric the run did not measure (``unmeasured``: TPOT and ITL of a run streamed in
+    bursts, goodput whose SLO bounds TPOT) is ``n/a (<cause>)``, e.g. ``n/a (bursts)``, and ``valid`` says so.
     """
     from rich.markup import escape  # noqa: PLC0415
     from rich.table import Table  # noqa: PLC0415
@@ -308,8 +387,11 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
             ("output token throughput (tok/s)", f"{res['output_throughput']:.1f}"),
             ("total token throughput (tok/s)", f"{res['total_token_throughput']:.1f}"),
             ("input / output tokens (server usage)", f"{res['total_input_tokens']} / {res['total_output_tokens']}")]
+    miss = res.get("unmeasured") or {}
     if res.get("request_goodput") is not None:
         rows.append(("goodput (req/s)", f"{res['request_goodput']:.2f}"))
+    elif "request_goodput" in miss:
+        rows.append(("goodput (req/s)", na(miss, "request_goodput")))
     if pg := res.get("per_gpu"):
         rows.append((f"tok/s per GPU total / output ({pg['num_gpus']} GPUs)",
                      f"{pg['tput_per_gpu']:.1f} / {pg['output_tput_per_gpu']:.1f}"))
@@ -319,6 +401,8 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
     ix = res.get("interactivity") or {}
     if done and ix.get("inferencex_1000_over_tpot"):
         rows.append(("tok/s/user: 1000/median TPOT (InferenceX)", f"{ix['inferencex_1000_over_tpot']['median']:.1f}"))
+    elif done and "tpot" in miss:
+        rows.append(("tok/s/user: 1000/median TPOT (InferenceX)", na(miss, "tpot")))
     if done and ix.get("agentx_e2e_normalized"):
         rows.append(("tok/s/user: 1/P90(E2EL/OSL) (AgentX)", f"{ix['agentx_e2e_normalized']['p90']:.1f}"))
     if done and ix.get("aiperf_per_user"):
@@ -335,7 +419,9 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
         if ag["session_latency"]["mean_s"] is not None:
             rows.append(("session latency mean / p90 (s)",
                          f"{ag['session_latency']['mean_s']:.2f} / {ag['session_latency']['p90_s']:.2f}"))
-    rows.append(("valid", "yes" if v["valid"] else "[red]BENCH-INVALID[/]"))
+    gaps = "/".join(m.upper() for m in ("tpot", "itl") if m in miss)
+    rows.append(("valid", ("[red]BENCH-INVALID[/]" if not v["valid"] else
+                           f"yes, {gaps} {escape(na(miss, 'tpot' if 'tpot' in miss else 'itl'))}" if gaps else "yes")))
     for r in rows:
         t.add_row(escape(r[0]), r[1])
 
@@ -343,8 +429,10 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
     lrows: list[tuple[str, list[str]]] = []  # (label, one cell per statistic)
     notes: list[str] = []
 
-    def row(label: str, block: dict | None) -> None:
-        if not done or block is None or block.get("mean_ms") is None:
+    def row(label: str, block: dict | None, metric: str | None = None) -> None:
+        if done and metric in miss:
+            lrows.append((label, [na(miss, metric)] * len(cols)))
+        elif not done or block is None or block.get("mean_ms") is None:
             lrows.append((label, ["n/a"] * len(cols)))
         else:
             lrows.append((label, [f"{block[f'{stem}_ms']:.2f}" for _, stem in cols]))
@@ -353,12 +441,12 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
         return {f"{stem}_ms": res.get(f"{stem}_{m}_ms") for _, stem in cols} | {"mean_ms": res.get(f"mean_{m}_ms")}
 
     row("TTFT", vllm_block("ttft"))
-    row("TPOT", vllm_block("tpot"))
+    row("TPOT", vllm_block("tpot"), "tpot")
     pt = res.get("per_token_itl") or {}
     multi = bool(pt.get("multi_token_chunks"))
-    row("ITL per chunk (vLLM)" if multi else "ITL", vllm_block("itl"))
+    row("ITL per chunk (vLLM)" if multi else "ITL", vllm_block("itl"), "itl")
     if multi:
-        row("ITL per token", pt)
+        row("ITL per token", pt, "itl")
     row("E2E latency", vllm_block("e2el"))
     if res.get("ttfa") is not None and (v.get("reasoning_tokens_present") or v.get("ttfa_valid") is False):
         if v.get("ttfa_valid") is False:

@@ -1387,14 +1387,18 @@ def _validity(cfg: BenchConfig, outs: list[RequestOutput], res: dict, cstats: li
         # held the CPU, so timestamps can be late by this much.
         warnings.append(f"host CPU contention: the client's event loop woke up to {lag99:.0f} ms late (p99) "
                         f"while using only {cpu:.0f}% of a core; run the client on other cores than the server")
-    # Every token of a request in one network read (the decode time after the first token under 50 us): the
-    # server, or a proxy in front of it, delivered the stream at the end, so TPOT and ITL were not measured. Seen
-    # with the vLLM CPU server on a 2-core host in spells of a few seconds, with every client alike.
-    multi = [o for o in ok if (o.output_tokens or 0) > 2]
-    burst = sum(1 for o in multi if o.latency - o.ttft < 5e-5)
-    if multi and burst * 2 > len(multi):
-        warnings.append(f"streamed in bursts: {burst} of {len(multi)} requests received all their tokens at once "
-                        "(TPOT and ITL not measured; the server or a proxy buffered the stream)")
+    # Every token of a request in one network read (metrics.unmeasured's rule): the server, or a proxy in front
+    # of it, delivered the stream at the end, so TPOT and ITL were not measured (null, not 0). Seen with the vLLM
+    # CPU server on a 2-core host in spells of a few seconds, with every client alike. The run stays valid for
+    # TTFT, E2E latency and throughput.
+    miss = res.get("unmeasured") or {}
+    if "tpot" in miss:
+        burst, multi = metrics.bursts(ok)
+        warnings.append(f"streamed in bursts: {burst} of {multi} requests received all their tokens at once "
+                        "(TPOT and ITL not measured: null in the JSON, n/a in the tables; the server or a proxy "
+                        "buffered the stream)")
+    if "request_goodput" in miss:
+        warnings.append("goodput not claimed (null): its SLO bounds TPOT, which this run did not measure")
     no_usage = sum(1 for o in ok if o.output_tokens is None or o.tokens_from_chunks)
     if no_usage and not cfg.allow_approx:
         reasons.append(f"{no_usage} responses had no usage: output token counts unknown")
@@ -1417,7 +1421,8 @@ def _validity(cfg: BenchConfig, outs: list[RequestOutput], res: dict, cstats: li
         if srv and (srv < 0.99 * cli or srv > 1.01 * (cli + slack)) and not cfg.allow_approx:
             reasons.append(f"server generated {srv} tokens but clients counted {cli} (other traffic on the server?)")
     checks = _asked_vs_happened(cfg, ok, res, server, reasons, warnings)
-    return {"valid": not reasons, "reasons": reasons, "warnings": warnings, "error_rate": err_rate, **checks,
+    return {"valid": not reasons, "reasons": reasons, "warnings": warnings, "unmeasured": sorted(miss),
+            "error_rate": err_rate, **checks,
             "client_cpu_max_pct": cpu, "client_loop_lag_p99_ms": lag99,
             "client_loop_lag_max_ms": max((s.loop_lag_max_ms for s in cstats), default=0.0),
             "client_saturated": saturated, "server_vs_client_output_token_diff": mismatch,

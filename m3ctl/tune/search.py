@@ -118,6 +118,10 @@ class Point:
     duration_s: float
     metrics: dict[str, Any]
     reasons: list[str] = field(default_factory=list)
+    #: The bench run's validity warnings (a valid run's numbers with a caveat, e.g. streamed in bursts), plus one
+    #: ``SLO term T not measured: why`` per SLO term whose metric the run did not measure (m3ctl.tune.slo);
+    #: a repeated level: the union over its runs. Pareto charts draw such runs hollow (m3ctl.bench.report).
+    warnings: list[str] = field(default_factory=list)
     #: Every bench run of a level repeated at the SLO boundary (each a Point as a dict, in order); empty for a level
     #: measured once. For a repeated level ``metrics`` and ``objective`` are the runs' medians (valid runs),
     #: ``slo_ok`` the SLO on the median metrics and ``duration_s`` the sum of the runs' durations.
@@ -220,8 +224,10 @@ def _point(spec: TuneSpec, slo: SLO, res: dict, c: int, fid: float, n_gpus: int)
     valid = bool(validity.get("valid", True)) and res.get("completed", 0) > 0
     obj = objective_value(res, spec.objective, n_gpus, spec.usd_per_gpu_hour) if valid else 0.0
     kept = {k: res.get(k) for k in (*KEEP_KEYS, *(t.key for t in slo.terms)) if k in res}
+    warns = [*validity.get("warnings", []), *(f"SLO term {t} not measured: {why}" for t, why in slo.unmeasured(res))]
     return Point(concurrency=c, fidelity=fid, objective=obj, slo_ok=valid and slo.ok(res), valid=valid,
-                 duration_s=float(res.get("duration") or 0.0), metrics=kept, reasons=list(validity.get("reasons", [])))
+                 duration_s=float(res.get("duration") or 0.0), metrics=kept, reasons=list(validity.get("reasons", [])),
+                 warnings=warns)
 
 
 def boundary_headroom(slo: SLO, metrics: dict) -> float | None:
@@ -257,7 +263,8 @@ def median_point(slo: SLO, runs: list[Point]) -> Point:
                  objective=statistics.median(r.objective for r in valid) if valid else 0.0,
                  slo_ok=bool(valid) and slo.ok(med), valid=bool(valid),
                  duration_s=sum(r.duration_s for r in runs), metrics=med,
-                 reasons=list(dict.fromkeys(x for r in runs for x in r.reasons)), runs=[asdict(r) for r in runs])
+                 reasons=list(dict.fromkeys(x for r in runs for x in r.reasons)),
+                 warnings=list(dict.fromkeys(x for r in runs for x in r.warnings)), runs=[asdict(r) for r in runs])
 
 
 def measure_level(session: Session, spec: TuneSpec, slo: SLO, c: int, fidelity: float, n_gpus: int,
@@ -345,7 +352,8 @@ def bisect_concurrency(session: Session, spec: TuneSpec, slo: SLO, n_gpus: int,
         points.append(p)
         if on_point is not None:
             on_point(points)
-        on_event(f"c={c}: {p.objective:.1f} {'ok' if p.slo_ok else 'SLO miss' if p.valid else 'invalid'}"
+        miss = "SLO not measured" if slo.unmeasured(p.metrics) else "SLO miss"
+        on_event(f"c={c}: {p.objective:.1f} {'ok' if p.slo_ok else miss if p.valid else 'invalid'}"
                  + (f" (median of {p.n_runs} runs)" if p.runs else ""))
         if not p.valid and getattr(session, "alive", lambda: True)() is False:
             raise LaunchFailed(f"server died during the run at concurrency {c}", "see the trial's server.log")
@@ -367,8 +375,10 @@ def _summarise(out: Outcome, slo: SLO) -> Outcome:
     else:
         out.status, out.objective = "slo_infeasible", 0.0
         viol = [slo.violation(p.metrics) for p in out.points if p.valid]
+        unm = list(dict.fromkeys(str(t) for p in out.points if p.valid for t, _ in slo.unmeasured(p.metrics)))
         out.reason = (f"SLO {slo} not met at concurrency {min(p.concurrency for p in out.points)}"
-                      + (f" (worst term {min(viol):+.0%} over)" if viol else "")) if out.points else "no runs"
+                      + (f" (not measured: {', '.join(unm)})" if unm else
+                         f" (worst term {min(viol):+.0%} over)" if viol else "")) if out.points else "no runs"
     return out
 
 

@@ -4,6 +4,10 @@ An SLO is a comma-separated list of ``KEY OP VALUE`` terms over keys of the benc
 (m3ctl/bench/runner.py, vLLM's key names: ``p90_tpot_ms``, ``p99_ttft_ms``, ``mean_e2el_ms``...),
 e.g. ``p90_tpot_ms<=20,p90_ttft_ms<=2000``. Latency keys are in milliseconds; ``OP`` is one of
 ``<=``, ``<``, ``>=``, ``>``.
+
+A term whose metric the run did not measure (null in the result: TPOT/ITL of a run streamed in bursts, whose
+``unmeasured`` block says why, m3ctl.bench.metrics.unmeasured; or a key the result lacks) never passes: it
+fails (:meth:`Term.ok` False, :meth:`Term.violation` 1.0) and :meth:`Term.unmeasured` says why.
 """
 
 from __future__ import annotations
@@ -38,11 +42,28 @@ class Term:
     value: float
 
     def ok(self, res: dict) -> bool:
+        """Whether the result meets the term; False when its metric was not measured (:meth:`unmeasured`)."""
         v = metric(res, self.key)
         return v is not None and _OPS[self.op](v, self.value)
 
+    def unmeasured(self, res: dict) -> str | None:
+        """Why the result has no value for this term's metric (None when it has one): the reason the result's
+        ``unmeasured`` block gives for the metric (e.g. ``"bursts: ..."``), else ``"null in the result"`` or
+        ``"not in the result"``."""
+        if metric(res, self.key) is not None:
+            return None
+        why = res.get("unmeasured") or {}
+        src = self.key  # the result key the value comes from
+        if self.key.endswith("_interactivity_tok_s_user"):
+            src = f"{self.key.split('_')[0]}_tpot_ms"
+        m = _LAT.match(src)
+        stem = m.group(2) if m else src  # the metric's name in ``unmeasured``: tpot, itl, request_goodput...
+        if isinstance(why, dict) and why.get(stem):
+            return str(why[stem])
+        return "null in the result" if src in res else "not in the result"
+
     def violation(self, res: dict) -> float:
-        """Relative violation (> 0 when broken, <= 0 when met); 1.0 when the metric is missing."""
+        """Relative violation (> 0 when broken, <= 0 when met); 1.0 when the metric is missing or unmeasured."""
         v = metric(res, self.key)
         if v is None:
             return 1.0
@@ -62,6 +83,10 @@ class SLO:
 
     def violation(self, res: dict) -> float:
         return max((t.violation(res) for t in self.terms), default=-1.0)
+
+    def unmeasured(self, res: dict) -> list[tuple[Term, str]]:
+        """The terms whose metric the result did not measure, each with why (:meth:`Term.unmeasured`)."""
+        return [(t, why) for t in self.terms if (why := t.unmeasured(res)) is not None]
 
     def __str__(self) -> str:
         return ",".join(str(t) for t in self.terms) or "none"

@@ -512,37 +512,72 @@ def profile_yaml(base, cand: dict[str, Any], plan, result: Outcome, settings: di
 
 
 def pareto_png(front: list[dict[str, Any]], points: list[dict[str, Any]], path: Path, objective: str) -> None:
-    """The study's Pareto chart as a PNG, written atomically.
+    """The study's Pareto chart (:func:`pareto_figure`) as a PNG, written atomically.
 
     Raises:
         m3ctl.files.WriteFailed: it could not be written (nothing partial is left).
     """
     import io  # noqa: PLC0415
 
-    import matplotlib  # noqa: PLC0415
-
     from m3ctl.files import write_atomic  # noqa: PLC0415
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # noqa: PLC0415
+    fig = pareto_figure(front, points, objective)
+    import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ax.scatter([p["interactivity"] for p in points], [p["objective"] for p in points], s=12, c="0.6", label="runs")
-    ax.plot([p["interactivity"] for p in front], [p["objective"] for p in front], "o-", c="C0", label="Pareto")
-    ax.set_xlabel("p90 interactivity (tok/s/user = 1000 / p90 TPOT ms)")
-    ax.set_ylabel(objective)
-    ax.legend()
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
     plt.close(fig)
     write_atomic(path, buf.getvalue())
 
 
-def all_points(outcomes: list[Outcome]) -> list[dict[str, Any]]:
-    return [{"interactivity": 1000.0 / p.metrics["p90_tpot_ms"], "objective": p.objective}
-            for o in outcomes for p in o.points if p.valid and p.metrics.get("p90_tpot_ms")]
+def pareto_figure(front: list[dict[str, Any]], points: list[dict[str, Any]], objective: str):
+    """The matplotlib Figure of the study's Pareto chart (the caller closes it): ``points`` (:func:`all_points`)
+    drawn by validity class as the bench chart draws runs (m3ctl.bench.report.scatter_by_validity: filled =
+    valid, hollow = valid with warnings, grey cross = invalid; a legend entry per class present), ``front``
+    (m3ctl.tune.search.pareto, valid runs only) as a line. x: p90 interactivity (tok/s/user), y: the objective."""
+    import matplotlib  # noqa: PLC0415
+
+    from m3ctl.bench.report import scatter_by_validity
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    scatter_by_validity(ax, [p["interactivity"] for p in points], [p["objective"] for p in points],
+                        [p.get("validity", "clean") for p in points], s=16, zorder=3)
+    ax.plot([p["interactivity"] for p in front], [p["objective"] for p in front], "-", c="C0",
+            label="Pareto (valid runs)", zorder=2)
+    ax.set_xlabel("p90 interactivity (tok/s/user = 1000 / p90 TPOT ms)")
+    ax.set_ylabel(objective)
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def point_class(p) -> str:
+    """The validity class (m3ctl.bench.report.validity_class) of a tune Point (m3ctl.tune.search.Point)."""
+    from m3ctl.bench.report import validity_class
+
+    return validity_class({"validity": {"valid": p.valid, "reasons": p.reasons, "warnings": p.warnings},
+                           "completed": p.metrics.get("completed")})
+
+
+def all_points(outcomes: list[Outcome],
+               invalid_objective: Callable[[Outcome, Any], float | None] | None = None) -> list[dict[str, Any]]:
+    """Every measured level with a p90 TPOT, as ``{interactivity, objective, validity}`` (:func:`point_class`).
+    An invalid level's objective is 0 in the search; ``invalid_objective(outcome, point)`` gives the value to draw
+    it at (None: left out; without the function invalid levels are left out)."""
+    out = []
+    for o in outcomes:
+        for p in o.points:
+            tpot = p.metrics.get("p90_tpot_ms")
+            if not tpot:
+                continue
+            y = p.objective if p.valid else (invalid_objective(o, p) if invalid_objective else None)
+            if y is not None:
+                out.append({"interactivity": 1000.0 / tpot, "objective": y, "validity": point_class(p)})
+    return out
 
 
 def _capacity(tuner: Tuner, out: Outcome) -> dict[str, Any]:
@@ -606,7 +641,16 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
     if res.best is not None:
         writes.append(lambda: write_atomic(study_dir / "profile.yaml", profile_text))
     if want_pareto and front:
-        writes.append(lambda: pareto_png(front, all_points(res.outcomes), study_dir / "pareto.png",
+        from m3ctl.tune.slo import objective_value
+
+        def measured(o: Outcome, p) -> float | None:  # an invalid level's objective, from the throughput it measured
+            try:
+                return objective_value(p.metrics, settings["spec"]["objective"], ev.n_gpus(o.config),
+                                       settings["spec"].get("usd_per_gpu_hour"))
+            except (KeyError, TypeError, ValueError, BadInput):
+                return None
+
+        writes.append(lambda: pareto_png(front, all_points(res.outcomes, measured), study_dir / "pareto.png",
                                          settings["spec"]["objective"]))
     lost = []
     for write in writes:  # each file whole or not at all; one that fails does not stop the others
