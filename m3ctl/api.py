@@ -423,7 +423,8 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
         cfg = BenchConfig(url=t.url, model=t.model or "?", concurrency=levels[0] if levels else None,
                           warmup=len(levels) > 1 if warmup is None else warmup, model_dir=t.model_dir,
                           server_log=t.server_log, num_gpus=t.num_gpus, num_gpus_source=t.num_gpus_source,
-                          api_key=t.api_key, auth_basic=t.basic_auth, deployment=t.deployment, **options)
+                          api_key=t.api_key, auth_basic=t.basic_auth, deployment=t.deployment,
+                          **{"deployment_gpus": t.gpus, **options})
     except ValidationError as e:
         err = e.errors()[0]
         raise BadInput(f"bad bench option {'.'.join(map(str, err['loc']))}: {err['msg']}",

@@ -100,7 +100,8 @@ class BenchResult(BaseModel):
     TPOT SLO), with the reason in ``unmeasured`` ({metric: reason}; m3ctl.bench.metrics.unmeasured).
 
     m3ctl's additions (absent in a vLLM file): ``m3ctl_version``, ``m3ctl_schema_version``, ``num_gpus``,
-    ``validity`` (:class:`BenchValidity`), ``workload``, ``load``, ``per_gpu``, ``cost``, ``server_metrics``,
+    ``validity`` (:class:`BenchValidity`), ``workload``, ``load``, ``per_gpu``, ``cost``, ``energy``
+    (m3ctl.bench.energy), ``server_metrics``,
     ``token_counts`` and more (see README/docs), kept as they are.
     """
 

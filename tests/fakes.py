@@ -217,3 +217,83 @@ def amdsmi_from_snapshot(path: Path) -> FakeAmdSmi:
     """A FakeAmdSmi from a labelled snapshot JSON ({"gpus": n, "gfx", "name", "mem_gib", "link"})."""
     s = json.loads(path.read_text())
     return FakeAmdSmi(n=s["count"], gfx=s["gfx"], name=s["name"], mem_gib=s["mem_gib"], link=s.get("link", "XGMI"))
+
+
+class PoweredNVML(FakeNVML):
+    """The real H200 x2 NVML capture (:func:`h200x2_snapshot`) with GPUs that draw known power over time, for energy
+    tests. Readings are functions of ``time.perf_counter()`` (the bench client's clock), so what a run measured can
+    be computed exactly from its own timestamps.
+
+    Args:
+        watts: ``{gpu: (W at construction, W/s ramp)}``: ``nvmlDeviceGetPowerUsage`` answers
+            ``base + ramp * (t - t_origin)`` in mW (defaults: each GPU's real idle draw from the same host's
+            ``nvidia-smi -q -x``, 81.37 W and 81.15 W, flat), capped at the capture's ``power_limit_mw`` (700 W).
+        counter_w: ``{gpu: W}``: ``nvmlDeviceGetTotalEnergyConsumption`` answers ``e0_mj + W * (t - t_origin)`` in
+            mJ; a GPU left out answers NOT_SUPPORTED (3), as pre-Volta GPUs do. Real H100/H200 power readings are
+            1 s averages while the counter is exact, so the two may differ; tests give them different values to
+            tell which one a result used.
+        lost: ``{gpu: (first, last)}``: power reads number ``first`` to ``last`` (1-based, None: every later one) of
+            that GPU raise GPU_IS_LOST (15), as a GPU that fell off the bus.
+    """
+
+    E0_MJ = 3_600_000_000  # 1 kWh since the driver loaded (any origin: only differences mean something)
+
+    def __init__(self, watts: dict[int, tuple[float, float]] | None = None, counter_w: dict[int, float] | None = None,
+                 lost: dict[int, tuple[int, int | None]] | None = None):
+        import time
+
+        super().__init__(h200x2_snapshot())
+        self.clock = time.perf_counter
+        self.t_origin = self.clock()
+        self.watts = watts or {0: (81.37, 0.0), 1: (81.15, 0.0)}
+        self.counter_w = counter_w or {}
+        self.lost = lost or {}
+        self.reads = {g["index"]: 0 for g in self.snap["gpus"]}
+        self.read_times: list[float] = []  # perf_counter of every power read
+
+    def power_w(self, gpu: int, t: float) -> float:
+        base, ramp = self.watts[gpu]
+        return min(base + ramp * (t - self.t_origin), self.snap["gpus"][gpu]["power_limit_mw"] / 1000)
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        i = h["index"]
+        self.reads[i] += 1
+        first, last = self.lost.get(i, (None, None))
+        if first is not None and self.reads[i] >= first and (last is None or self.reads[i] <= last):
+            raise FakeNVMLError("GPU is lost", 15)
+        t = self.clock()
+        self.read_times.append(t)
+        return round(self.power_w(i, t) * 1000)
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h):
+        i = h["index"]
+        if i not in self.counter_w:
+            raise FakeNVMLError("Not Supported", 3)
+        return int(self.E0_MJ + self.counter_w[i] * 1000 * (self.clock() - self.t_origin))
+
+
+class PoweredAmdSmi(FakeAmdSmi):
+    """FakeAmdSmi (synthetic MI300X-class host) with power and energy answers shaped as amdsmi 7.0's
+    ``amdsmi_get_power_info`` dict (``current_socket_power`` W on MI300+; ``"N/A"`` where unsupported) and
+    ``amdsmi_get_energy_count`` dict (``energy_accumulator`` counts x ``counter_resolution`` uJ per count; the
+    resolution here is a labelled made-up value); ``watts`` per GPU, constant; ``counter``: whether it answers."""
+
+    RESOLUTION_UJ = 15.259
+
+    def __init__(self, watts: float = 600.0, counter: bool = True, **kw):
+        import time
+
+        super().__init__(**kw)
+        self.watts, self.counter, self.clock = watts, counter, time.perf_counter
+        self.t_origin = self.clock()
+
+    def amdsmi_get_power_info(self, h):
+        return {"socket_power": "N/A", "current_socket_power": int(self.watts), "average_socket_power": "N/A",
+                "gfx_voltage": "N/A", "soc_voltage": "N/A", "mem_voltage": "N/A", "power_limit": 750}
+
+    def amdsmi_get_energy_count(self, h):
+        if not self.counter:
+            raise RuntimeError("AMDSMI_STATUS_NOT_SUPPORTED")
+        uj = self.watts * 1e6 * (self.clock() - self.t_origin)
+        return {"energy_accumulator": int(uj / self.RESOLUTION_UJ), "counter_resolution": self.RESOLUTION_UJ,
+                "timestamp": 0}

@@ -95,6 +95,7 @@ STRING_CASES: dict[str, list[str]] = {
     "--hf-cache-hostpath": ["relative/path"],
     "--attention": ["sparse", ""],
     "--smoke": ["fast", ""],
+    "--power-gpus": ["a", "-1", "", "0,0", "1,,x"],
 }
 #: Multiple-valued string options and their bad values.
 LIST_CASES: dict[str, list[str]] = {

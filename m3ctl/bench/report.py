@@ -264,6 +264,7 @@ COMPARE_ROWS = [
         "inferencex_1000_over_tpot") or {}).get("median"))),
     ("p90 e2e-norm intvty", lambda r: ((r.get("interactivity") or {}).get("agentx_e2e_normalized") or {}).get("p90")),
     ("tokens per USD", lambda r: (r.get("cost") or {}).get("total_tokens_per_usd")),
+    ("output tokens per J", lambda r: (r.get("energy") or {}).get("output_tokens_per_joule")),
     ("prefix cache hit", lambda r: (r.get("server_metrics") or {}).get("prefix_cache_hit_rate")),
 ]
 
@@ -398,6 +399,7 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
     if c := res.get("cost"):
         rows.append((f"USD per M total tokens / tokens per USD (${c['usd_per_gpu_hour']}/GPU-h)",
                      f"{c['usd_per_m_total_tokens']:.4g} / {c['total_tokens_per_usd']:,.0f}"))
+    rows += energy_rows(res.get("energy"))
     ix = res.get("interactivity") or {}
     if done and ix.get("inferencex_1000_over_tpot"):
         rows.append(("tok/s/user: 1000/median TPOT (InferenceX)", f"{ix['inferencex_1000_over_tpot']['median']:.1f}"))
@@ -460,6 +462,22 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
                      "counts (coordinated omission); E2E latency starts at the send")
     if not done:
         notes.append("n/a: no request succeeded")
+    if (en := res.get("energy")) is not None and en.get("joules") is None:
+        notes.append(f"energy: n/a ({escape(str(en.get('reason')))})")
     lt = FitTable("latency (ms)", "metric", [escape(label) for label, _ in lrows],
                   [(head, [cells[j] for _, cells in lrows]) for j, (head, _) in enumerate(cols)])
     return [t, lt], notes + [f"[yellow]warning:[/] {escape(w)}" for w in v.get("warnings", [])]
+
+
+def energy_rows(en: dict | None) -> list[tuple[str, str]]:
+    """The run table's energy rows (m3ctl.bench.energy's block): joules and mean W per GPU, J per output token and
+    output tokens per J; none when the energy is n/a (a note says why)."""
+    if not en or en.get("joules") is None:
+        return []
+    gpus = ",".join(map(str, en["gpus"]))
+    rows = [(f"energy J / mean W per GPU ({en['source']}, GPU {gpus})",
+             f"{en['joules']:,.1f} / {en['avg_w_per_gpu']:.1f}")]
+    if en.get("joules_per_output_token") is not None:
+        rows.append(("J per output token / output tokens per J",
+                     f"{en['joules_per_output_token']:.4g} / {en['output_tokens_per_joule']:.4g}"))
+    return rows

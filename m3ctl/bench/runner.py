@@ -200,6 +200,15 @@ class BenchConfig(BaseModel):
     and cause (``engine_died``)."""
     state_dir: str | None = None
     """State directory of ``deployment`` (default: m3ctl's, m3ctl.state.state_dir)."""
+    # energy (m3ctl.bench.energy: which GPUs, how, the result's ``energy`` block)
+    power: bool = True
+    """Sample GPU power over the measured phase (``--no-power``: off; the ``energy`` block says so)."""
+    power_gpus: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
+    """GPU indices to sample (``--power-gpus 0,1``); None: the deployment's, else every local GPU."""
+    power_interval_s: float = Field(0.1, gt=0, le=60)
+    """Power sampling period (s); nvidia-smi/rocm-smi fallbacks sample at most once a second."""
+    deployment_gpus: list[int] | None = None
+    """The GPU indices of ``deployment``'s launch plan (m3ctl.bench.target), what energy samples by default."""
 
 
 def _tokenizer(cfg: BenchConfig) -> Tokenizer:
@@ -909,8 +918,9 @@ def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None, syn
         BadInput: invalid config (endpoint, range ratio, workload), no way to tokenize prompts, or another
             run already in progress in this process.
     """
-    with _one_run():
+    with _one_run() as cleanup:
         prep = _prepare(cfg, tok, sync_log)
+        cleanup.append(prep.meter.stop)
         outs, dur, cstats = _execute(cfg, prep.job, prep.warmups, prep.before, progress)
         return _finish(prep, outs, dur, cstats, sync_log)
 
@@ -931,8 +941,9 @@ async def arun_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=No
     Raises:
         BadInput: as :func:`run_bench`.
     """
-    with _one_run():
+    with _one_run() as cleanup:
         prep = await asyncio.to_thread(_prepare, cfg, tok, sync_log)
+        cleanup.append(prep.meter.stop)
         procs = min(cfg.client_procs, prep.job.concurrency) if prep.job.concurrency else cfg.client_procs
         if procs > 1:
             outs, dur, cstats = await asyncio.to_thread(_execute, cfg, prep.job, prep.warmups, prep.before, progress)
@@ -954,13 +965,17 @@ _RUN_LOCK = threading.Lock()
 @contextlib.contextmanager
 def _one_run():
     """One run at a time per process: the stall tracker (``client.PROGRESS``) and the progress sink are
-    process-wide. Raises BadInput for a second concurrent run (await runs one after the other)."""
+    process-wide. Raises BadInput for a second concurrent run (await runs one after the other). Yields a list of
+    callables run at the end whatever happens (the power sampler's stop)."""
     if not _RUN_LOCK.acquire(blocking=False):
         raise BadInput("another bench run is in progress in this process",
                        "await the running one first (runs in one process go one after the other)")
+    cleanup: list = []
     try:
-        yield
+        yield cleanup
     finally:
+        for fn in cleanup:
+            fn()
         _RUN_LOCK.release()
 
 
@@ -977,6 +992,7 @@ class _Prepared:
     log: Path | None
     scraped: dict
     before: object  # callable or None
+    meter: object = None  # m3ctl.bench.energy.EnergyMeter: started by ``before``, stopped after the last response
 
 
 def _prepare(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Prepared:
@@ -1039,13 +1055,24 @@ def _prepare_reachable(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Pr
         if cfg.scrape_server_metrics:
             scraped["before"] = servermetrics.scrape(cfg.url, _headers(cfg))
 
-    return _Prepared(cfg, tok, own_tok, job, wl, warmups, log, scraped,
-                     before if cfg.scrape_server_metrics or log else None)
+    from m3ctl.bench.energy import EnergyMeter  # noqa: PLC0415
+
+    meter = EnergyMeter.for_run(power=cfg.power, power_gpus=cfg.power_gpus, deployment_gpus=cfg.deployment_gpus,
+                                deployment=cfg.deployment, url=cfg.url, interval_s=cfg.power_interval_s)
+
+    def measured() -> None:  # the measured phase begins: power sampling first, then the counters' snapshot
+        meter.start()
+        if cfg.scrape_server_metrics or log:
+            before()
+
+    return _Prepared(cfg, tok, own_tok, job, wl, warmups, log, scraped, measured, meter)
 
 
 def _finish(prep: _Prepared, outs: list[RequestOutput], dur: float, cstats: list[ClientStats], sync_log) -> dict:
     """Everything after the last response (blocking I/O: log, ``/metrics``, realignment): the result dict."""
     cfg, tok, log, scraped = prep.cfg, prep.tok, prep.log, prep.scraped
+    if prep.meter is not None:
+        prep.meter.stop()  # the last response is in: the last power reading
     if log is not None and sync_log is not None:
         sync_log()
     jit = _server_jit(log, scraped.get("log_offset"))
@@ -1062,6 +1089,11 @@ def _finish(prep: _Prepared, outs: list[RequestOutput], dur: float, cstats: list
             time.sleep(0.2)
     res = assemble(cfg, outs, dur, cstats, prep.wl, tok_name=getattr(tok, "name", None),
                    server=servermetrics.deltas(before, after), jit=jit)
+    if prep.meter is not None:  # GPU energy over the measured phase (m3ctl.bench.energy)
+        from m3ctl.bench.energy import measured_window  # noqa: PLC0415
+
+        res["energy"] = prep.meter.block(measured_window(outs, dur), res["total_output_tokens"],
+                                         res["total_input_tokens"] + res["total_output_tokens"])
     if (cfg.deployment and (res.get("failed") or res.get("server_down") or res.get("stalled"))
             and (died := engine_death(cfg))):  # the requests failed because the engine died: say when and why
         fails = [o.end_time for o in outs if not o.success and o.end_time]

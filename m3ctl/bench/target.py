@@ -48,6 +48,9 @@ class BenchTarget:
     a run whose requests fail checks its engine (m3ctl.lifecycle) and names a death."""
     deployment_model: str | None = None
     """That deployment's served model name (what :meth:`pick_model` prefers when the server lists several)."""
+    gpus: list[int] | None = None
+    """That deployment's GPU indices (its saved launch plan's ``gpus``; ``[]``: a CPU plan), None when no plan is
+    known: the GPUs bench samples for energy (m3ctl.bench.energy)."""
 
     def headers(self) -> dict[str, str]:
         """The Authorization header this endpoint gets (m3ctl.secrets.auth_headers), ``{}`` without a key."""
@@ -144,6 +147,7 @@ def resolve_target(url: str | None = None, *, deployment: str | None = None, mod
     hint = BenchTarget.key_hint
     model_dir = server_log = sync_log = None
     argv: tuple[str, ...] = ()
+    gpus: list[int] | None = None
     if deployment:
         from m3ctl.serve import deployment_gpus, runtime_for, saved_plan  # noqa: PLC0415
         from m3ctl.state import Registry  # noqa: PLC0415
@@ -152,6 +156,7 @@ def resolve_target(url: str | None = None, *, deployment: str | None = None, mod
         dep = reg.get(deployment)
         url, model = url or dep.url, model or dep.served_model_name
         plan = saved_plan(reg, deployment)
+        gpus = list(plan.gpus) if plan is not None else None
         key = key or client_key(plan) or os.environ.get("OPENAI_API_KEY")  # the deployment's own key first
         hint = key_hint(plan)
         model_dir = dep.model if Path(dep.model).is_dir() else None  # tokenizer fallback without /tokenize
@@ -169,9 +174,24 @@ def resolve_target(url: str | None = None, *, deployment: str | None = None, mod
     dep_name, dep_model = deployment, (model if deployment else None)
     if not deployment and (known := deployment_for_url(url)) is not None:  # its engine's death gets named
         dep_name, dep_model = known.name, model or known.served_model_name  # the model the record says it serves
+        gpus = _plan_gpus(known.name)
     t = BenchTarget(url=url, model=model, api_key=key, basic_auth=basic, key_hint=hint, model_dir=model_dir,
                     server_log=server_log, sync_log=sync_log, num_gpus=num_gpus, num_gpus_source=gpus_source,
-                    argv=argv, deployment=dep_name, deployment_model=dep_model)
+                    argv=argv, deployment=dep_name, deployment_model=dep_model, gpus=gpus)
     if not model and lookup_model:
         t.model = t.pick_model()[0]
     return t
+
+
+def _plan_gpus(name: str) -> list[int] | None:
+    """The GPU indices of deployment ``name``'s saved launch plan, None when it has none (or it is unreadable: the
+    bench of a URL does not fail on it)."""
+    from m3ctl.errors import M3Error  # noqa: PLC0415
+    from m3ctl.serve import saved_plan  # noqa: PLC0415
+    from m3ctl.state import Registry  # noqa: PLC0415
+
+    try:
+        plan = saved_plan(Registry(), name)
+    except (M3Error, OSError):
+        return None
+    return list(plan.gpus) if plan is not None else None

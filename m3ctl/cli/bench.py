@@ -24,7 +24,18 @@ app = typer.Typer(help="Load-test an OpenAI-compatible endpoint; `m3ctl bench re
 
 #: Options whose BenchConfig field has a unit suffix.
 RENAMED = {"duration": "duration_s", "think_time": "think_time_s", "request_timeout": "request_timeout_s",
-           "stall_floor": "stall_floor_s"}
+           "stall_floor": "stall_floor_s", "power_interval": "power_interval_s"}
+
+
+def gpu_indices(text: str) -> str:
+    """A comma-separated list of distinct GPU indices >= 0 (``0,1``)."""
+    try:
+        vals = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise typer.BadParameter(f"{text!r} is not a list of GPU indices such as 0,1") from None
+    if min(vals) < 0 or len(set(vals)) != len(vals):
+        raise typer.BadParameter(f"{text!r}: GPU indices are distinct integers >= 0 (e.g. 0,1)")
+    return text
 
 
 def goodput_slos(items: list[str]) -> dict[str, float] | None:
@@ -73,6 +84,9 @@ def bench(
     tokenizer: Annotated[Optional[str], typer.Option(help="Local tokenizer dir (default: the server's /tokenize and /detokenize, else the deployment's model dir).")] = None,
     num_gpus: Annotated[Optional[int], typer.Option(min=1, help="GPUs behind the endpoint, for tok/s per GPU (default: from the deployment's tp x pp x dp).")] = None,
     usd_per_gpu_hour: o.UsdPerGpuHour = None,
+    power: Annotated[bool, typer.Option("--power/--no-power", help="Sample GPU power over the measured phase: energy per output token (docs/bench.md, Energy).")] = True,
+    power_gpus: Annotated[Optional[str], typer.Option(parser=gpu_indices, metavar="0,1", help="GPU indices to sample (default: the deployment's, else every local GPU; none for a remote --url).")] = None,
+    power_interval: Annotated[float, typer.Option(parser=o.positive_float, metavar="SECONDS", help="Power sampling period (nvidia-smi/rocm-smi fallbacks: at least 1 s).")] = 0.1,
     client_procs: Annotated[int, typer.Option(min=1, help="Client worker processes (each its own event loop).")] = 1,
     http_client: Annotated[str, typer.Option(help="fast (lean keep-alive HTTP/1.1) or aiohttp.")] = "fast",
     continuous_usage: Annotated[bool, typer.Option(help="Ask vLLM for per-chunk usage (per-token ITL).")] = True,
@@ -109,7 +123,8 @@ def bench(
                  percentiles=[float(x) for x in percentiles.split(",") if x.strip()],
                  goodput_slo_ms=goodput_slos(goodput or []), model_dir=t.model_dir, num_gpus=t.num_gpus,
                  num_gpus_source=t.num_gpus_source, server_log=t.server_log, api_key=t.api_key,
-                 auth_basic=t.basic_auth, deployment=t.deployment)
+                 auth_basic=t.basic_auth, deployment=t.deployment, deployment_gpus=t.gpus,
+                 power_gpus=[int(x) for x in power_gpus.split(",")] if power_gpus else None)
     try:
         cfg = BenchConfig(**given)
     except ValidationError as e:
