@@ -7,6 +7,7 @@ the assertions are on what was really sent and when: recorded timestamps, never 
 
 from __future__ import annotations
 
+import itertools
 import json
 
 import httpx
@@ -121,7 +122,7 @@ def test_trace_time_scale_and_capped_replay_lag_warning(gt, tok, tmp_path):
     assert [q["scheduled_time"] - reqs[0]["scheduled_time"] for q in reqs] == pytest.approx(
         [0.01 * i for i in range(8)], abs=1e-6)
     # one at a time: each request was sent when the one before it ended
-    for a, b in zip(reqs, reqs[1:], strict=False):
+    for a, b in itertools.pairwise(reqs):
         assert b["start_time"] >= a["start_time"] + a["latency"] - 1e-3
     fid = res["trace"]["timing_fidelity"]
     assert fid["lagged"] is True and fid["send_lag_ms"]["p99"] > 50
@@ -161,8 +162,7 @@ GOOD = '{"timestamp": 0, "input_len": 8, "output_len": 4}'
     ('{"input_len": 8, "output_len": 4}', "'timestamp' is missing"),
     ('{"timestamp": 1, "input_len": 8, "output_len": 4, "prefix_id": [1]}', "'prefix_id'"),
     ('{"timestamp": 1, "input_len": 8, "output_len": 4, "prefix_len": 2}', "'prefix_len' without a 'prefix_id'"),
-    ('{"timestamp": 1, "input_len": 8, "output_len": 4, "prefix_id": "a", "prefix_len": 8}', "'input_len' 8 is not "
-     "above"),
+    ('{"timestamp": 1, "input_len": 8, "output_len": 4, "prefix_id": "a", "prefix_len": 8}', "'input_len' 8 is not"),
     ('[1, 2]', "not a JSON object"),
     ('{"timestamp": 1, ', "not JSON"),
 ])

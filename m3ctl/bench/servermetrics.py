@@ -14,6 +14,9 @@ accepted / draft tokens; mean acceptance length = 1 + accepted / drafts; per-pos
 
 ``vllm:cache_config_info`` (a gauge whose labels are the engine's CacheConfig, vllm/v1/metrics/loggers.py
 ``log_metrics_info``) gives the KV-cache ``block_size`` and whether prefix caching is on.
+
+During the measured phase the gauges ``vllm:num_requests_waiting`` / ``vllm:num_requests_running`` are sampled
+(:class:`QueueSampler`), and :func:`queue_trend` says whether the waiting queue grew (a sweep's early stop).
 """
 
 from __future__ import annotations

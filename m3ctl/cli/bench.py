@@ -53,7 +53,7 @@ def bench(
     duration: Annotated[Optional[float], typer.Option(parser=o.positive_float, metavar="SECONDS", help="Stop issuing requests after this many seconds (workload cycled).")] = None,
     input_len: Annotated[str, typer.Option(parser=o.int_list, metavar="TOKENS", help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn); a list such as 512,4096 sweeps it.")] = "128",
     output_len: Annotated[str, typer.Option(parser=o.int_list, metavar="TOKENS", help="Output tokens per request; a list such as 128,1024 sweeps it (a sweep runs input x output x concurrency).")] = "128",
-    trace: Annotated[Optional[Path], typer.Option(help="Replay a JSONL trace ({timestamp, input_len, output_len, prefix_id?} per line) at its arrival times (open loop; --concurrency caps it).")] = None,
+    trace: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Replay a JSONL trace ({timestamp, input_len, output_len, prefix_id?} per line) at its arrival times (open loop; --concurrency caps it).")] = None,
     trace_time_scale: Annotated[float, typer.Option(parser=o.positive_float, metavar="X", help="Multiply the trace's arrival offsets (0.5: twice as fast; 0.001: timestamps in ms).")] = 1.0,
     max_ttft: Annotated[Optional[float], typer.Option("--max-ttft", "--max-ttft-s", parser=o.positive_float, metavar="SECONDS", help="Sweep: a level whose median TTFT is above this is overloaded (default: no bound).")] = None,
     stop_on_overload: Annotated[bool, typer.Option(help="Sweep: after an overloaded level (TTFT bound, a growing server queue, throughput below the level before), skip the higher concurrencies of its input/output lengths.")] = True,
