@@ -401,8 +401,10 @@ def stop(*names: str, all: bool = False, timeout_s: float = 20.0) -> list[StopRe
 # ----------------------------------------------------------------------------- bench
 def _bench_config(url: str | None, deployment: str | None, model: str | None, concurrency: int | Sequence[int] | None,
                   api_key: str | None, num_gpus: int | None, warmup: bool | None, options: dict[str, Any]
-                  ) -> tuple[BenchConfig, list[int], Any]:
-    """(config, concurrency levels, sync_log) of a bench call; the levels are [] or [c] for a single run."""
+                  ) -> tuple[BenchConfig, list[int], Any, dict[str, list[int] | None]]:
+    """(config, concurrency levels, sync_log, length lists) of a bench call; the levels are [] or [c] for a single
+    run; the length lists ``{"input_lens", "output_lens"}`` are None unless ``input_len`` / ``output_len`` were
+    given as sequences (a length sweep)."""
     from pydantic import ValidationError  # noqa: PLC0415
 
     from m3ctl.bench.runner import BenchConfig, validate  # noqa: PLC0415
@@ -417,11 +419,22 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
     levels = [concurrency] if isinstance(concurrency, int) else list(concurrency or [])
     if any(not isinstance(c, int) or c < 1 for c in levels):
         raise BadInput(f"bad concurrency {concurrency!r}: values must be integers >= 1", "e.g. concurrency=[1, 2, 4]")
+    lens: dict[str, list[int] | None] = {"input_lens": None, "output_lens": None}
+    for key in ("input_len", "output_len"):
+        if isinstance(options.get(key), list | tuple):
+            from m3ctl.bench.sweep import check_lengths  # noqa: PLC0415
+
+            vals = list(options.pop(key))
+            if not vals:
+                raise BadInput(f"bad {key} {vals!r}: give at least one length", f"e.g. {key}=[512, 4096]")
+            check_lengths(key, vals)
+            lens[f"{key}s"], options[key] = vals, vals[0]
     # The options are checked before anything is sent: the model id is asked of the server afterwards.
     t = resolve_target(url, deployment=deployment, model=model, num_gpus=num_gpus, api_key=api_key, lookup_model=False)
     try:
+        sweep = len(levels) > 1 or any(len(v or ()) > 1 for v in lens.values())
         cfg = BenchConfig(url=t.url, model=t.model or "?", concurrency=levels[0] if levels else None,
-                          warmup=len(levels) > 1 if warmup is None else warmup, model_dir=t.model_dir,
+                          warmup=sweep if warmup is None else warmup, model_dir=t.model_dir,
                           server_log=t.server_log, num_gpus=t.num_gpus, num_gpus_source=t.num_gpus_source,
                           api_key=t.api_key, auth_basic=t.basic_auth, deployment=t.deployment,
                           **{"deployment_gpus": t.gpus, **options})
@@ -439,15 +452,23 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
             import logging  # noqa: PLC0415
 
             logging.getLogger("m3ctl.bench").info(note)
-    return cfg, levels, t.sync_log
+    return cfg, levels, t.sync_log, lens
 
 
-def _bench_result(runs: list[dict], levels: list[int]) -> BenchResult | BenchSweep:
+def _bench_plan(cfg: BenchConfig, levels: list[int], lens: dict[str, list[int] | None]) -> list:
+    """The sweep levels of a bench call (m3ctl.bench.sweep.plan); one level: a single run."""
+    from m3ctl.bench.sweep import plan  # noqa: PLC0415
+
+    return plan(lens["input_lens"] or [cfg.input_len], lens["output_lens"] or [cfg.output_len], levels or [None])
+
+
+def _bench_result(runs: list[dict], plan: list) -> BenchResult | BenchSweep:
     from m3ctl.bench.report import sweep_doc  # noqa: PLC0415
+    from m3ctl.bench.sweep import axes  # noqa: PLC0415
     from m3ctl.results import BenchResult, BenchSweep  # noqa: PLC0415
 
-    if len(levels) > 1:
-        return BenchSweep.model_validate({**sweep_doc(runs, "concurrency", levels),
+    if len(plan) > 1:
+        return BenchSweep.model_validate({**sweep_doc(runs, *axes(plan)),
                                           "runs": [BenchResult.from_dict(r) for r in runs]})
     return BenchResult.from_dict(runs[0])
 
@@ -482,7 +503,9 @@ def bench(url: str | None = None, *, concurrency: StrictInt | Sequence[StrictInt
         warmup: warm up at each level before measuring (default: on for a sweep).
         options: :class:`~m3ctl.bench.runner.BenchConfig` fields with their units: ``num_prompts``,
             ``request_rate`` (req/s, default inf), ``burstiness``, ``duration_s``, ``input_len``/``output_len``
-            (tokens), ``endpoint`` (``completions``/``chat``), ``workload`` (``random``, ``dataset``,
+            (tokens; a list sweeps it, input x output x concurrency: m3ctl.bench.sweep), ``trace_path`` (a JSONL
+            trace to replay, m3ctl.bench.trace) with ``trace_time_scale``, ``max_ttft_s`` and ``stop_on_overload``
+            (a sweep's early stop), ``endpoint`` (``completions``/``chat``), ``workload`` (``random``, ``dataset``,
             ``prefix-repetition``, ``agentic``), ``percentiles`` (list, 0-100), ``goodput_slo_ms``
             ({ttft|tpot|e2el: ms}), ``tokenizer`` (dir), ``usd_per_gpu_hour``, ``client_procs``, ``seed``...
 
@@ -503,9 +526,12 @@ def bench(url: str | None = None, *, concurrency: StrictInt | Sequence[StrictInt
     """
     from m3ctl.bench.runner import run_bench, run_sweep  # noqa: PLC0415
 
-    cfg, levels, sync_log = _bench_config(url, deployment, model, concurrency, api_key, num_gpus, warmup, options)
-    runs = run_sweep(cfg, levels, sync_log=sync_log) if len(levels) > 1 else [run_bench(cfg, sync_log=sync_log)]
-    return _bench_result(runs, levels)
+    cfg, levels, sync_log, lens = _bench_config(url, deployment, model, concurrency, api_key, num_gpus, warmup,
+                                                options)
+    plan = _bench_plan(cfg, levels, lens)
+    runs = (run_sweep(cfg, levels, sync_log=sync_log, **lens) if len(plan) > 1
+            else [run_bench(cfg, sync_log=sync_log)])
+    return _bench_result(runs, plan)
 
 
 @_checked
@@ -519,11 +545,12 @@ async def abench(url: str | None = None, *, concurrency: StrictInt | Sequence[St
     (``interrupted``, invalid)."""
     from m3ctl.bench.runner import arun_bench, arun_sweep  # noqa: PLC0415
 
-    cfg, levels, sync_log = await asyncio.to_thread(_bench_config, url, deployment, model, concurrency, api_key,
-                                                    num_gpus, warmup, options)
-    runs = (await arun_sweep(cfg, levels, sync_log=sync_log) if len(levels) > 1
+    cfg, levels, sync_log, lens = await asyncio.to_thread(_bench_config, url, deployment, model, concurrency,
+                                                          api_key, num_gpus, warmup, options)
+    plan = _bench_plan(cfg, levels, lens)
+    runs = (await arun_sweep(cfg, levels, sync_log=sync_log, **lens) if len(plan) > 1
             else [await arun_bench(cfg, sync_log=sync_log)])
-    return _bench_result(runs, levels)
+    return _bench_result(runs, plan)
 
 
 # ----------------------------------------------------------------------------- tune

@@ -197,8 +197,10 @@ class BenchResult(BaseModel):
 
 
 class BenchSweep(BaseModel):
-    """A sweep file: ``{"m3ctl_schema_version", "sweep": {"axis": "concurrency", "values": [...]}, "runs": [...]}``
-    (m3ctl.bench.report.sweep_doc), one :class:`BenchResult` per level in ``values`` order."""
+    """A sweep file: ``{"m3ctl_schema_version", "sweep": {"axis": "concurrency", "values": [...], "levels": [...],
+    "skipped": [...]}, "runs": [...]}`` (m3ctl.bench.report.sweep_doc), one :class:`BenchResult` per level run, in
+    ``levels`` order; a length sweep's ``axis`` names the axes that vary (``input_len,output_len,concurrency``) and
+    ``values`` is then ``{axis: [...]}`` (m3ctl.bench.sweep.axes); ``skipped``: levels an overload skipped."""
 
     model_config = ConfigDict(extra="allow")
     m3ctl_schema_version: str | None = None

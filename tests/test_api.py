@@ -36,6 +36,23 @@ def gt_url(tiny_models):
     proc.wait(timeout=10)
 
 
+def test_bench_length_lists_sweep_and_trace_through_the_api(gt_url, tmp_path):
+    """input_len / output_len given as lists sweep their product with the concurrency list (one BenchSweep); a
+    trace replays through the same front door; a bad length is BadInput before anything is sent."""
+    sweep = m3ctl.bench(gt_url, concurrency=[1, 2], **{**BENCH, "num_prompts": 2, "input_len": [16, 24]})
+    assert isinstance(sweep, BenchSweep) and sweep.sweep["axis"] == "input_len,concurrency"
+    assert [(r.input_len_requested, r.max_concurrency) for r in sweep.runs] == [(16, 1), (16, 2), (24, 1), (24, 2)]
+    assert [r.total_input_tokens for r in sweep.runs] == [32, 32, 48, 48]  # the server's count of each prompt
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"timestamp": 0, "input_len": 20, "output_len": 3}\n{"timestamp": 0.05, "input_len": 30, '
+                     '"output_len": 5, "prefix_id": 1}\n')
+    res = m3ctl.bench(gt_url, trace_path=str(trace), scrape_server_metrics=False)
+    assert isinstance(res, BenchResult) and res.total_input_tokens == 50 and res.total_output_tokens == 8
+    assert res.to_dict()["trace"]["records"] == 2
+    with pytest.raises(BadInput, match="output_len 0"):
+        m3ctl.bench(gt_url, output_len=[8, 0], **{k: v for k, v in BENCH.items() if k != "output_len"})
+
+
 def _vllm_scalar_keys() -> set[str]:
     """The scalar keys of a real `vllm bench serve --save-result` file (vLLM 0.32, H200), rtfx (audio) aside."""
     theirs = json.loads((FIX / "h200x2-real" / "vllm-bench-c16.json").read_text())
@@ -66,7 +83,9 @@ def test_abench_runs_inside_a_running_event_loop_and_bench_works_there_too(gt_ur
         assert r.max_concurrency == 2 and r.percentile("tpot", 90) > 0
         assert _vllm_scalar_keys() <= set(r.to_dict())  # vllm bench serve's keys, key for key
     assert isinstance(sweep, BenchSweep) and [r.max_concurrency for r in sweep.runs] == [1, 2]
-    assert sweep.sweep == {"axis": "concurrency", "values": [1, 2]} and all(r.completed == 8 for r in sweep.runs)
+    assert sweep.sweep == {"axis": "concurrency", "values": [1, 2], "skipped": [],
+                           "levels": [{"input_len": 16, "output_len": 8, "concurrency": c} for c in (1, 2)]}
+    assert all(r.completed == 8 for r in sweep.runs)
     assert cut.to_dict()["interrupted"] is True and not cut.valid and 0 < cut.completed < 2000
 
 

@@ -56,7 +56,7 @@ REPLACES = {"--inventory": ("--system",), "--systems": ("--system",), "--resume"
             "--url": ("--url",), "--model": ("--model",), "--deployment": ("--url",)}
 
 #: Files read (bad: not UTF-8, a directory, missing) and written (bad: a directory, read-only, under a file).
-INPUT_FILES = {"--inventory", "--config", "--profile", "--dataset-path", "files"}
+INPUT_FILES = {"--inventory", "--config", "--profile", "--dataset-path", "--trace", "files"}
 OUTPUT_FILES = {"--save-inventory", "--output-json", "--output-csv", "--plot", "--output"}
 OUTPUT_DIRS = {"--study-dir", "out_dir"}  # a directory m3ctl creates: bad under a file, or a file itself
 

@@ -48,6 +48,11 @@ any chunk once that many were written in all, keeping the connections open (a st
 endpoints, ``tokenize`` only, or none (a plain OpenAI-compatible server); ``check_model`` answers 404 with
 vLLM's error body for another model name.
 
+Capacity (an overloaded server, for the sweep's early stop): ``max_running`` > 0 lets at most that many
+streams generate at once, as vLLM's ``--max-num-seqs``; a request arriving while all are busy waits, first come
+first served, and its first chunk comes ``ttft_ms`` after it got a slot (so TTFT includes the wait); ``GET
+/metrics`` then has vLLM's gauges ``vllm:num_requests_running`` and ``vllm:num_requests_waiting``.
+
 HTTP/1.1 subset: keep-alive, ``Content-Length`` request bodies, chunked responses; enough for
 aiohttp, httpx, m3ctl's fast client and ``vllm bench serve``.
 
@@ -58,6 +63,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import heapq
 import itertools
 import json
@@ -91,6 +97,7 @@ class GTConfig:
     sse_eol: str = "lf"  # lf | crlf | cr
     tokenize: str = "both"  # both | tokenize | none (with a tokenizer)
     check_model: bool = False
+    max_running: int = 0  # streams generating at once (0: no limit); the others wait
 
 
 _EOL = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
@@ -118,8 +125,8 @@ def _json_response(obj, status: str = "200 OK") -> bytes:
 class _Stream:
     """One streaming response: which chunk comes next and when."""
 
-    __slots__ = ("cached", "cfg", "chat", "conn", "cont", "j", "k", "n", "pt", "r", "rec", "sent", "t_first",
-                 "want_usage")
+    __slots__ = ("admitted", "cached", "cfg", "chat", "conn", "cont", "j", "k", "n", "pt", "r", "rec", "sent",
+                 "t_first", "want_usage")
 
     def __init__(self, conn: _Conn, cfg: GTConfig, n: int, chat: bool, cont: bool, want_usage: bool, t_arrive: float,
                  rec: dict, prompt_tokens: int | None = None):
@@ -134,6 +141,7 @@ class _Stream:
         self.k = max(1, cfg.tokens_per_chunk)
         self.sent = 0
         self.j = 0
+        self.admitted = False  # holds one of max_running's slots
         self.t_first = t_arrive + cfg.ttft_ms / 1000
         # Hidden reasoning: those tokens are generated but not streamed; the first visible chunk comes after them.
         if chat and self.r and cfg.reasoning == "hidden":
@@ -221,6 +229,8 @@ class _Server:
                                  spec_decode_num_accepted_tokens_total=0.0)
         self.accepted_pos = [0.0] * len(cfg.spec_accept)
         self.chunks_written = 0
+        self.running = 0  # streams holding a max_running slot
+        self.waiting: collections.deque[_Stream] = collections.deque()
 
     def prompt_ids(self, req: dict, chat: bool) -> list[int] | None:
         """The prompt's token ids (None without a tokenizer); chat messages in the module's small template."""
@@ -256,7 +266,35 @@ class _Server:
         self.blocks.update(hashes)
         return hit
 
+    def start(self, s: _Stream) -> None:
+        """Schedule a new stream's chunks, or queue it while ``max_running`` streams are generating."""
+        if self.cfg.max_running and self.running >= self.cfg.max_running:
+            self.waiting.append(s)
+            return
+        self._admit(s)
+
+    def _admit(self, s: _Stream, waited: bool = False) -> None:
+        if self.cfg.max_running:
+            if waited:  # its first chunk comes ttft (and any hidden reasoning) after it got the slot
+                s.t_first = time.perf_counter() + self.cfg.ttft_ms / 1000 + s.sent * self.cfg.itl_ms / 1000
+            self.running += 1
+            s.admitted = True
+        self.add(s)
+
+    def release(self, s: _Stream) -> None:
+        """A stream ended (or its client left): free its slot for the first waiting stream."""
+        if not s.admitted:
+            return
+        s.admitted = False
+        self.running -= 1
+        while self.waiting:
+            nxt = self.waiting.popleft()
+            if nxt.conn.transport is not None and not nxt.conn.transport.is_closing():
+                self._admit(nxt, waited=True)
+                return
+
     def finished(self, s: _Stream) -> None:
+        self.release(s)
         c = self.counters
         c["generation_tokens_total"] += s.n
         c["request_success_total"] += 1
@@ -271,6 +309,8 @@ class _Server:
     def metrics_text(self) -> str:
         lab = f'model_name="{MODEL}",engine="0"'
         out = [f"vllm:{k}{{{lab}}} {v}\n" for k, v in self.counters.items()]
+        out += [f"vllm:num_requests_running{{{lab}}} {float(self.running if self.cfg.max_running else len(self.heap))}\n",
+                f"vllm:num_requests_waiting{{{lab}}} {float(len(self.waiting))}\n"]
         out += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {v}\n'
                 for i, v in enumerate(self.accepted_pos)]
         if self.cfg.prefix_cache_block:
@@ -311,6 +351,7 @@ class _Server:
             budget -= 1
             _, _, s = heapq.heappop(heap)
             if s.conn.transport is None or s.conn.transport.is_closing():
+                self.release(s)
                 continue  # the client went away: drop the stream
             ts = time.perf_counter()
             self.chunks_written += 1
@@ -454,7 +495,7 @@ class _Conn(asyncio.Protocol):
         if s.sent >= n:  # every token hidden: no chunk at all, only usage and [DONE]
             self.transport.write(_chunk(s.tail()) + b"0\r\n\r\n")
             return self.response_done()
-        srv.add(s)
+        srv.start(s)
 
 
 def _no_model(name) -> bytes:
@@ -520,6 +561,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--sse-eol", choices=list(_EOL), default="lf")
     ap.add_argument("--tokenize", choices=["both", "tokenize", "none"], default="both")
     ap.add_argument("--check-model", action="store_true", help="404 for another model name, as vLLM")
+    ap.add_argument("--max-running", type=int, default=0, help="streams generating at once; the others wait (0: all)")
     a = ap.parse_args(argv)
     serve(a.port, GTConfig(ttft_ms=a.ttft_ms, itl_ms=a.itl_ms, tokens_per_chunk=a.tokens_per_chunk,
                            prompt_tokens=a.prompt_tokens, reasoning_tokens=a.reasoning_tokens, reasoning=a.reasoning,
@@ -529,7 +571,7 @@ def main(argv: list[str] | None = None) -> None:
                            prompt_tokens_scale=a.prompt_tokens_scale,
                            spec_accept=tuple(float(x) for x in a.spec_accept.split(",") if x),
                            stall_after=a.stall_after, sse_eol=a.sse_eol, tokenize=a.tokenize,
-                           check_model=a.check_model))
+                           check_model=a.check_model, max_running=a.max_running))
 
 
 if __name__ == "__main__":

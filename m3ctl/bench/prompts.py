@@ -185,6 +185,48 @@ def exact_prompt(tok: Tokenizer, length: int, rng: random.Random, max_rounds: in
     return text, len(tok.encode(text))
 
 
+def exact_prompt_after(tok: Tokenizer, head: str, length: int, rng: random.Random) -> tuple[str, int]:
+    """A prompt of ``length`` tokens that starts with the text ``head`` (a shared prefix, left untouched so a
+    prefix cache sees the same tokens in every prompt that starts with it): ``head``, a space (none when it ends
+    in one), then seeded random words, cut where the whole encodes to ``length`` tokens.
+
+    The cut: the first ``length`` tokens of the whole, decoded, when that keeps ``head`` and re-encodes to
+    ``length`` tokens; else (an encode-only tokenizer, or merges across the cut) the longest character prefix of
+    the words that encodes to at most ``length`` tokens, by bisection. When ``head`` alone has ``length`` tokens
+    or more it is returned as it is.
+
+    Returns:
+        ``(text, token_count)`` where ``token_count = len(tok.encode(text))``.
+    """
+    sep = "" if not head or head[-1].isspace() else " "
+    words: list[str] = []
+    text = head
+    n = len(tok.encode(text))
+    if n >= length:
+        return text, n
+    while n < length:
+        words += [rng.choice(_WORDS) for _ in range(max(8, length - n))]
+        text = head + sep + " ".join(words)
+        ids = tok.encode(text)
+        n = len(ids)
+    if n == length:
+        return text, n
+    if getattr(tok, "can_decode", True):
+        cut = tok.decode(ids[:length])
+        if cut.startswith(head) and len(tok.encode(cut)) == length:
+            return cut, length
+    tail = text[len(head):]
+    lo, hi = 0, len(tail)  # encode(head + tail[:lo]) <= length < encode(head + tail[:hi])
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if len(tok.encode(head + tail[:mid])) <= length:
+            lo = mid
+        else:
+            hi = mid
+    text = head + tail[:lo]
+    return text, len(tok.encode(text))
+
+
 def random_lengths(mean: int, range_ratio: float, n: int, rng: random.Random,
                    convention: str = "vllm") -> list[int]:
     """Per-request lengths.

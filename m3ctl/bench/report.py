@@ -55,10 +55,18 @@ def load_runs(paths: list[Path]) -> list[dict]:
     return runs
 
 
-def sweep_doc(runs: list[dict], axis: str, values: list) -> dict:
+def sweep_doc(runs: list[dict], axis: str, values: list | dict) -> dict:
+    """A sweep file: ``sweep`` {axis, values (m3ctl.bench.sweep.axes), levels: each run's {input_len, output_len,
+    concurrency}, skipped: the levels an overload skipped, each with its ``reason`` and the level ``after``
+    which it was skipped}, and the runs."""
     from m3ctl.bench.runner import SCHEMA_VERSION  # noqa: PLC0415
 
-    return {"m3ctl_schema_version": SCHEMA_VERSION, "sweep": {"axis": axis, "values": values}, "runs": runs}
+    levels = [{"input_len": r.get("input_len_requested"), "output_len": r.get("output_len_requested"),
+               "concurrency": r.get("max_concurrency")} for r in runs]
+    skipped = [{**s, "reason": r["sweep_stop"]["reason"], "after": lv}
+               for r, lv in zip(runs, levels, strict=True) if r.get("sweep_stop") for s in r["sweep_stop"]["skipped"]]
+    return {"m3ctl_schema_version": SCHEMA_VERSION,
+            "sweep": {"axis": axis, "values": values, "levels": levels, "skipped": skipped}, "runs": runs}
 
 
 def flat(r: dict) -> dict:
@@ -251,6 +259,8 @@ COMPARE_ROWS = [
     ("file", lambda r: Path(r.get("_file", "")).name),
     ("label", lambda r: r.get("label")),
     ("concurrency / rate", lambda r: f"{r.get('max_concurrency')} / {r.get('request_rate')}"),
+    ("input / output tokens", lambda r: "trace" if r.get("trace") else
+     f"{r.get('input_len_requested')} / {r.get('output_len_requested')}"),
     ("completed / failed", lambda r: f"{r['completed']} / {r['failed']}"),
     ("valid", lambda r: (r.get("validity") or {}).get("valid")),
     ("output tok/s", lambda r: r["output_throughput"]),
@@ -377,7 +387,9 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
 
     done = res.get("completed", 0) > 0
     wl, v = res.get("workload") or {}, res["validity"]
-    title = (f"m3ctl bench: {res['model_id']} ({res['backend']}, {wl.get('kind')}, concurrency "
+    lens = (f"{res['input_len_requested']}/{res['output_len_requested']} tokens in/out, "
+            if res.get("input_len_requested") is not None else "")
+    title = (f"m3ctl bench: {res['model_id']} ({res['backend']}, {wl.get('kind')}, {lens}concurrency "
              f"{res['max_concurrency']}, rate {res['request_rate']})")
     t = Table(title=escape(title))
     t.add_column("metric", overflow="fold", ratio=1)
@@ -393,6 +405,12 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
         rows.append(("goodput (req/s)", f"{res['request_goodput']:.2f}"))
     elif "request_goodput" in miss:
         rows.append(("goodput (req/s)", na(miss, "request_goodput")))
+    if tr := res.get("trace"):
+        lag = tr["timing_fidelity"]["send_lag_ms"]
+        rows.append((f"trace records / span (s, time scale x{tr['time_scale']:g})",
+                     f"{tr['records']} / {tr['duration_s']:.1f}"))
+        rows.append(("trace send lag p50 / p99 / max (ms)", "n/a" if lag["p99"] is None else
+                     f"{lag['p50']:.1f} / {lag['p99']:.1f} / {lag['max']:.1f}"))
     if pg := res.get("per_gpu"):
         rows.append((f"tok/s per GPU total / output ({pg['num_gpus']} GPUs)",
                      f"{pg['tput_per_gpu']:.1f} / {pg['output_tput_per_gpu']:.1f}"))
@@ -456,7 +474,7 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
             notes.append("TTFA n/a: the answers carry the reasoning (<think>) in content")
         else:
             row("TTFA (first answer token)", res["ttfa"])
-    if (res.get("load") or {}).get("mode") in ("open", "open-capped"):
+    if (res.get("load") or {}).get("mode") in ("open", "open-capped", "trace", "trace-capped"):
         row("E2E latency from schedule *", res.get("e2el_from_schedule"))
         notes.append("* from when the arrival process scheduled the request, so time queued in the client "
                      "counts (coordinated omission); E2E latency starts at the send")

@@ -46,6 +46,8 @@ from pydantic import BaseModel, Field
 
 from m3ctl import __version__
 from m3ctl.bench import metrics, servermetrics, workloads
+from m3ctl.bench import sweep as sweeps
+from m3ctl.bench import trace as traces
 from m3ctl.bench.client import PROGRESS, BenchRequest, RequestOutput, build_body, send_request
 from m3ctl.bench.fasthttp import ConnectionPool
 from m3ctl.bench.prompts import LocalTokenizer, ServerTokenizer, Tokenizer
@@ -182,6 +184,17 @@ class BenchConfig(BaseModel):
     turns: int = Field(4, ge=1, le=MAX_PROMPTS)
     turn_input_len: int = Field(64, ge=1, le=MAX_REQUEST_TOKENS)
     think_time_s: float = Field(0.0, ge=0)
+    trace_path: str | None = None
+    """Replay this JSONL trace (m3ctl.bench.trace): its requests at its arrival times, instead of a workload."""
+    trace_time_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """Multiplies the trace's arrival offsets (0.5: twice as fast)."""
+    # sweeps (m3ctl.bench.sweep)
+    max_ttft_s: float | None = Field(None, gt=0)
+    """A sweep level whose median TTFT (s) is above this is overloaded; None: no TTFT bound."""
+    stop_on_overload: bool = True
+    """A sweep skips the higher concurrencies of an input/output pair after an overloaded level."""
+    queue_sample_s: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """Period (s) of the ``vllm:num_requests_waiting`` samples taken during the measured phase."""
     # client
     client_procs: int = Field(1, ge=1, le=MAX_PROMPTS)
     http_client: str = "fast"  # fast (m3ctl.bench.fasthttp) or aiohttp
@@ -535,7 +548,7 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
                 pass
             elif job.sessions:
                 await _agentic_lanes(cfg, job, send, outs, stats, deadline)
-            elif math.isinf(cfg.request_rate) and job.concurrency:
+            elif math.isinf(cfg.request_rate) and job.concurrency and not cfg.trace_path:
                 await _closed_lanes(job, send, outs, t0, deadline)
             else:
                 await _open_loop(job, send, outs, t0, deadline, lambda: stats.server_down)
@@ -606,8 +619,7 @@ async def _open_loop(job: _Job, send, outs: list, t0: float, deadline: float | N
             break
         if stopped():
             break
-        delay = due - time.perf_counter()
-        if delay > 0:
+        while (delay := due - time.perf_counter()) > 0:  # a timer may fire up to ~1 ms early: never send early
             await asyncio.sleep(delay)
         tasks.append(asyncio.create_task(one(req, due)))
     await asyncio.gather(*tasks)
@@ -746,6 +758,15 @@ def _build_job(cfg: BenchConfig, tok: Tokenizer, salt: str | None = None, block:
     wl: dict = {"kind": cfg.workload, "endpoint": cfg.endpoint, "ignore_eos": cfg.ignore_eos, "seed": cfg.seed,
                 "prompt_salt": salt, "temperature": cfg.temperature}
     n = cfg.num_prompts
+    if cfg.trace_path:
+        tr = traces.load(cfg.trace_path)
+        reqs = traces.requests(tok, tr, cfg.seed, salt)
+        wl.update(kind="trace", trace_path=tr.path, records=len(tr.records), time_scale=cfg.trace_time_scale,
+                  isl_median=traces.median_input_len(tr), osl_median=int(np.median([r.output_len for r in tr.records])),
+                  prefix_groups=len(tr.prefix_lens),
+                  prefix_cache_expected_hit=traces.expected_prefix_hit(tr, reqs, block), _trace=tr)
+        items = list(zip(reqs, tr.offsets(cfg.trace_time_scale), strict=True))
+        return _Job(items=items, concurrency=cfg.concurrency), wl
     if cfg.workload == "random":
         reqs = build_requests(cfg, tok, salt)
         wl.update(isl=cfg.input_len, osl=cfg.output_len, range_ratio=cfg.range_ratio,
@@ -792,8 +813,9 @@ def validate(cfg: BenchConfig) -> None:
 
     Raises:
         BadInput: unknown endpoint, goodput metric, workload or HTTP client; --duration without a bound on load;
-            a malformed URL; a goodput limit that is not a finite number of ms > 0; a run that would build more
-            than :data:`MAX_RUN_PROMPT_TOKENS` prompt tokens; an unreadable, non-UTF-8 or misplaced dataset or
+            a malformed URL; a bad trace file or options a trace replaces (m3ctl.bench.trace.check); a goodput
+            limit that is not a finite number of ms > 0; a run that would build more than
+            :data:`MAX_RUN_PROMPT_TOKENS` prompt tokens; an unreadable, non-UTF-8 or misplaced dataset or
             tokenizer file.
     """
     if cfg.endpoint not in ("completions", "chat"):
@@ -808,14 +830,16 @@ def validate(cfg: BenchConfig) -> None:
                        f"use one of {', '.join(workloads.KINDS)}")
     if cfg.http_client not in ("fast", "aiohttp"):
         raise BadInput(f"unknown http client {cfg.http_client!r}", "use --http-client fast or aiohttp")
+    n = len(traces.check(cfg).records) if cfg.trace_path else cfg.num_prompts
     if cfg.duration_s and math.isinf(cfg.request_rate) and not cfg.concurrency:
         raise BadInput("--duration needs --concurrency or a finite --request-rate",
                        "e.g. --duration 60 --concurrency 8")
     _check_url(cfg.url)
-    _check_sizes(cfg)
-    if cfg.client_procs > max(cfg.num_prompts, cfg.concurrency or 1):
+    if not cfg.trace_path:
+        _check_sizes(cfg)
+    if cfg.client_procs > max(n, cfg.concurrency or 1):
         raise BadInput(f"--client-procs {cfg.client_procs} is more worker processes than requests "
-                       f"({max(cfg.num_prompts, cfg.concurrency or 1)})", "e.g. --client-procs 2")
+                       f"({max(n, cfg.concurrency or 1)})", "e.g. --client-procs 2")
     _check_files(cfg)
     if cfg.goodput_slo_ms and (bad := {k: v for k, v in cfg.goodput_slo_ms.items()
                                        if not (isinstance(v, int | float) and math.isfinite(v) and v > 0)}):
@@ -960,6 +984,7 @@ async def arun_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=No
 
 
 _RUN_LOCK = threading.Lock()
+_SAMPLERS: list = []  # servermetrics.QueueSampler of the run in progress
 
 
 @contextlib.contextmanager
@@ -976,6 +1001,8 @@ def _one_run():
     finally:
         for fn in cleanup:
             fn()
+        while _SAMPLERS:  # the run's queue sampler (a thread), whatever ended the run
+            _SAMPLERS.pop().stop()
         _RUN_LOCK.release()
 
 
@@ -1038,8 +1065,10 @@ def _prepare_reachable(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Pr
             warmups = [BenchRequest(prompt=job.sessions[0].system[0], prompt_len=job.sessions[0].system[1],
                                     output_len=1)] * nw
         else:  # fresh prompts of the workload's shapes (vLLM sends copies of the first one: a cache hit later)
-            wcfg = cfg.model_copy(update={"num_prompts": nw, "duration_s": None, "request_rate": math.inf,
-                                          "output_len": min(cfg.output_len, WARMUP_OUTPUT_LEN),
+            # a trace: random prompts of its median shape
+            shape = {"trace_path": None, "input_len": wl["isl_median"]} if cfg.trace_path else {}
+            wcfg = cfg.model_copy(update={"num_prompts": nw, "duration_s": None, "request_rate": math.inf, **shape,
+                                          "output_len": min(wl.get("osl_median", cfg.output_len), WARMUP_OUTPUT_LEN),
                                           "dataset_output_len": WARMUP_OUTPUT_LEN})
             warmups = [r for r, _ in _build_job(wcfg, tok, f"{salt}-warmup")[0].items]
     wl["warmups"] = len(warmups)
@@ -1054,6 +1083,9 @@ def _prepare_reachable(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Pr
             scraped["log_offset"] = log.stat().st_size if log.is_file() else 0
         if cfg.scrape_server_metrics:
             scraped["before"] = servermetrics.scrape(cfg.url, _headers(cfg))
+            if scraped["before"] is not None:  # a vLLM-style server: watch its queue through the measured phase
+                scraped["sampler"] = servermetrics.QueueSampler(cfg.url, _headers(cfg), cfg.queue_sample_s).start()
+                _SAMPLERS.append(scraped["sampler"])
 
     from m3ctl.bench.energy import EnergyMeter  # noqa: PLC0415
 
@@ -1073,6 +1105,7 @@ def _finish(prep: _Prepared, outs: list[RequestOutput], dur: float, cstats: list
     cfg, tok, log, scraped = prep.cfg, prep.tok, prep.log, prep.scraped
     if prep.meter is not None:
         prep.meter.stop()  # the last response is in: the last power reading
+    samples = scraped["sampler"].stop() if scraped.get("sampler") else None
     if log is not None and sync_log is not None:
         sync_log()
     jit = _server_jit(log, scraped.get("log_offset"))
@@ -1094,6 +1127,9 @@ def _finish(prep: _Prepared, outs: list[RequestOutput], dur: float, cstats: list
 
         res["energy"] = prep.meter.block(measured_window(outs, dur), res["total_output_tokens"],
                                          res["total_input_tokens"] + res["total_output_tokens"])
+    sends = [o.start_time for o in outs if o.start_time]
+    res["server_queue"] = servermetrics.queue_trend(samples, min(sends), max(sends), cfg.concurrency,
+                                                    cfg.queue_sample_s) if samples is not None and sends else None
     if (cfg.deployment and (res.get("failed") or res.get("server_down") or res.get("stalled"))
             and (died := engine_death(cfg))):  # the requests failed because the engine died: say when and why
         fails = [o.end_time for o in outs if not o.success and o.end_time]
@@ -1171,6 +1207,7 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
              tok_name: str | None = None, server: dict | None = None, jit: list[str] | None = None) -> dict:
     """The result JSON of a finished run (vLLM's keys and meanings first, m3ctl's additions after)."""
     outs = sorted(outs, key=lambda o: o.scheduled_time)
+    tr = wl.pop("_trace", None)  # a replayed trace (m3ctl.bench.trace.Trace): the result's trace block
     res: dict = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
         "endpoint_type": "openai-chat" if cfg.endpoint == "chat" else "openai",
@@ -1178,7 +1215,8 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
         "label": cfg.label,
         "model_id": cfg.model,
         "tokenizer_id": tok_name,
-        "num_prompts": cfg.num_prompts if not (cfg.duration_s or cfg.workload == "agentic") else len(outs),
+        "num_prompts": wl["records"] if cfg.trace_path else (
+            cfg.num_prompts if not (cfg.duration_s or cfg.workload == "agentic") else len(outs)),
         "request_rate": "inf" if math.isinf(cfg.request_rate) else cfg.request_rate,
         "burstiness": cfg.burstiness,
         "max_concurrency": cfg.concurrency,
@@ -1208,17 +1246,18 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
     res["output_throughput_per_gpu"] = res["output_throughput"] / n_gpus if n_gpus else None
     res["total_token_throughput_per_gpu"] = res["total_token_throughput"] / n_gpus if n_gpus else None
     res["num_warmups"] = wl.get("warmups", cfg.num_warmups)
-    res["input_len_requested"] = cfg.input_len
-    res["output_len_requested"] = cfg.output_len
+    res["input_len_requested"] = None if cfg.trace_path else cfg.input_len  # a trace: each record's own
+    res["output_len_requested"] = None if cfg.trace_path else cfg.output_len
     res["client_prompt_tokens"] = sum(o.client_prompt_len for o in ok)
     agentic = cfg.workload == "agentic"
     res["input_token_count_mismatches"] = 0 if agentic else sum(1 for o in ok if o.prompt_len != o.client_prompt_len)
     res["output_token_count_mismatches"] = sum(
         1 for o in ok if cfg.ignore_eos and cfg.workload != "dataset" and o.output_tokens is not None
-        and o.output_tokens != cfg.output_len and cfg.range_ratio == 0)
+        and o.output_tokens != o.output_len_requested and cfg.range_ratio == 0)
     res["token_counts_from"] = "server usage" if ok and all(o.output_tokens is not None for o in ok) else "mixed"
     res["workload"] = wl
-    res["load"] = {"mode": "agentic-lanes" if agentic else (
+    res["load"] = {"mode": "agentic-lanes" if agentic else ("trace-capped" if cfg.concurrency else "trace")
+                   if cfg.trace_path else (
         "closed" if math.isinf(cfg.request_rate) else ("open-capped" if cfg.concurrency else "open")),
         "concurrency": cfg.concurrency, "rate": None if math.isinf(cfg.request_rate) else cfg.request_rate,
         "arrival": None if math.isinf(cfg.request_rate) else ("poisson" if cfg.burstiness == 1 else "gamma"),
@@ -1249,6 +1288,10 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
         wl["prefix_cache_expected_hit"] = (min(1.0, theo + cfg.prefix_len * firsts / in_total)
                                            if theo is not None and in_total else None)
     res["validity"] = _validity(cfg, outs, res, cstats, server)
+    if tr is not None:  # what was replayed, and how closely the sends kept to its arrival times
+        res["trace"], lag = traces.result_block(tr, cfg.trace_time_scale, outs, bool(cfg.concurrency))
+        if lag:
+            res["validity"]["warnings"].append(lag)
     pc, why = prefix_cache_check(cfg, res, server)
     res["validity"]["prefix_cache"] = pc
     if why:
@@ -1530,18 +1573,26 @@ def _asked_vs_happened(cfg: BenchConfig, ok: list[RequestOutput], res: dict, ser
     return out
 
 
-def run_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None, sync_log=None) -> list[dict]:
-    """One run per concurrency (same workload shape and seed, fresh prompt text at every level unless
-    ``cfg.prompt_salt`` pins it); the tokenizer is built once, and replaced by the server's ``/tokenize`` when a
+def run_sweep(cfg: BenchConfig, concurrencies: list[int | None], progress=None, sync_log=None, *,
+              input_lens: list[int] | None = None, output_lens: list[int] | None = None) -> list[dict]:
+    """One run per level: ``input_lens`` x ``output_lens`` x ``concurrencies`` (m3ctl.bench.sweep.plan; None or
+    [] takes ``cfg``'s value), the same workload shape and seed, fresh prompt text at every level unless
+    ``cfg.prompt_salt`` pins it; the tokenizer is built once, and replaced by the server's ``/tokenize`` when a
     level found the client's counting the prompts differently (:func:`_realign`). ``sync_log``: as
     :func:`run_bench`.
 
+    Each result gets ``overload`` (m3ctl.bench.sweep.overload); with ``cfg.stop_on_overload`` an overloaded
+    level ends its input/output pair's climb: ``sweep_stop`` {reason, skipped: [levels]} in its result.
+
     ``progress``: optional ``callable(run_cfg)`` returning a context manager that yields a progress
     sink for that run (see :func:`run_bench`) or None.
+
+    Raises:
+        BadInput: as :func:`run_bench`; a length outside 1..MAX_REQUEST_TOKENS.
     """
-    sw = _Sweep(cfg)
+    sw = _Sweep(cfg, concurrencies, input_lens, output_lens)
     try:
-        for one in sw.levels(concurrencies):
+        for one in sw.levels():
             with progress(one) if progress else contextlib.nullcontext(None) as prog:
                 try:
                     sw.add(run_bench(one, tok=sw.tok, progress=prog, sync_log=sync_log))
@@ -1553,11 +1604,12 @@ def run_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None, sync_lo
         sw.close()
 
 
-async def arun_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None, sync_log=None) -> list[dict]:
+async def arun_sweep(cfg: BenchConfig, concurrencies: list[int | None], progress=None, sync_log=None, *,
+                     input_lens: list[int] | None = None, output_lens: list[int] | None = None) -> list[dict]:
     """:func:`run_sweep` as a coroutine (each level through :func:`arun_bench`)."""
-    sw = await asyncio.to_thread(_Sweep, cfg)
+    sw = await asyncio.to_thread(_Sweep, cfg, concurrencies, input_lens, output_lens)
     try:
-        for one in sw.levels(concurrencies):
+        for one in sw.levels():
             with progress(one) if progress else contextlib.nullcontext(None) as prog:
                 try:
                     res = await arun_bench(one, tok=sw.tok, progress=prog, sync_log=sync_log)
@@ -1571,25 +1623,53 @@ async def arun_sweep(cfg: BenchConfig, concurrencies: list[int], progress=None, 
         sw.close()
 
 
-class _Sweep:
-    """A sweep's shared state: the checked config, one tokenizer for all levels, the runs so far."""
+def _conc(c: int | None) -> float:
+    return math.inf if c is None else c
 
-    def __init__(self, cfg: BenchConfig):
-        validate(cfg)
+
+class _Sweep:
+    """A sweep's shared state: the checked config, its levels, one tokenizer for all levels, the runs so far."""
+
+    def __init__(self, cfg: BenchConfig, concurrencies: list[int | None], input_lens: list[int] | None = None,
+                 output_lens: list[int] | None = None):
+        self.plan = sweeps.plan(input_lens or [cfg.input_len], output_lens or [cfg.output_len],
+                                list(concurrencies or [cfg.concurrency]))
+        for lv in self.plan:  # every level's options (lengths change the prompt tokens a run builds)
+            validate(cfg.model_copy(update={"concurrency": lv.concurrency, "input_len": lv.input_len,
+                                            "output_len": lv.output_len}))
         _check_reachable(cfg)
         self.cfg, self.tok, self.runs, self._stop = cfg, _tokenizer(cfg), [], False
+        self._i = -1  # the level running
+        self._skip: set[int] = set()  # levels skipped after an overload
+        self._last: dict[tuple[int, int], dict] = {}  # last result per (input, output) pair
 
-    def levels(self, concurrencies: list[int]):
-        """The config of each level, until a run ends the sweep (interrupted, server down)."""
-        for c in concurrencies:
+    def levels(self):
+        """The config of each level, until a run ends the sweep (interrupted, server down); levels skipped after an
+        overload are left out (each is named in the ``sweep_stop`` of the level that was overloaded)."""
+        for i, lv in enumerate(self.plan):
             if self._stop:
                 return
-            yield self.cfg.model_copy(update={"concurrency": c})
+            if i in self._skip:
+                continue
+            self._i = i
+            yield self.cfg.model_copy(update={"concurrency": lv.concurrency, "input_len": lv.input_len,
+                                              "output_len": lv.output_len})
 
     def add(self, res: dict) -> None:
         """Keep a level's result; realign the tokenizer for the next levels when this one found it off."""
         cfg = self.cfg
         self.runs.append(res)
+        lv = self.plan[self._i]
+        pair = (lv.input_len, lv.output_len)
+        prev = self._last.get(pair)
+        if prev is not None and _conc(prev.get("max_concurrency")) >= _conc(lv.concurrency):
+            prev = None  # the throughput test compares with a lower concurrency only
+        res["overload"] = ov = sweeps.overload(res, prev, cfg.max_ttft_s)
+        self._last[pair] = res
+        if ov["overloaded"] and cfg.stop_on_overload and (skipped := sweeps.skipped_after(self.plan, self._i)):
+            self._skip.update(j for j in range(self._i + 1, len(self.plan)) if self.plan[j] in skipped)
+            res["sweep_stop"] = {"reason": "; ".join(ov["reasons"]), "criteria": ov["criteria"],
+                                 "skipped": [s.to_dict() for s in skipped]}
         if ((res["token_counts"].get("realigned") or {}).get("client_tokenizer_off")
                 and not isinstance(self.tok, ServerTokenizer)):
             st = ServerTokenizer(cfg.url, cfg.model, _headers(cfg))

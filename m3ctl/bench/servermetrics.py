@@ -14,6 +14,9 @@ accepted / draft tokens; mean acceptance length = 1 + accepted / drafts; per-pos
 
 ``vllm:cache_config_info`` (a gauge whose labels are the engine's CacheConfig, vllm/v1/metrics/loggers.py
 ``log_metrics_info``) gives the KV-cache ``block_size`` and whether prefix caching is on.
+
+During the measured phase the gauges ``vllm:num_requests_waiting`` / ``vllm:num_requests_running`` are sampled
+(:class:`QueueSampler`), and :func:`queue_trend` says whether the waiting queue grew (a sweep's early stop).
 """
 
 from __future__ import annotations
@@ -117,3 +120,109 @@ def deltas(before: dict[str, float] | None, after: dict[str, float] | None) -> d
         "generation_tokens": int(d.get("generation_tokens_total", 0.0)),
         "requests_finished": int(d.get("request_success_total", 0.0)),
     }
+
+
+# ---- the server's queue during the run (sweep early stop: m3ctl.bench.sweep) ----
+#: vLLM's scheduler gauges (https://docs.vllm.ai/en/latest/usage/metrics.html): requests waiting to be scheduled
+#: and requests running (in the batch); summed over engines.
+GAUGES = ("num_requests_waiting", "num_requests_running")
+#: Fewest samples inside the issuing window for a trend.
+QUEUE_MIN_SAMPLES = 4
+#: The queue "grows" when its last third's mean is above its first third's by at least this fraction of the
+#: reference (the level's concurrency; uncapped: the most requests seen running), and at least 1 request ...
+QUEUE_RISE_FRACTION = 0.25
+#: ... and it ends (its last sample in the window) at or above this fraction of the reference.
+QUEUE_END_FRACTION = 0.5
+
+
+def gauges(text: str) -> dict[str, float]:
+    """The :data:`GAUGES` in a ``/metrics`` text, each summed over its label sets (absent: not in the dict)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line.startswith("vllm:num_requests_"):
+            continue
+        name_labels, _, value = line.rpartition(" ")
+        name = name_labels.split("{", 1)[0][5:]
+        if name in GAUGES:
+            try:
+                out[name] = out.get(name, 0.0) + float(value)
+            except ValueError:
+                pass
+    return out
+
+
+class QueueSampler:
+    """Samples the server's :data:`GAUGES` every ``period_s`` in a daemon thread (``GET /metrics``) from
+    :meth:`start` to :meth:`stop`; ``samples``: ``(perf_counter time, waiting, running or None)``, the time
+    taken when the answer arrived. A sample without ``vllm:num_requests_waiting`` (not vLLM) is left out."""
+
+    def __init__(self, url: str, headers: dict[str, str] | None, period_s: float = 1.0):
+        self.url, self.headers, self.period_s = url, headers or {}, period_s
+        self.samples: list[tuple[float, float, float | None]] = []
+        self._stop = None
+        self._thread = None
+
+    def start(self) -> QueueSampler:
+        import threading  # noqa: PLC0415
+
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="m3ctl-bench-queue", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        import time  # noqa: PLC0415
+
+        with httpx.Client(headers=self.headers, timeout=max(1.0, 5 * self.period_s)) as c:
+            while not self._stop.is_set():
+                try:
+                    r = c.get(f"{self.url}/metrics")
+                    g = gauges(r.text) if r.status_code == 200 else {}
+                except httpx.HTTPError:
+                    g = {}
+                if "num_requests_waiting" in g:
+                    self.samples.append((time.perf_counter(), g["num_requests_waiting"],
+                                         g.get("num_requests_running")))
+                self._stop.wait(self.period_s)
+
+    def stop(self) -> list[tuple[float, float, float | None]]:
+        if self._stop is not None:
+            self._stop.set()
+            self._thread.join(timeout=10)
+        return self.samples
+
+
+def queue_trend(samples: list[tuple[float, float, float | None]], start: float, end: float,
+                concurrency: int | None, period_s: float) -> dict:
+    """The result's ``server_queue`` block: did the server's waiting queue grow while the run issued requests?
+
+    The window is ``start``..``end`` (perf_counter s: the first and the last send, so the drain after the last
+    send does not count). ``growing``: at least :data:`QUEUE_MIN_SAMPLES` samples in it, a positive
+    least-squares slope, the last third's mean above the first third's by max(1, QUEUE_RISE_FRACTION x
+    reference), and the last sample at or above QUEUE_END_FRACTION x reference; the reference is
+    ``concurrency``, or for an uncapped load the most requests seen running (at least 1). None: too few
+    samples to say. ``samples`` (all of the run's, ``[s from start, waiting, running]``) are kept.
+    """
+    rel = [[round(t - start, 4), w, r] for t, w, r in samples]
+    inside = [(t, w, r) for t, w, r in samples if start <= t <= end]
+    out: dict = {"source": f"GET /metrics vllm:num_requests_waiting / _running every {period_s:g} s",
+                 "period_s": period_s, "window_s": round(end - start, 4), "samples": rel,
+                 "samples_in_window": len(inside), "slope_per_s": None, "waiting_first_third": None,
+                 "waiting_last_third": None, "waiting_end": None, "reference": None, "growing": None}
+    if len(inside) < QUEUE_MIN_SAMPLES:
+        return out
+    ts = [t for t, _, _ in inside]
+    ws = [w for _, w, _ in inside]
+    k = len(ws) // 3
+    first, last = sum(ws[:k]) / k, sum(ws[-k:]) / k
+    slope = 0.0
+    if max(ts) > min(ts):
+        import numpy as np  # noqa: PLC0415
+
+        slope = float(np.polyfit(ts, ws, 1)[0])
+    ref = float(concurrency) if concurrency else max([1.0, *(r for _, _, r in samples if r is not None)])
+    growing = (slope > 0 and last - first >= max(1.0, QUEUE_RISE_FRACTION * ref)
+               and ws[-1] >= QUEUE_END_FRACTION * ref)
+    out.update(slope_per_s=slope, waiting_first_third=first, waiting_last_third=last, waiting_end=ws[-1],
+               reference=ref, growing=growing)
+    return out

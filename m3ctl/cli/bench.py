@@ -24,7 +24,8 @@ app = typer.Typer(help="Load-test an OpenAI-compatible endpoint; `m3ctl bench re
 
 #: Options whose BenchConfig field has a unit suffix.
 RENAMED = {"duration": "duration_s", "think_time": "think_time_s", "request_timeout": "request_timeout_s",
-           "stall_floor": "stall_floor_s", "power_interval": "power_interval_s"}
+           "stall_floor": "stall_floor_s", "power_interval": "power_interval_s", "trace": "trace_path",
+           "max_ttft": "max_ttft_s"}
 
 
 def gpu_indices(text: str) -> str:
@@ -62,7 +63,12 @@ def bench(
     burstiness: Annotated[float, typer.Option(parser=o.positive_float, metavar="SHAPE", help="Gamma shape of arrivals (1 = Poisson, <1 burstier).")] = 1.0,
     num_prompts: Annotated[int, typer.Option(min=1, help="Requests to send (stop by count).")] = 100,
     duration: Annotated[Optional[float], typer.Option(parser=o.positive_float, metavar="SECONDS", help="Stop issuing requests after this many seconds (workload cycled).")] = None,
-    input_len: o.InputLen = 128, output_len: o.OutputLen = 128,
+    input_len: Annotated[str, typer.Option(parser=o.int_list, metavar="TOKENS", help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn); a list such as 512,4096 sweeps it.")] = "128",
+    output_len: Annotated[str, typer.Option(parser=o.int_list, metavar="TOKENS", help="Output tokens per request; a list such as 128,1024 sweeps it (a sweep runs input x output x concurrency).")] = "128",
+    trace: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Replay a JSONL trace ({timestamp, input_len, output_len, prefix_id?} per line) at its arrival times (open loop; --concurrency caps it).")] = None,
+    trace_time_scale: Annotated[float, typer.Option(parser=o.positive_float, metavar="X", help="Multiply the trace's arrival offsets (0.5: twice as fast; 0.001: timestamps in ms).")] = 1.0,
+    max_ttft: Annotated[Optional[float], typer.Option("--max-ttft", "--max-ttft-s", parser=o.positive_float, metavar="SECONDS", help="Sweep: a level whose median TTFT is above this is overloaded (default: no bound).")] = None,
+    stop_on_overload: Annotated[bool, typer.Option(help="Sweep: after an overloaded level (TTFT bound, a growing server queue, throughput below the level before), skip the higher concurrencies of its input/output lengths.")] = True,
     range_ratio: Annotated[float, typer.Option(min=0, help="Length spread (see --range-convention).")] = 0.0,
     range_convention: Annotated[str, typer.Option(parser=o.choice("vllm", "inferencex"), help="vllm: [L(1-r), L(1+r)]; inferencex: [rL, L].")] = "vllm",
     dataset_path: Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="ShareGPT-style JSON/JSONL file (--workload dataset).")] = None,
@@ -108,6 +114,7 @@ def bench(
         return
     from pydantic import ValidationError  # noqa: PLC0415
 
+    from m3ctl.bench import sweep as sweeps  # noqa: PLC0415
     from m3ctl.bench.runner import BenchConfig, run_bench, run_sweep, validate  # noqa: PLC0415
     from m3ctl.bench.target import resolve_target  # noqa: PLC0415
 
@@ -115,11 +122,17 @@ def bench(
     check_outputs(output_json=output_json, output_csv=output_csv, plot=plot)
     t = resolve_target(url, deployment=deployment, model=model, num_gpus=num_gpus, lookup_model=False)
     concs = [int(x) for x in (concurrency or "").split(",") if x.strip()]
+    ins, outs = ([int(x) for x in v.split(",") if x.strip()] for v in (input_len, output_len))
+    if trace and (len(ins) > 1 or len(outs) > 1):
+        raise BadInput("--trace gives each request's lengths: --input-len / --output-len lists do not apply",
+                       "drop the length lists or --trace")
+    plan = sweeps.plan(ins, outs, concs or [None])
     given = {RENAMED.get(k, k): v for k, v in ctx.params.items()}  # options named as BenchConfig's fields
     given = {k: v for k, v in given.items() if k in BenchConfig.model_fields and v is not None}
     given.update(url=t.url, model=t.model or "?", concurrency=concs[0] if concs else None,
+                 input_len=ins[0], output_len=outs[0], trace_path=str(trace) if trace else None,
                  dataset_path=str(dataset_path) if dataset_path else None,
-                 warmup=len(concs) > 1 if warmup is None else warmup,
+                 warmup=len(plan) > 1 if warmup is None else warmup,
                  percentiles=[float(x) for x in percentiles.split(",") if x.strip()],
                  goodput_slo_ms=goodput_slos(goodput or []), model_dir=t.model_dir, num_gpus=t.num_gpus,
                  num_gpus_source=t.num_gpus_source, server_log=t.server_log, api_key=t.api_key,
@@ -149,14 +162,15 @@ def bench(
 
         if not show:
             return contextlib.nullcontext(None)
-        total = None if c.duration_s or c.workload == "agentic" else c.num_prompts
-        return LiveProgress(err_con, total=total, label=f"bench c={c.concurrency or '-'}")
+        total = None if c.duration_s or c.workload == "agentic" or c.trace_path else c.num_prompts
+        lens = f" {c.input_len}/{c.output_len}" if len(ins) > 1 or len(outs) > 1 else ""
+        return LiveProgress(err_con, total=total, label=f"bench{lens} c={c.concurrency or '-'}")
 
-    if len(concs) > 1:
-        runs = run_sweep(cfg, concs, progress=live, sync_log=t.sync_log)
+    if len(plan) > 1:
+        runs = run_sweep(cfg, concs, progress=live, sync_log=t.sync_log, input_lens=ins, output_lens=outs)
         from m3ctl.bench import report  # noqa: PLC0415
 
-        doc: dict | list = report.sweep_doc(runs, "concurrency", concs)
+        doc: dict | list = report.sweep_doc(runs, *sweeps.axes(plan))
     else:
         with live(cfg) as prog:
             runs = [run_bench(cfg, progress=prog, sync_log=t.sync_log)]
@@ -167,6 +181,12 @@ def bench(
             print_bench(r, cfg.percentiles)
         if len(runs) > 1:
             print_compare(runs)
+        for r in runs:  # a sweep that stopped climbing says where and why, and what it skipped
+            if st := r.get("sweep_stop"):
+                skipped = ", ".join(f"c={s['concurrency'] or 'uncapped'}" for s in st["skipped"])
+                console().print(escape(f"sweep stopped climbing at {r['input_len_requested']}/"
+                                       f"{r['output_len_requested']} tokens in/out, concurrency "
+                                       f"{r['max_concurrency']}: {st['reason']}; skipped {skipped}"), soft_wrap=True)
     if plot:
         from m3ctl.bench import report  # noqa: PLC0415
         from m3ctl.files import WriteFailed  # noqa: PLC0415
