@@ -567,9 +567,11 @@ def tune(model: str | None = None, *, study_dir: str | Path | None = None, resum
         on_event: ``(trial, config description, message)`` for each trial phase.
 
     Returns:
-        :class:`~m3ctl.results.TuneReport` (``result.json``): ``best`` (None when no configuration met the SLO:
-        ``report.ok`` False), ``baseline``, ``vs_baseline``, ``trials``, ``pareto``; ``profile.yaml`` is written
-        to the study dir for the best. With ``dry_run``: the dry-run dict.
+        :class:`~m3ctl.results.TuneReport` (``result.json``): ``chosen`` (``tuned``, ``defaults`` when vLLM's
+        defaults won or tied, ``none`` when nothing met the SLO: ``report.ok`` False, ``closest`` names the
+        nearest miss) and ``reason``, ``best`` (the best search configuration), ``baseline``, ``vs_baseline``,
+        ``capacity_rule``, ``trials``, ``pareto``; ``profile.yaml`` is written to the study dir for the chosen
+        configuration (none for ``none``). With ``dry_run``: the dry-run dict.
 
     Raises:
         BadInput: bad options (SLO, objective, ladder, workload, budgets, lengths), ``system`` without
