@@ -400,8 +400,8 @@ def stop(*names: str, all: bool = False, timeout_s: float = 20.0) -> list[StopRe
 
 # ----------------------------------------------------------------------------- bench
 def _bench_config(url: str | None, deployment: str | None, model: str | None, concurrency: int | Sequence[int] | None,
-                  api_key: str | None, num_gpus: int | None, warmup: bool | None, options: dict[str, Any]
-                  ) -> tuple[BenchConfig, list[int], Any]:
+                  api_key: str | None, num_gpus: int | None, warmup: bool | None, options: dict[str, Any],
+                  slo: str = "") -> tuple[BenchConfig, list[int], Any]:
     """(config, concurrency levels, sync_log) of a bench call; the levels are [] or [c] for a single run."""
     from pydantic import ValidationError  # noqa: PLC0415
 
@@ -417,6 +417,13 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
     levels = [concurrency] if isinstance(concurrency, int) else list(concurrency or [])
     if any(not isinstance(c, int) or c < 1 for c in levels):
         raise BadInput(f"bad concurrency {concurrency!r}: values must be integers >= 1", "e.g. concurrency=[1, 2, 4]")
+    if slo and slo.strip():
+        from m3ctl.tune.slo import parse_slo  # noqa: PLC0415
+
+        parse_slo(slo)
+        if len(levels) < 2:
+            raise BadInput("slo decides the capacity of a sweep: give concurrency several levels",
+                           'e.g. concurrency=[8, 16, 32], slo="p90_tpot_ms<=30"')
     # The options are checked before anything is sent: the model id is asked of the server afterwards.
     t = resolve_target(url, deployment=deployment, model=model, num_gpus=num_gpus, api_key=api_key, lookup_model=False)
     try:
@@ -441,12 +448,12 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
     return cfg, levels, t.sync_log
 
 
-def _bench_result(runs: list[dict], levels: list[int]) -> BenchResult | BenchSweep:
+def _bench_result(runs: list[dict], levels: list[int], slo: str = "") -> BenchResult | BenchSweep:
     from m3ctl.bench.report import sweep_doc  # noqa: PLC0415
     from m3ctl.results import BenchResult, BenchSweep  # noqa: PLC0415
 
     if len(levels) > 1:
-        return BenchSweep.model_validate({**sweep_doc(runs, "concurrency", levels),
+        return BenchSweep.model_validate({**sweep_doc(runs, "concurrency", levels, slo=slo),
                                           "runs": [BenchResult.from_dict(r) for r in runs]})
     return BenchResult.from_dict(runs[0])
 
@@ -464,7 +471,8 @@ def bench(url: str | None = None, *, concurrency: Sequence[int], deployment: str
 @_checked
 def bench(url: str | None = None, *, concurrency: StrictInt | Sequence[StrictInt] | None = None,
           deployment: str | None = None, model: str | None = None, api_key: str | None = None,
-          num_gpus: int | None = None, warmup: bool | None = None, **options: Any) -> BenchResult | BenchSweep:
+          num_gpus: int | None = None, warmup: bool | None = None, slo: str = "",
+          **options: Any) -> BenchResult | BenchSweep:
     """Load-test an OpenAI-compatible endpoint (``m3ctl bench``); vLLM-compatible metrics plus m3ctl's.
 
     Args:
@@ -479,6 +487,8 @@ def bench(url: str | None = None, *, concurrency: StrictInt | Sequence[StrictInt
         api_key: bearer key (default ``OPENAI_API_KEY``, the deployment's, ``VLLM_API_KEY``); never stored.
         num_gpus: GPUs behind the endpoint, for tok/s per GPU (default: the deployment's).
         warmup: warm up at each level before measuring (default: on for a sweep).
+        slo: with a sweep, an SLO (``"p90_tpot_ms<=30"``, m3ctl.tune.slo) whose capacity the result's
+            ``sweep["capacity"]`` gives by the tune's capacity rule (m3ctl.tune.capacity.sweep_capacity).
         options: :class:`~m3ctl.bench.runner.BenchConfig` fields with their units: ``num_prompts``,
             ``request_rate`` (req/s, default inf), ``burstiness``, ``duration_s``, ``input_len``/``output_len``
             (tokens), ``endpoint`` (``completions``/``chat``), ``workload`` (``random``, ``dataset``,
@@ -502,15 +512,17 @@ def bench(url: str | None = None, *, concurrency: StrictInt | Sequence[StrictInt
     """
     from m3ctl.bench.runner import run_bench, run_sweep  # noqa: PLC0415
 
-    cfg, levels, sync_log = _bench_config(url, deployment, model, concurrency, api_key, num_gpus, warmup, options)
+    cfg, levels, sync_log = _bench_config(url, deployment, model, concurrency, api_key, num_gpus, warmup, options,
+                                          slo)
     runs = run_sweep(cfg, levels, sync_log=sync_log) if len(levels) > 1 else [run_bench(cfg, sync_log=sync_log)]
-    return _bench_result(runs, levels)
+    return _bench_result(runs, levels, slo)
 
 
 @_checked
 async def abench(url: str | None = None, *, concurrency: StrictInt | Sequence[StrictInt] | None = None,
                  deployment: str | None = None, model: str | None = None, api_key: str | None = None,
-                 num_gpus: int | None = None, warmup: bool | None = None, **options: Any) -> BenchResult | BenchSweep:
+                 num_gpus: int | None = None, warmup: bool | None = None, slo: str = "",
+                 **options: Any) -> BenchResult | BenchSweep:
     """:func:`bench` as a coroutine: ``await m3ctl.abench(...)`` inside a running event loop (Jupyter, an async
     service). Same arguments, result and errors; the blocking steps (endpoint check, tokenizer, prompts,
     ``/metrics``) run in worker threads and the load generator on the caller's loop
@@ -519,10 +531,10 @@ async def abench(url: str | None = None, *, concurrency: StrictInt | Sequence[St
     from m3ctl.bench.runner import arun_bench, arun_sweep  # noqa: PLC0415
 
     cfg, levels, sync_log = await asyncio.to_thread(_bench_config, url, deployment, model, concurrency, api_key,
-                                                    num_gpus, warmup, options)
+                                                    num_gpus, warmup, options, slo)
     runs = (await arun_sweep(cfg, levels, sync_log=sync_log) if len(levels) > 1
             else [await arun_bench(cfg, sync_log=sync_log)])
-    return _bench_result(runs, levels)
+    return _bench_result(runs, levels, slo)
 
 
 # ----------------------------------------------------------------------------- tune

@@ -49,10 +49,33 @@ def load_runs(paths: list[Path]) -> list[dict]:
     return runs
 
 
-def sweep_doc(runs: list[dict], axis: str, values: list) -> dict:
+def sweep_doc(runs: list[dict], axis: str, values: list, slo: str = "") -> dict:
+    """The sweep JSON: ``{"m3ctl_schema_version", "sweep": {"axis", "values"}, "runs"}``. With ``slo`` (an SLO
+    m3ctl.tune.slo.parse_slo reads, e.g. ``"p90_tpot_ms<=30"``) and a concurrency sweep, ``sweep.capacity`` is
+    m3ctl.tune.capacity.sweep_capacity: the highest level that holds by the tune's capacity rule, each level's
+    verdict and what is undecided."""
     from m3ctl.bench.runner import SCHEMA_VERSION  # noqa: PLC0415
 
-    return {"m3ctl_schema_version": SCHEMA_VERSION, "sweep": {"axis": axis, "values": values}, "runs": runs}
+    sweep: dict = {"axis": axis, "values": values}
+    if slo and slo.strip() and axis == "concurrency":
+        from m3ctl.tune.capacity import sweep_capacity  # noqa: PLC0415
+        from m3ctl.tune.slo import parse_slo  # noqa: PLC0415
+
+        sweep["capacity"] = sweep_capacity(runs, parse_slo(slo))
+    return {"m3ctl_schema_version": SCHEMA_VERSION, "sweep": sweep, "runs": runs}
+
+
+def capacity_lines(cap: dict) -> list[str]:
+    """Human lines of a sweep's ``capacity`` (:func:`sweep_doc`): the capacity, then each level's verdict."""
+    head = (f"capacity under SLO {cap['slo']}: " + (f"c={cap['capacity']}" if cap["capacity"] is not None
+                                                     else "no level holds"))
+    out = [head + f" (rule: {cap['rule']['text']})"]
+    for lv in cap["levels"]:
+        out.append(f"  c={lv['concurrency']}: {lv['state']}: {lv['confidence']}")
+    if cap["undecided"]:
+        out.append(f"  undecided levels need {cap['rule']['min_repeats']} runs each: repeat them, e.g. --concurrency "
+                   + ",".join(str(c) for c in cap["undecided"] for _ in range(cap["rule"]["min_repeats"])))
+    return out
 
 
 def flat(r: dict) -> dict:
