@@ -10,7 +10,7 @@ prompts at every run, a warm-up per load level) and prints:
 - the tune's own measurements (trials, the concurrencies its bisection visited);
 - the ratios issue #15 asks for: the tune's reported capacity and objective for its choice over the grid's,
   and its choice's objective over the grid's best;
-- the repeat rule near the SLO boundary (m3ctl/tune/search.py ``measure_level``) replayed on these runs: each
+- the capacity rule (m3ctl/tune/capacity.py, through m3ctl/tune/search.py ``measure_level``) replayed on these runs: each
   tuned configuration's bisection from where the tune started it, the n-th run at a level answered by the n-th
   recorded run there (the tune's own run first, then the grid's in recording order; the repeats of the rule
   would run on the tune's server, so the grid runs stand in for them, from other fresh servers). A level that
@@ -139,7 +139,7 @@ class _RecordedRuns:
 
 
 def replay_with_repeats(slo_text: str, root: Path = EVIDENCE) -> dict:
-    """The boundary repeat rule (TuneSpec defaults) replayed per tuned configuration that the grid also measured:
+    """The capacity rule (TuneSpec defaults) replayed per tuned configuration that the grid also measured:
     {config name: {"start", "levels" {c: {"p90_tpot_ms": [runs], "median", "slo_ok", "objective"}},
     "capacity", "objective", "spread" (m3ctl.tune.search.level_spread), "needs_more_runs" (why, or None)}}."""
     from m3ctl.tune.search import TuneSpec, bisect_concurrency, level_spread  # noqa: PLC0415
@@ -188,30 +188,39 @@ GRID2_CONFIGS = {**GRID_CONFIGS,
                  "kvfp8": dict(spec_depth=0, max_num_seqs=1024, max_num_batched_tokens=8192, kv_cache_dtype="fp8")}
 
 
-def grid2_from_runs(slo_text: str, root: Path = EVIDENCE2) -> dict[str, dict]:
-    """The clean grid recomputed from its raw bench JSONs (not from grid.json): per configuration and level the
-    p90 TPOT and tok/s per GPU of every run, the median verdict (the tune's rule), the capacity (levels upwards
-    until the first miss) and the median objective there."""
-    slo = parse_slo(slo_text)
-    runs: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+def grid2_runs(root: Path = EVIDENCE2) -> dict[str, dict[int, list[dict]]]:
+    """{config name: {concurrency: [bench results in the order they ran]}} from the grid's raw bench JSONs."""
+    runs: dict[str, dict[int, list[tuple[int, dict]]]] = defaultdict(lambda: defaultdict(list))
     for f in sorted((root / "grid").glob("grid-*-c*-r*.json")):
         name, c, k = f.stem[len("grid-"):].rsplit("-", 2)
-        r = _one(f)
-        runs[name][int(c[1:])].append({"run": int(k[1:]), "p90_tpot_ms": r["p90_tpot_ms"],
-                                       "tput_per_gpu": objective_value(r, "tput_per_gpu", 1, None),
-                                       "prefix_cache_hit_rate": r["server_metrics"]["prefix_cache_hit_rate"]})
+        runs[name][int(c[1:])].append((int(k[1:]), _one(f)))
+    return {n: {c: [r for _, r in sorted(rs, key=lambda kr: kr[0])] for c, rs in lv.items()} for n, lv in runs.items()}
+
+
+def grid2_from_runs(slo_text: str, root: Path = EVIDENCE2) -> dict[str, dict]:
+    """The clean grid recomputed from its raw bench JSONs (not from grid.json): per configuration and level the
+    p90 TPOT and tok/s per GPU of every run, the median, the capacity rule's verdict (m3ctl.tune.capacity.decide
+    with its defaults, the tune's: ``state``, ``confidence``; ``slo_ok``: it holds) and the plain median's
+    (``median_slo_ok``: the rule grid.json was written with on the GPU), the capacity (levels upwards until the
+    first that does not hold) and the median objective there."""
+    from m3ctl.tune.capacity import decide  # noqa: PLC0415
+
+    slo = parse_slo(slo_text)
     out = {}
-    for name, levels in runs.items():
+    for name, levels in grid2_runs(root).items():
         cap, obj, rows = None, None, {}
         for c in sorted(levels):
-            rs = sorted(levels[c], key=lambda r: r["run"])
+            rs = levels[c]
             med = statistics.median(r["p90_tpot_ms"] for r in rs)
-            ok = slo.ok({"p90_tpot_ms": med})
+            v = decide(rs, slo)
             rows[c] = {"p90_tpot_ms": [round(r["p90_tpot_ms"], 1) for r in rs], "median_p90_tpot_ms": round(med, 2),
-                       "tput_per_gpu": [round(r["tput_per_gpu"]) for r in rs], "slo_ok": ok}
-            if not ok:
+                       "tput_per_gpu": [round(objective_value(r, "tput_per_gpu", 1, None)) for r in rs],
+                       "prefix_cache_hit_rate": [r["server_metrics"]["prefix_cache_hit_rate"] for r in rs],
+                       "slo_ok": v.holds, "state": v.state, "confidence": v.confidence,
+                       "median_slo_ok": slo.ok({"p90_tpot_ms": med})}
+            if not v.holds:
                 break
-            cap, obj = c, statistics.median(r["tput_per_gpu"] for r in rs)
+            cap, obj = c, statistics.median(objective_value(r, "tput_per_gpu", 1, None) for r in rs)
         out[name] = {"levels": rows, "capacity": cap, "objective": obj}
     return out
 
@@ -249,7 +258,7 @@ def print_study2(slo_text: str) -> None:
     rep = study2_report(slo_text)
     print(f"\nstudy 2 (tests/fixtures/h200x1-real/scale2): SLO {rep['slo']}; tune {rep['launches']} starts "
           f"({rep['stopped_by']}), {rep['elapsed_s']:.0f} s wall")
-    print("clean grid, from the raw runs: c: p90 TPOT ms of each run -> verdict of the median")
+    print("clean grid, from the raw runs: c: p90 TPOT ms of each run -> the capacity rule's verdict")
     for n, g in rep["grid"].items():
         lv = "  ".join(f"c{c}: {'/'.join(map(str, x['p90_tpot_ms']))} {'ok' if x['slo_ok'] else 'miss'}"
                        for c, x in g["levels"].items())
@@ -293,8 +302,9 @@ def main() -> None:
           f"launches {rep['launches']}, interrupted {list((rep['interrupted_launches'] or {}))}")
     for k, v in rep["ratios"].items():
         print(f"  {k}: {v:.3f}" if v is not None else f"  {k}: n/a")
-    print("\nrepeat rule near the SLO (runs within 10 % of the bound repeated, up to 2 more; median decides), "
-          "replayed on the recorded runs: c: p90 TPOT ms of each run -> median")
+    print("\nthe capacity rule (m3ctl/tune/capacity.py: runs within 10 % of the bound repeated, up to 2 more; the "
+          "median of 3 meets and no run misses by more than 10 %), replayed on the recorded runs: c: p90 TPOT ms "
+          "of each run -> median")
     for name, row in replay_with_repeats(a.slo).items():
         lv = "  ".join(f"c{c}: {'/'.join(map(str, x['p90_tpot_ms']))} -> {x['median']} "
                        + ("partial" if x["partial"] else "ok" if x["slo_ok"] else "miss") for c, x in row["levels"].items())

@@ -400,11 +400,11 @@ def stop(*names: str, all: bool = False, timeout_s: float = 20.0) -> list[StopRe
 
 # ----------------------------------------------------------------------------- bench
 def _bench_config(url: str | None, deployment: str | None, model: str | None, concurrency: int | Sequence[int] | None,
-                  api_key: str | None, num_gpus: int | None, warmup: bool | None, options: dict[str, Any]
-                  ) -> tuple[BenchConfig, list[int], Any, dict[str, list[int] | None]]:
+                  api_key: str | None, num_gpus: int | None, warmup: bool | None, options: dict[str, Any],
+                  slo: str = "") -> tuple[BenchConfig, list[int], Any, dict[str, list[int] | None]]:
     """(config, concurrency levels, sync_log, length lists) of a bench call; the levels are [] or [c] for a single
     run; the length lists ``{"input_lens", "output_lens"}`` are None unless ``input_len`` / ``output_len`` were
-    given as sequences (a length sweep)."""
+    given as sequences (a length sweep). ``slo``: the capacity rule's SLO of a concurrency sweep (checked here)."""
     from pydantic import ValidationError  # noqa: PLC0415
 
     from m3ctl.bench.runner import BenchConfig, validate  # noqa: PLC0415
@@ -429,6 +429,13 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
                 raise BadInput(f"bad {key} {vals!r}: give at least one length", f"e.g. {key}=[512, 4096]")
             check_lengths(key, vals)
             lens[f"{key}s"], options[key] = vals, vals[0]
+    if slo and slo.strip():
+        from m3ctl.tune.slo import parse_slo  # noqa: PLC0415
+
+        parse_slo(slo)
+        if len(levels) < 2:
+            raise BadInput("slo decides the capacity of a sweep: give concurrency several levels",
+                           'e.g. concurrency=[8, 16, 32], slo="p90_tpot_ms<=30"')
     # The options are checked before anything is sent: the model id is asked of the server afterwards.
     t = resolve_target(url, deployment=deployment, model=model, num_gpus=num_gpus, api_key=api_key, lookup_model=False)
     try:
@@ -462,13 +469,13 @@ def _bench_plan(cfg: BenchConfig, levels: list[int], lens: dict[str, list[int] |
     return plan(lens["input_lens"] or [cfg.input_len], lens["output_lens"] or [cfg.output_len], levels or [None])
 
 
-def _bench_result(runs: list[dict], plan: list) -> BenchResult | BenchSweep:
+def _bench_result(runs: list[dict], plan: list, slo: str = "") -> BenchResult | BenchSweep:
     from m3ctl.bench.report import sweep_doc  # noqa: PLC0415
     from m3ctl.bench.sweep import axes  # noqa: PLC0415
     from m3ctl.results import BenchResult, BenchSweep  # noqa: PLC0415
 
     if len(plan) > 1:
-        return BenchSweep.model_validate({**sweep_doc(runs, *axes(plan)),
+        return BenchSweep.model_validate({**sweep_doc(runs, *axes(plan), slo=slo),
                                           "runs": [BenchResult.from_dict(r) for r in runs]})
     return BenchResult.from_dict(runs[0])
 
@@ -486,7 +493,8 @@ def bench(url: str | None = None, *, concurrency: Sequence[int], deployment: str
 @_checked
 def bench(url: str | None = None, *, concurrency: StrictInt | Sequence[StrictInt] | None = None,
           deployment: str | None = None, model: str | None = None, api_key: str | None = None,
-          num_gpus: int | None = None, warmup: bool | None = None, **options: Any) -> BenchResult | BenchSweep:
+          num_gpus: int | None = None, warmup: bool | None = None, slo: str = "",
+          **options: Any) -> BenchResult | BenchSweep:
     """Load-test an OpenAI-compatible endpoint (``m3ctl bench``); vLLM-compatible metrics plus m3ctl's.
 
     Args:
@@ -501,6 +509,8 @@ def bench(url: str | None = None, *, concurrency: StrictInt | Sequence[StrictInt
         api_key: bearer key (default ``OPENAI_API_KEY``, the deployment's, ``VLLM_API_KEY``); never stored.
         num_gpus: GPUs behind the endpoint, for tok/s per GPU (default: the deployment's).
         warmup: warm up at each level before measuring (default: on for a sweep).
+        slo: with a sweep, an SLO (``"p90_tpot_ms<=30"``, m3ctl.tune.slo) whose capacity the result's
+            ``sweep["capacity"]`` gives by the tune's capacity rule (m3ctl.tune.capacity.sweep_capacity).
         options: :class:`~m3ctl.bench.runner.BenchConfig` fields with their units: ``num_prompts``,
             ``request_rate`` (req/s, default inf), ``burstiness``, ``duration_s``, ``input_len``/``output_len``
             (tokens; a list sweeps it, input x output x concurrency: m3ctl.bench.sweep), ``trace_path`` (a JSONL
@@ -527,17 +537,18 @@ def bench(url: str | None = None, *, concurrency: StrictInt | Sequence[StrictInt
     from m3ctl.bench.runner import run_bench, run_sweep  # noqa: PLC0415
 
     cfg, levels, sync_log, lens = _bench_config(url, deployment, model, concurrency, api_key, num_gpus, warmup,
-                                                options)
+                                                options, slo)
     plan = _bench_plan(cfg, levels, lens)
     runs = (run_sweep(cfg, levels, sync_log=sync_log, **lens) if len(plan) > 1
             else [run_bench(cfg, sync_log=sync_log)])
-    return _bench_result(runs, plan)
+    return _bench_result(runs, plan, slo)
 
 
 @_checked
 async def abench(url: str | None = None, *, concurrency: StrictInt | Sequence[StrictInt] | None = None,
                  deployment: str | None = None, model: str | None = None, api_key: str | None = None,
-                 num_gpus: int | None = None, warmup: bool | None = None, **options: Any) -> BenchResult | BenchSweep:
+                 num_gpus: int | None = None, warmup: bool | None = None, slo: str = "",
+                 **options: Any) -> BenchResult | BenchSweep:
     """:func:`bench` as a coroutine: ``await m3ctl.abench(...)`` inside a running event loop (Jupyter, an async
     service). Same arguments, result and errors; the blocking steps (endpoint check, tokenizer, prompts,
     ``/metrics``) run in worker threads and the load generator on the caller's loop
@@ -546,11 +557,11 @@ async def abench(url: str | None = None, *, concurrency: StrictInt | Sequence[St
     from m3ctl.bench.runner import arun_bench, arun_sweep  # noqa: PLC0415
 
     cfg, levels, sync_log, lens = await asyncio.to_thread(_bench_config, url, deployment, model, concurrency,
-                                                          api_key, num_gpus, warmup, options)
+                                                          api_key, num_gpus, warmup, options, slo)
     plan = _bench_plan(cfg, levels, lens)
     runs = (await arun_sweep(cfg, levels, sync_log=sync_log, **lens) if len(plan) > 1
             else [await arun_bench(cfg, sync_log=sync_log)])
-    return _bench_result(runs, plan)
+    return _bench_result(runs, plan, slo)
 
 
 # ----------------------------------------------------------------------------- tune
@@ -596,9 +607,11 @@ def tune(model: str | None = None, *, study_dir: str | Path | None = None, resum
         on_event: ``(trial, config description, message)`` for each trial phase.
 
     Returns:
-        :class:`~m3ctl.results.TuneReport` (``result.json``): ``best`` (None when no configuration met the SLO:
-        ``report.ok`` False), ``baseline``, ``vs_baseline``, ``trials``, ``pareto``; ``profile.yaml`` is written
-        to the study dir for the best. With ``dry_run``: the dry-run dict.
+        :class:`~m3ctl.results.TuneReport` (``result.json``): ``chosen`` (``tuned``, ``defaults`` when vLLM's
+        defaults won or tied, ``none`` when nothing met the SLO: ``report.ok`` False, ``closest`` names the
+        nearest miss) and ``reason``, ``best`` (the best search configuration), ``baseline``, ``vs_baseline``,
+        ``capacity_rule``, ``trials``, ``pareto``; ``profile.yaml`` is written to the study dir for the chosen
+        configuration (none for ``none``). With ``dry_run``: the dry-run dict.
 
     Raises:
         BadInput: bad options (SLO, objective, ladder, workload, budgets, lengths), ``system`` without

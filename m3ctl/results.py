@@ -230,7 +230,8 @@ class TuneBest(BaseModel):
     """The best configuration of a study (``result.json`` ``best``). ``objective`` in the study's objective unit
     (e.g. tok/s per GPU), ``concurrency`` the highest load meeting the SLO, ``command``/``argv`` the tuned
     ``vllm serve`` command, ``flags`` the vLLM flags the tuned knobs set, ``confirmed`` re-measured on a fresh
-    server; ``capacity_runs``/``capacity_spread``: see m3ctl.tune.study.write_outputs."""
+    server; ``capacity_runs``/``capacity_spread``/``capacity_confidence``/``levels`` (each measured level with
+    the capacity rule's verdict): see m3ctl.tune.study.write_outputs."""
 
     model_config = ConfigDict(extra="allow")
     config: dict[str, Any]
@@ -243,13 +244,19 @@ class TuneBest(BaseModel):
     confirmed: bool | None = None
     capacity_runs: int | None = None
     capacity_spread: dict[str, Any] | None = None
+    capacity_confidence: str | None = None
+    levels: list[dict[str, Any]] = Field(default_factory=list)
 
 
 class TuneReport(BaseModel):
     """A tune study's ``result.json`` (m3ctl.tune.study.write_outputs documents every key). Units: ``cost_s``
     (server time) and ``elapsed_s`` (wall) in seconds across all resumes; objectives in the study's objective
-    unit. ``best`` is None when no configuration met the SLO (then ``ok`` is False); ``baseline`` is vLLM's
-    defaults measured the same way, or ``{"skipped": why}``; ``vs_baseline`` = best / baseline objective."""
+    unit. ``best`` is the best search configuration (None when none met the SLO); ``baseline`` is vLLM's
+    defaults measured the same way, or ``{"skipped": why}``; ``vs_baseline`` = best / baseline objective.
+    ``chosen`` (``tuned`` | ``defaults`` | ``none``) and ``reason``: what ``profile`` holds (m3ctl.tune.choice;
+    the defaults when they won or tied, nothing when no configuration met the SLO: then ``closest`` names the
+    nearest miss and ``ok`` is False); ``capacity_rule``: how each level was decided (m3ctl.tune.capacity).
+    A result.json written before ``chosen`` existed reads with ``chosen`` None."""
 
     model_config = ConfigDict(extra="allow")
     schema_version: Literal[1] = TUNE_SCHEMA_VERSION
@@ -267,10 +274,16 @@ class TuneReport(BaseModel):
     vs_baseline: float | None = None
     pareto: list[dict[str, Any]] = Field(default_factory=list)
     pareto_png: str | None = None
+    chosen: Literal["tuned", "defaults", "none"] | None = None
+    reason: str | None = None
+    closest: dict[str, Any] | None = None
+    capacity_rule: dict[str, Any] | None = None
 
     @property
     def ok(self) -> bool:
-        """A configuration met the SLO (the CLI exits 1 otherwise)."""
+        """A configuration met the SLO, the tuned one or vLLM's defaults (the CLI exits 1 otherwise)."""
+        if self.chosen is not None:
+            return self.chosen != "none"
         return self.best is not None
 
     def to_dict(self) -> dict[str, Any]:

@@ -426,6 +426,8 @@ def _api_cases(tiny: str, result: str, bin_file: str) -> list[tuple[str, object]
         ("bench(num_warmups=10**8)", lambda: api.bench(url, model="x", num_warmups=10 ** 8)),
         ("bench(tokenizer=non-UTF-8 file)", lambda: api.bench(url, model="x", tokenizer=bin_file)),
         ("bench(nosuch=1)", lambda: api.bench(url, model="x", nosuch=1)),
+        ("bench(slo='x<=1')", lambda: api.bench(url, model="x", concurrency=[1, 2], slo="x<=1")),
+        ("bench(slo=, one level)", lambda: api.bench(url, model="x", concurrency=4, slo="p90_tpot_ms<=30")),
         ("tune(ladder='1,2')", lambda: api.tune(ladder="1,2", **tune)),
         ("tune(ladder=[1.5])", lambda: api.tune(ladder=[1.5], **tune)),
         ("tune(ladder=[-1])", lambda: api.tune(ladder=[-1], **tune)),

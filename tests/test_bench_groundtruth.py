@@ -363,3 +363,31 @@ def test_request_timeout_counted_per_kind(gt_server, tok, http):
     ok = run_bench(_cfg(url, num_prompts=2, concurrency=2, output_len=3, request_timeout_s=2.0, http_client=http),
                    tok=tok)
     assert ok["completed"] == 2 and ok["failed_by_kind"] == {}
+
+
+def test_sweep_with_slo_reports_its_capacity_by_the_tunes_rule(gt_server, tiny_models, tmp_path):
+    """`bench --concurrency ... --slo S`: the sweep's JSON gets ``sweep.capacity`` from the tune's capacity rule
+    (m3ctl/tune/capacity.py), and the tables end with it. The ground-truth server streams a token every 2 ms, so
+    p90 TPOT is about 2 ms at these loads: far inside 50 ms (each level decided by its runs; c=2 given three times
+    is one level of 3 runs) and far past 0.5 ms (no level holds). --slo without a sweep is refused before any
+    request."""
+    url = gt_server("--ttft-ms", "5", "--itl-ms", "2")
+    base = ["bench", "--url", url, "--model", "groundtruth", "--num-prompts", "4", "--input-len", "8",
+            "--output-len", "8", "--tokenizer", str(tiny_models["m2"])]
+    out = tmp_path / "sweep.json"
+    p = run_cli(*base, "--concurrency", "1,2,2,2", "--slo", "p90_tpot_ms<=50", "--output-json", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    cap = json.loads(out.read_text())["sweep"]["capacity"]
+    assert cap["slo"] == "p90_tpot_ms<=50" and cap["capacity"] == 2 and cap["undecided"] == []
+    assert [(lv["concurrency"], lv["state"], lv["runs"]) for lv in cap["levels"]] == [(1, "met", 1), (2, "met", 3)]
+    assert cap["levels"][0]["confidence"].startswith("decided by 1 run, headroom 9")
+    assert "capacity under SLO p90_tpot_ms<=50: c=2" in p.stdout
+    p = run_cli(*base, "--concurrency", "1,2", "--slo", "p90_tpot_ms<=0.5", "--output-json", str(out))
+    assert p.returncode == 0, p.stdout + p.stderr
+    cap = json.loads(out.read_text())["sweep"]["capacity"]
+    assert cap["capacity"] is None and [lv["state"] for lv in cap["levels"]] == ["missed", "missed"]
+    assert "capacity under SLO p90_tpot_ms<=0.5: no level holds" in p.stdout
+    httpx.post(f"{url}/gt/reset")
+    p = run_cli(*base, "--concurrency", "2", "--slo", "p90_tpot_ms<=50")
+    assert p.returncode == 2 and "--slo decides the capacity of a sweep" in p.stderr
+    assert httpx.get(f"{url}/gt/records").json() == []  # nothing was sent

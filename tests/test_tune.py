@@ -777,3 +777,127 @@ def test_tune_pareto_draws_runs_by_validity_class():
         assert 25.0 not in list(ax.lines[0].get_xdata())
     finally:
         plt.close(fig)
+
+
+# ---------------------------------------------------------------- never recommend a loser (issue 25 item 3)
+def _choice_study(tiny_models, tmp_path, tput: dict[int, float], base_tput: float | None, tpot: float = 10.0,
+                  base_tpot: float = 10.0):
+    """A replayed study of two configurations (max-num-seqs 8 and 16 on the CPU space) over the ladder 4, 8, each
+    measuring ``tput[seqs]`` tok/s at p90 TPOT ``tpot`` ms at every level, and vLLM's defaults measuring
+    ``base_tput`` at ``base_tpot`` (None: no baseline in the grid); SLO p90 TPOT <= 20 ms; baseline on, no
+    confirmation. The outputs are written through the study's own write_outputs with the real planner.
+    Returns (result.json dict, the study dir, the terminal report text)."""
+    import io
+
+    from rich.console import Console
+
+    from m3ctl.cli.tune_render import print_result
+    from m3ctl.hw.detect import detect
+    from m3ctl.state import Registry
+    from m3ctl.tune.server import ServerEvaluator
+    from m3ctl.tune.study import write_outputs
+
+    space = apply_pins(default_space(profile_for_arch("cpu"), 0, moe=True),
+                       ["spec_depth=0", "max_num_seqs=8,16", "max_num_batched_tokens=2048"])
+
+    def rec(cfg, t, p):
+        return {"config": cfg, "status": "ok", "start_s": 50.0,
+                "points": {str(c): {"duration": 10.0, "completed": 8, "total_token_throughput": t * c / 8,
+                                    "p90_tpot_ms": p, "validity": {"valid": True, "reasons": []}} for c in (4, 8)}}
+
+    grid = {"ladder": [4, 8], "space": space.to_json(), "meta": {"slo": "p90_tpot_ms<=20"},
+            "configs": [rec(c, tput[c["max_num_seqs"]], tpot) for c in space.grid()]}
+    if base_tput is not None:
+        grid["baseline"] = rec({"tp": 1, "dp": 1}, base_tput, base_tpot)
+    spec = TuneSpec(slo="p90_tpot_ms<=20", ladder=[4, 8], max_trials=2, confirm_top=0, baseline=True)
+    ev = ReplayEvaluator(grid)
+    tuner = Tuner(space, ev, spec)
+    res = tuner.run(clock=lambda: ev.clock[0])
+    inv = detect()
+    sdir = tmp_path / "study"
+    sdir.mkdir(parents=True)
+    (sdir / "profile.yaml").write_text("# a profile.yaml from an earlier write of this study\n")
+    sev = ServerEvaluator(inv, str(tiny_models["m2"]), sdir, spec, plan_base={}, bench={}, port=1,
+                          name_prefix="tune-x", registry=Registry(tmp_path / "state"), space=space)
+    settings = {"model": str(tiny_models["m2"]), "spec": {"slo": spec.slo, "objective": "tput_per_gpu",
+                                                          "confirm_top": 0}}
+    out = write_outputs(sdir, res, tuner, sev, settings, profile_for_arch(inv.arch), False)
+    buf = io.StringIO()
+    print_result(Console(file=buf, width=200, highlight=False), res, out, settings, space, False)
+    return out, sdir, buf.getvalue()
+
+
+def test_a_study_whose_best_is_071x_the_defaults_writes_the_defaults(tiny_models, tmp_path):
+    """The CPU study of issue 25: the best configuration measured 0.71x vLLM's defaults, and profile.yaml held
+    that configuration. Now profile.yaml is the defaults (no tuned flag, `# chosen: defaults` and the reason),
+    result.json says chosen defaults and why, the report says "the defaults won", and `best` still records the
+    best tuned configuration, as measured."""
+    from m3ctl.catalog import load_profile_file
+    from m3ctl.results import TuneReport
+
+    out, sdir, text = _choice_study(tiny_models, tmp_path, {8: 710.0, 16: 650.0}, 1000.0)
+    assert out["chosen"] == "defaults" and out["vs_baseline"] == pytest.approx(0.71)
+    assert out["reason"].startswith("the defaults won: the best tuned configuration measured 710.0")
+    assert "(0.71x)" in out["reason"] and out["best"]["config"]["max_num_seqs"] == 8
+    y = (sdir / "profile.yaml").read_text()
+    assert "# chosen: defaults\n" in y and "# reason: the defaults won" in y
+    prof = load_profile_file(sdir / "profile.yaml")
+    base = profile_for_arch("cpu")
+    assert prof.name == "cpu-defaults" and prof.serve_args == base.serve_args  # no tuned flag added
+    assert "max-num-seqs" not in prof.serve_args and "the defaults won" in prof.description
+    assert (prof.parallel.tp, prof.parallel.dp) == (1, 1)
+    assert "the defaults won" in text and "profile.yaml holds vLLM's defaults" in text
+    assert out["baseline"]["command"] in text  # the command shown is the defaults', not the loser's
+    rep = TuneReport.read(sdir)
+    assert rep.ok and rep.chosen == "defaults" and rep.profile == str(sdir / "profile.yaml")
+
+
+def test_a_tie_within_the_noise_keeps_the_defaults_and_a_clear_win_is_written(tiny_models, tmp_path):
+    from m3ctl.catalog import load_profile_file
+    from m3ctl.tune.choice import TIE_MARGIN
+
+    out, sdir, _ = _choice_study(tiny_models, tmp_path / "tie", {8: 1020.0, 16: 900.0}, 1000.0)
+    assert TIE_MARGIN == 0.03 and out["chosen"] == "defaults" and "(a tie)" in out["reason"]
+    assert "within the 3% noise margin" in out["reason"]
+    assert "max-num-seqs" not in load_profile_file(sdir / "profile.yaml").serve_args
+    out, sdir, text = _choice_study(tiny_models, tmp_path / "win", {8: 1500.0, 16: 900.0}, 1000.0)
+    assert out["chosen"] == "tuned" and out["reason"].startswith("the tuned configuration beats vLLM's defaults")
+    prof = load_profile_file(sdir / "profile.yaml")
+    assert prof.name == "cpu-tuned" and prof.serve_args["max-num-seqs"] == 8
+    assert "# chosen: tuned\n" in (sdir / "profile.yaml").read_text()
+    assert "chosen: the tuned configuration" in text and out["best"]["command"] in text
+    # the defaults out of the SLO: the tuned configuration is chosen and the reason says why
+    out, _, _ = _choice_study(tiny_models, tmp_path / "slow", {8: 700.0, 16: 650.0}, 1000.0, base_tpot=40.0)
+    assert out["chosen"] == "tuned" and "vLLM's defaults did not meet the SLO" in out["reason"]
+
+
+def test_nothing_meets_the_slo_names_the_closest_and_writes_no_profile(tiny_models, tmp_path):
+    """Every configuration and the defaults miss p90 TPOT <= 20 ms: no profile.yaml (an earlier one is removed),
+    chosen none, and the closest level named with its miss per term; the report says so (the CLI exits 1)."""
+    from m3ctl.results import TuneReport
+
+    out, sdir, text = _choice_study(tiny_models, tmp_path, {8: 700.0, 16: 650.0}, 1000.0, tpot=22.06,
+                                    base_tpot=30.0)
+    assert out["chosen"] == "none" and "best" not in out and "profile" not in out
+    assert not (sdir / "profile.yaml").exists()
+    c = out["closest"]
+    assert c["concurrency"] == 4 and c["config"]["max_num_seqs"] in (8, 16)  # the first level missed: no higher one
+    assert c["misses"] == [{"term": "p90_tpot_ms<=20", "key": "p90_tpot_ms", "value": 22.06, "limit": 20.0,
+                            "over": pytest.approx(0.103)}]
+    assert c["text"] == f"{c['describe']} at c=4, p90_tpot_ms 22.06 > 20 (+10.3 %)"
+    assert out["reason"] == f"no configuration met the SLO at any level; closest: {c['text']}"
+    assert "no configuration met the SLO" in text and "closest: " + c["text"] in text and "no profile written" in text
+    assert not TuneReport.read(sdir).ok
+
+
+def test_result_json_states_the_rule_and_each_levels_confidence(tiny_models, tmp_path):
+    out, _, text = _choice_study(tiny_models, tmp_path, {8: 1500.0, 16: 900.0}, 1000.0, tpot=19.0)
+    assert out["capacity_rule"]["min_repeats"] == 3 and "median of 3 runs" in out["capacity_rule"]["text"]
+    lv = {x["concurrency"]: x for x in out["best"]["levels"]}
+    # 19 ms is 5 % inside the 20 ms bound: every level the bisection visited took 3 runs
+    assert lv[8]["state"] == "met" and lv[8]["runs"] == 3 and lv[8]["confidence"].startswith("3 runs, median")
+    assert out["best"]["capacity_confidence"] == lv[8]["confidence"]
+    assert out["baseline"]["levels"][0]["confidence"].startswith("decided by 1 run, headroom 50")
+    assert "capacity rule: a level holds" in text and f"c=8: holds: {lv[8]['confidence']}" in text
+    pts = [p for t in out["trials"] for p in t["points"]]
+    assert pts and all(p["verdict"]["rule"] == out["capacity_rule"]["text"] for p in pts)

@@ -55,18 +55,38 @@ def load_runs(paths: list[Path]) -> list[dict]:
     return runs
 
 
-def sweep_doc(runs: list[dict], axis: str, values: list | dict) -> dict:
+def sweep_doc(runs: list[dict], axis: str, values: list | dict, slo: str = "") -> dict:
     """A sweep file: ``sweep`` {axis, values (m3ctl.bench.sweep.axes), levels: each run's {input_len, output_len,
     concurrency}, skipped: the levels an overload skipped, each with its ``reason`` and the level ``after``
-    which it was skipped}, and the runs."""
+    which it was skipped}, and the runs. With ``slo`` (an SLO m3ctl.tune.slo.parse_slo reads, e.g.
+    ``"p90_tpot_ms<=30"``) and a concurrency sweep, ``sweep.capacity`` is m3ctl.tune.capacity.sweep_capacity: the
+    highest level that holds by the tune's capacity rule, each level's verdict and what is undecided."""
     from m3ctl.bench.runner import SCHEMA_VERSION  # noqa: PLC0415
 
     levels = [{"input_len": r.get("input_len_requested"), "output_len": r.get("output_len_requested"),
                "concurrency": r.get("max_concurrency")} for r in runs]
     skipped = [{**s, "reason": r["sweep_stop"]["reason"], "after": lv}
                for r, lv in zip(runs, levels, strict=True) if r.get("sweep_stop") for s in r["sweep_stop"]["skipped"]]
-    return {"m3ctl_schema_version": SCHEMA_VERSION,
-            "sweep": {"axis": axis, "values": values, "levels": levels, "skipped": skipped}, "runs": runs}
+    sweep: dict = {"axis": axis, "values": values, "levels": levels, "skipped": skipped}
+    if slo and slo.strip() and axis == "concurrency":
+        from m3ctl.tune.capacity import sweep_capacity  # noqa: PLC0415
+        from m3ctl.tune.slo import parse_slo  # noqa: PLC0415
+
+        sweep["capacity"] = sweep_capacity(runs, parse_slo(slo))
+    return {"m3ctl_schema_version": SCHEMA_VERSION, "sweep": sweep, "runs": runs}
+
+
+def capacity_lines(cap: dict) -> list[str]:
+    """Human lines of a sweep's ``capacity`` (:func:`sweep_doc`): the capacity, then each level's verdict."""
+    head = (f"capacity under SLO {cap['slo']}: " + (f"c={cap['capacity']}" if cap["capacity"] is not None
+                                                     else "no level holds"))
+    out = [head + f" (rule: {cap['rule']['text']})"]
+    for lv in cap["levels"]:
+        out.append(f"  c={lv['concurrency']}: {lv['state']}: {lv['confidence']}")
+    if cap["undecided"]:
+        out.append(f"  undecided levels need {cap['rule']['min_repeats']} runs each: repeat them, e.g. --concurrency "
+                   + ",".join(str(c) for c in cap["undecided"] for _ in range(cap["rule"]["min_repeats"])))
+    return out
 
 
 def flat(r: dict) -> dict:

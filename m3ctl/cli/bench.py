@@ -17,6 +17,7 @@ from m3ctl.cli import options as o
 from m3ctl.cli.inputs import check_outputs
 from m3ctl.cli.output import Output, console, escape
 from m3ctl.cli.bench_report import print_bench, print_compare
+from m3ctl.cli.tune import slo_text
 from m3ctl.errors import BadInput
 
 app = typer.Typer(help="Load-test an OpenAI-compatible endpoint; `m3ctl bench report` compares results.", **o.PLAIN_HELP)
@@ -87,6 +88,7 @@ def bench(
     prompt_salt: Annotated[Optional[str], typer.Option(help="Resend the prompts of the run with this workload.prompt_salt (a server that cached them makes the run BENCH-INVALID).")] = None,
     percentiles: Annotated[str, typer.Option(parser=o.percentiles, help="Comma-separated percentiles (0-100).")] = "50,90,99",
     goodput: Annotated[Optional[list[str]], typer.Option(help="SLO metric:ms for goodput (ttft, tpot, e2el).")] = None,
+    slo: Annotated[str, typer.Option(parser=slo_text, help='With a --concurrency sweep: the capacity under this SLO by the tune\'s capacity rule (e.g. "p90_tpot_ms<=30"; a level whose run is near the limit needs 3 runs: give it 3 times).')] = "",
     tokenizer: Annotated[Optional[str], typer.Option(help="Local tokenizer dir (default: the server's /tokenize and /detokenize, else the deployment's model dir).")] = None,
     num_gpus: Annotated[Optional[int], typer.Option(min=1, help="GPUs behind the endpoint, for tok/s per GPU (default: from the deployment's tp x pp x dp).")] = None,
     usd_per_gpu_hour: o.UsdPerGpuHour = None,
@@ -127,6 +129,9 @@ def bench(
         raise BadInput("--trace gives each request's lengths: --input-len / --output-len lists do not apply",
                        "drop the length lists or --trace")
     plan = sweeps.plan(ins, outs, concs or [None])
+    if slo.strip() and len(concs) < 2:
+        raise BadInput("--slo decides the capacity of a sweep: give --concurrency several levels",
+                       'e.g. --concurrency 8,16,32,64 --slo "p90_tpot_ms<=30"')
     given = {RENAMED.get(k, k): v for k, v in ctx.params.items()}  # options named as BenchConfig's fields
     given = {k: v for k, v in given.items() if k in BenchConfig.model_fields and v is not None}
     given.update(url=t.url, model=t.model or "?", concurrency=concs[0] if concs else None,
@@ -170,7 +175,7 @@ def bench(
         runs = run_sweep(cfg, concs, progress=live, sync_log=t.sync_log, input_lens=ins, output_lens=outs)
         from m3ctl.bench import report  # noqa: PLC0415
 
-        doc: dict | list = report.sweep_doc(runs, *sweeps.axes(plan))
+        doc: dict | list = report.sweep_doc(runs, *sweeps.axes(plan), slo=slo)
     else:
         with live(cfg) as prog:
             runs = [run_bench(cfg, progress=prog, sync_log=t.sync_log)]
@@ -187,6 +192,11 @@ def bench(
                 console().print(escape(f"sweep stopped climbing at {r['input_len_requested']}/"
                                        f"{r['output_len_requested']} tokens in/out, concurrency "
                                        f"{r['max_concurrency']}: {st['reason']}; skipped {skipped}"), soft_wrap=True)
+        if isinstance(doc, dict) and (cap := doc.get("sweep", {}).get("capacity")):
+            from m3ctl.bench.report import capacity_lines  # noqa: PLC0415
+
+            for line in capacity_lines(cap):
+                console().print(escape(line), soft_wrap=True)
     if plot:
         from m3ctl.bench import report  # noqa: PLC0415
         from m3ctl.files import WriteFailed  # noqa: PLC0415

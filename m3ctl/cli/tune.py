@@ -54,8 +54,8 @@ def tune(
     time_budget: Annotated[Optional[float], typer.Option(parser=o.positive_float, metavar="SECONDS", help="Budget: wall seconds (no start begins when the median trial so far would overrun it).")] = None,
     seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Sampler and workload seed, 0 to 2**32-1 (optuna's sampler seeds numpy's RandomState, which takes that range: https://numpy.org/doc/stable/reference/random/legacy.html).")] = 0,
     confirm_top: Annotated[Optional[int], typer.Option(min=0, help="Successive halving: re-measure the best N on a fresh server (default 2; with --resume it replaces the saved value, e.g. 0 while a study is spread over several sessions, then 1 for the last).")] = None,
-    boundary_margin: Annotated[float, typer.Option(min=0.0, max=1.0, help="Repeat a run whose binding SLO term is within this fraction of its limit (met or missed); the level is the median of its runs.")] = 0.10,
-    boundary_repeats: Annotated[int, typer.Option(min=0, help="At most this many more runs of a level near the SLO boundary, on the same server with fresh prompts (0: one run per level).")] = 2,
+    boundary_margin: Annotated[float, typer.Option(min=0.0, max=1.0, help="Capacity rule margin: a run within this fraction of an SLO limit (met or missed) is repeated; a level holds when the median of its runs meets the SLO and no run misses by more than this (docs/tune.md).")] = 0.10,
+    boundary_repeats: Annotated[int, typer.Option(min=0, help="A level near the SLO limit takes this many more runs, on the same server with fresh prompts, unless decided sooner (0: one run per level).")] = 2,
     fast_starts: Annotated[bool, typer.Option("--fast-starts/--no-fast-starts", help="Trial servers share one compile cache per study and model and capture CUDA graphs only up to the ladder's largest batch (measurement-only: not in the tuned command). --no-fast-starts starts every trial as `m3ctl serve` would.")] = True,
     max_spec_depth: Annotated[int, typer.Option(min=0, max=32, help="Largest speculation depth searched (at most 32: every depth from 0 is a candidate).")] = 4,
     pareto: Annotated[bool, typer.Option("--pareto", help="Also print the Pareto table and write pareto.png.")] = False,
@@ -162,5 +162,5 @@ def run(out: Output, sdir: Path, settings: dict, inv, base, pareto: bool) -> Non
         for other in lost.others:
             console(stderr=True).print(f"warning: {other.message}", soft_wrap=True)
         raise lost
-    if res.best is None:  # no configuration met the SLO: exit 1 in both forms
+    if result.get("chosen") == "none":  # no configuration (nor vLLM's defaults) met the SLO: exit 1 in both forms
         raise typer.Exit(1)

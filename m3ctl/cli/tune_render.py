@@ -52,41 +52,62 @@ def capacity_line(b: dict) -> str:
             f"(SLO {sp['term']})")
 
 
+def level_lines(b: dict) -> list[str]:
+    """One line per measured level of a result.json ``best``/``baseline``: the capacity rule's verdict and its
+    confidence (``levels``)."""
+    out = []
+    for lv in b.get("levels") or []:
+        word = {"met": "holds", "missed": "does not hold", "undecided": "undecided (does not hold)"}[lv["state"]]
+        tag = " (confirmation)" if lv["fidelity"] > 1 else ""
+        out.append(f"c={lv['concurrency']}{tag}: {word}: {lv['confidence']}")
+    return out
+
+
 def print_result(con, res, out: dict, settings: dict, sp, pareto: bool) -> None:
-    """The study's outcome: the best configuration and its command, the baseline, the Pareto front."""
+    """The study's outcome: what it recommends and why, the best configuration and the baseline with each
+    level's verdict, the profile, the Pareto front."""
     from m3ctl.tune.space import describe  # noqa: PLC0415
 
     con.print(f"done ({res.stopped_by}): {res.launches} server starts, {res.cost_s:.0f} s of server time, "
               f"{res.elapsed_s:.0f} s wall")
-    if res.best is None:
-        bl = out.get("baseline") or {}
-        if bl.get("status") == "feasible":  # the defaults met it: that is the answer, not "relax the SLO"
-            con.print(f"[red]no tuned configuration met the SLO[/]; vLLM's defaults did: {bl['objective']:.1f} at "
-                      f"concurrency {bl['concurrency']}: keep them ({escape(bl['command'])}) or widen --knob ranges",
-                      soft_wrap=True)
-        else:
-            con.print("[red]no configuration met the SLO[/]; relax --slo or widen --knob ranges")
+    rule = out.get("capacity_rule") or {}
+    if rule.get("text") and settings["spec"].get("slo"):
+        con.print(f"capacity rule: {escape(rule['text'])}", soft_wrap=True)
+    chosen, reason = out.get("chosen"), out.get("reason") or ""
+    if chosen == "none":
+        con.print(f"[red]no configuration met the SLO[/] at any level; {escape(reason.split('; ', 1)[-1])}",
+                  soft_wrap=True)
+        con.print("no profile written; relax --slo or widen --knob ranges")
         return
-    b = out["best"]
-    con.print(f"[green]best[/] trial {b['trial']}: {describe(b['config'], sp)}: {b['objective']:.1f} "
-              f"{settings['spec']['objective']} at concurrency {b['concurrency']}"
-              + ("" if b.get("confirmed") or not settings["spec"].get("confirm_top") else
-                 " [yellow](not confirmed on a fresh server: the confirmation budget ran out)[/]"))
-    con.print("  " + capacity_line(b), soft_wrap=True)
+    b = out.get("best")
+    if b is not None:
+        con.print(f"[green]best[/] trial {b['trial']}: {describe(b['config'], sp)}: {b['objective']:.1f} "
+                  f"{settings['spec']['objective']} at concurrency {b['concurrency']}"
+                  + ("" if b.get("confirmed") or not settings["spec"].get("confirm_top") else
+                     " [yellow](not confirmed on a fresh server: the confirmation budget ran out)[/]"))
+        con.print("  " + capacity_line(b), soft_wrap=True)
+        for line in level_lines(b):
+            con.print("    " + escape(line), soft_wrap=True)
+    else:
+        con.print("[red]no tuned configuration met the SLO[/]")
     bl = out.get("baseline")
     if bl is not None:
         if "skipped" in bl:
             con.print(f"baseline (vLLM defaults): skipped: {escape(bl['skipped'])}")
         elif bl["status"] == "feasible":
-            con.print(f"baseline (vLLM defaults): {bl['objective']:.1f} at concurrency {bl['concurrency']}; "
-                      f"best / baseline = {out['vs_baseline']:.2f}x")
+            con.print(f"baseline (vLLM defaults): {bl['objective']:.1f} at concurrency {bl['concurrency']}"
+                      + (f"; best / baseline = {out['vs_baseline']:.2f}x" if out.get("vs_baseline") is not None else ""))
             con.print("  " + capacity_line(bl), soft_wrap=True)
-            if out["vs_baseline"] is not None and out["vs_baseline"] <= 1.0:
-                con.print("[yellow]the defaults measured as good or better[/]: keep them (or tune with more "
-                          "--prompts-per-concurrency / --confirm-top on a quieter host)")
+            for line in level_lines(bl):
+                con.print("    " + escape(line), soft_wrap=True)
         else:
             con.print(f"baseline (vLLM defaults): {bl['status']}: {escape(bl['reason'])}")
-    con.print(f"command: {escape(b['command'])}", soft_wrap=True)
+    if chosen == "defaults":
+        con.print(f"[yellow]{escape(reason)}[/]; profile.yaml holds vLLM's defaults (no tuned flag)", soft_wrap=True)
+        con.print(f"command: {escape(bl['command'])}", soft_wrap=True)
+    else:
+        con.print(f"chosen: the tuned configuration ({escape(reason)})", soft_wrap=True)
+        con.print(f"command: {escape(b['command'])}", soft_wrap=True)
     con.print(f"profile: {out['profile']} (m3ctl serve --profile {out['profile']} --model {settings['model']})")
     if pareto:
         con.print("Pareto (p90 interactivity tok/s/user vs objective):")

@@ -16,16 +16,17 @@ Algorithm (shared/reference/anchors-bench-tune.md section 8, reduced to what run
    The configuration's value is the best objective of its SLO-meeting runs. A crash, OOM or readiness
    timeout is an infeasible trial (constraint > 0) that teaches the sampler (TPE ``constraints_func``,
    optuna >= 3.0), never an abort.
-   Repeats at the SLO boundary (issue 15): a run whose binding SLO term (the one closest to, or furthest past,
-   its limit) is within ``boundary_margin`` of its limit, met or missed (relative headroom
-   ``|limit - value| / limit``), is repeated on the same server with fresh prompts (every bench run draws a new
-   prompt salt), at most ``boundary_repeats`` more times, stopping once a majority of the planned runs agree
-   (further runs could not change the verdict). The level's verdict and objective are the median of its runs
-   (:func:`measure_level`). Why the median: on one H200 the p90 TPOT of the same configuration at the same load
-   spread +-12 % between runs (27.7, 29.6 and 34.5 ms against a 30 ms bound, docs/results/h200-scale.md), so one
-   run near the bound decides by chance; the median of three is decided by two runs agreeing, one outlier (a
-   lucky run, a stall) cannot move it, and unlike the worst run it does not drift with the number of repeats
-   (the expected maximum of n runs grows with n). Runs far from the boundary stay single (cost).
+   A level's verdict is the capacity rule (m3ctl/tune/capacity.py, shared with scripts/gpu/scale_grid.py and
+   ``m3ctl bench --slo``): a run whose binding SLO term is at least ``boundary_margin`` from its limit decides
+   the level alone; nearer the limit the run is repeated on the same server with fresh prompts (every bench run
+   draws a new prompt salt) until the level is decided, at most ``boundary_repeats`` more runs: it holds when
+   the median of the ``1 + boundary_repeats`` runs meets every term and no run misses a term by more than
+   ``boundary_margin``, and misses as soon as one run is that far past a limit or a majority misses one term.
+   A level still undecided when the runs ran out (invalid runs) does not hold. Why: on one H200 the p90 TPOT of
+   the same configuration at the same load measured 28.4, 37.9 and 29.1 ms against a 30 ms bound
+   (docs/results/h200-scale.md): the median alone put the capacity at a load where one run in three was 26 %
+   over the bound. Each level carries its verdict and its confidence (``Point.verdict``). Runs far from the
+   boundary stay single (cost).
 3. Across configurations: the first trial is the anchor (:meth:`Space.anchor`: speculation off, largest
    batch limits); then a generalised pattern search (Torczon 1997, SIAM J. Optim. 7(1); "compass search",
    Kolda, Lewis & Torczon 2003, SIAM Review 45(3)) with a *complete poll*: every one-step neighbour (one knob,
@@ -60,7 +61,8 @@ trial as it completes (user attribute ``partial``), and each event refreshes the
 study's wall time. A trial killed (SIGKILL, Ctrl-C) after a run is *recovered* on resume from those runs
 (its bisection ends where the kill stopped it) instead of launched again; one killed before any run counts
 its launch and cost, and its configuration is measured again. The runs of a level being repeated are saved
-after each run too, so a kill between repeats keeps them (the level is then the median of the runs it had).
+after each run too, so a kill between repeats keeps them (the level is then decided by the runs it had: usually
+undecided, so it does not hold).
 ``launches``, ``cost_s`` and ``elapsed_s`` therefore count every start and second across all resumes.
 """
 
@@ -77,6 +79,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from m3ctl.errors import ConfigRejected, LaunchFailed
+from m3ctl.tune.capacity import CapacityRule, Verdict, capacity_of, decide
 from m3ctl.tune.slo import SLO, objective_value
 from m3ctl.tune.space import Space, describe, key_of
 
@@ -124,8 +127,12 @@ class Point:
     warnings: list[str] = field(default_factory=list)
     #: Every bench run of a level repeated at the SLO boundary (each a Point as a dict, in order); empty for a level
     #: measured once. For a repeated level ``metrics`` and ``objective`` are the runs' medians (valid runs),
-    #: ``slo_ok`` the SLO on the median metrics and ``duration_s`` the sum of the runs' durations.
+    #: ``slo_ok`` the capacity rule's verdict and ``duration_s`` the sum of the runs' durations.
     runs: list[dict[str, Any]] = field(default_factory=list)
+    #: The capacity rule's verdict on the level (m3ctl.tune.capacity.Verdict as a dict: state, runs, median, worst,
+    #: spread, needs, rule, confidence); None for the runs inside ``runs`` and for levels of studies made before
+    #: the rule (their ``slo_ok`` is what was decided then).
+    verdict: dict[str, Any] | None = None
 
     @property
     def n_runs(self) -> int:
@@ -177,7 +184,8 @@ class TuneSpec:
     ``patience``: stop after this many global (TPE) starts in a row without improvement once the local poll
     is complete (None: never). ``baseline``: also measure vLLM's defaults (see the module docstring).
     ``boundary_margin`` (fraction of the limit) and ``boundary_repeats`` (extra runs, 0: never repeat): the
-    repeats of a run near the SLO boundary (module docstring, step 2; :func:`measure_level`).
+    capacity rule's margin and ``min_repeats - 1`` (m3ctl.tune.capacity.CapacityRule.from_spec; module
+    docstring, step 2; :func:`measure_level`).
     """
 
     slo: str = ""
@@ -236,22 +244,15 @@ def boundary_headroom(slo: SLO, metrics: dict) -> float | None:
     return abs(slo.violation(metrics)) if slo.terms else None
 
 
-def _verdict_decided(slo: SLO, runs: list[Point], n_max: int) -> bool:
-    """True when more runs (up to ``n_max`` in all) cannot change the verdict of the median: a majority of
-    ``n_max`` valid runs met the SLO, or missed one term (for each term the median then sits on that side)."""
-    valid = [r for r in runs if r.valid]
-    need = n_max // 2 + 1
-    if sum(r.slo_ok for r in valid) >= need:
-        return True
-    return any(sum(not t.ok(r.metrics) for r in valid) >= need for t in slo.terms)
-
-
-def median_point(slo: SLO, runs: list[Point]) -> Point:
-    """One level from its repeated runs: metrics and objective are the medians over the valid runs (all the
-    runs when none is valid), ``slo_ok`` the SLO on the median metrics, ``duration_s`` the total run time,
-    ``runs`` every run. A single run is returned as it is."""
+def median_point(slo: SLO, runs: list[Point], verdict: Verdict | None = None) -> Point:
+    """One level from its runs: metrics and objective are the medians over the valid runs (all the runs when
+    none is valid), ``duration_s`` the total run time, ``runs`` every run (empty for a single run, returned as
+    it is), ``slo_ok`` and ``verdict`` the capacity rule's (``verdict``, else :func:`m3ctl.tune.capacity.decide`
+    with the default rule)."""
+    verdict = verdict if verdict is not None else decide(runs, slo)
     if len(runs) == 1:
-        return runs[0]
+        r = runs[0]
+        return Point(**{**asdict(r), "slo_ok": r.valid and verdict.holds, "verdict": verdict.to_json()})
     valid = [r for r in runs if r.valid]
     use = valid or runs
     med: dict[str, Any] = {}
@@ -261,39 +262,39 @@ def median_point(slo: SLO, runs: list[Point]) -> Point:
             med[k] = statistics.median(vals)
     return Point(concurrency=runs[0].concurrency, fidelity=runs[0].fidelity,
                  objective=statistics.median(r.objective for r in valid) if valid else 0.0,
-                 slo_ok=bool(valid) and slo.ok(med), valid=bool(valid),
+                 slo_ok=bool(valid) and verdict.holds, valid=bool(valid),
                  duration_s=sum(r.duration_s for r in runs), metrics=med,
                  reasons=list(dict.fromkeys(x for r in runs for x in r.reasons)),
-                 warnings=list(dict.fromkeys(x for r in runs for x in r.warnings)), runs=[asdict(r) for r in runs])
+                 warnings=list(dict.fromkeys(x for r in runs for x in r.warnings)), runs=[asdict(r) for r in runs],
+                 verdict=verdict.to_json())
 
 
 def measure_level(session: Session, spec: TuneSpec, slo: SLO, c: int, fidelity: float, n_gpus: int,
                   on_event: Callable[[str], None],
                   on_runs: Callable[[Point], None] | None = None) -> Point:
-    """One ladder level: a bench run, repeated when it lands near the SLO boundary (module docstring, step 2).
+    """One ladder level decided by the capacity rule (m3ctl.tune.capacity; module docstring, step 2).
 
-    The first run is repeated on the same server (each bench run has fresh prompts) when it is valid and the
-    relative headroom of its binding SLO term (:func:`boundary_headroom`) is below ``spec.boundary_margin``,
-    up to ``spec.boundary_repeats`` more runs, until a majority of the planned runs agree
-    (:func:`_verdict_decided`). Returns the level as :func:`median_point` of its runs. ``on_runs(point)``:
-    called before each repeat with the level so far (the study saves it, so a kill between repeats keeps the
-    runs).
+    A bench run, then, while the rule says the level is undecided (the first run is within
+    ``spec.boundary_margin`` of a limit), another run on the same server (each bench run has fresh prompts), at
+    most ``spec.boundary_repeats`` more. An invalid first run is not repeated (the level does not hold); a server
+    found dead ends the repeats. Returns the level as :func:`median_point` of its runs with its verdict.
+    ``on_runs(point)``: called before each repeat with the level so far (the study saves it, so a kill between
+    repeats keeps the runs).
     """
+    rule = CapacityRule.from_spec(spec)
     runs = [_point(spec, slo, session.measure(c, fidelity), c, fidelity, n_gpus)]
-    head = boundary_headroom(slo, runs[0].metrics)
-    if not runs[0].valid or spec.boundary_repeats <= 0 or head is None or head >= spec.boundary_margin:
-        return runs[0]
-    n_max = 1 + spec.boundary_repeats
-    while len(runs) < n_max and not _verdict_decided(slo, runs, n_max):
+    v = decide(runs, slo, rule)
+    while v.state == "undecided" and runs[0].valid and len(runs) < rule.min_repeats:
         if on_runs is not None:
-            on_runs(median_point(slo, runs))
-        last = runs[-1]
-        on_event(f"c={c}: run {len(runs)} {'met' if last.slo_ok else 'missed'} the SLO within "
-                 f"{spec.boundary_margin:.0%} of its limit: repeat {len(runs)} of {spec.boundary_repeats}")
+            on_runs(median_point(slo, runs, v))
+        on_event(f"c={c}: {v.confidence}: repeat {len(runs)} of {spec.boundary_repeats}")
         runs.append(_point(spec, slo, session.measure(c, fidelity), c, fidelity, n_gpus))
+        v = decide(runs, slo, rule)
         if not runs[-1].valid and getattr(session, "alive", lambda: True)() is False:
             break
-    return median_point(slo, runs)
+    if len(runs) > 1:
+        on_event(f"c={c}: {v.state} ({v.confidence})")
+    return median_point(slo, runs, v)
 
 
 def level_spread(slo: SLO, points: list[Point], concurrency: int | None) -> dict[str, Any] | None:
@@ -367,7 +368,10 @@ def bisect_concurrency(session: Session, spec: TuneSpec, slo: SLO, n_gpus: int,
 
 
 def _summarise(out: Outcome, slo: SLO) -> Outcome:
-    ok = [p for p in out.points if p.slo_ok]
+    """Status, objective and concurrency from the levels measured: feasible when a level holds up to the
+    capacity (m3ctl.tune.capacity.capacity_of); the objective is the best of the holding levels up to it."""
+    cap = capacity_of((p.concurrency, p.slo_ok) for p in out.points)
+    ok = [p for p in out.points if p.slo_ok and cap is not None and p.concurrency <= cap]
     out.cost_s = out.start_s + sum(p.duration_s for p in out.points)
     if ok:
         best = max(ok, key=lambda p: p.objective)
@@ -386,7 +390,8 @@ def headroom_rank(out: Outcome, slo: SLO) -> tuple[int, float, float] | None:
     """How a feasible configuration ranks in the local search: ``(capacity, headroom, objective)``, compared
     as a tuple (larger is better); None when it is not feasible.
 
-    - ``capacity``: the highest concurrency at which every run (search and confirmation) met the SLO.
+    - ``capacity``: the capacity of its valid levels, search and confirmation (m3ctl.tune.capacity.capacity_of:
+      the highest level that held, each time it was measured, with every level below it holding).
     - ``headroom``: minus the SLO's relative violation (:meth:`SLO.violation`, the worst term) at the next
       measured concurrency above it, the worst run there; ``inf`` when nothing above was measured (the top
       of the ladder).
@@ -405,10 +410,9 @@ def headroom_rank(out: Outcome, slo: SLO) -> tuple[int, float, float] | None:
     for p in out.points:
         if p.valid:
             by_c.setdefault(p.concurrency, []).append(p)
-    ok = [c for c, ps in by_c.items() if all(p.slo_ok for p in ps)]
-    if not ok:
+    cap = capacity_of((p.concurrency, p.slo_ok) for ps in by_c.values() for p in ps)
+    if cap is None:
         return None
-    cap = max(ok)
     above = sorted(c for c in by_c if c > cap)
     head = -max(slo.violation(p.metrics) for p in by_c[above[0]]) if above else math.inf
     return (cap, head, out.final)
@@ -979,4 +983,4 @@ def write_json(path: Path, obj: Any) -> None:
 
 
 __all__ = ["Tuner", "TuneSpec", "TuneResult", "Outcome", "Point", "evaluate", "pareto", "num_prompts", "math",
-           "measure_level", "median_point", "level_spread", "boundary_headroom"]
+           "measure_level", "median_point", "level_spread", "boundary_headroom", "CapacityRule"]

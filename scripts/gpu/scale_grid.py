@@ -5,17 +5,20 @@ For each configuration ``NAME=FLAGS`` (m3ctl serve flags joined by '+', then raw
 e.g. ``spec3=--spec-depth+3``, ``seqs128=--+--max-num-seqs+128``; ``defaults=`` for vLLM's defaults):
 one fresh server (``m3ctl serve --detach``), then every concurrency of ``--ladder`` in ascending order, each
 level measured by ``m3ctl bench`` (its own process, its own seed: fresh prompts; ``--warmup``: a wave of as
-many fresh requests as the concurrency first, out of the measured window). A level whose run lands within
-``--margin`` of the SLO's limit is repeated with fresh prompts, up to ``--repeats`` more runs, and decided by
-the median of its runs: the same rule as ``m3ctl tune`` (m3ctl/tune/search.py ``measure_level``, imported, not
-copied), so both sides define a level's verdict alike while measuring independently (separate servers, the
-bench CLI here, the tune's own sessions there). Levels go up until one misses the SLO; the capacity is the
-last level that met it. A configuration the ``grid.json`` in ``--outdir`` already holds complete (from an
-earlier call) is skipped; an incomplete one is measured again from a fresh server.
+many fresh requests as the concurrency first, out of the measured window). Each level is decided by the
+capacity rule (m3ctl/tune/capacity.py) through the tune's own ``measure_level`` (imported, not copied): a run
+within ``--margin`` of the SLO's limit is repeated with fresh prompts, up to ``--repeats`` more runs; the level
+holds when the median of the runs meets the SLO and no run misses it by more than the margin. Both sides
+define a level's verdict and a capacity alike while measuring independently (separate servers, the bench CLI
+here, the tune's own sessions there). Levels go up until one does not hold (:func:`walk_levels`); the capacity
+is m3ctl.tune.capacity.capacity_of over the levels measured. A configuration the ``grid.json`` in ``--outdir``
+already holds complete (from an earlier call) is skipped; an incomplete one is measured again from a fresh
+server.
 
 Writes ``OUTDIR/grid-NAME-cC-rK.json`` (each bench run), ``OUTDIR/log-NAME.txt`` (server log) and
 ``OUTDIR/grid.json``: ``{"slo", "ladder", "configs": {NAME: {"flags", "ready_s", "levels": {C: {"runs":
-[{p90_tpot_ms, objective, valid, file}], "median_p90_tpot_ms", "median_objective", "slo_ok"}}, "capacity",
+[{p90_tpot_ms, objective, valid, file}], "median_p90_tpot_ms", "median_objective", "slo_ok", "state",
+"confidence"}}, "capacity",
 "objective_at_capacity", "stopped"}}}``, rewritten after every run (a call that ends early keeps what it
 measured). Objective: total tok/s per GPU (``tput_per_gpu``), as the tune's.
 
@@ -32,8 +35,47 @@ import sys
 import time
 from pathlib import Path
 
-from m3ctl.tune.search import TuneSpec, measure_level
-from m3ctl.tune.slo import parse_slo
+from m3ctl.tune.capacity import capacity_of
+from m3ctl.tune.search import Point, TuneSpec, measure_level
+from m3ctl.tune.slo import SLO, parse_slo
+
+
+def walk_levels(sess, spec: TuneSpec, slo: SLO, ladder: list[int], below: list[int], on_event=print,
+                on_level=None, time_left=lambda: float("inf")) -> dict:
+    """Levels of one server upwards from the ladder's first until one does not hold; when that first level does
+    not hold, downwards through ``below`` (descending) until one holds (the capacity is then below the ladder).
+    Each level is ``measure_level`` (the capacity rule). ``on_level(c, point)``: after each level (the script
+    saves grid.json there); ``time_left()``: seconds left, the walk stops below 45.
+
+    Returns ``{"levels": {c: Point}, "capacity": c or None (capacity_of), "objective": the median objective at
+    the capacity or None, "stopped": why the walk ended}``."""
+    levels: dict[int, Point] = {}
+    todo, below = list(ladder), list(below)
+    stopped = None
+    while todo:
+        c = todo.pop(0)
+        if time_left() < 45:
+            stopped = f"deadline at c={c}"
+            break
+        going_down = not any(p.slo_ok for p in levels.values()) and c <= ladder[0]
+        pt = measure_level(sess, spec, slo, c, 1.0, 1, on_event)
+        levels[c] = pt
+        if on_level is not None:
+            on_level(c, pt)
+        if pt.slo_ok and going_down and c < ladder[0]:
+            stopped = f"missed at c={min(x for x in levels if x > c)}"
+            break
+        if not pt.slo_ok:
+            stopped = f"missed at c={c}"
+            if going_down and below:
+                todo = [below.pop(0)]
+                continue
+            break
+    else:
+        stopped = stopped or "top of the ladder"
+    cap = capacity_of((x, p.slo_ok) for x, p in levels.items())
+    return {"levels": levels, "capacity": cap, "objective": levels[cap].objective if cap is not None else None,
+            "stopped": stopped}
 
 
 class CliSession:
@@ -128,42 +170,28 @@ def main() -> int:
             subprocess.run([*m3, "stop", name], capture_output=True)
             continue
         sess = CliSession(m3, name, cfg, a.outdir, a, seed0=1000 * (i + 1))
-        # Upwards from the ladder's first level until a level misses; when that first level misses, downwards
-        # through --below until one meets (the capacity is then below the ladder).
-        levels, below = list(ladder), list(below0)
+
+        def on_level(c: int, pt: Point, rec=rec, cfg=cfg, t0=t0) -> None:
+            runs = pt.runs or [pt.__dict__]
+            rec["levels"][str(c)] = {
+                "runs": [{"p90_tpot_ms": r["metrics"].get("p90_tpot_ms"), "objective": r["objective"],
+                          "valid": r["valid"], "slo_ok": r["slo_ok"], "reasons": r["reasons"]} for r in runs],
+                "median_p90_tpot_ms": pt.metrics.get("p90_tpot_ms"), "median_objective": pt.objective,
+                "slo_ok": pt.slo_ok, "valid": pt.valid, "state": (pt.verdict or {}).get("state"),
+                "confidence": (pt.verdict or {}).get("confidence")}
+            cap = capacity_of((int(x), lv["slo_ok"]) for x, lv in rec["levels"].items())
+            rec["capacity"] = cap
+            rec["objective_at_capacity"] = rec["levels"][str(cap)]["median_objective"] if cap is not None else None
+            print(f"  {cfg} c={c}: {len(runs)} run(s) p90 TPOT "
+                  f"{[round(r['metrics'].get('p90_tpot_ms') or 0, 1) for r in runs]} -> "
+                  f"{'holds' if pt.slo_ok else 'does not hold'} ({(pt.verdict or {}).get('confidence')}), "
+                  f"{pt.objective:.0f} tok/s/GPU at {time.time() - t0:.0f} s", flush=True)
+            save()
+
         try:
-            while levels:
-                c = levels.pop(0)
-                if a.deadline - time.time() < 45:
-                    rec["stopped"] = f"deadline at c={c}"
-                    break
-                pt = measure_level(sess, spec, slo, c, 1.0, 1,
-                                   lambda m, cfg=cfg: print(f"  {cfg} {m}", flush=True))
-                runs = pt.runs or [pt.__dict__]
-                rec["levels"][str(c)] = {
-                    "runs": [{"p90_tpot_ms": r["metrics"].get("p90_tpot_ms"), "objective": r["objective"],
-                              "valid": r["valid"], "slo_ok": r["slo_ok"], "reasons": r["reasons"]} for r in runs],
-                    "median_p90_tpot_ms": pt.metrics.get("p90_tpot_ms"), "median_objective": pt.objective,
-                    "slo_ok": pt.slo_ok, "valid": pt.valid}
-                print(f"  {cfg} c={c}: {len(runs)} run(s) p90 TPOT "
-                      f"{[round(r['metrics'].get('p90_tpot_ms') or 0, 1) for r in runs]} -> "
-                      f"{'met' if pt.slo_ok else 'missed'}, {pt.objective:.0f} tok/s/GPU "
-                      f"at {time.time() - t0:.0f} s", flush=True)
-                going_down = rec["capacity"] is None and c <= ladder[0]
-                if pt.slo_ok and (rec["capacity"] is None or c > rec["capacity"]):
-                    rec["capacity"], rec["objective_at_capacity"] = c, pt.objective
-                if pt.slo_ok and going_down and c < ladder[0]:
-                    rec["stopped"] = f"missed at c={min(int(x) for x in rec['levels'] if int(x) > c)}"
-                    break
-                if not pt.slo_ok:
-                    rec["stopped"] = f"missed at c={c}"
-                    if going_down and below:
-                        levels = [below.pop(0)]
-                        continue
-                    break
-                save()
-            else:
-                rec["stopped"] = rec["stopped"] or "top of the ladder"
+            got = walk_levels(sess, spec, slo, ladder, below0, lambda m, cfg=cfg: print(f"  {cfg} {m}", flush=True),
+                              on_level, lambda: a.deadline - time.time())
+            rec["stopped"] = got["stopped"]
         finally:
             log = Path(os.environ.get("M3CTL_STATE_DIR", "")) / "logs" / f"{name}.log"
             if log.exists():

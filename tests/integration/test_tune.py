@@ -133,15 +133,26 @@ def test_tune_real_search_sigkill_resume_and_profile(tiny_models, tmp_path):
     assert res["vs_baseline"] == pytest.approx(best["objective"] / base["objective"])
     assert f"baseline (vLLM defaults): {base['objective']:.1f}" in p.stdout
 
+    # profile.yaml holds what the study chose: the best configuration when it beat the defaults by more than the
+    # noise margin, else vLLM's defaults (m3ctl/tune/choice.py: never a configuration measured worse)
     prof = load_profile_file(sdir / "profile.yaml")
-    assert prof.name == "cpu-tuned"
-    assert prof.serve_args["max-num-seqs"] == best["config"]["max_num_seqs"]
-    assert prof.serve_args["max-num-batched-tokens"] == best["config"]["max_num_batched_tokens"]
+    assert res["chosen"] in ("tuned", "defaults") and res["profile"] == str(sdir / "profile.yaml")
+    from m3ctl.tune.choice import TIE_MARGIN
+
+    assert (res["chosen"] == "tuned") == (res["vs_baseline"] > 1 + TIE_MARGIN)
+    assert f"# chosen: {res['chosen']}\n" in (sdir / "profile.yaml").read_text()
     assert prof.serve_args["kv-cache-memory-bytes"] == "256M"  # the base profile is kept
-    assert (prof.parallel.tp, prof.parallel.dp, prof.parallel.dcp) == (1, 1, best["config"]["dcp"])
     d = run_cli("serve", "--dry-run", "--json", "--profile", str(sdir / "profile.yaml"), "--model", str(model))
     assert d.returncode == 0, d.stderr
     argv = json.loads(d.stdout)["argv"]
+    if res["chosen"] == "defaults":
+        assert prof.name == "cpu-defaults" and "the defaults won" in p.stdout
+        assert "--max-num-seqs" not in argv and "--speculative-config" not in argv
+        return
+    assert prof.name == "cpu-tuned"
+    assert prof.serve_args["max-num-seqs"] == best["config"]["max_num_seqs"]
+    assert prof.serve_args["max-num-batched-tokens"] == best["config"]["max_num_batched_tokens"]
+    assert (prof.parallel.tp, prof.parallel.dp, prof.parallel.dcp) == (1, 1, best["config"]["dcp"])
     assert argv[argv.index("--max-num-seqs") + 1] == str(best["config"]["max_num_seqs"])
     assert argv[argv.index("--max-num-batched-tokens") + 1] == str(best["config"]["max_num_batched_tokens"])
     k = best["config"]["spec_depth"]
