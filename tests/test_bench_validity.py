@@ -44,7 +44,7 @@ def test_sweep_levels_and_repeated_runs_send_fresh_prompts(gt, tok):
     for r in runs:
         assert r["server_metrics"]["prefix_cache_queried_tokens"] > 0
         assert r["server_metrics"]["prefix_cache_hit_rate"] == 0.0, r["validity"]
-        assert r["validity"]["valid"] and r["validity"]["prefix_cache"]["observed"] == 0.0
+        assert r["validity"]["valid"] and r["validity"]["prefix_cache"]["observed"] == 0.0, r["validity"]
     assert len({r["workload"]["prompt_salt"] for r in runs}) == 4
     assert [r["num_warmups"] for r in runs] == [1, 2, 4, 0]  # a warm-up wave at each sweep level's load
 

@@ -166,14 +166,17 @@ class QueueSampler:
         import threading  # noqa: PLC0415
 
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="m3ctl-bench-queue", daemon=True)
+        # The client is built here, before the measured phase: building one loads the TLS trust store (tens of
+        # ms holding the GIL), which inside the run stalled the bench's event loop (client-saturation verdict).
+        client = httpx.Client(headers=self.headers, timeout=max(1.0, 5 * self.period_s))
+        self._thread = threading.Thread(target=self._run, args=(client,), name="m3ctl-bench-queue", daemon=True)
         self._thread.start()
         return self
 
-    def _run(self) -> None:
+    def _run(self, client: httpx.Client) -> None:
         import time  # noqa: PLC0415
 
-        with httpx.Client(headers=self.headers, timeout=max(1.0, 5 * self.period_s)) as c:
+        with client as c:
             while not self._stop.is_set():
                 try:
                     r = c.get(f"{self.url}/metrics")
