@@ -702,3 +702,37 @@ def test_cli_parallel_trials_option(tmp_path):
     bad = run_cli(*args, "--parallel-trials", "zero")
     assert bad.returncode == 2 and "auto or a whole number" in bad.stderr
     assert Path(tmp_path / "s").exists() is False
+
+
+def test_real_evaluator_runs_trials_side_by_side_on_fake_vllm_servers(tmp_path, monkeypatch):
+    """The real path (ServerEvaluator, launch_and_wait, the quick smoke, bench runs in child processes) on the fake
+    8-GPU H200 host with tests/fake_vllm.py as the server: two trials run at once, each with its own GPUs in
+    CUDA_VISIBLE_DEVICES, its own port, its own folder with its bench JSONs; nothing is left running."""
+    from m3ctl.state import Registry
+    from m3ctl.tune import study as st
+    from tests.conftest import FAKE_VLLM, free_port
+
+    monkeypatch.setenv("FAKE_VLLM", json.dumps({"serve": {}}))
+    exe = tmp_path / "vllm"
+    exe.write_text(f"#!/bin/sh\nexec {__import__('sys').executable} {FAKE_VLLM} \"$@\"\n")
+    exe.chmod(0o755)
+    inv = synthetic("h200x8")
+    settings = st.new_settings(str(_scale_model(tmp_path)), inv, knobs=PINS, ladder=[1, 2], max_trials=3,
+                               port=free_port(), input_len=16, output_len=8, prompts_per_concurrency=2,
+                               baseline=False, confirm_top=0, warmup=False)
+    settings["plan_base"].update(runtime="process", vllm_executable=str(exe))
+    events: list[tuple] = []
+    sdir = tmp_path / "study"
+    res, _, _ = st.run_tune(sdir, settings, inventory=inv, parallel_trials=2,
+                            on_event=lambda n, d, m: events.append((n, m)))
+    assert res.launches == 3 and all(o.status == "feasible" for o in res.outcomes)
+    # trials 0 and 1 side by side: 1 measured before 0 was done
+    first_done = events.index(next(e for e in events if e[0] == 0 and e[1].startswith("done:")))
+    assert any(e[0] == 1 and e[1].startswith("c=") for e in events[:first_done])
+    cmds = {t.name: json.loads((t / "config.json").read_text())["command"] for t in (sdir / "trials").iterdir()}
+    assert "CUDA_VISIBLE_DEVICES=0,1 " in cmds["0000"] and "CUDA_VISIBLE_DEVICES=2,3 " in cmds["0001"]
+    port0, port1 = (c.split("--port ")[1].split()[0] for c in (cmds["0000"], cmds["0001"]))
+    assert port0 != port1
+    assert all(list((sdir / "trials" / n).glob("bench-c*.json")) and (sdir / "trials" / n / "server.log").exists()
+               for n in cmds)
+    assert not (sdir / "running.json").exists() and Registry().list() == []

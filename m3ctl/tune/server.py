@@ -370,43 +370,41 @@ def _capture_sizes_pinned(args: dict[str, Any]) -> bool:
     return isinstance(cc, dict) and any(cc.get(n) is not None for n in names)
 
 
-def _bench_child(cfg, dep) -> dict:
-    """One bench run in a child process (:func:`run_bench_isolated`): the result, or the error to raise again."""
-    from m3ctl.bench.runner import BenchServerDown, run_bench  # noqa: PLC0415
-    from m3ctl.errors import BadInput  # noqa: PLC0415
-    from m3ctl.serve import runtime_for  # noqa: PLC0415
-
-    try:
-        return {"result": run_bench(cfg, sync_log=lambda: runtime_for(dep).sync_log(dep))}
-    except BenchServerDown as e:
-        return {"error": "BenchServerDown", "message": e.message, "hint": e.hint}
-    except BadInput as e:
-        return {"error": "BadInput", "message": e.message, "hint": e.hint}
-
-
 def run_bench_isolated(cfg, dep) -> dict:
-    """:func:`m3ctl.bench.runner.run_bench` of ``cfg`` against deployment ``dep`` in a child process, so trials
-    running at once each measure with their own load generator (run_bench allows one run per process: its stall
-    tracker and progress sink are process-wide). The child comes from a ``forkserver`` (a clean single-threaded
-    parent, not a fork of this multi-threaded process: https://docs.python.org/3/library/multiprocessing.html#
-    contexts-and-start-methods).
+    """:func:`m3ctl.bench.runner.run_bench` of ``cfg`` against deployment ``dep`` in a Python process of its own
+    (:mod:`m3ctl.tune.benchchild`), so trials running at once each measure with their own load generator (run_bench
+    allows one run per process: its stall tracker and progress sink are process-wide).
 
     Raises:
         BadInput, BenchServerDown: as run_bench (the same message and hint).
+        LaunchFailed: the bench process ended without a result (its exit status and last stderr line).
     """
-    import concurrent.futures  # noqa: PLC0415
-    import multiprocessing  # noqa: PLC0415
+    import os  # noqa: PLC0415
+    import pickle  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
 
+    import m3ctl  # noqa: PLC0415
     from m3ctl.bench.runner import BenchServerDown  # noqa: PLC0415
     from m3ctl.errors import BadInput  # noqa: PLC0415
 
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["m3ctl.bench.runner"])  # imported once in the fork server, not per run
-    with concurrent.futures.ProcessPoolExecutor(1, mp_context=ctx) as pool:
-        out = pool.submit(_bench_child, cfg, dep).result()
-    if "error" in out:
-        raise {"BenchServerDown": BenchServerDown, "BadInput": BadInput}[out["error"]](out["message"], out["hint"])
-    return out["result"]
+    root = str(Path(m3ctl.__file__).resolve().parent.parent)  # the child imports this m3ctl
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    with tempfile.TemporaryDirectory(prefix="m3ctl-bench-") as d:
+        inp, out = Path(d) / "in.pkl", Path(d) / "out.pkl"
+        inp.write_bytes(pickle.dumps((cfg, dep)))
+        p = subprocess.run([sys.executable, "-m", "m3ctl.tune.benchchild", str(inp), str(out)], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
+        if not out.exists():
+            tail = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
+            raise LaunchFailed(f"the bench run's process ended without a result (exit {p.returncode}): {tail}",
+                               f"see {dep.log_path or 'the server log'}", phase="serving",
+                               log_path=dep.log_path)
+        res = pickle.loads(out.read_bytes())  # noqa: S301 - written by our child
+    if "error" in res:
+        raise {"BenchServerDown": BenchServerDown, "BadInput": BadInput}[res["error"]](res["message"], res["hint"])
+    return res["result"]
 
 
 def trial_ports(host: str, first: int, n: int, tries: int = 100) -> tuple[int, ...]:
