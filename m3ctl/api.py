@@ -582,7 +582,8 @@ def tune(model: str | None = None, *, study_dir: str | Path | None = None, resum
          prompts_per_concurrency: int = 4, warmup: bool = True, profile: str | Path | None = None,
          args: dict[str, Any] | None = None, extra_args: Sequence[str] = (), skip_checks: bool = False,
          inventory: str | Path | HostInventory | None = None, system: str | None = None, dry_run: bool = False,
-         on_event: Callable[[int | None, str, str], None] | None = None) -> TuneReport | dict[str, Any]:
+         on_event: Callable[[int | None, str, str], None] | None = None,
+         parallel_trials: int | Literal["auto"] = "auto") -> TuneReport | dict[str, Any]:
     """Search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO (``m3ctl tune``).
 
     A new study of ``model`` goes to ``study_dir`` (default ``./m3ctl-tune-<time>``); ``resume`` continues the
@@ -605,6 +606,8 @@ def tune(model: str | None = None, *, study_dir: str | Path | None = None, resum
             vLLM args, no ``--api-key``): given to every trial; skip_checks: rule violations become crashed trials.
         dry_run: start and write nothing; return what the study would run (m3ctl.tune.study.dry_run's dict).
         on_event: ``(trial, config description, message)`` for each trial phase.
+        parallel_trials: search trials at once on disjoint GPU sets (``"auto"``: as many as fit; 1: one after the
+            other); not saved with the study (a resume takes it again). See docs/tune.md, "Parallel trials".
 
     Returns:
         :class:`~m3ctl.results.TuneReport` (``result.json``): ``chosen`` (``tuned``, ``defaults`` when vLLM's
@@ -652,9 +655,9 @@ def tune(model: str | None = None, *, study_dir: str | Path | None = None, resum
             st.save_settings(sdir, settings)
     base = st.base_profile(settings, inv)
     if dry_run:
-        return st.dry_run(sdir, settings, inventory=inv)
+        return st.dry_run(sdir, settings, inventory=inv, parallel_trials=parallel_trials)
     with serving.stop_signals_as_interrupt():  # SIGTERM/SIGHUP: the trial's server is stopped as on Ctrl-C
-        res, tuner, ev = st.run_tune(sdir, settings, inventory=inv, on_event=on_event)
+        res, tuner, ev = st.run_tune(sdir, settings, inventory=inv, on_event=on_event, parallel_trials=parallel_trials)
     return TuneReport.from_dict(st.write_outputs(sdir, res, tuner, ev, settings, base, pareto),
                                 str(sdir / "result.json"))
 

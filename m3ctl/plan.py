@@ -227,6 +227,54 @@ def _device_ids(inventory: HostInventory, units, n: int) -> list[str]:
             for u in units[:n]]
 
 
+def _pinned_units(inventory: HostInventory, visible, pins: list[int]) -> list:
+    """The devices of the GPUs ``pins`` names (physical indices, in that order), among the visible ones (``visible``:
+    the units the visible-device variables leave, None when none is set: every GPU); a MIG GPU gives its first slice.
+
+    Raises:
+        BadInput: an index named twice, or one that is not a visible GPU of this host.
+    """
+    from m3ctl.hw.visible import Unit  # noqa: PLC0415
+
+    pool = visible if visible is not None else [Unit(g.index, g.memory_total_mib, f"GPU {g.index} ({g.name})")
+                                                for g in inventory.gpus]
+    by_gpu: dict[int, Any] = {}
+    for u in pool:
+        by_gpu.setdefault(u.gpu, u)
+    if dup := next((g for i, g in enumerate(pins) if g in pins[:i]), None):
+        raise BadInput(f"gpus {pins}: GPU {dup} is named twice", "name each GPU once")
+    if missing := [g for g in pins if g not in by_gpu]:
+        have = ", ".join(str(g) for g in sorted(by_gpu)) or "none"
+        raise BadInput(f"gpus {pins}: GPU {missing[0]} is not a visible GPU of this host (visible: {have})",
+                       "name GPUs by the index nvidia-smi / amd-smi shows")
+    return [by_gpu[g] for g in pins]
+
+
+def _pin_env(inventory: HostInventory, units, envs: dict[str, str], unset_env: list[str], choices: list
+             ) -> tuple[dict[str, str], list[str]]:
+    """The server environment that shows it only the pinned GPUs (process runtime; a container gets its devices).
+
+    NVIDIA: ``CUDA_VISIBLE_DEVICES`` with the physical indices and ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so CUDA numbers
+    the GPUs in PCI bus order as NVML and nvidia-smi do (CUDA's default order is fastest first:
+    https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#env-vars); indices, not UUIDs (vLLM before the
+    UUID fix crashes on UUIDs: F02, vllm#41848). AMD: ``ROCR_VISIBLE_DEVICES`` with the physical indices, and a
+    HIP_/CUDA_VISIBLE_DEVICES of the launching shell unset (one visibility variable: F05,
+    https://rocm.docs.amd.com/en/latest/conceptual/gpu-isolation.html)."""
+    envs = dict(envs)
+    if inventory.vendor == "nvidia":
+        envs["CUDA_VISIBLE_DEVICES"] = ",".join(u.mig_uuid or str(u.gpu) for u in units)
+        envs["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+        choices.append(Choice(what="CUDA_VISIBLE_DEVICES", value=envs["CUDA_VISIBLE_DEVICES"],
+                              why="the pinned GPUs, numbered in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID)"))
+    elif inventory.vendor == "amd":
+        envs["ROCR_VISIBLE_DEVICES"] = ",".join(str(u.gpu) for u in units)
+        unset_env = sorted(set(unset_env) | {k for k in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
+                                             if k in inventory.visible_devices})
+        choices.append(Choice(what="ROCR_VISIBLE_DEVICES", value=envs["ROCR_VISIBLE_DEVICES"],
+                              why="the pinned GPUs (one visibility variable: F05)"))
+    return envs, unset_env
+
+
 def _canon_flag(key: str) -> str:
     """One spelling per dotted config key: ``attention-config.x`` -> ``attention_config.x`` (vLLM reads both),
     so a raw dotted flag replaces the catalog's instead of reaching vLLM twice."""
@@ -320,6 +368,9 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
 
     vis = resolve_visibility(inventory) if inventory.gpus else None
     units = vis.units if vis is not None and vis.controlled_by else None
+    if r.gpus is not None:  # pinned GPUs (tune's parallel trials): the plan is for those only
+        units = _pinned_units(inventory, units, r.gpus)
+        choices.append(Choice(what="GPUs", value=", ".join(u.label for u in units), why="pinned by the request (gpus)"))
     n_gpus = len(units) if units is not None else len(inventory.gpus)
     mem = (units[0].memory_mib if units else None) if units is not None else \
         (inventory.gpus[0].memory_total_mib if inventory.gpus else None)
@@ -521,6 +572,8 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
             choices.append(Choice(what="ROCR_VISIBLE_DEVICES", value=envs["ROCR_VISIBLE_DEVICES"],
                                   why=f"one visibility variable instead of {' + '.join(vis.controlled_by)} "
                                       "(double masking: F05); the others are unset for the server"))
+    if r.gpus is not None and units and runtime == "process":
+        envs, unset_env = _pin_env(inventory, units, envs, unset_env, choices)
     world = tp_ * pp_ * dp_  # vLLM's world size: the GPUs the launch occupies
     if no_multicast and max(world, 1) > 1:
         envs.update(profile.no_multicast_env)

@@ -96,6 +96,7 @@ STRING_CASES: dict[str, list[str]] = {
     "--attention": ["sparse", ""],
     "--smoke": ["fast", ""],
     "--power-gpus": ["a", "-1", "", "0,0", "1,,x"],
+    "--parallel-trials": ["0", "-1", "a", "", "1.5"],
 }
 #: Multiple-valued string options and their bad values.
 LIST_CASES: dict[str, list[str]] = {
@@ -440,6 +441,8 @@ def _api_cases(tiny: str, result: str, bin_file: str) -> list[tuple[str, object]
         ("tune(boundary_margin=2)", lambda: api.tune(boundary_margin=2, **tune)),
         ("tune(boundary_repeats=-1)", lambda: api.tune(boundary_repeats=-1, **tune)),
         ("tune(max_spec_depth=-1)", lambda: api.tune(max_spec_depth=-1, **tune)),
+        ("tune(parallel_trials=0)", lambda: api.tune(parallel_trials=0, **tune)),
+        ("tune(parallel_trials='many')", lambda: api.tune(parallel_trials="many", **tune)),
         ("tune(usd_per_gpu_hour=-1)", lambda: api.tune(usd_per_gpu_hour=-1, **tune)),
         ("tune(input_len=10**9)", lambda: api.tune(input_len=10 ** 9, **tune)),
         ("tune(args=[1])", lambda: api.tune(args=[1], **tune)),

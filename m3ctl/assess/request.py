@@ -46,6 +46,9 @@ class PlanRequest(BaseModel):
         variant: precision variant (``nvfp4``, ``mxfp8``...); default: best native one that fits.
         tp, dp, dcp, ep, dbo, pp: parallel layout (pp: pipeline stages); each one given pins that dimension, the
             planner searches the others (:mod:`m3ctl.assess.search`).
+        gpus: the GPUs the server runs on, as physical indices (``nvidia-smi`` / ``amd-smi`` numbering), e.g. ``[2, 3]``;
+            None: the visible GPUs in order. The planner plans for those GPUs only and sets the server's visible
+            devices (:func:`m3ctl.plan.plan`); tune's parallel trials use it (m3ctl/tune/schedule.py). Not a CLI flag.
         spec_depth, spec_method, draft_tp: speculative decoding (depth 0 = off).
         kv_cache_dtype, max_model_len (tokens), max_num_seqs, max_num_batched_tokens: typed vLLM flags.
         attention: ``dense`` serves an MSA model with dense attention on every layer (the opt-in fallback of a
@@ -75,6 +78,7 @@ class PlanRequest(BaseModel):
     ep: bool | None = None
     dbo: bool | None = None
     pp: int | None = Field(default=None, ge=1)
+    gpus: list[int] | None = Field(default=None, min_length=1)
     spec_depth: int | None = Field(default=None, ge=0)
     spec_method: str | None = None
     draft_tp: int | None = Field(default=None, ge=1)

@@ -40,6 +40,16 @@ def ladder_values(text: str) -> list[int]:
     return sorted({int(x) for x in text.split(",") if x.strip()})
 
 
+def parallel_trials_value(text: str) -> int | str:
+    """``--parallel-trials``: ``auto`` or a whole number >= 1."""
+    t = text.strip().lower()
+    if t == "auto":
+        return t
+    if not t.isdigit() or int(t) < 1:
+        raise typer.BadParameter(f"{text!r} is not auto or a whole number >= 1 (e.g. --parallel-trials 4)")
+    return int(t)
+
+
 def tune(
     ctx: typer.Context,
     model: o.Model = None,
@@ -71,6 +81,7 @@ def tune(
     system: o.System = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print result.json (with --dry-run: the dry-run report) instead of tables.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what the study would run (every configuration with its rule check and command, the baseline, the order, the bench runs); start and write nothing.")] = False,
+    parallel_trials: Annotated[str, typer.Option("--parallel-trials", parser=parallel_trials_value, metavar="N|auto", help="Search trials at once on disjoint GPU sets, each on its own port (auto: as many as fit; 1: one after the other). A run setting: --resume takes it again.")] = "auto",
 ) -> None:
     """Search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO (resumable).
 
@@ -106,15 +117,15 @@ def tune(
                                    save=not dry_run)
     base = st.base_profile(settings, inv)
     if dry_run:
-        report = st.dry_run(sdir, settings, inventory=inv)
+        report = st.dry_run(sdir, settings, inventory=inv, parallel_trials=parallel_trials)
         out.result(report)
         if not out.json:
             print_dry_run(out.con, report)
         return
-    run(out, sdir, settings, inv, base, pareto)
+    run(out, sdir, settings, inv, base, pareto, parallel_trials)
 
 
-def run(out: Output, sdir: Path, settings: dict, inv, base, pareto: bool) -> None:
+def run(out: Output, sdir: Path, settings: dict, inv, base, pareto: bool, parallel_trials: int | str = "auto") -> None:
     """Run (or continue) the study; Ctrl-C stops the trial's server and says how to continue."""
     from m3ctl import serve as serving  # noqa: PLC0415
     from m3ctl.tune import study as st  # noqa: PLC0415
@@ -138,7 +149,8 @@ def run(out: Output, sdir: Path, settings: dict, inv, base, pareto: bool) -> Non
 
     try:
         with serving.stop_signals_as_interrupt():  # SIGTERM/SIGHUP: the trial's server is stopped as on Ctrl-C
-            res, tuner, ev = st.run_tune(sdir, settings, inventory=inv, on_event=on_event, on_cleanup=on_cleanup)
+            res, tuner, ev = st.run_tune(sdir, settings, inventory=inv, on_event=on_event, on_cleanup=on_cleanup,
+                                         parallel_trials=parallel_trials)
     except KeyboardInterrupt as e:
         console(stderr=True).print("interrupted: completed trials and every finished bench run are saved; "
                                    f"continue with `m3ctl tune --resume {sdir}`")

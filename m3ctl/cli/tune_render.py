@@ -32,12 +32,31 @@ def print_dry_run(con, r: dict, limit: int = 40) -> None:
     for i, step in enumerate(r["order"], 1):
         con.print(f"    {i}. {escape(step)}", soft_wrap=True)
     con.print(f"  near the SLO: {escape(r['boundary'])}", soft_wrap=True)
+    print_parallel(con, r.get("parallel"))
     bl = r["baseline"]
     con.print("  baseline command: " + (escape(bl["command"]) if "command" in bl else f"skipped ({escape(bl['skipped'])})"),
               soft_wrap=True)
     first = r.get("first")
     con.print("  first configuration: " + (f"{escape(first['command'])}" if first else "the anchor is rejected by the "
                                            "plan rules (no launch); optuna TPE picks the first start"), soft_wrap=True)
+
+
+def print_parallel(con, par: dict | None) -> None:
+    """The dry run's ``parallel`` block: trials at once, their GPU sets and ports, the first start order."""
+    if not par:
+        return
+    if par["trials"] <= 1:
+        con.print(f"  trials: one at a time ({escape(par['why'])})", soft_wrap=True)
+        return
+    con.print(f"  trials: up to {par['trials']} at once ({escape(par['why'])}); ports "
+              + ", ".join(str(p) for p in par["ports"]), soft_wrap=True)
+    con.print("    slots: " + "; ".join(f"GPUs {','.join(map(str, s['gpus']))} port {s['port']}" for s in par["slots"]),
+              soft_wrap=True)
+    for w in par["first_wave"]:
+        con.print(f"    starts on GPUs {','.join(map(str, w['gpus']))} port {w['port']}: {escape(w['describe'])} "
+                  f"(compile group {w['compile_group']})", soft_wrap=True)
+    for q in par["queued"]:
+        con.print(f"    then: {escape(q['describe'])} (compile group {q['compile_group']})", soft_wrap=True)
 
 
 def capacity_line(b: dict) -> str:

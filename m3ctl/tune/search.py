@@ -64,6 +64,9 @@ its launch and cost, and its configuration is measured again. The runs of a leve
 after each run too, so a kill between repeats keeps them (the level is then decided by the runs it had: usually
 undecided, so it does not hold).
 ``launches``, ``cost_s`` and ``elapsed_s`` therefore count every start and second across all resumes.
+
+Parallel trials (a :class:`~m3ctl.tune.schedule.Pool` of more than one): several trials at once on disjoint GPU sets,
+:mod:`m3ctl.tune.parallel` (what differs from the above is listed there).
 """
 
 from __future__ import annotations
@@ -489,11 +492,26 @@ def confirm(ev: Evaluator, out: Outcome, spec: TuneSpec, slo: SLO, on_event: Cal
         session.close()
 
 
+def mesh(space: Space, cfg: dict[str, Any]) -> list[dict[str, Any]]:
+    """The one-step neighbours of ``cfg`` in ``space`` (one knob moved to an adjacent value), in knob order: the
+    poll of the pattern search around ``cfg``."""
+    out = []
+    for k in space.free():
+        vals = space.values[k]
+        i = vals.index(cfg[k]) if cfg.get(k) in vals else 0
+        for j in (i - 1, i + 1):
+            if 0 <= j < len(vals):
+                out.append({**cfg, k: vals[j]})
+    return out
+
+
 class Tuner:
-    """Drives the optuna study. ``storage`` None = in memory (replays); else an SQLite URL."""
+    """Drives the optuna study. ``storage`` None = in memory (replays); else an SQLite URL. ``pool``
+    (:class:`m3ctl.tune.schedule.Pool`): with a limit above 1 and an evaluator that has ``for_slot``, :meth:`run`
+    runs that many trials at once on disjoint GPU sets (:mod:`m3ctl.tune.parallel`); None or 1: one at a time."""
 
     def __init__(self, space: Space, ev: Evaluator, spec: TuneSpec, *, storage: str | None = None,
-                 on_event: Callable[[int | None, str, str], None] | None = None):
+                 on_event: Callable[[int | None, str, str], None] | None = None, pool: Any = None):
         import optuna  # noqa: PLC0415  (lazy: ~0.5 s import)
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -507,8 +525,11 @@ class Tuner:
 
         # constraints_func: deprecated in optuna 5 in favour of Trial.set_constraint (absent before 5); it works in 3.x-6.x.
         warnings.filterwarnings("ignore", message=".*constraints_func.*", category=FutureWarning)
+        self.pool = pool if pool is not None and pool.limit > 1 and hasattr(ev, "for_slot") else None
+        # constant_liar (parallel trials only): running trials count as bad, so concurrent proposals spread out
+        liar = {"constant_liar": True} if self.pool is not None else {}
         sampler = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=n_start, multivariate=True,
-                                             constraints_func=lambda t: t.user_attrs.get("constraint", [1.0]))
+                                             constraints_func=lambda t: t.user_attrs.get("constraint", [1.0]), **liar)
         self.study = optuna.create_study(study_name=STUDY_NAME, storage=storage, load_if_exists=True,
                                          direction="maximize", sampler=sampler)
         # Ordered integer knobs are searched by index (IntDistribution) so TPE uses their order;
@@ -664,15 +685,7 @@ class Tuner:
         return max(ranked, key=lambda ro: ro[0])[1] if ranked else None
 
     def _mesh(self, cfg: dict[str, Any]) -> list[dict[str, Any]]:
-        """The one-step neighbours of ``cfg`` (one knob moved to an adjacent value), in knob order."""
-        out = []
-        for k in self.space.free():
-            vals = self.space.values[k]
-            i = vals.index(cfg[k]) if cfg.get(k) in vals else 0
-            for j in (i - 1, i + 1):
-                if 0 <= j < len(vals):
-                    out.append({**cfg, k: vals[j]})
-        return out
+        return mesh(self.space, cfg)
 
     def _extrapolate(self, old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
         """The Hooke-Jeeves pattern point ``new + (new - old)`` when the move changed one ordered knob (a poll
@@ -825,7 +838,12 @@ class Tuner:
 
         ``clock`` measures wall time (replays pass a simulated clock). Ctrl-C stops the server of the
         current trial (its trial is marked FAIL) and propagates KeyboardInterrupt; completed trials stay.
+        With a pool of several trials at once: :func:`m3ctl.tune.parallel.run_parallel`.
         """
+        if self.pool is not None:
+            from m3ctl.tune.parallel import run_parallel  # noqa: PLC0415
+
+            return run_parallel(self, self.pool, clock)
         t_run = clock()
         before = self._elapsed_before()
         self._heartbeat = lambda: self.study.set_user_attr("elapsed_s", before + clock() - t_run)

@@ -4,8 +4,10 @@ SIGKILL stops it first (``running.json`` + the m3ctl registry)."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -82,6 +84,8 @@ class ServerSession:
         from m3ctl.serve import runtime_for  # noqa: PLC0415
 
         try:
+            if getattr(self.ev, "isolate_bench", False):  # parallel trials: one bench run per process
+                return run_bench_isolated(cfg, self.dep)
             return run_bench(cfg, sync_log=lambda: runtime_for(self.dep).sync_log(self.dep))
         except (BadInput, BenchServerDown) as e:
             died = engine_death(cfg)
@@ -223,7 +227,7 @@ class ServerEvaluator:
         p = self.trial_plan(cand, trial)
         write_json(tdir / "config.json", {"config": cand, "argv": p.argv, "command": p.command_line()})
         self.current, self.trial_dir = name, tdir
-        write_json(self.dir / "running.json", {"name": name, "trial": trial, "state_dir": str(self.registry.root)})
+        self._mark_running(name, trial)
         from m3ctl.secrets import launch_env  # noqa: PLC0415
 
         secrets = launch_env(p)  # a server that inherits VLLM_API_KEY requires it: readiness and benches send it
@@ -237,12 +241,12 @@ class ServerEvaluator:
             self._save_log(name, tdir)
             self.registry.remove(name)  # the trial's folder keeps its log and the study its cause
             self.current = None
-            (self.dir / "running.json").unlink(missing_ok=True)
+            self._mark_stopped(name)
             raise
         except BaseException:
             self._save_log(name, tdir)
             self.current = None
-            (self.dir / "running.json").unlink(missing_ok=True)
+            self._mark_stopped(name)
             raise
         start_s = time.monotonic() - t0
         self._record_start(res, tdir, start_s)
@@ -308,20 +312,210 @@ class ServerEvaluator:
             if tdir is not None:
                 self._save_log(name, tdir)
             self.current = None
-            (self.dir / "running.json").unlink(missing_ok=True)
+            self._mark_stopped(name)
+
+    # ------------------------------------------------------------------ parallel trials (m3ctl.tune.parallel)
+    #: Run each bench in a child process (a slot evaluator's sessions run beside others': m3ctl.bench.runner allows
+    #: one run per process).
+    isolate_bench = False
+
+    def _running_state(self) -> tuple[threading.Lock, dict[str, dict]]:
+        """The trial servers running now (name -> running.json record) and its lock, shared with the slot
+        evaluators (:meth:`for_slot`)."""
+        st = self.__dict__.get("_running_recs")
+        if st is None:
+            st = self.__dict__["_running_recs"] = (threading.Lock(), {})
+        return st
+
+    def _mark_running(self, name: str, trial: int | str) -> None:
+        lock, recs = self._running_state()
+        with lock:
+            recs[name] = {"name": name, "trial": trial, "state_dir": str(self.registry.root)}
+            self._write_running(recs)
+
+    def _mark_stopped(self, name: str) -> None:
+        lock, recs = self._running_state()
+        with lock:
+            recs.pop(name, None)
+            self._write_running(recs)
+
+    def _write_running(self, recs: dict[str, dict]) -> None:
+        """``running.json``: one trial server: its record ``{name, trial, state_dir}`` (the file of a serial study,
+        which older m3ctl reads); several (parallel trials): the first one's record plus ``running``, the list of
+        every record; none: no file."""
+        path = self.dir / "running.json"
+        rows = list(recs.values())
+        if not rows:
+            path.unlink(missing_ok=True)
+        elif len(rows) == 1:
+            write_json(path, rows[0])
+        else:
+            write_json(path, {**rows[0], "running": rows})
+
+    def for_slot(self, gpus, port: int) -> ServerEvaluator:
+        """This evaluator for one of several trials at once: its plans pin ``gpus`` (physical GPU indices:
+        :attr:`m3ctl.assess.request.PlanRequest.gpus`, so the planner sets the server's visible devices) and listen
+        on ``port``; it has its own current server, runs its bench runs in a child process and shares
+        ``running.json`` with this one. :meth:`stop_slots` stops the servers of every slot evaluator made here."""
+        self._running_state()  # created before the copy, so the copy shares it
+        c = copy.copy(self)
+        c.plan_base = {**self.plan_base, "gpus": [int(g) for g in gpus]}
+        c.port = int(port)
+        c.current = c.trial_dir = None
+        c.isolate_bench = True
+        self.__dict__.setdefault("_slots", []).append(c)
+        return c
+
+    def abort(self) -> bool:
+        """Stop this evaluator's trial server from another thread (a parallel study being cancelled), whether it
+        is still starting or measuring; safe to repeat (the owning thread's open/close clean up). Returns True when a
+        server was stopped."""
+        from m3ctl.serve import stop  # noqa: PLC0415
+
+        name = self.current
+        if name is None or not self.registry.exists(name):
+            return False
+        stop([name], registry=self.registry)
+        return True
+
+    def stop_slots(self) -> None:
+        """Stop the server of every slot evaluator :meth:`for_slot` made (the study's last cleanup)."""
+        for c in self.__dict__.get("_slots", []):
+            c.stop_current()
+
+    def gpus_needed(self, cand: dict[str, Any]) -> int:
+        """GPUs the server of ``cand`` occupies on this host: the plan's world size (TP x PP x DP), at least 1
+        (a CPU plan: 1). Raises ConfigRejected like :meth:`check`."""
+        return max(1, len(self.plan(cand).gpus))
+
+    def compile_key(self, cand: dict[str, Any]) -> str:
+        """Which torch.compile cache entry the server of ``cand`` would use, as a comparable string: two candidates
+        with the same key compile the same graph, so the second one started after the first finds it compiled
+        (vLLM keys its compilation cache on ``VllmConfig.compute_hash()``: https://docs.vllm.ai/en/latest/design/
+        torch_compile.html). Used to order parallel trials (m3ctl/tune/schedule.py); raises ConfigRejected like
+        :meth:`check`.
+
+        The key is the plan's model, image, layout (TP/PP/DP/DCP/EP/DBO), environment and vLLM flags, minus what
+        does not enter vLLM's hash: where the server listens and what it is called (port, host and served name are
+        not among :attr:`~m3ctl.plan.LaunchPlan.vllm_args`), the visible-device and port variables
+        (:data:`COMPILE_NEUTRAL_ENV`: the cache is keyed by rank, not by GPU), and ``--max-num-seqs`` when the CUDA
+        graph capture sizes are pinned (``cudagraph_capture_sizes`` / ``max_cudagraph_capture_size`` in
+        ``--compilation-config``, or the flags of the same names) or with ``--enforce-eager`` (no graph at all).
+        ``SchedulerConfig.compute_hash`` has no factors, but the scheduler limits reach the hash through the
+        compilation config: max-num-seqs sets the default largest capture size (``min(max_num_seqs x 2, 512)``,
+        ``_set_cudagraph_sizes``) and max-num-batched-tokens is the end of the compile ranges
+        (``_set_compile_ranges``), so ``--max-num-batched-tokens`` stays in the key unless the server is eager
+        (https://github.com/vllm-project/vllm/blob/main/vllm/config/vllm.py, vllm/config/scheduler.py,
+        vllm/config/compilation.py).
+        """
+        p = self.plan(cand)
+        args = dict(p.vllm_args or {})
+        eager = bool(args.get("enforce-eager"))
+        bounded = self.fast_starts and bool(self._capture_bound(p, p.argv)[0])  # the trial's own capture bound
+        if eager or bounded or _capture_sizes_pinned(args):
+            args.pop("max-num-seqs", None)
+        if eager:
+            args.pop("max-num-batched-tokens", None)
+        env = {k: v for k, v in p.env.items() if k not in COMPILE_NEUTRAL_ENV}
+        return json.dumps({"model": p.model, "image": p.image, "args": args, "env": env, "tp": p.tp, "pp": p.pp,
+                           "dp": p.dp, "dcp": p.dcp, "ep": p.ep, "dbo": p.dbo}, sort_keys=True, default=str)
+
+
+#: Server environment that does not change the compiled graph: which GPUs, the device order, internal ports.
+COMPILE_NEUTRAL_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
+                                 "CUDA_DEVICE_ORDER", "VLLM_PORT", "MASTER_PORT"})
+
+
+def _capture_sizes_pinned(args: dict[str, Any]) -> bool:
+    """True when the vLLM flags fix the CUDA graph capture sizes (so max-num-seqs does not choose them)."""
+    names = ("cudagraph_capture_sizes", "max_cudagraph_capture_size")
+    if any(k.replace("-", "_") in names for k in args):
+        return True
+    if any(k.replace("-", "_").startswith("compilation_config.") and k.split(".", 1)[1] in names for k in args):
+        return True
+    cc = args.get("compilation-config", args.get("compilation_config"))
+    if isinstance(cc, str):
+        try:
+            cc = json.loads(cc)
+        except ValueError:
+            return False
+    return isinstance(cc, dict) and any(cc.get(n) is not None for n in names)
+
+
+def run_bench_isolated(cfg, dep) -> dict:
+    """:func:`m3ctl.bench.runner.run_bench` of ``cfg`` against deployment ``dep`` in a Python process of its own
+    (:mod:`m3ctl.tune.benchchild`), so trials running at once each measure with their own load generator (run_bench
+    allows one run per process: its stall tracker and progress sink are process-wide).
+
+    Raises:
+        BadInput, BenchServerDown: as run_bench (the same message and hint).
+        LaunchFailed: the bench process ended without a result (its exit status and last stderr line).
+    """
+    import os  # noqa: PLC0415
+    import pickle  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    import m3ctl  # noqa: PLC0415
+    from m3ctl.bench.runner import BenchServerDown  # noqa: PLC0415
+    from m3ctl.errors import BadInput  # noqa: PLC0415
+
+    root = str(Path(m3ctl.__file__).resolve().parent.parent)  # the child imports this m3ctl
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    with tempfile.TemporaryDirectory(prefix="m3ctl-bench-") as d:
+        inp, out = Path(d) / "in.pkl", Path(d) / "out.pkl"
+        inp.write_bytes(pickle.dumps((cfg, dep)))
+        p = subprocess.run([sys.executable, "-m", "m3ctl.tune.benchchild", str(inp), str(out)], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
+        if not out.exists():
+            tail = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
+            raise LaunchFailed(f"the bench run's process ended without a result (exit {p.returncode}): {tail}",
+                               f"see {dep.log_path or 'the server log'}", phase="serving",
+                               log_path=dep.log_path)
+        res = pickle.loads(out.read_bytes())  # noqa: S301 - written by our child
+    if "error" in res:
+        raise {"BenchServerDown": BenchServerDown, "BadInput": BadInput}[res["error"]](res["message"], res["hint"])
+    return res["result"]
+
+
+def trial_ports(host: str, first: int, n: int, tries: int = 100) -> tuple[int, ...]:
+    """``n`` API ports for trial servers running at once: ``first``, then the next ports up that are free now
+    (m3ctl.runtime.base.port_in_use). ``first`` is the study's port and is kept even when taken (its trial's
+    pre-flight then names the holder, as in a serial study).
+
+    Raises:
+        ConfigRejected: fewer than ``n`` free ports among the ``tries`` ports above ``first``.
+    """
+    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+    from m3ctl.runtime.base import port_in_use  # noqa: PLC0415
+
+    out = [first]
+    p = first
+    while len(out) < n and p < min(65535, first + tries):
+        p += 1
+        if not port_in_use(host, p):
+            out.append(p)
+    if len(out) < n:
+        raise ConfigRejected(f"{n} trials at once need {n} API ports from {first} up; only {len(out)} of the next "
+                             f"{tries} are free", "pass --port with a free range above it, or --parallel-trials 1")
+    return tuple(out)
 
 
 def stop_leftovers(study_dir: Path, prefix: str, registry) -> list[str]:
-    """Stop servers a killed tune left behind: the one in ``running.json`` and any deployment named
-    ``{prefix}-t*`` in the registry. Returns the names stopped."""
+    """Stop servers a killed tune left behind: those in ``running.json`` (its record, and every record of its
+    ``running`` list when trials ran in parallel) and any deployment named ``{prefix}-t*`` in the registry.
+    Returns the names stopped."""
     from m3ctl.serve import stop  # noqa: PLC0415
 
     names = {d.name for d in registry.list() if d.name.startswith(prefix + "-t")}
     run = Path(study_dir) / "running.json"
     if run.exists():
         try:
-            names.add(json.loads(run.read_text())["name"])
-        except (ValueError, KeyError):
+            data = json.loads(run.read_text())
+            names.add(data["name"])
+            names.update(r["name"] for r in data.get("running", []))  # parallel trials: every running server
+        except (ValueError, KeyError, TypeError):
             pass
     stopped = []
     for n in sorted(names):

@@ -322,8 +322,32 @@ def study_lock(study_dir: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def open_tuner(study_dir: Path, space: Space, ev, spec: TuneSpec, on_event=None) -> Tuner:
-    """The study's :class:`~m3ctl.tune.search.Tuner` on its optuna SQLite file ``study.db`` (created when new).
+def trial_pool(inventory, space: Space, port: int, parallel_trials: int | str = "auto"):
+    """How many trials of the study run at once on this host and where (:class:`m3ctl.tune.schedule.Pool`): the
+    limit from ``parallel_trials`` (an int >= 1, or ``"auto"``: as many as fit) and the smallest configuration of
+    the space (TP x DP, its smallest values), the GPU topology of ``inventory``, and one API port per concurrent
+    trial (``port`` and the next free ones up). A host without GPUs, or where one trial fits, runs one at a time.
+
+    Raises:
+        BadInput: ``parallel_trials`` is not ``auto`` or an integer >= 1.
+        ConfigRejected: not enough free ports above ``port`` for the concurrent trials.
+    """
+    from m3ctl.tune.schedule import Pool, Topology, parallel_limit  # noqa: PLC0415
+    from m3ctl.tune.server import trial_ports  # noqa: PLC0415
+
+    topo = Topology.of(inventory)
+    need = min(space.values.get("tp", [1])) * min(space.values.get("dp", [1]))
+    try:
+        limit, why = parallel_limit(topo, need, parallel_trials)
+    except ValueError as e:
+        raise BadInput(f"--parallel-trials: {e}", "pass auto or a whole number >= 1") from None
+    ports = trial_ports("127.0.0.1", port, limit) if limit > 1 else (port,)
+    return Pool(topo=topo, ports=ports, limit=limit, why=why)
+
+
+def open_tuner(study_dir: Path, space: Space, ev, spec: TuneSpec, on_event=None, pool=None) -> Tuner:
+    """The study's :class:`~m3ctl.tune.search.Tuner` on its optuna SQLite file ``study.db`` (created when new);
+    ``pool``: trials at once (:func:`trial_pool`), None: one at a time.
 
     Raises:
         BadInput: ``study.db`` is not a readable optuna SQLite study (corrupt, truncated, another file, not
@@ -331,7 +355,7 @@ def open_tuner(study_dir: Path, space: Space, ev, spec: TuneSpec, on_event=None)
     """
     db = Path(study_dir) / "study.db"
     try:
-        return Tuner(space, ev, spec, storage=f"sqlite:///{db}", on_event=on_event)
+        return Tuner(space, ev, spec, storage=f"sqlite:///{db}", on_event=on_event, pool=pool)
     except Exception as e:  # noqa: BLE001 - sqlalchemy/optuna raise many kinds (DatabaseError, RuntimeError...)
         first = (str(e).splitlines() or [type(e).__name__])[0][:160]
         raise BadInput(f"{db} is not a readable optuna study ({type(e).__name__}: {first})",
@@ -341,10 +365,12 @@ def open_tuner(study_dir: Path, space: Space, ev, spec: TuneSpec, on_event=None)
 
 def run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry=None,
              on_event: Callable[[int | None, str, str], None] | None = None,
-             on_cleanup: Callable[[list[str]], None] | None = None) -> tuple[TuneResult, Tuner, Any]:
+             on_cleanup: Callable[[list[str]], None] | None = None,
+             parallel_trials: int | str = "auto") -> tuple[TuneResult, Tuner, Any]:
     """Start or continue the study in ``study_dir`` with ``settings`` (the ``tune.json`` shape:
     ``model``, ``space``, ``spec``, ``plan_base``, ``bench``, ``port``). Leftover servers of a killed
-    run are stopped first. Returns the result, the tuner and the evaluator.
+    run are stopped first. Returns the result, the tuner and the evaluator. ``parallel_trials``: trials at once on
+    disjoint GPU sets (:func:`trial_pool`; a run setting, not saved: a resumed study may run elsewhere).
 
     The study is locked for the run (:func:`study_lock`): a second concurrent run of it refuses before touching it.
 
@@ -354,11 +380,11 @@ def run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry=N
     """
     with study_lock(Path(study_dir)):
         return _run_tune(Path(study_dir), settings, inventory=inventory, registry=registry, on_event=on_event,
-                         on_cleanup=on_cleanup)
+                         on_cleanup=on_cleanup, parallel_trials=parallel_trials)
 
 
-def _run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry, on_event, on_cleanup
-              ) -> tuple[TuneResult, Tuner, Any]:
+def _run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry, on_event, on_cleanup,
+              parallel_trials: int | str = "auto") -> tuple[TuneResult, Tuner, Any]:
     from m3ctl.state import Registry  # noqa: PLC0415
     from m3ctl.tune.server import ServerEvaluator, stop_leftovers  # noqa: PLC0415
 
@@ -373,15 +399,18 @@ def _run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry,
     ev = ServerEvaluator(inventory, settings["model"], study_dir, spec, plan_base=settings.get("plan_base", {}),
                          bench=settings.get("bench", {}), port=settings["port"], name_prefix=prefix,
                          registry=registry, space=space, fast_starts=settings.get("fast_starts", True))
-    tuner = open_tuner(study_dir, space, ev, spec, on_event)
+    pool = trial_pool(inventory, space, settings["port"], parallel_trials)
+    tuner = open_tuner(study_dir, space, ev, spec, on_event, pool=pool if pool.limit > 1 else None)
     try:
         res = tuner.run()
     finally:
         ev.stop_current()
+        ev.stop_slots()
     return res, tuner, ev
 
 
-def dry_run(study_dir: Path, settings: dict[str, Any], *, inventory, registry=None) -> dict[str, Any]:
+def dry_run(study_dir: Path, settings: dict[str, Any], *, inventory, registry=None,
+            parallel_trials: int | str = "auto") -> dict[str, Any]:
     """What ``m3ctl tune`` would do with ``settings`` (the ``tune.json`` shape), starting nothing and writing
     nothing: every configuration of the space checked by the plan rules (a rejected one is never launched),
     the configurations pruned before launch, the vLLM-defaults baseline and the first configuration with
@@ -394,7 +423,8 @@ def dry_run(study_dir: Path, settings: dict[str, Any], *, inventory, registry=No
     "rejected", rule, reason, command}], ``feasible`` (count), ``baseline`` {config, command} or
     {skipped: why}, ``first`` {config, command} (the anchor: the search's first start) or None,
     ``order`` (what runs in which order), ``prompts_per_run`` {concurrency: requests}, ``boundary`` (the rule for
-    repeating a run near the SLO boundary, in words).
+    repeating a run near the SLO boundary, in words), ``parallel`` (:func:`parallel_preview`: trials at once, their
+    GPU sets and ports, and the start order of the first configurations).
     """
     from m3ctl.errors import ConfigRejected  # noqa: PLC0415
     from m3ctl.state import Registry  # noqa: PLC0415
@@ -439,6 +469,59 @@ def dry_run(study_dir: Path, settings: dict[str, Any], *, inventory, registry=No
         f"then the best {spec.confirm_top} re-measured on a fresh server with {spec.confirm_factor:g}x the requests"]
     out["boundary"] = boundary_rule(spec)
     out["starts"] = ev.start_measures_note(first) if key_of(first) in ok else None
+    pool = trial_pool(inventory, space, settings["port"], parallel_trials)
+    out["parallel"] = parallel_preview(ev, space, cands, pool)
+    if out["parallel"]["trials"] > 1:
+        out["order"].insert(1 if "config" in out["baseline"] else 0,
+                            f"search trials run up to {out['parallel']['trials']} at a time on disjoint GPU sets, each "
+                            "on its own port; the baseline and the confirmations run alone")
+    return out
+
+
+def parallel_preview(ev, space: Space, cands: list[dict[str, Any]], pool) -> dict[str, Any]:
+    """The dry run's view of parallel trials: ``trials`` (at once), ``why``, ``ports``, ``slots`` (the GPU sets and
+    ports a wave of the smallest configurations gets: [{gpus, port}]), ``first_wave`` (what starts at once on an idle
+    host: the first configuration and its poll beside it, [{config, describe, gpus, port, compile_group}]) and
+    ``queued`` (the rest of that poll in start order, [{config, describe, compile_group}]). ``compile_group``
+    numbers the distinct compile keys (ServerEvaluator.compile_key) in order: starts of one group share the
+    torch.compile cache. Rejected configurations start nothing and are left out."""
+    from m3ctl.tune.schedule import Pending, first_wave, order_batch, pick_gpus  # noqa: PLC0415
+    from m3ctl.tune.search import mesh  # noqa: PLC0415
+
+    need = min(space.values.get("tp", [1])) * min(space.values.get("dp", [1]))
+    out: dict[str, Any] = {"trials": pool.limit, "why": pool.why, "ports": list(pool.ports)}
+    wave: list[dict[str, Any]] = []
+    busy: set[int] = set()
+    for port in pool.ports:
+        g = pick_gpus(pool.topo, need, busy) if pool.topo.gpus else ()
+        if g is None:
+            break
+        busy |= set(g)
+        wave.append({"gpus": list(g), "port": port})
+    out["slots"] = wave
+    ok = {key_of(c["config"]): c for c in cands if c["status"] == "ok"}
+    first = space.anchor()
+    if key_of(first) not in ok:
+        out["first_wave"], out["queued"] = [], []
+        return out
+    poll = [c for c in mesh(space, first) if key_of(c) in ok]
+    groups: dict[str, int] = {}
+    infos: dict[str, tuple[int, int]] = {}
+    for c in [first, *poll]:  # compile groups numbered in the search's order, the first configuration's 0
+        infos[key_of(c)] = (ev.gpus_needed(c), groups.setdefault(ev.compile_key(c), len(groups)))
+
+    def info(c: dict[str, Any]) -> tuple[int, int]:
+        return infos[key_of(c)]
+
+    # one at a time, the poll runs in knob order (the serial search); in parallel, grouped by compile key
+    batch = [first, *(order_batch(poll, lambda c: info(c)[1], pool.limit) if pool.limit > 1 else poll)]
+    pending = [Pending(*info(c)) for c in batch]
+    started = first_wave(pending, pool.topo, pool.ports) if pool.topo.gpus else [(0, (), pool.ports[0])]
+    out["first_wave"] = [{"config": batch[i], "describe": describe(batch[i], space), "gpus": list(g), "port": p,
+                          "compile_group": pending[i].key} for i, g, p in started]
+    done = {i for i, _, _ in started}
+    out["queued"] = [{"config": c, "describe": describe(c, space), "compile_group": pending[i].key}
+                     for i, c in enumerate(batch) if i not in done]
     return out
 
 
@@ -729,4 +812,4 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
     return out
 
 
-__all__ = ["TuneSettings", "new_settings", "resume_settings", "base_profile", "check_budgets", "run_tune", "dry_run", "boundary_rule", "write_outputs", "level_rows", "load_settings", "save_settings", "prefix_for", "plan_kwargs"]
+__all__ = ["TuneSettings", "new_settings", "resume_settings", "base_profile", "check_budgets", "run_tune", "dry_run", "boundary_rule", "write_outputs", "load_settings", "save_settings", "prefix_for", "plan_kwargs", "level_rows", "trial_pool", "parallel_preview"]
