@@ -162,7 +162,14 @@ def test_slot_evaluator_plans_its_gpus_and_port_and_compile_key(tmp_path):
     assert ev.gpus_needed(cand) == 2 and ev.gpus_needed({**cand, "dp": 2}) == 4
     key = ev.compile_key(cand)
     assert slot.compile_key(cand) == key  # GPUs and port are not in vLLM's compile hash
-    assert ev.compile_key({**cand, "max_num_seqs": 128}) != key  # it sets the CUDA graph capture sizes
+    # the study's capture bound (fast starts: the ladder's top, 64 here) pins the graph sizes, so max-num-seqs no
+    # longer reaches the compile hash (H200: a --max-num-seqs change loaded the same compiled model); without it,
+    # max-num-seqs sets vLLM's default capture sizes and is part of the key
+    assert ev.compile_key({**cand, "max_num_seqs": 128}) == key
+    plain = ServerEvaluator(synthetic("h200x8"), ev.model, tmp_path / "s3", TuneSpec(),
+                            plan_base={"runtime": "process", "extra_args": ["--load-format", "dummy"]}, bench={},
+                            port=8040, name_prefix="t", fast_starts=False)
+    assert plain.compile_key({**cand, "max_num_seqs": 128}) != plain.compile_key(cand)
     assert ev.compile_key({**cand, "tp": 4}) != key
     pinned = ServerEvaluator(synthetic("h200x8"), ev.model, tmp_path / "s2", TuneSpec(),
                              plan_base={"runtime": "process", "overrides": {
