@@ -1,0 +1,125 @@
+#!/usr/bin/env python3
+"""Where a tune trial's server start goes, and what the study's start measures take off it (issue 25 item 1).
+
+Prints, from vLLM's own logs (m3ctl.tune.startup.start_breakdown):
+
+1. the five H200 starts of the MiniMax-M2 scale model recorded by scripts/gpu/h200_starts.sh (or ``--logs``):
+   A cold with vLLM's defaults, B the same warm, C the study's cache root + capture bound (cold), D the same warm,
+   E D's cache with another --max-num-seqs: each phase in seconds, and the saving of each measure;
+2. a study's trials (``--study DIR``, default the recorded H200 study tests/fixtures/h200x1-real/study3): each
+   trial's start broken down, cache hit or miss, the median start after the first, the study's wall time, the
+   share of it spent starting servers, and the study's wall time against the same study without the measures.
+
+The "without" wall time is the study's own wall time with each trial start's bounded CUDA-graph capture replaced by
+vLLM's default capture measured in (1) (A's), and, as an upper end, each compile-cache hit replaced by A's cold
+compile (a hit only counts if the capture bound is what made its compile key match an earlier trial's: vLLM's own
+default cache in ~/.cache/vllm hits every other repeat key as well). It is derived from measured phases, not a
+second run of the study; the script says so next to the figure.
+
+Usage: python benchmarks/trial_starts.py [--study DIR] [--logs DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import statistics
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from m3ctl.tune.startup import start_breakdown
+
+FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "h200x1-real"
+TAGS = {"A": "cold, vLLM defaults", "B": "warm default cache", "C": "study cache + bound, cold",
+        "D": "study cache + bound, warm", "E": "D's cache, --max-num-seqs 128"}
+
+
+def _read(p: Path) -> str:
+    return gzip.decompress(p.read_bytes()).decode() if p.suffix == ".gz" else p.read_text()
+
+
+def reference(logs: Path) -> dict[str, dict]:
+    out = {}
+    for tag in TAGS:
+        f = next((p for p in (logs / f"log-{tag}.txt.gz", logs / f"log-{tag}.txt") if p.exists()), None)
+        if f is not None:
+            b = start_breakdown(_read(f))
+            out[tag] = {"phases": dict(b.phases), "vllm_s": b.vllm_s, "compile_cache": b.compile_cache}
+    return out
+
+
+def print_reference(ref: dict[str, dict]) -> None:
+    phases = list(dict.fromkeys(p for r in ref.values() for p in r["phases"]))
+    print("Starts of the M2 scale model on one H200 (s, from vLLM's log; api_imports not in the log alone):")
+    print(f"  {'phase':<18}" + "".join(f"{t:>8}" for t in ref))
+    for ph in phases:
+        print(f"  {ph:<18}" + "".join(f"{r['phases'].get(ph, float('nan')):>8.1f}" for r in ref.values()))
+    print(f"  {'logged total':<18}" + "".join(f"{sum(r['phases'].values()):>8.1f}" for r in ref.values()))
+    print(f"  {'compile cache':<18}" + "".join(f"{r['compile_cache'] or '-':>8}" for r in ref.values()))
+    for t, what in TAGS.items():
+        print(f"    {t}: {what}")
+    if {"A", "B", "D"} <= ref.keys():
+        a, b, d = (ref[t]["phases"] for t in "ABD")
+        print(f"  compile cache hit saves {a['torch_compile'] - b['torch_compile']:.0f} s of torch.compile and "
+              f"{a['api_config'] - b['api_config']:.0f} s of model-registry inspection (A - B)")
+        print(f"  capture bound 128: CUDA graphs {ref['D']['vllm_s'].get('cuda_graphs', 0):.0f} s against "
+              f"{ref['A']['vllm_s'].get('cuda_graphs', 0):.0f} s (vLLM: D vs A); engine spawn and imports "
+              f"({d['engine_spawn']:.0f} s + the API server's imports) are vLLM's own and unchanged")
+
+
+def _study_dir(arg: str | None, tmp: Path) -> Path:
+    if arg:
+        return Path(arg)
+    with tarfile.open(FIX / "study3" / "study.tgz") as t:
+        t.extractall(tmp, filter="data")
+    return tmp
+
+
+def print_study(sdir: Path, ref: dict[str, dict]) -> None:
+    res = json.loads((sdir / "result.json").read_text())
+    starts = sorted(((p.parent.name, json.loads(p.read_text())) for p in (sdir / "trials").glob("*/start.json")),
+                    key=lambda t: (t[0] != "base", t[0]))  # the baseline starts first
+    print(f"\nStudy {sdir}: {len(starts)} server start(s), wall {res['elapsed_s']:.0f} s")
+    for name, s in starts:
+        ph = s["phases"]
+        print(f"  trial {name:<5} {s['start_s']:6.1f} s  cache {s['compile_cache'] or '-':<5} "
+              + " ".join(f"{k}={v:g}" for k, v in ph.items()))
+    times = [s["start_s"] for _, s in starts]
+    after = times[1:]
+    print(f"  median start after the first: {statistics.median(after):.1f} s" if after
+          else "  median start after the first: n/a (one start)")
+    spent = sum(times)
+    print(f"  starting servers: {spent:.0f} s of {res['elapsed_s']:.0f} s wall ({spent / res['elapsed_s']:.0%})")
+    if {"A", "B"} <= ref.keys():
+        a = ref["A"]
+        graphs = hits = 0.0
+        for _, s in starts:
+            if s.get("fast_starts") and a["vllm_s"].get("cuda_graphs") is not None:
+                graphs += max(0.0, a["vllm_s"]["cuda_graphs"] - s["phases"].get("cuda_graphs", 0.0))
+            if s["compile_cache"] == "hit":
+                hits += max(0.0, a["phases"]["torch_compile"] - s["phases"].get("torch_compile", 0.0))
+        lo, hi = res["elapsed_s"] + graphs, res["elapsed_s"] + graphs + hits
+        print(f"  wall without the measures (derived from the measured phases, not a second run): {lo:.0f} s with "
+              f"vLLM's default capture sizes ({graphs:.0f} s of graphs), up to {hi:.0f} s if every compile-cache hit "
+              f"({hits:.0f} s) was a key only the capture bound shared (vLLM's default cache in ~/.cache/vllm hits "
+              f"the others too); ratio with / without = {res['elapsed_s'] / lo:.2f} to {res['elapsed_s'] / hi:.2f}")
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--study", help="a study dir (default: the recorded H200 study)")
+    ap.add_argument("--logs", default=str(FIX / "starts"), help="dir with log-A..E.txt(.gz)")
+    a = ap.parse_args()
+    ref = reference(Path(a.logs))
+    if ref:
+        print_reference(ref)
+    with tempfile.TemporaryDirectory() as tmp:
+        print_study(_study_dir(a.study, Path(tmp)), ref)
+
+
+if __name__ == "__main__":
+    main()
