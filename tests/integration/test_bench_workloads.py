@@ -123,7 +123,8 @@ def test_sweep_cli_pareto_csv_report(tiny_server, tmp_path):
         time.sleep(3)
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(out.read_text())
-    assert doc["sweep"] == {"axis": "concurrency", "values": [1, 2, 4]}
+    assert doc["sweep"]["axis"] == "concurrency" and doc["sweep"]["values"] == [1, 2, 4]
+    assert [lv["concurrency"] for lv in doc["sweep"]["levels"]] == [1, 2, 4] and doc["sweep"]["skipped"] == []
     assert [r["max_concurrency"] for r in doc["runs"]] == [1, 2, 4]
     for r in doc["runs"]:
         assert r["completed"] == 8 and r["per_gpu"]["tput_per_gpu"] == pytest.approx(r["total_token_throughput"])
