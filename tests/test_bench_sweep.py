@@ -66,8 +66,11 @@ def test_overload_criteria():
     assert sweep.overload(_res(8, 2400.0, 900.0), None, max_ttft_s=None)["overloaded"] is False  # no bound: off
     # a plateau is not a drop (noise), a 10 %+ drop is
     assert sweep.overload(_res(16, 300.0, 880.0), _res(8, 180.0, 900.0), None)["overloaded"] is False
-    drop = sweep.overload(_res(16, 300.0, 700.0), _res(8, 180.0, 900.0), None)
+    # a drop at a similar TTFT is noise (a shared host): it stops nothing; with TTFT doubled it is overload
+    assert sweep.overload(_res(16, 300.0, 700.0), _res(8, 180.0, 900.0), None)["overloaded"] is False
+    drop = sweep.overload(_res(16, 400.0, 700.0), _res(8, 180.0, 900.0), None)
     assert drop["criteria"] == ["throughput"] and "fell 22% below" in drop["reasons"][0]
+    assert "TTFT rose 2.2x" in drop["reasons"][0]
     q = {"growing": True, "waiting_first_third": 3.0, "waiting_last_third": 20.0, "waiting_end": 26.0,
          "reference": 32.0}
     assert sweep.overload(_res(32, 300.0, 950.0, q), _res(16, 180.0, 900.0), None)["criteria"] == ["queue"]

@@ -12,7 +12,9 @@ Early stop (:func:`overload`): a level is *clearly overloaded* when any of
   run) grew while the run issued requests and ended at half the concurrency or more
   (m3ctl.bench.servermetrics.queue_trend);
 - ``throughput``: its output throughput fell more than :data:`THROUGHPUT_DROP` below the previous level's of the
-  same input/output lengths at a lower concurrency (more load, less work done).
+  same input/output lengths at a lower concurrency (more load, less work done) *and* its median TTFT is at least
+  :data:`TTFT_RISE` x the previous level's: requests waited longer to start. A drop without that rise is noise
+  (a shared host, a short run), not overload, and never ends a sweep by itself.
 
 Then the levels of the same input/output lengths at a higher concurrency are skipped (``stop_on_overload``, on
 by default), each recorded with the reason in the overloaded level's result (``sweep_stop``) and in the sweep
@@ -29,6 +31,9 @@ from m3ctl.errors import BadInput
 #: A level whose output tok/s is below (1 - THROUGHPUT_DROP) x the previous level's is overloaded: a drop this
 #: size is beyond run-to-run noise (a few %), so more load made the server do less.
 THROUGHPUT_DROP = 0.10
+
+#: ...when the level's median TTFT is also at least this many times the previous level's (queueing).
+TTFT_RISE = 2.0
 
 
 @dataclass(frozen=True)
@@ -108,11 +113,13 @@ def overload(res: dict, prev: dict | None, max_ttft_s: float | None) -> dict:
     ratio = None
     if prev is not None and prev.get("output_throughput"):
         ratio = res.get("output_throughput", 0.0) / prev["output_throughput"]
-        if ratio < 1 - THROUGHPUT_DROP:
+        p_ttft = prev.get("median_ttft_ms")
+        rise = ttft / p_ttft if ttft is not None and p_ttft else None
+        if ratio < 1 - THROUGHPUT_DROP and rise is not None and rise >= TTFT_RISE:
             crit.append("throughput")
             why.append(f"output throughput {res['output_throughput']:.1f} tok/s fell {1 - ratio:.0%} below the "
                        f"previous level's {prev['output_throughput']:.1f} tok/s (concurrency "
-                       f"{prev.get('max_concurrency')})")
+                       f"{prev.get('max_concurrency')}) while median TTFT rose {rise:.1f}x")
     return {"overloaded": bool(crit), "criteria": crit, "reasons": why, "median_ttft_s": ttft_s,
             "max_ttft_s": max_ttft_s, "queue_growing": q.get("growing"), "throughput_vs_previous": ratio}
 
