@@ -944,7 +944,7 @@ def run_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=None, syn
     """
     with _one_run() as cleanup:
         prep = _prepare(cfg, tok, sync_log)
-        cleanup.append(prep.meter.stop)
+        cleanup.append(prep.stop_sampling)
         outs, dur, cstats = _execute(cfg, prep.job, prep.warmups, prep.before, progress)
         return _finish(prep, outs, dur, cstats, sync_log)
 
@@ -967,7 +967,7 @@ async def arun_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=No
     """
     with _one_run() as cleanup:
         prep = await asyncio.to_thread(_prepare, cfg, tok, sync_log)
-        cleanup.append(prep.meter.stop)
+        cleanup.append(prep.stop_sampling)
         procs = min(cfg.client_procs, prep.job.concurrency) if prep.job.concurrency else cfg.client_procs
         if procs > 1:
             outs, dur, cstats = await asyncio.to_thread(_execute, cfg, prep.job, prep.warmups, prep.before, progress)
@@ -984,14 +984,13 @@ async def arun_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=No
 
 
 _RUN_LOCK = threading.Lock()
-_SAMPLERS: list = []  # servermetrics.QueueSampler of the run in progress
 
 
 @contextlib.contextmanager
 def _one_run():
     """One run at a time per process: the stall tracker (``client.PROGRESS``) and the progress sink are
     process-wide. Raises BadInput for a second concurrent run (await runs one after the other). Yields a list of
-    callables run at the end whatever happens (the power sampler's stop)."""
+    callables run at the end whatever happens (the run's samplers' stop)."""
     if not _RUN_LOCK.acquire(blocking=False):
         raise BadInput("another bench run is in progress in this process",
                        "await the running one first (runs in one process go one after the other)")
@@ -1001,8 +1000,6 @@ def _one_run():
     finally:
         for fn in cleanup:
             fn()
-        while _SAMPLERS:  # the run's queue sampler (a thread), whatever ended the run
-            _SAMPLERS.pop().stop()
         _RUN_LOCK.release()
 
 
@@ -1020,6 +1017,14 @@ class _Prepared:
     scraped: dict
     before: object  # callable or None
     meter: object = None  # m3ctl.bench.energy.EnergyMeter: started by ``before``, stopped after the last response
+
+    def stop_sampling(self) -> list | None:
+        """Stop the run's background samplers (GPU power, the server's queue), whatever ended the run; idempotent.
+        Returns the queue samples (None: the queue was not sampled)."""
+        if self.meter is not None:
+            self.meter.stop()  # the last response is in: the last power reading
+        q = self.scraped.get("sampler")
+        return q.stop() if q is not None else None
 
 
 def _prepare(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Prepared:
@@ -1085,7 +1090,6 @@ def _prepare_reachable(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Pr
             scraped["before"] = servermetrics.scrape(cfg.url, _headers(cfg))
             if scraped["before"] is not None:  # a vLLM-style server: watch its queue through the measured phase
                 scraped["sampler"] = servermetrics.QueueSampler(cfg.url, _headers(cfg), cfg.queue_sample_s).start()
-                _SAMPLERS.append(scraped["sampler"])
 
     from m3ctl.bench.energy import EnergyMeter  # noqa: PLC0415
 
@@ -1103,9 +1107,7 @@ def _prepare_reachable(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Pr
 def _finish(prep: _Prepared, outs: list[RequestOutput], dur: float, cstats: list[ClientStats], sync_log) -> dict:
     """Everything after the last response (blocking I/O: log, ``/metrics``, realignment): the result dict."""
     cfg, tok, log, scraped = prep.cfg, prep.tok, prep.log, prep.scraped
-    if prep.meter is not None:
-        prep.meter.stop()  # the last response is in: the last power reading
-    samples = scraped["sampler"].stop() if scraped.get("sampler") else None
+    samples = prep.stop_sampling()
     if log is not None and sync_log is not None:
         sync_log()
     jit = _server_jit(log, scraped.get("log_offset"))
