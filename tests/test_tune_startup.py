@@ -179,3 +179,19 @@ def test_startup_facts_are_schema_checked():
         _load("markers: [{phase: x, regex: '(', source: s}]\ncompile_cache_hit: a\ncache_root_env: V\n"
               "capture_bound: {flag: f, key: k, default_cap: 1, conflicts: [], source: s}\n",
               startup.StartupFacts, "startup.yaml")
+
+
+def test_a_spawned_engine_process_imports_torch_and_vllm_again():
+    """H200 call 3 (scripts/gpu/h200_spawn.sh, DEBUG log): `vllm serve` sets spawn, and the engine-core child spends
+    18 s on imports (its first line, platform detection, to its first vLLM module load) before the handshake."""
+    text = gzip.decompress((FIX / "log-S.txt.gz").read_bytes()).decode()
+    assert "Setting VLLM_WORKER_MULTIPROC_METHOD to 'spawn'" in text
+    lines = text.splitlines()
+    year = time.localtime().tm_year
+    child = next(ln for ln in lines if "Checking if TPU platform is available" in ln)
+    loaded = next(ln for ln in lines if "Loading module triton_kernels" in ln)
+    assert startup._stamp(loaded, year) - startup._stamp(child, year) >= 15
+    top = gzip.decompress((FIX / "importtime-top40.txt.gz").read_bytes()).decode().splitlines()
+    api = next(ln for ln in top if ln.rstrip().endswith("| vllm.entrypoints.openai.api_server"))
+    assert int(api.split("|")[1]) > 15_000_000  # microseconds: the API server's own import, ~19 s
+
