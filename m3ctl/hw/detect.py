@@ -157,17 +157,12 @@ def _fabric_state(nvml: Any, h: Any) -> str | None:
     return result
 
 
-def probe_nvml(nvml: Any | None = None, *, fabric_wait_s: float = 10.0,
-               sleep: Callable[[float], None] = time.sleep) -> ProbeResult:
-    """Inventory through NVML (nvidia-ml-py). Init and shutdown are always paired.
-
-    MIG-enabled GPUs list their slices with the slices' own memory; queries answering
-    NoPermission/NotSupported are recorded in ``GpuInfo.unavailable``. A fabric state of
-    ``in_progress`` (right after boot) is re-read for up to ``fabric_wait_s`` seconds.
+def init_nvml(nvml: Any | None = None) -> Any:
+    """pynvml (or the given fake) with ``nvmlInit()`` done; the caller pairs it with ``nvmlShutdown()``.
 
     Raises:
-        ProbeDeclined: pynvml missing, NVML init failed (``code`` = NVML error, 18 = driver/library
-            version mismatch), or no devices.
+        ProbeDeclined: no NVML library (code 12), nvidia-ml-py not importable, or init failed (``code`` = the NVML
+            error, 18 = driver/library version mismatch).
     """
     if nvml is None:
         try:  # the same library pynvml loads; checking it first skips pynvml's import (~30 ms) on hosts without it
@@ -182,6 +177,22 @@ def probe_nvml(nvml: Any | None = None, *, fabric_wait_s: float = 10.0,
         nvml.nvmlInit()
     except Exception as e:
         raise ProbeDeclined(f"NVML init failed: {_s(e) or type(e).__name__}", _code(e)) from e
+    return nvml
+
+
+def probe_nvml(nvml: Any | None = None, *, fabric_wait_s: float = 10.0,
+               sleep: Callable[[float], None] = time.sleep) -> ProbeResult:
+    """Inventory through NVML (nvidia-ml-py). Init and shutdown are always paired.
+
+    MIG-enabled GPUs list their slices with the slices' own memory; queries answering
+    NoPermission/NotSupported are recorded in ``GpuInfo.unavailable``. A fabric state of
+    ``in_progress`` (right after boot) is re-read for up to ``fabric_wait_s`` seconds.
+
+    Raises:
+        ProbeDeclined: pynvml missing, NVML init failed (``code`` = NVML error, 18 = driver/library
+            version mismatch), or no devices.
+    """
+    nvml = init_nvml(nvml)
     try:
         count = nvml.nvmlDeviceGetCount()
         if count == 0:

@@ -23,14 +23,13 @@ Sources:
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from m3ctl.hw.detect import ProbeDeclined, Runner, _code, _s, default_runner, import_amdsmi
+from m3ctl.hw.detect import ProbeDeclined, Runner, _code, _s, default_runner, import_amdsmi, init_nvml
 
 NVML_ERROR_NOT_SUPPORTED = 3
 #: amdsmi marks an unsupported field of a struct with these (amdsmi_interface.py: 0xFFFF; amdsmi.h: UINT32_MAX).
@@ -80,20 +79,7 @@ class NvmlPower:
     min_interval_s = 0.0
 
     def __init__(self, nvml: Any | None = None):
-        if nvml is None:
-            try:  # as m3ctl.hw.detect.probe_nvml: skip pynvml's import on hosts without the library
-                ctypes.CDLL("libnvidia-ml.so.1")
-            except OSError as e:
-                raise ProbeDeclined(f"NVML Shared Library Not Found ({e})", 12) from e
-            try:
-                import pynvml as nvml  # noqa: PLC0415 - lazy by design
-            except Exception as e:  # pragma: no cover - depends on install
-                raise ProbeDeclined(f"nvidia-ml-py not importable: {e}") from e
-        try:
-            nvml.nvmlInit()
-        except Exception as e:
-            raise ProbeDeclined(f"NVML init failed: {_s(e) or type(e).__name__}", _code(e)) from e
-        self.nvml, self._open = nvml, True
+        self.nvml, self._open = init_nvml(nvml), True
         try:
             n = int(nvml.nvmlDeviceGetCount())
             self._h = {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)}
