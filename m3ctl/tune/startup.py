@@ -31,7 +31,6 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict
 
 from m3ctl.catalog import Regex
@@ -66,7 +65,7 @@ class StartupFacts(BaseModel):
 @cache
 def facts() -> StartupFacts:
     """m3ctl/data/startup.yaml, validated (a schema error names the field: m3ctl.catalog)."""
-    from m3ctl.catalog import _load  # noqa: PLC0415
+    from m3ctl.catalog import _load
 
     text = resources.files("m3ctl").joinpath("data/startup.yaml").read_text()
     return _load(text, StartupFacts, "startup.yaml")
