@@ -6,12 +6,15 @@ Prints, from vLLM's own logs (m3ctl.tune.startup.start_breakdown):
 1. the five H200 starts of the MiniMax-M2 scale model recorded by scripts/gpu/h200_starts.sh (or ``--logs``):
    A cold with vLLM's defaults, B the same warm, C the study's cache root + capture bound (cold), D the same warm,
    E D's cache with another --max-num-seqs: each phase in seconds, and the saving of each measure;
-2. a study's trials (``--study DIR``, default the recorded H200 study tests/fixtures/h200x1-real/study3): each
+2. a study's trials (``--study DIR``, default the recorded H200 study tests/fixtures/h200x1-real/study4, or
+   ``--study study3`` for session 10's): each
    trial's start broken down, cache hit or miss, the median start after the first, the study's wall time, the
    share of it spent starting servers, and the study's wall time against the same study without the measures.
 
 The "without" wall time is the study's own wall time with each trial start's bounded CUDA-graph capture replaced by
-vLLM's default capture measured in (1) (A's), and, as an upper end, each compile-cache hit replaced by A's cold
+vLLM's default capture measured in (1) (A's), each forked engine-core process by B's spawned one, each prewarmed
+start's API-server imports by the imports of the same study's starts that found no prewarmed process ready (the
+baseline's, or A-E's when every start was prewarmed), and, as an upper end, each compile-cache hit replaced by A's cold
 compile (a hit only counts if the capture bound is what made its compile key match an earlier trial's: vLLM's own
 default cache in ~/.cache/vllm hits every other repeat key as well). It is derived from measured phases, not a
 second run of the study; the script says so next to the figure.
@@ -73,9 +76,9 @@ def print_reference(ref: dict[str, dict]) -> None:
 
 
 def _study_dir(arg: str | None, tmp: Path) -> Path:
-    if arg:
+    if arg and arg not in ("study3", "study4"):
         return Path(arg)
-    with tarfile.open(FIX / "study3" / "study.tgz") as t:
+    with tarfile.open(FIX / (arg or "study4") / "study.tgz") as t:
         t.extractall(tmp, filter="data")
     return tmp
 
@@ -88,6 +91,7 @@ def print_study(sdir: Path, ref: dict[str, dict]) -> None:
     for name, s in starts:
         ph = s["phases"]
         print(f"  trial {name:<5} {s['start_s']:6.1f} s  cache {s['compile_cache'] or '-':<5} "
+              f"engine {s.get('engine_process') or 'spawn':<5} prewarmed {'yes' if s.get('prewarmed') else 'no ':<3} "
               + " ".join(f"{k}={v:g}" for k, v in ph.items()))
     times = [s["start_s"] for _, s in starts]
     after = times[1:]
@@ -96,22 +100,32 @@ def print_study(sdir: Path, ref: dict[str, dict]) -> None:
     spent = sum(times)
     print(f"  starting servers: {spent:.0f} s of {res['elapsed_s']:.0f} s wall ({spent / res['elapsed_s']:.0%})")
     if {"A", "B"} <= ref.keys():
-        a = ref["A"]
-        graphs = hits = 0.0
+        a, b = ref["A"], ref["B"]
+        cold_imports = [s["phases"]["api_imports"] for _, s in starts if s["phases"].get("api_imports", 0) > 5]
+        imports_s = statistics.median(cold_imports) if cold_imports else 18.0
+        graphs = hits = imports = spawn = 0.0
         for _, s in starts:
             if s.get("fast_starts") and a["vllm_s"].get("cuda_graphs") is not None:
                 graphs += max(0.0, a["vllm_s"]["cuda_graphs"] - s["phases"].get("cuda_graphs", 0.0))
             if s["compile_cache"] == "hit":
                 hits += max(0.0, a["phases"]["torch_compile"] - s["phases"].get("torch_compile", 0.0))
-        lo, hi = res["elapsed_s"] + graphs, res["elapsed_s"] + graphs + hits
+            if s.get("engine_process") == "fork":
+                spawn += max(0.0, b["phases"]["engine_spawn"] - s["phases"].get("engine_spawn", 0.0))
+            if s.get("prewarmed") and s["phases"].get("api_imports", 0.0) < 5:
+                imports += max(0.0, imports_s - s["phases"].get("api_imports", 0.0))
+        lo = res["elapsed_s"] + graphs + spawn + imports
+        hi = lo + hits
         print(f"  wall without the measures (derived from the measured phases, not a second run): {lo:.0f} s with "
-              f"vLLM's default capture sizes ({graphs:.0f} s of graphs), up to {hi:.0f} s if every compile-cache hit "
-              f"({hits:.0f} s) was a key only the capture bound shared (vLLM's default cache in ~/.cache/vllm hits "
-              f"the others too); ratio with / without = {res['elapsed_s'] / lo:.2f} to {res['elapsed_s'] / hi:.2f}")
+              f"vLLM's default capture sizes ({graphs:.0f} s of graphs), spawned engine processes ({spawn:.0f} s) "
+              f"and no prewarmed server process ({imports:.0f} s of imports at {imports_s:.1f} s each), up to "
+              f"{hi:.0f} s if every compile-cache hit ({hits:.0f} s) was a key only the capture bound shared "
+              f"(vLLM's default cache in ~/.cache/vllm hits the others too); ratio with / without = "
+              f"{res['elapsed_s'] / lo:.2f} to {res['elapsed_s'] / hi:.2f}")
+
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--study", help="a study dir (default: the recorded H200 study)")
+    ap.add_argument("--study", help="a study dir, or study3 / study4 (default: the recorded H200 study4)")
     ap.add_argument("--logs", default=str(FIX / "starts"), help="dir with log-A..E.txt(.gz)")
     a = ap.parse_args()
     ref = reference(Path(a.logs))

@@ -176,6 +176,8 @@ def orphans(registry: Registry | None = None, *, docker: bool = False) -> dict[s
     registry = registry or Registry()
     known = {p.stem for p in registry.deployments_dir.glob("*.json")} if registry.deployments_dir.is_dir() else set()
     prefix = registry.marker("x")[:-1]
+    # a server started in a prewarmed process carries that process's marker (m3ctl.runtime.prewarm)
+    known |= {d.marker[len(prefix):] for d in registry.list() if d.marker and d.marker.startswith(prefix)}
     out = {n: "processes " + ", ".join(str(p.pid) for p in ps)
            for n, ps in marked_names(prefix).items() if n not in known}
     if docker:

@@ -187,6 +187,9 @@ class Deployment(BaseModel):
     smoke_s: float | None = None
     marker: str | None = None
     """:data:`MARKER_ENV` value of its processes (process runtime): how ``stop`` finds every one of them."""
+    prewarmed: bool = False
+    """Started in a prewarmed process (m3ctl.runtime.prewarm: its imports done before the launch, its marker
+    that of the process's own name); ``started_at`` is then the launch, not the process's creation."""
     died_at: float | None = None
     """UNIX time (s) the death was first seen (phase ``dead``/``failed``), else None."""
     exit_status: str | None = None

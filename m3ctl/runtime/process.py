@@ -19,6 +19,7 @@ import psutil
 
 from m3ctl.errors import LaunchFailed
 from m3ctl.plan import LaunchPlan
+from m3ctl.runtime import prewarm
 from m3ctl.runtime.base import RawState, Runtime, StopReport, exit_status
 from m3ctl.state import MARKER_ENV, Deployment, Registry
 
@@ -35,11 +36,21 @@ def _proc(dep: Deployment) -> psutil.Process | None:
         return None
     try:
         p = psutil.Process(dep.pid)
-        if abs(p.create_time() - dep.started_at) > 30 or p.status() == psutil.STATUS_ZOMBIE:
+        if _not_ours(p, dep) or p.status() == psutil.STATUS_ZOMBIE:
             return None  # PID reused by something else, or already dead
         return p
     except psutil.Error:
         return None
+
+
+def _not_ours(p: psutil.Process, dep: Deployment) -> bool:
+    """True when ``p`` (the process now holding ``dep.pid``) is not the one launched: created more than 30 s
+    after the launch (its id was reused), or, for a server started directly, more than 30 s before it. A
+    prewarmed server (m3ctl.runtime.prewarm) was created before its launch, by as long as it waited."""
+    created = p.create_time()
+    if created - dep.started_at > 30:
+        return True
+    return not dep.prewarmed and dep.started_at - created > 30
 
 
 def _group_members(pgid: int) -> list[psutil.Process]:
@@ -142,30 +153,55 @@ def stop_marked(name: str, marker: str, timeout_s: float = 20.0) -> StopReport:
     return rep
 
 
+def server_env(plan: LaunchPlan, secret_env: dict[str, str]) -> dict[str, str]:
+    """The environment a server of ``plan`` runs with (its marker aside): this process's, without
+    ``plan.unset_env``, plus the plan's and the secrets' variables, output unbuffered."""
+    env = {**{k: v for k, v in os.environ.items() if k not in plan.unset_env}, **plan.env, **secret_env}
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    return env
+
+
+def keep_prewarmed(plan: LaunchPlan, registry: Registry, secret_env: dict[str, str], prefix: str) -> str:
+    """Keep prewarmed processes waiting for launches like ``plan`` (m3ctl.runtime.prewarm.ensure); a note."""
+    return prewarm.ensure(plan.argv[0], server_env(plan, secret_env), registry, prefix)
+
+
 class ProcessRuntime(Runtime):
     name = "process"
 
     def launch(self, plan: LaunchPlan, registry: Registry, secret_env: dict[str, str]) -> Deployment:
+        """Start ``plan.argv`` in its own session, its output to the deployment's log. When a prewarmed process
+        for this command and environment waits (m3ctl.runtime.prewarm: a tune's trial servers), it is handed the
+        command instead: the same program, its imports done. Raises LaunchFailed when nothing can be started."""
         log_path = registry.log_path(plan.name)
-        env = {**{k: v for k, v in os.environ.items() if k not in plan.unset_env}, **plan.env, **secret_env}
-        env.setdefault("PYTHONUNBUFFERED", "1")
-        env[MARKER_ENV] = registry.marker(plan.name)
-        with open(log_path, "wb") as log:
+        env = server_env(plan, secret_env)
+        warm = prewarm.claim(plan.argv[0], env)
+        if warm is not None:
             try:
-                proc = subprocess.Popen(plan.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                        env=env, start_new_session=True, close_fds=True)
-            except OSError as e:
-                raise LaunchFailed(f"cannot start {plan.argv[0]}: {e.strerror}",
-                                   "check the vLLM install with `m3ctl doctor`", phase="process") from e
+                log_path.write_bytes(b"")
+                prewarm.hand_over(warm, plan.argv, env, log_path)
+            except OSError:
+                warm = None
+        if warm is not None:
+            proc, marker, started = warm.proc, warm.marker, time.time()
+        else:
+            env[MARKER_ENV] = marker = registry.marker(plan.name)
+            with open(log_path, "wb") as log:
+                try:
+                    proc = subprocess.Popen(plan.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            env=env, start_new_session=True, close_fds=True)
+                except OSError as e:
+                    raise LaunchFailed(f"cannot start {plan.argv[0]}: {e.strerror}",
+                                       "check the vLLM install with `m3ctl doctor`", phase="process") from e
+            try:
+                started = psutil.Process(proc.pid).create_time()
+            except psutil.Error:
+                started = time.time()
         _CHILDREN[proc.pid] = proc
-        try:
-            started = psutil.Process(proc.pid).create_time()
-        except psutil.Error:
-            started = time.time()
         dep = Deployment(name=plan.name, runtime=self.name, pid=proc.pid, host=plan.host, port=plan.port,
                          served_model_name=plan.served_model_name, model=plan.model, argv=plan.argv,
                          log_path=str(log_path), started_at=started, phase="launching", plan_hash=plan.plan_hash(),
-                         marker=env[MARKER_ENV])
+                         marker=marker, prewarmed=warm is not None)
         return self.record(dep, registry)
 
     def is_alive(self, dep: Deployment) -> bool:
@@ -181,7 +217,7 @@ class ProcessRuntime(Runtime):
             return RawState("dead", f"process {dep.pid} exited", exit_status=exit_status(child.returncode))
         try:
             p = psutil.Process(dep.pid)
-            if abs(p.create_time() - dep.started_at) > 30:
+            if _not_ours(p, dep):
                 return RawState("dead", f"process {dep.pid} is gone (its id now belongs to another process)")
             st = p.status()
         except psutil.NoSuchProcess:

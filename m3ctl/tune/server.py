@@ -168,7 +168,9 @@ class ServerEvaluator:
         (bind-mounted at the same path for the docker runtime) and the CUDA-graph capture bound of the ladder.
         Measurement-only, like the JIT-monitor flag: the tuned command and profile.yaml come from plan()."""
         flags, _ = self._capture_bound(p, argv)
-        out: dict[str, Any] = {"argv": [*argv, *flags], "env": {**p.env, **startup.cache_env(self.cache_root)}}
+        env = {**p.env, **startup.cache_env(self.cache_root)}
+        env.update(startup.engine_process_env(env, {} if p.runtime == "docker" else None))
+        out: dict[str, Any] = {"argv": [*argv, *flags], "env": env}
         if p.runtime == "docker":
             out["mounts"] = [*p.mounts, f"{self.cache_root}:{self.cache_root}:rw"]
         return out
@@ -231,8 +233,13 @@ class ServerEvaluator:
         from m3ctl.secrets import launch_env  # noqa: PLC0415
 
         secrets = launch_env(p)  # a server that inherits VLLM_API_KEY requires it: readiness and benches send it
+        warm_note = None
         if self.fast_starts:
             self.cache_root.mkdir(parents=True, exist_ok=True)
+            if p.runtime == "process":  # one process importing vLLM for the next trial while this one starts
+                from m3ctl.runtime.process import keep_prewarmed  # noqa: PLC0415
+
+                warm_note = keep_prewarmed(p, self.registry, secrets, self.warm_prefix)
         t0 = time.monotonic()
         try:
             res = self._launch(p, secrets, on_event)
@@ -249,7 +256,7 @@ class ServerEvaluator:
             self._mark_stopped(name)
             raise
         start_s = time.monotonic() - t0
-        self._record_start(res, tdir, start_s)
+        self._record_start(res, tdir, start_s, warm_note, p.env)
         return ServerSession(self, p, res.deployment, tdir, start_s, secrets)
 
     def _launch(self, p, secrets: dict[str, str], on_event: Callable[[str], None]):
@@ -276,9 +283,22 @@ class ServerEvaluator:
             self.registry.remove(p.name)
             return go()
 
-    def _record_start(self, res, tdir: Path, start_s: float) -> None:
+    @property
+    def warm_prefix(self) -> str:
+        """Name prefix of this evaluator's prewarmed processes (m3ctl.runtime.prewarm), one set per port."""
+        return f"{self.prefix}-warm{self.port}-"
+
+    def discard_prewarmed(self) -> int:
+        """End this evaluator's and its slots' waiting prewarmed processes (the study's last cleanup)."""
+        from m3ctl.runtime import prewarm  # noqa: PLC0415
+
+        return sum(prewarm.discard(c.warm_prefix) for c in [self, *self.__dict__.get("_slots", [])])
+
+    def _record_start(self, res, tdir: Path, start_s: float, warm_note: str | None = None,
+                      env: dict[str, str] | None = None) -> None:
         """``trials/NNNN/start.json``: the start broken down from the server's own log (m3ctl.tune.startup),
-        with the study's start measures and the wall seconds the tune counted for it."""
+        with the study's start measures and the wall seconds the tune counted for it: whether the server ran in a
+        prewarmed process and how its engine-core process started (``fork``, ``spawn``)."""
         from m3ctl.serve import runtime_for  # noqa: PLC0415
 
         dep = res.deployment
@@ -289,7 +309,9 @@ class ServerEvaluator:
         ready_at = dep.started_at + res.readiness.time_to_ready_s if dep.started_at else None
         b = startup.start_breakdown(text, launched_at=dep.started_at, ready_at=ready_at, smoke_s=dep.smoke_s)
         write_json(tdir / "start.json", {**b.to_json(), "start_s": round(start_s, 2), "fast_starts": self.fast_starts,
-                                         "cache_root": str(self.cache_root) if self.fast_starts else None})
+                                         "cache_root": str(self.cache_root) if self.fast_starts else None,
+                                         "prewarmed": dep.prewarmed, "prewarm": warm_note,
+                                         "engine_process": startup.engine_process_used(env, text)})
 
     def _save_log(self, name: str, tdir: Path) -> None:
         src = self.registry.log_path(name)

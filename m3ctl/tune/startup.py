@@ -13,7 +13,12 @@ of m3ctl/data/startup.yaml) and supplies the measurement-only settings a study's
   ``min(2 x max_num_seqs, 512)`` tokens by default; a study that never runs more than C requests at once (C x (1 +
   speculative depth) tokens per decode step) captures the same sizes only up to that bound.
 
-Neither changes what is measured: a cache hit loads the artifact a compile would produce, and the graphs captured
+- **the engine-core process forked** (:func:`engine_process_env`) instead of spawned, so it does not import vLLM
+  and torch a second time;
+- **a prewarmed server process** (m3ctl.runtime.prewarm, process runtime only): the next trial's ``vllm`` entry
+  script runs in a Python process that imported vLLM while the current trial started.
+
+None of these changes what is measured: a cache hit loads the artifact a compile would produce, and the graphs captured
 under the bound are the sizes vLLM's default list has below it
 (https://github.com/vllm-project/vllm/blob/v0.26.0/vllm/config/compilation.py). Both stay out of the tuned
 command and profile.yaml (like the JIT-monitor flag, m3ctl.kernels.jit_measure_args).
@@ -22,6 +27,7 @@ command and profile.yaml (like the JIT-monitor flag, m3ctl.kernels.jit_measure_a
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import time
@@ -52,6 +58,22 @@ class _CaptureBound(BaseModel):
     source: str
 
 
+class _EngineProcess(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    env: str
+    value: str
+    forced_spawn: str
+    source: str
+
+
+class _Prewarm(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    imports: list[str]
+    late_env: list[str]
+    wrapper: Regex
+    source: str
+
+
 class StartupFacts(BaseModel):
     """Schema of m3ctl/data/startup.yaml."""
 
@@ -60,6 +82,8 @@ class StartupFacts(BaseModel):
     compile_cache_hit: Regex
     cache_root_env: str
     capture_bound: _CaptureBound
+    engine_process: _EngineProcess
+    prewarm: _Prewarm
 
 
 @cache
@@ -225,3 +249,24 @@ def capture_bound_args(argv: list[str], max_concurrency: int, spec_depth: int = 
     if n >= default:
         return [], f"capture bound {n} is not below vLLM's default maximum ({default})"
     return [f.flag, json.dumps({f.key: n})], f"CUDA graphs captured up to {n} tokens per step (the study's ladder)"
+
+
+def engine_process_env(env: dict[str, str], inherited: dict[str, str] | None = None) -> dict[str, str]:
+    """The variable that starts vLLM's engine-core process by fork (m3ctl/data/startup.yaml ``engine_process``),
+    or nothing when the trial's environment (``env``) or the one it inherits (``inherited``, default ``os.environ``)
+    already sets it: a user's choice is measured as given."""
+    f = facts().engine_process
+    if f.env in env or f.env in (os.environ if inherited is None else inherited):
+        return {}
+    return {f.env: f.value}
+
+
+def engine_process_used(env: dict[str, str] | None, log_text: str) -> str:
+    """How a start's engine-core process was started: ``fork`` when the server's environment asked for it and vLLM
+    did not override it (its log then has ``engine_process.forced_spawn``: vLLM 0.26,
+    vllm/utils/system_utils.py), else ``spawn`` (what `vllm serve` sets when the variable is unset)."""
+    f = facts().engine_process
+    asked = (env or {}).get(f.env) or os.environ.get(f.env) or "spawn"
+    if asked == f.value and f.forced_spawn in log_text:
+        return "spawn"
+    return asked

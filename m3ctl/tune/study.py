@@ -406,6 +406,7 @@ def _run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry,
     finally:
         ev.stop_current()
         ev.stop_slots()
+        ev.discard_prewarmed()
     return res, tuner, ev
 
 
