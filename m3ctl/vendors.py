@@ -55,7 +55,7 @@ class Fact(_Strict, Generic[T]):
 
 class DeviceRequest(_Strict):
     """A Docker device request (``--gpus``): ``driver`` empty = the engine picks the driver offering the
-    capabilities (what the docker CLI sends)."""
+    capabilities."""
 
     driver: str = ""
     capabilities: list[list[str]] = Field(default_factory=lambda: [["gpu"]])
@@ -80,7 +80,6 @@ class Container(_Strict):
     """How a container gets the vendor's GPUs."""
 
     device_request: Fact[DeviceRequest | None]
-    compose_driver: Fact[str | None]
     toolkit_runtime: Fact[str | None]
     """The OCI runtime the vendor's container toolkit registers with Docker (doctor checks it)."""
     visibility_env: Fact[str | None]
