@@ -30,6 +30,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from m3ctl import vendors
 from m3ctl.assess import capability as caps
 from m3ctl.assess import memory as mem
 from m3ctl.assess.facts import ModelFacts
@@ -629,12 +630,16 @@ def check_engine(ctx: Ctx) -> CheckResult:
 
 
 def check_nvidia_runtime(ctx: Ctx) -> CheckResult:
+    """The OCI runtime the vendor's container toolkit registers with Docker (m3ctl/data/vendors.yaml
+    ``toolkit_runtime``: ``nvidia``, https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html#configuring-docker)."""
     c = ctx.inv.container
-    if ctx.inv.vendor != "nvidia":
+    f = vendors.facts(ctx.inv.vendor)
+    runtime = f.container.toolkit_runtime.value if f else None
+    if not runtime:
         return _r("container.nvidia_runtime", "container", "SKIP", "not an NVIDIA host")
     if not c.docker_reachable:
         return _r("container.nvidia_runtime", "container", "SKIP", "Docker not reachable")
-    if "nvidia" in c.runtimes:
+    if runtime in c.runtimes:
         return _r("container.nvidia_runtime", "container", "OK", "NVIDIA container runtime registered with Docker")
     return _r("container.nvidia_runtime", "container", "WARN", "NVIDIA container runtime not registered with Docker "
               f"(runtimes: {', '.join(c.runtimes) or 'none'})",
@@ -642,14 +647,22 @@ def check_nvidia_runtime(ctx: Ctx) -> CheckResult:
 
 
 def check_devices(ctx: Ctx) -> CheckResult:
+    """The device nodes a container of the vendor gets (m3ctl/data/vendors.yaml ``container.devices``: AMD
+    ``/dev/kfd``, ``/dev/dri``, https://rocm.docs.amd.com/projects/install-on-linux/en/latest/how-to/docker.html)
+    exist on the host; the fix names the host groups (``video``/``render``,
+    https://rocm.docs.amd.com/projects/install-on-linux/en/latest/install/prerequisites.html)."""
     c = ctx.inv.container
-    if ctx.inv.vendor != "amd":
+    f = vendors.facts(ctx.inv.vendor)
+    nodes = list(f.container.devices.value) if f else []
+    if not nodes:
         return _r("container.devices", "container", "SKIP", "not an AMD host")
-    missing = [p for p, ok in (("/dev/kfd", c.dev_kfd), ("/dev/dri", c.dev_dri)) if not ok]
+    present = {"/dev/kfd": c.dev_kfd, "/dev/dri": c.dev_dri}  # what m3ctl/hw/host.py probes
+    missing = [p for p in nodes if not present.get(p, False)]
     if not missing:
-        return _r("container.devices", "container", "OK", "/dev/kfd and /dev/dri present (docker --device both)")
+        return _r("container.devices", "container", "OK", f"{' and '.join(nodes)} present (docker --device both)")
+    groups = "/".join(f.container.host_groups.value) if f.container.host_groups else "device"
     return _r("container.devices", "container", "FAIL" if ctx.runtime == "docker" else "WARN",
-              f"{' and '.join(missing)} missing", "load the amdgpu driver; add the user to the video/render groups")
+              f"{' and '.join(missing)} missing", f"load the amdgpu driver; add the user to the {groups} groups")
 
 
 # ----------------------------------------------------------------------------- host

@@ -3,11 +3,14 @@ LeaderWorkerSet, a shell script or a Ray multi-node script. Pure text rendering 
 (:func:`m3ctl.launch.launch_spec`, the same spec the docker runtime starts): nothing is started and no argv is
 parsed back.
 
-Run flags: NVIDIA ``--runtime nvidia --gpus '"device=0,1"'`` (the docker CLI reads the ``--gpus`` value as CSV,
-so a list of devices needs the inner double quotes: docs.docker.com/engine/containers/resource_constraints/#gpu;
-https://docs.vllm.ai/en/stable/deployment/docker/); AMD ``--device /dev/kfd --device /dev/dri --group-add video
---security-opt seccomp=unconfined --ipc=host`` (vllm-recipes MiniMax-M3 guide). The model directory and the HF
-cache are mounted read-only. Secret variables are referenced by name, never by value: ``docker run -e VAR`` takes
+Run flags (vendor facts and their sources: m3ctl/data/vendors.yaml, :mod:`m3ctl.vendors`): NVIDIA
+``--gpus 'driver=nvidia,"device=0,1"'``, the device request the docker runtime sends (the docker CLI reads the
+``--gpus`` value as CSV, so a list of devices needs the inner double quotes:
+docs.docker.com/engine/containers/resource_constraints/#gpu); AMD ``--device /dev/kfd --device /dev/dri
+--group-add video --security-opt seccomp=unconfined`` (rocm.docs.amd.com/projects/install-on-linux/en/latest/how-to/
+docker.html; the group: https://docs.vllm.ai/en/stable/deployment/docker/). The ``docker run`` line and the docker
+runtime's SDK kwargs are two renders of one :class:`~m3ctl.launch.DockerRun`. The model directory and the HF
+cache (when it exists on this host) are mounted read-only. Secret variables are referenced by name, never by value: ``docker run -e VAR`` takes
 the value from the caller's environment, compose interpolates ``${VAR:?}``, Kubernetes reads a Secret
 (``secretKeyRef``; create it with ``kubectl create secret generic m3ctl-secrets --from-literal=VAR=...``), a
 script checks ``: "${VAR:?}"``.
@@ -29,8 +32,9 @@ import shlex
 
 import yaml
 
+from m3ctl import vendors
 from m3ctl.errors import BadInput
-from m3ctl.launch import DP_RPC_PORT, ContainerSpec, LaunchSpec, launch_spec, multinode_dp_args
+from m3ctl.launch import DP_RPC_PORT, ContainerSpec, DockerRun, LaunchSpec, launch_spec, multinode_dp_args
 from m3ctl.plan import LaunchPlan
 
 FORMATS = ("docker", "compose", "k8s", "lws", "script", "ray")
@@ -50,32 +54,31 @@ def _q(tokens: list[str]) -> str:
     return " ".join(shlex.quote(t) for t in tokens)
 
 
-def docker_run_args(c: ContainerSpec, *, detach: bool = True) -> list[str]:
-    """``docker run`` argv (as the docker CLI receives it) for a container spec."""
-    cmd = ["docker", "run", *(["-d"] if detach else ["--rm"]), "--name", c.name, f"--ipc={c.ipc}",
-           "--restart", c.restart, "--network", "host"]  # as serve --runtime docker: listen on the plan's host only
-    for m in c.mounts:
-        cmd += ["-v", m.docker_cli()]
-    for k, v in c.labels.items():
-        cmd += ["--label", f"{k}={v}"]
-    if c.devices.vendor == "nvidia":
-        # One CSV field holding the comma list: the CLI's CSV reader would split an unquoted list.
-        cmd += ["--runtime", "nvidia", "--gpus", f'"device={",".join(c.devices.ids)}"' if c.devices.ids else "all"]
-    elif c.devices.vendor == "amd":
-        cmd += ["--device", "/dev/kfd", "--device", "/dev/dri", "--group-add", "video",
-                "--security-opt", "seccomp=unconfined"]
-    if c.user:
-        cmd += ["--user", c.user]
-    for k, v in c.env.items():
-        cmd += ["-e", f"{k}={v}"]
-    for k in c.secret_env_names:
-        cmd += ["-e", k]
-    return [*cmd, "--entrypoint", c.entrypoint[0], c.image, *(c.host_command or c.command)]
+def docker_run_args(run: DockerRun, *, detach: bool = True) -> list[str]:
+    """``docker run`` argv (as the docker CLI receives it) of a :class:`~m3ctl.launch.DockerRun`, the object the
+    docker runtime's SDK kwargs are rendered from too (:meth:`~m3ctl.launch.DockerRun.cli_args`)."""
+    return run.cli_args(detach=detach)
 
 
-def docker_command(plan: LaunchPlan) -> str:
-    """A ``docker run`` line equivalent to the plan (what the docker runtime asks the engine for)."""
-    return _q(docker_run_args(_container(launch_spec(plan)))) + "\n"
+def docker_command(plan: LaunchPlan, options=None, *, marker: str | None = "") -> str:
+    """The ``docker run`` line of what ``serve --runtime docker`` creates for ``plan``: the CLI render of the same
+    :class:`~m3ctl.launch.DockerRun` the runtime sends to the engine (:func:`m3ctl.runtime.docker.docker_run`),
+    under ``options`` (a :class:`~m3ctl.runtime.docker.DockerOptions`; default: the runtime's defaults).
+    ``marker``: the ``m3ctl.deployment`` label; ``""`` (default) = the default state dir's marker of the plan, as
+    the runtime labels it; None = no such label.
+
+    Raises:
+        BadInput: the plan has no image (runtime process).
+        ConfigRejected: a malformed mount in ``options``.
+    """
+    from m3ctl.runtime.docker import docker_run  # noqa: PLC0415
+
+    _container(launch_spec(plan))  # BadInput for a plan without an image
+    if marker == "":
+        from m3ctl.state import Registry  # noqa: PLC0415
+
+        marker = Registry().marker(plan.name)
+    return _q(docker_run_args(docker_run(plan, options, marker=marker))) + "\n"
 
 
 def compose(plan: LaunchPlan) -> str:
@@ -89,15 +92,19 @@ def compose(plan: LaunchPlan) -> str:
                  "labels": dict(c.labels), "restart": c.restart}
     if c.user:
         svc["user"] = c.user
-    if c.devices.vendor == "nvidia":
-        dev: dict = {"driver": "nvidia", "capabilities": ["gpu"]}
+    f = vendors.facts(c.devices.vendor)
+    if f is not None and (req := f.container.device_request.value) is not None:  # a GPU reservation (NVIDIA)
+        dev: dict = {"driver": req.driver, "capabilities": [cap for caps in req.capabilities for cap in caps]}
         if c.devices.ids:
             dev["device_ids"] = list(c.devices.ids)
         else:
             dev["count"] = "all"
         svc["deploy"] = {"resources": {"reservations": {"devices": [dev]}}}
-    elif c.devices.vendor == "amd":
-        svc.update(devices=["/dev/kfd", "/dev/dri"], group_add=["video"], security_opt=["seccomp=unconfined"])
+    if f is not None:  # device nodes, groups, security options (AMD)
+        for key, fact in (("devices", f.container.devices), ("group_add", f.container.groups),
+                          ("security_opt", f.container.security_opt)):
+            if fact.value:
+                svc[key] = list(fact.value)
     return yaml.safe_dump({"services": {_k8s_name(plan.name): svc}}, sort_keys=False)
 
 
@@ -126,7 +133,9 @@ def _probes(spec: LaunchSpec) -> dict:
 def _k8s_pod_parts(spec: LaunchSpec, hf_host_path: str | None, multi_node: bool) -> tuple[list, list, list, list]:
     """(env, volumeMounts, volumes, extra objects) shared by the Deployment and the LeaderWorkerSet."""
     c = _container(spec)
-    env = [{"name": k, "value": v} for k, v in c.env.items() if k != "ROCR_VISIBLE_DEVICES"]  # the device plugin picks GPUs
+    f = vendors.facts(c.devices.vendor)
+    inside = f.container.visibility_env.value if f else None
+    env = [{"name": k, "value": v} for k, v in c.env.items() if k != inside]  # the device plugin picks the GPUs
     env += [{"name": k, "valueFrom": {"secretKeyRef": {"name": SECRET_NAME, "key": k}}} for k in c.secret_env_names]
     mounts = [{"name": "shm", "mountPath": "/dev/shm"}]
     vols: list[dict] = [{"name": "shm", "emptyDir": {"medium": "Memory"}}]
@@ -159,7 +168,9 @@ def _cache_size(spec: LaunchSpec) -> str:
 
 
 def _gpu_limits(spec: LaunchSpec, n: int) -> dict:
-    key = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}.get(_container(spec).devices.vendor or "")
+    """``resources.limits`` of ``n`` GPUs: the vendor's device plugin resource (m3ctl/data/vendors.yaml)."""
+    f = vendors.facts(_container(spec).devices.vendor)
+    key = f.k8s.resource.value if f else None
     return {"resources": {"limits": {key: n}}} if key else {}
 
 
@@ -246,7 +257,9 @@ def script(plan: LaunchPlan) -> str:
     spec = launch_spec(plan)
     if spec.container is not None:
         lines = _script_head(plan, spec, {})
-        lines.append("exec " + _q(docker_run_args(spec.container, detach=False)))
+        from m3ctl.runtime.docker import docker_run  # noqa: PLC0415
+
+        lines.append("exec " + _q(docker_run_args(docker_run(plan), detach=False)))
         return "\n".join(lines) + "\n"
     lines = _script_head(plan, spec, spec.env)
     lines.append('exec "${VLLM:-vllm}" ' + _q(spec.serve_args()))

@@ -27,10 +27,13 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from m3ctl import vendors
+
 #: Where the HF cache is mounted inside a container (the official images run as root).
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
-#: Environment variables that select GPUs for a process; a container gets its devices from the engine instead.
-VISIBILITY_ENV = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+#: Environment variables that select GPUs for a process (every vendor's, m3ctl/data/vendors.yaml); a container gets
+#: its devices from the engine instead.
+VISIBILITY_ENV = vendors.process_visibility_vars()
 
 
 class Layout(BaseModel):
@@ -181,6 +184,21 @@ def _typed(args: dict[str, Any]) -> dict[str, Any]:
             for k, v in args.items()}
 
 
+def container_gpus(vendor: str | None, ids: list[str], env: dict[str, str]) -> tuple[Devices, dict[str, str]]:
+    """The devices a container of ``vendor`` gets for the GPUs ``ids`` (empty = all), and ``env`` without the
+    process visibility variables: a vendor whose engine takes a device request (NVIDIA) gets the ids there; one
+    whose container sees every device node (AMD) gets its one visibility variable inside instead (F05).
+    Facts: m3ctl/data/vendors.yaml (:mod:`m3ctl.vendors`)."""
+    f = vendors.facts(vendor)
+    out = {k: v for k, v in env.items() if k not in VISIBILITY_ENV}
+    if f is None:
+        return Devices(), out
+    var = f.container.visibility_env.value
+    if var and ids:
+        out[var] = ",".join(ids)
+    return Devices(vendor=vendor, ids=list(ids) if f.container.device_request.value else []), out
+
+
 def launch_spec(plan, *, nodes: int = 1, environ: dict[str, str] | None = None) -> LaunchSpec:
     """Build the :class:`LaunchSpec` of ``plan`` (a :class:`~m3ctl.plan.LaunchPlan`). Pure apart from reading
     where the HF cache is (``environ``, default ``os.environ``) and whether the model is a local directory."""
@@ -211,11 +229,7 @@ def launch_spec(plan, *, nodes: int = 1, environ: dict[str, str] | None = None) 
             m = parse_mount(extra)
             if all(m.target != x.target for x in mounts):
                 mounts.append(m)
-        vendor = plan.gpu_vendor if plan.gpu_vendor in ("nvidia", "amd") else None
-        env = {k: v for k, v in plan.env.items() if k not in VISIBILITY_ENV}
-        if vendor == "amd" and plan.gpu_devices:  # AMD: one visibility variable, inside the container (F05)
-            env["ROCR_VISIBLE_DEVICES"] = ",".join(plan.gpu_devices)
-        devices = Devices(vendor=vendor, ids=list(plan.gpu_devices) if vendor == "nvidia" else [])
+        devices, env = container_gpus(plan.gpu_vendor, plan.gpu_devices, plan.env)
         labels = {"m3ctl.name": plan.name, "m3ctl.model": plan.model, "m3ctl.served-model-name": served[0],
                   "m3ctl.port": str(plan.port), "m3ctl.plan-hash": plan.plan_hash(),
                   "m3ctl.runtime-version": __version__}
@@ -278,3 +292,211 @@ def multinode_dp_args(spec: LaunchSpec, nodes: int, address: str, start_rank: in
     if start_rank is not None:
         args.update({"headless": True, "data-parallel-start-rank": start_rank})
     return serve_command(spec.model, host, spec.port, spec.served_model_names, args)
+
+
+# ------------------------------------------------------------------ the one docker launch
+class GpuRequest(BaseModel):
+    """A Docker device request (``--gpus``; SDK ``DeviceRequest``): ``ids`` empty = all GPUs (``Count -1``)."""
+
+    driver: str = ""
+    ids: list[str] = Field(default_factory=list)
+    capabilities: list[list[str]] = Field(default_factory=lambda: [["gpu"]])
+
+
+class PortMap(BaseModel):
+    """``-p HOST_IP:HOST_PORT:CONTAINER_PORT`` (bridge network only)."""
+
+    host_ip: str
+    host_port: int
+    container_port: int
+
+
+class Ulimit(BaseModel):
+    name: str
+    soft: int
+    hard: int
+
+
+class DockerRun(BaseModel):
+    """The one container a docker launch creates: ``docker run`` (:meth:`cli_args`, what ``serve`` prints and
+    ``plan --emit docker`` writes) and the docker SDK's ``containers.run`` kwargs (:meth:`sdk_kwargs`, what the
+    docker runtime sends) are both rendered from it, so the printed command is the created container. Built by
+    :func:`docker_run`. Secret values never enter it: ``secret_env_names`` only (``docker run -e NAME`` reads the
+    value from the caller's environment; the SDK gets it from the launch's secret environment)."""
+
+    name: str
+    image: str
+    entrypoint: list[str]
+    command: list[str]
+    network: Literal["host", "bridge"] = "host"
+    ports: list[PortMap] = Field(default_factory=list)
+    ipc: Literal["host"] | None = "host"
+    shm_size: str | None = None
+    ulimits: list[Ulimit] = Field(default_factory=list)
+    mounts: list[Mount] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    secret_env_names: list[str] = Field(default_factory=list)
+    gpus: GpuRequest | None = None
+    devices: list[str] = Field(default_factory=list)
+    """Host device nodes, passed at the same path with ``rwm`` (``--device PATH``)."""
+    groups: list[str] = Field(default_factory=list)
+    security_opt: list[str] = Field(default_factory=list)
+    labels: dict[str, str] = Field(default_factory=dict)
+    restart: Literal["no"] = "no"
+    user: str | None = None
+
+    def _gpus_cli(self) -> str:
+        """The ``--gpus`` value as the docker CLI reads it (a CSV record, docker/cli opts/gpus.go): a list of
+        devices is one quoted CSV field (``"device=0,1"``), else the CLI would split it."""
+        g = self.gpus
+        assert g is not None
+        fields = [f"driver={g.driver}"] if g.driver else []
+        fields.append(f'"device={",".join(g.ids)}"' if g.ids else ("count=all" if fields else "all"))
+        if g.capabilities != [["gpu"]]:
+            raise ValueError(f"capabilities {g.capabilities} have no docker run form here")
+        return ",".join(fields)
+
+    def cli_args(self, *, detach: bool = True) -> list[str]:
+        """``docker run`` argv (as the docker CLI receives it); ``detach`` False runs it in the foreground
+        (``--rm``)."""
+        cmd = ["docker", "run", *(["-d"] if detach else ["--rm"]), "--name", self.name]
+        if self.ipc:
+            cmd.append(f"--ipc={self.ipc}")
+        cmd += ["--restart", self.restart]
+        if self.network == "host":
+            cmd += ["--network", "host"]
+        for p in self.ports:
+            ip = f"[{p.host_ip}]" if ":" in p.host_ip else p.host_ip
+            cmd += ["-p", f"{ip}:{p.host_port}:{p.container_port}"]
+        if self.shm_size:
+            cmd += ["--shm-size", self.shm_size]
+        for u in self.ulimits:
+            cmd += ["--ulimit", f"{u.name}={u.soft}:{u.hard}"]
+        for m in self.mounts:
+            cmd += ["-v", m.docker_cli()]
+        for k, v in self.labels.items():
+            cmd += ["--label", f"{k}={v}"]
+        if self.gpus is not None:
+            cmd += ["--gpus", self._gpus_cli()]
+        for d in self.devices:
+            cmd += ["--device", d]
+        for g in self.groups:
+            cmd += ["--group-add", g]
+        for o in self.security_opt:
+            cmd += ["--security-opt", o]
+        if self.user:
+            cmd += ["--user", self.user]
+        for k, v in self.env.items():
+            cmd += ["-e", f"{k}={v}"]
+        for k in self.secret_env_names:
+            if k not in self.env:
+                cmd += ["-e", k]
+        return [*cmd, "--entrypoint", self.entrypoint[0], self.image, *self.entrypoint[1:], *self.command]
+
+    def sdk_kwargs(self, secret_env: dict[str, str] | None = None, *, detach: bool = True) -> dict[str, Any]:
+        """Keyword arguments of the docker SDK's ``containers.run`` (``containers.create`` without ``detach``).
+        The environment gets the values of ``secret_env`` named in ``secret_env_names`` (a name without a value
+        is left out, as ``docker run -e NAME`` leaves out a variable the caller has not set)."""
+        import docker  # noqa: PLC0415
+
+        env = dict(self.env)
+        env.update({k: secret_env[k] for k in self.secret_env_names if secret_env and k in secret_env})
+        spec: dict[str, Any] = {
+            "image": self.image, "name": self.name, "entrypoint": list(self.entrypoint), "command": list(self.command),
+            "restart_policy": {"Name": self.restart}, "stdin_open": False, "tty": False, "labels": dict(self.labels),
+        }
+        if detach:
+            spec["detach"] = True
+        if self.user:
+            spec["user"] = self.user
+        if self.network == "host":
+            spec["network_mode"] = "host"
+        if self.ports:
+            spec["ports"] = {f"{p.container_port}/tcp": (p.host_ip, p.host_port) for p in self.ports}
+        if self.ipc:
+            spec["ipc_mode"] = self.ipc
+        if self.shm_size:
+            spec["shm_size"] = self.shm_size
+        if self.ulimits:
+            spec["ulimits"] = [docker.types.Ulimit(name=u.name, soft=u.soft, hard=u.hard) for u in self.ulimits]
+        spec["volumes"] = {m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in self.mounts}
+        if self.gpus is not None:
+            ids = list(self.gpus.ids) or None
+            spec["device_requests"] = [docker.types.DeviceRequest(
+                driver=self.gpus.driver, device_ids=ids, count=None if ids else -1,
+                capabilities=[list(c) for c in self.gpus.capabilities])]
+        if self.devices:
+            spec["devices"] = [f"{d}:{d}:rwm" for d in self.devices]
+        if self.groups:
+            spec["group_add"] = list(self.groups)
+        if self.security_opt:
+            spec["security_opt"] = list(self.security_opt)
+        spec["environment"] = env
+        return spec
+
+
+#: GiB of /dev/shm per tensor-parallel rank when --ipc=host is not allowed (F14: 16 GiB for TP8).
+SHM_GIB_PER_RANK = 2
+
+
+def docker_run(spec: LaunchSpec, opts: Any = None, *, secret_names: list[str] | tuple[str, ...] = (),
+               marker: str | None = None) -> DockerRun:
+    """The :class:`DockerRun` of a launch spec with an image, under the docker runtime's options ``opts`` (a
+    :class:`~m3ctl.runtime.docker.DockerOptions`; default: host network, ``--ipc=host``, the plan's GPUs).
+
+    - ``opts.gpu_vendor``/``gpu_devices`` (a host's GPUs), when set, replace the plan's (:func:`container_gpus`);
+      the vendor's device request, device nodes, groups and security options: :mod:`m3ctl.vendors`.
+    - Host network: the server listens where the plan says; bridge: on 0.0.0.0 inside, the port published on the
+      plan's address only.
+    - ``ipc_host`` False: ``/dev/shm`` of ``opts.shm_size`` or 2 GiB x TP, and ``memlock`` unlimited (F14).
+    - Mounts: the spec's, then ``opts.mounts``; an HF cache that does not exist on this host is not mounted (the
+      engine would create an empty root-owned directory).
+    - ``secret_names``: more secret variable names (a launch's secret environment), by name only.
+    - ``marker``: the ``m3ctl.deployment`` label (``<state dir>::<name>``: ``stop --all`` finds the container by it).
+
+    Raises:
+        BadInput: the spec has no container (no image).
+        ConfigRejected: a malformed extra mount.
+    """
+    from m3ctl.errors import BadInput  # noqa: PLC0415
+
+    if opts is None:
+        from m3ctl.runtime.docker import DockerOptions  # noqa: PLC0415
+
+        opts = DockerOptions()
+    c = spec.container
+    if c is None:
+        raise BadInput("the plan has no image (runtime process)", "plan with --runtime docker to emit container forms")
+    devices, env = c.devices, dict(c.env)
+    if opts.gpu_vendor:  # the runtime's view of this host's GPUs
+        devices, env = container_gpus(opts.gpu_vendor, list(opts.gpu_devices), env)
+    f = vendors.facts(devices.vendor)
+    gpus = None
+    if f is not None and (req := f.container.device_request.value) is not None:
+        gpus = GpuRequest(driver=req.driver, ids=list(devices.ids), capabilities=req.capabilities)
+    mounts: list[Mount] = []
+    for m in [*c.mounts, *(parse_mount(x) for x in opts.mounts)]:
+        if m.kind == "hf-cache" and not Path(m.source).is_dir():
+            continue  # nothing cached here: the engine would create an empty root-owned directory
+        mounts = [x for x in mounts if x.source != m.source]  # one bind per host path (the SDK's volumes dict)
+        mounts.append(m)
+    labels = dict(c.labels)
+    if marker:
+        from m3ctl.runtime.docker import DEPLOYMENT_LABEL  # noqa: PLC0415
+
+        labels[DEPLOYMENT_LABEL] = marker
+    host_net = opts.network == "host"
+    return DockerRun(
+        name=c.name, image=c.image, entrypoint=list(c.entrypoint),
+        command=spec.serve_args() if host_net else list(c.command),
+        network="host" if host_net else "bridge",
+        ports=[] if host_net else [PortMap(host_ip=spec.host, host_port=spec.port, container_port=spec.port)],
+        ipc="host" if opts.ipc_host else None,
+        shm_size=None if opts.ipc_host else (opts.shm_size or f"{SHM_GIB_PER_RANK * spec.layout.tp}g"),
+        ulimits=[] if opts.ipc_host else [Ulimit(name="memlock", soft=-1, hard=-1)],
+        mounts=mounts, env=env,
+        secret_env_names=[*c.secret_env_names, *(k for k in secret_names if k not in c.secret_env_names)],
+        gpus=gpus, devices=list(f.container.devices.value) if f else [],
+        groups=list(f.container.groups.value) if f else [],
+        security_opt=list(f.container.security_opt.value) if f else [],
+        labels=labels, restart=c.restart, user=c.user)

@@ -23,7 +23,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field, PrivateAttr
 
-from m3ctl import catalog
+from m3ctl import catalog, vendors
 from m3ctl import secrets as _secrets
 from m3ctl.assess import capability
 from m3ctl.assess.choose import choose_max_model_len, choose_variant
@@ -261,17 +261,15 @@ def _pin_env(inventory: HostInventory, units, envs: dict[str, str], unset_env: l
     HIP_/CUDA_VISIBLE_DEVICES of the launching shell unset (one visibility variable: F05,
     https://rocm.docs.amd.com/en/latest/conceptual/gpu-isolation.html)."""
     envs = dict(envs)
-    if inventory.vendor == "nvidia":
-        envs["CUDA_VISIBLE_DEVICES"] = ",".join(u.mig_uuid or str(u.gpu) for u in units)
-        envs["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
-        choices.append(Choice(what="CUDA_VISIBLE_DEVICES", value=envs["CUDA_VISIBLE_DEVICES"],
-                              why="the pinned GPUs, numbered in PCI bus order (CUDA_DEVICE_ORDER=PCI_BUS_ID)"))
-    elif inventory.vendor == "amd":
-        envs["ROCR_VISIBLE_DEVICES"] = ",".join(str(u.gpu) for u in units)
-        unset_env = sorted(set(unset_env) | {k for k in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES")
-                                             if k in inventory.visible_devices})
-        choices.append(Choice(what="ROCR_VISIBLE_DEVICES", value=envs["ROCR_VISIBLE_DEVICES"],
-                              why="the pinned GPUs (one visibility variable: F05)"))
+    f = vendors.facts(inventory.vendor)  # the variables: m3ctl/data/vendors.yaml
+    if f is None:
+        return envs, unset_env
+    var = f.visibility.env.value
+    envs[var] = ",".join(u.mig_uuid or str(u.gpu) for u in units)
+    envs.update(f.visibility.order_env.value)
+    if f.visibility.unset.value:
+        unset_env = sorted(set(unset_env) | {k for k in f.visibility.unset.value if k in inventory.visible_devices})
+    choices.append(Choice(what=var, value=envs[var], why=f.visibility.pin_why))
     return envs, unset_env
 
 
@@ -562,14 +560,16 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     envs.update(env or {})
     unset_env: list[str] = []
     if vis is not None and vis.controlled_by and runtime == "process":
-        if inventory.vendor == "nvidia" and vis.index_form:
-            envs["CUDA_VISIBLE_DEVICES"] = vis.index_form
-            choices.append(Choice(what="CUDA_VISIBLE_DEVICES", value=vis.index_form,
+        vf = vendors.facts(inventory.vendor)  # the visibility variables: m3ctl/data/vendors.yaml
+        vis_var = vf.visibility.env.value if vf else ""
+        if vf and vis.index_form:  # NVIDIA UUIDs resolved to indices (m3ctl/hw/visible.py)
+            envs[vis_var] = vis.index_form
+            choices.append(Choice(what=vis_var, value=vis.index_form,
                                   why="UUIDs translated to indices (vLLM before the UUID fix crashes on them: F02)"))
-        if inventory.vendor == "amd" and vis.units and len(vis.controlled_by) > 1:
-            envs["ROCR_VISIBLE_DEVICES"] = ",".join(str(u.gpu) for u in vis.units)
-            unset_env = [k for k in ("HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if k in vis.controlled_by]
-            choices.append(Choice(what="ROCR_VISIBLE_DEVICES", value=envs["ROCR_VISIBLE_DEVICES"],
+        if vf and vf.visibility.unset.value and vis.units and len(vis.controlled_by) > 1:  # AMD double masking
+            envs[vis_var] = ",".join(str(u.gpu) for u in vis.units)
+            unset_env = [k for k in vf.visibility.unset.value if k in vis.controlled_by]
+            choices.append(Choice(what=vis_var, value=envs[vis_var],
                                   why=f"one visibility variable instead of {' + '.join(vis.controlled_by)} "
                                       "(double masking: F05); the others are unset for the server"))
     if r.gpus is not None and units and runtime == "process":

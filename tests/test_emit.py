@@ -72,9 +72,16 @@ def test_local_model_dir_and_hf_cache_are_mounted_read_only(tmp_path, monkeypatc
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     p = plan(ALL["b200x8"](), PlanRequest(model=str(tiny_model_dir), runtime="docker", vllm_executable="vllm", skip_checks=True, image="vllm/vllm-openai:v0.32.0"))
     vols = _flag_values(shlex.split(render(p, "docker")), "-v")
+    # No HF cache on this host yet: neither the printed command nor the runtime mounts it (docker would create an
+    # empty root-owned directory, read-only inside); it was printed before and skipped by the runtime.
+    assert vols == [f"{tiny_model_dir.resolve()}:{tiny_model_dir.resolve()}:ro"]
+    assert list(container_spec(p, {})["volumes"]) == [str(tiny_model_dir.resolve())]
+    (tmp_path / "hf-home").mkdir()
+    vols = _flag_values(shlex.split(render(p, "docker")), "-v")
     assert f"{tiny_model_dir.resolve()}:{tiny_model_dir.resolve()}:ro" in vols
     assert f"{tmp_path / 'hf-home'}:/root/.cache/huggingface:ro" in vols
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    (tmp_path / "hub").mkdir()
     vols = _flag_values(shlex.split(render(p, "docker")), "-v")
     assert f"{tmp_path / 'hub'}:/root/.cache/huggingface/hub:ro" in vols
     svc = yaml.safe_load(render(p, "compose"))["services"]["m3ctl"]

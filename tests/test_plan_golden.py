@@ -50,7 +50,9 @@ def test_golden_plan(host):
 def test_emit_forms_for_b200():
     p = plan(ALL["b200x8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", pass_env=["HF_TOKEN"], vllm_executable="vllm"))
     d = render(p, "docker")
-    assert d.startswith("docker run -d --name m3ctl-m3ctl --ipc=host") and """--gpus '"device=0,1,2,3,4,5,6,7"'""" in d
+    # The device request the runtime sends (driver nvidia, by device): printed as the docker CLI reads it, no --runtime.
+    assert d.startswith("docker run -d --name m3ctl-m3ctl --ipc=host") and """--gpus 'driver=nvidia,"device=0,1,2,3,4,5,6,7"'""" in d
+    assert "--runtime" not in d
     assert "vllm/vllm-openai:minimax-m3 serve MiniMaxAI/MiniMax-M3.1-Flash-NVFP4 --host 127.0.0.1" in d
     assert "--network host" in d and " -p " not in d  # binds where serve --runtime docker binds
     assert "-e HF_TOKEN " in d

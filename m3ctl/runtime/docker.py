@@ -7,14 +7,17 @@ sets the entrypoint to ``["vllm"]`` and the command to the plan's argv without i
 entrypoint is ``vllm serve``, https://docs.vllm.ai/en/latest/deployment/docker.html); the local
 CPU test image (:mod:`m3ctl.dev.docker_stack`) provides a wrapper script.
 
-What :func:`container_spec` sets, and why:
+What :func:`container_spec` sets, and why (one :class:`~m3ctl.launch.DockerRun`, the object ``serve`` and
+``plan --emit docker`` print as ``docker run``; vendor facts with their sources in m3ctl/data/vendors.yaml):
 
-- NVIDIA: a device request for the plan's GPUs by UUID or index (``--gpus device=...``
-  semantics); ``CUDA_VISIBLE_DEVICES`` is dropped inside (the runtime already restricts the
-  devices; a UUID there crashes older vLLM, shared/cases/field-failures.md F02).
-- AMD: devices ``/dev/kfd`` and ``/dev/dri``, group ``video``, ``seccomp=unconfined``
-  (https://docs.vllm.ai/en/latest/deployment/docker.html, ROCm section); a GPU selection
-  becomes ``ROCR_VISIBLE_DEVICES`` only (F05: one variable).
+- NVIDIA: a device request (driver ``nvidia``, capability ``gpu``) for the plan's GPUs by UUID or index
+  (``--gpus device=...``, https://docs.docker.com/engine/containers/resource_constraints/#gpu);
+  ``CUDA_VISIBLE_DEVICES`` is dropped inside (the runtime already restricts the devices; a UUID there crashes
+  older vLLM, shared/cases/field-failures.md F02).
+- AMD: devices ``/dev/kfd`` and ``/dev/dri`` and ``seccomp=unconfined``
+  (https://rocm.docs.amd.com/projects/install-on-linux/en/latest/how-to/docker.html), group ``video``
+  (https://docs.vllm.ai/en/latest/deployment/docker.html, ROCm section); a GPU selection becomes
+  ``ROCR_VISIBLE_DEVICES`` only (F05: one variable, https://rocm.docs.amd.com/en/latest/conceptual/gpu-isolation.html).
 - ``--ipc=host`` by default (NCCL needs more than docker's 64 MiB ``/dev/shm``, F14); with
   ``ipc_host=False`` a ``shm_size`` of at least 2 GiB per tensor-parallel rank and
   ``memlock=-1``.
@@ -44,6 +47,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from m3ctl.errors import ConfigRejected, LaunchFailed
+from m3ctl.launch import SHM_GIB_PER_RANK  # noqa: F401  (GiB of /dev/shm per TP rank without --ipc=host, F14)
 from m3ctl.plan import LaunchPlan
 from m3ctl.runtime.base import RawState, Runtime, StopReport, exit_status
 from m3ctl.state import Deployment, Registry
@@ -52,8 +56,6 @@ LABEL_PREFIX = "m3ctl."
 #: Label holding ``<state dir>::<name>`` (as the process runtime's marker): ``stop --all`` of a state dir finds its
 #: containers by it when their records are gone.
 DEPLOYMENT_LABEL = LABEL_PREFIX + "deployment"
-#: GiB of /dev/shm per tensor-parallel rank when --ipc=host is not allowed (F14: 16 GiB for TP8).
-SHM_GIB_PER_RANK = 2
 
 ProgressFn = Callable[[str, str, int | None, int | None], None]
 """``(layer_id, status, current_bytes, total_bytes)`` during an image pull."""
@@ -93,72 +95,39 @@ def container_name(name: str) -> str:
     return f"m3ctl-{name}"
 
 
-def container_spec(plan: LaunchPlan, secret_env: dict[str, str], opts: DockerOptions | None = None) -> dict[str, Any]:
-    """Keyword arguments for ``docker.containers.run`` that launch ``plan`` (pure; talks to no engine): a
-    render of the plan's :class:`~m3ctl.launch.ContainerSpec`, the same one ``m3ctl plan --emit docker`` prints.
-
-    Args:
-        plan: the launch plan; ``plan.image`` must be set.
-        secret_env: secret variables for the container environment only.
-        opts: container settings (default :class:`DockerOptions`: host network, ``--ipc=host``); its
-            ``gpu_vendor``/``gpu_devices`` (a host's GPUs), when set, replace the plan's; ``mounts`` add to them.
+def docker_run(plan: LaunchPlan, opts: DockerOptions | None = None, *, secret_names: list[str] | tuple[str, ...] = (),
+               marker: str | None = None):
+    """The :class:`~m3ctl.launch.DockerRun` of ``plan`` under ``opts``: the one object both the printed ``docker
+    run`` (:func:`m3ctl.emit.docker_command`) and the SDK kwargs (:func:`container_spec`) are rendered from.
 
     Raises:
         ConfigRejected: no image in the plan or a malformed mount.
     """
-    import docker  # noqa: PLC0415
+    from m3ctl.launch import docker_run as build, launch_spec  # noqa: PLC0415
 
-    from m3ctl.launch import Devices, launch_spec, parse_mount  # noqa: PLC0415
-
-    opts = opts or DockerOptions()
     if not plan.image:
         raise ConfigRejected(f"profile {plan.profile!r} names no image for the docker runtime",
                              "pass --image REF (a local image works; see m3ctl/runtime/docker.py)")
-    ls = launch_spec(plan)
-    c = ls.container
-    assert c is not None
-    devices, env = c.devices, dict(c.env)
-    if opts.gpu_vendor:  # the runtime's view of this host's GPUs
-        devices = Devices(vendor=opts.gpu_vendor if opts.gpu_vendor in ("nvidia", "amd") else None,
-                          ids=list(opts.gpu_devices) if opts.gpu_vendor == "nvidia" else [])
-        env.pop("ROCR_VISIBLE_DEVICES", None)
-        if opts.gpu_vendor == "amd" and opts.gpu_devices:  # F05: one visibility variable
-            env["ROCR_VISIBLE_DEVICES"] = ",".join(opts.gpu_devices)
-    env.update(secret_env)
-    command = list(c.command)
-    spec: dict[str, Any] = {
-        "image": c.image, "name": c.name, "entrypoint": list(c.entrypoint), "command": command,
-        "detach": True, "restart_policy": {"Name": c.restart}, "stdin_open": False, "tty": False,
-        "labels": dict(c.labels),
-    }
-    if c.user:
-        spec["user"] = c.user
-    if opts.network == "host":
-        spec["network_mode"] = "host"
-        command[:] = ls.serve_args()  # the host network: listen where the plan says
-    else:  # listen on all interfaces inside the container; publish on the plan's address only
-        spec["ports"] = {f"{plan.port}/tcp": (plan.host, plan.port)}
-    if opts.ipc_host:
-        spec["ipc_mode"] = "host"
-    else:
-        spec["shm_size"] = opts.shm_size or f"{SHM_GIB_PER_RANK * ls.layout.tp}g"
-        spec["ulimits"] = [docker.types.Ulimit(name="memlock", soft=-1, hard=-1)]
-    volumes: dict[str, dict[str, str]] = {}
-    for m in [*c.mounts, *(parse_mount(x) for x in opts.mounts)]:
-        if m.kind == "hf-cache" and not Path(m.source).is_dir():
-            continue  # nothing cached here: the engine would create an empty root-owned directory
-        volumes[m.source] = {"bind": m.target, "mode": "ro" if m.read_only else "rw"}
-    spec["volumes"] = volumes
-    if devices.vendor == "nvidia":
-        ids = list(devices.ids) or None
-        spec["device_requests"] = [docker.types.DeviceRequest(driver="nvidia", device_ids=ids,
-                                                              count=None if ids else -1, capabilities=[["gpu"]])]
-    elif devices.vendor == "amd":
-        spec["devices"] = ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"]
-        spec["group_add"] = ["video"]
-        spec["security_opt"] = ["seccomp=unconfined"]
-    spec["environment"] = env
-    return spec
+    return build(launch_spec(plan), opts or DockerOptions(), secret_names=secret_names, marker=marker)
+
+
+def container_spec(plan: LaunchPlan, secret_env: dict[str, str], opts: DockerOptions | None = None,
+                   marker: str | None = None) -> dict[str, Any]:
+    """Keyword arguments for ``docker.containers.run`` that launch ``plan`` (pure; talks to no engine): the SDK
+    render of :func:`docker_run`, the object ``m3ctl plan --emit docker`` and ``serve`` print.
+
+    Args:
+        plan: the launch plan; ``plan.image`` must be set.
+        secret_env: secret variables for the container environment only (their names join the printed
+            ``-e NAME``; values never leave the environment).
+        opts: container settings (default :class:`DockerOptions`: host network, ``--ipc=host``); its
+            ``gpu_vendor``/``gpu_devices`` (a host's GPUs), when set, replace the plan's; ``mounts`` add to them.
+        marker: the ``m3ctl.deployment`` label (the registry's marker of the deployment).
+
+    Raises:
+        ConfigRejected: no image in the plan or a malformed mount.
+    """
+    return docker_run(plan, opts, secret_names=list(secret_env), marker=marker).sdk_kwargs(secret_env)
 
 
 def _engine_hint() -> str:
@@ -262,8 +231,8 @@ class DockerRuntime(Runtime):
     def launch(self, plan: LaunchPlan, registry: Registry, secret_env: dict[str, str]) -> Deployment:
         import docker  # noqa: PLC0415
 
-        spec = container_spec(plan, secret_env, self.options)
-        spec["labels"][DEPLOYMENT_LABEL] = registry.marker(plan.name)  # stop --all finds it without its record
+        # stop --all finds it by its deployment label without its record
+        spec = container_spec(plan, secret_env, self.options, marker=registry.marker(plan.name))
         self.ensure_image(plan.image or "")
         c = self.client()
         old = self._container(Deployment(name=plan.name, port=plan.port, served_model_name="", model=""))

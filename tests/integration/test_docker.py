@@ -118,9 +118,7 @@ def test_emitted_docker_run_and_the_sdk_create_the_same_container(engine, docker
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     inv = ALL["h200x2"]()
     p = plan(inv, PlanRequest(model=str(tiny_models["llama"]), name="emitcli", runtime="docker", image=VLLM_CPU_IMAGE, tp=2, skip_checks=True, pass_env=["HF_TOKEN"], vllm_executable="vllm"))
-    argv = shlex.split(render(p, "docker"))
-    i = argv.index("--runtime")
-    del argv[i:i + 2]  # this engine has no NVIDIA runtime; the device request is what is compared
+    argv = shlex.split(render(p, "docker"))  # no --runtime: the device request alone (created, never started)
     argv[argv.index("run"):argv.index("run") + 2] = ["create"]  # `run -d` -> `create`
     r = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **docker_env, "HF_TOKEN": "x"})
     assert r.returncode == 0, r.stderr
@@ -132,10 +130,9 @@ def test_emitted_docker_run_and_the_sdk_create_the_same_container(engine, docker
         spec["name"] = "m3ctl-emitcli-sdk"
         sdk_ct = c.containers.create(**spec)
         a, b = cli_ct.attrs, sdk_ct.attrs
-        # (the CLI leaves Driver empty: the engine picks the driver that offers the "gpu" capability)
-        devs = [(d["DeviceIDs"], d["Capabilities"]) for d in a["HostConfig"]["DeviceRequests"]]
-        assert devs == [(d["DeviceIDs"], d["Capabilities"]) for d in b["HostConfig"]["DeviceRequests"]]
-        assert devs == [([g.uuid for g in inv.gpus], [["gpu"]])]  # both GPUs, one request (not Count=1, ["0"])
+        devs = [(d["Driver"], d["DeviceIDs"], d["Capabilities"]) for d in a["HostConfig"]["DeviceRequests"]]
+        assert devs == [(d["Driver"], d["DeviceIDs"], d["Capabilities"]) for d in b["HostConfig"]["DeviceRequests"]]
+        assert devs == [("nvidia", [g.uuid for g in inv.gpus], [["gpu"]])]  # both GPUs, one request (not Count=1, ["0"])
         assert sorted(a["HostConfig"]["Binds"]) == sorted(b["HostConfig"]["Binds"])
         assert all(x.endswith(":ro") for x in a["HostConfig"]["Binds"])
         assert sorted(a["Config"]["Env"]) == sorted(b["Config"]["Env"])
