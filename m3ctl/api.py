@@ -37,7 +37,8 @@ if TYPE_CHECKING:
     from m3ctl.runtime.base import StopReport
     from m3ctl.serve import ServeResult
 
-__all__ = ["host_inventory", "doctor", "plan", "serve", "stop", "bench", "abench", "tune"]
+__all__ = ["host_inventory", "user_defaults", "plan_request", "doctor", "plan", "size_systems", "serve", "stop",
+           "bench", "abench", "tune"]
 
 
 # ----------------------------------------------------------------------------- argument types
@@ -150,21 +151,24 @@ def _inventory_file(inv: Any) -> str | None:
 # ----------------------------------------------------------------------------- doctor
 @_checked
 def doctor(*, model: str | None = None, variant: str | None = None, context: int | None = None,
-           kv_cache_dtype: str = "auto", runtime: Literal["auto", "process", "docker"] = "auto", port: int = 8000,
-           image: str | None = None, inventory: str | Path | HostInventory | None = None,
-           system: str | None = None, attention: Literal["msa", "dense"] | None = None) -> DoctorReport:
+           kv_cache_dtype: str = "auto", runtime: Literal["auto", "process", "docker"] = "auto",
+           port: int | None = None, image: str | None = None, inventory: str | Path | HostInventory | None = None,
+           system: str | None = None, attention: Literal["msa", "dense"] | None = None,
+           save_inventory: str | Path | None = None) -> DoctorReport:
     """Check, check by check, whether and how this host (or ``inventory``/``system``) can serve ``model``.
 
     Args:
-        model: catalog name/alias, hub id or local model directory (default MiniMax-M3.1-Flash).
+        model: catalog name/alias, hub id or local model directory (default: ``$M3CTL_MODEL``, the user's config
+            file's, else MiniMax-M3.1-Flash).
         variant: force a variant (``nvfp4``, ``mxfp4``, ``mxfp8``, ``bf16``); default: the best for the host.
         context: tokens of context one sequence must fit (default 32768, from capabilities.yaml), >= 1.
         kv_cache_dtype: KV cache dtype to validate (``auto`` = the model's dtype).
         runtime: what serve would use (``auto``: docker when the engine is reachable on a GPU host).
-        port: API port checked for being free (1-65535).
+        port: API port checked for being free (1-65535; default: ``$M3CTL_PORT``, the config file's, else 8000).
         image: a catalog image name or a local image to check instead of the recommended one.
         attention: ``dense`` checks an MSA model served with dense attention on every layer (the opt-in fallback
             of a known issue; quality cost unknown); None/``msa``: its own sparse attention.
+        save_inventory: write the evaluated host's inventory here as JSON (checked writable before any probe).
 
     Returns:
         :class:`~m3ctl.doctor.DoctorReport`: ``checks`` (id, status OK/WARN/FAIL/SKIP, message, fix), ``verdict``
@@ -172,7 +176,8 @@ def doctor(*, model: str | None = None, variant: str | None = None, context: int
         ``--json`` shape. Host problems are FAIL rows, never exceptions.
 
     Raises:
-        BadInput: a bad argument (runtime, context, port, image), an unreadable inventory, an unknown system.
+        BadInput: a bad argument (runtime, context, port, image), an unreadable inventory, an unknown system, a
+            bad ``M3CTL_*`` value or user config file, an unwritable ``save_inventory``.
     """
     from m3ctl.doctor import resolve_image, run_doctor  # noqa: PLC0415
 
@@ -180,30 +185,63 @@ def doctor(*, model: str | None = None, variant: str | None = None, context: int
         raise BadInput(f"unknown runtime {runtime!r}", "use auto, process or docker")
     if context is not None and context < 1:
         raise BadInput(f"--context {context} must be >= 1 token", "e.g. --context 32768")
-    if not 1 <= port <= 65535:
+    if port is not None and not 1 <= port <= 65535:
         raise BadInput(f"--port {port} is not a TCP port", "use 1-65535")
     if attention not in (None, "msa", "dense"):
         raise BadInput(f"attention {attention!r} is not msa or dense", "use attention='dense' or leave it out")
+    if save_inventory is not None:
+        from m3ctl.state import check_output_path  # noqa: PLC0415
+
+        check_output_path(Path(save_inventory), "--save-inventory")
+    user = user_defaults()
     inv = host_inventory(inventory, system)
-    return run_doctor(inv, attention=attention, model=model, variant=variant, context=context, kv_cache_dtype=kv_cache_dtype,
-                      runtime=runtime, port=port, host_checks=inventory is None and system is None,
+    if save_inventory is not None:
+        from m3ctl.files import write_atomic  # noqa: PLC0415
+
+        write_atomic(Path(save_inventory), inv.model_dump_json(indent=2))
+    return run_doctor(inv, attention=attention, variant=variant, context=context, kv_cache_dtype=kv_cache_dtype,
+                      model=model or (user.model if "model" in user.model_fields_set else None),
+                      runtime=runtime, port=port or user.port, host_checks=inventory is None and system is None,
                       image=resolve_image(image) if image else None, inventory_file=_inventory_file(inventory))
 
 
 # ----------------------------------------------------------------------------- plan
-def _request(request: PlanRequest | dict | None, config: str | Path | None, knobs: dict[str, Any],
-             default_runtime: str) -> PlanRequest:
-    """``config`` file < ``request`` < ``knobs`` (PlanRequest precedence), as a checked PlanRequest; the secret
-    variables of this environment are passed through by name (m3ctl/data/secrets.yaml ``passthrough``). Secrets
-    in flags (a raw ``--api-key``, ``args: {api-key: K}``) or env are separated by the planner
-    (m3ctl.secrets.separate): the server gets them in its environment, never in argv."""
+def user_defaults() -> PlanRequest:
+    """The per-machine layers as a PlanRequest: the user's config file (``$XDG_CONFIG_HOME/m3ctl/config.yaml``)
+    under the ``M3CTL_*`` variables (m3ctl.assess.request.user_request). Every API call that takes a model or a
+    port (plan, serve, doctor, tune) starts from these, so the CLI and the API give the same answer under the
+    same environment.
+
+    Raises:
+        BadInput: a bad value in a variable (``M3CTL_PORT=abc``) or in the config file, naming its source.
+    """
+    from m3ctl.assess.request import user_request  # noqa: PLC0415
+
+    return user_request()
+
+
+def plan_request(request: PlanRequest | dict | None = None, *, config: str | Path | None = None,
+                 default_runtime: Literal["auto", "process", "docker"] = "auto", **knobs: Any) -> PlanRequest:
+    """The plan request of a ``plan``/``serve`` call, its layers merged, lowest first: the user's config file <
+    ``M3CTL_*`` (:func:`user_defaults`) < ``config`` (a ``--config`` YAML file) < ``request`` < ``knobs``
+    (PlanRequest fields as keywords); a field set in a higher layer wins (m3ctl.assess.request.merge).
+    ``default_runtime``: the runtime when no layer sets one. The secret variables of this environment are passed
+    through by name (m3ctl/data/secrets.yaml ``passthrough``). Secrets in flags (a raw ``--api-key``,
+    ``args: {api-key: K}``) or env are separated by the planner (m3ctl.secrets.separate): the server gets them
+    in its environment, never in argv.
+
+    Raises:
+        BadInput: an unknown field or a bad value (one line), an unreadable config file, a bad ``M3CTL_*``.
+    """
     from pydantic import ValidationError  # noqa: PLC0415
 
     from m3ctl.assess.request import PlanRequest, load_request, merge  # noqa: PLC0415
     from m3ctl.secrets import passthrough_env  # noqa: PLC0415
 
+    file_req = load_request(config) if config else None
+    user = user_defaults()
     try:
-        layers = [load_request(config) if config else None,
+        layers = [user, file_req,
                   request if isinstance(request, PlanRequest) else PlanRequest(**(request or {})),
                   PlanRequest(**knobs)]
         req = merge(*layers)
@@ -219,7 +257,7 @@ def _request(request: PlanRequest | dict | None, config: str | Path | None, knob
 @_checked
 def plan(request: PlanRequest | dict | None = None, *, inventory: str | Path | HostInventory | None = None,
          system: str | None = None, config: str | Path | None = None, offline: bool | None = None,
-         **knobs: Any) -> LaunchPlan:
+         default_runtime: Literal["auto", "process", "docker"] = "auto", **knobs: Any) -> LaunchPlan:
     """Plan a launch (image, argv, env, every choice explained); start nothing.
 
     Args:
@@ -229,9 +267,11 @@ def plan(request: PlanRequest | dict | None = None, *, inventory: str | Path | H
             ``max_num_batched_tokens`` (tokens), ``args`` ({vLLM flag: value}), ``extra_args`` (raw vLLM
             args), ``runtime`` (default ``auto``), ``name``, ``port``, ``host``, ``allow_emulated``... (see
             PlanRequest for all of them and their units).
-        config: a ``--config`` YAML file, the lowest layer.
+        config: a ``--config`` YAML file, over the per-machine layers (``M3CTL_MODEL``, ``M3CTL_PORT``, the
+            user's config file: :func:`plan_request` gives the precedence).
         offline: resolve the model, tokenizer and drafter to checked local HF-cache snapshots (default: when
             ``HF_HUB_OFFLINE=1``).
+        default_runtime: the runtime when no layer sets one (``plan --emit docker`` plans for ``docker``).
 
     Returns:
         :class:`~m3ctl.plan.LaunchPlan`: ``argv``, ``env``, ``image``, ``choices`` (what, value, why),
@@ -244,10 +284,28 @@ def plan(request: PlanRequest | dict | None = None, *, inventory: str | Path | H
     from m3ctl.launch import check_host  # noqa: PLC0415
     from m3ctl.plan import plan as make_plan  # noqa: PLC0415
 
-    req = _request(request, config, knobs, "auto")
+    req = plan_request(request, config=config, default_runtime=default_runtime, **knobs)
     check_host(req.host)
     p = make_plan(host_inventory(inventory, system), req)
     return resolve_if_offline(p, offline)
+
+
+@_checked
+def size_systems(systems: Sequence[str] = ("all",), request: PlanRequest | dict | None = None, *,
+                 config: str | Path | None = None, **knobs: Any) -> list:
+    """``plan --systems``: plan the request on catalog systems (``"all"`` = every one) and say which serve the
+    model, how, with how much KV cache: one :class:`~m3ctl.sizing.SizingRow` per system. The request is layered
+    as :func:`plan_request`'s (the runtime: docker unless a layer sets process).
+
+    Raises:
+        BadInput: as :func:`plan_request`; UnknownSystem: a name that is not in the catalog.
+    """
+    from m3ctl.launch import check_host  # noqa: PLC0415
+    from m3ctl.sizing import size_systems as size  # noqa: PLC0415
+
+    req = plan_request(request, config=config, **knobs)
+    check_host(req.host)
+    return size([n for s_ in systems for n in s_.split(",") if n.strip()], req)
 
 
 def resolve_if_offline(p: LaunchPlan, offline: bool | None) -> LaunchPlan:
@@ -303,6 +361,34 @@ def serve_plan(req: PlanRequest, inventory: HostInventory, *, raw_key: str | Non
     return resolve_if_offline(p.model_copy(update=update), offline), secrets, prof
 
 
+def prepare_serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | HostInventory | None = None,
+                  config: str | Path | None = None, offline: bool | None = None, api_key_env: str | None = None,
+                  **knobs: Any) -> tuple[LaunchPlan, dict[str, str], Any, HostInventory]:
+    """Everything :func:`serve` checks and plans before it starts anything: ``(plan, secrets, profile,
+    inventory)`` (:func:`serve_plan`'s three, and the host planned for). ``m3ctl serve`` launches from it with
+    its foreground watchdog; ``serve(dry_run=True)`` returns its plan.
+
+    Raises:
+        BadInput, ConfigRejected: as :func:`serve`, before anything starts.
+    """
+    from m3ctl.launch import check_host  # noqa: PLC0415
+    from m3ctl.state import check_name  # noqa: PLC0415
+
+    req = plan_request(request, config=config, **knobs)
+    check_name(req.name)
+    check_host(req.host)
+    if req.startup_budget_s is not None and not req.startup_budget_s > 0:
+        raise BadInput(f"startup_budget_s {req.startup_budget_s:g} must be > 0 seconds", "e.g. 600")
+    if (req.image or req.mounts) and req.runtime == "process":
+        raise BadInput("image and mounts need the docker runtime", "add runtime='docker'")
+    inv = host_inventory(inventory)
+    p, secrets, prof = serve_plan(req, inv, api_key_env=api_key_env, offline=offline)
+    if req.mounts and p.runtime != "docker":
+        raise BadInput(f"mounts need the docker runtime; runtime auto chose {p.runtime} here",
+                       "add runtime='docker'")
+    return p, secrets, prof, inv
+
+
 @overload
 def serve(request: PlanRequest | dict | None = None, *, dry_run: Literal[False] = False, **kw: Any) -> ServeResult: ...
 @overload
@@ -345,24 +431,13 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
     """
     from m3ctl import serve as serving  # noqa: PLC0415
     from m3ctl.diagnose import DiagContext  # noqa: PLC0415
-    from m3ctl.launch import check_host  # noqa: PLC0415
     from m3ctl.runtime import get_runtime  # noqa: PLC0415
     from m3ctl.smoke import smoke_level  # noqa: PLC0415
-    from m3ctl.state import Registry, check_name  # noqa: PLC0415
+    from m3ctl.state import Registry  # noqa: PLC0415
 
     smoke = smoke_level(smoke)
-    req = _request(request, config, knobs, "auto")
-    check_name(req.name)
-    check_host(req.host)
-    if req.startup_budget_s is not None and not req.startup_budget_s > 0:
-        raise BadInput(f"startup_budget_s {req.startup_budget_s:g} must be > 0 seconds", "e.g. 600")
-    if (req.image or req.mounts) and req.runtime == "process":
-        raise BadInput("image and mounts need the docker runtime", "add runtime='docker'")
-    inv = host_inventory(inventory)
-    p, secrets, prof = serve_plan(req, inv, api_key_env=api_key_env, offline=offline)
-    if req.mounts and p.runtime != "docker":
-        raise BadInput(f"mounts need the docker runtime; runtime auto chose {p.runtime} here",
-                       "add runtime='docker'")
+    p, secrets, prof, inv = prepare_serve(request, inventory=inventory, config=config, offline=offline,
+                                          api_key_env=api_key_env, **knobs)
     if dry_run:
         return p
     expect = serving.profile_expect(prof, p.profile, p)
@@ -565,6 +640,59 @@ async def abench(url: str | None = None, *, concurrency: StrictInt | Sequence[St
 
 
 # ----------------------------------------------------------------------------- tune
+def _tune(name: str) -> Any:
+    """A new study's default for ``name``: m3ctl.tune.options.TuneOptions (pydantic only), where it is declared."""
+    from m3ctl.tune.options import default  # noqa: PLC0415
+
+    return default(name)
+
+
+def prepare_tune(model: str | None = None, *, study_dir: str | Path | None = None, resume: str | Path | None = None,
+                 inventory: str | Path | HostInventory | None = None, system: str | None = None,
+                 dry_run: bool = False, options: dict[str, Any] | None = None) -> tuple[Path, dict[str, Any], HostInventory]:
+    """What :func:`tune` checks and settles before any trial: ``(study dir, settings (tune.json), inventory)``;
+    a new study's settings are saved unless ``dry_run``. ``options``: :class:`m3ctl.tune.options.TuneOptions`
+    fields (missing ones: their defaults; None for ``max_trials``, ``time_budget_s``, ``baseline``,
+    ``confirm_top``, ``port``: not given). ``m3ctl tune`` runs the study from it with its own progress lines.
+
+    Raises:
+        BadInput: as :func:`tune`.
+    """
+    import time  # noqa: PLC0415
+
+    from m3ctl.tune import study as st  # noqa: PLC0415
+    from m3ctl.tune.options import TuneOptions  # noqa: PLC0415
+
+    given = dict(options or {})
+    if unknown := sorted(set(given) - set(TuneOptions.model_fields)):
+        raise BadInput(f"unknown tune option {unknown[0]!r}", "see m3ctl.tune.options.TuneOptions")
+    o = {k: _tune(k) for k in TuneOptions.model_fields if k != "schema_version"}
+    o.update(confirm_top=None, baseline=None, port=None)  # not given: resume keeps the saved ones (RESUME_OPTIONS)
+    o.update(given)
+    if system and not dry_run:
+        raise BadInput(f"--system {system} is a host you don't have: nothing can be measured there", "add --dry-run")
+    inv = host_inventory(inventory, system)
+    if resume:
+        sdir = Path(resume)
+        settings = st.resume_settings(sdir, max_trials=o["max_trials"], time_budget_s=o["time_budget_s"],
+                                      baseline=o["baseline"], confirm_top=o["confirm_top"], save=not dry_run)
+    else:
+        user = user_defaults()
+        model = model or (user.model if "model" in user.model_fields_set else None)
+        if not model:
+            raise BadInput("--model is required (or --resume DIR)", "e.g. m3ctl tune --model DIR --slo 'p90_tpot_ms<=50'")
+        sdir = Path(study_dir) if study_dir else Path(f"m3ctl-tune-{time.strftime('%Y%m%d-%H%M%S')}")
+        same = ("slo", "objective", "usd_per_gpu_hour", "seed", "time_budget_s", "max_trials", "boundary_margin",
+                "boundary_repeats", "fast_starts", "max_spec_depth", "baseline", "workload", "input_len",
+                "output_len", "prompts_per_concurrency", "warmup", "skip_checks")  # named as new_settings's
+        settings = st.new_settings(model, inv, **{k: o[k] for k in same},
+                                   knobs=list(o["knobs"]), ladder=list(o["ladder"]),
+                                   confirm_top=_tune("confirm_top") if o["confirm_top"] is None else o["confirm_top"],
+                                   port=o["port"] or user.port, profile_file=o["profile"], overrides=o["args"],
+                                   extra_args=list(o["extra_args"]), study_dir=sdir, save=not dry_run)
+    return sdir, settings, inv
+
+
 @overload
 def tune(model: str | None = None, *, dry_run: Literal[False] = False, **kw: Any) -> TuneReport: ...
 @overload
@@ -573,18 +701,25 @@ def tune(model: str | None = None, *, dry_run: Literal[True], **kw: Any) -> dict
 
 @_checked
 def tune(model: str | None = None, *, study_dir: str | Path | None = None, resume: str | Path | None = None,
-         slo: str = "", objective: str = "tput_per_gpu", usd_per_gpu_hour: float | None = None,
-         knobs: Sequence[str] = (), ladder: Sequence[int] = (1, 2, 4, 8, 16, 32, 64), max_trials: int | None = None,
-         time_budget_s: float | None = None, seed: int = 0, confirm_top: int | None = None, boundary_margin: float = 0.10,
-         boundary_repeats: int = 2, max_spec_depth: int = 4, pareto: bool = False, baseline: bool | None = None,
-         fast_starts: bool = True,
-         port: int = 8000, workload: str = "random", input_len: int = 128, output_len: int = 128,
-         prompts_per_concurrency: int = 4, warmup: bool = True, profile: str | Path | None = None,
-         args: dict[str, Any] | None = None, extra_args: Sequence[str] = (), skip_checks: bool = False,
+         slo: str = _tune("slo"), objective: str = _tune("objective"),
+         usd_per_gpu_hour: float | None = _tune("usd_per_gpu_hour"), knobs: Sequence[str] = (),
+         ladder: Sequence[int] = tuple(_tune("ladder")), max_trials: int | None = _tune("max_trials"),
+         time_budget_s: float | None = _tune("time_budget_s"), seed: int = _tune("seed"),
+         confirm_top: int | None = None, boundary_margin: float = _tune("boundary_margin"),
+         boundary_repeats: int = _tune("boundary_repeats"), max_spec_depth: int = _tune("max_spec_depth"),
+         pareto: bool = False, baseline: bool | None = None, fast_starts: bool = _tune("fast_starts"),
+         port: int | None = None, workload: str = _tune("workload"), input_len: int = _tune("input_len"),
+         output_len: int = _tune("output_len"), prompts_per_concurrency: int = _tune("prompts_per_concurrency"),
+         warmup: bool = _tune("warmup"), profile: str | Path | None = None,
+         args: dict[str, Any] | None = None, extra_args: Sequence[str] = (), skip_checks: bool = _tune("skip_checks"),
          inventory: str | Path | HostInventory | None = None, system: str | None = None, dry_run: bool = False,
          on_event: Callable[[int | None, str, str], None] | None = None,
          parallel_trials: int | Literal["auto"] = "auto") -> TuneReport | dict[str, Any]:
     """Search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO (``m3ctl tune``).
+
+    The study's settings, their defaults and help are :class:`m3ctl.tune.options.TuneOptions` (declared there
+    once; ``m3ctl tune``'s options are derived from it). ``model`` defaults to ``$M3CTL_MODEL`` / the user's
+    config file's, ``port`` to ``$M3CTL_PORT`` / the config file's, else 8000 (:func:`user_defaults`), as the CLI.
 
     A new study of ``model`` goes to ``study_dir`` (default ``./m3ctl-tune-<time>``); ``resume`` continues the
     study in that directory (its saved settings; ``max_trials``, ``time_budget_s`` and ``baseline`` given here
@@ -622,37 +757,18 @@ def tune(model: str | None = None, *, study_dir: str | Path | None = None, resum
             or corrupt study (``tune.json``).
         KeyboardInterrupt: interrupted; the trial's server is stopped, completed trials are kept (resume).
     """
-    import time  # noqa: PLC0415
-
     from m3ctl import serve as serving  # noqa: PLC0415
     from m3ctl.results import TuneReport  # noqa: PLC0415
     from m3ctl.tune import study as st  # noqa: PLC0415
 
-    if system and not dry_run:
-        raise BadInput(f"--system {system} is a host you don't have: nothing can be measured there", "add --dry-run")
-    inv = host_inventory(inventory, system)
-    if resume:
-        sdir = Path(resume)
-        settings = st.resume_settings(sdir, max_trials=max_trials, time_budget_s=time_budget_s, baseline=baseline,
-                                      confirm_top=confirm_top, save=not dry_run)
-    else:
-        if not model:
-            raise BadInput("--model is required (or --resume DIR)", "e.g. m3ctl tune --model DIR --slo 'p90_tpot_ms<=50'")
-        sdir = Path(study_dir) if study_dir else Path(f"m3ctl-tune-{time.strftime('%Y%m%d-%H%M%S')}")
-        if (sdir / "tune.json").exists():
-            raise BadInput(f"{sdir} already holds a study", f"continue it with --resume {sdir} or choose another --study-dir")
-        settings = st.new_settings(model, inv, slo=slo, objective=objective, usd_per_gpu_hour=usd_per_gpu_hour,
-                                   knobs=list(knobs), ladder=list(ladder), max_trials=max_trials,
-                                   time_budget_s=time_budget_s, seed=seed, confirm_top=2 if confirm_top is None else confirm_top,
-                                   boundary_margin=boundary_margin, boundary_repeats=boundary_repeats,
-                                   fast_starts=fast_starts,
-                                   max_spec_depth=max_spec_depth, baseline=baseline, port=port, workload=workload,
-                                   input_len=input_len, output_len=output_len,
-                                   prompts_per_concurrency=prompts_per_concurrency, warmup=warmup,
-                                   profile_file=profile, overrides=args, extra_args=list(extra_args),
-                                   skip_checks=skip_checks)
-        if not dry_run:
-            st.save_settings(sdir, settings)
+    sdir, settings, inv = prepare_tune(
+        model, study_dir=study_dir, resume=resume, inventory=inventory, system=system, dry_run=dry_run,
+        options=dict(slo=slo, objective=objective, usd_per_gpu_hour=usd_per_gpu_hour, knobs=knobs, ladder=ladder,
+                     max_trials=max_trials, time_budget_s=time_budget_s, seed=seed, confirm_top=confirm_top,
+                     boundary_margin=boundary_margin, boundary_repeats=boundary_repeats, fast_starts=fast_starts,
+                     max_spec_depth=max_spec_depth, baseline=baseline, port=port, workload=workload,
+                     input_len=input_len, output_len=output_len, prompts_per_concurrency=prompts_per_concurrency,
+                     warmup=warmup, profile=profile, args=args, extra_args=extra_args, skip_checks=skip_checks))
     base = st.base_profile(settings, inv)
     if dry_run:
         return st.dry_run(sdir, settings, inventory=inv, parallel_trials=parallel_trials)

@@ -6,13 +6,13 @@ the results are written (to the state dir when the given path fails: nothing mea
 
 import contextlib
 import json
-import math
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from m3ctl.bench.config import BenchConfig
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import check_outputs
 from m3ctl.cli.output import Output, console, escape
@@ -27,6 +27,17 @@ app = typer.Typer(help="Load-test an OpenAI-compatible endpoint; `m3ctl bench re
 RENAMED = {"duration": "duration_s", "think_time": "think_time_s", "request_timeout": "request_timeout_s",
            "stall_floor": "stall_floor_s", "power_interval": "power_interval_s", "trace": "trace_path",
            "max_ttft": "max_ttft_s"}
+
+
+def _default(field: str):
+    """The default of a BenchConfig field (m3ctl.bench.config, where the bench settings are declared once)."""
+    return BenchConfig.model_fields[field].get_default(call_default_factory=True)
+
+
+def _shown(field: str) -> str:
+    """A BenchConfig default as the CLI's comma list (``--input-len 128``, ``--percentiles 50,90,99``)."""
+    d = _default(field)
+    return ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in (d if isinstance(d, list) else [d]))
 
 
 def gpu_indices(text: str) -> str:
@@ -57,52 +68,52 @@ def bench(
     url: Annotated[Optional[str], typer.Option(parser=o.text, help="Base URL of an OpenAI-compatible server.")] = None,
     deployment: Annotated[Optional[str], typer.Option(parser=o.text, help="Bench an m3ctl deployment by name instead of --url.")] = None,
     model: Annotated[Optional[str], typer.Option(help="Model id on the server (default: the only one it serves).")] = None,
-    endpoint: Annotated[str, typer.Option(help="completions or chat.")] = "completions",
-    workload: o.Workload = "random",
+    endpoint: Annotated[str, typer.Option(help="completions or chat.")] = _default('endpoint'),
+    workload: o.Workload = _default('workload'),
     concurrency: Annotated[Optional[str], typer.Option(parser=o.int_list, help="Max requests in flight (closed loop); a list such as 1,2,4,8 runs a sweep. Agentic: session lanes.")] = None,
-    request_rate: Annotated[float, typer.Option(parser=o.positive_float, metavar="RPS", help="Requests/s, > 0 (inf: all at once).")] = math.inf,
-    burstiness: Annotated[float, typer.Option(parser=o.positive_float, metavar="SHAPE", help="Gamma shape of arrivals (1 = Poisson, <1 burstier).")] = 1.0,
-    num_prompts: Annotated[int, typer.Option(min=1, help="Requests to send (stop by count).")] = 100,
+    request_rate: Annotated[float, typer.Option(parser=o.positive_float, metavar="RPS", help="Requests/s, > 0 (inf: all at once).")] = _default('request_rate'),
+    burstiness: Annotated[float, typer.Option(parser=o.positive_float, metavar="SHAPE", help="Gamma shape of arrivals (1 = Poisson, <1 burstier).")] = _default('burstiness'),
+    num_prompts: Annotated[int, typer.Option(min=1, help="Requests to send (stop by count).")] = _default('num_prompts'),
     duration: Annotated[Optional[float], typer.Option(parser=o.positive_float, metavar="SECONDS", help="Stop issuing requests after this many seconds (workload cycled).")] = None,
-    input_len: Annotated[str, typer.Option(parser=o.int_list, metavar="TOKENS", help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn); a list such as 512,4096 sweeps it.")] = "128",
-    output_len: Annotated[str, typer.Option(parser=o.int_list, metavar="TOKENS", help="Output tokens per request; a list such as 128,1024 sweeps it (a sweep runs input x output x concurrency).")] = "128",
+    input_len: Annotated[str, typer.Option(parser=o.int_list, metavar="TOKENS", help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn); a list such as 512,4096 sweeps it.")] = _shown('input_len'),
+    output_len: Annotated[str, typer.Option(parser=o.int_list, metavar="TOKENS", help="Output tokens per request; a list such as 128,1024 sweeps it (a sweep runs input x output x concurrency).")] = _shown('output_len'),
     trace: Annotated[Optional[Path], typer.Option(metavar="FILE", help="Replay a JSONL trace ({timestamp, input_len, output_len, prefix_id?} per line) at its arrival times (open loop; --concurrency caps it).")] = None,
-    trace_time_scale: Annotated[float, typer.Option(parser=o.positive_float, metavar="X", help="Multiply the trace's arrival offsets (0.5: twice as fast; 0.001: timestamps in ms).")] = 1.0,
+    trace_time_scale: Annotated[float, typer.Option(parser=o.positive_float, metavar="X", help="Multiply the trace's arrival offsets (0.5: twice as fast; 0.001: timestamps in ms).")] = _default('trace_time_scale'),
     max_ttft: Annotated[Optional[float], typer.Option("--max-ttft", "--max-ttft-s", parser=o.positive_float, metavar="SECONDS", help="Sweep: a level whose median TTFT is above this is overloaded (default: no bound).")] = None,
-    stop_on_overload: Annotated[bool, typer.Option(help="Sweep: after an overloaded level (TTFT bound, a growing server queue, throughput below the level before), skip the higher concurrencies of its input/output lengths.")] = True,
-    range_ratio: Annotated[float, typer.Option(min=0, help="Length spread (see --range-convention).")] = 0.0,
-    range_convention: Annotated[str, typer.Option(parser=o.choice("vllm", "inferencex"), help="vllm: [L(1-r), L(1+r)]; inferencex: [rL, L].")] = "vllm",
+    stop_on_overload: Annotated[bool, typer.Option(help="Sweep: after an overloaded level (TTFT bound, a growing server queue, throughput below the level before), skip the higher concurrencies of its input/output lengths.")] = _default('stop_on_overload'),
+    range_ratio: Annotated[float, typer.Option(min=0, help="Length spread (see --range-convention).")] = _default('range_ratio'),
+    range_convention: Annotated[str, typer.Option(parser=o.choice("vllm", "inferencex"), help="vllm: [L(1-r), L(1+r)]; inferencex: [rL, L].")] = _default('range_convention'),
     dataset_path: Annotated[Optional[Path], typer.Option(exists=True, dir_okay=False, help="ShareGPT-style JSON/JSONL file (--workload dataset).")] = None,
     dataset_output_len: Annotated[Optional[int], typer.Option(min=1, help="Force the output length of dataset requests (default: the reference reply's).")] = None,
-    num_prefixes: Annotated[int, typer.Option(min=1, help="prefix-repetition: distinct shared prefixes.")] = 4,
-    prefix_len: Annotated[int, typer.Option(min=1, help="prefix-repetition / agentic: shared prefix tokens.")] = 128,
+    num_prefixes: Annotated[int, typer.Option(min=1, help="prefix-repetition: distinct shared prefixes.")] = _default('num_prefixes'),
+    prefix_len: Annotated[int, typer.Option(min=1, help="prefix-repetition / agentic: shared prefix tokens.")] = _default('prefix_len'),
     num_sessions: Annotated[Optional[int], typer.Option(min=1, help="agentic: sessions (default 2 x lanes).")] = None,
-    turns: Annotated[int, typer.Option(min=1, help="agentic: turns per session.")] = 4,
-    turn_input_len: Annotated[int, typer.Option(min=1, help="agentic: new input tokens per later turn.")] = 64,
-    think_time: Annotated[float, typer.Option(min=0, help="agentic: mean think time between turns (s, exponential).")] = 0.0,
-    ignore_eos: Annotated[bool, typer.Option(help="Ask for exactly --output-len tokens.")] = True,
-    temperature: Annotated[float, typer.Option(min=0, help="Sampling temperature.")] = 0.0,
-    num_warmups: Annotated[int, typer.Option(min=0, help="Warmup requests (excluded; fresh prompts of the workload's shapes).")] = 0,
+    turns: Annotated[int, typer.Option(min=1, help="agentic: turns per session.")] = _default('turns'),
+    turn_input_len: Annotated[int, typer.Option(min=1, help="agentic: new input tokens per later turn.")] = _default('turn_input_len'),
+    think_time: Annotated[float, typer.Option(min=0, help="agentic: mean think time between turns (s, exponential).")] = _default('think_time_s'),
+    ignore_eos: Annotated[bool, typer.Option(help="Ask for exactly --output-len tokens.")] = _default('ignore_eos'),
+    temperature: Annotated[float, typer.Option(min=0, help="Sampling temperature.")] = _default('temperature'),
+    num_warmups: Annotated[int, typer.Option(min=0, help="Warmup requests (excluded; fresh prompts of the workload's shapes).")] = _default('num_warmups'),
     warmup: Annotated[Optional[bool], typer.Option("--warmup/--no-warmup", help="Warm up at each load level before measuring (--num-warmups requests, else as many as the concurrency); default: on for a sweep.")] = None,
-    seed: o.Seed = 0,
+    seed: o.Seed = _default('seed'),
     prompt_salt: Annotated[Optional[str], typer.Option(help="Resend the prompts of the run with this workload.prompt_salt (a server that cached them makes the run BENCH-INVALID).")] = None,
-    percentiles: Annotated[str, typer.Option(parser=o.percentiles, help="Comma-separated percentiles (0-100).")] = "50,90,99",
+    percentiles: Annotated[str, typer.Option(parser=o.percentiles, help="Comma-separated percentiles (0-100).")] = _shown('percentiles'),
     goodput: Annotated[Optional[list[str]], typer.Option(help="SLO metric:ms for goodput (ttft, tpot, e2el).")] = None,
     slo: Annotated[str, typer.Option(parser=slo_text, help='With a --concurrency sweep: the capacity under this SLO by the tune\'s capacity rule (e.g. "p90_tpot_ms<=30"; a level whose run is near the limit needs 3 runs: give it 3 times).')] = "",
     tokenizer: Annotated[Optional[str], typer.Option(help="Local tokenizer dir (default: the server's /tokenize and /detokenize, else the deployment's model dir).")] = None,
     num_gpus: Annotated[Optional[int], typer.Option(min=1, help="GPUs behind the endpoint, for tok/s per GPU (default: from the deployment's tp x pp x dp).")] = None,
     usd_per_gpu_hour: o.UsdPerGpuHour = None,
-    power: Annotated[bool, typer.Option("--power/--no-power", help="Sample GPU power over the measured phase: energy per output token (docs/bench.md, Energy).")] = True,
+    power: Annotated[bool, typer.Option("--power/--no-power", help="Sample GPU power over the measured phase: energy per output token (docs/bench.md, Energy).")] = _default('power'),
     power_gpus: Annotated[Optional[str], typer.Option(parser=gpu_indices, metavar="0,1", help="GPU indices to sample (default: the deployment's, else every local GPU; none for a remote --url).")] = None,
-    power_interval: Annotated[float, typer.Option(parser=o.positive_float, metavar="SECONDS", help="Power sampling period (nvidia-smi/rocm-smi fallbacks: at least 1 s).")] = 0.1,
-    client_procs: Annotated[int, typer.Option(min=1, help="Client worker processes (each its own event loop).")] = 1,
-    http_client: Annotated[str, typer.Option(help="fast (lean keep-alive HTTP/1.1) or aiohttp.")] = "fast",
-    continuous_usage: Annotated[bool, typer.Option(help="Ask vLLM for per-chunk usage (per-token ITL).")] = True,
-    allow_approx: Annotated[bool, typer.Option(help="Accept runs whose token counts or TTFT are approximate.")] = False,
-    max_error_rate: Annotated[float, typer.Option(min=0, max=1, help="Failed-request fraction above which the run is invalid.")] = 0.0,
-    request_timeout: Annotated[float, typer.Option(parser=o.positive_float, metavar="SECONDS", help="Seconds a request may take in all before it counts as failed (timeout).")] = 6 * 3600,
-    stall_floor: Annotated[float, typer.Option(parser=o.positive_float, metavar="SECONDS", help="Seconds without a token on any in-flight request that end the run as stalled, at least (the window grows to 20x the largest chunk gap and 3x the largest TTFT seen).")] = 30.0,
-    per_request: Annotated[bool, typer.Option(help="Include per-request records in the JSON.")] = False,
+    power_interval: Annotated[float, typer.Option(parser=o.positive_float, metavar="SECONDS", help="Power sampling period (nvidia-smi/rocm-smi fallbacks: at least 1 s).")] = _default('power_interval_s'),
+    client_procs: Annotated[int, typer.Option(min=1, help="Client worker processes (each its own event loop).")] = _default('client_procs'),
+    http_client: Annotated[str, typer.Option(help="fast (lean keep-alive HTTP/1.1) or aiohttp.")] = _default('http_client'),
+    continuous_usage: Annotated[bool, typer.Option(help="Ask vLLM for per-chunk usage (per-token ITL).")] = _default('continuous_usage'),
+    allow_approx: Annotated[bool, typer.Option(help="Accept runs whose token counts or TTFT are approximate.")] = _default('allow_approx'),
+    max_error_rate: Annotated[float, typer.Option(min=0, max=1, help="Failed-request fraction above which the run is invalid.")] = _default('max_error_rate'),
+    request_timeout: Annotated[float, typer.Option(parser=o.positive_float, metavar="SECONDS", help="Seconds a request may take in all before it counts as failed (timeout).")] = _default('request_timeout_s'),
+    stall_floor: Annotated[float, typer.Option(parser=o.positive_float, metavar="SECONDS", help="Seconds without a token on any in-flight request that end the run as stalled, at least (the window grows to 20x the largest chunk gap and 3x the largest TTFT seen).")] = _default('stall_floor_s'),
+    per_request: Annotated[bool, typer.Option(help="Include per-request records in the JSON.")] = _default('per_request'),
     label: Annotated[Optional[str], typer.Option(help="Label stored in the result.")] = None,
     output_json: Annotated[Optional[Path], typer.Option(help="Write the result JSON here (a sweep: all runs); - : stdout.")] = None,
     output_csv: o.OutputCsv = None,

@@ -6,7 +6,6 @@ from typing import Annotated, Optional
 import typer
 
 from m3ctl.cli import options as o
-from m3ctl.cli.inputs import check_outputs, host_inventory, user_defaults
 from m3ctl.cli.output import Output
 from m3ctl.cli.render import COLOUR
 
@@ -28,21 +27,13 @@ def doctor(
     attention: o.Attention = None,
 ) -> None:
     """Probe this host and say, check by check, whether and how it can serve (exit 1 on FAIL)."""
-    from m3ctl.doctor import report_json, resolve_image, run_doctor  # noqa: PLC0415
+    from m3ctl import api  # noqa: PLC0415
+    from m3ctl.doctor import report_json  # noqa: PLC0415  (rendering: the --json shape)
 
     out = Output(json_out)
-    check_outputs(save_inventory=save_inventory)
-    user = user_defaults()
-    inv = host_inventory(inventory, system)
-    if save_inventory:
-        from m3ctl.files import write_atomic  # noqa: PLC0415
-
-        write_atomic(save_inventory, inv.model_dump_json(indent=2))
-    rep = run_doctor(inv, model=model or (user.model if "model" in user.model_fields_set else None),
-                     variant=variant, context=context, kv_cache_dtype=kv_cache_dtype, runtime=runtime,
-                     port=port or user.port, host_checks=inventory is None and system is None,
-                     image=resolve_image(image) if image else None,
-                     inventory_file=str(inventory) if inventory else None, attention=attention)
+    rep = api.doctor(model=model, variant=variant, context=context, kv_cache_dtype=kv_cache_dtype, runtime=runtime,
+                     port=port, image=image, inventory=inventory, system=system, attention=attention,
+                     save_inventory=save_inventory)
     out.result(report_json(rep))
     if not out.json:
         render(out.con, rep, verbose)

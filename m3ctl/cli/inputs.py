@@ -1,4 +1,5 @@
-"""From parsed options to the library's inputs: the host to plan for, the plan request (its layers), raw args."""
+"""From parsed options to the API's inputs: the plan request of the options given (the API layers it over
+``--config``, ``M3CTL_*`` and the config file), ``--arg`` pairs, raw args, output paths checked up front."""
 
 import json
 from pathlib import Path
@@ -7,25 +8,6 @@ from typing import Optional
 import typer
 
 from m3ctl.errors import BadInput
-
-
-def host_inventory(inventory: Optional[Path], system: Optional[str]):
-    """The inventory to evaluate: ``--inventory FILE``, ``--system NAME``, else this host
-    (:func:`m3ctl.api.host_inventory`).
-
-    Raises:
-        BadInput: both given, an unreadable or invalid inventory file, an unknown system.
-    """
-    from m3ctl.api import host_inventory as inventory_of  # noqa: PLC0415
-
-    return inventory_of(inventory, system)
-
-
-def user_defaults():
-    """The per-machine layers (``M3CTL_*`` over the XDG config file) as a PlanRequest (m3ctl.assess.request)."""
-    from m3ctl.assess.request import user_request  # noqa: PLC0415
-
-    return user_request()
 
 
 def parse_args(pairs: list[str]) -> dict:
@@ -51,28 +33,18 @@ def raw_args_without_key(ctx: typer.Context) -> list[str]:
     return list(ctx.args)
 
 
-def no_api_key(args: list[str]) -> list[str]:
-    """Raw args for tune, which starts private trial servers: an API key is refused (it would be stored)."""
-    from m3ctl.secrets import split_api_key  # noqa: PLC0415
-
-    rest, key = split_api_key(list(args))
-    if key:
-        raise BadInput("tune starts its own private trial servers: a raw --api-key is not used (nor stored)",
-                       "drop --api-key from the raw arguments")
-    return rest
-
-
-def plan_request(ctx: typer.Context, **extra):
-    """The plan request of a `plan`/`serve` command, its layers merged (m3ctl.assess.request: command line >
-    ``--config`` > ``M3CTL_*`` > the XDG config file). Only options given on the command line count as given;
-    click's ``--`` remainder is the raw vLLM args; ``extra`` adds values that are not options (``pass_env``).
+def given_request(ctx: typer.Context, **extra):
+    """The PlanRequest of the options given on this `plan`/`serve` command line: one layer, the highest; the API
+    merges it over ``--config``, ``M3CTL_*`` and the XDG config file (:func:`m3ctl.api.plan_request`). Options left
+    at their default are not "given" (the lower layers decide); click's ``--`` remainder is the raw vLLM args;
+    ``extra`` adds values that are not options.
 
     Raises:
         BadInput: a value the request rejects, naming the option.
     """
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from m3ctl.assess.request import PlanRequest, load_request, merge  # noqa: PLC0415
+    from m3ctl.assess.request import PlanRequest  # noqa: PLC0415  (the typed model the options build)
 
     opts = dict(ctx.params)
     given = {k: v for k, v in opts.items() if k in PlanRequest.model_fields and k != "profile"}
@@ -86,27 +58,12 @@ def plan_request(ctx: typer.Context, **extra):
     switches = ("allow_emulated", "no_multicast", "skip_checks")  # flags without a --no- form: False = not given
     cli = {k: v for k, v in {**given, **extra}.items()
            if v is not None and v != {} and v != [] and not (k in switches and v is False)}
-    file_req = load_request(opts["config"]) if opts.get("config") else None
     try:
-        return merge(user_defaults(), file_req, PlanRequest(**cli))
+        return PlanRequest(**cli)
     except ValidationError as e:
         err = e.errors()[0]
         opt = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "an option"
         raise BadInput(f"{opt}: {err['msg']}", f"see `m3ctl {ctx.info_name} --help`") from None
-
-
-def secrets_present() -> dict[str, str]:
-    """The pass-through secrets set in this environment (:func:`m3ctl.secrets.passthrough_env`; never shown)."""
-    from m3ctl.secrets import passthrough_env  # noqa: PLC0415
-
-    return passthrough_env()
-
-
-def maybe_offline(p, offline: Optional[bool]):
-    """The plan resolved to checked local snapshots when offline (:func:`m3ctl.api.resolve_if_offline`)."""
-    from m3ctl.api import resolve_if_offline  # noqa: PLC0415
-
-    return resolve_if_offline(p, offline)
 
 
 def check_outputs(**paths: Optional[Path]) -> None:

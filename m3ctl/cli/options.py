@@ -3,8 +3,9 @@
 (bench, tune). Values are checked at parse time (click ranges and the parsers below), so a bad value is one
 ``error:`` line with exit 2 before any work starts.
 
-Per-machine defaults (``--model``, ``--port``) come from ``M3CTL_*`` variables and the user's config file
-through the plan request's layers (m3ctl.assess.request: command line > --config > env > config file).
+Per-machine defaults (``--model``, ``--port``) come from ``M3CTL_*`` variables and the user's config file,
+layered by the API (m3ctl.api.plan_request, m3ctl.api.user_defaults: command line > --config > env > config
+file): an option left out is passed as "not given", never as a default of the CLI's own.
 """
 
 import functools
@@ -241,3 +242,52 @@ def options(group: dict[str, tuple[Any, Any]], into: str):
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
         return wrapper
     return deco
+
+
+# ------------------------------------------------------------------ options derived from a settings model
+def model_options(model, spec: dict[str, dict[str, Any]]) -> tuple[dict[str, tuple[Any, Any]], dict[str, str]]:
+    """Typer options derived from the pydantic ``model``'s fields (the schema is declared once, there): for each
+    field of ``spec`` its help (the field's description), type (``X | None`` -> Optional[X]; a ``Literal`` ->
+    a choice parser with a "did you mean") and default. ``spec[field]`` adds or overrides what the model cannot
+    say: ``name`` (the CLI name, e.g. ``time_budget`` for ``time_budget_s``), ``decls`` (``"--knob"``,
+    ``"--baseline/--no-baseline"``), ``type`` (e.g. ``str`` for a comma list), ``show`` (model default -> CLI
+    default), ``unset`` (default None, so that only a given value counts, e.g. for ``--resume``; the model's
+    default is named in the help), and any typer.Option keyword (``parser``, ``min``, ``max``, ``metavar``).
+
+    Returns:
+        (the group for :func:`options`, {CLI name: field name}).
+    """
+    import types  # noqa: PLC0415
+    from typing import Literal, Union, get_args, get_origin  # noqa: PLC0415
+
+    group: dict[str, tuple[Any, Any]] = {}
+    names: dict[str, str] = {}
+    for field, extra in spec.items():
+        extra = dict(extra)
+        f = model.model_fields[field]
+        name, decls = extra.pop("name", field), extra.pop("decls", ())
+        decls = (decls,) if isinstance(decls, str) else tuple(decls)
+        unset, show, typ = extra.pop("unset", False), extra.pop("show", None), extra.pop("type", None)
+        default = f.get_default(call_default_factory=True)
+        ann, optional = f.annotation, False
+        if get_origin(ann) in (Union, types.UnionType):
+            args = [a for a in get_args(ann) if a is not type(None)]
+            optional, ann = len(args) < len(get_args(ann)), args[0]
+        if typ is None:
+            if get_origin(ann) is Literal:
+                extra.setdefault("parser", choice(*get_args(ann)))
+                typ = str
+            elif get_origin(ann) in (list, dict) or ann in (list, dict):
+                typ, optional = list[str], True
+            else:
+                typ = ann
+        if optional or unset or default in ([], {}):
+            typ = Optional[typ]
+        help_ = f.description or ""
+        if unset:
+            shown = {True: "on", False: "off"}.get(default, default) if isinstance(default, bool) else default
+            help_ += f" (default: {shown})"
+        value = None if unset or default in ([], {}) else (show(default) if show else default)
+        group[name] = (Annotated[typ, typer.Option(*decls, help=help_, **extra)], value)
+        names[name] = field
+    return group, names

@@ -5,7 +5,7 @@ from typing import Annotated, Optional
 import typer
 
 from m3ctl.cli import options as o
-from m3ctl.cli.inputs import host_inventory, maybe_offline, plan_request, secrets_present
+from m3ctl.cli.inputs import given_request
 from m3ctl.cli.output import Output, escape
 from m3ctl.cli.render import print_plan
 from m3ctl.errors import BadInput
@@ -30,27 +30,23 @@ def plan(
 
     Raw vLLM flags go after `--`. A rule violation exits 3 naming the rule, the values and the fix.
     """
-    from m3ctl.emit import FORMATS  # noqa: PLC0415
-    from m3ctl.launch import check_host  # noqa: PLC0415
-    from m3ctl.plan import plan as make_plan  # noqa: PLC0415
+    from m3ctl import api  # noqa: PLC0415
+    from m3ctl.emit import FORMATS  # noqa: PLC0415  (rendering: --emit's formats)
 
     out = Output(json_out)
     if emit and emit not in FORMATS:
         raise BadInput(f"unknown --emit format {emit!r}", f"use one of: {', '.join(FORMATS)}")
     if emit and json_out:
         raise BadInput("--emit prints a file in its own format, not JSON", "drop --json or --emit")
-    check_host(host)
     if systems and (inventory or system):
         raise BadInput("--systems plans on catalog systems; it takes no --inventory or --system", "drop one of them")
-    inv = None if systems else host_inventory(inventory, system)
-    secrets = list(secrets_present())
-    req = plan_request(ctx)
-    req = req.model_copy(update={"pass_env": secrets})
-    if "runtime" not in req.model_fields_set:  # auto, as `serve`; a container form asks for the docker runtime
-        req = req.model_copy(update={"runtime": "docker" if emit in ("docker", "compose", "k8s", "lws") else "auto"})
+    req = given_request(ctx)  # the options given; the API layers them over --config, M3CTL_* and the config file
     if systems:
-        return sizing(out, req, [n for s_ in systems for n in s_.split(",") if n.strip()])
-    p = maybe_offline(make_plan(inv, req), knobs["offline"])
+        return sizing(out, api.plan_request(req, config=config),
+                      api.size_systems(systems, req, config=config))
+    # a container form plans for the docker runtime unless a layer names one (as `serve`: auto otherwise)
+    p = api.plan(req, inventory=inventory, system=system, config=config, offline=knobs["offline"],
+                 default_runtime="docker" if emit in ("docker", "compose", "k8s", "lws") else "auto")
     if emit:
         from m3ctl.emit import render  # noqa: PLC0415
 
@@ -61,13 +57,12 @@ def plan(
         print_plan(out.con, p)
 
 
-def sizing(out: Output, request, systems: list[str]) -> None:
-    """``plan --systems``: the sizing table (exit 3 when no system serves the model)."""
+def sizing(out: Output, request, rows: list) -> None:
+    """``plan --systems``: the sizing table of :func:`m3ctl.api.size_systems`' rows (exit 3 when no system serves
+    the model); ``--json``: {model, systems: [row...]}."""
     from m3ctl.errors import EXIT_CONFIG_REJECTED  # noqa: PLC0415
-    from m3ctl.sizing import size_systems, sizing_json  # noqa: PLC0415
 
-    rows = size_systems(systems, request)
-    out.result(sizing_json(request.model, rows))
+    out.result({"model": request.model, "systems": [r.model_dump() for r in rows]})
     if not out.json:
         from rich.table import Table  # noqa: PLC0415
 

@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from m3ctl.cli import options as o
-from m3ctl.cli.inputs import host_inventory, plan_request
+from m3ctl.cli.inputs import given_request
 from m3ctl.cli.output import Output, console, escape, print_hang, shell_lines
 from m3ctl.cli.render import print_kernels, print_plan, print_smoke, shown_command
 from m3ctl.cli.watch import probe_printer
@@ -38,27 +38,21 @@ def serve(
 
     Raw vLLM flags go after `--`; they pass the same plan rules as everything else.
     """
-    from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.api import serve_plan  # noqa: PLC0415
-    from m3ctl.launch import check_host  # noqa: PLC0415
-    from m3ctl.state import Registry, check_name  # noqa: PLC0415
+    from m3ctl import api  # noqa: PLC0415
+    from m3ctl import serve as serving  # noqa: PLC0415  (the foreground launch + watchdog: no API verb yet)
+    from m3ctl.state import Registry  # noqa: PLC0415
 
     out = Output(json_out)
     if no_smoke and smoke not in (None, "off"):
         raise BadInput(f"--no-smoke contradicts --smoke {smoke}", "give one of them (--no-smoke is --smoke off)")
     level = "off" if no_smoke else (smoke or "full")
-    check_name(name)
-    check_host(host)
-    req = plan_request(ctx)
-    if "model" not in req.model_fields_set:
+    req = given_request(ctx)  # the options given; the API layers them (--config, M3CTL_*, the config file)
+    if "model" not in api.plan_request(req, config=config).model_fields_set:
         from typer._click.exceptions import MissingParameter  # noqa: PLC0415  (Typer's click)
 
         raise MissingParameter(ctx=ctx, param_hint="'--model' (or M3CTL_MODEL)", param_type="option")
-    inv = host_inventory(inventory, None)
-    if "runtime" not in req.model_fields_set:  # as `plan`: auto (m3ctl.assess.choose.choose_runtime explains it)
-        req = req.model_copy(update={"runtime": "auto"})
-    p, secrets, prof = serve_plan(req, inv, api_key_env=api_key_env,
-                                  offline=knobs["offline"])
+    p, secrets, prof, inv = api.prepare_serve(req, inventory=inventory, config=config, offline=knobs["offline"],
+                                              api_key_env=api_key_env)
     if dry_run:
         return show_dry_run(out, p, level)
     reg = Registry()

@@ -1,20 +1,22 @@
 """``m3ctl tune``: search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO.
 
-The study's settings, resume and budget rules live in m3ctl.tune.study (new_settings, resume_settings); this
-command parses, calls it, and renders (m3ctl.cli.tune_render).
+The options are derived from m3ctl.tune.options.TuneOptions (the study's settings, declared once); the
+command parses them and calls m3ctl.api (``tune`` for --dry-run, ``prepare_tune`` and then the study loop for a
+run), and renders (m3ctl.cli.tune_render).
 """
 
-import time
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
 
+from m3ctl.bench import MAX_REQUEST_TOKENS, WORKLOADS
 from m3ctl.cli import options as o
-from m3ctl.cli.inputs import host_inventory, no_api_key, parse_args, user_defaults
+from m3ctl.cli.inputs import parse_args
 from m3ctl.cli.output import Output, console, escape
 from m3ctl.cli.tune_render import print_dry_run, print_result
 from m3ctl.errors import BadInput
+from m3ctl.tune.options import TuneOptions
 
 
 def objective_name(text: str) -> str:
@@ -50,85 +52,79 @@ def parallel_trials_value(text: str) -> int | str:
     return int(t)
 
 
+#: The study's options, derived from m3ctl.tune.options.TuneOptions (help, type, default); here only what a
+#: model field cannot say: the CLI name, flag forms, parse-time parsers and ranges.
+TUNE_OPTIONS, TUNE_FIELDS = o.model_options(TuneOptions, {
+    "slo": dict(parser=slo_text),
+    "objective": {},
+    "usd_per_gpu_hour": dict(parser=o.positive_float, metavar="USD"),
+    "knobs": dict(name="knob", decls="--knob"),
+    "ladder": dict(type=str, parser=o.int_list, show=lambda v: ",".join(map(str, v))),
+    "max_trials": dict(min=0),
+    "time_budget_s": dict(name="time_budget", decls="--time-budget", parser=o.positive_float, metavar="SECONDS"),
+    "seed": dict(min=0, max=2**32 - 1),
+    "confirm_top": dict(min=0, unset=True),
+    "boundary_margin": dict(min=0.0, max=1.0),
+    "boundary_repeats": dict(min=0),
+    "fast_starts": dict(decls="--fast-starts/--no-fast-starts"),
+    "max_spec_depth": dict(min=0, max=32),
+    "baseline": dict(decls="--baseline/--no-baseline", unset=True),
+    "port": dict(min=1, max=65535),
+    "workload": dict(parser=o.choice(*WORKLOADS), autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)]),
+    "input_len": dict(min=1, max=MAX_REQUEST_TOKENS),
+    "output_len": dict(min=1, max=MAX_REQUEST_TOKENS),
+    "prompts_per_concurrency": dict(min=1),
+    "warmup": dict(decls="--warmup/--no-warmup"),
+    "profile": dict(type=Path),
+    "args": dict(name="arg", decls="--arg"),
+    "skip_checks": {},
+})
+
+
+@o.options(TUNE_OPTIONS, into="opts")
 def tune(
     ctx: typer.Context,
     model: o.Model = None,
     study_dir: Annotated[Optional[Path], typer.Option(help="Study directory (SQLite study, trials, outputs); default ./m3ctl-tune-<time>.")] = None,
     resume: Annotated[Optional[Path], typer.Option(help="Continue the study in DIR (after Ctrl-C or a kill); other options are ignored except --max-trials / --time-budget, which replace the saved budgets (both count across resumes), --confirm-top and --baseline/--no-baseline.")] = None,
-    slo: Annotated[str, typer.Option(parser=slo_text, help='SLO over bench result keys, e.g. "p90_tpot_ms<=20,p90_ttft_ms<=2000".')] = "",
-    objective: Annotated[str, typer.Option(parser=objective_name, help="tput_per_gpu, output_tput_per_gpu or tokens_per_usd.")] = "tput_per_gpu",
-    usd_per_gpu_hour: o.UsdPerGpuHour = None,
-    knob: Annotated[Optional[list[str]], typer.Option("--knob", help="Pin or narrow a knob: spec_depth=0-4, max_num_seqs=4,8 (repeatable).")] = None,
-    ladder: Annotated[str, typer.Option(parser=o.int_list, help="Concurrency ladder bisected per configuration.")] = "1,2,4,8,16,32,64",
-    max_trials: Annotated[Optional[int], typer.Option(min=0, help="Budget: server starts (rejected configurations cost none; 0: none, e.g. to rewrite the outputs of a resumed study); default 12.")] = None,
-    time_budget: Annotated[Optional[float], typer.Option(parser=o.positive_float, metavar="SECONDS", help="Budget: wall seconds (no start begins when the median trial so far would overrun it).")] = None,
-    seed: Annotated[int, typer.Option(min=0, max=2**32 - 1, help="Sampler and workload seed, 0 to 2**32-1 (optuna's sampler seeds numpy's RandomState, which takes that range: https://numpy.org/doc/stable/reference/random/legacy.html).")] = 0,
-    confirm_top: Annotated[Optional[int], typer.Option(min=0, help="Successive halving: re-measure the best N on a fresh server (default 2; with --resume it replaces the saved value, e.g. 0 while a study is spread over several sessions, then 1 for the last).")] = None,
-    boundary_margin: Annotated[float, typer.Option(min=0.0, max=1.0, help="Capacity rule margin: a run within this fraction of an SLO limit (met or missed) is repeated; a level holds when the median of its runs meets the SLO and no run misses by more than this (docs/tune.md).")] = 0.10,
-    boundary_repeats: Annotated[int, typer.Option(min=0, help="A level near the SLO limit takes this many more runs, on the same server with fresh prompts, unless decided sooner (0: one run per level).")] = 2,
-    fast_starts: Annotated[bool, typer.Option("--fast-starts/--no-fast-starts", help="Trial servers share one compile cache per study and model and capture CUDA graphs only up to the ladder's largest batch (measurement-only: not in the tuned command). --no-fast-starts starts every trial as `m3ctl serve` would.")] = True,
-    max_spec_depth: Annotated[int, typer.Option(min=0, max=32, help="Largest speculation depth searched (at most 32: every depth from 0 is a candidate).")] = 4,
     pareto: Annotated[bool, typer.Option("--pareto", help="Also print the Pareto table and write pareto.png.")] = False,
-    baseline: Annotated[Optional[bool], typer.Option("--baseline/--no-baseline", help="Also measure vLLM's defaults (no tuned flags, smallest accepted TP) with the same bisection and SLO, once per study (default: on for a new study; with --resume: keep the saved choice).")] = None,
-    port: o.Port = None,
-    workload: o.Workload = "random", input_len: o.InputLen = 128, output_len: o.OutputLen = 128,
-    prompts_per_concurrency: Annotated[int, typer.Option(min=1, help="Requests per run = this x concurrency.")] = 4,
-    warmup: Annotated[bool, typer.Option("--warmup/--no-warmup", help="Warm up before every measured run at its concurrency (as many fresh requests as the concurrency).")] = True,
-    profile: o.Profile = None,
-    arg: Annotated[Optional[list[str]], typer.Option("--arg", help="vllm serve flag for every trial (repeatable).")] = None,
-    skip_checks: Annotated[bool, typer.Option(help="Launch even if a plan rule rejects (failures become crashed trials).")] = False,
     inventory: o.Inventory = None,
     system: o.System = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print result.json (with --dry-run: the dry-run report) instead of tables.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what the study would run (every configuration with its rule check and command, the baseline, the order, the bench runs); start and write nothing.")] = False,
     parallel_trials: Annotated[str, typer.Option("--parallel-trials", parser=parallel_trials_value, metavar="N|auto", help="Search trials at once on disjoint GPU sets, each on its own port (auto: as many as fit; 1: one after the other). A run setting: --resume takes it again.")] = "auto",
+    opts: dict = None,
 ) -> None:
     """Search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO (resumable).
 
     Raw vLLM flags after `--` apply to every trial and pass the plan rules like everything else.
     """
-    from m3ctl.tune import study as st  # noqa: PLC0415
+    from m3ctl import api  # noqa: PLC0415
 
     out = Output(json_out)
-    if system and not dry_run:
-        raise BadInput(f"--system {system} is a host you don't have: nothing can be measured there", "add --dry-run")
-    inv = host_inventory(inventory, system)
-    if resume:
-        sdir = resume
-        settings = st.resume_settings(sdir, max_trials=max_trials, time_budget_s=time_budget, baseline=baseline,
-                                      confirm_top=confirm_top, save=not dry_run)
-    else:
-        user = user_defaults()
-        model = model or (user.model if "model" in user.model_fields_set else None)
-        if not model:
-            raise BadInput("--model is required (or --resume DIR)", "e.g. m3ctl tune --model DIR --slo 'p90_tpot_ms<=50'")
-        sdir = study_dir or Path(f"m3ctl-tune-{time.strftime('%Y%m%d-%H%M%S')}")
-        settings = st.new_settings(model, inv, slo=slo, objective=objective, usd_per_gpu_hour=usd_per_gpu_hour,
-                                   knobs=knob, ladder=ladder_values(ladder), max_trials=max_trials,
-                                   time_budget_s=time_budget, seed=seed,
-                                   confirm_top=2 if confirm_top is None else confirm_top,
-                                   boundary_margin=boundary_margin, boundary_repeats=boundary_repeats,
-                                   fast_starts=fast_starts,
-                                   max_spec_depth=max_spec_depth, baseline=baseline, port=port or user.port,
-                                   workload=workload, input_len=input_len, output_len=output_len,
-                                   prompts_per_concurrency=prompts_per_concurrency, warmup=warmup,
-                                   profile_file=profile, overrides=parse_args(arg or []),
-                                   extra_args=no_api_key(ctx.args), skip_checks=skip_checks, study_dir=sdir,
-                                   save=not dry_run)
-    base = st.base_profile(settings, inv)
+    given = {TUNE_FIELDS[k]: v for k, v in opts.items()}
+    given.update(ladder=ladder_values(given["ladder"]), knobs=given["knobs"] or [],
+                 args=parse_args(given["args"] or []), extra_args=list(ctx.args))
     if dry_run:
-        report = st.dry_run(sdir, settings, inventory=inv, parallel_trials=parallel_trials)
+        report = api.tune(model, study_dir=study_dir, resume=resume, inventory=inventory, system=system,
+                          dry_run=True, parallel_trials=parallel_trials, **given)
         out.result(report)
         if not out.json:
             print_dry_run(out.con, report)
         return
-    run(out, sdir, settings, inv, base, pareto, parallel_trials)
+    sdir, settings, inv = api.prepare_tune(model, study_dir=study_dir, resume=resume, inventory=inventory,
+                                           system=system, options=given)
+    run(out, sdir, settings, inv, pareto, parallel_trials)
 
 
-def run(out: Output, sdir: Path, settings: dict, inv, base, pareto: bool, parallel_trials: int | str = "auto") -> None:
-    """Run (or continue) the study; Ctrl-C stops the trial's server and says how to continue."""
+def run(out: Output, sdir: Path, settings: dict, inv, pareto: bool, parallel_trials: int | str = "auto") -> None:
+    """Run (or continue) the study; Ctrl-C stops the trial's server and says how to continue. (The study loop,
+    with its progress lines and the partial outputs of a failed write, has no API verb yet: m3ctl.api.tune runs
+    the same steps without them.)"""
     from m3ctl import serve as serving  # noqa: PLC0415
     from m3ctl.tune import study as st  # noqa: PLC0415
+
+    base = st.base_profile(settings, inv)
     from m3ctl.tune.slo import parse_slo  # noqa: PLC0415
     from m3ctl.tune.space import Space  # noqa: PLC0415
 

@@ -166,21 +166,32 @@ def check_budgets(*, max_trials: int | None = None, time_budget_s: float | None 
                            "see `m3ctl tune --help`")
 
 
-def new_settings(model: str, inventory, *, slo: str = "", objective: str = "tput_per_gpu",
-                 usd_per_gpu_hour: float | None = None, knobs: list[str] | None = None,
-                 ladder: list[int] | None = None, max_trials: int | None = None, time_budget_s: float | None = None,
-                 seed: int = 0, confirm_top: int = 2, boundary_margin: float = 0.10, boundary_repeats: int = 2,
-                 max_spec_depth: int = 4, baseline: bool | None = None, fast_starts: bool = True,
-                 port: int = 8000, workload: str = "random",
-                 input_len: int = 128, output_len: int = 128, prompts_per_concurrency: int = 4, warmup: bool = True,
-                 profile_file: str | Path | None = None, overrides: dict[str, Any] | None = None,
-                 extra_args: list[str] | None = None, skip_checks: bool = False, study_dir: Path | None = None,
+def _opt(name: str):
+    """A new study's default for ``name`` (m3ctl.tune.options.TuneOptions, where they are declared)."""
+    from m3ctl.tune.options import default  # noqa: PLC0415
+
+    return default(name)
+
+
+def new_settings(model: str, inventory, *, slo: str = _opt("slo"), objective: str = _opt("objective"),
+                 usd_per_gpu_hour: float | None = _opt("usd_per_gpu_hour"), knobs: list[str] | None = None,
+                 ladder: list[int] | None = None, max_trials: int | None = _opt("max_trials"),
+                 time_budget_s: float | None = _opt("time_budget_s"), seed: int = _opt("seed"),
+                 confirm_top: int = _opt("confirm_top"), boundary_margin: float = _opt("boundary_margin"),
+                 boundary_repeats: int = _opt("boundary_repeats"), max_spec_depth: int = _opt("max_spec_depth"),
+                 baseline: bool | None = None, fast_starts: bool = _opt("fast_starts"), port: int = 8000,
+                 workload: str = _opt("workload"), input_len: int = _opt("input_len"),
+                 output_len: int = _opt("output_len"), prompts_per_concurrency: int = _opt("prompts_per_concurrency"),
+                 warmup: bool = _opt("warmup"), profile_file: str | Path | None = None,
+                 overrides: dict[str, Any] | None = None, extra_args: list[str] | None = None,
+                 skip_checks: bool = _opt("skip_checks"), study_dir: Path | None = None,
                  save: bool = False) -> dict[str, Any]:
     """The settings (``tune.json`` shape) of a new study of ``model`` on ``inventory``: the search space from
     the base profile (``profile_file`` or the catalog's for the GPU architecture) and the model's facts,
     narrowed by ``knobs`` (``"spec_depth=0-4"``, ``"max_num_seqs=4,8"``) and pruned for the ``ladder``.
     With ``study_dir``: checked to hold no study yet and to be writable, and (``save``) written there.
 
+    Defaults: :class:`m3ctl.tune.options.TuneOptions` (declared there once; ``baseline`` None: its default, on).
     Units: ``ladder`` concurrencies (default 1, 2, 4 ... 64), ``time_budget_s`` seconds, ``usd_per_gpu_hour`` USD,
     ``input_len``/``output_len`` tokens, ``boundary_margin`` a fraction of the SLO limit. ``overrides``:
     ``{flag: value}`` vLLM flags of every trial; ``extra_args``: raw vLLM args (no ``--api-key``).
@@ -198,7 +209,7 @@ def new_settings(model: str, inventory, *, slo: str = "", objective: str = "tput
 
     parse_slo(slo)
     objective_value({"total_token_throughput": 1.0, "output_throughput": 1.0}, objective, 1, usd_per_gpu_hour)
-    lad = sorted(set(ladder if ladder is not None else (1, 2, 4, 8, 16, 32, 64)))
+    lad = sorted(set(ladder if ladder is not None else _opt("ladder")))
     if not lad or lad[0] < 1:
         raise BadInput(f"bad ladder {lad}", "concurrencies are integers >= 1, e.g. --ladder 1,2,4,8,16")
     if workload not in KINDS:
@@ -256,9 +267,9 @@ def new_settings(model: str, inventory, *, slo: str = "", objective: str = "tput
                 "profile_file": str(Path(profile_file).resolve()) if profile_file else None,
                 "pruned": pruned,
                 "spec": {"slo": slo, "objective": objective, "usd_per_gpu_hour": usd_per_gpu_hour, "ladder": lad,
-                         "max_trials": 12 if max_trials is None else max_trials, "time_budget_s": time_budget_s,
+                         "max_trials": TuneSpec.max_trials if max_trials is None else max_trials, "time_budget_s": time_budget_s,
                          "seed": seed, "confirm_top": confirm_top, "prompts_per_concurrency": prompts_per_concurrency,
-                         "baseline": True if baseline is None else baseline,
+                         "baseline": _opt("baseline") if baseline is None else baseline,
                          "boundary_margin": boundary_margin, "boundary_repeats": boundary_repeats},
                 "plan_base": {"overrides": dict(overrides or {}), "extra_args": list(extra_args or []),
                               "skip_checks": skip_checks},
