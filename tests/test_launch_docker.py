@@ -328,3 +328,19 @@ def test_printed_docker_run_creates_the_container_the_runtime_creates(dockerd, m
             ct.remove(force=True)
         client.images.remove(image, force=True)
         client.close()
+
+
+def test_serve_prints_the_mounts_its_runtime_creates(model_dir, hf_home, tmp_path):
+    """`m3ctl serve --runtime docker --mount SRC:DST` prints the docker run of the runtime that launches it: the
+    extra mount is in the printed line (it used to be left out)."""
+    from m3ctl.cli.render import shown_command
+    from m3ctl.runtime.docker import DockerRuntime
+
+    extra = tmp_path / "data"
+    extra.mkdir()
+    p = _nvidia_plan(model_dir)
+    rt = DockerRuntime(DockerOptions(mounts=[f"{extra}:/data:ro"]))
+    printed = shlex.split(shown_command(p, rt))
+    assert any(f"{extra}:/data:ro" in a for a in printed)
+    assert printed == shlex.split(docker_command(p, rt.options))
+    assert not any(str(extra) in a for a in shlex.split(shown_command(p)))  # a plan alone: the runtime defaults

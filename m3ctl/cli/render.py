@@ -5,12 +5,13 @@ from m3ctl.cli.output import escape, print_hang, shell_lines
 COLOUR = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "INFO": "cyan"}
 
 
-def shown_command(p) -> str:
-    """What will run, for display: the ``docker run`` of a docker plan (its image), else the process command."""
+def shown_command(p, runtime=None) -> str:
+    """What will run, for display: the ``docker run`` of a docker plan (its image), under the options of the
+    runtime that launches it (``runtime``: its ``serve --mount`` mounts too), else the process command."""
     if p.runtime == "docker" and p.image:
         from m3ctl.emit import docker_command  # noqa: PLC0415
 
-        return docker_command(p).strip()
+        return docker_command(p, getattr(runtime, "options", None)).strip()
     return p.command_line()
 
 

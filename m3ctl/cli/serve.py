@@ -60,11 +60,11 @@ def serve(
     expect = serving.profile_expect(prof, p.profile, p)
     serving.preflight(p, reg, rt)  # fail in milliseconds (or after an image pull), before printing "starting"
     if not out.json:
-        cmd = shell_lines(shown_command(p), out.con.width - 2)
+        cmd = shell_lines(shown_command(p, rt), out.con.width - 2)
         out.print(f"starting {p.name}:" + (f" {escape(cmd)}" if "\n" not in cmd and len(cmd) + len(p.name) + 10
                                            <= out.con.width else "\n  " + escape(cmd).replace("\n", "\n  ")),
                   soft_wrap=True)
-    out.event("starting", name=p.name, command=shown_command(p))
+    out.event("starting", name=p.name, command=shown_command(p, rt))
     # A foreground Ctrl-C (or SIGTERM/SIGHUP) stops the server wherever it lands (a print, an import, a probe).
     with serving.stop_signals_as_interrupt():
         launch_and_serve(out, p, reg, rt, secrets, expect, detach, watch_interval, restart, smoke=level,
