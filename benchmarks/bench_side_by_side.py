@@ -67,8 +67,8 @@ def main() -> None:
     print(f"{'metric':22s}" + "".join(f"{k:>34s}" for k in rows))
     for k in KEYS:
         cells = []
-        for tool in rows:
-            v = [r[k] for r in rows[tool]]
+        for runs in rows.values():
+            v = [r[k] for r in runs]
             cells.append(" / ".join(f"{x:.1f}" if isinstance(x, float) else str(x) for x in v))
         print(f"{k:22s}" + "".join(f"{c:>34s}" for c in cells))
     print("median ratio m3ctl / vllm:")

@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from m3ctl.tune.slo import objective_value, parse_slo  # noqa: E402
+from m3ctl.tune.slo import objective_value, parse_slo
 
 EVIDENCE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "h200x1-real" / "scale"
 
@@ -142,7 +142,7 @@ def replay_with_repeats(slo_text: str, root: Path = EVIDENCE) -> dict:
     """The capacity rule (TuneSpec defaults) replayed per tuned configuration that the grid also measured:
     {config name: {"start", "levels" {c: {"p90_tpot_ms": [runs], "median", "slo_ok", "objective"}},
     "capacity", "objective", "spread" (m3ctl.tune.search.level_spread), "needs_more_runs" (why, or None)}}."""
-    from m3ctl.tune.search import TuneSpec, bisect_concurrency, level_spread  # noqa: PLC0415
+    from m3ctl.tune.search import TuneSpec, bisect_concurrency, level_spread
 
     grid, tune = grid_runs(root), tune_runs(root)
     res = json.loads((root / "study" / "result.json").read_text())
@@ -203,7 +203,7 @@ def grid2_from_runs(slo_text: str, root: Path = EVIDENCE2) -> dict[str, dict]:
     with its defaults, the tune's: ``state``, ``confidence``; ``slo_ok``: it holds) and the plain median's
     (``median_slo_ok``: the rule grid.json was written with on the GPU), the capacity (levels upwards until the
     first that does not hold) and the median objective there."""
-    from m3ctl.tune.capacity import decide  # noqa: PLC0415
+    from m3ctl.tune.capacity import decide
 
     slo = parse_slo(slo_text)
     out = {}
@@ -299,7 +299,7 @@ def main() -> None:
               f"kv={k['kv_cache_dtype']}  {cells}")
     b = rep["tune_best"]
     print(f"\ntune chose {rep['tune_chosen']} at c={b['concurrency']}, {round(b['objective'])} tok/s per GPU; "
-          f"launches {rep['launches']}, interrupted {list((rep['interrupted_launches'] or {}))}")
+          f"launches {rep['launches']}, interrupted {list(rep['interrupted_launches'] or {})}")
     for k, v in rep["ratios"].items():
         print(f"  {k}: {v:.3f}" if v is not None else f"  {k}: n/a")
     print("\nthe capacity rule (m3ctl/tune/capacity.py: runs within 10 % of the bound repeated, up to 2 more; the "

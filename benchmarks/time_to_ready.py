@@ -22,6 +22,7 @@ Docker runs start a private dockerd and the local image (m3ctl/dev/docker_stack.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import socket
 import statistics
@@ -127,7 +128,8 @@ def main() -> None:
     a = ap.parse_args()
 
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import PlanRequest, plan as make_plan
+    from m3ctl.plan import PlanRequest
+    from m3ctl.plan import plan as make_plan
     from m3ctl.runtime import get_runtime
     from m3ctl.state import Registry
 
@@ -169,7 +171,7 @@ def main() -> None:
             eng.stop()
 
     def med(vals):
-        vals = [v for v in vals if v == v]
+        vals = [v for v in vals if not math.isnan(v)]
         return f"{statistics.median(vals):7.2f}" if vals else "    n/a"
 
     print(f"\ntime to ready, seconds (median of {a.repeat}; model {model}; {os.cpu_count()} CPUs)")

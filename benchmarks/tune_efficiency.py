@@ -65,10 +65,10 @@ SLOS = PRESETS["short"]["replay_slos"]  # for grids recorded before presets exis
 
 
 def record(out: Path, model: str | None, preset: str = "short") -> None:
+    from m3ctl.catalog import profile_for_arch
     from m3ctl.dev.tiny_model import build_tiny_model
     from m3ctl.errors import ConfigRejected, LaunchFailed
     from m3ctl.hw.detect import detect
-    from m3ctl.catalog import profile_for_arch
     from m3ctl.tune.search import TuneSpec
     from m3ctl.tune.server import ServerEvaluator
     from m3ctl.tune.space import apply_pins, default_space
@@ -158,7 +158,7 @@ def replay_one(grid: dict, space, slo: str, seeds: int, max_trials: int, confirm
                budget_frac: float | None, boundary: dict | None = None) -> dict:
     """``boundary``: TuneSpec's ``boundary_margin`` / ``boundary_repeats`` (None: the tune's defaults)."""
     from m3ctl.tune.replay import ReplayEvaluator
-    from m3ctl.tune.search import TuneSpec, Tuner
+    from m3ctl.tune.search import Tuner, TuneSpec
 
     opt, gcost, gbest = grid_truth(grid, slo)
     from m3ctl.tune.slo import parse_slo

@@ -24,7 +24,7 @@ API = ("doctor", "plan", "serve", "stop", "bench", "abench", "tune")
 #: API names that are also submodules of the package: the module is returned, and calling it calls the API.
 _MODULE_NAMES = ("doctor", "plan", "serve", "bench", "tune")
 
-__all__ = ["__version__", *API]
+__all__ = ["__version__", "abench", "bench", "doctor", "plan", "serve", "stop", "tune"]  # = API
 
 
 class _ApiModule(types.ModuleType):

@@ -37,8 +37,19 @@ if TYPE_CHECKING:
     from m3ctl.runtime.base import StopReport
     from m3ctl.serve import ServeResult
 
-__all__ = ["host_inventory", "user_defaults", "plan_request", "doctor", "plan", "size_systems", "serve", "stop",
-           "bench", "abench", "tune"]
+__all__ = [
+    "abench",
+    "bench",
+    "doctor",
+    "host_inventory",
+    "plan",
+    "plan_request",
+    "serve",
+    "size_systems",
+    "stop",
+    "tune",
+    "user_defaults",
+]
 
 
 # ----------------------------------------------------------------------------- argument types
@@ -452,7 +463,7 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
 
 
 @_checked
-def stop(*names: str, all: bool = False, timeout_s: float = 20.0) -> list[StopReport]:  # noqa: A002
+def stop(*names: str, all: bool = False, timeout_s: float = 20.0) -> list[StopReport]:
     """Stop deployments by name (or ``all=True``): SIGTERM, then SIGKILL after ``timeout_s`` seconds; their
     records are removed and nothing is left (processes, port, GPU memory where NVML can tell).
 

@@ -34,7 +34,7 @@ from m3ctl import vendors
 from m3ctl.assess import capability as caps
 from m3ctl.assess import memory as mem
 from m3ctl.assess.facts import ModelFacts
-from m3ctl.assess.image import ImageFacts, image_facts_from_env  # noqa: F401 - public here too
+from m3ctl.assess.image import ImageFacts, image_facts_from_env
 from m3ctl.hw import visible as vismod
 from m3ctl.hw.inventory import HostInventory, sm_name
 
@@ -451,8 +451,8 @@ def check_image_cuda(ctx: Ctx) -> CheckResult:
         return _r("image.cuda_vs_driver", "driver", "SKIP", "not an NVIDIA host")
     if img is None or not img.cuda_version:
         return _r("image.cuda_vs_driver", "driver", "SKIP", ctx.image_note or "no image CUDA version known")
-    det = [f"image {img.name}: CUDA {img.cuda_version}; driver {inv.driver_version} supports CUDA "
-           f"{inv.cuda_driver_version}"] + ([ctx.image_note] if ctx.image_note else [])
+    det = [(f"image {img.name}: CUDA {img.cuda_version}; driver {inv.driver_version} supports CUDA "
+           f"{inv.cuda_driver_version}")] + ([ctx.image_note] if ctx.image_note else [])
     f = cuda_vs_driver(img.as_catalog_image(), inv)
     if f is None:
         return _r("image.cuda_vs_driver", "driver", "OK", f"image {img.name} CUDA {img.cuda_version} <= driver's "
@@ -805,10 +805,10 @@ def check_memory_fit(ctx: Ctx) -> CheckResult:
     ev, s = ctx.chosen, ctx.sizing
     f = ev.fit
     kvpt = s.kv_bytes_per_token(ctx.kv_dtype) or 1
-    det = [f"KV per token: {kvpt / 1024:.0f} KiB ({s.num_layers} layers x {s.num_kv_heads} KV heads x {s.head_dim} x "
-           f"K,V in {ctx.kv_dtype}); KV shards at TP={f.tp}: {min(f.tp, s.num_kv_heads)}",
-           f"per GPU: {f.unit_gib:.1f} GiB x {caps.table().host.gpu_memory_utilization} - "
-           f"{caps.table().host.overhead_gib_per_gpu:g} GiB overhead = {f.per_gpu_budget_gib:.1f} GiB usable",
+    det = [(f"KV per token: {kvpt / 1024:.0f} KiB ({s.num_layers} layers x {s.num_kv_heads} KV heads x {s.head_dim} x "
+           f"K,V in {ctx.kv_dtype}); KV shards at TP={f.tp}: {min(f.tp, s.num_kv_heads)}"),
+           (f"per GPU: {f.unit_gib:.1f} GiB x {caps.table().host.gpu_memory_utilization} - "
+           f"{caps.table().host.overhead_gib_per_gpu:g} GiB overhead = {f.per_gpu_budget_gib:.1f} GiB usable"),
            f"model facts: m3ctl model catalog ({s.name})" + (" (ASSUMED values: not published)" if s.assumed else "")]
     for other in ctx.evals or []:
         if other is not ev:
@@ -860,10 +860,9 @@ def check_image(ctx: Ctx) -> CheckResult:
 
 
 def check_plan(ctx: Ctx) -> CheckResult:
+    from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
     from m3ctl.errors import M3Error  # noqa: PLC0415
     from m3ctl.plan import plan  # noqa: PLC0415 - plan imports the catalog; only for local models
-
-    from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
 
     try:
         req = _doctor_request(ctx) or PlanRequest(model=ctx.model)  # the verdict's request (fallbacks accepted)
@@ -1343,6 +1342,6 @@ def report_json(rep: DoctorReport) -> dict[str, Any]:
             "checks": [c.model_dump(mode="json") for c in rep.checks], "verdict": rep.verdict.model_dump(mode="json")}
 
 
-from m3ctl import _api_module  # noqa: E402
+from m3ctl import _api_module
 
 _api_module(__name__)  # `m3ctl.doctor(...)` calls m3ctl.api.doctor (see m3ctl/__init__.py)

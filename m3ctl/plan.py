@@ -671,6 +671,6 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     return lp
 
 
-from m3ctl import _api_module  # noqa: E402
+from m3ctl import _api_module
 
 _api_module(__name__)  # `m3ctl.plan(...)` calls m3ctl.api.plan (see m3ctl/__init__.py)

@@ -75,7 +75,7 @@ def table() -> SecretsTable:
 
 @functools.lru_cache(maxsize=1)
 def _name_re() -> re.Pattern:
-    return re.compile(table().secret_name_pattern, re.I)
+    return re.compile(table().secret_name_pattern, re.IGNORECASE)
 
 
 def is_secret_name(name: str) -> bool:

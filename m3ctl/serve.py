@@ -18,8 +18,8 @@ from m3ctl import vllm_env
 from m3ctl.diagnose import DiagContext, diagnose_text
 from m3ctl.errors import ConfigRejected, LaunchFailed
 from m3ctl.health import PhaseEvent, ReadinessResult, wait_ready
-from m3ctl.plan import LaunchPlan, find_vllm_executable
 from m3ctl.kernels import KernelReport, verify_kernels
+from m3ctl.plan import LaunchPlan, find_vllm_executable
 from m3ctl.runtime import get_runtime
 from m3ctl.runtime.base import Runtime, StopReport, ensure_port_free, port_in_use
 from m3ctl.state import Deployment, Registry, StateWriteFailed, UnreadableRecord
@@ -634,6 +634,6 @@ def stop(names: list[str] | None = None, *, all_: bool = False, registry: Regist
     return reports
 
 
-from m3ctl import _api_module  # noqa: E402
+from m3ctl import _api_module
 
 _api_module(__name__)  # `m3ctl.serve(...)` calls m3ctl.api.serve (see m3ctl/__init__.py)

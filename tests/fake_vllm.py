@@ -146,7 +146,7 @@ class Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         if self._refused():
             return
         if self.path == "/health":
@@ -172,7 +172,7 @@ class Handler(BaseHTTPRequestHandler):
         if "die_above_tokens" in SERVE and _prompt_tokens(req) > SERVE["die_above_tokens"]:
             _crash()
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
         if self._refused():
             return

@@ -330,7 +330,7 @@ def test_text_report_energy_rows_fit_80_columns(gt, tok, monkeypatch):
 
     _inject(monkeypatch, nvml=PoweredNVML(counter_w={0: 412.5, 1: 300.0}))
     res = run_bench(_cfg(gt, num_prompts=2), tok=tok)
-    con = Console(width=80, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    con = Console(width=80, record=True, file=open("/dev/null", "w"))
     tables, notes = bench_tables(res, [50.0, 99.0])
     for t in tables:
         con.print(t)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import httpx
-
 import pytest
 
 from m3ctl.bench.prompts import LocalTokenizer
@@ -256,7 +255,7 @@ def _render(res: dict, pcts=(50.0, 90.0, 99.0)) -> str:
 
     from m3ctl.bench.report import bench_tables
 
-    con = Console(width=80, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    con = Console(width=80, record=True, file=open("/dev/null", "w"))
     tables, notes = bench_tables(res, list(pcts))
     for t in tables:
         con.print(t)
@@ -348,7 +347,7 @@ def test_runs_side_by_side_at_80_columns_split_by_runs():
     fx = Path(__file__).parent / "fixtures"
     runs = report.load_runs([fx / "h200x2-real/bench-sweep.json", fx / "h200x1-real/bench.json",
                              fx / "h200x2-real/bench-m3ctl-c16.json"])
-    con = Console(width=80, record=True, file=open("/dev/null", "w"))  # noqa: SIM115
+    con = Console(width=80, record=True, file=open("/dev/null", "w"))
     for r in report.compare_renderables(runs):
         con.print(r)
     text = con.export_text()

@@ -8,9 +8,9 @@ import subprocess
 import sys
 import time
 
+from m3ctl.hw.detect import detect
 from tests.conftest import free_port, run_cli
 from tests.fakes import h200x2_nvml
-from m3ctl.hw.detect import detect
 
 
 def test_version_and_help_import_no_gpu_or_engine_libs():

@@ -13,7 +13,6 @@ from tests.conftest import fake_vllm_config, free_port
 from tests.hosts import synthetic
 
 
-
 def m3ctl80(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """The CLI with stdout a pipe (as a log file) and COLUMNS=80."""
     return subprocess.run([sys.executable, "-m", "m3ctl", *args], capture_output=True, text=True, timeout=120,

@@ -13,7 +13,6 @@ from tests.conftest import fake_vllm_config, free_port, run_cli, start_groundtru
 from tests.hosts import synthetic
 
 
-
 def doc(capsys, *args: str, code: int = 0):
     """Run ``m3ctl ARGS`` in this process; its stdout parsed as one JSON document."""
     rc = main(list(args))

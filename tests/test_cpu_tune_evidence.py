@@ -86,7 +86,7 @@ def test_tuned_profile_plans_the_tuned_flags(tiny_models):
     """profile.yaml from this study plans as is on this host: the tuned flags and TP 1."""
     from m3ctl.catalog import load_profile_file
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import plan, PlanRequest
+    from m3ctl.plan import PlanRequest, plan
 
     prof = load_profile_file(D / "profile.yaml")
     p = plan(detect(), PlanRequest(model=str(tiny_models["m2"]), profile=prof, runtime="process", vllm_executable="vllm"))
@@ -99,7 +99,7 @@ def test_independent_remeasurement_keeps_the_gain():
     """benchmarks/tune_vs_defaults.py --repeats 2 on this study (fresh servers, alternating): the tuned
     configuration's lowest run is above the defaults' highest, and the mean ratio is above 1.5x."""
     log = (D / "tune-vs-defaults.log").read_text()
-    runs = {side: [float(x) for x in re.search(rf"^{side}\s*: mean .* runs ([\d., ]+)$", log, re.M).group(1)
+    runs = {side: [float(x) for x in re.search(rf"^{side}\s*: mean .* runs ([\d., ]+)$", log, re.MULTILINE).group(1)
                    .replace(",", " ").split()] for side in ("defaults", "tuned")}
     assert len(runs["defaults"]) == len(runs["tuned"]) == 2
     assert min(runs["tuned"]) > max(runs["defaults"])

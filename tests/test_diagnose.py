@@ -53,15 +53,15 @@ def test_pattern_file_errors_name_the_entry():
 
 @pytest.mark.parametrize("line,fid", [
     # SGLang's custom all-reduce (sgl-project/sglang#27948): no quotes around the CUDA error
-    ("Exception: Capture cuda graph failed: Runtime check failed at /sgl-workspace/sglang/python/sglang/jit_kernel/"
-     "include/sgl_kernel/distributed/custom_all_reduce.cuh:37: CUDA error: invalid argument", "custom-allreduce-fault"),
+    (("Exception: Capture cuda graph failed: Runtime check failed at /sgl-workspace/sglang/python/sglang/jit_kernel/"
+     "include/sgl_kernel/distributed/custom_all_reduce.cuh:37: CUDA error: invalid argument"), "custom-allreduce-fault"),
     # vLLM 0.5 (vllm#5613): no "Cuda error" word
     ("Failed: /home/runner/work/vllm/vllm/csrc/custom_all_reduce.cuh:310 'invalid argument'", "custom-allreduce-fault"),
     # torch on ROCm names the HIP error instead of the HSA page fault
     ("RuntimeError: HIP error: an illegal memory access was encountered", "rocm-memory-access-fault"),
     # the NCCL watchdog thread reports the same CUDA fault (vllm#9308)
-    ("[rank1]:[E1012 13:54:01.1] Process group watchdog thread terminated with exception: CUDA error: an illegal "
-     "memory access was encountered", "cuda-illegal-memory-access"),
+    (("[rank1]:[E1012 13:54:01.1] Process group watchdog thread terminated with exception: CUDA error: an illegal "
+     "memory access was encountered"), "cuda-illegal-memory-access"),
 ])
 def test_runtime_fault_wordings(line, fid):
     d = diagnose_text("INFO loading\n" + line + "\nFatal Python error: Aborted\n")

@@ -32,7 +32,7 @@ def test_links_and_paths_resolve(doc):
         path = doc.parent / target
         assert path.exists(), f"{doc.name}: link to {target} which does not exist"
         if anchor:
-            heads = {_anchor(h) for h in re.findall(r"^#+ (.+)$", path.read_text(), re.M)}
+            heads = {_anchor(h) for h in re.findall(r"^#+ (.+)$", path.read_text(), re.MULTILINE)}
             assert anchor in heads, f"{doc.name}: link to {target}#{anchor}: no such heading"
     for p in re.findall(r"`((?:m3ctl|docs|tests|benchmarks|scripts)/[^`\s<>*]+)`", text):
         p = p.rstrip(":,.")
@@ -44,7 +44,7 @@ def _command_lines() -> list[tuple[str, str]]:
     out = []
     for doc in DOCS:
         text = doc.read_text()
-        chunks = re.findall(r"```bash\n(.*?)```", text, re.S) + re.findall(r"`(m3ctl [^`]+)`", text)
+        chunks = re.findall(r"```bash\n(.*?)```", text, re.DOTALL) + re.findall(r"`(m3ctl [^`]+)`", text)
         for chunk in chunks:
             for line in chunk.replace("\\\n", " ").splitlines():
                 line = line.split(" #")[0].strip()
@@ -77,9 +77,9 @@ def test_readme_shape():
     """Issue 17 item 5: the two commands first, PORT= for the demo, the GPU host section with install, vLLM or
     image and the first five minutes (doctor -> serve -> bench -> tune), then each command's docs page."""
     text = (ROOT / "README.md").read_text()
-    first_block = re.search(r"```bash\n(.*?)```", text, re.S).group(1).split("\n")
+    first_block = re.search(r"```bash\n(.*?)```", text, re.DOTALL).group(1).split("\n")
     assert [x.split()[:2] for x in first_block if x] == [["make", "demo"], ["make", "test"]]
-    assert "PORT=" in text and re.search(r"^PORT\s*\?=\s*(\d+)", (ROOT / "Makefile").read_text(), re.M)
+    assert "PORT=" in text and re.search(r"^PORT\s*\?=\s*(\d+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
     gpu = text[text.index("## On a GPU host"):text.index("## Commands")]
     assert "pip install" in gpu and "vllm/vllm-openai" in gpu
     steps = [gpu.index(f"**{i}. {c}**") for i, c in enumerate(("doctor", "serve", "bench", "tune"), 1)]

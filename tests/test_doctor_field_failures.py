@@ -420,7 +420,7 @@ def test_a_crashing_check_becomes_fail_not_traceback(monkeypatch):
 
 
 # ----------------------------------------------------------------------------- F06 through a real engine
-from tests.test_hw import dockerd  # noqa: E402,F401,F811 - the real private dockerd fixture
+from tests.test_hw import dockerd  # noqa: F401 - the real private dockerd fixture
 
 
 def test_f06_image_cuda_read_from_a_real_engine(dockerd, tmp_path, monkeypatch):  # noqa: F811

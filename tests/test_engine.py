@@ -9,7 +9,6 @@ import shlex
 import pytest
 
 from m3ctl import catalog
-from m3ctl.assess.rules import RULES
 from m3ctl.doctor import run_doctor
 from m3ctl.errors import CatalogError, ConfigRejected
 from m3ctl.hw.inventory import GpuInfo, HostInventory
@@ -332,7 +331,7 @@ def fake_engine(tmp_path, monkeypatch):
     images: dict[str, dict] = {}
 
     class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             from urllib.parse import unquote
 
             ref = unquote(self.path.removeprefix("/images/").removesuffix("/json"))

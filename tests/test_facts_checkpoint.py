@@ -64,7 +64,7 @@ CAPABILITY_RULES = ("variant.native", "capability.known_bad", "capability.known_
 
 
 def _plan_rows(inv, **kw):
-    from m3ctl.errors import M3Error  # noqa: PLC0415
+    from m3ctl.errors import M3Error
 
     try:
         p = plan(inv, PlanRequest(vllm_executable="vllm", skip_checks=True, **kw))
@@ -98,7 +98,7 @@ def test_local_snapshot_of_each_catalog_model_gives_the_rows_of_its_name(tmp_pat
 
 
 def test_m31_flash_and_its_nvfp4_scale_model_warn_the_same_on_the_real_h200(tmp_path):
-    from m3ctl.dev.scale_model import build_scale_model  # noqa: PLC0415
+    from m3ctl.dev.scale_model import build_scale_model
 
     snap = build_scale_model(tmp_path / "m3", ScaleModelSpec(arch="minimax-m3", layers=60, quant="nvfp4"))
     inv = _inv(str(H200))
@@ -205,7 +205,7 @@ def test_generate_command_writes_the_table_from_registry_files(tmp_path):
     reg = tmp_path / "registry.py"
     reg.write_text('_TEXT_GENERATION_MODELS = {"ZForCausalLM": ("z", "Z"), "AForCausalLM": ("a", "A")}\n')
     out = tmp_path / "vllm_models.yaml"
-    from tests.conftest import run_cli  # noqa: PLC0415
+    from tests.conftest import run_cli
 
     r = run_cli("dev", "vllm-models", f"9.9.9={reg}", "--output", str(out))
     assert r.returncode == 0, r.stderr
@@ -217,7 +217,7 @@ def test_generate_command_writes_the_table_from_registry_files(tmp_path):
 
 # ----------------------------------------------------------------------------- item 7: known issue + dense fallback
 def _m3(tmp: Path, layers: int = 2, quant: str = "bf16") -> Path:
-    from m3ctl.dev.scale_model import build_scale_model  # noqa: PLC0415
+    from m3ctl.dev.scale_model import build_scale_model
 
     return build_scale_model(tmp / f"m3-{layers}-{quant}", ScaleModelSpec(arch="minimax-m3", layers=layers, quant=quant))
 
@@ -298,13 +298,13 @@ def test_kernel_expectation_for_nvfp4_on_hopper_is_marlin(tmp_path):
 
 # ----------------------------------------------------------------------------- the real H200 run (vLLM 0.26, 2026-12-01)
 def _log(name: str) -> str:
-    import gzip  # noqa: PLC0415
+    import gzip
 
     return gzip.decompress((FIX / "h200x1-real" / "m3" / name).read_bytes()).decode(errors="replace")
 
 
 def test_dense_override_equals_what_the_real_h200_engine_received(tmp_path):
-    import ast  # noqa: PLC0415
+    import ast
 
     line = next(x for x in _log("log-m3-bf16-dense.txt.gz").splitlines() if "non-default args:" in x)
     seen = ast.literal_eval(line.split("non-default args: ", 1)[1])["hf_overrides"]
@@ -315,7 +315,7 @@ def test_dense_override_equals_what_the_real_h200_engine_received(tmp_path):
 
 
 def test_known_issue_symptom_is_what_the_real_h200_log_shows():
-    from m3ctl.assess.known_issues import known_issues  # noqa: PLC0415
+    from m3ctl.assess.known_issues import known_issues
 
     ki = next(k for k in known_issues().issues if k.id == "msa-triton-illegal-memory-access")
     log = _log("log-m3-bf16-long-blocking.txt.gz")

@@ -263,7 +263,7 @@ def test_n05_variant_other_parser_and_a_clean_server(tmp_path, tiny_models):
 
 
 def test_smoke_raw_tool_call_markup_is_a_named_finding(tmp_path):
-    smoke, out, _ = _smoke(tmp_path, "-m", "MiniMax-M2.5", "--tp", "4", serve={"raw_tool_calls": True})
+    smoke, _out, _ = _smoke(tmp_path, "-m", "MiniMax-M2.5", "--tp", "4", serve={"raw_tool_calls": True})
     t = next(f for f in smoke if f["id"] == "smoke.tool_calls")
     assert t["status"] == "FAIL" and "raw tool-call markup" in t["message"] and "minimax_m2" in t["message"]
     assert "<minimax:tool_call>" in t["evidence"] and t["fix"]

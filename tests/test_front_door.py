@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import m3ctl.api as api
+from m3ctl import api
 from m3ctl.cli import main
 from m3ctl.doctor import report_json
 

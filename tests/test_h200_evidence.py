@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from m3ctl.catalog import profiles
 from m3ctl.diagnose import diagnose_log
 from m3ctl.errors import ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.kernels import verify_kernels
-from m3ctl.catalog import profiles
-from m3ctl.plan import plan, PlanRequest
+from m3ctl.plan import PlanRequest, plan
 from m3ctl.serve import _check_all2all_kernels
 
 FIX = Path(__file__).parent / "fixtures"
@@ -258,7 +258,7 @@ def _trial_table(call: str) -> dict[str, tuple[dict[int, float], float | None]]:
         m = re.match(r"^\s*(base|\d+)\s+(vLLM defaults|k=\d(?: seqs=\d+)?)\s+(.*)$", line)
         if not m:
             continue
-        runs, viol = out.setdefault(m.group(2), ({}, None))
+        runs, _viol = out.setdefault(m.group(2), ({}, None))
         if r := re.match(r"c=(\d+): ([\d.]+) ", m.group(3)):
             runs[int(r.group(1))] = float(r.group(2))
         if v := re.search(r"worst term \+(\d+)% over", m.group(3)):

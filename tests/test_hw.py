@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from m3ctl.assess import capability as caps
 from m3ctl.doctor import run_doctor
 from m3ctl.errors import BadInput, CatalogError
-from m3ctl.assess import capability as caps
 from m3ctl.hw.detect import (
     ProbeDeclined,
     detect,

@@ -120,7 +120,7 @@ def test_foreground_serve_stops_its_server_when_the_watch_loop_fails(monkeypatch
         deployment = dep
         kernels = None
 
-        class readiness:  # noqa: N801
+        class readiness:
             time_to_ready_s = 0.1
 
     def broken_watch(*a, **kw):

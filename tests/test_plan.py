@@ -7,7 +7,7 @@ import pytest
 from m3ctl.catalog import Profile
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
-from m3ctl.plan import plan, PlanRequest, render_flags
+from m3ctl.plan import PlanRequest, plan, render_flags
 
 CPU = HostInventory()
 

@@ -14,7 +14,7 @@ import yaml
 
 from m3ctl.emit import render
 from m3ctl.errors import ConfigRejected
-from m3ctl.plan import plan, PlanRequest
+from m3ctl.plan import PlanRequest, plan
 from tests.conftest import run_cli
 from tests.hosts import ALL
 

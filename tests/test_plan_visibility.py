@@ -6,7 +6,7 @@ import pytest
 
 from m3ctl.errors import ConfigRejected
 from m3ctl.hw.inventory import GpuInfo, MigDevice
-from m3ctl.plan import plan, PlanRequest
+from m3ctl.plan import PlanRequest, plan
 from tests.hosts import h200x2, synthetic
 
 
@@ -64,9 +64,9 @@ def test_process_runtime_unsets_the_other_variables(tmp_path, monkeypatch, tiny_
                                                                         "HIP_VISIBLE_DEVICES": "1"}})
     p = plan(inv, PlanRequest(model=str(tiny_models["m2"]), runtime="process", vllm_executable="vllm", name="envcheck"))
     out = tmp_path / "env.txt"
-    p = p.model_copy(update={"argv": [sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write("
+    p = p.model_copy(update={"argv": [sys.executable, "-c", (f"import os; open({str(out)!r}, 'w').write("
                                       "os.environ.get('HIP_VISIBLE_DEVICES', 'unset') + ' ' + "
-                                      "os.environ['ROCR_VISIBLE_DEVICES'])"]})
+                                      "os.environ['ROCR_VISIBLE_DEVICES'])")]})
     rt = ProcessRuntime()
     import time
 

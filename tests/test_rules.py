@@ -8,7 +8,7 @@ import pytest
 
 from m3ctl.errors import ConfigRejected
 from m3ctl.hw.inventory import GpuInfo, HostInventory
-from m3ctl.plan import plan, PlanRequest
+from m3ctl.plan import PlanRequest, plan
 from tests.hosts import h200x2, synthetic
 
 

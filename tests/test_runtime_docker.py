@@ -103,12 +103,12 @@ def test_no_image_is_rejected_with_the_fix(tmp_path):
 
 # ---------------------------------------------------------------- F14: shared memory too small for NCCL
 def test_f14_nccl_shm_lines_map_to_shm_too_small():
-    for line in ("nccl-host:123:456 [0] NCCL INFO include/shm.h:41 NCCL WARN Error while creating shared memory "
-                 "segment /dev/shm/nccl-Vw9f0c (size 7340384)",
-                 "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+    for line in (("nccl-host:123:456 [0] NCCL INFO include/shm.h:41 NCCL WARN Error while creating shared memory "
+                 "segment /dev/shm/nccl-Vw9f0c (size 7340384)"),
+                 ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
                  "ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details), "
                  "NCCL version 2.20.5; ncclSystemError: System call (e.g. socket, malloc) or external library "
-                 "call failed or device error."):
+                 "call failed or device error.")):
         d = diagnose_text("INFO loading\n" + line + "\n")
         assert d is not None and d.id == "nccl-shm" and d.cause.startswith("shm-too-small")
         assert "--ipc=host" in d.fix

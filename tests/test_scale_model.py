@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from m3ctl import catalog
+from m3ctl.assess.facts import estimate_weights_bytes, read_model_facts
 from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model, scale_config
 from m3ctl.errors import BadInput
-from m3ctl.assess.facts import estimate_weights_bytes, read_model_facts
 
 H200X1 = Path(__file__).parent / "fixtures" / "h200x1-real" / "inventory.json"
 M3CTL = [sys.executable, "-m", "m3ctl"]

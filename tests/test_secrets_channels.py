@@ -248,9 +248,8 @@ def test_separation_unit_every_spelling_and_one_key():
 
 def test_watchdog_calls_401_unauthorised_and_never_restarts(monkeypatch):
     from m3ctl import watchdog
-    from m3ctl.state import Deployment
-
     from m3ctl.runtime.base import RawState
+    from m3ctl.state import Deployment
 
     class Rt:
         def is_alive(self, dep):

@@ -4,6 +4,7 @@ benchmarks/tune_efficiency.py --record)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 from pathlib import Path
@@ -134,7 +135,7 @@ def test_replay_search_finds_a_feasible_config_cheaper_than_the_grid():
     assert parse_slo(grid["meta"]["slo"]).ok(rec)
     front = pareto(res.outcomes)
     assert front and all(a["interactivity"] < b["interactivity"] and a["objective"] > b["objective"]
-                         for a, b in zip(front, front[1:]))
+                         for a, b in itertools.pairwise(front))
 
 
 def _record(points: dict[int, tuple[float, float]], start_s: float = 50.0) -> dict:

@@ -92,7 +92,7 @@ def test_parallel_limit_auto_capped_and_cpu():
 
 def test_order_batch_groups_compile_keys_over_lanes():
     items = ["a1", "b1", "a2", "c1", "b2", "a3"]
-    key = lambda s: s[0]  # noqa: E731
+    key = lambda s: s[0]
     assert order_batch(items, key, 1) == ["a1", "a2", "a3", "b1", "b2", "c1"]
     # lane 0 gets the a's (3), lane 1 the b's then the c (2 + 1): round-robin start order
     assert order_batch(items, key, 2) == ["a1", "b1", "a2", "b2", "a3", "c1"]
@@ -542,7 +542,7 @@ def test_consecutive_starts_on_a_gpu_set_share_the_compile_key():
     space = Space(values={"tp": [2], "dp": [1], "spec_depth": [0, 1], "max_num_seqs": [32, 64],
                           "max_num_batched_tokens": [4096, 8192]})
     anchor = space.anchor()
-    ckey = lambda c: "A" if c == anchor or c["spec_depth"] == 1 else "B"  # noqa: E731
+    ckey = lambda c: "A" if c == anchor or c["spec_depth"] == 1 else "B"
     ev = FakeEvaluator(rec, hooks, ckey)
     tuner = Tuner(space, ev, _spec(max_trials=4), pool=_pool(n=2))
     th, box = _in_thread(tuner.run)

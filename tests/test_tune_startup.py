@@ -174,7 +174,7 @@ def test_startup_facts_are_schema_checked():
     from m3ctl.errors import M3Error
 
     f = startup.facts()
-    assert [m.phase for m in f.markers][0] == "api_imports" and f.cache_root_env == "VLLM_CACHE_ROOT"
+    assert next(m.phase for m in f.markers) == "api_imports" and f.cache_root_env == "VLLM_CACHE_ROOT"
     with pytest.raises(M3Error, match="regex"):
         _load("markers: [{phase: x, regex: '(', source: s}]\ncompile_cache_hit: a\ncache_root_env: V\n"
               "capture_bound: {flag: f, key: k, default_cap: 1, conflicts: [], source: s}\n",

@@ -10,7 +10,7 @@ from m3ctl import catalog
 from m3ctl.dev.vllm_flags import parse_help, render
 from m3ctl.errors import BadInput, CatalogError, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
-from m3ctl.plan import plan, PlanRequest, render_flags
+from m3ctl.plan import PlanRequest, plan, render_flags
 from m3ctl.vllm_args import flag_table, parse_flag_table, read_raw_args, unknown_flags
 
 HELP = Path(__file__).resolve().parents[2] / "shared" / "reference" / "vllm-0.32-serve-help.txt"
@@ -225,8 +225,8 @@ def test_json_values_and_max_model_len_are_checked_before_launch(tiny_models):
     with pytest.raises(ConfigRejected) as e:
         plan(HostInventory(), PlanRequest(model=m, extra_args=["--speculative-config", "{bad"], vllm_executable="vllm"))
     assert "rule flags.json" in e.value.message and "not valid JSON" in e.value.message
-    p = plan(HostInventory(), PlanRequest(model=m, extra_args=["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 2,'
-                                             ' "prompt_lookup_max": 3}'], vllm_executable="vllm"))
+    p = plan(HostInventory(), PlanRequest(model=m, extra_args=["--speculative-config", ('{"method": "ngram", "num_speculative_tokens": 2,'
+                                             ' "prompt_lookup_max": 3}')], vllm_executable="vllm"))
     assert '"num_speculative_tokens": 2' in " ".join(p.argv)
     with pytest.raises(ConfigRejected) as e:
         plan(HostInventory(), PlanRequest(model=m, extra_args=["--max-model-len", "99999999"], vllm_executable="vllm"))

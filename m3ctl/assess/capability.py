@@ -157,7 +157,7 @@ def parse_table(text: str, where: str = "capabilities.yaml") -> CapabilityTable:
     for arch, row in table.archs.items():
         unknown = set(row.features) - needed - {"deepep_dbo", *table.flag_features}
         if unknown:
-            name = sorted(unknown)[0]
+            name = min(unknown)
             close = difflib.get_close_matches(name, sorted(needed), n=1)
             raise CatalogError(f"{where}: archs.{arch}.features: unknown feature {name!r}"
                                + (f"; did you mean {close[0]!r}?" if close else ""), "fix the feature name")

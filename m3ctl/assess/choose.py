@@ -63,8 +63,8 @@ def choose_variant(spec: ModelSpec, model: str, requested: str | None, arch: str
             continue
         natives.append((vname, v, sup))
         if not variant_fits(spec, v, sup, n_gpus, mem_mib, kv_dtype):
-            rejected.append((vname, f"weights {v.weights_gib * sup.weights_factor:.0f} GiB do not fit {n_gpus} "
-                                    "GPU(s) with KV for one sequence of the default context"))
+            rejected.append((vname, (f"weights {v.weights_gib * sup.weights_factor:.0f} GiB do not fit {n_gpus} "
+                                    "GPU(s) with KV for one sequence of the default context")))
             continue
         return vname, v, f"first variant with native kernels on {arch} that fits {n_gpus} GPU(s)"
     if allow_emulated:

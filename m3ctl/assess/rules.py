@@ -34,7 +34,7 @@ DEPRECATED_ENV = {
 def vllm_int(v: Any) -> int | None:
     """An integer flag value as vLLM reads it (``8k`` = 8000, ``8K`` = 8192, else Python's ``int``:
     vllm/utils/argparse_utils.py human_readable_int); None when unset, a switch, or not an integer."""
-    if v is None or isinstance(v, bool) or isinstance(v, float):
+    if v is None or isinstance(v, (bool, float)):
         return None
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", str(v).strip())
     if m:

@@ -14,6 +14,6 @@ WORKLOADS = ("random", "dataset", "prefix-repetition", "agentic")
 #: A longer request cannot be served anywhere; building its prompt would take minutes before the first send.
 MAX_REQUEST_TOKENS = 10_000_000
 
-from m3ctl import _api_module  # noqa: E402
+from m3ctl import _api_module
 
 _api_module(__name__)  # `m3ctl.bench(...)` calls m3ctl.api.bench (see m3ctl/__init__.py)

@@ -204,13 +204,11 @@ class _Stream:
                 out.stream_chunks += 1
                 if first:
                     out.itl.append(ts - last)
-                    if ts - last > PROGRESS.max_gap:
-                        PROGRESS.max_gap = ts - last
+                    PROGRESS.max_gap = max(PROGRESS.max_gap, ts - last)
                 else:
                     first = True
                     out.ttft = ts - self.st
-                    if out.ttft > PROGRESS.max_ttft:
-                        PROGRESS.max_ttft = out.ttft
+                    PROGRESS.max_ttft = max(PROGRESS.max_ttft, out.ttft)
                 last = ts
                 c0 = choices[0]
                 if chat:
@@ -327,7 +325,7 @@ async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, 
         return stream.finish()
     except _HTTPStatus as e:
         out.error, out.error_kind = f"HTTP {e.status}: {e.text[:300]}", "http_5xx" if e.status >= 500 else "http_4xx"
-    except (aiohttp.ClientError, asyncio.TimeoutError, TimeoutError, ValueError, OSError) as e:
+    except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as e:
         out.error = f"{type(e).__name__}: {e}"[:300]
         out.error_kind = _kind_of(e)
         if out.error_kind == "stream_cut" and not stream.first:

@@ -25,12 +25,7 @@ import httpx
 
 from m3ctl.errors import BadInput
 
-_WORDS = ("time person year way day thing man world life hand part child eye woman place work week case point "
-          "government company number group problem fact be have do say get make go know take see come think look "
-          "want give use find tell ask seem feel try leave call good new first last long great little own other "
-          "old right big high different small large next early young important few public bad same able to of in "
-          "for on with at by from up about into over after kernel tensor cache token expert router sparse block "
-          "latency throughput batch decode prefill memory bandwidth server request stream model weight layer").split()
+_WORDS = ["time", "person", "year", "way", "day", "thing", "man", "world", "life", "hand", "part", "child", "eye", "woman", "place", "work", "week", "case", "point", "government", "company", "number", "group", "problem", "fact", "be", "have", "do", "say", "get", "make", "go", "know", "take", "see", "come", "think", "look", "want", "give", "use", "find", "tell", "ask", "seem", "feel", "try", "leave", "call", "good", "new", "first", "last", "long", "great", "little", "own", "other", "old", "right", "big", "high", "different", "small", "large", "next", "early", "young", "important", "few", "public", "bad", "same", "able", "to", "of", "in", "for", "on", "with", "at", "by", "from", "up", "about", "into", "over", "after", "kernel", "tensor", "cache", "token", "expert", "router", "sparse", "block", "latency", "throughput", "batch", "decode", "prefill", "memory", "bandwidth", "server", "request", "stream", "model", "weight", "layer"]
 
 
 class Tokenizer(Protocol):

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from m3ctl.errors import BadInput
 
+
 # x-axis choices: name -> (label, getter)
 def _ix(r: dict, block: str, stat: str) -> float | None:
     """``interactivity.<block>.<stat>`` of a run; None when absent or not measured (a vLLM file, TPOT in bursts)."""
@@ -205,7 +206,7 @@ def pareto_png_bytes(runs: list[dict], x_axis: str = "inferencex-median", title:
         BadInput: unknown ``x_axis`` or no run with the metric.
     """
     fig = pareto_figure(runs, x_axis, title)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png")

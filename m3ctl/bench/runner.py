@@ -109,8 +109,9 @@ def stall_window(floor_s: float, max_gap_s: float, max_ttft_s: float) -> float:
     return max(floor_s, STALL_GAP_FACTOR * max_gap_s, STALL_TTFT_FACTOR * max_ttft_s)
 
 
-from m3ctl.bench import MAX_REQUEST_TOKENS  # noqa: E402 - kept with WORKLOADS so the CLI checks it cheaply
-from m3ctl.bench.config import MAX_PROMPTS, BenchConfig  # noqa: E402,F401 - declared there (pydantic only)
+import itertools
+
+from m3ctl.bench.config import MAX_PROMPTS, BenchConfig
 
 #: Most prompt tokens one run builds in memory before the first send (measured and warm-up requests together):
 #: MAX_PROMPTS requests of 128 tokens, about 1 GiB of prompt text (see MAX_PROMPTS).
@@ -419,9 +420,9 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
             except asyncio.CancelledError:  # stalled during the warm-ups (else Ctrl-C: stop here too)
                 if not stats.stalled:
                     stats.interrupted = True
-        if before is not None and not (stats.stalled or stats.interrupted):
-            if asyncio.iscoroutine(r := before()):  # e.g. scrape server counters after the warmups
-                await r  # (arun_bench: the blocking scrape in a worker thread, off the caller's loop)
+        # e.g. scrape server counters after the warmups (arun_bench: the blocking scrape in a worker thread)
+        if before is not None and not (stats.stalled or stats.interrupted) and asyncio.iscoroutine(r := before()):
+            await r
         cpu0 = time.process_time()
         del lags[:]
         now = time.perf_counter()
@@ -872,7 +873,7 @@ async def arun_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=No
             finally:
                 _set_emit(None)
             ends = [o.end_time for o in outs if o.start_time]
-            outs, dur, cstats = outs, (max(ends) - t0) if ends else 0.0, [st]
+            dur, cstats = (max(ends) - t0) if ends else 0.0, [st]
         return await asyncio.to_thread(_finish, prep, outs, dur, cstats, sync_log)
 
 
@@ -1326,7 +1327,7 @@ def _agentic_block(ok: list[RequestOutput], sessions: list[dict], pcts: list[flo
     for turns in by_s.values():
         turns.sort(key=lambda o: o.turn)
         first_lens.append(turns[0].prompt_len)
-        for a, b in zip(turns, turns[1:], strict=False):
+        for a, b in itertools.pairwise(turns):
             reusable += min(b.prompt_len, a.prompt_len + (a.output_tokens or 0))
     total_in = sum(o.prompt_len for o in ok)
     return {"sessions_started": len(sessions), "sessions_completed": len(done),

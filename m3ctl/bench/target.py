@@ -163,7 +163,7 @@ def resolve_target(url: str | None = None, *, deployment: str | None = None, mod
         server_log = dep.log_path  # JIT compiles during the measured phase (docker: the log is synced first)
         argv = tuple(dep.argv)
         if dep.runtime != "process":
-            sync_log = lambda: runtime_for(dep).sync_log(dep)  # noqa: E731
+            sync_log = lambda: runtime_for(dep).sync_log(dep)
         if not num_gpus and (n := deployment_gpus(reg, deployment)):
             num_gpus, gpus_source = n, f"deployment {deployment}: tp x pp x dp x pcp (DCP adds none)"
     else:

@@ -133,8 +133,8 @@ def load(path: str | Path) -> Trace:
 
 @functools.lru_cache(maxsize=8)
 def _load(p: Path, _key: tuple) -> Trace:
-    from m3ctl.bench.runner import MAX_PROMPTS
-    from m3ctl.files import read_user_text
+    from m3ctl.bench.runner import MAX_PROMPTS  # noqa: PLC0415
+    from m3ctl.files import read_user_text  # noqa: PLC0415
 
     text = read_user_text(p, "--trace")
     recs: list[TraceRecord] = []
@@ -207,7 +207,7 @@ def check(cfg) -> Trace:
             with a trace (the trace gives the requests and their arrivals); more prompt tokens than one run may
             build (m3ctl.bench.runner.MAX_RUN_PROMPT_TOKENS).
     """
-    from m3ctl.bench.runner import MAX_RUN_PROMPT_TOKENS
+    from m3ctl.bench.runner import MAX_RUN_PROMPT_TOKENS  # noqa: PLC0415
 
     if cfg.workload != "random":
         raise BadInput(f"--trace replaces --workload ({cfg.workload} given)", "drop --workload or --trace")

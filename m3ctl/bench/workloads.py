@@ -35,8 +35,6 @@ from m3ctl.bench.client import BenchRequest
 from m3ctl.bench.prompts import Tokenizer, exact_prompt, random_lengths
 from m3ctl.errors import BadInput
 
-from m3ctl.bench import WORKLOADS as KINDS  # noqa: E402
-
 
 def _text_rng(rng: random.Random, seed: int, salt: str | None) -> random.Random:
     """The generator of prompt text: ``rng`` itself without a salt, else one seeded by (seed, salt)."""

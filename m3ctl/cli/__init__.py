@@ -9,4 +9,4 @@ Entry points: :func:`main` (argv -> exit code), :func:`run` (console script), :d
 
 from m3ctl.cli.app import INTERRUPT_EXIT_CODES, app, main, run
 
-__all__ = ["app", "main", "run", "INTERRUPT_EXIT_CODES"]
+__all__ = ["INTERRUPT_EXIT_CODES", "app", "main", "run"]

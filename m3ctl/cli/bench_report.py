@@ -7,7 +7,7 @@ import typer
 
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import check_outputs
-from m3ctl.cli.output import Output, console, escape, print_hang
+from m3ctl.cli.output import Output, console, print_hang
 
 
 def bench_report(

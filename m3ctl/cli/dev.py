@@ -2,7 +2,7 @@
 
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -43,7 +43,7 @@ def scale_model(
     arch: Annotated[str, typer.Option(help="minimax-m2 (MiniMax-M2.5 shapes) or minimax-m3 (MiniMax-M3.1-Flash shapes, release format).")] = "minimax-m2",
     layers: Annotated[int, typer.Option(min=1, max=62, help="Decoder layers (the full models have 62 / 60; no more).")] = 16,
     quant: Annotated[str, typer.Option(help="fp8 (128x128 blocks), bf16 or nvfp4 (ModelOpt, experts only).")] = "fp8",
-    max_position_embeddings: Annotated[Optional[int], typer.Option(min=1, max=o.MAX_REQUEST_TOKENS, help="Context the config declares (default: the catalog model's).")] = None,
+    max_position_embeddings: Annotated[int | None, typer.Option(min=1, max=o.MAX_REQUEST_TOKENS, help="Context the config declares (default: the catalog model's).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty directory.")] = False,
     json_out: o.Json = False,
 ) -> None:
@@ -86,9 +86,8 @@ def vllm_models(
     import yaml  # noqa: PLC0415
 
     from m3ctl.assess.engine_models import generate, parse_engine_models, read_registry, registry_architectures  # noqa: PLC0415
-    from m3ctl.errors import BadInput  # noqa: PLC0415
-
     from m3ctl.cli.inputs import check_outputs  # noqa: PLC0415
+    from m3ctl.errors import BadInput  # noqa: PLC0415
 
     out = Output(json_out)
     check_outputs(output=output)

@@ -1,7 +1,7 @@
 """``m3ctl doctor``: probe this host (or an inventory/system) and say, check by check, whether it can serve."""
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -15,14 +15,14 @@ def doctor(
     verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Show every detail and the skipped checks (without it: the first detail of a WARN or FAIL).")] = False,
     model: o.Model = None,
     variant: o.Variant = None,
-    context: Annotated[Optional[int], typer.Option(parser=o.token_count, metavar="N", help="Context tokens one sequence must fit (default 32768).")] = None,
+    context: Annotated[int | None, typer.Option(parser=o.token_count, metavar="N", help="Context tokens one sequence must fit (default 32768).")] = None,
     kv_cache_dtype: Annotated[str, typer.Option(parser=o.vllm_choice("kv-cache-dtype"), help="KV cache dtype to validate for this GPU.")] = "auto",
     runtime: Annotated[str, typer.Option(parser=o.choice("auto", "process", "docker"), help="auto, process or docker (what serve would use).")] = "auto",
     port: o.Port = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 on WARN too.")] = False,
-    image: Annotated[Optional[str], typer.Option(parser=o.text, help="Check this image (catalog name or a local image) instead of the recommended one.")] = None,
+    image: Annotated[str | None, typer.Option(parser=o.text, help="Check this image (catalog name or a local image) instead of the recommended one.")] = None,
     inventory: o.Inventory = None,
-    save_inventory: Annotated[Optional[Path], typer.Option(help="Write this host's inventory as JSON.")] = None,
+    save_inventory: Annotated[Path | None, typer.Option(help="Write this host's inventory as JSON.")] = None,
     system: o.System = None,
     attention: o.Attention = None,
 ) -> None:

@@ -3,7 +3,6 @@
 
 import json
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -66,7 +65,7 @@ def given_request(ctx: typer.Context, **extra):
         raise BadInput(f"{opt}: {err['msg']}", f"see `m3ctl {ctx.info_name} --help`") from None
 
 
-def check_outputs(**paths: Optional[Path]) -> None:
+def check_outputs(**paths: Path | None) -> None:
     """Check every given output file writable before any work (m3ctl.state.check_output_path); ``-`` is stdout.
     Keyword names are the options (``output_json`` -> ``--output-json``)."""
     from m3ctl.state import check_output_path  # noqa: PLC0415

@@ -11,8 +11,9 @@ file): an option left out is passed as "not given", never as a default of the CL
 import functools
 import inspect
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Callable, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -172,48 +173,48 @@ def plot_axis(text: str) -> str:
     return choice(*X_AXES)(text)
 
 
-OutputCsv = Annotated[Optional[Path], typer.Option(help="Write one CSV row per run here (checked writable before any work).")]
-Plot = Annotated[Optional[Path], typer.Option(help="Pareto PNG of the runs: tok/s per GPU vs tok/s per user (checked writable before any work).")]
+OutputCsv = Annotated[Path | None, typer.Option(help="Write one CSV row per run here (checked writable before any work).")]
+Plot = Annotated[Path | None, typer.Option(help="Pareto PNG of the runs: tok/s per GPU vs tok/s per user (checked writable before any work).")]
 PlotX = Annotated[str, typer.Option(parser=plot_axis, help="Pareto x axis: inferencex-median, agentx-p90 or aiperf-median.")]
 
 # ------------------------------------------------------------------ host to plan for
-Inventory = Annotated[Optional[Path], typer.Option(help="Evaluate a saved inventory (doctor --save-inventory) instead of this host.")]
-System = Annotated[Optional[str], typer.Option(parser=text, metavar="NAME", help="Evaluate a catalog system you don't have (h200x8, gb300x4, mi355xx8; xN sets the GPU count); nothing is probed.")]
+Inventory = Annotated[Path | None, typer.Option(help="Evaluate a saved inventory (doctor --save-inventory) instead of this host.")]
+System = Annotated[str | None, typer.Option(parser=text, metavar="NAME", help="Evaluate a catalog system you don't have (h200x8, gb300x4, mi355xx8; xN sets the GPU count); nothing is probed.")]
 
 # ------------------------------------------------------------------ deployment (plan, serve, doctor, tune)
-Model = Annotated[Optional[str], typer.Option("--model", "-m", parser=text, help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory (default: $M3CTL_MODEL, the config file's, else MiniMax-M3.1-Flash).")]
-Port = Annotated[Optional[int], typer.Option(min=1, max=65535, help="API port (default: $M3CTL_PORT, the config file's, else 8000).")]
+Model = Annotated[str | None, typer.Option("--model", "-m", parser=text, help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory (default: $M3CTL_MODEL, the config file's, else MiniMax-M3.1-Flash).")]
+Port = Annotated[int | None, typer.Option(min=1, max=65535, help="API port (default: $M3CTL_PORT, the config file's, else 8000).")]
 Host = Annotated[str, typer.Option(help="API listen address.")]
 Name = Annotated[str, typer.Option(help="Deployment name.")]
-ServedName = Annotated[Optional[str], typer.Option(parser=text, help="API model id (default: the model id, with --name as a second name).")]
-Runtime = Annotated[Optional[str], typer.Option(parser=runtime, help="process (bare `vllm serve`), docker, or auto (the default: docker when --image is given, or the profile has an image and the container engine is reachable; else process).")]
-Profile = Annotated[Optional[Path], typer.Option(help="Kernel profile YAML to use instead of the catalog's.")]
-Arg = Annotated[Optional[list[str]], typer.Option("--arg", help="vllm serve flag override flag=value, e.g. max-num-seqs=64 (repeatable).")]
+ServedName = Annotated[str | None, typer.Option(parser=text, help="API model id (default: the model id, with --name as a second name).")]
+Runtime = Annotated[str | None, typer.Option(parser=runtime, help="process (bare `vllm serve`), docker, or auto (the default: docker when --image is given, or the profile has an image and the container engine is reachable; else process).")]
+Profile = Annotated[Path | None, typer.Option(help="Kernel profile YAML to use instead of the catalog's.")]
+Arg = Annotated[list[str] | None, typer.Option("--arg", help="vllm serve flag override flag=value, e.g. max-num-seqs=64 (repeatable).")]
 SkipChecks = Annotated[bool, typer.Option(help="Report plan rule violations as warnings instead of rejecting.")]
-Config = Annotated[Optional[Path], typer.Option(help="Plan config YAML (flags override it; it overrides M3CTL_* and ~/.config/m3ctl/config.yaml).")]
-Variant = Annotated[Optional[str], typer.Option(parser=variant_name, help="Model variant (nvfp4, mxfp4, mxfp8, fp8, bf16); default: best native one that fits.")]
-KVDtype = Annotated[Optional[str], typer.Option(parser=vllm_choice("kv-cache-dtype"), help="KV cache dtype (validated per architecture and attention type).")]
-Attention = Annotated[Optional[str], typer.Option(parser=choice("msa", "dense"), metavar="msa|dense", help="msa (the checkpoint's sparse attention, default) or dense: every layer dense through --hf-overrides, the opt-in fallback of a known MSA issue (quality cost unknown).")]
+Config = Annotated[Path | None, typer.Option(help="Plan config YAML (flags override it; it overrides M3CTL_* and ~/.config/m3ctl/config.yaml).")]
+Variant = Annotated[str | None, typer.Option(parser=variant_name, help="Model variant (nvfp4, mxfp4, mxfp8, fp8, bf16); default: best native one that fits.")]
+KVDtype = Annotated[str | None, typer.Option(parser=vllm_choice("kv-cache-dtype"), help="KV cache dtype (validated per architecture and attention type).")]
+Attention = Annotated[str | None, typer.Option(parser=choice("msa", "dense"), metavar="msa|dense", help="msa (the checkpoint's sparse attention, default) or dense: every layer dense through --hf-overrides, the opt-in fallback of a known MSA issue (quality cost unknown).")]
 
 #: The planner's typed knobs (PlanRequest fields), shared by `plan` and `serve` through :func:`plan_knobs`.
 PLAN_KNOBS: dict[str, tuple[Any, Any]] = {
     "variant": (Variant, None),
-    "tp": (Annotated[Optional[int], typer.Option("--tp", min=1, help="Tensor parallel size.")], None),
-    "dp": (Annotated[Optional[int], typer.Option("--dp", min=1, help="Data parallel size.")], None),
-    "dcp": (Annotated[Optional[int], typer.Option("--dcp", min=1, help="Decode context parallel size (adds no GPUs).")], None),
-    "pp": (Annotated[Optional[int], typer.Option("--pp", min=1, help="Pipeline parallel stages (GPUs = TP x PP x DP); default: the planner's layout search.")], None),
-    "ep": (Annotated[Optional[bool], typer.Option("--ep/--no-ep", help="Expert parallel on/off (default: profile strategy).")], None),
-    "dbo": (Annotated[Optional[bool], typer.Option("--dbo/--no-dbo", help="Dual batch overlap (needs DP>1 + EP + DeepEP).")], None),
-    "spec_depth": (Annotated[Optional[int], typer.Option(min=0, help="Speculative tokens (0 = off); uses the model's drafter, else ngram.")], None),
-    "spec_method": (Annotated[Optional[str], typer.Option(parser=vllm_choice("spec-method"), help="Speculative method override (ngram, dspark, eagle3, mtp...).")], None),
+    "tp": (Annotated[int | None, typer.Option("--tp", min=1, help="Tensor parallel size.")], None),
+    "dp": (Annotated[int | None, typer.Option("--dp", min=1, help="Data parallel size.")], None),
+    "dcp": (Annotated[int | None, typer.Option("--dcp", min=1, help="Decode context parallel size (adds no GPUs).")], None),
+    "pp": (Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline parallel stages (GPUs = TP x PP x DP); default: the planner's layout search.")], None),
+    "ep": (Annotated[bool | None, typer.Option("--ep/--no-ep", help="Expert parallel on/off (default: profile strategy).")], None),
+    "dbo": (Annotated[bool | None, typer.Option("--dbo/--no-dbo", help="Dual batch overlap (needs DP>1 + EP + DeepEP).")], None),
+    "spec_depth": (Annotated[int | None, typer.Option(min=0, help="Speculative tokens (0 = off); uses the model's drafter, else ngram.")], None),
+    "spec_method": (Annotated[str | None, typer.Option(parser=vllm_choice("spec-method"), help="Speculative method override (ngram, dspark, eagle3, mtp...).")], None),
     "kv_cache_dtype": (KVDtype, None),
     "attention": (Attention, None),
-    "max_model_len": (Annotated[Optional[int], typer.Option(parser=token_count, metavar="N", help="Max model length (tokens).")], None),
-    "max_num_seqs": (Annotated[Optional[int], typer.Option(parser=token_count, metavar="N", help="Max concurrent sequences.")], None),
-    "max_num_batched_tokens": (Annotated[Optional[int], typer.Option(parser=token_count, metavar="N", help="Max batched tokens per step.")], None),
+    "max_model_len": (Annotated[int | None, typer.Option(parser=token_count, metavar="N", help="Max model length (tokens).")], None),
+    "max_num_seqs": (Annotated[int | None, typer.Option(parser=token_count, metavar="N", help="Max concurrent sequences.")], None),
+    "max_num_batched_tokens": (Annotated[int | None, typer.Option(parser=token_count, metavar="N", help="Max batched tokens per step.")], None),
     "allow_emulated": (Annotated[bool, typer.Option(help="Accept a variant that runs only through a fallback kernel here (e.g. NVFP4 on Hopper).")], False),
     "no_multicast": (Annotated[bool, typer.Option("--no-multicast", help="Turn NVLink multicast off for multi-GPU launches (shared hosts).")], False),
-    "offline": (Annotated[Optional[bool], typer.Option("--offline/--online", help="Air-gapped: resolve the model, tokenizer and draft model to local HF-cache snapshots and check every file before launch (default: on when HF_HUB_OFFLINE=1).")], None),
+    "offline": (Annotated[bool | None, typer.Option("--offline/--online", help="Air-gapped: resolve the model, tokenizer and draft model to local HF-cache snapshots and check every file before launch (default: on when HF_HUB_OFFLINE=1).")], None),
 }
 
 # ------------------------------------------------------------------ workload (bench, tune)
@@ -221,7 +222,7 @@ Workload = Annotated[str, typer.Option(parser=choice(*WORKLOADS), autocompletion
 InputLen = Annotated[int, typer.Option(min=1, max=MAX_REQUEST_TOKENS, help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn).")]
 OutputLen = Annotated[int, typer.Option(min=1, max=MAX_REQUEST_TOKENS, help="Output tokens per request.")]
 Seed = Annotated[int, typer.Option(help="Workload seed (lengths, order, arrivals); the prompt text is fresh every run.")]
-UsdPerGpuHour = Annotated[Optional[float], typer.Option(parser=positive_float, metavar="USD", help="GPU price for USD per million tokens and tokens per USD.")]
+UsdPerGpuHour = Annotated[float | None, typer.Option(parser=positive_float, metavar="USD", help="GPU price for USD per million tokens and tokens per USD.")]
 
 
 def options(group: dict[str, tuple[Any, Any]], into: str):
@@ -282,7 +283,7 @@ def model_options(model, spec: dict[str, dict[str, Any]]) -> tuple[dict[str, tup
             else:
                 typ = ann
         if optional or unset or default in ([], {}):
-            typ = Optional[typ]
+            typ = Optional[typ]  # noqa: UP045 - built at runtime from a field type, for typer
         help_ = f.description or ""
         if unset:
             shown = {True: "on", False: "off"}.get(default, default) if isinstance(default, bool) else default

@@ -1,6 +1,6 @@
 """``m3ctl plan``: plan a launch (image, argv, env, every choice explained) or size catalog systems; start nothing."""
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -17,14 +17,14 @@ def plan(
     model: o.Model = None, name: o.Name = "m3ctl", port: o.Port = None, host: o.Host = "127.0.0.1",
     served_model_name: o.ServedName = None, runtime: o.Runtime = None, inventory: o.Inventory = None,
     profile: o.Profile = None, arg: o.Arg = None, skip_checks: o.SkipChecks = False, config: o.Config = None,
-    system: o.System = None, knobs: dict = None,
-    image: Annotated[Optional[str], typer.Option(parser=o.text, help="Container image (catalog name, reference or a local image); implies --runtime docker.")] = None,
+    system: o.System = None, knobs: dict | None = None,
+    image: Annotated[str | None, typer.Option(parser=o.text, help="Container image (catalog name, reference or a local image); implies --runtime docker.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print {image, argv, env, explain, rejected} as JSON.")] = False,
-    emit: Annotated[Optional[str], typer.Option(parser=o.choice("docker", "compose", "k8s", "lws", "script", "ray"), help="Render as docker, compose, k8s, lws (multi-node DP), script or ray (multi-node TP x PP).")] = None,
+    emit: Annotated[str | None, typer.Option(parser=o.choice("docker", "compose", "k8s", "lws", "script", "ray"), help="Render as docker, compose, k8s, lws (multi-node DP), script or ray (multi-node TP x PP).")] = None,
     nodes: Annotated[int, typer.Option(min=1, max=5000, help="(at most 5,000: the largest Kubernetes cluster, https://kubernetes.io/docs/setup/best-practices/cluster-large/) "
                                            "With --emit lws/ray: nodes (pods/hosts).")] = 2,
-    hf_cache_hostpath: Annotated[Optional[str], typer.Option(parser=o.absolute_path, help="With --emit k8s/lws: mount this node path as the HF cache instead of a PersistentVolumeClaim.")] = None,
-    systems: Annotated[Optional[list[str]], typer.Option("--systems", parser=o.text, metavar="NAMES", help="Sizing view: plan on these catalog systems (comma list or repeated; 'all' = every one) and print which serve the model at --max-model-len, how, with how much KV cache.")] = None,
+    hf_cache_hostpath: Annotated[str | None, typer.Option(parser=o.absolute_path, help="With --emit k8s/lws: mount this node path as the HF cache instead of a PersistentVolumeClaim.")] = None,
+    systems: Annotated[list[str] | None, typer.Option("--systems", parser=o.text, metavar="NAMES", help="Sizing view: plan on these catalog systems (comma list or repeated; 'all' = every one) and print which serve the model at --max-model-len, how, with how much KV cache.")] = None,
 ) -> None:
     """Plan a launch for this host (or --inventory FILE, --system NAME): image, argv, env, every choice explained; start nothing.
 

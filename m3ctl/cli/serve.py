@@ -4,7 +4,7 @@ With ``--json``: ``--dry-run`` prints the plan as one JSON document; a launch pr
 per readiness phase, the ready deployment, each watchdog probe, the stop).
 """
 
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -22,16 +22,16 @@ def serve(
     model: o.Model = None, name: o.Name = "m3ctl", port: o.Port = None, host: o.Host = "127.0.0.1",
     runtime: o.Runtime = None, served_model_name: o.ServedName = None, profile: o.Profile = None,
     arg: o.Arg = None, skip_checks: o.SkipChecks = False, inventory: o.Inventory = None, config: o.Config = None,
-    knobs: dict = None, json_out: o.Json = False,
-    startup_timeout: Annotated[Optional[float], typer.Option(parser=o.positive_float, metavar="SECONDS", help="Readiness budget in seconds (default: from model size).")] = None,
+    knobs: dict | None = None, json_out: o.Json = False,
+    startup_timeout: Annotated[float | None, typer.Option(parser=o.positive_float, metavar="SECONDS", help="Readiness budget in seconds (default: from model size).")] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and exit; start nothing.")] = False,
     detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once the server is ready; leave it running.")] = False,
-    image: Annotated[Optional[str], typer.Option(parser=o.text, help="Container image for --runtime docker (default: the profile's).")] = None,
-    mount: Annotated[Optional[list[str]], typer.Option("--mount", parser=o.mount_spec, help="Extra docker bind mount HOST:CONTAINER[:ro|rw] (repeatable; read-only by default).")] = None,
+    image: Annotated[str | None, typer.Option(parser=o.text, help="Container image for --runtime docker (default: the profile's).")] = None,
+    mount: Annotated[list[str] | None, typer.Option("--mount", parser=o.mount_spec, help="Extra docker bind mount HOST:CONTAINER[:ro|rw] (repeatable; read-only by default).")] = None,
     restart: Annotated[str, typer.Option(parser=o.choice("no", "on-failure"), help="Foreground watchdog: no or on-failure (restart a dead/stalled server).")] = "no",
     watch_interval: Annotated[float, typer.Option(min=0, help="Foreground watchdog: seconds between liveness probes.")] = 10.0,
-    api_key_env: Annotated[Optional[str], typer.Option(help="Require this API key: the name of the environment variable holding it (handed to vLLM as VLLM_API_KEY, never on its command line).")] = None,
-    smoke: Annotated[Optional[str], typer.Option("--smoke", parser=o.choice("quick", "full", "off"), metavar="quick|full|off", help="Smoke test before 'ready': quick (a long prompt + a mixed concurrent batch), full (also chat, parsers, a known answer, output checks; default) or off.")] = None,
+    api_key_env: Annotated[str | None, typer.Option(help="Require this API key: the name of the environment variable holding it (handed to vLLM as VLLM_API_KEY, never on its command line).")] = None,
+    smoke: Annotated[str | None, typer.Option("--smoke", parser=o.choice("quick", "full", "off"), metavar="quick|full|off", help="Smoke test before 'ready': quick (a long prompt + a mixed concurrent batch), full (also chat, parsers, a known answer, output checks; default) or off.")] = None,
     no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Same as --smoke off.")] = False,
 ) -> None:
     """Plan, launch and wait until the server really serves (then watch it, or return with --detach).

@@ -1,7 +1,7 @@
 """``m3ctl stop``: SIGTERM, then SIGKILL after the timeout; verify the port and GPU memory are released."""
 
 import dataclasses
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -11,7 +11,7 @@ from m3ctl.errors import BadInput
 
 
 def stop(
-    name: Annotated[Optional[list[str]], typer.Argument(help="Deployment name(s).")] = None,
+    name: Annotated[list[str] | None, typer.Argument(help="Deployment name(s).")] = None,
     all_: Annotated[bool, typer.Option("--all", help="Stop every deployment.")] = False,
     timeout: Annotated[float, typer.Option(min=0, help="Seconds before SIGKILL.")] = 20.0,
     json_out: o.Json = False,

@@ -6,7 +6,7 @@ run), and renders (m3ctl.cli.tune_render).
 """
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -85,15 +85,15 @@ TUNE_OPTIONS, TUNE_FIELDS = o.model_options(TuneOptions, {
 def tune(
     ctx: typer.Context,
     model: o.Model = None,
-    study_dir: Annotated[Optional[Path], typer.Option(help="Study directory (SQLite study, trials, outputs); default ./m3ctl-tune-<time>.")] = None,
-    resume: Annotated[Optional[Path], typer.Option(help="Continue the study in DIR (after Ctrl-C or a kill); other options are ignored except --max-trials / --time-budget, which replace the saved budgets (both count across resumes), --confirm-top and --baseline/--no-baseline.")] = None,
+    study_dir: Annotated[Path | None, typer.Option(help="Study directory (SQLite study, trials, outputs); default ./m3ctl-tune-<time>.")] = None,
+    resume: Annotated[Path | None, typer.Option(help="Continue the study in DIR (after Ctrl-C or a kill); other options are ignored except --max-trials / --time-budget, which replace the saved budgets (both count across resumes), --confirm-top and --baseline/--no-baseline.")] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="Also print the Pareto table and write pareto.png.")] = False,
     inventory: o.Inventory = None,
     system: o.System = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print result.json (with --dry-run: the dry-run report) instead of tables.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what the study would run (every configuration with its rule check and command, the baseline, the order, the bench runs); start and write nothing.")] = False,
     parallel_trials: Annotated[str, typer.Option("--parallel-trials", parser=parallel_trials_value, metavar="N|auto", help="Search trials at once on disjoint GPU sets, each on its own port (auto: as many as fit; 1: one after the other). A run setting: --resume takes it again.")] = "auto",
-    opts: dict = None,
+    opts: dict | None = None,
 ) -> None:
     """Search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO (resumable).
 

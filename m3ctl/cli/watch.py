@@ -4,7 +4,7 @@ With ``--json``: JSON Lines, one object per watchdog event (``probe``, ``restart
 """
 
 import time
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -36,7 +36,7 @@ def watch(
     stall: Annotated[float, typer.Option(min=0, help="Seconds requests may wait with no token generated.")] = 60.0,
     restart: Annotated[str, typer.Option(parser=o.choice("no", "on-failure"), help="no or on-failure (stop and relaunch the saved plan).")] = "no",
     max_restarts: Annotated[int, typer.Option(min=0, help="Restarts before giving up.")] = 3,
-    count: Annotated[Optional[int], typer.Option(min=1, help="Stop after this many probes (default: until a failure).")] = None,
+    count: Annotated[int | None, typer.Option(min=1, help="Stop after this many probes (default: until a failure).")] = None,
     json_out: o.Json = False,
 ) -> None:
     """Watch a running deployment: liveness with a real 1-token completion and /metrics; exit 4 on failure."""

@@ -84,7 +84,7 @@ class Engine:
             for ct in c.containers.list(all=True, filters={"label": "m3ctl.name"}):
                 ct.remove(force=True)
             c.close()
-        except Exception:  # noqa: BLE001 - best effort before stopping the daemon
+        except Exception:  # noqa: BLE001, S110 - best effort before stopping the daemon
             pass
         if self.proc.poll() is None:
             self.proc.terminate()
@@ -146,7 +146,7 @@ def start_engine(timeout_s: float = 60.0) -> Engine:
                 c.close()
                 eng.timings["dockerd_ready_s"] = time.monotonic() - t0
                 return eng
-            except Exception:  # noqa: BLE001 - not up yet
+            except Exception:  # noqa: BLE001, S110 - not up yet
                 pass
         time.sleep(0.2)
     tail = (root / "dockerd.log").read_text(errors="replace")[-1500:]

@@ -148,8 +148,8 @@ def build_scale_model(out_dir: str | Path, spec: ScaleModelSpec | None = None, *
     Raises:
         BadInput: a bad spec, or ``out_dir`` exists and is not empty (without ``overwrite``).
     """
-    from m3ctl.dev.tiny_model import build_tokenizer  # noqa: PLC0415
     from m3ctl.assess.facts import estimate_weights_bytes  # noqa: PLC0415
+    from m3ctl.dev.tiny_model import build_tokenizer  # noqa: PLC0415
 
     spec = spec or ScaleModelSpec()
     spec.validate()

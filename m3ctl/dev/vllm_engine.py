@@ -181,7 +181,7 @@ def build(root: Path, version: str) -> dict:
 
 
 class _NoAliases(yaml.SafeDumper):
-    def ignore_aliases(self, data) -> bool:  # noqa: ARG002 - one plain list per key, no &id anchors
+    def ignore_aliases(self, data) -> bool:
         return True
 
 

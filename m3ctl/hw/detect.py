@@ -612,7 +612,7 @@ def cuda_init_probe() -> str | None:
 
 def fabric_manager_facts(run: Runner, driver_version: str | None) -> FabricManager:
     """``systemctl is-active nvidia-fabricmanager`` and ``nv-fabricmanager --version``."""
-    rc, out, err = run(["systemctl", "is-active", "nvidia-fabricmanager"])
+    _rc, out, err = run(["systemctl", "is-active", "nvidia-fabricmanager"])
     state = (out or err).strip().splitlines()[0] if (out or err).strip() else ""
     # Only systemd's own answers count; "System has not been booted with systemd" (containers) means unknown.
     active = {"active": True, "inactive": False, "failed": False, "activating": False,

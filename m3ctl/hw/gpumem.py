@@ -22,7 +22,7 @@ def gpu_memory_by_pid() -> dict[int, int] | None:
         return None
     try:
         pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound on CPU hosts, driver mismatch, ...
+    except Exception:
         return None
     out: dict[int, int] = {}
     try:
@@ -31,11 +31,11 @@ def gpu_memory_by_pid() -> dict[int, int] | None:
             for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
                 used = getattr(p, "usedGpuMemory", None) or 0
                 out[p.pid] = out.get(p.pid, 0) + int(used) // (1024 * 1024)
-    except Exception:  # noqa: BLE001 - a query failed mid-way: cannot tell
+    except Exception:
         return None
     finally:
         try:
             pynvml.nvmlShutdown()
-        except Exception:  # noqa: BLE001
+        except Exception:
             pass
     return out

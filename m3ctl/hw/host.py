@@ -109,7 +109,7 @@ def host_facts(root: Path = Path("/"), env: Mapping[str, str] | None = None,
     env = os.environ if env is None else env
     facts: dict[str, Any] = {"cpu_count": os.cpu_count()}
     cpuinfo = _read(_p(root, "/proc/cpuinfo")) or ""
-    m = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
+    m = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.MULTILINE)
     facts["cpu_model"] = m.group(1).strip() if m else None
     facts["cpu_arch"] = normalize_machine(machine if machine is not None else platform.machine())
     facts["grace"] = is_grace(facts["cpu_arch"], cpuinfo)
@@ -138,7 +138,7 @@ def host_facts(root: Path = Path("/"), env: Mapping[str, str] | None = None,
 # ----------------------------------------------------------------------------- NVIDIA driver files
 _NVRM = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
 _API_MISMATCH = re.compile(r"client has the version (\d+(?:\.\d+)+).*?kernel module has the version (\d+(?:\.\d+)+)",
-                           re.S)
+                           re.DOTALL)
 
 
 def kernel_module_version(root: Path = Path("/")) -> str | None:

@@ -98,7 +98,7 @@ class NvmlPower:
             return None, "nvmlDeviceGetTotalEnergyConsumption missing from this nvidia-ml-py"
         try:
             return int(fn(self._h[i])) / 1000.0, None  # mJ -> J
-        except Exception as e:  # noqa: BLE001 - any NVMLError: no counter reading
+        except Exception as e:
             return None, _s(e) or type(e).__name__
 
     def read(self, gpus: Sequence[int]) -> list[PowerReading]:
@@ -106,7 +106,7 @@ class NvmlPower:
         for i in gpus:
             try:
                 w = int(self.nvml.nvmlDeviceGetPowerUsage(self._h[i])) / 1000.0  # mW -> W
-            except Exception as e:  # noqa: BLE001 - any NVMLError (GPU lost, no permission): a failed reading
+            except Exception as e:
                 out.append(PowerReading(i, None, None, f"nvmlDeviceGetPowerUsage: {_s(e) or type(e).__name__}"))
                 continue
             e_j, err = self._energy(i) if i in self.has_counter else (None, None)
@@ -162,7 +162,7 @@ class AmdSmiPower:
             d = self.amdsmi.amdsmi_get_energy_count(self._h[i])
             acc, res = d["energy_accumulator"], d["counter_resolution"]
             return float(acc) * float(res) / 1e6, None  # counts x uJ/count -> J
-        except Exception as e:  # noqa: BLE001 - AmdSmiLibraryException and kin: no counter reading
+        except Exception as e:
             return None, str(e) or type(e).__name__
 
     def read(self, gpus: Sequence[int]) -> list[PowerReading]:
@@ -170,7 +170,7 @@ class AmdSmiPower:
         for i in gpus:
             try:
                 w = _amd_watts(self.amdsmi.amdsmi_get_power_info(self._h[i]))
-            except Exception as e:  # noqa: BLE001 - any amdsmi error: a failed reading
+            except Exception as e:
                 out.append(PowerReading(i, None, None, f"amdsmi_get_power_info: {e or type(e).__name__}"))
                 continue
             e_j, err = self._energy(i) if i in self.has_counter else (None, None)
@@ -279,6 +279,6 @@ def open_power(*, nvml: Any | None = None, amdsmi: Any | None = None, run: Runne
             return make()
         except ProbeDeclined as e:
             why.append(f"{name}: {e}")
-        except Exception as e:  # noqa: BLE001 - a broken binding must not crash a bench run
+        except Exception as e:
             why.append(f"{name}: {type(e).__name__}: {e}")
     raise ProbeDeclined("; ".join(why))

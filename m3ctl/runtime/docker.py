@@ -41,6 +41,7 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
+from datetime import UTC
 from pathlib import Path
 from typing import Any, Literal
 
@@ -103,7 +104,8 @@ def docker_run(plan: LaunchPlan, opts: DockerOptions | None = None, *, secret_na
     Raises:
         ConfigRejected: no image in the plan or a malformed mount.
     """
-    from m3ctl.launch import docker_run as build, launch_spec  # noqa: PLC0415
+    from m3ctl.launch import docker_run as build  # noqa: PLC0415
+    from m3ctl.launch import launch_spec  # noqa: PLC0415
 
     if not plan.image:
         raise ConfigRejected(f"profile {plan.profile!r} names no image for the docker runtime",
@@ -290,10 +292,10 @@ class DockerRuntime(Runtime):
         st = ct.attrs.get("State", {})
         at = None
         if fin := st.get("FinishedAt"):
-            from datetime import datetime, timezone  # noqa: PLC0415
+            from datetime import datetime  # noqa: PLC0415
 
             try:  # RFC 3339 in UTC with nanoseconds: keep microseconds
-                at = datetime.fromisoformat(fin[:26].rstrip("Z")).replace(tzinfo=timezone.utc).timestamp()
+                at = datetime.fromisoformat(fin[:26].rstrip("Z")).replace(tzinfo=UTC).timestamp()
             except ValueError:
                 at = None
         how = "OOM-killed" if st.get("OOMKilled") else exit_status(st.get("ExitCode"))

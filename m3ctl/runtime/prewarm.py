@@ -17,11 +17,11 @@ under its own name (``<prefix>-warmN``), so ``m3ctl status`` shows it and ``m3ct
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
 import shutil
-import itertools
 import subprocess
 import threading
 import time
@@ -106,7 +106,7 @@ def runs_vllm(run: dict[str, str]) -> bool:
         text = Path(run["path"]).read_text(errors="replace")
     except OSError:
         return False
-    return re.search(r"^\s*(?:from|import)\s+vllm\b", text, re.M) is not None
+    return re.search(r"^\s*(?:from|import)\s+vllm\b", text, re.MULTILINE) is not None
 
 
 def launch_key(argv0: str, env: dict[str, str]) -> str:

@@ -2,6 +2,6 @@
 batching) under a latency SLO. See :mod:`m3ctl.tune.search` for the algorithm."""
 
 
-from m3ctl import _api_module  # noqa: E402
+from m3ctl import _api_module
 
 _api_module(__name__)  # `m3ctl.tune(...)` calls m3ctl.api.tune (see m3ctl/__init__.py)

@@ -19,7 +19,7 @@ def main(inp: str, out: str) -> int:
     from m3ctl.errors import BadInput  # noqa: PLC0415
     from m3ctl.serve import runtime_for  # noqa: PLC0415
 
-    cfg, dep = pickle.loads(Path(inp).read_bytes())  # noqa: S301 - written by the parent tune process
+    cfg, dep = pickle.loads(Path(inp).read_bytes())
     try:
         res: dict = {"result": run_bench(cfg, sync_log=lambda: runtime_for(dep).sync_log(dep))}
     except BenchServerDown as e:

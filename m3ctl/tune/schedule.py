@@ -48,7 +48,7 @@ class Topology:
     def of(cls, inventory) -> Topology:
         """The topology of ``inventory`` (m3ctl.hw.inventory.HostInventory): its visible GPUs (the visible-device
         variables, m3ctl.hw.visible), their NVLink/XGMI islands (``links``, ``nvswitch``) and NUMA nodes."""
-        from m3ctl.hw.visible import resolve
+        from m3ctl.hw.visible import resolve  # noqa: PLC0415
 
         gpus = [g.index for g in inventory.gpus]
         if inventory.gpus:

@@ -227,7 +227,7 @@ class TuneResult:
 
 
 def num_prompts(spec: TuneSpec, concurrency: int, fidelity: float) -> int:
-    return max(spec.min_prompts, int(round(spec.prompts_per_concurrency * concurrency * fidelity)))
+    return max(spec.min_prompts, round(spec.prompts_per_concurrency * concurrency * fidelity))
 
 
 def _point(spec: TuneSpec, slo: SLO, res: dict, c: int, fid: float, n_gpus: int) -> Point:
@@ -1000,5 +1000,19 @@ def write_json(path: Path, obj: Any) -> None:
     write_atomic(path, json.dumps(obj, indent=2, default=str))
 
 
-__all__ = ["Tuner", "TuneSpec", "TuneResult", "Outcome", "Point", "evaluate", "pareto", "num_prompts", "math",
-           "measure_level", "median_point", "level_spread", "boundary_headroom", "CapacityRule"]
+__all__ = [
+    "CapacityRule",
+    "Outcome",
+    "Point",
+    "TuneResult",
+    "TuneSpec",
+    "Tuner",
+    "boundary_headroom",
+    "evaluate",
+    "level_spread",
+    "math",
+    "measure_level",
+    "median_point",
+    "num_prompts",
+    "pareto",
+]

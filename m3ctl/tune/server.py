@@ -19,7 +19,6 @@ from m3ctl.tune import startup
 from m3ctl.tune.search import TuneSpec, num_prompts, write_json
 from m3ctl.tune.space import plan_kwargs
 
-
 #: Repeats of a bench run spoiled by in-service kernel JIT compilation (each repeat hits compiled kernels).
 JIT_RERUNS = 2
 
@@ -126,9 +125,8 @@ class ServerEvaluator:
         self.cache_root = startup.study_cache_root(self.dir, model)
 
     def plan(self, cand: dict[str, Any], name: str | None = None):
-        from m3ctl.plan import plan  # noqa: PLC0415
-
         from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
+        from m3ctl.plan import plan  # noqa: PLC0415
 
         base = dict(self.plan_base)
         prof = base.pop("profile", None)
@@ -495,7 +493,7 @@ def run_bench_isolated(cfg, dep) -> dict:
             raise LaunchFailed(f"the bench run's process ended without a result (exit {p.returncode}): {tail}",
                                f"see {dep.log_path or 'the server log'}", phase="serving",
                                log_path=dep.log_path)
-        res = pickle.loads(out.read_bytes())  # noqa: S301 - written by our child
+        res = pickle.loads(out.read_bytes())
     if "error" in res:
         raise {"BenchServerDown": BenchServerDown, "BadInput": BadInput}[res["error"]](res["message"], res["hint"])
     return res["result"]

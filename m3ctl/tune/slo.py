@@ -13,8 +13,8 @@ fails (:meth:`Term.ok` False, :meth:`Term.violation` 1.0) and :meth:`Term.unmeas
 from __future__ import annotations
 
 import difflib
-import operator
 import math
+import operator
 import re
 from dataclasses import dataclass
 

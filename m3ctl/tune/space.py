@@ -99,7 +99,7 @@ def default_space(profile: Profile, n_gpus: int, *, moe: bool = False, attention
     tps = _pow2_upto(n_gpus) if n_gpus > 1 else [1]
     dcps = [d for d in _pow2_upto(max(tps)) if d <= 8] if sup.dcp and attention in sup.dcp_attention else [1]
     method = drafter_method if drafter_method in sup.spec_methods else ("ngram" if "ngram" in sup.spec_methods else None)
-    depths = list(range(0, max_spec_depth + 1)) if method else [0]
+    depths = list(range(max_spec_depth + 1)) if method else [0]
     if method == "dspark" and drafter_block_size:  # DSpark runs only at its trained block size (rule spec.dspark_depth)
         depths = [0, drafter_block_size]
     gpu = n_gpus > 0

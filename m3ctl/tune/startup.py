@@ -89,7 +89,7 @@ class StartupFacts(BaseModel):
 @cache
 def facts() -> StartupFacts:
     """m3ctl/data/startup.yaml, validated (a schema error names the field: m3ctl.catalog)."""
-    from m3ctl.catalog import _load
+    from m3ctl.catalog import _load  # noqa: PLC0415
 
     text = resources.files("m3ctl").joinpath("data/startup.yaml").read_text()
     return _load(text, StartupFacts, "startup.yaml")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-from dataclasses import asdict
 from collections.abc import Callable, Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Literal
 
@@ -556,7 +556,7 @@ def tuned_flags(cand: dict[str, Any], plan) -> dict[str, Any]:
     """The ``vllm serve`` flags the tuned knobs set, from the plan's typed flags (what the server was given)."""
     args = dict(plan.vllm_args or {})
     out: dict[str, Any] = {}
-    for knob, flag in FLAGS.items():
+    for flag in FLAGS.values():
         if flag in args:
             v = args[flag]
             if flag == "speculative-config" and isinstance(v, str):
@@ -628,7 +628,7 @@ def pareto_png(front: list[dict[str, Any]], points: list[dict[str, Any]], path: 
     from m3ctl.files import write_atomic  # noqa: PLC0415
 
     fig = pareto_figure(front, points, objective)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # noqa: PLC0415
 
     buf = io.BytesIO()
     fig.savefig(buf, format="png", dpi=100)
@@ -643,7 +643,7 @@ def pareto_figure(front: list[dict[str, Any]], points: list[dict[str, Any]], obj
     (m3ctl.tune.search.pareto, valid runs only) as a line. x: p90 interactivity (tok/s/user), y: the objective."""
     import matplotlib  # noqa: PLC0415
 
-    from m3ctl.bench.report import scatter_by_validity
+    from m3ctl.bench.report import scatter_by_validity  # noqa: PLC0415
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # noqa: PLC0415
@@ -663,7 +663,7 @@ def pareto_figure(front: list[dict[str, Any]], points: list[dict[str, Any]], obj
 
 def point_class(p) -> str:
     """The validity class (m3ctl.bench.report.validity_class) of a tune Point (m3ctl.tune.search.Point)."""
-    from m3ctl.bench.report import validity_class
+    from m3ctl.bench.report import validity_class  # noqa: PLC0415
 
     return validity_class({"validity": {"valid": p.valid, "reasons": p.reasons, "warnings": p.warnings},
                            "completed": p.metrics.get("completed")})
@@ -800,7 +800,7 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
     else:  # nothing met the SLO: a profile.yaml of an earlier write (a resumed study) would recommend a loser
         writes.append(lambda: _remove_stale(study_dir / "profile.yaml"))
     if want_pareto and front:
-        from m3ctl.tune.slo import objective_value
+        from m3ctl.tune.slo import objective_value  # noqa: PLC0415
 
         def measured(o: Outcome, p) -> float | None:  # an invalid level's objective, from the throughput it measured
             try:
@@ -824,4 +824,4 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
     return out
 
 
-__all__ = ["TuneSettings", "new_settings", "resume_settings", "base_profile", "check_budgets", "run_tune", "dry_run", "boundary_rule", "write_outputs", "load_settings", "save_settings", "prefix_for", "plan_kwargs", "level_rows", "trial_pool", "parallel_preview"]
+__all__ = ["TuneSettings", "base_profile", "boundary_rule", "check_budgets", "dry_run", "level_rows", "load_settings", "new_settings", "parallel_preview", "plan_kwargs", "prefix_for", "resume_settings", "run_tune", "save_settings", "trial_pool", "write_outputs"]

@@ -89,7 +89,7 @@ class CliSession:
         k = self.runs[c] = self.runs.get(c, 0) + 1
         self.seed += 1
         f = self.out / f"grid-{self.cfg}-c{c}-r{k}.json"
-        n = max(self.a.min_prompts, int(round(self.a.prompts_per_concurrency * c * fidelity)))
+        n = max(self.a.min_prompts, round(self.a.prompts_per_concurrency * c * fidelity))
         cmd = [*self.m3, "bench", "--deployment", self.name, "--concurrency", str(c), "--num-prompts", str(n),
                "--input-len", str(self.a.input_len), "--output-len", str(self.a.output_len), "--warmup",
                "--seed", str(self.seed), "--no-progress", "--label", f"{self.cfg} c={c} r{k}",

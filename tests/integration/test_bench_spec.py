@@ -23,7 +23,7 @@ SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
 @pytest.fixture(scope="module")
 def spec_server(tiny_models, tmp_path_factory):
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import plan, PlanRequest
+    from m3ctl.plan import PlanRequest, plan
     from m3ctl.serve import launch_and_wait, stop
     from m3ctl.state import Registry
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import subprocess
 import sys
@@ -85,7 +86,7 @@ def test_agentic_sessions(tiny_server):
         turns.sort(key=lambda q: q["turn"])
         lens = [q["prompt_len"] for q in turns]
         # each turn re-sends the context: previous prompt + answer (8 tokens) + new input (~12) + template
-        assert all(b >= a + 8 + 12 for a, b in zip(lens, lens[1:], strict=False)), lens
+        assert all(b >= a + 8 + 12 for a, b in itertools.pairwise(lens)), lens
         assert turns[1]["scheduled_time"] >= turns[0]["start_time"] + turns[0]["latency"]  # think time honoured
     assert ag["session_latency"]["mean_s"] > ag["session_active_latency"]["mean_s"] > 0
     # shared system prefix + growing context: the server's prefix cache serves part of the input

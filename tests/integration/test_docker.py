@@ -176,7 +176,7 @@ def dserver(engine, tiny_models, tmp_path_factory):
     from m3ctl.catalog import profiles
     from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE, site_mount
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import plan, PlanRequest
+    from m3ctl.plan import PlanRequest, plan
     from m3ctl.runtime.docker import DockerOptions, DockerRuntime
     from m3ctl.serve import launch_and_wait, stop
     from m3ctl.state import Registry

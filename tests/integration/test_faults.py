@@ -83,7 +83,7 @@ def test_watchdog_stalled_engine_dead_engine_and_restart(tiny_models, tmp_path):
     import httpx
 
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import plan, PlanRequest
+    from m3ctl.plan import PlanRequest, plan
     from m3ctl.serve import launch_and_wait, relaunch, runtime_for, stop
     from m3ctl.state import Registry
     from m3ctl.watchdog import Watchdog, parse_metrics, watch
@@ -276,7 +276,7 @@ class _Timeline(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(data)
 
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         if self.path == "/v1/models":
             self._send(200, {"data": [{"id": "tiny"}]})
         elif self.path == "/health":
@@ -284,7 +284,7 @@ class _Timeline(BaseHTTPRequestHandler):
         else:
             self._send(404, {})
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         self._send(200, {"choices": [{"text": " ok", "finish_reason": "length"}]})
 
 

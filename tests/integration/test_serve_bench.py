@@ -46,7 +46,7 @@ def test_cli_serve_status_bench_stop(tiny_models, tmp_path):
 
     s = run_cli("stop", "e2e")
     assert s.returncode == 0 and "e2e: stopped" in s.stdout and "port free" in s.stdout
-    gone, alive = psutil.wait_procs(tree, timeout=5)
+    _gone, alive = psutil.wait_procs(tree, timeout=5)
     assert alive == [], f"orphans left: {[p.pid for p in alive]}"
     assert not port_in_use("127.0.0.1", port)
     assert json.loads(run_cli("status", "--json", check=True).stdout) == []
@@ -105,7 +105,7 @@ def test_ctrl_c_after_readiness_before_the_result_stops_the_server(tiny_models, 
     """launch_and_wait: a Ctrl-C that lands after the server answered its first completion but before the
     result is returned (here: while the startup log is read for the kernel check) stops that server too."""
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import plan, PlanRequest
+    from m3ctl.plan import PlanRequest, plan
     from m3ctl.runtime.process import ProcessRuntime
     from m3ctl.serve import launch_and_wait
     from m3ctl.state import Registry

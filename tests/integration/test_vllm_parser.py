@@ -8,7 +8,7 @@ import pytest
 
 from m3ctl.catalog import models
 from m3ctl.errors import ConfigRejected
-from m3ctl.plan import plan, PlanRequest
+from m3ctl.plan import PlanRequest, plan
 from tests.hosts import ALL
 
 pytestmark = pytest.mark.integration
@@ -38,7 +38,7 @@ def test_all_plans_parse(vllm_parser, tiny_models):
             assert ns.model_tag == p.model
             assert (ns.tensor_parallel_size, ns.data_parallel_size) == (p.tp, p.dp)
             rendered += 1
-    for name, path in tiny_models.items():
+    for path in tiny_models.values():
         p = plan(ALL["h200x2"](), PlanRequest(model=str(path), skip_checks=True, spec_depth=3, vllm_executable="vllm"))
         vllm_parser.parse_args(p.argv[2:])
         rendered += 1
