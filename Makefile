@@ -1,6 +1,6 @@
 # m3ctl: two entry points (see README.md).
 #   make demo  - venv + m3ctl + CPU vLLM, tiny model, doctor, serve, bench, stop
-#   make test  - venv as above, then the whole test suite (unit + real-server integration)
+#   make test  - venv as above, lint (ruff check, ruff format --check), then the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -8,7 +8,7 @@ DEMO   ?= .m3ctl-demo
 PORT   ?= 8011
 export M3CTL_STATE_DIR ?= $(abspath $(DEMO))/state
 
-.PHONY: demo test setup clean
+.PHONY: demo test setup lint clean
 
 $(BIN)/m3ctl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,8 +28,13 @@ demo: setup
 	$(BIN)/m3ctl stop demo
 	@echo "bench result JSON: $(DEMO)/bench.json"
 
-test: setup
+test: setup lint
 	$(BIN)/python -m pytest -v tests
+
+# ruff's lint rules and formatter (config and the reasons for each exception: pyproject.toml [tool.ruff])
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 clean:
 	-$(BIN)/m3ctl stop --all

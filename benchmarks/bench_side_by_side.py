@@ -20,25 +20,85 @@ from pathlib import Path
 
 import numpy as np
 
-KEYS = ("completed", "total_input_tokens", "total_output_tokens", "request_throughput", "output_throughput",
-        "median_ttft_ms", "mean_ttft_ms", "median_tpot_ms", "median_itl_ms", "median_e2el_ms")
+KEYS = (
+    "completed",
+    "total_input_tokens",
+    "total_output_tokens",
+    "request_throughput",
+    "output_throughput",
+    "median_ttft_ms",
+    "mean_ttft_ms",
+    "median_tpot_ms",
+    "median_itl_ms",
+    "median_e2el_ms",
+)
 
 
 def vllm_run(a, out: Path) -> dict:
     vllm = Path(sys.executable).parent / "vllm"
-    cmd = [str(vllm), "bench", "serve", "--backend", "openai", "--base-url", a.url, "--endpoint", "/v1/completions",
-           "--model", a.model, "--tokenizer", a.tokenizer, "--dataset-name", "random", "--random-input-len",
-           str(a.isl), "--random-output-len", str(a.osl), "--num-prompts", str(a.n), "--max-concurrency", str(a.conc),
-           "--ignore-eos", "--num-warmups", str(a.conc), "--percentile-metrics", "ttft,tpot,itl,e2el",
-           "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name, "--disable-tqdm"]
+    cmd = [
+        str(vllm),
+        "bench",
+        "serve",
+        "--backend",
+        "openai",
+        "--base-url",
+        a.url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        a.model,
+        "--tokenizer",
+        a.tokenizer,
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        str(a.isl),
+        "--random-output-len",
+        str(a.osl),
+        "--num-prompts",
+        str(a.n),
+        "--max-concurrency",
+        str(a.conc),
+        "--ignore-eos",
+        "--num-warmups",
+        str(a.conc),
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--save-result",
+        "--result-dir",
+        str(out.parent),
+        "--result-filename",
+        out.name,
+        "--disable-tqdm",
+    ]
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return json.loads(out.read_text())
 
 
 def m3_run(a, out: Path, continuous: bool) -> dict:
-    cmd = [sys.executable, "-m", "m3ctl", "bench", "--url", a.url, "--model", a.model, "--num-prompts", str(a.n),
-           "--concurrency", str(a.conc), "--input-len", str(a.isl), "--output-len", str(a.osl), "--num-warmups",
-           str(a.conc), "--output-json", str(out)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "m3ctl",
+        "bench",
+        "--url",
+        a.url,
+        "--model",
+        a.model,
+        "--num-prompts",
+        str(a.n),
+        "--concurrency",
+        str(a.conc),
+        "--input-len",
+        str(a.isl),
+        "--output-len",
+        str(a.osl),
+        "--num-warmups",
+        str(a.conc),
+        "--output-json",
+        str(out),
+    ]
     if not continuous:
         cmd.append("--no-continuous-usage")
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -62,8 +122,10 @@ def main() -> None:
             rows["vllm"].append(vllm_run(a, Path(d) / f"v{i}.json"))
             rows["m3ctl"].append(m3_run(a, Path(d) / f"m{i}.json", True))
             rows["m3ctl-no-cont-usage"].append(m3_run(a, Path(d) / f"n{i}.json", False))
-    print(f"workload: completions, random {a.isl}/{a.osl} tokens, {a.n} prompts, concurrency {a.conc}, "
-          f"{a.conc} warmups, ignore_eos; {a.reps} alternating repetitions")
+    print(
+        f"workload: completions, random {a.isl}/{a.osl} tokens, {a.n} prompts, concurrency {a.conc}, "
+        f"{a.conc} warmups, ignore_eos; {a.reps} alternating repetitions"
+    )
     print(f"{'metric':22s}" + "".join(f"{k:>34s}" for k in rows))
     for k in KEYS:
         cells = []

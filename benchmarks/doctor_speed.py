@@ -28,15 +28,20 @@ def measure(args: list[str], runs: int) -> dict:
     for _ in range(runs):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "m3ctl", *args], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, check=False)
+        p = subprocess.run(
+            [sys.executable, "-m", "m3ctl", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False
+        )
         walls.append(time.perf_counter() - t0)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpus.append((after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime))
         if p.returncode not in (0, 1):
             raise SystemExit(f"m3ctl {' '.join(args)} exited {p.returncode}")
-    return {"median_wall_s": statistics.median(walls), "min_wall_s": min(walls),
-            "median_cpu_s": statistics.median(cpus), "runs": runs}
+    return {
+        "median_wall_s": statistics.median(walls),
+        "min_wall_s": min(walls),
+        "median_cpu_s": statistics.median(cpus),
+        "runs": runs,
+    }
 
 
 def main() -> int:
@@ -54,8 +59,10 @@ def main() -> int:
     print(f"host: {os.cpu_count()} CPUs, load average {load0:.2f} -> {load1:.2f}; {a.runs} runs each; {sys.executable}")
     for name, r in res.items():
         ok = "meets" if r["median_wall_s"] <= TARGETS[name] else "MISSES"
-        print(f"m3ctl {name:<7} median wall {r['median_wall_s']:.3f} s (min {r['min_wall_s']:.3f} s), "
-              f"median CPU {r['median_cpu_s']:.3f} s; target <= {TARGETS[name]} s: {ok}")
+        print(
+            f"m3ctl {name:<7} median wall {r['median_wall_s']:.3f} s (min {r['min_wall_s']:.3f} s), "
+            f"median CPU {r['median_cpu_s']:.3f} s; target <= {TARGETS[name]} s: {ok}"
+        )
     return 0
 
 

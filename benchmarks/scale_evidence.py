@@ -51,7 +51,7 @@ def grid_runs(root: Path = EVIDENCE) -> dict[str, dict[int, list[dict]]]:
     """{config name: {concurrency: [bench results]}} from every grid-*/grid-NAME-cN.json."""
     out: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for f in sorted(root.glob("grid-*/grid-*-c*.json")):
-        name, c = f.stem[len("grid-"):].rsplit("-c", 1)
+        name, c = f.stem[len("grid-") :].rsplit("-c", 1)
         out[name][int(c)].append(_one(f))
     return out
 
@@ -89,30 +89,58 @@ def report(slo_text: str, root: Path = EVIDENCE) -> dict:
     rows = {}
     for name, runs in grid.items():
         cap, obj = capacity(runs, slo_text)
-        rows[name] = {"capacity": cap, "objective": obj, "levels": {
-            c: [{"p90_tpot_ms": round(r["p90_tpot_ms"], 1),
-                 "tput_per_gpu": round(objective_value(r, "tput_per_gpu", 1, None)),
-                 "prefix_cache_hit_rate": (r.get("server_metrics") or {}).get("prefix_cache_hit_rate")}
-                for r in rs] for c, rs in sorted(runs.items())}}
+        rows[name] = {
+            "capacity": cap,
+            "objective": obj,
+            "levels": {
+                c: [
+                    {
+                        "p90_tpot_ms": round(r["p90_tpot_ms"], 1),
+                        "tput_per_gpu": round(objective_value(r, "tput_per_gpu", 1, None)),
+                        "prefix_cache_hit_rate": (r.get("server_metrics") or {}).get("prefix_cache_hit_rate"),
+                    }
+                    for r in rs
+                ]
+                for c, rs in sorted(runs.items())
+            },
+        }
     best = res["best"]
-    chosen = next((n for n, k in GRID_CONFIGS.items()
-                   if all(best["config"].get(x) == v for x, v in k.items())), None)
+    chosen = next((n for n, k in GRID_CONFIGS.items() if all(best["config"].get(x) == v for x, v in k.items())), None)
     g_best = max((r for r in rows.values() if r["objective"]), key=lambda r: r["objective"], default=None)
     ratios = {}
     if chosen and rows.get(chosen, {}).get("capacity"):
         ratios["tune_capacity_over_grid"] = best["concurrency"] / rows[chosen]["capacity"]
         ratios["tune_objective_over_grid_same_config"] = best["objective"] / rows[chosen]["objective"]
     if g_best:
-        ratios["grid_choice_over_grid_best"] = (rows[chosen]["objective"] / g_best["objective"]
-                                                if chosen and rows[chosen]["objective"] else None)
-    return {"slo": slo_text, "grid": rows, "tune_chosen": chosen, "tune_best": best,
-            "tune_trials": {t: {"config": v["config"], "levels": {
-                c: [{"p90_tpot_ms": round(r["p90_tpot_ms"], 1),
-                     "tput_per_gpu": round(objective_value(r, "tput_per_gpu", 1, None)),
-                     "prefix_cache_hit_rate": (r.get("server_metrics") or {}).get("prefix_cache_hit_rate")}
-                    for r in rs] for c, rs in sorted(v["runs"].items())}} for t, v in tune.items()},
-            "launches": res.get("launches"), "interrupted_launches": res.get("interrupted_launches"),
-            "ratios": ratios}
+        ratios["grid_choice_over_grid_best"] = (
+            rows[chosen]["objective"] / g_best["objective"] if chosen and rows[chosen]["objective"] else None
+        )
+    return {
+        "slo": slo_text,
+        "grid": rows,
+        "tune_chosen": chosen,
+        "tune_best": best,
+        "tune_trials": {
+            t: {
+                "config": v["config"],
+                "levels": {
+                    c: [
+                        {
+                            "p90_tpot_ms": round(r["p90_tpot_ms"], 1),
+                            "tput_per_gpu": round(objective_value(r, "tput_per_gpu", 1, None)),
+                            "prefix_cache_hit_rate": (r.get("server_metrics") or {}).get("prefix_cache_hit_rate"),
+                        }
+                        for r in rs
+                    ]
+                    for c, rs in sorted(v["runs"].items())
+                },
+            }
+            for t, v in tune.items()
+        },
+        "launches": res.get("launches"),
+        "interrupted_launches": res.get("interrupted_launches"),
+        "ratios": ratios,
+    }
 
 
 class _NotRecorded(Exception):
@@ -159,16 +187,29 @@ def replay_with_repeats(slo_text: str, root: Path = EVIDENCE) -> dict:
         done: list = []
         row: dict = {"trial": t, "start": first.get(t), "needs_more_runs": None}
         try:
-            bisect_concurrency(_RecordedRuns(runs), spec, slo, 1, lambda m: None, first.get(t),
-                               on_point=lambda pts: done.__setitem__(slice(None), pts))
+            bisect_concurrency(
+                _RecordedRuns(runs),
+                spec,
+                slo,
+                1,
+                lambda m: None,
+                first.get(t),
+                on_point=lambda pts: done.__setitem__(slice(None), pts),
+            )
         except _NotRecorded as e:
             row["needs_more_runs"] = str(e)
         pts = done
-        row["levels"] = {p.concurrency: {"p90_tpot_ms": [round(r["metrics"]["p90_tpot_ms"], 1) for r in p.runs]
-                                         or [round(p.metrics["p90_tpot_ms"], 1)],
-                                         "median": round(p.metrics["p90_tpot_ms"], 1), "slo_ok": p.slo_ok,
-                                         "objective": round(p.objective),
-                                         "partial": row["needs_more_runs"] is not None and p is pts[-1]} for p in pts}
+        row["levels"] = {
+            p.concurrency: {
+                "p90_tpot_ms": [round(r["metrics"]["p90_tpot_ms"], 1) for r in p.runs]
+                or [round(p.metrics["p90_tpot_ms"], 1)],
+                "median": round(p.metrics["p90_tpot_ms"], 1),
+                "slo_ok": p.slo_ok,
+                "objective": round(p.objective),
+                "partial": row["needs_more_runs"] is not None and p is pts[-1],
+            }
+            for p in pts
+        }
         ok = [p for p in pts if p.slo_ok]
         cap = max((p.concurrency for p in ok), default=None) if row["needs_more_runs"] is None else None
         row["capacity"] = cap
@@ -183,16 +224,18 @@ def replay_with_repeats(slo_text: str, root: Path = EVIDENCE) -> dict:
 #: on GPU 0 and the clean grid (scripts/gpu/scale_grid.py) on GPU 1 at the same time; baseline on, boundary
 #: repeats (10 %, 2 more), --confirm-top 1, --prompts-per-concurrency 2, ladder 16..128 (grid: 48, 64, 96, 128).
 EVIDENCE2 = EVIDENCE.parent / "scale2"
-GRID2_CONFIGS = {**GRID_CONFIGS,
-                 "spec3": dict(spec_depth=3, max_num_seqs=1024, max_num_batched_tokens=8192, kv_cache_dtype="default"),
-                 "kvfp8": dict(spec_depth=0, max_num_seqs=1024, max_num_batched_tokens=8192, kv_cache_dtype="fp8")}
+GRID2_CONFIGS = {
+    **GRID_CONFIGS,
+    "spec3": dict(spec_depth=3, max_num_seqs=1024, max_num_batched_tokens=8192, kv_cache_dtype="default"),
+    "kvfp8": dict(spec_depth=0, max_num_seqs=1024, max_num_batched_tokens=8192, kv_cache_dtype="fp8"),
+}
 
 
 def grid2_runs(root: Path = EVIDENCE2) -> dict[str, dict[int, list[dict]]]:
     """{config name: {concurrency: [bench results in the order they ran]}} from the grid's raw bench JSONs."""
     runs: dict[str, dict[int, list[tuple[int, dict]]]] = defaultdict(lambda: defaultdict(list))
     for f in sorted((root / "grid").glob("grid-*-c*-r*.json")):
-        name, c, k = f.stem[len("grid-"):].rsplit("-", 2)
+        name, c, k = f.stem[len("grid-") :].rsplit("-", 2)
         runs[name][int(c[1:])].append((int(k[1:]), _one(f)))
     return {n: {c: [r for _, r in sorted(rs, key=lambda kr: kr[0])] for c, rs in lv.items()} for n, lv in runs.items()}
 
@@ -213,11 +256,16 @@ def grid2_from_runs(slo_text: str, root: Path = EVIDENCE2) -> dict[str, dict]:
             rs = levels[c]
             med = statistics.median(r["p90_tpot_ms"] for r in rs)
             v = decide(rs, slo)
-            rows[c] = {"p90_tpot_ms": [round(r["p90_tpot_ms"], 1) for r in rs], "median_p90_tpot_ms": round(med, 2),
-                       "tput_per_gpu": [round(objective_value(r, "tput_per_gpu", 1, None)) for r in rs],
-                       "prefix_cache_hit_rate": [r["server_metrics"]["prefix_cache_hit_rate"] for r in rs],
-                       "slo_ok": v.holds, "state": v.state, "confidence": v.confidence,
-                       "median_slo_ok": slo.ok({"p90_tpot_ms": med})}
+            rows[c] = {
+                "p90_tpot_ms": [round(r["p90_tpot_ms"], 1) for r in rs],
+                "median_p90_tpot_ms": round(med, 2),
+                "tput_per_gpu": [round(objective_value(r, "tput_per_gpu", 1, None)) for r in rs],
+                "prefix_cache_hit_rate": [r["server_metrics"]["prefix_cache_hit_rate"] for r in rs],
+                "slo_ok": v.holds,
+                "state": v.state,
+                "confidence": v.confidence,
+                "median_slo_ok": slo.ok({"p90_tpot_ms": med}),
+            }
             if not v.holds:
                 break
             cap, obj = c, statistics.median(objective_value(r, "tput_per_gpu", 1, None) for r in rs)
@@ -240,39 +288,66 @@ def study2_report(slo_text: str = "p90_tpot_ms<=30", root: Path = EVIDENCE2) -> 
         n = name(t["config"])
         final = t["objective"] if t.get("confirmed") is None else min(t["objective"], t["confirmed"])
         g = grid.get(n, {})
-        rows[n] = {"trial": t["trial"], "tune_capacity": t["concurrency"], "tune_objective": final,
-                   "confirmed": t.get("confirmed"), "same_server_as": t.get("same_server_as"),
-                   "grid_capacity": g.get("capacity"), "grid_objective": g.get("objective"),
-                   "capacity_ratio": (t["concurrency"] / g["capacity"]) if g.get("capacity") else None,
-                   "objective_ratio": (final / g["objective"]) if g.get("objective") else None}
+        rows[n] = {
+            "trial": t["trial"],
+            "tune_capacity": t["concurrency"],
+            "tune_objective": final,
+            "confirmed": t.get("confirmed"),
+            "same_server_as": t.get("same_server_as"),
+            "grid_capacity": g.get("capacity"),
+            "grid_objective": g.get("objective"),
+            "capacity_ratio": (t["concurrency"] / g["capacity"]) if g.get("capacity") else None,
+            "objective_ratio": (final / g["objective"]) if g.get("objective") else None,
+        }
     chosen = name(res["best"]["config"])
     measured = {k: v for k, v in grid.items() if v["objective"] is not None}
     grid_best = max(measured, key=lambda k: measured[k]["objective"])
-    return {"slo": slo_text, "grid": grid, "rows": rows, "tune_chosen": chosen, "grid_best": grid_best,
-            "choice_vs_grid_best": measured[chosen]["objective"] / measured[grid_best]["objective"]
-            if chosen in measured else None,
-            "stopped_by": res["stopped_by"], "launches": res["launches"], "elapsed_s": res["elapsed_s"]}
+    return {
+        "slo": slo_text,
+        "grid": grid,
+        "rows": rows,
+        "tune_chosen": chosen,
+        "grid_best": grid_best,
+        "choice_vs_grid_best": measured[chosen]["objective"] / measured[grid_best]["objective"]
+        if chosen in measured
+        else None,
+        "stopped_by": res["stopped_by"],
+        "launches": res["launches"],
+        "elapsed_s": res["elapsed_s"],
+    }
 
 
 def print_study2(slo_text: str) -> None:
     rep = study2_report(slo_text)
-    print(f"\nstudy 2 (tests/fixtures/h200x1-real/scale2): SLO {rep['slo']}; tune {rep['launches']} starts "
-          f"({rep['stopped_by']}), {rep['elapsed_s']:.0f} s wall")
+    print(
+        f"\nstudy 2 (tests/fixtures/h200x1-real/scale2): SLO {rep['slo']}; tune {rep['launches']} starts "
+        f"({rep['stopped_by']}), {rep['elapsed_s']:.0f} s wall"
+    )
     print("clean grid, from the raw runs: c: p90 TPOT ms of each run -> the capacity rule's verdict")
     for n, g in rep["grid"].items():
-        lv = "  ".join(f"c{c}: {'/'.join(map(str, x['p90_tpot_ms']))} {'ok' if x['slo_ok'] else 'miss'}"
-                       for c, x in g["levels"].items())
+        lv = "  ".join(
+            f"c{c}: {'/'.join(map(str, x['p90_tpot_ms']))} {'ok' if x['slo_ok'] else 'miss'}"
+            for c, x in g["levels"].items()
+        )
         print(f"  {n:9s} {lv}")
-    print(f"  {'config':9s} {'tune c':>6s} {'tune tok/s':>10s} {'grid c':>6s} {'grid tok/s':>10s} {'c ratio':>7s} "
-          f"{'tok/s ratio':>11s}")
+    print(
+        f"  {'config':9s} {'tune c':>6s} {'tune tok/s':>10s} {'grid c':>6s} {'grid tok/s':>10s} {'c ratio':>7s} "
+        f"{'tok/s ratio':>11s}"
+    )
     for n, r in rep["rows"].items():
+
         def f(x, spec):
             return format(x, spec) if x is not None else "n/a"
-        print(f"  {n:9s} {f(r['tune_capacity'], '6d')} {f(r['tune_objective'], '10.0f')} "
-              f"{f(r['grid_capacity'], '6d')} {f(r['grid_objective'], '10.0f')} {f(r['capacity_ratio'], '7.2f')} "
-              f"{f(r['objective_ratio'], '11.3f')}" + (" (confirmed)" if r["confirmed"] is not None else ""))
-    print(f"  tune chose {rep['tune_chosen']}; grid best {rep['grid_best']}; grid objective of the choice / grid best "
-          f"= {rep['choice_vs_grid_best']:.3f}")
+
+        print(
+            f"  {n:9s} {f(r['tune_capacity'], '6d')} {f(r['tune_objective'], '10.0f')} "
+            f"{f(r['grid_capacity'], '6d')} {f(r['grid_objective'], '10.0f')} {f(r['capacity_ratio'], '7.2f')} "
+            f"{f(r['objective_ratio'], '11.3f')}" + (" (confirmed)" if r["confirmed"] is not None else "")
+        )
+    print(
+        f"  tune chose {rep['tune_chosen']}; grid best {rep['grid_best']}; grid objective of the choice / grid best "
+        f"= {rep['choice_vs_grid_best']:.3f}"
+    )
 
 
 def main() -> None:
@@ -287,30 +362,52 @@ def main() -> None:
     print(f"SLO {rep['slo']}; objective total tok/s per GPU; one H200, scale model (16 layers, FP8), 4096/256")
     print("\nclean grid (fresh prompts, warm-up per level): c: p90 TPOT ms / tok/s per GPU / prefix-cache hits")
     for name, row in rep["grid"].items():
-        cells = "  ".join(f"c{c}: " + ",".join(f"{r['p90_tpot_ms']}/{r['tput_per_gpu']}/{r['prefix_cache_hit_rate']}"
-                                               for r in rs) for c, rs in row["levels"].items())
-        print(f"  {name:9s} capacity c={row['capacity']} obj={row['objective'] and round(row['objective'])}\n    {cells}")
+        cells = "  ".join(
+            f"c{c}: " + ",".join(f"{r['p90_tpot_ms']}/{r['tput_per_gpu']}/{r['prefix_cache_hit_rate']}" for r in rs)
+            for c, rs in row["levels"].items()
+        )
+        print(
+            f"  {name:9s} capacity c={row['capacity']} obj={row['objective'] and round(row['objective'])}\n    {cells}"
+        )
     print("\ntune trials (bisection levels): c: p90 TPOT ms / tok/s per GPU / prefix-cache hits")
     for t, v in rep["tune_trials"].items():
         k = v["config"]
-        cells = "  ".join(f"c{c}: " + ",".join(f"{r['p90_tpot_ms']}/{r['tput_per_gpu']}/{r['prefix_cache_hit_rate']}"
-                                               for r in rs) for c, rs in v["levels"].items()) or "(interrupted)"
-        print(f"  {t}: k={k['spec_depth']} seqs={k['max_num_seqs']} mbt={k['max_num_batched_tokens']} "
-              f"kv={k['kv_cache_dtype']}  {cells}")
+        cells = (
+            "  ".join(
+                f"c{c}: " + ",".join(f"{r['p90_tpot_ms']}/{r['tput_per_gpu']}/{r['prefix_cache_hit_rate']}" for r in rs)
+                for c, rs in v["levels"].items()
+            )
+            or "(interrupted)"
+        )
+        print(
+            f"  {t}: k={k['spec_depth']} seqs={k['max_num_seqs']} mbt={k['max_num_batched_tokens']} "
+            f"kv={k['kv_cache_dtype']}  {cells}"
+        )
     b = rep["tune_best"]
-    print(f"\ntune chose {rep['tune_chosen']} at c={b['concurrency']}, {round(b['objective'])} tok/s per GPU; "
-          f"launches {rep['launches']}, interrupted {list(rep['interrupted_launches'] or {})}")
+    print(
+        f"\ntune chose {rep['tune_chosen']} at c={b['concurrency']}, {round(b['objective'])} tok/s per GPU; "
+        f"launches {rep['launches']}, interrupted {list(rep['interrupted_launches'] or {})}"
+    )
     for k, v in rep["ratios"].items():
         print(f"  {k}: {v:.3f}" if v is not None else f"  {k}: n/a")
-    print("\nthe capacity rule (m3ctl/tune/capacity.py: runs within 10 % of the bound repeated, up to 2 more; the "
-          "median of 3 meets and no run misses by more than 10 %), replayed on the recorded runs: c: p90 TPOT ms "
-          "of each run -> median")
+    print(
+        "\nthe capacity rule (m3ctl/tune/capacity.py: runs within 10 % of the bound repeated, up to 2 more; the "
+        "median of 3 meets and no run misses by more than 10 %), replayed on the recorded runs: c: p90 TPOT ms "
+        "of each run -> median"
+    )
     for name, row in replay_with_repeats(a.slo).items():
-        lv = "  ".join(f"c{c}: {'/'.join(map(str, x['p90_tpot_ms']))} -> {x['median']} "
-                       + ("partial" if x["partial"] else "ok" if x["slo_ok"] else "miss") for c, x in row["levels"].items())
+        lv = "  ".join(
+            f"c{c}: {'/'.join(map(str, x['p90_tpot_ms']))} -> {x['median']} "
+            + ("partial" if x["partial"] else "ok" if x["slo_ok"] else "miss")
+            for c, x in row["levels"].items()
+        )
         sp = row["spread"]
-        tail = (f"capacity c={row['capacity']} from {sp['runs']} run(s), p90 TPOT {sp['min']:.1f}-{sp['max']:.1f} ms, "
-                f"{row['objective']} tok/s per GPU" if row["capacity"] else f"undecided: {row['needs_more_runs']}")
+        tail = (
+            f"capacity c={row['capacity']} from {sp['runs']} run(s), p90 TPOT {sp['min']:.1f}-{sp['max']:.1f} ms, "
+            f"{row['objective']} tok/s per GPU"
+            if row["capacity"]
+            else f"undecided: {row['needs_more_runs']}"
+        )
         print(f"  {name:9s} {lv}\n    {tail}")
     print_study2(a.slo)
 

@@ -57,8 +57,10 @@ class FirstAnswer(threading.Thread):
         with httpx.Client(timeout=30) as c:
             while not self._halt.is_set():
                 try:
-                    r = c.post(f"{self.url}/v1/completions",
-                               json={"model": self.model, "prompt": "hi", "max_tokens": 1, "temperature": 0})
+                    r = c.post(
+                        f"{self.url}/v1/completions",
+                        json={"model": self.model, "prompt": "hi", "max_tokens": 1, "temperature": 0},
+                    )
                     if r.status_code == 200:
                         self.at = time.time()
                         return
@@ -75,8 +77,9 @@ class FirstAnswer(threading.Thread):
 def bare_process(plan) -> dict:
     t0 = time.time()
     log = open(tempfile.mktemp(suffix=".log"), "wb")  # noqa: SIM115
-    proc = subprocess.Popen(plan.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            env={**os.environ, **plan.env})
+    proc = subprocess.Popen(
+        plan.argv, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env={**os.environ, **plan.env}
+    )
     probe = FirstAnswer(plan.url, plan.served_model_name)
     probe.start()
     try:
@@ -116,8 +119,12 @@ def m3ctl_run(plan, runtime, registry) -> dict:
     at = probe.wait(5)
     dep = res.deployment
     stop([dep.name], registry=registry)
-    return {"server_ready_s": (at - t0) if at else float("nan"), "m3ctl_ready_s": t_ret - t0,
-            "prelaunch_s": launched[0] - t0, "overhead_s": (t_ret - at) if at else float("nan")}
+    return {
+        "server_ready_s": (at - t0) if at else float("nan"),
+        "m3ctl_ready_s": t_ret - t0,
+        "prelaunch_s": launched[0] - t0,
+        "overhead_s": (t_ret - at) if at else float("nan"),
+    }
 
 
 def main() -> None:
@@ -151,7 +158,8 @@ def main() -> None:
         for i in range(a.repeat):
             rows.setdefault("bare vllm serve", []).append(bare_process(plan_for(f"bare{i}")))
             rows.setdefault("m3ctl serve --runtime process", []).append(
-                m3ctl_run(plan_for(f"proc{i}"), get_runtime("process"), reg))
+                m3ctl_run(plan_for(f"proc{i}"), get_runtime("process"), reg)
+            )
         if not a.skip_docker:
             from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE, ensure_images, site_mount, start_engine
             from m3ctl.runtime.docker import DockerOptions, DockerRuntime
@@ -162,10 +170,15 @@ def main() -> None:
             client = eng.client()
             for i in range(a.repeat):
                 rows.setdefault("bare docker run (same container spec)", []).append(
-                    bare_docker(plan_for(f"bared{i}", "docker", VLLM_CPU_IMAGE), client, [site_mount()]))
+                    bare_docker(plan_for(f"bared{i}", "docker", VLLM_CPU_IMAGE), client, [site_mount()])
+                )
                 rows.setdefault("m3ctl serve --runtime docker", []).append(
-                    m3ctl_run(plan_for(f"dock{i}", "docker", VLLM_CPU_IMAGE),
-                              DockerRuntime(DockerOptions(mounts=[site_mount()])), reg))
+                    m3ctl_run(
+                        plan_for(f"dock{i}", "docker", VLLM_CPU_IMAGE),
+                        DockerRuntime(DockerOptions(mounts=[site_mount()])),
+                        reg,
+                    )
+                )
     finally:
         if eng is not None:
             eng.stop()
@@ -177,10 +190,14 @@ def main() -> None:
     print(f"\ntime to ready, seconds (median of {a.repeat}; model {model}; {os.cpu_count()} CPUs)")
     print(f"{'launcher':<40} {'server ready':>12} {'m3ctl ready':>12} {'pre-launch':>11} {'m3ctl overhead':>15}")
     for k, rs in rows.items():
-        print(f"{k:<40} {med([r['server_ready_s'] for r in rs]):>12} {med([r.get('m3ctl_ready_s', float('nan')) for r in rs]):>12}"
-              f" {med([r.get('prelaunch_s', float('nan')) for r in rs]):>11} {med([r.get('overhead_s', float('nan')) for r in rs]):>15}")
-    print("server ready: launch -> first 200 of a 1-token completion polled every 50 ms;"
-          " m3ctl overhead: launch_and_wait returned - that first 200 (same run)")
+        print(
+            f"{k:<40} {med([r['server_ready_s'] for r in rs]):>12} {med([r.get('m3ctl_ready_s', float('nan')) for r in rs]):>12}"
+            f" {med([r.get('prelaunch_s', float('nan')) for r in rs]):>11} {med([r.get('overhead_s', float('nan')) for r in rs]):>15}"
+        )
+    print(
+        "server ready: launch -> first 200 of a 1-token completion polled every 50 ms;"
+        " m3ctl overhead: launch_and_wait returned - that first 200 (same run)"
+    )
 
 
 if __name__ == "__main__":

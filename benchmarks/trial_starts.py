@@ -38,8 +38,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from m3ctl.tune.startup import start_breakdown
 
 FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "h200x1-real"
-TAGS = {"A": "cold, vLLM defaults", "B": "warm default cache", "C": "study cache + bound, cold",
-        "D": "study cache + bound, warm", "E": "D's cache, --max-num-seqs 128"}
+TAGS = {
+    "A": "cold, vLLM defaults",
+    "B": "warm default cache",
+    "C": "study cache + bound, cold",
+    "D": "study cache + bound, warm",
+    "E": "D's cache, --max-num-seqs 128",
+}
 
 
 def _read(p: Path) -> str:
@@ -68,11 +73,15 @@ def print_reference(ref: dict[str, dict]) -> None:
         print(f"    {t}: {what}")
     if {"A", "B", "D"} <= ref.keys():
         a, b, d = (ref[t]["phases"] for t in "ABD")
-        print(f"  compile cache hit saves {a['torch_compile'] - b['torch_compile']:.0f} s of torch.compile and "
-              f"{a['api_config'] - b['api_config']:.0f} s of model-registry inspection (A - B)")
-        print(f"  capture bound 128: CUDA graphs {ref['D']['vllm_s'].get('cuda_graphs', 0):.0f} s against "
-              f"{ref['A']['vllm_s'].get('cuda_graphs', 0):.0f} s (vLLM: D vs A); engine spawn and imports "
-              f"({d['engine_spawn']:.0f} s + the API server's imports) are vLLM's own and unchanged")
+        print(
+            f"  compile cache hit saves {a['torch_compile'] - b['torch_compile']:.0f} s of torch.compile and "
+            f"{a['api_config'] - b['api_config']:.0f} s of model-registry inspection (A - B)"
+        )
+        print(
+            f"  capture bound 128: CUDA graphs {ref['D']['vllm_s'].get('cuda_graphs', 0):.0f} s against "
+            f"{ref['A']['vllm_s'].get('cuda_graphs', 0):.0f} s (vLLM: D vs A); engine spawn and imports "
+            f"({d['engine_spawn']:.0f} s + the API server's imports) are vLLM's own and unchanged"
+        )
 
 
 def _study_dir(arg: str | None, tmp: Path) -> Path:
@@ -85,18 +94,25 @@ def _study_dir(arg: str | None, tmp: Path) -> Path:
 
 def print_study(sdir: Path, ref: dict[str, dict]) -> None:
     res = json.loads((sdir / "result.json").read_text())
-    starts = sorted(((p.parent.name, json.loads(p.read_text())) for p in (sdir / "trials").glob("*/start.json")),
-                    key=lambda t: (t[0] != "base", t[0]))  # the baseline starts first
+    starts = sorted(
+        ((p.parent.name, json.loads(p.read_text())) for p in (sdir / "trials").glob("*/start.json")),
+        key=lambda t: (t[0] != "base", t[0]),
+    )  # the baseline starts first
     print(f"\nStudy {sdir}: {len(starts)} server start(s), wall {res['elapsed_s']:.0f} s")
     for name, s in starts:
         ph = s["phases"]
-        print(f"  trial {name:<5} {s['start_s']:6.1f} s  cache {s['compile_cache'] or '-':<5} "
-              f"engine {s.get('engine_process') or 'spawn':<5} prewarmed {'yes' if s.get('prewarmed') else 'no ':<3} "
-              + " ".join(f"{k}={v:g}" for k, v in ph.items()))
+        print(
+            f"  trial {name:<5} {s['start_s']:6.1f} s  cache {s['compile_cache'] or '-':<5} "
+            f"engine {s.get('engine_process') or 'spawn':<5} prewarmed {'yes' if s.get('prewarmed') else 'no ':<3} "
+            + " ".join(f"{k}={v:g}" for k, v in ph.items())
+        )
     times = [s["start_s"] for _, s in starts]
     after = times[1:]
-    print(f"  median start after the first: {statistics.median(after):.1f} s" if after
-          else "  median start after the first: n/a (one start)")
+    print(
+        f"  median start after the first: {statistics.median(after):.1f} s"
+        if after
+        else "  median start after the first: n/a (one start)"
+    )
     spent = sum(times)
     print(f"  starting servers: {spent:.0f} s of {res['elapsed_s']:.0f} s wall ({spent / res['elapsed_s']:.0%})")
     if {"A", "B"} <= ref.keys():
@@ -115,12 +131,14 @@ def print_study(sdir: Path, ref: dict[str, dict]) -> None:
                 imports += max(0.0, imports_s - s["phases"].get("api_imports", 0.0))
         lo = res["elapsed_s"] + graphs + spawn + imports
         hi = lo + hits
-        print(f"  wall without the measures (derived from the measured phases, not a second run): {lo:.0f} s with "
-              f"vLLM's default capture sizes ({graphs:.0f} s of graphs), spawned engine processes ({spawn:.0f} s) "
-              f"and no prewarmed server process ({imports:.0f} s of imports at {imports_s:.1f} s each), up to "
-              f"{hi:.0f} s if every compile-cache hit ({hits:.0f} s) was a key only the capture bound shared "
-              f"(vLLM's default cache in ~/.cache/vllm hits the others too); ratio with / without = "
-              f"{res['elapsed_s'] / lo:.2f} to {res['elapsed_s'] / hi:.2f}")
+        print(
+            f"  wall without the measures (derived from the measured phases, not a second run): {lo:.0f} s with "
+            f"vLLM's default capture sizes ({graphs:.0f} s of graphs), spawned engine processes ({spawn:.0f} s) "
+            f"and no prewarmed server process ({imports:.0f} s of imports at {imports_s:.1f} s each), up to "
+            f"{hi:.0f} s if every compile-cache hit ({hits:.0f} s) was a key only the capture bound shared "
+            f"(vLLM's default cache in ~/.cache/vllm hits the others too); ratio with / without = "
+            f"{res['elapsed_s'] / lo:.2f} to {res['elapsed_s'] / hi:.2f}"
+        )
 
 
 def main() -> None:

@@ -46,8 +46,17 @@ def main() -> int:
     space = Space.from_json(settings["space"])
     work = Path("/tmp/m3ctl-tune-vs-defaults")
     work.mkdir(exist_ok=True)
-    ev = ServerEvaluator(detect(), settings["model"], work, spec, plan_base=settings.get("plan_base", {}),
-                         bench=settings.get("bench", {}), port=settings["port"], name_prefix="tunevsdef", space=space)
+    ev = ServerEvaluator(
+        detect(),
+        settings["model"],
+        work,
+        spec,
+        plan_base=settings.get("plan_base", {}),
+        bench=settings.get("bench", {}),
+        port=settings["port"],
+        name_prefix="tunevsdef",
+        space=space,
+    )
     defaults, why = ev.baseline_candidate()
     if defaults is None:
         print(f"no defaults configuration: {why}")
@@ -62,22 +71,30 @@ def main() -> int:
             out = evaluate(ev, cand, spec, slo, 1000 + n, lambda m: None)
             n += 1
             got[label].append(out.objective)
-            pts = ", ".join(f"c={p.concurrency}:{p.objective:.0f}" + ("" if p.slo_ok else " (SLO miss)")
-                            for p in out.points)
-            print(f"  run {r + 1} {label:8s}: {out.status:14s} {out.objective:8.1f} at c={out.concurrency} "
-                  f"(start {out.start_s:.0f} s; {pts})", flush=True)
+            pts = ", ".join(
+                f"c={p.concurrency}:{p.objective:.0f}" + ("" if p.slo_ok else " (SLO miss)") for p in out.points
+            )
+            print(
+                f"  run {r + 1} {label:8s}: {out.status:14s} {out.objective:8.1f} at c={out.concurrency} "
+                f"(start {out.start_s:.0f} s; {pts})",
+                flush=True,
+            )
     stats = {}
     for label, xs in got.items():
         sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
         stats[label] = (statistics.mean(xs), sd, min(xs), max(xs))
-        print(f"{label:8s}: mean {stats[label][0]:.1f}  stdev {sd:.1f}  range {min(xs):.1f}-{max(xs):.1f}  "
-              f"runs {', '.join(f'{x:.1f}' for x in xs)}")
+        print(
+            f"{label:8s}: mean {stats[label][0]:.1f}  stdev {sd:.1f}  range {min(xs):.1f}-{max(xs):.1f}  "
+            f"runs {', '.join(f'{x:.1f}' for x in xs)}"
+        )
     d, t = stats["defaults"][0], stats["tuned"][0]
     gap, spread = t - d, stats["defaults"][1] + stats["tuned"][1]
-    print(f"mean {spec.objective}: defaults {d:.1f}, tuned {t:.1f}, ratio {t / d if d else float('inf'):.2f}x; "
-          f"difference {gap:+.1f} vs spread (sum of stdevs) {spread:.1f}: "
-          f"{'exceeds' if abs(gap) > spread else 'within'} the spread; ranges "
-          f"{'disjoint' if stats['tuned'][2] > stats['defaults'][3] or stats['defaults'][2] > stats['tuned'][3] else 'overlap'}")
+    print(
+        f"mean {spec.objective}: defaults {d:.1f}, tuned {t:.1f}, ratio {t / d if d else float('inf'):.2f}x; "
+        f"difference {gap:+.1f} vs spread (sum of stdevs) {spread:.1f}: "
+        f"{'exceeds' if abs(gap) > spread else 'within'} the spread; ranges "
+        f"{'disjoint' if stats['tuned'][2] > stats['defaults'][3] or stats['defaults'][2] > stats['tuned'][3] else 'overlap'}"
+    )
     return 0 if gap > spread else 1
 
 

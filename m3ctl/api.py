@@ -66,8 +66,25 @@ def _type_namespace() -> dict[str, Any]:
     from m3ctl.runtime.base import StopReport  # noqa: PLC0415
     from m3ctl.serve import ServeResult  # noqa: PLC0415
 
-    return {**globals(), "StrictInt": StrictInt, **{c.__name__: c for c in (PlanRequest, BenchConfig, DoctorReport, HostInventory, LaunchPlan,
-                                                    BenchResult, BenchSweep, TuneReport, StopReport, ServeResult)}}
+    return {
+        **globals(),
+        "StrictInt": StrictInt,
+        **{
+            c.__name__: c
+            for c in (
+                PlanRequest,
+                BenchConfig,
+                DoctorReport,
+                HostInventory,
+                LaunchPlan,
+                BenchResult,
+                BenchSweep,
+                TuneReport,
+                StopReport,
+                ServeResult,
+            )
+        },
+    }
 
 
 def _checked(fn):
@@ -107,21 +124,26 @@ def _checked(fn):
             except ValidationError as e:
                 err = e.errors()[0]
                 shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-                raise BadInput(f"m3ctl.{fn.__name__}({name}={shown}): {err['msg']}",
-                               f"see help(m3ctl.api.{fn.__name__}) for the type and unit of {name}") from None
+                raise BadInput(
+                    f"m3ctl.{fn.__name__}({name}={shown}): {err['msg']}",
+                    f"see help(m3ctl.api.{fn.__name__}) for the type and unit of {name}",
+                ) from None
         return bound
 
     if inspect.iscoroutinefunction(fn):
+
         @functools.wraps(fn)
         async def acall(*args, **kwargs):
             bound = check(args, kwargs)
             return await fn(*bound.args, **bound.kwargs)
+
         return acall
 
     @functools.wraps(fn)
     def call(*args, **kwargs):
         bound = check(args, kwargs)
         return fn(*bound.args, **bound.kwargs)
+
     return call
 
 
@@ -161,11 +183,20 @@ def _inventory_file(inv: Any) -> str | None:
 
 # ----------------------------------------------------------------------------- doctor
 @_checked
-def doctor(*, model: str | None = None, variant: str | None = None, context: int | None = None,
-           kv_cache_dtype: str = "auto", runtime: Literal["auto", "process", "docker"] = "auto",
-           port: int | None = None, image: str | None = None, inventory: str | Path | HostInventory | None = None,
-           system: str | None = None, attention: Literal["msa", "dense"] | None = None,
-           save_inventory: str | Path | None = None) -> DoctorReport:
+def doctor(
+    *,
+    model: str | None = None,
+    variant: str | None = None,
+    context: int | None = None,
+    kv_cache_dtype: str = "auto",
+    runtime: Literal["auto", "process", "docker"] = "auto",
+    port: int | None = None,
+    image: str | None = None,
+    inventory: str | Path | HostInventory | None = None,
+    system: str | None = None,
+    attention: Literal["msa", "dense"] | None = None,
+    save_inventory: str | Path | None = None,
+) -> DoctorReport:
     """Check, check by check, whether and how this host (or ``inventory``/``system``) can serve ``model``.
 
     Args:
@@ -210,10 +241,19 @@ def doctor(*, model: str | None = None, variant: str | None = None, context: int
         from m3ctl.files import write_atomic  # noqa: PLC0415
 
         write_atomic(Path(save_inventory), inv.model_dump_json(indent=2))
-    return run_doctor(inv, attention=attention, variant=variant, context=context, kv_cache_dtype=kv_cache_dtype,
-                      model=model or (user.model if "model" in user.model_fields_set else None),
-                      runtime=runtime, port=port or user.port, host_checks=inventory is None and system is None,
-                      image=resolve_image(image) if image else None, inventory_file=_inventory_file(inventory))
+    return run_doctor(
+        inv,
+        attention=attention,
+        variant=variant,
+        context=context,
+        kv_cache_dtype=kv_cache_dtype,
+        model=model or (user.model if "model" in user.model_fields_set else None),
+        runtime=runtime,
+        port=port or user.port,
+        host_checks=inventory is None and system is None,
+        image=resolve_image(image) if image else None,
+        inventory_file=_inventory_file(inventory),
+    )
 
 
 # ----------------------------------------------------------------------------- plan
@@ -231,8 +271,13 @@ def user_defaults() -> PlanRequest:
     return user_request()
 
 
-def plan_request(request: PlanRequest | dict | None = None, *, config: str | Path | None = None,
-                 default_runtime: Literal["auto", "process", "docker"] = "auto", **knobs: Any) -> PlanRequest:
+def plan_request(
+    request: PlanRequest | dict | None = None,
+    *,
+    config: str | Path | None = None,
+    default_runtime: Literal["auto", "process", "docker"] = "auto",
+    **knobs: Any,
+) -> PlanRequest:
     """The plan request of a ``plan``/``serve`` call, its layers merged, lowest first: the user's config file <
     ``M3CTL_*`` (:func:`user_defaults`) < ``config`` (a ``--config`` YAML file) < ``request`` < ``knobs``
     (PlanRequest fields as keywords); a field set in a higher layer wins (m3ctl.assess.request.merge).
@@ -252,9 +297,12 @@ def plan_request(request: PlanRequest | dict | None = None, *, config: str | Pat
     file_req = load_request(config) if config else None
     user = user_defaults()
     try:
-        layers = [user, file_req,
-                  request if isinstance(request, PlanRequest) else PlanRequest(**(request or {})),
-                  PlanRequest(**knobs)]
+        layers = [
+            user,
+            file_req,
+            request if isinstance(request, PlanRequest) else PlanRequest(**(request or {})),
+            PlanRequest(**knobs),
+        ]
         req = merge(*layers)
     except ValidationError as e:
         err = e.errors()[0]
@@ -266,9 +314,16 @@ def plan_request(request: PlanRequest | dict | None = None, *, config: str | Pat
 
 
 @_checked
-def plan(request: PlanRequest | dict | None = None, *, inventory: str | Path | HostInventory | None = None,
-         system: str | None = None, config: str | Path | None = None, offline: bool | None = None,
-         default_runtime: Literal["auto", "process", "docker"] = "auto", **knobs: Any) -> LaunchPlan:
+def plan(
+    request: PlanRequest | dict | None = None,
+    *,
+    inventory: str | Path | HostInventory | None = None,
+    system: str | None = None,
+    config: str | Path | None = None,
+    offline: bool | None = None,
+    default_runtime: Literal["auto", "process", "docker"] = "auto",
+    **knobs: Any,
+) -> LaunchPlan:
     """Plan a launch (image, argv, env, every choice explained); start nothing.
 
     Args:
@@ -302,8 +357,13 @@ def plan(request: PlanRequest | dict | None = None, *, inventory: str | Path | H
 
 
 @_checked
-def size_systems(systems: Sequence[str] = ("all",), request: PlanRequest | dict | None = None, *,
-                 config: str | Path | None = None, **knobs: Any) -> list:
+def size_systems(
+    systems: Sequence[str] = ("all",),
+    request: PlanRequest | dict | None = None,
+    *,
+    config: str | Path | None = None,
+    **knobs: Any,
+) -> list:
     """``plan --systems``: plan the request on catalog systems (``"all"`` = every one) and say which serve the
     model, how, with how much KV cache: one :class:`~m3ctl.sizing.SizingRow` per system. The request is layered
     as :func:`plan_request`'s (the runtime: docker unless a layer sets process).
@@ -327,8 +387,14 @@ def resolve_if_offline(p: LaunchPlan, offline: bool | None) -> LaunchPlan:
 
 
 # ----------------------------------------------------------------------------- serve / stop
-def serve_plan(req: PlanRequest, inventory: HostInventory, *, raw_key: str | None = None,
-               api_key_env: str | None = None, offline: bool | None = None) -> tuple[LaunchPlan, dict[str, str], Any]:
+def serve_plan(
+    req: PlanRequest,
+    inventory: HostInventory,
+    *,
+    raw_key: str | None = None,
+    api_key_env: str | None = None,
+    offline: bool | None = None,
+) -> tuple[LaunchPlan, dict[str, str], Any]:
     """What ``serve`` launches: ``(plan, secrets, profile)``. ``secrets`` are the variables handed to the server's
     environment only: the pass-through ones set here (m3ctl/data/secrets.yaml), the API key as ``VLLM_API_KEY``
     (from the variable named ``api_key_env``, or ``raw_key``), and whatever the plan's inputs carried (a raw
@@ -363,8 +429,9 @@ def serve_plan(req: PlanRequest, inventory: HostInventory, *, raw_key: str | Non
     prof = req.profile = load_profile_file(Path(req.profile_file)) if req.profile_file else None
     p = make_plan(inventory, req)
     if raw_key and API_KEY_ENV in p.secret_values():
-        raise BadInput(f"an API key given twice: {given[API_KEY_ENV]} and {p.secret_origins[API_KEY_ENV]}",
-                       "give the key once")
+        raise BadInput(
+            f"an API key given twice: {given[API_KEY_ENV]} and {p.secret_origins[API_KEY_ENV]}", "give the key once"
+        )
     secrets = {**launch_env(p), **secrets}  # the one launch environment of secrets (m3ctl.secrets.launch_env)
     update: dict[str, Any] = {"secret_origins": {**p.secret_origins, **given}}
     if api_key_env and api_key_env != API_KEY_ENV:
@@ -372,9 +439,15 @@ def serve_plan(req: PlanRequest, inventory: HostInventory, *, raw_key: str | Non
     return resolve_if_offline(p.model_copy(update=update), offline), secrets, prof
 
 
-def prepare_serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | HostInventory | None = None,
-                  config: str | Path | None = None, offline: bool | None = None, api_key_env: str | None = None,
-                  **knobs: Any) -> tuple[LaunchPlan, dict[str, str], Any, HostInventory]:
+def prepare_serve(
+    request: PlanRequest | dict | None = None,
+    *,
+    inventory: str | Path | HostInventory | None = None,
+    config: str | Path | None = None,
+    offline: bool | None = None,
+    api_key_env: str | None = None,
+    **knobs: Any,
+) -> tuple[LaunchPlan, dict[str, str], Any, HostInventory]:
     """Everything :func:`serve` checks and plans before it starts anything: ``(plan, secrets, profile,
     inventory)`` (:func:`serve_plan`'s three, and the host planned for). ``m3ctl serve`` launches from it with
     its foreground watchdog; ``serve(dry_run=True)`` returns its plan.
@@ -395,8 +468,7 @@ def prepare_serve(request: PlanRequest | dict | None = None, *, inventory: str |
     inv = host_inventory(inventory)
     p, secrets, prof = serve_plan(req, inv, api_key_env=api_key_env, offline=offline)
     if req.mounts and p.runtime != "docker":
-        raise BadInput(f"mounts need the docker runtime; runtime auto chose {p.runtime} here",
-                       "add runtime='docker'")
+        raise BadInput(f"mounts need the docker runtime; runtime auto chose {p.runtime} here", "add runtime='docker'")
     return p, secrets, prof, inv
 
 
@@ -407,11 +479,19 @@ def serve(request: PlanRequest | dict | None = None, *, dry_run: Literal[True], 
 
 
 @_checked
-def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | HostInventory | None = None,
-          config: str | Path | None = None, offline: bool | None = None, api_key_env: str | None = None,
-          smoke: str | bool = "full", on_event: Callable[[Any], None] | None = None,
-          on_pull: Callable[[str, str, int | None, int | None], None] | None = None, dry_run: bool = False,
-          **knobs: Any) -> ServeResult | LaunchPlan:
+def serve(
+    request: PlanRequest | dict | None = None,
+    *,
+    inventory: str | Path | HostInventory | None = None,
+    config: str | Path | None = None,
+    offline: bool | None = None,
+    api_key_env: str | None = None,
+    smoke: str | bool = "full",
+    on_event: Callable[[Any], None] | None = None,
+    on_pull: Callable[[str, str, int | None, int | None], None] | None = None,
+    dry_run: bool = False,
+    **knobs: Any,
+) -> ServeResult | LaunchPlan:
     """Plan, launch and wait until the server really serves (readiness phases, first completion, smoke test);
     return once it is ready and leave it running (``m3ctl serve --detach``); stop it with :func:`stop`.
     With ``dry_run`` return the plan it would launch (``serve --dry-run``) and start nothing.
@@ -447,8 +527,9 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
     from m3ctl.state import Registry  # noqa: PLC0415
 
     smoke = smoke_level(smoke)
-    p, secrets, prof, inv = prepare_serve(request, inventory=inventory, config=config, offline=offline,
-                                          api_key_env=api_key_env, **knobs)
+    p, secrets, prof, inv = prepare_serve(
+        request, inventory=inventory, config=config, offline=offline, api_key_env=api_key_env, **knobs
+    )
     if dry_run:
         return p
     expect = serving.profile_expect(prof, p.profile, p)
@@ -458,8 +539,16 @@ def serve(request: PlanRequest | dict | None = None, *, inventory: str | Path | 
         rt = DockerRuntime(on_progress=on_pull)  # GPUs and mounts: the plan's (m3ctl/launch.py)
     else:
         rt = get_runtime(p.runtime)
-    return serving.launch_and_wait(p, registry=Registry(), secret_env=secrets, on_event=on_event, runtime=rt,
-                                   expect=expect, smoke=smoke, diag_context=DiagContext.for_plan(p, inv))
+    return serving.launch_and_wait(
+        p,
+        registry=Registry(),
+        secret_env=secrets,
+        on_event=on_event,
+        runtime=rt,
+        expect=expect,
+        smoke=smoke,
+        diag_context=DiagContext.for_plan(p, inv),
+    )
 
 
 @_checked
@@ -485,9 +574,17 @@ def stop(*names: str, all: bool = False, timeout_s: float = 20.0) -> list[StopRe
 
 
 # ----------------------------------------------------------------------------- bench
-def _bench_config(url: str | None, deployment: str | None, model: str | None, concurrency: int | Sequence[int] | None,
-                  api_key: str | None, num_gpus: int | None, warmup: bool | None, options: dict[str, Any],
-                  slo: str = "") -> tuple[BenchConfig, list[int], Any, dict[str, list[int] | None]]:
+def _bench_config(
+    url: str | None,
+    deployment: str | None,
+    model: str | None,
+    concurrency: int | Sequence[int] | None,
+    api_key: str | None,
+    num_gpus: int | None,
+    warmup: bool | None,
+    options: dict[str, Any],
+    slo: str = "",
+) -> tuple[BenchConfig, list[int], Any, dict[str, list[int] | None]]:
     """(config, concurrency levels, sync_log, length lists) of a bench call; the levels are [] or [c] for a single
     run; the length lists ``{"input_lens", "output_lens"}`` are None unless ``input_len`` / ``output_len`` were
     given as sequences (a length sweep). ``slo``: the capacity rule's SLO of a concurrency sweep (checked here)."""
@@ -500,8 +597,10 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
         import difflib  # noqa: PLC0415
 
         close = difflib.get_close_matches(unknown[0], list(BenchConfig.model_fields), n=1)
-        raise BadInput(f"unknown bench option {unknown[0]!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
-                       "see m3ctl.bench.runner.BenchConfig for the options and their units")
+        raise BadInput(
+            f"unknown bench option {unknown[0]!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+            "see m3ctl.bench.runner.BenchConfig for the options and their units",
+        )
     levels = [concurrency] if isinstance(concurrency, int) else list(concurrency or [])
     if any(not isinstance(c, int) or c < 1 for c in levels):
         raise BadInput(f"bad concurrency {concurrency!r}: values must be integers >= 1", "e.g. concurrency=[1, 2, 4]")
@@ -520,21 +619,33 @@ def _bench_config(url: str | None, deployment: str | None, model: str | None, co
 
         parse_slo(slo)
         if len(levels) < 2:
-            raise BadInput("slo decides the capacity of a sweep: give concurrency several levels",
-                           'e.g. concurrency=[8, 16, 32], slo="p90_tpot_ms<=30"')
+            raise BadInput(
+                "slo decides the capacity of a sweep: give concurrency several levels",
+                'e.g. concurrency=[8, 16, 32], slo="p90_tpot_ms<=30"',
+            )
     # The options are checked before anything is sent: the model id is asked of the server afterwards.
     t = resolve_target(url, deployment=deployment, model=model, num_gpus=num_gpus, api_key=api_key, lookup_model=False)
     try:
         sweep = len(levels) > 1 or any(len(v or ()) > 1 for v in lens.values())
-        cfg = BenchConfig(url=t.url, model=t.model or "?", concurrency=levels[0] if levels else None,
-                          warmup=sweep if warmup is None else warmup, model_dir=t.model_dir,
-                          server_log=t.server_log, num_gpus=t.num_gpus, num_gpus_source=t.num_gpus_source,
-                          api_key=t.api_key, auth_basic=t.basic_auth, deployment=t.deployment,
-                          **{"deployment_gpus": t.gpus, **options})
+        cfg = BenchConfig(
+            url=t.url,
+            model=t.model or "?",
+            concurrency=levels[0] if levels else None,
+            warmup=sweep if warmup is None else warmup,
+            model_dir=t.model_dir,
+            server_log=t.server_log,
+            num_gpus=t.num_gpus,
+            num_gpus_source=t.num_gpus_source,
+            api_key=t.api_key,
+            auth_basic=t.basic_auth,
+            deployment=t.deployment,
+            **{"deployment_gpus": t.gpus, **options},
+        )
     except ValidationError as e:
         err = e.errors()[0]
-        raise BadInput(f"bad bench option {'.'.join(map(str, err['loc']))}: {err['msg']}",
-                       "see m3ctl.bench.runner.BenchConfig") from None
+        raise BadInput(
+            f"bad bench option {'.'.join(map(str, err['loc']))}: {err['msg']}", "see m3ctl.bench.runner.BenchConfig"
+        ) from None
     except TypeError as e:
         raise BadInput(f"bad bench option: {e}", "see m3ctl.bench.runner.BenchConfig") from None
     validate(cfg)
@@ -561,26 +672,51 @@ def _bench_result(runs: list[dict], plan: list, slo: str = "") -> BenchResult | 
     from m3ctl.results import BenchResult, BenchSweep  # noqa: PLC0415
 
     if len(plan) > 1:
-        return BenchSweep.model_validate({**sweep_doc(runs, *axes(plan), slo=slo),
-                                          "runs": [BenchResult.from_dict(r) for r in runs]})
+        return BenchSweep.model_validate(
+            {**sweep_doc(runs, *axes(plan), slo=slo), "runs": [BenchResult.from_dict(r) for r in runs]}
+        )
     return BenchResult.from_dict(runs[0])
 
 
 @overload
-def bench(url: str | None = None, *, concurrency: int | None = None, deployment: str | None = None,
-          model: str | None = None, api_key: str | None = None, num_gpus: int | None = None,
-          warmup: bool | None = None, **options: Any) -> BenchResult: ...
+def bench(
+    url: str | None = None,
+    *,
+    concurrency: int | None = None,
+    deployment: str | None = None,
+    model: str | None = None,
+    api_key: str | None = None,
+    num_gpus: int | None = None,
+    warmup: bool | None = None,
+    **options: Any,
+) -> BenchResult: ...
 @overload
-def bench(url: str | None = None, *, concurrency: Sequence[int], deployment: str | None = None,
-          model: str | None = None, api_key: str | None = None, num_gpus: int | None = None,
-          warmup: bool | None = None, **options: Any) -> BenchResult | BenchSweep: ...
+def bench(
+    url: str | None = None,
+    *,
+    concurrency: Sequence[int],
+    deployment: str | None = None,
+    model: str | None = None,
+    api_key: str | None = None,
+    num_gpus: int | None = None,
+    warmup: bool | None = None,
+    **options: Any,
+) -> BenchResult | BenchSweep: ...
 
 
 @_checked
-def bench(url: str | None = None, *, concurrency: StrictInt | Sequence[StrictInt] | None = None,
-          deployment: str | None = None, model: str | None = None, api_key: str | None = None,
-          num_gpus: int | None = None, warmup: bool | None = None, slo: str = "",
-          **options: Any) -> BenchResult | BenchSweep:
+def bench(
+    url: str | None = None,
+    *,
+    concurrency: StrictInt | Sequence[StrictInt] | None = None,
+    deployment: str | None = None,
+    model: str | None = None,
+    api_key: str | None = None,
+    num_gpus: int | None = None,
+    warmup: bool | None = None,
+    slo: str = "",
+    **options: Any,
+) -> BenchResult | BenchSweep:
     """Load-test an OpenAI-compatible endpoint (``m3ctl bench``); vLLM-compatible metrics plus m3ctl's.
 
     Args:
@@ -622,19 +758,27 @@ def bench(url: str | None = None, *, concurrency: StrictInt | Sequence[StrictInt
     """
     from m3ctl.bench.runner import run_bench, run_sweep  # noqa: PLC0415
 
-    cfg, levels, sync_log, lens = _bench_config(url, deployment, model, concurrency, api_key, num_gpus, warmup,
-                                                options, slo)
+    cfg, levels, sync_log, lens = _bench_config(
+        url, deployment, model, concurrency, api_key, num_gpus, warmup, options, slo
+    )
     plan = _bench_plan(cfg, levels, lens)
-    runs = (run_sweep(cfg, levels, sync_log=sync_log, **lens) if len(plan) > 1
-            else [run_bench(cfg, sync_log=sync_log)])
+    runs = run_sweep(cfg, levels, sync_log=sync_log, **lens) if len(plan) > 1 else [run_bench(cfg, sync_log=sync_log)]
     return _bench_result(runs, plan, slo)
 
 
 @_checked
-async def abench(url: str | None = None, *, concurrency: StrictInt | Sequence[StrictInt] | None = None,
-                 deployment: str | None = None, model: str | None = None, api_key: str | None = None,
-                 num_gpus: int | None = None, warmup: bool | None = None, slo: str = "",
-                 **options: Any) -> BenchResult | BenchSweep:
+async def abench(
+    url: str | None = None,
+    *,
+    concurrency: StrictInt | Sequence[StrictInt] | None = None,
+    deployment: str | None = None,
+    model: str | None = None,
+    api_key: str | None = None,
+    num_gpus: int | None = None,
+    warmup: bool | None = None,
+    slo: str = "",
+    **options: Any,
+) -> BenchResult | BenchSweep:
     """:func:`bench` as a coroutine: ``await m3ctl.abench(...)`` inside a running event loop (Jupyter, an async
     service). Same arguments, result and errors; the blocking steps (endpoint check, tokenizer, prompts,
     ``/metrics``) run in worker threads and the load generator on the caller's loop
@@ -642,11 +786,15 @@ async def abench(url: str | None = None, *, concurrency: StrictInt | Sequence[St
     (``interrupted``, invalid)."""
     from m3ctl.bench.runner import arun_bench, arun_sweep  # noqa: PLC0415
 
-    cfg, levels, sync_log, lens = await asyncio.to_thread(_bench_config, url, deployment, model, concurrency,
-                                                          api_key, num_gpus, warmup, options, slo)
+    cfg, levels, sync_log, lens = await asyncio.to_thread(
+        _bench_config, url, deployment, model, concurrency, api_key, num_gpus, warmup, options, slo
+    )
     plan = _bench_plan(cfg, levels, lens)
-    runs = (await arun_sweep(cfg, levels, sync_log=sync_log, **lens) if len(plan) > 1
-            else [await arun_bench(cfg, sync_log=sync_log)])
+    runs = (
+        await arun_sweep(cfg, levels, sync_log=sync_log, **lens)
+        if len(plan) > 1
+        else [await arun_bench(cfg, sync_log=sync_log)]
+    )
     return _bench_result(runs, plan, slo)
 
 
@@ -658,9 +806,16 @@ def _tune(name: str) -> Any:
     return default(name)
 
 
-def prepare_tune(model: str | None = None, *, study_dir: str | Path | None = None, resume: str | Path | None = None,
-                 inventory: str | Path | HostInventory | None = None, system: str | None = None,
-                 dry_run: bool = False, options: dict[str, Any] | None = None) -> tuple[Path, dict[str, Any], HostInventory]:
+def prepare_tune(
+    model: str | None = None,
+    *,
+    study_dir: str | Path | None = None,
+    resume: str | Path | None = None,
+    inventory: str | Path | HostInventory | None = None,
+    system: str | None = None,
+    dry_run: bool = False,
+    options: dict[str, Any] | None = None,
+) -> tuple[Path, dict[str, Any], HostInventory]:
     """What :func:`tune` checks and settles before any trial: ``(study dir, settings (tune.json), inventory)``;
     a new study's settings are saved unless ``dry_run``. ``options``: :class:`m3ctl.tune.options.TuneOptions`
     fields (missing ones: their defaults; None for ``max_trials``, ``time_budget_s``, ``baseline``,
@@ -685,22 +840,55 @@ def prepare_tune(model: str | None = None, *, study_dir: str | Path | None = Non
     inv = host_inventory(inventory, system)
     if resume:
         sdir = Path(resume)
-        settings = st.resume_settings(sdir, max_trials=o["max_trials"], time_budget_s=o["time_budget_s"],
-                                      baseline=o["baseline"], confirm_top=o["confirm_top"], save=not dry_run)
+        settings = st.resume_settings(
+            sdir,
+            max_trials=o["max_trials"],
+            time_budget_s=o["time_budget_s"],
+            baseline=o["baseline"],
+            confirm_top=o["confirm_top"],
+            save=not dry_run,
+        )
     else:
         user = user_defaults()
         model = model or (user.model if "model" in user.model_fields_set else None)
         if not model:
-            raise BadInput("--model is required (or --resume DIR)", "e.g. m3ctl tune --model DIR --slo 'p90_tpot_ms<=50'")
+            raise BadInput(
+                "--model is required (or --resume DIR)", "e.g. m3ctl tune --model DIR --slo 'p90_tpot_ms<=50'"
+            )
         sdir = Path(study_dir) if study_dir else Path(f"m3ctl-tune-{time.strftime('%Y%m%d-%H%M%S')}")
-        same = ("slo", "objective", "usd_per_gpu_hour", "seed", "time_budget_s", "max_trials", "boundary_margin",
-                "boundary_repeats", "fast_starts", "max_spec_depth", "baseline", "workload", "input_len",
-                "output_len", "prompts_per_concurrency", "warmup", "skip_checks")  # named as new_settings's
-        settings = st.new_settings(model, inv, **{k: o[k] for k in same},
-                                   knobs=list(o["knobs"]), ladder=list(o["ladder"]),
-                                   confirm_top=_tune("confirm_top") if o["confirm_top"] is None else o["confirm_top"],
-                                   port=o["port"] or user.port, profile_file=o["profile"], overrides=o["args"],
-                                   extra_args=list(o["extra_args"]), study_dir=sdir, save=not dry_run)
+        same = (
+            "slo",
+            "objective",
+            "usd_per_gpu_hour",
+            "seed",
+            "time_budget_s",
+            "max_trials",
+            "boundary_margin",
+            "boundary_repeats",
+            "fast_starts",
+            "max_spec_depth",
+            "baseline",
+            "workload",
+            "input_len",
+            "output_len",
+            "prompts_per_concurrency",
+            "warmup",
+            "skip_checks",
+        )  # named as new_settings's
+        settings = st.new_settings(
+            model,
+            inv,
+            **{k: o[k] for k in same},
+            knobs=list(o["knobs"]),
+            ladder=list(o["ladder"]),
+            confirm_top=_tune("confirm_top") if o["confirm_top"] is None else o["confirm_top"],
+            port=o["port"] or user.port,
+            profile_file=o["profile"],
+            overrides=o["args"],
+            extra_args=list(o["extra_args"]),
+            study_dir=sdir,
+            save=not dry_run,
+        )
     return sdir, settings, inv
 
 
@@ -711,21 +899,42 @@ def tune(model: str | None = None, *, dry_run: Literal[True], **kw: Any) -> dict
 
 
 @_checked
-def tune(model: str | None = None, *, study_dir: str | Path | None = None, resume: str | Path | None = None,
-         slo: str = _tune("slo"), objective: str = _tune("objective"),
-         usd_per_gpu_hour: float | None = _tune("usd_per_gpu_hour"), knobs: Sequence[str] = (),
-         ladder: Sequence[int] = tuple(_tune("ladder")), max_trials: int | None = _tune("max_trials"),
-         time_budget_s: float | None = _tune("time_budget_s"), seed: int = _tune("seed"),
-         confirm_top: int | None = None, boundary_margin: float = _tune("boundary_margin"),
-         boundary_repeats: int = _tune("boundary_repeats"), max_spec_depth: int = _tune("max_spec_depth"),
-         pareto: bool = False, baseline: bool | None = None, fast_starts: bool = _tune("fast_starts"),
-         port: int | None = None, workload: str = _tune("workload"), input_len: int = _tune("input_len"),
-         output_len: int = _tune("output_len"), prompts_per_concurrency: int = _tune("prompts_per_concurrency"),
-         warmup: bool = _tune("warmup"), profile: str | Path | None = None,
-         args: dict[str, Any] | None = None, extra_args: Sequence[str] = (), skip_checks: bool = _tune("skip_checks"),
-         inventory: str | Path | HostInventory | None = None, system: str | None = None, dry_run: bool = False,
-         on_event: Callable[[int | None, str, str], None] | None = None,
-         parallel_trials: int | Literal["auto"] = "auto") -> TuneReport | dict[str, Any]:
+def tune(
+    model: str | None = None,
+    *,
+    study_dir: str | Path | None = None,
+    resume: str | Path | None = None,
+    slo: str = _tune("slo"),
+    objective: str = _tune("objective"),
+    usd_per_gpu_hour: float | None = _tune("usd_per_gpu_hour"),
+    knobs: Sequence[str] = (),
+    ladder: Sequence[int] = tuple(_tune("ladder")),
+    max_trials: int | None = _tune("max_trials"),
+    time_budget_s: float | None = _tune("time_budget_s"),
+    seed: int = _tune("seed"),
+    confirm_top: int | None = None,
+    boundary_margin: float = _tune("boundary_margin"),
+    boundary_repeats: int = _tune("boundary_repeats"),
+    max_spec_depth: int = _tune("max_spec_depth"),
+    pareto: bool = False,
+    baseline: bool | None = None,
+    fast_starts: bool = _tune("fast_starts"),
+    port: int | None = None,
+    workload: str = _tune("workload"),
+    input_len: int = _tune("input_len"),
+    output_len: int = _tune("output_len"),
+    prompts_per_concurrency: int = _tune("prompts_per_concurrency"),
+    warmup: bool = _tune("warmup"),
+    profile: str | Path | None = None,
+    args: dict[str, Any] | None = None,
+    extra_args: Sequence[str] = (),
+    skip_checks: bool = _tune("skip_checks"),
+    inventory: str | Path | HostInventory | None = None,
+    system: str | None = None,
+    dry_run: bool = False,
+    on_event: Callable[[int | None, str, str], None] | None = None,
+    parallel_trials: int | Literal["auto"] = "auto",
+) -> TuneReport | dict[str, Any]:
     """Search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO (``m3ctl tune``).
 
     The study's settings, their defaults and help are :class:`m3ctl.tune.options.TuneOptions` (declared there
@@ -773,18 +982,44 @@ def tune(model: str | None = None, *, study_dir: str | Path | None = None, resum
     from m3ctl.tune import study as st  # noqa: PLC0415
 
     sdir, settings, inv = prepare_tune(
-        model, study_dir=study_dir, resume=resume, inventory=inventory, system=system, dry_run=dry_run,
-        options=dict(slo=slo, objective=objective, usd_per_gpu_hour=usd_per_gpu_hour, knobs=knobs, ladder=ladder,
-                     max_trials=max_trials, time_budget_s=time_budget_s, seed=seed, confirm_top=confirm_top,
-                     boundary_margin=boundary_margin, boundary_repeats=boundary_repeats, fast_starts=fast_starts,
-                     max_spec_depth=max_spec_depth, baseline=baseline, port=port, workload=workload,
-                     input_len=input_len, output_len=output_len, prompts_per_concurrency=prompts_per_concurrency,
-                     warmup=warmup, profile=profile, args=args, extra_args=extra_args, skip_checks=skip_checks))
+        model,
+        study_dir=study_dir,
+        resume=resume,
+        inventory=inventory,
+        system=system,
+        dry_run=dry_run,
+        options=dict(
+            slo=slo,
+            objective=objective,
+            usd_per_gpu_hour=usd_per_gpu_hour,
+            knobs=knobs,
+            ladder=ladder,
+            max_trials=max_trials,
+            time_budget_s=time_budget_s,
+            seed=seed,
+            confirm_top=confirm_top,
+            boundary_margin=boundary_margin,
+            boundary_repeats=boundary_repeats,
+            fast_starts=fast_starts,
+            max_spec_depth=max_spec_depth,
+            baseline=baseline,
+            port=port,
+            workload=workload,
+            input_len=input_len,
+            output_len=output_len,
+            prompts_per_concurrency=prompts_per_concurrency,
+            warmup=warmup,
+            profile=profile,
+            args=args,
+            extra_args=extra_args,
+            skip_checks=skip_checks,
+        ),
+    )
     base = st.base_profile(settings, inv)
     if dry_run:
         return st.dry_run(sdir, settings, inventory=inv, parallel_trials=parallel_trials)
     with serving.stop_signals_as_interrupt():  # SIGTERM/SIGHUP: the trial's server is stopped as on Ctrl-C
         res, tuner, ev = st.run_tune(sdir, settings, inventory=inv, on_event=on_event, parallel_trials=parallel_trials)
-    return TuneReport.from_dict(st.write_outputs(sdir, res, tuner, ev, settings, base, pareto),
-                                str(sdir / "result.json"))
-
+    return TuneReport.from_dict(
+        st.write_outputs(sdir, res, tuner, ev, settings, base, pareto), str(sdir / "result.json")
+    )

@@ -312,8 +312,9 @@ def _explain(err: ValidationError, model: type[BaseModel], where: str) -> str:
             field = getattr(parent, "model_fields", {}).get(part)
             ann = getattr(field, "annotation", None) if field else None
             # ``Model | None`` (an optional section): suggest from the model inside the union
-            ann = next((a for a in getattr(ann, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)),
-                       ann)
+            ann = next(
+                (a for a in getattr(ann, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)), ann
+            )
             parent = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
             if parent is None:
                 break
@@ -332,8 +333,11 @@ def _load(text: str, model: type[BaseModel], where: str) -> Any:
     if not isinstance(data, dict):
         raise CatalogError(f"{where}: expected a mapping at the top level", "see m3ctl/profiles/cpu.yaml")
     if data.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
-        raise CatalogError(f"{where}: schema_version {data.get('schema_version')!r} is not supported "
-                           f"(this m3ctl reads {SCHEMA_VERSION})", "upgrade m3ctl or convert the file")
+        raise CatalogError(
+            f"{where}: schema_version {data.get('schema_version')!r} is not supported "
+            f"(this m3ctl reads {SCHEMA_VERSION})",
+            "upgrade m3ctl or convert the file",
+        )
     try:
         return model.model_validate(data)
     except ValidationError as e:
@@ -403,8 +407,7 @@ def models(catalog_dir: str | None = None) -> dict[str, ModelSpec]:
     return dict(_catalog("models", catalog_dir or os.environ.get("M3CTL_CATALOG_DIR")))
 
 
-def find_model(ident: str, architectures: list[str] | None = None,
-               catalog_dir: str | None = None) -> ModelSpec | None:
+def find_model(ident: str, architectures: list[str] | None = None, catalog_dir: str | None = None) -> ModelSpec | None:
     """The spec for a model id, alias, hub id or local directory name; else by config.json architecture.
 
     Returns None when nothing matches (planning then uses the local config.json alone).
@@ -431,8 +434,10 @@ def image_by_name(name: str, catalog_dir: str | None = None) -> Image:
     imgs = images(catalog_dir)
     if name not in imgs:
         close = difflib.get_close_matches(name, list(imgs), n=1)
-        raise CatalogError(f"unknown image {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
-                           f"known images: {', '.join(sorted(imgs))}")
+        raise CatalogError(
+            f"unknown image {name!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+            f"known images: {', '.join(sorted(imgs))}",
+        )
     return imgs[name]
 
 
@@ -446,8 +451,10 @@ def profile_for_arch(arch: str, catalog_dir: str | None = None) -> Profile:
         if p.arch == arch:
             return p
     known = sorted({p.arch for p in profiles(catalog_dir).values()})
-    raise CatalogError(f"no kernel profile for architecture {arch!r}",
-                       f"profiles exist for: {', '.join(known)}; pass --profile FILE to supply one")
+    raise CatalogError(
+        f"no kernel profile for architecture {arch!r}",
+        f"profiles exist for: {', '.join(known)}; pass --profile FILE to supply one",
+    )
 
 
 class SchedulerDefault(_Strict):
@@ -480,8 +487,9 @@ class VllmDefaults(_Strict):
     """vLLM's KV-cache block size (tokens) without ``--block-size``, per platform (the smoke test sizes its long
     prompt in blocks; the running engine's ``vllm:cache_config_info`` metric wins when it is served)."""
 
-    def scheduler_limits(self, *, platform: str, device_memory_mib: float | None, device_name: str = "",
-                         world_size: int = 1) -> tuple[int, int]:
+    def scheduler_limits(
+        self, *, platform: str, device_memory_mib: float | None, device_name: str = "", world_size: int = 1
+    ) -> tuple[int, int]:
         """vLLM's default (max_num_batched_tokens, max_num_seqs) for ``vllm serve`` on this device.
 
         Args:
@@ -501,8 +509,10 @@ class VllmDefaults(_Strict):
                 continue
             k = world_size if row.per_rank else 1
             return row.max_num_batched_tokens * k, row.max_num_seqs * k
-        raise CatalogError(f"vllm_defaults.yaml: no scheduler row for platform {platform!r} with "
-                           f"{gib:.0f} GiB", "add a catch-all row for that platform")
+        raise CatalogError(
+            f"vllm_defaults.yaml: no scheduler row for platform {platform!r} with {gib:.0f} GiB",
+            "add a catch-all row for that platform",
+        )
 
 
 def parse_vllm_defaults(text: str, where: str = "vllm_defaults.yaml") -> VllmDefaults:
@@ -513,5 +523,6 @@ def parse_vllm_defaults(text: str, where: str = "vllm_defaults.yaml") -> VllmDef
 @functools.lru_cache(maxsize=1)
 def vllm_defaults() -> VllmDefaults:
     """The built-in vLLM defaults table (m3ctl/data/vllm_defaults.yaml), validated once."""
-    return parse_vllm_defaults(resources.files("m3ctl").joinpath("data/vllm_defaults.yaml").read_text(),
-                               "m3ctl/data/vllm_defaults.yaml")
+    return parse_vllm_defaults(
+        resources.files("m3ctl").joinpath("data/vllm_defaults.yaml").read_text(), "m3ctl/data/vllm_defaults.yaml"
+    )

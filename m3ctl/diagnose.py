@@ -71,8 +71,7 @@ class DiagContext:
         if inventory is not None:
             gpus = [g for g in inventory.gpus if not plan.gpus or g.index in plan.gpus]
             names = tuple(g.name for g in gpus)
-        return cls(arch=prof.arch if prof else plan.profile, argv=tuple(plan.argv), env=dict(plan.env),
-                   gpu_names=names)
+        return cls(arch=prof.arch if prof else plan.profile, argv=tuple(plan.argv), env=dict(plan.env), gpu_names=names)
 
     def flag_value(self, flag: str) -> str | None:
         """The value of ``flag`` in argv (``--flag v`` or ``--flag=v``), ``""`` for a bare switch, else None."""
@@ -220,16 +219,21 @@ def _data() -> LogPatterns:
 @functools.lru_cache(maxsize=1)
 def _compiled() -> tuple[list[tuple[LogPattern, re.Pattern]], list[re.Pattern], dict[str, list[re.Pattern]]]:
     d = _data()
-    return ([(p, re.compile(p.regex)) for p in d.patterns], [re.compile(w) for w in d.wrappers],
-            {k: [re.compile(r) for r in v] for k, v in d.versions.items()})
+    return (
+        [(p, re.compile(p.regex)) for p in d.patterns],
+        [re.compile(w) for w in d.wrappers],
+        {k: [re.compile(r) for r in v] for k, v in d.versions.items()},
+    )
 
 
 # ---------------------------------------------------------------------------------------------- line shapes
 # vLLM's process prefix "(EngineCore pid=N)", torch's "[rank0]:", then an optional level header
 # "ERROR 08-03 10:25:04 [file.py:901]" (vLLM) or "ERROR:    " (uvicorn).
 # Exactly one space follows vLLM's header, so a traceback body line keeps its indentation.
-_PREFIX = re.compile(r"^(?:\([^)]*\)\s+)?(?:\[rank\d+\]:)?(?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)"
-                     r"(?: \d\d-\d\d [\d:.]+ \[[^\]]*\] ?|:\s+))?")
+_PREFIX = re.compile(
+    r"^(?:\([^)]*\)\s+)?(?:\[rank\d+\]:)?(?:(?P<level>DEBUG|INFO|WARNING|ERROR|CRITICAL)"
+    r"(?: \d\d-\d\d [\d:.]+ \[[^\]]*\] ?|:\s+))?"
+)
 # An exception line as Python prints it.
 _EXCEPTION = re.compile(r"^((?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Fault): .+)$")
 _ERRORISH = re.compile(r"(Error|Exception|error:|FAILED|Failed:|\b[Ff]ault\b|HSA_STATUS_ERROR|NCCL WARN)")
@@ -239,7 +243,7 @@ _BODY = re.compile(r"^(\s|File \"|raise |\^+$|~+$|During handling|The above exce
 def _message(line: str) -> tuple[str | None, str]:
     """(log level or None, the message without vLLM/torch prefixes)."""
     m = _PREFIX.match(line)
-    return (m.group("level"), line[m.end():]) if m else (None, line)
+    return (m.group("level"), line[m.end() :]) if m else (None, line)
 
 
 def _is_wrapper(msg: str) -> bool:
@@ -354,8 +358,17 @@ def _refine(p: LogPattern, line: str, text: str, ctx: DiagContext) -> Diagnosis:
         confirm = confirm or w.confirm
     notes = list(dict.fromkeys(notes))  # two refinements may say the same thing
     cause = p.cause + ("; " + "; ".join(notes) if notes else "")
-    return Diagnosis(p.id, cause, fix or p.fix, line.strip()[:300], component or p.component,
-                     tuple(confirm or p.confirm), p.kind, versions, fixes=(fix or p.fix,))
+    return Diagnosis(
+        p.id,
+        cause,
+        fix or p.fix,
+        line.strip()[:300],
+        component or p.component,
+        tuple(confirm or p.confirm),
+        p.kind,
+        versions,
+        fixes=(fix or p.fix,),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- components
@@ -468,18 +481,21 @@ def _components() -> ComponentMap:
 # ---------------------------------------------------------------------------------------------- the reading
 _CUDA_ERR = re.compile(r"(CUDA error|cuda error|Cuda error|CUDA_ERROR_|HIP error|cudaError\w+|Triton Error \[CUDA\])")
 _VALIDATION = re.compile(r"^\d+ validation errors? for (\w+)")
-_VALIDATION_ITEM = re.compile(r"^(Value error|Assertion failed|Input should|Field required|Extra inputs|"
-                              r"Invalid|String should|Unable to)[, ]\s*(?P<msg>.*?)(?:\s+\[type=[^\]]*\]?)?$")
+_VALIDATION_ITEM = re.compile(
+    r"^(Value error|Assertion failed|Input should|Field required|Extra inputs|"
+    r"Invalid|String should|Unable to)[, ]\s*(?P<msg>.*?)(?:\s+\[type=[^\]]*\]?)?$"
+)
 _DIED_CODE = re.compile(r"died unexpectedly \(exit code: (-?\d+)\)|exited with (?:exit )?code (-?\d+)")
-_SHUTDOWN = re.compile(r"(trigger received signal=SIG(TERM|INT)|\[shutdown\] API server: shutdown triggered|"
-                       r"Shutting down\b)")
+_SHUTDOWN = re.compile(
+    r"(trigger received signal=SIG(TERM|INT)|\[shutdown\] API server: shutdown triggered|"
+    r"Shutting down\b)"
+)
 _NOISE = re.compile(r"^(nanobind: |\s*- leaked |\s*- \.\.\. skipped|See https://nanobind|\s*warnings\.warn\()")
 
 
 def _block_is_wrapper(b: logtrace.ExcBlock) -> bool:
     head = f"{b.exc_type}: {b.message}" if b.exc_type else b.message
-    return _is_wrapper(head) or _is_wrapper(b.message) or any(
-        p.weak and rx.search(head) for p, rx in _compiled()[0])
+    return _is_wrapper(head) or _is_wrapper(b.message) or any(p.weak and rx.search(head) for p, rx in _compiled()[0])
 
 
 def _root_block(ev: logtrace.Event) -> logtrace.ExcBlock | None:
@@ -510,8 +526,12 @@ def _frame_key(f: logtrace.Frame) -> str:
     return f"{logtrace.short_path(f.file)}:{f.function or ''}"
 
 
-def _match_component(block: logtrace.ExcBlock, ev: logtrace.Event, *, is_async: bool,
-                     ) -> tuple[Component, re.Match | None, logtrace.Frame | None] | None:
+def _match_component(
+    block: logtrace.ExcBlock,
+    ev: logtrace.Event,
+    *,
+    is_async: bool,
+) -> tuple[Component, re.Match | None, logtrace.Frame | None] | None:
     """The components.yaml entry for the failing exception (passes: messages, phases, frames), the message
     match (for ``{1}`` in the name) and the frame that matched."""
     comps = _components().components
@@ -544,8 +564,9 @@ def _match_component(block: logtrace.ExcBlock, ev: logtrace.Event, *, is_async: 
     return None
 
 
-def _component_view(c: Component, m: re.Match | None, ctx: DiagContext, text: str, versions: dict[str, str]
-                    ) -> tuple[str, list[str], list[str]]:
+def _component_view(
+    c: Component, m: re.Match | None, ctx: DiagContext, text: str, versions: dict[str, str]
+) -> tuple[str, list[str], list[str]]:
     """(name, notes, fixes) of a matched component with its (and its parent's) refinements."""
     by_id = {x.id: x for x in _components().components}
     parent = by_id.get(c.inherit) if c.inherit else None
@@ -615,9 +636,14 @@ def diagnose_text(text: str, context: DiagContext | None = None) -> Diagnosis | 
     ctx = context or DiagContext()
     lines, events = _events(text)
     versions = log_versions(text)
-    wrappers = tuple(dict.fromkeys(
-        (b.header_line.raw.strip() if b.header_line else b.message)[:200]
-        for ev in events for b in ev.chain if _block_is_wrapper(b)))
+    wrappers = tuple(
+        dict.fromkeys(
+            (b.header_line.raw.strip() if b.header_line else b.message)[:200]
+            for ev in events
+            for b in ev.chain
+            if _block_is_wrapper(b)
+        )
+    )
     real = [(ev, rb) for ev in events if (rb := _root_block(ev)) is not None]
     if not real:
         return _no_traceback(lines, events, text, ctx, versions, wrappers)
@@ -629,8 +655,12 @@ def diagnose_text(text: str, context: DiagContext | None = None) -> Diagnosis | 
             if p.weak:
                 continue
             after = [ln for ln in b.lines if b.header_line is not None and ln.index > b.header_line.index]
-            for cand in [*([b.header_line] if b.header_line else []), *after, *b.lines,
-                         *(ln for x in e.chain for ln in x.lines)]:
+            for cand in [
+                *([b.header_line] if b.header_line else []),
+                *after,
+                *b.lines,
+                *(ln for x in e.chain for ln in x.lines),
+            ]:
                 if rx.search(cand.msg) and not _is_wrapper(cand.msg) and not logtrace.is_ray_header(cand.msg):
                     return p, cand
             if rx.search(b.text):
@@ -656,14 +686,22 @@ def _is_async(block: logtrace.ExcBlock, ev: logtrace.Event, ctx: DiagContext) ->
     return bool(re.search(ae.errors, etext)) and bool(re.search(ae.note, etext))
 
 
-def _suspects(block: logtrace.ExcBlock, ctx: DiagContext, text: str, versions: dict[str, str]
-              ) -> tuple[list[tuple[str, str, list[str]]], Component | None, str | None]:
+def _suspects(
+    block: logtrace.ExcBlock, ctx: DiagContext, text: str, versions: dict[str, str]
+) -> tuple[list[tuple[str, str, list[str]]], Component | None, str | None]:
     """For an asynchronous error: the suspects (name, note, fixes) — components whose ``suspect``
     refinements hold on this log first, then the component of the frame where it surfaced — the first
     log-based suspect, and the name of the surfacing component."""
     comps = _components().components
-    surfaced = next((c for f in reversed(block.frames) for c in comps
-                     if c.scope == "frame" and any(re.search(rx, _frame_key(f)) for rx in c.frames)), None)
+    surfaced = next(
+        (
+            c
+            for f in reversed(block.frames)
+            for c in comps
+            if c.scope == "frame" and any(re.search(rx, _frame_key(f)) for rx in c.frames)
+        ),
+        None,
+    )
     out: list[tuple[str, str, list[str]]] = []
     first = None
     for c in comps:
@@ -688,12 +726,14 @@ def _assemble(ev, block, hit, lines, text, ctx, versions, wrappers) -> Diagnosis
     exc_type = f"{block.exc_type} ({vc[0]})" if vc and block.exc_type else block.exc_type
     quote_line = (vc[2] if vc and vc[2] is not None else None) or block.header_line or block.lines[0]
     is_async = _is_async(block, ev, ctx)
-    inner = next((f for f in reversed(block.frames) if not logtrace.short_path(f.file).startswith("pydantic/")),
-                 block.innermost)  # a validator's frames say nothing about the failing setting
+    inner = next(
+        (f for f in reversed(block.frames) if not logtrace.short_path(f.file).startswith("pydantic/")), block.innermost
+    )  # a validator's frames say nothing about the failing setting
     frame = inner.where() if inner else None
     cm = _match_component(block, ev, is_async=is_async)
-    suspects, first_suspect, surfaced = _suspects(block, ctx, text, versions) if is_async and cm is None \
-        else ([], None, None)
+    suspects, first_suspect, surfaced = (
+        _suspects(block, ctx, text, versions) if is_async and cm is None else ([], None, None)
+    )
     comp_name = comp_id = None
     cnotes: list[str] = []
     cfixes: list[str] = []
@@ -737,18 +777,27 @@ def _assemble(ev, block, hit, lines, text, ctx, versions, wrappers) -> Diagnosis
             else:
                 by = ""
                 if ev.process or quote_line.loc:
-                    by = " (logged" + (f" by {ev.process}" if ev.process else "") + \
-                         (f" at {quote_line.loc}" if quote_line.loc else "") + ")"
+                    by = (
+                        " (logged"
+                        + (f" by {ev.process}" if ev.process else "")
+                        + (f" at {quote_line.loc}" if quote_line.loc else "")
+                        + ")"
+                    )
                 notes.append(f"unrecognised failure: {head}{by}")
             short = f"{(block.exc_type or '').split('.')[-1]} {message[:60]}".strip()
-            fixes = [f"search vLLM's issues for '{short}'"
-                     + (f" and the function {inner.function}" if inner and inner.function else "")
-                     + "; rerun with --enforce-eager to rule out CUDA graphs and torch.compile"]
+            fixes = [
+                f"search vLLM's issues for '{short}'"
+                + (f" and the function {inner.function}" if inner and inner.function else "")
+                + "; rerun with --enforce-eager to rule out CUDA graphs and torch.compile"
+            ]
         confirm, line = (), quote_line.raw
     if is_async:
         ae = _components().async_errors
-        notes.append(f"the CUDA error was reported asynchronously{' at ' + frame if frame else ''}"
-                     + (f" ({surfaced})" if surfaced else "") + ", which may not be the faulting kernel")
+        notes.append(
+            f"the CUDA error was reported asynchronously{' at ' + frame if frame else ''}"
+            + (f" ({surfaced})" if surfaced else "")
+            + ", which may not be the faulting kernel"
+        )
         notes.extend(note for _, note, _ in suspects)
         fixes = [ae.pin, *(sf[2][0] for sf in suspects if sf[2]), *fixes]
         confirm = tuple(dict.fromkeys([*confirm, "CUDA_LAUNCH_BLOCKING=1"]))
@@ -757,10 +806,26 @@ def _assemble(ev, block, hit, lines, text, ctx, versions, wrappers) -> Diagnosis
             comp_name, comp_id = f"{first_suspect.name}, suspected", first_suspect.id
             fixes = [fixes[1], fixes[0], *fixes[2:]]
     fixes = _dedupe(fixes)
-    return Diagnosis(fid, "; ".join(_dedupe(notes)), _join_fixes(fixes), line.strip()[:300], comp_name,
-                     tuple(confirm), kind, versions, exc_type=exc_type, message=message, frame=frame,
-                     component_id=comp_id, process=ev.process, wrappers=wrappers, async_error=is_async,
-                     fixes=tuple(fixes), exit_code=ctx.exit_code, suspects=tuple(sf[0] for sf in suspects))
+    return Diagnosis(
+        fid,
+        "; ".join(_dedupe(notes)),
+        _join_fixes(fixes),
+        line.strip()[:300],
+        comp_name,
+        tuple(confirm),
+        kind,
+        versions,
+        exc_type=exc_type,
+        message=message,
+        frame=frame,
+        component_id=comp_id,
+        process=ev.process,
+        wrappers=wrappers,
+        async_error=is_async,
+        fixes=tuple(fixes),
+        exit_code=ctx.exit_code,
+        suspects=tuple(sf[0] for sf in suspects),
+    )
 
 
 def _no_traceback(lines, events, text, ctx, versions, wrappers) -> Diagnosis | None:
@@ -775,31 +840,62 @@ def _no_traceback(lines, events, text, ctx, versions, wrappers) -> Diagnosis | N
     shutdown = next((ln for ln in lines if _SHUTDOWN.search(ln.msg)), None)
     if shutdown is not None and (code is None or code in (0, -15, 143, -2, 130)):
         fx = "find who stopped it (m3ctl stop, docker stop, a supervisor); start it again with m3ctl serve"
-        return Diagnosis("engine-terminated", "the engine was shut down on request (SIGTERM/SIGINT), not by a crash: "
-                         "the EngineDeadError lines after it belong to the shutdown", fx,
-                         shutdown.raw.strip()[:300], kind="RUNTIME-DIAG", versions=versions, wrappers=wrappers,
-                         exit_code=code, last_lines=last, fixes=(fx,))
+        return Diagnosis(
+            "engine-terminated",
+            "the engine was shut down on request (SIGTERM/SIGINT), not by a crash: "
+            "the EngineDeadError lines after it belong to the shutdown",
+            fx,
+            shutdown.raw.strip()[:300],
+            kind="RUNTIME-DIAG",
+            versions=versions,
+            wrappers=wrappers,
+            exit_code=code,
+            last_lines=last,
+            fixes=(fx,),
+        )
     if code is not None and code != 0:
         words, fixes = _exit_view(code)
         tail = f"; last lines: {' | '.join(last)}" if last else ""
         cause = f"the engine {words}, with no traceback in the log{tail}"
-        return Diagnosis("exit-code", cause, _join_fixes(fixes), (last[-1] if last else f"exit status {code}")[:300],
-                         kind="RUNTIME-DIAG", versions=versions, wrappers=wrappers, fixes=tuple(fixes), exit_code=code,
-                         last_lines=last)
+        return Diagnosis(
+            "exit-code",
+            cause,
+            _join_fixes(fixes),
+            (last[-1] if last else f"exit status {code}")[:300],
+            kind="RUNTIME-DIAG",
+            versions=versions,
+            wrappers=wrappers,
+            fixes=tuple(fixes),
+            exit_code=code,
+            last_lines=last,
+        )
     if wrappers:
         tail = f"; last lines: {' | '.join(last)}" if last else ""
-        fx = ("the failing process's own error is not in this log: look at the other ranks' / nodes' logs, or rerun "
-              "with one GPU (TP=1) to see it")
-        return Diagnosis("no-traceback", f"the engine died without its own traceback in this log (only wrappers: "
-                         f"{wrappers[0][:120]}){tail}", fx, wrappers[-1][:300], kind="RUNTIME-DIAG", versions=versions,
-                         wrappers=wrappers, exit_code=code, last_lines=last, fixes=(fx,))
+        fx = (
+            "the failing process's own error is not in this log: look at the other ranks' / nodes' logs, or rerun "
+            "with one GPU (TP=1) to see it"
+        )
+        return Diagnosis(
+            "no-traceback",
+            f"the engine died without its own traceback in this log (only wrappers: {wrappers[0][:120]}){tail}",
+            fx,
+            wrappers[-1][:300],
+            kind="RUNTIME-DIAG",
+            versions=versions,
+            wrappers=wrappers,
+            exit_code=code,
+            last_lines=last,
+            fixes=(fx,),
+        )
     return None
 
 
 # A port number in an error line: "port: 29500" (TCPStore), "('127.0.0.1', 8011)" (uvicorn bind),
 # "127.0.0.1:29500" / "tcp://host:5555" (ZMQ). Timestamps such as "20:21:11" must not match.
-_PORT_IN_LINE = re.compile(r"(?:\bport[ =:]+(\d{2,5})\b|\('[^']*',\s*(\d{2,5})\)|(?:\d{1,3}\.){3}\d{1,3}:(\d{2,5})\b"
-                           r"|tcp://[^\s:/]+:(\d{2,5})\b)")
+_PORT_IN_LINE = re.compile(
+    r"(?:\bport[ =:]+(\d{2,5})\b|\('[^']*',\s*(\d{2,5})\)|(?:\d{1,3}\.){3}\d{1,3}:(\d{2,5})\b"
+    r"|tcp://[^\s:/]+:(\d{2,5})\b)"
+)
 
 
 def explain_port_conflict(diag: Diagnosis, host: str, api_port: int) -> Diagnosis:
@@ -817,19 +913,29 @@ def explain_port_conflict(diag: Diagnosis, host: str, api_port: int) -> Diagnosi
     port = int(next(g for g in m.groups() if g)) if m else None
     if port == api_port or (port is None and port_in_use(host, api_port) and diag.id == "address-in-use"):
         holder = port_holder(api_port)
-        return Diagnosis(diag.id, f"the API port {api_port} is already in use" + (f" (held by {holder})" if holder else ""),
-                         "pick another --port, or stop what holds it", diag.line,
-                         kind=diag.kind)
+        return Diagnosis(
+            diag.id,
+            f"the API port {api_port} is already in use" + (f" (held by {holder})" if holder else ""),
+            "pick another --port, or stop what holds it",
+            diag.line,
+            kind=diag.kind,
+        )
     where = f"internal port {port}" if port else "an internal port (the API port is free)"
     holder = port_holder(port) if port else None
-    return Diagnosis("internal-port-in-use", f"PORT-IN-USE on {where}" + (f" held by {holder}" if holder else "")
-                     + ": vLLM's rendezvous/ZMQ ports collided, not the API port",
-                     "stop the stale vLLM (m3ctl status; ss -ltnp) or set VLLM_PORT / MASTER_PORT to free ports",
-                     diag.line, kind=diag.kind)
+    return Diagnosis(
+        "internal-port-in-use",
+        f"PORT-IN-USE on {where}"
+        + (f" held by {holder}" if holder else "")
+        + ": vLLM's rendezvous/ZMQ ports collided, not the API port",
+        "stop the stale vLLM (m3ctl status; ss -ltnp) or set VLLM_PORT / MASTER_PORT to free ports",
+        diag.line,
+        kind=diag.kind,
+    )
 
 
-def diagnose_log(path: str | Path | None, tail_bytes: int = 2_000_000,
-                 context: DiagContext | None = None) -> Diagnosis | None:
+def diagnose_log(
+    path: str | Path | None, tail_bytes: int = 2_000_000, context: DiagContext | None = None
+) -> Diagnosis | None:
     """Diagnose the last ``tail_bytes`` of a log file; None when there is no file or nothing found."""
     if not path:
         return None

@@ -18,7 +18,6 @@ m3ctl/data/architectures.yaml, the model catalog (m3ctl.catalog) and the field f
 shared/cases/field-failures.md (F01-F10, F14, F17) that the checks are tested against.
 """
 
-
 import dataclasses
 import os
 import socket
@@ -187,8 +186,9 @@ def _arch(ctx: Ctx) -> str:
     return ctx.inv.arch
 
 
-def _r(id_: str, group: Group, status: Status, message: str, fix: str | None = None,
-       details: list[str] | None = None) -> CheckResult:
+def _r(
+    id_: str, group: Group, status: Status, message: str, fix: str | None = None, details: list[str] | None = None
+) -> CheckResult:
     return CheckResult(id=id_, group=group, status=status, message=message, fix=fix, details=details or [])
 
 
@@ -198,30 +198,60 @@ def check_gpu_detect(ctx: Ctx) -> CheckResult:
     reasons = [f"{d.probe}: {d.reason}" for d in inv.declined]
     if not inv.gpus:
         if inv.driver.kernel_module_version or inv.driver.device_nodes:
-            return _r("gpu.detect", "gpu", "FAIL", "NVIDIA driver present but no GPU could be queried "
-                      "(see gpu.nvml_init); not falling back to CPU mode", "fix the driver first", reasons)
+            return _r(
+                "gpu.detect",
+                "gpu",
+                "FAIL",
+                "NVIDIA driver present but no GPU could be queried (see gpu.nvml_init); not falling back to CPU mode",
+                "fix the driver first",
+                reasons,
+            )
         if inv.container.dev_kfd:
-            return _r("gpu.detect", "gpu", "WARN", "/dev/kfd exists but no AMD probe listed a GPU",
-                      "install amd-smi/rocm-smi or load the amdgpu driver", reasons)
-        return _r("gpu.detect", "gpu", "WARN", "no NVIDIA/AMD GPU found; CPU serving only",
-                  "MiniMax-M3.1-Flash needs GPUs; on this host m3ctl serves tiny local models", reasons)
+            return _r(
+                "gpu.detect",
+                "gpu",
+                "WARN",
+                "/dev/kfd exists but no AMD probe listed a GPU",
+                "install amd-smi/rocm-smi or load the amdgpu driver",
+                reasons,
+            )
+        return _r(
+            "gpu.detect",
+            "gpu",
+            "WARN",
+            "no NVIDIA/AMD GPU found; CPU serving only",
+            "MiniMax-M3.1-Flash needs GPUs; on this host m3ctl serves tiny local models",
+            reasons,
+        )
     names = sorted({f"{g.name} ({g.arch}, {sm_name(g)})" for g in inv.gpus})
     unknown = [g for g in inv.gpus if g.arch == "unknown"]
     label = [f"inventory: {inv.label}"] if inv.label else []
     if unknown:
         g = unknown[0]
         ident = f"cc {g.compute_capability}" if g.compute_capability else (g.gfx_target or "?")
-        return _r("gpu.detect", "gpu", "WARN", f"unknown {g.vendor} GPU, {ident}",
-                  "update m3ctl (architecture table m3ctl/data/architectures.yaml), or pass --profile FILE to serve",
-                  label + reasons)
+        return _r(
+            "gpu.detect",
+            "gpu",
+            "WARN",
+            f"unknown {g.vendor} GPU, {ident}",
+            "update m3ctl (architecture table m3ctl/data/architectures.yaml), or pass --profile FILE to serve",
+            label + reasons,
+        )
     mixed = len({g.arch for g in inv.gpus}) > 1
-    return _r("gpu.detect", "gpu", "WARN" if mixed else "OK",
-              f"{len(inv.gpus)} x {', '.join(names)} via {inv.probe}",
-              "use one architecture per server (CUDA_VISIBLE_DEVICES)" if mixed else None, label + reasons)
+    return _r(
+        "gpu.detect",
+        "gpu",
+        "WARN" if mixed else "OK",
+        f"{len(inv.gpus)} x {', '.join(names)} via {inv.probe}",
+        "use one architecture per server (CUDA_VISIBLE_DEVICES)" if mixed else None,
+        label + reasons,
+    )
 
 
-_RELOAD = ("reboot; or, with no process using the GPU, reload the modules: "
-           "`sudo rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia`")
+_RELOAD = (
+    "reboot; or, with no process using the GPU, reload the modules: "
+    "`sudo rmmod nvidia_uvm nvidia_drm nvidia_modeset nvidia && sudo modprobe nvidia`"
+)
 
 
 def check_nvml_init(ctx: Ctx) -> CheckResult:
@@ -247,26 +277,64 @@ def check_nvml_init(ctx: Ctx) -> CheckResult:
     if "NVML library version:" in smi:
         smi_lib = smi.split("NVML library version:", 1)[1].strip().split()[0]
     lib_ver = lib or dm_lib or smi_lib
-    mismatch = ((nvml is not None and nvml.code == 18) or "mismatch" in reason.lower() or "mismatch" in smi.lower()
-                or bool(drv.dmesg_mismatch)
-                or (kmod and drv.nvml_library_versions and kmod not in drv.nvml_library_versions))
-    details = [x for x in (reason and f"nvml: {reason}", smi and f"nvidia-smi: {smi}",
-                           drv.dmesg_mismatch and f"dmesg: {drv.dmesg_mismatch}") if x]
+    mismatch = (
+        (nvml is not None and nvml.code == 18)
+        or "mismatch" in reason.lower()
+        or "mismatch" in smi.lower()
+        or bool(drv.dmesg_mismatch)
+        or (kmod and drv.nvml_library_versions and kmod not in drv.nvml_library_versions)
+    )
+    details = [
+        x
+        for x in (
+            reason and f"nvml: {reason}",
+            smi and f"nvidia-smi: {smi}",
+            drv.dmesg_mismatch and f"dmesg: {drv.dmesg_mismatch}",
+        )
+        if x
+    ]
     if mismatch:
-        return _r("gpu.nvml_init", "gpu", "FAIL",
-                  f"NVIDIA driver/library version mismatch: kernel module {kmod or '?'}, "
-                  f"userspace NVML library {lib_ver or '?'} (driver upgraded without reboot)", _RELOAD, details)
+        return _r(
+            "gpu.nvml_init",
+            "gpu",
+            "FAIL",
+            f"NVIDIA driver/library version mismatch: kernel module {kmod or '?'}, "
+            f"userspace NVML library {lib_ver or '?'} (driver upgraded without reboot)",
+            _RELOAD,
+            details,
+        )
     if inv.probe == "nvidia-smi":
-        return _r("gpu.nvml_init", "gpu", "WARN", f"NVML unusable ({reason}); GPUs found through nvidia-smi",
-                  "install nvidia-ml-py in this environment (vLLM uses NVML to detect CUDA)", details)
+        return _r(
+            "gpu.nvml_init",
+            "gpu",
+            "WARN",
+            f"NVML unusable ({reason}); GPUs found through nvidia-smi",
+            "install nvidia-ml-py in this environment (vLLM uses NVML to detect CUDA)",
+            details,
+        )
     if kmod and "Library Not Found" in reason:
-        fix = ("this is a container without the GPUs: start it with --gpus all (NVIDIA container toolkit)"
-               if inv.container.in_container else "install the NVIDIA userspace driver matching the kernel module")
-        return _r("gpu.nvml_init", "gpu", "FAIL", f"NVIDIA kernel module {kmod} is loaded but libnvidia-ml is missing",
-                  fix, details)
+        fix = (
+            "this is a container without the GPUs: start it with --gpus all (NVIDIA container toolkit)"
+            if inv.container.in_container
+            else "install the NVIDIA userspace driver matching the kernel module"
+        )
+        return _r(
+            "gpu.nvml_init",
+            "gpu",
+            "FAIL",
+            f"NVIDIA kernel module {kmod} is loaded but libnvidia-ml is missing",
+            fix,
+            details,
+        )
     if kmod or drv.device_nodes or (reason and "Library Not Found" not in reason and "not importable" not in reason):
-        return _r("gpu.nvml_init", "gpu", "FAIL", f"NVML init failed: {reason or smi}",
-                  "check the driver: `nvidia-smi`; " + _RELOAD, details)
+        return _r(
+            "gpu.nvml_init",
+            "gpu",
+            "FAIL",
+            f"NVML init failed: {reason or smi}",
+            "check the driver: `nvidia-smi`; " + _RELOAD,
+            details,
+        )
     return _r("gpu.nvml_init", "gpu", "SKIP", "no NVIDIA driver on this host", details=details)
 
 
@@ -275,16 +343,29 @@ def check_visible_devices(ctx: Ctx) -> CheckResult:
     v = ctx.vis
     if not ctx.gpu_host:
         set_vars = sorted(ctx.inv.visible_devices)
-        return _r("gpu.visible_devices", "gpu", "SKIP",
-                  "no GPU" + (f" ({', '.join(set_vars)} set)" if set_vars else ""))
+        return _r(
+            "gpu.visible_devices", "gpu", "SKIP", "no GPU" + (f" ({', '.join(set_vars)} set)" if set_vars else "")
+        )
     details = v.notes + [f"visible: {u.label}" for u in v.units]
     if v.problems:
-        return _r("gpu.visible_devices", "gpu", "FAIL", "; ".join(v.problems),
-                  "use integer indices, full GPU-/MIG- UUIDs or unique prefixes that exist here; one MIG slice per "
-                  "server; on AMD set only one of ROCR_/HIP_/CUDA_VISIBLE_DEVICES", details + v.warnings)
+        return _r(
+            "gpu.visible_devices",
+            "gpu",
+            "FAIL",
+            "; ".join(v.problems),
+            "use integer indices, full GPU-/MIG- UUIDs or unique prefixes that exist here; one MIG slice per "
+            "server; on AMD set only one of ROCR_/HIP_/CUDA_VISIBLE_DEVICES",
+            details + v.warnings,
+        )
     if v.warnings:
-        return _r("gpu.visible_devices", "gpu", "WARN", "; ".join(v.warnings),
-                  "set a single variable (m3ctl serve exports one and unsets the others)", details)
+        return _r(
+            "gpu.visible_devices",
+            "gpu",
+            "WARN",
+            "; ".join(v.warnings),
+            "set a single variable (m3ctl serve exports one and unsets the others)",
+            details,
+        )
     what = ", ".join(u.label for u in v.units)
     how = f" (from {', '.join(v.controlled_by)})" if v.controlled_by else ""
     return _r("gpu.visible_devices", "gpu", "OK", f"{len(v.units)} visible{how}: {what}", details=details)
@@ -296,14 +377,23 @@ def check_mig(ctx: Ctx) -> CheckResult:
     degraded = sorted({q for g in ctx.inv.gpus for q in g.unavailable})
     if not migged:
         if degraded:
-            return _r("gpu.mig", "gpu", "WARN", f"degraded detection: {', '.join(degraded)} n/a",
-                      "run doctor with access to the full GPU for complete readings")
+            return _r(
+                "gpu.mig",
+                "gpu",
+                "WARN",
+                f"degraded detection: {', '.join(degraded)} n/a",
+                "run doctor with access to the full GPU for complete readings",
+            )
         return _r("gpu.mig", "gpu", "SKIP", "MIG disabled" if ctx.gpu_host else "no GPU")
     parts, details = [], []
     for g in migged:
         if g.mig_devices:
-            sl = ", ".join(f"{m.name or m.uuid} {m.memory_total_mib / 1024:.1f} GiB" if m.memory_total_mib else
-                           f"{m.name or m.uuid} n/a (MIG)" for m in g.mig_devices)
+            sl = ", ".join(
+                f"{m.name or m.uuid} {m.memory_total_mib / 1024:.1f} GiB"
+                if m.memory_total_mib
+                else f"{m.name or m.uuid} n/a (MIG)"
+                for m in g.mig_devices
+            )
             parts.append(f"GPU {g.index}: {len(g.mig_devices)} slice(s): {sl}")
         else:
             parts.append(f"GPU {g.index}: MIG on, no slice visible")
@@ -312,8 +402,9 @@ def check_mig(ctx: Ctx) -> CheckResult:
     details.append(f"capability checks use the parent GPU's architecture ({ctx.inv.arch})")
     msg = "MIG enabled; memory fit uses slice memory; " + "; ".join(parts)
     if degraded:
-        return _r("gpu.mig", "gpu", "WARN", f"{msg}; degraded detection: {', '.join(degraded)} n/a (MIG)",
-                  None, details)
+        return _r(
+            "gpu.mig", "gpu", "WARN", f"{msg}; degraded detection: {', '.join(degraded)} n/a (MIG)", None, details
+        )
     return _r("gpu.mig", "gpu", "OK", msg, details=details)
 
 
@@ -327,12 +418,24 @@ def check_links(ctx: Ctx) -> CheckResult:
     det = [f"GPU{lk.a}-GPU{lk.b}: {lk.kind} {lk.detail}" for lk in inv.links]
     if kinds == ["nvlink"]:
         n = min(lk.count or 0 for lk in inv.links)
-        return _r("gpu.links", "gpu", "OK", f"NVLink (NV{n}) between every GPU pair ({len(inv.links)} pair(s))"
-                  + ("; NVSwitch fabric" if inv.nvswitch else ""), details=det)
+        return _r(
+            "gpu.links",
+            "gpu",
+            "OK",
+            f"NVLink (NV{n}) between every GPU pair ({len(inv.links)} pair(s))"
+            + ("; NVSwitch fabric" if inv.nvswitch else ""),
+            details=det,
+        )
     if kinds == ["xgmi"]:
         return _r("gpu.links", "gpu", "OK", f"XGMI between all {len(inv.links)} GPU pairs", details=det)
-    return _r("gpu.links", "gpu", "WARN", f"links: {', '.join(kinds)}; tensor parallelism over PCIe is slow",
-              "prefer TP within an NVLink/XGMI domain; consider pipeline or data parallelism across PCIe", det)
+    return _r(
+        "gpu.links",
+        "gpu",
+        "WARN",
+        f"links: {', '.join(kinds)}; tensor parallelism over PCIe is slow",
+        "prefer TP within an NVLink/XGMI domain; consider pipeline or data parallelism across PCIe",
+        det,
+    )
 
 
 def check_virtualized(ctx: Ctx) -> CheckResult:
@@ -349,14 +452,22 @@ def check_virtualized(ctx: Ctx) -> CheckResult:
         return _r("gpu.virtualized", "gpu", "OK", "no vGPU profile in the GPU names (full GPUs)")
     profs = sorted({p for _, p in virt})
     det = [f"GPU {g.index}: {g.name} (vGPU profile {p})" for g, p in virt]
-    tp_note = ("; with TP > 1 vLLM's custom all-reduce uses peer-to-peer IPC buffers between these GPUs"
-               if len(nvidia) > 1 else "")
-    return _r("gpu.virtualized", "gpu", "WARN",
-              f"{len(virt)} GPU(s) are NVIDIA vGPU profiles ({', '.join(profs)}): peer-to-peer access and custom "
-              f"all-reduce are not validated on vGPU{tp_note} (vllm#50557: illegal memory access in "
-              "custom_all_reduce.cuh during CUDA-graph capture)",
-              "if the server faults in custom all-reduce, serve with `-- --disable-custom-all-reduce` (NCCL instead); "
-              "check peer access with `nvidia-smi topo -p2p r`", det)
+    tp_note = (
+        "; with TP > 1 vLLM's custom all-reduce uses peer-to-peer IPC buffers between these GPUs"
+        if len(nvidia) > 1
+        else ""
+    )
+    return _r(
+        "gpu.virtualized",
+        "gpu",
+        "WARN",
+        f"{len(virt)} GPU(s) are NVIDIA vGPU profiles ({', '.join(profs)}): peer-to-peer access and custom "
+        f"all-reduce are not validated on vGPU{tp_note} (vllm#50557: illegal memory access in "
+        "custom_all_reduce.cuh during CUDA-graph capture)",
+        "if the server faults in custom all-reduce, serve with `-- --disable-custom-all-reduce` (NCCL instead); "
+        "check peer access with `nvidia-smi topo -p2p r`",
+        det,
+    )
 
 
 def check_fabric_manager(ctx: Ctx) -> CheckResult:
@@ -366,33 +477,64 @@ def check_fabric_manager(ctx: Ctx) -> CheckResult:
         return _r("gpu.fabric_manager", "gpu", "SKIP", "no NVSwitch fabric")
     states = sorted({g.fabric_state or "unknown" for g in inv.gpus})
     fm = inv.fabric_manager
-    det = [f"fabric state per GPU: {[g.fabric_state for g in inv.gpus]}",
-           f"nvidia-fabricmanager: active={fm.active} version={fm.version} ({fm.detail})"]
+    det = [
+        f"fabric state per GPU: {[g.fabric_state for g in inv.gpus]}",
+        f"nvidia-fabricmanager: active={fm.active} version={fm.version} ({fm.detail})",
+    ]
     fix = f"start/upgrade nvidia-fabricmanager to {inv.driver_version}: `sudo systemctl enable --now nvidia-fabricmanager`"
     if states == ["completed"]:
         if fm.version and inv.driver_version and fm.version != inv.driver_version:
-            return _r("gpu.fabric_manager", "gpu", "WARN", f"fabric COMPLETED but fabric manager {fm.version} != driver "
-                      f"{inv.driver_version}", fix, det)
+            return _r(
+                "gpu.fabric_manager",
+                "gpu",
+                "WARN",
+                f"fabric COMPLETED but fabric manager {fm.version} != driver {inv.driver_version}",
+                fix,
+                det,
+            )
         return _r("gpu.fabric_manager", "gpu", "OK", "NVSwitch fabric state COMPLETED on every GPU", details=det)
     if states == ["in_progress"]:
-        return _r("gpu.fabric_manager", "gpu", "WARN", "NVSwitch fabric still IN_PROGRESS (just booted?)",
-                  "wait and re-run doctor; if it stays, " + fix, det)
+        return _r(
+            "gpu.fabric_manager",
+            "gpu",
+            "WARN",
+            "NVSwitch fabric still IN_PROGRESS (just booted?)",
+            "wait and re-run doctor; if it stays, " + fix,
+            det,
+        )
     unreadable = set(states) <= {"unknown", "not_supported"}
     ci = inv.cuda_init or ""
     if unreadable and not ci.startswith("error 802") and fm.active is not False:
         if ci == "ok":  # the fabric is what CUDA init waits for: cuInit succeeding proves it is up
-            return _r("gpu.fabric_manager", "gpu", "OK", "NVSwitch fabric usable: cuInit(0) succeeds (NVML does not "
-                      f"report the fabric state here: {', '.join(states)})", details=det)
-        return _r("gpu.fabric_manager", "gpu", "WARN", "NVSwitch topology but the fabric state is not readable and "
-                  "cuInit was not tried", "check `nvidia-smi -q | grep -A3 Fabric` (State must be Completed)", det)
+            return _r(
+                "gpu.fabric_manager",
+                "gpu",
+                "OK",
+                "NVSwitch fabric usable: cuInit(0) succeeds (NVML does not "
+                f"report the fabric state here: {', '.join(states)})",
+                details=det,
+            )
+        return _r(
+            "gpu.fabric_manager",
+            "gpu",
+            "WARN",
+            "NVSwitch topology but the fabric state is not readable and cuInit was not tried",
+            "check `nvidia-smi -q | grep -A3 Fabric` (State must be Completed)",
+            det,
+        )
     why = [f"fabric state {', '.join(s.upper() for s in states)}"]
     if fm.active is False:
         why.append(f"nvidia-fabricmanager {fm.detail or 'inactive'}")
     if fm.version and inv.driver_version and fm.version != inv.driver_version:
         why.append(f"fabric manager {fm.version} != driver {inv.driver_version}")
-    return _r("gpu.fabric_manager", "gpu", "FAIL",
-              f"NVSwitch fabric not ready ({'; '.join(why)}): CUDA init fails with error 802 'system not yet initialized'",
-              fix, det)
+    return _r(
+        "gpu.fabric_manager",
+        "gpu",
+        "FAIL",
+        f"NVSwitch fabric not ready ({'; '.join(why)}): CUDA init fails with error 802 'system not yet initialized'",
+        fix,
+        det,
+    )
 
 
 def check_cuda_init(ctx: Ctx) -> CheckResult:
@@ -413,14 +555,27 @@ def check_cuda_init(ctx: Ctx) -> CheckResult:
 def check_driver_version(ctx: Ctx) -> CheckResult:
     inv = ctx.inv
     if inv.vendor == "nvidia":
-        return _r("driver.version", "driver", "OK", f"NVIDIA driver {inv.driver_version}, supports CUDA up to "
-                  f"{inv.cuda_driver_version or '?'}")
+        return _r(
+            "driver.version",
+            "driver",
+            "OK",
+            f"NVIDIA driver {inv.driver_version}, supports CUDA up to {inv.cuda_driver_version or '?'}",
+        )
     if inv.vendor == "amd":
         if not inv.rocm_version and ctx.runtime == "process":
-            return _r("driver.version", "driver", "WARN", f"amdgpu driver {inv.driver_version or '?'}; no ROCm "
-                      "userspace found (/opt/rocm)", "install ROCm 7.2+ or use the ROCm vLLM image (docker)")
-        return _r("driver.version", "driver", "OK", f"amdgpu driver {inv.driver_version or '?'}, ROCm "
-                  f"{inv.rocm_version or 'n/a (image provides it)'}")
+            return _r(
+                "driver.version",
+                "driver",
+                "WARN",
+                f"amdgpu driver {inv.driver_version or '?'}; no ROCm userspace found (/opt/rocm)",
+                "install ROCm 7.2+ or use the ROCm vLLM image (docker)",
+            )
+        return _r(
+            "driver.version",
+            "driver",
+            "OK",
+            f"amdgpu driver {inv.driver_version or '?'}, ROCm {inv.rocm_version or 'n/a (image provides it)'}",
+        )
     return _r("driver.version", "driver", "SKIP", "no GPU driver")
 
 
@@ -433,12 +588,22 @@ def check_amdsmi(ctx: Ctx) -> CheckResult:
         return _r("driver.amdsmi", "driver", "OK", "amdsmi Python module works (vLLM will detect ROCm)")
     why = next((d.reason for d in inv.declined if d.probe == "amdsmi"), "not importable")
     if ctx.runtime == "docker":
-        return _r("driver.amdsmi", "driver", "OK", f"GPUs found via {inv.probe}; host amdsmi unusable ({why}) but the "
-                  "ROCm vLLM image ships amdsmi", details=[f"detection path: {inv.probe}"])
-    return _r("driver.amdsmi", "driver", "FAIL",
-              f"GPUs found via {inv.probe}, but {why}: vLLM will not detect ROCm (UnspecifiedPlatform)",
-              "install amdsmi from /opt/rocm/share/amd_smi (`pip install /opt/rocm/share/amd_smi`), "
-              "or use the ROCm vLLM image (--runtime docker)", [f"detection path: {inv.probe}"])
+        return _r(
+            "driver.amdsmi",
+            "driver",
+            "OK",
+            f"GPUs found via {inv.probe}; host amdsmi unusable ({why}) but the ROCm vLLM image ships amdsmi",
+            details=[f"detection path: {inv.probe}"],
+        )
+    return _r(
+        "driver.amdsmi",
+        "driver",
+        "FAIL",
+        f"GPUs found via {inv.probe}, but {why}: vLLM will not detect ROCm (UnspecifiedPlatform)",
+        "install amdsmi from /opt/rocm/share/amd_smi (`pip install /opt/rocm/share/amd_smi`), "
+        "or use the ROCm vLLM image (--runtime docker)",
+        [f"detection path: {inv.probe}"],
+    )
 
 
 def check_image_cuda(ctx: Ctx) -> CheckResult:
@@ -451,17 +616,38 @@ def check_image_cuda(ctx: Ctx) -> CheckResult:
         return _r("image.cuda_vs_driver", "driver", "SKIP", "not an NVIDIA host")
     if img is None or not img.cuda_version:
         return _r("image.cuda_vs_driver", "driver", "SKIP", ctx.image_note or "no image CUDA version known")
-    det = [(f"image {img.name}: CUDA {img.cuda_version}; driver {inv.driver_version} supports CUDA "
-           f"{inv.cuda_driver_version}")] + ([ctx.image_note] if ctx.image_note else [])
+    det = [
+        (
+            f"image {img.name}: CUDA {img.cuda_version}; driver {inv.driver_version} supports CUDA "
+            f"{inv.cuda_driver_version}"
+        )
+    ] + ([ctx.image_note] if ctx.image_note else [])
     f = cuda_vs_driver(img.as_catalog_image(), inv)
     if f is None:
-        return _r("image.cuda_vs_driver", "driver", "OK", f"image {img.name} CUDA {img.cuda_version} <= driver's "
-                  f"CUDA {inv.cuda_driver_version}", details=det)
+        return _r(
+            "image.cuda_vs_driver",
+            "driver",
+            "OK",
+            f"image {img.name} CUDA {img.cuda_version} <= driver's CUDA {inv.cuda_driver_version}",
+            details=det,
+        )
     if ctx.runtime != "docker":  # the rule judges docker launches only: the process runtime runs no image
-        return _r("image.cuda_vs_driver", "driver", "WARN", f"with --runtime docker: {f.message}", f.fix,
-                  [*det, f"runtime {ctx.runtime}: no image runs", f"source: {f.source}"])
-    return _r("image.cuda_vs_driver", "driver", "FAIL" if f.status == "FAIL" else "WARN", f.message, f.fix,
-              [*det, f"source: {f.source}"])
+        return _r(
+            "image.cuda_vs_driver",
+            "driver",
+            "WARN",
+            f"with --runtime docker: {f.message}",
+            f.fix,
+            [*det, f"runtime {ctx.runtime}: no image runs", f"source: {f.source}"],
+        )
+    return _r(
+        "image.cuda_vs_driver",
+        "driver",
+        "FAIL" if f.status == "FAIL" else "WARN",
+        f.message,
+        f.fix,
+        [*det, f"source: {f.source}"],
+    )
 
 
 # ----------------------------------------------------------------------------- capability
@@ -472,30 +658,66 @@ def check_arch(ctx: Ctx) -> CheckResult:
     row = caps.table().archs.get(arch)
     if row is None:
         g = ctx.inv.gpus[0]
-        return _r("capability.arch", "capability", "WARN",
-                  f"no capability data for {arch} ({sm_name(g)}): unknown {g.vendor} GPU", "update m3ctl")
-    return _r("capability.arch", "capability", "OK", f"{arch} ({row.sm}): {len(row.features)} capability rows",
-              details=[f"{k}: {f.status} ({f.source})" for k, f in row.features.items()])
+        return _r(
+            "capability.arch",
+            "capability",
+            "WARN",
+            f"no capability data for {arch} ({sm_name(g)}): unknown {g.vendor} GPU",
+            "update m3ctl",
+        )
+    return _r(
+        "capability.arch",
+        "capability",
+        "OK",
+        f"{arch} ({row.sm}): {len(row.features)} capability rows",
+        details=[f"{k}: {f.status} ({f.source})" for k, f in row.features.items()],
+    )
 
 
 def _feature_result(id_: str, fvs: list[caps.FeatureVerdict], what: str) -> CheckResult:
     worst = max(fvs, key=lambda f: caps.RANK[f.status])
-    det = [f"{f.name}: {f.status}" + (f" via {f.row.backend}" if f.row and f.row.backend else "")
-           + (f"; {f.note}" if f.note else "") + f" (source: {f.source})" for f in fvs]
+    det = [
+        f"{f.name}: {f.status}"
+        + (f" via {f.row.backend}" if f.row and f.row.backend else "")
+        + (f"; {f.note}" if f.note else "")
+        + f" (source: {f.source})"
+        for f in fvs
+    ]
     if worst.status in ("native", "supported"):
-        how = "; ".join(f"{f.name} {f.status}" + (f" ({f.row.backend})" if f.row and f.row.backend else "") for f in fvs)
+        how = "; ".join(
+            f"{f.name} {f.status}" + (f" ({f.row.backend})" if f.row and f.row.backend else "") for f in fvs
+        )
         return _r(id_, "capability", "OK", f"{what}: {how}", details=det)
     if worst.status == "unsupported":
-        return _r(id_, "capability", "FAIL", f"{what}: {worst.name} is not supported here"
-                  + (f" ({worst.note})" if worst.note else ""), "pick another variant (--variant) or GPU", det)
+        return _r(
+            id_,
+            "capability",
+            "FAIL",
+            f"{what}: {worst.name} is not supported here" + (f" ({worst.note})" if worst.note else ""),
+            "pick another variant (--variant) or GPU",
+            det,
+        )
     if worst.status == "fallback":
         fb = [f for f in fvs if f.status == "fallback"]
-        msg = "; ".join(f"{f.name} falls back to {f.row.fallback if f.row else '?'}: {f.row.cost if f.row else ''}"
-                        for f in fb)
-        return _r(id_, "capability", "WARN", f"{what}: no native path: {msg}",
-                  "use hardware with a native path, or a variant this GPU runs natively", det)
-    return _r(id_, "capability", "WARN", f"{what}: {worst.name} is {worst.status} on this architecture"
-              + (f" ({worst.note})" if worst.note else ""), "expect to validate it yourself; prefer a validated variant", det)
+        msg = "; ".join(
+            f"{f.name} falls back to {f.row.fallback if f.row else '?'}: {f.row.cost if f.row else ''}" for f in fb
+        )
+        return _r(
+            id_,
+            "capability",
+            "WARN",
+            f"{what}: no native path: {msg}",
+            "use hardware with a native path, or a variant this GPU runs natively",
+            det,
+        )
+    return _r(
+        id_,
+        "capability",
+        "WARN",
+        f"{what}: {worst.name} is {worst.status} on this architecture" + (f" ({worst.note})" if worst.note else ""),
+        "expect to validate it yourself; prefer a validated variant",
+        det,
+    )
 
 
 def check_quantization(ctx: Ctx) -> CheckResult:
@@ -515,8 +737,12 @@ def check_sparse_attention(ctx: Ctx) -> CheckResult:
     need = set(caps.table().attention_features.get(ctx.sizing.attention, []))
     fvs = [f for f in ctx.chosen.features if f.name in need]
     if not fvs:
-        return _r("capability.sparse_attention", "capability", "SKIP", f"{ctx.sizing.attention} attention needs no check")
-    return _feature_result("capability.sparse_attention", fvs, f"{ctx.sizing.attention.upper()} attention on {_arch(ctx)}")
+        return _r(
+            "capability.sparse_attention", "capability", "SKIP", f"{ctx.sizing.attention} attention needs no check"
+        )
+    return _feature_result(
+        "capability.sparse_attention", fvs, f"{ctx.sizing.attention.upper()} attention on {_arch(ctx)}"
+    )
 
 
 def check_kv_dtype(ctx: Ctx) -> CheckResult:
@@ -528,24 +754,38 @@ def check_kv_dtype(ctx: Ctx) -> CheckResult:
     allowed = _profile_kv_dtypes(ctx)
     if allowed is not None and dt not in allowed:  # the plan's rule kv.dtype, same data
         att = ctx.sizing.attention.upper() if ctx.sizing else "this"
-        return _r("capability.kv_cache_dtype", "capability", "FAIL",
-                  f"KV cache dtype {dt!r} is not supported for {att} attention on {_arch(ctx)} (rule kv.dtype, "
-                  f"profile {ctx.profile})", f"use --kv-cache-dtype {' or '.join(allowed)}")
+        return _r(
+            "capability.kv_cache_dtype",
+            "capability",
+            "FAIL",
+            f"KV cache dtype {dt!r} is not supported for {att} attention on {_arch(ctx)} (rule kv.dtype, "
+            f"profile {ctx.profile})",
+            f"use --kv-cache-dtype {' or '.join(allowed)}",
+        )
     if dt not in table:
-        return _r("capability.kv_cache_dtype", "capability", "FAIL",
-                  f"--kv-cache-dtype {dt}: no validated row for {_arch(ctx)} (engine would fail at init)",
-                  f"use one of: {', '.join(k for k in table if _kv_ok(ctx, k))}")
+        return _r(
+            "capability.kv_cache_dtype",
+            "capability",
+            "FAIL",
+            f"--kv-cache-dtype {dt}: no validated row for {_arch(ctx)} (engine would fail at init)",
+            f"use one of: {', '.join(k for k in table if _kv_ok(ctx, k))}",
+        )
     feat = table[dt]
     if feat is None:
         return _r("capability.kv_cache_dtype", "capability", "OK", f"KV cache {dt} (model dtype)")
     img_cuda = ctx.image.cuda_version if ctx.image else None
-    fv = caps.evaluate_feature(_arch(ctx), feat, engine_version=ctx.image.vllm_version if ctx.image else None,
-                               image_cuda=img_cuda)
+    fv = caps.evaluate_feature(
+        _arch(ctx), feat, engine_version=ctx.image.vllm_version if ctx.image else None, image_cuda=img_cuda
+    )
     res = _feature_result("capability.kv_cache_dtype", [fv], f"KV cache {dt}")
     if res.status != "OK":
         ok = [k for k in table if _kv_ok(ctx, k)]
-        res = res.model_copy(update={"fix": f"use --kv-cache-dtype {' or '.join(ok)} on {_arch(ctx)} "
-                                            "(M3.1-Flash default: auto until an FP8-KV row is validated)"})
+        res = res.model_copy(
+            update={
+                "fix": f"use --kv-cache-dtype {' or '.join(ok)} on {_arch(ctx)} "
+                "(M3.1-Flash default: auto until an FP8-KV row is validated)"
+            }
+        )
     return res
 
 
@@ -573,12 +813,22 @@ def check_known_bad(ctx: Ctx) -> CheckResult:
         return _r("capability.known_bad", "capability", "SKIP", _no_model_reason(ctx))
     kb = ctx.chosen.known_bad
     if kb is None:
-        return _r("capability.known_bad", "capability", "OK",
-                  f"no known-bad report for {ctx.sizing.family if ctx.sizing else '?'} {ctx.chosen.precision} "
-                  f"on {_arch(ctx)}")
-    return _r("capability.known_bad", "capability", "WARN", f"known-bad: {kb.note}",
-              "prefer an FP8/BF16 variant on this GPU, or a GPU with native FP4 (Blackwell); m3ctl serve also runs "
-              "a correctness smoke test", [f"source: {kb.source}"])
+        return _r(
+            "capability.known_bad",
+            "capability",
+            "OK",
+            f"no known-bad report for {ctx.sizing.family if ctx.sizing else '?'} {ctx.chosen.precision} "
+            f"on {_arch(ctx)}",
+        )
+    return _r(
+        "capability.known_bad",
+        "capability",
+        "WARN",
+        f"known-bad: {kb.note}",
+        "prefer an FP8/BF16 variant on this GPU, or a GPU with native FP4 (Blackwell); m3ctl serve also runs "
+        "a correctness smoke test",
+        [f"source: {kb.source}"],
+    )
 
 
 def check_known_issue(ctx: Ctx) -> CheckResult:
@@ -590,18 +840,32 @@ def check_known_issue(ctx: Ctx) -> CheckResult:
         return _r("capability.known_issue", "capability", "SKIP", _no_model_reason(ctx))
     rows = applicable(ctx.sizing.family, _arch(ctx), ctx.sizing.attention, ctx.engine)
     if not rows:
-        return _r("capability.known_issue", "capability", "OK",
-                  f"no known issue for {ctx.sizing.family or '?'} {ctx.sizing.attention.upper()} on {_arch(ctx)}"
-                  + (f" with vLLM {ctx.engine}" if ctx.engine else ""))
+        return _r(
+            "capability.known_issue",
+            "capability",
+            "OK",
+            f"no known issue for {ctx.sizing.family or '?'} {ctx.sizing.attention.upper()} on {_arch(ctx)}"
+            + (f" with vLLM {ctx.engine}" if ctx.engine else ""),
+        )
     a, fb = rows[0], rows[0].fallback
     det = [*a.limits(), f"source: {a.issue.source}"] + ([f"fallback evidence: {fb.evidence}"] if fb else [])
     if fb is not None and ctx.attention == "dense":
-        return _r("capability.known_issue", "capability", "WARN",
-                  f"known issue {a.issue.id} avoided with {fb.option} ({fb.what}); {fb.warning}",
-                  f"drop {fb.option} once the engine is fixed", det)
-    return _r("capability.known_issue", "capability", "WARN", f"known issue {a.describe()}",
-              f"opt in to {fb.option} ({fb.what}; {fb.warning})" if fb else "use an engine or GPU it was not seen on",
-              det)
+        return _r(
+            "capability.known_issue",
+            "capability",
+            "WARN",
+            f"known issue {a.issue.id} avoided with {fb.option} ({fb.what}); {fb.warning}",
+            f"drop {fb.option} once the engine is fixed",
+            det,
+        )
+    return _r(
+        "capability.known_issue",
+        "capability",
+        "WARN",
+        f"known issue {a.describe()}",
+        f"opt in to {fb.option} ({fb.what}; {fb.warning})" if fb else "use an engine or GPU it was not seen on",
+        det,
+    )
 
 
 def check_dbo(ctx: Ctx) -> CheckResult:
@@ -612,21 +876,42 @@ def check_dbo(ctx: Ctx) -> CheckResult:
     det = [f"source: {fv.source}"]
     if fv.status in ("native", "supported"):
         many = len(ctx.vis.units) > 1
-        return _r("capability.dbo", "capability", "OK", f"DBO with DeepEP all2all available on {_arch(ctx)}"
-                  + ("" if many else " (needs DP > 1: more than one GPU)"), details=det)
-    return _r("capability.dbo", "capability", "SKIP", f"DBO not offered on {_arch(ctx)}: DeepEP/NVSHMEM path "
-              f"{fv.status}" + (f" ({fv.note})" if fv.note else ""), details=det)
+        return _r(
+            "capability.dbo",
+            "capability",
+            "OK",
+            f"DBO with DeepEP all2all available on {_arch(ctx)}"
+            + ("" if many else " (needs DP > 1: more than one GPU)"),
+            details=det,
+        )
+    return _r(
+        "capability.dbo",
+        "capability",
+        "SKIP",
+        f"DBO not offered on {_arch(ctx)}: DeepEP/NVSHMEM path {fv.status}" + (f" ({fv.note})" if fv.note else ""),
+        details=det,
+    )
 
 
 # ----------------------------------------------------------------------------- container
 def check_engine(ctx: Ctx) -> CheckResult:
     c = ctx.inv.container
     if c.docker_reachable:
-        return _r("container.engine", "container", "OK", f"Docker {c.docker_version} at {c.docker_socket}"
-                  + (f"; runtimes: {', '.join(c.runtimes)}" if c.runtimes else ""))
+        return _r(
+            "container.engine",
+            "container",
+            "OK",
+            f"Docker {c.docker_version} at {c.docker_socket}"
+            + (f"; runtimes: {', '.join(c.runtimes)}" if c.runtimes else ""),
+        )
     extra = f"; Podman socket at {c.podman_socket}" if c.podman_socket else ""
-    return _r("container.engine", "container", "WARN", f"Docker not reachable: {c.docker_error or 'not probed'}{extra}",
-              "start dockerd or set DOCKER_HOST; `--runtime process` works without it")
+    return _r(
+        "container.engine",
+        "container",
+        "WARN",
+        f"Docker not reachable: {c.docker_error or 'not probed'}{extra}",
+        "start dockerd or set DOCKER_HOST; `--runtime process` works without it",
+    )
 
 
 def check_nvidia_runtime(ctx: Ctx) -> CheckResult:
@@ -641,9 +926,13 @@ def check_nvidia_runtime(ctx: Ctx) -> CheckResult:
         return _r("container.nvidia_runtime", "container", "SKIP", "Docker not reachable")
     if runtime in c.runtimes:
         return _r("container.nvidia_runtime", "container", "OK", "NVIDIA container runtime registered with Docker")
-    return _r("container.nvidia_runtime", "container", "WARN", "NVIDIA container runtime not registered with Docker "
-              f"(runtimes: {', '.join(c.runtimes) or 'none'})",
-              "install nvidia-container-toolkit and run `sudo nvidia-ctk runtime configure --runtime=docker`")
+    return _r(
+        "container.nvidia_runtime",
+        "container",
+        "WARN",
+        f"NVIDIA container runtime not registered with Docker (runtimes: {', '.join(c.runtimes) or 'none'})",
+        "install nvidia-container-toolkit and run `sudo nvidia-ctk runtime configure --runtime=docker`",
+    )
 
 
 def check_devices(ctx: Ctx) -> CheckResult:
@@ -661,15 +950,25 @@ def check_devices(ctx: Ctx) -> CheckResult:
     if not missing:
         return _r("container.devices", "container", "OK", f"{' and '.join(nodes)} present (docker --device both)")
     groups = "/".join(f.container.host_groups.value) if f.container.host_groups else "device"
-    return _r("container.devices", "container", "FAIL" if ctx.runtime == "docker" else "WARN",
-              f"{' and '.join(missing)} missing", f"load the amdgpu driver; add the user to the {groups} groups")
+    return _r(
+        "container.devices",
+        "container",
+        "FAIL" if ctx.runtime == "docker" else "WARN",
+        f"{' and '.join(missing)} missing",
+        f"load the amdgpu driver; add the user to the {groups} groups",
+    )
 
 
 # ----------------------------------------------------------------------------- host
 def check_python(ctx: Ctx) -> CheckResult:
     ok = sys.version_info >= (3, 11)
-    return _r("host.python", "host", "OK" if ok else "FAIL", f"Python {sys.version.split()[0]}",
-              None if ok else "use Python 3.11 or newer")
+    return _r(
+        "host.python",
+        "host",
+        "OK" if ok else "FAIL",
+        f"Python {sys.version.split()[0]}",
+        None if ok else "use Python 3.11 or newer",
+    )
 
 
 def check_cpu(ctx: Ctx) -> CheckResult:
@@ -679,8 +978,9 @@ def check_cpu(ctx: Ctx) -> CheckResult:
     gpu_numa = sorted({g.numa_node for g in inv.gpus if g.numa_node is not None})
     det = [f"GPU NUMA nodes: {gpu_numa}"] if gpu_numa else []
     arch = f", {inv.cpu_arch}" + (" (NVIDIA Grace)" if inv.grace else "") if inv.cpu_arch else ", architecture n/a"
-    return _r("host.cpu", "host", "OK", f"{inv.cpu_count} CPUs ({inv.cpu_model or 'model n/a'}{arch}){numa}{mem}",
-              details=det)
+    return _r(
+        "host.cpu", "host", "OK", f"{inv.cpu_count} CPUs ({inv.cpu_model or 'model n/a'}{arch}){numa}{mem}", details=det
+    )
 
 
 def _planned_tp(ctx: Ctx) -> int:
@@ -701,12 +1001,21 @@ def check_shm(ctx: Ctx) -> CheckResult:
     where = "in a container" if inv.container.in_container else "on the host"
     if gib >= floor or not ctx.gpu_host:
         return _r("host.shm", "host", "OK", f"/dev/shm {gib:.1f} GiB {where}")
-    fix = (f"restart the container with --ipc=host, or --shm-size {int(floor)}g --ulimit memlock=-1 "
-           f"(floor {h.shm_gib_per_rank:g} GiB per rank; m3ctl serve adds --ipc=host)")
+    fix = (
+        f"restart the container with --ipc=host, or --shm-size {int(floor)}g --ulimit memlock=-1 "
+        f"(floor {h.shm_gib_per_rank:g} GiB per rank; m3ctl serve adds --ipc=host)"
+    )
     det = [f"source: {h.shm_source}"]
     status: Status = "FAIL" if inv.container.in_container and tp > 1 else "WARN"
-    return _r("host.shm", "host", status, f"/dev/shm is {gib * 1024:.0f} MiB {where}, below the {floor:g} GiB floor for "
-              f"TP={tp}: NCCL fails with 'Error while creating shared memory segment'", fix, det)
+    return _r(
+        "host.shm",
+        "host",
+        status,
+        f"/dev/shm is {gib * 1024:.0f} MiB {where}, below the {floor:g} GiB floor for "
+        f"TP={tp}: NCCL fails with 'Error while creating shared memory segment'",
+        fix,
+        det,
+    )
 
 
 def check_disk(ctx: Ctx) -> CheckResult:
@@ -716,8 +1025,13 @@ def check_disk(ctx: Ctx) -> CheckResult:
     free = inv.model_cache_free_bytes / 2**30
     need = ctx.chosen.weights_gib if ctx.chosen else 20.0
     status: Status = "OK" if free >= need else "WARN"
-    return _r("host.disk", "host", status, f"{free:.0f} GiB free at the model cache {inv.model_cache}",
-              None if status == "OK" else f"free space: the weights need about {need:.0f} GiB")
+    return _r(
+        "host.disk",
+        "host",
+        status,
+        f"{free:.0f} GiB free at the model cache {inv.model_cache}",
+        None if status == "OK" else f"free space: the weights need about {need:.0f} GiB",
+    )
 
 
 def check_hub(ctx: Ctx) -> CheckResult:
@@ -734,10 +1048,17 @@ def check_vllm(ctx: Ctx) -> CheckResult:
 
     rep = vllm_env.check_install()
     if rep.ok:
-        return _r("host.vllm", "host", "OK", f"{rep.vllm_dist} {rep.version} installed", details=[f"python {sys.executable}"])
-    return _r("host.vllm", "host", "FAIL" if rep.vllm_dist else ("WARN" if ctx.runtime == "process" else "SKIP"),
-              rep.problems[0] if rep.problems else "vLLM not installed", (
-                  "run `m3ctl dev fix-vllm`" if rep.fixable else "install vLLM, or use --runtime docker"), rep.problems[1:])
+        return _r(
+            "host.vllm", "host", "OK", f"{rep.vllm_dist} {rep.version} installed", details=[f"python {sys.executable}"]
+        )
+    return _r(
+        "host.vllm",
+        "host",
+        "FAIL" if rep.vllm_dist else ("WARN" if ctx.runtime == "process" else "SKIP"),
+        rep.problems[0] if rep.problems else "vLLM not installed",
+        ("run `m3ctl dev fix-vllm`" if rep.fixable else "install vLLM, or use --runtime docker"),
+        rep.problems[1:],
+    )
 
 
 def _bound(port: int) -> bool:
@@ -768,9 +1089,15 @@ def check_ports(ctx: Ctx) -> CheckResult:
         else:
             det.append(f"{port} ({what}) free")
     if busy:
-        return _r("net.ports", "host", "FAIL", "; ".join(busy),
-                  "stop that process, pick another --port, or unset/change VLLM_PORT/MASTER_PORT "
-                  "(m3ctl serve assigns free internal ports itself)", det)
+        return _r(
+            "net.ports",
+            "host",
+            "FAIL",
+            "; ".join(busy),
+            "stop that process, pick another --port, or unset/change VLLM_PORT/MASTER_PORT "
+            "(m3ctl serve assigns free internal ports itself)",
+            det,
+        )
     return _r("net.ports", "host", "OK", ", ".join(f"{p} free" for p in ports), details=list(ports.values()))
 
 
@@ -792,58 +1119,109 @@ def check_memory_fit(ctx: Ctx) -> CheckResult:
         return _r("model.memory_fit", "model", "SKIP", "no GPU")
     if ctx.sizing is None:
         status: Status = "FAIL" if ctx.model_explicit else "SKIP"
-        return _r("model.memory_fit", "model", status, f"unknown model {ctx.model!r}: no sizing facts",
-                  "use a catalog model name (MiniMax-M3.1-Flash, MiniMax-M3) or a local model directory")
+        return _r(
+            "model.memory_fit",
+            "model",
+            status,
+            f"unknown model {ctx.model!r}: no sizing facts",
+            "use a catalog model name (MiniMax-M3.1-Flash, MiniMax-M3) or a local model directory",
+        )
     if not ctx.gpu_host:
         if ctx.model_explicit:
-            return _r("model.memory_fit", "model", "FAIL", f"{ctx.sizing.name} needs GPUs; none found",
-                      "run on a GPU host, or evaluate a captured one with --inventory FILE")
+            return _r(
+                "model.memory_fit",
+                "model",
+                "FAIL",
+                f"{ctx.sizing.name} needs GPUs; none found",
+                "run on a GPU host, or evaluate a captured one with --inventory FILE",
+            )
         return _r("model.memory_fit", "model", "SKIP", "no GPU")
     if ctx.chosen is None:
-        return _r("model.memory_fit", "model", "FAIL", f"variant {ctx.variant!r} unknown for {ctx.sizing.name}",
-                  f"use one of: {', '.join(ctx.spec.variants)}")
+        return _r(
+            "model.memory_fit",
+            "model",
+            "FAIL",
+            f"variant {ctx.variant!r} unknown for {ctx.sizing.name}",
+            f"use one of: {', '.join(ctx.spec.variants)}",
+        )
     ev, s = ctx.chosen, ctx.sizing
     f = ev.fit
     kvpt = s.kv_bytes_per_token(ctx.kv_dtype) or 1
-    det = [(f"KV per token: {kvpt / 1024:.0f} KiB ({s.num_layers} layers x {s.num_kv_heads} KV heads x {s.head_dim} x "
-           f"K,V in {ctx.kv_dtype}); KV shards at TP={f.tp}: {min(f.tp, s.num_kv_heads)}"),
-           (f"per GPU: {f.unit_gib:.1f} GiB x {caps.table().host.gpu_memory_utilization} - "
-           f"{caps.table().host.overhead_gib_per_gpu:g} GiB overhead = {f.per_gpu_budget_gib:.1f} GiB usable"),
-           f"model facts: m3ctl model catalog ({s.name})" + (" (ASSUMED values: not published)" if s.assumed else "")]
+    det = [
+        (
+            f"KV per token: {kvpt / 1024:.0f} KiB ({s.num_layers} layers x {s.num_kv_heads} KV heads x {s.head_dim} x "
+            f"K,V in {ctx.kv_dtype}); KV shards at TP={f.tp}: {min(f.tp, s.num_kv_heads)}"
+        ),
+        (
+            f"per GPU: {f.unit_gib:.1f} GiB x {caps.table().host.gpu_memory_utilization} - "
+            f"{caps.table().host.overhead_gib_per_gpu:g} GiB overhead = {f.per_gpu_budget_gib:.1f} GiB usable"
+        ),
+        f"model facts: m3ctl model catalog ({s.name})" + (" (ASSUMED values: not published)" if s.assumed else ""),
+    ]
     for other in ctx.evals or []:
         if other is not ev:
-            det.append(f"variant {other.name}: {'fits at TP=' + str(other.fit.tp) if other.fit.fits else 'does not fit'}"
-                       f", capability {max((fv.status for fv in other.features), key=lambda x: caps.RANK[x], default='native')}")
+            det.append(
+                f"variant {other.name}: {'fits at TP=' + str(other.fit.tp) if other.fit.fits else 'does not fit'}"
+                f", capability {max((fv.status for fv in other.features), key=lambda x: caps.RANK[x], default='native')}"
+            )
     what = f"{s.name} {ev.name} ({ev.weights_gib:.0f} GiB weights)"
     if ev.memory_unknown:
-        return _r("model.memory_fit", "model", "WARN", f"{what}: GPU memory not reported (n/a); fit not checked",
-                  "run doctor where NVML can read device memory", det)
+        return _r(
+            "model.memory_fit",
+            "model",
+            "WARN",
+            f"{what}: GPU memory not reported (n/a); fit not checked",
+            "run doctor where NVML can read device memory",
+            det,
+        )
     if f.fits:
-        return _r("model.memory_fit", "model", "OK",
-                  f"{what} fits at TP={f.tp}: {f.weights_per_gpu_gib:.1f} GiB weights + {f.kv_needed_gib:.1f} GiB KV "
-                  f"({ctx.context} tokens) per GPU of {f.per_gpu_budget_gib:.1f} GiB usable; max context at TP={f.tp} "
-                  f"about {f.max_context:,} tokens", details=det)
+        return _r(
+            "model.memory_fit",
+            "model",
+            "OK",
+            f"{what} fits at TP={f.tp}: {f.weights_per_gpu_gib:.1f} GiB weights + {f.kv_needed_gib:.1f} GiB KV "
+            f"({ctx.context} tokens) per GPU of {f.per_gpu_budget_gib:.1f} GiB usable; max context at TP={f.tp} "
+            f"about {f.max_context:,} tokens",
+            details=det,
+        )
     unit = "MIG slice" if any(u.mig_uuid for u in ctx.vis.units) else "GPU"
     if f.units == 0:
         return _r("model.memory_fit", "model", "FAIL", f"{what}: no visible GPU", "fix gpu.visible_devices", det)
-    hint = (f"at TP={f.tp} only {f.max_context:,} tokens of KV fit: lower --context" if f.max_context > 0 else
-            f"needs about {ev.weights_gib / max(f.per_gpu_budget_gib, 1):.1f} x {f.unit_gib:.0f}-GiB {unit}s "
-            "for the weights alone: use more or larger GPUs, or a smaller variant")
-    return _r("model.memory_fit", "model", "FAIL",
-              f"{what} does not fit {f.units} visible {unit}(s) of {f.unit_gib:.1f} GiB at {ctx.context} tokens of "
-              f"context (tried TP up to {f.tp})", hint, det)
+    hint = (
+        f"at TP={f.tp} only {f.max_context:,} tokens of KV fit: lower --context"
+        if f.max_context > 0
+        else f"needs about {ev.weights_gib / max(f.per_gpu_budget_gib, 1):.1f} x {f.unit_gib:.0f}-GiB {unit}s "
+        "for the weights alone: use more or larger GPUs, or a smaller variant"
+    )
+    return _r(
+        "model.memory_fit",
+        "model",
+        "FAIL",
+        f"{what} does not fit {f.units} visible {unit}(s) of {f.unit_gib:.1f} GiB at {ctx.context} tokens of "
+        f"context (tried TP up to {f.tp})",
+        hint,
+        det,
+    )
 
 
 def check_profile(ctx: Ctx) -> CheckResult:
     drv = ctx.inv.driver
     if not ctx.gpu_host and (drv.kernel_module_version or drv.device_nodes):
-        return _r("model.profile", "model", "SKIP", "GPU driver present but unusable: no kernel profile chosen "
-                  "(not falling back to CPU)")
+        return _r(
+            "model.profile",
+            "model",
+            "SKIP",
+            "GPU driver present but unusable: no kernel profile chosen (not falling back to CPU)",
+        )
     if ctx.profile:
         return _r("model.profile", "model", "OK", f"kernel profile {ctx.profile!r} for {_arch(ctx)}")
-    return _r("model.profile", "model", "WARN" if ctx.gpu_host else "FAIL",
-              ctx.profile_note or f"no kernel profile for {_arch(ctx)}",
-              "profiles come with the catalog (m3ctl/profiles/); pass --profile FILE to serve")
+    return _r(
+        "model.profile",
+        "model",
+        "WARN" if ctx.gpu_host else "FAIL",
+        ctx.profile_note or f"no kernel profile for {_arch(ctx)}",
+        "profiles come with the catalog (m3ctl/profiles/); pass --profile FILE to serve",
+    )
 
 
 def check_image(ctx: Ctx) -> CheckResult:
@@ -851,12 +1229,25 @@ def check_image(ctx: Ctx) -> CheckResult:
         return _r("model.image", "model", "SKIP", "CPU host: bare `vllm serve` process, no image")
     if ctx.image:
         v = f"vLLM {ctx.image.vllm_version}" if ctx.image.vllm_version else ""
-        tk = f"CUDA {ctx.image.cuda_version}" if ctx.image.cuda_version else (
-            f"ROCm {ctx.image.rocm_version}" if ctx.image.rocm_version else "")
-        return _r("model.image", "model", "OK", f"recommended image {ctx.image.name} ({', '.join(x for x in (v, tk) if x)})",
-                  details=[ctx.image.reference])
-    return _r("model.image", "model", "WARN", ctx.image_note or f"no catalog image for {_arch(ctx)}",
-              "add an image to the catalog (m3ctl/images/)")
+        tk = (
+            f"CUDA {ctx.image.cuda_version}"
+            if ctx.image.cuda_version
+            else (f"ROCm {ctx.image.rocm_version}" if ctx.image.rocm_version else "")
+        )
+        return _r(
+            "model.image",
+            "model",
+            "OK",
+            f"recommended image {ctx.image.name} ({', '.join(x for x in (v, tk) if x)})",
+            details=[ctx.image.reference],
+        )
+    return _r(
+        "model.image",
+        "model",
+        "WARN",
+        ctx.image_note or f"no catalog image for {_arch(ctx)}",
+        "add an image to the catalog (m3ctl/images/)",
+    )
 
 
 def check_plan(ctx: Ctx) -> CheckResult:
@@ -869,8 +1260,13 @@ def check_plan(ctx: Ctx) -> CheckResult:
         p = plan(ctx.inv, req.model_copy(update={"name": "doctor-check"}))
     except M3Error as e:
         return _r("model.plan", "model", "FAIL", e.message, e.hint)
-    return _r("model.plan", "model", "OK" if not p.warnings else "WARN",
-              f"{ctx.model} can be served with profile {p.profile!r}", details=list(p.warnings))
+    return _r(
+        "model.plan",
+        "model",
+        "OK" if not p.warnings else "WARN",
+        f"{ctx.model} can be served with profile {p.profile!r}",
+        details=list(p.warnings),
+    )
 
 
 def check_offline(ctx: Ctx) -> CheckResult:
@@ -883,12 +1279,18 @@ def check_offline(ctx: Ctx) -> CheckResult:
     if not offline_requested():
         return _r("model.offline", "model", "SKIP", "HF_HUB_OFFLINE is not set: the hub is reachable or not needed")
     try:
-        p = resolve_offline(plan(ctx.inv, PlanRequest(model=ctx.model, name="doctor-check", skip_checks=True,
-                                                      vllm_executable="vllm")))
+        p = resolve_offline(
+            plan(ctx.inv, PlanRequest(model=ctx.model, name="doctor-check", skip_checks=True, vllm_executable="vllm"))
+        )
     except M3Error as e:
         return _r("model.offline", "model", "FAIL", e.message, e.hint)
-    return _r("model.offline", "model", "OK", f"{ctx.model}: every file vLLM reads is in {p.model}",
-              details=list(p.local_paths))
+    return _r(
+        "model.offline",
+        "model",
+        "OK",
+        f"{ctx.model}: every file vLLM reads is in {p.model}",
+        details=list(p.local_paths),
+    )
 
 
 # ----------------------------------------------------------------------------- assembly
@@ -911,8 +1313,13 @@ def _resolve_catalog(ctx: Ctx) -> None:
             if img is None:
                 img = next(iter(caps.images_for(ctx.inv.vendor or "", arch)), None)
             if img is not None:
-                ctx.image = ImageFacts(name=img.name, reference=img.reference, cuda_version=img.cuda_version,
-                                       rocm_version=img.rocm_version, vllm_version=img.vllm_version)
+                ctx.image = ImageFacts(
+                    name=img.name,
+                    reference=img.reference,
+                    cuda_version=img.cuda_version,
+                    rocm_version=img.rocm_version,
+                    vllm_version=img.vllm_version,
+                )
                 if image_name and img.name != image_name:
                     ctx.image_note = f"image {img.name} instead of {image_name}: {why}"
             else:
@@ -931,8 +1338,11 @@ def _evaluate_variants(ctx: Ctx) -> None:
     mem_unknown = bool(units) and not all(units)
     max_tp = 1 if any(u.mig_uuid for u in ctx.vis.units) else None
     # The engine that will run (same as plan): a checked --image's, else the image's (docker) or the installed vLLM.
-    engine = ctx.image.vllm_version if ctx.image and (ctx.user_image or ctx.runtime == "docker") else \
-        caps.engine_version(ctx.runtime, ctx.image.vllm_version if ctx.image else None)
+    engine = (
+        ctx.image.vllm_version
+        if ctx.image and (ctx.user_image or ctx.runtime == "docker")
+        else caps.engine_version(ctx.runtime, ctx.image.vllm_version if ctx.image else None)
+    )
     img_cuda = ctx.image.cuda_version if ctx.image else None
     ctx.engine = engine
     evals = []
@@ -947,12 +1357,28 @@ def _evaluate_variants(ctx: Ctx) -> None:
             continue
         sup = caps.variant_support(arch, v.precision, s.attention, engine_version=engine, image_cuda=img_cuda)
         weights = v.weights_gib * sup.weights_factor
-        fit = mem.smallest_tp(units, weights_gib=weights, kv_bytes_per_token=s.kv_bytes_per_token(ctx.kv_dtype),
-                              num_kv_heads=s.num_kv_heads, context=ctx.context, max_tp=max_tp)
+        fit = mem.smallest_tp(
+            units,
+            weights_gib=weights,
+            kv_bytes_per_token=s.kv_bytes_per_token(ctx.kv_dtype),
+            num_kv_heads=s.num_kv_heads,
+            context=ctx.context,
+            max_tp=max_tp,
+        )
         if s.max_position_embeddings and fit.max_context > s.max_position_embeddings:
             fit = dataclasses.replace(fit, max_context=s.max_position_embeddings)
-        evals.append(VariantEval(vname, v.precision, weights, list(sup.features),
-                                 caps.known_bad(s.family or "", arch, v.precision), fit, mem_unknown, sup))
+        evals.append(
+            VariantEval(
+                vname,
+                v.precision,
+                weights,
+                list(sup.features),
+                caps.known_bad(s.family or "", arch, v.precision),
+                fit,
+                mem_unknown,
+                sup,
+            )
+        )
     ctx.evals = evals
     if not evals:
         return
@@ -963,8 +1389,19 @@ def _evaluate_variants(ctx: Ctx) -> None:
     from m3ctl.assess.choose import choose_variant  # noqa: PLC0415
 
     good = [u for u in units if u] or [0]
-    name, _, _ = choose_variant(ctx.spec, ctx.model, None, arch, len(units), min(good) or None, [],
-                                allow_emulated=True, engine_version=engine, image_cuda=img_cuda, kv_dtype=ctx.kv_dtype)
+    name, _, _ = choose_variant(
+        ctx.spec,
+        ctx.model,
+        None,
+        arch,
+        len(units),
+        min(good) or None,
+        [],
+        allow_emulated=True,
+        engine_version=engine,
+        image_cuda=img_cuda,
+        kv_dtype=ctx.kv_dtype,
+    )
     ctx.chosen = next((ev for ev in evals if ev.name == name), evals[0])
 
 
@@ -1009,8 +1446,13 @@ def _safe(id_: str, group: Group, fn: Callable[[Ctx], CheckResult], ctx: Ctx) ->
     try:
         return fn(ctx)
     except Exception as e:  # noqa: BLE001 - a crashing check is a FAIL with its error, never a traceback
-        return _r(id_, group, "FAIL", f"check crashed: {type(e).__name__}: {e}",
-                  "report this m3ctl bug (rerun with --debug for details)")
+        return _r(
+            id_,
+            group,
+            "FAIL",
+            f"check crashed: {type(e).__name__}: {e}",
+            "report this m3ctl bug (rerun with --debug for details)",
+        )
 
 
 def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
@@ -1018,10 +1460,17 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
     if ctx.profile_note:
         notes.append(ctx.profile_note)
     if ctx.sizing and ctx.sizing.assumed:
-        notes.append(f"{ctx.sizing.name} facts are assumed (MiniMax-M3 values): m3ctl model catalog "
-                     f"({', '.join(ctx.sizing.assumed)})")
-    base = {"model": ctx.sizing.name if ctx.sizing else ctx.model, "image": ctx.image.name if ctx.image else None,
-            "profile": ctx.profile, "notes": notes, "context": ctx.context if not ctx.local_model else None}
+        notes.append(
+            f"{ctx.sizing.name} facts are assumed (MiniMax-M3 values): m3ctl model catalog "
+            f"({', '.join(ctx.sizing.assumed)})"
+        )
+    base = {
+        "model": ctx.sizing.name if ctx.sizing else ctx.model,
+        "image": ctx.image.name if ctx.image else None,
+        "profile": ctx.profile,
+        "notes": notes,
+        "context": ctx.context if not ctx.local_model else None,
+    }
     verdict_checks = [c for c in checks if c.group in INVENTORY_GROUPS or c.id in ("host.shm",)]
     # A known issue is not a fallback path: the verdict notes it with its opt-in workaround (row capability.known_issue).
     notes += [f"{c.message} ({c.fix})" for c in checks if c.id == "capability.known_issue" and c.status == "WARN"]
@@ -1029,38 +1478,72 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
     if ctx.local_model:
         fbs = _fallbacks(ctx, verdict_checks) if ctx.chosen is not None else []
         status = "not_runnable" if blockers else ("runnable_with_fallbacks" if fbs else "runnable_natively")
-        return Verdict(**base, status=status, blockers=blockers, fallbacks=fbs,
-                       variant=ctx.chosen.name if ctx.chosen else None,
-                       summary=f"{ctx.model}: " + ("not runnable: " + blockers[0] if blockers else
-                                                   f"runnable with profile {ctx.profile!r}" + (
-                                                       ", with fallbacks: " + "; ".join(_short(f) for f in fbs)
-                                                       if fbs else "")))
+        return Verdict(
+            **base,
+            status=status,
+            blockers=blockers,
+            fallbacks=fbs,
+            variant=ctx.chosen.name if ctx.chosen else None,
+            summary=f"{ctx.model}: "
+            + (
+                "not runnable: " + blockers[0]
+                if blockers
+                else f"runnable with profile {ctx.profile!r}"
+                + (", with fallbacks: " + "; ".join(_short(f) for f in fbs) if fbs else "")
+            ),
+        )
     root_causes = [b for b in blockers if not b.startswith("gpu.detect")] or blockers
     if not ctx.gpu_host:
         why = root_causes[0] if root_causes else "no GPU on this host"
-        cpu = (f"; this host serves tiny local models with the {ctx.profile!r} profile"
-               if ctx.profile == "cpu" and not blockers else "")
-        return Verdict(**base, status="not_runnable", blockers=blockers, summary=f"{base['model']}: not runnable here ({why}){cpu}")
+        cpu = (
+            f"; this host serves tiny local models with the {ctx.profile!r} profile"
+            if ctx.profile == "cpu" and not blockers
+            else ""
+        )
+        return Verdict(
+            **base, status="not_runnable", blockers=blockers, summary=f"{base['model']}: not runnable here ({why}){cpu}"
+        )
     ev = ctx.chosen
     variant = ev.name if ev else None
     tp = ev.fit.tp if ev and ev.fit.fits else None
     max_ctx = ev.fit.max_context if ev and ev.fit.fits else None
     if blockers or ev is None:
-        return Verdict(**base, variant=variant, status="not_runnable", blockers=blockers, tp=tp, max_context=max_ctx,
-                       summary=f"{base['model']}{' ' + variant if variant else ''}: not runnable here: "
-                               + (root_causes[0] if root_causes else "no variant evaluated"))
+        return Verdict(
+            **base,
+            variant=variant,
+            status="not_runnable",
+            blockers=blockers,
+            tp=tp,
+            max_context=max_ctx,
+            summary=f"{base['model']}{' ' + variant if variant else ''}: not runnable here: "
+            + (root_causes[0] if root_causes else "no variant evaluated"),
+        )
     fallbacks = _fallbacks(ctx, verdict_checks)
     planned = ctx.planned if ctx.planned is not None and hasattr(ctx.planned, "tp") else None
     where = f"{_layout_label(planned) if planned else f'TP={tp}'}, {ctx.context} tokens (max about {max_ctx:,})"
     img = f"; image {ctx.image.name}" if ctx.image else ""
     prof = f", profile {ctx.profile}" if ctx.profile else ", no kernel profile yet"
     if fallbacks:
-        return Verdict(**base, variant=variant, status="runnable_with_fallbacks", fallbacks=fallbacks, tp=tp,
-                       max_context=max_ctx,
-                       summary=f"{base['model']} {variant}: runnable with fallbacks at {where}: "
-                               + "; ".join(_short(f) for f in fallbacks) + img + prof)
-    return Verdict(**base, variant=variant, status="runnable_natively", tp=tp, max_context=max_ctx,
-                   summary=f"{base['model']} {variant}: runnable natively at {where}{img}{prof}")
+        return Verdict(
+            **base,
+            variant=variant,
+            status="runnable_with_fallbacks",
+            fallbacks=fallbacks,
+            tp=tp,
+            max_context=max_ctx,
+            summary=f"{base['model']} {variant}: runnable with fallbacks at {where}: "
+            + "; ".join(_short(f) for f in fallbacks)
+            + img
+            + prof,
+        )
+    return Verdict(
+        **base,
+        variant=variant,
+        status="runnable_natively",
+        tp=tp,
+        max_context=max_ctx,
+        summary=f"{base['model']} {variant}: runnable natively at {where}{img}{prof}",
+    )
 
 
 def _fallbacks(ctx: Ctx, verdict_checks: list[CheckResult]) -> list[str]:
@@ -1075,10 +1558,17 @@ def _fallbacks(ctx: Ctx, verdict_checks: list[CheckResult]) -> list[str]:
     if ev.known_bad:
         fallbacks.append(f"known-bad: {ev.known_bad.note} ({ev.known_bad.source})")
     for c in verdict_checks:
-        if c.status == "WARN" and c.group in ("capability",) and c.id not in ("capability.quantization",
-                                                                              "capability.sparse_attention",
-                                                                              "capability.known_bad",
-                                                                              "capability.known_issue"):
+        if (
+            c.status == "WARN"
+            and c.group in ("capability",)
+            and c.id
+            not in (
+                "capability.quantization",
+                "capability.sparse_attention",
+                "capability.known_bad",
+                "capability.known_issue",
+            )
+        ):
             fallbacks.append(f"{c.id}: {c.message}")
     return fallbacks
 
@@ -1090,13 +1580,19 @@ def _doctor_request(ctx: Ctx):
 
     if ctx.local_model:
         emulated = ctx.chosen is not None and ctx.chosen.support is not None and ctx.chosen.support.status == "emulated"
-        return PlanRequest(model=ctx.model, **({"allow_emulated": True} if emulated else {}),
-                           **({"attention": ctx.attention} if ctx.attention else {}))
+        return PlanRequest(
+            model=ctx.model,
+            **({"allow_emulated": True} if emulated else {}),
+            **({"attention": ctx.attention} if ctx.attention else {}),
+        )
     if not ctx.gpu_host or ctx.chosen is None or ctx.profile is None and ctx.profile_note is None:
         return None
     ev = ctx.chosen
-    fields: dict[str, Any] = {"model": ctx.model, "variant": ev.name,
-                              "runtime": "docker" if ctx.runtime == "docker" else "process"}
+    fields: dict[str, Any] = {
+        "model": ctx.model,
+        "variant": ev.name,
+        "runtime": "docker" if ctx.runtime == "docker" else "process",
+    }
     # The layout (TP, DP, EP, PP) is left to the planner's search, as for `m3ctl plan`: one answer for both.
     if ev.support is not None and ev.support.status == "emulated":
         fields["allow_emulated"] = True
@@ -1133,16 +1629,25 @@ def _plan_layout(ctx: Ctx) -> None:
         return
     kv = ctx.context * fit.kv_bytes_per_token_gpu / 2**30
     limit = ctx.sizing.max_position_embeddings if ctx.sizing else None
-    fit = dataclasses.replace(fit, context=ctx.context, kv_needed_gib=kv,
-                              fits=fit.weights_per_gpu_gib + kv <= fit.per_gpu_budget_gib,
-                              max_context=min(fit.max_context, limit) if limit else fit.max_context)
+    fit = dataclasses.replace(
+        fit,
+        context=ctx.context,
+        kv_needed_gib=kv,
+        fits=fit.weights_per_gpu_gib + kv <= fit.per_gpu_budget_gib,
+        max_context=min(fit.max_context, limit) if limit else fit.max_context,
+    )
     ctx.chosen = dataclasses.replace(ctx.chosen, fit=fit)
 
 
 def _layout_label(p) -> str:
     """``TP=4 x DP=2 + EP``: the plan's layout as doctor's verdict names it."""
-    return (f"TP={p.tp}" + (f" x PP={p.pp}" if getattr(p, "pp", 1) > 1 else "") + (f" x DP={p.dp}" if p.dp > 1 else "")
-            + (" + EP" if p.ep else "") + (f" DCP={p.dcp}" if p.dcp > 1 else ""))
+    return (
+        f"TP={p.tp}"
+        + (f" x PP={p.pp}" if getattr(p, "pp", 1) > 1 else "")
+        + (f" x DP={p.dp}" if p.dp > 1 else "")
+        + (" + EP" if p.ep else "")
+        + (f" DCP={p.dcp}" if p.dcp > 1 else "")
+    )
 
 
 def _rejection(e) -> str:
@@ -1158,10 +1663,16 @@ def _rejection(e) -> str:
 def _user_request(ctx: Ctx, req):
     """The request as the user would type it to ``m3ctl plan`` (doctor's own choices of TP, fallbacks and
     context left out): what ``m3ctl plan`` answers for the same question."""
-    keep = {"model", "runtime", "image", "kv_cache_dtype", "attention"} | ({"variant"} if ctx.variant else set()) \
+    keep = (
+        {"model", "runtime", "image", "kv_cache_dtype", "attention"}
+        | ({"variant"} if ctx.variant else set())
         | ({"max_model_len"} if ctx.context_given else set())
-    return req.model_copy(update={k: None for k in ("tp", "dp")} | {"allow_emulated": False}
-                          | {k: None for k in ("variant", "max_model_len") if k not in keep})
+    )
+    return req.model_copy(
+        update={k: None for k in ("tp", "dp")}
+        | {"allow_emulated": False}
+        | {k: None for k in ("variant", "max_model_len") if k not in keep}
+    )
 
 
 def _as_plan(ctx: Ctx, v: Verdict, checks: list[CheckResult], inventory_file: str | None) -> Verdict:
@@ -1184,11 +1695,20 @@ def _as_plan(ctx: Ctx, v: Verdict, checks: list[CheckResult], inventory_file: st
         blocker = _rejection(e)
         if not ctx.local_model:
             checks.append(_r("model.plan", "model", "FAIL", f"m3ctl plan rejects it: rule {blocker}", e.hint))
-        v = v.model_copy(update={"blockers": [*v.blockers, blocker], "plan_request": tried,
-                                 **({} if v.status == "not_runnable" else {
-                                     "status": "not_runnable",
-                                     "summary": f"{v.model}{' ' + v.variant if v.variant else ''}: not runnable "
-                                                f"here: {blocker}"})})
+        v = v.model_copy(
+            update={
+                "blockers": [*v.blockers, blocker],
+                "plan_request": tried,
+                **(
+                    {}
+                    if v.status == "not_runnable"
+                    else {
+                        "status": "not_runnable",
+                        "summary": f"{v.model}{' ' + v.variant if v.variant else ''}: not runnable here: {blocker}",
+                    }
+                ),
+            }
+        )
         return _name_user_rule(ctx, v, req)
     if v.status == "not_runnable":  # the engine plans it, a host check (driver, /dev/shm...) blocks it
         return _name_user_rule(ctx, v.model_copy(update={"plan_request": tried}), req)
@@ -1196,8 +1716,15 @@ def _as_plan(ctx: Ctx, v: Verdict, checks: list[CheckResult], inventory_file: st
 
     cmd = serve_command(req, inventory_file)
     if not ctx.local_model:
-        checks.append(_r("model.plan", "model", "WARN" if p.warnings else "OK", f"the engine plans it: {cmd}",
-                         details=list(p.warnings)))
+        checks.append(
+            _r(
+                "model.plan",
+                "model",
+                "WARN" if p.warnings else "OK",
+                f"the engine plans it: {cmd}",
+                details=list(p.warnings),
+            )
+        )
     return v.model_copy(update={"plan_request": tried, "serve_command": cmd})
 
 
@@ -1239,12 +1766,19 @@ def resolve_image(ref: str, env: Mapping[str, str] | None = None) -> ImageFacts:
     except Exception:  # noqa: BLE001 - catalog trouble: fall through to the engine
         img = None
     if img is not None:
-        return ImageFacts(name=img.name, reference=img.reference, cuda_version=img.cuda_version,
-                          rocm_version=img.rocm_version, vllm_version=img.vllm_version)
+        return ImageFacts(
+            name=img.name,
+            reference=img.reference,
+            cuda_version=img.cuda_version,
+            rocm_version=img.rocm_version,
+            vllm_version=img.vllm_version,
+        )
     cfg = inspect_image_config(ref, env)
     if cfg is None:
-        raise BadInput(f"image {ref!r} is neither a catalog image nor present in the container engine",
-                       "use a catalog image name, or `docker pull` it first so doctor can read its CUDA version")
+        raise BadInput(
+            f"image {ref!r} is neither a catalog image nor present in the container engine",
+            "use a catalog image name, or `docker pull` it first so doctor can read its CUDA version",
+        )
     return image_facts_from_env(ref, list(cfg.get("Env") or []), cfg.get("Labels") or {})
 
 
@@ -1271,11 +1805,21 @@ def _runtime(inventory: HostInventory, requested: str, image: ImageFacts | None)
     return choose_runtime(requested, prof, inventory, image.reference or image.name if image else None)[0]
 
 
-def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: str | None = None,
-               context: int | None = None, kv_cache_dtype: str = "auto", runtime: str = "auto", port: int = 8000,
-               host_checks: bool = True, image: ImageFacts | None = None,
-               env: Mapping[str, str] | None = None, inventory_file: str | None = None,
-               attention: str | None = None) -> DoctorReport:
+def run_doctor(
+    inventory: HostInventory,
+    *,
+    model: str | None = None,
+    variant: str | None = None,
+    context: int | None = None,
+    kv_cache_dtype: str = "auto",
+    runtime: str = "auto",
+    port: int = 8000,
+    host_checks: bool = True,
+    image: ImageFacts | None = None,
+    env: Mapping[str, str] | None = None,
+    inventory_file: str | None = None,
+    attention: str | None = None,
+) -> DoctorReport:
     """Evaluate ``inventory`` for ``model`` (default MiniMax-M3.1-Flash, best variant for the host).
 
     Args:
@@ -1301,11 +1845,23 @@ def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: s
     if runtime == "auto" or image is not None:
         runtime = _runtime(inventory, runtime, image)
     local = bool(model) and (Path(model).expanduser().is_dir() or model.startswith(("/", ".", "~")))
-    ctx = Ctx(inv=inventory, model=model or DEFAULT_MODEL, model_explicit=model is not None, variant=variant,
-              context_given=context is not None, user_image=image is not None,
-              context=context or h.default_context, kv_dtype=kv_cache_dtype, runtime=runtime, env=env, port=port,
-              vis=vismod.resolve(inventory), image=image, local_model=local,
-              attention=attention if attention != "msa" else None)
+    ctx = Ctx(
+        inv=inventory,
+        model=model or DEFAULT_MODEL,
+        model_explicit=model is not None,
+        variant=variant,
+        context_given=context is not None,
+        user_image=image is not None,
+        context=context or h.default_context,
+        kv_dtype=kv_cache_dtype,
+        runtime=runtime,
+        env=env,
+        port=port,
+        vis=vismod.resolve(inventory),
+        image=image,
+        local_model=local,
+        attention=attention if attention != "msa" else None,
+    )
     _resolve_catalog(ctx)
     if inventory.gpus or (model is not None and not local):  # no GPU and no --model: nothing to size (saves ~50 ms)
         try:
@@ -1318,8 +1874,11 @@ def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: s
             if local:
                 ctx.sizing = model_facts(ctx.spec, own) if ctx.spec is not None else None
             else:
-                ctx.sizing = (model_facts(ctx.spec, own)
-                              if ctx.spec is not None and ctx.spec.variants and ctx.spec.facts.num_layers else None)
+                ctx.sizing = (
+                    model_facts(ctx.spec, own)
+                    if ctx.spec is not None and ctx.spec.variants and ctx.spec.facts.num_layers
+                    else None
+                )
         except Exception:  # noqa: BLE001 - sizing trouble shows up as model.memory_fit (local: model.plan)
             ctx.sizing = None
         _evaluate_variants(ctx)
@@ -1338,8 +1897,12 @@ def run_doctor(inventory: HostInventory, *, model: str | None = None, variant: s
 
 def report_json(rep: DoctorReport) -> dict[str, Any]:
     """The ``--json`` shape: ``{"ok", "inventory", "checks": [{"id","group","status","message","fix","details"}], "verdict"}``."""
-    return {"ok": rep.ok, "inventory": rep.inventory.model_dump(mode="json"),
-            "checks": [c.model_dump(mode="json") for c in rep.checks], "verdict": rep.verdict.model_dump(mode="json")}
+    return {
+        "ok": rep.ok,
+        "inventory": rep.inventory.model_dump(mode="json"),
+        "checks": [c.model_dump(mode="json") for c in rep.checks],
+        "verdict": rep.verdict.model_dump(mode="json"),
+    }
 
 
 from m3ctl import _api_module

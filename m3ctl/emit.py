@@ -84,12 +84,20 @@ def docker_command(plan: LaunchPlan, options=None, *, marker: str | None = "") -
 def compose(plan: LaunchPlan) -> str:
     """A compose file with one service (Compose Specification, compose-spec.io)."""
     c = _container(launch_spec(plan))
-    svc: dict = {"image": c.image, "container_name": c.name, "entrypoint": list(c.entrypoint),
-                 "command": list(c.host_command or c.command), "ipc": c.ipc, "network_mode": "host",
-                 "volumes": [{"type": "bind", "source": m.source, "target": m.target, "read_only": m.read_only}
-                             for m in c.mounts],
-                 "environment": {**c.env, **{k: f"${{{k}:?set {k}}}" for k in c.secret_env_names}},
-                 "labels": dict(c.labels), "restart": c.restart}
+    svc: dict = {
+        "image": c.image,
+        "container_name": c.name,
+        "entrypoint": list(c.entrypoint),
+        "command": list(c.host_command or c.command),
+        "ipc": c.ipc,
+        "network_mode": "host",
+        "volumes": [
+            {"type": "bind", "source": m.source, "target": m.target, "read_only": m.read_only} for m in c.mounts
+        ],
+        "environment": {**c.env, **{k: f"${{{k}:?set {k}}}" for k in c.secret_env_names}},
+        "labels": dict(c.labels),
+        "restart": c.restart,
+    }
     if c.user:
         svc["user"] = c.user
     f = vendors.facts(c.devices.vendor)
@@ -101,8 +109,11 @@ def compose(plan: LaunchPlan) -> str:
             dev["count"] = "all"
         svc["deploy"] = {"resources": {"reservations": {"devices": [dev]}}}
     if f is not None:  # device nodes, groups, security options (AMD)
-        for key, fact in (("devices", f.container.devices), ("group_add", f.container.groups),
-                          ("security_opt", f.container.security_opt)):
+        for key, fact in (
+            ("devices", f.container.devices),
+            ("group_add", f.container.groups),
+            ("security_opt", f.container.security_opt),
+        ):
             if fact.value:
                 svc[key] = list(fact.value)
     return yaml.safe_dump({"services": {_k8s_name(plan.name): svc}}, sort_keys=False)
@@ -117,17 +128,30 @@ def _probes(spec: LaunchSpec) -> dict:
     """Startup (``/health`` within the plan's model-size budget), liveness (``/health``) and readiness (the
     served model is listed by ``/v1/models``; the key, when set, is sent from the container's environment)."""
     name = spec.served_model_names[0]
-    check = ("import json,os,sys,urllib.request as u;"
-             f"r=u.Request('http://127.0.0.1:{spec.port}/v1/models');"
-             "k=os.environ.get('VLLM_API_KEY');"
-             "k and r.add_header('Authorization','Bearer '+k);"
-             f"sys.exit(0 if {name!r} in [m['id'] for m in json.load(u.urlopen(r,timeout=5))['data']] else 1)")
-    return {"startupProbe": {"httpGet": {"path": "/health", "port": spec.port}, "periodSeconds": PROBE_PERIOD_S,
-                             "failureThreshold": max(1, math.ceil(spec.startup_budget_s / PROBE_PERIOD_S))},
-            "livenessProbe": {"httpGet": {"path": "/health", "port": spec.port}, "periodSeconds": PROBE_PERIOD_S,
-                              "failureThreshold": 3},
-            "readinessProbe": {"exec": {"command": ["python3", "-c", check]}, "periodSeconds": PROBE_PERIOD_S,
-                               "timeoutSeconds": 8}}
+    check = (
+        "import json,os,sys,urllib.request as u;"
+        f"r=u.Request('http://127.0.0.1:{spec.port}/v1/models');"
+        "k=os.environ.get('VLLM_API_KEY');"
+        "k and r.add_header('Authorization','Bearer '+k);"
+        f"sys.exit(0 if {name!r} in [m['id'] for m in json.load(u.urlopen(r,timeout=5))['data']] else 1)"
+    )
+    return {
+        "startupProbe": {
+            "httpGet": {"path": "/health", "port": spec.port},
+            "periodSeconds": PROBE_PERIOD_S,
+            "failureThreshold": max(1, math.ceil(spec.startup_budget_s / PROBE_PERIOD_S)),
+        },
+        "livenessProbe": {
+            "httpGet": {"path": "/health", "port": spec.port},
+            "periodSeconds": PROBE_PERIOD_S,
+            "failureThreshold": 3,
+        },
+        "readinessProbe": {
+            "exec": {"command": ["python3", "-c", check]},
+            "periodSeconds": PROBE_PERIOD_S,
+            "timeoutSeconds": 8,
+        },
+    }
 
 
 def _k8s_pod_parts(spec: LaunchSpec, hf_host_path: str | None, multi_node: bool) -> tuple[list, list, list, list]:
@@ -150,10 +174,17 @@ def _k8s_pod_parts(spec: LaunchSpec, hf_host_path: str | None, multi_node: bool)
             else:
                 claim = f"{_k8s_name(spec.name)}-hf-cache"
                 vols.append({"name": vname, "persistentVolumeClaim": {"claimName": claim}})
-                extra.append({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                              "metadata": {"name": claim, "labels": {"m3ctl.name": _k8s_name(spec.name)}},
-                              "spec": {"accessModes": ["ReadWriteMany" if multi_node else "ReadWriteOnce"],
-                                       "resources": {"requests": {"storage": _cache_size(spec)}}}})
+                extra.append(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "PersistentVolumeClaim",
+                        "metadata": {"name": claim, "labels": {"m3ctl.name": _k8s_name(spec.name)}},
+                        "spec": {
+                            "accessModes": ["ReadWriteMany" if multi_node else "ReadWriteOnce"],
+                            "resources": {"requests": {"storage": _cache_size(spec)}},
+                        },
+                    }
+                )
         else:  # the model (or tokenizer/draft) directory on the node, read-only
             mounts.append({"name": vname, "mountPath": m.target, "readOnly": True})
             vols.append({"name": vname, "hostPath": {"path": m.source, "type": "Directory"}})
@@ -180,21 +211,36 @@ def k8s(plan: LaunchPlan, hf_host_path: str | None = None) -> str:
     spec = launch_spec(plan)
     c = _container(spec)
     env, mounts, vols, extra = _k8s_pod_parts(spec, hf_host_path, multi_node=False)
-    container = {"name": "vllm", "image": c.image, "command": list(c.entrypoint), "args": list(c.command),
-                 "ports": [{"containerPort": c.port}], "env": env, **_probes(spec), "volumeMounts": mounts,
-                 **_gpu_limits(spec, spec.layout.num_gpus)}
+    container = {
+        "name": "vllm",
+        "image": c.image,
+        "command": list(c.entrypoint),
+        "args": list(c.command),
+        "ports": [{"containerPort": c.port}],
+        "env": env,
+        **_probes(spec),
+        "volumeMounts": mounts,
+        **_gpu_limits(spec, spec.layout.num_gpus),
+    }
     name = _k8s_name(plan.name)
-    dep = {"apiVersion": "apps/v1", "kind": "Deployment",
-           "metadata": {"name": name, "labels": {"m3ctl.name": name, "m3ctl.plan-hash": plan.plan_hash()}},
-           "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
-                    "template": {"metadata": {"labels": {"app": name}},
-                                 "spec": {"containers": [container], "volumes": vols}}}}
+    dep = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "labels": {"m3ctl.name": name, "m3ctl.plan-hash": plan.plan_hash()}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": {"containers": [container], "volumes": vols}},
+        },
+    }
     return CLUSTER_NOTE.format(port=c.port) + yaml.safe_dump_all([*extra, dep], sort_keys=False)
 
 
 #: First line of the Kubernetes forms: what is (not) exposed.
-CLUSTER_NOTE = ("# m3ctl: no Service or Ingress is emitted: the API (port {port}) is reachable only inside the cluster"
-                " (pod IP); expose it deliberately.\n")
+CLUSTER_NOTE = (
+    "# m3ctl: no Service or Ingress is emitted: the API (port {port}) is reachable only inside the cluster"
+    " (pod IP); expose it deliberately.\n"
+)
 
 
 def lws(plan: LaunchPlan, nodes: int = 2, hf_host_path: str | None = None) -> str:
@@ -223,8 +269,15 @@ def lws(plan: LaunchPlan, nodes: int = 2, hf_host_path: str | None = None) -> st
 
     def container(args: list[str], leader: bool) -> dict:
         text = " ".join(a if a.startswith("$(") else shlex.quote(a) for a in ["vllm", *args])
-        ct: dict = {"name": "vllm", "image": c.image, "command": ["sh", "-c"], "args": [text],
-                    "env": copy.deepcopy(env), "volumeMounts": copy.deepcopy(mounts), **_gpu_limits(spec, per_pod)}
+        ct: dict = {
+            "name": "vllm",
+            "image": c.image,
+            "command": ["sh", "-c"],
+            "args": [text],
+            "env": copy.deepcopy(env),
+            "volumeMounts": copy.deepcopy(mounts),
+            **_gpu_limits(spec, per_pod),
+        }
         if leader:
             ct["ports"] = [{"containerPort": c.port}]
             ct.update(_probes(spec))
@@ -233,18 +286,28 @@ def lws(plan: LaunchPlan, nodes: int = 2, hf_host_path: str | None = None) -> st
     leader = container(lead_args, leader=True)
     worker = container(work_args, leader=False)
     name = _k8s_name(plan.name)
-    doc = {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
-           "metadata": {"name": name, "labels": {"m3ctl.name": name, "m3ctl.plan-hash": plan.plan_hash()}},
-           "spec": {"replicas": 1, "leaderWorkerTemplate": {
-               "size": nodes,
-               "leaderTemplate": {"spec": {"containers": [leader], "volumes": copy.deepcopy(vols)}},
-               "workerTemplate": {"spec": {"containers": [worker], "volumes": copy.deepcopy(vols)}}}}}
+    doc = {
+        "apiVersion": "leaderworkerset.x-k8s.io/v1",
+        "kind": "LeaderWorkerSet",
+        "metadata": {"name": name, "labels": {"m3ctl.name": name, "m3ctl.plan-hash": plan.plan_hash()}},
+        "spec": {
+            "replicas": 1,
+            "leaderWorkerTemplate": {
+                "size": nodes,
+                "leaderTemplate": {"spec": {"containers": [leader], "volumes": copy.deepcopy(vols)}},
+                "workerTemplate": {"spec": {"containers": [worker], "volumes": copy.deepcopy(vols)}},
+            },
+        },
+    }
     return CLUSTER_NOTE.format(port=c.port) + yaml.safe_dump_all([*extra, doc], sort_keys=False)
 
 
 def _script_head(plan: LaunchPlan, spec: LaunchSpec, env: dict[str, str]) -> list[str]:
-    lines = ["#!/usr/bin/env bash", f"# m3ctl plan {plan.name} ({plan.plan_hash()}): profile {plan.profile}",
-             "set -euo pipefail"]
+    lines = [
+        "#!/usr/bin/env bash",
+        f"# m3ctl plan {plan.name} ({plan.plan_hash()}): profile {plan.profile}",
+        "set -euo pipefail",
+    ]
     lines += [f"export {k}={shlex.quote(v)}" for k, v in env.items()]
     lines += [f"unset {k}" for k in spec.unset_env]
     lines += [f': "${{{k}:?set {k} in the environment}}"' for k in spec.secret_env_names]
@@ -281,25 +344,29 @@ def ray(plan: LaunchPlan, nodes: int = 2) -> str:
     if spec.vllm_args is None:
         raise BadInput("this saved plan has no typed vLLM flags", "plan it again to emit multi-node forms")
     if spec.layout.dp > 1:
-        raise BadInput(f"the Ray form spreads TP x PP over nodes; this plan has DP {spec.layout.dp}",
-                       "use --emit lws for multi-node data parallel, or plan with --dp 1")
+        raise BadInput(
+            f"the Ray form spreads TP x PP over nodes; this plan has DP {spec.layout.dp}",
+            "use --emit lws for multi-node data parallel, or plan with --dp 1",
+        )
     args = {**spec.vllm_args, "pipeline-parallel-size": nodes, "distributed-executor-backend": "ray"}
     from m3ctl.launch import serve_command  # noqa: PLC0415
 
     serve = serve_command(spec.model, spec.host, spec.port, spec.served_model_names, args)
     gpus = spec.layout.tp
     lines = _script_head(plan, spec, spec.env)
-    lines += [f"# {nodes} nodes x {gpus} GPU(s): run `$0 head` on the head node, `$0 worker HEAD_IP` on the others",
-              f"RAY_PORT={RAY_PORT}",
-              'case "${1:-}" in',
-              "  head)",
-              f"    ray start --head --port \"$RAY_PORT\" --num-gpus {gpus}",
-              f"    until [ \"$(ray status 2>/dev/null | grep -c node_)\" -ge {nodes} ]; do sleep 5; done",
-              '    exec "${VLLM:-vllm}" ' + _q(serve) + " ;;",
-              "  worker)",
-              '    exec ray start --address "${2:?HEAD_IP}:$RAY_PORT" ' + f"--num-gpus {gpus} --block ;;",
-              '  *) echo "usage: $0 head | $0 worker HEAD_IP" >&2; exit 2 ;;',
-              "esac"]
+    lines += [
+        f"# {nodes} nodes x {gpus} GPU(s): run `$0 head` on the head node, `$0 worker HEAD_IP` on the others",
+        f"RAY_PORT={RAY_PORT}",
+        'case "${1:-}" in',
+        "  head)",
+        f'    ray start --head --port "$RAY_PORT" --num-gpus {gpus}',
+        f'    until [ "$(ray status 2>/dev/null | grep -c node_)" -ge {nodes} ]; do sleep 5; done',
+        '    exec "${VLLM:-vllm}" ' + _q(serve) + " ;;",
+        "  worker)",
+        '    exec ray start --address "${2:?HEAD_IP}:$RAY_PORT" ' + f"--num-gpus {gpus} --block ;;",
+        '  *) echo "usage: $0 head | $0 worker HEAD_IP" >&2; exit 2 ;;',
+        "esac",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -81,8 +81,15 @@ class LaunchFailed(M3Error):
 
     exit_code = EXIT_LAUNCH_FAILED
 
-    def __init__(self, message: str, hint: str | None = None, *, phase: str | None = None,
-                 root_cause: str | None = None, log_path: str | None = None):
+    def __init__(
+        self,
+        message: str,
+        hint: str | None = None,
+        *,
+        phase: str | None = None,
+        root_cause: str | None = None,
+        log_path: str | None = None,
+    ):
         super().__init__(message, hint)
         self.phase = phase
         self.root_cause = root_cause

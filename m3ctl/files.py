@@ -23,10 +23,17 @@ from pathlib import Path
 from m3ctl.errors import EXIT_NOT_SAVED, BadInput, M3Error
 
 #: Cause words per errno, as an operator reads them (``strerror`` of the C library, lower case).
-_CAUSES = {errno.ENOSPC: "no space left on device", errno.EDQUOT: "disk quota exceeded",
-           errno.EROFS: "read-only file system", errno.EACCES: "permission denied", errno.EPERM: "permission denied",
-           errno.EISDIR: "is a directory", errno.ENOTDIR: "a parent is not a directory", errno.EIO: "I/O error",
-           errno.ENOENT: "no such directory"}
+_CAUSES = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EISDIR: "is a directory",
+    errno.ENOTDIR: "a parent is not a directory",
+    errno.EIO: "I/O error",
+    errno.ENOENT: "no such directory",
+}
 
 
 def cause(e: OSError) -> str:
@@ -47,8 +54,10 @@ class WriteFailed(M3Error):
 
     def __init__(self, path: Path, nbytes: int, err: OSError, hint: str | None = None):
         self.path, self.nbytes, self.errno, self.cause = Path(path), nbytes, err.errno, cause(err)
-        super().__init__(f"{self.cause} writing {path} ({nbytes:,} bytes needed)",
-                         hint or "free space or choose another path, then rerun")
+        super().__init__(
+            f"{self.cause} writing {path} ({nbytes:,} bytes needed)",
+            hint or "free space or choose another path, then rerun",
+        )
 
 
 def _fsync_dir(d: Path) -> None:
@@ -120,11 +129,11 @@ def save_with_fallback(path: str | Path, data: str | bytes, fallback_dir: Path, 
             return write_atomic(fallback, data)
         except WriteFailed as second:
             extra = "" if second.cause == first.cause else f": {second.cause}"
-            first.hint = (f"nothing was saved (the fallback copy under {fallback_dir} failed too{extra}); free "
-                          "space or choose another path, then rerun")
+            first.hint = (
+                f"nothing was saved (the fallback copy under {fallback_dir} failed too{extra}); free "
+                "space or choose another path, then rerun"
+            )
             raise first from None
-
-
 
 
 def read_user_text(path: str | Path, what: str) -> str:
@@ -145,5 +154,7 @@ def read_user_text(path: str | Path, what: str) -> str:
     try:
         return raw.decode()
     except UnicodeDecodeError as e:
-        raise BadInput(f"{what} {p} is not UTF-8 text (byte {e.start}: {raw[e.start:e.start + 1]!r})",
-                       "give a UTF-8 text file (YAML or JSON)") from None
+        raise BadInput(
+            f"{what} {p} is not UTF-8 text (byte {e.start}: {raw[e.start : e.start + 1]!r})",
+            "give a UTF-8 text file (YAML or JSON)",
+        ) from None

@@ -76,11 +76,21 @@ def is_degenerate(text: str) -> bool:
     return bool(text) and set(text) == {"\x00"}
 
 
-def wait_ready(url: str, served_model_name: str, *, is_alive: Callable[[], bool], started_at: float,
-               budget_s: float, completion_timeout_s: float = 60.0, log_path: str | None = None,
-               on_event: Callable[[PhaseEvent], None] | None = None, poll_s: float = 0.2,
-               headers: dict[str, str] | None = None, read_log: Callable[[], str] | None = None,
-               diag_context: DiagContext | None = None) -> ReadinessResult:
+def wait_ready(
+    url: str,
+    served_model_name: str,
+    *,
+    is_alive: Callable[[], bool],
+    started_at: float,
+    budget_s: float,
+    completion_timeout_s: float = 60.0,
+    log_path: str | None = None,
+    on_event: Callable[[PhaseEvent], None] | None = None,
+    poll_s: float = 0.2,
+    headers: dict[str, str] | None = None,
+    read_log: Callable[[], str] | None = None,
+    diag_context: DiagContext | None = None,
+) -> ReadinessResult:
     """Wait until the server at ``url`` passes every phase, or raise.
 
     Args:
@@ -114,8 +124,9 @@ def wait_ready(url: str, served_model_name: str, *, is_alive: Callable[[], bool]
 
     def fail(phase: str, what: str, hint: str | None = None) -> LaunchFailed:
         time.sleep(0.5)  # let the server flush the traceback to its log
-        ctx = dataclasses.replace(diag_context or DiagContext(),
-                                  phase="first-request" if phase == "completion" else "startup")
+        ctx = dataclasses.replace(
+            diag_context or DiagContext(), phase="first-request" if phase == "completion" else "startup"
+        )
         diag = diagnose_text(read_log(), ctx) if read_log else diagnose_log(log_path, context=ctx)
         if diag:
             diag = explain_port_conflict(diag, host, port_i)
@@ -141,13 +152,17 @@ def wait_ready(url: str, served_model_name: str, *, is_alive: Callable[[], bool]
             if isinstance(r, str):  # a definite failure, not "still loading"
                 raise fail(phase, r)
             if time.time() > deadline:
-                raise fail(phase, f"not ready after {budget_s:.0f} s",
-                           "raise the budget with --startup-timeout if the model is large")
+                raise fail(
+                    phase,
+                    f"not ready after {budget_s:.0f} s",
+                    "raise the budget with --startup-timeout if the model is large",
+                )
             time.sleep(poll_s)
 
     until("process", lambda: True)
     until("port", lambda: _port_open(host, port_i), f"{host}:{port_i}")
     with httpx.Client(base_url=url, timeout=10.0, headers=headers or {}) as client:
+
         def health() -> bool:
             try:
                 return client.get("/health").status_code == 200
@@ -160,8 +175,10 @@ def wait_ready(url: str, served_model_name: str, *, is_alive: Callable[[], bool]
             except httpx.HTTPError:
                 return False
             if r.status_code in (401, 403):  # m3ctl sends the key it launched with: another key guards this server
-                return (f"unauthorised: /v1/models answered {r.status_code}: the server requires an API key m3ctl "
-                        "did not send (serve --api-key-env VAR, or VLLM_API_KEY in the environment)")
+                return (
+                    f"unauthorised: /v1/models answered {r.status_code}: the server requires an API key m3ctl "
+                    "did not send (serve --api-key-env VAR, or VLLM_API_KEY in the environment)"
+                )
             if r.status_code != 200:
                 return False
             ids = [m.get("id") for m in r.json().get("data", [])]
@@ -174,9 +191,11 @@ def wait_ready(url: str, served_model_name: str, *, is_alive: Callable[[], bool]
         def completion() -> bool | str:
             nonlocal text
             try:
-                r = client.post("/v1/completions", timeout=completion_timeout_s,
-                                json={"model": served_model_name, "prompt": "Hello", "max_tokens": 4,
-                                      "temperature": 0})
+                r = client.post(
+                    "/v1/completions",
+                    timeout=completion_timeout_s,
+                    json={"model": served_model_name, "prompt": "Hello", "max_tokens": 4, "temperature": 0},
+                )
             except httpx.TimeoutException:
                 return f"first completion did not return within {completion_timeout_s:.0f} s"
             except httpx.HTTPError as e:

@@ -140,8 +140,9 @@ def verify_kernels(log_text: str, expect: KernelExpect | None = None) -> KernelR
                 tolerated = fb["id"] in expect.tolerate
                 level = "WARN" if fb["severity"] == "warn" and not tolerated else "INFO"
                 note = " (tolerated by the profile)" if tolerated else ""
-                rep.findings.append(KernelFinding(level, fb["kind"], f"fallback {fb['id']}: {fb['meaning']}{note}",
-                                                  line.strip()[:300]))
+                rep.findings.append(
+                    KernelFinding(level, fb["kind"], f"fallback {fb['id']}: {fb['meaning']}{note}", line.strip()[:300])
+                )
     for kind in ("attention", "moe", "moe_experts", "linear"):
         wanted = getattr(expect, kind, None)
         got = rep.observed.get(kind, [])
@@ -151,13 +152,23 @@ def verify_kernels(log_text: str, expect: KernelExpect | None = None) -> KernelR
             continue
         ok = {_norm(w) for w in wanted}
         if not got:
-            rep.findings.append(KernelFinding("INFO", kind, f"{kind} backend not reported in the log "
-                                                            f"(profile expects {' or '.join(wanted)})"))
+            rep.findings.append(
+                KernelFinding(
+                    "INFO", kind, f"{kind} backend not reported in the log (profile expects {' or '.join(wanted)})"
+                )
+            )
         for name in got:
             if _norm(name) in ok:
-                rep.findings.append(KernelFinding("OK", kind, f"{kind} backend {name} as the profile expects",
-                                                  first_line[(kind, name)]))
+                rep.findings.append(
+                    KernelFinding("OK", kind, f"{kind} backend {name} as the profile expects", first_line[(kind, name)])
+                )
             else:
-                rep.findings.append(KernelFinding("WARN", kind, f"{kind} backend {name}, but the profile expects "
-                                                                f"{' or '.join(wanted)}", first_line[(kind, name)]))
+                rep.findings.append(
+                    KernelFinding(
+                        "WARN",
+                        kind,
+                        f"{kind} backend {name}, but the profile expects {' or '.join(wanted)}",
+                        first_line[(kind, name)],
+                    )
+                )
     return rep

@@ -147,8 +147,11 @@ def hf_cache_mount(environ: dict[str, str] | None = None) -> Mount:
     """
     env = os.environ if environ is None else environ
     if env.get("HF_HUB_CACHE"):
-        return Mount(source=str(Path(env["HF_HUB_CACHE"]).expanduser().resolve()),
-                     target=f"{CONTAINER_HF_HOME}/hub", kind="hf-cache")
+        return Mount(
+            source=str(Path(env["HF_HUB_CACHE"]).expanduser().resolve()),
+            target=f"{CONTAINER_HF_HOME}/hub",
+            kind="hf-cache",
+        )
     home = Path(env["HF_HOME"]).expanduser() if env.get("HF_HOME") else Path.home() / ".cache" / "huggingface"
     return Mount(source=str(home.resolve()), target=CONTAINER_HF_HOME, kind="hf-cache")
 
@@ -164,8 +167,11 @@ def parse_mount(spec: str) -> Mount:
     parts = spec.split(":")
     if len(parts) not in (2, 3) or not parts[0] or not parts[1] or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
         raise ConfigRejected(f"bad mount {spec!r}", "use HOST:CONTAINER[:ro|rw]")
-    return Mount(source=str(Path(parts[0]).expanduser().resolve()), target=parts[1],
-                 read_only=len(parts) == 2 or parts[2] == "ro")
+    return Mount(
+        source=str(Path(parts[0]).expanduser().resolve()),
+        target=parts[1],
+        read_only=len(parts) == 2 or parts[2] == "ro",
+    )
 
 
 def _int(v: Any) -> int:
@@ -180,8 +186,9 @@ def _typed(args: dict[str, Any]) -> dict[str, Any]:
     from m3ctl.vllm_args import flag_table  # noqa: PLC0415
 
     flags = flag_table().flags
-    return {k: tuple(v) if isinstance(v, list) and k in flags and flags[k].arity == "many" else v
-            for k, v in args.items()}
+    return {
+        k: tuple(v) if isinstance(v, list) and k in flags and flags[k].arity == "many" else v for k, v in args.items()
+    }
 
 
 def container_gpus(vendor: str | None, ids: list[str], env: dict[str, str]) -> tuple[Devices, dict[str, str]]:
@@ -205,16 +212,34 @@ def launch_spec(plan, *, nodes: int = 1, environ: dict[str, str] | None = None) 
     from m3ctl import __version__  # noqa: PLC0415
 
     args = plan.vllm_args
-    layout = Layout(tp=plan.tp, dp=plan.dp, dcp=plan.dcp, ep=plan.ep, dbo=plan.dbo, nodes=max(1, nodes),
-                    pp=_int(args.get("pipeline-parallel-size", 1)) if args else 1,
-                    pcp=_int(args.get("prefill-context-parallel-size", 1)) if args else 1)
+    layout = Layout(
+        tp=plan.tp,
+        dp=plan.dp,
+        dcp=plan.dcp,
+        ep=plan.ep,
+        dbo=plan.dbo,
+        nodes=max(1, nodes),
+        pp=_int(args.get("pipeline-parallel-size", 1)) if args else 1,
+        pcp=_int(args.get("prefill-context-parallel-size", 1)) if args else 1,
+    )
     served = [plan.served_model_name, *[a for a in plan.served_model_aliases if a != plan.served_model_name]]
-    spec = LaunchSpec(name=plan.name, runtime=plan.runtime, model=plan.model, served_model_names=served,
-                      host=plan.host, port=plan.port, vllm_args=_typed(args) if args is not None else None,
-                      legacy_argv=list(plan.argv) if args is None else [], env=dict(plan.env),
-                      unset_env=list(plan.unset_env), secret_env_names=list(plan.secret_env_names), layout=layout,
-                      startup_budget_s=plan.startup_budget_s, weights_gib=plan.weights_gib,
-                      offline=bool(plan.offline))
+    spec = LaunchSpec(
+        name=plan.name,
+        runtime=plan.runtime,
+        model=plan.model,
+        served_model_names=served,
+        host=plan.host,
+        port=plan.port,
+        vllm_args=_typed(args) if args is not None else None,
+        legacy_argv=list(plan.argv) if args is None else [],
+        env=dict(plan.env),
+        unset_env=list(plan.unset_env),
+        secret_env_names=list(plan.secret_env_names),
+        layout=layout,
+        startup_budget_s=plan.startup_budget_s,
+        weights_gib=plan.weights_gib,
+        offline=bool(plan.offline),
+    )
     if plan.image:
         mounts: list[Mount] = []
         mounts.append(hf_cache_mount(environ))
@@ -230,17 +255,32 @@ def launch_spec(plan, *, nodes: int = 1, environ: dict[str, str] | None = None) 
             if all(m.target != x.target for x in mounts):
                 mounts.append(m)
         devices, env = container_gpus(plan.gpu_vendor, plan.gpu_devices, plan.env)
-        labels = {"m3ctl.name": plan.name, "m3ctl.model": plan.model, "m3ctl.served-model-name": served[0],
-                  "m3ctl.port": str(plan.port), "m3ctl.plan-hash": plan.plan_hash(),
-                  "m3ctl.runtime-version": __version__}
-        spec.container = ContainerSpec(image=plan.image, name=f"m3ctl-{plan.name}", command=spec.serve_args("0.0.0.0"),
-                                       host_command=spec.serve_args(),
-                                       devices=devices, mounts=mounts, env=env,
-                                       secret_env_names=list(plan.secret_env_names), port=plan.port, labels=labels)
+        labels = {
+            "m3ctl.name": plan.name,
+            "m3ctl.model": plan.model,
+            "m3ctl.served-model-name": served[0],
+            "m3ctl.port": str(plan.port),
+            "m3ctl.plan-hash": plan.plan_hash(),
+            "m3ctl.runtime-version": __version__,
+        }
+        spec.container = ContainerSpec(
+            image=plan.image,
+            name=f"m3ctl-{plan.name}",
+            command=spec.serve_args("0.0.0.0"),
+            host_command=spec.serve_args(),
+            devices=devices,
+            mounts=mounts,
+            env=env,
+            secret_env_names=list(plan.secret_env_names),
+            port=plan.port,
+            labels=labels,
+        )
     return spec
 
 
-_HOSTNAME = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$")
+_HOSTNAME = re.compile(
+    r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?$"
+)
 
 
 def check_host(host: str) -> str:
@@ -267,8 +307,14 @@ def check_host(host: str) -> str:
 DP_RPC_PORT = 13345
 
 
-def multinode_dp_args(spec: LaunchSpec, nodes: int, address: str, start_rank: int | str | None = None,
-                      rpc_port: int = DP_RPC_PORT, host: str = "0.0.0.0") -> list[str]:
+def multinode_dp_args(
+    spec: LaunchSpec,
+    nodes: int,
+    address: str,
+    start_rank: int | str | None = None,
+    rpc_port: int = DP_RPC_PORT,
+    host: str = "0.0.0.0",
+) -> list[str]:
     """``serve ...`` arguments of one node of a multi-node data parallel deployment: ``nodes`` nodes of the plan's
     DP (per node, ``--data-parallel-size-local``), ``--data-parallel-size`` = DP x nodes. ``start_rank`` None is the
     leader (it serves the API; no start rank, which vLLM would read as hybrid/external load balancing); a worker is
@@ -287,8 +333,14 @@ def multinode_dp_args(spec: LaunchSpec, nodes: int, address: str, start_rank: in
         raise BadInput("this saved plan has no typed vLLM flags", "plan it again to emit multi-node forms")
     dp_local = max(1, spec.layout.dp)
     args = {k: v for k, v in spec.vllm_args.items() if k != "data-parallel-size"}
-    args.update({"data-parallel-size": dp_local * nodes, "data-parallel-size-local": dp_local,
-                 "data-parallel-address": address, "data-parallel-rpc-port": rpc_port})
+    args.update(
+        {
+            "data-parallel-size": dp_local * nodes,
+            "data-parallel-size-local": dp_local,
+            "data-parallel-address": address,
+            "data-parallel-rpc-port": rpc_port,
+        }
+    )
     if start_rank is not None:
         args.update({"headless": True, "data-parallel-start-rank": start_rank})
     return serve_command(spec.model, host, spec.port, spec.served_model_names, args)
@@ -402,8 +454,14 @@ class DockerRun(BaseModel):
         env = dict(self.env)
         env.update({k: secret_env[k] for k in self.secret_env_names if secret_env and k in secret_env})
         spec: dict[str, Any] = {
-            "image": self.image, "name": self.name, "entrypoint": list(self.entrypoint), "command": list(self.command),
-            "restart_policy": {"Name": self.restart}, "stdin_open": False, "tty": False, "labels": dict(self.labels),
+            "image": self.image,
+            "name": self.name,
+            "entrypoint": list(self.entrypoint),
+            "command": list(self.command),
+            "restart_policy": {"Name": self.restart},
+            "stdin_open": False,
+            "tty": False,
+            "labels": dict(self.labels),
         }
         if detach:
             spec["detach"] = True
@@ -422,9 +480,14 @@ class DockerRun(BaseModel):
         spec["volumes"] = {m.source: {"bind": m.target, "mode": "ro" if m.read_only else "rw"} for m in self.mounts}
         if self.gpus is not None:
             ids = list(self.gpus.ids) or None
-            spec["device_requests"] = [docker.types.DeviceRequest(
-                driver=self.gpus.driver, device_ids=ids, count=None if ids else -1,
-                capabilities=[list(c) for c in self.gpus.capabilities])]
+            spec["device_requests"] = [
+                docker.types.DeviceRequest(
+                    driver=self.gpus.driver,
+                    device_ids=ids,
+                    count=None if ids else -1,
+                    capabilities=[list(c) for c in self.gpus.capabilities],
+                )
+            ]
         if self.devices:
             spec["devices"] = [f"{d}:{d}:rwm" for d in self.devices]
         if self.groups:
@@ -439,8 +502,9 @@ class DockerRun(BaseModel):
 SHM_GIB_PER_RANK = 2
 
 
-def docker_run(spec: LaunchSpec, opts: Any = None, *, secret_names: list[str] | tuple[str, ...] = (),
-               marker: str | None = None) -> DockerRun:
+def docker_run(
+    spec: LaunchSpec, opts: Any = None, *, secret_names: list[str] | tuple[str, ...] = (), marker: str | None = None
+) -> DockerRun:
     """The :class:`DockerRun` of a launch spec with an image, under the docker runtime's options ``opts`` (a
     :class:`~m3ctl.runtime.docker.DockerOptions`; default: host network, ``--ipc=host``, the plan's GPUs).
 
@@ -487,16 +551,23 @@ def docker_run(spec: LaunchSpec, opts: Any = None, *, secret_names: list[str] | 
         labels[DEPLOYMENT_LABEL] = marker
     host_net = opts.network == "host"
     return DockerRun(
-        name=c.name, image=c.image, entrypoint=list(c.entrypoint),
+        name=c.name,
+        image=c.image,
+        entrypoint=list(c.entrypoint),
         command=spec.serve_args() if host_net else list(c.command),
         network="host" if host_net else "bridge",
         ports=[] if host_net else [PortMap(host_ip=spec.host, host_port=spec.port, container_port=spec.port)],
         ipc="host" if opts.ipc_host else None,
         shm_size=None if opts.ipc_host else (opts.shm_size or f"{SHM_GIB_PER_RANK * spec.layout.tp}g"),
         ulimits=[] if opts.ipc_host else [Ulimit(name="memlock", soft=-1, hard=-1)],
-        mounts=mounts, env=env,
+        mounts=mounts,
+        env=env,
         secret_env_names=[*c.secret_env_names, *(k for k in secret_names if k not in c.secret_env_names)],
-        gpus=gpus, devices=list(f.container.devices.value) if f else [],
+        gpus=gpus,
+        devices=list(f.container.devices.value) if f else [],
         groups=list(f.container.groups.value) if f else [],
         security_opt=list(f.container.security_opt.value) if f else [],
-        labels=labels, restart=c.restart, user=c.user)
+        labels=labels,
+        restart=c.restart,
+        user=c.user,
+    )

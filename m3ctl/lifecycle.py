@@ -72,8 +72,16 @@ class EngineState:
 
     def to_dict(self) -> dict:
         """JSON form (bench results, ``status --json``)."""
-        return {"name": self.name, "state": self.state, "detail": self.detail, "exit_status": self.exit_status,
-                "at": self.at, "cause": self.cause, "fix": self.fix, "log_path": self.log_path}
+        return {
+            "name": self.name,
+            "state": self.state,
+            "detail": self.detail,
+            "exit_status": self.exit_status,
+            "at": self.at,
+            "cause": self.cause,
+            "fix": self.fix,
+            "log_path": self.log_path,
+        }
 
 
 def _last_line(path: str | None) -> str | None:
@@ -98,8 +106,11 @@ def explain(dep: Deployment, rt=None, phase: str = "serving") -> tuple[str, str 
     if diag is not None:
         return f"{diag.summary()} [{diag.line}]", diag.fix
     last = _last_line(dep.log_path)
-    return ("no error in its log" + (f" (last line: {last})" if last else " (the log is empty)")
-            + "; a kill from outside (SIGKILL, the OOM killer: `dmesg`) leaves none"), None
+    return (
+        "no error in its log"
+        + (f" (last line: {last})" if last else " (the log is empty)")
+        + "; a kill from outside (SIGKILL, the OOM killer: `dmesg`) leaves none"
+    ), None
 
 
 def engine_state(dep: Deployment, rt=None, *, registry: Registry | None = None) -> EngineState:
@@ -107,8 +118,15 @@ def engine_state(dep: Deployment, rt=None, *, registry: Registry | None = None) 
     ``registry``, written into the record (phase ``dead``); a record already ``dead`` or ``failed`` is returned
     as recorded (nothing is probed). ``rt``: the deployment's runtime (default: as launched)."""
     if dep.phase in ("dead", "failed"):
-        return EngineState(dep.name, dep.phase, exit_status=dep.exit_status, at=dep.died_at,  # type: ignore[arg-type]
-                           cause=dep.cause, fix=dep.fix, log_path=dep.log_path)
+        return EngineState(
+            dep.name,
+            dep.phase,
+            exit_status=dep.exit_status,
+            at=dep.died_at,  # type: ignore[arg-type]
+            cause=dep.cause,
+            fix=dep.fix,
+            log_path=dep.log_path,
+        )
     if rt is None:
         from m3ctl.serve import runtime_for  # noqa: PLC0415
 
@@ -177,9 +195,10 @@ def orphans(registry: Registry | None = None, *, docker: bool = False) -> dict[s
     known = {p.stem for p in registry.deployments_dir.glob("*.json")} if registry.deployments_dir.is_dir() else set()
     prefix = registry.marker("x")[:-1]
     # a server started in a prewarmed process carries that process's marker (m3ctl.runtime.prewarm)
-    known |= {d.marker[len(prefix):] for d in registry.list() if d.marker and d.marker.startswith(prefix)}
-    out = {n: "processes " + ", ".join(str(p.pid) for p in ps)
-           for n, ps in marked_names(prefix).items() if n not in known}
+    known |= {d.marker[len(prefix) :] for d in registry.list() if d.marker and d.marker.startswith(prefix)}
+    out = {
+        n: "processes " + ", ".join(str(p.pid) for p in ps) for n, ps in marked_names(prefix).items() if n not in known
+    }
     if docker:
         for n, what in _labelled_containers(prefix).items():
             if n not in known:
@@ -202,7 +221,7 @@ def _labelled_containers(prefix: str) -> dict[str, str]:
     for c in cts:
         v = (c.labels or {}).get(DEPLOYMENT_LABEL, "")
         if v.startswith(prefix) and c.status in ("running", "paused", "restarting", "created"):
-            out[v[len(prefix):]] = f"container {c.name} ({c.status})"
+            out[v[len(prefix) :]] = f"container {c.name} ({c.status})"
     return out
 
 

@@ -34,18 +34,25 @@ _HEAD = re.compile(
     r"^(?:\((?:(?P<proc>[A-Za-z_][\w.:-]*) )?pid=(?P<pid>\d+)[^)]*\) ?)?"
     r"(?:\[rank(?P<rank>\d+)\]:)?"
     r"(?:(?P<level>DEBUG|INFO|WARNING|WARN|ERROR|CRITICAL)"
-    r"(?: (?P<ts>\d\d-\d\d [\d:.]+) \[(?P<loc>[^\]]*)\] ?|:\s+))?")
+    r"(?: (?P<ts>\d\d-\d\d [\d:.]+) \[(?P<loc>[^\]]*)\] ?|:\s+))?"
+)
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<func>.+))?\s*$')
-_TB_START = re.compile(r"(?:^\s*|: )Traceback \(most recent call last\):\s*$")  # SGLang: "... hit an exception: Traceback ..."
+_TB_START = re.compile(
+    r"(?:^\s*|: )Traceback \(most recent call last\):\s*$"
+)  # SGLang: "... hit an exception: Traceback ..."
 _RAY_START = re.compile(r"^(?P<type>(?:ray\.exceptions\.)?Ray\w*Error)\((?P<inner>[\w.]+)\): (?P<msg>ray::.*)$")
-_CHAIN = re.compile(r"^\s*(The above exception was the direct cause of the following exception:|"
-                    r"During handling of the above exception, another exception occurred:)\s*$")
+_CHAIN = re.compile(
+    r"^\s*(The above exception was the direct cause of the following exception:|"
+    r"During handling of the above exception, another exception occurred:)\s*$"
+)
 # "pkg.mod.TypeName: message" or a bare "TypeName" / "pkg.TypeName" (e.g. "AssertionError").
 _EXC_LINE = re.compile(r"^(?P<type>[A-Za-z_][\w.]*(?:\([\w.]+\))?)(?::(?: (?P<msg>.*))?)?$")
 _EXC_WORD = re.compile(r"(Error|Exception|Exit|Interrupt|Fault|Warning|Failure)(\([\w.]+\))?$")
 # A line outside a traceback that reports a failure (C++ prints, fault handlers, NCCL WARN, HSA status).
-ERRORISH = re.compile(r"(Error\b|Error:|Exception\b|error:|FAILED|Failed:|\b[Ff]ault\b|HSA_STATUS_ERROR|NCCL WARN"
-                      r"|Fatal Python error|Segmentation fault|Aborted|core dumped)")
+ERRORISH = re.compile(
+    r"(Error\b|Error:|Exception\b|error:|FAILED|Failed:|\b[Ff]ault\b|HSA_STATUS_ERROR|NCCL WARN"
+    r"|Fatal Python error|Segmentation fault|Aborted|core dumped)"
+)
 _RAW = ("untagged", None)  # loose_loc of an untagged exception line reading its message lines
 _PROGRESS = re.compile(r"(\d+%\|)|(\|\s*\d+/\d+ \[)|(it/s\]$)|(s/it\]$)")
 
@@ -189,8 +196,16 @@ def parse_line(index: int, raw: str) -> LogLine:
     level = m.group("level")
     if level == "WARN":
         level = "WARNING"
-    return LogLine(index, raw, raw[m.end():], m.group("proc"), int(m.group("pid")) if m.group("pid") else None,
-                   level, m.group("loc"), m.group("ts"))
+    return LogLine(
+        index,
+        raw,
+        raw[m.end() :],
+        m.group("proc"),
+        int(m.group("pid")) if m.group("pid") else None,
+        level,
+        m.group("loc"),
+        m.group("ts"),
+    )
 
 
 def is_ray_header(msg: str) -> bool:
@@ -221,12 +236,12 @@ class _Stream:
 
     def __init__(self) -> None:
         self.chain: list[ExcBlock] = []
-        self.block: ExcBlock | None = None   # the block being read (frames, then exception, then detail)
+        self.block: ExcBlock | None = None  # the block being read (frames, then exception, then detail)
         self.reading_detail = False
-        self.pending_chain = False           # a chaining sentence was seen: the next traceback continues the chain
+        self.pending_chain = False  # a chaining sentence was seen: the next traceback continues the chain
         self.first = 0
         self.traceback = False
-        self.loose: list[ExcBlock] = []      # a loose error with its same-header follow-up lines
+        self.loose: list[ExcBlock] = []  # a loose error with its same-header follow-up lines
         self.loose_loc: tuple[str | None, str | None] | None = None
 
 
@@ -289,8 +304,9 @@ def parse_events(text: str) -> tuple[list[LogLine], list[Event]]:
             if fm and st.reading_detail:  # a new traceback without a header: end this one
                 close_chain(st, key)
                 st.first, st.traceback = ln.index, True
-                st.block = ExcBlock(lines=[ln], frames=[Frame(fm.group("file"), int(fm.group("line")),
-                                                              fm.group("func"))])
+                st.block = ExcBlock(
+                    lines=[ln], frames=[Frame(fm.group("file"), int(fm.group("line")), fm.group("func"))]
+                )
                 continue
             if st.block.exc_type is None and not st.reading_detail:
                 if not msg.strip():
@@ -322,8 +338,9 @@ def parse_events(text: str) -> tuple[list[LogLine], list[Event]]:
                 hdr = st.block.header_line
                 same_header = hdr is not None and (ln.level, ln.loc) == (hdr.level, hdr.loc)
                 headerless = ln.level is None
-                foreign = headerless and (bool(re.match(r"^(\[|\(|INFO|WARNING|DEBUG|nanobind)", msg))
-                                          or exception_line(msg) is not None)
+                foreign = headerless and (
+                    bool(re.match(r"^(\[|\(|INFO|WARNING|DEBUG|nanobind)", msg)) or exception_line(msg) is not None
+                )
                 if msg.strip() and same_header and not foreign and len(st.block.detail) < (12 if headerless else 30):
                     st.block.detail.append(msg.strip())
                     st.block.lines.append(ln)
@@ -337,8 +354,14 @@ def parse_events(text: str) -> tuple[list[LogLine], list[Event]]:
         exc = exception_line(msg)
         errorish = bool(exc) or bool(ERRORISH.search(msg)) or ln.level in ("ERROR", "CRITICAL")
         # an untagged exception line's own message lines (pydantic's per-field errors, torch's notes)
-        if (st.loose and st.loose_loc == _RAW and ln.level is None and exc is None
-                and not re.match(r"^(\[|\(|INFO|WARNING|DEBUG|nanobind)", msg) and len(st.loose[-1].detail) < 12):
+        if (
+            st.loose
+            and st.loose_loc == _RAW
+            and ln.level is None
+            and exc is None
+            and not re.match(r"^(\[|\(|INFO|WARNING|DEBUG|nanobind)", msg)
+            and len(st.loose[-1].detail) < 12
+        ):
             st.loose[-1].detail.append(msg.strip())
             st.loose[-1].lines.append(ln)
             continue
@@ -352,8 +375,9 @@ def parse_events(text: str) -> tuple[list[LogLine], list[Event]]:
         close_loose(st, key)
         if not errorish:
             continue
-        blk = ExcBlock(exc_type=exc[0] if exc else None, message=exc[1] if exc else msg.strip(), lines=[ln],
-                       header_line=ln)
+        blk = ExcBlock(
+            exc_type=exc[0] if exc else None, message=exc[1] if exc else msg.strip(), lines=[ln], header_line=ln
+        )
         if ln.level is not None:
             st.loose, st.loose_loc = [blk], (ln.level, ln.loc)
         elif exc:

@@ -49,16 +49,20 @@ def snapshot_dir(repo_id: str, revision: str = "main", environ: dict[str, str] |
     commit = ref.read_text().strip() if ref.is_file() else revision
     snap = repo / "snapshots" / commit
     if not snap.is_dir():
-        raise ConfigRejected(f"offline: {repo_id} (revision {revision}) is not in the HF cache {hub_cache(environ)}",
-                             f"download it where there is network (`hf download {repo_id}`), copy the cache here, "
-                             "or point HF_HUB_CACHE / HF_HOME at it")
+        raise ConfigRejected(
+            f"offline: {repo_id} (revision {revision}) is not in the HF cache {hub_cache(environ)}",
+            f"download it where there is network (`hf download {repo_id}`), copy the cache here, "
+            "or point HF_HUB_CACHE / HF_HOME at it",
+        )
     return snap
 
 
 def _need(path: Path, what: str, repo: str) -> None:
     if not path.is_file():  # also a dangling symlink into blobs/ (an interrupted download)
-        raise ConfigRejected(f"offline: {what} {path} of {repo} is missing",
-                             f"download {repo} again where there is network and copy the whole snapshot")
+        raise ConfigRejected(
+            f"offline: {what} {path} of {repo} is missing",
+            f"download {repo} again where there is network and copy the whole snapshot",
+        )
 
 
 def check_snapshot(path: Path, repo: str, weights: bool = True) -> None:
@@ -81,8 +85,9 @@ def check_snapshot(path: Path, repo: str, weights: bool = True) -> None:
         idx = json.loads(index.read_text())
         shards = sorted(set(idx["weight_map"].values()))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise ConfigRejected(f"offline: safetensors index {index} of {repo} is unreadable ({e})",
-                             "download the model again") from None
+        raise ConfigRejected(
+            f"offline: safetensors index {index} of {repo} is unreadable ({e})", "download the model again"
+        ) from None
     total = 0
     for s in shards:
         f = path / s
@@ -93,9 +98,11 @@ def check_snapshot(path: Path, repo: str, weights: bool = True) -> None:
         total += size
     want = int((idx.get("metadata") or {}).get("total_size") or 0)
     if total < want:
-        raise ConfigRejected(f"offline: the {len(shards)} shard(s) of {repo} hold {total} bytes, less than the "
-                             f"{want} bytes of tensors {index.name} lists (a truncated download)",
-                             "download the model again")
+        raise ConfigRejected(
+            f"offline: the {len(shards)} shard(s) of {repo} hold {total} bytes, less than the "
+            f"{want} bytes of tensors {index.name} lists (a truncated download)",
+            "download the model again",
+        )
 
 
 def _local(ref: str, revision: str, weights: bool, environ) -> Path:
@@ -140,5 +147,13 @@ def resolve_offline(plan, environ: dict[str, str] | None = None):
         local_paths.append(str(draft))
     served = [plan.served_model_name, *plan.served_model_aliases]
     argv = [plan.argv[0], *serve_command(str(model), plan.host, plan.port, served, args)]
-    return plan.model_copy(update={"model": str(model), "argv": argv, "vllm_args": args, "offline": True,
-                                   "env": {**plan.env, **OFFLINE_ENV}, "local_paths": local_paths})
+    return plan.model_copy(
+        update={
+            "model": str(model),
+            "argv": argv,
+            "vllm_args": args,
+            "offline": True,
+            "env": {**plan.env, **OFFLINE_ENV},
+            "local_paths": local_paths,
+        }
+    )

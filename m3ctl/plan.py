@@ -168,19 +168,42 @@ class LaunchPlan(BaseModel):
 
     def summary(self) -> dict[str, Any]:
         """The ``m3ctl plan --json`` shape: image, argv, env, explain, rejected (plus layout)."""
-        return {"image": self.image, "argv": self.argv, "env": redact_env(self.env), "profile": self.profile,
-                "model": self.model, "variant": self.variant, "runtime": self.runtime,
-                "layout": {"gpus": self.gpus, "tp": self.tp, "pp": self.pp, "dp": self.dp, "dcp": self.dcp,
-                           "ep": self.ep, "dbo": self.dbo, "spec_depth": self.spec_depth},
-                "layouts": self.layouts,
-                "explain": [c.model_dump() for c in self.choices],
-                "rejected": [r.model_dump() for r in self.rejected],
-                "warnings": self.warnings, "violations": self.violations, "request": self.request}
+        return {
+            "image": self.image,
+            "argv": self.argv,
+            "env": redact_env(self.env),
+            "profile": self.profile,
+            "model": self.model,
+            "variant": self.variant,
+            "runtime": self.runtime,
+            "layout": {
+                "gpus": self.gpus,
+                "tp": self.tp,
+                "pp": self.pp,
+                "dp": self.dp,
+                "dcp": self.dcp,
+                "ep": self.ep,
+                "dbo": self.dbo,
+                "spec_depth": self.spec_depth,
+            },
+            "layouts": self.layouts,
+            "explain": [c.model_dump() for c in self.choices],
+            "rejected": [r.model_dump() for r in self.rejected],
+            "warnings": self.warnings,
+            "violations": self.violations,
+            "request": self.request,
+        }
 
 
 #: Raw parallel flags planned as m3ctl's own knobs (flag -> plan() argument).
-RAW_PARALLEL_FLAGS = {"tensor-parallel-size": "tp", "data-parallel-size": "dp", "decode-context-parallel-size": "dcp",
-                      "enable-expert-parallel": "ep", "enable-dbo": "dbo", "pipeline-parallel-size": "pp"}
+RAW_PARALLEL_FLAGS = {
+    "tensor-parallel-size": "tp",
+    "data-parallel-size": "dp",
+    "decode-context-parallel-size": "dcp",
+    "enable-expert-parallel": "ep",
+    "enable-dbo": "dbo",
+    "pipeline-parallel-size": "pp",
+}
 
 
 def render_flags(args: dict[str, Any]) -> list[str]:
@@ -223,8 +246,10 @@ def _device_ids(inventory: HostInventory, units, n: int) -> list[str]:
     if units is None:
         return [g.uuid or str(g.index) for g in inventory.gpus[:n]]
     by_index = {g.index: g for g in inventory.gpus}
-    return [u.mig_uuid or (by_index[u.gpu].uuid if u.gpu in by_index and by_index[u.gpu].uuid else str(u.gpu))
-            for u in units[:n]]
+    return [
+        u.mig_uuid or (by_index[u.gpu].uuid if u.gpu in by_index and by_index[u.gpu].uuid else str(u.gpu))
+        for u in units[:n]
+    ]
 
 
 def _pinned_units(inventory: HostInventory, visible, pins: list[int]) -> list:
@@ -236,8 +261,11 @@ def _pinned_units(inventory: HostInventory, visible, pins: list[int]) -> list:
     """
     from m3ctl.hw.visible import Unit  # noqa: PLC0415
 
-    pool = visible if visible is not None else [Unit(g.index, g.memory_total_mib, f"GPU {g.index} ({g.name})")
-                                                for g in inventory.gpus]
+    pool = (
+        visible
+        if visible is not None
+        else [Unit(g.index, g.memory_total_mib, f"GPU {g.index} ({g.name})") for g in inventory.gpus]
+    )
     by_gpu: dict[int, Any] = {}
     for u in pool:
         by_gpu.setdefault(u.gpu, u)
@@ -245,13 +273,16 @@ def _pinned_units(inventory: HostInventory, visible, pins: list[int]) -> list:
         raise BadInput(f"gpus {pins}: GPU {dup} is named twice", "name each GPU once")
     if missing := [g for g in pins if g not in by_gpu]:
         have = ", ".join(str(g) for g in sorted(by_gpu)) or "none"
-        raise BadInput(f"gpus {pins}: GPU {missing[0]} is not a visible GPU of this host (visible: {have})",
-                       "name GPUs by the index nvidia-smi / amd-smi shows")
+        raise BadInput(
+            f"gpus {pins}: GPU {missing[0]} is not a visible GPU of this host (visible: {have})",
+            "name GPUs by the index nvidia-smi / amd-smi shows",
+        )
     return [by_gpu[g] for g in pins]
 
 
-def _pin_env(inventory: HostInventory, units, envs: dict[str, str], unset_env: list[str], choices: list
-             ) -> tuple[dict[str, str], list[str]]:
+def _pin_env(
+    inventory: HostInventory, units, envs: dict[str, str], unset_env: list[str], choices: list
+) -> tuple[dict[str, str], list[str]]:
     """The server environment that shows it only the pinned GPUs (process runtime; a container gets its devices).
 
     NVIDIA: ``CUDA_VISIBLE_DEVICES`` with the physical indices and ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so CUDA numbers
@@ -287,8 +318,16 @@ def _canon_flag(key: str) -> str:
 SAME_SETTING = {"attention-backend": "attention_config.backend", "attention_config.backend": "attention-backend"}
 
 
-def _attention_choice(mode: str | None, facts, family: str | None, arch: str, engine_version: str | None,
-                      args: dict[str, Any], choices: list[Choice], warnings: list[str]) -> None:
+def _attention_choice(
+    mode: str | None,
+    facts,
+    family: str | None,
+    arch: str,
+    engine_version: str | None,
+    args: dict[str, Any],
+    choices: list[Choice],
+    warnings: list[str],
+) -> None:
     """``--attention``: ``dense`` sets the fallback's flag (m3ctl.assess.known_issues.attention_overrides, merged
     into the user's own ``--hf-overrides``) and warns; with the default, a known issue that has this fallback is
     named in the choices (the rule ``capability.known_issue`` warns)."""
@@ -298,15 +337,25 @@ def _attention_choice(mode: str | None, facts, family: str | None, arch: str, en
     if mode == "dense":
         flag, value = attention_overrides(facts, args.get(fb.flag))
         args[flag] = value
-        choices.append(Choice(what="attention", value="dense", why=f"--attention dense: {fb.what} "
-                              f"(--{flag} {json.dumps(value, separators=(',', ':'))})"))
+        choices.append(
+            Choice(
+                what="attention",
+                value="dense",
+                why=f"--attention dense: {fb.what} (--{flag} {json.dumps(value, separators=(',', ':'))})",
+            )
+        )
         warnings.append(f"--attention dense: {fb.warning}")
         return
     rows = [a for a in applicable(family, arch, facts.attention, engine_version) if a.fallback is not None]
     if rows:
-        choices.append(Choice(what="attention", value=facts.attention,
-                              why=f"the checkpoint's own; known issue {rows[0].issue.id} here: {rows[0].fallback.option} "
-                                  f"is its opt-in fallback ({rows[0].fallback.what}; quality cost unknown)"))
+        choices.append(
+            Choice(
+                what="attention",
+                value=facts.attention,
+                why=f"the checkpoint's own; known issue {rows[0].issue.id} here: {rows[0].fallback.option} "
+                f"is its opt-in fallback ({rows[0].fallback.what}; quality cost unknown)",
+            )
+        )
 
 
 def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
@@ -349,9 +398,14 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     user_image = None
     if profile is None:
         profile = catalog.profile_for_arch(inventory.arch, catalog_dir)
-        choices.append(Choice(what="profile", value=profile.name,
-                              why=f"catalog profile for detected architecture {inventory.arch!r}"
-                                  f" ({len(inventory.gpus)} GPU(s), probe {inventory.probe})"))
+        choices.append(
+            Choice(
+                what="profile",
+                value=profile.name,
+                why=f"catalog profile for detected architecture {inventory.arch!r}"
+                f" ({len(inventory.gpus)} GPU(s), probe {inventory.probe})",
+            )
+        )
     else:
         choices.append(Choice(what="profile", value=profile.name, why="given with --profile"))
     from m3ctl.assess.choose import choose_runtime  # noqa: PLC0415
@@ -359,8 +413,10 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     runtime, why_rt = choose_runtime(runtime, profile, inventory, image)
     choices.append(Choice(what="runtime", value=runtime, why=why_rt))
     if runtime not in profile.runtimes:
-        raise ConfigRejected(f"profile {profile.name!r} does not support runtime {runtime!r}",
-                             f"use --runtime {' or '.join(profile.runtimes)}")
+        raise ConfigRejected(
+            f"profile {profile.name!r} does not support runtime {runtime!r}",
+            f"use --runtime {' or '.join(profile.runtimes)}",
+        )
     # The device set the server will really see (visible-device variables, MIG slices): F02, F03, F05.
     from m3ctl.hw.visible import resolve as resolve_visibility  # noqa: PLC0415
 
@@ -370,14 +426,23 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         units = _pinned_units(inventory, units, r.gpus)
         choices.append(Choice(what="GPUs", value=", ".join(u.label for u in units), why="pinned by the request (gpus)"))
     n_gpus = len(units) if units is not None else len(inventory.gpus)
-    mem = (units[0].memory_mib if units else None) if units is not None else \
-        (inventory.gpus[0].memory_total_mib if inventory.gpus else None)
+    mem = (
+        (units[0].memory_mib if units else None)
+        if units is not None
+        else (inventory.gpus[0].memory_total_mib if inventory.gpus else None)
+    )
     if vis is not None and vis.controlled_by:
-        choices.append(Choice(what="visible GPUs", value=", ".join(u.label for u in vis.units) or "none",
-                              why=f"from {', '.join(vis.controlled_by)}"))
+        choices.append(
+            Choice(
+                what="visible GPUs",
+                value=", ".join(u.label for u in vis.units) or "none",
+                why=f"from {', '.join(vis.controlled_by)}",
+            )
+        )
     if runtime == "docker" and not image and profile.image:
-        img, why_img = capability.choose_image(inventory.vendor or "", profile.arch, inventory.cuda_driver_version,
-                                               profile.image, catalog_dir)
+        img, why_img = capability.choose_image(
+            inventory.vendor or "", profile.arch, inventory.cuda_driver_version, profile.image, catalog_dir
+        )
         if img is not None and img.name != profile.image:
             warnings.append(f"image {img.name} (CUDA {img.cuda_version}) instead of {profile.image}: {why_img}")
     elif runtime == "docker" and image:
@@ -388,19 +453,32 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
             from m3ctl.assess.image import inspect_user_image  # noqa: PLC0415
 
             user_image = inspect_user_image(image)
-    image_vllm = (img.vllm_version if img is not None else (user_image.vllm_version if user_image else None))
-    image_cuda = (img.cuda_version if img is not None else (user_image.cuda_version if user_image else None))
+    image_vllm = img.vllm_version if img is not None else (user_image.vllm_version if user_image else None)
+    image_cuda = img.cuda_version if img is not None else (user_image.cuda_version if user_image else None)
     engine_version = r.engine_version or capability.engine_version(runtime, image_vllm)
     vname, var = (None, None)
     if spec is not None:
         choices.append(Choice(what="model", value=spec.name, why=f"catalog match for {model!r}"))
         if spec.assumed:
-            warnings.append(f"{spec.name}: facts assumed from a sibling model (not public): {', '.join(spec.assumed)}; "
-                            "a local config.json overrides them")
+            warnings.append(
+                f"{spec.name}: facts assumed from a sibling model (not public): {', '.join(spec.assumed)}; "
+                "a local config.json overrides them"
+            )
         if not local.local or variant:
             passed: list[tuple[str, str]] = []
-            vname, var, why = choose_variant(spec, model, variant, profile.arch, max(1, n_gpus), mem, passed,
-                                             allow_emulated, engine_version, image_cuda, kv_cache_dtype or "auto")
+            vname, var, why = choose_variant(
+                spec,
+                model,
+                variant,
+                profile.arch,
+                max(1, n_gpus),
+                mem,
+                passed,
+                allow_emulated,
+                engine_version,
+                image_cuda,
+                kv_cache_dtype or "auto",
+            )
             rejected += [Rejected(what="variant", value=n, why=w) for n, w in passed]
             if vname:
                 choices.append(Choice(what="variant", value=f"{vname} ({var.precision})", why=why))
@@ -451,8 +529,13 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
             dbo = pd.dbo
             from_profile.append(f"DBO {'on' if dbo else 'off'}")
         if from_profile:
-            choices.append(Choice(what="parallel defaults", value=", ".join(from_profile),
-                                  why=f"profile {profile.name} parallel section (command-line values win)"))
+            choices.append(
+                Choice(
+                    what="parallel defaults",
+                    value=", ".join(from_profile),
+                    why=f"profile {profile.name} parallel section (command-line values win)",
+                )
+            )
     strategy = profile.strategies.get(max(1, n_gpus), "tp")
     d_tp, d_dp, d_ep = (1, max(1, n_gpus), True) if strategy == "dep" else (max(1, n_gpus), 1, strategy == "tep")
     if not facts.moe:
@@ -473,14 +556,26 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         pp_ok = bool(archs) and any(a in engine_facts(engine_version).pp_architectures for a in archs)
         dcp_ok = profile.supports.dcp and facts.attention in profile.supports.dcp_attention
         default = layout_search.Layout(tp_, pp_, dp_, dcp_, bool(ep_))
-        best = layout_search.search(lambda q: plan(inventory, q), r, n_gpus=n_gpus, pins=pins, moe=facts.moe,
-                                    ep_ok=profile.supports.ep, pp_ok=pp_ok,
-                                    dcp_sizes=[d for d in (2, 4, 8) if d <= n_gpus] if dcp_ok else [],
-                                    default=default)
+        best = layout_search.search(
+            lambda q: plan(inventory, q),
+            r,
+            n_gpus=n_gpus,
+            pins=pins,
+            moe=facts.moe,
+            ep_ok=profile.supports.ep,
+            pp_ok=pp_ok,
+            dcp_sizes=[d for d in (2, 4, 8) if d <= n_gpus] if dcp_ok else [],
+            default=default,
+        )
         return best.model_copy(update={"request": r.public()})
     if tp is None and dp is None and n_gpus > 0:
-        choices.append(Choice(what="parallel", value=f"TP {tp_} x DP {dp_}{' + EP' if ep_ else ''}",
-                              why=f"profile {profile.name} strategy {strategy!r} for {n_gpus} GPU(s)"))
+        choices.append(
+            Choice(
+                what="parallel",
+                value=f"TP {tp_} x DP {dp_}{' + EP' if ep_ else ''}",
+                why=f"profile {profile.name} strategy {strategy!r} for {n_gpus} GPU(s)",
+            )
+        )
     # Speculative decoding.
     depth = spec_depth or 0
     method = spec_method or ((spec.drafter.method if spec and spec.drafter else None) or "ngram")
@@ -491,8 +586,13 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
             spec_cfg["model"] = spec.drafter.model
         if draft_tp is not None:
             spec_cfg["draft_tensor_parallel_size"] = draft_tp
-        choices.append(Choice(what="speculative", value=json.dumps(spec_cfg),
-                              why="--spec-depth" + (" with the model's drafter" if "model" in spec_cfg else "")))
+        choices.append(
+            Choice(
+                what="speculative",
+                value=json.dumps(spec_cfg),
+                why="--spec-depth" + (" with the model's drafter" if "model" in spec_cfg else ""),
+            )
+        )
 
     # Flags, lowest precedence first.
     args: dict[str, Any] = {}
@@ -543,20 +643,31 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     if spec_cfg:
         par["speculative-config"] = spec_cfg
     layer(par, "parallel / speculative layout")
-    typed = {"kv-cache-dtype": kv_cache_dtype, "max-model-len": max_model_len, "max-num-seqs": max_num_seqs,
-             "max-num-batched-tokens": max_num_batched_tokens}
+    typed = {
+        "kv-cache-dtype": kv_cache_dtype,
+        "max-model-len": max_model_len,
+        "max-num-seqs": max_num_seqs,
+        "max-num-batched-tokens": max_num_batched_tokens,
+    }
     layer({k: v for k, v in typed.items() if v is not None}, "command-line override")
-    if facts.max_position_embeddings and isinstance(args.get("max-model-len"), int) \
-            and args["max-model-len"] > facts.max_position_embeddings:
+    if (
+        facts.max_position_embeddings
+        and isinstance(args.get("max-model-len"), int)
+        and args["max-model-len"] > facts.max_position_embeddings
+    ):
         args["max-model-len"] = facts.max_position_embeddings
-        choices.append(Choice(what="--max-model-len", value=str(facts.max_position_embeddings),
-                              why="capped at the model's max_position_embeddings"))
+        choices.append(
+            Choice(
+                what="--max-model-len",
+                value=str(facts.max_position_embeddings),
+                why="capped at the model's max_position_embeddings",
+            )
+        )
     layer({k.lstrip("-"): v for k, v in (overrides or {}).items()}, "command-line override (--arg)")
     layer(raw.flags, "raw vLLM argument")
     _attention_choice(r.attention, facts, family, profile.arch, engine_version, args, choices, warnings)
     for note in raw.notes:
-        choices.append(Choice(what="raw argument", value=note.split(" read as ")[-1].split(" (")[0],
-                              why=note))
+        choices.append(Choice(what="raw argument", value=note.split(" read as ")[-1].split(" (")[0], why=note))
     envs.update(env or {})
     unset_env: list[str] = []
     if vis is not None and vis.controlled_by and runtime == "process":
@@ -564,14 +675,24 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         vis_var = vf.visibility.env.value if vf else ""
         if vf and vis.index_form:  # NVIDIA UUIDs resolved to indices (m3ctl/hw/visible.py)
             envs[vis_var] = vis.index_form
-            choices.append(Choice(what=vis_var, value=vis.index_form,
-                                  why="UUIDs translated to indices (vLLM before the UUID fix crashes on them: F02)"))
+            choices.append(
+                Choice(
+                    what=vis_var,
+                    value=vis.index_form,
+                    why="UUIDs translated to indices (vLLM before the UUID fix crashes on them: F02)",
+                )
+            )
         if vf and vf.visibility.unset.value and vis.units and len(vis.controlled_by) > 1:  # AMD double masking
             envs[vis_var] = ",".join(str(u.gpu) for u in vis.units)
             unset_env = [k for k in vf.visibility.unset.value if k in vis.controlled_by]
-            choices.append(Choice(what=vis_var, value=envs[vis_var],
-                                  why=f"one visibility variable instead of {' + '.join(vis.controlled_by)} "
-                                      "(double masking: F05); the others are unset for the server"))
+            choices.append(
+                Choice(
+                    what=vis_var,
+                    value=envs[vis_var],
+                    why=f"one visibility variable instead of {' + '.join(vis.controlled_by)} "
+                    "(double masking: F05); the others are unset for the server",
+                )
+            )
     if r.gpus is not None and units and runtime == "process":
         envs, unset_env = _pin_env(inventory, units, envs, unset_env, choices)
     world = tp_ * pp_ * dp_  # vLLM's world size: the GPUs the launch occupies
@@ -596,27 +717,64 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
             choices.append(Choice(what="image", value=image_ref, why=f"given with --image (catalog image {img.name})"))
         elif image:
             image_ref = image
-            choices.append(Choice(what="image", value=image, why="given with --image" + (
-                f" (labels/env: {user_image.describe()})" if user_image else " (not inspected: no container engine or "
-                                                                           "not pulled)")))
+            choices.append(
+                Choice(
+                    what="image",
+                    value=image,
+                    why="given with --image"
+                    + (
+                        f" (labels/env: {user_image.describe()})"
+                        if user_image
+                        else " (not inspected: no container engine or not pulled)"
+                    ),
+                )
+            )
             img = user_image.as_catalog_image() if user_image else None
         elif img is not None:
             image_ref = img.reference
-            choices.append(Choice(what="image", value=image_ref,
-                                  why=f"profile {profile.name} image {profile.image}" if img.name == profile.image
-                                  else f"{img.name}: the profile image needs a newer driver"))
+            choices.append(
+                Choice(
+                    what="image",
+                    value=image_ref,
+                    why=f"profile {profile.name} image {profile.image}"
+                    if img.name == profile.image
+                    else f"{img.name}: the profile image needs a newer driver",
+                )
+            )
         else:
-            raise ConfigRejected(f"profile {profile.name!r} names no image for the docker runtime",
-                                 "pass --image REF (a local image works; see m3ctl/runtime/docker.py)")
-    ctx = PlanContext(inventory=inventory, profile=profile, spec=spec, variant_name=ctx_vname, variant=ctx_var,
-                      facts=facts,
-                      image=img, runtime=runtime, tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_, pp=pp_,
-                      spec_method=method if depth else None, spec_depth=depth, draft_tp=draft_tp, args=args,
-                      env=envs, allow_emulated=allow_emulated, n_visible=n_gpus, unit_memory_mib=mem,
-                      visibility_problems=list(vis.problems) if vis is not None else [],
-                      engine_version=engine_version, image_cuda=image_cuda if runtime == "docker" else None,
-                      drafter_block_size=spec.drafter.block_size if spec and spec.drafter else None,
-                      image_archs=list(user_image.cuda_archs) if user_image and runtime == "docker" else [])
+            raise ConfigRejected(
+                f"profile {profile.name!r} names no image for the docker runtime",
+                "pass --image REF (a local image works; see m3ctl/runtime/docker.py)",
+            )
+    ctx = PlanContext(
+        inventory=inventory,
+        profile=profile,
+        spec=spec,
+        variant_name=ctx_vname,
+        variant=ctx_var,
+        facts=facts,
+        image=img,
+        runtime=runtime,
+        tp=tp_,
+        dp=dp_,
+        dcp=dcp_,
+        ep=ep_,
+        dbo=dbo_,
+        pp=pp_,
+        spec_method=method if depth else None,
+        spec_depth=depth,
+        draft_tp=draft_tp,
+        args=args,
+        env=envs,
+        allow_emulated=allow_emulated,
+        n_visible=n_gpus,
+        unit_memory_mib=mem,
+        visibility_problems=list(vis.problems) if vis is not None else [],
+        engine_version=engine_version,
+        image_cuda=image_cuda if runtime == "docker" else None,
+        drafter_block_size=spec.drafter.block_size if spec and spec.drafter else None,
+        image_archs=list(user_image.cuda_archs) if user_image and runtime == "docker" else [],
+    )
     chosen_len = choose_max_model_len(ctx)
     if chosen_len:
         choices.append(Choice(what="--max-model-len", value=str(chosen_len[0]), why=chosen_len[1]))
@@ -626,18 +784,30 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     if violations and not skip_checks:
         v = violations[0]
         more = f" (also: {', '.join(x.rule for x in violations[1:])})" if len(violations) > 1 else ""
-        alts = "; ".join(f"{r.what} {r.value}: {r.why}" for r in rejected) if v.rule in ("variant.native", "memory.fit") else ""
-        raise ConfigRejected(f"rule {v.rule}: {v.message}{more}",
-                             f"{v.fix} [source: {v.source}]" + (f"; alternatives rejected: {alts}" if alts else ""))
+        alts = (
+            "; ".join(f"{r.what} {r.value}: {r.why}" for r in rejected)
+            if v.rule in ("variant.native", "memory.fit")
+            else ""
+        )
+        raise ConfigRejected(
+            f"rule {v.rule}: {v.message}{more}",
+            f"{v.fix} [source: {v.source}]" + (f"; alternatives rejected: {alts}" if alts else ""),
+        )
     if ctx.variant and allow_emulated and ctx.support().status == "emulated":
         warnings.append(f"variant {ctx_vname} runs emulated on {profile.arch}: {ctx.support().note}")
     warnings += [f"rule {v.rule} skipped: {v.message}" for v in violations]
     warnings += [f"rule {f.id}: {f.message} ({f.fix})" for f in findings if f.status == "WARN"]
     warnings += advisories(ctx)
 
-    target = model if local.local else ((var.hf_id if var and var.hf_id else None) or
-                                         (spec.hf_id if spec and spec.hf_id and model.lower() in spec.all_ids() else None)
-                                         or model)
+    target = (
+        model
+        if local.local
+        else (
+            (var.hf_id if var and var.hf_id else None)
+            or (spec.hf_id if spec and spec.hf_id and model.lower() in spec.all_ids() else None)
+            or model
+        )
+    )
     served = served_model_name or target  # what OpenAI clients send; the deployment name is an alias
     aliases = [name] if served_model_name is None and name != target else []
     exe = vllm_executable or find_vllm_executable()
@@ -647,26 +817,55 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     weights = facts.weights_gib
     if startup_budget_s is None:
         startup_budget_s = profile.readiness.startup_base_s + profile.readiness.startup_s_per_gib * weights
-        why = (f"{profile.readiness.startup_base_s:.0f} s + {profile.readiness.startup_s_per_gib:.0f} s/GiB x "
-               f"{weights:.2f} GiB of weights")
+        why = (
+            f"{profile.readiness.startup_base_s:.0f} s + {profile.readiness.startup_s_per_gib:.0f} s/GiB x "
+            f"{weights:.2f} GiB of weights"
+        )
     else:
         why = "given with --startup-timeout"
     choices.append(Choice(what="startup budget", value=f"{startup_budget_s:.0f} s", why=why))
-    lp = LaunchPlan(name=name, runtime=runtime, profile=profile.name, model_spec=spec.name if spec else None,
-                      variant=vname, image=image_ref, model=target,
-                      served_model_name=served, host=host, port=port, argv=argv, env=envs,
-                      secret_env_names=secret_names, secret_origins=origins, gpus=[u.gpu for u in units][:world] if units is not None else [g.index for g in inventory.gpus][:world],
-                      tp=tp_, dp=dp_, dcp=dcp_, ep=ep_, dbo=dbo_, pp=pp_, spec_depth=ctx.speculation()[1],
-                      startup_budget_s=startup_budget_s, completion_timeout_s=profile.readiness.completion_timeout_s,
-                      choices=choices, rejected=rejected, warnings=warnings,
-                      violations=[f"{v.rule}: {v.message}" for v in violations], mounts=list(mounts or []),
-                      gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
-                      gpu_devices=_device_ids(inventory, units, world), unset_env=unset_env,
-                      python_modules=list(profile.family_python_modules.get(family, [])) if family else [],
-                      request=r.public(), memory_fit=ctx.memory_fit(), scheduler_limits=ctx.scheduler_limits(),
-                      vllm_args=args, served_model_aliases=aliases, weights_gib=weights or None,
-                      kernel_expect=kernel_expectation(profile.expect, ctx.support() if ctx.variant else None)
-                      .model_dump())
+    lp = LaunchPlan(
+        name=name,
+        runtime=runtime,
+        profile=profile.name,
+        model_spec=spec.name if spec else None,
+        variant=vname,
+        image=image_ref,
+        model=target,
+        served_model_name=served,
+        host=host,
+        port=port,
+        argv=argv,
+        env=envs,
+        secret_env_names=secret_names,
+        secret_origins=origins,
+        gpus=[u.gpu for u in units][:world] if units is not None else [g.index for g in inventory.gpus][:world],
+        tp=tp_,
+        dp=dp_,
+        dcp=dcp_,
+        ep=ep_,
+        dbo=dbo_,
+        pp=pp_,
+        spec_depth=ctx.speculation()[1],
+        startup_budget_s=startup_budget_s,
+        completion_timeout_s=profile.readiness.completion_timeout_s,
+        choices=choices,
+        rejected=rejected,
+        warnings=warnings,
+        violations=[f"{v.rule}: {v.message}" for v in violations],
+        mounts=list(mounts or []),
+        gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
+        gpu_devices=_device_ids(inventory, units, world),
+        unset_env=unset_env,
+        python_modules=list(profile.family_python_modules.get(family, [])) if family else [],
+        request=r.public(),
+        memory_fit=ctx.memory_fit(),
+        scheduler_limits=ctx.scheduler_limits(),
+        vllm_args=args,
+        served_model_aliases=aliases,
+        weights_gib=weights or None,
+        kernel_expect=kernel_expectation(profile.expect, ctx.support() if ctx.variant else None).model_dump(),
+    )
     lp._secret_values = dict(found.values)
     return lp
 

@@ -39,8 +39,7 @@ def _one_line(e: ValidationError, what: str) -> str:
     return f"{what}: {loc}: {first['msg']}{more}"
 
 
-def _validated(cls, data: Any, where: str, hint: str, version_key: str, version: Any, readable: bool,
-               reads: str):
+def _validated(cls, data: Any, where: str, hint: str, version_key: str, version: Any, readable: bool, reads: str):
     """``cls.model_validate(data)`` for a result file's content, every failure one line.
 
     Raises:
@@ -50,8 +49,9 @@ def _validated(cls, data: Any, where: str, hint: str, version_key: str, version:
     if not isinstance(data, dict):
         raise BadInput(f"{where}: expected a JSON object, got {type(data).__name__}", hint)
     if not readable:
-        raise BadInput(f"{where}: {version_key} {version!r} is not readable by this m3ctl (reads {reads})",
-                       "upgrade m3ctl")
+        raise BadInput(
+            f"{where}: {version_key} {version!r} is not readable by this m3ctl (reads {reads})", "upgrade m3ctl"
+        )
     try:
         return cls.model_validate(data)
     except ValidationError as e:
@@ -178,10 +178,16 @@ class BenchResult(BaseModel):
             BadInput: not a bench result (one line naming the first bad field), or written by a newer m3ctl.
         """
         ver = data.get("m3ctl_schema_version") if isinstance(data, dict) else None
-        return _validated(cls, data, where, "pass a file written by `m3ctl bench --output-json` or `vllm bench "
-                          "serve --save-result`", "m3ctl_schema_version", ver,
-                          ver is None or str(ver).split(".")[0] == BENCH_SCHEMA_VERSION.split(".")[0],
-                          f"{BENCH_SCHEMA_VERSION.split('.')[0]}.x")
+        return _validated(
+            cls,
+            data,
+            where,
+            "pass a file written by `m3ctl bench --output-json` or `vllm bench serve --save-result`",
+            "m3ctl_schema_version",
+            ver,
+            ver is None or str(ver).split(".")[0] == BENCH_SCHEMA_VERSION.split(".")[0],
+            f"{BENCH_SCHEMA_VERSION.split('.')[0]}.x",
+        )
 
     @classmethod
     def read(cls, path: str | Path) -> BenchResult:
@@ -298,8 +304,16 @@ class TuneReport(BaseModel):
             BadInput: not a tune result (one line naming the first bad field), or a newer schema_version.
         """
         ver = data.get("schema_version", 1) if isinstance(data, dict) else None
-        return _validated(cls, data, where, "pass the result.json of a tune study directory", "schema_version", ver,
-                          ver == TUNE_SCHEMA_VERSION, str(TUNE_SCHEMA_VERSION))
+        return _validated(
+            cls,
+            data,
+            where,
+            "pass the result.json of a tune study directory",
+            "schema_version",
+            ver,
+            ver == TUNE_SCHEMA_VERSION,
+            str(TUNE_SCHEMA_VERSION),
+        )
 
     @classmethod
     def read(cls, path: str | Path) -> TuneReport:
@@ -311,9 +325,18 @@ class TuneReport(BaseModel):
         p = Path(path)
         if p.is_dir():
             p = p / "result.json"
-        data = _read_json(p, "tune result", "a study writes result.json when it finishes; run `m3ctl tune --resume DIR`")
+        data = _read_json(
+            p, "tune result", "a study writes result.json when it finishes; run `m3ctl tune --resume DIR`"
+        )
         return cls.from_dict(data, str(p))
 
 
-__all__ = ["BENCH_SCHEMA_VERSION", "TUNE_SCHEMA_VERSION", "BenchResult", "BenchSweep", "BenchValidity",
-           "TuneBest", "TuneReport"]
+__all__ = [
+    "BENCH_SCHEMA_VERSION",
+    "TUNE_SCHEMA_VERSION",
+    "BenchResult",
+    "BenchSweep",
+    "BenchValidity",
+    "TuneBest",
+    "TuneReport",
+]

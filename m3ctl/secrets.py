@@ -69,8 +69,9 @@ def table() -> SecretsTable:
     Raises:
         CatalogError: the file is not valid (names the key that is wrong).
     """
-    return _load(resources.files("m3ctl").joinpath("data/secrets.yaml").read_text(), SecretsTable,
-                 "m3ctl/data/secrets.yaml")
+    return _load(
+        resources.files("m3ctl").joinpath("data/secrets.yaml").read_text(), SecretsTable, "m3ctl/data/secrets.yaml"
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -142,8 +143,9 @@ class Separated:
     origins: dict[str, str] = field(default_factory=dict)
 
 
-def separate(args: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None, *,
-             origin: str = "") -> Separated:
+def separate(
+    args: Mapping[str, Any] | None = None, env: Mapping[str, str] | None = None, *, origin: str = ""
+) -> Separated:
     """Take the secrets out of one layer of ``vllm serve`` flags (``{flag: value}``) and environment: a flag of
     m3ctl/data/secrets.yaml with a value (``api-key`` -> ``VLLM_API_KEY``, ``hf-token`` -> ``HF_TOKEN``; a bare
     ``--hf-token`` means "the login token" and stays), and every variable with a secret-looking name
@@ -162,8 +164,10 @@ def separate(args: Mapping[str, Any] | None = None, env: Mapping[str, str] | Non
             continue
         vals = [str(x) for x in v] if isinstance(v, tuple | list) else [str(v)]
         if len(vals) != 1 or not vals[0]:
-            raise BadInput(f"--{k.lstrip('-')} has {len(vals)} values; m3ctl hands one to the server through "
-                           f"{f.env}", "give one value")
+            raise BadInput(
+                f"--{k.lstrip('-')} has {len(vals)} values; m3ctl hands one to the server through {f.env}",
+                "give one value",
+            )
         out.values[f.env] = vals[0]
         out.origins[f.env] = f"--{k.lstrip('-')}" + (f" ({origin})" if origin else "")
     for k, v in (env or {}).items():
@@ -212,8 +216,9 @@ def split_api_key(raw_args: list[str]) -> tuple[list[str], str | None]:
         i += 1
     remember(*keys)
     if len(keys) > 1:
-        raise BadInput(f"raw --api-key has {len(keys)} keys; m3ctl hands one to vLLM through {API_KEY_ENV}",
-                       "give one key")
+        raise BadInput(
+            f"raw --api-key has {len(keys)} keys; m3ctl hands one to vLLM through {API_KEY_ENV}", "give one key"
+        )
     return out, (keys[0] if keys else None)
 
 
@@ -283,8 +288,9 @@ def key_hint(plan: Any | None) -> str:
     return f"set {var} to the server's API key" + (f" (the launch took it from {origin})" if origin else "")
 
 
-def auth_headers(key: str | None = None, *, secret_env: Mapping[str, str] | None = None,
-                 basic: str | None = None) -> dict[str, str]:
+def auth_headers(
+    key: str | None = None, *, secret_env: Mapping[str, str] | None = None, basic: str | None = None
+) -> dict[str, str]:
     """The ``Authorization`` header of a client: ``Bearer KEY`` (``key``, else ``secret_env[VLLM_API_KEY]``),
     else ``Basic ...`` (``basic``: base64 ``user:password`` from URL credentials, RFC 7617); ``{}`` when none."""
     key = key or (secret_env or {}).get(API_KEY_ENV)
@@ -309,9 +315,12 @@ def restart_env(plan: Any, environ: Mapping[str, str] | None = None) -> dict[str
         var = source_var(plan, name)
         if not env.get(var):
             origin = (getattr(plan, "secret_origins", None) or {}).get(name)
-            raise BadInput(f"cannot restart {plan.name!r}: its launch passed {name}"
-                           + (f" (from {origin})" if origin else "") + f" and {var} is not set here",
-                           f"export {var} as at the launch, or watch with --restart no")
+            raise BadInput(
+                f"cannot restart {plan.name!r}: its launch passed {name}"
+                + (f" (from {origin})" if origin else "")
+                + f" and {var} is not set here",
+                f"export {var} as at the launch, or watch with --restart no",
+            )
         out[name] = env[var]
     remember(*out.values())
     return out
@@ -328,8 +337,10 @@ def exposure_warning(host: str, secret_names: Iterable[str]) -> str | None:
     if loopback or API_KEY_ENV in set(secret_names):
         return None
     every = host in ("0.0.0.0", "::")
-    return (f"--host {host}: the API listens on {'every interface' if every else host} with no API key; anyone "
-            "who can reach this host can use the server (serve --api-key-env VAR, or keep --host 127.0.0.1)")
+    return (
+        f"--host {host}: the API listens on {'every interface' if every else host} with no API key; anyone "
+        "who can reach this host can use the server (serve --api-key-env VAR, or keep --host 127.0.0.1)"
+    )
 
 
 # ----------------------------------------------------------------------------- URL credentials
@@ -345,7 +356,7 @@ def split_url_credentials(url: str) -> tuple[str, str | None]:
     userinfo = m.group("userinfo")
     user, _, pw = userinfo.partition(":")
     remember(userinfo, unquote(pw), unquote(user) if len(user) >= 4 and not pw else None)
-    clean = url[:m.start("userinfo")] + url[m.end():]
+    clean = url[: m.start("userinfo")] + url[m.end() :]
     try:
         parts = urlsplit(clean)
         clean = urlunsplit(parts)

@@ -72,14 +72,18 @@ def preflight(plan: LaunchPlan, registry: Registry, runtime: Runtime | None = No
             alive = bool(marked_processes(registry.marker(plan.name)))
             where = f"(its record {e.path} is unreadable)"
         if alive:
-            raise ConfigRejected(f"deployment {plan.name!r} is already running {where}",
-                                 f"stop it first (`m3ctl stop {plan.name}`) or choose another --name")
+            raise ConfigRejected(
+                f"deployment {plan.name!r} is already running {where}",
+                f"stop it first (`m3ctl stop {plan.name}`) or choose another --name",
+            )
     from m3ctl.lifecycle import orphan_of  # noqa: PLC0415
 
     if orphan := orphan_of(plan.name, registry, docker=plan.runtime == "docker"):  # its record gone or dead
-        raise ConfigRejected(f"a server of deployment {plan.name!r} is still running without a live record "
-                             f"({orphan})", f"stop it with `m3ctl stop {plan.name}` (found by its process marker or "
-                             "container label), or choose another --name")
+        raise ConfigRejected(
+            f"a server of deployment {plan.name!r} is still running without a live record ({orphan})",
+            f"stop it with `m3ctl stop {plan.name}` (found by its process marker or "
+            "container label), or choose another --name",
+        )
     if registry.exists(plan.name):
         registry.remove(plan.name)  # stale record of a dead server
     ensure_port_free(plan.host, plan.port, registry)
@@ -92,13 +96,16 @@ def preflight(plan: LaunchPlan, registry: Registry, runtime: Runtime | None = No
     if plan.runtime == "process":
         exe = Path(plan.argv[0])
         if not exe.exists():
-            raise ConfigRejected(f"vLLM executable {plan.argv[0]} not found",
-                                 "install vLLM (pip install 'm3ctl[cpu]' on CPU hosts), then run `m3ctl doctor`")
+            raise ConfigRejected(
+                f"vLLM executable {plan.argv[0]} not found",
+                "install vLLM (pip install 'm3ctl[cpu]' on CPU hosts), then run `m3ctl doctor`",
+            )
         if exe == Path(find_vllm_executable()):
             rep = vllm_env.check_install()
             if not rep.ok:
-                raise ConfigRejected(f"the vLLM install is broken: {rep.problems[0]}",
-                                     "run `m3ctl dev fix-vllm`, then `m3ctl doctor`")
+                raise ConfigRejected(
+                    f"the vLLM install is broken: {rep.problems[0]}", "run `m3ctl dev fix-vllm`, then `m3ctl doctor`"
+                )
             _check_all2all_kernels(plan)
             _check_python_modules(plan)
 
@@ -118,10 +125,12 @@ def _check_python_modules(plan: LaunchPlan) -> None:
 
     missing = [m for m in plan.python_modules if importlib.util.find_spec(m) is None]
     if missing:
-        raise ConfigRejected(f"{plan.model_spec or plan.model} on profile {plan.profile} needs the Python "
-                             f"module(s) {', '.join(missing)}, which this vLLM environment does not have",
-                             "use the profile's image (--runtime docker) or install them in vLLM's environment "
-                             "(e.g. pip install flashinfer-python at the version vLLM pins)")
+        raise ConfigRejected(
+            f"{plan.model_spec or plan.model} on profile {plan.profile} needs the Python "
+            f"module(s) {', '.join(missing)}, which this vLLM environment does not have",
+            "use the profile's image (--runtime docker) or install them in vLLM's environment "
+            "(e.g. pip install flashinfer-python at the version vLLM pins)",
+        )
 
 
 def _check_all2all_kernels(plan: LaunchPlan) -> None:
@@ -140,9 +149,10 @@ def _check_all2all_kernels(plan: LaunchPlan) -> None:
         return
     module = "deep_ep" if backend.startswith("deepep") else "mori"
     if importlib.util.find_spec(module) is None:
-        raise ConfigRejected(f"--all2all-backend {backend} needs the {module} kernels, which this vLLM "
-                             "environment does not have", "use an image with DeepEP/MoRI, install them "
-                             "(vllm tools/ep_kernels), or drop --dbo and the backend")
+        raise ConfigRejected(
+            f"--all2all-backend {backend} needs the {module} kernels, which this vLLM environment does not have",
+            "use an image with DeepEP/MoRI, install them (vllm tools/ep_kernels), or drop --dbo and the backend",
+        )
 
 
 @dataclass
@@ -166,10 +176,18 @@ class ServeResult:
         return self.deployment.served_model_name
 
 
-def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secret_env: dict[str, str] | None = None,
-                    on_event: Callable[[PhaseEvent], None] | None = None, runtime: Runtime | None = None,
-                    expect=None, restarts: int = 0, smoke: str | bool = "full",
-                    diag_context: DiagContext | None = None) -> ServeResult:
+def launch_and_wait(
+    plan: LaunchPlan,
+    *,
+    registry: Registry | None = None,
+    secret_env: dict[str, str] | None = None,
+    on_event: Callable[[PhaseEvent], None] | None = None,
+    runtime: Runtime | None = None,
+    expect=None,
+    restarts: int = 0,
+    smoke: str | bool = "full",
+    diag_context: DiagContext | None = None,
+) -> ServeResult:
     """Launch ``plan`` and wait until it really serves, then verify the kernels vLLM chose.
 
     Args:
@@ -211,10 +229,19 @@ def launch_and_wait(plan: LaunchPlan, *, registry: Registry | None = None, secre
             dep.restarts = restarts
             registry.save(dep)
         ctx = diag_context or DiagContext.for_plan(plan)
-        ready = wait_ready(dep.url, dep.served_model_name, is_alive=lambda: rt.is_alive(dep),
-                           started_at=dep.started_at, budget_s=plan.startup_budget_s,
-                           completion_timeout_s=plan.completion_timeout_s, log_path=dep.log_path,
-                           on_event=on_event, headers=headers, read_log=lambda: rt.log_text(dep), diag_context=ctx)
+        ready = wait_ready(
+            dep.url,
+            dep.served_model_name,
+            is_alive=lambda: rt.is_alive(dep),
+            started_at=dep.started_at,
+            budget_s=plan.startup_budget_s,
+            completion_timeout_s=plan.completion_timeout_s,
+            log_path=dep.log_path,
+            on_event=on_event,
+            headers=headers,
+            read_log=lambda: rt.log_text(dep),
+            diag_context=ctx,
+        )
         findings, dep.smoke_s = _smoke(plan, dep, rt, headers, ctx, level, on_event) if level != "off" else (None, None)
         dep.phase, dep.ready_at, dep.smoke_level = "ready", time.time(), level
         dep.smoke = [f.to_dict() for f in findings] if findings is not None else None
@@ -249,8 +276,15 @@ def _record_failure(registry: Registry, dep: Deployment, e: LaunchFailed) -> Non
     record_death(registry, dep.name, es, phase="failed")
 
 
-def _smoke(plan: LaunchPlan, dep: Deployment, rt: Runtime, headers: dict[str, str], ctx: DiagContext,
-           level: str = "full", on_event: Callable[[PhaseEvent], None] | None = None) -> tuple[list, float]:
+def _smoke(
+    plan: LaunchPlan,
+    dep: Deployment,
+    rt: Runtime,
+    headers: dict[str, str],
+    ctx: DiagContext,
+    level: str = "full",
+    on_event: Callable[[PhaseEvent], None] | None = None,
+) -> tuple[list, float]:
     """The smoke test (m3ctl/smoke.py) at ``level`` on a ready server, reported as the readiness phase ``smoke``
     (its ``ok`` event's detail: the level, the number of checks and their seconds); returns (the findings, the
     smoke's wall time in seconds).
@@ -265,8 +299,15 @@ def _smoke(plan: LaunchPlan, dep: Deployment, rt: Runtime, headers: dict[str, st
     emit(PhaseEvent("smoke", "start", time.time() - dep.started_at, f"{level}: the workload's prompts"))
     t0 = time.monotonic()
     try:
-        findings = run_smoke(dep.url, dep.served_model_name, level=level, target=smoke_target(plan),
-                             headers=headers, timeout_s=plan.completion_timeout_s, is_alive=lambda: rt.is_alive(dep))
+        findings = run_smoke(
+            dep.url,
+            dep.served_model_name,
+            level=level,
+            target=smoke_target(plan),
+            headers=headers,
+            timeout_s=plan.completion_timeout_s,
+            is_alive=lambda: rt.is_alive(dep),
+        )
         died = None if rt.is_alive(dep) else "after its last check"
     except ServerDied as e:
         died = f"in {e.check} ({e.sent})"
@@ -276,14 +317,25 @@ def _smoke(plan: LaunchPlan, dep: Deployment, rt: Runtime, headers: dict[str, st
         what = f"server died during the smoke test after readiness, {died}"
         emit(PhaseEvent("smoke", "fail", time.time() - dep.started_at, what))
         if diag:
-            raise LaunchFailed(f"{what}: {diag.summary()} [{diag.line}]",
-                               diag.fix + (f"; full log: {dep.log_path}" if dep.log_path else ""), phase="smoke",
-                               root_cause=diag.line, log_path=dep.log_path)
+            raise LaunchFailed(
+                f"{what}: {diag.summary()} [{diag.line}]",
+                diag.fix + (f"; full log: {dep.log_path}" if dep.log_path else ""),
+                phase="smoke",
+                root_cause=diag.line,
+                log_path=dep.log_path,
+            )
         raise LaunchFailed(what, f"see the log: {dep.log_path}", phase="smoke", log_path=dep.log_path)
     took = round(time.monotonic() - t0, 3)
     bad = [f.status for f in findings if f.status in ("WARN", "FAIL")]
-    emit(PhaseEvent("smoke", "ok", time.time() - dep.started_at, f"{level}: {len(findings)} checks in {took:.1f} s"
-                    + (f" ({', '.join(f'{bad.count(s)} {s}' for s in ('FAIL', 'WARN') if s in bad)})" if bad else "")))
+    emit(
+        PhaseEvent(
+            "smoke",
+            "ok",
+            time.time() - dep.started_at,
+            f"{level}: {len(findings)} checks in {took:.1f} s"
+            + (f" ({', '.join(f'{bad.count(s)} {s}' for s in ('FAIL', 'WARN') if s in bad)})" if bad else ""),
+        )
+    )
     return findings, took
 
 
@@ -343,8 +395,16 @@ def sigint_ignored():
             signal.signal(s, h)
 
 
-def relaunch(name: str, *, registry: Registry, secret_env: dict[str, str] | None, runtime: Runtime,
-             expect=None, attempt: int = 1, on_event: Callable[[PhaseEvent], None] | None = None) -> Deployment:
+def relaunch(
+    name: str,
+    *,
+    registry: Registry,
+    secret_env: dict[str, str] | None,
+    runtime: Runtime,
+    expect=None,
+    attempt: int = 1,
+    on_event: Callable[[PhaseEvent], None] | None = None,
+) -> Deployment:
     """Launch the saved plan of ``name`` again (the watchdog's ``--restart on-failure``) and wait until ready,
     with the smoke level of the launch it replaces.
 
@@ -366,8 +426,16 @@ def relaunch(name: str, *, registry: Registry, secret_env: dict[str, str] | None
     if missing:  # never relaunch without a secret of the original launch (a keyed server would come back open)
         secret_env = {**restart_env(plan), **(secret_env or {})}  # BadInput naming the variable when unset here
     registry.remove(name)
-    return launch_and_wait(plan, registry=registry, secret_env=secret_env, runtime=runtime, expect=expect,
-                           restarts=attempt, on_event=on_event, smoke=level).deployment
+    return launch_and_wait(
+        plan,
+        registry=registry,
+        secret_env=secret_env,
+        runtime=runtime,
+        expect=expect,
+        restarts=attempt,
+        on_event=on_event,
+        smoke=level,
+    ).deployment
 
 
 def saved_plan(registry: Registry, name: str) -> LaunchPlan | None:
@@ -384,8 +452,10 @@ def saved_plan(registry: Registry, name: str) -> LaunchPlan | None:
     except (OSError, ValueError) as e:
         path = registry.root / "plans" / f"{name}.json"
         why = e.errors()[0]["msg"] if hasattr(e, "errors") else str(e).splitlines()[0]
-        raise BadInput(f"the saved plan of deployment {name!r} is unreadable ({path}: {why[:120]})",
-                       f"`m3ctl stop {name}` and serve it again (the plan is saved at launch)") from None
+        raise BadInput(
+            f"the saved plan of deployment {name!r} is unreadable ({path}: {why[:120]})",
+            f"`m3ctl stop {name}` and serve it again (the plan is saved at launch)",
+        ) from None
 
 
 def profile_expect(profile, name: str, plan=None):
@@ -418,16 +488,30 @@ def record_probe(registry: Registry, name: str, verdict: str) -> None:
         cur = registry.get(name)
     except (UnreadableRecord, M3Error):
         return
-    phase = "stalled" if verdict == "stalled" else ("ready" if cur.phase == "stalled" and verdict == "ok" else cur.phase)
+    phase = (
+        "stalled" if verdict == "stalled" else ("ready" if cur.phase == "stalled" and verdict == "ok" else cur.phase)
+    )
     if phase != cur.phase:
         cur.phase = phase
         registry.save(cur)
 
 
-def watch_deployment(dep: Deployment, rt: Runtime, registry: Registry, secret_env: dict[str, str] | None, expect=None,
-                     *, interval_s: float = 10.0, restart: str = "no", canary_timeout_s: float = 30.0,
-                     stall_s: float = 60.0, max_restarts: int = 3, count: int | None = None,
-                     stop_on_exit: bool = True, on_event: Callable | None = None) -> None:
+def watch_deployment(
+    dep: Deployment,
+    rt: Runtime,
+    registry: Registry,
+    secret_env: dict[str, str] | None,
+    expect=None,
+    *,
+    interval_s: float = 10.0,
+    restart: str = "no",
+    canary_timeout_s: float = 30.0,
+    stall_s: float = 60.0,
+    max_restarts: int = 3,
+    count: int | None = None,
+    stop_on_exit: bool = True,
+    on_event: Callable | None = None,
+) -> None:
     """Watch ``dep`` in the foreground (m3ctl.watchdog.watch) until a failure, ``count`` probes, or Ctrl-C; each
     probe's verdict is kept in the record (:func:`record_probe`); ``restart="on-failure"`` relaunches the saved
     plan up to ``max_restarts`` times. ``on_event`` gets every watchdog event (m3ctl.watchdog.WatchEvent).
@@ -456,9 +540,19 @@ def watch_deployment(dep: Deployment, rt: Runtime, registry: Registry, secret_en
         return relaunch(dep.name, registry=registry, secret_env=secret_env, runtime=rt, expect=expect, attempt=attempt)
 
     try:
-        last = watch(dep, rt, interval_s=interval_s, canary_timeout_s=canary_timeout_s, stall_s=stall_s,
-                     restart=restart, max_restarts=max_restarts, relaunch=again, on_event=on_watch,
-                     max_probes=count, headers=headers)
+        last = watch(
+            dep,
+            rt,
+            interval_s=interval_s,
+            canary_timeout_s=canary_timeout_s,
+            stall_s=stall_s,
+            restart=restart,
+            max_restarts=max_restarts,
+            relaunch=again,
+            on_event=on_watch,
+            max_probes=count,
+            headers=headers,
+        )
     except KeyboardInterrupt:
         raise
     except Exception:
@@ -474,8 +568,10 @@ def watch_deployment(dep: Deployment, rt: Runtime, registry: Registry, secret_en
 
         if stop_on_exit and registry.exists(dep.name):
             stop([dep.name], registry=registry)
-        raise Unauthorised(f"deployment {dep.name!r} is unauthorised: {last.detail} (the engine is not dead)",
-                           key_hint(saved_plan(registry, dep.name)))
+        raise Unauthorised(
+            f"deployment {dep.name!r} is unauthorised: {last.detail} (the engine is not dead)",
+            key_hint(saved_plan(registry, dep.name)),
+        )
 
     from m3ctl.lifecycle import EngineState, record_death  # noqa: PLC0415
 
@@ -483,14 +579,27 @@ def watch_deployment(dep: Deployment, rt: Runtime, registry: Registry, secret_en
     if (stop_on_exit or last.verdict == "exited") and registry.exists(current.name):
         with sigint_ignored():  # what is left of it; the record stays (`dead`, with its cause) for `m3ctl logs`
             runtime_for(current).stop(current, timeout_s=10)
-            es = last.engine or EngineState(current.name, "failed", last.detail, at=last.at,
-                                            cause=f"{last.verdict}: {last.detail}", log_path=current.log_path)
+            es = last.engine or EngineState(
+                current.name,
+                "failed",
+                last.detail,
+                at=last.at,
+                cause=f"{last.verdict}: {last.detail}",
+                log_path=current.log_path,
+            )
             record_death(registry, current.name, es, phase="dead" if last.engine is not None else "failed")
-    what = last.engine.sentence() if last.engine is not None else f"server {dep.name!r} failed: {last.verdict}: " \
-        f"{last.detail}" + (f" [{last.cause}]" if last.cause else "")
-    fix = (last.engine.fix + "; " if last.engine is not None and last.engine.fix else "")
-    raise LaunchFailed(what, fix + f"`m3ctl logs {dep.name}` shows its log; `m3ctl stop {dep.name}` removes the record",
-                       phase="watch", log_path=current.log_path)
+    what = (
+        last.engine.sentence()
+        if last.engine is not None
+        else f"server {dep.name!r} failed: {last.verdict}: {last.detail}" + (f" [{last.cause}]" if last.cause else "")
+    )
+    fix = last.engine.fix + "; " if last.engine is not None and last.engine.fix else ""
+    raise LaunchFailed(
+        what,
+        fix + f"`m3ctl logs {dep.name}` shows its log; `m3ctl stop {dep.name}` removes the record",
+        phase="watch",
+        log_path=current.log_path,
+    )
 
 
 def deployment_secrets(registry: Registry, name: str, *, for_restart: bool = False) -> dict[str, str]:
@@ -588,8 +697,9 @@ def stop_unreadable(name: str, registry: Registry, timeout_s: float = 20.0) -> S
     return rep
 
 
-def stop(names: list[str] | None = None, *, all_: bool = False, registry: Registry | None = None,
-         timeout_s: float = 20.0) -> list[StopReport]:
+def stop(
+    names: list[str] | None = None, *, all_: bool = False, registry: Registry | None = None, timeout_s: float = 20.0
+) -> list[StopReport]:
     """Stop deployments by name (or all); remove their records; verify nothing is left. A name whose record is
     gone is still found by its process marker or container label (and ``all_`` finds every such server of the
     state dir); a ``dead`` or ``failed`` record is removed (what is left of its server stopped).
@@ -618,18 +728,24 @@ def stop(names: list[str] | None = None, *, all_: bool = False, registry: Regist
         rep = stop_unreadable(n, registry, timeout_s)
         reports.append(rep)
         if rep.leftover:
-            raise LaunchFailed(f"deployment {n!r}: processes {rep.leftover} survived SIGKILL",
-                               "check them with `ps -o pid,stat,cmd -p ...`")
+            raise LaunchFailed(
+                f"deployment {n!r}: processes {rep.leftover} survived SIGKILL",
+                "check them with `ps -o pid,stat,cmd -p ...`",
+            )
         registry.remove(n)
     for d in deps:
         rep = runtime_for(d).stop(d, timeout_s)
         reports.append(rep)
         if rep.leftover:
-            raise LaunchFailed(f"deployment {d.name!r}: processes {rep.leftover} survived SIGKILL",
-                               "check them with `ps -o pid,stat,cmd -p ...`")
+            raise LaunchFailed(
+                f"deployment {d.name!r}: processes {rep.leftover} survived SIGKILL",
+                "check them with `ps -o pid,stat,cmd -p ...`",
+            )
         if rep.gpu_memory_left_mib:
-            raise LaunchFailed(f"deployment {d.name!r}: PIDs still hold GPU memory {rep.gpu_memory_left_mib} MiB",
-                               "check with `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`")
+            raise LaunchFailed(
+                f"deployment {d.name!r}: PIDs still hold GPU memory {rep.gpu_memory_left_mib} MiB",
+                "check with `nvidia-smi --query-compute-apps=pid,used_memory --format=csv`",
+            )
         registry.remove(d.name)
     return reports
 

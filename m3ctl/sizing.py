@@ -98,15 +98,29 @@ def size_system(name: str, request: PlanRequest) -> SizingRow:
         p = plan_on(inv, request)
     except ConfigRejected as e:
         m = _RULE.match(e.message)
-        return SizingRow(**row, serves=False, rule=m.group(1) if m else None,
-                         reason=e.message[m.end():].strip() if m else e.message)
+        return SizingRow(
+            **row, serves=False, rule=m.group(1) if m else None, reason=e.message[m.end() :].strip() if m else e.message
+        )
     except M3Error as e:  # e.g. no kernel profile for the architecture (catalog)
         return SizingRow(**row, serves=False, rule=None, reason=e.message)
     fit = p.memory_fit
-    return SizingRow(**row, serves=True, variant=p.variant, tp=p.tp, pp=p.pp, dp=p.dp, ep=p.ep, dcp=p.dcp,
-                     image=p.image, profile=p.profile, runtime=p.runtime, gpus_used=p.tp * p.pp * p.dp, max_model_len=fit.context if fit else None,
-                     kv_tokens=fit.capacity_tokens() if fit else None,
-                     concurrent_sequences=p.dp * fit.concurrent_sequences(fit.context) if fit else None)
+    return SizingRow(
+        **row,
+        serves=True,
+        variant=p.variant,
+        tp=p.tp,
+        pp=p.pp,
+        dp=p.dp,
+        ep=p.ep,
+        dcp=p.dcp,
+        image=p.image,
+        profile=p.profile,
+        runtime=p.runtime,
+        gpus_used=p.tp * p.pp * p.dp,
+        max_model_len=fit.context if fit else None,
+        kv_tokens=fit.capacity_tokens() if fit else None,
+        concurrent_sequences=p.dp * fit.concurrent_sequences(fit.context) if fit else None,
+    )
 
 
 def size_systems(systems: list[str] | None, request: PlanRequest) -> list[SizingRow]:

@@ -220,8 +220,10 @@ def smoke_level(value: str | bool | None) -> Level:
         return "off"
     if isinstance(value, str) and value.strip().lower() in LEVELS:
         return value.strip().lower()  # type: ignore[return-value]
-    raise BadInput(f"smoke level {value!r} is not one of quick, full, off",
-                   "--smoke quick (long prompt + batch), full (also chat, parsers, output) or off")
+    raise BadInput(
+        f"smoke level {value!r} is not one of quick, full, off",
+        "--smoke quick (long prompt + batch), full (also chat, parsers, output) or off",
+    )
 
 
 # ----------------------------------------------------------------------------------------------- the launch
@@ -248,8 +250,9 @@ class SmokeTarget:
     plan_warnings: tuple[str, ...] = ()
 
 
-def random_weights_reason(argv: list[str] | tuple[str, ...], model: str | None = None,
-                          weights_estimated: bool = False) -> str | None:
+def random_weights_reason(
+    argv: list[str] | tuple[str, ...], model: str | None = None, weights_estimated: bool = False
+) -> str | None:
     """Why the served weights are random, or None when they are real (m3ctl/data/smoke.yaml ``random_weights``):
     a ``--load-format`` that invents weights, a marker file m3ctl's dev tools write into the models they build,
     or a config-only directory (no weight files)."""
@@ -288,11 +291,15 @@ def smoke_target(plan) -> SmokeTarget:
         block = _int(_flag(plan.argv, "--block-size"))
     if block is None:
         block = catalog.vllm_defaults().block_size.get("gpu" if plan.gpu_vendor else "cpu")
-    return SmokeTarget(argv=tuple(plan.argv), family=facts.family,
-                       msa_block_size=facts.msa_block_size if facts.attention == "msa" else None,
-                       max_model_len=mml, block_size=block,
-                       random_weights=random_weights_reason(plan.argv, plan.model, facts.weights_estimated),
-                       plan_warnings=tuple(plan.warnings + plan.violations))
+    return SmokeTarget(
+        argv=tuple(plan.argv),
+        family=facts.family,
+        msa_block_size=facts.msa_block_size if facts.attention == "msa" else None,
+        max_model_len=mml,
+        block_size=block,
+        random_weights=random_weights_reason(plan.argv, plan.model, facts.weights_estimated),
+        plan_warnings=tuple(plan.warnings + plan.violations),
+    )
 
 
 def _int(v: str | None) -> int | None:
@@ -311,8 +318,9 @@ def _flag(argv: list[str] | tuple[str, ...], flag: str) -> str | None:
     return None
 
 
-def long_prompt_size(block_size: int | None, msa_block_size: int | None,
-                     max_model_len: int | None) -> tuple[int, int, str]:
+def long_prompt_size(
+    block_size: int | None, msa_block_size: int | None, max_model_len: int | None
+) -> tuple[int, int, str]:
     """How long the long prompt must be: ``(wanted tokens, tokens to send, why)``.
 
     Wanted: the largest of ``min_tokens``, ``min_kv_blocks`` x ``block_size`` and (MSA) ``min_msa_blocks`` x
@@ -336,8 +344,9 @@ def long_prompt_size(block_size: int | None, msa_block_size: int | None,
     return wanted, wanted, why
 
 
-def planned_checks(argv: list[str] | tuple[str, ...], level: str | bool | None = DEFAULT_LEVEL,
-                   target: SmokeTarget | None = None) -> list[str]:
+def planned_checks(
+    argv: list[str] | tuple[str, ...], level: str | bool | None = DEFAULT_LEVEL, target: SmokeTarget | None = None
+) -> list[str]:
     """The smoke checks that apply to a launch at ``level``, with what each sends (what ``serve --dry-run``
     prints), in the order :func:`run_smoke` runs them. Empty for ``off``.
 
@@ -352,22 +361,41 @@ def _plan(argv, level: Level, target: SmokeTarget) -> list[tuple[str, str]]:
         return []
     d = smoke_data()
     _, send, why = long_prompt_size(target.block_size, target.msa_block_size, target.max_model_len)
-    out = [("smoke.long_prompt", f"one {send:,}-token prompt: {why}"),
-           ("smoke.batch", (f"{len(d.batch.fractions)} concurrent prompts of {d.batch.fractions[0]:.0%} to "
-                            f"{d.batch.fractions[-1]:.0%} of it, {d.batch.max_tokens} tokens each"))]
+    out = [
+        ("smoke.long_prompt", f"one {send:,}-token prompt: {why}"),
+        (
+            "smoke.batch",
+            (
+                f"{len(d.batch.fractions)} concurrent prompts of {d.batch.fractions[0]:.0%} to "
+                f"{d.batch.fractions[-1]:.0%} of it, {d.batch.max_tokens} tokens each"
+            ),
+        ),
+    ]
     if level == "quick":
         return out
     out.append(("smoke.chat", "a chat reply, plain and streamed"))
     fam = _family(target, argv)
     if parser := _flag(argv, "--reasoning-parser"):
-        out.append(("smoke.reasoning", (f"--reasoning-parser {parser}: reasoning_content filled, no "
-                                        f"{fam[0]} in content, plain and streamed")))
+        out.append(
+            (
+                "smoke.reasoning",
+                (f"--reasoning-parser {parser}: reasoning_content filled, no {fam[0]} in content, plain and streamed"),
+            )
+        )
     tparser = _flag(argv, "--tool-call-parser")
     if tparser and _flag(argv, "--enable-auto-tool-choice") is not None:
-        out.append(("smoke.tool_calls", (f"--tool-call-parser {tparser}: structured tool_calls, no raw markup, "
-                                         "plain and streamed")))
-    out.append(("smoke.answer", "skipped: " + target.random_weights if target.random_weights
-                else "a question with a known answer"))
+        out.append(
+            (
+                "smoke.tool_calls",
+                (f"--tool-call-parser {tparser}: structured tool_calls, no raw markup, plain and streamed"),
+            )
+        )
+    out.append(
+        (
+            "smoke.answer",
+            "skipped: " + target.random_weights if target.random_weights else "a question with a known answer",
+        )
+    )
     out.append(("smoke.output", "no NUL characters, repeated tokens, loops or replacement characters"))
     return out
 
@@ -469,8 +497,10 @@ class _Run:
         return r.json()
 
     def complete(self, prompt: str, max_tokens: int, **extra) -> tuple[str, dict]:
-        j = self.post("/v1/completions", {"model": self.model, "prompt": prompt, "max_tokens": max_tokens,
-                                          "temperature": 0, **extra})
+        j = self.post(
+            "/v1/completions",
+            {"model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, **extra},
+        )
         return ((j.get("choices") or [{}])[0].get("text") or ""), (j.get("usage") or {})
 
     def chat(self, content: str, *, stream: bool = False, max_tokens: int | None = None, **extra) -> dict:
@@ -480,8 +510,14 @@ class _Run:
         Raises:
             httpx.HTTPError: transport failure; _Refused: a non-200 answer.
         """
-        body = {"model": self.model, "messages": [{"role": "user", "content": content}],
-                "max_tokens": max_tokens or smoke_data().max_tokens, "temperature": 0, "stream": stream, **extra}
+        body = {
+            "model": self.model,
+            "messages": [{"role": "user", "content": content}],
+            "max_tokens": max_tokens or smoke_data().max_tokens,
+            "temperature": 0,
+            "stream": stream,
+            **extra,
+        }
         if not stream:
             choice = (self.post("/v1/chat/completions", body).get("choices") or [{}])[0]
             return {**(choice.get("message") or {}), "finish_reason": choice.get("finish_reason"), "chunks": 1}
@@ -566,19 +602,35 @@ class _Run:
         n = usage.get("prompt_tokens")
         self.long_tokens = n if isinstance(n, int) else (counted or send)
         if "\x00" in text:
-            return SmokeFinding("smoke.long_prompt", "FAIL", f"the reply to a {self.long_tokens:,}-token prompt holds "
-                                f"{text.count(chr(0))} NUL characters: the kernels break beyond short prompts",
-                                "likely causes: " + "; ".join(likely_causes(t.argv, t.plan_warnings)), _excerpt(text))
+            return SmokeFinding(
+                "smoke.long_prompt",
+                "FAIL",
+                f"the reply to a {self.long_tokens:,}-token prompt holds "
+                f"{text.count(chr(0))} NUL characters: the kernels break beyond short prompts",
+                "likely causes: " + "; ".join(likely_causes(t.argv, t.plan_warnings)),
+                _excerpt(text),
+            )
         if not isinstance(n, int):
-            return SmokeFinding("smoke.long_prompt", "WARN", f"the long prompt was answered, but the server reported "
-                                f"no usage.prompt_tokens: its length is unverified ({why})",
-                                "check the server's usage reporting")
+            return SmokeFinding(
+                "smoke.long_prompt",
+                "WARN",
+                f"the long prompt was answered, but the server reported "
+                f"no usage.prompt_tokens: its length is unverified ({why})",
+                "check the server's usage reporting",
+            )
         if n < need:
-            return SmokeFinding("smoke.long_prompt", "WARN", f"the long prompt came to only {n:,} tokens "
-                                f"(usage.prompt_tokens) of the {need:,} wanted ({why})",
-                                "send a longer prompt yourself to prove the workload")
-        return SmokeFinding("smoke.long_prompt", "OK", f"a {n:,}-token prompt (usage.prompt_tokens) was answered; "
-                            f"{why}" + ("" if send == wanted else " (only that fits)"))
+            return SmokeFinding(
+                "smoke.long_prompt",
+                "WARN",
+                f"the long prompt came to only {n:,} tokens (usage.prompt_tokens) of the {need:,} wanted ({why})",
+                "send a longer prompt yourself to prove the workload",
+            )
+        return SmokeFinding(
+            "smoke.long_prompt",
+            "OK",
+            f"a {n:,}-token prompt (usage.prompt_tokens) was answered; "
+            f"{why}" + ("" if send == wanted else " (only that fits)"),
+        )
 
     def batch(self) -> SmokeFinding:
         b = smoke_data().batch
@@ -599,20 +651,35 @@ class _Run:
             raise errors[0]
         lens = [u.get("prompt_tokens") for _, u in res]
         got = [u.get("completion_tokens") for _, u in res]
-        span = (f"{min(lens):,} to {max(lens):,} prompt tokens" if all(isinstance(x, int) for x in lens)
-                else f"{min(units)} to {max(units)} filler sentences")
+        span = (
+            f"{min(lens):,} to {max(lens):,} prompt tokens"
+            if all(isinstance(x, int) for x in lens)
+            else f"{min(units)} to {max(units)} filler sentences"
+        )
         nul = next((t for t, _ in res if "\x00" in t), None)
         if nul is not None:
             t = self.target
-            return SmokeFinding("smoke.batch", "FAIL", f"a batched reply holds NUL characters ({span})",
-                                "likely causes: " + "; ".join(likely_causes(t.argv, t.plan_warnings)), _excerpt(nul))
+            return SmokeFinding(
+                "smoke.batch",
+                "FAIL",
+                f"a batched reply holds NUL characters ({span})",
+                "likely causes: " + "; ".join(likely_causes(t.argv, t.plan_warnings)),
+                _excerpt(nul),
+            )
         short = [g for g in got if isinstance(g, int) and g < b.max_tokens]
         if short:
-            return SmokeFinding("smoke.batch", "WARN", f"{len(prompts)} concurrent requests ({span}) answered, but "
-                                f"{len(short)} stopped before {b.max_tokens} tokens although ignore_eos was set",
-                                "check the server log for aborted requests")
-        return SmokeFinding("smoke.batch", "OK", f"{len(prompts)} concurrent requests of {span}, "
-                            f"{b.max_tokens} tokens each, all answered")
+            return SmokeFinding(
+                "smoke.batch",
+                "WARN",
+                f"{len(prompts)} concurrent requests ({span}) answered, but "
+                f"{len(short)} stopped before {b.max_tokens} tokens although ignore_eos was set",
+                "check the server log for aborted requests",
+            )
+        return SmokeFinding(
+            "smoke.batch",
+            "OK",
+            f"{len(prompts)} concurrent requests of {span}, {b.max_tokens} tokens each, all answered",
+        )
 
     def chat_check(self) -> SmokeFinding:
         d = smoke_data()
@@ -624,11 +691,16 @@ class _Run:
             self.texts.append(msg.get("content") or "")
         empty = [k for k, m in replies.items() if not ((m.get("content") or "") + _reasoning_of(m)).strip()]
         if empty:
-            return SmokeFinding("smoke.chat", "WARN", f"empty chat reply ({', '.join(empty)})" + (
-                f"; the weights are random ({self.target.random_weights})" if self.target.random_weights else ""),
-                "send a chat request yourself and check the reply")
-        return SmokeFinding("smoke.chat", "OK", f"chat replies, plain and streamed "
-                            f"({replies['streamed'].get('chunks', 0)} SSE chunks)")
+            return SmokeFinding(
+                "smoke.chat",
+                "WARN",
+                f"empty chat reply ({', '.join(empty)})"
+                + (f"; the weights are random ({self.target.random_weights})" if self.target.random_weights else ""),
+                "send a chat request yourself and check the reply",
+            )
+        return SmokeFinding(
+            "smoke.chat", "OK", f"chat replies, plain and streamed ({replies['streamed'].get('chunks', 0)} SSE chunks)"
+        )
 
     def reasoning(self) -> SmokeFinding:
         d = smoke_data()
@@ -647,26 +719,36 @@ class _Run:
             known = d.reasoning_parsers.get(parser)
             if known and fam and known.family != self.target.family:
                 known = None  # a note about another family's parser: the parser is the wrong one for this model
-            msg = (f"PARSER-MISMATCH: the reasoning arrived in content ({', '.join(b[0] for b in bad)} reply) with "
-                   f"--reasoning-parser {parser}; clients show the thinking as the answer and TTFA times the thinking")
+            msg = (
+                f"PARSER-MISMATCH: the reasoning arrived in content ({', '.join(b[0] for b in bad)} reply) with "
+                f"--reasoning-parser {parser}; clients show the thinking as the answer and TTFA times the thinking"
+            )
             if known:
                 msg += f"; {known.note}"
             fix = known.fix if known else "use the reasoning parser that matches the model's output format"
             if not known and fam and fam.reasoning_parser != parser:
                 msg += f"; {self.target.family} marks its reasoning {start}...{end}"
-                fix += (f": --reasoning-parser {fam.reasoning_parser} (family {self.target.family}, markers "
-                        f"{start}...{end})")
+                fix += (
+                    f": --reasoning-parser {fam.reasoning_parser} (family {self.target.family}, markers "
+                    f"{start}...{end})"
+                )
             return SmokeFinding("smoke.reasoning", "FAIL", msg, fix, _excerpt(bad[0][1]))
         empty = [r for r in replies if not r[2]]
         if empty:
-            return SmokeFinding("smoke.reasoning", "WARN",
-                                f"no reasoning returned ({', '.join(r[0] for r in empty)} reply) although "
-                                f"--reasoning-parser {parser} is set: the model may not have thought, or the parser "
-                                "drops it",
-                                "check the parser against the model's output format (catalog reasoning_parser)",
-                                _excerpt(empty[0][1]))
-        return SmokeFinding("smoke.reasoning", "OK", f"reasoning separated from content by {parser} (plain and "
-                            f"streamed; markers {start}...{end})")
+            return SmokeFinding(
+                "smoke.reasoning",
+                "WARN",
+                f"no reasoning returned ({', '.join(r[0] for r in empty)} reply) although "
+                f"--reasoning-parser {parser} is set: the model may not have thought, or the parser "
+                "drops it",
+                "check the parser against the model's output format (catalog reasoning_parser)",
+                _excerpt(empty[0][1]),
+            )
+        return SmokeFinding(
+            "smoke.reasoning",
+            "OK",
+            f"reasoning separated from content by {parser} (plain and streamed; markers {start}...{end})",
+        )
 
     def tool_calls(self) -> SmokeFinding:
         d = smoke_data()
@@ -679,33 +761,45 @@ class _Run:
             msg = self.chat(d.requests["tool_calls"], stream=stream, tools=[d.tool], tool_choice="auto")
             modes["streamed" if stream else "plain"] = msg
             self.texts.append(msg.get("content") or "")
-        called = {k: [c for c in m.get("tool_calls") or [] if (c.get("function") or {}).get("name")]
-                  for k, m in modes.items()}
+        called = {
+            k: [c for c in m.get("tool_calls") or [] if (c.get("function") or {}).get("name")] for k, m in modes.items()
+        }
         raw = [k for k, m in modes.items() if not called[k] and markup.search(m.get("content") or "")]
         if raw:
-            return SmokeFinding("smoke.tool_calls", "FAIL",
-                                f"raw tool-call markup in content and no tool_calls ({', '.join(raw)} reply): "
-                                f"--tool-call-parser {parser} did not parse the model's tool-call format; agent "
-                                "clients see text instead of a call",
-                                "use the tool-call parser of the model's family" + (
-                                    f" (--tool-call-parser {fam.tool_call_parser})" if fam and
-                                    fam.tool_call_parser != parser else "")
-                                + " and a chat template that emits the format it parses; vLLM lists them under "
-                                "--tool-call-parser", _excerpt(modes[raw[0]].get("content") or ""))
+            return SmokeFinding(
+                "smoke.tool_calls",
+                "FAIL",
+                f"raw tool-call markup in content and no tool_calls ({', '.join(raw)} reply): "
+                f"--tool-call-parser {parser} did not parse the model's tool-call format; agent "
+                "clients see text instead of a call",
+                "use the tool-call parser of the model's family"
+                + (f" (--tool-call-parser {fam.tool_call_parser})" if fam and fam.tool_call_parser != parser else "")
+                + " and a chat template that emits the format it parses; vLLM lists them under "
+                "--tool-call-parser",
+                _excerpt(modes[raw[0]].get("content") or ""),
+            )
         if all(called.values()):
-            return SmokeFinding("smoke.tool_calls", "OK", f"structured tool_calls returned "
-                                f"({called['plain'][0]['function']['name']}) by {parser}, plain and streamed")
+            return SmokeFinding(
+                "smoke.tool_calls",
+                "OK",
+                f"structured tool_calls returned "
+                f"({called['plain'][0]['function']['name']}) by {parser}, plain and streamed",
+            )
         missing = [k for k, c in called.items() if not c]
-        return SmokeFinding("smoke.tool_calls", "WARN",
-                            f"the model answered without calling the offered tool ({', '.join(missing)} reply); the "
-                            "parser could not be judged",
-                            "send a tool-requiring request yourself and check tool_calls",
-                            _excerpt(modes[missing[0]].get("content") or ""))
+        return SmokeFinding(
+            "smoke.tool_calls",
+            "WARN",
+            f"the model answered without calling the offered tool ({', '.join(missing)} reply); the "
+            "parser could not be judged",
+            "send a tool-requiring request yourself and check tool_calls",
+            _excerpt(modes[missing[0]].get("content") or ""),
+        )
 
     def answer(self) -> SmokeFinding:
         if self.target.random_weights:
-            return SmokeFinding("smoke.answer", "SKIP", f"the weights are random ({self.target.random_weights}): "
-                                "no answer to check")
+            return SmokeFinding(
+                "smoke.answer", "SKIP", f"the weights are random ({self.target.random_weights}): no answer to check"
+            )
         ka = smoke_data().known_answer
         self.sent = "a question with a known answer"
         msg = self.chat(ka.prompt)
@@ -714,13 +808,23 @@ class _Run:
         if re.search(ka.answer, text):
             return SmokeFinding("smoke.answer", "OK", f"asked {ka.prompt.split('?')[0]!r}: the reply holds the answer")
         if msg.get("finish_reason") == "length":
-            return SmokeFinding("smoke.answer", "WARN", f"asked {ka.prompt.split('?')[0]!r}: the reply stopped at "
-                                f"{smoke_data().max_tokens} tokens before the answer",
-                                "ask it yourself with more tokens", _excerpt(text))
+            return SmokeFinding(
+                "smoke.answer",
+                "WARN",
+                f"asked {ka.prompt.split('?')[0]!r}: the reply stopped at "
+                f"{smoke_data().max_tokens} tokens before the answer",
+                "ask it yourself with more tokens",
+                _excerpt(text),
+            )
         t = self.target
-        return SmokeFinding("smoke.answer", "FAIL", f"asked {ka.prompt.split('?')[0]!r}: the finished reply does not "
-                            "hold the answer: the model serves wrong output",
-                            "likely causes: " + "; ".join(likely_causes(t.argv, t.plan_warnings)), _excerpt(text))
+        return SmokeFinding(
+            "smoke.answer",
+            "FAIL",
+            f"asked {ka.prompt.split('?')[0]!r}: the finished reply does not "
+            "hold the answer: the model serves wrong output",
+            "likely causes: " + "; ".join(likely_causes(t.argv, t.plan_warnings)),
+            _excerpt(text),
+        )
 
     def output(self) -> SmokeFinding:
         d = smoke_data()
@@ -734,17 +838,27 @@ class _Run:
         status: Status = "FAIL" if "NUL" in why[0] else "WARN"
         causes = "; ".join(likely_causes(t.argv, t.plan_warnings))
         if t.random_weights and status == "WARN":
-            return SmokeFinding("smoke.output", status, f"degenerate output: {why[0]} (expected of random weights: "
-                                f"{t.random_weights})", f"none for a random-weight model; with real weights the "
-                                f"likely causes are: {causes}", _excerpt(why[1]))
-        return SmokeFinding("smoke.output", status, f"degenerate output: {why[0]}", f"likely causes: {causes}",
-                            _excerpt(why[1]))
+            return SmokeFinding(
+                "smoke.output",
+                status,
+                f"degenerate output: {why[0]} (expected of random weights: {t.random_weights})",
+                f"none for a random-weight model; with real weights the likely causes are: {causes}",
+                _excerpt(why[1]),
+            )
+        return SmokeFinding(
+            "smoke.output", status, f"degenerate output: {why[0]}", f"likely causes: {causes}", _excerpt(why[1])
+        )
 
 
 _CHECKS: dict[str, Callable[[_Run], SmokeFinding]] = {
-    "smoke.long_prompt": _Run.long_prompt, "smoke.batch": _Run.batch, "smoke.chat": _Run.chat_check,
-    "smoke.reasoning": _Run.reasoning, "smoke.tool_calls": _Run.tool_calls, "smoke.answer": _Run.answer,
-    "smoke.output": _Run.output}
+    "smoke.long_prompt": _Run.long_prompt,
+    "smoke.batch": _Run.batch,
+    "smoke.chat": _Run.chat_check,
+    "smoke.reasoning": _Run.reasoning,
+    "smoke.tool_calls": _Run.tool_calls,
+    "smoke.answer": _Run.answer,
+    "smoke.output": _Run.output,
+}
 _WORKLOAD = ("smoke.long_prompt", "smoke.batch")
 
 
@@ -768,10 +882,20 @@ def engine_limits(client: httpx.Client, model: str) -> tuple[int | None, int | N
     return (mml if isinstance(mml, int) and mml > 0 else None), block
 
 
-def run_smoke(url: str, model: str, argv: list[str] | tuple[str, ...] = (), *, level: str | bool | None = DEFAULT_LEVEL,
-              target: SmokeTarget | None = None, headers: dict[str, str] | None = None, timeout_s: float = 60.0,
-              plan_warnings: list[str] | tuple[str, ...] = (), is_alive: Callable[[], bool] | None = None,
-              on_check: Callable[[SmokeFinding], None] | None = None, death_grace_s: float = 3.0) -> list[SmokeFinding]:
+def run_smoke(
+    url: str,
+    model: str,
+    argv: list[str] | tuple[str, ...] = (),
+    *,
+    level: str | bool | None = DEFAULT_LEVEL,
+    target: SmokeTarget | None = None,
+    headers: dict[str, str] | None = None,
+    timeout_s: float = 60.0,
+    plan_warnings: list[str] | tuple[str, ...] = (),
+    is_alive: Callable[[], bool] | None = None,
+    on_check: Callable[[SmokeFinding], None] | None = None,
+    death_grace_s: float = 3.0,
+) -> list[SmokeFinding]:
     """Run the smoke checks of ``level`` that apply to this launch against ``url`` (a ready server).
 
     Args:
@@ -826,11 +950,18 @@ def run_smoke(url: str, model: str, argv: list[str] | tuple[str, ...] = (), *, l
                     raise ServerDied(cid, run.sent, out) from None
                 code = getattr(e, "code", None)
                 if cid in _WORKLOAD and (code is None or code >= 500):
-                    f = SmokeFinding(cid, "FAIL", f"{run.sent} failed while the server stayed up: "
-                                     f"{type(e).__name__}: {e}", "check the server log; the workload's prompts fail")
+                    f = SmokeFinding(
+                        cid,
+                        "FAIL",
+                        f"{run.sent} failed while the server stayed up: {type(e).__name__}: {e}",
+                        "check the server log; the workload's prompts fail",
+                    )
                 else:
-                    hint = ("check the server log and --max-model-len" if cid in _WORKLOAD
-                            else "check the server log; a chat template may be missing")
+                    hint = (
+                        "check the server log and --max-model-len"
+                        if cid in _WORKLOAD
+                        else "check the server log; a chat template may be missing"
+                    )
                     f = SmokeFinding(cid, "WARN", f"{run.sent} failed: {type(e).__name__}: {e}", hint)
             if is_alive is not None and not is_alive():
                 raise ServerDied(cid, run.sent, out)

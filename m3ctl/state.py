@@ -41,8 +41,10 @@ class UnreadableRecord(NotFound):
     """
 
     def __init__(self, name: str, path: Path, why: str):
-        super().__init__(f"the record of deployment {name!r} is unreadable ({path}: {why})",
-                         f"`m3ctl stop {name}` still finds its server by its process marker or container label")
+        super().__init__(
+            f"the record of deployment {name!r} is unreadable ({path}: {why})",
+            f"`m3ctl stop {name}` still finds its server by its process marker or container label",
+        )
         self.path = path
 
 
@@ -67,8 +69,10 @@ def _atomic_write(path: Path, text: str) -> None:
     try:
         write_atomic(path, text)
     except WriteFailed as e:
-        raise StateWriteFailed(f"m3ctl state: {e.message}", "free space in the state directory or set "
-                               "M3CTL_STATE_DIR to a writable directory") from None
+        raise StateWriteFailed(
+            f"m3ctl state: {e.message}",
+            "free space in the state directory or set M3CTL_STATE_DIR to a writable directory",
+        ) from None
 
 
 def state_dir() -> Path:
@@ -132,8 +136,10 @@ def check_name(name: str) -> str:
         BadInput: the name has other characters.
     """
     if not _NAME_RE.match(name):
-        raise BadInput(f"invalid deployment name {name!r}",
-                       "use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit")
+        raise BadInput(
+            f"invalid deployment name {name!r}",
+            "use 1-63 letters, digits, '_', '.' or '-', starting with a letter or digit",
+        )
     return name
 
 
@@ -249,9 +255,11 @@ class Registry:
             except OSError as e:
                 from m3ctl.files import cause  # noqa: PLC0415
 
-                raise StateWriteFailed(f"the m3ctl state directory {d} is not writable ({cause(e)}; "
-                                       f"{STATE_PROBE_BYTES // 1024} KiB probe)",
-                                       "free space there or set M3CTL_STATE_DIR to a writable directory") from None
+                raise StateWriteFailed(
+                    f"the m3ctl state directory {d} is not writable ({cause(e)}; "
+                    f"{STATE_PROBE_BYTES // 1024} KiB probe)",
+                    "free space there or set M3CTL_STATE_DIR to a writable directory",
+                ) from None
 
     @contextlib.contextmanager
     def lock(self, name: str) -> Iterator[None]:
@@ -268,8 +276,10 @@ class Registry:
             try:
                 fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                raise ConfigRejected(f"another m3ctl is starting deployment {name!r} right now",
-                                     "wait for it (`m3ctl status`) or choose another --name") from None
+                raise ConfigRejected(
+                    f"another m3ctl is starting deployment {name!r} right now",
+                    "wait for it (`m3ctl status`) or choose another --name",
+                ) from None
             try:
                 yield
             finally:

@@ -118,8 +118,9 @@ def table() -> VendorTable:
     Raises:
         CatalogError: the file does not match the schema.
     """
-    return _load(resources.files("m3ctl").joinpath("data/vendors.yaml").read_text(), VendorTable,
-                 "m3ctl/data/vendors.yaml")
+    return _load(
+        resources.files("m3ctl").joinpath("data/vendors.yaml").read_text(), VendorTable, "m3ctl/data/vendors.yaml"
+    )
 
 
 VENDORS = ("nvidia", "amd")

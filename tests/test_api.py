@@ -44,8 +44,10 @@ def test_bench_length_lists_sweep_and_trace_through_the_api(gt_url, tmp_path):
     assert [(r.input_len_requested, r.max_concurrency) for r in sweep.runs] == [(16, 1), (16, 2), (24, 1), (24, 2)]
     assert [r.total_input_tokens for r in sweep.runs] == [32, 32, 48, 48]  # the server's count of each prompt
     trace = tmp_path / "t.jsonl"
-    trace.write_text('{"timestamp": 0, "input_len": 20, "output_len": 3}\n{"timestamp": 0.05, "input_len": 30, '
-                     '"output_len": 5, "prefix_id": 1}\n')
+    trace.write_text(
+        '{"timestamp": 0, "input_len": 20, "output_len": 3}\n{"timestamp": 0.05, "input_len": 30, '
+        '"output_len": 5, "prefix_id": 1}\n'
+    )
     res = m3ctl.bench(gt_url, trace_path=str(trace), scrape_server_metrics=False)
     assert isinstance(res, BenchResult) and res.total_input_tokens == 50 and res.total_output_tokens == 8
     assert res.to_dict()["trace"]["records"] == 2
@@ -83,8 +85,12 @@ def test_abench_runs_inside_a_running_event_loop_and_bench_works_there_too(gt_ur
         assert r.max_concurrency == 2 and r.percentile("tpot", 90) > 0
         assert _vllm_scalar_keys() <= set(r.to_dict())  # vllm bench serve's keys, key for key
     assert isinstance(sweep, BenchSweep) and [r.max_concurrency for r in sweep.runs] == [1, 2]
-    assert sweep.sweep == {"axis": "concurrency", "values": [1, 2], "skipped": [],
-                           "levels": [{"input_len": 16, "output_len": 8, "concurrency": c} for c in (1, 2)]}
+    assert sweep.sweep == {
+        "axis": "concurrency",
+        "values": [1, 2],
+        "skipped": [],
+        "levels": [{"input_len": 16, "output_len": 8, "concurrency": c} for c in (1, 2)],
+    }
     assert all(r.completed == 8 for r in sweep.runs)
     assert cut.to_dict()["interrupted"] is True and not cut.valid and 0 < cut.completed < 2000
 
@@ -111,8 +117,19 @@ def test_bench_result_keeps_vllm_keys_and_round_trips_files():
     """BenchResult declares every scalar key vLLM writes; m3ctl's and vLLM's own result files load and dump back
     unchanged; a newer major schema or a file that is no result is one BadInput line."""
     assert _vllm_scalar_keys() - {k for k in BenchResult.model_fields} == {
-        "p50_ttft_ms", "p90_ttft_ms", "p99_ttft_ms", "p50_tpot_ms", "p90_tpot_ms", "p99_tpot_ms",
-        "p50_itl_ms", "p90_itl_ms", "p99_itl_ms", "p50_e2el_ms", "p90_e2el_ms", "p99_e2el_ms"}  # per --percentiles
+        "p50_ttft_ms",
+        "p90_ttft_ms",
+        "p99_ttft_ms",
+        "p50_tpot_ms",
+        "p90_tpot_ms",
+        "p99_tpot_ms",
+        "p50_itl_ms",
+        "p90_itl_ms",
+        "p99_itl_ms",
+        "p50_e2el_ms",
+        "p90_e2el_ms",
+        "p99_e2el_ms",
+    }  # per --percentiles
     for f in ("h200x2-real/vllm-bench-c16.json", "h200x2-real/bench-m3ctl-c16.json", "h200x1-real/bench.json"):
         data = json.loads((FIX / f).read_text())
         r = BenchResult.read(FIX / f)
@@ -203,12 +220,23 @@ def test_tune_dry_run_and_bad_options_before_any_work(tmp_path):
     """tune(dry_run=True) on a catalog system plans every configuration and writes nothing; bad options
     (a workload bench does not know, negative budgets, a system without dry_run) fail before any work."""
     sdir = tmp_path / "s"
-    r = m3ctl.tune("MiniMax-M3.1-Flash", system="h200x8", study_dir=sdir, dry_run=True, slo="p90_tpot_ms<=50",
-                   knobs=["spec_depth=0", "max_num_seqs=64"], max_trials=3)
+    r = m3ctl.tune(
+        "MiniMax-M3.1-Flash",
+        system="h200x8",
+        study_dir=sdir,
+        dry_run=True,
+        slo="p90_tpot_ms<=50",
+        knobs=["spec_depth=0", "max_num_seqs=64"],
+        max_trials=3,
+    )
     assert r["space"]["size"] == len(r["candidates"]) > 0 and r["feasible"] >= 1 and r["spec"]["max_trials"] == 3
     assert not sdir.exists()
-    for kw, msg in ((dict(workload="prefix"), "unknown workload 'prefix'"), (dict(max_trials=-1), "--max-trials -1"),
-                    (dict(confirm_top=-1), "--confirm-top -1"), (dict(input_len=0), "--input-len 0")):
+    for kw, msg in (
+        (dict(workload="prefix"), "unknown workload 'prefix'"),
+        (dict(max_trials=-1), "--max-trials -1"),
+        (dict(confirm_top=-1), "--confirm-top -1"),
+        (dict(input_len=0), "--input-len 0"),
+    ):
         with pytest.raises(BadInput, match=msg):
             m3ctl.tune("MiniMax-M3.1-Flash", system="h200x8", dry_run=True, **kw)
     with pytest.raises(BadInput, match="nothing can be measured there"):
@@ -233,19 +261,27 @@ def test_stop_and_serve_refuse_bad_input_before_anything_starts():
 
 def test_import_m3ctl_is_lazy_and_module_names_stay_modules():
     """`import m3ctl` imports no API, engine or GPU library; `m3ctl.plan` is still the module (callable)."""
-    code = ("import sys, m3ctl\nloaded = sorted(m for m in sys.modules if m.startswith('m3ctl'))\n"
-            "from m3ctl import serve as serving\nimport m3ctl.plan as mp\n"
-            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in {'vllm','torch','pynvml','amdsmi','docker'})\n"
-            "print(loaded, callable(m3ctl.plan), hasattr(serving, 'launch_and_wait'), hasattr(mp, 'LaunchPlan'),"
-            " m3ctl.abench.__name__, heavy)")
+    code = (
+        "import sys, m3ctl\nloaded = sorted(m for m in sys.modules if m.startswith('m3ctl'))\n"
+        "from m3ctl import serve as serving\nimport m3ctl.plan as mp\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in {'vllm','torch','pynvml','amdsmi','docker'})\n"
+        "print(loaded, callable(m3ctl.plan), hasattr(serving, 'launch_and_wait'), hasattr(mp, 'LaunchPlan'),"
+        " m3ctl.abench.__name__, heavy)"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert p.stdout.strip() == "['m3ctl'] True True True abench []", p.stderr
 
 
 def test_example_notebook_script_runs_against_an_endpoint(gt_url):
     """docs/examples/api_notebook.py, as a user runs it, against the ground-truth server."""
-    p = subprocess.run([sys.executable, str(REPO / "docs/examples/api_notebook.py"), gt_url], capture_output=True,
-                       text=True, timeout=300, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+    p = subprocess.run(
+        [sys.executable, str(REPO / "docs/examples/api_notebook.py"), gt_url],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     assert "doctor verdict:" in p.stdout and "plan for h200x8:" in p.stdout
     assert "bench: 16 requests, 0 failed" in p.stdout and "await abench: 16 requests" in p.stdout

@@ -52,8 +52,14 @@ BASE = {
     "dev vllm-models": ["dev", "vllm-models", "0.26.0={registry}", "--output", "{cwd}/../vm.yaml"],
 }
 #: Options that replace a base option (the base's would conflict or decide first).
-REPLACES = {"--inventory": ("--system",), "--systems": ("--system",), "--resume": ("--model",),
-            "--url": ("--url",), "--model": ("--model",), "--deployment": ("--url",)}
+REPLACES = {
+    "--inventory": ("--system",),
+    "--systems": ("--system",),
+    "--resume": ("--model",),
+    "--url": ("--url",),
+    "--model": ("--model",),
+    "--deployment": ("--url",),
+}
 
 #: Files read (bad: not UTF-8, a directory, missing) and written (bad: a directory, read-only, under a file).
 INPUT_FILES = {"--inventory", "--config", "--profile", "--dataset-path", "--trace", "files"}
@@ -112,8 +118,16 @@ FREE_TEXT = {"--label", "--prompt-salt", "name"}
 #: Integer options for which any integer is valid (a seed of Python's random.Random): no negative or huge case.
 ANY_INT = {"--seed"}
 #: Budgets and counts where a huge value means "unlimited" (the time budget or the study bounds them).
-HUGE_OK = {"--max-restarts", "--max-trials", "--confirm-top", "--boundary-repeats", "--count", "--timeout", "-n",
-           "--num-gpus"}  # --num-gpus: only divides the per-GPU numbers
+HUGE_OK = {
+    "--max-restarts",
+    "--max-trials",
+    "--confirm-top",
+    "--boundary-repeats",
+    "--count",
+    "--timeout",
+    "-n",
+    "--num-gpus",
+}  # --num-gpus: only divides the per-GPU numbers
 
 
 @dataclass
@@ -161,8 +175,12 @@ def _values(p) -> list[tuple[str, str]]:
     if name in OUTPUT_DIRS:
         return [("{file}/sub", "under a file"), ("{file}", "a file")]
     if name == "--resume":
-        return [("{file}", "a file"), ("{dir}", "no study"), ("{badstudy}", "non-UTF-8 tune.json"),
-                ("{corruptdb}", "corrupt study.db")]
+        return [
+            ("{file}", "a file"),
+            ("{dir}", "no study"),
+            ("{badstudy}", "non-UTF-8 tune.json"),
+            ("{corruptdb}", "corrupt study.db"),
+        ]
     if inner is int or (parser is not None and parser.__name__ in ("token_count", "int_list")):
         out = [("abc", "wrong type"), ("", "empty"), ("1.5", "fraction")]
         any_int = name in ANY_INT and p.min is None  # tune's --seed has a range (numpy's), bench's does not
@@ -207,11 +225,11 @@ def argv(case: Case, paths: dict[str, str]) -> list[str]:
         for drop in REPLACES.get(case.option, ()):
             if drop in base:
                 i = base.index(drop)
-                del base[i:i + 2]
+                del base[i : i + 2]
         args = [*base, case.option, case.value]
     else:  # a positional: replace the base's
         pos = {"files": 2, "out_dir": 2, "name": 1, "registries": 2}[case.option]
-        args = [*base[:pos], case.value, *base[pos + 1:]]
+        args = [*base[:pos], case.value, *base[pos + 1 :]]
     return [a.format(**paths) for a in args]
 
 
@@ -241,11 +259,21 @@ class Outcome:
         if self.code == 0:
             return "silently accepted"
         errors = [x for x in self.err if x.startswith("error:")]
-        shape = (len(self.err) in (1, 2) and len(errors) == 1 and self.err[0].startswith("error:")
-                 and (len(self.err) == 1 or self.err[1].startswith("hint:")))
+        shape = (
+            len(self.err) in (1, 2)
+            and len(errors) == 1
+            and self.err[0].startswith("error:")
+            and (len(self.err) == 1 or self.err[1].startswith("hint:"))
+        )
         allowed = {2, 3} if case.kind == "huge" else {2}
-        if (shape and self.code in allowed and not self.out.strip() and not self.new_children
-                and self.changed == ([], []) and names_it(case, self.err[0], self.paths)):
+        if (
+            shape
+            and self.code in allowed
+            and not self.out.strip()
+            and not self.new_children
+            and self.changed == ([], [])
+            and names_it(case, self.err[0], self.paths)
+        ):
             return "one line"
         return "other"
 
@@ -295,8 +323,16 @@ def run_case(case: Case, paths: dict[str, str], state: Path, cwd: Path) -> Outco
         with contextlib.suppress(psutil.Error):
             c.kill()
     after = _snapshot(state, cwd)
-    return Outcome(code, se.getvalue().splitlines(), so.getvalue(), time.monotonic() - t0, hung, len(new),
-                   (sorted(after - before), sorted(before - after)), paths)
+    return Outcome(
+        code,
+        se.getvalue().splitlines(),
+        so.getvalue(),
+        time.monotonic() - t0,
+        hung,
+        len(new),
+        (sorted(after - before), sorted(before - after)),
+        paths,
+    )
 
 
 def make_paths(root: Path, tiny: Path) -> tuple[dict[str, str], Path, Path]:
@@ -315,12 +351,20 @@ def make_paths(root: Path, tiny: Path) -> tuple[dict[str, str], Path, Path]:
     res = root / "bench.json"
     shutil.copyfile(Path(__file__).parent / "fixtures" / "h200x1-real" / "bench.json", res)
     state = root / "state"
-    Registry(state).save(Deployment(name="dep", port=9, served_model_name="m", model="m", pid=2 ** 22 + 7))
+    Registry(state).save(Deployment(name="dep", port=9, served_model_name="m", model="m", pid=2**22 + 7))
     cwd = root / "cwd"
     cwd.mkdir(exist_ok=True)
-    paths = {"bin": str(root / "bin.yaml"), "dir": str(root / "adir"), "file": str(root / "a-file"),
-             "tiny": str(tiny), "result": str(res), "cwd": str(cwd), "badstudy": str(root / "badstudy"),
-             "corruptdb": str(root / "corruptdb"), "registry": str(root / "registry.py")}
+    paths = {
+        "bin": str(root / "bin.yaml"),
+        "dir": str(root / "adir"),
+        "file": str(root / "a-file"),
+        "tiny": str(tiny),
+        "result": str(res),
+        "cwd": str(cwd),
+        "badstudy": str(root / "badstudy"),
+        "corruptdb": str(root / "corruptdb"),
+        "registry": str(root / "registry.py"),
+    }
     return paths, state, cwd
 
 
@@ -362,8 +406,22 @@ def test_the_harness_covers_every_command_and_value_kind():
     covered = {c.command for c in ALL}
     assert covered >= set(BASE) - {"status", "dev fix-vllm"}, set(BASE) - covered
     kinds = {c.kind for c in ALL}
-    assert kinds >= {"wrong type", "empty", "fraction", "negative", "below range", "above range", "huge", "NaN",
-                     "non-UTF-8 file", "directory", "missing file", "read-only", "under a file", "bad value"}
+    assert kinds >= {
+        "wrong type",
+        "empty",
+        "fraction",
+        "negative",
+        "below range",
+        "above range",
+        "huge",
+        "NaN",
+        "non-UTF-8 file",
+        "directory",
+        "missing file",
+        "read-only",
+        "under a file",
+        "bad value",
+    }
     assert len(ALL) > 300
 
 
@@ -394,7 +452,7 @@ def _api_cases(tiny: str, result: str, bin_file: str) -> list[tuple[str, object]
         ("doctor(context='abc')", lambda: api.doctor(context="abc", **s)),
         ("doctor(context=0)", lambda: api.doctor(context=0, **s)),
         ("doctor(port='abc')", lambda: api.doctor(port="abc", **s)),
-        ("doctor(port=10**30)", lambda: api.doctor(port=10 ** 30, **s)),
+        ("doctor(port=10**30)", lambda: api.doctor(port=10**30, **s)),
         ("doctor(model=5)", lambda: api.doctor(model=5, **s)),
         ("doctor(variant=5)", lambda: api.doctor(variant=5, **s)),
         ("doctor(kv_cache_dtype=5)", lambda: api.doctor(kv_cache_dtype=5, **s)),
@@ -406,7 +464,7 @@ def _api_cases(tiny: str, result: str, bin_file: str) -> list[tuple[str, object]
         ("plan(tp='x')", lambda: api.plan(tp="x", **s)),
         ("plan(tp=-1)", lambda: api.plan(tp=-1, **s)),
         ("plan(bogus=1)", lambda: api.plan(bogus=1, **s)),
-        ("plan(port=10**9)", lambda: api.plan(port=10 ** 9, **s)),
+        ("plan(port=10**9)", lambda: api.plan(port=10**9, **s)),
         ("plan(max_model_len=-5)", lambda: api.plan(max_model_len=-5, **s)),
         ("serve(tp='x', dry_run)", lambda: api.serve(model=tiny, tp="x", dry_run=True)),
         ("serve(name=5, dry_run)", lambda: api.serve(model=tiny, name=5, dry_run=True)),
@@ -423,8 +481,8 @@ def _api_cases(tiny: str, result: str, bin_file: str) -> list[tuple[str, object]
         ("bench(num_prompts='abc')", lambda: api.bench(url, model="x", num_prompts="abc")),
         ("bench(percentiles=[101])", lambda: api.bench(url, model="x", percentiles=[101])),
         ("bench(goodput_slo_ms={'ttft': -1})", lambda: api.bench(url, model="x", goodput_slo_ms={"ttft": -1})),
-        ("bench(input_len=10**9)", lambda: api.bench(url, model="x", input_len=10 ** 9)),
-        ("bench(num_warmups=10**8)", lambda: api.bench(url, model="x", num_warmups=10 ** 8)),
+        ("bench(input_len=10**9)", lambda: api.bench(url, model="x", input_len=10**9)),
+        ("bench(num_warmups=10**8)", lambda: api.bench(url, model="x", num_warmups=10**8)),
         ("bench(tokenizer=non-UTF-8 file)", lambda: api.bench(url, model="x", tokenizer=bin_file)),
         ("bench(nosuch=1)", lambda: api.bench(url, model="x", nosuch=1)),
         ("bench(slo='x<=1')", lambda: api.bench(url, model="x", concurrency=[1, 2], slo="x<=1")),
@@ -444,7 +502,7 @@ def _api_cases(tiny: str, result: str, bin_file: str) -> list[tuple[str, object]
         ("tune(parallel_trials=0)", lambda: api.tune(parallel_trials=0, **tune)),
         ("tune(parallel_trials='many')", lambda: api.tune(parallel_trials="many", **tune)),
         ("tune(usd_per_gpu_hour=-1)", lambda: api.tune(usd_per_gpu_hour=-1, **tune)),
-        ("tune(input_len=10**9)", lambda: api.tune(input_len=10 ** 9, **tune)),
+        ("tune(input_len=10**9)", lambda: api.tune(input_len=10**9, **tune)),
         ("tune(args=[1])", lambda: api.tune(args=[1], **tune)),
         ("tune(seed='a')", lambda: api.tune(seed="a", **tune)),
         ("tune(objective=5)", lambda: api.tune(objective=5, **tune)),

@@ -39,8 +39,17 @@ def tok(tiny_models):
 
 
 def _cfg(url: str, **kw) -> BenchConfig:
-    base = {"url": url, "model": "groundtruth", "input_len": 16, "output_len": 20, "num_prompts": 6,
-            "concurrency": 2, "scrape_server_metrics": False, "per_request": True, "power_interval_s": 0.05}
+    base = {
+        "url": url,
+        "model": "groundtruth",
+        "input_len": 16,
+        "output_len": 20,
+        "num_prompts": 6,
+        "concurrency": 2,
+        "scrape_server_metrics": False,
+        "per_request": True,
+        "power_interval_s": 0.05,
+    }
     return BenchConfig(**{**base, **kw})
 
 
@@ -110,11 +119,18 @@ def test_smi_fallbacks_parse_power_and_refuse_na():
 
 def test_open_power_chain_reports_every_reason():
     with pytest.raises(ProbeDeclined) as e:
-        open_power(nvml=FakeNVML({"gpus": []}, init_error="NVML Shared Library Not Found", init_code=12),
-                   amdsmi=_NoAmd(), run=smi_runner(None))
+        open_power(
+            nvml=FakeNVML({"gpus": []}, init_error="NVML Shared Library Not Found", init_code=12),
+            amdsmi=_NoAmd(),
+            run=smi_runner(None),
+        )
     msg = str(e.value)
-    for part in ("nvml: NVML init failed: NVML Shared Library Not Found", "amdsmi: amdsmi init failed",
-                 "nvidia-smi: nvidia-smi failed (exit 127)", "rocm-smi: rocm-smi failed (exit 127)"):
+    for part in (
+        "nvml: NVML init failed: NVML Shared Library Not Found",
+        "amdsmi: amdsmi init failed",
+        "nvidia-smi: nvidia-smi failed (exit 127)",
+        "rocm-smi: rocm-smi failed (exit 127)",
+    ):
         assert part in msg
     src = open_power(nvml=FakeNVML({"gpus": []}, init_error="x"), amdsmi=FakeAmdSmi(n=1), run=smi_runner(None))
     assert src.name == "amdsmi" and src.has_counter == set()  # an amdsmi without power calls lists its GPUs
@@ -251,14 +267,27 @@ def test_deployment_gpus_are_sampled_not_every_local_gpu(gt, tok, tiny_models, m
     assert p.gpus == [1]
     reg = Registry()
     reg.save_plan("gt", p.model_dump_json())
-    reg.save(Deployment(name="gt", port=int(gt.rsplit(":", 1)[1]), served_model_name="groundtruth",
-                        model="groundtruth", argv=["vllm", "serve", "x"]))
+    reg.save(
+        Deployment(
+            name="gt",
+            port=int(gt.rsplit(":", 1)[1]),
+            served_model_name="groundtruth",
+            model="groundtruth",
+            argv=["vllm", "serve", "x"],
+        )
+    )
     assert resolve_target(deployment="gt").gpus == [1]
     assert resolve_target(gt, model="groundtruth").gpus == [1]  # the URL of a deployment m3ctl knows
     nvml = PoweredNVML(watts={0: (650.0, 0.0), 1: (300.0, 0.0)}, counter_w={0: 650.0, 1: 300.0})
     _inject(monkeypatch, nvml=nvml)
-    res = api.bench(deployment="gt", num_prompts=4, input_len=16, output_len=8, tokenizer=str(tiny_models["m2"]),
-                    scrape_server_metrics=False).to_dict()
+    res = api.bench(
+        deployment="gt",
+        num_prompts=4,
+        input_len=16,
+        output_len=8,
+        tokenizer=str(tiny_models["m2"]),
+        scrape_server_metrics=False,
+    ).to_dict()
     en = res["energy"]
     assert en["gpus"] == [1] and en["gpus_source"].startswith("deployment gt")
     assert en["avg_w_per_gpu"] == pytest.approx(300.0, rel=1e-3)  # GPU 0's 650 W is not counted
@@ -289,12 +318,15 @@ def test_a_transient_read_error_is_bridged(gt, tok, monkeypatch):
 
 
 def test_host_without_a_power_interface_is_na_never_zero(gt, tok, monkeypatch):
-    _inject(monkeypatch, nvml=FakeNVML({"gpus": []}, init_error="NVML Shared Library Not Found", init_code=12),
-            amdsmi=_NoAmd(), run=smi_runner(None))
+    _inject(
+        monkeypatch,
+        nvml=FakeNVML({"gpus": []}, init_error="NVML Shared Library Not Found", init_code=12),
+        amdsmi=_NoAmd(),
+        run=smi_runner(None),
+    )
     res = run_bench(_cfg(gt, num_prompts=2), tok=tok)
     en = res["energy"]
-    for k in ("source", "joules", "avg_w_per_gpu", "joules_per_output_token", "output_tokens_per_joule",
-              "duration_s"):
+    for k in ("source", "joules", "avg_w_per_gpu", "joules_per_output_token", "output_tokens_per_joule", "duration_s"):
         assert en[k] is None, k
     assert en["reason"].startswith("no GPU power reading on this host (nvml: NVML init failed: NVML Shared Library")
     assert res["validity"]["valid"]
@@ -348,8 +380,24 @@ def test_cli_power_options(gt, tiny_models, tmp_path):
     from tests.conftest import run_cli
 
     out = tmp_path / "b.json"
-    r = run_cli("bench", "--url", gt, "--model", "groundtruth", "--num-prompts", "2", "--input-len", "8",
-                "--output-len", "4", "--tokenizer", str(tiny_models["m2"]), "--no-power", "--output-json", str(out))
+    r = run_cli(
+        "bench",
+        "--url",
+        gt,
+        "--model",
+        "groundtruth",
+        "--num-prompts",
+        "2",
+        "--input-len",
+        "8",
+        "--output-len",
+        "4",
+        "--tokenizer",
+        str(tiny_models["m2"]),
+        "--no-power",
+        "--output-json",
+        str(out),
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     assert json.loads(out.read_text())["energy"]["reason"] == "power sampling off (--no-power)"
     assert "energy: n/a (power sampling off (--no-power))" in r.stdout

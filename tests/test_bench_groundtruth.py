@@ -40,8 +40,14 @@ def tok(tiny_models):
 
 
 def _cfg(url: str, **kw) -> BenchConfig:
-    base = {"url": url, "model": "groundtruth", "input_len": 16, "output_len": 20, "scrape_server_metrics": False,
-            "per_request": True}
+    base = {
+        "url": url,
+        "model": "groundtruth",
+        "input_len": 16,
+        "output_len": 20,
+        "scrape_server_metrics": False,
+        "per_request": True,
+    }
     return BenchConfig(**{**base, **kw})
 
 
@@ -54,11 +60,20 @@ def _tol(v: float, conc: int = 1) -> float:
 def _realized(url: str, skip: int = 0) -> dict:
     recs = httpx.get(f"{url}/gt/records").json()[skip:]
     gaps = [1000 * (b - a) for r in recs for a, b in zip(r["writes"], r["writes"][1:], strict=False)]
-    ptok = [1000 * (b - a) / k for r in recs for a, b, k in zip(r["writes"], r["writes"][1:], r["tokens"][1:],
-                                                                  strict=False) for _ in range(k)]
-    return {"recs": recs, "gap": float(np.mean(gaps)), "per_token": float(np.mean(ptok)),
-            "gap_median": float(np.median(gaps)), "per_token_median": float(np.median(ptok)),
-            "ttft": float(np.median([1000 * (r["writes"][0] - r["arrival"]) for r in recs]))}
+    ptok = [
+        1000 * (b - a) / k
+        for r in recs
+        for a, b, k in zip(r["writes"], r["writes"][1:], r["tokens"][1:], strict=False)
+        for _ in range(k)
+    ]
+    return {
+        "recs": recs,
+        "gap": float(np.mean(gaps)),
+        "per_token": float(np.mean(ptok)),
+        "gap_median": float(np.median(gaps)),
+        "per_token_median": float(np.median(ptok)),
+        "ttft": float(np.median([1000 * (r["writes"][0] - r["arrival"]) for r in recs])),
+    }
 
 
 @pytest.mark.parametrize("conc", [1, 8, 64])
@@ -88,8 +103,9 @@ def test_timings_match_ground_truth(gt_server, tok, conc):
         assert abs(res["median_tpot_ms"] - itl) <= _tol(itl)
         assert abs(res["median_itl_ms"] - itl) <= _tol(itl)
     # Per chunk: receive time (client) minus write time (server), pooled and paired in time order.
-    recv = sorted(q["start_time"] + q["ttft"] + t for q in res["requests"]
-                  for t in np.concatenate([[0.0], np.cumsum(q["itl"])]))
+    recv = sorted(
+        q["start_time"] + q["ttft"] + t for q in res["requests"] for t in np.concatenate([[0.0], np.cumsum(q["itl"])])
+    )
     writes = sorted(w for r in recs for w in r["writes"])
     delay_ms = 1000 * (np.array(recv) - np.array(writes))
     assert delay_ms.min() > -0.5  # never before the server wrote it
@@ -164,14 +180,26 @@ def test_timings_match_injected_values(gt_server, tok, conc):
         stall = None if s0 is None else (cpu_stall_s() - s0) / (time.perf_counter() - w0)
         real = _realized(url, skip=conc)
         assert res["completed"] == n and res["failed"] == 0 and res["total_output_tokens"] == n * INJ_OSL
-        bad = {k: (round(m, 2), round(i, 2)) for k, (m, i) in _vs_injected(res, conc, n).items()
-               if abs(m - i) > _inj_tol(i)}
-        attempts.append({"cpu_stall": None if stall is None else f"{stall:.1%}", "client_off": bad,
-                         "server_realized_ttft_gap_ms": (round(real["ttft"], 2), round(real["gap_median"], 2))})
+        bad = {
+            k: (round(m, 2), round(i, 2))
+            for k, (m, i) in _vs_injected(res, conc, n).items()
+            if abs(m - i) > _inj_tol(i)
+        }
+        attempts.append(
+            {
+                "cpu_stall": None if stall is None else f"{stall:.1%}",
+                "client_off": bad,
+                "server_realized_ttft_gap_ms": (round(real["ttft"], 2), round(real["gap_median"], 2)),
+            }
+        )
         if not bad:
-            worst = max(_vs_injected(res, conc, n).items(), key=lambda kv: abs(kv[1][0] - kv[1][1]) / _inj_tol(kv[1][1]))
-            print(f"c={conc} attempt {len(attempts)}: worst {worst[0]} {worst[1][0]:.2f} vs {worst[1][1]:.2f}; "
-                  f"TTFT median {res['median_ttft_ms']:.2f} mean {res['mean_ttft_ms']:.2f}; {attempts[-1]}")
+            worst = max(
+                _vs_injected(res, conc, n).items(), key=lambda kv: abs(kv[1][0] - kv[1][1]) / _inj_tol(kv[1][1])
+            )
+            print(
+                f"c={conc} attempt {len(attempts)}: worst {worst[0]} {worst[1][0]:.2f} vs {worst[1][1]:.2f}; "
+                f"TTFT median {res['median_ttft_ms']:.2f} mean {res['mean_ttft_ms']:.2f}; {attempts[-1]}"
+            )
             return
         quiet_miss = quiet_miss or stall is None or stall < MAX_STALL
     assert not quiet_miss, f"c={conc}: measured vs injected (1 % or 0.5 ms) in 4 attempts, on a quiet host: {attempts}"
@@ -222,11 +250,27 @@ def test_f18_hidden_reasoning_is_invalid(gt_server, tok, tiny_models):
     assert v["reasoning_hidden_responses"] == 3 and v["first_chunk_tokens_max"] == 471
     assert res["total_output_tokens"] == 3 * 512  # from usage, not from the 42 visible tokens
     assert res["per_token_itl"]["samples"] == 3 * 41  # the 470 hidden tokens get no fake ITL samples
-    ok = run_bench(_cfg(url, endpoint="chat", num_prompts=1, concurrency=1, output_len=512, allow_approx=True),
-                   tok=tok)
+    ok = run_bench(_cfg(url, endpoint="chat", num_prompts=1, concurrency=1, output_len=512, allow_approx=True), tok=tok)
     assert ok["validity"]["valid"]
-    p = run_cli("bench", "--url", url, "--model", "groundtruth", "--endpoint", "chat", "--num-prompts", "2",
-                "--concurrency", "1", "--output-len", "512", "--input-len", "8", "--tokenizer", str(tiny_models["m2"]))
+    p = run_cli(
+        "bench",
+        "--url",
+        url,
+        "--model",
+        "groundtruth",
+        "--endpoint",
+        "chat",
+        "--num-prompts",
+        "2",
+        "--concurrency",
+        "1",
+        "--output-len",
+        "512",
+        "--input-len",
+        "8",
+        "--tokenizer",
+        str(tiny_models["m2"]),
+    )
     assert p.returncode == 1, p.stdout + p.stderr
     assert "BENCH-INVALID" in p.stderr and "F18" in p.stderr and "Traceback" not in p.stderr
 
@@ -283,12 +327,39 @@ def test_ctrl_c_writes_partial_results(gt_server, tiny_models, tmp_path, procs):
     url = gt_server("--ttft-ms", "10", "--itl-ms", "20")
     httpx.post(f"{url}/gt/reset")
     out = tmp_path / "partial.json"
-    p = subprocess.Popen([sys.executable, "-m", "m3ctl", "bench", "--url", url, "--model", "groundtruth",
-                          "--num-prompts", "40", "--concurrency", "2", "--input-len", "8", "--output-len", "50",
-                          "--tokenizer", str(tiny_models["m2"]), "--output-json", str(out), "--client-procs",
-                          str(procs), "--progress"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "COLUMNS": "150"},
-                         start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "m3ctl",
+            "bench",
+            "--url",
+            url,
+            "--model",
+            "groundtruth",
+            "--num-prompts",
+            "40",
+            "--concurrency",
+            "2",
+            "--input-len",
+            "8",
+            "--output-len",
+            "50",
+            "--tokenizer",
+            str(tiny_models["m2"]),
+            "--output-json",
+            str(out),
+            "--client-procs",
+            str(procs),
+            "--progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "150"},
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.time() + 60
     while time.time() < deadline:  # wait until the measured phase has finished a few requests (~1 s each)
         recs = httpx.get(f"{url}/gt/records").json()
@@ -308,8 +379,10 @@ def test_ctrl_c_writes_partial_results(gt_server, tiny_models, tmp_path, procs):
 @pytest.mark.parametrize("endpoint", ["completions", "chat"])
 def test_aiohttp_and_fast_http_paths_agree(gt_server, tok, endpoint):
     url = gt_server("--ttft-ms", "20", "--itl-ms", "4", "--tokens-per-chunk", "2")
-    runs = {h: run_bench(_cfg(url, endpoint=endpoint, num_prompts=8, concurrency=4, output_len=16, http_client=h),
-                         tok=tok) for h in ("fast", "aiohttp")}
+    runs = {
+        h: run_bench(_cfg(url, endpoint=endpoint, num_prompts=8, concurrency=4, output_len=16, http_client=h), tok=tok)
+        for h in ("fast", "aiohttp")
+    }
     for r in runs.values():
         assert r["completed"] == 8 and r["total_output_tokens"] == 128 and r["validity"]["valid"]
         assert r["per_token_itl"]["samples"] == 8 * 14 and r["per_token_itl"]["median_ms"] == pytest.approx(4, abs=1)
@@ -321,11 +394,34 @@ def test_server_death_writes_partial_results(tiny_models, tmp_path):
     srv, url = start_groundtruth("--ttft-ms", "10", "--itl-ms", "20")
     try:
         out = tmp_path / "partial.json"
-        p = subprocess.Popen([sys.executable, "-m", "m3ctl", "bench", "--url", url, "--model", "groundtruth",
-                              "--num-prompts", "40", "--concurrency", "3", "--input-len", "8", "--output-len", "50",
-                              "--tokenizer", str(tiny_models["m2"]), "--output-json", str(out)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "COLUMNS": "150"})
+        p = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "m3ctl",
+                "bench",
+                "--url",
+                url,
+                "--model",
+                "groundtruth",
+                "--num-prompts",
+                "40",
+                "--concurrency",
+                "3",
+                "--input-len",
+                "8",
+                "--output-len",
+                "50",
+                "--tokenizer",
+                str(tiny_models["m2"]),
+                "--output-json",
+                str(out),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "COLUMNS": "150"},
+        )
         deadline = time.time() + 60
         while time.time() < deadline:  # a few requests finished (~1 s each) and the next ones mid-stream
             recs = httpx.get(f"{url}/gt/records").json()
@@ -357,11 +453,13 @@ def test_server_death_writes_partial_results(tiny_models, tmp_path):
 @pytest.mark.parametrize("http", ["fast", "aiohttp"])
 def test_request_timeout_counted_per_kind(gt_server, tok, http):
     url = gt_server("--ttft-ms", "20", "--itl-ms", "100")  # 10 tokens: ~0.92 s per request
-    res = run_bench(_cfg(url, num_prompts=4, concurrency=2, output_len=10, request_timeout_s=0.3, http_client=http),
-                    tok=tok)
+    res = run_bench(
+        _cfg(url, num_prompts=4, concurrency=2, output_len=10, request_timeout_s=0.3, http_client=http), tok=tok
+    )
     assert res["completed"] == 0 and res["failed"] == 4 and res["failed_by_kind"] == {"timeout": 4}
-    ok = run_bench(_cfg(url, num_prompts=2, concurrency=2, output_len=3, request_timeout_s=2.0, http_client=http),
-                   tok=tok)
+    ok = run_bench(
+        _cfg(url, num_prompts=2, concurrency=2, output_len=3, request_timeout_s=2.0, http_client=http), tok=tok
+    )
     assert ok["completed"] == 2 and ok["failed_by_kind"] == {}
 
 
@@ -372,8 +470,21 @@ def test_sweep_with_slo_reports_its_capacity_by_the_tunes_rule(gt_server, tiny_m
     is one level of 3 runs) and far past 0.5 ms (no level holds). --slo without a sweep is refused before any
     request."""
     url = gt_server("--ttft-ms", "5", "--itl-ms", "2")
-    base = ["bench", "--url", url, "--model", "groundtruth", "--num-prompts", "4", "--input-len", "8",
-            "--output-len", "8", "--tokenizer", str(tiny_models["m2"])]
+    base = [
+        "bench",
+        "--url",
+        url,
+        "--model",
+        "groundtruth",
+        "--num-prompts",
+        "4",
+        "--input-len",
+        "8",
+        "--output-len",
+        "8",
+        "--tokenizer",
+        str(tiny_models["m2"]),
+    ]
     out = tmp_path / "sweep.json"
     p = run_cli(*base, "--concurrency", "1,2,2,2", "--slo", "p90_tpot_ms<=50", "--output-json", str(out))
     assert p.returncode == 0, p.stdout + p.stderr

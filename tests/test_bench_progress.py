@@ -69,8 +69,14 @@ def test_rolling_stats_out_of_order_events_and_failure_kinds():
 def _snap(**kw):
     from m3ctl.bench.progress import Snapshot
 
-    base = dict(completed=12345, total=100000, in_flight=128, elapsed_s=1234.5, rolling_ttft_ms=12345.6,
-                rolling_output_tok_s=123456.7)
+    base = dict(
+        completed=12345,
+        total=100000,
+        in_flight=128,
+        elapsed_s=1234.5,
+        rolling_ttft_ms=12345.6,
+        rolling_output_tok_s=123456.7,
+    )
     return Snapshot(**(base | kw))
 
 
@@ -136,8 +142,10 @@ def gt_url():
     p.wait(timeout=10)
 
 
-_FRAME = re.compile(r"(\d+)/(\d+) done\s+out ([\d.]+) tok/s\s+TTFT p50 ([\d.]+|-)(?: ms)? \(last 5s\)"
-                    r"\s+failed (\d+)\s+in flight (\d+)")
+_FRAME = re.compile(
+    r"(\d+)/(\d+) done\s+out ([\d.]+) tok/s\s+TTFT p50 ([\d.]+|-)(?: ms)? \(last 5s\)"
+    r"\s+failed (\d+)\s+in flight (\d+)"
+)
 
 
 @pytest.mark.parametrize("procs", [1, 2])
@@ -145,8 +153,16 @@ def test_live_display_frames_from_a_real_run(gt_url, tiny_models, procs):
     """Frames show completed counts rising to the total and a rolling TTFT near the injected 120 ms."""
     buf = io.StringIO()
     con = Console(file=buf, force_terminal=True, width=250, color_system=None)
-    cfg = BenchConfig(url=gt_url, model="groundtruth", num_prompts=48, concurrency=4, input_len=8, output_len=20,
-                      scrape_server_metrics=False, client_procs=procs)
+    cfg = BenchConfig(
+        url=gt_url,
+        model="groundtruth",
+        num_prompts=48,
+        concurrency=4,
+        input_len=8,
+        output_len=20,
+        scrape_server_metrics=False,
+        client_procs=procs,
+    )
     # 12 waves of (120 + 19 x 10) ms = 3.7 s; 20 frames a second
     with LiveProgress(con, total=48, refresh_per_second=20, plain=False) as prog:
         res = run_bench(cfg, tok=LocalTokenizer(tiny_models["m2"]), progress=prog)
@@ -164,15 +180,48 @@ def test_live_display_frames_from_a_real_run(gt_url, tiny_models, procs):
 
 
 def test_cli_progress_on_stderr_json_on_stdout(gt_url, tiny_models):
-    p = run_cli("bench", "--url", gt_url, "--model", "groundtruth", "--num-prompts", "12", "--concurrency", "4",
-                "--input-len", "8", "--output-len", "10", "--tokenizer", str(tiny_models["m2"]), "--progress",
-                "--output-json", "-")
+    p = run_cli(
+        "bench",
+        "--url",
+        gt_url,
+        "--model",
+        "groundtruth",
+        "--num-prompts",
+        "12",
+        "--concurrency",
+        "4",
+        "--input-len",
+        "8",
+        "--output-len",
+        "10",
+        "--tokenizer",
+        str(tiny_models["m2"]),
+        "--progress",
+        "--output-json",
+        "-",
+    )
     assert p.returncode == 0, p.stderr
     res = json.loads(p.stdout)  # stdout is the JSON and nothing else
     assert res["completed"] == 12
     # forced into a pipe (a log file): plain lines, no terminal codes
     assert "12/12 done" in p.stderr and "\x1b[" not in p.stderr and "\r" not in p.stderr, p.stderr
-    q = run_cli("bench", "--url", gt_url, "--model", "groundtruth", "--num-prompts", "4", "--concurrency", "2",
-                "--input-len", "8", "--output-len", "5", "--tokenizer", str(tiny_models["m2"]), "--json")
+    q = run_cli(
+        "bench",
+        "--url",
+        gt_url,
+        "--model",
+        "groundtruth",
+        "--num-prompts",
+        "4",
+        "--concurrency",
+        "2",
+        "--input-len",
+        "8",
+        "--output-len",
+        "5",
+        "--tokenizer",
+        str(tiny_models["m2"]),
+        "--json",
+    )
     assert q.returncode == 0 and json.loads(q.stdout)["completed"] == 4
     assert "done" not in q.stderr  # auto: stderr is a pipe here, so no progress

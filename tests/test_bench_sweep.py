@@ -33,18 +33,38 @@ def tok(tiny_models):
 
 
 def _cfg(url: str, tok: str, **kw) -> BenchConfig:
-    return BenchConfig(**{"url": url, "model": "groundtruth", "input_len": 16, "output_len": 8, "num_prompts": 12,
-                          "scrape_server_metrics": False, "warmup": True, "tokenizer": tok, **kw})
+    return BenchConfig(
+        **{
+            "url": url,
+            "model": "groundtruth",
+            "input_len": 16,
+            "output_len": 8,
+            "num_prompts": 12,
+            "scrape_server_metrics": False,
+            "warmup": True,
+            "tokenizer": tok,
+            **kw,
+        }
+    )
 
 
 # ----------------------------------------------------------------------------- levels
 def test_plan_is_input_then_output_then_concurrency():
     lv = sweep.plan([512, 4096], [128, 1024], [1, 16])
     assert [(x.input_len, x.output_len, x.concurrency) for x in lv] == [
-        (512, 128, 1), (512, 128, 16), (512, 1024, 1), (512, 1024, 16),
-        (4096, 128, 1), (4096, 128, 16), (4096, 1024, 1), (4096, 1024, 16)]
-    assert sweep.axes(lv) == ("input_len,output_len,concurrency",
-                              {"input_len": [512, 4096], "output_len": [128, 1024], "concurrency": [1, 16]})
+        (512, 128, 1),
+        (512, 128, 16),
+        (512, 1024, 1),
+        (512, 1024, 16),
+        (4096, 128, 1),
+        (4096, 128, 16),
+        (4096, 1024, 1),
+        (4096, 1024, 16),
+    ]
+    assert sweep.axes(lv) == (
+        "input_len,output_len,concurrency",
+        {"input_len": [512, 4096], "output_len": [128, 1024], "concurrency": [1, 16]},
+    )
     assert sweep.axes(sweep.plan([128], [128], [1, 4])) == ("concurrency", [1, 4])  # the earlier format
     assert sweep.skipped_after(lv, 0) == [lv[1]]  # an overload at 512/128 c=1 skips only 512/128 c=16
     with pytest.raises(BadInput, match="--output-len 0"):
@@ -54,8 +74,13 @@ def test_plan_is_input_then_output_then_concurrency():
 # ----------------------------------------------------------------------------- the decision
 def _res(c: int, ttft_ms: float, tput: float, queue: dict | None = None) -> dict:
     """The keys of a run_bench result the decision reads (names and units as run_bench writes them)."""
-    return {"max_concurrency": c, "completed": 40, "median_ttft_ms": ttft_ms, "output_throughput": tput,
-            "server_queue": queue}
+    return {
+        "max_concurrency": c,
+        "completed": 40,
+        "median_ttft_ms": ttft_ms,
+        "output_throughput": tput,
+        "server_queue": queue,
+    }
 
 
 def test_overload_criteria():
@@ -71,8 +96,13 @@ def test_overload_criteria():
     drop = sweep.overload(_res(16, 400.0, 700.0), _res(8, 180.0, 900.0), None)
     assert drop["criteria"] == ["throughput"] and "fell 22% below" in drop["reasons"][0]
     assert "TTFT rose 2.2x" in drop["reasons"][0]
-    q = {"growing": True, "waiting_first_third": 3.0, "waiting_last_third": 20.0, "waiting_end": 26.0,
-         "reference": 32.0}
+    q = {
+        "growing": True,
+        "waiting_first_third": 3.0,
+        "waiting_last_third": 20.0,
+        "waiting_end": 26.0,
+        "reference": 32.0,
+    }
     assert sweep.overload(_res(32, 300.0, 950.0, q), _res(16, 180.0, 900.0), None)["criteria"] == ["queue"]
 
 
@@ -136,7 +166,9 @@ def test_sweep_stops_climbing_past_the_ttft_bound(gt, tok):
     doc = sweep_doc(runs, *sweep.axes(sweep.plan([16], [8, 4], [1, 2, 8, 16])))["sweep"]
     assert doc["axis"] == "output_len,concurrency"
     assert [(s["output_len"], s["concurrency"], s["after"]["concurrency"]) for s in doc["skipped"]] == [
-        (8, 16, 8), (4, 16, 8)]
+        (8, 16, 8),
+        (4, 16, 8),
+    ]
 
 
 def test_sweep_stops_when_the_server_queue_grows(gt, tok):
@@ -144,8 +176,12 @@ def test_sweep_stops_when_the_server_queue_grows(gt, tok):
     server's queue (sampled from /metrics) climbs toward 50 while the 80 requests are issued, so the sweep stops
     before 128; at cap 4 its queue holds at 2 (4 in flight, 2 running): not growing."""
     url = gt("--max-running", "2", "--ttft-ms", "20", "--itl-ms", "5", "--metrics")
-    runs = run_sweep(_cfg(url, tok, num_prompts=80, request_rate=100.0, scrape_server_metrics=True,
-                          queue_sample_s=0.02, warmup=False), [4, 64, 128])
+    runs = run_sweep(
+        _cfg(
+            url, tok, num_prompts=80, request_rate=100.0, scrape_server_metrics=True, queue_sample_s=0.02, warmup=False
+        ),
+        [4, 64, 128],
+    )
     assert [r["max_concurrency"] for r in runs] == [4, 64]
     q4, q64 = runs[0]["server_queue"], runs[1]["server_queue"]
     assert q4["growing"] is False and q4["samples_in_window"] >= 4 and q4["waiting_end"] <= 2
@@ -159,15 +195,37 @@ def test_sweep_stops_when_the_server_queue_grows(gt, tok):
 def test_cli_length_sweep_file_and_table(gt, tiny_models, tmp_path):
     url = gt("--ttft-ms", "5", "--itl-ms", "1")
     out = tmp_path / "sweep.json"
-    r = run_cli("bench", "--url", url, "--model", "groundtruth", "--input-len", "16,40", "--output-len", "4",
-                "--concurrency", "1,2", "--num-prompts", "2", "--no-warmup", "--tokenizer", str(tiny_models["m2"]),
-                "--output-json", str(out), "--no-progress")
+    r = run_cli(
+        "bench",
+        "--url",
+        url,
+        "--model",
+        "groundtruth",
+        "--input-len",
+        "16,40",
+        "--output-len",
+        "4",
+        "--concurrency",
+        "1,2",
+        "--num-prompts",
+        "2",
+        "--no-warmup",
+        "--tokenizer",
+        str(tiny_models["m2"]),
+        "--output-json",
+        str(out),
+        "--no-progress",
+    )
     assert r.returncode == 0, r.stderr
     doc = json.loads(out.read_text())
     assert doc["sweep"]["axis"] == "input_len,concurrency"
     assert doc["sweep"]["values"] == {"input_len": [16, 40], "concurrency": [1, 2]}
-    assert [(lv["input_len"], lv["concurrency"]) for lv in doc["sweep"]["levels"]] == [(16, 1), (16, 2), (40, 1),
-                                                                                     (40, 2)]
+    assert [(lv["input_len"], lv["concurrency"]) for lv in doc["sweep"]["levels"]] == [
+        (16, 1),
+        (16, 2),
+        (40, 1),
+        (40, 2),
+    ]
     assert doc["sweep"]["skipped"] == []
     assert "input / output tokens" in r.stdout and "16 / 4" in r.stdout and "40 / 4" in r.stdout
     bad = run_cli("bench", "--url", "http://127.0.0.1:9", "--model", "x", "--input-len", "16,0")

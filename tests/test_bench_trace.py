@@ -49,8 +49,9 @@ def _write(path, recs, extra: str = "") -> str:
 
 @pytest.fixture(scope="module")
 def gt(tiny_models):
-    with groundtruth_pool("--tokenizer", str(tiny_models["m2"]), "--prefix-cache-block", str(BLOCK),
-                          "--no-metrics") as start:
+    with groundtruth_pool(
+        "--tokenizer", str(tiny_models["m2"]), "--prefix-cache-block", str(BLOCK), "--no-metrics"
+    ) as start:
         yield start
 
 
@@ -60,8 +61,16 @@ def tok(tiny_models):
 
 
 def _cfg(url: str, trace: str, **kw) -> BenchConfig:
-    return BenchConfig(**{"url": url, "model": "groundtruth", "trace_path": trace, "scrape_server_metrics": False,
-                          "per_request": True, **kw})
+    return BenchConfig(
+        **{
+            "url": url,
+            "model": "groundtruth",
+            "trace_path": trace,
+            "scrape_server_metrics": False,
+            "per_request": True,
+            **kw,
+        }
+    )
 
 
 def test_trace_replays_arrivals_lengths_and_prefixes(gt, tok, tmp_path):
@@ -106,7 +115,8 @@ def test_trace_replays_arrivals_lengths_and_prefixes(gt, tok, tmp_path):
     assert fid["threshold_ms"] == 50.0 and fid["mean_interarrival_ms"] == pytest.approx(1500 / 11)
     assert fid["lagged"] is False and not any("trace replay lagged" in w for w in res["validity"]["warnings"])
     assert res["workload"]["prefix_cache_expected_hit"] == pytest.approx(
-        (3 * 64 + 3 * 35) / sum(r["input_len"] for r in RECORDS))
+        (3 * 64 + 3 * 35) / sum(r["input_len"] for r in RECORDS)
+    )
     assert res["validity"]["prefix_cache"]["observed"] <= res["validity"]["prefix_cache"]["allowed"]
 
 
@@ -120,7 +130,8 @@ def test_trace_time_scale_and_capped_replay_lag_warning(gt, tok, tmp_path):
     reqs = res["requests"]
     assert res["load"]["mode"] == "trace-capped" and res["trace"]["duration_s"] == pytest.approx(0.07)
     assert [q["scheduled_time"] - reqs[0]["scheduled_time"] for q in reqs] == pytest.approx(
-        [0.01 * i for i in range(8)], abs=1e-6)
+        [0.01 * i for i in range(8)], abs=1e-6
+    )
     # one at a time: each request was sent when the one before it ended
     for a, b in itertools.pairwise(reqs):
         assert b["start_time"] >= a["start_time"] + a["latency"] - 1e-3
@@ -141,7 +152,7 @@ def test_trace_prompts_exact_with_shared_token_prefix(tok, tmp_path):
     for pid, n in (("sys-a", 64), (7, 35)):
         heads = {tuple(i[:n]) for i in groups[pid]}
         assert len(heads) == 1, pid  # the same first n tokens in every prompt of the group
-        assert len({tuple(i[:n + 1]) for i in groups[pid]}) > 1  # and they differ after the prefix
+        assert len({tuple(i[: n + 1]) for i in groups[pid]}) > 1  # and they differ after the prefix
     assert groups["sys-a"][0][:8] != groups[7][0][:8]
     assert len({tuple(i[:8]) for i in groups[None]}) == len(groups[None])  # ungrouped prompts share nothing
     # a fresh salt draws fresh text of the same lengths
@@ -152,20 +163,26 @@ def test_trace_prompts_exact_with_shared_token_prefix(tok, tmp_path):
 GOOD = '{"timestamp": 0, "input_len": 8, "output_len": 4}'
 
 
-@pytest.mark.parametrize(("line", "field"), [
-    ('{"timestamp": 1, "input_len": 8}', "'output_len' is missing"),
-    ('{"timestamp": 1, "input_len": 8.5, "output_len": 4}', "'input_len' is 8.5"),
-    ('{"timestamp": 1, "input_len": 0, "output_len": 4}', "'input_len' is 0"),
-    ('{"timestamp": 1, "input_len": 8, "output_len": true}', "'output_len' is true"),
-    ('{"timestamp": "soon", "input_len": 8, "output_len": 4}', "'timestamp' is \"soon\""),
-    ('{"timestamp": -1, "input_len": 8, "output_len": 4}', "'timestamp' -1 is earlier than line 1's 0"),
-    ('{"input_len": 8, "output_len": 4}', "'timestamp' is missing"),
-    ('{"timestamp": 1, "input_len": 8, "output_len": 4, "prefix_id": [1]}', "'prefix_id'"),
-    ('{"timestamp": 1, "input_len": 8, "output_len": 4, "prefix_len": 2}', "'prefix_len' without a 'prefix_id'"),
-    ('{"timestamp": 1, "input_len": 8, "output_len": 4, "prefix_id": "a", "prefix_len": 8}', "'input_len' 8 is not"),
-    ('[1, 2]', "not a JSON object"),
-    ('{"timestamp": 1, ', "not JSON"),
-])
+@pytest.mark.parametrize(
+    ("line", "field"),
+    [
+        ('{"timestamp": 1, "input_len": 8}', "'output_len' is missing"),
+        ('{"timestamp": 1, "input_len": 8.5, "output_len": 4}', "'input_len' is 8.5"),
+        ('{"timestamp": 1, "input_len": 0, "output_len": 4}', "'input_len' is 0"),
+        ('{"timestamp": 1, "input_len": 8, "output_len": true}', "'output_len' is true"),
+        ('{"timestamp": "soon", "input_len": 8, "output_len": 4}', "'timestamp' is \"soon\""),
+        ('{"timestamp": -1, "input_len": 8, "output_len": 4}', "'timestamp' -1 is earlier than line 1's 0"),
+        ('{"input_len": 8, "output_len": 4}', "'timestamp' is missing"),
+        ('{"timestamp": 1, "input_len": 8, "output_len": 4, "prefix_id": [1]}', "'prefix_id'"),
+        ('{"timestamp": 1, "input_len": 8, "output_len": 4, "prefix_len": 2}', "'prefix_len' without a 'prefix_id'"),
+        (
+            '{"timestamp": 1, "input_len": 8, "output_len": 4, "prefix_id": "a", "prefix_len": 8}',
+            "'input_len' 8 is not",
+        ),
+        ("[1, 2]", "not a JSON object"),
+        ('{"timestamp": 1, ', "not JSON"),
+    ],
+)
 def test_bad_trace_line_names_file_line_and_field(tmp_path, line, field):
     p = tmp_path / "bad.jsonl"
     p.write_text(GOOD + "\n\n" + line + "\n" + GOOD.replace('"timestamp": 0', '"timestamp": 5') + "\n")
@@ -175,17 +192,22 @@ def test_bad_trace_line_names_file_line_and_field(tmp_path, line, field):
 
 
 def test_trace_refuses_options_it_replaces_and_conflicting_prefix_lens(tmp_path):
-    p = _write(tmp_path / "t.jsonl", [{"timestamp": 0, "input_len": 8, "output_len": 4, "prefix_id": "a",
-                                       "prefix_len": 4},
-                                      {"timestamp": 1, "input_len": 9, "output_len": 4, "prefix_id": "a",
-                                       "prefix_len": 5}])
+    p = _write(
+        tmp_path / "t.jsonl",
+        [
+            {"timestamp": 0, "input_len": 8, "output_len": 4, "prefix_id": "a", "prefix_len": 4},
+            {"timestamp": 1, "input_len": 9, "output_len": 4, "prefix_id": "a", "prefix_len": 5},
+        ],
+    )
     with pytest.raises(BadInput, match=r":2: field 'prefix_len' 5 differs from line 1's 4"):
         traces.load(p)
     ok = _write(tmp_path / "ok.jsonl", RECORDS)
     base = {"url": "http://127.0.0.1:9", "model": "m", "trace_path": ok}
-    for kw, msg in (({"workload": "agentic"}, "--trace replaces --workload"),
-                    ({"request_rate": 5.0}, "--request-rate does not apply"),
-                    ({"duration_s": 10.0, "concurrency": 2}, "--duration does not apply")):
+    for kw, msg in (
+        ({"workload": "agentic"}, "--trace replaces --workload"),
+        ({"request_rate": 5.0}, "--request-rate does not apply"),
+        ({"duration_s": 10.0, "concurrency": 2}, "--duration does not apply"),
+    ):
         with pytest.raises(BadInput, match=msg):
             validate(BenchConfig(**base, **kw))
     with pytest.raises(BadInput, match="has no records"):

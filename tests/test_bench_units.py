@@ -29,8 +29,11 @@ def test_dataset_sharegpt_json(tok):
     prompts = {r.prompt for r in reqs}
     assert "hi" not in prompts  # under 4 tokens: skipped, as vLLM's is_valid_sequence
     assert "a question nobody answered" not in prompts  # no reply: no output length
-    src = {c["conversations"][0]["value"]: c["conversations"][1]["value"]
-           for c in json.loads((FIX / "sharegpt_small.json").read_text()) if len(c["conversations"]) > 1}
+    src = {
+        c["conversations"][0]["value"]: c["conversations"][1]["value"]
+        for c in json.loads((FIX / "sharegpt_small.json").read_text())
+        if len(c["conversations"]) > 1
+    }
     for r in reqs:
         assert r.prompt in src and r.prompt_len == len(tok.encode(r.prompt))
         assert r.output_len == len(tok.encode(src[r.prompt]))
@@ -63,8 +66,9 @@ def test_dataset_errors(tmp_path, tok):
 
 
 def test_prefix_repetition(tok):
-    reqs, exp = workloads.prefix_repetition_workload(tok, n=12, num_prefixes=3, prefix_len=40, suffix_len=10,
-                                                     output_len=5, seed=0)
+    reqs, exp = workloads.prefix_repetition_workload(
+        tok, n=12, num_prefixes=3, prefix_len=40, suffix_len=10, output_len=5, seed=0
+    )
     assert len(reqs) == 12
     heads = [r.prompt[: len(r.prompt) // 2] for r in reqs]
     starts = {tok.decode(tok.encode(r.prompt)[:30]) for r in reqs}
@@ -96,9 +100,17 @@ def test_agentic_sessions_grow_and_share_prefix(tok):
 
 
 def _out(ttft, gaps, chunk_tokens, osl, start=0.0, sched=None) -> RequestOutput:
-    return RequestOutput(success=True, prompt_len=10, output_tokens=osl, ttft=ttft, itl=list(gaps),
-                         latency=ttft + sum(gaps), start_time=start, scheduled_time=start if sched is None else sched,
-                         chunk_tokens=list(chunk_tokens))
+    return RequestOutput(
+        success=True,
+        prompt_len=10,
+        output_tokens=osl,
+        ttft=ttft,
+        itl=list(gaps),
+        latency=ttft + sum(gaps),
+        start_time=start,
+        scheduled_time=start if sched is None else sched,
+        chunk_tokens=list(chunk_tokens),
+    )
 
 
 def test_per_token_itl_spreads_multi_token_chunks():
@@ -118,8 +130,10 @@ def test_per_token_itl_spreads_multi_token_chunks():
 
 
 def test_interactivity_three_definitions():
-    outs = [_out(0.1, [0.02] * 10, [1] * 11, osl=11),  # TPOT 20 ms, E2EL 0.3 s
-            _out(0.2, [0.04] * 10, [1] * 11, osl=11)]  # TPOT 40 ms, E2EL 0.6 s
+    outs = [
+        _out(0.1, [0.02] * 10, [1] * 11, osl=11),  # TPOT 20 ms, E2EL 0.3 s
+        _out(0.2, [0.04] * 10, [1] * 11, osl=11),
+    ]  # TPOT 40 ms, E2EL 0.6 s
     ix = metrics.interactivity(outs, [90])
     assert ix["inferencex_1000_over_tpot"]["mean"] == pytest.approx(1000 / 30)  # 1000 / mean TPOT ms
     assert ix["inferencex_1000_over_tpot"]["p90"] == pytest.approx(1 / np.percentile([0.02, 0.04], 90))
@@ -154,7 +168,9 @@ def test_schedule_poisson_and_gamma():
     assert off[0] == 0 and gaps.mean() == pytest.approx(0.02, rel=0.03)
     assert gaps.std() / gaps.mean() == pytest.approx(1.0, rel=0.05)  # exponential: CV 1
     bursty = np.diff(_schedule(20_000, 50.0, 0.25, 0))
-    assert bursty.mean() == pytest.approx(0.02, rel=0.05) and bursty.std() / bursty.mean() == pytest.approx(2.0, rel=0.1)
+    assert bursty.mean() == pytest.approx(0.02, rel=0.05) and bursty.std() / bursty.mean() == pytest.approx(
+        2.0, rel=0.1
+    )
     assert _schedule(3, float("inf"), 1.0, 0) == [0.0, 0.0, 0.0]
 
 
@@ -171,9 +187,11 @@ def test_server_metrics_deltas_from_real_vllm_capture():
 
 
 def test_spec_decode_formulas():
-    text = ("vllm:spec_decode_num_drafts_total{engine=\"0\"} 10\n"
-            "vllm:spec_decode_num_draft_tokens_total{engine=\"0\"} 30\n"
-            "vllm:spec_decode_num_accepted_tokens_total{engine=\"0\"} 12\n")
+    text = (
+        'vllm:spec_decode_num_drafts_total{engine="0"} 10\n'
+        'vllm:spec_decode_num_draft_tokens_total{engine="0"} 30\n'
+        'vllm:spec_decode_num_accepted_tokens_total{engine="0"} 12\n'
+    )
     d = servermetrics.deltas({}, servermetrics.parse(text))
     assert d["spec_decode_acceptance_rate"] == pytest.approx(0.4)
     assert d["spec_decode_acceptance_length"] == pytest.approx(2.2)
@@ -185,9 +203,18 @@ def test_pareto_front_and_png(tmp_path):
     rng = random.Random(0)
     runs = []
     for c in (1, 2, 4, 8):
-        runs.append({"model_id": "m", "max_concurrency": c, "request_rate": "inf", "total_token_throughput": 100.0 * c,
-                     "output_throughput": 50.0 * c, "per_gpu": None, "completed": 1,
-                     "interactivity": {"inferencex_1000_over_tpot": {"median": 100.0 / c + rng.random()}}})
+        runs.append(
+            {
+                "model_id": "m",
+                "max_concurrency": c,
+                "request_rate": "inf",
+                "total_token_throughput": 100.0 * c,
+                "output_throughput": 50.0 * c,
+                "per_gpu": None,
+                "completed": 1,
+                "interactivity": {"inferencex_1000_over_tpot": {"median": 100.0 / c + rng.random()}},
+            }
+        )
     png = report.pareto_png(runs, tmp_path / "p.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     with pytest.raises(BadInput, match="unknown x axis"):
@@ -215,8 +242,11 @@ def test_validity_class_of_a_result():
     assert "validity" not in vllm_file and report.validity_class(vllm_file) == "unchecked"
     with pytest.raises(BadInput, match="no run has the metrics"):  # no interactivity block: skipped, no KeyError
         report.pareto_figure([vllm_file])
-    bursty = {**clean, "unmeasured": {"tpot": "bursts: ..."},
-              "validity": {**clean["validity"], "unmeasured": ["itl", "tpot"]}}
+    bursty = {
+        **clean,
+        "unmeasured": {"tpot": "bursts: ..."},
+        "validity": {**clean["validity"], "unmeasured": ["itl", "tpot"]},
+    }
     assert report.validity_class(bursty) == "warnings"  # valid, but TPOT/ITL not measured
     assert report.validity_class({**clean, "completed": 0}) == "invalid"
 

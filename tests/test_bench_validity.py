@@ -30,8 +30,17 @@ def tok(tiny_models):
 
 
 def _cfg(url: str, **kw) -> BenchConfig:
-    return BenchConfig(**{"url": url, "model": "groundtruth", "input_len": 100, "output_len": 8, "num_prompts": 8,
-                          "concurrency": 2, **kw})
+    return BenchConfig(
+        **{
+            "url": url,
+            "model": "groundtruth",
+            "input_len": 100,
+            "output_len": 8,
+            "num_prompts": 8,
+            "concurrency": 2,
+            **kw,
+        }
+    )
 
 
 # ---------------------------------------------------------------- N13: fresh prompts, measured prefix-cache reuse
@@ -67,9 +76,25 @@ def test_forced_reuse_is_bench_invalid(gt, tiny_models, tmp_path):
     assert pc["observed"] > 0.9 and pc["intended"] == 0.0 and not again["validity"]["valid"]
     assert any("prefix cache served" in r and "means no reuse" in r for r in again["validity"]["reasons"])
     out = tmp_path / "r.json"
-    p = run_cli("bench", "--url", url, "--model", "groundtruth", "--num-prompts", "8", "--concurrency", "2",
-                "--input-len", "100", "--output-len", "8", "--prompt-salt", first["workload"]["prompt_salt"],
-                "--output-json", str(out))
+    p = run_cli(
+        "bench",
+        "--url",
+        url,
+        "--model",
+        "groundtruth",
+        "--num-prompts",
+        "8",
+        "--concurrency",
+        "2",
+        "--input-len",
+        "100",
+        "--output-len",
+        "8",
+        "--prompt-salt",
+        first["workload"]["prompt_salt"],
+        "--output-json",
+        str(out),
+    )
     assert p.returncode == 1 and "BENCH-INVALID" in p.stderr and "prefix cache served" in p.stderr, p.stderr
     assert json.loads(out.read_text())["validity"]["prefix_cache"]["observed"] > 0.9  # nothing measured is lost
 
@@ -77,8 +102,14 @@ def test_forced_reuse_is_bench_invalid(gt, tiny_models, tmp_path):
 def test_prefix_repetition_reuse_is_intended_but_not_a_repeat(gt):
     """prefix-repetition means reuse inside the run (valid); the same prompts again exceed what it means."""
     url = gt("--prefix-cache-block", "16")
-    kw = {"workload": "prefix-repetition", "num_prefixes": 2, "prefix_len": 64, "input_len": 16, "num_prompts": 8,
-          "concurrency": 1}
+    kw = {
+        "workload": "prefix-repetition",
+        "num_prefixes": 2,
+        "prefix_len": 64,
+        "input_len": 16,
+        "num_prompts": 8,
+        "concurrency": 1,
+    }
     res = run_bench(_cfg(url, **kw))
     pc = res["validity"]["prefix_cache"]
     assert res["validity"]["valid"] and 0.3 < pc["observed"] <= pc["intended"], pc
@@ -88,8 +119,22 @@ def test_prefix_repetition_reuse_is_intended_but_not_a_repeat(gt):
 
 def test_cli_sweep_warms_each_level_unless_told_not_to(gt, tmp_path):
     url = gt("--prefix-cache-block", "16")
-    base = ["bench", "--url", url, "--model", "groundtruth", "--num-prompts", "4", "--input-len", "40",
-            "--output-len", "4", "--concurrency", "1,3", "--output-json"]
+    base = [
+        "bench",
+        "--url",
+        url,
+        "--model",
+        "groundtruth",
+        "--num-prompts",
+        "4",
+        "--input-len",
+        "40",
+        "--output-len",
+        "4",
+        "--concurrency",
+        "1,3",
+        "--output-json",
+    ]
     p = run_cli(*base, str(tmp_path / "a.json"))
     assert p.returncode == 0, p.stderr
     assert [r["num_warmups"] for r in json.loads((tmp_path / "a.json").read_text())["runs"]] == [1, 3]
@@ -106,8 +151,9 @@ def test_n14_outputs_shorter_than_requested_are_invalid(gt):
         res = run_bench(_cfg(url, endpoint=endpoint, output_len=32))
         v = res["validity"]
         assert res["total_output_tokens"] == 8 and v["short_outputs"] == 8 and not v["valid"]
-        assert any("outputs shorter than requested (median 1 of 32 tokens, 8 of 8 responses)" in r
-                   for r in v["reasons"]), v
+        assert any(
+            "outputs shorter than requested (median 1 of 32 tokens, 8 of 8 responses)" in r for r in v["reasons"]
+        ), v
     assert run_bench(_cfg(url, output_len=32, ignore_eos=False))["validity"]["valid"]  # EOS allowed: fine
 
 
@@ -144,8 +190,10 @@ def test_n16_speculative_acceptance_collapse_warns(gt):
     sm = bad["server_metrics"]
     assert sm["spec_decode_acceptance_per_position"] == pytest.approx([0.3, 0.09, 0.04, 0.02, 0.01])
     assert bad["validity"]["spec_decode_collapsed"]
-    assert any("acceptance collapses after position 0 (per position 30%, 9%, 4%, 2%, 1%" in w
-               for w in bad["validity"]["warnings"]), bad["validity"]
+    assert any(
+        "acceptance collapses after position 0 (per position 30%, 9%, 4%, 2%, 1%" in w
+        for w in bad["validity"]["warnings"]
+    ), bad["validity"]
     good = run_bench(_cfg(gt("--spec-accept", "0.8,0.65,0.5")))
     assert not good["validity"]["spec_decode_collapsed"] and good["validity"]["warnings"] == []
 
@@ -159,8 +207,21 @@ def test_n05_reasoning_left_in_content_makes_ttfa_invalid(gt, tiny_models):
     assert any("TTFA is not reported" in w for w in v["warnings"])
     clean = run_bench(_cfg(gt("--reasoning", "stream", "--reasoning-tokens", "5"), endpoint="chat", output_len=12))
     assert clean["validity"]["ttfa_valid"] and clean["validity"]["reasoning_in_content_responses"] == 0
-    p = run_cli("bench", "--url", url, "--model", "groundtruth", "--endpoint", "chat", "--num-prompts", "2",
-                "--input-len", "8", "--output-len", "12")
+    p = run_cli(
+        "bench",
+        "--url",
+        url,
+        "--model",
+        "groundtruth",
+        "--endpoint",
+        "chat",
+        "--num-prompts",
+        "2",
+        "--input-len",
+        "8",
+        "--output-len",
+        "12",
+    )
     ttfa = next(line for line in p.stdout.splitlines() if "TTFA" in line)
     assert "n/a" in ttfa and not any(ch.isdigit() for ch in ttfa), p.stdout
 
@@ -178,8 +239,25 @@ def test_stalled_server_ends_the_run_with_partial_results(gt, tmp_path):
     assert res["completed"] == 2 and st["in_flight"] == 2 and res["not_sent"] == 4 and 0.5 <= st["window_s"] < 2
     assert not res["validity"]["valid"] and any(r.startswith("stalled: no token") for r in res["validity"]["reasons"])
     out = tmp_path / "s.json"
-    p = run_cli("bench", "--url", url, "--model", "groundtruth", "--num-prompts", "4", "--concurrency", "2",
-                "--input-len", "8", "--output-len", "20", "--stall-floor", "0.5", "--output-json", str(out))
+    p = run_cli(
+        "bench",
+        "--url",
+        url,
+        "--model",
+        "groundtruth",
+        "--num-prompts",
+        "4",
+        "--concurrency",
+        "2",
+        "--input-len",
+        "8",
+        "--output-len",
+        "20",
+        "--stall-floor",
+        "0.5",
+        "--output-json",
+        str(out),
+    )
     assert p.returncode == 4 and "stalled" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert json.loads(out.read_text())["stalled"]["in_flight"] == 2
     # zero successes: latencies print n/a, not 0.00 ms
@@ -194,9 +272,25 @@ def test_plain_openai_server_without_tokenize_endpoints(gt, tiny_models, tmp_pat
     url = gt("--tokenize", "none")
     assert httpx.post(f"{url}/tokenize", json={"prompt": "x"}).status_code == 404
     out = tmp_path / "r.json"
-    p = run_cli("bench", "--url", url, "--model", "groundtruth", "--num-prompts", "4", "--concurrency", "2",
-                "--input-len", "50", "--output-len", "4", "--tokenizer", str(tiny_models["m2"]),
-                "--output-json", str(out))
+    p = run_cli(
+        "bench",
+        "--url",
+        url,
+        "--model",
+        "groundtruth",
+        "--num-prompts",
+        "4",
+        "--concurrency",
+        "2",
+        "--input-len",
+        "50",
+        "--output-len",
+        "4",
+        "--tokenizer",
+        str(tiny_models["m2"]),
+        "--output-json",
+        str(out),
+    )
     assert p.returncode == 0, p.stderr
     res = json.loads(out.read_text())
     assert res["validity"]["valid"] and res["total_input_tokens"] == res["client_prompt_tokens"] == 4 * 50
@@ -240,8 +334,10 @@ def test_sse_crlf_split_between_reads():
 
     out = RequestOutput()
     s = _Stream(out, False, True, 0.0)
-    ev = (b'data: {"choices":[{"text":"a"}],\r\ndata: "usage":{"completion_tokens":1,"prompt_tokens":3}}\r\n\r\n'
-          b"data: [DONE]\r\n\r\n")
+    ev = (
+        b'data: {"choices":[{"text":"a"}],\r\ndata: "usage":{"completion_tokens":1,"prompt_tokens":3}}\r\n\r\n'
+        b"data: [DONE]\r\n\r\n"
+    )
     cut = ev.index(b"\r\n") + 1
     s.feed(1.0, ev[:cut])
     s.feed(2.0, ev[cut:])
@@ -265,8 +361,9 @@ def _render(res: dict, pcts=(50.0, 90.0, 99.0)) -> str:
 
 
 def test_bench_tables_fit_80_columns_without_splitting_numbers(gt):
-    closed = run_bench(_cfg(gt(), output_len=12, num_prompts=6, usd_per_gpu_hour=2.5, num_gpus=8,
-                            goodput_slo_ms={"ttft": 1000}))
+    closed = run_bench(
+        _cfg(gt(), output_len=12, num_prompts=6, usd_per_gpu_hour=2.5, num_gpus=8, goodput_slo_ms={"ttft": 1000})
+    )
     text = _render(closed)
     lines = text.splitlines()
     assert max(len(x) for x in lines) <= 80
@@ -345,8 +442,9 @@ def test_runs_side_by_side_at_80_columns_split_by_runs():
     from m3ctl.bench import report
 
     fx = Path(__file__).parent / "fixtures"
-    runs = report.load_runs([fx / "h200x2-real/bench-sweep.json", fx / "h200x1-real/bench.json",
-                             fx / "h200x2-real/bench-m3ctl-c16.json"])
+    runs = report.load_runs(
+        [fx / "h200x2-real/bench-sweep.json", fx / "h200x1-real/bench.json", fx / "h200x2-real/bench-m3ctl-c16.json"]
+    )
     con = Console(width=80, record=True, file=open("/dev/null", "w"))
     for r in report.compare_renderables(runs):
         con.print(r)
@@ -372,8 +470,11 @@ def test_a_stream_delivered_in_one_burst_is_flagged_tpot_not_measured(gt):
 
 
 def _latency_keys(res: dict, metric: str) -> list[str]:
-    return [k for k in res if k.endswith(f"_{metric}_ms") and k.split("_")[0] in ("mean", "median", "std", "p50",
-                                                                                  "p90", "p99")]
+    return [
+        k
+        for k in res
+        if k.endswith(f"_{metric}_ms") and k.split("_")[0] in ("mean", "median", "std", "p50", "p90", "p99")
+    ]
 
 
 def test_bursty_run_reports_tpot_and_itl_unmeasured_not_zero(gt, tmp_path):
@@ -406,7 +507,8 @@ def test_bursty_run_reports_tpot_and_itl_unmeasured_not_zero(gt, tmp_path):
     assert "0.00" not in tpot_row and "0.00" not in itl_row
     assert "yes, TPOT/ITL n/a (bursts)" in text
     assert "goodput (req/s)" in next(x for x in text.splitlines() if "goodput" in x) and "n/a (bursts)" in next(
-        x for x in text.splitlines() if "goodput" in x)
+        x for x in text.splitlines() if "goodput" in x
+    )
     ttft_row = next(x for x in text.splitlines() if x.lstrip("│ ").startswith("TTFT"))
     assert f"{res['mean_ttft_ms']:.2f}" in ttft_row
     from m3ctl.bench.report import compare_table
@@ -422,8 +524,24 @@ def test_bursty_run_reports_tpot_and_itl_unmeasured_not_zero(gt, tmp_path):
     assert streamed["median_tpot_ms"] > 0.5 and streamed["request_goodput"] > 0
     # the CLI: exit 0 (valid), JSON nulls, n/a (bursts) in the tables
     out = tmp_path / "b.json"
-    p = run_cli("bench", "--url", url, "--model", "groundtruth", "--num-prompts", "3", "--concurrency", "1",
-                "--input-len", "8", "--output-len", "12", "--output-json", str(out), "--no-progress")
+    p = run_cli(
+        "bench",
+        "--url",
+        url,
+        "--model",
+        "groundtruth",
+        "--num-prompts",
+        "3",
+        "--concurrency",
+        "1",
+        "--input-len",
+        "8",
+        "--output-len",
+        "12",
+        "--output-json",
+        str(out),
+        "--no-progress",
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     doc = json.loads(out.read_text())
     assert doc["median_tpot_ms"] is None and doc["p99_itl_ms"] is None and set(doc["unmeasured"]) == {"tpot", "itl"}

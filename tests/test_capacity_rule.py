@@ -39,14 +39,17 @@ def test_the_h200_defaults_at_c64_do_not_hold_although_their_median_meets():
     assert decide(_runs(28.4), SLO30).state == "undecided" and decide(_runs(28.4), SLO30).needs == 2
 
 
-@pytest.mark.parametrize(("tpot", "state", "needs"), [
-    ((29.2, 30.8, 28.7), "met", 0),       # max-num-batched-tokens 2048 at c=64: median meets, worst 2.7 % over
-    ((32.3, 33.0), "missed", 0),          # max-num-seqs 128 at c=64: 2 of 3 planned runs miss, the median misses
-    ((29.9, 27.0), "undecided", 1),       # two runs near the bound that meet: a met level needs all 3
-    ((33.1,), "missed", 0),               # 10.3 % over: far enough for one run to decide
-    ((27.7, 28.0, 30.5, 29.0), "met", 0),  # a recording with more runs: the rule on all of them
-    ((29.0, 31.0, 30.6), "missed", 0),    # every run within the margin, but the median (30.6) misses
-])
+@pytest.mark.parametrize(
+    ("tpot", "state", "needs"),
+    [
+        ((29.2, 30.8, 28.7), "met", 0),  # max-num-batched-tokens 2048 at c=64: median meets, worst 2.7 % over
+        ((32.3, 33.0), "missed", 0),  # max-num-seqs 128 at c=64: 2 of 3 planned runs miss, the median misses
+        ((29.9, 27.0), "undecided", 1),  # two runs near the bound that meet: a met level needs all 3
+        ((33.1,), "missed", 0),  # 10.3 % over: far enough for one run to decide
+        ((27.7, 28.0, 30.5, 29.0), "met", 0),  # a recording with more runs: the rule on all of them
+        ((29.0, 31.0, 30.6), "missed", 0),  # every run within the margin, but the median (30.6) misses
+    ],
+)
 def test_levels_near_the_bound(tpot, state, needs):
     v = decide(_runs(*tpot), SLO30)
     assert (v.state, v.needs, v.runs) == (state, needs, len(tpot))
@@ -101,7 +104,10 @@ def test_a_bench_sweep_gets_its_capacity_by_the_same_rule():
     cap = sweep_capacity(runs, SLO30)
     assert cap["capacity"] == 48 and cap["undecided"] == []
     assert [(lv["concurrency"], lv["state"], lv["runs"]) for lv in cap["levels"]] == [
-        (48, "met", 1), (64, "missed", 3), (96, "missed", 1)]
+        (48, "met", 1),
+        (64, "missed", 3),
+        (96, "missed", 1),
+    ]
     assert cap["rule"] == {"margin": 0.1, "min_repeats": 3, "text": CapacityRule().text()}
     # one run per level: the c=64 run nearest the bound (29.14 ms) leaves its level undecided, capping the capacity
     one = sweep_capacity([runs[0], runs[3], runs[4]], SLO30)
@@ -118,8 +124,9 @@ def test_levels_of_a_study_made_before_the_rule_keep_their_recorded_verdict():
     fix = Path(__file__).parent / "fixtures" / "cpu-tune-long"
     rep = TuneReport.read(fix)
     assert rep.ok and rep.chosen is None and rep.best is not None  # no `chosen`: ok is "a best was found"
-    best = Outcome.from_json(next(t for t in json.loads((fix / "result.json").read_text())["trials"]
-                                  if t["trial"] == rep.best.trial))
+    best = Outcome.from_json(
+        next(t for t in json.loads((fix / "result.json").read_text())["trials"] if t["trial"] == rep.best.trial)
+    )
     rows = level_rows(best.points)
     assert rows and all(p.verdict is None for p in best.points)
     assert [r["holds"] for r in rows] == [p.slo_ok for p in best.points]

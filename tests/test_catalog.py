@@ -44,7 +44,8 @@ def test_schema_version_and_yaml_errors(tmp_path):
 def test_user_catalog_overrides_by_name(tmp_path, monkeypatch):
     (tmp_path / "profiles").mkdir()
     (tmp_path / "profiles" / "cpu.yaml").write_text(
-        "schema_version: 1\nname: cpu\narch: cpu\nserve_args: {max-model-len: 1024}\n")
+        "schema_version: 1\nname: cpu\narch: cpu\nserve_args: {max-model-len: 1024}\n"
+    )
     prof = catalog.profile_for_arch("cpu", catalog_dir=str(tmp_path))
     assert prof.serve_args == {"max-model-len": 1024}
 

@@ -14,10 +14,12 @@ from tests.fakes import h200x2_nvml
 
 
 def test_version_and_help_import_no_gpu_or_engine_libs():
-    code = ("import sys\nfrom m3ctl.cli import main\nrc = main(['--help'])\nrc2 = main(['--version'])\n"
-            "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
-            "{'vllm','torch','pynvml','amdsmi','docker','transformers','aiohttp','numpy','httpx'})\n"
-            "print('HEAVY', heavy, rc, rc2)")
+    code = (
+        "import sys\nfrom m3ctl.cli import main\nrc = main(['--help'])\nrc2 = main(['--version'])\n"
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in "
+        "{'vllm','torch','pynvml','amdsmi','docker','transformers','aiohttp','numpy','httpx'})\n"
+        "print('HEAVY', heavy, rc, rc2)"
+    )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "HEAVY [] 0 0" in p.stdout
@@ -77,7 +79,7 @@ def test_doctor_saved_inventory_roundtrip(tmp_path):
     assert p.returncode == 0 and "hopper" in p.stdout and "NVIDIA H200" in p.stdout and "WARN" in p.stdout
     assert run_cli("doctor", "--inventory", str(h200), "--strict").returncode == 1
     bad = tmp_path / "bad.json"
-    bad.write_text("{\"gpus\": 5}")
+    bad.write_text('{"gpus": 5}')
     p = run_cli("doctor", "--inventory", str(bad))
     assert p.returncode == 2 and "not an m3ctl inventory" in p.stderr
     newer = tmp_path / "newer.json"
@@ -88,14 +90,29 @@ def test_doctor_saved_inventory_roundtrip(tmp_path):
 
 def test_dry_run_shows_argv_and_hides_secrets(tiny_models):
     secret = "hf_TopSecretValue123456"
-    p = run_cli("serve", "--model", str(tiny_models["m2"]), "--port", "8123", "--dry-run",
-                env={"HF_TOKEN": secret, "VLLM_API_KEY": "sk-anothersecret99"})
+    p = run_cli(
+        "serve",
+        "--model",
+        str(tiny_models["m2"]),
+        "--port",
+        "8123",
+        "--dry-run",
+        env={"HF_TOKEN": secret, "VLLM_API_KEY": "sk-anothersecret99"},
+    )
     assert p.returncode == 0, p.stderr
     assert "vllm serve" in p.stdout and "--port 8123" in p.stdout and "--kv-cache-memory-bytes 256M" in p.stdout
     assert secret not in p.stdout + p.stderr and "anothersecret" not in p.stdout + p.stderr
     assert "HF_TOKEN" in p.stdout  # named as passed through, value hidden
-    j = run_cli("serve", "--model", str(tiny_models["m2"]), "--dry-run", "--json", "--arg", "max-num-seqs=4",
-                env={"HF_TOKEN": secret})
+    j = run_cli(
+        "serve",
+        "--model",
+        str(tiny_models["m2"]),
+        "--dry-run",
+        "--json",
+        "--arg",
+        "max-num-seqs=4",
+        env={"HF_TOKEN": secret},
+    )
     plan = json.loads(j.stdout)
     assert plan["argv"][plan["argv"].index("--max-num-seqs") + 1] == "4"
     assert secret not in j.stdout
@@ -169,9 +186,11 @@ def test_interrupt_inside_exec_code_still_exits_130(tmp_path):
         "    except KeyboardInterrupt:\n"
         "        print('stopped probe', flush=True)\n"
         "        raise typer.Exit(130) from None\n\n"
-        "cli.run()\n")
-    p = subprocess.run([sys.executable, "-m", "kbi_probe", "probe"], capture_output=True, text=True, timeout=60,
-                       cwd=tmp_path)
+        "cli.run()\n"
+    )
+    p = subprocess.run(
+        [sys.executable, "-m", "kbi_probe", "probe"], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     assert p.returncode == 130, (p.returncode, p.stdout, p.stderr)
     assert "stopped probe" in p.stdout
 
@@ -203,8 +222,12 @@ def test_unknown_options_are_errors_raw_vllm_flags_go_after_double_dash(tiny_mod
 
 def test_out_of_range_numbers_are_usage_errors(tiny_models):
     m = str(tiny_models["llama"])
-    for args, name in [(["--tp", "0"], "--tp"), (["--port", "99999"], "--port"), (["--max-num-seqs", "0"], "--max-num-seqs"),
-                       (["--spec-depth", "-1"], "--spec-depth")]:
+    for args, name in [
+        (["--tp", "0"], "--tp"),
+        (["--port", "99999"], "--port"),
+        (["--max-num-seqs", "0"], "--max-num-seqs"),
+        (["--spec-depth", "-1"], "--spec-depth"),
+    ]:
         p = run_cli("plan", "--model", m, *args)
         assert p.returncode == 2 and f"Invalid value for '{name}'" in p.stderr, (args, p.stderr)
     p = run_cli("plan", "--model", m, "--", "--max-num-batched-tokens", "banana")

@@ -123,9 +123,16 @@ def paths(tmp_path, tiny_models):
     (tmp_path / "corrupt.json").write_text("{not json")
     (tmp_path / "study").mkdir()
     (tmp_path / "study" / "tune.json").write_text('{"model": "x", "spa')
-    return {"dir": str(tmp_path), "file": str(tmp_path / "a-file"), "ro": "/proc/version",
-            "corrupt": str(tmp_path / "corrupt.json"), "study": str(tmp_path / "study"),
-            "tiny": str(tiny_models["llama"]), "bin": str(tmp_path / "bin.yaml"), "bintok": str(tmp_path / "bintok")}
+    return {
+        "dir": str(tmp_path),
+        "file": str(tmp_path / "a-file"),
+        "ro": "/proc/version",
+        "corrupt": str(tmp_path / "corrupt.json"),
+        "study": str(tmp_path / "study"),
+        "tiny": str(tiny_models["llama"]),
+        "bin": str(tmp_path / "bin.yaml"),
+        "bintok": str(tmp_path / "bintok"),
+    }
 
 
 def one_line_error(capsys, args: list[str], paths: dict) -> tuple[int, list[str], str]:
@@ -148,13 +155,15 @@ def test_corrupt_state_files_are_one_line(capsys, paths):
     from m3ctl.state import Deployment, Registry
 
     reg = Registry()
-    reg.save(Deployment(name="good", port=9, served_model_name="m", model="m", pid=2 ** 22 + 1))
+    reg.save(Deployment(name="good", port=9, served_model_name="m", model="m", pid=2**22 + 1))
     reg.save_plan("good", '{"name": "go')
     reg.deployments_dir.joinpath("trunc.json").write_text('{"name": "tr')
-    for args, names in ((["watch", "good", "--count", "1"], "saved plan of deployment 'good' is unreadable"),
-                        (["bench", "--deployment", "good"], "saved plan of deployment 'good' is unreadable"),
-                        (["bench", "--deployment", "trunc"], "record of deployment 'trunc' is unreadable"),
-                        (["watch", "trunc", "--count", "1"], "record of deployment 'trunc' is unreadable")):
+    for args, names in (
+        (["watch", "good", "--count", "1"], "saved plan of deployment 'good' is unreadable"),
+        (["bench", "--deployment", "good"], "saved plan of deployment 'good' is unreadable"),
+        (["bench", "--deployment", "trunc"], "record of deployment 'trunc' is unreadable"),
+        (["watch", "trunc", "--count", "1"], "record of deployment 'trunc' is unreadable"),
+    ):
         code, err, _ = one_line_error(capsys, args, paths)
         assert code == 2 and len(err) == 2 and names in err[0] and "Traceback" not in err[0], (args, err)
 
@@ -176,8 +185,25 @@ def test_results_are_kept_when_the_output_cannot_be_written_after_the_run(capsys
     monkeypatch.setattr(state, "check_output_path", lambda path, opt: None)
     proc, url = start_groundtruth()
     try:
-        code = main(["bench", "--url", url, "--model", "groundtruth", "--num-prompts", "4", "--input-len", "8",
-                     "--output-len", "8", "--tokenizer", str(tiny_models["m2"]), "--output-json", "/proc/version"])
+        code = main(
+            [
+                "bench",
+                "--url",
+                url,
+                "--model",
+                "groundtruth",
+                "--num-prompts",
+                "4",
+                "--input-len",
+                "8",
+                "--output-len",
+                "8",
+                "--tokenizer",
+                str(tiny_models["m2"]),
+                "--output-json",
+                "/proc/version",
+            ]
+        )
     finally:
         proc.terminate()
         proc.wait()

@@ -79,11 +79,17 @@ def test_bad_values_in_env_and_xdg_file_name_their_source(capsys, monkeypatch, x
 
 
 def test_unknown_m3ctl_variables_are_reported_on_stderr(tmp_path):
-    env = {**{k: v for k, v in os.environ.items() if not k.startswith("M3CTL_")}, "M3CTL_PROT": "8000",
-           "M3CTL_MODEL": "x", "M3CTL_DEBUG": "0", "M3CTL_STATE_DIR": os.environ["M3CTL_STATE_DIR"],
-           "XDG_CONFIG_HOME": str(tmp_path)}
-    p = subprocess.run([sys.executable, "-m", "m3ctl", "status", "--json"], capture_output=True, text=True, env=env,
-                       timeout=60)
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("M3CTL_")},
+        "M3CTL_PROT": "8000",
+        "M3CTL_MODEL": "x",
+        "M3CTL_DEBUG": "0",
+        "M3CTL_STATE_DIR": os.environ["M3CTL_STATE_DIR"],
+        "XDG_CONFIG_HOME": str(tmp_path),
+    }
+    p = subprocess.run(
+        [sys.executable, "-m", "m3ctl", "status", "--json"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert p.returncode == 0 and json.loads(p.stdout) == []
     (line,) = p.stderr.splitlines()
     assert line.startswith("warning: unknown environment variable(s) M3CTL_PROT ignored") and "M3CTL_PORT" in line
@@ -92,7 +98,11 @@ def test_unknown_m3ctl_variables_are_reported_on_stderr(tmp_path):
 def test_shell_completion_is_on(capsys, monkeypatch):
     assert main(["--help"]) == 0
     assert "--install-completion" in capsys.readouterr().out
-    env = {**os.environ, "_M3CTL_COMPLETE": "complete_bash", "COMP_WORDS": "m3ctl bench --workload pre",
-           "COMP_CWORD": "3"}
+    env = {
+        **os.environ,
+        "_M3CTL_COMPLETE": "complete_bash",
+        "COMP_WORDS": "m3ctl bench --workload pre",
+        "COMP_CWORD": "3",
+    }
     p = subprocess.run([sys.executable, "-m", "m3ctl"], capture_output=True, text=True, env=env, timeout=60)
     assert p.stdout.split() == ["prefix-repetition"]

@@ -45,9 +45,25 @@ def test_every_command_prints_json(capsys, tmp_path, tiny_models):
     assert doc(capsys, "dev", "fix-vllm", "--json")["ok"] is True
     proc, url = start_groundtruth()
     try:
-        res = doc(capsys, "bench", "--json", "--url", url, "--model", "groundtruth", "--num-prompts", "4",
-                  "--input-len", "8", "--output-len", "8", "--tokenizer", str(tiny_models["m2"]),
-                  "--output-json", str(tmp_path / "b.json"))
+        res = doc(
+            capsys,
+            "bench",
+            "--json",
+            "--url",
+            url,
+            "--model",
+            "groundtruth",
+            "--num-prompts",
+            "4",
+            "--input-len",
+            "8",
+            "--output-len",
+            "8",
+            "--tokenizer",
+            str(tiny_models["m2"]),
+            "--output-json",
+            str(tmp_path / "b.json"),
+        )
     finally:
         proc.terminate()
         proc.wait()
@@ -62,9 +78,25 @@ def test_served_deployment_commands_print_json(tmp_path):
     inv.write_text(synthetic("h200x8").model_dump_json())
     cfg = fake_vllm_config(tmp_path)
     env = {"FAKE_VLLM": json.dumps({"serve": {}})}
-    p = run_cli("serve", "--json", "--detach", "--inventory", str(inv), "--config", str(cfg), "--name", "js",
-                "--port", str(free_port()), "--startup-timeout", "60", "-m", "MiniMax-M3.1-Flash", env=env,
-                timeout=120)
+    p = run_cli(
+        "serve",
+        "--json",
+        "--detach",
+        "--inventory",
+        str(inv),
+        "--config",
+        str(cfg),
+        "--name",
+        "js",
+        "--port",
+        str(free_port()),
+        "--startup-timeout",
+        "60",
+        "-m",
+        "MiniMax-M3.1-Flash",
+        env=env,
+        timeout=120,
+    )
     try:
         assert p.returncode == 0, p.stderr
         events = lines(p.stdout)
@@ -98,6 +130,9 @@ def test_every_command_in_the_app_has_a_json_option():
         else:
             yield path, cmd
 
-    found = {" ".join(path): any("--json" in p.opts for p in cmd.params) for path, cmd in walk(typer.main.get_command(app), [])}
+    found = {
+        " ".join(path): any("--json" in p.opts for p in cmd.params)
+        for path, cmd in walk(typer.main.get_command(app), [])
+    }
     assert len(found) >= 13 and {"bench", "bench report", "dev fix-vllm", "watch", "logs", "stop"} <= set(found)
     assert [name for name, ok in found.items() if not ok] == []

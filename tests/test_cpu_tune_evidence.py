@@ -89,7 +89,9 @@ def test_tuned_profile_plans_the_tuned_flags(tiny_models):
     from m3ctl.plan import PlanRequest, plan
 
     prof = load_profile_file(D / "profile.yaml")
-    p = plan(detect(), PlanRequest(model=str(tiny_models["m2"]), profile=prof, runtime="process", vllm_executable="vllm"))
+    p = plan(
+        detect(), PlanRequest(model=str(tiny_models["m2"]), profile=prof, runtime="process", vllm_executable="vllm")
+    )
     a = p.argv
     assert a[a.index("--max-num-seqs") + 1] == "16" and a[a.index("--max-num-batched-tokens") + 1] == "256"
     assert "--speculative-config" not in a and p.tp == 1
@@ -99,8 +101,16 @@ def test_independent_remeasurement_keeps_the_gain():
     """benchmarks/tune_vs_defaults.py --repeats 2 on this study (fresh servers, alternating): the tuned
     configuration's lowest run is above the defaults' highest, and the mean ratio is above 1.5x."""
     log = (D / "tune-vs-defaults.log").read_text()
-    runs = {side: [float(x) for x in re.search(rf"^{side}\s*: mean .* runs ([\d., ]+)$", log, re.MULTILINE).group(1)
-                   .replace(",", " ").split()] for side in ("defaults", "tuned")}
+    runs = {
+        side: [
+            float(x)
+            for x in re.search(rf"^{side}\s*: mean .* runs ([\d., ]+)$", log, re.MULTILINE)
+            .group(1)
+            .replace(",", " ")
+            .split()
+        ]
+        for side in ("defaults", "tuned")
+    }
     assert len(runs["defaults"]) == len(runs["tuned"]) == 2
     assert min(runs["tuned"]) > max(runs["defaults"])
     assert sum(runs["tuned"]) / sum(runs["defaults"]) > 1.5 and "ranges disjoint" in log

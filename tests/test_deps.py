@@ -23,7 +23,9 @@ def _optional(node: ast.AST, parents: dict) -> bool:
         node = parents[node]
         if isinstance(node, ast.Try):
             caught = {getattr(h.type, "id", None) for h in node.handlers}
-            caught |= {getattr(e, "id", None) for h in node.handlers if isinstance(h.type, ast.Tuple) for e in h.type.elts}
+            caught |= {
+                getattr(e, "id", None) for h in node.handlers if isinstance(h.type, ast.Tuple) for e in h.type.elts
+            }
             if caught & {"ImportError", "ModuleNotFoundError", "Exception", None}:
                 return True
     return False

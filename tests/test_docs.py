@@ -80,7 +80,7 @@ def test_readme_shape():
     first_block = re.search(r"```bash\n(.*?)```", text, re.DOTALL).group(1).split("\n")
     assert [x.split()[:2] for x in first_block if x] == [["make", "demo"], ["make", "test"]]
     assert "PORT=" in text and re.search(r"^PORT\s*\?=\s*(\d+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
-    gpu = text[text.index("## On a GPU host"):text.index("## Commands")]
+    gpu = text[text.index("## On a GPU host") : text.index("## Commands")]
     assert "pip install" in gpu and "vllm/vllm-openai" in gpu
     steps = [gpu.index(f"**{i}. {c}**") for i, c in enumerate(("doctor", "serve", "bench", "tune"), 1)]
     assert steps == sorted(steps)

@@ -42,8 +42,10 @@ def h200(env: dict | None = None, **snap_changes) -> HostInventory:
 
 # ----------------------------------------------------------------------------- F01
 MISMATCH_SMI = ("Failed to initialize NVML: Driver/library version mismatch\nNVML library version: 570.124", 18)
-DMESG = ("[ 1234.5678] NVRM: API mismatch: the client has the version 570.124.06, but\n"
-         "NVRM: this kernel module has the version 570.124.04.  Please\nNVRM: make sure that this kernel module and all NVIDIA driver\n")
+DMESG = (
+    "[ 1234.5678] NVRM: API mismatch: the client has the version 570.124.06, but\n"
+    "NVRM: this kernel module has the version 570.124.04.  Please\nNVRM: make sure that this kernel module and all NVIDIA driver\n"
+)
 
 
 def _nvidia_root(tmp_path: Path, kmod: str | None = "570.124.04", lib: str | None = "570.124.06") -> Path:
@@ -51,7 +53,8 @@ def _nvidia_root(tmp_path: Path, kmod: str | None = "570.124.04", lib: str | Non
         (tmp_path / "proc/driver/nvidia").mkdir(parents=True)
         (tmp_path / "proc/driver/nvidia/version").write_text(
             f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {kmod}  Sat Feb  1 00:00:00 UTC 2025\n"
-            "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n")
+            "GCC version:  gcc version 12.2.0 (Debian 12.2.0-14)\n"
+        )
     if lib:
         d = tmp_path / "usr/lib/x86_64-linux-gnu"
         d.mkdir(parents=True)
@@ -77,8 +80,11 @@ def test_f01_driver_library_mismatch_every_form(tmp_path, form):
         extra["dmesg"] = (0, DMESG, "")
     run = smi_runner(smi[0], rc=smi[1], extra=extra)
     if form == "dmesg-only":  # nvidia-smi says nothing about versions; only the kernel log does
-        run = smi_runner("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver", rc=9,
-                         extra={"dmesg": (0, DMESG, "")})
+        run = smi_runner(
+            "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver",
+            rc=9,
+            extra={"dmesg": (0, DMESG, "")},
+        )
         nvml = FakeNVML({"gpus": []}, init_error="RM has detected an NVML/RM version mismatch.", init_code=18)
     inv = inv_of(root, nvml=nvml, run=run)
     rep = run_doctor(inv, host_checks=True, port=0)
@@ -108,16 +114,19 @@ def test_f01_through_the_cli_no_traceback(tmp_path):
 
 
 # ----------------------------------------------------------------------------- F02
-@pytest.mark.parametrize(("value", "status", "index_form"), [
-    (H200_UUIDS[1], "OK", "1"),                       # full GPU- UUID
-    ("GPU-532d", "OK", "1"),                          # unique short prefix
-    (f"0,{H200_UUIDS[1]}", "OK", "0,1"),              # mixed index + UUID
-    ("1,0", "OK", None),                              # plain indices
-    ("GPU-deadbeef", "FAIL", None),                   # unknown UUID
-    ("GPU-", "FAIL", None),                           # ambiguous prefix
-    ("0,7", "FAIL", None),                            # index out of range
-    ("", "FAIL", None),                               # hides every GPU
-])
+@pytest.mark.parametrize(
+    ("value", "status", "index_form"),
+    [
+        (H200_UUIDS[1], "OK", "1"),  # full GPU- UUID
+        ("GPU-532d", "OK", "1"),  # unique short prefix
+        (f"0,{H200_UUIDS[1]}", "OK", "0,1"),  # mixed index + UUID
+        ("1,0", "OK", None),  # plain indices
+        ("GPU-deadbeef", "FAIL", None),  # unknown UUID
+        ("GPU-", "FAIL", None),  # ambiguous prefix
+        ("0,7", "FAIL", None),  # index out of range
+        ("", "FAIL", None),  # hides every GPU
+    ],
+)
 def test_f02_visible_devices_syntax(value, status, index_form):
     rep = run_doctor(h200(env={"CUDA_VISIBLE_DEVICES": value}), host_checks=False)
     c = rep.check("gpu.visible_devices")
@@ -129,17 +138,38 @@ def test_f02_visible_devices_syntax(value, status, index_form):
         assert any(w in c.message for w in ("matches no", "ambiguous", "no GPU 7", "hides every GPU"))
 
 
-MIG_SLICES = [{"uuid": "MIG-4b9e2a1c-7d4f-5a8e-9c31-0123456789ab", "name": "NVIDIA H100 80GB HBM3 MIG 2g.20gb",
-               "mem": {"total": 19968 * 2**20, "free": 19900 * 2**20}},
-              {"uuid": "MIG-8f1d3c2b-6e5a-5b7c-8d42-ba9876543210", "name": "NVIDIA H100 80GB HBM3 MIG 2g.20gb",
-               "mem": {"total": 19968 * 2**20, "free": 19900 * 2**20}}]
+MIG_SLICES = [
+    {
+        "uuid": "MIG-4b9e2a1c-7d4f-5a8e-9c31-0123456789ab",
+        "name": "NVIDIA H100 80GB HBM3 MIG 2g.20gb",
+        "mem": {"total": 19968 * 2**20, "free": 19900 * 2**20},
+    },
+    {
+        "uuid": "MIG-8f1d3c2b-6e5a-5b7c-8d42-ba9876543210",
+        "name": "NVIDIA H100 80GB HBM3 MIG 2g.20gb",
+        "mem": {"total": 19968 * 2**20, "free": 19900 * 2**20},
+    },
+]
 
 
 def h100_mig(env: dict) -> HostInventory:
-    snap = {"driver_version": "570.124.06", "cuda_driver_version": 12080, "gpus": [
-        {"index": 0, "name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-af7b1e2c-0000-4000-8000-000000000001", "cc": [9, 0],
-         "mig_mode": [1, 1], "pci_bus_id": "00000000:18:00.0", "mem": {"total": 81559 * 2**20, "free": 81000 * 2**20},
-         "mig_devices": MIG_SLICES, "brand": 14}]}
+    snap = {
+        "driver_version": "570.124.06",
+        "cuda_driver_version": 12080,
+        "gpus": [
+            {
+                "index": 0,
+                "name": "NVIDIA H100 80GB HBM3",
+                "uuid": "GPU-af7b1e2c-0000-4000-8000-000000000001",
+                "cc": [9, 0],
+                "mig_mode": [1, 1],
+                "pci_bus_id": "00000000:18:00.0",
+                "mem": {"total": 81559 * 2**20, "free": 81000 * 2**20},
+                "mig_devices": MIG_SLICES,
+                "brand": 14,
+            }
+        ],
+    }
     return inv_of(env=env, nvml=FakeNVML(snap))
 
 
@@ -153,15 +183,27 @@ def test_f02_mig_uuid_and_two_slices():
     c2 = two.check("gpu.visible_devices")
     assert c2.status == "FAIL" and "only one MIG device" in c2.message and two.exit_code() == 1
     bad = run_doctor(h100_mig({"NVIDIA_VISIBLE_DEVICES": "MIG-ffffffff"}), host_checks=False)
-    assert bad.check("gpu.visible_devices").status == "FAIL" and "NVIDIA_VISIBLE_DEVICES" in bad.check("gpu.visible_devices").message
+    assert (
+        bad.check("gpu.visible_devices").status == "FAIL"
+        and "NVIDIA_VISIBLE_DEVICES" in bad.check("gpu.visible_devices").message
+    )
 
 
 # ----------------------------------------------------------------------------- F03
 def test_f03_mig_slice_memory_not_parent_memory():
-    slice_ = [{"uuid": "MIG-1c2d3e4f-aaaa-5bbb-8ccc-1234567890ab", "name": "NVIDIA H200 MIG 1g.18gb",
-               "mem": {"total": 16384 * 2**20, "free": 16200 * 2**20}}]
-    inv = h200(env={"NVIDIA_VISIBLE_DEVICES": slice_[0]["uuid"]}, mig_mode=[1, 1], mig_devices=slice_,
-               no_permission=["power", "util"])
+    slice_ = [
+        {
+            "uuid": "MIG-1c2d3e4f-aaaa-5bbb-8ccc-1234567890ab",
+            "name": "NVIDIA H200 MIG 1g.18gb",
+            "mem": {"total": 16384 * 2**20, "free": 16200 * 2**20},
+        }
+    ]
+    inv = h200(
+        env={"NVIDIA_VISIBLE_DEVICES": slice_[0]["uuid"]},
+        mig_mode=[1, 1],
+        mig_devices=slice_,
+        no_permission=["power", "util"],
+    )
     inv = inv.model_copy(update={"gpus": inv.gpus[:1], "links": ()})  # the container sees one parent GPU
     g = inv.gpus[0]
     assert g.memory_total_mib == 143771 and g.mig_devices[0].memory_total_mib == 16384  # parent vs slice
@@ -184,8 +226,16 @@ def _rocm_root(tmp_path: Path) -> Path:
     return tmp_path
 
 
-ROCM_SMI_JSON = json.dumps({f"card{i}": {"Card Series": "AMD Instinct MI300X", "GFX Version": "gfx942",
-                                          "VRAM Total Memory (B)": str(192 * 2**30)} for i in range(8)})
+ROCM_SMI_JSON = json.dumps(
+    {
+        f"card{i}": {
+            "Card Series": "AMD Instinct MI300X",
+            "GFX Version": "gfx942",
+            "VRAM Total Memory (B)": str(192 * 2**30),
+        }
+        for i in range(8)
+    }
+)
 
 
 @pytest.mark.parametrize("path", ["rocm-smi", "kfd-sysfs"])
@@ -197,8 +247,14 @@ def test_f04_rocm_host_without_amdsmi_binding(tmp_path, path):
 
         _kfd_tree(root, [90402] * 8)
     # amdsmi=None: the real import runs and fails here (no libamd_smi.so), exactly as on the reporter's host.
-    inv = inv_of(root, nvml=NO_NVML, run=smi_runner(None, extra=extra), amdsmi=None, container=True,
-                 env={"DOCKER_HOST": "unix:///nonexistent.sock"})
+    inv = inv_of(
+        root,
+        nvml=NO_NVML,
+        run=smi_runner(None, extra=extra),
+        amdsmi=None,
+        container=True,
+        env={"DOCKER_HOST": "unix:///nonexistent.sock"},
+    )
     assert inv.probe == path and inv.arch == "cdna3" and len(inv.gpus) == 8 and inv.rocm_version == "6.4.2"
     assert any(d.probe == "amdsmi" and "amdsmi not usable" in d.reason for d in inv.declined)
     bare = run_doctor(inv, runtime="process", host_checks=False)
@@ -211,13 +267,16 @@ def test_f04_rocm_host_without_amdsmi_binding(tmp_path, path):
 
 
 # ----------------------------------------------------------------------------- F05
-@pytest.mark.parametrize(("env", "status", "needle"), [
-    ({"ROCR_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0,1"}, "FAIL", "'1' is out of range"),
-    ({"ROCR_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "1"}, "FAIL", "invalid device ordinal"),
-    ({"ROCR_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "1"}, "WARN", "double masking"),
-    ({"ROCR_VISIBLE_DEVICES": "0,1,2,3"}, "OK", "4 visible"),
-    ({"HIP_VISIBLE_DEVICES": "9"}, "FAIL", "out of range"),
-])
+@pytest.mark.parametrize(
+    ("env", "status", "needle"),
+    [
+        ({"ROCR_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0,1"}, "FAIL", "'1' is out of range"),
+        ({"ROCR_VISIBLE_DEVICES": "1", "HIP_VISIBLE_DEVICES": "1"}, "FAIL", "invalid device ordinal"),
+        ({"ROCR_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "1"}, "WARN", "double masking"),
+        ({"ROCR_VISIBLE_DEVICES": "0,1,2,3"}, "OK", "4 visible"),
+        ({"HIP_VISIBLE_DEVICES": "9"}, "FAIL", "out of range"),
+    ],
+)
 def test_f05_rocr_then_hip_cuda_masking(env, status, needle):
     inv = inv_of(nvml=NO_NVML, amdsmi=FakeAmdSmi(), env=env)
     rep = run_doctor(inv, host_checks=False, runtime="process")
@@ -235,16 +294,31 @@ def test_f05_rocr_then_hip_cuda_masking(env, status, needle):
 
 # ----------------------------------------------------------------------------- F06
 def rtx_driver525() -> HostInventory:
-    snap = {"driver_version": "525.147.05", "cuda_driver_version": 12000, "gpus": [
-        {"index": i, "name": "NVIDIA GeForce RTX 4090", "uuid": f"GPU-4090000{i}-0000-4000-8000-000000000000",
-         "cc": [8, 9], "mig_mode": [0, 0], "pci_bus_id": f"00000000:0{i + 1}:00.0", "brand": 5,
-         "mem": {"total": 24564 * 2**20, "free": 24000 * 2**20}} for i in range(2)]}
+    snap = {
+        "driver_version": "525.147.05",
+        "cuda_driver_version": 12000,
+        "gpus": [
+            {
+                "index": i,
+                "name": "NVIDIA GeForce RTX 4090",
+                "uuid": f"GPU-4090000{i}-0000-4000-8000-000000000000",
+                "cc": [8, 9],
+                "mig_mode": [0, 0],
+                "pci_bus_id": f"00000000:0{i + 1}:00.0",
+                "brand": 5,
+                "mem": {"total": 24564 * 2**20, "free": 24000 * 2**20},
+            }
+            for i in range(2)
+        ],
+    }
     return inv_of(nvml=FakeNVML(snap))
 
 
 def test_f06_image_cuda_newer_than_driver():
-    img = image_facts_from_env("vllm/vllm-openai:v0.4.2", ["PATH=/usr/bin", "CUDA_VERSION=12.4.1",
-                                                           "NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=470"])
+    img = image_facts_from_env(
+        "vllm/vllm-openai:v0.4.2",
+        ["PATH=/usr/bin", "CUDA_VERSION=12.4.1", "NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=470"],
+    )
     assert img.cuda_version == "12.4"
     rep = run_doctor(rtx_driver525(), image=img, host_checks=False)
     c = rep.check("image.cuda_vs_driver")
@@ -253,8 +327,9 @@ def test_f06_image_cuda_newer_than_driver():
     assert rep.exit_code() == 1
     # The catalog's recommended image (CUDA 13) on an RTX PRO 6000 whose driver supports CUDA 12.8: FAIL, naming
     # the minimum driver; an older validated image is suggested only if the catalog has one with CUDA <= 12.8.
-    rtx = inv_of(nvml=NO_NVML, run=smi_runner(RTX_CSV)).model_copy(update={"cuda_driver_version": "12.8",
-                                                                          "driver_version": "570.86.10"})
+    rtx = inv_of(nvml=NO_NVML, run=smi_runner(RTX_CSV)).model_copy(
+        update={"cuda_driver_version": "12.8", "driver_version": "570.86.10"}
+    )
     c2 = run_doctor(rtx, host_checks=False, runtime="docker").check("image.cuda_vs_driver")
     assert c2.status == "FAIL" and "580.65.06" in c2.fix
     assert "no m3ctl-validated image has CUDA <= 12.8" in c2.fix or "or use image" in c2.fix
@@ -276,14 +351,24 @@ def hgx8(fabric, run_extra: dict | None = None, cuda_init=None) -> HostInventory
         g.update(index=i, uuid=f"GPU-0000000{i}-1111-4222-8333-444444444444", fabric_state=fabric)
         snap["gpus"].append(g)
     run = smi_runner(None, extra=run_extra or {})
-    return detect(nvml=FakeNVML(snap), run=run, sysfs_root=Path("/nonexistent-root"), env={}, container=False,
-                  cuda_init=cuda_init, sleep=lambda s: None, fabric_wait_s=3)
+    return detect(
+        nvml=FakeNVML(snap),
+        run=run,
+        sysfs_root=Path("/nonexistent-root"),
+        env={},
+        container=False,
+        cuda_init=cuda_init,
+        sleep=lambda s: None,
+        fabric_wait_s=3,
+    )
 
 
 def test_f07_fabric_manager_down():
-    inv = hgx8(1, {"systemctl is-active nvidia-fabricmanager": (3, "inactive\n", ""),
-                   "nv-fabricmanager": (127, "", "not found")},
-               cuda_init=lambda: "error 802: system not yet initialized")
+    inv = hgx8(
+        1,
+        {"systemctl is-active nvidia-fabricmanager": (3, "inactive\n", ""), "nv-fabricmanager": (127, "", "not found")},
+        cuda_init=lambda: "error 802: system not yet initialized",
+    )
     assert inv.nvswitch and inv.fabric_manager.active is False
     rep = run_doctor(inv, host_checks=False)
     c = rep.check("gpu.fabric_manager")
@@ -293,8 +378,13 @@ def test_f07_fabric_manager_down():
     assert ci.status == "FAIL" and "802" in ci.message and "fabricmanager" in ci.fix
     assert rep.exit_code() == 1 and rep.verdict.status == "not_runnable"
     # Fabric manager at another version than the driver is named too.
-    inv2 = hgx8(1, {"systemctl is-active nvidia-fabricmanager": (0, "active\n", ""),
-                    "nv-fabricmanager --version": (0, "Fabric Manager version is : 570.86.15\n", "")})
+    inv2 = hgx8(
+        1,
+        {
+            "systemctl is-active nvidia-fabricmanager": (0, "active\n", ""),
+            "nv-fabricmanager --version": (0, "Fabric Manager version is : 570.86.15\n", ""),
+        },
+    )
     c2 = run_doctor(inv2, host_checks=False).check("gpu.fabric_manager")
     assert c2.status == "FAIL" and "570.86.15 != driver 580.126.20" in c2.message
 
@@ -302,7 +392,9 @@ def test_f07_fabric_manager_down():
 def test_f07_fabric_in_progress_warns_after_retry():
     rep = run_doctor(hgx8(2), host_checks=False)
     c = rep.check("gpu.fabric_manager")
-    assert c.status == "WARN" and "IN_PROGRESS" in c.message and rep.exit_code() == 0 and rep.exit_code(strict=True) == 1
+    assert (
+        c.status == "WARN" and "IN_PROGRESS" in c.message and rep.exit_code() == 0 and rep.exit_code(strict=True) == 1
+    )
 
 
 def test_f07_fabric_completed_is_ok():
@@ -318,35 +410,54 @@ def test_f08_nvfp4_on_hopper_emulated_and_known_bad():
     kb = rep.check("capability.known_bad")
     assert kb.status == "WARN" and "garbage output" in kb.message and "49070" in kb.details[0]
     assert rep.exit_code() == 0 and rep.exit_code(strict=True) == 1
-    native = run_doctor(h200().model_copy(update={"gpus": tuple(
-        g.model_copy(update={"compute_capability": "10.0", "arch": "blackwell", "name": "NVIDIA B200"})
-        for g in h200().gpus)}), variant="nvfp4", host_checks=False)
+    native = run_doctor(
+        h200().model_copy(
+            update={
+                "gpus": tuple(
+                    g.model_copy(update={"compute_capability": "10.0", "arch": "blackwell", "name": "NVIDIA B200"})
+                    for g in h200().gpus
+                )
+            }
+        ),
+        variant="nvfp4",
+        host_checks=False,
+    )
     assert native.check("capability.quantization").status == "OK"
     assert native.check("capability.known_bad").status == "OK"
 
 
 # ----------------------------------------------------------------------------- F09
-RTX_CSV = ("name, compute_cap, memory.total [MiB], index, uuid, driver_version\n"
-           + "".join(f"NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 12.0, 97887 MiB, {i}, GPU-9{i}, 580.82.07\n"
-                     for i in range(4)))
+RTX_CSV = "name, compute_cap, memory.total [MiB], index, uuid, driver_version\n" + "".join(
+    f"NVIDIA RTX PRO 6000 Blackwell Workstation Edition, 12.0, 97887 MiB, {i}, GPU-9{i}, 580.82.07\n" for i in range(4)
+)
 
 
 def test_f09_nvfp4_moe_on_sm120_depends_on_engine():
     inv = inv_of(nvml=NO_NVML, run=smi_runner(RTX_CSV))
     assert inv.probe == "nvidia-smi" and inv.arch == "blackwell-client"
-    new = run_doctor(inv, variant="nvfp4", host_checks=False,
-                     image=ImageFacts(name="vllm-new", cuda_version="12.9", vllm_version="0.32.0"))
+    new = run_doctor(
+        inv,
+        variant="nvfp4",
+        host_checks=False,
+        image=ImageFacts(name="vllm-new", cuda_version="12.9", vllm_version="0.32.0"),
+    )
     q = new.check("capability.quantization")
     assert q.status == "WARN" and "Marlin" in q.message and new.exit_code() == 0
-    old = run_doctor(inv, variant="nvfp4", host_checks=False,
-                     image=ImageFacts(name="vllm-old", cuda_version="12.8", vllm_version="0.16.0"))
+    old = run_doctor(
+        inv,
+        variant="nvfp4",
+        host_checks=False,
+        image=ImageFacts(name="vllm-old", cuda_version="12.8", vllm_version="0.16.0"),
+    )
     q2 = old.check("capability.quantization")
     assert q2.status == "FAIL" and "No NvFp4 MoE backend" in q2.message and old.exit_code() == 1
 
 
 # ----------------------------------------------------------------------------- F10
-@pytest.mark.parametrize(("dtype", "status"), [("fp8", "FAIL"), ("nvfp4", "FAIL"), ("fp8_ds_mla", "FAIL"),
-                                               ("fp8_inc", "FAIL"), ("auto", "OK")])
+@pytest.mark.parametrize(
+    ("dtype", "status"),
+    [("fp8", "FAIL"), ("nvfp4", "FAIL"), ("fp8_ds_mla", "FAIL"), ("fp8_inc", "FAIL"), ("auto", "OK")],
+)
 def test_f10_kv_cache_dtype_validated_per_arch(dtype, status):
     rep = run_doctor(h200(), kv_cache_dtype=dtype, host_checks=False)
     c = rep.check("capability.kv_cache_dtype")
@@ -357,19 +468,29 @@ def test_f10_kv_cache_dtype_validated_per_arch(dtype, status):
     assert rep.exit_code() == (1 if status == "FAIL" else 0)
     if dtype == "fp8":
         assert "rule kv.dtype" in c.message and any(b.startswith("kv.dtype:") for b in rep.verdict.blockers)
-    b200 = h200().model_copy(update={"gpus": tuple(g.model_copy(update={"compute_capability": "10.0", "arch": "blackwell"})
-                                                   for g in h200().gpus)})
+    b200 = h200().model_copy(
+        update={
+            "gpus": tuple(g.model_copy(update={"compute_capability": "10.0", "arch": "blackwell"}) for g in h200().gpus)
+        }
+    )
     if dtype == "fp8":
-        assert run_doctor(b200, kv_cache_dtype="fp8", host_checks=False).check("capability.kv_cache_dtype").status == "OK"
+        assert (
+            run_doctor(b200, kv_cache_dtype="fp8", host_checks=False).check("capability.kv_cache_dtype").status == "OK"
+        )
 
 
 # ----------------------------------------------------------------------------- F14
 def shm_host(gpus: int, shm_mib: int, in_container: bool) -> HostInventory:
     base = h200()
     g = base.gpus[0]
-    return base.model_copy(update={
-        "gpus": tuple(g.model_copy(update={"index": i, "uuid": f"GPU-{i}"}) for i in range(gpus)), "links": (),
-        "shm_bytes": shm_mib * 2**20, "container": ContainerFacts(in_container=in_container)})
+    return base.model_copy(
+        update={
+            "gpus": tuple(g.model_copy(update={"index": i, "uuid": f"GPU-{i}"}) for i in range(gpus)),
+            "links": (),
+            "shm_bytes": shm_mib * 2**20,
+            "container": ContainerFacts(in_container=in_container),
+        }
+    )
 
 
 def test_f14_shm_too_small_for_nccl():
@@ -437,9 +558,12 @@ def test_f06_image_cuda_read_from_a_real_engine(dockerd, tmp_path, monkeypatch):
         tf.addfile(info, io.BytesIO(b"ok"))
     client = docker.DockerClient(base_url=dockerd, timeout=60)
     try:
-        client.api.import_image_from_data(buf.getvalue(), repository="m3ctl-test/cuda124", tag="1",
-                                          changes=["ENV CUDA_VERSION=12.4.1",
-                                                   "ENV NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=470"])
+        client.api.import_image_from_data(
+            buf.getvalue(),
+            repository="m3ctl-test/cuda124",
+            tag="1",
+            changes=["ENV CUDA_VERSION=12.4.1", "ENV NVIDIA_REQUIRE_CUDA=cuda>=12.4 brand=tesla,driver>=470"],
+        )
         monkeypatch.setenv("DOCKER_HOST", dockerd)
         from m3ctl.doctor import resolve_image
 
@@ -449,9 +573,13 @@ def test_f06_image_cuda_read_from_a_real_engine(dockerd, tmp_path, monkeypatch):
         assert rep.check("image.cuda_vs_driver").status == "FAIL" and rep.exit_code() == 1
         inv_file = tmp_path / "rtx.json"
         inv_file.write_text(rtx_driver525().model_dump_json())
-        p = run_cli("doctor", "--inventory", str(inv_file), "--image", "m3ctl-test/cuda124:1", env={"DOCKER_HOST": dockerd})
+        p = run_cli(
+            "doctor", "--inventory", str(inv_file), "--image", "m3ctl-test/cuda124:1", env={"DOCKER_HOST": dockerd}
+        )
         assert p.returncode == 1 and "image.cuda_vs_driver" in p.stdout and "550.54.14" in p.stdout
-        p = run_cli("doctor", "--inventory", str(inv_file), "--image", "m3ctl-test/absent:9", env={"DOCKER_HOST": dockerd})
+        p = run_cli(
+            "doctor", "--inventory", str(inv_file), "--image", "m3ctl-test/absent:9", env={"DOCKER_HOST": dockerd}
+        )
         assert p.returncode == 2 and "docker pull" in p.stderr
     finally:
         client.images.remove("m3ctl-test/cuda124:1", force=True)
@@ -476,4 +604,6 @@ def test_f01_verdict_names_the_root_cause_not_cpu_mode(tmp_path):
     rep = run_doctor(inv_of(root, nvml=nvml, run=smi_runner(MISMATCH_SMI[0], rc=18)), host_checks=False)
     assert rep.verdict.summary.startswith("MiniMax-M3.1-Flash: not runnable here (gpu.nvml_init: NVIDIA driver/library")
     assert "cpu" not in rep.verdict.summary.lower().split("(")[0] and "tiny local models" not in rep.verdict.summary
-    assert rep.check("model.profile").status == "SKIP" and "not falling back to CPU" in rep.check("model.profile").message
+    assert (
+        rep.check("model.profile").status == "SKIP" and "not falling back to CPU" in rep.check("model.profile").message
+    )

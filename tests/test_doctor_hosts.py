@@ -152,7 +152,9 @@ def replay(inv_path: Path, doctor_json: Path | None) -> None:
 RECORDED = sorted(FIXTURES.glob("*/inventory*.json"))
 
 
-@pytest.mark.parametrize("inv_path", RECORDED or [None], ids=lambda p: str(p.parent.name + "/" + p.name) if p else "none")
+@pytest.mark.parametrize(
+    "inv_path", RECORDED or [None], ids=lambda p: str(p.parent.name + "/" + p.name) if p else "none"
+)
 def test_recorded_inventory_replays(inv_path):
     if inv_path is None:
         pytest.skip("no recorded inventory in tests/fixtures/<host>/inventory.json yet")
@@ -190,9 +192,14 @@ def test_real_h200x2_fabric_state_unreadable_but_cuda_init_ok():
     inv = load_inventory(path.read_text())
     assert {g.fabric_state for g in inv.gpus} == {"not_supported"} and inv.cuda_init == "ok" and inv.nvswitch
     rep = run_doctor(inv, host_checks=False)
-    assert rep.check("gpu.fabric_manager").status == "OK" and "cuInit(0) succeeds" in rep.check("gpu.fabric_manager").message
+    assert (
+        rep.check("gpu.fabric_manager").status == "OK"
+        and "cuInit(0) succeeds" in rep.check("gpu.fabric_manager").message
+    )
     assert (rep.verdict.status, rep.verdict.variant, rep.verdict.tp) == ("runnable_with_fallbacks", "nvfp4", 2)
-    broken = run_doctor(inv.model_copy(update={"cuda_init": "error 802: system not yet initialized"}), host_checks=False)
+    broken = run_doctor(
+        inv.model_copy(update={"cuda_init": "error 802: system not yet initialized"}), host_checks=False
+    )
     assert broken.check("gpu.fabric_manager").status == "FAIL" and broken.verdict.status == "not_runnable"
     unknown = run_doctor(inv.model_copy(update={"cuda_init": None}), host_checks=False)
     assert unknown.check("gpu.fabric_manager").status == "WARN"

@@ -34,15 +34,26 @@ def tiny_model_dir(tmp_path) -> Path:
     """A local checkpoint directory (config.json only: planning reads nothing else)."""
     d = tmp_path / "ckpt"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                                               "num_hidden_layers": 2, "num_attention_heads": 4,
-                                               "num_key_value_heads": 2, "hidden_size": 64,
-                                               "max_position_embeddings": 4096}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "hidden_size": 64,
+                "max_position_embeddings": 4096,
+            }
+        )
+    )
     return d
 
 
 def _b200(**kw) -> LaunchPlan:
-    return plan(ALL["b200x8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm", **kw))
+    return plan(
+        ALL["b200x8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm", **kw)
+    )
 
 
 def _docker_cli_gpus(value: str) -> list[str]:
@@ -70,7 +81,16 @@ def test_docker_gpus_value_survives_the_docker_cli_csv_reader():
 def test_local_model_dir_and_hf_cache_are_mounted_read_only(tmp_path, monkeypatch, tiny_model_dir):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
-    p = plan(ALL["b200x8"](), PlanRequest(model=str(tiny_model_dir), runtime="docker", vllm_executable="vllm", skip_checks=True, image="vllm/vllm-openai:v0.32.0"))
+    p = plan(
+        ALL["b200x8"](),
+        PlanRequest(
+            model=str(tiny_model_dir),
+            runtime="docker",
+            vllm_executable="vllm",
+            skip_checks=True,
+            image="vllm/vllm-openai:v0.32.0",
+        ),
+    )
     vols = _flag_values(shlex.split(render(p, "docker")), "-v")
     # No HF cache on this host yet: neither the printed command nor the runtime mounts it (docker would create an
     # empty root-owned directory, read-only inside); it was printed before and skipped by the runtime.
@@ -89,9 +109,21 @@ def test_local_model_dir_and_hf_cache_are_mounted_read_only(tmp_path, monkeypatc
 
 
 def test_amd_devices_follow_the_gpu_vendor_not_the_profile_name(tmp_path):
-    p = LaunchPlan(name="r", profile="my-rocm-tuned", image="rocm/vllm:latest", model="org/m", served_model_name="org/m",
-                   port=8000, startup_budget_s=100, argv=["vllm", "serve", "org/m"], vllm_args={},
-                   gpu_vendor="amd", gpu_devices=["0", "1"], gpus=[0, 1], tp=2)
+    p = LaunchPlan(
+        name="r",
+        profile="my-rocm-tuned",
+        image="rocm/vllm:latest",
+        model="org/m",
+        served_model_name="org/m",
+        port=8000,
+        startup_budget_s=100,
+        argv=["vllm", "serve", "org/m"],
+        vllm_args={},
+        gpu_vendor="amd",
+        gpu_devices=["0", "1"],
+        gpus=[0, 1],
+        tp=2,
+    )
     d = render(p, "docker")
     assert "--device /dev/kfd --device /dev/dri --group-add video" in d and "--gpus" not in d and "nvidia" not in d
 
@@ -120,7 +152,18 @@ def test_golden_docker_cli_and_sdk_kwargs_agree(tmp_path, monkeypatch, tiny_mode
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     (tmp_path / "hf").mkdir()
     inv = ALL["h200x2"]()
-    p = plan(inv, PlanRequest(model=str(tiny_model_dir), runtime="docker", vllm_executable="vllm", skip_checks=True, image="vllm/vllm-openai:v0.32.0", pass_env=["HF_TOKEN"], tp=2))
+    p = plan(
+        inv,
+        PlanRequest(
+            model=str(tiny_model_dir),
+            runtime="docker",
+            vllm_executable="vllm",
+            skip_checks=True,
+            image="vllm/vllm-openai:v0.32.0",
+            pass_env=["HF_TOKEN"],
+            tp=2,
+        ),
+    )
     argv = shlex.split(render(p, "docker"))
     sdk = container_spec(p, {"HF_TOKEN": "hf_x1234567890"})
     (gpus,) = _flag_values(argv, "--gpus")
@@ -149,11 +192,19 @@ def _tool(name: str) -> str:
 
 def test_compose_passes_docker_compose_config(tmp_path):
     exe = _tool("docker-compose")
-    for p in (_b200(pass_env=["HF_TOKEN"]), plan(ALL["mi355xx8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm"))):
+    for p in (
+        _b200(pass_env=["HF_TOKEN"]),
+        plan(ALL["mi355xx8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm")),
+    ):
         f = tmp_path / "compose.yaml"
         f.write_text(render(p, "compose"))
-        r = subprocess.run([exe, "-f", str(f), "config", "--quiet"], capture_output=True, text=True,
-                           env={**os.environ, "HF_TOKEN": "x"}, timeout=60)
+        r = subprocess.run(
+            [exe, "-f", str(f), "config", "--quiet"],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "HF_TOKEN": "x"},
+            timeout=60,
+        )
         assert r.returncode == 0, r.stderr
 
 
@@ -184,8 +235,11 @@ def test_k8s_objects_pass_kubernetes_validate_with_cache_claim_probes_and_secret
     for k in ("HF_TOKEN", "VLLM_API_KEY"):
         assert {"name": k, "valueFrom": {"secretKeyRef": {"name": "m3ctl-secrets", "key": k}}} in c["env"]
     host = list(yaml.safe_load_all(render(p, "k8s", hf_host_path="/mnt/hf")))
-    assert len(host) == 1 and {"name": "hf-cache", "hostPath": {"path": "/mnt/hf", "type": "DirectoryOrCreate"}} \
+    assert (
+        len(host) == 1
+        and {"name": "hf-cache", "hostPath": {"path": "/mnt/hf", "type": "DirectoryOrCreate"}}
         in host[0]["spec"]["template"]["spec"]["volumes"]
+    )
 
 
 def test_lws_pod_templates_pass_kubernetes_validate_and_share_the_cache(tmp_path):
@@ -194,8 +248,10 @@ def test_lws_pod_templates_pass_kubernetes_validate_and_share_the_cache(tmp_path
     pvc, lws = docs
     assert pvc["spec"]["accessModes"] == ["ReadWriteMany"] and lws["kind"] == "LeaderWorkerSet"
     t = lws["spec"]["leaderWorkerTemplate"]
-    templates = [{"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"t{i}"},
-                  "template": t[k]} for i, k in enumerate(("leaderTemplate", "workerTemplate"))]
+    templates = [
+        {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": f"t{i}"}, "template": t[k]}
+        for i, k in enumerate(("leaderTemplate", "workerTemplate"))
+    ]
     _k8s_validate(tmp_path, [pvc, *templates])
     lead = t["leaderTemplate"]["spec"]["containers"][0]
     assert lead["readinessProbe"] and lead["livenessProbe"]["httpGet"]["path"] == "/health"
@@ -204,8 +260,19 @@ def test_lws_pod_templates_pass_kubernetes_validate_and_share_the_cache(tmp_path
 
 
 def test_scripts_pass_bash_n(tmp_path):
-    forms = {"script-process": render(plan(ALL["b200x8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="process", vllm_executable="vllm", pass_env=["HF_TOKEN"])), "script"),
-             "script-docker": render(_b200(), "script"), "ray": render(_b200(tp=8), "ray", nodes=2)}
+    forms = {
+        "script-process": render(
+            plan(
+                ALL["b200x8"](),
+                PlanRequest(
+                    model="MiniMax-M3.1-Flash", runtime="process", vllm_executable="vllm", pass_env=["HF_TOKEN"]
+                ),
+            ),
+            "script",
+        ),
+        "script-docker": render(_b200(), "script"),
+        "ray": render(_b200(tp=8), "ray", nodes=2),
+    }
     for name, text in forms.items():
         f = tmp_path / f"{name}.sh"
         f.write_text(text)
@@ -228,9 +295,9 @@ def test_served_name_is_the_model_id_with_the_deployment_name_as_alias():
     spec = launch_spec(p)
     assert spec.served_model_names == ["MiniMaxAI/MiniMax-M3.1-Flash-NVFP4", "prod"]
     i = p.argv.index("--served-model-name")
-    assert p.argv[i + 1:i + 3] == ["MiniMaxAI/MiniMax-M3.1-Flash-NVFP4", "prod"] and p.served_model_name == p.model
+    assert p.argv[i + 1 : i + 3] == ["MiniMaxAI/MiniMax-M3.1-Flash-NVFP4", "prod"] and p.served_model_name == p.model
     p = _b200(served_model_name="chat")
-    assert p.argv[p.argv.index("--served-model-name") + 1:][:2] == ["chat", "--block-size"]
+    assert p.argv[p.argv.index("--served-model-name") + 1 :][:2] == ["chat", "--block-size"]
 
 
 def test_layout_from_the_plan_gives_bench_its_gpu_count():
@@ -252,11 +319,32 @@ def test_bench_deployment_takes_its_gpu_count_from_the_saved_layout(tmp_path, ti
         reg = Registry()
         p = _b200(name="gt", tp=4, extra_args=["-pp", "2"], skip_checks=True)
         reg.save_plan("gt", p.model_dump_json())
-        reg.save(Deployment(name="gt", port=int(url.rsplit(":", 1)[1]), served_model_name="groundtruth",
-                            model="groundtruth", argv=["vllm", "serve", "x"], pid=proc.pid))
+        reg.save(
+            Deployment(
+                name="gt",
+                port=int(url.rsplit(":", 1)[1]),
+                served_model_name="groundtruth",
+                model="groundtruth",
+                argv=["vllm", "serve", "x"],
+                pid=proc.pid,
+            )
+        )
         out = tmp_path / "b.json"
-        r = run_cli("bench", "--deployment", "gt", "--num-prompts", "2", "--input-len", "8", "--output-len", "4",
-                    "--tokenizer", str(tiny_models["m2"]), "--output-json", str(out))
+        r = run_cli(
+            "bench",
+            "--deployment",
+            "gt",
+            "--num-prompts",
+            "2",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--tokenizer",
+            str(tiny_models["m2"]),
+            "--output-json",
+            str(out),
+        )
         assert r.returncode == 0, r.stdout + r.stderr
         res = json.loads(out.read_text())
         assert res["num_gpus"] == 8 and "deployment gt" in res["per_gpu"]["num_gpus_source"]

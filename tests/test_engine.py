@@ -30,8 +30,17 @@ def _rule(e: ConfigRejected) -> str:
 
 
 def _a100x8() -> HostInventory:
-    gpus = tuple(GpuInfo(index=i, vendor="nvidia", name="NVIDIA A100-SXM4-80GB", arch="ampere",
-                         compute_capability="8.0", memory_total_mib=81920) for i in range(8))
+    gpus = tuple(
+        GpuInfo(
+            index=i,
+            vendor="nvidia",
+            name="NVIDIA A100-SXM4-80GB",
+            arch="ampere",
+            compute_capability="8.0",
+            memory_total_mib=81920,
+        )
+        for i in range(8)
+    )
     return HostInventory(gpus=gpus, probe="synthetic", driver_version="580.82.07", cuda_driver_version="13.0")
 
 
@@ -72,7 +81,10 @@ def test_a100_doctor_and_plan_agree_not_runnable():
             _plan(inv, model=model)
         rep = run_doctor(inv, model=model, host_checks=False)
         assert rep.verdict.status == "not_runnable" and rep.exit_code() == 1, rep.verdict.summary
-    assert any(b.startswith("model.profile:") for b in run_doctor(inv, model="MiniMax-M2.5", host_checks=False).verdict.blockers)
+    assert any(
+        b.startswith("model.profile:")
+        for b in run_doctor(inv, model="MiniMax-M2.5", host_checks=False).verdict.blockers
+    )
 
 
 def test_rtxpro6000_mxfp8_does_not_run_in_both():
@@ -86,9 +98,12 @@ def test_rtxpro6000_mxfp8_does_not_run_in_both():
 
 # ----------------------------------------------------------------------------- the invariant
 CATALOG_MODELS = [m for m, s in catalog.models().items() if s.variants]
-HOSTS = {**{k: ALL[k] for k in ALL}, **{k: (lambda k=k: host(k)) for k in EXPECTED},
-         # every system of the --system catalog (m3ctl/data/systems.yaml), at its default GPU count
-         **{f"system-{n}": (lambda n=n: inventory_for_system(n)) for n in system_names()}}
+HOSTS = {
+    **{k: ALL[k] for k in ALL},
+    **{k: (lambda k=k: host(k)) for k in EXPECTED},
+    # every system of the --system catalog (m3ctl/data/systems.yaml), at its default GPU count
+    **{f"system-{n}": (lambda n=n: inventory_for_system(n)) for n in system_names()},
+}
 
 
 @pytest.mark.parametrize("host_name", sorted(HOSTS))
@@ -101,8 +116,12 @@ def test_doctor_verdict_is_a_plan_on_every_host_model_variant(host_name):
     inv = HOSTS[host_name]()
     seen = {"runnable": 0, "rejected": 0, "user_rejected": 0, "no_profile": 0}
     # memory.fit: doctor's fix may be another variant with a fallback (the layout is the planner's search, issue 23)
-    fixed_by = {"variant.native": ["allow_emulated"], "memory.fit": ["max_model_len", "tp", "variant", "allow_emulated"],
-                "quant.shard_alignment": ["tp"], "parallel.gpus": ["tp"]}
+    fixed_by = {
+        "variant.native": ["allow_emulated"],
+        "memory.fit": ["max_model_len", "tp", "variant", "allow_emulated"],
+        "quant.shard_alignment": ["tp"],
+        "parallel.gpus": ["tp"],
+    }
     for model in CATALOG_MODELS:
         for variant in [None, *catalog.models()[model].variants]:
             v = run_doctor(inv, model=model, variant=variant, host_checks=False).verdict
@@ -197,8 +216,7 @@ def test_n01_mxfp8_indexer_fp8_only_on_sm100():
 
 def test_n07_mxfp8_on_cdna3_is_sized_as_bf16():
     with pytest.raises(ConfigRejected) as ei:
-        _plan(synthetic("mi300xx8"), variant="mxfp8", tp=4, dp=1, pp=1, allow_emulated=True,
-              max_model_len=32768)
+        _plan(synthetic("mi300xx8"), variant="mxfp8", tp=4, dp=1, pp=1, allow_emulated=True, max_model_len=32768)
     assert _rule(ei.value) == "memory.fit" and "BF16" in ei.value.message
     _plan(synthetic("mi300xx8"), variant="mxfp8", tp=8, allow_emulated=True, max_model_len=32768)
     rep = run_doctor(synthetic("mi300xx8"), variant="mxfp8", host_checks=False, runtime="docker")
@@ -208,10 +226,22 @@ def test_n07_mxfp8_on_cdna3_is_sized_as_bf16():
 def _moe_dir(tmp_path, quant: dict):
     d = tmp_path / "moe704"
     d.mkdir(parents=True)
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2", "hidden_size": 1024,
-        "num_attention_heads": 8, "num_key_value_heads": 8, "num_hidden_layers": 2, "num_local_experts": 8,
-        "moe_intermediate_size": 704, "max_position_embeddings": 4096, "quantization_config": quant}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["MiniMaxM2ForCausalLM"],
+                "model_type": "minimax_m2",
+                "hidden_size": 1024,
+                "num_attention_heads": 8,
+                "num_key_value_heads": 8,
+                "num_hidden_layers": 2,
+                "num_local_experts": 8,
+                "moe_intermediate_size": 704,
+                "max_position_embeddings": 4096,
+                "quantization_config": quant,
+            }
+        )
+    )
     return str(d)
 
 
@@ -222,8 +252,16 @@ def test_n15_nvfp4_moe_shard_alignment(tmp_path):
     assert _rule(ei.value) == "quant.shard_alignment" and "--ep" in ei.value.hint
     _plan(synthetic("b200x8"), model=m, tp=4, ep=True)
     with pytest.raises(ConfigRejected):  # the FlashInfer TRT-LLM backend named explicitly: same tile
-        _plan(synthetic("b200x8"), model=m, tp=4, dp=1, pp=1, dcp=1, ep=False,
-              extra_args=["--moe-backend", "flashinfer_trtllm"])
+        _plan(
+            synthetic("b200x8"),
+            model=m,
+            tp=4,
+            dp=1,
+            pp=1,
+            dcp=1,
+            ep=False,
+            extra_args=["--moe-backend", "flashinfer_trtllm"],
+        )
     _plan(synthetic("h200x8"), model=m, tp=4, allow_emulated=True)  # Hopper: NVFP4 MoE via Marlin, not this tile
     with pytest.raises(ConfigRejected) as ei:  # the local checkpoint's NVFP4 is emulated there, as the catalog's is
         _plan(synthetic("h200x8"), model=m, tp=4)
@@ -235,12 +273,22 @@ def test_n15_nvfp4_moe_shard_alignment(tmp_path):
 
 
 def test_n10_flat_hf_overrides_warned_with_the_nested_form():
-    p = _plan(synthetic("mi355xx8"), model="MiniMax-M3", variant="mxfp4", tp=4,
-              extra_args=["--hf-overrides", '{"use_index_cache": true, "index_topk_freq": 4}'])
+    p = _plan(
+        synthetic("mi355xx8"),
+        model="MiniMax-M3",
+        variant="mxfp4",
+        tp=4,
+        extra_args=["--hf-overrides", '{"use_index_cache": true, "index_topk_freq": 4}'],
+    )
     w = [x for x in p.warnings if "model.hf_overrides" in x]
     assert w and '"text_config":{"use_index_cache":true,"index_topk_freq":4}' in w[0]
-    nested = _plan(synthetic("mi355xx8"), model="MiniMax-M3", variant="mxfp4", tp=4,
-                   extra_args=["--hf-overrides", '{"text_config": {"use_index_cache": true}}'])
+    nested = _plan(
+        synthetic("mi355xx8"),
+        model="MiniMax-M3",
+        variant="mxfp4",
+        tp=4,
+        extra_args=["--hf-overrides", '{"text_config": {"use_index_cache": true}}'],
+    )
     assert not any("model.hf_overrides" in x for x in nested.warnings)
 
 
@@ -267,11 +315,26 @@ def test_n11_dspark_depth_vs_block_size_every_spelling(form):
         if form == "typed":
             return {"spec_method": "dspark", "spec_depth": depth}
         if form == "json":
-            return {"extra_args": ["--speculative-config",
-                                   json.dumps({"method": "dspark", "model": "MiniMaxAI/MiniMax-M3.1-Flash-DSpark",
-                                               "num_speculative_tokens": depth})]}
-        return {"extra_args": ["--speculative-config.method", "dspark",
-                               "--speculative-config.num_speculative_tokens", str(depth)]}
+            return {
+                "extra_args": [
+                    "--speculative-config",
+                    json.dumps(
+                        {
+                            "method": "dspark",
+                            "model": "MiniMaxAI/MiniMax-M3.1-Flash-DSpark",
+                            "num_speculative_tokens": depth,
+                        }
+                    ),
+                ]
+            }
+        return {
+            "extra_args": [
+                "--speculative-config.method",
+                "dspark",
+                "--speculative-config.num_speculative_tokens",
+                str(depth),
+            ]
+        }
 
     with pytest.raises(ConfigRejected) as ei:  # below the block size: vLLM refuses to start
         _plan(inv, **req(5))
@@ -292,14 +355,24 @@ def test_n11_block_size_read_from_a_local_drafter_config(tmp_path):
     p = _plan(inv, extra_args=["--speculative-config", spec])  # the model card's 7 on a block-5 drafter: WARN
     assert any("spec.dspark_depth" in w and "block size 5" in w and "config.json" in w for w in p.warnings)
     with pytest.raises(ConfigRejected) as ei:
-        _plan(inv, extra_args=["--speculative-config", spec.replace('"num_speculative_tokens": 7', '"num_speculative_tokens": 4')])
+        _plan(
+            inv,
+            extra_args=[
+                "--speculative-config",
+                spec.replace('"num_speculative_tokens": 7', '"num_speculative_tokens": 4'),
+            ],
+        )
     assert "< the drafter's trained block size 5" in ei.value.message
 
 
 def test_raw_speculative_config_goes_through_the_token_budget_rule():
     with pytest.raises(ConfigRejected) as ei:
-        _plan(synthetic("b200x8"), max_num_seqs=1024, max_num_batched_tokens=2048,
-              extra_args=["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'])
+        _plan(
+            synthetic("b200x8"),
+            max_num_seqs=1024,
+            max_num_batched_tokens=2048,
+            extra_args=["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 4}'],
+        )
     assert _rule(ei.value) == "spec.token_budget"
 
 
@@ -362,8 +435,10 @@ def fake_engine(tmp_path, monkeypatch):
 
 def test_user_image_checked_from_its_labels_before_launch(fake_engine):
     fake_engine["me/vllm:old"] = {"Env": ["CUDA_VERSION=13.0.1", "VLLM_VERSION=0.12.0"], "Labels": {}}
-    fake_engine["me/vllm:cu13"] = {"Env": ["CUDA_VERSION=13.0.1", "TORCH_CUDA_ARCH_LIST=9.0a 10.0a"],
-                                   "Labels": {"org.opencontainers.image.version": "v0.32.0"}}
+    fake_engine["me/vllm:cu13"] = {
+        "Env": ["CUDA_VERSION=13.0.1", "TORCH_CUDA_ARCH_LIST=9.0a 10.0a"],
+        "Labels": {"org.opencontainers.image.version": "v0.32.0"},
+    }
     fake_engine["me/vllm:cu129"] = {"Env": ["CUDA_VERSION=12.9.1", "VLLM_VERSION=0.32.0"], "Labels": {}}
     b200 = synthetic("b200x8")
     with pytest.raises(ConfigRejected) as ei:
@@ -385,10 +460,22 @@ def test_mla_config_is_not_gqa_for_the_dcp_rule(tmp_path):
     """A DeepSeek-V3-style config (kv_lora_rank: MLA, one latent KV 'head') is not held to GQA's TP > KV heads."""
     d = tmp_path / "mla"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "hidden_size": 1024,
-        "num_attention_heads": 16, "num_key_value_heads": 16, "num_hidden_layers": 2, "kv_lora_rank": 512,
-        "n_routed_experts": 8, "moe_intermediate_size": 256, "max_position_embeddings": 4096}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["DeepseekV3ForCausalLM"],
+                "model_type": "deepseek_v3",
+                "hidden_size": 1024,
+                "num_attention_heads": 16,
+                "num_key_value_heads": 16,
+                "num_hidden_layers": 2,
+                "kv_lora_rank": 512,
+                "n_routed_experts": 8,
+                "moe_intermediate_size": 256,
+                "max_position_embeddings": 4096,
+            }
+        )
+    )
     p = _plan(synthetic("b200x8"), model=str(d), tp=8, dcp=2)  # GQA with 16 KV heads would need TP >= 32
     assert p.dcp == 2
     with pytest.raises(ConfigRejected) as ei:  # cdna3 has no DCP (N17)
@@ -401,8 +488,9 @@ def test_tune_searches_what_the_rules_allow(tmp_path):
     block size (both were swept and then rejected trial by trial)."""
     inv = tmp_path / "b200.json"
     inv.write_text(synthetic("b200x8").model_dump_json())
-    p = run_cli("tune", "--model", "MiniMax-M3.1-Flash", "--inventory", str(inv), "--slo", "p90_tpot_ms<=50",
-                "--dry-run")
+    p = run_cli(
+        "tune", "--model", "MiniMax-M3.1-Flash", "--inventory", str(inv), "--slo", "p90_tpot_ms<=50", "--dry-run"
+    )
     assert p.returncode == 0, p.stderr
     space = next(line for line in p.stdout.splitlines() if "space:" in line)
     assert "dcp [1];" in space and "spec_depth [0, 7]" in space
@@ -413,14 +501,23 @@ def test_a_bad_option_value_is_one_line_exit_2(tmp_path):
     inv = tmp_path / "h.json"
     inv.write_text(h200x2().model_dump_json())
     p = run_cli("plan", "--inventory", str(inv), "--runtime", "dockr")
-    assert p.returncode == 2 and p.stderr.startswith("error: Invalid value for '--runtime'") and "Traceback" not in p.stderr
+    assert (
+        p.returncode == 2
+        and p.stderr.startswith("error: Invalid value for '--runtime'")
+        and "Traceback" not in p.stderr
+    )
 
 
 def test_the_request_never_shows_secrets():
     from m3ctl.plan import serve_command
 
-    req = PlanRequest(model="MiniMax-M3.1-Flash", env={"MY_API_KEY": "abc123secret"}, args={"api-key": "abc123secret"},
-                      extra_args=["--hf-token", "hf_abcdefghijklmnop"], vllm_executable=VLLM)
+    req = PlanRequest(
+        model="MiniMax-M3.1-Flash",
+        env={"MY_API_KEY": "abc123secret"},
+        args={"api-key": "abc123secret"},
+        extra_args=["--hf-token", "hf_abcdefghijklmnop"],
+        vllm_executable=VLLM,
+    )
     cmd = serve_command(req)
     assert "abc123secret" not in cmd and "hf_abcdefghijklmnop" not in cmd
     assert "abc123secret" not in json.dumps(req.public()) and "hf_abcdefghij" not in json.dumps(req.public())

@@ -36,17 +36,37 @@ def _fake(reg: Registry, name: str, tmp_path: Path, **serve) -> tuple:
     crash = tmp_path / f"{name}-crash.log"
     crash.write_text(CRASH)
     port = free_port()
-    plan = LaunchPlan(name=name, profile="cpu", model="m", served_model_name=name, port=port, startup_budget_s=30,
-                      argv=[sys.executable, str(FAKE_VLLM), "serve", "m", "--port", str(port),
-                            "--served-model-name", name],
-                      env={"FAKE_VLLM": json.dumps({"crash_log": str(crash), "serve": serve})})
+    plan = LaunchPlan(
+        name=name,
+        profile="cpu",
+        model="m",
+        served_model_name=name,
+        port=port,
+        startup_budget_s=30,
+        argv=[sys.executable, str(FAKE_VLLM), "serve", "m", "--port", str(port), "--served-model-name", name],
+        env={"FAKE_VLLM": json.dumps({"crash_log": str(crash), "serve": serve})},
+    )
     dep = launch_and_wait(plan, registry=reg, smoke=False).deployment
     return dep, psutil.Process(dep.pid)
 
 
 def _bench(target: list[str], tokenizer: Path, *extra: str) -> object:
-    return run_cli("bench", *target, "--tokenizer", str(tokenizer), "--num-prompts", "30", "--concurrency", "1",
-                   "--input-len", "16", "--output-len", "8", *extra, timeout=120)
+    return run_cli(
+        "bench",
+        *target,
+        "--tokenizer",
+        str(tokenizer),
+        "--num-prompts",
+        "30",
+        "--concurrency",
+        "1",
+        "--input-len",
+        "16",
+        "--output-len",
+        "8",
+        *extra,
+        timeout=120,
+    )
 
 
 @pytest.mark.parametrize("how", ["deployment", "url"])
@@ -180,8 +200,9 @@ def test_stop_and_serve_find_a_server_whose_record_is_gone(tmp_path, tiny_models
     reg.remove("lost")
     reg.remove("lost2")
     assert json.loads(run_cli("status", "--json", check=True).stdout) == []
-    p = run_cli("serve", "--model", str(tiny_models["llama"]), "--name", "lost", "--port", str(free_port()),
-                "--detach")  # refused before anything starts: the orphan is found by its process marker
+    p = run_cli(
+        "serve", "--model", str(tiny_models["llama"]), "--name", "lost", "--port", str(free_port()), "--detach"
+    )  # refused before anything starts: the orphan is found by its process marker
     assert p.returncode == 3, p.stdout + p.stderr
     assert p.stderr.startswith("error: a server of deployment 'lost' is still running") and f"{a.pid}" in p.stderr
     assert "m3ctl stop lost" in p.stderr and "Traceback" not in p.stderr
@@ -249,9 +270,13 @@ def test_tune_trial_whose_server_dies_is_a_crash_with_its_cause_and_the_study_go
             if trial != 0:
                 return super().open(cand, trial, on_event)
             dep, _ = _fake(reg, "trial0", tmp_path, crash_after=3)
-            ev = SimpleNamespace(spec=spec, registry=reg, n_gpus_plan=lambda p: 1,
-                                 bench={"input_len": 16, "output_len": 8, "tokenizer": str(tiny_models["llama"])},
-                                 stop_current=lambda: run_cli("stop", "trial0"))
+            ev = SimpleNamespace(
+                spec=spec,
+                registry=reg,
+                n_gpus_plan=lambda p: 1,
+                bench={"input_len": 16, "output_len": 8, "tokenizer": str(tiny_models["llama"])},
+                stop_current=lambda: run_cli("stop", "trial0"),
+            )
             plan = SimpleNamespace(argv=dep.argv)
             return ServerSession(ev, plan, dep, tdir, 0.5)
 
@@ -329,20 +354,29 @@ class _FakeContainer:
 
     def __init__(self, status: str, exit_code: int = 0, oom: bool = False):
         self.name, self.status, self.labels = "m3ctl-dk", status, {}
-        self.attrs = {"State": {"Status": status, "ExitCode": exit_code, "OOMKilled": oom,
-                                "FinishedAt": "2026-12-01T21:55:03.123456789Z"}}
+        self.attrs = {
+            "State": {
+                "Status": status,
+                "ExitCode": exit_code,
+                "OOMKilled": oom,
+                "FinishedAt": "2026-12-01T21:55:03.123456789Z",
+            }
+        }
 
     def reload(self) -> None:
         pass
 
 
-@pytest.mark.parametrize(("ct", "state", "needle"), [
-    (_FakeContainer("paused"), "paused", "docker unpause m3ctl-dk"),
-    (_FakeContainer("running"), "alive", ""),
-    (_FakeContainer("exited", 137), "dead", "exit 137 (SIGKILL)"),
-    (_FakeContainer("exited", 137, oom=True), "dead", "OOM-killed"),
-    (None, "dead", "was removed"),
-])
+@pytest.mark.parametrize(
+    ("ct", "state", "needle"),
+    [
+        (_FakeContainer("paused"), "paused", "docker unpause m3ctl-dk"),
+        (_FakeContainer("running"), "alive", ""),
+        (_FakeContainer("exited", 137), "dead", "exit 137 (SIGKILL)"),
+        (_FakeContainer("exited", 137, oom=True), "dead", "OOM-killed"),
+        (None, "dead", "was removed"),
+    ],
+)
 def test_docker_container_states(monkeypatch, tmp_path, ct, state, needle):
     """`docker pause` is paused, not dead (it was reported `exited`, then watch removed it and its record); an
     exited container gives its exit code and FinishedAt; a removed one is dead; none of them leaves the record."""
@@ -356,8 +390,16 @@ def test_docker_container_states(monkeypatch, tmp_path, ct, state, needle):
     reg = Registry()
     log = tmp_path / "dk.log"
     log.write_text(CRASH)
-    dep = Deployment(name="dk", runtime="docker", container_id="c0ffee", port=free_port(), served_model_name="dk",
-                     model="m", log_path=str(log), phase="ready")
+    dep = Deployment(
+        name="dk",
+        runtime="docker",
+        container_id="c0ffee",
+        port=free_port(),
+        served_model_name="dk",
+        model="m",
+        log_path=str(log),
+        phase="ready",
+    )
     reg.save(dep)
     rt = DockerRuntime()
     raw = rt.inspect(dep)

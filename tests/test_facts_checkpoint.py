@@ -40,10 +40,13 @@ HOSTS = [*system_names(), str(H200), str(FIX / "h200x2-real" / "inventory.json")
 #: scale_model writes the release config of each catalog model's family from the catalog facts.
 FAMILY_ARCH = {"minimax-m2": "minimax-m2", "minimax-m3": "minimax-m3"}
 #: quantization_config of each precision as the checkpoints state it (ModelOpt / FP8 block / OCP MX forms).
-QUANT = {"fp8": {"quant_method": "fp8", "weight_block_size": [128, 128]},
-         "nvfp4": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16},
-         "mxfp8": {"quant_method": "modelopt", "quant_algo": "MXFP8"},
-         "mxfp4": {"quant_method": "mxfp4"}, "bf16": None}
+QUANT = {
+    "fp8": {"quant_method": "fp8", "weight_block_size": [128, 128]},
+    "nvfp4": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16},
+    "mxfp8": {"quant_method": "modelopt", "quant_algo": "MXFP8"},
+    "mxfp4": {"quant_method": "mxfp4"},
+    "bf16": None,
+}
 
 
 def _snapshot(tmp: Path, spec, precision: str) -> Path:
@@ -70,8 +73,11 @@ def _plan_rows(inv, **kw):
         p = plan(inv, PlanRequest(vllm_executable="vllm", skip_checks=True, **kw))
     except M3Error as e:  # e.g. no kernel profile for the architecture: the same answer for both forms
         return [e.message], None
-    rows = sorted(x for x in [*p.violations, *p.warnings] if x.removeprefix("rule ").split(":")[0].split(" ")[0]
-                  in CAPABILITY_RULES)
+    rows = sorted(
+        x
+        for x in [*p.violations, *p.warnings]
+        if x.removeprefix("rule ").split(":")[0].split(" ")[0] in CAPABILITY_RULES
+    )
     return [r.removeprefix("rule ").replace(" skipped", "") for r in rows], p.kernel_expect
 
 
@@ -88,8 +94,11 @@ def test_local_snapshot_of_each_catalog_model_gives_the_rows_of_its_name(tmp_pat
                 named = run_doctor(inv, model=spec.name, variant=vname, host_checks=False)
                 local = run_doctor(inv, model=str(snap), host_checks=False)
                 rows = [(c.id, c.status, c.message) for c in named.checks if c.group == "capability"]
-                assert rows == [(c.id, c.status, c.message) for c in local.checks if c.group == "capability"], \
-                    (spec.name, vname, host)
+                assert rows == [(c.id, c.status, c.message) for c in local.checks if c.group == "capability"], (
+                    spec.name,
+                    vname,
+                    host,
+                )
                 n_rows, n_expect = _plan_rows(inv, model=spec.name, variant=vname)
                 l_rows, l_expect = _plan_rows(inv, model=str(snap))
                 assert (n_rows, n_expect) == (l_rows, l_expect), (spec.name, vname, host)
@@ -115,8 +124,18 @@ def test_m31_flash_and_its_nvfp4_scale_model_warn_the_same_on_the_real_h200(tmp_
 
 def test_checkpoint_quantization_forms_and_msa_facts(tmp_path):
     base = scale_config(ScaleModelSpec(arch="minimax-m3", layers=3, quant="bf16"))
-    ct = dict(base, quantization_config={"quant_method": "compressed-tensors", "config_groups": {
-        "group_0": {"format": "nvfp4-pack-quantized", "weights": {"num_bits": 4, "type": "float", "group_size": 16}}}})
+    ct = dict(
+        base,
+        quantization_config={
+            "quant_method": "compressed-tensors",
+            "config_groups": {
+                "group_0": {
+                    "format": "nvfp4-pack-quantized",
+                    "weights": {"num_bits": 4, "type": "float", "group_size": 16},
+                }
+            },
+        },
+    )
     d = tmp_path / "ct"
     d.mkdir()
     (d / "config.json").write_text(json.dumps(ct))
@@ -148,8 +167,11 @@ def test_a_cached_hub_config_gives_the_facts_of_a_hub_id(tmp_path, monkeypatch):
     note = next(n for n in rep.verdict.notes if "assumed" in n)
     assert "num_layers" not in note and "hidden_size" not in note  # the cached config states them
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
-    assert "num_layers" in next(n for n in run_doctor(inventory_for_system("b200x8"), model=hub,
-                                                      host_checks=False).verdict.notes if "assumed" in n)
+    assert "num_layers" in next(
+        n
+        for n in run_doctor(inventory_for_system("b200x8"), model=hub, host_checks=False).verdict.notes
+        if "assumed" in n
+    )
 
 
 # ----------------------------------------------------------------------------- the engine's model registry
@@ -179,8 +201,9 @@ def test_an_architecture_the_engine_lacks_is_refused_before_launch(tmp_path):
     assert ei.value.message.startswith("rule model.architecture") and "NotAModelForCausalLM" in ei.value.message
     assert "registry.py" in ei.value.hint
     # vLLM's Transformers backend asked for explicitly: vLLM decides
-    assert "model.architecture" not in _violations(inv, model=str(alien), tp=8, ep=True,
-                                                   extra_args=["--model-impl", "transformers"])
+    assert "model.architecture" not in _violations(
+        inv, model=str(alien), tp=8, ep=True, extra_args=["--model-impl", "transformers"]
+    )
 
 
 def test_the_per_version_lists_are_the_registry_files(tmp_path):
@@ -193,7 +216,9 @@ def test_the_per_version_lists_are_the_registry_files(tmp_path):
         have = set(em.engine_models().versions[ver].architectures)
         assert {"MiniMaxM2ForCausalLM", "MiniMaxM3SparseForCausalLM"} <= have
     assert "MiniMaxForCausalLM" in em.engine_models().versions["0.26.0"].removed  # removed in 0.24 (last: 0.23.0)
-    text = 'X = 1\n_FOO_MODELS = {"AForCausalLM": ("a", "A"), **_BAR}\n_PREVIOUSLY_SUPPORTED_MODELS = {"Old": "0.1.0"}\n'
+    text = (
+        'X = 1\n_FOO_MODELS = {"AForCausalLM": ("a", "A"), **_BAR}\n_PREVIOUSLY_SUPPORTED_MODELS = {"Old": "0.1.0"}\n'
+    )
     assert em.registry_architectures(text) == ({"AForCausalLM"}, {"Old": "0.1.0"})
     with pytest.raises(BadInput):
         em.registry_architectures("def f(:\n")
@@ -219,7 +244,9 @@ def test_generate_command_writes_the_table_from_registry_files(tmp_path):
 def _m3(tmp: Path, layers: int = 2, quant: str = "bf16") -> Path:
     from m3ctl.dev.scale_model import build_scale_model
 
-    return build_scale_model(tmp / f"m3-{layers}-{quant}", ScaleModelSpec(arch="minimax-m3", layers=layers, quant=quant))
+    return build_scale_model(
+        tmp / f"m3-{layers}-{quant}", ScaleModelSpec(arch="minimax-m3", layers=layers, quant=quant)
+    )
 
 
 def test_dense_fallback_argv_is_the_h200_verified_json(tmp_path):
@@ -231,13 +258,30 @@ def test_dense_fallback_argv_is_the_h200_verified_json(tmp_path):
     assert any("quality cost is unknown" in w for w in p.warnings)
     assert "--attention dense" in p.request.get("attention", "") or p.request["attention"] == "dense"
     # merged into the user's own --hf-overrides
-    p = plan(_inv(str(H200)), PlanRequest(model=str(m3), attention="dense", vllm_executable="vllm", extra_args=[
-        "--hf-overrides", '{"text_config": {"use_index_cache": true}}']))
+    p = plan(
+        _inv(str(H200)),
+        PlanRequest(
+            model=str(m3),
+            attention="dense",
+            vllm_executable="vllm",
+            extra_args=["--hf-overrides", '{"text_config": {"use_index_cache": true}}'],
+        ),
+    )
     got = json.loads(p.argv[p.argv.index("--hf-overrides") + 1])
     assert got == {"text_config": {"use_index_cache": True, **H200_DENSE["text_config"]}}
     with pytest.raises(BadInput) as ei:  # the user already chose another per-layer pattern
-        plan(_inv(str(H200)), PlanRequest(model=str(m3), attention="dense", vllm_executable="vllm", extra_args=[
-            "--hf-overrides", '{"text_config": {"sparse_attention_config": {"sparse_attention_freq": [1, 0]}}}']))
+        plan(
+            _inv(str(H200)),
+            PlanRequest(
+                model=str(m3),
+                attention="dense",
+                vllm_executable="vllm",
+                extra_args=[
+                    "--hf-overrides",
+                    '{"text_config": {"sparse_attention_config": {"sparse_attention_freq": [1, 0]}}}',
+                ],
+            ),
+        )
     assert "sparse_attention_freq" in ei.value.message
     with pytest.raises(BadInput):  # not an MSA model
         plan(_inv(str(H200)), PlanRequest(model=str(_m2_dir(tmp_path)), attention="dense", vllm_executable="vllm"))
@@ -246,7 +290,9 @@ def test_dense_fallback_argv_is_the_h200_verified_json(tmp_path):
 def test_dense_value_follows_the_layer_count_and_the_config_form(tmp_path):
     f = read_model_facts(str(_m3(tmp_path, layers=5)))
     assert attention_overrides(f)[1] == {"text_config": {"sparse_attention_config": {"sparse_attention_freq": [0] * 5}}}
-    flat = f.model_copy(update={"text_config_nested": False})  # a text-only config: the whole section, vLLM sets it whole
+    flat = f.model_copy(
+        update={"text_config_nested": False}
+    )  # a text-only config: the whole section, vLLM sets it whole
     section = attention_overrides(flat)[1]["sparse_attention_config"]
     assert section["sparse_attention_freq"] == [0] * 5 and section["sparse_block_size"] == 128
 
@@ -276,16 +322,20 @@ def test_known_issue_table_schema_errors_are_one_line():
         parse_known_issues("schema_version: 1\nissues:\n  - {id: x, familes: [a]}\n")
     assert "did you mean 'families'" in ei.value.message
     with pytest.raises(CatalogError) as ei:
-        parse_known_issues("schema_version: 1\nissues:\n  - {id: x, families: [a], archs: [b], seen_with: ['1'], "
-                           "symptom: s, seen_on: o, not_tried: n, workaround: nope, source: src}\n")
+        parse_known_issues(
+            "schema_version: 1\nissues:\n  - {id: x, families: [a], archs: [b], seen_with: ['1'], "
+            "symptom: s, seen_on: o, not_tried: n, workaround: nope, source: src}\n"
+        )
     assert "nope" in ei.value.message
 
 
 # ----------------------------------------------------------------------------- kernel expectation
 def test_kernel_expectation_for_nvfp4_on_hopper_is_marlin(tmp_path):
     h200 = _inv(str(H200))
-    p = plan(h200, PlanRequest(model=str(_m3(tmp_path, layers=4, quant="nvfp4")), allow_emulated=True,
-                               vllm_executable="vllm"))
+    p = plan(
+        h200,
+        PlanRequest(model=str(_m3(tmp_path, layers=4, quant="nvfp4")), allow_emulated=True, vllm_executable="vllm"),
+    )
     exp = KernelExpect(**p.kernel_expect)
     assert exp.moe == ["MARLIN"] and exp.moe_experts is None and "fp4-marlin-weight-only" in exp.tolerate
     rep = verify_kernels(HOPPER_NVFP4_LOG, exp)

@@ -83,12 +83,36 @@ def test_serve_dry_run_cli_and_api_agree(capsys, env, tiny_models):
 
 def test_tune_dry_run_cli_and_api_agree(capsys, env, tmp_path):
     sdir = tmp_path / "study"
-    rc, cli = cli_json(capsys, "tune", "--dry-run", "--json", "--model", "MiniMax-M3.1-Flash", "--system", "h200x8",
-                       "--study-dir", str(sdir), "--slo", "p90_tpot_ms<=50", "--knob", "spec_depth=0",
-                       "--knob", "max_num_seqs=64", "--max-trials", "3")
+    rc, cli = cli_json(
+        capsys,
+        "tune",
+        "--dry-run",
+        "--json",
+        "--model",
+        "MiniMax-M3.1-Flash",
+        "--system",
+        "h200x8",
+        "--study-dir",
+        str(sdir),
+        "--slo",
+        "p90_tpot_ms<=50",
+        "--knob",
+        "spec_depth=0",
+        "--knob",
+        "max_num_seqs=64",
+        "--max-trials",
+        "3",
+    )
     assert rc == 0
-    r = api.tune("MiniMax-M3.1-Flash", system="h200x8", study_dir=sdir, dry_run=True, slo="p90_tpot_ms<=50",
-                 knobs=["spec_depth=0", "max_num_seqs=64"], max_trials=3)
+    r = api.tune(
+        "MiniMax-M3.1-Flash",
+        system="h200x8",
+        study_dir=sdir,
+        dry_run=True,
+        slo="p90_tpot_ms<=50",
+        knobs=["spec_depth=0", "max_num_seqs=64"],
+        max_trials=3,
+    )
     same(cli, r)
     assert not sdir.exists()
     assert r["spec"]["baseline"] is True  # one default, TuneOptions': on for a new study, in both
@@ -196,8 +220,12 @@ def cli_imports() -> dict[str, set[str]]:
 
 
 def test_cli_reaches_the_library_only_through_the_api_and_an_explicit_allowlist():
-    bad = {f"{f}: {m}" for f, mods in cli_imports().items() for m in mods
-           if not (m in FRONT or m.startswith("m3ctl.cli") or m in ALLOWED)}
+    bad = {
+        f"{f}: {m}"
+        for f, mods in cli_imports().items()
+        for m in mods
+        if not (m in FRONT or m.startswith("m3ctl.cli") or m in ALLOWED)
+    }
     assert not bad, f"m3ctl/cli imports outside m3ctl.api and the allowlist: {sorted(bad)}"
     used = {m for mods in cli_imports().values() for m in mods}
     assert not used & FORBIDDEN

@@ -28,9 +28,14 @@ def leftovers(d: Path) -> list[str]:
 
 
 # ----------------------------------------------------------------------------- the writer, injected faults
-@pytest.mark.parametrize(("code", "words"), [(errno.ENOSPC, "no space left on device"),
-                                             (errno.EROFS, "read-only file system"),
-                                             (errno.EACCES, "permission denied")])
+@pytest.mark.parametrize(
+    ("code", "words"),
+    [
+        (errno.ENOSPC, "no space left on device"),
+        (errno.EROFS, "read-only file system"),
+        (errno.EACCES, "permission denied"),
+    ],
+)
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path, monkeypatch, code, words):
     target = tmp_path / "out.json"
     target.write_text('{"old": true}')
@@ -79,7 +84,9 @@ def full_fs(tmp_path):
     """A 64 KiB tmpfs filled to its last byte; yields its mount point."""
     mnt = tmp_path / "full"
     mnt.mkdir()
-    p = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True, check=False)
+    p = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)], capture_output=True, text=True, check=False
+    )
     if p.returncode != 0:
         pytest.skip(f"cannot mount a small tmpfs here ({(p.stderr or p.stdout).strip()[:100]}): needs root")
     try:
@@ -97,8 +104,22 @@ def full_fs(tmp_path):
 
 
 def _bench(url, tiny, *extra):
-    return ["bench", "--url", url, "--model", "groundtruth", "--num-prompts", "4", "--input-len", "8",
-            "--output-len", "8", "--tokenizer", str(tiny), *extra]
+    return [
+        "bench",
+        "--url",
+        url,
+        "--model",
+        "groundtruth",
+        "--num-prompts",
+        "4",
+        "--input-len",
+        "8",
+        "--output-len",
+        "8",
+        "--tokenizer",
+        str(tiny),
+        *extra,
+    ]
 
 
 def test_bench_on_a_full_disk_prints_the_table_and_one_line_exit_5(capsys, full_fs, monkeypatch, tiny_models):
@@ -147,9 +168,22 @@ def test_serve_on_a_full_state_dir_is_refused_before_launch_exit_3(full_fs, tmp_
     inv = tmp_path / "h200x8.json"
     inv.write_text(synthetic("h200x8").model_dump_json())
     port = free_port()
-    p = run_cli("serve", "--detach", "--inventory", str(inv), "--config", str(fake_vllm_config(tmp_path)),
-                "--name", "full", "--port", str(port), "-m", "MiniMax-M3.1-Flash",
-                env={"M3CTL_STATE_DIR": str(full_fs / "state"), "FAKE_VLLM": json.dumps({"serve": {}})}, timeout=120)
+    p = run_cli(
+        "serve",
+        "--detach",
+        "--inventory",
+        str(inv),
+        "--config",
+        str(fake_vllm_config(tmp_path)),
+        "--name",
+        "full",
+        "--port",
+        str(port),
+        "-m",
+        "MiniMax-M3.1-Flash",
+        env={"M3CTL_STATE_DIR": str(full_fs / "state"), "FAKE_VLLM": json.dumps({"serve": {}})},
+        timeout=120,
+    )
     err = p.stderr.splitlines()
     assert p.returncode == EXIT_CONFIG_REJECTED, p.stderr
     assert len([x for x in err if x.startswith("error:")]) == 1 and "no space left on device" in err[0], err

@@ -48,21 +48,26 @@ def test_flagship_plan_verdict_on_real_hosts(real_inventory):
 
 def test_emulated_nvfp4_fits_two_h200_at_128k():
     inv = HostInventory.model_validate_json((H2 / "inventory.json").read_text())
-    p = plan(inv, PlanRequest(model="MiniMax-M3.1-Flash", allow_emulated=True, max_model_len=131072, vllm_executable="vllm"))
+    p = plan(
+        inv, PlanRequest(model="MiniMax-M3.1-Flash", allow_emulated=True, max_model_len=131072, vllm_executable="vllm")
+    )
     assert p.variant == "nvfp4" and p.tp == 2 and any("emulated on hopper" in w for w in p.warnings)
     rec = json.loads((H2 / "plan-flash-emulated.json").read_text())
     assert rec["variant"] == "nvfp4" and rec["layout"]["tp"] == 2
 
 
-@pytest.mark.parametrize("log,pattern", [
-    ("call2/log-nvfp4kv.txt", "kv-dtype-unsupported"),
-    ("call2/log-gqadcp.txt", "dcp-gqa-heads"),
-    ("call2/log-dbo.txt", "deepep-missing"),
-    ("call2/log-m3t.txt", "minimax-m3-config-format"),
-    ("log-m3.txt", "minimax-m3-config-format"),
-    ("call3/log-m3t.txt", "minimax-m3-config-format"),
-    ("call7/log-m3r.txt", "flashinfer-missing"),
-])
+@pytest.mark.parametrize(
+    "log,pattern",
+    [
+        ("call2/log-nvfp4kv.txt", "kv-dtype-unsupported"),
+        ("call2/log-gqadcp.txt", "dcp-gqa-heads"),
+        ("call2/log-dbo.txt", "deepep-missing"),
+        ("call2/log-m3t.txt", "minimax-m3-config-format"),
+        ("log-m3.txt", "minimax-m3-config-format"),
+        ("call3/log-m3t.txt", "minimax-m3-config-format"),
+        ("call7/log-m3r.txt", "flashinfer-missing"),
+    ],
+)
 def test_real_failures_diagnosed(log, pattern):
     d = diagnose_log(H2 / log)
     assert d is not None and d.id == pattern, d
@@ -76,14 +81,25 @@ def test_m3ctl_rejects_before_launch_what_h200_rejected():
     # Recorded on the host: m3ctl refused NVFP4 KV and GQA DCP in milliseconds; vLLM took 76 s / 24 s to fail.
     assert "rule kv.dtype: KV cache dtype 'nvfp4' is not supported for GQA attention on hopper" in verdicts
     assert "rule parallel.dcp: DCP 2 needs TP > KV heads" in verdicts
-    p = plan(inv, PlanRequest(model="someorg/dense-model", runtime="process", dp=2, ep=False, vllm_executable="vllm",
-             skip_checks=True))
+    p = plan(
+        inv,
+        PlanRequest(
+            model="someorg/dense-model", runtime="process", dp=2, ep=False, vllm_executable="vllm", skip_checks=True
+        ),
+    )
     assert (p.tp, p.dp) == (1, 2)  # --dp alone fills the GPUs with TP = 2 / 2
 
 
 def test_deepep_preflight(tiny_models):
-    p = plan(HostInventory(), PlanRequest(model=str(tiny_models["m2"]), vllm_executable="vllm", skip_checks=True,
-             extra_args=["--all2all-backend", "deepep_low_latency"]))
+    p = plan(
+        HostInventory(),
+        PlanRequest(
+            model=str(tiny_models["m2"]),
+            vllm_executable="vllm",
+            skip_checks=True,
+            extra_args=["--all2all-backend", "deepep_low_latency"],
+        ),
+    )
     with pytest.raises(ConfigRejected, match="needs the deep_ep kernels"):
         _check_all2all_kernels(p)
     _check_all2all_kernels(plan(HostInventory(), PlanRequest(model=str(tiny_models["m2"]), vllm_executable="vllm")))
@@ -127,13 +143,27 @@ def test_m3_transformers_config_rejected_before_launch(tmp_path):
         d = build_tiny_model(tmp_path / arch, TinyModelSpec(arch=arch, head_dim=128))
         with pytest.raises(ConfigRejected, match="rule model.config_format: .*minimax_m3_vl"):
             plan(inv, PlanRequest(model=str(d), runtime="process", tp=1, vllm_executable="vllm"))
-        p = plan(inv, PlanRequest(model=str(d), runtime="process", tp=1, skip_checks=True, vllm_executable="vllm",
-                 extra_args=["--load-format", "dummy"]))
+        p = plan(
+            inv,
+            PlanRequest(
+                model=str(d),
+                runtime="process",
+                tp=1,
+                skip_checks=True,
+                vllm_executable="vllm",
+                extra_args=["--load-format", "dummy"],
+            ),
+        )
         assert "--block-size" in p.argv and any(v.startswith("model.config_format") for v in p.violations)
     # The release-format config (vLLM's own MiniMaxM3Config class loads it) passes the rule and gets the
     # profile's MSA block size.
     d = build_tiny_model(tmp_path / "release", TinyModelSpec(arch="minimax-m3-release", head_dim=128))
-    p = plan(inv, PlanRequest(model=str(d), runtime="process", tp=1, vllm_executable="vllm", extra_args=["--load-format", "dummy"]))
+    p = plan(
+        inv,
+        PlanRequest(
+            model=str(d), runtime="process", tp=1, vllm_executable="vllm", extra_args=["--load-format", "dummy"]
+        ),
+    )
     assert not p.violations and p.argv[p.argv.index("--block-size") + 1] == "128"
 
 
@@ -147,8 +177,12 @@ def test_m3_release_format_reached_msa_kernels_then_needed_flashinfer(tmp_path, 
     from m3ctl.serve import _check_python_modules
 
     log = (H2 / "call7" / "log-m3r.txt").read_text()
-    assert verify_kernels(log).observed == {"msa": ["Triton"], "msa_indexer": ["Triton"], "moe": ["TRITON"],
-                                            "moe_experts": ["TritonExperts"]}
+    assert verify_kernels(log).observed == {
+        "msa": ["Triton"],
+        "msa_indexer": ["Triton"],
+        "moe": ["TRITON"],
+        "moe_experts": ["TritonExperts"],
+    }
     serve_out = (H2 / "call7" / "serve-m3r.txt").read_text()
     assert "No module named 'flashinfer'" in serve_out and "serve rc=4" in serve_out
     cfg = json.loads((H2 / "call7" / "tm3r-config.json").read_text())
@@ -158,7 +192,12 @@ def test_m3_release_format_reached_msa_kernels_then_needed_flashinfer(tmp_path, 
     ours = json.loads((d / "config.json").read_text())
     assert ours["text_config"]["sparse_attention_config"] == cfg["text_config"]["sparse_attention_config"]
     inv = HostInventory.model_validate_json((H2 / "inventory.json").read_text())
-    p = plan(inv, PlanRequest(model=str(d), runtime="process", tp=1, vllm_executable="vllm", extra_args=["--load-format", "dummy"]))
+    p = plan(
+        inv,
+        PlanRequest(
+            model=str(d), runtime="process", tp=1, vllm_executable="vllm", extra_args=["--load-format", "dummy"]
+        ),
+    )
     assert p.python_modules == ["flashinfer"]
     real_find_spec = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda m, *a: None if m == "flashinfer" else real_find_spec(m, *a))
@@ -197,7 +236,9 @@ def test_gpu_tune_completed_over_tp_spec_depth_and_max_num_seqs():
     assert (best["config"]["tp"], best["config"]["spec_depth"], best["concurrency"]) == (1, 0, 64)
     assert best["flags"] == {"max-num-seqs": 1024, "max-num-batched-tokens": 8192}
     # every trial's value is an SLO-meeting run; TP 2 halves tok/s per GPU here, ngram costs TPOT at high load
-    by = {(t["config"]["tp"], t["config"]["spec_depth"], t["config"]["max_num_seqs"]): t["objective"] for t in r["trials"]}
+    by = {
+        (t["config"]["tp"], t["config"]["spec_depth"], t["config"]["max_num_seqs"]): t["objective"] for t in r["trials"]
+    }
     assert by[(1, 0, 1024)] > max(v for k, v in by.items() if k != (1, 0, 1024))
     assert "resuming" in (TUNE / "call9.log").read_text() and "starting" in (TUNE / "call8.log").read_text()
 

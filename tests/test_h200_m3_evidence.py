@@ -46,8 +46,15 @@ def test_dense_run_is_clean_and_served_long_prompts():
 
 
 def test_every_m3_log_is_asserted_here():
-    asserted = {"log-m3-bf16-long", "log-m3-bf16-long-blocking", "log-m3-bf16-dense", "log-smoke-m3bf16",
-                "log-smoke-m3nvfp4", "log-smoke-m3dense", "log-smoke-m2"}
+    asserted = {
+        "log-m3-bf16-long",
+        "log-m3-bf16-long-blocking",
+        "log-m3-bf16-dense",
+        "log-smoke-m3bf16",
+        "log-smoke-m3nvfp4",
+        "log-smoke-m3dense",
+        "log-smoke-m2",
+    }
     assert {p.name.removesuffix(".txt.gz") for p in M3.glob("*.txt.gz")} == asserted
 
 
@@ -69,7 +76,7 @@ def test_dense_fallback_and_m2_come_up_ready_with_the_full_smoke():
     """Call 3: the fallback on request (--attention dense) and the M2 16-layer scale model pass the full smoke,
     long prompt included; the smoke took 1.4 s and 1.6 s."""
     dense = (M3 / "serve-smoke-m3dense.txt").read_text()
-    assert "sparse_attention_freq\":[0,0]" in dense
+    assert 'sparse_attention_freq":[0,0]' in dense
     for tag, secs in (("m3dense", "1.4"), ("m2", "1.6")):
         out = (M3 / f"serve-smoke-{tag}.txt").read_text()
         assert f"full: 5 checks in {secs} s" in out and f"ready {tag} at" in out

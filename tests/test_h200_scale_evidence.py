@@ -73,7 +73,9 @@ def test_the_clean_grid_and_the_tune_disagree_near_the_slo(ev):
 
 def test_kv_capacity_vllm_reported_for_the_scale_model():
     log = (SCALE / "grid-call7" / "server-defaults-startup.log").read_text()
-    assert "Model loading took 57.03 GiB" in log  # m3ctl's config estimate: 57.0 GiB (assess.facts.estimate_weights_bytes)
+    assert (
+        "Model loading took 57.03 GiB" in log
+    )  # m3ctl's config estimate: 57.0 GiB (assess.facts.estimate_weights_bytes)
     assert "GPU KV cache size: 1,101,296 tokens" in log
     # 16 layers x 8 KV heads x 128 x (K+V) x 2 bytes = 64 KiB per token; 67.22 GiB of KV memory
     assert 67.22 * 2**30 / (16 * 8 * 128 * 2 * 2) == pytest.approx(1_101_296, rel=1e-3)
@@ -107,8 +109,10 @@ def test_memory_fit_predicts_the_kv_capacity_vllm_reported(tmp_path):
     from m3ctl.sizing import size_systems
 
     d = build_scale_model(tmp_path / "sm2", ScaleModelSpec(arch="minimax-m2", layers=16, quant="fp8"))
-    (row,) = size_systems(["h200x1"], PlanRequest(model=str(d), max_model_len=196608, runtime="process",
-                                                  extra_args=["--load-format", "dummy"]))
+    (row,) = size_systems(
+        ["h200x1"],
+        PlanRequest(model=str(d), max_model_len=196608, runtime="process", extra_args=["--load-format", "dummy"]),
+    )
     assert row.serves and row.tp == 1
     assert row.kv_tokens == pytest.approx(1_101_296, rel=0.03)
     assert row.concurrent_sequences == int(1_101_296 / 196_608)  # vLLM: "Maximum concurrency ... 5.60x"
@@ -164,8 +168,10 @@ def _scale2_replay_grid(ev) -> dict:
 
     names = sorted(ev.grid2_runs(SCALE2))
     space = Space(values={"name": names})
-    configs = [{"config": {"name": n}, "status": "ok", "start_s": 60.0,
-                "points": {str(c): rs for c, rs in lv.items()}} for n, lv in ev.grid2_runs(SCALE2).items()]
+    configs = [
+        {"config": {"name": n}, "status": "ok", "start_s": 60.0, "points": {str(c): rs for c, rs in lv.items()}}
+        for n, lv in ev.grid2_runs(SCALE2).items()
+    ]
     return {"space": space.to_json(), "ladder": [48, 64, 96], "configs": configs}
 
 

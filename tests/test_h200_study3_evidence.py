@@ -29,7 +29,9 @@ def test_each_start_is_broken_down_and_adds_up(study):
         # the phases (vLLM's log, whole seconds) cover the start the tune counted, launch to the end of the smoke
         assert sum(s["phases"].values()) == pytest.approx(s["total_s"], abs=2.0)
         assert s["start_s"] == pytest.approx(s["total_s"], abs=1.0)
-        assert {"api_imports", "engine_spawn", "torch_compile", "cuda_graphs", "kv_profile", "smoke"} <= s["phases"].keys()
+        assert {"api_imports", "engine_spawn", "torch_compile", "cuda_graphs", "kv_profile", "smoke"} <= s[
+            "phases"
+        ].keys()
     base = json.loads((study / "trials" / "base" / "start.json").read_text())
     t1 = json.loads((study / "trials" / "0001" / "start.json").read_text())
     # the study's cache root kept the registry inspection of the baseline's start: 27 s, then 0 s

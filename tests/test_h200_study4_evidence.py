@@ -44,8 +44,10 @@ def test_every_trial_ran_forked_and_prewarmed_and_its_engine_process_started_in_
     # a prewarmed process that had finished importing (every trial but the first of each call) skips the imports
     ready = {n for n, s in starts.items() if s["phases"]["api_imports"] < 1.0}
     assert ready == {"0001", "0002", "0003", "0005", "0007"}
-    assert {n: round(s["phases"]["api_imports"]) for n, s in starts.items() if n not in ready} == \
-        {"base": 18, "0004": 18}  # claimed while still importing: the first start of call 1 and of call 2
+    assert {n: round(s["phases"]["api_imports"]) for n, s in starts.items() if n not in ready} == {
+        "base": 18,
+        "0004": 18,
+    }  # claimed while still importing: the first start of call 1 and of call 2
 
 
 def test_the_start_target_is_met_by_cache_hits_only(study):
@@ -60,8 +62,11 @@ def test_the_start_target_is_met_by_cache_hits_only(study):
 
 def test_no_prewarmed_process_ever_held_the_gpu():
     """nvidia-smi's compute processes every 10 s through all three calls: never more than the one server."""
-    counts = [line.count("MiB;") for line in gzip.decompress((FIX / "gpu-apps.txt.gz").read_bytes()).decode()
-              .splitlines() if not line.startswith("==")]
+    counts = [
+        line.count("MiB;")
+        for line in gzip.decompress((FIX / "gpu-apps.txt.gz").read_bytes()).decode().splitlines()
+        if not line.startswith("==")
+    ]
     assert len(counts) > 100 and max(counts) == 1 and sum(counts) > 90
 
 

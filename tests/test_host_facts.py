@@ -27,8 +27,15 @@ def _root(tmp: Path, cpuinfo: str) -> Path:
 
 
 def _detect(tmp, machine, cpuinfo, nvml=None, csv=None):
-    return detect(nvml=nvml or FakeNVML({"gpus": []}, init_error="skip"), run=smi_runner(csv),
-                  sysfs_root=_root(tmp, cpuinfo), env={}, cuda_init=None, container=False, machine=machine)
+    return detect(
+        nvml=nvml or FakeNVML({"gpus": []}, init_error="skip"),
+        run=smi_runner(csv),
+        sysfs_root=_root(tmp, cpuinfo),
+        env={},
+        cuda_init=None,
+        container=False,
+        machine=machine,
+    )
 
 
 def test_cpu_arch_and_grace_from_fake_probes(tmp_path):
@@ -62,7 +69,8 @@ def test_image_platform_row_keyed_on_the_cpu_arch(tmp_path, monkeypatch):
     imgs.mkdir()
     (imgs / "amd64-only.yaml").write_text(
         "schema_version: 1\nname: vllm-openai-minimax-m3\nvendor: nvidia\nrepository: example/vllm\ntag: amd64\n"
-        "vllm_version: 0.32.0\ncuda_version: '13.0'\narchs: [blackwell-ultra, blackwell]\nplatforms: [linux/amd64]\n")
+        "vllm_version: 0.32.0\ncuda_version: '13.0'\narchs: [blackwell-ultra, blackwell]\nplatforms: [linux/amd64]\n"
+    )
     req = {"model": "MiniMax-M3.1-Flash", "runtime": "docker", "vllm_executable": "vllm", "catalog_dir": str(tmp_path)}
     with pytest.raises(ConfigRejected) as ei:
         plan(inventory_for_system("gb300x4"), PlanRequest(**req))
@@ -74,8 +82,14 @@ def test_image_platform_row_keyed_on_the_cpu_arch(tmp_path, monkeypatch):
 
 # ----------------------------------------------------------------------------- hints that lead somewhere
 #: Requests that capability rules refuse on some catalog system.
-ASKS = [{"dbo": True, "ep": True, "dp": 0}, {"kv_cache_dtype": "nvfp4"}, {"kv_cache_dtype": "fp8"},
-        {"variant": "nvfp4"}, {"variant": "mxfp4"}, {"dbo": True, "ep": True, "dp": 0, "args": {"all2all-backend": "nope"}}]
+ASKS = [
+    {"dbo": True, "ep": True, "dp": 0},
+    {"kv_cache_dtype": "nvfp4"},
+    {"kv_cache_dtype": "fp8"},
+    {"variant": "nvfp4"},
+    {"variant": "mxfp4"},
+    {"dbo": True, "ep": True, "dp": 0, "args": {"all2all-backend": "nope"}},
+]
 
 
 def _follow(fix: str, req: dict) -> dict | None:

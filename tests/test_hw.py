@@ -66,8 +66,11 @@ def test_nvidia_smi_parsers_on_real_captures():
     links = parse_topo_matrix(SMI_TOPO)  # the capture keeps its ANSI underline escape in the header
     assert [(lk.a, lk.b, lk.kind, lk.count) for lk in links] == [(0, 1, "nvlink", 18)]
     pcie = parse_topo_matrix("\tGPU0\tGPU1\tGPU2\nGPU0\t X \tPIX\tSYS\nGPU1\tPIX\t X \tSYS\nGPU2\tSYS\tSYS\t X \n")
-    assert [(lk.a, lk.b, lk.kind, lk.detail) for lk in pcie] == [(0, 1, "pcie", "PIX"), (0, 2, "pcie", "SYS"),
-                                                                  (1, 2, "pcie", "SYS")]
+    assert [(lk.a, lk.b, lk.kind, lk.detail) for lk in pcie] == [
+        (0, 1, "pcie", "PIX"),
+        (0, 2, "pcie", "SYS"),
+        (1, 2, "pcie", "SYS"),
+    ]
 
 
 def test_nvml_broken_falls_back_to_nvidia_smi_capture():
@@ -133,10 +136,20 @@ def test_amdsmi_fake_mi300x_and_pairing():
 
 
 def test_rocm_smi_fallback_parses_json():
-    out = json.dumps({"card0": {"Card Series": "AMD Instinct MI300X OAM", "GFX Version": "gfx942",
-                                "VRAM Total Memory (B)": str(192 * 2**30)},
-                      "card1": {"Card Series": "AMD Instinct MI300X OAM", "GFX Version": "gfx942",
-                                "VRAM Total Memory (B)": str(192 * 2**30)}})
+    out = json.dumps(
+        {
+            "card0": {
+                "Card Series": "AMD Instinct MI300X OAM",
+                "GFX Version": "gfx942",
+                "VRAM Total Memory (B)": str(192 * 2**30),
+            },
+            "card1": {
+                "Card Series": "AMD Instinct MI300X OAM",
+                "GFX Version": "gfx942",
+                "VRAM Total Memory (B)": str(192 * 2**30),
+            },
+        }
+    )
     res = probe_rocm_smi(smi_runner(None, extra={"rocm-smi": (0, out, "")}))
     assert [g.arch for g in res.gpus] == ["cdna3", "cdna3"] and res.gpus[1].memory_total_mib == 192 * 1024
 
@@ -165,9 +178,21 @@ def test_kfd_sysfs(tmp_path):
 
 
 def test_unknown_future_gpu_degrades_to_warn():
-    snap = {"driver_version": "999.1", "cuda_driver_version": 14000, "gpus": [
-        {"index": 0, "name": "NVIDIA Future", "uuid": "GPU-x", "cc": [15, 0], "mig_mode": [0, 0], "pci_bus_id": "0:1",
-         "mem": {"total": 400 * 2**30, "free": 400 * 2**30}}]}
+    snap = {
+        "driver_version": "999.1",
+        "cuda_driver_version": 14000,
+        "gpus": [
+            {
+                "index": 0,
+                "name": "NVIDIA Future",
+                "uuid": "GPU-x",
+                "cc": [15, 0],
+                "mig_mode": [0, 0],
+                "pci_bus_id": "0:1",
+                "mem": {"total": 400 * 2**30, "free": 400 * 2**30},
+            }
+        ],
+    }
     inv = quiet_detect(nvml=FakeNVML(snap))
     assert inv.gpus[0].arch == "unknown" and nvidia_arch("15.0") == "unknown"
     rep = run_doctor(inv, host_checks=False)
@@ -181,11 +206,31 @@ def test_inventory_roundtrip_json_and_schema_versions():
     again = load_inventory(inv.model_dump_json())
     assert again == inv and again.schema_version == 2
     # A version-1 file, as `--save-inventory` wrote it before this change (no schema_version), still loads.
-    v1 = {"gpus": [{"index": 0, "vendor": "nvidia", "name": "NVIDIA H200", "arch": "hopper", "compute_capability": "9.0",
-                    "memory_total_mib": 143771, "memory_free_mib": None, "uuid": "GPU-a", "pci_bus_id": "0:6",
-                    "mig_mode": False}],
-          "probe": "nvml", "declined": [], "driver_version": "580.159.04", "cuda_driver_version": "13.0",
-          "rocm_version": None, "cpu_count": 32, "memory_total_mib": 2000000, "shm_bytes": 2**36, "visible_devices": {}}
+    v1 = {
+        "gpus": [
+            {
+                "index": 0,
+                "vendor": "nvidia",
+                "name": "NVIDIA H200",
+                "arch": "hopper",
+                "compute_capability": "9.0",
+                "memory_total_mib": 143771,
+                "memory_free_mib": None,
+                "uuid": "GPU-a",
+                "pci_bus_id": "0:6",
+                "mig_mode": False,
+            }
+        ],
+        "probe": "nvml",
+        "declined": [],
+        "driver_version": "580.159.04",
+        "cuda_driver_version": "13.0",
+        "rocm_version": None,
+        "cpu_count": 32,
+        "memory_total_mib": 2000000,
+        "shm_bytes": 2**36,
+        "visible_devices": {},
+    }
     old = load_inventory(json.dumps(v1))
     assert old.arch == "hopper" and old.schema_version == 2 and old.links == ()
     with pytest.raises(BadInput, match="schema_version 3"):
@@ -200,8 +245,13 @@ def test_host_facts_from_a_recorded_root(tmp_path):
     (tmp_path / "proc/cpuinfo").write_text("processor : 0\nmodel name : Intel(R) Xeon(R) Platinum 8480+\n")
     for n in (0, 1):
         (tmp_path / f"sys/devices/system/node/node{n}").mkdir(parents=True)
-    env = {"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "HF_TOKEN": "hf_secret_value",
-           "CUDA_VISIBLE_DEVICES": "GPU-af7b", "PATH": "/bin"}
+    env = {
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_OFFLINE": "1",
+        "HF_TOKEN": "hf_secret_value",
+        "CUDA_VISIBLE_DEVICES": "GPU-af7b",
+        "PATH": "/bin",
+    }
     f = host_facts(tmp_path, env)
     assert f["cpu_model"] == "Intel(R) Xeon(R) Platinum 8480+" and f["numa_nodes"] == 2
     assert f["model_cache"] == str(tmp_path / "hf" / "hub") and f["model_cache_free_bytes"] > 0
@@ -236,7 +286,7 @@ def dockerd():
 
 def test_container_facts_real_dockerd(dockerd):
     c = container_facts(Path("/"), {"DOCKER_HOST": dockerd})
-    assert c.docker_reachable and c.docker_version and c.docker_socket == dockerd[len("unix://"):]
+    assert c.docker_reachable and c.docker_version and c.docker_socket == dockerd[len("unix://") :]
     assert "runc" in c.runtimes and "nvidia" not in c.runtimes  # no NVIDIA toolkit on this host
 
 
@@ -254,8 +304,15 @@ def test_capability_table_validates_and_every_row_has_a_source():
     t = caps.table()
     for arch in ("hopper", "blackwell", "blackwell-ultra", "rubin", "blackwell-client", "cdna3", "cdna4"):
         row = t.archs[arch]
-        for need in ("nvfp4_gemm", "nvfp4_moe", "mxfp8", "mxfp4", "msa_sparse_attention", "fp8_kv_cache",
-                     "nvfp4_kv_cache"):
+        for need in (
+            "nvfp4_gemm",
+            "nvfp4_moe",
+            "mxfp8",
+            "mxfp4",
+            "msa_sparse_attention",
+            "fp8_kv_cache",
+            "nvfp4_kv_cache",
+        ):
             assert need in row.features, (arch, need)
         assert all(len(f.source) > 10 for f in row.features.values())
     # SM100/SM103 are not SM120 (F09): cc >= 10 does not mean native NVFP4.
@@ -272,17 +329,22 @@ def test_capability_table_typos_fail_with_did_you_mean():
     with pytest.raises(CatalogError, match="did you mean 'source'"):
         caps.parse_table(text.replace("fp8_w8a8: {status: native, source:", "fp8_w8a8: {status: native, sourse:", 1))
     with pytest.raises(CatalogError, match="did you mean 'nvfp4_moe'"):
-        caps.parse_table(text.replace("      nvfp4_moe:\n        status: fallback", "      nvfp4_mo:\n        status: fallback", 1))
+        caps.parse_table(
+            text.replace("      nvfp4_moe:\n        status: fallback", "      nvfp4_mo:\n        status: fallback", 1)
+        )
     with pytest.raises(CatalogError, match="source"):
-        caps.parse_table(text.replace(', source: "https://docs.vllm.ai/en/stable/features/quantization/fp8.html"}', "}", 1))
+        caps.parse_table(
+            text.replace(', source: "https://docs.vllm.ai/en/stable/features/quantization/fp8.html"}', "}", 1)
+        )
 
 
 def test_memory_fit_arithmetic():
     # 2 x 143771 MiB (H200), 224 GiB weights, 120 KiB KV/token (60 layers x 4 KV heads x 128 x K,V x bf16).
     from m3ctl.assess import memory as mem
 
-    fit = mem.smallest_tp([143771, 143771], weights_gib=224, kv_bytes_per_token=2 * 60 * 4 * 128 * 2, num_kv_heads=4,
-                          context=32768)
+    fit = mem.smallest_tp(
+        [143771, 143771], weights_gib=224, kv_bytes_per_token=2 * 60 * 4 * 128 * 2, num_kv_heads=4, context=32768
+    )
     assert fit.fits and fit.tp == 2
     assert fit.per_gpu_budget_gib == pytest.approx(143771 / 1024 * 0.92 - 4)
     assert fit.weights_per_gpu_gib == 112 and fit.kv_needed_gib == pytest.approx(32768 * 122880 / 2 / 2**30)
@@ -295,9 +357,13 @@ def test_cuda_init_probe_without_libcuda_and_fabric_manager_outside_systemd():
     from m3ctl.hw.detect import cuda_init_probe, fabric_manager_facts
 
     assert cuda_init_probe() is None  # this host has no libcuda.so.1: not tried, not an error
-    no_systemd = smi_runner(None, extra={
-        "systemctl": (1, "", "System has not been booted with systemd as init system (PID 1). Can't operate.\n"),
-        "nv-fabricmanager": (0, "Fabric Manager version is : 580.159.04\n", "")})
+    no_systemd = smi_runner(
+        None,
+        extra={
+            "systemctl": (1, "", "System has not been booted with systemd as init system (PID 1). Can't operate.\n"),
+            "nv-fabricmanager": (0, "Fabric Manager version is : 580.159.04\n", ""),
+        },
+    )
     fm = fabric_manager_facts(no_systemd, "580.159.04")
     assert fm.active is None and fm.version == "580.159.04"
     dead = fabric_manager_facts(smi_runner(None, extra={"systemctl": (3, "failed\n", "")}), "580.159.04")
@@ -328,5 +394,7 @@ def test_fabric_state_reads_the_versioned_call_first():
             raise FakeNVMLError("Not Supported", 3)
 
     assert _fabric_state(Lib, None) == "completed"
-    Lib.nvmlDeviceGetGpuFabricInfoV = staticmethod(lambda h, ptr: (_ for _ in ()).throw(FakeNVMLError("Not Supported", 3)))
+    Lib.nvmlDeviceGetGpuFabricInfoV = staticmethod(
+        lambda h, ptr: (_ for _ in ()).throw(FakeNVMLError("Not Supported", 3))
+    )
     assert _fabric_state(Lib, None) == "not_supported"

@@ -44,7 +44,10 @@ def test_hopper_nvfp4_marlin_fallback_is_flagged_against_a_blackwell_intent():
     rep = verify_kernels(HOPPER_NVFP4_LOG, intended)
     assert rep.observed == {"attention": ["FLASH_ATTN"], "moe": ["MARLIN"]}
     kinds = sorted((w.kind, w.message.split(":")[0]) for w in rep.warnings)
-    assert kinds == [("linear", "fallback fp4-marlin-weight-only"), ("moe", "moe backend MARLIN, but the profile expects FLASHINFER_TRTLLM or FLASHINFER_CUTLASS")]
+    assert kinds == [
+        ("linear", "fallback fp4-marlin-weight-only"),
+        ("moe", "moe backend MARLIN, but the profile expects FLASHINFER_TRTLLM or FLASHINFER_CUTLASS"),
+    ]
     assert any(f.level == "OK" and f.kind == "attention" for f in rep.findings)
 
 

@@ -32,13 +32,20 @@ def test_no_profile_allows_a_kv_dtype_its_architecture_does_not_support():
 def test_unverified_fp8_kv_on_hopper_is_a_warning_in_plan_and_doctor(tmp_path, tiny_models):
     # Hopper's fp8_kv_cache row is 'unverified' (F10): the profile lists fp8 for GQA, so it plans, with a WARN
     inv = ALL["h200x2"]()
-    p = plan(inv, PlanRequest(model=str(tiny_models["m2"]), kv_cache_dtype="fp8", tp=1, runtime="process",
-                              vllm_executable="vllm"))
+    p = plan(
+        inv,
+        PlanRequest(
+            model=str(tiny_models["m2"]), kv_cache_dtype="fp8", tp=1, runtime="process", vllm_executable="vllm"
+        ),
+    )
     assert any(w.startswith("rule kv.dtype: KV cache dtype 'fp8' is unverified on hopper") for w in p.warnings)
     f = tmp_path / "inv.json"
     f.write_text(inv.model_dump_json())
-    rep = json.loads(run_cli("doctor", "--inventory", str(f), "--model", str(tiny_models["m2"]), "--kv-cache-dtype",
-                             "fp8", "--json").stdout)
+    rep = json.loads(
+        run_cli(
+            "doctor", "--inventory", str(f), "--model", str(tiny_models["m2"]), "--kv-cache-dtype", "fp8", "--json"
+        ).stdout
+    )
     row = next(c for c in rep["checks"] if c["id"] == "capability.kv_cache_dtype")
     assert row["status"] == "WARN"
 
@@ -46,10 +53,17 @@ def test_unverified_fp8_kv_on_hopper_is_a_warning_in_plan_and_doctor(tmp_path, t
 def test_unsupported_kv_dtype_is_rejected_by_both(tmp_path, tiny_models):
     inv = ALL["h200x2"]()
     with pytest.raises(ConfigRejected, match="rule kv.dtype"):
-        plan(inv, PlanRequest(model=str(tiny_models["m2"]), kv_cache_dtype="nvfp4", tp=1, runtime="process",
-                              vllm_executable="vllm"))
+        plan(
+            inv,
+            PlanRequest(
+                model=str(tiny_models["m2"]), kv_cache_dtype="nvfp4", tp=1, runtime="process", vllm_executable="vllm"
+            ),
+        )
     f = tmp_path / "inv.json"
     f.write_text(inv.model_dump_json())
-    rep = json.loads(run_cli("doctor", "--inventory", str(f), "--model", str(tiny_models["m2"]), "--kv-cache-dtype",
-                             "nvfp4", "--json").stdout)
+    rep = json.loads(
+        run_cli(
+            "doctor", "--inventory", str(f), "--model", str(tiny_models["m2"]), "--kv-cache-dtype", "nvfp4", "--json"
+        ).stdout
+    )
     assert next(c for c in rep["checks"] if c["id"] == "capability.kv_cache_dtype")["status"] == "FAIL"

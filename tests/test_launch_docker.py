@@ -36,10 +36,19 @@ KEY = "sk-m3ctl-launch-spec-key-0123456789"
 def model_dir(tmp_path) -> Path:
     d = tmp_path / "ckpt"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                                               "num_hidden_layers": 2, "num_attention_heads": 4,
-                                               "num_key_value_heads": 2, "hidden_size": 64,
-                                               "max_position_embeddings": 4096}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "hidden_size": 64,
+                "max_position_embeddings": 4096,
+            }
+        )
+    )
     return d
 
 
@@ -53,23 +62,53 @@ def hf_home(tmp_path, monkeypatch) -> Path:
 
 
 def _nvidia_plan(model_dir: Path, image: str = "vllm/vllm-openai:v0.32.0", **kw) -> LaunchPlan:
-    return plan(ALL["h200x2"](), PlanRequest(model=str(model_dir), runtime="docker", vllm_executable="vllm",
-                                             skip_checks=True, image=image, tp=2, pass_env=["HF_TOKEN"], **kw))
+    return plan(
+        ALL["h200x2"](),
+        PlanRequest(
+            model=str(model_dir),
+            runtime="docker",
+            vllm_executable="vllm",
+            skip_checks=True,
+            image=image,
+            tp=2,
+            pass_env=["HF_TOKEN"],
+            **kw,
+        ),
+    )
 
 
 def _amd_plan() -> LaunchPlan:
-    return LaunchPlan(name="r", profile="my-rocm", image="rocm/vllm:latest", model="org/m", served_model_name="org/m",
-                      port=8000, startup_budget_s=100, argv=["vllm", "serve", "org/m"], vllm_args={},
-                      gpu_vendor="amd", gpu_devices=["0", "1"], gpus=[0, 1], tp=2,
-                      env={"VLLM_ROCM_USE_AITER": "1", "HIP_VISIBLE_DEVICES": "0"}, secret_env_names=["HF_TOKEN"])
+    return LaunchPlan(
+        name="r",
+        profile="my-rocm",
+        image="rocm/vllm:latest",
+        model="org/m",
+        served_model_name="org/m",
+        port=8000,
+        startup_budget_s=100,
+        argv=["vllm", "serve", "org/m"],
+        vllm_args={},
+        gpu_vendor="amd",
+        gpu_devices=["0", "1"],
+        gpus=[0, 1],
+        tp=2,
+        env={"VLLM_ROCM_USE_AITER": "1", "HIP_VISIBLE_DEVICES": "0"},
+        secret_env_names=["HF_TOKEN"],
+    )
 
 
 def parse_docker_run(argv: list[str], caller_env: dict[str, str]) -> dict:
     """The docker SDK kwargs a ``docker run`` argv asks for, read as the docker CLI reads it (``-e NAME``: the
     value from ``caller_env``, left out when unset there; ``--gpus``: a CSV record, docker/cli opts/gpus.go)."""
     assert argv[:2] == ["docker", "run"]
-    out: dict = {"restart_policy": None, "stdin_open": False, "tty": False, "labels": {}, "volumes": {},
-                 "environment": {}}
+    out: dict = {
+        "restart_policy": None,
+        "stdin_open": False,
+        "tty": False,
+        "labels": {},
+        "volumes": {},
+        "environment": {},
+    }
     i = 2
     while i < len(argv):
         a = argv[i]
@@ -80,7 +119,7 @@ def parse_docker_run(argv: list[str], caller_env: dict[str, str]) -> dict:
         elif a == "--entrypoint":
             out["entrypoint"] = [argv[i + 1]]
             out["image"] = argv[i + 2]
-            out["command"] = argv[i + 3:]
+            out["command"] = argv[i + 3 :]
             break
         else:
             v = argv[i + 1]
@@ -147,8 +186,10 @@ def _sdk_plain(spec: dict) -> dict:
         if k in out:
             out[k] = [{kk: vv for kk, vv in dict(x).items()} for x in out[k]]
     if "device_requests" in out:
-        out["device_requests"] = [{"Driver": "", "Count": 0, "DeviceIDs": None, "Capabilities": [["gpu"]],
-                                   "Options": {}, **r} for r in out["device_requests"]]
+        out["device_requests"] = [
+            {"Driver": "", "Count": 0, "DeviceIDs": None, "Capabilities": [["gpu"]], "Options": {}, **r}
+            for r in out["device_requests"]
+        ]
     return out
 
 
@@ -176,7 +217,7 @@ def test_nvidia_printed_docker_run_is_the_sdk_kwargs(model_dir, hf_home, monkeyp
     sdk = run.sdk_kwargs(secrets)
     _assert_printed_is_created(argv, sdk, secrets)
     assert sdk == container_spec(p, secrets, marker=marker)  # what DockerRuntime.launch sends
-    assert ["-e", "HF_TOKEN"] == argv[argv.index("HF_TOKEN") - 1:argv.index("HF_TOKEN") + 1]
+    assert ["-e", "HF_TOKEN"] == argv[argv.index("HF_TOKEN") - 1 : argv.index("HF_TOKEN") + 1]
     assert sdk["device_requests"][0]["DeviceIDs"] == [g.uuid for g in ALL["h200x2"]().gpus]
     assert set(sdk["volumes"]) == {str(model_dir.resolve()), str(hf_home)}
     assert sdk["labels"]["m3ctl.deployment"] == marker and "--runtime" not in argv
@@ -196,13 +237,17 @@ def test_amd_printed_docker_run_is_the_sdk_kwargs(monkeypatch, tmp_path):
     assert sdk["volumes"] == {}
 
 
-@pytest.mark.parametrize("opts", [
-    DockerOptions(network="bridge"),
-    DockerOptions(ipc_host=False),
-    DockerOptions(ipc_host=False, shm_size="32g", network="bridge"),
-    DockerOptions(gpu_vendor="nvidia"),
-    DockerOptions(gpu_vendor="amd", gpu_devices=["2", "3"]),
-], ids=["bridge", "no-ipc-host", "shm-bridge", "all-nvidia", "amd-override"])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        DockerOptions(network="bridge"),
+        DockerOptions(ipc_host=False),
+        DockerOptions(ipc_host=False, shm_size="32g", network="bridge"),
+        DockerOptions(gpu_vendor="nvidia"),
+        DockerOptions(gpu_vendor="amd", gpu_devices=["2", "3"]),
+    ],
+    ids=["bridge", "no-ipc-host", "shm-bridge", "all-nvidia", "amd-override"],
+)
 def test_runtime_options_reach_the_printed_command(opts, model_dir, hf_home, tmp_path):
     extra = tmp_path / "extra"
     extra.mkdir()
@@ -252,8 +297,22 @@ def _tiny_image(client, ref: str = "m3ctl-test/launch-spec:1") -> str:
 
 _COMPARED = {  # docker inspect fields the printed command and the SDK both set
     "Config": ["Image", "Entrypoint", "Cmd", "Env", "Labels", "User", "Tty", "OpenStdin"],
-    "HostConfig": ["Binds", "NetworkMode", "IpcMode", "ShmSize", "Ulimits", "DeviceRequests", "Devices", "GroupAdd",
-                   "SecurityOpt", "RestartPolicy", "PortBindings", "Runtime", "Privileged", "CapAdd"],
+    "HostConfig": [
+        "Binds",
+        "NetworkMode",
+        "IpcMode",
+        "ShmSize",
+        "Ulimits",
+        "DeviceRequests",
+        "Devices",
+        "GroupAdd",
+        "SecurityOpt",
+        "RestartPolicy",
+        "PortBindings",
+        "Runtime",
+        "Privileged",
+        "CapAdd",
+    ],
 }
 
 
@@ -269,8 +328,13 @@ def _inspect(client, name: str) -> dict:
 
 
 @pytest.mark.docker
-def test_printed_docker_run_creates_the_container_the_runtime_creates(dockerd, model_dir, hf_home, tmp_path,  # noqa: F811
-                                                                      monkeypatch):
+def test_printed_docker_run_creates_the_container_the_runtime_creates(
+    dockerd,  # noqa: F811 - the fixture imported from tests.test_hw
+    model_dir,
+    hf_home,
+    tmp_path,
+    monkeypatch,
+):
     """``docker create`` from the printed command (the real docker CLI) and the SDK kwargs of the docker runtime
     give the same ``docker inspect`` (image, entrypoint, command, env, labels, binds, network, ipc, shm, ulimits,
     device requests, restart). Created, never started: this host has no GPU. AMD device nodes are not created
@@ -295,8 +359,13 @@ def test_printed_docker_run_creates_the_container_the_runtime_creates(dockerd, m
             assert SECRET not in printed
             argv = shlex.split(printed)
             argv[1:3] = ["create"]  # `run -d` -> `create`: nothing starts
-            r = subprocess.run([cli, *argv[1:]], capture_output=True, text=True, timeout=60,
-                               env={**os.environ, "DOCKER_HOST": dockerd, "HF_TOKEN": SECRET})
+            r = subprocess.run(
+                [cli, *argv[1:]],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env={**os.environ, "DOCKER_HOST": dockerd, "HF_TOKEN": SECRET},
+            )
             assert r.returncode == 0, f"{case}: {r.stderr}"
             from_cli = _inspect(client, "m3ctl-inspectme")
             client.api.remove_container("m3ctl-inspectme", force=True)
@@ -305,15 +374,20 @@ def test_printed_docker_run_creates_the_container_the_runtime_creates(dockerd, m
             client.containers.create(**spec)
             from_sdk = _inspect(client, "m3ctl-inspectme")
             client.api.remove_container("m3ctl-inspectme", force=True)
-            diff = {f"{sec}.{k}": (from_cli[sec][k], from_sdk[sec][k]) for sec in _COMPARED for k in _COMPARED[sec]
-                    if from_cli[sec][k] != from_sdk[sec][k]}
+            diff = {
+                f"{sec}.{k}": (from_cli[sec][k], from_sdk[sec][k])
+                for sec in _COMPARED
+                for k in _COMPARED[sec]
+                if from_cli[sec][k] != from_sdk[sec][k]
+            }
             assert not diff and from_cli == from_sdk, f"{case}: printed (docker CLI) vs SDK: {diff}"
             # and both are what was printed
             parsed = parse_docker_run(shlex.split(printed), secrets)
             assert from_cli["Config"]["Cmd"] == parsed["command"] and from_cli["Config"]["Image"] == image
             assert f"HF_TOKEN={SECRET}" in from_cli["Config"]["Env"]
-            assert from_cli["HostConfig"]["Binds"] == sorted(f"{s}:{v['bind']}:{v['mode']}"
-                                                             for s, v in parsed["volumes"].items())
+            assert from_cli["HostConfig"]["Binds"] == sorted(
+                f"{s}:{v['bind']}:{v['mode']}" for s, v in parsed["volumes"].items()
+            )
             assert from_cli["Config"]["Labels"]["m3ctl.deployment"] == marker
             (req,) = from_cli["HostConfig"]["DeviceRequests"]
             assert (req["Driver"], req["DeviceIDs"]) == ("nvidia", [g.uuid for g in ALL["h200x2"]().gpus])

@@ -22,16 +22,25 @@ from m3ctl.state import Registry
 from tests.conftest import free_port, run_cli
 
 # A main process that starts a worker in its own session (it leaves the process group), then waits.
-LEAVER = ("import subprocess, sys, time\n"
-          "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
-          "open(sys.argv[1], 'w').write(str(w.pid))\n"
-          "time.sleep(120)\n")
+LEAVER = (
+    "import subprocess, sys, time\n"
+    "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'], start_new_session=True)\n"
+    "open(sys.argv[1], 'w').write(str(w.pid))\n"
+    "time.sleep(120)\n"
+)
 
 
 def _start(reg: Registry, name: str, tmp_path: Path) -> tuple[psutil.Process, psutil.Process]:
     pidfile = tmp_path / f"{name}.worker"
-    plan = LaunchPlan(name=name, profile="cpu", model="m", served_model_name="m", port=free_port(),
-                      startup_budget_s=10, argv=[sys.executable, "-c", LEAVER, str(pidfile)])
+    plan = LaunchPlan(
+        name=name,
+        profile="cpu",
+        model="m",
+        served_model_name="m",
+        port=free_port(),
+        startup_budget_s=10,
+        argv=[sys.executable, "-c", LEAVER, str(pidfile)],
+    )
     dep = ProcessRuntime().launch(plan, reg, {})
     for _ in range(100):
         if pidfile.exists() and pidfile.read_text():
@@ -74,8 +83,15 @@ def test_stop_ends_a_worker_that_left_the_group_after_the_main_process_died(tmp_
 
 def test_same_name_start_is_locked(tmp_path):
     reg = Registry()
-    plan = LaunchPlan(name="twice", profile="cpu", model="m", served_model_name="m", port=free_port(),
-                      startup_budget_s=10, argv=[sys.executable, "-c", "import time; time.sleep(60)"])
+    plan = LaunchPlan(
+        name="twice",
+        profile="cpu",
+        model="m",
+        served_model_name="m",
+        port=free_port(),
+        startup_budget_s=10,
+        argv=[sys.executable, "-c", "import time; time.sleep(60)"],
+    )
     with reg.lock("twice"), pytest.raises(ConfigRejected, match="another m3ctl is starting deployment 'twice'"):
         launch_and_wait(plan, registry=reg)
     assert not reg.exists("twice")
@@ -100,8 +116,14 @@ def test_status_shows_stalled_from_the_watchdogs_last_probe(tmp_path):
 
 
 def test_unwritable_state_dir_is_one_line_before_launch(tiny_models):
-    p = run_cli("serve", "--model", str(tiny_models["llama"]), "--port", str(free_port()),
-                env={"M3CTL_STATE_DIR": "/proc/m3ctl-state"})
+    p = run_cli(
+        "serve",
+        "--model",
+        str(tiny_models["llama"]),
+        "--port",
+        str(free_port()),
+        env={"M3CTL_STATE_DIR": "/proc/m3ctl-state"},
+    )
     assert p.returncode == 3 and p.stderr.startswith("error: the m3ctl state directory"), p.stdout + p.stderr
     assert "starting" not in p.stdout and "Traceback" not in p.stderr and "M3CTL_STATE_DIR" in p.stderr
 
@@ -128,25 +150,29 @@ def test_foreground_serve_stops_its_server_when_the_watch_loop_fails(monkeypatch
 
     monkeypatch.setattr(serving, "launch_and_wait", lambda *a, **kw: Ready)
     monkeypatch.setattr("m3ctl.watchdog.watch", broken_watch)
-    plan = LaunchPlan(name="fg", profile="cpu", model="m", served_model_name="m", port=dep.port, startup_budget_s=10,
-                      argv=["x"])
+    plan = LaunchPlan(
+        name="fg", profile="cpu", model="m", served_model_name="m", port=dep.port, startup_budget_s=10, argv=["x"]
+    )
     with pytest.raises(ValueError):
         serve_cmd.launch_and_serve(Output(), plan, reg, ProcessRuntime(), {}, None, False, 1.0, "no")
     _, alive = psutil.wait_procs([main, worker], timeout=5)
     assert alive == [] and not reg.exists("fg")
 
 
-@pytest.mark.parametrize(("args", "names"), [
-    (["serve", "--model", "m", "--startup-timeout", "0"], "--startup-timeout"),
-    (["serve", "--model", "m", "--startup-timeout", "-3"], "--startup-timeout"),
-    (["serve", "--model", "m", "--watch-interval", "-1"], "--watch-interval"),
-    (["serve", "--model", "m", "--host", "local host"], "--host"),
-    (["plan", "--host", "999.1.1.1"], "--host"),
-    (["watch", "x", "--count", "0"], "--count"),
-    (["watch", "x", "--stall", "-1"], "--stall"),
-    (["watch", "x", "--canary-timeout", "0"], "--canary-timeout"),
-    (["doctor", "--save-inventory", "/proc/m3ctl-inventory.json"], "--save-inventory"),
-])
+@pytest.mark.parametrize(
+    ("args", "names"),
+    [
+        (["serve", "--model", "m", "--startup-timeout", "0"], "--startup-timeout"),
+        (["serve", "--model", "m", "--startup-timeout", "-3"], "--startup-timeout"),
+        (["serve", "--model", "m", "--watch-interval", "-1"], "--watch-interval"),
+        (["serve", "--model", "m", "--host", "local host"], "--host"),
+        (["plan", "--host", "999.1.1.1"], "--host"),
+        (["watch", "x", "--count", "0"], "--count"),
+        (["watch", "x", "--stall", "-1"], "--stall"),
+        (["watch", "x", "--canary-timeout", "0"], "--canary-timeout"),
+        (["doctor", "--save-inventory", "/proc/m3ctl-inventory.json"], "--save-inventory"),
+    ],
+)
 def test_bad_inputs_are_one_line_exit_2_before_anything_starts(args, names):
     p = run_cli(*args)
     assert p.returncode == 2 and p.stderr.startswith("error: ") and names in p.stderr.splitlines()[0], p.stderr

@@ -19,15 +19,25 @@ def _outputs(n: int = 50, seed: int = 1) -> list[RequestOutput]:
         n_out = rng.choice([1, 2, 16, 64])
         itl = [rng.uniform(0.005, 0.03) for _ in range(max(0, n_out - 1))]
         ttft = rng.uniform(0.05, 0.5)
-        outs.append(RequestOutput(success=ok, error="" if ok else "HTTP 500", prompt_len=rng.randint(10, 200),
-                                  output_tokens=n_out if ok else None, ttft=ttft, itl=itl,
-                                  latency=ttft + sum(itl), start_time=t + i * 0.1))
+        outs.append(
+            RequestOutput(
+                success=ok,
+                error="" if ok else "HTTP 500",
+                prompt_len=rng.randint(10, 200),
+                output_tokens=n_out if ok else None,
+                ttft=ttft,
+                itl=itl,
+                latency=ttft + sum(itl),
+                start_time=t + i * 0.1,
+            )
+        )
     return outs
 
 
 def test_hand_checked_small_case():
-    a = RequestOutput(success=True, prompt_len=10, output_tokens=5, ttft=0.1, itl=[0.1] * 4, latency=0.5,
-                      start_time=0.0)
+    a = RequestOutput(
+        success=True, prompt_len=10, output_tokens=5, ttft=0.1, itl=[0.1] * 4, latency=0.5, start_time=0.0
+    )
     b = RequestOutput(success=True, prompt_len=20, output_tokens=1, ttft=0.2, itl=[], latency=0.2, start_time=0.0)
     c = RequestOutput(success=False, error="boom")
     m = calculate([a, b, c], duration_s=2.0, percentiles=[50], goodput_slo_ms={"ttft": 150})
@@ -49,19 +59,38 @@ def test_equal_to_vllm_calculate_metrics():
     from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
 
     outs = _outputs()
-    theirs_out = [RequestFuncOutput(success=o.success, latency=o.latency, output_tokens=o.output_tokens or 0,
-                                    ttft=o.ttft, itl=list(o.itl), prompt_len=o.prompt_len, error=o.error,
-                                    start_time=o.start_time) for o in outs]
-    reqs = [SampleRequest(prompt="x", prompt_len=o.prompt_len, expected_output_len=o.output_tokens or 0)
-            for o in outs]
+    theirs_out = [
+        RequestFuncOutput(
+            success=o.success,
+            latency=o.latency,
+            output_tokens=o.output_tokens or 0,
+            ttft=o.ttft,
+            itl=list(o.itl),
+            prompt_len=o.prompt_len,
+            error=o.error,
+            start_time=o.start_time,
+        )
+        for o in outs
+    ]
+    reqs = [SampleRequest(prompt="x", prompt_len=o.prompt_len, expected_output_len=o.output_tokens or 0) for o in outs]
     pcts = [50.0, 90.0, 99.0]
     slo = {"ttft": 300.0, "tpot": 25.0}
-    theirs, _ = serve.calculate_metrics(reqs, theirs_out, 7.5, tokenizer=None, selected_percentiles=pcts,
-                                        goodput_config_dict=slo)
+    theirs, _ = serve.calculate_metrics(
+        reqs, theirs_out, 7.5, tokenizer=None, selected_percentiles=pcts, goodput_config_dict=slo
+    )
     ours = calculate(outs, 7.5, pcts, slo)
-    for key in ("completed", "failed", "total_input_tokens", "total_output_tokens", "request_throughput",
-                "request_goodput", "output_throughput", "total_token_throughput", "max_output_tokens_per_s",
-                "max_concurrent_requests"):
+    for key in (
+        "completed",
+        "failed",
+        "total_input_tokens",
+        "total_output_tokens",
+        "request_throughput",
+        "request_goodput",
+        "output_throughput",
+        "total_token_throughput",
+        "max_output_tokens_per_s",
+        "max_concurrent_requests",
+    ):
         attr = {"total_input_tokens": "total_input", "total_output_tokens": "total_output"}.get(key, key)
         assert ours[key] == pytest.approx(getattr(theirs, attr)), key
     for m in ("ttft", "tpot", "itl", "e2el"):
@@ -73,13 +102,29 @@ def test_equal_to_vllm_calculate_metrics():
 
 def _burst(n_out: int, ttft: float = 0.2, start: float = 0.0) -> RequestOutput:
     """A request whose n_out tokens all came in one network read: its last token at its first token's time."""
-    return RequestOutput(success=True, prompt_len=10, output_tokens=n_out, ttft=ttft, itl=[], latency=ttft,
-                         start_time=start, chunk_tokens=[n_out])
+    return RequestOutput(
+        success=True,
+        prompt_len=10,
+        output_tokens=n_out,
+        ttft=ttft,
+        itl=[],
+        latency=ttft,
+        start_time=start,
+        chunk_tokens=[n_out],
+    )
 
 
 def _streamed(n_out: int, gap: float = 0.01, ttft: float = 0.2) -> RequestOutput:
-    return RequestOutput(success=True, prompt_len=10, output_tokens=n_out, ttft=ttft, itl=[gap] * (n_out - 1),
-                         latency=ttft + gap * (n_out - 1), start_time=0.0, chunk_tokens=[1] * n_out)
+    return RequestOutput(
+        success=True,
+        prompt_len=10,
+        output_tokens=n_out,
+        ttft=ttft,
+        itl=[gap] * (n_out - 1),
+        latency=ttft + gap * (n_out - 1),
+        start_time=0.0,
+        chunk_tokens=[1] * n_out,
+    )
 
 
 def test_streams_in_bursts_leave_tpot_and_itl_unmeasured_not_zero():

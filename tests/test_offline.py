@@ -18,8 +18,15 @@ from tests.conftest import run_cli
 from tests.hosts import ALL
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-CONFIG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_hidden_layers": 2,
-          "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64, "max_position_embeddings": 4096}
+CONFIG = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "hidden_size": 64,
+    "max_position_embeddings": 4096,
+}
 
 
 def _cache_repo(hub: Path, repo: str, files: dict[str, bytes]) -> Path:
@@ -41,18 +48,37 @@ def hub(tmp_path, monkeypatch) -> Path:
     h = tmp_path / "hub"
     monkeypatch.setenv("HF_HUB_CACHE", str(h))
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    index = {"metadata": {"total_size": 200},
-             "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"}}
-    _cache_repo(h, "org/tiny", {"config.json": json.dumps(CONFIG).encode(), "tokenizer.json": b"{}",
-                                "model.safetensors.index.json": json.dumps(index).encode(),
-                                "model-00001-of-00002.safetensors": b"x" * 120,
-                                "model-00002-of-00002.safetensors": b"y" * 120})
+    index = {
+        "metadata": {"total_size": 200},
+        "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"},
+    }
+    _cache_repo(
+        h,
+        "org/tiny",
+        {
+            "config.json": json.dumps(CONFIG).encode(),
+            "tokenizer.json": b"{}",
+            "model.safetensors.index.json": json.dumps(index).encode(),
+            "model-00001-of-00002.safetensors": b"x" * 120,
+            "model-00002-of-00002.safetensors": b"y" * 120,
+        },
+    )
     _cache_repo(h, "org/tok", {"config.json": b"{}", "tokenizer.json": b"{}"})
     return h
 
 
 def _plan(**kw):
-    return plan(ALL["b200x8"](), PlanRequest(model="org/tiny", runtime="docker", image="vllm/vllm-openai:v0.32.0", skip_checks=True, vllm_executable="vllm", **kw))
+    return plan(
+        ALL["b200x8"](),
+        PlanRequest(
+            model="org/tiny",
+            runtime="docker",
+            image="vllm/vllm-openai:v0.32.0",
+            skip_checks=True,
+            vllm_executable="vllm",
+            **kw,
+        ),
+    )
 
 
 def test_hub_refs_resolve_to_checked_snapshots_with_offline_env_and_read_only_mounts(hub):
@@ -68,13 +94,16 @@ def test_hub_refs_resolve_to_checked_snapshots_with_offline_env_and_read_only_mo
     assert all(v["read_only"] for v in svc["volumes"])
 
 
-@pytest.mark.parametrize(("damage", "named"), [
-    (lambda s: (s / "model-00002-of-00002.safetensors").unlink(), "model-00002-of-00002.safetensors"),
-    (lambda s: (s.parent.parent / "blobs" / "blob3").unlink(), "model-00001-of-00002.safetensors"),  # dangling
-    (lambda s: (s.parent.parent / "blobs" / "blob0").unlink(), "config.json"),
-    (lambda s: (s / "tokenizer.json").unlink(), "tokenizer.json"),
-    (lambda s: (s.parent.parent / "blobs" / "blob4").write_bytes(b"y" * 10), "less than the 200 bytes"),
-])
+@pytest.mark.parametrize(
+    ("damage", "named"),
+    [
+        (lambda s: (s / "model-00002-of-00002.safetensors").unlink(), "model-00002-of-00002.safetensors"),
+        (lambda s: (s.parent.parent / "blobs" / "blob3").unlink(), "model-00001-of-00002.safetensors"),  # dangling
+        (lambda s: (s.parent.parent / "blobs" / "blob0").unlink(), "config.json"),
+        (lambda s: (s / "tokenizer.json").unlink(), "tokenizer.json"),
+        (lambda s: (s.parent.parent / "blobs" / "blob4").write_bytes(b"y" * 10), "less than the 200 bytes"),
+    ],
+)
 def test_a_missing_or_short_file_fails_before_launch_naming_it(hub, damage, named):
     damage(hub / "models--org--tiny" / "snapshots" / COMMIT)
     with pytest.raises(ConfigRejected, match="offline") as e:

@@ -13,16 +13,38 @@ CPU = HostInventory()
 
 
 def test_render_flags():
-    assert render_flags({"enforce-eager": True, "enable_dbo": False, "max-num-seqs": 8, "x": None,
-                         "speculative-config": {"method": "ngram", "num_speculative_tokens": 3}}) == [
-        "--enforce-eager", "--no-enable-dbo", "--max-num-seqs", "8",
-        "--speculative-config", '{"method":"ngram","num_speculative_tokens":3}']
+    assert render_flags(
+        {
+            "enforce-eager": True,
+            "enable_dbo": False,
+            "max-num-seqs": 8,
+            "x": None,
+            "speculative-config": {"method": "ngram", "num_speculative_tokens": 3},
+        }
+    ) == [
+        "--enforce-eager",
+        "--no-enable-dbo",
+        "--max-num-seqs",
+        "8",
+        "--speculative-config",
+        '{"method":"ngram","num_speculative_tokens":3}',
+    ]
 
 
 def test_cpu_plan_argv(tiny_models):
     p = plan(CPU, PlanRequest(model=str(tiny_models["m2"]), name="t", port=8123, vllm_executable="vllm"))
-    assert p.argv[:10] == ["vllm", "serve", str(tiny_models["m2"]), "--host", "127.0.0.1", "--port", "8123",
-                           "--served-model-name", str(tiny_models["m2"]), "t"]
+    assert p.argv[:10] == [
+        "vllm",
+        "serve",
+        str(tiny_models["m2"]),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8123",
+        "--served-model-name",
+        str(tiny_models["m2"]),
+        "t",
+    ]
     a = p.argv
     assert a[a.index("--kv-cache-memory-bytes") + 1] == "256M" and "--enforce-eager" in a
     assert a[a.index("--max-model-len") + 1] == "2048"
@@ -32,8 +54,14 @@ def test_cpu_plan_argv(tiny_models):
 
 
 def test_override_beats_profile(tiny_models):
-    p = plan(CPU, PlanRequest(model=str(tiny_models["m2"]), overrides={"max-model-len": 512, "enforce-eager": False},
-             vllm_executable="vllm"))
+    p = plan(
+        CPU,
+        PlanRequest(
+            model=str(tiny_models["m2"]),
+            overrides={"max-model-len": 512, "enforce-eager": False},
+            vllm_executable="vllm",
+        ),
+    )
     a = p.argv
     assert a[a.index("--max-model-len") + 1] == "512"
     assert "--no-enforce-eager" in a and "--enforce-eager" not in a
@@ -104,14 +132,23 @@ def test_runtime_not_supported_by_profile(tiny_models):
 def test_docker_plan_needs_an_image(tiny_models):
     with pytest.raises(ConfigRejected, match="names no image for the docker runtime"):
         plan(CPU, PlanRequest(model=str(tiny_models["m2"]), runtime="docker"))
-    p = plan(CPU, PlanRequest(model=str(tiny_models["m2"]), runtime="docker", image="local/vllm-cpu:test", mounts=["/a:/b"]))
+    p = plan(
+        CPU, PlanRequest(model=str(tiny_models["m2"]), runtime="docker", image="local/vllm-cpu:test", mounts=["/a:/b"])
+    )
     assert p.image == "local/vllm-cpu:test" and p.mounts == ["/a:/b"] and p.gpu_vendor is None
     assert plan(CPU, PlanRequest(model=str(tiny_models["m2"]))).image is None  # process runtime: no image
 
 
 def test_secrets_never_in_plan(tiny_models):
-    p = plan(CPU, PlanRequest(model=str(tiny_models["m2"]), pass_env=["HF_TOKEN"], env={"MY_API_KEY": "abc123secret"},
-             vllm_executable="vllm"))
+    p = plan(
+        CPU,
+        PlanRequest(
+            model=str(tiny_models["m2"]),
+            pass_env=["HF_TOKEN"],
+            env={"MY_API_KEY": "abc123secret"},
+            vllm_executable="vllm",
+        ),
+    )
     dumped = p.model_dump_json() + p.command_line()
     assert "HF_TOKEN" in p.secret_env_names
     assert "abc123secret" not in p.command_line()

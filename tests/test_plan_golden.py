@@ -30,8 +30,16 @@ def _golden_for(host: str) -> dict:
         out = {"rejected": e.message, "hint": e.hint}
     # The 131072-token plan: what an operator of this host can run when the full context does not fit.
     try:
-        p2 = plan(inv, PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", max_model_len=131072, allow_emulated=True,
-                  vllm_executable="vllm"))
+        p2 = plan(
+            inv,
+            PlanRequest(
+                model="MiniMax-M3.1-Flash",
+                runtime="docker",
+                max_model_len=131072,
+                allow_emulated=True,
+                vllm_executable="vllm",
+            ),
+        )
         out2 = {"variant": p2.variant, "argv": p2.argv, "env": p2.env, "warnings": p2.warnings}
     except ConfigRejected as e:
         out2 = {"rejected": e.message}
@@ -48,10 +56,16 @@ def test_golden_plan(host):
 
 
 def test_emit_forms_for_b200():
-    p = plan(ALL["b200x8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", pass_env=["HF_TOKEN"], vllm_executable="vllm"))
+    p = plan(
+        ALL["b200x8"](),
+        PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", pass_env=["HF_TOKEN"], vllm_executable="vllm"),
+    )
     d = render(p, "docker")
     # The device request the runtime sends (driver nvidia, by device): printed as the docker CLI reads it, no --runtime.
-    assert d.startswith("docker run -d --name m3ctl-m3ctl --ipc=host") and """--gpus 'driver=nvidia,"device=0,1,2,3,4,5,6,7"'""" in d
+    assert (
+        d.startswith("docker run -d --name m3ctl-m3ctl --ipc=host")
+        and """--gpus 'driver=nvidia,"device=0,1,2,3,4,5,6,7"'""" in d
+    )
     assert "--runtime" not in d
     assert "vllm/vllm-openai:minimax-m3 serve MiniMaxAI/MiniMax-M3.1-Flash-NVFP4 --host 127.0.0.1" in d
     assert "--network host" in d and " -p " not in d  # binds where serve --runtime docker binds
@@ -62,9 +76,14 @@ def test_emit_forms_for_b200():
     k = list(yaml.safe_load_all(render(p, "k8s")))[-1]
     cont = k["spec"]["template"]["spec"]["containers"][0]
     assert cont["resources"]["limits"]["nvidia.com/gpu"] == 8 and cont["startupProbe"]["httpGet"]["path"] == "/health"
-    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "m3ctl-secrets", "key": "HF_TOKEN"}}} in cont["env"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "m3ctl-secrets", "key": "HF_TOKEN"}}} in cont[
+        "env"
+    ]
     s = render(p, "script")
-    assert s.startswith("#!/usr/bin/env bash") and "vllm/vllm-openai:minimax-m3 serve MiniMaxAI/MiniMax-M3.1-Flash-NVFP4" in s
+    assert (
+        s.startswith("#!/usr/bin/env bash")
+        and "vllm/vllm-openai:minimax-m3 serve MiniMaxAI/MiniMax-M3.1-Flash-NVFP4" in s
+    )
 
 
 def test_emit_amd_devices():
@@ -84,7 +103,10 @@ def test_cli_plan_json_and_exit_codes(tmp_path):
     p = run_cli("plan", "--inventory", str(inv), "--dcp", "2")
     assert p.returncode == 3 and p.stderr.startswith("error: rule parallel.dcp:")
     p = run_cli("plan", "--inventory", str(inv), "--emit", "k8s")
-    assert p.returncode == 0 and [d["kind"] for d in yaml.safe_load_all(p.stdout)] == ["PersistentVolumeClaim", "Deployment"]
+    assert p.returncode == 0 and [d["kind"] for d in yaml.safe_load_all(p.stdout)] == [
+        "PersistentVolumeClaim",
+        "Deployment",
+    ]
     p = run_cli("plan", "--inventory", str(inv), "--emit", "helm")
     assert p.returncode == 2 and "'helm' is not one of docker" in p.stderr
     p = run_cli("plan", "--inventory", str(inv), "--variant", "nvfp5")
@@ -102,8 +124,21 @@ def test_user_config_file_precedence(tmp_path):
     a = d["argv"]
     assert d["variant"] == "mxfp8" and a[a.index("--max-num-seqs") + 1] == "128" and "131072" in a
     # CLI flags beat the file.
-    d = json.loads(run_cli("plan", "--inventory", str(inv), "--config", str(cfg), "--variant", "nvfp4",
-                           "--max-num-seqs", "64", "--json", check=True).stdout)
+    d = json.loads(
+        run_cli(
+            "plan",
+            "--inventory",
+            str(inv),
+            "--config",
+            str(cfg),
+            "--variant",
+            "nvfp4",
+            "--max-num-seqs",
+            "64",
+            "--json",
+            check=True,
+        ).stdout
+    )
     a = d["argv"]
     assert d["variant"] == "nvfp4" and a[a.index("--max-num-seqs") + 1] == "64" and a.count("--max-num-seqs") == 1
     cfg.write_text("schema_version: 1\nvarint: x\n")
@@ -112,7 +147,10 @@ def test_user_config_file_precedence(tmp_path):
 
 
 def test_emit_lws_multi_node_dp():
-    p = plan(ALL["b200x8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", tp=1, dp=8, ep=True, vllm_executable="vllm"))
+    p = plan(
+        ALL["b200x8"](),
+        PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", tp=1, dp=8, ep=True, vllm_executable="vllm"),
+    )
     doc = list(yaml.safe_load_all(render(p, "lws", nodes=2)))[-1]
     assert doc["kind"] == "LeaderWorkerSet" and doc["spec"]["leaderWorkerTemplate"]["size"] == 2
     lead = doc["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]

@@ -19,7 +19,12 @@ def test_f02_gpu_uuid_translated_to_index_for_process_runtime(tiny_models):
     assert any(c.what == "CUDA_VISIBLE_DEVICES" and "F02" in c.why for c in p.choices)
     # A short unique prefix works too; an unknown UUID is rejected before launch.
     short = inv.model_copy(update={"visible_devices": {"CUDA_VISIBLE_DEVICES": uuid1[:12]}})
-    assert plan(short, PlanRequest(model=str(tiny_models["m2"]), runtime="process", vllm_executable="vllm")).env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert (
+        plan(short, PlanRequest(model=str(tiny_models["m2"]), runtime="process", vllm_executable="vllm")).env[
+            "CUDA_VISIBLE_DEVICES"
+        ]
+        == "1"
+    )
     bad = inv.model_copy(update={"visible_devices": {"CUDA_VISIBLE_DEVICES": "GPU-deadbeef-0000"}})
     with pytest.raises(ConfigRejected, match="rule gpu.visible_devices"):
         plan(bad, PlanRequest(model=str(tiny_models["m2"]), runtime="process", vllm_executable="vllm"))
@@ -36,19 +41,24 @@ def test_f03_mig_slice_memory_drives_the_memory_rule():
     g = synthetic("h200x8").gpus[0]
     mig = MigDevice(index=0, uuid="MIG-1111-2222", name="NVIDIA H200 MIG 1g.18gb", memory_total_mib=16 * 1024)
     gpu = GpuInfo(**{**g.model_dump(), "mig_mode": True, "mig_devices": (mig,), "uuid": "GPU-aaaa"})
-    inv = synthetic("h200x8").model_copy(update={"gpus": (gpu,), "visible_devices": {"CUDA_VISIBLE_DEVICES": "MIG-1111-2222"}})
+    inv = synthetic("h200x8").model_copy(
+        update={"gpus": (gpu,), "visible_devices": {"CUDA_VISIBLE_DEVICES": "MIG-1111-2222"}}
+    )
     with pytest.raises(ConfigRejected) as ei:
         plan(inv, PlanRequest(model="MiniMax-M3.1-Flash", variant="mxfp8", max_model_len=4096, vllm_executable="vllm"))
     assert "rule memory.fit" in ei.value.message and "(16 GiB" in ei.value.message
 
 
 def test_f05_amd_single_visibility_variable(tiny_models):
-    inv = synthetic("mi300xx8").model_copy(update={"visible_devices": {"ROCR_VISIBLE_DEVICES": "2,3",
-                                                                        "HIP_VISIBLE_DEVICES": "1"}})
+    inv = synthetic("mi300xx8").model_copy(
+        update={"visible_devices": {"ROCR_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "1"}}
+    )
     p = plan(inv, PlanRequest(model=str(tiny_models["m2"]), runtime="process", vllm_executable="vllm"))
     assert p.env["ROCR_VISIBLE_DEVICES"] == "3" and p.unset_env == ["HIP_VISIBLE_DEVICES"] and p.tp == 1
     masked = inv.model_copy(update={"visible_devices": {"ROCR_VISIBLE_DEVICES": "1", "CUDA_VISIBLE_DEVICES": "0,1"}})
-    with pytest.raises(ConfigRejected, match="rule gpu.visible_devices: CUDA_VISIBLE_DEVICES entry '1' is out of range"):
+    with pytest.raises(
+        ConfigRejected, match="rule gpu.visible_devices: CUDA_VISIBLE_DEVICES entry '1' is out of range"
+    ):
         plan(masked, PlanRequest(model=str(tiny_models["m2"]), runtime="process", vllm_executable="vllm"))
 
 
@@ -60,13 +70,24 @@ def test_process_runtime_unsets_the_other_variables(tmp_path, monkeypatch, tiny_
     from m3ctl.state import Registry
 
     monkeypatch.setenv("HIP_VISIBLE_DEVICES", "1")
-    inv = synthetic("mi300xx8").model_copy(update={"visible_devices": {"ROCR_VISIBLE_DEVICES": "2,3",
-                                                                        "HIP_VISIBLE_DEVICES": "1"}})
+    inv = synthetic("mi300xx8").model_copy(
+        update={"visible_devices": {"ROCR_VISIBLE_DEVICES": "2,3", "HIP_VISIBLE_DEVICES": "1"}}
+    )
     p = plan(inv, PlanRequest(model=str(tiny_models["m2"]), runtime="process", vllm_executable="vllm", name="envcheck"))
     out = tmp_path / "env.txt"
-    p = p.model_copy(update={"argv": [sys.executable, "-c", (f"import os; open({str(out)!r}, 'w').write("
-                                      "os.environ.get('HIP_VISIBLE_DEVICES', 'unset') + ' ' + "
-                                      "os.environ['ROCR_VISIBLE_DEVICES'])")]})
+    p = p.model_copy(
+        update={
+            "argv": [
+                sys.executable,
+                "-c",
+                (
+                    f"import os; open({str(out)!r}, 'w').write("
+                    "os.environ.get('HIP_VISIBLE_DEVICES', 'unset') + ' ' + "
+                    "os.environ['ROCR_VISIBLE_DEVICES'])"
+                ),
+            ]
+        }
+    )
     rt = ProcessRuntime()
     import time
 

@@ -36,8 +36,15 @@ def _hosts() -> dict[str, HostInventory]:
 
     hosts = {f"system:{n}": inventory_for_system(n) for n in system_names()}
     hosts.update({f"fixture:{k}": v for k, v in _fixture_hosts().items()})
-    for name in ("synthetic-b200x8", "synthetic-gb300x4", "synthetic-mi300xx8", "synthetic-mi355xx8",
-                 "synthetic-rtxpro6000x4", "synthetic-rubinx8", "nvidia-h200x2"):
+    for name in (
+        "synthetic-b200x8",
+        "synthetic-gb300x4",
+        "synthetic-mi300xx8",
+        "synthetic-mi355xx8",
+        "synthetic-rtxpro6000x4",
+        "synthetic-rubinx8",
+        "nvidia-h200x2",
+    ):
         hosts[f"capture:{name}"] = host(name)
     return hosts
 
@@ -195,10 +202,21 @@ def test_tp_must_divide_the_heads(tmp_path):
     """vLLM refuses a TP that does not divide the attention heads; the search skips those layouts."""
     d = tmp_path / "m2-12-heads"
     d.mkdir()
-    (d / "config.json").write_text(json.dumps({
-        "architectures": ["MiniMaxM2ForCausalLM"], "num_hidden_layers": 4, "num_attention_heads": 12,
-        "num_key_value_heads": 6, "head_dim": 64, "hidden_size": 768, "intermediate_size": 256,
-        "num_local_experts": 8, "max_position_embeddings": 4096}))
+    (d / "config.json").write_text(
+        json.dumps(
+            {
+                "architectures": ["MiniMaxM2ForCausalLM"],
+                "num_hidden_layers": 4,
+                "num_attention_heads": 12,
+                "num_key_value_heads": 6,
+                "head_dim": 64,
+                "hidden_size": 768,
+                "intermediate_size": 256,
+                "num_local_experts": 8,
+                "max_position_embeddings": 4096,
+            }
+        )
+    )
     inv = inventory_for_system("h200x8")
     with pytest.raises(ConfigRejected, match="rule parallel.heads: TP 8 does not divide the model's 12 attention"):
         plan(inv, _req(str(d), tp=8))
@@ -207,17 +225,20 @@ def test_tp_must_divide_the_heads(tmp_path):
 
 
 # ----------------------------------------------------------------------------- raw values, as vLLM checks them
-@pytest.mark.parametrize("raw,what", [
-    (["--gpu-memory-utilization", "1.5"], "must be > 0 and <= 1"),
-    (["--gpu-memory-utilization", "0"], "must be > 0 and <= 1"),
-    (["--attention-backend", "FLASH_ATTN_NOPE"], "is not one of vLLM 0.32.0's backends"),
-    (["--attention-backend", "CUTLASS_MLA"], "is an MLA backend"),
-    (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": -2}'], "num_speculative_tokens=-2"),
-    (["--compilation-config", "3"], "refuses anything but a JSON object"),
-    (["--attention-config", "3"], "refuses anything but a JSON object"),
-    (["--hf-overrides", "[1]"], "refuses anything but a JSON object"),
-    (["--attention-config.minimax_m3_msa_decode_backend", "fast"], "must be one of triton, cutlass"),
-])
+@pytest.mark.parametrize(
+    "raw,what",
+    [
+        (["--gpu-memory-utilization", "1.5"], "must be > 0 and <= 1"),
+        (["--gpu-memory-utilization", "0"], "must be > 0 and <= 1"),
+        (["--attention-backend", "FLASH_ATTN_NOPE"], "is not one of vLLM 0.32.0's backends"),
+        (["--attention-backend", "CUTLASS_MLA"], "is an MLA backend"),
+        (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": -2}'], "num_speculative_tokens=-2"),
+        (["--compilation-config", "3"], "refuses anything but a JSON object"),
+        (["--attention-config", "3"], "refuses anything but a JSON object"),
+        (["--hf-overrides", "[1]"], "refuses anything but a JSON object"),
+        (["--attention-config.minimax_m3_msa_decode_backend", "fast"], "must be one of triton, cutlass"),
+    ],
+)
 def test_raw_values_refused_as_vllm_refuses_them(raw, what):
     """Each of these `vllm serve` 0.32 refuses 7-9 s into startup (checked against the installed vLLM's parser
     and config classes); m3ctl refuses them at plan time, before any launch, exit 3, one line naming what vLLM accepts."""
@@ -227,10 +248,17 @@ def test_raw_values_refused_as_vllm_refuses_them(raw, what):
     assert "\n" not in ei.value.message and ei.value.exit_code == 3
 
 
-@pytest.mark.parametrize("raw", [["--gpu-memory-utilization", "0.95"], ["--attention-backend", "flashinfer"],
-                                 ["--attention-backend", "auto"], ["--compilation-config", '{"mode": 3}'],
-                                 ["--compilation-config.mode", "3"],
-                                 ["--attention-config.minimax_m3_msa_decode_backend", "cutlass"]])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        ["--gpu-memory-utilization", "0.95"],
+        ["--attention-backend", "flashinfer"],
+        ["--attention-backend", "auto"],
+        ["--compilation-config", '{"mode": 3}'],
+        ["--compilation-config.mode", "3"],
+        ["--attention-config.minimax_m3_msa_decode_backend", "cutlass"],
+    ],
+)
 def test_raw_values_vllm_accepts_pass(raw):
     plan(inventory_for_system("b200x8"), _req("MiniMax-M3.1-Flash", extra_args=raw))
 
@@ -294,8 +322,10 @@ def test_runtime_is_one_choice_on_the_real_h200x2_capture():
 def test_user_image_without_arch_list_on_sm103(monkeypatch):
     import m3ctl.assess.image as image_mod
 
-    facts = {"me/vllm:cu129": image_facts_from_env("me/vllm:cu129", ["CUDA_VERSION=12.9.1", "VLLM_VERSION=0.32.0"]),
-             "me/vllm:cu13": image_facts_from_env("me/vllm:cu13", ["CUDA_VERSION=13.0.1", "VLLM_VERSION=0.32.0"])}
+    facts = {
+        "me/vllm:cu129": image_facts_from_env("me/vllm:cu129", ["CUDA_VERSION=12.9.1", "VLLM_VERSION=0.32.0"]),
+        "me/vllm:cu13": image_facts_from_env("me/vllm:cu13", ["CUDA_VERSION=13.0.1", "VLLM_VERSION=0.32.0"]),
+    }
     monkeypatch.setattr(image_mod, "inspect_user_image", lambda ref, env=None: facts.get(ref))
     gb300 = inventory_for_system("gb300x4")
     with pytest.raises(ConfigRejected) as ei:

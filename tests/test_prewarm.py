@@ -62,8 +62,10 @@ def test_the_engine_process_is_forked_unless_the_user_chose(monkeypatch):
     assert startup.engine_process_env({}, {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}) == {}
     env = {"VLLM_WORKER_MULTIPROC_METHOD": "fork"}
     assert startup.engine_process_used(env, "INFO ready") == "fork"
-    forced = ("WARNING 12-02 13:00:01 [system_utils.py:150] We must use the `spawn` multiprocessing start method. "
-              "Overriding VLLM_WORKER_MULTIPROC_METHOD to 'spawn'. Reasons: CUDA is initialized")
+    forced = (
+        "WARNING 12-02 13:00:01 [system_utils.py:150] We must use the `spawn` multiprocessing start method. "
+        "Overriding VLLM_WORKER_MULTIPROC_METHOD to 'spawn'. Reasons: CUDA is initialized"
+    )
     assert startup.engine_process_used(env, forced) == "spawn"
     assert startup.engine_process_used({}, "") == "spawn"
 
@@ -77,9 +79,17 @@ def _evaluator(tmp_path, tiny_models, prefix="pw"):
 
     fake_vllm_config(tmp_path)
     reg = Registry(tmp_path / "state")
-    ev = ServerEvaluator(detect(), str(tiny_models["m2"]), tmp_path / "study", TuneSpec(),
-                         plan_base={"vllm_executable": str(tmp_path / "vllm")}, bench={}, port=free_port(),
-                         name_prefix=prefix, registry=reg)
+    ev = ServerEvaluator(
+        detect(),
+        str(tiny_models["m2"]),
+        tmp_path / "study",
+        TuneSpec(),
+        plan_base={"vllm_executable": str(tmp_path / "vllm")},
+        bench={},
+        port=free_port(),
+        name_prefix=prefix,
+        registry=reg,
+    )
     return ev, reg
 
 
@@ -111,8 +121,9 @@ def test_trials_run_in_prewarmed_processes_that_status_shows_and_the_study_ends(
                 pids.append(dep.pid)
             finally:
                 sess.close()
-        assert len(set(pids)) == 2 and not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
-                                               for p in pids)
+        assert len(set(pids)) == 2 and not any(
+            psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids
+        )
     finally:
         waiting = [w.proc.pid for w in prewarm.waiting()]
         assert ev.discard_prewarmed() == 1
@@ -133,8 +144,13 @@ def test_a_waiting_process_whose_parent_died_exits(tmp_path):
     )
     # the entry is a Python interpreter given as the "vllm" executable: a console-script-shaped target
     exe = _script(tmp_path / "vllm", f"#!{sys.executable}\nimport sys\nsys.exit(0)\n")
-    out = subprocess.run([sys.executable, "-c", code.replace(repr(sys.executable), repr(exe), 1)],
-                         capture_output=True, text=True, timeout=60, check=True).stdout.split()
+    out = subprocess.run(
+        [sys.executable, "-c", code.replace(repr(sys.executable), repr(exe), 1)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
     pid = int(out[-1])
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie":

@@ -23,18 +23,33 @@ from m3ctl.state import Registry
 def _plan(tmp_path, **kw) -> LaunchPlan:
     model = tmp_path / "model"
     model.mkdir(exist_ok=True)
-    base = dict(name="d1", profile="hopper", image="vllm/vllm-openai:minimax-m3", model=str(model),
-                served_model_name="m3", port=8123, startup_budget_s=100,
-                argv=["vllm", "serve", str(model), "--host", "127.0.0.1", "--port", "8123",
-                      "--tensor-parallel-size", "8"],
-                env={"VLLM_FLOAT32_MATMUL_PRECISION": "high", "CUDA_VISIBLE_DEVICES": "GPU-aaa"})
+    base = dict(
+        name="d1",
+        profile="hopper",
+        image="vllm/vllm-openai:minimax-m3",
+        model=str(model),
+        served_model_name="m3",
+        port=8123,
+        startup_budget_s=100,
+        argv=["vllm", "serve", str(model), "--host", "127.0.0.1", "--port", "8123", "--tensor-parallel-size", "8"],
+        env={"VLLM_FLOAT32_MATMUL_PRECISION": "high", "CUDA_VISIBLE_DEVICES": "GPU-aaa"},
+    )
     base.update(kw)
     return LaunchPlan(**base)
 
 
 def _h200_inventory() -> HostInventory:
-    gpus = tuple(GpuInfo(index=i, vendor="nvidia", name="NVIDIA H200", arch="hopper", compute_capability="9.0",
-                         uuid=f"GPU-{i:08d}-uuid") for i in range(2))
+    gpus = tuple(
+        GpuInfo(
+            index=i,
+            vendor="nvidia",
+            name="NVIDIA H200",
+            arch="hopper",
+            compute_capability="9.0",
+            uuid=f"GPU-{i:08d}-uuid",
+        )
+        for i in range(2)
+    )
     return HostInventory(gpus=gpus, probe="nvml")
 
 
@@ -66,7 +81,9 @@ def test_amd_spec_devices_video_group_seccomp_single_visibility_var(tmp_path):
     assert spec["devices"] == ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"]
     assert spec["group_add"] == ["video"] and spec["security_opt"] == ["seccomp=unconfined"]
     env = spec["environment"]
-    assert env["ROCR_VISIBLE_DEVICES"] == "2,3" and "HIP_VISIBLE_DEVICES" not in env and "CUDA_VISIBLE_DEVICES" not in env
+    assert (
+        env["ROCR_VISIBLE_DEVICES"] == "2,3" and "HIP_VISIBLE_DEVICES" not in env and "CUDA_VISIBLE_DEVICES" not in env
+    )
     assert "device_requests" not in spec
 
 
@@ -103,12 +120,18 @@ def test_no_image_is_rejected_with_the_fix(tmp_path):
 
 # ---------------------------------------------------------------- F14: shared memory too small for NCCL
 def test_f14_nccl_shm_lines_map_to_shm_too_small():
-    for line in (("nccl-host:123:456 [0] NCCL INFO include/shm.h:41 NCCL WARN Error while creating shared memory "
-                 "segment /dev/shm/nccl-Vw9f0c (size 7340384)"),
-                 ("torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
-                 "ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details), "
-                 "NCCL version 2.20.5; ncclSystemError: System call (e.g. socket, malloc) or external library "
-                 "call failed or device error.")):
+    for line in (
+        (
+            "nccl-host:123:456 [0] NCCL INFO include/shm.h:41 NCCL WARN Error while creating shared memory "
+            "segment /dev/shm/nccl-Vw9f0c (size 7340384)"
+        ),
+        (
+            "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+            "ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details), "
+            "NCCL version 2.20.5; ncclSystemError: System call (e.g. socket, malloc) or external library "
+            "call failed or device error."
+        ),
+    ):
         d = diagnose_text("INFO loading\n" + line + "\n")
         assert d is not None and d.id == "nccl-shm" and d.cause.startswith("shm-too-small")
         assert "--ipc=host" in d.fix
@@ -118,8 +141,10 @@ def test_f14_nccl_shm_lines_map_to_shm_too_small():
 @pytest.fixture
 def listener():
     """A real process (not this one) listening on a TCP port, like a stale vLLM holding a rendezvous port."""
-    code = ("import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); "
-            "print(s.getsockname()[1], flush=True); time.sleep(120)")
+    code = (
+        "import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); "
+        "print(s.getsockname()[1], flush=True); time.sleep(120)"
+    )
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     port = int(p.stdout.readline())
     yield p, port
@@ -136,8 +161,10 @@ def _free_port() -> int:
 def test_f17_tcpstore_eaddrinuse_is_diagnosed_as_internal_port_with_holder(listener):
     proc, port = listener
     api = _free_port()
-    line = (f"RuntimeError: The server socket has failed to listen on any local network address. port: {port}, "
-            f"useIpv6: 0, code: -98, name: EADDRINUSE, message: address already in use")
+    line = (
+        f"RuntimeError: The server socket has failed to listen on any local network address. port: {port}, "
+        f"useIpv6: 0, code: -98, name: EADDRINUSE, message: address already in use"
+    )
     d = diagnose_text("INFO x\n" + line + "\n")
     assert d.id == "internal-port-in-use"
     d = explain_port_conflict(d, "127.0.0.1", api)
@@ -148,7 +175,9 @@ def test_f17_tcpstore_eaddrinuse_is_diagnosed_as_internal_port_with_holder(liste
     d2 = explain_port_conflict(diagnose_text(line2 + "\n"), "127.0.0.1", api)
     assert d2.id == "internal-port-in-use" and "API port is free" in d2.cause
     # uvicorn's bind error names the API port: reported as the API port, not an internal one.
-    line3 = f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): address already in use"
+    line3 = (
+        f"ERROR:    [Errno 98] error while attempting to bind on address ('127.0.0.1', {port}): address already in use"
+    )
     d3 = explain_port_conflict(diagnose_text(line3 + "\n"), "127.0.0.1", port)
     assert d3.id == "address-in-use" and f"API port {port}" in d3.cause and f"pid {proc.pid}" in d3.cause
 
@@ -157,8 +186,14 @@ def test_f17_preflight_rejects_busy_internal_port_naming_the_holder(listener, tm
     from m3ctl.serve import preflight
 
     proc, port = listener
-    plan = _plan(tmp_path, runtime="process", image=None, port=_free_port(), env={"MASTER_PORT": str(port)},
-                 argv=[sys.executable, "-c", "pass"])
+    plan = _plan(
+        tmp_path,
+        runtime="process",
+        image=None,
+        port=_free_port(),
+        env={"MASTER_PORT": str(port)},
+        argv=[sys.executable, "-c", "pass"],
+    )
     with pytest.raises(ConfigRejected) as e:
         preflight(plan, Registry(tmp_path / "state"))
     assert f"internal port (MASTER_PORT) {port} on 127.0.0.1 is already in use" in e.value.message
@@ -177,9 +212,11 @@ def test_f17_serve_pins_vllm_port_to_a_free_port(tmp_path):
 
 def test_warning_lines_mentioning_error_are_not_a_root_cause():
     """Seen under load: a readiness timeout blamed vLLM's ulimit WARNING because it contains 'error'."""
-    warn = ("(APIServer pid=1) WARNING 11-29 21:13:54 [system_utils.py:255] Found ulimit of 20000 and failed to "
-            "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors "
-            "like `OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n")
+    warn = (
+        "(APIServer pid=1) WARNING 11-29 21:13:54 [system_utils.py:255] Found ulimit of 20000 and failed to "
+        "automatically increase with error current limit exceeds maximum limit. This can cause fd limit errors "
+        "like `OSError: [Errno 24] Too many open files`. Consider increasing with ulimit -n"
+    )
     assert diagnose_text(warn + "\n(APIServer pid=1) INFO 11-29 21:13:55 [api.py:1] loading\n") is None
     d = diagnose_text(warn + "\n(EngineCore pid=7) ERROR 11-29 21:14:00 [core.py:9] RuntimeError: boom\n")
     assert d.id == "generic" and "boom" in d.line

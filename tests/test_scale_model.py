@@ -22,10 +22,17 @@ def test_m2_config_keeps_the_catalog_shapes_and_cuts_layers():
     f = catalog.models()["MiniMax-M2.5"].facts
     cfg = scale_config(ScaleModelSpec(arch="minimax-m2", layers=16, quant="fp8"))
     assert cfg["architectures"] == ["MiniMaxM2ForCausalLM"] and cfg["num_hidden_layers"] == 16
-    assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == \
-        (f.hidden_size, f.num_attention_heads, f.num_kv_heads, f.head_dim)
-    assert (cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"]) == \
-        (f.num_experts, f.experts_per_tok, f.moe_intermediate_size)
+    assert (cfg["hidden_size"], cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_dim"]) == (
+        f.hidden_size,
+        f.num_attention_heads,
+        f.num_kv_heads,
+        f.head_dim,
+    )
+    assert (cfg["num_local_experts"], cfg["num_experts_per_tok"], cfg["intermediate_size"]) == (
+        f.num_experts,
+        f.experts_per_tok,
+        f.moe_intermediate_size,
+    )
     assert cfg["quantization_config"]["weight_block_size"] == [128, 128]
     assert "quantization_config" not in scale_config(ScaleModelSpec(quant="bf16"))
 
@@ -67,15 +74,45 @@ def test_cli_builds_and_plan_sizes_it(tmp_path):
     assert facts.weights_estimated and 50 < facts.weights_gib < 62
     assert json.loads((out / "m3ctl-scale.json").read_text())["layers"] == 16
     # one H200 holds 16 layers; the planner sizes the weights from the config (startup budget names them)
-    p = subprocess.run([*M3CTL, "plan", "--model", str(out), "--inventory", str(H200X1), "--runtime", "process",
-                        "--", "--load-format", "dummy"], capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            *M3CTL,
+            "plan",
+            "--model",
+            str(out),
+            "--inventory",
+            str(H200X1),
+            "--runtime",
+            "process",
+            "--",
+            "--load-format",
+            "dummy",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 0, p.stdout + p.stderr
     assert "GiB of weights" in p.stdout
     # ... 62 layers (214 GiB) do not fit one 141-GiB GPU: the memory rule says so before any launch
     full = tmp_path / "full"
     build_scale_model(full, ScaleModelSpec(layers=62))
-    p = subprocess.run([*M3CTL, "plan", "--model", str(full), "--inventory", str(H200X1), "--runtime", "process",
-                        "--", "--load-format", "dummy"], capture_output=True, text=True)
+    p = subprocess.run(
+        [
+            *M3CTL,
+            "plan",
+            "--model",
+            str(full),
+            "--inventory",
+            str(H200X1),
+            "--runtime",
+            "process",
+            "--",
+            "--load-format",
+            "dummy",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 3 and "memory.fit" in p.stdout + p.stderr, p.stdout + p.stderr
     # an existing non-empty directory is refused (exit 2, one line)
     r = subprocess.run([*M3CTL, "dev", "scale-model", str(out)], capture_output=True, text=True)

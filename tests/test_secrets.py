@@ -22,8 +22,10 @@ def test_split_api_key_takes_every_spelling_out_of_raw_args():
     from m3ctl.errors import BadInput
     from m3ctl.secrets import split_api_key
 
-    assert split_api_key(["--max-num-seqs", "8", "--api-key", "k1", "--enforce-eager"]) == \
-        (["--max-num-seqs", "8", "--enforce-eager"], "k1")
+    assert split_api_key(["--max-num-seqs", "8", "--api-key", "k1", "--enforce-eager"]) == (
+        ["--max-num-seqs", "8", "--enforce-eager"],
+        "k1",
+    )
     assert split_api_key(["--api-key=k2"]) == ([], "k2") and split_api_key(["--api_key", "k3"]) == ([], "k3")
     with pytest.raises(BadInput, match="2 keys"):
         split_api_key(["--api-key", "a", "b"])
@@ -39,8 +41,18 @@ def test_serve_api_key_env_names_the_variable_never_the_value(monkeypatch):
     from m3ctl.state import Registry
     from tests.conftest import run_cli
 
-    d = run_cli("serve", "--model", "org/m", "--dry-run", "--json", "--skip-checks", "--api-key-env", "MY_KEY",
-                env={"MY_KEY": "s3cr3t-value-42"}, check=True).stdout
+    d = run_cli(
+        "serve",
+        "--model",
+        "org/m",
+        "--dry-run",
+        "--json",
+        "--skip-checks",
+        "--api-key-env",
+        "MY_KEY",
+        env={"MY_KEY": "s3cr3t-value-42"},
+        check=True,
+    ).stdout
     assert "s3cr3t-value-42" not in d
     p = LaunchPlan.model_validate(json.loads(d))
     assert p.api_key_env == "MY_KEY" and "VLLM_API_KEY" in p.secret_env_names and "--api-key" not in p.argv

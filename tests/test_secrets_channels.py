@@ -45,9 +45,18 @@ def setup(tmp_path):
     prof_env = tmp_path / "prof-env.yaml"
     prof_env.write_text(yaml.safe_dump({**hopper, "env": {**hopper.get("env", {}), "MY_SERVICE_TOKEN": m["profenv"]}}))
     prof_arg = tmp_path / "prof-arg.yaml"
-    prof_arg.write_text(yaml.safe_dump({**hopper, "serve_args": {**(hopper.get("serve_args") or {}), "api-key": m["profarg"]}}))
-    return {"inv": str(inv), "m": m, "cfg_env": str(cfg_env), "cfg_arg": str(cfg_arg), "prof_env": str(prof_env),
-            "prof_arg": str(prof_arg), "cfg": str(tmp_path / "cfg.yaml")}
+    prof_arg.write_text(
+        yaml.safe_dump({**hopper, "serve_args": {**(hopper.get("serve_args") or {}), "api-key": m["profarg"]}})
+    )
+    return {
+        "inv": str(inv),
+        "m": m,
+        "cfg_env": str(cfg_env),
+        "cfg_arg": str(cfg_arg),
+        "prof_env": str(prof_env),
+        "prof_arg": str(prof_arg),
+        "cfg": str(tmp_path / "cfg.yaml"),
+    }
 
 
 def _tree(pid: int) -> list[psutil.Process]:
@@ -70,8 +79,20 @@ def test_markers_through_every_channel_reach_only_the_server_environment(setup, 
     # ka: --api-key-env, --arg hf-token, a config's env, a profile's env; kb: raw --api-key; kc: a config's args;
     # kd: a profile's serve_args. Each server must require exactly its key.
     launches = {
-        "ka": (["--config", setup["cfg_env"], "--profile", setup["prof_env"], "--api-key-env", "KA_VAR",
-                "--arg", f"hf-token={m['arg']}"], {"KA_VAR": m["flag"]}, m["flag"]),
+        "ka": (
+            [
+                "--config",
+                setup["cfg_env"],
+                "--profile",
+                setup["prof_env"],
+                "--api-key-env",
+                "KA_VAR",
+                "--arg",
+                f"hf-token={m['arg']}",
+            ],
+            {"KA_VAR": m["flag"]},
+            m["flag"],
+        ),
         "kb": (["--config", setup["cfg"], "--", "--api-key", m["raw"]], {}, m["raw"]),
         "kc": (["--config", setup["cfg_arg"]], {}, m["cfgarg"]),
         "kd": (["--config", setup["cfg"], "--profile", setup["prof_arg"]], {}, m["profarg"]),
@@ -80,14 +101,29 @@ def test_markers_through_every_channel_reach_only_the_server_environment(setup, 
     try:
         for name, (args, env, key) in launches.items():
             ports[name] = free_port()
-            dry = run_cli("serve", *common, "--name", name, "--port", str(ports[name]), "--dry-run", *args,
-                          env={**FAKE, **env})
+            dry = run_cli(
+                "serve", *common, "--name", name, "--port", str(ports[name]), "--dry-run", *args, env={**FAKE, **env}
+            )
             keep(f"{name} serve --dry-run", dry)
             assert dry.returncode == 0, dry.stderr
-            keep(f"{name} serve --dry-run --json", run_cli("serve", *common, "--name", name, "--port", str(ports[name]),
-                                                           "--dry-run", "--json", *args, env={**FAKE, **env}))
-            p = run_cli("serve", *common, "--name", name, "--port", str(ports[name]), *args, env={**FAKE, **env},
-                        timeout=180)
+            keep(
+                f"{name} serve --dry-run --json",
+                run_cli(
+                    "serve",
+                    *common,
+                    "--name",
+                    name,
+                    "--port",
+                    str(ports[name]),
+                    "--dry-run",
+                    "--json",
+                    *args,
+                    env={**FAKE, **env},
+                ),
+            )
+            p = run_cli(
+                "serve", *common, "--name", name, "--port", str(ports[name]), *args, env={**FAKE, **env}, timeout=180
+            )
             keep(f"{name} serve", p)
             assert p.returncode == 0, p.stdout + p.stderr  # readiness and the smoke test sent the key
             server_env = psutil.Process(_pid(name)).environ()
@@ -96,8 +132,11 @@ def test_markers_through_every_channel_reach_only_the_server_environment(setup, 
             assert httpx.get(url, timeout=10).status_code == 401
             assert httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=10).status_code == 200
         ka_env = psutil.Process(_pid("ka")).environ()
-        assert (ka_env.get("HF_TOKEN"), ka_env.get("HUGGING_FACE_HUB_TOKEN"), ka_env.get("MY_SERVICE_TOKEN")) == \
-            (m["arg"], m["cfgenv"], m["profenv"])
+        assert (ka_env.get("HF_TOKEN"), ka_env.get("HUGGING_FACE_HUB_TOKEN"), ka_env.get("MY_SERVICE_TOKEN")) == (
+            m["arg"],
+            m["cfgenv"],
+            m["profenv"],
+        )
         # No marker on the command line of any process now running (the servers and everything they started).
         for proc in psutil.process_iter(["cmdline"]):
             line = " ".join(proc.info["cmdline"] or [])
@@ -112,12 +151,37 @@ def test_markers_through_every_channel_reach_only_the_server_environment(setup, 
         keep("watch ka", w)
         assert w.returncode == 0, w.stdout + w.stderr
         bench_json = tmp_path / "bench-kb.json"
-        b = run_cli("bench", "--deployment", "kb", "--num-prompts", "2", "--concurrency", "1", "--input-len", "8",
-                    "--output-len", "4", "--tokenizer", str(tiny_models["m2"]), "--output-json", str(bench_json),
-                    env={"VLLM_API_KEY": m["raw"]})
+        b = run_cli(
+            "bench",
+            "--deployment",
+            "kb",
+            "--num-prompts",
+            "2",
+            "--concurrency",
+            "1",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--tokenizer",
+            str(tiny_models["m2"]),
+            "--output-json",
+            str(bench_json),
+            env={"VLLM_API_KEY": m["raw"]},
+        )
         keep("bench --deployment kb (key set)", b)
-        nokey = run_cli("bench", "--deployment", "kb", "--num-prompts", "2", "--output-len", "4", "--tokenizer",
-                        str(tiny_models["m2"]), env={"VLLM_API_KEY": "", "OPENAI_API_KEY": ""})
+        nokey = run_cli(
+            "bench",
+            "--deployment",
+            "kb",
+            "--num-prompts",
+            "2",
+            "--output-len",
+            "4",
+            "--tokenizer",
+            str(tiny_models["m2"]),
+            env={"VLLM_API_KEY": "", "OPENAI_API_KEY": ""},
+        )
         keep("bench --deployment kb (no key)", nokey)
         assert nokey.returncode == 2 and "401" in nokey.stderr and "VLLM_API_KEY" in nokey.stderr, nokey.stderr
 
@@ -125,8 +189,9 @@ def test_markers_through_every_channel_reach_only_the_server_environment(setup, 
         # and requests without a key stay refused.
         pid_b = _pid("kb")
         for restart in ("no", "on-failure"):
-            w = run_cli("watch", "kb", "--count", "2", "--interval", "0", "--restart", restart,
-                        env={"VLLM_API_KEY": ""})
+            w = run_cli(
+                "watch", "kb", "--count", "2", "--interval", "0", "--restart", restart, env={"VLLM_API_KEY": ""}
+            )
             keep(f"watch kb --restart {restart} (no key)", w)
             assert w.returncode == 2 and "engine-dead" not in w.stdout + w.stderr, w.stdout + w.stderr
             assert "VLLM_API_KEY" in w.stderr and len(w.stderr.strip().splitlines()) == 2, w.stderr  # error + hint
@@ -135,19 +200,28 @@ def test_markers_through_every_channel_reach_only_the_server_environment(setup, 
         assert httpx.get(f"http://127.0.0.1:{ports['kb']}/v1/models", timeout=10).status_code == 401
 
         # A restart keeps every secret of the launch, or refuses naming the variable it lacks.
-        refused = run_cli("watch", "ka", "--count", "1", "--interval", "0", "--restart", "on-failure",
-                          env={"KA_VAR": m["flag"]})
+        refused = run_cli(
+            "watch", "ka", "--count", "1", "--interval", "0", "--restart", "on-failure", env={"KA_VAR": m["flag"]}
+        )
         keep("watch ka restart (HF_TOKEN unset)", refused)
         assert refused.returncode == 2 and "HF_TOKEN" in refused.stderr, refused.stderr
         os.kill(_pid("ka"), signal.SIGKILL)
-        full = {"KA_VAR": m["flag"], "HF_TOKEN": m["arg"], "HUGGING_FACE_HUB_TOKEN": m["cfgenv"],
-                "MY_SERVICE_TOKEN": m["profenv"], **FAKE}
+        full = {
+            "KA_VAR": m["flag"],
+            "HF_TOKEN": m["arg"],
+            "HUGGING_FACE_HUB_TOKEN": m["cfgenv"],
+            "MY_SERVICE_TOKEN": m["profenv"],
+            **FAKE,
+        }
         r = run_cli("watch", "ka", "--count", "2", "--interval", "0", "--restart", "on-failure", env=full, timeout=180)
         keep("watch ka restart", r)
         assert r.returncode == 0 and "restarted" in r.stdout, r.stdout + r.stderr
         again = psutil.Process(_pid("ka")).environ()
-        assert (again.get("VLLM_API_KEY"), again.get("HF_TOKEN"), again.get("MY_SERVICE_TOKEN")) == \
-            (m["flag"], m["arg"], m["profenv"])
+        assert (again.get("VLLM_API_KEY"), again.get("HF_TOKEN"), again.get("MY_SERVICE_TOKEN")) == (
+            m["flag"],
+            m["arg"],
+            m["profenv"],
+        )
         assert httpx.get(f"http://127.0.0.1:{ports['ka']}/v1/models", timeout=10).status_code == 401
         keep("logs ka", run_cli("logs", "ka", "-n", "500"))
     finally:
@@ -165,8 +239,21 @@ def test_markers_through_every_channel_reach_only_the_server_environment(setup, 
 
 def test_emitted_forms_reference_secrets_and_bind_loopback(setup):
     m = setup["m"]
-    base = ["--inventory", setup["inv"], "-m", "MiniMax-M3.1-Flash", "--runtime", "docker", "--config",
-            setup["cfg_env"], "--profile", setup["prof_env"], "--arg", f"hf-token={m['arg']}", "--skip-checks"]
+    base = [
+        "--inventory",
+        setup["inv"],
+        "-m",
+        "MiniMax-M3.1-Flash",
+        "--runtime",
+        "docker",
+        "--config",
+        setup["cfg_env"],
+        "--profile",
+        setup["prof_env"],
+        "--arg",
+        f"hf-token={m['arg']}",
+        "--skip-checks",
+    ]
     texts = {}
     for fmt in ("docker", "compose", "k8s", "lws", "script", "ray"):
         extra = ["--tp", "1", "--dp", "8"] if fmt == "lws" else (["--tp", "8"] if fmt == "ray" else [])
@@ -189,20 +276,45 @@ def test_emitted_forms_reference_secrets_and_bind_loopback(setup):
     assert svc["environment"]["VLLM_API_KEY"].startswith("${VLLM_API_KEY:?")
     dep = list(yaml.safe_load_all(texts["k8s"]))[-1]
     env = dep["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert {"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": "m3ctl-secrets", "key": "VLLM_API_KEY"}}} \
-        in env and not any(e.get("value") in m.values() for e in env)
+    assert {
+        "name": "VLLM_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "m3ctl-secrets", "key": "VLLM_API_KEY"}},
+    } in env and not any(e.get("value") in m.values() for e in env)
     assert texts["k8s"].startswith("# m3ctl: no Service or Ingress") and "kind: Service\n" not in texts["k8s"]
     assert ': "${VLLM_API_KEY:?' in texts["script"] and "--host 127.0.0.1" in texts["script"]
     assert "0.0.0.0" not in texts["script"] and "0.0.0.0" not in texts["ray"]
     assert any(c["what"] == "VLLM_API_KEY" for c in json.loads(texts["json"])["explain"])  # named, never valued
     # All interfaces only when asked for, and then with a warning when no API key is set.
-    open_ = run_cli("plan", "--inventory", setup["inv"], "-m", "MiniMax-M3.1-Flash", "--runtime", "docker",
-                    "--host", "0.0.0.0", "--emit", "docker", env={"VLLM_API_KEY": ""})
-    shown = run_cli("plan", "--inventory", setup["inv"], "-m", "MiniMax-M3.1-Flash", "--host", "0.0.0.0",
-                    env={"VLLM_API_KEY": ""})
+    open_ = run_cli(
+        "plan",
+        "--inventory",
+        setup["inv"],
+        "-m",
+        "MiniMax-M3.1-Flash",
+        "--runtime",
+        "docker",
+        "--host",
+        "0.0.0.0",
+        "--emit",
+        "docker",
+        env={"VLLM_API_KEY": ""},
+    )
+    shown = run_cli(
+        "plan", "--inventory", setup["inv"], "-m", "MiniMax-M3.1-Flash", "--host", "0.0.0.0", env={"VLLM_API_KEY": ""}
+    )
     assert "--host 0.0.0.0" in open_.stdout and "every interface with no API key" in shown.stdout
-    keyed = run_cli("plan", "--inventory", setup["inv"], "-m", "MiniMax-M3.1-Flash", "--host", "0.0.0.0",
-                    "--", "--api-key", m["raw"])
+    keyed = run_cli(
+        "plan",
+        "--inventory",
+        setup["inv"],
+        "-m",
+        "MiniMax-M3.1-Flash",
+        "--host",
+        "0.0.0.0",
+        "--",
+        "--api-key",
+        m["raw"],
+    )
     assert "with no API key" not in keyed.stdout and m["raw"] not in keyed.stdout + keyed.stderr
 
 
@@ -212,8 +324,23 @@ def test_url_credentials_reach_only_the_authorization_header(tmp_path, tiny_mode
     try:
         out = tmp_path / "b.json"
         cred = url.replace("http://", f"http://bench-user:{secret}@")
-        b = run_cli("bench", "--url", cred, "--num-prompts", "2", "--concurrency", "1", "--input-len", "8",
-                    "--output-len", "4", "--tokenizer", str(tiny_models["m2"]), "--output-json", str(out))
+        b = run_cli(
+            "bench",
+            "--url",
+            cred,
+            "--num-prompts",
+            "2",
+            "--concurrency",
+            "1",
+            "--input-len",
+            "8",
+            "--output-len",
+            "4",
+            "--tokenizer",
+            str(tiny_models["m2"]),
+            "--output-json",
+            str(out),
+        )
         assert b.returncode == 0, b.stderr
         text = out.read_text()
         assert secret not in text + b.stdout + b.stderr and "bench-user" not in text
@@ -233,8 +360,13 @@ def test_separation_unit_every_spelling_and_one_key():
     assert separate({"api-k": ("P1234",)}).values == {"VLLM_API_KEY": "P1234"}  # a unique prefix, as vLLM reads it
     with pytest.raises(BadInput, match="2 values"):
         separate({"api-key": ("a", "b")})
-    assert redact_raw(["--api-key", "Z9999", "--max-num-seqs", "8", "--hf-token=Q9999"]) == \
-        ["--api-key", "***", "--max-num-seqs", "8", "--hf-token=***"]
+    assert redact_raw(["--api-key", "Z9999", "--max-num-seqs", "8", "--hf-token=Q9999"]) == [
+        "--api-key",
+        "***",
+        "--max-num-seqs",
+        "8",
+        "--hf-token=***",
+    ]
     import base64
 
     from m3ctl.secrets import auth_headers
@@ -273,8 +405,9 @@ def test_watchdog_calls_401_unauthorised_and_never_restarts(monkeypatch):
     monkeypatch.setattr(watchdog.httpx, "Client", lambda **kw: real(transport=httpx.MockTransport(handler), **kw))
     dep = Deployment(name="k", runtime="process", pid=1, port=1, served_model_name="m", model="m")
     relaunched = []
-    p = watchdog.watch(dep, Rt(), interval_s=0, restart="on-failure", relaunch=lambda a: relaunched.append(a),
-                       max_probes=3)
+    p = watchdog.watch(
+        dep, Rt(), interval_s=0, restart="on-failure", relaunch=lambda a: relaunched.append(a), max_probes=3
+    )
     assert p.verdict == "unauthorised" and not relaunched and "401" in p.detail
 
 
@@ -288,10 +421,16 @@ def test_tune_trial_server_that_inherits_vllm_api_key_gets_it_sent(tmp_path, tin
     monkeypatch.setenv("VLLM_API_KEY", key)
     monkeypatch.setenv("FAKE_VLLM", FAKE["FAKE_VLLM"])
     exe = fake_vllm_config(tmp_path).parent / "vllm"
-    ev = ServerEvaluator(synthetic("h200x8"), "MiniMax-M3.1-Flash", tmp_path / "study", TuneSpec(prompts_per_concurrency=2),
-                         plan_base={"vllm_executable": str(exe), "startup_budget_s": 60},
-                         bench={"input_len": 8, "output_len": 4, "tokenizer": str(tiny_models["m2"]),
-                                "scrape_server_metrics": False}, port=free_port(), name_prefix="sk")
+    ev = ServerEvaluator(
+        synthetic("h200x8"),
+        "MiniMax-M3.1-Flash",
+        tmp_path / "study",
+        TuneSpec(prompts_per_concurrency=2),
+        plan_base={"vllm_executable": str(exe), "startup_budget_s": 60},
+        bench={"input_len": 8, "output_len": 4, "tokenizer": str(tiny_models["m2"]), "scrape_server_metrics": False},
+        port=free_port(),
+        name_prefix="sk",
+    )
     cand, why = ev.baseline_candidate()
     assert cand is not None, why
     session = ev.open(cand, 0, on_event=lambda s: None)

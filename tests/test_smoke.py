@@ -34,16 +34,41 @@ from tests.hosts import synthetic
 FULL = ["smoke.long_prompt", "smoke.batch", "smoke.chat", "smoke.answer", "smoke.output"]
 
 
-def _plan(fake: dict, *, name: str = "smk", model: str = "m", model_spec: str | None = None,
-          extra: tuple[str, ...] = (), served: list[str] | None = None) -> LaunchPlan:
+def _plan(
+    fake: dict,
+    *,
+    name: str = "smk",
+    model: str = "m",
+    model_spec: str | None = None,
+    extra: tuple[str, ...] = (),
+    served: list[str] | None = None,
+) -> LaunchPlan:
     """A plan whose server is the fake vLLM behaving as ``fake`` (its ``serve`` options)."""
     port = free_port()
     names = served or [model]
-    return LaunchPlan(name=name, profile="cpu", model=model, model_spec=model_spec, served_model_name=names[0],
-                      port=port, startup_budget_s=30,
-                      argv=[sys.executable, str(FAKE_VLLM), "serve", model, "--host", "127.0.0.1", "--port", str(port),
-                            "--served-model-name", *names, *extra],
-                      env={"FAKE_VLLM": json.dumps({"serve": fake})})
+    return LaunchPlan(
+        name=name,
+        profile="cpu",
+        model=model,
+        model_spec=model_spec,
+        served_model_name=names[0],
+        port=port,
+        startup_budget_s=30,
+        argv=[
+            sys.executable,
+            str(FAKE_VLLM),
+            "serve",
+            model,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--served-model-name",
+            *names,
+            *extra,
+        ],
+        env={"FAKE_VLLM": json.dumps({"serve": fake})},
+    )
 
 
 def _serve(plan: LaunchPlan, smoke="full"):
@@ -63,12 +88,27 @@ def test_levels_and_their_checks():
     assert smoke_level("Quick") == "quick"
     with pytest.raises(BadInput, match="not one of quick, full, off"):
         smoke_level("fast")
-    argv = ["vllm", "serve", "m", "--reasoning-parser", "minimax_m3", "--tool-call-parser", "minimax_m3",
-            "--enable-auto-tool-choice"]
+    argv = [
+        "vllm",
+        "serve",
+        "m",
+        "--reasoning-parser",
+        "minimax_m3",
+        "--tool-call-parser",
+        "minimax_m3",
+        "--enable-auto-tool-choice",
+    ]
     t = SmokeTarget(argv=tuple(argv), family="minimax-m3", block_size=128, msa_block_size=128, max_model_len=4096)
     ids = [c.split(" ")[0] for c in planned_checks(argv, "full", t)]
-    assert ids == ["smoke.long_prompt", "smoke.batch", "smoke.chat", "smoke.reasoning", "smoke.tool_calls",
-                   "smoke.answer", "smoke.output"]
+    assert ids == [
+        "smoke.long_prompt",
+        "smoke.batch",
+        "smoke.chat",
+        "smoke.reasoning",
+        "smoke.tool_calls",
+        "smoke.answer",
+        "smoke.output",
+    ]
     assert [c.split(" ")[0] for c in planned_checks(argv, "quick", t)] == ["smoke.long_prompt", "smoke.batch"]
     assert planned_checks(argv, "off", t) == []
     assert "no <mm:think> in content" in planned_checks(argv, "full", t)[3]  # M3's own marker, not <think>
@@ -85,14 +125,17 @@ def test_long_prompt_size_takes_the_largest_need_within_max_model_len():
     assert wanted == 1024 and send == 600 - smoke_data().batch.max_tokens - 1 and "max-model-len 600" in why
 
 
-@pytest.mark.parametrize("text,why", [
-    ("ok\x00\x00", "2 NUL characters"),
-    ("the the the the the the the the the", "one token repeated"),
-    ("I am here. I am here. I am here. I am here. I am here.", "a loop: a span of 3 tokens"),
-    ("a b c a b c d a c b a b c a b d a b c a c b a b c b a", "few distinct tokens"),
-    ("Paris \ufffd\ufffd is", "2 replacement characters"),
-    ("Paris is the capital and largest city of France, on the Seine.", None),
-])
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ("ok\x00\x00", "2 NUL characters"),
+        ("the the the the the the the the the", "one token repeated"),
+        ("I am here. I am here. I am here. I am here. I am here.", "a loop: a span of 3 tokens"),
+        ("a b c a b c d a c b a b c a b d a b c a c b a b c b a", "few distinct tokens"),
+        ("Paris \ufffd\ufffd is", "2 replacement characters"),
+        ("Paris is the capital and largest city of France, on the Seine.", None),
+    ],
+)
 def test_degenerate_text_is_named(text, why):
     got = degenerate(text)
     assert (got is None) if why is None else (got is not None and got.startswith(why)), got
@@ -107,10 +150,21 @@ def test_random_weights_are_recognised_from_the_plan_and_the_model_dir(tmp_path)
 
 
 def test_smoke_target_reads_msa_block_and_limits_from_the_plan():
-    t = smoke_target(_plan({}, model="MiniMax-M3.1-Flash", model_spec="MiniMax-M3.1-Flash",
-                           extra=("--max-model-len", "2048", "--block-size", "64")))
-    assert (t.family, t.msa_block_size, t.max_model_len, t.block_size, t.random_weights) == \
-        ("minimax-m3", 128, 2048, 64, None)
+    t = smoke_target(
+        _plan(
+            {},
+            model="MiniMax-M3.1-Flash",
+            model_spec="MiniMax-M3.1-Flash",
+            extra=("--max-model-len", "2048", "--block-size", "64"),
+        )
+    )
+    assert (t.family, t.msa_block_size, t.max_model_len, t.block_size, t.random_weights) == (
+        "minimax-m3",
+        128,
+        2048,
+        64,
+        None,
+    )
     t = smoke_target(_plan({}))  # an unknown hub id on CPU: vLLM's CPU default block size (vllm_defaults.yaml)
     assert t.msa_block_size is None and t.block_size == 128 and t.family is None
 
@@ -199,8 +253,9 @@ def test_a_server_dying_on_the_nth_request_is_named_and_stopped():
     with pytest.raises(LaunchFailed) as e:
         _serve(p)
     msg = e.value.message
-    assert e.value.phase == "smoke" and msg.startswith("server died during the smoke test after readiness, in "
-                                                       "smoke.batch (6 concurrent prompts"), msg
+    assert e.value.phase == "smoke" and msg.startswith(
+        "server died during the smoke test after readiness, in smoke.batch (6 concurrent prompts"
+    ), msg
     assert "illegal memory access" in msg and "EngineDeadError" not in msg.split(" [", 1)[0]
     _only_the_failed_record(e.value, p.port)
 
@@ -208,9 +263,24 @@ def test_a_server_dying_on_the_nth_request_is_named_and_stopped():
 def test_serve_refuses_a_server_that_dies_on_long_prompts(tmp_path):
     """The H200 case: short prompts are answered, any prompt beyond one 128-token MSA block kills the engine."""
     port = free_port()
-    p = run_cli("serve", "--inventory", _inventory(tmp_path), "--config", str(fake_vllm_config(tmp_path)), "--detach",
-                "--name", "m3", "--port", str(port), "--startup-timeout", "60", "-m", "MiniMax-M3.1-Flash",
-                env={"FAKE_VLLM": json.dumps({"serve": {"die_above_tokens": 128}})}, timeout=120)
+    p = run_cli(
+        "serve",
+        "--inventory",
+        _inventory(tmp_path),
+        "--config",
+        str(fake_vllm_config(tmp_path)),
+        "--detach",
+        "--name",
+        "m3",
+        "--port",
+        str(port),
+        "--startup-timeout",
+        "60",
+        "-m",
+        "MiniMax-M3.1-Flash",
+        env={"FAKE_VLLM": json.dumps({"serve": {"die_above_tokens": 128}})},
+        timeout=120,
+    )
     assert p.returncode == 4, p.stdout + p.stderr
     assert "server died during the smoke test after readiness, in smoke.long_prompt" in p.stderr, p.stderr
     assert "illegal memory access" in p.stderr and "Traceback" not in p.stderr.split(" [", 1)[0]
@@ -225,8 +295,9 @@ def test_serve_refuses_a_server_that_dies_on_long_prompts(tmp_path):
 # ------------------------------------------------------------------------------------------ parsers, answer
 def test_m3_reasoning_markers_in_content_are_a_parser_mismatch_plain_and_streamed():
     leak = {"reasoning_in_content": True, "think": ["<mm:think>", "</mm:think>"]}
-    p = _plan(leak, model="MiniMax-M3.1-Flash", model_spec="MiniMax-M3.1-Flash",
-              extra=("--reasoning-parser", "minimax_m2"))
+    p = _plan(
+        leak, model="MiniMax-M3.1-Flash", model_spec="MiniMax-M3.1-Flash", extra=("--reasoning-parser", "minimax_m2")
+    )
     _, f = _serve(p)
     try:
         r = f["smoke.reasoning"]
@@ -235,9 +306,12 @@ def test_m3_reasoning_markers_in_content_are_a_parser_mismatch_plain_and_streame
         assert "<mm:think>...</mm:think>" in r.fix
     finally:
         stop(["smk"])
-    p = _plan({}, model="MiniMax-M3.1-Flash", model_spec="MiniMax-M3.1-Flash",
-              extra=("--reasoning-parser", "minimax_m3", "--tool-call-parser", "minimax_m3",
-                     "--enable-auto-tool-choice"))
+    p = _plan(
+        {},
+        model="MiniMax-M3.1-Flash",
+        model_spec="MiniMax-M3.1-Flash",
+        extra=("--reasoning-parser", "minimax_m3", "--tool-call-parser", "minimax_m3", "--enable-auto-tool-choice"),
+    )
     _, f = _serve(p)
     try:
         assert f["smoke.reasoning"].status == "OK" and "<mm:think>...</mm:think>" in f["smoke.reasoning"].message
@@ -247,8 +321,12 @@ def test_m3_reasoning_markers_in_content_are_a_parser_mismatch_plain_and_streame
 
 
 def test_raw_tool_markup_is_caught_streamed_too():
-    p = _plan({"raw_tool_calls": True}, model="MiniMax-M3.1-Flash", model_spec="MiniMax-M3.1-Flash",
-              extra=("--tool-call-parser", "minimax_m2", "--enable-auto-tool-choice"))
+    p = _plan(
+        {"raw_tool_calls": True},
+        model="MiniMax-M3.1-Flash",
+        model_spec="MiniMax-M3.1-Flash",
+        extra=("--tool-call-parser", "minimax_m2", "--enable-auto-tool-choice"),
+    )
     _, f = _serve(p)
     try:
         t = f["smoke.tool_calls"]
@@ -293,9 +371,25 @@ def test_serve_prints_each_check_with_its_seconds_then_bench_url_picks_the_deplo
     port = free_port()
     cfg = str(fake_vllm_config(tmp_path))
     env = {"FAKE_VLLM": json.dumps({"serve": {}})}
-    p = run_cli("serve", "--inventory", _inventory(tmp_path), "--config", cfg, "--detach", "--skip-checks",
-                "--name", "tm2", "--port", str(port), "--startup-timeout", "60", "-m", str(tiny_models["m2"]),
-                env=env, timeout=120)
+    p = run_cli(
+        "serve",
+        "--inventory",
+        _inventory(tmp_path),
+        "--config",
+        cfg,
+        "--detach",
+        "--skip-checks",
+        "--name",
+        "tm2",
+        "--port",
+        str(port),
+        "--startup-timeout",
+        "60",
+        "-m",
+        str(tiny_models["m2"]),
+        env=env,
+        timeout=120,
+    )
     try:
         assert p.returncode == 0, p.stdout + p.stderr
         lines = p.stdout.splitlines()
@@ -308,9 +402,23 @@ def test_serve_prints_each_check_with_its_seconds_then_bench_url_picks_the_deplo
         (dep,) = json.loads(run_cli("status", "--json", check=True).stdout)
         assert dep["smoke_level"] == "full" and dep["smoke_s"] > 0
         assert dep["served_model_name"] == str(tiny_models["m2"])
-        b = run_cli("bench", "--url", f"http://127.0.0.1:{port}", "--num-prompts", "4", "--concurrency", "2",
-                    "--input-len", "16", "--output-len", "8", "--tokenizer", str(tiny_models["m2"]), "--json",
-                    timeout=120)
+        b = run_cli(
+            "bench",
+            "--url",
+            f"http://127.0.0.1:{port}",
+            "--num-prompts",
+            "4",
+            "--concurrency",
+            "2",
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "--tokenizer",
+            str(tiny_models["m2"]),
+            "--json",
+            timeout=120,
+        )
         assert b.returncode == 0, b.stdout + b.stderr
         assert f"model {str(tiny_models['m2'])!r}: the model of deployment 'tm2'" in b.stderr, b.stderr
         assert json.loads(b.stdout)["model_id"] == str(tiny_models["m2"])
@@ -324,8 +432,10 @@ def test_bench_url_of_an_unknown_server_takes_the_first_name(tmp_path, tiny_mode
     import m3ctl
 
     port = free_port()
-    srv = subprocess.Popen([sys.executable, str(FAKE_VLLM), "serve", "x", "--port", str(port),
-                            "--served-model-name", "first", "second"], env={"FAKE_VLLM": "{}", "PATH": "/usr/bin"})
+    srv = subprocess.Popen(
+        [sys.executable, str(FAKE_VLLM), "serve", "x", "--port", str(port), "--served-model-name", "first", "second"],
+        env={"FAKE_VLLM": "{}", "PATH": "/usr/bin"},
+    )
     try:
         import httpx
 
@@ -337,8 +447,15 @@ def test_bench_url_of_an_unknown_server_takes_the_first_name(tmp_path, tiny_mode
                 import time
 
                 time.sleep(0.1)
-        res = m3ctl.bench(url=f"http://127.0.0.1:{port}", concurrency=2, num_prompts=4, input_len=16, output_len=8,
-                          tokenizer=str(tiny_models["m2"]), scrape_server_metrics=False)
+        res = m3ctl.bench(
+            url=f"http://127.0.0.1:{port}",
+            concurrency=2,
+            num_prompts=4,
+            input_len=16,
+            output_len=8,
+            tokenizer=str(tiny_models["m2"]),
+            scrape_server_metrics=False,
+        )
         assert res.model_id == "first"
         from m3ctl.bench.target import model_choice
 
@@ -358,9 +475,17 @@ def test_a_tune_trial_whose_server_dies_on_long_prompts_fails_at_its_quick_smoke
     exe = tmp_path / "vllm"
     fake_vllm_config(tmp_path)  # writes the executable
     reg = Registry(tmp_path / "state")
-    ev = ServerEvaluator(detect(), str(tiny_models["m2"]), tmp_path / "study", TuneSpec(),
-                         plan_base={"vllm_executable": str(exe)}, bench={}, port=free_port(), name_prefix="tq",
-                         registry=reg)
+    ev = ServerEvaluator(
+        detect(),
+        str(tiny_models["m2"]),
+        tmp_path / "study",
+        TuneSpec(),
+        plan_base={"vllm_executable": str(exe)},
+        bench={},
+        port=free_port(),
+        name_prefix="tq",
+        registry=reg,
+    )
     events: list[str] = []
     monkeypatch.setenv("FAKE_VLLM", json.dumps({"serve": {"die_above_tokens": 128}}))
     with pytest.raises(LaunchFailed) as e:

@@ -17,32 +17,56 @@ from tests.conftest import run_cli
 from tests.test_doctor_hosts import EXPECTED, host
 
 # Detected fixture host -> catalog system with the same GPUs.
-PAIRS = {"nvidia-h200x2": "h200x2", "synthetic-b200x8": "b200x8", "synthetic-gb300x4": "gb300x4",
-         "synthetic-rubinx8": "rubinx8", "synthetic-rtxpro6000x4": "rtxpro6000x4",
-         "synthetic-mi300xx8": "mi300xx8", "synthetic-mi355xx8": "mi355xx8"}
+PAIRS = {
+    "nvidia-h200x2": "h200x2",
+    "synthetic-b200x8": "b200x8",
+    "synthetic-gb300x4": "gb300x4",
+    "synthetic-rubinx8": "rubinx8",
+    "synthetic-rtxpro6000x4": "rtxpro6000x4",
+    "synthetic-mi300xx8": "mi300xx8",
+    "synthetic-mi355xx8": "mi355xx8",
+}
 
 # Fields where the catalog intentionally differs from the old fixture, and why.
 DIFFERENCES = {
     # The fixtures took the vendor's GB as GiB; the catalog holds what NVML / amdsmi really report.
     "synthetic-b200x8": {"memory_total_mib": "nvidia-smi reads 183359 MiB, not 180 x 1024", "numa_nodes": "host fact"},
     "synthetic-gb300x4": {"memory_total_mib": "nvidia-smi reads 284208 MiB, not 288 x 1024", "numa_nodes": "host fact"},
-    "synthetic-mi300xx8": {"memory_total_mib": "amd-smi reads 196592 MB, not 192 x 1024",
-                           "driver_version": "6.10.5 was FakeAmdSmi's unsourced default"},
-    "synthetic-mi355xx8": {"memory_total_mib": "amd-smi reads 294896 MB, not 288 x 1024",
-                           "driver_version": "6.10.5 was FakeAmdSmi's unsourced default"},
+    "synthetic-mi300xx8": {
+        "memory_total_mib": "amd-smi reads 196592 MB, not 192 x 1024",
+        "driver_version": "6.10.5 was FakeAmdSmi's unsourced default",
+    },
+    "synthetic-mi355xx8": {
+        "memory_total_mib": "amd-smi reads 294896 MB, not 288 x 1024",
+        "driver_version": "6.10.5 was FakeAmdSmi's unsourced default",
+    },
     # Rubin's NUMA layout is not public: the catalog leaves it unknown.
     "synthetic-rubinx8": {"numa_node": "not public"},
     # 4-GPU servers carry the Server Edition card (the fixture named the Workstation Edition).
     # Its topology said NODE between GPUs on different NUMA nodes; across sockets NVML reports SYS.
-    "synthetic-rtxpro6000x4": {"name": "Server Edition in servers", "numa_nodes": "host fact",
-                               "links": "SYS across sockets"},
+    "synthetic-rtxpro6000x4": {
+        "name": "Server Edition in servers",
+        "numa_nodes": "host fact",
+        "links": "SYS across sockets",
+    },
     # The real capture's NVML snapshot has no NUMA reading (that host is one socket: topo -m says NUMA 0 for
     # both GPUs); an HGX H200 node is two sockets, so two of its GPUs sit on nodes 0 and 1.
     "nvidia-h200x2": {"numa_node": "not in the NVML snapshot", "numa_nodes": "host fact"},
 }
 
-GPU_FIELDS = ("vendor", "name", "arch", "compute_capability", "gfx_target", "memory_total_mib", "brand", "numa_node",
-              "nvlinks_active", "fabric_state", "mig_mode")
+GPU_FIELDS = (
+    "vendor",
+    "name",
+    "arch",
+    "compute_capability",
+    "gfx_target",
+    "memory_total_mib",
+    "brand",
+    "numa_node",
+    "nvlinks_active",
+    "fabric_state",
+    "mig_mode",
+)
 HOST_FIELDS = ("probe", "driver_version", "cuda_driver_version", "rocm_version", "numa_nodes")
 
 
@@ -72,8 +96,19 @@ def test_doctor_verdict_on_the_catalog_system_equals_the_fixture_verdict(fixture
 
 def test_every_system_is_sourced_and_detectable():
     names = system_names()
-    for n in ("b200x8", "b300x8", "gb200x4", "gb300x4", "h100x8", "h200x8", "rtxpro6000x4", "rubinx8",
-              "mi300xx8", "mi325xx8", "mi355xx8"):
+    for n in (
+        "b200x8",
+        "b300x8",
+        "gb200x4",
+        "gb300x4",
+        "h100x8",
+        "h200x8",
+        "rtxpro6000x4",
+        "rubinx8",
+        "mi300xx8",
+        "mi325xx8",
+        "mi355xx8",
+    ):
         assert n in names
     for key, spec in load_systems().systems.items():
         assert all(spec.sources[k] for k in ("gpu", "memory", "links", "driver")), key
@@ -136,13 +171,23 @@ def test_kv_capacity_is_the_memory_rule_boundary():
 
 
 def test_sizing_rows_are_the_planners_answers():
-    rows = {r.system: r for r in size_systems(["gb300x4", "rtxpro6000x4", "l40s"], PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=131072))}
-    p = plan(inventory_for_system("gb300x4"), PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=131072, runtime="auto"))
+    rows = {
+        r.system: r
+        for r in size_systems(
+            ["gb300x4", "rtxpro6000x4", "l40s"], PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=131072)
+        )
+    }
+    p = plan(
+        inventory_for_system("gb300x4"), PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=131072, runtime="auto")
+    )
     g = rows["gb300x4"]
     assert g.serves and (g.variant, g.tp, g.dp, g.ep) == (p.variant, p.tp, p.dp, p.ep)
     assert g.kv_tokens == p.memory_fit.capacity_tokens() and g.concurrent_sequences == g.kv_tokens // 131072 > 0
     with pytest.raises(ConfigRejected) as e:
-        plan(inventory_for_system("rtxpro6000x4"), PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=131072, runtime="auto"))
+        plan(
+            inventory_for_system("rtxpro6000x4"),
+            PlanRequest(model="MiniMax-M3.1-Flash", max_model_len=131072, runtime="auto"),
+        )
     r = rows["rtxpro6000x4"]
     assert not r.serves and e.value.message.startswith(f"rule {r.rule}:") and r.reason in e.value.message
     assert not rows["l40sx4"].serves and "no kernel profile for architecture 'ada'" in rows["l40sx4"].reason
@@ -178,8 +223,18 @@ def test_cli_doctor_system_json():
 
 
 def test_cli_sizing_table_and_json():
-    p = run_cli("plan", "--model", "MiniMax-M3.1-Flash", "--max-model-len", "131072", "--systems",
-                "gb300x4,rtxpro6000x4", "--systems", "h200x8", "--json")
+    p = run_cli(
+        "plan",
+        "--model",
+        "MiniMax-M3.1-Flash",
+        "--max-model-len",
+        "131072",
+        "--systems",
+        "gb300x4,rtxpro6000x4",
+        "--systems",
+        "h200x8",
+        "--json",
+    )
     assert p.returncode == 0, p.stderr
     rows = {r["system"]: r for r in json.loads(p.stdout)["systems"]}
     assert list(rows) == ["gb300x4", "rtxpro6000x4", "h200x8"]
@@ -188,8 +243,12 @@ def test_cli_sizing_table_and_json():
     assert rows["rtxpro6000x4"]["rule"] == "variant.native"
     one = json.loads(run_cli("plan", "--system", "h200x8", "--max-model-len", "131072", "--json", check=True).stdout)
     h = rows["h200x8"]
-    assert (h["variant"], h["tp"], h["dp"], h["ep"]) == (one["variant"], one["layout"]["tp"], one["layout"]["dp"],
-                                                          one["layout"]["ep"])
+    assert (h["variant"], h["tp"], h["dp"], h["ep"]) == (
+        one["variant"],
+        one["layout"]["tp"],
+        one["layout"]["dp"],
+        one["layout"]["ep"],
+    )
     t = run_cli("plan", "--max-model-len", "131072", "--systems", "all")
     assert t.returncode == 0 and all(n in t.stdout for n in system_names())
     assert "rtxpro6000x4: variant.native: variant 'nvfp4'" in t.stdout

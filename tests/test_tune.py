@@ -38,9 +38,15 @@ def test_slo_parse_and_check():
     assert parse_slo("").terms == ()
 
 
-@pytest.mark.parametrize("text,needle", [("p90_tpot<=20", "did you mean 'p90_tpot_ms'"),
-                                         ("p90_tpot_ms=20", "operator"), ("p90_tpot_ms<=fast", "not a number"),
-                                         ("p90_tpot_ms", "expected KEY<=VALUE")])
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("p90_tpot<=20", "did you mean 'p90_tpot_ms'"),
+        ("p90_tpot_ms=20", "operator"),
+        ("p90_tpot_ms<=fast", "not a number"),
+        ("p90_tpot_ms", "expected KEY<=VALUE"),
+    ],
+)
 def test_slo_errors(text, needle):
     with pytest.raises(BadInput, match=needle.replace("(", r"\(")):
         parse_slo(text)
@@ -59,8 +65,12 @@ def test_default_space_follows_profile_support():
 def test_pins_narrow_and_reject_typos():
     sp = apply_pins(default_space(profile_for_arch("cpu"), 0), ["spec_depth=0-2", "max_num_seqs=4,16", "dcp=1,2"])
     assert sp.values["spec_depth"] == [0, 1, 2] and sp.values["max_num_seqs"] == [4, 16]
-    assert sp.size() == 3 * 2 * 3 * 2 and set(sp.free()) == {"spec_depth", "max_num_seqs", "dcp",
-                                                             "max_num_batched_tokens"}
+    assert sp.size() == 3 * 2 * 3 * 2 and set(sp.free()) == {
+        "spec_depth",
+        "max_num_seqs",
+        "dcp",
+        "max_num_batched_tokens",
+    }
     with pytest.raises(BadInput, match="did you mean 'max_num_seqs'"):
         apply_pins(sp, ["max_num_seq=4"])
     with pytest.raises(BadInput, match="not an integer"):
@@ -86,8 +96,10 @@ def test_prune_keeps_one_max_num_seqs_covering_the_ladder():
     assert prune_dominated(cpu, [1, 2, 4, 8, 16])[0].values["max_num_seqs"] == [2, 4, 8, 16]
 
 
-@pytest.mark.parametrize(("pins", "rule_id"), [(["dcp=2"], "parallel.dcp"),
-                                               (["max_num_seqs=128", "max_num_batched_tokens=64"], "batching.limits")])
+@pytest.mark.parametrize(
+    ("pins", "rule_id"),
+    [(["dcp=2"], "parallel.dcp"), (["max_num_seqs=128", "max_num_batched_tokens=64"], "batching.limits")],
+)
 def test_rule_rejected_candidate_is_never_launched(tiny_models, tmp_path, pins, rule_id):
     """DCP on the CPU profile breaks rule parallel.dcp; a chunk budget below max-num-seqs breaks
     batching.limits (vLLM refuses it at start): the trial is infeasible with the rule, nothing starts."""
@@ -98,8 +110,18 @@ def test_rule_rejected_candidate_is_never_launched(tiny_models, tmp_path, pins, 
     inv = detect()
     sp = apply_pins(default_space(profile_for_arch(inv.arch), len(inv.gpus)), pins)
     reg = Registry(tmp_path / "state")
-    ev = ServerEvaluator(inv, str(tiny_models["m2"]), tmp_path / "study", TuneSpec(), plan_base={}, bench={},
-                         port=1, name_prefix="tune-x", registry=reg, space=sp)
+    ev = ServerEvaluator(
+        inv,
+        str(tiny_models["m2"]),
+        tmp_path / "study",
+        TuneSpec(),
+        plan_base={},
+        bench={},
+        port=1,
+        name_prefix="tune-x",
+        registry=reg,
+        space=sp,
+    )
     events: list[str] = []
     out = evaluate(ev, sp.grid()[0], TuneSpec(), parse_slo(""), 0, events.append)
     assert out.status == "rejected" and not out.launched and out.cost_s == 0
@@ -134,16 +156,30 @@ def test_replay_search_finds_a_feasible_config_cheaper_than_the_grid():
     rec = ev.by_key[key_of(res.best.config)]["points"][str(res.best.concurrency)]
     assert parse_slo(grid["meta"]["slo"]).ok(rec)
     front = pareto(res.outcomes)
-    assert front and all(a["interactivity"] < b["interactivity"] and a["objective"] > b["objective"]
-                         for a, b in itertools.pairwise(front))
+    assert front and all(
+        a["interactivity"] < b["interactivity"] and a["objective"] > b["objective"]
+        for a, b in itertools.pairwise(front)
+    )
 
 
 def _record(points: dict[int, tuple[float, float]], start_s: float = 50.0) -> dict:
     """A grid record whose p90 TPOT and throughput at each concurrency are given (monotone load curve)."""
-    return {"config": {}, "status": "ok", "start_s": start_s,
-            "points": {str(c): {"duration": 1.0, "completed": 8, "total_token_throughput": tput, "p90_tpot_ms": tpot,
-                                "p90_ttft_ms": 100.0,
-                                "validity": {"valid": True, "reasons": []}} for c, (tput, tpot) in points.items()}}
+    return {
+        "config": {},
+        "status": "ok",
+        "start_s": start_s,
+        "points": {
+            str(c): {
+                "duration": 1.0,
+                "completed": 8,
+                "total_token_throughput": tput,
+                "p90_tpot_ms": tpot,
+                "p90_ttft_ms": 100.0,
+                "validity": {"valid": True, "reasons": []},
+            }
+            for c, (tput, tpot) in points.items()
+        },
+    }
 
 
 @pytest.mark.parametrize("start", [None, 1, 2, 4, 8, 16])
@@ -168,8 +204,9 @@ def test_complete_poll_measures_every_anchor_neighbour_before_moving():
     grid = _grid()
     space = recorded_space(grid)
     ev = ReplayEvaluator(grid)
-    res = Tuner(space, ev, TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=4,
-                                    confirm_top=0)).run(clock=lambda: ev.clock[0])
+    res = Tuner(space, ev, TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=4, confirm_top=0)).run(
+        clock=lambda: ev.clock[0]
+    )
     order = sorted((o for o in res.outcomes if o.launched), key=lambda o: o.trial)
     anchor = space.anchor()
     assert order[0].config == anchor
@@ -190,8 +227,13 @@ def test_headroom_rank_orders_equal_capacity_by_the_next_miss():
 
     def out(*pts, obj=None):
         ok = [p for p in pts if p.slo_ok and p.fidelity == 1.0]
-        return Outcome(config={}, status="feasible", objective=obj or max(p.objective for p in ok),
-                       concurrency=max(p.concurrency for p in ok), points=list(pts))
+        return Outcome(
+            config={},
+            status="feasible",
+            objective=obj or max(p.objective for p in ok),
+            concurrency=max(p.concurrency for p in ok),
+            points=list(pts),
+        )
 
     near = headroom_rank(out(pt(2, 2300, True, 80), pt(4, 3300, False, 155)), slo)
     far = headroom_rank(out(pt(2, 2700, True, 11), pt(4, 3700, False, 284)), slo)
@@ -205,10 +247,17 @@ def test_headroom_rank_orders_equal_capacity_by_the_next_miss():
     # capacity first: meeting the SLO at c=4 beats any miss at c=4, and the ladder top beats a near miss
     assert headroom_rank(out(pt(4, 3000, True, 60), pt(8, 3100, False, 101)), slo) > near
     top = headroom_rank(out(pt(32, 5000, True, 60)), slo)
-    assert top == (32, math.inf, 5000) and top > headroom_rank(out(pt(16, 4900, True, 60), pt(32, 5400, False, 101)), slo)
+    assert top == (32, math.inf, 5000) and top > headroom_rank(
+        out(pt(16, 4900, True, 60), pt(32, 5400, False, 101)), slo
+    )
     # a confirmation (fidelity 2) that missed at the searched concurrency lowers the capacity to what held
-    o = out(pt(16, 3000, True, 50), pt(32, 4000, True, 90), pt(64, 4200, False, 300), pt(32, 3900, False, 130, fid=2.0),
-            pt(16, 2900, True, 55, fid=2.0))
+    o = out(
+        pt(16, 3000, True, 50),
+        pt(32, 4000, True, 90),
+        pt(64, 4200, False, 300),
+        pt(32, 3900, False, 130, fid=2.0),
+        pt(16, 2900, True, 55, fid=2.0),
+    )
     o.confirmed, o.concurrency = 2900, 16
     assert headroom_rank(o, slo)[:2] == (16, pytest.approx(-0.3)) and headroom_rank(o, slo)[2] == 2900
     assert headroom_rank(Outcome(config={}, status="slo_infeasible"), slo) is None
@@ -220,8 +269,13 @@ def test_point_keeps_every_slo_key():
     from m3ctl.tune.search import _point
 
     slo = parse_slo("p50_ttft_ms<=300,request_goodput>=2")
-    res = {"completed": 4, "total_token_throughput": 100.0, "p50_ttft_ms": 250.0, "request_goodput": 3.0,
-           "p90_tpot_ms": 5.0}
+    res = {
+        "completed": 4,
+        "total_token_throughput": 100.0,
+        "p50_ttft_ms": 250.0,
+        "request_goodput": 3.0,
+        "p90_tpot_ms": 5.0,
+    }
     p = _point(TuneSpec(slo="p50_ttft_ms<=300,request_goodput>=2"), slo, res, 4, 1.0, 1)
     assert p.metrics["p50_ttft_ms"] == 250.0 and p.metrics["request_goodput"] == 3.0 and p.slo_ok
 
@@ -238,10 +292,20 @@ def _itl_landscape() -> tuple[Space, dict]:
         pts = {}
         for c, tput in base.items():
             itl = (10.0 if c <= 2 else 10.0 + mbt * 0.12 * (c / 4) ** 0.5) * (1 + 0.1 * k)
-            pts[str(c)] = {"duration": 10.0, "completed": 4 * c, "p99_itl_ms": itl, "p90_ttft_ms": 100.0 * c,
-                           "total_token_throughput": tput * (1 - 0.02 * math.log2(2048 / mbt)) * (1 - 0.05 * k)}
+            pts[str(c)] = {
+                "duration": 10.0,
+                "completed": 4 * c,
+                "p99_itl_ms": itl,
+                "p90_ttft_ms": 100.0 * c,
+                "total_token_throughput": tput * (1 - 0.02 * math.log2(2048 / mbt)) * (1 - 0.05 * k),
+            }
         configs.append({"config": cand, "status": "ok", "start_s": 50.0, "points": pts})
-    return space, {"ladder": list(base), "configs": configs, "space": space.to_json(), "meta": {"slo": "p99_itl_ms<=100"}}
+    return space, {
+        "ladder": list(base),
+        "configs": configs,
+        "space": space.to_json(),
+        "meta": {"slo": "p99_itl_ms<=100"},
+    }
 
 
 def test_pattern_moves_walk_a_monotone_knob_to_the_optimum():
@@ -253,14 +317,17 @@ def test_pattern_moves_walk_a_monotone_knob_to_the_optimum():
     these changes needed TPE to land on it (7th start)."""
     space, grid = _itl_landscape()
     ev = ReplayEvaluator(grid)
-    res = Tuner(space, ev, TuneSpec(slo="p99_itl_ms<=100", ladder=grid["ladder"], max_trials=14,
-                                    confirm_top=0)).run(clock=lambda: ev.clock[0])
+    res = Tuner(space, ev, TuneSpec(slo="p99_itl_ms<=100", ladder=grid["ladder"], max_trials=14, confirm_top=0)).run(
+        clock=lambda: ev.clock[0]
+    )
     launched = sorted((o for o in res.outcomes if o.launched), key=lambda o: o.trial)
     order = [(o.config["spec_depth"], o.config["max_num_batched_tokens"]) for o in launched]
     assert order[:6] == [(0, 2048), (1, 2048), (0, 1024), (0, 512), (0, 256), (0, 128)]
     assert res.best.config == {"spec_depth": 0, "max_num_batched_tokens": 256} and res.best.concurrency == 16
-    grid_best = max(max(p["total_token_throughput"] for p in c["points"].values() if p["p99_itl_ms"] <= 100)
-                    for c in grid["configs"])
+    grid_best = max(
+        max(p["total_token_throughput"] for p in c["points"].values() if p["p99_itl_ms"] <= 100)
+        for c in grid["configs"]
+    )
     assert res.best.objective == pytest.approx(grid_best)
     assert launched.index(res.best) == 4 and order[6] == (1, 256)  # then the poll's last unmeasured neighbour
     assert res.stopped_by.startswith("stalled") and res.launches == 7 + 3  # + patience (3) TPE starts
@@ -334,8 +401,17 @@ def test_baseline_survives_resume_and_is_not_remeasured(tmp_path):
 
 def test_old_study_settings_still_load():
     """tune.json written before warm_start/patience/baseline existed: TuneSpec fills the defaults (no baseline)."""
-    old = {"slo": "p90_tpot_ms<=20", "objective": "tput_per_gpu", "usd_per_gpu_hour": None, "ladder": [1, 2],
-           "max_trials": 3, "time_budget_s": None, "seed": 0, "confirm_top": 2, "prompts_per_concurrency": 4}
+    old = {
+        "slo": "p90_tpot_ms<=20",
+        "objective": "tput_per_gpu",
+        "usd_per_gpu_hour": None,
+        "ladder": [1, 2],
+        "max_trials": 3,
+        "time_budget_s": None,
+        "seed": 0,
+        "confirm_top": 2,
+        "prompts_per_concurrency": 4,
+    }
     spec = TuneSpec(**old)
     assert spec.baseline is False and spec.warm_start and spec.local_first
 
@@ -345,8 +421,11 @@ def test_time_budget_skips_a_start_that_would_overrun():
     grid = _grid()
     space = recorded_space(grid)
     ev = ReplayEvaluator(grid)
-    res = Tuner(space, ev, TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=20, confirm_top=0,
-                                    time_budget_s=300.0)).run(clock=lambda: ev.clock[0])
+    res = Tuner(
+        space,
+        ev,
+        TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=20, confirm_top=0, time_budget_s=300.0),
+    ).run(clock=lambda: ev.clock[0])
     costs = sorted(o.cost_s for o in res.outcomes if o.launched)
     assert "time budget" in res.stopped_by
     assert res.cost_s + costs[len(costs) // 2] > 300.0  # one more typical trial would not have fitted
@@ -368,8 +447,17 @@ def _tuned_profile(tmp_path: Path, model: str, cand_over: dict) -> Path:
     base = profile_for_arch(inv.arch)
     sp = apply_pins(default_space(base, len(inv.gpus)), ["max_num_seqs=128"])
     cand = {**sp.anchor(), **cand_over}
-    ev = ServerEvaluator(inv, model, tmp_path / "s", TuneSpec(), plan_base={"runtime": "docker"}, bench={}, port=1,
-                         name_prefix="tune-x", space=sp)
+    ev = ServerEvaluator(
+        inv,
+        model,
+        tmp_path / "s",
+        TuneSpec(),
+        plan_base={"runtime": "docker"},
+        bench={},
+        port=1,
+        name_prefix="tune-x",
+        space=sp,
+    )
     p = ev.plan(cand, name="m3ctl")
     out = Outcome(config=cand, status="feasible", objective=1.0, concurrency=8)
     f = tmp_path / f"tuned-{len(list(tmp_path.glob('tuned-*')))}.yaml"
@@ -431,13 +519,21 @@ def test_replay_study_resumes_from_sqlite_without_repeating(tmp_path):
     space = recorded_space(grid)
     storage = f"sqlite:///{tmp_path / 'study.db'}"
     ev1 = ReplayEvaluator(grid)
-    r1 = Tuner(space, ev1, TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=2, confirm_top=0),
-               storage=storage).run(clock=lambda: ev1.clock[0])
+    r1 = Tuner(
+        space,
+        ev1,
+        TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=2, confirm_top=0),
+        storage=storage,
+    ).run(clock=lambda: ev1.clock[0])
     first = {key_of(o.config) for o in r1.outcomes if o.launched}
     assert len(first) == 2
     ev2 = ReplayEvaluator(grid)
-    t2 = Tuner(space, ev2, TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=4, confirm_top=0),
-               storage=storage)
+    t2 = Tuner(
+        space,
+        ev2,
+        TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=4, confirm_top=0),
+        storage=storage,
+    )
     assert {key_of(o.config) for o in t2.outcomes.values() if o.launched} == first  # nothing lost
     r2 = t2.run(clock=lambda: ev2.clock[0])
     assert r2.launches == 4 and ev2.opened == 2  # only the two new configurations were started
@@ -458,13 +554,24 @@ def test_cli_resume_takes_new_budgets(tiny_models, tmp_path):
     """A study continued elsewhere (e.g. on another lent GPU machine) can get a larger budget on --resume;
     a zero-start budget ends at once without launching anything, and the new budget is saved."""
     sdir = tmp_path / "s"
-    p = run_cli("tune", "--model", str(tiny_models["m2"]), "--study-dir", str(sdir), "--max-trials", "0",
-                "--knob", "spec_depth=0", "--json")
+    p = run_cli(
+        "tune",
+        "--model",
+        str(tiny_models["m2"]),
+        "--study-dir",
+        str(sdir),
+        "--max-trials",
+        "0",
+        "--knob",
+        "spec_depth=0",
+        "--json",
+    )
     assert p.returncode == 1, p.stderr  # nothing measured: no configuration met the SLO
     assert json.loads((sdir / "tune.json").read_text())["spec"]["max_trials"] == 0
     assert json.loads((sdir / "tune.json").read_text())["spec"]["confirm_top"] == 2  # the default
-    p = run_cli("tune", "--resume", str(sdir), "--max-trials", "0", "--time-budget", "7", "--confirm-top", "1",
-                "--json")
+    p = run_cli(
+        "tune", "--resume", str(sdir), "--max-trials", "0", "--time-budget", "7", "--confirm-top", "1", "--json"
+    )
     saved = json.loads((sdir / "tune.json").read_text())["spec"]
     assert (saved["max_trials"], saved["time_budget_s"], saved["confirm_top"]) == (0, 7.0, 1)
     assert json.loads(p.stdout)["launches"] == 0 and "trial budget" in json.loads(p.stdout)["stopped_by"]
@@ -485,15 +592,21 @@ def test_confirmation_cascade_confirms_the_reported_best_once_more():
             self.starts[key_of(cand)] = seen + 1
             sess = super().open(cand, trial, on_event)
             if seen:
-                rec = {**sess.rec, "points": {c: {**p, "total_token_throughput": p["total_token_throughput"] / 2}
-                                              for c, p in sess.rec["points"].items()}}
+                rec = {
+                    **sess.rec,
+                    "points": {
+                        c: {**p, "total_token_throughput": p["total_token_throughput"] / 2}
+                        for c, p in sess.rec["points"].items()
+                    },
+                }
                 return ReplaySession({**rec, "start_s": 0.0}, self.clock)
             return sess
 
     ev = HalfOnSecondStart(grid)
     ev.starts = {}
-    res = Tuner(space, ev, TuneSpec(slo="p99_itl_ms<=100", ladder=grid["ladder"], max_trials=6,
-                                    confirm_top=1)).run(clock=lambda: ev.clock[0])
+    res = Tuner(space, ev, TuneSpec(slo="p99_itl_ms<=100", ladder=grid["ladder"], max_trials=6, confirm_top=1)).run(
+        clock=lambda: ev.clock[0]
+    )
     confirmed = [o for o in res.outcomes if o.confirmed is not None]
     assert len(confirmed) == 3 and sum(ev.starts.values()) == 6 + 3
     assert all(o.confirmed == pytest.approx(o.objective / 2) for o in confirmed)
@@ -510,12 +623,16 @@ def test_replay_long_prompt_grid_walks_the_chunk_budget_down():
     grid = json.loads((GRID.parent / "tune_grid_cpu_long.json").read_text())
     space = recorded_space(grid)
     ev = ReplayEvaluator(grid)
-    res = Tuner(space, ev, TuneSpec(slo="p99_itl_ms<=100", ladder=grid["ladder"], max_trials=6,
-                                    confirm_top=0)).run(clock=lambda: ev.clock[0])
+    res = Tuner(space, ev, TuneSpec(slo="p99_itl_ms<=100", ladder=grid["ladder"], max_trials=6, confirm_top=0)).run(
+        clock=lambda: ev.clock[0]
+    )
     walk = [o.config["max_num_batched_tokens"] for o in sorted(res.outcomes, key=lambda o: o.trial) if o.launched]
     assert walk[0] == 2048 and walk[-3:] == [1024, 512, 256]
-    by_mbt = {o.config["max_num_batched_tokens"]: o for o in res.outcomes if o.config["spec_depth"] == 0
-              and o.config["max_num_seqs"] == 64}
+    by_mbt = {
+        o.config["max_num_batched_tokens"]: o
+        for o in res.outcomes
+        if o.config["spec_depth"] == 0 and o.config["max_num_seqs"] == 64
+    }
     slo = parse_slo("p99_itl_ms<=100")
     base = grid["baseline"]["points"]
     assert slo.ok(base["2"]) and not slo.ok(base["4"])  # the defaults cap at c=2
@@ -529,8 +646,19 @@ def test_study_saves_a_relative_model_path_absolute_for_resume(tiny_models, tmp_
 
     work = tmp_path / "w"
     shutil.copytree(tiny_models["m2"], work / "models" / "m2")
-    p = run_cli("tune", "--model", "models/m2", "--study-dir", "s", "--max-trials", "0", "--knob", "spec_depth=0",
-                "--json", cwd=work)
+    p = run_cli(
+        "tune",
+        "--model",
+        "models/m2",
+        "--study-dir",
+        "s",
+        "--max-trials",
+        "0",
+        "--knob",
+        "spec_depth=0",
+        "--json",
+        cwd=work,
+    )
     assert p.returncode == 1, p.stderr
     assert json.loads((work / "s" / "tune.json").read_text())["model"] == str((work / "models" / "m2").resolve())
     p = run_cli("tune", "--resume", str(work / "s"), "--max-trials", "0", "--json", cwd=tmp_path)
@@ -542,16 +670,31 @@ def test_cli_tune_dry_run_prints_the_study_and_starts_nothing(tiny_models, tmp_p
     no study directory, no deployment, no vLLM process. Raw flags after `--` reach every command."""
     sdir = tmp_path / "s"
     state = tmp_path / "state"
-    args = ["tune", "--model", str(tiny_models["llama"]), "--study-dir", str(sdir), "--slo", "p99_itl_ms<=100",
-            "--knob", "spec_depth=0,2", "--knob", "max_num_seqs=8,64", "--knob", "max_num_batched_tokens=32,2048",
-            "--dry-run"]
+    args = [
+        "tune",
+        "--model",
+        str(tiny_models["llama"]),
+        "--study-dir",
+        str(sdir),
+        "--slo",
+        "p99_itl_ms<=100",
+        "--knob",
+        "spec_depth=0,2",
+        "--knob",
+        "max_num_seqs=8,64",
+        "--knob",
+        "max_num_batched_tokens=32,2048",
+        "--dry-run",
+    ]
     p = run_cli(*args, "--json", "--", "--seed", "7", env={"M3CTL_STATE_DIR": str(state)})
     assert p.returncode == 0, p.stderr
     r = json.loads(p.stdout)
     assert not sdir.exists() and not (state / "deployments").exists()
     assert r["space"]["size"] == 8 and len(r["candidates"]) == 8
-    by = {(c["config"]["spec_depth"], c["config"]["max_num_seqs"], c["config"]["max_num_batched_tokens"]): c
-          for c in r["candidates"]}
+    by = {
+        (c["config"]["spec_depth"], c["config"]["max_num_seqs"], c["config"]["max_num_batched_tokens"]): c
+        for c in r["candidates"]
+    }
     assert by[(0, 64, 32)]["status"] == "rejected" and by[(0, 64, 32)]["rule"] == "batching.limits"
     assert by[(2, 8, 32)]["status"] == "ok"  # 32 - 2 x 8 = 16 tokens left for prefill
     assert r["feasible"] == sum(1 for c in r["candidates"] if c["status"] == "ok") == 6
@@ -559,8 +702,12 @@ def test_cli_tune_dry_run_prints_the_study_and_starts_nothing(tiny_models, tmp_p
     assert "--max-num-seqs 64 --max-num-batched-tokens 2048" in ok and '"num_speculative_tokens":2' in ok
     assert all("--seed 7" in c["command"] for c in r["candidates"] if c["status"] == "ok")
     assert "--max-num-seqs" not in r["baseline"]["command"] and "--seed 7" in r["baseline"]["command"]
-    assert r["first"]["config"] == {**r["first"]["config"], "spec_depth": 0, "max_num_seqs": 64,
-                                    "max_num_batched_tokens": 2048}
+    assert r["first"]["config"] == {
+        **r["first"]["config"],
+        "spec_depth": 0,
+        "max_num_seqs": 64,
+        "max_num_batched_tokens": 2048,
+    }
     assert r["prompts_per_run"]["4"] == 16
     t = run_cli(*args, env={"M3CTL_STATE_DIR": str(state)})
     assert t.returncode == 0, t.stderr
@@ -597,6 +744,7 @@ def test_slo_values_must_be_finite_and_not_negative(bad):
     with pytest.raises(BadInput, match="finite and >= 0"):
         parse_slo(bad)
 
+
 def _baseline_twin_grid():
     """A recorded grid whose vLLM-defaults baseline runs the same engine as the search's anchor (what
     ServerEvaluator.server_key resolves on an H200), and an evaluator class that says so; the defaults' engine is
@@ -626,8 +774,9 @@ def test_candidate_that_spells_out_vllm_defaults_reuses_the_baseline_server(tmp_
     grid, space, anchor, SameEngine = _baseline_twin_grid()
 
     for confirm_top in (0, 1):
-        spec = TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=2, confirm_top=confirm_top,
-                        baseline=True)
+        spec = TuneSpec(
+            slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=2, confirm_top=confirm_top, baseline=True
+        )
         plain, twin_ev = ReplayEvaluator(grid), SameEngine(grid)
         r_plain = Tuner(space, plain, spec).run(clock=lambda: plain.clock[0])
         res = Tuner(space, twin_ev, spec).run(clock=lambda: twin_ev.clock[0])
@@ -638,7 +787,9 @@ def test_candidate_that_spells_out_vllm_defaults_reuses_the_baseline_server(tmp_
         assert twin.concurrency == res.baseline.concurrency == 16
         # the start saved goes to a configuration the plain study never reached within the same budget
         assert res.launches == 2 and len([o for o in res.outcomes if o.launched]) == 2
-        assert {key_of(o.config) for o in res.outcomes} > {key_of(o.config) for o in r_plain.outcomes} - {key_of(anchor)}
+        assert {key_of(o.config) for o in res.outcomes} > {key_of(o.config) for o in r_plain.outcomes} - {
+            key_of(anchor)
+        }
         assert res.best.same_server_as == "base"
         if confirm_top:  # the best is the defaults' engine: confirmed once, for both
             assert res.baseline.confirmed == res.best.confirmed is not None
@@ -655,9 +806,16 @@ def test_server_key_resolves_vllm_defaults_on_an_h200(tmp_path):
     from m3ctl.tune.server import ServerEvaluator
 
     d = build_scale_model(tmp_path / "sm2", ScaleModelSpec(arch="minimax-m2", layers=16, quant="fp8"))
-    ev = ServerEvaluator(inventory_for_system("h200x1"), str(d), tmp_path / "study", TuneSpec(),
-                         plan_base={"runtime": "process", "extra_args": ["--load-format", "dummy"]}, bench={},
-                         port=8040, name_prefix="t")
+    ev = ServerEvaluator(
+        inventory_for_system("h200x1"),
+        str(d),
+        tmp_path / "study",
+        TuneSpec(),
+        plan_base={"runtime": "process", "extra_args": ["--load-format", "dummy"]},
+        bench={},
+        port=8040,
+        name_prefix="t",
+    )
     base = ev.server_key({"tp": 1, "dp": 1})
     assert ev.server_key({"tp": 1, "dp": 1, "max_num_seqs": 1024, "max_num_batched_tokens": 8192}) == base
     assert ev.server_key({"tp": 1, "dp": 1, "max_num_seqs": 128, "max_num_batched_tokens": 8192}) != base
@@ -683,8 +841,10 @@ def test_resume_restores_a_stepped_down_confirmation_and_shares_it_with_the_base
     # the confirmation as a study written before this fix saved it: no concurrency, a step down to c=8
     miss = Point(concurrency=16, fidelity=2.0, objective=8000.0, slo_ok=False, valid=True, duration_s=1.0, metrics={})
     met = Point(concurrency=8, fidelity=2.0, objective=4800.0, slo_ok=True, valid=True, duration_s=1.0, metrics={})
-    t1.study.set_user_attr(f"confirm:{key_of(anchor)}", {"confirmed": 4800.0, "cost_s": 70.0,
-                                                         "points": [asdict(p) for p in [*twin.points, miss, met]]})
+    t1.study.set_user_attr(
+        f"confirm:{key_of(anchor)}",
+        {"confirmed": 4800.0, "cost_s": 70.0, "points": [asdict(p) for p in [*twin.points, miss, met]]},
+    )
     t2 = Tuner(space, SameEngine(grid), spec, storage=storage)
     tw = t2.outcomes[key_of(anchor)]
     assert (tw.concurrency, tw.objective, tw.confirmed) == (8, 4800.0, 4800.0)
@@ -698,12 +858,25 @@ def _bursty_result(tokens_at_once: bool = True) -> dict:
     from m3ctl.bench import metrics
     from m3ctl.bench.client import RequestOutput
 
-    outs = [RequestOutput(success=True, prompt_len=16, output_tokens=8, ttft=0.1,
-                          itl=[] if tokens_at_once else [0.01] * 7, latency=0.1 if tokens_at_once else 0.17,
-                          start_time=0.0) for _ in range(4)]
+    outs = [
+        RequestOutput(
+            success=True,
+            prompt_len=16,
+            output_tokens=8,
+            ttft=0.1,
+            itl=[] if tokens_at_once else [0.01] * 7,
+            latency=0.1 if tokens_at_once else 0.17,
+            start_time=0.0,
+        )
+        for _ in range(4)
+    ]
     res = metrics.calculate(outs, 1.0, [50, 90, 99])
-    res["validity"] = {"valid": True, "reasons": [], "unmeasured": sorted(res["unmeasured"]),
-                       "warnings": ["streamed in bursts: 4 of 4 requests ..."] if tokens_at_once else []}
+    res["validity"] = {
+        "valid": True,
+        "reasons": [],
+        "unmeasured": sorted(res["unmeasured"]),
+        "warnings": ["streamed in bursts: 4 of 4 requests ..."] if tokens_at_once else [],
+    }
     return res
 
 
@@ -754,10 +927,26 @@ def test_tune_pareto_draws_runs_by_validity_class():
     from m3ctl.tune.study import all_points, pareto_figure, point_class
 
     clean = Point(1, 1.0, 100.0, True, True, 1.0, {"p90_tpot_ms": 10.0, "completed": 8})
-    warned = Point(2, 1.0, 180.0, True, True, 1.0, {"p90_tpot_ms": 20.0, "completed": 8},
-                   warnings=["the server JIT-compiled 2 kernel(s) during the run"])
-    invalid = Point(4, 1.0, 0.0, False, False, 1.0, {"p90_tpot_ms": 40.0, "completed": 8,
-                                                     "total_token_throughput": 300.0}, reasons=["client saturated"])
+    warned = Point(
+        2,
+        1.0,
+        180.0,
+        True,
+        True,
+        1.0,
+        {"p90_tpot_ms": 20.0, "completed": 8},
+        warnings=["the server JIT-compiled 2 kernel(s) during the run"],
+    )
+    invalid = Point(
+        4,
+        1.0,
+        0.0,
+        False,
+        False,
+        1.0,
+        {"p90_tpot_ms": 40.0, "completed": 8, "total_token_throughput": 300.0},
+        reasons=["client saturated"],
+    )
     assert [point_class(p) for p in (clean, warned, invalid)] == ["clean", "warnings", "invalid"]
     outs = [Outcome(config={}, status="feasible", points=[clean, warned, invalid])]
     assert [q["validity"] for q in all_points(outs)] == ["clean", "warnings"]  # no objective for the invalid one
@@ -781,8 +970,9 @@ def test_tune_pareto_draws_runs_by_validity_class():
 
 
 # ---------------------------------------------------------------- never recommend a loser (issue 25 item 3)
-def _choice_study(tiny_models, tmp_path, tput: dict[int, float], base_tput: float | None, tpot: float = 10.0,
-                  base_tpot: float = 10.0):
+def _choice_study(
+    tiny_models, tmp_path, tput: dict[int, float], base_tput: float | None, tpot: float = 10.0, base_tpot: float = 10.0
+):
     """A replayed study of two configurations (max-num-seqs 8 and 16 on the CPU space) over the ladder 4, 8, each
     measuring ``tput[seqs]`` tok/s at p90 TPOT ``tpot`` ms at every level, and vLLM's defaults measuring
     ``base_tput`` at ``base_tpot`` (None: no baseline in the grid); SLO p90 TPOT <= 20 ms; baseline on, no
@@ -798,16 +988,34 @@ def _choice_study(tiny_models, tmp_path, tput: dict[int, float], base_tput: floa
     from m3ctl.tune.server import ServerEvaluator
     from m3ctl.tune.study import write_outputs
 
-    space = apply_pins(default_space(profile_for_arch("cpu"), 0, moe=True),
-                       ["spec_depth=0", "max_num_seqs=8,16", "max_num_batched_tokens=2048"])
+    space = apply_pins(
+        default_space(profile_for_arch("cpu"), 0, moe=True),
+        ["spec_depth=0", "max_num_seqs=8,16", "max_num_batched_tokens=2048"],
+    )
 
     def rec(cfg, t, p):
-        return {"config": cfg, "status": "ok", "start_s": 50.0,
-                "points": {str(c): {"duration": 10.0, "completed": 8, "total_token_throughput": t * c / 8,
-                                    "p90_tpot_ms": p, "validity": {"valid": True, "reasons": []}} for c in (4, 8)}}
+        return {
+            "config": cfg,
+            "status": "ok",
+            "start_s": 50.0,
+            "points": {
+                str(c): {
+                    "duration": 10.0,
+                    "completed": 8,
+                    "total_token_throughput": t * c / 8,
+                    "p90_tpot_ms": p,
+                    "validity": {"valid": True, "reasons": []},
+                }
+                for c in (4, 8)
+            },
+        }
 
-    grid = {"ladder": [4, 8], "space": space.to_json(), "meta": {"slo": "p90_tpot_ms<=20"},
-            "configs": [rec(c, tput[c["max_num_seqs"]], tpot) for c in space.grid()]}
+    grid = {
+        "ladder": [4, 8],
+        "space": space.to_json(),
+        "meta": {"slo": "p90_tpot_ms<=20"},
+        "configs": [rec(c, tput[c["max_num_seqs"]], tpot) for c in space.grid()],
+    }
     if base_tput is not None:
         grid["baseline"] = rec({"tp": 1, "dp": 1}, base_tput, base_tpot)
     spec = TuneSpec(slo="p90_tpot_ms<=20", ladder=[4, 8], max_trials=2, confirm_top=0, baseline=True)
@@ -818,10 +1026,22 @@ def _choice_study(tiny_models, tmp_path, tput: dict[int, float], base_tput: floa
     sdir = tmp_path / "study"
     sdir.mkdir(parents=True)
     (sdir / "profile.yaml").write_text("# a profile.yaml from an earlier write of this study\n")
-    sev = ServerEvaluator(inv, str(tiny_models["m2"]), sdir, spec, plan_base={}, bench={}, port=1,
-                          name_prefix="tune-x", registry=Registry(tmp_path / "state"), space=space)
-    settings = {"model": str(tiny_models["m2"]), "spec": {"slo": spec.slo, "objective": "tput_per_gpu",
-                                                          "confirm_top": 0}}
+    sev = ServerEvaluator(
+        inv,
+        str(tiny_models["m2"]),
+        sdir,
+        spec,
+        plan_base={},
+        bench={},
+        port=1,
+        name_prefix="tune-x",
+        registry=Registry(tmp_path / "state"),
+        space=space,
+    )
+    settings = {
+        "model": str(tiny_models["m2"]),
+        "spec": {"slo": spec.slo, "objective": "tput_per_gpu", "confirm_top": 0},
+    }
     out = write_outputs(sdir, res, tuner, sev, settings, profile_for_arch(inv.arch), False)
     buf = io.StringIO()
     print_result(Console(file=buf, width=200, highlight=False), res, out, settings, space, False)
@@ -877,14 +1097,14 @@ def test_nothing_meets_the_slo_names_the_closest_and_writes_no_profile(tiny_mode
     chosen none, and the closest level named with its miss per term; the report says so (the CLI exits 1)."""
     from m3ctl.results import TuneReport
 
-    out, sdir, text = _choice_study(tiny_models, tmp_path, {8: 700.0, 16: 650.0}, 1000.0, tpot=22.06,
-                                    base_tpot=30.0)
+    out, sdir, text = _choice_study(tiny_models, tmp_path, {8: 700.0, 16: 650.0}, 1000.0, tpot=22.06, base_tpot=30.0)
     assert out["chosen"] == "none" and "best" not in out and "profile" not in out
     assert not (sdir / "profile.yaml").exists()
     c = out["closest"]
     assert c["concurrency"] == 4 and c["config"]["max_num_seqs"] in (8, 16)  # the first level missed: no higher one
-    assert c["misses"] == [{"term": "p90_tpot_ms<=20", "key": "p90_tpot_ms", "value": 22.06, "limit": 20.0,
-                            "over": pytest.approx(0.103)}]
+    assert c["misses"] == [
+        {"term": "p90_tpot_ms<=20", "key": "p90_tpot_ms", "value": 22.06, "limit": 20.0, "over": pytest.approx(0.103)}
+    ]
     assert c["text"] == f"{c['describe']} at c=4, p90_tpot_ms 22.06 > 20 (+10.3 %)"
     assert out["reason"] == f"no configuration met the SLO at any level; closest: {c['text']}"
     assert "no configuration met the SLO" in text and "closest: " + c["text"] in text and "no profile written" in text

@@ -22,8 +22,13 @@ SLO = "p90_tpot_ms<=20"
 
 
 def _res(tpot: float, tput: float = 1000.0) -> dict:
-    return {"duration": 10.0, "completed": 8, "total_token_throughput": tput, "p90_tpot_ms": tpot,
-            "validity": {"valid": True, "reasons": []}}
+    return {
+        "duration": 10.0,
+        "completed": 8,
+        "total_token_throughput": tput,
+        "p90_tpot_ms": tpot,
+        "validity": {"valid": True, "reasons": []},
+    }
 
 
 class _Session:
@@ -61,8 +66,15 @@ class _Ev:
 def _evaluate(c8: list[float], spec: TuneSpec | None = None):
     """Cold bisection over 1..16 under p90 TPOT <= 20 ms: c=4 (10 ms) is far inside, c=16 (40 ms) far outside,
     c=8 gives ``c8`` run after run; throughput at c=8 = 1,000 x its run number."""
-    sess = _Session({1: [(5, 100)], 2: [(6, 200)], 4: [(10, 400)], 8: [(v, 1000.0 * (i + 1)) for i, v in enumerate(c8)],
-                     16: [(40, 900)]})
+    sess = _Session(
+        {
+            1: [(5, 100)],
+            2: [(6, 200)],
+            4: [(10, 400)],
+            8: [(v, 1000.0 * (i + 1)) for i, v in enumerate(c8)],
+            16: [(40, 900)],
+        }
+    )
     spec = spec or TuneSpec(slo=SLO, ladder=LADDER)
     events: list[str] = []
     out = evaluate(_Ev(sess), {}, spec, parse_slo(spec.slo), 0, events.append)
@@ -96,8 +108,16 @@ def test_a_level_near_the_bound_holds_on_the_median_of_three_and_reports_its_spr
     assert out.concurrency == 8 and out.objective == 2000.0  # median objective of the three runs
     assert sess.made == {4: 1, 8: 3, 16: 1}  # c=16 (100 % over) is measured once
     ev = level_spread(parse_slo(SLO), out.points, out.concurrency)
-    assert ev == {"concurrency": 8, "runs": 3, "term": "p90_tpot_ms<=20", "key": "p90_tpot_ms", "limit": 20.0,
-                  "min": 19.0, "median": 19.5, "max": 21.0}
+    assert ev == {
+        "concurrency": 8,
+        "runs": 3,
+        "term": "p90_tpot_ms<=20",
+        "key": "p90_tpot_ms",
+        "limit": 20.0,
+        "min": 19.0,
+        "median": 19.5,
+        "max": 21.0,
+    }
     v = next(p for p in out.points if p.concurrency == 8).verdict
     assert v["state"] == "met" and v["runs"] == 3 and v["median"] == {"p90_tpot_ms": 19.5}
     assert "3 runs, median p90_tpot_ms 19.5 <= 20" in v["confidence"] and "+5.0 %" in v["confidence"]
@@ -126,12 +146,17 @@ def _one_config_grid(c8: list[float]) -> tuple[dict, dict]:
     from m3ctl.catalog import profile_for_arch
     from m3ctl.tune.space import apply_pins, default_space
 
-    space = apply_pins(default_space(profile_for_arch("cpu"), 0, moe=True),
-                       ["spec_depth=0", "max_num_seqs=8,16", "max_num_batched_tokens=2048"])
-    pts = {"4": _res(10.0, 400.0), "8": [_res(v, 1000.0 * (i + 1)) for i, v in enumerate(c8)],
-           "16": _res(40.0, 900.0)}
-    grid = {"ladder": [4, 8, 16], "space": space.to_json(), "meta": {"slo": SLO},
-            "configs": [{"config": c, "status": "ok", "start_s": 50.0, "points": pts} for c in space.grid()]}
+    space = apply_pins(
+        default_space(profile_for_arch("cpu"), 0, moe=True),
+        ["spec_depth=0", "max_num_seqs=8,16", "max_num_batched_tokens=2048"],
+    )
+    pts = {"4": _res(10.0, 400.0), "8": [_res(v, 1000.0 * (i + 1)) for i, v in enumerate(c8)], "16": _res(40.0, 900.0)}
+    grid = {
+        "ladder": [4, 8, 16],
+        "space": space.to_json(),
+        "meta": {"slo": SLO},
+        "configs": [{"config": c, "status": "ok", "start_s": 50.0, "points": pts} for c in space.grid()],
+    }
     return space, grid
 
 
@@ -151,8 +176,18 @@ def test_result_json_keeps_every_run_and_says_what_backs_the_capacity(tiny_model
     res = tuner.run(clock=lambda: ev.clock[0])
     assert res.best.concurrency == 8 and res.cost_s == pytest.approx(50.0 + 3 * 10.0 + 10.0)  # c=8 three runs, c=16 one
     inv = detect()
-    sev = ServerEvaluator(inv, str(tiny_models["m2"]), tmp_path, spec, plan_base={}, bench={}, port=1,
-                          name_prefix="tune-x", registry=Registry(tmp_path / "state"), space=space)
+    sev = ServerEvaluator(
+        inv,
+        str(tiny_models["m2"]),
+        tmp_path,
+        spec,
+        plan_base={},
+        bench={},
+        port=1,
+        name_prefix="tune-x",
+        registry=Registry(tmp_path / "state"),
+        space=space,
+    )
     settings = {"model": str(tiny_models["m2"]), "spec": {"slo": SLO, "objective": "tput_per_gpu"}}
     write_outputs(tmp_path, res, tuner, sev, settings, profile_for_arch(inv.arch), False)
     out = json.loads((tmp_path / "result.json").read_text())
@@ -161,8 +196,14 @@ def test_result_json_keeps_every_run_and_says_what_backs_the_capacity(tiny_model
     from m3ctl.results import TuneReport
 
     assert out["schema_version"] == 1 and TuneReport.read(tmp_path).best.capacity_runs == 3  # the typed result
-    assert b["capacity_spread"] == {"term": "p90_tpot_ms<=20", "key": "p90_tpot_ms", "limit": 20.0, "min": 19.0,
-                                    "median": 19.5, "max": 21.0}
+    assert b["capacity_spread"] == {
+        "term": "p90_tpot_ms<=20",
+        "key": "p90_tpot_ms",
+        "limit": 20.0,
+        "min": 19.0,
+        "median": 19.5,
+        "max": 21.0,
+    }
     lvl = next(p for p in out["trials"][0]["points"] if p["concurrency"] == 8)
     assert [r["metrics"]["p90_tpot_ms"] for r in lvl["runs"]] == [19.0, 21.0, 19.5]
 
@@ -207,10 +248,27 @@ def test_dry_run_explains_the_boundary_rule(tiny_models, tmp_path):
     from m3ctl.tune.study import boundary_rule
     from tests.conftest import run_cli
 
-    p = run_cli("tune", "--model", str(tiny_models["llama"]), "--study-dir", str(tmp_path / "s"), "--slo",
-                "p90_tpot_ms<=50", "--knob", "spec_depth=0", "--knob", "max_num_seqs=8", "--knob",
-                "max_num_batched_tokens=2048", "--boundary-margin", "0.05", "--boundary-repeats", "4", "--dry-run",
-                env={"M3CTL_STATE_DIR": str(tmp_path / "state")})
+    p = run_cli(
+        "tune",
+        "--model",
+        str(tiny_models["llama"]),
+        "--study-dir",
+        str(tmp_path / "s"),
+        "--slo",
+        "p90_tpot_ms<=50",
+        "--knob",
+        "spec_depth=0",
+        "--knob",
+        "max_num_seqs=8",
+        "--knob",
+        "max_num_batched_tokens=2048",
+        "--boundary-margin",
+        "0.05",
+        "--boundary-repeats",
+        "4",
+        "--dry-run",
+        env={"M3CTL_STATE_DIR": str(tmp_path / "state")},
+    )
     assert p.returncode == 0, p.stderr
     out = " ".join(p.stdout.split())  # the line wraps at the terminal width
     assert "near the SLO: a run whose binding SLO term is at least 5 % from its limit decides its level alone" in out
@@ -260,16 +318,27 @@ def test_pareto_png_marks_runs_with_warnings_and_invalid_runs(tiny_models, tmp_p
     tuner = Tuner(space, ev, spec)
     res = tuner.run(clock=lambda: ev.clock[0])
     assert res.best.concurrency == 8
-    sev = ServerEvaluator(detect(), str(tiny_models["m2"]), tmp_path, spec, plan_base={}, bench={}, port=1,
-                          name_prefix="tune-x", registry=Registry(tmp_path / "state"), space=space)
+    sev = ServerEvaluator(
+        detect(),
+        str(tiny_models["m2"]),
+        tmp_path,
+        spec,
+        plan_base={},
+        bench={},
+        port=1,
+        name_prefix="tune-x",
+        registry=Registry(tmp_path / "state"),
+        space=space,
+    )
     drawn = []
     real = study.pareto_figure
-    monkeypatch.setattr(study, "pareto_figure", lambda front, points, obj: drawn.append((front, points)) or real(
-        front, points, obj))
+    monkeypatch.setattr(
+        study, "pareto_figure", lambda front, points, obj: drawn.append((front, points)) or real(front, points, obj)
+    )
     settings = {"model": str(tiny_models["m2"]), "spec": {"slo": SLO, "objective": "tput_per_gpu"}}
     out = study.write_outputs(tmp_path, res, tuner, sev, settings, profile_for_arch("cpu"), True)
     assert Path(out["pareto_png"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    (front, points), = drawn
+    ((front, points),) = drawn
     by_c = {round(1000.0 / p["interactivity"]): (p["validity"], p["objective"]) for p in points}
     n = sev.n_gpus(res.best.config)
     assert by_c == {15: ("warnings", 1000.0 / n), 18: ("invalid", 1500.0 / n)}

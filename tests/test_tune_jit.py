@@ -17,15 +17,19 @@ from m3ctl.kernels import jit_events, jit_measure_args
 from tests.conftest import groundtruth_session, start_groundtruth
 
 H1 = Path(__file__).parent / "fixtures" / "h200x1-real"
-JIT_LINE = ("(EngineCore pid=716) WARNING 11-29 21:24:48 [jit_monitor.py:135] Triton kernel JIT compilation during "
-            "inference: fused_moe_kernel (constexprs={BLOCK_SIZE_M: 64}). This causes a latency spike; consider "
-            "extending warmup to cover this shape/config.\n")
+JIT_LINE = (
+    "(EngineCore pid=716) WARNING 11-29 21:24:48 [jit_monitor.py:135] Triton kernel JIT compilation during "
+    "inference: fused_moe_kernel (constexprs={BLOCK_SIZE_M: 64}). This causes a latency spike; consider "
+    "extending warmup to cover this shape/config.\n"
+)
 
 
 def test_jit_events_on_the_real_h200_log():
     assert jit_events((H1 / "log-m2-full.txt").read_text()) == ["fused_moe_kernel"]
-    assert jit_events("Kernel JIT monitor activated; monitored JIT compilations during inference will use "
-                      "mode=warn.") == []
+    assert (
+        jit_events("Kernel JIT monitor activated; monitored JIT compilations during inference will use mode=warn.")
+        == []
+    )
     assert jit_measure_args() == ["--jit-monitor-verbose"]
 
 
@@ -77,8 +81,17 @@ def test_bench_reports_server_jit_during_the_run(gt_url, tiny_models, tmp_path):
 
     log = tmp_path / "server.log"
     log.write_text(JIT_LINE)  # a compile before the run (startup) is not the run's
-    cfg = BenchConfig(url=gt_url, model="groundtruth", input_len=16, output_len=30, num_prompts=8, concurrency=2,
-                      scrape_server_metrics=False, tokenizer=str(tiny_models["m2"]), server_log=str(log))
+    cfg = BenchConfig(
+        url=gt_url,
+        model="groundtruth",
+        input_len=16,
+        output_len=30,
+        num_prompts=8,
+        concurrency=2,
+        scrape_server_metrics=False,
+        tokenizer=str(tiny_models["m2"]),
+        server_log=str(log),
+    )
     res = run_bench(cfg)  # 4 rounds x (50 ms + 29 x 10 ms): about 1.4 s
     assert res["server_jit_compiles"] == {"count": 0, "kernels": []} and res["validity"]["warnings"] == []
 
@@ -102,8 +115,9 @@ def test_jit_repeat_and_each_level_use_fresh_prompts_and_warm_up(tiny_models, tm
     repeat and every later level send fresh prompts (0 % hits) after a warm-up wave at their concurrency."""
     from m3ctl.bench import runner
 
-    proc, url = start_groundtruth("--ttft-ms", "2", "--itl-ms", "1", "--tokenizer", str(tiny_models["m2"]),
-                                  "--prefix-cache-block", "16")
+    proc, url = start_groundtruth(
+        "--ttft-ms", "2", "--itl-ms", "1", "--tokenizer", str(tiny_models["m2"]), "--prefix-cache-block", "16"
+    )
     try:
         sess, log = groundtruth_session(url, tmp_path, input_len=100, warmup=True, scrape_server_metrics=True)
         real, calls = runner.run_bench, []

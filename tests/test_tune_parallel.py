@@ -39,8 +39,11 @@ def _pairs_host():
     nodes: the H200 x8 capture's GPUs with other links."""
     inv = synthetic("h200x8")
     gpus = tuple(g.model_copy(update={"fabric_state": None}) for g in inv.gpus)
-    links = tuple(Link(a=a, b=b, kind="nvlink" if b == a + 1 and a % 2 == 0 else "pcie", detail="NV4")
-                  for a in range(8) for b in range(a + 1, 8))
+    links = tuple(
+        Link(a=a, b=b, kind="nvlink" if b == a + 1 and a % 2 == 0 else "pcie", detail="NV4")
+        for a in range(8)
+        for b in range(a + 1, 8)
+    )
     return inv.model_copy(update={"gpus": gpus, "links": links})
 
 
@@ -115,8 +118,9 @@ def test_next_start_reuses_the_warm_set_then_spreads_keys():
     assert next_start([a], t, [Busy((0, 1), 8000, "A"), Busy((2, 3), 8001, "B")], ports) is None  # no port
     big = Pending(8, "C")
     assert next_start([big], t, [Busy((0, 1), 8000, "A")], ports) is None  # waits for the whole machine
-    wave = first_wave([Pending(2, "A"), Pending(2, "A"), Pending(2, "B"), Pending(2, "B"), Pending(2, "C")], t,
-                      (1, 2, 3, 4))
+    wave = first_wave(
+        [Pending(2, "A"), Pending(2, "A"), Pending(2, "B"), Pending(2, "B"), Pending(2, "C")], t, (1, 2, 3, 4)
+    )
     assert [(i, g) for i, g, _ in wave] == [(0, (0, 1)), (2, (2, 3)), (4, (4, 5)), (1, (6, 7))]
 
 
@@ -151,9 +155,16 @@ def test_plan_pins_gpus_and_sets_visible_devices(tmp_path):
 def test_slot_evaluator_plans_its_gpus_and_port_and_compile_key(tmp_path):
     from m3ctl.tune.server import ServerEvaluator
 
-    ev = ServerEvaluator(synthetic("h200x8"), str(_scale_model(tmp_path)), tmp_path / "study", TuneSpec(),
-                         plan_base={"runtime": "process", "extra_args": ["--load-format", "dummy"]}, bench={},
-                         port=8040, name_prefix="t")
+    ev = ServerEvaluator(
+        synthetic("h200x8"),
+        str(_scale_model(tmp_path)),
+        tmp_path / "study",
+        TuneSpec(),
+        plan_base={"runtime": "process", "extra_args": ["--load-format", "dummy"]},
+        bench={},
+        port=8040,
+        name_prefix="t",
+    )
     cand = {"tp": 2, "dp": 1, "max_num_seqs": 64}
     slot = ev.for_slot((6, 7), 8043)
     p = slot.trial_plan(cand, 3)
@@ -166,15 +177,32 @@ def test_slot_evaluator_plans_its_gpus_and_port_and_compile_key(tmp_path):
     # longer reaches the compile hash (H200: a --max-num-seqs change loaded the same compiled model); without it,
     # max-num-seqs sets vLLM's default capture sizes and is part of the key
     assert ev.compile_key({**cand, "max_num_seqs": 128}) == key
-    plain = ServerEvaluator(synthetic("h200x8"), ev.model, tmp_path / "s3", TuneSpec(),
-                            plan_base={"runtime": "process", "extra_args": ["--load-format", "dummy"]}, bench={},
-                            port=8040, name_prefix="t", fast_starts=False)
+    plain = ServerEvaluator(
+        synthetic("h200x8"),
+        ev.model,
+        tmp_path / "s3",
+        TuneSpec(),
+        plan_base={"runtime": "process", "extra_args": ["--load-format", "dummy"]},
+        bench={},
+        port=8040,
+        name_prefix="t",
+        fast_starts=False,
+    )
     assert plain.compile_key({**cand, "max_num_seqs": 128}) != plain.compile_key(cand)
     assert ev.compile_key({**cand, "tp": 4}) != key
-    pinned = ServerEvaluator(synthetic("h200x8"), ev.model, tmp_path / "s2", TuneSpec(),
-                             plan_base={"runtime": "process", "overrides": {
-                                 "compilation-config": '{"cudagraph_capture_sizes": [1, 2, 4, 8]}'}},
-                             bench={}, port=8040, name_prefix="t")
+    pinned = ServerEvaluator(
+        synthetic("h200x8"),
+        ev.model,
+        tmp_path / "s2",
+        TuneSpec(),
+        plan_base={
+            "runtime": "process",
+            "overrides": {"compilation-config": '{"cudagraph_capture_sizes": [1, 2, 4, 8]}'},
+        },
+        bench={},
+        port=8040,
+        name_prefix="t",
+    )
     assert pinned.compile_key(cand) == pinned.compile_key({**cand, "max_num_seqs": 128})
     assert pinned.compile_key(cand) != pinned.compile_key({**cand, "max_num_batched_tokens": 2048})
 
@@ -184,8 +212,17 @@ def test_running_json_lists_every_running_trial_and_stays_compatible(tmp_path, m
     from m3ctl.tune.server import ServerEvaluator, stop_leftovers
 
     reg = Registry(tmp_path / "state")
-    ev = ServerEvaluator(synthetic("h200x8"), "m", tmp_path, TuneSpec(), plan_base={}, bench={}, port=8000,
-                         name_prefix="tune-x", registry=reg)
+    ev = ServerEvaluator(
+        synthetic("h200x8"),
+        "m",
+        tmp_path,
+        TuneSpec(),
+        plan_base={},
+        bench={},
+        port=8000,
+        name_prefix="tune-x",
+        registry=reg,
+    )
     a, b = ev.for_slot((0, 1), 8000), ev.for_slot((2, 3), 8001)
     run = tmp_path / "running.json"
     a._mark_running("tune-x-t1", 1)
@@ -225,8 +262,10 @@ def test_parallel_bench_runs_each_in_its_own_process(tiny_models, tmp_path):
             for s in sessions:
                 s.ev.isolate_bench = True
             out: dict[int, dict] = {}
-            threads = [threading.Thread(target=lambda i=i, s=s: out.__setitem__(i, s.measure(2, 1.0)))
-                       for i, s in enumerate(sessions)]
+            threads = [
+                threading.Thread(target=lambda i=i, s=s: out.__setitem__(i, s.measure(2, 1.0)))
+                for i, s in enumerate(sessions)
+            ]
             for th in threads:
                 th.start()
             for th in threads:
@@ -287,8 +326,15 @@ def result(cand: dict, c: int) -> dict:
     request in flight over the capacity (SLO p90_tpot_ms<=50 holds up to 5 x capacity)."""
     cap = cand.get("max_num_seqs", 32) / 32 + cand.get("spec_depth", 0)
     tput = 100.0 * min(c, 5 * cap) * (1 + cand.get("max_num_batched_tokens", 0) / 1e5)
-    return {"completed": 8, "failed": 0, "duration": 1.0, "total_token_throughput": tput, "output_throughput": tput / 2,
-            "p90_tpot_ms": 10.0 * c / cap, "validity": {"valid": True, "reasons": []}}
+    return {
+        "completed": 8,
+        "failed": 0,
+        "duration": 1.0,
+        "total_token_throughput": tput,
+        "output_throughput": tput / 2,
+        "p90_tpot_ms": 10.0 * c / cap,
+        "validity": {"valid": True, "reasons": []},
+    }
 
 
 class FakeSession:
@@ -399,18 +445,27 @@ class FakeEvaluator:
 
 
 def _pool(inv=None, n: int = 4) -> Pool:
-    return Pool(topo=Topology.of(inv or synthetic("h200x8")), ports=tuple(8000 + i for i in range(n)), limit=n,
-                why="test")
+    return Pool(
+        topo=Topology.of(inv or synthetic("h200x8")), ports=tuple(8000 + i for i in range(n)), limit=n, why="test"
+    )
 
 
 def _spec(**kw) -> TuneSpec:
-    return TuneSpec(**{"slo": "p90_tpot_ms<=50", "ladder": [1, 2, 4, 8], "max_trials": 8, "confirm_top": 0,
-                       "patience": None, **kw})
+    return TuneSpec(
+        **{"slo": "p90_tpot_ms<=50", "ladder": [1, 2, 4, 8], "max_trials": 8, "confirm_top": 0, "patience": None, **kw}
+    )
 
 
 def _tp2_space() -> Space:
-    return Space(values={"tp": [2], "dp": [1], "spec_depth": [0, 1], "max_num_seqs": [32, 64],
-                         "max_num_batched_tokens": [4096, 8192]})
+    return Space(
+        values={
+            "tp": [2],
+            "dp": [1],
+            "spec_depth": [0, 1],
+            "max_num_seqs": [32, 64],
+            "max_num_batched_tokens": [4096, 8192],
+        }
+    )
 
 
 def _in_thread(fn):
@@ -469,6 +524,7 @@ class Driver:
         released: set[int] = set()
         try:
             while True:
+
                 def settled() -> bool:
                     waiting = self.started - self.done - released
                     return self.finished or bool(waiting) and waiting <= self.ready
@@ -539,8 +595,15 @@ def test_consecutive_starts_on_a_gpu_set_share_the_compile_key():
     compiles one graph. The gates open in a chosen order (threading events), so the run is deterministic."""
     rec, hooks = Recorder(), Hooks()
     hooks.gated = True
-    space = Space(values={"tp": [2], "dp": [1], "spec_depth": [0, 1], "max_num_seqs": [32, 64],
-                          "max_num_batched_tokens": [4096, 8192]})
+    space = Space(
+        values={
+            "tp": [2],
+            "dp": [1],
+            "spec_depth": [0, 1],
+            "max_num_seqs": [32, 64],
+            "max_num_batched_tokens": [4096, 8192],
+        }
+    )
     anchor = space.anchor()
     ckey = lambda c: "A" if c == anchor or c["spec_depth"] == 1 else "B"
     ev = FakeEvaluator(rec, hooks, ckey)
@@ -605,8 +668,14 @@ def test_ctrl_c_stops_every_running_session_and_a_starting_one(tmp_path):
         if len(rec.opens()) == 3 and hooks.starting:
             raise KeyboardInterrupt
 
-    tuner = Tuner(space, FakeEvaluator(rec, hooks), _spec(), storage=f"sqlite:///{tmp_path / 'study.db'}",
-                  on_event=on_event, pool=_pool())
+    tuner = Tuner(
+        space,
+        FakeEvaluator(rec, hooks),
+        _spec(),
+        storage=f"sqlite:///{tmp_path / 'study.db'}",
+        on_event=on_event,
+        pool=_pool(),
+    )
     with pytest.raises(KeyboardInterrupt):
         tuner.run()
     assert len(rec.opens()) == 3 and replay(rec.events) == 3  # every opened session closed
@@ -663,14 +732,24 @@ def test_serial_when_one_trial_fits_or_no_slot_support():
     t = Tuner(recorded_space(grid), b, spec, pool=_pool())
     assert t.pool is None
     rb = t.run(clock=lambda: b.clock[0])
-    assert [(o.trial, o.config, o.objective) for o in ra.outcomes] == [(o.trial, o.config, o.objective)
-                                                                        for o in rb.outcomes]
+    assert [(o.trial, o.config, o.objective) for o in ra.outcomes] == [
+        (o.trial, o.config, o.objective) for o in rb.outcomes
+    ]
 
 
 # ---------------------------------------------------------------- dry run and CLI
 #: A small space on the H200 x8 (TP 2, 2 x 2 x 2 configurations): a dry run plans every one of them.
-PINS = ["tp=2", "dp=1", "dcp=1", "ep=off", "dbo=off", "kv_cache_dtype=default", "spec_depth=0,1",
-        "max_num_batched_tokens=2048,8192"]
+PINS = [
+    "tp=2",
+    "dp=1",
+    "dcp=1",
+    "ep=off",
+    "dbo=off",
+    "kv_cache_dtype=default",
+    "spec_depth=0,1",
+    "max_num_batched_tokens=2048,8192",
+]
+
 
 def test_dry_run_shows_slots_and_start_order(tmp_path):
     from m3ctl.tune import study as st
@@ -698,8 +777,19 @@ def test_cli_parallel_trials_option(tmp_path):
     from tests.conftest import run_cli
 
     model = _scale_model(tmp_path)
-    args = ["tune", "--model", str(model), "--system", "h200x8", "--study-dir", str(tmp_path / "s"), "--dry-run",
-            *(a for k in PINS for a in ("--knob", k)), "--port", "18600"]
+    args = [
+        "tune",
+        "--model",
+        str(model),
+        "--system",
+        "h200x8",
+        "--study-dir",
+        str(tmp_path / "s"),
+        "--dry-run",
+        *(a for k in PINS for a in ("--knob", k)),
+        "--port",
+        "18600",
+    ]
     p = run_cli(*args, "--parallel-trials", "2", "--json", "--", "--load-format", "dummy")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["parallel"]["trials"] == 2
@@ -721,17 +811,29 @@ def test_real_evaluator_runs_trials_side_by_side_on_fake_vllm_servers(tmp_path, 
 
     monkeypatch.setenv("FAKE_VLLM", json.dumps({"serve": {}}))
     exe = tmp_path / "vllm"
-    exe.write_text(f"#!/bin/sh\nexec {__import__('sys').executable} {FAKE_VLLM} \"$@\"\n")
+    exe.write_text(f'#!/bin/sh\nexec {__import__("sys").executable} {FAKE_VLLM} "$@"\n')
     exe.chmod(0o755)
     inv = synthetic("h200x8")
-    settings = st.new_settings(str(_scale_model(tmp_path)), inv, knobs=PINS, ladder=[1, 2], max_trials=3,
-                               port=free_port(), input_len=16, output_len=8, prompts_per_concurrency=2,
-                               baseline=False, confirm_top=0, warmup=False)
+    settings = st.new_settings(
+        str(_scale_model(tmp_path)),
+        inv,
+        knobs=PINS,
+        ladder=[1, 2],
+        max_trials=3,
+        port=free_port(),
+        input_len=16,
+        output_len=8,
+        prompts_per_concurrency=2,
+        baseline=False,
+        confirm_top=0,
+        warmup=False,
+    )
     settings["plan_base"].update(runtime="process", vllm_executable=str(exe))
     events: list[tuple] = []
     sdir = tmp_path / "study"
-    res, _, _ = st.run_tune(sdir, settings, inventory=inv, parallel_trials=2,
-                            on_event=lambda n, d, m: events.append((n, m)))
+    res, _, _ = st.run_tune(
+        sdir, settings, inventory=inv, parallel_trials=2, on_event=lambda n, d, m: events.append((n, m))
+    )
     assert res.launches == 3 and all(o.status == "feasible" for o in res.outcomes)
     # trials 0 and 1 side by side: 1 measured before 0 was done
     first_done = events.index(next(e for e in events if e[0] == 0 and e[1].startswith("done:")))
@@ -740,6 +842,8 @@ def test_real_evaluator_runs_trials_side_by_side_on_fake_vllm_servers(tmp_path, 
     assert "CUDA_VISIBLE_DEVICES=0,1 " in cmds["0000"] and "CUDA_VISIBLE_DEVICES=2,3 " in cmds["0001"]
     port0, port1 = (c.split("--port ")[1].split()[0] for c in (cmds["0000"], cmds["0001"]))
     assert port0 != port1
-    assert all(list((sdir / "trials" / n).glob("bench-c*.json")) and (sdir / "trials" / n / "server.log").exists()
-               for n in cmds)
+    assert all(
+        list((sdir / "trials" / n).glob("bench-c*.json")) and (sdir / "trials" / n / "server.log").exists()
+        for n in cmds
+    )
     assert not (sdir / "running.json").exists() and Registry().list() == []

@@ -87,8 +87,12 @@ def test_trial_killed_after_a_run_is_kept_not_relaunched(tmp_path):
     # launches, server time and wall time count both processes (replayed clocks: cost == wall time here)
     assert res.cost_s == pytest.approx(killed_clock + ev.clock[0])
     assert res.elapsed_s == pytest.approx(killed_clock + ev.clock[0])
-    again = Tuner(*_itl_landscape()[:1], ReplayEvaluator(_itl_landscape()[1]), _spec(_itl_landscape()[1]),
-                  storage=f"sqlite:///{tmp_path / 'study.db'}")
+    again = Tuner(
+        *_itl_landscape()[:1],
+        ReplayEvaluator(_itl_landscape()[1]),
+        _spec(_itl_landscape()[1]),
+        storage=f"sqlite:///{tmp_path / 'study.db'}",
+    )
     assert again.launches == 6 and again.recovered_trials == [] and again.cost_s == pytest.approx(res.cost_s)
 
 

@@ -29,8 +29,17 @@ def test_a_cold_start_compiles_and_a_warm_one_loads_the_compiled_model():
     # the model-registry inspection is cached in the same cache root: 22 s cold, 0 s warm
     assert a.seconds("api_config") == 22.0 and b.seconds("api_config") == 0.0
     order = [p for p, _ in a.phases]
-    assert order == ["api_config", "engine_spawn", "distributed_init", "weight_load", "torch_compile", "kv_profile",
-                     "cuda_graphs", "engine_warmup", "api_start"]
+    assert order == [
+        "api_config",
+        "engine_spawn",
+        "distributed_init",
+        "weight_load",
+        "torch_compile",
+        "kv_profile",
+        "cuda_graphs",
+        "engine_warmup",
+        "api_start",
+    ]
 
 
 def test_the_capture_bound_captures_fewer_graphs_and_max_num_seqs_shares_the_compile_key():
@@ -38,8 +47,11 @@ def test_the_capture_bound_captures_fewer_graphs_and_max_num_seqs_shares_the_com
     assert "PIECEWISE=51 (largest=512)" in _log("A") and "PIECEWISE=19 (largest=128)" in _log("D")
     assert d.vllm_s["cuda_graphs"] < a.vllm_s["cuda_graphs"]
     # E changes max-num-seqs only: with the capture size pinned the compile key is D's, so E loads it
-    assert e.compile_cache == "hit" and "/tmp/cacheC/torch_compile_cache/1b2f6bf3c5" in _log("D") \
+    assert (
+        e.compile_cache == "hit"
+        and "/tmp/cacheC/torch_compile_cache/1b2f6bf3c5" in _log("D")
         and "/tmp/cacheC/torch_compile_cache/1b2f6bf3c5" in _log("E")
+    )
 
 
 def test_phases_add_up_from_the_launch_to_ready_and_the_smoke():
@@ -62,15 +74,18 @@ def test_a_log_without_markers_gives_no_phases_and_says_nothing_about_the_cache(
     assert b.phases == [] and b.compile_cache is None and b.total_s is None
 
 
-@pytest.mark.parametrize(("argv", "conc", "depth", "seqs", "flags"), [
-    (["vllm", "serve", "m"], 128, 0, 1024, ["--compilation-config", '{"max_cudagraph_capture_size": 128}']),
-    (["vllm", "serve", "m"], 64, 3, 1024, ["--compilation-config", '{"max_cudagraph_capture_size": 256}']),
-    (["vllm", "serve", "m"], 256, 1, 1024, []),        # 512 tokens per step: vLLM's default already
-    (["vllm", "serve", "m"], 128, 0, 64, []),          # max-num-seqs 64: vLLM captures up to 128 by itself
-    (["vllm", "serve", "m", "-O", "3"], 16, 0, 1024, []),  # the user's compilation setting is measured as given
-    (["vllm", "serve", "m", "--enforce-eager"], 16, 0, 1024, []),
-    (["vllm", "serve", "m", "--compilation-config={}"], 16, 0, 1024, []),
-])
+@pytest.mark.parametrize(
+    ("argv", "conc", "depth", "seqs", "flags"),
+    [
+        (["vllm", "serve", "m"], 128, 0, 1024, ["--compilation-config", '{"max_cudagraph_capture_size": 128}']),
+        (["vllm", "serve", "m"], 64, 3, 1024, ["--compilation-config", '{"max_cudagraph_capture_size": 256}']),
+        (["vllm", "serve", "m"], 256, 1, 1024, []),  # 512 tokens per step: vLLM's default already
+        (["vllm", "serve", "m"], 128, 0, 64, []),  # max-num-seqs 64: vLLM captures up to 128 by itself
+        (["vllm", "serve", "m", "-O", "3"], 16, 0, 1024, []),  # the user's compilation setting is measured as given
+        (["vllm", "serve", "m", "--enforce-eager"], 16, 0, 1024, []),
+        (["vllm", "serve", "m", "--compilation-config={}"], 16, 0, 1024, []),
+    ],
+)
 def test_capture_bound_args(argv, conc, depth, seqs, flags):
     got, note = startup.capture_bound_args(argv, conc, depth, seqs)
     assert got == flags and note
@@ -83,9 +98,17 @@ def _evaluator(tmp_path, fast: bool, runtime: str = "process"):
     from m3ctl.tune.server import ServerEvaluator
 
     d = build_scale_model(tmp_path / "sm2", ScaleModelSpec(arch="minimax-m2", layers=16, quant="fp8"))
-    return ServerEvaluator(inventory_for_system("h200x1"), str(d), tmp_path / "study", TuneSpec(ladder=[16, 32, 64]),
-                           plan_base={"runtime": runtime, "extra_args": ["--load-format", "dummy"]}, bench={},
-                           port=8040, name_prefix="t", fast_starts=fast)
+    return ServerEvaluator(
+        inventory_for_system("h200x1"),
+        str(d),
+        tmp_path / "study",
+        TuneSpec(ladder=[16, 32, 64]),
+        plan_base={"runtime": runtime, "extra_args": ["--load-format", "dummy"]},
+        bench={},
+        port=8040,
+        name_prefix="t",
+        fast_starts=fast,
+    )
 
 
 @pytest.mark.parametrize("runtime", ["process", "docker"])
@@ -110,8 +133,7 @@ def test_no_fast_starts_leaves_the_trial_as_serve_would_start_it(tmp_path):
     assert ev.start_measures_note({"tp": 1, "dp": 1}).startswith("off")
 
 
-def test_a_trial_records_its_start_and_an_unreadable_compile_cache_is_cleared_once(tmp_path, tiny_models,
-                                                                                  monkeypatch):
+def test_a_trial_records_its_start_and_an_unreadable_compile_cache_is_cleared_once(tmp_path, tiny_models, monkeypatch):
     """Through launch_and_wait and the fake vLLM: the first start finds a corrupt artifact in the study's cache
     (the engine's own EOFError, diagnosed as component torch-compile-cache), the cache is cleared and the trial
     starts again; its start.json is written from the server's log."""
@@ -124,9 +146,17 @@ def test_a_trial_records_its_start_and_an_unreadable_compile_cache_is_cleared_on
     exe = tmp_path / "vllm"
     fake_vllm_config(tmp_path)
     reg = Registry(tmp_path / "state")
-    ev = ServerEvaluator(detect(), str(tiny_models["m2"]), tmp_path / "study", TuneSpec(),
-                         plan_base={"vllm_executable": str(exe)}, bench={}, port=free_port(), name_prefix="tc",
-                         registry=reg)
+    ev = ServerEvaluator(
+        detect(),
+        str(tiny_models["m2"]),
+        tmp_path / "study",
+        TuneSpec(),
+        plan_base={"vllm_executable": str(exe)},
+        bench={},
+        port=free_port(),
+        name_prefix="tc",
+        registry=reg,
+    )
     bad = ev.cache_root / "torch_compile_cache" / "CORRUPT"
     bad.parent.mkdir(parents=True)
     bad.write_text("half-written")
@@ -161,9 +191,18 @@ def test_a_corrupt_cache_is_not_retried_without_the_study_cache(tmp_path, tiny_m
     monkeypatch.setenv("VLLM_CACHE_ROOT", str(root))  # the user's own cache: m3ctl does not delete it
     corrupt = Path(__file__).parent / "fixtures" / "diagnose" / "torch-compile-cache.log"
     monkeypatch.setenv("FAKE_VLLM", json.dumps({"serve": {}, "corrupt_cache_log": str(corrupt)}))
-    ev = ServerEvaluator(detect(), str(tiny_models["m2"]), tmp_path / "study", TuneSpec(),
-                         plan_base={"vllm_executable": str(exe)}, bench={}, port=free_port(), name_prefix="tn",
-                         registry=Registry(tmp_path / "state"), fast_starts=False)
+    ev = ServerEvaluator(
+        detect(),
+        str(tiny_models["m2"]),
+        tmp_path / "study",
+        TuneSpec(),
+        plan_base={"vllm_executable": str(exe)},
+        bench={},
+        port=free_port(),
+        name_prefix="tn",
+        registry=Registry(tmp_path / "state"),
+        fast_starts=False,
+    )
     with pytest.raises(LaunchFailed):
         ev.open({"tp": 1}, 1, lambda _e: None)
     assert (root / "torch_compile_cache" / "CORRUPT").exists()
@@ -176,9 +215,12 @@ def test_startup_facts_are_schema_checked():
     f = startup.facts()
     assert next(m.phase for m in f.markers) == "api_imports" and f.cache_root_env == "VLLM_CACHE_ROOT"
     with pytest.raises(M3Error, match="regex"):
-        _load("markers: [{phase: x, regex: '(', source: s}]\ncompile_cache_hit: a\ncache_root_env: V\n"
-              "capture_bound: {flag: f, key: k, default_cap: 1, conflicts: [], source: s}\n",
-              startup.StartupFacts, "startup.yaml")
+        _load(
+            "markers: [{phase: x, regex: '(', source: s}]\ncompile_cache_hit: a\ncache_root_env: V\n"
+            "capture_bound: {flag: f, key: k, default_cap: 1, conflicts: [], source: s}\n",
+            startup.StartupFacts,
+            "startup.yaml",
+        )
 
 
 def test_a_spawned_engine_process_imports_torch_and_vllm_again():
@@ -194,4 +236,3 @@ def test_a_spawned_engine_process_imports_torch_and_vllm_again():
     top = gzip.decompress((FIX / "importtime-top40.txt.gz").read_bytes()).decode().splitlines()
     api = next(ln for ln in top if ln.rstrip().endswith("| vllm.entrypoints.openai.api_server"))
     assert int(api.split("|")[1]) > 15_000_000  # microseconds: the API server's own import, ~19 s
-

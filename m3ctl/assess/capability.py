@@ -7,7 +7,6 @@ an architecture (:func:`variant_support`: ``native`` / ``emulated`` / ``unsuppor
 its precision's and its attention's rows; doctor and plan both read it (there is no per-model copy).
 """
 
-
 import difflib
 import functools
 from dataclasses import dataclass
@@ -131,8 +130,15 @@ def _explain(err: ValidationError, where: str) -> str:
     loc = ".".join(str(p) for p in e["loc"])
     if e["type"] == "extra_forbidden":
         bad = str(e["loc"][-1])
-        known = sorted({*Feature.model_fields, *CapabilityTable.model_fields, *HostRules.model_fields,
-                        *KnownBad.model_fields, *KernelHint.model_fields})
+        known = sorted(
+            {
+                *Feature.model_fields,
+                *CapabilityTable.model_fields,
+                *HostRules.model_fields,
+                *KnownBad.model_fields,
+                *KernelHint.model_fields,
+            }
+        )
         close = difflib.get_close_matches(bad, known, n=1)
         return f"{where}: unknown key {loc!r}" + (f"; did you mean {close[0]!r}?" if close else "")
     return f"{where}: {loc}: {e['msg']}"
@@ -159,16 +165,20 @@ def parse_table(text: str, where: str = "capabilities.yaml") -> CapabilityTable:
         if unknown:
             name = min(unknown)
             close = difflib.get_close_matches(name, sorted(needed), n=1)
-            raise CatalogError(f"{where}: archs.{arch}.features: unknown feature {name!r}"
-                               + (f"; did you mean {close[0]!r}?" if close else ""), "fix the feature name")
+            raise CatalogError(
+                f"{where}: archs.{arch}.features: unknown feature {name!r}"
+                + (f"; did you mean {close[0]!r}?" if close else ""),
+                "fix the feature name",
+            )
     return table
 
 
 @functools.lru_cache(maxsize=1)
 def table() -> CapabilityTable:
     """The built-in capability table (m3ctl/data/capabilities.yaml), validated once."""
-    return parse_table(resources.files("m3ctl").joinpath("data/capabilities.yaml").read_text(),
-                       "m3ctl/data/capabilities.yaml")
+    return parse_table(
+        resources.files("m3ctl").joinpath("data/capabilities.yaml").read_text(), "m3ctl/data/capabilities.yaml"
+    )
 
 
 def _vtuple(v: str | None) -> tuple[int, ...]:
@@ -202,8 +212,9 @@ class FeatureVerdict:
         return self.row.source if self.row else "m3ctl/data/capabilities.yaml (no row)"
 
 
-def evaluate_feature(arch: str, name: str, *, engine_version: str | None = None,
-                     image_cuda: str | None = None) -> FeatureVerdict:
+def evaluate_feature(
+    arch: str, name: str, *, engine_version: str | None = None, image_cuda: str | None = None
+) -> FeatureVerdict:
     """Status of feature ``name`` on ``arch`` for an engine (vLLM) and image CUDA version.
 
     Engine rules (``engine.below``) and CUDA minimums (``min_cuda`` -> fallback,
@@ -217,7 +228,10 @@ def evaluate_feature(arch: str, name: str, *, engine_version: str | None = None,
     if row.engine and engine_version and version_lt(engine_version, row.engine.below):
         status, note = row.engine.status, row.engine.note or note
     if row.min_image_cuda and image_cuda and version_lt(image_cuda, row.min_image_cuda):
-        status, note = "unsupported", f"needs an image with CUDA >= {row.min_image_cuda} (this one: {image_cuda}); {row.note}"
+        status, note = (
+            "unsupported",
+            f"needs an image with CUDA >= {row.min_image_cuda} (this one: {image_cuda}); {row.note}",
+        )
     if row.min_cuda and image_cuda and version_lt(image_cuda, row.min_cuda) and status == "native":
         status, note = "fallback", f"image CUDA {image_cuda} < {row.min_cuda}: {row.fallback}"
     return FeatureVerdict(name, status, row, note)
@@ -248,8 +262,6 @@ def is_consumer_gpu(name: str, brand: str | None) -> bool:
     return any(m.lower() in name.lower() for m in fc.consumer_name_markers)
 
 
-
-
 def kv_bytes_per_element(kv_dtype: str) -> float:
     """Bytes per KV element for a ``--kv-cache-dtype`` (``auto``/bf16: 2, fp8*: 1, nvfp4*: 0.5625 = 4 bits + one
     FP8 scale per 16 values); unknown dtypes count as 2 (m3ctl/data/capabilities.yaml kv_bytes_per_element)."""
@@ -257,8 +269,14 @@ def kv_bytes_per_element(kv_dtype: str) -> float:
 
 
 #: Feature status -> how a variant needing it runs: natively, emulated (needs --allow-emulated), not at all.
-RUNS = {"native": "native", "supported": "native", "fallback": "emulated", "partial": "emulated",
-        "unverified": "emulated", "unsupported": "unsupported"}
+RUNS = {
+    "native": "native",
+    "supported": "native",
+    "fallback": "emulated",
+    "partial": "emulated",
+    "unverified": "emulated",
+    "unsupported": "unsupported",
+}
 
 
 @dataclass(frozen=True)
@@ -288,8 +306,9 @@ class Support:
         return max(self.features, key=lambda f: RANK[f.status], default=None)
 
 
-def variant_support(arch: str, precision: str, attention: str, *, engine_version: str | None = None,
-                    image_cuda: str | None = None) -> Support:
+def variant_support(
+    arch: str, precision: str, attention: str, *, engine_version: str | None = None, image_cuda: str | None = None
+) -> Support:
     """How a checkpoint of ``precision`` with ``attention`` runs on ``arch`` (see :class:`Support`).
 
     An architecture with no row (``cpu``, ``unknown``, a new GPU) is ``unsupported`` for GPU variants:
@@ -317,8 +336,9 @@ def images_for(vendor: str, arch: str, catalog_dir: str | None = None) -> list:
     from m3ctl import catalog  # noqa: PLC0415
 
     imgs = [i for i in catalog.images(catalog_dir).values() if i.vendor == vendor and arch in i.archs]
-    return sorted(imgs, key=lambda i: (_vtuple(i.cuda_version or i.rocm_version), _vtuple(i.vllm_version)),
-                  reverse=True)
+    return sorted(
+        imgs, key=lambda i: (_vtuple(i.cuda_version or i.rocm_version), _vtuple(i.vllm_version)), reverse=True
+    )
 
 
 def image_runs_on_driver(cuda_version: str | None, driver_cuda: str | None) -> bool:
@@ -327,8 +347,9 @@ def image_runs_on_driver(cuda_version: str | None, driver_cuda: str | None) -> b
     return not (cuda_version and driver_cuda and version_lt(driver_cuda, ".".join(cuda_version.split(".")[:2])))
 
 
-def choose_image(vendor: str, arch: str, driver_cuda: str | None, preferred: str | None = None,
-                 catalog_dir: str | None = None):
+def choose_image(
+    vendor: str, arch: str, driver_cuda: str | None, preferred: str | None = None, catalog_dir: str | None = None
+):
     """(image, why) for a launch: ``preferred`` (the profile's) when the driver supports its CUDA, else the
     newest catalog image for ``vendor``/``arch`` whose CUDA the driver supports; (None, why) when none does."""
     from m3ctl import catalog  # noqa: PLC0415
@@ -339,11 +360,17 @@ def choose_image(vendor: str, arch: str, driver_cuda: str | None, preferred: str
         return first, f"profile image {first.name}"
     for img in images_for(vendor, arch, catalog_dir):
         if image_runs_on_driver(img.cuda_version, driver_cuda):
-            why = (f"the profile image {first.name} needs CUDA {first.cuda_version} > the driver's {driver_cuda} "
-                   f"(minimum driver {min_driver_for_cuda(first.cuda_version) or '?'}); newest catalog image the "
-                   "driver supports" if first is not None else "newest catalog image the driver supports")
+            why = (
+                f"the profile image {first.name} needs CUDA {first.cuda_version} > the driver's {driver_cuda} "
+                f"(minimum driver {min_driver_for_cuda(first.cuda_version) or '?'}); newest catalog image the "
+                "driver supports"
+                if first is not None
+                else "newest catalog image the driver supports"
+            )
             return img, why
-    return first, (f"no catalog image for {arch} has CUDA <= {driver_cuda}" if first else f"no catalog image for {arch}")
+    return first, (
+        f"no catalog image for {arch} has CUDA <= {driver_cuda}" if first else f"no catalog image for {arch}"
+    )
 
 
 def engine_version(runtime: str, image_version: str | None) -> str | None:

@@ -13,22 +13,39 @@ from m3ctl.catalog import ModelSpec, Variant
 from m3ctl.errors import BadInput
 
 
-def variant_fits(spec: ModelSpec, v: Variant, sup: capability.Support, n_gpus: int, mem_mib: int | None,
-                  kv_dtype: str) -> bool:
+def variant_fits(
+    spec: ModelSpec, v: Variant, sup: capability.Support, n_gpus: int, mem_mib: int | None, kv_dtype: str
+) -> bool:
     """The variant's weights (x its load factor) + KV for one sequence of the default context fit the GPUs at
     TP = GPU count (:mod:`m3ctl.assess.memory`); True when memory is unknown."""
     if not mem_mib:
         return True
     f = model_facts(spec, ModelFacts(source=spec.name), v)
     ctx = min(capability.table().host.default_context, f.max_position_embeddings or 2**31)
-    return mem.fit_at(mem_mib, weights_gib=v.weights_gib * sup.weights_factor,
-                      kv_bytes_per_token=f.kv_bytes_per_token(kv_dtype), num_kv_heads=f.num_kv_heads,
-                      tp=max(1, n_gpus), context=ctx, units=max(1, n_gpus)).fits
+    return mem.fit_at(
+        mem_mib,
+        weights_gib=v.weights_gib * sup.weights_factor,
+        kv_bytes_per_token=f.kv_bytes_per_token(kv_dtype),
+        num_kv_heads=f.num_kv_heads,
+        tp=max(1, n_gpus),
+        context=ctx,
+        units=max(1, n_gpus),
+    ).fits
 
 
-def choose_variant(spec: ModelSpec, model: str, requested: str | None, arch: str, n_gpus: int, mem_mib: int | None,
-                   rejected: list[tuple[str, str]], allow_emulated: bool = False, engine_version: str | None = None,
-                   image_cuda: str | None = None, kv_dtype: str = "auto") -> tuple[str | None, Variant | None, str]:
+def choose_variant(
+    spec: ModelSpec,
+    model: str,
+    requested: str | None,
+    arch: str,
+    n_gpus: int,
+    mem_mib: int | None,
+    rejected: list[tuple[str, str]],
+    allow_emulated: bool = False,
+    engine_version: str | None = None,
+    image_cuda: str | None = None,
+    kv_dtype: str = "auto",
+) -> tuple[str | None, Variant | None, str]:
     """The variant to serve: the one asked for; the one whose checkpoint id was given; else the first (catalog
     order = preference) with native kernels here (:func:`~m3ctl.assess.capability.variant_support`) that fits the
     GPUs (:func:`variant_fits`); with ``allow_emulated`` the first emulated one that fits; else the smallest that
@@ -43,9 +60,10 @@ def choose_variant(spec: ModelSpec, model: str, requested: str | None, arch: str
     if requested:
         if requested not in spec.variants:
             close = difflib.get_close_matches(requested, list(spec.variants), n=1)
-            raise BadInput(f"unknown variant {requested!r} of {spec.name}" +
-                           (f"; did you mean {close[0]!r}?" if close else ""),
-                           f"variants: {', '.join(spec.variants)}")
+            raise BadInput(
+                f"unknown variant {requested!r} of {spec.name}" + (f"; did you mean {close[0]!r}?" if close else ""),
+                f"variants: {', '.join(spec.variants)}",
+            )
         return requested, spec.variants[requested], "given with --variant"
     for vname, v in spec.variants.items():
         if v.hf_id and v.hf_id.lower() == model.lower():
@@ -53,18 +71,28 @@ def choose_variant(spec: ModelSpec, model: str, requested: str | None, arch: str
     natives = []
     emulated = []
     for vname, v in spec.variants.items():
-        sup = capability.variant_support(arch, v.precision, spec.attention, engine_version=engine_version,
-                                         image_cuda=image_cuda)
+        sup = capability.variant_support(
+            arch, v.precision, spec.attention, engine_version=engine_version, image_cuda=image_cuda
+        )
         if sup.status != "native":
-            why = f"emulated on {arch}: {sup.note}" if sup.status == "emulated" else f"does not run on {arch}: {sup.note}"
+            why = (
+                f"emulated on {arch}: {sup.note}" if sup.status == "emulated" else f"does not run on {arch}: {sup.note}"
+            )
             rejected.append((vname, why))
             if sup.status == "emulated":
                 emulated.append((vname, v, sup))
             continue
         natives.append((vname, v, sup))
         if not variant_fits(spec, v, sup, n_gpus, mem_mib, kv_dtype):
-            rejected.append((vname, (f"weights {v.weights_gib * sup.weights_factor:.0f} GiB do not fit {n_gpus} "
-                                    "GPU(s) with KV for one sequence of the default context")))
+            rejected.append(
+                (
+                    vname,
+                    (
+                        f"weights {v.weights_gib * sup.weights_factor:.0f} GiB do not fit {n_gpus} "
+                        "GPU(s) with KV for one sequence of the default context"
+                    ),
+                )
+            )
             continue
         return vname, v, f"first variant with native kernels on {arch} that fits {n_gpus} GPU(s)"
     if allow_emulated:
@@ -94,11 +122,19 @@ def choose_max_model_len(ctx: PlanContext) -> tuple[int, str, str] | None:
     ctx.args["max-model-len"] = n
     at = ctx.memory_fit(n)
     seqs = at.concurrent_sequences(n) if at else 1
-    why = (f"the model's {ctx.facts.max_position_embeddings}-token context does not fit next to the weights at "
-           f"TP {ctx.tp} x DP {ctx.dp}; largest that fits, a multiple of the {ctx.block_size()}-token KV block")
-    return n, why, (f"max-model-len {n} chosen (the model allows {ctx.facts.max_position_embeddings}): KV capacity "
-                    f"about {fit.max_context:,} tokens = {seqs} concurrent sequence(s) of {n} tokens; set "
-                    "--max-model-len lower for more concurrency")
+    why = (
+        f"the model's {ctx.facts.max_position_embeddings}-token context does not fit next to the weights at "
+        f"TP {ctx.tp} x DP {ctx.dp}; largest that fits, a multiple of the {ctx.block_size()}-token KV block"
+    )
+    return (
+        n,
+        why,
+        (
+            f"max-model-len {n} chosen (the model allows {ctx.facts.max_position_embeddings}): KV capacity "
+            f"about {fit.max_context:,} tokens = {seqs} concurrent sequence(s) of {n} tokens; set "
+            "--max-model-len lower for more concurrency"
+        ),
+    )
 
 
 def choose_runtime(requested: str, profile, inventory, image: str | None = None) -> tuple[str, str]:
@@ -115,8 +151,10 @@ def choose_runtime(requested: str, profile, inventory, image: str | None = None)
     """
     c = inventory.container
     if requested == "process" and image:
-        raise BadInput(f"--image {image} needs the docker runtime, but --runtime process was given",
-                       "drop --runtime process (an image implies docker) or drop --image")
+        raise BadInput(
+            f"--image {image} needs the docker runtime, but --runtime process was given",
+            "drop --runtime process (an image implies docker) or drop --image",
+        )
     if requested != "auto":
         return requested, f"--runtime {requested}"
     if image:
@@ -125,7 +163,10 @@ def choose_runtime(requested: str, profile, inventory, image: str | None = None)
         return profile.runtimes[0], f"profile {profile.name} names no image for the docker runtime"
     fallback = "process" if "process" in profile.runtimes else profile.runtimes[0]
     if not c.docker_reachable:
-        why = ("container engine not probed (a catalog system)" if c.docker_reachable is None else
-               f"no reachable container engine on this host ({c.docker_error or 'the engine did not answer'})")
+        why = (
+            "container engine not probed (a catalog system)"
+            if c.docker_reachable is None
+            else f"no reachable container engine on this host ({c.docker_error or 'the engine did not answer'})"
+        )
         return fallback, f"{why}: a bare `vllm serve` process; --runtime docker for the profile's image {profile.image}"
     return "docker", f"profile {profile.name} image {profile.image} (Docker {c.docker_version or 'reachable'})"

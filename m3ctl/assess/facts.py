@@ -196,8 +196,9 @@ def facts_from_config(cfg: dict, source: str, *, local: bool, model_dir: Path | 
     weights = 0
     estimated = False
     if model_dir is not None:
-        weights = sum(f.stat().st_size for pat in ("*.safetensors", "*.bin") for f in model_dir.glob(pat)
-                      if f.is_file())  # a dangling blob link (an interrupted download) counts as nothing
+        weights = sum(
+            f.stat().st_size for pat in ("*.safetensors", "*.bin") for f in model_dir.glob(pat) if f.is_file()
+        )  # a dangling blob link (an interrupted download) counts as nothing
         estimated = not weights and not any(model_dir.glob("*.safetensors.index.json"))
         if estimated:
             weights = estimate_weights_bytes(cfg)
@@ -208,26 +209,42 @@ def facts_from_config(cfg: dict, source: str, *, local: bool, model_dir: Path | 
     mla = "kv_lora_rank" in text  # DeepSeek-V2/V3-style multi-head latent attention
     sparse = text.get("sparse_attention_config") if isinstance(text.get("sparse_attention_config"), dict) else None
     freq = sparse.get("sparse_attention_freq") if sparse else None
-    msa = bool(sparse) and sparse.get("use_sparse_attention", True) is not False and (
-        freq is None or (any(freq) if isinstance(freq, list) else bool(freq)))
+    msa = (
+        bool(sparse)
+        and sparse.get("use_sparse_attention", True) is not False
+        and (freq is None or (any(freq) if isinstance(freq, list) else bool(freq)))
+    )
     return ModelFacts(
-        source=source, local=local, config_source=str(model_dir / "config.json") if model_dir else None,
+        source=source,
+        local=local,
+        config_source=str(model_dir / "config.json") if model_dir else None,
         architectures=list(cfg.get("architectures") or text.get("architectures") or []),
-        attention="msa" if msa else ("mla" if mla else "gqa"), moe=bool(experts),
-        hidden_size=text.get("hidden_size"), head_dim=head_dim, num_experts=experts,
+        attention="msa" if msa else ("mla" if mla else "gqa"),
+        moe=bool(experts),
+        hidden_size=text.get("hidden_size"),
+        head_dim=head_dim,
+        num_experts=experts,
         experts_per_tok=text.get("num_experts_per_tok") if experts else None,
-        scoring_func=text.get("scoring_func"), max_position_embeddings=text.get("max_position_embeddings"),
-        weights_gib=weights / 2**30, weights_estimated=estimated and weights > 0,
-        num_layers=text.get("num_hidden_layers"), num_attention_heads=heads,
+        scoring_func=text.get("scoring_func"),
+        max_position_embeddings=text.get("max_position_embeddings"),
+        weights_gib=weights / 2**30,
+        weights_estimated=estimated and weights > 0,
+        num_layers=text.get("num_hidden_layers"),
+        num_attention_heads=heads,
         num_kv_heads=text.get("num_key_value_heads") or heads,
         moe_intermediate_size=(text.get("moe_intermediate_size") or text.get("intermediate_size")) if experts else None,
         msa_block_size=sparse.get("sparse_block_size") if sparse else None,
         sparse_attention_freq=list(freq) if isinstance(freq, list) else None,
         sparse_attention_config=dict(sparse) if sparse else None,
         num_mtp_modules=text.get("num_mtp_modules"),
-        quant_block=block, quant_algo=algo, group_size=group, precision=precision,
-        model_type=cfg.get("model_type"), text_config_nested=nested,
-        config_keys=sorted(set(cfg) | set(text) | set(cfg.get("vision_config") or {})))
+        quant_block=block,
+        quant_algo=algo,
+        group_size=group,
+        precision=precision,
+        model_type=cfg.get("model_type"),
+        text_config_nested=nested,
+        config_keys=sorted(set(cfg) | set(text) | set(cfg.get("vision_config") or {})),
+    )
 
 
 def read_model_facts(source: str) -> ModelFacts:
@@ -244,9 +261,10 @@ def read_model_facts(source: str) -> ModelFacts:
     local = p.exists()
     if not local:
         if looks_like_path:
-            raise BadInput(f"model path {source} does not exist",
-                           "pass a local model directory or a Hugging Face id; build a tiny one with "
-                           "`m3ctl dev tiny-model DIR`")
+            raise BadInput(
+                f"model path {source} does not exist",
+                "pass a local model directory or a Hugging Face id; build a tiny one with `m3ctl dev tiny-model DIR`",
+            )
         cached = hub_config_dir(source)
         if cached is None:
             return ModelFacts(source=source)
@@ -267,8 +285,19 @@ def read_model_facts(source: str) -> ModelFacts:
 
 
 #: Numbers a checkpoint's config.json overrides in the catalog's (often assumed) facts.
-LOCAL_WINS = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim", "num_experts",
-              "experts_per_tok", "moe_intermediate_size", "max_position_embeddings", "scoring_func", "msa_block_size")
+LOCAL_WINS = (
+    "num_layers",
+    "hidden_size",
+    "num_attention_heads",
+    "num_kv_heads",
+    "head_dim",
+    "num_experts",
+    "experts_per_tok",
+    "moe_intermediate_size",
+    "max_position_embeddings",
+    "scoring_func",
+    "msa_block_size",
+)
 
 
 def model_facts(spec: ModelSpec | None, local: ModelFacts, variant: Variant | None = None) -> ModelFacts:
@@ -283,13 +312,17 @@ def model_facts(spec: ModelSpec | None, local: ModelFacts, variant: Variant | No
     from_config = local.config_source is not None or local.local
     if spec is not None:
         for k, v in spec.facts.model_dump().items():
-            if v is not None and k in ModelFacts.model_fields and (not from_config or getattr(f, k) is None
-                                                                   or k not in LOCAL_WINS):
+            if (
+                v is not None
+                and k in ModelFacts.model_fields
+                and (not from_config or getattr(f, k) is None or k not in LOCAL_WINS)
+            ):
                 setattr(f, k, v)
         f.name, f.family, f.attention = spec.name, spec.family, spec.attention
         f.moe = spec.moe if not from_config else (f.moe or spec.moe)
-        f.assumed = [a for a in spec.assumed if not from_config or a not in LOCAL_WINS
-                     or getattr(local, a, None) is None]
+        f.assumed = [
+            a for a in spec.assumed if not from_config or a not in LOCAL_WINS or getattr(local, a, None) is None
+        ]
         if spec.text_config_nested:
             f.text_config_nested = True
     if variant is not None:
@@ -377,5 +410,9 @@ def checkpoint_variant(facts: ModelFacts) -> tuple[str, Variant]:
     from m3ctl.catalog import Variant  # noqa: PLC0415
 
     prec = facts.precision or "bf16"
-    return prec, Variant(precision=prec, weights_gib=facts.weights_gib, quant_block=facts.quant_block,
-                         source=f"the checkpoint's config.json ({facts.config_source or facts.source})")
+    return prec, Variant(
+        precision=prec,
+        weights_gib=facts.weights_gib,
+        quant_block=facts.quant_block,
+        source=f"the checkpoint's config.json ({facts.config_source or facts.source})",
+    )

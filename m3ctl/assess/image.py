@@ -29,10 +29,12 @@ class ImageFacts:
     cuda_archs: list[str] = field(default_factory=list)
 
     def describe(self) -> str:
-        parts = [f"CUDA {self.cuda_version}" if self.cuda_version else "",
-                 f"ROCm {self.rocm_version}" if self.rocm_version else "",
-                 f"vLLM {self.vllm_version}" if self.vllm_version else "",
-                 f"archs {' '.join(self.cuda_archs)}" if self.cuda_archs else ""]
+        parts = [
+            f"CUDA {self.cuda_version}" if self.cuda_version else "",
+            f"ROCm {self.rocm_version}" if self.rocm_version else "",
+            f"vLLM {self.vllm_version}" if self.vllm_version else "",
+            f"archs {' '.join(self.cuda_archs)}" if self.cuda_archs else "",
+        ]
         return ", ".join(p for p in parts if p) or "no version labels"
 
     def as_catalog_image(self):
@@ -45,9 +47,17 @@ class ImageFacts:
             repo, digest = ref.split("@", 1)
         elif ":" in ref.rsplit("/", 1)[-1]:
             repo, tag = ref.rsplit(":", 1)
-        return Image(name=self.name, vendor="amd" if self.rocm_version else "nvidia", repository=repo, tag=tag,
-                     digest=digest, vllm_version=self.vllm_version or "unknown", cuda_version=self.cuda_version,
-                     rocm_version=self.rocm_version, archs=[])
+        return Image(
+            name=self.name,
+            vendor="amd" if self.rocm_version else "nvidia",
+            repository=repo,
+            tag=tag,
+            digest=digest,
+            vllm_version=self.vllm_version or "unknown",
+            cuda_version=self.cuda_version,
+            rocm_version=self.rocm_version,
+            archs=[],
+        )
 
 
 def image_facts_from_env(name: str, env: list[str], labels: Mapping[str, str] | None = None) -> ImageFacts:
@@ -60,13 +70,23 @@ def image_facts_from_env(name: str, env: list[str], labels: Mapping[str, str] | 
     if not cuda and "cuda>=" in req:
         cuda = req.split("cuda>=", 1)[1].split()[0]
     cuda = ".".join(cuda.split(".")[:2]) if cuda else None
-    vllm = (kv.get("VLLM_VERSION") or labels.get("vllm.version") or labels.get("ai.vllm.version")
-            or labels.get("org.opencontainers.image.version"))
+    vllm = (
+        kv.get("VLLM_VERSION")
+        or labels.get("vllm.version")
+        or labels.get("ai.vllm.version")
+        or labels.get("org.opencontainers.image.version")
+    )
     if vllm:
         vllm = vllm.lstrip("v").split("+")[0]
     archs = (kv.get("TORCH_CUDA_ARCH_LIST") or labels.get("torch_cuda_arch_list") or "").replace(";", " ")
-    return ImageFacts(name=name, reference=name, cuda_version=cuda, rocm_version=kv.get("ROCM_VERSION"),
-                      vllm_version=vllm, cuda_archs=[a.replace("+PTX", "") for a in archs.split() if a])
+    return ImageFacts(
+        name=name,
+        reference=name,
+        cuda_version=cuda,
+        rocm_version=kv.get("ROCM_VERSION"),
+        vllm_version=vllm,
+        cuda_archs=[a.replace("+PTX", "") for a in archs.split() if a],
+    )
 
 
 def inspect_user_image(ref: str, env: Mapping[str, str] | None = None) -> ImageFacts | None:

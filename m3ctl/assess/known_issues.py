@@ -102,21 +102,26 @@ def parse_known_issues(text: str, where: str = "known_issues.yaml") -> KnownIssu
         if err["type"] == "extra_forbidden":
             known = sorted({*KnownIssue.model_fields, *Fallback.model_fields, *KnownIssues.model_fields})
             close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
-            raise CatalogError(f"{where}: unknown key {loc!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
-                               "see the schema in m3ctl/assess/known_issues.py") from None
+            raise CatalogError(
+                f"{where}: unknown key {loc!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+                "see the schema in m3ctl/assess/known_issues.py",
+            ) from None
         raise CatalogError(f"{where}: {loc}: {err['msg']}", "see the schema in m3ctl/assess/known_issues.py") from None
     for ki in table.issues:
         if ki.workaround and ki.workaround not in table.fallbacks:
-            raise CatalogError(f"{where}: issue {ki.id}: workaround {ki.workaround!r} is not a fallback",
-                               f"fallbacks: {', '.join(table.fallbacks) or 'none'}")
+            raise CatalogError(
+                f"{where}: issue {ki.id}: workaround {ki.workaround!r} is not a fallback",
+                f"fallbacks: {', '.join(table.fallbacks) or 'none'}",
+            )
     return table
 
 
 @functools.lru_cache(maxsize=1)
 def known_issues() -> KnownIssues:
     """The built-in table (m3ctl/data/known_issues.yaml), validated once."""
-    return parse_known_issues(resources.files("m3ctl").joinpath("data/known_issues.yaml").read_text(),
-                              "m3ctl/data/known_issues.yaml")
+    return parse_known_issues(
+        resources.files("m3ctl").joinpath("data/known_issues.yaml").read_text(), "m3ctl/data/known_issues.yaml"
+    )
 
 
 @dataclass(frozen=True)
@@ -172,8 +177,10 @@ def _load_json(value: Any, flag: str) -> dict[str, Any]:
     try:
         data = json.loads(value) if isinstance(value, str) else None
     except ValueError as e:
-        raise BadInput(f"--{flag} {str(value)[:60]!r} is not valid JSON ({e.msg})",
-                       f"give --{flag} a JSON object, e.g. '{{\"text_config\": {{...}}}}'") from None
+        raise BadInput(
+            f"--{flag} {str(value)[:60]!r} is not valid JSON ({e.msg})",
+            f"give --{flag} a JSON object, e.g. '{{\"text_config\": {{...}}}}'",
+        ) from None
     if not isinstance(data, dict):
         raise BadInput(f"--{flag} {str(value)[:60]!r} is not a JSON object", f"give --{flag} a JSON object")
     return data
@@ -205,21 +212,28 @@ def attention_overrides(facts, existing: Any = None, mode: str = "dense") -> tup
         raise BadInput(f"--attention {mode!r} is not one of {', '.join(ATTENTION_MODES)}", "use --attention dense")
     fb = known_issues().fallbacks["attention_dense"]
     if facts.attention != fb.attention:
-        raise BadInput(f"--attention dense applies to {fb.attention.upper()} models; {facts.name or facts.source} has "
-                       f"{facts.attention.upper()} attention", "drop --attention")
+        raise BadInput(
+            f"--attention dense applies to {fb.attention.upper()} models; {facts.name or facts.source} has "
+            f"{facts.attention.upper()} attention",
+            "drop --attention",
+        )
     if not facts.num_layers:
-        raise BadInput(f"--attention dense needs the layer count of {facts.source}, which is unknown",
-                       "serve a local copy of the model (its config.json gives num_hidden_layers)")
+        raise BadInput(
+            f"--attention dense needs the layer count of {facts.source}, which is unknown",
+            "serve a local copy of the model (its config.json gives num_hidden_layers)",
+        )
     value = [fb.value_per_layer] * facts.num_layers
     merged = _load_json(existing, fb.flag)
     nested = bool(fb.nested_under and facts.text_config_nested)
     path = ([fb.nested_under] if nested else []) + fb.field
-    for where in ([path] + ([fb.field] if nested else [])):  # the user may have used either form
+    for where in [path] + ([fb.field] if nested else []):  # the user may have used either form
         have = _get(merged, where)
         if have is not None and have != value:
-            raise BadInput(f"--{fb.flag} already sets {'.'.join(where)} to {json.dumps(have)[:60]}, which is not "
-                           f"dense attention ({json.dumps(value)[:40]}...)",
-                           f"drop {'.'.join(where)} from --{fb.flag}, or drop --attention dense")
+            raise BadInput(
+                f"--{fb.flag} already sets {'.'.join(where)} to {json.dumps(have)[:60]}, which is not "
+                f"dense attention ({json.dumps(value)[:40]}...)",
+                f"drop {'.'.join(where)} from --{fb.flag}, or drop --attention dense",
+            )
     if nested:
         target = merged
         for k in path[:-1]:
@@ -230,9 +244,11 @@ def attention_overrides(facts, existing: Any = None, mode: str = "dense") -> tup
     else:  # the whole section: a top-level dict-valued key replaces the checkpoint's (see above)
         section = copy.deepcopy(facts.sparse_attention_config or {})
         if not section:
-            raise BadInput(f"--attention dense: {facts.source} does not nest its config under "
-                           f"{fb.nested_under} and its {fb.field[0]} is unknown",
-                           "serve a local copy of the model (its config.json has the section)")
+            raise BadInput(
+                f"--attention dense: {facts.source} does not nest its config under "
+                f"{fb.nested_under} and its {fb.field[0]} is unknown",
+                "serve a local copy of the model (its config.json has the section)",
+            )
         user = merged.get(fb.field[0]) if isinstance(merged.get(fb.field[0]), dict) else {}
         section.update(user)
         section[fb.field[-1]] = value

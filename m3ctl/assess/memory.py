@@ -91,9 +91,22 @@ def budget_gib(unit_gib: float, utilization: float | None = None) -> float:
     return unit_gib * (h.gpu_memory_utilization if utilization is None else utilization) - h.overhead_gib_per_gpu
 
 
-def fit_at(unit_mib: int, *, weights_gib: float, kv_bytes_per_token: int, num_kv_heads: int | None, tp: int,
-           context: int, dp: int = 1, dcp: int = 1, ep: bool = False, units: int = 1,
-           utilization: float | None = None, pp: int = 1, expert_share: float | None = None) -> Fit:
+def fit_at(
+    unit_mib: int,
+    *,
+    weights_gib: float,
+    kv_bytes_per_token: int,
+    num_kv_heads: int | None,
+    tp: int,
+    context: int,
+    dp: int = 1,
+    dcp: int = 1,
+    ep: bool = False,
+    units: int = 1,
+    utilization: float | None = None,
+    pp: int = 1,
+    expert_share: float | None = None,
+) -> Fit:
     """Memory fit at one layout (see the module doc). ``unit_mib``: memory of one GPU or MIG slice;
     ``expert_share``: :func:`expert_fraction` (None: all weights counted as experts when ``ep``, else as dense,
     the arithmetic before per-rank MoE sharding was modelled)."""
@@ -109,21 +122,45 @@ def fit_at(unit_mib: int, *, weights_gib: float, kv_bytes_per_token: int, num_kv
     kv = context * per_tok / 2**30
     room = budget - w
     max_ctx = int(room * 2**30 / per_tok) if room > 0 and per_tok else (0 if room <= 0 else 2**62)
-    return Fit(fits=units > 0 and unit_mib > 0 and w + kv <= budget, tp=tp, per_gpu_budget_gib=budget,
-               weights_per_gpu_gib=w, kv_needed_gib=kv, kv_bytes_per_token_gpu=per_tok, max_context=max_ctx,
-               context=context, units=units, unit_gib=unit_gib, utilization=util)
+    return Fit(
+        fits=units > 0 and unit_mib > 0 and w + kv <= budget,
+        tp=tp,
+        per_gpu_budget_gib=budget,
+        weights_per_gpu_gib=w,
+        kv_needed_gib=kv,
+        kv_bytes_per_token_gpu=per_tok,
+        max_context=max_ctx,
+        context=context,
+        units=units,
+        unit_gib=unit_gib,
+        utilization=util,
+    )
 
 
-def smallest_tp(unit_mib: list[int], *, weights_gib: float, kv_bytes_per_token: int, num_kv_heads: int | None,
-                context: int, max_tp: int | None = None) -> Fit:
+def smallest_tp(
+    unit_mib: list[int],
+    *,
+    weights_gib: float,
+    kv_bytes_per_token: int,
+    num_kv_heads: int | None,
+    context: int,
+    max_tp: int | None = None,
+) -> Fit:
     """The smallest TP (capabilities.yaml ``host.tp_candidates``, at most the visible units and ``max_tp``) at
     which weights + one ``context``-token sequence fit; else the fit at the largest TP tried."""
     n = len(unit_mib)
     cands = [t for t in table().host.tp_candidates if t <= n and (max_tp is None or t <= max_tp)] or [1]
     last = None
     for tp in cands:
-        last = fit_at(min(unit_mib) if unit_mib else 0, weights_gib=weights_gib, kv_bytes_per_token=kv_bytes_per_token,
-                      num_kv_heads=num_kv_heads, tp=tp, context=context, units=n)
+        last = fit_at(
+            min(unit_mib) if unit_mib else 0,
+            weights_gib=weights_gib,
+            kv_bytes_per_token=kv_bytes_per_token,
+            num_kv_heads=num_kv_heads,
+            tp=tp,
+            context=context,
+            units=n,
+        )
         if last.fits:
             return last
     assert last is not None

@@ -31,8 +31,12 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError
 from m3ctl.errors import BadInput
 
 #: Typed knobs -> the vLLM flag they set (a typed knob set in a higher layer drops that flag from lower ``args``).
-TYPED_FLAGS = {"kv_cache_dtype": "kv-cache-dtype", "max_model_len": "max-model-len", "max_num_seqs": "max-num-seqs",
-               "max_num_batched_tokens": "max-num-batched-tokens"}
+TYPED_FLAGS = {
+    "kv_cache_dtype": "kv-cache-dtype",
+    "max_model_len": "max-model-len",
+    "max_num_seqs": "max-num-seqs",
+    "max_num_batched_tokens": "max-num-batched-tokens",
+}
 
 
 class PlanRequest(BaseModel):
@@ -129,7 +133,6 @@ class PlanRequest(BaseModel):
             out[k] = v
         return out
 
-
     def public(self) -> dict[str, Any]:
         """JSON of the fields set (defaults left out) with secret-looking env values, arg values and raw tokens
         masked (m3ctl.secrets): what plan --json, doctor --json and the registry may show."""
@@ -194,8 +197,17 @@ def load_request(path: str | Path) -> PlanRequest:
 #: (Read where they are used: M3CTL_STATE_DIR by m3ctl.state.state_dir, M3CTL_CATALOG_DIR by m3ctl.catalog.)
 ENV_FIELDS = {"M3CTL_MODEL": "model", "M3CTL_PORT": "port"}
 #: Every ``M3CTL_`` variable m3ctl reads; any other is reported by :func:`unknown_env` (a typo would be ignored).
-KNOWN_ENV = frozenset({*ENV_FIELDS, "M3CTL_STATE_DIR", "M3CTL_CATALOG_DIR", "M3CTL_DEBUG", "M3CTL_DEPLOYMENT",
-                       "M3CTL_TEST_CACHE", "M3CTL_UPDATE_GOLDEN"})
+KNOWN_ENV = frozenset(
+    {
+        *ENV_FIELDS,
+        "M3CTL_STATE_DIR",
+        "M3CTL_CATALOG_DIR",
+        "M3CTL_DEBUG",
+        "M3CTL_DEPLOYMENT",
+        "M3CTL_TEST_CACHE",
+        "M3CTL_UPDATE_GOLDEN",
+    }
+)
 
 
 def env_request(environ: dict[str, str] | None = None) -> PlanRequest:
@@ -251,9 +263,23 @@ def serve_command(req: PlanRequest, inventory: str | None = None) -> str:
         out += ["--port", str(req.port)]
     if req.runtime != "process":
         out += ["--runtime", req.runtime]
-    for k in ("variant", "tp", "dp", "dcp", "pp", "spec_depth", "spec_method", "kv_cache_dtype", "attention",
-              "max_model_len",
-              "max_num_seqs", "max_num_batched_tokens", "image", "served_model_name", "profile_file"):
+    for k in (
+        "variant",
+        "tp",
+        "dp",
+        "dcp",
+        "pp",
+        "spec_depth",
+        "spec_method",
+        "kv_cache_dtype",
+        "attention",
+        "max_model_len",
+        "max_num_seqs",
+        "max_num_batched_tokens",
+        "image",
+        "served_model_name",
+        "profile_file",
+    ):
         v = getattr(req, k)
         if v is not None:
             out += ["--" + k.replace("_", "-").replace("profile-file", "profile"), str(v)]
@@ -261,8 +287,11 @@ def serve_command(req: PlanRequest, inventory: str | None = None) -> str:
         v = getattr(req, k)
         if v is not None:
             out.append(f"--{k}" if v else f"--no-{k}")
-    for k, flag in (("allow_emulated", "--allow-emulated"), ("no_multicast", "--no-multicast"),
-                    ("skip_checks", "--skip-checks")):
+    for k, flag in (
+        ("allow_emulated", "--allow-emulated"),
+        ("no_multicast", "--no-multicast"),
+        ("skip_checks", "--skip-checks"),
+    ):
         if getattr(req, k):
             out.append(flag)
     pub = req.public()

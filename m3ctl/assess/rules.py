@@ -23,7 +23,7 @@ from m3ctl.hw.inventory import HostInventory
 
 DEPRECATED_ENV = {
     "VLLM_ATTENTION_BACKEND": "--attention-backend NAME (the env var is silently ignored since vLLM 0.26; "
-                              "vllm#50292, PR #30564)",
+    "vllm#50292, PR #30564)",
     "VLLM_USE_FLASHINFER_MOE_FP4": "--moe-backend flashinfer_cutlass|flashinfer_trtllm (removed in v0.23; vllm PR #43148)",
     "VLLM_FLASHINFER_MOE_BACKEND": "--moe-backend NAME (removed in v0.23; vllm PR #43148)",
     "VLLM_NVFP4_GEMM_BACKEND": "--linear-backend NAME (vllm PR #49376)",
@@ -49,8 +49,15 @@ def vllm_int(v: Any) -> int | None:
 
 
 #: Integer flags the rules read, with the smallest value vLLM accepts (``auto``/-1 allowed where noted).
-INT_FLAGS = {"max-num-seqs": 1, "max-num-batched-tokens": 1, "max-model-len": 1, "tensor-parallel-size": 1,
-             "data-parallel-size": 1, "decode-context-parallel-size": 1, "pipeline-parallel-size": 1}
+INT_FLAGS = {
+    "max-num-seqs": 1,
+    "max-num-batched-tokens": 1,
+    "max-model-len": 1,
+    "tensor-parallel-size": 1,
+    "data-parallel-size": 1,
+    "decode-context-parallel-size": 1,
+    "pipeline-parallel-size": 1,
+}
 AUTO_OK = {"max-model-len"}  # vLLM: "-1 or 'auto'" = the model's maximum (vllm/config/model.py)
 
 
@@ -168,8 +175,13 @@ class PlanContext:
         """How the chosen variant (or ``precision``) runs here: the one capability table, at this engine
         version and image CUDA (:func:`m3ctl.assess.capability.variant_support`)."""
         prec = precision or (self.variant.precision if self.variant else "bf16")
-        return capability.variant_support(self.profile.arch, prec, self.facts.attention,
-                                          engine_version=self.engine_version, image_cuda=self.image_cuda)
+        return capability.variant_support(
+            self.profile.arch,
+            prec,
+            self.facts.attention,
+            engine_version=self.engine_version,
+            image_cuda=self.image_cuda,
+        )
 
     def block_size(self) -> int:
         """The KV cache block size (tokens): ``--block-size``, else vLLM's default 16."""
@@ -194,10 +206,20 @@ class PlanContext:
         except (TypeError, ValueError):
             util = None
         weights = f.weights_gib * (self.support().weights_factor if self.variant else 1.0)
-        return mem.fit_at(unit, weights_gib=weights, kv_bytes_per_token=f.kv_bytes_per_token(self.kv_dtype),
-                          num_kv_heads=f.num_kv_heads, tp=self.tp, dp=self.dp, dcp=self.dcp, ep=self.ep, pp=self.pp,
-                          expert_share=mem.expert_fraction(f),
-                          context=self.max_model_len() if context is None else context, utilization=util)
+        return mem.fit_at(
+            unit,
+            weights_gib=weights,
+            kv_bytes_per_token=f.kv_bytes_per_token(self.kv_dtype),
+            num_kv_heads=f.num_kv_heads,
+            tp=self.tp,
+            dp=self.dp,
+            dcp=self.dcp,
+            ep=self.ep,
+            pp=self.pp,
+            expert_share=mem.expert_fraction(f),
+            context=self.max_model_len() if context is None else context,
+            utilization=util,
+        )
 
     def max_model_len(self) -> int:
         """--max-model-len, else the model's max_position_embeddings (vLLM's ``auto``); 0 when unknown."""
@@ -215,9 +237,12 @@ class PlanContext:
         d = vllm_defaults()
         gpu0 = self.inventory.gpus[0] if self.inventory.gpus else None
         world = self.tp * self.pp
-        d_mbt, d_seqs = d.scheduler_limits(platform="cpu" if self.profile.arch == "cpu" else "gpu",
-                                           device_memory_mib=gpu0.memory_total_mib if gpu0 else None,
-                                           device_name=gpu0.name if gpu0 else "", world_size=world)
+        d_mbt, d_seqs = d.scheduler_limits(
+            platform="cpu" if self.profile.arch == "cpu" else "gpu",
+            device_memory_mib=gpu0.memory_total_mib if gpu0 else None,
+            device_name=gpu0.name if gpu0 else "",
+            world_size=world,
+        )
         x_mbt, x_seqs = self.explicit_int("max-num-batched-tokens"), self.explicit_int("max-num-seqs")
         if self.dp > 1 and self.ep and self.args.get("all2all-backend") in d.batched_dp_moe.all2all_backends:
             d_mbt = d.batched_dp_moe.max_num_batched_tokens
@@ -240,10 +265,12 @@ def advisories(c: PlanContext) -> list[str]:
     mbt, seqs = c.scheduler_limits()
     mml = c.max_model_len()
     if c.explicit_int("max-num-batched-tokens") is not None and mml and mbt > seqs * mml:
-        out.append(f"max-num-batched-tokens {mbt} > max-num-seqs {seqs} x max-model-len {mml}: no engine step can "
-                   f"schedule more than {seqs * mml} tokens; vLLM warns 'may lead to unexpected behavior' "
-                   "(vllm/config/scheduler.py SchedulerConfig.verify_max_model_len), and buffers sized by it can fail "
-                   "to allocate (the CPU backend did at 100000000)")
+        out.append(
+            f"max-num-batched-tokens {mbt} > max-num-seqs {seqs} x max-model-len {mml}: no engine step can "
+            f"schedule more than {seqs * mml} tokens; vLLM warns 'may lead to unexpected behavior' "
+            "(vllm/config/scheduler.py SchedulerConfig.verify_max_model_len), and buffers sized by it can fail "
+            "to allocate (the CPU backend did at 100000000)"
+        )
     return out
 
 
@@ -284,21 +311,32 @@ def _profile_constraint(c: PlanContext, rule_id: str, key: str, value: Any, what
     allowed = getattr(c.profile.constraints, key)
     if not allowed or value is None or value in allowed:
         return None
-    return _v(rule_id, f"{what} {value!r} is not supported by the {c.profile.name} backend (supported: "
-                       f"{', '.join(map(str, allowed))})", fix, c.profile.sources.get(key, f"profile {c.profile.name}"))
+    return _v(
+        rule_id,
+        f"{what} {value!r} is not supported by the {c.profile.name} backend (supported: "
+        f"{', '.join(map(str, allowed))})",
+        fix,
+        c.profile.sources.get(key, f"profile {c.profile.name}"),
+    )
 
 
 @rule("engine.head_dim")
 def _head_dim(c: PlanContext) -> Finding | None:
-    return _profile_constraint(c, "engine.head_dim", "head_dim_in", c.facts.head_dim, "head_dim",
-                               "use a model with a supported head_dim")
+    return _profile_constraint(
+        c, "engine.head_dim", "head_dim_in", c.facts.head_dim, "head_dim", "use a model with a supported head_dim"
+    )
 
 
 @rule("engine.moe_scoring")
 def _moe_scoring(c: PlanContext) -> Finding | None:
-    return _profile_constraint(c, "engine.moe_scoring", "moe_scoring_func_in",
-                               c.facts.scoring_func if c.facts.moe else None, "MoE scoring_func",
-                               "use a supported scoring function or another architecture")
+    return _profile_constraint(
+        c,
+        "engine.moe_scoring",
+        "moe_scoring_func_in",
+        c.facts.scoring_func if c.facts.moe else None,
+        "MoE scoring_func",
+        "use a supported scoring function or another architecture",
+    )
 
 
 @rule("variant.native")
@@ -312,16 +350,28 @@ def _native(c: PlanContext) -> Finding | None:
     if sup.status == "emulated":
         if c.allow_emulated:
             return None
-        return _v("variant.native", f"variant {c.variant_name!r} ({v.precision}) has no native kernels on "
-                                    f"{c.profile.arch}: {sup.note}",
-                  "choose another --variant, or pass --allow-emulated to accept the fallback", sup.source)
-    runs_here = [n for n, x in (c.spec.variants.items() if c.spec else [])
-                 if c.support(x.precision).status != "unsupported"]
-    fix = (f"choose --variant {' or '.join(runs_here)}" if runs_here else
-           f"{c.spec.name if c.spec else 'this model'} has no variant for {c.profile.arch}: plan it for a GPU host "
-           "(`m3ctl plan --inventory FILE`), or serve a local model here")
-    return _v("variant.native", f"variant {c.variant_name!r} ({v.precision}) does not run on {c.profile.arch}"
-              + (f": {sup.note}" if sup.note else ""), fix, sup.source)
+        return _v(
+            "variant.native",
+            f"variant {c.variant_name!r} ({v.precision}) has no native kernels on {c.profile.arch}: {sup.note}",
+            "choose another --variant, or pass --allow-emulated to accept the fallback",
+            sup.source,
+        )
+    runs_here = [
+        n for n, x in (c.spec.variants.items() if c.spec else []) if c.support(x.precision).status != "unsupported"
+    ]
+    fix = (
+        f"choose --variant {' or '.join(runs_here)}"
+        if runs_here
+        else f"{c.spec.name if c.spec else 'this model'} has no variant for {c.profile.arch}: plan it for a GPU host "
+        "(`m3ctl plan --inventory FILE`), or serve a local model here"
+    )
+    return _v(
+        "variant.native",
+        f"variant {c.variant_name!r} ({v.precision}) does not run on {c.profile.arch}"
+        + (f": {sup.note}" if sup.note else ""),
+        fix,
+        sup.source,
+    )
 
 
 @rule("engine.version")
@@ -329,9 +379,12 @@ def _engine_version(c: PlanContext) -> Finding | None:
     need = c.spec.min_vllm if c.spec else None
     if not need or not c.engine_version or not capability.version_lt(c.engine_version, need):
         return None
-    return _v("engine.version", f"{c.spec.name} needs vLLM >= {need}; the engine here is vLLM {c.engine_version}",
-              "use the catalog image (drop --image) or an image/install with a newer vLLM",
-              c.spec.sources.get("min_vllm", f"model catalog {c.spec.name}"))
+    return _v(
+        "engine.version",
+        f"{c.spec.name} needs vLLM >= {need}; the engine here is vLLM {c.engine_version}",
+        "use the catalog image (drop --image) or an image/install with a newer vLLM",
+        c.spec.sources.get("min_vllm", f"model catalog {c.spec.name}"),
+    )
 
 
 @rule("model.architecture")
@@ -346,11 +399,15 @@ def _architecture(c: PlanContext) -> Finding | None:
     if not missing:
         return None
     engine = f"vLLM {c.engine_version}" if c.engine_version else "the engine"
-    return _v("model.architecture", f"{engine} does not know the architecture {', '.join(missing)} of "
-                                    f"{c.facts.source}: vLLM refuses it at start ('Model architectures "
-                                    f"{missing} are not supported for now')",
-              "use an engine (image or vLLM install) whose model registry has it; --skip-checks to try anyway "
-              "(e.g. with -- --model-impl transformers)", source)
+    return _v(
+        "model.architecture",
+        f"{engine} does not know the architecture {', '.join(missing)} of "
+        f"{c.facts.source}: vLLM refuses it at start ('Model architectures "
+        f"{missing} are not supported for now')",
+        "use an engine (image or vLLM install) whose model registry has it; --skip-checks to try anyway "
+        "(e.g. with -- --model-impl transformers)",
+        source,
+    )
 
 
 @rule("capability.known_bad")
@@ -362,9 +419,14 @@ def _known_bad(c: PlanContext) -> Finding | None:
     kb = capability.known_bad(c.facts.family, c.profile.arch, c.variant.precision)
     if kb is None:
         return None
-    return _v("capability.known_bad", f"known-bad: {kb.note}",
-              "prefer an FP8/BF16 variant on this GPU, or a GPU with native FP4 (Blackwell); m3ctl serve runs a "
-              "correctness smoke test after readiness", kb.source, status="WARN")
+    return _v(
+        "capability.known_bad",
+        f"known-bad: {kb.note}",
+        "prefer an FP8/BF16 variant on this GPU, or a GPU with native FP4 (Blackwell); m3ctl serve runs a "
+        "correctness smoke test after readiness",
+        kb.source,
+        status="WARN",
+    )
 
 
 @rule("capability.known_issue")
@@ -378,19 +440,33 @@ def _known_issue(c: PlanContext) -> Finding | None:
         return None
     a, fb = rows[0], rows[0].fallback
     if fb is not None and dense_in_effect(c.facts, c.args):
-        return _v("capability.known_issue", f"known issue {a.issue.id} avoided with {fb.option} ({fb.what}); "
-                                            "its quality cost is unknown", f"drop {fb.option} once the engine is fixed",
-                  fb.source, status="WARN")
-    return _v("capability.known_issue", f"known issue {a.describe()}",
-              f"opt in to {fb.option} ({fb.what}; {fb.warning}), or use an engine/GPU it was not seen on"
-              if fb else "use an engine/GPU it was not seen on", a.issue.source, status="WARN")
+        return _v(
+            "capability.known_issue",
+            f"known issue {a.issue.id} avoided with {fb.option} ({fb.what}); its quality cost is unknown",
+            f"drop {fb.option} once the engine is fixed",
+            fb.source,
+            status="WARN",
+        )
+    return _v(
+        "capability.known_issue",
+        f"known issue {a.describe()}",
+        f"opt in to {fb.option} ({fb.what}; {fb.warning}), or use an engine/GPU it was not seen on"
+        if fb
+        else "use an engine/GPU it was not seen on",
+        a.issue.source,
+        status="WARN",
+    )
 
 
 @rule("gpu.visible_devices")
 def _visible(c: PlanContext) -> Finding | None:
     if c.visibility_problems:
-        return _v("gpu.visible_devices", c.visibility_problems[0], "fix CUDA_/NVIDIA_/HIP_/ROCR_VISIBLE_DEVICES "
-                  "(see `m3ctl doctor -v`)", "field failures F02, F05 (vllm#41848, #12572)")
+        return _v(
+            "gpu.visible_devices",
+            c.visibility_problems[0],
+            "fix CUDA_/NVIDIA_/HIP_/ROCR_VISIBLE_DEVICES (see `m3ctl doctor -v`)",
+            "field failures F02, F05 (vllm#41848, #12572)",
+        )
     return None
 
 
@@ -414,15 +490,21 @@ def _m3_config(c: PlanContext) -> Finding | None:
         need += M3_VISION_FIELDS
     missing = [k for k in need if k not in c.facts.config_keys]
     if c.facts.model_type in TRANSFORMERS_M3_TYPES or missing:
-        what = (f"model_type {c.facts.model_type!r} is transformers' class, which vLLM does not register"
-                if c.facts.model_type in TRANSFORMERS_M3_TYPES else f"config.json lacks {', '.join(missing)}")
-        return _v("model.config_format", f"{what}: vLLM's MiniMax-M3 code reads the release-format config "
-                                         "(model_type minimax_m3_vl with rope_theta and sparse_attention_config "
-                                         "in text_config)",
-                  "serve the checkpoint's own config.json (or `m3ctl dev tiny-model --arch minimax-m3-release`), "
-                  "or pass --skip-checks to try",
-                  "vllm/models/minimax_m3 + vllm/transformers_utils/config.py (vLLM 0.26 source); H200 runs "
-                  "tests/fixtures/h200x2-real/call2/log-m3t.txt, call3/log-m3t.txt, log-m3.txt")
+        what = (
+            f"model_type {c.facts.model_type!r} is transformers' class, which vLLM does not register"
+            if c.facts.model_type in TRANSFORMERS_M3_TYPES
+            else f"config.json lacks {', '.join(missing)}"
+        )
+        return _v(
+            "model.config_format",
+            f"{what}: vLLM's MiniMax-M3 code reads the release-format config "
+            "(model_type minimax_m3_vl with rope_theta and sparse_attention_config "
+            "in text_config)",
+            "serve the checkpoint's own config.json (or `m3ctl dev tiny-model --arch minimax-m3-release`), "
+            "or pass --skip-checks to try",
+            "vllm/models/minimax_m3 + vllm/transformers_utils/config.py (vLLM 0.26 source); H200 runs "
+            "tests/fixtures/h200x2-real/call2/log-m3t.txt, call3/log-m3t.txt, log-m3.txt",
+        )
     return None
 
 
@@ -431,18 +513,28 @@ def _gpus(c: PlanContext) -> Finding | None:
     n = c.n_visible if c.n_visible is not None else len(c.inventory.gpus)
     if c.profile.arch == "cpu":
         if c.gpus_used > 1:
-            return _v("parallel.gpus", f"TP x DP = {c.gpus_used} on a host without GPUs",
-                      "use --tp 1 --dp 1 on CPU", "vLLM CPU backend runs one worker here")
+            return _v(
+                "parallel.gpus",
+                f"TP x DP = {c.gpus_used} on a host without GPUs",
+                "use --tp 1 --dp 1 on CPU",
+                "vLLM CPU backend runs one worker here",
+            )
         return None
     if c.gpus_used > n:
         pp = f" x PP {c.pp}" if c.pp > 1 else ""
-        return _v("parallel.gpus", f"TP {c.tp}{pp} x DP {c.dp} = {c.gpus_used} GPUs, but {n} are visible",
-                  f"lower --tp/--dp{'/-pp' if pp else ''} so TP x PP x DP <= {n}",
-                  "vLLM world size = TP x PP x DP "
-                  "(https://github.com/vllm-project/vllm/blob/main/vllm/config/parallel.py)")
+        return _v(
+            "parallel.gpus",
+            f"TP {c.tp}{pp} x DP {c.dp} = {c.gpus_used} GPUs, but {n} are visible",
+            f"lower --tp/--dp{'/-pp' if pp else ''} so TP x PP x DP <= {n}",
+            "vLLM world size = TP x PP x DP (https://github.com/vllm-project/vllm/blob/main/vllm/config/parallel.py)",
+        )
     if n % c.tp:
-        return _v("parallel.gpus", f"TP {c.tp} does not divide the {n} visible GPUs",
-                  "choose a TP that divides the GPU count (1, 2, 4, 8)", "recipes strategies/single_node_tp.yaml")
+        return _v(
+            "parallel.gpus",
+            f"TP {c.tp} does not divide the {n} visible GPUs",
+            "choose a TP that divides the GPU count (1, 2, 4, 8)",
+            "recipes strategies/single_node_tp.yaml",
+        )
     return None
 
 
@@ -450,15 +542,25 @@ def _gpus(c: PlanContext) -> Finding | None:
 def _heads(c: PlanContext) -> Finding | None:
     """TP must divide the attention heads, and the KV heads must split or replicate evenly over TP (vLLM
     ModelConfig.verify_with_parallel_config and the QKV projection's head partition)."""
-    src = ("vLLM ModelConfig.verify_with_parallel_config (https://github.com/vllm-project/vllm/blob/main/"
-           "vllm/config/model.py); QKVParallelLinear (vllm/model_executor/layers/linear.py)")
+    src = (
+        "vLLM ModelConfig.verify_with_parallel_config (https://github.com/vllm-project/vllm/blob/main/"
+        "vllm/config/model.py); QKVParallelLinear (vllm/model_executor/layers/linear.py)"
+    )
     heads, kv = c.facts.num_attention_heads, c.facts.num_kv_heads
     if heads and heads % c.tp:
-        return _v("parallel.heads", f"TP {c.tp} does not divide the model's {heads} attention heads: vLLM refuses it",
-                  f"use a TP that divides {heads}", src)
+        return _v(
+            "parallel.heads",
+            f"TP {c.tp} does not divide the model's {heads} attention heads: vLLM refuses it",
+            f"use a TP that divides {heads}",
+            src,
+        )
     if kv and (kv % c.tp if c.tp <= kv else c.tp % kv):
-        return _v("parallel.heads", f"TP {c.tp} and {kv} KV heads: the KV heads neither split nor replicate evenly",
-                  f"use a TP that divides {kv} or is a multiple of it", src)
+        return _v(
+            "parallel.heads",
+            f"TP {c.tp} and {kv} KV heads: the KV heads neither split nor replicate evenly",
+            f"use a TP that divides {kv} or is a multiple of it",
+            src,
+        )
     return None
 
 
@@ -474,9 +576,13 @@ def _pp(c: PlanContext) -> Finding | None:
     archs = c.facts.architectures or (c.spec.architectures if c.spec else [])
     src = f"m3ctl/data/vllm_engine.yaml (vLLM {eng.vllm_version} model classes implementing SupportsPP: {eng.source})"
     if archs and not any(a in eng.pp_architectures for a in archs):
-        return _v("parallel.pp", f"pipeline parallel (PP {c.pp}): {', '.join(archs)} does not implement SupportsPP in "
-                                 f"vLLM {eng.vllm_version}: vLLM refuses it",
-                  "drop --pipeline-parallel-size (use TP/DP)", src)
+        return _v(
+            "parallel.pp",
+            f"pipeline parallel (PP {c.pp}): {', '.join(archs)} does not implement SupportsPP in "
+            f"vLLM {eng.vllm_version}: vLLM refuses it",
+            "drop --pipeline-parallel-size (use TP/DP)",
+            src,
+        )
     layers = c.facts.num_layers
     if layers and c.pp > layers:
         return _v("parallel.pp", f"PP {c.pp} > the model's {layers} layers", f"use PP <= {layers}", src)
@@ -491,29 +597,49 @@ def _dcp(c: PlanContext) -> Finding | None:
     if c.tp % c.dcp:
         return _v("parallel.dcp", f"DCP {c.dcp} does not divide TP {c.tp}", "choose DCP dividing TP", src)
     if c.facts.attention == "unknown":
-        return _v("parallel.dcp", f"DCP depends on the attention type, which is unknown for {c.facts.source} "
-                                  "(not in the catalog, no local config.json)",
-                  "drop --dcp, or plan a local copy of the model (its config.json says MLA or GQA)", src)
+        return _v(
+            "parallel.dcp",
+            f"DCP depends on the attention type, which is unknown for {c.facts.source} "
+            "(not in the catalog, no local config.json)",
+            "drop --dcp, or plan a local copy of the model (its config.json says MLA or GQA)",
+            src,
+        )
     if not c.profile.supports.dcp or c.facts.attention not in c.profile.supports.dcp_attention:
-        return _v("parallel.dcp", f"DCP is not supported for {c.facts.attention.upper()} attention on "
-                                  f"{c.profile.arch} (no LSE-returning decode backend; MSA + DCP has no evidence)",
-                  "drop --dcp (use DCP 1)", src)
+        return _v(
+            "parallel.dcp",
+            f"DCP is not supported for {c.facts.attention.upper()} attention on "
+            f"{c.profile.arch} (no LSE-returning decode backend; MSA + DCP has no evidence)",
+            "drop --dcp (use DCP 1)",
+            src,
+        )
     kv = c.facts.num_kv_heads
     if c.facts.attention == "gqa" and kv and c.tp // kv < c.dcp:
-        return _v("parallel.dcp", f"DCP {c.dcp} needs TP > KV heads for GQA: TP {c.tp} / {kv} KV heads allows "
-                                  f"at most DCP {max(1, c.tp // kv)}",
-                  f"raise TP to at least {kv * c.dcp} or lower DCP", src + "; recipes 'Max DCP = TP / num_kv_heads'")
+        return _v(
+            "parallel.dcp",
+            f"DCP {c.dcp} needs TP > KV heads for GQA: TP {c.tp} / {kv} KV heads allows "
+            f"at most DCP {max(1, c.tp // kv)}",
+            f"raise TP to at least {kv * c.dcp} or lower DCP",
+            src + "; recipes 'Max DCP = TP / num_kv_heads'",
+        )
     return None
 
 
 @rule("parallel.ep")
 def _ep(c: PlanContext) -> Finding | None:
     if c.ep and c.facts.moe is False:  # None = unknown (a hub id without facts): vLLM decides
-        return _v("parallel.ep", "expert parallel on a dense (non-MoE) model", "drop --ep",
-                  "recipes strategies/single_node_tep.yaml (MoE only)")
+        return _v(
+            "parallel.ep",
+            "expert parallel on a dense (non-MoE) model",
+            "drop --ep",
+            "recipes strategies/single_node_tep.yaml (MoE only)",
+        )
     if c.ep and not c.profile.supports.ep:
-        return _v("parallel.ep", f"expert parallel is not supported by profile {c.profile.name}", "drop --ep",
-                  f"profile {c.profile.name}")
+        return _v(
+            "parallel.ep",
+            f"expert parallel is not supported by profile {c.profile.name}",
+            "drop --ep",
+            f"profile {c.profile.name}",
+        )
     return None
 
 
@@ -539,8 +665,11 @@ def _dbo(c: PlanContext) -> Finding | None:
         if not c.profile.supports.dbo:  # no backend change can help here: the hint must lead somewhere
             fix = f"drop --dbo (DBO is not offered on {c.profile.arch})"
         else:
-            fix = (f"switch to --arg all2all-backend={deep[0]}" if deep and c.dp > 1 and c.ep else
-                   "add --dp N --ep with a DeepEP backend") + ", or drop --dbo"
+            fix = (
+                f"switch to --arg all2all-backend={deep[0]}"
+                if deep and c.dp > 1 and c.ep
+                else "add --dp N --ep with a DeepEP backend"
+            ) + ", or drop --dbo"
         return _v("parallel.dbo", "DBO (dual batch overlap) needs " + ", ".join(missing), fix, src)
     return None
 
@@ -551,16 +680,24 @@ def _spec_method(c: PlanContext) -> Finding | None:
     if not method or depth <= 0:
         return None
     if method not in c.profile.supports.spec_methods:
-        return _v("spec.method", f"speculative method {method!r} is not supported on {c.profile.arch}",
-                  f"use one of: {', '.join(c.profile.supports.spec_methods)}", f"profile {c.profile.name}")
+        return _v(
+            "spec.method",
+            f"speculative method {method!r} is not supported on {c.profile.arch}",
+            f"use one of: {', '.join(c.profile.supports.spec_methods)}",
+            f"profile {c.profile.name}",
+        )
     return None
 
 
 @rule("spec.draft_tp")
 def _draft_tp(c: PlanContext) -> Finding | None:
     if c.draft_tp is not None and c.draft_tp not in (1, c.tp):
-        return _v("spec.draft_tp", f"draft TP {c.draft_tp} must be 1 or TP ({c.tp})", "set draft TP to 1 or TP",
-                  "vllm/config/speculative.py (draft_tensor_parallel_size)")
+        return _v(
+            "spec.draft_tp",
+            f"draft TP {c.draft_tp} must be 1 or TP ({c.tp})",
+            "set draft TP to 1 or TP",
+            "vllm/config/speculative.py (draft_tensor_parallel_size)",
+        )
     return None
 
 
@@ -570,14 +707,25 @@ def _dspark(c: PlanContext) -> Finding | None:
     block, where = c.drafter_block()
     if method != "dspark" or depth <= 0 or not block or depth == block:
         return None
-    src = ("vllm#50012 (since PR #47419 num_speculative_tokens < dspark_block_size is a ValueError); vllm PR #41834 "
-           "review (depth 7 on a block-5 drafter: acceptance length 1.31); field failure N11")
+    src = (
+        "vllm#50012 (since PR #47419 num_speculative_tokens < dspark_block_size is a ValueError); vllm PR #41834 "
+        "review (depth 7 on a block-5 drafter: acceptance length 1.31); field failure N11"
+    )
     if depth < block:
-        return _v("spec.dspark_depth", f"DSpark depth {depth} < the drafter's trained block size {block} ({where}): "
-                                       "vLLM refuses to start", f"use --spec-depth {block} (or 0 to disable)", src)
-    return _v("spec.dspark_depth", f"DSpark depth {depth} > the drafter's trained block size {block} ({where}): the "
-                                   "server runs, but acceptance collapses past the block (slower than no speculation)",
-              f"use --spec-depth {block}", src, status="WARN")
+        return _v(
+            "spec.dspark_depth",
+            f"DSpark depth {depth} < the drafter's trained block size {block} ({where}): vLLM refuses to start",
+            f"use --spec-depth {block} (or 0 to disable)",
+            src,
+        )
+    return _v(
+        "spec.dspark_depth",
+        f"DSpark depth {depth} > the drafter's trained block size {block} ({where}): the "
+        "server runs, but acceptance collapses past the block (slower than no speculation)",
+        f"use --spec-depth {block}",
+        src,
+        status="WARN",
+    )
 
 
 @rule("batching.limits")
@@ -585,13 +733,21 @@ def _batching(c: PlanContext) -> Finding | None:
     mbt, seqs = c.scheduler_limits()
     src = "vllm/config/scheduler.py SchedulerConfig.verify_max_model_len (vLLM 0.32)"
     if mbt < seqs:
-        return _v("batching.limits", f"max-num-batched-tokens {mbt} < max-num-seqs {seqs}: vLLM refuses to start",
-                  f"raise --max-num-batched-tokens to at least {seqs} or lower --max-num-seqs to {mbt}", src)
+        return _v(
+            "batching.limits",
+            f"max-num-batched-tokens {mbt} < max-num-seqs {seqs}: vLLM refuses to start",
+            f"raise --max-num-batched-tokens to at least {seqs} or lower --max-num-seqs to {mbt}",
+            src,
+        )
     mml = c.max_model_len()
     if not c.chunked_prefill and mml and mbt < mml:
-        return _v("batching.limits", f"max-num-batched-tokens {mbt} < max-model-len {mml} with chunked prefill off: "
-                                     "vLLM refuses to start (a prompt must fit one step)",
-                  f"raise --max-num-batched-tokens to {mml}, lower --max-model-len, or keep chunked prefill on", src)
+        return _v(
+            "batching.limits",
+            f"max-num-batched-tokens {mbt} < max-model-len {mml} with chunked prefill off: "
+            "vLLM refuses to start (a prompt must fit one step)",
+            f"raise --max-num-batched-tokens to {mml}, lower --max-model-len, or keep chunked prefill on",
+            src,
+        )
     return None
 
 
@@ -606,10 +762,13 @@ def _budget(c: PlanContext) -> Finding | None:
     if left <= 0:
         need_mbt = slots * seqs + 512
         need_seqs = max(1, (mbt - 512) // max(1, slots))
-        return _v("spec.token_budget", f"speculative decoding leaves a token budget of {left} "
-                                       f"(max-num-batched-tokens {mbt} - {slots} draft slots x max-num-seqs {seqs})",
-                  f"raise --max-num-batched-tokens to {need_mbt} or lower --max-num-seqs to {need_seqs}",
-                  "field failure F13 (vllm#50708)")
+        return _v(
+            "spec.token_budget",
+            f"speculative decoding leaves a token budget of {left} "
+            f"(max-num-batched-tokens {mbt} - {slots} draft slots x max-num-seqs {seqs})",
+            f"raise --max-num-batched-tokens to {need_mbt} or lower --max-num-seqs to {need_seqs}",
+            "field failure F13 (vllm#50708)",
+        )
     return None
 
 
@@ -620,8 +779,12 @@ def _msa_block(c: PlanContext) -> Finding | None:
     need = c.facts.msa_block_size or 128
     got = c.args.get("block-size")
     if got is None or int(got) != need:
-        return _v("msa.block_size", f"MSA needs --block-size {need} (got {got if got is not None else 'default 16'})",
-                  f"use --block-size {need}", "vllm-recipes MiniMax-M3 (base_args; Troubleshooting)")
+        return _v(
+            "msa.block_size",
+            f"MSA needs --block-size {need} (got {got if got is not None else 'default 16'})",
+            f"use --block-size {need}",
+            "vllm-recipes MiniMax-M3 (base_args; Troubleshooting)",
+        )
     return None
 
 
@@ -632,18 +795,32 @@ def _indexer(c: PlanContext) -> Finding | None:
     v = c.config_value("attention-config", "indexer_kv_dtype")
     if v is None or str(v).lower() in ("bf16", "bfloat16", "auto"):
         return None
-    fv = capability.evaluate_feature(c.profile.arch, "msa_fp8_indexer_cache", engine_version=c.engine_version,
-                                     image_cuda=c.image_cuda)
+    fv = capability.evaluate_feature(
+        c.profile.arch, "msa_fp8_indexer_cache", engine_version=c.engine_version, image_cuda=c.image_cuda
+    )
     if fv.status in ("native", "supported") or c.profile.arch == "cpu":
         return None
-    return _v("msa.indexer_kv_dtype", f"attention_config.indexer_kv_dtype {v} on {c.profile.arch}: {fv.note or fv.status}; "
-                                      "vLLM fails at load (NotImplementedError ... not supported by the Triton indexer impl)",
-              "drop --attention_config.indexer_kv_dtype (the default bf16 index cache works everywhere)", fv.source)
+    return _v(
+        "msa.indexer_kv_dtype",
+        f"attention_config.indexer_kv_dtype {v} on {c.profile.arch}: {fv.note or fv.status}; "
+        "vLLM fails at load (NotImplementedError ... not supported by the Triton indexer impl)",
+        "drop --attention_config.indexer_kv_dtype (the default bf16 index cache works everywhere)",
+        fv.source,
+    )
 
 
 #: ``--hf-overrides`` keys that belong at the top level of a nested (``text_config``) model config.
-HF_TOP_LEVEL = {"text_config", "vision_config", "architectures", "model_type", "quantization_config", "torch_dtype",
-                "dtype", "auto_map", "tie_word_embeddings"}
+HF_TOP_LEVEL = {
+    "text_config",
+    "vision_config",
+    "architectures",
+    "model_type",
+    "quantization_config",
+    "torch_dtype",
+    "dtype",
+    "auto_map",
+    "tie_word_embeddings",
+}
 
 
 @rule("model.hf_overrides")
@@ -666,12 +843,15 @@ def _hf_overrides(c: PlanContext) -> Finding | None:
     if not flat:
         return None
     nested = json.dumps({"text_config": flat}, separators=(",", ":"))
-    return _v("model.hf_overrides", f"--hf-overrides sets {', '.join(sorted(flat))} at the top level, but "
-                                    f"{c.facts.name or 'this model'} reads its text settings from text_config: "
-                                    "vLLM accepts it and changes nothing",
-              f"nest them: --hf-overrides '{nested}'",
-              "https://github.com/vllm-project/recipes/pull/621 (flat form ignored, nested +10% tok/s); field "
-              "failure N10", status="WARN")
+    return _v(
+        "model.hf_overrides",
+        f"--hf-overrides sets {', '.join(sorted(flat))} at the top level, but "
+        f"{c.facts.name or 'this model'} reads its text settings from text_config: "
+        "vLLM accepts it and changes nothing",
+        f"nest them: --hf-overrides '{nested}'",
+        "https://github.com/vllm-project/recipes/pull/621 (flat form ignored, nested +10% tok/s); field failure N10",
+        status="WARN",
+    )
 
 
 @rule("quant.shard_alignment")
@@ -680,13 +860,18 @@ def _shard(c: PlanContext) -> Finding | None:
     if not width or c.ep:
         return None
     fp4 = capability.table().moe_shard_alignment.get(c.facts.precision or "")
-    if fp4 is not None and (c.profile.arch not in fp4.archs
-                            or str(c.args.get("moe-backend", "auto")) not in fp4.moe_backends):
+    if fp4 is not None and (
+        c.profile.arch not in fp4.archs or str(c.args.get("moe-backend", "auto")) not in fp4.moe_backends
+    ):
         fp4 = None  # another kernel (e.g. Marlin on Hopper, or a backend the user picked) has its own tiling
     if c.facts.quant_block:
         step, what, src = c.facts.quant_block[0], "the quantization block", "field failure F11 (vllm PR #48173)"
     elif fp4 is not None:
-        step, what, src = fp4.multiple_of, f"the {c.facts.precision.upper()} MoE kernel alignment", f"{fp4.note}; {fp4.source}"
+        step, what, src = (
+            fp4.multiple_of,
+            f"the {c.facts.precision.upper()} MoE kernel alignment",
+            f"{fp4.note}; {fp4.source}",
+        )
     else:
         return None
     # Without EP vLLM slices every expert over DP x TP (FusedMoEParallelConfig.flatten_tp_across_dp,
@@ -697,10 +882,12 @@ def _shard(c: PlanContext) -> Finding | None:
         n = c.n_visible if c.n_visible is not None else len(c.inventory.gpus)
         ok = [t for t in (1, 2, 4, 8) if width % t == 0 and (width // t) % step == 0 and t <= n]
         what_ranks = f"{c.tp}" if c.dp == 1 else f"(TP {c.tp} x DP {c.dp})"
-        return _v("quant.shard_alignment", f"per-rank MoE width {width}/{what_ranks} = {per_rank:g} is not a multiple "
-                                           f"of {what} {step}",
-                  f"add --ep so experts stay whole, or use {'TP' if c.dp == 1 else 'TP x DP'} {max(ok) if ok else 1}",
-                  src)
+        return _v(
+            "quant.shard_alignment",
+            f"per-rank MoE width {width}/{what_ranks} = {per_rank:g} is not a multiple of {what} {step}",
+            f"add --ep so experts stay whole, or use {'TP' if c.dp == 1 else 'TP x DP'} {max(ok) if ok else 1}",
+            src,
+        )
     return None
 
 
@@ -720,25 +907,34 @@ def _kv(c: PlanContext) -> Finding | None:
     fallback a WARN): the same two facts doctor's ``capability.kv_cache_dtype`` check reports."""
     allowed = kv_dtypes_allowed(c.profile, c.facts.attention)
     if allowed is not None and c.kv_dtype not in allowed:
-        return _v("kv.dtype", f"KV cache dtype {c.kv_dtype!r} is not supported for {c.facts.attention.upper()} "
-                              f"attention on {c.profile.arch}",
-                  f"use --kv-cache-dtype {' or '.join(allowed)}",
-                  f"profile {c.profile.name} kv_cache_dtypes; field failure F10 (vllm#57713)")
+        return _v(
+            "kv.dtype",
+            f"KV cache dtype {c.kv_dtype!r} is not supported for {c.facts.attention.upper()} "
+            f"attention on {c.profile.arch}",
+            f"use --kv-cache-dtype {' or '.join(allowed)}",
+            f"profile {c.profile.name} kv_cache_dtypes; field failure F10 (vllm#57713)",
+        )
     feat = capability.table().kv_cache_dtypes.get(c.kv_dtype)
     if not feat or c.profile.arch == "cpu":
         return None
     fv = capability.evaluate_feature(c.profile.arch, feat, engine_version=c.engine_version, image_cuda=c.image_cuda)
     if fv.status in ("native", "supported"):
         return None
-    ok = [d for d in (allowed or ["auto"])
-          if capability.table().kv_cache_dtypes.get(d) is None
-          or capability.evaluate_feature(c.profile.arch, capability.table().kv_cache_dtypes[d]).status
-          in ("native", "supported")]
-    return _v("kv.dtype", f"KV cache dtype {c.kv_dtype!r} is {fv.status} on {c.profile.arch} ({feat})"
-              + (f": {fv.note}" if fv.note else ""),
-              f"use --kv-cache-dtype {' or '.join(ok or ['auto'])}, or validate it yourself",
-              f"m3ctl/data/capabilities.yaml {c.profile.arch}.{feat}: {fv.source}",
-              status="FAIL" if fv.status == "unsupported" else "WARN")
+    ok = [
+        d
+        for d in (allowed or ["auto"])
+        if capability.table().kv_cache_dtypes.get(d) is None
+        or capability.evaluate_feature(c.profile.arch, capability.table().kv_cache_dtypes[d]).status
+        in ("native", "supported")
+    ]
+    return _v(
+        "kv.dtype",
+        f"KV cache dtype {c.kv_dtype!r} is {fv.status} on {c.profile.arch} ({feat})"
+        + (f": {fv.note}" if fv.note else ""),
+        f"use --kv-cache-dtype {' or '.join(ok or ['auto'])}, or validate it yourself",
+        f"m3ctl/data/capabilities.yaml {c.profile.arch}.{feat}: {fv.source}",
+        status="FAIL" if fv.status == "unsupported" else "WARN",
+    )
 
 
 @rule("memory.fit")
@@ -754,11 +950,15 @@ def _memory(c: PlanContext) -> Finding | None:
         need = math.ceil(weights / max(0.1, fit.per_gpu_budget_gib))
         fix = f"use at least {need} GPUs of this size (more TP), or a smaller variant"
     dq = " (dequantized to BF16 at load)" if c.variant and c.support().weights_factor > 1 else ""
-    return _v("memory.fit", f"weights {fit.weights_per_gpu_gib:.0f} GiB per GPU{dq} + KV for one {mml}-token sequence "
-                            f"{fit.kv_needed_gib:.1f} GiB per GPU exceed {fit.per_gpu_budget_gib:.0f} GiB usable "
-                            f"({fit.unit_gib:.0f} GiB x {fit.utilization} - overhead) at TP {c.tp} x DP {c.dp}",
-              fix, "m3ctl/assess/memory.py (vllm/config/cache.py gpu_memory_utilization 0.92; overhead assumed: "
-                   "capabilities.yaml host); KV size = layers x 2 x kv_heads x head_dim x bytes")
+    return _v(
+        "memory.fit",
+        f"weights {fit.weights_per_gpu_gib:.0f} GiB per GPU{dq} + KV for one {mml}-token sequence "
+        f"{fit.kv_needed_gib:.1f} GiB per GPU exceed {fit.per_gpu_budget_gib:.0f} GiB usable "
+        f"({fit.unit_gib:.0f} GiB x {fit.utilization} - overhead) at TP {c.tp} x DP {c.dp}",
+        fix,
+        "m3ctl/assess/memory.py (vllm/config/cache.py gpu_memory_utilization 0.92; overhead assumed: "
+        "capabilities.yaml host); KV size = layers x 2 x kv_heads x head_dim x bytes",
+    )
 
 
 def cuda_vs_driver(img: Image | None, inventory: HostInventory) -> Finding | None:
@@ -777,16 +977,25 @@ def cuda_vs_driver(img: Image | None, inventory: HostInventory) -> Finding | Non
     alt, _ = capability.choose_image(inventory.vendor or "", inventory.arch, have)
     alt_name = alt.name if alt is not None and capability.image_runs_on_driver(alt.cuda_version, have) else None
     gpu = inventory.gpus[0].name if inventory.gpus else "this GPU"
-    why = (f"forward compatibility does not work on {gpu} (CUDA error 804)" if consumer else
-           "it would run only through the cuda-compat forward-compatibility libraries (datacenter GPUs, supported "
-           "driver branches), which are not assumed")
-    fix = (f"upgrade the driver to >= {need} (CUDA {img.cuda_version})" if need else "upgrade the driver") + (
-        f", or use image {alt_name}" if alt_name else f"; no m3ctl-validated image has CUDA <= {have}") + (
-        "" if consumer else "; --skip-checks to rely on forward compatibility")
-    return _v("image.cuda_vs_driver", f"image {img.reference} needs CUDA {img.cuda_version}, the driver "
-                                      f"{inventory.driver_version} supports up to CUDA {have}: {why}", fix,
-              "field failure F06 (CUDA error 804); https://docs.nvidia.com/deploy/cuda-compatibility/; "
-              + capability.table().cuda_min_driver.source)
+    why = (
+        f"forward compatibility does not work on {gpu} (CUDA error 804)"
+        if consumer
+        else "it would run only through the cuda-compat forward-compatibility libraries (datacenter GPUs, supported "
+        "driver branches), which are not assumed"
+    )
+    fix = (
+        (f"upgrade the driver to >= {need} (CUDA {img.cuda_version})" if need else "upgrade the driver")
+        + (f", or use image {alt_name}" if alt_name else f"; no m3ctl-validated image has CUDA <= {have}")
+        + ("" if consumer else "; --skip-checks to rely on forward compatibility")
+    )
+    return _v(
+        "image.cuda_vs_driver",
+        f"image {img.reference} needs CUDA {img.cuda_version}, the driver "
+        f"{inventory.driver_version} supports up to CUDA {have}: {why}",
+        fix,
+        "field failure F06 (CUDA error 804); https://docs.nvidia.com/deploy/cuda-compatibility/; "
+        + capability.table().cuda_min_driver.source,
+    )
 
 
 @rule("image.cuda_vs_driver")
@@ -815,13 +1024,18 @@ def _image_archs(c: PlanContext) -> Finding | None:
     when its CUDA is unknown or new enough (the kernels cannot be checked)."""
     if c.runtime != "docker" or not c.inventory.gpus or c.image is None and not c.image_archs:
         return None
-    src = ("image env TORCH_CUDA_ARCH_LIST (vllm docker/Dockerfile torch_cuda_arch_list, "
-           "https://github.com/vllm-project/vllm/blob/main/docker/Dockerfile); catalog images m3ctl/images/")
+    src = (
+        "image env TORCH_CUDA_ARCH_LIST (vllm docker/Dockerfile torch_cuda_arch_list, "
+        "https://github.com/vllm-project/vllm/blob/main/docker/Dockerfile); catalog images m3ctl/images/"
+    )
     arch = c.profile.arch
     if c.image is not None and c.image.archs and arch not in c.image.archs:
-        return _v("image.archs", f"catalog image {c.image.name} is not built for {arch} (it lists "
-                                 f"{', '.join(c.image.archs)})",
-                  "drop --image (the profile's image), or use a catalog image for this architecture", src)
+        return _v(
+            "image.archs",
+            f"catalog image {c.image.name} is not built for {arch} (it lists {', '.join(c.image.archs)})",
+            "drop --image (the profile's image), or use a catalog image for this architecture",
+            src,
+        )
     cc = c.inventory.gpus[0].compute_capability
     if not cc:
         return None
@@ -834,22 +1048,34 @@ def _image_archs(c: PlanContext) -> Finding | None:
         have = c.image.cuda_version
         sm = f"sm_{cc.replace('.', '')}"
         if have and capability.version_lt(have, need):
-            return _v("image.archs", f"image {c.image.reference} lists no TORCH_CUDA_ARCH_LIST and is a CUDA {have} "
-                                     f"build: {arch} ({sm}) kernels need a CUDA >= {need} build, so vLLM would die "
-                                     "with 'no kernel image is available'",
-                      f"use an image built with CUDA >= {need} and {cc} in TORCH_CUDA_ARCH_LIST, or drop --image", src)
-        return _v("image.archs", f"image {c.image.reference} lists no TORCH_CUDA_ARCH_LIST: whether it has {arch} "
-                                 f"({sm}) kernels cannot be checked (the catalog serves {arch} only from CUDA >= "
-                                 f"{need} builds)", f"check the image was built for {cc}, or drop --image", src,
-                  status="WARN")
+            return _v(
+                "image.archs",
+                f"image {c.image.reference} lists no TORCH_CUDA_ARCH_LIST and is a CUDA {have} "
+                f"build: {arch} ({sm}) kernels need a CUDA >= {need} build, so vLLM would die "
+                "with 'no kernel image is available'",
+                f"use an image built with CUDA >= {need} and {cc} in TORCH_CUDA_ARCH_LIST, or drop --image",
+                src,
+            )
+        return _v(
+            "image.archs",
+            f"image {c.image.reference} lists no TORCH_CUDA_ARCH_LIST: whether it has {arch} "
+            f"({sm}) kernels cannot be checked (the catalog serves {arch} only from CUDA >= "
+            f"{need} builds)",
+            f"check the image was built for {cc}, or drop --image",
+            src,
+            status="WARN",
+        )
     built = {re.sub(r"[^0-9.]", "", a) for a in c.image_archs}
     if cc in built:
         return None
-    return _v("image.archs", f"the image's kernels are built for compute capability {', '.join(sorted(built))}, not "
-                             f"{cc} ({c.inventory.gpus[0].name}): vLLM dies with 'no kernel image is available'",
-              "use the catalog image (drop --image) or an image built with this architecture in TORCH_CUDA_ARCH_LIST",
-              "image env TORCH_CUDA_ARCH_LIST (vllm docker/Dockerfile torch_cuda_arch_list); anchors-serving.md "
-              "(sm_103 on a CUDA 12.9 build: no kernel image)")
+    return _v(
+        "image.archs",
+        f"the image's kernels are built for compute capability {', '.join(sorted(built))}, not "
+        f"{cc} ({c.inventory.gpus[0].name}): vLLM dies with 'no kernel image is available'",
+        "use the catalog image (drop --image) or an image built with this architecture in TORCH_CUDA_ARCH_LIST",
+        "image env TORCH_CUDA_ARCH_LIST (vllm docker/Dockerfile torch_cuda_arch_list); anchors-serving.md "
+        "(sm_103 on a CUDA 12.9 build: no kernel image)",
+    )
 
 
 @rule("image.platform")
@@ -865,18 +1091,25 @@ def _image_platform(c: PlanContext) -> Finding | None:
     if want is None or want in img.platforms:
         return None
     grace = " (NVIDIA Grace)" if c.inventory.grace else ""
-    return _v("image.platform", f"image {img.reference} is published for {', '.join(img.platforms)}, not {want}: the "
-                                f"host CPU is {arch}{grace}; docker refuses it ('exec format error')",
-              f"use an image built for {want} (--image), or --runtime process with a vLLM built for {arch}",
-              "m3ctl/data/host_cpus.yaml oci_platforms (OCI image index platform); image catalog platforms")
+    return _v(
+        "image.platform",
+        f"image {img.reference} is published for {', '.join(img.platforms)}, not {want}: the "
+        f"host CPU is {arch}{grace}; docker refuses it ('exec format error')",
+        f"use an image built for {want} (--image), or --runtime process with a vLLM built for {arch}",
+        "m3ctl/data/host_cpus.yaml oci_platforms (OCI image index platform); image catalog platforms",
+    )
 
 
 @rule("env.deprecated")
 def _env(c: PlanContext) -> Finding | None:
     for k in c.env:
         if k in DEPRECATED_ENV:
-            return _v("env.deprecated", f"environment variable {k} is deprecated or ignored by vLLM",
-                      f"use {DEPRECATED_ENV[k]}", "anchors-serving.md section 2")
+            return _v(
+                "env.deprecated",
+                f"environment variable {k} is deprecated or ignored by vLLM",
+                f"use {DEPRECATED_ENV[k]}",
+                "anchors-serving.md section 2",
+            )
     return None
 
 
@@ -887,8 +1120,12 @@ def _bool(c: PlanContext) -> Finding | None:
     flags = flag_table().flags
     for k in c.args:
         if k.startswith("disable-") and k not in flags and f"enable-{k.removeprefix('disable-')}" in flags:
-            return _v("flags.boolean_spelling", f"--{k} is rejected by vLLM 0.32 (it accepts --no-enable-X)",
-                      f"use --no-enable-{k.removeprefix('disable-')}", "cpu-test-stack.md 'Flag spellings'")
+            return _v(
+                "flags.boolean_spelling",
+                f"--{k} is rejected by vLLM 0.32 (it accepts --no-enable-X)",
+                f"use --no-enable-{k.removeprefix('disable-')}",
+                "cpu-test-stack.md 'Flag spellings'",
+            )
     return None
 
 
@@ -900,10 +1137,14 @@ def _int_flags(c: PlanContext) -> Finding | None:
             continue
         n = vllm_int(v)
         if n is None or n < low:
-            return _v("flags.integers", f"--{k} {v!r} is not an integer >= {low}",
-                      f"give --{k} a whole number >= {low}" + (" or auto" if k in AUTO_OK else "")
-                      + " (vLLM also reads 8k = 8000 and 8K = 8192)",
-                      "vllm/utils/argparse_utils.py human_readable_int; vllm/config/scheduler.py")
+            return _v(
+                "flags.integers",
+                f"--{k} {v!r} is not an integer >= {low}",
+                f"give --{k} a whole number >= {low}"
+                + (" or auto" if k in AUTO_OK else "")
+                + " (vLLM also reads 8k = 8000 and 8K = 8192)",
+                "vllm/utils/argparse_utils.py human_readable_int; vllm/config/scheduler.py",
+            )
     return None
 
 
@@ -916,10 +1157,13 @@ def _json_flags(c: PlanContext) -> Finding | None:
             try:
                 json.loads(v)
             except ValueError as e:
-                return _v("flags.json", f"--{k} {v[:60]!r} is not valid JSON ({e.msg} at character {e.pos})",
-                          f"quote the whole value in single quotes, e.g. --{k} '{{\"key\": \"value\"}}', or pass "
-                          f"keys one by one (--{k}.key value)",
-                          "vLLM parses config flags with json.loads (vllm/engine/arg_utils.py) and exits at start")
+                return _v(
+                    "flags.json",
+                    f"--{k} {v[:60]!r} is not valid JSON ({e.msg} at character {e.pos})",
+                    f'quote the whole value in single quotes, e.g. --{k} \'{{"key": "value"}}\', or pass '
+                    f"keys one by one (--{k}.key value)",
+                    "vLLM parses config flags with json.loads (vllm/engine/arg_utils.py) and exits at start",
+                )
     return None
 
 
@@ -955,20 +1199,36 @@ def _flag_values(c: PlanContext) -> Finding | None:
         group, _, key = k.partition(".")
         flag = group.replace("_", "-")
         if not key and flag in e.values and (why := e.values[flag].violation(v)):
-            return _v("flags.values", f"--{flag} {v}: vLLM {e.vllm_version} refuses it ({why})",
-                      f"give --{flag} a value {why.removeprefix('must be ')}", src.format(e.values[flag].source))
+            return _v(
+                "flags.values",
+                f"--{flag} {v}: vLLM {e.vllm_version} refuses it ({why})",
+                f"give --{flag} a value {why.removeprefix('must be ')}",
+                src.format(e.values[flag].source),
+            )
         if not key and flag in e.json_object_flags and not isinstance(_json_value(v), dict):
-            return _v("flags.values", f"--{flag} {str(v)[:40]!r}: vLLM {e.vllm_version} parses it into a config "
-                                      "object and refuses anything but a JSON object",
-                      f"pass a JSON object, e.g. --{flag} '{{\"key\": value}}', or one key as --{flag}.key value",
-                      src.format(f"EngineArgs.{group.replace('-', '_')} ({fix_src})"))
-        items = [(key, v)] if key else (list(_json_value(v).items()) if flag in e.json_object_flags
-                                        and isinstance(_json_value(v), dict) else [])
+            return _v(
+                "flags.values",
+                f"--{flag} {str(v)[:40]!r}: vLLM {e.vllm_version} parses it into a config "
+                "object and refuses anything but a JSON object",
+                f"pass a JSON object, e.g. --{flag} '{{\"key\": value}}', or one key as --{flag}.key value",
+                src.format(f"EngineArgs.{group.replace('-', '_')} ({fix_src})"),
+            )
+        items = (
+            [(key, v)]
+            if key
+            else (
+                list(_json_value(v).items()) if flag in e.json_object_flags and isinstance(_json_value(v), dict) else []
+            )
+        )
         for sub, x in items:
             b = e.config_keys.get(f"{flag.replace('-', '_')}.{sub}")
             if b is not None and (why := b.violation(x)):
-                return _v("flags.values", f"--{flag} {sub}={x}: vLLM {e.vllm_version} refuses it ({why})",
-                          f"set {sub} to a value {why.removeprefix('must be ')}", src.format(b.source))
+                return _v(
+                    "flags.values",
+                    f"--{flag} {sub}={x}: vLLM {e.vllm_version} refuses it ({why})",
+                    f"set {sub} to a value {why.removeprefix('must be ')}",
+                    src.format(b.source),
+                )
     backend = c.config_value("attention-config", "backend")
     if backend is None:
         backend = c.args.get("attention-backend")
@@ -979,17 +1239,25 @@ def _flag_values(c: PlanContext) -> Finding | None:
     bsrc = src.format("AttentionBackendEnum (vllm/v1/attention/backends/registry.py; AttentionConfig.backend)")
     if known is None:
         near = difflib.get_close_matches(name, list(e.attention_backends), n=1, cutoff=0.6)
-        return _v("flags.values", f"attention backend {backend!r} is not one of vLLM {e.vllm_version}'s backends"
-                  + (f" (did you mean {near[0]}?)" if near else ""),
-                  "use auto or one of: " + ", ".join(sorted(e.attention_backends)), bsrc)
+        return _v(
+            "flags.values",
+            f"attention backend {backend!r} is not one of vLLM {e.vllm_version}'s backends"
+            + (f" (did you mean {near[0]}?)" if near else ""),
+            "use auto or one of: " + ", ".join(sorted(e.attention_backends)),
+            bsrc,
+        )
     kinds = BACKEND_KINDS.get(c.facts.attention)
     if kinds and known.kind not in kinds:
         fits = sorted(n for n, b in e.attention_backends.items() if b.kind in kinds and n != "NO_ATTENTION")
         what = {"mla": "an MLA backend", "msa": "a MiniMax sparse-attention backend", "standard": "an MHA/GQA backend"}
         model = {"msa": "GQA + MiniMax Sparse Attention (MSA)", "gqa": "GQA", "mla": "MLA"}[c.facts.attention]
-        return _v("flags.values", f"attention backend {name} is {what[known.kind]}; {c.facts.name or 'this model'} "
-                                  f"uses {model}: vLLM cannot serve it with that backend",
-                  "drop the attention backend (auto), or use one of: " + ", ".join(fits), bsrc)
+        return _v(
+            "flags.values",
+            f"attention backend {name} is {what[known.kind]}; {c.facts.name or 'this model'} "
+            f"uses {model}: vLLM cannot serve it with that backend",
+            "drop the attention backend (auto), or use one of: " + ", ".join(fits),
+            bsrc,
+        )
     return None
 
 
@@ -999,10 +1267,13 @@ def _max_len(c: PlanContext) -> Finding | None:
     want = vllm_int(c.args.get("max-model-len"))
     if not limit or want is None or want <= limit or c.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") == "1":
         return None
-    return _v("model.max_len", f"--max-model-len {want} > the model's max_position_embeddings {limit}: vLLM refuses "
-                               "a max_model_len above the one it derives from the model config",
-              f"use --max-model-len {limit} or less (m3ctl's own --max-model-len is capped for you)",
-              "vllm/config/model.py _get_and_verify_max_len (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 overrides it)")
+    return _v(
+        "model.max_len",
+        f"--max-model-len {want} > the model's max_position_embeddings {limit}: vLLM refuses "
+        "a max_model_len above the one it derives from the model config",
+        f"use --max-model-len {limit} or less (m3ctl's own --max-model-len is capped for you)",
+        "vllm/config/model.py _get_and_verify_max_len (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 overrides it)",
+    )
 
 
 @rule("flags.unknown")
@@ -1012,9 +1283,12 @@ def _unknown_flag(c: PlanContext) -> Finding | None:
     bad = unknown_flags(list(c.args))
     if bad:
         t = flag_table()
-        return _v("flags.unknown", f"vllm serve (vLLM {t.vllm_version}) has no flag --{bad[0]}{suggest_flag(bad[0])}",
-                  "fix the spelling (see `vllm serve --help=all`); --skip-checks passes it through for a newer vLLM",
-                  f"m3ctl/data/vllm_serve_flags.yaml, from vllm serve --help=all of vLLM {t.vllm_version}")
+        return _v(
+            "flags.unknown",
+            f"vllm serve (vLLM {t.vllm_version}) has no flag --{bad[0]}{suggest_flag(bad[0])}",
+            "fix the spelling (see `vllm serve --help=all`); --skip-checks passes it through for a newer vLLM",
+            f"m3ctl/data/vllm_serve_flags.yaml, from vllm serve --help=all of vLLM {t.vllm_version}",
+        )
     return None
 
 
@@ -1031,10 +1305,13 @@ def _flag_choice(c: PlanContext) -> Finding | None:
         for x in vals:
             if x not in f.choices:
                 near = difflib.get_close_matches(x, f.choices, n=1, cutoff=0.6)
-                return _v("flags.choices", f"--{k} {x!r} is not one of vLLM {t.vllm_version}'s choices"
-                          + (f" (did you mean {near[0]}?)" if near else ""),
-                          f"use one of: {', '.join(f.choices)}",
-                          f"m3ctl/data/vllm_serve_flags.yaml, from vllm serve --help=all of vLLM {t.vllm_version}")
+                return _v(
+                    "flags.choices",
+                    f"--{k} {x!r} is not one of vLLM {t.vllm_version}'s choices"
+                    + (f" (did you mean {near[0]}?)" if near else ""),
+                    f"use one of: {', '.join(f.choices)}",
+                    f"m3ctl/data/vllm_serve_flags.yaml, from vllm serve --help=all of vLLM {t.vllm_version}",
+                )
     return None
 
 

@@ -53,8 +53,13 @@ class Layout:
         return self.tp * self.pp * self.dp
 
     def label(self) -> str:
-        return (f"TP {self.tp}" + (f" x PP {self.pp}" if self.pp > 1 else "") + f" x DP {self.dp}"
-                + (" + EP" if self.ep else "") + (f" DCP {self.dcp}" if self.dcp > 1 else ""))
+        return (
+            f"TP {self.tp}"
+            + (f" x PP {self.pp}" if self.pp > 1 else "")
+            + f" x DP {self.dp}"
+            + (" + EP" if self.ep else "")
+            + (f" DCP {self.dcp}" if self.dcp > 1 else "")
+        )
 
 
 def _sizes(n: int) -> list[int]:
@@ -63,8 +68,9 @@ def _sizes(n: int) -> list[int]:
     return [t for t in table().host.tp_candidates if t <= max(1, n)] or [1]
 
 
-def candidates(n_gpus: int, pins: dict[str, Any], *, moe: bool | None, ep_ok: bool, pp_ok: bool,
-               dcp_sizes: list[int]) -> list[Layout]:
+def candidates(
+    n_gpus: int, pins: dict[str, Any], *, moe: bool | None, ep_ok: bool, pp_ok: bool, dcp_sizes: list[int]
+) -> list[Layout]:
     """Layouts to try on ``n_gpus`` visible GPUs, in enumeration order (TP descending, then DP, PP, EP as the
     default first). ``pins``: the given dimensions (``tp``, ``pp``, ``dp``, ``dcp``, ``ep``; None = open)."""
     sizes = _sizes(n_gpus)
@@ -110,17 +116,31 @@ class Tried:
     def verdict(self) -> dict[str, Any]:
         """``{tp, pp, dp, dcp, ep, gpus, verdict, rule, message, kv_tokens, max_model_len}`` (``plan --json``)."""
         fit = self.plan.memory_fit if self.plan is not None else None
-        return {"tp": self.layout.tp, "pp": self.layout.pp, "dp": self.layout.dp, "dcp": self.layout.dcp,
-                "ep": self.layout.ep, "gpus": self.layout.gpus, "verdict": "passes" if self.passes else "rejected",
-                "rule": self.rule, "message": self.message,
-                "kv_tokens": fit.capacity_tokens() * self.layout.dp if fit else None,
-                "max_model_len": fit.context if fit else None}
+        return {
+            "tp": self.layout.tp,
+            "pp": self.layout.pp,
+            "dp": self.layout.dp,
+            "dcp": self.layout.dcp,
+            "ep": self.layout.ep,
+            "gpus": self.layout.gpus,
+            "verdict": "passes" if self.passes else "rejected",
+            "rule": self.rule,
+            "message": self.message,
+            "kv_tokens": fit.capacity_tokens() * self.layout.dp if fit else None,
+            "max_model_len": fit.context if fit else None,
+        }
 
 
 #: Rules whose verdict depends on the layout; a rejection by any other rule (a flag value, the variant, the image,
 #: the block size...) rejects every layout alike, so the search stops at the first candidate and reports it as is.
-LAYOUT_RULES = ("parallel.", "memory.fit", "quant.shard_alignment", "spec.draft_tp", "spec.token_budget",
-                "batching.limits")
+LAYOUT_RULES = (
+    "parallel.",
+    "memory.fit",
+    "quant.shard_alignment",
+    "spec.draft_tp",
+    "spec.token_budget",
+    "batching.limits",
+)
 
 
 def _layout_dependent(rule_id: str | None) -> bool:
@@ -145,8 +165,18 @@ def _key(t: Tried, n_gpus: int, default: Layout | None, order: int) -> tuple:
     return (warns, -context, n_gpus - t.layout.gpus, t.layout != default, -kv, -headroom, order)
 
 
-def search(plan_one: Callable[[Any], Any], request: Any, *, n_gpus: int, pins: dict[str, Any],
-           moe: bool | None, ep_ok: bool, pp_ok: bool, dcp_sizes: list[int], default: Layout | None) -> Any:
+def search(
+    plan_one: Callable[[Any], Any],
+    request: Any,
+    *,
+    n_gpus: int,
+    pins: dict[str, Any],
+    moe: bool | None,
+    ep_ok: bool,
+    pp_ok: bool,
+    dcp_sizes: list[int],
+    default: Layout | None,
+) -> Any:
     """Plan every candidate layout with ``plan_one(request with the layout pinned)`` and return the best plan
     (see the module doc for the ranking), with ``layouts`` (every tried layout's verdict) and a ``layout``
     choice naming the winner and the runners-up.
@@ -181,10 +211,18 @@ def search(plan_one: Callable[[Any], Any], request: Any, *, n_gpus: int, pins: d
         first = next((t for t in tried if t.layout == default), tried[0])
         others = sorted({t.rule or "rejected" for t in tried if t is not first})
         same = others == [first.rule] or not others
-        tail = (f"; every one of the {len(tried)} layouts tried on {n_gpus} GPU(s) is rejected"
-                + ("" if same else f" (rules: {', '.join(others)})")) if len(tried) > 1 else ""
-        raise ConfigRejected(f"rule {first.rule}: {first.message}" if first.rule else first.message or "rejected",
-                             (first.hint or "") + tail)
+        tail = (
+            (
+                f"; every one of the {len(tried)} layouts tried on {n_gpus} GPU(s) is rejected"
+                + ("" if same else f" (rules: {', '.join(others)})")
+            )
+            if len(tried) > 1
+            else ""
+        )
+        raise ConfigRejected(
+            f"rule {first.rule}: {first.message}" if first.rule else first.message or "rejected",
+            (first.hint or "") + tail,
+        )
     best = ok[0]
     p = best.plan
     ups = [t.layout.label() for t in ok[1:4]]
@@ -199,11 +237,15 @@ def search(plan_one: Callable[[Any], Any], request: Any, *, n_gpus: int, pins: d
     if ups:
         why.append("runners-up: " + ", ".join(ups))
     if rejected:
-        why.append("rejected: " + "; ".join(sorted({f"{t.layout.label()} ({t.rule})" for t in rejected})[:6])
-                   + (" ..." if len(rejected) > 6 else ""))
+        why.append(
+            "rejected: "
+            + "; ".join(sorted({f"{t.layout.label()} ({t.rule})" for t in rejected})[:6])
+            + (" ..." if len(rejected) > 6 else "")
+        )
     pinned = [k.upper() for k, v in pins.items() if v is not None]
     if pinned:
         why.append(f"{', '.join(pinned)} given")
     choice = Choice(what="parallel", value=best.layout.label(), why="; ".join(why))
-    return p.model_copy(update={"layouts": verdicts,
-                                "choices": [*[c for c in p.choices if c.what != "parallel"], choice]})
+    return p.model_copy(
+        update={"layouts": verdicts, "choices": [*[c for c in p.choices if c.what != "parallel"], choice]}
+    )

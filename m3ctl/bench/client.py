@@ -108,8 +108,16 @@ class RequestOutput:
         return self.start_time + self.latency
 
 
-def build_body(model: str, endpoint: str, req: BenchRequest, *, ignore_eos: bool, temperature: float = 0.0,
-               continuous_usage: bool = True, extra: dict | None = None) -> bytes:
+def build_body(
+    model: str,
+    endpoint: str,
+    req: BenchRequest,
+    *,
+    ignore_eos: bool,
+    temperature: float = 0.0,
+    continuous_usage: bool = True,
+    extra: dict | None = None,
+) -> bytes:
     """The JSON body of one streaming request (bytes)."""
     opts = {"include_usage": True}
     if continuous_usage:
@@ -149,8 +157,22 @@ PROGRESS = Progress()
 class _Stream:
     """SSE state of one response: ``feed(ts, raw)`` per network read, ``finish()`` at the end."""
 
-    __slots__ = ("buf", "chat", "cont_ok", "done", "error_event", "final_usage", "first", "keep_text", "last", "out",
-                 "prev_ct", "skip_lf", "st", "text_parts")
+    __slots__ = (
+        "buf",
+        "chat",
+        "cont_ok",
+        "done",
+        "error_event",
+        "final_usage",
+        "first",
+        "keep_text",
+        "last",
+        "out",
+        "prev_ct",
+        "skip_lf",
+        "st",
+        "text_parts",
+    )
 
     def __init__(self, out: RequestOutput, chat: bool, keep_text: bool, st: float):
         self.out, self.chat, self.keep_text, self.st, self.last = out, chat, keep_text, st, st
@@ -222,8 +244,9 @@ class _Stream:
                 else:
                     content = c0.get("text")
                 if content:
-                    if chat and ((out.ttfa is None and content.lstrip().startswith("<think>"))
-                                 or "</think>" in content):
+                    if chat and (
+                        (out.ttfa is None and content.lstrip().startswith("<think>")) or "</think>" in content
+                    ):
                         out.think_in_content = True
                     if out.ttfa is None:
                         out.ttfa = ts - self.st
@@ -271,8 +294,9 @@ class _Stream:
 def _kind_of(e: BaseException) -> str:
     if isinstance(e, asyncio.TimeoutError | TimeoutError | aiohttp.ServerTimeoutError):
         return "timeout"
-    if isinstance(e, ConnectionRefusedError) or (isinstance(e, aiohttp.ClientConnectorError)
-                                                 and isinstance(e.os_error, ConnectionRefusedError)):
+    if isinstance(e, ConnectionRefusedError) or (
+        isinstance(e, aiohttp.ClientConnectorError) and isinstance(e.os_error, ConnectionRefusedError)
+    ):
         return "connection_refused"
     if isinstance(e, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError | ConnectionResetError):
         return "stream_cut"
@@ -281,10 +305,21 @@ def _kind_of(e: BaseException) -> str:
     return "connection"
 
 
-async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, model: str, req: BenchRequest,
-                       *, ignore_eos: bool, headers: dict[str, str], scheduled_time: float,
-                       temperature: float = 0.0, continuous_usage: bool = True, keep_text: bool = False,
-                       body: bytes | None = None) -> RequestOutput:
+async def send_request(
+    session: aiohttp.ClientSession,
+    url: str,
+    endpoint: str,
+    model: str,
+    req: BenchRequest,
+    *,
+    ignore_eos: bool,
+    headers: dict[str, str],
+    scheduled_time: float,
+    temperature: float = 0.0,
+    continuous_usage: bool = True,
+    keep_text: bool = False,
+    body: bytes | None = None,
+) -> RequestOutput:
     """Send one streaming request to ``url`` + ``/v1/completions`` or ``/v1/chat/completions``.
 
     Args:
@@ -298,13 +333,18 @@ async def send_request(session: aiohttp.ClientSession, url: str, endpoint: str, 
     Returns:
         A :class:`RequestOutput`; failures are recorded in it (``success=False``), never raised.
     """
-    out = RequestOutput(prompt_len=req.prompt_len, client_prompt_len=req.prompt_len, scheduled_time=scheduled_time,
-                        output_len_requested=req.output_len)
+    out = RequestOutput(
+        prompt_len=req.prompt_len,
+        client_prompt_len=req.prompt_len,
+        scheduled_time=scheduled_time,
+        output_len_requested=req.output_len,
+    )
     chat = endpoint == "chat"
     path = "/v1/chat/completions" if chat else "/v1/completions"
     if body is None:
-        body = build_body(model, endpoint, req, ignore_eos=ignore_eos, temperature=temperature,
-                          continuous_usage=continuous_usage)
+        body = build_body(
+            model, endpoint, req, ignore_eos=ignore_eos, temperature=temperature, continuous_usage=continuous_usage
+        )
     st = time.perf_counter()
     out.start_time = st
     out.client_queue_time = st - scheduled_time if st > scheduled_time else 0.0

@@ -49,8 +49,9 @@ class BenchConfig(BaseModel):
     prefix_cache_tolerance: float = Field(0.03, ge=0, le=1)
     """Prefix-cache hit rate (fraction of prompt tokens) allowed above what the workload means before the run
     is BENCH-INVALID (:func:`prefix_cache_check`)."""
-    percentiles: list[Annotated[float, Field(ge=0, le=100)]] = Field(default_factory=lambda: [50.0, 90.0, 99.0],
-                                                                   min_length=1)
+    percentiles: list[Annotated[float, Field(ge=0, le=100)]] = Field(
+        default_factory=lambda: [50.0, 90.0, 99.0], min_length=1
+    )
     """Percentiles reported as ``p<P>_<metric>_ms`` (each 0-100, at least one)."""
     goodput_slo_ms: dict[str, float] | None = None
     tokenizer: str | None = None

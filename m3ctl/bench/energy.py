@@ -73,8 +73,13 @@ def is_local(url: str) -> bool:
     return host in names
 
 
-def choose_gpus(power: bool, power_gpus: Sequence[int] | None, deployment_gpus: Sequence[int] | None,
-                deployment: str | None, url: str) -> GpuChoice:
+def choose_gpus(
+    power: bool,
+    power_gpus: Sequence[int] | None,
+    deployment_gpus: Sequence[int] | None,
+    deployment: str | None,
+    url: str,
+) -> GpuChoice:
     """Which GPUs a run samples (see the module docstring for the order)."""
     if not power:
         return GpuChoice([], None, "power sampling off (--no-power)")
@@ -87,8 +92,12 @@ def choose_gpus(power: bool, power_gpus: Sequence[int] | None, deployment_gpus: 
         return GpuChoice(sorted(set(deployment_gpus)), f"{where} (its launch plan's GPUs)")
     if not is_local(url):
         host = urlsplit(url).hostname
-        return GpuChoice([], None, f"the endpoint's host {host} is not this machine and no GPUs were named: its GPUs "
-                                   "cannot be read from here (run bench on the GPU host, or name them with --power-gpus)")
+        return GpuChoice(
+            [],
+            None,
+            f"the endpoint's host {host} is not this machine and no GPUs were named: its GPUs "
+            "cannot be read from here (run bench on the GPU host, or name them with --power-gpus)",
+        )
     return GpuChoice(None, "all local GPUs")
 
 
@@ -133,8 +142,15 @@ def gpu_energy(series: list[tuple[float, PowerReading]], t0: float, t1: float, c
     energy = [(t, r.energy_j) for t, r in series if r.energy_j is not None]
     errs = [(t, r.error) for t, r in series if r.error]
     inside = [w for t, w in watts if t0 <= t <= t1]
-    out: dict[str, Any] = {"method": None, "joules": None, "avg_w": None, "max_w": max(inside) if inside else None,
-                           "samples": len(inside), "read_errors": len(errs), "error": None}
+    out: dict[str, Any] = {
+        "method": None,
+        "joules": None,
+        "avg_w": None,
+        "max_w": max(inside) if inside else None,
+        "samples": len(inside),
+        "read_errors": len(errs),
+        "error": None,
+    }
     span = t1 - t0
     if counter and _covers(energy, t0, t1):
         j = counter_delta(energy, t0, t1)
@@ -170,11 +186,18 @@ class EnergyMeter:
         clock: the clock of the run's timestamps (``time.perf_counter``, as the bench client's).
     """
 
-    def __init__(self, choice: GpuChoice, source: PowerSource | None, reason: str | None = None,
-                 interval_s: float = DEFAULT_INTERVAL_S, clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        choice: GpuChoice,
+        source: PowerSource | None,
+        reason: str | None = None,
+        interval_s: float = DEFAULT_INTERVAL_S,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         self.choice, self.source, self.reason, self.clock = choice, source, reason, clock
-        self.gpus: list[int] = (choice.gpus if choice.gpus is not None else list(source.gpus)) if source else (
-            choice.gpus or [])
+        self.gpus: list[int] = (
+            (choice.gpus if choice.gpus is not None else list(source.gpus)) if source else (choice.gpus or [])
+        )
         self.interval_s = max(interval_s, source.min_interval_s) if source else interval_s
         self.ticks: list[tuple[float, list[PowerReading]]] = []
         self._halt = threading.Event()
@@ -182,9 +205,16 @@ class EnergyMeter:
         self.started = self.stopped = False
 
     @classmethod
-    def for_run(cls, *, power: bool = True, power_gpus: Sequence[int] | None = None,
-                deployment_gpus: Sequence[int] | None = None, deployment: str | None = None, url: str = "",
-                interval_s: float = DEFAULT_INTERVAL_S) -> EnergyMeter:
+    def for_run(
+        cls,
+        *,
+        power: bool = True,
+        power_gpus: Sequence[int] | None = None,
+        deployment_gpus: Sequence[int] | None = None,
+        deployment: str | None = None,
+        url: str = "",
+        interval_s: float = DEFAULT_INTERVAL_S,
+    ) -> EnergyMeter:
         """Choose the GPUs and open the power interface (:func:`m3ctl.hw.power.open_power`). No interface, or GPUs
         of a deployment this host does not have, give a meter whose block is n/a with the reason.
 
@@ -204,10 +234,16 @@ class EnergyMeter:
             src.close()
             names = ",".join(map(str, missing))
             if choice.source == "--power-gpus":
-                raise BadInput(f"--power-gpus {names}: no such GPU on this host ({src.name} reads GPUs {have})",
-                               "name GPUs of this host (e.g. --power-gpus 0), or pass --no-power")
-            return cls(choice, None, f"GPU {names} of {choice.source} not on this host ({src.name} reads GPUs "
-                                     f"{have})", interval_s)
+                raise BadInput(
+                    f"--power-gpus {names}: no such GPU on this host ({src.name} reads GPUs {have})",
+                    "name GPUs of this host (e.g. --power-gpus 0), or pass --no-power",
+                )
+            return cls(
+                choice,
+                None,
+                f"GPU {names} of {choice.source} not on this host ({src.name} reads GPUs {have})",
+                interval_s,
+            )
         return cls(choice, src, None, interval_s)
 
     # ---- sampling
@@ -245,16 +281,28 @@ class EnergyMeter:
             self.source.close()
 
     # ---- the result
-    def block(self, window: tuple[float, float] | None, output_tokens: int | None,
-              total_tokens: int | None = None) -> dict:
+    def block(
+        self, window: tuple[float, float] | None, output_tokens: int | None, total_tokens: int | None = None
+    ) -> dict:
         """The result's ``energy`` block for the measured ``window`` ((t0, t1) on ``clock``; None: no request
         completed) and the run's token counts (see the module docstring for the keys)."""
         src = self.source
-        out: dict[str, Any] = {"source": None, "interface": src.name if src else None, "gpus": self.gpus,
-                               "gpus_source": self.choice.source, "interval_s": self.interval_s if src else None,
-                               "duration_s": None, "joules": None, "avg_w_per_gpu": None,
-                               "joules_per_output_token": None, "output_tokens_per_joule": None,
-                               "total_tokens_per_joule": None, "samples": 0, "per_gpu": [], "reason": self.reason}
+        out: dict[str, Any] = {
+            "source": None,
+            "interface": src.name if src else None,
+            "gpus": self.gpus,
+            "gpus_source": self.choice.source,
+            "interval_s": self.interval_s if src else None,
+            "duration_s": None,
+            "joules": None,
+            "avg_w_per_gpu": None,
+            "joules_per_output_token": None,
+            "output_tokens_per_joule": None,
+            "total_tokens_per_joule": None,
+            "samples": 0,
+            "per_gpu": [],
+            "reason": self.reason,
+        }
         if src is None:
             return out
         if not self.ticks:
@@ -274,8 +322,9 @@ class EnergyMeter:
         bad = [p for p in per if p["joules"] is None]
         if bad:
             out["reason"] = "; ".join(f"GPU {p['gpu']}: {p['error']}" for p in bad) + (
-                ": the run's energy is incomplete" + (" (per_gpu keeps the GPUs that were read)" if len(bad) < len(per)
-                                                      else ""))
+                ": the run's energy is incomplete"
+                + (" (per_gpu keeps the GPUs that were read)" if len(bad) < len(per) else "")
+            )
             return out
         methods = sorted({p["method"] for p in per}, key=lambda m: m != "energy-counter")
         out["source"] = f"{src.name}-" + "+".join(methods)

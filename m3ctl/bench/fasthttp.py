@@ -78,7 +78,7 @@ class _Proto(asyncio.Protocol):
             end = self.hbuf.find(b"\r\n\r\n")
             if end < 0:
                 return
-            head, data = self.hbuf[:end].decode("latin-1"), self.hbuf[end + 4:]
+            head, data = self.hbuf[:end].decode("latin-1"), self.hbuf[end + 4 :]
             self.hbuf = b""
             lines = head.split("\r\n")
             self.status = int(lines[0].split(" ", 2)[1])
@@ -128,7 +128,7 @@ class _Proto(asyncio.Protocol):
                 end = j + 2 + size
                 if end + 2 > n:  # incomplete: the general loop below takes it from the size line
                     break
-                pieces.append(buf[j + 2:end])
+                pieces.append(buf[j + 2 : end])
                 i = end + 2
         while i < n:
             if self.skip:
@@ -138,7 +138,7 @@ class _Proto(asyncio.Protocol):
                 continue
             if self.remaining:
                 k = min(self.remaining, n - i)
-                pieces.append(buf[i:i + k])
+                pieces.append(buf[i : i + k])
                 self.remaining -= k
                 i += k
                 if not self.remaining:
@@ -170,8 +170,10 @@ class Connection:
         self.port = u.port or (443 if self.tls else 80)
         self.prefix = u.path.rstrip("/")
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        self._head = (f"Host: {u.netloc}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
-                      f"Accept-Encoding: identity\r\nConnection: keep-alive\r\n{extra}").encode()
+        self._head = (
+            f"Host: {u.netloc}\r\nContent-Type: application/json\r\nAccept: text/event-stream\r\n"
+            f"Accept-Encoding: identity\r\nConnection: keep-alive\r\n{extra}"
+        ).encode()
         self._proto: _Proto | None = None
 
     async def _connect(self) -> _Proto:
@@ -195,8 +197,16 @@ class Connection:
         p.stream = stream
         p.fut = fut = loop.create_future()
         timer = loop.call_at(t_end, _expire, p, fut, self.timeout_s) if t_end is not None else None
-        p.transport.write(b"POST " + (self.prefix + path).encode() + b" HTTP/1.1\r\n" + self._head
-                          + b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+        p.transport.write(
+            b"POST "
+            + (self.prefix + path).encode()
+            + b" HTTP/1.1\r\n"
+            + self._head
+            + b"Content-Length: "
+            + str(len(body)).encode()
+            + b"\r\n\r\n"
+            + body
+        )
         try:
             await fut
         finally:

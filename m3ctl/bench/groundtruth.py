@@ -112,26 +112,62 @@ def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%s\r\n" % (len(data), data)
 
 
-_SSE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
-             b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n")
+_SSE_HEAD = (
+    b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+    b"Transfer-Encoding: chunked\r\nConnection: keep-alive\r\n\r\n"
+)
 
 
 def _json_response(obj, status: str = "200 OK") -> bytes:
     body = json.dumps(obj).encode()
-    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
-            f"Connection: keep-alive\r\n\r\n").encode() + body
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+        f"Connection: keep-alive\r\n\r\n"
+    ).encode() + body
 
 
 class _Stream:
     """One streaming response: which chunk comes next and when."""
 
-    __slots__ = ("admitted", "cached", "cfg", "chat", "conn", "cont", "j", "k", "n", "pt", "r", "rec", "sent",
-                 "t_first", "want_usage")
+    __slots__ = (
+        "admitted",
+        "cached",
+        "cfg",
+        "chat",
+        "conn",
+        "cont",
+        "j",
+        "k",
+        "n",
+        "pt",
+        "r",
+        "rec",
+        "sent",
+        "t_first",
+        "want_usage",
+    )
 
-    def __init__(self, conn: _Conn, cfg: GTConfig, n: int, chat: bool, cont: bool, want_usage: bool, t_arrive: float,
-                 rec: dict, prompt_tokens: int | None = None):
+    def __init__(
+        self,
+        conn: _Conn,
+        cfg: GTConfig,
+        n: int,
+        chat: bool,
+        cont: bool,
+        want_usage: bool,
+        t_arrive: float,
+        rec: dict,
+        prompt_tokens: int | None = None,
+    ):
         self.conn, self.cfg, self.n, self.chat, self.cont, self.want_usage, self.rec = (
-            conn, cfg, n, chat, cont, want_usage, rec)
+            conn,
+            cfg,
+            n,
+            chat,
+            cont,
+            want_usage,
+            rec,
+        )
         self.pt = cfg.prompt_tokens if prompt_tokens is None else prompt_tokens
         self.cached: int | None = None  # prompt tokens served by the fake prefix cache (usage.prompt_tokens_details)
         if cfg.eos_at:
@@ -170,11 +206,18 @@ class _Stream:
             choice = {"index": 0, "delta": delta, "finish_reason": self._finish()}
         else:
             choice = {"index": 0, "text": text, "finish_reason": self._finish()}
-        obj = {"object": "chat.completion.chunk" if self.chat else "text_completion", "model": MODEL,
-               "choices": [choice], "gt_ts": ts}
+        obj = {
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "model": MODEL,
+            "choices": [choice],
+            "gt_ts": ts,
+        }
         if self.cont:
-            obj["usage"] = {"prompt_tokens": self.pt, "completion_tokens": self.sent,
-                            "total_tokens": self.pt + self.sent}
+            obj["usage"] = {
+                "prompt_tokens": self.pt,
+                "completion_tokens": self.sent,
+                "total_tokens": self.pt + self.sent,
+            }
         if self.rec is not None:
             self.rec["writes"].append(ts)
             self.rec["tokens"].append(take)
@@ -222,11 +265,19 @@ class _Server:
 
             self.tok = Tokenizer.from_file(f"{cfg.tokenizer}/tokenizer.json")
         self.blocks: set[int] = set()  # hashes of cached full blocks (prefix_cache_block > 0)
-        self.counters = {"prefix_cache_queries_total": 0, "prefix_cache_hits_total": 0, "prompt_tokens_total": 0,
-                         "generation_tokens_total": 0, "request_success_total": 0}
+        self.counters = {
+            "prefix_cache_queries_total": 0,
+            "prefix_cache_hits_total": 0,
+            "prompt_tokens_total": 0,
+            "generation_tokens_total": 0,
+            "request_success_total": 0,
+        }
         if cfg.spec_accept:
-            self.counters.update(spec_decode_num_drafts_total=0, spec_decode_num_draft_tokens_total=0,
-                                 spec_decode_num_accepted_tokens_total=0.0)
+            self.counters.update(
+                spec_decode_num_drafts_total=0,
+                spec_decode_num_draft_tokens_total=0,
+                spec_decode_num_accepted_tokens_total=0.0,
+            )
         self.accepted_pos = [0.0] * len(cfg.spec_accept)
         self.chunks_written = 0
         self.running = 0  # streams holding a max_running slot
@@ -256,7 +307,7 @@ class _Server:
         c["prefix_cache_queries_total"] += len(ids)
         h, hit, hashes = 0, 0, []
         for i in range(len(ids) // b):
-            h = hash((h, tuple(ids[i * b:(i + 1) * b])))
+            h = hash((h, tuple(ids[i * b : (i + 1) * b])))
             hashes.append(h)
         for i, h in enumerate(hashes):
             if h not in self.blocks or (i + 1) * b > len(ids) - 1:  # vLLM computes at least the last token
@@ -309,13 +360,19 @@ class _Server:
     def metrics_text(self) -> str:
         lab = f'model_name="{MODEL}",engine="0"'
         out = [f"vllm:{k}{{{lab}}} {v}\n" for k, v in self.counters.items()]
-        out += [f"vllm:num_requests_running{{{lab}}} {float(self.running if self.cfg.max_running else len(self.heap))}\n",
-                f"vllm:num_requests_waiting{{{lab}}} {float(len(self.waiting))}\n"]
-        out += [f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {v}\n'
-                for i, v in enumerate(self.accepted_pos)]
+        out += [
+            f"vllm:num_requests_running{{{lab}}} {float(self.running if self.cfg.max_running else len(self.heap))}\n",
+            f"vllm:num_requests_waiting{{{lab}}} {float(len(self.waiting))}\n",
+        ]
+        out += [
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{{lab},position="{i}"}} {v}\n'
+            for i, v in enumerate(self.accepted_pos)
+        ]
         if self.cfg.prefix_cache_block:
-            out.append(f'vllm:cache_config_info{{block_size="{self.cfg.prefix_cache_block}",'
-                       f'enable_prefix_caching="True",engine="0"}} 1.0\n')
+            out.append(
+                f'vllm:cache_config_info{{block_size="{self.cfg.prefix_cache_block}",'
+                f'enable_prefix_caching="True",engine="0"}} 1.0\n'
+            )
         return "".join(out)
 
     def add(self, s: _Stream) -> None:
@@ -410,8 +467,8 @@ class _Conn(asyncio.Protocol):
             n = int(hdrs.get("content-length") or 0)
             if len(self.buf) < end + 4 + n:
                 return
-            body = self.buf[end + 4:end + 4 + n]
-            self.buf = self.buf[end + 4 + n:]
+            body = self.buf[end + 4 : end + 4 + n]
+            self.buf = self.buf[end + 4 + n :]
             method, path = head[0].split(" ", 2)[:2]
             if self.buf:
                 self.t_arrive = time.perf_counter()  # a pipelined request behind this one
@@ -442,8 +499,10 @@ class _Conn(asyncio.Protocol):
             return self._send(_json_response({"ok": True}))
         if method == "GET" and path == "/metrics" and srv.cfg.metrics:
             body = srv.metrics_text().encode()
-            return self._send(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
-                              b"Connection: keep-alive\r\n\r\n%s" % (len(body), body))
+            return self._send(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nContent-Length: %d\r\n"
+                b"Connection: keep-alive\r\n\r\n%s" % (len(body), body)
+            )
         served = {"both": ("/tokenize", "/detokenize"), "tokenize": ("/tokenize",)}.get(srv.cfg.tokenize, ())
         if method == "POST" and path in served and srv.tok is not None:
             try:
@@ -500,8 +559,17 @@ class _Conn(asyncio.Protocol):
 
 def _no_model(name) -> bytes:
     """vLLM's answer to an unknown model name (vllm/entrypoints/openai/serving_engine.py ``_check_model``)."""
-    return _json_response({"error": {"message": f"The model `{name}` does not exist.", "type": "NotFoundError",
-                                     "param": "model", "code": 404}}, "404 Not Found")
+    return _json_response(
+        {
+            "error": {
+                "message": f"The model `{name}` does not exist.",
+                "type": "NotFoundError",
+                "param": "model",
+                "code": 404,
+            }
+        },
+        "404 Not Found",
+    )
 
 
 async def _serve_forever(port: int, cfg: GTConfig, host: str) -> None:
@@ -563,15 +631,29 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--check-model", action="store_true", help="404 for another model name, as vLLM")
     ap.add_argument("--max-running", type=int, default=0, help="streams generating at once; the others wait (0: all)")
     a = ap.parse_args(argv)
-    serve(a.port, GTConfig(ttft_ms=a.ttft_ms, itl_ms=a.itl_ms, tokens_per_chunk=a.tokens_per_chunk,
-                           prompt_tokens=a.prompt_tokens, reasoning_tokens=a.reasoning_tokens, reasoning=a.reasoning,
-                           usage=not a.no_usage, tokenizer=a.tokenizer, prefix_cache_block=a.prefix_cache_block,
-                           metrics=not a.no_metrics and (a.metrics or a.prefix_cache_block > 0 or bool(a.spec_accept)),
-                           eos_at=a.eos_at,
-                           prompt_tokens_scale=a.prompt_tokens_scale,
-                           spec_accept=tuple(float(x) for x in a.spec_accept.split(",") if x),
-                           stall_after=a.stall_after, sse_eol=a.sse_eol, tokenize=a.tokenize,
-                           check_model=a.check_model, max_running=a.max_running))
+    serve(
+        a.port,
+        GTConfig(
+            ttft_ms=a.ttft_ms,
+            itl_ms=a.itl_ms,
+            tokens_per_chunk=a.tokens_per_chunk,
+            prompt_tokens=a.prompt_tokens,
+            reasoning_tokens=a.reasoning_tokens,
+            reasoning=a.reasoning,
+            usage=not a.no_usage,
+            tokenizer=a.tokenizer,
+            prefix_cache_block=a.prefix_cache_block,
+            metrics=not a.no_metrics and (a.metrics or a.prefix_cache_block > 0 or bool(a.spec_accept)),
+            eos_at=a.eos_at,
+            prompt_tokens_scale=a.prompt_tokens_scale,
+            spec_accept=tuple(float(x) for x in a.spec_accept.split(",") if x),
+            stall_after=a.stall_after,
+            sse_eol=a.sse_eol,
+            tokenize=a.tokenize,
+            check_model=a.check_model,
+            max_running=a.max_running,
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,10 @@ def unmeasured(outputs: Sequence[RequestOutput], goodput_slo_ms: dict[str, float
     burst, multi = bursts(outputs)
     if not multi or burst <= BURST_FRACTION * multi:
         return {}
-    detail = (f"{burst} of {multi} requests with 3+ output tokens received all their tokens in one network read "
-              "(the server or a proxy buffered the stream), so the time between tokens was not observed")
+    detail = (
+        f"{burst} of {multi} requests with 3+ output tokens received all their tokens in one network read "
+        "(the server or a proxy buffered the stream), so the time between tokens was not observed"
+    )
     out = {"tpot": f"bursts: {detail}", "itl": f"bursts: {detail}"}
     if goodput_slo_ms and "tpot" in goodput_slo_ms:
         out["request_goodput"] = f"bursts: the goodput SLO bounds TPOT, which was not measured ({detail})"
@@ -69,16 +71,23 @@ def _null_stats(name: str, percentiles: Sequence[float]) -> dict[str, None]:
 
 def _stats(name: str, values: Sequence[float], percentiles: Sequence[float]) -> dict[str, float]:
     v = list(values) or [0.0]
-    out = {f"mean_{name}_ms": float(np.mean(v) * 1000), f"median_{name}_ms": float(np.median(v) * 1000),
-           f"std_{name}_ms": float(np.std(v) * 1000)}
+    out = {
+        f"mean_{name}_ms": float(np.mean(v) * 1000),
+        f"median_{name}_ms": float(np.median(v) * 1000),
+        f"std_{name}_ms": float(np.std(v) * 1000),
+    }
     for p in percentiles:
         word = str(int(p)) if int(p) == p else str(p)
         out[f"p{word}_{name}_ms"] = float(np.percentile(v, p) * 1000)
     return out
 
 
-def calculate(outputs: Sequence[RequestOutput], duration_s: float, percentiles: Sequence[float] = (50, 90, 99),
-              goodput_slo_ms: dict[str, float] | None = None) -> dict:
+def calculate(
+    outputs: Sequence[RequestOutput],
+    duration_s: float,
+    percentiles: Sequence[float] = (50, 90, 99),
+    goodput_slo_ms: dict[str, float] | None = None,
+) -> dict:
     """Compute the ``vllm bench serve`` summary metrics for one run.
 
     Args:
@@ -159,12 +168,17 @@ def client_queue_stats(outputs: Sequence[RequestOutput], percentiles: Sequence[f
 
 
 # ----------------------------------------------------------------------------- m3ctl extensions (new keys)
-def _pct_block(values: Sequence[float], percentiles: Sequence[float], scale: float = 1000.0,
-               unit: str = "ms") -> dict[str, float | None]:
+def _pct_block(
+    values: Sequence[float], percentiles: Sequence[float], scale: float = 1000.0, unit: str = "ms"
+) -> dict[str, float | None]:
     """``{mean_<unit>, median_<unit>, std_<unit>, p<P>_<unit>}`` of ``values`` x ``scale``; None when empty."""
     if not len(values):
-        return {f"mean_{unit}": None, f"median_{unit}": None, f"std_{unit}": None,
-                **{f"p{_word(p)}_{unit}": None for p in percentiles}}
+        return {
+            f"mean_{unit}": None,
+            f"median_{unit}": None,
+            f"std_{unit}": None,
+            **{f"p{_word(p)}_{unit}": None for p in percentiles},
+        }
     v = np.asarray(values, dtype=float) * scale
     out = {f"mean_{unit}": float(v.mean()), f"median_{unit}": float(np.median(v)), f"std_{unit}": float(v.std())}
     for p in percentiles:
@@ -239,16 +253,23 @@ def interactivity(outputs: Sequence[RequestOutput], percentiles: Sequence[float]
     norm = np.array([o.latency / o.output_tokens for o in ok if o.latency > 0])
     ix: dict = {}
     if len(tpots):
-        stats = {"mean": tpots.mean(), "median": np.median(tpots),
-                 **{f"p{_word(p)}": np.percentile(tpots, p) for p in percentiles}}
+        stats = {
+            "mean": tpots.mean(),
+            "median": np.median(tpots),
+            **{f"p{_word(p)}": np.percentile(tpots, p) for p in percentiles},
+        }
         ix["inferencex_1000_over_tpot"] = {k: float(1.0 / v) for k, v in stats.items()}
         inv = 1.0 / tpots
-        ix["aiperf_per_user"] = {"mean": float(inv.mean()), "median": float(np.median(inv)),
-                                 **{f"p{_word(p)}": float(np.percentile(inv, p)) for p in percentiles}}
+        ix["aiperf_per_user"] = {
+            "mean": float(inv.mean()),
+            "median": float(np.median(inv)),
+            **{f"p{_word(p)}": float(np.percentile(inv, p)) for p in percentiles},
+        }
     else:
         ix["inferencex_1000_over_tpot"] = ix["aiperf_per_user"] = None
-    ix["agentx_e2e_normalized"] = ({f"p{_word(q)}": float(1.0 / np.percentile(norm, q)) for q in (50, 90, 95)}
-                                   if len(norm) else None)
+    ix["agentx_e2e_normalized"] = (
+        {f"p{_word(q)}": float(1.0 / np.percentile(norm, q)) for q in (50, 90, 95)} if len(norm) else None
+    )
     # InferenceX's flat names, for tooling that reads them.
     if ix["inferencex_1000_over_tpot"]:
         for k, v in ix["inferencex_1000_over_tpot"].items():
@@ -298,8 +319,12 @@ def extended(outputs: Sequence[RequestOutput], percentiles: Sequence[float]) -> 
         if not o.success:
             kinds[o.error_kind or "other"] = kinds.get(o.error_kind or "other", 0) + 1
     return {
-        "per_token_itl": {**_pct_block(samples, percentiles), "source": src, "samples": n_samples,
-                          "multi_token_chunks": _multi_token_chunks(ok)},
+        "per_token_itl": {
+            **_pct_block(samples, percentiles),
+            "source": src,
+            "samples": n_samples,
+            "multi_token_chunks": _multi_token_chunks(ok),
+        },
         # AIPerf's effective latency: from when the load model scheduled the request (credit issued), so
         # time spent queued inside the client counts (coordinated omission).
         "e2el_from_schedule": _pct_block([o.end_time - o.scheduled_time for o in ok], percentiles),

@@ -94,23 +94,34 @@ class RollingStats:
             m = len(ttfts) // 2
             med = 1000 * (ttfts[m] if len(ttfts) % 2 else (ttfts[m - 1] + ttfts[m]) / 2)
         span = self.window_s if self.t_first is None else min(self.window_s, max(now - self.t_first, 1e-3))
-        return Snapshot(completed=self.completed, failed=self.failed, failed_by_kind=dict(self.failed_by_kind),
-                        in_flight=self.sent - self.completed - self.failed,
-                        elapsed_s=0.0 if self.t_first is None else max(0.0, now - self.t_first),
-                        window_s=self.window_s, rolling_ttft_ms=med,
-                        rolling_output_tok_s=sum(x[2] for x in inside) / span, total=self.total)
+        return Snapshot(
+            completed=self.completed,
+            failed=self.failed,
+            failed_by_kind=dict(self.failed_by_kind),
+            in_flight=self.sent - self.completed - self.failed,
+            elapsed_s=0.0 if self.t_first is None else max(0.0, now - self.t_first),
+            window_s=self.window_s,
+            rolling_ttft_ms=med,
+            rolling_output_tok_s=sum(x[2] for x in inside) / span,
+            total=self.total,
+        )
 
 
 def _segments(s: Snapshot, label: str) -> list[tuple[int, str, str | None]]:
     """(priority, text, shorter text or None) in display order; priority 0 is always shown."""
+
     def num(x: float) -> str:  # a rolling figure: tenths below 100, whole numbers above (its noise is larger)
         return f"{x:.1f}" if x < 100 else f"{x:.0f}"
 
     done = f"{s.completed}/{s.total} done" if s.total else f"{s.completed} done"
     ttft = f"{num(s.rolling_ttft_ms)} ms" if s.rolling_ttft_ms is not None else "-"
     segs: list[tuple[int, str, str | None]] = [(0, label, None)] if label else []
-    segs += [(0, done, None), (0, f"out {num(s.rolling_output_tok_s)} tok/s", None), (1, f"TTFT p50 {ttft}", None),
-             (4, f"(last {s.window_s:g}s)", None)]
+    segs += [
+        (0, done, None),
+        (0, f"out {num(s.rolling_output_tok_s)} tok/s", None),
+        (1, f"TTFT p50 {ttft}", None),
+        (4, f"(last {s.window_s:g}s)", None),
+    ]
     if s.failed:
         kinds = ", ".join(f"{k} {v}" for k, v in sorted(s.failed_by_kind.items()))
         segs.append((2, f"failed {s.failed} ({kinds})", f"failed {s.failed}"))
@@ -131,8 +142,7 @@ def render_line(s: Snapshot, width: int | None = None, label: str = "") -> str:
     chosen: dict[int, str] = {i: t for i, (p, t, _) in enumerate(segs) if p == 0}
 
     def join(c: dict[int, str]) -> str:  # the window tag follows the figures it qualifies after one space
-        return "".join(("" if not k else " " if c[i].startswith("(") else "  ") + c[i]
-                       for k, i in enumerate(sorted(c)))
+        return "".join(("" if not k else " " if c[i].startswith("(") else "  ") + c[i] for k, i in enumerate(sorted(c)))
 
     for p in sorted({p for p, _, _ in segs if p}):
         for i, (q, text, short) in enumerate(segs):
@@ -157,8 +167,16 @@ class LiveProgress:
     ``multiprocessing`` queue that worker processes write to (read by a thread as events come).
     """
 
-    def __init__(self, console, window_s: float = 5.0, total: int | None = None, refresh_per_second: float = 4.0,
-                 label: str = "bench", plain: bool | None = None, plain_every_s: float = 10.0):
+    def __init__(
+        self,
+        console,
+        window_s: float = 5.0,
+        total: int | None = None,
+        refresh_per_second: float = 4.0,
+        label: str = "bench",
+        plain: bool | None = None,
+        plain_every_s: float = 10.0,
+    ):
         from rich.live import Live  # noqa: PLC0415
 
         self.stats = RollingStats(window_s, total)
@@ -171,9 +189,18 @@ class LiveProgress:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._printer: threading.Thread | None = None
-        self.live = None if self.plain else Live(
-            console=console, refresh_per_second=refresh_per_second, transient=False,
-            get_renderable=lambda: _Fitted(self), redirect_stdout=False, redirect_stderr=False)
+        self.live = (
+            None
+            if self.plain
+            else Live(
+                console=console,
+                refresh_per_second=refresh_per_second,
+                transient=False,
+                get_renderable=lambda: _Fitted(self),
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
+        )
 
     def put(self, ev: tuple) -> None:
         self._events.append(ev)

@@ -25,7 +25,117 @@ import httpx
 
 from m3ctl.errors import BadInput
 
-_WORDS = ["time", "person", "year", "way", "day", "thing", "man", "world", "life", "hand", "part", "child", "eye", "woman", "place", "work", "week", "case", "point", "government", "company", "number", "group", "problem", "fact", "be", "have", "do", "say", "get", "make", "go", "know", "take", "see", "come", "think", "look", "want", "give", "use", "find", "tell", "ask", "seem", "feel", "try", "leave", "call", "good", "new", "first", "last", "long", "great", "little", "own", "other", "old", "right", "big", "high", "different", "small", "large", "next", "early", "young", "important", "few", "public", "bad", "same", "able", "to", "of", "in", "for", "on", "with", "at", "by", "from", "up", "about", "into", "over", "after", "kernel", "tensor", "cache", "token", "expert", "router", "sparse", "block", "latency", "throughput", "batch", "decode", "prefill", "memory", "bandwidth", "server", "request", "stream", "model", "weight", "layer"]
+_WORDS = [
+    "time",
+    "person",
+    "year",
+    "way",
+    "day",
+    "thing",
+    "man",
+    "world",
+    "life",
+    "hand",
+    "part",
+    "child",
+    "eye",
+    "woman",
+    "place",
+    "work",
+    "week",
+    "case",
+    "point",
+    "government",
+    "company",
+    "number",
+    "group",
+    "problem",
+    "fact",
+    "be",
+    "have",
+    "do",
+    "say",
+    "get",
+    "make",
+    "go",
+    "know",
+    "take",
+    "see",
+    "come",
+    "think",
+    "look",
+    "want",
+    "give",
+    "use",
+    "find",
+    "tell",
+    "ask",
+    "seem",
+    "feel",
+    "try",
+    "leave",
+    "call",
+    "good",
+    "new",
+    "first",
+    "last",
+    "long",
+    "great",
+    "little",
+    "own",
+    "other",
+    "old",
+    "right",
+    "big",
+    "high",
+    "different",
+    "small",
+    "large",
+    "next",
+    "early",
+    "young",
+    "important",
+    "few",
+    "public",
+    "bad",
+    "same",
+    "able",
+    "to",
+    "of",
+    "in",
+    "for",
+    "on",
+    "with",
+    "at",
+    "by",
+    "from",
+    "up",
+    "about",
+    "into",
+    "over",
+    "after",
+    "kernel",
+    "tensor",
+    "cache",
+    "token",
+    "expert",
+    "router",
+    "sparse",
+    "block",
+    "latency",
+    "throughput",
+    "batch",
+    "decode",
+    "prefill",
+    "memory",
+    "bandwidth",
+    "server",
+    "request",
+    "stream",
+    "model",
+    "weight",
+    "layer",
+]
 
 
 class Tokenizer(Protocol):
@@ -47,8 +157,10 @@ class LocalTokenizer:
         try:
             self._tok = HFTokenizer.from_file(str(path))
         except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception on a bad file
-            raise BadInput(f"{path} is not a tokenizer.json the tokenizers library reads ({str(e)[:120]})",
-                           "pass --tokenizer DIR of the served model (its tokenizer.json)") from None
+            raise BadInput(
+                f"{path} is not a tokenizer.json the tokenizers library reads ({str(e)[:120]})",
+                "pass --tokenizer DIR of the served model (its tokenizer.json)",
+            ) from None
         self.name = str(model_dir)
 
     def encode(self, text: str) -> list[int]:
@@ -210,7 +322,7 @@ def exact_prompt_after(tok: Tokenizer, head: str, length: int, rng: random.Rando
         cut = tok.decode(ids[:length])
         if cut.startswith(head) and len(tok.encode(cut)) == length:
             return cut, length
-    tail = text[len(head):]
+    tail = text[len(head) :]
     lo, hi = 0, len(tail)  # encode(head + tail[:lo]) <= length < encode(head + tail[:hi])
     while hi - lo > 1:
         mid = (lo + hi) // 2
@@ -222,8 +334,7 @@ def exact_prompt_after(tok: Tokenizer, head: str, length: int, rng: random.Rando
     return text, len(tok.encode(text))
 
 
-def random_lengths(mean: int, range_ratio: float, n: int, rng: random.Random,
-                   convention: str = "vllm") -> list[int]:
+def random_lengths(mean: int, range_ratio: float, n: int, rng: random.Random, convention: str = "vllm") -> list[int]:
     """Per-request lengths.
 
     Conventions (named explicitly because the same words mean different ranges;
@@ -238,13 +349,15 @@ def random_lengths(mean: int, range_ratio: float, n: int, rng: random.Random,
 
     if convention == "vllm":
         if not 0 <= range_ratio < 1:
-            raise BadInput(f"range ratio {range_ratio} is outside [0, 1) for the vllm convention",
-                           "use a value such as 0.1")
+            raise BadInput(
+                f"range ratio {range_ratio} is outside [0, 1) for the vllm convention", "use a value such as 0.1"
+            )
         lo, hi = math.floor(mean * (1 - range_ratio)), math.ceil(mean * (1 + range_ratio))
     elif convention == "inferencex":
         if not 0 < range_ratio <= 1:
-            raise BadInput(f"range ratio {range_ratio} is outside (0, 1] for the inferencex convention",
-                           "use a value such as 0.8")
+            raise BadInput(
+                f"range ratio {range_ratio} is outside (0, 1] for the inferencex convention", "use a value such as 0.8"
+            )
         lo, hi = math.floor(mean * range_ratio), mean
     else:
         raise BadInput(f"unknown range convention {convention!r}", "use vllm or inferencex")

@@ -24,12 +24,15 @@ def _ix(r: dict, block: str, stat: str) -> float | None:
 
 
 X_AXES = {
-    "inferencex-median": ("tok/s per user = 1000 / median TPOT (InferenceX)",
-                          lambda r: _ix(r, "inferencex_1000_over_tpot", "median")),
-    "agentx-p90": ("tok/s per user = 1 / P90(E2EL_i / OSL_i) (AgentX)",
-                   lambda r: _ix(r, "agentx_e2e_normalized", "p90")),
-    "aiperf-median": ("tok/s per user = median of 1 / TPOT_i (AIPerf)",
-                      lambda r: _ix(r, "aiperf_per_user", "median")),
+    "inferencex-median": (
+        "tok/s per user = 1000 / median TPOT (InferenceX)",
+        lambda r: _ix(r, "inferencex_1000_over_tpot", "median"),
+    ),
+    "agentx-p90": (
+        "tok/s per user = 1 / P90(E2EL_i / OSL_i) (AgentX)",
+        lambda r: _ix(r, "agentx_e2e_normalized", "p90"),
+    ),
+    "aiperf-median": ("tok/s per user = median of 1 / TPOT_i (AIPerf)", lambda r: _ix(r, "aiperf_per_user", "median")),
 }
 
 
@@ -64,10 +67,20 @@ def sweep_doc(runs: list[dict], axis: str, values: list | dict, slo: str = "") -
     highest level that holds by the tune's capacity rule, each level's verdict and what is undecided."""
     from m3ctl.bench.runner import SCHEMA_VERSION  # noqa: PLC0415
 
-    levels = [{"input_len": r.get("input_len_requested"), "output_len": r.get("output_len_requested"),
-               "concurrency": r.get("max_concurrency")} for r in runs]
-    skipped = [{**s, "reason": r["sweep_stop"]["reason"], "after": lv}
-               for r, lv in zip(runs, levels, strict=True) if r.get("sweep_stop") for s in r["sweep_stop"]["skipped"]]
+    levels = [
+        {
+            "input_len": r.get("input_len_requested"),
+            "output_len": r.get("output_len_requested"),
+            "concurrency": r.get("max_concurrency"),
+        }
+        for r in runs
+    ]
+    skipped = [
+        {**s, "reason": r["sweep_stop"]["reason"], "after": lv}
+        for r, lv in zip(runs, levels, strict=True)
+        if r.get("sweep_stop")
+        for s in r["sweep_stop"]["skipped"]
+    ]
     sweep: dict = {"axis": axis, "values": values, "levels": levels, "skipped": skipped}
     if slo and slo.strip() and axis == "concurrency":
         from m3ctl.tune.capacity import sweep_capacity  # noqa: PLC0415
@@ -79,14 +92,17 @@ def sweep_doc(runs: list[dict], axis: str, values: list | dict, slo: str = "") -
 
 def capacity_lines(cap: dict) -> list[str]:
     """Human lines of a sweep's ``capacity`` (:func:`sweep_doc`): the capacity, then each level's verdict."""
-    head = (f"capacity under SLO {cap['slo']}: " + (f"c={cap['capacity']}" if cap["capacity"] is not None
-                                                     else "no level holds"))
+    head = f"capacity under SLO {cap['slo']}: " + (
+        f"c={cap['capacity']}" if cap["capacity"] is not None else "no level holds"
+    )
     out = [head + f" (rule: {cap['rule']['text']})"]
     for lv in cap["levels"]:
         out.append(f"  c={lv['concurrency']}: {lv['state']}: {lv['confidence']}")
     if cap["undecided"]:
-        out.append(f"  undecided levels need {cap['rule']['min_repeats']} runs each: repeat them, e.g. --concurrency "
-                   + ",".join(str(c) for c in cap["undecided"] for _ in range(cap["rule"]["min_repeats"])))
+        out.append(
+            f"  undecided levels need {cap['rule']['min_repeats']} runs each: repeat them, e.g. --concurrency "
+            + ",".join(str(c) for c in cap["undecided"] for _ in range(cap["rule"]["min_repeats"]))
+        )
     return out
 
 
@@ -153,11 +169,12 @@ VALIDITY_CLASSES = ("clean", "warnings", "invalid", "unchecked")
 #: grey square.
 RUN_STYLES: dict[str, tuple[str, dict]] = {
     "clean": ("valid", {"marker": "o", "facecolors": "tab:blue", "edgecolors": "tab:blue"}),
-    "warnings": ("valid, with warnings", {"marker": "o", "facecolors": "none", "edgecolors": "tab:orange",
-                                          "linewidths": 1.5}),
+    "warnings": (
+        "valid, with warnings",
+        {"marker": "o", "facecolors": "none", "edgecolors": "tab:orange", "linewidths": 1.5},
+    ),
     "invalid": ("BENCH-INVALID", {"marker": "x", "c": "0.6"}),
-    "unchecked": ("no validity verdict (not an m3ctl run)", {"marker": "s", "facecolors": "none",
-                                                             "edgecolors": "0.4"}),
+    "unchecked": ("no validity verdict (not an m3ctl run)", {"marker": "s", "facecolors": "none", "edgecolors": "0.4"}),
 }
 
 
@@ -242,16 +259,24 @@ def pareto_figure(runs: list[dict], x_axis: str = "inferencex-median", title: st
         c = r.get("max_concurrency")
         labels.append(f"c={c}" if c else f"{r.get('request_rate')} req/s")
     if not pts:
-        raise BadInput("no run has the metrics for a Pareto chart",
-                       "runs need output lengths above 1 token and a measured TPOT (not streamed in bursts), "
-                       "or use --plot-x agentx-p90")
+        raise BadInput(
+            "no run has the metrics for a Pareto chart",
+            "runs need output lengths above 1 token and a measured TPOT (not streamed in bursts), "
+            "or use --plot-x agentx-p90",
+        )
     ok = [i for i, c in enumerate(classes) if c != "invalid"]
     front = [ok[j] for j in pareto_front([pts[i] for i in ok])]
     fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
     scatter_by_validity(ax, [p[0] for p in pts], [p[1] for p in pts], classes, zorder=3)
     if front:
-        ax.plot([pts[i][0] for i in front], [pts[i][1] for i in front], "-", color="tab:blue",
-                label="Pareto frontier (valid runs)", zorder=2)
+        ax.plot(
+            [pts[i][0] for i in front],
+            [pts[i][1] for i in front],
+            "-",
+            color="tab:blue",
+            label="Pareto frontier (valid runs)",
+            zorder=2,
+        )
     for (x, y), lab in zip(pts, labels, strict=True):
         ax.annotate(lab, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
     ax.set_xlabel(xlabel)
@@ -280,8 +305,10 @@ COMPARE_ROWS = [
     ("file", lambda r: Path(r.get("_file", "")).name),
     ("label", lambda r: r.get("label")),
     ("concurrency / rate", lambda r: f"{r.get('max_concurrency')} / {r.get('request_rate')}"),
-    ("input / output tokens", lambda r: "trace" if r.get("trace") else
-     f"{r.get('input_len_requested')} / {r.get('output_len_requested')}"),
+    (
+        "input / output tokens",
+        lambda r: "trace" if r.get("trace") else f"{r.get('input_len_requested')} / {r.get('output_len_requested')}",
+    ),
     ("completed / failed", lambda r: f"{r['completed']} / {r['failed']}"),
     ("valid", lambda r: (r.get("validity") or {}).get("valid")),
     ("output tok/s", lambda r: r["output_throughput"]),
@@ -291,8 +318,12 @@ COMPARE_ROWS = [
     ("median TPOT ms", _unmeasured_or("tpot", lambda r: r.get("median_tpot_ms"))),
     ("p99 ITL ms (per chunk)", _unmeasured_or("itl", lambda r: r.get("p99_itl_ms"))),
     ("p99 ITL ms (per token)", _unmeasured_or("itl", lambda r: (r.get("per_token_itl") or {}).get("p99_ms"))),
-    ("median intvty 1000/TPOT", _unmeasured_or("tpot", lambda r: ((r.get("interactivity") or {}).get(
-        "inferencex_1000_over_tpot") or {}).get("median"))),
+    (
+        "median intvty 1000/TPOT",
+        _unmeasured_or(
+            "tpot", lambda r: ((r.get("interactivity") or {}).get("inferencex_1000_over_tpot") or {}).get("median")
+        ),
+    ),
     ("p90 e2e-norm intvty", lambda r: ((r.get("interactivity") or {}).get("agentx_e2e_normalized") or {}).get("p90")),
     ("tokens per USD", lambda r: (r.get("cost") or {}).get("total_tokens_per_usd")),
     ("output tokens per J", lambda r: (r.get("energy") or {}).get("output_tokens_per_joule")),
@@ -302,6 +333,7 @@ COMPARE_ROWS = [
 
 def compare_table(runs: list[dict]) -> list[list[str]]:
     """Rows (metric, run1, run2, ...) for a side-by-side comparison."""
+
     def fmt(v) -> str:
         if v is None:
             return "-"
@@ -321,8 +353,10 @@ def compare_renderables(runs: list[dict]) -> list:
 
     rows = [r for r in compare_table(runs) if r[0] not in ("file", "label")]
     cols = [(f"#{i + 1}", [escape(r[i + 1]) for r in rows]) for i in range(len(runs))]
-    legend = [Text(f"#{i + 1} {Path(r.get('_file', '')).name}" + (f" ({r['label']})" if r.get("label") else ""))
-              for i, r in enumerate(runs)]
+    legend = [
+        Text(f"#{i + 1} {Path(r.get('_file', '')).name}" + (f" ({r['label']})" if r.get("label") else ""))
+        for i, r in enumerate(runs)
+    ]
     return [FitTable("m3ctl bench: runs side by side", "metric", [escape(r[0]) for r in rows], cols), *legend]
 
 
@@ -340,8 +374,14 @@ class FitTable:
         columns: (header, cells) per value column, one cell per row (rich markup), right-aligned.
     """
 
-    def __init__(self, title: str, label_header: str, labels: list[str], columns: list[tuple[str, list[str]]],
-                 label_min: int = 14):
+    def __init__(
+        self,
+        title: str,
+        label_header: str,
+        labels: list[str],
+        columns: list[tuple[str, list[str]]],
+        label_min: int = 14,
+    ):
         self.title, self.label_header, self.labels, self.columns = title, label_header, labels, columns
         self.label_min = label_min
 
@@ -408,19 +448,27 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
 
     done = res.get("completed", 0) > 0
     wl, v = res.get("workload") or {}, res["validity"]
-    lens = (f"{res['input_len_requested']}/{res['output_len_requested']} tokens in/out, "
-            if res.get("input_len_requested") is not None else "")
-    title = (f"m3ctl bench: {res['model_id']} ({res['backend']}, {wl.get('kind')}, {lens}concurrency "
-             f"{res['max_concurrency']}, rate {res['request_rate']})")
+    lens = (
+        f"{res['input_len_requested']}/{res['output_len_requested']} tokens in/out, "
+        if res.get("input_len_requested") is not None
+        else ""
+    )
+    title = (
+        f"m3ctl bench: {res['model_id']} ({res['backend']}, {wl.get('kind')}, {lens}concurrency "
+        f"{res['max_concurrency']}, rate {res['request_rate']})"
+    )
     t = Table(title=escape(title))
     t.add_column("metric", overflow="fold", ratio=1)
     t.add_column("value", justify="right", no_wrap=True)
-    rows = [("successful requests", f"{res['completed']}"), ("failed requests", f"{res['failed']}"),
-            ("duration (s)", f"{res['duration']:.2f}"),
-            ("request throughput (req/s)", f"{res['request_throughput']:.2f}"),
-            ("output token throughput (tok/s)", f"{res['output_throughput']:.1f}"),
-            ("total token throughput (tok/s)", f"{res['total_token_throughput']:.1f}"),
-            ("input / output tokens (server usage)", f"{res['total_input_tokens']} / {res['total_output_tokens']}")]
+    rows = [
+        ("successful requests", f"{res['completed']}"),
+        ("failed requests", f"{res['failed']}"),
+        ("duration (s)", f"{res['duration']:.2f}"),
+        ("request throughput (req/s)", f"{res['request_throughput']:.2f}"),
+        ("output token throughput (tok/s)", f"{res['output_throughput']:.1f}"),
+        ("total token throughput (tok/s)", f"{res['total_token_throughput']:.1f}"),
+        ("input / output tokens (server usage)", f"{res['total_input_tokens']} / {res['total_output_tokens']}"),
+    ]
     miss = res.get("unmeasured") or {}
     if res.get("request_goodput") is not None:
         rows.append(("goodput (req/s)", f"{res['request_goodput']:.2f}"))
@@ -428,16 +476,29 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
         rows.append(("goodput (req/s)", na(miss, "request_goodput")))
     if tr := res.get("trace"):
         lag = tr["timing_fidelity"]["send_lag_ms"]
-        rows.append((f"trace records / span (s, time scale x{tr['time_scale']:g})",
-                     f"{tr['records']} / {tr['duration_s']:.1f}"))
-        rows.append(("trace send lag p50 / p99 / max (ms)", "n/a" if lag["p99"] is None else
-                     f"{lag['p50']:.1f} / {lag['p99']:.1f} / {lag['max']:.1f}"))
+        rows.append(
+            (f"trace records / span (s, time scale x{tr['time_scale']:g})", f"{tr['records']} / {tr['duration_s']:.1f}")
+        )
+        rows.append(
+            (
+                "trace send lag p50 / p99 / max (ms)",
+                "n/a" if lag["p99"] is None else f"{lag['p50']:.1f} / {lag['p99']:.1f} / {lag['max']:.1f}",
+            )
+        )
     if pg := res.get("per_gpu"):
-        rows.append((f"tok/s per GPU total / output ({pg['num_gpus']} GPUs)",
-                     f"{pg['tput_per_gpu']:.1f} / {pg['output_tput_per_gpu']:.1f}"))
+        rows.append(
+            (
+                f"tok/s per GPU total / output ({pg['num_gpus']} GPUs)",
+                f"{pg['tput_per_gpu']:.1f} / {pg['output_tput_per_gpu']:.1f}",
+            )
+        )
     if c := res.get("cost"):
-        rows.append((f"USD per M total tokens / tokens per USD (${c['usd_per_gpu_hour']}/GPU-h)",
-                     f"{c['usd_per_m_total_tokens']:.4g} / {c['total_tokens_per_usd']:,.0f}"))
+        rows.append(
+            (
+                f"USD per M total tokens / tokens per USD (${c['usd_per_gpu_hour']}/GPU-h)",
+                f"{c['usd_per_m_total_tokens']:.4g} / {c['total_tokens_per_usd']:,.0f}",
+            )
+        )
     rows += energy_rows(res.get("energy"))
     ix = res.get("interactivity") or {}
     if done and ix.get("inferencex_1000_over_tpot"):
@@ -452,17 +513,35 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
         if sm.get("prefix_cache_hit_rate") is not None:
             rows.append(("server prefix cache hit rate", f"{sm['prefix_cache_hit_rate']:.1%}"))
         if sm.get("spec_decode_acceptance_length") is not None:
-            rows.append(("server spec acceptance rate / length",
-                         f"{sm['spec_decode_acceptance_rate']:.1%} / {sm['spec_decode_acceptance_length']:.2f}"))
+            rows.append(
+                (
+                    "server spec acceptance rate / length",
+                    f"{sm['spec_decode_acceptance_rate']:.1%} / {sm['spec_decode_acceptance_length']:.2f}",
+                )
+            )
         rows.append(("server preemptions", f"{sm['preemptions']}"))
     if ag := res.get("agentic"):
         rows.append(("sessions completed", f"{ag['sessions_completed']} / {ag['sessions_started']}"))
         if ag["session_latency"]["mean_s"] is not None:
-            rows.append(("session latency mean / p90 (s)",
-                         f"{ag['session_latency']['mean_s']:.2f} / {ag['session_latency']['p90_s']:.2f}"))
+            rows.append(
+                (
+                    "session latency mean / p90 (s)",
+                    f"{ag['session_latency']['mean_s']:.2f} / {ag['session_latency']['p90_s']:.2f}",
+                )
+            )
     gaps = "/".join(m.upper() for m in ("tpot", "itl") if m in miss)
-    rows.append(("valid", ("[red]BENCH-INVALID[/]" if not v["valid"] else
-                           f"yes, {gaps} {escape(na(miss, 'tpot' if 'tpot' in miss else 'itl'))}" if gaps else "yes")))
+    rows.append(
+        (
+            "valid",
+            (
+                "[red]BENCH-INVALID[/]"
+                if not v["valid"]
+                else f"yes, {gaps} {escape(na(miss, 'tpot' if 'tpot' in miss else 'itl'))}"
+                if gaps
+                else "yes"
+            ),
+        )
+    )
     for r in rows:
         t.add_row(escape(r[0]), r[1])
 
@@ -497,14 +576,20 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
             row("TTFA (first answer token)", res["ttfa"])
     if (res.get("load") or {}).get("mode") in ("open", "open-capped", "trace", "trace-capped"):
         row("E2E latency from schedule *", res.get("e2el_from_schedule"))
-        notes.append("* from when the arrival process scheduled the request, so time queued in the client "
-                     "counts (coordinated omission); E2E latency starts at the send")
+        notes.append(
+            "* from when the arrival process scheduled the request, so time queued in the client "
+            "counts (coordinated omission); E2E latency starts at the send"
+        )
     if not done:
         notes.append("n/a: no request succeeded")
     if (en := res.get("energy")) is not None and en.get("joules") is None:
         notes.append(f"energy: n/a ({escape(str(en.get('reason')))})")
-    lt = FitTable("latency (ms)", "metric", [escape(label) for label, _ in lrows],
-                  [(head, [cells[j] for _, cells in lrows]) for j, (head, _) in enumerate(cols)])
+    lt = FitTable(
+        "latency (ms)",
+        "metric",
+        [escape(label) for label, _ in lrows],
+        [(head, [cells[j] for _, cells in lrows]) for j, (head, _) in enumerate(cols)],
+    )
     return [t, lt], notes + [f"[yellow]warning:[/] {escape(w)}" for w in v.get("warnings", [])]
 
 
@@ -514,9 +599,14 @@ def energy_rows(en: dict | None) -> list[tuple[str, str]]:
     if not en or en.get("joules") is None:
         return []
     gpus = ",".join(map(str, en["gpus"]))
-    rows = [(f"energy J / mean W per GPU ({en['source']}, GPU {gpus})",
-             f"{en['joules']:,.1f} / {en['avg_w_per_gpu']:.1f}")]
+    rows = [
+        (f"energy J / mean W per GPU ({en['source']}, GPU {gpus})", f"{en['joules']:,.1f} / {en['avg_w_per_gpu']:.1f}")
+    ]
     if en.get("joules_per_output_token") is not None:
-        rows.append(("J per output token / output tokens per J",
-                     f"{en['joules_per_output_token']:.4g} / {en['output_tokens_per_joule']:.4g}"))
+        rows.append(
+            (
+                "J per output token / output tokens per J",
+                f"{en['joules_per_output_token']:.4g} / {en['output_tokens_per_joule']:.4g}",
+            )
+        )
     return rows

@@ -140,9 +140,11 @@ def _tokenizer(cfg: BenchConfig) -> Tokenizer:
     if has:
         return st
     st.close()
-    raise BadInput(f"cannot build exact-length prompts: {cfg.url} has no /tokenize endpoint (a vLLM/SGLang/"
-                   "llama.cpp extension, not OpenAI API) and no local tokenizer was given",
-                   "pass --tokenizer DIR (the served model's directory with tokenizer.json)")
+    raise BadInput(
+        f"cannot build exact-length prompts: {cfg.url} has no /tokenize endpoint (a vLLM/SGLang/"
+        "llama.cpp extension, not OpenAI API) and no local tokenizer was given",
+        "pass --tokenizer DIR (the served model's directory with tokenizer.json)",
+    )
 
 
 def _check_reachable(cfg: BenchConfig) -> None:
@@ -157,15 +159,17 @@ def _check_reachable(cfg: BenchConfig) -> None:
     try:
         r = httpx.get(f"{cfg.url}/v1/models", headers=_headers(cfg), timeout=10.0)
     except httpx.HTTPError as e:
-        raise BadInput(f"cannot reach {cfg.url}: {type(e).__name__}",
-                       "check --url (and that the server is up: `m3ctl status`)") from None
+        raise BadInput(
+            f"cannot reach {cfg.url}: {type(e).__name__}", "check --url (and that the server is up: `m3ctl status`)"
+        ) from None
     if r.status_code in (401, 403):  # a keyed server: no run of failed requests, one line naming the key
         from m3ctl.errors import Unauthorised  # noqa: PLC0415
 
-        raise Unauthorised(f"{cfg.url} answered {r.status_code}: the server requires an API key and "
-                           + ("this one was refused" if _headers(cfg) else "none was sent"),
-                           "set OPENAI_API_KEY or VLLM_API_KEY (bench --deployment: the variable its launch took "
-                           "the key from)")
+        raise Unauthorised(
+            f"{cfg.url} answered {r.status_code}: the server requires an API key and "
+            + ("this one was refused" if _headers(cfg) else "none was sent"),
+            "set OPENAI_API_KEY or VLLM_API_KEY (bench --deployment: the variable its launch took the key from)",
+        )
     try:
         ids = [m["id"] for m in r.json()["data"]]
     except (ValueError, KeyError, TypeError):
@@ -180,8 +184,10 @@ def _check_reachable(cfg: BenchConfig) -> None:
     except httpx.HTTPError:
         return
     if probe.status_code in (400, 404):  # the server rejects the name (others ignore it, e.g. llama.cpp)
-        raise BadInput(f"{cfg.url} does not serve model {cfg.model!r}; it serves: {', '.join(ids)}",
-                       f"pass --model {ids[0]}" if len(ids) == 1 else "pass --model with one of them")
+        raise BadInput(
+            f"{cfg.url} does not serve model {cfg.model!r}; it serves: {', '.join(ids)}",
+            f"pass --model {ids[0]}" if len(ids) == 1 else "pass --model with one of them",
+        )
 
 
 def _headers(cfg: BenchConfig) -> dict[str, str]:
@@ -192,8 +198,9 @@ def _headers(cfg: BenchConfig) -> dict[str, str]:
 
 def build_requests(cfg: BenchConfig, tok: Tokenizer, salt: str | None = None) -> list[BenchRequest]:
     """The random workload: seeded lengths per request and prompts of exactly those token counts."""
-    return workloads.random_workload(tok, cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.range_ratio,
-                                     cfg.range_convention, cfg.seed, salt)
+    return workloads.random_workload(
+        tok, cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.range_ratio, cfg.range_convention, cfg.seed, salt
+    )
 
 
 #: Warmup requests per run with ``warmup`` on and no ``concurrency`` (an open loop without a cap).
@@ -333,8 +340,13 @@ async def _stall_watch(cfg: BenchConfig, task: asyncio.Task, stats: ClientStats,
         idle = time.perf_counter() - max(PROGRESS.last, busy[1])
         w = stall_window(cfg.stall_floor_s, PROGRESS.max_gap, PROGRESS.max_ttft)
         if idle >= w:
-            stats.stalled = {"window_s": w, "idle_s": idle, "in_flight": busy[0],
-                             "max_chunk_gap_ms": 1000 * PROGRESS.max_gap, "max_ttft_ms": 1000 * PROGRESS.max_ttft}
+            stats.stalled = {
+                "window_s": w,
+                "idle_s": idle,
+                "in_flight": busy[0],
+                "max_chunk_gap_ms": 1000 * PROGRESS.max_gap,
+                "max_ttft_ms": 1000 * PROGRESS.max_ttft,
+            }
             task.cancel()
             return
 
@@ -346,8 +358,9 @@ async def _lag_monitor(samples: list[float], period: float = 0.01) -> None:
         samples.append(time.perf_counter() - t - period)
 
 
-async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[BenchRequest] | None = None,
-                 before=None) -> tuple[list[RequestOutput], ClientStats, float]:
+async def _drive(
+    cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[BenchRequest] | None = None, before=None
+) -> tuple[list[RequestOutput], ClientStats, float]:
     """Run one process's share: list mode (random/dataset/prefix) or agentic lanes.
 
     Warmups run first in the same session, so the measured run starts on warm connections. ``t0``
@@ -359,8 +372,9 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
     outs: list[RequestOutput] = []
     stats = ClientStats()
     lags: list[float] = []
-    async with aiohttp.ClientSession(connector=conn, timeout=timeout, trust_env=False,
-                                     read_bufsize=1 << 20, auto_decompress=False) as session:
+    async with aiohttp.ClientSession(
+        connector=conn, timeout=timeout, trust_env=False, read_bufsize=1 << 20, auto_decompress=False
+    ) as session:
         mon = asyncio.create_task(_lag_monitor(lags))
 
         pool = ConnectionPool(cfg.url, headers, cfg.request_timeout_s) if cfg.http_client == "fast" else None
@@ -384,18 +398,44 @@ async def _drive(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[Be
 
         async def _send(req: BenchRequest, due: float, keep_text: bool = False) -> RequestOutput:
             nonlocal refused
-            body = build_body(cfg.model, cfg.endpoint, req, ignore_eos=cfg.ignore_eos, temperature=cfg.temperature,
-                              continuous_usage=cfg.continuous_usage)
+            body = build_body(
+                cfg.model,
+                cfg.endpoint,
+                req,
+                ignore_eos=cfg.ignore_eos,
+                temperature=cfg.temperature,
+                continuous_usage=cfg.continuous_usage,
+            )
             if emit is not None:
                 emit(("s", time.perf_counter()))
             if pool is None:
-                o = await send_request(session, cfg.url, cfg.endpoint, cfg.model, req, ignore_eos=cfg.ignore_eos,
-                                       headers=headers, scheduled_time=due, keep_text=keep_text, body=body)
+                o = await send_request(
+                    session,
+                    cfg.url,
+                    cfg.endpoint,
+                    cfg.model,
+                    req,
+                    ignore_eos=cfg.ignore_eos,
+                    headers=headers,
+                    scheduled_time=due,
+                    keep_text=keep_text,
+                    body=body,
+                )
             else:
                 c = pool.acquire()
                 try:
-                    o = await send_request(c, cfg.url, cfg.endpoint, cfg.model, req, ignore_eos=cfg.ignore_eos,
-                                           headers=headers, scheduled_time=due, keep_text=keep_text, body=body)
+                    o = await send_request(
+                        c,
+                        cfg.url,
+                        cfg.endpoint,
+                        cfg.model,
+                        req,
+                        ignore_eos=cfg.ignore_eos,
+                        headers=headers,
+                        scheduled_time=due,
+                        keep_text=keep_text,
+                        body=body,
+                    )
                 finally:
                     pool.release(c)
             if emit is not None:
@@ -519,8 +559,9 @@ async def _open_loop(job: _Job, send, outs: list, t0: float, deadline: float | N
     await asyncio.gather(*tasks)
 
 
-async def _agentic_lanes(cfg: BenchConfig, job: _Job, send, outs: list, stats: ClientStats,
-                         deadline: float | None) -> None:
+async def _agentic_lanes(
+    cfg: BenchConfig, job: _Job, send, outs: list, stats: ClientStats, deadline: float | None
+) -> None:
     """``concurrency`` lanes, each running whole sessions turn by turn; a finished session frees its lane."""
     queue = list(job.sessions)
     queue.reverse()
@@ -559,8 +600,7 @@ async def _agentic_lanes(cfg: BenchConfig, job: _Job, send, outs: list, stats: C
     await asyncio.gather(*(lane() for _ in range(job.concurrency or 1)))
 
 
-def _drive_sync(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[BenchRequest] | None = None,
-                before=None):
+def _drive_sync(cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[BenchRequest] | None = None, before=None):
     """:func:`_drive` on a new event loop (uvloop when installed). In a thread whose loop is already running
     (a Jupyter cell), that loop cannot be re-entered: the run gets its own loop in a worker thread, and a Ctrl-C
     (KeyboardInterrupt) while waiting for it stops it as in a worker process (``_STOP``): partial results."""
@@ -591,13 +631,13 @@ def _split(cfg: BenchConfig, job: _Job, procs: int) -> list[_Job]:
     shares = []
     for p in range(procs):
         c = None if conc is None else conc // procs + (1 if p < conc % procs else 0)
-        shares.append(_Job(items=job.items[p::procs], concurrency=c, sessions=job.sessions[p::procs],
-                           cycle=job.cycle))
+        shares.append(_Job(items=job.items[p::procs], concurrency=c, sessions=job.sessions[p::procs], cycle=job.cycle))
     return [s for s in shares if (s.items or s.sessions) and (s.concurrency is None or s.concurrency > 0)]
 
 
-def _execute(cfg: BenchConfig, job: _Job, warmups: list[BenchRequest], before=None, progress=None
-             ) -> tuple[list[RequestOutput], float, list[ClientStats]]:
+def _execute(
+    cfg: BenchConfig, job: _Job, warmups: list[BenchRequest], before=None, progress=None
+) -> tuple[list[RequestOutput], float, list[ClientStats]]:
     """Run warmups then the measured phase; returns outputs, duration (first dispatch to last completion), stats.
 
     Several processes: each warms its own connections with its share of the warmups, then all start
@@ -623,8 +663,9 @@ def _execute(cfg: BenchConfig, job: _Job, warmups: list[BenchRequest], before=No
             progress.attach(q)
         with ctx.Pool(len(jobs), initializer=_worker_init, initargs=(q, stop)) as pool:
             t0 = time.perf_counter() + 0.8 + (3.0 if warmups else 0.0)
-            pending = pool.starmap_async(_drive_sync, [(cfg, j, t0, warmups[p::len(jobs)])
-                                                       for p, j in enumerate(jobs)])
+            pending = pool.starmap_async(
+                _drive_sync, [(cfg, j, t0, warmups[p :: len(jobs)]) for p, j in enumerate(jobs)]
+            )
             try:
                 if before is not None:
                     # /metrics can take 100+ ms to render on a busy host: snapshot well before t0
@@ -643,52 +684,95 @@ def _execute(cfg: BenchConfig, job: _Job, warmups: list[BenchRequest], before=No
     return outs, dur, stats
 
 
-def _build_job(cfg: BenchConfig, tok: Tokenizer, salt: str | None = None, block: int | None = None
-               ) -> tuple[_Job, dict]:
+def _build_job(
+    cfg: BenchConfig, tok: Tokenizer, salt: str | None = None, block: int | None = None
+) -> tuple[_Job, dict]:
     """The measured phase's job and the ``workload`` result block (prompt text drawn with ``salt``).
 
     ``workload.prefix_cache_expected_hit``: the fraction of input tokens the workload means a prefix cache to
     serve (0 for random and dataset; prefix-repetition's from its shape; agentic: set after the run)."""
-    wl: dict = {"kind": cfg.workload, "endpoint": cfg.endpoint, "ignore_eos": cfg.ignore_eos, "seed": cfg.seed,
-                "prompt_salt": salt, "temperature": cfg.temperature}
+    wl: dict = {
+        "kind": cfg.workload,
+        "endpoint": cfg.endpoint,
+        "ignore_eos": cfg.ignore_eos,
+        "seed": cfg.seed,
+        "prompt_salt": salt,
+        "temperature": cfg.temperature,
+    }
     n = cfg.num_prompts
     if cfg.trace_path:
         tr = traces.load(cfg.trace_path)
         reqs = traces.requests(tok, tr, cfg.seed, salt)
-        wl.update(kind="trace", trace_path=tr.path, records=len(tr.records), time_scale=cfg.trace_time_scale,
-                  isl_median=traces.median_input_len(tr), osl_median=int(np.median([r.output_len for r in tr.records])),
-                  prefix_groups=len(tr.prefix_lens),
-                  prefix_cache_expected_hit=traces.expected_prefix_hit(tr, reqs, block), _trace=tr)
+        wl.update(
+            kind="trace",
+            trace_path=tr.path,
+            records=len(tr.records),
+            time_scale=cfg.trace_time_scale,
+            isl_median=traces.median_input_len(tr),
+            osl_median=int(np.median([r.output_len for r in tr.records])),
+            prefix_groups=len(tr.prefix_lens),
+            prefix_cache_expected_hit=traces.expected_prefix_hit(tr, reqs, block),
+            _trace=tr,
+        )
         items = list(zip(reqs, tr.offsets(cfg.trace_time_scale), strict=True))
         return _Job(items=items, concurrency=cfg.concurrency), wl
     if cfg.workload == "random":
         reqs = build_requests(cfg, tok, salt)
-        wl.update(isl=cfg.input_len, osl=cfg.output_len, range_ratio=cfg.range_ratio,
-                  range_semantics={"vllm": "vllm[L(1-r),L(1+r)]", "inferencex": "inferencex[r*L,L]"}.get(
-                      cfg.range_convention, cfg.range_convention), prefix_cache_expected_hit=0.0)
+        wl.update(
+            isl=cfg.input_len,
+            osl=cfg.output_len,
+            range_ratio=cfg.range_ratio,
+            range_semantics={"vllm": "vllm[L(1-r),L(1+r)]", "inferencex": "inferencex[r*L,L]"}.get(
+                cfg.range_convention, cfg.range_convention
+            ),
+            prefix_cache_expected_hit=0.0,
+        )
     elif cfg.workload == "dataset":
         if not cfg.dataset_path:
             raise BadInput("--workload dataset needs --dataset-path FILE", "pass a ShareGPT JSON or JSONL file")
-        reqs = workloads.dataset_workload(tok, cfg.dataset_path, n, cfg.seed, cfg.dataset_output_len,
-                                          cfg.max_model_len, salt)
-        wl.update(dataset_path=str(cfg.dataset_path), output_len="forced" if cfg.dataset_output_len else "reference",
-                  prefix_cache_expected_hit=0.0)
+        reqs = workloads.dataset_workload(
+            tok, cfg.dataset_path, n, cfg.seed, cfg.dataset_output_len, cfg.max_model_len, salt
+        )
+        wl.update(
+            dataset_path=str(cfg.dataset_path),
+            output_len="forced" if cfg.dataset_output_len else "reference",
+            prefix_cache_expected_hit=0.0,
+        )
     elif cfg.workload == "prefix-repetition":
-        reqs, exp = workloads.prefix_repetition_workload(tok, n, cfg.num_prefixes, cfg.prefix_len, cfg.input_len,
-                                                         cfg.output_len, cfg.seed, salt, block)
-        wl.update(num_prefixes=cfg.num_prefixes, prefix_len=cfg.prefix_len, suffix_len=cfg.input_len,
-                  osl=cfg.output_len, prefix_cache_expected_hit=exp)
+        reqs, exp = workloads.prefix_repetition_workload(
+            tok, n, cfg.num_prefixes, cfg.prefix_len, cfg.input_len, cfg.output_len, cfg.seed, salt, block
+        )
+        wl.update(
+            num_prefixes=cfg.num_prefixes,
+            prefix_len=cfg.prefix_len,
+            suffix_len=cfg.input_len,
+            osl=cfg.output_len,
+            prefix_cache_expected_hit=exp,
+        )
     elif cfg.workload == "agentic":
         if not cfg.concurrency:
-            raise BadInput("--workload agentic needs --concurrency (the number of session lanes)",
-                           "e.g. --concurrency 4")
-        spec = workloads.AgenticSpec(prefix_len=cfg.prefix_len, first_len=cfg.input_len,
-                                     turn_input_len=cfg.turn_input_len, turns=cfg.turns, think_time_s=cfg.think_time_s)
+            raise BadInput(
+                "--workload agentic needs --concurrency (the number of session lanes)", "e.g. --concurrency 4"
+            )
+        spec = workloads.AgenticSpec(
+            prefix_len=cfg.prefix_len,
+            first_len=cfg.input_len,
+            turn_input_len=cfg.turn_input_len,
+            turns=cfg.turns,
+            think_time_s=cfg.think_time_s,
+        )
         ns = cfg.num_sessions or 2 * cfg.concurrency
         sessions = workloads.agentic_sessions(tok, spec, ns, cfg.output_len, cfg.seed, salt)
-        wl.update(sessions=ns, lanes=cfg.concurrency, turns=cfg.turns, prefix_len=cfg.prefix_len,
-                  first_len=cfg.input_len, turn_input_len=cfg.turn_input_len, osl=cfg.output_len,
-                  think_time_s_mean=cfg.think_time_s)
+        wl.update(
+            sessions=ns,
+            lanes=cfg.concurrency,
+            turns=cfg.turns,
+            prefix_len=cfg.prefix_len,
+            first_len=cfg.input_len,
+            turn_input_len=cfg.turn_input_len,
+            osl=cfg.output_len,
+            think_time_s_mean=cfg.think_time_s,
+        )
         return _Job(items=[], concurrency=cfg.concurrency, sessions=sessions), wl
     else:
         raise BadInput(f"unknown workload {cfg.workload!r}", f"use one of {', '.join(workloads.KINDS)}")
@@ -720,23 +804,34 @@ def validate(cfg: BenchConfig) -> None:
         import difflib  # noqa: PLC0415
 
         close = difflib.get_close_matches(cfg.workload, workloads.KINDS, n=1)
-        raise BadInput(f"unknown workload {cfg.workload!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
-                       f"use one of {', '.join(workloads.KINDS)}")
+        raise BadInput(
+            f"unknown workload {cfg.workload!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+            f"use one of {', '.join(workloads.KINDS)}",
+        )
     if cfg.http_client not in ("fast", "aiohttp"):
         raise BadInput(f"unknown http client {cfg.http_client!r}", "use --http-client fast or aiohttp")
     n = len(traces.check(cfg).records) if cfg.trace_path else cfg.num_prompts
     if cfg.duration_s and math.isinf(cfg.request_rate) and not cfg.concurrency:
-        raise BadInput("--duration needs --concurrency or a finite --request-rate",
-                       "e.g. --duration 60 --concurrency 8")
+        raise BadInput(
+            "--duration needs --concurrency or a finite --request-rate", "e.g. --duration 60 --concurrency 8"
+        )
     _check_url(cfg.url)
     if not cfg.trace_path:
         _check_sizes(cfg)
     if cfg.client_procs > max(n, cfg.concurrency or 1):
-        raise BadInput(f"--client-procs {cfg.client_procs} is more worker processes than requests "
-                       f"({max(n, cfg.concurrency or 1)})", "e.g. --client-procs 2")
+        raise BadInput(
+            f"--client-procs {cfg.client_procs} is more worker processes than requests "
+            f"({max(n, cfg.concurrency or 1)})",
+            "e.g. --client-procs 2",
+        )
     _check_files(cfg)
-    if cfg.goodput_slo_ms and (bad := {k: v for k, v in cfg.goodput_slo_ms.items()
-                                       if not (isinstance(v, int | float) and math.isfinite(v) and v > 0)}):
+    if cfg.goodput_slo_ms and (
+        bad := {
+            k: v
+            for k, v in cfg.goodput_slo_ms.items()
+            if not (isinstance(v, int | float) and math.isfinite(v) and v > 0)
+        }
+    ):
         k, v = next(iter(bad.items()))
         raise BadInput(f"--goodput {k}:{v}: a goodput limit is a finite number of ms > 0", "e.g. --goodput ttft:2000")
 
@@ -773,9 +868,12 @@ def _check_sizes(cfg: BenchConfig) -> None:
         per += cfg.turns * cfg.turn_input_len
     total = (cfg.num_prompts + cfg.num_warmups) * per
     if cfg.workload != "dataset" and total > MAX_RUN_PROMPT_TOKENS:
-        raise BadInput(f"the run would build {total:,} prompt tokens in memory before sending anything "
-                       f"((--num-prompts {cfg.num_prompts} + --num-warmups {cfg.num_warmups}) x {per:,} tokens); "
-                       f"at most {MAX_RUN_PROMPT_TOKENS:,}", "lower --num-prompts, --num-warmups or --input-len")
+        raise BadInput(
+            f"the run would build {total:,} prompt tokens in memory before sending anything "
+            f"((--num-prompts {cfg.num_prompts} + --num-warmups {cfg.num_warmups}) x {per:,} tokens); "
+            f"at most {MAX_RUN_PROMPT_TOKENS:,}",
+            "lower --num-prompts, --num-warmups or --input-len",
+        )
 
 
 def _check_files(cfg: BenchConfig) -> None:
@@ -800,14 +898,17 @@ def _check_files(cfg: BenchConfig) -> None:
     if cfg.dataset_path:  # a file given is read, whatever the workload
         p = Path(cfg.dataset_path)
         if not p.is_file():
-            raise BadInput(f"--dataset-path {p} is {'a directory' if p.is_dir() else 'not found'}",
-                           "pass --dataset-path FILE (ShareGPT JSON or JSONL)")
+            raise BadInput(
+                f"--dataset-path {p} is {'a directory' if p.is_dir() else 'not found'}",
+                "pass --dataset-path FILE (ShareGPT JSON or JSONL)",
+            )
         head_is_text(p, "--dataset-path", "pass a ShareGPT JSON or JSONL file (UTF-8)")
     if cfg.tokenizer:
         p = Path(cfg.tokenizer)
         if p.exists() and not p.is_dir():
-            raise BadInput(f"--tokenizer {p} is a file, not a directory", "pass the model directory that holds "
-                           "tokenizer.json")
+            raise BadInput(
+                f"--tokenizer {p} is a file, not a directory", "pass the model directory that holds tokenizer.json"
+            )
         if p.is_dir():
             if not (p / "tokenizer.json").is_file():
                 raise BadInput(f"no tokenizer.json in --tokenizer {p}", "pass the served model's directory")
@@ -886,8 +987,10 @@ def _one_run():
     process-wide. Raises BadInput for a second concurrent run (await runs one after the other). Yields a list of
     callables run at the end whatever happens (the run's samplers' stop)."""
     if not _RUN_LOCK.acquire(blocking=False):
-        raise BadInput("another bench run is in progress in this process",
-                       "await the running one first (runs in one process go one after the other)")
+        raise BadInput(
+            "another bench run is in progress in this process",
+            "await the running one first (runs in one process go one after the other)",
+        )
     cleanup: list = []
     try:
         yield cleanup
@@ -936,19 +1039,26 @@ def _prepare(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Prepared:
         _check_reachable(cfg)
     except BadInput as e:  # a deployment m3ctl knows whose engine is dead: say so, not "check --url"
         if e.message.startswith("cannot reach") and (died := engine_death(cfg)):
-            raise BenchServerDown(f"{e.message}: {died['sentence']}",
-                                  (f"{died['fix']}; " if died.get("fix") else "")
-                                  + f"`m3ctl logs {cfg.deployment}` shows its log") from None
+            raise BenchServerDown(
+                f"{e.message}: {died['sentence']}",
+                (f"{died['fix']}; " if died.get("fix") else "") + f"`m3ctl logs {cfg.deployment}` shows its log",
+            ) from None
         raise
     try:
         return _prepare_reachable(cfg, tok, sync_log)
     except (httpx.HTTPError, ConnectionError) as e:
         died = engine_death(cfg)
         what = died["sentence"] if died else f"server at {cfg.url} went away ({type(e).__name__})"
-        raise BenchServerDown(f"lost the server while bench prepared the prompts (nothing was measured): {what}",
-                              (died.get("fix") or "") + ("; " if died and died.get("fix") else "")
-                              + (f"`m3ctl logs {cfg.deployment}` shows its log" if cfg.deployment
-                                 else "check the server (`m3ctl status`, its log)")) from None
+        raise BenchServerDown(
+            f"lost the server while bench prepared the prompts (nothing was measured): {what}",
+            (died.get("fix") or "")
+            + ("; " if died and died.get("fix") else "")
+            + (
+                f"`m3ctl logs {cfg.deployment}` shows its log"
+                if cfg.deployment
+                else "check the server (`m3ctl status`, its log)"
+            ),
+        ) from None
 
 
 def _prepare_reachable(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Prepared:
@@ -961,14 +1071,22 @@ def _prepare_reachable(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Pr
     warmups: list[BenchRequest] = []
     if nw := warmup_count(cfg):
         if job.sessions:  # agentic: the run's shared system prefix (priming it is what the workload means)
-            warmups = [BenchRequest(prompt=job.sessions[0].system[0], prompt_len=job.sessions[0].system[1],
-                                    output_len=1)] * nw
+            warmups = [
+                BenchRequest(prompt=job.sessions[0].system[0], prompt_len=job.sessions[0].system[1], output_len=1)
+            ] * nw
         else:  # fresh prompts of the workload's shapes (vLLM sends copies of the first one: a cache hit later)
             # a trace: random prompts of its median shape
             shape = {"trace_path": None, "input_len": wl["isl_median"]} if cfg.trace_path else {}
-            wcfg = cfg.model_copy(update={"num_prompts": nw, "duration_s": None, "request_rate": math.inf, **shape,
-                                          "output_len": min(wl.get("osl_median", cfg.output_len), WARMUP_OUTPUT_LEN),
-                                          "dataset_output_len": WARMUP_OUTPUT_LEN})
+            wcfg = cfg.model_copy(
+                update={
+                    "num_prompts": nw,
+                    "duration_s": None,
+                    "request_rate": math.inf,
+                    **shape,
+                    "output_len": min(wl.get("osl_median", cfg.output_len), WARMUP_OUTPUT_LEN),
+                    "dataset_output_len": WARMUP_OUTPUT_LEN,
+                }
+            )
             warmups = [r for r, _ in _build_job(wcfg, tok, f"{salt}-warmup")[0].items]
     wl["warmups"] = len(warmups)
     scraped: dict = {}
@@ -987,8 +1105,14 @@ def _prepare_reachable(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Pr
 
     from m3ctl.bench.energy import EnergyMeter  # noqa: PLC0415
 
-    meter = EnergyMeter.for_run(power=cfg.power, power_gpus=cfg.power_gpus, deployment_gpus=cfg.deployment_gpus,
-                                deployment=cfg.deployment, url=cfg.url, interval_s=cfg.power_interval_s)
+    meter = EnergyMeter.for_run(
+        power=cfg.power,
+        power_gpus=cfg.power_gpus,
+        deployment_gpus=cfg.deployment_gpus,
+        deployment=cfg.deployment,
+        url=cfg.url,
+        interval_s=cfg.power_interval_s,
+    )
 
     def measured() -> None:  # the measured phase begins: power sampling first, then the counters' snapshot
         meter.start()
@@ -1012,22 +1136,40 @@ def _finish(prep: _Prepared, outs: list[RequestOutput], dur: float, cstats: list
         sent_out = sum(o.output_tokens or 0 for o in outs)
         for _ in range(10):
             after = servermetrics.scrape(cfg.url, _headers(cfg))
-            if after is None or (after.get("generation_tokens_total", 0) - before.get("generation_tokens_total", 0)
-                                 >= sent_out):
+            if after is None or (
+                after.get("generation_tokens_total", 0) - before.get("generation_tokens_total", 0) >= sent_out
+            ):
                 break
             time.sleep(0.2)
-    res = assemble(cfg, outs, dur, cstats, prep.wl, tok_name=getattr(tok, "name", None),
-                   server=servermetrics.deltas(before, after), jit=jit)
+    res = assemble(
+        cfg,
+        outs,
+        dur,
+        cstats,
+        prep.wl,
+        tok_name=getattr(tok, "name", None),
+        server=servermetrics.deltas(before, after),
+        jit=jit,
+    )
     if prep.meter is not None:  # GPU energy over the measured phase (m3ctl.bench.energy)
         from m3ctl.bench.energy import measured_window  # noqa: PLC0415
 
-        res["energy"] = prep.meter.block(measured_window(outs, dur), res["total_output_tokens"],
-                                         res["total_input_tokens"] + res["total_output_tokens"])
+        res["energy"] = prep.meter.block(
+            measured_window(outs, dur),
+            res["total_output_tokens"],
+            res["total_input_tokens"] + res["total_output_tokens"],
+        )
     sends = [o.start_time for o in outs if o.start_time]
-    res["server_queue"] = servermetrics.queue_trend(samples, min(sends), max(sends), cfg.concurrency,
-                                                    cfg.queue_sample_s) if samples is not None and sends else None
-    if (cfg.deployment and (res.get("failed") or res.get("server_down") or res.get("stalled"))
-            and (died := engine_death(cfg))):  # the requests failed because the engine died: say when and why
+    res["server_queue"] = (
+        servermetrics.queue_trend(samples, min(sends), max(sends), cfg.concurrency, cfg.queue_sample_s)
+        if samples is not None and sends
+        else None
+    )
+    if (
+        cfg.deployment
+        and (res.get("failed") or res.get("server_down") or res.get("stalled"))
+        and (died := engine_death(cfg))
+    ):  # the requests failed because the engine died: say when and why
         fails = [o.end_time for o in outs if not o.success and o.end_time]
         wall = time.time() - (time.perf_counter() - min(fails)) if fails else None
         _mark_engine_died(res, died, wall)
@@ -1066,7 +1208,8 @@ def _realign(cfg: BenchConfig, job: _Job, tok: Tokenizer, res: dict) -> None:
             res["validity"]["warnings"].append(
                 f"input tokens: the server's usage counted {100 * (ratio_usage - 1):+.1f}% against the client's "
                 f"count ({srv_in} vs {cli_in}) and it has no /tokenize to tell why (chat template? another "
-                "tokenizer?): the prompts may not be --input-len tokens; pass --tokenizer with the served model's")
+                "tokenizer?): the prompts may not be --input-len tokens; pass --tokenizer with the served model's"
+            )
             tc["realigned"] = {"source": None}
             return
         sample = [r for r, _ in job.items[:REALIGN_SAMPLE]]
@@ -1075,32 +1218,51 @@ def _realign(cfg: BenchConfig, job: _Job, tok: Tokenizer, res: dict) -> None:
         if cfg.endpoint == "chat" and st.dialect != "vllm":  # only vLLM's /tokenize renders chat messages
             sent = raw
         else:
-            sent = sum(st.count(messages=r.messages or [{"role": "user", "content": r.prompt}])
-                       if cfg.endpoint == "chat" else st.count(text=r.prompt, special=True) for r in sample)
+            sent = sum(
+                st.count(messages=r.messages or [{"role": "user", "content": r.prompt}])
+                if cfg.endpoint == "chat"
+                else st.count(text=r.prompt, special=True)
+                for r in sample
+            )
     finally:
         if st is not tok:
             st.close()
     ratio_tok = raw / client if client else 1.0
-    tc["realigned"] = {"source": "server /tokenize", "sample": len(sample), "client_tokens": client,
-                       "server_tokenizer_tokens": raw, "server_tokens_as_sent": sent,
-                       "template_tokens_per_request": (sent - raw) / len(sample),
-                       "client_tokenizer_off": abs(ratio_tok - 1) > INPUT_GAP}
+    tc["realigned"] = {
+        "source": "server /tokenize",
+        "sample": len(sample),
+        "client_tokens": client,
+        "server_tokenizer_tokens": raw,
+        "server_tokens_as_sent": sent,
+        "template_tokens_per_request": (sent - raw) / len(sample),
+        "client_tokenizer_off": abs(ratio_tok - 1) > INPUT_GAP,
+    }
     ratio_sent = sent / client if client else 1.0
     if abs(ratio_tok - 1) > INPUT_GAP:
         res["validity"]["warnings"].append(
             f"input tokens: the client's tokenizer ({getattr(tok, 'name', '?')}) counts the prompts "
             f"{100 * (1 / ratio_tok - 1):+.1f}% against the server's /tokenize: prompts are not --input-len tokens "
             "for the served model; realigned with /tokenize (token_counts.realigned; a sweep's next levels build "
-            "their prompts with it); drop --tokenizer or pass the served model's")
+            "their prompts with it); drop --tokenizer or pass the served model's"
+        )
     elif abs(ratio_usage / ratio_sent - 1) > INPUT_GAP:
         res["validity"]["warnings"].append(
             f"input tokens: the server's usage counted {100 * (ratio_usage / ratio_sent - 1):+.1f}% against its own "
             f"/tokenize of the prompts sent ({srv_in} vs about {round(cli_in * ratio_sent)}): usage.prompt_tokens "
-            "does not count what was sent, so input throughput and per-token figures are off by as much")
+            "does not count what was sent, so input throughput and per-token figures are off by as much"
+        )
 
 
-def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: list[ClientStats], wl: dict,
-             tok_name: str | None = None, server: dict | None = None, jit: list[str] | None = None) -> dict:
+def assemble(
+    cfg: BenchConfig,
+    outs: list[RequestOutput],
+    dur: float,
+    cstats: list[ClientStats],
+    wl: dict,
+    tok_name: str | None = None,
+    server: dict | None = None,
+    jit: list[str] | None = None,
+) -> dict:
     """The result JSON of a finished run (vLLM's keys and meanings first, m3ctl's additions after)."""
     outs = sorted(outs, key=lambda o: o.scheduled_time)
     tr = wl.pop("_trace", None)  # a replayed trace (m3ctl.bench.trace.Trace): the result's trace block
@@ -1111,8 +1273,9 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
         "label": cfg.label,
         "model_id": cfg.model,
         "tokenizer_id": tok_name,
-        "num_prompts": wl["records"] if cfg.trace_path else (
-            cfg.num_prompts if not (cfg.duration_s or cfg.workload == "agentic") else len(outs)),
+        "num_prompts": wl["records"]
+        if cfg.trace_path
+        else (cfg.num_prompts if not (cfg.duration_s or cfg.workload == "agentic") else len(outs)),
         "request_rate": "inf" if math.isinf(cfg.request_rate) else cfg.request_rate,
         "burstiness": cfg.burstiness,
         "max_concurrency": cfg.concurrency,
@@ -1124,16 +1287,21 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
                 o.output_tokens, o.tokens_from_chunks = o.stream_chunks, True
                 approx += 1
     res.update(metrics.calculate(outs, dur, cfg.percentiles, cfg.goodput_slo_ms))
-    res["output_tokens_source"] = (f"stream chunks for {approx} of {sum(o.success for o in outs)} responses "
-                                   "(no usage; one token per chunk, an undercount where a chunk carries several, "
-                                   "as with speculative decoding)" if approx else "usage")
+    res["output_tokens_source"] = (
+        f"stream chunks for {approx} of {sum(o.success for o in outs)} responses "
+        "(no usage; one token per chunk, an undercount where a chunk carries several, "
+        "as with speculative decoding)"
+        if approx
+        else "usage"
+    )
     ok = [o for o in outs if o.success]
     res["latencies"] = [o.latency for o in outs]
     res["queue_times"] = [o.client_queue_time for o in outs]
     res.update(metrics.client_queue_stats(outs, cfg.percentiles))
     res["errors"] = [o.error for o in outs if o.error][:20]
-    res["failed_by_kind"] = dict(sorted(collections.Counter(o.error_kind or "other" for o in outs
-                                                            if not o.success).items()))
+    res["failed_by_kind"] = dict(
+        sorted(collections.Counter(o.error_kind or "other" for o in outs if not o.success).items())
+    )
     # ---- m3ctl additions (new keys; never a vLLM name with another meaning) ----
     n_gpus = cfg.num_gpus
     res["m3ctl_version"] = __version__
@@ -1148,17 +1316,30 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
     agentic = cfg.workload == "agentic"
     res["input_token_count_mismatches"] = 0 if agentic else sum(1 for o in ok if o.prompt_len != o.client_prompt_len)
     res["output_token_count_mismatches"] = sum(
-        1 for o in ok if cfg.ignore_eos and cfg.workload != "dataset" and o.output_tokens is not None
-        and o.output_tokens != o.output_len_requested and cfg.range_ratio == 0)
+        1
+        for o in ok
+        if cfg.ignore_eos
+        and cfg.workload != "dataset"
+        and o.output_tokens is not None
+        and o.output_tokens != o.output_len_requested
+        and cfg.range_ratio == 0
+    )
     res["token_counts_from"] = "server usage" if ok and all(o.output_tokens is not None for o in ok) else "mixed"
     res["workload"] = wl
-    res["load"] = {"mode": "agentic-lanes" if agentic else ("trace-capped" if cfg.concurrency else "trace")
-                   if cfg.trace_path else (
-        "closed" if math.isinf(cfg.request_rate) else ("open-capped" if cfg.concurrency else "open")),
-        "concurrency": cfg.concurrency, "rate": None if math.isinf(cfg.request_rate) else cfg.request_rate,
+    res["load"] = {
+        "mode": "agentic-lanes"
+        if agentic
+        else ("trace-capped" if cfg.concurrency else "trace")
+        if cfg.trace_path
+        else ("closed" if math.isinf(cfg.request_rate) else ("open-capped" if cfg.concurrency else "open")),
+        "concurrency": cfg.concurrency,
+        "rate": None if math.isinf(cfg.request_rate) else cfg.request_rate,
         "arrival": None if math.isinf(cfg.request_rate) else ("poisson" if cfg.burstiness == 1 else "gamma"),
-        "burstiness": cfg.burstiness, "duration_s": cfg.duration_s, "client_procs": len(cstats),
-        "stop": "duration" if cfg.duration_s else "count"}
+        "burstiness": cfg.burstiness,
+        "duration_s": cfg.duration_s,
+        "client_procs": len(cstats),
+        "stop": "duration" if cfg.duration_s else "count",
+    }
     res.update(metrics.extended(outs, cfg.percentiles))
     res["per_gpu"] = _per_gpu(res, n_gpus, cfg.num_gpus_source)
     res["cost"] = _cost(res["per_gpu"], cfg.usd_per_gpu_hour)
@@ -1169,8 +1350,9 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
         "input_source": "server usage.prompt_tokens" if ok and all(o.prompt_len for o in ok) else "client",
         "output_source": "server usage.completion_tokens",
         "client_prompt_tokens": res["client_prompt_tokens"],
-        "client_vs_server_input_diff_pct": (100.0 * (res["client_prompt_tokens"] - in_total) / in_total
-                                            if in_total and not agentic else None),
+        "client_vs_server_input_diff_pct": (
+            100.0 * (res["client_prompt_tokens"] - in_total) / in_total if in_total and not agentic else None
+        ),
         "cached_prompt_tokens": sum(cached) if cached else None,
         "prefix_cache_hit_rate_usage": sum(cached) / in_total if cached and in_total else None,
         "reasoning_tokens": sum(o.reasoning_tokens or 0 for o in ok),
@@ -1181,8 +1363,9 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
         # of every session's first turn (the warmups prime it)
         theo = res["agentic"]["theoretical_prefix_hit_rate_excl_system_prefix"]
         firsts = sum(1 for o in ok if o.turn == 1)
-        wl["prefix_cache_expected_hit"] = (min(1.0, theo + cfg.prefix_len * firsts / in_total)
-                                           if theo is not None and in_total else None)
+        wl["prefix_cache_expected_hit"] = (
+            min(1.0, theo + cfg.prefix_len * firsts / in_total) if theo is not None and in_total else None
+        )
     res["validity"] = _validity(cfg, outs, res, cstats, server)
     if tr is not None:  # what was replayed, and how closely the sends kept to its arrival times
         res["trace"], lag = traces.result_block(tr, cfg.trace_time_scale, outs, bool(cfg.concurrency))
@@ -1199,7 +1382,8 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
             res["validity"]["warnings"].append(
                 f"the server JIT-compiled {len(jit)} kernel(s) during the run ({', '.join(sorted(set(jit)))}): "
                 "one-off latency spikes, so TTFT/TPOT tails overstate the steady state; run again (the kernels are "
-                "compiled now) or warm at this load first")
+                "compiled now) or warm at this load first"
+            )
     if cfg.per_request:
         res["requests"] = [_record(o) for o in outs]
     if any(st.server_down for st in cstats):
@@ -1209,7 +1393,8 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
         res["validity"]["reasons"] = [r for r in res["validity"]["reasons"] if not r.startswith("server generated")]
         res["validity"]["reasons"].append(
             f"server stopped accepting connections ({SERVER_DOWN_AFTER} connection-refused results in a row) after "
-            f"{res['completed']} completed requests: partial results")
+            f"{res['completed']} completed requests: partial results"
+        )
     if stalled := next((st.stalled for st in cstats if st.stalled), None):
         res["stalled"] = {**stalled, "in_flight": sum(st.stalled["in_flight"] for st in cstats if st.stalled)}
         res["not_sent"] = sum(st.not_sent for st in cstats)
@@ -1219,7 +1404,8 @@ def assemble(cfg: BenchConfig, outs: list[RequestOutput], dur: float, cstats: li
             f"stalled: no token on any of the {res['stalled']['in_flight']} in-flight requests for "
             f"{stalled['idle_s']:.1f} s (window {stalled['window_s']:.1f} s, from the largest chunk gap "
             f"{stalled['max_chunk_gap_ms']:.0f} ms and TTFT {stalled['max_ttft_ms']:.0f} ms seen) after "
-            f"{res['completed']} completed requests: partial results")
+            f"{res['completed']} completed requests: partial results"
+        )
     if any(st.interrupted for st in cstats):
         res["interrupted"] = True
         res["validity"]["valid"] = False
@@ -1263,12 +1449,16 @@ def prefix_cache_check(cfg: BenchConfig, res: dict, server: dict | None) -> tupl
     if block["observed"] <= allowed:
         return block, None
     means = "no reuse" if intended == 0 else f"at most {intended:.1%}"
-    why = (f"the server's prefix cache served {block['observed']:.1%} of the prompt tokens, but the "
-           f"{cfg.workload} workload means {means} ({allowed:.1%} allowed): the server had seen these prompts "
-           "before (a repeated --prompt-salt, or other traffic), so TTFT and throughput skip their prefill")
+    why = (
+        f"the server's prefix cache served {block['observed']:.1%} of the prompt tokens, but the "
+        f"{cfg.workload} workload means {means} ({allowed:.1%} allowed): the server had seen these prompts "
+        "before (a repeated --prompt-salt, or other traffic), so TTFT and throughput skip their prefill"
+    )
     if cfg.duration_s and res.get("completed", 0) > cfg.num_prompts and cfg.workload != "agentic":
-        why += (f"; this duration run cycled its {cfg.num_prompts} prompts: raise --num-prompts above the "
-                f"{res['completed']} requests it sent")
+        why += (
+            f"; this duration run cycled its {cfg.num_prompts} prompts: raise --num-prompts above the "
+            f"{res['completed']} requests it sent"
+        )
     return block, why
 
 
@@ -1296,8 +1486,13 @@ def _per_gpu(res: dict, n: int | None, source: str | None) -> dict | None:
     if not n:
         return None
     tot, outp = res["total_token_throughput"], res["output_throughput"]
-    return {"num_gpus": n, "num_gpus_source": source or "--num-gpus", "tput_per_gpu": tot / n,
-            "output_tput_per_gpu": outp / n, "input_tput_per_gpu": (tot - outp) / n}
+    return {
+        "num_gpus": n,
+        "num_gpus_source": source or "--num-gpus",
+        "tput_per_gpu": tot / n,
+        "output_tput_per_gpu": outp / n,
+        "input_tput_per_gpu": (tot - outp) / n,
+    }
 
 
 def _cost(per_gpu: dict | None, usd_h: float | None) -> dict | None:
@@ -1306,10 +1501,13 @@ def _cost(per_gpu: dict | None, usd_h: float | None) -> dict | None:
     if not per_gpu or not usd_h:
         return None
     tot, outp = per_gpu["tput_per_gpu"], per_gpu["output_tput_per_gpu"]
-    return {"usd_per_gpu_hour": usd_h,
-            "usd_per_m_total_tokens": usd_h / (tot * 3600 / 1e6) if tot else None,
-            "usd_per_m_output_tokens": usd_h / (outp * 3600 / 1e6) if outp else None,
-            "total_tokens_per_usd": tot * 3600 / usd_h, "output_tokens_per_usd": outp * 3600 / usd_h}
+    return {
+        "usd_per_gpu_hour": usd_h,
+        "usd_per_m_total_tokens": usd_h / (tot * 3600 / 1e6) if tot else None,
+        "usd_per_m_output_tokens": usd_h / (outp * 3600 / 1e6) if outp else None,
+        "total_tokens_per_usd": tot * 3600 / usd_h,
+        "output_tokens_per_usd": outp * 3600 / usd_h,
+    }
 
 
 def _agentic_block(ok: list[RequestOutput], sessions: list[dict], pcts: list[float]) -> dict:
@@ -1330,15 +1528,19 @@ def _agentic_block(ok: list[RequestOutput], sessions: list[dict], pcts: list[flo
         for a, b in itertools.pairwise(turns):
             reusable += min(b.prompt_len, a.prompt_len + (a.output_tokens or 0))
     total_in = sum(o.prompt_len for o in ok)
-    return {"sessions_started": len(sessions), "sessions_completed": len(done),
-            "session_latency": metrics._pct_block(lat, pcts, scale=1.0, unit="s"),
-            "session_active_latency": metrics._pct_block(active, pcts, scale=1.0, unit="s"),
-            "turns_completed": len(ok),
-            "theoretical_prefix_hit_rate_excl_system_prefix": reusable / total_in if total_in else None}
+    return {
+        "sessions_started": len(sessions),
+        "sessions_completed": len(done),
+        "session_latency": metrics._pct_block(lat, pcts, scale=1.0, unit="s"),
+        "session_active_latency": metrics._pct_block(active, pcts, scale=1.0, unit="s"),
+        "turns_completed": len(ok),
+        "theoretical_prefix_hit_rate_excl_system_prefix": reusable / total_in if total_in else None,
+    }
 
 
-def _validity(cfg: BenchConfig, outs: list[RequestOutput], res: dict, cstats: list[ClientStats],
-              server: dict | None) -> dict:
+def _validity(
+    cfg: BenchConfig, outs: list[RequestOutput], res: dict, cstats: list[ClientStats], server: dict | None
+) -> dict:
     """Flags that say whether the numbers can be trusted; ``valid`` is False with ``reasons`` when not."""
     n = len(outs)
     ok = [o for o in outs if o.success]
@@ -1351,13 +1553,17 @@ def _validity(cfg: BenchConfig, outs: list[RequestOutput], res: dict, cstats: li
     saturated = cpu > 90.0
     warnings: list[str] = []
     if saturated:
-        reasons.append(f"client saturated (a client process used {cpu:.0f}% of a core, event-loop lag p99 "
-                       f"{lag99:.1f} ms): latencies include client delay; raise --client-procs")
+        reasons.append(
+            f"client saturated (a client process used {cpu:.0f}% of a core, event-loop lag p99 "
+            f"{lag99:.1f} ms): latencies include client delay; raise --client-procs"
+        )
     elif lag99 > 20.0:
         # The client was idle but not scheduled: other processes (often the server itself on a small host)
         # held the CPU, so timestamps can be late by this much.
-        warnings.append(f"host CPU contention: the client's event loop woke up to {lag99:.0f} ms late (p99) "
-                        f"while using only {cpu:.0f}% of a core; run the client on other cores than the server")
+        warnings.append(
+            f"host CPU contention: the client's event loop woke up to {lag99:.0f} ms late (p99) "
+            f"while using only {cpu:.0f}% of a core; run the client on other cores than the server"
+        )
     # Every token of a request in one network read (metrics.unmeasured's rule): the server, or a proxy in front
     # of it, delivered the stream at the end, so TPOT and ITL were not measured (null, not 0). Seen with the vLLM
     # CPU server on a 2-core host in spells of a few seconds, with every client alike. The run stays valid for
@@ -1365,42 +1571,58 @@ def _validity(cfg: BenchConfig, outs: list[RequestOutput], res: dict, cstats: li
     miss = res.get("unmeasured") or {}
     if "tpot" in miss:
         burst, multi = metrics.bursts(ok)
-        warnings.append(f"streamed in bursts: {burst} of {multi} requests received all their tokens at once "
-                        "(TPOT and ITL not measured: null in the JSON, n/a in the tables; the server or a proxy "
-                        "buffered the stream)")
+        warnings.append(
+            f"streamed in bursts: {burst} of {multi} requests received all their tokens at once "
+            "(TPOT and ITL not measured: null in the JSON, n/a in the tables; the server or a proxy "
+            "buffered the stream)"
+        )
     if "request_goodput" in miss:
         warnings.append("goodput not claimed (null): its SLO bounds TPOT, which this run did not measure")
     no_usage = sum(1 for o in ok if o.output_tokens is None or o.tokens_from_chunks)
     if no_usage and not cfg.allow_approx:
         reasons.append(f"{no_usage} responses had no usage: output token counts unknown")
     elif no_usage:
-        warnings.append(f"{no_usage} responses had no usage: output tokens counted from stream chunks "
-                        "(--allow-approx; one token per chunk)")
+        warnings.append(
+            f"{no_usage} responses had no usage: output tokens counted from stream chunks "
+            "(--allow-approx; one token per chunk)"
+        )
     # F18: reasoning the server generated but did not stream makes TTFT include the whole thinking phase.
     hidden = sum(1 for o in ok if (o.reasoning_tokens or 0) > 0 and not o.reasoning_streamed and not o.think_in_content)
     if hidden and not cfg.allow_approx:
-        reasons.append(f"{hidden} responses generated reasoning tokens that were not streamed: TTFT/ITL measure "
-                       "the answer only (field failure F18)")
+        reasons.append(
+            f"{hidden} responses generated reasoning tokens that were not streamed: TTFT/ITL measure "
+            "the answer only (field failure F18)"
+        )
     first_k = [o.chunk_tokens[0] for o in ok if o.chunk_tokens]
     mismatch = None
     if server and server.get("generation_tokens") is not None and server.get("requests_finished"):
-        srv, cli = server["generation_tokens"], res["total_output_tokens"] + sum(
-            o.output_tokens or 0 for o in outs if not o.success)
+        srv, cli = (
+            server["generation_tokens"],
+            res["total_output_tokens"] + sum(o.output_tokens or 0 for o in outs if not o.success),
+        )
         mismatch = srv - cli
         # In multi-process runs the "before" snapshot may include late warmup tokens: allow for them.
         slack = cfg.num_warmups * cfg.output_len if cfg.client_procs > 1 else 0
         if srv and (srv < 0.99 * cli or srv > 1.01 * (cli + slack)) and not cfg.allow_approx:
             reasons.append(f"server generated {srv} tokens but clients counted {cli} (other traffic on the server?)")
     checks = _asked_vs_happened(cfg, ok, res, server, reasons, warnings)
-    return {"valid": not reasons, "reasons": reasons, "warnings": warnings, "unmeasured": sorted(miss),
-            "error_rate": err_rate, **checks,
-            "client_cpu_max_pct": cpu, "client_loop_lag_p99_ms": lag99,
-            "client_loop_lag_max_ms": max((s.loop_lag_max_ms for s in cstats), default=0.0),
-            "client_saturated": saturated, "server_vs_client_output_token_diff": mismatch,
-            "reasoning_tokens_present": any((o.reasoning_tokens or 0) > 0 or o.reasoning_streamed for o in ok),
-            "reasoning_hidden_responses": hidden,
-            "first_chunk_tokens_max": max(first_k) if first_k else None,
-            "responses_without_usage": no_usage}
+    return {
+        "valid": not reasons,
+        "reasons": reasons,
+        "warnings": warnings,
+        "unmeasured": sorted(miss),
+        "error_rate": err_rate,
+        **checks,
+        "client_cpu_max_pct": cpu,
+        "client_loop_lag_p99_ms": lag99,
+        "client_loop_lag_max_ms": max((s.loop_lag_max_ms for s in cstats), default=0.0),
+        "client_saturated": saturated,
+        "server_vs_client_output_token_diff": mismatch,
+        "reasoning_tokens_present": any((o.reasoning_tokens or 0) > 0 or o.reasoning_streamed for o in ok),
+        "reasoning_hidden_responses": hidden,
+        "first_chunk_tokens_max": max(first_k) if first_k else None,
+        "responses_without_usage": no_usage,
+    }
 
 
 #: Fraction of responses allowed to end short of the requested output with ignore_eos (N14).
@@ -1412,8 +1634,9 @@ SPEC_MIN_ACCEPTANCE_LENGTH = 1.5
 SPEC_POS_DROP = 0.4
 
 
-def _asked_vs_happened(cfg: BenchConfig, ok: list[RequestOutput], res: dict, server: dict | None,
-                       reasons: list[str], warnings: list[str]) -> dict:
+def _asked_vs_happened(
+    cfg: BenchConfig, ok: list[RequestOutput], res: dict, server: dict | None, reasons: list[str], warnings: list[str]
+) -> dict:
     """Validity checks that compare what the run asked for with what the server did (issue 15); they append
     to ``reasons`` (BENCH-INVALID) and ``warnings`` and return their result fields.
 
@@ -1431,46 +1654,66 @@ def _asked_vs_happened(cfg: BenchConfig, ok: list[RequestOutput], res: dict, ser
         if ok and len(short) > SHORT_OUTPUT_FRACTION * len(ok):
             got = int(np.median([o.output_tokens for o in short]))
             want = int(np.median([o.output_len_requested for o in short]))
-            reasons.append(f"outputs shorter than requested (median {got} of {want} tokens, {len(short)} of "
-                           f"{len(ok)} responses) although ignore_eos was set: the server stopped early (it ignores "
-                           "ignore_eos, caps max_tokens, or reached max_model_len), so TPOT and output throughput do "
-                           f"not describe {want}-token outputs")
+            reasons.append(
+                f"outputs shorter than requested (median {got} of {want} tokens, {len(short)} of "
+                f"{len(ok)} responses) although ignore_eos was set: the server stopped early (it ignores "
+                "ignore_eos, caps max_tokens, or reached max_model_len), so TPOT and output throughput do "
+                f"not describe {want}-token outputs"
+            )
     wl = res.get("workload") or {}
     block = wl.get("kv_block_size")
     if cfg.workload in ("prefix-repetition", "agentic"):
         if block and cfg.prefix_len < block:
-            warnings.append(f"the shared prefix ({cfg.prefix_len} tokens) is shorter than one KV-cache block of the "
-                            f"server ({block} tokens): vLLM caches whole blocks only, so it can never hit; use "
-                            f"--prefix-len {block} or more")
-        elif (server or {}).get("prefix_cache_queried_tokens") and server.get("prefix_cache_hit_rate") == 0 \
-                and wl.get("prefix_cache_expected_hit"):
-            warnings.append("the prefix cache served 0% of the prompt tokens of a workload built to reuse "
-                            f"prefixes (expected {wl['prefix_cache_expected_hit']:.0%}): is prefix caching on? (a "
-                            "prefix shorter than a KV-cache block never hits"
-                            + (f"; this server's block is {block} tokens)" if block else ")"))
+            warnings.append(
+                f"the shared prefix ({cfg.prefix_len} tokens) is shorter than one KV-cache block of the "
+                f"server ({block} tokens): vLLM caches whole blocks only, so it can never hit; use "
+                f"--prefix-len {block} or more"
+            )
+        elif (
+            (server or {}).get("prefix_cache_queried_tokens")
+            and server.get("prefix_cache_hit_rate") == 0
+            and wl.get("prefix_cache_expected_hit")
+        ):
+            warnings.append(
+                "the prefix cache served 0% of the prompt tokens of a workload built to reuse "
+                f"prefixes (expected {wl['prefix_cache_expected_hit']:.0%}): is prefix caching on? (a "
+                "prefix shorter than a KV-cache block never hits"
+                + (f"; this server's block is {block} tokens)" if block else ")")
+            )
     per_pos = (server or {}).get("spec_decode_acceptance_per_position")
     al = (server or {}).get("spec_decode_acceptance_length")
     if per_pos and len(per_pos) >= 2 and al is not None:
         collapsed = al < SPEC_MIN_ACCEPTANCE_LENGTH or (per_pos[0] > 0 and per_pos[1] < SPEC_POS_DROP * per_pos[0])
         out["spec_decode_collapsed"] = collapsed
         if collapsed:
-            warnings.append(f"speculative decoding: acceptance collapses after position 0 (per position "
-                            f"{', '.join(f'{r:.0%}' for r in per_pos)}; mean acceptance length {al:.2f} with "
-                            f"{len(per_pos)} speculative tokens): drafting costs more than it saves; lower "
-                            "num_speculative_tokens or turn speculation off")
+            warnings.append(
+                f"speculative decoding: acceptance collapses after position 0 (per position "
+                f"{', '.join(f'{r:.0%}' for r in per_pos)}; mean acceptance length {al:.2f} with "
+                f"{len(per_pos)} speculative tokens): drafting costs more than it saves; lower "
+                "num_speculative_tokens or turn speculation off"
+            )
     if cfg.endpoint == "chat":
         think = sum(1 for o in ok if o.think_in_content)
         out["reasoning_in_content_responses"] = think
         out["ttfa_valid"] = not think and res.get("ttfa") is not None
         if think and res.get("ttfa") is not None:
-            warnings.append(f"{think} of {len(ok)} answers carry <think> reasoning in content: the server's "
-                            "reasoning parser did not separate it (check --reasoning-parser), so the first "
-                            "'answer' token is a thinking token: TTFA is not reported")
+            warnings.append(
+                f"{think} of {len(ok)} answers carry <think> reasoning in content: the server's "
+                "reasoning parser did not separate it (check --reasoning-parser), so the first "
+                "'answer' token is a thinking token: TTFA is not reported"
+            )
     return out
 
 
-def run_sweep(cfg: BenchConfig, concurrencies: list[int | None], progress=None, sync_log=None, *,
-              input_lens: list[int] | None = None, output_lens: list[int] | None = None) -> list[dict]:
+def run_sweep(
+    cfg: BenchConfig,
+    concurrencies: list[int | None],
+    progress=None,
+    sync_log=None,
+    *,
+    input_lens: list[int] | None = None,
+    output_lens: list[int] | None = None,
+) -> list[dict]:
     """One run per level: ``input_lens`` x ``output_lens`` x ``concurrencies`` (m3ctl.bench.sweep.plan; None or
     [] takes ``cfg``'s value), the same workload shape and seed, fresh prompt text at every level unless
     ``cfg.prompt_salt`` pins it; the tokenizer is built once, and replaced by the server's ``/tokenize`` when a
@@ -1500,8 +1743,15 @@ def run_sweep(cfg: BenchConfig, concurrencies: list[int | None], progress=None, 
         sw.close()
 
 
-async def arun_sweep(cfg: BenchConfig, concurrencies: list[int | None], progress=None, sync_log=None, *,
-                     input_lens: list[int] | None = None, output_lens: list[int] | None = None) -> list[dict]:
+async def arun_sweep(
+    cfg: BenchConfig,
+    concurrencies: list[int | None],
+    progress=None,
+    sync_log=None,
+    *,
+    input_lens: list[int] | None = None,
+    output_lens: list[int] | None = None,
+) -> list[dict]:
     """:func:`run_sweep` as a coroutine (each level through :func:`arun_bench`)."""
     sw = await asyncio.to_thread(_Sweep, cfg, concurrencies, input_lens, output_lens)
     try:
@@ -1526,13 +1776,22 @@ def _conc(c: int | None) -> float:
 class _Sweep:
     """A sweep's shared state: the checked config, its levels, one tokenizer for all levels, the runs so far."""
 
-    def __init__(self, cfg: BenchConfig, concurrencies: list[int | None], input_lens: list[int] | None = None,
-                 output_lens: list[int] | None = None):
-        self.plan = sweeps.plan(input_lens or [cfg.input_len], output_lens or [cfg.output_len],
-                                list(concurrencies or [cfg.concurrency]))
+    def __init__(
+        self,
+        cfg: BenchConfig,
+        concurrencies: list[int | None],
+        input_lens: list[int] | None = None,
+        output_lens: list[int] | None = None,
+    ):
+        self.plan = sweeps.plan(
+            input_lens or [cfg.input_len], output_lens or [cfg.output_len], list(concurrencies or [cfg.concurrency])
+        )
         for lv in self.plan:  # every level's options (lengths change the prompt tokens a run builds)
-            validate(cfg.model_copy(update={"concurrency": lv.concurrency, "input_len": lv.input_len,
-                                            "output_len": lv.output_len}))
+            validate(
+                cfg.model_copy(
+                    update={"concurrency": lv.concurrency, "input_len": lv.input_len, "output_len": lv.output_len}
+                )
+            )
         _check_reachable(cfg)
         self.cfg, self.tok, self.runs, self._stop = cfg, _tokenizer(cfg), [], False
         self._i = -1  # the level running
@@ -1548,8 +1807,9 @@ class _Sweep:
             if i in self._skip:
                 continue
             self._i = i
-            yield self.cfg.model_copy(update={"concurrency": lv.concurrency, "input_len": lv.input_len,
-                                              "output_len": lv.output_len})
+            yield self.cfg.model_copy(
+                update={"concurrency": lv.concurrency, "input_len": lv.input_len, "output_len": lv.output_len}
+            )
 
     def add(self, res: dict) -> None:
         """Keep a level's result; realign the tokenizer for the next levels when this one found it off."""
@@ -1564,10 +1824,14 @@ class _Sweep:
         self._last[pair] = res
         if ov["overloaded"] and cfg.stop_on_overload and (skipped := sweeps.skipped_after(self.plan, self._i)):
             self._skip.update(j for j in range(self._i + 1, len(self.plan)) if self.plan[j] in skipped)
-            res["sweep_stop"] = {"reason": "; ".join(ov["reasons"]), "criteria": ov["criteria"],
-                                 "skipped": [s.to_dict() for s in skipped]}
-        if ((res["token_counts"].get("realigned") or {}).get("client_tokenizer_off")
-                and not isinstance(self.tok, ServerTokenizer)):
+            res["sweep_stop"] = {
+                "reason": "; ".join(ov["reasons"]),
+                "criteria": ov["criteria"],
+                "skipped": [s.to_dict() for s in skipped],
+            }
+        if (res["token_counts"].get("realigned") or {}).get("client_tokenizer_off") and not isinstance(
+            self.tok, ServerTokenizer
+        ):
             st = ServerTokenizer(cfg.url, cfg.model, _headers(cfg))
             if st.available() and st.can_decode:  # realign: the next levels' prompts from the server's own
                 self.tok = st
@@ -1588,8 +1852,9 @@ class _Sweep:
             last["server_down"] = True
             last.setdefault("not_sent", 0)
             last["validity"]["valid"] = False
-            last["validity"]["reasons"].append(f"the server went away before concurrency {cfg.concurrency} "
-                                               f"({err.message}): the sweep stopped there")
+            last["validity"]["reasons"].append(
+                f"the server went away before concurrency {cfg.concurrency} ({err.message}): the sweep stopped there"
+            )
         self._stop = True
         return True
 
@@ -1613,28 +1878,34 @@ def run_failure(runs: list[dict], url: str, saved: str | None, diagnosis=None) -
     if died := next((r for r in runs if r.get("engine_died")), None):
         ed = died["engine_died"]
         kinds = ", ".join(f"{k} {v}" for k, v in died["failed_by_kind"].items())
-        return BenchServerDown(f"server at {url} went down during the run: {ed['sentence']} "
-                               f"({died['completed']} requests completed, {died['failed']} failed"
-                               + (f": {kinds}" if kinds else "") + f", {died.get('not_sent', 0)} not sent)",
-                               (f"{ed['fix']}; " if ed.get("fix") else "") + f"`m3ctl logs {ed['name']}` shows its "
-                               f"log; {keep}")
+        return BenchServerDown(
+            f"server at {url} went down during the run: {ed['sentence']} "
+            f"({died['completed']} requests completed, {died['failed']} failed"
+            + (f": {kinds}" if kinds else "")
+            + f", {died.get('not_sent', 0)} not sent)",
+            (f"{ed['fix']}; " if ed.get("fix") else "") + f"`m3ctl logs {ed['name']}` shows its log; {keep}",
+        )
     if down := next((r for r in runs if r.get("server_down")), None):
         kinds = ", ".join(f"{k} {v}" for k, v in down["failed_by_kind"].items())
         cause = f": {diagnosis.summary()} [{diagnosis.line}]" if diagnosis else ""
-        return BenchServerDown(f"server at {url} went down during the run: {down['completed']} requests completed, "
-                               f"{down['failed']} failed ({kinds}), {down.get('not_sent', 0)} not sent{cause}",
-                               f"{diagnosis.fix}; {keep}" if diagnosis else
-                               (keep if saved else keep + "; check the server log"))
+        return BenchServerDown(
+            f"server at {url} went down during the run: {down['completed']} requests completed, "
+            f"{down['failed']} failed ({kinds}), {down.get('not_sent', 0)} not sent{cause}",
+            f"{diagnosis.fix}; {keep}" if diagnosis else (keep if saved else keep + "; check the server log"),
+        )
     if stalled := next((r for r in runs if r.get("stalled")), None):
         st = stalled["stalled"]
-        return BenchServerStalled(f"server at {url} stalled: no token on any of {st['in_flight']} in-flight requests "
-                                  f"for {st['idle_s']:.1f} s; {stalled['completed']} requests completed",
-                                  keep if saved else keep + "; check the server log")
+        return BenchServerStalled(
+            f"server at {url} stalled: no token on any of {st['in_flight']} in-flight requests "
+            f"for {st['idle_s']:.1f} s; {stalled['completed']} requests completed",
+            keep if saved else keep + "; check the server log",
+        )
     bad = [r for r in runs if not r["validity"]["valid"]]
     if bad:
         why = "; ".join(dict.fromkeys(x for r in bad for x in r["validity"]["reasons"]))
         first_err = next((e for r in bad for e in r["errors"]), "")
-        return ChecksFailed(f"BENCH-INVALID: {why}" + (f" (first error: {first_err})" if first_err else ""),
-                            f"results were saved to {saved}, marked invalid" if saved else
-                            "pass --output-json to keep the results")
+        return ChecksFailed(
+            f"BENCH-INVALID: {why}" + (f" (first error: {first_err})" if first_err else ""),
+            f"results were saved to {saved}, marked invalid" if saved else "pass --output-json to keep the results",
+        )
     return None

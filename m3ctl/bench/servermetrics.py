@@ -25,10 +25,19 @@ import math
 
 import httpx
 
-SERIES = ("prefix_cache_hits_total", "prefix_cache_queries_total", "spec_decode_num_drafts_total",
-          "spec_decode_num_draft_tokens_total", "spec_decode_num_accepted_tokens_total", "num_preemptions_total",
-          "request_queue_time_seconds_sum", "request_queue_time_seconds_count", "prompt_tokens_total",
-          "generation_tokens_total", "request_success_total")
+SERIES = (
+    "prefix_cache_hits_total",
+    "prefix_cache_queries_total",
+    "spec_decode_num_drafts_total",
+    "spec_decode_num_draft_tokens_total",
+    "spec_decode_num_accepted_tokens_total",
+    "num_preemptions_total",
+    "request_queue_time_seconds_sum",
+    "request_queue_time_seconds_count",
+    "prompt_tokens_total",
+    "generation_tokens_total",
+    "request_success_total",
+)
 
 
 PER_POS = "spec_decode_num_accepted_tokens_per_pos_total"
@@ -65,7 +74,7 @@ def cache_config(text: str) -> dict[str, str]:
     """The labels of ``vllm:cache_config_info`` (e.g. ``block_size``, ``enable_prefix_caching``); {} if absent."""
     for line in text.splitlines():
         if line.startswith("vllm:cache_config_info{"):
-            labels = line[len("vllm:cache_config_info{"):line.rfind("}")]
+            labels = line[len("vllm:cache_config_info{") : line.rfind("}")]
             out = {}
             for part in labels.split('",'):
                 k, _, v = part.partition('="')
@@ -112,8 +121,11 @@ def deltas(before: dict[str, float] | None, after: dict[str, float] | None) -> d
         "spec_decode_acceptance_rate": acc / dtoks if dtoks else None,
         "spec_decode_acceptance_length": 1 + acc / drafts if drafts else None,
         "spec_decode_drafts": int(drafts),
-        "spec_decode_acceptance_per_position": [d[f"{PER_POS}[{i}]"] / drafts for i in range(
-            sum(1 for k in d if k.startswith(PER_POS)))] if drafts and f"{PER_POS}[0]" in d else None,
+        "spec_decode_acceptance_per_position": [
+            d[f"{PER_POS}[{i}]"] / drafts for i in range(sum(1 for k in d if k.startswith(PER_POS)))
+        ]
+        if drafts and f"{PER_POS}[0]" in d
+        else None,
         "preemptions": int(d.get("num_preemptions_total", 0.0)),
         "mean_queue_time_ms": 1000 * d.get("request_queue_time_seconds_sum", 0.0) / qn if qn else None,
         "prompt_tokens": int(d.get("prompt_tokens_total", 0.0)),
@@ -184,8 +196,7 @@ class QueueSampler:
                 except httpx.HTTPError:
                     g = {}
                 if "num_requests_waiting" in g:
-                    self.samples.append((time.perf_counter(), g["num_requests_waiting"],
-                                         g.get("num_requests_running")))
+                    self.samples.append((time.perf_counter(), g["num_requests_waiting"], g.get("num_requests_running")))
                 self._stop.wait(self.period_s)
 
     def stop(self) -> list[tuple[float, float, float | None]]:
@@ -195,8 +206,9 @@ class QueueSampler:
         return self.samples
 
 
-def queue_trend(samples: list[tuple[float, float, float | None]], start: float, end: float,
-                concurrency: int | None, period_s: float) -> dict:
+def queue_trend(
+    samples: list[tuple[float, float, float | None]], start: float, end: float, concurrency: int | None, period_s: float
+) -> dict:
     """The result's ``server_queue`` block: did the server's waiting queue grow while the run issued requests?
 
     The window is ``start``..``end`` (perf_counter s: the first and the last send, so the drain after the last
@@ -208,10 +220,19 @@ def queue_trend(samples: list[tuple[float, float, float | None]], start: float, 
     """
     rel = [[round(t - start, 4), w, r] for t, w, r in samples]
     inside = [(t, w, r) for t, w, r in samples if start <= t <= end]
-    out: dict = {"source": f"GET /metrics vllm:num_requests_waiting / _running every {period_s:g} s",
-                 "period_s": period_s, "window_s": round(end - start, 4), "samples": rel,
-                 "samples_in_window": len(inside), "slope_per_s": None, "waiting_first_third": None,
-                 "waiting_last_third": None, "waiting_end": None, "reference": None, "growing": None}
+    out: dict = {
+        "source": f"GET /metrics vllm:num_requests_waiting / _running every {period_s:g} s",
+        "period_s": period_s,
+        "window_s": round(end - start, 4),
+        "samples": rel,
+        "samples_in_window": len(inside),
+        "slope_per_s": None,
+        "waiting_first_third": None,
+        "waiting_last_third": None,
+        "waiting_end": None,
+        "reference": None,
+        "growing": None,
+    }
     if len(inside) < QUEUE_MIN_SAMPLES:
         return out
     ts = [t for t, _, _ in inside]
@@ -224,8 +245,13 @@ def queue_trend(samples: list[tuple[float, float, float | None]], start: float, 
 
         slope = float(np.polyfit(ts, ws, 1)[0])
     ref = float(concurrency) if concurrency else max([1.0, *(r for _, _, r in samples if r is not None)])
-    growing = (slope > 0 and last - first >= max(1.0, QUEUE_RISE_FRACTION * ref)
-               and ws[-1] >= QUEUE_END_FRACTION * ref)
-    out.update(slope_per_s=slope, waiting_first_third=first, waiting_last_third=last, waiting_end=ws[-1],
-               reference=ref, growing=growing)
+    growing = slope > 0 and last - first >= max(1.0, QUEUE_RISE_FRACTION * ref) and ws[-1] >= QUEUE_END_FRACTION * ref
+    out.update(
+        slope_per_s=slope,
+        waiting_first_third=first,
+        waiting_last_third=last,
+        waiting_end=ws[-1],
+        reference=ref,
+        growing=growing,
+    )
     return out

@@ -59,8 +59,9 @@ def check_lengths(option: str, values: list[int]) -> None:
     """
     for v in values:
         if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_REQUEST_TOKENS:
-            raise BadInput(f"{option} {v!r}: a length is an integer of 1..{MAX_REQUEST_TOKENS:,} tokens",
-                           f"e.g. {option} 512,4096")
+            raise BadInput(
+                f"{option} {v!r}: a length is an integer of 1..{MAX_REQUEST_TOKENS:,} tokens", f"e.g. {option} 512,4096"
+            )
 
 
 def plan(input_lens: list[int], output_lens: list[int], concurrencies: list[int | None]) -> list[Level]:
@@ -107,9 +108,11 @@ def overload(res: dict, prev: dict | None, max_ttft_s: float | None) -> dict:
     q = res.get("server_queue") or {}
     if q.get("growing"):
         crit.append("queue")
-        why.append(f"the server's queue grew while requests were issued (vllm:num_requests_waiting "
-                   f"{q['waiting_first_third']:.1f} -> {q['waiting_last_third']:.1f} on average, first to last third; "
-                   f"{q['waiting_end']:.0f} waiting at the last send, reference {q['reference']:.0f})")
+        why.append(
+            f"the server's queue grew while requests were issued (vllm:num_requests_waiting "
+            f"{q['waiting_first_third']:.1f} -> {q['waiting_last_third']:.1f} on average, first to last third; "
+            f"{q['waiting_end']:.0f} waiting at the last send, reference {q['reference']:.0f})"
+        )
     ratio = None
     if prev is not None and prev.get("output_throughput"):
         ratio = res.get("output_throughput", 0.0) / prev["output_throughput"]
@@ -117,11 +120,20 @@ def overload(res: dict, prev: dict | None, max_ttft_s: float | None) -> dict:
         rise = ttft / p_ttft if ttft is not None and p_ttft else None
         if ratio < 1 - THROUGHPUT_DROP and rise is not None and rise >= TTFT_RISE:
             crit.append("throughput")
-            why.append(f"output throughput {res['output_throughput']:.1f} tok/s fell {1 - ratio:.0%} below the "
-                       f"previous level's {prev['output_throughput']:.1f} tok/s (concurrency "
-                       f"{prev.get('max_concurrency')}) while median TTFT rose {rise:.1f}x")
-    return {"overloaded": bool(crit), "criteria": crit, "reasons": why, "median_ttft_s": ttft_s,
-            "max_ttft_s": max_ttft_s, "queue_growing": q.get("growing"), "throughput_vs_previous": ratio}
+            why.append(
+                f"output throughput {res['output_throughput']:.1f} tok/s fell {1 - ratio:.0%} below the "
+                f"previous level's {prev['output_throughput']:.1f} tok/s (concurrency "
+                f"{prev.get('max_concurrency')}) while median TTFT rose {rise:.1f}x"
+            )
+    return {
+        "overloaded": bool(crit),
+        "criteria": crit,
+        "reasons": why,
+        "median_ttft_s": ttft_s,
+        "max_ttft_s": max_ttft_s,
+        "queue_growing": q.get("growing"),
+        "throughput_vs_previous": ratio,
+    }
 
 
 def skipped_after(levels: list[Level], i: int) -> list[Level]:
@@ -133,5 +145,8 @@ def skipped_after(levels: list[Level], i: int) -> list[Level]:
     def c(lv: Level) -> float:
         return top if lv.concurrency is None else lv.concurrency
 
-    return [lv for lv in levels[i + 1:] if (lv.input_len, lv.output_len) == (here.input_len, here.output_len)
-            and c(lv) > c(here)]
+    return [
+        lv
+        for lv in levels[i + 1 :]
+        if (lv.input_len, lv.output_len) == (here.input_len, here.output_len) and c(lv) > c(here)
+    ]

@@ -68,8 +68,13 @@ class BenchTarget:
         return model_choice(self.url, self.headers(), self.deployment_model, self.deployment, self.key_hint)
 
 
-def model_choice(url: str, headers: dict[str, str] | None = None, preferred: str | None = None,
-                 deployment: str | None = None, key_hint: str | None = None) -> tuple[str, str | None]:
+def model_choice(
+    url: str,
+    headers: dict[str, str] | None = None,
+    preferred: str | None = None,
+    deployment: str | None = None,
+    key_hint: str | None = None,
+) -> tuple[str, str | None]:
     """The model id to benchmark at ``url`` (``GET /v1/models``) and a note naming the choice (None when the server
     lists one name). Of several names (m3ctl's servers answer to the model and to the deployment's name), the
     deployment's model ``preferred`` when listed, else the first listed, as ``vllm bench serve`` takes the first
@@ -87,23 +92,30 @@ def model_choice(url: str, headers: dict[str, str] | None = None, preferred: str
     try:
         r = httpx.get(f"{url}/v1/models", headers=headers or {}, timeout=10)
         if r.status_code in (401, 403):
-            raise Unauthorised(f"{url}/v1/models answered {r.status_code}: the server requires an API key "
-                               + ("and this one was refused" if headers else "and none was sent"),
-                               key_hint or "set OPENAI_API_KEY or VLLM_API_KEY to the server's API key")
+            raise Unauthorised(
+                f"{url}/v1/models answered {r.status_code}: the server requires an API key "
+                + ("and this one was refused" if headers else "and none was sent"),
+                key_hint or "set OPENAI_API_KEY or VLLM_API_KEY to the server's API key",
+            )
         ids = [m["id"] for m in r.json()["data"]]
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
-        raise BadInput(f"cannot list models at {url}/v1/models: {type(e).__name__}",
-                       "check --url, or pass --model") from None
+        raise BadInput(
+            f"cannot list models at {url}/v1/models: {type(e).__name__}", "check --url, or pass --model"
+        ) from None
     if not ids:
         raise BadInput(f"{url} serves no model (/v1/models lists none)", "check --url, or pass --model")
     if len(ids) == 1:
         return ids[0], None
     names = ", ".join(map(repr, ids))
     if preferred in ids:
-        return preferred, (f"model {preferred!r}: the model of deployment {deployment!r} ({url} answers to {names}; "
-                           "--model picks another)")
-    return ids[0], (f"model {ids[0]!r}: the first of the {len(ids)} names {url}/v1/models lists ({names}), as "
-                    "vllm bench serve takes; --model picks another")
+        return preferred, (
+            f"model {preferred!r}: the model of deployment {deployment!r} ({url} answers to {names}; "
+            "--model picks another)"
+        )
+    return ids[0], (
+        f"model {ids[0]!r}: the first of the {len(ids)} names {url}/v1/models lists ({names}), as "
+        "vllm bench serve takes; --model picks another"
+    )
 
 
 def only_model(url: str, headers: dict[str, str] | None = None, key_hint: str | None = None) -> str:
@@ -126,8 +138,15 @@ def deployment_for_url(url: str):
         return None
 
 
-def resolve_target(url: str | None = None, *, deployment: str | None = None, model: str | None = None,
-                   num_gpus: int | None = None, api_key: str | None = None, lookup_model: bool = True) -> BenchTarget:
+def resolve_target(
+    url: str | None = None,
+    *,
+    deployment: str | None = None,
+    model: str | None = None,
+    num_gpus: int | None = None,
+    api_key: str | None = None,
+    lookup_model: bool = True,
+) -> BenchTarget:
     """The endpoint of a bench run: ``url``, or the m3ctl deployment named ``deployment`` (its URL, served model,
     API key, model directory, log and GPU count from its saved plan); ``model`` defaults to the deployment's
     model, else to the model :meth:`BenchTarget.pick_model` picks from ``/v1/models`` (the model of the deployment
@@ -175,9 +194,22 @@ def resolve_target(url: str | None = None, *, deployment: str | None = None, mod
     if not deployment and (known := deployment_for_url(url)) is not None:  # its engine's death gets named
         dep_name, dep_model = known.name, model or known.served_model_name  # the model the record says it serves
         gpus = _plan_gpus(known.name)
-    t = BenchTarget(url=url, model=model, api_key=key, basic_auth=basic, key_hint=hint, model_dir=model_dir,
-                    server_log=server_log, sync_log=sync_log, num_gpus=num_gpus, num_gpus_source=gpus_source,
-                    argv=argv, deployment=dep_name, deployment_model=dep_model, gpus=gpus)
+    t = BenchTarget(
+        url=url,
+        model=model,
+        api_key=key,
+        basic_auth=basic,
+        key_hint=hint,
+        model_dir=model_dir,
+        server_log=server_log,
+        sync_log=sync_log,
+        num_gpus=num_gpus,
+        num_gpus_source=gpus_source,
+        argv=argv,
+        deployment=dep_name,
+        deployment_model=dep_model,
+        gpus=gpus,
+    )
     if not model and lookup_model:
         t.model = t.pick_model()[0]
     return t

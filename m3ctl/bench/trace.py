@@ -57,8 +57,10 @@ LAG_GAP_FRACTION = 0.05
 #: How a prefix group's shared prefix length is chosen (written into the result).
 PREFIX_RULE = "prefix_len of the group's records, else half the group's shortest input_len"
 
-_HINT = ('each line a JSON object: {"timestamp": seconds, "input_len": tokens, "output_len": tokens, '
-         '"prefix_id": optional, "prefix_len": optional}, timestamps in arrival order')
+_HINT = (
+    'each line a JSON object: {"timestamp": seconds, "input_len": tokens, "output_len": tokens, '
+    '"prefix_id": optional, "prefix_len": optional}, timestamps in arrival order'
+)
 
 
 @dataclass(frozen=True)
@@ -157,8 +159,11 @@ def _load(p: Path, _key: tuple) -> Trace:
         if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
             raise _bad(p, i, f"field 'timestamp' is {json.dumps(ts)[:40]}, not a finite number of seconds")
         if prev is not None and ts < prev:
-            raise _bad(p, i, f"field 'timestamp' {ts} is earlier than line {prev_line}'s {prev}: records must be in "
-                             "arrival order")
+            raise _bad(
+                p,
+                i,
+                f"field 'timestamp' {ts} is earlier than line {prev_line}'s {prev}: records must be in arrival order",
+            )
         il = _int_field(rec, "input_len", p, i)
         ol = _int_field(rec, "output_len", p, i)
         pid = rec.get("prefix_id")
@@ -169,11 +174,18 @@ def _load(p: Path, _key: tuple) -> Trace:
         pl = _int_field(rec, "prefix_len", p, i, required=False)
         if pl is not None:
             if pid is None:
-                raise _bad(p, i, "field 'prefix_len' without a 'prefix_id' (a prefix is shared by the requests of "
-                                 "one prefix_id)")
+                raise _bad(
+                    p,
+                    i,
+                    "field 'prefix_len' without a 'prefix_id' (a prefix is shared by the requests of one prefix_id)",
+                )
             if pid in given and given[pid][0] != pl:
-                raise _bad(p, i, f"field 'prefix_len' {pl} differs from line {given[pid][1]}'s {given[pid][0]} for "
-                                 f"prefix_id {pid!r}")
+                raise _bad(
+                    p,
+                    i,
+                    f"field 'prefix_len' {pl} differs from line {given[pid][1]}'s {given[pid][0]} for "
+                    f"prefix_id {pid!r}",
+                )
             given.setdefault(pid, (pl, i))
         if pid is not None:
             members.setdefault(pid, []).append((il, i))
@@ -190,8 +202,12 @@ def _load(p: Path, _key: tuple) -> Trace:
             pl, at = given[pid]
             for il, line in mem:
                 if il <= pl:
-                    raise _bad(p, line, f"field 'input_len' {il} is not above prefix_id {pid!r}'s prefix_len {pl} "
-                                        f"(line {at}): the prompt must hold the prefix and more")
+                    raise _bad(
+                        p,
+                        line,
+                        f"field 'input_len' {il} is not above prefix_id {pid!r}'s prefix_len {pl} "
+                        f"(line {at}): the prompt must hold the prefix and more",
+                    )
             prefix_lens[pid] = pl
         else:
             prefix_lens[pid] = min(il for il, _ in mem) // 2
@@ -212,16 +228,23 @@ def check(cfg) -> Trace:
     if cfg.workload != "random":
         raise BadInput(f"--trace replaces --workload ({cfg.workload} given)", "drop --workload or --trace")
     if not math.isinf(cfg.request_rate):
-        raise BadInput("--trace gives the arrival times: --request-rate does not apply",
-                       "drop --request-rate (--trace-time-scale speeds the trace up or slows it down)")
+        raise BadInput(
+            "--trace gives the arrival times: --request-rate does not apply",
+            "drop --request-rate (--trace-time-scale speeds the trace up or slows it down)",
+        )
     if cfg.duration_s:
-        raise BadInput("--trace gives the requests and when they arrive: --duration does not apply",
-                       "drop --duration (replay a part of the trace instead)")
+        raise BadInput(
+            "--trace gives the requests and when they arrive: --duration does not apply",
+            "drop --duration (replay a part of the trace instead)",
+        )
     tr = load(cfg.trace_path)
     total = sum(r.input_len for r in tr.records) + cfg.num_warmups * median_input_len(tr)
     if total > MAX_RUN_PROMPT_TOKENS:
-        raise BadInput(f"--trace {tr.path} would build {total:,} prompt tokens in memory before sending anything; "
-                       f"at most {MAX_RUN_PROMPT_TOKENS:,}", "replay a part of the trace")
+        raise BadInput(
+            f"--trace {tr.path} would build {total:,} prompt tokens in memory before sending anything; "
+            f"at most {MAX_RUN_PROMPT_TOKENS:,}",
+            "replay a part of the trace",
+        )
     return tr
 
 
@@ -275,26 +298,51 @@ def fidelity(outs: list[RequestOutput], tr: Trace, scale: float, capped: bool) -
     lags = [1000 * o.client_queue_time for o in outs if o.start_time]
     gap = tr.mean_gap_s(scale)
     thr = lag_threshold_ms(gap)
-    stats = ({"p50": float(np.percentile(lags, 50)), "p99": float(np.percentile(lags, 99)), "max": max(lags),
-              "mean": float(np.mean(lags))} if lags else {"p50": None, "p99": None, "max": None, "mean": None})
+    stats = (
+        {
+            "p50": float(np.percentile(lags, 50)),
+            "p99": float(np.percentile(lags, 99)),
+            "max": max(lags),
+            "mean": float(np.mean(lags)),
+        }
+        if lags
+        else {"p50": None, "p99": None, "max": None, "mean": None}
+    )
     lagged = bool(lags) and stats["p99"] > thr
-    block = {"definition": "send time minus the request's arrival time in the trace (x time_scale)",
-             "sent": len(lags), "send_lag_ms": stats, "threshold_ms": thr,
-             "mean_interarrival_ms": 1000 * gap if gap is not None else None, "lagged": lagged}
+    block = {
+        "definition": "send time minus the request's arrival time in the trace (x time_scale)",
+        "sent": len(lags),
+        "send_lag_ms": stats,
+        "threshold_ms": thr,
+        "mean_interarrival_ms": 1000 * gap if gap is not None else None,
+        "lagged": lagged,
+    }
     if not lagged:
         return block, None
-    why = ("the --concurrency cap held requests back (they waited for a free slot)" if capped else
-           "the client could not keep up (a busy host or event loop: see client_loop_lag; raise --client-procs)")
-    return block, (f"trace replay lagged: requests were sent up to {stats['max']:.0f} ms (p99 {stats['p99']:.0f} ms) "
-                   f"after their arrival time in the trace, above {thr:.0f} ms (max({LAG_FLOOR_MS:.0f} ms, "
-                   f"{LAG_GAP_FRACTION:.0%} of the mean inter-arrival gap)): {why}, so the server saw other arrivals "
-                   "than the trace's")
+    why = (
+        "the --concurrency cap held requests back (they waited for a free slot)"
+        if capped
+        else "the client could not keep up (a busy host or event loop: see client_loop_lag; raise --client-procs)"
+    )
+    return block, (
+        f"trace replay lagged: requests were sent up to {stats['max']:.0f} ms (p99 {stats['p99']:.0f} ms) "
+        f"after their arrival time in the trace, above {thr:.0f} ms (max({LAG_FLOOR_MS:.0f} ms, "
+        f"{LAG_GAP_FRACTION:.0%} of the mean inter-arrival gap)): {why}, so the server saw other arrivals "
+        "than the trace's"
+    )
 
 
 def result_block(tr: Trace, scale: float, outs: list[RequestOutput], capped: bool) -> tuple[dict, str | None]:
     """The result's ``trace`` block (path, records, duration_s, time_scale, prefix groups, timing_fidelity) and
     the fidelity warning (None when the sends kept up)."""
     fid, warn = fidelity(outs, tr, scale, capped)
-    return {"path": tr.path, "records": len(tr.records), "duration_s": tr.duration_s(scale), "time_scale": scale,
-            "prefix_groups": len(tr.prefix_lens), "prefix_rule": PREFIX_RULE, "prefix_lens": dict(tr.prefix_lens),
-            "timing_fidelity": fid}, warn
+    return {
+        "path": tr.path,
+        "records": len(tr.records),
+        "duration_s": tr.duration_s(scale),
+        "time_scale": scale,
+        "prefix_groups": len(tr.prefix_lens),
+        "prefix_rule": PREFIX_RULE,
+        "prefix_lens": dict(tr.prefix_lens),
+        "timing_fidelity": fid,
+    }, warn

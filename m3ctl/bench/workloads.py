@@ -31,9 +31,13 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from m3ctl.bench import WORKLOADS
 from m3ctl.bench.client import BenchRequest
 from m3ctl.bench.prompts import Tokenizer, exact_prompt, random_lengths
 from m3ctl.errors import BadInput
+
+#: The workload kinds (m3ctl.bench.WORKLOADS, declared there so the CLI reads them without this module).
+KINDS = WORKLOADS
 
 
 def _text_rng(rng: random.Random, seed: int, salt: str | None) -> random.Random:
@@ -41,8 +45,16 @@ def _text_rng(rng: random.Random, seed: int, salt: str | None) -> random.Random:
     return rng if salt is None else random.Random(f"{seed}/{salt}")
 
 
-def random_workload(tok: Tokenizer, n: int, input_len: int, output_len: int, range_ratio: float,
-                    convention: str, seed: int, salt: str | None = None) -> list[BenchRequest]:
+def random_workload(
+    tok: Tokenizer,
+    n: int,
+    input_len: int,
+    output_len: int,
+    range_ratio: float,
+    convention: str,
+    seed: int,
+    salt: str | None = None,
+) -> list[BenchRequest]:
     """``n`` requests with seeded lengths and prompts of exactly those token counts (text drawn with ``salt``)."""
     rng = random.Random(seed)
     in_lens = random_lengths(input_len, range_ratio, n, rng, convention)
@@ -69,7 +81,7 @@ def _pairs(rec: dict) -> tuple[str, str | None, int | None] | None:
     if not users:
         return None
     i = users[0]
-    reply = next((v for r, v in turns[i + 1:] if r in ("gpt", "assistant", "model")), None)
+    reply = next((v for r, v in turns[i + 1 :] if r in ("gpt", "assistant", "model")), None)
     return turns[i][1], reply, None
 
 
@@ -91,15 +103,24 @@ def load_dataset_records(path: str | Path) -> list[dict]:
         else:
             recs = [json.loads(line) for line in text.splitlines() if line.strip()]
     except json.JSONDecodeError as e:
-        raise BadInput(f"dataset {p} is not JSON or JSONL: {e.msg} at line {e.lineno}",
-                       "use a ShareGPT JSON list or one JSON object per line") from None
+        raise BadInput(
+            f"dataset {p} is not JSON or JSONL: {e.msg} at line {e.lineno}",
+            "use a ShareGPT JSON list or one JSON object per line",
+        ) from None
     if not isinstance(recs, list) or not all(isinstance(r, dict) for r in recs):
         raise BadInput(f"dataset {p} must hold JSON objects", "see `m3ctl bench --help` for the accepted records")
     return recs
 
 
-def dataset_workload(tok: Tokenizer, path: str | Path, n: int, seed: int, output_len: int | None = None,
-                     max_len: int | None = None, salt: str | None = None) -> list[BenchRequest]:
+def dataset_workload(
+    tok: Tokenizer,
+    path: str | Path,
+    n: int,
+    seed: int,
+    output_len: int | None = None,
+    max_len: int | None = None,
+    salt: str | None = None,
+) -> list[BenchRequest]:
     """``n`` requests from a ShareGPT-style file (cycled when the file has fewer usable pairs).
 
     With ``salt``, each prompt starts with the tag ``[<salt>-<i>] `` (``i``: the request's index), so a
@@ -131,8 +152,10 @@ def dataset_workload(tok: Tokenizer, path: str | Path, n: int, seed: int, output
             continue  # vLLM's is_valid_sequence minimums
         out.append(BenchRequest(prompt=prompt, prompt_len=plen, output_len=int(olen)))
     if not out:
-        raise BadInput(f"dataset {path} has no usable prompt/reply pair",
-                       "each record needs a user turn and a reply (or output_len) of at least 4 tokens")
+        raise BadInput(
+            f"dataset {path} has no usable prompt/reply pair",
+            "each record needs a user turn and a reply (or output_len) of at least 4 tokens",
+        )
     base = list(out)
     while len(out) < n:
         out.append(base[len(out) % len(base)])
@@ -145,9 +168,17 @@ def dataset_workload(tok: Tokenizer, path: str | Path, n: int, seed: int, output
     return out
 
 
-def prefix_repetition_workload(tok: Tokenizer, n: int, num_prefixes: int, prefix_len: int, suffix_len: int,
-                               output_len: int, seed: int, salt: str | None = None, block_size: int | None = None
-                               ) -> tuple[list[BenchRequest], float]:
+def prefix_repetition_workload(
+    tok: Tokenizer,
+    n: int,
+    num_prefixes: int,
+    prefix_len: int,
+    suffix_len: int,
+    output_len: int,
+    seed: int,
+    salt: str | None = None,
+    block_size: int | None = None,
+) -> tuple[list[BenchRequest], float]:
     """``n`` requests: ``num_prefixes`` shared prefixes, each followed by its own random suffix; shuffled.
 
     Returns:
@@ -222,8 +253,9 @@ class AgenticSession:
         self.messages.append({"role": "user", "content": text})
         self.base_len += n
         self.turn += 1
-        return BenchRequest(prompt=text, prompt_len=self.base_len, output_len=self.output_len,
-                            messages=list(self.messages))
+        return BenchRequest(
+            prompt=text, prompt_len=self.base_len, output_len=self.output_len, messages=list(self.messages)
+        )
 
     def record_answer(self, text: str) -> None:
         self.messages.append({"role": "assistant", "content": text})
@@ -232,8 +264,9 @@ class AgenticSession:
         return self.think_times[self.turn - 1] if 0 < self.turn <= len(self.think_times) else 0.0
 
 
-def agentic_sessions(tok: Tokenizer, spec: AgenticSpec, num_sessions: int, output_len: int,
-                     seed: int, salt: str | None = None) -> list[AgenticSession]:
+def agentic_sessions(
+    tok: Tokenizer, spec: AgenticSpec, num_sessions: int, output_len: int, seed: int, salt: str | None = None
+) -> list[AgenticSession]:
     """``num_sessions`` seeded sessions sharing one system prefix of ``spec.prefix_len`` tokens.
 
     All user texts and think times are drawn here, before the run, so nothing is tokenized
@@ -252,7 +285,6 @@ def agentic_sessions(tok: Tokenizer, spec: AgenticSpec, num_sessions: int, outpu
                 text = f"session {i}: {text}"  # unique per session, right after the shared prefix
                 got = len(tok.encode(text))
             texts.append((text, got))
-        thinks = [rng.expovariate(1.0 / spec.think_time_s) if spec.think_time_s > 0 else 0.0
-                  for _ in range(spec.turns)]
+        thinks = [rng.expovariate(1.0 / spec.think_time_s) if spec.think_time_s > 0 else 0.0 for _ in range(spec.turns)]
         out.append(AgenticSession(i, system, texts, output_len, thinks))
     return out

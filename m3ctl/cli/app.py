@@ -28,8 +28,14 @@ def redact_text(text: str) -> str:
 
     return redact(text)
 
-app = typer.Typer(help="Get MiniMax-M3.1-Flash serving on vLLM, fast and correctly, on the GPUs at hand.",
-                  no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False, **PLAIN_HELP)
+
+app = typer.Typer(
+    help="Get MiniMax-M3.1-Flash serving on vLLM, fast and correctly, on the GPUs at hand.",
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+    **PLAIN_HELP,
+)
 
 
 def _version_cb(value: bool) -> None:
@@ -40,8 +46,9 @@ def _version_cb(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[bool, typer.Option("--version", callback=_version_cb, is_eager=True,
-                                          help="Print the version and exit.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version_cb, is_eager=True, help="Print the version and exit.")
+    ] = False,
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
 ) -> None:
     if debug:
@@ -66,9 +73,11 @@ def warn_unknown_env() -> None:
     from m3ctl.assess.request import ENV_FIELDS, unknown_env  # noqa: PLC0415
 
     if names := unknown_env():
-        console(stderr=True).print(f"warning: unknown environment variable(s) {', '.join(names)} ignored; m3ctl "
-                                   f"reads {', '.join(ENV_FIELDS)}, M3CTL_STATE_DIR, M3CTL_CATALOG_DIR, M3CTL_DEBUG",
-                                   soft_wrap=True)
+        console(stderr=True).print(
+            f"warning: unknown environment variable(s) {', '.join(names)} ignored; m3ctl "
+            f"reads {', '.join(ENV_FIELDS)}, M3CTL_STATE_DIR, M3CTL_CATALOG_DIR, M3CTL_DEBUG",
+            soft_wrap=True,
+        )
 
 
 def _command_of(args: list[str]) -> str:

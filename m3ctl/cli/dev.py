@@ -10,16 +10,28 @@ from m3ctl.cli import options as o
 from m3ctl.cli.output import Output
 from m3ctl.errors import ChecksFailed
 
-app = typer.Typer(help="Developer tools: tiny local models, vLLM CPU install fix-ups.", no_args_is_help=True,
-                  **o.PLAIN_HELP)
+app = typer.Typer(
+    help="Developer tools: tiny local models, vLLM CPU install fix-ups.", no_args_is_help=True, **o.PLAIN_HELP
+)
 
 
 @app.command("tiny-model")
 def tiny_model(
     out_dir: Annotated[Path, typer.Argument(help="Directory to create.")],
-    arch: Annotated[str, typer.Option(help="minimax-m2 (MoE), llama, or minimax-m3 (config only, for --load-format dummy).")] = "minimax-m2",
-    head_dim: Annotated[int, typer.Option(min=1, max=256, help="Attention head size (CPU attention: 32, 64, ...; at most 256, FlashAttention's largest: https://github.com/Dao-AILab/flash-attention).")] = 32,
-    kv_heads: Annotated[int, typer.Option(min=1, help="KV heads (1 lets TP2 + DCP2 run: DCP needs TP > KV heads).")] = 2,
+    arch: Annotated[
+        str, typer.Option(help="minimax-m2 (MoE), llama, or minimax-m3 (config only, for --load-format dummy).")
+    ] = "minimax-m2",
+    head_dim: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=256,
+            help="Attention head size (CPU attention: 32, 64, ...; at most 256, FlashAttention's largest: https://github.com/Dao-AILab/flash-attention).",
+        ),
+    ] = 32,
+    kv_heads: Annotated[
+        int, typer.Option(min=1, help="KV heads (1 lets TP2 + DCP2 run: DCP needs TP > KV heads).")
+    ] = 2,
     seed: Annotated[int, typer.Option(help="Weight seed.")] = 0,
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty directory.")] = False,
     json_out: o.Json = False,
@@ -40,10 +52,22 @@ def tiny_model(
 @app.command("scale-model")
 def scale_model(
     out_dir: Annotated[Path, typer.Argument(help="Directory to create (config.json + tokenizer, no weights).")],
-    arch: Annotated[str, typer.Option(help="minimax-m2 (MiniMax-M2.5 shapes) or minimax-m3 (MiniMax-M3.1-Flash shapes, release format).")] = "minimax-m2",
-    layers: Annotated[int, typer.Option(min=1, max=62, help="Decoder layers (the full models have 62 / 60; no more).")] = 16,
+    arch: Annotated[
+        str,
+        typer.Option(
+            help="minimax-m2 (MiniMax-M2.5 shapes) or minimax-m3 (MiniMax-M3.1-Flash shapes, release format)."
+        ),
+    ] = "minimax-m2",
+    layers: Annotated[
+        int, typer.Option(min=1, max=62, help="Decoder layers (the full models have 62 / 60; no more).")
+    ] = 16,
     quant: Annotated[str, typer.Option(help="fp8 (128x128 blocks), bf16 or nvfp4 (ModelOpt, experts only).")] = "fp8",
-    max_position_embeddings: Annotated[int | None, typer.Option(min=1, max=o.MAX_REQUEST_TOKENS, help="Context the config declares (default: the catalog model's).")] = None,
+    max_position_embeddings: Annotated[
+        int | None,
+        typer.Option(
+            min=1, max=o.MAX_REQUEST_TOKENS, help="Context the config declares (default: the catalog model's)."
+        ),
+    ] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty directory.")] = False,
     json_out: o.Json = False,
 ) -> None:
@@ -56,10 +80,20 @@ def scale_model(
     spec = ScaleModelSpec(arch=arch, layers=layers, quant=quant, max_position_embeddings=max_position_embeddings)
     path = build_scale_model(out_dir, spec, overwrite=overwrite)
     gib = read_model_facts(str(path)).weights_gib
-    out.result({"path": str(path), "arch": arch, "layers": layers, "quant": quant, "weights_gib": gib,
-                "serve": f"m3ctl serve --model {path} -- --load-format dummy"})
-    out.echo(f"built {arch} scale model ({layers} layers, {quant}, about {gib:.1f} GiB of weights) in {path}; "
-              f"serve it with: m3ctl serve --model {path} -- --load-format dummy")
+    out.result(
+        {
+            "path": str(path),
+            "arch": arch,
+            "layers": layers,
+            "quant": quant,
+            "weights_gib": gib,
+            "serve": f"m3ctl serve --model {path} -- --load-format dummy",
+        }
+    )
+    out.echo(
+        f"built {arch} scale model ({layers} layers, {quant}, about {gib:.1f} GiB of weights) in {path}; "
+        f"serve it with: m3ctl serve --model {path} -- --load-format dummy"
+    )
 
 
 @app.command("fix-vllm")
@@ -78,7 +112,13 @@ def fix_vllm(json_out: o.Json = False) -> None:
 
 @app.command("vllm-models")
 def vllm_models(
-    registries: Annotated[list[str], typer.Argument(metavar="VERSION=PATH", help="A vLLM version and its registry: registry.py, a vLLM wheel, or a site-packages directory (repeatable).")],
+    registries: Annotated[
+        list[str],
+        typer.Argument(
+            metavar="VERSION=PATH",
+            help="A vLLM version and its registry: registry.py, a vLLM wheel, or a site-packages directory (repeatable).",
+        ),
+    ],
     output: Annotated[Path, typer.Option(help="File to write.")] = Path("m3ctl/data/vllm_models.yaml"),
     json_out: o.Json = False,
 ) -> None:
@@ -95,7 +135,9 @@ def vllm_models(
     for item in registries:
         ver, sep, path = item.partition("=")
         if not sep or not ver or not path:
-            raise BadInput(f"{item!r} is not VERSION=PATH", "e.g. 0.33.0=vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl")
+            raise BadInput(
+                f"{item!r} is not VERSION=PATH", "e.g. 0.33.0=vllm-0.33.0-cp38-abi3-manylinux_2_28_x86_64.whl"
+            )
         try:
             registry_architectures(read_registry(path))
         except BadInput as e:
@@ -115,5 +157,7 @@ def vllm_models(
     output.write_text(text)
     data = parse_engine_models(text, str(output))
     out.result({"path": str(output), "versions": {v: len(r.architectures) for v, r in data.versions.items()}})
-    out.echo(f"wrote {output}: " + ", ".join(f"vLLM {v} {len(r.architectures)} architectures"
-                                            for v, r in data.versions.items()))
+    out.echo(
+        f"wrote {output}: "
+        + ", ".join(f"vLLM {v} {len(r.architectures)} architectures" for v, r in data.versions.items())
+    )

@@ -12,15 +12,37 @@ from m3ctl.cli.render import COLOUR
 
 def doctor(
     json_out: o.Json = False,
-    verbose: Annotated[bool, typer.Option("-v", "--verbose", help="Show every detail and the skipped checks (without it: the first detail of a WARN or FAIL).")] = False,
+    verbose: Annotated[
+        bool,
+        typer.Option(
+            "-v",
+            "--verbose",
+            help="Show every detail and the skipped checks (without it: the first detail of a WARN or FAIL).",
+        ),
+    ] = False,
     model: o.Model = None,
     variant: o.Variant = None,
-    context: Annotated[int | None, typer.Option(parser=o.token_count, metavar="N", help="Context tokens one sequence must fit (default 32768).")] = None,
-    kv_cache_dtype: Annotated[str, typer.Option(parser=o.vllm_choice("kv-cache-dtype"), help="KV cache dtype to validate for this GPU.")] = "auto",
-    runtime: Annotated[str, typer.Option(parser=o.choice("auto", "process", "docker"), help="auto, process or docker (what serve would use).")] = "auto",
+    context: Annotated[
+        int | None,
+        typer.Option(parser=o.token_count, metavar="N", help="Context tokens one sequence must fit (default 32768)."),
+    ] = None,
+    kv_cache_dtype: Annotated[
+        str, typer.Option(parser=o.vllm_choice("kv-cache-dtype"), help="KV cache dtype to validate for this GPU.")
+    ] = "auto",
+    runtime: Annotated[
+        str,
+        typer.Option(
+            parser=o.choice("auto", "process", "docker"), help="auto, process or docker (what serve would use)."
+        ),
+    ] = "auto",
     port: o.Port = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 on WARN too.")] = False,
-    image: Annotated[str | None, typer.Option(parser=o.text, help="Check this image (catalog name or a local image) instead of the recommended one.")] = None,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            parser=o.text, help="Check this image (catalog name or a local image) instead of the recommended one."
+        ),
+    ] = None,
     inventory: o.Inventory = None,
     save_inventory: Annotated[Path | None, typer.Option(help="Write this host's inventory as JSON.")] = None,
     system: o.System = None,
@@ -31,9 +53,19 @@ def doctor(
     from m3ctl.doctor import report_json  # noqa: PLC0415  (rendering: the --json shape)
 
     out = Output(json_out)
-    rep = api.doctor(model=model, variant=variant, context=context, kv_cache_dtype=kv_cache_dtype, runtime=runtime,
-                     port=port, image=image, inventory=inventory, system=system, attention=attention,
-                     save_inventory=save_inventory)
+    rep = api.doctor(
+        model=model,
+        variant=variant,
+        context=context,
+        kv_cache_dtype=kv_cache_dtype,
+        runtime=runtime,
+        port=port,
+        image=image,
+        inventory=inventory,
+        system=system,
+        attention=attention,
+        save_inventory=save_inventory,
+    )
     out.result(report_json(rep))
     if not out.json:
         render(out.con, rep, verbose)

@@ -47,16 +47,22 @@ def given_request(ctx: typer.Context, **extra):
 
     opts = dict(ctx.params)
     given = {k: v for k, v in opts.items() if k in PlanRequest.model_fields and k != "profile"}
-    given.update(profile_file=str(opts["profile"]) if opts.get("profile") else None,
-                 args=parse_args(opts.get("arg") or []), startup_budget_s=opts.get("startup_timeout"),
-                 extra_args=raw_args_without_key(ctx))
+    given.update(
+        profile_file=str(opts["profile"]) if opts.get("profile") else None,
+        args=parse_args(opts.get("arg") or []),
+        startup_budget_s=opts.get("startup_timeout"),
+        extra_args=raw_args_without_key(ctx),
+    )
     for k in list(given):  # an option left at its default is not "given": the lower layers decide
         src = ctx.get_parameter_source(k) if k in opts else None
         if src is not None and src.name == "DEFAULT":
             given.pop(k)
     switches = ("allow_emulated", "no_multicast", "skip_checks")  # flags without a --no- form: False = not given
-    cli = {k: v for k, v in {**given, **extra}.items()
-           if v is not None and v != {} and v != [] and not (k in switches and v is False)}
+    cli = {
+        k: v
+        for k, v in {**given, **extra}.items()
+        if v is not None and v != {} and v != [] and not (k in switches and v is False)
+    }
     try:
         return PlanRequest(**cli)
     except ValidationError as e:

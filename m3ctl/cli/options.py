@@ -46,6 +46,7 @@ def text(value: str) -> str:
 def vllm_choice(flag: str) -> Callable[[str], str]:
     """A parser accepting the values vLLM's own ``--FLAG`` accepts (its choices in m3ctl/data/vllm_serve_flags.yaml,
     read from ``vllm serve --help=all``); the rules check the rest (per architecture, per model)."""
+
     def parse(value: str) -> str:
         from m3ctl.vllm_args import flag_table  # noqa: PLC0415
 
@@ -54,9 +55,12 @@ def vllm_choice(flag: str) -> Callable[[str], str]:
             import difflib  # noqa: PLC0415
 
             close = difflib.get_close_matches(value, choices, n=1)
-            raise typer.BadParameter(f"{value!r} is not a value vLLM's --{flag} accepts"
-                                     + (f" (did you mean {close[0]!r}?)" if close else f" ({', '.join(choices)})"))
+            raise typer.BadParameter(
+                f"{value!r} is not a value vLLM's --{flag} accepts"
+                + (f" (did you mean {close[0]!r}?)" if close else f" ({', '.join(choices)})")
+            )
         return value
+
     parse.__name__ = "vllm_choice"
     return parse
 
@@ -109,14 +113,17 @@ def absolute_path(value: str) -> str:
 
 def choice(*values: str) -> Callable[[str], str]:
     """A parser accepting one of ``values`` (an error lists them, with the closest as a "did you mean")."""
+
     def parse(text: str) -> str:
         if text not in values:
             import difflib  # noqa: PLC0415
 
             close = difflib.get_close_matches(text, values, n=1)
-            raise typer.BadParameter(f"{text!r} is not one of {', '.join(values)}"
-                                     + (f"; did you mean {close[0]!r}?" if close else ""))
+            raise typer.BadParameter(
+                f"{text!r} is not one of {', '.join(values)}" + (f"; did you mean {close[0]!r}?" if close else "")
+            )
         return text
+
     parse.__name__ = "choice"
     return parse
 
@@ -164,7 +171,10 @@ def int_list(text: str) -> str:
 
 
 # ------------------------------------------------------------------ output
-Json = Annotated[bool, typer.Option("--json", help="Print the result as JSON on stdout (a stream: one JSON object per line).")]
+Json = Annotated[
+    bool, typer.Option("--json", help="Print the result as JSON on stdout (a stream: one JSON object per line).")
+]
+
 
 def plot_axis(text: str) -> str:
     """A Pareto x axis of m3ctl.bench.report.X_AXES."""
@@ -173,66 +183,208 @@ def plot_axis(text: str) -> str:
     return choice(*X_AXES)(text)
 
 
-OutputCsv = Annotated[Path | None, typer.Option(help="Write one CSV row per run here (checked writable before any work).")]
-Plot = Annotated[Path | None, typer.Option(help="Pareto PNG of the runs: tok/s per GPU vs tok/s per user (checked writable before any work).")]
-PlotX = Annotated[str, typer.Option(parser=plot_axis, help="Pareto x axis: inferencex-median, agentx-p90 or aiperf-median.")]
+OutputCsv = Annotated[
+    Path | None, typer.Option(help="Write one CSV row per run here (checked writable before any work).")
+]
+Plot = Annotated[
+    Path | None,
+    typer.Option(help="Pareto PNG of the runs: tok/s per GPU vs tok/s per user (checked writable before any work)."),
+]
+PlotX = Annotated[
+    str, typer.Option(parser=plot_axis, help="Pareto x axis: inferencex-median, agentx-p90 or aiperf-median.")
+]
 
 # ------------------------------------------------------------------ host to plan for
-Inventory = Annotated[Path | None, typer.Option(help="Evaluate a saved inventory (doctor --save-inventory) instead of this host.")]
-System = Annotated[str | None, typer.Option(parser=text, metavar="NAME", help="Evaluate a catalog system you don't have (h200x8, gb300x4, mi355xx8; xN sets the GPU count); nothing is probed.")]
+Inventory = Annotated[
+    Path | None, typer.Option(help="Evaluate a saved inventory (doctor --save-inventory) instead of this host.")
+]
+System = Annotated[
+    str | None,
+    typer.Option(
+        parser=text,
+        metavar="NAME",
+        help="Evaluate a catalog system you don't have (h200x8, gb300x4, mi355xx8; xN sets the GPU count); nothing is probed.",
+    ),
+]
 
 # ------------------------------------------------------------------ deployment (plan, serve, doctor, tune)
-Model = Annotated[str | None, typer.Option("--model", "-m", parser=text, help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory (default: $M3CTL_MODEL, the config file's, else MiniMax-M3.1-Flash).")]
-Port = Annotated[int | None, typer.Option(min=1, max=65535, help="API port (default: $M3CTL_PORT, the config file's, else 8000).")]
+Model = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        parser=text,
+        help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory (default: $M3CTL_MODEL, the config file's, else MiniMax-M3.1-Flash).",
+    ),
+]
+Port = Annotated[
+    int | None, typer.Option(min=1, max=65535, help="API port (default: $M3CTL_PORT, the config file's, else 8000).")
+]
 Host = Annotated[str, typer.Option(help="API listen address.")]
 Name = Annotated[str, typer.Option(help="Deployment name.")]
-ServedName = Annotated[str | None, typer.Option(parser=text, help="API model id (default: the model id, with --name as a second name).")]
-Runtime = Annotated[str | None, typer.Option(parser=runtime, help="process (bare `vllm serve`), docker, or auto (the default: docker when --image is given, or the profile has an image and the container engine is reachable; else process).")]
+ServedName = Annotated[
+    str | None, typer.Option(parser=text, help="API model id (default: the model id, with --name as a second name).")
+]
+Runtime = Annotated[
+    str | None,
+    typer.Option(
+        parser=runtime,
+        help="process (bare `vllm serve`), docker, or auto (the default: docker when --image is given, or the profile has an image and the container engine is reachable; else process).",
+    ),
+]
 Profile = Annotated[Path | None, typer.Option(help="Kernel profile YAML to use instead of the catalog's.")]
-Arg = Annotated[list[str] | None, typer.Option("--arg", help="vllm serve flag override flag=value, e.g. max-num-seqs=64 (repeatable).")]
+Arg = Annotated[
+    list[str] | None,
+    typer.Option("--arg", help="vllm serve flag override flag=value, e.g. max-num-seqs=64 (repeatable)."),
+]
 SkipChecks = Annotated[bool, typer.Option(help="Report plan rule violations as warnings instead of rejecting.")]
-Config = Annotated[Path | None, typer.Option(help="Plan config YAML (flags override it; it overrides M3CTL_* and ~/.config/m3ctl/config.yaml).")]
-Variant = Annotated[str | None, typer.Option(parser=variant_name, help="Model variant (nvfp4, mxfp4, mxfp8, fp8, bf16); default: best native one that fits.")]
-KVDtype = Annotated[str | None, typer.Option(parser=vllm_choice("kv-cache-dtype"), help="KV cache dtype (validated per architecture and attention type).")]
-Attention = Annotated[str | None, typer.Option(parser=choice("msa", "dense"), metavar="msa|dense", help="msa (the checkpoint's sparse attention, default) or dense: every layer dense through --hf-overrides, the opt-in fallback of a known MSA issue (quality cost unknown).")]
+Config = Annotated[
+    Path | None,
+    typer.Option(help="Plan config YAML (flags override it; it overrides M3CTL_* and ~/.config/m3ctl/config.yaml)."),
+]
+Variant = Annotated[
+    str | None,
+    typer.Option(
+        parser=variant_name, help="Model variant (nvfp4, mxfp4, mxfp8, fp8, bf16); default: best native one that fits."
+    ),
+]
+KVDtype = Annotated[
+    str | None,
+    typer.Option(
+        parser=vllm_choice("kv-cache-dtype"), help="KV cache dtype (validated per architecture and attention type)."
+    ),
+]
+Attention = Annotated[
+    str | None,
+    typer.Option(
+        parser=choice("msa", "dense"),
+        metavar="msa|dense",
+        help="msa (the checkpoint's sparse attention, default) or dense: every layer dense through --hf-overrides, the opt-in fallback of a known MSA issue (quality cost unknown).",
+    ),
+]
 
 #: The planner's typed knobs (PlanRequest fields), shared by `plan` and `serve` through :func:`plan_knobs`.
 PLAN_KNOBS: dict[str, tuple[Any, Any]] = {
     "variant": (Variant, None),
     "tp": (Annotated[int | None, typer.Option("--tp", min=1, help="Tensor parallel size.")], None),
     "dp": (Annotated[int | None, typer.Option("--dp", min=1, help="Data parallel size.")], None),
-    "dcp": (Annotated[int | None, typer.Option("--dcp", min=1, help="Decode context parallel size (adds no GPUs).")], None),
-    "pp": (Annotated[int | None, typer.Option("--pp", min=1, help="Pipeline parallel stages (GPUs = TP x PP x DP); default: the planner's layout search.")], None),
-    "ep": (Annotated[bool | None, typer.Option("--ep/--no-ep", help="Expert parallel on/off (default: profile strategy).")], None),
-    "dbo": (Annotated[bool | None, typer.Option("--dbo/--no-dbo", help="Dual batch overlap (needs DP>1 + EP + DeepEP).")], None),
-    "spec_depth": (Annotated[int | None, typer.Option(min=0, help="Speculative tokens (0 = off); uses the model's drafter, else ngram.")], None),
-    "spec_method": (Annotated[str | None, typer.Option(parser=vllm_choice("spec-method"), help="Speculative method override (ngram, dspark, eagle3, mtp...).")], None),
+    "dcp": (
+        Annotated[int | None, typer.Option("--dcp", min=1, help="Decode context parallel size (adds no GPUs).")],
+        None,
+    ),
+    "pp": (
+        Annotated[
+            int | None,
+            typer.Option(
+                "--pp",
+                min=1,
+                help="Pipeline parallel stages (GPUs = TP x PP x DP); default: the planner's layout search.",
+            ),
+        ],
+        None,
+    ),
+    "ep": (
+        Annotated[
+            bool | None, typer.Option("--ep/--no-ep", help="Expert parallel on/off (default: profile strategy).")
+        ],
+        None,
+    ),
+    "dbo": (
+        Annotated[bool | None, typer.Option("--dbo/--no-dbo", help="Dual batch overlap (needs DP>1 + EP + DeepEP).")],
+        None,
+    ),
+    "spec_depth": (
+        Annotated[
+            int | None, typer.Option(min=0, help="Speculative tokens (0 = off); uses the model's drafter, else ngram.")
+        ],
+        None,
+    ),
+    "spec_method": (
+        Annotated[
+            str | None,
+            typer.Option(
+                parser=vllm_choice("spec-method"), help="Speculative method override (ngram, dspark, eagle3, mtp...)."
+            ),
+        ],
+        None,
+    ),
     "kv_cache_dtype": (KVDtype, None),
     "attention": (Attention, None),
-    "max_model_len": (Annotated[int | None, typer.Option(parser=token_count, metavar="N", help="Max model length (tokens).")], None),
-    "max_num_seqs": (Annotated[int | None, typer.Option(parser=token_count, metavar="N", help="Max concurrent sequences.")], None),
-    "max_num_batched_tokens": (Annotated[int | None, typer.Option(parser=token_count, metavar="N", help="Max batched tokens per step.")], None),
-    "allow_emulated": (Annotated[bool, typer.Option(help="Accept a variant that runs only through a fallback kernel here (e.g. NVFP4 on Hopper).")], False),
-    "no_multicast": (Annotated[bool, typer.Option("--no-multicast", help="Turn NVLink multicast off for multi-GPU launches (shared hosts).")], False),
-    "offline": (Annotated[bool | None, typer.Option("--offline/--online", help="Air-gapped: resolve the model, tokenizer and draft model to local HF-cache snapshots and check every file before launch (default: on when HF_HUB_OFFLINE=1).")], None),
+    "max_model_len": (
+        Annotated[int | None, typer.Option(parser=token_count, metavar="N", help="Max model length (tokens).")],
+        None,
+    ),
+    "max_num_seqs": (
+        Annotated[int | None, typer.Option(parser=token_count, metavar="N", help="Max concurrent sequences.")],
+        None,
+    ),
+    "max_num_batched_tokens": (
+        Annotated[int | None, typer.Option(parser=token_count, metavar="N", help="Max batched tokens per step.")],
+        None,
+    ),
+    "allow_emulated": (
+        Annotated[
+            bool,
+            typer.Option(help="Accept a variant that runs only through a fallback kernel here (e.g. NVFP4 on Hopper)."),
+        ],
+        False,
+    ),
+    "no_multicast": (
+        Annotated[
+            bool,
+            typer.Option("--no-multicast", help="Turn NVLink multicast off for multi-GPU launches (shared hosts)."),
+        ],
+        False,
+    ),
+    "offline": (
+        Annotated[
+            bool | None,
+            typer.Option(
+                "--offline/--online",
+                help="Air-gapped: resolve the model, tokenizer and draft model to local HF-cache snapshots and check every file before launch (default: on when HF_HUB_OFFLINE=1).",
+            ),
+        ],
+        None,
+    ),
 }
 
 # ------------------------------------------------------------------ workload (bench, tune)
-Workload = Annotated[str, typer.Option(parser=choice(*WORKLOADS), autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)], help=f"Bench workload: {', '.join(WORKLOADS)}.")]
-InputLen = Annotated[int, typer.Option(min=1, max=MAX_REQUEST_TOKENS, help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn).")]
+Workload = Annotated[
+    str,
+    typer.Option(
+        parser=choice(*WORKLOADS),
+        autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)],
+        help=f"Bench workload: {', '.join(WORKLOADS)}.",
+    ),
+]
+InputLen = Annotated[
+    int,
+    typer.Option(
+        min=1,
+        max=MAX_REQUEST_TOKENS,
+        help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn).",
+    ),
+]
 OutputLen = Annotated[int, typer.Option(min=1, max=MAX_REQUEST_TOKENS, help="Output tokens per request.")]
-Seed = Annotated[int, typer.Option(help="Workload seed (lengths, order, arrivals); the prompt text is fresh every run.")]
-UsdPerGpuHour = Annotated[float | None, typer.Option(parser=positive_float, metavar="USD", help="GPU price for USD per million tokens and tokens per USD.")]
+Seed = Annotated[
+    int, typer.Option(help="Workload seed (lengths, order, arrivals); the prompt text is fresh every run.")
+]
+UsdPerGpuHour = Annotated[
+    float | None,
+    typer.Option(parser=positive_float, metavar="USD", help="GPU price for USD per million tokens and tokens per USD."),
+]
 
 
 def options(group: dict[str, tuple[Any, Any]], into: str):
     """Add the options of ``group`` ({name: (Annotated type, default)}) to a command; the command receives them
     as one dict argument ``into`` (so a group is declared once, here, and not repeated per command)."""
+
     def deco(fn):
         sig = inspect.signature(fn)
         params = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in sig.parameters.values() if p.name != into]
-        params += [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=t, default=d)
-                   for n, (t, d) in group.items()]
+        params += [
+            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, annotation=t, default=d) for n, (t, d) in group.items()
+        ]
 
         @functools.wraps(fn)
         def wrapper(**kw):
@@ -242,6 +394,7 @@ def options(group: dict[str, tuple[Any, Any]], into: str):
         wrapper.__signature__ = sig.replace(parameters=params)
         wrapper.__annotations__ = {p.name: p.annotation for p in params}
         return wrapper
+
     return deco
 
 

@@ -42,8 +42,14 @@ def hang(head: str, text: str, width: int, indent: int | None = None) -> str:
     lines = []
     for i, para in enumerate(text.split("\n")):
         first = head if i == 0 else pad
-        lines += textwrap.wrap(para, max(len(pad) + 20, width), initial_indent=first, subsequent_indent=pad,
-                               break_long_words=False, break_on_hyphens=False) or [first.rstrip()]
+        lines += textwrap.wrap(
+            para,
+            max(len(pad) + 20, width),
+            initial_indent=first,
+            subsequent_indent=pad,
+            break_long_words=False,
+            break_on_hyphens=False,
+        ) or [first.rstrip()]
     return "\n".join(lines).replace("\x00", " ")
 
 
@@ -78,8 +84,9 @@ def shell_lines(command: str, width: int, indent: int = 4) -> str:
     return " \\\n".join(lines)
 
 
-def print_hang(con, head: str, text: str, indent: int | None = None, style: str | None = None,
-               span: tuple[int, int] | None = None) -> None:
+def print_hang(
+    con, head: str, text: str, indent: int | None = None, style: str | None = None, span: tuple[int, int] | None = None
+) -> None:
     """Print :func:`hang` at the console's width (80 in a log file) as plain text; ``style`` colours the
     characters ``span`` of the first line (a status word)."""
     from rich.text import Text  # noqa: PLC0415

@@ -14,17 +14,60 @@ from m3ctl.errors import BadInput
 @o.options(o.PLAN_KNOBS, into="knobs")
 def plan(
     ctx: typer.Context,
-    model: o.Model = None, name: o.Name = "m3ctl", port: o.Port = None, host: o.Host = "127.0.0.1",
-    served_model_name: o.ServedName = None, runtime: o.Runtime = None, inventory: o.Inventory = None,
-    profile: o.Profile = None, arg: o.Arg = None, skip_checks: o.SkipChecks = False, config: o.Config = None,
-    system: o.System = None, knobs: dict | None = None,
-    image: Annotated[str | None, typer.Option(parser=o.text, help="Container image (catalog name, reference or a local image); implies --runtime docker.")] = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print {image, argv, env, explain, rejected} as JSON.")] = False,
-    emit: Annotated[str | None, typer.Option(parser=o.choice("docker", "compose", "k8s", "lws", "script", "ray"), help="Render as docker, compose, k8s, lws (multi-node DP), script or ray (multi-node TP x PP).")] = None,
-    nodes: Annotated[int, typer.Option(min=1, max=5000, help="(at most 5,000: the largest Kubernetes cluster, https://kubernetes.io/docs/setup/best-practices/cluster-large/) "
-                                           "With --emit lws/ray: nodes (pods/hosts).")] = 2,
-    hf_cache_hostpath: Annotated[str | None, typer.Option(parser=o.absolute_path, help="With --emit k8s/lws: mount this node path as the HF cache instead of a PersistentVolumeClaim.")] = None,
-    systems: Annotated[list[str] | None, typer.Option("--systems", parser=o.text, metavar="NAMES", help="Sizing view: plan on these catalog systems (comma list or repeated; 'all' = every one) and print which serve the model at --max-model-len, how, with how much KV cache.")] = None,
+    model: o.Model = None,
+    name: o.Name = "m3ctl",
+    port: o.Port = None,
+    host: o.Host = "127.0.0.1",
+    served_model_name: o.ServedName = None,
+    runtime: o.Runtime = None,
+    inventory: o.Inventory = None,
+    profile: o.Profile = None,
+    arg: o.Arg = None,
+    skip_checks: o.SkipChecks = False,
+    config: o.Config = None,
+    system: o.System = None,
+    knobs: dict | None = None,
+    image: Annotated[
+        str | None,
+        typer.Option(
+            parser=o.text, help="Container image (catalog name, reference or a local image); implies --runtime docker."
+        ),
+    ] = None,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print {image, argv, env, explain, rejected} as JSON.")
+    ] = False,
+    emit: Annotated[
+        str | None,
+        typer.Option(
+            parser=o.choice("docker", "compose", "k8s", "lws", "script", "ray"),
+            help="Render as docker, compose, k8s, lws (multi-node DP), script or ray (multi-node TP x PP).",
+        ),
+    ] = None,
+    nodes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            max=5000,
+            help="(at most 5,000: the largest Kubernetes cluster, https://kubernetes.io/docs/setup/best-practices/cluster-large/) "
+            "With --emit lws/ray: nodes (pods/hosts).",
+        ),
+    ] = 2,
+    hf_cache_hostpath: Annotated[
+        str | None,
+        typer.Option(
+            parser=o.absolute_path,
+            help="With --emit k8s/lws: mount this node path as the HF cache instead of a PersistentVolumeClaim.",
+        ),
+    ] = None,
+    systems: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--systems",
+            parser=o.text,
+            metavar="NAMES",
+            help="Sizing view: plan on these catalog systems (comma list or repeated; 'all' = every one) and print which serve the model at --max-model-len, how, with how much KV cache.",
+        ),
+    ] = None,
 ) -> None:
     """Plan a launch for this host (or --inventory FILE, --system NAME): image, argv, env, every choice explained; start nothing.
 
@@ -42,11 +85,16 @@ def plan(
         raise BadInput("--systems plans on catalog systems; it takes no --inventory or --system", "drop one of them")
     req = given_request(ctx)  # the options given; the API layers them over --config, M3CTL_* and the config file
     if systems:
-        return sizing(out, api.plan_request(req, config=config),
-                      api.size_systems(systems, req, config=config))
+        return sizing(out, api.plan_request(req, config=config), api.size_systems(systems, req, config=config))
     # a container form plans for the docker runtime unless a layer names one (as `serve`: auto otherwise)
-    p = api.plan(req, inventory=inventory, system=system, config=config, offline=knobs["offline"],
-                 default_runtime="docker" if emit in ("docker", "compose", "k8s", "lws") else "auto")
+    p = api.plan(
+        req,
+        inventory=inventory,
+        system=system,
+        config=config,
+        offline=knobs["offline"],
+        default_runtime="docker" if emit in ("docker", "compose", "k8s", "lws") else "auto",
+    )
     if emit:
         from m3ctl.emit import render  # noqa: PLC0415
 
@@ -67,20 +115,36 @@ def sizing(out: Output, request, rows: list) -> None:
         from rich.table import Table  # noqa: PLC0415
 
         mml = request.max_model_len
-        t = Table(title=f"m3ctl plan --systems: {escape(request.model)} at "
-                  + (f"{mml} tokens" if mml else "its maximum length")
-                  + " (KV tokens per replica; seqs = sequences of that length at once)")
+        t = Table(
+            title=f"m3ctl plan --systems: {escape(request.model)} at "
+            + (f"{mml} tokens" if mml else "its maximum length")
+            + " (KV tokens per replica; seqs = sequences of that length at once)"
+        )
         for col in ("system", "MiB/GPU", "variant", "layout", "profile", "image", "KV tokens", "seqs"):
             t.add_column(col, no_wrap=True)
         t.add_column("verdict", overflow="fold")
         for r in rows:
-            layout = (f"TP{r.tp}" + (f" PP{r.pp}" if r.pp and r.pp > 1 else "") + f" DP{r.dp}" + (" EP" if r.ep else "")
-                      + (f" DCP{r.dcp}" if r.dcp and r.dcp > 1 else "") if r.serves else "")
+            layout = (
+                f"TP{r.tp}"
+                + (f" PP{r.pp}" if r.pp and r.pp > 1 else "")
+                + f" DP{r.dp}"
+                + (" EP" if r.ep else "")
+                + (f" DCP{r.dcp}" if r.dcp and r.dcp > 1 else "")
+                if r.serves
+                else ""
+            )
             verdict = "[green]serves[/]" if r.serves else f"[red]{escape(r.rule or 'no plan')}[/]"
-            t.add_row(r.system, str(r.gpu_mib or "?"), r.variant or "", layout, escape(r.profile or ""),
-                      escape(r.image.split("/")[-1] if r.image else (r.runtime or "")),
-                      f"{r.kv_tokens:,}" if r.kv_tokens is not None else "",
-                      f"{r.concurrent_sequences:,}" if r.concurrent_sequences is not None else "", verdict)
+            t.add_row(
+                r.system,
+                str(r.gpu_mib or "?"),
+                r.variant or "",
+                layout,
+                escape(r.profile or ""),
+                escape(r.image.split("/")[-1] if r.image else (r.runtime or "")),
+                f"{r.kv_tokens:,}" if r.kv_tokens is not None else "",
+                f"{r.concurrent_sequences:,}" if r.concurrent_sequences is not None else "",
+                verdict,
+            )
         out.con.print(t)
         for r in rows:
             if not r.serves:

@@ -18,9 +18,17 @@ def shown_command(p, runtime=None) -> str:
 def print_plan(con, p) -> None:
     """The plan: a head line, each choice with why, what was rejected, warnings (wrapped at the console width),
     then the command on one line (whole, so it can be copied)."""
-    print_hang(con, "plan ", f"{p.name}: profile {p.profile}, runtime {p.runtime}, {p.url}"
-               + (f", model {p.model_spec}" if p.model_spec else "") + (f", variant {p.variant}" if p.variant else "")
-               + (f", image {p.image}" if p.image else ""), 2, "bold", (0, 4))
+    print_hang(
+        con,
+        "plan ",
+        f"{p.name}: profile {p.profile}, runtime {p.runtime}, {p.url}"
+        + (f", model {p.model_spec}" if p.model_spec else "")
+        + (f", variant {p.variant}" if p.variant else "")
+        + (f", image {p.image}" if p.image else ""),
+        2,
+        "bold",
+        (0, 4),
+    )
     for c in p.choices:
         print_hang(con, f"  {c.what} = ", f"{c.value}  ({c.why})", 4)
     for r in p.rejected:

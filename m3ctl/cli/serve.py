@@ -19,19 +19,65 @@ from m3ctl.errors import BadInput
 @o.options(o.PLAN_KNOBS, into="knobs")
 def serve(
     ctx: typer.Context,
-    model: o.Model = None, name: o.Name = "m3ctl", port: o.Port = None, host: o.Host = "127.0.0.1",
-    runtime: o.Runtime = None, served_model_name: o.ServedName = None, profile: o.Profile = None,
-    arg: o.Arg = None, skip_checks: o.SkipChecks = False, inventory: o.Inventory = None, config: o.Config = None,
-    knobs: dict | None = None, json_out: o.Json = False,
-    startup_timeout: Annotated[float | None, typer.Option(parser=o.positive_float, metavar="SECONDS", help="Readiness budget in seconds (default: from model size).")] = None,
+    model: o.Model = None,
+    name: o.Name = "m3ctl",
+    port: o.Port = None,
+    host: o.Host = "127.0.0.1",
+    runtime: o.Runtime = None,
+    served_model_name: o.ServedName = None,
+    profile: o.Profile = None,
+    arg: o.Arg = None,
+    skip_checks: o.SkipChecks = False,
+    inventory: o.Inventory = None,
+    config: o.Config = None,
+    knobs: dict | None = None,
+    json_out: o.Json = False,
+    startup_timeout: Annotated[
+        float | None,
+        typer.Option(
+            parser=o.positive_float, metavar="SECONDS", help="Readiness budget in seconds (default: from model size)."
+        ),
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and exit; start nothing.")] = False,
-    detach: Annotated[bool, typer.Option("--detach", "-d", help="Return once the server is ready; leave it running.")] = False,
-    image: Annotated[str | None, typer.Option(parser=o.text, help="Container image for --runtime docker (default: the profile's).")] = None,
-    mount: Annotated[list[str] | None, typer.Option("--mount", parser=o.mount_spec, help="Extra docker bind mount HOST:CONTAINER[:ro|rw] (repeatable; read-only by default).")] = None,
-    restart: Annotated[str, typer.Option(parser=o.choice("no", "on-failure"), help="Foreground watchdog: no or on-failure (restart a dead/stalled server).")] = "no",
-    watch_interval: Annotated[float, typer.Option(min=0, help="Foreground watchdog: seconds between liveness probes.")] = 10.0,
-    api_key_env: Annotated[str | None, typer.Option(help="Require this API key: the name of the environment variable holding it (handed to vLLM as VLLM_API_KEY, never on its command line).")] = None,
-    smoke: Annotated[str | None, typer.Option("--smoke", parser=o.choice("quick", "full", "off"), metavar="quick|full|off", help="Smoke test before 'ready': quick (a long prompt + a mixed concurrent batch), full (also chat, parsers, a known answer, output checks; default) or off.")] = None,
+    detach: Annotated[
+        bool, typer.Option("--detach", "-d", help="Return once the server is ready; leave it running.")
+    ] = False,
+    image: Annotated[
+        str | None, typer.Option(parser=o.text, help="Container image for --runtime docker (default: the profile's).")
+    ] = None,
+    mount: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--mount",
+            parser=o.mount_spec,
+            help="Extra docker bind mount HOST:CONTAINER[:ro|rw] (repeatable; read-only by default).",
+        ),
+    ] = None,
+    restart: Annotated[
+        str,
+        typer.Option(
+            parser=o.choice("no", "on-failure"),
+            help="Foreground watchdog: no or on-failure (restart a dead/stalled server).",
+        ),
+    ] = "no",
+    watch_interval: Annotated[
+        float, typer.Option(min=0, help="Foreground watchdog: seconds between liveness probes.")
+    ] = 10.0,
+    api_key_env: Annotated[
+        str | None,
+        typer.Option(
+            help="Require this API key: the name of the environment variable holding it (handed to vLLM as VLLM_API_KEY, never on its command line)."
+        ),
+    ] = None,
+    smoke: Annotated[
+        str | None,
+        typer.Option(
+            "--smoke",
+            parser=o.choice("quick", "full", "off"),
+            metavar="quick|full|off",
+            help="Smoke test before 'ready': quick (a long prompt + a mixed concurrent batch), full (also chat, parsers, a known answer, output checks; default) or off.",
+        ),
+    ] = None,
     no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Same as --smoke off.")] = False,
 ) -> None:
     """Plan, launch and wait until the server really serves (then watch it, or return with --detach).
@@ -51,8 +97,9 @@ def serve(
         from typer._click.exceptions import MissingParameter  # noqa: PLC0415  (Typer's click)
 
         raise MissingParameter(ctx=ctx, param_hint="'--model' (or M3CTL_MODEL)", param_type="option")
-    p, secrets, prof, inv = api.prepare_serve(req, inventory=inventory, config=config, offline=knobs["offline"],
-                                              api_key_env=api_key_env)
+    p, secrets, prof, inv = api.prepare_serve(
+        req, inventory=inventory, config=config, offline=knobs["offline"], api_key_env=api_key_env
+    )
     if dry_run:
         return show_dry_run(out, p, level)
     reg = Registry()
@@ -61,14 +108,19 @@ def serve(
     serving.preflight(p, reg, rt)  # fail in milliseconds (or after an image pull), before printing "starting"
     if not out.json:
         cmd = shell_lines(shown_command(p, rt), out.con.width - 2)
-        out.print(f"starting {p.name}:" + (f" {escape(cmd)}" if "\n" not in cmd and len(cmd) + len(p.name) + 10
-                                           <= out.con.width else "\n  " + escape(cmd).replace("\n", "\n  ")),
-                  soft_wrap=True)
+        out.print(
+            f"starting {p.name}:"
+            + (
+                f" {escape(cmd)}"
+                if "\n" not in cmd and len(cmd) + len(p.name) + 10 <= out.con.width
+                else "\n  " + escape(cmd).replace("\n", "\n  ")
+            ),
+            soft_wrap=True,
+        )
     out.event("starting", name=p.name, command=shown_command(p, rt))
     # A foreground Ctrl-C (or SIGTERM/SIGHUP) stops the server wherever it lands (a print, an import, a probe).
     with serving.stop_signals_as_interrupt():
-        launch_and_serve(out, p, reg, rt, secrets, expect, detach, watch_interval, restart, smoke=level,
-                         inv=inv)
+        launch_and_serve(out, p, reg, rt, secrets, expect, detach, watch_interval, restart, smoke=level, inv=inv)
 
 
 def show_dry_run(out: Output, p, level: str) -> None:
@@ -78,8 +130,11 @@ def show_dry_run(out: Output, p, level: str) -> None:
         typer.echo(p.model_dump_json(indent=2))
         return
     print_plan(out.con, p)
-    checks = "skipped (--smoke off)" if level == "off" else f"{level}: " + "; ".join(
-        planned_checks(p.argv, level, smoke_target(p)))
+    checks = (
+        "skipped (--smoke off)"
+        if level == "off"
+        else f"{level}: " + "; ".join(planned_checks(p.argv, level, smoke_target(p)))
+    )
     out.print(f"after readiness, smoke test: {escape(checks)}")
 
 
@@ -97,8 +152,13 @@ def on_phase(out: Output):
         if e.status == "start":
             started[e.phase] = e.detail
             if tty:  # replaced by the phase's result line
-                out.con.print(f"  [dim]…[/] {e.phase:<11} {escape(e.detail)}", end="\r", no_wrap=True,
-                              overflow="ellipsis", soft_wrap=False)
+                out.con.print(
+                    f"  [dim]…[/] {e.phase:<11} {escape(e.detail)}",
+                    end="\r",
+                    no_wrap=True,
+                    overflow="ellipsis",
+                    soft_wrap=False,
+                )
             return
         if tty:
             out.con.file.write("\x1b[2K")
@@ -109,11 +169,23 @@ def on_phase(out: Output):
             out.con.print(line, no_wrap=True, overflow="ellipsis", soft_wrap=False)
         else:  # the cause in full
             out.con.print(line, soft_wrap=True)
+
     return show
 
 
-def launch_and_serve(out: Output, p, reg, rt, secrets, expect, detach: bool, watch_interval: float,
-                     restart: str, smoke: str = "full", inv=None) -> None:
+def launch_and_serve(
+    out: Output,
+    p,
+    reg,
+    rt,
+    secrets,
+    expect,
+    detach: bool,
+    watch_interval: float,
+    restart: str,
+    smoke: str = "full",
+    inv=None,
+) -> None:
     """Launch, report readiness, smoke findings and kernels, then watch in the foreground (unless ``detach``);
     any end of the foreground watch but a detached Ctrl-C stops the server (m3ctl.serve.watch_deployment)."""
     from m3ctl import serve as serving  # noqa: PLC0415
@@ -121,23 +193,51 @@ def launch_and_serve(out: Output, p, reg, rt, secrets, expect, detach: bool, wat
 
     res = None
     try:
-        res = serving.launch_and_wait(p, registry=reg, secret_env=secrets, on_event=on_phase(out), runtime=rt,
-                                      expect=expect, smoke=smoke, diag_context=DiagContext.for_plan(p, inv))
+        res = serving.launch_and_wait(
+            p,
+            registry=reg,
+            secret_env=secrets,
+            on_event=on_phase(out),
+            runtime=rt,
+            expect=expect,
+            smoke=smoke,
+            diag_context=DiagContext.for_plan(p, inv),
+        )
         dep = res.deployment
-        out.event("ready", deployment=dep.model_dump(mode="json"), time_to_ready_s=res.readiness.time_to_ready_s,
-                  kernels=[{"level": f.level, "message": f.message} for f in (res.kernels.findings if res.kernels else [])])
+        out.event(
+            "ready",
+            deployment=dep.model_dump(mode="json"),
+            time_to_ready_s=res.readiness.time_to_ready_s,
+            kernels=[{"level": f.level, "message": f.message} for f in (res.kernels.findings if res.kernels else [])],
+        )
         if not out.json:
-            print_hang(out.con, "ready ", f"{dep.name} at {dep.url} (model {dep.served_model_name!r}) in "
-                       f"{res.readiness.time_to_ready_s:.1f} s; log {dep.log_path}", 2, "green", (0, 5))
+            print_hang(
+                out.con,
+                "ready ",
+                f"{dep.name} at {dep.url} (model {dep.served_model_name!r}) in "
+                f"{res.readiness.time_to_ready_s:.1f} s; log {dep.log_path}",
+                2,
+                "green",
+                (0, 5),
+            )
         if not out.json:
             print_smoke(out.con, dep.smoke)
             print_kernels(out.con, res.kernels)
         if detach:
             return
-        out.print(f"serving in the foreground (watchdog every {watch_interval:g} s, restart {restart}); "
-                  "Ctrl-C stops it")
-        serving.watch_deployment(dep, rt, reg, secrets, expect, interval_s=watch_interval, restart=restart,
-                                 on_event=probe_printer(out, dep.name))
+        out.print(
+            f"serving in the foreground (watchdog every {watch_interval:g} s, restart {restart}); Ctrl-C stops it"
+        )
+        serving.watch_deployment(
+            dep,
+            rt,
+            reg,
+            secrets,
+            expect,
+            interval_s=watch_interval,
+            restart=restart,
+            on_event=probe_printer(out, dep.name),
+        )
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP (serve.Terminated)
         # A fresh console: the signal may have landed inside a print, which can leave that console holding
         # (never flushing) what is printed next.

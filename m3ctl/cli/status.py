@@ -14,8 +14,19 @@ def status(json_out: o.Json = False) -> None:
     out = Output(json_out)
     rows = serving.status()
     bad = serving.unreadable()
-    out.result([{**r.deployment.model_dump(), "alive": r.alive, "phase": r.phase, "uptime_s": r.uptime_s,
-                 "engine": r.engine.to_dict()} for r in rows] + [{"name": n, "phase": "unreadable", "path": path} for n, path in bad.items()])
+    out.result(
+        [
+            {
+                **r.deployment.model_dump(),
+                "alive": r.alive,
+                "phase": r.phase,
+                "uptime_s": r.uptime_s,
+                "engine": r.engine.to_dict(),
+            }
+            for r in rows
+        ]
+        + [{"name": n, "phase": "unreadable", "path": path} for n, path in bad.items()]
+    )
     if out.json:
         return
     if not rows and not bad:
@@ -29,14 +40,36 @@ def status(json_out: o.Json = False) -> None:
         where = f"container {(d.container_id or '')[:12]}" if d.runtime == "docker" else f"pid {d.pid or '-'}"
         restarts = f" ({d.restarts} restarts)" if d.restarts else ""
         probs = [f["status"] for f in d.smoke or [] if f["status"] in ("WARN", "FAIL")]
-        smoke = "-" if d.smoke is None else (", ".join(f"{n} {s}" for s, n in sorted(
-            {s: probs.count(s) for s in probs}.items())) if probs else "ok")
+        smoke = (
+            "-"
+            if d.smoke is None
+            else (
+                ", ".join(f"{n} {s}" for s, n in sorted({s: probs.count(s) for s in probs}.items())) if probs else "ok"
+            )
+        )
         out.con.print(escape(f"{d.name}  {r.phase}  {d.url}  up {r.uptime_s:.0f} s{restarts}"), soft_wrap=True)
-        out.con.print(escape(hang("  ", f"model {d.served_model_name}; {d.runtime} {where}; image {d.image or '-'}; "
-                                  f"plan {d.plan_hash or '-'}; smoke {smoke}", width)), soft_wrap=True)
+        out.con.print(
+            escape(
+                hang(
+                    "  ",
+                    f"model {d.served_model_name}; {d.runtime} {where}; image {d.image or '-'}; "
+                    f"plan {d.plan_hash or '-'}; smoke {smoke}",
+                    width,
+                )
+            ),
+            soft_wrap=True,
+        )
         if r.engine.dead:  # when, how and why; the record stays for `m3ctl logs` until `m3ctl stop`
-            out.con.print(escape(hang("  ", f"{r.engine.sentence()}; log {d.log_path or '-'}; `m3ctl stop {d.name}` "
-                                      "removes the record", width)), soft_wrap=True)
+            out.con.print(
+                escape(
+                    hang(
+                        "  ",
+                        f"{r.engine.sentence()}; log {d.log_path or '-'}; `m3ctl stop {d.name}` removes the record",
+                        width,
+                    )
+                ),
+                soft_wrap=True,
+            )
             if r.engine.fix:
                 out.con.print(escape(hang("  ", f"try: {r.engine.fix}", width)), soft_wrap=True)
         elif r.phase in ("paused", "unknown"):

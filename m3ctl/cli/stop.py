@@ -28,8 +28,13 @@ def stop(
         return
     for r in reports:
         how = "was not running" if not r.was_running else ("stopped" if r.graceful else f"killed {r.killed}")
-        gpu = ("gpu memory n/a (no NVML)" if r.gpu_memory_left_mib is None
-               else "gpu memory released" if not r.gpu_memory_left_mib else f"GPU MEMORY HELD {r.gpu_memory_left_mib}")
+        gpu = (
+            "gpu memory n/a (no NVML)"
+            if r.gpu_memory_left_mib is None
+            else "gpu memory released"
+            if not r.gpu_memory_left_mib
+            else f"GPU MEMORY HELD {r.gpu_memory_left_mib}"
+        )
         typer.echo(f"{r.name}: {how} in {r.seconds:.1f} s; port {'free' if r.port_free else 'STILL BUSY'}; {gpu}")
     if not reports:
         typer.echo("no deployments")

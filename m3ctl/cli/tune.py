@@ -54,45 +54,74 @@ def parallel_trials_value(text: str) -> int | str:
 
 #: The study's options, derived from m3ctl.tune.options.TuneOptions (help, type, default); here only what a
 #: model field cannot say: the CLI name, flag forms, parse-time parsers and ranges.
-TUNE_OPTIONS, TUNE_FIELDS = o.model_options(TuneOptions, {
-    "slo": dict(parser=slo_text),
-    "objective": {},
-    "usd_per_gpu_hour": dict(parser=o.positive_float, metavar="USD"),
-    "knobs": dict(name="knob", decls="--knob"),
-    "ladder": dict(type=str, parser=o.int_list, show=lambda v: ",".join(map(str, v))),
-    "max_trials": dict(min=0),
-    "time_budget_s": dict(name="time_budget", decls="--time-budget", parser=o.positive_float, metavar="SECONDS"),
-    "seed": dict(min=0, max=2**32 - 1),
-    "confirm_top": dict(min=0, unset=True),
-    "boundary_margin": dict(min=0.0, max=1.0),
-    "boundary_repeats": dict(min=0),
-    "fast_starts": dict(decls="--fast-starts/--no-fast-starts"),
-    "max_spec_depth": dict(min=0, max=32),
-    "baseline": dict(decls="--baseline/--no-baseline", unset=True),
-    "port": dict(min=1, max=65535),
-    "workload": dict(parser=o.choice(*WORKLOADS), autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)]),
-    "input_len": dict(min=1, max=MAX_REQUEST_TOKENS),
-    "output_len": dict(min=1, max=MAX_REQUEST_TOKENS),
-    "prompts_per_concurrency": dict(min=1),
-    "warmup": dict(decls="--warmup/--no-warmup"),
-    "profile": dict(type=Path),
-    "args": dict(name="arg", decls="--arg"),
-    "skip_checks": {},
-})
+TUNE_OPTIONS, TUNE_FIELDS = o.model_options(
+    TuneOptions,
+    {
+        "slo": dict(parser=slo_text),
+        "objective": {},
+        "usd_per_gpu_hour": dict(parser=o.positive_float, metavar="USD"),
+        "knobs": dict(name="knob", decls="--knob"),
+        "ladder": dict(type=str, parser=o.int_list, show=lambda v: ",".join(map(str, v))),
+        "max_trials": dict(min=0),
+        "time_budget_s": dict(name="time_budget", decls="--time-budget", parser=o.positive_float, metavar="SECONDS"),
+        "seed": dict(min=0, max=2**32 - 1),
+        "confirm_top": dict(min=0, unset=True),
+        "boundary_margin": dict(min=0.0, max=1.0),
+        "boundary_repeats": dict(min=0),
+        "fast_starts": dict(decls="--fast-starts/--no-fast-starts"),
+        "max_spec_depth": dict(min=0, max=32),
+        "baseline": dict(decls="--baseline/--no-baseline", unset=True),
+        "port": dict(min=1, max=65535),
+        "workload": dict(
+            parser=o.choice(*WORKLOADS),
+            autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)],
+        ),
+        "input_len": dict(min=1, max=MAX_REQUEST_TOKENS),
+        "output_len": dict(min=1, max=MAX_REQUEST_TOKENS),
+        "prompts_per_concurrency": dict(min=1),
+        "warmup": dict(decls="--warmup/--no-warmup"),
+        "profile": dict(type=Path),
+        "args": dict(name="arg", decls="--arg"),
+        "skip_checks": {},
+    },
+)
 
 
 @o.options(TUNE_OPTIONS, into="opts")
 def tune(
     ctx: typer.Context,
     model: o.Model = None,
-    study_dir: Annotated[Path | None, typer.Option(help="Study directory (SQLite study, trials, outputs); default ./m3ctl-tune-<time>.")] = None,
-    resume: Annotated[Path | None, typer.Option(help="Continue the study in DIR (after Ctrl-C or a kill); other options are ignored except --max-trials / --time-budget, which replace the saved budgets (both count across resumes), --confirm-top and --baseline/--no-baseline.")] = None,
+    study_dir: Annotated[
+        Path | None, typer.Option(help="Study directory (SQLite study, trials, outputs); default ./m3ctl-tune-<time>.")
+    ] = None,
+    resume: Annotated[
+        Path | None,
+        typer.Option(
+            help="Continue the study in DIR (after Ctrl-C or a kill); other options are ignored except --max-trials / --time-budget, which replace the saved budgets (both count across resumes), --confirm-top and --baseline/--no-baseline."
+        ),
+    ] = None,
     pareto: Annotated[bool, typer.Option("--pareto", help="Also print the Pareto table and write pareto.png.")] = False,
     inventory: o.Inventory = None,
     system: o.System = None,
-    json_out: Annotated[bool, typer.Option("--json", help="Print result.json (with --dry-run: the dry-run report) instead of tables.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what the study would run (every configuration with its rule check and command, the baseline, the order, the bench runs); start and write nothing.")] = False,
-    parallel_trials: Annotated[str, typer.Option("--parallel-trials", parser=parallel_trials_value, metavar="N|auto", help="Search trials at once on disjoint GPU sets, each on its own port (auto: as many as fit; 1: one after the other). A run setting: --resume takes it again.")] = "auto",
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print result.json (with --dry-run: the dry-run report) instead of tables.")
+    ] = False,
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run",
+            help="Print what the study would run (every configuration with its rule check and command, the baseline, the order, the bench runs); start and write nothing.",
+        ),
+    ] = False,
+    parallel_trials: Annotated[
+        str,
+        typer.Option(
+            "--parallel-trials",
+            parser=parallel_trials_value,
+            metavar="N|auto",
+            help="Search trials at once on disjoint GPU sets, each on its own port (auto: as many as fit; 1: one after the other). A run setting: --resume takes it again.",
+        ),
+    ] = "auto",
     opts: dict | None = None,
 ) -> None:
     """Search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO (resumable).
@@ -103,17 +132,30 @@ def tune(
 
     out = Output(json_out)
     given = {TUNE_FIELDS[k]: v for k, v in opts.items()}
-    given.update(ladder=ladder_values(given["ladder"]), knobs=given["knobs"] or [],
-                 args=parse_args(given["args"] or []), extra_args=list(ctx.args))
+    given.update(
+        ladder=ladder_values(given["ladder"]),
+        knobs=given["knobs"] or [],
+        args=parse_args(given["args"] or []),
+        extra_args=list(ctx.args),
+    )
     if dry_run:
-        report = api.tune(model, study_dir=study_dir, resume=resume, inventory=inventory, system=system,
-                          dry_run=True, parallel_trials=parallel_trials, **given)
+        report = api.tune(
+            model,
+            study_dir=study_dir,
+            resume=resume,
+            inventory=inventory,
+            system=system,
+            dry_run=True,
+            parallel_trials=parallel_trials,
+            **given,
+        )
         out.result(report)
         if not out.json:
             print_dry_run(out.con, report)
         return
-    sdir, settings, inv = api.prepare_tune(model, study_dir=study_dir, resume=resume, inventory=inventory,
-                                           system=system, options=given)
+    sdir, settings, inv = api.prepare_tune(
+        model, study_dir=study_dir, resume=resume, inventory=inventory, system=system, options=given
+    )
     run(out, sdir, settings, inv, pareto, parallel_trials)
 
 
@@ -129,9 +171,11 @@ def run(out: Output, sdir: Path, settings: dict, inv, pareto: bool, parallel_tri
     from m3ctl.tune.space import Space  # noqa: PLC0415
 
     sp, spec = Space.from_json(settings["space"]), settings["spec"]
-    out.print(f"study {sdir}: {sp.size()} configurations over {', '.join(sp.free()) or 'nothing'}; SLO "
-              f"{parse_slo(spec['slo'])}; objective {spec['objective']}; budget {spec['max_trials']} starts"
-              + (f", {spec['time_budget_s']:g} s" if spec.get("time_budget_s") else ""))
+    out.print(
+        f"study {sdir}: {sp.size()} configurations over {', '.join(sp.free()) or 'nothing'}; SLO "
+        f"{parse_slo(spec['slo'])}; objective {spec['objective']}; budget {spec['max_trials']} starts"
+        + (f", {spec['time_budget_s']:g} s" if spec.get("time_budget_s") else "")
+    )
     for note in settings.get("pruned", []):
         out.print(f"pruned before launch: {note}")
     out.print(f"{'trial':>5}  {'config':<40} phase / result")
@@ -145,17 +189,22 @@ def run(out: Output, sdir: Path, settings: dict, inv, pareto: bool, parallel_tri
 
     try:
         with serving.stop_signals_as_interrupt():  # SIGTERM/SIGHUP: the trial's server is stopped as on Ctrl-C
-            res, tuner, ev = st.run_tune(sdir, settings, inventory=inv, on_event=on_event, on_cleanup=on_cleanup,
-                                         parallel_trials=parallel_trials)
+            res, tuner, ev = st.run_tune(
+                sdir, settings, inventory=inv, on_event=on_event, on_cleanup=on_cleanup, parallel_trials=parallel_trials
+            )
     except KeyboardInterrupt as e:
-        console(stderr=True).print("interrupted: completed trials and every finished bench run are saved; "
-                                   f"continue with `m3ctl tune --resume {sdir}`")
+        console(stderr=True).print(
+            "interrupted: completed trials and every finished bench run are saved; "
+            f"continue with `m3ctl tune --resume {sdir}`"
+        )
         raise typer.Exit(serving.interrupt_exit_code(e)) from None
     if tuner.interrupted_trials:
         again = [n for n in tuner.interrupted_trials if n not in tuner.recovered_trials]
-        out.print(f"resumed: trial(s) {tuner.interrupted_trials} had been interrupted"
-                  + (f"; kept from the runs they had finished: {tuner.recovered_trials}" if tuner.recovered_trials else "")
-                  + (f"; no run finished, so measured again (their starts count): {again}" if again else ""))
+        out.print(
+            f"resumed: trial(s) {tuner.interrupted_trials} had been interrupted"
+            + (f"; kept from the runs they had finished: {tuner.recovered_trials}" if tuner.recovered_trials else "")
+            + (f"; no run finished, so measured again (their starts count): {again}" if again else "")
+        )
     from m3ctl.files import WriteFailed  # noqa: PLC0415
 
     lost = None

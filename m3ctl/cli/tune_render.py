@@ -8,21 +8,38 @@ def print_dry_run(con, r: dict, limit: int = 40) -> None:
     from m3ctl.tune.slo import parse_slo  # noqa: PLC0415
 
     sp, spec, b = r["space"], r["spec"], r["bench"]
-    con.print(f"[bold]tune (dry run)[/] {escape(r['model'])}: nothing is started or written; the study would be "
-              f"{escape(r['study_dir'])}", soft_wrap=True)
-    con.print(f"  space: {sp['size']} configurations over {', '.join(sp['free']) or 'nothing'}; "
-              + "; ".join(f"{k} {v}" for k, v in sp["values"].items()), soft_wrap=True)
-    con.print(f"  SLO {parse_slo(spec['slo'])}; objective {spec['objective']}; budget {spec['max_trials']} starts"
-              + (f", {spec['time_budget_s']:g} s" if spec.get("time_budget_s") else ""))
-    con.print(f"  each measurement: bench {b.get('workload')} {b.get('input_len')} in / {b.get('output_len')} out, "
-              "requests per concurrency " + ", ".join(f"c={c}: {n}" for c, n in r["prompts_per_run"].items())
-              + ("; fresh prompts every run, after a warm-up of as many requests as the concurrency"
-                 if b.get("warmup") else "; fresh prompts every run"), soft_wrap=True)
+    con.print(
+        f"[bold]tune (dry run)[/] {escape(r['model'])}: nothing is started or written; the study would be "
+        f"{escape(r['study_dir'])}",
+        soft_wrap=True,
+    )
+    con.print(
+        f"  space: {sp['size']} configurations over {', '.join(sp['free']) or 'nothing'}; "
+        + "; ".join(f"{k} {v}" for k, v in sp["values"].items()),
+        soft_wrap=True,
+    )
+    con.print(
+        f"  SLO {parse_slo(spec['slo'])}; objective {spec['objective']}; budget {spec['max_trials']} starts"
+        + (f", {spec['time_budget_s']:g} s" if spec.get("time_budget_s") else "")
+    )
+    con.print(
+        f"  each measurement: bench {b.get('workload')} {b.get('input_len')} in / {b.get('output_len')} out, "
+        "requests per concurrency "
+        + ", ".join(f"c={c}: {n}" for c, n in r["prompts_per_run"].items())
+        + (
+            "; fresh prompts every run, after a warm-up of as many requests as the concurrency"
+            if b.get("warmup")
+            else "; fresh prompts every run"
+        ),
+        soft_wrap=True,
+    )
     for note in r["pruned"]:
         con.print(f"  pruned before launch: {escape(note)}", soft_wrap=True)
     rejected = [c for c in r["candidates"] if c["status"] != "ok"]
-    con.print(f"  {r['feasible']} of {len(r['candidates'])} configurations pass the plan rules; "
-              f"{len(rejected)} would be rejected without a launch")
+    con.print(
+        f"  {r['feasible']} of {len(r['candidates'])} configurations pass the plan rules; "
+        f"{len(rejected)} would be rejected without a launch"
+    )
     for c in r["candidates"][:limit]:
         verdict = "[green]ok[/]" if c["status"] == "ok" else f"[red]rejected[/] {escape(c['reason'])}"
         con.print(f"    {escape(c['describe']):<44} {verdict}", soft_wrap=True)
@@ -36,11 +53,20 @@ def print_dry_run(con, r: dict, limit: int = 40) -> None:
         con.print(f"  trial starts: {escape(r['starts'])}", soft_wrap=True)
     print_parallel(con, r.get("parallel"))
     bl = r["baseline"]
-    con.print("  baseline command: " + (escape(bl["command"]) if "command" in bl else f"skipped ({escape(bl['skipped'])})"),
-              soft_wrap=True)
+    con.print(
+        "  baseline command: " + (escape(bl["command"]) if "command" in bl else f"skipped ({escape(bl['skipped'])})"),
+        soft_wrap=True,
+    )
     first = r.get("first")
-    con.print("  first configuration: " + (f"{escape(first['command'])}" if first else "the anchor is rejected by the "
-                                           "plan rules (no launch); optuna TPE picks the first start"), soft_wrap=True)
+    con.print(
+        "  first configuration: "
+        + (
+            f"{escape(first['command'])}"
+            if first
+            else "the anchor is rejected by the plan rules (no launch); optuna TPE picks the first start"
+        ),
+        soft_wrap=True,
+    )
 
 
 def print_parallel(con, par: dict | None) -> None:
@@ -50,13 +76,21 @@ def print_parallel(con, par: dict | None) -> None:
     if par["trials"] <= 1:
         con.print(f"  trials: one at a time ({escape(par['why'])})", soft_wrap=True)
         return
-    con.print(f"  trials: up to {par['trials']} at once ({escape(par['why'])}); ports "
-              + ", ".join(str(p) for p in par["ports"]), soft_wrap=True)
-    con.print("    slots: " + "; ".join(f"GPUs {','.join(map(str, s['gpus']))} port {s['port']}" for s in par["slots"]),
-              soft_wrap=True)
+    con.print(
+        f"  trials: up to {par['trials']} at once ({escape(par['why'])}); ports "
+        + ", ".join(str(p) for p in par["ports"]),
+        soft_wrap=True,
+    )
+    con.print(
+        "    slots: " + "; ".join(f"GPUs {','.join(map(str, s['gpus']))} port {s['port']}" for s in par["slots"]),
+        soft_wrap=True,
+    )
     for w in par["first_wave"]:
-        con.print(f"    starts on GPUs {','.join(map(str, w['gpus']))} port {w['port']}: {escape(w['describe'])} "
-                  f"(compile group {w['compile_group']})", soft_wrap=True)
+        con.print(
+            f"    starts on GPUs {','.join(map(str, w['gpus']))} port {w['port']}: {escape(w['describe'])} "
+            f"(compile group {w['compile_group']})",
+            soft_wrap=True,
+        )
     for q in par["queued"]:
         con.print(f"    then: {escape(q['describe'])} (compile group {q['compile_group']})", soft_wrap=True)
 
@@ -69,8 +103,7 @@ def capacity_line(b: dict) -> str:
         return head
     if sp["min"] == sp["max"]:
         return f"{head}, {sp['key']} {sp['median']:.4g} (SLO {sp['term']})"
-    return (f"{head}, {sp['key']} {sp['min']:.4g}-{sp['max']:.4g}, median {sp['median']:.4g} "
-            f"(SLO {sp['term']})")
+    return f"{head}, {sp['key']} {sp['min']:.4g}-{sp['max']:.4g}, median {sp['median']:.4g} (SLO {sp['term']})"
 
 
 def level_lines(b: dict) -> list[str]:
@@ -89,23 +122,31 @@ def print_result(con, res, out: dict, settings: dict, sp, pareto: bool) -> None:
     level's verdict, the profile, the Pareto front."""
     from m3ctl.tune.space import describe  # noqa: PLC0415
 
-    con.print(f"done ({res.stopped_by}): {res.launches} server starts, {res.cost_s:.0f} s of server time, "
-              f"{res.elapsed_s:.0f} s wall")
+    con.print(
+        f"done ({res.stopped_by}): {res.launches} server starts, {res.cost_s:.0f} s of server time, "
+        f"{res.elapsed_s:.0f} s wall"
+    )
     rule = out.get("capacity_rule") or {}
     if rule.get("text") and settings["spec"].get("slo"):
         con.print(f"capacity rule: {escape(rule['text'])}", soft_wrap=True)
     chosen, reason = out.get("chosen"), out.get("reason") or ""
     if chosen == "none":
-        con.print(f"[red]no configuration met the SLO[/] at any level; {escape(reason.split('; ', 1)[-1])}",
-                  soft_wrap=True)
+        con.print(
+            f"[red]no configuration met the SLO[/] at any level; {escape(reason.split('; ', 1)[-1])}", soft_wrap=True
+        )
         con.print("no profile written; relax --slo or widen --knob ranges")
         return
     b = out.get("best")
     if b is not None:
-        con.print(f"[green]best[/] trial {b['trial']}: {describe(b['config'], sp)}: {b['objective']:.1f} "
-                  f"{settings['spec']['objective']} at concurrency {b['concurrency']}"
-                  + ("" if b.get("confirmed") or not settings["spec"].get("confirm_top") else
-                     " [yellow](not confirmed on a fresh server: the confirmation budget ran out)[/]"))
+        con.print(
+            f"[green]best[/] trial {b['trial']}: {describe(b['config'], sp)}: {b['objective']:.1f} "
+            f"{settings['spec']['objective']} at concurrency {b['concurrency']}"
+            + (
+                ""
+                if b.get("confirmed") or not settings["spec"].get("confirm_top")
+                else " [yellow](not confirmed on a fresh server: the confirmation budget ran out)[/]"
+            )
+        )
         con.print("  " + capacity_line(b), soft_wrap=True)
         for line in level_lines(b):
             con.print("    " + escape(line), soft_wrap=True)
@@ -116,8 +157,10 @@ def print_result(con, res, out: dict, settings: dict, sp, pareto: bool) -> None:
         if "skipped" in bl:
             con.print(f"baseline (vLLM defaults): skipped: {escape(bl['skipped'])}")
         elif bl["status"] == "feasible":
-            con.print(f"baseline (vLLM defaults): {bl['objective']:.1f} at concurrency {bl['concurrency']}"
-                      + (f"; best / baseline = {out['vs_baseline']:.2f}x" if out.get("vs_baseline") is not None else ""))
+            con.print(
+                f"baseline (vLLM defaults): {bl['objective']:.1f} at concurrency {bl['concurrency']}"
+                + (f"; best / baseline = {out['vs_baseline']:.2f}x" if out.get("vs_baseline") is not None else "")
+            )
             con.print("  " + capacity_line(bl), soft_wrap=True)
             for line in level_lines(bl):
                 con.print("    " + escape(line), soft_wrap=True)
@@ -133,7 +176,9 @@ def print_result(con, res, out: dict, settings: dict, sp, pareto: bool) -> None:
     if pareto:
         con.print("Pareto (p90 interactivity tok/s/user vs objective):")
         for p in out["pareto"]:
-            con.print(f"  {p['interactivity']:8.1f}  {p['objective']:10.1f}  c={p['concurrency']:<4} "
-                      f"{describe(p['config'], sp)}{'' if p['slo_ok'] else '  (SLO miss)'}")
+            con.print(
+                f"  {p['interactivity']:8.1f}  {p['objective']:10.1f}  c={p['concurrency']:<4} "
+                f"{describe(p['config'], sp)}{'' if p['slo_ok'] else '  (SLO miss)'}"
+            )
         if out.get("pareto_png"):
             con.print(f"plot: {out['pareto_png']}")

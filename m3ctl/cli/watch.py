@@ -15,6 +15,7 @@ from m3ctl.errors import EXIT_INTERRUPTED
 
 def probe_printer(out: Output, name: str):
     """The watchdog's events as one line each (or JSON Lines)."""
+
     def show(e) -> None:
         if e.kind == "probe" and e.probe is not None:
             p = e.probe
@@ -26,17 +27,28 @@ def probe_printer(out: Output, name: str):
         else:
             out.event(e.kind, name=name, detail=e.detail)
             out.print(f"  watch {e.kind} {escape(e.detail)}")
+
     return show
 
 
 def watch(
     name: Annotated[str, typer.Argument(help="Deployment name.")],
     interval: Annotated[float, typer.Option(min=0, help="Seconds between probes.")] = 10.0,
-    canary_timeout: Annotated[float, typer.Option(parser=o.positive_float, metavar="SECONDS", help="Seconds the 1-token canary completion may take.")] = 30.0,
+    canary_timeout: Annotated[
+        float,
+        typer.Option(
+            parser=o.positive_float, metavar="SECONDS", help="Seconds the 1-token canary completion may take."
+        ),
+    ] = 30.0,
     stall: Annotated[float, typer.Option(min=0, help="Seconds requests may wait with no token generated.")] = 60.0,
-    restart: Annotated[str, typer.Option(parser=o.choice("no", "on-failure"), help="no or on-failure (stop and relaunch the saved plan).")] = "no",
+    restart: Annotated[
+        str,
+        typer.Option(parser=o.choice("no", "on-failure"), help="no or on-failure (stop and relaunch the saved plan)."),
+    ] = "no",
     max_restarts: Annotated[int, typer.Option(min=0, help="Restarts before giving up.")] = 3,
-    count: Annotated[int | None, typer.Option(min=1, help="Stop after this many probes (default: until a failure).")] = None,
+    count: Annotated[
+        int | None, typer.Option(min=1, help="Stop after this many probes (default: until a failure).")
+    ] = None,
     json_out: o.Json = False,
 ) -> None:
     """Watch a running deployment: liveness with a real 1-token completion and /metrics; exit 4 on failure."""
@@ -53,12 +65,27 @@ def watch(
     expect = serving.profile_expect(None, plan.profile, plan) if plan else None
     out.print(f"watching {name} at {dep.url} every {interval:g} s (restart {restart})")
     try:
-        serving.watch_deployment(dep, rt, reg, secrets, expect, interval_s=interval, restart=restart,
-                                 canary_timeout_s=canary_timeout, stall_s=stall, max_restarts=max_restarts,
-                                 count=count, stop_on_exit=False, on_event=probe_printer(out, name))
+        serving.watch_deployment(
+            dep,
+            rt,
+            reg,
+            secrets,
+            expect,
+            interval_s=interval,
+            restart=restart,
+            canary_timeout_s=canary_timeout,
+            stall_s=stall,
+            max_restarts=max_restarts,
+            count=count,
+            stop_on_exit=False,
+            on_event=probe_printer(out, name),
+        )
     except KeyboardInterrupt:  # watching only: the deployment keeps running (unless a relaunch was cut short)
         running = reg.exists(name) and rt.is_alive(reg.get(name))
         out.event("interrupted", name=name, running=running)
-        out.print(f"stopped watching; {name} keeps running" if running else
-                  f"stopped watching; {name} is not running (an interrupted relaunch stops its server)")
+        out.print(
+            f"stopped watching; {name} keeps running"
+            if running
+            else f"stopped watching; {name} is not running (an interrupted relaunch stops its server)"
+        )
         raise typer.Exit(EXIT_INTERRUPTED) from None

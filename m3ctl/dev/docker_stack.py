@@ -128,10 +128,26 @@ def start_engine(timeout_s: float = 60.0) -> Engine:
     log = open(root / "dockerd.log", "wb")  # noqa: SIM115 - the daemon writes it for its lifetime
     t0 = time.monotonic()
     proc = subprocess.Popen(
-        [exe, "--data-root", str(data_root), "--exec-root", str(root / "exec"), "-H", f"unix://{sock}",
-         "--pidfile", str(root / "dockerd.pid"), "--bridge=none", "--iptables=false", "--ip-masq=false"],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
-        pass_fds=(lock_fd,))  # the daemon holds the data-root lock for as long as it lives
+        [
+            exe,
+            "--data-root",
+            str(data_root),
+            "--exec-root",
+            str(root / "exec"),
+            "-H",
+            f"unix://{sock}",
+            "--pidfile",
+            str(root / "dockerd.pid"),
+            "--bridge=none",
+            "--iptables=false",
+            "--ip-masq=false",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+        pass_fds=(lock_fd,),
+    )  # the daemon holds the data-root lock for as long as it lives
     os.close(lock_fd)
     log.close()
     eng = Engine(docker_host=f"unix://{sock}", root=root, data_root=data_root, proc=proc)
@@ -163,8 +179,12 @@ def _rootfs_tar() -> Path:
     if deb is None:
         raise StackUnavailable("debootstrap not installed (apt-get install debootstrap) and no cached rootfs")
     with tempfile.TemporaryDirectory(prefix="m3rootfs-", dir=cache_dir()) as tmp:
-        r = subprocess.run([deb, "--variant=minbase", "--include=python3,libnuma1", "bookworm", f"{tmp}/rootfs",
-                            DEBIAN_MIRROR], capture_output=True, text=True, timeout=900)
+        r = subprocess.run(
+            [deb, "--variant=minbase", "--include=python3,libnuma1", "bookworm", f"{tmp}/rootfs", DEBIAN_MIRROR],
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
         if r.returncode != 0:
             raise StackUnavailable(f"debootstrap failed: {(r.stderr or r.stdout).strip().splitlines()[-1:]}")
         part = tar.with_suffix(".tar.part")

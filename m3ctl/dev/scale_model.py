@@ -32,28 +32,62 @@ QUANTS = ("fp8", "bf16", "nvfp4")
 RELEASE_FIELDS: dict[str, dict[str, Any]] = {
     # MiniMaxAI/MiniMax-M2 / M2.5 config.json (vocab 200064, rotary_dim 64 of head_dim 128, sigmoid router with
     # routing bias, per-layer QK norm, no shared expert); transformers MiniMaxM2Config defaults agree.
-    "minimax-m2": dict(vocab_size=200064, rope_theta=5_000_000.0, rotary_dim=64, partial_rotary_factor=0.5,
-                       rms_norm_eps=1e-6, hidden_act="silu", scoring_func="sigmoid", use_routing_bias=True,
-                       use_qk_norm=True, qk_norm_type="per_layer", shared_intermediate_size=0,
-                       tie_word_embeddings=False),
+    "minimax-m2": dict(
+        vocab_size=200064,
+        rope_theta=5_000_000.0,
+        rotary_dim=64,
+        partial_rotary_factor=0.5,
+        rms_norm_eps=1e-6,
+        hidden_act="silu",
+        scoring_func="sigmoid",
+        use_routing_bias=True,
+        use_qk_norm=True,
+        qk_norm_type="per_layer",
+        shared_intermediate_size=0,
+        tie_word_embeddings=False,
+    ),
     # vLLM MiniMaxM3TextConfig fields (vllm/transformers_utils/configs/minimax_m3.py, 0.26 source); vocabulary
     # assumed equal to MiniMax-M2's (no public M3.1-Flash config: catalog `assumed`).
-    "minimax-m3": dict(vocab_size=200064, rope_theta=5_000_000.0, partial_rotary_factor=0.5, rms_norm_eps=1e-6,
-                       hidden_act="swigluoai", swiglu_alpha=1.702, swiglu_beta=1.0, swiglu_limit=7.0,
-                       use_gemma_norm=True, use_qk_norm=True, qk_norm_type="per_head", scoring_func="sigmoid",
-                       use_routing_bias=True, routed_scaling_factor=2.0, n_shared_experts=1,
-                       attention_output_gate=False, num_mtp_modules=0, tie_word_embeddings=False),
+    "minimax-m3": dict(
+        vocab_size=200064,
+        rope_theta=5_000_000.0,
+        partial_rotary_factor=0.5,
+        rms_norm_eps=1e-6,
+        hidden_act="swigluoai",
+        swiglu_alpha=1.702,
+        swiglu_beta=1.0,
+        swiglu_limit=7.0,
+        use_gemma_norm=True,
+        use_qk_norm=True,
+        qk_norm_type="per_head",
+        scoring_func="sigmoid",
+        use_routing_bias=True,
+        routed_scaling_factor=2.0,
+        n_shared_experts=1,
+        attention_output_gate=False,
+        num_mtp_modules=0,
+        tie_word_embeddings=False,
+    ),
 }
 
 QUANT_CONFIGS: dict[str, dict[str, Any] | None] = {
     # MiniMaxAI/MiniMax-M2.5 config.json quantization_config (FP8 e4m3, 128x128 weight blocks, dynamic activations)
-    "fp8": {"quant_method": "fp8", "fmt": "float8_e4m3fn", "activation_scheme": "dynamic",
-            "weight_block_size": [128, 128], "modules_to_not_convert": ["gate", "e_score_correction_bias", "lm_head"]},
+    "fp8": {
+        "quant_method": "fp8",
+        "fmt": "float8_e4m3fn",
+        "activation_scheme": "dynamic",
+        "weight_block_size": [128, 128],
+        "modules_to_not_convert": ["gate", "e_score_correction_bias", "lm_head"],
+    },
     "bf16": None,
     # NVIDIA ModelOpt NVFP4 (16-value groups, FP8 scales), MoE experts only as in nvidia/*-NVFP4 checkpoints
     # (vLLM ModelOptNvFp4Config reads quant_method/quant_algo/group_size/exclude_modules).
-    "nvfp4": {"quant_method": "modelopt", "quant_algo": "NVFP4", "group_size": 16,
-              "exclude_modules": ["lm_head", "*self_attn*", "*gate", "*indexer*"]},
+    "nvfp4": {
+        "quant_method": "modelopt",
+        "quant_algo": "NVFP4",
+        "group_size": 16,
+        "exclude_modules": ["lm_head", "*self_attn*", "*gate", "*indexer*"],
+    },
 }
 
 
@@ -75,7 +109,7 @@ class ScaleModelSpec:
 
     def validate(self) -> None:
         """Raises:
-            BadInput: unknown arch or quant, layers < 1, max_position_embeddings < 1."""
+        BadInput: unknown arch or quant, layers < 1, max_position_embeddings < 1."""
         if self.arch not in ARCHS:
             raise BadInput(f"unknown scale-model architecture {self.arch!r}", f"choose one of: {', '.join(ARCHS)}")
         if self.quant not in QUANTS:
@@ -83,8 +117,10 @@ class ScaleModelSpec:
         if self.layers < 1:
             raise BadInput(f"--layers must be >= 1, got {self.layers}", "pass the number of decoder layers, e.g. 16")
         if self.max_position_embeddings is not None and self.max_position_embeddings < 1:
-            raise BadInput(f"--max-position-embeddings must be >= 1, got {self.max_position_embeddings}",
-                           "omit it to keep the catalog model's context")
+            raise BadInput(
+                f"--max-position-embeddings must be >= 1, got {self.max_position_embeddings}",
+                "omit it to keep the catalog model's context",
+            )
 
 
 def _facts(arch: str):
@@ -109,28 +145,61 @@ def scale_config(spec: ScaleModelSpec, *, bos: int = 0, eos: int = 2, pad: int =
     n = spec.layers
     rel = dict(RELEASE_FIELDS[spec.arch])
     ctx = spec.max_position_embeddings or f.max_position_embeddings
-    common = dict(hidden_size=f.hidden_size, num_hidden_layers=n, num_attention_heads=f.num_attention_heads,
-                  num_key_value_heads=f.num_kv_heads, head_dim=f.head_dim, num_local_experts=f.num_experts,
-                  num_experts_per_tok=f.experts_per_tok, intermediate_size=f.moe_intermediate_size,
-                  max_position_embeddings=ctx, bos_token_id=bos, eos_token_id=eos, pad_token_id=pad, **rel)
+    common = dict(
+        hidden_size=f.hidden_size,
+        num_hidden_layers=n,
+        num_attention_heads=f.num_attention_heads,
+        num_key_value_heads=f.num_kv_heads,
+        head_dim=f.head_dim,
+        num_local_experts=f.num_experts,
+        num_experts_per_tok=f.experts_per_tok,
+        intermediate_size=f.moe_intermediate_size,
+        max_position_embeddings=ctx,
+        bos_token_id=bos,
+        eos_token_id=eos,
+        pad_token_id=pad,
+        **rel,
+    )
     quant = QUANT_CONFIGS[spec.quant]
     if spec.arch == "minimax-m2":
-        cfg = dict(model_type="minimax_m2", architectures=["MiniMaxM2ForCausalLM"], torch_dtype="bfloat16",
-                   attn_type_list=[1] * n, **common)
+        cfg = dict(
+            model_type="minimax_m2",
+            architectures=["MiniMaxM2ForCausalLM"],
+            torch_dtype="bfloat16",
+            attn_type_list=[1] * n,
+            **common,
+        )
     else:
         block = f.msa_block_size or 128
-        text = dict(model_type="minimax_m3_text", architectures=["MiniMaxM3SparseForCausalLM"],
-                    dense_intermediate_size=f.moe_intermediate_size,
-                    shared_intermediate_size=f.moe_intermediate_size, rotary_dim=f.head_dim // 2,
-                    moe_layer_freq=[1] * n,
-                    sparse_attention_config=dict(use_sparse_attention=True, sparse_index_dim=f.head_dim,
-                                                 sparse_num_index_heads=f.num_kv_heads, sparse_topk_blocks=16,
-                                                 sparse_block_size=block, sparse_disable_index_value=[1] * n,
-                                                 sparse_score_type="max", sparse_init_block=1, sparse_local_block=1,
-                                                 sparse_attention_freq=[1] * n),
-                    **common)
-        cfg = dict(model_type="minimax_m3_vl", architectures=["MiniMaxM3SparseForCausalLM"], text_config=text,
-                   vision_config=None, torch_dtype="bfloat16", tie_word_embeddings=False)
+        text = dict(
+            model_type="minimax_m3_text",
+            architectures=["MiniMaxM3SparseForCausalLM"],
+            dense_intermediate_size=f.moe_intermediate_size,
+            shared_intermediate_size=f.moe_intermediate_size,
+            rotary_dim=f.head_dim // 2,
+            moe_layer_freq=[1] * n,
+            sparse_attention_config=dict(
+                use_sparse_attention=True,
+                sparse_index_dim=f.head_dim,
+                sparse_num_index_heads=f.num_kv_heads,
+                sparse_topk_blocks=16,
+                sparse_block_size=block,
+                sparse_disable_index_value=[1] * n,
+                sparse_score_type="max",
+                sparse_init_block=1,
+                sparse_local_block=1,
+                sparse_attention_freq=[1] * n,
+            ),
+            **common,
+        )
+        cfg = dict(
+            model_type="minimax_m3_vl",
+            architectures=["MiniMaxM3SparseForCausalLM"],
+            text_config=text,
+            vision_config=None,
+            torch_dtype="bfloat16",
+            tie_word_embeddings=False,
+        )
     if quant:
         cfg["quantization_config"] = dict(quant)
     return cfg
@@ -161,7 +230,16 @@ def build_scale_model(out_dir: str | Path, spec: ScaleModelSpec | None = None, *
     cfg = scale_config(spec, bos=tok.bos_token_id, eos=tok.eos_token_id, pad=tok.pad_token_id)
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
     est = estimate_weights_bytes(cfg)
-    (out / "m3ctl-scale.json").write_text(json.dumps(
-        {**asdict(spec), "catalog_model": ARCHS[spec.arch], "weights": "none (--load-format dummy)",
-         "estimated_weights_bytes": est}, indent=2, sort_keys=True))
+    (out / "m3ctl-scale.json").write_text(
+        json.dumps(
+            {
+                **asdict(spec),
+                "catalog_model": ARCHS[spec.arch],
+                "weights": "none (--load-format dummy)",
+                "estimated_weights_bytes": est,
+            },
+            indent=2,
+            sort_keys=True,
+        )
+    )
     return out

@@ -63,14 +63,28 @@ class TinyModelSpec:
         """Raises BadInput: a size below 1, or KV heads that do not divide the attention heads (GQA groups)."""
         from m3ctl.errors import BadInput  # noqa: PLC0415
 
-        for f in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim",
-                  "intermediate_size", "num_experts", "experts_per_tok", "max_position_embeddings"):
+        for f in (
+            "vocab_size",
+            "hidden_size",
+            "num_layers",
+            "num_heads",
+            "num_kv_heads",
+            "head_dim",
+            "intermediate_size",
+            "num_experts",
+            "experts_per_tok",
+            "max_position_embeddings",
+        ):
             if getattr(self, f) < 1:
-                raise BadInput(f"tiny model {f.replace('num_', '').replace('_', '-')} {getattr(self, f)} must be >= 1",
-                               "e.g. --head-dim 32 --kv-heads 2")
+                raise BadInput(
+                    f"tiny model {f.replace('num_', '').replace('_', '-')} {getattr(self, f)} must be >= 1",
+                    "e.g. --head-dim 32 --kv-heads 2",
+                )
         if self.num_heads % self.num_kv_heads:
-            raise BadInput(f"tiny model kv-heads {self.num_kv_heads} must divide its {self.num_heads} attention heads",
-                           "use --kv-heads 1, 2 or 4")
+            raise BadInput(
+                f"tiny model kv-heads {self.num_kv_heads} must divide its {self.num_heads} attention heads",
+                "use --kv-heads 1, 2 or 4",
+            )
 
 
 def _corpus(max_files: int = 200) -> list[str]:
@@ -87,11 +101,20 @@ def build_tokenizer(out: Path, vocab_size: int):
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=SPECIALS,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train(_corpus(), trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|im_end|>",
-                                   pad_token="<|endoftext|>", unk_token=None)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<|endoftext|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        unk_token=None,
+    )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out))
     return fast
@@ -100,12 +123,20 @@ def build_tokenizer(out: Path, vocab_size: int):
 def _config(spec: TinyModelSpec, tokenizer):
     import transformers  # noqa: PLC0415
 
-    common = dict(vocab_size=len(tokenizer), hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
-                  num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-                  head_dim=spec.head_dim, intermediate_size=spec.intermediate_size,
-                  max_position_embeddings=spec.max_position_embeddings,
-                  bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                  pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=False)
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        intermediate_size=spec.intermediate_size,
+        max_position_embeddings=spec.max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=False,
+    )
     if spec.arch == "llama":
         return transformers.LlamaConfig(**common), transformers.LlamaForCausalLM
     if spec.arch == "minimax-m3-release":
@@ -113,39 +144,73 @@ def _config(spec: TinyModelSpec, tokenizer):
     if spec.arch in ("minimax-m3", "minimax-m3-text"):
         n = spec.num_layers
         cfg = transformers.MiniMaxM3VLConfig(
-            text_config=dict(vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-                             num_hidden_layers=n, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-                             head_dim=spec.head_dim, num_local_experts=spec.num_experts,
-                             num_experts_per_tok=spec.experts_per_tok, dense_intermediate_size=spec.intermediate_size,
-                             shared_intermediate_size=spec.intermediate_size, max_position_embeddings=spec.max_position_embeddings,
-                             mlp_layer_types=["sparse"] * n, layer_types=["full_attention"] * n, index_n_heads=2,
-                             index_head_dim=spec.head_dim, index_block_size=128, index_topk_blocks=4,
-                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id),
+            text_config=dict(
+                vocab_size=len(tokenizer),
+                hidden_size=spec.hidden_size,
+                intermediate_size=spec.intermediate_size,
+                num_hidden_layers=n,
+                num_attention_heads=spec.num_heads,
+                num_key_value_heads=spec.num_kv_heads,
+                head_dim=spec.head_dim,
+                num_local_experts=spec.num_experts,
+                num_experts_per_tok=spec.experts_per_tok,
+                dense_intermediate_size=spec.intermediate_size,
+                shared_intermediate_size=spec.intermediate_size,
+                max_position_embeddings=spec.max_position_embeddings,
+                mlp_layer_types=["sparse"] * n,
+                layer_types=["full_attention"] * n,
+                index_n_heads=2,
+                index_head_dim=spec.head_dim,
+                index_block_size=128,
+                index_topk_blocks=4,
+                bos_token_id=tokenizer.bos_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+            ),
             vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2),
-            projector_hidden_size=spec.hidden_size, image_token_index=1, video_token_index=1)
+            projector_hidden_size=spec.hidden_size,
+            image_token_index=1,
+            video_token_index=1,
+        )
         cfg.architectures = ["MiniMaxM3SparseForConditionalGeneration"]
         if spec.arch == "minimax-m3-text":  # text-only: the text config alone, MiniMaxM3SparseForCausalLM
             cfg = cfg.text_config
             cfg.architectures = ["MiniMaxM3SparseForCausalLM"]
             # Fields vLLM's MiniMax-M3 model code reads from the release-format config (vllm/models/minimax_m3,
             # vLLM 0.32 source; H200 run with vLLM 0.26 failed on the missing `rope_theta` first).
-            for k, v in dict(rope_theta=5_000_000.0, partial_rotary_factor=0.5, hidden_act="swigluoai",
-                             swiglu_alpha=1.702, swiglu_beta=1.0, swiglu_limit=7.0, use_gemma_norm=True,
-                             qk_norm_type="per_head", scoring_func="sigmoid", use_routing_bias=True,
-                             routed_scaling_factor=2.0, n_shared_experts=1, moe_layer_freq=[1] * n,
-                             layer_norm_eps=1e-6, num_mtp_modules=0,
-                             sparse_attention_config=dict(sparse_attention_freq=[1] * n,
-                                                          sparse_num_index_heads=spec.num_kv_heads,
-                                                          sparse_index_dim=spec.head_dim, sparse_block_size=128,
-                                                          sparse_topk_blocks=4, sparse_local_block=1,
-                                                          sparse_init_block=1)).items():
+            for k, v in dict(
+                rope_theta=5_000_000.0,
+                partial_rotary_factor=0.5,
+                hidden_act="swigluoai",
+                swiglu_alpha=1.702,
+                swiglu_beta=1.0,
+                swiglu_limit=7.0,
+                use_gemma_norm=True,
+                qk_norm_type="per_head",
+                scoring_func="sigmoid",
+                use_routing_bias=True,
+                routed_scaling_factor=2.0,
+                n_shared_experts=1,
+                moe_layer_freq=[1] * n,
+                layer_norm_eps=1e-6,
+                num_mtp_modules=0,
+                sparse_attention_config=dict(
+                    sparse_attention_freq=[1] * n,
+                    sparse_num_index_heads=spec.num_kv_heads,
+                    sparse_index_dim=spec.head_dim,
+                    sparse_block_size=128,
+                    sparse_topk_blocks=4,
+                    sparse_local_block=1,
+                    sparse_init_block=1,
+                ),
+            ).items():
                 setattr(cfg, k, v)
         return cfg, None
     if spec.arch == "minimax-m2":
         cfg = transformers.MiniMaxM2Config(
-            **common, num_local_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_tok,
-            rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0,
-                             "partial_rotary_factor": 0.5},
+            **common,
+            num_local_experts=spec.num_experts,
+            num_experts_per_tok=spec.experts_per_tok,
+            rope_parameters={"rope_type": "default", "rope_theta": 5_000_000.0, "partial_rotary_factor": 0.5},
         )
         # Fields the real MiniMax-M2 config.json carries and vLLM's MiniMaxM2 model reads.
         cfg.rotary_dim = spec.head_dim // 2
@@ -165,26 +230,64 @@ def _m3_release_config(spec: TinyModelSpec, tokenizer):
     MSA block the profile's ``--block-size 128`` matches), top-k 4 blocks, one init and one local block.
     """
     n = spec.num_layers
-    text = dict(model_type="minimax_m3_text", architectures=["MiniMaxM3SparseForCausalLM"],
-                vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
-                dense_intermediate_size=spec.intermediate_size, shared_intermediate_size=spec.intermediate_size,
-                num_hidden_layers=n, num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads,
-                head_dim=spec.head_dim, max_position_embeddings=spec.max_position_embeddings, rms_norm_eps=1e-6,
-                use_gemma_norm=True, attention_output_gate=False, rope_theta=5_000_000.0,
-                rotary_dim=spec.head_dim // 2, partial_rotary_factor=0.5, hidden_act="swigluoai", swiglu_alpha=1.702,
-                swiglu_beta=1.0, swiglu_limit=7.0, use_qk_norm=True, qk_norm_type="per_head",
-                num_local_experts=spec.num_experts, num_experts_per_tok=spec.experts_per_tok, n_shared_experts=1,
-                scoring_func="sigmoid", use_routing_bias=True, routed_scaling_factor=2.0, num_mtp_modules=0,
-                moe_layer_freq=[1] * n, tie_word_embeddings=False,
-                sparse_attention_config=dict(use_sparse_attention=True, sparse_index_dim=spec.head_dim,
-                                             sparse_num_index_heads=spec.num_kv_heads, sparse_topk_blocks=4,
-                                             sparse_block_size=128, sparse_disable_index_value=[1] * n,
-                                             sparse_score_type="max", sparse_init_block=1, sparse_local_block=1,
-                                             sparse_attention_freq=[1] * n),
-                bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                pad_token_id=tokenizer.pad_token_id)
-    return dict(model_type="minimax_m3_vl", architectures=["MiniMaxM3SparseForCausalLM"], text_config=text,
-                vision_config=None, torch_dtype="bfloat16", tie_word_embeddings=False)
+    text = dict(
+        model_type="minimax_m3_text",
+        architectures=["MiniMaxM3SparseForCausalLM"],
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        dense_intermediate_size=spec.intermediate_size,
+        shared_intermediate_size=spec.intermediate_size,
+        num_hidden_layers=n,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        rms_norm_eps=1e-6,
+        use_gemma_norm=True,
+        attention_output_gate=False,
+        rope_theta=5_000_000.0,
+        rotary_dim=spec.head_dim // 2,
+        partial_rotary_factor=0.5,
+        hidden_act="swigluoai",
+        swiglu_alpha=1.702,
+        swiglu_beta=1.0,
+        swiglu_limit=7.0,
+        use_qk_norm=True,
+        qk_norm_type="per_head",
+        num_local_experts=spec.num_experts,
+        num_experts_per_tok=spec.experts_per_tok,
+        n_shared_experts=1,
+        scoring_func="sigmoid",
+        use_routing_bias=True,
+        routed_scaling_factor=2.0,
+        num_mtp_modules=0,
+        moe_layer_freq=[1] * n,
+        tie_word_embeddings=False,
+        sparse_attention_config=dict(
+            use_sparse_attention=True,
+            sparse_index_dim=spec.head_dim,
+            sparse_num_index_heads=spec.num_kv_heads,
+            sparse_topk_blocks=4,
+            sparse_block_size=128,
+            sparse_disable_index_value=[1] * n,
+            sparse_score_type="max",
+            sparse_init_block=1,
+            sparse_local_block=1,
+            sparse_attention_freq=[1] * n,
+        ),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return dict(
+        model_type="minimax_m3_vl",
+        architectures=["MiniMaxM3SparseForCausalLM"],
+        text_config=text,
+        vision_config=None,
+        torch_dtype="bfloat16",
+        tie_word_embeddings=False,
+    )
 
 
 def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None, *, overwrite: bool = False) -> Path:
@@ -219,8 +322,9 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None, *, 
             (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
         else:
             cfg.save_pretrained(str(out))
-        (out / "m3ctl-tiny.json").write_text(json.dumps({**spec.__dict__, "weights": "none (--load-format dummy)"},
-                                                        indent=2, sort_keys=True))
+        (out / "m3ctl-tiny.json").write_text(
+            json.dumps({**spec.__dict__, "weights": "none (--load-format dummy)"}, indent=2, sort_keys=True)
+        )
         return out
     torch.manual_seed(spec.seed)
     model = cls(cfg).to(torch.bfloat16)

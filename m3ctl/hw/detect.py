@@ -55,9 +55,25 @@ from m3ctl.hw.inventory import (
 
 Runner = Callable[[list[str]], tuple[int, str, str]]
 
-NVML_BRANDS = {0: "UNKNOWN", 1: "QUADRO", 2: "TESLA", 3: "NVS", 4: "GRID", 5: "GEFORCE", 6: "TITAN",
-               7: "NVIDIA_VAPPS", 8: "NVIDIA_VPC", 9: "NVIDIA_VCS", 10: "NVIDIA_VWS", 11: "NVIDIA_CLOUD_GAMING",
-               12: "QUADRO_RTX", 13: "NVIDIA_RTX", 14: "NVIDIA", 15: "GEFORCE_RTX", 16: "TITAN_RTX"}
+NVML_BRANDS = {
+    0: "UNKNOWN",
+    1: "QUADRO",
+    2: "TESLA",
+    3: "NVS",
+    4: "GRID",
+    5: "GEFORCE",
+    6: "TITAN",
+    7: "NVIDIA_VAPPS",
+    8: "NVIDIA_VPC",
+    9: "NVIDIA_VCS",
+    10: "NVIDIA_VWS",
+    11: "NVIDIA_CLOUD_GAMING",
+    12: "QUADRO_RTX",
+    13: "NVIDIA_RTX",
+    14: "NVIDIA",
+    15: "GEFORCE_RTX",
+    16: "TITAN_RTX",
+}
 FABRIC_STATES = {0: "not_supported", 1: "not_started", 2: "in_progress", 3: "completed"}
 NVML_ERROR_NO_PERMISSION = 4
 NVML_ERROR_NOT_SUPPORTED = 3
@@ -87,8 +103,7 @@ def default_runner(cmd: list[str], timeout: float = 15.0) -> tuple[int, str, str
     if shutil.which(cmd[0]) is None:
         return 127, "", f"{cmd[0]}: command not found"
     try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False,
-                           stdin=subprocess.DEVNULL)
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as e:
         return 126, "", str(e)
     return p.returncode, p.stdout, p.stderr
@@ -124,8 +139,11 @@ def _mig_devices(nvml: Any, h: Any, unavailable: set[str]) -> tuple[MigDevice, .
         name = ""
         with contextlib.suppress(Exception):
             name = _s(nvml.nvmlDeviceGetName(mh))
-        out.append(MigDevice(index=i, uuid=_s(nvml.nvmlDeviceGetUUID(mh)), name=name, memory_total_mib=total,
-                             memory_free_mib=free))
+        out.append(
+            MigDevice(
+                index=i, uuid=_s(nvml.nvmlDeviceGetUUID(mh)), name=name, memory_total_mib=total, memory_free_mib=free
+            )
+        )
     return tuple(out)
 
 
@@ -134,8 +152,10 @@ def _fabric_state(nvml: Any, h: Any) -> str | None:
     reads), then the deprecated v1 call. ``not_supported`` only when every call says so; None when unknown.
     (On a real H200 HGX the v1 call answered NOT_SUPPORTED while nvidia-smi -q showed "Completed".)"""
     result = None
-    for fn_name, struct_name in (("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
-                                 ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t")):
+    for fn_name, struct_name in (
+        ("nvmlDeviceGetGpuFabricInfoV", "c_nvmlGpuFabricInfoV_t"),
+        ("nvmlDeviceGetGpuFabricInfo", "c_nvmlGpuFabricInfo_t"),
+    ):
         getter = getattr(nvml, fn_name, None)
         if getter is None:
             continue
@@ -180,8 +200,9 @@ def init_nvml(nvml: Any | None = None) -> Any:
     return nvml
 
 
-def probe_nvml(nvml: Any | None = None, *, fabric_wait_s: float = 10.0,
-               sleep: Callable[[float], None] = time.sleep) -> ProbeResult:
+def probe_nvml(
+    nvml: Any | None = None, *, fabric_wait_s: float = 10.0, sleep: Callable[[float], None] = time.sleep
+) -> ProbeResult:
     """Inventory through NVML (nvidia-ml-py). Init and shutdown are always paired.
 
     MIG-enabled GPUs list their slices with the slices' own memory; queries answering
@@ -243,14 +264,29 @@ def probe_nvml(nvml: Any | None = None, *, fabric_wait_s: float = 10.0,
                 sleep(1.0)
                 waited += 1.0
                 fabric = _fabric_state(nvml, h)
-            gpus.append(GpuInfo(index=i, vendor="nvidia", name=_s(nvml.nvmlDeviceGetName(h)),
-                                arch=nvidia_arch(cc), compute_capability=cc,
-                                memory_total_mib=total, memory_free_mib=free,
-                                uuid=_s(nvml.nvmlDeviceGetUUID(h)), pci_bus_id=pci, mig_mode=mig, mig_devices=migs,
-                                brand=brand, numa_node=numa, nvlinks_active=links or None, fabric_state=fabric,
-                                unavailable=tuple(sorted(unavailable))))
-        return ProbeResult(gpus=gpus, driver_version=driver, cuda_driver_version=cuda,
-                           links=_nvml_links(nvml, gpus, handles))
+            gpus.append(
+                GpuInfo(
+                    index=i,
+                    vendor="nvidia",
+                    name=_s(nvml.nvmlDeviceGetName(h)),
+                    arch=nvidia_arch(cc),
+                    compute_capability=cc,
+                    memory_total_mib=total,
+                    memory_free_mib=free,
+                    uuid=_s(nvml.nvmlDeviceGetUUID(h)),
+                    pci_bus_id=pci,
+                    mig_mode=mig,
+                    mig_devices=migs,
+                    brand=brand,
+                    numa_node=numa,
+                    nvlinks_active=links or None,
+                    fabric_state=fabric,
+                    unavailable=tuple(sorted(unavailable)),
+                )
+            )
+        return ProbeResult(
+            gpus=gpus, driver_version=driver, cuda_driver_version=cuda, links=_nvml_links(nvml, gpus, handles)
+        )
     finally:
         with contextlib.suppress(Exception):
             nvml.nvmlShutdown()
@@ -312,11 +348,20 @@ def parse_nvidia_smi_csv(text: str) -> tuple[list[GpuInfo], str | None]:
         cc = row.get("compute_cap", "")
         mig = row.get("mig.mode.current")
         driver = row.get("driver_version") or driver
-        gpus.append(GpuInfo(index=int(row.get("index", len(gpus))), vendor="nvidia", name=row.get("name", "NVIDIA GPU"),
-                            arch=nvidia_arch(cc), compute_capability=cc or None,
-                            memory_total_mib=num(row.get("memory.total")), memory_free_mib=num(row.get("memory.free")),
-                            uuid=row.get("uuid"), pci_bus_id=row.get("pci.bus_id"),
-                            mig_mode=None if mig in (None, "[N/A]", "N/A") else mig == "Enabled"))
+        gpus.append(
+            GpuInfo(
+                index=int(row.get("index", len(gpus))),
+                vendor="nvidia",
+                name=row.get("name", "NVIDIA GPU"),
+                arch=nvidia_arch(cc),
+                compute_capability=cc or None,
+                memory_total_mib=num(row.get("memory.total")),
+                memory_free_mib=num(row.get("memory.free")),
+                uuid=row.get("uuid"),
+                pci_bus_id=row.get("pci.bus_id"),
+                mig_mode=None if mig in (None, "[N/A]", "N/A") else mig == "Enabled",
+            )
+        )
     return gpus, driver
 
 
@@ -340,19 +385,32 @@ def parse_nvidia_smi_xml(text: str) -> dict[str, Any]:
     def mib(v: str | None) -> int | None:
         return int(v.split()[0]) if v and v.split()[0].isdigit() else None
 
-    out: dict[str, Any] = {"driver_version": txt(root, "driver_version"), "cuda_version": txt(root, "cuda_version"),
-                           "gpus": {}}
+    out: dict[str, Any] = {
+        "driver_version": txt(root, "driver_version"),
+        "cuda_version": txt(root, "cuda_version"),
+        "gpus": {},
+    }
     for g in root.findall("gpu"):
         state = (txt(g, "fabric/state") or "").lower().replace(" ", "_") or None
         migs = []
         for k, m in enumerate(g.findall("mig_devices/mig_device")):
-            migs.append(MigDevice(index=int(txt(m, "index") or k), uuid=txt(m, "uuid") or "",
-                                  memory_total_mib=mib(txt(m, "fb_memory_usage/total")),
-                                  memory_free_mib=mib(txt(m, "fb_memory_usage/free"))))
+            migs.append(
+                MigDevice(
+                    index=int(txt(m, "index") or k),
+                    uuid=txt(m, "uuid") or "",
+                    memory_total_mib=mib(txt(m, "fb_memory_usage/total")),
+                    memory_free_mib=mib(txt(m, "fb_memory_usage/free")),
+                )
+            )
         out["gpus"][g.get("id", "")] = {
-            "name": txt(g, "product_name"), "brand": (txt(g, "product_brand") or "").upper() or None,
-            "uuid": txt(g, "uuid"), "fabric_state": state, "mig_mode": txt(g, "mig_mode/current_mig") == "Enabled",
-            "mig_devices": migs, "memory_total_mib": mib(txt(g, "fb_memory_usage/total"))}
+            "name": txt(g, "product_name"),
+            "brand": (txt(g, "product_brand") or "").upper() or None,
+            "uuid": txt(g, "uuid"),
+            "fabric_state": state,
+            "mig_mode": txt(g, "mig_mode/current_mig") == "Enabled",
+            "mig_devices": migs,
+            "memory_total_mib": mib(txt(g, "fb_memory_usage/total")),
+        }
     return out
 
 
@@ -373,7 +431,7 @@ def parse_topo_matrix(text: str) -> list[Link]:
         if not cells or not re.fullmatch(r"GPU\d+", cells[0]):
             continue
         a = int(cells[0][3:])
-        for col, cell in zip(gpu_cols, cells[1:1 + len(gpu_cols)], strict=False):
+        for col, cell in zip(gpu_cols, cells[1 : 1 + len(gpu_cols)], strict=False):
             b = int(col[3:])
             m = _TOPO_CELL.match(cell)
             if b <= a or not m or cell == "X":
@@ -408,10 +466,16 @@ def probe_nvidia_smi(run: Runner = default_runner) -> ProbeResult:
             enriched = []
             for g in gpus:
                 info = by_bus.get((g.pci_bus_id or "").lower()) or next(
-                    (v for v in x["gpus"].values() if v["uuid"] == g.uuid), None)
+                    (v for v in x["gpus"].values() if v["uuid"] == g.uuid), None
+                )
                 if info:
-                    g = g.model_copy(update={"fabric_state": info["fabric_state"], "brand": info["brand"],
-                                             "mig_devices": tuple(info["mig_devices"])})
+                    g = g.model_copy(
+                        update={
+                            "fabric_state": info["fabric_state"],
+                            "brand": info["brand"],
+                            "mig_devices": tuple(info["mig_devices"]),
+                        }
+                    )
                 enriched.append(g)
             gpus = enriched
     links: list[Link] = []
@@ -467,9 +531,18 @@ def probe_amdsmi(amdsmi: Any | None = None) -> ProbeResult:
                 bus = amdsmi.amdsmi_get_gpu_device_bdf(h)
             with contextlib.suppress(Exception):
                 uuid = amdsmi.amdsmi_get_gpu_device_uuid(h)
-            gpus.append(GpuInfo(index=i, vendor="amd", name=str(asic.get("market_name", "AMD GPU")),
-                                arch=amd_arch(gfx), gfx_target=gfx or None, memory_total_mib=total,
-                                pci_bus_id=bus, uuid=uuid))
+            gpus.append(
+                GpuInfo(
+                    index=i,
+                    vendor="amd",
+                    name=str(asic.get("market_name", "AMD GPU")),
+                    arch=amd_arch(gfx),
+                    gfx_target=gfx or None,
+                    memory_total_mib=total,
+                    pci_bus_id=bus,
+                    uuid=uuid,
+                )
+            )
         links = []
         for i in range(len(handles)):
             for j in range(i + 1, len(handles)):
@@ -512,9 +585,16 @@ def probe_amd_smi_cli(run: Runner = default_runner) -> ProbeResult:
         gfx = str(asic.get("target_graphics_version", "")).lower()
         vram = row.get("vram", {}).get("size", {})
         total = vram.get("value") if isinstance(vram, dict) else None
-        gpus.append(GpuInfo(index=int(row.get("gpu", i)), vendor="amd", name=str(asic.get("market_name", "AMD GPU")),
-                            arch=amd_arch(gfx), gfx_target=gfx or None,
-                            memory_total_mib=int(total) if isinstance(total, int | float) else None))
+        gpus.append(
+            GpuInfo(
+                index=int(row.get("gpu", i)),
+                vendor="amd",
+                name=str(asic.get("market_name", "AMD GPU")),
+                arch=amd_arch(gfx),
+                gfx_target=gfx or None,
+                memory_total_mib=int(total) if isinstance(total, int | float) else None,
+            )
+        )
     if not gpus:
         raise ProbeDeclined("amd-smi listed no GPUs")
     return ProbeResult(gpus=gpus)
@@ -539,8 +619,16 @@ def probe_rocm_smi(run: Runner = default_runner) -> ProbeResult:
         gfx = str(row.get("GFX Version", "")).lower()
         total = row.get("VRAM Total Memory (B)")
         name = row.get("Card Series") or row.get("Card series") or row.get("Card Model") or "AMD GPU"
-        gpus.append(GpuInfo(index=len(gpus), vendor="amd", name=str(name), arch=amd_arch(gfx), gfx_target=gfx or None,
-                            memory_total_mib=int(total) // 2**20 if str(total).isdigit() else None))
+        gpus.append(
+            GpuInfo(
+                index=len(gpus),
+                vendor="amd",
+                name=str(name),
+                arch=amd_arch(gfx),
+                gfx_target=gfx or None,
+                memory_total_mib=int(total) // 2**20 if str(total).isdigit() else None,
+            )
+        )
     if not gpus:
         raise ProbeDeclined("rocm-smi listed no cards")
     return ProbeResult(gpus=gpus)
@@ -579,8 +667,16 @@ def probe_kfd_sysfs(sysfs_root: Path = Path("/")) -> ProbeResult:
         for lk in sorted((node / "io_links").glob("*/properties")) if (node / "io_links").is_dir() else []:
             lp = props(lk)
             raw_links.append((node.name, lp.get("node_to"), lp.get("type")))
-        gpus.append(GpuInfo(index=len(gpus), vendor="amd", name=f"AMD GPU ({gfx})", arch=amd_arch(gfx),
-                            gfx_target=gfx, memory_total_mib=total // 2**20 or None))
+        gpus.append(
+            GpuInfo(
+                index=len(gpus),
+                vendor="amd",
+                name=f"AMD GPU ({gfx})",
+                arch=amd_arch(gfx),
+                gfx_target=gfx,
+                memory_total_mib=total // 2**20 or None,
+            )
+        )
     if not gpus:
         raise ProbeDeclined("KFD topology has only CPU nodes")
     links = []
@@ -615,8 +711,7 @@ def fabric_manager_facts(run: Runner, driver_version: str | None) -> FabricManag
     _rc, out, err = run(["systemctl", "is-active", "nvidia-fabricmanager"])
     state = (out or err).strip().splitlines()[0] if (out or err).strip() else ""
     # Only systemd's own answers count; "System has not been booted with systemd" (containers) means unknown.
-    active = {"active": True, "inactive": False, "failed": False, "activating": False,
-              "deactivating": False}.get(state)
+    active = {"active": True, "inactive": False, "failed": False, "activating": False, "deactivating": False}.get(state)
     rc2, out2, _ = run(["nv-fabricmanager", "--version"])
     m = re.search(r"(\d+\.\d+(?:\.\d+)?)", out2 or "") if rc2 == 0 else None
     del driver_version
@@ -624,11 +719,19 @@ def fabric_manager_facts(run: Runner, driver_version: str | None) -> FabricManag
 
 
 # ----------------------------------------------------------------------------- the chain
-def detect(*, nvml: Any | None = None, run: Runner = default_runner, amdsmi: Any | None = None,
-           sysfs_root: Path = Path("/"), env: Mapping[str, str] | None = None,
-           cuda_init: Callable[[], str | None] | None = cuda_init_probe, container: bool = True,
-           fabric_wait_s: float = 10.0, sleep: Callable[[float], None] = time.sleep,
-           machine: str | None = None) -> HostInventory:
+def detect(
+    *,
+    nvml: Any | None = None,
+    run: Runner = default_runner,
+    amdsmi: Any | None = None,
+    sysfs_root: Path = Path("/"),
+    env: Mapping[str, str] | None = None,
+    cuda_init: Callable[[], str | None] | None = cuda_init_probe,
+    container: bool = True,
+    fabric_wait_s: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+    machine: str | None = None,
+) -> HostInventory:
     """Run the probe chain and the host probes; return the inventory. Never prints, never raises
     for absent or broken GPUs (a probe bug becomes a declined probe with its error).
 
@@ -667,9 +770,18 @@ def detect(*, nvml: Any | None = None, run: Runner = default_runner, amdsmi: Any
     nvml_failed = next((d for d in declined if d.probe == "nvml" and "NVML init failed" in d.reason), None)
     smi_failed = next((d.reason for d in declined if d.probe == "nvidia-smi" and "exit 127" not in d.reason), None)
     kmod = hostmod.kernel_module_version(sysfs_root)
-    if res is not None and res.gpus[0].vendor == "nvidia" or kmod or (nvml_failed and "Library Not Found" not in nvml_failed.reason):
+    if (
+        res is not None
+        and res.gpus[0].vendor == "nvidia"
+        or kmod
+        or (nvml_failed and "Library Not Found" not in nvml_failed.reason)
+    ):
         dmesg = None
-        if nvml_failed and nvml_failed.code == NVML_ERROR_LIB_RM_VERSION_MISMATCH or (smi_failed and "mismatch" in smi_failed):
+        if (
+            nvml_failed
+            and nvml_failed.code == NVML_ERROR_LIB_RM_VERSION_MISMATCH
+            or (smi_failed and "mismatch" in smi_failed)
+        ):
             rc, out, _ = run(["dmesg"])
             dmesg = out if rc == 0 else None
         facts["driver"] = hostmod.driver_facts(sysfs_root, smi_error=smi_failed, dmesg=dmesg)
@@ -678,9 +790,16 @@ def detect(*, nvml: Any | None = None, run: Runner = default_runner, amdsmi: Any
     if facts.get("cpu_arch") == "aarch64" and not facts.get("grace"):  # a Grace superchip by its GPU's name
         facts["grace"] = hostmod.is_grace(facts["cpu_arch"], "", [g.name for g in res.gpus])
     rocm = res.rocm_version or (hostmod.rocm_version(sysfs_root) if res.gpus[0].vendor == "amd" else None)
-    inv = HostInventory(gpus=tuple(res.gpus), probe=winner, declined=tuple(declined),
-                        driver_version=res.driver_version, cuda_driver_version=res.cuda_driver_version,
-                        rocm_version=rocm, links=tuple(res.links), **facts)
+    inv = HostInventory(
+        gpus=tuple(res.gpus),
+        probe=winner,
+        declined=tuple(declined),
+        driver_version=res.driver_version,
+        cuda_driver_version=res.cuda_driver_version,
+        rocm_version=rocm,
+        links=tuple(res.links),
+        **facts,
+    )
     if inv.vendor == "nvidia":
         extra: dict[str, Any] = {}
         if cuda_init is not None:

@@ -31,8 +31,15 @@ from m3ctl.hw.inventory import ContainerFacts, DriverFacts
 VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 HF_VARS = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
 TOKEN_VARS = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
-_LIB_DIRS = ("usr/lib/x86_64-linux-gnu", "usr/lib/aarch64-linux-gnu", "usr/lib64", "usr/lib", "lib/x86_64-linux-gnu",
-             "lib64", "usr/local/nvidia/lib64")
+_LIB_DIRS = (
+    "usr/lib/x86_64-linux-gnu",
+    "usr/lib/aarch64-linux-gnu",
+    "usr/lib64",
+    "usr/lib",
+    "lib/x86_64-linux-gnu",
+    "lib64",
+    "usr/local/nvidia/lib64",
+)
 
 
 def _p(root: Path, path: str) -> Path:
@@ -99,8 +106,9 @@ def is_grace(cpu_arch: str | None, cpuinfo: str = "", gpu_names: tuple[str, ...]
     return any(m.lower() in n.lower() for n in gpu_names for m in g["gpu_name_markers"])
 
 
-def host_facts(root: Path = Path("/"), env: Mapping[str, str] | None = None,
-               machine: str | None = None) -> dict[str, Any]:
+def host_facts(
+    root: Path = Path("/"), env: Mapping[str, str] | None = None, machine: str | None = None
+) -> dict[str, Any]:
     """CPU (count, model, architecture, Grace), NUMA, RAM, /dev/shm, model cache, HF env and visible-device
     variables (fields of HostInventory). ``machine``: the CPU architecture as ``platform.machine()`` says it
     (default: this host's)."""
@@ -137,8 +145,9 @@ def host_facts(root: Path = Path("/"), env: Mapping[str, str] | None = None,
 
 # ----------------------------------------------------------------------------- NVIDIA driver files
 _NVRM = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+\.\d+(?:\.\d+)?)")
-_API_MISMATCH = re.compile(r"client has the version (\d+(?:\.\d+)+).*?kernel module has the version (\d+(?:\.\d+)+)",
-                           re.DOTALL)
+_API_MISMATCH = re.compile(
+    r"client has the version (\d+(?:\.\d+)+).*?kernel module has the version (\d+(?:\.\d+)+)", re.DOTALL
+)
 
 
 def kernel_module_version(root: Path = Path("/")) -> str | None:
@@ -165,7 +174,7 @@ def parse_dmesg_mismatch(text: str) -> str | None:
     lines = text.splitlines()
     for i, line in enumerate(lines):
         if "NVRM: API mismatch" in line:
-            return " ".join(x.strip() for x in lines[i:i + 2])
+            return " ".join(x.strip() for x in lines[i : i + 2])
     return None
 
 
@@ -181,10 +190,13 @@ def driver_facts(root: Path = Path("/"), *, smi_error: str | None = None, dmesg:
     nodes = 0
     with contextlib.suppress(OSError):
         nodes = sum(1 for p in dev.iterdir() if re.fullmatch(r"nvidia\d+", p.name))
-    return DriverFacts(kernel_module_version=kernel_module_version(root),
-                       nvml_library_versions=nvml_library_versions(root),
-                       dmesg_mismatch=parse_dmesg_mismatch(dmesg) if dmesg else None,
-                       smi_error=smi_error, device_nodes=nodes)
+    return DriverFacts(
+        kernel_module_version=kernel_module_version(root),
+        nvml_library_versions=nvml_library_versions(root),
+        dmesg_mismatch=parse_dmesg_mismatch(dmesg) if dmesg else None,
+        smi_error=smi_error,
+        device_nodes=nodes,
+    )
 
 
 def rocm_version(root: Path = Path("/")) -> str | None:
@@ -219,15 +231,17 @@ def _engine_get(sock_path: str, url: str, timeout: float) -> dict:
         conn.close()
 
 
-def container_facts(root: Path = Path("/"), env: Mapping[str, str] | None = None, *,
-                    timeout: float = 2.0) -> ContainerFacts:
+def container_facts(
+    root: Path = Path("/"), env: Mapping[str, str] | None = None, *, timeout: float = 2.0
+) -> ContainerFacts:
     """Docker/Podman socket reachability (Engine API over the unix socket, no SDK import), the
     registered OCI runtimes (``nvidia`` = NVIDIA container toolkit), and /dev/kfd, /dev/dri."""
     env = os.environ if env is None else env
     host = env.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     facts: dict[str, Any] = {
         "in_container": _p(root, "/.dockerenv").exists() or _p(root, "/run/.containerenv").exists(),
-        "dev_kfd": _p(root, "/dev/kfd").exists(), "dev_dri": _p(root, "/dev/dri").is_dir(),
+        "dev_kfd": _p(root, "/dev/kfd").exists(),
+        "dev_dri": _p(root, "/dev/dri").is_dir(),
     }
     for cand in (f"{env.get('XDG_RUNTIME_DIR', '/run/user/0')}/podman/podman.sock", "/run/podman/podman.sock"):
         if _p(root, cand).exists():
@@ -236,7 +250,7 @@ def container_facts(root: Path = Path("/"), env: Mapping[str, str] | None = None
     if not host.startswith("unix://"):
         facts["docker_error"] = f"DOCKER_HOST={host} is not a unix socket; not probed"
         return ContainerFacts(**facts)
-    path = host[len("unix://"):]
+    path = host[len("unix://") :]
     real = path if root == Path("/") else str(_p(root, path))
     if not Path(real).exists():
         facts["docker_reachable"] = False
@@ -250,8 +264,11 @@ def container_facts(root: Path = Path("/"), env: Mapping[str, str] | None = None
         facts["docker_reachable"] = False
         facts["docker_error"] = f"{type(e).__name__}: {e}"[:200]
         return ContainerFacts(**facts)
-    facts.update(docker_reachable=True, docker_version=str(ver.get("Version")),
-                 runtimes=tuple(sorted((info.get("Runtimes") or {}).keys())))
+    facts.update(
+        docker_reachable=True,
+        docker_version=str(ver.get("Version")),
+        runtimes=tuple(sorted((info.get("Runtimes") or {}).keys())),
+    )
     return ContainerFacts(**facts)
 
 
@@ -266,12 +283,12 @@ def inspect_image_config(ref: str, env: Mapping[str, str] | None = None, *, time
     ``docker image inspect`` reads); None when the engine is unreachable or the image is not pulled."""
     env = os.environ if env is None else env
     host = env.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
-    if not host.startswith("unix://") or not Path(host[len("unix://"):]).exists():
+    if not host.startswith("unix://") or not Path(host[len("unix://") :]).exists():
         return None
     from urllib.parse import quote  # noqa: PLC0415
 
     try:
-        data = _engine_get(host[len("unix://"):], f"/images/{quote(ref, safe='')}/json", timeout)
+        data = _engine_get(host[len("unix://") :], f"/images/{quote(ref, safe='')}/json", timeout)
     except (OSError, ValueError, http.client.HTTPException):
         return None
     return dict(data.get("Config") or {})

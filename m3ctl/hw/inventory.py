@@ -10,7 +10,6 @@ An inventory can be saved to JSON on a GPU node and evaluated anywhere else
   error by :func:`load_inventory`.
 """
 
-
 import functools
 import json
 from importlib import resources
@@ -264,23 +263,30 @@ def load_inventory(text: str, where: str = "inventory") -> HostInventory:
     try:
         data = json.loads(text)
     except ValueError as e:
-        raise BadInput(f"{where} is not an m3ctl inventory: not JSON ({e})",
-                       "create one with `m3ctl doctor --save-inventory FILE`") from e
+        raise BadInput(
+            f"{where} is not an m3ctl inventory: not JSON ({e})", "create one with `m3ctl doctor --save-inventory FILE`"
+        ) from e
     if not isinstance(data, dict):
-        raise BadInput(f"{where} is not an m3ctl inventory: expected a JSON object",
-                       "create one with `m3ctl doctor --save-inventory FILE`")
+        raise BadInput(
+            f"{where} is not an m3ctl inventory: expected a JSON object",
+            "create one with `m3ctl doctor --save-inventory FILE`",
+        )
     ver = data.get("schema_version", 1)
     if not isinstance(ver, int) or ver > INVENTORY_SCHEMA or ver < 1:
-        raise BadInput(f"{where} has inventory schema_version {ver!r}; this m3ctl reads 1..{INVENTORY_SCHEMA}",
-                       "upgrade m3ctl, or re-capture with this version's `m3ctl doctor --save-inventory`")
+        raise BadInput(
+            f"{where} has inventory schema_version {ver!r}; this m3ctl reads 1..{INVENTORY_SCHEMA}",
+            "upgrade m3ctl, or re-capture with this version's `m3ctl doctor --save-inventory`",
+        )
     data = {**data, "schema_version": INVENTORY_SCHEMA}
     try:
         return HostInventory.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
         loc = ".".join(str(p) for p in err["loc"])
-        raise BadInput(f"{where} is not an m3ctl inventory: {loc}: {err['msg']}",
-                       "create one with `m3ctl doctor --save-inventory FILE`") from e
+        raise BadInput(
+            f"{where} is not an m3ctl inventory: {loc}: {err['msg']}",
+            "create one with `m3ctl doctor --save-inventory FILE`",
+        ) from e
 
 
 @functools.lru_cache(maxsize=1)

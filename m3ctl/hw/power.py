@@ -251,8 +251,11 @@ class SmiPower:
         got = self._all()
         if isinstance(got, str):
             return [PowerReading(i, None, None, got) for i in gpus]
-        return [PowerReading(i, w, None, None if w is not None else f"{self.name}: no reading for GPU {i}")
-                for i in gpus for w in [got.get(i)]]
+        return [
+            PowerReading(i, w, None, None if w is not None else f"{self.name}: no reading for GPU {i}")
+            for i in gpus
+            for w in [got.get(i)]
+        ]
 
     def close(self) -> None:
         pass
@@ -273,8 +276,12 @@ def open_power(*, nvml: Any | None = None, amdsmi: Any | None = None, run: Runne
         ProbeDeclined: none answered; the message joins each interface's reason (``nvml: ...; amdsmi: ...``).
     """
     why: list[str] = []
-    for name, make in (("nvml", lambda: NvmlPower(nvml)), ("amdsmi", lambda: AmdSmiPower(amdsmi)),
-                       ("nvidia-smi", lambda: SmiPower("nvidia-smi", run)), ("rocm-smi", lambda: SmiPower("rocm-smi", run))):
+    for name, make in (
+        ("nvml", lambda: NvmlPower(nvml)),
+        ("amdsmi", lambda: AmdSmiPower(amdsmi)),
+        ("nvidia-smi", lambda: SmiPower("nvidia-smi", run)),
+        ("rocm-smi", lambda: SmiPower("rocm-smi", run)),
+    ):
         try:
             return make()
         except ProbeDeclined as e:

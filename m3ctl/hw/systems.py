@@ -186,19 +186,22 @@ def resolve_system(name: str) -> tuple[str, SystemSpec, int]:
     if key is None:
         choices = system_names() + sorted(aliases)
         close = list(dict.fromkeys(difflib.get_close_matches(norm, choices, n=3, cutoff=0.5)))
-        raise UnknownSystem(f"unknown system {name!r}" + (f"; did you mean {', '.join(close)}?" if close else ""),
-                            f"known systems: {', '.join(system_names())} (xN sets the GPU count)")
+        raise UnknownSystem(
+            f"unknown system {name!r}" + (f"; did you mean {', '.join(close)}?" if close else ""),
+            f"known systems: {', '.join(system_names())} (xN sets the GPU count)",
+        )
     spec = cat[key]
     count = spec.gpus if n is None else int(n)
     if count < 1:
         raise UnknownSystem(f"system {name!r} has 0 GPUs", f"use {key}x1 .. {key}x{spec.max_gpus}")
     if count > spec.max_gpus:
         nodes = -(-count // spec.max_gpus)
-        dom = (f" (NVLink domain up to {spec.multi_node_domain} GPUs across nodes)" if spec.multi_node_domain else "")
-        raise UnknownSystem(f"system {name!r}: one {key} node holds at most {spec.max_gpus} GPUs; {count} GPUs is "
-                            f"{nodes} nodes{dom}",
-                            f"plan one node ({key}x{spec.max_gpus}) and render it for {nodes} nodes with "
-                            f"`m3ctl plan --system {key}x{spec.max_gpus} --emit lws --nodes {nodes}`")
+        dom = f" (NVLink domain up to {spec.multi_node_domain} GPUs across nodes)" if spec.multi_node_domain else ""
+        raise UnknownSystem(
+            f"system {name!r}: one {key} node holds at most {spec.max_gpus} GPUs; {count} GPUs is {nodes} nodes{dom}",
+            f"plan one node ({key}x{spec.max_gpus}) and render it for {nodes} nodes with "
+            f"`m3ctl plan --system {key}x{spec.max_gpus} --emit lws --nodes {nodes}`",
+        )
     return key, spec, count
 
 
@@ -243,17 +246,31 @@ def inventory_for_system(name: str) -> HostInventory:
     key, spec, count = resolve_system(name)
     g = spec.gpu
     nv = spec.vendor == "nvidia"
-    gpus = tuple(GpuInfo(index=i, vendor=spec.vendor, name=g.name,
-                         arch=nvidia_arch(g.compute_capability) if nv else amd_arch(g.gfx_target or ""),
-                         compute_capability=g.compute_capability, gfx_target=g.gfx_target,
-                         memory_total_mib=g.memory_mib, mig_mode=False if nv else None, brand=g.brand,
-                         numa_node=_numa(spec, i, count) if nv else None,
-                         nvlinks_active=spec.interconnect.nvlinks if nv else None,
-                         fabric_state=("completed" if spec.interconnect.kind == "nvswitch" else "not_supported")
-                         if nv else None)
-                 for i in range(count))
-    return HostInventory(label=f"system {key}x{count}: {spec.description} (m3ctl/data/systems.yaml; not probed)",
-                         gpus=gpus, probe="nvml" if nv else "amdsmi", driver_version=spec.driver_version,
-                         cuda_driver_version=spec.cuda_driver_version, links=_links(spec, count),
-                         numa_nodes=spec.numa_nodes, cpu_arch=spec.cpu_arch,
-                         grace=is_grace(spec.cpu_arch, "", [g.name] if nv else []))
+    gpus = tuple(
+        GpuInfo(
+            index=i,
+            vendor=spec.vendor,
+            name=g.name,
+            arch=nvidia_arch(g.compute_capability) if nv else amd_arch(g.gfx_target or ""),
+            compute_capability=g.compute_capability,
+            gfx_target=g.gfx_target,
+            memory_total_mib=g.memory_mib,
+            mig_mode=False if nv else None,
+            brand=g.brand,
+            numa_node=_numa(spec, i, count) if nv else None,
+            nvlinks_active=spec.interconnect.nvlinks if nv else None,
+            fabric_state=("completed" if spec.interconnect.kind == "nvswitch" else "not_supported") if nv else None,
+        )
+        for i in range(count)
+    )
+    return HostInventory(
+        label=f"system {key}x{count}: {spec.description} (m3ctl/data/systems.yaml; not probed)",
+        gpus=gpus,
+        probe="nvml" if nv else "amdsmi",
+        driver_version=spec.driver_version,
+        cuda_driver_version=spec.cuda_driver_version,
+        links=_links(spec, count),
+        numa_nodes=spec.numa_nodes,
+        cpu_arch=spec.cpu_arch,
+        grace=is_grace(spec.cpu_arch, "", [g.name] if nv else []),
+    )

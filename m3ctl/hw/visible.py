@@ -53,8 +53,10 @@ class Visibility:
 
 def _gpu_units(g: GpuInfo) -> list[Unit]:
     if g.mig_mode and g.mig_devices:
-        return [Unit(g.index, m.memory_total_mib, f"GPU {g.index} MIG {m.name or m.index} ({m.uuid})", m.uuid)
-                for m in g.mig_devices]
+        return [
+            Unit(g.index, m.memory_total_mib, f"GPU {g.index} MIG {m.name or m.index} ({m.uuid})", m.uuid)
+            for m in g.mig_devices
+        ]
     return [Unit(g.index, g.memory_total_mib, f"GPU {g.index} ({g.name})")]
 
 
@@ -69,8 +71,12 @@ def _resolve_uuid(tok: str, gpus: tuple[GpuInfo, ...]) -> tuple[list[Unit], str 
         if g.uuid:
             cands.append((g.uuid, _gpu_units(g)))
         for m in g.mig_devices:
-            cands.append((m.uuid, [Unit(g.index, m.memory_total_mib, f"GPU {g.index} MIG {m.name or m.index} ({m.uuid})",
-                                        m.uuid)]))
+            cands.append(
+                (
+                    m.uuid,
+                    [Unit(g.index, m.memory_total_mib, f"GPU {g.index} MIG {m.name or m.index} ({m.uuid})", m.uuid)],
+                )
+            )
     exact = [u for uid, u in cands if uid.lower() == tok.lower()]
     if exact:
         return exact[0], None
@@ -104,8 +110,10 @@ def resolve_nvidia(inv: HostInventory) -> Visibility:
         vis.notes.append("CUDA_VISIBLE_DEVICES not set: every GPU NVML lists is visible")
         migs = [u for u in vis.units if u.mig_uuid]
         if len(migs) > 1:
-            vis.warnings.append(f"{len(migs)} MIG slices are visible; a CUDA process uses only one "
-                                "(set CUDA_VISIBLE_DEVICES=<MIG UUID>)")
+            vis.warnings.append(
+                f"{len(migs)} MIG slices are visible; a CUDA process uses only one "
+                "(set CUDA_VISIBLE_DEVICES=<MIG UUID>)"
+            )
         return vis
     vis.controlled_by.append("CUDA_VISIBLE_DEVICES")
     toks = _tokens(cvd)
@@ -118,8 +126,10 @@ def resolve_nvidia(inv: HostInventory) -> Visibility:
             idx = int(tok)
             g = next((g for g in inv.gpus if g.index == idx), None)
             if g is None:
-                vis.problems.append(f"CUDA_VISIBLE_DEVICES entry {tok!r}: no GPU {idx} (this host has "
-                                    f"{len(inv.gpus)}); CUDA ignores it and every entry after it")
+                vis.problems.append(
+                    f"CUDA_VISIBLE_DEVICES entry {tok!r}: no GPU {idx} (this host has "
+                    f"{len(inv.gpus)}); CUDA ignores it and every entry after it"
+                )
                 break
             vis.units += _gpu_units(g)[:1]
         else:
@@ -131,16 +141,22 @@ def resolve_nvidia(inv: HostInventory) -> Visibility:
             vis.units += units[:1]
     migs = [u for u in vis.units if u.mig_uuid]
     if len(migs) > 1:
-        vis.problems.append(f"CUDA_VISIBLE_DEVICES selects {len(migs)} MIG slices; a CUDA process can use only "
-                            "one MIG device (run one server per slice)")
+        vis.problems.append(
+            f"CUDA_VISIBLE_DEVICES selects {len(migs)} MIG slices; a CUDA process can use only "
+            "one MIG device (run one server per slice)"
+        )
     if uses_uuid and not vis.problems:
         if migs:
-            vis.notes.append("MIG UUIDs cannot be written as indices; m3ctl serve passes the UUID through "
-                             "(docker: --gpus device=<uuid>)")
+            vis.notes.append(
+                "MIG UUIDs cannot be written as indices; m3ctl serve passes the UUID through "
+                "(docker: --gpus device=<uuid>)"
+            )
         else:
             vis.index_form = ",".join(str(u.gpu) for u in vis.units)
-            vis.notes.append(f"UUID syntax resolved to indices {vis.index_form}; m3ctl serve passes indices to vLLM "
-                             "(vLLM versions before the UUID fix crash with int() on UUIDs, vllm#41848)")
+            vis.notes.append(
+                f"UUID syntax resolved to indices {vis.index_form}; m3ctl serve passes indices to vLLM "
+                "(vLLM versions before the UUID fix crash with int() on UUIDs, vllm#41848)"
+            )
     return vis
 
 
@@ -152,8 +168,10 @@ def resolve_amd(inv: HostInventory) -> Visibility:
     set_vars = [k for k in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if k in env]
     vis.controlled_by = set_vars
     if len(set_vars) > 1:
-        vis.warnings.append(f"{' and '.join(set_vars)} are all set: ROCR filters first, then HIP/CUDA index into "
-                            "the filtered list (double masking); m3ctl serve exports only one")
+        vis.warnings.append(
+            f"{' and '.join(set_vars)} are all set: ROCR filters first, then HIP/CUDA index into "
+            "the filtered list (double masking); m3ctl serve exports only one"
+        )
     gpus = list(inv.gpus)
     if "ROCR_VISIBLE_DEVICES" in env:
         picked = []
@@ -167,16 +185,22 @@ def resolve_amd(inv: HostInventory) -> Visibility:
                 continue
             picked.append(g)
         gpus = picked
-        vis.notes.append(f"after ROCR_VISIBLE_DEVICES={env['ROCR_VISIBLE_DEVICES']}: "
-                         f"{[g.index for g in gpus]} (physical)")
-    second = "HIP_VISIBLE_DEVICES" if "HIP_VISIBLE_DEVICES" in env else (
-        "CUDA_VISIBLE_DEVICES" if "CUDA_VISIBLE_DEVICES" in env else None)
+        vis.notes.append(
+            f"after ROCR_VISIBLE_DEVICES={env['ROCR_VISIBLE_DEVICES']}: {[g.index for g in gpus]} (physical)"
+        )
+    second = (
+        "HIP_VISIBLE_DEVICES"
+        if "HIP_VISIBLE_DEVICES" in env
+        else ("CUDA_VISIBLE_DEVICES" if "CUDA_VISIBLE_DEVICES" in env else None)
+    )
     if second:
         picked = []
         for tok in _tokens(env[second]):
             if not tok.isdigit() or int(tok) >= len(gpus):
-                vis.problems.append(f"{second} entry {tok!r} is out of range: only {len(gpus)} GPU(s) remain after "
-                                    "ROCR_VISIBLE_DEVICES, and indices are relative to them (HIP: invalid device ordinal)")
+                vis.problems.append(
+                    f"{second} entry {tok!r} is out of range: only {len(gpus)} GPU(s) remain after "
+                    "ROCR_VISIBLE_DEVICES, and indices are relative to them (HIP: invalid device ordinal)"
+                )
                 continue
             picked.append(gpus[int(tok)])
         gpus = picked

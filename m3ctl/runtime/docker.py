@@ -96,8 +96,13 @@ def container_name(name: str) -> str:
     return f"m3ctl-{name}"
 
 
-def docker_run(plan: LaunchPlan, opts: DockerOptions | None = None, *, secret_names: list[str] | tuple[str, ...] = (),
-               marker: str | None = None):
+def docker_run(
+    plan: LaunchPlan,
+    opts: DockerOptions | None = None,
+    *,
+    secret_names: list[str] | tuple[str, ...] = (),
+    marker: str | None = None,
+):
     """The :class:`~m3ctl.launch.DockerRun` of ``plan`` under ``opts``: the one object both the printed ``docker
     run`` (:func:`m3ctl.emit.docker_command`) and the SDK kwargs (:func:`container_spec`) are rendered from.
 
@@ -108,13 +113,16 @@ def docker_run(plan: LaunchPlan, opts: DockerOptions | None = None, *, secret_na
     from m3ctl.launch import launch_spec  # noqa: PLC0415
 
     if not plan.image:
-        raise ConfigRejected(f"profile {plan.profile!r} names no image for the docker runtime",
-                             "pass --image REF (a local image works; see m3ctl/runtime/docker.py)")
+        raise ConfigRejected(
+            f"profile {plan.profile!r} names no image for the docker runtime",
+            "pass --image REF (a local image works; see m3ctl/runtime/docker.py)",
+        )
     return build(launch_spec(plan), opts or DockerOptions(), secret_names=secret_names, marker=marker)
 
 
-def container_spec(plan: LaunchPlan, secret_env: dict[str, str], opts: DockerOptions | None = None,
-                   marker: str | None = None) -> dict[str, Any]:
+def container_spec(
+    plan: LaunchPlan, secret_env: dict[str, str], opts: DockerOptions | None = None, marker: str | None = None
+) -> dict[str, Any]:
     """Keyword arguments for ``docker.containers.run`` that launch ``plan`` (pure; talks to no engine): the SDK
     render of :func:`docker_run`, the object ``m3ctl plan --emit docker`` and ``serve`` print.
 
@@ -133,8 +141,9 @@ def container_spec(plan: LaunchPlan, secret_env: dict[str, str], opts: DockerOpt
 
 
 def _engine_hint() -> str:
-    return ("start the Docker engine (or set DOCKER_HOST to its socket); `m3ctl doctor` checks it; "
-            "or use --runtime process")
+    return (
+        "start the Docker engine (or set DOCKER_HOST to its socket); `m3ctl doctor` checks it; or use --runtime process"
+    )
 
 
 def _copy_log(path: str, data: bytes) -> None:
@@ -171,8 +180,9 @@ class DockerRuntime(Runtime):
                 c.ping()
             except docker.errors.DockerException as e:
                 where = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
-                raise ConfigRejected(f"cannot reach the Docker engine at {where}: {str(e).splitlines()[0][:200]}",
-                                     _engine_hint()) from e
+                raise ConfigRejected(
+                    f"cannot reach the Docker engine at {where}: {str(e).splitlines()[0][:200]}", _engine_hint()
+                ) from e
             self._client_obj = c
         return self._client_obj
 
@@ -205,27 +215,33 @@ class DockerRuntime(Runtime):
         except docker.errors.ImageNotFound:
             pass
         except docker.errors.APIError as e:  # malformed reference
-            raise ConfigRejected(f"invalid image reference {ref!r}: {e.explanation}",
-                                 "use repository[:tag] or repository@sha256:digest") from e
+            raise ConfigRejected(
+                f"invalid image reference {ref!r}: {e.explanation}", "use repository[:tag] or repository@sha256:digest"
+            ) from e
         repo, tag = ref, None
         if "@" not in ref and ":" in ref.rsplit("/", 1)[-1]:
             repo, tag = ref.rsplit(":", 1)
-        offline = (f"on a host without registry access: `docker save {ref} -o image.tar` where the image exists, "
-                   f"copy image.tar here, then `docker load -i image.tar`")
+        offline = (
+            f"on a host without registry access: `docker save {ref} -o image.tar` where the image exists, "
+            f"copy image.tar here, then `docker load -i image.tar`"
+        )
         try:
             for ev in c.api.pull(repo, tag=tag, stream=True, decode=True):
                 if "error" in ev:
-                    raise ConfigRejected(f"image {ref} is not available locally and the pull failed: "
-                                         f"{str(ev['error'])[:200]}", offline)
+                    raise ConfigRejected(
+                        f"image {ref} is not available locally and the pull failed: {str(ev['error'])[:200]}", offline
+                    )
                 if self.on_progress:
                     d = ev.get("progressDetail") or {}
                     self.on_progress(ev.get("id", ""), ev.get("status", ""), d.get("current"), d.get("total"))
         except docker.errors.APIError as e:
-            raise ConfigRejected(f"image {ref} is not available locally and the pull failed: "
-                                 f"{(e.explanation or str(e))[:200]}", offline) from e
+            raise ConfigRejected(
+                f"image {ref} is not available locally and the pull failed: {(e.explanation or str(e))[:200]}", offline
+            ) from e
         except docker.errors.DockerException as e:
-            raise ConfigRejected(f"image {ref} is not available locally and the pull failed: {str(e)[:200]}",
-                                 offline) from e
+            raise ConfigRejected(
+                f"image {ref} is not available locally and the pull failed: {str(e)[:200]}", offline
+            ) from e
         self._present.add(ref)
         return True
 
@@ -243,16 +259,31 @@ class DockerRuntime(Runtime):
         try:
             ct = c.containers.run(**spec)
         except docker.errors.APIError as e:
-            raise LaunchFailed(f"the Docker engine refused to start {plan.image}: {(e.explanation or str(e))[:300]}",
-                               "check the image and the engine (`docker info`)", phase="process") from e
+            raise LaunchFailed(
+                f"the Docker engine refused to start {plan.image}: {(e.explanation or str(e))[:300]}",
+                "check the image and the engine (`docker info`)",
+                phase="process",
+            ) from e
         ct.reload()
         started = time.time()
         st = ct.attrs.get("State", {})
-        dep = Deployment(name=plan.name, runtime=self.name, container_id=ct.id, pid=st.get("Pid") or None,
-                         host=plan.host, port=plan.port, served_model_name=plan.served_model_name, model=plan.model,
-                         argv=plan.argv, log_path=str(registry.log_path(plan.name)), started_at=started,
-                         phase="launching", plan_hash=plan.plan_hash(), image=plan.image,
-                         runtime_options=self.options.model_dump())
+        dep = Deployment(
+            name=plan.name,
+            runtime=self.name,
+            container_id=ct.id,
+            pid=st.get("Pid") or None,
+            host=plan.host,
+            port=plan.port,
+            served_model_name=plan.served_model_name,
+            model=plan.model,
+            argv=plan.argv,
+            log_path=str(registry.log_path(plan.name)),
+            started_at=started,
+            phase="launching",
+            plan_hash=plan.plan_hash(),
+            image=plan.image,
+            runtime_options=self.options.model_dump(),
+        )
         Path(dep.log_path).write_bytes(b"")  # filled from the engine by sync_log()
         return self.record(dep, registry)
 
@@ -285,8 +316,10 @@ class DockerRuntime(Runtime):
         except Exception:  # noqa: BLE001 - removed in between
             return RawState("dead", f"container {container_name(dep.name)} was removed")
         if ct.status == "paused":
-            return RawState("paused", f"container {ct.name} is paused (docker pause): not dead; "
-                                      f"`docker unpause {ct.name}` resumes it")
+            return RawState(
+                "paused",
+                f"container {ct.name} is paused (docker pause): not dead; `docker unpause {ct.name}` resumes it",
+            )
         if ct.status in ("running", "restarting", "created"):
             return RawState("alive")
         st = ct.attrs.get("State", {})
@@ -367,4 +400,3 @@ class DockerRuntime(Runtime):
         self.verify_released(dep, rep, pids)
         rep.seconds = time.monotonic() - t0
         return rep
-

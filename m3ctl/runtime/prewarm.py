@@ -90,7 +90,7 @@ def entry(executable: str, env: dict[str, str]) -> tuple[list[str], dict[str, st
         return shebang, {"path": path}
     m = re.search(facts().prewarm.wrapper, head)
     if m is None:
-        return f"{path} runs {shebang[0]}, not Python, and is not an `exec PYTHON -m MODULE \"$@\"` wrapper"
+        return f'{path} runs {shebang[0]}, not Python, and is not an `exec PYTHON -m MODULE "$@"` wrapper'
     py = m["python"] if os.sep in m["python"] else shutil.which(m["python"], path=env.get("PATH"))
     if not py:
         return f"{m['python']} (from {path}) is not on PATH"
@@ -132,9 +132,15 @@ def _spawn(argv0: str, env: dict[str, str], registry: Registry, name: str, key: 
     spec = json.dumps({"imports": facts().prewarm.imports if runs_vllm(run) else [], "run": run})
     with open(log, "wb") as fh:
         try:
-            proc = subprocess.Popen([*interp, str(CHILD), spec], stdin=subprocess.PIPE, stdout=fh,
-                                    stderr=subprocess.STDOUT, env={**env, MARKER_ENV: marker},
-                                    start_new_session=True, close_fds=True)
+            proc = subprocess.Popen(
+                [*interp, str(CHILD), spec],
+                stdin=subprocess.PIPE,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env={**env, MARKER_ENV: marker},
+                start_new_session=True,
+                close_fds=True,
+            )
         except OSError as e:
             return f"cannot start {interp[0]}: {e.strerror}"
     return Warm(proc, key, name, marker, log, time.time())
@@ -176,8 +182,9 @@ def hand_over(w: Warm, argv: list[str], env: dict[str, str], log: Path) -> None:
     """Give ``w`` its launch: the command line, the environment (its own marker) and the server log. Raises
     OSError when the process is gone."""
     assert w.proc.stdin is not None
-    w.proc.stdin.write((json.dumps({"argv": argv, "env": {**env, MARKER_ENV: w.marker}, "log": str(log)}) + "\n")
-                       .encode())
+    w.proc.stdin.write(
+        (json.dumps({"argv": argv, "env": {**env, MARKER_ENV: w.marker}, "log": str(log)}) + "\n").encode()
+    )
     w.proc.stdin.close()
     w.log.unlink(missing_ok=True)
 

@@ -76,8 +76,9 @@ def marked_processes(marker: str) -> list[psutil.Process]:
     return out
 
 
-def end_processes(tree: list[psutil.Process], first: psutil.Process | None, timeout_s: float,
-                  rep: StopReport) -> list[psutil.Process]:
+def end_processes(
+    tree: list[psutil.Process], first: psutil.Process | None, timeout_s: float, rep: StopReport
+) -> list[psutil.Process]:
     """SIGTERM ``first`` (the API server: it stops its engine and workers), wait, SIGTERM the rest, SIGKILL what is
     left; fills ``rep.graceful``/``rep.killed``/``rep.leftover``; returns the processes still alive."""
     if first is not None:
@@ -136,7 +137,7 @@ def marked_names(root_marker_prefix: str) -> dict[str, list[psutil.Process]]:
         except (psutil.Error, OSError):
             continue
         if m.startswith(root_marker_prefix):
-            out.setdefault(m[len(root_marker_prefix):], []).append(p)
+            out.setdefault(m[len(root_marker_prefix) :], []).append(p)
     return out
 
 
@@ -188,20 +189,42 @@ class ProcessRuntime(Runtime):
             env[MARKER_ENV] = marker = registry.marker(plan.name)
             with open(log_path, "wb") as log:
                 try:
-                    proc = subprocess.Popen(plan.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=env, start_new_session=True, close_fds=True)
+                    proc = subprocess.Popen(
+                        plan.argv,
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        stdin=subprocess.DEVNULL,
+                        env=env,
+                        start_new_session=True,
+                        close_fds=True,
+                    )
                 except OSError as e:
-                    raise LaunchFailed(f"cannot start {plan.argv[0]}: {e.strerror}",
-                                       "check the vLLM install with `m3ctl doctor`", phase="process") from e
+                    raise LaunchFailed(
+                        f"cannot start {plan.argv[0]}: {e.strerror}",
+                        "check the vLLM install with `m3ctl doctor`",
+                        phase="process",
+                    ) from e
             try:
                 started = psutil.Process(proc.pid).create_time()
             except psutil.Error:
                 started = time.time()
         _CHILDREN[proc.pid] = proc
-        dep = Deployment(name=plan.name, runtime=self.name, pid=proc.pid, host=plan.host, port=plan.port,
-                         served_model_name=plan.served_model_name, model=plan.model, argv=plan.argv,
-                         log_path=str(log_path), started_at=started, phase="launching", plan_hash=plan.plan_hash(),
-                         marker=marker, prewarmed=warm is not None)
+        dep = Deployment(
+            name=plan.name,
+            runtime=self.name,
+            pid=proc.pid,
+            host=plan.host,
+            port=plan.port,
+            served_model_name=plan.served_model_name,
+            model=plan.model,
+            argv=plan.argv,
+            log_path=str(log_path),
+            started_at=started,
+            phase="launching",
+            plan_hash=plan.plan_hash(),
+            marker=marker,
+            prewarmed=warm is not None,
+        )
         return self.record(dep, registry)
 
     def is_alive(self, dep: Deployment) -> bool:
@@ -227,8 +250,11 @@ class ProcessRuntime(Runtime):
         if st == psutil.STATUS_ZOMBIE:
             return RawState("dead", f"process {dep.pid} exited (not reaped yet)")
         if st in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP):
-            return RawState("paused", f"process {dep.pid} is stopped by a signal (state T, e.g. SIGSTOP): not dead; "
-                                      f"`kill -CONT {dep.pid}` resumes it")
+            return RawState(
+                "paused",
+                f"process {dep.pid} is stopped by a signal (state T, e.g. SIGSTOP): not dead; "
+                f"`kill -CONT {dep.pid}` resumes it",
+            )
         return RawState("alive")
 
     def stop(self, dep: Deployment, timeout_s: float = 20.0) -> StopReport:

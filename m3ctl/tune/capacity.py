@@ -58,12 +58,16 @@ class CapacityRule:
     def text(self) -> str:
         """The rule in one sentence (result.json ``capacity_rule.text``, the tune's report, bench sweeps)."""
         if self.min_repeats <= 1 or self.margin <= 0:
-            return ("a level holds when its run meets every SLO term (one run per level); the capacity is the highest "
-                    "level that holds with every measured level below it holding")
-        return (f"a level holds when its run meets every SLO term with at least {_frac(self.margin)} headroom "
-                f"(decided by 1 run), or, nearer the limit, when the median of {self.min_repeats} runs meets every "
-                f"term and no run misses a term by more than {_frac(self.margin)}; the capacity is the highest "
-                "level that holds with every measured level below it holding")
+            return (
+                "a level holds when its run meets every SLO term (one run per level); the capacity is the highest "
+                "level that holds with every measured level below it holding"
+            )
+        return (
+            f"a level holds when its run meets every SLO term with at least {_frac(self.margin)} headroom "
+            f"(decided by 1 run), or, nearer the limit, when the median of {self.min_repeats} runs meets every "
+            f"term and no run misses a term by more than {_frac(self.margin)}; the capacity is the highest "
+            "level that holds with every measured level below it holding"
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {"margin": self.margin, "min_repeats": self.min_repeats, "text": self.text()}
@@ -155,13 +159,20 @@ def decide(runs: Iterable[Any], slo: SLO, rule: CapacityRule = CapacityRule()) -
         return v
     terms = slo.terms
     viol = [[t.violation(r) for t in terms] for r in valid]  # [run][term], > 0 past the limit
-    med = {t.key: statistics.median(x) for t in terms
-           if (x := [y for r in valid if (y := metric(r, t.key)) is not None])}
+    med = {
+        t.key: statistics.median(x) for t in terms if (x := [y for r in valid if (y := metric(r, t.key)) is not None])
+    }
     v.median = med
     wi, wt = max(((i, j) for i in range(n) for j in range(len(terms))), key=lambda ij: viol[ij[0]][ij[1]])
     wterm = terms[wt]
-    v.worst = {"term": str(wterm), "key": wterm.key, "value": metric(valid[wi], wterm.key), "limit": wterm.value,
-               "over": viol[wi][wt], "run": wi + 1}
+    v.worst = {
+        "term": str(wterm),
+        "key": wterm.key,
+        "value": metric(valid[wi], wterm.key),
+        "limit": wterm.value,
+        "over": viol[wi][wt],
+        "run": wi + 1,
+    }
     # the binding term: the largest median relative violation (the one a reader looks at)
     bj = max(range(len(terms)), key=lambda j: statistics.median(viol[i][j] for i in range(n)))
     bt = terms[bj]
@@ -183,12 +194,16 @@ def decide(runs: Iterable[Any], slo: SLO, rule: CapacityRule = CapacityRule()) -
             v.state = "met"
             v.confidence = f"decided by 1 run, headroom {-first * 100:.1f} % ({_cmp(t, x)})"
         else:
-            v.confidence = ("decided by 1 run, " + (f"{_cmp(t, x)} ({_pct(first)})" if x is not None
-                                                   else f"no {t.key} in the run"))
+            v.confidence = "decided by 1 run, " + (
+                f"{_cmp(t, x)} ({_pct(first)})" if x is not None else f"no {t.key} in the run"
+            )
         return v
     if viol[wi][wt] > rule.margin:
-        head = (f"{n} runs, median {_cmp(bt, med[bt.key])} ({bt.key} {series})" if n > 1 and bt.key in med
-                else f"{n} run ({bt.key} {series})")
+        head = (
+            f"{n} runs, median {_cmp(bt, med[bt.key])} ({bt.key} {series})"
+            if n > 1 and bt.key in med
+            else f"{n} run ({bt.key} {series})"
+        )
         v.confidence = f"{head}; run {wi + 1} misses by more than the {_frac(rule.margin)} margin: {worst_text()}"
         return v
     need = m // 2 + 1  # this many runs past one limit put the median of m past it
@@ -200,18 +215,25 @@ def decide(runs: Iterable[Any], slo: SLO, rule: CapacityRule = CapacityRule()) -
             return v
     if n < m:
         v.state, v.needs = "undecided", m - n
-        v.confidence = (f"undecided: {n} of {m} runs ({bt.key} {series}; SLO {bt}), near the limit: needs "
-                        f"{m - n} more run{'s' if m - n > 1 else ''}")
+        v.confidence = (
+            f"undecided: {n} of {m} runs ({bt.key} {series}; SLO {bt}), near the limit: needs "
+            f"{m - n} more run{'s' if m - n > 1 else ''}"
+        )
         return v
     if slo.ok(med):
         v.state = "met"
-        v.confidence = (f"{n} runs, median {_cmp(bt, med[bt.key])} ({bt.key} {series}), {worst_text()}, "
-                        f"within the {_frac(rule.margin)} margin")
+        v.confidence = (
+            f"{n} runs, median {_cmp(bt, med[bt.key])} ({bt.key} {series}), {worst_text()}, "
+            f"within the {_frac(rule.margin)} margin"
+        )
     else:
         j = max(range(len(terms)), key=lambda j: terms[j].violation(med))
         t = terms[j]
-        v.confidence = (f"{n} runs, median {_cmp(t, med[t.key])} ({_pct(t.violation(med))})" if t.key in med
-                        else f"{n} runs, no {t.key} in any run")
+        v.confidence = (
+            f"{n} runs, median {_cmp(t, med[t.key])} ({_pct(t.violation(med))})"
+            if t.key in med
+            else f"{n} runs, no {t.key} in any run"
+        )
     return v
 
 
@@ -248,9 +270,13 @@ def sweep_capacity(runs: list[dict], slo: SLO, rule: CapacityRule = CapacityRule
     for c in sorted(groups):
         v = decide(groups[c], slo, rule)
         levels.append({"concurrency": c, "state": v.state, "runs": v.runs, "confidence": v.confidence})
-    return {"slo": str(slo), "rule": rule.to_json(),
-            "capacity": capacity_of((lv["concurrency"], lv["state"] == "met") for lv in levels),
-            "levels": levels, "undecided": [lv["concurrency"] for lv in levels if lv["state"] == "undecided"]}
+    return {
+        "slo": str(slo),
+        "rule": rule.to_json(),
+        "capacity": capacity_of((lv["concurrency"], lv["state"] == "met") for lv in levels),
+        "levels": levels,
+        "undecided": [lv["concurrency"] for lv in levels if lv["state"] == "undecided"],
+    }
 
 
 __all__ = ["CapacityRule", "Verdict", "capacity_of", "decide", "sweep_capacity"]

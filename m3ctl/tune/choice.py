@@ -70,49 +70,94 @@ def closest_miss(outcomes: list[Any], baseline: Any, slo: SLO, describe=None) ->
             v = metric(p.metrics, t.key)
             misses.append({"term": str(t), "key": t.key, "value": v, "limit": t.value, "over": t.violation(p.metrics)})
     op = {"<=": ">", "<": ">=", ">=": "<", ">": "<="}
-    parts = [(f"{m['key']} {m['value']:.4g} {op[t.op]} {t.value:g} ({_pct(m['over'])})" if m["value"] is not None
-              else f"no {m['key']} measured")
-             for m, t in ((m, next(t for t in slo.terms if str(t) == m["term"])) for m in misses)]
+    parts = [
+        (
+            f"{m['key']} {m['value']:.4g} {op[t.op]} {t.value:g} ({_pct(m['over'])})"
+            if m["value"] is not None
+            else f"no {m['key']} measured"
+        )
+        for m, t in ((m, next(t for t in slo.terms if str(t) == m["term"])) for m in misses)
+    ]
     runs = f" ({p.n_runs} runs)" if p.n_runs > 1 else ""
     text = f"{name} at c={p.concurrency}{runs}, " + (", ".join(parts) or "met on the median but did not hold")
-    return {"config": o.config, "describe": name, "trial": o.trial, "concurrency": p.concurrency,
-            "misses": misses, "text": text}
+    return {
+        "config": o.config,
+        "describe": name,
+        "trial": o.trial,
+        "concurrency": p.concurrency,
+        "misses": misses,
+        "text": text,
+    }
 
 
-def choose(best: Any, baseline: Any, slo: SLO, outcomes: list[Any] | None = None, describe=None,
-           objective: str = "objective", tie_margin: float = TIE_MARGIN) -> Choice:
+def choose(
+    best: Any,
+    baseline: Any,
+    slo: SLO,
+    outcomes: list[Any] | None = None,
+    describe=None,
+    objective: str = "objective",
+    tie_margin: float = TIE_MARGIN,
+) -> Choice:
     """The study's recommendation (module docstring) from its best search outcome (``best``: feasible, or None),
     its ``baseline`` outcome (vLLM's defaults: None when not asked for, status ``skipped`` with the reason, or
     measured), the SLO, and every outcome (for :func:`closest_miss`). ``objective``: its name, for the reason."""
     b_ok = baseline is not None and baseline.status == "feasible" and baseline.final > 0
     if best is None:
         if b_ok:
-            return Choice("defaults", f"the defaults won: no tuned configuration met the SLO; vLLM's defaults did "
-                                      f"({baseline.final:.1f} {objective} at c={baseline.concurrency})", baseline)
+            return Choice(
+                "defaults",
+                f"the defaults won: no tuned configuration met the SLO; vLLM's defaults did "
+                f"({baseline.final:.1f} {objective} at c={baseline.concurrency})",
+                baseline,
+            )
         close = closest_miss(outcomes or [], baseline, slo, describe)
-        return Choice("none", "no configuration met the SLO at any level"
-                      + (f"; closest: {close['text']}" if close else "; none was measured validly"), None, close)
+        return Choice(
+            "none",
+            "no configuration met the SLO at any level"
+            + (f"; closest: {close['text']}" if close else "; none was measured validly"),
+            None,
+            close,
+        )
     if b_ok:
         ratio = best.final / baseline.final
-        vs = (f"{best.final:.1f} {objective} at c={best.concurrency} against the defaults' {baseline.final:.1f} "
-              f"at c={baseline.concurrency} ({ratio:.2f}x)")
+        vs = (
+            f"{best.final:.1f} {objective} at c={best.concurrency} against the defaults' {baseline.final:.1f} "
+            f"at c={baseline.concurrency} ({ratio:.2f}x)"
+        )
         if getattr(best, "same_server_as", None) == "base":
-            return Choice("defaults", "the defaults won: the best configuration starts vLLM's defaults' own engine "
-                                      "(its flags only spell out the defaults)", baseline)
+            return Choice(
+                "defaults",
+                "the defaults won: the best configuration starts vLLM's defaults' own engine "
+                "(its flags only spell out the defaults)",
+                baseline,
+            )
         if ratio < 1.0:
             return Choice("defaults", f"the defaults won: the best tuned configuration measured {vs}", baseline)
         if ratio <= 1.0 + tie_margin:
-            return Choice("defaults", f"the defaults won (a tie): the best tuned configuration measured {vs}, "
-                                      f"within the {tie_margin:.0%} noise margin", baseline)
+            return Choice(
+                "defaults",
+                f"the defaults won (a tie): the best tuned configuration measured {vs}, "
+                f"within the {tie_margin:.0%} noise margin",
+                baseline,
+            )
         return Choice("tuned", f"the tuned configuration beats vLLM's defaults: {vs}", best)
     if baseline is None:
-        return Choice("tuned", "the best configuration measured; vLLM's defaults were not measured (--no-baseline), "
-                               "so it is not compared with them", best)
+        return Choice(
+            "tuned",
+            "the best configuration measured; vLLM's defaults were not measured (--no-baseline), "
+            "so it is not compared with them",
+            best,
+        )
     if baseline.status == "skipped":
-        return Choice("tuned", f"the best configuration measured; vLLM's defaults were not measured "
-                               f"({baseline.reason})", best)
-    why = (baseline.reason or baseline.status) if baseline.status != "feasible" else (
-        "their confirmation on a fresh server held no level")
+        return Choice(
+            "tuned", f"the best configuration measured; vLLM's defaults were not measured ({baseline.reason})", best
+        )
+    why = (
+        (baseline.reason or baseline.status)
+        if baseline.status != "feasible"
+        else ("their confirmation on a fresh server held no level")
+    )
     return Choice("tuned", f"the best configuration measured; vLLM's defaults did not meet the SLO ({why})", best)
 
 

@@ -199,8 +199,11 @@ class _Run:
             if t._pattern is not None:
                 pk = key_of(t._pattern)
                 if pk not in t.outcomes:
-                    todo = [c for c in t._mesh(t.outcomes[t._centre].config)
-                            if key_of(c) not in t.outcomes and key_of(c) not in run and key_of(c) != pk]
+                    todo = [
+                        c
+                        for c in t._mesh(t.outcomes[t._centre].config)
+                        if key_of(c) not in t.outcomes and key_of(c) not in run and key_of(c) != pk
+                    ]
                     return ([] if pk in run else [t._pattern]) + todo
                 cand, centre = t.outcomes[pk], t.outcomes[t._centre]
                 t._pattern = None
@@ -231,8 +234,11 @@ class _Run:
             costs = sorted(o.cost_s for o in t.outcomes.values() if o.launched)
             typical = costs[len(costs) // 2] if costs else 0.0
             if elapsed + typical > spec.time_budget_s:
-                return (f"time budget ({spec.time_budget_s:g} s"
-                        + (f"; a typical trial takes {typical:.0f} s" if typical else "") + ")")
+                return (
+                    f"time budget ({spec.time_budget_s:g} s"
+                    + (f"; a typical trial takes {typical:.0f} s" if typical else "")
+                    + ")"
+                )
         return None
 
     # ------------------------------------------------------------------ starting
@@ -267,9 +273,16 @@ class _Run:
             t.outcomes[key_of(cand)] = shared
             t._tell(trial, shared)
             t._save_search_state()
-            t.on_event(n, desc, "same server as the vLLM-defaults baseline: its runs reused, no start"
-                       + (f" ({shared.objective:.1f} at c={shared.concurrency})" if shared.status == "feasible" else
-                          f": {shared.status}"))
+            t.on_event(
+                n,
+                desc,
+                "same server as the vLLM-defaults baseline: its runs reused, no start"
+                + (
+                    f" ({shared.objective:.1f} at c={shared.concurrency})"
+                    if shared.status == "feasible"
+                    else f": {shared.status}"
+                ),
+            )
             return
         out = evaluate(t.ev, cand, t.spec, t.slo, n, lambda m: t.on_event(n, desc, m))
         t.outcomes[key_of(cand)] = out
@@ -285,8 +298,18 @@ class _Run:
         ck = (self.info[key_of(cand)] or (len(gpus), None))[1]
         desc = describe(cand, t.space)
         ev = t.ev.for_slot(gpus, port)
-        tr = _Trial(trial=trial, cand=cand, key=key_of(cand), ckey=ck, gpus=tuple(gpus), port=port, ev=ev,
-                    local=local, t_start=self.clock(), desc=desc)
+        tr = _Trial(
+            trial=trial,
+            cand=cand,
+            key=key_of(cand),
+            ckey=ck,
+            gpus=tuple(gpus),
+            port=port,
+            ev=ev,
+            local=local,
+            t_start=self.clock(),
+            desc=desc,
+        )
         for gset in [g for g in self.warm if set(g) & set(gpus)]:
             del self.warm[gset]  # those GPUs run another graph now
         self.running[tr.key] = tr
@@ -297,12 +320,21 @@ class _Run:
 
     def _work(self, tr: _Trial, start: int | None) -> None:
         """A trial thread: evaluate the candidate on its slot; every callback becomes a message for the main thread."""
+
         def post(kind: str, payload) -> None:  # with whether the study was being cancelled when it was sent
             self.q.put((kind, tr, payload, self.cancel.is_set()))
 
         try:
-            out = evaluate(_GuardedEvaluator(tr, self.cancel), tr.cand, self.t.spec, self.t.slo, tr.number,
-                           lambda m: post("event", m), start=start, on_partial=lambda o: post("partial", o.to_json()))
+            out = evaluate(
+                _GuardedEvaluator(tr, self.cancel),
+                tr.cand,
+                self.t.spec,
+                self.t.slo,
+                tr.number,
+                lambda m: post("event", m),
+                start=start,
+                on_partial=lambda o: post("partial", o.to_json()),
+            )
             post("done", out)
         except BaseException as e:  # noqa: BLE001 - handed to the main thread (TrialCancelled included)
             post("error", e)
@@ -342,8 +374,13 @@ class _Run:
                     want, gpus, port = rejected[0], (), 0
                 else:
                     batch = order_batch(batch, lambda c: self._info(c)[1], self.pool.limit)
-                    nxt = next_start([Pending(*self._info(c)) for c in batch], self.pool.topo, self._busy(),
-                                     self.pool.ports, self.warm)
+                    nxt = next_start(
+                        [Pending(*self._info(c)) for c in batch],
+                        self.pool.topo,
+                        self._busy(),
+                        self.pool.ports,
+                        self.warm,
+                    )
                     if nxt is None:
                         return None  # waits for GPUs
                     want, gpus, port = batch[nxt[0]], nxt[1], nxt[2]
@@ -394,8 +431,11 @@ class _Run:
                 self.best_val, self.idle = out.objective, 0
             elif out.launched and not tr.local and (t._local_done or not t.spec.local_first):
                 self.idle += 1
-            res = (f"{out.objective:.1f} at c={out.concurrency}" if out.status == "feasible"
-                   else f"{out.status}: {out.reason}")
+            res = (
+                f"{out.objective:.1f} at c={out.concurrency}"
+                if out.status == "feasible"
+                else f"{out.status}: {out.reason}"
+            )
             t.on_event(tr.number, tr.desc, f"done: {res}")
 
     def _cancel_all(self) -> None:
@@ -442,8 +482,12 @@ class _Run:
         stopped_by = "space exhausted"
         try:
             while True:
-                if t.spec.baseline and t.baseline is None and self._budget_stop() is None \
-                        and len(t.outcomes) < t.space.size():
+                if (
+                    t.spec.baseline
+                    and t.baseline is None
+                    and self._budget_stop() is None
+                    and len(t.outcomes) < t.space.size()
+                ):
                     t._run_baseline()  # alone, before any search trial (as in the serial search)
                     continue
                 stop = self._fill()
@@ -460,11 +504,20 @@ class _Run:
             raise
         finally:
             t.study.set_user_attr("elapsed_s", self.before + clock() - self.t_run)
-        ranked = sorted((o for o in t.outcomes.values() if o.status == "feasible" and o.final > 0),
-                        key=lambda o: o.final, reverse=True)
-        return TuneResult(outcomes=list(t.outcomes.values()), best=ranked[0] if ranked else None,
-                          launches=t.launches, cost_s=t.cost_s, elapsed_s=self.before + clock() - self.t_run,
-                          stopped_by=stopped_by, baseline=t.baseline)
+        ranked = sorted(
+            (o for o in t.outcomes.values() if o.status == "feasible" and o.final > 0),
+            key=lambda o: o.final,
+            reverse=True,
+        )
+        return TuneResult(
+            outcomes=list(t.outcomes.values()),
+            best=ranked[0] if ranked else None,
+            launches=t.launches,
+            cost_s=t.cost_s,
+            elapsed_s=self.before + clock() - self.t_run,
+            stopped_by=stopped_by,
+            baseline=t.baseline,
+        )
 
 
 def run_parallel(tuner, pool: Pool, clock: Callable[[], float] = time.monotonic) -> TuneResult:

@@ -89,8 +89,9 @@ class ReplayEvaluator:
         """The recorded vLLM-defaults configuration, or None and why there is none."""
         if self.grid.get("baseline"):
             return dict(self.grid["baseline"]["config"]), ""
-        return None, ("the recorded grid has no vLLM-defaults entry (record one with "
-                      "benchmarks/tune_efficiency.py --record)")
+        return None, (
+            "the recorded grid has no vLLM-defaults entry (record one with benchmarks/tune_efficiency.py --record)"
+        )
 
     def command(self, cand: dict[str, Any]) -> str:
         return json.dumps(cand)
@@ -107,7 +108,10 @@ def recorded_space(grid: dict):
         missing = [c for c in space.grid() if key_of(c) not in have]
         if not missing:
             return space
-        worst = max(((k, v) for k in space.free() for v in space.values[k]),
-                    key=lambda kv: sum(1 for c in missing if c[kv[0]] == kv[1])
-                    / sum(1 for c in space.grid() if c[kv[0]] == kv[1]))
+        worst = max(
+            ((k, v) for k in space.free() for v in space.values[k]),
+            key=lambda kv: (
+                sum(1 for c in missing if c[kv[0]] == kv[1]) / sum(1 for c in space.grid() if c[kv[0]] == kv[1])
+            ),
+        )
         space.values[worst[0]] = [v for v in space.values[worst[0]] if v != worst[1]]

@@ -227,9 +227,13 @@ class Busy:
     key: Hashable | None = None
 
 
-def next_start(pending: Sequence[Pending], topo: Topology, running: Sequence[Busy], ports: Sequence[int],
-               warm: Mapping[tuple[int, ...], Hashable | None] | None = None
-               ) -> tuple[int, tuple[int, ...], int] | None:
+def next_start(
+    pending: Sequence[Pending],
+    topo: Topology,
+    running: Sequence[Busy],
+    ports: Sequence[int],
+    warm: Mapping[tuple[int, ...], Hashable | None] | None = None,
+) -> tuple[int, tuple[int, ...], int] | None:
     """Which pending candidate starts now, on which GPUs and port: ``(index in pending, gpus, port)``, or None
     when none can (no free port, or nothing fits: running trials must end first).
 
@@ -265,8 +269,9 @@ def next_start(pending: Sequence[Pending], topo: Topology, running: Sequence[Bus
     return None
 
 
-def first_wave(pending: Sequence[Pending], topo: Topology, ports: Sequence[int]) -> list[tuple[int, tuple[int, ...],
-                                                                                                   int]]:
+def first_wave(
+    pending: Sequence[Pending], topo: Topology, ports: Sequence[int]
+) -> list[tuple[int, tuple[int, ...], int]]:
     """What starts at once on an idle host: :func:`next_start` applied until it says no, nothing ending.
     Returns ``[(index in pending, gpus, port)]`` in start order (the dry run's slots)."""
     running: list[Busy] = []
@@ -283,5 +288,15 @@ def first_wave(pending: Sequence[Pending], topo: Topology, ports: Sequence[int])
     return out
 
 
-__all__ = ["Busy", "Pending", "Pool", "Topology", "first_wave", "fit_count", "next_start", "order_batch",
-           "parallel_limit", "pick_gpus"]
+__all__ = [
+    "Busy",
+    "Pending",
+    "Pool",
+    "Topology",
+    "first_wave",
+    "fit_count",
+    "next_start",
+    "order_batch",
+    "parallel_limit",
+    "pick_gpus",
+]

@@ -88,8 +88,15 @@ from m3ctl.tune.space import Space, describe, key_of
 
 STUDY_NAME = "m3ctl-tune"
 DEFAULT_LADDER = [1, 2, 4, 8, 16, 32, 64]
-KEEP_KEYS = ("duration", "completed", "failed", "output_throughput", "total_token_throughput", "request_throughput",
-             *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "p90", "p99")))
+KEEP_KEYS = (
+    "duration",
+    "completed",
+    "failed",
+    "output_throughput",
+    "total_token_throughput",
+    "request_throughput",
+    *(f"{s}_{m}_ms" for m in ("ttft", "tpot", "itl", "e2el") for s in ("mean", "median", "p90", "p99")),
+)
 
 
 class Session(Protocol):
@@ -236,9 +243,17 @@ def _point(spec: TuneSpec, slo: SLO, res: dict, c: int, fid: float, n_gpus: int)
     obj = objective_value(res, spec.objective, n_gpus, spec.usd_per_gpu_hour) if valid else 0.0
     kept = {k: res.get(k) for k in (*KEEP_KEYS, *(t.key for t in slo.terms)) if k in res}
     warns = [*validity.get("warnings", []), *(f"SLO term {t} not measured: {why}" for t, why in slo.unmeasured(res))]
-    return Point(concurrency=c, fidelity=fid, objective=obj, slo_ok=valid and slo.ok(res), valid=valid,
-                 duration_s=float(res.get("duration") or 0.0), metrics=kept, reasons=list(validity.get("reasons", [])),
-                 warnings=warns)
+    return Point(
+        concurrency=c,
+        fidelity=fid,
+        objective=obj,
+        slo_ok=valid and slo.ok(res),
+        valid=valid,
+        duration_s=float(res.get("duration") or 0.0),
+        metrics=kept,
+        reasons=list(validity.get("reasons", [])),
+        warnings=warns,
+    )
 
 
 def boundary_headroom(slo: SLO, metrics: dict) -> float | None:
@@ -263,18 +278,31 @@ def median_point(slo: SLO, runs: list[Point], verdict: Verdict | None = None) ->
         vals = [r.metrics[k] for r in use if isinstance(r.metrics.get(k), int | float)]
         if vals:
             med[k] = statistics.median(vals)
-    return Point(concurrency=runs[0].concurrency, fidelity=runs[0].fidelity,
-                 objective=statistics.median(r.objective for r in valid) if valid else 0.0,
-                 slo_ok=bool(valid) and verdict.holds, valid=bool(valid),
-                 duration_s=sum(r.duration_s for r in runs), metrics=med,
-                 reasons=list(dict.fromkeys(x for r in runs for x in r.reasons)),
-                 warnings=list(dict.fromkeys(x for r in runs for x in r.warnings)), runs=[asdict(r) for r in runs],
-                 verdict=verdict.to_json())
+    return Point(
+        concurrency=runs[0].concurrency,
+        fidelity=runs[0].fidelity,
+        objective=statistics.median(r.objective for r in valid) if valid else 0.0,
+        slo_ok=bool(valid) and verdict.holds,
+        valid=bool(valid),
+        duration_s=sum(r.duration_s for r in runs),
+        metrics=med,
+        reasons=list(dict.fromkeys(x for r in runs for x in r.reasons)),
+        warnings=list(dict.fromkeys(x for r in runs for x in r.warnings)),
+        runs=[asdict(r) for r in runs],
+        verdict=verdict.to_json(),
+    )
 
 
-def measure_level(session: Session, spec: TuneSpec, slo: SLO, c: int, fidelity: float, n_gpus: int,
-                  on_event: Callable[[str], None],
-                  on_runs: Callable[[Point], None] | None = None) -> Point:
+def measure_level(
+    session: Session,
+    spec: TuneSpec,
+    slo: SLO,
+    c: int,
+    fidelity: float,
+    n_gpus: int,
+    on_event: Callable[[str], None],
+    on_runs: Callable[[Point], None] | None = None,
+) -> Point:
     """One ladder level decided by the capacity rule (m3ctl.tune.capacity; module docstring, step 2).
 
     A bench run, then, while the rule says the level is undecided (the first run is within
@@ -308,8 +336,12 @@ def level_spread(slo: SLO, points: list[Point], concurrency: int | None) -> dict
     SLO terms only ``runs``."""
     if concurrency is None:
         return None
-    runs = [Point(**{**r, "runs": []}) if isinstance(r, dict) else r
-            for p in points if p.concurrency == concurrency for r in (p.runs or [p])]
+    runs = [
+        Point(**{**r, "runs": []}) if isinstance(r, dict) else r
+        for p in points
+        if p.concurrency == concurrency
+        for r in (p.runs or [p])
+    ]
     runs = [r for r in runs if r.valid]
     if not runs:
         return None
@@ -323,9 +355,15 @@ def level_spread(slo: SLO, points: list[Point], concurrency: int | None) -> dict
     return out
 
 
-def bisect_concurrency(session: Session, spec: TuneSpec, slo: SLO, n_gpus: int,
-                       on_event: Callable[[str], None], start: int | None = None,
-                       on_point: Callable[[list[Point]], None] | None = None) -> list[Point]:
+def bisect_concurrency(
+    session: Session,
+    spec: TuneSpec,
+    slo: SLO,
+    n_gpus: int,
+    on_event: Callable[[str], None],
+    start: int | None = None,
+    on_point: Callable[[list[Point]], None] | None = None,
+) -> list[Point]:
     """Search for the largest ladder concurrency that meets the SLO (latency is monotone in load).
 
     ``start``: a ladder concurrency to try first (warm start); from there the search gallops up while the
@@ -351,14 +389,24 @@ def bisect_concurrency(session: Session, spec: TuneSpec, slo: SLO, n_gpus: int,
             mid = (lo + hi) // 2
         c = lad[mid]
         on_event(f"bench c={c}")
-        p = measure_level(session, spec, slo, c, 1.0, n_gpus, on_event,
-                          on_runs=(lambda lvl: on_point([*points, lvl])) if on_point is not None else None)
+        p = measure_level(
+            session,
+            spec,
+            slo,
+            c,
+            1.0,
+            n_gpus,
+            on_event,
+            on_runs=(lambda lvl: on_point([*points, lvl])) if on_point is not None else None,
+        )
         points.append(p)
         if on_point is not None:
             on_point(points)
         miss = "SLO not measured" if slo.unmeasured(p.metrics) else "SLO miss"
-        on_event(f"c={c}: {p.objective:.1f} {'ok' if p.slo_ok else miss if p.valid else 'invalid'}"
-                 + (f" (median of {p.n_runs} runs)" if p.runs else ""))
+        on_event(
+            f"c={c}: {p.objective:.1f} {'ok' if p.slo_ok else miss if p.valid else 'invalid'}"
+            + (f" (median of {p.n_runs} runs)" if p.runs else "")
+        )
         if not p.valid and getattr(session, "alive", lambda: True)() is False:
             raise LaunchFailed(f"server died during the run at concurrency {c}", "see the trial's server.log")
         if p.slo_ok:
@@ -383,9 +431,20 @@ def _summarise(out: Outcome, slo: SLO) -> Outcome:
         out.status, out.objective = "slo_infeasible", 0.0
         viol = [slo.violation(p.metrics) for p in out.points if p.valid]
         unm = list(dict.fromkeys(str(t) for p in out.points if p.valid for t, _ in slo.unmeasured(p.metrics)))
-        out.reason = (f"SLO {slo} not met at concurrency {min(p.concurrency for p in out.points)}"
-                      + (f" (not measured: {', '.join(unm)})" if unm else
-                         f" (worst term {min(viol):+.0%} over)" if viol else "")) if out.points else "no runs"
+        out.reason = (
+            (
+                f"SLO {slo} not met at concurrency {min(p.concurrency for p in out.points)}"
+                + (
+                    f" (not measured: {', '.join(unm)})"
+                    if unm
+                    else f" (worst term {min(viol):+.0%} over)"
+                    if viol
+                    else ""
+                )
+            )
+            if out.points
+            else "no runs"
+        )
     return out
 
 
@@ -421,9 +480,16 @@ def headroom_rank(out: Outcome, slo: SLO) -> tuple[int, float, float] | None:
     return (cap, head, out.final)
 
 
-def evaluate(ev: Evaluator, cand: dict[str, Any], spec: TuneSpec, slo: SLO, trial: int | str,
-             on_event: Callable[[str], None], start: int | None = None,
-             on_partial: Callable[[Outcome], None] | None = None) -> Outcome:
+def evaluate(
+    ev: Evaluator,
+    cand: dict[str, Any],
+    spec: TuneSpec,
+    slo: SLO,
+    trial: int | str,
+    on_event: Callable[[str], None],
+    start: int | None = None,
+    on_partial: Callable[[Outcome], None] | None = None,
+) -> Outcome:
     """Check, start, bisect (from ``start``, a warm-start concurrency, when given) and stop one configuration.
     ``on_partial(outcome)``: called before the server starts and after every run with the outcome so far
     (``launched``, ``start_s``, the points measured). Never raises for a bad configuration."""
@@ -510,8 +576,16 @@ class Tuner:
     (:class:`m3ctl.tune.schedule.Pool`): with a limit above 1 and an evaluator that has ``for_slot``, :meth:`run`
     runs that many trials at once on disjoint GPU sets (:mod:`m3ctl.tune.parallel`); None or 1: one at a time."""
 
-    def __init__(self, space: Space, ev: Evaluator, spec: TuneSpec, *, storage: str | None = None,
-                 on_event: Callable[[int | None, str, str], None] | None = None, pool: Any = None):
+    def __init__(
+        self,
+        space: Space,
+        ev: Evaluator,
+        spec: TuneSpec,
+        *,
+        storage: str | None = None,
+        on_event: Callable[[int | None, str, str], None] | None = None,
+        pool: Any = None,
+    ):
         import optuna  # noqa: PLC0415  (lazy: ~0.5 s import)
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -528,15 +602,27 @@ class Tuner:
         self.pool = pool if pool is not None and pool.limit > 1 and hasattr(ev, "for_slot") else None
         # constant_liar (parallel trials only): running trials count as bad, so concurrent proposals spread out
         liar = {"constant_liar": True} if self.pool is not None else {}
-        sampler = optuna.samplers.TPESampler(seed=spec.seed, n_startup_trials=n_start, multivariate=True,
-                                             constraints_func=lambda t: t.user_attrs.get("constraint", [1.0]), **liar)
-        self.study = optuna.create_study(study_name=STUDY_NAME, storage=storage, load_if_exists=True,
-                                         direction="maximize", sampler=sampler)
+        sampler = optuna.samplers.TPESampler(
+            seed=spec.seed,
+            n_startup_trials=n_start,
+            multivariate=True,
+            constraints_func=lambda t: t.user_attrs.get("constraint", [1.0]),
+            **liar,
+        )
+        self.study = optuna.create_study(
+            study_name=STUDY_NAME, storage=storage, load_if_exists=True, direction="maximize", sampler=sampler
+        )
         # Ordered integer knobs are searched by index (IntDistribution) so TPE uses their order;
         # booleans and strings are categorical.
         self.ordinal = {k for k in free if all(isinstance(v, int) and not isinstance(v, bool) for v in space.values[k])}
-        self.dists = {k: (optuna.distributions.IntDistribution(0, len(space.values[k]) - 1) if k in self.ordinal
-                          else optuna.distributions.CategoricalDistribution(space.values[k])) for k in free}
+        self.dists = {
+            k: (
+                optuna.distributions.IntDistribution(0, len(space.values[k]) - 1)
+                if k in self.ordinal
+                else optuna.distributions.CategoricalDistribution(space.values[k])
+            )
+            for k in free
+        }
         self.rng = random.Random(spec.seed)
         self.outcomes: dict[str, Outcome] = {}
         self.interrupted_trials: list[int] = []  # trials this resume found interrupted (killed or Ctrl-C)
@@ -572,12 +658,18 @@ class Tuner:
                 out = _summarise(Outcome.from_json(partial), self.slo)
                 out.recovered = True
                 out.reason = (out.reason + "; " if out.reason else "") + (
-                    f"recovered after an interruption from its {len(out.points)} finished run(s)")
+                    f"recovered after an interruption from its {len(out.points)} finished run(s)"
+                )
                 if key_of(out.config) not in self.outcomes:
                     self.outcomes[key_of(out.config)] = out
-                    self.study.add_trial(self.optuna.trial.create_trial(
-                        params=t.params, distributions=t.distributions, value=out.objective,
-                        user_attrs=self._attrs(out)))
+                    self.study.add_trial(
+                        self.optuna.trial.create_trial(
+                            params=t.params,
+                            distributions=t.distributions,
+                            value=out.objective,
+                            user_attrs=self._attrs(out),
+                        )
+                    )
                     self.recovered_trials.append(t.number)
                 handled[str(t.number)] = {"recovered": True}
             else:
@@ -619,8 +711,11 @@ class Tuner:
 
     @property
     def cost_s(self) -> float:
-        return (sum(o.cost_s for o in self.outcomes.values()) + (self.baseline.cost_s if self.baseline else 0.0)
-                + sum(v.get("cost_s", 0.0) for v in self.lost.values()))
+        return (
+            sum(o.cost_s for o in self.outcomes.values())
+            + (self.baseline.cost_s if self.baseline else 0.0)
+            + sum(v.get("cost_s", 0.0) for v in self.lost.values())
+        )
 
     def _run_baseline(self) -> None:
         """Measure vLLM's defaults once per study (kept in the study across resumes; a skip says why)."""
@@ -632,14 +727,25 @@ class Tuner:
             out = Outcome(config={}, status="skipped", reason=why, trial="base")
             self.on_event("base", "vLLM defaults", f"skipped: {why}")
         else:
+
             def event(m: str) -> None:
                 self._heartbeat()
                 self.on_event("base", "vLLM defaults", m)
 
-            out = evaluate(self.ev, cand, self.spec, self.slo, "base", event,
-                           on_partial=lambda o: self.study.set_user_attr("baseline_partial", o.to_json()))
-            res = (f"{out.objective:.1f} at c={out.concurrency}" if out.status == "feasible"
-                   else f"{out.status}: {out.reason}")
+            out = evaluate(
+                self.ev,
+                cand,
+                self.spec,
+                self.slo,
+                "base",
+                event,
+                on_partial=lambda o: self.study.set_user_attr("baseline_partial", o.to_json()),
+            )
+            res = (
+                f"{out.objective:.1f} at c={out.concurrency}"
+                if out.status == "feasible"
+                else f"{out.status}: {out.reason}"
+            )
             self.on_event("base", "vLLM defaults", f"done: {res}")
         self.baseline = out
         self.study.set_user_attr("baseline", out.to_json())
@@ -760,7 +866,11 @@ class Tuner:
         feas = [o for o in self.outcomes.values() if o.status == "feasible" and o.concurrency in self.spec.ladder]
         if not feas:  # the first search trial: start from the baseline's (vLLM defaults) capacity when measured
             b = self.baseline
-            return b.concurrency if b is not None and b.status == "feasible" and b.concurrency in self.spec.ladder else None
+            return (
+                b.concurrency
+                if b is not None and b.status == "feasible" and b.concurrency in self.spec.ladder
+                else None
+            )
         return min(feas, key=lambda o: (self._dist(cand, o.config), -o.objective)).concurrency
 
     def _unseen(self) -> dict[str, Any] | None:
@@ -769,8 +879,9 @@ class Tuner:
 
     def _save_search_state(self) -> None:
         """Persist the local search (poll centre, pending pattern point, poll finished) with the study."""
-        self.study.set_user_attr("search_state", {"centre": self._centre, "pattern": self._pattern,
-                                                  "local_done": self._local_done})
+        self.study.set_user_attr(
+            "search_state", {"centre": self._centre, "pattern": self._pattern, "local_done": self._local_done}
+        )
 
     def _attrs(self, out: Outcome) -> dict[str, Any]:
         """The optuna user attributes of a told trial: TPE's ``constraint`` and the ``outcome``."""
@@ -810,19 +921,28 @@ class Tuner:
         kb, kc = self._server_key(b.config), self._server_key(cand)
         if kb is None or kb != kc:
             return None
-        return Outcome(config=dict(cand), status=b.status, objective=b.objective, concurrency=b.concurrency,
-                       points=list(b.points), start_s=0.0, cost_s=0.0,
-                       reason="the same server as the vLLM-defaults baseline: its runs, no start of its own"
-                       + (f"; {b.reason}" if b.reason else ""),
-                       launched=False, confirmed=b.confirmed, trial=trial, same_server_as="base")
+        return Outcome(
+            config=dict(cand),
+            status=b.status,
+            objective=b.objective,
+            concurrency=b.concurrency,
+            points=list(b.points),
+            start_s=0.0,
+            cost_s=0.0,
+            reason="the same server as the vLLM-defaults baseline: its runs, no start of its own"
+            + (f"; {b.reason}" if b.reason else ""),
+            launched=False,
+            confirmed=b.confirmed,
+            trial=trial,
+            same_server_as="base",
+        )
 
     def _share_twin_confirmation(self) -> bool:
         """When the search trial that reused the baseline's server (``same_server_as``) was confirmed, that
         confirmation is the baseline's too (one engine): copy it, save it, return True. Also run on load, so a
         study interrupted between the two (or resumed with ``confirm_top`` 0) reports one engine one way."""
         b = self.baseline
-        twin = next((o for o in self.outcomes.values() if o.same_server_as == "base" and o.confirmed is not None),
-                    None)
+        twin = next((o for o in self.outcomes.values() if o.same_server_as == "base" and o.confirmed is not None), None)
         if b is None or b.status != "feasible" or b.confirmed is not None or twin is None:
             return False
         b.confirmed, b.points, b.concurrency = twin.confirmed, list(twin.points), twin.concurrency
@@ -863,8 +983,11 @@ class Tuner:
                     costs = sorted(o.cost_s for o in self.outcomes.values() if o.launched)
                     typical = costs[len(costs) // 2] if costs else 0.0
                     if elapsed + typical > self.spec.time_budget_s:
-                        stopped_by = (f"time budget ({self.spec.time_budget_s:g} s"
-                                      + (f"; a typical trial takes {typical:.0f} s" if typical else "") + ")")
+                        stopped_by = (
+                            f"time budget ({self.spec.time_budget_s:g} s"
+                            + (f"; a typical trial takes {typical:.0f} s" if typical else "")
+                            + ")"
+                        )
                         break
                 if len(self.outcomes) >= size:
                     break
@@ -911,14 +1034,19 @@ class Tuner:
                     self.outcomes[k] = shared
                     self._tell(trial, shared)
                     self._save_search_state()
-                    self.on_event(n, desc, f"same server as the vLLM-defaults baseline: its runs reused, no start "
-                                           f"({shared.objective:.1f} at c={shared.concurrency})"
-                                  if shared.status == "feasible" else
-                                  f"same server as the vLLM-defaults baseline: {shared.status}, no start")
+                    self.on_event(
+                        n,
+                        desc,
+                        f"same server as the vLLM-defaults baseline: its runs reused, no start "
+                        f"({shared.objective:.1f} at c={shared.concurrency})"
+                        if shared.status == "feasible"
+                        else f"same server as the vLLM-defaults baseline: {shared.status}, no start",
+                    )
                     continue
                 try:
-                    out = evaluate(self.ev, cand, self.spec, self.slo, n, event, start=self._warm_start(cand),
-                                   on_partial=partial)
+                    out = evaluate(
+                        self.ev, cand, self.spec, self.slo, n, event, start=self._warm_start(cand), on_partial=partial
+                    )
                 except BaseException:
                     self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
                     raise
@@ -929,17 +1057,29 @@ class Tuner:
                     best_val, idle = out.objective, 0
                 elif out.launched and nb is None and (self._local_done or not self.spec.local_first):
                     idle += 1
-                res = (f"{out.objective:.1f} at c={out.concurrency}" if out.status == "feasible"
-                       else f"{out.status}: {out.reason}")
+                res = (
+                    f"{out.objective:.1f} at c={out.concurrency}"
+                    if out.status == "feasible"
+                    else f"{out.status}: {out.reason}"
+                )
                 self.on_event(n, desc, f"done: {res}")
             self._confirm()
         finally:
             self.study.set_user_attr("elapsed_s", before + clock() - t_run)
-        ranked = sorted((o for o in self.outcomes.values() if o.status == "feasible" and o.final > 0),
-                        key=lambda o: o.final, reverse=True)
-        return TuneResult(outcomes=list(self.outcomes.values()), best=ranked[0] if ranked else None,
-                          launches=self.launches, cost_s=self.cost_s, elapsed_s=before + clock() - t_run,
-                          stopped_by=stopped_by, baseline=self.baseline)
+        ranked = sorted(
+            (o for o in self.outcomes.values() if o.status == "feasible" and o.final > 0),
+            key=lambda o: o.final,
+            reverse=True,
+        )
+        return TuneResult(
+            outcomes=list(self.outcomes.values()),
+            best=ranked[0] if ranked else None,
+            launches=self.launches,
+            cost_s=self.cost_s,
+            elapsed_s=before + clock() - t_run,
+            stopped_by=stopped_by,
+            baseline=self.baseline,
+        )
 
     def _confirm(self) -> None:
         if self.spec.confirm_top <= 0:
@@ -949,24 +1089,37 @@ class Tuner:
         # The configuration reported as best is always one that was confirmed: one more start when the
         # cascade ended on an unconfirmed one.
         for i in range(2 * self.spec.confirm_top + 1):
-            top = sorted((o for o in self.outcomes.values() if o.status == "feasible" and o.final > 0),
-                         key=lambda o: o.final, reverse=True)[: self.spec.confirm_top]
+            top = sorted(
+                (o for o in self.outcomes.values() if o.status == "feasible" and o.final > 0),
+                key=lambda o: o.final,
+                reverse=True,
+            )[: self.spec.confirm_top]
             todo = [o for o in (top if i < 2 * self.spec.confirm_top else top[:1]) if o.confirmed is None]
             if not todo:
                 break
             o = todo[0]
             desc = describe(o.config, self.space)
             confirm(self.ev, o, self.spec, self.slo, lambda m, n=o.trial, d=desc: self.on_event(n, d, m))
-            self.study.set_user_attr(f"confirm:{key_of(o.config)}",
-                                     {"confirmed": o.confirmed, "points": [asdict(p) for p in o.points],
-                                      "cost_s": o.cost_s, "concurrency": o.concurrency, "objective": o.objective})
+            self.study.set_user_attr(
+                f"confirm:{key_of(o.config)}",
+                {
+                    "confirmed": o.confirmed,
+                    "points": [asdict(p) for p in o.points],
+                    "cost_s": o.cost_s,
+                    "concurrency": o.concurrency,
+                    "objective": o.objective,
+                },
+            )
             self.on_event(o.trial, desc, f"confirmed: {o.confirmed:.1f} at c={o.concurrency}")
         # The baseline gets the same re-test, so best / baseline compares like with like (both the worse of a
         # search run and a confirmation run on a fresh server).
         b = self.baseline
         if self._share_twin_confirmation():
-            self.on_event("base", "vLLM defaults", f"confirmed with the search trial of the same server: "
-                                                    f"{b.confirmed:.1f} at c={b.concurrency}")
+            self.on_event(
+                "base",
+                "vLLM defaults",
+                f"confirmed with the search trial of the same server: {b.confirmed:.1f} at c={b.concurrency}",
+            )
         elif b is not None and b.status == "feasible" and b.confirmed is None and b.config:
             confirm(self.ev, b, self.spec, self.slo, lambda m: self.on_event("base", "vLLM defaults", m))
             self.study.set_user_attr("baseline", b.to_json())
@@ -980,11 +1133,26 @@ def pareto(outcomes: list[Outcome]) -> list[dict[str, Any]]:
         for p in o.points:
             tpot = p.metrics.get("p90_tpot_ms")
             if p.valid and tpot:
-                pts.append({"config": o.config, "concurrency": p.concurrency, "objective": p.objective,
-                            "interactivity": 1000.0 / tpot, "slo_ok": p.slo_ok, "trial": o.trial})
-    front = [a for a in pts if not any(b["objective"] >= a["objective"] and b["interactivity"] >= a["interactivity"]
-                                       and (b["objective"] > a["objective"] or b["interactivity"] > a["interactivity"])
-                                       for b in pts)]
+                pts.append(
+                    {
+                        "config": o.config,
+                        "concurrency": p.concurrency,
+                        "objective": p.objective,
+                        "interactivity": 1000.0 / tpot,
+                        "slo_ok": p.slo_ok,
+                        "trial": o.trial,
+                    }
+                )
+    front = [
+        a
+        for a in pts
+        if not any(
+            b["objective"] >= a["objective"]
+            and b["interactivity"] >= a["interactivity"]
+            and (b["objective"] > a["objective"] or b["interactivity"] > a["interactivity"])
+            for b in pts
+        )
+    ]
     uniq = {(round(a["objective"], 6), round(a["interactivity"], 6)): a for a in front}
     return sorted(uniq.values(), key=lambda a: a["interactivity"])
 

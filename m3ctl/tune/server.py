@@ -28,8 +28,9 @@ TRIAL_SMOKE = "quick"
 
 
 class ServerSession:
-    def __init__(self, ev: ServerEvaluator, plan, dep, trial_dir: Path, start_s: float,
-                 secrets: dict[str, str] | None = None):
+    def __init__(
+        self, ev: ServerEvaluator, plan, dep, trial_dir: Path, start_s: float, secrets: dict[str, str] | None = None
+    ):
         self.ev, self.plan, self.dep, self.dir, self.start_s = ev, plan, dep, trial_dir, start_s
         self.secrets = secrets or {}  # the trial server's secret env: its key is what the benches send
 
@@ -46,12 +47,20 @@ class ServerSession:
         is saved as ``bench-cC-xF-rN.json`` (N = 1, 2, ...), so every run is kept."""
         from m3ctl.bench.runner import BenchConfig  # noqa: PLC0415
 
-        cfg = BenchConfig(url=self.dep.url, model=self.dep.served_model_name, concurrency=concurrency,
-                          api_key=self.secrets.get("VLLM_API_KEY"),
-                          num_prompts=num_prompts(self.ev.spec, concurrency, fidelity),
-                          num_gpus=self.ev.n_gpus_plan(self.plan), num_gpus_source="plan (tp x dp)",
-                          label=f"tune trial {self.dir.name} c={concurrency}", server_log=self.dep.log_path,
-                          deployment=self.dep.name, state_dir=str(self.ev.registry.root), **self.ev.bench)
+        cfg = BenchConfig(
+            url=self.dep.url,
+            model=self.dep.served_model_name,
+            concurrency=concurrency,
+            api_key=self.secrets.get("VLLM_API_KEY"),
+            num_prompts=num_prompts(self.ev.spec, concurrency, fidelity),
+            num_gpus=self.ev.n_gpus_plan(self.plan),
+            num_gpus_source="plan (tp x dp)",
+            label=f"tune trial {self.dir.name} c={concurrency}",
+            server_log=self.dep.log_path,
+            deployment=self.dep.name,
+            state_dir=str(self.ev.registry.root),
+            **self.ev.bench,
+        )
         stem = f"bench-c{concurrency}-x{fidelity:g}"
         rep = 0
         while (self.dir / f"{stem}{f'-r{rep}' if rep else ''}.json").exists():
@@ -62,12 +71,20 @@ class ServerSession:
             res = self._run(cfg, concurrency)
             if died := res.get("engine_died"):  # kept, then the trial is a crash with its cause (not an SLO miss)
                 write_json(self.dir / f"{stem}.json", res)
-                raise LaunchFailed(f"{died['sentence']} (during the run at concurrency {concurrency})",
-                                   died.get("fix") or f"see {self.dir / 'server.log'}", phase="serving",
-                                   log_path=self.dep.log_path)
+                raise LaunchFailed(
+                    f"{died['sentence']} (during the run at concurrency {concurrency})",
+                    died.get("fix") or f"see {self.dir / 'server.log'}",
+                    phase="serving",
+                    log_path=self.dep.log_path,
+                )
             jit = (res.get("server_jit_compiles") or {}).get("kernels", [])
-            res["tune"] = {"trial_dir": str(self.dir), "argv": self.plan.argv, "fidelity": fidelity,
-                           "jit_events": jit, "jit_reruns": reruns}
+            res["tune"] = {
+                "trial_dir": str(self.dir),
+                "argv": self.plan.argv,
+                "fidelity": fidelity,
+                "jit_events": jit,
+                "jit_reruns": reruns,
+            }
             if not jit or reruns >= JIT_RERUNS:
                 break
             write_json(self.dir / f"{stem}-jit{reruns}.json", res)
@@ -90,9 +107,12 @@ class ServerSession:
             died = engine_death(cfg)
             if died is None and isinstance(e, BadInput) and self.alive():
                 raise
-            raise LaunchFailed(f"{died['sentence'] if died else e.message} (before the run at concurrency "
-                               f"{concurrency})", (died or {}).get("fix") or f"see {self.dir / 'server.log'}",
-                               phase="serving", log_path=self.dep.log_path) from None
+            raise LaunchFailed(
+                f"{died['sentence'] if died else e.message} (before the run at concurrency {concurrency})",
+                (died or {}).get("fix") or f"see {self.dir / 'server.log'}",
+                phase="serving",
+                log_path=self.dep.log_path,
+            ) from None
 
     def close(self) -> None:
         self.ev.stop_current()
@@ -108,9 +128,21 @@ class ServerEvaluator:
         name_prefix: deployment names are ``{name_prefix}-t{trial}``; resume stops any leftover of that prefix.
     """
 
-    def __init__(self, inventory, model: str, study_dir: Path, spec: TuneSpec, *, plan_base: dict[str, Any],
-                 bench: dict[str, Any], port: int, name_prefix: str, registry=None, space=None,
-                 fast_starts: bool = True):
+    def __init__(
+        self,
+        inventory,
+        model: str,
+        study_dir: Path,
+        spec: TuneSpec,
+        *,
+        plan_base: dict[str, Any],
+        bench: dict[str, Any],
+        port: int,
+        name_prefix: str,
+        registry=None,
+        space=None,
+        fast_starts: bool = True,
+    ):
         from m3ctl.state import Registry  # noqa: PLC0415
 
         self.inv, self.model, self.dir, self.spec = inventory, model, Path(study_dir), spec
@@ -130,8 +162,13 @@ class ServerEvaluator:
 
         base = dict(self.plan_base)
         prof = base.pop("profile", None)
-        req = PlanRequest(model=self.model, name=name or f"{self.prefix}-check", port=self.port, **base,
-                          **plan_kwargs(cand, self.spec_method))
+        req = PlanRequest(
+            model=self.model,
+            name=name or f"{self.prefix}-check",
+            port=self.port,
+            **base,
+            **plan_kwargs(cand, self.spec_method),
+        )
         req.profile = prof
         return plan(self.inv, req)
 
@@ -182,12 +219,23 @@ class ServerEvaluator:
         H200; :attr:`m3ctl.plan.LaunchPlan.scheduler_limits`), its environment and layout. Two candidates with
         the same key start the same engine. Raises ConfigRejected like :meth:`check`."""
         p = self.plan(cand)
-        args = {k: v for k, v in (p.vllm_args or {}).items()
-                if k not in ("max-num-batched-tokens", "max-num-seqs")}
+        args = {k: v for k, v in (p.vllm_args or {}).items() if k not in ("max-num-batched-tokens", "max-num-seqs")}
         if p.scheduler_limits is not None:
             args["max-num-batched-tokens"], args["max-num-seqs"] = p.scheduler_limits
-        return json.dumps({"args": args, "env": p.env, "tp": p.tp, "dp": p.dp, "dcp": p.dcp, "ep": p.ep,
-                           "dbo": p.dbo, "gpus": len(p.gpus)}, sort_keys=True, default=str)
+        return json.dumps(
+            {
+                "args": args,
+                "env": p.env,
+                "tp": p.tp,
+                "dp": p.dp,
+                "dcp": p.dcp,
+                "ep": p.ep,
+                "dbo": p.dbo,
+                "gpus": len(p.gpus),
+            },
+            sort_keys=True,
+            default=str,
+        )
 
     @staticmethod
     def n_gpus_plan(p) -> int:
@@ -266,8 +314,13 @@ class ServerEvaluator:
         from m3ctl.serve import launch_and_wait  # noqa: PLC0415
 
         def go():
-            return launch_and_wait(p, registry=self.registry, secret_env=secrets, smoke=TRIAL_SMOKE,
-                                   on_event=lambda e: on_event(f"{e.phase} {e.status}") if e.status != "start" else None)
+            return launch_and_wait(
+                p,
+                registry=self.registry,
+                secret_env=secrets,
+                smoke=TRIAL_SMOKE,
+                on_event=lambda e: on_event(f"{e.phase} {e.status}") if e.status != "start" else None,
+            )
 
         try:
             return go()
@@ -292,8 +345,9 @@ class ServerEvaluator:
 
         return sum(prewarm.discard(c.warm_prefix) for c in [self, *self.__dict__.get("_slots", [])])
 
-    def _record_start(self, res, tdir: Path, start_s: float, warm_note: str | None = None,
-                      env: dict[str, str] | None = None) -> None:
+    def _record_start(
+        self, res, tdir: Path, start_s: float, warm_note: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
         """``trials/NNNN/start.json``: the start broken down from the server's own log (m3ctl.tune.startup),
         with the study's start measures and the wall seconds the tune counted for it: whether the server ran in a
         prewarmed process and how its engine-core process started (``fork``, ``spawn``)."""
@@ -306,10 +360,18 @@ class ServerEvaluator:
             text = ""
         ready_at = dep.started_at + res.readiness.time_to_ready_s if dep.started_at else None
         b = startup.start_breakdown(text, launched_at=dep.started_at, ready_at=ready_at, smoke_s=dep.smoke_s)
-        write_json(tdir / "start.json", {**b.to_json(), "start_s": round(start_s, 2), "fast_starts": self.fast_starts,
-                                         "cache_root": str(self.cache_root) if self.fast_starts else None,
-                                         "prewarmed": dep.prewarmed, "prewarm": warm_note,
-                                         "engine_process": startup.engine_process_used(env, text)})
+        write_json(
+            tdir / "start.json",
+            {
+                **b.to_json(),
+                "start_s": round(start_s, 2),
+                "fast_starts": self.fast_starts,
+                "cache_root": str(self.cache_root) if self.fast_starts else None,
+                "prewarmed": dep.prewarmed,
+                "prewarm": warm_note,
+                "engine_process": startup.engine_process_used(env, text),
+            },
+        )
 
     def _save_log(self, name: str, tdir: Path) -> None:
         src = self.registry.log_path(name)
@@ -437,13 +499,35 @@ class ServerEvaluator:
         if eager:
             args.pop("max-num-batched-tokens", None)
         env = {k: v for k, v in p.env.items() if k not in COMPILE_NEUTRAL_ENV}
-        return json.dumps({"model": p.model, "image": p.image, "args": args, "env": env, "tp": p.tp, "pp": p.pp,
-                           "dp": p.dp, "dcp": p.dcp, "ep": p.ep, "dbo": p.dbo}, sort_keys=True, default=str)
+        return json.dumps(
+            {
+                "model": p.model,
+                "image": p.image,
+                "args": args,
+                "env": env,
+                "tp": p.tp,
+                "pp": p.pp,
+                "dp": p.dp,
+                "dcp": p.dcp,
+                "ep": p.ep,
+                "dbo": p.dbo,
+            },
+            sort_keys=True,
+            default=str,
+        )
 
 
 #: Server environment that does not change the compiled graph: which GPUs, the device order, internal ports.
-COMPILE_NEUTRAL_ENV = frozenset({"CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
-                                 "CUDA_DEVICE_ORDER", "VLLM_PORT", "MASTER_PORT"})
+COMPILE_NEUTRAL_ENV = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "VLLM_PORT",
+        "MASTER_PORT",
+    }
+)
 
 
 def _capture_sizes_pinned(args: dict[str, Any]) -> bool:
@@ -486,13 +570,22 @@ def run_bench_isolated(cfg, dep) -> dict:
     with tempfile.TemporaryDirectory(prefix="m3ctl-bench-") as d:
         inp, out = Path(d) / "in.pkl", Path(d) / "out.pkl"
         inp.write_bytes(pickle.dumps((cfg, dep)))
-        p = subprocess.run([sys.executable, "-m", "m3ctl.tune.benchchild", str(inp), str(out)], env=env,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, check=False)
+        p = subprocess.run(
+            [sys.executable, "-m", "m3ctl.tune.benchchild", str(inp), str(out)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
         if not out.exists():
             tail = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
-            raise LaunchFailed(f"the bench run's process ended without a result (exit {p.returncode}): {tail}",
-                               f"see {dep.log_path or 'the server log'}", phase="serving",
-                               log_path=dep.log_path)
+            raise LaunchFailed(
+                f"the bench run's process ended without a result (exit {p.returncode}): {tail}",
+                f"see {dep.log_path or 'the server log'}",
+                phase="serving",
+                log_path=dep.log_path,
+            )
         res = pickle.loads(out.read_bytes())
     if "error" in res:
         raise {"BenchServerDown": BenchServerDown, "BadInput": BadInput}[res["error"]](res["message"], res["hint"])
@@ -517,8 +610,10 @@ def trial_ports(host: str, first: int, n: int, tries: int = 100) -> tuple[int, .
         if not port_in_use(host, p):
             out.append(p)
     if len(out) < n:
-        raise ConfigRejected(f"{n} trials at once need {n} API ports from {first} up; only {len(out)} of the next "
-                             f"{tries} are free", "pass --port with a free range above it, or --parallel-trials 1")
+        raise ConfigRejected(
+            f"{n} trials at once need {n} API ports from {first} up; only {len(out)} of the next {tries} are free",
+            "pass --port with a free range above it, or --parallel-trials 1",
+        )
     return tuple(out)
 
 

@@ -22,9 +22,17 @@ from m3ctl.errors import BadInput
 
 _LAT = re.compile(r"^(mean|median|std|p\d+(?:\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
 #: Non-latency result keys an SLO may also bound (``>=``-style floors).
-OTHER_KEYS = ("output_throughput", "total_token_throughput", "request_throughput", "request_goodput",
-              "p90_interactivity_tok_s_user", "median_interactivity_tok_s_user")
-_SUGGEST = [f"{s}_{m}_ms" for s in ("mean", "median", "p50", "p90", "p95", "p99") for m in ("ttft", "tpot", "itl", "e2el")]
+OTHER_KEYS = (
+    "output_throughput",
+    "total_token_throughput",
+    "request_throughput",
+    "request_goodput",
+    "p90_interactivity_tok_s_user",
+    "median_interactivity_tok_s_user",
+)
+_SUGGEST = [
+    f"{s}_{m}_ms" for s in ("mean", "median", "p50", "p90", "p95", "p99") for m in ("ttft", "tpot", "itl", "e2el")
+]
 _OPS = {"<=": operator.le, "<": operator.lt, ">=": operator.ge, ">": operator.gt}
 
 #: Objectives: name -> (description, unit).
@@ -117,25 +125,32 @@ def parse_slo(text: str | None) -> SLO:
             continue
         m = re.match(r"^([A-Za-z0-9_.]+)(<=|>=|<|>|==?)(.+)$", part)
         if not m:
-            raise BadInput(f"bad SLO term {raw.strip()!r}: expected KEY<=VALUE",
-                           'e.g. --slo "p90_tpot_ms<=20,p90_ttft_ms<=2000"')
+            raise BadInput(
+                f"bad SLO term {raw.strip()!r}: expected KEY<=VALUE", 'e.g. --slo "p90_tpot_ms<=20,p90_ttft_ms<=2000"'
+            )
         key, op, val = m.groups()
         if op.startswith("="):
             raise BadInput(f"bad SLO operator {op!r} in {part!r}", "use <=, <, >= or >")
         if not (_LAT.match(key) or key in OTHER_KEYS):
             close = difflib.get_close_matches(key, _SUGGEST + list(OTHER_KEYS), n=1)
-            raise BadInput(f"unknown SLO metric {key!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
-                           "use a bench result key such as p90_tpot_ms, p99_ttft_ms, mean_e2el_ms (milliseconds)")
+            raise BadInput(
+                f"unknown SLO metric {key!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+                "use a bench result key such as p90_tpot_ms, p99_ttft_ms, mean_e2el_ms (milliseconds)",
+            )
         if key.startswith("p") and _LAT.match(key) and not 0 < float(key[1:].split("_")[0]) <= 100:
-            raise BadInput(f"bad SLO metric {key!r}: a percentile is above 0 and at most 100",
-                           "e.g. p90_tpot_ms, p99_ttft_ms, p99.9_e2el_ms")
+            raise BadInput(
+                f"bad SLO metric {key!r}: a percentile is above 0 and at most 100",
+                "e.g. p90_tpot_ms, p99_ttft_ms, p99.9_e2el_ms",
+            )
         try:
             value = float(val)
         except ValueError:
             raise BadInput(f"bad SLO value {val!r} in {part!r}: not a number", "e.g. p90_tpot_ms<=20") from None
         if not math.isfinite(value) or value < 0:
-            raise BadInput(f"bad SLO value {val!r} in {part!r}: latencies, rates and counts are finite and >= 0",
-                           "e.g. p90_tpot_ms<=20")
+            raise BadInput(
+                f"bad SLO value {val!r} in {part!r}: latencies, rates and counts are finite and >= 0",
+                "e.g. p90_tpot_ms<=20",
+            )
         terms.append(Term(key, op, value))
     return SLO(tuple(terms))
 
@@ -153,5 +168,7 @@ def objective_value(res: dict, objective: str, n_gpus: int, usd_per_gpu_hour: fl
             raise BadInput("objective tokens_per_usd needs a price", "pass --usd-per-gpu-hour")
         return float(res["total_token_throughput"]) / n * 3600 / usd_per_gpu_hour
     close = difflib.get_close_matches(objective, list(OBJECTIVES), n=1)
-    raise BadInput(f"unknown objective {objective!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
-                   f"use one of {', '.join(OBJECTIVES)}")
+    raise BadInput(
+        f"unknown objective {objective!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+        f"use one of {', '.join(OBJECTIVES)}",
+    )

@@ -22,10 +22,17 @@ from m3ctl.errors import BadInput
 #: Knob name -> plan() keyword. Order is the display order.
 KNOBS = ("tp", "dp", "dcp", "ep", "dbo", "spec_depth", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype")
 #: Knob -> vllm serve flag it sets (shared/reference/vllm-0.32-serve-help.txt).
-FLAGS = {"tp": "tensor-parallel-size", "dp": "data-parallel-size", "dcp": "decode-context-parallel-size",
-         "ep": "enable-expert-parallel", "dbo": "enable-dbo", "max_num_seqs": "max-num-seqs",
-         "max_num_batched_tokens": "max-num-batched-tokens", "kv_cache_dtype": "kv-cache-dtype",
-         "spec_depth": "speculative-config"}
+FLAGS = {
+    "tp": "tensor-parallel-size",
+    "dp": "data-parallel-size",
+    "dcp": "decode-context-parallel-size",
+    "ep": "enable-expert-parallel",
+    "dbo": "enable-dbo",
+    "max_num_seqs": "max-num-seqs",
+    "max_num_batched_tokens": "max-num-batched-tokens",
+    "kv_cache_dtype": "kv-cache-dtype",
+    "spec_depth": "speculative-config",
+}
 #: kv_cache_dtype value meaning "leave the profile's choice" (optuna categoricals cannot hold None).
 DEFAULT = "default"
 
@@ -72,8 +79,11 @@ class Space:
 
     @classmethod
     def from_json(cls, d: dict) -> Space:
-        return cls(values={k: list(v) for k, v in d["values"].items()}, spec_method=d.get("spec_method"),
-                   pinned_by_user=set(d.get("pinned_by_user", [])))
+        return cls(
+            values={k: list(v) for k, v in d["values"].items()},
+            spec_method=d.get("spec_method"),
+            pinned_by_user=set(d.get("pinned_by_user", [])),
+        )
 
 
 def _pow2_upto(n: int) -> list[int]:
@@ -84,9 +94,16 @@ def _pow2_upto(n: int) -> list[int]:
     return out
 
 
-def default_space(profile: Profile, n_gpus: int, *, moe: bool = False, attention: str = "gqa",
-                  drafter_method: str | None = None, max_spec_depth: int = 4,
-                  drafter_block_size: int | None = None) -> Space:
+def default_space(
+    profile: Profile,
+    n_gpus: int,
+    *,
+    moe: bool = False,
+    attention: str = "gqa",
+    drafter_method: str | None = None,
+    max_spec_depth: int = 4,
+    drafter_block_size: int | None = None,
+) -> Space:
     """Default ranges for a host with ``n_gpus`` GPUs (0 = CPU) under ``profile``.
 
     A DSpark drafter is searched at 0 and its trained ``drafter_block_size`` only (other depths are rejected or
@@ -98,21 +115,28 @@ def default_space(profile: Profile, n_gpus: int, *, moe: bool = False, attention
     sup = profile.supports
     tps = _pow2_upto(n_gpus) if n_gpus > 1 else [1]
     dcps = [d for d in _pow2_upto(max(tps)) if d <= 8] if sup.dcp and attention in sup.dcp_attention else [1]
-    method = drafter_method if drafter_method in sup.spec_methods else ("ngram" if "ngram" in sup.spec_methods else None)
+    method = (
+        drafter_method if drafter_method in sup.spec_methods else ("ngram" if "ngram" in sup.spec_methods else None)
+    )
     depths = list(range(max_spec_depth + 1)) if method else [0]
     if method == "dspark" and drafter_block_size:  # DSpark runs only at its trained block size (rule spec.dspark_depth)
         depths = [0, drafter_block_size]
     gpu = n_gpus > 0
     kv = profile.kv_cache_dtypes.get(attention, ["auto"])
-    return Space(values={
-        "tp": tps, "dp": [1], "dcp": dcps,
-        "ep": [False, True] if (moe and sup.ep and n_gpus > 1) else [False],
-        "dbo": [False, True] if (sup.dbo and moe and n_gpus > 1) else [False],
-        "spec_depth": depths,
-        "max_num_seqs": [64, 128, 256, 512] if gpu else [2, 4, 8, 16],
-        "max_num_batched_tokens": [2048, 8192, 16384] if gpu else [256, 512, 2048],
-        "kv_cache_dtype": [DEFAULT] + [k for k in kv if k != "auto"] if len(kv) > 1 and gpu else [DEFAULT],
-    }, spec_method=method)
+    return Space(
+        values={
+            "tp": tps,
+            "dp": [1],
+            "dcp": dcps,
+            "ep": [False, True] if (moe and sup.ep and n_gpus > 1) else [False],
+            "dbo": [False, True] if (sup.dbo and moe and n_gpus > 1) else [False],
+            "spec_depth": depths,
+            "max_num_seqs": [64, 128, 256, 512] if gpu else [2, 4, 8, 16],
+            "max_num_batched_tokens": [2048, 8192, 16384] if gpu else [256, 512, 2048],
+            "kv_cache_dtype": [DEFAULT] + [k for k in kv if k != "auto"] if len(kv) > 1 and gpu else [DEFAULT],
+        },
+        spec_method=method,
+    )
 
 
 def _coerce(knob: str, text: str) -> Any:
@@ -136,8 +160,9 @@ def _coerce(knob: str, text: str) -> Any:
     try:  # the knob's domain is its PlanRequest field's (tp >= 1, spec_depth >= 0, ...): checked in one place
         PlanRequest.model_validate({knob: v})
     except ValidationError as e:
-        raise BadInput(f"bad value {t!r} for knob {knob}: {e.errors()[0]['msg']}",
-                       f"e.g. --knob {knob}=4,8,16") from None
+        raise BadInput(
+            f"bad value {t!r} for knob {knob}: {e.errors()[0]['msg']}", f"e.g. --knob {knob}=4,8,16"
+        ) from None
     return v
 
 
@@ -156,8 +181,10 @@ def apply_pins(space: Space, specs: list[str]) -> Space:
             raise BadInput(f"bad --knob {spec!r}", "use KNOB=V1,V2 or KNOB=LO-HI, e.g. --knob spec_depth=0-4")
         if key not in KNOBS:
             close = difflib.get_close_matches(key, KNOBS, n=1)
-            raise BadInput(f"unknown knob {key!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
-                           f"knobs: {', '.join(KNOBS)}")
+            raise BadInput(
+                f"unknown knob {key!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
+                f"knobs: {', '.join(KNOBS)}",
+            )
         out: list[Any] = []
         for part in rhs.split(","):
             part = part.strip()
@@ -192,8 +219,10 @@ def prune_dominated(space: Space, ladder: list[int]) -> tuple[Space, list[str]]:
         cover = sorted(v for v in seqs if v >= cmax)
         if len(cover) > 1:
             vals["max_num_seqs"] = [v for v in seqs if v < cmax or v == cover[0]]
-            notes.append(f"max_num_seqs {', '.join(map(str, cover[1:]))} dropped: the largest ladder concurrency "
-                         f"{cmax} never fills more than {cover[0]} sequences")
+            notes.append(
+                f"max_num_seqs {', '.join(map(str, cover[1:]))} dropped: the largest ladder concurrency "
+                f"{cmax} never fills more than {cover[0]} sequences"
+            )
     return Space(values=vals, spec_method=space.spec_method, pinned_by_user=set(space.pinned_by_user)), notes
 
 
@@ -215,6 +244,15 @@ def key_of(cand: dict[str, Any]) -> str:
 def describe(cand: dict[str, Any], space: Space | None = None) -> str:
     """Short text of the knobs that vary (all knobs without a space)."""
     keys = space.free() if space is not None else list(cand)
-    short = {"tp": "tp", "dp": "dp", "dcp": "dcp", "ep": "ep", "dbo": "dbo", "spec_depth": "k",
-             "max_num_seqs": "seqs", "max_num_batched_tokens": "mbt", "kv_cache_dtype": "kv"}
+    short = {
+        "tp": "tp",
+        "dp": "dp",
+        "dcp": "dcp",
+        "ep": "ep",
+        "dbo": "dbo",
+        "spec_depth": "k",
+        "max_num_seqs": "seqs",
+        "max_num_batched_tokens": "mbt",
+        "kv_cache_dtype": "kv",
+    }
     return " ".join(f"{short.get(k, k)}={cand[k]}" for k in keys) or "(all pinned)"

@@ -119,8 +119,12 @@ class StartBreakdown:
     total_s: float | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"phases": dict(self.phases), "vllm_s": self.vllm_s, "compile_cache": self.compile_cache,
-                "total_s": None if self.total_s is None else round(self.total_s, 2)}
+        return {
+            "phases": dict(self.phases),
+            "vllm_s": self.vllm_s,
+            "compile_cache": self.compile_cache,
+            "total_s": None if self.total_s is None else round(self.total_s, 2),
+        }
 
     def seconds(self, phase: str) -> float | None:
         return dict(self.phases).get(phase)
@@ -136,8 +140,9 @@ def _stamp(line: str, year: int) -> float | None:
         return None
 
 
-def start_breakdown(log_text: str, *, launched_at: float | None = None, ready_at: float | None = None,
-                    smoke_s: float | None = None) -> StartBreakdown:
+def start_breakdown(
+    log_text: str, *, launched_at: float | None = None, ready_at: float | None = None, smoke_s: float | None = None
+) -> StartBreakdown:
     """Split one server start into its phases from the server log.
 
     Args:
@@ -227,8 +232,9 @@ def default_capture_max(max_num_seqs: int | None) -> int:
     return cap if not max_num_seqs else min(2 * int(max_num_seqs), cap)
 
 
-def capture_bound_args(argv: list[str], max_concurrency: int, spec_depth: int = 0,
-                       max_num_seqs: int | None = None) -> tuple[list[str], str]:
+def capture_bound_args(
+    argv: list[str], max_concurrency: int, spec_depth: int = 0, max_num_seqs: int | None = None
+) -> tuple[list[str], str]:
     """The ``vllm serve`` flags that bound CUDA-graph capture at :func:`capture_bound`, and why (or why not).
 
     Args:

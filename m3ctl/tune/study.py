@@ -84,7 +84,9 @@ def load_settings(study_dir: Path) -> dict[str, Any]:
 
     p = Path(study_dir) / "tune.json"
     if not p.exists():
-        raise BadInput(f"{study_dir} is not a tune study (no tune.json)", "start one with `m3ctl tune --study-dir DIR ...`")
+        raise BadInput(
+            f"{study_dir} is not a tune study (no tune.json)", "start one with `m3ctl tune --study-dir DIR ...`"
+        )
     fix = f"restore {p} from a backup, or start a new study with another --study-dir"
     try:
         data = json.loads(p.read_text())
@@ -93,8 +95,11 @@ def load_settings(study_dir: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise BadInput(f"{p}: expected a JSON object, got {type(data).__name__}", fix)
     if data.get("schema_version", 1) != SETTINGS_SCHEMA_VERSION:
-        raise BadInput(f"{p}: schema_version {data.get('schema_version')!r} is not readable by this m3ctl "
-                       f"(reads {SETTINGS_SCHEMA_VERSION})", "upgrade m3ctl")
+        raise BadInput(
+            f"{p}: schema_version {data.get('schema_version')!r} is not readable by this m3ctl "
+            f"(reads {SETTINGS_SCHEMA_VERSION})",
+            "upgrade m3ctl",
+        )
     try:
         TuneSettings.model_validate(data)
         TuneSpec(**data["spec"])
@@ -128,9 +133,15 @@ def check_study_db(db: Path) -> None:
         raise BadInput(f"{db} is not an optuna study (no 'studies' table)", fix)
 
 
-def resume_settings(study_dir: Path, *, max_trials: int | None = None, time_budget_s: float | None = None,
-                    baseline: bool | None = None, confirm_top: int | None = None,
-                    save: bool = True) -> dict[str, Any]:
+def resume_settings(
+    study_dir: Path,
+    *,
+    max_trials: int | None = None,
+    time_budget_s: float | None = None,
+    baseline: bool | None = None,
+    confirm_top: int | None = None,
+    save: bool = True,
+) -> dict[str, Any]:
     """The settings of the study in ``study_dir`` with new budgets: a resumed study may get a larger budget (e.g.
     continued on another machine); ``max_trials`` (server starts) and ``time_budget_s`` (s) count across
     resumes. ``baseline`` turns measuring vLLM's defaults on/off; ``confirm_top`` replaces the number of
@@ -146,8 +157,16 @@ def resume_settings(study_dir: Path, *, max_trials: int | None = None, time_budg
         from m3ctl.state import check_output_path  # noqa: PLC0415
 
         check_output_path(Path(study_dir) / "tune.json", "--resume")
-    new = {k: v for k, v in (("max_trials", max_trials), ("time_budget_s", time_budget_s), ("baseline", baseline),
-                             ("confirm_top", confirm_top)) if v is not None}
+    new = {
+        k: v
+        for k, v in (
+            ("max_trials", max_trials),
+            ("time_budget_s", time_budget_s),
+            ("baseline", baseline),
+            ("confirm_top", confirm_top),
+        )
+        if v is not None
+    }
     if new:
         settings["spec"].update(new)
         if save:
@@ -155,15 +174,19 @@ def resume_settings(study_dir: Path, *, max_trials: int | None = None, time_budg
     return settings
 
 
-def check_budgets(*, max_trials: int | None = None, time_budget_s: float | None = None,
-                  confirm_top: int | None = None) -> None:
+def check_budgets(
+    *, max_trials: int | None = None, time_budget_s: float | None = None, confirm_top: int | None = None
+) -> None:
     """Raises BadInput for a negative budget (before anything starts)."""
-    for opt, v, ok in (("--max-trials", max_trials, max_trials is None or max_trials >= 0),
-                       ("--time-budget", time_budget_s, time_budget_s is None or time_budget_s > 0),
-                       ("--confirm-top", confirm_top, confirm_top is None or confirm_top >= 0)):
+    for opt, v, ok in (
+        ("--max-trials", max_trials, max_trials is None or max_trials >= 0),
+        ("--time-budget", time_budget_s, time_budget_s is None or time_budget_s > 0),
+        ("--confirm-top", confirm_top, confirm_top is None or confirm_top >= 0),
+    ):
         if not ok:
-            raise BadInput(f"{opt} {v:g} must be {'> 0 seconds' if opt == '--time-budget' else '>= 0'}",
-                           "see `m3ctl tune --help`")
+            raise BadInput(
+                f"{opt} {v:g} must be {'> 0 seconds' if opt == '--time-budget' else '>= 0'}", "see `m3ctl tune --help`"
+            )
 
 
 def _opt(name: str):
@@ -173,19 +196,37 @@ def _opt(name: str):
     return default(name)
 
 
-def new_settings(model: str, inventory, *, slo: str = _opt("slo"), objective: str = _opt("objective"),
-                 usd_per_gpu_hour: float | None = _opt("usd_per_gpu_hour"), knobs: list[str] | None = None,
-                 ladder: list[int] | None = None, max_trials: int | None = _opt("max_trials"),
-                 time_budget_s: float | None = _opt("time_budget_s"), seed: int = _opt("seed"),
-                 confirm_top: int = _opt("confirm_top"), boundary_margin: float = _opt("boundary_margin"),
-                 boundary_repeats: int = _opt("boundary_repeats"), max_spec_depth: int = _opt("max_spec_depth"),
-                 baseline: bool | None = None, fast_starts: bool = _opt("fast_starts"), port: int = 8000,
-                 workload: str = _opt("workload"), input_len: int = _opt("input_len"),
-                 output_len: int = _opt("output_len"), prompts_per_concurrency: int = _opt("prompts_per_concurrency"),
-                 warmup: bool = _opt("warmup"), profile_file: str | Path | None = None,
-                 overrides: dict[str, Any] | None = None, extra_args: list[str] | None = None,
-                 skip_checks: bool = _opt("skip_checks"), study_dir: Path | None = None,
-                 save: bool = False) -> dict[str, Any]:
+def new_settings(
+    model: str,
+    inventory,
+    *,
+    slo: str = _opt("slo"),
+    objective: str = _opt("objective"),
+    usd_per_gpu_hour: float | None = _opt("usd_per_gpu_hour"),
+    knobs: list[str] | None = None,
+    ladder: list[int] | None = None,
+    max_trials: int | None = _opt("max_trials"),
+    time_budget_s: float | None = _opt("time_budget_s"),
+    seed: int = _opt("seed"),
+    confirm_top: int = _opt("confirm_top"),
+    boundary_margin: float = _opt("boundary_margin"),
+    boundary_repeats: int = _opt("boundary_repeats"),
+    max_spec_depth: int = _opt("max_spec_depth"),
+    baseline: bool | None = None,
+    fast_starts: bool = _opt("fast_starts"),
+    port: int = 8000,
+    workload: str = _opt("workload"),
+    input_len: int = _opt("input_len"),
+    output_len: int = _opt("output_len"),
+    prompts_per_concurrency: int = _opt("prompts_per_concurrency"),
+    warmup: bool = _opt("warmup"),
+    profile_file: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    extra_args: list[str] | None = None,
+    skip_checks: bool = _opt("skip_checks"),
+    study_dir: Path | None = None,
+    save: bool = False,
+) -> dict[str, Any]:
     """The settings (``tune.json`` shape) of a new study of ``model`` on ``inventory``: the search space from
     the base profile (``profile_file`` or the catalog's for the GPU architecture) and the model's facts,
     narrowed by ``knobs`` (``"spec_depth=0-4"``, ``"max_num_seqs=4,8"``) and pruned for the ``ladder``.
@@ -218,36 +259,54 @@ def new_settings(model: str, inventory, *, slo: str = _opt("slo"), objective: st
     from m3ctl.bench import MAX_REQUEST_TOKENS  # noqa: PLC0415
     from m3ctl.bench.runner import MAX_PROMPTS  # noqa: PLC0415
 
-    for opt, v, top in (("--input-len", input_len, MAX_REQUEST_TOKENS), ("--output-len", output_len, MAX_REQUEST_TOKENS),
-                        ("--prompts-per-concurrency", prompts_per_concurrency, MAX_PROMPTS), ("--port", port, 65535)):
+    for opt, v, top in (
+        ("--input-len", input_len, MAX_REQUEST_TOKENS),
+        ("--output-len", output_len, MAX_REQUEST_TOKENS),
+        ("--prompts-per-concurrency", prompts_per_concurrency, MAX_PROMPTS),
+        ("--port", port, 65535),
+    ):
         if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= top:
             raise BadInput(f"{opt} {v!r} must be a whole number from 1 to {top:,}", "see `m3ctl tune --help`")
     import math  # noqa: PLC0415
 
     for opt, v, ok, what in (
-            ("--boundary-margin", boundary_margin, 0 <= boundary_margin <= 1, "a fraction from 0 to 1"),
-            ("--boundary-repeats", boundary_repeats, boundary_repeats >= 0, "a whole number >= 0"),
-            ("--max-spec-depth", max_spec_depth, max_spec_depth >= 0, "a whole number >= 0"),
-            ("--usd-per-gpu-hour", usd_per_gpu_hour,
-             usd_per_gpu_hour is None or (math.isfinite(usd_per_gpu_hour) and usd_per_gpu_hour > 0), "USD > 0")):
+        ("--boundary-margin", boundary_margin, 0 <= boundary_margin <= 1, "a fraction from 0 to 1"),
+        ("--boundary-repeats", boundary_repeats, boundary_repeats >= 0, "a whole number >= 0"),
+        ("--max-spec-depth", max_spec_depth, max_spec_depth >= 0, "a whole number >= 0"),
+        (
+            "--usd-per-gpu-hour",
+            usd_per_gpu_hour,
+            usd_per_gpu_hour is None or (math.isfinite(usd_per_gpu_hour) and usd_per_gpu_hour > 0),
+            "USD > 0",
+        ),
+    ):
         if not ok:
             raise BadInput(f"{opt} {v!r} must be {what}", "see `m3ctl tune --help`")
     if lad[-1] * prompts_per_concurrency * 2 > MAX_PROMPTS:  # x2: a confirmation run sends twice as many
-        raise BadInput(f"--ladder {lad[-1]} x --prompts-per-concurrency {prompts_per_concurrency} (x2 to confirm) "
-                       f"is more than {MAX_PROMPTS:,} requests in one bench run", "lower the ladder's top")
+        raise BadInput(
+            f"--ladder {lad[-1]} x --prompts-per-concurrency {prompts_per_concurrency} (x2 to confirm) "
+            f"is more than {MAX_PROMPTS:,} requests in one bench run",
+            "lower the ladder's top",
+        )
     from m3ctl.secrets import separate, split_api_key  # noqa: PLC0415
 
     extra_args, key = split_api_key(list(extra_args or []))
     if key:
-        raise BadInput("tune starts its own private trial servers: a raw --api-key is not used (nor stored)",
-                       "drop --api-key from the raw arguments")
+        raise BadInput(
+            "tune starts its own private trial servers: a raw --api-key is not used (nor stored)",
+            "drop --api-key from the raw arguments",
+        )
     if found := sorted(separate(dict(overrides or {})).origins.values()):  # the study files would keep them
-        raise BadInput(f"tune stores its settings in the study dir: a secret flag is not taken ({found[0]})",
-                       "drop it; trial servers get VLLM_API_KEY / HF_TOKEN from the environment")
+        raise BadInput(
+            f"tune stores its settings in the study dir: a secret flag is not taken ({found[0]})",
+            "drop it; trial servers get VLLM_API_KEY / HF_TOKEN from the environment",
+        )
     if study_dir is not None:
         if (Path(study_dir) / "tune.json").exists():
-            raise BadInput(f"{study_dir} already holds a study",
-                           f"continue it with --resume {study_dir} or choose another --study-dir")
+            raise BadInput(
+                f"{study_dir} already holds a study",
+                f"continue it with --resume {study_dir} or choose another --study-dir",
+            )
         from m3ctl.state import check_output_path  # noqa: PLC0415
 
         check_output_path(Path(study_dir) / "tune.json", "--study-dir")
@@ -256,25 +315,54 @@ def new_settings(model: str, inventory, *, slo: str = _opt("slo"), objective: st
     spec_m = catalog.find_model(model, facts.architectures)
     facts = model_facts(spec_m, facts)  # the engine's one record: the search space follows the same facts
     drafter = spec_m.drafter if spec_m else None
-    space = default_space(base, len(inventory.gpus), moe=bool(facts.moe), attention=facts.attention,
-                          drafter_method=drafter.method if drafter else None, max_spec_depth=max_spec_depth,
-                          drafter_block_size=drafter.block_size if drafter else None)
+    space = default_space(
+        base,
+        len(inventory.gpus),
+        moe=bool(facts.moe),
+        attention=facts.attention,
+        drafter_method=drafter.method if drafter else None,
+        max_spec_depth=max_spec_depth,
+        drafter_block_size=drafter.block_size if drafter else None,
+    )
     space = apply_pins(space, knobs or [])
     space, pruned = prune_dominated(space, lad)
     # A local model directory and profile file are stored absolute, so `--resume DIR` works from any directory.
     saved_model = str(Path(model).resolve()) if Path(model).is_dir() else model
-    settings = {"model": saved_model, "space": space.to_json(), "port": port, "fast_starts": bool(fast_starts),
-                "profile_file": str(Path(profile_file).resolve()) if profile_file else None,
-                "pruned": pruned,
-                "spec": {"slo": slo, "objective": objective, "usd_per_gpu_hour": usd_per_gpu_hour, "ladder": lad,
-                         "max_trials": TuneSpec.max_trials if max_trials is None else max_trials, "time_budget_s": time_budget_s,
-                         "seed": seed, "confirm_top": confirm_top, "prompts_per_concurrency": prompts_per_concurrency,
-                         "baseline": _opt("baseline") if baseline is None else baseline,
-                         "boundary_margin": boundary_margin, "boundary_repeats": boundary_repeats},
-                "plan_base": {"overrides": dict(overrides or {}), "extra_args": list(extra_args or []),
-                              "skip_checks": skip_checks},
-                "bench": {"workload": workload, "input_len": input_len, "output_len": output_len, "seed": seed,
-                          "warmup": warmup, "usd_per_gpu_hour": usd_per_gpu_hour}}
+    settings = {
+        "model": saved_model,
+        "space": space.to_json(),
+        "port": port,
+        "fast_starts": bool(fast_starts),
+        "profile_file": str(Path(profile_file).resolve()) if profile_file else None,
+        "pruned": pruned,
+        "spec": {
+            "slo": slo,
+            "objective": objective,
+            "usd_per_gpu_hour": usd_per_gpu_hour,
+            "ladder": lad,
+            "max_trials": TuneSpec.max_trials if max_trials is None else max_trials,
+            "time_budget_s": time_budget_s,
+            "seed": seed,
+            "confirm_top": confirm_top,
+            "prompts_per_concurrency": prompts_per_concurrency,
+            "baseline": _opt("baseline") if baseline is None else baseline,
+            "boundary_margin": boundary_margin,
+            "boundary_repeats": boundary_repeats,
+        },
+        "plan_base": {
+            "overrides": dict(overrides or {}),
+            "extra_args": list(extra_args or []),
+            "skip_checks": skip_checks,
+        },
+        "bench": {
+            "workload": workload,
+            "input_len": input_len,
+            "output_len": output_len,
+            "seed": seed,
+            "warmup": warmup,
+            "usd_per_gpu_hour": usd_per_gpu_hour,
+        },
+    }
     if save and study_dir is not None:
         save_settings(Path(study_dir), settings)
     return settings
@@ -319,9 +407,11 @@ def study_lock(study_dir: Path) -> Iterator[None]:
         except BlockingIOError:
             f.seek(0)
             holder = f.read().strip() or "a process"
-            raise ConfigRejected(f"study {study_dir} is in use by another m3ctl tune ({holder})",
-                                 "wait for it to end, or stop it (Ctrl-C or kill that pid: it stops its trial "
-                                 f"server), then `m3ctl tune --resume {study_dir}`") from None
+            raise ConfigRejected(
+                f"study {study_dir} is in use by another m3ctl tune ({holder})",
+                "wait for it to end, or stop it (Ctrl-C or kill that pid: it stops its trial "
+                f"server), then `m3ctl tune --resume {study_dir}`",
+            ) from None
         f.seek(0)
         f.truncate()
         f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
@@ -369,15 +459,23 @@ def open_tuner(study_dir: Path, space: Space, ev, spec: TuneSpec, on_event=None,
         return Tuner(space, ev, spec, storage=f"sqlite:///{db}", on_event=on_event, pool=pool)
     except Exception as e:  # noqa: BLE001 - sqlalchemy/optuna raise many kinds (DatabaseError, RuntimeError...)
         first = (str(e).splitlines() or [type(e).__name__])[0][:160]
-        raise BadInput(f"{db} is not a readable optuna study ({type(e).__name__}: {first})",
-                       "restore it from a backup, or move it away to start the search over (the trials/ folder "
-                       "and tune.json are kept)") from None
+        raise BadInput(
+            f"{db} is not a readable optuna study ({type(e).__name__}: {first})",
+            "restore it from a backup, or move it away to start the search over (the trials/ folder "
+            "and tune.json are kept)",
+        ) from None
 
 
-def run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry=None,
-             on_event: Callable[[int | None, str, str], None] | None = None,
-             on_cleanup: Callable[[list[str]], None] | None = None,
-             parallel_trials: int | str = "auto") -> tuple[TuneResult, Tuner, Any]:
+def run_tune(
+    study_dir: Path,
+    settings: dict[str, Any],
+    *,
+    inventory,
+    registry=None,
+    on_event: Callable[[int | None, str, str], None] | None = None,
+    on_cleanup: Callable[[list[str]], None] | None = None,
+    parallel_trials: int | str = "auto",
+) -> tuple[TuneResult, Tuner, Any]:
     """Start or continue the study in ``study_dir`` with ``settings`` (the ``tune.json`` shape:
     ``model``, ``space``, ``spec``, ``plan_base``, ``bench``, ``port``). Leftover servers of a killed
     run are stopped first. Returns the result, the tuner and the evaluator. ``parallel_trials``: trials at once on
@@ -390,12 +488,27 @@ def run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry=N
         KeyboardInterrupt: Ctrl-C; the current server is stopped and completed trials are kept.
     """
     with study_lock(Path(study_dir)):
-        return _run_tune(Path(study_dir), settings, inventory=inventory, registry=registry, on_event=on_event,
-                         on_cleanup=on_cleanup, parallel_trials=parallel_trials)
+        return _run_tune(
+            Path(study_dir),
+            settings,
+            inventory=inventory,
+            registry=registry,
+            on_event=on_event,
+            on_cleanup=on_cleanup,
+            parallel_trials=parallel_trials,
+        )
 
 
-def _run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry, on_event, on_cleanup,
-              parallel_trials: int | str = "auto") -> tuple[TuneResult, Tuner, Any]:
+def _run_tune(
+    study_dir: Path,
+    settings: dict[str, Any],
+    *,
+    inventory,
+    registry,
+    on_event,
+    on_cleanup,
+    parallel_trials: int | str = "auto",
+) -> tuple[TuneResult, Tuner, Any]:
     from m3ctl.state import Registry  # noqa: PLC0415
     from m3ctl.tune.server import ServerEvaluator, stop_leftovers  # noqa: PLC0415
 
@@ -407,9 +520,19 @@ def _run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry,
         on_cleanup(stopped)
     space = Space.from_json(settings["space"])
     spec = TuneSpec(**settings["spec"])
-    ev = ServerEvaluator(inventory, settings["model"], study_dir, spec, plan_base=settings.get("plan_base", {}),
-                         bench=settings.get("bench", {}), port=settings["port"], name_prefix=prefix,
-                         registry=registry, space=space, fast_starts=settings.get("fast_starts", True))
+    ev = ServerEvaluator(
+        inventory,
+        settings["model"],
+        study_dir,
+        spec,
+        plan_base=settings.get("plan_base", {}),
+        bench=settings.get("bench", {}),
+        port=settings["port"],
+        name_prefix=prefix,
+        registry=registry,
+        space=space,
+        fast_starts=settings.get("fast_starts", True),
+    )
     pool = trial_pool(inventory, space, settings["port"], parallel_trials)
     tuner = open_tuner(study_dir, space, ev, spec, on_event, pool=pool if pool.limit > 1 else None)
     try:
@@ -421,8 +544,9 @@ def _run_tune(study_dir: Path, settings: dict[str, Any], *, inventory, registry,
     return res, tuner, ev
 
 
-def dry_run(study_dir: Path, settings: dict[str, Any], *, inventory, registry=None,
-            parallel_trials: int | str = "auto") -> dict[str, Any]:
+def dry_run(
+    study_dir: Path, settings: dict[str, Any], *, inventory, registry=None, parallel_trials: int | str = "auto"
+) -> dict[str, Any]:
     """What ``m3ctl tune`` would do with ``settings`` (the ``tune.json`` shape), starting nothing and writing
     nothing: every configuration of the space checked by the plan rules (a rejected one is never launched),
     the configurations pruned before launch, the vLLM-defaults baseline and the first configuration with
@@ -446,9 +570,19 @@ def dry_run(study_dir: Path, settings: dict[str, Any], *, inventory, registry=No
     space = Space.from_json(settings["space"])
     spec = TuneSpec(**settings["spec"])
     prefix = prefix_for(study_dir)
-    ev = ServerEvaluator(inventory, settings["model"], Path(study_dir), spec, plan_base=settings.get("plan_base", {}),
-                         bench=settings.get("bench", {}), port=settings["port"], name_prefix=prefix,
-                         registry=registry or Registry(), space=space, fast_starts=settings.get("fast_starts", True))
+    ev = ServerEvaluator(
+        inventory,
+        settings["model"],
+        Path(study_dir),
+        spec,
+        plan_base=settings.get("plan_base", {}),
+        bench=settings.get("bench", {}),
+        port=settings["port"],
+        name_prefix=prefix,
+        registry=registry or Registry(),
+        space=space,
+        fast_starts=settings.get("fast_starts", True),
+    )
     cands = []
     for i, cand in enumerate(space.grid()):
         row: dict[str, Any] = {"config": cand, "describe": describe(cand, space)}
@@ -457,36 +591,52 @@ def dry_run(study_dir: Path, settings: dict[str, Any], *, inventory, registry=No
         except ConfigRejected as e:
             row.update(status="rejected", rule=e.message.split(":", 1)[0].removeprefix("rule "), reason=e.message)
         cands.append(row)
-    out: dict[str, Any] = {"study_dir": str(Path(study_dir).resolve()), "model": settings["model"], "spec": settings["spec"],
-                           "bench": settings.get("bench", {}), "port": settings["port"],
-                           "space": {"values": space.values, "free": space.free(), "size": space.size()},
-                           "pruned": settings.get("pruned", []), "candidates": cands,
-                           "feasible": sum(1 for c in cands if c["status"] == "ok"),
-                           "prompts_per_run": {c: num_prompts(spec, c, 1.0) for c in spec.ladder}}
+    out: dict[str, Any] = {
+        "study_dir": str(Path(study_dir).resolve()),
+        "model": settings["model"],
+        "spec": settings["spec"],
+        "bench": settings.get("bench", {}),
+        "port": settings["port"],
+        "space": {"values": space.values, "free": space.free(), "size": space.size()},
+        "pruned": settings.get("pruned", []),
+        "candidates": cands,
+        "feasible": sum(1 for c in cands if c["status"] == "ok"),
+        "prompts_per_run": {c: num_prompts(spec, c, 1.0) for c in spec.ladder},
+    }
     if spec.baseline:
         base, why = ev.baseline_candidate()
-        out["baseline"] = ({"config": base, "command": ev.trial_plan(base, "base").command_line()} if base is not None
-                           else {"skipped": why})
+        out["baseline"] = (
+            {"config": base, "command": ev.trial_plan(base, "base").command_line()}
+            if base is not None
+            else {"skipped": why}
+        )
     else:
         out["baseline"] = {"skipped": "--no-baseline"}
     first = space.anchor()
     ok = {key_of(c["config"]): c for c in cands if c["status"] == "ok"}
     out["first"] = {"config": first, "command": ok[key_of(first)]["command"]} if key_of(first) in ok else None
-    load = "bisected on load against the SLO" if spec.slo.strip() else "up the concurrency ladder (no SLO: every load meets it)"
+    load = (
+        "bisected on load against the SLO"
+        if spec.slo.strip()
+        else "up the concurrency ladder (no SLO: every load meets it)"
+    )
     out["order"] = ([f"baseline: vLLM's defaults, {load}"] if "config" in out["baseline"] else []) + [
         f"first configuration (speculation off, largest batch limits in range), {load}",
         f"then a local poll around the best so far and optuna TPE over the {out['feasible']} configurations the "
         f"rules accept, until {spec.max_trials} server starts"
         + (f" or {spec.time_budget_s:g} s" if spec.time_budget_s else ""),
-        f"then the best {spec.confirm_top} re-measured on a fresh server with {spec.confirm_factor:g}x the requests"]
+        f"then the best {spec.confirm_top} re-measured on a fresh server with {spec.confirm_factor:g}x the requests",
+    ]
     out["boundary"] = boundary_rule(spec)
     out["starts"] = ev.start_measures_note(first) if key_of(first) in ok else None
     pool = trial_pool(inventory, space, settings["port"], parallel_trials)
     out["parallel"] = parallel_preview(ev, space, cands, pool)
     if out["parallel"]["trials"] > 1:
-        out["order"].insert(1 if "config" in out["baseline"] else 0,
-                            f"search trials run up to {out['parallel']['trials']} at a time on disjoint GPU sets, each "
-                            "on its own port; the baseline and the confirmations run alone")
+        out["order"].insert(
+            1 if "config" in out["baseline"] else 0,
+            f"search trials run up to {out['parallel']['trials']} at a time on disjoint GPU sets, each "
+            "on its own port; the baseline and the confirmations run alone",
+        )
     return out
 
 
@@ -529,11 +679,22 @@ def parallel_preview(ev, space: Space, cands: list[dict[str, Any]], pool) -> dic
     batch = [first, *(order_batch(poll, lambda c: info(c)[1], pool.limit) if pool.limit > 1 else poll)]
     pending = [Pending(*info(c)) for c in batch]
     started = first_wave(pending, pool.topo, pool.ports) if pool.topo.gpus else [(0, (), pool.ports[0])]
-    out["first_wave"] = [{"config": batch[i], "describe": describe(batch[i], space), "gpus": list(g), "port": p,
-                          "compile_group": pending[i].key} for i, g, p in started]
+    out["first_wave"] = [
+        {
+            "config": batch[i],
+            "describe": describe(batch[i], space),
+            "gpus": list(g),
+            "port": p,
+            "compile_group": pending[i].key,
+        }
+        for i, g, p in started
+    ]
     done = {i for i, _, _ in started}
-    out["queued"] = [{"config": c, "describe": describe(c, space), "compile_group": pending[i].key}
-                     for i, c in enumerate(batch) if i not in done]
+    out["queued"] = [
+        {"config": c, "describe": describe(c, space), "compile_group": pending[i].key}
+        for i, c in enumerate(batch)
+        if i not in done
+    ]
     return out
 
 
@@ -541,15 +702,20 @@ def boundary_rule(spec: TuneSpec) -> str:
     """How a load level is decided (the capacity rule, m3ctl.tune.capacity, with the study's
     ``boundary_margin`` and ``boundary_repeats``), in words, for --dry-run."""
     if not spec.slo.strip() or spec.boundary_repeats <= 0:
-        return ("every load level is measured once" + ("" if spec.slo.strip() else " (no SLO, no boundary)")
-                + ("" if spec.boundary_repeats > 0 or not spec.slo.strip() else " (--boundary-repeats 0)"))
+        return (
+            "every load level is measured once"
+            + ("" if spec.slo.strip() else " (no SLO, no boundary)")
+            + ("" if spec.boundary_repeats > 0 or not spec.slo.strip() else " (--boundary-repeats 0)")
+        )
     m, n = f"{spec.boundary_margin * 100:g} %", 1 + spec.boundary_repeats
-    return (f"a run whose binding SLO term is at least {m} from its limit decides its level alone; a run within {m} "
-            f"of its limit (met or missed) is repeated on the same server with fresh prompts, up to "
-            f"{spec.boundary_repeats} more run(s): the level holds when the median of the {n} runs meets every SLO "
-            f"term and no run misses a term by more than {m} (one run near the limit decides by chance: p90 TPOT "
-            "of one H200 configuration measured 28.4, 37.9 and 29.1 ms against 30); it misses as soon as one run "
-            f"is more than {m} past a limit or a majority of the {n} miss; repeats count in the time budget")
+    return (
+        f"a run whose binding SLO term is at least {m} from its limit decides its level alone; a run within {m} "
+        f"of its limit (met or missed) is repeated on the same server with fresh prompts, up to "
+        f"{spec.boundary_repeats} more run(s): the level holds when the median of the {n} runs meets every SLO "
+        f"term and no run misses a term by more than {m} (one run near the limit decides by chance: p90 TPOT "
+        "of one H200 configuration measured 28.4, 37.9 and 29.1 ms against 30); it misses as soon as one run "
+        f"is more than {m} past a limit or a majority of the {n} miss; repeats count in the time budget"
+    )
 
 
 def tuned_flags(cand: dict[str, Any], plan) -> dict[str, Any]:
@@ -568,12 +734,18 @@ def tuned_flags(cand: dict[str, Any], plan) -> dict[str, Any]:
 
 
 #: Flags of the parallel knobs: written to the profile's ``parallel`` section, not to ``serve_args``.
-PARALLEL_FLAGS = ("tensor-parallel-size", "data-parallel-size", "decode-context-parallel-size",
-                  "enable-expert-parallel", "enable-dbo")
+PARALLEL_FLAGS = (
+    "tensor-parallel-size",
+    "data-parallel-size",
+    "decode-context-parallel-size",
+    "enable-expert-parallel",
+    "enable-dbo",
+)
 
 
-def profile_yaml(base, cand: dict[str, Any], plan, result: Outcome, settings: dict[str, Any],
-                 chosen: str = "tuned", reason: str = "") -> str:
+def profile_yaml(
+    base, cand: dict[str, Any], plan, result: Outcome, settings: dict[str, Any], chosen: str = "tuned", reason: str = ""
+) -> str:
     """A full profile (the base profile plus the tuned serve_args and the tuned parallel layout in its
     ``parallel`` section) that ``m3ctl serve --profile FILE`` / ``m3ctl plan --profile FILE`` launch as is:
     plan() takes TP/DP/DCP/EP/DBO from ``parallel`` unless the command line sets them.
@@ -600,20 +772,31 @@ def profile_yaml(base, cand: dict[str, Any], plan, result: Outcome, settings: di
     d["serve_args"] = {**d["serve_args"], **{k: v for k, v in flags.items() if k not in PARALLEL_FLAGS}}
     d["parallel"] = {"tp": plan.tp, "dp": plan.dp, "dcp": plan.dcp, "ep": plan.ep, "dbo": plan.dbo}
     d["name"] = f"{base.name}-defaults" if defaults else f"{base.name}-tuned"
-    measured = (f"{settings['spec']['objective']} {result.final:.1f} at concurrency {result.concurrency} under SLO "
-                f"{settings['spec']['slo'] or 'none'}")
-    d["description"] = (f"{base.name} with vLLM's defaults (no tuned flag): the defaults won the m3ctl tune; {measured}"
-                        if defaults else f"{base.name} + m3ctl tune: {describe(cand)}; {measured}")
-    d["sources"] = {**d.get("sources", {}), **{k: "m3ctl tune (measured; see result.json in the study dir)"
-                                               for k in [*flags, "parallel"]}}
+    measured = (
+        f"{settings['spec']['objective']} {result.final:.1f} at concurrency {result.concurrency} under SLO "
+        f"{settings['spec']['slo'] or 'none'}"
+    )
+    d["description"] = (
+        f"{base.name} with vLLM's defaults (no tuned flag): the defaults won the m3ctl tune; {measured}"
+        if defaults
+        else f"{base.name} + m3ctl tune: {describe(cand)}; {measured}"
+    )
+    d["sources"] = {
+        **d.get("sources", {}),
+        **{k: "m3ctl tune (measured; see result.json in the study dir)" for k in [*flags, "parallel"]},
+    }
     Profile.model_validate(d)
-    head = (f"# Generated by m3ctl tune from profile {base.name!r}. Launch: m3ctl serve --profile THIS_FILE "
-            f"--model {settings['model']} (the {'measured' if defaults else 'tuned'} TP/DP/DCP are in the parallel "
-            "section; --tp/--dp/--dcp override them)\n")
+    head = (
+        f"# Generated by m3ctl tune from profile {base.name!r}. Launch: m3ctl serve --profile THIS_FILE "
+        f"--model {settings['model']} (the {'measured' if defaults else 'tuned'} TP/DP/DCP are in the parallel "
+        "section; --tp/--dp/--dcp override them)\n"
+    )
     head += f"# chosen: {chosen}\n" + (f"# reason: {' '.join(reason.split())}\n" if reason else "")
     if dropped:
-        head += (f"# Secrets of the base profile are not copied here: set {', '.join(sorted(set(dropped)))} in the "
-                 "environment of `m3ctl serve` (they reach the server through its environment only)\n")
+        head += (
+            f"# Secrets of the base profile are not copied here: set {', '.join(sorted(set(dropped)))} in the "
+            "environment of `m3ctl serve` (they reach the server through its environment only)\n"
+        )
     return head + yaml.safe_dump(d, sort_keys=False)
 
 
@@ -649,10 +832,22 @@ def pareto_figure(front: list[dict[str, Any]], points: list[dict[str, Any]], obj
     import matplotlib.pyplot as plt  # noqa: PLC0415
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    scatter_by_validity(ax, [p["interactivity"] for p in points], [p["objective"] for p in points],
-                        [p.get("validity", "clean") for p in points], s=16, zorder=3)
-    ax.plot([p["interactivity"] for p in front], [p["objective"] for p in front], "-", c="C0",
-            label="Pareto (valid runs)", zorder=2)
+    scatter_by_validity(
+        ax,
+        [p["interactivity"] for p in points],
+        [p["objective"] for p in points],
+        [p.get("validity", "clean") for p in points],
+        s=16,
+        zorder=3,
+    )
+    ax.plot(
+        [p["interactivity"] for p in front],
+        [p["objective"] for p in front],
+        "-",
+        c="C0",
+        label="Pareto (valid runs)",
+        zorder=2,
+    )
     ax.set_xlabel("p90 interactivity (tok/s/user = 1000 / p90 TPOT ms)")
     ax.set_ylabel(objective)
     ax.legend()
@@ -665,12 +860,17 @@ def point_class(p) -> str:
     """The validity class (m3ctl.bench.report.validity_class) of a tune Point (m3ctl.tune.search.Point)."""
     from m3ctl.bench.report import validity_class  # noqa: PLC0415
 
-    return validity_class({"validity": {"valid": p.valid, "reasons": p.reasons, "warnings": p.warnings},
-                           "completed": p.metrics.get("completed")})
+    return validity_class(
+        {
+            "validity": {"valid": p.valid, "reasons": p.reasons, "warnings": p.warnings},
+            "completed": p.metrics.get("completed"),
+        }
+    )
 
 
-def all_points(outcomes: list[Outcome],
-               invalid_objective: Callable[[Outcome, Any], float | None] | None = None) -> list[dict[str, Any]]:
+def all_points(
+    outcomes: list[Outcome], invalid_objective: Callable[[Outcome, Any], float | None] | None = None
+) -> list[dict[str, Any]]:
     """Every measured level with a p90 TPOT, as ``{interactivity, objective, validity}`` (:func:`point_class`).
     An invalid level's objective is 0 in the search; ``invalid_objective(outcome, point)`` gives the value to draw
     it at (None: left out; without the function invalid levels are left out)."""
@@ -694,10 +894,17 @@ def level_rows(points: list) -> list[dict[str, Any]]:
     rows = []
     for p in points:
         v = p.verdict or {}
-        rows.append({"concurrency": p.concurrency, "fidelity": p.fidelity, "holds": bool(p.slo_ok),
-                     "state": v.get("state") or ("met" if p.slo_ok else "missed"), "runs": p.n_runs,
-                     "confidence": v.get("confidence") or f"{p.n_runs} run(s), decided when measured (before the "
-                                                           "capacity rule; see its runs)"})
+        rows.append(
+            {
+                "concurrency": p.concurrency,
+                "fidelity": p.fidelity,
+                "holds": bool(p.slo_ok),
+                "state": v.get("state") or ("met" if p.slo_ok else "missed"),
+                "runs": p.n_runs,
+                "confidence": v.get("confidence")
+                or f"{p.n_runs} run(s), decided when measured (before the capacity rule; see its runs)",
+            }
+        )
     return rows
 
 
@@ -709,8 +916,12 @@ def _capacity(tuner: Tuner, out: Outcome) -> dict[str, Any]:
     rows = level_rows(out.points)
     at = [r for r in rows if r["concurrency"] == out.concurrency]
     conf = "; ".join(("confirmation: " if r["fidelity"] > 1 else "") + r["confidence"] for r in at) or None
-    return {"capacity_runs": ev["runs"] if ev else 0, "capacity_spread": spread or None,
-            "capacity_confidence": conf, "levels": rows}
+    return {
+        "capacity_runs": ev["runs"] if ev else 0,
+        "capacity_spread": spread or None,
+        "capacity_confidence": conf,
+        "levels": rows,
+    }
 
 
 def _remove_stale(path: Path) -> None:
@@ -723,8 +934,9 @@ def _remove_stale(path: Path) -> None:
         raise WriteFailed(path, 0, e, f"remove {path} by hand: no configuration met the SLO") from None
 
 
-def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: dict[str, Any], base_profile,
-                  want_pareto: bool) -> dict[str, Any]:
+def write_outputs(
+    study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: dict[str, Any], base_profile, want_pareto: bool
+) -> dict[str, Any]:
     """``result.json`` (always), ``profile.yaml`` (the chosen configuration: m3ctl.tune.choice; none when
     nothing met the SLO), ``pareto.png`` (``--pareto``), each written atomically; returns the result.json dict.
 
@@ -757,22 +969,37 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
     from m3ctl.tune.choice import choose  # noqa: PLC0415
 
     spec = settings["spec"]
-    out: dict[str, Any] = {"schema_version": TUNE_SCHEMA_VERSION, "stopped_by": res.stopped_by, "launches": res.launches, "cost_s": res.cost_s,
-                           "elapsed_s": res.elapsed_s, "interrupted_launches": tuner.lost, "slo": spec["slo"],
-                           "objective": spec["objective"],
-                           "capacity_rule": CapacityRule.from_spec(tuner.spec).to_json(),
-                           "trials": [o.to_json() for o in sorted(res.outcomes, key=lambda o: o.trial or 0)]}
-    choice = choose(res.best, res.baseline, tuner.slo, res.outcomes, lambda c: describe(c, tuner.space),
-                    spec["objective"])
+    out: dict[str, Any] = {
+        "schema_version": TUNE_SCHEMA_VERSION,
+        "stopped_by": res.stopped_by,
+        "launches": res.launches,
+        "cost_s": res.cost_s,
+        "elapsed_s": res.elapsed_s,
+        "interrupted_launches": tuner.lost,
+        "slo": spec["slo"],
+        "objective": spec["objective"],
+        "capacity_rule": CapacityRule.from_spec(tuner.spec).to_json(),
+        "trials": [o.to_json() for o in sorted(res.outcomes, key=lambda o: o.trial or 0)],
+    }
+    choice = choose(
+        res.best, res.baseline, tuner.slo, res.outcomes, lambda c: describe(c, tuner.space), spec["objective"]
+    )
     out.update(chosen=choice.chosen, reason=choice.reason)
     if choice.closest is not None:
         out["closest"] = choice.closest
     if res.best is not None:
         p = ev.plan(res.best.config, name="m3ctl")
-        out["best"] = {"config": res.best.config, "objective": res.best.final, "concurrency": res.best.concurrency,
-                       "command": p.command_line(), "argv": p.argv, "trial": res.best.trial,
-                       "flags": tuned_flags(res.best.config, p),
-                       "confirmed": res.best.confirmed is not None, **_capacity(tuner, res.best)}
+        out["best"] = {
+            "config": res.best.config,
+            "objective": res.best.final,
+            "concurrency": res.best.concurrency,
+            "command": p.command_line(),
+            "argv": p.argv,
+            "trial": res.best.trial,
+            "flags": tuned_flags(res.best.config, p),
+            "confirmed": res.best.confirmed is not None,
+            **_capacity(tuner, res.best),
+        }
     profile_text = None
     if choice.outcome is not None:
         o = choice.outcome
@@ -784,11 +1011,20 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
         if b.status == "skipped":
             out["baseline"] = {"skipped": b.reason}
         else:
-            out["baseline"] = {"config": b.config, "objective": b.final, "search_objective": b.objective,
-                               "confirmed": b.confirmed, "concurrency": b.concurrency,
-                               "status": b.status, "reason": b.reason, "command": ev.command(b.config),
-                               "cost_s": b.cost_s, "points": [asdict(p) for p in b.points], **_capacity(tuner, b)}
-        out["vs_baseline"] = (res.best.final / b.final if res.best is not None and b.final > 0 else None)
+            out["baseline"] = {
+                "config": b.config,
+                "objective": b.final,
+                "search_objective": b.objective,
+                "confirmed": b.confirmed,
+                "concurrency": b.concurrency,
+                "status": b.status,
+                "reason": b.reason,
+                "command": ev.command(b.config),
+                "cost_s": b.cost_s,
+                "points": [asdict(p) for p in b.points],
+                **_capacity(tuner, b),
+            }
+        out["vs_baseline"] = res.best.final / b.final if res.best is not None and b.final > 0 else None
     front = pareto(res.outcomes)
     out["pareto"] = front
     if want_pareto and front:
@@ -804,13 +1040,20 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
 
         def measured(o: Outcome, p) -> float | None:  # an invalid level's objective, from the throughput it measured
             try:
-                return objective_value(p.metrics, settings["spec"]["objective"], ev.n_gpus(o.config),
-                                       settings["spec"].get("usd_per_gpu_hour"))
+                return objective_value(
+                    p.metrics,
+                    settings["spec"]["objective"],
+                    ev.n_gpus(o.config),
+                    settings["spec"].get("usd_per_gpu_hour"),
+                )
             except (KeyError, TypeError, ValueError, BadInput):
                 return None
 
-        writes.append(lambda: pareto_png(front, all_points(res.outcomes, measured), study_dir / "pareto.png",
-                                         settings["spec"]["objective"]))
+        writes.append(
+            lambda: pareto_png(
+                front, all_points(res.outcomes, measured), study_dir / "pareto.png", settings["spec"]["objective"]
+            )
+        )
     lost = []
     for write in writes:  # each file whole or not at all; one that fails does not stop the others
         try:
@@ -824,4 +1067,21 @@ def write_outputs(study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: 
     return out
 
 
-__all__ = ["TuneSettings", "base_profile", "boundary_rule", "check_budgets", "dry_run", "level_rows", "load_settings", "new_settings", "parallel_preview", "plan_kwargs", "prefix_for", "resume_settings", "run_tune", "save_settings", "trial_pool", "write_outputs"]
+__all__ = [
+    "TuneSettings",
+    "base_profile",
+    "boundary_rule",
+    "check_budgets",
+    "dry_run",
+    "level_rows",
+    "load_settings",
+    "new_settings",
+    "parallel_preview",
+    "plan_kwargs",
+    "prefix_for",
+    "resume_settings",
+    "run_tune",
+    "save_settings",
+    "trial_pool",
+    "write_outputs",
+]

@@ -40,8 +40,16 @@ from m3ctl.tune.search import Point, TuneSpec, measure_level
 from m3ctl.tune.slo import SLO, parse_slo
 
 
-def walk_levels(sess, spec: TuneSpec, slo: SLO, ladder: list[int], below: list[int], on_event=print,
-                on_level=None, time_left=lambda: float("inf")) -> dict:
+def walk_levels(
+    sess,
+    spec: TuneSpec,
+    slo: SLO,
+    ladder: list[int],
+    below: list[int],
+    on_event=print,
+    on_level=None,
+    time_left=lambda: float("inf"),
+) -> dict:
     """Levels of one server upwards from the ladder's first until one does not hold; when that first level does
     not hold, downwards through ``below`` (descending) until one holds (the capacity is then below the ladder).
     Each level is ``measure_level`` (the capacity rule). ``on_level(c, point)``: after each level (the script
@@ -74,8 +82,12 @@ def walk_levels(sess, spec: TuneSpec, slo: SLO, ladder: list[int], below: list[i
     else:
         stopped = stopped or "top of the ladder"
     cap = capacity_of((x, p.slo_ok) for x, p in levels.items())
-    return {"levels": levels, "capacity": cap, "objective": levels[cap].objective if cap is not None else None,
-            "stopped": stopped}
+    return {
+        "levels": levels,
+        "capacity": cap,
+        "objective": levels[cap].objective if cap is not None else None,
+        "stopped": stopped,
+    }
 
 
 class CliSession:
@@ -90,10 +102,28 @@ class CliSession:
         self.seed += 1
         f = self.out / f"grid-{self.cfg}-c{c}-r{k}.json"
         n = max(self.a.min_prompts, round(self.a.prompts_per_concurrency * c * fidelity))
-        cmd = [*self.m3, "bench", "--deployment", self.name, "--concurrency", str(c), "--num-prompts", str(n),
-               "--input-len", str(self.a.input_len), "--output-len", str(self.a.output_len), "--warmup",
-               "--seed", str(self.seed), "--no-progress", "--label", f"{self.cfg} c={c} r{k}",
-               "--output-json", str(f)]
+        cmd = [
+            *self.m3,
+            "bench",
+            "--deployment",
+            self.name,
+            "--concurrency",
+            str(c),
+            "--num-prompts",
+            str(n),
+            "--input-len",
+            str(self.a.input_len),
+            "--output-len",
+            str(self.a.output_len),
+            "--warmup",
+            "--seed",
+            str(self.seed),
+            "--no-progress",
+            "--label",
+            f"{self.cfg} c={c} r{k}",
+            "--output-json",
+            str(f),
+        ]
         try:
             p = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30, self.a.deadline - time.time()))
             (self.out / f"bench-{self.cfg}-c{c}-r{k}.txt").write_text(p.stdout + p.stderr)
@@ -130,13 +160,21 @@ def main() -> int:
     slo = parse_slo(a.slo)
     ladder = [int(x) for x in a.ladder.split(",")]
     below0 = sorted((int(x) for x in a.below.split(",") if x), reverse=True)
-    spec = TuneSpec(slo=a.slo, objective="tput_per_gpu", ladder=ladder, boundary_margin=a.margin,
-                    boundary_repeats=a.repeats)
+    spec = TuneSpec(
+        slo=a.slo, objective="tput_per_gpu", ladder=ladder, boundary_margin=a.margin, boundary_repeats=a.repeats
+    )
     a.outdir.mkdir(parents=True, exist_ok=True)
     summary_f = a.outdir / "grid.json"
     summary = json.loads(summary_f.read_text()) if summary_f.exists() else {"configs": {}}
-    summary.update(slo=a.slo, ladder=ladder, input_len=a.input_len, output_len=a.output_len,
-                   prompts_per_concurrency=a.prompts_per_concurrency, margin=a.margin, repeats=a.repeats)
+    summary.update(
+        slo=a.slo,
+        ladder=ladder,
+        input_len=a.input_len,
+        output_len=a.output_len,
+        prompts_per_concurrency=a.prompts_per_concurrency,
+        margin=a.margin,
+        repeats=a.repeats,
+    )
 
     def save() -> None:
         tmp = summary_f.with_suffix(".tmp")
@@ -155,14 +193,36 @@ def main() -> int:
             continue
         name = f"grid-{cfg}"
         toks = [f for f in flags.split("+") if f]
-        own, raw = (toks[: toks.index("--")], toks[toks.index("--") + 1:]) if "--" in toks else (toks, [])
-        serve = [*m3, "serve", "--model", a.model, "--name", name, "--port", str(a.port), "--runtime", "process",
-                 "--detach", *own, "--", *[f for f in a.extra.split("+") if f], *raw]
+        own, raw = (toks[: toks.index("--")], toks[toks.index("--") + 1 :]) if "--" in toks else (toks, [])
+        serve = [
+            *m3,
+            "serve",
+            "--model",
+            a.model,
+            "--name",
+            name,
+            "--port",
+            str(a.port),
+            "--runtime",
+            "process",
+            "--detach",
+            *own,
+            "--",
+            *[f for f in a.extra.split("+") if f],
+            *raw,
+        ]
         t0 = time.time()
         p = subprocess.run(serve, capture_output=True, text=True, timeout=max(30, a.deadline - time.time() - 20))
         rec = summary["configs"].setdefault(cfg, {})
-        rec.update(flags=flags.replace("+", " "), ready_s=round(time.time() - t0, 1), serve_rc=p.returncode,
-                   levels={}, capacity=None, objective_at_capacity=None, stopped=None)
+        rec.update(
+            flags=flags.replace("+", " "),
+            ready_s=round(time.time() - t0, 1),
+            serve_rc=p.returncode,
+            levels={},
+            capacity=None,
+            objective_at_capacity=None,
+            stopped=None,
+        )
         print(f"serve {cfg} rc={p.returncode} ready_s={rec['ready_s']}", flush=True)
         if p.returncode != 0:
             rec["stopped"] = "serve failed: " + (p.stdout + p.stderr).strip().splitlines()[-1:][0][:300]
@@ -174,23 +234,46 @@ def main() -> int:
         def on_level(c: int, pt: Point, rec=rec, cfg=cfg, t0=t0) -> None:
             runs = pt.runs or [pt.__dict__]
             rec["levels"][str(c)] = {
-                "runs": [{"p90_tpot_ms": r["metrics"].get("p90_tpot_ms"), "objective": r["objective"],
-                          "valid": r["valid"], "slo_ok": r["slo_ok"], "reasons": r["reasons"]} for r in runs],
-                "median_p90_tpot_ms": pt.metrics.get("p90_tpot_ms"), "median_objective": pt.objective,
-                "slo_ok": pt.slo_ok, "valid": pt.valid, "state": (pt.verdict or {}).get("state"),
-                "confidence": (pt.verdict or {}).get("confidence")}
+                "runs": [
+                    {
+                        "p90_tpot_ms": r["metrics"].get("p90_tpot_ms"),
+                        "objective": r["objective"],
+                        "valid": r["valid"],
+                        "slo_ok": r["slo_ok"],
+                        "reasons": r["reasons"],
+                    }
+                    for r in runs
+                ],
+                "median_p90_tpot_ms": pt.metrics.get("p90_tpot_ms"),
+                "median_objective": pt.objective,
+                "slo_ok": pt.slo_ok,
+                "valid": pt.valid,
+                "state": (pt.verdict or {}).get("state"),
+                "confidence": (pt.verdict or {}).get("confidence"),
+            }
             cap = capacity_of((int(x), lv["slo_ok"]) for x, lv in rec["levels"].items())
             rec["capacity"] = cap
             rec["objective_at_capacity"] = rec["levels"][str(cap)]["median_objective"] if cap is not None else None
-            print(f"  {cfg} c={c}: {len(runs)} run(s) p90 TPOT "
-                  f"{[round(r['metrics'].get('p90_tpot_ms') or 0, 1) for r in runs]} -> "
-                  f"{'holds' if pt.slo_ok else 'does not hold'} ({(pt.verdict or {}).get('confidence')}), "
-                  f"{pt.objective:.0f} tok/s/GPU at {time.time() - t0:.0f} s", flush=True)
+            print(
+                f"  {cfg} c={c}: {len(runs)} run(s) p90 TPOT "
+                f"{[round(r['metrics'].get('p90_tpot_ms') or 0, 1) for r in runs]} -> "
+                f"{'holds' if pt.slo_ok else 'does not hold'} ({(pt.verdict or {}).get('confidence')}), "
+                f"{pt.objective:.0f} tok/s/GPU at {time.time() - t0:.0f} s",
+                flush=True,
+            )
             save()
 
         try:
-            got = walk_levels(sess, spec, slo, ladder, below0, lambda m, cfg=cfg: print(f"  {cfg} {m}", flush=True),
-                              on_level, lambda: a.deadline - time.time())
+            got = walk_levels(
+                sess,
+                spec,
+                slo,
+                ladder,
+                below0,
+                lambda m, cfg=cfg: print(f"  {cfg} {m}", flush=True),
+                on_level,
+                lambda: a.deadline - time.time(),
+            )
             rec["stopped"] = got["stopped"]
         finally:
             log = Path(os.environ.get("M3CTL_STATE_DIR", "")) / "logs" / f"{name}.log"

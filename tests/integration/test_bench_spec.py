@@ -28,8 +28,15 @@ def spec_server(tiny_models, tmp_path_factory):
     from m3ctl.state import Registry
 
     reg = Registry(tmp_path_factory.mktemp("spec-state"))
-    p = plan(detect(), PlanRequest(model=str(tiny_models["m2"]), name="spec", port=free_port(),
-             extra_args=["--speculative-config", json.dumps(SPEC, separators=(",", ":"))]))
+    p = plan(
+        detect(),
+        PlanRequest(
+            model=str(tiny_models["m2"]),
+            name="spec",
+            port=free_port(),
+            extra_args=["--speculative-config", json.dumps(SPEC, separators=(",", ":"))],
+        ),
+    )
     res = launch_and_wait(p, registry=reg)
     yield res.deployment
     reports = stop(["spec"], registry=reg)
@@ -39,20 +46,38 @@ def spec_server(tiny_models, tmp_path_factory):
 def test_spec_acceptance_and_per_token_itl(spec_server):
     dep = spec_server
     before = servermetrics.scrape(dep.url)
-    res = run_bench(BenchConfig(url=dep.url, model=dep.served_model_name, num_prompts=6, concurrency=2,
-                                input_len=48, output_len=48, per_request=True, seed=2))
+    res = run_bench(
+        BenchConfig(
+            url=dep.url,
+            model=dep.served_model_name,
+            num_prompts=6,
+            concurrency=2,
+            input_len=48,
+            output_len=48,
+            per_request=True,
+            seed=2,
+        )
+    )
     after = servermetrics.scrape(dep.url)
     assert res["completed"] == 6 and res["validity"]["valid"], res["validity"]
     sm = res["server_metrics"]
     # the bench's deltas equal the server's own counters over the run (nothing else talks to this server)
-    d = {k: after[k] - before[k] for k in ("spec_decode_num_drafts_total", "spec_decode_num_draft_tokens_total",
-                                           "spec_decode_num_accepted_tokens_total")}
+    d = {
+        k: after[k] - before[k]
+        for k in (
+            "spec_decode_num_drafts_total",
+            "spec_decode_num_draft_tokens_total",
+            "spec_decode_num_accepted_tokens_total",
+        )
+    }
     assert d["spec_decode_num_drafts_total"] > 0 and d["spec_decode_num_accepted_tokens_total"] > 0, d
     assert sm["spec_decode_drafts"] == int(d["spec_decode_num_drafts_total"])
     assert sm["spec_decode_acceptance_rate"] == pytest.approx(
-        d["spec_decode_num_accepted_tokens_total"] / d["spec_decode_num_draft_tokens_total"])
+        d["spec_decode_num_accepted_tokens_total"] / d["spec_decode_num_draft_tokens_total"]
+    )
     assert sm["spec_decode_acceptance_length"] == pytest.approx(
-        1 + d["spec_decode_num_accepted_tokens_total"] / d["spec_decode_num_drafts_total"])
+        1 + d["spec_decode_num_accepted_tokens_total"] / d["spec_decode_num_drafts_total"]
+    )
     assert 0 < sm["spec_decode_acceptance_rate"] <= 1 and 1 < sm["spec_decode_acceptance_length"] <= 1 + 3
     assert sm["generation_tokens"] == res["total_output_tokens"] == 6 * 48
     # A chunk carries 1 + the accepted tokens of a step (more if the API server merged steps). The server also

@@ -27,11 +27,22 @@ def _cfg(dep, **kw) -> BenchConfig:
 
 def test_dataset_workload(tiny_server, tiny_models):
     dep = tiny_server.deployment
-    res = run_bench(_cfg(dep, workload="dataset", dataset_path=str(FIX / "sharegpt_small.json"), num_prompts=8,
-                         concurrency=2, per_request=True))
+    res = run_bench(
+        _cfg(
+            dep,
+            workload="dataset",
+            dataset_path=str(FIX / "sharegpt_small.json"),
+            num_prompts=8,
+            concurrency=2,
+            per_request=True,
+        )
+    )
     tok = LocalTokenizer(tiny_models["m2"])
-    src = {c["conversations"][0]["value"]: c["conversations"][1]["value"]
-           for c in json.loads((FIX / "sharegpt_small.json").read_text()) if len(c["conversations"]) > 1}
+    src = {
+        c["conversations"][0]["value"]: c["conversations"][1]["value"]
+        for c in json.loads((FIX / "sharegpt_small.json").read_text())
+        if len(c["conversations"]) > 1
+    }
     want_out = sorted(len(tok.encode(a)) for q, a in src.items() if len(tok.encode(q)) >= 4)
     assert res["completed"] == 8 and res["failed"] == 0 and res["validity"]["valid"], res["validity"]
     assert res["workload"]["kind"] == "dataset"
@@ -44,8 +55,19 @@ def test_dataset_workload(tiny_server, tiny_models):
 
 def test_prefix_repetition_hits_the_prefix_cache(tiny_server):
     dep = tiny_server.deployment
-    res = run_bench(_cfg(dep, workload="prefix-repetition", num_prompts=8, num_prefixes=2, prefix_len=300,
-                         input_len=16, output_len=4, concurrency=1, seed=5))
+    res = run_bench(
+        _cfg(
+            dep,
+            workload="prefix-repetition",
+            num_prompts=8,
+            num_prefixes=2,
+            prefix_len=300,
+            input_len=16,
+            output_len=4,
+            concurrency=1,
+            seed=5,
+        )
+    )
     sm = res["server_metrics"]
     assert res["completed"] == 8 and sm["prompt_tokens"] == res["total_input_tokens"]
     exp = res["workload"]["prefix_cache_expected_hit"]
@@ -64,8 +86,17 @@ def test_sweep_sends_fresh_prompts_and_forced_reuse_is_invalid(tiny_server):
         assert sm["prefix_cache_queried_tokens"] >= 6 * 300 and sm["prefix_cache_hit_rate"] < 0.01, sm
         assert r["validity"]["valid"], r["validity"]
     assert [r["num_warmups"] for r in runs] == [1, 2, 4]
-    again = run_bench(_cfg(dep, input_len=300, output_len=4, num_prompts=6, concurrency=4, seed=7,
-                           prompt_salt=runs[-1]["workload"]["prompt_salt"]))
+    again = run_bench(
+        _cfg(
+            dep,
+            input_len=300,
+            output_len=4,
+            num_prompts=6,
+            concurrency=4,
+            seed=7,
+            prompt_salt=runs[-1]["workload"]["prompt_salt"],
+        )
+    )
     assert again["server_metrics"]["prefix_cache_hit_rate"] > 0.5  # 256 of each 300-token prompt
     assert not again["validity"]["valid"]
     assert any("prefix cache served" in x for x in again["validity"]["reasons"]), again["validity"]
@@ -73,9 +104,23 @@ def test_sweep_sends_fresh_prompts_and_forced_reuse_is_invalid(tiny_server):
 
 def test_agentic_sessions(tiny_server):
     dep = tiny_server.deployment
-    res = run_bench(_cfg(dep, endpoint="chat", workload="agentic", concurrency=2, num_sessions=4, turns=3,
-                         prefix_len=160, input_len=16, turn_input_len=12, output_len=8, think_time_s=0.05,
-                         per_request=True, seed=1))
+    res = run_bench(
+        _cfg(
+            dep,
+            endpoint="chat",
+            workload="agentic",
+            concurrency=2,
+            num_sessions=4,
+            turns=3,
+            prefix_len=160,
+            input_len=16,
+            turn_input_len=12,
+            output_len=8,
+            think_time_s=0.05,
+            per_request=True,
+            seed=1,
+        )
+    )
     ag = res["agentic"]
     assert res["completed"] == 12 and ag["sessions_completed"] == 4 and res["validity"]["valid"]
     by_s: dict[int, list] = {}
@@ -96,10 +141,19 @@ def test_agentic_sessions(tiny_server):
 
 def test_open_loop_gamma_duration(tiny_server):
     dep = tiny_server.deployment
-    res = run_bench(_cfg(dep, num_prompts=4, request_rate=6.0, burstiness=0.5, duration_s=3.0, input_len=16,
-                         output_len=8))
-    assert res["load"] == {"mode": "open", "concurrency": None, "rate": 6.0, "arrival": "gamma", "burstiness": 0.5,
-                           "duration_s": 3.0, "client_procs": 1, "stop": "duration"}
+    res = run_bench(
+        _cfg(dep, num_prompts=4, request_rate=6.0, burstiness=0.5, duration_s=3.0, input_len=16, output_len=8)
+    )
+    assert res["load"] == {
+        "mode": "open",
+        "concurrency": None,
+        "rate": 6.0,
+        "arrival": "gamma",
+        "burstiness": 0.5,
+        "duration_s": 3.0,
+        "client_procs": 1,
+        "stop": "duration",
+    }
     assert 5 <= res["completed"] == res["num_prompts"] <= 40 and res["failed"] == 0
     assert res["e2el_from_schedule"]["mean_ms"] >= res["mean_e2el_ms"]
 
@@ -114,10 +168,31 @@ def test_sweep_cli_pareto_csv_report(tiny_server, tmp_path):
     dep = tiny_server.deployment
     out, png, csvp = tmp_path / "sweep.json", tmp_path / "pareto.png", tmp_path / "sweep.csv"
     for _ in range(5):  # a sweep that ran in a burst spell of the server (see the side-by-side test) is run again
-        p = run_cli("bench", "--url", dep.url, "--model", dep.served_model_name, "--concurrency", "1,2,4",
-                    "--num-prompts", "8", "--input-len", "32", "--output-len", "24", "--num-gpus", "1",
-                    "--usd-per-gpu-hour", "1.41", "--output-json", str(out), "--plot", str(png), "--output-csv",
-                    str(csvp))
+        p = run_cli(
+            "bench",
+            "--url",
+            dep.url,
+            "--model",
+            dep.served_model_name,
+            "--concurrency",
+            "1,2,4",
+            "--num-prompts",
+            "8",
+            "--input-len",
+            "32",
+            "--output-len",
+            "24",
+            "--num-gpus",
+            "1",
+            "--usd-per-gpu-hour",
+            "1.41",
+            "--output-json",
+            str(out),
+            "--plot",
+            str(png),
+            "--output-csv",
+            str(csvp),
+        )
         said = p.stdout + p.stderr
         if p.returncode == 0 or not any(w in said for w in ("host CPU contention", "streamed in bursts")):
             break
@@ -157,12 +232,42 @@ def test_side_by_side_with_vllm_bench_serve(tiny_server, tiny_models, tmp_path):
         return r
 
     def theirs_once(i: int) -> dict:
-        cmd = [str(vllm), "bench", "serve", "--backend", "openai", "--base-url", dep.url, "--endpoint",
-               "/v1/completions", "--model", dep.served_model_name, "--tokenizer", str(tiny_models["m2"]),
-               "--dataset-name", "random", "--random-input-len", str(isl), "--random-output-len", str(osl),
-               "--num-prompts", str(n), "--max-concurrency", str(c), "--ignore-eos", "--num-warmups", str(c),
-               "--percentile-metrics", "ttft,tpot,itl,e2el", "--save-result", "--result-dir", str(tmp_path),
-               "--result-filename", f"vllm{i}.json", "--disable-tqdm"]
+        cmd = [
+            str(vllm),
+            "bench",
+            "serve",
+            "--backend",
+            "openai",
+            "--base-url",
+            dep.url,
+            "--endpoint",
+            "/v1/completions",
+            "--model",
+            dep.served_model_name,
+            "--tokenizer",
+            str(tiny_models["m2"]),
+            "--dataset-name",
+            "random",
+            "--random-input-len",
+            str(isl),
+            "--random-output-len",
+            str(osl),
+            "--num-prompts",
+            str(n),
+            "--max-concurrency",
+            str(c),
+            "--ignore-eos",
+            "--num-warmups",
+            str(c),
+            "--percentile-metrics",
+            "ttft,tpot,itl,e2el",
+            "--save-result",
+            "--result-dir",
+            str(tmp_path),
+            "--result-filename",
+            f"vllm{i}.json",
+            "--disable-tqdm",
+        ]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
         assert p.returncode == 0, p.stderr[-2000:]
         return json.loads((tmp_path / f"vllm{i}.json").read_text())
@@ -194,12 +299,20 @@ def test_side_by_side_with_vllm_bench_serve(tiny_server, tiny_models, tmp_path):
         # A run streamed in bursts has TPOT unmeasured (null, m3ctl.bench.metrics.bursts): it says nothing about
         # TPOT, so only runs that measured it count; a side with none leaves TPOT uncompared (the bursts are the
         # host's, as above).
-        med = {side: {k: (float(np.median(vals)) if (vals := [r[k] for r in runs if r[k] is not None]) else None)
-                      for k in (*keys, "median_ttft_ms")}
-               for side, runs in (("ours", ours), ("theirs", theirs))}
-        bad = [(k, med["ours"][k], med["theirs"][k]) for k in keys
-               if med["ours"][k] is not None and med["theirs"][k] is not None
-               and not med["theirs"][k] / 2 <= med["ours"][k] <= med["theirs"][k] * 2]
+        med = {
+            side: {
+                k: (float(np.median(vals)) if (vals := [r[k] for r in runs if r[k] is not None]) else None)
+                for k in (*keys, "median_ttft_ms")
+            }
+            for side, runs in (("ours", ours), ("theirs", theirs))
+        }
+        bad = [
+            (k, med["ours"][k], med["theirs"][k])
+            for k in keys
+            if med["ours"][k] is not None
+            and med["theirs"][k] is not None
+            and not med["theirs"][k] / 2 <= med["ours"][k] <= med["theirs"][k] * 2
+        ]
         # m3ctl's TTFT is lower than vLLM's in every measured repetition (less client work per chunk), never higher.
         if med["ours"]["median_ttft_ms"] > med["theirs"]["median_ttft_ms"] * 2:
             bad.append(("median_ttft_ms", med["ours"]["median_ttft_ms"], med["theirs"]["median_ttft_ms"]))

@@ -70,8 +70,21 @@ def _containers(engine, name: str | None = None):
 
 # ------------------------------------------------------------------ faults first (each launches on its own)
 def test_image_that_does_not_exist(engine, docker_env, tiny_models):
-    p = run_cli("serve", "--model", str(tiny_models["llama"]), "--name", "noimg", "--port", str(free_port()),
-                "--runtime", "docker", "--image", "m3ctl-test/does-not-exist:nope", "--detach", env=docker_env)
+    p = run_cli(
+        "serve",
+        "--model",
+        str(tiny_models["llama"]),
+        "--name",
+        "noimg",
+        "--port",
+        str(free_port()),
+        "--runtime",
+        "docker",
+        "--image",
+        "m3ctl-test/does-not-exist:nope",
+        "--detach",
+        env=docker_env,
+    )
     assert p.returncode == 3, p.stdout + p.stderr
     assert "m3ctl-test/does-not-exist:nope" in p.stderr and "docker load" in p.stderr
     assert "starting noimg" not in p.stdout and "Traceback" not in p.stderr
@@ -80,8 +93,19 @@ def test_image_that_does_not_exist(engine, docker_env, tiny_models):
 
 def test_container_exits_during_load_reports_phase_and_cause(engine, docker_env, tiny_models):
     port = free_port()
-    args = ["serve", "--model", str(tiny_models["llama"]), "--name", "dies", "--port", str(port), *_image_args(),
-            "--arg", "max-model-len=100000", "--detach"]
+    args = [
+        "serve",
+        "--model",
+        str(tiny_models["llama"]),
+        "--name",
+        "dies",
+        "--port",
+        str(port),
+        *_image_args(),
+        "--arg",
+        "max-model-len=100000",
+        "--detach",
+    ]
     p = run_cli(*args, env=docker_env)  # the plan rule catches it in milliseconds ...
     assert p.returncode == 3 and "rule model.max_len" in p.stderr, p.stdout + p.stderr
     p = run_cli(*args, "--skip-checks", env=docker_env)  # ... and past the rule, the container dies while loading
@@ -101,8 +125,9 @@ def test_stop_of_unknown_name(docker_env):
     assert p.returncode == 2 and "no deployment named 'nope'" in p.stderr
 
 
-def test_emitted_docker_run_and_the_sdk_create_the_same_container(engine, docker_env, tiny_models, tmp_path,
-                                                                   monkeypatch):
+def test_emitted_docker_run_and_the_sdk_create_the_same_container(
+    engine, docker_env, tiny_models, tmp_path, monkeypatch
+):
     """The real docker CLI reads the emitted `docker run` (its --gpus CSV, -v, -e) into the same device request,
     binds and environment as the SDK kwargs of the runtime (containers created, not started: no NVIDIA here)."""
     import shlex
@@ -117,9 +142,21 @@ def test_emitted_docker_run_and_the_sdk_create_the_same_container(engine, docker
     (tmp_path / "hf").mkdir()
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))
     inv = ALL["h200x2"]()
-    p = plan(inv, PlanRequest(model=str(tiny_models["llama"]), name="emitcli", runtime="docker", image=VLLM_CPU_IMAGE, tp=2, skip_checks=True, pass_env=["HF_TOKEN"], vllm_executable="vllm"))
+    p = plan(
+        inv,
+        PlanRequest(
+            model=str(tiny_models["llama"]),
+            name="emitcli",
+            runtime="docker",
+            image=VLLM_CPU_IMAGE,
+            tp=2,
+            skip_checks=True,
+            pass_env=["HF_TOKEN"],
+            vllm_executable="vllm",
+        ),
+    )
     argv = shlex.split(render(p, "docker"))  # no --runtime: the device request alone (created, never started)
-    argv[argv.index("run"):argv.index("run") + 2] = ["create"]  # `run -d` -> `create`
+    argv[argv.index("run") : argv.index("run") + 2] = ["create"]  # `run -d` -> `create`
     r = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **docker_env, "HF_TOKEN": "x"})
     assert r.returncode == 0, r.stderr
     c = engine.client()
@@ -132,7 +169,9 @@ def test_emitted_docker_run_and_the_sdk_create_the_same_container(engine, docker
         a, b = cli_ct.attrs, sdk_ct.attrs
         devs = [(d["Driver"], d["DeviceIDs"], d["Capabilities"]) for d in a["HostConfig"]["DeviceRequests"]]
         assert devs == [(d["Driver"], d["DeviceIDs"], d["Capabilities"]) for d in b["HostConfig"]["DeviceRequests"]]
-        assert devs == [("nvidia", [g.uuid for g in inv.gpus], [["gpu"]])]  # both GPUs, one request (not Count=1, ["0"])
+        assert devs == [
+            ("nvidia", [g.uuid for g in inv.gpus], [["gpu"]])
+        ]  # both GPUs, one request (not Count=1, ["0"])
         assert sorted(a["HostConfig"]["Binds"]) == sorted(b["HostConfig"]["Binds"])
         assert all(x.endswith(":ro") for x in a["HostConfig"]["Binds"])
         assert sorted(a["Config"]["Env"]) == sorted(b["Config"]["Env"])
@@ -153,8 +192,15 @@ def test_stop_finds_the_container_of_an_unreadable_record(engine, docker_env):
 
     c = engine.client()
     try:
-        c.containers.run(VLLM_CPU_IMAGE, ["-c", "import time; time.sleep(300)"], entrypoint=["python3"],
-                         name="m3ctl-lostrec", labels={"m3ctl.name": "lostrec"}, detach=True, network_mode="host")
+        c.containers.run(
+            VLLM_CPU_IMAGE,
+            ["-c", "import time; time.sleep(300)"],
+            entrypoint=["python3"],
+            name="m3ctl-lostrec",
+            labels={"m3ctl.name": "lostrec"},
+            detach=True,
+            network_mode="host",
+        )
         reg = Registry()
         reg.deployments_dir.mkdir(parents=True, exist_ok=True)
         (reg.deployments_dir / "lostrec.json").write_text('{"name": "lostrec", "runtime": "dock')
@@ -184,10 +230,13 @@ def dserver(engine, tiny_models, tmp_path_factory):
     state = tmp_path_factory.mktemp("docker-state")
     reg = Registry(state)
     rt = DockerRuntime(DockerOptions(mounts=[site_mount()]))
-    p = plan(detect(), PlanRequest(model=str(tiny_models["m2"]), name="dshared", port=free_port(), runtime="docker",
-             image=VLLM_CPU_IMAGE))
-    res = launch_and_wait(p, registry=reg, secret_env={"HF_TOKEN": SECRET}, runtime=rt,
-                          expect=profiles()["cpu"].expect)
+    p = plan(
+        detect(),
+        PlanRequest(
+            model=str(tiny_models["m2"]), name="dshared", port=free_port(), runtime="docker", image=VLLM_CPU_IMAGE
+        ),
+    )
+    res = launch_and_wait(p, registry=reg, secret_env={"HF_TOKEN": SECRET}, runtime=rt, expect=profiles()["cpu"].expect)
     yield {"res": res, "reg": reg, "rt": rt, "state": state, "plan": p}
     if reg.exists("dshared"):
         reps = stop(["dshared"], registry=reg)
@@ -199,8 +248,11 @@ def test_docker_ready_and_real_completion(dserver):
     assert list(res.readiness.phase_times) == ["process", "port", "health", "models", "completion"]
     dep = res.deployment
     assert dep.runtime == "docker" and dep.container_id and dep.image == dserver["plan"].image
-    r = httpx.post(f"{dep.url}/v1/completions", json={"model": dep.served_model_name, "prompt": "def f(x):",
-                                                      "max_tokens": 8, "temperature": 0}, timeout=60)
+    r = httpx.post(
+        f"{dep.url}/v1/completions",
+        json={"model": dep.served_model_name, "prompt": "def f(x):", "max_tokens": 8, "temperature": 0},
+        timeout=60,
+    )
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 8
 
 

@@ -23,8 +23,6 @@ from tests.conftest import M3CTL, free_port, run_cli, vllm_procs_for
 pytestmark = pytest.mark.integration
 
 
-
-
 def _engine_core(pid: int) -> psutil.Process:
     kids = psutil.Process(pid).children(recursive=True)
     cores = [k for k in kids if "EngineCore" in k.name() + " ".join(k.cmdline())]
@@ -35,8 +33,18 @@ def _engine_core(pid: int) -> psutil.Process:
 def test_readiness_timeout(tiny_models):
     port = free_port()
     t0 = time.monotonic()
-    p = run_cli("serve", "--model", str(tiny_models["llama"]), "--name", "slow", "--port", str(port),
-                "--startup-timeout", "4", "--detach")
+    p = run_cli(
+        "serve",
+        "--model",
+        str(tiny_models["llama"]),
+        "--name",
+        "slow",
+        "--port",
+        str(port),
+        "--startup-timeout",
+        "4",
+        "--detach",
+    )
     assert p.returncode == 4, p.stdout + p.stderr
     assert "not ready after 4 s" in p.stderr and "--startup-timeout" in p.stderr
     assert time.monotonic() - t0 < 60  # did not wait for the server's own start
@@ -50,9 +58,13 @@ def test_readiness_timeout(tiny_models):
 
 def test_ctrl_c_during_load_stops_everything(tiny_models):
     port = free_port()
-    proc = subprocess.Popen([*M3CTL, "serve", "--model", str(tiny_models["llama"]), "--name", "intr", "--port",
-                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "COLUMNS": "200"})
+    proc = subprocess.Popen(
+        [*M3CTL, "serve", "--model", str(tiny_models["llama"]), "--name", "intr", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     lines = []
     for line in proc.stdout:  # a log file gets one line per finished phase: wait for the launch, then the server
         lines.append(line)
@@ -89,7 +101,9 @@ def test_watchdog_stalled_engine_dead_engine_and_restart(tiny_models, tmp_path):
     from m3ctl.watchdog import Watchdog, parse_metrics, watch
 
     reg = Registry(tmp_path / "state")
-    res = launch_and_wait(plan(detect(), PlanRequest(model=str(tiny_models["llama"]), name="wd", port=free_port())), registry=reg)
+    res = launch_and_wait(
+        plan(detect(), PlanRequest(model=str(tiny_models["llama"]), name="wd", port=free_port())), registry=reg
+    )
     dep = res.deployment
     rt = runtime_for(dep)
     try:
@@ -114,10 +128,17 @@ def test_watchdog_stalled_engine_dead_engine_and_restart(tiny_models, tmp_path):
 
         _engine_core(dep.pid).send_signal(signal.SIGKILL)  # engine dies; the API process may linger
         events = []
-        last = watch(dep, rt, interval_s=0.5, canary_timeout_s=5, restart="on-failure", max_restarts=1,
-                     relaunch=lambda attempt: relaunch("wd", registry=reg, secret_env={}, runtime=rt,
-                                                       attempt=attempt),
-                     on_event=events.append, max_probes=2)
+        last = watch(
+            dep,
+            rt,
+            interval_s=0.5,
+            canary_timeout_s=5,
+            restart="on-failure",
+            max_restarts=1,
+            relaunch=lambda attempt: relaunch("wd", registry=reg, secret_env={}, runtime=rt, attempt=attempt),
+            on_event=events.append,
+            max_probes=2,
+        )
         verdicts = [e.probe.verdict for e in events if e.kind == "probe"]
         print(f"\nwatchdog verdicts after SIGKILL of EngineCore: {verdicts}")
         assert verdicts[0] in ("engine-dead", "exited", "unreachable") and verdicts[-1] == "ok"
@@ -161,8 +182,9 @@ def test_pause_is_not_dead_and_a_deleted_record_is_still_stopped(tiny_models):
         from m3ctl.state import Registry
 
         Registry().remove("pz")  # the record is gone; the server is not
-        p = run_cli("serve", "--model", str(tiny_models["llama"]), "--name", "pz", "--port", str(free_port()),
-                    "--detach")
+        p = run_cli(
+            "serve", "--model", str(tiny_models["llama"]), "--name", "pz", "--port", str(free_port()), "--detach"
+        )
         assert p.returncode == 3 and "still running" in p.stderr and str(main.pid) in p.stderr, p.stderr
         s = run_cli("stop", "--all")
         assert s.returncode == 0 and "pz: stopped" in s.stdout, s.stdout + s.stderr
@@ -181,16 +203,35 @@ def test_kill_9_mid_bench_names_the_death_keeps_the_results_and_the_record(tiny_
     main = psutil.Process(dep["pid"])
     tree = [main, *main.children(recursive=True)]
     out = tmp_path / "b.json"
-    bench = subprocess.Popen([*M3CTL, "bench", "--deployment", "k9", "--num-prompts", "400", "--concurrency", "2",
-                              "--input-len", "32", "--output-len", "32", "--output-json", str(out)],
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env={**os.environ, "COLUMNS": "200"})
+    bench = subprocess.Popen(
+        [
+            *M3CTL,
+            "bench",
+            "--deployment",
+            "k9",
+            "--num-prompts",
+            "400",
+            "--concurrency",
+            "2",
+            "--input-len",
+            "32",
+            "--output-len",
+            "32",
+            "--output-json",
+            str(out),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     import httpx
 
     def successes() -> float:
         m = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-        return sum(float(line.rsplit(" ", 1)[1]) for line in m.splitlines()
-                   if line.startswith("vllm:request_success_total"))
+        return sum(
+            float(line.rsplit(" ", 1)[1]) for line in m.splitlines() if line.startswith("vllm:request_success_total")
+        )
 
     try:
         before = successes()  # readiness's completion
@@ -222,12 +263,35 @@ def test_concurrent_tune_resume_is_refused_and_leaves_the_running_trial_alone(ti
     """A second `tune --resume` of a study another tune is running refuses in one line (exit 3) naming the
     holder's pid, and does not touch its trial server; SIGTERM of the first tune stops that server."""
     sdir = tmp_path / "study"
-    first = subprocess.Popen([*M3CTL, "tune", "--model", str(tiny_models["llama"]), "--study-dir", str(sdir),
-                              "--port", str(free_port()), "--input-len", "32", "--output-len", "16",
-                              "--prompts-per-concurrency", "2", "--ladder", "1,2", "--max-trials", "2",
-                              "--confirm-top", "0", "--no-baseline"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                             env={**os.environ, "COLUMNS": "200"})
+    first = subprocess.Popen(
+        [
+            *M3CTL,
+            "tune",
+            "--model",
+            str(tiny_models["llama"]),
+            "--study-dir",
+            str(sdir),
+            "--port",
+            str(free_port()),
+            "--input-len",
+            "32",
+            "--output-len",
+            "16",
+            "--prompts-per-concurrency",
+            "2",
+            "--ladder",
+            "1,2",
+            "--max-trials",
+            "2",
+            "--confirm-top",
+            "0",
+            "--no-baseline",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     from m3ctl.state import Registry
 
     reg = Registry()
@@ -297,8 +361,9 @@ def test_f15_models_200_before_health_is_not_ready():
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     try:
         t0 = time.time()
-        res = wait_ready(f"http://127.0.0.1:{srv.server_port}", "tiny", is_alive=lambda: True, started_at=t0,
-                         budget_s=30, poll_s=0.2)
+        res = wait_ready(
+            f"http://127.0.0.1:{srv.server_port}", "tiny", is_alive=lambda: True, started_at=t0, budget_s=30, poll_s=0.2
+        )
         assert res.phase_times["health"] >= 1.9  # waited through the 503s although /v1/models was 200
         assert res.phase_times["models"] >= res.phase_times["health"]
     finally:
@@ -314,12 +379,23 @@ def test_f15_connection_refused_is_loading_until_the_budget():
     events = []
     t0 = time.time()
     with pytest.raises(LaunchFailed) as e:
-        wait_ready(f"http://127.0.0.1:{port}", "tiny", is_alive=lambda: True, started_at=t0, budget_s=2,
-                   poll_s=0.2, on_event=events.append)
+        wait_ready(
+            f"http://127.0.0.1:{port}",
+            "tiny",
+            is_alive=lambda: True,
+            started_at=t0,
+            budget_s=2,
+            poll_s=0.2,
+            on_event=events.append,
+        )
     assert e.value.phase == "port" and "not ready after 2 s" in e.value.message
     assert 2 <= time.time() - t0 < 10
-    assert [(ev.phase, ev.status) for ev in events] == [("process", "start"), ("process", "ok"),
-                                                         ("port", "start"), ("port", "fail")]
+    assert [(ev.phase, ev.status) for ev in events] == [
+        ("process", "start"),
+        ("process", "ok"),
+        ("port", "start"),
+        ("port", "fail"),
+    ]
 
 
 def test_degenerate_completion_text_definition():

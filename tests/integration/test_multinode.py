@@ -34,21 +34,28 @@ def test_two_node_data_parallel_on_localhost(tiny_models, tmp_path):
     try:
         for name, args in (("lead", lead), ("work", work)):
             with open(tmp_path / f"{name}.log", "wb") as log:
-                procs.append(subprocess.Popen([exe, *args], stdout=log, stderr=subprocess.STDOUT,
-                                              start_new_session=True, env=env))
+                procs.append(
+                    subprocess.Popen(
+                        [exe, *args], stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+                    )
+                )
         url = f"http://127.0.0.1:{p.port}"
         deadline = time.monotonic() + 400
         while time.monotonic() < deadline:
-            assert all(x.poll() is None for x in procs), (tmp_path / "lead.log").read_text()[-3000:] + \
-                (tmp_path / "work.log").read_text()[-3000:]
+            assert all(x.poll() is None for x in procs), (tmp_path / "lead.log").read_text()[-3000:] + (
+                tmp_path / "work.log"
+            ).read_text()[-3000:]
             try:
                 if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
             time.sleep(2)
-        r = httpx.post(f"{url}/v1/completions", json={"model": spec.served_model_names[1], "prompt": "hello",
-                                                      "max_tokens": 4}, timeout=60)
+        r = httpx.post(
+            f"{url}/v1/completions",
+            json={"model": spec.served_model_names[1], "prompt": "hello", "max_tokens": 4},
+            timeout=60,
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
         assert "EngineCore_DP1" in (tmp_path / "work.log").read_text()  # the second node's engine
     finally:

@@ -40,8 +40,11 @@ def test_offline_serve_from_the_hf_cache(tiny_models, tmp_path):
     try:
         st = json.loads(run_cli("status", "--json", check=True).stdout)
         assert st[0]["model"] == str(snap) and st[0]["served_model_name"] == "m3ctl-test/tiny-llama"
-        r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=60,
-                       json={"model": "m3ctl-test/tiny-llama", "prompt": "hi", "max_tokens": 3})
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/completions",
+            timeout=60,
+            json={"model": "m3ctl-test/tiny-llama", "prompt": "hi", "max_tokens": 3},
+        )
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 3
     finally:
         run_cli("stop", "air")

@@ -32,11 +32,26 @@ def test_api_key_reaches_vllm_only_through_the_environment_and_leaks_nowhere(tin
     keep("serve --dry-run --json", run_cli("serve", *base, "--dry-run", "--json", "--", "--api-key", key))
     keep("plan", run_cli("plan", *base, "--runtime", "process", "--skip-checks", "--", f"--api-key={key}"))
     for fmt in ("script", "docker", "compose", "k8s"):
-        keep(f"plan --emit {fmt}", run_cli("plan", *base, "--runtime", "docker", "--image", "local/vllm:cpu",
-                                           "--skip-checks", "--emit", fmt, "--", "--api-key", key))
+        keep(
+            f"plan --emit {fmt}",
+            run_cli(
+                "plan",
+                *base,
+                "--runtime",
+                "docker",
+                "--image",
+                "local/vllm:cpu",
+                "--skip-checks",
+                "--emit",
+                fmt,
+                "--",
+                "--api-key",
+                key,
+            ),
+        )
     keep("tune --dry-run", run_cli("tune", "--model", model, "--dry-run", "--", "--api-key", key))
     shown = outputs["serve --dry-run"]
-    command = shown[shown.index("vllm serve "):]  # the plan names the channel; the command has no key flag
+    command = shown[shown.index("vllm serve ") :]  # the plan names the channel; the command has no key flag
     assert "--api-key" not in command and "VLLM_API_KEY" in shown
     assert "tune starts its own private trial servers" in outputs["tune --dry-run"]
 
@@ -57,11 +72,13 @@ def test_api_key_reaches_vllm_only_through_the_environment_and_leaks_nowhere(tin
         assert httpx.get(url, headers={"Authorization": f"Bearer {key}"}, timeout=10).status_code == 200
         # watch without the key: "unauthorised", never engine-dead, never restarted; the server stays keyed.
         for restart in ("no", "on-failure"):
-            w = run_cli("watch", "keyed", "--count", "1", "--interval", "0", "--restart", restart,
-                        env={"VLLM_API_KEY": ""})
+            w = run_cli(
+                "watch", "keyed", "--count", "1", "--interval", "0", "--restart", restart, env={"VLLM_API_KEY": ""}
+            )
             keep(f"watch --restart {restart} without the key", w)
-            assert w.returncode == 2 and "engine-dead" not in w.stdout + w.stderr and "VLLM_API_KEY" in w.stderr, \
+            assert w.returncode == 2 and "engine-dead" not in w.stdout + w.stderr and "VLLM_API_KEY" in w.stderr, (
                 w.stdout + w.stderr
+            )
         assert json.loads(run_cli("status", "--json", check=True).stdout)[0]["pid"] == dep["pid"]
         assert httpx.get(url, timeout=10).status_code == 401
         env = {"VLLM_API_KEY": key}
@@ -69,8 +86,22 @@ def test_api_key_reaches_vllm_only_through_the_environment_and_leaks_nowhere(tin
         keep("watch", w)
         assert w.returncode == 0, w.stdout + w.stderr
         out = tmp_path / "bench.json"
-        b = run_cli("bench", "--deployment", "keyed", "--num-prompts", "4", "--concurrency", "2", "--input-len", "16",
-                    "--output-len", "8", "--output-json", str(out), env=env)
+        b = run_cli(
+            "bench",
+            "--deployment",
+            "keyed",
+            "--num-prompts",
+            "4",
+            "--concurrency",
+            "2",
+            "--input-len",
+            "16",
+            "--output-len",
+            "8",
+            "--output-json",
+            str(out),
+            env=env,
+        )
         keep("bench", b)
         assert b.returncode == 0 and json.loads(out.read_text())["completed"] == 4, b.stdout + b.stderr
         outputs["bench.json"] = out.read_text()

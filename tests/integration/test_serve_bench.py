@@ -19,8 +19,6 @@ from tests.conftest import M3CTL, free_port, run_cli, vllm_procs_for
 pytestmark = pytest.mark.integration
 
 
-
-
 def test_cli_serve_status_bench_stop(tiny_models, tmp_path):
     port = free_port()
     p = run_cli("serve", "--model", str(tiny_models["llama"]), "--name", "e2e", "--port", str(port), "--detach")
@@ -35,8 +33,21 @@ def test_cli_serve_status_bench_stop(tiny_models, tmp_path):
     assert len(tree) >= 2  # API server + engine core (+ worker)
 
     out = tmp_path / "bench.json"
-    b = run_cli("bench", "--deployment", "e2e", "--concurrency", "4", "--num-prompts", "12", "--input-len", "32",
-                "--output-len", "16", "--output-json", str(out))
+    b = run_cli(
+        "bench",
+        "--deployment",
+        "e2e",
+        "--concurrency",
+        "4",
+        "--num-prompts",
+        "12",
+        "--input-len",
+        "32",
+        "--output-len",
+        "16",
+        "--output-json",
+        str(out),
+    )
     assert b.returncode == 0, b.stdout + b.stderr
     res = json.loads(out.read_text())
     assert res["completed"] == 12 and res["total_output_tokens"] == 12 * 16 and res["total_input_tokens"] == 12 * 32
@@ -55,8 +66,9 @@ def test_cli_serve_status_bench_stop(tiny_models, tmp_path):
 def test_readiness_rejects_model_that_cannot_generate(tiny_models, tmp_path):
     """head_dim 16: /health is 200 but the first completion fails; m3ctl must report it, not call it ready."""
     port = free_port()
-    p = run_cli("serve", "--model", str(tiny_models["hd16"]), "--name", "hd16", "--port", str(port),
-                "--skip-checks", "--detach")
+    p = run_cli(
+        "serve", "--model", str(tiny_models["hd16"]), "--name", "hd16", "--port", str(port), "--skip-checks", "--detach"
+    )
     assert p.returncode == 4, p.stdout + p.stderr
     assert "✓ health" in p.stdout and "✗ completion" in p.stdout  # health passed, generation did not
     assert "phase 'completion'" in p.stderr
@@ -70,18 +82,27 @@ def test_readiness_rejects_model_that_cannot_generate(tiny_models, tmp_path):
     assert json.loads(run_cli("status", "--json", check=True).stdout) == []
 
 
-@pytest.mark.parametrize(("signum", "signal_after"), [(signal.SIGINT, "ready fg"),
-                                                      (signal.SIGINT, "serving in the foreground"),
-                                                      (signal.SIGTERM, "serving in the foreground")])
+@pytest.mark.parametrize(
+    ("signum", "signal_after"),
+    [
+        (signal.SIGINT, "ready fg"),
+        (signal.SIGINT, "serving in the foreground"),
+        (signal.SIGTERM, "serving in the foreground"),
+    ],
+)
 def test_foreground_serve_stops_cleanly_on_ctrl_c(tiny_models, signum, signal_after):
     """Ctrl-C as soon as a line is out. Right after "serving in the foreground" the CLI was still importing
     the watchdog (outside its Ctrl-C handler): Typer turned the KeyboardInterrupt into a silent exit 130 and
     the server was left running (CI, stop 11). Right after "ready" the kernel report is still printing.
     SIGTERM (``kill``, exit 143) left the server running too (its own session): it now stops it the same way."""
     port = free_port()
-    proc = subprocess.Popen([*M3CTL, "serve", "--model", str(tiny_models["llama"]), "--name", "fg", "--port",
-                             str(port)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "COLUMNS": "200"})
+    proc = subprocess.Popen(
+        [*M3CTL, "serve", "--model", str(tiny_models["llama"]), "--name", "fg", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     lines = []
     deadline = time.time() + 300
     for line in proc.stdout:
@@ -119,8 +140,11 @@ def test_ctrl_c_after_readiness_before_the_result_stops_the_server(tiny_models, 
     port = free_port()
     reg = Registry(tmp_path / "state")
     with pytest.raises(KeyboardInterrupt):
-        launch_and_wait(plan(detect(), PlanRequest(model=str(tiny_models["llama"]), name="late", port=port)), registry=reg,
-                        runtime=CtrlCInKernelCheck())
+        launch_and_wait(
+            plan(detect(), PlanRequest(model=str(tiny_models["llama"]), name="late", port=port)),
+            registry=reg,
+            runtime=CtrlCInKernelCheck(),
+        )
     assert reg.list() == []
     assert vllm_procs_for(port) == [] and not port_in_use("127.0.0.1", port)
 
@@ -129,8 +153,17 @@ def test_bench_metrics_plausible(tiny_server, tmp_path):
     from m3ctl.bench.runner import BenchConfig, run_bench
 
     dep = tiny_server.deployment
-    res = run_bench(BenchConfig(url=dep.url, model=dep.served_model_name, num_prompts=16, concurrency=4,
-                                input_len=64, output_len=32, num_warmups=2))
+    res = run_bench(
+        BenchConfig(
+            url=dep.url,
+            model=dep.served_model_name,
+            num_prompts=16,
+            concurrency=4,
+            input_len=64,
+            output_len=32,
+            num_warmups=2,
+        )
+    )
     assert res["completed"] == 16 and res["failed"] == 0
     assert res["total_output_tokens"] == 16 * 32 and res["total_input_tokens"] == 16 * 64
     assert res["input_token_count_mismatches"] == 0 and res["output_token_count_mismatches"] == 0
@@ -146,9 +179,19 @@ def test_bench_chat_endpoint_and_goodput(tiny_server):
     from m3ctl.bench.runner import BenchConfig, run_bench
 
     dep = tiny_server.deployment
-    res = run_bench(BenchConfig(url=dep.url, model=dep.served_model_name, endpoint="chat", num_prompts=8,
-                                concurrency=2, input_len=16, output_len=8, goodput_slo_ms={"e2el": 60_000},
-                                request_rate=50.0))
+    res = run_bench(
+        BenchConfig(
+            url=dep.url,
+            model=dep.served_model_name,
+            endpoint="chat",
+            num_prompts=8,
+            concurrency=2,
+            input_len=16,
+            output_len=8,
+            goodput_slo_ms={"e2el": 60_000},
+            request_rate=50.0,
+        )
+    )
     assert res["completed"] == 8 and res["total_output_tokens"] == 64
     assert res["backend"] == "openai-chat" and res["request_rate"] == 50.0
     # Chat template tokens count as input on the server side: more than the 16 raw prompt tokens.
@@ -160,18 +203,63 @@ def test_bench_keys_match_vllm_bench_serve(tiny_server, tmp_path, tiny_models):
     """Same server, same workload: every scalar key `vllm bench serve` writes exists in m3ctl's JSON."""
     dep = tiny_server.deployment
     vllm = Path(sys.executable).parent / "vllm"
-    cmd = [str(vllm), "bench", "serve", "--backend", "openai", "--base-url", dep.url, "--endpoint",
-           "/v1/completions", "--model", dep.served_model_name, "--tokenizer", str(tiny_models["m2"]),
-           "--dataset-name", "random", "--random-input-len", "32", "--random-output-len", "16", "--num-prompts",
-           "8", "--max-concurrency", "2", "--ignore-eos", "--percentile-metrics", "ttft,tpot,itl,e2el",
-           "--metric-percentiles", "50,90,99", "--save-result", "--result-dir", str(tmp_path), "--result-filename",
-           "vllm.json", "--disable-tqdm"]
+    cmd = [
+        str(vllm),
+        "bench",
+        "serve",
+        "--backend",
+        "openai",
+        "--base-url",
+        dep.url,
+        "--endpoint",
+        "/v1/completions",
+        "--model",
+        dep.served_model_name,
+        "--tokenizer",
+        str(tiny_models["m2"]),
+        "--dataset-name",
+        "random",
+        "--random-input-len",
+        "32",
+        "--random-output-len",
+        "16",
+        "--num-prompts",
+        "8",
+        "--max-concurrency",
+        "2",
+        "--ignore-eos",
+        "--percentile-metrics",
+        "ttft,tpot,itl,e2el",
+        "--metric-percentiles",
+        "50,90,99",
+        "--save-result",
+        "--result-dir",
+        str(tmp_path),
+        "--result-filename",
+        "vllm.json",
+        "--disable-tqdm",
+    ]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     theirs = json.loads((tmp_path / "vllm.json").read_text())
     out = tmp_path / "m3.json"
-    r = run_cli("bench", "--url", dep.url, "--model", dep.served_model_name, "--num-prompts", "8",
-                "--concurrency", "2", "--input-len", "32", "--output-len", "16", "--output-json", str(out))
+    r = run_cli(
+        "bench",
+        "--url",
+        dep.url,
+        "--model",
+        dep.served_model_name,
+        "--num-prompts",
+        "8",
+        "--concurrency",
+        "2",
+        "--input-len",
+        "32",
+        "--output-len",
+        "16",
+        "--output-json",
+        str(out),
+    )
     assert r.returncode == 0, r.stderr
     ours = json.loads(out.read_text())
     scalar = {k for k, v in theirs.items() if not isinstance(v, list | dict)}

@@ -18,8 +18,19 @@ pytestmark = pytest.mark.integration
 
 @pytest.mark.parametrize("parser,status", [("minimax_m2_append_think", "FAIL"), ("minimax_m2", "OK")])
 def test_real_reasoning_parser_mismatch_and_its_fix(tiny_models, parser, status):
-    p = run_cli("serve", "--model", str(tiny_models["m2"]), "--name", "smoke", "--port", str(free_port()),
-                "--detach", "--", "--reasoning-parser", parser)
+    p = run_cli(
+        "serve",
+        "--model",
+        str(tiny_models["m2"]),
+        "--name",
+        "smoke",
+        "--port",
+        str(free_port()),
+        "--detach",
+        "--",
+        "--reasoning-parser",
+        parser,
+    )
     try:
         assert p.returncode == 0, p.stdout + p.stderr
         (dep,) = json.loads(run_cli("status", "--json", check=True).stdout)

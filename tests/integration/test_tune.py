@@ -30,8 +30,24 @@ SLO = "p90_tpot_ms<=250,p90_ttft_ms<=5000"
 
 
 def _tune_args(model: Path, sdir: Path, *extra: str) -> list[str]:
-    return ["tune", "--model", str(model), "--study-dir", str(sdir), "--port", str(free_port()),
-            "--input-len", "64", "--output-len", "32", "--prompts-per-concurrency", "2", "--seed", "3", *extra]
+    return [
+        "tune",
+        "--model",
+        str(model),
+        "--study-dir",
+        str(sdir),
+        "--port",
+        str(free_port()),
+        "--input-len",
+        "64",
+        "--output-len",
+        "32",
+        "--prompts-per-concurrency",
+        "2",
+        "--seed",
+        "3",
+        *extra,
+    ]
 
 
 def _wait_mid_trial(sdir: Path, proc: subprocess.Popen, timeout: float = 540) -> dict:
@@ -49,8 +65,14 @@ def _wait_mid_trial(sdir: Path, proc: subprocess.Popen, timeout: float = 540) ->
             except ValueError:
                 cur = None
             if cur and isinstance(cur["trial"], int):
-                done = [d for d in (sdir / "trials").iterdir() if (d / "server.log").exists() and d.name != "base"
-                        and any(d.glob("bench-*.json")) and d.name != f"{cur['trial']:04d}"]
+                done = [
+                    d
+                    for d in (sdir / "trials").iterdir()
+                    if (d / "server.log").exists()
+                    and d.name != "base"
+                    and any(d.glob("bench-*.json"))
+                    and d.name != f"{cur['trial']:04d}"
+                ]
                 tdir = sdir / "trials" / f"{cur['trial']:04d}"
                 dep = reg.get(cur["name"]) if reg.exists(cur["name"]) else None
                 if done and dep is not None and dep.phase == "ready" and not any(tdir.glob("bench-*.json")):
@@ -68,18 +90,44 @@ def _level_runs(tdir: Path, c: int) -> list[dict]:
 def test_tune_real_search_sigkill_resume_and_profile(tiny_models, tmp_path):
     model = tiny_models["m2"]
     sdir = tmp_path / "study"
-    args = _tune_args(model, sdir, "--knob", "spec_depth=0-4", "--knob", "max_num_seqs=4,16",
-                      "--knob", "max_num_batched_tokens=256,2048", "--knob", "dcp=1,2", "--slo", SLO,
-                      "--ladder", "1,4,16", "--max-trials", "3", "--confirm-top", "0", "--pareto")
-    proc = subprocess.Popen([*M3CTL, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "COLUMNS": "200"})
+    args = _tune_args(
+        model,
+        sdir,
+        "--knob",
+        "spec_depth=0-4",
+        "--knob",
+        "max_num_seqs=4,16",
+        "--knob",
+        "max_num_batched_tokens=256,2048",
+        "--knob",
+        "dcp=1,2",
+        "--slo",
+        SLO,
+        "--ladder",
+        "1,4,16",
+        "--max-trials",
+        "3",
+        "--confirm-top",
+        "0",
+        "--pareto",
+    )
+    proc = subprocess.Popen(
+        [*M3CTL, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "COLUMNS": "200"},
+    )
     try:
         cur = _wait_mid_trial(sdir, proc)
         reg = Registry()
         dep = reg.get(cur["name"])
         assert psutil.pid_exists(dep.pid)
-        done_before = sorted(d.name for d in (sdir / "trials").iterdir() if (d / "server.log").exists()
-                             and d.name not in (f"{cur['trial']:04d}", "base"))
+        done_before = sorted(
+            d.name
+            for d in (sdir / "trials").iterdir()
+            if (d / "server.log").exists() and d.name not in (f"{cur['trial']:04d}", "base")
+        )
         base_runs = sorted(p.name for p in (sdir / "trials" / "base").glob("bench-*.json"))
         assert base_runs  # the baseline was measured before the search
         proc.send_signal(signal.SIGKILL)
@@ -165,9 +213,27 @@ def test_tune_real_search_sigkill_resume_and_profile(tiny_models, tmp_path):
 def test_tune_crashing_trials_are_infeasible_not_fatal(tiny_models, tmp_path):
     """An invalid raw flag (accepted with --skip-checks) kills every server at argument parsing."""
     sdir = tmp_path / "study"
-    p = run_cli(*_tune_args(tiny_models["m2"], sdir, "--knob", "spec_depth=0,1", "--knob", "max_num_seqs=4",
-                            "--knob", "max_num_batched_tokens=256", "--max-trials", "2", "--ladder", "1",
-                            "--skip-checks", "--", "--no-such-flag", "1"), timeout=600)
+    p = run_cli(
+        *_tune_args(
+            tiny_models["m2"],
+            sdir,
+            "--knob",
+            "spec_depth=0,1",
+            "--knob",
+            "max_num_seqs=4",
+            "--knob",
+            "max_num_batched_tokens=256",
+            "--max-trials",
+            "2",
+            "--ladder",
+            "1",
+            "--skip-checks",
+            "--",
+            "--no-such-flag",
+            "1",
+        ),
+        timeout=600,
+    )
     assert p.returncode == 1, p.stdout + p.stderr
     assert "no configuration met the SLO" in p.stdout and "Traceback" not in p.stderr
     res = json.loads((sdir / "result.json").read_text())
@@ -182,9 +248,26 @@ def test_tune_crashing_trials_are_infeasible_not_fatal(tiny_models, tmp_path):
 def test_tune_out_of_kv_memory_trial_is_infeasible(tiny_models, tmp_path):
     """1 MiB of KV cache cannot hold one 2048-token sequence: vLLM refuses at engine start (the CPU OOM)."""
     sdir = tmp_path / "study"
-    p = run_cli(*_tune_args(tiny_models["m2"], sdir, "--knob", "spec_depth=0", "--knob", "max_num_seqs=4",
-                            "--knob", "max_num_batched_tokens=256", "--max-trials", "1", "--ladder", "1",
-                            "--no-baseline", "--arg", "kv-cache-memory-bytes=1M"), timeout=600)
+    p = run_cli(
+        *_tune_args(
+            tiny_models["m2"],
+            sdir,
+            "--knob",
+            "spec_depth=0",
+            "--knob",
+            "max_num_seqs=4",
+            "--knob",
+            "max_num_batched_tokens=256",
+            "--max-trials",
+            "1",
+            "--ladder",
+            "1",
+            "--no-baseline",
+            "--arg",
+            "kv-cache-memory-bytes=1M",
+        ),
+        timeout=600,
+    )
     assert p.returncode == 1, p.stdout + p.stderr
     res = json.loads((sdir / "result.json").read_text())
     (t,) = res["trials"]

@@ -14,9 +14,13 @@ from tests.hosts import ALL
 pytestmark = pytest.mark.integration
 
 
-STRATEGIES = {"tp": {}, "tep": {"ep": True}, "dep": {"tp": 1, "dp": 8, "ep": True},
-              "dbo": {"tp": 1, "dp": 8, "ep": True, "dbo": True, "overrides": {"all2all-backend": "deepep_low_latency"}},
-              "spec": {"spec_depth": 7, "max_num_batched_tokens": 8192, "max_num_seqs": 64}}
+STRATEGIES = {
+    "tp": {},
+    "tep": {"ep": True},
+    "dep": {"tp": 1, "dp": 8, "ep": True},
+    "dbo": {"tp": 1, "dp": 8, "ep": True, "dbo": True, "overrides": {"all2all-backend": "deepep_low_latency"}},
+    "spec": {"spec_depth": 7, "max_num_batched_tokens": 8192, "max_num_seqs": 64},
+}
 
 
 def test_all_plans_parse(vllm_parser, tiny_models):
@@ -30,8 +34,18 @@ def test_all_plans_parse(vllm_parser, tiny_models):
             if len(inv.gpus) < 8 and kw.get("dp") == 8:
                 kw["dp"] = len(inv.gpus)
             try:
-                p = plan(inv, PlanRequest(model=model, variant=variant, runtime="docker", skip_checks=True, allow_emulated=True,
-                         vllm_executable="vllm", **kw))
+                p = plan(
+                    inv,
+                    PlanRequest(
+                        model=model,
+                        variant=variant,
+                        runtime="docker",
+                        skip_checks=True,
+                        allow_emulated=True,
+                        vllm_executable="vllm",
+                        **kw,
+                    ),
+                )
             except ConfigRejected:
                 continue
             ns = vllm_parser.parse_args(p.argv[2:])
@@ -62,7 +76,19 @@ def test_emitted_forms_parse(vllm_parser):
     from m3ctl.emit import render
     from m3ctl.launch import launch_spec, multinode_dp_args
 
-    p = plan(ALL["b200x8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm", name="prod", tp=1, dp=8, ep=True, skip_checks=True))
+    p = plan(
+        ALL["b200x8"](),
+        PlanRequest(
+            model="MiniMax-M3.1-Flash",
+            runtime="docker",
+            vllm_executable="vllm",
+            name="prod",
+            tp=1,
+            dp=8,
+            ep=True,
+            skip_checks=True,
+        ),
+    )
     spec = launch_spec(p, nodes=2)
     ns = vllm_parser.parse_args(spec.container.command[1:])
     assert ns.served_model_name == [p.model, "prod"] and ns.host == "0.0.0.0"
@@ -73,7 +99,10 @@ def test_emitted_forms_parse(vllm_parser):
     lws = list(yaml.safe_load_all(render(p, "lws", nodes=2)))[-1]
     text = lws["spec"]["leaderWorkerTemplate"]["leaderTemplate"]["spec"]["containers"][0]["args"][0]
     vllm_parser.parse_args(shlex.split(text.replace("$(LWS_LEADER_ADDRESS)", "10.0.0.1"))[2:])
-    p = plan(ALL["b200x8"](), PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm", tp=8, skip_checks=True))
+    p = plan(
+        ALL["b200x8"](),
+        PlanRequest(model="MiniMax-M3.1-Flash", runtime="docker", vllm_executable="vllm", tp=8, skip_checks=True),
+    )
     serve = next(line for line in render(p, "ray", nodes=2).splitlines() if "serve " in line)
     ns = vllm_parser.parse_args(shlex.split(serve.split('"${VLLM:-vllm}" serve ', 1)[1].removesuffix(" ;;")))
     assert (ns.distributed_executor_backend, ns.pipeline_parallel_size, ns.tensor_parallel_size) == ("ray", 2, 8)
