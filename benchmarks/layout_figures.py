@@ -41,8 +41,11 @@ def cli_imports(pkg: Path) -> set[str]:
         for n in ast.walk(ast.parse(f.read_text())):
             if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("m3ctl"):
                 mods.add(n.module)
-    return {m for m in mods if m not in ("m3ctl", "m3ctl.api", "m3ctl.errors", "m3ctl.results")
-            and not m.startswith("m3ctl.cli")}
+    return {
+        m
+        for m in mods
+        if m not in ("m3ctl", "m3ctl.api", "m3ctl.errors", "m3ctl.results") and not m.startswith("m3ctl.cli")
+    }
 
 
 def ruff_count(tree: Path, isolated: bool) -> int | None:
@@ -72,8 +75,10 @@ def main() -> None:
     print(f"  m3ctl modules the CLI imports besides the API surface: {len(extra)}")
     print(f"  _ApiModule in m3ctl/__init__.py: {'_ApiModule' in (pkg / '__init__.py').read_text()}")
     if a.ruff:
-        print(f"  ruff findings: {ruff_count(a.tree, False)} with the tree's config, "
-              f"{ruff_count(a.tree, True)} with ruff's defaults")
+        print(
+            f"  ruff findings: {ruff_count(a.tree, False)} with the tree's config, "
+            f"{ruff_count(a.tree, True)} with ruff's defaults"
+        )
     if a.help_time:
         ts = []
         for _ in range(5):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -196,15 +197,21 @@ def test_the_tune_and_the_grid_script_give_the_same_capacity_on_the_same_runs(ev
     assert {n: g["capacity"] for n, g in ev.grid2_from_runs("p90_tpot_ms<=30", SCALE2).items()} == want
     for rec in grid["configs"]:
         name = rec["config"]["name"]
-        walked = grid_script.walk_levels(ReplaySession(rec, [0.0]), spec, slo, grid["ladder"], [], lambda m: None)
+        # each side as its own study: the run-to-run spread a study has measured is its own (TuneSpec.observed_spread)
+        walked = grid_script.walk_levels(
+            ReplaySession(rec, [0.0]), replace(spec), slo, grid["ladder"], [], lambda m: None
+        )
         assert walked["capacity"] == want[name], name
         for start in (None, *sorted(int(c) for c in rec["points"])):  # cold, and warm from each level it measured
-            out = evaluate(ReplayEvaluator(grid), {"name": name}, spec, slo, 0, lambda m: None, start=start)
+            out = evaluate(ReplayEvaluator(grid), {"name": name}, replace(spec), slo, 0, lambda m: None, start=start)
             assert out.concurrency == want[name], (name, start)
-            # the same verdict, in the same words, at every level both measured
+            # the same verdict at every level both measured. Not always from as many runs: a level measured after
+            # a repeated one that spread by more than the margin needs more headroom to be decided by one run
+            # (CapacityRule.spread), and the bisection and the walk meet the levels in different orders.
             for p in out.points:
                 if p.concurrency in walked["levels"]:
-                    assert p.verdict == walked["levels"][p.concurrency].verdict, (name, start, p.concurrency)
+                    got, ref = p.verdict, walked["levels"][p.concurrency].verdict
+                    assert got["state"] == ref["state"], (name, start, p.concurrency)
     # the defaults at c=64: two runs decide it (the second is 26 % over), on both sides
     d = next(r for r in grid["configs"] if r["config"]["name"] == "defaults")
     walked = grid_script.walk_levels(ReplaySession(d, [0.0]), spec, slo, grid["ladder"], [], lambda m: None)

@@ -84,3 +84,30 @@ def test_the_tune_overstated_its_chosen_configurations_capacity_against_the_clea
     assert best["objective"] / k3["objective_at_capacity"] == pytest.approx(1.41, abs=0.01)
     # the grid ranks the defaults above the chosen configuration at their common capacity
     assert grid["configs"]["defaults"]["objective_at_capacity"] > k3["objective_at_capacity"]
+
+
+def test_under_the_spread_aware_rule_those_single_runs_would_not_have_decided(study):
+    """CapacityRule.spread (added after this study): one run decides a level only with more headroom than the
+    largest run-to-run spread measured so far. Replayed in the study's own order, the repeated levels before trial
+    5 had spread by 20.0 % of the limit (the baseline at c=96: 27.64 to 33.64 ms), so trial 5's one c=96 run at
+    19.98 % headroom, and trial 1's at 15.4 %, would each have needed two more runs. What those runs would have
+    shown is not in the recording: the grid's two c=96 runs of trial 5's configuration missed."""
+    from m3ctl.tune.capacity import CapacityRule, decide, run_spread
+    from m3ctl.tune.slo import parse_slo
+
+    slo = parse_slo("p90_tpot_ms<=30")
+    trials = {t["trial"]: t for t in json.loads((study / "result.json").read_text())["trials"]}
+    spread = 0.0
+    verdicts, before = {}, {}
+    for n in (0, 1, 2, 3, 4, 5):  # the order they ran in
+        before[n] = spread
+        for p in trials[n]["points"]:
+            rule = CapacityRule(spread=spread)
+            if not p["runs"]:
+                verdicts[(n, p["concurrency"])] = decide([p], slo, rule).state
+            else:
+                spread = max(spread, run_spread(p["runs"], slo))
+    assert before[5] == pytest.approx(0.20, abs=1e-3) and spread == pytest.approx(0.451, abs=1e-3)
+    assert verdicts[(5, 96)] == "undecided" and verdicts[(1, 96)] == "undecided"
+    assert verdicts[(1, 64)] == "met" and verdicts[(2, 96)] == "missed"  # far from the bound: one run still decides
+    assert decide([trials[5]["points"][0]], slo, CapacityRule()).state == "met"  # the old rule: c=96 from one run

@@ -8,7 +8,9 @@ The rule, with ``margin`` (default 0.10, ``--boundary-margin``) and ``min_repeat
 
 1. Only valid runs count (a BENCH-INVALID run says nothing about latency); a level without one does not hold.
 2. **One run far from the bound decides.** When the level has one run and its binding SLO term (the one
-   closest to, or furthest past, its limit) is at least ``margin`` away from its limit, relative to the limit
+   closest to, or furthest past, its limit) is at least ``margin`` past its limit, or meets it with more headroom
+   than both ``margin`` and the largest run-to-run spread measured so far (``spread``: :func:`run_spread` of each
+   repeated level; the tune and the grid script keep it per study), relative to the limit
    (``|value - limit| / limit``), that run decides: met or missed. Most levels of a search are far from the
    bound, so they cost one run.
 3. **Near the bound, a level holds when the median of at least ``min_repeats`` runs meets every SLO term and no
@@ -34,7 +36,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from m3ctl.tune.slo import SLO, metric
@@ -49,11 +51,27 @@ class CapacityRule:
 
     margin: float = 0.10
     min_repeats: int = 3
+    #: The largest run-to-run spread measured so far (``(max - min) / limit`` of the binding term over the runs
+    #: of one repeated level, :func:`run_spread`). One run decides a level only with more headroom than this
+    #: as well as ``margin``: on one H200, runs of 2 prompts per concurrency on one server spread by 16-47 % at
+    #: one level, and a tune that let one run at 20 % headroom decide credited a configuration with c=96 that a
+    #: clean grid measured at c=64 (docs/results/h200-study4.md).
+    spread: float = 0.0
+
+    @property
+    def one_run_margin(self) -> float:
+        """The headroom (fraction of the limit) one run needs to decide a level: ``max(margin, spread)``."""
+        return max(self.margin, self.spread)
 
     @classmethod
     def from_spec(cls, spec: Any) -> CapacityRule:
-        """The rule of a :class:`m3ctl.tune.search.TuneSpec`: ``boundary_margin`` and ``1 + boundary_repeats``."""
-        return cls(margin=float(spec.boundary_margin), min_repeats=1 + max(0, int(spec.boundary_repeats)))
+        """The rule of a :class:`m3ctl.tune.search.TuneSpec`: ``boundary_margin``, ``1 + boundary_repeats`` and
+        the spread the study has measured so far (``observed_spread``)."""
+        return cls(
+            margin=float(spec.boundary_margin),
+            min_repeats=1 + max(0, int(spec.boundary_repeats)),
+            spread=float(getattr(spec, "observed_spread", 0.0) or 0.0),
+        )
 
     def text(self) -> str:
         """The rule in one sentence (result.json ``capacity_rule.text``, the tune's report, bench sweeps)."""
@@ -62,15 +80,20 @@ class CapacityRule:
                 "a level holds when its run meets every SLO term (one run per level); the capacity is the highest "
                 "level that holds with every measured level below it holding"
             )
+        spread = (
+            f" (the largest run-to-run spread measured in this study; the margin is {_frac(self.margin)})"
+            if self.spread > self.margin
+            else ""
+        )
         return (
-            f"a level holds when its run meets every SLO term with at least {_frac(self.margin)} headroom "
-            f"(decided by 1 run), or, nearer the limit, when the median of {self.min_repeats} runs meets every "
+            f"a level holds when its run meets every SLO term with at least {_frac(self.one_run_margin)} headroom "
+            f"(decided by 1 run){spread}, or, nearer the limit, when the median of {self.min_repeats} runs meets every "
             f"term and no run misses a term by more than {_frac(self.margin)}; the capacity is the highest "
             "level that holds with every measured level below it holding"
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {"margin": self.margin, "min_repeats": self.min_repeats, "text": self.text()}
+        return {"margin": self.margin, "min_repeats": self.min_repeats, "spread": self.spread, "text": self.text()}
 
 
 @dataclass
@@ -124,7 +147,7 @@ def _pct(x: float) -> str:
 
 def _frac(x: float) -> str:
     """0.1 -> ``10 %``."""
-    return f"{x * 100:g} %"
+    return f"{round(x * 100, 1):g} %"
 
 
 def _val(x: float) -> str:
@@ -187,7 +210,7 @@ def decide(runs: Iterable[Any], slo: SLO, rule: CapacityRule = CapacityRule()) -
         return f"worst {_cmp(wterm, v.worst['value'])} ({_pct(over) if over > 0 else f'headroom {-over * 100:.1f} %'})"
 
     first = max(viol[0])
-    if n == 1 and (m == 1 or abs(first) >= rule.margin):
+    if n == 1 and (m == 1 or (abs(first) >= rule.one_run_margin if first < 0 else first >= rule.margin)):
         j = max(range(len(terms)), key=lambda j: viol[0][j])
         t, x = terms[j], metric(valid[0], terms[j].key)
         if slo.ok(valid[0]):
@@ -215,8 +238,13 @@ def decide(runs: Iterable[Any], slo: SLO, rule: CapacityRule = CapacityRule()) -
             return v
     if n < m:
         v.state, v.needs = "undecided", m - n
+        near = (
+            f"headroom {-first * 100:.1f} % is within the {_frac(rule.spread)} run-to-run spread measured"
+            if n == 1 and -first >= rule.margin
+            else "near the limit"
+        )
         v.confidence = (
-            f"undecided: {n} of {m} runs ({bt.key} {series}; SLO {bt}), near the limit: needs "
+            f"undecided: {n} of {m} runs ({bt.key} {series}; SLO {bt}), {near}: needs "
             f"{m - n} more run{'s' if m - n > 1 else ''}"
         )
         return v
@@ -235,6 +263,18 @@ def decide(runs: Iterable[Any], slo: SLO, rule: CapacityRule = CapacityRule()) -
             else f"{n} runs, no {t.key} in any run"
         )
     return v
+
+
+def run_spread(runs: Iterable[Any], slo: SLO) -> float:
+    """The run-to-run spread of one level's runs: ``(max - min) / limit`` of its binding SLO term (the verdict's
+    ``spread``) over its valid runs; 0.0 with fewer than 2 valid runs or no SLO."""
+    v = decide(runs, slo, CapacityRule(min_repeats=10**6))  # never decided early: the spread of every run
+    if v.runs < 2 or not v.spread or not slo.terms:
+        return 0.0
+    limit = next((t.value for t in slo.terms if t.key == v.spread["key"]), None)
+    if not limit:
+        return 0.0
+    return (v.spread["max"] - v.spread["min"]) / abs(limit)
 
 
 def capacity_of(levels: Iterable[tuple[int, bool]]) -> int | None:
@@ -260,12 +300,16 @@ def sweep_capacity(runs: list[dict], slo: SLO, rule: CapacityRule = CapacityRule
     Returns ``{"slo", "rule" (:meth:`CapacityRule.to_json`), "capacity" (concurrency or None), "levels":
     [{"concurrency", "state", "runs", "confidence"}], "undecided": [concurrencies that need more runs]}``.
     A sweep has one run per level unless a level is repeated, so a run within ``margin`` of a limit leaves its
-    level undecided: re-run that concurrency ``min_repeats`` times to decide it."""
+    level undecided: re-run that concurrency ``min_repeats`` times to decide it. The sweep's repeated levels give
+    the rule its run-to-run ``spread`` (:func:`run_spread`), as a tune's do."""
     groups: dict[int, list[dict]] = {}
     for r in runs:
         c = r.get("max_concurrency") if r.get("max_concurrency") is not None else r.get("concurrency")
         if isinstance(c, int):
             groups.setdefault(c, []).append(r)
+    spread = max((run_spread(g, slo) for g in groups.values() if len(g) > 1), default=0.0)
+    if spread > rule.spread:
+        rule = replace(rule, spread=spread)
     levels = []
     for c in sorted(groups):
         v = decide(groups[c], slo, rule)
@@ -279,4 +323,4 @@ def sweep_capacity(runs: list[dict], slo: SLO, rule: CapacityRule = CapacityRule
     }
 
 
-__all__ = ["CapacityRule", "Verdict", "capacity_of", "decide", "sweep_capacity"]
+__all__ = ["CapacityRule", "Verdict", "capacity_of", "decide", "run_spread", "sweep_capacity"]

@@ -82,7 +82,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from m3ctl.errors import ConfigRejected, LaunchFailed
-from m3ctl.tune.capacity import CapacityRule, Verdict, capacity_of, decide
+from m3ctl.tune.capacity import CapacityRule, Verdict, capacity_of, decide, run_spread
 from m3ctl.tune.slo import SLO, objective_value
 from m3ctl.tune.space import Space, describe, key_of
 
@@ -216,6 +216,10 @@ class TuneSpec:
     baseline: bool = False
     boundary_margin: float = 0.10
     boundary_repeats: int = 2
+    #: The largest run-to-run spread the study has measured (m3ctl.tune.capacity.run_spread of each repeated
+    #: level, a fraction of the limit): kept up to date by :func:`measure_level` and recomputed from the saved
+    #: runs on resume. One run decides a level only with more headroom than this (CapacityRule.one_run_margin).
+    observed_spread: float = 0.0
 
 
 @dataclass
@@ -325,6 +329,11 @@ def measure_level(
             break
     if len(runs) > 1:
         on_event(f"c={c}: {v.state} ({v.confidence})")
+        spread = run_spread(runs, slo)
+        if spread > spec.observed_spread:
+            spec.observed_spread = spread
+            if spread > rule.margin:
+                on_event(f"runs at c={c} spread by {spread:.0%} of the limit: one run decides a level only beyond it")
     return median_point(slo, runs, v)
 
 
@@ -637,6 +646,14 @@ class Tuner:
         if not self.study.trials and free:
             self.study.enqueue_trial(self._params(space.anchor()))
 
+    def _restore_spread(self) -> None:
+        """The study's measured run-to-run spread (TuneSpec.observed_spread) from the saved runs of every
+        repeated level, so a resumed study decides levels as it would have without the interruption."""
+        for o in self.outcomes.values():
+            for p in o.points:
+                if len(p.runs) > 1:
+                    self.spec.observed_spread = max(self.spec.observed_spread, run_spread(p.runs, self.slo))
+
     def _load(self) -> None:
         """Completed trials from the study; trials left RUNNING by a killed process are marked FAIL, then every
         interrupted trial not handled by an earlier resume is recovered from its saved runs (module docstring)."""
@@ -649,6 +666,7 @@ class Tuner:
             elif t.state == TS.RUNNING:
                 self.study.tell(t.number, state=TS.FAIL)
                 self.interrupted_trials.append(t.number)
+        self._restore_spread()
         handled: dict[str, dict] = dict(self.study.user_attrs.get("interrupted", {}))
         for t in trials:
             if t.state == TS.COMPLETE or str(t.number) in handled or not t.user_attrs.get("launched"):
