@@ -409,3 +409,33 @@ def test_power_interface_module_never_prints(capsys):
     with pytest.raises(ProbeDeclined):
         power.open_power(nvml=FakeNVML({"gpus": []}, init_error="x"), amdsmi=_NoAmd(), run=smi_runner(None))
     assert capsys.readouterr() == ("", "")
+
+
+def test_a_tune_trial_meters_its_own_gpus(tmp_path, monkeypatch):
+    """A trial's bench runs sample the GPUs of the trial's plan (a parallel study's slot on GPUs 2-3 of an 8-GPU
+    host: GPUs 2 and 3), not every GPU of the host."""
+    from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model
+    from m3ctl.hw.systems import inventory_for_system
+    from m3ctl.state import Deployment
+    from m3ctl.tune.search import TuneSpec
+    from m3ctl.tune.server import ServerEvaluator, ServerSession
+
+    model = build_scale_model(tmp_path / "sm2", ScaleModelSpec(arch="minimax-m2", layers=16, quant="fp8"))
+    ev = ServerEvaluator(
+        inventory_for_system("h200x8"),
+        str(model),
+        tmp_path / "study",
+        TuneSpec(ladder=[16]),
+        plan_base={"extra_args": ["--load-format", "dummy"]},
+        bench={},
+        port=8040,
+        name_prefix="te",
+    ).for_slot([2, 3], 8041)
+    p = ev.trial_plan({"tp": 2, "dp": 1}, 1)
+    assert p.gpus == [2, 3]
+    dep = Deployment(name=p.name, port=8041, served_model_name="m", model="m", log_path=str(tmp_path / "l.log"))
+    seen = []
+    monkeypatch.setattr(ServerSession, "_run", lambda self, cfg, c: seen.append(cfg) or {"completed": 1})
+    (tmp_path / "trial").mkdir()
+    ServerSession(ev, p, dep, tmp_path / "trial", 1.0).measure(16, 1.0)
+    assert seen[0].deployment_gpus == [2, 3] and seen[0].power_gpus is None

@@ -59,6 +59,8 @@ class ServerSession:
             server_log=self.dep.log_path,
             deployment=self.dep.name,
             state_dir=str(self.ev.registry.root),
+            # the energy meter samples this trial's GPUs only (a parallel study's neighbours run beside it)
+            deployment_gpus=list(self.plan.gpus),
             **self.ev.bench,
         )
         stem = f"bench-c{concurrency}-x{fidelity:g}"
