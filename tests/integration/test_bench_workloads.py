@@ -80,7 +80,10 @@ def test_sweep_sends_fresh_prompts_and_forced_reuse_is_invalid(tiny_server):
     """Issue 15 / N13 on the real server (prefix caching on, 128-token blocks on this CPU build): every sweep
     level measures about 0 % prefix-cache hits; the last level's prompts sent again are BENCH-INVALID."""
     dep = tiny_server.deployment
-    runs = run_sweep(_cfg(dep, input_len=300, output_len=4, num_prompts=6, warmup=True, seed=7), [1, 2, 4])
+    # every level runs: the early stop (its own tests) could end this sweep on a loaded 2-core host, where c=4
+    # of a saturated CPU server can look overloaded
+    cfg = _cfg(dep, input_len=300, output_len=4, num_prompts=6, warmup=True, seed=7, stop_on_overload=False)
+    runs = run_sweep(cfg, [1, 2, 4])
     for r in runs:
         sm = r["server_metrics"]
         assert sm["prefix_cache_queried_tokens"] >= 6 * 300 and sm["prefix_cache_hit_rate"] < 0.01, sm
