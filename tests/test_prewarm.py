@@ -52,6 +52,7 @@ def test_the_launch_key_ignores_the_marker_and_late_variables_and_keeps_no_secre
     assert k == prewarm.launch_key("vllm", {**base, "VLLM_PORT": "42000", MARKER_ENV: "a::t2"})
     assert k != prewarm.launch_key("vllm", {**base, "CUDA_VISIBLE_DEVICES": "1"})
     assert k != prewarm.launch_key("/other/vllm", base)
+    assert k != prewarm.launch_key("vllm", base, "/another/state-dir")  # its marker and log live in its state dir
     assert "sk-very-secret" not in k and len(k) == 64
 
 

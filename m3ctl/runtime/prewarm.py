@@ -109,14 +109,14 @@ def runs_vllm(run: dict[str, str]) -> bool:
     return re.search(r"^\s*(?:from|import)\s+vllm\b", text, re.MULTILINE) is not None
 
 
-def launch_key(argv0: str, env: dict[str, str]) -> str:
-    """What a prewarmed process must match to serve a launch: the entry script and the whole environment, less the
-    marker (every server has its own) and the variables read only after the hand-over (``prewarm.late_env`` of
-    m3ctl/data/startup.yaml). A digest, so no secret value is kept in the key."""
+def launch_key(argv0: str, env: dict[str, str], state_dir: str = "") -> str:
+    """What a prewarmed process must match to serve a launch: the state dir it is marked in, the entry script and
+    the whole environment, less the marker (every server has its own) and the variables read only after the
+    hand-over (``prewarm.late_env`` of m3ctl/data/startup.yaml). A digest, so no secret value is kept in the key."""
     from m3ctl.tune.startup import facts  # noqa: PLC0415
 
     late = {MARKER_ENV, *facts().prewarm.late_env}
-    body = json.dumps([argv0, sorted((k, v) for k, v in env.items() if k not in late)])
+    body = json.dumps([state_dir, argv0, sorted((k, v) for k, v in env.items() if k not in late)])
     return hashlib.sha256(body.encode()).hexdigest()
 
 
@@ -150,7 +150,7 @@ def ensure(argv0: str, env: dict[str, str], registry: Registry, prefix: str, kee
     """Keep ``keep`` processes waiting for launches of ``argv0`` with ``env`` (one for the launch that follows,
     one importing for the launch after it). Waiting processes of ``prefix`` with another key are ended first (the
     study moved to another environment). Returns a note: how many wait, or why none can."""
-    key = launch_key(argv0, env)
+    key = launch_key(argv0, env, str(registry.root))
     with _LOCK:
         for w in [w for w in _WAITING if w.name.startswith(prefix) and (w.key != key or not w.alive())]:
             _end(w)
@@ -165,9 +165,10 @@ def ensure(argv0: str, env: dict[str, str], registry: Registry, prefix: str, kee
     return f"{len(mine)} prewarmed process(es) waiting"
 
 
-def claim(argv0: str, env: dict[str, str]) -> Warm | None:
-    """The oldest live waiting process that can serve this launch, taken out of the pool; None if there is none."""
-    key = launch_key(argv0, env)
+def claim(argv0: str, env: dict[str, str], registry: Registry) -> Warm | None:
+    """The oldest live waiting process that can serve this launch (same state dir, entry script and environment),
+    taken out of the pool; None if there is none."""
+    key = launch_key(argv0, env, str(registry.root))
     with _LOCK:
         for w in sorted(_WAITING, key=lambda w: w.created):
             if w.key == key:

@@ -176,7 +176,7 @@ class ProcessRuntime(Runtime):
         command instead: the same program, its imports done. Raises LaunchFailed when nothing can be started."""
         log_path = registry.log_path(plan.name)
         env = server_env(plan, secret_env)
-        warm = prewarm.claim(plan.argv[0], env)
+        warm = prewarm.claim(plan.argv[0], env, registry)
         if warm is not None:
             try:
                 log_path.write_bytes(b"")
