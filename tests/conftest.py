@@ -116,7 +116,7 @@ def groundtruth_session(url: str, tmp_path, **bench):
         registry=Registry(tmp_path / "state"),
         bench={"input_len": 16, "output_len": 8, "scrape_server_metrics": False, **bench},
     )
-    return ServerSession(ev, SimpleNamespace(argv=["vllm", "serve"]), dep, tmp_path, 1.0), log
+    return ServerSession(ev, SimpleNamespace(argv=["vllm", "serve"], gpus=[]), dep, tmp_path, 1.0), log
 
 
 @pytest.fixture(scope="session")

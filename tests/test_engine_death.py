@@ -277,7 +277,7 @@ def test_tune_trial_whose_server_dies_is_a_crash_with_its_cause_and_the_study_go
                 bench={"input_len": 16, "output_len": 8, "tokenizer": str(tiny_models["llama"])},
                 stop_current=lambda: run_cli("stop", "trial0"),
             )
-            plan = SimpleNamespace(argv=dep.argv)
+            plan = SimpleNamespace(argv=dep.argv, gpus=[])  # a CPU plan: no GPU to meter
             return ServerSession(ev, plan, dep, tdir, 0.5)
 
     ev = FirstDies(grid)
