@@ -180,3 +180,12 @@ def test_a_launch_without_a_matching_waiting_process_starts_as_usual(tmp_path, t
     finally:
         stop([p.name], registry=ev.registry)
         ev.discard_prewarmed()
+
+
+def test_the_dry_run_names_the_fork_and_the_prewarmed_process(tmp_path, tiny_models, monkeypatch):
+    monkeypatch.delenv("VLLM_WORKER_MULTIPROC_METHOD", raising=False)
+    ev, _reg = _evaluator(tmp_path, tiny_models, prefix="pd")
+    note = ev.start_measures_note({"tp": 1})
+    assert "engine-core process forked" in note and "prewarmed server process" in note
+    monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    assert "left to the environment" in ev.start_measures_note({"tp": 1})

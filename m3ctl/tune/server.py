@@ -192,7 +192,10 @@ class ServerEvaluator:
             return "off (--no-fast-starts): every trial starts as `m3ctl serve` would"
         p = self.plan(cand)
         _, note = self._capture_bound(p, p.argv)
-        return f"compile cache {self.cache_root} (one per study and model); {note}"
+        fork = startup.engine_process_env(p.env, {} if p.runtime == "docker" else None)
+        engine = "engine-core process forked" if fork else "engine-core start method left to the environment"
+        warm = "; a prewarmed server process per trial" if p.runtime == "process" else ""
+        return f"compile cache {self.cache_root} (one per study and model); {note}; {engine}{warm}"
 
     def _capture_bound(self, p, argv: list[str]) -> tuple[list[str], str]:
         if not p.gpus:  # CPU: no CUDA graphs to bound
