@@ -124,12 +124,43 @@ def test_trial_servers_get_the_measures_and_the_tuned_command_does_not(tmp_path,
     assert (f"{root}:{root}:rw" in trial.mounts) == (runtime == "docker")
     assert not ev.cache_root.exists()  # planning (and --dry-run) writes nothing
     assert "compile cache" in ev.start_measures_note(cand) and "up to 64 tokens" in ev.start_measures_note(cand)
+    # one Inductor kernel cache for every compile key of the study, with AOT compile off so vLLM keeps it there
+    assert trial.env["TORCHINDUCTOR_CACHE_DIR"] == f"{root}/inductor" and trial.env["VLLM_USE_AOT_COMPILE"] == "0"
+    assert "TORCHINDUCTOR_CACHE_DIR" not in tuned.env and "VLLM_USE_AOT_COMPILE" not in tuned.env
+    assert f"{root}/inductor, AOT compile off" in ev.start_measures_note(cand)
+    other = ev.trial_plan({"tp": 1, "dp": 1, "kv_cache_dtype": "fp8"}, 4)  # a new compile key, the same kernels
+    assert other.env["TORCHINDUCTOR_CACHE_DIR"] == trial.env["TORCHINDUCTOR_CACHE_DIR"]
+
+
+@pytest.mark.parametrize("var", ["TORCHINDUCTOR_CACHE_DIR", "VLLM_USE_AOT_COMPILE"])
+def test_a_users_own_compile_cache_or_aot_mode_is_kept(tmp_path, monkeypatch, var):
+    from m3ctl.tune import startup
+
+    root = tmp_path / "cache"
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    assert startup.kernel_cache_env(root, {}) == {
+        "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor"),
+        "VLLM_USE_AOT_COMPILE": "0",
+    }
+    assert startup.kernel_cache_env(root, {var: "1"}) == {}  # the trial's own environment sets it
+    assert startup.kernel_cache_env(root, {}, {var: "1"}) == {}  # the environment the server inherits does
+    monkeypatch.setenv(var, "1")
+    assert startup.kernel_cache_env(root, {}) == {}
+    # the folder torch's own import writes into the environment is torch's default, not a choice
+    import torch._inductor.runtime.cache_dir_utils as torch_cache
+
+    monkeypatch.delenv("VLLM_USE_AOT_COMPILE", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", torch_cache.default_cache_dir())
+    assert startup.kernel_cache_env(root, {})["TORCHINDUCTOR_CACHE_DIR"] == str(root / "inductor")
+    assert startup.kernel_cache_env(root, {}, {}) != {}  # a container does not inherit m3ctl's environment
 
 
 def test_no_fast_starts_leaves_the_trial_as_serve_would_start_it(tmp_path):
     ev = _evaluator(tmp_path, False)
     trial = ev.trial_plan({"tp": 1, "dp": 1}, 0)
     assert "VLLM_CACHE_ROOT" not in trial.env and "--compilation-config" not in trial.argv
+    assert "TORCHINDUCTOR_CACHE_DIR" not in trial.env and "VLLM_USE_AOT_COMPILE" not in trial.env
     assert ev.start_measures_note({"tp": 1, "dp": 1}).startswith("off")
 
 
@@ -170,6 +201,7 @@ def test_a_trial_records_its_start_and_an_unreadable_compile_cache_is_cleared_on
         rec = json.loads((tmp_path / "study" / "trials" / "0001" / "start.json").read_text())
         assert rec["fast_starts"] is True and rec["start_s"] > 0 and rec["cache_root"] == str(ev.cache_root)
         assert rec["total_s"] is not None and rec["phases"].get("smoke") is not None
+        assert rec["kernel_cache"] == str(ev.cache_root / "inductor")
     finally:
         sess.close()
     assert reg.list() == []

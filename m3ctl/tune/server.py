@@ -192,10 +192,17 @@ class ServerEvaluator:
             return "off (--no-fast-starts): every trial starts as `m3ctl serve` would"
         p = self.plan(cand)
         _, note = self._capture_bound(p, p.argv)
-        fork = startup.engine_process_env(p.env, {} if p.runtime == "docker" else None)
+        inherited = {} if p.runtime == "docker" else None
+        fork = startup.engine_process_env(p.env, inherited)
         engine = "engine-core process forked" if fork else "engine-core start method left to the environment"
+        kc = startup.kernel_cache_env(self.cache_root, p.env, inherited)
+        kernels = (
+            f"one Inductor kernel cache across compile keys ({kc[startup.facts().kernel_cache.env]}, AOT compile off)"
+            if kc
+            else "Inductor's kernel cache left to the environment"
+        )
         warm = "; a prewarmed server process per trial" if p.runtime == "process" else ""
-        return f"compile cache {self.cache_root} (one per study and model); {note}; {engine}{warm}"
+        return f"compile cache {self.cache_root} (one per study and model); {kernels}; {note}; {engine}{warm}"
 
     def _capture_bound(self, p, argv: list[str]) -> tuple[list[str], str]:
         if not p.gpus:  # CPU: no CUDA graphs to bound
@@ -208,8 +215,10 @@ class ServerEvaluator:
         (bind-mounted at the same path for the docker runtime) and the CUDA-graph capture bound of the ladder.
         Measurement-only, like the JIT-monitor flag: the tuned command and profile.yaml come from plan()."""
         flags, _ = self._capture_bound(p, argv)
+        inherited = {} if p.runtime == "docker" else None
         env = {**p.env, **startup.cache_env(self.cache_root)}
-        env.update(startup.engine_process_env(env, {} if p.runtime == "docker" else None))
+        env.update(startup.kernel_cache_env(self.cache_root, env, inherited))
+        env.update(startup.engine_process_env(env, inherited))
         out: dict[str, Any] = {"argv": [*argv, *flags], "env": env}
         if p.runtime == "docker":
             out["mounts"] = [*p.mounts, f"{self.cache_root}:{self.cache_root}:rw"]
@@ -375,6 +384,7 @@ class ServerEvaluator:
                 "prewarmed": dep.prewarmed,
                 "prewarm": warm_note,
                 "engine_process": startup.engine_process_used(env, text),
+                "kernel_cache": (env or {}).get(startup.facts().kernel_cache.env),
             },
         )
 

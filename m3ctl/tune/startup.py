@@ -15,6 +15,9 @@ of m3ctl/data/startup.yaml) and supplies the measurement-only settings a study's
 
 - **the engine-core process forked** (:func:`engine_process_env`) instead of spawned, so it does not import vLLM
   and torch a second time;
+- **one kernel cache across compile keys** (:func:`kernel_cache_env`): Inductor's content-addressed kernel cache
+  in the study folder, with vLLM's AOT compile off so vLLM leaves it there, so a trial whose compile key is new
+  compiles only the graph pieces that changed;
 - **a prewarmed server process** (m3ctl.runtime.prewarm, process runtime only): the next trial's ``vllm`` entry
   script runs in a Python process that imported vLLM while the current trial started.
 
@@ -66,6 +69,16 @@ class _EngineProcess(BaseModel):
     source: str
 
 
+class _KernelCache(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    env: str
+    folder: str
+    aot_env: str
+    aot_value: str
+    torch_default: str
+    source: str
+
+
 class _Prewarm(BaseModel):
     model_config = ConfigDict(extra="forbid")
     imports: list[str]
@@ -83,6 +96,7 @@ class StartupFacts(BaseModel):
     cache_root_env: str
     capture_bound: _CaptureBound
     engine_process: _EngineProcess
+    kernel_cache: _KernelCache
     prewarm: _Prewarm
 
 
@@ -265,6 +279,41 @@ def engine_process_env(env: dict[str, str], inherited: dict[str, str] | None = N
     if f.env in env or f.env in (os.environ if inherited is None else inherited):
         return {}
     return {f.env: f.value}
+
+
+def kernel_cache_env(root: Path, env: dict[str, str], inherited: dict[str, str] | None = None) -> dict[str, str]:
+    """The variables that share one Inductor kernel cache (``root``/``kernel_cache.folder``) among a study's trials
+    whatever their compile keys (m3ctl/data/startup.yaml ``kernel_cache``): Inductor's cache folder, and vLLM's AOT
+    compile off so that vLLM leaves that folder as given (with AOT compile on it redirects it to the key's own).
+
+    Args:
+        root: the study's vLLM cache root (:func:`study_cache_root`).
+        env: the trial's own environment (the plan's ``env``).
+        inherited: the environment the server inherits (default ``os.environ``; ``{}`` for a container).
+
+    Returns:
+        Both variables, or nothing when ``env`` or ``inherited`` already sets either one: a user's choice of
+        compile cache or AOT mode is measured as given.
+    """
+    f = facts().kernel_cache
+    outer = dict(os.environ if inherited is None else inherited)
+    if outer.get(f.env) == _torch_default_cache(f.torch_default):  # torch's import wrote it, not a user
+        del outer[f.env]
+    if any(v in env or v in outer for v in (f.env, f.aot_env)):
+        return {}
+    return {f.env: str(Path(root) / f.folder), f.aot_env: f.aot_value}
+
+
+def _torch_default_cache(pattern: str) -> str:
+    """torch's default Inductor cache folder (torch/_inductor/runtime/cache_dir_utils.py, default_cache_dir)."""
+    import getpass  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, ModuleNotFoundError, OSError):  # no user name for this uid: torch names it by the uid
+        user = f"uid_{os.getuid()}" if hasattr(os, "getuid") else "unknown_user"
+    return pattern.format(tmp=tempfile.gettempdir(), user=re.sub(r'[\\/:*?"<>|]', "_", user))
 
 
 def engine_process_used(env: dict[str, str] | None, log_text: str) -> str:
