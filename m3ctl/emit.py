@@ -29,6 +29,7 @@ import copy
 import math
 import re
 import shlex
+from typing import Any
 
 import yaml
 
@@ -159,9 +160,10 @@ def _k8s_pod_parts(spec: LaunchSpec, hf_host_path: str | None, multi_node: bool)
     c = _container(spec)
     f = vendors.facts(c.devices.vendor)
     inside = f.container.visibility_env.value if f else None
-    env = [{"name": k, "value": v} for k, v in c.env.items() if k != inside]  # the device plugin picks the GPUs
+    # The device plugin picks the GPUs: the visibility variable is not set inside.
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in c.env.items() if k != inside]
     env += [{"name": k, "valueFrom": {"secretKeyRef": {"name": SECRET_NAME, "key": k}}} for k in c.secret_env_names]
-    mounts = [{"name": "shm", "mountPath": "/dev/shm"}]
+    mounts: list[dict[str, Any]] = [{"name": "shm", "mountPath": "/dev/shm"}]
     vols: list[dict] = [{"name": "shm", "emptyDir": {"medium": "Memory"}}]
     extra: list[dict] = []
     for i, m in enumerate(c.mounts):

@@ -20,6 +20,7 @@ absent, vllm/entrypoints/serve/middleware/register.py).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
@@ -106,7 +107,7 @@ class LaunchSpec(BaseModel):
     host: str
     port: int
     vllm_args: dict[str, Any] | None
-    """Typed ``vllm serve`` flags (``{flag: value}``, rendered by :func:`m3ctl.plan.render_flags`); None for a
+    """Typed ``vllm serve`` flags (``{flag: value}``, rendered by :func:`render_flags`); None for a
     plan saved before flags were kept typed (its argv is then used as recorded)."""
     legacy_argv: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
@@ -132,10 +133,35 @@ class LaunchSpec(BaseModel):
         return [executable, *self.serve_args(host)]
 
 
+def render_flags(args: dict[str, Any]) -> list[str]:
+    """Render ``{flag: value}`` into ``vllm serve`` arguments.
+
+    ``True`` -> ``--flag``; ``False`` -> ``--no-flag`` (accepted by vLLM 0.32 and 0.33, which rejects
+    ``--disable-X``: cpu-test-stack.md "Flag spellings"); ``None`` -> omitted; tuples -> one token per
+    value (``nargs="+"`` flags); dicts/lists -> JSON.
+    Dotted keys (``attention_config.backend``) keep their underscores, as vLLM spells them.
+    """
+    out: list[str] = []
+    for key, val in args.items():
+        k = key.lstrip("-")
+        flag = "--" + (k if "." in k else k.replace("_", "-"))
+        if val is None:
+            continue
+        if val is True:
+            out.append(flag)
+        elif val is False:
+            out.append("--no-" + flag[2:])
+        elif isinstance(val, tuple):  # a flag of several values (nargs="+"): --served-model-name a b
+            out += [flag, *(str(v) for v in val)]
+        elif isinstance(val, dict | list):
+            out += [flag, json.dumps(val, separators=(",", ":"))]
+        else:
+            out += [flag, str(val)]
+    return out
+
+
 def serve_command(model: str, host: str, port: int, served: list[str], args: dict[str, Any]) -> list[str]:
     """``serve MODEL --host H --port P --served-model-name N [ALIAS...] FLAGS`` (argv without the executable)."""
-    from m3ctl.plan import render_flags  # noqa: PLC0415
-
     return ["serve", model, "--host", host, "--port", str(port), "--served-model-name", *served, *render_flags(args)]
 
 
@@ -203,7 +229,8 @@ def container_gpus(vendor: str | None, ids: list[str], env: dict[str, str]) -> t
     var = f.container.visibility_env.value
     if var and ids:
         out[var] = ",".join(ids)
-    return Devices(vendor=vendor, ids=list(ids) if f.container.device_request.value else []), out
+    # Devices validates the vendor name (one of its Literal) as the constructor would.
+    return Devices.model_validate({"vendor": vendor, "ids": list(ids) if f.container.device_request.value else []}), out
 
 
 def launch_spec(plan, *, nodes: int = 1, environ: dict[str, str] | None = None) -> LaunchSpec:

@@ -18,8 +18,9 @@ import json
 import shlex
 import shutil
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field, PrivateAttr
 
@@ -27,13 +28,19 @@ from m3ctl import catalog, vendors
 from m3ctl import secrets as _secrets
 from m3ctl.assess import capability
 from m3ctl.assess.choose import choose_max_model_len, choose_variant
-from m3ctl.assess.facts import checkpoint_variant, model_facts, read_model_facts
+from m3ctl.assess.facts import ModelFacts, checkpoint_variant, model_facts, read_model_facts
 from m3ctl.assess.request import PlanRequest, merge, serve_command  # noqa: F401 - re-exported
-from m3ctl.assess.rules import PlanContext, advisories, run_rules, vllm_int
+from m3ctl.assess.rules import Finding, PlanContext, advisories, run_rules, vllm_int
+from m3ctl.catalog import Image, ModelSpec, Profile, Variant
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.kernels import expectation as kernel_expectation
+from m3ctl.launch import serve_command as vllm_serve_argv
 from m3ctl.secrets import redact_env
+
+if TYPE_CHECKING:
+    from m3ctl.assess.image import ImageFacts
+    from m3ctl.hw.visible import Unit, Visibility
 
 
 class Choice(BaseModel):
@@ -206,33 +213,6 @@ RAW_PARALLEL_FLAGS = {
 }
 
 
-def render_flags(args: dict[str, Any]) -> list[str]:
-    """Render ``{flag: value}`` into ``vllm serve`` arguments.
-
-    ``True`` -> ``--flag``; ``False`` -> ``--no-flag`` (accepted by vLLM 0.32 and 0.33, which rejects
-    ``--disable-X``: cpu-test-stack.md "Flag spellings"); ``None`` -> omitted; tuples -> one token per
-    value (``nargs="+"`` flags); dicts/lists -> JSON.
-    Dotted keys (``attention_config.backend``) keep their underscores, as vLLM spells them.
-    """
-    out: list[str] = []
-    for key, val in args.items():
-        k = key.lstrip("-")
-        flag = "--" + (k if "." in k else k.replace("_", "-"))
-        if val is None:
-            continue
-        if val is True:
-            out.append(flag)
-        elif val is False:
-            out.append("--no-" + flag[2:])
-        elif isinstance(val, tuple):  # a flag of several values (nargs="+"): --served-model-name a b
-            out += [flag, *(str(v) for v in val)]
-        elif isinstance(val, dict | list):
-            out += [flag, json.dumps(val, separators=(",", ":"))]
-        else:
-            out += [flag, str(val)]
-    return out
-
-
 def find_vllm_executable() -> str:
     """The ``vllm`` console script next to this Python, else on PATH, else plain ``vllm``."""
     here = Path(sys.executable).parent / "vllm"
@@ -241,15 +221,12 @@ def find_vllm_executable() -> str:
     return shutil.which("vllm") or "vllm"
 
 
-def _device_ids(inventory: HostInventory, units, n: int) -> list[str]:
+def _device_ids(inventory: HostInventory, units: list[Unit] | None, n: int) -> list[str]:
     """Devices to expose to a container: MIG or GPU UUIDs where known, else indices (first ``n``)."""
     if units is None:
         return [g.uuid or str(g.index) for g in inventory.gpus[:n]]
-    by_index = {g.index: g for g in inventory.gpus}
-    return [
-        u.mig_uuid or (by_index[u.gpu].uuid if u.gpu in by_index and by_index[u.gpu].uuid else str(u.gpu))
-        for u in units[:n]
-    ]
+    uuids = {g.index: g.uuid for g in inventory.gpus}
+    return [u.mig_uuid or uuids.get(u.gpu) or str(u.gpu) for u in units[:n]]
 
 
 def _pinned_units(inventory: HostInventory, visible, pins: list[int]) -> list:
@@ -346,20 +323,745 @@ def _attention_choice(
         )
         warnings.append(f"--attention dense: {fb.warning}")
         return
-    rows = [a for a in applicable(family, arch, facts.attention, engine_version) if a.fallback is not None]
+    rows = [(a, f) for a in applicable(family, arch, facts.attention, engine_version) if (f := a.fallback) is not None]
     if rows:
+        row, fallback = rows[0]
         choices.append(
             Choice(
                 what="attention",
                 value=facts.attention,
-                why=f"the checkpoint's own; known issue {rows[0].issue.id} here: {rows[0].fallback.option} "
-                f"is its opt-in fallback ({rows[0].fallback.what}; quality cost unknown)",
+                why=f"the checkpoint's own; known issue {row.issue.id} here: {fallback.option} "
+                f"is its opt-in fallback ({fallback.what}; quality cost unknown)",
             )
         )
 
 
+@dataclass
+class PlanDraft:
+    """The plan under construction, carried through the steps of :func:`plan` in order: each step reads what the
+    steps before it wrote and writes its own part. :func:`step_profile_and_runtime` builds it; a test may build one
+    directly with the fields the step under test reads.
+
+    Attributes:
+        inventory, request: the host and what is asked (no step changes them).
+        profile, runtime: the kernel profile, and ``process`` or ``docker``.
+        local: the checkpoint's own facts (:func:`~m3ctl.assess.facts.read_model_facts`); spec: its catalog model,
+            None when the catalog has none.
+        facts: the model's facts: ``local`` until :func:`step_variant` applies the catalog and the variant.
+        choices, rejected, warnings: what the steps explain, in order (they become the plan's).
+        vis: the visible-device variables resolved (None without GPUs); units: the devices the server sees, None
+            for every GPU of the inventory; n_gpus: how many; mem: memory of one (MiB), None when unknown.
+        img: the catalog image (a user image as one after :func:`step_image_reference`); user_image: a user
+            image's facts (``--image`` not in the catalog; None when not inspected); image_cuda: the image's CUDA
+            version; engine_version: the vLLM version that will run; image_ref: the reference the docker runtime
+            runs (None for the process runtime).
+        vname, var: the chosen variant (None: none chosen); family: the model family; rule_vname, rule_var: the
+            variant the rules read (a local checkpoint's own precision when none was chosen).
+        raw_flags, raw_notes: raw vLLM arguments as vLLM reads them (parallel flags taken out), and how each
+            spelling was read.
+        given: the parallel knobs asked, ``{tp, dp, dcp, ep, dbo, pp}`` (None = open), after the raw flags and the
+            profile's defaults; tp, dp, dcp, ep, dbo, pp: the resolved layout (GPUs = TP x PP x DP).
+        spec_depth, spec_method, spec_cfg: speculative decoding (depth 0 = off, method None) and the
+            ``--speculative-config`` it sets (None when off).
+        args: ``vllm serve`` flags ``{flag: value}``, every layer applied; env: the server's environment (no
+            secret values); unset_env: variables removed from its inherited environment.
+        secrets: secret values (server environment only) and where each was given, from the flags and the env.
+        secret_names, secret_origins: variables passed through by name, and where each came from.
+        rules: the rules' view (:class:`~m3ctl.assess.rules.PlanContext`; None before :func:`step_rules`);
+            violations: FAIL findings accepted with ``skip_checks``.
+        target, served, aliases: the model ``vllm serve`` loads, the served name and further names; argv: the
+            full command line; startup_budget_s: the readiness budget (s).
+    """
+
+    inventory: HostInventory
+    request: PlanRequest
+    profile: Profile
+    runtime: str
+    local: ModelFacts
+    spec: ModelSpec | None
+    facts: ModelFacts
+    choices: list[Choice] = field(default_factory=list)
+    rejected: list[Rejected] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    vis: Visibility | None = None
+    units: list[Unit] | None = None
+    n_gpus: int = 0
+    mem: int | None = None
+    img: Image | None = None
+    user_image: ImageFacts | None = None
+    image_cuda: str | None = None
+    engine_version: str | None = None
+    image_ref: str | None = None
+    vname: str | None = None
+    var: Variant | None = None
+    family: str | None = None
+    rule_vname: str | None = None
+    rule_var: Variant | None = None
+    raw_flags: dict[str, Any] = field(default_factory=dict)
+    raw_notes: list[str] = field(default_factory=list)
+    given: dict[str, Any] = field(default_factory=dict)
+    tp: int = 1
+    dp: int = 1
+    dcp: int = 1
+    ep: bool = False
+    dbo: bool = False
+    pp: int = 1
+    spec_depth: int = 0
+    spec_method: str | None = None
+    spec_cfg: dict[str, Any] | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=dict)
+    unset_env: list[str] = field(default_factory=list)
+    secrets: _secrets.Separated = field(default_factory=_secrets.Separated)
+    secret_names: list[str] = field(default_factory=list)
+    secret_origins: dict[str, str] = field(default_factory=dict)
+    rules: PlanContext | None = None
+    violations: list[Finding] = field(default_factory=list)
+    target: str = ""
+    served: str = ""
+    aliases: list[str] = field(default_factory=list)
+    argv: list[str] = field(default_factory=list)
+    startup_budget_s: float = 0.0
+
+    def world(self) -> int:
+        """vLLM's world size, TP x PP x DP: the GPUs the launch occupies."""
+        return self.tp * self.pp * self.dp
+
+    def rule_context(self) -> PlanContext:
+        """The rules' view of the plan, set by :func:`step_rules`.
+
+        Raises:
+            RuntimeError: :func:`step_rules` has not run on this draft.
+        """
+        if self.rules is None:
+            raise RuntimeError("the plan's rules have not run (step_rules comes before this step)")
+        return self.rules
+
+
+def step_profile_and_runtime(inventory: HostInventory, request: PlanRequest) -> PlanDraft:
+    """Step 1: the kernel profile (the request's, its profile file, else the catalog's for the architecture), the
+    checked deployment name, the checkpoint's facts and catalog model, and the runtime; returns the draft.
+
+    Raises:
+        BadInput: an invalid deployment name, or a local model path that does not exist.
+        CatalogError: no kernel profile for the architecture, or a bad profile file.
+        ConfigRejected: the profile does not support the runtime.
+    """
+    from m3ctl.assess.choose import choose_runtime  # noqa: PLC0415
+    from m3ctl.state import check_name  # noqa: PLC0415
+
+    r = request
+    profile = r.profile
+    if profile is None and r.profile_file:
+        profile = catalog.load_profile_file(Path(r.profile_file))
+    check_name(r.name)  # it names the container, the registry record and the emitted manifests
+    local = read_model_facts(r.model)
+    spec = catalog.find_model(r.model, local.architectures, r.catalog_dir)
+    choices: list[Choice] = []
+    if profile is None:
+        profile = catalog.profile_for_arch(inventory.arch, r.catalog_dir)
+        choices.append(
+            Choice(
+                what="profile",
+                value=profile.name,
+                why=f"catalog profile for detected architecture {inventory.arch!r}"
+                f" ({len(inventory.gpus)} GPU(s), probe {inventory.probe})",
+            )
+        )
+    else:
+        choices.append(Choice(what="profile", value=profile.name, why="given with --profile"))
+    runtime, why_rt = choose_runtime(r.runtime, profile, inventory, r.image)
+    choices.append(Choice(what="runtime", value=runtime, why=why_rt))
+    if runtime not in profile.runtimes:
+        raise ConfigRejected(
+            f"profile {profile.name!r} does not support runtime {runtime!r}",
+            f"use --runtime {' or '.join(profile.runtimes)}",
+        )
+    return PlanDraft(
+        inventory=inventory,
+        request=r,
+        profile=profile,
+        runtime=runtime,
+        local=local,
+        spec=spec,
+        facts=local,
+        choices=choices,
+    )
+
+
+def step_devices(d: PlanDraft) -> None:
+    """Step 2: the devices the server will really see (visible-device variables, MIG slices: F02, F03, F05; the
+    request's pinned ``gpus``): ``vis``, ``units``, ``n_gpus``, ``mem``.
+
+    Raises:
+        BadInput: a pinned GPU named twice or not visible on this host.
+    """
+    from m3ctl.hw.visible import resolve as resolve_visibility  # noqa: PLC0415
+
+    inv = d.inventory
+    vis = resolve_visibility(inv) if inv.gpus else None
+    units = vis.units if vis is not None and vis.controlled_by else None
+    if d.request.gpus is not None:  # pinned GPUs (tune's parallel trials): the plan is for those only
+        units = _pinned_units(inv, units, d.request.gpus)
+        d.choices.append(
+            Choice(what="GPUs", value=", ".join(u.label for u in units), why="pinned by the request (gpus)")
+        )
+    d.vis, d.units = vis, units
+    d.n_gpus = len(units) if units is not None else len(inv.gpus)
+    d.mem = (
+        (units[0].memory_mib if units else None)
+        if units is not None
+        else (inv.gpus[0].memory_total_mib if inv.gpus else None)
+    )
+    if vis is not None and vis.controlled_by:
+        d.choices.append(
+            Choice(
+                what="visible GPUs",
+                value=", ".join(u.label for u in vis.units) or "none",
+                why=f"from {', '.join(vis.controlled_by)}",
+            )
+        )
+
+
+def step_image(d: PlanDraft) -> None:
+    """Step 3: the image that will run (docker): the newest catalog image whose CUDA the driver supports, a
+    catalog image given with ``--image``, or a user image's facts; and so the engine (vLLM) version and CUDA the
+    capability rows see: ``img``, ``user_image``, ``image_cuda``, ``engine_version``."""
+    r, prof, inv = d.request, d.profile, d.inventory
+    if d.runtime == "docker" and not r.image and prof.image:
+        d.img, why_img = capability.choose_image(
+            inv.vendor or "", prof.arch, inv.cuda_driver_version, prof.image, r.catalog_dir
+        )
+        if d.img is not None and d.img.name != prof.image:
+            d.warnings.append(f"image {d.img.name} (CUDA {d.img.cuda_version}) instead of {prof.image}: {why_img}")
+    elif d.runtime == "docker" and r.image:
+        cat_img = catalog.find_image(r.image, r.catalog_dir)
+        if cat_img is not None:  # a catalog image by name or reference: its catalog facts (as doctor reads them)
+            d.img = cat_img
+        else:
+            from m3ctl.assess.image import inspect_user_image  # noqa: PLC0415
+
+            d.user_image = inspect_user_image(r.image)
+    img, user = d.img, d.user_image
+    image_vllm = img.vllm_version if img is not None else (user.vllm_version if user else None)
+    d.image_cuda = img.cuda_version if img is not None else (user.cuda_version if user else None)
+    d.engine_version = r.engine_version or capability.engine_version(d.runtime, image_vllm)
+
+
+def step_variant(d: PlanDraft) -> None:
+    """Step 4: the catalog model and its variant (precision), the model's facts with them applied, and the
+    variant the rules read: ``vname``, ``var``, ``facts``, ``family``, ``rule_vname``, ``rule_var``.
+
+    Raises:
+        BadInput: an unknown ``variant``.
+    """
+    r, spec, local = d.request, d.spec, d.local
+    if spec is not None:
+        d.choices.append(Choice(what="model", value=spec.name, why=f"catalog match for {r.model!r}"))
+        if spec.assumed:
+            d.warnings.append(
+                f"{spec.name}: facts assumed from a sibling model (not public): {', '.join(spec.assumed)}; "
+                "a local config.json overrides them"
+            )
+        if not local.local or r.variant:
+            passed: list[tuple[str, str]] = []
+            d.vname, d.var, why = choose_variant(
+                spec,
+                r.model,
+                r.variant,
+                d.profile.arch,
+                max(1, d.n_gpus),
+                d.mem,
+                passed,
+                r.allow_emulated,
+                d.engine_version,
+                d.image_cuda,
+                r.kv_cache_dtype or "auto",
+            )
+            d.rejected += [Rejected(what="variant", value=n, why=w) for n, w in passed]
+            if d.vname and d.var is not None:
+                d.choices.append(Choice(what="variant", value=f"{d.vname} ({d.var.precision})", why=why))
+    elif not local.local:
+        d.warnings.append(f"{r.model} is not a local directory nor a catalog model: facts unchecked, vLLM resolves it")
+    d.facts = model_facts(spec, local, d.var)
+    d.family = spec.family if spec else None
+    # A local checkpoint is served as is: its own precision is the variant the capability rows and rules read
+    # (on an architecture the capability table covers; the CPU profile has none).
+    d.rule_vname, d.rule_var = d.vname, d.var
+    if d.var is None and local.local and d.profile.arch in capability.table().archs:
+        d.rule_vname, d.rule_var = checkpoint_variant(d.facts)
+
+
+def step_raw_parallel_flags(d: PlanDraft) -> None:
+    """Step 5: the raw vLLM arguments, read as vLLM reads them; parallel flags among them are planned like
+    ``--tp``/``--dp``/... (GPU selection, visibility and every rule see the layout vLLM will use): ``raw_flags``,
+    ``raw_notes``, ``given``.
+
+    Raises:
+        BadInput: malformed raw arguments, a raw parallel value that is not an integer >= 1, or one that disagrees
+            with m3ctl's own knob.
+    """
+    from m3ctl.vllm_args import read_raw_args  # noqa: PLC0415
+
+    r = d.request
+    raw = read_raw_args(r.extra_args or [])
+    given: dict[str, Any] = {"tp": r.tp, "dp": r.dp, "dcp": r.dcp, "ep": r.ep, "dbo": r.dbo, "pp": r.pp}
+    for flag, knob in RAW_PARALLEL_FLAGS.items():
+        if flag not in raw.flags:
+            continue
+        v = raw.flags.pop(flag)
+        val = v if isinstance(v, bool) else vllm_int(v)
+        if val is None or (not isinstance(val, bool) and val < 1):
+            raise BadInput(f"raw --{flag} {v!r} is not an integer >= 1", f"e.g. -- --{flag} 2, or m3ctl's --{knob}")
+        if given[knob] is not None and given[knob] != val:
+            raise BadInput(f"--{knob} {given[knob]} and raw --{flag} {v} disagree", f"give the {knob.upper()} once")
+        given[knob] = val
+        d.choices.append(Choice(what=f"--{flag}", value=str(v), why=f"raw vLLM argument, planned as --{knob}"))
+    d.raw_flags, d.raw_notes, d.given = raw.flags, raw.notes, given
+
+
+def _profile_parallel_defaults(d: PlanDraft) -> None:
+    """A profile's ``parallel`` defaults (a tuned profile) fill what the caller left unset in ``given``: TP and DP
+    as a pair (either one given = the caller's layout), DCP/EP/DBO one by one."""
+    pd, g = d.profile.parallel, d.given
+    if pd is None:
+        return
+    from_profile = []
+    if g["tp"] is None and g["dp"] is None and (pd.tp or pd.dp):  # a pair: the other one at its default
+        g["tp"], g["dp"] = pd.tp or max(1, max(1, d.n_gpus) // (pd.dp or 1)), pd.dp or 1
+        from_profile += [f"TP {pd.tp}"] * bool(pd.tp) + [f"DP {pd.dp}"] * bool(pd.dp)
+    if g["dcp"] is None and pd.dcp is not None:
+        g["dcp"] = pd.dcp
+        from_profile.append(f"DCP {pd.dcp}")
+    if g["ep"] is None and pd.ep is not None:
+        g["ep"] = pd.ep
+        from_profile.append(f"EP {'on' if pd.ep else 'off'}")
+    if g["dbo"] is None and pd.dbo is not None:
+        g["dbo"] = pd.dbo
+        from_profile.append(f"DBO {'on' if pd.dbo else 'off'}")
+    if from_profile:
+        d.choices.append(
+            Choice(
+                what="parallel defaults",
+                value=", ".join(from_profile),
+                why=f"profile {d.profile.name} parallel section (command-line values win)",
+            )
+        )
+
+
+def _search_layouts(d: PlanDraft) -> LaunchPlan:
+    """Open dimensions: search the layouts (:mod:`m3ctl.assess.search`); each candidate is :func:`plan` with every
+    dimension pinned, so every rule judges it. Returns the best plan, carrying this request.
+
+    Raises:
+        ConfigRejected: no layout passes the rules.
+    """
+    from m3ctl.assess import search as layout_search  # noqa: PLC0415
+    from m3ctl.vllm_args import engine_facts  # noqa: PLC0415
+
+    g, facts, prof, spec = d.given, d.facts, d.profile, d.spec
+    pins = {"tp": g["tp"], "pp": g["pp"], "dp": g["dp"], "dcp": g["dcp"], "ep": g["ep"]}
+    archs = facts.architectures or (spec.architectures if spec else [])
+    pp_ok = bool(archs) and any(a in engine_facts(d.engine_version).pp_architectures for a in archs)
+    dcp_ok = prof.supports.dcp and facts.attention in prof.supports.dcp_attention
+    default = layout_search.Layout(d.tp, d.pp, d.dp, d.dcp, bool(d.ep))
+    best = layout_search.search(
+        lambda q: plan(d.inventory, q),
+        d.request,
+        n_gpus=d.n_gpus,
+        pins=pins,
+        moe=facts.moe,
+        ep_ok=prof.supports.ep,
+        pp_ok=pp_ok,
+        dcp_sizes=[n for n in (2, 4, 8) if n <= d.n_gpus] if dcp_ok else [],
+        default=default,
+    )
+    return best.model_copy(update={"request": d.request.public()})
+
+
+def step_layout(d: PlanDraft) -> LaunchPlan | None:
+    """Step 6: the parallel layout: the profile's defaults fill what was left open, then its strategy for the GPU
+    count; ``tp``, ``dp``, ``dcp``, ``ep``, ``dbo``, ``pp``. With a dimension still open on GPUs, the layouts are
+    searched and the best one's plan is returned (the caller returns it as is); else None.
+
+    Raises:
+        ConfigRejected: the search found no layout that passes the rules.
+    """
+    _profile_parallel_defaults(d)
+    g, n, prof = d.given, d.n_gpus, d.profile
+    strategy = prof.strategies.get(max(1, n), "tp")
+    d_tp, d_dp, d_ep = (1, max(1, n), True) if strategy == "dep" else (max(1, n), 1, strategy == "tep")
+    if not d.facts.moe:
+        d_ep = False
+    if g["dp"] and not g["tp"]:  # DP given alone: fill the GPUs with TP (DP x TP = GPU count)
+        d_tp = max(1, max(1, n) // g["dp"])
+    d.tp, d.dp = g["tp"] or d_tp, g["dp"] or d_dp
+    d.ep = d_ep if g["ep"] is None else g["ep"]
+    d.dcp, d.dbo, d.pp = g["dcp"] or 1, bool(g["dbo"]), g["pp"] or 1
+    if n > 0 and prof.arch != "cpu" and None in (g["tp"], g["dp"], g["dcp"], g["ep"], g["pp"]):
+        return _search_layouts(d)
+    if g["tp"] is None and g["dp"] is None and n > 0:
+        d.choices.append(
+            Choice(
+                what="parallel",
+                value=f"TP {d.tp} x DP {d.dp}{' + EP' if d.ep else ''}",
+                why=f"profile {prof.name} strategy {strategy!r} for {n} GPU(s)",
+            )
+        )
+    return None
+
+
+def step_speculation(d: PlanDraft) -> None:
+    """Step 7: speculative decoding (``spec_depth`` > 0): the method (asked, else the model's drafter, else ngram),
+    the drafter model and its TP: ``spec_depth``, ``spec_method``, ``spec_cfg``."""
+    r, spec = d.request, d.spec
+    depth = r.spec_depth or 0
+    method = r.spec_method or ((spec.drafter.method if spec and spec.drafter else None) or "ngram")
+    spec_cfg: dict[str, Any] | None = None
+    if depth > 0:
+        spec_cfg = {"method": method, "num_speculative_tokens": depth}
+        if spec and spec.drafter and spec.drafter.model and method == spec.drafter.method:
+            spec_cfg["model"] = spec.drafter.model
+        if r.draft_tp is not None:
+            spec_cfg["draft_tensor_parallel_size"] = r.draft_tp
+        d.choices.append(
+            Choice(
+                what="speculative",
+                value=json.dumps(spec_cfg),
+                why="--spec-depth" + (" with the model's drafter" if "model" in spec_cfg else ""),
+            )
+        )
+    d.spec_depth, d.spec_method, d.spec_cfg = depth, method if depth else None, spec_cfg
+
+
+def _layer(d: PlanDraft, src: dict[str, Any], why: str) -> None:
+    """Apply one layer of flags over ``d.args`` (each one explained); a secret flag's value goes to the server's
+    environment only (``d.secrets``), and a second spelling of one setting replaces the first."""
+    sep = _secrets.separate(src, origin=why)
+    d.secrets.values.update(sep.values)
+    d.secrets.origins.update(sep.origins)
+    for secret_var, where in sep.origins.items():
+        d.choices.append(Choice(what=secret_var, value="(server environment; value hidden)", why=where))
+    for k, v in sep.args.items():
+        k = _canon_flag(k)
+        other = SAME_SETTING.get(k)
+        if other and other in d.args:  # two spellings of one setting never both reach vLLM
+            d.choices.append(Choice(what=f"--{other}", value="dropped", why=f"--{k} ({why}) sets the same setting"))
+            del d.args[other]
+        d.args[k] = v
+        d.choices.append(Choice(what=f"--{k}", value=str(v), why=why))
+
+
+def _layout_flags(d: PlanDraft) -> dict[str, Any]:
+    """The flags of the parallel and speculative layout (only those off vLLM's defaults)."""
+    par: dict[str, Any] = {}
+    if d.tp > 1:
+        par["tensor-parallel-size"] = d.tp
+    if d.dp > 1:
+        par["data-parallel-size"] = d.dp
+    if d.pp > 1:
+        par["pipeline-parallel-size"] = d.pp
+    if d.dcp > 1:
+        par["decode-context-parallel-size"] = d.dcp
+    if d.ep:
+        par["enable-expert-parallel"] = True
+    if d.dbo:
+        par["enable-dbo"] = True
+    if d.spec_cfg:
+        par["speculative-config"] = d.spec_cfg
+    return par
+
+
+def step_flags(d: PlanDraft) -> None:
+    """Step 8: the ``vllm serve`` flags, lowest precedence first: profile, its family section, model, variant (and
+    its per-architecture section), layout, typed overrides (max-model-len capped at the model's context),
+    ``--arg``, raw arguments; then ``--attention``: ``args`` (secret values to ``secrets``)."""
+    r, prof, fam, var = d.request, d.profile, d.family, d.var
+    _layer(d, prof.serve_args, f"profile {prof.name}")
+    if fam:
+        _layer(d, prof.family_args.get(fam, {}), f"profile {prof.name} for the {fam} family")
+    if d.spec:
+        _layer(d, d.spec.base_args, f"model {d.spec.name}")
+    if var:
+        _layer(d, var.serve_args, f"variant {d.vname}")
+        _layer(d, var.arch_args.get(prof.arch, {}), f"variant {d.vname} on {prof.arch}")
+    _layer(d, _layout_flags(d), "parallel / speculative layout")
+    typed = {
+        "kv-cache-dtype": r.kv_cache_dtype,
+        "max-model-len": r.max_model_len,
+        "max-num-seqs": r.max_num_seqs,
+        "max-num-batched-tokens": r.max_num_batched_tokens,
+    }
+    _layer(d, {k: v for k, v in typed.items() if v is not None}, "command-line override")
+    cap = d.facts.max_position_embeddings
+    if cap and isinstance(d.args.get("max-model-len"), int) and d.args["max-model-len"] > cap:
+        d.args["max-model-len"] = cap
+        d.choices.append(
+            Choice(what="--max-model-len", value=str(cap), why="capped at the model's max_position_embeddings")
+        )
+    _layer(d, {k.lstrip("-"): v for k, v in (r.args or {}).items()}, "command-line override (--arg)")
+    _layer(d, d.raw_flags, "raw vLLM argument")
+    _attention_choice(r.attention, d.facts, fam, prof.arch, d.engine_version, d.args, d.choices, d.warnings)
+    for note in d.raw_notes:
+        d.choices.append(Choice(what="raw argument", value=note.split(" read as ")[-1].split(" (")[0], why=note))
+
+
+def _visibility_env(d: PlanDraft) -> None:
+    """Process runtime under visible-device variables: NVIDIA UUIDs resolved to indices (F02), and one visibility
+    variable instead of AMD's double masking (F05; the others unset for the server)."""
+    vis = d.vis
+    if vis is None or not vis.controlled_by or d.runtime != "process":
+        return
+    vf = vendors.facts(d.inventory.vendor)  # the visibility variables: m3ctl/data/vendors.yaml
+    vis_var = vf.visibility.env.value if vf else ""
+    if vf and vis.index_form:  # NVIDIA UUIDs resolved to indices (m3ctl/hw/visible.py)
+        d.env[vis_var] = vis.index_form
+        d.choices.append(
+            Choice(
+                what=vis_var,
+                value=vis.index_form,
+                why="UUIDs translated to indices (vLLM before the UUID fix crashes on them: F02)",
+            )
+        )
+    if vf and vf.visibility.unset.value and vis.units and len(vis.controlled_by) > 1:  # AMD double masking
+        d.env[vis_var] = ",".join(str(u.gpu) for u in vis.units)
+        d.unset_env = [k for k in vf.visibility.unset.value if k in vis.controlled_by]
+        d.choices.append(
+            Choice(
+                what=vis_var,
+                value=d.env[vis_var],
+                why=f"one visibility variable instead of {' + '.join(vis.controlled_by)} "
+                "(double masking: F05); the others are unset for the server",
+            )
+        )
+
+
+def step_env(d: PlanDraft) -> None:
+    """Step 9: the server's environment: profile, family, variant and request ``env``, the visible-device and
+    pinned-GPU variables (process runtime), NVLink multicast off (``no_multicast``), secret values separated out,
+    and the variables passed through by name: ``env``, ``unset_env``, ``secret_names``, ``secret_origins``."""
+    r, prof, fam, var = d.request, d.profile, d.family, d.var
+    d.env.update(prof.env)
+    if fam:
+        d.env.update(prof.family_env.get(fam, {}))
+    if var:
+        d.env.update(var.env)
+        d.env.update(var.arch_env.get(prof.arch, {}))
+    d.env.update(r.env or {})
+    _visibility_env(d)
+    if r.gpus is not None and d.units and d.runtime == "process":
+        d.env, d.unset_env = _pin_env(d.inventory, d.units, d.env, d.unset_env, d.choices)
+    if r.no_multicast and max(d.world(), 1) > 1:
+        d.env.update(prof.no_multicast_env)
+        if prof.no_multicast_env:
+            d.choices.append(Choice(what="env", value="NVLink multicast off", why="--no-multicast (shared host)"))
+    sep = _secrets.separate(env=d.env, origin="an env: of the profile, model or request")
+    d.env = sep.env
+    for secret_var, where in sep.origins.items():
+        d.secrets.values[secret_var] = sep.values[secret_var]
+        d.secrets.origins[secret_var] = where
+        d.choices.append(Choice(what=secret_var, value="(server environment; value hidden)", why=where))
+    d.secret_names = sorted(set(r.pass_env or []) | set(d.secrets.values))
+    d.secret_origins = {k: "the launching environment" for k in r.pass_env or []} | d.secrets.origins
+    if exposed := _secrets.exposure_warning(r.host, d.secret_names):
+        d.warnings.append(exposed)
+
+
+def step_image_reference(d: PlanDraft) -> None:
+    """Step 10 (docker runtime): the image reference that runs, explained: ``image_ref`` (and ``img``: a user
+    image's facts as a catalog image).
+
+    Raises:
+        ConfigRejected: no ``--image`` and the profile names no image.
+    """
+    if d.runtime != "docker":
+        return
+    image, img, user, prof = d.request.image, d.img, d.user_image, d.profile
+    if image and img is not None:  # a catalog image given with --image
+        d.image_ref = img.reference
+        d.choices.append(
+            Choice(what="image", value=img.reference, why=f"given with --image (catalog image {img.name})")
+        )
+    elif image:
+        d.image_ref = image
+        inspected = (
+            f" (labels/env: {user.describe()})" if user else " (not inspected: no container engine or not pulled)"
+        )
+        d.choices.append(Choice(what="image", value=image, why="given with --image" + inspected))
+        d.img = user.as_catalog_image() if user else None
+    elif img is not None:
+        d.image_ref = img.reference
+        d.choices.append(
+            Choice(
+                what="image",
+                value=img.reference,
+                why=f"profile {prof.name} image {prof.image}"
+                if img.name == prof.image
+                else f"{img.name}: the profile image needs a newer driver",
+            )
+        )
+    else:
+        raise ConfigRejected(
+            f"profile {prof.name!r} names no image for the docker runtime",
+            "pass --image REF (a local image works; see m3ctl/runtime/docker.py)",
+        )
+
+
+def _rejection(violations: list[Finding], rejected: list[Rejected]) -> ConfigRejected:
+    """The error for the first violation (the others named); the variants passed over where the rule is about the
+    variant or the memory."""
+    v = violations[0]
+    more = f" (also: {', '.join(x.rule for x in violations[1:])})" if len(violations) > 1 else ""
+    alts = (
+        "; ".join(f"{r.what} {r.value}: {r.why}" for r in rejected)
+        if v.rule in ("variant.native", "memory.fit")
+        else ""
+    )
+    return ConfigRejected(
+        f"rule {v.rule}: {v.message}{more}",
+        f"{v.fix} [source: {v.source}]" + (f"; alternatives rejected: {alts}" if alts else ""),
+    )
+
+
+def step_rules(d: PlanDraft) -> None:
+    """Step 11: the rules' view of the plan (``rules``), the largest max-model-len that fits where none was asked
+    (set in ``args``), every named rule run: WARN findings and advisories to ``warnings``, FAIL ones raised (or,
+    with ``skip_checks``, kept in ``violations``).
+
+    Raises:
+        ConfigRejected: a rule rejects the plan; the message names the rule, the values and the fix.
+    """
+    r, user = d.request, d.user_image
+    ctx = PlanContext(
+        inventory=d.inventory,
+        profile=d.profile,
+        spec=d.spec,
+        variant_name=d.rule_vname,
+        variant=d.rule_var,
+        facts=d.facts,
+        image=d.img,
+        runtime=d.runtime,
+        tp=d.tp,
+        dp=d.dp,
+        dcp=d.dcp,
+        ep=d.ep,
+        dbo=d.dbo,
+        pp=d.pp,
+        spec_method=d.spec_method,
+        spec_depth=d.spec_depth,
+        draft_tp=r.draft_tp,
+        args=d.args,
+        env=d.env,
+        allow_emulated=r.allow_emulated,
+        n_visible=d.n_gpus,
+        unit_memory_mib=d.mem,
+        visibility_problems=list(d.vis.problems) if d.vis is not None else [],
+        engine_version=d.engine_version,
+        image_cuda=d.image_cuda if d.runtime == "docker" else None,
+        drafter_block_size=d.spec.drafter.block_size if d.spec and d.spec.drafter else None,
+        image_archs=list(user.cuda_archs) if user and d.runtime == "docker" else [],
+    )
+    d.rules = ctx
+    chosen_len = choose_max_model_len(ctx)
+    if chosen_len:
+        d.choices.append(Choice(what="--max-model-len", value=str(chosen_len[0]), why=chosen_len[1]))
+        d.warnings.append(chosen_len[2])
+    findings = run_rules(ctx)
+    violations = [f for f in findings if f.status == "FAIL"]
+    if violations and not r.skip_checks:
+        raise _rejection(violations, d.rejected)
+    d.violations = violations
+    if ctx.variant and r.allow_emulated and ctx.support().status == "emulated":
+        d.warnings.append(f"variant {d.rule_vname} runs emulated on {d.profile.arch}: {ctx.support().note}")
+    d.warnings += [f"rule {v.rule} skipped: {v.message}" for v in violations]
+    d.warnings += [f"rule {f.id}: {f.message} ({f.fix})" for f in findings if f.status == "WARN"]
+    d.warnings += advisories(ctx)
+
+
+def step_argv(d: PlanDraft) -> None:
+    """Step 12: what ``vllm serve`` loads (a local path as is; else the variant's or the model's hub id), the served
+    name and its aliases, the command line, and the readiness budget: ``target``, ``served``, ``aliases``,
+    ``argv``, ``startup_budget_s``."""
+    r, var, spec, local = d.request, d.var, d.spec, d.local
+    model = r.model
+    d.target = (
+        model
+        if local.local
+        else (
+            (var.hf_id if var and var.hf_id else None)
+            or (spec.hf_id if spec and spec.hf_id and model.lower() in spec.all_ids() else None)
+            or model
+        )
+    )
+    d.served = r.served_model_name or d.target  # what OpenAI clients send; the deployment name is an alias
+    d.aliases = [r.name] if r.served_model_name is None and r.name != d.target else []
+    exe = r.vllm_executable or find_vllm_executable()
+    d.argv = [exe, *vllm_serve_argv(d.target, r.host, r.port, [d.served, *d.aliases], d.args)]
+    ready, weights = d.profile.readiness, d.facts.weights_gib
+    if r.startup_budget_s is None:
+        d.startup_budget_s = ready.startup_base_s + ready.startup_s_per_gib * weights
+        why = f"{ready.startup_base_s:.0f} s + {ready.startup_s_per_gib:.0f} s/GiB x {weights:.2f} GiB of weights"
+    else:
+        d.startup_budget_s = r.startup_budget_s
+        why = "given with --startup-timeout"
+    d.choices.append(Choice(what="startup budget", value=f"{d.startup_budget_s:.0f} s", why=why))
+
+
+def step_launch_plan(d: PlanDraft) -> LaunchPlan:
+    """Step 13: the :class:`LaunchPlan` of a draft every step has run on (its secret values kept apart).
+
+    Raises:
+        RuntimeError: :func:`step_rules` has not run on ``d``.
+    """
+    ctx, r, inv, prof, world = d.rule_context(), d.request, d.inventory, d.profile, d.world()
+    lp = LaunchPlan(
+        name=r.name,
+        runtime=d.runtime,
+        profile=prof.name,
+        model_spec=d.spec.name if d.spec else None,
+        variant=d.vname,
+        image=d.image_ref,
+        model=d.target,
+        served_model_name=d.served,
+        host=r.host,
+        port=r.port,
+        argv=d.argv,
+        env=d.env,
+        secret_env_names=d.secret_names,
+        secret_origins=d.secret_origins,
+        gpus=[u.gpu for u in d.units][:world] if d.units is not None else [g.index for g in inv.gpus][:world],
+        tp=d.tp,
+        dp=d.dp,
+        dcp=d.dcp,
+        ep=d.ep,
+        dbo=d.dbo,
+        pp=d.pp,
+        spec_depth=ctx.speculation()[1],
+        startup_budget_s=d.startup_budget_s,
+        completion_timeout_s=prof.readiness.completion_timeout_s,
+        choices=d.choices,
+        rejected=d.rejected,
+        warnings=d.warnings,
+        violations=[f"{v.rule}: {v.message}" for v in d.violations],
+        mounts=list(r.mounts or []),
+        gpu_vendor=inv.gpus[0].vendor if inv.gpus else None,
+        gpu_devices=_device_ids(inv, d.units, world),
+        unset_env=d.unset_env,
+        python_modules=list(prof.family_python_modules.get(d.family, [])) if d.family else [],
+        request=r.public(),
+        memory_fit=ctx.memory_fit(),
+        scheduler_limits=ctx.scheduler_limits(),
+        vllm_args=d.args,
+        served_model_aliases=d.aliases,
+        weights_gib=d.facts.weights_gib or None,
+        kernel_expect=kernel_expectation(prof.expect, ctx.support() if ctx.variant else None).model_dump(),
+    )
+    lp._secret_values = dict(d.secrets.values)
+    return lp
+
+
 def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
-    """Plan one launch and validate it.
+    """Plan one launch and validate it: the steps above, in order, over one :class:`PlanDraft`.
 
     Args:
         inventory: detected, loaded or catalog (``--system``) host inventory; its architecture picks the profile.
@@ -371,503 +1073,21 @@ def plan(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
         CatalogError: no kernel profile for the detected architecture, or a bad catalog file (exit 2).
         BadInput: an invalid deployment name, missing model path, unknown variant, or malformed raw args (exit 2).
     """
-    r = request
-    model, name, port, host, runtime = r.model, r.name, r.port, r.host, r.runtime
-    variant, tp, dp, dcp, ep, dbo = r.variant, r.tp, r.dp, r.dcp, r.ep, r.dbo
-    spec_depth, spec_method, draft_tp = r.spec_depth, r.spec_method, r.draft_tp
-    kv_cache_dtype, max_model_len = r.kv_cache_dtype, r.max_model_len
-    max_num_seqs, max_num_batched_tokens = r.max_num_seqs, r.max_num_batched_tokens
-    overrides, extra_args, env, pass_env = r.args, r.extra_args, r.env, r.pass_env
-    allow_emulated, skip_checks, no_multicast = r.allow_emulated, r.skip_checks, r.no_multicast
-    catalog_dir, image, mounts, startup_budget_s = r.catalog_dir, r.image, r.mounts, r.startup_budget_s
-    served_model_name, vllm_executable = r.served_model_name, r.vllm_executable
-    profile = r.profile
-    if profile is None and r.profile_file:
-        profile = catalog.load_profile_file(Path(r.profile_file))
-    from m3ctl.state import check_name  # noqa: PLC0415
-
-    check_name(name)  # it names the container, the registry record and the emitted manifests
-    choices: list[Choice] = []
-    rejected: list[Rejected] = []
-    warnings: list[str] = []
-    local = read_model_facts(model)
-    spec = catalog.find_model(model, local.architectures, catalog_dir)
-    # The image that will run (docker) and so the engine (vLLM) version and CUDA the capability rows see.
-    img = None
-    image_ref = None
-    user_image = None
-    if profile is None:
-        profile = catalog.profile_for_arch(inventory.arch, catalog_dir)
-        choices.append(
-            Choice(
-                what="profile",
-                value=profile.name,
-                why=f"catalog profile for detected architecture {inventory.arch!r}"
-                f" ({len(inventory.gpus)} GPU(s), probe {inventory.probe})",
-            )
-        )
-    else:
-        choices.append(Choice(what="profile", value=profile.name, why="given with --profile"))
-    from m3ctl.assess.choose import choose_runtime  # noqa: PLC0415
-
-    runtime, why_rt = choose_runtime(runtime, profile, inventory, image)
-    choices.append(Choice(what="runtime", value=runtime, why=why_rt))
-    if runtime not in profile.runtimes:
-        raise ConfigRejected(
-            f"profile {profile.name!r} does not support runtime {runtime!r}",
-            f"use --runtime {' or '.join(profile.runtimes)}",
-        )
-    # The device set the server will really see (visible-device variables, MIG slices): F02, F03, F05.
-    from m3ctl.hw.visible import resolve as resolve_visibility  # noqa: PLC0415
-
-    vis = resolve_visibility(inventory) if inventory.gpus else None
-    units = vis.units if vis is not None and vis.controlled_by else None
-    if r.gpus is not None:  # pinned GPUs (tune's parallel trials): the plan is for those only
-        units = _pinned_units(inventory, units, r.gpus)
-        choices.append(Choice(what="GPUs", value=", ".join(u.label for u in units), why="pinned by the request (gpus)"))
-    n_gpus = len(units) if units is not None else len(inventory.gpus)
-    mem = (
-        (units[0].memory_mib if units else None)
-        if units is not None
-        else (inventory.gpus[0].memory_total_mib if inventory.gpus else None)
-    )
-    if vis is not None and vis.controlled_by:
-        choices.append(
-            Choice(
-                what="visible GPUs",
-                value=", ".join(u.label for u in vis.units) or "none",
-                why=f"from {', '.join(vis.controlled_by)}",
-            )
-        )
-    if runtime == "docker" and not image and profile.image:
-        img, why_img = capability.choose_image(
-            inventory.vendor or "", profile.arch, inventory.cuda_driver_version, profile.image, catalog_dir
-        )
-        if img is not None and img.name != profile.image:
-            warnings.append(f"image {img.name} (CUDA {img.cuda_version}) instead of {profile.image}: {why_img}")
-    elif runtime == "docker" and image:
-        cat_img = catalog.find_image(image, catalog_dir)
-        if cat_img is not None:  # a catalog image by name or reference: its catalog facts (as doctor reads them)
-            img = cat_img
-        else:
-            from m3ctl.assess.image import inspect_user_image  # noqa: PLC0415
-
-            user_image = inspect_user_image(image)
-    image_vllm = img.vllm_version if img is not None else (user_image.vllm_version if user_image else None)
-    image_cuda = img.cuda_version if img is not None else (user_image.cuda_version if user_image else None)
-    engine_version = r.engine_version or capability.engine_version(runtime, image_vllm)
-    vname, var = (None, None)
-    if spec is not None:
-        choices.append(Choice(what="model", value=spec.name, why=f"catalog match for {model!r}"))
-        if spec.assumed:
-            warnings.append(
-                f"{spec.name}: facts assumed from a sibling model (not public): {', '.join(spec.assumed)}; "
-                "a local config.json overrides them"
-            )
-        if not local.local or variant:
-            passed: list[tuple[str, str]] = []
-            vname, var, why = choose_variant(
-                spec,
-                model,
-                variant,
-                profile.arch,
-                max(1, n_gpus),
-                mem,
-                passed,
-                allow_emulated,
-                engine_version,
-                image_cuda,
-                kv_cache_dtype or "auto",
-            )
-            rejected += [Rejected(what="variant", value=n, why=w) for n, w in passed]
-            if vname:
-                choices.append(Choice(what="variant", value=f"{vname} ({var.precision})", why=why))
-    elif not local.local:
-        warnings.append(f"{model} is not a local directory nor a catalog model: facts unchecked, vLLM resolves it")
-    facts = model_facts(spec, local, var)
-    family = spec.family if spec else None
-    # A local checkpoint is served as is: its own precision is the variant the capability rows and rules read
-    # (on an architecture the capability table covers; the CPU profile has none).
-    ctx_vname, ctx_var = vname, var
-    if var is None and local.local and profile.arch in capability.table().archs:
-        ctx_vname, ctx_var = checkpoint_variant(facts)
-
-    # Raw vLLM arguments, read as vLLM reads them. Parallel flags among them are planned like --tp/--dp/...
-    # (GPU selection, visibility and every rule see the layout vLLM will use).
-    from m3ctl.vllm_args import read_raw_args  # noqa: PLC0415
-
-    raw = read_raw_args(extra_args or [])
-    given: dict[str, Any] = {"tp": tp, "dp": dp, "dcp": dcp, "ep": ep, "dbo": dbo, "pp": r.pp}
-    for flag, knob in RAW_PARALLEL_FLAGS.items():
-        if flag not in raw.flags:
-            continue
-        v = raw.flags.pop(flag)
-        val = v if isinstance(v, bool) else vllm_int(v)
-        if val is None or (not isinstance(val, bool) and val < 1):
-            raise BadInput(f"raw --{flag} {v!r} is not an integer >= 1", f"e.g. -- --{flag} 2, or m3ctl's --{knob}")
-        if given[knob] is not None and given[knob] != val:
-            raise BadInput(f"--{knob} {given[knob]} and raw --{flag} {v} disagree", f"give the {knob.upper()} once")
-        given[knob] = val
-        choices.append(Choice(what=f"--{flag}", value=str(v), why=f"raw vLLM argument, planned as --{knob}"))
-    tp, dp, dcp, ep, dbo, pp = given["tp"], given["dp"], given["dcp"], given["ep"], given["dbo"], given["pp"]
-
-    # Parallel layout. A profile's ``parallel`` defaults (a tuned profile) fill what the caller left unset:
-    # TP and DP as a pair (either one given = the caller's layout), DCP/EP/DBO one by one.
-    pd = profile.parallel
-    if pd is not None:
-        from_profile = []
-        if tp is None and dp is None and (pd.tp or pd.dp):  # a pair: the other one at its default
-            tp, dp = pd.tp or max(1, max(1, n_gpus) // (pd.dp or 1)), pd.dp or 1
-            from_profile += [f"TP {pd.tp}"] * bool(pd.tp) + [f"DP {pd.dp}"] * bool(pd.dp)
-        if dcp is None and pd.dcp is not None:
-            dcp = pd.dcp
-            from_profile.append(f"DCP {dcp}")
-        if ep is None and pd.ep is not None:
-            ep = pd.ep
-            from_profile.append(f"EP {'on' if ep else 'off'}")
-        if dbo is None and pd.dbo is not None:
-            dbo = pd.dbo
-            from_profile.append(f"DBO {'on' if dbo else 'off'}")
-        if from_profile:
-            choices.append(
-                Choice(
-                    what="parallel defaults",
-                    value=", ".join(from_profile),
-                    why=f"profile {profile.name} parallel section (command-line values win)",
-                )
-            )
-    strategy = profile.strategies.get(max(1, n_gpus), "tp")
-    d_tp, d_dp, d_ep = (1, max(1, n_gpus), True) if strategy == "dep" else (max(1, n_gpus), 1, strategy == "tep")
-    if not facts.moe:
-        d_ep = False
-    if dp and not tp:  # DP given alone: fill the GPUs with TP (DP x TP = GPU count)
-        d_tp = max(1, max(1, n_gpus) // dp)
-    tp_, dp_ = tp or d_tp, dp or d_dp
-    ep_ = d_ep if ep is None else ep
-    dcp_, dbo_, pp_ = dcp or 1, bool(dbo), pp or 1
-    if n_gpus > 0 and profile.arch != "cpu" and None in (tp, dp, dcp, ep, pp):
-        # Open dimensions: search the layouts (m3ctl.assess.search); each candidate is this function with every
-        # dimension pinned, so every rule judges it.
-        from m3ctl.assess import search as layout_search  # noqa: PLC0415
-        from m3ctl.vllm_args import engine_facts  # noqa: PLC0415
-
-        pins = {"tp": tp, "pp": pp, "dp": dp, "dcp": dcp, "ep": ep}
-        archs = facts.architectures or (spec.architectures if spec else [])
-        pp_ok = bool(archs) and any(a in engine_facts(engine_version).pp_architectures for a in archs)
-        dcp_ok = profile.supports.dcp and facts.attention in profile.supports.dcp_attention
-        default = layout_search.Layout(tp_, pp_, dp_, dcp_, bool(ep_))
-        best = layout_search.search(
-            lambda q: plan(inventory, q),
-            r,
-            n_gpus=n_gpus,
-            pins=pins,
-            moe=facts.moe,
-            ep_ok=profile.supports.ep,
-            pp_ok=pp_ok,
-            dcp_sizes=[d for d in (2, 4, 8) if d <= n_gpus] if dcp_ok else [],
-            default=default,
-        )
-        return best.model_copy(update={"request": r.public()})
-    if tp is None and dp is None and n_gpus > 0:
-        choices.append(
-            Choice(
-                what="parallel",
-                value=f"TP {tp_} x DP {dp_}{' + EP' if ep_ else ''}",
-                why=f"profile {profile.name} strategy {strategy!r} for {n_gpus} GPU(s)",
-            )
-        )
-    # Speculative decoding.
-    depth = spec_depth or 0
-    method = spec_method or ((spec.drafter.method if spec and spec.drafter else None) or "ngram")
-    spec_cfg: dict[str, Any] | None = None
-    if depth > 0:
-        spec_cfg = {"method": method, "num_speculative_tokens": depth}
-        if spec and spec.drafter and spec.drafter.model and method == spec.drafter.method:
-            spec_cfg["model"] = spec.drafter.model
-        if draft_tp is not None:
-            spec_cfg["draft_tensor_parallel_size"] = draft_tp
-        choices.append(
-            Choice(
-                what="speculative",
-                value=json.dumps(spec_cfg),
-                why="--spec-depth" + (" with the model's drafter" if "model" in spec_cfg else ""),
-            )
-        )
-
-    # Flags, lowest precedence first.
-    args: dict[str, Any] = {}
-    envs: dict[str, str] = {}
-
-    found = _secrets.Separated()
-
-    def layer(src: dict[str, Any], why: str) -> None:
-        sep = _secrets.separate(src, origin=why)  # a secret flag: its value to the server's environment only
-        found.values.update(sep.values)
-        found.origins.update(sep.origins)
-        for secret_var, where in sep.origins.items():
-            choices.append(Choice(what=secret_var, value="(server environment; value hidden)", why=where))
-        for k, v in sep.args.items():
-            k = _canon_flag(k)
-            other = SAME_SETTING.get(k)
-            if other and other in args:  # two spellings of one setting never both reach vLLM
-                choices.append(Choice(what=f"--{other}", value="dropped", why=f"--{k} ({why}) sets the same setting"))
-                del args[other]
-            args[k] = v
-            choices.append(Choice(what=f"--{k}", value=str(v), why=why))
-
-    layer(profile.serve_args, f"profile {profile.name}")
-    envs.update(profile.env)
-    if family:
-        layer(profile.family_args.get(family, {}), f"profile {profile.name} for the {family} family")
-        envs.update(profile.family_env.get(family, {}))
-    if spec:
-        layer(spec.base_args, f"model {spec.name}")
-    if var:
-        layer(var.serve_args, f"variant {vname}")
-        layer(var.arch_args.get(profile.arch, {}), f"variant {vname} on {profile.arch}")
-        envs.update(var.env)
-        envs.update(var.arch_env.get(profile.arch, {}))
-    par: dict[str, Any] = {}
-    if tp_ > 1:
-        par["tensor-parallel-size"] = tp_
-    if dp_ > 1:
-        par["data-parallel-size"] = dp_
-    if pp_ > 1:
-        par["pipeline-parallel-size"] = pp_
-    if dcp_ > 1:
-        par["decode-context-parallel-size"] = dcp_
-    if ep_:
-        par["enable-expert-parallel"] = True
-    if dbo_:
-        par["enable-dbo"] = True
-    if spec_cfg:
-        par["speculative-config"] = spec_cfg
-    layer(par, "parallel / speculative layout")
-    typed = {
-        "kv-cache-dtype": kv_cache_dtype,
-        "max-model-len": max_model_len,
-        "max-num-seqs": max_num_seqs,
-        "max-num-batched-tokens": max_num_batched_tokens,
-    }
-    layer({k: v for k, v in typed.items() if v is not None}, "command-line override")
-    if (
-        facts.max_position_embeddings
-        and isinstance(args.get("max-model-len"), int)
-        and args["max-model-len"] > facts.max_position_embeddings
-    ):
-        args["max-model-len"] = facts.max_position_embeddings
-        choices.append(
-            Choice(
-                what="--max-model-len",
-                value=str(facts.max_position_embeddings),
-                why="capped at the model's max_position_embeddings",
-            )
-        )
-    layer({k.lstrip("-"): v for k, v in (overrides or {}).items()}, "command-line override (--arg)")
-    layer(raw.flags, "raw vLLM argument")
-    _attention_choice(r.attention, facts, family, profile.arch, engine_version, args, choices, warnings)
-    for note in raw.notes:
-        choices.append(Choice(what="raw argument", value=note.split(" read as ")[-1].split(" (")[0], why=note))
-    envs.update(env or {})
-    unset_env: list[str] = []
-    if vis is not None and vis.controlled_by and runtime == "process":
-        vf = vendors.facts(inventory.vendor)  # the visibility variables: m3ctl/data/vendors.yaml
-        vis_var = vf.visibility.env.value if vf else ""
-        if vf and vis.index_form:  # NVIDIA UUIDs resolved to indices (m3ctl/hw/visible.py)
-            envs[vis_var] = vis.index_form
-            choices.append(
-                Choice(
-                    what=vis_var,
-                    value=vis.index_form,
-                    why="UUIDs translated to indices (vLLM before the UUID fix crashes on them: F02)",
-                )
-            )
-        if vf and vf.visibility.unset.value and vis.units and len(vis.controlled_by) > 1:  # AMD double masking
-            envs[vis_var] = ",".join(str(u.gpu) for u in vis.units)
-            unset_env = [k for k in vf.visibility.unset.value if k in vis.controlled_by]
-            choices.append(
-                Choice(
-                    what=vis_var,
-                    value=envs[vis_var],
-                    why=f"one visibility variable instead of {' + '.join(vis.controlled_by)} "
-                    "(double masking: F05); the others are unset for the server",
-                )
-            )
-    if r.gpus is not None and units and runtime == "process":
-        envs, unset_env = _pin_env(inventory, units, envs, unset_env, choices)
-    world = tp_ * pp_ * dp_  # vLLM's world size: the GPUs the launch occupies
-    if no_multicast and max(world, 1) > 1:
-        envs.update(profile.no_multicast_env)
-        if profile.no_multicast_env:
-            choices.append(Choice(what="env", value="NVLink multicast off", why="--no-multicast (shared host)"))
-    sep = _secrets.separate(env=envs, origin="an env: of the profile, model or request")
-    envs = sep.env
-    for secret_var, where in sep.origins.items():
-        found.values[secret_var] = sep.values[secret_var]
-        found.origins[secret_var] = where
-        choices.append(Choice(what=secret_var, value="(server environment; value hidden)", why=where))
-    secret_names = sorted(set(pass_env or []) | set(found.values))
-    origins = {k: "the launching environment" for k in pass_env or []} | found.origins
-    if exposed := _secrets.exposure_warning(host, secret_names):
-        warnings.append(exposed)
-
-    if runtime == "docker":
-        if image and img is not None:  # a catalog image given with --image
-            image_ref = img.reference
-            choices.append(Choice(what="image", value=image_ref, why=f"given with --image (catalog image {img.name})"))
-        elif image:
-            image_ref = image
-            choices.append(
-                Choice(
-                    what="image",
-                    value=image,
-                    why="given with --image"
-                    + (
-                        f" (labels/env: {user_image.describe()})"
-                        if user_image
-                        else " (not inspected: no container engine or not pulled)"
-                    ),
-                )
-            )
-            img = user_image.as_catalog_image() if user_image else None
-        elif img is not None:
-            image_ref = img.reference
-            choices.append(
-                Choice(
-                    what="image",
-                    value=image_ref,
-                    why=f"profile {profile.name} image {profile.image}"
-                    if img.name == profile.image
-                    else f"{img.name}: the profile image needs a newer driver",
-                )
-            )
-        else:
-            raise ConfigRejected(
-                f"profile {profile.name!r} names no image for the docker runtime",
-                "pass --image REF (a local image works; see m3ctl/runtime/docker.py)",
-            )
-    ctx = PlanContext(
-        inventory=inventory,
-        profile=profile,
-        spec=spec,
-        variant_name=ctx_vname,
-        variant=ctx_var,
-        facts=facts,
-        image=img,
-        runtime=runtime,
-        tp=tp_,
-        dp=dp_,
-        dcp=dcp_,
-        ep=ep_,
-        dbo=dbo_,
-        pp=pp_,
-        spec_method=method if depth else None,
-        spec_depth=depth,
-        draft_tp=draft_tp,
-        args=args,
-        env=envs,
-        allow_emulated=allow_emulated,
-        n_visible=n_gpus,
-        unit_memory_mib=mem,
-        visibility_problems=list(vis.problems) if vis is not None else [],
-        engine_version=engine_version,
-        image_cuda=image_cuda if runtime == "docker" else None,
-        drafter_block_size=spec.drafter.block_size if spec and spec.drafter else None,
-        image_archs=list(user_image.cuda_archs) if user_image and runtime == "docker" else [],
-    )
-    chosen_len = choose_max_model_len(ctx)
-    if chosen_len:
-        choices.append(Choice(what="--max-model-len", value=str(chosen_len[0]), why=chosen_len[1]))
-        warnings.append(chosen_len[2])
-    findings = run_rules(ctx)
-    violations = [f for f in findings if f.status == "FAIL"]
-    if violations and not skip_checks:
-        v = violations[0]
-        more = f" (also: {', '.join(x.rule for x in violations[1:])})" if len(violations) > 1 else ""
-        alts = (
-            "; ".join(f"{r.what} {r.value}: {r.why}" for r in rejected)
-            if v.rule in ("variant.native", "memory.fit")
-            else ""
-        )
-        raise ConfigRejected(
-            f"rule {v.rule}: {v.message}{more}",
-            f"{v.fix} [source: {v.source}]" + (f"; alternatives rejected: {alts}" if alts else ""),
-        )
-    if ctx.variant and allow_emulated and ctx.support().status == "emulated":
-        warnings.append(f"variant {ctx_vname} runs emulated on {profile.arch}: {ctx.support().note}")
-    warnings += [f"rule {v.rule} skipped: {v.message}" for v in violations]
-    warnings += [f"rule {f.id}: {f.message} ({f.fix})" for f in findings if f.status == "WARN"]
-    warnings += advisories(ctx)
-
-    target = (
-        model
-        if local.local
-        else (
-            (var.hf_id if var and var.hf_id else None)
-            or (spec.hf_id if spec and spec.hf_id and model.lower() in spec.all_ids() else None)
-            or model
-        )
-    )
-    served = served_model_name or target  # what OpenAI clients send; the deployment name is an alias
-    aliases = [name] if served_model_name is None and name != target else []
-    exe = vllm_executable or find_vllm_executable()
-    from m3ctl.launch import serve_command as vllm_serve_argv  # noqa: PLC0415
-
-    argv = [exe, *vllm_serve_argv(target, host, port, [served, *aliases], args)]
-    weights = facts.weights_gib
-    if startup_budget_s is None:
-        startup_budget_s = profile.readiness.startup_base_s + profile.readiness.startup_s_per_gib * weights
-        why = (
-            f"{profile.readiness.startup_base_s:.0f} s + {profile.readiness.startup_s_per_gib:.0f} s/GiB x "
-            f"{weights:.2f} GiB of weights"
-        )
-    else:
-        why = "given with --startup-timeout"
-    choices.append(Choice(what="startup budget", value=f"{startup_budget_s:.0f} s", why=why))
-    lp = LaunchPlan(
-        name=name,
-        runtime=runtime,
-        profile=profile.name,
-        model_spec=spec.name if spec else None,
-        variant=vname,
-        image=image_ref,
-        model=target,
-        served_model_name=served,
-        host=host,
-        port=port,
-        argv=argv,
-        env=envs,
-        secret_env_names=secret_names,
-        secret_origins=origins,
-        gpus=[u.gpu for u in units][:world] if units is not None else [g.index for g in inventory.gpus][:world],
-        tp=tp_,
-        dp=dp_,
-        dcp=dcp_,
-        ep=ep_,
-        dbo=dbo_,
-        pp=pp_,
-        spec_depth=ctx.speculation()[1],
-        startup_budget_s=startup_budget_s,
-        completion_timeout_s=profile.readiness.completion_timeout_s,
-        choices=choices,
-        rejected=rejected,
-        warnings=warnings,
-        violations=[f"{v.rule}: {v.message}" for v in violations],
-        mounts=list(mounts or []),
-        gpu_vendor=inventory.gpus[0].vendor if inventory.gpus else None,
-        gpu_devices=_device_ids(inventory, units, world),
-        unset_env=unset_env,
-        python_modules=list(profile.family_python_modules.get(family, [])) if family else [],
-        request=r.public(),
-        memory_fit=ctx.memory_fit(),
-        scheduler_limits=ctx.scheduler_limits(),
-        vllm_args=args,
-        served_model_aliases=aliases,
-        weights_gib=weights or None,
-        kernel_expect=kernel_expectation(profile.expect, ctx.support() if ctx.variant else None).model_dump(),
-    )
-    lp._secret_values = dict(found.values)
-    return lp
+    d = step_profile_and_runtime(inventory, request)
+    step_devices(d)
+    step_image(d)
+    step_variant(d)
+    step_raw_parallel_flags(d)
+    searched = step_layout(d)
+    if searched is not None:  # a dimension was open: the search planned every candidate; this is the best
+        return searched
+    step_speculation(d)
+    step_flags(d)
+    step_env(d)
+    step_image_reference(d)
+    step_rules(d)
+    step_argv(d)
+    return step_launch_plan(d)
 
 
 from m3ctl import _api_module

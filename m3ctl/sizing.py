@@ -93,7 +93,7 @@ def size_system(name: str, request: PlanRequest) -> SizingRow:
     inv = inventory_for_system(name)
     key, _spec, count = resolve_system(name)
     g = inv.gpus[0]
-    row = dict(system=f"{key}x{count}", gpus=count, gpu=g.name, gpu_mib=g.memory_total_mib)
+    row: dict[str, Any] = dict(system=f"{key}x{count}", gpus=count, gpu=g.name, gpu_mib=g.memory_total_mib)
     try:
         p = plan_on(inv, request)
     except ConfigRejected as e:

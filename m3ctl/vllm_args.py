@@ -114,6 +114,136 @@ def suggest_flag(name: str, table: VllmFlagTable | None = None) -> str:
     return _closest(name.lstrip("-").split(".", 1)[0], list((table or flag_table()).option_strings()))
 
 
+@dataclass
+class _Tokens:
+    """Raw argv tokens and the position of the next one to read."""
+
+    raw: list[str]
+    i: int = 0
+
+    def left(self) -> bool:
+        return self.i < len(self.raw)
+
+    def value_next(self) -> bool:
+        """A token is left and it is a value, not an option."""
+        return self.left() and not _is_option(self.raw[self.i])
+
+    def take(self) -> str:
+        tok = self.raw[self.i]
+        self.i += 1
+        return tok
+
+
+@dataclass
+class _Option:
+    """One option token as written: the flag name (dashes for underscores up to the first ``.``), the dotted key
+    after it (``sub``, with ``dot`` "." when there is one), the spelling for messages and an ``=value``."""
+
+    name: str
+    dot: str
+    sub: str
+    spelled: str
+    explicit: str | None
+
+
+def _read_option(tok: str, aliases: dict[str, str], table: VllmFlagTable) -> _Option:
+    """Read one option token (``--flag[=v]``, ``--json-arg.key[=v]``, ``-O3``, a short alias ``-tp[=v]``).
+
+    Raises:
+        BadInput: a second ``--``, a value with no flag before it, or an unknown short option.
+    """
+    if tok == "--":
+        raise BadInput("a second `--` among the raw vLLM arguments", "put every vLLM flag after the first `--`")
+    if not _is_option(tok):
+        raise BadInput(
+            f"unexpected raw vLLM argument {tok!r} (a value with no flag before it)",
+            "raw vLLM flags go after `--`, each with its value: -- --max-num-seqs 64",
+        )
+    if tok.startswith("--"):
+        body, eq, val = tok[2:].partition("=")
+        name, dot, sub = body.partition(".")
+        # vLLM: underscores -> dashes up to the first "."
+        return _Option(name.replace("_", "-"), dot, sub, f"--{body}", val if eq else None)
+    if tok.startswith("-O"):  # -O3, -O=3, -O 3 -> --optimization-level
+        rest = tok[2:]
+        return _Option("optimization-level", "", "", tok, rest[1:] if rest.startswith("=") else (rest or None))
+    body, eq, val = tok[1:].partition("=")
+    if body not in aliases:
+        raise BadInput(
+            f"unknown vLLM option {tok!r}" + _closest(body, list(aliases)),
+            f"see `vllm serve --help=all` (vLLM {table.vllm_version})",
+        )
+    return _Option(aliases[body], "", "", f"-{body}", val if eq else None)
+
+
+def _read_unknown(out: RawArgs, toks: _Tokens, opt: _Option) -> None:
+    """A flag vLLM does not know: kept with its value (the next token when it is not an option), else as a switch."""
+    out.unknown.append(opt.spelled)
+    if opt.explicit is not None:
+        out.flags[opt.name] = opt.explicit
+    elif toks.value_next():
+        out.flags[opt.name] = toks.take()
+    else:
+        out.flags[opt.name] = True
+
+
+def _resolve(opt: _Option, tok: str, opts: dict[str, tuple[str, bool]], out: RawArgs) -> tuple[str, bool, bool] | None:
+    """The flag an option string names: (flag name, switch value, expanded from a unique prefix); None when vLLM
+    does not know it.
+
+    Raises:
+        BadInput: a prefix of several options (ambiguous).
+    """
+    if opt.name in opts:
+        return (*opts[opt.name], False)
+    matches = sorted(o for o in opts if o.startswith(opt.name)) if tok.startswith("--") else []
+    if len(matches) == 1:  # argparse allow_abbrev: a unique prefix is that option
+        out.notes.append(f"{opt.spelled} read as --{matches[0]} (vLLM expands a unique prefix)")
+        return (*opts[matches[0]], True)
+    if len(matches) > 1:
+        raise BadInput(
+            f"ambiguous vLLM option {opt.spelled}: it could be "
+            + ", ".join(f"--{m}" for m in matches[:6])
+            + (" ..." if len(matches) > 6 else ""),
+            "spell the flag out in full",
+        )
+    return None
+
+
+def _read_value(out: RawArgs, toks: _Tokens, flag: VllmFlag, name: str, value: bool, opt: _Option) -> None:
+    """The value of a known flag by its arity: a switch's ``value``; one value; an optional one (``True`` when
+    absent); or one or more (a tuple).
+
+    Raises:
+        BadInput: a switch given a value, or a missing value.
+    """
+    spelled, explicit = opt.spelled, opt.explicit
+    if flag.arity == "none":
+        if explicit is not None:
+            raise BadInput(
+                f"{spelled} takes no value (got {explicit!r})",
+                f"write --{name} or --no-{name}" if flag.negatable else f"write --{name} alone",
+            )
+        out.flags[name] = value
+    elif flag.arity == "one":
+        if explicit is None:
+            if not toks.value_next():
+                raise BadInput(f"{spelled} needs a value", f"e.g. --{name} VALUE")
+            explicit = toks.take()
+        out.flags[name] = explicit
+    elif flag.arity == "optional":
+        if explicit is None and toks.value_next():
+            explicit = toks.take()
+        out.flags[name] = True if explicit is None else explicit
+    else:  # many
+        vals = [explicit] if explicit is not None else []
+        while toks.value_next():
+            vals.append(toks.take())
+        if not vals:
+            raise BadInput(f"{spelled} needs at least one value", f"e.g. --{name} VALUE [VALUE ...]")
+        out.flags[name] = tuple(vals)
+
+
 def read_raw_args(raw: list[str], *, table: VllmFlagTable | None = None) -> RawArgs:
     """Read raw ``vllm serve`` arguments (what follows ``--`` on m3ctl's command line) as vLLM 0.32 would.
 
@@ -133,112 +263,31 @@ def read_raw_args(raw: list[str], *, table: VllmFlagTable | None = None) -> RawA
     opts = table.option_strings()
     aliases = table.aliases()
     out = RawArgs()
-    i = 0
-    while i < len(raw):
-        tok = raw[i]
-        i += 1
-        if tok == "--":
-            raise BadInput("a second `--` among the raw vLLM arguments", "put every vLLM flag after the first `--`")
-        if not _is_option(tok):
-            raise BadInput(
-                f"unexpected raw vLLM argument {tok!r} (a value with no flag before it)",
-                "raw vLLM flags go after `--`, each with its value: -- --max-num-seqs 64",
-            )
-        explicit: str | None = None
-        if tok.startswith("--"):
-            body, eq, val = tok[2:].partition("=")
-            explicit = val if eq else None
-            name, dot, sub = body.partition(".")
-            name = name.replace("_", "-")  # vLLM: underscores -> dashes up to the first "."
-            spelled = f"--{body}"
-        elif tok.startswith("-O"):  # -O3, -O=3, -O 3 -> --optimization-level
-            name, dot, sub = "optimization-level", "", ""
-            rest = tok[2:]
-            explicit = rest[1:] if rest.startswith("=") else (rest or None)
-            spelled = tok
-        else:
-            body, eq, val = tok[1:].partition("=")
-            explicit = val if eq else None
-            if body not in aliases:
-                raise BadInput(
-                    f"unknown vLLM option {tok!r}" + _closest(body, list(aliases)),
-                    f"see `vllm serve --help=all` (vLLM {table.vllm_version})",
-                )
-            name, dot, sub, spelled = aliases[body], "", "", f"-{body}"
-        if dot:  # --json-arg.key value: vLLM builds the JSON flag from the keys; no prefix matching here
-            if name not in table.flags:
-                out.unknown.append(f"--{name}")
-            if explicit is None:
-                if i >= len(raw):
-                    raise BadInput(f"{spelled} needs a value", f"e.g. {spelled} VALUE")
-                explicit = raw[i]
-                i += 1
-            out.flags[f"{name}.{sub}"] = explicit
+    toks = _Tokens(raw)
+    while toks.left():
+        tok = toks.take()
+        opt = _read_option(tok, aliases, table)
+        if opt.dot:  # --json-arg.key value: vLLM builds the JSON flag from the keys; no prefix matching here
+            if opt.name not in table.flags:
+                out.unknown.append(f"--{opt.name}")
+            if opt.explicit is None and not toks.left():
+                raise BadInput(f"{opt.spelled} needs a value", f"e.g. {opt.spelled} VALUE")
+            out.flags[f"{opt.name}.{opt.sub}"] = opt.explicit if opt.explicit is not None else toks.take()
             continue
-        value: bool = True
-        expanded = False
-        if name in opts:
-            name, value = opts[name]
-        else:
-            matches = sorted(o for o in opts if o.startswith(name)) if tok.startswith("--") else []
-            if len(matches) == 1:  # argparse allow_abbrev: a unique prefix is that option
-                out.notes.append(f"{spelled} read as --{matches[0]} (vLLM expands a unique prefix)")
-                name, value = opts[matches[0]]
-                expanded = True
-            elif len(matches) > 1:
-                raise BadInput(
-                    f"ambiguous vLLM option {spelled}: it could be "
-                    + ", ".join(f"--{m}" for m in matches[:6])
-                    + (" ..." if len(matches) > 6 else ""),
-                    "spell the flag out in full",
-                )
-            else:
-                out.unknown.append(spelled)
-                if explicit is not None:
-                    out.flags[name] = explicit
-                elif i < len(raw) and not _is_option(raw[i]):
-                    out.flags[name] = raw[i]
-                    i += 1
-                else:
-                    out.flags[name] = True
-                continue
+        found = _resolve(opt, tok, opts, out)
+        if found is None:
+            _read_unknown(out, toks, opt)
+            continue
+        name, value, expanded = found
         if name in OWNED_FLAGS:
             raise BadInput(
-                f"raw {spelled}: m3ctl sets --{name} itself (its readiness checks use it)",
+                f"raw {opt.spelled}: m3ctl sets --{name} itself (its readiness checks use it)",
                 f"use m3ctl's own {OWNED_FLAGS[name]} option instead",
             )
         canon = f"--{'no-' if value is False else ''}{name}"
-        if not expanded and spelled != canon:
-            out.notes.append(f"{spelled} read as {canon}")
-        flag = table.flags[name]
-        if flag.arity == "none":
-            if explicit is not None:
-                raise BadInput(
-                    f"{spelled} takes no value (got {explicit!r})",
-                    f"write --{name} or --no-{name}" if flag.negatable else f"write --{name} alone",
-                )
-            out.flags[name] = value
-            continue
-        if flag.arity == "one":
-            if explicit is None:
-                if i >= len(raw) or _is_option(raw[i]):
-                    raise BadInput(f"{spelled} needs a value", f"e.g. --{name} VALUE")
-                explicit = raw[i]
-                i += 1
-            out.flags[name] = explicit
-        elif flag.arity == "optional":
-            if explicit is None and i < len(raw) and not _is_option(raw[i]):
-                explicit = raw[i]
-                i += 1
-            out.flags[name] = True if explicit is None else explicit
-        else:  # many
-            vals = [explicit] if explicit is not None else []
-            while i < len(raw) and not _is_option(raw[i]):
-                vals.append(raw[i])
-                i += 1
-            if not vals:
-                raise BadInput(f"{spelled} needs at least one value", f"e.g. --{name} VALUE [VALUE ...]")
-            out.flags[name] = tuple(vals)
+        if not expanded and opt.spelled != canon:
+            out.notes.append(f"{opt.spelled} read as {canon}")
+        _read_value(out, toks, table.flags[name], name, value, opt)
     return out
 
 

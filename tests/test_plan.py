@@ -7,7 +7,8 @@ import pytest
 from m3ctl.catalog import Profile
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
-from m3ctl.plan import PlanRequest, plan, render_flags
+from m3ctl.launch import render_flags
+from m3ctl.plan import PlanRequest, plan
 
 CPU = HostInventory()
 
