@@ -1,11 +1,16 @@
 """``m3ctl doctor``: check by check, can a model be served here, how, and what exactly to fix.
 
-Checks are grouped (``gpu``, ``driver``, ``capability``, ``container``, ``host``, ``model``); each
+Checks are declared with ``@check(id, group)`` into the registry :data:`CHECKS` (as plan rules are with
+``@rule(id)``), grouped (``gpu``, ``driver``, ``capability``, ``container``, ``host``, ``model``); each
 returns a :class:`CheckResult` ``(id, group, status, message, fix, details)`` with status
 ``OK`` / ``WARN`` / ``FAIL`` / ``SKIP``. A check that raises becomes ``FAIL`` with its error (never a
 traceback), and the remaining checks still run. The report ends with a :class:`Verdict`:
 runnable natively / runnable with fallbacks (listed) / not runnable, plus the recommended image and
 kernel profile by name.
+
+A check whose id is also a plan rule's (``gpu.visible_devices``, ``image.cuda_vs_driver``,
+``capability.known_bad``, ``capability.known_issue``) shows that rule's finding when the rule fires (same status,
+message, fix and source: :func:`_view`), never a second judgement of the same fact.
 
 Two kinds of checks:
 - inventory checks read only the :class:`~m3ctl.hw.inventory.HostInventory`, so a saved inventory

@@ -1,9 +1,12 @@
 """The one rule registry: named checks run on every launch plan (plan, serve, tune, doctor's verdict).
 
-Each rule takes a :class:`PlanContext` and returns a :class:`Finding` (or None): id, status (``FAIL``
-rejects the plan, exit 3; ``WARN`` is shown with it), message, fix and source. The rules encode vLLM
-constraints that vLLM itself only raises at engine init, often after minutes of weight loading. Every
-rule sees raw flags in every spelling (typed knob, ``--x-config`` JSON, dotted ``--x-config.key``).
+Each rule is declared with ``@rule(id)``, takes a :class:`PlanContext` and returns a :class:`Finding` (or None):
+``rule`` (its id), ``status`` (``FAIL`` rejects the plan, exit 3; ``WARN`` is shown with it), ``message``, ``fix``
+and ``source``. A rejection is a :class:`~m3ctl.errors.ConfigRejected` carrying that outcome as attributes
+(:func:`rejection`). The rules encode vLLM constraints that vLLM itself only raises at engine init, often after
+minutes of weight loading. Every rule sees raw flags in every spelling (typed knob, ``--x-config`` JSON, dotted
+``--x-config.key``). A finding doctor also shows (its row of the same id) comes from one function here that both
+call (:func:`cuda_vs_driver`, :func:`known_bad`, :func:`known_issue`, :func:`visible_devices`).
 """
 
 from __future__ import annotations
