@@ -1678,14 +1678,16 @@ def _layout_label(p) -> str:
     )
 
 
-def _rejection(e: M3Error) -> tuple[str, str]:
-    """(id, ``id: reason``) of an engine rejection: a rule's (:class:`~m3ctl.errors.ConfigRejected` ``rule`` and
-    ``reason``), else ``model.profile`` for a missing kernel profile (catalog) and ``model.plan`` for the rest."""
-    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+def _rejection(e: M3Error, no_profile: bool = False) -> tuple[str, str]:
+    """(id, ``id: reason``) of an engine rejection, from the error's attributes and type (never its text): a rule's
+    (:class:`~m3ctl.errors.ConfigRejected` ``rule`` and ``reason``); ``model.profile`` for a catalog error where
+    doctor found no kernel profile for the architecture (``no_profile``: the one plan raises too); else
+    ``model.plan``."""
+    from m3ctl.errors import CatalogError, ConfigRejected  # noqa: PLC0415
 
     if isinstance(e, ConfigRejected) and e.rule:
         return e.rule, f"{e.rule}: {e.reason}"
-    where = "model.profile" if "kernel profile" in e.message else "model.plan"
+    where = "model.profile" if no_profile and isinstance(e, CatalogError) else "model.plan"
     return where, f"{where}: {e.message}"
 
 
@@ -1721,7 +1723,7 @@ def _as_plan(ctx: Ctx, v: Verdict, checks: list[CheckResult], inventory_file: st
             raise ctx.planned
         p = ctx.planned if ctx.planned is not None else plan(ctx.inv, req)
     except M3Error as e:
-        _, blocker = _rejection(e)
+        _, blocker = _rejection(e, ctx.profile is None)
         if not ctx.local_model:
             checks.append(_r("model.plan", "model", "FAIL", f"m3ctl plan rejects it: rule {blocker}", e.hint))
         v = v.model_copy(
@@ -1767,7 +1769,7 @@ def _name_user_rule(ctx: Ctx, v: Verdict, req) -> Verdict:
     try:
         plan(ctx.inv, _user_request(ctx, req))
     except M3Error as e:
-        rid, blocker = _rejection(e)
+        rid, blocker = _rejection(e, ctx.profile is None)
         if not any(b.startswith(f"{rid}:") for b in v.blockers):
             return v.model_copy(update={"blockers": [*v.blockers, blocker]})
     return v

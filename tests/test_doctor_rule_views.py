@@ -16,7 +16,7 @@ from m3ctl import doctor
 from m3ctl.assess import rules
 from m3ctl.assess.request import PlanRequest
 from m3ctl.assess.rules import Finding
-from m3ctl.errors import ConfigRejected
+from m3ctl.errors import CatalogError, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.plan import plan
 from tests.hosts import ALL, h200x2
@@ -165,3 +165,7 @@ def test_doctor_reads_the_rule_from_the_attributes_not_the_message():
         "model.plan",
         "model.plan: the mount is bad",
     )
+    # A catalog error is the kernel profile's only where doctor found none for the architecture (not by its text).
+    no_prof = CatalogError("no kernel profile for architecture 'ampere'")
+    assert doctor._rejection(no_prof, no_profile=True)[0] == "model.profile"
+    assert doctor._rejection(no_prof, no_profile=False)[0] == "model.plan"
