@@ -1,11 +1,16 @@
 """``m3ctl doctor``: check by check, can a model be served here, how, and what exactly to fix.
 
-Checks are grouped (``gpu``, ``driver``, ``capability``, ``container``, ``host``, ``model``); each
+Checks are declared with ``@check(id, group)`` into the registry :data:`CHECKS` (as plan rules are with
+``@rule(id)``), grouped (``gpu``, ``driver``, ``capability``, ``container``, ``host``, ``model``); each
 returns a :class:`CheckResult` ``(id, group, status, message, fix, details)`` with status
 ``OK`` / ``WARN`` / ``FAIL`` / ``SKIP``. A check that raises becomes ``FAIL`` with its error (never a
 traceback), and the remaining checks still run. The report ends with a :class:`Verdict`:
 runnable natively / runnable with fallbacks (listed) / not runnable, plus the recommended image and
 kernel profile by name.
+
+A check whose id is also a plan rule's (``gpu.visible_devices``, ``image.cuda_vs_driver``,
+``capability.known_bad``, ``capability.known_issue``) shows that rule's finding when the rule fires (same status,
+message, fix and source: :func:`_view`), never a second judgement of the same fact.
 
 Two kinds of checks:
 - inventory checks read only the :class:`~m3ctl.hw.inventory.HostInventory`, so a saved inventory
@@ -18,6 +23,8 @@ m3ctl/data/architectures.yaml, the model catalog (m3ctl.catalog) and the field f
 shared/cases/field-failures.md (F01-F10, F14, F17) that the checks are tested against.
 """
 
+from __future__ import annotations
+
 import dataclasses
 import os
 import socket
@@ -25,7 +32,7 @@ import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, Field
 
@@ -37,8 +44,14 @@ from m3ctl.assess.image import ImageFacts, image_facts_from_env
 from m3ctl.hw import visible as vismod
 from m3ctl.hw.inventory import HostInventory, sm_name
 
+if TYPE_CHECKING:
+    from m3ctl.assess.request import PlanRequest
+    from m3ctl.assess.rules import Finding
+    from m3ctl.errors import M3Error
+
 Status = Literal["OK", "WARN", "FAIL", "SKIP"]
 Group = Literal["gpu", "driver", "capability", "container", "host", "model"]
+VerdictStatus = Literal["runnable_natively", "runnable_with_fallbacks", "not_runnable"]
 DEFAULT_MODEL = "MiniMax-M3.1-Flash"
 INVENTORY_GROUPS = ("gpu", "driver", "capability", "container", "model")
 
@@ -84,7 +97,7 @@ class Verdict(BaseModel):
 
     model: str
     variant: str | None = None
-    status: Literal["runnable_natively", "runnable_with_fallbacks", "not_runnable"]
+    status: VerdictStatus
     summary: str
     fallbacks: list[str] = Field(default_factory=list)
     blockers: list[str] = Field(default_factory=list)
@@ -192,7 +205,51 @@ def _r(
     return CheckResult(id=id_, group=group, status=status, message=message, fix=fix, details=details or [])
 
 
+def _view(f: Finding, group: Group, details: list[str] | None = None) -> CheckResult:
+    """Doctor's row for a plan rule's finding: the rule's id, status, message and fix as they are (never a second
+    judgement of the same fact), its source last in the details."""
+    status: Status = "FAIL" if f.status == "FAIL" else "WARN"
+    return _r(f.rule, group, status, f.message, f.fix, [*(details or []), f"source: {f.source}"])
+
+
+# ----------------------------------------------------------------------------- the registry
+CheckFn = Callable[[Ctx], CheckResult]
+
+
+@dataclass(frozen=True)
+class Check:
+    """A declared doctor check (see :func:`check`): the id and group of the row it returns, and its function."""
+
+    id: str
+    group: Group
+    fn: CheckFn
+    live: bool = False
+    """It looks at the machine running doctor: runs only with ``host_checks`` and never changes the verdict."""
+    local_model: bool = False
+    """It runs only for a local model directory."""
+
+
+CHECKS: list[Check] = []
+"""The registry: every check in declaration order, the order of the report's rows; :func:`check` adds to it."""
+
+
+def check(
+    check_id: str, group: Group, *, live: bool = False, local_model: bool = False
+) -> Callable[[CheckFn], CheckFn]:
+    """Declare a doctor check, as :func:`m3ctl.assess.rules.rule` declares a plan rule: ``@check("gpu.mig", "gpu")``
+    registers the function in :data:`CHECKS`. ``live``: it reads this machine (skipped for ``--inventory FILE``);
+    ``local_model``: it runs only for a local model directory. A check whose id is also a rule id
+    (:func:`m3ctl.assess.rules.rule_ids`) shows that rule's finding when the rule fires (:func:`_view`)."""
+
+    def deco(fn: CheckFn) -> CheckFn:
+        CHECKS.append(Check(check_id, group, fn, live, local_model))
+        return fn
+
+    return deco
+
+
 # ----------------------------------------------------------------------------- gpu
+@check("gpu.detect", "gpu")
 def check_gpu_detect(ctx: Ctx) -> CheckResult:
     inv = ctx.inv
     reasons = [f"{d.probe}: {d.reason}" for d in inv.declined]
@@ -254,6 +311,7 @@ _RELOAD = (
 )
 
 
+@check("gpu.nvml_init", "gpu")
 def check_nvml_init(ctx: Ctx) -> CheckResult:
     """F01: every driver/library mismatch form (NVML code 18, nvidia-smi text, /proc vs soname, dmesg)."""
     inv, drv = ctx.inv, ctx.inv.driver
@@ -338,8 +396,12 @@ def check_nvml_init(ctx: Ctx) -> CheckResult:
     return _r("gpu.nvml_init", "gpu", "SKIP", "no NVIDIA driver on this host", details=details)
 
 
+@check("gpu.visible_devices", "gpu")
 def check_visible_devices(ctx: Ctx) -> CheckResult:
-    """F02 (UUID/MIG syntax) and F05 (ROCR + HIP/CUDA double masking)."""
+    """F02 (UUID/MIG syntax) and F05 (ROCR + HIP/CUDA double masking): a problem is the plan rule
+    ``gpu.visible_devices``'s finding (:func:`m3ctl.assess.rules.visible_devices`); a warning is doctor's own."""
+    from m3ctl.assess.rules import visible_devices  # noqa: PLC0415
+
     v = ctx.vis
     if not ctx.gpu_host:
         set_vars = sorted(ctx.inv.visible_devices)
@@ -347,16 +409,9 @@ def check_visible_devices(ctx: Ctx) -> CheckResult:
             "gpu.visible_devices", "gpu", "SKIP", "no GPU" + (f" ({', '.join(set_vars)} set)" if set_vars else "")
         )
     details = v.notes + [f"visible: {u.label}" for u in v.units]
-    if v.problems:
-        return _r(
-            "gpu.visible_devices",
-            "gpu",
-            "FAIL",
-            "; ".join(v.problems),
-            "use integer indices, full GPU-/MIG- UUIDs or unique prefixes that exist here; one MIG slice per "
-            "server; on AMD set only one of ROCR_/HIP_/CUDA_VISIBLE_DEVICES",
-            details + v.warnings,
-        )
+    f = visible_devices(list(v.problems))
+    if f is not None:
+        return _view(f, "gpu", details + v.warnings)
     if v.warnings:
         return _r(
             "gpu.visible_devices",
@@ -371,6 +426,7 @@ def check_visible_devices(ctx: Ctx) -> CheckResult:
     return _r("gpu.visible_devices", "gpu", "OK", f"{len(v.units)} visible{how}: {what}", details=details)
 
 
+@check("gpu.mig", "gpu")
 def check_mig(ctx: Ctx) -> CheckResult:
     """F03: MIG slices use their own memory; NoPermission queries are n/a, detection marked degraded."""
     migged = [g for g in ctx.inv.gpus if g.mig_mode]
@@ -408,6 +464,7 @@ def check_mig(ctx: Ctx) -> CheckResult:
     return _r("gpu.mig", "gpu", "OK", msg, details=details)
 
 
+@check("gpu.links", "gpu")
 def check_links(ctx: Ctx) -> CheckResult:
     inv = ctx.inv
     if len(inv.gpus) < 2:
@@ -438,6 +495,7 @@ def check_links(ctx: Ctx) -> CheckResult:
     )
 
 
+@check("gpu.virtualized", "gpu")
 def check_virtualized(ctx: Ctx) -> CheckResult:
     """N02: a vGPU profile in the GPU name (``H200-141C``, ``-nnQ``): peer-to-peer and vLLM's custom all-reduce
     are not validated there (vllm#50557: custom_all_reduce.cuh illegal memory access during CUDA-graph capture
@@ -447,7 +505,7 @@ def check_virtualized(ctx: Ctx) -> CheckResult:
     nvidia = [g for g in ctx.inv.gpus if g.vendor == "nvidia"]
     if not nvidia:
         return _r("gpu.virtualized", "gpu", "SKIP", "no NVIDIA GPU")
-    virt = [(g, vgpu_profile(g.name)) for g in nvidia if vgpu_profile(g.name)]
+    virt = [(g, prof) for g in nvidia if (prof := vgpu_profile(g.name))]
     if not virt:
         return _r("gpu.virtualized", "gpu", "OK", "no vGPU profile in the GPU names (full GPUs)")
     profs = sorted({p for _, p in virt})
@@ -470,6 +528,7 @@ def check_virtualized(ctx: Ctx) -> CheckResult:
     )
 
 
+@check("gpu.fabric_manager", "gpu")
 def check_fabric_manager(ctx: Ctx) -> CheckResult:
     """F07: NVSwitch hosts need fabric state COMPLETED and a fabric manager matching the driver."""
     inv = ctx.inv
@@ -537,6 +596,7 @@ def check_fabric_manager(ctx: Ctx) -> CheckResult:
     )
 
 
+@check("gpu.cuda_init", "gpu")
 def check_cuda_init(ctx: Ctx) -> CheckResult:
     ci = ctx.inv.cuda_init
     if ci is None:
@@ -552,6 +612,7 @@ def check_cuda_init(ctx: Ctx) -> CheckResult:
 
 
 # ----------------------------------------------------------------------------- driver
+@check("driver.version", "driver")
 def check_driver_version(ctx: Ctx) -> CheckResult:
     inv = ctx.inv
     if inv.vendor == "nvidia":
@@ -579,6 +640,7 @@ def check_driver_version(ctx: Ctx) -> CheckResult:
     return _r("driver.version", "driver", "SKIP", "no GPU driver")
 
 
+@check("driver.amdsmi", "driver")
 def check_amdsmi(ctx: Ctx) -> CheckResult:
     """F04: vLLM's ROCm platform detection needs the amdsmi Python module in the serving environment."""
     inv = ctx.inv
@@ -606,9 +668,11 @@ def check_amdsmi(ctx: Ctx) -> CheckResult:
     )
 
 
+@check("image.cuda_vs_driver", "driver")
 def check_image_cuda(ctx: Ctx) -> CheckResult:
     """F06: the plan rule ``image.cuda_vs_driver``'s finding for the image the verdict would run (a view of
-    :func:`m3ctl.assess.rules.cuda_vs_driver`, never a second decision); SKIP for the process runtime."""
+    :func:`m3ctl.assess.rules.cuda_vs_driver`, never a second decision). With the process runtime the rule does
+    not apply (no image runs): the finding is a WARN about ``--runtime docker``."""
     from m3ctl.assess.rules import cuda_vs_driver  # noqa: PLC0415
 
     inv, img = ctx.inv, ctx.image
@@ -640,17 +704,11 @@ def check_image_cuda(ctx: Ctx) -> CheckResult:
             f.fix,
             [*det, f"runtime {ctx.runtime}: no image runs", f"source: {f.source}"],
         )
-    return _r(
-        "image.cuda_vs_driver",
-        "driver",
-        "FAIL" if f.status == "FAIL" else "WARN",
-        f.message,
-        f.fix,
-        [*det, f"source: {f.source}"],
-    )
+    return _view(f, "driver", det)
 
 
 # ----------------------------------------------------------------------------- capability
+@check("capability.arch", "capability")
 def check_arch(ctx: Ctx) -> CheckResult:
     if not ctx.gpu_host:
         return _r("capability.arch", "capability", "SKIP", "no GPU")
@@ -720,6 +778,7 @@ def _feature_result(id_: str, fvs: list[caps.FeatureVerdict], what: str) -> Chec
     )
 
 
+@check("capability.quantization", "capability")
 def check_quantization(ctx: Ctx) -> CheckResult:
     if ctx.chosen is None:
         return _r("capability.quantization", "capability", "SKIP", _no_model_reason(ctx))
@@ -731,6 +790,7 @@ def check_quantization(ctx: Ctx) -> CheckResult:
     return _feature_result("capability.quantization", fvs, f"{ctx.chosen.name} ({prec}) weights on {_arch(ctx)}")
 
 
+@check("capability.sparse_attention", "capability")
 def check_sparse_attention(ctx: Ctx) -> CheckResult:
     if ctx.chosen is None or ctx.sizing is None:
         return _r("capability.sparse_attention", "capability", "SKIP", _no_model_reason(ctx))
@@ -745,6 +805,7 @@ def check_sparse_attention(ctx: Ctx) -> CheckResult:
     )
 
 
+@check("capability.kv_cache_dtype", "capability")
 def check_kv_dtype(ctx: Ctx) -> CheckResult:
     """F10: the KV cache dtype is validated against the capability table, never just passed through."""
     if not ctx.gpu_host:
@@ -807,39 +868,39 @@ def _kv_ok(ctx: Ctx, dt: str) -> bool:
     return feat is None or caps.evaluate_feature(_arch(ctx), feat).status in ("native", "supported")
 
 
+@check("capability.known_bad", "capability")
 def check_known_bad(ctx: Ctx) -> CheckResult:
-    """F08: a combination that ran but produced garbage in the field is a WARN with its source."""
+    """F08: a combination that ran but produced garbage in the field: the plan rule ``capability.known_bad``'s
+    finding (:func:`m3ctl.assess.rules.known_bad`), a WARN with its source."""
+    from m3ctl.assess.rules import known_bad  # noqa: PLC0415
+
     if ctx.chosen is None:
         return _r("capability.known_bad", "capability", "SKIP", _no_model_reason(ctx))
-    kb = ctx.chosen.known_bad
-    if kb is None:
+    family = ctx.sizing.family if ctx.sizing else None
+    f = known_bad(family, _arch(ctx), ctx.chosen.precision)
+    if f is None:
         return _r(
             "capability.known_bad",
             "capability",
             "OK",
-            f"no known-bad report for {ctx.sizing.family if ctx.sizing else '?'} {ctx.chosen.precision} "
-            f"on {_arch(ctx)}",
+            f"no known-bad report for {family if ctx.sizing else '?'} {ctx.chosen.precision} on {_arch(ctx)}",
         )
-    return _r(
-        "capability.known_bad",
-        "capability",
-        "WARN",
-        f"known-bad: {kb.note}",
-        "prefer an FP8/BF16 variant on this GPU, or a GPU with native FP4 (Blackwell); m3ctl serve also runs "
-        "a correctness smoke test",
-        [f"source: {kb.source}"],
-    )
+    return _view(f, "capability")
 
 
+@check("capability.known_issue", "capability")
 def check_known_issue(ctx: Ctx) -> CheckResult:
-    """A known issue of this engine x architecture x model family (m3ctl/data/known_issues.yaml; the plan rule
-    ``capability.known_issue`` reads the same rows), with its opt-in fallback, or the fallback chosen."""
+    """A known issue of this engine x architecture x model family (m3ctl/data/known_issues.yaml): the plan rule
+    ``capability.known_issue``'s finding (:func:`m3ctl.assess.rules.known_issue`), with its opt-in fallback, or
+    the fallback chosen (``--attention dense``)."""
     from m3ctl.assess.known_issues import applicable  # noqa: PLC0415
+    from m3ctl.assess.rules import known_issue  # noqa: PLC0415
 
     if ctx.chosen is None or ctx.sizing is None:
         return _r("capability.known_issue", "capability", "SKIP", _no_model_reason(ctx))
     rows = applicable(ctx.sizing.family, _arch(ctx), ctx.sizing.attention, ctx.engine)
-    if not rows:
+    f = known_issue(rows[0], ctx.attention == "dense") if rows else None
+    if not rows or f is None:
         return _r(
             "capability.known_issue",
             "capability",
@@ -847,27 +908,11 @@ def check_known_issue(ctx: Ctx) -> CheckResult:
             f"no known issue for {ctx.sizing.family or '?'} {ctx.sizing.attention.upper()} on {_arch(ctx)}"
             + (f" with vLLM {ctx.engine}" if ctx.engine else ""),
         )
-    a, fb = rows[0], rows[0].fallback
-    det = [*a.limits(), f"source: {a.issue.source}"] + ([f"fallback evidence: {fb.evidence}"] if fb else [])
-    if fb is not None and ctx.attention == "dense":
-        return _r(
-            "capability.known_issue",
-            "capability",
-            "WARN",
-            f"known issue {a.issue.id} avoided with {fb.option} ({fb.what}); {fb.warning}",
-            f"drop {fb.option} once the engine is fixed",
-            det,
-        )
-    return _r(
-        "capability.known_issue",
-        "capability",
-        "WARN",
-        f"known issue {a.describe()}",
-        f"opt in to {fb.option} ({fb.what}; {fb.warning})" if fb else "use an engine or GPU it was not seen on",
-        det,
-    )
+    fb = rows[0].fallback
+    return _view(f, "capability", [*rows[0].limits()] + ([f"fallback evidence: {fb.evidence}"] if fb else []))
 
 
+@check("capability.dbo", "capability")
 def check_dbo(ctx: Ctx) -> CheckResult:
     """DeepEP/NVSHMEM availability for dual batch overlap (DBO needs DP > 1, EP and a DeepEP all2all backend)."""
     if not ctx.gpu_host:
@@ -894,6 +939,7 @@ def check_dbo(ctx: Ctx) -> CheckResult:
 
 
 # ----------------------------------------------------------------------------- container
+@check("container.engine", "container")
 def check_engine(ctx: Ctx) -> CheckResult:
     c = ctx.inv.container
     if c.docker_reachable:
@@ -914,6 +960,7 @@ def check_engine(ctx: Ctx) -> CheckResult:
     )
 
 
+@check("container.nvidia_runtime", "container")
 def check_nvidia_runtime(ctx: Ctx) -> CheckResult:
     """The OCI runtime the vendor's container toolkit registers with Docker (m3ctl/data/vendors.yaml
     ``toolkit_runtime``: ``nvidia``, https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html#configuring-docker)."""
@@ -935,6 +982,7 @@ def check_nvidia_runtime(ctx: Ctx) -> CheckResult:
     )
 
 
+@check("container.devices", "container")
 def check_devices(ctx: Ctx) -> CheckResult:
     """The device nodes a container of the vendor gets (m3ctl/data/vendors.yaml ``container.devices``: AMD
     ``/dev/kfd``, ``/dev/dri``, https://rocm.docs.amd.com/projects/install-on-linux/en/latest/how-to/docker.html)
@@ -943,7 +991,7 @@ def check_devices(ctx: Ctx) -> CheckResult:
     c = ctx.inv.container
     f = vendors.facts(ctx.inv.vendor)
     nodes = list(f.container.devices.value) if f else []
-    if not nodes:
+    if f is None or not nodes:
         return _r("container.devices", "container", "SKIP", "not an AMD host")
     present = {"/dev/kfd": c.dev_kfd, "/dev/dri": c.dev_dri}  # what m3ctl/hw/host.py probes
     missing = [p for p in nodes if not present.get(p, False)]
@@ -960,6 +1008,7 @@ def check_devices(ctx: Ctx) -> CheckResult:
 
 
 # ----------------------------------------------------------------------------- host
+@check("host.python", "host", live=True)
 def check_python(ctx: Ctx) -> CheckResult:
     ok = sys.version_info >= (3, 11)
     return _r(
@@ -971,6 +1020,7 @@ def check_python(ctx: Ctx) -> CheckResult:
     )
 
 
+@check("host.cpu", "host")
 def check_cpu(ctx: Ctx) -> CheckResult:
     inv = ctx.inv
     mem = f", {inv.memory_total_mib / 1024:.0f} GiB RAM" if inv.memory_total_mib else ""
@@ -989,6 +1039,7 @@ def _planned_tp(ctx: Ctx) -> int:
     return max(1, len(ctx.vis.units))
 
 
+@check("host.shm", "host")
 def check_shm(ctx: Ctx) -> CheckResult:
     """F14: /dev/shm too small for NCCL; in a container WARN below the floor, FAIL when TP > 1."""
     inv = ctx.inv
@@ -1018,6 +1069,7 @@ def check_shm(ctx: Ctx) -> CheckResult:
     )
 
 
+@check("host.disk", "host")
 def check_disk(ctx: Ctx) -> CheckResult:
     inv = ctx.inv
     if inv.model_cache_free_bytes is None:
@@ -1034,6 +1086,7 @@ def check_disk(ctx: Ctx) -> CheckResult:
     )
 
 
+@check("host.hub", "host")
 def check_hub(ctx: Ctx) -> CheckResult:
     env = ctx.inv.hf_env
     off = [k for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE") if env.get(k, "").lower() in ("1", "true", "yes")]
@@ -1043,6 +1096,7 @@ def check_hub(ctx: Ctx) -> CheckResult:
     return _r("host.hub", "host", "OK", msg, details=det)
 
 
+@check("host.vllm", "host", live=True)
 def check_vllm(ctx: Ctx) -> CheckResult:
     from m3ctl import vllm_env  # noqa: PLC0415
 
@@ -1071,6 +1125,7 @@ def _bound(port: int) -> bool:
     return False
 
 
+@check("net.ports", "host", live=True)
 def check_ports(ctx: Ctx) -> CheckResult:
     """F17: the API port and the internal ports (VLLM_PORT, MASTER_PORT) must be free; name the holder."""
     from m3ctl.hw.host import port_owner  # noqa: PLC0415
@@ -1112,6 +1167,7 @@ def _no_model_reason(ctx: Ctx) -> str:
     return "no variant evaluated"
 
 
+@check("model.memory_fit", "model")
 def check_memory_fit(ctx: Ctx) -> CheckResult:
     if ctx.local_model:
         return _r("model.memory_fit", "model", "SKIP", "local model: see model.plan")
@@ -1150,7 +1206,7 @@ def check_memory_fit(ctx: Ctx) -> CheckResult:
     det = [
         (
             f"KV per token: {kvpt / 1024:.0f} KiB ({s.num_layers} layers x {s.num_kv_heads} KV heads x {s.head_dim} x "
-            f"K,V in {ctx.kv_dtype}); KV shards at TP={f.tp}: {min(f.tp, s.num_kv_heads)}"
+            f"K,V in {ctx.kv_dtype}); KV shards at TP={f.tp}: {min(f.tp, s.num_kv_heads or f.tp)}"
         ),
         (
             f"per GPU: {f.unit_gib:.1f} GiB x {caps.table().host.gpu_memory_utilization} - "
@@ -1204,6 +1260,7 @@ def check_memory_fit(ctx: Ctx) -> CheckResult:
     )
 
 
+@check("model.profile", "model")
 def check_profile(ctx: Ctx) -> CheckResult:
     drv = ctx.inv.driver
     if not ctx.gpu_host and (drv.kernel_module_version or drv.device_nodes):
@@ -1224,6 +1281,7 @@ def check_profile(ctx: Ctx) -> CheckResult:
     )
 
 
+@check("model.image", "model")
 def check_image(ctx: Ctx) -> CheckResult:
     if not ctx.gpu_host:
         return _r("model.image", "model", "SKIP", "CPU host: bare `vllm serve` process, no image")
@@ -1250,25 +1308,7 @@ def check_image(ctx: Ctx) -> CheckResult:
     )
 
 
-def check_plan(ctx: Ctx) -> CheckResult:
-    from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
-    from m3ctl.errors import M3Error  # noqa: PLC0415
-    from m3ctl.plan import plan  # noqa: PLC0415 - plan imports the catalog; only for local models
-
-    try:
-        req = _doctor_request(ctx) or PlanRequest(model=ctx.model)  # the verdict's request (fallbacks accepted)
-        p = plan(ctx.inv, req.model_copy(update={"name": "doctor-check"}))
-    except M3Error as e:
-        return _r("model.plan", "model", "FAIL", e.message, e.hint)
-    return _r(
-        "model.plan",
-        "model",
-        "OK" if not p.warnings else "WARN",
-        f"{ctx.model} can be served with profile {p.profile!r}",
-        details=list(p.warnings),
-    )
-
-
+@check("model.offline", "model")
 def check_offline(ctx: Ctx) -> CheckResult:
     """Under ``HF_HUB_OFFLINE=1``: the model (and its tokenizer and draft) resolve to complete local snapshots
     (m3ctl/offline.py); a missing file is a FAIL naming it."""
@@ -1290,6 +1330,26 @@ def check_offline(ctx: Ctx) -> CheckResult:
         "OK",
         f"{ctx.model}: every file vLLM reads is in {p.model}",
         details=list(p.local_paths),
+    )
+
+
+@check("model.plan", "model", local_model=True)
+def check_plan(ctx: Ctx) -> CheckResult:
+    from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
+    from m3ctl.errors import M3Error  # noqa: PLC0415
+    from m3ctl.plan import plan  # noqa: PLC0415 - plan imports the catalog; only for local models
+
+    try:
+        req = _doctor_request(ctx) or PlanRequest(model=ctx.model)  # the verdict's request (fallbacks accepted)
+        p = plan(ctx.inv, req.model_copy(update={"name": "doctor-check"}))
+    except M3Error as e:
+        return _r("model.plan", "model", "FAIL", e.message, e.hint)
+    return _r(
+        "model.plan",
+        "model",
+        "OK" if not p.warnings else "WARN",
+        f"{ctx.model} can be served with profile {p.profile!r}",
+        details=list(p.warnings),
     )
 
 
@@ -1405,50 +1465,13 @@ def _evaluate_variants(ctx: Ctx) -> None:
     ctx.chosen = next((ev for ev in evals if ev.name == name), evals[0])
 
 
-CHECKS: list[tuple[str, Group, Callable[[Ctx], CheckResult], bool]] = [
-    # (id, group, function, live: needs this machine)
-    ("gpu.detect", "gpu", check_gpu_detect, False),
-    ("gpu.nvml_init", "gpu", check_nvml_init, False),
-    ("gpu.visible_devices", "gpu", check_visible_devices, False),
-    ("gpu.mig", "gpu", check_mig, False),
-    ("gpu.links", "gpu", check_links, False),
-    ("gpu.virtualized", "gpu", check_virtualized, False),
-    ("gpu.fabric_manager", "gpu", check_fabric_manager, False),
-    ("gpu.cuda_init", "gpu", check_cuda_init, False),
-    ("driver.version", "driver", check_driver_version, False),
-    ("driver.amdsmi", "driver", check_amdsmi, False),
-    ("image.cuda_vs_driver", "driver", check_image_cuda, False),
-    ("capability.arch", "capability", check_arch, False),
-    ("capability.quantization", "capability", check_quantization, False),
-    ("capability.sparse_attention", "capability", check_sparse_attention, False),
-    ("capability.kv_cache_dtype", "capability", check_kv_dtype, False),
-    ("capability.known_bad", "capability", check_known_bad, False),
-    ("capability.known_issue", "capability", check_known_issue, False),
-    ("capability.dbo", "capability", check_dbo, False),
-    ("container.engine", "container", check_engine, False),
-    ("container.nvidia_runtime", "container", check_nvidia_runtime, False),
-    ("container.devices", "container", check_devices, False),
-    ("host.python", "host", check_python, True),
-    ("host.cpu", "host", check_cpu, False),
-    ("host.shm", "host", check_shm, False),
-    ("host.disk", "host", check_disk, False),
-    ("host.hub", "host", check_hub, False),
-    ("host.vllm", "host", check_vllm, True),
-    ("net.ports", "host", check_ports, True),
-    ("model.memory_fit", "model", check_memory_fit, False),
-    ("model.profile", "model", check_profile, False),
-    ("model.image", "model", check_image, False),
-    ("model.offline", "model", check_offline, False),
-]
-
-
-def _safe(id_: str, group: Group, fn: Callable[[Ctx], CheckResult], ctx: Ctx) -> CheckResult:
+def _safe(c: Check, ctx: Ctx) -> CheckResult:
     try:
-        return fn(ctx)
+        return c.fn(ctx)
     except Exception as e:  # noqa: BLE001 - a crashing check is a FAIL with its error, never a traceback
         return _r(
-            id_,
-            group,
+            c.id,
+            c.group,
             "FAIL",
             f"check crashed: {type(e).__name__}: {e}",
             "report this m3ctl bug (rerun with --debug for details)",
@@ -1464,7 +1487,7 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
             f"{ctx.sizing.name} facts are assumed (MiniMax-M3 values): m3ctl model catalog "
             f"({', '.join(ctx.sizing.assumed)})"
         )
-    base = {
+    base: dict[str, Any] = {
         "model": ctx.sizing.name if ctx.sizing else ctx.model,
         "image": ctx.image.name if ctx.image else None,
         "profile": ctx.profile,
@@ -1477,7 +1500,9 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
     blockers = [f"{c.id}: {c.message}" for c in verdict_checks if c.status == "FAIL"]
     if ctx.local_model:
         fbs = _fallbacks(ctx, verdict_checks) if ctx.chosen is not None else []
-        status = "not_runnable" if blockers else ("runnable_with_fallbacks" if fbs else "runnable_natively")
+        status: VerdictStatus = (
+            "not_runnable" if blockers else ("runnable_with_fallbacks" if fbs else "runnable_natively")
+        )
         return Verdict(
             **base,
             status=status,
@@ -1549,6 +1574,8 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
 def _fallbacks(ctx: Ctx, verdict_checks: list[CheckResult]) -> list[str]:
     """The fallback paths of the chosen variant (capability rows), its known-bad report and other capability WARNs."""
     ev = ctx.chosen
+    if ev is None:
+        return []
     fallbacks = []
     for fv in ev.features:
         if fv.status == "fallback" and fv.row:
@@ -1573,18 +1600,19 @@ def _fallbacks(ctx: Ctx, verdict_checks: list[CheckResult]) -> list[str]:
     return fallbacks
 
 
-def _doctor_request(ctx: Ctx):
+def _doctor_request(ctx: Ctx) -> PlanRequest | None:
     """The plan request that does what the verdict says: the chosen variant at the TP that fits, with the flags
     it needs (``--allow-emulated`` for a fallback, ``--max-model-len``/``--kv-cache-dtype``/``--image`` as checked)."""
     from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
 
     if ctx.local_model:
         emulated = ctx.chosen is not None and ctx.chosen.support is not None and ctx.chosen.support.status == "emulated"
-        return PlanRequest(
-            model=ctx.model,
-            **({"allow_emulated": True} if emulated else {}),
-            **({"attention": ctx.attention} if ctx.attention else {}),
-        )
+        local: dict[str, Any] = {"model": ctx.model}
+        if emulated:
+            local["allow_emulated"] = True
+        if ctx.attention:
+            local["attention"] = ctx.attention
+        return PlanRequest(**local)
     if not ctx.gpu_host or ctx.chosen is None or ctx.profile is None and ctx.profile_note is None:
         return None
     ev = ctx.chosen
@@ -1650,14 +1678,17 @@ def _layout_label(p) -> str:
     )
 
 
-def _rejection(e) -> str:
-    """``rule: message`` of an engine rejection (ConfigRejected ``rule X: ...``; a catalog error as model.profile)."""
-    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+def _rejection(e: M3Error, no_profile: bool = False) -> tuple[str, str]:
+    """(id, ``id: reason``) of an engine rejection, from the error's attributes and type (never its text): a rule's
+    (:class:`~m3ctl.errors.ConfigRejected` ``rule`` and ``reason``); ``model.profile`` for a catalog error where
+    doctor found no kernel profile for the architecture (``no_profile``: the one plan raises too); else
+    ``model.plan``."""
+    from m3ctl.errors import CatalogError, ConfigRejected  # noqa: PLC0415
 
-    if isinstance(e, ConfigRejected) and e.message.startswith("rule "):
-        rule, _, msg = e.message.removeprefix("rule ").partition(": ")
-        return f"{rule}: {msg}"
-    return f"{'model.profile' if 'kernel profile' in e.message else 'model.plan'}: {e.message}"
+    if isinstance(e, ConfigRejected) and e.rule:
+        return e.rule, f"{e.rule}: {e.reason}"
+    where = "model.profile" if no_profile and isinstance(e, CatalogError) else "model.plan"
+    return where, f"{where}: {e.message}"
 
 
 def _user_request(ctx: Ctx, req):
@@ -1692,7 +1723,7 @@ def _as_plan(ctx: Ctx, v: Verdict, checks: list[CheckResult], inventory_file: st
             raise ctx.planned
         p = ctx.planned if ctx.planned is not None else plan(ctx.inv, req)
     except M3Error as e:
-        blocker = _rejection(e)
+        _, blocker = _rejection(e, ctx.profile is None)
         if not ctx.local_model:
             checks.append(_r("model.plan", "model", "FAIL", f"m3ctl plan rejects it: rule {blocker}", e.hint))
         v = v.model_copy(
@@ -1738,8 +1769,8 @@ def _name_user_rule(ctx: Ctx, v: Verdict, req) -> Verdict:
     try:
         plan(ctx.inv, _user_request(ctx, req))
     except M3Error as e:
-        blocker = _rejection(e)
-        if not any(b.split(":")[0] == blocker.split(":")[0] for b in v.blockers):
+        rid, blocker = _rejection(e, ctx.profile is None)
+        if not any(b.startswith(f"{rid}:") for b in v.blockers):
             return v.model_copy(update={"blockers": [*v.blockers, blocker]})
     return v
 
@@ -1805,6 +1836,13 @@ def _runtime(inventory: HostInventory, requested: str, image: ImageFacts | None)
     return choose_runtime(requested, prof, inventory, image.reference or image.name if image else None)[0]
 
 
+def _is_local_model(model: str | None) -> bool:
+    """``--model`` names a local model directory (an existing one, or a path)."""
+    if not model:
+        return False
+    return Path(model).expanduser().is_dir() or model.startswith(("/", ".", "~"))
+
+
 def run_doctor(
     inventory: HostInventory,
     *,
@@ -1844,7 +1882,7 @@ def run_doctor(
     h = caps.table().host
     if runtime == "auto" or image is not None:
         runtime = _runtime(inventory, runtime, image)
-    local = bool(model) and (Path(model).expanduser().is_dir() or model.startswith(("/", ".", "~")))
+    local = _is_local_model(model)
     ctx = Ctx(
         inv=inventory,
         model=model or DEFAULT_MODEL,
@@ -1883,13 +1921,7 @@ def run_doctor(
             ctx.sizing = None
         _evaluate_variants(ctx)
     _plan_layout(ctx)
-    checks: list[CheckResult] = []
-    for id_, group, fn, live in CHECKS:
-        if live and not host_checks:
-            continue
-        checks.append(_safe(id_, group, fn, ctx))
-    if local:
-        checks.append(_safe("model.plan", "model", check_plan, ctx))
+    checks = [_safe(c, ctx) for c in CHECKS if (host_checks or not c.live) and (local or not c.local_model)]
     verdict = _verdict(ctx, checks)
     verdict = _as_plan(ctx, verdict, checks, inventory_file)
     return DoctorReport(inventory=inventory, checks=checks, verdict=verdict)

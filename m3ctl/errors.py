@@ -20,6 +20,10 @@ Exit codes (stable, documented in README.md):
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
+from typing import Protocol
+
 EXIT_OK = 0
 EXIT_CHECKS_FAILED = 1
 EXIT_USAGE = 2
@@ -64,10 +68,71 @@ class CatalogError(BadInput):
     """A YAML profile/image/model file does not match its schema (exit 2)."""
 
 
+class RuleOutcome(Protocol):
+    """What :class:`ConfigRejected` keeps of a plan rule's finding (:class:`m3ctl.assess.rules.Finding` is one)."""
+
+    @property
+    def rule(self) -> str: ...
+
+    @property
+    def message(self) -> str: ...
+
+    @property
+    def fix(self) -> str: ...
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def status(self) -> str: ...
+
+
+_RULE_PREFIX = re.compile(r"rule ([A-Za-z0-9_.-]+): ")
+
+
 class ConfigRejected(M3Error):
-    """The launch configuration was rejected before anything started (exit 3)."""
+    """The launch configuration was rejected before anything started (exit 3).
+
+    A rejection by a plan rule carries that rule's outcome as attributes, so no caller reads the message text
+    back (build one with :func:`m3ctl.assess.rules.rejection`).
+
+    Args:
+        message: one line; for a rule, ``rule <id>: <reason>``.
+        hint: the line shown under it (for a rule: its fix, ``[source: ...]`` and any alternatives).
+        rule: id of the rule that rejected the plan (e.g. ``memory.fit``); None when no rule did (a port in use,
+            a bad mount). Transitional: a message of the form ``rule <id>: ...`` from a raiser that does not pass
+            ``rule`` yet gives the id (m3ctl/plan.py and m3ctl/assess/search.py, until they build it with
+            :func:`m3ctl.assess.rules.rejection`).
+        reason: what the rule found, without the ``rule <id>: `` prefix (default: the message without it).
+        fix: the rule's fix alone (None when unknown).
+        source: where the rule's constraint comes from (None when unknown).
+        findings: every FAIL finding of the plan, the rejecting one first (empty when unknown).
+
+    Attributes:
+        rule, reason, fix, source, findings: as given (``reason`` is the whole message when ``rule`` is None).
+    """
 
     exit_code = EXIT_CONFIG_REJECTED
+
+    def __init__(
+        self,
+        message: str,
+        hint: str | None = None,
+        *,
+        rule: str | None = None,
+        reason: str | None = None,
+        fix: str | None = None,
+        source: str | None = None,
+        findings: Sequence[RuleOutcome] = (),
+    ):
+        super().__init__(message, hint)
+        if rule is None and (m := _RULE_PREFIX.match(message)):
+            rule = m.group(1)
+        self.rule = rule
+        self.reason = reason if reason is not None else message.removeprefix(f"rule {rule}: " if rule else "")
+        self.fix = fix
+        self.source = source
+        self.findings = tuple(findings)
 
 
 class LaunchFailed(M3Error):

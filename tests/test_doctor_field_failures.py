@@ -532,7 +532,7 @@ def test_a_crashing_check_becomes_fail_not_traceback(monkeypatch):
     def boom(ctx):
         raise RuntimeError("probe exploded")
 
-    monkeypatch.setattr(d, "CHECKS", [("gpu.links", "gpu", boom, False), *d.CHECKS[1:]])
+    monkeypatch.setattr(d, "CHECKS", [d.Check("gpu.links", "gpu", boom), *d.CHECKS[1:]])
     rep = d.run_doctor(h200(), host_checks=False)
     c = rep.check("gpu.links")
     assert c.status == "FAIL" and "check crashed: RuntimeError: probe exploded" in c.message

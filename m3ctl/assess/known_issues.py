@@ -176,7 +176,7 @@ def _load_json(value: Any, flag: str) -> dict[str, Any]:
         return copy.deepcopy(value)
     try:
         data = json.loads(value) if isinstance(value, str) else None
-    except ValueError as e:
+    except json.JSONDecodeError as e:
         raise BadInput(
             f"--{flag} {str(value)[:60]!r} is not valid JSON ({e.msg})",
             f"give --{flag} a JSON object, e.g. '{{\"text_config\": {{...}}}}'",
@@ -224,8 +224,9 @@ def attention_overrides(facts, existing: Any = None, mode: str = "dense") -> tup
         )
     value = [fb.value_per_layer] * facts.num_layers
     merged = _load_json(existing, fb.flag)
-    nested = bool(fb.nested_under and facts.text_config_nested)
-    path = ([fb.nested_under] if nested else []) + fb.field
+    under = fb.nested_under if facts.text_config_nested else None
+    nested = bool(under)
+    path = ([under] if under else []) + fb.field
     for where in [path] + ([fb.field] if nested else []):  # the user may have used either form
         have = _get(merged, where)
         if have is not None and have != value:
@@ -249,8 +250,8 @@ def attention_overrides(facts, existing: Any = None, mode: str = "dense") -> tup
                 f"{fb.nested_under} and its {fb.field[0]} is unknown",
                 "serve a local copy of the model (its config.json has the section)",
             )
-        user = merged.get(fb.field[0]) if isinstance(merged.get(fb.field[0]), dict) else {}
-        section.update(user)
+        user = merged.get(fb.field[0])
+        section.update(user if isinstance(user, dict) else {})
         section[fb.field[-1]] = value
         merged[fb.field[0]] = section
     return fb.flag, merged

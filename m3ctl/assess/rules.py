@@ -1,9 +1,12 @@
 """The one rule registry: named checks run on every launch plan (plan, serve, tune, doctor's verdict).
 
-Each rule takes a :class:`PlanContext` and returns a :class:`Finding` (or None): id, status (``FAIL``
-rejects the plan, exit 3; ``WARN`` is shown with it), message, fix and source. The rules encode vLLM
-constraints that vLLM itself only raises at engine init, often after minutes of weight loading. Every
-rule sees raw flags in every spelling (typed knob, ``--x-config`` JSON, dotted ``--x-config.key``).
+Each rule is declared with ``@rule(id)``, takes a :class:`PlanContext` and returns a :class:`Finding` (or None):
+``rule`` (its id), ``status`` (``FAIL`` rejects the plan, exit 3; ``WARN`` is shown with it), ``message``, ``fix``
+and ``source``. A rejection is a :class:`~m3ctl.errors.ConfigRejected` carrying that outcome as attributes
+(:func:`rejection`). The rules encode vLLM constraints that vLLM itself only raises at engine init, often after
+minutes of weight loading. Every rule sees raw flags in every spelling (typed knob, ``--x-config`` JSON, dotted
+``--x-config.key``). A finding doctor also shows (its row of the same id) comes from one function here that both
+call (:func:`cuda_vs_driver`, :func:`known_bad`, :func:`known_issue`, :func:`visible_devices`).
 """
 
 from __future__ import annotations
@@ -13,13 +16,17 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from m3ctl.assess import capability
 from m3ctl.assess import memory as mem
 from m3ctl.assess.facts import ModelFacts
 from m3ctl.catalog import Image, ModelSpec, Profile, Variant
+from m3ctl.errors import ConfigRejected
 from m3ctl.hw.inventory import HostInventory
+
+if TYPE_CHECKING:
+    from m3ctl.assess.known_issues import Applicable
 
 DEPRECATED_ENV = {
     "VLLM_ATTENTION_BACKEND": "--attention-backend NAME (the env var is silently ignored since vLLM 0.26; "
@@ -276,30 +283,60 @@ def advisories(c: PlanContext) -> list[str]:
 
 @dataclass(frozen=True)
 class Finding:
-    """A rule's finding: its id, ``FAIL`` (rejects the plan) or ``WARN``, what is wrong (values included),
-    the fix, and the source."""
+    """A rule's outcome, as fields: ``rule`` (the rule's id), ``message`` (what is wrong, values included),
+    ``fix``, ``source`` and ``status`` (``FAIL`` rejects the plan, exit 3; ``WARN`` is shown with it). Doctor's row
+    of the same id shows these fields as they are."""
 
-    id: str
+    rule: str
     message: str
     fix: str
     source: str
     status: str = "FAIL"
 
     @property
-    def rule(self) -> str:
-        return self.id
+    def id(self) -> str:
+        """The rule's id (the same as :attr:`rule`)."""
+        return self.rule
 
 
 Rule = Callable[[PlanContext], "Finding | None"]
 RULES: list[tuple[str, Rule]] = []
+"""The registry: (rule id, rule function) in declaration order; :func:`rule` adds to it."""
 
 
 def rule(rule_id: str) -> Callable[[Rule], Rule]:
+    """Declare a plan rule: ``@rule("memory.fit")`` registers the function under that id in :data:`RULES`."""
+
     def deco(fn: Rule) -> Rule:
         RULES.append((rule_id, fn))
         return fn
 
     return deco
+
+
+def rule_ids() -> list[str]:
+    """Every registered rule id, in declaration order."""
+    return [rid for rid, _ in RULES]
+
+
+def rejection(violations: list[Finding], alternatives: str = "") -> ConfigRejected:
+    """The :class:`~m3ctl.errors.ConfigRejected` (exit 3) for a plan's FAIL findings, the first one rejecting it:
+    message ``rule <id>: <message> (also: <other ids>)``, hint ``<fix> [source: <source>]; alternatives rejected:
+    ...``, and the outcome as attributes (``rule``, ``reason``, ``fix``, ``source``, ``findings``). Raises
+    ValueError on an empty list."""
+    if not violations:
+        raise ValueError("rejection() needs at least one finding")
+    v = violations[0]
+    more = f" (also: {', '.join(x.rule for x in violations[1:])})" if len(violations) > 1 else ""
+    return ConfigRejected(
+        f"rule {v.rule}: {v.message}{more}",
+        f"{v.fix} [source: {v.source}]" + (f"; alternatives rejected: {alternatives}" if alternatives else ""),
+        rule=v.rule,
+        reason=f"{v.message}{more}",
+        fix=v.fix,
+        source=v.source,
+        findings=violations,
+    )
 
 
 def _v(rule_id: str, msg: str, fix: str, src: str, status: str = "FAIL") -> Finding:
@@ -376,14 +413,15 @@ def _native(c: PlanContext) -> Finding | None:
 
 @rule("engine.version")
 def _engine_version(c: PlanContext) -> Finding | None:
-    need = c.spec.min_vllm if c.spec else None
-    if not need or not c.engine_version or not capability.version_lt(c.engine_version, need):
+    spec = c.spec
+    need = spec.min_vllm if spec else None
+    if spec is None or not need or not c.engine_version or not capability.version_lt(c.engine_version, need):
         return None
     return _v(
         "engine.version",
-        f"{c.spec.name} needs vLLM >= {need}; the engine here is vLLM {c.engine_version}",
+        f"{spec.name} needs vLLM >= {need}; the engine here is vLLM {c.engine_version}",
         "use the catalog image (drop --image) or an image/install with a newer vLLM",
-        c.spec.sources.get("min_vllm", f"model catalog {c.spec.name}"),
+        spec.sources.get("min_vllm", f"model catalog {spec.name}"),
     )
 
 
@@ -410,13 +448,13 @@ def _architecture(c: PlanContext) -> Finding | None:
     )
 
 
-@rule("capability.known_bad")
-def _known_bad(c: PlanContext) -> Finding | None:
-    """A (model family, architecture, precision) that ran but produced garbage in the field: a WARN on the plan
-    (doctor's ``capability.known_bad`` row reads the same table row)."""
-    if c.variant is None or not c.facts.family:
+def known_bad(family: str | None, arch: str, precision: str | None) -> Finding | None:
+    """The ``capability.known_bad`` finding (a WARN) for ``family`` at ``precision`` on ``arch``: a combination that
+    ran but produced garbage in the field (the capability table's ``known_bad`` rows); None when there is none.
+    The plan rule's, and doctor's row of the same id is a view of it."""
+    if not family or not precision:
         return None
-    kb = capability.known_bad(c.facts.family, c.profile.arch, c.variant.precision)
+    kb = capability.known_bad(family, arch, precision)
     if kb is None:
         return None
     return _v(
@@ -429,20 +467,24 @@ def _known_bad(c: PlanContext) -> Finding | None:
     )
 
 
-@rule("capability.known_issue")
-def _known_issue(c: PlanContext) -> Finding | None:
-    """A known issue of this engine x architecture x model family (m3ctl/data/known_issues.yaml): a WARN naming
-    its opt-in fallback, or, with the fallback in effect, what it costs (doctor's row of the same id agrees)."""
-    from m3ctl.assess.known_issues import applicable, dense_in_effect  # noqa: PLC0415
+@rule("capability.known_bad")
+def _known_bad(c: PlanContext) -> Finding | None:
+    """:func:`known_bad` for the chosen variant."""
+    return known_bad(c.facts.family, c.profile.arch, c.variant.precision) if c.variant is not None else None
 
-    rows = applicable(c.facts.family, c.profile.arch, c.facts.attention, c.engine_version)
-    if not rows:
+
+def known_issue(a: Applicable | None, fallback_in_effect: bool) -> Finding | None:
+    """The ``capability.known_issue`` finding (a WARN) for the first applicable known issue ``a``
+    (:func:`m3ctl.assess.known_issues.applicable`): the issue and its opt-in fallback, or, with the fallback in
+    effect, what the fallback costs; None without one. The plan rule's, and doctor's row of the same id is a view
+    of it."""
+    if a is None:
         return None
-    a, fb = rows[0], rows[0].fallback
-    if fb is not None and dense_in_effect(c.facts, c.args):
+    fb = a.fallback
+    if fb is not None and fallback_in_effect:
         return _v(
             "capability.known_issue",
-            f"known issue {a.issue.id} avoided with {fb.option} ({fb.what}); its quality cost is unknown",
+            f"known issue {a.issue.id} avoided with {fb.option} ({fb.what}); {fb.warning}",
             f"drop {fb.option} once the engine is fixed",
             fb.source,
             status="WARN",
@@ -458,16 +500,35 @@ def _known_issue(c: PlanContext) -> Finding | None:
     )
 
 
+@rule("capability.known_issue")
+def _known_issue(c: PlanContext) -> Finding | None:
+    """:func:`known_issue` for this engine x architecture x model family (m3ctl/data/known_issues.yaml), the
+    fallback in effect when the flags make every layer dense."""
+    from m3ctl.assess.known_issues import applicable, dense_in_effect  # noqa: PLC0415
+
+    rows = applicable(c.facts.family, c.profile.arch, c.facts.attention, c.engine_version)
+    return known_issue(rows[0], dense_in_effect(c.facts, c.args)) if rows else None
+
+
+def visible_devices(problems: list[str]) -> Finding | None:
+    """The ``gpu.visible_devices`` finding for the visibility variables' problems
+    (:func:`m3ctl.hw.visible.resolve`: an index out of range, a UUID that matches nothing, two AMD variables that
+    mask twice); None without problems. The plan rule's, and doctor's row of the same id is a view of it."""
+    if not problems:
+        return None
+    return _v(
+        "gpu.visible_devices",
+        "; ".join(problems),
+        "fix CUDA_/NVIDIA_/HIP_/ROCR_VISIBLE_DEVICES: use integer indices, full GPU-/MIG- UUIDs or unique prefixes "
+        "that exist here; one MIG slice per server; on AMD set only one of ROCR_/HIP_/CUDA_VISIBLE_DEVICES "
+        "(`m3ctl doctor -v` lists the visible units)",
+        "field failures F02, F05 (vllm#41848, #12572)",
+    )
+
+
 @rule("gpu.visible_devices")
 def _visible(c: PlanContext) -> Finding | None:
-    if c.visibility_problems:
-        return _v(
-            "gpu.visible_devices",
-            c.visibility_problems[0],
-            "fix CUDA_/NVIDIA_/HIP_/ROCR_VISIBLE_DEVICES (see `m3ctl doctor -v`)",
-            "field failures F02, F05 (vllm#41848, #12572)",
-        )
-    return None
+    return visible_devices(c.visibility_problems)
 
 
 #: model_type written by transformers' own MiniMax-M3 text config class (not in vLLM's config registry, so
@@ -869,7 +930,7 @@ def _shard(c: PlanContext) -> Finding | None:
     elif fp4 is not None:
         step, what, src = (
             fp4.multiple_of,
-            f"the {c.facts.precision.upper()} MoE kernel alignment",
+            f"the {(c.facts.precision or '').upper()} MoE kernel alignment",
             f"{fp4.note}; {fp4.source}",
         )
     else:
@@ -920,13 +981,12 @@ def _kv(c: PlanContext) -> Finding | None:
     fv = capability.evaluate_feature(c.profile.arch, feat, engine_version=c.engine_version, image_cuda=c.image_cuda)
     if fv.status in ("native", "supported"):
         return None
-    ok = [
-        d
-        for d in (allowed or ["auto"])
-        if capability.table().kv_cache_dtypes.get(d) is None
-        or capability.evaluate_feature(c.profile.arch, capability.table().kv_cache_dtypes[d]).status
-        in ("native", "supported")
-    ]
+
+    def runs(dtype: str) -> bool:
+        f = capability.table().kv_cache_dtypes.get(dtype)
+        return f is None or capability.evaluate_feature(c.profile.arch, f).status in ("native", "supported")
+
+    ok = [d for d in (allowed or ["auto"]) if runs(d)]
     return _v(
         "kv.dtype",
         f"KV cache dtype {c.kv_dtype!r} is {fv.status} on {c.profile.arch} ({feat})"
@@ -1156,7 +1216,7 @@ def _json_flags(c: PlanContext) -> Finding | None:
         if isinstance(v, str) and v.lstrip()[:1] in ("{", "["):
             try:
                 json.loads(v)
-            except ValueError as e:
+            except json.JSONDecodeError as e:
                 return _v(
                     "flags.json",
                     f"--{k} {v[:60]!r} is not valid JSON ({e.msg} at character {e.pos})",
