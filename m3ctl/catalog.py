@@ -12,12 +12,16 @@ uses them lives in :mod:`m3ctl.plan`.
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import functools
+import importlib
 import os
 import re
+import types
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -43,6 +47,9 @@ FlagValue = bool | int | float | str | list[Any] | dict[str, Any]
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+M = TypeVar("M", bound=BaseModel)
 
 
 class Constraints(_Strict):
@@ -114,6 +121,13 @@ class KernelExpect(_Strict):
     tolerate: list[str] = Field(default_factory=list)
 
 
+RuntimeName = Literal["process", "docker"]
+
+
+def _process_only() -> list[RuntimeName]:
+    return ["process"]
+
+
 class Profile(_Strict):
     """A kernel profile: how vLLM is launched on one architecture family.
 
@@ -136,7 +150,7 @@ class Profile(_Strict):
     name: str
     arch: str
     description: str = ""
-    runtimes: list[Literal["process", "docker"]] = Field(default_factory=lambda: ["process"])
+    runtimes: list[RuntimeName] = Field(default_factory=_process_only)
     image: str | None = None
     serve_args: dict[str, FlagValue] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
@@ -300,48 +314,250 @@ class Image(_Strict):
         return f"{self.repository}@{self.digest}" if self.digest else f"{self.repository}:{self.tag}"
 
 
+def _plain(ann: Any) -> Any:
+    """``ann`` without ``Annotated[...]`` and ``X | None``: the type a data file's value is read as (the first
+    model or container of a union of several)."""
+    while True:
+        origin = get_origin(ann)
+        if origin is Annotated:
+            ann = get_args(ann)[0]
+        elif origin in (Union, types.UnionType):
+            members = [a for a in get_args(ann) if a is not type(None)]
+            ann = next((a for a in members if _is_model(a) or get_origin(a) in (list, dict)), members[0])
+        else:
+            return ann
+
+
+def _is_model(ann: Any) -> bool:
+    return isinstance(ann, type) and issubclass(ann, BaseModel)
+
+
+def _step(ann: Any, part: str | int) -> Any:
+    """The type one step down a validation error's location: a model's field, a list's item, a dict's value."""
+    ann = _plain(ann)
+    if _is_model(ann):
+        field = ann.model_fields.get(str(part))
+        return field.annotation if field else None
+    args = get_args(ann)
+    if get_origin(ann) in (list, tuple, set, frozenset) and args:
+        return args[0]
+    if get_origin(ann) is dict and len(args) == 2:
+        return args[1]
+    return None
+
+
 def _explain(err: ValidationError, model: type[BaseModel], where: str) -> str:
-    e = err.errors()[0]
+    """One line for the first thing wrong in a data file: ``WHERE: FIELD.PATH: what was wrong``.
+
+    An unknown key (the likeliest cause of a missing one, so reported first) names the closest known key of the
+    model it sits in, through nested models, lists and dicts (``did you mean 'memory_mib'?``); a wrong scalar
+    value is quoted (``(got 'eight')``).
+    """
+    errs = err.errors()
+    e = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])
     loc = ".".join(str(p) for p in e["loc"])
     if e["type"] == "extra_forbidden":
         bad = str(e["loc"][-1])
         parent: Any = model
         for part in e["loc"][:-1]:
-            if isinstance(part, int):  # a list index: the item model was taken from list[Model] one step up
-                continue
-            field = getattr(parent, "model_fields", {}).get(part)
-            ann = getattr(field, "annotation", None) if field else None
-            # ``Model | None`` (an optional section): suggest from the model inside the union
-            ann = next(
-                (a for a in getattr(ann, "__args__", ()) if isinstance(a, type) and issubclass(a, BaseModel)), ann
-            )
-            parent = ann if isinstance(ann, type) and issubclass(ann, BaseModel) else None
-            if parent is None:
-                break
-        known = list(getattr(parent, "model_fields", {}) or {})
+            parent = _step(parent, part)
+        parent = _plain(parent)
+        known = list(parent.model_fields) if _is_model(parent) else []
         close = difflib.get_close_matches(bad, known, n=1)
-        tip = f"; did you mean {close[0]!r}?" if close else f"; known keys: {', '.join(known)}"
+        tip = f"; did you mean {close[0]!r}?" if close else (f"; known keys: {', '.join(known)}" if known else "")
         return f"{where}: unknown key {loc!r}{tip}"
-    return f"{where}: {loc or '<top>'}: {e['msg']}"
+    msg = e["msg"].removeprefix("Value error, ")
+    value = e.get("input")
+    got = ""
+    if e["type"] != "missing" and (value is None or isinstance(value, str | int | float | bool)):
+        got = f" (got {value!r})" if len(repr(value)) <= 60 else f" (got {repr(value)[:57]}...)"
+    return f"{where}: {loc or '<top>'}: {msg}{got}"
 
 
-def _load(text: str, model: type[BaseModel], where: str) -> Any:
+def _schema_hint(model: type[BaseModel]) -> str:
+    return f"fix the file; see the schema {model.__qualname__} in {model.__module__.replace('.', '/')}.py"
+
+
+def parse(text: str, model: type[M], where: str) -> M:
+    """Validate one YAML data file against its schema: the one YAML + schema reader of m3ctl (packaged files
+    through :func:`data`, user files such as ``--profile FILE`` through their own entry points).
+
+    Args:
+        text: the file's YAML text.
+        model: its pydantic schema (unknown keys are refused by every m3ctl schema).
+        where: the file as the error names it (``m3ctl/data/systems.yaml``, a user path).
+
+    Raises:
+        CatalogError: one line, ``WHERE: FIELD.PATH: what was wrong`` (invalid YAML, not a mapping, an
+            unsupported ``schema_version``, a schema violation; an unknown key with "did you mean").
+    """
     try:
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml when present
+        loaded = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml when present
     except yaml.YAMLError as e:
         raise CatalogError(f"{where}: not valid YAML: {str(e).splitlines()[0]}", "fix the YAML syntax") from e
-    if not isinstance(data, dict):
-        raise CatalogError(f"{where}: expected a mapping at the top level", "see m3ctl/profiles/cpu.yaml")
-    if data.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+    if not isinstance(loaded, dict):
+        raise CatalogError(f"{where}: expected a mapping at the top level", _schema_hint(model))
+    if loaded.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
         raise CatalogError(
-            f"{where}: schema_version {data.get('schema_version')!r} is not supported "
+            f"{where}: schema_version {loaded.get('schema_version')!r} is not supported "
             f"(this m3ctl reads {SCHEMA_VERSION})",
             "upgrade m3ctl or convert the file",
         )
     try:
-        return model.model_validate(data)
+        return model.model_validate(loaded)
     except ValidationError as e:
-        raise CatalogError(_explain(e, model, where), "fix the file; see the schema in m3ctl/catalog.py") from e
+        raise CatalogError(_explain(e, model, where), _schema_hint(model)) from e
+
+
+#: The former name of :func:`parse` (modules outside the catalog import it).
+_load = parse
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One packaged data file, or a directory of them, and its schema.
+
+    Attributes:
+        path: path inside the m3ctl package (``data/systems.yaml``; ``profiles/*.yaml`` for every file there).
+        schema: ``module:Class`` of its pydantic model, imported when the file is first read (no import cycle:
+            the modules that own a schema import this one).
+        parser: ``module:function`` ``(text, where) -> model`` where the owner checks more than the schema
+            (entries that refer to each other); None: :func:`parse`.
+    """
+
+    path: str
+    schema: str
+    parser: str | None = None
+
+
+#: Every data file the package ships, with its schema. tests/test_catalog_loader.py checks that each packaged
+#: .yaml is listed here and validates.
+DATA_FILES: tuple[DataFile, ...] = (
+    DataFile("profiles/*.yaml", "m3ctl.catalog:Profile"),
+    DataFile("images/*.yaml", "m3ctl.catalog:Image"),
+    DataFile("models/*.yaml", "m3ctl.catalog:ModelSpec"),
+    DataFile("data/architectures.yaml", "m3ctl.catalog:ArchitectureTable"),
+    DataFile("data/vllm_defaults.yaml", "m3ctl.catalog:VllmDefaults"),
+    DataFile(
+        "data/capabilities.yaml", "m3ctl.assess.capability:CapabilityTable", "m3ctl.assess.capability:parse_table"
+    ),
+    DataFile(
+        "data/known_issues.yaml",
+        "m3ctl.assess.known_issues:KnownIssues",
+        "m3ctl.assess.known_issues:parse_known_issues",
+    ),
+    DataFile("data/vllm_models.yaml", "m3ctl.assess.engine_models:EngineModels"),
+    DataFile("data/components.yaml", "m3ctl.diagnose:ComponentMap"),
+    DataFile("data/log_patterns.yaml", "m3ctl.diagnose:LogPatterns"),
+    DataFile("data/host_cpus.yaml", "m3ctl.hw.host:HostCpuTable"),
+    DataFile("data/systems.yaml", "m3ctl.hw.systems:SystemCatalog"),
+    DataFile("data/kernel_patterns.yaml", "m3ctl.kernels:KernelPatterns"),
+    DataFile("data/secrets.yaml", "m3ctl.secrets:SecretsTable"),
+    DataFile("data/smoke.yaml", "m3ctl.smoke:SmokeData"),
+    DataFile("data/startup.yaml", "m3ctl.tune.startup:StartupFacts"),
+    DataFile("data/vendors.yaml", "m3ctl.vendors:VendorTable"),
+    DataFile("data/vllm_engine.yaml", "m3ctl.vllm_args:VllmEngineFacts"),
+    DataFile("data/vllm_serve_flags.yaml", "m3ctl.vllm_args:VllmFlagTable"),
+    DataFile("data/vllm_value_types.yaml", "m3ctl.vllm_values:VllmValueTypes"),
+)
+
+
+def _matches(pattern: str, path: str) -> bool:
+    if "*" not in pattern:
+        return pattern == path
+    folder, _, glob = pattern.rpartition("/")
+    head, _, name = path.rpartition("/")
+    return head == folder and fnmatch.fnmatchcase(name, glob)
+
+
+def data_file(path: str) -> DataFile:
+    """The registry entry of a packaged data file.
+
+    Args:
+        path: path inside the package, ``data/systems.yaml`` or ``profiles/cpu.yaml``.
+
+    Raises:
+        CatalogError: no entry covers ``path`` (the message names the closest registered file).
+    """
+    entry = next((f for f in DATA_FILES if _matches(f.path, path)), None)
+    if entry is None:
+        close = difflib.get_close_matches(path, [f.path for f in DATA_FILES], n=1)
+        raise CatalogError(
+            f"m3ctl/{path}: not a registered data file" + (f"; did you mean {close[0]!r}?" if close else ""),
+            "register it with its schema in m3ctl.catalog.DATA_FILES",
+        )
+    return entry
+
+
+def _resolve(ref: str) -> Any:
+    module, _, name = ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def schema_for(path: str) -> type[BaseModel]:
+    """The pydantic schema of a packaged data file (see :data:`DATA_FILES`).
+
+    Raises:
+        CatalogError: ``path`` is not registered.
+    """
+    return _resolve(data_file(path).schema)
+
+
+@functools.cache
+def _packaged(path: str) -> BaseModel:
+    data_file(path)  # an unregistered path fails before the file is read
+    where = f"m3ctl/{path}"
+    try:
+        text = resources.files("m3ctl").joinpath(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CatalogError(f"{where}: cannot read the packaged file: {e}", "reinstall m3ctl") from e
+    return parse_as(path, text, where)
+
+
+def parse_as(path: str, text: str, where: str) -> BaseModel:
+    """Validate ``text`` as the packaged data file ``path`` is validated (its schema, or its owner's parser).
+
+    Args:
+        path: the registered path (``data/systems.yaml``, ``profiles/cpu.yaml``).
+        text: YAML text, e.g. an edited copy of the file.
+        where: the file as the error names it.
+
+    Raises:
+        CatalogError: ``path`` is not registered, or ``text`` does not validate (one line, see :func:`parse`).
+    """
+    entry = data_file(path)
+    if entry.parser:
+        return _resolve(entry.parser)(text, where)
+    return parse(text, _resolve(entry.schema), where)
+
+
+def data(path: str, model: type[M]) -> M:
+    """A packaged data file, read through importlib.resources, validated against its schema, cached.
+
+    Args:
+        path: path inside the m3ctl package (``data/systems.yaml``, ``profiles/cpu.yaml``).
+        model: the schema the caller expects; it must be the one :data:`DATA_FILES` registers for ``path``.
+
+    Returns:
+        The validated ``model`` instance (the same object on every call).
+
+    Raises:
+        CatalogError: ``path`` is not registered, or the file does not validate (one line naming the file, the
+            field path and what was wrong; "did you mean" for an unknown key).
+        TypeError: ``model`` is not the registered schema of ``path`` (a programming error).
+    """
+    entry = data_file(path)
+    if entry.schema != f"{model.__module__}:{model.__qualname__}":
+        raise TypeError(f"m3ctl/{path} is registered with schema {entry.schema}, not {model.__qualname__}")
+    obj = _packaged(path)
+    assert isinstance(obj, model)
+    return obj
+
+
+def packaged_files(folder: str) -> list[str]:
+    """The .yaml files of one packaged folder (``profiles``), as :func:`data` paths, sorted by name."""
+    entries = resources.files("m3ctl").joinpath(folder).iterdir()
+    return sorted(f"{folder}/{e.name}" for e in entries if e.name.endswith(".yaml") and e.is_file())
 
 
 def load_profile_file(path: Path) -> Profile:
@@ -356,16 +572,14 @@ def load_profile_file(path: Path) -> Profile:
         text = read_user_text(path, "profile")
     except BadInput as e:
         raise CatalogError(e.message, e.hint) from None
-    return _load(text, Profile, str(path))
+    return parse(text, Profile, str(path))
 
 
-def _builtin(kind: str, model: type[BaseModel]) -> dict[str, Any]:
-    out = {}
-    for entry in sorted(resources.files("m3ctl").joinpath(kind).iterdir(), key=lambda p: p.name):
-        if entry.name.endswith(".yaml"):
-            obj = _load(entry.read_text(), model, f"m3ctl/{kind}/{entry.name}")
-            out[obj.name] = obj
-    return out
+_KINDS: dict[str, type[Profile | Image | ModelSpec]] = {
+    "profiles": Profile,
+    "images": Image,
+    "models": ModelSpec,
+}
 
 
 def _user_dir(catalog_dir: str | os.PathLike | None) -> Path | None:
@@ -375,12 +589,15 @@ def _user_dir(catalog_dir: str | os.PathLike | None) -> Path | None:
 
 @functools.lru_cache(maxsize=16)
 def _catalog(kind: str, catalog_dir: str | None) -> dict[str, Any]:
-    model = {"profiles": Profile, "images": Image, "models": ModelSpec}[kind]
-    items = _builtin(kind, model)
+    model = _KINDS[kind]
+    items: dict[str, Any] = {}
+    for path in packaged_files(kind):
+        obj = data(path, model)
+        items[obj.name] = obj
     user = _user_dir(catalog_dir)
     if user and (user / kind).is_dir():
         for p in sorted((user / kind).glob("*.yaml")):
-            obj = _load(p.read_text(), model, str(p))
+            obj = parse(p.read_text(), model, str(p))
             items[obj.name] = obj
     return items
 
@@ -517,12 +734,41 @@ class VllmDefaults(_Strict):
 
 def parse_vllm_defaults(text: str, where: str = "vllm_defaults.yaml") -> VllmDefaults:
     """Validate a vLLM-defaults file. Raises CatalogError with the key that is wrong."""
-    return _load(text, VllmDefaults, where)
+    return parse(text, VllmDefaults, where)
 
 
-@functools.lru_cache(maxsize=1)
 def vllm_defaults() -> VllmDefaults:
     """The built-in vLLM defaults table (m3ctl/data/vllm_defaults.yaml), validated once."""
-    return parse_vllm_defaults(
-        resources.files("m3ctl").joinpath("data/vllm_defaults.yaml").read_text(), "m3ctl/data/vllm_defaults.yaml"
-    )
+    return data("data/vllm_defaults.yaml", VllmDefaults)
+
+
+class ArchFamily(_Strict):
+    """One row of m3ctl/data/architectures.yaml.
+
+    Attributes:
+        family: architecture family (``hopper``, ``cdna3``...): the ``arch`` of a kernel profile.
+        sm: the compiler target (``sm_90``, ``gfx942``).
+        source: where the mapping is published.
+    """
+
+    family: str
+    sm: str
+    source: str
+
+
+class ArchitectureTable(_Strict):
+    """m3ctl/data/architectures.yaml: GPU architecture families keyed by how the hardware names itself.
+
+    Attributes:
+        nvidia: compute capability ``"major.minor"`` (NVML) -> family.
+        amd: gfx target (``gfx942``, lower case) -> family.
+    """
+
+    schema_version: Literal[1] = 1
+    nvidia: dict[str, ArchFamily]
+    amd: dict[str, ArchFamily]
+
+
+def architectures() -> ArchitectureTable:
+    """The built-in architecture table (m3ctl/data/architectures.yaml), validated once."""
+    return data("data/architectures.yaml", ArchitectureTable)

@@ -23,15 +23,13 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from m3ctl import logtrace
-from m3ctl.catalog import Regex
+from m3ctl.catalog import Regex, data, parse
 
 Phase = Literal["startup", "first-request", "serving"]
 
@@ -199,21 +197,14 @@ def load_patterns(text: str, where: str = "log_patterns.yaml") -> LogPatterns:
     """Validate a pattern file.
 
     Raises:
-        ValueError: invalid YAML, an unknown key, a missing field or a regex that does not compile (one line,
-            naming the entry).
+        CatalogError: invalid YAML, an unknown key, a missing field or a regex that does not compile (one line,
+            naming the entry; m3ctl.catalog.parse).
     """
-    try:
-        return LogPatterns.model_validate(yaml.safe_load(text))
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise ValueError(f"{where}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"{where}: {str(e).splitlines()[0]}") from None
+    return parse(text, LogPatterns, where)
 
 
-@functools.lru_cache(maxsize=1)
 def _data() -> LogPatterns:
-    return load_patterns(resources.files("m3ctl").joinpath("data/log_patterns.yaml").read_text())
+    return data("data/log_patterns.yaml", LogPatterns)
 
 
 @functools.lru_cache(maxsize=1)
@@ -460,22 +451,14 @@ def load_components(text: str, where: str = "components.yaml") -> ComponentMap:
     """Validate a component map.
 
     Raises:
-        ValueError: invalid YAML, an unknown key, a missing field, a regex that does not compile, a duplicate
-            id or an unknown ``inherit`` (one line, naming the entry).
+        CatalogError: invalid YAML, an unknown key, a missing field, a regex that does not compile, a duplicate
+            id or an unknown ``inherit`` (one line, naming the entry; m3ctl.catalog.parse).
     """
-    try:
-        return ComponentMap.model_validate(yaml.safe_load(text))
-    except ValidationError as e:
-        err = e.errors()[0]
-        msg = err["msg"].removeprefix("Value error, ")
-        raise ValueError(f"{where}: {'.'.join(map(str, err['loc']))}: {msg}") from None
-    except yaml.YAMLError as e:
-        raise ValueError(f"{where}: {str(e).splitlines()[0]}") from None
+    return parse(text, ComponentMap, where)
 
 
-@functools.lru_cache(maxsize=1)
 def _components() -> ComponentMap:
-    return load_components(resources.files("m3ctl").joinpath("data/components.yaml").read_text())
+    return data("data/components.yaml", ComponentMap)
 
 
 # ---------------------------------------------------------------------------------------------- the reading

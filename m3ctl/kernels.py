@@ -14,12 +14,72 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from importlib import resources
-from typing import Literal
+from typing import Annotated, Literal
 
-import yaml
+from pydantic import AfterValidator, Field
 
-from m3ctl.catalog import KernelExpect
+from m3ctl.catalog import KernelExpect, Regex, _Strict, data
+
+
+def _names_a_kernel(v: str) -> str:
+    if "name" not in re.compile(v).groupindex:
+        raise ValueError("regex has no (?P<name>...) group for the kernel or backend name")
+    return v
+
+
+#: A pattern whose named group ``name`` is what was chosen or compiled.
+NamedRegex = Annotated[Regex, AfterValidator(_names_a_kernel)]
+
+
+class BackendPattern(_Strict):
+    """A log line naming the backend vLLM chose for one ``kind`` (``attention``, ``moe``, ``linear``...)."""
+
+    kind: str
+    regex: NamedRegex
+    source: str
+
+
+class FallbackPattern(_Strict):
+    """A log line saying vLLM fell back from the fast path.
+
+    Attributes:
+        id: the fallback's id (a profile's ``expect.tolerate`` names it).
+        severity: ``warn`` (a WARN unless tolerated) or ``info`` (reported, never a WARN).
+        meaning: one line for humans.
+    """
+
+    id: str
+    kind: str
+    severity: Literal["warn", "info"]
+    regex: Regex
+    meaning: str
+    source: str
+
+
+class RuntimeJit(_Strict):
+    """Kernel JIT compiles while serving: the log line and the ``vllm serve`` flags that make vLLM log each."""
+
+    regex: NamedRegex
+    measure_args: list[str]
+    source: str
+
+
+class KernelPatterns(_Strict):
+    """Schema of m3ctl/data/kernel_patterns.yaml (see the file for what each section means)."""
+
+    schema_version: Literal[1] = 1
+    backends: list[BackendPattern] = Field(min_length=1)
+    fallbacks: list[FallbackPattern] = Field(default_factory=list)
+    runtime_jit: RuntimeJit
+
+
+def patterns() -> KernelPatterns:
+    """The built-in kernel patterns (m3ctl/data/kernel_patterns.yaml), validated once.
+
+    Raises:
+        CatalogError: the file does not match :class:`KernelPatterns` (the message names the field).
+    """
+    return data("data/kernel_patterns.yaml", KernelPatterns)
 
 
 @dataclass(frozen=True)
@@ -54,17 +114,17 @@ class KernelReport:
 
 
 @functools.lru_cache(maxsize=1)
-def _patterns() -> tuple[list[tuple[str, re.Pattern]], list[dict]]:
-    data = yaml.safe_load(resources.files("m3ctl").joinpath("data/kernel_patterns.yaml").read_text())
-    backends = [(b["kind"], re.compile(b["regex"])) for b in data["backends"]]
-    fallbacks = [{**f, "rx": re.compile(f["regex"])} for f in data["fallbacks"]]
+def _patterns() -> tuple[list[tuple[str, re.Pattern]], list[tuple[FallbackPattern, re.Pattern]]]:
+    table = patterns()
+    backends = [(b.kind, re.compile(b.regex)) for b in table.backends]
+    fallbacks = [(f, re.compile(f.regex)) for f in table.fallbacks]
     return backends, fallbacks
 
 
 @functools.lru_cache(maxsize=1)
 def _runtime_jit() -> tuple[re.Pattern, list[str]]:
-    d = yaml.safe_load(resources.files("m3ctl").joinpath("data/kernel_patterns.yaml").read_text())["runtime_jit"]
-    return re.compile(d["regex"]), list(d["measure_args"])
+    d = patterns().runtime_jit
+    return re.compile(d.regex), list(d.measure_args)
 
 
 def jit_measure_args() -> list[str]:
@@ -131,17 +191,17 @@ def verify_kernels(log_text: str, expect: KernelExpect | None = None) -> KernelR
                     names.append(name)
                     first_line[(kind, name)] = line.strip()[:300]
                 break
-        for fb in fallbacks:
-            if fb["id"] in seen_fallbacks:
+        for fb, rx in fallbacks:
+            if fb.id in seen_fallbacks:
                 continue
-            if fb["rx"].search(line):
-                seen_fallbacks.add(fb["id"])
-                rep.fallbacks.append(fb["id"])
-                tolerated = fb["id"] in expect.tolerate
-                level = "WARN" if fb["severity"] == "warn" and not tolerated else "INFO"
+            if rx.search(line):
+                seen_fallbacks.add(fb.id)
+                rep.fallbacks.append(fb.id)
+                tolerated = fb.id in expect.tolerate
+                level: Literal["WARN", "INFO"] = "WARN" if fb.severity == "warn" and not tolerated else "INFO"
                 note = " (tolerated by the profile)" if tolerated else ""
                 rep.findings.append(
-                    KernelFinding(level, fb["kind"], f"fallback {fb['id']}: {fb['meaning']}{note}", line.strip()[:300])
+                    KernelFinding(level, fb.kind, f"fallback {fb.id}: {fb.meaning}{note}", line.strip()[:300])
                 )
     for kind in ("attention", "moe", "moe_experts", "linear"):
         wanted = getattr(expect, kind, None)

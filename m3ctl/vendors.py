@@ -26,13 +26,11 @@ toolkit runtime).
 
 from __future__ import annotations
 
-import functools
-from importlib import resources
 from typing import Annotated, Generic, TypeVar
 
 from pydantic import AfterValidator, Field
 
-from m3ctl.catalog import _load, _Strict
+from m3ctl.catalog import _Strict, data
 
 T = TypeVar("T")
 
@@ -111,16 +109,13 @@ class VendorTable(_Strict):
     vendors: dict[str, VendorFacts]
 
 
-@functools.lru_cache(maxsize=1)
 def table() -> VendorTable:
     """The built-in table (m3ctl/data/vendors.yaml), validated once.
 
     Raises:
         CatalogError: the file does not match the schema.
     """
-    return _load(
-        resources.files("m3ctl").joinpath("data/vendors.yaml").read_text(), VendorTable, "m3ctl/data/vendors.yaml"
-    )
+    return data("data/vendors.yaml", VendorTable)
 
 
 VENDORS = ("nvidia", "amd")

@@ -38,17 +38,21 @@ def test_generic_fallback_and_nothing(tmp_path):
 
 def test_pattern_file_errors_name_the_entry():
     from m3ctl.diagnose import load_patterns
+    from m3ctl.errors import CatalogError
 
     good = "schema_version: 1\npatterns:\n  - {id: a, regex: 'x', cause: c, fix: f, source: s}\n"
     assert load_patterns(good).patterns[0].id == "a"
-    for bad, where in (
-        ("  - {id: a, regex: '(x', cause: c, fix: f, source: s}", "patterns.0.regex"),
-        ("  - {id: a, regex: 'x', cause: c, fix: f, source: s, when: [{archs: [hopper]}]}", "patterns.0.when.0.archs"),
-        ("  - {id: a, regex: 'x', cause: c, fix: f}", "patterns.0.source"),
+    for bad, line in (
+        ("  - {id: a, regex: '(x', cause: c, fix: f, source: s}", "p.yaml: patterns.0.regex: regex does not compile"),
+        (
+            "  - {id: a, regex: 'x', cause: c, fix: f, source: s, when: [{archs: [hopper]}]}",
+            "p.yaml: unknown key 'patterns.0.when.0.archs'; did you mean 'arch'?",
+        ),
+        ("  - {id: a, regex: 'x', cause: c, fix: f}", "p.yaml: patterns.0.source: Field required"),
     ):
-        with pytest.raises(ValueError) as e:
+        with pytest.raises(CatalogError) as e:
             load_patterns("schema_version: 1\npatterns:\n" + bad + "\n", "p.yaml")
-        assert str(e.value).startswith(f"p.yaml: {where}:") and "\n" not in str(e.value)
+        assert str(e.value).startswith(line) and "\n" not in str(e.value), str(e.value)
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from m3ctl.diagnose import DiagContext, diagnose_log, diagnose_text, load_components
+from m3ctl.errors import CatalogError
 from m3ctl.logtrace import parse_events, short_path
 
 FIX = Path(__file__).parent / "fixtures"
@@ -729,7 +730,7 @@ def test_component_file_errors_name_the_entry():
         head = (
             "schema_version: 1\nasync_errors: {errors: x, note: y, blocking_env: {}, pin: p, source: s}\ncomponents:\n"
         )
-        with pytest.raises(ValueError) as e:
+        with pytest.raises(CatalogError) as e:
             load_components(head + bad + "\n", "c.yaml")
         assert str(e.value).startswith("c.yaml: ") and where in str(e.value) and "\n" not in str(e.value), str(e.value)
 

@@ -22,9 +22,10 @@ import os
 import re
 import socket
 from collections.abc import Mapping
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
 
 from m3ctl.hw.inventory import ContainerFacts, DriverFacts
 
@@ -65,29 +66,67 @@ def model_cache_dir(env: Mapping[str, str]) -> Path:
     return Path(env.get("HOME") or Path.home()) / ".cache" / "huggingface" / "hub"
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_table() -> dict[str, Any]:
-    """The CPU recognition table (m3ctl/data/host_cpus.yaml): machine name aliases and the Grace markers.
+class GraceMarkers(BaseModel):
+    """How an NVIDIA Grace CPU shows itself (m3ctl/data/host_cpus.yaml ``grace``).
+
+    Attributes:
+        cpu_arch: the normalized CPU architecture (``aarch64``).
+        cpu_implementer: /proc/cpuinfo ``CPU implementer`` of Arm (``0x41``).
+        cpu_parts: /proc/cpuinfo ``CPU part`` values of the Grace core (Neoverse V2 ``0xd4f``).
+        gpu_name_markers: NVML GPU names of Grace superchips (``GH200``...).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    cpu_arch: str
+    cpu_implementer: str
+    cpu_parts: list[str] = Field(min_length=1)
+    gpu_name_markers: list[str] = Field(default_factory=list)
+    source: str
+
+
+class HostCpuTable(BaseModel):
+    """Schema of m3ctl/data/host_cpus.yaml.
+
+    Attributes:
+        machine_aliases: ``platform.machine()`` spellings -> one name per architecture (``amd64`` -> ``x86_64``).
+        grace: :class:`GraceMarkers`.
+        oci_platforms: CPU architecture -> the OCI platform of an image that runs there (``linux/arm64``).
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: Literal[1] = 1
+    machine_aliases: dict[str, str] = Field(min_length=1)
+    grace: GraceMarkers
+    oci_platforms: dict[str, str] = Field(default_factory=dict)
+
+
+def host_cpus() -> HostCpuTable:
+    """The CPU recognition table (m3ctl/data/host_cpus.yaml), validated once.
 
     Raises:
-        CatalogError: the file lacks a section.
+        CatalogError: the file does not match :class:`HostCpuTable` (the message names the field).
     """
-    import yaml  # noqa: PLC0415
+    from m3ctl.catalog import data  # noqa: PLC0415 - keeps yaml off the import path of the probes
 
-    from m3ctl.errors import CatalogError  # noqa: PLC0415
+    return data("data/host_cpus.yaml", HostCpuTable)
 
-    data = yaml.safe_load(resources.files("m3ctl").joinpath("data/host_cpus.yaml").read_text()) or {}
-    for key in ("machine_aliases", "grace"):
-        if key not in data:
-            raise CatalogError(f"m3ctl/data/host_cpus.yaml: {key} missing", "restore the file")
-    return data
+
+@functools.lru_cache(maxsize=1)
+def cpu_table() -> dict[str, Any]:
+    """:func:`host_cpus` as a plain dict (``machine_aliases``, ``grace``, ``oci_platforms``), for callers that
+    read it by key.
+
+    Raises:
+        CatalogError: the file does not match :class:`HostCpuTable`.
+    """
+    return host_cpus().model_dump()
 
 
 def normalize_machine(machine: str | None) -> str | None:
     """``platform.machine()`` -> ``x86_64`` / ``aarch64`` (other names as given; None when empty)."""
     if not machine:
         return None
-    return cpu_table()["machine_aliases"].get(machine, machine)
+    return host_cpus().machine_aliases.get(machine, machine)
 
 
 def is_grace(cpu_arch: str | None, cpuinfo: str = "", gpu_names: tuple[str, ...] | list[str] = ()) -> bool | None:
@@ -96,14 +135,14 @@ def is_grace(cpu_arch: str | None, cpuinfo: str = "", gpu_names: tuple[str, ...]
     Markers: m3ctl/data/host_cpus.yaml ``grace`` (with its sources)."""
     if not cpu_arch:
         return None
-    g = cpu_table()["grace"]
-    if cpu_arch != g["cpu_arch"]:
+    g = host_cpus().grace
+    if cpu_arch != g.cpu_arch:
         return False
     parts = {p.lower() for p in re.findall(r"^CPU part\s*:\s*(\S+)", cpuinfo, re.MULTILINE)}
     impl = {p.lower() for p in re.findall(r"^CPU implementer\s*:\s*(\S+)", cpuinfo, re.MULTILINE)}
-    if g["cpu_implementer"] in impl and parts & {p.lower() for p in g["cpu_parts"]}:
+    if g.cpu_implementer in impl and parts & {p.lower() for p in g.cpu_parts}:
         return True
-    return any(m.lower() in n.lower() for n in gpu_names for m in g["gpu_name_markers"])
+    return any(m.lower() in n.lower() for n in gpu_names for m in g.gpu_name_markers)
 
 
 def host_facts(

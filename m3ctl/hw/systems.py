@@ -16,12 +16,11 @@ from __future__ import annotations
 import difflib
 import functools
 import re
-from importlib import resources
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from m3ctl.errors import BadInput, CatalogError
+from m3ctl.errors import BadInput
 from m3ctl.hw.host import is_grace
 from m3ctl.hw.inventory import GpuInfo, HostInventory, Link, amd_arch, nvidia_arch
 
@@ -147,14 +146,11 @@ def load_systems(text: str | None = None) -> SystemCatalog:
     Raises:
         CatalogError: the file does not match :class:`SystemCatalog` (exit 2; the message names the key).
     """
-    from m3ctl.catalog import _load  # noqa: PLC0415 - the catalog's YAML + schema loader (one copy)
+    from m3ctl.catalog import data, parse  # noqa: PLC0415 - the one YAML + schema loader
 
     if text is None:
-        text = resources.files("m3ctl").joinpath("data/systems.yaml").read_text()
-    try:
-        return _load(text, SystemCatalog, "data/systems.yaml")
-    except CatalogError as e:
-        raise CatalogError(e.message, "fix the file; see the schema in m3ctl/hw/systems.py") from e
+        return data("data/systems.yaml", SystemCatalog)
+    return parse(text, SystemCatalog, "data/systems.yaml")
 
 
 def system_names() -> list[str]:
@@ -251,7 +247,7 @@ def inventory_for_system(name: str) -> HostInventory:
             index=i,
             vendor=spec.vendor,
             name=g.name,
-            arch=nvidia_arch(g.compute_capability) if nv else amd_arch(g.gfx_target or ""),
+            arch=nvidia_arch(g.compute_capability or "") if nv else amd_arch(g.gfx_target or ""),
             compute_capability=g.compute_capability,
             gfx_target=g.gfx_target,
             memory_total_mib=g.memory_mib,

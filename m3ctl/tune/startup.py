@@ -35,8 +35,6 @@ import re
 import shutil
 import time
 from dataclasses import dataclass, field
-from functools import cache
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -100,13 +98,11 @@ class StartupFacts(BaseModel):
     prewarm: _Prewarm
 
 
-@cache
 def facts() -> StartupFacts:
     """m3ctl/data/startup.yaml, validated (a schema error names the field: m3ctl.catalog)."""
-    from m3ctl.catalog import _load  # noqa: PLC0415
+    from m3ctl.catalog import data  # noqa: PLC0415
 
-    text = resources.files("m3ctl").joinpath("data/startup.yaml").read_text()
-    return _load(text, StartupFacts, "startup.yaml")
+    return data("data/startup.yaml", StartupFacts)
 
 
 _STAMP = re.compile(r"\b(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) (?P<md>\d\d-\d\d) (?P<hms>\d\d:\d\d:\d\d)\b")
