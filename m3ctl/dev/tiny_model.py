@@ -143,7 +143,7 @@ def _config(spec: TinyModelSpec, tokenizer):
         return _m3_release_config(spec, tokenizer), None
     if spec.arch in ("minimax-m3", "minimax-m3-text"):
         n = spec.num_layers
-        cfg = transformers.MiniMaxM3VLConfig(
+        vl = transformers.MiniMaxM3VLConfig(
             text_config=dict(
                 vocab_size=len(tokenizer),
                 hidden_size=spec.hidden_size,
@@ -171,10 +171,12 @@ def _config(spec: TinyModelSpec, tokenizer):
             image_token_index=1,
             video_token_index=1,
         )
-        cfg.architectures = ["MiniMaxM3SparseForConditionalGeneration"]
+        vl.architectures = ["MiniMaxM3SparseForConditionalGeneration"]
         if spec.arch == "minimax-m3-text":  # text-only: the text config alone, MiniMaxM3SparseForCausalLM
-            cfg = cfg.text_config
-            cfg.architectures = ["MiniMaxM3SparseForCausalLM"]
+            text = vl.text_config  # the config object transformers builds from the dict above
+            if not isinstance(text, transformers.PreTrainedConfig):
+                raise TypeError(f"MiniMaxM3VLConfig.text_config is a {type(text).__name__}, not a config object")
+            text.architectures = ["MiniMaxM3SparseForCausalLM"]
             # Fields vLLM's MiniMax-M3 model code reads from the release-format config (vllm/models/minimax_m3,
             # vLLM 0.32 source; H200 run with vLLM 0.26 failed on the missing `rope_theta` first).
             for k, v in dict(
@@ -203,8 +205,9 @@ def _config(spec: TinyModelSpec, tokenizer):
                     sparse_init_block=1,
                 ),
             ).items():
-                setattr(cfg, k, v)
-        return cfg, None
+                setattr(text, k, v)
+            return text, None
+        return vl, None
     if spec.arch == "minimax-m2":
         cfg = transformers.MiniMaxM2Config(
             **common,
