@@ -251,7 +251,7 @@ def inventory_for_system(name: str) -> HostInventory:
             index=i,
             vendor=spec.vendor,
             name=g.name,
-            arch=nvidia_arch(g.compute_capability) if nv else amd_arch(g.gfx_target or ""),
+            arch=nvidia_arch(g.compute_capability or "") if nv else amd_arch(g.gfx_target or ""),
             compute_capability=g.compute_capability,
             gfx_target=g.gfx_target,
             memory_total_mib=g.memory_mib,
