@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -26,7 +26,7 @@ def prefix_for(study_dir: Path) -> str:
 
 
 #: Version of ``tune.json`` (``schema_version``; absent in studies of m3ctl <= 0.1: version 1).
-SETTINGS_SCHEMA_VERSION = 1
+SETTINGS_SCHEMA_VERSION: Final = 1
 
 
 class TuneSettings(BaseModel):
@@ -269,7 +269,7 @@ def new_settings(
             raise BadInput(f"{opt} {v!r} must be a whole number from 1 to {top:,}", "see `m3ctl tune --help`")
     import math  # noqa: PLC0415
 
-    for opt, v, ok, what in (
+    for opt, given, ok, what in (
         ("--boundary-margin", boundary_margin, 0 <= boundary_margin <= 1, "a fraction from 0 to 1"),
         ("--boundary-repeats", boundary_repeats, boundary_repeats >= 0, "a whole number >= 0"),
         ("--max-spec-depth", max_spec_depth, max_spec_depth >= 0, "a whole number >= 0"),
@@ -281,7 +281,7 @@ def new_settings(
         ),
     ):
         if not ok:
-            raise BadInput(f"{opt} {v!r} must be {what}", "see `m3ctl tune --help`")
+            raise BadInput(f"{opt} {given!r} must be {what}", "see `m3ctl tune --help`")
     if lad[-1] * prompts_per_concurrency * 2 > MAX_PROMPTS:  # x2: a confirmation run sends twice as many
         raise BadInput(
             f"--ladder {lad[-1]} x --prompts-per-concurrency {prompts_per_concurrency} (x2 to confirm) "
@@ -1030,7 +1030,7 @@ def write_outputs(
     if want_pareto and front:
         out["pareto_png"] = str(study_dir / "pareto.png")
     TuneReport.from_dict(out, "result.json being written")  # the typed shape (m3ctl/results.py) is what is written
-    writes = [lambda: write_json(study_dir / "result.json", out)]
+    writes: list[Callable[[], object]] = [lambda: write_json(study_dir / "result.json", out)]
     if profile_text is not None:
         writes.append(lambda: write_atomic(study_dir / "profile.yaml", profile_text))
     else:  # nothing met the SLO: a profile.yaml of an earlier write (a resumed study) would recommend a loser
