@@ -998,20 +998,9 @@ class Tuner:
         idle = 0
         try:
             while True:
-                elapsed = before + clock() - t_run
-                if self.launches >= self.spec.max_trials:
-                    stopped_by = f"trial budget ({self.spec.max_trials} server starts)"
+                if (spent := self._budget_spent(before + clock() - t_run)) is not None:
+                    stopped_by = spent
                     break
-                if self.spec.time_budget_s is not None:
-                    costs = sorted(o.cost_s for o in self.outcomes.values() if o.launched)
-                    typical = costs[len(costs) // 2] if costs else 0.0
-                    if elapsed + typical > self.spec.time_budget_s:
-                        stopped_by = (
-                            f"time budget ({self.spec.time_budget_s:g} s"
-                            + (f"; a typical trial takes {typical:.0f} s" if typical else "")
-                            + ")"
-                        )
-                        break
                 if len(self.outcomes) >= size:
                     break
                 if self.spec.baseline and self.baseline is None:  # once the budgets allow a start at all
@@ -1040,39 +1029,9 @@ class Tuner:
                 dups = 0
                 desc = describe(cand, self.space)
                 n = trial.number
-                t_trial = clock()
-
-                def event(m: str, n=n, d=desc, trial=trial, t_trial=t_trial) -> None:
-                    # heartbeat: a SIGKILL loses at most the time since the last event
-                    trial.set_user_attr("cost_s", clock() - t_trial)
-                    self._heartbeat()
-                    self.on_event(n, d, m)
-
-                def partial(o: Outcome, trial=trial) -> None:
-                    trial.set_user_attr("launched", True)
-                    trial.set_user_attr("partial", o.to_json())
-
-                shared = self._as_baseline(cand, n)
-                if shared is not None:
-                    self.outcomes[k] = shared
-                    self._tell(trial, shared)
-                    self._save_search_state()
-                    self.on_event(
-                        n,
-                        desc,
-                        f"same server as the vLLM-defaults baseline: its runs reused, no start "
-                        f"({shared.objective:.1f} at c={shared.concurrency})"
-                        if shared.status == "feasible"
-                        else f"same server as the vLLM-defaults baseline: {shared.status}, no start",
-                    )
+                if self._reuse_baseline(trial, cand, desc):
                     continue
-                try:
-                    out = evaluate(
-                        self.ev, cand, self.spec, self.slo, n, event, start=self._warm_start(cand), on_partial=partial
-                    )
-                except BaseException:
-                    self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
-                    raise
+                out = self._evaluate_trial(trial, cand, desc, clock)
                 self.outcomes[k] = out
                 self._tell(trial, out)
                 self._save_search_state()
@@ -1089,6 +1048,70 @@ class Tuner:
             self._confirm()
         finally:
             self.study.set_user_attr("elapsed_s", before + clock() - t_run)
+        return self._result(stopped_by, before + clock() - t_run)
+
+    def _budget_spent(self, elapsed: float) -> str | None:
+        """Why the search stops before another start (``elapsed``: wall seconds over all resumes): the trial
+        budget is spent, or a typical trial (the median cost so far) would overrun the time budget; else None."""
+        if self.launches >= self.spec.max_trials:
+            return f"trial budget ({self.spec.max_trials} server starts)"
+        if self.spec.time_budget_s is not None:
+            costs = sorted(o.cost_s for o in self.outcomes.values() if o.launched)
+            typical = costs[len(costs) // 2] if costs else 0.0
+            if elapsed + typical > self.spec.time_budget_s:
+                return (
+                    f"time budget ({self.spec.time_budget_s:g} s"
+                    + (f"; a typical trial takes {typical:.0f} s" if typical else "")
+                    + ")"
+                )
+        return None
+
+    def _reuse_baseline(self, trial: Any, cand: dict[str, Any], desc: str) -> bool:
+        """When ``cand`` runs the same server as the vLLM-defaults baseline, record the baseline's runs as the
+        trial's (no start) and return True."""
+        n = trial.number
+        shared = self._as_baseline(cand, n)
+        if shared is None:
+            return False
+        self.outcomes[key_of(cand)] = shared
+        self._tell(trial, shared)
+        self._save_search_state()
+        self.on_event(
+            n,
+            desc,
+            f"same server as the vLLM-defaults baseline: its runs reused, no start "
+            f"({shared.objective:.1f} at c={shared.concurrency})"
+            if shared.status == "feasible"
+            else f"same server as the vLLM-defaults baseline: {shared.status}, no start",
+        )
+        return True
+
+    def _evaluate_trial(self, trial: Any, cand: dict[str, Any], desc: str, clock: Callable[[], float]) -> Outcome:
+        """Start, measure and stop one search trial's server (:func:`evaluate`), its cost and partial outcome
+        saved on the optuna trial as it goes; any exception (Ctrl-C included) marks the trial FAIL and propagates."""
+        n = trial.number
+        t_trial = clock()
+
+        def event(m: str) -> None:
+            # heartbeat: a SIGKILL loses at most the time since the last event
+            trial.set_user_attr("cost_s", clock() - t_trial)
+            self._heartbeat()
+            self.on_event(n, desc, m)
+
+        def partial(o: Outcome) -> None:
+            trial.set_user_attr("launched", True)
+            trial.set_user_attr("partial", o.to_json())
+
+        try:
+            return evaluate(
+                self.ev, cand, self.spec, self.slo, n, event, start=self._warm_start(cand), on_partial=partial
+            )
+        except BaseException:
+            self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+            raise
+
+    def _result(self, stopped_by: str, elapsed_s: float) -> TuneResult:
+        """The search's result: every outcome, the best feasible one by its final objective, the costs."""
         ranked = sorted(
             (o for o in self.outcomes.values() if o.status == "feasible" and o.final > 0),
             key=lambda o: o.final,
@@ -1099,7 +1122,7 @@ class Tuner:
             best=ranked[0] if ranked else None,
             launches=self.launches,
             cost_s=self.cost_s,
-            elapsed_s=before + clock() - t_run,
+            elapsed_s=elapsed_s,
             stopped_by=stopped_by,
             baseline=self.baseline,
         )
