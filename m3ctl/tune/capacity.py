@@ -182,10 +182,9 @@ def decide(runs: Iterable[Any], slo: SLO, rule: CapacityRule = CapacityRule()) -
         return v
     terms = slo.terms
     viol = [[t.violation(r) for t in terms] for r in valid]  # [run][term], > 0 past the limit
-    med = {
+    v.median = med = {
         t.key: statistics.median(ys) for t in terms if (ys := [y for r in valid if (y := metric(r, t.key)) is not None])
     }
-    v.median = med
     wi, wt = max(((i, j) for i in range(n) for j in range(len(terms))), key=lambda ij: viol[ij[0]][ij[1]])
     wterm = terms[wt]
     worst: dict[str, Any] = {

@@ -196,6 +196,24 @@ def _opt(name: str):
     return default(name)
 
 
+def _check_choices(
+    slo: str, objective: str, usd_per_gpu_hour: float | None, ladder: list[int] | None, workload: str
+) -> list[int]:
+    """:func:`new_settings`'s checks of the SLO, objective, ladder and workload; returns the ladder sorted
+    (default: TuneOptions'). Raises BadInput naming what is wrong."""
+    from m3ctl.bench.workloads import KINDS  # noqa: PLC0415
+    from m3ctl.tune.slo import objective_value, parse_slo  # noqa: PLC0415
+
+    parse_slo(slo)
+    objective_value({"total_token_throughput": 1.0, "output_throughput": 1.0}, objective, 1, usd_per_gpu_hour)
+    lad = sorted(set(ladder if ladder is not None else _opt("ladder")))
+    if not lad or lad[0] < 1:
+        raise BadInput(f"bad ladder {lad}", "concurrencies are integers >= 1, e.g. --ladder 1,2,4,8,16")
+    if workload not in KINDS:
+        raise BadInput(f"unknown workload {workload!r}", f"use one of {', '.join(KINDS)}")
+    return lad
+
+
 def _check_numbers(
     lad: list[int],
     *,
@@ -349,16 +367,7 @@ def new_settings(
         BadInput: a bad SLO, objective (``tokens_per_usd`` without a price), ladder, workload, knob, budget or
             length; an unreadable profile or model; ``study_dir`` already holds a study or is not writable.
     """
-    from m3ctl.bench.workloads import KINDS  # noqa: PLC0415
-    from m3ctl.tune.slo import objective_value, parse_slo  # noqa: PLC0415
-
-    parse_slo(slo)
-    objective_value({"total_token_throughput": 1.0, "output_throughput": 1.0}, objective, 1, usd_per_gpu_hour)
-    lad = sorted(set(ladder if ladder is not None else _opt("ladder")))
-    if not lad or lad[0] < 1:
-        raise BadInput(f"bad ladder {lad}", "concurrencies are integers >= 1, e.g. --ladder 1,2,4,8,16")
-    if workload not in KINDS:
-        raise BadInput(f"unknown workload {workload!r}", f"use one of {', '.join(KINDS)}")
+    lad = _check_choices(slo, objective, usd_per_gpu_hour, ladder, workload)
     check_budgets(max_trials=max_trials, time_budget_s=time_budget_s, confirm_top=confirm_top)
     _check_numbers(
         lad,
@@ -398,11 +407,7 @@ def new_settings(
             "boundary_margin": boundary_margin,
             "boundary_repeats": boundary_repeats,
         },
-        "plan_base": {
-            "overrides": dict(overrides or {}),
-            "extra_args": list(extra_args or []),
-            "skip_checks": skip_checks,
-        },
+        "plan_base": {"overrides": dict(overrides or {}), "extra_args": list(extra_args), "skip_checks": skip_checks},
         "bench": {
             "workload": workload,
             "input_len": input_len,
