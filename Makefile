@@ -1,6 +1,6 @@
 # m3ctl: two entry points (see README.md).
 #   make demo  - venv + m3ctl + CPU vLLM, tiny model, doctor, serve, bench, stop
-#   make test  - venv as above, lint (ruff check, ruff format --check), then the whole test suite
+#   make test  - venv as above, lint (ruff check, ruff format --check, mypy), then the whole test suite
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -31,10 +31,12 @@ demo: setup
 test: setup lint
 	$(BIN)/python -m pytest -v tests
 
-# ruff's lint rules and formatter (config and the reasons for each exception: pyproject.toml [tool.ruff])
+# ruff's lint rules and formatter, then mypy over m3ctl/ (config and the reasons for each exception:
+# pyproject.toml [tool.ruff], [tool.mypy])
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 clean:
 	-$(BIN)/m3ctl stop --all

@@ -83,6 +83,22 @@ def test_nvml_source_reads_the_real_h200_capture_and_pairs_init_and_shutdown():
     assert (nvml.inits, nvml.shutdowns) == (1, 1)
 
 
+def test_nvml_source_without_a_fake_lists_the_gpus_of_the_library_it_loaded(monkeypatch):
+    """``NvmlPower()`` (the real-host call) reads the GPUs through the library init_nvml loaded, not its argument."""
+    nvml = h200x2_nvml()
+
+    def system_nvml(given=None):
+        assert given is None
+        nvml.nvmlInit()
+        return nvml
+
+    monkeypatch.setattr(power, "init_nvml", system_nvml)
+    src = NvmlPower()
+    assert src.gpus == [0, 1] and [r.watts for r in src.read([0, 1])] == [81.0, 81.0]
+    src.close()
+    assert (nvml.inits, nvml.shutdowns) == (1, 1)
+
+
 def test_nvml_units_milliwatts_and_millijoules():
     nvml = PoweredNVML(watts={0: (412.5, 0.0), 1: (81.15, 0.0)}, counter_w={0: 500.0})
     src = NvmlPower(nvml)

@@ -145,6 +145,25 @@ def test_a_server_lost_while_bench_prepares_prompts_is_exit_4(tmp_path, monkeypa
         run_cli("stop", "early")
 
 
+def test_a_server_lost_while_bench_prepares_prompts_without_a_deployment_is_exit_4(monkeypatch):
+    """A bare --url (no deployment, so no engine to name): the same BenchServerDown, not an AttributeError."""
+    import httpx
+
+    from m3ctl.bench import runner
+    from m3ctl.bench.runner import BenchConfig, BenchServerDown
+
+    def gone(cfg, tok, sync_log):
+        raise httpx.ConnectError("connection refused")
+
+    monkeypatch.setattr(runner, "_check_reachable", lambda cfg: None)
+    monkeypatch.setattr(runner, "_prepare_reachable", gone)
+    with pytest.raises(BenchServerDown) as e:
+        runner.run_bench(BenchConfig(url="http://127.0.0.1:9", model="m", num_prompts=4))
+    assert e.value.exit_code == 4
+    assert "server at http://127.0.0.1:9 went away (ConnectError)" in e.value.message
+    assert e.value.hint == "check the server (`m3ctl status`, its log)"
+
+
 def test_watch_names_the_death_and_keeps_the_record_dead(tmp_path):
     reg = Registry()
     dep, proc = _fake(reg, "wd", tmp_path)

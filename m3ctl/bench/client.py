@@ -36,22 +36,30 @@ one split per read, ``orjson`` when installed, pre-serialised request bodies.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
+if TYPE_CHECKING:
+    from m3ctl.bench.fasthttp import Connection
+
+
+def _json_dumps(obj: Any) -> bytes:
+    return json.dumps(obj).encode()
+
+
+_loads: Callable[[str | bytes], Any]
+_dumps: Callable[[Any], bytes]
 try:  # orjson is 3-10x faster than json for the per-chunk parse; json is the fallback.
-    import orjson as _json
+    import orjson
 
-    _loads, _dumps = _json.loads, _json.dumps
+    _loads, _dumps = orjson.loads, orjson.dumps
 except ImportError:  # pragma: no cover - orjson is a declared dependency
-    import json as _json
-
-    _loads = _json.loads
-
-    def _dumps(obj) -> bytes:
-        return _json.dumps(obj).encode()
+    _loads, _dumps = json.loads, _json_dumps
 
 
 @dataclass
@@ -306,7 +314,7 @@ def _kind_of(e: BaseException) -> str:
 
 
 async def send_request(
-    session: aiohttp.ClientSession,
+    session: aiohttp.ClientSession | Connection,
     url: str,
     endpoint: str,
     model: str,

@@ -248,6 +248,8 @@ class EnergyMeter:
 
     # ---- sampling
     def _tick(self) -> None:
+        if self.source is None:  # nothing to read: start() starts no sampling without a source
+            return
         a = self.clock()
         try:
             rs = self.source.read(self.gpus)

@@ -16,14 +16,18 @@ import asyncio
 import socket
 import ssl as _ssl
 import time
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
+
+if TYPE_CHECKING:
+    from m3ctl.bench.client import _Stream
 
 
 class _Proto(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.fut: asyncio.Future | None = None
-        self.stream = None
+        self.stream: _Stream | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -54,18 +58,22 @@ class _Proto(asyncio.Protocol):
                 self.fut.set_exception(ConnectionResetError("connection closed mid-response"))
 
     def _complete(self) -> None:
+        fut = self.fut
+        if fut is None:  # every caller checked first that a request waits
+            return
         if self.status != 200:
             from m3ctl.bench.client import _HTTPStatus  # noqa: PLC0415
 
-            self.fut.set_exception(_HTTPStatus(self.status, bytes(self.err_body).decode(errors="replace")))
+            fut.set_exception(_HTTPStatus(self.status, bytes(self.err_body).decode(errors="replace")))
         else:
-            self.fut.set_result(None)
+            fut.set_result(None)
 
     def _body(self, ts: float, data: bytes) -> None:
         if not data:
             return
         if self.status == 200:
-            self.stream.feed(ts, data)
+            if self.stream is not None:  # request() sets it before it sends
+                self.stream.feed(ts, data)
         else:
             self.err_body += data
 
@@ -109,7 +117,7 @@ class _Proto(asyncio.Protocol):
 
     def _chunked(self, ts: float, data: bytes) -> None:
         buf = self.cbuf + data if self.cbuf else data
-        pieces = []
+        pieces: list[bytes] = []
         i, n = 0, len(buf)
         if not self.skip and not self.remaining:
             # Fast path: whole "size CRLF data CRLF" chunks, one step each (a read often holds many of them).
@@ -193,11 +201,14 @@ class Connection:
                 p = self._proto = await self._connect()
             else:
                 p = self._proto = await asyncio.wait_for(self._connect(), self.timeout_s)
+        transport = p.transport
+        if transport is None:  # connection_made sets it; a fresh connection has one
+            raise ConnectionResetError("connection closed before the request was sent")
         p._reset()
         p.stream = stream
         p.fut = fut = loop.create_future()
-        timer = loop.call_at(t_end, _expire, p, fut, self.timeout_s) if t_end is not None else None
-        p.transport.write(
+        timer = loop.call_at(t_end, _expire, p, fut, self.timeout_s) if t_end is not None and self.timeout_s else None
+        transport.write(
             b"POST "
             + (self.prefix + path).encode()
             + b" HTTP/1.1\r\n"

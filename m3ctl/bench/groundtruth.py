@@ -70,6 +70,7 @@ import json
 import socket
 import time
 from dataclasses import dataclass
+from typing import Any
 
 MODEL = "groundtruth"
 _CHUNKS_PER_TURN = 2  # chunk writes per event-loop turn
@@ -156,7 +157,7 @@ class _Stream:
         cont: bool,
         want_usage: bool,
         t_arrive: float,
-        rec: dict,
+        rec: dict | None,
         prompt_tokens: int | None = None,
     ):
         self.conn, self.cfg, self.n, self.chat, self.cont, self.want_usage, self.rec = (
@@ -206,7 +207,7 @@ class _Stream:
             choice = {"index": 0, "delta": delta, "finish_reason": self._finish()}
         else:
             choice = {"index": 0, "text": text, "finish_reason": self._finish()}
-        obj = {
+        obj: dict[str, Any] = {
             "object": "chat.completion.chunk" if self.chat else "text_completion",
             "model": MODEL,
             "choices": [choice],
@@ -238,7 +239,11 @@ class _Stream:
         if self.conn is not None:
             self.conn.srv.finished(self)
         if self.want_usage:
-            usage = {"prompt_tokens": self.pt, "completion_tokens": self.n, "total_tokens": self.pt + self.n}
+            usage: dict[str, Any] = {
+                "prompt_tokens": self.pt,
+                "completion_tokens": self.n,
+                "total_tokens": self.pt + self.n,
+            }
             if self.r:
                 usage["completion_tokens_details"] = {"reasoning_tokens": self.r}
             if self.cached is not None:
@@ -250,13 +255,13 @@ class _Stream:
 class _Server:
     """Shared state: config, records, the chunk scheduler."""
 
-    def __init__(self, cfg: GTConfig):
+    def __init__(self, cfg: GTConfig, loop: asyncio.AbstractEventLoop):
         self.cfg = cfg
         self.records: list[dict] = []
         self.cache: dict[tuple, bytes] = {}  # no-delay mode: whole response per request shape
         self.heap: list[tuple[float, int, _Stream]] = []
         self.seq = itertools.count()
-        self.loop: asyncio.AbstractEventLoop | None = None
+        self.loop = loop
         self.timer: asyncio.TimerHandle | None = None
         self.spinning = False
         self.tok = None
@@ -265,7 +270,7 @@ class _Server:
 
             self.tok = Tokenizer.from_file(f"{cfg.tokenizer}/tokenizer.json")
         self.blocks: set[int] = set()  # hashes of cached full blocks (prefix_cache_block > 0)
-        self.counters = {
+        self.counters: dict[str, float] = {
             "prefix_cache_queries_total": 0,
             "prefix_cache_hits_total": 0,
             "prompt_tokens_total": 0,
@@ -483,9 +488,13 @@ class _Conn(asyncio.Protocol):
             self.queued = True
             self.srv.loop.call_soon(self._parse)
 
+    def _write(self, data: bytes) -> None:
+        if self.transport is not None:  # _parse hands on only the requests of an open connection
+            self.transport.write(data)
+
     def _send(self, data: bytes) -> None:
-        self.transport.write(data)
-        if self.close_after:
+        self._write(data)
+        if self.close_after and self.transport is not None:
             self.transport.close()
 
     def handle(self, method: str, path: str, body: bytes, t_arrive: float) -> None:
@@ -511,10 +520,10 @@ class _Conn(asyncio.Protocol):
                     return self._send(_no_model(req.get("model")))
                 if path == "/tokenize":
                     if "messages" in req:
-                        ids = srv.prompt_ids(req, True)
+                        got = srv.prompt_ids(req, True) or []  # a list: this server has a tokenizer
                     else:
-                        ids = srv.tok.encode(req["prompt"], add_special_tokens=bool(req.get("add_special_tokens"))).ids
-                    return self._send(_json_response({"count": len(ids), "max_model_len": 4096, "tokens": ids}))
+                        got = srv.tok.encode(req["prompt"], add_special_tokens=bool(req.get("add_special_tokens"))).ids
+                    return self._send(_json_response({"count": len(got), "max_model_len": 4096, "tokens": got}))
                 return self._send(_json_response({"prompt": srv.tok.decode(req["tokens"], skip_special_tokens=False)}))
             except (ValueError, KeyError, TypeError) as e:
                 return self._send(_json_response({"error": str(e)}, "400 Bad Request"))
@@ -548,11 +557,11 @@ class _Conn(asyncio.Protocol):
         rec = {"arrival": t_arrive, "writes": [], "tokens": []}
         srv.records.append(rec)
         self.busy = True
-        self.transport.write(_SSE_HEAD)
+        self._write(_SSE_HEAD)
         s = _Stream(self, cfg, n, chat, cont, want_usage, t_arrive, rec, ptoks)
         s.cached = cached
         if s.sent >= n:  # every token hidden: no chunk at all, only usage and [DONE]
-            self.transport.write(_chunk(s.tail()) + b"0\r\n\r\n")
+            self._write(_chunk(s.tail()) + b"0\r\n\r\n")
             return self.response_done()
         srv.start(s)
 
@@ -573,8 +582,7 @@ def _no_model(name) -> bytes:
 
 
 async def _serve_forever(port: int, cfg: GTConfig, host: str) -> None:
-    srv = _Server(cfg)
-    srv.loop = asyncio.get_running_loop()
+    srv = _Server(cfg, asyncio.get_running_loop())
     server = await srv.loop.create_server(lambda: _Conn(srv), host, port, backlog=4096, reuse_address=True)
     async with server:
         await server.serve_forever()

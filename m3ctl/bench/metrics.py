@@ -169,7 +169,7 @@ def client_queue_stats(outputs: Sequence[RequestOutput], percentiles: Sequence[f
 
 # ----------------------------------------------------------------------------- m3ctl extensions (new keys)
 def _pct_block(
-    values: Sequence[float], percentiles: Sequence[float], scale: float = 1000.0, unit: str = "ms"
+    values: Sequence[float] | np.ndarray, percentiles: Sequence[float], scale: float = 1000.0, unit: str = "ms"
 ) -> dict[str, float | None]:
     """``{mean_<unit>, median_<unit>, std_<unit>, p<P>_<unit>}`` of ``values`` x ``scale``; None when empty."""
     if not len(values):
@@ -180,10 +180,19 @@ def _pct_block(
             **{f"p{_word(p)}_{unit}": None for p in percentiles},
         }
     v = np.asarray(values, dtype=float) * scale
-    out = {f"mean_{unit}": float(v.mean()), f"median_{unit}": float(np.median(v)), f"std_{unit}": float(v.std())}
+    out: dict[str, float | None] = {
+        f"mean_{unit}": float(v.mean()),
+        f"median_{unit}": float(np.median(v)),
+        f"std_{unit}": float(v.std()),
+    }
     for p in percentiles:
         out[f"p{_word(p)}_{unit}"] = float(np.percentile(v, p))
     return out
+
+
+def _tokens(o: RequestOutput) -> int:
+    """The request's output tokens (0 when not counted)."""
+    return o.output_tokens or 0
 
 
 def _word(p: float) -> str:
@@ -248,9 +257,9 @@ def interactivity(outputs: Sequence[RequestOutput], percentiles: Sequence[float]
     TPOT was not measured (:func:`unmeasured`: the streams arrived in bursts).
     """
     ok = [o for o in outputs if o.success and o.output_tokens]
-    tpots = np.array([(o.latency - o.ttft) / (o.output_tokens - 1) for o in ok if o.output_tokens > 1])
+    tpots = np.array([(o.latency - o.ttft) / (_tokens(o) - 1) for o in ok if _tokens(o) > 1])
     tpots = tpots[tpots > 0] if "tpot" not in unmeasured(ok) else tpots[:0]
-    norm = np.array([o.latency / o.output_tokens for o in ok if o.latency > 0])
+    norm = np.array([o.latency / _tokens(o) for o in ok if o.latency > 0])
     ix: dict = {}
     if len(tpots):
         stats = {

@@ -42,7 +42,7 @@ def load_runs(paths: list[Path]) -> list[dict]:
     Raises:
         BadInput: a file is missing or is not an m3ctl / vllm result.
     """
-    runs = []
+    runs: list[dict] = []
     for p in paths:
         from m3ctl.files import read_user_text  # noqa: PLC0415
 
@@ -430,36 +430,22 @@ def _latency_columns(pcts: list[float]) -> list[tuple[str, str]]:
     return cols + [(f"p{_pw(p)}", f"p{_pw(p)}") for p in pcts]
 
 
-def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
-    """A run's result as rich tables readable at 80 columns, and the notes and warnings to print under them.
-
-    Numbers are never wrapped mid-value (numeric columns do not wrap; labels fold). The latency table (a
-    :class:`FitTable`: statistics move to a second table when they do not fit the width) has one column per
-    statistic, without a median column when p50 is one (they are the same number). Rows shown only
-    where they say something: ITL per token when chunks carried several tokens (else it equals ITL per chunk);
-    E2E latency from schedule for open-loop runs only (a closed loop schedules every request at the start),
-    with a note saying what it is; TTFA for reasoning runs only (else it is TTFT), ``n/a`` when the answers
-    carry the reasoning (N05). With no successful request every latency
-    is ``n/a``, not 0; a metric the run did not measure (``unmeasured``: TPOT and ITL of a run streamed in
-    bursts, goodput whose SLO bounds TPOT) is ``n/a (<cause>)``, e.g. ``n/a (bursts)``, and ``valid`` says so.
-    """
-    from rich.markup import escape  # noqa: PLC0415
-    from rich.table import Table  # noqa: PLC0415
-
-    done = res.get("completed", 0) > 0
-    wl, v = res.get("workload") or {}, res["validity"]
+def _run_title(res: dict) -> str:
+    """The run table's title: model, backend, workload, lengths, concurrency and rate."""
+    wl = res.get("workload") or {}
     lens = (
         f"{res['input_len_requested']}/{res['output_len_requested']} tokens in/out, "
         if res.get("input_len_requested") is not None
         else ""
     )
-    title = (
+    return (
         f"m3ctl bench: {res['model_id']} ({res['backend']}, {wl.get('kind')}, {lens}concurrency "
         f"{res['max_concurrency']}, rate {res['request_rate']})"
     )
-    t = Table(title=escape(title))
-    t.add_column("metric", overflow="fold", ratio=1)
-    t.add_column("value", justify="right", no_wrap=True)
+
+
+def _throughput_rows(res: dict, done: bool, miss: dict) -> list[tuple[str, str]]:
+    """The run table's counts, throughput, goodput, trace, per-GPU, cost, energy and interactivity rows."""
     rows = [
         ("successful requests", f"{res['completed']}"),
         ("failed requests", f"{res['failed']}"),
@@ -469,7 +455,6 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
         ("total token throughput (tok/s)", f"{res['total_token_throughput']:.1f}"),
         ("input / output tokens (server usage)", f"{res['total_input_tokens']} / {res['total_output_tokens']}"),
     ]
-    miss = res.get("unmeasured") or {}
     if res.get("request_goodput") is not None:
         rows.append(("goodput (req/s)", f"{res['request_goodput']:.2f}"))
     elif "request_goodput" in miss:
@@ -509,6 +494,13 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
         rows.append(("tok/s/user: 1/P90(E2EL/OSL) (AgentX)", f"{ix['agentx_e2e_normalized']['p90']:.1f}"))
     if done and ix.get("aiperf_per_user"):
         rows.append(("tok/s/user: median 1/TPOT_i (AIPerf)", f"{ix['aiperf_per_user']['median']:.1f}"))
+    return rows
+
+
+def _server_rows(res: dict) -> list[tuple[str, str]]:
+    """The run table's rows from the server's counters (prefix cache, speculative decoding, preemptions) and the
+    agentic sessions."""
+    rows = []
     if sm := res.get("server_metrics"):
         if sm.get("prefix_cache_hit_rate") is not None:
             rows.append(("server prefix cache hit rate", f"{sm['prefix_cache_hit_rate']:.1%}"))
@@ -529,28 +521,20 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
                     f"{ag['session_latency']['mean_s']:.2f} / {ag['session_latency']['p90_s']:.2f}",
                 )
             )
-    gaps = "/".join(m.upper() for m in ("tpot", "itl") if m in miss)
-    rows.append(
-        (
-            "valid",
-            (
-                "[red]BENCH-INVALID[/]"
-                if not v["valid"]
-                else f"yes, {gaps} {escape(na(miss, 'tpot' if 'tpot' in miss else 'itl'))}"
-                if gaps
-                else "yes"
-            ),
-        )
-    )
-    for r in rows:
-        t.add_row(escape(r[0]), r[1])
+    return rows
 
+
+def _latency_table(res: dict, pcts: list[float], done: bool, miss: dict) -> tuple[FitTable, list[str]]:
+    """The latency table (one column per statistic; rows as :func:`bench_tables` says) and its notes."""
+    from rich.markup import escape  # noqa: PLC0415
+
+    v = res["validity"]
     cols = _latency_columns(pcts)
     lrows: list[tuple[str, list[str]]] = []  # (label, one cell per statistic)
     notes: list[str] = []
 
     def row(label: str, block: dict | None, metric: str | None = None) -> None:
-        if done and metric in miss:
+        if done and metric is not None and metric in miss:
             lrows.append((label, [na(miss, metric)] * len(cols)))
         elif not done or block is None or block.get("mean_ms") is None:
             lrows.append((label, ["n/a"] * len(cols)))
@@ -580,16 +564,59 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
             "* from when the arrival process scheduled the request, so time queued in the client "
             "counts (coordinated omission); E2E latency starts at the send"
         )
-    if not done:
-        notes.append("n/a: no request succeeded")
-    if (en := res.get("energy")) is not None and en.get("joules") is None:
-        notes.append(f"energy: n/a ({escape(str(en.get('reason')))})")
     lt = FitTable(
         "latency (ms)",
         "metric",
         [escape(label) for label, _ in lrows],
         [(head, [cells[j] for _, cells in lrows]) for j, (head, _) in enumerate(cols)],
     )
+    return lt, notes
+
+
+def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
+    """A run's result as rich tables readable at 80 columns, and the notes and warnings to print under them.
+
+    Numbers are never wrapped mid-value (numeric columns do not wrap; labels fold). The latency table (a
+    :class:`FitTable`: statistics move to a second table when they do not fit the width) has one column per
+    statistic, without a median column when p50 is one (they are the same number). Rows shown only
+    where they say something: ITL per token when chunks carried several tokens (else it equals ITL per chunk);
+    E2E latency from schedule for open-loop runs only (a closed loop schedules every request at the start),
+    with a note saying what it is; TTFA for reasoning runs only (else it is TTFT), ``n/a`` when the answers
+    carry the reasoning (N05). With no successful request every latency
+    is ``n/a``, not 0; a metric the run did not measure (``unmeasured``: TPOT and ITL of a run streamed in
+    bursts, goodput whose SLO bounds TPOT) is ``n/a (<cause>)``, e.g. ``n/a (bursts)``, and ``valid`` says so.
+    """
+    from rich.markup import escape  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    done = res.get("completed", 0) > 0
+    v = res["validity"]
+    t = Table(title=escape(_run_title(res)))
+    t.add_column("metric", overflow="fold", ratio=1)
+    t.add_column("value", justify="right", no_wrap=True)
+    miss = res.get("unmeasured") or {}
+    rows = _throughput_rows(res, done, miss) + _server_rows(res)
+    gaps = "/".join(m.upper() for m in ("tpot", "itl") if m in miss)
+    rows.append(
+        (
+            "valid",
+            (
+                "[red]BENCH-INVALID[/]"
+                if not v["valid"]
+                else f"yes, {gaps} {escape(na(miss, 'tpot' if 'tpot' in miss else 'itl'))}"
+                if gaps
+                else "yes"
+            ),
+        )
+    )
+    for r in rows:
+        t.add_row(escape(r[0]), r[1])
+
+    lt, notes = _latency_table(res, pcts, done, miss)
+    if not done:
+        notes.append("n/a: no request succeeded")
+    if (en := res.get("energy")) is not None and en.get("joules") is None:
+        notes.append(f"energy: n/a ({escape(str(en.get('reason')))})")
     return [t, lt], notes + [f"[yellow]warning:[/] {escape(w)}" for w in v.get("warnings", [])]
 
 

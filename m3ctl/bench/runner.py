@@ -35,9 +35,11 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import numpy as np
@@ -51,6 +53,9 @@ from m3ctl.bench.fasthttp import ConnectionPool
 from m3ctl.bench.prompts import LocalTokenizer, ServerTokenizer, Tokenizer
 from m3ctl.errors import EXIT_LAUNCH_FAILED, BadInput, M3Error
 from m3ctl.results import BENCH_SCHEMA_VERSION as SCHEMA_VERSION  # the result's version: m3ctl/results.py
+
+if TYPE_CHECKING:
+    from m3ctl.bench.energy import EnergyMeter
 
 
 class BenchServerDown(M3Error):
@@ -70,7 +75,7 @@ def engine_death(cfg: BenchConfig) -> dict | None:
     from m3ctl.lifecycle import check  # noqa: PLC0415
     from m3ctl.state import Registry  # noqa: PLC0415
 
-    es = check(cfg.deployment, Registry(cfg.state_dir) if cfg.state_dir else None)
+    es = check(cfg.deployment, Registry(Path(cfg.state_dir)) if cfg.state_dir else None)
     if es is None or not es.dead:
         return None
     return {**es.to_dict(), "sentence": es.sentence()}
@@ -358,6 +363,137 @@ async def _lag_monitor(samples: list[float], period: float = 0.01) -> None:
         samples.append(time.perf_counter() - t - period)
 
 
+def _this_task() -> asyncio.Task:
+    """The task running the caller (a coroutine awaited by asyncio always runs in one)."""
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("no asyncio task is running")
+    return task
+
+
+class _Sender:
+    """Sends one request of a run and keeps the run's tallies: the requests in flight (``busy``: [count, the
+    perf_counter time the count last rose from 0], read by :func:`_stall_watch`) and the consecutive
+    connection-refused results (``SERVER_DOWN_AFTER`` of them mark the server down in ``stats``). ``emit``: the
+    progress sink (None during the warm-ups; the measured phase sets it)."""
+
+    def __init__(
+        self,
+        cfg: BenchConfig,
+        session: aiohttp.ClientSession,
+        pool: ConnectionPool | None,
+        headers: dict[str, str],
+        stats: ClientStats,
+    ):
+        self.cfg, self.session, self.pool, self.headers, self.stats = cfg, session, pool, headers, stats
+        self.emit: Callable[[tuple], None] | None = None
+        self.refused = 0
+        self.busy: list = [0, 0.0]
+
+    async def __call__(self, req: BenchRequest, due: float, keep_text: bool = False) -> RequestOutput:
+        """One request's output; raises ``_Stop`` once the server is down or the run stalled."""
+        stats, busy = self.stats, self.busy
+        if stats.server_down or stats.stalled:
+            raise _Stop
+        if not busy[0]:
+            busy[1] = time.perf_counter()
+        busy[0] += 1
+        try:
+            return await self._send(req, due, keep_text)
+        finally:
+            busy[0] -= 1
+
+    async def _send(self, req: BenchRequest, due: float, keep_text: bool) -> RequestOutput:
+        cfg, emit = self.cfg, self.emit
+        body = build_body(
+            cfg.model,
+            cfg.endpoint,
+            req,
+            ignore_eos=cfg.ignore_eos,
+            temperature=cfg.temperature,
+            continuous_usage=cfg.continuous_usage,
+        )
+        if emit is not None:
+            emit(("s", time.perf_counter()))
+        if self.pool is None:
+            o = await send_request(
+                self.session,
+                cfg.url,
+                cfg.endpoint,
+                cfg.model,
+                req,
+                ignore_eos=cfg.ignore_eos,
+                headers=self.headers,
+                scheduled_time=due,
+                keep_text=keep_text,
+                body=body,
+            )
+        else:
+            c = self.pool.acquire()
+            try:
+                o = await send_request(
+                    c,
+                    cfg.url,
+                    cfg.endpoint,
+                    cfg.model,
+                    req,
+                    ignore_eos=cfg.ignore_eos,
+                    headers=self.headers,
+                    scheduled_time=due,
+                    keep_text=keep_text,
+                    body=body,
+                )
+            finally:
+                self.pool.release(c)
+        if emit is not None:
+            emit(("d", o.end_time, o.success, o.error_kind, o.ttft, o.output_tokens or 0))
+        if o.error_kind == "connection_refused":
+            self.refused += 1
+            if self.refused >= SERVER_DOWN_AFTER:
+                self.stats.server_down = True
+        elif o.error_kind not in ("connection_reset", "stream_cut"):
+            self.refused = 0
+        return o
+
+
+async def _warm_up(send: _Sender, warmups: list[BenchRequest], concurrency: int | None, stats: ClientStats) -> None:
+    """The warm-up requests, ``concurrency`` at a time (all at once without a cap); a cancel (a stall, or
+    Ctrl-C: ``stats.interrupted``) ends them."""
+    sem = asyncio.Semaphore(concurrency or len(warmups))
+
+    async def warm(req: BenchRequest) -> None:
+        async with sem:
+            await send(req, time.perf_counter())
+
+    try:
+        await asyncio.gather(*(warm(w) for w in warmups))
+    except asyncio.CancelledError:  # stalled during the warm-ups (else Ctrl-C: stop here too)
+        if not stats.stalled:
+            stats.interrupted = True
+
+
+async def _measure(
+    cfg: BenchConfig, job: _Job, send: _Sender, outs: list[RequestOutput], t0: float, deadline: float | None
+) -> None:
+    """The measured phase in the job's mode (agentic lanes, closed lanes or the open loop), its outputs appended
+    to ``outs``; a cancel (Ctrl-C or a stall) or a down server ends it, keeping what finished."""
+    stats = send.stats
+    try:
+        if stats.stalled or stats.interrupted:
+            pass
+        elif job.sessions:
+            await _agentic_lanes(cfg, job, send, outs, stats, deadline)
+        elif math.isinf(cfg.request_rate) and job.concurrency and not cfg.trace_path:
+            await _closed_lanes(job, send, outs, t0, deadline)
+        else:
+            await _open_loop(job, send, outs, t0, deadline, lambda: stats.server_down)
+    except asyncio.CancelledError:  # Ctrl-C (asyncio.Runner cancels the main task) or a stall: keep what finished
+        if not stats.stalled:
+            stats.interrupted = True
+    except _Stop:
+        pass
+
+
 async def _drive(
     cfg: BenchConfig, job: _Job, t0: float | None, warmups: list[BenchRequest] | None = None, before=None
 ) -> tuple[list[RequestOutput], ClientStats, float]:
@@ -378,88 +514,11 @@ async def _drive(
         mon = asyncio.create_task(_lag_monitor(lags))
 
         pool = ConnectionPool(cfg.url, headers, cfg.request_timeout_s) if cfg.http_client == "fast" else None
-        emit = None  # progress events: measured phase only
-        refused = 0  # consecutive connection-refused results
-        busy = [0, 0.0]  # in flight, when that count last rose from 0
+        send = _Sender(cfg, session, pool, headers, stats)  # no progress events before the measured phase
         PROGRESS.reset()
-        watch = asyncio.create_task(_stall_watch(cfg, asyncio.current_task(), stats, busy))
-
-        async def send(req: BenchRequest, due: float, keep_text: bool = False) -> RequestOutput:
-            nonlocal refused
-            if stats.server_down or stats.stalled:
-                raise _Stop
-            if not busy[0]:
-                busy[1] = time.perf_counter()
-            busy[0] += 1
-            try:
-                return await _send(req, due, keep_text)
-            finally:
-                busy[0] -= 1
-
-        async def _send(req: BenchRequest, due: float, keep_text: bool = False) -> RequestOutput:
-            nonlocal refused
-            body = build_body(
-                cfg.model,
-                cfg.endpoint,
-                req,
-                ignore_eos=cfg.ignore_eos,
-                temperature=cfg.temperature,
-                continuous_usage=cfg.continuous_usage,
-            )
-            if emit is not None:
-                emit(("s", time.perf_counter()))
-            if pool is None:
-                o = await send_request(
-                    session,
-                    cfg.url,
-                    cfg.endpoint,
-                    cfg.model,
-                    req,
-                    ignore_eos=cfg.ignore_eos,
-                    headers=headers,
-                    scheduled_time=due,
-                    keep_text=keep_text,
-                    body=body,
-                )
-            else:
-                c = pool.acquire()
-                try:
-                    o = await send_request(
-                        c,
-                        cfg.url,
-                        cfg.endpoint,
-                        cfg.model,
-                        req,
-                        ignore_eos=cfg.ignore_eos,
-                        headers=headers,
-                        scheduled_time=due,
-                        keep_text=keep_text,
-                        body=body,
-                    )
-                finally:
-                    pool.release(c)
-            if emit is not None:
-                emit(("d", o.end_time, o.success, o.error_kind, o.ttft, o.output_tokens or 0))
-            if o.error_kind == "connection_refused":
-                refused += 1
-                if refused >= SERVER_DOWN_AFTER:
-                    stats.server_down = True
-            elif o.error_kind not in ("connection_reset", "stream_cut"):
-                refused = 0
-            return o
-
+        watch = asyncio.create_task(_stall_watch(cfg, _this_task(), stats, send.busy))
         if warmups:
-            sem = asyncio.Semaphore(job.concurrency or len(warmups))
-
-            async def warm(req: BenchRequest) -> None:
-                async with sem:
-                    await send(req, time.perf_counter())
-
-            try:
-                await asyncio.gather(*(warm(w) for w in warmups))
-            except asyncio.CancelledError:  # stalled during the warm-ups (else Ctrl-C: stop here too)
-                if not stats.stalled:
-                    stats.interrupted = True
+            await _warm_up(send, warmups, job.concurrency, stats)
         # e.g. scrape server counters after the warmups (arun_bench: the blocking scrape in a worker thread)
         if before is not None and not (stats.stalled or stats.interrupted) and asyncio.iscoroutine(r := before()):
             await r
@@ -471,26 +530,13 @@ async def _drive(
         elif t0 > now:
             await asyncio.sleep(t0 - now)
         deadline = t0 + cfg.duration_s if cfg.duration_s else None
-        emit = _EMIT
+        send.emit = emit = _EMIT
         helpers = []
         if _STOP is not None:
-            helpers.append(asyncio.create_task(_watch_stop(asyncio.current_task(), _STOP)))
+            helpers.append(asyncio.create_task(_watch_stop(_this_task(), _STOP)))
         if isinstance(emit, _Batcher):  # sends show up while their requests are in flight
             helpers.append(asyncio.create_task(_flush_every(emit)))
-        try:
-            if stats.stalled or stats.interrupted:
-                pass
-            elif job.sessions:
-                await _agentic_lanes(cfg, job, send, outs, stats, deadline)
-            elif math.isinf(cfg.request_rate) and job.concurrency and not cfg.trace_path:
-                await _closed_lanes(job, send, outs, t0, deadline)
-            else:
-                await _open_loop(job, send, outs, t0, deadline, lambda: stats.server_down)
-        except asyncio.CancelledError:  # Ctrl-C (asyncio.Runner cancels the main task) or a stall: keep what finished
-            if not stats.stalled:
-                stats.interrupted = True
-        except _Stop:
-            pass
+        await _measure(cfg, job, send, outs, t0, deadline)
         watch.cancel()
         for h in helpers:
             h.cancel()
@@ -529,7 +575,8 @@ async def _closed_lanes(job: _Job, send, outs: list, t0: float, deadline: float 
             except _Stop:
                 return
 
-    await asyncio.gather(*(lane() for _ in range(min(job.concurrency, n if not job.cycle else job.concurrency))))
+    lanes = job.concurrency or 0  # the caller runs closed lanes only with a concurrency
+    await asyncio.gather(*(lane() for _ in range(min(lanes, n if not job.cycle else lanes))))
 
 
 async def _open_loop(job: _Job, send, outs: list, t0: float, deadline: float | None, stopped=lambda: False) -> None:
@@ -826,13 +873,13 @@ def validate(cfg: BenchConfig) -> None:
         )
     _check_files(cfg)
     if cfg.goodput_slo_ms and (
-        bad := {
+        bad_slo := {
             k: v
             for k, v in cfg.goodput_slo_ms.items()
             if not (isinstance(v, int | float) and math.isfinite(v) and v > 0)
         }
     ):
-        k, v = next(iter(bad.items()))
+        k, v = next(iter(bad_slo.items()))
         raise BadInput(f"--goodput {k}:{v}: a goodput limit is a finite number of ms > 0", "e.g. --goodput ttft:2000")
 
 
@@ -967,7 +1014,8 @@ async def arun_bench(cfg: BenchConfig, tok: Tokenizer | None = None, progress=No
         if procs > 1:
             outs, dur, cstats = await asyncio.to_thread(_execute, cfg, prep.job, prep.warmups, prep.before, progress)
         else:
-            before = (lambda: asyncio.to_thread(prep.before)) if prep.before is not None else None
+            hook = prep.before
+            before = (lambda: asyncio.to_thread(hook)) if hook is not None else None
             _set_emit(progress.put if progress is not None else None)
             try:
                 outs, st, t0 = await asyncio.ensure_future(_drive(cfg, prep.job, None, prep.warmups, before))
@@ -1012,8 +1060,8 @@ class _Prepared:
     warmups: list[BenchRequest]
     log: Path | None
     scraped: dict
-    before: object  # callable or None
-    meter: object = None  # m3ctl.bench.energy.EnergyMeter: started by ``before``, stopped after the last response
+    before: Callable[[], Any] | None
+    meter: EnergyMeter | None = None  # started by ``before``, stopped after the last response
 
     def stop_sampling(self) -> list | None:
         """Stop the run's background samplers (GPU power, the server's queue), whatever ended the run; idempotent.
@@ -1051,7 +1099,7 @@ def _prepare(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Prepared:
         what = died["sentence"] if died else f"server at {cfg.url} went away ({type(e).__name__})"
         raise BenchServerDown(
             f"lost the server while bench prepared the prompts (nothing was measured): {what}",
-            (died.get("fix") or "")
+            ((died or {}).get("fix") or "")
             + ("; " if died and died.get("fix") else "")
             + (
                 f"`m3ctl logs {cfg.deployment}` shows its log"
@@ -1253,19 +1301,9 @@ def _realign(cfg: BenchConfig, job: _Job, tok: Tokenizer, res: dict) -> None:
         )
 
 
-def assemble(
-    cfg: BenchConfig,
-    outs: list[RequestOutput],
-    dur: float,
-    cstats: list[ClientStats],
-    wl: dict,
-    tok_name: str | None = None,
-    server: dict | None = None,
-    jit: list[str] | None = None,
-) -> dict:
-    """The result JSON of a finished run (vLLM's keys and meanings first, m3ctl's additions after)."""
-    outs = sorted(outs, key=lambda o: o.scheduled_time)
-    tr = wl.pop("_trace", None)  # a replayed trace (m3ctl.bench.trace.Trace): the result's trace block
+def _vllm_keys(cfg: BenchConfig, outs: list[RequestOutput], dur: float, wl: dict, tok_name: str | None) -> dict:
+    """The result's keys that vLLM's ``bench serve`` writes, with its meanings (``outs`` in schedule order).
+    With ``allow_approx``, a success without usage gets its streamed chunks as its output tokens (one each)."""
     res: dict = {
         "date": datetime.now().strftime("%Y%m%d-%H%M%S"),
         "endpoint_type": "openai-chat" if cfg.endpoint == "chat" else "openai",
@@ -1294,7 +1332,6 @@ def assemble(
         if approx
         else "usage"
     )
-    ok = [o for o in outs if o.success]
     res["latencies"] = [o.latency for o in outs]
     res["queue_times"] = [o.client_queue_time for o in outs]
     res.update(metrics.client_queue_stats(outs, cfg.percentiles))
@@ -1302,7 +1339,11 @@ def assemble(
     res["failed_by_kind"] = dict(
         sorted(collections.Counter(o.error_kind or "other" for o in outs if not o.success).items())
     )
-    # ---- m3ctl additions (new keys; never a vLLM name with another meaning) ----
+    return res
+
+
+def _add_token_counts(res: dict, cfg: BenchConfig, ok: list[RequestOutput], wl: dict) -> None:
+    """m3ctl's additions about the run and its token counts (``ok``: the successful requests)."""
     n_gpus = cfg.num_gpus
     res["m3ctl_version"] = __version__
     res["m3ctl_schema_version"] = SCHEMA_VERSION
@@ -1325,10 +1366,13 @@ def assemble(
         and cfg.range_ratio == 0
     )
     res["token_counts_from"] = "server usage" if ok and all(o.output_tokens is not None for o in ok) else "mixed"
-    res["workload"] = wl
-    res["load"] = {
+
+
+def _load_block(cfg: BenchConfig, client_procs: int) -> dict:
+    """The result's ``load`` block: how the load was offered (mode, concurrency, rate, arrival, stop)."""
+    return {
         "mode": "agentic-lanes"
-        if agentic
+        if cfg.workload == "agentic"
         else ("trace-capped" if cfg.concurrency else "trace")
         if cfg.trace_path
         else ("closed" if math.isinf(cfg.request_rate) else ("open-capped" if cfg.concurrency else "open")),
@@ -1337,16 +1381,16 @@ def assemble(
         "arrival": None if math.isinf(cfg.request_rate) else ("poisson" if cfg.burstiness == 1 else "gamma"),
         "burstiness": cfg.burstiness,
         "duration_s": cfg.duration_s,
-        "client_procs": len(cstats),
+        "client_procs": client_procs,
         "stop": "duration" if cfg.duration_s else "count",
     }
-    res.update(metrics.extended(outs, cfg.percentiles))
-    res["per_gpu"] = _per_gpu(res, n_gpus, cfg.num_gpus_source)
-    res["cost"] = _cost(res["per_gpu"], cfg.usd_per_gpu_hour)
-    res["server_metrics"] = server
+
+
+def _token_counts_block(res: dict, ok: list[RequestOutput], agentic: bool) -> dict:
+    """The result's ``token_counts`` block: where the counts come from, client vs server, cached and reasoning."""
     cached = [o.cached_tokens for o in ok if o.cached_tokens is not None]
     in_total = res["total_input_tokens"]
-    res["token_counts"] = {
+    return {
         "input_source": "server usage.prompt_tokens" if ok and all(o.prompt_len for o in ok) else "client",
         "output_source": "server usage.completion_tokens",
         "client_prompt_tokens": res["client_prompt_tokens"],
@@ -1357,15 +1401,18 @@ def assemble(
         "prefix_cache_hit_rate_usage": sum(cached) / in_total if cached and in_total else None,
         "reasoning_tokens": sum(o.reasoning_tokens or 0 for o in ok),
     }
-    if agentic:
-        res["agentic"] = _agentic_block(ok, [s for st in cstats for s in st.sessions], cfg.percentiles)
-        # what the workload means a cache to serve: each turn's previous context, and the shared system prefix
-        # of every session's first turn (the warmups prime it)
-        theo = res["agentic"]["theoretical_prefix_hit_rate_excl_system_prefix"]
-        firsts = sum(1 for o in ok if o.turn == 1)
-        wl["prefix_cache_expected_hit"] = (
-            min(1.0, theo + cfg.prefix_len * firsts / in_total) if theo is not None and in_total else None
-        )
+
+
+def _add_validity(
+    res: dict,
+    cfg: BenchConfig,
+    outs: list[RequestOutput],
+    cstats: list[ClientStats],
+    server: dict | None,
+    tr: traces.Trace | None,
+    jit: list[str] | None,
+) -> None:
+    """The result's ``validity`` block, and the ``trace``, prefix-cache and JIT-compile checks that add to it."""
     res["validity"] = _validity(cfg, outs, res, cstats, server)
     if tr is not None:  # what was replayed, and how closely the sends kept to its arrival times
         res["trace"], lag = traces.result_block(tr, cfg.trace_time_scale, outs, bool(cfg.concurrency))
@@ -1384,33 +1431,79 @@ def assemble(
                 "one-off latency spikes, so TTFT/TPOT tails overstate the steady state; run again (the kernels are "
                 "compiled now) or warm at this load first"
             )
-    if cfg.per_request:
-        res["requests"] = [_record(o) for o in outs]
+
+
+def _partial(res: dict, reason: str) -> None:
+    """Mark the result invalid as partial: ``reason`` replaces the server-generated-length reasons."""
+    res["validity"]["valid"] = False
+    res["validity"]["reasons"] = [r for r in res["validity"]["reasons"] if not r.startswith("server generated")]
+    res["validity"]["reasons"].append(reason)
+
+
+def _mark_partial(res: dict, cstats: list[ClientStats]) -> None:
+    """A run cut short (the server went down, the streams stalled, Ctrl-C): say so and mark it invalid."""
     if any(st.server_down for st in cstats):
         res["server_down"] = True
         res["not_sent"] = sum(st.not_sent for st in cstats)
-        res["validity"]["valid"] = False
-        res["validity"]["reasons"] = [r for r in res["validity"]["reasons"] if not r.startswith("server generated")]
-        res["validity"]["reasons"].append(
+        _partial(
+            res,
             f"server stopped accepting connections ({SERVER_DOWN_AFTER} connection-refused results in a row) after "
-            f"{res['completed']} completed requests: partial results"
+            f"{res['completed']} completed requests: partial results",
         )
     if stalled := next((st.stalled for st in cstats if st.stalled), None):
         res["stalled"] = {**stalled, "in_flight": sum(st.stalled["in_flight"] for st in cstats if st.stalled)}
         res["not_sent"] = sum(st.not_sent for st in cstats)
-        res["validity"]["valid"] = False
-        res["validity"]["reasons"] = [r for r in res["validity"]["reasons"] if not r.startswith("server generated")]
-        res["validity"]["reasons"].append(
+        _partial(
+            res,
             f"stalled: no token on any of the {res['stalled']['in_flight']} in-flight requests for "
             f"{stalled['idle_s']:.1f} s (window {stalled['window_s']:.1f} s, from the largest chunk gap "
             f"{stalled['max_chunk_gap_ms']:.0f} ms and TTFT {stalled['max_ttft_ms']:.0f} ms seen) after "
-            f"{res['completed']} completed requests: partial results"
+            f"{res['completed']} completed requests: partial results",
         )
     if any(st.interrupted for st in cstats):
         res["interrupted"] = True
-        res["validity"]["valid"] = False
-        res["validity"]["reasons"] = [r for r in res["validity"]["reasons"] if not r.startswith("server generated")]
-        res["validity"]["reasons"].append("interrupted (Ctrl-C): partial results of the requests that finished")
+        _partial(res, "interrupted (Ctrl-C): partial results of the requests that finished")
+
+
+def assemble(
+    cfg: BenchConfig,
+    outs: list[RequestOutput],
+    dur: float,
+    cstats: list[ClientStats],
+    wl: dict,
+    tok_name: str | None = None,
+    server: dict | None = None,
+    jit: list[str] | None = None,
+) -> dict:
+    """The result JSON of a finished run (vLLM's keys and meanings first, m3ctl's additions after)."""
+    outs = sorted(outs, key=lambda o: o.scheduled_time)
+    tr = wl.pop("_trace", None)  # a replayed trace (m3ctl.bench.trace.Trace): the result's trace block
+    res = _vllm_keys(cfg, outs, dur, wl, tok_name)
+    ok = [o for o in outs if o.success]
+    # ---- m3ctl additions (new keys; never a vLLM name with another meaning) ----
+    _add_token_counts(res, cfg, ok, wl)
+    agentic = cfg.workload == "agentic"
+    res["workload"] = wl
+    res["load"] = _load_block(cfg, len(cstats))
+    res.update(metrics.extended(outs, cfg.percentiles))
+    res["per_gpu"] = _per_gpu(res, cfg.num_gpus, cfg.num_gpus_source)
+    res["cost"] = _cost(res["per_gpu"], cfg.usd_per_gpu_hour)
+    res["server_metrics"] = server
+    res["token_counts"] = _token_counts_block(res, ok, agentic)
+    if agentic:
+        in_total = res["total_input_tokens"]
+        res["agentic"] = _agentic_block(ok, [s for st in cstats for s in st.sessions], cfg.percentiles)
+        # what the workload means a cache to serve: each turn's previous context, and the shared system prefix
+        # of every session's first turn (the warmups prime it)
+        theo = res["agentic"]["theoretical_prefix_hit_rate_excl_system_prefix"]
+        firsts = sum(1 for o in ok if o.turn == 1)
+        wl["prefix_cache_expected_hit"] = (
+            min(1.0, theo + cfg.prefix_len * firsts / in_total) if theo is not None and in_total else None
+        )
+    _add_validity(res, cfg, outs, cstats, server, tr, jit)
+    if cfg.per_request:
+        res["requests"] = [_record(o) for o in outs]
+    _mark_partial(res, cstats)
     return res
 
 
@@ -1671,7 +1764,7 @@ def _asked_vs_happened(
             )
         elif (
             (server or {}).get("prefix_cache_queried_tokens")
-            and server.get("prefix_cache_hit_rate") == 0
+            and (server or {}).get("prefix_cache_hit_rate") == 0
             and wl.get("prefix_cache_expected_hit")
         ):
             warnings.append(
@@ -1793,7 +1886,8 @@ class _Sweep:
                 )
             )
         _check_reachable(cfg)
-        self.cfg, self.tok, self.runs, self._stop = cfg, _tokenizer(cfg), [], False
+        self.cfg, self.tok, self._stop = cfg, _tokenizer(cfg), False
+        self.runs: list[dict] = []
         self._i = -1  # the level running
         self._skip: set[int] = set()  # levels skipped after an overload
         self._last: dict[tuple[int, int], dict] = {}  # last result per (input, output) pair

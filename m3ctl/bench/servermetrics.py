@@ -22,8 +22,12 @@ During the measured phase the gauges ``vllm:num_requests_waiting`` / ``vllm:num_
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import httpx
+
+if TYPE_CHECKING:
+    import threading
 
 SERIES = (
     "prefix_cache_hits_total",
@@ -171,25 +175,25 @@ class QueueSampler:
     def __init__(self, url: str, headers: dict[str, str] | None, period_s: float = 1.0):
         self.url, self.headers, self.period_s = url, headers or {}, period_s
         self.samples: list[tuple[float, float, float | None]] = []
-        self._stop = None
-        self._thread = None
+        self._stop: threading.Event | None = None
+        self._thread: threading.Thread | None = None
 
     def start(self) -> QueueSampler:
         import threading  # noqa: PLC0415
 
-        self._stop = threading.Event()
+        self._stop = stop = threading.Event()
         # The client is built here, before the measured phase: building one loads the TLS trust store (tens of
         # ms holding the GIL), which inside the run stalled the bench's event loop (client-saturation verdict).
         client = httpx.Client(headers=self.headers, timeout=max(1.0, 5 * self.period_s))
-        self._thread = threading.Thread(target=self._run, args=(client,), name="m3ctl-bench-queue", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(client, stop), name="m3ctl-bench-queue", daemon=True)
         self._thread.start()
         return self
 
-    def _run(self, client: httpx.Client) -> None:
+    def _run(self, client: httpx.Client, stop: threading.Event) -> None:
         import time  # noqa: PLC0415
 
         with client as c:
-            while not self._stop.is_set():
+            while not stop.is_set():
                 try:
                     r = c.get(f"{self.url}/metrics")
                     g = gauges(r.text) if r.status_code == 200 else {}
@@ -197,11 +201,12 @@ class QueueSampler:
                     g = {}
                 if "num_requests_waiting" in g:
                     self.samples.append((time.perf_counter(), g["num_requests_waiting"], g.get("num_requests_running")))
-                self._stop.wait(self.period_s)
+                stop.wait(self.period_s)
 
     def stop(self) -> list[tuple[float, float, float | None]]:
         if self._stop is not None:
             self._stop.set()
+        if self._thread is not None:
             self._thread.join(timeout=10)
         return self.samples
 

@@ -107,7 +107,7 @@ def model_choice(
     if len(ids) == 1:
         return ids[0], None
     names = ", ".join(map(repr, ids))
-    if preferred in ids:
+    if preferred is not None and preferred in ids:
         return preferred, (
             f"model {preferred!r}: the model of deployment {deployment!r} ({url} answers to {names}; "
             "--model picks another)"

@@ -101,12 +101,16 @@ def _bad(path: Path, line: int, what: str) -> BadInput:
     return BadInput(f"--trace {path}:{line}: {what}", _HINT)
 
 
-def _int_field(rec: dict, name: str, path: Path, line: int, required: bool = True) -> int | None:
+def _int_field(rec: dict, name: str, path: Path, line: int) -> int | None:
+    """An optional token-count field: None when absent (see :func:`_int_value`)."""
+    return None if rec.get(name) is None else _int_value(rec, name, path, line)
+
+
+def _int_value(rec: dict, name: str, path: Path, line: int) -> int:
+    """A required token-count field: an integer in 1..MAX_REQUEST_TOKENS, else BadInput naming the line."""
     v = rec.get(name)
     if v is None:
-        if required:
-            raise _bad(path, line, f"field {name!r} is missing")
-        return None
+        raise _bad(path, line, f"field {name!r} is missing")
     if isinstance(v, bool) or not isinstance(v, int):
         raise _bad(path, line, f"field {name!r} is {json.dumps(v)[:40]}, not an integer number of tokens")
     if not 1 <= v <= MAX_REQUEST_TOKENS:
@@ -164,14 +168,14 @@ def _load(p: Path, _key: tuple) -> Trace:
                 i,
                 f"field 'timestamp' {ts} is earlier than line {prev_line}'s {prev}: records must be in arrival order",
             )
-        il = _int_field(rec, "input_len", p, i)
-        ol = _int_field(rec, "output_len", p, i)
+        il = _int_value(rec, "input_len", p, i)
+        ol = _int_value(rec, "output_len", p, i)
         pid = rec.get("prefix_id")
         if pid is not None:
             if isinstance(pid, bool) or not isinstance(pid, str | int) or pid == "":
                 raise _bad(p, i, f"field 'prefix_id' is {json.dumps(pid)[:40]}, not a non-empty string or an integer")
             pid = str(pid)
-        pl = _int_field(rec, "prefix_len", p, i, required=False)
+        pl = _int_field(rec, "prefix_len", p, i)
         if pl is not None:
             if pid is None:
                 raise _bad(
@@ -298,17 +302,13 @@ def fidelity(outs: list[RequestOutput], tr: Trace, scale: float, capped: bool) -
     lags = [1000 * o.client_queue_time for o in outs if o.start_time]
     gap = tr.mean_gap_s(scale)
     thr = lag_threshold_ms(gap)
-    stats = (
-        {
-            "p50": float(np.percentile(lags, 50)),
-            "p99": float(np.percentile(lags, 99)),
-            "max": max(lags),
-            "mean": float(np.mean(lags)),
-        }
+    p99 = float(np.percentile(lags, 99)) if lags else None
+    stats: dict[str, float | None] = (
+        {"p50": float(np.percentile(lags, 50)), "p99": p99, "max": max(lags), "mean": float(np.mean(lags))}
         if lags
         else {"p50": None, "p99": None, "max": None, "mean": None}
     )
-    lagged = bool(lags) and stats["p99"] > thr
+    lagged = p99 is not None and p99 > thr
     block = {
         "definition": "send time minus the request's arrival time in the trace (x time_scale)",
         "sent": len(lags),

@@ -143,7 +143,7 @@ def _config(spec: TinyModelSpec, tokenizer):
         return _m3_release_config(spec, tokenizer), None
     if spec.arch in ("minimax-m3", "minimax-m3-text"):
         n = spec.num_layers
-        cfg = transformers.MiniMaxM3VLConfig(
+        vl = transformers.MiniMaxM3VLConfig(
             text_config=dict(
                 vocab_size=len(tokenizer),
                 hidden_size=spec.hidden_size,
@@ -171,40 +171,10 @@ def _config(spec: TinyModelSpec, tokenizer):
             image_token_index=1,
             video_token_index=1,
         )
-        cfg.architectures = ["MiniMaxM3SparseForConditionalGeneration"]
+        vl.architectures = ["MiniMaxM3SparseForConditionalGeneration"]
         if spec.arch == "minimax-m3-text":  # text-only: the text config alone, MiniMaxM3SparseForCausalLM
-            cfg = cfg.text_config
-            cfg.architectures = ["MiniMaxM3SparseForCausalLM"]
-            # Fields vLLM's MiniMax-M3 model code reads from the release-format config (vllm/models/minimax_m3,
-            # vLLM 0.32 source; H200 run with vLLM 0.26 failed on the missing `rope_theta` first).
-            for k, v in dict(
-                rope_theta=5_000_000.0,
-                partial_rotary_factor=0.5,
-                hidden_act="swigluoai",
-                swiglu_alpha=1.702,
-                swiglu_beta=1.0,
-                swiglu_limit=7.0,
-                use_gemma_norm=True,
-                qk_norm_type="per_head",
-                scoring_func="sigmoid",
-                use_routing_bias=True,
-                routed_scaling_factor=2.0,
-                n_shared_experts=1,
-                moe_layer_freq=[1] * n,
-                layer_norm_eps=1e-6,
-                num_mtp_modules=0,
-                sparse_attention_config=dict(
-                    sparse_attention_freq=[1] * n,
-                    sparse_num_index_heads=spec.num_kv_heads,
-                    sparse_index_dim=spec.head_dim,
-                    sparse_block_size=128,
-                    sparse_topk_blocks=4,
-                    sparse_local_block=1,
-                    sparse_init_block=1,
-                ),
-            ).items():
-                setattr(cfg, k, v)
-        return cfg, None
+            return _m3_text_config(vl, spec), None
+        return vl, None
     if spec.arch == "minimax-m2":
         cfg = transformers.MiniMaxM2Config(
             **common,
@@ -220,6 +190,47 @@ def _config(spec: TinyModelSpec, tokenizer):
         cfg.scoring_func = "softmax"  # vLLM CPU router: softmax only (cpu-test-stack.md section 3)
         return cfg, transformers.MiniMaxM2ForCausalLM
     raise BadInput(f"unknown tiny-model architecture {spec.arch!r}", f"choose one of: {', '.join(ARCHITECTURES)}")
+
+
+def _m3_text_config(vl, spec: TinyModelSpec):
+    """The text config of a tiny MiniMax-M3 VL config, as MiniMaxM3SparseForCausalLM (text-only)."""
+    import transformers  # noqa: PLC0415
+
+    n = spec.num_layers
+    text = vl.text_config  # the config object transformers builds from the text_config dict
+    if not isinstance(text, transformers.PreTrainedConfig):
+        raise TypeError(f"MiniMaxM3VLConfig.text_config is a {type(text).__name__}, not a config object")
+    text.architectures = ["MiniMaxM3SparseForCausalLM"]
+    # Fields vLLM's MiniMax-M3 model code reads from the release-format config (vllm/models/minimax_m3,
+    # vLLM 0.32 source; H200 run with vLLM 0.26 failed on the missing `rope_theta` first).
+    for k, v in dict(
+        rope_theta=5_000_000.0,
+        partial_rotary_factor=0.5,
+        hidden_act="swigluoai",
+        swiglu_alpha=1.702,
+        swiglu_beta=1.0,
+        swiglu_limit=7.0,
+        use_gemma_norm=True,
+        qk_norm_type="per_head",
+        scoring_func="sigmoid",
+        use_routing_bias=True,
+        routed_scaling_factor=2.0,
+        n_shared_experts=1,
+        moe_layer_freq=[1] * n,
+        layer_norm_eps=1e-6,
+        num_mtp_modules=0,
+        sparse_attention_config=dict(
+            sparse_attention_freq=[1] * n,
+            sparse_num_index_heads=spec.num_kv_heads,
+            sparse_index_dim=spec.head_dim,
+            sparse_block_size=128,
+            sparse_topk_blocks=4,
+            sparse_local_block=1,
+            sparse_init_block=1,
+        ),
+    ).items():
+        setattr(text, k, v)
+    return text
 
 
 def _m3_release_config(spec: TinyModelSpec, tokenizer):

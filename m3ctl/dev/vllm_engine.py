@@ -56,12 +56,14 @@ def _config_classes(root: Path) -> dict[str, dict[str, dict]]:
         tree = ast.parse(path.read_text(encoding="utf-8"))
         aliases: dict[str, list[str]] = {}
         for node in tree.body:
-            target = (
-                node.targets[0]
-                if isinstance(node, ast.Assign) and len(node.targets) == 1
-                else (node.target if isinstance(node, ast.AnnAssign) else None)
-            )
-            if isinstance(target, ast.Name) and (ch := _literal(node.value, aliases)):
+            value: ast.expr | None
+            if isinstance(node, ast.Assign) and len(node.targets) == 1:
+                target, value = node.targets[0], node.value
+            elif isinstance(node, ast.AnnAssign):
+                target, value = node.target, node.value
+            else:
+                continue
+            if isinstance(target, ast.Name) and (ch := _literal(value, aliases)):
                 aliases[target.id] = ch
         for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
             fields: dict[str, dict] = {}
@@ -147,14 +149,22 @@ def _pp_architectures(root: Path) -> list[str]:
     reg = ast.parse((root / "model_executor" / "models" / "registry.py").read_text(encoding="utf-8"))
     archs: dict[str, str] = {}
     for node in reg.body:
-        target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
-        if isinstance(target, ast.Name) and target.id.endswith("_MODELS") and isinstance(node.value, ast.Dict):
-            for k, v in zip(node.value.keys, node.value.values, strict=False):
+        value: ast.expr | None
+        if isinstance(node, ast.Assign):
+            target, value = node.targets[0], node.value
+        elif isinstance(node, (ast.AnnAssign, ast.AugAssign)):
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and target.id.endswith("_MODELS") and isinstance(value, ast.Dict):
+            for k, v in zip(value.keys, value.values, strict=False):
                 if (
                     isinstance(k, ast.Constant)
+                    and isinstance(k.value, str)
                     and isinstance(v, ast.Tuple)
                     and len(v.elts) == 2
                     and isinstance(v.elts[1], ast.Constant)
+                    and isinstance(v.elts[1].value, str)
                 ):
                     archs[k.value] = v.elts[1].value
     return sorted(a for a, c in archs.items() if pp(c))

@@ -41,7 +41,9 @@ def parse_help(text: str) -> dict[str, dict]:
         if not m:
             continue
         parts = _SPLIT.split(m.group(1).strip())
-        longs, shorts, metavar = [], [], ""
+        longs: list[str] = []
+        shorts: list[str] = []
+        metavar = ""
         for part in parts:
             opt, _, rest = part.partition(" ")
             if rest:

@@ -184,20 +184,22 @@ def init_nvml(nvml: Any | None = None) -> Any:
         ProbeDeclined: no NVML library (code 12), nvidia-ml-py not importable, or init failed (``code`` = the NVML
             error, 18 = driver/library version mismatch).
     """
-    if nvml is None:
+    lib = nvml
+    if lib is None:
         try:  # the same library pynvml loads; checking it first skips pynvml's import (~30 ms) on hosts without it
             ctypes.CDLL("libnvidia-ml.so.1")
         except OSError as e:
             raise ProbeDeclined(f"NVML init failed: NVML Shared Library Not Found ({e})", 12) from e
         try:
-            import pynvml as nvml  # noqa: PLC0415 - lazy by design
+            import pynvml  # noqa: PLC0415 - lazy by design
         except Exception as e:  # pragma: no cover - depends on install
             raise ProbeDeclined(f"nvidia-ml-py not importable: {e}") from e
+        lib = pynvml
     try:
-        nvml.nvmlInit()
+        lib.nvmlInit()
     except Exception as e:
         raise ProbeDeclined(f"NVML init failed: {_s(e) or type(e).__name__}", _code(e)) from e
-    return nvml
+    return lib
 
 
 def probe_nvml(
@@ -313,8 +315,9 @@ def _nvml_links(nvml: Any, gpus: list[GpuInfo], handles: list[Any]) -> list[Link
             with contextlib.suppress(Exception):
                 level = int(nvml.nvmlDeviceGetTopologyCommonAncestor(handles[i], handles[j]))
             # NVML reports the PCIe path; NVLink presence comes from the link states of both GPUs.
-            if gpus[i].nvlinks_active and gpus[j].nvlinks_active:
-                n = min(gpus[i].nvlinks_active, gpus[j].nvlinks_active)
+            links_i, links_j = gpus[i].nvlinks_active, gpus[j].nvlinks_active
+            if links_i and links_j:
+                n = min(links_i, links_j)
                 out.append(Link(a=i, b=j, kind="nvlink", detail=f"NV{n}", count=n))
             elif level is not None:
                 out.append(Link(a=i, b=j, kind="pcie", detail=_TOPO_LEVEL.get(level, str(level))))
@@ -342,7 +345,8 @@ def parse_nvidia_smi_csv(text: str) -> tuple[list[GpuInfo], str | None]:
         x = x.split()[0]
         return int(float(x)) if x.replace(".", "", 1).isdigit() else None
 
-    gpus, driver = [], None
+    gpus: list[GpuInfo] = []
+    driver = None
     for line in lines[1:]:
         row = dict(zip(header, (c.strip() for c in line.split(",")), strict=False))
         cc = row.get("compute_cap", "")
@@ -613,7 +617,7 @@ def probe_rocm_smi(run: Runner = default_runner) -> ProbeResult:
         data = json.loads(out)
     except ValueError as e:
         raise ProbeDeclined(f"rocm-smi output is not JSON: {e}") from e
-    gpus = []
+    gpus: list[GpuInfo] = []
     for key in sorted((k for k in data if k.startswith("card")), key=lambda k: int(re.sub(r"\D", "", k) or 0)):
         row = data[key]
         gfx = str(row.get("GFX Version", "")).lower()
@@ -653,7 +657,9 @@ def probe_kfd_sysfs(sysfs_root: Path = Path("/")) -> ProbeResult:
                 out[k] = v.strip()
         return out
 
-    gpus, node_to_gpu, raw_links = [], {}, []
+    gpus: list[GpuInfo] = []
+    node_to_gpu: dict[str, int] = {}
+    raw_links: list[tuple[str, str | None, str | None]] = []
     for node in sorted(nodes.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else 0):
         p = props(node / "properties")
         v = int(p.get("gfx_target_version", "0") or 0)

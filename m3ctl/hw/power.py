@@ -81,8 +81,8 @@ class NvmlPower:
     def __init__(self, nvml: Any | None = None):
         self.nvml, self._open = init_nvml(nvml), True
         try:
-            n = int(nvml.nvmlDeviceGetCount())
-            self._h = {i: nvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)}
+            n = int(self.nvml.nvmlDeviceGetCount())
+            self._h = {i: self.nvml.nvmlDeviceGetHandleByIndex(i) for i in range(n)}
         except Exception as e:
             self.close()
             raise ProbeDeclined(f"NVML could not list GPUs: {_s(e) or type(e).__name__}", _code(e)) from e
@@ -226,7 +226,7 @@ class SmiPower:
 
     def __init__(self, tool: str, run: Runner = default_runner):
         self.name, self.run = tool, run
-        self.has_counter = set()
+        self.has_counter: set[int] = set()
         got = self._all()
         if isinstance(got, str):
             raise ProbeDeclined(got)

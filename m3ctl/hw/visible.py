@@ -124,14 +124,14 @@ def resolve_nvidia(inv: HostInventory) -> Visibility:
     for i, tok in enumerate(toks):
         if tok.lstrip("-").isdigit():
             idx = int(tok)
-            g = next((g for g in inv.gpus if g.index == idx), None)
-            if g is None:
+            chosen = next((g for g in inv.gpus if g.index == idx), None)
+            if chosen is None:
                 vis.problems.append(
                     f"CUDA_VISIBLE_DEVICES entry {tok!r}: no GPU {idx} (this host has "
                     f"{len(inv.gpus)}); CUDA ignores it and every entry after it"
                 )
                 break
-            vis.units += _gpu_units(g)[:1]
+            vis.units += _gpu_units(chosen)[:1]
         else:
             uses_uuid = True
             units, prob = _resolve_uuid(tok, inv.gpus)
@@ -165,7 +165,9 @@ def resolve_amd(inv: HostInventory) -> Visibility:
     as indices into the filtered list (F05)."""
     vis = Visibility()
     env = inv.visible_devices
-    set_vars = [k for k in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if k in env]
+    set_vars: list[str] = [
+        k for k in ("ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "CUDA_VISIBLE_DEVICES") if k in env
+    ]
     vis.controlled_by = set_vars
     if len(set_vars) > 1:
         vis.warnings.append(

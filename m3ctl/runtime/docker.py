@@ -42,7 +42,6 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC
-from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -267,6 +266,7 @@ class DockerRuntime(Runtime):
         ct.reload()
         started = time.time()
         st = ct.attrs.get("State", {})
+        log_path = registry.log_path(plan.name)
         dep = Deployment(
             name=plan.name,
             runtime=self.name,
@@ -277,14 +277,14 @@ class DockerRuntime(Runtime):
             served_model_name=plan.served_model_name,
             model=plan.model,
             argv=plan.argv,
-            log_path=str(registry.log_path(plan.name)),
+            log_path=str(log_path),
             started_at=started,
             phase="launching",
             plan_hash=plan.plan_hash(),
             image=plan.image,
             runtime_options=self.options.model_dump(),
         )
-        Path(dep.log_path).write_bytes(b"")  # filled from the engine by sync_log()
+        log_path.write_bytes(b"")  # filled from the engine by sync_log()
         return self.record(dep, registry)
 
     def is_alive(self, dep: Deployment) -> bool:
@@ -365,10 +365,11 @@ class DockerRuntime(Runtime):
         if ct is not None and dep.log_path:
             _copy_log(dep.log_path, ct.logs(stdout=True, stderr=True))
 
-    def follow(self, dep: Deployment) -> Iterator[str]:
+    def follow(self, dep: Deployment, poll_s: float = 0.5) -> Iterator[str]:
+        """The container's log stream from now on; a deployment without a container tails its log file."""
         ct = self._container(dep)
         if ct is None:
-            yield from super().follow(dep)
+            yield from super().follow(dep, poll_s)
             return
         for chunk in ct.logs(stdout=True, stderr=True, stream=True, follow=True, since=int(time.time())):
             yield chunk.decode("utf-8", "replace")

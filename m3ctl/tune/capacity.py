@@ -182,13 +182,12 @@ def decide(runs: Iterable[Any], slo: SLO, rule: CapacityRule = CapacityRule()) -
         return v
     terms = slo.terms
     viol = [[t.violation(r) for t in terms] for r in valid]  # [run][term], > 0 past the limit
-    med = {
-        t.key: statistics.median(x) for t in terms if (x := [y for r in valid if (y := metric(r, t.key)) is not None])
+    v.median = med = {
+        t.key: statistics.median(ys) for t in terms if (ys := [y for r in valid if (y := metric(r, t.key)) is not None])
     }
-    v.median = med
     wi, wt = max(((i, j) for i in range(n) for j in range(len(terms))), key=lambda ij: viol[ij[0]][ij[1]])
     wterm = terms[wt]
-    v.worst = {
+    worst: dict[str, Any] = {
         "term": str(wterm),
         "key": wterm.key,
         "value": metric(valid[wi], wterm.key),
@@ -196,6 +195,7 @@ def decide(runs: Iterable[Any], slo: SLO, rule: CapacityRule = CapacityRule()) -
         "over": viol[wi][wt],
         "run": wi + 1,
     }
+    v.worst = worst
     # the binding term: the largest median relative violation (the one a reader looks at)
     bj = max(range(len(terms)), key=lambda j: statistics.median(viol[i][j] for i in range(n)))
     bt = terms[bj]
@@ -204,16 +204,16 @@ def decide(runs: Iterable[Any], slo: SLO, rule: CapacityRule = CapacityRule()) -
     series = ", ".join(_val(x) for x in vals)
 
     def worst_text() -> str:
-        if v.worst["value"] is None:
+        if worst["value"] is None:
             return f"run {wi + 1} has no {wterm.key}"
         over = viol[wi][wt]
-        return f"worst {_cmp(wterm, v.worst['value'])} ({_pct(over) if over > 0 else f'headroom {-over * 100:.1f} %'})"
+        return f"worst {_cmp(wterm, worst['value'])} ({_pct(over) if over > 0 else f'headroom {-over * 100:.1f} %'})"
 
     first = max(viol[0])
     if n == 1 and (m == 1 or (abs(first) >= rule.one_run_margin if first < 0 else first >= rule.margin)):
         j = max(range(len(terms)), key=lambda j: viol[0][j])
         t, x = terms[j], metric(valid[0], terms[j].key)
-        if slo.ok(valid[0]):
+        if x is not None and slo.ok(valid[0]):  # a run that meets the SLO measured every term
             v.state = "met"
             v.confidence = f"decided by 1 run, headroom {-first * 100:.1f} % ({_cmp(t, x)})"
         else:
@@ -310,7 +310,7 @@ def sweep_capacity(runs: list[dict], slo: SLO, rule: CapacityRule = CapacityRule
     spread = max((run_spread(g, slo) for g in groups.values() if len(g) > 1), default=0.0)
     if spread > rule.spread:
         rule = replace(rule, spread=spread)
-    levels = []
+    levels: list[dict[str, Any]] = []
     for c in sorted(groups):
         v = decide(groups[c], slo, rule)
         levels.append({"concurrency": c, "state": v.state, "runs": v.runs, "confidence": v.confidence})

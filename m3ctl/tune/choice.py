@@ -64,7 +64,7 @@ def closest_miss(outcomes: list[Any], baseline: Any, slo: SLO, describe=None) ->
     _, _, o, p = min(cands, key=lambda x: (x[0], x[1]))
     is_base = o is baseline
     name = "vLLM defaults" if is_base else (describe(o.config) if describe else str(o.config))
-    misses = []
+    misses: list[dict[str, Any]] = []
     for t in slo.terms:
         if not t.ok(p.metrics):
             v = metric(p.metrics, t.key)

@@ -12,12 +12,12 @@ model declares no ranges: it imports nothing but pydantic (``m3ctl --help`` deri
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 #: Version of the :class:`TuneOptions` schema.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 
 
 class TuneOptions(BaseModel):

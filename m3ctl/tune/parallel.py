@@ -369,13 +369,15 @@ class _Run:
             if batch is not None:
                 if not batch:
                     return None  # the poll waits for its running members
-                rejected = [c for c in batch if self._info(c) is None]
-                if rejected:  # recorded at once, without a launch
-                    want, gpus, port = rejected[0], (), 0
+                infos = [self._info(c) for c in batch]
+                known = [(c, info) for c, info in zip(batch, infos, strict=True) if info is not None]
+                gpus: tuple[int, ...]
+                if len(known) < len(batch):  # a rejected candidate: recorded at once, without a launch
+                    want, gpus, port = batch[infos.index(None)], (), 0
                 else:
-                    batch = order_batch(batch, lambda c: self._info(c)[1], self.pool.limit)
+                    known = order_batch(known, lambda ci: ci[1][1], self.pool.limit)
                     nxt = next_start(
-                        [Pending(*self._info(c)) for c in batch],
+                        [Pending(*info) for _, info in known],
                         self.pool.topo,
                         self._busy(),
                         self.pool.ports,
@@ -383,7 +385,7 @@ class _Run:
                     )
                     if nxt is None:
                         return None  # waits for GPUs
-                    want, gpus, port = batch[nxt[0]], nxt[1], nxt[2]
+                    want, gpus, port = known[nxt[0]][0], nxt[1], nxt[2]
                 got = self._ask(want)
                 if got is None:
                     continue
@@ -447,11 +449,11 @@ class _Run:
             for tr in trials:
                 if tr.thread is not None and tr.thread.is_alive():
                     tr.stop()
-            alive = [tr for tr in trials if tr.thread is not None and tr.thread.is_alive()]
+            alive = [th for tr in trials if (th := tr.thread) is not None and th.is_alive()]
             if not alive or time.monotonic() > deadline:
                 break
-            for tr in alive:
-                tr.thread.join(timeout=1.0)
+            for th in alive:
+                th.join(timeout=1.0)
         for tr in trials:
             tr.stop()  # a server that came up after its thread was told to stop
         # What the trials sent before the cancel is kept: their finished runs (a resume recovers the trial from

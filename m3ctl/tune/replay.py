@@ -72,7 +72,7 @@ class ReplayEvaluator:
         if rec["status"] == "rejected":
             raise ConfigRejected(rec.get("reason", "rejected"), "recorded")
 
-    def open(self, cand: dict[str, Any], trial: int, on_event: Callable[[str], None]) -> ReplaySession:
+    def open(self, cand: dict[str, Any], trial: int | str, on_event: Callable[[str], None]) -> ReplaySession:
         rec = self._rec(cand)
         self.opened += 1
         if rec["status"] == "crashed":

@@ -181,7 +181,7 @@ def parallel_limit(topo: Topology, min_need: int, requested: int | str = "auto")
         return 1, "one trial at a time: no GPU (trials would share the CPU cores they measure)"
     fit = max(1, fit_count(topo, max(1, min_need)))
     what = f"{fit} trial(s) of {max(1, min_need)} GPU(s) fit on {len(topo.gpus)} GPU(s)"
-    if requested == "auto":
+    if isinstance(requested, str):  # "auto": any other string was refused above
         return fit, f"auto: {what}"
     if requested > fit:
         return fit, f"--parallel-trials {requested} capped: {what}"

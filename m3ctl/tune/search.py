@@ -71,6 +71,7 @@ Parallel trials (a :class:`~m3ctl.tune.schedule.Pool` of more than one): several
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import random
@@ -79,12 +80,15 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from m3ctl.errors import ConfigRejected, LaunchFailed
 from m3ctl.tune.capacity import CapacityRule, Verdict, capacity_of, decide, run_spread
 from m3ctl.tune.slo import SLO, objective_value
 from m3ctl.tune.space import Space, describe, key_of
+
+if TYPE_CHECKING:
+    from optuna.distributions import BaseDistribution
 
 STUDY_NAME = "m3ctl-tune"
 DEFAULT_LADDER = [1, 2, 4, 8, 16, 32, 64]
@@ -114,7 +118,7 @@ class Evaluator(Protocol):
 
     def check(self, cand: dict[str, Any]) -> Any: ...
 
-    def open(self, cand: dict[str, Any], trial: int, on_event: Callable[[str], None]) -> Session: ...
+    def open(self, cand: dict[str, Any], trial: int | str, on_event: Callable[[str], None]) -> Session: ...
 
     def n_gpus(self, cand: dict[str, Any]) -> int: ...
 
@@ -346,10 +350,10 @@ def level_spread(slo: SLO, points: list[Point], concurrency: int | None) -> dict
     if concurrency is None:
         return None
     runs = [
-        Point(**{**r, "runs": []}) if isinstance(r, dict) else r
+        r
         for p in points
         if p.concurrency == concurrency
-        for r in (p.runs or [p])
+        for r in ([Point(**{**d, "runs": []}) for d in p.runs] if p.runs else [p])
     ]
     runs = [r for r in runs if r.valid]
     if not runs:
@@ -386,7 +390,7 @@ def bisect_concurrency(
     mode = "first" if start in lad else "bisect"
     step = 1
     while hi - lo > 1:
-        if mode == "first":
+        if mode == "first" and start is not None:  # mode "first": start is on the ladder
             mid = lad.index(start)
         elif mode == "up":
             mid = min(lo + step, hi - 1)
@@ -592,7 +596,7 @@ class Tuner:
         spec: TuneSpec,
         *,
         storage: str | None = None,
-        on_event: Callable[[int | None, str, str], None] | None = None,
+        on_event: Callable[[int | str | None, str, str], None] | None = None,
         pool: Any = None,
     ):
         import optuna  # noqa: PLC0415  (lazy: ~0.5 s import)
@@ -609,8 +613,9 @@ class Tuner:
         # constraints_func: deprecated in optuna 5 in favour of Trial.set_constraint (absent before 5); it works in 3.x-6.x.
         warnings.filterwarnings("ignore", message=".*constraints_func.*", category=FutureWarning)
         self.pool = pool if pool is not None and pool.limit > 1 and hasattr(ev, "for_slot") else None
-        # constant_liar (parallel trials only): running trials count as bad, so concurrent proposals spread out
-        liar = {"constant_liar": True} if self.pool is not None else {}
+        # constant_liar (parallel trials only): running trials count as bad, so concurrent proposals spread out;
+        # serial trials keep the installed optuna's default (False before optuna 5, True from 5)
+        liar: dict[str, Any] = {"constant_liar": True} if self.pool is not None else {}
         sampler = optuna.samplers.TPESampler(
             seed=spec.seed,
             n_startup_trials=n_start,
@@ -624,7 +629,7 @@ class Tuner:
         # Ordered integer knobs are searched by index (IntDistribution) so TPE uses their order;
         # booleans and strings are categorical.
         self.ordinal = {k for k in free if all(isinstance(v, int) and not isinstance(v, bool) for v in space.values[k])}
-        self.dists = {
+        self.dists: dict[str, BaseDistribution] = {
             k: (
                 optuna.distributions.IntDistribution(0, len(space.values[k]) - 1)
                 if k in self.ordinal
@@ -993,20 +998,9 @@ class Tuner:
         idle = 0
         try:
             while True:
-                elapsed = before + clock() - t_run
-                if self.launches >= self.spec.max_trials:
-                    stopped_by = f"trial budget ({self.spec.max_trials} server starts)"
+                if (spent := self._budget_spent(before + clock() - t_run)) is not None:
+                    stopped_by = spent
                     break
-                if self.spec.time_budget_s is not None:
-                    costs = sorted(o.cost_s for o in self.outcomes.values() if o.launched)
-                    typical = costs[len(costs) // 2] if costs else 0.0
-                    if elapsed + typical > self.spec.time_budget_s:
-                        stopped_by = (
-                            f"time budget ({self.spec.time_budget_s:g} s"
-                            + (f"; a typical trial takes {typical:.0f} s" if typical else "")
-                            + ")"
-                        )
-                        break
                 if len(self.outcomes) >= size:
                     break
                 if self.spec.baseline and self.baseline is None:  # once the budgets allow a start at all
@@ -1035,39 +1029,9 @@ class Tuner:
                 dups = 0
                 desc = describe(cand, self.space)
                 n = trial.number
-                t_trial = clock()
-
-                def event(m: str, n=n, d=desc, trial=trial, t_trial=t_trial) -> None:
-                    # heartbeat: a SIGKILL loses at most the time since the last event
-                    trial.set_user_attr("cost_s", clock() - t_trial)
-                    self._heartbeat()
-                    self.on_event(n, d, m)
-
-                def partial(o: Outcome, trial=trial) -> None:
-                    trial.set_user_attr("launched", True)
-                    trial.set_user_attr("partial", o.to_json())
-
-                shared = self._as_baseline(cand, n)
-                if shared is not None:
-                    self.outcomes[k] = shared
-                    self._tell(trial, shared)
-                    self._save_search_state()
-                    self.on_event(
-                        n,
-                        desc,
-                        f"same server as the vLLM-defaults baseline: its runs reused, no start "
-                        f"({shared.objective:.1f} at c={shared.concurrency})"
-                        if shared.status == "feasible"
-                        else f"same server as the vLLM-defaults baseline: {shared.status}, no start",
-                    )
+                if self._reuse_baseline(trial, cand, desc):
                     continue
-                try:
-                    out = evaluate(
-                        self.ev, cand, self.spec, self.slo, n, event, start=self._warm_start(cand), on_partial=partial
-                    )
-                except BaseException:
-                    self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
-                    raise
+                out = self._evaluate_trial(trial, cand, desc, clock)
                 self.outcomes[k] = out
                 self._tell(trial, out)
                 self._save_search_state()
@@ -1084,6 +1048,70 @@ class Tuner:
             self._confirm()
         finally:
             self.study.set_user_attr("elapsed_s", before + clock() - t_run)
+        return self._result(stopped_by, before + clock() - t_run)
+
+    def _budget_spent(self, elapsed: float) -> str | None:
+        """Why the search stops before another start (``elapsed``: wall seconds over all resumes): the trial
+        budget is spent, or a typical trial (the median cost so far) would overrun the time budget; else None."""
+        if self.launches >= self.spec.max_trials:
+            return f"trial budget ({self.spec.max_trials} server starts)"
+        if self.spec.time_budget_s is not None:
+            costs = sorted(o.cost_s for o in self.outcomes.values() if o.launched)
+            typical = costs[len(costs) // 2] if costs else 0.0
+            if elapsed + typical > self.spec.time_budget_s:
+                return (
+                    f"time budget ({self.spec.time_budget_s:g} s"
+                    + (f"; a typical trial takes {typical:.0f} s" if typical else "")
+                    + ")"
+                )
+        return None
+
+    def _reuse_baseline(self, trial: Any, cand: dict[str, Any], desc: str) -> bool:
+        """When ``cand`` runs the same server as the vLLM-defaults baseline, record the baseline's runs as the
+        trial's (no start) and return True."""
+        n = trial.number
+        shared = self._as_baseline(cand, n)
+        if shared is None:
+            return False
+        self.outcomes[key_of(cand)] = shared
+        self._tell(trial, shared)
+        self._save_search_state()
+        self.on_event(
+            n,
+            desc,
+            f"same server as the vLLM-defaults baseline: its runs reused, no start "
+            f"({shared.objective:.1f} at c={shared.concurrency})"
+            if shared.status == "feasible"
+            else f"same server as the vLLM-defaults baseline: {shared.status}, no start",
+        )
+        return True
+
+    def _evaluate_trial(self, trial: Any, cand: dict[str, Any], desc: str, clock: Callable[[], float]) -> Outcome:
+        """Start, measure and stop one search trial's server (:func:`evaluate`), its cost and partial outcome
+        saved on the optuna trial as it goes; any exception (Ctrl-C included) marks the trial FAIL and propagates."""
+        n = trial.number
+        t_trial = clock()
+
+        def event(m: str) -> None:
+            # heartbeat: a SIGKILL loses at most the time since the last event
+            trial.set_user_attr("cost_s", clock() - t_trial)
+            self._heartbeat()
+            self.on_event(n, desc, m)
+
+        def partial(o: Outcome) -> None:
+            trial.set_user_attr("launched", True)
+            trial.set_user_attr("partial", o.to_json())
+
+        try:
+            return evaluate(
+                self.ev, cand, self.spec, self.slo, n, event, start=self._warm_start(cand), on_partial=partial
+            )
+        except BaseException:
+            self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+            raise
+
+    def _result(self, stopped_by: str, elapsed_s: float) -> TuneResult:
+        """The search's result: every outcome, the best feasible one by its final objective, the costs."""
         ranked = sorted(
             (o for o in self.outcomes.values() if o.status == "feasible" and o.final > 0),
             key=lambda o: o.final,
@@ -1094,7 +1122,7 @@ class Tuner:
             best=ranked[0] if ranked else None,
             launches=self.launches,
             cost_s=self.cost_s,
-            elapsed_s=before + clock() - t_run,
+            elapsed_s=elapsed_s,
             stopped_by=stopped_by,
             baseline=self.baseline,
         )
@@ -1117,7 +1145,7 @@ class Tuner:
                 break
             o = todo[0]
             desc = describe(o.config, self.space)
-            confirm(self.ev, o, self.spec, self.slo, lambda m, n=o.trial, d=desc: self.on_event(n, d, m))
+            confirm(self.ev, o, self.spec, self.slo, functools.partial(self.on_event, o.trial, desc))
             self.study.set_user_attr(
                 f"confirm:{key_of(o.config)}",
                 {
@@ -1132,7 +1160,7 @@ class Tuner:
         # The baseline gets the same re-test, so best / baseline compares like with like (both the worse of a
         # search run and a confirmation run on a fresh server).
         b = self.baseline
-        if self._share_twin_confirmation():
+        if b is not None and self._share_twin_confirmation():  # True only with a baseline
             self.on_event(
                 "base",
                 "vLLM defaults",

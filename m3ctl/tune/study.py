@@ -10,7 +10,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -26,7 +26,7 @@ def prefix_for(study_dir: Path) -> str:
 
 
 #: Version of ``tune.json`` (``schema_version``; absent in studies of m3ctl <= 0.1: version 1).
-SETTINGS_SCHEMA_VERSION = 1
+SETTINGS_SCHEMA_VERSION: Final = 1
 
 
 class TuneSettings(BaseModel):
@@ -196,6 +196,132 @@ def _opt(name: str):
     return default(name)
 
 
+def _check_choices(
+    slo: str, objective: str, usd_per_gpu_hour: float | None, ladder: list[int] | None, workload: str
+) -> list[int]:
+    """:func:`new_settings`'s checks of the SLO, objective, ladder and workload; returns the ladder sorted
+    (default: TuneOptions'). Raises BadInput naming what is wrong."""
+    from m3ctl.bench.workloads import KINDS  # noqa: PLC0415
+    from m3ctl.tune.slo import objective_value, parse_slo  # noqa: PLC0415
+
+    parse_slo(slo)
+    objective_value({"total_token_throughput": 1.0, "output_throughput": 1.0}, objective, 1, usd_per_gpu_hour)
+    lad = sorted(set(ladder if ladder is not None else _opt("ladder")))
+    if not lad or lad[0] < 1:
+        raise BadInput(f"bad ladder {lad}", "concurrencies are integers >= 1, e.g. --ladder 1,2,4,8,16")
+    if workload not in KINDS:
+        raise BadInput(f"unknown workload {workload!r}", f"use one of {', '.join(KINDS)}")
+    return lad
+
+
+def _check_numbers(
+    lad: list[int],
+    *,
+    input_len: int,
+    output_len: int,
+    prompts_per_concurrency: int,
+    port: int,
+    boundary_margin: float,
+    boundary_repeats: int,
+    max_spec_depth: int,
+    usd_per_gpu_hour: float | None,
+) -> None:
+    """:func:`new_settings`'s checks of the lengths, counts, port, boundary rule and price (``lad``: the sorted
+    ladder). Raises BadInput naming the option."""
+    from m3ctl.bench import MAX_REQUEST_TOKENS  # noqa: PLC0415
+    from m3ctl.bench.runner import MAX_PROMPTS  # noqa: PLC0415
+
+    for opt, v, top in (
+        ("--input-len", input_len, MAX_REQUEST_TOKENS),
+        ("--output-len", output_len, MAX_REQUEST_TOKENS),
+        ("--prompts-per-concurrency", prompts_per_concurrency, MAX_PROMPTS),
+        ("--port", port, 65535),
+    ):
+        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= top:
+            raise BadInput(f"{opt} {v!r} must be a whole number from 1 to {top:,}", "see `m3ctl tune --help`")
+    import math  # noqa: PLC0415
+
+    for opt, given, ok, what in (
+        ("--boundary-margin", boundary_margin, 0 <= boundary_margin <= 1, "a fraction from 0 to 1"),
+        ("--boundary-repeats", boundary_repeats, boundary_repeats >= 0, "a whole number >= 0"),
+        ("--max-spec-depth", max_spec_depth, max_spec_depth >= 0, "a whole number >= 0"),
+        (
+            "--usd-per-gpu-hour",
+            usd_per_gpu_hour,
+            usd_per_gpu_hour is None or (math.isfinite(usd_per_gpu_hour) and usd_per_gpu_hour > 0),
+            "USD > 0",
+        ),
+    ):
+        if not ok:
+            raise BadInput(f"{opt} {given!r} must be {what}", "see `m3ctl tune --help`")
+    if lad[-1] * prompts_per_concurrency * 2 > MAX_PROMPTS:  # x2: a confirmation run sends twice as many
+        raise BadInput(
+            f"--ladder {lad[-1]} x --prompts-per-concurrency {prompts_per_concurrency} (x2 to confirm) "
+            f"is more than {MAX_PROMPTS:,} requests in one bench run",
+            "lower the ladder's top",
+        )
+
+
+def _no_secrets(overrides: dict[str, Any] | None, extra_args: list[str] | None) -> list[str]:
+    """The raw vLLM args to store; BadInput for an ``--api-key`` in them or a secret flag in ``overrides`` (the
+    study files would keep it)."""
+    from m3ctl.secrets import separate, split_api_key  # noqa: PLC0415
+
+    args, key = split_api_key(list(extra_args or []))
+    if key:
+        raise BadInput(
+            "tune starts its own private trial servers: a raw --api-key is not used (nor stored)",
+            "drop --api-key from the raw arguments",
+        )
+    if found := sorted(separate(dict(overrides or {})).origins.values()):  # the study files would keep them
+        raise BadInput(
+            f"tune stores its settings in the study dir: a secret flag is not taken ({found[0]})",
+            "drop it; trial servers get VLLM_API_KEY / HF_TOKEN from the environment",
+        )
+    return args
+
+
+def _check_new_study_dir(study_dir: str | Path) -> None:
+    """BadInput when ``study_dir`` already holds a study or its ``tune.json`` cannot be written."""
+    if (Path(study_dir) / "tune.json").exists():
+        raise BadInput(
+            f"{study_dir} already holds a study",
+            f"continue it with --resume {study_dir} or choose another --study-dir",
+        )
+    from m3ctl.state import check_output_path  # noqa: PLC0415
+
+    check_output_path(Path(study_dir) / "tune.json", "--study-dir")
+
+
+def _study_space(
+    model: str, inventory, profile_file: str | Path | None, knobs: list[str] | None, lad: list[int], max_spec_depth: int
+) -> tuple[Space, Any]:
+    """The search space of a new study and what pruning for the ladder removed: from the base profile
+    (``profile_file`` or the catalog's for the GPU architecture) and the model's facts, narrowed by ``knobs``."""
+    from m3ctl import catalog  # noqa: PLC0415
+    from m3ctl.assess.facts import model_facts, read_model_facts  # noqa: PLC0415
+    from m3ctl.catalog import load_profile_file, profile_for_arch  # noqa: PLC0415
+    from m3ctl.tune.space import apply_pins, default_space, prune_dominated  # noqa: PLC0415
+
+    base = load_profile_file(Path(profile_file)) if profile_file else profile_for_arch(inventory.arch)
+    facts = read_model_facts(model)
+    spec_m = catalog.find_model(model, facts.architectures)
+    facts = model_facts(spec_m, facts)  # the engine's one record: the search space follows the same facts
+    drafter = spec_m.drafter if spec_m else None
+    space = default_space(
+        base,
+        len(inventory.gpus),
+        moe=bool(facts.moe),
+        attention=facts.attention,
+        drafter_method=drafter.method if drafter else None,
+        max_spec_depth=max_spec_depth,
+        drafter_block_size=drafter.block_size if drafter else None,
+    )
+    space = apply_pins(space, knobs or [])
+    space, pruned = prune_dominated(space, lad)
+    return space, pruned
+
+
 def new_settings(
     model: str,
     inventory,
@@ -241,91 +367,23 @@ def new_settings(
         BadInput: a bad SLO, objective (``tokens_per_usd`` without a price), ladder, workload, knob, budget or
             length; an unreadable profile or model; ``study_dir`` already holds a study or is not writable.
     """
-    from m3ctl import catalog  # noqa: PLC0415
-    from m3ctl.assess.facts import model_facts, read_model_facts  # noqa: PLC0415
-    from m3ctl.bench.workloads import KINDS  # noqa: PLC0415
-    from m3ctl.catalog import load_profile_file, profile_for_arch  # noqa: PLC0415
-    from m3ctl.tune.slo import objective_value, parse_slo  # noqa: PLC0415
-    from m3ctl.tune.space import apply_pins, default_space, prune_dominated  # noqa: PLC0415
-
-    parse_slo(slo)
-    objective_value({"total_token_throughput": 1.0, "output_throughput": 1.0}, objective, 1, usd_per_gpu_hour)
-    lad = sorted(set(ladder if ladder is not None else _opt("ladder")))
-    if not lad or lad[0] < 1:
-        raise BadInput(f"bad ladder {lad}", "concurrencies are integers >= 1, e.g. --ladder 1,2,4,8,16")
-    if workload not in KINDS:
-        raise BadInput(f"unknown workload {workload!r}", f"use one of {', '.join(KINDS)}")
+    lad = _check_choices(slo, objective, usd_per_gpu_hour, ladder, workload)
     check_budgets(max_trials=max_trials, time_budget_s=time_budget_s, confirm_top=confirm_top)
-    from m3ctl.bench import MAX_REQUEST_TOKENS  # noqa: PLC0415
-    from m3ctl.bench.runner import MAX_PROMPTS  # noqa: PLC0415
-
-    for opt, v, top in (
-        ("--input-len", input_len, MAX_REQUEST_TOKENS),
-        ("--output-len", output_len, MAX_REQUEST_TOKENS),
-        ("--prompts-per-concurrency", prompts_per_concurrency, MAX_PROMPTS),
-        ("--port", port, 65535),
-    ):
-        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= top:
-            raise BadInput(f"{opt} {v!r} must be a whole number from 1 to {top:,}", "see `m3ctl tune --help`")
-    import math  # noqa: PLC0415
-
-    for opt, v, ok, what in (
-        ("--boundary-margin", boundary_margin, 0 <= boundary_margin <= 1, "a fraction from 0 to 1"),
-        ("--boundary-repeats", boundary_repeats, boundary_repeats >= 0, "a whole number >= 0"),
-        ("--max-spec-depth", max_spec_depth, max_spec_depth >= 0, "a whole number >= 0"),
-        (
-            "--usd-per-gpu-hour",
-            usd_per_gpu_hour,
-            usd_per_gpu_hour is None or (math.isfinite(usd_per_gpu_hour) and usd_per_gpu_hour > 0),
-            "USD > 0",
-        ),
-    ):
-        if not ok:
-            raise BadInput(f"{opt} {v!r} must be {what}", "see `m3ctl tune --help`")
-    if lad[-1] * prompts_per_concurrency * 2 > MAX_PROMPTS:  # x2: a confirmation run sends twice as many
-        raise BadInput(
-            f"--ladder {lad[-1]} x --prompts-per-concurrency {prompts_per_concurrency} (x2 to confirm) "
-            f"is more than {MAX_PROMPTS:,} requests in one bench run",
-            "lower the ladder's top",
-        )
-    from m3ctl.secrets import separate, split_api_key  # noqa: PLC0415
-
-    extra_args, key = split_api_key(list(extra_args or []))
-    if key:
-        raise BadInput(
-            "tune starts its own private trial servers: a raw --api-key is not used (nor stored)",
-            "drop --api-key from the raw arguments",
-        )
-    if found := sorted(separate(dict(overrides or {})).origins.values()):  # the study files would keep them
-        raise BadInput(
-            f"tune stores its settings in the study dir: a secret flag is not taken ({found[0]})",
-            "drop it; trial servers get VLLM_API_KEY / HF_TOKEN from the environment",
-        )
-    if study_dir is not None:
-        if (Path(study_dir) / "tune.json").exists():
-            raise BadInput(
-                f"{study_dir} already holds a study",
-                f"continue it with --resume {study_dir} or choose another --study-dir",
-            )
-        from m3ctl.state import check_output_path  # noqa: PLC0415
-
-        check_output_path(Path(study_dir) / "tune.json", "--study-dir")
-    base = load_profile_file(Path(profile_file)) if profile_file else profile_for_arch(inventory.arch)
-    facts = read_model_facts(model)
-    spec_m = catalog.find_model(model, facts.architectures)
-    facts = model_facts(spec_m, facts)  # the engine's one record: the search space follows the same facts
-    drafter = spec_m.drafter if spec_m else None
-    space = default_space(
-        base,
-        len(inventory.gpus),
-        moe=bool(facts.moe),
-        attention=facts.attention,
-        drafter_method=drafter.method if drafter else None,
+    _check_numbers(
+        lad,
+        input_len=input_len,
+        output_len=output_len,
+        prompts_per_concurrency=prompts_per_concurrency,
+        port=port,
+        boundary_margin=boundary_margin,
+        boundary_repeats=boundary_repeats,
         max_spec_depth=max_spec_depth,
-        drafter_block_size=drafter.block_size if drafter else None,
+        usd_per_gpu_hour=usd_per_gpu_hour,
     )
-    space = apply_pins(space, knobs or [])
-    space, pruned = prune_dominated(space, lad)
+    extra_args = _no_secrets(overrides, extra_args)
+    if study_dir is not None:
+        _check_new_study_dir(study_dir)
+    space, pruned = _study_space(model, inventory, profile_file, knobs, lad, max_spec_depth)
     # A local model directory and profile file are stored absolute, so `--resume DIR` works from any directory.
     saved_model = str(Path(model).resolve()) if Path(model).is_dir() else model
     settings = {
@@ -349,11 +407,7 @@ def new_settings(
             "boundary_margin": boundary_margin,
             "boundary_repeats": boundary_repeats,
         },
-        "plan_base": {
-            "overrides": dict(overrides or {}),
-            "extra_args": list(extra_args or []),
-            "skip_checks": skip_checks,
-        },
+        "plan_base": {"overrides": dict(overrides or {}), "extra_args": list(extra_args), "skip_checks": skip_checks},
         "bench": {
             "workload": workload,
             "input_len": input_len,
@@ -934,6 +988,93 @@ def _remove_stale(path: Path) -> None:
         raise WriteFailed(path, 0, e, f"remove {path} by hand: no configuration met the SLO") from None
 
 
+def _best_block(best: Outcome, tuner: Tuner, ev) -> dict[str, Any]:
+    """result.json's ``best``: the best search configuration, its command and flags, and its capacity."""
+    p = ev.plan(best.config, name="m3ctl")
+    return {
+        "config": best.config,
+        "objective": best.final,
+        "concurrency": best.concurrency,
+        "command": p.command_line(),
+        "argv": p.argv,
+        "trial": best.trial,
+        "flags": tuned_flags(best.config, p),
+        "confirmed": best.confirmed is not None,
+        **_capacity(tuner, best),
+    }
+
+
+def _baseline_block(b: Outcome, tuner: Tuner, ev) -> dict[str, Any]:
+    """result.json's ``baseline`` of a measured vLLM-defaults configuration."""
+    return {
+        "config": b.config,
+        "objective": b.final,
+        "search_objective": b.objective,
+        "confirmed": b.confirmed,
+        "concurrency": b.concurrency,
+        "status": b.status,
+        "reason": b.reason,
+        "command": ev.command(b.config),
+        "cost_s": b.cost_s,
+        "points": [asdict(p) for p in b.points],
+        **_capacity(tuner, b),
+    }
+
+
+def _write_files(
+    study_dir: Path,
+    out: dict[str, Any],
+    profile_text: str | None,
+    front: list[dict[str, Any]],
+    res: TuneResult,
+    ev,
+    settings: dict[str, Any],
+) -> None:
+    """Write result.json (``out``), profile.yaml (``profile_text``; None: remove a stale one) and, with a
+    ``front``, pareto.png, each atomically; one that fails does not stop the others.
+
+    Raises:
+        m3ctl.files.WriteFailed: the first failure, ``out`` as its ``document`` and the other failures as its
+            ``others``.
+    """
+    from m3ctl.files import WriteFailed, write_atomic  # noqa: PLC0415
+
+    writes: list[Callable[[], object]] = [lambda: write_json(study_dir / "result.json", out)]
+    if profile_text is not None:
+        writes.append(lambda: write_atomic(study_dir / "profile.yaml", profile_text))
+    else:  # nothing met the SLO: a profile.yaml of an earlier write (a resumed study) would recommend a loser
+        writes.append(lambda: _remove_stale(study_dir / "profile.yaml"))
+    if front:
+        from m3ctl.tune.slo import objective_value  # noqa: PLC0415
+
+        def measured(o: Outcome, p) -> float | None:  # an invalid level's objective, from the throughput it measured
+            try:
+                return objective_value(
+                    p.metrics,
+                    settings["spec"]["objective"],
+                    ev.n_gpus(o.config),
+                    settings["spec"].get("usd_per_gpu_hour"),
+                )
+            except (KeyError, TypeError, ValueError, BadInput):
+                return None
+
+        writes.append(
+            lambda: pareto_png(
+                front, all_points(res.outcomes, measured), study_dir / "pareto.png", settings["spec"]["objective"]
+            )
+        )
+    lost = []
+    for write in writes:  # each file whole or not at all; one that fails does not stop the others
+        try:
+            write()
+        except WriteFailed as e:
+            lost.append(e)
+    if lost:
+        lost[0].document = out  # the caller shows the result before the error (nothing measured is lost)
+        lost[0].others = lost[1:]
+        raise lost[0]
+
+
 def write_outputs(
     study_dir: Path, res: TuneResult, tuner: Tuner, ev, settings: dict[str, Any], base_profile, want_pareto: bool
 ) -> dict[str, Any]:
@@ -963,7 +1104,6 @@ def write_outputs(
     ``trials[].points[]`` (``runs``, ``verdict``); ``vs_baseline`` = best / baseline objective (None when either
     is missing or 0).
     """
-    from m3ctl.files import WriteFailed, write_atomic  # noqa: PLC0415
     from m3ctl.results import TUNE_SCHEMA_VERSION, TuneReport  # noqa: PLC0415
     from m3ctl.tune.capacity import CapacityRule  # noqa: PLC0415
     from m3ctl.tune.choice import choose  # noqa: PLC0415
@@ -988,18 +1128,7 @@ def write_outputs(
     if choice.closest is not None:
         out["closest"] = choice.closest
     if res.best is not None:
-        p = ev.plan(res.best.config, name="m3ctl")
-        out["best"] = {
-            "config": res.best.config,
-            "objective": res.best.final,
-            "concurrency": res.best.concurrency,
-            "command": p.command_line(),
-            "argv": p.argv,
-            "trial": res.best.trial,
-            "flags": tuned_flags(res.best.config, p),
-            "confirmed": res.best.confirmed is not None,
-            **_capacity(tuner, res.best),
-        }
+        out["best"] = _best_block(res.best, tuner, ev)
     profile_text = None
     if choice.outcome is not None:
         o = choice.outcome
@@ -1008,62 +1137,14 @@ def write_outputs(
         out["profile"] = str(study_dir / "profile.yaml")
     b = res.baseline
     if b is not None:
-        if b.status == "skipped":
-            out["baseline"] = {"skipped": b.reason}
-        else:
-            out["baseline"] = {
-                "config": b.config,
-                "objective": b.final,
-                "search_objective": b.objective,
-                "confirmed": b.confirmed,
-                "concurrency": b.concurrency,
-                "status": b.status,
-                "reason": b.reason,
-                "command": ev.command(b.config),
-                "cost_s": b.cost_s,
-                "points": [asdict(p) for p in b.points],
-                **_capacity(tuner, b),
-            }
+        out["baseline"] = {"skipped": b.reason} if b.status == "skipped" else _baseline_block(b, tuner, ev)
         out["vs_baseline"] = res.best.final / b.final if res.best is not None and b.final > 0 else None
     front = pareto(res.outcomes)
     out["pareto"] = front
     if want_pareto and front:
         out["pareto_png"] = str(study_dir / "pareto.png")
     TuneReport.from_dict(out, "result.json being written")  # the typed shape (m3ctl/results.py) is what is written
-    writes = [lambda: write_json(study_dir / "result.json", out)]
-    if profile_text is not None:
-        writes.append(lambda: write_atomic(study_dir / "profile.yaml", profile_text))
-    else:  # nothing met the SLO: a profile.yaml of an earlier write (a resumed study) would recommend a loser
-        writes.append(lambda: _remove_stale(study_dir / "profile.yaml"))
-    if want_pareto and front:
-        from m3ctl.tune.slo import objective_value  # noqa: PLC0415
-
-        def measured(o: Outcome, p) -> float | None:  # an invalid level's objective, from the throughput it measured
-            try:
-                return objective_value(
-                    p.metrics,
-                    settings["spec"]["objective"],
-                    ev.n_gpus(o.config),
-                    settings["spec"].get("usd_per_gpu_hour"),
-                )
-            except (KeyError, TypeError, ValueError, BadInput):
-                return None
-
-        writes.append(
-            lambda: pareto_png(
-                front, all_points(res.outcomes, measured), study_dir / "pareto.png", settings["spec"]["objective"]
-            )
-        )
-    lost = []
-    for write in writes:  # each file whole or not at all; one that fails does not stop the others
-        try:
-            write()
-        except WriteFailed as e:
-            lost.append(e)
-    if lost:
-        lost[0].document = out  # the caller shows the result before the error (nothing measured is lost)
-        lost[0].others = lost[1:]
-        raise lost[0]
+    _write_files(study_dir, out, profile_text, front if want_pareto else [], res, ev, settings)
     return out
 
 
