@@ -284,7 +284,10 @@ def version_matches(version: str, spec: str) -> bool:
     """``"2.29.7"`` against ``">=2.29,<2.30"`` (numeric major.minor.patch; pre-release tags ignored)."""
     v = _vtuple(version)
     for part in (p.strip() for p in spec.split(",") if p.strip()):
-        op, ref = re.match(r"(>=|<=|==|!=|>|<)?\s*(.+)", part).groups()
+        m = re.match(r"(>=|<=|==|!=|>|<)?\s*(.+)", part)
+        if m is None:  # unreachable: ``part`` is not empty and ``.+`` takes any rest
+            return False
+        op, ref = m.groups()
         r = _vtuple(ref)
         n = max(len(v), len(r))
         a, b = v + (0,) * (n - len(v)), r + (0,) * (n - len(r))
@@ -702,8 +705,56 @@ def _suspects(
     return out, first, surfaced.name if surfaced else None
 
 
-def _assemble(ev, block, hit, lines, text, ctx, versions, wrappers) -> Diagnosis:
-    """The Diagnosis of the failing exception ``block`` of event ``ev`` (``hit``: (pattern, line) or None)."""
+@dataclass
+class _Failing:
+    """The failing exception as :func:`_assemble` reads it.
+
+    Attributes:
+        ev, block: the event and its failing exception block.
+        vc: (config class, cause, its line) when ``block`` is a pydantic ValidationError (:func:`_validation_cause`).
+        message, exc_type: what the finding reports (a ValidationError's ``Value error`` text and config class).
+        quote_line: the line quoted when no pattern matched.
+        is_async: a CUDA error reported asynchronously (:func:`_is_async`).
+        inner: the innermost frame outside pydantic; frame: its ``where()``.
+        cm: the components.yaml match (:func:`_match_component`); cname, cnotes, cfixes: its view.
+        where: `` in <frame>`` (the component's frame, then the raising frame), or "".
+    """
+
+    ev: logtrace.Event
+    block: logtrace.ExcBlock
+    vc: tuple[str, str, logtrace.LogLine | None] | None
+    message: str
+    exc_type: str | None
+    quote_line: logtrace.LogLine
+    is_async: bool
+    inner: logtrace.Frame | None
+    frame: str | None
+    cm: tuple[Component, re.Match | None, logtrace.Frame | None] | None
+    cname: str | None
+    cnotes: list[str]
+    cfixes: list[str]
+    where: str
+
+
+@dataclass
+class _Finding:
+    """A Diagnosis in the making: its id, class, notes (the cause), fixes, confirm flags, quoted line and
+    component (name and components.yaml id)."""
+
+    fid: str
+    kind: str
+    notes: list[str]
+    fixes: list[str]
+    confirm: tuple[str, ...]
+    line: str
+    comp_name: str | None
+    comp_id: str | None
+
+
+def _failing(
+    ev: logtrace.Event, block: logtrace.ExcBlock, text: str, ctx: DiagContext, versions: dict[str, str]
+) -> _Failing:
+    """Read the failing exception ``block`` of ``ev``: its cause, frames and component (see :class:`_Failing`)."""
     vc = _validation_cause(block)
     message = vc[1] if vc else block.message
     exc_type = f"{block.exc_type} ({vc[0]})" if vc and block.exc_type else block.exc_type
@@ -712,99 +763,142 @@ def _assemble(ev, block, hit, lines, text, ctx, versions, wrappers) -> Diagnosis
     inner = next(
         (f for f in reversed(block.frames) if not logtrace.short_path(f.file).startswith("pydantic/")), block.innermost
     )  # a validator's frames say nothing about the failing setting
-    frame = inner.where() if inner else None
     cm = _match_component(block, ev, is_async=is_async)
-    suspects, first_suspect, surfaced = (
-        _suspects(block, ctx, text, versions) if is_async and cm is None else ([], None, None)
-    )
-    comp_name = comp_id = None
+    cname: str | None = None
     cnotes: list[str] = []
     cfixes: list[str] = []
     if cm is not None:
-        comp_name, cnotes, cfixes = _component_view(cm[0], cm[1], ctx, text, versions)
-        comp_id = cm[0].id
+        cname, cnotes, cfixes = _component_view(cm[0], cm[1], ctx, text, versions)
     at = cm[2] if cm is not None and cm[2] is not None else inner
     where = f" in {at.where()}" if at is not None else ""
     if at is not None and inner is not None and at is not inner:
         where += f" (raised in {inner.where()})"
-    notes: list[str] = []
-    if hit is not None:  # a known message: the pattern's finding, the stack's component
-        p, ln = hit
-        d = _refine(p, ln.raw, text, ctx)
-        notes.append(d.cause)
-        if d.component:  # the pattern names its component: its fix first
-            fixes = [d.fix]
-            comp_name = d.component
-        elif cm is not None:
-            notes.extend(cnotes)
-            if cm[2] is not None and not is_async:
-                notes.append(f"failing frame {where.removeprefix(' in ')}")
-            fixes = list(cfixes) if p.defer else [*cfixes, d.fix] if p.stack_first else [d.fix, *cfixes]
-        else:
-            fixes = [d.fix]
-        fid, kind, confirm, line = p.id, p.kind, d.confirm, ln.raw
-        if vc and vc[2] is not None and ln is block.header_line:
-            line = vc[2].raw  # the Value error line, never the validation header
-    else:  # no known message: the component of the stack, else "unrecognised" with the exception and frame
-        head = (f"{exc_type}: {message}" if message else f"{exc_type}") if exc_type else message
-        if not message and inner is not None and inner.code:
-            head += f" ({inner.code})"
-        if cm is not None:
-            fid, kind = comp_id, cm[0].kind
-            notes += [f"{head}{where}", *cnotes]
-            fixes = list(cfixes)
-        else:
-            fid, kind = "generic", "generic"
-            if frame:
-                notes.append(f"unrecognised failure in {frame}: {head}")
-            else:
-                by = ""
-                if ev.process or quote_line.loc:
-                    by = (
-                        " (logged"
-                        + (f" by {ev.process}" if ev.process else "")
-                        + (f" at {quote_line.loc}" if quote_line.loc else "")
-                        + ")"
-                    )
-                notes.append(f"unrecognised failure: {head}{by}")
-            short = f"{(block.exc_type or '').split('.')[-1]} {message[:60]}".strip()
-            fixes = [
-                f"search vLLM's issues for '{short}'"
-                + (f" and the function {inner.function}" if inner and inner.function else "")
-                + "; rerun with --enforce-eager to rule out CUDA graphs and torch.compile"
-            ]
-        confirm, line = (), quote_line.raw
-    if is_async:
-        ae = _components().async_errors
-        notes.append(
-            f"the CUDA error was reported asynchronously{' at ' + frame if frame else ''}"
-            + (f" ({surfaced})" if surfaced else "")
-            + ", which may not be the faulting kernel"
-        )
-        notes.extend(note for _, note, _ in suspects)
-        fixes = [ae.pin, *(sf[2][0] for sf in suspects if sf[2]), *fixes]
-        confirm = tuple(dict.fromkeys([*confirm, "CUDA_LAUNCH_BLOCKING=1"]))
-        if first_suspect is not None and comp_name is None:
-            # The log names the model whose kernel is the known suspect: its serve-now fix first, then pin.
-            comp_name, comp_id = f"{first_suspect.name}, suspected", first_suspect.id
-            fixes = [fixes[1], fixes[0], *fixes[2:]]
-    fixes = _dedupe(fixes)
+    return _Failing(
+        ev,
+        block,
+        vc,
+        message,
+        exc_type,
+        quote_line,
+        is_async,
+        inner,
+        inner.where() if inner else None,
+        cm,
+        cname,
+        cnotes,
+        cfixes,
+        where,
+    )
+
+
+def _known_finding(f: _Failing, hit: tuple[LogPattern, logtrace.LogLine], text: str, ctx: DiagContext) -> _Finding:
+    """A known message (``hit``: the pattern and the line it matched): the pattern's finding, the stack's
+    component."""
+    p, ln = hit
+    d = _refine(p, ln.raw, text, ctx)
+    notes = [d.cause]
+    comp_name = f.cname
+    cm = f.cm
+    if d.component:  # the pattern names its component: its fix first
+        fixes = [d.fix]
+        comp_name = d.component
+    elif cm is not None:
+        notes.extend(f.cnotes)
+        if cm[2] is not None and not f.is_async:
+            notes.append(f"failing frame {f.where.removeprefix(' in ')}")
+        fixes = list(f.cfixes) if p.defer else [*f.cfixes, d.fix] if p.stack_first else [d.fix, *f.cfixes]
+    else:
+        fixes = [d.fix]
+    line = ln.raw
+    if f.vc and f.vc[2] is not None and ln is f.block.header_line:
+        line = f.vc[2].raw  # the Value error line, never the validation header
+    return _Finding(p.id, p.kind, notes, fixes, d.confirm, line, comp_name, cm[0].id if cm is not None else None)
+
+
+def _unknown_finding(f: _Failing) -> _Finding:
+    """No known message: the component of the stack, else ``generic`` ("unrecognised") with the exception and
+    the frame."""
+    exc_type, message, inner = f.exc_type, f.message, f.inner
+    head = (f"{exc_type}: {message}" if message else f"{exc_type}") if exc_type else message
+    if not message and inner is not None and inner.code:
+        head += f" ({inner.code})"
+    if f.cm is not None:
+        comp_id = f.cm[0].id
+        notes = [f"{head}{f.where}", *f.cnotes]
+        return _Finding(comp_id, f.cm[0].kind, notes, list(f.cfixes), (), f.quote_line.raw, f.cname, comp_id)
+    notes = []
+    if f.frame:
+        notes.append(f"unrecognised failure in {f.frame}: {head}")
+    else:
+        by = ""
+        if f.ev.process or f.quote_line.loc:
+            by = (
+                " (logged"
+                + (f" by {f.ev.process}" if f.ev.process else "")
+                + (f" at {f.quote_line.loc}" if f.quote_line.loc else "")
+                + ")"
+            )
+        notes.append(f"unrecognised failure: {head}{by}")
+    short = f"{(f.block.exc_type or '').split('.')[-1]} {message[:60]}".strip()
+    fixes = [
+        f"search vLLM's issues for '{short}'"
+        + (f" and the function {inner.function}" if inner and inner.function else "")
+        + "; rerun with --enforce-eager to rule out CUDA graphs and torch.compile"
+    ]
+    return _Finding("generic", "generic", notes, fixes, (), f.quote_line.raw, f.cname, None)
+
+
+def _add_async(
+    fd: _Finding,
+    f: _Failing,
+    suspects: list[tuple[str, str, list[str]]],
+    first_suspect: Component | None,
+    surfaced: str | None,
+) -> None:
+    """An asynchronous CUDA error: say the frame may not be the faulting kernel, add the suspects' notes and
+    fixes after the version pin, confirm with ``CUDA_LAUNCH_BLOCKING=1``; a suspect the log names becomes the
+    component, its fix first."""
+    ae = _components().async_errors
+    fd.notes.append(
+        f"the CUDA error was reported asynchronously{' at ' + f.frame if f.frame else ''}"
+        + (f" ({surfaced})" if surfaced else "")
+        + ", which may not be the faulting kernel"
+    )
+    fd.notes.extend(note for _, note, _ in suspects)
+    fd.fixes = [ae.pin, *(sf[2][0] for sf in suspects if sf[2]), *fd.fixes]
+    fd.confirm = tuple(dict.fromkeys([*fd.confirm, "CUDA_LAUNCH_BLOCKING=1"]))
+    if first_suspect is not None and fd.comp_name is None:
+        # The log names the model whose kernel is the known suspect: its serve-now fix first, then pin.
+        fd.comp_name, fd.comp_id = f"{first_suspect.name}, suspected", first_suspect.id
+        fd.fixes = [fd.fixes[1], fd.fixes[0], *fd.fixes[2:]]
+
+
+def _assemble(ev, block, hit, lines, text, ctx, versions, wrappers) -> Diagnosis:
+    """The Diagnosis of the failing exception ``block`` of event ``ev`` (``hit``: (pattern, line) or None)."""
+    f = _failing(ev, block, text, ctx, versions)
+    suspects, first_suspect, surfaced = (
+        _suspects(block, ctx, text, versions) if f.is_async and f.cm is None else ([], None, None)
+    )
+    fd = _known_finding(f, hit, text, ctx) if hit is not None else _unknown_finding(f)
+    if f.is_async:
+        _add_async(fd, f, suspects, first_suspect, surfaced)
+    fixes = _dedupe(fd.fixes)
     return Diagnosis(
-        fid,
-        "; ".join(_dedupe(notes)),
+        fd.fid,
+        "; ".join(_dedupe(fd.notes)),
         _join_fixes(fixes),
-        line.strip()[:300],
-        comp_name,
-        tuple(confirm),
-        kind,
+        fd.line.strip()[:300],
+        fd.comp_name,
+        tuple(fd.confirm),
+        fd.kind,
         versions,
-        exc_type=exc_type,
-        message=message,
-        frame=frame,
-        component_id=comp_id,
+        exc_type=f.exc_type,
+        message=f.message,
+        frame=f.frame,
+        component_id=fd.comp_id,
         process=ev.process,
         wrappers=wrappers,
-        async_error=is_async,
+        async_error=f.is_async,
         fixes=tuple(fixes),
         exit_code=ctx.exit_code,
         suspects=tuple(sf[0] for sf in suspects),

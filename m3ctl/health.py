@@ -114,23 +114,65 @@ def wait_ready(
         LaunchFailed: the server died, a phase failed, or the budget ran out (exit 4).
     """
     host, port = url.split("//", 1)[1].rsplit(":", 1)
-    port_i = int(port.split("/")[0])
-    emit = on_event or (lambda e: None)
-    times: dict[str, float] = {}
-    deadline = started_at + budget_s
+    w = _Wait(
+        host=host,
+        port=int(port.split("/")[0]),
+        is_alive=is_alive,
+        started_at=started_at,
+        budget_s=budget_s,
+        poll_s=poll_s,
+        emit=on_event or (lambda e: None),
+        log_path=log_path,
+        read_log=read_log,
+        diag_context=diag_context,
+    )
+    w.until("process", lambda: True)
+    w.until("port", lambda: _port_open(w.host, w.port), f"{w.host}:{w.port}")
+    with httpx.Client(base_url=url, timeout=10.0, headers=headers or {}) as client:
+        w.until("health", lambda: _health_ok(client))
+        w.until("models", lambda: _models_listed(client, served_model_name), served_model_name)
+        text = ""
 
-    def elapsed() -> float:
-        return time.time() - started_at
+        def completion() -> bool | str:
+            nonlocal text
+            verdict, text = _first_completion(client, served_model_name, completion_timeout_s)
+            return verdict
 
-    def fail(phase: str, what: str, hint: str | None = None) -> LaunchFailed:
+        w.until("completion", completion, "one real completion")
+    return ReadinessResult(phase_times=w.times, completion_text=text)
+
+
+@dataclass
+class _Wait:
+    """One readiness wait (:func:`wait_ready`'s arguments): runs the phases, keeps their pass times (s since
+    the launch) and turns a failure into a diagnosed :class:`~m3ctl.errors.LaunchFailed`."""
+
+    host: str
+    port: int
+    is_alive: Callable[[], bool]
+    started_at: float
+    budget_s: float
+    poll_s: float
+    emit: Callable[[PhaseEvent], None]
+    log_path: str | None
+    read_log: Callable[[], str] | None
+    diag_context: DiagContext | None
+    times: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def elapsed(self) -> float:
+        return time.time() - self.started_at
+
+    def fail(self, phase: str, what: str, hint: str | None = None) -> LaunchFailed:
+        """The error for ``what`` going wrong in ``phase``, with the root cause the log shows (emits ``fail``)."""
         time.sleep(0.5)  # let the server flush the traceback to its log
         ctx = dataclasses.replace(
-            diag_context or DiagContext(), phase="first-request" if phase == "completion" else "startup"
+            self.diag_context or DiagContext(), phase="first-request" if phase == "completion" else "startup"
         )
-        diag = diagnose_text(read_log(), ctx) if read_log else diagnose_log(log_path, context=ctx)
+        log_path = self.log_path
+        diag = diagnose_text(self.read_log(), ctx) if self.read_log else diagnose_log(log_path, context=ctx)
         if diag:
-            diag = explain_port_conflict(diag, host, port_i)
-        emit(PhaseEvent(phase, "fail", elapsed(), what))
+            diag = explain_port_conflict(diag, self.host, self.port)
+        self.emit(PhaseEvent(phase, "fail", self.elapsed(), what))
         if diag:
             msg = f"{what} in phase '{phase}': {diag.summary()} [{diag.line}]"
             hint = diag.fix + (f"; full log: {log_path}" if log_path else "")
@@ -139,76 +181,78 @@ def wait_ready(
             hint = hint or (f"see the log: {log_path}" if log_path else None)
         return LaunchFailed(msg, hint, phase=phase, root_cause=diag.line if diag else None, log_path=log_path)
 
-    def until(phase: str, check: Callable[[], bool | str], note: str = "") -> None:
-        emit(PhaseEvent(phase, "start", elapsed(), note))
+    def until(self, phase: str, check: Callable[[], bool | str], note: str = "") -> None:
+        """Poll ``check`` until it returns True (the phase passed); a string is a definite failure, False
+        "not yet".
+
+        Raises:
+            LaunchFailed: the server died, ``check`` failed, or the startup budget ran out.
+        """
+        deadline = self.started_at + self.budget_s
+        self.emit(PhaseEvent(phase, "start", self.elapsed(), note))
         while True:
-            if not is_alive():
-                raise fail(phase, "server exited before it was ready")
+            if not self.is_alive():
+                raise self.fail(phase, "server exited before it was ready")
             r = check()
             if r is True:
-                times[phase] = elapsed()
-                emit(PhaseEvent(phase, "ok", times[phase]))
+                self.times[phase] = self.elapsed()
+                self.emit(PhaseEvent(phase, "ok", self.times[phase]))
                 return
             if isinstance(r, str):  # a definite failure, not "still loading"
-                raise fail(phase, r)
+                raise self.fail(phase, r)
             if time.time() > deadline:
-                raise fail(
+                raise self.fail(
                     phase,
-                    f"not ready after {budget_s:.0f} s",
+                    f"not ready after {self.budget_s:.0f} s",
                     "raise the budget with --startup-timeout if the model is large",
                 )
-            time.sleep(poll_s)
+            time.sleep(self.poll_s)
 
-    until("process", lambda: True)
-    until("port", lambda: _port_open(host, port_i), f"{host}:{port_i}")
-    with httpx.Client(base_url=url, timeout=10.0, headers=headers or {}) as client:
 
-        def health() -> bool:
-            try:
-                return client.get("/health").status_code == 200
-            except httpx.HTTPError:
-                return False
+def _health_ok(client: httpx.Client) -> bool:
+    """``GET /health`` answers 200 (False: not yet)."""
+    try:
+        return client.get("/health").status_code == 200
+    except httpx.HTTPError:
+        return False
 
-        def models() -> bool | str:
-            try:
-                r = client.get("/v1/models")
-            except httpx.HTTPError:
-                return False
-            if r.status_code in (401, 403):  # m3ctl sends the key it launched with: another key guards this server
-                return (
-                    f"unauthorised: /v1/models answered {r.status_code}: the server requires an API key m3ctl "
-                    "did not send (serve --api-key-env VAR, or VLLM_API_KEY in the environment)"
-                )
-            if r.status_code != 200:
-                return False
-            ids = [m.get("id") for m in r.json().get("data", [])]
-            return True if served_model_name in ids else f"/v1/models lists {ids}, not {served_model_name!r}"
 
-        until("health", health)
-        until("models", models, served_model_name)
-        text = ""
+def _models_listed(client: httpx.Client, served_model_name: str) -> bool | str:
+    """True when ``GET /v1/models`` lists ``served_model_name``; False: not yet; a string: why it never will."""
+    try:
+        r = client.get("/v1/models")
+    except httpx.HTTPError:
+        return False
+    if r.status_code in (401, 403):  # m3ctl sends the key it launched with: another key guards this server
+        return (
+            f"unauthorised: /v1/models answered {r.status_code}: the server requires an API key m3ctl "
+            "did not send (serve --api-key-env VAR, or VLLM_API_KEY in the environment)"
+        )
+    if r.status_code != 200:
+        return False
+    ids = [m.get("id") for m in r.json().get("data", [])]
+    return True if served_model_name in ids else f"/v1/models lists {ids}, not {served_model_name!r}"
 
-        def completion() -> bool | str:
-            nonlocal text
-            try:
-                r = client.post(
-                    "/v1/completions",
-                    timeout=completion_timeout_s,
-                    json={"model": served_model_name, "prompt": "Hello", "max_tokens": 4, "temperature": 0},
-                )
-            except httpx.TimeoutException:
-                return f"first completion did not return within {completion_timeout_s:.0f} s"
-            except httpx.HTTPError as e:
-                return f"first completion failed: {type(e).__name__}"
-            if r.status_code != 200:
-                return f"first completion returned HTTP {r.status_code}"
-            choices = r.json().get("choices") or []
-            if not choices or not isinstance(choices[0].get("text"), str):
-                return "first completion returned no choices"
-            text = choices[0]["text"]
-            if is_degenerate(text):
-                return f"first completion returned degenerate text ({len(text)} NUL characters)"
-            return True
 
-        until("completion", completion, "one real completion")
-    return ReadinessResult(phase_times=times, completion_text=text)
+def _first_completion(client: httpx.Client, served_model_name: str, timeout_s: float) -> tuple[bool | str, str]:
+    """(True, text) when one real 4-token completion returns text that is not degenerate, else (why it failed,
+    the text or ""). ``timeout_s``: seconds the completion may take."""
+    try:
+        r = client.post(
+            "/v1/completions",
+            timeout=timeout_s,
+            json={"model": served_model_name, "prompt": "Hello", "max_tokens": 4, "temperature": 0},
+        )
+    except httpx.TimeoutException:
+        return f"first completion did not return within {timeout_s:.0f} s", ""
+    except httpx.HTTPError as e:
+        return f"first completion failed: {type(e).__name__}", ""
+    if r.status_code != 200:
+        return f"first completion returned HTTP {r.status_code}", ""
+    choices = r.json().get("choices") or []
+    if not choices or not isinstance(choices[0].get("text"), str):
+        return "first completion returned no choices", ""
+    text = choices[0]["text"]
+    if is_degenerate(text):
+        return f"first completion returned degenerate text ({len(text)} NUL characters)", text
+    return True, text

@@ -20,10 +20,13 @@ import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
 from m3ctl.state import Deployment, Registry
+
+if TYPE_CHECKING:
+    from m3ctl.diagnose import Phase
 
 State = Literal["alive", "paused", "dead", "failed", "unknown"]
 
@@ -95,14 +98,14 @@ def _last_line(path: str | None) -> str | None:
     return lines[-1][:200] if lines else None
 
 
-def explain(dep: Deployment, rt=None, phase: str = "serving") -> tuple[str, str | None]:
+def explain(dep: Deployment, rt=None, phase: Phase = "serving") -> tuple[str, str | None]:
     """``(cause, fix)`` of a dead server from its log (m3ctl.diagnose); without a finding, the log's last line."""
     from m3ctl.diagnose import DiagContext, diagnose_log  # noqa: PLC0415
 
     if rt is not None:
         with contextlib.suppress(Exception):  # a removed container: the log copied at stop time is what is left
             rt.sync_log(dep)
-    diag = diagnose_log(dep.log_path, context=DiagContext(argv=tuple(dep.argv), phase=phase))  # type: ignore[arg-type]
+    diag = diagnose_log(dep.log_path, context=DiagContext(argv=tuple(dep.argv), phase=phase))
     if diag is not None:
         return f"{diag.summary()} [{diag.line}]", diag.fix
     last = _last_line(dep.log_path)
@@ -120,9 +123,9 @@ def engine_state(dep: Deployment, rt=None, *, registry: Registry | None = None) 
     if dep.phase in ("dead", "failed"):
         return EngineState(
             dep.name,
-            dep.phase,
+            "dead" if dep.phase == "dead" else "failed",
             exit_status=dep.exit_status,
-            at=dep.died_at,  # type: ignore[arg-type]
+            at=dep.died_at,
             cause=dep.cause,
             fix=dep.fix,
             log_path=dep.log_path,

@@ -245,112 +245,142 @@ class _Stream:
         self.loose_loc: tuple[str | None, str | None] | None = None
 
 
-def parse_events(text: str) -> tuple[list[LogLine], list[Event]]:
-    """Parse ``text`` into lines and failure events (tracebacks and loose error lines), in log order.
+class _EventParser:
+    """Turns log lines, fed in order, into failure :class:`Event` s: each process's lines are read by their own
+    :class:`_Stream` state (vLLM interleaves processes), a traceback's structure first, then loose lines."""
 
-    Lines logged at DEBUG/INFO/WARNING are never events, except inside a traceback of their process
-    (vLLM logs tracebacks at ERROR; a raw traceback on stderr has no header at all).
-    """
-    lines = [parse_line(i, raw) for i, raw in enumerate(text.splitlines())]
-    events: list[Event] = []
-    streams: dict[tuple[str | None, int | None], _Stream] = {}
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.streams: dict[tuple[str | None, int | None], _Stream] = {}
 
-    def close_chain(st: _Stream, key) -> None:
-        close_loose(st, key)
+    def close_chain(self, st: _Stream, key: tuple[str | None, int | None]) -> None:
+        """End the traceback (and the loose event) ``st`` is reading: what it holds becomes an event."""
+        self.close_loose(st, key)
         if st.block is not None and (st.block.header_line is not None or st.block.frames):
             st.chain.append(st.block)
         st.block, st.reading_detail = None, False
         if st.chain:
-            events.append(Event(st.chain, key, st.first, st.traceback))
+            self.events.append(Event(st.chain, key, st.first, st.traceback))
         st.chain, st.pending_chain, st.traceback = [], False, False
 
-    def close_loose(st: _Stream, key) -> None:
+    def close_loose(self, st: _Stream, key: tuple[str | None, int | None]) -> None:
+        """End the loose error ``st`` is reading (with its follow-up lines): it becomes an event."""
         if st.loose:
-            events.append(Event(st.loose, key, st.loose[0].lines[0].index, False))
+            self.events.append(Event(st.loose, key, st.loose[0].lines[0].index, False))
         st.loose, st.loose_loc = [], None
 
-    for ln in lines:
+    def feed(self, ln: LogLine) -> None:
+        """Read the next line of the log."""
         key = ln.stream
-        st = streams.setdefault(key, _Stream())
+        st = self.streams.setdefault(key, _Stream())
         msg = ln.msg
         if st.block is None and st.chain and not st.pending_chain and msg.strip() and not _CHAIN.match(msg):
-            close_chain(st, key)  # a finished chain: no "The above exception ..." followed its blank line
-        # ---- traceback structure
+            self.close_chain(st, key)  # a finished chain: no "The above exception ..." followed its blank line
+        if not self._traceback_line(st, key, ln):
+            self._loose_line(st, key, ln)
+
+    def finish(self) -> list[Event]:
+        """Close what every process is still reading; the events in log order."""
+        for key, st in self.streams.items():
+            self.close_chain(st, key)
+        self.events.sort(key=lambda e: e.first)
+        return self.events
+
+    def _traceback_line(self, st: _Stream, key: tuple[str | None, int | None], ln: LogLine) -> bool:
+        """Read ``ln`` as part of a traceback's structure; False when it is not (a loose line, maybe)."""
+        msg = ln.msg
         if _TB_START.search(msg) or _RAY_START.match(msg.strip()):
-            close_loose(st, key)
+            self.close_loose(st, key)
             if st.pending_chain and st.block is not None:
                 st.chain.append(st.block)
                 st.block = None
             elif st.pending_chain and st.block is None:
                 pass
             else:
-                close_chain(st, key)
+                self.close_chain(st, key)
                 st.first, st.traceback = ln.index, True
             st.pending_chain, st.reading_detail = False, False
             st.block = ExcBlock(lines=[ln])  # Ray's header: the remote frames and exception follow
-            continue
+            return True
         if _CHAIN.match(msg):
             if st.block is not None:
                 st.chain.append(st.block)
                 st.block = None
             st.pending_chain, st.reading_detail = True, False
-            continue
+            return True
         if st.block is not None:
-            fm = _FRAME.match(msg)
-            if fm and not st.reading_detail:
-                st.block.frames.append(Frame(fm.group("file"), int(fm.group("line")), fm.group("func")))
-                st.block.lines.append(ln)
-                continue
-            if fm and st.reading_detail:  # a new traceback without a header: end this one
-                close_chain(st, key)
-                st.first, st.traceback = ln.index, True
-                st.block = ExcBlock(
-                    lines=[ln], frames=[Frame(fm.group("file"), int(fm.group("line")), fm.group("func"))]
-                )
-                continue
-            if st.block.exc_type is None and not st.reading_detail:
-                if not msg.strip():
-                    continue
-                if msg[:1] in (" ", "\t"):  # a source line, caret line or "..." under a frame
-                    if st.block.frames and not st.block.frames[-1].code and not set(msg.strip()) <= set("^~ "):
-                        f = st.block.frames[-1]
-                        st.block.frames[-1] = Frame(f.file, f.line, f.function, msg.strip())
-                    st.block.lines.append(ln)
-                    continue
-                exc = exception_line(msg)
-                if exc is None and not st.block.frames and not ERRORISH.search(msg) and ln.level is None:
-                    st.block.lines.append(ln)  # something between header and frames: keep reading
-                    continue
-                st.block.exc_type, st.block.message = exc if exc else (None, msg.strip())
-                if exc is None and ":" in msg.strip():  # "SomeThing: message" without an exception-like name
-                    t, _, rest = msg.strip().partition(":")
-                    if re.fullmatch(r"[A-Za-z_][\w.]*", t):
-                        st.block.exc_type, st.block.message = t, rest.strip()
-                st.block.header_line = ln
-                st.block.lines.append(ln)
-                st.reading_detail = True
-                continue
-            if st.reading_detail and not msg.strip():  # a blank line: the chain may continue ("The above ...")
-                st.chain.append(st.block)
-                st.block, st.reading_detail = None, False
-                continue
-            if st.reading_detail:
-                hdr = st.block.header_line
-                same_header = hdr is not None and (ln.level, ln.loc) == (hdr.level, hdr.loc)
-                headerless = ln.level is None
-                foreign = headerless and (
-                    bool(re.match(r"^(\[|\(|INFO|WARNING|DEBUG|nanobind)", msg)) or exception_line(msg) is not None
-                )
-                if msg.strip() and same_header and not foreign and len(st.block.detail) < (12 if headerless else 30):
-                    st.block.detail.append(msg.strip())
-                    st.block.lines.append(ln)
-                    continue
-                close_chain(st, key)
-                # fall through: this line may start a loose event
-        # ---- loose lines (not in a traceback)
+            return self._block_line(st, st.block, key, ln)
+        return False
+
+    def _block_line(self, st: _Stream, block: ExcBlock, key: tuple[str | None, int | None], ln: LogLine) -> bool:
+        """Read ``ln`` inside the exception ``block`` (``st.block``): a frame, the lines before the exception
+        line, the exception line, its message lines. False when ``ln`` ends the traceback and is not part of it."""
+        msg = ln.msg
+        fm = _FRAME.match(msg)
+        if fm and not st.reading_detail:
+            block.frames.append(Frame(fm.group("file"), int(fm.group("line")), fm.group("func")))
+            block.lines.append(ln)
+            return True
+        if fm and st.reading_detail:  # a new traceback without a header: end this one
+            self.close_chain(st, key)
+            st.first, st.traceback = ln.index, True
+            st.block = ExcBlock(lines=[ln], frames=[Frame(fm.group("file"), int(fm.group("line")), fm.group("func"))])
+            return True
+        if block.exc_type is None and not st.reading_detail:
+            self._before_exception(st, block, ln)
+            return True
+        if st.reading_detail and not msg.strip():  # a blank line: the chain may continue ("The above ...")
+            st.chain.append(block)
+            st.block, st.reading_detail = None, False
+            return True
+        if st.reading_detail:
+            hdr = block.header_line
+            same_header = hdr is not None and (ln.level, ln.loc) == (hdr.level, hdr.loc)
+            headerless = ln.level is None
+            foreign = headerless and (
+                bool(re.match(r"^(\[|\(|INFO|WARNING|DEBUG|nanobind)", msg)) or exception_line(msg) is not None
+            )
+            if msg.strip() and same_header and not foreign and len(block.detail) < (12 if headerless else 30):
+                block.detail.append(msg.strip())
+                block.lines.append(ln)
+                return True
+            self.close_chain(st, key)
+            # this line may start a loose event
+        return False
+
+    @staticmethod
+    def _before_exception(st: _Stream, block: ExcBlock, ln: LogLine) -> None:
+        """Read ``ln`` in ``block`` before its exception line: a frame's source line (or caret line), something
+        between the header and the frames, or the exception line itself (then its message lines follow)."""
+        msg = ln.msg
+        if not msg.strip():
+            return
+        if msg[:1] in (" ", "\t"):  # a source line, caret line or "..." under a frame
+            if block.frames and not block.frames[-1].code and not set(msg.strip()) <= set("^~ "):
+                f = block.frames[-1]
+                block.frames[-1] = Frame(f.file, f.line, f.function, msg.strip())
+            block.lines.append(ln)
+            return
+        exc = exception_line(msg)
+        if exc is None and not block.frames and not ERRORISH.search(msg) and ln.level is None:
+            block.lines.append(ln)  # something between header and frames: keep reading
+            return
+        block.exc_type, block.message = exc if exc else (None, msg.strip())
+        if exc is None and ":" in msg.strip():  # "SomeThing: message" without an exception-like name
+            t, _, rest = msg.strip().partition(":")
+            if re.fullmatch(r"[A-Za-z_][\w.]*", t):
+                block.exc_type, block.message = t, rest.strip()
+        block.header_line = ln
+        block.lines.append(ln)
+        st.reading_detail = True
+
+    def _loose_line(self, st: _Stream, key: tuple[str | None, int | None], ln: LogLine) -> None:
+        """Read ``ln`` outside a traceback: an error line starts a loose event, the lines with its header (or an
+        untagged exception line's message lines) continue it, anything else ends it."""
+        msg = ln.msg
         if ln.level in ("DEBUG", "INFO", "WARNING") or not msg.strip() or is_progress(msg):
-            close_loose(st, key)
-            continue
+            self.close_loose(st, key)
+            return
         exc = exception_line(msg)
         errorish = bool(exc) or bool(ERRORISH.search(msg)) or ln.level in ("ERROR", "CRITICAL")
         # an untagged exception line's own message lines (pydantic's per-field errors, torch's notes)
@@ -364,17 +394,17 @@ def parse_events(text: str) -> tuple[list[LogLine], list[Event]]:
         ):
             st.loose[-1].detail.append(msg.strip())
             st.loose[-1].lines.append(ln)
-            continue
+            return
         if st.loose and (ln.level, ln.loc) == st.loose_loc and ln.level is not None:
             if exc:  # a logged exception string: a new block of the same event
                 st.loose.append(ExcBlock(exc_type=exc[0], message=exc[1], lines=[ln], header_line=ln))
             else:
                 st.loose[-1].detail.append(msg.strip())
                 st.loose[-1].lines.append(ln)
-            continue
-        close_loose(st, key)
+            return
+        self.close_loose(st, key)
         if not errorish:
-            continue
+            return
         blk = ExcBlock(
             exc_type=exc[0] if exc else None, message=exc[1] if exc else msg.strip(), lines=[ln], header_line=ln
         )
@@ -383,8 +413,17 @@ def parse_events(text: str) -> tuple[list[LogLine], list[Event]]:
         elif exc:
             st.loose, st.loose_loc = [blk], _RAW
         else:
-            events.append(Event([blk], key, ln.index, False))
-    for key, st in streams.items():
-        close_chain(st, key)
-    events.sort(key=lambda e: e.first)
-    return lines, events
+            self.events.append(Event([blk], key, ln.index, False))
+
+
+def parse_events(text: str) -> tuple[list[LogLine], list[Event]]:
+    """Parse ``text`` into lines and failure events (tracebacks and loose error lines), in log order.
+
+    Lines logged at DEBUG/INFO/WARNING are never events, except inside a traceback of their process
+    (vLLM logs tracebacks at ERROR; a raw traceback on stderr has no header at all).
+    """
+    lines = [parse_line(i, raw) for i, raw in enumerate(text.splitlines())]
+    parser = _EventParser()
+    for ln in lines:
+        parser.feed(ln)
+    return lines, parser.finish()

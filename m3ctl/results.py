@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -27,7 +27,7 @@ from m3ctl.errors import BadInput
 #: Version of the bench result JSON (``m3ctl_schema_version``); the major number changes on a breaking change.
 BENCH_SCHEMA_VERSION = "1.0"
 #: Version of a tune study's ``result.json`` (``schema_version``; absent in files of m3ctl <= 0.1: version 1).
-TUNE_SCHEMA_VERSION = 1
+TUNE_SCHEMA_VERSION: Final = 1
 
 
 def _one_line(e: ValidationError, what: str) -> str:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 from m3ctl import vllm_env
 from m3ctl.diagnose import DiagContext, diagnose_text
@@ -23,6 +24,10 @@ from m3ctl.plan import LaunchPlan, find_vllm_executable
 from m3ctl.runtime import get_runtime
 from m3ctl.runtime.base import Runtime, StopReport, ensure_port_free, port_in_use
 from m3ctl.state import Deployment, Registry, StateWriteFailed, UnreadableRecord
+
+if TYPE_CHECKING:
+    from m3ctl.lifecycle import EngineState
+    from m3ctl.watchdog import Probe
 
 #: Environment variables that name vLLM's internal ports (shared/cases/field-failures.md F17):
 #: VLLM_PORT is the base vLLM scans upward from for its internal sockets; MASTER_PORT is the
@@ -90,9 +95,12 @@ def preflight(plan: LaunchPlan, registry: Registry, runtime: Runtime | None = No
     for var in INTERNAL_PORT_ENV:
         if plan.env.get(var, "").isdigit():
             ensure_port_free(plan.host, int(plan.env[var]), registry, what=f"internal port ({var})")
-    if plan.runtime == "docker":
+    if plan.runtime == "docker" and plan.image:
+        from m3ctl.runtime.docker import DockerRuntime  # noqa: PLC0415
+
         rt = runtime or get_runtime("docker")
-        rt.ensure_image(plan.image or "") if plan.image else None  # type: ignore[attr-defined]
+        if isinstance(rt, DockerRuntime):  # only the docker runtime pulls images
+            rt.ensure_image(plan.image)
     if plan.runtime == "process":
         exe = Path(plan.argv[0])
         if not exe.exists():
@@ -229,17 +237,18 @@ def launch_and_wait(
             dep.restarts = restarts
             registry.save(dep)
         ctx = diag_context or DiagContext.for_plan(plan)
+        launched = dep  # the readiness callbacks' server (the handler below rebinds ``dep``, None included)
         ready = wait_ready(
             dep.url,
             dep.served_model_name,
-            is_alive=lambda: rt.is_alive(dep),
+            is_alive=lambda: rt.is_alive(launched),
             started_at=dep.started_at,
             budget_s=plan.startup_budget_s,
             completion_timeout_s=plan.completion_timeout_s,
             log_path=dep.log_path,
             on_event=on_event,
             headers=headers,
-            read_log=lambda: rt.log_text(dep),
+            read_log=lambda: rt.log_text(launched),
             diag_context=ctx,
         )
         findings, dep.smoke_s = _smoke(plan, dep, rt, headers, ctx, level, on_event) if level != "off" else (None, None)
@@ -532,7 +541,7 @@ def watch_deployment(
         if on_event:
             on_event(e)
 
-    from m3ctl.secrets import auth_headers, key_hint  # noqa: PLC0415
+    from m3ctl.secrets import auth_headers  # noqa: PLC0415
 
     headers = auth_headers(secret_env=secret_env) or None
 
@@ -546,7 +555,7 @@ def watch_deployment(
             interval_s=interval_s,
             canary_timeout_s=canary_timeout_s,
             stall_s=stall_s,
-            restart=restart,
+            restart="on-failure" if restart == "on-failure" else "no",  # watch restarts on no other value
             max_restarts=max_restarts,
             relaunch=again,
             on_event=on_watch,
@@ -564,15 +573,35 @@ def watch_deployment(
     if not last.failed:  # healthy, or paused (not dead) when the probes ran out
         return
     if last.verdict == "unauthorised":  # the server is healthy and keyed: never called dead, never restarted
-        from m3ctl.errors import Unauthorised  # noqa: PLC0415
+        _raise_unauthorised(dep, registry, last, stop_on_exit=stop_on_exit)
+    _raise_watch_failure(dep, registry, last, stop_on_exit=stop_on_exit)
 
-        if stop_on_exit and registry.exists(dep.name):
-            stop([dep.name], registry=registry)
-        raise Unauthorised(
-            f"deployment {dep.name!r} is unauthorised: {last.detail} (the engine is not dead)",
-            key_hint(saved_plan(registry, dep.name)),
-        )
 
+def _raise_unauthorised(dep: Deployment, registry: Registry, last: Probe, *, stop_on_exit: bool) -> NoReturn:
+    """End a watch whose canary got 401/403: the server is healthy and keyed (never called dead, never
+    restarted); with ``stop_on_exit`` it is stopped first.
+
+    Raises:
+        Unauthorised: always, with the hint about the key the deployment expects.
+    """
+    from m3ctl.errors import Unauthorised  # noqa: PLC0415
+    from m3ctl.secrets import key_hint  # noqa: PLC0415
+
+    if stop_on_exit and registry.exists(dep.name):
+        stop([dep.name], registry=registry)
+    raise Unauthorised(
+        f"deployment {dep.name!r} is unauthorised: {last.detail} (the engine is not dead)",
+        key_hint(saved_plan(registry, dep.name)),
+    )
+
+
+def _raise_watch_failure(dep: Deployment, registry: Registry, last: Probe, *, stop_on_exit: bool) -> NoReturn:
+    """End a watch on the failed probe ``last``: with ``stop_on_exit``, or when the server exited, what is left
+    of it is stopped and its record kept as ``dead`` (the engine's death) or ``failed`` (with the probe's cause).
+
+    Raises:
+        LaunchFailed: always (phase ``watch``), with the log path.
+    """
     from m3ctl.lifecycle import EngineState, record_death  # noqa: PLC0415
 
     current = registry.get(dep.name) if registry.exists(dep.name) else dep
@@ -640,17 +669,17 @@ class StatusRow:
     """A deployment and its engine now (:func:`m3ctl.lifecycle.engine_state`)."""
 
     deployment: Deployment
-    engine: object  # m3ctl.lifecycle.EngineState
+    engine: EngineState
 
     @property
     def alive(self) -> bool:
         """The server runs (``paused`` counts: it is not dead)."""
-        return self.engine.state in ("alive", "paused")  # type: ignore[attr-defined]
+        return self.engine.state in ("alive", "paused")
 
     @property
     def phase(self) -> str:
         """The record's phase, or ``dead``/``failed``/``paused``/``unknown`` as the engine is now."""
-        st = self.engine.state  # type: ignore[attr-defined]
+        st = self.engine.state
         return self.deployment.phase if st == "alive" else st
 
     @property

@@ -65,7 +65,7 @@ from m3ctl.errors import BadInput
 
 Status = Literal["OK", "WARN", "FAIL", "SKIP"]
 Level = Literal["quick", "full", "off"]
-LEVELS: tuple[str, ...] = ("quick", "full", "off")
+LEVELS: tuple[Level, ...] = ("quick", "full", "off")
 DEFAULT_LEVEL: Level = "full"
 """``serve``'s default: an operator wants the parsers and the output checked, not only the workload shapes,
 before a server is called ready; the extra checks cost about a second more on a GPU."""
@@ -218,8 +218,10 @@ def smoke_level(value: str | bool | None) -> Level:
         return DEFAULT_LEVEL
     if value is False:
         return "off"
-    if isinstance(value, str) and value.strip().lower() in LEVELS:
-        return value.strip().lower()  # type: ignore[return-value]
+    if isinstance(value, str):
+        for lvl in LEVELS:
+            if value.strip().lower() == lvl:
+                return lvl
     raise BadInput(
         f"smoke level {value!r} is not one of quick, full, off",
         "--smoke quick (long prompt + batch), full (also chat, parsers, output) or off",
@@ -719,20 +721,20 @@ class _Run:
             known = d.reasoning_parsers.get(parser)
             if known and fam and known.family != self.target.family:
                 known = None  # a note about another family's parser: the parser is the wrong one for this model
-            msg = (
+            detail = (
                 f"PARSER-MISMATCH: the reasoning arrived in content ({', '.join(b[0] for b in bad)} reply) with "
                 f"--reasoning-parser {parser}; clients show the thinking as the answer and TTFA times the thinking"
             )
             if known:
-                msg += f"; {known.note}"
+                detail += f"; {known.note}"
             fix = known.fix if known else "use the reasoning parser that matches the model's output format"
             if not known and fam and fam.reasoning_parser != parser:
-                msg += f"; {self.target.family} marks its reasoning {start}...{end}"
+                detail += f"; {self.target.family} marks its reasoning {start}...{end}"
                 fix += (
                     f": --reasoning-parser {fam.reasoning_parser} (family {self.target.family}, markers "
                     f"{start}...{end})"
                 )
-            return SmokeFinding("smoke.reasoning", "FAIL", msg, fix, _excerpt(bad[0][1]))
+            return SmokeFinding("smoke.reasoning", "FAIL", detail, fix, _excerpt(bad[0][1]))
         empty = [r for r in replies if not r[2]]
         if empty:
             return SmokeFinding(

@@ -362,7 +362,7 @@ def choose_image(
         if image_runs_on_driver(img.cuda_version, driver_cuda):
             why = (
                 f"the profile image {first.name} needs CUDA {first.cuda_version} > the driver's {driver_cuda} "
-                f"(minimum driver {min_driver_for_cuda(first.cuda_version) or '?'}); newest catalog image the "
+                f"(minimum driver {(first.cuda_version and min_driver_for_cuda(first.cuda_version)) or '?'}); newest catalog image the "
                 "driver supports"
                 if first is not None
                 else "newest catalog image the driver supports"

@@ -64,7 +64,7 @@ def registry_architectures(source: str) -> tuple[set[str], dict[str, str]]:
                 if not (isinstance(k, ast.Constant) and isinstance(k.value, str)):
                     continue  # ``**other``: its keys are in that dict
                 if t.id == "_PREVIOUSLY_SUPPORTED_MODELS":
-                    removed[k.value] = v.value if isinstance(v, ast.Constant) else "?"
+                    removed[k.value] = v.value if isinstance(v, ast.Constant) and isinstance(v.value, str) else "?"
                 elif t.id not in NOT_LOADABLE:
                     archs.add(k.value)
     if not found:

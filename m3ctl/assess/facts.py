@@ -209,8 +209,8 @@ def facts_from_config(cfg: dict, source: str, *, local: bool, model_dir: Path | 
     mla = "kv_lora_rank" in text  # DeepSeek-V2/V3-style multi-head latent attention
     sparse = text.get("sparse_attention_config") if isinstance(text.get("sparse_attention_config"), dict) else None
     freq = sparse.get("sparse_attention_freq") if sparse else None
-    msa = (
-        bool(sparse)
+    msa = bool(
+        sparse
         and sparse.get("use_sparse_attention", True) is not False
         and (freq is None or (any(freq) if isinstance(freq, list) else bool(freq)))
     )
