@@ -572,7 +572,7 @@ class ServeWatch:
     def __init__(
         self,
         interval_s: float = 10.0,
-        restart: Literal["no", "on-failure"] = "no",
+        restart: str = "no",
         on_watch: Callable[[Any], None] | None = None,
         on_ready: Callable[[Any], None] | None = None,
         on_stopping: Callable[[], None] | None = None,
@@ -835,7 +835,7 @@ def _bench_config(
     options: dict[str, Any],
     slo: str = "",
     on_note: Callable[[str], None] | None = None,
-) -> tuple[BenchConfig, list[int], Any, dict[str, list[int] | None]]:
+) -> tuple[BenchConfig, list[int | None], Any, dict[str, list[int] | None]]:
     """(config, concurrency levels, sync_log, length lists) of a bench call; the levels are [] or [c] for a single
     run; the length lists ``{"input_lens", "output_lens"}`` are None unless ``input_len`` / ``output_len`` were
     given as sequences (a length sweep). ``slo``: the capacity rule's SLO of a concurrency sweep (checked here)."""
@@ -852,7 +852,7 @@ def _bench_config(
             f"unknown bench option {unknown[0]!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
             "see m3ctl.bench.runner.BenchConfig for the options and their units",
         )
-    levels = [concurrency] if isinstance(concurrency, int) else list(concurrency or [])
+    levels: list[int | None] = [concurrency] if isinstance(concurrency, int) else list(concurrency or [])
     if any(not isinstance(c, int) or c < 1 for c in levels):
         raise BadInput(f"bad concurrency {concurrency!r}: values must be integers >= 1", "e.g. concurrency=[1, 2, 4]")
     lens: dict[str, list[int] | None] = {"input_lens": None, "output_lens": None}
@@ -917,7 +917,7 @@ def _bench_config(
     return cfg, levels, t.sync_log, lens
 
 
-def _bench_plan(cfg: BenchConfig, levels: list[int], lens: dict[str, list[int] | None]) -> list:
+def _bench_plan(cfg: BenchConfig, levels: list[int | None], lens: dict[str, list[int] | None]) -> list:
     """The sweep levels of a bench call (m3ctl.bench.sweep.plan); one level: a single run."""
     from m3ctl.bench.sweep import plan  # noqa: PLC0415
 

@@ -200,7 +200,7 @@ def warn_unknown_env() -> None:
 
 def _command_of(args: list[str]) -> str:
     """The command path of ``args`` for a hint (``bench report``), from the first words that are not options."""
-    words = []
+    words: list[str] = []
     for a in args:
         if a.startswith("-") or len(words) == 2:
             break

@@ -292,7 +292,7 @@ def bench(
         url,
         deployment=deployment,
         model=model,
-        concurrency=concs or None,
+        concurrency=concs,
         num_gpus=num_gpus,
         warmup=warmup,
         slo=slo,
@@ -340,8 +340,8 @@ def show_results(result, url, deployment, outputs, to_stdout: bool, err_con, per
         except WriteFailed as e:
             lost.append(e)
     if runs[-1].get("interrupted"):
-        for e in lost:
-            console(stderr=True).print(f"warning: {e.message}", soft_wrap=True)
+        for failed in lost:
+            console(stderr=True).print(f"warning: {failed.message}", soft_wrap=True)
         console(stderr=True).print("partial results " + (f"written to {saved}" if saved else "above"))
         raise KeyboardInterrupt
     finish(api.bench_error(result, url, deployment=deployment, saved=saved), lost)
@@ -408,10 +408,10 @@ def finish(err, lost: list | None = None) -> None:
     are ``warning:`` lines, so the command ends with one ``error:`` line."""
     from m3ctl.errors import EXIT_LAUNCH_FAILED  # noqa: PLC0415
 
-    errors = [e for e in (err,) if e is not None and e.exit_code == EXIT_LAUNCH_FAILED] + list(lost or [])
-    errors += [e for e in (err,) if e is not None and e.exit_code != EXIT_LAUNCH_FAILED]
-    for e in errors[1:]:
-        console(stderr=True).print(f"warning: {e.message}", soft_wrap=True)
+    first = [err] if err is not None and err.exit_code == EXIT_LAUNCH_FAILED else []
+    errors = [*first, *(lost or []), *([err] if err is not None and not first else [])]
+    for other in errors[1:]:
+        console(stderr=True).print(f"warning: {other.message}", soft_wrap=True)
     if errors:
         raise errors[0]
 

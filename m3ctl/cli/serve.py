@@ -4,7 +4,7 @@ With ``--json``: ``--dry-run`` prints the plan as one JSON document; a launch pr
 per readiness phase, the ready deployment, each watchdog probe, the stop).
 """
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -95,19 +95,29 @@ def serve(
         from typer._click.exceptions import MissingParameter  # noqa: PLC0415  (Typer's click)
 
         raise MissingParameter(ctx=ctx, param_hint="'--model' (or M3CTL_MODEL)", param_type="option")
-    given = dict(inventory=inventory, config=config, offline=knobs["offline"], api_key_env=api_key_env)
+    given: dict[str, Any] = dict(
+        inventory=inventory, config=config, offline=(knobs or {}).get("offline"), api_key_env=api_key_env
+    )
     if dry_run:
         return show_dry_run(out, api.serve(req, dry_run=True, **given), level)
-    run = _Run(out, detach, watch_interval, restart)
+    launch(_Run(out, detach, watch_interval, restart), req, level, mount or [], given)
+
+
+def launch(run: "_Run", req, level: str, mounts: list[str], given: dict[str, Any]) -> None:
+    """Launch through m3ctl.api.serve (in the foreground: with its watch), showing each step; Ctrl-C (or
+    SIGTERM/SIGHUP) after the launch began says what was stopped and exits 128 + the signal."""
+    from m3ctl import api  # noqa: PLC0415
+
+    watch = None if run.detach else api.ServeWatch(run.interval, run.restart, run.on_watch, run.ready, run.stopping)
     try:
         res = api.serve(
             req,
             smoke=level,
-            mounts=mount or [],
-            on_event=on_phase(out),
-            on_pull=pull_printer(out),
+            mounts=mounts,
+            on_event=on_phase(run.out),
+            on_pull=pull_printer(run.out),
             on_start=run.started,
-            watch=None if detach else api.ServeWatch(watch_interval, restart, run.on_watch, run.ready, run.stopping),
+            watch=watch,
             **given,
         )
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP (serve.Terminated)
@@ -115,7 +125,7 @@ def serve(
             raise
         run.say(f"stopped {run.name}" if run.is_ready else f"interrupted: {run.name} stopped before it was ready")
         raise typer.Exit(api.interrupt_exit_code(e)) from None
-    if detach:
+    if run.detach:
         run.ready(res)
 
 

@@ -132,7 +132,7 @@ def tune(
     from m3ctl import api  # noqa: PLC0415
 
     out = Output(json_out)
-    given = {TUNE_FIELDS[k]: v for k, v in opts.items()}
+    given = {TUNE_FIELDS[k]: v for k, v in (opts or {}).items()}
     given.update(
         ladder=ladder_values(given["ladder"]),
         knobs=given["knobs"] or [],
@@ -154,14 +154,33 @@ def tune(
         if not out.json:
             print_dry_run(out.con, report)
         return
+    run_study(out, model, study_dir, resume, inventory, system, pareto, parallel_trials, given)
+
+
+def run_study(out: Output, model, study_dir, resume, inventory, system, pareto: bool, parallel_trials, given) -> None:
+    """Run (or continue) the study through m3ctl.api.tune, with its progress lines; Ctrl-C stops the trial's
+    server and says how to continue; a failed write still shows the result (then exit 5)."""
+    from m3ctl import api  # noqa: PLC0415
+
     study: dict = {}
 
     def on_study(sdir: Path, settings: dict) -> None:
         study.update(sdir=sdir, settings=settings)
         print_study(out, sdir, settings)
 
+    def on_event(n, desc: str, msg: str) -> None:
+        out.print(f"{n if n is not None else '-':>5}  {escape(desc):<40} {escape(msg)}")
+
+    def on_cleanup(names: list[str]) -> None:
+        if names:
+            out.print(f"stopped leftover server(s) of an interrupted run: {', '.join(names)}")
+
+    def on_finish(res, tuner) -> None:
+        study.update(res=res)
+        print_resumed(out, tuner)
+
     try:
-        report = api.tune(
+        tuned = api.tune(
             model,
             study_dir=study_dir,
             resume=resume,
@@ -170,13 +189,9 @@ def tune(
             pareto=pareto,
             parallel_trials=parallel_trials,
             on_study=on_study,
-            on_event=lambda n, desc, msg: out.print(
-                f"{n if n is not None else '-':>5}  {escape(desc):<40} {escape(msg)}"
-            ),
-            on_cleanup=lambda names: (
-                names and out.print(f"stopped leftover server(s) of an interrupted run: {', '.join(names)}")
-            ),
-            on_finish=lambda res, tuner: study.update(res=res) or print_resumed(out, tuner),
+            on_event=on_event,
+            on_cleanup=on_cleanup,
+            on_finish=on_finish,
             **given,
         )
     except KeyboardInterrupt as e:
@@ -188,11 +203,11 @@ def tune(
         )
         raise typer.Exit(api.interrupt_exit_code(e)) from None
     except WriteFailed as e:  # shown anyway, then the one-line error (exit 5)
-        show_result(out, e.document, study, pareto)
-        for other in e.others:
+        show_result(out, getattr(e, "document", {}), study, pareto)
+        for other in getattr(e, "others", []):
             console(stderr=True).print(f"warning: {other.message}", soft_wrap=True)
         raise
-    result = report.to_dict()
+    result = tuned.to_dict()
     show_result(out, result, study, pareto)
     if result.get("chosen") == "none":  # no configuration (nor vLLM's defaults) met the SLO: exit 1 in both forms
         raise typer.Exit(1)
