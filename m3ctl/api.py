@@ -43,6 +43,8 @@ __all__ = [
     "bench_error",
     "doctor",
     "host_inventory",
+    "launch_command",
+    "launch_plan",
     "logs",
     "plan",
     "plan_request",
@@ -550,6 +552,28 @@ def serve(
         if watch is None:
             return _launch(p, rt, secrets, prof, inv, smoke=smoke, on_event=on_event, on_start=on_start)
         return _serve_foreground(p, rt, secrets, prof, inv, smoke, on_event, on_start, watch)
+
+
+def launch_plan(
+    p: LaunchPlan,
+    runtime: Any,
+    secrets: dict[str, str],
+    *,
+    inventory: HostInventory | None = None,
+    profile: Any = None,
+    smoke: str = "full",
+    on_event: Callable[[Any], None] | None = None,
+    watch: ServeWatch | None = None,
+) -> ServeResult:
+    """Launch an already made plan ``p`` (:func:`prepare_serve`'s) on ``runtime`` with ``secrets`` in the server's
+    environment, as :func:`serve` does after planning: wait until ready and, with ``watch``, watch in the
+    foreground (any end of the watch stops the server). Raises: as :func:`serve`."""
+    from m3ctl import serve as serving  # noqa: PLC0415
+
+    with serving.stop_signals_as_interrupt():
+        if watch is None:
+            return _launch(p, runtime, secrets, profile, inventory, smoke=smoke, on_event=on_event, on_start=None)
+        return _serve_foreground(p, runtime, secrets, profile, inventory, smoke, on_event, None, watch)
 
 
 def interrupt_exit_code(exc: BaseException) -> int:
