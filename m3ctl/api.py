@@ -40,15 +40,22 @@ if TYPE_CHECKING:
 __all__ = [
     "abench",
     "bench",
+    "bench_error",
     "doctor",
     "host_inventory",
+    "launch_command",
+    "launch_plan",
+    "logs",
     "plan",
     "plan_request",
+    "running",
     "serve",
     "size_systems",
+    "status",
     "stop",
     "tune",
     "user_defaults",
+    "watch",
 ]
 
 
@@ -487,14 +494,18 @@ def serve(
     offline: bool | None = None,
     api_key_env: str | None = None,
     smoke: str | bool = "full",
+    mounts: Sequence[str] = (),
     on_event: Callable[[Any], None] | None = None,
     on_pull: Callable[[str, str, int | None, int | None], None] | None = None,
+    on_start: Callable[[LaunchPlan, str], None] | None = None,
     dry_run: bool = False,
+    watch: ServeWatch | None = None,
     **knobs: Any,
 ) -> ServeResult | LaunchPlan:
     """Plan, launch and wait until the server really serves (readiness phases, first completion, smoke test);
     return once it is ready and leave it running (``m3ctl serve --detach``); stop it with :func:`stop`.
-    With ``dry_run`` return the plan it would launch (``serve --dry-run``) and start nothing.
+    With ``dry_run`` return the plan it would launch (``serve --dry-run``) and start nothing. With ``watch``
+    (``m3ctl serve`` in the foreground) keep watching it once ready, and stop it when the watch ends.
 
     Args:
         request, knobs, config, offline: as :func:`plan` (``runtime`` defaults to ``auto``, as ``plan``; ``model`` to
@@ -506,25 +517,29 @@ def serve(
             ``result.deployment.smoke_s``): ``"full"`` (default: a long prompt of several KV/MSA blocks, a mixed
             concurrent batch, chat, parsers, a known answer, output checks), ``"quick"`` (the long prompt and the
             batch) or ``"off"``; True/False mean full/off.
+        mounts: extra docker bind mounts ``HOST:CONTAINER[:ro|rw]`` (read-only by default; docker runtime only).
         on_event: called with each readiness :class:`~m3ctl.health.PhaseEvent` (phase, status, elapsed_s; the
             smoke test is the phase ``smoke``).
         on_pull: docker runtime: called with ``(layer, status, current bytes, total bytes)`` while an image is pulled.
+        on_start: called after the pre-flight checks, before the launch, with the plan and the command that runs
+            (:func:`launch_command`: what is printed is what starts).
+        watch: a :class:`ServeWatch`: once ready, ``watch.on_ready(result)``, then the foreground watchdog; any end
+            of it (a failure, Ctrl-C, SIGTERM/SIGHUP) stops the server (``watch.on_stopping`` before).
 
     Returns:
         :class:`~m3ctl.serve.ServeResult`: ``url`` (base URL), ``served_model_name``, ``deployment`` (the
         record: name, pid or container, log_path), ``readiness`` (phase times, s), ``kernels``, ``smoke``.
 
     Raises:
-        BadInput: bad arguments (name, host, budget, api_key_env not set, a smoke level not quick/full/off).
+        BadInput: bad arguments (name, host, budget, api_key_env not set, a smoke level not quick/full/off, mounts
+            without the docker runtime).
         ConfigRejected: a plan rule or a pre-flight check (port taken, name running, vLLM broken); nothing started.
         LaunchFailed: the server died or failed readiness or died during the smoke test (its root cause from the
-            log); it has been stopped.
+            log); it has been stopped. With ``watch``: the server failed while watched (it has been stopped).
+        KeyboardInterrupt: interrupted (Ctrl-C, or SIGTERM/SIGHUP with ``watch``); the server has been stopped.
     """
     from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.diagnose import DiagContext  # noqa: PLC0415
-    from m3ctl.runtime import get_runtime  # noqa: PLC0415
     from m3ctl.smoke import smoke_level  # noqa: PLC0415
-    from m3ctl.state import Registry  # noqa: PLC0415
 
     smoke = smoke_level(smoke)
     p, secrets, prof, inv = prepare_serve(
@@ -532,16 +547,114 @@ def serve(
     )
     if dry_run:
         return p
-    expect = serving.profile_expect(prof, p.profile, p)
-    if p.runtime == "docker" and on_pull is not None:
-        from m3ctl.runtime.docker import DockerRuntime  # noqa: PLC0415
+    rt = _serve_runtime(p.runtime, list(mounts), on_pull)
+    with serving.stop_signals_as_interrupt():  # SIGTERM/SIGHUP stop the server as Ctrl-C does (main thread)
+        if watch is None:
+            return _launch(p, rt, secrets, prof, inv, smoke=smoke, on_event=on_event, on_start=on_start)
+        return _serve_foreground(p, rt, secrets, prof, inv, smoke, on_event, on_start, watch)
 
-        rt = DockerRuntime(on_progress=on_pull)  # GPUs and mounts: the plan's (m3ctl/launch.py)
+
+def launch_plan(
+    p: LaunchPlan,
+    runtime: Any,
+    secrets: dict[str, str],
+    *,
+    inventory: HostInventory | None = None,
+    profile: Any = None,
+    smoke: str = "full",
+    on_event: Callable[[Any], None] | None = None,
+    watch: ServeWatch | None = None,
+) -> ServeResult:
+    """Launch an already made plan ``p`` (:func:`prepare_serve`'s) on ``runtime`` with ``secrets`` in the server's
+    environment, as :func:`serve` does after planning: wait until ready and, with ``watch``, watch in the
+    foreground (any end of the watch stops the server). Raises: as :func:`serve`."""
+    from m3ctl import serve as serving  # noqa: PLC0415
+
+    with serving.stop_signals_as_interrupt():
+        if watch is None:
+            return _launch(p, runtime, secrets, profile, inventory, smoke=smoke, on_event=on_event, on_start=None)
+        return _serve_foreground(p, runtime, secrets, profile, inventory, smoke, on_event, None, watch)
+
+
+def interrupt_exit_code(exc: BaseException) -> int:
+    """The exit status of an interruption: 128 + its signal (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
+    from m3ctl.serve import interrupt_exit_code as code  # noqa: PLC0415
+
+    return code(exc)
+
+
+class ServeWatch:
+    """How :func:`serve` watches a server in the foreground once it is ready (m3ctl.serve.watch_deployment).
+
+    Attributes:
+        interval_s: seconds between liveness probes (>= 0); restart: ``no`` or ``on-failure`` (relaunch a
+            dead or stalled server); on_watch: called with each watchdog event (m3ctl.watchdog.WatchEvent);
+            on_ready: called with the :class:`~m3ctl.serve.ServeResult` before the watch starts; on_stopping:
+            called before an interrupted foreground server is stopped (the stop can take seconds).
+    """
+
+    def __init__(
+        self,
+        interval_s: float = 10.0,
+        restart: str = "no",
+        on_watch: Callable[[Any], None] | None = None,
+        on_ready: Callable[[Any], None] | None = None,
+        on_stopping: Callable[[], None] | None = None,
+    ) -> None:
+        if not interval_s >= 0:
+            raise BadInput(f"watch interval {interval_s:g} must be >= 0 seconds", "e.g. 10")
+        if restart not in ("no", "on-failure"):
+            raise BadInput(f"restart {restart!r} is not no or on-failure", "use restart='on-failure'")
+        self.interval_s, self.restart = interval_s, restart
+        self.on_watch, self.on_ready, self.on_stopping = on_watch, on_ready, on_stopping
+
+
+def launch_command(p: LaunchPlan, runtime: Any = None) -> str:
+    """The command line that starts ``p``, for display: the ``docker run`` of a docker plan (rendered from the
+    :class:`~m3ctl.launch.DockerRun` the docker runtime creates, under ``runtime``'s options: its mounts too),
+    else the process command. A secret the server gets from another variable of this shell (``serve
+    --api-key-env MY_KEY``: ``VLLM_API_KEY`` from ``$MY_KEY``) is bound by name in front
+    (``VLLM_API_KEY="$MY_KEY" docker run ... -e VLLM_API_KEY``), as the launch binds it; never a value."""
+    from m3ctl.secrets import source_var  # noqa: PLC0415
+
+    if p.runtime == "docker" and p.image:
+        from m3ctl.emit import docker_command  # noqa: PLC0415
+
+        cmd = docker_command(p, getattr(runtime, "options", None)).strip()
     else:
-        rt = get_runtime(p.runtime)
+        cmd = p.command_line()
+    bound = [f'{k}="${src}"' for k in p.secret_env_names if (src := source_var(p, k)) != k]
+    return " ".join([*bound, cmd])
+
+
+def _serve_runtime(name: str, mounts: list[str], on_pull: Callable | None) -> Any:
+    """The runtime that launches a plan of runtime ``name`` (docker: with ``mounts`` and the pull progress)."""
+    from m3ctl.runtime import get_runtime  # noqa: PLC0415
+
+    if name != "docker":
+        if mounts:
+            raise BadInput("--mount needs --runtime docker", "add --runtime docker")
+        return get_runtime(name)
+    from m3ctl.runtime.docker import DockerOptions, DockerRuntime  # noqa: PLC0415
+
+    return DockerRuntime(DockerOptions(mounts=mounts), on_progress=on_pull)  # GPUs: the plan's (m3ctl/launch.py)
+
+
+def _launch(p, rt, secrets, prof, inv, *, smoke, on_event, on_start, registry=None) -> ServeResult:
+    """``on_start(plan, command)`` after the pre-flight checks, then launch and wait until ready
+    (m3ctl.serve.launch_and_wait, which runs the pre-flight checks too)."""
+    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.diagnose import DiagContext  # noqa: PLC0415
+    from m3ctl.state import Registry  # noqa: PLC0415
+
+    reg = registry or Registry()
+    expect = serving.profile_expect(prof, p.profile, p)
+    if on_start is not None:  # fail in milliseconds (or after an image pull) before "starting" is shown
+        serving.preflight(p, reg, rt)
+        on_start(p, launch_command(p, rt))
     return serving.launch_and_wait(
         p,
-        registry=Registry(),
+        registry=reg,
         secret_env=secrets,
         on_event=on_event,
         runtime=rt,
@@ -549,6 +662,37 @@ def serve(
         smoke=smoke,
         diag_context=DiagContext.for_plan(p, inv),
     )
+
+
+def _serve_foreground(p, rt, secrets, prof, inv, smoke, on_event, on_start, w: ServeWatch) -> ServeResult:
+    """:func:`serve` with ``watch``: launch, ``w.on_ready``, watch until the end; any end but a failure inside
+    the watch (which stops the server itself) stops it here on Ctrl-C."""
+    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.state import Registry  # noqa: PLC0415
+
+    reg = Registry()
+    res = _launch(p, rt, secrets, prof, inv, smoke=smoke, on_event=on_event, on_start=on_start, registry=reg)
+    try:
+        if w.on_ready is not None:
+            w.on_ready(res)
+        serving.watch_deployment(
+            res.deployment,
+            rt,
+            reg,
+            secrets,
+            serving.profile_expect(prof, p.profile, p),
+            interval_s=w.interval_s,
+            restart=w.restart,
+            on_event=w.on_watch,
+        )
+    except KeyboardInterrupt:
+        if w.on_stopping is not None:
+            w.on_stopping()
+        with serving.sigint_ignored():
+            if reg.exists(p.name):  # a relaunch interrupted during readiness has already stopped its server
+                serving.stop([p.name], registry=reg)
+        raise
+    return res
 
 
 @_checked
@@ -573,6 +717,136 @@ def stop(*names: str, all: bool = False, timeout_s: float = 20.0) -> list[StopRe
     return serving.stop(list(names), all_=all, timeout_s=timeout_s)
 
 
+# ----------------------------------------------------------------------------- status / logs / watch
+class Status:
+    """What :func:`status` found: ``deployments`` (m3ctl.serve.StatusRow: ``deployment``, the record;
+    ``engine``, m3ctl.lifecycle.EngineState; ``alive``, ``phase``, ``uptime_s`` in seconds) and ``unreadable``
+    ({name: record path} of records that cannot be read). :meth:`to_json` is the ``m3ctl status --json`` list."""
+
+    def __init__(self, deployments: list, unreadable: dict[str, str]) -> None:
+        self.deployments, self.unreadable = deployments, unreadable
+
+    def to_json(self) -> list[dict[str, Any]]:
+        rows = [
+            {
+                **r.deployment.model_dump(),
+                "alive": r.alive,
+                "phase": r.phase,
+                "uptime_s": r.uptime_s,
+                "engine": r.engine.to_dict(),
+            }
+            for r in self.deployments
+        ]
+        return rows + [{"name": n, "phase": "unreadable", "path": path} for n, path in self.unreadable.items()]
+
+
+def status() -> Status:
+    """The deployments m3ctl started (this state dir: ``$M3CTL_STATE_DIR``), each with its engine checked now (a
+    death seen first here is recorded with its cause), and the records that cannot be read."""
+    from m3ctl import serve as serving  # noqa: PLC0415
+
+    return Status(serving.status(), serving.unreadable())
+
+
+class LogTail:
+    """The end of a deployment's server log (:func:`logs`): ``name``, ``log_path``, ``lines`` (the last ones, without
+    newlines); :meth:`follow` yields the text written after them, chunk by chunk, until the caller stops."""
+
+    def __init__(self, name: str, log_path: str | None, lines: list[str], follow: Callable[[], Any]) -> None:
+        self.name, self.log_path, self.lines, self._follow = name, log_path, lines, follow
+
+    def follow(self) -> Any:
+        return self._follow()
+
+
+@_checked
+def logs(name: str, *, lines: int = 100) -> LogTail:
+    """The last ``lines`` lines (0: all, of the last 5 MB) of deployment ``name``'s server log (an unreadable
+    record: the log every server of that name writes; docker: the container's log).
+
+    Raises:
+        BadInput: ``lines`` < 0, or no log for ``name`` yet. NotFound: an unknown deployment.
+    """
+    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.state import Deployment, Registry, UnreadableRecord  # noqa: PLC0415
+
+    if lines < 0:
+        raise BadInput(f"lines {lines} must be >= 0", "0 means the whole log")
+    reg = Registry()
+    try:
+        dep = reg.get(name)
+    except UnreadableRecord:  # the log is where every server of that name writes it
+        dep = Deployment(name=name, port=0, served_model_name="", model="", log_path=str(reg.logs_dir / f"{name}.log"))
+    rt = serving.runtime_for(dep)
+    text = rt.log_text(dep, tail_bytes=5_000_000)
+    if not text and not Path(dep.log_path or "").is_file():
+        raise BadInput(f"no log for {name}", "the deployment has no log yet")
+    return LogTail(name, dep.log_path, text.splitlines()[-lines:], lambda: rt.follow(dep))
+
+
+@_checked
+def watch(
+    name: str,
+    *,
+    interval_s: float = 10.0,
+    canary_timeout_s: float = 30.0,
+    stall_s: float = 60.0,
+    restart: Literal["no", "on-failure"] = "no",
+    max_restarts: int = 3,
+    count: int | None = None,
+    on_start: Callable[[Any], None] | None = None,
+    on_event: Callable[[Any], None] | None = None,
+) -> None:
+    """Watch the running deployment ``name`` (``m3ctl watch``): every ``interval_s`` seconds a real 1-token
+    completion (at most ``canary_timeout_s`` s) and /metrics (requests waiting with no token for ``stall_s`` s:
+    stalled); ``restart="on-failure"`` relaunches its saved plan up to ``max_restarts`` times; ``count``: stop after
+    that many probes (None: until a failure or Ctrl-C). The deployment keeps running when the watch ends.
+    ``on_start`` gets the deployment record before the first probe, ``on_event`` each m3ctl.watchdog.WatchEvent.
+
+    Raises:
+        NotFound: an unknown deployment. BadInput: a restart would drop a secret its launch passed (the variable
+            is named). LaunchFailed: the server failed (exit 4 in the CLI). KeyboardInterrupt: Ctrl-C
+            (:func:`running` says whether the deployment still runs).
+    """
+    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.state import Registry  # noqa: PLC0415
+
+    reg = Registry()
+    dep = reg.get(name)
+    rt = serving.runtime_for(dep)
+    # the key the canary sends and, to restart, every secret of the launch (or one line naming what is unset)
+    secrets = serving.deployment_secrets(reg, name, for_restart=restart == "on-failure")
+    plan = serving.saved_plan(reg, name)
+    expect = serving.profile_expect(None, plan.profile, plan) if plan else None
+    if on_start is not None:
+        on_start(dep)
+    serving.watch_deployment(
+        dep,
+        rt,
+        reg,
+        secrets,
+        expect,
+        interval_s=interval_s,
+        restart=restart,
+        canary_timeout_s=canary_timeout_s,
+        stall_s=stall_s,
+        max_restarts=max_restarts,
+        count=count,
+        stop_on_exit=False,
+        on_event=on_event,
+    )
+
+
+def running(name: str) -> bool:
+    """Whether deployment ``name`` has a record and its server is alive (e.g. after an interrupted :func:`watch`:
+    an interrupted relaunch stops its server)."""
+    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.state import Registry  # noqa: PLC0415
+
+    reg = Registry()
+    return reg.exists(name) and serving.runtime_for(reg.get(name)).is_alive(reg.get(name))
+
+
 # ----------------------------------------------------------------------------- bench
 def _bench_config(
     url: str | None,
@@ -584,7 +858,8 @@ def _bench_config(
     warmup: bool | None,
     options: dict[str, Any],
     slo: str = "",
-) -> tuple[BenchConfig, list[int], Any, dict[str, list[int] | None]]:
+    on_note: Callable[[str], None] | None = None,
+) -> tuple[BenchConfig, list[int | None], Any, dict[str, list[int] | None]]:
     """(config, concurrency levels, sync_log, length lists) of a bench call; the levels are [] or [c] for a single
     run; the length lists ``{"input_lens", "output_lens"}`` are None unless ``input_len`` / ``output_len`` were
     given as sequences (a length sweep). ``slo``: the capacity rule's SLO of a concurrency sweep (checked here)."""
@@ -601,7 +876,7 @@ def _bench_config(
             f"unknown bench option {unknown[0]!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
             "see m3ctl.bench.runner.BenchConfig for the options and their units",
         )
-    levels = [concurrency] if isinstance(concurrency, int) else list(concurrency or [])
+    levels: list[int | None] = [concurrency] if isinstance(concurrency, int) else list(concurrency or [])
     if any(not isinstance(c, int) or c < 1 for c in levels):
         raise BadInput(f"bad concurrency {concurrency!r}: values must be integers >= 1", "e.g. concurrency=[1, 2, 4]")
     lens: dict[str, list[int] | None] = {"input_lens": None, "output_lens": None}
@@ -614,6 +889,11 @@ def _bench_config(
                 raise BadInput(f"bad {key} {vals!r}: give at least one length", f"e.g. {key}=[512, 4096]")
             check_lengths(key, vals)
             lens[f"{key}s"], options[key] = vals, vals[0]
+    if options.get("trace_path") and any(len(v or ()) > 1 for v in lens.values()):
+        raise BadInput(
+            "a trace gives each request's lengths: input_len / output_len lists do not apply",
+            "drop the length lists or trace_path",
+        )
     if slo and slo.strip():
         from m3ctl.tune.slo import parse_slo  # noqa: PLC0415
 
@@ -652,14 +932,16 @@ def _bench_config(
     if not t.model:  # several served names: the deployment's model, else the first listed (logged)
         picked, note = t.pick_model()
         cfg = cfg.model_copy(update={"model": picked})
-        if note:
+        if note and on_note is not None:
+            on_note(note)
+        elif note:
             import logging  # noqa: PLC0415
 
             logging.getLogger("m3ctl.bench").info(note)
     return cfg, levels, t.sync_log, lens
 
 
-def _bench_plan(cfg: BenchConfig, levels: list[int], lens: dict[str, list[int] | None]) -> list:
+def _bench_plan(cfg: BenchConfig, levels: list[int | None], lens: dict[str, list[int] | None]) -> list:
     """The sweep levels of a bench call (m3ctl.bench.sweep.plan); one level: a single run."""
     from m3ctl.bench.sweep import plan  # noqa: PLC0415
 
@@ -715,6 +997,8 @@ def bench(
     num_gpus: int | None = None,
     warmup: bool | None = None,
     slo: str = "",
+    progress: Callable[[BenchConfig], Any] | None = None,
+    on_note: Callable[[str], None] | None = None,
     **options: Any,
 ) -> BenchResult | BenchSweep:
     """Load-test an OpenAI-compatible endpoint (``m3ctl bench``); vLLM-compatible metrics plus m3ctl's.
@@ -740,6 +1024,10 @@ def bench(
             (a sweep's early stop), ``endpoint`` (``completions``/``chat``), ``workload`` (``random``, ``dataset``,
             ``prefix-repetition``, ``agentic``), ``percentiles`` (list, 0-100), ``goodput_slo_ms``
             ({ttft|tpot|e2el: ms}), ``tokenizer`` (dir), ``usd_per_gpu_hour``, ``client_procs``, ``seed``...
+        progress: live progress: called with each run's config, returns a context manager whose value (a
+            m3ctl.bench.progress sink, or None) the run reports its requests to (``m3ctl bench``'s live line).
+        on_note: called with the one-line note of a model picked among several served names (default: logged
+            on the ``m3ctl.bench`` logger).
 
     Returns:
         :class:`~m3ctl.results.BenchResult` (one level), or :class:`~m3ctl.results.BenchSweep` for several
@@ -756,14 +1044,50 @@ def bench(
             endpoint is already dead (its death named: m3ctl.lifecycle). A death during the run is returned in the
             result instead (``engine_died``, ``server_down``, invalid).
     """
+    import contextlib  # noqa: PLC0415
+
     from m3ctl.bench.runner import run_bench, run_sweep  # noqa: PLC0415
 
     cfg, levels, sync_log, lens = _bench_config(
-        url, deployment, model, concurrency, api_key, num_gpus, warmup, options, slo
+        url, deployment, model, concurrency, api_key, num_gpus, warmup, options, slo, on_note
     )
     plan = _bench_plan(cfg, levels, lens)
-    runs = run_sweep(cfg, levels, sync_log=sync_log, **lens) if len(plan) > 1 else [run_bench(cfg, sync_log=sync_log)]
+    if len(plan) > 1:
+        runs = run_sweep(cfg, levels, progress=progress, sync_log=sync_log, **lens)
+    else:
+        with progress(cfg) if progress is not None else contextlib.nullcontext(None) as prog:
+            runs = [run_bench(cfg, progress=prog, sync_log=sync_log)]
     return _bench_result(runs, plan, slo)
+
+
+def bench_error(
+    result: BenchResult | BenchSweep,
+    url: str | None = None,
+    *,
+    deployment: str | None = None,
+    saved: str | None = None,
+) -> Exception | None:
+    """The error a finished :func:`bench` of ``url`` / ``deployment`` ends with (``m3ctl bench``'s exit), or
+    None when every run is valid: the server went down (BenchServerDown, exit 4; for a deployment, with the root
+    cause found in its server log: m3ctl.diagnose), it stalled (BenchServerStalled, exit 4), or a run is
+    BENCH-INVALID (ChecksFailed, exit 1). ``saved``: where the results were written (None: nowhere), named in the
+    hint so nothing measured is lost. Nothing is sent to the server.
+
+    Raises:
+        BadInput: no endpoint; NotFound: an unknown deployment.
+    """
+    from m3ctl.bench.runner import run_failure  # noqa: PLC0415
+    from m3ctl.bench.target import resolve_target  # noqa: PLC0415
+
+    runs = [r.to_dict() for r in result.runs] if hasattr(result, "runs") else [result.to_dict()]
+    t = resolve_target(url, deployment=deployment, lookup_model=False)
+    diag = None
+    if t.server_log and any(r.get("server_down") for r in runs):  # name the root cause from the log (N09)
+        from m3ctl.diagnose import DiagContext, diagnose_log  # noqa: PLC0415
+
+        t.sync_log() if t.sync_log else None
+        diag = diagnose_log(t.server_log, context=DiagContext(argv=t.argv, phase="serving"))
+    return run_failure(runs, t.url, saved, diag)
 
 
 @_checked
@@ -934,6 +1258,9 @@ def tune(
     dry_run: bool = False,
     on_event: Callable[[int | None, str, str], None] | None = None,
     parallel_trials: int | Literal["auto"] = "auto",
+    on_study: Callable[[Path, dict[str, Any]], None] | None = None,
+    on_cleanup: Callable[[list[str]], None] | None = None,
+    on_finish: Callable[[Any, Any], None] | None = None,
 ) -> TuneReport | dict[str, Any]:
     """Search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO (``m3ctl tune``).
 
@@ -946,23 +1273,18 @@ def tune(
     replace the saved ones; budgets count across resumes).
 
     Args:
-        slo: limits over bench result keys, e.g. ``"p90_tpot_ms<=20,p90_ttft_ms<=2000"`` ("" = none).
-        objective: ``tput_per_gpu``, ``output_tput_per_gpu`` or ``tokens_per_usd`` (needs ``usd_per_gpu_hour``).
-        knobs: pins or ranges, e.g. ``["spec_depth=0-4", "max_num_seqs=4,8"]``.
-        ladder: concurrencies bisected per configuration.
-        max_trials: budget in server starts (default 12); ``time_budget_s``: budget in wall seconds.
-        confirm_top: re-measure the best N on a fresh server (default 2; with ``resume`` it replaces the saved
-            value); ``boundary_margin`` (fraction of a limit) and ``boundary_repeats``: repeats of a run near the
-            SLO boundary.
-        baseline: also measure vLLM's defaults (default on for a new study).
-        port: API port of the trial servers; workload, input_len/output_len (tokens), prompts_per_concurrency,
-            warmup: the bench run of each measurement.
-        profile: kernel profile YAML instead of the catalog's; args ({vLLM flag: value}) and extra_args (raw
-            vLLM args, no ``--api-key``): given to every trial; skip_checks: rule violations become crashed trials.
+        slo ... skip_checks: the study's options, :class:`m3ctl.tune.options.TuneOptions` fields (units, defaults
+            and help there), e.g. ``slo="p90_tpot_ms<=20"``, ``knobs=["spec_depth=0-4"]``, ``max_trials`` (server
+            starts), ``time_budget_s``; ``confirm_top`` and ``baseline`` None: not given (a new study's default, a
+            resume's saved value); ``port`` None: as the CLI's.
+        pareto: also write ``pareto.png`` and the Pareto front into the result.
         dry_run: start and write nothing; return what the study would run (m3ctl.tune.study.dry_run's dict).
         on_event: ``(trial, config description, message)`` for each trial phase.
         parallel_trials: search trials at once on disjoint GPU sets (``"auto"``: as many as fit; 1: one after the
             other); not saved with the study (a resume takes it again). See docs/tune.md, "Parallel trials".
+        on_study, on_cleanup, on_finish: called with ``(study dir, settings)`` before the first trial, with the
+            names of leftover servers of an interrupted run once they are stopped, and with ``(TuneResult,
+            Tuner)`` (m3ctl.tune.search) when the search ends, before the outputs are written.
 
     Returns:
         :class:`~m3ctl.results.TuneReport` (``result.json``): ``chosen`` (``tuned``, ``defaults`` when vLLM's
@@ -977,49 +1299,27 @@ def tune(
             or corrupt study (``tune.json``).
         KeyboardInterrupt: interrupted; the trial's server is stopped, completed trials are kept (resume).
     """
+    from m3ctl.tune.options import TuneOptions  # noqa: PLC0415
+
+    given = {k: v for k, v in locals().items() if k in TuneOptions.model_fields}  # the study's options, as named
     from m3ctl import serve as serving  # noqa: PLC0415
     from m3ctl.results import TuneReport  # noqa: PLC0415
     from m3ctl.tune import study as st  # noqa: PLC0415
 
     sdir, settings, inv = prepare_tune(
-        model,
-        study_dir=study_dir,
-        resume=resume,
-        inventory=inventory,
-        system=system,
-        dry_run=dry_run,
-        options=dict(
-            slo=slo,
-            objective=objective,
-            usd_per_gpu_hour=usd_per_gpu_hour,
-            knobs=knobs,
-            ladder=ladder,
-            max_trials=max_trials,
-            time_budget_s=time_budget_s,
-            seed=seed,
-            confirm_top=confirm_top,
-            boundary_margin=boundary_margin,
-            boundary_repeats=boundary_repeats,
-            fast_starts=fast_starts,
-            max_spec_depth=max_spec_depth,
-            baseline=baseline,
-            port=port,
-            workload=workload,
-            input_len=input_len,
-            output_len=output_len,
-            prompts_per_concurrency=prompts_per_concurrency,
-            warmup=warmup,
-            profile=profile,
-            args=args,
-            extra_args=extra_args,
-            skip_checks=skip_checks,
-        ),
+        model, study_dir=study_dir, resume=resume, inventory=inventory, system=system, dry_run=dry_run, options=given
     )
     base = st.base_profile(settings, inv)
     if dry_run:
         return st.dry_run(sdir, settings, inventory=inv, parallel_trials=parallel_trials)
+    if on_study is not None:
+        on_study(sdir, settings)
     with serving.stop_signals_as_interrupt():  # SIGTERM/SIGHUP: the trial's server is stopped as on Ctrl-C
-        res, tuner, ev = st.run_tune(sdir, settings, inventory=inv, on_event=on_event, parallel_trials=parallel_trials)
+        res, tuner, ev = st.run_tune(
+            sdir, settings, inventory=inv, on_event=on_event, on_cleanup=on_cleanup, parallel_trials=parallel_trials
+        )
+    if on_finish is not None:
+        on_finish(res, tuner)
     return TuneReport.from_dict(
         st.write_outputs(sdir, res, tuner, ev, settings, base, pareto), str(sdir / "result.json")
     )

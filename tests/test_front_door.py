@@ -118,6 +118,59 @@ def test_tune_dry_run_cli_and_api_agree(capsys, env, tmp_path):
     assert r["spec"]["baseline"] is True  # one default, TuneOptions': on for a new study, in both
 
 
+def test_bench_cli_and_api_agree_on_the_ground_truth_server(capsys, env, tiny_models):
+    """The same bench, through `m3ctl bench --json` and m3ctl.api.bench, on the ground-truth SSE server
+    (m3ctl/bench/groundtruth.py: deterministic token counts), a single run and a sweep: the same requests, token
+    counts, levels and validity (timings differ run to run and are left out)."""
+    from tests.conftest import start_groundtruth
+
+    proc, url = start_groundtruth("--tokenizer", str(tiny_models["m2"]), "--ttft-ms", "2", "--itl-ms", "1")
+    opts = {"num_prompts": 4, "input_len": 16, "output_len": 8, "scrape_server_metrics": False}
+    args = ["--num-prompts", "4", "--input-len", "16", "--output-len", "8", "--no-progress", "--json"]
+    try:
+        rc, cli = cli_json(capsys, "bench", "--url", url, *args)
+        res = api.bench(url, **opts)
+        rc2, cli_sweep = cli_json(capsys, "bench", "--url", url, "--concurrency", "1,2", *args)
+        sweep = api.bench(url, concurrency=[1, 2], **opts)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert rc == 0 and rc2 == 0
+
+    def measured(run: dict) -> dict:
+        keys = ("completed", "failed", "total_input_tokens", "total_output_tokens", "max_concurrency", "model_id")
+        return {k: run.get(k) for k in (*keys, "input_len_requested", "output_len_requested")} | {
+            "valid": run["validity"]["valid"],
+            "keys": sorted(k for k in run if not k.startswith(("p", "mean_", "median_", "std_"))),
+        }
+
+    cli.pop("scrape_server_metrics", None)
+    assert measured(cli)["completed"] == 4 and measured(cli)["valid"]
+    same(measured(cli), measured(res.to_dict()))
+    assert cli_sweep["sweep"] == sweep.sweep
+    same([measured(r) for r in cli_sweep["runs"]], [measured(r.to_dict()) for r in sweep.runs])
+
+
+def test_status_cli_and_api_agree(capsys, env, tmp_path):
+    """`m3ctl status --json` is m3ctl.api.status().to_json(): a dead deployment's record (its engine checked, its
+    death named) and an unreadable record, under the same state dir."""
+    from m3ctl.state import Deployment, Registry
+
+    reg = Registry()
+    reg.save(Deployment(name="gone", port=1, served_model_name="m", model="m", pid=2**22 + 7, log_path=None))
+    (reg.deployments_dir / "broken.json").write_text("{not json")
+    assert api.status().deployments[0].engine.dead  # the first look records the death (its time and cause)
+    rc, cli = cli_json(capsys, "status", "--json")
+    st = api.status()
+    assert rc == 0
+    same(
+        [{k: v for k, v in r.items() if k != "uptime_s"} for r in cli],
+        [{k: v for k, v in r.items() if k != "uptime_s"} for r in st.to_json()],
+    )
+    assert [r["name"] for r in cli] == ["gone", "broken"] and cli[0]["alive"] is False
+    assert cli[1]["phase"] == "unreadable"
+
+
 def test_tune_defaults_are_declared_once():
     """The defaults of m3ctl.api.tune, m3ctl.tune.study.new_settings and `m3ctl tune` are TuneOptions'."""
     import inspect
@@ -143,26 +196,31 @@ def test_tune_defaults_are_declared_once():
 
 
 def test_bench_cli_options_are_derived_from_bench_config():
-    """Every `m3ctl bench` option that is a BenchConfig field takes its default from it (no second copy)."""
+    """Every `m3ctl bench` option that is a BenchConfig field takes its default and bounds from it (no second
+    copy): the options are m3ctl.options.model_options(BenchConfig)."""
     import inspect
 
     from m3ctl.bench.config import BenchConfig
-    from m3ctl.cli.bench import RENAMED, bench
+    from m3ctl.cli.bench import BENCH_FIELDS, bench
 
-    for name, par in inspect.signature(bench).parameters.items():
-        field = RENAMED.get(name, name)
-        if field not in BenchConfig.model_fields or par.default is None:
-            continue
+    params = inspect.signature(bench).parameters
+    assert set(BENCH_FIELDS) <= set(params) and len(BENCH_FIELDS) >= 40
+    for name, field in BENCH_FIELDS.items():
         d = BenchConfig.model_fields[field].get_default(call_default_factory=True)
+        shown = params[name].default
         if isinstance(d, list):
             d = ",".join(f"{x:g}" if isinstance(x, float) else str(x) for x in d)
-        assert par.default == d or str(par.default) == str(d), name
+        assert shown == d or str(shown) == str(d) or (shown is None and d is None), name
+    opt = params["num_prompts"].annotation.__metadata__[0]
+    assert (opt.min, opt.max) == (1, 1_000_000)  # BenchConfig's ge/le, checked at parse time
 
 
 # ------------------------------------------------------------------ structure
 #: Modules m3ctl/cli/ may import besides m3ctl.api, m3ctl.errors, m3ctl.results and m3ctl.cli itself. Each is
-#: a rendering or parse-time helper (it computes nothing the API answers), or a command whose loop has no API
-#: verb yet (named so that the list shrinks when it gets one).
+#: a settings model the options are derived from, a parse-time check, or a rendering/writing helper: none of
+#: them computes what an API verb answers. Every command's work (plan, doctor, serve with its foreground watch,
+#: status, logs, watch, stop, bench's run loop, tune's study loop) goes through m3ctl.api; m3ctl dev's tools
+#: are developer utilities with no API verb (not part of the public surface).
 ALLOWED = {
     "m3ctl": "__version__ (app.py)",
     "m3ctl.bench": "WORKLOADS / MAX_REQUEST_TOKENS constants for parse-time checks",
@@ -181,27 +239,31 @@ ALLOWED = {
     "m3ctl.bench.progress": "rendering: the live bench progress",
     "m3ctl.tune.slo": "parse-time SLO/objective check; rendering the SLO",
     "m3ctl.tune.space": "rendering: configuration descriptions",
-    "m3ctl.files": "writing outputs (WriteFailed)",
-    "m3ctl.state": "output paths and the deployment registry (status, logs, watch: no API verb yet)",
-    # no API verb yet (issue 26 follow-ups): the foreground serve watchdog, bench's run loop with live
-    # progress and partial results, tune's study loop with its progress lines, status/logs/watch, m3ctl dev.
-    "m3ctl.serve": "serve's foreground launch + watchdog; status, logs, watch, stop",
-    "m3ctl.runtime": "serve's runtime with mounts and pull progress",
-    "m3ctl.runtime.docker": "serve's runtime with mounts and pull progress",
-    "m3ctl.diagnose": "serve's and bench's log diagnosis of a failed run",
-    "m3ctl.bench.runner": "bench's run loop (live progress, partial results, run_failure)",
-    "m3ctl.bench.sweep": "bench's sweep plan",
-    "m3ctl.bench.target": "bench's endpoint resolution",
-    "m3ctl.tune.study": "tune's study loop (progress lines, partial outputs)",
-    "m3ctl.dev.tiny_model": "m3ctl dev (developer tools)",
-    "m3ctl.dev.scale_model": "m3ctl dev (developer tools)",
-    "m3ctl.assess.engine_models": "m3ctl dev (developer tools)",
-    "m3ctl.assess.facts": "m3ctl dev (developer tools)",
-    "m3ctl.vllm_env": "m3ctl dev (developer tools)",
+    "m3ctl.files": "writing outputs (WriteFailed: tune's and bench's partial outputs)",
+    "m3ctl.state": "writing outputs: check_output_path, save_output (the state-dir fallback)",
+    "m3ctl.dev.tiny_model": "m3ctl dev (developer tools, no API verb)",
+    "m3ctl.dev.scale_model": "m3ctl dev (developer tools, no API verb)",
+    "m3ctl.assess.engine_models": "m3ctl dev (developer tools, no API verb)",
+    "m3ctl.assess.facts": "m3ctl dev (developer tools, no API verb)",
+    "m3ctl.vllm_env": "m3ctl dev (developer tools, no API verb)",
 }
 FRONT = {"m3ctl.api", "m3ctl.errors", "m3ctl.results"}
 #: Modules the CLI must not import at all any more: the planner, the host probes, the checks (through the API).
-FORBIDDEN = {"m3ctl.plan", "m3ctl.sizing", "m3ctl.hw.detect", "m3ctl.hw.systems", "m3ctl.hw.inventory"}
+FORBIDDEN = {
+    "m3ctl.plan",
+    "m3ctl.sizing",
+    "m3ctl.hw.detect",
+    "m3ctl.hw.systems",
+    "m3ctl.hw.inventory",
+    "m3ctl.serve",
+    "m3ctl.runtime",
+    "m3ctl.runtime.docker",
+    "m3ctl.diagnose",
+    "m3ctl.bench.runner",
+    "m3ctl.bench.sweep",
+    "m3ctl.bench.target",
+    "m3ctl.tune.study",
+}
 
 
 def cli_imports() -> dict[str, set[str]]:
@@ -232,9 +294,9 @@ def test_cli_reaches_the_library_only_through_the_api_and_an_explicit_allowlist(
     assert not set(ALLOWED) - used, f"allowlist entries no longer needed: {sorted(set(ALLOWED) - used)}"
 
 
-def test_plan_doctor_serve_and_tune_commands_call_the_api():
+def test_every_command_calls_the_api():
     imports = cli_imports()
-    for f in ("plan.py", "doctor.py", "serve.py", "tune.py"):
+    for f in ("plan.py", "doctor.py", "serve.py", "tune.py", "bench.py", "status.py", "logs.py", "watch.py", "stop.py"):
         assert "m3ctl.api" in imports[f], f
     assert not imports["plan.py"] & {"m3ctl.launch", "m3ctl.plan"}
     assert not imports["doctor.py"] & {"m3ctl.files"}

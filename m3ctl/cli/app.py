@@ -5,21 +5,151 @@ Errors: every :class:`~m3ctl.errors.M3Error` and every usage error becomes ``err
 before launch, 4 launch failed, 130 interrupted); a traceback is shown only with ``--debug`` (or M3CTL_DEBUG=1).
 """
 
+import importlib
 import os
 import sys
 import traceback
+from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Annotated
 
 import typer
+from typer.core import TyperGroup
 from typer.exceptions import Abort as _Abort
 from typer.exceptions import Exit as _Exit
 from typer.exceptions import TyperException as _UsageBase
 
 from m3ctl import __version__
-from m3ctl.cli import bench, bench_report, dev, doctor, logs, plan, serve, status, stop, tune, watch
 from m3ctl.cli.options import PLAIN_HELP, RAW_ARGS
 from m3ctl.cli.output import console, escape
 from m3ctl.errors import EXIT_INTERRUPTED, EXIT_USAGE, M3Error
+
+#: The commands, in the order ``--help`` lists them: ``name: (module, attribute, short help)``. A command's
+#: module is imported when the command is run (or its own help is asked): ``m3ctl --help`` imports none of
+#: them, so neither pydantic nor the settings models (BenchConfig, TuneOptions) load for it. The attribute is
+#: a command function, or a ``typer.Typer`` (a group: ``bench``, ``dev``). The short help is the command's own
+#: (its docstring's first sentence, or its group's help): tests/test_cli.py checks that they agree.
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "doctor": (
+        "m3ctl.cli.doctor",
+        "doctor",
+        "Probe this host and say, check by check, whether and how it can serve (exit 1 on FAIL).",
+    ),
+    "plan": (
+        "m3ctl.cli.plan",
+        "plan",
+        "Plan a launch for this host (or --inventory FILE, --system NAME): image, argv, env, every choice explained; start nothing.",
+    ),
+    "serve": (
+        "m3ctl.cli.serve",
+        "serve",
+        "Plan, launch and wait until the server really serves (then watch it, or return with --detach).",
+    ),
+    "watch": (
+        "m3ctl.cli.watch",
+        "watch",
+        "Watch a running deployment: liveness with a real 1-token completion and /metrics; exit 4 on failure.",
+    ),
+    "status": (
+        "m3ctl.cli.status",
+        "status",
+        "List the deployments m3ctl started, with their phase, endpoint and uptime.",
+    ),
+    "stop": (
+        "m3ctl.cli.stop",
+        "stop",
+        "Stop deployments: SIGTERM, then SIGKILL after the timeout; verify nothing is left.",
+    ),
+    "logs": ("m3ctl.cli.logs", "logs", "Print a deployment's server log."),
+    "tune": (
+        "m3ctl.cli.tune",
+        "tune",
+        "Search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO (resumable).",
+    ),
+    "bench": (
+        "m3ctl.cli.bench",
+        "app",
+        "Load-test an OpenAI-compatible endpoint; `m3ctl bench report` compares results.",
+    ),
+    "dev": ("m3ctl.cli.dev", "app", "Developer tools: tiny local models, vLLM CPU install fix-ups."),
+}
+#: Commands that take raw vLLM flags after ``--``.
+_RAW = ("plan", "serve", "tune")
+
+
+def load_command(name: str):
+    """The click command ``name`` of :data:`COMMANDS`, built from its module (imported now)."""
+    from typer.main import get_command_from_info, get_group  # noqa: PLC0415
+    from typer.models import CommandInfo  # noqa: PLC0415
+
+    module, attr, _ = COMMANDS[name]
+    obj = getattr(importlib.import_module(module), attr)
+    if isinstance(obj, typer.Typer):
+        cmd = get_group(obj)
+        cmd.name = name
+        return cmd
+    info = CommandInfo(name=name, callback=obj, context_settings=RAW_ARGS if name in _RAW else None)
+    return get_command_from_info(info, pretty_exceptions_short=False, rich_markup_mode=None)
+
+
+class _LazyCommands(MutableMapping):
+    """The root group's ``commands``: every name of :data:`COMMANDS` is there; a command is built on first use."""
+
+    def __init__(self, given: Mapping) -> None:
+        self.loaded: dict = dict(given)
+
+    def __getitem__(self, name: str):
+        if name not in self.loaded:
+            if name not in COMMANDS:
+                raise KeyError(name)
+            self.loaded[name] = load_command(name)
+        return self.loaded[name]
+
+    def __setitem__(self, name: str, cmd) -> None:
+        self.loaded[name] = cmd
+
+    def __delitem__(self, name: str) -> None:
+        del self.loaded[name]
+
+    def __iter__(self) -> Iterator[str]:
+        yield from COMMANDS
+        yield from (n for n in self.loaded if n not in COMMANDS)
+
+    def __len__(self) -> int:
+        return len(set(COMMANDS) | set(self.loaded))
+
+
+class LazyGroup(TyperGroup):
+    """The root command group: the commands of :data:`COMMANDS`, each imported when it is used; the command list
+    of ``m3ctl --help`` is written from their short help without importing them."""
+
+    def __init__(self, **kw) -> None:
+        super().__init__(**kw)
+        self.commands = _LazyCommands(self.commands)
+
+    def list_commands(self, ctx) -> list[str]:
+        return list(self.commands)  # the names only: nothing imported
+
+    def format_commands(self, ctx, formatter) -> None:
+        loaded = self.commands.loaded if isinstance(self.commands, _LazyCommands) else self.commands
+        names = self.list_commands(ctx)
+        limit = formatter.width - 6 - max(len(n) for n in names)
+        rows = []
+        for n in names:
+            if n in loaded:
+                if loaded[n].hidden:
+                    continue
+                rows.append((n, loaded[n].get_short_help_str(limit)))
+            else:
+                rows.append((n, _short(COMMANDS[n][2], limit)))
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+def _short(text: str, limit: int) -> str:
+    """``text`` cut as click cuts a short help (at a word, ``...`` when longer than ``limit``)."""
+    from typer._click.utils import make_default_short_help  # noqa: PLC0415
+
+    return make_default_short_help(text, limit)
 
 
 def redact_text(text: str) -> str:
@@ -30,6 +160,7 @@ def redact_text(text: str) -> str:
 
 
 app = typer.Typer(
+    cls=LazyGroup,
     help="Get MiniMax-M3.1-Flash serving on vLLM, fast and correctly, on the GPUs at hand.",
     no_args_is_help=True,
     add_completion=True,
@@ -55,19 +186,6 @@ def _root(
         os.environ["M3CTL_DEBUG"] = "1"
 
 
-app.command()(doctor.doctor)
-app.command(context_settings=RAW_ARGS)(plan.plan)
-app.command(context_settings=RAW_ARGS)(serve.serve)
-app.command()(watch.watch)
-app.command()(status.status)
-app.command()(stop.stop)
-app.command()(logs.logs)
-bench.app.command("report")(bench_report.bench_report)
-app.add_typer(bench.app, name="bench")
-app.command(context_settings=RAW_ARGS)(tune.tune)
-app.add_typer(dev.app, name="dev")
-
-
 def warn_unknown_env() -> None:
     """One line on stderr naming ``M3CTL_`` variables m3ctl does not read (a typo would be ignored silently)."""
     from m3ctl.assess.request import ENV_FIELDS, unknown_env  # noqa: PLC0415
@@ -82,7 +200,7 @@ def warn_unknown_env() -> None:
 
 def _command_of(args: list[str]) -> str:
     """The command path of ``args`` for a hint (``bench report``), from the first words that are not options."""
-    words = []
+    words: list[str] = []
     for a in args:
         if a.startswith("-") or len(words) == 2:
             break

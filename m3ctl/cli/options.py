@@ -19,7 +19,7 @@ import typer
 
 from m3ctl.bench import MAX_REQUEST_TOKENS, WORKLOADS
 
-PLAIN_HELP = {"rich_markup_mode": None}  # click help: Typer's rich help costs ~0.2 s of imports
+PLAIN_HELP: dict[str, Any] = {"rich_markup_mode": None}  # click help: Typer's rich help costs ~0.2 s of imports
 RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
 
 
@@ -168,6 +168,19 @@ def int_list(text: str) -> str:
     if not vals or min(vals) < 1:
         raise typer.BadParameter(f"{text!r}: values must be integers >= 1 (e.g. 1,2,4,8)")
     return text
+
+
+def int_list_upto(most: int) -> Callable[[str], str]:
+    """:func:`int_list` whose values are at most ``most`` (a model field's ``le``)."""
+
+    def parse(text: str) -> str:
+        int_list(text)
+        if max(int(x) for x in text.split(",") if x.strip()) > most:
+            raise typer.BadParameter(f"{text!r}: values must be integers from 1 to {most:,}")
+        return text
+
+    parse.__name__ = "int_list"
+    return parse
 
 
 # ------------------------------------------------------------------ output
@@ -406,7 +419,9 @@ def model_options(model, spec: dict[str, dict[str, Any]]) -> tuple[dict[str, tup
     say: ``name`` (the CLI name, e.g. ``time_budget`` for ``time_budget_s``), ``decls`` (``"--knob"``,
     ``"--baseline/--no-baseline"``), ``type`` (e.g. ``str`` for a comma list), ``show`` (model default -> CLI
     default), ``unset`` (default None, so that only a given value counts, e.g. for ``--resume``; the model's
-    default is named in the help), and any typer.Option keyword (``parser``, ``min``, ``max``, ``metavar``).
+    default is named in the help), ``help`` (for a model whose fields carry no description), and any
+    typer.Option keyword (``parser``, ``min``, ``max``, ``metavar``). A number field's ``ge``/``le`` bounds
+    become the option's ``min``/``max`` (checked at parse time) unless ``spec`` gives a parser or the bound.
 
     Returns:
         (the group for :func:`options`, {CLI name: field name}).
@@ -435,9 +450,15 @@ def model_options(model, spec: dict[str, dict[str, Any]]) -> tuple[dict[str, tup
                 typ, optional = list[str], True
             else:
                 typ = ann
+        if typ in (int, float) and "parser" not in extra:  # the model's bounds, checked at parse time
+            for m in f.metadata:
+                if getattr(m, "ge", None) is not None:
+                    extra.setdefault("min", m.ge)
+                if getattr(m, "le", None) is not None:
+                    extra.setdefault("max", m.le)
         if optional or unset or default in ([], {}):
             typ = Optional[typ]  # noqa: UP045 - built at runtime from a field type, for typer
-        help_ = f.description or ""
+        help_ = extra.pop("help", None) or f.description or ""
         if unset:
             shown = {True: "on", False: "off"}.get(default, default) if isinstance(default, bool) else default
             help_ += f" (default: {shown})"

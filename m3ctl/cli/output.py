@@ -53,6 +53,28 @@ def hang(head: str, text: str, width: int, indent: int | None = None) -> str:
     return "\n".join(lines).replace("\x00", " ")
 
 
+def _shell_words(command: str) -> list[str]:
+    """The words of a shell command line as written (quotes and escapes kept), split at unquoted blanks."""
+    words, cur, quote, escaped = [], "", "", False
+    for ch in command:
+        if escaped:
+            cur, escaped = cur + ch, False
+        elif ch == "\\" and quote != "'":
+            cur, escaped = cur + ch, True
+        elif quote:
+            cur += ch
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            cur, quote = cur + ch, ch
+        elif ch.isspace():
+            if cur:
+                words.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [*words, cur] if cur else words
+
+
 def shell_lines(command: str, width: int, indent: int = 4) -> str:
     """A shell command as lines of at most ``width`` columns joined by `` \\`` continuations (still one command
     when pasted into a shell); a flag stays on one line with its values. One line when it fits."""
@@ -61,14 +83,14 @@ def shell_lines(command: str, width: int, indent: int = 4) -> str:
     if len(command) <= width:
         return command
     try:
-        tokens = shlex.split(command)
+        shlex.split(command)
     except ValueError:
         return command
     groups: list[list[str]] = [[]]
-    for t in tokens:
+    for t in _shell_words(command):  # each word as written: its quoting is kept (``K="$VAR"`` stays a binding)
         if t.startswith("-") and groups[-1]:
             groups.append([])
-        groups[-1].append(shlex.quote(t))
+        groups[-1].append(t)
     lines = [""]
     for g in groups:
         part = " ".join(g)

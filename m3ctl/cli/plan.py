@@ -92,7 +92,7 @@ def plan(
         inventory=inventory,
         system=system,
         config=config,
-        offline=knobs["offline"],
+        offline=(knobs or {}).get("offline"),
         default_runtime="docker" if emit in ("docker", "compose", "k8s", "lws") else "auto",
     )
     if emit:

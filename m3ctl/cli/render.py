@@ -6,13 +6,11 @@ COLOUR = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "INFO":
 
 
 def shown_command(p, runtime=None) -> str:
-    """What will run, for display: the ``docker run`` of a docker plan (its image), under the options of the
-    runtime that launches it (``runtime``: its ``serve --mount`` mounts too), else the process command."""
-    if p.runtime == "docker" and p.image:
-        from m3ctl.emit import docker_command  # noqa: PLC0415
+    """What will run, for display (m3ctl.api.launch_command: the ``docker run`` of a docker plan under
+    ``runtime``'s options, else the process command; a secret taken from another variable bound by name)."""
+    from m3ctl import api  # noqa: PLC0415
 
-        return docker_command(p, getattr(runtime, "options", None)).strip()
-    return p.command_line()
+    return api.launch_command(p, runtime)
 
 
 def print_plan(con, p) -> None:

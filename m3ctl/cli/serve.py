@@ -4,14 +4,14 @@ With ``--json``: ``--dry-run`` prints the plan as one JSON document; a launch pr
 per readiness phase, the ready deployment, each watchdog probe, the stop).
 """
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import given_request
 from m3ctl.cli.output import Output, console, escape, print_hang, shell_lines
-from m3ctl.cli.render import print_kernels, print_plan, print_smoke, shown_command
+from m3ctl.cli.render import print_kernels, print_plan, print_smoke
 from m3ctl.cli.watch import probe_printer
 from m3ctl.errors import BadInput
 
@@ -85,8 +85,6 @@ def serve(
     Raw vLLM flags go after `--`; they pass the same plan rules as everything else.
     """
     from m3ctl import api  # noqa: PLC0415
-    from m3ctl import serve as serving  # noqa: PLC0415  (the foreground launch + watchdog: no API verb yet)
-    from m3ctl.state import Registry  # noqa: PLC0415
 
     out = Output(json_out)
     if no_smoke and smoke not in (None, "off"):
@@ -97,30 +95,109 @@ def serve(
         from typer._click.exceptions import MissingParameter  # noqa: PLC0415  (Typer's click)
 
         raise MissingParameter(ctx=ctx, param_hint="'--model' (or M3CTL_MODEL)", param_type="option")
-    p, secrets, prof, inv = api.prepare_serve(
-        req, inventory=inventory, config=config, offline=knobs["offline"], api_key_env=api_key_env
+    given: dict[str, Any] = dict(
+        inventory=inventory, config=config, offline=(knobs or {}).get("offline"), api_key_env=api_key_env
     )
     if dry_run:
-        return show_dry_run(out, p, level)
-    reg = Registry()
-    rt = make_runtime(p.runtime, mount or [], out)
-    expect = serving.profile_expect(prof, p.profile, p)
-    serving.preflight(p, reg, rt)  # fail in milliseconds (or after an image pull), before printing "starting"
-    if not out.json:
-        cmd = shell_lines(shown_command(p, rt), out.con.width - 2)
-        out.print(
-            f"starting {p.name}:"
-            + (
-                f" {escape(cmd)}"
-                if "\n" not in cmd and len(cmd) + len(p.name) + 10 <= out.con.width
-                else "\n  " + escape(cmd).replace("\n", "\n  ")
-            ),
-            soft_wrap=True,
+        return show_dry_run(out, api.serve(req, dry_run=True, **given), level)
+    launch(_Run(out, detach, watch_interval, restart), req, level, mount or [], given)
+
+
+def launch(run: "_Run", req, level: str, mounts: list[str], given: dict[str, Any]) -> None:
+    """Launch through m3ctl.api.serve (in the foreground: with its watch), showing each step; Ctrl-C (or
+    SIGTERM/SIGHUP) after the launch began says what was stopped and exits 128 + the signal."""
+    from m3ctl import api  # noqa: PLC0415
+
+    watch = None if run.detach else api.ServeWatch(run.interval, run.restart, run.on_watch, run.ready, run.stopping)
+    try:
+        res = api.serve(
+            req,
+            smoke=level,
+            mounts=mounts,
+            on_event=on_phase(run.out),
+            on_pull=pull_printer(run.out),
+            on_start=run.started,
+            watch=watch,
+            **given,
         )
-    out.event("starting", name=p.name, command=shown_command(p, rt))
-    # A foreground Ctrl-C (or SIGTERM/SIGHUP) stops the server wherever it lands (a print, an import, a probe).
-    with serving.stop_signals_as_interrupt():
-        launch_and_serve(out, p, reg, rt, secrets, expect, detach, watch_interval, restart, smoke=level, inv=inv)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP (serve.Terminated)
+        if run.name is None:  # before the launch: nothing to stop
+            raise
+        run.say(f"stopped {run.name}" if run.is_ready else f"interrupted: {run.name} stopped before it was ready")
+        raise typer.Exit(api.interrupt_exit_code(e)) from None
+    if run.detach:
+        run.ready(res)
+
+
+class _Run:
+    """What ``m3ctl serve`` shows of a launch: the command that starts, readiness, the foreground watch."""
+
+    def __init__(self, out: Output, detach: bool, watch_interval: float, restart: str) -> None:
+        self.out, self.detach, self.interval, self.restart = out, detach, watch_interval, restart
+        self.name: str | None = None
+        self.is_ready = False
+        self._probes = None
+
+    def started(self, p, command: str) -> None:
+        """The ``starting`` line: the command that runs (m3ctl.api.launch_command), whole on one line when it fits."""
+        out = self.out
+        self.name = p.name
+        self._probes = probe_printer(out, p.name)
+        if not out.json:
+            cmd = shell_lines(command, out.con.width - 2)
+            out.print(
+                f"starting {p.name}:"
+                + (
+                    f" {escape(cmd)}"
+                    if "\n" not in cmd and len(cmd) + len(p.name) + 10 <= out.con.width
+                    else "\n  " + escape(cmd).replace("\n", "\n  ")
+                ),
+                soft_wrap=True,
+            )
+        out.event("starting", name=p.name, command=command)
+
+    def ready(self, res) -> None:
+        """The ready deployment, its smoke findings and kernels (then, in the foreground, the watch line)."""
+        out, dep = self.out, res.deployment
+        self.is_ready = True
+        out.event(
+            "ready",
+            deployment=dep.model_dump(mode="json"),
+            time_to_ready_s=res.readiness.time_to_ready_s,
+            kernels=[{"level": f.level, "message": f.message} for f in (res.kernels.findings if res.kernels else [])],
+        )
+        if not out.json:
+            print_hang(
+                out.con,
+                "ready ",
+                f"{dep.name} at {dep.url} (model {dep.served_model_name!r}) in "
+                f"{res.readiness.time_to_ready_s:.1f} s; log {dep.log_path}",
+                2,
+                "green",
+                (0, 5),
+            )
+            print_smoke(out.con, dep.smoke)
+            print_kernels(out.con, res.kernels)
+        if not self.detach:
+            out.print(
+                f"serving in the foreground (watchdog every {self.interval:g} s, restart {self.restart}); Ctrl-C stops it"
+            )
+
+    def on_watch(self, e) -> None:
+        """A watchdog event, one line (m3ctl.cli.watch.probe_printer)."""
+        if self._probes is not None:
+            self._probes(e)
+
+    def stopping(self) -> None:
+        self.say("stopping… (further Ctrl-C or signals are ignored until the server is down)")
+
+    def say(self, text: str) -> None:
+        """A line after an interruption: on a fresh console (the signal may have landed inside a print, which can
+        leave that console holding what is printed next), or an ``interrupted`` event with --json."""
+        if self.out.json:
+            self.out.event("interrupted", detail=text)
+        else:
+            console().print(text)
 
 
 def show_dry_run(out: Output, p, level: str) -> None:
@@ -173,99 +250,8 @@ def on_phase(out: Output):
     return show
 
 
-def launch_and_serve(
-    out: Output,
-    p,
-    reg,
-    rt,
-    secrets,
-    expect,
-    detach: bool,
-    watch_interval: float,
-    restart: str,
-    smoke: str = "full",
-    inv=None,
-) -> None:
-    """Launch, report readiness, smoke findings and kernels, then watch in the foreground (unless ``detach``);
-    any end of the foreground watch but a detached Ctrl-C stops the server (m3ctl.serve.watch_deployment)."""
-    from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.diagnose import DiagContext  # noqa: PLC0415
-
-    res = None
-    try:
-        res = serving.launch_and_wait(
-            p,
-            registry=reg,
-            secret_env=secrets,
-            on_event=on_phase(out),
-            runtime=rt,
-            expect=expect,
-            smoke=smoke,
-            diag_context=DiagContext.for_plan(p, inv),
-        )
-        dep = res.deployment
-        out.event(
-            "ready",
-            deployment=dep.model_dump(mode="json"),
-            time_to_ready_s=res.readiness.time_to_ready_s,
-            kernels=[{"level": f.level, "message": f.message} for f in (res.kernels.findings if res.kernels else [])],
-        )
-        if not out.json:
-            print_hang(
-                out.con,
-                "ready ",
-                f"{dep.name} at {dep.url} (model {dep.served_model_name!r}) in "
-                f"{res.readiness.time_to_ready_s:.1f} s; log {dep.log_path}",
-                2,
-                "green",
-                (0, 5),
-            )
-        if not out.json:
-            print_smoke(out.con, dep.smoke)
-            print_kernels(out.con, res.kernels)
-        if detach:
-            return
-        out.print(
-            f"serving in the foreground (watchdog every {watch_interval:g} s, restart {restart}); Ctrl-C stops it"
-        )
-        serving.watch_deployment(
-            dep,
-            rt,
-            reg,
-            secrets,
-            expect,
-            interval_s=watch_interval,
-            restart=restart,
-            on_event=probe_printer(out, dep.name),
-        )
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP (serve.Terminated)
-        # A fresh console: the signal may have landed inside a print, which can leave that console holding
-        # (never flushing) what is printed next.
-        con = console() if not out.json else None
-        say = (lambda s: con.print(s)) if con else (lambda s: out.event("interrupted", detail=s))
-        if res is None:  # interrupted during launch or readiness: launch_and_wait has stopped its server
-            say(f"interrupted: {p.name} stopped before it was ready")
-            raise typer.Exit(serving.interrupt_exit_code(e)) from None
-        if detach:  # a detached server is meant to outlive this command
-            raise
-        say("stopping… (further Ctrl-C or signals are ignored until the server is down)")
-        with serving.sigint_ignored():
-            if reg.exists(p.name):  # a relaunch interrupted during readiness has already stopped its server
-                serving.stop([p.name], registry=reg)
-        say(f"stopped {p.name}")
-        raise typer.Exit(serving.interrupt_exit_code(e)) from None
-
-
-def make_runtime(name: str, mounts: list[str], out: Output):
-    """The runtime of a plan; docker's image pull is shown one line per layer state change."""
-    from m3ctl.runtime import get_runtime  # noqa: PLC0415
-
-    if name != "docker":
-        if mounts:
-            raise BadInput("--mount needs --runtime docker", "add --runtime docker")
-        return get_runtime(name)
-    from m3ctl.runtime.docker import DockerOptions, DockerRuntime  # noqa: PLC0415
-
+def pull_printer(out: Output):
+    """docker's image pull, one line per layer state change (and a JSON ``pull`` event)."""
     seen: dict[str, str] = {}
 
     def progress(layer: str, status_: str, cur, total) -> None:
@@ -280,4 +266,33 @@ def make_runtime(name: str, mounts: list[str], out: Output):
             out.print(f"  [dim]pull[/] {escape(layer)} {status_.lower()} {total / 2**20:.0f} MiB")
             out.event("pull", layer=layer, status=status_, total_bytes=total)
 
-    return DockerRuntime(DockerOptions(mounts=mounts), on_progress=progress)  # GPUs: the plan's (m3ctl/launch.py)
+    return progress
+
+
+def launch_and_serve(
+    out: Output,
+    p,
+    reg,
+    rt,
+    secrets,
+    expect,
+    detach: bool,
+    watch_interval: float,
+    restart: str,
+    smoke: str = "full",
+    inv=None,
+) -> None:
+    """Launch the planned ``p`` on ``rt`` and serve it as ``m3ctl serve`` does (m3ctl.api.serve's launch and, unless
+    ``detach``, its foreground watch: any end of the watch stops the server). Kept with the signature
+    tests/test_lifecycle.py calls; ``reg`` and ``expect`` are the API's (the state dir's registry, the plan's
+    profile expectations)."""
+    from m3ctl import api  # noqa: PLC0415
+
+    run = _Run(out, detach, watch_interval, restart)
+    run.name = p.name
+    if detach:
+        run.ready(api.launch_plan(p, rt, secrets, inventory=inv, smoke=smoke, on_event=on_phase(out)))
+        return
+    watch = api.ServeWatch(watch_interval, restart, run.on_watch, run.ready, run.stopping)
+    run._probes = probe_printer(out, p.name)
+    api.launch_plan(p, rt, secrets, inventory=inv, smoke=smoke, on_event=on_phase(out), watch=watch)

@@ -9,24 +9,12 @@ from m3ctl.cli.render import print_smoke
 
 def status(json_out: o.Json = False) -> None:
     """List the deployments m3ctl started, with their phase, endpoint and uptime."""
-    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl import api  # noqa: PLC0415
 
     out = Output(json_out)
-    rows = serving.status()
-    bad = serving.unreadable()
-    out.result(
-        [
-            {
-                **r.deployment.model_dump(),
-                "alive": r.alive,
-                "phase": r.phase,
-                "uptime_s": r.uptime_s,
-                "engine": r.engine.to_dict(),
-            }
-            for r in rows
-        ]
-        + [{"name": n, "phase": "unreadable", "path": path} for n, path in bad.items()]
-    )
+    st = api.status()
+    rows, bad = st.deployments, st.unreadable
+    out.result(st.to_json())
     if out.json:
         return
     if not rows and not bad:

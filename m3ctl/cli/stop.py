@@ -17,12 +17,12 @@ def stop(
     json_out: o.Json = False,
 ) -> None:
     """Stop deployments: SIGTERM, then SIGKILL after the timeout; verify nothing is left."""
-    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl import api  # noqa: PLC0415
 
     if not name and not all_:
         raise BadInput("name a deployment to stop, or pass --all", "see `m3ctl status`")
     out = Output(json_out)
-    reports = serving.stop(name, all_=all_, timeout_s=timeout)
+    reports = api.stop(*(name or []), all=all_, timeout_s=timeout)
     out.result([dataclasses.asdict(r) for r in reports])
     if out.json:
         return

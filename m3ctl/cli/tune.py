@@ -16,6 +16,7 @@ from m3ctl.cli.inputs import parse_args
 from m3ctl.cli.output import Output, console, escape
 from m3ctl.cli.tune_render import print_dry_run, print_result
 from m3ctl.errors import BadInput
+from m3ctl.files import WriteFailed
 from m3ctl.tune.options import TuneOptions
 
 
@@ -131,7 +132,7 @@ def tune(
     from m3ctl import api  # noqa: PLC0415
 
     out = Output(json_out)
-    given = {TUNE_FIELDS[k]: v for k, v in opts.items()}
+    given = {TUNE_FIELDS[k]: v for k, v in (opts or {}).items()}
     given.update(
         ladder=ladder_values(given["ladder"]),
         knobs=given["knobs"] or [],
@@ -153,20 +154,67 @@ def tune(
         if not out.json:
             print_dry_run(out.con, report)
         return
-    sdir, settings, inv = api.prepare_tune(
-        model, study_dir=study_dir, resume=resume, inventory=inventory, system=system, options=given
-    )
-    run(out, sdir, settings, inv, pareto, parallel_trials)
+    run_study(out, model, study_dir, resume, inventory, system, pareto, parallel_trials, given)
 
 
-def run(out: Output, sdir: Path, settings: dict, inv, pareto: bool, parallel_trials: int | str = "auto") -> None:
-    """Run (or continue) the study; Ctrl-C stops the trial's server and says how to continue. (The study loop,
-    with its progress lines and the partial outputs of a failed write, has no API verb yet: m3ctl.api.tune runs
-    the same steps without them.)"""
-    from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.tune import study as st  # noqa: PLC0415
+def run_study(out: Output, model, study_dir, resume, inventory, system, pareto: bool, parallel_trials, given) -> None:
+    """Run (or continue) the study through m3ctl.api.tune, with its progress lines; Ctrl-C stops the trial's
+    server and says how to continue; a failed write still shows the result (then exit 5)."""
+    from m3ctl import api  # noqa: PLC0415
 
-    base = st.base_profile(settings, inv)
+    study: dict = {}
+
+    def on_study(sdir: Path, settings: dict) -> None:
+        study.update(sdir=sdir, settings=settings)
+        print_study(out, sdir, settings)
+
+    def on_event(n, desc: str, msg: str) -> None:
+        out.print(f"{n if n is not None else '-':>5}  {escape(desc):<40} {escape(msg)}")
+
+    def on_cleanup(names: list[str]) -> None:
+        if names:
+            out.print(f"stopped leftover server(s) of an interrupted run: {', '.join(names)}")
+
+    def on_finish(res, tuner) -> None:
+        study.update(res=res)
+        print_resumed(out, tuner)
+
+    try:
+        tuned = api.tune(
+            model,
+            study_dir=study_dir,
+            resume=resume,
+            inventory=inventory,
+            system=system,
+            pareto=pareto,
+            parallel_trials=parallel_trials,
+            on_study=on_study,
+            on_event=on_event,
+            on_cleanup=on_cleanup,
+            on_finish=on_finish,
+            **given,
+        )
+    except KeyboardInterrupt as e:
+        if "sdir" not in study:  # before the study started: nothing to resume
+            raise
+        console(stderr=True).print(
+            "interrupted: completed trials and every finished bench run are saved; "
+            f"continue with `m3ctl tune --resume {study['sdir']}`"
+        )
+        raise typer.Exit(api.interrupt_exit_code(e)) from None
+    except WriteFailed as e:  # shown anyway, then the one-line error (exit 5)
+        show_result(out, getattr(e, "document", {}), study, pareto)
+        for other in getattr(e, "others", []):
+            console(stderr=True).print(f"warning: {other.message}", soft_wrap=True)
+        raise
+    result = tuned.to_dict()
+    show_result(out, result, study, pareto)
+    if result.get("chosen") == "none":  # no configuration (nor vLLM's defaults) met the SLO: exit 1 in both forms
+        raise typer.Exit(1)
+
+
+def print_study(out: Output, sdir: Path, settings: dict) -> None:
+    """The study's head lines: its space, SLO, objective and budget, what was pruned, the trial table's head."""
     from m3ctl.tune.slo import parse_slo  # noqa: PLC0415
     from m3ctl.tune.space import Space  # noqa: PLC0415
 
@@ -180,24 +228,9 @@ def run(out: Output, sdir: Path, settings: dict, inv, pareto: bool, parallel_tri
         out.print(f"pruned before launch: {note}")
     out.print(f"{'trial':>5}  {'config':<40} phase / result")
 
-    def on_event(n, desc, msg) -> None:
-        out.print(f"{n if n is not None else '-':>5}  {escape(desc):<40} {escape(msg)}")
 
-    def on_cleanup(names) -> None:
-        if names:
-            out.print(f"stopped leftover server(s) of an interrupted run: {', '.join(names)}")
-
-    try:
-        with serving.stop_signals_as_interrupt():  # SIGTERM/SIGHUP: the trial's server is stopped as on Ctrl-C
-            res, tuner, ev = st.run_tune(
-                sdir, settings, inventory=inv, on_event=on_event, on_cleanup=on_cleanup, parallel_trials=parallel_trials
-            )
-    except KeyboardInterrupt as e:
-        console(stderr=True).print(
-            "interrupted: completed trials and every finished bench run are saved; "
-            f"continue with `m3ctl tune --resume {sdir}`"
-        )
-        raise typer.Exit(serving.interrupt_exit_code(e)) from None
+def print_resumed(out: Output, tuner) -> None:
+    """A resumed study's interrupted trials: kept from their finished runs, or measured again."""
     if tuner.interrupted_trials:
         again = [n for n in tuner.interrupted_trials if n not in tuner.recovered_trials]
         out.print(
@@ -205,19 +238,13 @@ def run(out: Output, sdir: Path, settings: dict, inv, pareto: bool, parallel_tri
             + (f"; kept from the runs they had finished: {tuner.recovered_trials}" if tuner.recovered_trials else "")
             + (f"; no run finished, so measured again (their starts count): {again}" if again else "")
         )
-    from m3ctl.files import WriteFailed  # noqa: PLC0415
 
-    lost = None
-    try:
-        result = st.write_outputs(sdir, res, tuner, ev, settings, base, pareto)
-    except WriteFailed as e:  # shown anyway, then the one-line error (exit 5)
-        result, lost = e.document, e
+
+def show_result(out: Output, result: dict, study: dict, pareto: bool) -> None:
+    """result.json (--json), else the result tables (m3ctl.cli.tune_render.print_result)."""
+    from m3ctl.tune.space import Space  # noqa: PLC0415
+
     out.result(result)
     if not out.json:
-        print_result(out.con, res, result, settings, sp, pareto)
-    if lost is not None:
-        for other in lost.others:
-            console(stderr=True).print(f"warning: {other.message}", soft_wrap=True)
-        raise lost
-    if result.get("chosen") == "none":  # no configuration (nor vLLM's defaults) met the SLO: exit 1 in both forms
-        raise typer.Exit(1)
+        settings = study["settings"]
+        print_result(out.con, study["res"], result, settings, Space.from_json(settings["space"]), pareto)

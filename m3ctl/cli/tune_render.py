@@ -168,10 +168,10 @@ def print_result(con, res, out: dict, settings: dict, sp, pareto: bool) -> None:
             con.print(f"baseline (vLLM defaults): {bl['status']}: {escape(bl['reason'])}")
     if chosen == "defaults":
         con.print(f"[yellow]{escape(reason)}[/]; profile.yaml holds vLLM's defaults (no tuned flag)", soft_wrap=True)
-        con.print(f"command: {escape(bl['command'])}", soft_wrap=True)
+        con.print(f"command: {escape((bl or {})['command'])}", soft_wrap=True)
     else:
         con.print(f"chosen: the tuned configuration ({escape(reason)})", soft_wrap=True)
-        con.print(f"command: {escape(b['command'])}", soft_wrap=True)
+        con.print(f"command: {escape((b or {})['command'])}", soft_wrap=True)
     con.print(f"profile: {out['profile']} (m3ctl serve --profile {out['profile']} --model {settings['model']})")
     if pareto:
         con.print("Pareto (p90 interactivity tok/s/user vs objective):")

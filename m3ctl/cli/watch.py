@@ -52,36 +52,23 @@ def watch(
     json_out: o.Json = False,
 ) -> None:
     """Watch a running deployment: liveness with a real 1-token completion and /metrics; exit 4 on failure."""
-    from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.state import Registry  # noqa: PLC0415
+    from m3ctl import api  # noqa: PLC0415
 
     out = Output(json_out)
-    reg = Registry()
-    dep = reg.get(name)
-    rt = serving.runtime_for(dep)
-    # the key the canary sends and, to restart, every secret of the launch (or one line naming what is unset)
-    secrets = serving.deployment_secrets(reg, name, for_restart=restart == "on-failure")
-    plan = serving.saved_plan(reg, name)
-    expect = serving.profile_expect(None, plan.profile, plan) if plan else None
-    out.print(f"watching {name} at {dep.url} every {interval:g} s (restart {restart})")
     try:
-        serving.watch_deployment(
-            dep,
-            rt,
-            reg,
-            secrets,
-            expect,
+        api.watch(
+            name,
             interval_s=interval,
-            restart=restart,
             canary_timeout_s=canary_timeout,
             stall_s=stall,
+            restart=restart,
             max_restarts=max_restarts,
             count=count,
-            stop_on_exit=False,
+            on_start=lambda dep: out.print(f"watching {name} at {dep.url} every {interval:g} s (restart {restart})"),
             on_event=probe_printer(out, name),
         )
     except KeyboardInterrupt:  # watching only: the deployment keeps running (unless a relaunch was cut short)
-        running = reg.exists(name) and rt.is_alive(reg.get(name))
+        running = api.running(name)
         out.event("interrupted", name=name, running=running)
         out.print(
             f"stopped watching; {name} keeps running"
