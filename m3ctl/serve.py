@@ -24,7 +24,7 @@ from m3ctl.runtime import get_runtime
 from m3ctl.runtime.base import Runtime, StopReport, ensure_port_free, port_in_use
 from m3ctl.state import Deployment, Registry, StateWriteFailed, UnreadableRecord
 
-#: Environment variables that name vLLM's internal ports (shared/cases/field-failures.md F17):
+#: Environment variables that name vLLM's internal ports (F17, docs/sources.md#f17):
 #: VLLM_PORT is the base vLLM scans upward from for its internal sockets; MASTER_PORT is the
 #: torch.distributed rendezvous port.
 INTERNAL_PORT_ENV = ("VLLM_PORT", "MASTER_PORT")
