@@ -4,7 +4,7 @@
 Usage: python benchmarks/doctor_speed.py [--runs 7] [--json]
 
 Each run is a fresh process (`python -m m3ctl ...` with this interpreter), as a user would start it, so the
-figures include interpreter start-up and imports. Targets (issue 3): --help <= 0.25 s, doctor <= 1 s.
+figures include interpreter start-up and imports. Targets (docs/sources.md#target-command-speed): --help <= 0.25 s, doctor <= 1 s.
 CPU time (user+sys of the child) is printed too: on a shared, loaded machine wall time also measures the
 other tenants, CPU time does not. The load average at the start and end is printed for that reason.
 """

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 26's before/after figures of the package layout: modules at the package root, the longest functions,
+"""The before/after figures of the package relayout: modules at the package root, the longest functions,
 functions over 100 lines, the CLI's imports below the API, ruff findings, and `m3ctl --help` time.
 
 Usage: python benchmarks/layout_figures.py [--tree DIR] [--ruff] [--help-time]

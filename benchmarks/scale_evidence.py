@@ -1,4 +1,4 @@
-"""Issue #15 item 5 on the H200: the tune of the scale model against a clean grid of the same configurations.
+"""On the H200 (docs/results/h200-scale.md): the tune of the scale model against a clean grid of the same configurations.
 
 Reads the recorded evidence (tests/fixtures/h200x1-real/scale/, made by scripts/gpu/h200_scale.sh on one H200
 with vLLM 0.26.0: MiniMax-M2-shaped scale model, 16 of 62 layers, FP8, dummy weights, 4096 in / 256 out, fresh
@@ -8,7 +8,7 @@ prompts at every run, a warm-up per load level) and prints:
   each configuration's capacity under the SLO (largest measured concurrency meeting it; every run at that
   concurrency must meet it) and the objective there;
 - the tune's own measurements (trials, the concurrencies its bisection visited);
-- the ratios issue #15 asks for: the tune's reported capacity and objective for its choice over the grid's,
+- the ratios the tune is judged by: the tune's reported capacity and objective for its choice over the grid's,
   and its choice's objective over the grid's best;
 - the capacity rule (m3ctl/tune/capacity.py, through m3ctl/tune/search.py ``measure_level``) replayed on these runs: each
   tuned configuration's bisection from where the tune started it, the n-th run at a level answered by the n-th

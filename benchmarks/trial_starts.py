@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Where a tune trial's server start goes, and what the study's start measures take off it (issue 25 item 1).
+"""Where a tune trial's server start goes, and what the study's start measures take off it (docs/results/h200-starts.md).
 
 Prints, from vLLM's own logs (m3ctl.tune.startup.start_breakdown):
 

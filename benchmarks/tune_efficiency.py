@@ -19,7 +19,7 @@ Two recorded landscapes (``--preset``):
 Grid optimum: for every configuration, the best objective over the ladder concurrencies that meet the
 SLO (the value a brute-force sweep would find). Grid cost: every server start plus every run duration.
 Search cost: the starts and runs the search actually made (replayed with their recorded durations).
-Target (issue 6): median over seeds >= 97 % of the optimum at <= 25 % of the cost, for every SLO reported.
+Target (docs/sources.md#target-tune-efficiency): median over seeds >= 97 % of the optimum at <= 25 % of the cost, for every SLO reported.
 
 Repeats near the SLO boundary (``--boundary-repeats``, ``--boundary-margin``; the tune's defaults, 2 and 0.10):
 a run within the margin of the SLO is repeated and the level decided by the median (m3ctl/tune/search.py). The

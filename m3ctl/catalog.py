@@ -137,7 +137,7 @@ class Profile(_Strict):
         runtimes: runtimes that can launch it (``process``, ``docker``).
         image: image id from the images catalog (None: bare ``vllm serve`` process only).
         serve_args: ``vllm serve`` flags without the leading ``--``; ``true`` renders a bare flag,
-            ``false`` renders ``--no-<flag>`` (works on vLLM 0.32 and 0.33, see cpu-test-stack.md).
+            ``false`` renders ``--no-<flag>`` (works on vLLM 0.32 and 0.33, see docs/sources.md#cpu-flag-spellings).
         env: environment for the server.
         constraints: model constraints checked before launch.
         readiness: startup budgets.

@@ -20,7 +20,7 @@ Two kinds of checks:
 
 Facts come from data: m3ctl/data/capabilities.yaml (per-architecture capabilities with sources),
 m3ctl/data/architectures.yaml, the model catalog (m3ctl.catalog) and the field failures in
-shared/cases/field-failures.md (F01-F10, F14, F17) that the checks are tested against.
+docs/sources.md#field-failures (F01-F10, F14, F17) that the checks are tested against.
 """
 
 from __future__ import annotations
@@ -498,7 +498,7 @@ def check_links(ctx: Ctx) -> CheckResult:
 @check("gpu.virtualized", "gpu")
 def check_virtualized(ctx: Ctx) -> CheckResult:
     """N02: a vGPU profile in the GPU name (``H200-141C``, ``-nnQ``): peer-to-peer and vLLM's custom all-reduce
-    are not validated there (vllm#50557: custom_all_reduce.cuh illegal memory access during CUDA-graph capture
+    are not validated there (https://github.com/vllm-project/vllm/issues/50557: custom_all_reduce.cuh illegal memory access during CUDA-graph capture
     on 4x H200-141C). Naming convention: m3ctl/hw/vgpu.py."""
     from m3ctl.hw.vgpu import vgpu_profile  # noqa: PLC0415
 

@@ -10,12 +10,12 @@ Phases, in order (each reported through a callback as it starts and ends):
 5. ``completion``: one real ``POST /v1/completions`` (a few tokens) returns 200 with a
    non-empty choice whose text is not degenerate. A server whose /health is 200 but whose first
    request fails (e.g. a head_dim its attention backend cannot run) is NOT ready
-   (shared/reference/cpu-test-stack.md, "a /health 200 does not prove that the model can generate").
+   (docs/sources.md#cpu-tiny-model-pitfalls: "a /health 200 does not prove that the model can generate").
 
 "Degenerate" is defined narrowly on purpose: text made only of NUL characters (U+0000), the
-signature of broken kernels producing garbage (shared/cases/field-failures.md F08: "NUL bytes").
+signature of broken kernels producing garbage (F08, docs/sources.md#f08: "NUL bytes").
 Repeated-token soup is NOT rejected: random-weight tiny models legitimately emit text such as
-``"(((((((("`` (cpu-test-stack.md section 2), and no rule on 4 tokens separates the two
+``"(((((((("`` (docs/sources.md#cpu-tiny-model-pitfalls), and no rule on 4 tokens separates the two
 robustly. Quality beyond that is ``m3ctl bench``/eval territory.
 
 A death or failure in any phase raises :class:`~m3ctl.errors.LaunchFailed` naming the

@@ -4,7 +4,7 @@ After readiness, the startup log is parsed with the patterns in ``m3ctl/data/ker
 (each with the vLLM source that prints it). Each observed backend is compared with the profile's
 ``expect`` (:class:`m3ctl.catalog.KernelExpect`): a backend outside the expected list is a WARN, as
 is any ``warn``-severity fallback line (e.g. NVFP4 on Hopper running as Marlin weight-only W4A16,
-shared/reference/anchors-serving.md) unless the profile lists its id in ``expect.tolerate``.
+https://github.com/vllm-project/vllm/pull/18000) unless the profile lists its id in ``expect.tolerate``.
 A kind the profile expects but the log never names is INFO ("not reported"), not a WARN: vLLM
 does not log every choice (e.g. the CPU backend's GQA attention is silent).
 """

@@ -137,7 +137,7 @@ def render_flags(args: dict[str, Any]) -> list[str]:
     """Render ``{flag: value}`` into ``vllm serve`` arguments.
 
     ``True`` -> ``--flag``; ``False`` -> ``--no-flag`` (accepted by vLLM 0.32 and 0.33, which rejects
-    ``--disable-X``: cpu-test-stack.md "Flag spellings"); ``None`` -> omitted; tuples -> one token per
+    ``--disable-X``: docs/sources.md#cpu-flag-spellings); ``None`` -> omitted; tuples -> one token per
     value (``nargs="+"`` flags); dicts/lists -> JSON.
     Dotted keys (``attention_config.backend``) keep their underscores, as vLLM spells them.
     """

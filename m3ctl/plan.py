@@ -265,7 +265,7 @@ def _pin_env(
     NVIDIA: ``CUDA_VISIBLE_DEVICES`` with the physical indices and ``CUDA_DEVICE_ORDER=PCI_BUS_ID``, so CUDA numbers
     the GPUs in PCI bus order as NVML and nvidia-smi do (CUDA's default order is fastest first:
     https://docs.nvidia.com/cuda/cuda-c-programming-guide/index.html#env-vars); indices, not UUIDs (vLLM before the
-    UUID fix crashes on UUIDs: F02, vllm#41848). AMD: ``ROCR_VISIBLE_DEVICES`` with the physical indices, and a
+    UUID fix crashes on UUIDs: F02, https://github.com/vllm-project/vllm/issues/41848). AMD: ``ROCR_VISIBLE_DEVICES`` with the physical indices, and a
     HIP_/CUDA_VISIBLE_DEVICES of the launching shell unset (one visibility variable: F05,
     https://rocm.docs.amd.com/en/latest/conceptual/gpu-isolation.html)."""
     envs = dict(envs)

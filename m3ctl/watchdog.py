@@ -1,6 +1,6 @@
 """Watchdog: periodic liveness of a ready deployment, stronger than "the API answers 200".
 
-Each probe (shared/cases/field-failures.md F16: an EngineCore that crashed or deadlocked while
+Each probe (F16, docs/sources.md#f16: an EngineCore that crashed or deadlocked while
 the API server still answers 200):
 
 1. the process/container is alive (else ``exited``, with the root cause from the log);
@@ -18,7 +18,7 @@ the API server still answers 200):
 ``restart="on-failure"``, stops the deployment and relaunches its saved plan with exponential
 back-off (at most ``max_restarts`` times). The metric names are vLLM's
 (https://docs.vllm.ai/en/latest/design/metrics.html; the CPU server's list is in
-shared/reference/cpu-test-stack.md section 2).
+docs/sources.md#cpu-endpoints-and-metrics).
 """
 
 from __future__ import annotations

@@ -337,7 +337,7 @@ def model_facts(spec: ModelSpec | None, local: ModelFacts, variant: Variant | No
 def drafter_block_size(drafter_model: str | None) -> int | None:
     """A DSpark drafter's trained block size from its local ``config.json`` (``dspark_block_size``, else
     ``block_size``; also inside ``dspark_config``); None when the drafter is not a local directory or says nothing.
-    Source: vllm#50012 / PR #47419 (vLLM reads ``dspark_block_size`` from the drafter config)."""
+    Source: https://github.com/vllm-project/vllm/issues/50012 (docs/sources.md#n11; vLLM reads ``dspark_block_size`` from the drafter config)."""
     if not drafter_model:
         return None
     cfg = Path(drafter_model).expanduser() / "config.json"

@@ -30,11 +30,11 @@ if TYPE_CHECKING:
 
 DEPRECATED_ENV = {
     "VLLM_ATTENTION_BACKEND": "--attention-backend NAME (the env var is silently ignored since vLLM 0.26; "
-    "vllm#50292, PR #30564)",
+    "vllm#50292, vllm PR #30564)",
     "VLLM_USE_FLASHINFER_MOE_FP4": "--moe-backend flashinfer_cutlass|flashinfer_trtllm (removed in v0.23; vllm PR #43148)",
     "VLLM_FLASHINFER_MOE_BACKEND": "--moe-backend NAME (removed in v0.23; vllm PR #43148)",
     "VLLM_NVFP4_GEMM_BACKEND": "--linear-backend NAME (vllm PR #49376)",
-    "VLLM_ALL2ALL_BACKEND": "--all2all-backend NAME (anchors-serving.md section 2)",
+    "VLLM_ALL2ALL_BACKEND": "--all2all-backend NAME (https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/config/parallel.py)",
 }
 
 
@@ -522,7 +522,7 @@ def visible_devices(problems: list[str]) -> Finding | None:
         "fix CUDA_/NVIDIA_/HIP_/ROCR_VISIBLE_DEVICES: use integer indices, full GPU-/MIG- UUIDs or unique prefixes "
         "that exist here; one MIG slice per server; on AMD set only one of ROCR_/HIP_/CUDA_VISIBLE_DEVICES "
         "(`m3ctl doctor -v` lists the visible units)",
-        "field failures F02, F05 (vllm#41848, #12572)",
+        "field failures F02, F05 (vllm#41848, vllm#12572; docs/sources.md#f02)",
     )
 
 
@@ -654,7 +654,7 @@ def _pp(c: PlanContext) -> Finding | None:
 def _dcp(c: PlanContext) -> Finding | None:
     if c.dcp <= 1:
         return None
-    src = "anchors-serving.md section 2 (Decode context parallel row; vllm/config/parallel.py)"
+    src = "https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/config/parallel.py (decode context parallel)"
     if c.tp % c.dcp:
         return _v("parallel.dcp", f"DCP {c.dcp} does not divide TP {c.tp}", "choose DCP dividing TP", src)
     if c.facts.attention == "unknown":
@@ -769,7 +769,7 @@ def _dspark(c: PlanContext) -> Finding | None:
     if method != "dspark" or depth <= 0 or not block or depth == block:
         return None
     src = (
-        "vllm#50012 (since PR #47419 num_speculative_tokens < dspark_block_size is a ValueError); vllm PR #41834 "
+        "vllm#50012 (since vllm PR #47419 num_speculative_tokens < dspark_block_size is a ValueError); vllm PR #41834 "
         "review (depth 7 on a block-5 drafter: acceptance length 1.31); field failure N11"
     )
     if depth < block:
@@ -1133,7 +1133,7 @@ def _image_archs(c: PlanContext) -> Finding | None:
         f"the image's kernels are built for compute capability {', '.join(sorted(built))}, not "
         f"{cc} ({c.inventory.gpus[0].name}): vLLM dies with 'no kernel image is available'",
         "use the catalog image (drop --image) or an image built with this architecture in TORCH_CUDA_ARCH_LIST",
-        "image env TORCH_CUDA_ARCH_LIST (vllm docker/Dockerfile torch_cuda_arch_list); anchors-serving.md "
+        "image env TORCH_CUDA_ARCH_LIST (vllm docker/Dockerfile torch_cuda_arch_list); docs/sources.md#vllm-image-tags "
         "(sm_103 on a CUDA 12.9 build: no kernel image)",
     )
 
@@ -1168,7 +1168,7 @@ def _env(c: PlanContext) -> Finding | None:
                 "env.deprecated",
                 f"environment variable {k} is deprecated or ignored by vLLM",
                 f"use {DEPRECATED_ENV[k]}",
-                "anchors-serving.md section 2",
+                "https://github.com/vllm-project/vllm/pull/43148",
             )
     return None
 
@@ -1184,7 +1184,7 @@ def _bool(c: PlanContext) -> Finding | None:
                 "flags.boolean_spelling",
                 f"--{k} is rejected by vLLM 0.32 (it accepts --no-enable-X)",
                 f"use --no-enable-{k.removeprefix('disable-')}",
-                "cpu-test-stack.md 'Flag spellings'",
+                "docs/sources.md#cpu-flag-spellings",
             )
     return None
 

@@ -1,7 +1,7 @@
 """``m3ctl bench``: load generation and metrics for any OpenAI-compatible endpoint.
 
 Metric names and meanings follow ``vllm bench serve`` (vllm/benchmarks/serve.py,
-``calculate_metrics``; summarised in shared/reference/anchors-bench-tune.md section 1)
+``calculate_metrics``; summarised in docs/sources.md#benchmark-metric-definitions)
 so results sit next to vLLM's key for key; m3ctl's additions use new keys.
 """
 

@@ -9,19 +9,19 @@ Timing semantics (vllm/benchmarks/lib/endpoint_request_func.py, vLLM 0.32):
 
 m3ctl additions (new fields, never a changed meaning):
 - ``scheduled_time``: when the load model meant to send the request, so queueing inside the
-  client is visible (coordinated omission; vllm issue #54101).
+  client is visible (coordinated omission; https://github.com/vllm-project/vllm/issues/54101).
 - ``chunk_tokens``: tokens carried by each ``choices`` chunk, from vLLM's
   ``stream_options.continuous_usage_stats`` (cumulative ``usage.completion_tokens`` on every
   chunk; vllm/entrypoints/openai/protocol.py ``StreamOptions``). Empty when the server does not
   send it. Used for per-token ITL, so multi-token chunks (speculative decoding,
-  ``--stream-interval``, output coalescing) do not distort it (vllm PR #50600).
-- reasoning models (shared/cases/field-failures.md F18): any streamed delta (``content``,
+  ``--stream-interval``, output coalescing) do not distort it (https://github.com/vllm-project/vllm/pull/50600).
+- reasoning models (F18, docs/sources.md#f18): any streamed delta (``content``,
   ``reasoning_content``/``reasoning``, ``tool_calls``) is a token chunk; ``ttfa`` is the time
   to the first *answer* (``content``) token; ``reasoning_tokens`` comes from
   ``usage.completion_tokens_details.reasoning_tokens``.
 
 - ``think_in_content``: a chat answer (``delta.content``) that starts with ``<think>`` or carries
-  ``</think>``: the reasoning parser left the reasoning in the answer (shared/cases/field-failures-2.md N05),
+  ``</think>``: the reasoning parser left the reasoning in the answer (N05, docs/sources.md#n05),
   so ``ttfa`` timed the first *thinking* token.
 - SSE framing: events end at a blank line, and lines end with LF, CRLF or CR (the WHATWG
   server-sent-events spec, https://html.spec.whatwg.org/multipage/server-sent-events.html#parsing-an-event-stream);

@@ -14,7 +14,7 @@ from pydantic import BaseModel, Field
 from m3ctl.bench import MAX_REQUEST_TOKENS
 
 #: Most requests one run may send: the prompts are built in memory before the first is sent (about 1 KiB per
-#: 128-token request), so more than this would build prompts for minutes and never send (issue 17).
+#: 128-token request), so more than this would build prompts for minutes and never send.
 MAX_PROMPTS = 1_000_000
 
 

@@ -1,7 +1,7 @@
 """A lean HTTP/1.1 client for the bench hot path: keep-alive connections, one request at a time each.
 
 Why: the bench client's own CPU per request bounds the load it can offer and delays its timestamps
-(InferenceX utils/bench_serving/KNOWN_LIMITATION.md; vllm issue #39963). aiohttp's general request
+(InferenceX utils/bench_serving/KNOWN_LIMITATION.md; https://github.com/vllm-project/vllm/issues/39963). aiohttp's general request
 machinery costs ~0.3 ms of CPU per request; this path writes one pre-built request and parses the
 response in ``data_received`` (no coroutine switch per network read), feeding each read, with its
 arrival timestamp, to the same SSE state machine as the aiohttp path (``client._Stream``). It speaks

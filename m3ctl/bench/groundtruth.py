@@ -22,13 +22,13 @@ TTFT +0.3 ms over the injected 150 ms, against +3 ms with one unbounded burst pe
 
 Options mimic what matters in vLLM's stream (vllm/entrypoints/openai, 0.32): ``usage`` in a final
 chunk when ``stream_options.include_usage``; cumulative ``usage`` on every chunk when
-``continuous_usage_stats``; ``[DONE]`` at the end. Reasoning (shared/cases/field-failures.md F18):
+``continuous_usage_stats``; ``[DONE]`` at the end. Reasoning (F18, docs/sources.md#f18):
 the first ``reasoning_tokens`` tokens are streamed as ``delta.reasoning_content`` (``reasoning=stream``)
 or not streamed at all (``reasoning=hidden``), and ``usage.completion_tokens_details.reasoning_tokens``
 reports them. ``usage=off`` drops usage entirely. With ``ttft_ms == itl_ms == 0`` each response is
 one pre-rendered write (client-capacity benchmarks: the server is then as fast as it can be).
 
-Server-side state, for the checks that compare what was asked with what happened (issue 15):
+Server-side state, for the checks that compare what was asked with what happened:
 ``tokenizer`` (a model directory with ``tokenizer.json``) makes ``usage.prompt_tokens`` the prompt's real
 token count (chat: the messages in a small template, ``<|role|>content`` each, then ``<|assistant|>``) and
 serves vLLM's ``POST /tokenize`` and ``/detokenize``; ``prefix_cache_block`` > 0 adds a block-granular
@@ -37,7 +37,7 @@ served from cache) with its ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_
 in ``GET /metrics`` (served when ``metrics`` is on, also ``vllm:prompt_tokens_total``,
 ``vllm:generation_tokens_total`` and ``vllm:request_success_total``).
 
-Misbehaviours, one option each, for the bench validity checks (shared/cases/field-failures-2.md):
+Misbehaviours, one option each, for the bench validity checks (N12-N14 in docs/sources.md#n12):
 ``eos_at`` ends every answer after that many tokens with ``finish_reason: stop`` whatever ``ignore_eos``
 says (N14); ``prompt_tokens_scale`` inflates ``usage.prompt_tokens`` (a usage that does not count what was
 sent); ``spec_accept`` (per-position acceptance rates) exposes vLLM's speculative-decoding counters, one

@@ -1,7 +1,7 @@
 """Metric computation, identical in definition and key names to ``vllm bench serve``.
 
 Source: vllm/benchmarks/serve.py ``calculate_metrics`` and ``benchmark`` (vLLM 0.32),
-summarised in shared/reference/anchors-bench-tune.md section 1.3:
+summarised in docs/sources.md#benchmark-metric-definitions:
 
 - ``request_throughput = completed / duration``; ``output_throughput = sum(output) / duration``;
   ``total_token_throughput = (sum(input) + sum(output)) / duration`` (successful requests only).
@@ -207,7 +207,7 @@ def per_token_itl(outputs: Sequence[RequestOutput]) -> tuple[np.ndarray, str]:
     (chunks with no token, such as the chat role chunk, are skipped). Per request the samples
     sum to ``t_last_token - t_first_token`` and number ``OSL - k_first``: the tokens that came
     with the first one have no measurable gap (a large ``k_first`` means TTFT absorbed decode
-    time, e.g. hidden reasoning, shared/cases/field-failures.md F18).
+    time, e.g. hidden reasoning, F18 in docs/sources.md#f18).
 
     Token counts per chunk come from ``continuous_usage_stats`` (source ``"continuous_usage"``);
     without them a request's decode time is split evenly over its ``OSL - 1`` later tokens
@@ -245,14 +245,14 @@ def per_token_itl(outputs: Sequence[RequestOutput]) -> tuple[np.ndarray, str]:
 
 
 def interactivity(outputs: Sequence[RequestOutput], percentiles: Sequence[float]) -> dict:
-    """Tokens per second per user, in the three published definitions (shared/reference/anchors-bench-tune.md s.0.1).
+    """Tokens per second per user, in the three published definitions (docs/sources.md#benchmark-metric-definitions).
 
     - ``inferencex_1000_over_tpot``: ``1000 / <stat of TPOT ms>`` for each statistic
       (InferenceX utils/process_result.py; p99 is therefore the slow tail).
     - ``agentx_e2e_normalized``: ``1 / percentile_q(E2EL_i / OSL_i)`` (InferenceX
       utils/agentic/aggregation/request_metrics.py; includes TTFT; p90 is AgentX's Pareto x-axis).
     - ``aiperf_per_user``: statistics over requests of ``1 / TPOT_i`` (AIPerf "Output Token
-      Throughput Per User" = 1/ITL with AIPerf's ITL = vLLM's TPOT; docs/metrics-reference.md).
+      Throughput Per User" = 1/ITL with AIPerf's ITL = vLLM's TPOT; ai-dynamo/aiperf metrics-reference.md).
     Units: tokens/s. The two TPOT-based ones are None when no request has more than one output token, or when
     TPOT was not measured (:func:`unmeasured`: the streams arrived in bursts).
     """

@@ -338,7 +338,7 @@ def random_lengths(mean: int, range_ratio: float, n: int, rng: random.Random, co
     """Per-request lengths.
 
     Conventions (named explicitly because the same words mean different ranges;
-    shared/reference/anchors-bench-tune.md section 0.4):
+    docs/sources.md#benchmark-metric-definitions):
         ``vllm``: uniform integers in [floor(L(1-r)), ceil(L(1+r))], r in [0, 1).
         ``inferencex``: uniform integers in [floor(rL), L], r in (0, 1].
 

@@ -2,8 +2,8 @@
 
 A sweep file is ``{"m3ctl_schema_version": ..., "sweep": {"axis": "concurrency", "values": [...]},
 "runs": [<run result>, ...]}``; a single run is one result dict (a superset of ``vllm bench serve``
-``--save-result``). The Pareto chart follows InferenceX (shared/reference/anchors-bench-tune.md
-section 4.2): y = total tok/s per GPU, x = tok/s per user, frontier = points not dominated on both.
+``--save-result``). The Pareto chart follows InferenceX (https://github.com/SemiAnalysisAI/InferenceX-app/blob/main/docs/d3-charts.md,
+docs/sources.md#benchmark-metric-definitions): y = total tok/s per GPU, x = tok/s per user, frontier = points not dominated on both.
 Runs are drawn by validity class (:func:`validity_class`, :data:`RUN_STYLES`), in the tune's chart too.
 """
 

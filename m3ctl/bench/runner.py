@@ -5,11 +5,11 @@ Load model (as ``vllm bench serve``, vllm/benchmarks/serve.py): requests are sch
 ``burstiness`` and mean ``1/rate``, Poisson at burstiness 1) and at most ``--concurrency`` are
 in flight (closed loop). Each request's scheduled and send times are recorded; latency is
 reported both from send (vLLM's keys) and from schedule (``e2el_from_schedule``: coordinated
-omission, vllm issue #54101). With ``--duration`` the run stops issuing requests after that
+omission, https://github.com/vllm-project/vllm/issues/54101). With ``--duration`` the run stops issuing requests after that
 many seconds (the workload is cycled); in-flight requests finish and count. In duration mode a
 closed loop schedules each request when a lane frees (no client queue by construction).
 
-Fresh prompts (issue 15, shared/cases/field-failures-2.md N13): every run draws its prompt text with a new
+Fresh prompts (N13, docs/sources.md#n13): every run draws its prompt text with a new
 random salt (``workload.prompt_salt``; ``prompt_salt`` replays one), so a repeated run, each sweep level and
 each tune repeat sends prompts the server's prefix cache has never seen; the seed fixes only lengths, order
 and arrivals. The run's prefix-cache hit rate (``/metrics`` counter deltas, else ``usage`` cached tokens) is
@@ -1508,7 +1508,7 @@ def assemble(
 
 
 def prefix_cache_check(cfg: BenchConfig, res: dict, server: dict | None) -> tuple[dict, str | None]:
-    """Did the server's prefix cache serve more of the prompts than the workload means? (issue 15; N13)
+    """Did the server's prefix cache serve more of the prompts than the workload means? (N13, docs/sources.md#n13)
 
     Observed: the run's ``vllm:prefix_cache_hits_total / vllm:prefix_cache_queries_total`` deltas (tokens),
     else the responses' ``usage.prompt_tokens_details.cached_tokens`` over their prompt tokens. Intended:
@@ -1730,10 +1730,10 @@ SPEC_POS_DROP = 0.4
 def _asked_vs_happened(
     cfg: BenchConfig, ok: list[RequestOutput], res: dict, server: dict | None, reasons: list[str], warnings: list[str]
 ) -> dict:
-    """Validity checks that compare what the run asked for with what the server did (issue 15); they append
+    """Validity checks that compare what the run asked for with what the server did; they append
     to ``reasons`` (BENCH-INVALID) and ``warnings`` and return their result fields.
 
-    - outputs shorter than requested with ``ignore_eos`` (shared/cases/field-failures-2.md N14): invalid;
+    - outputs shorter than requested with ``ignore_eos`` (N14, docs/sources.md#n14): invalid;
     - a shared prefix (prefix-repetition, agentic) shorter than the server's KV-cache block, or a prefix
       workload with 0 % measured hits (N12): warning;
     - speculative acceptance per position (``/metrics``) collapsing after position 0 (N16): warning;

@@ -1,7 +1,7 @@
 """Server-side deltas from vLLM's Prometheus ``/metrics``, scraped before and after a run.
 
 Series (vLLM V1 metrics, https://docs.vllm.ai/en/latest/design/metrics.html and
-https://docs.vllm.ai/en/latest/usage/metrics.html; observed on vLLM 0.32 CPU, shared/reference/cpu-test-stack.md):
+https://docs.vllm.ai/en/latest/usage/metrics.html; observed on vLLM 0.32 CPU, docs/sources.md#cpu-endpoints-and-metrics):
 ``vllm:prefix_cache_hits_total`` / ``vllm:prefix_cache_queries_total`` (tokens),
 ``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_draft_tokens_total``,
 ``vllm:spec_decode_num_accepted_tokens_total``, ``vllm:num_preemptions_total``,

@@ -11,12 +11,12 @@
   length unless ``--output-len`` is forced; pairs with prompt or output < 4 tokens are skipped.
 - ``prefix-repetition``: N shared prefixes x M suffixes each, shuffled (vLLM's
   ``prefix_repetition`` dataset), for prefix-cache behaviour.
-- ``agentic``: multi-turn sessions (in the spirit of AgentX, shared/reference/anchors-bench-tune.md
-  section 4.4): one shared system prefix for all sessions, each turn appends the previous answer
+- ``agentic``: multi-turn sessions (in the spirit of AgentX,
+  docs/sources.md#benchmark-metric-definitions): one shared system prefix for all sessions, each turn appends the previous answer
   (the live one) and new user input, think time between turns; sessions run in concurrent lanes.
   Turns are produced on the fly by :class:`AgenticSession` since they depend on the answers.
 
-Fresh prompts (shared/cases/field-failures-2.md N13; issue 15): every generator takes a ``salt``. The seed
+Fresh prompts (N13, docs/sources.md#n13): every generator takes a ``salt``. The seed
 fixes the lengths, the order and the arrival schedule; the salt fixes the prompt *text*. A run with a new
 salt sends prompts no server has seen (a prefix cache cannot serve them), with the same lengths as any
 other run of that seed; the reuse a workload means (prefix-repetition's shared prefixes, the agentic
@@ -184,7 +184,7 @@ def prefix_repetition_workload(
     Returns:
         ``(requests, expected_prefix_hit)``: the fraction of input tokens a perfect prefix cache
         would serve (every use of a prefix after its first). With ``block_size`` (the server's KV-cache block,
-        tokens) the prefix counts in whole blocks only, as vLLM caches them (vllm issue #53749; a prefix
+        tokens) the prefix counts in whole blocks only, as vLLM caches them (https://github.com/vllm-project/vllm/issues/53749; a prefix
         shorter than one block can never hit).
     """
     if num_prefixes < 1 or num_prefixes > n:

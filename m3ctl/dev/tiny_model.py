@@ -9,7 +9,7 @@ files. Takes a few seconds on 2 CPU cores.
 Architectures:
 - ``minimax-m2`` (default): ``MiniMaxM2ForCausalLM``, MoE (4 experts, top-2), qk-norm,
   partial RoPE, with ``scoring_func: softmax`` because vLLM's CPU MoE router rejects the
-  real checkpoints' sigmoid (shared/reference/cpu-test-stack.md section 3).
+  real checkpoints' sigmoid (docs/sources.md#cpu-tiny-moe).
 - ``llama``: ``LlamaForCausalLM``, dense.
 - ``minimax-m3``: config only (no weights): a tiny ``MiniMaxM3SparseForConditionalGeneration`` (MSA,
   MoE) built from transformers' ``MiniMaxM3VLConfig`` with shrunken dimensions, for GPU tests with
@@ -187,7 +187,7 @@ def _config(spec: TinyModelSpec, tokenizer):
         cfg.use_qk_norm = True
         cfg.qk_norm_type = "per_layer"
         cfg.use_routing_bias = True
-        cfg.scoring_func = "softmax"  # vLLM CPU router: softmax only (cpu-test-stack.md section 3)
+        cfg.scoring_func = "softmax"  # vLLM CPU router: softmax only (docs/sources.md#cpu-tiny-moe)
         return cfg, transformers.MiniMaxM2ForCausalLM
     raise BadInput(f"unknown tiny-model architecture {spec.arch!r}", f"choose one of: {', '.join(ARCHITECTURES)}")
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    vllm serve --help=all > help.txt        # or shared/reference/vllm-0.32-serve-help.txt
+    vllm serve --help=all > help.txt        # vLLM 0.32.0: https://docs.vllm.ai/en/v0.32.0/cli/serve/
     python -m m3ctl.dev.vllm_flags help.txt 0.32.0 > m3ctl/data/vllm_serve_flags.yaml
 
 Each option line of argparse's help (two spaces, then ``-``) gives the option strings and the metavar,

@@ -16,7 +16,7 @@ Sources:
 - nvidia-smi query format: ``nvidia-smi --help-query-gpu``; ``nvidia-smi -q -x`` (nvsmi_device_v13.dtd);
   ``nvidia-smi topo -m`` legend (NV#, PIX, PXB, PHB, NODE, SYS); captures in tests/fixtures/nvidia-h200x2/.
 - amdsmi import behaviour without libamd_smi.so (raises KeyError, prints to stdout):
-  shared/reference/cpu-test-stack.md section 5. AMD fallback order: shared/cases/field-failures.md F04.
+  docs/sources.md#cpu-gpu-libraries-without-gpus. AMD fallback order: F04, docs/sources.md#f04.
 - KFD topology: /sys/class/kfd/kfd/topology/nodes/*/properties, ``gfx_target_version``
   encodes gfx942 as 90402 (https://github.com/ROCm/ROCR-Runtime, topology.c); io_links type 11 = XGMI,
   2 = PCIe (linux drivers/gpu/drm/amd/amdkfd/kfd_crat.h CRAT_IOLINK_TYPE_*).

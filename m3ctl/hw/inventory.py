@@ -3,7 +3,7 @@
 An inventory can be saved to JSON on a GPU node and evaluated anywhere else
 (``m3ctl doctor --inventory FILE``). Files carry ``schema_version``:
 
-- 1 (m3ctl 0.1, issue 2): no ``schema_version`` key; GPU list, driver, CUDA, shm, visible devices.
+- 1 (m3ctl 0.1): no ``schema_version`` key; GPU list, driver, CUDA, shm, visible devices.
 - 2 (this version): adds MIG devices, links, fabric manager, driver/library versions, CPU/NUMA,
   disk at the model cache, HF env, container engine. Every new field has a default, so a
   version-1 file still loads; a file newer than :data:`INVENTORY_SCHEMA` is refused with a clear

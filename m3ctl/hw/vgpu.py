@@ -5,8 +5,8 @@ the frame buffer in GB and the series letter, e.g. ``NVIDIA H200-141C`` (C: comp
 (Q: virtual workstation), ``GRID A100-40C``; MIG-backed profiles add the slice, ``NVIDIA H100XM-1-10C``.
 Source: NVIDIA Virtual GPU Software User Guide, "Virtual GPU Types" (naming convention
 ``<board>-<framebuffer><series>``), https://docs.nvidia.com/vgpu/latest/grid-vgpu-user-guide/index.html.
-On such GPUs peer-to-peer access and vLLM's custom all-reduce are not validated (vllm#50557, N02 in
-shared/cases/field-failures-2.md).
+On such GPUs peer-to-peer access and vLLM's custom all-reduce are not validated (N02 in docs/sources.md#n02:
+https://github.com/vllm-project/vllm/issues/50557).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ What :func:`container_spec` sets, and why (one :class:`~m3ctl.launch.DockerRun`,
 - NVIDIA: a device request (driver ``nvidia``, capability ``gpu``) for the plan's GPUs by UUID or index
   (``--gpus device=...``, https://docs.docker.com/engine/containers/resource_constraints/#gpu);
   ``CUDA_VISIBLE_DEVICES`` is dropped inside (the runtime already restricts the devices; a UUID there crashes
-  older vLLM, shared/cases/field-failures.md F02).
+  older vLLM, F02 in docs/sources.md#f02).
 - AMD: devices ``/dev/kfd`` and ``/dev/dri`` and ``seccomp=unconfined``
   (https://rocm.docs.amd.com/projects/install-on-linux/en/latest/how-to/docker.html), group ``video``
   (https://docs.vllm.ai/en/latest/deployment/docker.html, ROCm section); a GPU selection becomes

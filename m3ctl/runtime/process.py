@@ -2,7 +2,7 @@
 
 Works for a bare-metal GPU host and for the CPU stack. Stop sends SIGTERM to the API
 server process first (it brings down EngineCore and workers cleanly in under a second,
-shared/reference/cpu-test-stack.md "Clean shutdown"), then SIGTERM/SIGKILL to whatever
+docs/sources.md#cpu-clean-shutdown), then SIGTERM/SIGKILL to whatever
 of the process tree remains after the timeout. Every process of the server carries
 :data:`~m3ctl.state.MARKER_ENV` in its environment (inherited by all children), so stop also
 ends those that left the process group, and finds the server when its record is unreadable.

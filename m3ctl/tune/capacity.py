@@ -1,4 +1,4 @@
-"""The capacity rule: when a load level holds an SLO, and what a configuration's capacity is (issue 25).
+"""The capacity rule: when a load level holds an SLO, and what a configuration's capacity is.
 
 One rule, shared by every user: the tune (m3ctl.tune.search ``measure_level`` and the bisection built on it),
 the clean grid script (scripts/gpu/scale_grid.py) and ``m3ctl bench --slo`` sweeps (:func:`sweep_capacity`).

@@ -1,4 +1,4 @@
-"""What a study recommends (issue 25 item 3): the tuned configuration, vLLM's defaults, or nothing.
+"""What a study recommends: the tuned configuration, vLLM's defaults, or nothing.
 
 A study never recommends a loser:
 

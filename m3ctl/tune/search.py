@@ -2,7 +2,7 @@
 SLO; across configurations a complete-poll pattern search around the incumbent, then an optuna TPE study with a
 feasibility constraint, a stall stop, and a confirmation rung.
 
-Algorithm (shared/reference/anchors-bench-tune.md section 8, reduced to what runs without a model prior):
+Algorithm (docs/sources.md#tune-algorithm, reduced to what runs without a model prior):
 
 1. Every candidate first goes through :func:`m3ctl.plan.plan` and its named rules; a rejected candidate
    is an infeasible trial (constraint violated, value 0) recorded with the rule and never launched.
@@ -56,7 +56,7 @@ both counted across resumes (a trial's cost includes its boundary repeats); a st
 cost of the trials so far would overrun the time budget. State lives in an optuna SQLite study plus one folder
 per trial.
 
-Resume keeps what was measured (issue 15): every finished bench run of a trial is saved with its optuna
+Resume keeps what was measured: every finished bench run of a trial is saved with its optuna
 trial as it completes (user attribute ``partial``), and each event refreshes the trial's cost and the
 study's wall time. A trial killed (SIGKILL, Ctrl-C) after a run is *recovered* on resume from those runs
 (its bisection ends where the kill stopped it) instead of launched again; one killed before any run counts

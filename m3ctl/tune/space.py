@@ -3,7 +3,7 @@ user pins/narrowing, and the mapping of one candidate to :func:`m3ctl.plan.plan`
 
 Every knob is a restart knob (changing it needs a new server); concurrency is the in-server load
 knob and is bisected per configuration (:mod:`m3ctl.tune.search`). Default ranges follow
-shared/reference/anchors-bench-tune.md section 8 ("Outer (restart) knobs"); a knob whose feature the
+the outer (restart) knobs of docs/sources.md#tune-algorithm; a knob whose feature the
 profile does not support (``supports.dcp``/``dbo``/``ep``, ``spec_methods``) is pinned off, and the
 planning rules (m3ctl/assess/rules.py) reject any remaining illegal combination before launch.
 """
@@ -21,7 +21,7 @@ from m3ctl.errors import BadInput
 
 #: Knob name -> plan() keyword. Order is the display order.
 KNOBS = ("tp", "dp", "dcp", "ep", "dbo", "spec_depth", "max_num_seqs", "max_num_batched_tokens", "kv_cache_dtype")
-#: Knob -> vllm serve flag it sets (shared/reference/vllm-0.32-serve-help.txt).
+#: Knob -> vllm serve flag it sets (m3ctl/data/vllm_serve_flags.yaml, vLLM 0.32.0).
 FLAGS = {
     "tp": "tensor-parallel-size",
     "dp": "data-parallel-size",
@@ -57,7 +57,7 @@ class Space:
         return n
 
     def anchor(self) -> dict[str, Any]:
-        """The first configuration to measure (anchors-bench-tune.md section 8: start from a reference so the
+        """The first configuration to measure (docs/sources.md#tune-algorithm: start from a reference so the
         search is never worse than it): speculation off, the largest batch limits and TP in range (vLLM's own
         defaults are at or above them: max-num-seqs 256, max-num-batched-tokens 8192 on GPUs), the first value
         of every other knob."""
@@ -108,9 +108,9 @@ def default_space(
 
     A DSpark drafter is searched at 0 and its trained ``drafter_block_size`` only (other depths are rejected or
     collapse acceptance: rule spec.dspark_depth). Batching ranges: CPU hosts {2,4,8,16} sequences x {256,512,2048} tokens (the tiny-model regime,
-    shared/reference/cpu-test-stack.md); GPU hosts {64,128,256,512} x {2048,8192,16384} around vLLM's
+    docs/sources.md#measured-on-the-projects-cpu-machine); GPU hosts {64,128,256,512} x {2048,8192,16384} around vLLM's
     defaults (``vllm serve --help``: max-num-seqs 256 on GPUs, max-num-batched-tokens 8192 for the
-    OpenAI server; shared/reference/vllm-0.32-serve-help.txt).
+    OpenAI server; https://docs.vllm.ai/en/v0.32.0/cli/serve/).
     """
     sup = profile.supports
     tps = _pow2_upto(n_gpus) if n_gpus > 1 else [1]
@@ -202,10 +202,10 @@ def apply_pins(space: Space, specs: list[str]) -> Space:
 
 def prune_dominated(space: Space, ladder: list[int]) -> tuple[Space, list[str]]:
     """Drop knob values that cannot change a measurement on this ladder (analytic pruning before launch,
-    anchors-bench-tune.md section 8 step 1: "max-num-seqs is set to just cover the chosen C").
+    docs/sources.md#tune-algorithm: max-num-seqs is set to just cover the chosen C).
 
     max-num-seqs caps the requests the scheduler runs at once (vLLM ``--max-num-seqs``: "Maximum number of
-    sequences to be processed in a single iteration", shared/reference/vllm-0.32-serve-help.txt); a bench run
+    sequences to be processed in a single iteration", https://docs.vllm.ai/en/v0.32.0/cli/serve/); a bench run
     at concurrency C never has more than C requests in flight (each request is one sequence; speculative
     tokens count against max-num-batched-tokens, not sequences). So every value at or above the largest
     ladder concurrency behaves like the smallest such value; only that one is kept. A knob the user pinned

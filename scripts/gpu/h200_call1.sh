@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # H200 evidence, call 1 (nvidia-h200-x2, about 7 min): doctor, plan, serve/bench/stop of a tiny MiniMax-M2 through
 # m3ctl's process runtime, `vllm bench serve` side by side, and a tiny MiniMax-M3 (MSA) with dummy weights.
-# Run from the repo root on the GPU host with the offline vLLM bundle in .bundle (shared/gpu-vllm/build-bundle.sh).
+# Run from the repo root on the GPU host with the offline vLLM bundle in .bundle (docs/sources.md#h200-the-offline-vllm-bundle).
 set -u
 R=$OUT/r; mkdir -p "$R"
 exec > >(tee "$OUT/run1.log") 2>&1

@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# H200 evidence for issues #22/#23, call 1 (nvidia-h200, one GPU): the MiniMax-M3 scale model
+# H200 evidence for docs/results/h200-m3.md, call 1 (nvidia-h200, one GPU): the MiniMax-M3 scale model
 # (`m3ctl dev scale-model --arch minimax-m3 --layers 2 --quant bf16`, real per-layer shapes, dummy weights)
-# served through m3ctl as it stood before #22 (its smoke sends short prompts only), then:
+# served through m3ctl as it stood before the long-prompt smoke (its smoke sends short prompts only), then:
 #   A  one prompt of LONG token ids (beyond one 128-token MSA block) -> the engine's log as it dies
 #   B  the same with CUDA_LAUNCH_BLOCKING=1 (the faulting kernel's own frame)
 #   C  dense attention on the same checkpoint (--hf-overrides, every layer's sparse_attention_freq 0), a 4096-in
 #      bench at concurrency 16
-# Carry .bundle (scripts: ../shared/gpu-vllm/build-bundle.sh, WITH_EXTRAS=0) and .whl (orjson, psutil, docker).
+# Carry .bundle (docs/sources.md#h200-the-offline-vllm-bundle, WITH_EXTRAS=0) and .whl (orjson, psutil, docker).
 # m3ctl runs from the working tree. Everything lands in $OUT (logs as log-*.txt).
 set -u
 exec > >(tee "$OUT/call.log") 2>&1

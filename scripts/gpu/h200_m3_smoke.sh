@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
-# H200 evidence for issues #22/#23 after the workload smoke (nvidia-h200, one GPU; vLLM 0.26 bundle):
+# H200 evidence for docs/results/h200-m3.md after the workload smoke (nvidia-h200, one GPU; vLLM 0.26 bundle):
 #   h200_m3_smoke.sh fail   MiniMax-M3 scale models (real per-layer shapes, dummy weights) through `m3ctl serve`:
 #                           NVFP4 x 8 layers and BF16 x 2 layers. The smoke's long prompt must kill the MSA path
 #                           and serve must exit 4 naming MSA sparse attention, with nothing left running.
 #   h200_m3_smoke.sh ready  the same BF16 x 2 model with `--attention dense` (the fallback on request) and the
 #                           MiniMax-M2 scale model (16 layers, FP8): both must come up ready with the full smoke; the
 #                           smoke's duration is in the JSON events (serve --json).
-# Carry .bundle (../shared/gpu-vllm/build-bundle.sh, WITH_EXTRAS=0) and .whl (orjson, psutil, docker wheels).
+# Carry .bundle (docs/sources.md#h200-the-offline-vllm-bundle, WITH_EXTRAS=0) and .whl (orjson, psutil, docker wheels).
 # m3ctl runs from the working tree. Outputs under $OUT: call.log, serve-*.jsonl, log-*.txt, status-*.txt.
 set -u
 exec > >(tee "$OUT/call.log") 2>&1

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# H200 evidence for issue #15 (nvidia-h200, one GPU): the MiniMax-M2-shaped scale model (`m3ctl dev scale-model`,
+# H200 evidence for docs/results/h200-scale.md (nvidia-h200, one GPU): the MiniMax-M2-shaped scale model (`m3ctl dev scale-model`,
 # 16 of 62 layers, FP8 128x128 blocks, 256 experts top-8, dummy weights) served through m3ctl, long prompts
 # (4096 in / 256 out), every bench run on fresh prompts (its own seed), warmed at each load level.
 #
@@ -10,10 +10,10 @@
 #   tune B        `m3ctl tune` over the same knobs (new study, or `--resume` of .study/study.tgz) with time budget B
 #                 (cumulative wall seconds over resumes; baseline on, --confirm-top $CONFIRM, --max-trials $TRIALS);
 #   pair B CFG... both at once on an nvidia-h200-x2: the tune on GPU 0, the grid on GPU 1 (own HOME and state dir);
-#                 TUNE_KNOBS replaces the knob pins (e.g. for issue #18 on 2-8 GPUs:
+#                 TUNE_KNOBS replaces the knob pins (e.g. for a multi-GPU study on 2-8 GPUs:
 #                 TUNE_KNOBS="--knob tp=1,2,4,8 --knob dp=1,2 --knob ep=false,true --knob spec_depth=0,3")
 #   plans N...    doctor, then plan at each TP N (EP where the rules ask for it), saved as JSON: what m3ctl predicts
-#                 (layout, KV capacity) before a multi-GPU serve (issue #18)
+#                 (layout, KV capacity) before a multi-GPU serve
 #
 # CFG is NAME=FLAGS with m3ctl serve flags joined by '+', e.g. mbt2048=--max-num-batched-tokens+2048; "defaults="
 # is vLLM's defaults; vLLM flags go after a '--' token (seqs128=--+--max-num-seqs+128). m3ctl runs from .snap (git archive of the commit under test); carry .bundle .whl .snap

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 25 item 1, H200 call 3: what fills the ~20 s between the API server's last config line and the engine-core
+# docs/results/h200-starts.md, H200 call 3: what fills the ~20 s between the API server's last config line and the engine-core
 # process's first line, and the API server's ~20 s of imports. One start of the M2 scale model with vLLM's DEBUG
 # log (the study's cache root and capture bound), and python -X importtime of the API server module. Carry .bundle .whl.
 set -u

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 25 item 1, H200 call 1: where a trial server's start goes, and what the study's start measures
+# docs/results/h200-starts.md, H200 call 1: where a trial server's start goes, and what the study's start measures
 # (m3ctl/tune/startup.py) take off it. The MiniMax-M2 scale model (16 layers, FP8, dummy weights), each start through
 # `m3ctl serve --smoke quick` (what a tune trial runs), then stopped; the server logs come back for
 # m3ctl.tune.startup.start_breakdown. Carry .bundle .whl.

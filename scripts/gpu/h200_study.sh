@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 25, H200 calls 2-3: `m3ctl tune` of the MiniMax-M2 scale model (16 layers, FP8, dummy weights) with the
+# docs/results/h200-starts.md, H200 calls 2-3: `m3ctl tune` of the MiniMax-M2 scale model (16 layers, FP8, dummy weights) with the
 # study's start measures on (one compile cache per study and model, CUDA-graph capture bounded by the ladder), GPU
 # energy per bench run (NVML), the shared capacity rule and the never-a-loser choice. Fresh prompts every run.
 # The study travels between calls as .study/study.tgz (carry .study): the first call starts it, the next --resume-s

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 25, session 11: the H200 study of >= 8 configurations of the MiniMax-M2 scale model (16 layers, FP8, dummy
+# docs/results/h200-study4.md (session 11): the H200 study of >= 8 configurations of the MiniMax-M2 scale model (16 layers, FP8, dummy
 # weights) with every start measure on: one compile cache per study and model, CUDA-graph capture bounded by the
 # ladder, the engine-core process forked, and a prewarmed server process per trial (m3ctl/runtime/prewarm.py).
 # Fresh prompts every run; GPU energy per run (NVML); the shared capacity rule; the never-a-loser choice.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The clean grid of issue #15 item 5: what the tune's capacity is checked against.
+"""The clean grid (docs/results/h200-scale.md): what the tune's capacity is checked against.
 
 For each configuration ``NAME=FLAGS`` (m3ctl serve flags joined by '+', then raw vLLM flags after a '--' token,
 e.g. ``spec3=--spec-depth+3``, ``seqs128=--+--max-num-seqs+128``; ``defaults=`` for vLLM's defaults):
