@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 25, session 12: study4 again (scripts/gpu/h200_study4.sh) with the start measure added since, one Inductor
+# Session 12 (docs/results/h200-study5.md): study4 again (scripts/gpu/h200_study4.sh) with the start measure added since, one Inductor
 # kernel cache across compile keys (m3ctl/tune/startup.py kernel_cache_env), the spread-aware capacity rule, and
 # 4 prompts per concurrency (4 waves per run) in both the tune and the grid. The MiniMax-M2 scale model (16 layers,
 # FP8, dummy weights) with every start measure on: one compile cache per study and model, one kernel cache, CUDA-graph
