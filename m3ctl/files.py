@@ -19,6 +19,7 @@ import os
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from m3ctl.errors import EXIT_NOT_SAVED, BadInput, M3Error
 
@@ -48,12 +49,16 @@ class WriteFailed(M3Error):
         path: the file that was not written.
         nbytes: the bytes the write needed.
         errno: the OSError's errno (``errno.ENOSPC``...).
+        document: the result that was not saved, for the caller to show or save elsewhere (None: not attached).
+        others: further files of the same save that failed too.
     """
 
     exit_code = EXIT_NOT_SAVED
 
     def __init__(self, path: Path, nbytes: int, err: OSError, hint: str | None = None):
         self.path, self.nbytes, self.errno, self.cause = Path(path), nbytes, err.errno, cause(err)
+        self.document: dict[str, Any] | None = None
+        self.others: list[WriteFailed] = []
         super().__init__(
             f"{self.cause} writing {path} ({nbytes:,} bytes needed)",
             hint or "free space or choose another path, then rerun",

@@ -157,11 +157,11 @@ def ensure(argv0: str, env: dict[str, str], registry: Registry, prefix: str, kee
         mine = [w for w in _WAITING if w.key == key]
         while len(mine) < keep:
             name = f"{prefix}{os.getpid()}-{next(_SEQ)}"
-            w = _spawn(argv0, env, registry, name, key)
-            if isinstance(w, str):
-                return f"no prewarmed process: {w}"
-            _WAITING.append(w)
-            mine.append(w)
+            spawned = _spawn(argv0, env, registry, name, key)
+            if isinstance(spawned, str):
+                return f"no prewarmed process: {spawned}"
+            _WAITING.append(spawned)
+            mine.append(spawned)
     return f"{len(mine)} prewarmed process(es) waiting"
 
 

@@ -192,7 +192,7 @@ class ServerEvaluator:
             return "off (--no-fast-starts): every trial starts as `m3ctl serve` would"
         p = self.plan(cand)
         _, note = self._capture_bound(p, p.argv)
-        inherited = {} if p.runtime == "docker" else None
+        inherited: dict[str, str] | None = {} if p.runtime == "docker" else None
         fork = startup.engine_process_env(p.env, inherited)
         engine = "engine-core process forked" if fork else "engine-core start method left to the environment"
         kc = startup.kernel_cache_env(self.cache_root, p.env, inherited)
@@ -215,7 +215,7 @@ class ServerEvaluator:
         (bind-mounted at the same path for the docker runtime) and the CUDA-graph capture bound of the ladder.
         Measurement-only, like the JIT-monitor flag: the tuned command and profile.yaml come from plan()."""
         flags, _ = self._capture_bound(p, argv)
-        inherited = {} if p.runtime == "docker" else None
+        inherited: dict[str, str] | None = {} if p.runtime == "docker" else None
         env = {**p.env, **startup.cache_env(self.cache_root)}
         env.update(startup.kernel_cache_env(self.cache_root, env, inherited))
         env.update(startup.engine_process_env(env, inherited))

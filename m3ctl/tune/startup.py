@@ -181,7 +181,7 @@ def start_breakdown(
         for j in range(i, len(lines)):
             if stamps[j] is None or not (m := rx.search(lines[j])):
                 continue
-            ts = stamps[j] - shift
+            ts = (stamps[j] or 0.0) - shift
             if prev is not None:
                 out.phases.append((mk.phase, round(max(0.0, ts - prev), 2)))
             if "s" in rx.groupindex and m["s"]:
