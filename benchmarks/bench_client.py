@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Client overhead and capacity: m3ctl bench vs `vllm bench serve` against the ground-truth SSE server.
 
-Part 1 (capacity): the ground-truth server (m3ctl/bench/groundtruth.py, a test instrument, not vLLM)
+Part 1 (capacity): the ground-truth server (m3ctl/loadgen/groundtruth.py, a test instrument, not vLLM)
 streams with no injected delay, so the client is the bottleneck. Each client runs pinned to one core
 (``taskset -c CLIENT_CORE``), the server to another; the script prints the sustained requests/s
 and streamed tokens/s of m3ctl and of `vllm bench serve` (same workload: completions,
@@ -32,7 +32,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from m3ctl.bench.groundtruth import cpu_stall_s
+from m3ctl.loadgen.groundtruth import cpu_stall_s
 
 PY = sys.executable
 
@@ -51,7 +51,7 @@ def start_server(core: int, ttft_ms: float, itl_ms: float, tokens_per_chunk: int
         str(core),
         PY,
         "-m",
-        "m3ctl.bench.groundtruth",
+        "m3ctl.loadgen.groundtruth",
         "--port",
         str(port),
         "--ttft-ms",
@@ -94,7 +94,7 @@ def run_m3ctl(
     http: str = "fast",
 ) -> dict:
     code = (
-        "import json,sys; from m3ctl.bench.runner import BenchConfig, run_bench; "
+        "import json,sys; from m3ctl.loadgen.runner import BenchConfig, run_bench; "
         f"r = run_bench(BenchConfig(url={url!r}, model='groundtruth', num_prompts={n}, concurrency={conc}, "
         f"input_len=16, output_len={osl}, tokenizer={tok!r}, client_procs={procs}, num_warmups={warmups}, "
         f"scrape_server_metrics=False, per_request=True, continuous_usage={continuous}, http_client={http!r})); "
@@ -213,7 +213,7 @@ def capacity(args, tmp: Path) -> None:
 
 
 def timing(args, tmp: Path) -> None:
-    ttft, itl, osl = 150.0, 15.0, 30  # as tests/test_bench_groundtruth.py::test_timings_match_injected_values
+    ttft, itl, osl = 150.0, 15.0, 30  # as tests/loadgen/test_bench_groundtruth.py::test_timings_match_injected_values
     e2e = ttft + (osl - 1) * itl
     print(
         f"\n== timing error: injected TTFT {ttft} ms, ITL {itl} ms, {osl} tokens; E2E = {e2e} ms "

@@ -108,7 +108,7 @@ def bare_docker(plan, client, mounts) -> dict:
 
 
 def m3ctl_run(plan, runtime, registry) -> dict:
-    from m3ctl.serve import launch_and_wait, stop
+    from m3ctl.serving.serve import launch_and_wait, stop
 
     probe = FirstAnswer(plan.url, plan.served_model_name)
     launched: list[float] = []
@@ -135,10 +135,10 @@ def main() -> None:
     a = ap.parse_args()
 
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import PlanRequest
-    from m3ctl.plan import plan as make_plan
+    from m3ctl.planning.plan import PlanRequest
+    from m3ctl.planning.plan import plan as make_plan
     from m3ctl.runtime import get_runtime
-    from m3ctl.state import Registry
+    from m3ctl.serving.state import Registry
 
     tmp = Path(tempfile.mkdtemp(prefix="m3ttr-"))
     model = a.model

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a tune trial's server start goes, and what the study's start measures take off it (docs/results/h200-starts.md).
 
-Prints, from vLLM's own logs (m3ctl.tune.startup.start_breakdown):
+Prints, from vLLM's own logs (m3ctl.tuning.startup.start_breakdown):
 
 1. the five H200 starts of the MiniMax-M2 scale model recorded by scripts/gpu/h200_starts.sh (or ``--logs``):
    A cold with vLLM's defaults, B the same warm, C the study's cache root + capture bound (cold), D the same warm,
@@ -35,7 +35,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from m3ctl.tune.startup import start_breakdown
+from m3ctl.tuning.startup import start_breakdown
 
 FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "h200x1-real"
 TAGS = {

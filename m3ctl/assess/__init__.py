@@ -7,5 +7,5 @@
 - :mod:`m3ctl.assess.request`: the typed :class:`~m3ctl.assess.request.PlanRequest` and its precedence.
 - :mod:`m3ctl.assess.image`: facts of a serving image from its labels/env.
 
-:func:`m3ctl.plan.plan` is assess + render; doctor's verdict, serve and tune are views of it.
+:func:`m3ctl.planning.plan.plan` is assess + render; doctor's verdict, serve and tune are views of it.
 """

@@ -152,8 +152,8 @@ def _quant(q: dict) -> tuple[list[int] | None, str | None, int | None, str | Non
 
 def hub_config_dir(repo_id: str, environ: dict[str, str] | None = None) -> Path | None:
     """The HF-cache snapshot directory of hub model ``repo_id`` (revision ``main``) when it holds a config.json;
-    None when the id is not cached (nothing is downloaded). Cache layout: :func:`m3ctl.offline.snapshot_dir`."""
-    from m3ctl.offline import snapshot_dir  # noqa: PLC0415
+    None when the id is not cached (nothing is downloaded). Cache layout: :func:`m3ctl.serving.offline.snapshot_dir`."""
+    from m3ctl.serving.offline import snapshot_dir  # noqa: PLC0415
 
     if repo_id.count("/") != 1 or repo_id.startswith(("/", ".", "~")):
         return None

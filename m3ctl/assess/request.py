@@ -52,7 +52,7 @@ class PlanRequest(BaseModel):
             planner searches the others (:mod:`m3ctl.assess.search`).
         gpus: the GPUs the server runs on, as physical indices (``nvidia-smi`` / ``amd-smi`` numbering), e.g. ``[2, 3]``;
             None: the visible GPUs in order. The planner plans for those GPUs only and sets the server's visible
-            devices (:func:`m3ctl.plan.plan`); tune's parallel trials use it (m3ctl/tune/schedule.py). Not a CLI flag.
+            devices (:func:`m3ctl.planning.plan.plan`); tune's parallel trials use it (m3ctl/tuning/schedule.py). Not a CLI flag.
         spec_depth, spec_method, draft_tp: speculative decoding (depth 0 = off).
         kv_cache_dtype, max_model_len (tokens), max_num_seqs, max_num_batched_tokens: typed vLLM flags.
         attention: ``dense`` serves an MSA model with dense attention on every layer (the opt-in fallback of a
@@ -117,8 +117,8 @@ class PlanRequest(BaseModel):
     @field_validator("args")
     @classmethod
     def _vllm_values(cls, v: dict[str, Any]) -> dict[str, Any]:
-        """Values of size flags read as vLLM reads them (m3ctl.vllm_values; BadInput, one line, on a bad one)."""
-        from m3ctl.vllm_values import check_args  # noqa: PLC0415
+        """Values of size flags read as vLLM reads them (m3ctl.planning.vllm_values; BadInput, one line, on a bad one)."""
+        from m3ctl.planning.vllm_values import check_args  # noqa: PLC0415
 
         check_args(v)
         return v
@@ -135,8 +135,8 @@ class PlanRequest(BaseModel):
 
     def public(self) -> dict[str, Any]:
         """JSON of the fields set (defaults left out) with secret-looking env values, arg values and raw tokens
-        masked (m3ctl.secrets): what plan --json, doctor --json and the registry may show."""
-        from m3ctl.secrets import MASK, is_secret_name, redact_env, redact_raw, secret_flag  # noqa: PLC0415
+        masked (m3ctl.core.secrets): what plan --json, doctor --json and the registry may show."""
+        from m3ctl.core.secrets import MASK, is_secret_name, redact_env, redact_raw, secret_flag  # noqa: PLC0415
 
         out = self.model_dump(mode="json", exclude_defaults=True)
         if "env" in out:
@@ -177,7 +177,7 @@ def load_request(path: str | Path) -> PlanRequest:
         BadInput: unreadable file, invalid YAML, or an unknown key (with a "did you mean").
     """
     from m3ctl.catalog import _explain  # noqa: PLC0415
-    from m3ctl.files import read_user_text  # noqa: PLC0415
+    from m3ctl.core.files import read_user_text  # noqa: PLC0415
 
     p = Path(path)
     text = read_user_text(p, "config")  # BadInput: missing, a directory, unreadable, not UTF-8
@@ -194,7 +194,7 @@ def load_request(path: str | Path) -> PlanRequest:
 
 
 #: Environment variables for the options people set per machine -> the PlanRequest field each sets.
-#: (Read where they are used: M3CTL_STATE_DIR by m3ctl.state.state_dir, M3CTL_CATALOG_DIR by m3ctl.catalog.)
+#: (Read where they are used: M3CTL_STATE_DIR by m3ctl.serving.state.state_dir, M3CTL_CATALOG_DIR by m3ctl.catalog.)
 ENV_FIELDS = {"M3CTL_MODEL": "model", "M3CTL_PORT": "port"}
 #: Every ``M3CTL_`` variable m3ctl reads; any other is reported by :func:`unknown_env` (a typo would be ignored).
 KNOWN_ENV = frozenset(

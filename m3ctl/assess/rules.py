@@ -631,7 +631,7 @@ def _pp(c: PlanContext) -> Finding | None:
     m3ctl/data/vllm_engine.yaml ``pp_architectures``) and at least one decoder layer per stage."""
     if c.pp <= 1:
         return None
-    from m3ctl.vllm_args import engine_facts  # noqa: PLC0415
+    from m3ctl.planning.vllm_args import engine_facts  # noqa: PLC0415
 
     eng = engine_facts(c.engine_version)
     archs = c.facts.architectures or (c.spec.architectures if c.spec else [])
@@ -1175,7 +1175,7 @@ def _env(c: PlanContext) -> Finding | None:
 
 @rule("flags.boolean_spelling")
 def _bool(c: PlanContext) -> Finding | None:
-    from m3ctl.vllm_args import flag_table  # noqa: PLC0415
+    from m3ctl.planning.vllm_args import flag_table  # noqa: PLC0415
 
     flags = flag_table().flags
     for k in c.args:
@@ -1250,7 +1250,7 @@ def _flag_values(c: PlanContext) -> Finding | None:
     config flags that must be JSON objects (``--compilation-config 3`` is refused), bounds and choices of their
     keys (``num_speculative_tokens`` > 0), attention backend names, and the backend's kind against the model's
     attention (an MLA backend for an MSA/GQA model is refused)."""
-    from m3ctl.vllm_args import engine_facts  # noqa: PLC0415
+    from m3ctl.planning.vllm_args import engine_facts  # noqa: PLC0415
 
     e = engine_facts(c.engine_version)
     src = f"vLLM {e.vllm_version} {{}} (m3ctl/data/vllm_engine.yaml, generated from vLLM's source)"
@@ -1338,7 +1338,7 @@ def _max_len(c: PlanContext) -> Finding | None:
 
 @rule("flags.unknown")
 def _unknown_flag(c: PlanContext) -> Finding | None:
-    from m3ctl.vllm_args import flag_table, suggest_flag, unknown_flags  # noqa: PLC0415
+    from m3ctl.planning.vllm_args import flag_table, suggest_flag, unknown_flags  # noqa: PLC0415
 
     bad = unknown_flags(list(c.args))
     if bad:
@@ -1354,7 +1354,7 @@ def _unknown_flag(c: PlanContext) -> Finding | None:
 
 @rule("flags.choices")
 def _flag_choice(c: PlanContext) -> Finding | None:
-    from m3ctl.vllm_args import flag_table  # noqa: PLC0415
+    from m3ctl.planning.vllm_args import flag_table  # noqa: PLC0415
 
     t = flag_table()
     for k, v in c.args.items():

@@ -1,6 +1,6 @@
 """The layout search: for a model on a host, which parallel layout to launch (plan, serve, doctor, sizing).
 
-The planner (:func:`m3ctl.plan.plan`) calls :func:`search` when a GPU launch leaves any of TP, PP, DP, DCP or
+The planner (:func:`m3ctl.planning.plan.plan`) calls :func:`search` when a GPU launch leaves any of TP, PP, DP, DCP or
 EP open. Each dimension the user gave (``--tp``, ``--ep``, raw ``-- --pipeline-parallel-size 2``, a tuned
 profile's ``parallel`` section) is pinned; the search enumerates the rest:
 
@@ -184,9 +184,9 @@ def search(
     Raises:
         ConfigRejected: no layout passes: the rejection of the best-ranked candidate (the profile's default
             layout when it was tried), with the other layouts' rule ids in the hint.
-        BadInput: as :func:`m3ctl.plan.plan` (the first candidate raises it: bad input is not layout-specific).
+        BadInput: as :func:`m3ctl.planning.plan.plan` (the first candidate raises it: bad input is not layout-specific).
     """
-    from m3ctl.plan import Choice  # noqa: PLC0415
+    from m3ctl.planning.plan import Choice  # noqa: PLC0415
 
     cands = candidates(n_gpus, pins, moe=moe, ep_ok=ep_ok, pp_ok=pp_ok, dcp_sizes=dcp_sizes)
     simple = [c for c in cands if c.pp == 1 and c.dcp == 1]

@@ -1,6 +1,6 @@
 """Thin Typer commands over :mod:`m3ctl.api`, one module per command (parse -> the settings model -> one
 ``m3ctl.api`` call -> render; the API owns defaults, ``M3CTL_*`` and config-file layering, and checks; the
-modules the CLI may import besides the API are listed, with why, in tests/test_front_door.py); shared options
+modules the CLI may import besides the API are listed, with why, in tests/api/test_front_door.py); shared options
 (some derived from the settings models: :func:`m3ctl.cli.options.model_options`) in :mod:`m3ctl.cli.options`,
 the output sink (human or ``--json``) in :mod:`m3ctl.cli.output`. Heavy modules are imported inside commands: ``m3ctl --help`` imports no engine.
 

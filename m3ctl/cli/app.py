@@ -27,7 +27,7 @@ from m3ctl.errors import EXIT_INTERRUPTED, EXIT_USAGE, M3Error
 #: module is imported when the command is run (or its own help is asked): ``m3ctl --help`` imports none of
 #: them, so neither pydantic nor the settings models (BenchConfig, TuneOptions) load for it. The attribute is
 #: a command function, or a ``typer.Typer`` (a group: ``bench``, ``dev``). The short help is the command's own
-#: (its docstring's first sentence, or its group's help): tests/test_cli.py checks that they agree.
+#: (its docstring's first sentence, or its group's help): tests/cli/test_cli.py checks that they agree.
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": (
         "m3ctl.cli.doctor",
@@ -153,8 +153,8 @@ def _short(text: str, limit: int) -> str:
 
 
 def redact_text(text: str) -> str:
-    """``text`` with every secret m3ctl has seen masked (m3ctl.secrets.redact_text; imported on errors only)."""
-    from m3ctl.secrets import redact_text as redact  # noqa: PLC0415
+    """``text`` with every secret m3ctl has seen masked (m3ctl.core.secrets.redact_text; imported on errors only)."""
+    from m3ctl.core.secrets import redact_text as redact  # noqa: PLC0415
 
     return redact(text)
 

@@ -1,6 +1,6 @@
 """``m3ctl bench``: load-test an OpenAI-compatible endpoint (vLLM's metric keys plus m3ctl's).
 
-The run's options are derived from m3ctl.bench.config.BenchConfig (types, defaults, bounds: declared once; here
+The run's options are derived from m3ctl.loadgen.config.BenchConfig (types, defaults, bounds: declared once; here
 only the CLI names, flag forms, parse-time parsers and help); the command parses them, calls
 :func:`m3ctl.api.bench` (which checks every value before anything is sent and runs the load) and renders. After
 the run the results are written (to the state dir when the given path fails: nothing measured is lost), then
@@ -14,14 +14,14 @@ from typing import Annotated
 
 import typer
 
-from m3ctl.bench import WORKLOADS
-from m3ctl.bench.config import BenchConfig
 from m3ctl.cli import options as o
 from m3ctl.cli.bench_report import bench_report, print_bench, print_compare
 from m3ctl.cli.inputs import check_outputs
 from m3ctl.cli.output import Output, console, escape
 from m3ctl.cli.tune import slo_text
 from m3ctl.errors import BadInput
+from m3ctl.loadgen import WORKLOADS
+from m3ctl.loadgen.config import BenchConfig
 
 app = typer.Typer(
     help="Load-test an OpenAI-compatible endpoint; `m3ctl bench report` compares results.", **o.PLAIN_HELP
@@ -306,10 +306,10 @@ def bench(
 
 
 def live_progress(err_con, lens_vary: bool):
-    """The live progress line of each run (m3ctl.bench.progress.LiveProgress) on ``err_con``."""
+    """The live progress line of each run (m3ctl.loadgen.progress.LiveProgress) on ``err_con``."""
 
     def live(c):
-        from m3ctl.bench.progress import LiveProgress  # noqa: PLC0415
+        from m3ctl.loadgen.progress import LiveProgress  # noqa: PLC0415
 
         total = None if c.duration_s or c.workload == "agentic" or c.trace_path else c.num_prompts
         lens = f" {c.input_len}/{c.output_len}" if lens_vary else ""
@@ -330,9 +330,9 @@ def show_results(result, url, deployment, outputs, to_stdout: bool, err_con, per
     if not to_stdout:
         print_tables(runs, doc, percentiles)
     if plot:
-        from m3ctl.bench import report  # noqa: PLC0415
-        from m3ctl.files import WriteFailed  # noqa: PLC0415
-        from m3ctl.state import save_output  # noqa: PLC0415
+        from m3ctl.core.files import WriteFailed  # noqa: PLC0415
+        from m3ctl.loadgen import report  # noqa: PLC0415
+        from m3ctl.serving.state import save_output  # noqa: PLC0415
 
         try:
             png = save_output(plot, report.pareto_png_bytes(runs, plot_x), "pareto.png")
@@ -365,7 +365,7 @@ def print_tables(runs: list[dict], doc: dict, percentiles: list[float]) -> None:
                 soft_wrap=True,
             )
     if cap := doc.get("sweep", {}).get("capacity"):
-        from m3ctl.bench.report import capacity_lines  # noqa: PLC0415
+        from m3ctl.loadgen.report import capacity_lines  # noqa: PLC0415
 
         for line in capacity_lines(cap):
             console().print(escape(line), soft_wrap=True)
@@ -375,11 +375,11 @@ def write_results(
     doc, runs: list[dict], output_json: Path | None, output_csv: Path | None, to_stdout: bool
 ) -> tuple[str | None, list]:
     """Write the results where asked, each file atomically (a failing path falls back to the state dir, said on
-    stderr); returns (where the JSON went: "stdout", a path, or None; the m3ctl.files.WriteFailed of files
+    stderr); returns (where the JSON went: "stdout", a path, or None; the m3ctl.core.files.WriteFailed of files
     written nowhere). Nothing is raised: the tables are shown before any write error."""
-    from m3ctl.bench import report  # noqa: PLC0415
-    from m3ctl.files import WriteFailed  # noqa: PLC0415
-    from m3ctl.state import save_output  # noqa: PLC0415
+    from m3ctl.core.files import WriteFailed  # noqa: PLC0415
+    from m3ctl.loadgen import report  # noqa: PLC0415
+    from m3ctl.serving.state import save_output  # noqa: PLC0415
 
     saved, lost = None, []
     if to_stdout:
@@ -404,7 +404,7 @@ def write_results(
 
 def finish(err, lost: list | None = None) -> None:
     """End as the runs ended: a dead or stalled server (exit 4), results that could not be saved anywhere
-    (m3ctl.files.WriteFailed, exit 5: the tables were shown), or an invalid run (exit 1). The lesser failures
+    (m3ctl.core.files.WriteFailed, exit 5: the tables were shown), or an invalid run (exit 1). The lesser failures
     are ``warning:`` lines, so the command ends with one ``error:`` line."""
     from m3ctl.errors import EXIT_LAUNCH_FAILED  # noqa: PLC0415
 

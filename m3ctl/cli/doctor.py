@@ -50,7 +50,7 @@ def doctor(
 ) -> None:
     """Probe this host and say, check by check, whether and how it can serve (exit 1 on FAIL)."""
     from m3ctl import api  # noqa: PLC0415
-    from m3ctl.doctor import report_json  # noqa: PLC0415  (rendering: the --json shape)
+    from m3ctl.checks.doctor import report_json  # noqa: PLC0415  (rendering: the --json shape)
 
     out = Output(json_out)
     rep = api.doctor(

@@ -28,7 +28,7 @@ def parse_args(pairs: list[str]) -> dict:
 
 def raw_args_without_key(ctx: typer.Context) -> list[str]:
     """What follows `--` (click consumes the `--` itself). A secret flag among them (``--api-key K``) is taken
-    out by the planner (m3ctl.secrets.separate): the server gets it in its environment, never in argv."""
+    out by the planner (m3ctl.core.secrets.separate): the server gets it in its environment, never in argv."""
     return list(ctx.args)
 
 
@@ -72,9 +72,9 @@ def given_request(ctx: typer.Context, **extra):
 
 
 def check_outputs(**paths: Path | None) -> None:
-    """Check every given output file writable before any work (m3ctl.state.check_output_path); ``-`` is stdout.
+    """Check every given output file writable before any work (m3ctl.serving.state.check_output_path); ``-`` is stdout.
     Keyword names are the options (``output_json`` -> ``--output-json``)."""
-    from m3ctl.state import check_output_path  # noqa: PLC0415
+    from m3ctl.serving.state import check_output_path  # noqa: PLC0415
 
     for opt, path in paths.items():
         if path is not None and str(path) != "-":

@@ -17,7 +17,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from m3ctl.bench import MAX_REQUEST_TOKENS, WORKLOADS
+from m3ctl.loadgen import MAX_REQUEST_TOKENS, WORKLOADS
 
 PLAIN_HELP: dict[str, Any] = {"rich_markup_mode": None}  # click help: Typer's rich help costs ~0.2 s of imports
 RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
@@ -31,7 +31,7 @@ def token_count(text: str) -> int:
     n = vllm_int(text)
     if n is None or n < 1:
         raise typer.BadParameter(f"{text!r} is not a whole number >= 1 (8k = 8000 and 8K = 8192 work too)")
-    if n > MAX_REQUEST_TOKENS:  # no model has a longer context (m3ctl.bench.MAX_REQUEST_TOKENS): nothing fits more
+    if n > MAX_REQUEST_TOKENS:  # no model has a longer context (m3ctl.loadgen.MAX_REQUEST_TOKENS): nothing fits more
         raise typer.BadParameter(f"{text} is above {MAX_REQUEST_TOKENS:,}, the longest context of any public model")
     return n
 
@@ -48,7 +48,7 @@ def vllm_choice(flag: str) -> Callable[[str], str]:
     read from ``vllm serve --help=all``); the rules check the rest (per architecture, per model)."""
 
     def parse(value: str) -> str:
-        from m3ctl.vllm_args import flag_table  # noqa: PLC0415
+        from m3ctl.planning.vllm_args import flag_table  # noqa: PLC0415
 
         choices = [c for c in (flag_table().flags[flag].choices or []) if c != "None"]
         if value not in choices:
@@ -93,9 +93,9 @@ def output_dir(path: Path, what: str) -> Path:
 
 
 def mount_spec(value: str) -> str:
-    """A docker bind mount ``HOST:CONTAINER[:ro|rw]`` as m3ctl.launch.parse_mount reads it."""
+    """A docker bind mount ``HOST:CONTAINER[:ro|rw]`` as m3ctl.planning.launch.parse_mount reads it."""
     from m3ctl.errors import M3Error  # noqa: PLC0415
-    from m3ctl.launch import parse_mount  # noqa: PLC0415
+    from m3ctl.planning.launch import parse_mount  # noqa: PLC0415
 
     try:
         parse_mount(value)
@@ -190,8 +190,8 @@ Json = Annotated[
 
 
 def plot_axis(text: str) -> str:
-    """A Pareto x axis of m3ctl.bench.report.X_AXES."""
-    from m3ctl.bench.report import X_AXES  # noqa: PLC0415
+    """A Pareto x axis of m3ctl.loadgen.report.X_AXES."""
+    from m3ctl.loadgen.report import X_AXES  # noqa: PLC0415
 
     return choice(*X_AXES)(text)
 

@@ -74,7 +74,7 @@ def plan(
     Raw vLLM flags go after `--`. A rule violation exits 3 naming the rule, the values and the fix.
     """
     from m3ctl import api  # noqa: PLC0415
-    from m3ctl.emit import FORMATS  # noqa: PLC0415  (rendering: --emit's formats)
+    from m3ctl.planning.emit import FORMATS  # noqa: PLC0415  (rendering: --emit's formats)
 
     out = Output(json_out)
     if emit and emit not in FORMATS:
@@ -96,7 +96,7 @@ def plan(
         default_runtime="docker" if emit in ("docker", "compose", "k8s", "lws") else "auto",
     )
     if emit:
-        from m3ctl.emit import render  # noqa: PLC0415
+        from m3ctl.planning.emit import render  # noqa: PLC0415
 
         typer.echo(render(p, emit, nodes=nodes, hf_host_path=hf_cache_hostpath), nl=False)
     elif json_out:

@@ -34,7 +34,7 @@ def print_plan(con, p) -> None:
     for w in p.warnings:
         print_hang(con, "  warning: ", w, 4, "yellow", (2, 10))
     if p.secret_env_names:
-        from m3ctl.secrets import source_var  # noqa: PLC0415
+        from m3ctl.core.secrets import source_var  # noqa: PLC0415
 
         names = [k if source_var(p, k) == k else f"{k} (from ${source_var(p, k)})" for k in p.secret_env_names]
         print_hang(con, "  env passed through (values hidden): ", ", ".join(names), 4)

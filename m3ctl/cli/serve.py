@@ -201,7 +201,7 @@ class _Run:
 
 
 def show_dry_run(out: Output, p, level: str) -> None:
-    from m3ctl.smoke import planned_checks, smoke_target  # noqa: PLC0415
+    from m3ctl.serving.smoke import planned_checks, smoke_target  # noqa: PLC0415
 
     if out.json:
         typer.echo(p.model_dump_json(indent=2))
@@ -284,7 +284,7 @@ def launch_and_serve(
 ) -> None:
     """Launch the planned ``p`` on ``rt`` and serve it as ``m3ctl serve`` does (m3ctl.api.serve's launch and, unless
     ``detach``, its foreground watch: any end of the watch stops the server). Kept with the signature
-    tests/test_lifecycle.py calls; ``reg`` and ``expect`` are the API's (the state dir's registry, the plan's
+    tests/serving/test_lifecycle.py calls; ``reg`` and ``expect`` are the API's (the state dir's registry, the plan's
     profile expectations)."""
     from m3ctl import api  # noqa: PLC0415
 

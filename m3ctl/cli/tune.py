@@ -1,6 +1,6 @@
 """``m3ctl tune``: search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO.
 
-The options are derived from m3ctl.tune.options.TuneOptions (the study's settings, declared once); the
+The options are derived from m3ctl.tuning.options.TuneOptions (the study's settings, declared once); the
 command parses them and calls m3ctl.api (``tune`` for --dry-run, ``prepare_tune`` and then the study loop for a
 run), and renders (m3ctl.cli.tune_render).
 """
@@ -10,26 +10,26 @@ from typing import Annotated
 
 import typer
 
-from m3ctl.bench import MAX_REQUEST_TOKENS, WORKLOADS
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import parse_args
 from m3ctl.cli.output import Output, console, escape
 from m3ctl.cli.tune_render import print_dry_run, print_result
+from m3ctl.core.files import WriteFailed
 from m3ctl.errors import BadInput
-from m3ctl.files import WriteFailed
-from m3ctl.tune.options import TuneOptions
+from m3ctl.loadgen import MAX_REQUEST_TOKENS, WORKLOADS
+from m3ctl.tuning.options import TuneOptions
 
 
 def objective_name(text: str) -> str:
-    """One of m3ctl.tune.slo.OBJECTIVES."""
-    from m3ctl.tune.slo import OBJECTIVES  # noqa: PLC0415
+    """One of m3ctl.tuning.slo.OBJECTIVES."""
+    from m3ctl.tuning.slo import OBJECTIVES  # noqa: PLC0415
 
     return o.choice(*OBJECTIVES)(text)
 
 
 def slo_text(text: str) -> str:
-    """An SLO m3ctl.tune.slo.parse_slo reads."""
-    from m3ctl.tune.slo import parse_slo  # noqa: PLC0415
+    """An SLO m3ctl.tuning.slo.parse_slo reads."""
+    from m3ctl.tuning.slo import parse_slo  # noqa: PLC0415
 
     try:
         parse_slo(text)
@@ -53,7 +53,7 @@ def parallel_trials_value(text: str) -> int | str:
     return int(t)
 
 
-#: The study's options, derived from m3ctl.tune.options.TuneOptions (help, type, default); here only what a
+#: The study's options, derived from m3ctl.tuning.options.TuneOptions (help, type, default); here only what a
 #: model field cannot say: the CLI name, flag forms, parse-time parsers and ranges.
 TUNE_OPTIONS, TUNE_FIELDS = o.model_options(
     TuneOptions,
@@ -215,8 +215,8 @@ def run_study(out: Output, model, study_dir, resume, inventory, system, pareto: 
 
 def print_study(out: Output, sdir: Path, settings: dict) -> None:
     """The study's head lines: its space, SLO, objective and budget, what was pruned, the trial table's head."""
-    from m3ctl.tune.slo import parse_slo  # noqa: PLC0415
-    from m3ctl.tune.space import Space  # noqa: PLC0415
+    from m3ctl.tuning.slo import parse_slo  # noqa: PLC0415
+    from m3ctl.tuning.space import Space  # noqa: PLC0415
 
     sp, spec = Space.from_json(settings["space"]), settings["spec"]
     out.print(
@@ -242,7 +242,7 @@ def print_resumed(out: Output, tuner) -> None:
 
 def show_result(out: Output, result: dict, study: dict, pareto: bool) -> None:
     """result.json (--json), else the result tables (m3ctl.cli.tune_render.print_result)."""
-    from m3ctl.tune.space import Space  # noqa: PLC0415
+    from m3ctl.tuning.space import Space  # noqa: PLC0415
 
     out.result(result)
     if not out.json:

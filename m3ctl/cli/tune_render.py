@@ -4,8 +4,8 @@ from m3ctl.cli.output import escape
 
 
 def print_dry_run(con, r: dict, limit: int = 40) -> None:
-    """Human form of :func:`m3ctl.tune.study.dry_run`."""
-    from m3ctl.tune.slo import parse_slo  # noqa: PLC0415
+    """Human form of :func:`m3ctl.tuning.study.dry_run`."""
+    from m3ctl.tuning.slo import parse_slo  # noqa: PLC0415
 
     sp, spec, b = r["space"], r["spec"], r["bench"]
     con.print(
@@ -120,7 +120,7 @@ def level_lines(b: dict) -> list[str]:
 def print_result(con, res, out: dict, settings: dict, sp, pareto: bool) -> None:
     """The study's outcome: what it recommends and why, the best configuration and the baseline with each
     level's verdict, the profile, the Pareto front."""
-    from m3ctl.tune.space import describe  # noqa: PLC0415
+    from m3ctl.tuning.space import describe  # noqa: PLC0415
 
     con.print(
         f"done ({res.stopped_by}): {res.launches} server starts, {res.cost_s:.0f} s of server time, "

@@ -1,4 +1,4 @@
-"""Runtimes launch a :class:`~m3ctl.plan.LaunchPlan` and manage what they started.
+"""Runtimes launch a :class:`~m3ctl.planning.plan.LaunchPlan` and manage what they started.
 
 One interface (:class:`~m3ctl.runtime.base.Runtime`): launch, is_alive, stop, log_text.
 ``process`` runs ``vllm serve`` as a local process group; ``docker`` runs the plan's image

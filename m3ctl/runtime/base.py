@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Literal
 
 from m3ctl.errors import ConfigRejected
-from m3ctl.plan import LaunchPlan
-from m3ctl.state import Deployment, Registry
+from m3ctl.planning.plan import LaunchPlan
+from m3ctl.serving.state import Deployment, Registry
 
 
 @dataclass
@@ -46,7 +46,7 @@ class StopReport:
 
 @dataclass
 class RawState:
-    """What a runtime sees of a deployment's main process or container (m3ctl.lifecycle adds the cause).
+    """What a runtime sees of a deployment's main process or container (m3ctl.serving.lifecycle adds the cause).
 
     Attributes:
         state: ``alive``; ``paused`` (SIGSTOP'd process in state T, or a ``docker pause``d container: not
@@ -118,7 +118,7 @@ class Runtime(abc.ABC):
             LaunchFailed: the record could not be written (the cause, the path, the bytes needed); stopped.
         """
         from m3ctl.errors import LaunchFailed  # noqa: PLC0415
-        from m3ctl.state import StateWriteFailed  # noqa: PLC0415
+        from m3ctl.serving.state import StateWriteFailed  # noqa: PLC0415
 
         try:
             registry.save(dep)

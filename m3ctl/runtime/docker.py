@@ -7,7 +7,7 @@ sets the entrypoint to ``["vllm"]`` and the command to the plan's argv without i
 entrypoint is ``vllm serve``, https://docs.vllm.ai/en/latest/deployment/docker.html); the local
 CPU test image (:mod:`m3ctl.dev.docker_stack`) provides a wrapper script.
 
-What :func:`container_spec` sets, and why (one :class:`~m3ctl.launch.DockerRun`, the object ``serve`` and
+What :func:`container_spec` sets, and why (one :class:`~m3ctl.planning.launch.DockerRun`, the object ``serve`` and
 ``plan --emit docker`` print as ``docker run``; vendor facts with their sources in m3ctl/data/vendors.yaml):
 
 - NVIDIA: a device request (driver ``nvidia``, capability ``gpu``) for the plan's GPUs by UUID or index
@@ -47,10 +47,10 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field
 
 from m3ctl.errors import ConfigRejected, LaunchFailed
-from m3ctl.launch import SHM_GIB_PER_RANK  # noqa: F401  (GiB of /dev/shm per TP rank without --ipc=host, F14)
-from m3ctl.plan import LaunchPlan
+from m3ctl.planning.launch import SHM_GIB_PER_RANK  # noqa: F401  (GiB of /dev/shm per TP rank without --ipc=host, F14)
+from m3ctl.planning.plan import LaunchPlan
 from m3ctl.runtime.base import RawState, Runtime, StopReport, exit_status
-from m3ctl.state import Deployment, Registry
+from m3ctl.serving.state import Deployment, Registry
 
 LABEL_PREFIX = "m3ctl."
 #: Label holding ``<state dir>::<name>`` (as the process runtime's marker): ``stop --all`` of a state dir finds its
@@ -102,14 +102,14 @@ def docker_run(
     secret_names: list[str] | tuple[str, ...] = (),
     marker: str | None = None,
 ):
-    """The :class:`~m3ctl.launch.DockerRun` of ``plan`` under ``opts``: the one object both the printed ``docker
-    run`` (:func:`m3ctl.emit.docker_command`) and the SDK kwargs (:func:`container_spec`) are rendered from.
+    """The :class:`~m3ctl.planning.launch.DockerRun` of ``plan`` under ``opts``: the one object both the printed ``docker
+    run`` (:func:`m3ctl.planning.emit.docker_command`) and the SDK kwargs (:func:`container_spec`) are rendered from.
 
     Raises:
         ConfigRejected: no image in the plan or a malformed mount.
     """
-    from m3ctl.launch import docker_run as build  # noqa: PLC0415
-    from m3ctl.launch import launch_spec  # noqa: PLC0415
+    from m3ctl.planning.launch import docker_run as build  # noqa: PLC0415
+    from m3ctl.planning.launch import launch_spec  # noqa: PLC0415
 
     if not plan.image:
         raise ConfigRejected(
@@ -146,8 +146,8 @@ def _engine_hint() -> str:
 
 
 def _copy_log(path: str, data: bytes) -> None:
-    """The engine's log copied to ``path`` whole (m3ctl.files.write_atomic); on a full disk the older copy stays."""
-    from m3ctl.files import WriteFailed, write_atomic  # noqa: PLC0415
+    """The engine's log copied to ``path`` whole (m3ctl.core.files.write_atomic); on a full disk the older copy stays."""
+    from m3ctl.core.files import WriteFailed, write_atomic  # noqa: PLC0415
 
     with contextlib.suppress(WriteFailed):
         write_atomic(path, data)

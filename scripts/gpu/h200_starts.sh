@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # docs/results/h200-starts.md, H200 call 1: where a trial server's start goes, and what the study's start measures
-# (m3ctl/tune/startup.py) take off it. The MiniMax-M2 scale model (16 layers, FP8, dummy weights), each start through
+# (m3ctl/tuning/startup.py) take off it. The MiniMax-M2 scale model (16 layers, FP8, dummy weights), each start through
 # `m3ctl serve --smoke quick` (what a tune trial runs), then stopped; the server logs come back for
-# m3ctl.tune.startup.start_breakdown. Carry .bundle .whl.
+# m3ctl.tuning.startup.start_breakdown. Carry .bundle .whl.
 #   A  cold, vLLM's default cache root (~/.cache/vllm in a fresh HOME), vLLM's default capture sizes: a trial today
 #   B  A again (default cache now warm, same key)
 #   C  study measures: own VLLM_CACHE_ROOT (cold) + capture bound 128 (a ladder topping at c=128)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Session 12 (docs/results/h200-study5.md): study4 again (scripts/gpu/h200_study4.sh) with the start measure added since, one Inductor
-# kernel cache across compile keys (m3ctl/tune/startup.py kernel_cache_env), the spread-aware capacity rule, and
+# kernel cache across compile keys (m3ctl/tuning/startup.py kernel_cache_env), the spread-aware capacity rule, and
 # 4 prompts per concurrency (4 waves per run) in both the tune and the grid. The MiniMax-M2 scale model (16 layers,
 # FP8, dummy weights) with every start measure on: one compile cache per study and model, one kernel cache, CUDA-graph
 # capture bounded by the ladder, the engine-core process forked, and a prewarmed server process per trial.

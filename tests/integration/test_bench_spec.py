@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from m3ctl.bench import servermetrics
-from m3ctl.bench.runner import BenchConfig, run_bench
+from m3ctl.loadgen import servermetrics
+from m3ctl.loadgen.runner import BenchConfig, run_bench
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration
@@ -23,9 +23,9 @@ SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
 @pytest.fixture(scope="module")
 def spec_server(tiny_models, tmp_path_factory):
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import PlanRequest, plan
-    from m3ctl.serve import launch_and_wait, stop
-    from m3ctl.state import Registry
+    from m3ctl.planning.plan import PlanRequest, plan
+    from m3ctl.serving.serve import launch_and_wait, stop
+    from m3ctl.serving.state import Registry
 
     reg = Registry(tmp_path_factory.mktemp("spec-state"))
     p = plan(

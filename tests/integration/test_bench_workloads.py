@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from m3ctl.bench.prompts import LocalTokenizer
-from m3ctl.bench.runner import BenchConfig, run_bench, run_sweep
+from m3ctl.loadgen.prompts import LocalTokenizer
+from m3ctl.loadgen.runner import BenchConfig, run_bench, run_sweep
 from tests.conftest import run_cli
 
 pytestmark = pytest.mark.integration
@@ -299,7 +299,7 @@ def test_side_by_side_with_vllm_bench_serve(tiny_server, tiny_models, tmp_path):
     # at 2.2x on median TPOT in CI (2.47 vs 5.41 ms). So: a factor-2 bound on one pair, and when one pair is
     # outside it, two more alternating pairs and the bound on the medians of three.
     def outside_bounds(keys=("output_throughput", "median_tpot_ms", "median_e2el_ms")) -> list[tuple]:
-        # A run streamed in bursts has TPOT unmeasured (null, m3ctl.bench.metrics.bursts): it says nothing about
+        # A run streamed in bursts has TPOT unmeasured (null, m3ctl.loadgen.metrics.bursts): it says nothing about
         # TPOT, so only runs that measured it count; a side with none leaves TPOT uncompared (the bursts are the
         # host's, as above).
         med = {

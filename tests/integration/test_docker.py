@@ -134,8 +134,8 @@ def test_emitted_docker_run_and_the_sdk_create_the_same_container(
     import subprocess
 
     from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE
-    from m3ctl.emit import render
-    from m3ctl.plan import plan
+    from m3ctl.planning.emit import render
+    from m3ctl.planning.plan import plan
     from m3ctl.runtime.docker import container_spec
     from tests.hosts import ALL
 
@@ -188,7 +188,7 @@ def test_emitted_docker_run_and_the_sdk_create_the_same_container(
 def test_stop_finds_the_container_of_an_unreadable_record(engine, docker_env):
     """A truncated record of a docker deployment: status lists it as unreadable, stop finds its container by name."""
     from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE
-    from m3ctl.state import Registry
+    from m3ctl.serving.state import Registry
 
     c = engine.client()
     try:
@@ -222,10 +222,10 @@ def dserver(engine, tiny_models, tmp_path_factory):
     from m3ctl.catalog import profiles
     from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE, site_mount
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import PlanRequest, plan
+    from m3ctl.planning.plan import PlanRequest, plan
     from m3ctl.runtime.docker import DockerOptions, DockerRuntime
-    from m3ctl.serve import launch_and_wait, stop
-    from m3ctl.state import Registry
+    from m3ctl.serving.serve import launch_and_wait, stop
+    from m3ctl.serving.state import Registry
 
     state = tmp_path_factory.mktemp("docker-state")
     reg = Registry(state)
@@ -305,7 +305,7 @@ def test_docker_engine_core_killed_watchdog_notices(dserver):
     """Kill the EngineCore inside the container while the API server process lives on."""
     import time
 
-    from m3ctl.watchdog import Watchdog
+    from m3ctl.serving.watchdog import Watchdog
 
     dep, rt = dserver["res"].deployment, dserver["rt"]
     dog = Watchdog(dep, rt, canary_timeout_s=10)

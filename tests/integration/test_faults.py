@@ -95,10 +95,10 @@ def test_watchdog_stalled_engine_dead_engine_and_restart(tiny_models, tmp_path):
     import httpx
 
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import PlanRequest, plan
-    from m3ctl.serve import launch_and_wait, relaunch, runtime_for, stop
-    from m3ctl.state import Registry
-    from m3ctl.watchdog import Watchdog, parse_metrics, watch
+    from m3ctl.planning.plan import PlanRequest, plan
+    from m3ctl.serving.serve import launch_and_wait, relaunch, runtime_for, stop
+    from m3ctl.serving.state import Registry
+    from m3ctl.serving.watchdog import Watchdog, parse_metrics, watch
 
     reg = Registry(tmp_path / "state")
     res = launch_and_wait(
@@ -179,7 +179,7 @@ def test_pause_is_not_dead_and_a_deleted_record_is_still_stopped(tiny_models):
         main.send_signal(signal.SIGCONT)
         w = run_cli("watch", "pz", "--count", "1", "--canary-timeout", "60", timeout=120)
         assert w.returncode == 0 and "ok" in w.stdout, w.stdout + w.stderr
-        from m3ctl.state import Registry
+        from m3ctl.serving.state import Registry
 
         Registry().remove("pz")  # the record is gone; the server is not
         p = run_cli(
@@ -292,7 +292,7 @@ def test_concurrent_tune_resume_is_refused_and_leaves_the_running_trial_alone(ti
         text=True,
         env={**os.environ, "COLUMNS": "200"},
     )
-    from m3ctl.state import Registry
+    from m3ctl.serving.state import Registry
 
     reg = Registry()
     try:
@@ -354,7 +354,7 @@ class _Timeline(BaseHTTPRequestHandler):
 
 def test_f15_models_200_before_health_is_not_ready():
     """A server that lists its model before /health is 200 (SGLang) is "starting", not ready (F15)."""
-    from m3ctl.health import wait_ready
+    from m3ctl.serving.health import wait_ready
 
     _Timeline.ready_at = time.time() + 2.0
     srv = ThreadingHTTPServer(("127.0.0.1", 0), _Timeline)
@@ -373,7 +373,7 @@ def test_f15_models_200_before_health_is_not_ready():
 def test_f15_connection_refused_is_loading_until_the_budget():
     """vLLM does not listen while it loads: refused connections are "loading" until the budget runs out."""
     from m3ctl.errors import LaunchFailed
-    from m3ctl.health import wait_ready
+    from m3ctl.serving.health import wait_ready
 
     port = free_port()
     events = []
@@ -399,7 +399,7 @@ def test_f15_connection_refused_is_loading_until_the_budget():
 
 
 def test_degenerate_completion_text_definition():
-    from m3ctl.health import is_degenerate
+    from m3ctl.serving.health import is_degenerate
 
     assert is_degenerate("\x00\x00\x00\x00")
     # tiny random-weight models emit soup like this; it must stay acceptable (cpu-test-stack.md section 2)

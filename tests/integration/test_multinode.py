@@ -1,5 +1,5 @@
 """Multi-node data parallel on one machine: the leader and a ``--headless`` second "node" rendered by
-:func:`m3ctl.launch.multinode_dp_args` (the LeaderWorkerSet form uses the same function), run as two process
+:func:`m3ctl.planning.launch.multinode_dp_args` (the LeaderWorkerSet form uses the same function), run as two process
 groups on 127.0.0.1 with vLLM's CPU build; the API only answers once both DP engines joined."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 
 from m3ctl.assess.request import PlanRequest
 from m3ctl.hw.inventory import HostInventory
-from m3ctl.launch import launch_spec, multinode_dp_args
-from m3ctl.plan import find_vllm_executable, plan
+from m3ctl.planning.launch import launch_spec, multinode_dp_args
+from m3ctl.planning.plan import find_vllm_executable, plan
 from tests.conftest import free_port
 
 pytestmark = pytest.mark.integration

@@ -126,10 +126,10 @@ def test_ctrl_c_after_readiness_before_the_result_stops_the_server(tiny_models, 
     """launch_and_wait: a Ctrl-C that lands after the server answered its first completion but before the
     result is returned (here: while the startup log is read for the kernel check) stops that server too."""
     from m3ctl.hw.detect import detect
-    from m3ctl.plan import PlanRequest, plan
+    from m3ctl.planning.plan import PlanRequest, plan
     from m3ctl.runtime.process import ProcessRuntime
-    from m3ctl.serve import launch_and_wait
-    from m3ctl.state import Registry
+    from m3ctl.serving.serve import launch_and_wait
+    from m3ctl.serving.state import Registry
 
     class CtrlCInKernelCheck(ProcessRuntime):
         def log_text(self, dep, tail_bytes=200_000):
@@ -150,7 +150,7 @@ def test_ctrl_c_after_readiness_before_the_result_stops_the_server(tiny_models, 
 
 
 def test_bench_metrics_plausible(tiny_server, tmp_path):
-    from m3ctl.bench.runner import BenchConfig, run_bench
+    from m3ctl.loadgen.runner import BenchConfig, run_bench
 
     dep = tiny_server.deployment
     res = run_bench(
@@ -176,7 +176,7 @@ def test_bench_metrics_plausible(tiny_server, tmp_path):
 
 
 def test_bench_chat_endpoint_and_goodput(tiny_server):
-    from m3ctl.bench.runner import BenchConfig, run_bench
+    from m3ctl.loadgen.runner import BenchConfig, run_bench
 
     dep = tiny_server.deployment
     res = run_bench(

@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from m3ctl.catalog import load_profile_file
-from m3ctl.state import Registry
+from m3ctl.serving.state import Registry
 from tests.conftest import M3CTL, free_port, run_cli
 
 pytestmark = pytest.mark.integration
@@ -182,10 +182,10 @@ def test_tune_real_search_sigkill_resume_and_profile(tiny_models, tmp_path):
     assert f"baseline (vLLM defaults): {base['objective']:.1f}" in p.stdout
 
     # profile.yaml holds what the study chose: the best configuration when it beat the defaults by more than the
-    # noise margin, else vLLM's defaults (m3ctl/tune/choice.py: never a configuration measured worse)
+    # noise margin, else vLLM's defaults (m3ctl/tuning/choice.py: never a configuration measured worse)
     prof = load_profile_file(sdir / "profile.yaml")
     assert res["chosen"] in ("tuned", "defaults") and res["profile"] == str(sdir / "profile.yaml")
-    from m3ctl.tune.choice import TIE_MARGIN
+    from m3ctl.tuning.choice import TIE_MARGIN
 
     assert (res["chosen"] == "tuned") == (res["vs_baseline"] > 1 + TIE_MARGIN)
     assert f"# chosen: {res['chosen']}\n" in (sdir / "profile.yaml").read_text()

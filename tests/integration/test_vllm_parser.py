@@ -8,7 +8,7 @@ import pytest
 
 from m3ctl.catalog import models
 from m3ctl.errors import ConfigRejected
-from m3ctl.plan import PlanRequest, plan
+from m3ctl.planning.plan import PlanRequest, plan
 from tests.hosts import ALL
 
 pytestmark = pytest.mark.integration
@@ -73,8 +73,8 @@ def test_emitted_forms_parse(vllm_parser):
 
     import yaml
 
-    from m3ctl.emit import render
-    from m3ctl.launch import launch_spec, multinode_dp_args
+    from m3ctl.planning.emit import render
+    from m3ctl.planning.launch import launch_spec, multinode_dp_args
 
     p = plan(
         ALL["b200x8"](),

@@ -1,0 +1,121 @@
+"""The settings of one bench run, declared once: :class:`BenchConfig` (types, defaults, units, ranges).
+
+m3ctl.loadgen.runner runs it; ``m3ctl bench`` derives its options' defaults from it; ``m3ctl.api.bench`` takes
+its fields as keywords. This module imports nothing but pydantic, so the CLI reads it for ``--help``.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+from pydantic import BaseModel, Field
+
+from m3ctl.loadgen import MAX_REQUEST_TOKENS
+
+#: Most requests one run may send: the prompts are built in memory before the first is sent (about 1 KiB per
+#: 128-token request), so more than this would build prompts for minutes and never send.
+MAX_PROMPTS = 1_000_000
+
+
+class BenchConfig(BaseModel):
+    """A benchmark run. Units: lengths in tokens, rates in requests/s, times in seconds, money in USD.
+
+    ``api_key`` is used for the Authorization header only and never written to results.
+    """
+
+    url: str
+    model: str
+    endpoint: str = "completions"
+    num_prompts: int = Field(100, ge=1, le=MAX_PROMPTS)
+    concurrency: int | None = Field(None, ge=1, le=MAX_PROMPTS)
+    request_rate: float = Field(math.inf, gt=0)
+    """Requests/s (``inf``: all at once); > 0."""
+    burstiness: float = Field(1.0, gt=0)
+    duration_s: float | None = Field(None, gt=0)
+    input_len: int = Field(128, ge=1, le=MAX_REQUEST_TOKENS)
+    output_len: int = Field(128, ge=1, le=MAX_REQUEST_TOKENS)
+    range_ratio: float = 0.0
+    range_convention: str = "vllm"
+    ignore_eos: bool = True
+    temperature: float = 0.0
+    seed: int = 0
+    prompt_salt: str | None = None
+    """Salt of the prompt text (see the module docstring); None: a fresh random salt for this run."""
+    num_warmups: int = Field(0, ge=0, le=MAX_PROMPTS)
+    warmup: bool = False
+    """Warm up at this run's load: ``num_warmups`` fresh requests, or when that is 0 as many as the concurrency
+    (:func:`warmup_count`). Sweeps and tune turn it on at every level."""
+    prefix_cache_tolerance: float = Field(0.03, ge=0, le=1)
+    """Prefix-cache hit rate (fraction of prompt tokens) allowed above what the workload means before the run
+    is BENCH-INVALID (:func:`prefix_cache_check`)."""
+    percentiles: list[Annotated[float, Field(ge=0, le=100)]] = Field(
+        default_factory=lambda: [50.0, 90.0, 99.0], min_length=1
+    )
+    """Percentiles reported as ``p<P>_<metric>_ms`` (each 0-100, at least one)."""
+    goodput_slo_ms: dict[str, float] | None = None
+    tokenizer: str | None = None
+    model_dir: str | None = None
+    """Local model directory of the served model (``--deployment``: the deployment's), a tokenizer fallback."""
+    num_gpus: int | None = Field(None, ge=1)
+    num_gpus_source: str | None = None
+    usd_per_gpu_hour: float | None = Field(None, gt=0)
+    label: str | None = None
+    server_log: str | None = None
+    """Server log file of an m3ctl deployment (kept current by ``run_bench``'s ``sync_log`` where the runtime
+    copies it): the measured phase's part is scanned for in-service kernel JIT compiles
+    (m3ctl.serving.kernels.jit_events), reported as ``server_jit_compiles`` and a validity warning."""
+    request_timeout_s: float = 6 * 3600
+    stall_floor_s: float = Field(30.0, gt=0)
+    """Shortest stall window (s); the window grows with the chunk gaps and TTFTs seen (:func:`stall_window`)."""
+    block_size: int | None = Field(None, ge=1)
+    """KV-cache block size of the server (tokens); None: read from its /metrics (``vllm:cache_config_info``)."""
+    # workloads
+    workload: str = "random"
+    dataset_path: str | None = None
+    dataset_output_len: int | None = Field(None, ge=1, le=MAX_REQUEST_TOKENS)
+    max_model_len: int | None = None
+    num_prefixes: int = Field(4, ge=1, le=MAX_PROMPTS)
+    prefix_len: int = Field(128, ge=1, le=MAX_REQUEST_TOKENS)
+    num_sessions: int | None = Field(None, ge=1, le=MAX_PROMPTS)
+    turns: int = Field(4, ge=1, le=MAX_PROMPTS)
+    turn_input_len: int = Field(64, ge=1, le=MAX_REQUEST_TOKENS)
+    think_time_s: float = Field(0.0, ge=0)
+    trace_path: str | None = None
+    """Replay this JSONL trace (m3ctl.loadgen.trace): its requests at its arrival times, instead of a workload."""
+    trace_time_scale: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """Multiplies the trace's arrival offsets (0.5: twice as fast)."""
+    # sweeps (m3ctl.loadgen.sweep)
+    max_ttft_s: float | None = Field(None, gt=0)
+    """A sweep level whose median TTFT (s) is above this is overloaded; None: no TTFT bound."""
+    stop_on_overload: bool = True
+    """A sweep skips the higher concurrencies of an input/output pair after an overloaded level."""
+    queue_sample_s: float = Field(1.0, gt=0, allow_inf_nan=False)
+    """Period (s) of the ``vllm:num_requests_waiting`` samples taken during the measured phase."""
+    # client
+    client_procs: int = Field(1, ge=1, le=MAX_PROMPTS)
+    http_client: str = "fast"  # fast (m3ctl.loadgen.fasthttp) or aiohttp
+    continuous_usage: bool = True
+    scrape_server_metrics: bool = True
+    allow_approx: bool = False
+    max_error_rate: float = Field(0.0, ge=0, le=1)
+    per_request: bool = False
+    api_key: str | None = Field(None, exclude=True, repr=False)
+    auth_basic: str | None = Field(None, exclude=True, repr=False)
+    """Base64 ``user:password`` of URL credentials (m3ctl.core.secrets.split_url_credentials): a Basic header when
+    there is no ``api_key``; never written to results."""
+    deployment: str | None = None
+    """The m3ctl deployment behind ``url`` (``--deployment``, or the one m3ctl knows at that address): when requests
+    fail or the server goes away, its engine is checked (m3ctl.serving.lifecycle) and a death is reported with its time
+    and cause (``engine_died``)."""
+    state_dir: str | None = None
+    """State directory of ``deployment`` (default: m3ctl's, m3ctl.serving.state.state_dir)."""
+    # energy (m3ctl.loadgen.energy: which GPUs, how, the result's ``energy`` block)
+    power: bool = True
+    """Sample GPU power over the measured phase (``--no-power``: off; the ``energy`` block says so)."""
+    power_gpus: list[Annotated[int, Field(ge=0)]] | None = Field(None, min_length=1)
+    """GPU indices to sample (``--power-gpus 0,1``); None: the deployment's, else every local GPU."""
+    power_interval_s: float = Field(0.1, gt=0, le=60)
+    """Power sampling period (s); nvidia-smi/rocm-smi fallbacks sample at most once a second."""
+    deployment_gpus: list[int] | None = None
+    """The GPU indices of ``deployment``'s launch plan (m3ctl.loadgen.target), what energy samples by default."""

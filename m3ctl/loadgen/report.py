@@ -1,0 +1,639 @@
+"""Result files: JSON (single run or sweep), CSV, side-by-side comparison, Pareto chart.
+
+A sweep file is ``{"m3ctl_schema_version": ..., "sweep": {"axis": "concurrency", "values": [...]},
+"runs": [<run result>, ...]}``; a single run is one result dict (a superset of ``vllm bench serve``
+``--save-result``). The Pareto chart follows InferenceX (https://github.com/SemiAnalysisAI/InferenceX-app/blob/main/docs/d3-charts.md,
+docs/sources.md#benchmark-metric-definitions): y = total tok/s per GPU, x = tok/s per user, frontier = points not dominated on both.
+Runs are drawn by validity class (:func:`validity_class`, :data:`RUN_STYLES`), in the tune's chart too.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+from m3ctl.errors import BadInput
+
+
+# x-axis choices: name -> (label, getter)
+def _ix(r: dict, block: str, stat: str) -> float | None:
+    """``interactivity.<block>.<stat>`` of a run; None when absent or not measured (a vLLM file, TPOT in bursts)."""
+    return ((r.get("interactivity") or {}).get(block) or {}).get(stat)
+
+
+X_AXES = {
+    "inferencex-median": (
+        "tok/s per user = 1000 / median TPOT (InferenceX)",
+        lambda r: _ix(r, "inferencex_1000_over_tpot", "median"),
+    ),
+    "agentx-p90": (
+        "tok/s per user = 1 / P90(E2EL_i / OSL_i) (AgentX)",
+        lambda r: _ix(r, "agentx_e2e_normalized", "p90"),
+    ),
+    "aiperf-median": ("tok/s per user = median of 1 / TPOT_i (AIPerf)", lambda r: _ix(r, "aiperf_per_user", "median")),
+}
+
+
+def load_runs(paths: list[Path]) -> list[dict]:
+    """All runs in the given result files (single runs and sweeps).
+
+    Raises:
+        BadInput: a file is missing or is not an m3ctl / vllm result.
+    """
+    runs: list[dict] = []
+    for p in paths:
+        from m3ctl.core.files import read_user_text  # noqa: PLC0415
+
+        try:
+            data = json.loads(read_user_text(p, "result file"))
+        except json.JSONDecodeError as e:
+            raise BadInput(f"{p} is not JSON: {e.msg}", "pass files written by --output-json") from None
+        items = data.get("runs", [data]) if isinstance(data, dict) else []
+        if not items or not all(isinstance(r, dict) and "completed" in r for r in items):
+            raise BadInput(f"{p} is not a bench result", "pass files written by `m3ctl bench --output-json`")
+        for r in items:
+            r.setdefault("_file", str(p))
+        runs += items
+    return runs
+
+
+def sweep_doc(runs: list[dict], axis: str, values: list | dict, slo: str = "") -> dict:
+    """A sweep file: ``sweep`` {axis, values (m3ctl.loadgen.sweep.axes), levels: each run's {input_len, output_len,
+    concurrency}, skipped: the levels an overload skipped, each with its ``reason`` and the level ``after``
+    which it was skipped}, and the runs. With ``slo`` (an SLO m3ctl.tuning.slo.parse_slo reads, e.g.
+    ``"p90_tpot_ms<=30"``) and a concurrency sweep, ``sweep.capacity`` is m3ctl.tuning.capacity.sweep_capacity: the
+    highest level that holds by the tune's capacity rule, each level's verdict and what is undecided."""
+    from m3ctl.loadgen.runner import SCHEMA_VERSION  # noqa: PLC0415
+
+    levels = [
+        {
+            "input_len": r.get("input_len_requested"),
+            "output_len": r.get("output_len_requested"),
+            "concurrency": r.get("max_concurrency"),
+        }
+        for r in runs
+    ]
+    skipped = [
+        {**s, "reason": r["sweep_stop"]["reason"], "after": lv}
+        for r, lv in zip(runs, levels, strict=True)
+        if r.get("sweep_stop")
+        for s in r["sweep_stop"]["skipped"]
+    ]
+    sweep: dict = {"axis": axis, "values": values, "levels": levels, "skipped": skipped}
+    if slo and slo.strip() and axis == "concurrency":
+        from m3ctl.tuning.capacity import sweep_capacity  # noqa: PLC0415
+        from m3ctl.tuning.slo import parse_slo  # noqa: PLC0415
+
+        sweep["capacity"] = sweep_capacity(runs, parse_slo(slo))
+    return {"m3ctl_schema_version": SCHEMA_VERSION, "sweep": sweep, "runs": runs}
+
+
+def capacity_lines(cap: dict) -> list[str]:
+    """Human lines of a sweep's ``capacity`` (:func:`sweep_doc`): the capacity, then each level's verdict."""
+    head = f"capacity under SLO {cap['slo']}: " + (
+        f"c={cap['capacity']}" if cap["capacity"] is not None else "no level holds"
+    )
+    out = [head + f" (rule: {cap['rule']['text']})"]
+    for lv in cap["levels"]:
+        out.append(f"  c={lv['concurrency']}: {lv['state']}: {lv['confidence']}")
+    if cap["undecided"]:
+        out.append(
+            f"  undecided levels need {cap['rule']['min_repeats']} runs each: repeat them, e.g. --concurrency "
+            + ",".join(str(c) for c in cap["undecided"] for _ in range(cap["rule"]["min_repeats"]))
+        )
+    return out
+
+
+def flat(r: dict) -> dict:
+    """Scalar keys, nested blocks flattened with ``.`` (for CSV); per-request arrays dropped."""
+    out: dict = {}
+
+    def walk(prefix: str, v) -> None:
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(f"{prefix}.{k}" if prefix else k, x)
+        elif not isinstance(v, list):
+            out[prefix] = v
+
+    walk("", {k: v for k, v in r.items() if not k.startswith("_")})
+    return out
+
+
+def csv_text(runs: list[dict]) -> str:
+    """One CSV row per run, the union of flattened keys as columns (the text :func:`write_csv` writes)."""
+    rows = [flat(r) for r in runs]
+    cols: list[str] = []
+    for row in rows:
+        cols += [k for k in row if k not in cols]
+    buf = io.StringIO(newline="")
+    w = csv.DictWriter(buf, fieldnames=cols)
+    w.writeheader()
+    w.writerows(rows)
+    return buf.getvalue()
+
+
+def write_csv(runs: list[dict], path: Path) -> None:
+    """One row per run, the union of flattened keys as columns, written atomically (m3ctl.core.files.write_atomic).
+
+    Raises:
+        m3ctl.core.files.WriteFailed: the file could not be written (nothing partial is left).
+    """
+    from m3ctl.core.files import write_atomic  # noqa: PLC0415
+
+    write_atomic(path, csv_text(runs))
+
+
+def y_value(r: dict) -> tuple[float, str]:
+    """Total tok/s per GPU when the GPU count is known, else total tok/s of the endpoint."""
+    pg = r.get("per_gpu")
+    if pg:
+        return pg["tput_per_gpu"], "total tok/s per GPU"
+    return r["total_token_throughput"], "total tok/s (endpoint; GPU count not given)"
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[int]:
+    """Indices of points not dominated when maximising both coordinates, sorted by x."""
+    idx = []
+    for i, (x, y) in enumerate(points):
+        if not any((x2 >= x and y2 >= y) and (x2 > x or y2 > y) for j, (x2, y2) in enumerate(points) if j != i):
+            idx.append(i)
+    return sorted(idx, key=lambda i: points[i][0])
+
+
+#: Validity classes of a run, in legend order (:func:`validity_class`).
+VALIDITY_CLASSES = ("clean", "warnings", "invalid", "unchecked")
+#: How a Pareto chart draws each class: (legend label, matplotlib ``scatter`` keywords). Clean: filled circle;
+#: with warnings (or unmeasured metrics): hollow circle; BENCH-INVALID: grey cross; no m3ctl verdict: hollow
+#: grey square.
+RUN_STYLES: dict[str, tuple[str, dict]] = {
+    "clean": ("valid", {"marker": "o", "facecolors": "tab:blue", "edgecolors": "tab:blue"}),
+    "warnings": (
+        "valid, with warnings",
+        {"marker": "o", "facecolors": "none", "edgecolors": "tab:orange", "linewidths": 1.5},
+    ),
+    "invalid": ("BENCH-INVALID", {"marker": "x", "c": "0.6"}),
+    "unchecked": ("no validity verdict (not an m3ctl run)", {"marker": "s", "facecolors": "none", "edgecolors": "0.4"}),
+}
+
+
+def validity_class(res: dict) -> str:
+    """A run's validity class from its result dict (its ``validity`` block, m3ctl.loadgen.runner._validity):
+    ``invalid`` when ``validity.valid`` is False or nothing completed; ``warnings`` when valid with
+    ``validity.warnings`` or metrics it did not measure (``validity.unmeasured`` / ``unmeasured``);
+    ``clean`` when valid without either; ``unchecked`` without a ``validity`` block (a ``vllm bench serve``
+    file: m3ctl checked nothing)."""
+    v = res.get("validity")
+    if not isinstance(v, dict):
+        return "invalid" if res.get("completed") == 0 else "unchecked"
+    if not v.get("valid", True) or res.get("completed") == 0:
+        return "invalid"
+    return "warnings" if v.get("warnings") or v.get("unmeasured") or res.get("unmeasured") else "clean"
+
+
+def scatter_by_validity(ax, xs: list[float], ys: list[float], classes: list[str], **kw) -> None:
+    """Scatter the points on ``ax``, one collection per validity class present (style and legend label from
+    :data:`RUN_STYLES`, ``gid`` = the class name); ``kw`` go to every ``scatter`` (e.g. ``s``, ``zorder``)."""
+    for cls in VALIDITY_CLASSES:
+        idx = [i for i, c in enumerate(classes) if c == cls]
+        if idx:
+            label, style = RUN_STYLES[cls]
+            ax.scatter([xs[i] for i in idx], [ys[i] for i in idx], label=label, gid=cls, **style, **kw)
+
+
+def pareto_png(runs: list[dict], path: Path, x_axis: str = "inferencex-median", title: str | None = None) -> Path:
+    """Plot tok/s per GPU vs tok/s per user for the runs (labelled by concurrency or rate) to a PNG, written
+    atomically (m3ctl.core.files.write_atomic).
+
+    Raises:
+        BadInput: unknown ``x_axis`` or no run with the metric.
+        m3ctl.core.files.WriteFailed: the file could not be written (nothing partial is left).
+    """
+    from m3ctl.core.files import write_atomic  # noqa: PLC0415
+
+    write_atomic(path, pareto_png_bytes(runs, x_axis, title))
+    return path
+
+
+def pareto_png_bytes(runs: list[dict], x_axis: str = "inferencex-median", title: str | None = None) -> bytes:
+    """The PNG of :func:`pareto_png`, in memory.
+
+    Raises:
+        BadInput: unknown ``x_axis`` or no run with the metric.
+    """
+    fig = pareto_figure(runs, x_axis, title)
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def pareto_figure(runs: list[dict], x_axis: str = "inferencex-median", title: str | None = None):
+    """The matplotlib Figure of :func:`pareto_png` (the caller closes it): every run with the x metric, drawn by
+    :func:`validity_class` (a legend entry per class present); the frontier is drawn over the valid runs only
+    (a BENCH-INVALID run is shown, never on the frontier). A run whose TPOT was not measured (streamed in
+    bursts: ``unmeasured``) has no TPOT-based x and is left out of those axes.
+
+    Raises:
+        BadInput: unknown ``x_axis`` or no run with the metric.
+    """
+    if x_axis not in X_AXES:
+        raise BadInput(f"unknown x axis {x_axis!r}", f"use one of {', '.join(X_AXES)}")
+    import matplotlib  # noqa: PLC0415
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # noqa: PLC0415
+
+    xlabel, get = X_AXES[x_axis]
+    pts, labels, classes, ylabel = [], [], [], ""
+    for r in runs:
+        x = get(r)
+        if x is None:
+            continue
+        y, ylabel = y_value(r)
+        pts.append((x, y))
+        classes.append(validity_class(r))
+        c = r.get("max_concurrency")
+        labels.append(f"c={c}" if c else f"{r.get('request_rate')} req/s")
+    if not pts:
+        raise BadInput(
+            "no run has the metrics for a Pareto chart",
+            "runs need output lengths above 1 token and a measured TPOT (not streamed in bursts), "
+            "or use --plot-x agentx-p90",
+        )
+    ok = [i for i, c in enumerate(classes) if c != "invalid"]
+    front = [ok[j] for j in pareto_front([pts[i] for i in ok])]
+    fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
+    scatter_by_validity(ax, [p[0] for p in pts], [p[1] for p in pts], classes, zorder=3)
+    if front:
+        ax.plot(
+            [pts[i][0] for i in front],
+            [pts[i][1] for i in front],
+            "-",
+            color="tab:blue",
+            label="Pareto frontier (valid runs)",
+            zorder=2,
+        )
+    for (x, y), lab in zip(pts, labels, strict=True):
+        ax.annotate(lab, (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    model = runs[0].get("model_id", "")
+    ax.set_title(title or f"m3ctl bench: {model}")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def na(unmeasured: dict, metric: str) -> str:
+    """``n/a (<cause>)`` for a metric the run did not measure: the cause is the first word of its reason in the
+    result's ``unmeasured`` (m3ctl.loadgen.metrics.unmeasured), e.g. ``n/a (bursts)``; ``n/a`` without one."""
+    why = unmeasured.get(metric)
+    return f"n/a ({why.partition(':')[0]})" if why else "n/a"
+
+
+def _unmeasured_or(metric: str, get):
+    """A compare-table getter: ``n/a (<cause>)`` when the run did not measure ``metric``, else ``get(r)``."""
+    return lambda r: na(r["unmeasured"], metric) if metric in (r.get("unmeasured") or {}) else get(r)
+
+
+COMPARE_ROWS = [
+    ("file", lambda r: Path(r.get("_file", "")).name),
+    ("label", lambda r: r.get("label")),
+    ("concurrency / rate", lambda r: f"{r.get('max_concurrency')} / {r.get('request_rate')}"),
+    (
+        "input / output tokens",
+        lambda r: "trace" if r.get("trace") else f"{r.get('input_len_requested')} / {r.get('output_len_requested')}",
+    ),
+    ("completed / failed", lambda r: f"{r['completed']} / {r['failed']}"),
+    ("valid", lambda r: (r.get("validity") or {}).get("valid")),
+    ("output tok/s", lambda r: r["output_throughput"]),
+    ("total tok/s", lambda r: r["total_token_throughput"]),
+    ("total tok/s per GPU", lambda r: (r.get("per_gpu") or {}).get("tput_per_gpu")),
+    ("median TTFT ms", lambda r: r.get("median_ttft_ms")),
+    ("median TPOT ms", _unmeasured_or("tpot", lambda r: r.get("median_tpot_ms"))),
+    ("p99 ITL ms (per chunk)", _unmeasured_or("itl", lambda r: r.get("p99_itl_ms"))),
+    ("p99 ITL ms (per token)", _unmeasured_or("itl", lambda r: (r.get("per_token_itl") or {}).get("p99_ms"))),
+    (
+        "median intvty 1000/TPOT",
+        _unmeasured_or(
+            "tpot", lambda r: ((r.get("interactivity") or {}).get("inferencex_1000_over_tpot") or {}).get("median")
+        ),
+    ),
+    ("p90 e2e-norm intvty", lambda r: ((r.get("interactivity") or {}).get("agentx_e2e_normalized") or {}).get("p90")),
+    ("tokens per USD", lambda r: (r.get("cost") or {}).get("total_tokens_per_usd")),
+    ("output tokens per J", lambda r: (r.get("energy") or {}).get("output_tokens_per_joule")),
+    ("prefix cache hit", lambda r: (r.get("server_metrics") or {}).get("prefix_cache_hit_rate")),
+]
+
+
+def compare_table(runs: list[dict]) -> list[list[str]]:
+    """Rows (metric, run1, run2, ...) for a side-by-side comparison."""
+
+    def fmt(v) -> str:
+        if v is None:
+            return "-"
+        if isinstance(v, float):
+            return f"{v:,.3g}" if abs(v) < 100 else f"{v:,.1f}"
+        return str(v)
+
+    return [[name] + [fmt(get(r)) for r in runs] for name, get in COMPARE_ROWS]
+
+
+def compare_renderables(runs: list[dict]) -> list:
+    """The side-by-side comparison for a rich console: a table (metric rows, one column ``#i`` per run) that is
+    split into several tables of fewer runs when the console is too narrow for all, so no number is wrapped or
+    cut; then one legend line per run (``#i``, its file and label), printed whole below the tables."""
+    from rich.markup import escape  # noqa: PLC0415
+    from rich.text import Text  # noqa: PLC0415
+
+    rows = [r for r in compare_table(runs) if r[0] not in ("file", "label")]
+    cols = [(f"#{i + 1}", [escape(r[i + 1]) for r in rows]) for i in range(len(runs))]
+    legend = [
+        Text(f"#{i + 1} {Path(r.get('_file', '')).name}" + (f" ({r['label']})" if r.get("label") else ""))
+        for i, r in enumerate(runs)
+    ]
+    return [FitTable("m3ctl bench: runs side by side", "metric", [escape(r[0]) for r in rows], cols), *legend]
+
+
+class FitTable:
+    """A rich renderable: a label column and value columns, laid out for the width it is printed at.
+
+    One table when everything fits; otherwise the value columns are spread over as many tables as needed,
+    each repeating the label column (which folds down to ``label_min`` characters before a split). Value
+    cells never wrap and are never cut with an ellipsis, so a number always reads whole, at 80 columns too.
+
+    Args:
+        title: the first table's title (the next ones add ", continued").
+        label_header: the label column's header.
+        labels: one label per row (rich markup).
+        columns: (header, cells) per value column, one cell per row (rich markup), right-aligned.
+    """
+
+    def __init__(
+        self,
+        title: str,
+        label_header: str,
+        labels: list[str],
+        columns: list[tuple[str, list[str]]],
+        label_min: int = 14,
+    ):
+        self.title, self.label_header, self.labels, self.columns = title, label_header, labels, columns
+        self.label_min = label_min
+
+    @staticmethod
+    def _w(cells: list[str]) -> int:
+        from rich.text import Text  # noqa: PLC0415
+
+        return max((Text.from_markup(c).cell_len for c in cells), default=0)
+
+    def groups(self, width: int) -> list[list[int]]:
+        """Indices of the value columns in each table at ``width`` columns (box borders and padding counted)."""
+        label_w = min(self._w([self.label_header, *self.labels]), self.label_min) + 3  # padding 2 + a border
+        out: list[list[int]] = [[]]
+        used = label_w + 1  # the table's closing border
+        for i, (head, cells) in enumerate(self.columns):
+            w = self._w([head, *cells]) + 3
+            if out[-1] and used + w > width:
+                out.append([])
+                used = label_w + 1
+            out[-1].append(i)
+            used += w
+        return out
+
+    def __rich_console__(self, console, options):
+        from rich.table import Table  # noqa: PLC0415
+
+        for k, group in enumerate(self.groups(options.max_width)):
+            t = Table(title=self.title + (", continued" if k else ""))
+            t.add_column(self.label_header, overflow="fold", ratio=1)
+            for i in group:
+                t.add_column(self.columns[i][0], justify="right", no_wrap=True)
+            for r, label in enumerate(self.labels):
+                t.add_row(label, *(self.columns[i][1][r] for i in group))
+            yield t
+
+
+def _pw(p: float) -> str:
+    return str(int(p)) if int(p) == p else str(p)
+
+
+def _latency_columns(pcts: list[float]) -> list[tuple[str, str]]:
+    """(header, key stem) of the latency table: mean, median (only when p50 is not asked), the percentiles."""
+    cols = [("mean", "mean")]
+    if 50.0 not in [float(p) for p in pcts]:
+        cols.append(("median", "median"))
+    return cols + [(f"p{_pw(p)}", f"p{_pw(p)}") for p in pcts]
+
+
+def _run_title(res: dict) -> str:
+    """The run table's title: model, backend, workload, lengths, concurrency and rate."""
+    wl = res.get("workload") or {}
+    lens = (
+        f"{res['input_len_requested']}/{res['output_len_requested']} tokens in/out, "
+        if res.get("input_len_requested") is not None
+        else ""
+    )
+    return (
+        f"m3ctl bench: {res['model_id']} ({res['backend']}, {wl.get('kind')}, {lens}concurrency "
+        f"{res['max_concurrency']}, rate {res['request_rate']})"
+    )
+
+
+def _throughput_rows(res: dict, done: bool, miss: dict) -> list[tuple[str, str]]:
+    """The run table's counts, throughput, goodput, trace, per-GPU, cost, energy and interactivity rows."""
+    rows = [
+        ("successful requests", f"{res['completed']}"),
+        ("failed requests", f"{res['failed']}"),
+        ("duration (s)", f"{res['duration']:.2f}"),
+        ("request throughput (req/s)", f"{res['request_throughput']:.2f}"),
+        ("output token throughput (tok/s)", f"{res['output_throughput']:.1f}"),
+        ("total token throughput (tok/s)", f"{res['total_token_throughput']:.1f}"),
+        ("input / output tokens (server usage)", f"{res['total_input_tokens']} / {res['total_output_tokens']}"),
+    ]
+    if res.get("request_goodput") is not None:
+        rows.append(("goodput (req/s)", f"{res['request_goodput']:.2f}"))
+    elif "request_goodput" in miss:
+        rows.append(("goodput (req/s)", na(miss, "request_goodput")))
+    if tr := res.get("trace"):
+        lag = tr["timing_fidelity"]["send_lag_ms"]
+        rows.append(
+            (f"trace records / span (s, time scale x{tr['time_scale']:g})", f"{tr['records']} / {tr['duration_s']:.1f}")
+        )
+        rows.append(
+            (
+                "trace send lag p50 / p99 / max (ms)",
+                "n/a" if lag["p99"] is None else f"{lag['p50']:.1f} / {lag['p99']:.1f} / {lag['max']:.1f}",
+            )
+        )
+    if pg := res.get("per_gpu"):
+        rows.append(
+            (
+                f"tok/s per GPU total / output ({pg['num_gpus']} GPUs)",
+                f"{pg['tput_per_gpu']:.1f} / {pg['output_tput_per_gpu']:.1f}",
+            )
+        )
+    if c := res.get("cost"):
+        rows.append(
+            (
+                f"USD per M total tokens / tokens per USD (${c['usd_per_gpu_hour']}/GPU-h)",
+                f"{c['usd_per_m_total_tokens']:.4g} / {c['total_tokens_per_usd']:,.0f}",
+            )
+        )
+    rows += energy_rows(res.get("energy"))
+    ix = res.get("interactivity") or {}
+    if done and ix.get("inferencex_1000_over_tpot"):
+        rows.append(("tok/s/user: 1000/median TPOT (InferenceX)", f"{ix['inferencex_1000_over_tpot']['median']:.1f}"))
+    elif done and "tpot" in miss:
+        rows.append(("tok/s/user: 1000/median TPOT (InferenceX)", na(miss, "tpot")))
+    if done and ix.get("agentx_e2e_normalized"):
+        rows.append(("tok/s/user: 1/P90(E2EL/OSL) (AgentX)", f"{ix['agentx_e2e_normalized']['p90']:.1f}"))
+    if done and ix.get("aiperf_per_user"):
+        rows.append(("tok/s/user: median 1/TPOT_i (AIPerf)", f"{ix['aiperf_per_user']['median']:.1f}"))
+    return rows
+
+
+def _server_rows(res: dict) -> list[tuple[str, str]]:
+    """The run table's rows from the server's counters (prefix cache, speculative decoding, preemptions) and the
+    agentic sessions."""
+    rows = []
+    if sm := res.get("server_metrics"):
+        if sm.get("prefix_cache_hit_rate") is not None:
+            rows.append(("server prefix cache hit rate", f"{sm['prefix_cache_hit_rate']:.1%}"))
+        if sm.get("spec_decode_acceptance_length") is not None:
+            rows.append(
+                (
+                    "server spec acceptance rate / length",
+                    f"{sm['spec_decode_acceptance_rate']:.1%} / {sm['spec_decode_acceptance_length']:.2f}",
+                )
+            )
+        rows.append(("server preemptions", f"{sm['preemptions']}"))
+    if ag := res.get("agentic"):
+        rows.append(("sessions completed", f"{ag['sessions_completed']} / {ag['sessions_started']}"))
+        if ag["session_latency"]["mean_s"] is not None:
+            rows.append(
+                (
+                    "session latency mean / p90 (s)",
+                    f"{ag['session_latency']['mean_s']:.2f} / {ag['session_latency']['p90_s']:.2f}",
+                )
+            )
+    return rows
+
+
+def _latency_table(res: dict, pcts: list[float], done: bool, miss: dict) -> tuple[FitTable, list[str]]:
+    """The latency table (one column per statistic; rows as :func:`bench_tables` says) and its notes."""
+    from rich.markup import escape  # noqa: PLC0415
+
+    v = res["validity"]
+    cols = _latency_columns(pcts)
+    lrows: list[tuple[str, list[str]]] = []  # (label, one cell per statistic)
+    notes: list[str] = []
+
+    def row(label: str, block: dict | None, metric: str | None = None) -> None:
+        if done and metric is not None and metric in miss:
+            lrows.append((label, [na(miss, metric)] * len(cols)))
+        elif not done or block is None or block.get("mean_ms") is None:
+            lrows.append((label, ["n/a"] * len(cols)))
+        else:
+            lrows.append((label, [f"{block[f'{stem}_ms']:.2f}" for _, stem in cols]))
+
+    def vllm_block(m: str) -> dict:
+        return {f"{stem}_ms": res.get(f"{stem}_{m}_ms") for _, stem in cols} | {"mean_ms": res.get(f"mean_{m}_ms")}
+
+    row("TTFT", vllm_block("ttft"))
+    row("TPOT", vllm_block("tpot"), "tpot")
+    pt = res.get("per_token_itl") or {}
+    multi = bool(pt.get("multi_token_chunks"))
+    row("ITL per chunk (vLLM)" if multi else "ITL", vllm_block("itl"), "itl")
+    if multi:
+        row("ITL per token", pt, "itl")
+    row("E2E latency", vllm_block("e2el"))
+    if res.get("ttfa") is not None and (v.get("reasoning_tokens_present") or v.get("ttfa_valid") is False):
+        if v.get("ttfa_valid") is False:
+            lrows.append(("TTFA (first answer token)", ["n/a"] * len(cols)))
+            notes.append("TTFA n/a: the answers carry the reasoning (<think>) in content")
+        else:
+            row("TTFA (first answer token)", res["ttfa"])
+    if (res.get("load") or {}).get("mode") in ("open", "open-capped", "trace", "trace-capped"):
+        row("E2E latency from schedule *", res.get("e2el_from_schedule"))
+        notes.append(
+            "* from when the arrival process scheduled the request, so time queued in the client "
+            "counts (coordinated omission); E2E latency starts at the send"
+        )
+    lt = FitTable(
+        "latency (ms)",
+        "metric",
+        [escape(label) for label, _ in lrows],
+        [(head, [cells[j] for _, cells in lrows]) for j, (head, _) in enumerate(cols)],
+    )
+    return lt, notes
+
+
+def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
+    """A run's result as rich tables readable at 80 columns, and the notes and warnings to print under them.
+
+    Numbers are never wrapped mid-value (numeric columns do not wrap; labels fold). The latency table (a
+    :class:`FitTable`: statistics move to a second table when they do not fit the width) has one column per
+    statistic, without a median column when p50 is one (they are the same number). Rows shown only
+    where they say something: ITL per token when chunks carried several tokens (else it equals ITL per chunk);
+    E2E latency from schedule for open-loop runs only (a closed loop schedules every request at the start),
+    with a note saying what it is; TTFA for reasoning runs only (else it is TTFT), ``n/a`` when the answers
+    carry the reasoning (N05). With no successful request every latency
+    is ``n/a``, not 0; a metric the run did not measure (``unmeasured``: TPOT and ITL of a run streamed in
+    bursts, goodput whose SLO bounds TPOT) is ``n/a (<cause>)``, e.g. ``n/a (bursts)``, and ``valid`` says so.
+    """
+    from rich.markup import escape  # noqa: PLC0415
+    from rich.table import Table  # noqa: PLC0415
+
+    done = res.get("completed", 0) > 0
+    v = res["validity"]
+    t = Table(title=escape(_run_title(res)))
+    t.add_column("metric", overflow="fold", ratio=1)
+    t.add_column("value", justify="right", no_wrap=True)
+    miss = res.get("unmeasured") or {}
+    rows = _throughput_rows(res, done, miss) + _server_rows(res)
+    gaps = "/".join(m.upper() for m in ("tpot", "itl") if m in miss)
+    rows.append(
+        (
+            "valid",
+            (
+                "[red]BENCH-INVALID[/]"
+                if not v["valid"]
+                else f"yes, {gaps} {escape(na(miss, 'tpot' if 'tpot' in miss else 'itl'))}"
+                if gaps
+                else "yes"
+            ),
+        )
+    )
+    for r in rows:
+        t.add_row(escape(r[0]), r[1])
+
+    lt, notes = _latency_table(res, pcts, done, miss)
+    if not done:
+        notes.append("n/a: no request succeeded")
+    if (en := res.get("energy")) is not None and en.get("joules") is None:
+        notes.append(f"energy: n/a ({escape(str(en.get('reason')))})")
+    return [t, lt], notes + [f"[yellow]warning:[/] {escape(w)}" for w in v.get("warnings", [])]
+
+
+def energy_rows(en: dict | None) -> list[tuple[str, str]]:
+    """The run table's energy rows (m3ctl.loadgen.energy's block): joules and mean W per GPU, J per output token and
+    output tokens per J; none when the energy is n/a (a note says why)."""
+    if not en or en.get("joules") is None:
+        return []
+    gpus = ",".join(map(str, en["gpus"]))
+    rows = [
+        (f"energy J / mean W per GPU ({en['source']}, GPU {gpus})", f"{en['joules']:,.1f} / {en['avg_w_per_gpu']:.1f}")
+    ]
+    if en.get("joules_per_output_token") is not None:
+        rows.append(
+            (
+                "J per output token / output tokens per J",
+                f"{en['joules_per_output_token']:.4g} / {en['output_tokens_per_joule']:.4g}",
+            )
+        )
+    return rows

@@ -1,0 +1,3 @@
+"""Serving: launch and wait (serve), staged readiness (health), the smoke (smoke), kernel verification
+(kernels), is it alive (lifecycle, watchdog), why it died (diagnose, logtrace), deployment records (state)
+and air-gapped launches (offline)."""

@@ -1,0 +1,34 @@
+"""One bench run in its own Python process, for trials that measure side by side (m3ctl.tuning.server.run_bench_isolated).
+
+``python -m m3ctl.tuning.benchchild IN OUT``: IN holds the pickled ``(BenchConfig, Deployment)``; OUT receives the pickled
+``{"result": dict}`` or ``{"error": "BadInput" | "BenchServerDown", "message", "hint"}``. A process of its own because
+m3ctl.loadgen.runner allows one run per process (its stall tracker and progress sink are process-wide); a fresh
+interpreter rather than a fork of the multi-threaded tune process or a multiprocessing child (which would import the
+caller's ``__main__`` script again).
+"""
+
+from __future__ import annotations
+
+import pickle
+import sys
+from pathlib import Path
+
+
+def main(inp: str, out: str) -> int:
+    from m3ctl.errors import BadInput  # noqa: PLC0415
+    from m3ctl.loadgen.runner import BenchServerDown, run_bench  # noqa: PLC0415
+    from m3ctl.serving.serve import runtime_for  # noqa: PLC0415
+
+    cfg, dep = pickle.loads(Path(inp).read_bytes())
+    try:
+        res: dict = {"result": run_bench(cfg, sync_log=lambda: runtime_for(dep).sync_log(dep))}
+    except BenchServerDown as e:
+        res = {"error": "BenchServerDown", "message": e.message, "hint": e.hint}
+    except BadInput as e:
+        res = {"error": "BadInput", "message": e.message, "hint": e.hint}
+    Path(out).write_bytes(pickle.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,108 @@
+"""The settings of a new tune study, declared once: :class:`TuneOptions` (types, defaults, units, help).
+
+``m3ctl.api.tune`` takes its defaults from it, ``m3ctl tune``'s options are derived from it (help text, type,
+default: m3ctl.cli.options.model_options), and :func:`m3ctl.tuning.study.new_settings` receives its values. The
+study's saved form (``tune.json``) is :class:`m3ctl.tuning.study.TuneSettings`; its ``spec`` part is read by
+:class:`m3ctl.tuning.search.TuneSpec`, whose own defaults are those of a ``tune.json`` written before a field
+existed (e.g. no ``baseline`` then: not measured), not a new study's.
+
+Values are checked by the study (m3ctl.tuning.study.new_settings: one BadInput line naming the option), so this
+model declares no ranges: it imports nothing but pydantic (``m3ctl --help`` derives the options from it).
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Version of the :class:`TuneOptions` schema.
+SCHEMA_VERSION: Final = 1
+
+
+class TuneOptions(BaseModel):
+    """What a new study measures and how (the ``m3ctl tune`` options other than where the study lives, the
+    host and the output)."""
+
+    model_config = ConfigDict(extra="forbid")
+    schema_version: Literal[1] = SCHEMA_VERSION
+    slo: str = Field(
+        "", description='SLO over bench result keys, e.g. "p90_tpot_ms<=20,p90_ttft_ms<=2000" ("" = none).'
+    )
+    objective: Literal["tput_per_gpu", "output_tput_per_gpu", "tokens_per_usd"] = Field(
+        "tput_per_gpu", description="tput_per_gpu, output_tput_per_gpu or tokens_per_usd (needs --usd-per-gpu-hour)."
+    )
+    usd_per_gpu_hour: float | None = Field(
+        None, description="GPU price (USD per GPU-hour) for USD per million tokens and tokens per USD."
+    )
+    knobs: list[str] = Field(
+        default_factory=list, description="Pin or narrow a knob: spec_depth=0-4, max_num_seqs=4,8 (repeatable)."
+    )
+    ladder: list[int] = Field(
+        default_factory=lambda: [1, 2, 4, 8, 16, 32, 64], description="Concurrency ladder bisected per configuration."
+    )
+    max_trials: int | None = Field(
+        None,
+        description="Budget: server starts (rejected configurations cost none; 0: none, e.g. to rewrite the outputs of a resumed study); default 12.",
+    )
+    time_budget_s: float | None = Field(
+        None, description="Budget: wall seconds (no start begins when the median trial so far would overrun it)."
+    )
+    seed: int = Field(
+        0,
+        description="Sampler and workload seed, 0 to 2**32-1 (optuna's sampler seeds numpy's RandomState, which takes that range: https://numpy.org/doc/stable/reference/random/legacy.html).",
+    )
+    confirm_top: int = Field(
+        2,
+        description="Successive halving: re-measure the best N on a fresh server (with --resume it replaces the saved value, e.g. 0 while a study is spread over several sessions, then 1 for the last).",
+    )
+    boundary_margin: float = Field(
+        0.10,
+        description="Capacity rule margin: a run within this fraction of an SLO limit (met or missed) is repeated; a level holds when the median of its runs meets the SLO and no run misses by more than this (docs/tune.md).",
+    )
+    boundary_repeats: int = Field(
+        2,
+        description="A level near the SLO limit takes this many more runs, on the same server with fresh prompts, unless decided sooner (0: one run per level).",
+    )
+    fast_starts: bool = Field(
+        True,
+        description="Trial servers share one compile cache per study and model and capture CUDA graphs only up to the ladder's largest batch (measurement-only: not in the tuned command). --no-fast-starts starts every trial as `m3ctl serve` would.",
+    )
+    max_spec_depth: int = Field(
+        4, description="Largest speculation depth searched (at most 32: every depth from 0 is a candidate)."
+    )
+    baseline: bool = Field(
+        True,
+        description="Also measure vLLM's defaults (no tuned flags, smallest accepted TP) with the same bisection and SLO, once per study (with --resume: keep the saved choice unless given).",
+    )
+    port: int | None = Field(
+        None, description="API port of the trial servers (default: $M3CTL_PORT, the config file's, else 8000)."
+    )
+    workload: str = Field(
+        "random", description="Bench workload of each measurement: random, dataset, prefix-repetition, agentic."
+    )
+    input_len: int = Field(
+        128, description="Input tokens per request (prefix-repetition: suffix; agentic: first user turn)."
+    )
+    output_len: int = Field(128, description="Output tokens per request.")
+    prompts_per_concurrency: int = Field(4, description="Requests per run = this x concurrency.")
+    warmup: bool = Field(
+        True,
+        description="Warm up before every measured run at its concurrency (as many fresh requests as the concurrency).",
+    )
+    profile: str | None = Field(None, description="Kernel profile YAML to use instead of the catalog's.")
+    args: dict = Field(default_factory=dict, description="vllm serve flag for every trial (repeatable).")
+    extra_args: list[str] = Field(
+        default_factory=list, description="Raw vLLM args of every trial (after `--`; no --api-key)."
+    )
+    skip_checks: bool = Field(False, description="Launch even if a plan rule rejects (failures become crashed trials).")
+
+
+#: The options ``--resume`` takes again (the others are the saved study's).
+RESUME_OPTIONS = ("max_trials", "time_budget_s", "baseline", "confirm_top")
+
+
+def default(name: str):
+    """The default of the option ``name`` (a fresh list/dict for a factory)."""
+    f = TuneOptions.model_fields[name]
+    return f.get_default(call_default_factory=True)

@@ -1,0 +1,656 @@
+"""Real evaluation: plan() -> launch_and_wait() -> run_bench() per concurrency -> stop(), with every trial's
+bench JSON and server log saved in the study dir, and the running server recorded so a resume after
+SIGKILL stops it first (``running.json`` + the m3ctl registry)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from m3ctl.errors import LaunchFailed
+from m3ctl.serving.kernels import jit_measure_args
+from m3ctl.tuning import startup
+from m3ctl.tuning.search import TuneSpec, num_prompts, write_json
+from m3ctl.tuning.space import plan_kwargs
+
+#: Repeats of a bench run spoiled by in-service kernel JIT compilation (each repeat hits compiled kernels).
+JIT_RERUNS = 2
+
+#: Smoke level of a trial server (m3ctl/serving/smoke.py): the workload checks only; parsers and output are the tuned
+#: command's business once it is served with ``m3ctl serve``.
+TRIAL_SMOKE = "quick"
+
+
+class ServerSession:
+    def __init__(
+        self, ev: ServerEvaluator, plan, dep, trial_dir: Path, start_s: float, secrets: dict[str, str] | None = None
+    ):
+        self.ev, self.plan, self.dep, self.dir, self.start_s = ev, plan, dep, trial_dir, start_s
+        self.secrets = secrets or {}  # the trial server's secret env: its key is what the benches send
+
+    def alive(self) -> bool:
+        from m3ctl.serving.serve import runtime_for  # noqa: PLC0415
+
+        return runtime_for(self.dep).is_alive(self.dep)
+
+    def measure(self, concurrency: int, fidelity: float) -> dict:
+        """One bench run at ``concurrency``. A run during which the server JIT-compiled or autotuned a kernel
+        (a latency spike of up to seconds: m3ctl.serving.kernels.jit_events) did not measure the steady state: it is
+        kept as ``bench-cC-xF-jitN.json`` and repeated, at most ``JIT_RERUNS`` times. A further run at the same
+        concurrency and fidelity in the trial folder (a repeat near the SLO boundary, m3ctl.tuning.search.measure_level)
+        is saved as ``bench-cC-xF-rN.json`` (N = 1, 2, ...), so every run is kept."""
+        from m3ctl.loadgen.runner import BenchConfig  # noqa: PLC0415
+
+        cfg = BenchConfig(
+            url=self.dep.url,
+            model=self.dep.served_model_name,
+            concurrency=concurrency,
+            api_key=self.secrets.get("VLLM_API_KEY"),
+            num_prompts=num_prompts(self.ev.spec, concurrency, fidelity),
+            num_gpus=self.ev.n_gpus_plan(self.plan),
+            num_gpus_source="plan (tp x dp)",
+            label=f"tune trial {self.dir.name} c={concurrency}",
+            server_log=self.dep.log_path,
+            deployment=self.dep.name,
+            state_dir=str(self.ev.registry.root),
+            # the energy meter samples this trial's GPUs only (a parallel study's neighbours run beside it)
+            deployment_gpus=list(self.plan.gpus),
+            **self.ev.bench,
+        )
+        stem = f"bench-c{concurrency}-x{fidelity:g}"
+        rep = 0
+        while (self.dir / f"{stem}{f'-r{rep}' if rep else ''}.json").exists():
+            rep += 1
+        stem += f"-r{rep}" if rep else ""
+        reruns = 0
+        while True:  # the bench reports the kernels the server compiled during its measured phase
+            res = self._run(cfg, concurrency)
+            if died := res.get("engine_died"):  # kept, then the trial is a crash with its cause (not an SLO miss)
+                write_json(self.dir / f"{stem}.json", res)
+                raise LaunchFailed(
+                    f"{died['sentence']} (during the run at concurrency {concurrency})",
+                    died.get("fix") or f"see {self.dir / 'server.log'}",
+                    phase="serving",
+                    log_path=self.dep.log_path,
+                )
+            jit = (res.get("server_jit_compiles") or {}).get("kernels", [])
+            res["tune"] = {
+                "trial_dir": str(self.dir),
+                "argv": self.plan.argv,
+                "fidelity": fidelity,
+                "jit_events": jit,
+                "jit_reruns": reruns,
+            }
+            if not jit or reruns >= JIT_RERUNS:
+                break
+            write_json(self.dir / f"{stem}-jit{reruns}.json", res)
+            reruns += 1
+        write_json(self.dir / f"{stem}.json", res)
+        return res
+
+    def _run(self, cfg, concurrency: int) -> dict:
+        """One bench run; a server lost before it could start (unreachable, gone while the prompts were prepared)
+        is a crash of the trial with the engine's cause (LaunchFailed), not an error of the study."""
+        from m3ctl.errors import BadInput  # noqa: PLC0415
+        from m3ctl.loadgen.runner import BenchServerDown, engine_death, run_bench  # noqa: PLC0415
+        from m3ctl.serving.serve import runtime_for  # noqa: PLC0415
+
+        try:
+            if getattr(self.ev, "isolate_bench", False):  # parallel trials: one bench run per process
+                return run_bench_isolated(cfg, self.dep)
+            return run_bench(cfg, sync_log=lambda: runtime_for(self.dep).sync_log(self.dep))
+        except (BadInput, BenchServerDown) as e:
+            died = engine_death(cfg)
+            if died is None and isinstance(e, BadInput) and self.alive():
+                raise
+            raise LaunchFailed(
+                f"{died['sentence'] if died else e.message} (before the run at concurrency {concurrency})",
+                (died or {}).get("fix") or f"see {self.dir / 'server.log'}",
+                phase="serving",
+                log_path=self.dep.log_path,
+            ) from None
+
+    def close(self) -> None:
+        self.ev.stop_current()
+
+
+class ServerEvaluator:
+    """Launches one real server per configuration (m3ctl's serve + bench libraries).
+
+    Args:
+        plan_base: plan() keyword arguments shared by every candidate (profile, overrides, extra_args,
+            skip_checks, variant, max_model_len, runtime...).
+        bench: BenchConfig fields for the workload (workload, input_len, output_len, seed, ...).
+        name_prefix: deployment names are ``{name_prefix}-t{trial}``; resume stops any leftover of that prefix.
+    """
+
+    def __init__(
+        self,
+        inventory,
+        model: str,
+        study_dir: Path,
+        spec: TuneSpec,
+        *,
+        plan_base: dict[str, Any],
+        bench: dict[str, Any],
+        port: int,
+        name_prefix: str,
+        registry=None,
+        space=None,
+        fast_starts: bool = True,
+    ):
+        from m3ctl.serving.state import Registry  # noqa: PLC0415
+
+        self.inv, self.model, self.dir, self.spec = inventory, model, Path(study_dir), spec
+        self.plan_base, self.bench, self.port, self.prefix = plan_base, bench, port, name_prefix
+        self.registry = registry or Registry()
+        self.spec_method = space.spec_method if space is not None else None
+        self.current: str | None = None
+        self.trial_dir: Path | None = None
+        #: the study's start measures (m3ctl.tuning.startup): one compile cache per study and model, CUDA-graph
+        #: capture bounded by the ladder. Off: every trial starts as `m3ctl serve` would.
+        self.fast_starts = fast_starts
+        self.cache_root = startup.study_cache_root(self.dir, model)
+
+    def plan(self, cand: dict[str, Any], name: str | None = None):
+        from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
+        from m3ctl.planning.plan import plan  # noqa: PLC0415
+
+        base = dict(self.plan_base)
+        prof = base.pop("profile", None)
+        req = PlanRequest(
+            model=self.model,
+            name=name or f"{self.prefix}-check",
+            port=self.port,
+            **base,
+            **plan_kwargs(cand, self.spec_method),
+        )
+        req.profile = prof
+        return plan(self.inv, req)
+
+    def trial_plan(self, cand: dict[str, Any], trial: int | str):
+        """The plan a trial server runs: named ``{prefix}-t{trial}``, plus the measurement-only flags.
+
+        Measuring servers log every in-service kernel JIT compile (ServerSession.measure repeats spoiled runs);
+        the flag is for measurement only: the tuned command and profile.yaml come from plan() without it."""
+        p = self.plan(cand, name=f"{self.prefix}-t{trial}")
+        extra = [a for a in jit_measure_args() if a not in p.argv]
+        update: dict[str, Any] = {"argv": [*p.argv, *extra]} if extra else {}
+        if self.fast_starts:
+            update.update(self._start_measures(p, update.get("argv", p.argv)))
+        return p.model_copy(update=update) if update else p
+
+    def start_measures_note(self, cand: dict[str, Any]) -> str:
+        """The start measures of ``cand``'s trial server in words (for ``--dry-run``)."""
+        if not self.fast_starts:
+            return "off (--no-fast-starts): every trial starts as `m3ctl serve` would"
+        p = self.plan(cand)
+        _, note = self._capture_bound(p, p.argv)
+        inherited: dict[str, str] | None = {} if p.runtime == "docker" else None
+        fork = startup.engine_process_env(p.env, inherited)
+        engine = "engine-core process forked" if fork else "engine-core start method left to the environment"
+        kc = startup.kernel_cache_env(self.cache_root, p.env, inherited)
+        kernels = (
+            f"one Inductor kernel cache across compile keys ({kc[startup.facts().kernel_cache.env]}, AOT compile off)"
+            if kc
+            else "Inductor's kernel cache left to the environment"
+        )
+        warm = "; a prewarmed server process per trial" if p.runtime == "process" else ""
+        return f"compile cache {self.cache_root} (one per study and model); {kernels}; {note}; {engine}{warm}"
+
+    def _capture_bound(self, p, argv: list[str]) -> tuple[list[str], str]:
+        if not p.gpus:  # CPU: no CUDA graphs to bound
+            return [], "no CUDA graphs on CPU"
+        seqs = p.scheduler_limits[1] if p.scheduler_limits is not None else None
+        return startup.capture_bound_args(argv, max(self.spec.ladder), p.spec_depth, seqs)
+
+    def _start_measures(self, p, argv: list[str]) -> dict[str, Any]:
+        """The trial plan's start measures (m3ctl.tuning.startup): the study's vLLM cache root in its environment
+        (bind-mounted at the same path for the docker runtime) and the CUDA-graph capture bound of the ladder.
+        Measurement-only, like the JIT-monitor flag: the tuned command and profile.yaml come from plan()."""
+        flags, _ = self._capture_bound(p, argv)
+        inherited: dict[str, str] | None = {} if p.runtime == "docker" else None
+        env = {**p.env, **startup.cache_env(self.cache_root)}
+        env.update(startup.kernel_cache_env(self.cache_root, env, inherited))
+        env.update(startup.engine_process_env(env, inherited))
+        out: dict[str, Any] = {"argv": [*argv, *flags], "env": env}
+        if p.runtime == "docker":
+            out["mounts"] = [*p.mounts, f"{self.cache_root}:{self.cache_root}:rw"]
+        return out
+
+    def check(self, cand: dict[str, Any]):
+        return self.plan(cand)
+
+    def server_key(self, cand: dict[str, Any]) -> str:
+        """What the server of ``cand`` would effectively run, as a comparable string: its vLLM arguments with
+        the scheduler limits resolved (an explicit ``--max-num-seqs 1024`` equals vLLM's default of 1024 on an
+        H200; :attr:`m3ctl.planning.plan.LaunchPlan.scheduler_limits`), its environment and layout. Two candidates with
+        the same key start the same engine. Raises ConfigRejected like :meth:`check`."""
+        p = self.plan(cand)
+        args = {k: v for k, v in (p.vllm_args or {}).items() if k not in ("max-num-batched-tokens", "max-num-seqs")}
+        if p.scheduler_limits is not None:
+            args["max-num-batched-tokens"], args["max-num-seqs"] = p.scheduler_limits
+        return json.dumps(
+            {
+                "args": args,
+                "env": p.env,
+                "tp": p.tp,
+                "dp": p.dp,
+                "dcp": p.dcp,
+                "ep": p.ep,
+                "dbo": p.dbo,
+                "gpus": len(p.gpus),
+            },
+            sort_keys=True,
+            default=str,
+        )
+
+    @staticmethod
+    def n_gpus_plan(p) -> int:
+        return max(1, p.tp * p.dp) if p.gpus else 1
+
+    def n_gpus(self, cand: dict[str, Any]) -> int:
+        return max(1, cand.get("tp", 1) * cand.get("dp", 1)) if self.inv.gpus else 1
+
+    def command(self, cand: dict[str, Any]) -> str:
+        return self.plan(cand, name=self.plan_base.get("served_model_name") or "m3ctl").command_line()
+
+    def baseline_candidate(self) -> tuple[dict[str, Any] | None, str]:
+        """vLLM's defaults as a candidate: none of the tuned knobs' flags (vLLM picks max-num-seqs,
+        max-num-batched-tokens... itself; no speculation), DP 1 and the smallest power-of-two TP that the
+        planner accepts (1 first). Returns (candidate, "") or (None, why: the last rejection)."""
+        from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+
+        why = "no GPU count to try"
+        tp, n = 1, max(1, len(self.inv.gpus))
+        while tp <= n:
+            cand = {"tp": tp, "dp": 1}
+            try:
+                self.plan(cand)
+                return cand, ""
+            except ConfigRejected as e:
+                why = f"TP {tp}: {e.message}"
+            tp *= 2
+        return None, f"the planner rejects vLLM's defaults at every TP ({why})"
+
+    def open(self, cand: dict[str, Any], trial: int | str, on_event: Callable[[str], None]) -> ServerSession:
+        """Start the server of ``cand``; ``trial`` names it (``{prefix}-t{trial}``) and its folder
+        (``trials/NNNN``, or ``trials/base`` for the baseline)."""
+
+        name = f"{self.prefix}-t{trial}"
+        tdir = self.dir / "trials" / (f"{trial:04d}" if isinstance(trial, int) else str(trial))
+        tdir.mkdir(parents=True, exist_ok=True)
+        p = self.trial_plan(cand, trial)
+        write_json(tdir / "config.json", {"config": cand, "argv": p.argv, "command": p.command_line()})
+        self.current, self.trial_dir = name, tdir
+        self._mark_running(name, trial)
+        from m3ctl.core.secrets import launch_env  # noqa: PLC0415
+
+        secrets = launch_env(p)  # a server that inherits VLLM_API_KEY requires it: readiness and benches send it
+        warm_note = None
+        if self.fast_starts:
+            self.cache_root.mkdir(parents=True, exist_ok=True)
+            if p.runtime == "process":  # one process importing vLLM for the next trial while this one starts
+                from m3ctl.runtime.process import keep_prewarmed  # noqa: PLC0415
+
+                warm_note = keep_prewarmed(p, self.registry, secrets, self.warm_prefix)
+        t0 = time.monotonic()
+        try:
+            res = self._launch(p, secrets, on_event)
+        except LaunchFailed as e:
+            e.elapsed_s = time.monotonic() - t0  # type: ignore[attr-defined]
+            self._save_log(name, tdir)
+            self.registry.remove(name)  # the trial's folder keeps its log and the study its cause
+            self.current = None
+            self._mark_stopped(name)
+            raise
+        except BaseException:
+            self._save_log(name, tdir)
+            self.current = None
+            self._mark_stopped(name)
+            raise
+        start_s = time.monotonic() - t0
+        self._record_start(res, tdir, start_s, warm_note, p.env)
+        return ServerSession(self, p, res.deployment, tdir, start_s, secrets)
+
+    def _launch(self, p, secrets: dict[str, str], on_event: Callable[[str], None]):
+        """launch_and_wait with the trial smoke: the quick smoke (a long prompt of several KV/MSA blocks and a
+        mixed batch), so a trial whose server would die on the workload's prompts fails here, with the cause,
+        instead of as a bench run. A start that failed reading the study's compile cache back (the engine's own
+        error, m3ctl.serving.diagnose: component ``torch-compile-cache``) clears the cache and starts once more."""
+        from m3ctl.serving.diagnose import diagnose_log  # noqa: PLC0415
+        from m3ctl.serving.serve import launch_and_wait  # noqa: PLC0415
+
+        def go():
+            return launch_and_wait(
+                p,
+                registry=self.registry,
+                secret_env=secrets,
+                smoke=TRIAL_SMOKE,
+                on_event=lambda e: on_event(f"{e.phase} {e.status}") if e.status != "start" else None,
+            )
+
+        try:
+            return go()
+        except LaunchFailed as e:
+            d = diagnose_log(e.log_path or self.registry.log_path(p.name))
+            if not (self.fast_starts and d is not None and startup.is_corrupt_cache(d.component_id)):
+                raise
+            startup.clear_cache(self.cache_root)
+            self.cache_root.mkdir(parents=True, exist_ok=True)
+            on_event("compile cache unreadable: cleared, starting again")
+            self.registry.remove(p.name)
+            return go()
+
+    @property
+    def warm_prefix(self) -> str:
+        """Name prefix of this evaluator's prewarmed processes (m3ctl.runtime.prewarm), one set per port."""
+        return f"{self.prefix}-warm{self.port}-"
+
+    def discard_prewarmed(self) -> int:
+        """End this evaluator's and its slots' waiting prewarmed processes (the study's last cleanup)."""
+        from m3ctl.runtime import prewarm  # noqa: PLC0415
+
+        return sum(prewarm.discard(c.warm_prefix) for c in [self, *self.__dict__.get("_slots", [])])
+
+    def _record_start(
+        self, res, tdir: Path, start_s: float, warm_note: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        """``trials/NNNN/start.json``: the start broken down from the server's own log (m3ctl.tuning.startup),
+        with the study's start measures and the wall seconds the tune counted for it: whether the server ran in a
+        prewarmed process and how its engine-core process started (``fork``, ``spawn``)."""
+        from m3ctl.serving.serve import runtime_for  # noqa: PLC0415
+
+        dep = res.deployment
+        try:
+            text = runtime_for(dep).log_text(dep, tail_bytes=5_000_000)
+        except OSError:
+            text = ""
+        ready_at = dep.started_at + res.readiness.time_to_ready_s if dep.started_at else None
+        b = startup.start_breakdown(text, launched_at=dep.started_at, ready_at=ready_at, smoke_s=dep.smoke_s)
+        write_json(
+            tdir / "start.json",
+            {
+                **b.to_json(),
+                "start_s": round(start_s, 2),
+                "fast_starts": self.fast_starts,
+                "cache_root": str(self.cache_root) if self.fast_starts else None,
+                "prewarmed": dep.prewarmed,
+                "prewarm": warm_note,
+                "engine_process": startup.engine_process_used(env, text),
+                "kernel_cache": (env or {}).get(startup.facts().kernel_cache.env),
+            },
+        )
+
+    def _save_log(self, name: str, tdir: Path) -> None:
+        src = self.registry.log_path(name)
+        if src.exists():
+            try:
+                shutil.copyfile(src, tdir / "server.log")
+            except OSError:  # a full disk: no truncated copy (the log stays in the state dir)
+                (tdir / "server.log").unlink(missing_ok=True)
+
+    def stop_current(self) -> None:
+        from m3ctl.serving.serve import stop  # noqa: PLC0415
+
+        name, tdir = self.current, self.trial_dir
+        if name is None:
+            return
+        try:
+            if self.registry.exists(name):
+                stop([name], registry=self.registry)
+        finally:
+            if tdir is not None:
+                self._save_log(name, tdir)
+            self.current = None
+            self._mark_stopped(name)
+
+    # ------------------------------------------------------------------ parallel trials (m3ctl.tuning.parallel)
+    #: Run each bench in a child process (a slot evaluator's sessions run beside others': m3ctl.loadgen.runner allows
+    #: one run per process).
+    isolate_bench = False
+
+    def _running_state(self) -> tuple[threading.Lock, dict[str, dict]]:
+        """The trial servers running now (name -> running.json record) and its lock, shared with the slot
+        evaluators (:meth:`for_slot`)."""
+        st = self.__dict__.get("_running_recs")
+        if st is None:
+            st = self.__dict__["_running_recs"] = (threading.Lock(), {})
+        return st
+
+    def _mark_running(self, name: str, trial: int | str) -> None:
+        lock, recs = self._running_state()
+        with lock:
+            recs[name] = {"name": name, "trial": trial, "state_dir": str(self.registry.root)}
+            self._write_running(recs)
+
+    def _mark_stopped(self, name: str) -> None:
+        lock, recs = self._running_state()
+        with lock:
+            recs.pop(name, None)
+            self._write_running(recs)
+
+    def _write_running(self, recs: dict[str, dict]) -> None:
+        """``running.json``: one trial server: its record ``{name, trial, state_dir}`` (the file of a serial study,
+        which older m3ctl reads); several (parallel trials): the first one's record plus ``running``, the list of
+        every record; none: no file."""
+        path = self.dir / "running.json"
+        rows = list(recs.values())
+        if not rows:
+            path.unlink(missing_ok=True)
+        elif len(rows) == 1:
+            write_json(path, rows[0])
+        else:
+            write_json(path, {**rows[0], "running": rows})
+
+    def for_slot(self, gpus, port: int) -> ServerEvaluator:
+        """This evaluator for one of several trials at once: its plans pin ``gpus`` (physical GPU indices:
+        :attr:`m3ctl.assess.request.PlanRequest.gpus`, so the planner sets the server's visible devices) and listen
+        on ``port``; it has its own current server, runs its bench runs in a child process and shares
+        ``running.json`` with this one. :meth:`stop_slots` stops the servers of every slot evaluator made here."""
+        self._running_state()  # created before the copy, so the copy shares it
+        c = copy.copy(self)
+        c.plan_base = {**self.plan_base, "gpus": [int(g) for g in gpus]}
+        c.port = int(port)
+        c.current = c.trial_dir = None
+        c.isolate_bench = True
+        self.__dict__.setdefault("_slots", []).append(c)
+        return c
+
+    def abort(self) -> bool:
+        """Stop this evaluator's trial server from another thread (a parallel study being cancelled), whether it
+        is still starting or measuring; safe to repeat (the owning thread's open/close clean up). Returns True when a
+        server was stopped."""
+        from m3ctl.serving.serve import stop  # noqa: PLC0415
+
+        name = self.current
+        if name is None or not self.registry.exists(name):
+            return False
+        stop([name], registry=self.registry)
+        return True
+
+    def stop_slots(self) -> None:
+        """Stop the server of every slot evaluator :meth:`for_slot` made (the study's last cleanup)."""
+        for c in self.__dict__.get("_slots", []):
+            c.stop_current()
+
+    def gpus_needed(self, cand: dict[str, Any]) -> int:
+        """GPUs the server of ``cand`` occupies on this host: the plan's world size (TP x PP x DP), at least 1
+        (a CPU plan: 1). Raises ConfigRejected like :meth:`check`."""
+        return max(1, len(self.plan(cand).gpus))
+
+    def compile_key(self, cand: dict[str, Any]) -> str:
+        """Which torch.compile cache entry the server of ``cand`` would use, as a comparable string: two candidates
+        with the same key compile the same graph, so the second one started after the first finds it compiled
+        (vLLM keys its compilation cache on ``VllmConfig.compute_hash()``: https://docs.vllm.ai/en/latest/design/
+        torch_compile.html). Used to order parallel trials (m3ctl/tuning/schedule.py); raises ConfigRejected like
+        :meth:`check`.
+
+        The key is the plan's model, image, layout (TP/PP/DP/DCP/EP/DBO), environment and vLLM flags, minus what
+        does not enter vLLM's hash: where the server listens and what it is called (port, host and served name are
+        not among :attr:`~m3ctl.planning.plan.LaunchPlan.vllm_args`), the visible-device and port variables
+        (:data:`COMPILE_NEUTRAL_ENV`: the cache is keyed by rank, not by GPU), and ``--max-num-seqs`` when the CUDA
+        graph capture sizes are pinned (``cudagraph_capture_sizes`` / ``max_cudagraph_capture_size`` in
+        ``--compilation-config``, or the flags of the same names) or with ``--enforce-eager`` (no graph at all).
+        ``SchedulerConfig.compute_hash`` has no factors, but the scheduler limits reach the hash through the
+        compilation config: max-num-seqs sets the default largest capture size (``min(max_num_seqs x 2, 512)``,
+        ``_set_cudagraph_sizes``) and max-num-batched-tokens is the end of the compile ranges
+        (``_set_compile_ranges``), so ``--max-num-batched-tokens`` stays in the key unless the server is eager
+        (https://github.com/vllm-project/vllm/blob/main/vllm/config/vllm.py, vllm/config/scheduler.py,
+        vllm/config/compilation.py).
+        """
+        p = self.plan(cand)
+        args = dict(p.vllm_args or {})
+        eager = bool(args.get("enforce-eager"))
+        bounded = self.fast_starts and bool(self._capture_bound(p, p.argv)[0])  # the trial's own capture bound
+        if eager or bounded or _capture_sizes_pinned(args):
+            args.pop("max-num-seqs", None)
+        if eager:
+            args.pop("max-num-batched-tokens", None)
+        env = {k: v for k, v in p.env.items() if k not in COMPILE_NEUTRAL_ENV}
+        return json.dumps(
+            {
+                "model": p.model,
+                "image": p.image,
+                "args": args,
+                "env": env,
+                "tp": p.tp,
+                "pp": p.pp,
+                "dp": p.dp,
+                "dcp": p.dcp,
+                "ep": p.ep,
+                "dbo": p.dbo,
+            },
+            sort_keys=True,
+            default=str,
+        )
+
+
+#: Server environment that does not change the compiled graph: which GPUs, the device order, internal ports.
+COMPILE_NEUTRAL_ENV = frozenset(
+    {
+        "CUDA_VISIBLE_DEVICES",
+        "HIP_VISIBLE_DEVICES",
+        "ROCR_VISIBLE_DEVICES",
+        "CUDA_DEVICE_ORDER",
+        "VLLM_PORT",
+        "MASTER_PORT",
+    }
+)
+
+
+def _capture_sizes_pinned(args: dict[str, Any]) -> bool:
+    """True when the vLLM flags fix the CUDA graph capture sizes (so max-num-seqs does not choose them)."""
+    names = ("cudagraph_capture_sizes", "max_cudagraph_capture_size")
+    if any(k.replace("-", "_") in names for k in args):
+        return True
+    if any(k.replace("-", "_").startswith("compilation_config.") and k.split(".", 1)[1] in names for k in args):
+        return True
+    cc = args.get("compilation-config", args.get("compilation_config"))
+    if isinstance(cc, str):
+        try:
+            cc = json.loads(cc)
+        except ValueError:
+            return False
+    return isinstance(cc, dict) and any(cc.get(n) is not None for n in names)
+
+
+def run_bench_isolated(cfg, dep) -> dict:
+    """:func:`m3ctl.loadgen.runner.run_bench` of ``cfg`` against deployment ``dep`` in a Python process of its own
+    (:mod:`m3ctl.tuning.benchchild`), so trials running at once each measure with their own load generator (run_bench
+    allows one run per process: its stall tracker and progress sink are process-wide).
+
+    Raises:
+        BadInput, BenchServerDown: as run_bench (the same message and hint).
+        LaunchFailed: the bench process ended without a result (its exit status and last stderr line).
+    """
+    import os  # noqa: PLC0415
+    import pickle  # noqa: PLC0415
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+    import tempfile  # noqa: PLC0415
+
+    import m3ctl  # noqa: PLC0415
+    from m3ctl.errors import BadInput  # noqa: PLC0415
+    from m3ctl.loadgen.runner import BenchServerDown  # noqa: PLC0415
+
+    root = str(Path(m3ctl.__file__).resolve().parent.parent)  # the child imports this m3ctl
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
+    with tempfile.TemporaryDirectory(prefix="m3ctl-bench-") as d:
+        inp, out = Path(d) / "in.pkl", Path(d) / "out.pkl"
+        inp.write_bytes(pickle.dumps((cfg, dep)))
+        p = subprocess.run(
+            [sys.executable, "-m", "m3ctl.tuning.benchchild", str(inp), str(out)],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+        if not out.exists():
+            tail = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
+            raise LaunchFailed(
+                f"the bench run's process ended without a result (exit {p.returncode}): {tail}",
+                f"see {dep.log_path or 'the server log'}",
+                phase="serving",
+                log_path=dep.log_path,
+            )
+        res = pickle.loads(out.read_bytes())
+    if "error" in res:
+        raise {"BenchServerDown": BenchServerDown, "BadInput": BadInput}[res["error"]](res["message"], res["hint"])
+    return res["result"]
+
+
+def trial_ports(host: str, first: int, n: int, tries: int = 100) -> tuple[int, ...]:
+    """``n`` API ports for trial servers running at once: ``first``, then the next ports up that are free now
+    (m3ctl.runtime.base.port_in_use). ``first`` is the study's port and is kept even when taken (its trial's
+    pre-flight then names the holder, as in a serial study).
+
+    Raises:
+        ConfigRejected: fewer than ``n`` free ports among the ``tries`` ports above ``first``.
+    """
+    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+    from m3ctl.runtime.base import port_in_use  # noqa: PLC0415
+
+    out = [first]
+    p = first
+    while len(out) < n and p < min(65535, first + tries):
+        p += 1
+        if not port_in_use(host, p):
+            out.append(p)
+    if len(out) < n:
+        raise ConfigRejected(
+            f"{n} trials at once need {n} API ports from {first} up; only {len(out)} of the next {tries} are free",
+            "pass --port with a free range above it, or --parallel-trials 1",
+        )
+    return tuple(out)
+
+
+def stop_leftovers(study_dir: Path, prefix: str, registry) -> list[str]:
+    """Stop servers a killed tune left behind: those in ``running.json`` (its record, and every record of its
+    ``running`` list when trials ran in parallel) and any deployment named ``{prefix}-t*`` in the registry.
+    Returns the names stopped."""
+    from m3ctl.serving.serve import stop  # noqa: PLC0415
+
+    names = {d.name for d in registry.list() if d.name.startswith(prefix + "-t")}
+    run = Path(study_dir) / "running.json"
+    if run.exists():
+        try:
+            data = json.loads(run.read_text())
+            names.add(data["name"])
+            names.update(r["name"] for r in data.get("running", []))  # parallel trials: every running server
+        except (ValueError, KeyError, TypeError):
+            pass
+    stopped = []
+    for n in sorted(names):
+        if registry.exists(n):
+            stop([n], registry=registry)
+            stopped.append(n)
+    run.unlink(missing_ok=True)
+    return stopped

@@ -1,0 +1,203 @@
+"""The one loader of packaged data (m3ctl.catalog.data): every packaged .yaml is registered with a schema and
+validates; a broken file is one error line naming the file, the field path and what was wrong."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+from pydantic import BaseModel
+
+import m3ctl
+from m3ctl import catalog
+from m3ctl.errors import CatalogError
+
+PKG = Path(m3ctl.__file__).parent
+PACKAGED = sorted(p.relative_to(PKG).as_posix() for p in PKG.rglob("*.yaml"))
+
+
+def test_the_package_ships_the_data_files_this_test_enumerates():
+    folders = {p.split("/")[0] for p in PACKAGED}
+    assert {"data", "profiles", "images", "models"} <= folders and len(PACKAGED) >= 30, PACKAGED
+
+
+@pytest.mark.parametrize("rel", PACKAGED)
+def test_every_packaged_yaml_is_registered_with_a_schema_and_validates(rel):
+    schema = catalog.schema_for(rel)
+    assert isinstance(schema, type) and issubclass(schema, BaseModel)
+    assert schema.model_config.get("extra") == "forbid", f"{rel}: {schema.__qualname__} accepts unknown keys"
+    obj = catalog.data(rel, schema)
+    assert isinstance(obj, schema)
+    assert catalog.data(rel, schema) is obj  # cached: read and validated once
+
+
+def test_every_registry_entry_names_packaged_files_and_importable_schemas():
+    for entry in catalog.DATA_FILES:
+        covered = [p for p in PACKAGED if catalog.data_file(p) is entry]
+        assert covered, f"{entry.path} names no packaged file"
+        assert "*" in entry.path or covered == [entry.path]
+        assert issubclass(catalog._resolve(entry.schema), BaseModel)
+        if entry.parser:
+            assert callable(catalog._resolve(entry.parser))
+
+
+@pytest.mark.parametrize("rel", PACKAGED)
+def test_every_data_file_refuses_an_unknown_top_level_key(rel, tmp_path):
+    copy = tmp_path / Path(rel).name
+    copy.write_text((PKG / rel).read_text() + "\nbogus_kee: 1\n")
+    with pytest.raises(CatalogError) as e:
+        catalog.parse_as(rel, copy.read_text(), str(copy))
+    assert e.value.message.startswith(f"{copy}: unknown key 'bogus_kee'"), e.value.message
+
+
+def _broken_copy(tmp_path: Path, rel: str, edit) -> Path:
+    data = yaml.safe_load((PKG / rel).read_text())
+    edit(data)
+    copy = tmp_path / Path(rel).name
+    copy.write_text(yaml.safe_dump(data, sort_keys=False))
+    return copy
+
+
+def _error(rel: str, copy: Path) -> CatalogError:
+    with pytest.raises(CatalogError) as e:
+        catalog.parse_as(rel, copy.read_text(), str(copy))
+    assert "\n" not in e.value.message
+    return e.value
+
+
+def test_a_misspelt_key_inside_a_dict_of_models_says_did_you_mean(tmp_path):
+    def edit(d):
+        gpu = next(iter(d["systems"].values()))["gpu"]
+        gpu["memory_mb"] = gpu.pop("memory_mib")
+
+    copy = _broken_copy(tmp_path, "data/systems.yaml", edit)
+    key = next(iter(yaml.safe_load(copy.read_text())["systems"]))
+    err = _error("data/systems.yaml", copy)
+    assert err.message == f"{copy}: unknown key 'systems.{key}.gpu.memory_mb'; did you mean 'memory_mib'?"
+    assert err.hint == "fix the file; see the schema SystemCatalog in m3ctl/hw/systems.py"
+
+
+def test_a_misspelt_key_in_a_profile_section_says_did_you_mean(tmp_path):
+    copy = _broken_copy(
+        tmp_path,
+        "profiles/cpu.yaml",
+        lambda d: d["readiness"].update(startup_base=d["readiness"].pop("startup_base_s")),
+    )
+    err = _error("profiles/cpu.yaml", copy)
+    assert err.message == f"{copy}: unknown key 'readiness.startup_base'; did you mean 'startup_base_s'?"
+
+
+def test_a_misspelt_key_in_a_list_item_says_did_you_mean(tmp_path):
+    def edit(d):
+        d["fallbacks"][0]["meening"] = d["fallbacks"][0].pop("meaning")
+
+    err = _error("data/kernel_patterns.yaml", _broken_copy(tmp_path, "data/kernel_patterns.yaml", edit))
+    assert err.message.endswith(": unknown key 'fallbacks.0.meening'; did you mean 'meaning'?")
+
+
+def test_a_wrong_value_names_the_field_and_quotes_the_value(tmp_path):
+    def edit(d):
+        next(iter(d["systems"].values()))["gpus"] = "eight"
+
+    copy = _broken_copy(tmp_path, "data/systems.yaml", edit)
+    key = next(iter(yaml.safe_load(copy.read_text())["systems"]))
+    err = _error("data/systems.yaml", copy)
+    assert err.message.startswith(f"{copy}: systems.{key}.gpus: Input should be a valid integer")
+    assert err.message.endswith("(got 'eight')")
+
+
+def test_a_missing_section_names_it(tmp_path):
+    err = _error("data/host_cpus.yaml", _broken_copy(tmp_path, "data/host_cpus.yaml", lambda d: d.pop("grace")))
+    assert err.message.endswith("host_cpus.yaml: grace: Field required")
+
+
+def test_a_regex_error_is_the_field_and_the_reason_without_pydantics_prefix(tmp_path):
+    def no_group(d):
+        d["backends"][0]["regex"] = "Using \\w+ attention backend"
+
+    err = _error("data/kernel_patterns.yaml", _broken_copy(tmp_path, "data/kernel_patterns.yaml", no_group))
+    assert re.search(r"kernel_patterns\.yaml: backends\.0\.regex: regex has no \(\?P<name>\.\.\.\) group", err.message)
+
+    def unclosed(d):
+        d["runtime_jit"]["regex"] = "(unclosed"
+
+    err = _error("data/kernel_patterns.yaml", _broken_copy(tmp_path, "data/kernel_patterns.yaml", unclosed))
+    assert "runtime_jit.regex: regex does not compile" in err.message and "Value error" not in err.message
+
+
+def test_invalid_yaml_a_list_and_a_newer_schema_version(tmp_path):
+    copy = tmp_path / "vendors.yaml"
+    copy.write_text("vendors: [unclosed\n")
+    assert "vendors.yaml: not valid YAML" in _error("data/vendors.yaml", copy).message
+    copy.write_text("- a\n- b\n")
+    assert _error("data/vendors.yaml", copy).message == f"{copy}: expected a mapping at the top level"
+    copy.write_text((PKG / "data/vendors.yaml").read_text().replace("schema_version: 1", "schema_version: 2"))
+    assert "schema_version 2 is not supported" in _error("data/vendors.yaml", copy).message
+
+
+def test_an_owner_parser_checks_across_entries(tmp_path):
+    """known_issues.yaml goes through its owner's parser: a workaround must name a fallback."""
+
+    def edit(d):
+        d["issues"][0]["workaround"] = "no-such-fallback"
+
+    err = _error("data/known_issues.yaml", _broken_copy(tmp_path, "data/known_issues.yaml", edit))
+    assert "workaround 'no-such-fallback' is not a fallback" in err.message
+
+
+def test_data_reads_the_packaged_file_and_names_it(tmp_path, monkeypatch):
+    """A broken packaged file fails on first use, named as m3ctl/<path>; the loader reads through
+    importlib.resources (here pointed at a tmp copy of the package's data)."""
+    from m3ctl.catalog.vendors import VendorTable
+
+    (tmp_path / "data").mkdir()
+    text = (PKG / "data/vendors.yaml").read_text().replace("visibility:", "visiblity:", 1)
+    (tmp_path / "data/vendors.yaml").write_text(text)
+    monkeypatch.setattr(catalog, "resources", SimpleNamespace(files=lambda _pkg: tmp_path))
+    catalog._packaged.cache_clear()
+    try:
+        with pytest.raises(CatalogError, match=r"^m3ctl/data/vendors\.yaml: unknown key 'vendors\.\w+\.visiblity'; "):
+            catalog.data("data/vendors.yaml", VendorTable)
+        (tmp_path / "data/vendors.yaml").unlink()
+        with pytest.raises(CatalogError, match=r"^m3ctl/data/vendors\.yaml: cannot read the packaged file"):
+            catalog.data("data/vendors.yaml", VendorTable)
+    finally:
+        catalog._packaged.cache_clear()
+
+
+def test_an_unregistered_path_or_a_wrong_schema_is_refused():
+    from m3ctl.catalog.vendors import VendorTable
+    from m3ctl.hw.systems import SystemCatalog
+
+    with pytest.raises(CatalogError, match=r"m3ctl/data/sytems\.yaml: not a registered data file; did you mean "):
+        catalog.data("data/sytems.yaml", SystemCatalog)
+    with pytest.raises(TypeError, match="registered with schema m3ctl.hw.systems:SystemCatalog"):
+        catalog.data("data/systems.yaml", VendorTable)
+    with pytest.raises(CatalogError, match="not a registered data file"):
+        catalog.data_file("profiles/nested/cpu.yaml")
+
+
+#: Modules that still read packaged data themselves (they are outside the catalog's change; each validates with
+#: its own schema). A new reader must use m3ctl.catalog.data instead: this set may only shrink.
+_STILL_READING_DIRECTLY = {
+    "m3ctl/assess/capability.py",
+    "m3ctl/assess/engine_models.py",
+    "m3ctl/assess/known_issues.py",
+    "m3ctl/hw/inventory.py",
+    "m3ctl/core/secrets.py",
+    "m3ctl/serving/smoke.py",
+    "m3ctl/planning/vllm_args.py",
+    "m3ctl/planning/vllm_values.py",
+}
+
+
+def test_no_new_module_reads_packaged_data_around_the_catalog():
+    readers = {
+        p.relative_to(PKG.parent).as_posix()
+        for p in PKG.rglob("*.py")
+        if 'resources.files("m3ctl")' in p.read_text() and p.name != "catalog.py"
+    }
+    assert readers <= _STILL_READING_DIRECTLY, sorted(readers - _STILL_READING_DIRECTLY)

@@ -1,0 +1,67 @@
+"""`m3ctl --help` stays light (issue 26): the root command list is written from m3ctl.cli.app.COMMANDS without
+importing any command module, and each entry's short help is the command's own."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from m3ctl.cli.app import COMMANDS, load_command
+
+#: Modules `m3ctl --help` must not import: the command modules, pydantic and the settings models it builds,
+#: the engine libraries.
+HEAVY = (
+    "pydantic",
+    "m3ctl.loadgen.config",
+    "m3ctl.tuning.options",
+    "m3ctl.api",
+    "m3ctl.cli.bench",
+    "m3ctl.cli.tune",
+    "m3ctl.cli.serve",
+    "m3ctl.cli.plan",
+    "rich",
+    "torch",
+    "vllm",
+    "docker",
+    "pynvml",
+)
+
+
+def test_root_help_imports_no_command_module_nor_pydantic():
+    code = (
+        "import sys\n"
+        "from m3ctl.cli import main\n"
+        "rc = main(['--help'])\n"
+        f"print(sorted(m for m in {HEAVY!r} if m in sys.modules))\n"
+        "print(rc)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("M3CTL_")}  # an M3CTL_* set: its name is checked
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env)
+    *help_lines, loaded, rc = p.stdout.strip().splitlines()
+    assert loaded == "[]" and rc == "0"
+    text = "\n".join(help_lines)
+    for name in COMMANDS:
+        assert f"\n  {name} " in text, name
+
+
+def test_the_short_help_of_each_command_is_its_own():
+    """COMMANDS' short help is what click derives from the command itself (its docstring or group help)."""
+    from typer._click.utils import make_default_short_help
+
+    for name, (_, _, short) in COMMANDS.items():
+        cmd = load_command(name)
+        assert cmd.name == name
+        for limit in (45, 60, 200):
+            assert cmd.get_short_help_str(limit) == make_default_short_help(short, limit), name
+
+
+def test_the_commands_load_on_use_and_keep_their_subcommands():
+    import typer.main
+
+    from m3ctl.cli import app
+
+    root = typer.main.get_command(app)
+    assert list(root.commands) == list(COMMANDS)
+    assert set(root.commands["bench"].commands) == {"report"}
+    assert {"tiny-model", "scale-model", "fix-vllm"} <= set(root.commands["dev"].commands)

@@ -1,0 +1,64 @@
+from m3ctl.core.secrets import MASK, is_secret_name, redact_env, redact_text
+
+
+def test_redact_env():
+    env = {"HF_TOKEN": "hf_abcdefghijk", "VLLM_API_KEY": "k", "PATH": "/bin", "AWS_SECRET_ACCESS_KEY": "s"}
+    r = redact_env(env)
+    assert r["HF_TOKEN"] == MASK and r["VLLM_API_KEY"] == MASK and r["AWS_SECRET_ACCESS_KEY"] == MASK
+    assert r["PATH"] == "/bin"
+    assert not is_secret_name("CUDA_VISIBLE_DEVICES")
+
+
+def test_redact_text():
+    t = "token hf_abcdefghijklmnop and sk-abcdefghijkl and Authorization: Bearer xyz.abc and mypass123"
+    r = redact_text(t, ["mypass123"])
+    for s in ("hf_abcdefghijklmnop", "sk-abcdefghijkl", "xyz.abc", "mypass123"):
+        assert s not in r
+
+
+def test_split_api_key_takes_every_spelling_out_of_raw_args():
+    import pytest
+
+    from m3ctl.core.secrets import split_api_key
+    from m3ctl.errors import BadInput
+
+    assert split_api_key(["--max-num-seqs", "8", "--api-key", "k1", "--enforce-eager"]) == (
+        ["--max-num-seqs", "8", "--enforce-eager"],
+        "k1",
+    )
+    assert split_api_key(["--api-key=k2"]) == ([], "k2") and split_api_key(["--api_key", "k3"]) == ([], "k3")
+    with pytest.raises(BadInput, match="2 keys"):
+        split_api_key(["--api-key", "a", "b"])
+    with pytest.raises(BadInput, match="no value"):
+        split_api_key(["--api-key", "--enforce-eager"])
+
+
+def test_serve_api_key_env_names_the_variable_never_the_value(monkeypatch):
+    import json
+
+    from m3ctl.planning.plan import LaunchPlan
+    from m3ctl.serving.serve import api_key_for
+    from m3ctl.serving.state import Registry
+    from tests.conftest import run_cli
+
+    d = run_cli(
+        "serve",
+        "--model",
+        "org/m",
+        "--dry-run",
+        "--json",
+        "--skip-checks",
+        "--api-key-env",
+        "MY_KEY",
+        env={"MY_KEY": "s3cr3t-value-42"},
+        check=True,
+    ).stdout
+    assert "s3cr3t-value-42" not in d
+    p = LaunchPlan.model_validate(json.loads(d))
+    assert p.api_key_env == "MY_KEY" and "VLLM_API_KEY" in p.secret_env_names and "--api-key" not in p.argv
+    r = run_cli("serve", "--model", "org/m", "--dry-run", "--api-key-env", "UNSET_KEY_VAR")
+    assert r.returncode == 2 and "UNSET_KEY_VAR" in r.stderr and "not set" in r.stderr
+    reg = Registry()
+    reg.save_plan("k", p.model_dump_json())
+    monkeypatch.setenv("MY_KEY", "from-the-named-variable")
+    assert api_key_for(reg, "k") == "from-the-named-variable"  # what watch and bench --deployment send

@@ -1,0 +1,108 @@
+"""Resume keeps what was measured (issue 15, item 6): a tune process SIGKILLed in the middle of a trial, then
+resumed. The search is replayed from a recorded grid (m3ctl/tuning/replay.py) in a forked child that kills itself
+with SIGKILL when the chosen bench run begins, i.e. after the trial's earlier runs had been written: the real
+kill of a GPU call that hits its time limit."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from m3ctl.tuning.replay import ReplayEvaluator
+from m3ctl.tuning.search import Tuner, TuneSpec
+from m3ctl.tuning.space import key_of
+from tests.tuning.test_tune import _itl_landscape
+
+
+class _Killing(ReplayEvaluator):
+    """Counts bench runs; at run number ``kill_at`` it writes its clock to ``clock_file`` and SIGKILLs itself."""
+
+    def __init__(self, grid: dict, kill_at: int | None = None, clock_file: Path | None = None):
+        super().__init__(grid)
+        self.kill_at, self.clock_file, self.runs = kill_at, clock_file, 0
+        self.opened_keys: list[str] = []
+
+    def open(self, cand, trial, on_event):
+        sess = super().open(cand, trial, on_event)
+        self.opened_keys.append(key_of(cand))
+        real = sess.measure
+
+        def measure(c: int, fid: float) -> dict:
+            self.runs += 1
+            if self.runs == self.kill_at:
+                self.clock_file.write_text(repr(self.clock[0]))
+                os.kill(os.getpid(), signal.SIGKILL)
+            return real(c, fid)
+
+        sess.measure = measure
+        return sess
+
+
+def _spec(grid: dict) -> TuneSpec:
+    return TuneSpec(slo="p99_itl_ms<=100", ladder=grid["ladder"], max_trials=6, confirm_top=0, patience=None)
+
+
+def _killed_then_resumed(tmp_path: Path, kill_at: int):
+    space, grid = _itl_landscape()
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    clock_file = tmp_path / "clock"
+
+    def child() -> None:
+        ev = _Killing(grid, kill_at, clock_file)
+        Tuner(space, ev, _spec(grid), storage=storage).run(clock=lambda: ev.clock[0])
+
+    p = multiprocessing.get_context("fork").Process(target=child)
+    p.start()
+    p.join(120)
+    assert p.exitcode == -signal.SIGKILL
+    ev = _Killing(grid)
+    tuner = Tuner(space, ev, _spec(grid), storage=storage)
+    res = tuner.run(clock=lambda: ev.clock[0])
+    return res, tuner, ev, float(clock_file.read_text())
+
+
+def _whole_run() -> list:
+    space, grid = _itl_landscape()
+    ev = ReplayEvaluator(grid)
+    res = Tuner(space, ev, _spec(grid)).run(clock=lambda: ev.clock[0])
+    return sorted((o for o in res.outcomes if o.launched), key=lambda o: o.trial)
+
+
+def test_trial_killed_after_a_run_is_kept_not_relaunched(tmp_path):
+    whole = _whole_run()
+    j = next(i for i, o in enumerate(whole) if len(o.points) >= 2 and i > 0)
+    before = sum(len(o.points) for o in whole[:j])
+    res, tuner, ev, killed_clock = _killed_then_resumed(tmp_path, before + 2)  # killed as its 2nd run began
+    kept = next(o for o in res.outcomes if o.trial == whole[j].trial)
+    assert kept.recovered and tuner.recovered_trials == [whole[j].trial]
+    assert [p.concurrency for p in kept.points] == [whole[j].points[0].concurrency]  # the run it had finished
+    assert kept.launched and "recovered after an interruption" in kept.reason
+    assert key_of(kept.config) not in ev.opened_keys  # not started again on resume
+    launched = [o for o in res.outcomes if o.launched]
+    assert len({key_of(o.config) for o in launched}) == len(launched) == res.launches == 6
+    # launches, server time and wall time count both processes (replayed clocks: cost == wall time here)
+    assert res.cost_s == pytest.approx(killed_clock + ev.clock[0])
+    assert res.elapsed_s == pytest.approx(killed_clock + ev.clock[0])
+    again = Tuner(
+        *_itl_landscape()[:1],
+        ReplayEvaluator(_itl_landscape()[1]),
+        _spec(_itl_landscape()[1]),
+        storage=f"sqlite:///{tmp_path / 'study.db'}",
+    )
+    assert again.launches == 6 and again.recovered_trials == [] and again.cost_s == pytest.approx(res.cost_s)
+
+
+def test_trial_killed_before_its_first_run_counts_its_launch(tmp_path):
+    whole = _whole_run()
+    j = 2
+    before = sum(len(o.points) for o in whole[:j])
+    res, tuner, ev, killed_clock = _killed_then_resumed(tmp_path, before + 1)  # killed as its 1st run began
+    assert tuner.recovered_trials == [] and list(tuner.lost) == [str(whole[j].trial)]
+    assert tuner.lost[str(whole[j].trial)]["cost_s"] == pytest.approx(50.0)  # its server start (recorded 50 s)
+    assert key_of(whole[j].config) in ev.opened_keys  # measured again
+    assert res.launches == 6 == sum(1 for o in res.outcomes if o.launched) + 1  # the killed start is one of them
+    assert res.cost_s == pytest.approx(killed_clock + ev.clock[0])
