@@ -20,7 +20,6 @@ Exit codes (stable, documented in README.md):
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -87,9 +86,6 @@ class RuleOutcome(Protocol):
     def status(self) -> str: ...
 
 
-_RULE_PREFIX = re.compile(r"rule ([A-Za-z0-9_.-]+): ")
-
-
 class ConfigRejected(M3Error):
     """The launch configuration was rejected before anything started (exit 3).
 
@@ -100,9 +96,7 @@ class ConfigRejected(M3Error):
         message: one line; for a rule, ``rule <id>: <reason>``.
         hint: the line shown under it (for a rule: its fix, ``[source: ...]`` and any alternatives).
         rule: id of the rule that rejected the plan (e.g. ``memory.fit``); None when no rule did (a port in use,
-            a bad mount). Transitional: a message of the form ``rule <id>: ...`` from a raiser that does not pass
-            ``rule`` yet gives the id (m3ctl/planning/plan.py and m3ctl/assess/search.py, until they build it with
-            :func:`m3ctl.assess.rules.rejection`).
+            a bad mount); the message text is never read back for it.
         reason: what the rule found, without the ``rule <id>: `` prefix (default: the message without it).
         fix: the rule's fix alone (None when unknown).
         source: where the rule's constraint comes from (None when unknown).
@@ -126,8 +120,6 @@ class ConfigRejected(M3Error):
         findings: Sequence[RuleOutcome] = (),
     ):
         super().__init__(message, hint)
-        if rule is None and (m := _RULE_PREFIX.match(message)):
-            rule = m.group(1)
         self.rule = rule
         self.reason = reason if reason is not None else message.removeprefix(f"rule {rule}: " if rule else "")
         self.fix = fix

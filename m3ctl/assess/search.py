@@ -32,7 +32,7 @@ it won and which were runners-up.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from m3ctl.errors import ConfigRejected
@@ -101,13 +101,15 @@ def candidates(
 
 @dataclass
 class Tried:
-    """One layout the search planned: the plan (None when rejected), the rule id and message that rejected it."""
+    """One layout the search planned: the plan (None when rejected), the rule id and message that rejected it, and
+    the rejection itself (``error``: its fix, source and findings)."""
 
     layout: Layout
     plan: Any = None
     rule: str | None = None
     message: str | None = None
     hint: str | None = None
+    error: ConfigRejected | None = field(default=None, repr=False, compare=False)
 
     @property
     def passes(self) -> bool:
@@ -148,11 +150,8 @@ def _layout_dependent(rule_id: str | None) -> bool:
 
 
 def _rule_of(e: ConfigRejected) -> tuple[str | None, str]:
-    msg = e.message
-    if msg.startswith("rule "):
-        rid, _, rest = msg.removeprefix("rule ").partition(": ")
-        return rid, rest
-    return None, msg
+    """The rejecting rule's id (None when no rule rejected) and what it found (the whole message then)."""
+    return e.rule, e.reason
 
 
 def _key(t: Tried, n_gpus: int, default: Layout | None, order: int) -> tuple:
@@ -201,7 +200,7 @@ def search(
                 rid, msg = _rule_of(e)
                 if not _layout_dependent(rid):
                     raise  # the same for every layout: say it once, in milliseconds
-                tried.append(Tried(lay, rule=rid, message=msg, hint=e.hint))
+                tried.append(Tried(lay, rule=rid, message=msg, hint=e.hint, error=e))
         if any(t.passes for t in tried):
             break
     order = {t.layout: i for i, t in enumerate(tried)}
@@ -219,9 +218,15 @@ def search(
             if len(tried) > 1
             else ""
         )
+        err = first.error
         raise ConfigRejected(
             f"rule {first.rule}: {first.message}" if first.rule else first.message or "rejected",
             (first.hint or "") + tail,
+            rule=first.rule,
+            reason=first.message if first.rule else None,
+            fix=err.fix if err is not None else None,
+            source=err.source if err is not None else None,
+            findings=err.findings if err is not None else (),
         )
     best = ok[0]
     p = best.plan

@@ -29,7 +29,7 @@ from m3ctl.assess import capability
 from m3ctl.assess.choose import choose_max_model_len, choose_variant
 from m3ctl.assess.facts import ModelFacts, checkpoint_variant, model_facts, read_model_facts
 from m3ctl.assess.request import PlanRequest, merge, serve_command  # noqa: F401 - re-exported
-from m3ctl.assess.rules import Finding, PlanContext, advisories, run_rules, vllm_int
+from m3ctl.assess.rules import Finding, PlanContext, advisories, rejection, run_rules, vllm_int
 from m3ctl.catalog import Image, ModelSpec, Profile, Variant, vendors
 from m3ctl.core import secrets as _secrets
 from m3ctl.core.secrets import redact_env
@@ -908,19 +908,14 @@ def step_image_reference(d: PlanDraft) -> None:
 
 
 def _rejection(violations: list[Finding], rejected: list[Rejected]) -> ConfigRejected:
-    """The error for the first violation (the others named); the variants passed over where the rule is about the
-    variant or the memory."""
-    v = violations[0]
-    more = f" (also: {', '.join(x.rule for x in violations[1:])})" if len(violations) > 1 else ""
+    """The error for the first violation (the others named), built by :func:`m3ctl.assess.rules.rejection`; the
+    variants passed over where the rule is about the variant or the memory."""
     alts = (
         "; ".join(f"{r.what} {r.value}: {r.why}" for r in rejected)
-        if v.rule in ("variant.native", "memory.fit")
+        if violations[0].rule in ("variant.native", "memory.fit")
         else ""
     )
-    return ConfigRejected(
-        f"rule {v.rule}: {v.message}{more}",
-        f"{v.fix} [source: {v.source}]" + (f"; alternatives rejected: {alts}" if alts else ""),
-    )
+    return rejection(violations, alts)
 
 
 def step_rules(d: PlanDraft) -> None:

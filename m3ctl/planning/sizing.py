@@ -9,7 +9,6 @@ layout itself; ``m3ctl plan --systems`` renders it as a table or JSON.
 
 from __future__ import annotations
 
-import re
 from typing import Any
 
 from pydantic import BaseModel
@@ -81,9 +80,6 @@ def _docker_unless_given(request: PlanRequest) -> PlanRequest:
     return request
 
 
-_RULE = re.compile(r"^rule ([\w.]+):")
-
-
 def size_system(name: str, request: PlanRequest) -> SizingRow:
     """Plan ``request.model`` on system ``name`` and summarise the planner's answer as a :class:`SizingRow`.
 
@@ -97,10 +93,7 @@ def size_system(name: str, request: PlanRequest) -> SizingRow:
     try:
         p = plan_on(inv, request)
     except ConfigRejected as e:
-        m = _RULE.match(e.message)
-        return SizingRow(
-            **row, serves=False, rule=m.group(1) if m else None, reason=e.message[m.end() :].strip() if m else e.message
-        )
+        return SizingRow(**row, serves=False, rule=e.rule, reason=e.reason)
     except M3Error as e:  # e.g. no kernel profile for the architecture (catalog)
         return SizingRow(**row, serves=False, rule=None, reason=e.message)
     fit = p.memory_fit

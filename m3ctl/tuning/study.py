@@ -643,7 +643,9 @@ def dry_run(
         try:
             row.update(status="ok", command=ev.trial_plan(cand, i).command_line())
         except ConfigRejected as e:
-            row.update(status="rejected", rule=e.message.split(":", 1)[0].removeprefix("rule "), reason=e.message)
+            # No rule (a port in use, a bad mount): the message's head, as recorded before rejections carried it.
+            rid = e.rule if e.rule is not None else e.message.split(":", 1)[0]
+            row.update(status="rejected", rule=rid, reason=e.message)
         cands.append(row)
     out: dict[str, Any] = {
         "study_dir": str(Path(study_dir).resolve()),

@@ -386,8 +386,12 @@ def _through_env(inventory: HostInventory, request: PlanRequest) -> PlanDraft:
 
 def test_rules_reject_or_with_skip_checks_keep_the_violation(tiny_models):
     d = _through_env(CPU, PlanRequest(model=str(tiny_models["hd16"])))
-    with pytest.raises(ConfigRejected, match="rule engine.head_dim: head_dim 16 is not supported"):
+    with pytest.raises(ConfigRejected, match="rule engine.head_dim: head_dim 16 is not supported") as e:
         step_rules(d)
+    # The outcome is structured (m3ctl.assess.rules.rejection), not only text.
+    assert e.value.rule == "engine.head_dim" and e.value.reason.startswith("head_dim 16 is not supported")
+    assert e.value.findings[0].rule == "engine.head_dim" and e.value.fix and e.value.source
+    assert e.value.hint == f"{e.value.fix} [source: {e.value.source}]"
     skipped = _through_env(CPU, PlanRequest(model=str(tiny_models["hd16"]), skip_checks=True))
     step_rules(skipped)
     assert [v.rule for v in skipped.violations] == ["engine.head_dim"]

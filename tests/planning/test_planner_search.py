@@ -10,6 +10,8 @@ import pytest
 
 from m3ctl import catalog
 from m3ctl.assess import memory as mem
+from m3ctl.assess import rules
+from m3ctl.assess import search as layout_search
 from m3ctl.assess.image import image_facts_from_env
 from m3ctl.checks.doctor import resolve_image, run_doctor
 from m3ctl.errors import BadInput, ConfigRejected
@@ -222,6 +224,31 @@ def test_tp_must_divide_the_heads(tmp_path):
         plan(inv, _req(str(d), tp=8))
     p = plan(inv, _req(str(d)))
     assert 12 % p.tp == 0 and any(x["tp"] == 8 and x["rule"] == "parallel.heads" for x in p.layouts)
+
+
+def test_a_search_with_no_passing_layout_raises_the_default_layouts_structured_rejection():
+    """The search's rejection carries the default layout's rule outcome as attributes (not only in the text)."""
+
+    def plan_one(q):
+        f = rules.Finding(
+            "memory.fit", f"TP {q.tp} x DP {q.dp} does not fit", "use more GPUs", "m3ctl/assess/memory.py"
+        )
+        raise rules.rejection([f])
+
+    default = layout_search.Layout(2, 1, 1, 1, False)
+    pins = {"tp": None, "pp": 1, "dp": None, "dcp": 1, "ep": False}
+    kw = dict(n_gpus=2, pins=pins, moe=True, ep_ok=False, pp_ok=False, dcp_sizes=[], default=default)
+    with pytest.raises(ConfigRejected) as ei:
+        layout_search.search(plan_one, _req("MiniMax-M2.5"), **kw)
+    e = ei.value
+    assert e.message == "rule memory.fit: TP 2 x DP 1 does not fit"
+    assert (e.rule, e.reason, e.fix) == ("memory.fit", "TP 2 x DP 1 does not fit", "use more GPUs")
+    assert e.source == "m3ctl/assess/memory.py"
+    assert [f.rule for f in e.findings] == ["memory.fit"]
+    assert (
+        e.hint
+        == "use more GPUs [source: m3ctl/assess/memory.py]; every one of the 3 layouts tried on 2 GPU(s) is rejected"
+    )
 
 
 # ----------------------------------------------------------------------------- raw values, as vLLM checks them
