@@ -8,15 +8,10 @@ its precision's and its attention's rows; doctor and plan both read it (there is
 """
 
 import difflib
-import functools
 from dataclasses import dataclass
-from importlib import resources
-from typing import Literal
+from typing import Literal, Self
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from m3ctl.errors import CatalogError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Status = Literal["native", "supported", "fallback", "partial", "unverified", "unsupported"]
 RANK = {"native": 0, "supported": 0, "fallback": 1, "partial": 1, "unverified": 2, "unsupported": 9}
@@ -123,62 +118,45 @@ class CapabilityTable(_Strict):
     forward_compat: ForwardCompat
     host: HostRules
 
-
-def _explain(err: ValidationError, where: str) -> str:
-    errs = err.errors()
-    e = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])  # a typo explains the missing key too
-    loc = ".".join(str(p) for p in e["loc"])
-    if e["type"] == "extra_forbidden":
-        bad = str(e["loc"][-1])
-        known = sorted(
-            {
-                *Feature.model_fields,
-                *CapabilityTable.model_fields,
-                *HostRules.model_fields,
-                *KnownBad.model_fields,
-                *KernelHint.model_fields,
-            }
-        )
-        close = difflib.get_close_matches(bad, known, n=1)
-        return f"{where}: unknown key {loc!r}" + (f"; did you mean {close[0]!r}?" if close else "")
-    return f"{where}: {loc}: {e['msg']}"
+    @model_validator(mode="after")
+    def _arch_features_are_known(self) -> Self:
+        """Every feature an architecture row names is one a precision, attention feature or KV-cache dtype needs
+        (or a flag feature): a misspelt one would read as unsupported."""
+        needed = {f for fs in (*self.precisions.values(), *self.attention_features.values()) for f in fs}
+        needed |= {f for f in self.kv_cache_dtypes.values() if f}
+        for arch, row in self.archs.items():
+            unknown = set(row.features) - needed - {"deepep_dbo", *self.flag_features}
+            if unknown:
+                name = min(unknown)
+                close = difflib.get_close_matches(name, sorted(needed), n=1)
+                raise ValueError(
+                    f"archs.{arch}.features: unknown feature {name!r}"
+                    + (f"; did you mean {close[0]!r}?" if close else "")
+                )
+        return self
 
 
 def parse_table(text: str, where: str = "capabilities.yaml") -> CapabilityTable:
-    """Validate a capability table.
+    """Validate a capability table (:func:`m3ctl.catalog.parse` with :class:`CapabilityTable`).
 
     Raises:
-        CatalogError: invalid YAML or schema violation, one line with "did you mean" for typos.
+        CatalogError: invalid YAML or schema violation, one line with "did you mean" for typos (also for a
+            feature an architecture names that no precision, attention or KV-cache row needs).
     """
-    try:
-        data = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml: ~10x faster
-    except yaml.YAMLError as e:
-        raise CatalogError(f"{where}: not valid YAML: {str(e).splitlines()[0]}", "fix the YAML syntax") from e
-    try:
-        table = CapabilityTable.model_validate(data)
-    except ValidationError as e:
-        raise CatalogError(_explain(e, where), "see the schema in m3ctl/assess/capability.py") from e
-    needed = {f for fs in (*table.precisions.values(), *table.attention_features.values()) for f in fs}
-    needed |= {f for f in table.kv_cache_dtypes.values() if f}
-    for arch, row in table.archs.items():
-        unknown = set(row.features) - needed - {"deepep_dbo", *table.flag_features}
-        if unknown:
-            name = min(unknown)
-            close = difflib.get_close_matches(name, sorted(needed), n=1)
-            raise CatalogError(
-                f"{where}: archs.{arch}.features: unknown feature {name!r}"
-                + (f"; did you mean {close[0]!r}?" if close else ""),
-                "fix the feature name",
-            )
-    return table
+    from m3ctl.catalog import parse  # noqa: PLC0415 - keeps yaml off the import path
+
+    return parse(text, CapabilityTable, where)
 
 
-@functools.lru_cache(maxsize=1)
 def table() -> CapabilityTable:
-    """The built-in capability table (m3ctl/data/capabilities.yaml), validated once."""
-    return parse_table(
-        resources.files("m3ctl").joinpath("data/capabilities.yaml").read_text(), "m3ctl/data/capabilities.yaml"
-    )
+    """The built-in capability table (m3ctl/data/capabilities.yaml), validated once (:func:`m3ctl.catalog.data`).
+
+    Raises:
+        CatalogError: as :func:`parse_table`.
+    """
+    from m3ctl.catalog import data  # noqa: PLC0415
+
+    return data("data/capabilities.yaml", CapabilityTable)
 
 
 def _vtuple(v: str | None) -> tuple[int, ...]:

@@ -17,12 +17,11 @@ import ast
 import functools
 import zipfile
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from m3ctl.errors import BadInput, CatalogError
 
@@ -136,27 +135,33 @@ class EngineModels(_Strict):
     added_in: dict[str, AddedIn] = Field(default_factory=dict)
 
 
+_REGENERATE = "regenerate it: m3ctl dev vllm-models"
+
+
 def parse_engine_models(text: str, where: str = "vllm_models.yaml") -> EngineModels:
-    """Validate the per-version table. Raises CatalogError (one line) when it is malformed."""
+    """Validate the per-version table (:func:`m3ctl.catalog.parse`; the parser m3ctl.catalog.DATA_FILES registers
+    for m3ctl/data/vllm_models.yaml, so its errors say how to regenerate it).
+
+    Raises:
+        CatalogError: one line naming what is malformed; hint ``regenerate it: m3ctl dev vllm-models``.
+    """
+    from m3ctl.catalog import parse  # noqa: PLC0415 - keeps yaml off the import path
+
     try:
-        return EngineModels.model_validate(yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader)))
-    except yaml.YAMLError as e:
-        raise CatalogError(
-            f"{where}: not valid YAML: {str(e).splitlines()[0]}", "regenerate it: m3ctl dev vllm-models"
-        ) from e
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise CatalogError(
-            f"{where}: {'.'.join(str(x) for x in err['loc'])}: {err['msg']}", "regenerate it: m3ctl dev vllm-models"
-        ) from None
+        return parse(text, EngineModels, where)
+    except CatalogError as e:
+        raise CatalogError(e.message, _REGENERATE) from None
 
 
-@functools.lru_cache(maxsize=1)
 def engine_models() -> EngineModels:
-    """The built-in table (m3ctl/data/vllm_models.yaml), validated once."""
-    return parse_engine_models(
-        resources.files("m3ctl").joinpath("data/vllm_models.yaml").read_text(), "m3ctl/data/vllm_models.yaml"
-    )
+    """The built-in table (m3ctl/data/vllm_models.yaml), validated once (:func:`m3ctl.catalog.data`).
+
+    Raises:
+        CatalogError: as :func:`parse_engine_models` (hint: regenerate it).
+    """
+    from m3ctl.catalog import data  # noqa: PLC0415
+
+    return data("data/vllm_models.yaml", EngineModels)
 
 
 @functools.lru_cache(maxsize=4)

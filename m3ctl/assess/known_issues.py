@@ -10,17 +10,13 @@ model's facts (layer count, where its config keeps the field), never from consta
 from __future__ import annotations
 
 import copy
-import difflib
-import functools
 import json
 from dataclasses import dataclass
-from importlib import resources
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from m3ctl.errors import BadInput, CatalogError
+from m3ctl.errors import BadInput
 
 #: ``--attention`` values: ``msa`` (the checkpoint's own sparse attention, the default) or ``dense``.
 ATTENTION_MODES = ("msa", "dense")
@@ -77,51 +73,44 @@ class Fallback(_Strict):
 
 
 class KnownIssues(_Strict):
+    """m3ctl/data/known_issues.yaml: the issues, and the fallbacks their ``workaround`` names."""
+
     schema_version: Literal[1]
     issues: list[KnownIssue] = Field(default_factory=list)
     fallbacks: dict[str, Fallback] = Field(default_factory=dict)
 
+    @model_validator(mode="after")
+    def _workarounds_are_fallbacks(self) -> KnownIssues:
+        for ki in self.issues:
+            if ki.workaround and ki.workaround not in self.fallbacks:
+                raise ValueError(
+                    f"issue {ki.id}: workaround {ki.workaround!r} is not a fallback"
+                    f" (fallbacks: {', '.join(self.fallbacks) or 'none'})"
+                )
+        return self
+
 
 def parse_known_issues(text: str, where: str = "known_issues.yaml") -> KnownIssues:
-    """Validate a known-issues file.
+    """Validate a known-issues file (:func:`m3ctl.catalog.parse` with :class:`KnownIssues`).
 
     Raises:
         CatalogError: invalid YAML, a schema violation (one line, "did you mean" for a misspelt key), or a
             ``workaround`` that names no fallback.
     """
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise CatalogError(f"{where}: not valid YAML: {str(e).splitlines()[0]}", "fix the YAML syntax") from e
-    try:
-        table = KnownIssues.model_validate(data)
-    except ValidationError as e:
-        errs = e.errors()
-        err = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])  # a typo explains a missing key
-        loc = ".".join(str(p) for p in err["loc"])
-        if err["type"] == "extra_forbidden":
-            known = sorted({*KnownIssue.model_fields, *Fallback.model_fields, *KnownIssues.model_fields})
-            close = difflib.get_close_matches(str(err["loc"][-1]), known, n=1)
-            raise CatalogError(
-                f"{where}: unknown key {loc!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
-                "see the schema in m3ctl/assess/known_issues.py",
-            ) from None
-        raise CatalogError(f"{where}: {loc}: {err['msg']}", "see the schema in m3ctl/assess/known_issues.py") from None
-    for ki in table.issues:
-        if ki.workaround and ki.workaround not in table.fallbacks:
-            raise CatalogError(
-                f"{where}: issue {ki.id}: workaround {ki.workaround!r} is not a fallback",
-                f"fallbacks: {', '.join(table.fallbacks) or 'none'}",
-            )
-    return table
+    from m3ctl.catalog import parse  # noqa: PLC0415 - keeps yaml off the import path
+
+    return parse(text, KnownIssues, where)
 
 
-@functools.lru_cache(maxsize=1)
 def known_issues() -> KnownIssues:
-    """The built-in table (m3ctl/data/known_issues.yaml), validated once."""
-    return parse_known_issues(
-        resources.files("m3ctl").joinpath("data/known_issues.yaml").read_text(), "m3ctl/data/known_issues.yaml"
-    )
+    """The built-in table (m3ctl/data/known_issues.yaml), validated once (:func:`m3ctl.catalog.data`).
+
+    Raises:
+        CatalogError: as :func:`parse_known_issues`.
+    """
+    from m3ctl.catalog import data  # noqa: PLC0415
+
+    return data("data/known_issues.yaml", KnownIssues)
 
 
 @dataclass(frozen=True)

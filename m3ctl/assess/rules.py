@@ -1142,12 +1142,12 @@ def _image_archs(c: PlanContext) -> Finding | None:
 def _image_platform(c: PlanContext) -> Finding | None:
     """The host CPU architecture (inventory ``cpu_arch``: aarch64 on Grace) against the image's published
     platforms (catalog ``platforms``; not checked when either is unknown)."""
-    from m3ctl.hw.host import cpu_table  # noqa: PLC0415
+    from m3ctl.hw.host import host_cpus  # noqa: PLC0415
 
     img, arch = c.image, c.inventory.cpu_arch
     if c.runtime != "docker" or img is None or not getattr(img, "platforms", None) or not arch:
         return None
-    want = cpu_table().get("oci_platforms", {}).get(arch)
+    want = host_cpus().oci_platforms.get(arch)
     if want is None or want in img.platforms:
         return None
     grace = " (NVIDIA Grace)" if c.inventory.grace else ""

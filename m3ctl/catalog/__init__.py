@@ -371,7 +371,7 @@ def _explain(err: ValidationError, model: type[BaseModel], where: str) -> str:
     got = ""
     if e["type"] != "missing" and (value is None or isinstance(value, str | int | float | bool)):
         got = f" (got {value!r})" if len(repr(value)) <= 60 else f" (got {repr(value)[:57]}...)"
-    return f"{where}: {loc or '<top>'}: {msg}{got}"
+    return f"{where}: {loc}: {msg}{got}" if loc else f"{where}: {msg}{got}"  # no loc: a whole-file check
 
 
 def _schema_hint(model: type[BaseModel]) -> str:
@@ -441,12 +441,12 @@ DATA_FILES: tuple[DataFile, ...] = (
     DataFile(
         "data/capabilities.yaml", "m3ctl.assess.capability:CapabilityTable", "m3ctl.assess.capability:parse_table"
     ),
+    DataFile("data/known_issues.yaml", "m3ctl.assess.known_issues:KnownIssues"),
     DataFile(
-        "data/known_issues.yaml",
-        "m3ctl.assess.known_issues:KnownIssues",
-        "m3ctl.assess.known_issues:parse_known_issues",
+        "data/vllm_models.yaml",
+        "m3ctl.assess.engine_models:EngineModels",
+        "m3ctl.assess.engine_models:parse_engine_models",  # the same checks; the hint says how to regenerate it
     ),
-    DataFile("data/vllm_models.yaml", "m3ctl.assess.engine_models:EngineModels"),
     DataFile("data/components.yaml", "m3ctl.serving.diagnose:ComponentMap"),
     DataFile("data/log_patterns.yaml", "m3ctl.serving.diagnose:LogPatterns"),
     DataFile("data/host_cpus.yaml", "m3ctl.hw.host:HostCpuTable"),

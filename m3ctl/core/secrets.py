@@ -22,12 +22,11 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any
 
 from pydantic import Field
 
-from m3ctl.catalog import Regex, _load, _Strict
+from m3ctl.catalog import Regex, _Strict, data
 
 MASK = "***"
 
@@ -62,16 +61,13 @@ class SecretsTable(_Strict):
     protected_source: str = Field(pattern=r"^https://")
 
 
-@functools.lru_cache(maxsize=1)
 def table() -> SecretsTable:
-    """The built-in table (m3ctl/data/secrets.yaml), validated once.
+    """The built-in table (m3ctl/data/secrets.yaml), validated once (:func:`m3ctl.catalog.data`).
 
     Raises:
         CatalogError: the file is not valid (names the key that is wrong).
     """
-    return _load(
-        resources.files("m3ctl").joinpath("data/secrets.yaml").read_text(), SecretsTable, "m3ctl/data/secrets.yaml"
-    )
+    return data("data/secrets.yaml", SecretsTable)
 
 
 @functools.lru_cache(maxsize=1)

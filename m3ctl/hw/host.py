@@ -15,7 +15,6 @@ Sources:
 from __future__ import annotations
 
 import contextlib
-import functools
 import http.client
 import json
 import os
@@ -109,17 +108,6 @@ def host_cpus() -> HostCpuTable:
     from m3ctl.catalog import data  # noqa: PLC0415 - keeps yaml off the import path of the probes
 
     return data("data/host_cpus.yaml", HostCpuTable)
-
-
-@functools.lru_cache(maxsize=1)
-def cpu_table() -> dict[str, Any]:
-    """:func:`host_cpus` as a plain dict (``machine_aliases``, ``grace``, ``oci_platforms``), for callers that
-    read it by key.
-
-    Raises:
-        CatalogError: the file does not match :class:`HostCpuTable`.
-    """
-    return host_cpus().model_dump()
 
 
 def normalize_machine(machine: str | None) -> str | None:

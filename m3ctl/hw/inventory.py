@@ -10,13 +10,11 @@ An inventory can be saved to JSON on a GPU node and evaluated anywhere else
   error by :func:`load_inventory`.
 """
 
-import functools
 import json
-from importlib import resources
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from m3ctl.catalog import architectures
 from m3ctl.errors import BadInput
 
 INVENTORY_SCHEMA = 2
@@ -289,31 +287,25 @@ def load_inventory(text: str, where: str = "inventory") -> HostInventory:
         ) from e
 
 
-@functools.lru_cache(maxsize=1)
-def _arch_table() -> dict:
-    text = resources.files("m3ctl").joinpath("data/architectures.yaml").read_text()
-    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-
-
 def nvidia_arch(cc: str) -> str:
     """Architecture family for an NVIDIA compute capability (``"9.0"`` -> ``"hopper"``).
 
     Unknown capabilities map to ``"unknown"`` (the doctor warns; nothing crashes).
     Source: m3ctl/data/architectures.yaml.
     """
-    entry = _arch_table()["nvidia"].get(cc)
-    return entry["family"] if entry else "unknown"
+    entry = architectures().nvidia.get(cc)
+    return entry.family if entry else "unknown"
 
 
 def amd_arch(gfx: str) -> str:
     """Architecture family for an AMD gfx target (``"gfx942"`` -> ``"cdna3"``); ``"unknown"`` otherwise."""
-    entry = _arch_table()["amd"].get(gfx.lower())
-    return entry["family"] if entry else "unknown"
+    entry = architectures().amd.get(gfx.lower())
+    return entry.family if entry else "unknown"
 
 
 def sm_name(gpu: GpuInfo) -> str:
     """``"sm_90"`` / ``"gfx942"`` for a GPU, from the architecture table (``"unknown"`` when absent)."""
     if gpu.compute_capability:
-        entry = _arch_table()["nvidia"].get(gpu.compute_capability)
-        return entry["sm"] if entry else f"cc {gpu.compute_capability}"
+        entry = architectures().nvidia.get(gpu.compute_capability)
+        return entry.sm if entry else f"cc {gpu.compute_capability}"
     return gpu.gfx_target or "unknown"

@@ -16,15 +16,13 @@ The flag table (names, aliases, arity, choices) is data: m3ctl/data/vllm_serve_f
 from __future__ import annotations
 
 import difflib
-import functools
 import re
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, Literal
 
 from pydantic import Field
 
-from m3ctl.catalog import SCHEMA_VERSION, _load, _Strict
+from m3ctl.catalog import SCHEMA_VERSION, _load, _Strict, data
 from m3ctl.errors import BadInput
 
 #: Flags m3ctl sets itself on every launch (its readiness probes and registry use them): a raw copy would
@@ -72,12 +70,13 @@ def parse_flag_table(text: str, where: str = "vllm_serve_flags.yaml") -> VllmFla
     return _load(text, VllmFlagTable, where)
 
 
-@functools.lru_cache(maxsize=1)
 def flag_table() -> VllmFlagTable:
-    """The built-in table (m3ctl/data/vllm_serve_flags.yaml), validated once."""
-    return parse_flag_table(
-        resources.files("m3ctl").joinpath("data/vllm_serve_flags.yaml").read_text(), "m3ctl/data/vllm_serve_flags.yaml"
-    )
+    """The built-in table (m3ctl/data/vllm_serve_flags.yaml), validated once (:func:`m3ctl.catalog.data`).
+
+    Raises:
+        CatalogError: the file does not fit :class:`VllmFlagTable` (one line naming the key).
+    """
+    return data("data/vllm_serve_flags.yaml", VllmFlagTable)
 
 
 @dataclass
@@ -354,16 +353,12 @@ class VllmEngineFacts(_Strict):
     pp_architectures: list[str]
 
 
-def parse_engine_facts(text: str, where: str = "vllm_engine.yaml") -> VllmEngineFacts:
-    """Validate an engine-facts file. Raises CatalogError naming the key that is wrong."""
-    return _load(text, VllmEngineFacts, where)
-
-
-@functools.lru_cache(maxsize=4)
 def engine_facts(version: str | None = None) -> VllmEngineFacts:
-    """The engine facts of the pinned vLLM (m3ctl/data/vllm_engine.yaml), validated once. ``version`` is the
-    engine that will run; one pinned version is shipped (as for :func:`flag_table`), so it is read for every
-    version and named in each refusal."""
-    return parse_engine_facts(
-        resources.files("m3ctl").joinpath("data/vllm_engine.yaml").read_text(), "m3ctl/data/vllm_engine.yaml"
-    )
+    """The engine facts of the pinned vLLM (m3ctl/data/vllm_engine.yaml), validated once (:func:`m3ctl.catalog.data`).
+    ``version`` is the engine that will run; one pinned version is shipped (as for :func:`flag_table`), so it is
+    read for every version and named in each refusal.
+
+    Raises:
+        CatalogError: the file does not fit :class:`VllmEngineFacts` (one line naming the key).
+    """
+    return data("data/vllm_engine.yaml", VllmEngineFacts)

@@ -7,8 +7,6 @@ would reject at start-up is one line before anything starts. Other flags' values
 
 from __future__ import annotations
 
-import functools
-from importlib import resources
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -38,10 +36,15 @@ def parse_value_types(text: str, where: str = "vllm_value_types.yaml") -> VllmVa
     return _load(text, VllmValueTypes, where)
 
 
-@functools.lru_cache(maxsize=1)
 def value_types() -> VllmValueTypes:
-    """The built-in table, validated once."""
-    return parse_value_types(resources.files("m3ctl").joinpath("data/vllm_value_types.yaml").read_text())
+    """The built-in table (m3ctl/data/vllm_value_types.yaml), validated once (:func:`m3ctl.catalog.data`).
+
+    Raises:
+        CatalogError: the file does not fit :class:`VllmValueTypes` (one line naming the key).
+    """
+    from m3ctl.catalog import data  # noqa: PLC0415
+
+    return data("data/vllm_value_types.yaml", VllmValueTypes)
 
 
 def check_args(args: dict[str, Any]) -> None:

@@ -45,7 +45,6 @@ seconds too.
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import re
@@ -54,7 +53,6 @@ from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
@@ -190,21 +188,15 @@ class SmokeData(BaseModel):
     replacement_min: int
 
 
-def parse_smoke_data(text: str, where: str = "m3ctl/data/smoke.yaml") -> SmokeData:
-    """Validate a smoke data file.
+def smoke_data() -> SmokeData:
+    """The validated smoke data (m3ctl/data/smoke.yaml), read once (:func:`m3ctl.catalog.data`).
 
     Raises:
-        CatalogError: not YAML, or a key is missing, unknown or of the wrong type (the message names it).
+        CatalogError: a key is missing, unknown or of the wrong type (the message names it).
     """
-    from m3ctl.catalog import _load  # noqa: PLC0415  (the catalog's one YAML + schema loader)
+    from m3ctl.catalog import data  # noqa: PLC0415
 
-    return _load(text, SmokeData, where)
-
-
-@functools.lru_cache(maxsize=1)
-def smoke_data() -> SmokeData:
-    """The validated smoke data (m3ctl/data/smoke.yaml)."""
-    return parse_smoke_data(resources.files("m3ctl").joinpath("data/smoke.yaml").read_text())
+    return data("data/smoke.yaml", SmokeData)
 
 
 def smoke_level(value: str | bool | None) -> Level:
