@@ -134,9 +134,12 @@ class LaunchFailed(M3Error):
         phase: readiness phase in which the failure happened (e.g. ``"first_completion"``).
         root_cause: the log line judged to be the root cause, if one was found.
         log_path: path of the server log, if any.
+        elapsed_s: seconds from the launch to the failure, when the raiser measured them (a tune trial's start
+            time; None otherwise).
     """
 
     exit_code = EXIT_LAUNCH_FAILED
+    elapsed_s: float | None = None
 
     def __init__(
         self,

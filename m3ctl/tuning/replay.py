@@ -78,7 +78,7 @@ class ReplayEvaluator:
         if rec["status"] == "crashed":
             self.clock[0] += float(rec.get("start_s", 0.0))
             e = LaunchFailed(rec.get("reason", "crashed"), "recorded")
-            e.elapsed_s = float(rec.get("start_s", 0.0))  # type: ignore[attr-defined]
+            e.elapsed_s = float(rec.get("start_s", 0.0))
             raise e
         return ReplaySession(rec, self.clock)
 

@@ -519,7 +519,7 @@ def evaluate(
     try:
         session = ev.open(cand, trial, on_event)
     except LaunchFailed as e:
-        out.start_s = getattr(e, "elapsed_s", None) or (time.monotonic() - t0)
+        out.start_s = e.elapsed_s or (time.monotonic() - t0)
         out.cost_s, out.reason = out.start_s, e.message
         on_event(f"crashed: {e.message}")
         return out

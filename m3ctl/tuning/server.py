@@ -304,7 +304,7 @@ class ServerEvaluator:
         try:
             res = self._launch(p, secrets, on_event)
         except LaunchFailed as e:
-            e.elapsed_s = time.monotonic() - t0  # type: ignore[attr-defined]
+            e.elapsed_s = time.monotonic() - t0
             self._save_log(name, tdir)
             self.registry.remove(name)  # the trial's folder keeps its log and the study its cause
             self.current = None

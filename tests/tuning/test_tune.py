@@ -1122,3 +1122,22 @@ def test_result_json_states_the_rule_and_each_levels_confidence(tiny_models, tmp
     assert "capacity rule: a level holds" in text and f"c=8: holds: {lv[8]['confidence']}" in text
     pts = [p for t in out["trials"] for p in t["points"]]
     assert pts and all(p["verdict"]["rule"] == out["capacity_rule"]["text"] for p in pts)
+
+
+def test_a_crashed_start_carries_its_elapsed_time_on_the_launch_failure():
+    """LaunchFailed declares ``elapsed_s`` (None unless the raiser measured it); a replayed crash sets it to the
+    recorded start time, and the trial's outcome counts that time, not the replay's near-zero wall clock."""
+    from m3ctl.errors import LaunchFailed
+
+    assert LaunchFailed("died").elapsed_s is None
+    cand = {"max_num_seqs": 64}
+    ev = ReplayEvaluator({"configs": [{"config": cand, "status": "crashed", "reason": "OOM", "start_s": 42.5}]})
+    with pytest.raises(LaunchFailed) as ei:
+        ev.open(cand, 0, lambda _e: None)
+    assert ei.value.elapsed_s == 42.5 and ei.value.message == "OOM"
+    events: list[str] = []
+    out = evaluate(
+        ev, cand, TuneSpec(slo="p90_tpot_ms<=50", ladder=[1]), parse_slo("p90_tpot_ms<=50"), 1, events.append
+    )
+    assert (out.status, out.start_s, out.cost_s, out.reason) == ("crashed", 42.5, 42.5, "OOM")
+    assert "crashed: OOM" in events
