@@ -267,32 +267,3 @@ def pull_printer(out: Output):
             out.event("pull", layer=layer, status=status_, total_bytes=total)
 
     return progress
-
-
-def launch_and_serve(
-    out: Output,
-    p,
-    reg,
-    rt,
-    secrets,
-    expect,
-    detach: bool,
-    watch_interval: float,
-    restart: str,
-    smoke: str = "full",
-    inv=None,
-) -> None:
-    """Launch the planned ``p`` on ``rt`` and serve it as ``m3ctl serve`` does (m3ctl.api.serve's launch and, unless
-    ``detach``, its foreground watch: any end of the watch stops the server). Kept with the signature
-    tests/serving/test_lifecycle.py calls; ``reg`` and ``expect`` are the API's (the state dir's registry, the plan's
-    profile expectations)."""
-    from m3ctl import api  # noqa: PLC0415
-
-    run = _Run(out, detach, watch_interval, restart)
-    run.name = p.name
-    if detach:
-        run.ready(api.launch_plan(p, rt, secrets, inventory=inv, smoke=smoke, on_event=on_phase(out)))
-        return
-    watch = api.ServeWatch(watch_interval, restart, run.on_watch, run.ready, run.stopping)
-    run._probes = probe_printer(out, p.name)
-    api.launch_plan(p, rt, secrets, inventory=inv, smoke=smoke, on_event=on_phase(out), watch=watch)

@@ -130,8 +130,7 @@ def test_unwritable_state_dir_is_one_line_before_launch(tiny_models):
 
 def test_foreground_serve_stops_its_server_when_the_watch_loop_fails(monkeypatch, tmp_path):
     """Any exception out of the foreground watch (not only Ctrl-C or a failed probe) stops the server."""
-    from m3ctl.cli import serve as serve_cmd
-    from m3ctl.cli.output import Output
+    from m3ctl import api
     from m3ctl.serving import serve as serving
 
     reg = Registry()
@@ -154,7 +153,7 @@ def test_foreground_serve_stops_its_server_when_the_watch_loop_fails(monkeypatch
         name="fg", profile="cpu", model="m", served_model_name="m", port=dep.port, startup_budget_s=10, argv=["x"]
     )
     with pytest.raises(ValueError):
-        serve_cmd.launch_and_serve(Output(), plan, reg, ProcessRuntime(), {}, None, False, 1.0, "no")
+        api.launch_plan(plan, ProcessRuntime(), {}, watch=api.ServeWatch(1.0, "no"))
     _, alive = psutil.wait_procs([main, worker], timeout=5)
     assert alive == [] and not reg.exists("fg")
 
