@@ -64,7 +64,7 @@ def docker_run_args(run: DockerRun, *, detach: bool = True) -> list[str]:
 def docker_command(plan: LaunchPlan, options=None, *, marker: str | None = "") -> str:
     """The ``docker run`` line of what ``serve --runtime docker`` creates for ``plan``: the CLI render of the same
     :class:`~m3ctl.planning.launch.DockerRun` the runtime sends to the engine (:func:`m3ctl.runtime.docker.docker_run`),
-    under ``options`` (a :class:`~m3ctl.runtime.docker.DockerOptions`; default: the runtime's defaults).
+    under ``options`` (a :class:`~m3ctl.planning.launch.DockerOptions`; default: the runtime's defaults).
     ``marker``: the ``m3ctl.deployment`` label; ``""`` (default) = the default state dir's marker of the plan, as
     the runtime labels it; None = no such label.
 

@@ -528,12 +528,51 @@ class DockerRun(BaseModel):
 #: GiB of /dev/shm per tensor-parallel rank when --ipc=host is not allowed (F14: 16 GiB for TP8).
 SHM_GIB_PER_RANK = 2
 
+LABEL_PREFIX = "m3ctl."
+#: Label holding ``<state dir>::<name>`` (as the process runtime's marker): ``stop --all`` of a state dir finds its
+#: containers by it when their records are gone.
+DEPLOYMENT_LABEL = LABEL_PREFIX + "deployment"
+
+
+class DockerOptions(BaseModel):
+    """Container-side settings that are not part of the launch plan (recorded with the deployment).
+
+    Attributes:
+        network: ``host`` (share the host network) or ``bridge`` (publish the plan's port).
+        ipc_host: ``--ipc=host``; False sizes ``/dev/shm`` instead (``shm_size`` or 2 GiB x TP).
+        shm_size: explicit ``/dev/shm`` size (docker syntax, e.g. ``16g``) when ``ipc_host`` is False.
+        mounts: extra bind mounts ``HOST:CONTAINER[:ro|rw]`` (read-only unless ``rw``).
+        gpu_vendor: ``nvidia`` / ``amd`` / None (CPU).
+        gpu_devices: GPUs to expose, UUIDs or indices; empty with a vendor means all.
+    """
+
+    network: Literal["host", "bridge"] = "host"
+    ipc_host: bool = True
+    shm_size: str | None = None
+    mounts: list[str] = Field(default_factory=list)
+    gpu_vendor: str | None = None
+    gpu_devices: list[str] = Field(default_factory=list)
+
+    @classmethod
+    def for_host(cls, inventory: Any = None, **kw: Any) -> DockerOptions:
+        """Options exposing every GPU of ``inventory`` (a :class:`~m3ctl.hw.inventory.HostInventory`)
+        by UUID where known (F02: UUIDs go to the device request, not to CUDA_VISIBLE_DEVICES)."""
+        gpus = list(getattr(inventory, "gpus", ()) or ())
+        if gpus:
+            kw.setdefault("gpu_vendor", gpus[0].vendor)
+            kw.setdefault("gpu_devices", [g.uuid or str(g.index) for g in gpus])
+        return cls(**kw)
+
 
 def docker_run(
-    spec: LaunchSpec, opts: Any = None, *, secret_names: list[str] | tuple[str, ...] = (), marker: str | None = None
+    spec: LaunchSpec,
+    opts: DockerOptions | None = None,
+    *,
+    secret_names: list[str] | tuple[str, ...] = (),
+    marker: str | None = None,
 ) -> DockerRun:
     """The :class:`DockerRun` of a launch spec with an image, under the docker runtime's options ``opts`` (a
-    :class:`~m3ctl.runtime.docker.DockerOptions`; default: host network, ``--ipc=host``, the plan's GPUs).
+    :class:`DockerOptions`; default: host network, ``--ipc=host``, the plan's GPUs).
 
     - ``opts.gpu_vendor``/``gpu_devices`` (a host's GPUs), when set, replace the plan's (:func:`container_gpus`);
       the vendor's device request, device nodes, groups and security options: :mod:`m3ctl.catalog.vendors`.
@@ -552,8 +591,6 @@ def docker_run(
     from m3ctl.errors import BadInput  # noqa: PLC0415
 
     if opts is None:
-        from m3ctl.runtime.docker import DockerOptions  # noqa: PLC0415
-
         opts = DockerOptions()
     c = spec.container
     if c is None:
@@ -573,8 +610,6 @@ def docker_run(
         mounts.append(m)
     labels = dict(c.labels)
     if marker:
-        from m3ctl.runtime.docker import DEPLOYMENT_LABEL  # noqa: PLC0415
-
         labels[DEPLOYMENT_LABEL] = marker
     host_net = opts.network == "host"
     return DockerRun(

@@ -42,53 +42,20 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC
-from typing import Any, Literal
-
-from pydantic import BaseModel, Field
+from typing import Any
 
 from m3ctl.errors import ConfigRejected, LaunchFailed
-from m3ctl.planning.launch import SHM_GIB_PER_RANK  # noqa: F401  (GiB of /dev/shm per TP rank without --ipc=host, F14)
+
+# The container-side options and labels are the launch spec's: m3ctl.planning.launch decides them (DockerOptions is
+# also importable from here, where the runtime's callers know it); this module launches them.
+from m3ctl.planning.launch import LABEL_PREFIX, DockerOptions, launch_spec
+from m3ctl.planning.launch import docker_run as build_docker_run
 from m3ctl.planning.plan import LaunchPlan
 from m3ctl.runtime.base import RawState, Runtime, StopReport, exit_status
 from m3ctl.serving.state import Deployment, Registry
 
-LABEL_PREFIX = "m3ctl."
-#: Label holding ``<state dir>::<name>`` (as the process runtime's marker): ``stop --all`` of a state dir finds its
-#: containers by it when their records are gone.
-DEPLOYMENT_LABEL = LABEL_PREFIX + "deployment"
-
 ProgressFn = Callable[[str, str, int | None, int | None], None]
 """``(layer_id, status, current_bytes, total_bytes)`` during an image pull."""
-
-
-class DockerOptions(BaseModel):
-    """Container-side settings that are not part of the launch plan (recorded with the deployment).
-
-    Attributes:
-        network: ``host`` (share the host network) or ``bridge`` (publish the plan's port).
-        ipc_host: ``--ipc=host``; False sizes ``/dev/shm`` instead (``shm_size`` or 2 GiB x TP).
-        shm_size: explicit ``/dev/shm`` size (docker syntax, e.g. ``16g``) when ``ipc_host`` is False.
-        mounts: extra bind mounts ``HOST:CONTAINER[:ro|rw]`` (read-only unless ``rw``).
-        gpu_vendor: ``nvidia`` / ``amd`` / None (CPU).
-        gpu_devices: GPUs to expose, UUIDs or indices; empty with a vendor means all.
-    """
-
-    network: Literal["host", "bridge"] = "host"
-    ipc_host: bool = True
-    shm_size: str | None = None
-    mounts: list[str] = Field(default_factory=list)
-    gpu_vendor: str | None = None
-    gpu_devices: list[str] = Field(default_factory=list)
-
-    @classmethod
-    def for_host(cls, inventory: Any = None, **kw: Any) -> DockerOptions:
-        """Options exposing every GPU of ``inventory`` (a :class:`~m3ctl.hw.inventory.HostInventory`)
-        by UUID where known (F02: UUIDs go to the device request, not to CUDA_VISIBLE_DEVICES)."""
-        gpus = list(getattr(inventory, "gpus", ()) or ())
-        if gpus:
-            kw.setdefault("gpu_vendor", gpus[0].vendor)
-            kw.setdefault("gpu_devices", [g.uuid or str(g.index) for g in gpus])
-        return cls(**kw)
 
 
 def container_name(name: str) -> str:
@@ -108,15 +75,12 @@ def docker_run(
     Raises:
         ConfigRejected: no image in the plan or a malformed mount.
     """
-    from m3ctl.planning.launch import docker_run as build  # noqa: PLC0415
-    from m3ctl.planning.launch import launch_spec  # noqa: PLC0415
-
     if not plan.image:
         raise ConfigRejected(
             f"profile {plan.profile!r} names no image for the docker runtime",
             "pass --image REF (a local image works; see m3ctl/runtime/docker.py)",
         )
-    return build(launch_spec(plan), opts or DockerOptions(), secret_names=secret_names, marker=marker)
+    return build_docker_run(launch_spec(plan), opts or DockerOptions(), secret_names=secret_names, marker=marker)
 
 
 def container_spec(

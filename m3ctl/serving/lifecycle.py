@@ -11,7 +11,7 @@ https://man7.org/linux/man-pages/man7/signal.7.html) or a ``docker pause``d cont
 ``serve`` (readiness, smoke), ``watch``, ``status``, ``bench`` and ``tune`` report deaths through
 :meth:`EngineState.sentence`; :func:`orphans` and :func:`orphan_of` find servers whose records are gone, by the
 process marker (:data:`m3ctl.serving.state.MARKER_ENV`) and the container label
-(:data:`m3ctl.runtime.docker.DEPLOYMENT_LABEL`).
+(:data:`m3ctl.planning.launch.DEPLOYMENT_LABEL`).
 """
 
 from __future__ import annotations
@@ -191,7 +191,7 @@ def deployment_for_url(url: str, registry: Registry | None = None) -> Deployment
 
 def orphans(registry: Registry | None = None, *, docker: bool = False) -> dict[str, str]:
     """``{name: what runs}`` of servers of this state dir that have no record: processes carrying its marker
-    prefix, and with ``docker`` containers carrying its :data:`~m3ctl.runtime.docker.DEPLOYMENT_LABEL`."""
+    prefix, and with ``docker`` containers carrying its :data:`~m3ctl.planning.launch.DEPLOYMENT_LABEL`."""
     from m3ctl.runtime.process import marked_names  # noqa: PLC0415
 
     registry = registry or Registry()
@@ -215,7 +215,8 @@ def _labelled_containers(prefix: str) -> dict[str, str]:
     from m3ctl.errors import ConfigRejected  # noqa: PLC0415
 
     try:
-        from m3ctl.runtime.docker import DEPLOYMENT_LABEL, DockerRuntime  # noqa: PLC0415
+        from m3ctl.planning.launch import DEPLOYMENT_LABEL  # noqa: PLC0415
+        from m3ctl.runtime.docker import DockerRuntime  # noqa: PLC0415
 
         cts = DockerRuntime().client().containers.list(all=True, filters={"label": DEPLOYMENT_LABEL})
     except (ConfigRejected, ImportError):

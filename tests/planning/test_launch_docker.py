@@ -418,3 +418,22 @@ def test_serve_prints_the_mounts_its_runtime_creates(model_dir, hf_home, tmp_pat
     assert any(f"{extra}:/data:ro" in a for a in printed)
     assert printed == shlex.split(docker_command(p, rt.options))
     assert not any(str(extra) in a for a in shlex.split(shown_command(p)))  # a plan alone: the runtime defaults
+
+
+def test_the_launch_spec_owns_the_docker_options_and_labels_without_importing_the_runtime():
+    """planning.launch decides the container (DockerOptions, the deployment label); runtime.docker launches it and
+    imports launch, never the other way round (no import cycle, no function-level import of the runtime)."""
+    import ast
+    import sys
+
+    from m3ctl.planning import launch
+    from m3ctl.runtime import docker as rdocker
+
+    assert rdocker.DockerOptions is launch.DockerOptions and launch.DEPLOYMENT_LABEL == "m3ctl.deployment"
+    tree = ast.parse(Path(launch.__file__).read_text())
+    imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    assert not {m for m in imported if m.startswith("m3ctl.runtime")}, imported
+    code = "import sys, m3ctl.planning.launch\nprint(sorted(m for m in sys.modules if m.startswith('m3ctl.runtime')))"
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert p.stdout.strip() == "[]", p.stdout + p.stderr
