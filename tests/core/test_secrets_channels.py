@@ -414,6 +414,7 @@ def test_watchdog_calls_401_unauthorised_and_never_restarts(monkeypatch):
 def test_tune_trial_server_that_inherits_vllm_api_key_gets_it_sent(tmp_path, tiny_models, monkeypatch):
     """A trial server inherits VLLM_API_KEY (so it requires it): tune's readiness and benches send it, and the
     trial files keep no trace of it."""
+    from m3ctl.runtime import prewarm
     from m3ctl.tuning.search import TuneSpec
     from m3ctl.tuning.server import ServerEvaluator
 
@@ -433,13 +434,17 @@ def test_tune_trial_server_that_inherits_vllm_api_key_gets_it_sent(tmp_path, tin
     )
     cand, why = ev.baseline_candidate()
     assert cand is not None, why
-    session = ev.open(cand, 0, on_event=lambda s: None)
     try:
-        assert psutil.Process(session.dep.pid).environ()["VLLM_API_KEY"] == key
-        res = session.measure(1, 1.0)
-        assert res["completed"] == res["num_prompts"] > 0 and res.get("failed", 0) == 0
+        session = ev.open(cand, 0, on_event=lambda s: None)
+        try:
+            assert psutil.Process(session.dep.pid).environ()["VLLM_API_KEY"] == key
+            res = session.measure(1, 1.0)
+            assert res["completed"] == res["num_prompts"] > 0 and res.get("failed", 0) == 0
+        finally:
+            session.close()
     finally:
-        session.close()
+        ev.discard_prewarmed()  # the study's last cleanup: the process kept waiting for the next trial ends
+    assert not [w for w in prewarm.waiting() if w.name.startswith(ev.warm_prefix)]
     texts = [f.read_text(errors="replace") for f in (tmp_path / "study").rglob("*") if f.is_file()]
     assert texts and not any(key in t for t in texts)
 

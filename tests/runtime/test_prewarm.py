@@ -71,6 +71,12 @@ def test_the_engine_process_is_forked_unless_the_user_chose(monkeypatch):
     assert startup.engine_process_used({}, "") == "spawn"
 
 
+def _mine(ev) -> list[prewarm.Warm]:
+    """The processes waiting for ``ev`` (its prefix): the pool is the test process's, and another test's evaluator
+    may have left one waiting."""
+    return [w for w in prewarm.waiting() if w.name.startswith(ev.warm_prefix)]
+
+
 def _evaluator(tmp_path, tiny_models, prefix="pw"):
     from m3ctl.hw.detect import detect
     from m3ctl.serving.state import Registry
@@ -118,7 +124,7 @@ def test_trials_run_in_prewarmed_processes_that_status_shows_and_the_study_ends(
                 logs = tmp_path / "state" / "logs"
                 assert "vLLM API server version" in (logs / f"pw-t{trial}.log").read_text()  # its own log
                 assert not (logs / f"{dep.marker.split('::')[1]}.log").exists()  # the waiting log is gone
-                assert set(orphans(reg)) == {w.name for w in prewarm.waiting()}  # the waiting one, nothing else
+                assert set(orphans(reg)) == {w.name for w in _mine(ev)}  # the waiting one, nothing else
                 pids.append(dep.pid)
             finally:
                 sess.close()
@@ -126,7 +132,7 @@ def test_trials_run_in_prewarmed_processes_that_status_shows_and_the_study_ends(
             psutil.pid_exists(p) and psutil.Process(p).status() != "zombie" for p in pids
         )
     finally:
-        waiting = [w.proc.pid for w in prewarm.waiting()]
+        waiting = [w.proc.pid for w in _mine(ev)]
         assert ev.discard_prewarmed() == 1
     time.sleep(0.2)
     assert orphans(reg) == {} and reg.list() == []
@@ -169,7 +175,7 @@ def test_a_launch_without_a_matching_waiting_process_starts_as_usual(tmp_path, t
 
     keep_prewarmed(p, ev.registry, {}, ev.warm_prefix)
     if missing == "gone":
-        for w in prewarm.waiting():
+        for w in _mine(ev):
             w.proc.kill()
             w.proc.wait()
     else:
