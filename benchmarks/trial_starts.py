@@ -6,17 +6,19 @@ Prints, from vLLM's own logs (m3ctl.tuning.startup.start_breakdown):
 1. the five H200 starts of the MiniMax-M2 scale model recorded by scripts/gpu/h200_starts.sh (or ``--logs``):
    A cold with vLLM's defaults, B the same warm, C the study's cache root + capture bound (cold), D the same warm,
    E D's cache with another --max-num-seqs: each phase in seconds, and the saving of each measure;
-2. a study's trials (``--study DIR``, default the recorded H200 study tests/fixtures/h200x1-real/study4, or
-   ``--study study3`` for session 10's): each
+2. a study's trials (``--study DIR``, default the recorded H200 study tests/fixtures/h200x1-real/study5, or
+   ``--study study3`` / ``study4`` for sessions 10 and 11): each
    trial's start broken down, cache hit or miss, the median start after the first, the study's wall time, the
    share of it spent starting servers, and the study's wall time against the same study without the measures.
 
 The "without" wall time is the study's own wall time with each trial start's bounded CUDA-graph capture replaced by
 vLLM's default capture measured in (1) (A's), each forked engine-core process by B's spawned one, each prewarmed
 start's API-server imports by the imports of the same study's starts that found no prewarmed process ready (the
-baseline's, or A-E's when every start was prewarmed), and, as an upper end, each compile-cache hit replaced by A's cold
-compile (a hit only counts if the capture bound is what made its compile key match an earlier trial's: vLLM's own
-default cache in ~/.cache/vllm hits every other repeat key as well). It is derived from measured phases, not a
+baseline's, or A-E's when every start was prewarmed), and, as an upper end, each compile-cache hit and each compile
+that used the study's shared Inductor kernel cache replaced by A's cold compile (a hit only counts if the capture
+bound is what made its compile key match an earlier trial's: vLLM's own default cache in ~/.cache/vllm hits every
+other repeat key as well). A trial's phases are read again from its server.log where the study kept one, so a
+study recorded before a marker was added (vLLM's non-AOT torch.compile line) is broken down like a new one. It is derived from measured phases, not a
 second run of the study; the script says so next to the figure.
 
 Usage: python benchmarks/trial_starts.py [--study DIR] [--logs DIR]
@@ -85,17 +87,32 @@ def print_reference(ref: dict[str, dict]) -> None:
 
 
 def _study_dir(arg: str | None, tmp: Path) -> Path:
-    if arg and arg not in ("study3", "study4"):
+    if arg and arg not in ("study3", "study4", "study5"):
         return Path(arg)
-    with tarfile.open(FIX / (arg or "study4") / "study.tgz") as t:
+    with tarfile.open(FIX / (arg or "study5") / "study.tgz") as t:
         t.extractall(tmp, filter="data")
     return tmp
+
+
+def _start(path: Path) -> dict:
+    """A trial's start.json, its phases read again from the trial's server.log where there is one (the launch
+    time is not in the log, so the first phase, the API server's imports, stays as recorded)."""
+    s = json.loads(path.read_text())
+    log = path.parent / "server.log"
+    if log.exists():
+        b = start_breakdown(log.read_text(errors="replace"))
+        old = s["phases"]
+        first = {k: v for k, v in old.items() if k == "api_imports"}
+        tail = {k: v for k, v in old.items() if k in ("ready", "smoke")}
+        s["phases"] = {**first, **dict(b.phases), **tail}
+        s["compile_cache"] = b.compile_cache or s["compile_cache"]
+    return s
 
 
 def print_study(sdir: Path, ref: dict[str, dict]) -> None:
     res = json.loads((sdir / "result.json").read_text())
     starts = sorted(
-        ((p.parent.name, json.loads(p.read_text())) for p in (sdir / "trials").glob("*/start.json")),
+        ((p.parent.name, _start(p)) for p in (sdir / "trials").glob("*/start.json")),
         key=lambda t: (t[0] != "base", t[0]),
     )  # the baseline starts first
     print(f"\nStudy {sdir}: {len(starts)} server start(s), wall {res['elapsed_s']:.0f} s")
@@ -123,7 +140,7 @@ def print_study(sdir: Path, ref: dict[str, dict]) -> None:
         for _, s in starts:
             if s.get("fast_starts") and a["vllm_s"].get("cuda_graphs") is not None:
                 graphs += max(0.0, a["vllm_s"]["cuda_graphs"] - s["phases"].get("cuda_graphs", 0.0))
-            if s["compile_cache"] == "hit":
+            if s["compile_cache"] == "hit" or s.get("kernel_cache"):
                 hits += max(0.0, a["phases"]["torch_compile"] - s["phases"].get("torch_compile", 0.0))
             if s.get("engine_process") == "fork":
                 spawn += max(0.0, b["phases"]["engine_spawn"] - s["phases"].get("engine_spawn", 0.0))
@@ -131,19 +148,26 @@ def print_study(sdir: Path, ref: dict[str, dict]) -> None:
                 imports += max(0.0, imports_s - s["phases"].get("api_imports", 0.0))
         lo = res["elapsed_s"] + graphs + spawn + imports
         hi = lo + hits
+        kernels = [n for n, s in starts if s.get("kernel_cache")]
+        if kernels:
+            tc = {n: s["phases"].get("torch_compile") for n, s in starts}
+            print(
+                f"  shared Inductor kernel cache in {len(kernels)} start(s); torch.compile (s, vLLM's figure): "
+                + ", ".join(f"{n} {v:g} ({s['compile_cache']})" for n, s in starts if (v := tc[n]) is not None)
+            )
         print(
             f"  wall without the measures (derived from the measured phases, not a second run): {lo:.0f} s with "
             f"vLLM's default capture sizes ({graphs:.0f} s of graphs), spawned engine processes ({spawn:.0f} s) "
             f"and no prewarmed server process ({imports:.0f} s of imports at {imports_s:.1f} s each), up to "
-            f"{hi:.0f} s if every compile-cache hit ({hits:.0f} s) was a key only the capture bound shared "
-            f"(vLLM's default cache in ~/.cache/vllm hits the others too); ratio with / without = "
+            f"{hi:.0f} s if every compile-cache hit and shared-kernel compile ({hits:.0f} s) saved all of A's cold "
+            f"compile (vLLM's default cache in ~/.cache/vllm hits repeat keys too); ratio with / without = "
             f"{res['elapsed_s'] / lo:.2f} to {res['elapsed_s'] / hi:.2f}"
         )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--study", help="a study dir, or study3 / study4 (default: the recorded H200 study4)")
+    ap.add_argument("--study", help="a study dir, or study3 / study4 / study5 (default: the recorded H200 study5)")
     ap.add_argument("--logs", default=str(FIX / "starts"), help="dir with log-A..E.txt(.gz)")
     a = ap.parse_args()
     ref = reference(Path(a.logs))

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Issue 26 item 2 and "tests laid out by package": move the package root's modules into the packages of their
+"""The layout step (docs/layers.md): item 2 and "tests laid out by package": move the package root's modules into the packages of their
 layer, rename the modules whose names are the API verbs, lay the tests out by package, and rewrite every reference.
 
 Run it at the repository root of a clean checkout (it refuses a dirty tree unless ``--force``), then review and
@@ -242,7 +242,7 @@ FIXUPS: list[tuple[str, str, str]] = [
         ),
         (
             "def test_import_m3ctl_is_lazy_and_the_api_names_are_functions():\n"
-            '    """`import m3ctl` imports no API, engine or GPU library; `m3ctl.plan` is the API function (issue 26: the\n'
+            '    """`import m3ctl` imports no API, engine or GPU library; `m3ctl.plan` is the API function (the layout step: the\n'
             '    modules behind the verbs live in checks/, planning/, serving/, loadgen/, tuning/)."""'
         ),
     ),
