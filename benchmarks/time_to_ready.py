@@ -161,7 +161,7 @@ def main() -> None:
                 m3ctl_run(plan_for(f"proc{i}"), get_runtime("process"), reg)
             )
         if not a.skip_docker:
-            from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE, ensure_images, site_mount, start_engine
+            from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE, ensure_images, site_mounts, start_engine
             from m3ctl.runtime.docker import DockerOptions, DockerRuntime
 
             eng = start_engine()
@@ -170,12 +170,12 @@ def main() -> None:
             client = eng.client()
             for i in range(a.repeat):
                 rows.setdefault("bare docker run (same container spec)", []).append(
-                    bare_docker(plan_for(f"bared{i}", "docker", VLLM_CPU_IMAGE), client, [site_mount()])
+                    bare_docker(plan_for(f"bared{i}", "docker", VLLM_CPU_IMAGE), client, site_mounts())
                 )
                 rows.setdefault("m3ctl serve --runtime docker", []).append(
                     m3ctl_run(
                         plan_for(f"dock{i}", "docker", VLLM_CPU_IMAGE),
-                        DockerRuntime(DockerOptions(mounts=[site_mount()])),
+                        DockerRuntime(DockerOptions(mounts=site_mounts())),
                         reg,
                     )
                 )

@@ -1102,9 +1102,10 @@ def check_vllm(ctx: Ctx) -> CheckResult:
 
     rep = vllm_env.check_install()
     if rep.ok:
-        return _r(
-            "host.vllm", "host", "OK", f"{rep.vllm_dist} {rep.version} installed", details=[f"python {sys.executable}"]
-        )
+        det = [f"python {sys.executable}"]
+        if rep.amx_plugin:
+            det.append("CPU has AMX: m3ctl's vLLM plugin grants AMX permission to each vLLM process")
+        return _r("host.vllm", "host", "OK", f"{rep.vllm_dist} {rep.version} installed", details=det)
     return _r(
         "host.vllm",
         "host",

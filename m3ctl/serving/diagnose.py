@@ -952,6 +952,12 @@ def _no_traceback(lines, events, text, ctx, versions, wrappers) -> Diagnosis | N
             "the failing process's own error is not in this log: look at the other ranks' / nodes' logs, or rerun "
             "with one GPU (TP=1) to see it"
         )
+        if any("died unexpectedly" in w for w in wrappers):  # a process vanished: a fatal signal, not an exception
+            fx = (
+                "a vLLM process died without a Python error (a fatal signal in native code, or the OOM killer): "
+                "rerun with PYTHONFAULTHANDLER=1 (the stack at the signal) and check `dmesg -T | grep -i -e oom "
+                "-e killed`; " + fx
+            )
         return Diagnosis(
             "no-traceback",
             f"the engine died without its own traceback in this log (only wrappers: {wrappers[0][:120]}){tail}",

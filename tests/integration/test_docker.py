@@ -54,9 +54,9 @@ def docker_env(engine):
 
 
 def _image_args() -> list[str]:
-    from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE, site_mount
+    from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE, site_mounts
 
-    return ["--runtime", "docker", "--image", VLLM_CPU_IMAGE, "--mount", site_mount()]
+    return ["--runtime", "docker", "--image", VLLM_CPU_IMAGE, *(a for m in site_mounts() for a in ("--mount", m))]
 
 
 def _containers(engine, name: str | None = None):
@@ -220,7 +220,7 @@ def test_stop_finds_the_container_of_an_unreadable_record(engine, docker_env):
 def dserver(engine, tiny_models, tmp_path_factory):
     """The real vLLM CPU server (tiny MiniMax-M2) in a container launched through the docker runtime."""
     from m3ctl.catalog import profiles
-    from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE, site_mount
+    from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE, site_mounts
     from m3ctl.hw.detect import detect
     from m3ctl.planning.plan import PlanRequest, plan
     from m3ctl.runtime.docker import DockerOptions, DockerRuntime
@@ -229,7 +229,7 @@ def dserver(engine, tiny_models, tmp_path_factory):
 
     state = tmp_path_factory.mktemp("docker-state")
     reg = Registry(state)
-    rt = DockerRuntime(DockerOptions(mounts=[site_mount()]))
+    rt = DockerRuntime(DockerOptions(mounts=site_mounts()))
     p = plan(
         detect(),
         PlanRequest(
@@ -292,6 +292,8 @@ def test_docker_status_and_logs_cli(dserver, docker_env):
     assert "dshared" in table and "docker" in table
     logs = run_cli("logs", "dshared", "-n", "2000", env=env, check=True).stdout
     assert "Application startup complete" in logs and "Using CPU Unquantized MoE backend" in logs
+    # m3ctl's vLLM plugin is importable in the container and ran in the engine (docs/sources.md#cpu-amx-permission)
+    assert "m3ctl plugin: AMX tile permission" in logs and "Failed to load plugin" not in logs
 
 
 def test_docker_watch_cli_probes_with_real_completions(dserver, docker_env):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -54,6 +55,10 @@ def test_cli_serve_status_bench_stop(tiny_models, tmp_path):
 
     logs = run_cli("logs", "e2e", "-n", "400", check=True).stdout
     assert "Application startup complete" in logs
+    # m3ctl's vLLM plugin ran in the engine processes (AMX permission where the CPU has AMX; docs/sources.md)
+    full = run_cli("logs", "e2e", "-n", "100000", check=True).stdout
+    plugin_line = r"\(EngineCore pid=\d+\).*m3ctl plugin: AMX tile permission (granted|not-needed)"
+    assert re.search(plugin_line, full), full[-3000:]
 
     s = run_cli("stop", "e2e")
     assert s.returncode == 0 and "e2e: stopped" in s.stdout and "port free" in s.stdout
