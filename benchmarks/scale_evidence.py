@@ -10,7 +10,7 @@ prompts at every run, a warm-up per load level) and prints:
 - the tune's own measurements (trials, the concurrencies its bisection visited);
 - the ratios the tune is judged by: the tune's reported capacity and objective for its choice over the grid's,
   and its choice's objective over the grid's best;
-- the capacity rule (m3ctl/tuning/capacity.py, through m3ctl/tuning/search.py ``measure_level``) replayed on these runs: each
+- the capacity rule (m3ctl/loadgen/capacity.py, through m3ctl/tuning/search.py ``measure_level``) replayed on these runs: each
   tuned configuration's bisection from where the tune started it, the n-th run at a level answered by the n-th
   recorded run there (the tune's own run first, then the grid's in recording order; the repeats of the rule
   would run on the tune's server, so the grid runs stand in for them, from other fresh servers). A level that
@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from m3ctl.tuning.slo import objective_value, parse_slo
+from m3ctl.loadgen.slo import objective_value, parse_slo
 
 EVIDENCE = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "h200x1-real" / "scale"
 
@@ -242,11 +242,11 @@ def grid2_runs(root: Path = EVIDENCE2) -> dict[str, dict[int, list[dict]]]:
 
 def grid2_from_runs(slo_text: str, root: Path = EVIDENCE2) -> dict[str, dict]:
     """The clean grid recomputed from its raw bench JSONs (not from grid.json): per configuration and level the
-    p90 TPOT and tok/s per GPU of every run, the median, the capacity rule's verdict (m3ctl.tuning.capacity.decide
+    p90 TPOT and tok/s per GPU of every run, the median, the capacity rule's verdict (m3ctl.loadgen.capacity.decide
     with its defaults, the tune's: ``state``, ``confidence``; ``slo_ok``: it holds) and the plain median's
     (``median_slo_ok``: the rule grid.json was written with on the GPU), the capacity (levels upwards until the
     first that does not hold) and the median objective there."""
-    from m3ctl.tuning.capacity import decide
+    from m3ctl.loadgen.capacity import decide
 
     slo = parse_slo(slo_text)
     out = {}
@@ -391,7 +391,7 @@ def main() -> None:
     for k, v in rep["ratios"].items():
         print(f"  {k}: {v:.3f}" if v is not None else f"  {k}: n/a")
     print(
-        "\nthe capacity rule (m3ctl/tuning/capacity.py: runs within 10 % of the bound repeated, up to 2 more; the "
+        "\nthe capacity rule (m3ctl/loadgen/capacity.py: runs within 10 % of the bound repeated, up to 2 more; the "
         "median of 3 meets and no run misses by more than 10 %), replayed on the recorded runs: c: p90 TPOT ms "
         "of each run -> median"
     )

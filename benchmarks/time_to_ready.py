@@ -134,11 +134,11 @@ def main() -> None:
     ap.add_argument("--skip-docker", action="store_true")
     a = ap.parse_args()
 
+    from m3ctl.core.state import Registry
     from m3ctl.hw.detect import detect
     from m3ctl.planning.plan import PlanRequest
     from m3ctl.planning.plan import plan as make_plan
     from m3ctl.runtime import get_runtime
-    from m3ctl.serving.state import Registry
 
     tmp = Path(tempfile.mkdtemp(prefix="m3ttr-"))
     model = a.model

@@ -163,7 +163,7 @@ def record(out: Path, model: str | None, preset: str = "short") -> None:
 
 
 def grid_truth(grid: dict, slo_text: str) -> tuple[float, float, dict]:
-    from m3ctl.tuning.slo import parse_slo
+    from m3ctl.loadgen.slo import parse_slo
 
     slo = parse_slo(slo_text)
     best, best_cfg, cost = 0.0, None, 0.0
@@ -203,7 +203,7 @@ def replay_one(
     from m3ctl.tuning.search import Tuner, TuneSpec
 
     opt, gcost, gbest = grid_truth(grid, slo)
-    from m3ctl.tuning.slo import parse_slo
+    from m3ctl.loadgen.slo import parse_slo
 
     sl = parse_slo(slo)
     per_cfg = sorted(

@@ -33,9 +33,9 @@ def main() -> int:
     a = ap.parse_args()
 
     from m3ctl.hw.detect import detect
+    from m3ctl.loadgen.slo import parse_slo
     from m3ctl.tuning.search import TuneSpec, evaluate
     from m3ctl.tuning.server import ServerEvaluator
-    from m3ctl.tuning.slo import parse_slo
     from m3ctl.tuning.space import Space
     from m3ctl.tuning.study import load_settings
 

@@ -286,7 +286,7 @@ def doctor(
     if attention not in (None, "msa", "dense"):
         raise BadInput(f"attention {attention!r} is not msa or dense", "use attention='dense' or leave it out")
     if save_inventory is not None:
-        from m3ctl.serving.state import check_output_path  # noqa: PLC0415
+        from m3ctl.core.state import check_output_path  # noqa: PLC0415
 
         check_output_path(Path(save_inventory), "--save-inventory")
     user = user_defaults()
@@ -509,8 +509,8 @@ def prepare_serve(
     Raises:
         BadInput, ConfigRejected: as :func:`serve`, before anything starts.
     """
+    from m3ctl.core.state import check_name  # noqa: PLC0415
     from m3ctl.planning.launch import check_host  # noqa: PLC0415
-    from m3ctl.serving.state import check_name  # noqa: PLC0415
 
     req = plan_request(request, config=config, **knobs)
     check_name(req.name)
@@ -692,9 +692,9 @@ def _serve_runtime(name: str, mounts: list[str], on_pull: Callable | None) -> An
 def _launch(p, rt, secrets, prof, inv, *, smoke, on_event, on_start, registry=None) -> ServeResult:
     """``on_start(plan, command)`` after the pre-flight checks, then launch and wait until ready
     (m3ctl.serving.serve.launch_and_wait, which runs the pre-flight checks too)."""
+    from m3ctl.core.state import Registry  # noqa: PLC0415
     from m3ctl.serving import serve as serving  # noqa: PLC0415
     from m3ctl.serving.diagnose import DiagContext  # noqa: PLC0415
-    from m3ctl.serving.state import Registry  # noqa: PLC0415
 
     reg = registry or Registry()
     expect = serving.profile_expect(prof, p.profile, p)
@@ -716,8 +716,8 @@ def _launch(p, rt, secrets, prof, inv, *, smoke, on_event, on_start, registry=No
 def _serve_foreground(p, rt, secrets, prof, inv, smoke, on_event, on_start, w: ServeWatch) -> ServeResult:
     """:func:`serve` with ``watch``: launch, ``w.on_ready``, watch until the end; any end but a failure inside
     the watch (which stops the server itself) stops it here on Ctrl-C."""
+    from m3ctl.core.state import Registry  # noqa: PLC0415
     from m3ctl.serving import serve as serving  # noqa: PLC0415
-    from m3ctl.serving.state import Registry  # noqa: PLC0415
 
     reg = Registry()
     res = _launch(p, rt, secrets, prof, inv, smoke=smoke, on_event=on_event, on_start=on_start, registry=reg)
@@ -816,8 +816,8 @@ def logs(name: str, *, lines: int = 100) -> LogTail:
     Raises:
         BadInput: ``lines`` < 0, or no log for ``name`` yet. NotFound: an unknown deployment.
     """
+    from m3ctl.core.state import Deployment, Registry, UnreadableRecord  # noqa: PLC0415
     from m3ctl.serving import serve as serving  # noqa: PLC0415
-    from m3ctl.serving.state import Deployment, Registry, UnreadableRecord  # noqa: PLC0415
 
     if lines < 0:
         raise BadInput(f"lines {lines} must be >= 0", "0 means the whole log")
@@ -857,8 +857,8 @@ def watch(
             is named). LaunchFailed: the server failed (exit 4 in the CLI). KeyboardInterrupt: Ctrl-C
             (:func:`running` says whether the deployment still runs).
     """
+    from m3ctl.core.state import Registry  # noqa: PLC0415
     from m3ctl.serving import serve as serving  # noqa: PLC0415
-    from m3ctl.serving.state import Registry  # noqa: PLC0415
 
     reg = Registry()
     dep = reg.get(name)
@@ -889,8 +889,8 @@ def watch(
 def running(name: str) -> bool:
     """Whether deployment ``name`` has a record and its server is alive (e.g. after an interrupted :func:`watch`:
     an interrupted relaunch stops its server)."""
+    from m3ctl.core.state import Registry  # noqa: PLC0415
     from m3ctl.serving import serve as serving  # noqa: PLC0415
-    from m3ctl.serving.state import Registry  # noqa: PLC0415
 
     reg = Registry()
     return reg.exists(name) and serving.runtime_for(reg.get(name)).is_alive(reg.get(name))
@@ -944,7 +944,7 @@ def _bench_config(
             "drop the length lists or trace_path",
         )
     if slo and slo.strip():
-        from m3ctl.tuning.slo import parse_slo  # noqa: PLC0415
+        from m3ctl.loadgen.slo import parse_slo  # noqa: PLC0415
 
         parse_slo(slo)
         if len(levels) < 2:
@@ -1064,8 +1064,8 @@ def bench(
         api_key: bearer key (default ``OPENAI_API_KEY``, the deployment's, ``VLLM_API_KEY``); never stored.
         num_gpus: GPUs behind the endpoint, for tok/s per GPU (default: the deployment's).
         warmup: warm up at each level before measuring (default: on for a sweep).
-        slo: with a sweep, an SLO (``"p90_tpot_ms<=30"``, m3ctl.tuning.slo) whose capacity the result's
-            ``sweep["capacity"]`` gives by the tune's capacity rule (m3ctl.tuning.capacity.sweep_capacity).
+        slo: with a sweep, an SLO (``"p90_tpot_ms<=30"``, m3ctl.loadgen.slo) whose capacity the result's
+            ``sweep["capacity"]`` gives by the tune's capacity rule (m3ctl.loadgen.capacity.sweep_capacity).
         options: :class:`~m3ctl.loadgen.runner.BenchConfig` fields with their units: ``num_prompts``,
             ``request_rate`` (req/s, default inf), ``burstiness``, ``duration_s``, ``input_len``/``output_len``
             (tokens; a list sweeps it, input x output x concurrency: m3ctl.loadgen.sweep), ``trace_path`` (a JSONL

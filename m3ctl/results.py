@@ -261,7 +261,7 @@ class TuneReport(BaseModel):
     defaults measured the same way, or ``{"skipped": why}``; ``vs_baseline`` = best / baseline objective.
     ``chosen`` (``tuned`` | ``defaults`` | ``none``) and ``reason``: what ``profile`` holds (m3ctl.tuning.choice;
     the defaults when they won or tied, nothing when no configuration met the SLO: then ``closest`` names the
-    nearest miss and ``ok`` is False); ``capacity_rule``: how each level was decided (m3ctl.tuning.capacity).
+    nearest miss and ``ok`` is False); ``capacity_rule``: how each level was decided (m3ctl.loadgen.capacity).
     A result.json written before ``chosen`` existed reads with ``chosen`` None."""
 
     model_config = ConfigDict(extra="allow")

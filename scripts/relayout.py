@@ -91,9 +91,9 @@ MAPPING: dict[str, str] = {
     "m3ctl/launch.py": "m3ctl/planning/launch.py",
     "m3ctl/emit.py": "m3ctl/planning/emit.py",
     "m3ctl/sizing.py": "m3ctl/planning/sizing.py",
-    "m3ctl/vllm_args.py": "m3ctl/planning/vllm_args.py",
+    "m3ctl/vllm_args.py": "m3ctl/catalog/vllm_args.py",
     "m3ctl/vllm_env.py": "m3ctl/planning/vllm_env.py",
-    "m3ctl/vllm_values.py": "m3ctl/planning/vllm_values.py",
+    "m3ctl/vllm_values.py": "m3ctl/catalog/vllm_values.py",
     # serving: launch and wait, readiness, the smoke, kernels, lifecycle, diagnosis, state, offline
     "m3ctl/serve.py": "m3ctl/serving/serve.py",
     "m3ctl/health.py": "m3ctl/serving/health.py",
@@ -103,7 +103,7 @@ MAPPING: dict[str, str] = {
     "m3ctl/watchdog.py": "m3ctl/serving/watchdog.py",
     "m3ctl/diagnose.py": "m3ctl/serving/diagnose.py",
     "m3ctl/logtrace.py": "m3ctl/serving/logtrace.py",
-    "m3ctl/state.py": "m3ctl/serving/state.py",
+    "m3ctl/state.py": "m3ctl/core/state.py",
     "m3ctl/offline.py": "m3ctl/serving/offline.py",
     # measure
     "m3ctl/bench": "m3ctl/loadgen",

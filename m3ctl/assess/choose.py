@@ -5,12 +5,30 @@ from __future__ import annotations
 
 import difflib
 
+from pydantic import BaseModel
+
 from m3ctl.assess import capability
 from m3ctl.assess import memory as mem
 from m3ctl.assess.facts import ModelFacts, model_facts
 from m3ctl.assess.rules import PlanContext
 from m3ctl.catalog import ModelSpec, Variant
 from m3ctl.errors import BadInput
+
+
+class Choice(BaseModel):
+    """One planning decision: what was chosen, the value, and why."""
+
+    what: str
+    value: str
+    why: str
+
+
+class Rejected(BaseModel):
+    """An alternative that was considered and not taken, and why."""
+
+    what: str
+    value: str
+    why: str
 
 
 def variant_fits(

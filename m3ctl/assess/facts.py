@@ -152,16 +152,13 @@ def _quant(q: dict) -> tuple[list[int] | None, str | None, int | None, str | Non
 
 def hub_config_dir(repo_id: str, environ: dict[str, str] | None = None) -> Path | None:
     """The HF-cache snapshot directory of hub model ``repo_id`` (revision ``main``) when it holds a config.json;
-    None when the id is not cached (nothing is downloaded). Cache layout: :func:`m3ctl.serving.offline.snapshot_dir`."""
-    from m3ctl.serving.offline import snapshot_dir  # noqa: PLC0415
+    None when the id is not cached (nothing is downloaded). Cache layout: :func:`m3ctl.hw.host.snapshot_path`."""
+    from m3ctl.hw.host import snapshot_path  # noqa: PLC0415
 
     if repo_id.count("/") != 1 or repo_id.startswith(("/", ".", "~")):
         return None
-    try:
-        snap = snapshot_dir(repo_id, "main", environ)
-    except Exception:  # noqa: BLE001 - not cached: no facts from a config
-        return None
-    return snap if (snap / "config.json").is_file() else None
+    snap = snapshot_path(repo_id, "main", environ)
+    return snap if snap is not None and (snap / "config.json").is_file() else None
 
 
 def hub_id_of_snapshot(path: Path) -> str | None:

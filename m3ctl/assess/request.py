@@ -117,8 +117,8 @@ class PlanRequest(BaseModel):
     @field_validator("args")
     @classmethod
     def _vllm_values(cls, v: dict[str, Any]) -> dict[str, Any]:
-        """Values of size flags read as vLLM reads them (m3ctl.planning.vllm_values; BadInput, one line, on a bad one)."""
-        from m3ctl.planning.vllm_values import check_args  # noqa: PLC0415
+        """Values of size flags read as vLLM reads them (m3ctl.catalog.vllm_values; BadInput, one line, on a bad one)."""
+        from m3ctl.catalog.vllm_values import check_args  # noqa: PLC0415
 
         check_args(v)
         return v
@@ -194,7 +194,7 @@ def load_request(path: str | Path) -> PlanRequest:
 
 
 #: Environment variables for the options people set per machine -> the PlanRequest field each sets.
-#: (Read where they are used: M3CTL_STATE_DIR by m3ctl.serving.state.state_dir, M3CTL_CATALOG_DIR by m3ctl.catalog.)
+#: (Read where they are used: M3CTL_STATE_DIR by m3ctl.core.state.state_dir, M3CTL_CATALOG_DIR by m3ctl.catalog.)
 ENV_FIELDS = {"M3CTL_MODEL": "model", "M3CTL_PORT": "port"}
 #: Every ``M3CTL_`` variable m3ctl reads; any other is reported by :func:`unknown_env` (a typo would be ignored).
 KNOWN_ENV = frozenset(

@@ -22,6 +22,7 @@ from m3ctl.assess import capability
 from m3ctl.assess import memory as mem
 from m3ctl.assess.facts import ModelFacts
 from m3ctl.catalog import Image, ModelSpec, Profile, Variant
+from m3ctl.catalog.vllm_args import vllm_int
 from m3ctl.errors import ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 
@@ -36,23 +37,6 @@ DEPRECATED_ENV = {
     "VLLM_NVFP4_GEMM_BACKEND": "--linear-backend NAME (vllm PR #49376)",
     "VLLM_ALL2ALL_BACKEND": "--all2all-backend NAME (https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/config/parallel.py)",
 }
-
-
-def vllm_int(v: Any) -> int | None:
-    """An integer flag value as vLLM reads it (``8k`` = 8000, ``8K`` = 8192, else Python's ``int``:
-    vllm/utils/argparse_utils.py human_readable_int); None when unset, a switch, or not an integer."""
-    if v is None or isinstance(v, (bool, float)):
-        return None
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", str(v).strip())
-    if m:
-        number, suffix = m.groups()
-        if suffix.islower():
-            return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
-        return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10) if "." not in number else None
-    try:
-        return int(v)
-    except (TypeError, ValueError):
-        return None
 
 
 #: Integer flags the rules read, with the smallest value vLLM accepts (``auto``/-1 allowed where noted).
@@ -631,7 +615,7 @@ def _pp(c: PlanContext) -> Finding | None:
     m3ctl/data/vllm_engine.yaml ``pp_architectures``) and at least one decoder layer per stage."""
     if c.pp <= 1:
         return None
-    from m3ctl.planning.vllm_args import engine_facts  # noqa: PLC0415
+    from m3ctl.catalog.vllm_args import engine_facts  # noqa: PLC0415
 
     eng = engine_facts(c.engine_version)
     archs = c.facts.architectures or (c.spec.architectures if c.spec else [])
@@ -1175,7 +1159,7 @@ def _env(c: PlanContext) -> Finding | None:
 
 @rule("flags.boolean_spelling")
 def _bool(c: PlanContext) -> Finding | None:
-    from m3ctl.planning.vllm_args import flag_table  # noqa: PLC0415
+    from m3ctl.catalog.vllm_args import flag_table  # noqa: PLC0415
 
     flags = flag_table().flags
     for k in c.args:
@@ -1250,7 +1234,7 @@ def _flag_values(c: PlanContext) -> Finding | None:
     config flags that must be JSON objects (``--compilation-config 3`` is refused), bounds and choices of their
     keys (``num_speculative_tokens`` > 0), attention backend names, and the backend's kind against the model's
     attention (an MLA backend for an MSA/GQA model is refused)."""
-    from m3ctl.planning.vllm_args import engine_facts  # noqa: PLC0415
+    from m3ctl.catalog.vllm_args import engine_facts  # noqa: PLC0415
 
     e = engine_facts(c.engine_version)
     src = f"vLLM {e.vllm_version} {{}} (m3ctl/data/vllm_engine.yaml, generated from vLLM's source)"
@@ -1338,7 +1322,7 @@ def _max_len(c: PlanContext) -> Finding | None:
 
 @rule("flags.unknown")
 def _unknown_flag(c: PlanContext) -> Finding | None:
-    from m3ctl.planning.vllm_args import flag_table, suggest_flag, unknown_flags  # noqa: PLC0415
+    from m3ctl.catalog.vllm_args import flag_table, suggest_flag, unknown_flags  # noqa: PLC0415
 
     bad = unknown_flags(list(c.args))
     if bad:
@@ -1354,7 +1338,7 @@ def _unknown_flag(c: PlanContext) -> Finding | None:
 
 @rule("flags.choices")
 def _flag_choice(c: PlanContext) -> Finding | None:
-    from m3ctl.planning.vllm_args import flag_table  # noqa: PLC0415
+    from m3ctl.catalog.vllm_args import flag_table  # noqa: PLC0415
 
     t = flag_table()
     for k, v in c.args.items():

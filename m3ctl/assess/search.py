@@ -185,7 +185,7 @@ def search(
             layout when it was tried), with the other layouts' rule ids in the hint.
         BadInput: as :func:`m3ctl.planning.plan.plan` (the first candidate raises it: bad input is not layout-specific).
     """
-    from m3ctl.planning.plan import Choice  # noqa: PLC0415
+    from m3ctl.assess.choose import Choice  # noqa: PLC0415
 
     cands = candidates(n_gpus, pins, moe=moe, ep_ok=ep_ok, pp_ok=pp_ok, dcp_sizes=dcp_sizes)
     simple = [c for c in cands if c.pp == 1 and c.dcp == 1]

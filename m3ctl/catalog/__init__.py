@@ -454,11 +454,11 @@ DATA_FILES: tuple[DataFile, ...] = (
     DataFile("data/kernel_patterns.yaml", "m3ctl.serving.kernels:KernelPatterns"),
     DataFile("data/secrets.yaml", "m3ctl.core.secrets:SecretsTable"),
     DataFile("data/smoke.yaml", "m3ctl.serving.smoke:SmokeData"),
-    DataFile("data/startup.yaml", "m3ctl.tuning.startup:StartupFacts"),
+    DataFile("data/startup.yaml", "m3ctl.catalog.startup:StartupFacts"),
     DataFile("data/vendors.yaml", "m3ctl.catalog.vendors:VendorTable"),
-    DataFile("data/vllm_engine.yaml", "m3ctl.planning.vllm_args:VllmEngineFacts"),
-    DataFile("data/vllm_serve_flags.yaml", "m3ctl.planning.vllm_args:VllmFlagTable"),
-    DataFile("data/vllm_value_types.yaml", "m3ctl.planning.vllm_values:VllmValueTypes"),
+    DataFile("data/vllm_engine.yaml", "m3ctl.catalog.vllm_args:VllmEngineFacts"),
+    DataFile("data/vllm_serve_flags.yaml", "m3ctl.catalog.vllm_args:VllmFlagTable"),
+    DataFile("data/vllm_value_types.yaml", "m3ctl.catalog.vllm_values:VllmValueTypes"),
 )
 
 

@@ -70,20 +70,16 @@ _LENGTHS = "a list such as {} sweeps it (a sweep runs input x output x concurren
 BENCH_OPTIONS, BENCH_FIELDS = o.model_options(
     BenchConfig,
     {
-        "endpoint": dict(help="completions or chat."),
+        "endpoint": dict(),
         "workload": dict(
             parser=o.choice(*WORKLOADS),
             autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)],
             help=f"Bench workload: {', '.join(WORKLOADS)}.",
         ),
-        "request_rate": dict(parser=o.positive_float, metavar="RPS", help="Requests/s, > 0 (inf: all at once)."),
-        "burstiness": dict(
-            parser=o.positive_float, metavar="SHAPE", help="Gamma shape of arrivals (1 = Poisson, <1 burstier)."
-        ),
-        "num_prompts": dict(help="Requests to send (stop by count)."),
-        "duration_s": dict(
-            name="duration", **_SECONDS, help="Stop issuing requests after this many seconds (workload cycled)."
-        ),
+        "request_rate": dict(parser=o.positive_float, metavar="RPS"),
+        "burstiness": dict(parser=o.positive_float, metavar="SHAPE"),
+        "num_prompts": dict(),
+        "duration_s": dict(name="duration", **_SECONDS),
         "input_len": dict(
             type=str,
             parser=o.int_list_upto(_le("input_len")),
@@ -104,89 +100,62 @@ BENCH_OPTIONS, BENCH_FIELDS = o.model_options(
             name="trace",
             type=Path,
             metavar="FILE",
-            help="Replay a JSONL trace ({timestamp, input_len, output_len, prefix_id?} per line) at its arrival "
-            "times (open loop; --concurrency caps it).",
         ),
         "trace_time_scale": dict(
             parser=o.positive_float,
             metavar="X",
-            help="Multiply the trace's arrival offsets (0.5: twice as fast; 0.001: timestamps in ms).",
         ),
         "max_ttft_s": dict(
             name="max_ttft",
             decls=("--max-ttft", "--max-ttft-s"),
             **_SECONDS,
-            help="Sweep: a level whose median TTFT is above this is overloaded (default: no bound).",
         ),
-        "stop_on_overload": dict(
-            help="Sweep: after an overloaded level (TTFT bound, a growing server queue, throughput below the level "
-            "before), skip the higher concurrencies of its input/output lengths."
-        ),
-        "range_ratio": dict(min=0, help="Length spread (see --range-convention)."),
-        "range_convention": dict(
-            parser=o.choice("vllm", "inferencex"), help="vllm: [L(1-r), L(1+r)]; inferencex: [rL, L]."
-        ),
-        "dataset_path": dict(
-            type=Path, exists=True, dir_okay=False, help="ShareGPT-style JSON/JSONL file (--workload dataset)."
-        ),
-        "dataset_output_len": dict(
-            help="Force the output length of dataset requests (default: the reference reply's)."
-        ),
-        "num_prefixes": dict(help="prefix-repetition: distinct shared prefixes."),
-        "prefix_len": dict(help="prefix-repetition / agentic: shared prefix tokens."),
-        "num_sessions": dict(help="agentic: sessions (default 2 x lanes)."),
-        "turns": dict(help="agentic: turns per session."),
-        "turn_input_len": dict(help="agentic: new input tokens per later turn."),
-        "think_time_s": dict(name="think_time", help="agentic: mean think time between turns (s, exponential)."),
-        "ignore_eos": dict(help="Ask for exactly --output-len tokens."),
-        "temperature": dict(min=0, help="Sampling temperature."),
-        "num_warmups": dict(help="Warmup requests (excluded; fresh prompts of the workload's shapes)."),
-        "seed": dict(help="Workload seed (lengths, order, arrivals); the prompt text is fresh every run."),
-        "prompt_salt": dict(
-            help="Resend the prompts of the run with this workload.prompt_salt (a server that cached them makes "
-            "the run BENCH-INVALID)."
-        ),
+        "stop_on_overload": dict(),
+        "range_ratio": dict(min=0),
+        "range_convention": dict(parser=o.choice("vllm", "inferencex")),
+        "dataset_path": dict(type=Path, exists=True, dir_okay=False),
+        "dataset_output_len": dict(),
+        "num_prefixes": dict(),
+        "prefix_len": dict(),
+        "num_sessions": dict(),
+        "turns": dict(),
+        "turn_input_len": dict(),
+        "think_time_s": dict(name="think_time"),
+        "ignore_eos": dict(),
+        "temperature": dict(min=0),
+        "num_warmups": dict(),
+        "seed": dict(),
+        "prompt_salt": dict(),
         "percentiles": dict(type=str, parser=o.percentiles, show=_comma, help="Comma-separated percentiles (0-100)."),
-        "tokenizer": dict(
-            help="Local tokenizer dir (default: the server's /tokenize and /detokenize, else the deployment's "
-            "model dir)."
-        ),
-        "usd_per_gpu_hour": dict(
-            parser=o.positive_float, metavar="USD", help="GPU price for USD per million tokens and tokens per USD."
-        ),
+        "tokenizer": dict(),
+        "usd_per_gpu_hour": dict(parser=o.positive_float, metavar="USD"),
         "power": dict(
             decls="--power/--no-power",
-            help="Sample GPU power over the measured phase: energy per output token (docs/bench.md, Energy).",
         ),
         "power_gpus": dict(
             type=str,
             parser=gpu_indices,
             metavar="0,1",
-            help="GPU indices to sample (default: the deployment's, else every local GPU; none for a remote --url).",
         ),
         "power_interval_s": dict(
             name="power_interval",
             **_SECONDS,
-            help="Power sampling period (nvidia-smi/rocm-smi fallbacks: at least 1 s).",
         ),
-        "client_procs": dict(help="Client worker processes (each its own event loop)."),
-        "http_client": dict(help="fast (lean keep-alive HTTP/1.1) or aiohttp."),
-        "continuous_usage": dict(help="Ask vLLM for per-chunk usage (per-token ITL)."),
-        "allow_approx": dict(help="Accept runs whose token counts or TTFT are approximate."),
-        "max_error_rate": dict(help="Failed-request fraction above which the run is invalid."),
+        "client_procs": dict(),
+        "http_client": dict(),
+        "continuous_usage": dict(),
+        "allow_approx": dict(),
+        "max_error_rate": dict(),
         "request_timeout_s": dict(
             name="request_timeout",
             **_SECONDS,
-            help="Seconds a request may take in all before it counts as failed (timeout).",
         ),
         "stall_floor_s": dict(
             name="stall_floor",
             **_SECONDS,
-            help="Seconds without a token on any in-flight request that end the run as stalled, at least (the "
-            "window grows to 20x the largest chunk gap and 3x the largest TTFT seen).",
         ),
-        "per_request": dict(help="Include per-request records in the JSON."),
-        "label": dict(help="Label stored in the result."),
+        "per_request": dict(),
+        "label": dict(),
     },
 )
 
@@ -331,8 +300,8 @@ def show_results(result, url, deployment, outputs, to_stdout: bool, err_con, per
         print_tables(runs, doc, percentiles)
     if plot:
         from m3ctl.core.files import WriteFailed  # noqa: PLC0415
+        from m3ctl.core.state import save_output  # noqa: PLC0415
         from m3ctl.loadgen import report  # noqa: PLC0415
-        from m3ctl.serving.state import save_output  # noqa: PLC0415
 
         try:
             png = save_output(plot, report.pareto_png_bytes(runs, plot_x), "pareto.png")
@@ -378,8 +347,8 @@ def write_results(
     stderr); returns (where the JSON went: "stdout", a path, or None; the m3ctl.core.files.WriteFailed of files
     written nowhere). Nothing is raised: the tables are shown before any write error."""
     from m3ctl.core.files import WriteFailed  # noqa: PLC0415
+    from m3ctl.core.state import save_output  # noqa: PLC0415
     from m3ctl.loadgen import report  # noqa: PLC0415
-    from m3ctl.serving.state import save_output  # noqa: PLC0415
 
     saved, lost = None, []
     if to_stdout:

@@ -72,9 +72,9 @@ def given_request(ctx: typer.Context, **extra):
 
 
 def check_outputs(**paths: Path | None) -> None:
-    """Check every given output file writable before any work (m3ctl.serving.state.check_output_path); ``-`` is stdout.
+    """Check every given output file writable before any work (m3ctl.core.state.check_output_path); ``-`` is stdout.
     Keyword names are the options (``output_json`` -> ``--output-json``)."""
-    from m3ctl.serving.state import check_output_path  # noqa: PLC0415
+    from m3ctl.core.state import check_output_path  # noqa: PLC0415
 
     for opt, path in paths.items():
         if path is not None and str(path) != "-":

@@ -26,7 +26,7 @@ RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vL
 # ------------------------------------------------------------------ parsers (parse-time value checks)
 def token_count(text: str) -> int:
     """A token count as vLLM reads one (``8k`` = 8000, ``8K`` = 8192, else an integer), at least 1."""
-    from m3ctl.assess.rules import vllm_int  # noqa: PLC0415
+    from m3ctl.catalog.vllm_args import vllm_int  # noqa: PLC0415
 
     n = vllm_int(text)
     if n is None or n < 1:
@@ -48,7 +48,7 @@ def vllm_choice(flag: str) -> Callable[[str], str]:
     read from ``vllm serve --help=all``); the rules check the rest (per architecture, per model)."""
 
     def parse(value: str) -> str:
-        from m3ctl.planning.vllm_args import flag_table  # noqa: PLC0415
+        from m3ctl.catalog.vllm_args import flag_table  # noqa: PLC0415
 
         choices = [c for c in (flag_table().flags[flag].choices or []) if c != "None"]
         if value not in choices:

@@ -21,15 +21,15 @@ from m3ctl.tuning.options import TuneOptions
 
 
 def objective_name(text: str) -> str:
-    """One of m3ctl.tuning.slo.OBJECTIVES."""
-    from m3ctl.tuning.slo import OBJECTIVES  # noqa: PLC0415
+    """One of m3ctl.loadgen.slo.OBJECTIVES."""
+    from m3ctl.loadgen.slo import OBJECTIVES  # noqa: PLC0415
 
     return o.choice(*OBJECTIVES)(text)
 
 
 def slo_text(text: str) -> str:
-    """An SLO m3ctl.tuning.slo.parse_slo reads."""
-    from m3ctl.tuning.slo import parse_slo  # noqa: PLC0415
+    """An SLO m3ctl.loadgen.slo.parse_slo reads."""
+    from m3ctl.loadgen.slo import parse_slo  # noqa: PLC0415
 
     try:
         parse_slo(text)
@@ -215,7 +215,7 @@ def run_study(out: Output, model, study_dir, resume, inventory, system, pareto: 
 
 def print_study(out: Output, sdir: Path, settings: dict) -> None:
     """The study's head lines: its space, SLO, objective and budget, what was pruned, the trial table's head."""
-    from m3ctl.tuning.slo import parse_slo  # noqa: PLC0415
+    from m3ctl.loadgen.slo import parse_slo  # noqa: PLC0415
     from m3ctl.tuning.space import Space  # noqa: PLC0415
 
     sp, spec = Space.from_json(settings["space"]), settings["spec"]

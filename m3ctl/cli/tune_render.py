@@ -5,7 +5,7 @@ from m3ctl.cli.output import escape
 
 def print_dry_run(con, r: dict, limit: int = 40) -> None:
     """Human form of :func:`m3ctl.tuning.study.dry_run`."""
-    from m3ctl.tuning.slo import parse_slo  # noqa: PLC0415
+    from m3ctl.loadgen.slo import parse_slo  # noqa: PLC0415
 
     sp, spec, b = r["space"], r["spec"], r["bench"]
     con.print(

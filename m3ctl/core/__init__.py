@@ -1,2 +1,2 @@
-"""Low-level helpers every layer may use: secrets kept out of argv, logs and printed forms (secrets), and
-the files m3ctl writes and reads (files)."""
+"""Low-level helpers every layer may use: secrets kept out of argv, logs and printed forms (secrets), the files
+m3ctl writes and reads (files), and the deployment records every launcher and watcher shares (state)."""

@@ -108,12 +108,12 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
 # ----------------------------------------------------------------------------- the one separation
 def secret_flag(name: str) -> SecretFlag | None:
     """The :class:`SecretFlag` a flag name means (``--api_key``, ``api-key``, a unique prefix such as
-    ``--api-k``: read as vLLM's parser reads it, m3ctl/planning/vllm_args.py), else None."""
+    ``--api-k``: read as vLLM's parser reads it, m3ctl/catalog/vllm_args.py), else None."""
     flags = table().flags
     k = name.lstrip("-").split(".", 1)[0].replace("_", "-")
     if k in flags:
         return flags[k]
-    from m3ctl.planning.vllm_args import flag_table  # noqa: PLC0415
+    from m3ctl.catalog.vllm_args import flag_table  # noqa: PLC0415
 
     opts = flag_table().option_strings()
     if k in opts:

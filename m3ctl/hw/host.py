@@ -65,6 +65,21 @@ def model_cache_dir(env: Mapping[str, str]) -> Path:
     return Path(env.get("HOME") or Path.home()) / ".cache" / "huggingface" / "hub"
 
 
+def snapshot_path(repo_id: str, revision: str = "main", env: Mapping[str, str] | None = None) -> Path | None:
+    """The local snapshot directory of hub model ``repo_id`` at ``revision`` (a branch/tag name or a commit) in the
+    cache of :func:`model_cache_dir`, None when it is not there (nothing is downloaded). Layout:
+    ``models--ORG--NAME/refs/<revision>`` holds the commit, ``snapshots/<commit>/`` the files
+    (https://huggingface.co/docs/huggingface_hub/guides/manage-cache)."""
+    repo = model_cache_dir(os.environ if env is None else env) / f"models--{repo_id.replace('/', '--')}"
+    ref = repo / "refs" / revision
+    try:
+        commit = ref.read_text().strip() if ref.is_file() else revision
+    except OSError:
+        return None
+    snap = repo / "snapshots" / commit
+    return snap if snap.is_dir() else None
+
+
 class GraceMarkers(BaseModel):
     """How an NVIDIA Grace CPU shows itself (m3ctl/data/host_cpus.yaml ``grace``).
 

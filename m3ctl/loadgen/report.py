@@ -62,8 +62,8 @@ def load_runs(paths: list[Path]) -> list[dict]:
 def sweep_doc(runs: list[dict], axis: str, values: list | dict, slo: str = "") -> dict:
     """A sweep file: ``sweep`` {axis, values (m3ctl.loadgen.sweep.axes), levels: each run's {input_len, output_len,
     concurrency}, skipped: the levels an overload skipped, each with its ``reason`` and the level ``after``
-    which it was skipped}, and the runs. With ``slo`` (an SLO m3ctl.tuning.slo.parse_slo reads, e.g.
-    ``"p90_tpot_ms<=30"``) and a concurrency sweep, ``sweep.capacity`` is m3ctl.tuning.capacity.sweep_capacity: the
+    which it was skipped}, and the runs. With ``slo`` (an SLO m3ctl.loadgen.slo.parse_slo reads, e.g.
+    ``"p90_tpot_ms<=30"``) and a concurrency sweep, ``sweep.capacity`` is m3ctl.loadgen.capacity.sweep_capacity: the
     highest level that holds by the tune's capacity rule, each level's verdict and what is undecided."""
     from m3ctl.loadgen.runner import SCHEMA_VERSION  # noqa: PLC0415
 
@@ -83,8 +83,8 @@ def sweep_doc(runs: list[dict], axis: str, values: list | dict, slo: str = "") -
     ]
     sweep: dict = {"axis": axis, "values": values, "levels": levels, "skipped": skipped}
     if slo and slo.strip() and axis == "concurrency":
-        from m3ctl.tuning.capacity import sweep_capacity  # noqa: PLC0415
-        from m3ctl.tuning.slo import parse_slo  # noqa: PLC0415
+        from m3ctl.loadgen.capacity import sweep_capacity  # noqa: PLC0415
+        from m3ctl.loadgen.slo import parse_slo  # noqa: PLC0415
 
         sweep["capacity"] = sweep_capacity(runs, parse_slo(slo))
     return {"m3ctl_schema_version": SCHEMA_VERSION, "sweep": sweep, "runs": runs}

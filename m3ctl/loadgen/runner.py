@@ -72,8 +72,8 @@ def engine_death(cfg: BenchConfig) -> dict | None:
     None when it lives, is paused, or no deployment is known. A death seen first here is recorded in its record."""
     if not cfg.deployment:
         return None
+    from m3ctl.core.state import Registry  # noqa: PLC0415
     from m3ctl.serving.lifecycle import check  # noqa: PLC0415
-    from m3ctl.serving.state import Registry  # noqa: PLC0415
 
     es = check(cfg.deployment, Registry(Path(cfg.state_dir)) if cfg.state_dir else None)
     if es is None or not es.dead:

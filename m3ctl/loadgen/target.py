@@ -128,7 +128,7 @@ def only_model(url: str, headers: dict[str, str] | None = None, key_hint: str | 
 
 
 def deployment_for_url(url: str):
-    """The m3ctl deployment (:class:`~m3ctl.serving.state.Deployment`) listening at ``url``, else None: the one lookup,
+    """The m3ctl deployment (:class:`~m3ctl.core.state.Deployment`) listening at ``url``, else None: the one lookup,
     :func:`m3ctl.serving.lifecycle.deployment_for_url`."""
     from m3ctl.serving.lifecycle import deployment_for_url as lookup  # noqa: PLC0415
 
@@ -168,8 +168,8 @@ def resolve_target(
     argv: tuple[str, ...] = ()
     gpus: list[int] | None = None
     if deployment:
+        from m3ctl.core.state import Registry  # noqa: PLC0415
         from m3ctl.serving.serve import deployment_gpus, runtime_for, saved_plan  # noqa: PLC0415
-        from m3ctl.serving.state import Registry  # noqa: PLC0415
 
         reg = Registry()
         dep = reg.get(deployment)
@@ -218,9 +218,9 @@ def resolve_target(
 def _plan_gpus(name: str) -> list[int] | None:
     """The GPU indices of deployment ``name``'s saved launch plan, None when it has none (or it is unreadable: the
     bench of a URL does not fail on it)."""
+    from m3ctl.core.state import Registry  # noqa: PLC0415
     from m3ctl.errors import M3Error  # noqa: PLC0415
     from m3ctl.serving.serve import saved_plan  # noqa: PLC0415
-    from m3ctl.serving.state import Registry  # noqa: PLC0415
 
     try:
         plan = saved_plan(Registry(), name)

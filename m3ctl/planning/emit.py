@@ -35,7 +35,15 @@ import yaml
 
 from m3ctl.catalog import vendors
 from m3ctl.errors import BadInput
-from m3ctl.planning.launch import DP_RPC_PORT, ContainerSpec, DockerRun, LaunchSpec, launch_spec, multinode_dp_args
+from m3ctl.planning.launch import (
+    DP_RPC_PORT,
+    ContainerSpec,
+    DockerRun,
+    LaunchSpec,
+    launch_spec,
+    multinode_dp_args,
+    plan_docker_run,
+)
 from m3ctl.planning.plan import LaunchPlan
 
 FORMATS = ("docker", "compose", "k8s", "lws", "script", "ray")
@@ -63,7 +71,7 @@ def docker_run_args(run: DockerRun, *, detach: bool = True) -> list[str]:
 
 def docker_command(plan: LaunchPlan, options=None, *, marker: str | None = "") -> str:
     """The ``docker run`` line of what ``serve --runtime docker`` creates for ``plan``: the CLI render of the same
-    :class:`~m3ctl.planning.launch.DockerRun` the runtime sends to the engine (:func:`m3ctl.runtime.docker.docker_run`),
+    :class:`~m3ctl.planning.launch.DockerRun` the runtime sends to the engine (:func:`m3ctl.planning.launch.plan_docker_run`),
     under ``options`` (a :class:`~m3ctl.planning.launch.DockerOptions`; default: the runtime's defaults).
     ``marker``: the ``m3ctl.deployment`` label; ``""`` (default) = the default state dir's marker of the plan, as
     the runtime labels it; None = no such label.
@@ -72,14 +80,12 @@ def docker_command(plan: LaunchPlan, options=None, *, marker: str | None = "") -
         BadInput: the plan has no image (runtime process).
         ConfigRejected: a malformed mount in ``options``.
     """
-    from m3ctl.runtime.docker import docker_run  # noqa: PLC0415
-
     _container(launch_spec(plan))  # BadInput for a plan without an image
     if marker == "":
-        from m3ctl.serving.state import Registry  # noqa: PLC0415
+        from m3ctl.core.state import Registry  # noqa: PLC0415
 
         marker = Registry().marker(plan.name)
-    return _q(docker_run_args(docker_run(plan, options, marker=marker))) + "\n"
+    return _q(docker_run_args(plan_docker_run(plan, options, marker=marker))) + "\n"
 
 
 def compose(plan: LaunchPlan) -> str:
@@ -322,9 +328,7 @@ def script(plan: LaunchPlan) -> str:
     spec = launch_spec(plan)
     if spec.container is not None:
         lines = _script_head(plan, spec, {})
-        from m3ctl.runtime.docker import docker_run  # noqa: PLC0415
-
-        lines.append("exec " + _q(docker_run_args(docker_run(plan), detach=False)))
+        lines.append("exec " + _q(docker_run_args(plan_docker_run(plan), detach=False)))
         return "\n".join(lines) + "\n"
     lines = _script_head(plan, spec, spec.env)
     lines.append('exec "${VLLM:-vllm}" ' + _q(spec.serve_args()))

@@ -201,7 +201,7 @@ def parse_mount(spec: str) -> Mount:
 
 
 def _int(v: Any) -> int:
-    from m3ctl.assess.rules import vllm_int  # noqa: PLC0415
+    from m3ctl.catalog.vllm_args import vllm_int  # noqa: PLC0415
 
     n = v if isinstance(v, int) else vllm_int(str(v))
     return n if isinstance(n, int) and n >= 1 else 1
@@ -209,7 +209,7 @@ def _int(v: Any) -> int:
 
 def _typed(args: dict[str, Any]) -> dict[str, Any]:
     """Flags of several values (``nargs="+"``) as tuples again after a JSON round trip (a saved plan)."""
-    from m3ctl.planning.vllm_args import flag_table  # noqa: PLC0415
+    from m3ctl.catalog.vllm_args import flag_table  # noqa: PLC0415
 
     flags = flag_table().flags
     return {
@@ -633,3 +633,27 @@ def docker_run(
         restart=c.restart,
         user=c.user,
     )
+
+
+def plan_docker_run(
+    plan,
+    opts: DockerOptions | None = None,
+    *,
+    secret_names: list[str] | tuple[str, ...] = (),
+    marker: str | None = None,
+) -> DockerRun:
+    """The :class:`DockerRun` of ``plan`` (a :class:`~m3ctl.planning.plan.LaunchPlan`) under ``opts``: the one object
+    both the printed ``docker run`` (:func:`m3ctl.planning.emit.docker_command`) and the docker runtime's SDK kwargs
+    (:func:`m3ctl.runtime.docker.container_spec`) are rendered from. Arguments as :func:`docker_run`.
+
+    Raises:
+        ConfigRejected: no image in the plan, or a malformed mount.
+    """
+    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+
+    if not plan.image:
+        raise ConfigRejected(
+            f"profile {plan.profile!r} names no image for the docker runtime",
+            "pass --image REF (a local image works; see m3ctl/runtime/docker.py)",
+        )
+    return docker_run(launch_spec(plan), opts or DockerOptions(), secret_names=secret_names, marker=marker)

@@ -26,7 +26,7 @@ from pydantic import BaseModel, Field, PrivateAttr
 
 from m3ctl import catalog
 from m3ctl.assess import capability
-from m3ctl.assess.choose import choose_max_model_len, choose_variant
+from m3ctl.assess.choose import Choice, Rejected, choose_max_model_len, choose_variant
 from m3ctl.assess.facts import ModelFacts, checkpoint_variant, model_facts, read_model_facts
 from m3ctl.assess.request import PlanRequest, merge, serve_command  # noqa: F401 - re-exported
 from m3ctl.assess.rules import Finding, PlanContext, advisories, rejection, run_rules, vllm_int
@@ -36,27 +36,10 @@ from m3ctl.core.secrets import redact_env
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.planning.launch import serve_command as vllm_serve_argv
-from m3ctl.serving.kernels import expectation as kernel_expectation
 
 if TYPE_CHECKING:
     from m3ctl.assess.image import ImageFacts
     from m3ctl.hw.visible import Unit, Visibility
-
-
-class Choice(BaseModel):
-    """One planning decision: what was chosen, the value, and why."""
-
-    what: str
-    value: str
-    why: str
-
-
-class Rejected(BaseModel):
-    """An alternative that was considered and not taken, and why."""
-
-    what: str
-    value: str
-    why: str
 
 
 class LaunchPlan(BaseModel):
@@ -142,7 +125,7 @@ class LaunchPlan(BaseModel):
     weights_gib: float | None = None
     """Checkpoint weights (GiB) the plan assumed: sizes the k8s HF-cache claim."""
     kernel_expect: dict[str, Any] | None = None
-    """The kernels the post-launch check expects (:func:`m3ctl.serving.kernels.expectation`: the profile's ``expect`` with
+    """The kernels the post-launch check expects (:func:`m3ctl.assess.capability.kernel_expectation`: the profile's ``expect`` with
     the planned variant's capability rows applied, e.g. MARLIN MoE for NVFP4 on Hopper); None in older plans."""
     api_key_env: str | None = None
     """Name of the variable that held the API key on the launching host (``serve --api-key-env``; the server
@@ -448,7 +431,7 @@ def step_profile_and_runtime(inventory: HostInventory, request: PlanRequest) -> 
         ConfigRejected: the profile does not support the runtime.
     """
     from m3ctl.assess.choose import choose_runtime  # noqa: PLC0415
-    from m3ctl.serving.state import check_name  # noqa: PLC0415
+    from m3ctl.core.state import check_name  # noqa: PLC0415
 
     r = request
     profile = r.profile
@@ -601,7 +584,7 @@ def step_raw_parallel_flags(d: PlanDraft) -> None:
         BadInput: malformed raw arguments, a raw parallel value that is not an integer >= 1, or one that disagrees
             with m3ctl's own knob.
     """
-    from m3ctl.planning.vllm_args import read_raw_args  # noqa: PLC0415
+    from m3ctl.catalog.vllm_args import read_raw_args  # noqa: PLC0415
 
     r = d.request
     raw = read_raw_args(r.extra_args or [])
@@ -657,7 +640,7 @@ def _search_layouts(d: PlanDraft) -> LaunchPlan:
         ConfigRejected: no layout passes the rules.
     """
     from m3ctl.assess import search as layout_search  # noqa: PLC0415
-    from m3ctl.planning.vllm_args import engine_facts  # noqa: PLC0415
+    from m3ctl.catalog.vllm_args import engine_facts  # noqa: PLC0415
 
     g, facts, prof, spec = d.given, d.facts, d.profile, d.spec
     pins = {"tp": g["tp"], "pp": g["pp"], "dp": g["dp"], "dcp": g["dcp"], "ep": g["ep"]}
@@ -1049,7 +1032,7 @@ def step_launch_plan(d: PlanDraft) -> LaunchPlan:
         vllm_args=d.args,
         served_model_aliases=d.aliases,
         weights_gib=d.facts.weights_gib or None,
-        kernel_expect=kernel_expectation(prof.expect, ctx.support() if ctx.variant else None).model_dump(),
+        kernel_expect=capability.kernel_expectation(prof.expect, ctx.support() if ctx.variant else None).model_dump(),
     )
     lp._secret_values = dict(d.secrets.values)
     return lp

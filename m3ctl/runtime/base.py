@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from m3ctl.core.state import Deployment, Registry
 from m3ctl.errors import ConfigRejected
 from m3ctl.planning.plan import LaunchPlan
-from m3ctl.serving.state import Deployment, Registry
 
 
 @dataclass
@@ -110,6 +110,24 @@ class Runtime(abc.ABC):
     def stop(self, dep: Deployment, timeout_s: float = 20.0) -> StopReport:
         """Stop gracefully (SIGTERM), then forcefully after ``timeout_s`` seconds; verify nothing is left."""
 
+    def launching(self, plan: LaunchPlan, log_path: Path, started_at: float, **extra) -> Deployment:
+        """The record of ``plan``'s server, just started by this runtime (phase ``launching``); ``extra``: the
+        runtime's own fields (``pid``, ``container_id``, ``image``, ...)."""
+        return Deployment(
+            name=plan.name,
+            runtime=self.name,
+            host=plan.host,
+            port=plan.port,
+            served_model_name=plan.served_model_name,
+            model=plan.model,
+            argv=plan.argv,
+            log_path=str(log_path),
+            started_at=started_at,
+            phase="launching",
+            plan_hash=plan.plan_hash(),
+            **extra,
+        )
+
     def record(self, dep: Deployment, registry: Registry) -> Deployment:
         """Save the record of a server just started; when the state dir cannot take it (disk full), stop the
         server (a server nobody can find again is an orphan) and fail the launch.
@@ -117,8 +135,8 @@ class Runtime(abc.ABC):
         Raises:
             LaunchFailed: the record could not be written (the cause, the path, the bytes needed); stopped.
         """
+        from m3ctl.core.state import StateWriteFailed  # noqa: PLC0415
         from m3ctl.errors import LaunchFailed  # noqa: PLC0415
-        from m3ctl.serving.state import StateWriteFailed  # noqa: PLC0415
 
         try:
             registry.save(dep)

@@ -44,15 +44,15 @@ from collections.abc import Callable, Iterator
 from datetime import UTC
 from typing import Any
 
+from m3ctl.core.state import Deployment, Registry
 from m3ctl.errors import ConfigRejected, LaunchFailed
 
 # The container-side options and labels are the launch spec's: m3ctl.planning.launch decides them (DockerOptions is
 # also importable from here, where the runtime's callers know it); this module launches them.
-from m3ctl.planning.launch import LABEL_PREFIX, DockerOptions, launch_spec
-from m3ctl.planning.launch import docker_run as build_docker_run
+from m3ctl.planning.launch import LABEL_PREFIX, DockerOptions
+from m3ctl.planning.launch import plan_docker_run as docker_run
 from m3ctl.planning.plan import LaunchPlan
 from m3ctl.runtime.base import RawState, Runtime, StopReport, exit_status
-from m3ctl.serving.state import Deployment, Registry
 
 ProgressFn = Callable[[str, str, int | None, int | None], None]
 """``(layer_id, status, current_bytes, total_bytes)`` during an image pull."""
@@ -60,27 +60,6 @@ ProgressFn = Callable[[str, str, int | None, int | None], None]
 
 def container_name(name: str) -> str:
     return f"m3ctl-{name}"
-
-
-def docker_run(
-    plan: LaunchPlan,
-    opts: DockerOptions | None = None,
-    *,
-    secret_names: list[str] | tuple[str, ...] = (),
-    marker: str | None = None,
-):
-    """The :class:`~m3ctl.planning.launch.DockerRun` of ``plan`` under ``opts``: the one object both the printed ``docker
-    run`` (:func:`m3ctl.planning.emit.docker_command`) and the SDK kwargs (:func:`container_spec`) are rendered from.
-
-    Raises:
-        ConfigRejected: no image in the plan or a malformed mount.
-    """
-    if not plan.image:
-        raise ConfigRejected(
-            f"profile {plan.profile!r} names no image for the docker runtime",
-            "pass --image REF (a local image works; see m3ctl/runtime/docker.py)",
-        )
-    return build_docker_run(launch_spec(plan), opts or DockerOptions(), secret_names=secret_names, marker=marker)
 
 
 def container_spec(
@@ -231,20 +210,12 @@ class DockerRuntime(Runtime):
         started = time.time()
         st = ct.attrs.get("State", {})
         log_path = registry.log_path(plan.name)
-        dep = Deployment(
-            name=plan.name,
-            runtime=self.name,
+        dep = self.launching(
+            plan,
+            log_path,
+            started,
             container_id=ct.id,
             pid=st.get("Pid") or None,
-            host=plan.host,
-            port=plan.port,
-            served_model_name=plan.served_model_name,
-            model=plan.model,
-            argv=plan.argv,
-            log_path=str(log_path),
-            started_at=started,
-            phase="launching",
-            plan_hash=plan.plan_hash(),
             image=plan.image,
             runtime_options=self.options.model_dump(),
         )

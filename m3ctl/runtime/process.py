@@ -4,7 +4,7 @@ Works for a bare-metal GPU host and for the CPU stack. Stop sends SIGTERM to the
 server process first (it brings down EngineCore and workers cleanly in under a second,
 docs/sources.md#cpu-clean-shutdown), then SIGTERM/SIGKILL to whatever
 of the process tree remains after the timeout. Every process of the server carries
-:data:`~m3ctl.serving.state.MARKER_ENV` in its environment (inherited by all children), so stop also
+:data:`~m3ctl.core.state.MARKER_ENV` in its environment (inherited by all children), so stop also
 ends those that left the process group, and finds the server when its record is unreadable.
 """
 
@@ -17,11 +17,11 @@ import time
 
 import psutil
 
+from m3ctl.core.state import MARKER_ENV, Deployment, Registry
 from m3ctl.errors import LaunchFailed
 from m3ctl.planning.plan import LaunchPlan
 from m3ctl.runtime import prewarm
 from m3ctl.runtime.base import RawState, Runtime, StopReport, exit_status
-from m3ctl.serving.state import MARKER_ENV, Deployment, Registry
 
 # Popen objects of servers this process launched, so their exit status is reaped (no zombies).
 _CHILDREN: dict[int, subprocess.Popen] = {}
@@ -209,22 +209,7 @@ class ProcessRuntime(Runtime):
             except psutil.Error:
                 started = time.time()
         _CHILDREN[proc.pid] = proc
-        dep = Deployment(
-            name=plan.name,
-            runtime=self.name,
-            pid=proc.pid,
-            host=plan.host,
-            port=plan.port,
-            served_model_name=plan.served_model_name,
-            model=plan.model,
-            argv=plan.argv,
-            log_path=str(log_path),
-            started_at=started,
-            phase="launching",
-            plan_hash=plan.plan_hash(),
-            marker=marker,
-            prewarmed=warm is not None,
-        )
+        dep = self.launching(plan, log_path, started, pid=proc.pid, marker=marker, prewarmed=warm is not None)
         return self.record(dep, registry)
 
     def is_alive(self, dep: Deployment) -> bool:

@@ -141,26 +141,6 @@ def jit_events(log_text: str) -> list[str]:
     return [m.group("name") for line in log_text.splitlines() if (m := rx.search(line))]
 
 
-def expectation(expect: KernelExpect | None, support=None) -> KernelExpect:
-    """The kernels to expect after launch: the profile's ``expect``, with the kinds each capability row of the
-    planned variant names (``kernels`` in m3ctl/data/capabilities.yaml) put in their place, e.g. NVFP4 on Hopper:
-    MoE ``MARLIN`` instead of the profile's BF16 ``TRITON``, and the Marlin weight-only warning tolerated.
-
-    Args:
-        expect: the profile's expectations (None: none).
-        support: the :class:`m3ctl.assess.capability.Support` of the planned variant (None: the profile's alone).
-    """
-    base = (expect or KernelExpect()).model_dump()
-    for fv in getattr(support, "features", ()) or ():
-        hint = fv.row.kernels if fv.row is not None else None
-        if hint is None:
-            continue
-        for kind in hint.model_fields_set - {"tolerate"}:
-            base[kind] = getattr(hint, kind)
-        base["tolerate"] = [*base["tolerate"], *(t for t in hint.tolerate if t not in base["tolerate"])]
-    return KernelExpect(**base)
-
-
 def _norm(name: str) -> str:
     return name.strip("'\"").upper().replace("-", "_")
 

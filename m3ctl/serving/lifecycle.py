@@ -10,7 +10,7 @@ https://man7.org/linux/man-pages/man7/signal.7.html) or a ``docker pause``d cont
 
 ``serve`` (readiness, smoke), ``watch``, ``status``, ``bench`` and ``tune`` report deaths through
 :meth:`EngineState.sentence`; :func:`orphans` and :func:`orphan_of` find servers whose records are gone, by the
-process marker (:data:`m3ctl.serving.state.MARKER_ENV`) and the container label
+process marker (:data:`m3ctl.core.state.MARKER_ENV`) and the container label
 (:data:`m3ctl.planning.launch.DEPLOYMENT_LABEL`).
 """
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 from urllib.parse import urlsplit
 
-from m3ctl.serving.state import Deployment, Registry
+from m3ctl.core.state import Deployment, Registry
 
 if TYPE_CHECKING:
     from m3ctl.serving.diagnose import Phase

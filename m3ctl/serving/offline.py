@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from m3ctl.errors import ConfigRejected
+from m3ctl.hw.host import model_cache_dir, snapshot_path
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -30,25 +31,18 @@ def offline_requested(environ: dict[str, str] | None = None) -> bool:
 
 
 def hub_cache(environ: dict[str, str] | None = None) -> Path:
-    """The huggingface_hub cache directory (``HF_HUB_CACHE``, else ``HF_HOME/hub``, else the default)."""
-    env = os.environ if environ is None else environ
-    if env.get("HF_HUB_CACHE"):
-        return Path(env["HF_HUB_CACHE"]).expanduser()
-    home = Path(env["HF_HOME"]).expanduser() if env.get("HF_HOME") else Path.home() / ".cache" / "huggingface"
-    return home / "hub"
+    """The huggingface_hub cache directory (:func:`m3ctl.hw.host.model_cache_dir`)."""
+    return model_cache_dir(os.environ if environ is None else environ)
 
 
 def snapshot_dir(repo_id: str, revision: str = "main", environ: dict[str, str] | None = None) -> Path:
-    """The local snapshot directory of hub model ``repo_id`` at ``revision`` (a branch/tag name or a commit).
+    """The local snapshot directory of hub model ``repo_id`` at ``revision`` (:func:`m3ctl.hw.host.snapshot_path`).
 
     Raises:
         ConfigRejected: the model is not in the cache (offline, nothing can be downloaded).
     """
-    repo = hub_cache(environ) / f"models--{repo_id.replace('/', '--')}"
-    ref = repo / "refs" / revision
-    commit = ref.read_text().strip() if ref.is_file() else revision
-    snap = repo / "snapshots" / commit
-    if not snap.is_dir():
+    snap = snapshot_path(repo_id, revision, environ)
+    if snap is None:
         raise ConfigRejected(
             f"offline: {repo_id} (revision {revision}) is not in the HF cache {hub_cache(environ)}",
             f"download it where there is network (`hf download {repo_id}`), copy the cache here, "

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
+from m3ctl.core.state import Deployment, Registry, StateWriteFailed, UnreadableRecord
 from m3ctl.errors import ConfigRejected, LaunchFailed
 from m3ctl.planning import vllm_env
 from m3ctl.planning.plan import LaunchPlan, find_vllm_executable
@@ -23,7 +24,6 @@ from m3ctl.runtime.base import Runtime, StopReport, ensure_port_free, port_in_us
 from m3ctl.serving.diagnose import DiagContext, diagnose_text
 from m3ctl.serving.health import PhaseEvent, ReadinessResult, wait_ready
 from m3ctl.serving.kernels import KernelReport, verify_kernels
-from m3ctl.serving.state import Deployment, Registry, StateWriteFailed, UnreadableRecord
 
 if TYPE_CHECKING:
     from m3ctl.serving.lifecycle import EngineState
@@ -469,7 +469,7 @@ def saved_plan(registry: Registry, name: str) -> LaunchPlan | None:
 
 def profile_expect(profile, name: str, plan=None):
     """The kernel expectations: the ``plan``'s (its variant's capability rows applied to the profile's, see
-    :func:`m3ctl.serving.kernels.expectation`) when it has them; else ``expect`` of ``profile``, else of the catalog
+    :func:`m3ctl.assess.capability.kernel_expectation`) when it has them; else ``expect`` of ``profile``, else of the catalog
     profile ``name``; None if none."""
     from m3ctl.catalog import KernelExpect, profiles  # noqa: PLC0415
 
@@ -708,7 +708,7 @@ def unreadable(registry: Registry | None = None) -> dict[str, str]:
 
 def stop_unreadable(name: str, registry: Registry, timeout_s: float = 20.0) -> StopReport:
     """Stop the server of a deployment whose record cannot be read: its processes by their marker
-    (:data:`~m3ctl.serving.state.MARKER_ENV`), its container by name/label where a Docker engine answers."""
+    (:data:`~m3ctl.core.state.MARKER_ENV`), its container by name/label where a Docker engine answers."""
     from m3ctl.runtime.process import stop_marked  # noqa: PLC0415
 
     rep = stop_marked(name, registry.marker(name), timeout_s)

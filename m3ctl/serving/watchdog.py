@@ -31,10 +31,10 @@ from typing import Literal
 
 import httpx
 
+from m3ctl.core.state import Deployment
 from m3ctl.runtime.base import Runtime
 from m3ctl.serving.diagnose import DiagContext, diagnose_text
 from m3ctl.serving.lifecycle import EngineState, engine_state, explain
-from m3ctl.serving.state import Deployment
 
 Verdict = Literal["ok", "exited", "unreachable", "engine-dead", "stalled", "paused", "unauthorised"]
 

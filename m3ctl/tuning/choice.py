@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from m3ctl.tuning.slo import SLO, metric
+from m3ctl.loadgen.slo import SLO, metric
 
 #: Relative objective difference below which the tuned configuration ties with the defaults (kept: a tie is not
 #: worth a non-default flag). The same 3 % the search asks of a pattern move before it counts as better
@@ -49,7 +49,7 @@ def _pct(x: float) -> str:
 
 def closest_miss(outcomes: list[Any], baseline: Any, slo: SLO, describe=None) -> dict[str, Any] | None:
     """The measured level nearest to meeting the SLO, over every valid level of ``outcomes`` and the baseline:
-    the smallest worst-term relative violation (:meth:`m3ctl.tuning.slo.SLO.violation`; ties: the higher
+    the smallest worst-term relative violation (:meth:`m3ctl.loadgen.slo.SLO.violation`; ties: the higher
     concurrency). Returns ``{"config", "describe", "trial", "concurrency", "misses": [{"term", "key", "value",
     "limit", "over"}] (every term it missed; ``over`` relative, +0.103 = 10.3 % past), "text"}``, e.g. text
     ``"seqs=128 at c=16, p90_tpot_ms 33.1 > 30 (+10.3 %)"``; None when no level was measured validly.

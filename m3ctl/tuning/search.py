@@ -16,7 +16,7 @@ Algorithm (docs/sources.md#tune-algorithm, reduced to what runs without a model 
    The configuration's value is the best objective of its SLO-meeting runs. A crash, OOM or readiness
    timeout is an infeasible trial (constraint > 0) that teaches the sampler (TPE ``constraints_func``,
    optuna >= 3.0), never an abort.
-   A level's verdict is the capacity rule (m3ctl/tuning/capacity.py, shared with scripts/gpu/scale_grid.py and
+   A level's verdict is the capacity rule (m3ctl/loadgen/capacity.py, shared with scripts/gpu/scale_grid.py and
    ``m3ctl bench --slo``): a run whose binding SLO term is at least ``boundary_margin`` from its limit decides
    the level alone; nearer the limit the run is repeated on the same server with fresh prompts (every bench run
    draws a new prompt salt) until the level is decided, at most ``boundary_repeats`` more runs: it holds when
@@ -83,8 +83,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from m3ctl.errors import ConfigRejected, LaunchFailed
-from m3ctl.tuning.capacity import CapacityRule, Verdict, capacity_of, decide, run_spread
-from m3ctl.tuning.slo import SLO, objective_value
+from m3ctl.loadgen.capacity import CapacityRule, Verdict, capacity_of, decide, run_spread
+from m3ctl.loadgen.slo import SLO, objective_value
 from m3ctl.tuning.space import Space, describe, key_of
 
 if TYPE_CHECKING:
@@ -136,14 +136,14 @@ class Point:
     metrics: dict[str, Any]
     reasons: list[str] = field(default_factory=list)
     #: The bench run's validity warnings (a valid run's numbers with a caveat, e.g. streamed in bursts), plus one
-    #: ``SLO term T not measured: why`` per SLO term whose metric the run did not measure (m3ctl.tuning.slo);
+    #: ``SLO term T not measured: why`` per SLO term whose metric the run did not measure (m3ctl.loadgen.slo);
     #: a repeated level: the union over its runs. Pareto charts draw such runs hollow (m3ctl.loadgen.report).
     warnings: list[str] = field(default_factory=list)
     #: Every bench run of a level repeated at the SLO boundary (each a Point as a dict, in order); empty for a level
     #: measured once. For a repeated level ``metrics`` and ``objective`` are the runs' medians (valid runs),
     #: ``slo_ok`` the capacity rule's verdict and ``duration_s`` the sum of the runs' durations.
     runs: list[dict[str, Any]] = field(default_factory=list)
-    #: The capacity rule's verdict on the level (m3ctl.tuning.capacity.Verdict as a dict: state, runs, median, worst,
+    #: The capacity rule's verdict on the level (m3ctl.loadgen.capacity.Verdict as a dict: state, runs, median, worst,
     #: spread, needs, rule, confidence); None for the runs inside ``runs`` and for levels of studies made before
     #: the rule (their ``slo_ok`` is what was decided then).
     verdict: dict[str, Any] | None = None
@@ -198,7 +198,7 @@ class TuneSpec:
     ``patience``: stop after this many global (TPE) starts in a row without improvement once the local poll
     is complete (None: never). ``baseline``: also measure vLLM's defaults (see the module docstring).
     ``boundary_margin`` (fraction of the limit) and ``boundary_repeats`` (extra runs, 0: never repeat): the
-    capacity rule's margin and ``min_repeats - 1`` (m3ctl.tuning.capacity.CapacityRule.from_spec; module
+    capacity rule's margin and ``min_repeats - 1`` (m3ctl.loadgen.capacity.CapacityRule.from_spec; module
     docstring, step 2; :func:`measure_level`).
     """
 
@@ -220,7 +220,7 @@ class TuneSpec:
     baseline: bool = False
     boundary_margin: float = 0.10
     boundary_repeats: int = 2
-    #: The largest run-to-run spread the study has measured (m3ctl.tuning.capacity.run_spread of each repeated
+    #: The largest run-to-run spread the study has measured (m3ctl.loadgen.capacity.run_spread of each repeated
     #: level, a fraction of the limit): kept up to date by :func:`measure_level` and recomputed from the saved
     #: runs on resume. One run decides a level only with more headroom than this (CapacityRule.one_run_margin).
     observed_spread: float = 0.0
@@ -273,7 +273,7 @@ def boundary_headroom(slo: SLO, metrics: dict) -> float | None:
 def median_point(slo: SLO, runs: list[Point], verdict: Verdict | None = None) -> Point:
     """One level from its runs: metrics and objective are the medians over the valid runs (all the runs when
     none is valid), ``duration_s`` the total run time, ``runs`` every run (empty for a single run, returned as
-    it is), ``slo_ok`` and ``verdict`` the capacity rule's (``verdict``, else :func:`m3ctl.tuning.capacity.decide`
+    it is), ``slo_ok`` and ``verdict`` the capacity rule's (``verdict``, else :func:`m3ctl.loadgen.capacity.decide`
     with the default rule)."""
     verdict = verdict if verdict is not None else decide(runs, slo)
     if len(runs) == 1:
@@ -311,7 +311,7 @@ def measure_level(
     on_event: Callable[[str], None],
     on_runs: Callable[[Point], None] | None = None,
 ) -> Point:
-    """One ladder level decided by the capacity rule (m3ctl.tuning.capacity; module docstring, step 2).
+    """One ladder level decided by the capacity rule (m3ctl.loadgen.capacity; module docstring, step 2).
 
     A bench run, then, while the rule says the level is undecided (the first run is within
     ``spec.boundary_margin`` of a limit), another run on the same server (each bench run has fresh prompts), at
@@ -433,7 +433,7 @@ def bisect_concurrency(
 
 def _summarise(out: Outcome, slo: SLO) -> Outcome:
     """Status, objective and concurrency from the levels measured: feasible when a level holds up to the
-    capacity (m3ctl.tuning.capacity.capacity_of); the objective is the best of the holding levels up to it."""
+    capacity (m3ctl.loadgen.capacity.capacity_of); the objective is the best of the holding levels up to it."""
     cap = capacity_of((p.concurrency, p.slo_ok) for p in out.points)
     ok = [p for p in out.points if p.slo_ok and cap is not None and p.concurrency <= cap]
     out.cost_s = out.start_s + sum(p.duration_s for p in out.points)
@@ -465,7 +465,7 @@ def headroom_rank(out: Outcome, slo: SLO) -> tuple[int, float, float] | None:
     """How a feasible configuration ranks in the local search: ``(capacity, headroom, objective)``, compared
     as a tuple (larger is better); None when it is not feasible.
 
-    - ``capacity``: the capacity of its valid levels, search and confirmation (m3ctl.tuning.capacity.capacity_of:
+    - ``capacity``: the capacity of its valid levels, search and confirmation (m3ctl.loadgen.capacity.capacity_of:
       the highest level that held, each time it was measured, with every level below it holding).
     - ``headroom``: minus the SLO's relative violation (:meth:`SLO.violation`, the worst term) at the next
       measured concurrency above it, the worst run there; ``inf`` when nothing above was measured (the top
@@ -604,7 +604,7 @@ class Tuner:
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.optuna = optuna
         self.space, self.ev, self.spec = space, ev, spec
-        self.slo = __import__("m3ctl.tuning.slo", fromlist=["parse_slo"]).parse_slo(spec.slo)
+        self.slo = __import__("m3ctl.loadgen.slo", fromlist=["parse_slo"]).parse_slo(spec.slo)
         self.on_event = on_event or (lambda t, c, m: None)
         free = space.free()
         n_start = spec.n_startup_trials if spec.n_startup_trials is not None else max(2, min(4, spec.max_trials // 3))

@@ -145,7 +145,7 @@ class ServerEvaluator:
         space=None,
         fast_starts: bool = True,
     ):
-        from m3ctl.serving.state import Registry  # noqa: PLC0415
+        from m3ctl.core.state import Registry  # noqa: PLC0415
 
         self.inv, self.model, self.dir, self.spec = inventory, model, Path(study_dir), spec
         self.plan_base, self.bench, self.port, self.prefix = plan_base, bench, port, name_prefix

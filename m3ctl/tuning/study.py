@@ -154,7 +154,7 @@ def resume_settings(
     check_budgets(max_trials=max_trials, time_budget_s=time_budget_s, confirm_top=confirm_top)
     settings = load_settings(study_dir)
     if save:
-        from m3ctl.serving.state import check_output_path  # noqa: PLC0415
+        from m3ctl.core.state import check_output_path  # noqa: PLC0415
 
         check_output_path(Path(study_dir) / "tune.json", "--resume")
     new = {
@@ -201,8 +201,8 @@ def _check_choices(
 ) -> list[int]:
     """:func:`new_settings`'s checks of the SLO, objective, ladder and workload; returns the ladder sorted
     (default: TuneOptions'). Raises BadInput naming what is wrong."""
+    from m3ctl.loadgen.slo import objective_value, parse_slo  # noqa: PLC0415
     from m3ctl.loadgen.workloads import KINDS  # noqa: PLC0415
-    from m3ctl.tuning.slo import objective_value, parse_slo  # noqa: PLC0415
 
     parse_slo(slo)
     objective_value({"total_token_throughput": 1.0, "output_throughput": 1.0}, objective, 1, usd_per_gpu_hour)
@@ -288,7 +288,7 @@ def _check_new_study_dir(study_dir: str | Path) -> None:
             f"{study_dir} already holds a study",
             f"continue it with --resume {study_dir} or choose another --study-dir",
         )
-    from m3ctl.serving.state import check_output_path  # noqa: PLC0415
+    from m3ctl.core.state import check_output_path  # noqa: PLC0415
 
     check_output_path(Path(study_dir) / "tune.json", "--study-dir")
 
@@ -563,7 +563,7 @@ def _run_tune(
     on_cleanup,
     parallel_trials: int | str = "auto",
 ) -> tuple[TuneResult, Tuner, Any]:
-    from m3ctl.serving.state import Registry  # noqa: PLC0415
+    from m3ctl.core.state import Registry  # noqa: PLC0415
     from m3ctl.tuning.server import ServerEvaluator, stop_leftovers  # noqa: PLC0415
 
     study_dir = Path(study_dir)
@@ -616,8 +616,8 @@ def dry_run(
     repeating a run near the SLO boundary, in words), ``parallel`` (:func:`parallel_preview`: trials at once, their
     GPU sets and ports, and the start order of the first configurations).
     """
+    from m3ctl.core.state import Registry  # noqa: PLC0415
     from m3ctl.errors import ConfigRejected  # noqa: PLC0415
-    from m3ctl.serving.state import Registry  # noqa: PLC0415
     from m3ctl.tuning.search import num_prompts  # noqa: PLC0415
     from m3ctl.tuning.server import ServerEvaluator  # noqa: PLC0415
 
@@ -755,7 +755,7 @@ def parallel_preview(ev, space: Space, cands: list[dict[str, Any]], pool) -> dic
 
 
 def boundary_rule(spec: TuneSpec) -> str:
-    """How a load level is decided (the capacity rule, m3ctl.tuning.capacity, with the study's
+    """How a load level is decided (the capacity rule, m3ctl.loadgen.capacity, with the study's
     ``boundary_margin`` and ``boundary_repeats``), in words, for --dry-run."""
     if not spec.slo.strip() or spec.boundary_repeats <= 0:
         return (
@@ -945,7 +945,7 @@ def all_points(
 def level_rows(points: list) -> list[dict[str, Any]]:
     """Each measured level of an outcome with the capacity rule's verdict, in measurement order:
     ``concurrency``, ``fidelity`` (> 1: a confirmation), ``holds``, ``state`` (met / missed / undecided),
-    ``runs`` and ``confidence`` (m3ctl.tuning.capacity.Verdict). A level of a study made before the rule has no
+    ``runs`` and ``confidence`` (m3ctl.loadgen.capacity.Verdict). A level of a study made before the rule has no
     verdict: its recorded decision, said so."""
     rows = []
     for p in points:
@@ -1047,7 +1047,7 @@ def _write_files(
     else:  # nothing met the SLO: a profile.yaml of an earlier write (a resumed study) would recommend a loser
         writes.append(lambda: _remove_stale(study_dir / "profile.yaml"))
     if front:
-        from m3ctl.tuning.slo import objective_value  # noqa: PLC0415
+        from m3ctl.loadgen.slo import objective_value  # noqa: PLC0415
 
         def measured(o: Outcome, p) -> float | None:  # an invalid level's objective, from the throughput it measured
             try:
@@ -1089,7 +1089,7 @@ def write_outputs(
 
     result.json (:class:`m3ctl.results.TuneReport`): ``schema_version``, ``launches``, ``cost_s`` (server time) and ``elapsed_s`` (wall) across all resumes;
     ``interrupted_launches`` {trial: {cost_s}}: starts killed before any run finished (counted in both);
-    ``capacity_rule`` {margin, min_repeats, text}: how every level was decided (m3ctl.tuning.capacity);
+    ``capacity_rule`` {margin, min_repeats, text}: how every level was decided (m3ctl.loadgen.capacity);
     ``chosen`` ``tuned`` | ``defaults`` | ``none`` and ``reason``: what ``profile`` (the profile.yaml path; absent
     for ``none``) holds and why (m3ctl.tuning.choice: never a configuration measured worse than vLLM's defaults);
     ``closest`` (``chosen`` none only) {config, describe, trial, concurrency, misses [{term, key, value, limit,
@@ -1106,8 +1106,8 @@ def write_outputs(
     ``trials[].points[]`` (``runs``, ``verdict``); ``vs_baseline`` = best / baseline objective (None when either
     is missing or 0).
     """
+    from m3ctl.loadgen.capacity import CapacityRule  # noqa: PLC0415
     from m3ctl.results import TUNE_SCHEMA_VERSION, TuneReport  # noqa: PLC0415
-    from m3ctl.tuning.capacity import CapacityRule  # noqa: PLC0415
     from m3ctl.tuning.choice import choose  # noqa: PLC0415
 
     spec = settings["spec"]

@@ -6,12 +6,12 @@ e.g. ``spec3=--spec-depth+3``, ``seqs128=--+--max-num-seqs+128``; ``defaults=`` 
 one fresh server (``m3ctl serve --detach``), then every concurrency of ``--ladder`` in ascending order, each
 level measured by ``m3ctl bench`` (its own process, its own seed: fresh prompts; ``--warmup``: a wave of as
 many fresh requests as the concurrency first, out of the measured window). Each level is decided by the
-capacity rule (m3ctl/tuning/capacity.py) through the tune's own ``measure_level`` (imported, not copied): a run
+capacity rule (m3ctl/loadgen/capacity.py) through the tune's own ``measure_level`` (imported, not copied): a run
 within ``--margin`` of the SLO's limit is repeated with fresh prompts, up to ``--repeats`` more runs; the level
 holds when the median of the runs meets the SLO and no run misses it by more than the margin. Both sides
 define a level's verdict and a capacity alike while measuring independently (separate servers, the bench CLI
 here, the tune's own sessions there). Levels go up until one does not hold (:func:`walk_levels`); the capacity
-is m3ctl.tuning.capacity.capacity_of over the levels measured. A configuration the ``grid.json`` in ``--outdir``
+is m3ctl.loadgen.capacity.capacity_of over the levels measured. A configuration the ``grid.json`` in ``--outdir``
 already holds complete (from an earlier call) is skipped; an incomplete one is measured again from a fresh
 server.
 
@@ -35,9 +35,9 @@ import sys
 import time
 from pathlib import Path
 
-from m3ctl.tuning.capacity import capacity_of
+from m3ctl.loadgen.capacity import capacity_of
+from m3ctl.loadgen.slo import SLO, parse_slo
 from m3ctl.tuning.search import Point, TuneSpec, measure_level
-from m3ctl.tuning.slo import SLO, parse_slo
 
 
 def walk_levels(

@@ -154,7 +154,7 @@ def test_bench_cli_and_api_agree_on_the_ground_truth_server(capsys, env, tiny_mo
 def test_status_cli_and_api_agree(capsys, env, tmp_path):
     """`m3ctl status --json` is m3ctl.api.status().to_json(): a dead deployment's record (its engine checked, its
     death named) and an unreadable record, under the same state dir."""
-    from m3ctl.serving.state import Deployment, Registry
+    from m3ctl.core.state import Deployment, Registry
 
     reg = Registry()
     reg.save(Deployment(name="gone", port=1, served_model_name="m", model="m", pid=2**22 + 7, log_path=None))
@@ -227,8 +227,7 @@ ALLOWED = {
     "m3ctl.loadgen.config": "BenchConfig: the bench options are derived from it",
     "m3ctl.tuning.options": "TuneOptions: the tune options are derived from it",
     "m3ctl.assess.request": "PlanRequest: the plan options build it; ENV_FIELDS for the unknown-variable warning",
-    "m3ctl.assess.rules": "vllm_int: parse-time token counts (8k, 8K)",
-    "m3ctl.planning.vllm_args": "parse-time choices of vLLM flags",
+    "m3ctl.catalog.vllm_args": "vllm_int (8k, 8K) and the choices of vLLM flags, read at parse time as vLLM reads them",
     "m3ctl.catalog": "parse-time variant names",
     "m3ctl.planning.launch": "parse-time --mount check",
     "m3ctl.core.secrets": "redaction of error text; rendering the source of a secret",
@@ -237,10 +236,10 @@ ALLOWED = {
     "m3ctl.serving.smoke": "rendering: the planned smoke checks of serve --dry-run",
     "m3ctl.loadgen.report": "rendering: bench tables, CSV, Pareto PNG, bench report",
     "m3ctl.loadgen.progress": "rendering: the live bench progress",
-    "m3ctl.tuning.slo": "parse-time SLO/objective check; rendering the SLO",
+    "m3ctl.loadgen.slo": "parse-time SLO/objective check; rendering the SLO",
     "m3ctl.tuning.space": "rendering: configuration descriptions",
     "m3ctl.core.files": "writing outputs (WriteFailed: tune's and bench's partial outputs)",
-    "m3ctl.serving.state": "writing outputs: check_output_path, save_output (the state-dir fallback)",
+    "m3ctl.core.state": "writing outputs: check_output_path, save_output (the state-dir fallback)",
     "m3ctl.dev.tiny_model": "m3ctl dev (developer tools, no API verb)",
     "m3ctl.dev.scale_model": "m3ctl dev (developer tools, no API verb)",
     "m3ctl.assess.engine_models": "m3ctl dev (developer tools, no API verb)",

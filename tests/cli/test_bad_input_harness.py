@@ -339,7 +339,7 @@ def make_paths(root: Path, tiny: Path) -> tuple[dict[str, str], Path, Path]:
     """The placeholder paths, a state dir holding one record (deployment ``dep``, not running) and a cwd."""
     import shutil
 
-    from m3ctl.serving.state import Deployment, Registry
+    from m3ctl.core.state import Deployment, Registry
 
     root.mkdir(parents=True, exist_ok=True)
     (root / "bin.yaml").write_bytes(b"\xff\xfe\x00 not utf-8 \x80")

@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from m3ctl.serving.state import Deployment, Registry
+from m3ctl.core.state import Deployment, Registry
 from tests.conftest import fake_vllm_config, free_port
 from tests.hosts import synthetic
 

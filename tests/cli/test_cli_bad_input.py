@@ -152,7 +152,7 @@ def test_bad_input_is_one_line_with_a_fix_exit_2_before_any_work(capsys, paths, 
 
 def test_corrupt_state_files_are_one_line(capsys, paths):
     """A truncated deployment record or saved plan (a full disk) is named with its path; nothing crashes."""
-    from m3ctl.serving.state import Deployment, Registry
+    from m3ctl.core.state import Deployment, Registry
 
     reg = Registry()
     reg.save(Deployment(name="good", port=9, served_model_name="m", model="m", pid=2**22 + 1))
@@ -179,7 +179,7 @@ def test_results_are_kept_when_the_output_cannot_be_written_after_the_run(capsys
     read-only): the results go to the state dir, the run's tables are shown, and stderr says where."""
     import json
 
-    from m3ctl.serving import state
+    from m3ctl.core import state
     from tests.conftest import start_groundtruth
 
     monkeypatch.setattr(state, "check_output_path", lambda path, opt: None)

@@ -36,9 +36,9 @@ def test_split_api_key_takes_every_spelling_out_of_raw_args():
 def test_serve_api_key_env_names_the_variable_never_the_value(monkeypatch):
     import json
 
+    from m3ctl.core.state import Registry
     from m3ctl.planning.plan import LaunchPlan
     from m3ctl.serving.serve import api_key_for
-    from m3ctl.serving.state import Registry
     from tests.conftest import run_cli
 
     d = run_cli(

@@ -379,9 +379,9 @@ def test_separation_unit_every_spelling_and_one_key():
 
 
 def test_watchdog_calls_401_unauthorised_and_never_restarts(monkeypatch):
+    from m3ctl.core.state import Deployment
     from m3ctl.runtime.base import RawState
     from m3ctl.serving import watchdog
-    from m3ctl.serving.state import Deployment
 
     class Rt:
         def is_alive(self, dep):

@@ -22,10 +22,10 @@ SPEC = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}
 
 @pytest.fixture(scope="module")
 def spec_server(tiny_models, tmp_path_factory):
+    from m3ctl.core.state import Registry
     from m3ctl.hw.detect import detect
     from m3ctl.planning.plan import PlanRequest, plan
     from m3ctl.serving.serve import launch_and_wait, stop
-    from m3ctl.serving.state import Registry
 
     reg = Registry(tmp_path_factory.mktemp("spec-state"))
     p = plan(

@@ -187,8 +187,8 @@ def test_emitted_docker_run_and_the_sdk_create_the_same_container(
 
 def test_stop_finds_the_container_of_an_unreadable_record(engine, docker_env):
     """A truncated record of a docker deployment: status lists it as unreadable, stop finds its container by name."""
+    from m3ctl.core.state import Registry
     from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE
-    from m3ctl.serving.state import Registry
 
     c = engine.client()
     try:
@@ -220,12 +220,12 @@ def test_stop_finds_the_container_of_an_unreadable_record(engine, docker_env):
 def dserver(engine, tiny_models, tmp_path_factory):
     """The real vLLM CPU server (tiny MiniMax-M2) in a container launched through the docker runtime."""
     from m3ctl.catalog import profiles
+    from m3ctl.core.state import Registry
     from m3ctl.dev.docker_stack import VLLM_CPU_IMAGE, site_mounts
     from m3ctl.hw.detect import detect
     from m3ctl.planning.plan import PlanRequest, plan
     from m3ctl.runtime.docker import DockerOptions, DockerRuntime
     from m3ctl.serving.serve import launch_and_wait, stop
-    from m3ctl.serving.state import Registry
 
     state = tmp_path_factory.mktemp("docker-state")
     reg = Registry(state)

@@ -94,10 +94,10 @@ def test_watchdog_stalled_engine_dead_engine_and_restart(tiny_models, tmp_path):
     ``restart on-failure`` relaunches the saved plan and the new server passes the probe."""
     import httpx
 
+    from m3ctl.core.state import Registry
     from m3ctl.hw.detect import detect
     from m3ctl.planning.plan import PlanRequest, plan
     from m3ctl.serving.serve import launch_and_wait, relaunch, runtime_for, stop
-    from m3ctl.serving.state import Registry
     from m3ctl.serving.watchdog import Watchdog, parse_metrics, watch
 
     reg = Registry(tmp_path / "state")
@@ -179,7 +179,7 @@ def test_pause_is_not_dead_and_a_deleted_record_is_still_stopped(tiny_models):
         main.send_signal(signal.SIGCONT)
         w = run_cli("watch", "pz", "--count", "1", "--canary-timeout", "60", timeout=120)
         assert w.returncode == 0 and "ok" in w.stdout, w.stdout + w.stderr
-        from m3ctl.serving.state import Registry
+        from m3ctl.core.state import Registry
 
         Registry().remove("pz")  # the record is gone; the server is not
         p = run_cli(
@@ -292,7 +292,7 @@ def test_concurrent_tune_resume_is_refused_and_leaves_the_running_trial_alone(ti
         text=True,
         env={**os.environ, "COLUMNS": "200"},
     )
-    from m3ctl.serving.state import Registry
+    from m3ctl.core.state import Registry
 
     reg = Registry()
     try:

@@ -130,11 +130,11 @@ def test_foreground_serve_stops_cleanly_on_ctrl_c(tiny_models, signum, signal_af
 def test_ctrl_c_after_readiness_before_the_result_stops_the_server(tiny_models, tmp_path):
     """launch_and_wait: a Ctrl-C that lands after the server answered its first completion but before the
     result is returned (here: while the startup log is read for the kernel check) stops that server too."""
+    from m3ctl.core.state import Registry
     from m3ctl.hw.detect import detect
     from m3ctl.planning.plan import PlanRequest, plan
     from m3ctl.runtime.process import ProcessRuntime
     from m3ctl.serving.serve import launch_and_wait
-    from m3ctl.serving.state import Registry
 
     class CtrlCInKernelCheck(ProcessRuntime):
         def log_text(self, dep, tail_bytes=200_000):

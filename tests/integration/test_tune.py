@@ -21,7 +21,7 @@ import psutil
 import pytest
 
 from m3ctl.catalog import load_profile_file
-from m3ctl.serving.state import Registry
+from m3ctl.core.state import Registry
 from tests.conftest import M3CTL, free_port, run_cli
 
 pytestmark = pytest.mark.integration

@@ -272,9 +272,9 @@ def test_power_sample_path_integrates_a_ramp(gt, tok, monkeypatch):
 def test_deployment_gpus_are_sampled_not_every_local_gpu(gt, tok, tiny_models, monkeypatch):
     """bench --deployment: the GPUs of the deployment's saved launch plan (GPU 1 of the H200 x2 host), not GPU 0."""
     from m3ctl import api
+    from m3ctl.core.state import Deployment, Registry
     from m3ctl.loadgen.target import resolve_target
     from m3ctl.planning.plan import PlanRequest, plan
-    from m3ctl.serving.state import Deployment, Registry
     from tests.hosts import h200x2
 
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
@@ -430,9 +430,9 @@ def test_power_interface_module_never_prints(capsys):
 def test_a_tune_trial_meters_its_own_gpus(tmp_path, monkeypatch):
     """A trial's bench runs sample the GPUs of the trial's plan (a parallel study's slot on GPUs 2-3 of an 8-GPU
     host: GPUs 2 and 3), not every GPU of the host."""
+    from m3ctl.core.state import Deployment
     from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model
     from m3ctl.hw.systems import inventory_for_system
-    from m3ctl.serving.state import Deployment
     from m3ctl.tuning.search import TuneSpec
     from m3ctl.tuning.server import ServerEvaluator, ServerSession
 

@@ -465,7 +465,7 @@ def test_request_timeout_counted_per_kind(gt_server, tok, http):
 
 def test_sweep_with_slo_reports_its_capacity_by_the_tunes_rule(gt_server, tiny_models, tmp_path):
     """`bench --concurrency ... --slo S`: the sweep's JSON gets ``sweep.capacity`` from the tune's capacity rule
-    (m3ctl/tuning/capacity.py), and the tables end with it. The ground-truth server streams a token every 2 ms, so
+    (m3ctl/loadgen/capacity.py), and the tables end with it. The ground-truth server streams a token every 2 ms, so
     p90 TPOT is about 2 ms at these loads: far inside 50 ms (each level decided by its runs; c=2 given three times
     is one level of 3 runs) and far past 0.5 ms (no level holds). --slo without a sweep is refused before any
     request."""

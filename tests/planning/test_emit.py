@@ -311,7 +311,7 @@ def test_layout_from_the_plan_gives_bench_its_gpu_count():
 
 def test_bench_deployment_takes_its_gpu_count_from_the_saved_layout(tmp_path, tiny_models):
     """bench --deployment reads the Layout of the saved plan (TP 4 x PP 2 = 8 GPUs: the PP is a raw flag)."""
-    from m3ctl.serving.state import Deployment, Registry
+    from m3ctl.core.state import Deployment, Registry
     from tests.conftest import start_groundtruth
 
     proc, url = start_groundtruth("--ttft-ms", "1", "--itl-ms", "1")

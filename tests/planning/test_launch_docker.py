@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from m3ctl.assess.request import PlanRequest
+from m3ctl.core.state import Registry
 from m3ctl.planning.emit import docker_command, render
 from m3ctl.planning.launch import DockerRun
 from m3ctl.planning.plan import LaunchPlan, plan
 from m3ctl.runtime.docker import DockerOptions, container_spec, docker_run
-from m3ctl.serving.state import Registry
 from tests.hosts import ALL
 from tests.hw.test_hw import dockerd  # noqa: F401 - the real private dockerd fixture
 

@@ -66,8 +66,8 @@ def test_process_runtime_unsets_the_other_variables(tmp_path, monkeypatch, tiny_
     """The process runtime really removes unset_env from the child's environment."""
     import sys
 
+    from m3ctl.core.state import Registry
     from m3ctl.runtime.process import ProcessRuntime
-    from m3ctl.serving.state import Registry
 
     monkeypatch.setenv("HIP_VISIBLE_DEVICES", "1")
     inv = synthetic("mi300xx8").model_copy(

@@ -13,13 +13,13 @@ from m3ctl.assess import memory as mem
 from m3ctl.assess import rules
 from m3ctl.assess import search as layout_search
 from m3ctl.assess.image import image_facts_from_env
+from m3ctl.catalog.vllm_args import engine_facts
 from m3ctl.checks.doctor import resolve_image, run_doctor
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.hw.systems import inventory_for_system, system_names
 from m3ctl.planning.plan import PlanRequest, plan
 from m3ctl.planning.sizing import size_systems
-from m3ctl.planning.vllm_args import engine_facts
 
 FIXTURES = Path(__file__).parent.parent / "fixtures"
 

@@ -45,7 +45,7 @@ def test_only_vllm_entries_get_vllm_imported_ahead(tmp_path):
 
 
 def test_the_launch_key_ignores_the_marker_and_late_variables_and_keeps_no_secret():
-    from m3ctl.serving.state import MARKER_ENV
+    from m3ctl.core.state import MARKER_ENV
 
     base = {"PATH": "/bin", "VLLM_API_KEY": "sk-very-secret", "VLLM_PORT": "41000", MARKER_ENV: "a::t1"}
     k = prewarm.launch_key("vllm", base)
@@ -78,8 +78,8 @@ def _mine(ev) -> list[prewarm.Warm]:
 
 
 def _evaluator(tmp_path, tiny_models, prefix="pw"):
+    from m3ctl.core.state import Registry
     from m3ctl.hw.detect import detect
-    from m3ctl.serving.state import Registry
     from m3ctl.tuning.search import TuneSpec
     from m3ctl.tuning.server import ServerEvaluator
     from tests.conftest import fake_vllm_config, free_port
@@ -144,7 +144,7 @@ def test_a_waiting_process_whose_parent_died_exits(tmp_path):
     code = (
         "import sys, time\n"
         "from m3ctl.runtime import prewarm\n"
-        "from m3ctl.serving.state import Registry\n"
+        "from m3ctl.core.state import Registry\n"
         f"print(prewarm.ensure({sys.executable!r}, {{'PATH': '/usr/bin:/bin'}}, Registry({str(tmp_path)!r}), 'k-', "
         "keep=1))\n"
         "print(prewarm.waiting()[0].proc.pid, flush=True)\n"

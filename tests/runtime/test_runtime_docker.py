@@ -12,12 +12,12 @@ import sys
 
 import pytest
 
+from m3ctl.core.state import Registry
 from m3ctl.errors import ConfigRejected
 from m3ctl.hw.inventory import GpuInfo, HostInventory
 from m3ctl.planning.plan import LaunchPlan
 from m3ctl.runtime.docker import DockerOptions, container_spec
 from m3ctl.serving.diagnose import diagnose_text, explain_port_conflict
-from m3ctl.serving.state import Registry
 
 
 def _plan(tmp_path, **kw) -> LaunchPlan:

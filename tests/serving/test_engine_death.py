@@ -15,9 +15,9 @@ from pathlib import Path
 import psutil
 import pytest
 
+from m3ctl.core.state import Registry
 from m3ctl.planning.plan import LaunchPlan
 from m3ctl.serving.serve import launch_and_wait
-from m3ctl.serving.state import Registry
 from tests.conftest import FAKE_VLLM, free_port, run_cli
 
 CRASH = """\
@@ -399,9 +399,9 @@ class _FakeContainer:
 def test_docker_container_states(monkeypatch, tmp_path, ct, state, needle):
     """`docker pause` is paused, not dead (it was reported `exited`, then watch removed it and its record); an
     exited container gives its exit code and FinishedAt; a removed one is dead; none of them leaves the record."""
+    from m3ctl.core.state import Deployment
     from m3ctl.runtime.docker import DockerRuntime
     from m3ctl.serving.lifecycle import engine_state
-    from m3ctl.serving.state import Deployment
     from m3ctl.serving.watchdog import Watchdog
 
     monkeypatch.setattr(DockerRuntime, "_container", lambda self, dep: ct)

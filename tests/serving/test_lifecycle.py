@@ -14,11 +14,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from m3ctl.core.state import Registry
 from m3ctl.errors import ConfigRejected
 from m3ctl.planning.plan import LaunchPlan
 from m3ctl.runtime.process import ProcessRuntime
 from m3ctl.serving.serve import launch_and_wait
-from m3ctl.serving.state import Registry
 from tests.conftest import free_port, run_cli
 
 # A main process that starts a worker in its own session (it leaves the process group), then waits.
@@ -180,7 +180,7 @@ def test_bad_inputs_are_one_line_exit_2_before_anything_starts(args, names):
 
 def test_state_writes_are_atomic(monkeypatch):
     """A write that dies half way (here: the flush to disk fails) leaves the previous record and plan whole."""
-    from m3ctl.serving.state import Deployment
+    from m3ctl.core.state import Deployment
 
     reg = Registry()
     dep = Deployment(name="a", port=8000, served_model_name="m", model="m")
@@ -191,7 +191,7 @@ def test_state_writes_are_atomic(monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(os, "fsync", crash)
-    from m3ctl.serving.state import StateWriteFailed
+    from m3ctl.core.state import StateWriteFailed
 
     with pytest.raises(StateWriteFailed, match="no space left"):
         reg.save(dep.model_copy(update={"phase": "ready"}))

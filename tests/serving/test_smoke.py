@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from m3ctl.core.state import Registry
 from m3ctl.errors import BadInput, LaunchFailed
 from m3ctl.planning.plan import LaunchPlan
 from m3ctl.serving.serve import launch_and_wait, stop
@@ -27,7 +28,6 @@ from m3ctl.serving.smoke import (
     smoke_level,
     smoke_target,
 )
-from m3ctl.serving.state import Registry
 from tests.conftest import FAKE_VLLM, fake_vllm_config, free_port, run_cli, vllm_procs_for
 from tests.hosts import synthetic
 

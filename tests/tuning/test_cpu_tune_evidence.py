@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from m3ctl.tuning.slo import parse_slo
+from m3ctl.loadgen.slo import parse_slo
 
 D = Path(__file__).parent.parent / "fixtures" / "cpu-tune-long"
 

@@ -83,7 +83,7 @@ def test_kv_capacity_vllm_reported_for_the_scale_model():
 
 
 def test_the_capacity_rule_replayed_on_the_h200_runs(ev):
-    # The capacity rule (m3ctl/tuning/capacity.py, through measure_level) on the recorded runs: the tune's single c=64
+    # The capacity rule (m3ctl/loadgen/capacity.py, through measure_level) on the recorded runs: the tune's single c=64
     # run of vLLM's defaults (27.7 ms, 7.7 % inside the 30 ms bound) is repeated; with the grid's runs standing in for
     # the repeats, the second (34.5 ms) is 15 % over the bound, more than the 10 % margin: c=64 does not hold after
     # 2 runs, and the bisection steps down to c=48 (the grid's 20.5 ms, 32 % inside: one run decides). The capacity is
@@ -183,9 +183,9 @@ def test_the_tune_and_the_grid_script_give_the_same_capacity_on_the_same_runs(ev
     # configuration the same capacity, which is the capacity rule's on the raw runs.
     import importlib.util
 
+    from m3ctl.loadgen.slo import parse_slo
     from m3ctl.tuning.replay import ReplayEvaluator, ReplaySession
     from m3ctl.tuning.search import TuneSpec, evaluate
-    from m3ctl.tuning.slo import parse_slo
 
     spec_ = importlib.util.spec_from_file_location("scale_grid", ROOT / "scripts" / "gpu" / "scale_grid.py")
     grid_script = importlib.util.module_from_spec(spec_)

@@ -92,8 +92,8 @@ def test_under_the_spread_aware_rule_those_single_runs_would_not_have_decided(st
     5 had spread by 20.0 % of the limit (the baseline at c=96: 27.64 to 33.64 ms), so trial 5's one c=96 run at
     19.98 % headroom, and trial 1's at 15.4 %, would each have needed two more runs. What those runs would have
     shown is not in the recording: the grid's two c=96 runs of trial 5's configuration missed."""
-    from m3ctl.tuning.capacity import CapacityRule, decide, run_spread
-    from m3ctl.tuning.slo import parse_slo
+    from m3ctl.loadgen.capacity import CapacityRule, decide, run_spread
+    from m3ctl.loadgen.slo import parse_slo
 
     slo = parse_slo("p90_tpot_ms<=30")
     trials = {t["trial"]: t for t in json.loads((study / "result.json").read_text())["trials"]}

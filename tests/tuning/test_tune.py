@@ -14,9 +14,9 @@ import pytest
 
 from m3ctl.catalog import profile_for_arch, profiles
 from m3ctl.errors import BadInput
+from m3ctl.loadgen.slo import parse_slo
 from m3ctl.tuning.replay import ReplayEvaluator, recorded_space
 from m3ctl.tuning.search import Tuner, TuneSpec, evaluate, pareto
-from m3ctl.tuning.slo import parse_slo
 from m3ctl.tuning.space import Space, apply_pins, default_space, key_of
 from tests.conftest import run_cli
 
@@ -103,8 +103,8 @@ def test_prune_keeps_one_max_num_seqs_covering_the_ladder():
 def test_rule_rejected_candidate_is_never_launched(tiny_models, tmp_path, pins, rule_id):
     """DCP on the CPU profile breaks rule parallel.dcp; a chunk budget below max-num-seqs breaks
     batching.limits (vLLM refuses it at start): the trial is infeasible with the rule, nothing starts."""
+    from m3ctl.core.state import Registry
     from m3ctl.hw.detect import detect
-    from m3ctl.serving.state import Registry
     from m3ctl.tuning.server import ServerEvaluator
 
     inv = detect()
@@ -983,8 +983,8 @@ def _choice_study(
     from rich.console import Console
 
     from m3ctl.cli.tune_render import print_result
+    from m3ctl.core.state import Registry
     from m3ctl.hw.detect import detect
-    from m3ctl.serving.state import Registry
     from m3ctl.tuning.server import ServerEvaluator
     from m3ctl.tuning.study import write_outputs
 

@@ -1,5 +1,5 @@
 """Repeats at the SLO boundary (issue 15 item 5, issue 25 item 2): a ladder level whose run lands near the SLO is
-measured again on the same server and decided by the capacity rule (m3ctl/tuning/capacity.py: the median of its
+measured again on the same server and decided by the capacity rule (m3ctl/loadgen/capacity.py: the median of its
 runs meets the SLO and no run misses it by more than the margin); a level far from the boundary is measured once.
 
 The sessions here replay given p90 TPOT values in order, as a server whose run-to-run spread straddles the bound
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from m3ctl.loadgen.slo import parse_slo
 from m3ctl.tuning.replay import ReplayEvaluator
 from m3ctl.tuning.search import Tuner, TuneSpec, evaluate
-from m3ctl.tuning.slo import parse_slo
 
 LADDER = [1, 2, 4, 8, 16]
 SLO = "p90_tpot_ms<=20"
@@ -164,8 +164,8 @@ def test_result_json_keeps_every_run_and_says_what_backs_the_capacity(tiny_model
     """Through the study's outputs: the best's capacity_runs and capacity_spread, and each run of the repeated
     level in result.json; the replayed runs (a list per concurrency in the grid) come back in order."""
     from m3ctl.catalog import profile_for_arch
+    from m3ctl.core.state import Registry
     from m3ctl.hw.detect import detect
-    from m3ctl.serving.state import Registry
     from m3ctl.tuning.server import ServerEvaluator
     from m3ctl.tuning.study import write_outputs
 
@@ -303,8 +303,8 @@ def test_pareto_png_marks_runs_with_warnings_and_invalid_runs(tiny_models, tmp_p
     validity warning and the invalid level the bisection measured are drawn in their classes; the invalid one at
     the throughput it measured (tok/s per GPU), off the frontier."""
     from m3ctl.catalog import profile_for_arch
+    from m3ctl.core.state import Registry
     from m3ctl.hw.detect import detect
-    from m3ctl.serving.state import Registry
     from m3ctl.tuning import study
     from m3ctl.tuning.server import ServerEvaluator
 

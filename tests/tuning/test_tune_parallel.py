@@ -208,7 +208,7 @@ def test_slot_evaluator_plans_its_gpus_and_port_and_compile_key(tmp_path):
 
 
 def test_running_json_lists_every_running_trial_and_stays_compatible(tmp_path, monkeypatch):
-    from m3ctl.serving.state import Registry
+    from m3ctl.core.state import Registry
     from m3ctl.tuning.server import ServerEvaluator, stop_leftovers
 
     reg = Registry(tmp_path / "state")
@@ -805,7 +805,7 @@ def test_real_evaluator_runs_trials_side_by_side_on_fake_vllm_servers(tmp_path, 
     """The real path (ServerEvaluator, launch_and_wait, the quick smoke, bench runs in child processes) on the fake
     8-GPU H200 host with tests/fake_vllm.py as the server: two trials run at once, each with its own GPUs in
     CUDA_VISIBLE_DEVICES, its own port, its own folder with its bench JSONs; nothing is left running."""
-    from m3ctl.serving.state import Registry
+    from m3ctl.core.state import Registry
     from m3ctl.tuning import study as st
     from tests.conftest import FAKE_VLLM, free_port
 

@@ -168,8 +168,8 @@ def test_a_trial_records_its_start_and_an_unreadable_compile_cache_is_cleared_on
     """Through launch_and_wait and the fake vLLM: the first start finds a corrupt artifact in the study's cache
     (the engine's own EOFError, diagnosed as component torch-compile-cache), the cache is cleared and the trial
     starts again; its start.json is written from the server's log."""
+    from m3ctl.core.state import Registry
     from m3ctl.hw.detect import detect
-    from m3ctl.serving.state import Registry
     from m3ctl.tuning.search import TuneSpec
     from m3ctl.tuning.server import ServerEvaluator
     from tests.conftest import fake_vllm_config, free_port
@@ -208,9 +208,9 @@ def test_a_trial_records_its_start_and_an_unreadable_compile_cache_is_cleared_on
 
 
 def test_a_corrupt_cache_is_not_retried_without_the_study_cache(tmp_path, tiny_models, monkeypatch):
+    from m3ctl.core.state import Registry
     from m3ctl.errors import LaunchFailed
     from m3ctl.hw.detect import detect
-    from m3ctl.serving.state import Registry
     from m3ctl.tuning.search import TuneSpec
     from m3ctl.tuning.server import ServerEvaluator
     from tests.conftest import fake_vllm_config, free_port

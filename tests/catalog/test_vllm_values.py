@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
+from m3ctl.catalog.vllm_values import check_args, parse_value_types, value_types
 from m3ctl.errors import BadInput
-from m3ctl.planning.vllm_values import check_args, parse_value_types, value_types
 
 SAMPLES = ["256M", "1K", "1k", "25.6k", "1.5K", "banana", "", "12", "0x10", "2G", "1e3", " 8k ", "-5", "3T", "1.5"]
 

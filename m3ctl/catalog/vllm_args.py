@@ -362,3 +362,20 @@ def engine_facts(version: str | None = None) -> VllmEngineFacts:
         CatalogError: the file does not fit :class:`VllmEngineFacts` (one line naming the key).
     """
     return data("data/vllm_engine.yaml", VllmEngineFacts)
+
+
+def vllm_int(v: Any) -> int | None:
+    """An integer flag value as vLLM reads it (``8k`` = 8000, ``8K`` = 8192, else Python's ``int``:
+    vllm/utils/argparse_utils.py human_readable_int); None when unset, a switch, or not an integer."""
+    if v is None or isinstance(v, (bool, float)):
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([kKmMgGtT])", str(v).strip())
+    if m:
+        number, suffix = m.groups()
+        if suffix.islower():
+            return int(float(number) * 10 ** (3 * "kmgt".index(suffix) + 3))
+        return int(number) * 2 ** (10 * "KMGT".index(suffix) + 10) if "." not in number else None
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None

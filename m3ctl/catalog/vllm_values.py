@@ -54,7 +54,7 @@ def check_args(args: dict[str, Any]) -> None:
     Raises:
         BadInput: a value vLLM's parser rejects, naming the flag and the value.
     """
-    from m3ctl.assess.rules import vllm_int  # noqa: PLC0415
+    from m3ctl.catalog.vllm_args import vllm_int  # noqa: PLC0415
 
     t = value_types()
     for flag, v in args.items():

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from m3ctl import catalog
+from m3ctl.catalog.vllm_args import flag_table, parse_flag_table, read_raw_args, unknown_flags
 from m3ctl.dev.vllm_flags import parse_help, render
 from m3ctl.errors import BadInput, CatalogError, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.planning.launch import render_flags
 from m3ctl.planning.plan import PlanRequest, plan
-from m3ctl.planning.vllm_args import flag_table, parse_flag_table, read_raw_args, unknown_flags
 
 HELP = Path(__file__).resolve().parents[3] / "shared" / "reference" / "vllm-0.32-serve-help.txt"
 

@@ -1,4 +1,4 @@
-"""The capacity rule alone (m3ctl/tuning/capacity.py, issue 25 item 2), on real-shaped numbers: the H200 runs of
+"""The capacity rule alone (m3ctl/loadgen/capacity.py, issue 25 item 2), on real-shaped numbers: the H200 runs of
 docs/results/h200-scale.md (p90 TPOT ms against a 30 ms bound) and bench result dicts as m3ctl bench writes them."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from m3ctl.tuning.capacity import CapacityRule, capacity_of, decide, sweep_capacity
+from m3ctl.loadgen.capacity import CapacityRule, capacity_of, decide, sweep_capacity
+from m3ctl.loadgen.slo import parse_slo
 from m3ctl.tuning.search import Point
-from m3ctl.tuning.slo import parse_slo
 
 SLO30 = parse_slo("p90_tpot_ms<=30")
 SCALE2 = Path(__file__).parent.parent / "fixtures" / "h200x1-real" / "scale2" / "grid"

@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
-from m3ctl.tuning.slo import SLO, metric
+from m3ctl.loadgen.slo import SLO, metric
 
 State = Literal["met", "missed", "undecided"]
 
@@ -168,7 +168,7 @@ def decide(runs: Iterable[Any], slo: SLO, rule: CapacityRule = CapacityRule()) -
 
     ``runs``: m3ctl.tuning.search.Point objects or their dicts, or bench result dicts (vLLM's keys,
     ``validity``, ``completed``). Returns a :class:`Verdict`; never raises for odd runs (a run without the SLO's
-    metric misses that term by 100 %, as :meth:`m3ctl.tuning.slo.Term.violation` says)."""
+    metric misses that term by 100 %, as :meth:`m3ctl.loadgen.slo.Term.violation` says)."""
     all_runs = [_as_run(r) for r in runs]
     valid = [m for ok, m in all_runs if ok]
     n, bad = len(valid), len(all_runs) - len(valid)
