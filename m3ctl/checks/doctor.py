@@ -1608,7 +1608,9 @@ def _doctor_request(ctx: Ctx) -> PlanRequest | None:
 
     if ctx.local_model:
         emulated = ctx.chosen is not None and ctx.chosen.support is not None and ctx.chosen.support.status == "emulated"
-        local: dict[str, Any] = {"model": ctx.model}
+        local: dict[str, Any] = {"model": ctx.model, "port": ctx.port}  # the port the checks looked at
+        if ctx.runtime == "docker":
+            local["runtime"] = "docker"
         if emulated:
             local["allow_emulated"] = True
         if ctx.attention:
@@ -1621,6 +1623,7 @@ def _doctor_request(ctx: Ctx) -> PlanRequest | None:
         "model": ctx.model,
         "variant": ev.name,
         "runtime": "docker" if ctx.runtime == "docker" else "process",
+        "port": ctx.port,
     }
     # The layout (TP, DP, EP, PP) is left to the planner's search, as for `m3ctl plan`: one answer for both.
     if ev.support is not None and ev.support.status == "emulated":
@@ -1929,9 +1932,13 @@ def run_doctor(
 
 
 def report_json(rep: DoctorReport) -> dict[str, Any]:
-    """The ``--json`` shape: ``{"ok", "inventory", "checks": [{"id","group","status","message","fix","details"}], "verdict"}``."""
+    """The ``--json`` shape: ``{"ok", "runnable", "exit_code", "inventory", "checks": [{"id","group","status",
+    "message","fix","details"}], "verdict"}``. ``ok``: no check FAILed; ``runnable``: the verdict is not
+    ``not_runnable``; ``exit_code``: what ``m3ctl doctor`` exits with (1 when either is false)."""
     return {
         "ok": rep.ok,
+        "runnable": rep.verdict.status != "not_runnable",
+        "exit_code": rep.exit_code(),
         "inventory": rep.inventory.model_dump(mode="json"),
         "checks": [c.model_dump(mode="json") for c in rep.checks],
         "verdict": rep.verdict.model_dump(mode="json"),

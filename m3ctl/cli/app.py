@@ -199,12 +199,15 @@ def warn_unknown_env() -> None:
 
 
 def _command_of(args: list[str]) -> str:
-    """The command path of ``args`` for a hint (``bench report``), from the first words that are not options."""
+    """The command path of ``args`` for a hint (``bench report``), from the first words that are not options; ""
+    when the first is no command (``m3ctl nosuchcmd``: the hint is ``m3ctl --help``)."""
     words: list[str] = []
     for a in args:
         if a.startswith("-") or len(words) == 2:
             break
         words.append(a)
+    if words[:1] and words[0] not in COMMANDS:
+        return ""
     return " ".join(words[:2] if words[:1] in (["bench"], ["dev"]) else words[:1])
 
 

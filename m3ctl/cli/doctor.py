@@ -48,7 +48,8 @@ def doctor(
     system: o.System = None,
     attention: o.Attention = None,
 ) -> None:
-    """Probe this host and say, check by check, whether and how it can serve (exit 1 on FAIL)."""
+    """Probe this host and say, check by check, whether and how it can serve (exit 1 on a FAIL, or when the
+    model is not runnable here)."""
     from m3ctl import api  # noqa: PLC0415
     from m3ctl.checks.doctor import report_json  # noqa: PLC0415  (rendering: the --json shape)
 
@@ -70,6 +71,13 @@ def doctor(
     if not out.json:
         render(out.con, rep, verbose)
     code = rep.exit_code(strict)
+    if code and rep.ok and not out.json:  # exit 1 with no FAIL row: say which rule of the exit code it is
+        why = (
+            "a WARN under --strict"
+            if rep.verdict.status != "not_runnable"
+            else "the verdict: the model is not runnable here (`m3ctl doctor --model DIR` checks a local model)"
+        )
+        out.con.print(f"exit 1: no check failed; {why}", soft_wrap=True, highlight=False)
     if code:
         raise typer.Exit(code)
 

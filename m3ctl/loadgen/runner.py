@@ -161,11 +161,13 @@ def _check_reachable(cfg: BenchConfig) -> None:
     """
     import httpx  # noqa: PLC0415
 
+    from m3ctl.loadgen.target import http_failure  # noqa: PLC0415
+
     try:
         r = httpx.get(f"{cfg.url}/v1/models", headers=_headers(cfg), timeout=10.0)
     except httpx.HTTPError as e:
         raise BadInput(
-            f"cannot reach {cfg.url}: {type(e).__name__}", "check --url (and that the server is up: `m3ctl status`)"
+            f"cannot reach {cfg.url}: {http_failure(e)}", "check --url (and that the server is up: `m3ctl status`)"
         ) from None
     if r.status_code in (401, 403):  # a keyed server: no run of failed requests, one line naming the key
         from m3ctl.errors import Unauthorised  # noqa: PLC0415

@@ -68,6 +68,25 @@ class BenchTarget:
         return model_choice(self.url, self.headers(), self.deployment_model, self.deployment, self.key_hint)
 
 
+def http_failure(e: Exception) -> str:
+    """What went wrong with an HTTP request, in words (httpx exception classes:
+    https://www.python-httpx.org/exceptions/): refused, timed out, or not the JSON an OpenAI server answers."""
+    import httpx  # noqa: PLC0415
+
+    text = str(e).lower()
+    if isinstance(e, httpx.ConnectError):
+        if "refused" in text:
+            return "connection refused (nothing listens there)"
+        if "name or service not known" in text or "nodename" in text or "resolution" in text:
+            return "the host name does not resolve"
+        return f"cannot connect ({str(e)[:120] or type(e).__name__})"
+    if isinstance(e, httpx.TimeoutException):
+        return "no answer within the timeout"
+    if isinstance(e, httpx.HTTPError):
+        return f"{type(e).__name__}: {str(e)[:120]}"
+    return "the answer is not an OpenAI /v1/models list"
+
+
 def model_choice(
     url: str,
     headers: dict[str, str] | None = None,
@@ -98,9 +117,13 @@ def model_choice(
                 key_hint or "set OPENAI_API_KEY or VLLM_API_KEY to the server's API key",
             )
         ids = [m["id"] for m in r.json()["data"]]
+    except httpx.TransportError as e:  # nothing answered: --model would not help
+        raise BadInput(
+            f"cannot reach {url}: {http_failure(e)}", "check --url and that the server is up (`m3ctl status`)"
+        ) from None
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
         raise BadInput(
-            f"cannot list models at {url}/v1/models: {type(e).__name__}", "check --url, or pass --model"
+            f"cannot list models at {url}/v1/models: {http_failure(e)}", "check --url, or pass --model"
         ) from None
     if not ids:
         raise BadInput(f"{url} serves no model (/v1/models lists none)", "check --url, or pass --model")

@@ -342,8 +342,14 @@ def ray(plan: LaunchPlan, nodes: int = 2) -> str:
     docs.vllm.ai/en/latest/serving/parallelism_scaling.html: TP within a node, PP across nodes).
 
     Raises:
-        BadInput: fewer than 2 nodes, or DP > 1 (multi-node DP is ``--emit lws``).
+        BadInput: fewer than 2 nodes, DP > 1 (multi-node DP is ``--emit lws``), or a plan without GPUs (vLLM's CPU
+            backend: Ray's ``--num-gpus`` and TP x PP over GPU nodes do not apply).
     """
+    if plan.gpu_vendor is None:
+        raise BadInput(
+            f"the Ray form spreads TP x PP over GPU nodes; this plan (profile {plan.profile}) has no GPUs",
+            "plan for a GPU system: m3ctl plan --system NAME --emit ray (m3ctl plan --help lists the systems option)",
+        )
     if nodes < 2:
         raise BadInput(f"--nodes {nodes}: a Ray cluster form needs at least 2 nodes", "use --emit script for one node")
     spec = launch_spec(plan, nodes=nodes)

@@ -654,6 +654,6 @@ def plan_docker_run(
     if not plan.image:
         raise ConfigRejected(
             f"profile {plan.profile!r} names no image for the docker runtime",
-            "pass --image REF (a local image works; see m3ctl/runtime/docker.py)",
+            "pass --image REF (a local image works; docs/serve.md, serve --runtime docker)",
         )
     return docker_run(launch_spec(plan), opts or DockerOptions(), secret_names=secret_names, marker=marker)

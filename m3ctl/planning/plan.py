@@ -886,7 +886,7 @@ def step_image_reference(d: PlanDraft) -> None:
     else:
         raise ConfigRejected(
             f"profile {prof.name!r} names no image for the docker runtime",
-            "pass --image REF (a local image works; see m3ctl/runtime/docker.py)",
+            "pass --image REF (a local image works; docs/serve.md, serve --runtime docker)",
         )
 
 

@@ -121,6 +121,7 @@ class _Cause(BaseModel):
     when_argv: str | None = None
     when_warning: str | None = None
     always: bool = False
+    unless_argv: str | None = None  # not when the launch already has this (e.g. the fix the cause proposes)
     cause: str
 
 
@@ -452,6 +453,8 @@ def likely_causes(argv: list[str] | tuple[str, ...], plan_warnings: list[str] | 
         hit = next((w for w in plan_warnings if c.when_warning and re.search(c.when_warning, w, re.IGNORECASE)), None)
         if hit:
             out.append(f"{c.cause}: {hit[:200]}")
+        elif c.unless_argv and re.search(c.unless_argv, cmd):
+            continue
         elif c.always or (c.when_argv and re.search(c.when_argv, cmd)):
             out.append(c.cause)
     return out

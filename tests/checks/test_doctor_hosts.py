@@ -115,7 +115,8 @@ def test_doctor_cli_on_synthetic_inventory(tmp_path):
     p = run_cli("doctor", "--inventory", str(inv_file), "--json")
     assert p.returncode == 0, p.stderr
     rep = json.loads(p.stdout)
-    assert set(rep) == {"ok", "inventory", "checks", "verdict"}
+    assert set(rep) == {"ok", "runnable", "exit_code", "inventory", "checks", "verdict"}
+    assert rep["exit_code"] == 0 and rep["runnable"] is True
     assert {"id", "status", "message", "fix"} <= set(rep["checks"][0])
     assert rep["verdict"]["status"] == "runnable_natively" and rep["verdict"]["variant"] == "mxfp4"
     p = run_cli("doctor", "--inventory", str(inv_file), "--variant", "nvfp4")

@@ -59,6 +59,12 @@ def test_doctor_json_on_this_host():
     assert checks["host.vllm"]["status"] == "OK"
     assert checks["model.profile"]["message"].startswith("kernel profile 'cpu'")
     assert rep["inventory"]["gpus"] == [] and rep["ok"] is True
+    # ok (no FAIL row) is not the exit code: the JSON says which rule exits 1, and so does the text
+    assert rep["runnable"] is False and rep["exit_code"] == 1
+    text = run_cli("doctor")
+    assert (
+        text.returncode == 1 and "exit 1: no check failed; the verdict: the model is not runnable here" in text.stdout
+    )
     # No GPU: the default model is reported not runnable here (exit 1), without failing the host's checks.
     assert rep["verdict"]["status"] == "not_runnable" and "no GPU" in rep["verdict"]["summary"]
     assert checks["model.memory_fit"]["status"] == "SKIP"
@@ -235,3 +241,34 @@ def test_out_of_range_numbers_are_usage_errors(tiny_models):
     p = run_cli("plan", "--model", m, "--max-num-batched-tokens", "8K", "--max-num-seqs", "64", "--json")
     argv = json.loads(p.stdout)["argv"]  # m3ctl's own token counts read 8K as vLLM does
     assert argv[argv.index("--max-num-batched-tokens") + 1] == "8192"
+
+
+def test_doctor_serve_command_keeps_the_port_it_checked(tiny_models):
+    """A new user's report: doctor checked --port 8123 free, then suggested a serve command on 8000."""
+    import m3ctl
+
+    rep = m3ctl.doctor(model=str(tiny_models["llama"]), port=8125)
+    assert rep.verdict.serve_command is not None and "--port 8125" in rep.verdict.serve_command
+    assert "--port" not in (m3ctl.doctor(model=str(tiny_models["llama"])).verdict.serve_command or "")
+
+
+def test_unknown_command_hint_points_at_the_command_list():
+    p = run_cli("nosuchcmd")
+    assert p.returncode == 2 and "hint: see `m3ctl --help`" in p.stderr, p.stderr
+    p = run_cli("bench", "--num-promts", "3")
+    assert p.returncode == 2 and "hint: see `m3ctl bench --help`" in p.stderr, p.stderr
+
+
+def test_bench_of_a_port_nobody_listens_on_says_so():
+    with socket.socket() as s:  # a port that was free a moment ago: nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    for extra in ([], ["--model", "x"]):
+        p = run_cli("bench", "--url", f"http://127.0.0.1:{port}", "--num-prompts", "3", *extra)
+        assert p.returncode == 2 and "connection refused (nothing listens there)" in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr and "m3ctl status" in p.stderr
+
+
+def test_ray_form_of_a_cpu_plan_is_refused(tiny_models):
+    p = run_cli("plan", "--model", str(tiny_models["llama"]), "--emit", "ray")
+    assert p.returncode == 2 and "has no GPUs" in p.stderr and "--system" in p.stderr, p.stderr

@@ -500,3 +500,12 @@ def test_a_tune_trial_whose_server_dies_on_long_prompts_fails_at_its_quick_smoke
     finally:
         sess.close()
     assert reg.list() == []
+
+
+def test_degenerate_output_does_not_propose_the_flag_the_launch_has():
+    """With --enforce-eager already on (the cpu profile), "retry with --enforce-eager" is no advice."""
+    from m3ctl.serving.smoke import likely_causes
+
+    eager = likely_causes(["vllm", "serve", "m", "--enforce-eager"])
+    assert not any("retry with --enforce-eager" in c for c in eager) and any("already off" in c for c in eager)
+    assert any("retry with --enforce-eager" in c for c in likely_causes(["vllm", "serve", "m"]))
