@@ -32,7 +32,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "doctor": (
         "m3ctl.cli.doctor",
         "doctor",
-        "Probe this host and say, check by check, whether and how it can serve (exit 1 on FAIL).",
+        "Probe this host and say, check by check, whether and how it can serve (exit 1 on FAIL or not runnable).",
     ),
     "plan": (
         "m3ctl.cli.plan",

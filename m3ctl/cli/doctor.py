@@ -48,8 +48,7 @@ def doctor(
     system: o.System = None,
     attention: o.Attention = None,
 ) -> None:
-    """Probe this host and say, check by check, whether and how it can serve (exit 1 on a FAIL, or when the
-    model is not runnable here)."""
+    """Probe this host and say, check by check, whether and how it can serve (exit 1 on FAIL or not runnable)."""
     from m3ctl import api  # noqa: PLC0415
     from m3ctl.checks.doctor import report_json  # noqa: PLC0415  (rendering: the --json shape)
 
@@ -72,12 +71,16 @@ def doctor(
         render(out.con, rep, verbose)
     code = rep.exit_code(strict)
     if code and rep.ok and not out.json:  # exit 1 with no FAIL row: say which rule of the exit code it is
+        from rich.text import Text  # noqa: PLC0415
+
+        from m3ctl.cli.output import hang  # noqa: PLC0415
+
         why = (
             "a WARN under --strict"
             if rep.verdict.status != "not_runnable"
             else "the verdict: the model is not runnable here (`m3ctl doctor --model DIR` checks a local model)"
         )
-        out.con.print(f"exit 1: no check failed; {why}", soft_wrap=True, highlight=False)
+        out.con.print(Text(hang("exit 1: ", f"no check failed; {why}", out.con.width)), soft_wrap=True)
     if code:
         raise typer.Exit(code)
 
