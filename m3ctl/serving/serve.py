@@ -112,7 +112,10 @@ def preflight(plan: LaunchPlan, registry: Registry, runtime: Runtime | None = No
             rep = vllm_env.check_install()
             if not rep.ok:
                 raise ConfigRejected(
-                    f"the vLLM install is broken: {rep.problems[0]}", "run `m3ctl dev fix-vllm`, then `m3ctl doctor`"
+                    f"the vLLM install is broken: {rep.problems[0]}",
+                    "run `m3ctl dev fix-vllm`, then `m3ctl doctor`"
+                    if rep.fixable
+                    else "see `m3ctl doctor` (host.vllm)",
                 )
             _check_all2all_kernels(plan)
             _check_python_modules(plan)

@@ -52,3 +52,28 @@ def test_register_logs_under_vllm_and_warns_when_refused(monkeypatch, caplog):
 
     pat = next(p for p in _data().patterns if p.id == "cpu-illegal-instruction")
     assert any(w.log and __import__("re").search(w.log, rec.getMessage()) for w in pat.when)
+
+
+def test_an_amx_cpu_whose_vllm_would_not_load_the_plugin_stops_serve_and_fails_doctor(
+    tiny_models, tmp_path, monkeypatch
+):
+    """Before minutes of loading: serve refuses (exit 3) with the cause and a fix that is not fix-vllm (it cannot
+    install a plugin), and doctor's host.vllm row FAILs with the same line."""
+    from m3ctl.checks.doctor import check_vllm
+    from m3ctl.core.state import Registry
+    from m3ctl.errors import ConfigRejected
+    from m3ctl.hw.detect import detect
+    from m3ctl.planning import vllm_env
+    from m3ctl.planning.plan import PlanRequest, plan
+    from m3ctl.serving.serve import preflight
+    from tests.conftest import free_port
+
+    p = plan(detect(), PlanRequest(model=str(tiny_models["llama"]), name="amx", port=free_port()))
+    monkeypatch.setattr(vllm_env, "cpu_has_amx", lambda cpuinfo=None: True)
+    monkeypatch.setattr(vllm_env, "plugin_visible", lambda path=None, env=None: False)
+    with pytest.raises(ConfigRejected) as e:
+        preflight(p, Registry(tmp_path / "state"))
+    assert "SIGILL" in e.value.message and e.value.exit_code == 3
+    assert "fix-vllm" not in e.value.hint and "m3ctl doctor" in e.value.hint
+    row = check_vllm(types.SimpleNamespace(runtime="process"))
+    assert row.status == "FAIL" and "SIGILL" in row.message
