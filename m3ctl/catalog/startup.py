@@ -3,20 +3,16 @@ tune's start measures, m3ctl/tuning/startup.py, and the prewarmed server process
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict
-
-from m3ctl.catalog import Regex
+from m3ctl.catalog import Regex, _Strict
 
 
-class _Marker(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Marker(_Strict):
     phase: str
     regex: Regex
     source: str
 
 
-class _CaptureBound(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _CaptureBound(_Strict):
     flag: str
     key: str
     default_cap: int
@@ -24,16 +20,14 @@ class _CaptureBound(BaseModel):
     source: str
 
 
-class _EngineProcess(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _EngineProcess(_Strict):
     env: str
     value: str
     forced_spawn: str
     source: str
 
 
-class _KernelCache(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _KernelCache(_Strict):
     env: str
     folder: str
     aot_env: str
@@ -42,18 +36,16 @@ class _KernelCache(BaseModel):
     source: str
 
 
-class _Prewarm(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+class _Prewarm(_Strict):
     imports: list[str]
     late_env: list[str]
     wrapper: Regex
     source: str
 
 
-class StartupFacts(BaseModel):
+class StartupFacts(_Strict):
     """Schema of m3ctl/data/startup.yaml."""
 
-    model_config = ConfigDict(extra="forbid")
     markers: list[_Marker]
     compile_cache_hit: Regex
     cache_root_env: str

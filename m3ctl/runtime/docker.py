@@ -49,8 +49,7 @@ from m3ctl.errors import ConfigRejected, LaunchFailed
 
 # The container-side options and labels are the launch spec's: m3ctl.planning.launch decides them (DockerOptions is
 # also importable from here, where the runtime's callers know it); this module launches them.
-from m3ctl.planning.launch import LABEL_PREFIX, DockerOptions
-from m3ctl.planning.launch import plan_docker_run as docker_run
+from m3ctl.planning.launch import LABEL_PREFIX, DockerOptions, plan_docker_run
 from m3ctl.planning.plan import LaunchPlan
 from m3ctl.runtime.base import RawState, Runtime, StopReport, exit_status
 
@@ -66,7 +65,7 @@ def container_spec(
     plan: LaunchPlan, secret_env: dict[str, str], opts: DockerOptions | None = None, marker: str | None = None
 ) -> dict[str, Any]:
     """Keyword arguments for ``docker.containers.run`` that launch ``plan`` (pure; talks to no engine): the SDK
-    render of :func:`docker_run`, the object ``m3ctl plan --emit docker`` and ``serve`` print.
+    render of :func:`m3ctl.planning.launch.plan_docker_run`, the object ``m3ctl plan --emit docker`` and ``serve`` print.
 
     Args:
         plan: the launch plan; ``plan.image`` must be set.
@@ -79,7 +78,7 @@ def container_spec(
     Raises:
         ConfigRejected: no image in the plan or a malformed mount.
     """
-    return docker_run(plan, opts, secret_names=list(secret_env), marker=marker).sdk_kwargs(secret_env)
+    return plan_docker_run(plan, opts, secret_names=list(secret_env), marker=marker).sdk_kwargs(secret_env)
 
 
 def _engine_hint() -> str:

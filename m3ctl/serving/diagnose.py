@@ -953,10 +953,14 @@ def _no_traceback(lines, events, text, ctx, versions, wrappers) -> Diagnosis | N
             "with one GPU (TP=1) to see it"
         )
         if any("died unexpectedly" in w for w in wrappers):  # a process vanished: a fatal signal, not an exception
+            stack = (
+                ""
+                if ctx.env.get("PYTHONFAULTHANDLER")
+                else "rerun with PYTHONFAULTHANDLER=1 (the stack at the signal) and "
+            )
             fx = (
                 "a vLLM process died without a Python error (a fatal signal in native code, or the OOM killer): "
-                "rerun with PYTHONFAULTHANDLER=1 (the stack at the signal) and check `dmesg -T | grep -i -e oom "
-                "-e killed`; " + fx
+                f"{stack}check `dmesg -T | grep -i -e oom -e killed`; " + fx
             )
         return Diagnosis(
             "no-traceback",

@@ -22,9 +22,9 @@ import pytest
 from m3ctl.assess.request import PlanRequest
 from m3ctl.core.state import Registry
 from m3ctl.planning.emit import docker_command, render
-from m3ctl.planning.launch import DockerRun
+from m3ctl.planning.launch import DockerRun, plan_docker_run
 from m3ctl.planning.plan import LaunchPlan, plan
-from m3ctl.runtime.docker import DockerOptions, container_spec, docker_run
+from m3ctl.runtime.docker import DockerOptions, container_spec
 from tests.hosts import ALL
 from tests.hw.test_hw import dockerd  # noqa: F401 - the real private dockerd fixture
 
@@ -212,7 +212,7 @@ def test_nvidia_printed_docker_run_is_the_sdk_kwargs(model_dir, hf_home, monkeyp
     p = _nvidia_plan(model_dir)
     secrets = {"HF_TOKEN": SECRET, "VLLM_API_KEY": KEY}  # a key handed to the launch: its name is printed too
     marker = Registry().marker(p.name)
-    run = docker_run(p, secret_names=list(secrets), marker=marker)
+    run = plan_docker_run(p, secret_names=list(secrets), marker=marker)
     argv = run.cli_args()
     sdk = run.sdk_kwargs(secrets)
     _assert_printed_is_created(argv, sdk, secrets)
@@ -222,13 +222,13 @@ def test_nvidia_printed_docker_run_is_the_sdk_kwargs(model_dir, hf_home, monkeyp
     assert set(sdk["volumes"]) == {str(model_dir.resolve()), str(hf_home)}
     assert sdk["labels"]["m3ctl.deployment"] == marker and "--runtime" not in argv
     # what serve prints (m3ctl/cli/render.py: emit.docker_command) is this object, with the runtime's label
-    assert shlex.split(docker_command(p)) == docker_run(p, marker=marker).cli_args()
+    assert shlex.split(docker_command(p)) == plan_docker_run(p, marker=marker).cli_args()
 
 
 def test_amd_printed_docker_run_is_the_sdk_kwargs(monkeypatch, tmp_path):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "absent"))  # no HF cache on this host: mounted by neither
     p = _amd_plan()
-    run = docker_run(p)
+    run = plan_docker_run(p)
     argv, sdk = run.cli_args(), run.sdk_kwargs({"HF_TOKEN": SECRET})
     _assert_printed_is_created(argv, sdk, {"HF_TOKEN": SECRET})
     assert sdk["devices"] == ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"] and sdk["group_add"] == ["video"]
@@ -253,7 +253,7 @@ def test_runtime_options_reach_the_printed_command(opts, model_dir, hf_home, tmp
     extra.mkdir()
     opts = opts.model_copy(update={"mounts": [f"{extra}:/data", f"{extra}/../ckpt:/w:rw"]})
     p = _nvidia_plan(model_dir)
-    run = docker_run(p, opts)
+    run = plan_docker_run(p, opts)
     _assert_printed_is_created(run.cli_args(), run.sdk_kwargs({}), {})
     assert shlex.split(docker_command(p, opts, marker=None)) == run.cli_args()
     assert run.sdk_kwargs({}) == container_spec(p, {}, opts)
@@ -261,10 +261,10 @@ def test_runtime_options_reach_the_printed_command(opts, model_dir, hf_home, tmp
 
 def test_bridge_publishes_the_plan_address_and_listens_on_all_interfaces_inside(model_dir, hf_home):
     p = _nvidia_plan(model_dir)
-    argv = docker_run(p, DockerOptions(network="bridge")).cli_args()
+    argv = plan_docker_run(p, DockerOptions(network="bridge")).cli_args()
     assert argv[argv.index("-p") + 1] == f"127.0.0.1:{p.port}:{p.port}" and "--network" not in argv
     assert argv[argv.index("--host") + 1] == "0.0.0.0"
-    argv = docker_run(p).cli_args()  # host network: where the plan says
+    argv = plan_docker_run(p).cli_args()  # host network: where the plan says
     assert argv[argv.index("--network") + 1] == "host" and argv[argv.index("--host") + 1] == "127.0.0.1"
 
 
@@ -273,12 +273,12 @@ def test_script_runs_the_same_container_in_the_foreground(model_dir, hf_home):
     (line,) = [ln for ln in render(p, "script").splitlines() if ln.startswith("exec ")]
     argv = shlex.split(line)[1:]
     assert argv[:3] == ["docker", "run", "--rm"]
-    assert argv[3:] == docker_run(p).cli_args()[3:]
+    assert argv[3:] == plan_docker_run(p).cli_args()[3:]
 
 
 def test_the_launch_object_holds_no_secret_value(model_dir, hf_home):
     p = _nvidia_plan(model_dir)
-    run = docker_run(p, secret_names=["HF_TOKEN", "VLLM_API_KEY"])
+    run = plan_docker_run(p, secret_names=["HF_TOKEN", "VLLM_API_KEY"])
     assert SECRET not in run.model_dump_json() and "VLLM_API_KEY" in run.secret_env_names
     assert DockerRun.model_validate_json(run.model_dump_json()) == run
 

@@ -142,6 +142,10 @@ def test_without_faulthandler_the_dead_worker_is_not_blamed_on_a_dump_line():
     d = diagnose_text(text)
     assert d.id == "no-traceback"
     assert "Dumping" not in d.cause and "PYTHONFAULTHANDLER=1" in d.fix
+    from m3ctl.serving.diagnose import DiagContext
+
+    on = diagnose_text(text, DiagContext(env={"PYTHONFAULTHANDLER": "1"}))  # the cpu profile's launch has it
+    assert on.id == "no-traceback" and "PYTHONFAULTHANDLER" not in on.fix and "dmesg" in on.fix
 
 
 @pytest.mark.parametrize(
