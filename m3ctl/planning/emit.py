@@ -348,7 +348,7 @@ def ray(plan: LaunchPlan, nodes: int = 2) -> str:
     if plan.gpu_vendor is None:
         raise BadInput(
             f"the Ray form spreads TP x PP over GPU nodes; this plan (profile {plan.profile}) has no GPUs",
-            "plan for a GPU system: m3ctl plan --system NAME --emit ray (m3ctl plan --help lists the systems option)",
+            "plan for a GPU system: m3ctl plan --system NAME --emit ray (`m3ctl plan --systems all` lists them)",
         )
     if nodes < 2:
         raise BadInput(f"--nodes {nodes}: a Ray cluster form needs at least 2 nodes", "use --emit script for one node")
