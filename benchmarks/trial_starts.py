@@ -6,8 +6,8 @@ Prints, from vLLM's own logs (m3ctl.tuning.startup.start_breakdown):
 1. the five H200 starts of the MiniMax-M2 scale model recorded by scripts/gpu/h200_starts.sh (or ``--logs``):
    A cold with vLLM's defaults, B the same warm, C the study's cache root + capture bound (cold), D the same warm,
    E D's cache with another --max-num-seqs: each phase in seconds, and the saving of each measure;
-2. a study's trials (``--study DIR``, default the recorded H200 study tests/fixtures/h200x1-real/study5, or
-   ``--study study3`` / ``study4`` for sessions 10 and 11): each
+2. a study's trials (``--study DIR``, default the recorded H200 study tests/fixtures/h200x1-real/study6, or
+   ``--study study3`` / ``study4`` / ``study5`` for sessions 10-12): each
    trial's start broken down, cache hit or miss, the median start after the first, the study's wall time, the
    share of it spent starting servers, and the study's wall time against the same study without the measures.
 
@@ -87,9 +87,9 @@ def print_reference(ref: dict[str, dict]) -> None:
 
 
 def _study_dir(arg: str | None, tmp: Path) -> Path:
-    if arg and arg not in ("study3", "study4", "study5"):
+    if arg and arg not in ("study3", "study4", "study5", "study6"):
         return Path(arg)
-    with tarfile.open(FIX / (arg or "study5") / "study.tgz") as t:
+    with tarfile.open(FIX / (arg or "study6") / "study.tgz") as t:
         t.extractall(tmp, filter="data")
     return tmp
 
@@ -167,7 +167,9 @@ def print_study(sdir: Path, ref: dict[str, dict]) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--study", help="a study dir, or study3 / study4 / study5 (default: the recorded H200 study5)")
+    ap.add_argument(
+        "--study", help="a study dir, or study3 / study4 / study5 / study6 (default: the recorded H200 study6)"
+    )
     ap.add_argument("--logs", default=str(FIX / "starts"), help="dir with log-A..E.txt(.gz)")
     a = ap.parse_args()
     ref = reference(Path(a.logs))

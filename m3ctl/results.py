@@ -261,7 +261,10 @@ class TuneReport(BaseModel):
     defaults measured the same way, or ``{"skipped": why}``; ``vs_baseline`` = best / baseline objective.
     ``chosen`` (``tuned`` | ``defaults`` | ``none``) and ``reason``: what ``profile`` holds (m3ctl.tuning.choice;
     the defaults when they won or tied, nothing when no configuration met the SLO: then ``closest`` names the
-    nearest miss and ``ok`` is False); ``capacity_rule``: how each level was decided (m3ctl.loadgen.capacity).
+    nearest miss and ``ok`` is False); ``capacity_rule``: how each level was decided (m3ctl.loadgen.capacity);
+    ``fresh_server_spread``: the largest objective spread between fresh servers of one engine in the study (the
+    noise margin's floor, m3ctl.tuning.choice.fresh_server_spread; None without such a pair); ``chosen_trial``:
+    the trial profile.yaml holds when ``chosen`` is ``tuned`` (not ``best`` when the best ran the defaults' engine).
     A result.json written before ``chosen`` existed reads with ``chosen`` None."""
 
     model_config = ConfigDict(extra="allow")
@@ -284,6 +287,8 @@ class TuneReport(BaseModel):
     reason: str | None = None
     closest: dict[str, Any] | None = None
     capacity_rule: dict[str, Any] | None = None
+    fresh_server_spread: dict[str, Any] | None = None
+    chosen_trial: int | str | None = None
 
     @property
     def ok(self) -> bool:

@@ -44,7 +44,14 @@ class ServerSession:
         (a latency spike of up to seconds: m3ctl.serving.kernels.jit_events) did not measure the steady state: it is
         kept as ``bench-cC-xF-jitN.json`` and repeated, at most ``JIT_RERUNS`` times. A further run at the same
         concurrency and fidelity in the trial folder (a repeat near the SLO boundary, m3ctl.tuning.search.measure_level)
-        is saved as ``bench-cC-xF-rN.json`` (N = 1, 2, ...), so every run is kept."""
+        is saved as ``bench-cC-xF-rN.json`` (N = 1, 2, ...), so every run is kept.
+
+        Raises:
+            KeyboardInterrupt: the bench was interrupted (Ctrl-C, SIGINT): the partial run is saved and the level
+                is not decided from it. On the H200 a call's timeout cut a run at 73 of 384 requests and the trial
+                was recorded complete, its level c=96 "invalid" (docs/results/h200-study6.md); now the study stops
+                as on any Ctrl-C and a resume recovers the trial from its finished levels.
+            LaunchFailed: the engine died during the run."""
         from m3ctl.loadgen.runner import BenchConfig  # noqa: PLC0415
 
         cfg = BenchConfig(
@@ -71,6 +78,9 @@ class ServerSession:
         reruns = 0
         while True:  # the bench reports the kernels the server compiled during its measured phase
             res = self._run(cfg, concurrency)
+            if res.get("interrupted"):  # Ctrl-C (or a call's timeout) cut the run: kept, and the study stops
+                write_json(self.dir / f"{stem}.json", res)
+                raise KeyboardInterrupt(f"the run at concurrency {concurrency} was interrupted")
             if died := res.get("engine_died"):  # kept, then the trial is a crash with its cause (not an SLO miss)
                 write_json(self.dir / f"{stem}.json", res)
                 raise LaunchFailed(
@@ -232,24 +242,46 @@ class ServerEvaluator:
         the scheduler limits resolved (an explicit ``--max-num-seqs 1024`` equals vLLM's default of 1024 on an
         H200; :attr:`m3ctl.planning.plan.LaunchPlan.scheduler_limits`), its environment and layout. Two candidates with
         the same key start the same engine. Raises ConfigRejected like :meth:`check`."""
+        return json.dumps(self._key(self.plan(cand)), sort_keys=True, default=str)
+
+    def load_key(self, cand: dict[str, Any], max_concurrency: int) -> str:
+        """:meth:`server_key` as a load of at most ``max_concurrency`` requests in flight sees it: a resolved
+        max-num-seqs of at least ``max_concurrency`` never admits fewer requests than arrive, so it reads as
+        ``">=C"``; the largest CUDA graph the load can replay (the trial's capture bound, or vLLM's default
+        ``min(2 x max-num-seqs, 512)``, cut at ``max_concurrency x (1 + speculative tokens)``) is part of the key,
+        since max-num-seqs also sets that default. Two candidates with the same load key run the same engine for
+        that load: the difference between their measurements is the spread between fresh servers
+        (m3ctl.tuning.choice.fresh_server_spread). Raises ConfigRejected like :meth:`check`."""
         p = self.plan(cand)
+        key = self._key(p)
+        seqs = p.scheduler_limits[1] if p.scheduler_limits is not None else None
+        if seqs is not None and int(seqs) >= max_concurrency:
+            key["args"]["max-num-seqs"] = f">={max_concurrency}"
+        if p.gpus:
+            flags, _ = self._capture_bound(p, p.argv)
+            top = (
+                startup.capture_bound(max(self.spec.ladder), p.spec_depth)
+                if flags
+                else startup.default_capture_max(seqs)
+            )
+            key["graphs_up_to"] = min(top, startup.capture_bound(max_concurrency, p.spec_depth))
+        return json.dumps(key, sort_keys=True, default=str)
+
+    @staticmethod
+    def _key(p) -> dict[str, Any]:
         args = {k: v for k, v in (p.vllm_args or {}).items() if k not in ("max-num-batched-tokens", "max-num-seqs")}
         if p.scheduler_limits is not None:
             args["max-num-batched-tokens"], args["max-num-seqs"] = p.scheduler_limits
-        return json.dumps(
-            {
-                "args": args,
-                "env": p.env,
-                "tp": p.tp,
-                "dp": p.dp,
-                "dcp": p.dcp,
-                "ep": p.ep,
-                "dbo": p.dbo,
-                "gpus": len(p.gpus),
-            },
-            sort_keys=True,
-            default=str,
-        )
+        return {
+            "args": args,
+            "env": p.env,
+            "tp": p.tp,
+            "dp": p.dp,
+            "dcp": p.dcp,
+            "ep": p.ep,
+            "dbo": p.dbo,
+            "gpus": len(p.gpus),
+        }
 
     @staticmethod
     def n_gpus_plan(p) -> int:

@@ -990,6 +990,26 @@ def _remove_stale(path: Path) -> None:
         raise WriteFailed(path, 0, e, f"remove {path} by hand: no configuration met the SLO") from None
 
 
+def load_equivalence(ev) -> Callable[[Outcome, Outcome], bool] | None:
+    """``equivalent(a, b)`` for m3ctl.tuning.choice: whether two outcomes run one engine for the load both were
+    measured at (``ev.load_key`` at the highest concurrency either measured validly); None when the evaluator has
+    no load key (a replay's). A configuration the planner rejects is nobody's twin."""
+    key = getattr(ev, "load_key", None)
+    if key is None:
+        return None
+
+    def equivalent(a: Outcome, b: Outcome) -> bool:
+        top = max((p.concurrency for o in (a, b) for p in o.points if p.valid), default=0)
+        if not top or not a.config or not b.config:
+            return False
+        try:
+            return bool(key(a.config, top) == key(b.config, top))
+        except Exception:  # noqa: BLE001 - a configuration without a plan has no engine to compare
+            return False
+
+    return equivalent
+
+
 def _best_block(best: Outcome, tuner: Tuner, ev) -> dict[str, Any]:
     """result.json's ``best``: the best search configuration, its command and flags, and its capacity."""
     p = ev.plan(best.config, name="m3ctl")
@@ -1104,11 +1124,12 @@ def write_outputs(
     without an SLO), ``capacity_confidence``: the rule's verdict there in words, ``levels``: every measured level
     with its verdict (:func:`level_rows`); every run of a repeated level and its verdict are in
     ``trials[].points[]`` (``runs``, ``verdict``); ``vs_baseline`` = best / baseline objective (None when either
-    is missing or 0).
+    is missing or 0); ``fresh_server_spread`` (m3ctl.tuning.choice.fresh_server_spread, or None) and, when the
+    tuned configuration is chosen, ``chosen_trial`` (the trial profile.yaml holds).
     """
     from m3ctl.loadgen.capacity import CapacityRule  # noqa: PLC0415
     from m3ctl.results import TUNE_SCHEMA_VERSION, TuneReport  # noqa: PLC0415
-    from m3ctl.tuning.choice import choose  # noqa: PLC0415
+    from m3ctl.tuning.choice import choose, fresh_server_spread  # noqa: PLC0415
 
     spec = settings["spec"]
     out: dict[str, Any] = {
@@ -1123,10 +1144,20 @@ def write_outputs(
         "capacity_rule": CapacityRule.from_spec(tuner.spec).to_json(),
         "trials": [o.to_json() for o in sorted(res.outcomes, key=lambda o: o.trial or 0)],
     }
+    equivalent = load_equivalence(ev)
     choice = choose(
-        res.best, res.baseline, tuner.slo, res.outcomes, lambda c: describe(c, tuner.space), spec["objective"]
+        res.best,
+        res.baseline,
+        tuner.slo,
+        res.outcomes,
+        lambda c: describe(c, tuner.space),
+        spec["objective"],
+        equivalent=equivalent,
     )
     out.update(chosen=choice.chosen, reason=choice.reason)
+    out["fresh_server_spread"] = fresh_server_spread(res.outcomes, res.baseline, equivalent)
+    if choice.chosen == "tuned" and choice.outcome is not None:
+        out["chosen_trial"] = choice.outcome.trial
     if choice.closest is not None:
         out["closest"] = choice.closest
     if res.best is not None:

@@ -49,7 +49,8 @@ else
     set -- $(python3 - "$S/result.json" "$WHICH" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
-best = (r.get("best") or {}).get("config") or {}
+pick = [t for t in r.get("trials", []) if "chosen_trial" in r and t.get("trial") == r["chosen_trial"]]
+best = (pick[0] if pick else (r.get("best") or {})).get("config") or {}  # the chosen tuned trial, else the best
 flags, raw = [], []
 if best.get("spec_depth"):
     flags += ["--spec-depth", str(best["spec_depth"])]

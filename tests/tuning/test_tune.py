@@ -822,6 +822,68 @@ def test_server_key_resolves_vllm_defaults_on_an_h200(tmp_path):
     assert ev.server_key({"tp": 1, "dp": 1, "max_num_seqs": 1024, "max_num_batched_tokens": 2048}) != base
 
 
+def test_load_key_ignores_a_max_num_seqs_the_load_never_reaches(tmp_path):
+    """ServerEvaluator.load_key: at most 96 requests in flight, --max-num-seqs 256 or 128 runs the defaults'
+    engine (1024 on an H200), 64 does not (it queues requests at c=96), and neither does another KV dtype; at
+    c <= 64, 64 does too (its default capture, 2 x 64 = 128 tokens, covers the load's 64)."""
+    from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model
+    from m3ctl.hw.systems import inventory_for_system
+    from m3ctl.tuning.server import ServerEvaluator
+
+    d = build_scale_model(tmp_path / "sm2", ScaleModelSpec(arch="minimax-m2", layers=16, quant="fp8"))
+    ev = ServerEvaluator(
+        inventory_for_system("h200x1"),
+        str(d),
+        tmp_path / "study",
+        TuneSpec(ladder=[32, 64, 96, 128]),
+        plan_base={"runtime": "process", "extra_args": ["--load-format", "dummy"]},
+        bench={},
+        port=8040,
+        name_prefix="t",
+    )
+    base = {"tp": 1, "dp": 1}
+    key = ev.load_key
+    assert key({**base, "max_num_seqs": 256}, 96) == key(base, 96) == key({**base, "max_num_seqs": 128}, 96)
+    assert key({**base, "max_num_seqs": 64}, 96) != key(base, 96)
+    assert key({**base, "max_num_seqs": 64}, 64) == key(base, 64)
+    assert key({**base, "max_num_seqs": 256, "kv_cache_dtype": "fp8"}, 96) != key(base, 96)
+    assert key({**base, "max_num_seqs": 256, "spec_depth": 3}, 96) != key(base, 96)
+    assert ev.server_key({**base, "max_num_seqs": 256}) != ev.server_key(base)  # not the same server
+
+
+def test_choose_a_twin_of_the_defaults_is_no_win_and_a_next_best_must_beat_the_spread():
+    """m3ctl.tuning.choice.choose with a load-equivalence: the best is the defaults' engine at this load, so the
+    next best is compared, against the margin the study's own twin pair measured (10 % here): 1.08x is a tie,
+    1.20x a win; a higher capacity wins within the spread."""
+    from m3ctl.tuning.choice import choose
+    from m3ctl.tuning.search import Outcome, Point
+
+    def out(trial, cfg, obj, c=64):
+        pts = [Point(c, 1.0, obj, True, True, 10.0, {"p90_tpot_ms": 20.0})]
+        return Outcome(cfg, "feasible", obj, c, pts, launched=True, trial=trial)
+
+    base = out("base", {"seqs": 1024}, 1000.0)
+    twin = out(1, {"seqs": 256}, 1100.0)  # the defaults' engine, measured 10 % higher on its own server
+
+    def eq(a, b):
+        return {a.config["seqs"], b.config["seqs"]} <= {1024, 256}
+
+    slo = parse_slo("p90_tpot_ms<=30")
+    for other, chosen in ((out(2, {"seqs": 8}, 1080.0), "defaults"), (out(2, {"seqs": 8}, 1200.0), "tuned")):
+        ch = choose(twin, base, slo, [twin, other], str, equivalent=eq)
+        assert ch.chosen == chosen, ch.reason
+        assert "runs vLLM's defaults' engine for the load measured" in ch.reason
+        assert "10.0% spread measured between fresh servers of one engine (the defaults: 1000.0" in ch.reason
+        assert ch.outcome is (base if chosen == "defaults" else other)
+    ch = choose(twin, base, slo, [twin], str, equivalent=eq)
+    assert ch.chosen == "defaults" and ch.reason.startswith("the defaults won: the best configuration")
+    higher = out(2, {"seqs": 8}, 1050.0, c=96)
+    ch = choose(twin, base, slo, [twin, higher], str, equivalent=eq)
+    assert ch.chosen == "tuned" and "(c=96 against c=64)" in ch.reason
+    # without a load-equivalence: the old rule (3 % margin) on the best as measured
+    assert choose(twin, base, slo, [twin], str).chosen == "tuned"
+
+
 def test_resume_restores_a_stepped_down_confirmation_and_shares_it_with_the_baseline(tmp_path):
     """Seen on the H200 (issue #15): the defaults' confirmation missed the SLO at c=64 and stepped down to c=48,
     then the call ended before the baseline took the confirmation of its twin. On resume the study must report
@@ -973,7 +1035,8 @@ def test_tune_pareto_draws_runs_by_validity_class():
 def _choice_study(
     tiny_models, tmp_path, tput: dict[int, float], base_tput: float | None, tpot: float = 10.0, base_tpot: float = 10.0
 ):
-    """A replayed study of two configurations (max-num-seqs 8 and 16 on the CPU space) over the ladder 4, 8, each
+    """A replayed study of two configurations (max-num-seqs 8 and 16 on the CPU space) over the ladder 16, 32 (above both limits: each binds, so neither runs
+    vLLM's defaults' engine), each
     measuring ``tput[seqs]`` tok/s at p90 TPOT ``tpot`` ms at every level, and vLLM's defaults measuring
     ``base_tput`` at ``base_tpot`` (None: no baseline in the grid); SLO p90 TPOT <= 20 ms; baseline on, no
     confirmation. The outputs are written through the study's own write_outputs with the real planner.
@@ -1002,23 +1065,23 @@ def _choice_study(
                 str(c): {
                     "duration": 10.0,
                     "completed": 8,
-                    "total_token_throughput": t * c / 8,
+                    "total_token_throughput": t * c / 32,
                     "p90_tpot_ms": p,
                     "validity": {"valid": True, "reasons": []},
                 }
-                for c in (4, 8)
+                for c in (16, 32)
             },
         }
 
     grid = {
-        "ladder": [4, 8],
+        "ladder": [16, 32],
         "space": space.to_json(),
         "meta": {"slo": "p90_tpot_ms<=20"},
         "configs": [rec(c, tput[c["max_num_seqs"]], tpot) for c in space.grid()],
     }
     if base_tput is not None:
         grid["baseline"] = rec({"tp": 1, "dp": 1}, base_tput, base_tpot)
-    spec = TuneSpec(slo="p90_tpot_ms<=20", ladder=[4, 8], max_trials=2, confirm_top=0, baseline=True)
+    spec = TuneSpec(slo="p90_tpot_ms<=20", ladder=[16, 32], max_trials=2, confirm_top=0, baseline=True)
     ev = ReplayEvaluator(grid)
     tuner = Tuner(space, ev, spec)
     res = tuner.run(clock=lambda: ev.clock[0])
@@ -1101,11 +1164,11 @@ def test_nothing_meets_the_slo_names_the_closest_and_writes_no_profile(tiny_mode
     assert out["chosen"] == "none" and "best" not in out and "profile" not in out
     assert not (sdir / "profile.yaml").exists()
     c = out["closest"]
-    assert c["concurrency"] == 4 and c["config"]["max_num_seqs"] in (8, 16)  # the first level missed: no higher one
+    assert c["concurrency"] == 16 and c["config"]["max_num_seqs"] in (8, 16)  # the first level missed: no higher one
     assert c["misses"] == [
         {"term": "p90_tpot_ms<=20", "key": "p90_tpot_ms", "value": 22.06, "limit": 20.0, "over": pytest.approx(0.103)}
     ]
-    assert c["text"] == f"{c['describe']} at c=4, p90_tpot_ms 22.06 > 20 (+10.3 %)"
+    assert c["text"] == f"{c['describe']} at c=16, p90_tpot_ms 22.06 > 20 (+10.3 %)"
     assert out["reason"] == f"no configuration met the SLO at any level; closest: {c['text']}"
     assert "no configuration met the SLO" in text and "closest: " + c["text"] in text and "no profile written" in text
     assert not TuneReport.read(sdir).ok
@@ -1115,11 +1178,12 @@ def test_result_json_states_the_rule_and_each_levels_confidence(tiny_models, tmp
     out, _, text = _choice_study(tiny_models, tmp_path, {8: 1500.0, 16: 900.0}, 1000.0, tpot=19.0)
     assert out["capacity_rule"]["min_repeats"] == 3 and "median of 3 runs" in out["capacity_rule"]["text"]
     lv = {x["concurrency"]: x for x in out["best"]["levels"]}
+    assert set(lv) <= {16, 32}
     # 19 ms is 5 % inside the 20 ms bound: every level the bisection visited took 3 runs
-    assert lv[8]["state"] == "met" and lv[8]["runs"] == 3 and lv[8]["confidence"].startswith("3 runs, median")
-    assert out["best"]["capacity_confidence"] == lv[8]["confidence"]
+    assert lv[32]["state"] == "met" and lv[32]["runs"] == 3 and lv[32]["confidence"].startswith("3 runs, median")
+    assert out["best"]["capacity_confidence"] == lv[32]["confidence"]
     assert out["baseline"]["levels"][0]["confidence"].startswith("decided by 1 run, headroom 50")
-    assert "capacity rule: a level holds" in text and f"c=8: holds: {lv[8]['confidence']}" in text
+    assert "capacity rule: a level holds" in text and f"c=32: holds: {lv[32]['confidence']}" in text
     pts = [p for t in out["trials"] for p in t["points"]]
     assert pts and all(p["verdict"]["rule"] == out["capacity_rule"]["text"] for p in pts)
 

@@ -106,3 +106,55 @@ def test_trial_killed_before_its_first_run_counts_its_launch(tmp_path):
     assert key_of(whole[j].config) in ev.opened_keys  # measured again
     assert res.launches == 6 == sum(1 for o in res.outcomes if o.launched) + 1  # the killed start is one of them
     assert res.cost_s == pytest.approx(killed_clock + ev.clock[0])
+
+
+def test_an_interrupted_bench_run_stops_the_study_and_the_trial_is_recovered_on_resume(tmp_path):
+    """Seen on the H200 (docs/results/h200-study6.md): a call's timeout sent SIGINT during a bench run; the bench
+    returned its partial run (73 of 384 requests, ``interrupted``), and the study recorded the trial complete with
+    that level "invalid". ServerSession.measure now keeps the partial run and raises KeyboardInterrupt: the study
+    stops with the trial unfinished, and a resume recovers it from its finished levels."""
+    from types import SimpleNamespace
+
+    from m3ctl.tuning.server import ServerSession
+
+    sess = ServerSession(
+        SimpleNamespace(spec=TuneSpec(), n_gpus_plan=lambda p: 1, registry=SimpleNamespace(root=tmp_path), bench={}),
+        SimpleNamespace(argv=["vllm", "serve"], gpus=[]),
+        SimpleNamespace(url="http://127.0.0.1:1", served_model_name="m", log_path=str(tmp_path / "log"), name="t"),
+        tmp_path,
+        1.0,
+    )
+    sess._run = lambda cfg, c: {"completed": 73, "interrupted": True, "validity": {"valid": False, "reasons": ["x"]}}
+    with pytest.raises(KeyboardInterrupt):
+        sess.measure(96, 1.0)
+    assert (tmp_path / "bench-c96-x1.json").exists()  # the partial run is kept
+
+    space, grid = _itl_landscape()
+    whole = _whole_run()
+    j = next(i for i, o in enumerate(whole) if len(o.points) >= 2 and i > 0)
+    at = sum(len(o.points) for o in whole[:j]) + 2  # the trial's second run is interrupted
+
+    class Interrupted(ReplayEvaluator):
+        runs = 0
+
+        def open(self, cand, trial, on_event):
+            s = super().open(cand, trial, on_event)
+            real = s.measure
+
+            def measure(c: int, fid: float) -> dict:
+                Interrupted.runs += 1
+                if Interrupted.runs == at:
+                    raise KeyboardInterrupt(f"the run at concurrency {c} was interrupted")
+                return real(c, fid)
+
+            s.measure = measure
+            return s
+
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    ev = Interrupted(grid)
+    with pytest.raises(KeyboardInterrupt):
+        Tuner(space, ev, _spec(grid), storage=storage).run(clock=lambda: ev.clock[0])
+    tuner = Tuner(space, ReplayEvaluator(grid), _spec(grid), storage=storage)
+    assert tuner.recovered_trials == [whole[j].trial]
+    kept = next(o for o in tuner.outcomes.values() if o.trial == whole[j].trial)
+    assert kept.recovered and [p.concurrency for p in kept.points] == [whole[j].points[0].concurrency]
