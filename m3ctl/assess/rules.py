@@ -384,7 +384,8 @@ def _native(c: PlanContext) -> Finding | None:
         f"choose --variant {' or '.join(runs_here)}"
         if runs_here
         else f"{c.spec.name if c.spec else 'this model'} has no variant for {c.profile.arch}: plan it for a GPU host "
-        "(`m3ctl plan --inventory FILE`), or serve a local model here"
+        "(`m3ctl plan --systems all` sizes it on the catalog's systems; `--system NAME` or `--inventory FILE` plans "
+        "one), or serve a local model here"
     )
     return _v(
         "variant.native",

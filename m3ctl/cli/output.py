@@ -10,12 +10,22 @@ import json
 import sys
 from typing import Any
 
+#: Columns of output that goes to a pipe or a file with no ``COLUMNS`` set (rich's own default, 80, squeezes the
+#: wide tables, e.g. ``m3ctl plan --systems all | less``, into cut cells).
+PIPE_WIDTH = 200
+
 
 def console(stderr: bool = False):
-    """A rich console without highlighting; soft wrap, so a long line is wrapped by the terminal, not cut."""
+    """A rich console without highlighting; soft wrap, so a long line is wrapped by the terminal, not cut. Output
+    that is not a terminal is :data:`PIPE_WIDTH` columns wide unless ``COLUMNS`` says otherwise."""
+    import os  # noqa: PLC0415
+
     from rich.console import Console  # noqa: PLC0415
 
-    return Console(stderr=stderr, highlight=False, soft_wrap=True)
+    stream = sys.stderr if stderr else sys.stdout
+    piped = not (hasattr(stream, "isatty") and stream.isatty())
+    width = PIPE_WIDTH if piped and not os.environ.get("COLUMNS") else None
+    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
 
 
 def escape(text: str) -> str:

@@ -893,11 +893,12 @@ def step_image_reference(d: PlanDraft) -> None:
 def _rejection(violations: list[Finding], rejected: list[Rejected]) -> ConfigRejected:
     """The error for the first violation (the others named), built by :func:`m3ctl.assess.rules.rejection`; the
     variants passed over where the rule is about the variant or the memory."""
-    alts = (
-        "; ".join(f"{r.what} {r.value}: {r.why}" for r in rejected)
-        if violations[0].rule in ("variant.native", "memory.fit")
-        else ""
-    )
+    alts = ""
+    if violations[0].rule in ("variant.native", "memory.fit"):
+        same: dict[tuple[str, str], list[str]] = {}  # one line per reason: "variant nvfp4, bf16: does not run on cpu"
+        for r in rejected:
+            same.setdefault((r.what, r.why), []).append(str(r.value))
+        alts = "; ".join(f"{what} {', '.join(values)}: {why}" for (what, why), values in same.items())
     return rejection(violations, alts)
 
 
