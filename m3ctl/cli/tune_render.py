@@ -49,6 +49,8 @@ def print_dry_run(con, r: dict, limit: int = 40) -> None:
     for i, step in enumerate(r["order"], 1):
         con.print(f"    {i}. {escape(step)}", soft_wrap=True)
     con.print(f"  near the SLO: {escape(r['boundary'])}", soft_wrap=True)
+    if r.get("choice"):
+        con.print(f"  recommendation: {escape(r['choice'])}", soft_wrap=True)
     if r.get("starts"):
         con.print(f"  trial starts: {escape(r['starts'])}", soft_wrap=True)
     print_parallel(con, r.get("parallel"))

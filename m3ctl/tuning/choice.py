@@ -52,6 +52,20 @@ class Choice:
     closest: dict[str, Any] | None = None
 
 
+def rule_text(baseline: bool = True, tie_margin: float = TIE_MARGIN) -> str:
+    """What profile.yaml will hold, in words (``tune --dry-run``): the rules of :func:`choose`; ``baseline``:
+    whether the study measures vLLM's defaults (``TuneSpec.baseline``)."""
+    if not baseline:
+        return "vLLM's defaults are not measured (--no-baseline): profile.yaml holds the best configuration measured"
+    return (
+        "profile.yaml holds the best configuration only when it holds a higher level than vLLM's defaults (the "
+        f"capacity rule) or beats them by more than the noise margin: the larger of {tie_margin:.0%} and the largest "
+        "spread measured between fresh servers of one engine (configurations whose flags differ only in limits the "
+        "measured load never reaches); a configuration that runs the defaults' engine at that load is no win; "
+        "otherwise it holds the defaults, and nothing when no configuration meets the SLO"
+    )
+
+
 def _pct(x: float) -> str:
     return f"{x * 100:+.1f} %"
 
@@ -279,4 +293,4 @@ def choose(
     return Choice("tuned", f"the best configuration measured; vLLM's defaults did not meet the SLO ({why})", best)
 
 
-__all__ = ["TIE_MARGIN", "Choice", "choose", "closest_miss", "fresh_server_spread"]
+__all__ = ["TIE_MARGIN", "Choice", "choose", "closest_miss", "fresh_server_spread", "rule_text"]

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from m3ctl.errors import BadInput
+from m3ctl.tuning.choice import rule_text as choice_rule_text
 from m3ctl.tuning.search import Outcome, Tuner, TuneResult, TuneSpec, level_spread, pareto, write_json
 from m3ctl.tuning.space import FLAGS, Space, describe, key_of, plan_kwargs
 
@@ -613,7 +614,8 @@ def dry_run(
     "rejected", rule, reason, command}], ``feasible`` (count), ``baseline`` {config, command} or
     {skipped: why}, ``first`` {config, command} (the anchor: the search's first start) or None,
     ``order`` (what runs in which order), ``prompts_per_run`` {concurrency: requests}, ``boundary`` (the rule for
-    repeating a run near the SLO boundary, in words), ``parallel`` (:func:`parallel_preview`: trials at once, their
+    repeating a run near the SLO boundary, in words), ``choice`` (what profile.yaml will hold, in words:
+    m3ctl.tuning.choice.rule_text), ``parallel`` (:func:`parallel_preview`: trials at once, their
     GPU sets and ports, and the start order of the first configurations).
     """
     from m3ctl.core.state import Registry  # noqa: PLC0415
@@ -684,6 +686,7 @@ def dry_run(
         f"then the best {spec.confirm_top} re-measured on a fresh server with {spec.confirm_factor:g}x the requests",
     ]
     out["boundary"] = boundary_rule(spec)
+    out["choice"] = choice_rule_text(spec.baseline)
     out["starts"] = ev.start_measures_note(first) if key_of(first) in ok else None
     pool = trial_pool(inventory, space, settings["port"], parallel_trials)
     out["parallel"] = parallel_preview(ev, space, cands, pool)

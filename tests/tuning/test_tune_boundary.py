@@ -274,6 +274,9 @@ def test_dry_run_explains_the_boundary_rule(tiny_models, tmp_path):
     assert "near the SLO: a run whose binding SLO term is at least 5 % from its limit decides its level alone" in out
     assert "up to 4 more run(s): the level holds when the median of the 5 runs meets every SLO term" in out
     assert "no run misses a term by more than 5 %" in out and not (tmp_path / "s").exists()
+    # what profile.yaml will hold (m3ctl.tuning.choice.rule_text), with the study's noise margin
+    assert "recommendation: profile.yaml holds the best configuration only when it holds a higher level" in out
+    assert "the larger of 3% and the largest spread measured between fresh servers of one engine" in out
     text = boundary_rule(TuneSpec(slo=SLO, boundary_margin=0.1, boundary_repeats=2))
     assert "within 10 % of its limit" in text and "up to 2 more" in text and "median of the 3 runs" in text
     assert "measured once" in boundary_rule(TuneSpec(slo=SLO, boundary_repeats=0))
