@@ -461,6 +461,7 @@ def serve_plan(
         ConfigRejected: a plan rule; offline, a file missing from the local snapshot.
     """
     import os  # noqa: PLC0415
+    import re  # noqa: PLC0415
 
     from m3ctl.catalog import load_profile_file  # noqa: PLC0415
     from m3ctl.core.secrets import API_KEY_ENV, launch_env, passthrough_env, remember  # noqa: PLC0415
@@ -469,6 +470,11 @@ def serve_plan(
     secrets: dict[str, str] = {}
     given: dict[str, str] = {}
     if api_key_env is not None:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", api_key_env):  # a key passed by mistake is never echoed
+            raise BadInput(
+                "--api-key-env takes the name of an environment variable that holds the key, not the key itself",
+                "export NAME=KEY (e.g. export VLLM_API_KEY=...), then pass --api-key-env NAME",
+            )
         if not os.environ.get(api_key_env):
             raise BadInput(f"--api-key-env {api_key_env}: that variable is not set", f"export {api_key_env}=KEY first")
         if raw_key:

@@ -59,9 +59,15 @@ class WriteFailed(M3Error):
         self.path, self.nbytes, self.errno, self.cause = Path(path), nbytes, err.errno, cause(err)
         self.document: dict[str, Any] | None = None
         self.others: list[WriteFailed] = []
+        space = err.errno in (errno.ENOSPC, errno.EDQUOT)
         super().__init__(
             f"{self.cause} writing {path} ({nbytes:,} bytes needed)",
-            hint or "free space or choose another path, then rerun",
+            hint
+            or (
+                "free space or choose another path, then rerun"
+                if space
+                else "choose a path in a directory that exists and that you can write, then rerun"
+            ),
         )
 
 

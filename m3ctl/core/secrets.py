@@ -33,6 +33,12 @@ MASK = "***"
 # Token shapes that must never be printed even if they slip into free text.
 _SECRET_VALUE = re.compile(r"\b(hf_[A-Za-z0-9]{8,}|sk-[A-Za-z0-9_\-]{8,}|Bearer\s+\S+|Basic\s+[A-Za-z0-9+/=]{6,})")
 _URL_USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*://)(?P<userinfo>[^/@\s]+)@")
+#: A URL query parameter that carries a credential (``?api_key=...``, ``&token=...``): its value is masked.
+_URL_QUERY_SECRET = re.compile(
+    r"(?P<key>[?&](?:api[_-]?key|apikey|key|token|access[_-]?token|auth|password|passwd|secret|sig|signature)=)"
+    r"[^&#\s'\"]+",
+    re.IGNORECASE,
+)
 
 #: The variable vLLM reads its API key from when ``--api-key`` is not given.
 API_KEY_ENV = "VLLM_API_KEY"
@@ -97,11 +103,13 @@ def redact_env(env: Mapping[str, str]) -> dict[str, str]:
 
 def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
     """Mask ``secrets``, every value :func:`remember` ed, URL credentials (``scheme://user:pass@`` ->
-    ``scheme://***@``) and token-shaped strings (``hf_...``, ``sk-...``, bearer/basic headers)."""
+    ``scheme://***@``; ``?api_key=...`` -> ``?api_key=***``) and token-shaped strings (``hf_...``, ``sk-...``,
+    bearer/basic headers)."""
     for s in sorted({*secrets, *_KNOWN}, key=len, reverse=True):
         if s and len(s) >= 4:
             text = text.replace(s, MASK)
     text = _URL_USERINFO.sub(lambda m: f"{m.group('scheme')}{MASK}@", text)
+    text = _URL_QUERY_SECRET.sub(lambda m: f"{m.group('key')}{MASK}", text)
     return _SECRET_VALUE.sub(MASK, text)
 
 

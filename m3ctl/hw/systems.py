@@ -165,10 +165,12 @@ def resolve_system(name: str) -> tuple[str, SystemSpec, int]:
     """Parse a system name into (catalog key, spec, GPU count).
 
     Raises:
-        UnknownSystem: not in the catalog (the message lists the close matches), a count of 0, or more GPUs
-            than one node holds (the message says how many nodes that is).
+        UnknownSystem: not in the catalog (the message lists the close matches), a count of 0 or below, or more
+            GPUs than one node holds (the message says how many nodes that is).
     """
     cat = load_systems().systems
+    if re.search(r"x\s*-\s*\d+\s*$", name.lower()):  # "h200x-1": the '-' is not a separator to drop here
+        raise UnknownSystem(f"system {name!r}: a GPU count is a positive number", "e.g. h200x1, b200x8")
     norm = re.sub(r"[\s_-]", "", name.strip().lower())
     aliases = {a: k for k, s in cat.items() for a in (k, *s.aliases)}
     m = _NAME.match(norm)

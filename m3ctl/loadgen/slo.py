@@ -114,7 +114,8 @@ def parse_slo(text: str | None) -> SLO:
 
     Raises:
         BadInput: a term without an operator, an unknown key (with a did-you-mean), a percentile outside
-            (0, 100], or a value that is not a finite number >= 0.
+            (0, 100], a value that is not a finite number >= 0, a lower bound on a latency (``p90_tpot_ms>=3``),
+            one metric given twice, or a text with no term at all (``","``).
     """
     if not text or not text.strip():
         return SLO(())
@@ -151,7 +152,16 @@ def parse_slo(text: str | None) -> SLO:
                 f"bad SLO value {val!r} in {part!r}: latencies, rates and counts are finite and >= 0",
                 "e.g. p90_tpot_ms<=20",
             )
+        if _LAT.match(key) and op.startswith(">"):
+            raise BadInput(
+                f"bad SLO term {part!r}: a latency SLO is an upper bound (lower is better)",
+                f"e.g. {key}<={val}",
+            )
+        if any(t.key == key for t in terms):
+            raise BadInput(f"SLO metric {key!r} given twice in {text.strip()!r}", "give each metric one limit")
         terms.append(Term(key, op, value))
+    if not terms:
+        raise BadInput(f"--slo {text.strip()!r} has no term", 'e.g. --slo "p90_tpot_ms<=20" (or leave --slo out)')
     return SLO(tuple(terms))
 
 

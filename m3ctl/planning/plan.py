@@ -717,6 +717,21 @@ def step_speculation(d: PlanDraft) -> None:
     d.spec_depth, d.spec_method, d.spec_cfg = depth, method if depth else None, spec_cfg
 
 
+def _owned_override(overrides: dict[str, Any]) -> None:
+    """Refuse an ``--arg`` for a flag m3ctl sets itself (m3ctl.catalog.vllm_args.OWNED_FLAGS), as a raw copy of it
+    is refused: vLLM takes the last ``--port`` of a command line, so ``--arg port=9000`` would make the server
+    listen where the plan's URL and readiness checks do not look."""
+    from m3ctl.catalog.vllm_args import OWNED_FLAGS  # noqa: PLC0415
+
+    for k in overrides:
+        name = _canon_flag(k).replace("_", "-")  # vLLM reads --served_model_name as --served-model-name
+        if name in OWNED_FLAGS:
+            raise BadInput(
+                f"--arg {k}: m3ctl sets --{name} itself (its readiness checks use it)",
+                f"use m3ctl's own {OWNED_FLAGS[name]} option instead",
+            )
+
+
 def _layer(d: PlanDraft, src: dict[str, Any], why: str) -> None:
     """Apply one layer of flags over ``d.args`` (each one explained); a secret flag's value goes to the server's
     environment only (``d.secrets``), and a second spelling of one setting replaces the first."""
@@ -782,7 +797,9 @@ def step_flags(d: PlanDraft) -> None:
         d.choices.append(
             Choice(what="--max-model-len", value=str(cap), why="capped at the model's max_position_embeddings")
         )
-    _layer(d, {k.lstrip("-"): v for k, v in (r.args or {}).items()}, "command-line override (--arg)")
+    overrides = {k.lstrip("-"): v for k, v in (r.args or {}).items()}
+    _owned_override(overrides)
+    _layer(d, overrides, "command-line override (--arg)")
     _layer(d, d.raw_flags, "raw vLLM argument")
     _attention_choice(r.attention, d.facts, fam, prof.arch, d.engine_version, d.args, d.choices, d.warnings)
     for note in d.raw_notes:

@@ -615,7 +615,8 @@ def dry_run(
     {skipped: why}, ``first`` {config, command} (the anchor: the search's first start) or None,
     ``order`` (what runs in which order), ``prompts_per_run`` {concurrency: requests}, ``boundary`` (the rule for
     repeating a run near the SLO boundary, in words), ``choice`` (what profile.yaml will hold, in words:
-    m3ctl.tuning.choice.rule_text), ``parallel`` (:func:`parallel_preview`: trials at once, their
+    m3ctl.tuning.choice.rule_text), ``runnable`` (False when the rules reject every configuration and vLLM's
+    defaults: the study would measure nothing), ``parallel`` (:func:`parallel_preview`: trials at once, their
     GPU sets and ports, and the start order of the first configurations).
     """
     from m3ctl.core.state import Registry  # noqa: PLC0415
@@ -687,6 +688,7 @@ def dry_run(
     ]
     out["boundary"] = boundary_rule(spec)
     out["choice"] = choice_rule_text(spec.baseline)
+    out["runnable"] = bool(out["feasible"]) or "command" in out["baseline"]  # something would be measured
     out["starts"] = ev.start_measures_note(first) if key_of(first) in ok else None
     pool = trial_pool(inventory, space, settings["port"], parallel_trials)
     out["parallel"] = parallel_preview(ev, space, cands, pool)

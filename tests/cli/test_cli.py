@@ -220,6 +220,14 @@ def test_unknown_options_are_errors_raw_vllm_flags_go_after_double_dash(tiny_mod
     assert p.returncode == 0 and any("flags.unknown" in w for w in json.loads(p.stdout)["warnings"])
     p = run_cli("plan", "--model", m, "--", "--port", "9000")
     assert p.returncode == 2 and "m3ctl sets --port itself" in p.stderr
+    # the same flags through --arg (vLLM takes the last --port of a command line; the plan's URL would be wrong)
+    for arg, flag in (
+        ("port=9000", "--port"),
+        ("host=0.0.0.0", "--host"),
+        ("served_model_name=x", "--served-model-name"),
+    ):
+        p = run_cli("plan", "--model", m, "--arg", arg)
+        assert p.returncode == 2 and f"m3ctl sets {flag} itself" in p.stderr, (arg, p.stderr)
     p = run_cli("serve", "--model", m, "--dry-run", "--", "--max-num-seqs")
     assert p.returncode == 2 and "--max-num-seqs needs a value" in p.stderr
     p = run_cli("tune", "--model", m, "--no-such-option")

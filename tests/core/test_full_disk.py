@@ -49,6 +49,8 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temp(tmp_path, monkeypa
         write_atomic(target, "x" * 5000)
     monkeypatch.setattr(os, "fsync", real_fsync)
     assert ei.value.message == f"{words} writing {target} (5,000 bytes needed)"
+    space = code in (errno.ENOSPC, errno.EDQUOT)
+    assert ("free space" in ei.value.hint) == space  # a read-only or forbidden path is not a full disk
     assert ei.value.exit_code == EXIT_NOT_SAVED and ei.value.errno == code
     assert target.read_text() == '{"old": true}'  # the old file, whole
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.json"]  # no temp left

@@ -62,3 +62,19 @@ def test_serve_api_key_env_names_the_variable_never_the_value(monkeypatch):
     reg.save_plan("k", p.model_dump_json())
     monkeypatch.setenv("MY_KEY", "from-the-named-variable")
     assert api_key_for(reg, "k") == "from-the-named-variable"  # what watch and bench --deployment send
+
+
+def test_redact_text_masks_credentials_in_url_queries():
+    """Seen by a new user: `bench --url "http://h:9/?api_key=sk-secret"` printed the key in its error line."""
+    r = redact_text("cannot reach http://127.0.0.1:9/v1?api_key=sk-secret&x=1 or https://h/?Token=abc#f")
+    assert "sk-secret" not in r and "abc" not in r
+    assert "?api_key=***&x=1" in r and "?Token=***#f" in r
+    assert redact_text("http://h/?model=m&keyword=k") == "http://h/?model=m&keyword=k"  # not a credential
+
+
+def test_api_key_env_given_a_key_instead_of_a_name_never_echoes_it():
+    from tests.conftest import run_cli
+
+    p = run_cli("serve", "--model", "org/m", "--skip-checks", "--dry-run", "--api-key-env", "sk-secret")
+    assert p.returncode == 2 and "sk-secret" not in p.stdout + p.stderr
+    assert "takes the name of an environment variable" in p.stderr and "Traceback" not in p.stderr

@@ -132,6 +132,8 @@ def test_gpu_count_suffix_and_errors():
     assert "did you mean h200x8" in e.value.message and e.value.exit_code == 2
     with pytest.raises(UnknownSystem):
         inventory_for_system("b200x0")
+    with pytest.raises(UnknownSystem, match="a GPU count is a positive number"):  # was read as h200x1
+        resolve_system("h200x-1")
 
 
 def test_catalog_schema_errors_name_the_key():

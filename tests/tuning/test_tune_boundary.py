@@ -346,3 +346,30 @@ def test_pareto_png_marks_runs_with_warnings_and_invalid_runs(tiny_models, tmp_p
     n = sev.n_gpus(res.best.config)
     assert by_c == {15: ("warnings", 1000.0 / n), 18: ("invalid", 1500.0 / n)}
     assert all(round(1000.0 / f["interactivity"]) != 18 for f in front)
+
+
+def test_dry_run_of_a_study_where_nothing_can_run_exits_3(tmp_path):
+    """A new user's `tune --model SCALE_MODEL --dry-run` on this CPU host: the rules reject every configuration
+    and vLLM's defaults (MiniMax-M2's sigmoid MoE scoring has no CPU kernel). The dry run still prints them all,
+    then says nothing can run and exits 3 (ConfigRejected), as a study that would measure nothing should."""
+    from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model
+    from tests.conftest import run_cli
+
+    d = build_scale_model(tmp_path / "sm2", ScaleModelSpec(arch="minimax-m2", layers=16, quant="fp8"))
+    p = run_cli(
+        "tune",
+        "--model",
+        str(d),
+        "--study-dir",
+        str(tmp_path / "s"),
+        "--knob",
+        "spec_depth=0",
+        "--knob",
+        "max_num_batched_tokens=2048",
+        "--dry-run",
+        env={"M3CTL_STATE_DIR": str(tmp_path / "state")},
+    )
+    assert p.returncode == 3, p.stderr
+    assert "rejected rule engine.moe_scoring" in p.stdout and "baseline command: skipped" in p.stdout
+    assert "error: nothing in this study can run: the plan rules reject all" in p.stderr
+    assert not (tmp_path / "s").exists()
