@@ -119,7 +119,7 @@ def parse_slo(text: str | None) -> SLO:
     """
     if not text or not text.strip():
         return SLO(())
-    terms = []
+    terms: list[Term] = []
     for raw in text.split(","):
         part = raw.strip().replace(" ", "")
         if not part:
