@@ -1545,6 +1545,7 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
             + (root_causes[0] if root_causes else "no variant evaluated"),
         )
     fallbacks = _fallbacks(ctx, verdict_checks)
+    issue = _issue_clause(checks)
     planned = ctx.planned if ctx.planned is not None and hasattr(ctx.planned, "tp") else None
     where = f"{_layout_label(planned) if planned else f'TP={tp}'}, {ctx.context} tokens (max about {max_ctx:,})"
     img = f"; image {ctx.image.name}" if ctx.image else ""
@@ -1560,7 +1561,8 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
             summary=f"{base['model']} {variant}: runnable with fallbacks at {where}: "
             + "; ".join(_short(f) for f in fallbacks)
             + img
-            + prof,
+            + prof
+            + issue,
         )
     return Verdict(
         **base,
@@ -1568,8 +1570,20 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
         status="runnable_natively",
         tp=tp,
         max_context=max_ctx,
-        summary=f"{base['model']} {variant}: runnable natively at {where}{img}{prof}",
+        summary=f"{base['model']} {variant}: runnable natively at {where}{img}{prof}{issue}",
     )
+
+
+def _issue_clause(checks: list[CheckResult]) -> str:
+    """The verdict's mention of a known issue that the launch does not avoid (row ``capability.known_issue``, a
+    WARN): ``"; but known issue ID: SYMPTOM (see the note)"``, or "". A stack that starts and then dies at its
+    first long prompt is not "runnable" without that said in the same line (serve's long-prompt smoke test is
+    what proves it either way)."""
+    c = next((c for c in checks if c.id == "capability.known_issue" and c.status == "WARN"), None)
+    if c is None or " avoided with " in c.message:
+        return ""
+    head = ": ".join(c.message.split(": ")[:2])  # "known issue ID: what it does", without the evidence
+    return f"; but {head} (see the note)"
 
 
 def _fallbacks(ctx: Ctx, verdict_checks: list[CheckResult]) -> list[str]:

@@ -136,3 +136,19 @@ def test_every_command_in_the_app_has_a_json_option():
     }
     assert len(found) >= 13 and {"bench", "bench report", "dev fix-vllm", "watch", "logs", "stop"} <= set(found)
     assert [name for name, ok in found.items() if not ok] == []
+
+
+def test_a_runnable_verdict_says_which_known_issue_can_kill_it(capsys):
+    """MiniMax-M3 on Hopper: every prompt over one 128-token MSA block killed the engine on an H200
+    (m3ctl/data/known_issues.yaml). "runnable natively" alone read as ready; the verdict's line now names the
+    issue, and --attention dense (the opt-in fallback) takes it out of the line."""
+    v = doc(capsys, "doctor", "--json", "--system", "h200x8")["verdict"]
+    assert v["status"] == "runnable_natively"
+    assert (
+        "; but known issue msa-triton-illegal-memory-access: every prompt longer than one 128-token MSA block"
+        in (v["summary"])
+    )
+    dense = doc(capsys, "doctor", "--json", "--system", "h200x8", "--attention", "dense")["verdict"]
+    assert dense["status"] == "runnable_natively" and "known issue" not in dense["summary"]
+    b200 = doc(capsys, "doctor", "--json", "--system", "b200x8")["verdict"]
+    assert "known issue" not in b200["summary"]  # native MSA on Blackwell: no such issue
