@@ -36,8 +36,22 @@ def print_plan(con, p) -> None:
     if p.secret_env_names:
         from m3ctl.core.secrets import source_var  # noqa: PLC0415
 
-        names = [k if source_var(p, k) == k else f"{k} (from ${source_var(p, k)})" for k in p.secret_env_names]
-        print_hang(con, "  env passed through (values hidden): ", ", ".join(names), 4)
+        origins = getattr(p, "secret_origins", None) or {}
+        flagged = [k for k in p.secret_env_names if source_var(p, k) == k and origins.get(k, "").startswith("--")]
+        names = [
+            k if source_var(p, k) == k else f"{k} (from ${source_var(p, k)})"
+            for k in p.secret_env_names
+            if k not in flagged
+        ]
+        if names:
+            print_hang(con, "  env passed through (values hidden): ", ", ".join(names), 4)
+        if flagged:  # a key given as a flag: m3ctl's launch sets it; a copy of the printed command would not
+            print_hang(
+                con,
+                "  env m3ctl sets from a flag (value hidden, not in the command below): ",
+                ", ".join(f"{k} ({origins[k]}; --api-key-env NAME prints a command that reads it)" for k in flagged),
+                4,
+            )
     con.print(escape(shell_lines(shown_command(p), con.width)), soft_wrap=True)
 
 

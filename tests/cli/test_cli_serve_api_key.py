@@ -72,3 +72,14 @@ def test_dry_run_docker_line_binds_the_key_by_name(tmp_path):
     text = r.stdout.replace(" \\\n", " ")  # the printed command, its continuation lines joined
     line = next(x for x in text.splitlines() if "docker run" in x)
     assert line.startswith('VLLM_API_KEY="$MY_KEY" docker run ') and " -e VLLM_API_KEY " in line
+
+
+def test_dry_run_of_a_raw_api_key_says_the_printed_command_lacks_it():
+    """`serve --dry-run -- --api-key K`: m3ctl moves the key to the server's environment, so the printed command
+    (which never holds a secret) does not carry it; the plan said "env passed through", which a copy of the
+    command would not do. It now says the launch sets it from a flag, and how to print a command that reads it."""
+    r = run_cli("serve", "--dry-run", "--skip-checks", "--model", "org/m", "--", "--api-key", KEY, check=True)
+    assert KEY not in r.stdout + r.stderr
+    text = " ".join(r.stdout.split())
+    assert "env m3ctl sets from a flag (value hidden, not in the command below): VLLM_API_KEY" in text
+    assert "--api-key-env NAME prints a command that reads it" in text and "env passed through" not in text
