@@ -299,7 +299,7 @@ def check_gpu_detect(ctx: Ctx) -> CheckResult:
         "gpu.detect",
         "gpu",
         "WARN" if mixed else "OK",
-        f"{len(inv.gpus)} x {', '.join(names)} via {inv.probe}",
+        f"{len(inv.gpus)} x {', '.join(names)} " + (f"via {inv.probe}" if not _catalog(inv) else "(catalog system)"),
         "use one architecture per server (CUDA_VISIBLE_DEVICES)" if mixed else None,
         label + reasons,
     )
@@ -317,6 +317,8 @@ def check_nvml_init(ctx: Ctx) -> CheckResult:
     inv, drv = ctx.inv, ctx.inv.driver
     nvml = next((d for d in inv.declined if d.probe == "nvml"), None)
     if inv.probe == "nvml":
+        if _catalog(inv):
+            return _r("gpu.nvml_init", "gpu", "OK", f"not probed (catalog system); typical driver {inv.driver_version}")
         return _r("gpu.nvml_init", "gpu", "OK", f"NVML initialised; driver {inv.driver_version}")
     if inv.vendor == "amd" or (nvml is None and inv.probe not in ("nvidia-smi",)):
         return _r("gpu.nvml_init", "gpu", "SKIP", "no NVIDIA driver on this host")
@@ -1020,6 +1022,12 @@ def check_python(ctx: Ctx) -> CheckResult:
     )
 
 
+def _catalog(inv) -> bool:
+    """A catalog system's inventory (m3ctl.hw.systems.inventory_for_system: its label says "not probed"), whose
+    rows must not read as if a library had been asked."""
+    return "not probed" in (getattr(inv, "label", "") or "")
+
+
 @check("host.cpu", "host")
 def check_cpu(ctx: Ctx) -> CheckResult:
     inv = ctx.inv
@@ -1028,9 +1036,8 @@ def check_cpu(ctx: Ctx) -> CheckResult:
     gpu_numa = sorted({g.numa_node for g in inv.gpus if g.numa_node is not None})
     det = [f"GPU NUMA nodes: {gpu_numa}"] if gpu_numa else []
     arch = f", {inv.cpu_arch}" + (" (NVIDIA Grace)" if inv.grace else "") if inv.cpu_arch else ", architecture n/a"
-    return _r(
-        "host.cpu", "host", "OK", f"{inv.cpu_count} CPUs ({inv.cpu_model or 'model n/a'}{arch}){numa}{mem}", details=det
-    )
+    cpus = f"{inv.cpu_count} CPUs" if inv.cpu_count else "CPU count n/a"  # a catalog system lists no count
+    return _r("host.cpu", "host", "OK", f"{cpus} ({inv.cpu_model or 'model n/a'}{arch}){numa}{mem}", details=det)
 
 
 def _planned_tp(ctx: Ctx) -> int:

@@ -256,3 +256,13 @@ def test_cli_sizing_table_and_json():
     assert "rtxpro6000x4: variant.native: variant 'nvfp4'" in t.stdout
     none = run_cli("plan", "--systems", "l40s")
     assert none.returncode == 3 and "no kernel profile" in none.stdout
+
+
+def test_cli_doctor_of_a_catalog_system_does_not_read_as_probed():
+    """A new user read "via nvml" and "NVML initialised; driver 580.159.04" for a system m3ctl only looked up, and
+    "None CPUs" (the catalog lists no CPU count)."""
+    p = run_cli("doctor", "--system", "h200x8")
+    out = p.stdout
+    assert "8 x NVIDIA H200 (hopper, sm_90) (catalog system)" in out
+    assert "gpu.nvml_init               not probed (catalog system); typical driver" in out
+    assert "NVML initialised" not in out and "None CPUs" not in out and "CPU count n/a" in out
