@@ -524,11 +524,16 @@ def prepare_serve(
     if req.startup_budget_s is not None and not req.startup_budget_s > 0:
         raise BadInput(f"startup_budget_s {req.startup_budget_s:g} must be > 0 seconds", "e.g. 600")
     if (req.image or req.mounts) and req.runtime == "process":
-        raise BadInput("image and mounts need the docker runtime", "add runtime='docker'")
+        raise BadInput(
+            "--image and --mount need the docker runtime", "add --runtime docker (runtime='docker' in the API)"
+        )
     inv = host_inventory(inventory)
     p, secrets, prof = serve_plan(req, inv, api_key_env=api_key_env, offline=offline)
     if req.mounts and p.runtime != "docker":
-        raise BadInput(f"mounts need the docker runtime; runtime auto chose {p.runtime} here", "add runtime='docker'")
+        raise BadInput(
+            f"--mount needs the docker runtime; runtime auto chose {p.runtime} here",
+            "add --runtime docker (runtime='docker' in the API), or drop --mount",
+        )
     return p, secrets, prof, inv
 
 
@@ -595,6 +600,8 @@ def serve(
     from m3ctl.serving.smoke import smoke_level  # noqa: PLC0415
 
     smoke = smoke_level(smoke)
+    if mounts:  # part of the plan: checked against its runtime, and in the docker command a dry run prints
+        knobs["mounts"] = [*(knobs.get("mounts") or []), *mounts]
     p, secrets, prof, inv = prepare_serve(
         request, inventory=inventory, config=config, offline=offline, api_key_env=api_key_env, **knobs
     )

@@ -185,7 +185,12 @@ def int_list_upto(most: int) -> Callable[[str], str]:
 
 # ------------------------------------------------------------------ output
 Json = Annotated[
-    bool, typer.Option("--json", help="Print the result as JSON on stdout (a stream: one JSON object per line).")
+    bool,
+    typer.Option(
+        "--json",
+        help="Print the result as one JSON document on stdout (JSON Lines, one object per event, where the command "
+        "streams: serve in the foreground, watch, logs --follow); errors stay on stderr as error:/hint: lines.",
+    ),
 ]
 
 

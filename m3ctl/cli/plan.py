@@ -83,6 +83,12 @@ def plan(
         raise BadInput("--emit prints a file in its own format, not JSON", "drop --json or --emit")
     if systems and (inventory or system):
         raise BadInput("--systems plans on catalog systems; it takes no --inventory or --system", "drop one of them")
+    src = ctx.get_parameter_source("nodes")
+    given_nodes = getattr(src, "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")  # typer may bundle its own click
+    if given_nodes and emit not in ("lws", "ray"):  # it used to be ignored without a word
+        raise BadInput("--nodes applies to --emit lws or --emit ray", "add --emit lws (multi-node DP) or ray (TP x PP)")
+    if hf_cache_hostpath and emit not in ("k8s", "lws"):
+        raise BadInput("--hf-cache-hostpath applies to --emit k8s or --emit lws", "add --emit k8s or lws")
     req = given_request(ctx)  # the options given; the API layers them over --config, M3CTL_* and the config file
     if systems:
         return sizing(out, api.plan_request(req, config=config), api.size_systems(systems, req, config=config))

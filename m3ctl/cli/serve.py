@@ -99,7 +99,7 @@ def serve(
         inventory=inventory, config=config, offline=(knobs or {}).get("offline"), api_key_env=api_key_env
     )
     if dry_run:
-        return show_dry_run(out, api.serve(req, dry_run=True, **given), level)
+        return show_dry_run(out, api.serve(req, dry_run=True, mounts=mount or [], **given), level)
     launch(_Run(out, detach, watch_interval, restart), req, level, mount or [], given)
 
 

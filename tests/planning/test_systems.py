@@ -266,3 +266,37 @@ def test_cli_doctor_of_a_catalog_system_does_not_read_as_probed():
     assert "8 x NVIDIA H200 (hopper, sm_90) (catalog system)" in out
     assert "gpu.nvml_init               not probed (catalog system); typical driver" in out
     assert "NVML initialised" not in out and "None CPUs" not in out and "CPU count n/a" in out
+
+
+def test_cli_plan_options_of_another_form_are_refused_not_ignored():
+    """`plan --nodes 3` without a multi-node --emit, and --hf-cache-hostpath without a Kubernetes one, were
+    accepted and ignored (exit 0)."""
+    p = run_cli("plan", "--system", "h200x8", "--nodes", "3")
+    assert p.returncode == 2 and p.stderr.startswith("error: --nodes applies to --emit lws or --emit ray")
+    p = run_cli("plan", "--system", "h200x8", "--hf-cache-hostpath", "/data/hf")
+    assert p.returncode == 2 and "--hf-cache-hostpath applies to --emit k8s or --emit lws" in p.stderr
+    assert run_cli("plan", "--system", "h200x8", "--emit", "lws", "--nodes", "3").returncode == 0
+    assert run_cli("plan", "--system", "h200x8", "--emit", "k8s", "--hf-cache-hostpath", "/data/hf").returncode == 0
+
+
+def test_cli_serve_mount_is_part_of_the_plan(tiny_models):
+    """`serve --dry-run --mount H:C` with the process runtime exited 0 and the mount went nowhere; with the docker
+    runtime the printed command lacked it. The mount is now planned: refused without docker, printed with it."""
+    m = str(tiny_models["llama"])
+    p = run_cli("serve", "--model", m, "--dry-run", "--mount", "/tmp:/x")
+    assert p.returncode == 2 and "--mount needs the docker runtime" in p.stderr and "--runtime docker" in p.stderr
+    p = run_cli(
+        "serve",
+        "--model",
+        m,
+        "--dry-run",
+        "--skip-checks",
+        "--runtime",
+        "docker",
+        "--image",
+        "vllm/vllm-openai:v0",
+        "--mount",
+        "/tmp:/x",
+    )
+    assert p.returncode == 0, p.stderr
+    assert "-v /tmp:/x:ro" in p.stdout
