@@ -177,13 +177,15 @@ def resolve_target(
     sent); ``num_gpus`` given wins over the deployment's. ``api_key`` given wins over the environment.
 
     Raises:
-        BadInput: neither ``url`` nor ``deployment``; an unknown deployment (NotFound); no model to pick; an empty
-            ``model``.
+        BadInput: neither ``url`` nor ``deployment``, or both; an unknown deployment (NotFound); no model to pick;
+            an empty ``model``.
     """
     from m3ctl.core.secrets import client_key, key_hint, split_url_credentials  # noqa: PLC0415
 
     if model is not None and not model.strip():
         raise BadInput("--model is empty", "give the served model's id, or leave --model out (the server's own)")
+    if url and deployment:  # which one was meant is a guess: the deployment's URL, or another server's
+        raise BadInput("--url and --deployment both name the endpoint", "give one of them")
     gpus_source = "--num-gpus" if num_gpus else None
     basic = None
     if url:  # credentials in the URL go to the Authorization header, never into results or messages

@@ -1,5 +1,5 @@
-"""--slo input a new user got wrong and m3ctl accepted (2026-12-03): a lower bound on a latency, a text with no
-term, one metric given twice. Each is one BadInput line now."""
+"""Input a new user got wrong and m3ctl accepted (2026-12-03): --slo with a lower bound on a latency, a text with no
+term or one metric given twice; bench with both --url and --deployment. Each is one BadInput line now."""
 
 import pytest
 
@@ -29,3 +29,12 @@ def test_good_slo_text_still_parses():
         ("p90_tpot_ms", "<=", 20.0),
         ("output_throughput", ">=", 100.0),
     ]
+
+
+def test_bench_url_and_deployment_together_is_one_bad_input():
+    """`bench --url X --deployment Y` used to pick the deployment and fail on its name (or measure the wrong
+    server); which one was meant cannot be known."""
+    from m3ctl.loadgen.target import resolve_target
+
+    with pytest.raises(BadInput, match="--url and --deployment both name the endpoint"):
+        resolve_target("http://127.0.0.1:9", deployment="demo", lookup_model=False)
