@@ -96,6 +96,12 @@ def test_spec_acceptance_and_per_token_itl(spec_server):
     assert pt["samples"] == sum(q["output_tokens"] - q["chunk_tokens"][0] for q in reqs)
     n_itl = sum(len(q["itl"]) for q in reqs)
     assert pt["samples"] > n_itl
+    if "itl" in (res.get("unmeasured") or {}):
+        # On 2 shared cores the client sometimes read most streams whole (vLLM merges a request's outputs while
+        # its consumer is behind): ITL was then not observed, and the bench says so instead of printing 0 (seen
+        # here in 2 of 4 runs on 2026-12-03). The samples are still counted; the statistics are None.
+        assert res["unmeasured"]["itl"].startswith("bursts") and pt["mean_ms"] is None and res["mean_itl_ms"] is None
+        return
     # both pool the same decode time: sum(per-token samples) == sum(chunk gaps) (up to float rounding)
     assert pt["mean_ms"] * pt["samples"] == pytest.approx(res["mean_itl_ms"] * n_itl, rel=1e-6)
     assert pt["mean_ms"] < res["mean_itl_ms"]

@@ -187,7 +187,16 @@ def test_tune_real_search_sigkill_resume_and_profile(tiny_models, tmp_path):
     assert res["chosen"] in ("tuned", "defaults") and res["profile"] == str(sdir / "profile.yaml")
     from m3ctl.tuning.choice import TIE_MARGIN
 
-    assert (res["chosen"] == "tuned") == (res["vs_baseline"] > 1 + TIE_MARGIN)
+    # the noise margin is the larger of 3 % and the spread this study measured between fresh servers of one engine
+    # (m3ctl.tuning.choice.fresh_server_spread; on 2 shared cores a twin of the defaults once measured 3x apart)
+    margin = max(TIE_MARGIN, (res.get("fresh_server_spread") or {}).get("spread", 0.0))
+    higher = best["concurrency"] > base["concurrency"]
+    twin = "runs vLLM's defaults' engine for the load measured" in res["reason"]
+    if not twin:
+        vs = res["vs_baseline"]
+        assert (res["chosen"] == "tuned") == ((higher and vs >= 1) or vs > 1 + margin), res["reason"]
+    else:
+        assert res["chosen"] == "defaults" or res["chosen_trial"] != best["trial"], res["reason"]
     assert f"# chosen: {res['chosen']}\n" in (sdir / "profile.yaml").read_text()
     assert prof.serve_args["kv-cache-memory-bytes"] == "256M"  # the base profile is kept
     d = run_cli("serve", "--dry-run", "--json", "--profile", str(sdir / "profile.yaml"), "--model", str(model))
