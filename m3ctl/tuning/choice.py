@@ -178,7 +178,7 @@ def _against_defaults(
         others = sorted(
             (
                 o
-                for o in outcomes or []
+                for o in outcomes
                 if o.status == "feasible"
                 and o.final > 0
                 and getattr(o, "same_server_as", None) is None
@@ -196,7 +196,7 @@ def _against_defaults(
         if not others:
             return Choice("defaults", f"the defaults won: {twin_text}", baseline)
         best = others[0]
-    spread = fresh_server_spread(outcomes or [], baseline, equivalent)
+    spread = fresh_server_spread(outcomes, baseline, equivalent)
     margin = max(tie_margin, spread["spread"] if spread else 0.0)
     ratio = best.final / baseline.final
     vs = (
