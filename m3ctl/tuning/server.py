@@ -163,6 +163,7 @@ class ServerEvaluator:
         self.spec_method = space.spec_method if space is not None else None
         self.current: str | None = None
         self.trial_dir: Path | None = None
+        self.suffix = ""  # start_suffix of the current start's records
         #: the study's start measures (m3ctl.tuning.startup): one compile cache per study and model, CUDA-graph
         #: capture bounded by the ladder. Off: every trial starts as `m3ctl serve` would.
         self.fast_starts = fast_starts
@@ -313,14 +314,16 @@ class ServerEvaluator:
 
     def open(self, cand: dict[str, Any], trial: int | str, on_event: Callable[[str], None]) -> ServerSession:
         """Start the server of ``cand``; ``trial`` names it (``{prefix}-t{trial}``) and its folder
-        (``trials/NNNN``, or ``trials/base`` for the baseline)."""
+        (``trials/NNNN``, or ``trials/base`` for the baseline). A later start of the same trial (its confirmation on
+        a fresh server, a relaunch) keeps the earlier start's records: its own are ``start-N.json`` and
+        ``server-N.log`` (:func:`start_suffix`)."""
 
         name = f"{self.prefix}-t{trial}"
         tdir = self.dir / "trials" / (f"{trial:04d}" if isinstance(trial, int) else str(trial))
         tdir.mkdir(parents=True, exist_ok=True)
         p = self.trial_plan(cand, trial)
         write_json(tdir / "config.json", {"config": cand, "argv": p.argv, "command": p.command_line()})
-        self.current, self.trial_dir = name, tdir
+        self.current, self.trial_dir, self.suffix = name, tdir, start_suffix(tdir)
         self._mark_running(name, trial)
         from m3ctl.core.secrets import launch_env  # noqa: PLC0415
 
@@ -407,7 +410,7 @@ class ServerEvaluator:
         ready_at = dep.started_at + res.readiness.time_to_ready_s if dep.started_at else None
         b = startup.start_breakdown(text, launched_at=dep.started_at, ready_at=ready_at, smoke_s=dep.smoke_s)
         write_json(
-            tdir / "start.json",
+            tdir / f"start{self.suffix}.json",
             {
                 **b.to_json(),
                 "start_s": round(start_s, 2),
@@ -421,12 +424,12 @@ class ServerEvaluator:
         )
 
     def _save_log(self, name: str, tdir: Path) -> None:
-        src = self.registry.log_path(name)
+        src, dst = self.registry.log_path(name), tdir / f"server{self.suffix}.log"
         if src.exists():
             try:
-                shutil.copyfile(src, tdir / "server.log")
+                shutil.copyfile(src, dst)
             except OSError:  # a full disk: no truncated copy (the log stays in the state dir)
-                (tdir / "server.log").unlink(missing_ok=True)
+                dst.unlink(missing_ok=True)
 
     def stop_current(self) -> None:
         from m3ctl.serving.serve import stop  # noqa: PLC0415
@@ -575,6 +578,13 @@ COMPILE_NEUTRAL_ENV = frozenset(
         "MASTER_PORT",
     }
 )
+
+
+def start_suffix(tdir: Path) -> str:
+    """Suffix of the records of the next start in trial folder ``tdir``: ``""`` for its first start
+    (``start.json``, ``server.log``), ``"-N"`` for its N-th (a confirmation on a fresh server, a relaunch)."""
+    n = 1 + max(sum(1 for _ in tdir.glob("start*.json")), sum(1 for _ in tdir.glob("server*.log")))
+    return "" if n == 1 else f"-{n}"
 
 
 def _capture_sizes_pinned(args: dict[str, Any]) -> bool:

@@ -207,6 +207,39 @@ def test_a_trial_records_its_start_and_an_unreadable_compile_cache_is_cleared_on
     assert reg.list() == []
 
 
+def test_a_second_start_of_a_trial_keeps_the_first_starts_records(tmp_path, tiny_models, monkeypatch):
+    """A confirmation re-starts a trial in its own folder: the search start's start.json and server.log stay, the
+    second start's records are start-2.json and server-2.log (H200 study7 would have lost every confirmed
+    trial's start breakdown)."""
+    from m3ctl.core.state import Registry
+    from m3ctl.hw.detect import detect
+    from m3ctl.tuning.search import TuneSpec
+    from m3ctl.tuning.server import ServerEvaluator
+    from tests.conftest import fake_vllm_config, free_port
+
+    exe = tmp_path / "vllm"
+    fake_vllm_config(tmp_path)
+    monkeypatch.setenv("FAKE_VLLM", json.dumps({"serve": {}}))
+    ev = ServerEvaluator(
+        detect(),
+        str(tiny_models["m2"]),
+        tmp_path / "study",
+        TuneSpec(),
+        plan_base={"vllm_executable": str(exe)},
+        bench={},
+        port=free_port(),
+        name_prefix="t2",
+        registry=Registry(tmp_path / "state"),
+    )
+    tdir = tmp_path / "study" / "trials" / "0003"
+    for _ in range(2):
+        ev.open({"tp": 1}, 3, lambda _e: None).close()
+    assert sorted(p.name for p in tdir.glob("start*.json")) == ["start-2.json", "start.json"]
+    assert sorted(p.name for p in tdir.glob("server*.log")) == ["server-2.log", "server.log"]
+    first, second = (json.loads((tdir / f).read_text()) for f in ("start.json", "start-2.json"))
+    assert first["start_s"] > 0 and second["start_s"] > 0
+
+
 def test_a_corrupt_cache_is_not_retried_without_the_study_cache(tmp_path, tiny_models, monkeypatch):
     from m3ctl.core.state import Registry
     from m3ctl.errors import LaunchFailed
