@@ -571,6 +571,26 @@ def confirm(ev: Evaluator, out: Outcome, spec: TuneSpec, slo: SLO, on_event: Cal
         session.close()
 
 
+def load_equivalence(ev) -> Callable[[Outcome, Outcome], bool] | None:
+    """``equivalent(a, b)`` for m3ctl.tuning.choice: whether two outcomes run one engine for the load both were
+    measured at (``ev.load_key`` at the highest concurrency either measured validly); None when the evaluator has
+    no load key (a replay's). A configuration the planner rejects is nobody's twin."""
+    key = getattr(ev, "load_key", None)
+    if key is None:
+        return None
+
+    def equivalent(a: Outcome, b: Outcome) -> bool:
+        top = max((p.concurrency for o in (a, b) for p in o.points if p.valid), default=0)
+        if not top or not a.config or not b.config:
+            return False
+        try:
+            return bool(key(a.config, top) == key(b.config, top))
+        except Exception:  # noqa: BLE001 - a configuration without a plan has no engine to compare
+            return False
+
+    return equivalent
+
+
 def mesh(space: Space, cfg: dict[str, Any]) -> list[dict[str, Any]]:
     """The one-step neighbours of ``cfg`` in ``space`` (one knob moved to an adjacent value), in knob order: the
     poll of the pattern search around ``cfg``."""
@@ -1127,6 +1147,19 @@ class Tuner:
             baseline=self.baseline,
         )
 
+    def _save_confirmation(self, o: Outcome) -> None:
+        """Keep ``o``'s confirmation with the study (``confirm:<key>``), so a resume reports it."""
+        self.study.set_user_attr(
+            f"confirm:{key_of(o.config)}",
+            {
+                "confirmed": o.confirmed,
+                "points": [asdict(p) for p in o.points],
+                "cost_s": o.cost_s,
+                "concurrency": o.concurrency,
+                "objective": o.objective,
+            },
+        )
+
     def _confirm(self) -> None:
         if self.spec.confirm_top <= 0:
             return
@@ -1134,9 +1167,15 @@ class Tuner:
         # confirmation falls below an unconfirmed one lets that one be confirmed too (at most 2 x confirm_top).
         # The configuration reported as best is always one that was confirmed: one more start when the
         # cascade ended on an unconfirmed one.
+        # A twin of the defaults (one engine for the load measured: load_equivalence) is not started again: the
+        # baseline's own confirmation measures its engine on a fresh server, and it can only be chosen as the
+        # defaults (m3ctl.tuning.choice). H200 studies 6 and 7 both had such a twin on top of the search.
+        b = self.baseline
+        eq = load_equivalence(self.ev) if b is not None and b.status == "feasible" else None
+        twins = {id(o) for o in self.outcomes.values() if eq is not None and b is not None and eq(o, b)}
         for i in range(2 * self.spec.confirm_top + 1):
             top = sorted(
-                (o for o in self.outcomes.values() if o.status == "feasible" and o.final > 0),
+                (o for o in self.outcomes.values() if o.status == "feasible" and o.final > 0 and id(o) not in twins),
                 key=lambda o: o.final,
                 reverse=True,
             )[: self.spec.confirm_top]
@@ -1146,20 +1185,10 @@ class Tuner:
             o = todo[0]
             desc = describe(o.config, self.space)
             confirm(self.ev, o, self.spec, self.slo, functools.partial(self.on_event, o.trial, desc))
-            self.study.set_user_attr(
-                f"confirm:{key_of(o.config)}",
-                {
-                    "confirmed": o.confirmed,
-                    "points": [asdict(p) for p in o.points],
-                    "cost_s": o.cost_s,
-                    "concurrency": o.concurrency,
-                    "objective": o.objective,
-                },
-            )
+            self._save_confirmation(o)
             self.on_event(o.trial, desc, f"confirmed: {o.confirmed:.1f} at c={o.concurrency}")
         # The baseline gets the same re-test, so best / baseline compares like with like (both the worse of a
         # search run and a confirmation run on a fresh server).
-        b = self.baseline
         if b is not None and self._share_twin_confirmation():  # True only with a baseline
             self.on_event(
                 "base",
@@ -1170,6 +1199,17 @@ class Tuner:
             confirm(self.ev, b, self.spec, self.slo, lambda m: self.on_event("base", "vLLM defaults", m))
             self.study.set_user_attr("baseline", b.to_json())
             self.on_event("base", "vLLM defaults", f"confirmed: {b.confirmed:.1f} at c={b.concurrency}")
+        if b is None or b.confirmed is None:
+            return
+        for o in self.outcomes.values():
+            if id(o) in twins and o.confirmed is None:
+                o.confirmed = b.confirmed
+                self._save_confirmation(o)
+                self.on_event(
+                    o.trial,
+                    describe(o.config, self.space),
+                    f"confirmed by the defaults' fresh server (one engine for the load measured): {b.confirmed:.1f}",
+                )
 
 
 def pareto(outcomes: list[Outcome]) -> list[dict[str, Any]]:

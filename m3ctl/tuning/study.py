@@ -17,7 +17,16 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from m3ctl.errors import BadInput
 from m3ctl.tuning.choice import rule_text as choice_rule_text
-from m3ctl.tuning.search import Outcome, Tuner, TuneResult, TuneSpec, level_spread, pareto, write_json
+from m3ctl.tuning.search import (
+    Outcome,
+    Tuner,
+    TuneResult,
+    TuneSpec,
+    level_spread,
+    load_equivalence,
+    pareto,
+    write_json,
+)
 from m3ctl.tuning.space import FLAGS, Space, describe, key_of, plan_kwargs
 
 
@@ -993,26 +1002,6 @@ def _remove_stale(path: Path) -> None:
         path.unlink(missing_ok=True)
     except OSError as e:
         raise WriteFailed(path, 0, e, f"remove {path} by hand: no configuration met the SLO") from None
-
-
-def load_equivalence(ev) -> Callable[[Outcome, Outcome], bool] | None:
-    """``equivalent(a, b)`` for m3ctl.tuning.choice: whether two outcomes run one engine for the load both were
-    measured at (``ev.load_key`` at the highest concurrency either measured validly); None when the evaluator has
-    no load key (a replay's). A configuration the planner rejects is nobody's twin."""
-    key = getattr(ev, "load_key", None)
-    if key is None:
-        return None
-
-    def equivalent(a: Outcome, b: Outcome) -> bool:
-        top = max((p.concurrency for o in (a, b) for p in o.points if p.valid), default=0)
-        if not top or not a.config or not b.config:
-            return False
-        try:
-            return bool(key(a.config, top) == key(b.config, top))
-        except Exception:  # noqa: BLE001 - a configuration without a plan has no engine to compare
-            return False
-
-    return equivalent
 
 
 def _best_block(best: Outcome, tuner: Tuner, ev) -> dict[str, Any]:

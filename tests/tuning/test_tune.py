@@ -798,6 +798,52 @@ def test_candidate_that_spells_out_vllm_defaults_reuses_the_baseline_server(tmp_
             assert twin_ev.opened == 1 + 2 and plain.opened == 1 + 2
 
 
+def test_a_twin_of_the_defaults_is_confirmed_by_the_defaults_own_fresh_server():
+    """H200 studies 6 and 7: the search's best ran vLLM's defaults' engine for the load measured (--max-num-seqs 256
+    at c <= 96), and the confirmation spent a fresh start on it (study7: 41 s plus its runs) although it can only be
+    chosen as the defaults. A twin (equal load keys) is not started again: the baseline's own confirmation is its
+    confirmation, and the next best configuration is confirmed instead (study7 would have made 2 confirmation
+    starts, not 3)."""
+    from dataclasses import replace
+
+    grid, space, _anchor, _ = _baseline_twin_grid()
+    spec0 = TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=4, confirm_top=0, baseline=True)
+    ev0 = ReplayEvaluator(grid)
+    r0 = Tuner(space, ev0, spec0).run(clock=lambda: ev0.clock[0])
+    ranked = sorted((o for o in r0.outcomes if o.status == "feasible" and o.launched), key=lambda o: -o.final)
+    assert len(ranked) >= 2
+    twin_key, next_key, base_key = (
+        key_of(ranked[0].config),
+        key_of(ranked[1].config),
+        key_of(grid["baseline"]["config"]),
+    )
+
+    class Counting(ReplayEvaluator):
+        def __init__(self, g):
+            super().__init__(g)
+            self.opens: list[str] = []
+
+        def open(self, cand, trial, on_event):
+            self.opens.append(key_of(cand))
+            return super().open(cand, trial, on_event)
+
+    class Twins(Counting):
+        def load_key(self, cand, c):
+            return "the defaults' engine" if key_of(cand) in (twin_key, base_key) else key_of(cand)
+
+    spec1 = replace(spec0, confirm_top=1)
+    plain, ev = Counting(grid), Twins(grid)
+    r_plain = Tuner(space, plain, spec1).run(clock=lambda: plain.clock[0])
+    res = Tuner(space, ev, spec1).run(clock=lambda: ev.clock[0])
+    assert plain.opens.count(twin_key) == 2  # without a load key: its search start and a confirmation start
+    assert ev.opens.count(twin_key) == 1 and ev.opens.count(next_key) == 2 and ev.opens.count(base_key) == 2
+    twin = next(o for o in res.outcomes if key_of(o.config) == twin_key)
+    assert res.baseline is not None and twin.confirmed == res.baseline.confirmed is not None
+    assert next(o for o in res.outcomes if key_of(o.config) == next_key).confirmed is not None
+    # the plain study spent its one confirmation on the twin; the next best stayed unconfirmed
+    assert plain.opens.count(next_key) == 1 and r_plain.launches == res.launches
+
+
 def test_server_key_resolves_vllm_defaults_on_an_h200(tmp_path):
     """ServerEvaluator.server_key: explicit flags equal to vLLM's defaults for the GPU (1024 sequences, 8192
     batched tokens on an H200: m3ctl/data/vllm_defaults.yaml) give the baseline's key; other values do not."""
