@@ -6,9 +6,10 @@ Prints, from vLLM's own logs (m3ctl.tuning.startup.start_breakdown):
 1. the five H200 starts of the MiniMax-M2 scale model recorded by scripts/gpu/h200_starts.sh (or ``--logs``):
    A cold with vLLM's defaults, B the same warm, C the study's cache root + capture bound (cold), D the same warm,
    E D's cache with another --max-num-seqs: each phase in seconds, and the saving of each measure;
-2. a study's trials (``--study DIR``, default the recorded H200 study tests/fixtures/h200x1-real/study6, or
-   ``--study study3`` / ``study4`` / ``study5`` for sessions 10-12): each
-   trial's start broken down, cache hit or miss, the median start after the first, the study's wall time, the
+2. a study's trials (``--study DIR``, default the recorded H200 study tests/fixtures/h200x1-real/study7, or
+   ``--study study3`` ... ``study6`` for sessions 10-14): each
+   trial's start broken down (and a trial's later starts, start-N.json: its confirmation on a fresh server), cache
+   hit or miss, the median start after the first, the study's wall time, the
    share of it spent starting servers, and the study's wall time against the same study without the measures.
 
 The "without" wall time is the study's own wall time with each trial start's bounded CUDA-graph capture replaced by
@@ -40,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from m3ctl.tuning.startup import start_breakdown
 
 FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "h200x1-real"
+RECORDED = ("study3", "study4", "study5", "study6", "study7")  # the last one is the default
 TAGS = {
     "A": "cold, vLLM defaults",
     "B": "warm default cache",
@@ -87,9 +89,9 @@ def print_reference(ref: dict[str, dict]) -> None:
 
 
 def _study_dir(arg: str | None, tmp: Path) -> Path:
-    if arg and arg not in ("study3", "study4", "study5", "study6"):
+    if arg and arg not in RECORDED:
         return Path(arg)
-    with tarfile.open(FIX / (arg or "study6") / "study.tgz") as t:
+    with tarfile.open(FIX / (arg or RECORDED[-1]) / "study.tgz") as t:
         t.extractall(tmp, filter="data")
     return tmp
 
@@ -98,7 +100,7 @@ def _start(path: Path) -> dict:
     """A trial's start.json, its phases read again from the trial's server.log where there is one (the launch
     time is not in the log, so the first phase, the API server's imports, stays as recorded)."""
     s = json.loads(path.read_text())
-    log = path.parent / "server.log"
+    log = path.parent / path.name.replace("start", "server").replace(".json", ".log")  # start-2.json: server-2.log
     if log.exists():
         b = start_breakdown(log.read_text(errors="replace"))
         old = s["phases"]
@@ -115,6 +117,10 @@ def print_study(sdir: Path, ref: dict[str, dict]) -> None:
         ((p.parent.name, _start(p)) for p in (sdir / "trials").glob("*/start.json")),
         key=lambda t: (t[0] != "base", t[0]),
     )  # the baseline starts first
+    # later starts of a trial (start-N.json: a confirmation on a fresh server), after the search's
+    again = sorted(
+        (f"{p.parent.name}#{p.stem.split('-')[1]}", _start(p)) for p in (sdir / "trials").glob("*/start-*.json")
+    )
     print(f"\nStudy {sdir}: {len(starts)} server start(s), wall {res['elapsed_s']:.0f} s")
     for name, s in starts:
         ph = s["phases"]
@@ -123,14 +129,26 @@ def print_study(sdir: Path, ref: dict[str, dict]) -> None:
             f"engine {s.get('engine_process') or 'spawn':<5} prewarmed {'yes' if s.get('prewarmed') else 'no ':<3} "
             + " ".join(f"{k}={v:g}" for k, v in ph.items())
         )
+    for name, s in again:
+        print(
+            f"  again {name:<7} {s['start_s']:6.1f} s  cache {s['compile_cache'] or '-':<5} "
+            f"prewarmed {'yes' if s.get('prewarmed') else 'no ':<3} "
+            + " ".join(f"{k}={v:g}" for k, v in s["phases"].items())
+        )
     times = [s["start_s"] for _, s in starts]
     after = times[1:]
     print(
-        f"  median start after the first: {statistics.median(after):.1f} s"
+        f"  median start after the first: {statistics.median(after):.1f} s over the search's {len(after)}"
+        + (
+            f", {statistics.median(after + [s['start_s'] for _, s in again]):.1f} s with the {len(again)} later"
+            if again
+            else ""
+        )
         if after
         else "  median start after the first: n/a (one start)"
     )
-    spent = sum(times)
+    starts = starts + again
+    spent = sum(s["start_s"] for _, s in starts)
     print(f"  starting servers: {spent:.0f} s of {res['elapsed_s']:.0f} s wall ({spent / res['elapsed_s']:.0%})")
     if {"A", "B"} <= ref.keys():
         a, b = ref["A"], ref["B"]
@@ -168,7 +186,7 @@ def print_study(sdir: Path, ref: dict[str, dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--study", help="a study dir, or study3 / study4 / study5 / study6 (default: the recorded H200 study6)"
+        "--study", help=f"a study dir, or one of {', '.join(RECORDED)} (default: the recorded H200 {RECORDED[-1]})"
     )
     ap.add_argument("--logs", default=str(FIX / "starts"), help="dir with log-A..E.txt(.gz)")
     a = ap.parse_args()
