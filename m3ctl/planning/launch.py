@@ -7,9 +7,12 @@ Shapes:
 
 - :class:`Layout`: the parallel layout (TP, PP, DP, DCP, PCP, EP, DBO, nodes); ``num_gpus`` = TP x PP x DP x PCP
   (DCP reuses the TP GPUs: vLLM "Context parallel" docs, docs.vllm.ai/en/latest/serving/context_parallel_deployment.html).
-- :class:`ContainerSpec`: image, vendor device request (UUIDs or indices; empty = all), read-only mounts of the
-  model directory and the HF cache (``HF_HUB_CACHE``, else ``HF_HOME``, else ``~/.cache/huggingface``:
+- :class:`ContainerSpec`: image, vendor device request (UUIDs or indices; empty = all), a read-only mount of the
+  model directory and a mount of the HF cache (``HF_HUB_CACHE``, else ``HF_HOME``, else ``~/.cache/huggingface``:
   huggingface_hub "Environment variables", huggingface.co/docs/huggingface_hub/package_reference/environment_variables),
+  read-write for a hub model so the engine can download it into the host's cache (as vLLM's docker example mounts
+  it: docs.vllm.ai/en/latest/deployment/docker.html), read-only for a local model or an offline plan (and then only
+  when it exists),
   environment (non-secret values; secret names passed through), ipc, port, labels, restart policy ``no``.
 - :class:`LaunchSpec`: model, served names, typed vLLM flags, env, secret names, layout, container.
 
@@ -165,8 +168,9 @@ def serve_command(model: str, host: str, port: int, served: list[str], args: dic
     return ["serve", model, "--host", host, "--port", str(port), "--served-model-name", *served, *render_flags(args)]
 
 
-def hf_cache_mount(environ: dict[str, str] | None = None) -> Mount:
-    """The host HF cache as huggingface_hub resolves it, mounted read-only where the container's hub looks.
+def hf_cache_mount(environ: dict[str, str] | None = None, *, read_only: bool = False) -> Mount:
+    """The host HF cache as huggingface_hub resolves it, mounted where the container's hub looks: read-write (the
+    engine downloads a hub model into it), or read-only with ``read_only`` (an offline plan reads it only).
 
     ``HF_HUB_CACHE`` (the hub directory itself) -> ``/root/.cache/huggingface/hub``; else ``HF_HOME`` or
     ``~/.cache/huggingface`` -> ``/root/.cache/huggingface``.
@@ -177,9 +181,10 @@ def hf_cache_mount(environ: dict[str, str] | None = None) -> Mount:
             source=str(Path(env["HF_HUB_CACHE"]).expanduser().resolve()),
             target=f"{CONTAINER_HF_HOME}/hub",
             kind="hf-cache",
+            read_only=read_only,
         )
     home = Path(env["HF_HOME"]).expanduser() if env.get("HF_HOME") else Path.home() / ".cache" / "huggingface"
-    return Mount(source=str(home.resolve()), target=CONTAINER_HF_HOME, kind="hf-cache")
+    return Mount(source=str(home.resolve()), target=CONTAINER_HF_HOME, kind="hf-cache", read_only=read_only)
 
 
 def parse_mount(spec: str) -> Mount:
@@ -269,7 +274,9 @@ def launch_spec(plan, *, nodes: int = 1, environ: dict[str, str] | None = None) 
     )
     if plan.image:
         mounts: list[Mount] = []
-        mounts.append(hf_cache_mount(environ))
+        # read-write only where the engine may download: a hub model, not offline (else read-only, if present)
+        downloads = not plan.offline and not Path(plan.model).expanduser().is_dir()
+        mounts.append(hf_cache_mount(environ, read_only=not downloads))
         for local in [plan.model, *plan.local_paths]:  # the model (tokenizer, draft) directories, read-only
             d = Path(local).expanduser()
             if d.is_dir():
@@ -604,8 +611,8 @@ def docker_run(
         gpus = GpuRequest(driver=req.driver, ids=list(devices.ids), capabilities=req.capabilities)
     mounts: list[Mount] = []
     for m in [*c.mounts, *(parse_mount(x) for x in opts.mounts)]:
-        if m.kind == "hf-cache" and not Path(m.source).is_dir():
-            continue  # nothing cached here: the engine would create an empty root-owned directory
+        if m.kind == "hf-cache" and m.read_only and not Path(m.source).is_dir():
+            continue  # offline and nothing cached here: nothing to read (the engine would create an empty dir)
         mounts = [x for x in mounts if x.source != m.source]  # one bind per host path (the SDK's volumes dict)
         mounts.append(m)
     labels = dict(c.labels)

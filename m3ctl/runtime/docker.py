@@ -21,8 +21,11 @@ What :func:`container_spec` sets, and why (one :class:`~m3ctl.planning.launch.Do
 - ``--ipc=host`` by default (NCCL needs more than docker's 64 MiB ``/dev/shm``, F14); with
   ``ipc_host=False`` a ``shm_size`` of at least 2 GiB per tensor-parallel rank and
   ``memlock=-1``.
-- Read-only volumes: a local model directory at the same path (argv unchanged), the host HF
-  cache at ``/root/.cache/huggingface`` when the model is a hub id, plus ``DockerOptions.mounts``.
+- Volumes: a local model directory at the same path, read-only (argv unchanged); the host HF cache at
+  ``/root/.cache/huggingface``, read-write for a hub model so it downloads into it (created first, as the user who
+  runs m3ctl, when missing: the engine would create it root-owned), read-only for a local model or an offline
+  plan; plus
+  ``DockerOptions.mounts``.
 - Host network (default; the only choice on an engine started with ``--bridge=none``) or a
   port mapping (``network="bridge"``: the server listens on 0.0.0.0 inside, published on the
   plan's host:port).
@@ -42,6 +45,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC
+from pathlib import Path
 from typing import Any
 
 from m3ctl.core.state import Deployment, Registry
@@ -191,7 +195,18 @@ class DockerRuntime(Runtime):
         import docker  # noqa: PLC0415
 
         # stop --all finds it by its deployment label without its record
-        spec = container_spec(plan, secret_env, self.options, marker=registry.marker(plan.name))
+        run = plan_docker_run(plan, self.options, secret_names=list(secret_env), marker=registry.marker(plan.name))
+        for m in run.mounts:  # a writable HF cache not made yet: made by this user, not root-owned by the engine
+            if m.kind == "hf-cache" and not m.read_only:
+                try:
+                    Path(m.source).mkdir(parents=True, exist_ok=True)
+                except OSError as e:
+                    raise LaunchFailed(
+                        f"cannot create the HF cache {m.source}: {e.strerror}",
+                        "set HF_HOME (or HF_HUB_CACHE) to a writable directory",
+                        phase="process",
+                    ) from e
+        spec = run.sdk_kwargs(secret_env)
         self.ensure_image(plan.image or "")
         c = self.client()
         old = self._container(Deployment(name=plan.name, port=plan.port, served_model_name="", model=""))

@@ -78,7 +78,7 @@ def test_docker_gpus_value_survives_the_docker_cli_csv_reader():
     assert _docker_cli_gpus(gpus) == [str(i) for i in range(8)]
 
 
-def test_local_model_dir_and_hf_cache_are_mounted_read_only(tmp_path, monkeypatch, tiny_model_dir):
+def test_local_model_dir_and_its_hf_cache_are_mounted_read_only(tmp_path, monkeypatch, tiny_model_dir):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     p = plan(
@@ -106,6 +106,23 @@ def test_local_model_dir_and_hf_cache_are_mounted_read_only(tmp_path, monkeypatc
     assert f"{tmp_path / 'hub'}:/root/.cache/huggingface/hub:ro" in vols
     svc = yaml.safe_load(render(p, "compose"))["services"]["m3ctl"]
     assert all(v["read_only"] for v in svc["volumes"]) and len(svc["volumes"]) == 2
+
+
+def test_a_hub_model_mounts_the_hf_cache_read_write_even_before_it_exists(tmp_path, monkeypatch):
+    """A hub model downloads into the host's HF cache (vLLM's docker example mounts it read-write): read-only, the
+    engine's download fails on a fresh host. Mounted before it exists; the docker runtime makes it as the user."""
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    req = dict(runtime="docker", vllm_executable="vllm", skip_checks=True, image="vllm/vllm-openai:v0.32.0")
+    p = plan(ALL["b200x8"](), PlanRequest(model="MiniMaxAI/MiniMax-M3.1-Flash", **req))
+    assert _flag_values(shlex.split(render(p, "docker")), "-v") == [
+        f"{tmp_path / 'hf-home'}:/root/.cache/huggingface:rw"
+    ]
+    assert container_spec(p, {})["volumes"] == {
+        str(tmp_path / "hf-home"): {"bind": "/root/.cache/huggingface", "mode": "rw"}
+    }
+    svc = yaml.safe_load(render(p, "compose"))["services"]["m3ctl"]
+    assert [v["read_only"] for v in svc["volumes"]] == [False]
 
 
 def test_amd_devices_follow_the_gpu_vendor_not_the_profile_name(tmp_path):

@@ -226,7 +226,7 @@ def test_nvidia_printed_docker_run_is_the_sdk_kwargs(model_dir, hf_home, monkeyp
 
 
 def test_amd_printed_docker_run_is_the_sdk_kwargs(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "absent"))  # no HF cache on this host: mounted by neither
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "absent"))  # no HF cache yet: a hub model binds it read-write anyway
     p = _amd_plan()
     run = plan_docker_run(p)
     argv, sdk = run.cli_args(), run.sdk_kwargs({"HF_TOKEN": SECRET})
@@ -234,7 +234,7 @@ def test_amd_printed_docker_run_is_the_sdk_kwargs(monkeypatch, tmp_path):
     assert sdk["devices"] == ["/dev/kfd:/dev/kfd:rwm", "/dev/dri:/dev/dri:rwm"] and sdk["group_add"] == ["video"]
     assert sdk["security_opt"] == ["seccomp=unconfined"] and "device_requests" not in sdk
     assert sdk["environment"]["ROCR_VISIBLE_DEVICES"] == "0,1" and "HIP_VISIBLE_DEVICES" not in sdk["environment"]
-    assert sdk["volumes"] == {}
+    assert sdk["volumes"] == {str(tmp_path / "absent"): {"bind": "/root/.cache/huggingface", "mode": "rw"}}
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ which this machine cannot provide (device requests for NVIDIA, /dev/kfd + /dev/d
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
@@ -99,17 +100,55 @@ def test_bridge_network_publishes_port_and_listens_on_all_interfaces_inside(tmp_
     assert spec["command"][spec["command"].index("--host") + 1] == "0.0.0.0"
 
 
-def test_hub_model_mounts_hf_cache_read_only_and_extra_mounts(tmp_path, monkeypatch):
+def test_hub_model_mounts_hf_cache_read_write_and_extra_mounts(tmp_path, monkeypatch):
     hf = tmp_path / "hf"
     hf.mkdir()
     monkeypatch.setenv("HF_HOME", str(hf))
     plan = _plan(tmp_path, model="MiniMaxAI/MiniMax-M3.1-Flash")
     spec = container_spec(plan, {}, DockerOptions(mounts=[f"{tmp_path}:/data", f"{tmp_path}/model:/w:rw"]))
-    assert spec["volumes"][str(hf)] == {"bind": "/root/.cache/huggingface", "mode": "ro"}
+    assert spec["volumes"][str(hf)] == {"bind": "/root/.cache/huggingface", "mode": "rw"}  # it downloads there
     assert spec["volumes"][str(tmp_path)] == {"bind": "/data", "mode": "ro"}
     assert spec["volumes"][str(tmp_path / "model")] == {"bind": "/w", "mode": "rw"}
     with pytest.raises(ConfigRejected, match="bad mount"):
         container_spec(plan, {}, DockerOptions(mounts=["/only-one-part"]))
+
+
+def test_launching_a_hub_model_makes_the_missing_hf_cache_as_the_user_and_binds_it_read_write(tmp_path, monkeypatch):
+    """On a fresh host the HF cache does not exist yet: the engine would create it root-owned and, read-only, the
+    download fails. The runtime makes it first (this process's user) and binds it read-write."""
+    import docker
+
+    from m3ctl.errors import LaunchFailed
+    from m3ctl.runtime.docker import DockerRuntime
+
+    hf = tmp_path / "fresh" / "hf"
+    monkeypatch.setenv("HF_HOME", str(hf))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    seen = {}
+
+    class Containers:
+        def get(self, _name):
+            raise docker.errors.NotFound("none")
+
+        def run(self, **spec):
+            seen.update(spec, hf_made=hf.is_dir())
+            raise docker.errors.APIError("stop here")
+
+    class Client:
+        containers = Containers()
+
+    rt = DockerRuntime()
+    monkeypatch.setattr(rt, "ensure_image", lambda _ref: False)
+    monkeypatch.setattr(rt, "client", lambda: Client())
+    plan = _plan(tmp_path, model="MiniMaxAI/MiniMax-M3.1-Flash")
+    with pytest.raises(LaunchFailed, match="refused to start"):
+        rt.launch(plan, Registry(tmp_path / "state"), {})
+    assert seen["hf_made"] and hf.stat().st_uid == os.getuid()
+    assert seen["volumes"][str(hf)] == {"bind": "/root/.cache/huggingface", "mode": "rw"}
+    offline = _plan(tmp_path, model="MiniMaxAI/MiniMax-M3.1-Flash", offline=True)
+    assert container_spec(offline, {})["volumes"][str(hf)]["mode"] == "ro"  # offline: the cache is only read
+    hf.rmdir()
+    assert str(hf) not in container_spec(offline, {})["volumes"]  # ... and, with nothing cached, not mounted
 
 
 def test_no_image_is_rejected_with_the_fix(tmp_path):
