@@ -227,6 +227,8 @@ class Check:
     """It looks at the machine running doctor: runs only with ``host_checks`` and never changes the verdict."""
     local_model: bool = False
     """It runs only for a local model directory."""
+    probed: bool = False
+    """It reads what m3ctl/hw probes on a real host (Docker, device nodes): SKIP for a catalog system."""
 
 
 CHECKS: list[Check] = []
@@ -234,15 +236,16 @@ CHECKS: list[Check] = []
 
 
 def check(
-    check_id: str, group: Group, *, live: bool = False, local_model: bool = False
+    check_id: str, group: Group, *, live: bool = False, local_model: bool = False, probed: bool = False
 ) -> Callable[[CheckFn], CheckFn]:
     """Declare a doctor check, as :func:`m3ctl.assess.rules.rule` declares a plan rule: ``@check("gpu.mig", "gpu")``
     registers the function in :data:`CHECKS`. ``live``: it reads this machine (skipped for ``--inventory FILE``);
-    ``local_model``: it runs only for a local model directory. A check whose id is also a rule id
+    ``local_model``: it runs only for a local model directory; ``probed``: it reads the host probes (Docker, device
+    nodes), which a catalog system (``--system``) has none of: its row is SKIP there. A check whose id is also a rule id
     (:func:`m3ctl.assess.rules.rule_ids`) shows that rule's finding when the rule fires (:func:`_view`)."""
 
     def deco(fn: CheckFn) -> CheckFn:
-        CHECKS.append(Check(check_id, group, fn, live, local_model))
+        CHECKS.append(Check(check_id, group, fn, live, local_model, probed))
         return fn
 
     return deco
@@ -625,6 +628,13 @@ def check_driver_version(ctx: Ctx) -> CheckResult:
             f"NVIDIA driver {inv.driver_version}, supports CUDA up to {inv.cuda_driver_version or '?'}",
         )
     if inv.vendor == "amd":
+        if _catalog(inv):  # the driver and /opt/rocm are host probes
+            return _r(
+                "driver.version",
+                "driver",
+                "OK",
+                f"not probed (catalog system); typical amdgpu driver {inv.driver_version or '?'}",
+            )
         if not inv.rocm_version and ctx.runtime == "process":
             return _r(
                 "driver.version",
@@ -642,7 +652,7 @@ def check_driver_version(ctx: Ctx) -> CheckResult:
     return _r("driver.version", "driver", "SKIP", "no GPU driver")
 
 
-@check("driver.amdsmi", "driver")
+@check("driver.amdsmi", "driver", probed=True)
 def check_amdsmi(ctx: Ctx) -> CheckResult:
     """F04: vLLM's ROCm platform detection needs the amdsmi Python module in the serving environment."""
     inv = ctx.inv
@@ -941,7 +951,7 @@ def check_dbo(ctx: Ctx) -> CheckResult:
 
 
 # ----------------------------------------------------------------------------- container
-@check("container.engine", "container")
+@check("container.engine", "container", probed=True)
 def check_engine(ctx: Ctx) -> CheckResult:
     c = ctx.inv.container
     if c.docker_reachable:
@@ -962,7 +972,7 @@ def check_engine(ctx: Ctx) -> CheckResult:
     )
 
 
-@check("container.nvidia_runtime", "container")
+@check("container.nvidia_runtime", "container", probed=True)
 def check_nvidia_runtime(ctx: Ctx) -> CheckResult:
     """The OCI runtime the vendor's container toolkit registers with Docker (m3ctl/data/vendors.yaml
     ``toolkit_runtime``: ``nvidia``, https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html#configuring-docker)."""
@@ -984,7 +994,7 @@ def check_nvidia_runtime(ctx: Ctx) -> CheckResult:
     )
 
 
-@check("container.devices", "container")
+@check("container.devices", "container", probed=True)
 def check_devices(ctx: Ctx) -> CheckResult:
     """The device nodes a container of the vendor gets (m3ctl/data/vendors.yaml ``container.devices``: AMD
     ``/dev/kfd``, ``/dev/dri``, https://rocm.docs.amd.com/projects/install-on-linux/en/latest/how-to/docker.html)
@@ -1474,6 +1484,8 @@ def _evaluate_variants(ctx: Ctx) -> None:
 
 
 def _safe(c: Check, ctx: Ctx) -> CheckResult:
+    if c.probed and _catalog(ctx.inv):
+        return _r(c.id, c.group, "SKIP", "not probed (catalog system)")
     try:
         return c.fn(ctx)
     except Exception as e:  # noqa: BLE001 - a crashing check is a FAIL with its error, never a traceback

@@ -175,8 +175,8 @@ def _k8s_pod_parts(spec: LaunchSpec, hf_host_path: str | None, multi_node: bool)
     for i, m in enumerate(c.mounts):
         vname = "hf-cache" if m.kind == "hf-cache" else f"{m.kind}-{i}"
         if m.kind == "hf-cache":
-            # The first pod fills the cache unless offline (then it must be filled beforehand: read-only).
-            mounts.append({"name": vname, "mountPath": m.target, "readOnly": spec.offline})
+            # The first pod fills the cache for a hub model (read-only for a local model or offline: launch.py).
+            mounts.append({"name": vname, "mountPath": m.target, "readOnly": m.read_only})
             if hf_host_path:
                 vols.append({"name": vname, "hostPath": {"path": hf_host_path, "type": "DirectoryOrCreate"}})
             else:

@@ -172,13 +172,15 @@ def hf_cache_mount(environ: dict[str, str] | None = None, *, read_only: bool = F
     """The host HF cache as huggingface_hub resolves it, mounted where the container's hub looks: read-write (the
     engine downloads a hub model into it), or read-only with ``read_only`` (an offline plan reads it only).
 
-    ``HF_HUB_CACHE`` (the hub directory itself) -> ``/root/.cache/huggingface/hub``; else ``HF_HOME`` or
-    ``~/.cache/huggingface`` -> ``/root/.cache/huggingface``.
+    ``HF_HUB_CACHE`` (the hub directory itself; the older ``HUGGINGFACE_HUB_CACHE`` when it is unset) ->
+    ``/root/.cache/huggingface/hub``; else ``HF_HOME`` or ``~/.cache/huggingface`` -> ``/root/.cache/huggingface``.
     """
     env = os.environ if environ is None else environ
-    if env.get("HF_HUB_CACHE"):
+    # huggingface_hub/constants.py: HF_HUB_CACHE, else the older HUGGINGFACE_HUB_CACHE, else HF_HOME/hub
+    hub = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+    if hub:
         return Mount(
-            source=str(Path(env["HF_HUB_CACHE"]).expanduser().resolve()),
+            source=str(Path(hub).expanduser().resolve()),
             target=f"{CONTAINER_HF_HOME}/hub",
             kind="hf-cache",
             read_only=read_only,

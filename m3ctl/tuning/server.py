@@ -286,10 +286,20 @@ class ServerEvaluator:
 
     @staticmethod
     def n_gpus_plan(p) -> int:
-        return max(1, p.tp * p.dp) if p.gpus else 1
+        """GPUs a plan's server occupies, its world size TP x PP x DP (1 for a CPU plan): the per-GPU divisor."""
+        return max(1, p.tp * p.pp * p.dp) if p.gpus else 1
 
     def n_gpus(self, cand: dict[str, Any]) -> int:
-        return max(1, cand.get("tp", 1) * cand.get("dp", 1)) if self.inv.gpus else 1
+        """GPUs the server of ``cand`` occupies (:meth:`gpus_needed`: the planner may add pipeline parallelism
+        to fit a TP); TP x DP for a candidate the planner rejects (it is never measured)."""
+        from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+
+        if not self.inv.gpus:
+            return 1
+        try:
+            return self.gpus_needed(cand)
+        except ConfigRejected:
+            return max(1, cand.get("tp", 1) * cand.get("dp", 1))
 
     def command(self, cand: dict[str, Any]) -> str:
         return self.plan(cand, name=self.plan_base.get("served_model_name") or "m3ctl").command_line()
@@ -518,7 +528,7 @@ class ServerEvaluator:
     def gpus_needed(self, cand: dict[str, Any]) -> int:
         """GPUs the server of ``cand`` occupies on this host: the plan's world size (TP x PP x DP), at least 1
         (a CPU plan: 1). Raises ConfigRejected like :meth:`check`."""
-        return max(1, len(self.plan(cand).gpus))
+        return self.n_gpus_plan(self.plan(cand))
 
     def compile_key(self, cand: dict[str, Any]) -> str:
         """Which torch.compile cache entry the server of ``cand`` would use, as a comparable string: two candidates

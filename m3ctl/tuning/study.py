@@ -487,10 +487,26 @@ def study_lock(study_dir: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def trial_pool(inventory, space: Space, port: int, parallel_trials: int | str = "auto"):
+def smallest_trial(ev, space: Space) -> int:
+    """GPUs of the space's smallest configuration as planned (m3ctl.tuning.parallel.gpus_needed: TP x PP x DP, the
+    planner may add PP to fit a TP); the smallest TP x DP when the planner rejects every configuration."""
+    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+    from m3ctl.tuning.parallel import gpus_needed  # noqa: PLC0415
+
+    sizes = []
+    for cand in space.grid():
+        try:
+            sizes.append(gpus_needed(ev, cand))
+        except ConfigRejected:
+            continue
+    return min(sizes, default=min(space.values.get("tp", [1])) * min(space.values.get("dp", [1])))
+
+
+def trial_pool(inventory, space: Space, port: int, parallel_trials: int | str = "auto", need: int | None = None):
     """How many trials of the study run at once on this host and where (:class:`m3ctl.tuning.schedule.Pool`): the
     limit from ``parallel_trials`` (an int >= 1, or ``"auto"``: as many as fit) and the smallest configuration of
-    the space (TP x DP, its smallest values), the GPU topology of ``inventory``, and one API port per concurrent
+    the space (``need`` GPUs, :func:`smallest_trial`; without it its smallest TP x DP), the GPU topology of
+    ``inventory``, and one API port per concurrent
     trial (``port`` and the next free ones up). A host without GPUs, or where one trial fits, runs one at a time.
 
     Raises:
@@ -501,7 +517,8 @@ def trial_pool(inventory, space: Space, port: int, parallel_trials: int | str = 
     from m3ctl.tuning.server import trial_ports  # noqa: PLC0415
 
     topo = Topology.of(inventory)
-    need = min(space.values.get("tp", [1])) * min(space.values.get("dp", [1]))
+    if need is None:  # the callers pass smallest_trial(ev, space)
+        need = min(space.values.get("tp", [1])) * min(space.values.get("dp", [1]))
     try:
         limit, why = parallel_limit(topo, need, parallel_trials)
     except ValueError as e:
@@ -597,7 +614,7 @@ def _run_tune(
         space=space,
         fast_starts=settings.get("fast_starts", True),
     )
-    pool = trial_pool(inventory, space, settings["port"], parallel_trials)
+    pool = trial_pool(inventory, space, settings["port"], parallel_trials, need=smallest_trial(ev, space))
     tuner = open_tuner(study_dir, space, ev, spec, on_event, pool=pool if pool.limit > 1 else None)
     try:
         res = tuner.run()
@@ -699,7 +716,7 @@ def dry_run(
     out["choice"] = choice_rule_text(spec.baseline)
     out["runnable"] = bool(out["feasible"]) or "command" in out["baseline"]  # something would be measured
     out["starts"] = ev.start_measures_note(first) if key_of(first) in ok else None
-    pool = trial_pool(inventory, space, settings["port"], parallel_trials)
+    pool = trial_pool(inventory, space, settings["port"], parallel_trials, need=smallest_trial(ev, space))
     out["parallel"] = parallel_preview(ev, space, cands, pool)
     if out["parallel"]["trials"] > 1:
         out["order"].insert(

@@ -106,6 +106,15 @@ def test_local_model_dir_and_its_hf_cache_are_mounted_read_only(tmp_path, monkey
     assert f"{tmp_path / 'hub'}:/root/.cache/huggingface/hub:ro" in vols
     svc = yaml.safe_load(render(p, "compose"))["services"]["m3ctl"]
     assert all(v["read_only"] for v in svc["volumes"]) and len(svc["volumes"]) == 2
+    assert _k8s_hf_read_only(p) is True  # k8s said read-write here while docker and compose said read-only
+
+
+def _k8s_hf_read_only(p) -> bool:
+    """The hf-cache volumeMount's readOnly in the Deployment of ``render(p, "k8s")``."""
+    docs = [d for d in yaml.safe_load_all(render(p, "k8s")) if d]
+    dep = next(d for d in docs if d["kind"] == "Deployment")
+    mounts = dep["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+    return next(m["readOnly"] for m in mounts if m["name"] == "hf-cache")
 
 
 def test_a_hub_model_mounts_the_hf_cache_read_write_even_before_it_exists(tmp_path, monkeypatch):
@@ -123,6 +132,11 @@ def test_a_hub_model_mounts_the_hf_cache_read_write_even_before_it_exists(tmp_pa
     }
     svc = yaml.safe_load(render(p, "compose"))["services"]["m3ctl"]
     assert [v["read_only"] for v in svc["volumes"]] == [False]
+    assert _k8s_hf_read_only(p) is False
+    monkeypatch.setenv("HUGGINGFACE_HUB_CACHE", str(tmp_path / "legacy"))  # huggingface_hub's older name
+    assert f"{tmp_path / 'legacy'}:/root/.cache/huggingface/hub:rw" in _flag_values(
+        shlex.split(render(p, "docker")), "-v"
+    )
 
 
 def test_amd_devices_follow_the_gpu_vendor_not_the_profile_name(tmp_path):

@@ -268,6 +268,25 @@ def test_cli_doctor_of_a_catalog_system_does_not_read_as_probed():
     assert "NVML initialised" not in out and "None CPUs" not in out and "CPU count n/a" in out
 
 
+def test_doctor_of_an_amd_catalog_system_reads_no_probe_of_this_machine():
+    """`doctor --system mi300xx8 --runtime docker` on a laptop said "not runnable here: container.devices /dev/kfd
+    and /dev/dri missing" (this machine's device nodes) while `plan --system mi300xx8 --runtime docker` planned it;
+    without --runtime docker it warned that /opt/rocm was missing. The host probes are SKIP for a catalog system."""
+    d = json.loads(run_cli("doctor", "--system", "mi300xx8", "--runtime", "docker", "--json").stdout)
+    rows = {c["id"]: c for c in d["checks"]}
+    for cid in ("container.engine", "container.nvidia_runtime", "container.devices", "driver.amdsmi"):
+        assert (rows[cid]["status"], rows[cid]["message"]) == ("SKIP", "not probed (catalog system)")
+    assert rows["driver.version"]["message"].startswith("not probed (catalog system)")
+    assert d["runnable"] and d["exit_code"] == 0 and d["verdict"]["status"] == "runnable_natively"
+    plan = json.loads(run_cli("plan", "--system", "mi300xx8", "--runtime", "docker", "--json", check=True).stdout)
+    assert (plan["variant"], plan["layout"]["tp"]) == (d["verdict"]["variant"], d["verdict"]["tp"])
+    assert not [
+        c
+        for c in json.loads(run_cli("doctor", "--system", "mi300xx8", "--json").stdout)["checks"]
+        if c["status"] != "OK" and c["status"] != "SKIP" and c["group"] in ("driver", "container")
+    ]
+
+
 def test_cli_plan_options_of_another_form_are_refused_not_ignored():
     """`plan --nodes 3` without a multi-node --emit, and --hf-cache-hostpath without a Kubernetes one, were
     accepted and ignored (exit 0)."""

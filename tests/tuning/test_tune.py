@@ -844,6 +844,25 @@ def test_a_twin_of_the_defaults_is_confirmed_by_the_defaults_own_fresh_server():
     assert plain.opens.count(next_key) == 1 and r_plain.launches == res.launches
 
 
+def test_a_trial_the_planner_fits_with_pipeline_parallelism_counts_all_its_gpus(tmp_path):
+    """On 8 x B200 MiniMax-M3.1-Flash at TP 1 fits only with PP 8: its throughput per GPU is divided by 8, not 1, and
+    a space of TP 1 runs one trial at a time (before: tp x dp = 1 GPU, per-GPU figures 8x too high and a dry-run
+    promising 8 trials at once)."""
+    from m3ctl.hw.systems import inventory_for_system
+    from m3ctl.tuning.server import ServerEvaluator
+    from m3ctl.tuning.study import smallest_trial, trial_pool
+
+    inv = inventory_for_system("b200x8")
+    ev = ServerEvaluator(
+        inv, "MiniMax-M3.1-Flash", tmp_path / "study", TuneSpec(), plan_base={}, bench={}, port=8040, name_prefix="t"
+    )
+    p = ev.plan({"tp": 1, "dp": 1})
+    assert (p.tp, p.pp) == (1, 8) and ev.n_gpus_plan(p) == 8 == ev.n_gpus({"tp": 1, "dp": 1})
+    space = Space({"tp": [1], "dp": [1]})
+    assert smallest_trial(ev, space) == 8
+    assert trial_pool(inv, space, 18040, need=smallest_trial(ev, space)).limit == 1
+
+
 def test_server_key_resolves_vllm_defaults_on_an_h200(tmp_path):
     """ServerEvaluator.server_key: explicit flags equal to vLLM's defaults for the GPU (1024 sequences, 8192
     batched tokens on an H200: m3ctl/data/vllm_defaults.yaml) give the baseline's key; other values do not."""
