@@ -144,7 +144,7 @@ def positive_float(text: str) -> float:
     except ValueError:
         raise typer.BadParameter(f"{text!r} is not a number") from None
     if not v > 0:
-        raise typer.BadParameter(f"{text} must be > 0 (inf: all at once)")
+        raise typer.BadParameter(f"{text} must be > 0")
     return v
 
 
@@ -233,6 +233,25 @@ Model = Annotated[
         "-m",
         parser=text,
         help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory (default: $M3CTL_MODEL, the config file's, else MiniMax-M3.1-Flash).",
+    ),
+]
+#: ``serve`` and ``tune`` start servers: the model is never assumed there (``plan`` and ``doctor`` default it).
+ServeModel = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        parser=text,
+        help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory (required: give it, or set $M3CTL_MODEL or the config file's model).",
+    ),
+]
+TuneModel = Annotated[
+    str | None,
+    typer.Option(
+        "--model",
+        "-m",
+        parser=text,
+        help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory (required for a new study: give it, or set $M3CTL_MODEL or the config file's model).",
     ),
 ]
 Port = Annotated[

@@ -19,7 +19,7 @@ from m3ctl.errors import BadInput
 @o.options(o.PLAN_KNOBS, into="knobs")
 def serve(
     ctx: typer.Context,
-    model: o.Model = None,
+    model: o.ServeModel = None,
     name: o.Name = "m3ctl",
     port: o.Port = None,
     host: o.Host = "127.0.0.1",

@@ -91,7 +91,7 @@ TUNE_OPTIONS, TUNE_FIELDS = o.model_options(
 @o.options(TUNE_OPTIONS, into="opts")
 def tune(
     ctx: typer.Context,
-    model: o.Model = None,
+    model: o.TuneModel = None,
     study_dir: Annotated[
         Path | None, typer.Option(help="Study directory (SQLite study, trials, outputs); default ./m3ctl-tune-<time>.")
     ] = None,

@@ -220,8 +220,8 @@ def prune_dominated(space: Space, ladder: list[int]) -> tuple[Space, list[str]]:
         if len(cover) > 1:
             vals["max_num_seqs"] = [v for v in seqs if v < cmax or v == cover[0]]
             notes.append(
-                f"max_num_seqs {', '.join(map(str, cover[1:]))} dropped: the largest ladder concurrency "
-                f"{cmax} never fills more than {cover[0]} sequences"
+                f"max_num_seqs {', '.join(map(str, cover[1:]))} dropped: at most {cmax} requests are in flight "
+                f"(the ladder's largest concurrency), so they run like max_num_seqs {cover[0]}"
             )
     return Space(values=vals, spec_method=space.spec_method, pinned_by_user=set(space.pinned_by_user)), notes
 

@@ -710,7 +710,11 @@ def dry_run(
         f"then a local poll around the best so far and optuna TPE over the {out['feasible']} configurations the "
         f"rules accept, until {spec.max_trials} server starts"
         + (f" or {spec.time_budget_s:g} s" if spec.time_budget_s else ""),
-        f"then the best {spec.confirm_top} re-measured on a fresh server with {spec.confirm_factor:g}x the requests",
+        (
+            f"then the best {spec.confirm_top} re-measured on a fresh server with {spec.confirm_factor:g}x the requests"
+            if spec.confirm_top
+            else "no re-measurement on a fresh server (--confirm-top 0): each configuration is one server's figure"
+        ),
     ]
     out["boundary"] = boundary_rule(spec)
     out["choice"] = choice_rule_text(spec.baseline)
