@@ -19,7 +19,12 @@ app = typer.Typer(
 def tiny_model(
     out_dir: Annotated[Path, typer.Argument(help="Directory to create.")],
     arch: Annotated[
-        str, typer.Option(help="minimax-m2 (MoE), llama, or minimax-m3 (config only, for --load-format dummy).")
+        str,
+        typer.Option(
+            help="minimax-m2 (MoE), llama, minimax-m3-release (config only, the release checkpoint's format: the"
+            " M3 config `plan` and vLLM accept; for --load-format dummy), or minimax-m3 / minimax-m3-text (config"
+            " only, as transformers writes it: `plan` rejects it by rule model.config_format)."
+        ),
     ] = "minimax-m2",
     head_dim: Annotated[
         int,

@@ -114,7 +114,8 @@ def parse_slo(text: str | None) -> SLO:
 
     Raises:
         BadInput: a term without an operator, an unknown key (with a did-you-mean), a percentile outside
-            (0, 100], a value that is not a finite number >= 0, a lower bound on a latency (``p90_tpot_ms>=3``),
+            (0, 100], a value that is not a finite number >= 0, a latency limit of 0, a lower bound on a latency
+            (``p90_tpot_ms>=3``),
             one metric given twice, or a text with no term at all (``","``).
     """
     if not text or not text.strip():
@@ -152,6 +153,10 @@ def parse_slo(text: str | None) -> SLO:
                 f"bad SLO value {val!r} in {part!r}: latencies, rates and counts are finite and >= 0",
                 "e.g. p90_tpot_ms<=20",
             )
+        if _LAT.match(key) and value == 0:
+            raise BadInput(
+                f"bad SLO term {part!r}: no request takes 0 ms, so this limit can never hold", f"e.g. {key}<=20"
+            )
         if _LAT.match(key) and op.startswith(">"):
             raise BadInput(
                 f"bad SLO term {part!r}: a latency SLO is an upper bound (lower is better)",
@@ -166,7 +171,7 @@ def parse_slo(text: str | None) -> SLO:
 
 
 def objective_value(res: dict, objective: str, n_gpus: int, usd_per_gpu_hour: float | None) -> float:
-    """The objective of one bench result. Per GPU = throughput / GPUs of the deployment (tp x dp, 1 on CPU),
+    """The objective of one bench result. Per GPU = throughput / GPUs of the deployment (TP x PP x DP, 1 on CPU),
     as InferenceX utils/process_result.py; tokens per USD = tok/s/GPU x 3600 / ($/GPU-h)."""
     n = max(1, n_gpus)
     if objective == "tput_per_gpu":

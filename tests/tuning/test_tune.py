@@ -750,6 +750,14 @@ def test_slo_values_must_be_finite_and_not_negative(bad):
         parse_slo(bad)
 
 
+@pytest.mark.parametrize("bad", ["p90_tpot_ms<=0", "p99_ttft_ms<0", "mean_e2el_ms<=0.0"])
+def test_a_latency_limit_of_0_is_refused_it_can_never_hold(bad):
+    """A new user's `--slo 'p90_tpot_ms<=0'` was accepted: a study whose every level misses."""
+    with pytest.raises(BadInput, match="can never hold"):
+        parse_slo(bad)
+    assert parse_slo("output_throughput>=0").terms  # a rate of at least 0 is odd but can hold
+
+
 def _baseline_twin_grid():
     """A recorded grid whose vLLM-defaults baseline runs the same engine as the search's anchor (what
     ServerEvaluator.server_key resolves on an H200), and an evaluator class that says so; the defaults' engine is
