@@ -15,7 +15,7 @@ from m3ctl.cli.inputs import parse_args
 from m3ctl.cli.output import Output, console, escape
 from m3ctl.cli.tune_render import print_dry_run, print_result
 from m3ctl.core.files import WriteFailed
-from m3ctl.errors import BadInput, ConfigRejected
+from m3ctl.errors import BadInput
 from m3ctl.loadgen import MAX_REQUEST_TOKENS, WORKLOADS
 from m3ctl.tuning.options import TuneOptions
 
@@ -154,12 +154,10 @@ def tune(
         if not out.json:
             print_dry_run(out.con, report)
         if not report.get("runnable", True):  # printed first: the rejections above are the answer
-            raise ConfigRejected(
-                f"nothing in this study can run: the plan rules reject all {len(report['candidates'])} "
-                "configurations and vLLM's defaults",
-                "see each configuration's rule above (`--json` has them all); change --knob values or plan for "
-                "another host (--system NAME, --inventory FILE)",
-            )
+            from m3ctl.tuning.study import nothing_to_tune  # noqa: PLC0415
+
+            c = report["candidates"][0] if report["candidates"] else {"describe": "-", "reason": "empty space"}
+            raise nothing_to_tune(len(report["candidates"]), c["describe"], c.get("reason", ""))
         return
     run_study(out, model, study_dir, resume, inventory, system, pareto, parallel_trials, given)
 

@@ -24,8 +24,7 @@ What :func:`container_spec` sets, and why (one :class:`~m3ctl.planning.launch.Do
 - Volumes: a local model directory at the same path, read-only (argv unchanged); the host HF cache at
   ``/root/.cache/huggingface``, read-write for a hub model so it downloads into it (created first, as the user who
   runs m3ctl, when missing: the engine would create it root-owned), read-only for a local model or an offline
-  plan; plus
-  ``DockerOptions.mounts``.
+  plan; plus ``DockerOptions.mounts``.
 - Host network (default; the only choice on an engine started with ``--bridge=none``) or a
   port mapping (``network="bridge"``: the server listens on 0.0.0.0 inside, published on the
   plan's host:port).

@@ -17,7 +17,7 @@ from m3ctl.errors import LaunchFailed
 from m3ctl.serving.kernels import jit_measure_args
 from m3ctl.tuning import startup
 from m3ctl.tuning.search import TuneSpec, num_prompts, write_json
-from m3ctl.tuning.space import plan_kwargs
+from m3ctl.tuning.space import key_of, plan_kwargs
 
 #: Repeats of a bench run spoiled by in-service kernel JIT compilation (each repeat hits compiled kernels).
 JIT_RERUNS = 2
@@ -164,6 +164,7 @@ class ServerEvaluator:
         self.current: str | None = None
         self.trial_dir: Path | None = None
         self.suffix = ""  # start_suffix of the current start's records
+        self._gpus: dict[str, int] = {}  # gpus_needed per configuration key
         #: the study's start measures (m3ctl.tuning.startup): one compile cache per study and model, CUDA-graph
         #: capture bounded by the ladder. Off: every trial starts as `m3ctl serve` would.
         self.fast_starts = fast_starts
@@ -528,7 +529,10 @@ class ServerEvaluator:
     def gpus_needed(self, cand: dict[str, Any]) -> int:
         """GPUs the server of ``cand`` occupies on this host: the plan's world size (TP x PP x DP), at least 1
         (a CPU plan: 1). Raises ConfigRejected like :meth:`check`."""
-        return self.n_gpus_plan(self.plan(cand))
+        k = key_of(cand)
+        if k not in self._gpus:  # one plan per configuration: bisection and confirmation ask at every level
+            self._gpus[k] = self.n_gpus_plan(self.plan(cand))
+        return self._gpus[k]
 
     def compile_key(self, cand: dict[str, Any]) -> str:
         """Which torch.compile cache entry the server of ``cand`` would use, as a comparable string: two candidates

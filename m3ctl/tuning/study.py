@@ -489,17 +489,36 @@ def study_lock(study_dir: Path) -> Iterator[None]:
 
 def smallest_trial(ev, space: Space) -> int:
     """GPUs of the space's smallest configuration as planned (m3ctl.tuning.parallel.gpus_needed: TP x PP x DP, the
-    planner may add PP to fit a TP); the smallest TP x DP when the planner rejects every configuration."""
+    planner may add PP to fit a TP).
+
+    Raises:
+        ConfigRejected: the plan rules reject every configuration of the space (exit 3 before any start: a study
+            of vLLM's defaults alone has nothing to tune); names the first configuration's rule and reason.
+    """
     from m3ctl.errors import ConfigRejected  # noqa: PLC0415
     from m3ctl.tuning.parallel import gpus_needed  # noqa: PLC0415
 
-    sizes = []
+    sizes, first = [], None
     for cand in space.grid():
         try:
             sizes.append(gpus_needed(ev, cand))
-        except ConfigRejected:
-            continue
-    return min(sizes, default=min(space.values.get("tp", [1])) * min(space.values.get("dp", [1])))
+        except ConfigRejected as e:
+            first = first or (cand, e)
+    if not sizes and first is not None:
+        raise nothing_to_tune(space.size(), describe(first[0], space), first[1].message)
+    return min(sizes, default=1)
+
+
+def nothing_to_tune(n: int, first: str, reason: str):
+    """The ConfigRejected of a space whose every configuration the plan rules reject (``first``: the first one,
+    ``reason``: why), for the run and for ``--dry-run`` alike."""
+    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+
+    return ConfigRejected(
+        f"nothing to tune: the plan rules reject all {n} configurations of the space ({first}: {reason})",
+        "change the --knob values (`m3ctl tune --dry-run` lists each configuration's rule) or plan for another host "
+        "(--system NAME, --inventory FILE)",
+    )
 
 
 def trial_pool(inventory, space: Space, port: int, parallel_trials: int | str = "auto", need: int | None = None):
@@ -641,8 +660,8 @@ def dry_run(
     {skipped: why}, ``first`` {config, command} (the anchor: the search's first start) or None,
     ``order`` (what runs in which order), ``prompts_per_run`` {concurrency: requests}, ``boundary`` (the rule for
     repeating a run near the SLO boundary, in words), ``choice`` (what profile.yaml will hold, in words:
-    m3ctl.tuning.choice.rule_text), ``runnable`` (False when the rules reject every configuration and vLLM's
-    defaults: the study would measure nothing), ``parallel`` (:func:`parallel_preview`: trials at once, their
+    m3ctl.tuning.choice.rule_text), ``runnable`` (False when the rules reject every configuration of the space:
+    the run refuses it, :func:`smallest_trial`), ``parallel`` (:func:`parallel_preview`: trials at once, their
     GPU sets and ports, and the start order of the first configurations).
     """
     from m3ctl.core.state import Registry  # noqa: PLC0415
@@ -718,9 +737,10 @@ def dry_run(
     ]
     out["boundary"] = boundary_rule(spec)
     out["choice"] = choice_rule_text(spec.baseline)
-    out["runnable"] = bool(out["feasible"]) or "command" in out["baseline"]  # something would be measured
+    out["runnable"] = bool(out["feasible"])  # the defaults alone are nothing to tune (smallest_trial refuses a run)
     out["starts"] = ev.start_measures_note(first) if key_of(first) in ok else None
-    pool = trial_pool(inventory, space, settings["port"], parallel_trials, need=smallest_trial(ev, space))
+    need = smallest_trial(ev, space) if out["feasible"] else 1  # not runnable: the CLI refuses after printing
+    pool = trial_pool(inventory, space, settings["port"], parallel_trials, need=need)
     out["parallel"] = parallel_preview(ev, space, cands, pool)
     if out["parallel"]["trials"] > 1:
         out["order"].insert(

@@ -371,5 +371,19 @@ def test_dry_run_of_a_study_where_nothing_can_run_exits_3(tmp_path):
     )
     assert p.returncode == 3, p.stderr
     assert "rejected rule engine.moe_scoring" in p.stdout and "baseline command: skipped" in p.stdout
-    assert "error: nothing in this study can run: the plan rules reject all" in p.stderr
+    assert "error: nothing to tune: the plan rules reject all" in p.stderr and "rule engine.moe_scoring" in p.stderr
     assert not (tmp_path / "s").exists()
+
+
+def test_a_study_whose_every_configuration_is_rejected_refuses_before_any_start(tiny_models, tmp_path):
+    """`tune --knob tp=2` on a host where TP 2 cannot run: the dry run listed 0 configurations passing the rules and
+    exited 0, and a run would have measured vLLM's defaults alone. Both now refuse with the first rule (exit 3)."""
+    from tests.conftest import run_cli
+
+    env = {"M3CTL_STATE_DIR": str(tmp_path / "state")}
+    args = ["tune", "--model", str(tiny_models["llama"]), "--study-dir", str(tmp_path / "s"), "--knob", "tp=2"]
+    for extra in (["--dry-run"], []):
+        p = run_cli(*args, *extra, env=env)
+        assert p.returncode == 3, p.stdout + p.stderr
+        assert "error: nothing to tune: the plan rules reject all" in p.stderr and "Traceback" not in p.stderr
+    assert not list((tmp_path / "s").glob("trials/*/start*.json"))  # no server was started
