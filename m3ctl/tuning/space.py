@@ -170,10 +170,12 @@ def apply_pins(space: Space, specs: list[str]) -> Space:
     """Narrow or pin knobs: ``["max_num_seqs=4,8", "spec_depth=0-4", "tp=8"]`` (``A-B`` = integer range).
 
     Raises:
-        BadInput: unknown knob (did-you-mean), bad value, or an empty range.
+        BadInput: unknown knob (did-you-mean), bad value, an empty range, or one knob given twice (the second
+            would silently replace the first).
     """
     vals = {k: list(v) for k, v in space.values.items()}
     pinned = set(space.pinned_by_user)
+    given: dict[str, str] = {}
     for spec in specs:
         key, eq, rhs = spec.partition("=")
         key = key.strip().replace("-", "_")
@@ -185,6 +187,12 @@ def apply_pins(space: Space, specs: list[str]) -> Space:
                 f"unknown knob {key!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
                 f"knobs: {', '.join(KNOBS)}",
             )
+        if key in given:
+            both = ",".join(dict.fromkeys([*given[key].split(","), *rhs.split(",")]))
+            raise BadInput(
+                f"--knob {key} given twice ({given[key]} and {rhs})", f"give its values once: --knob {key}={both}"
+            )
+        given[key] = rhs
         out: list[Any] = []
         for part in rhs.split(","):
             part = part.strip()

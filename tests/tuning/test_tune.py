@@ -553,6 +553,11 @@ def test_cli_tune_bad_slo_and_knob(tiny_models, tmp_path):
     assert p.returncode == 2 and "unknown knob 'max_seq'" in p.stderr
     p = run_cli("tune", "--resume", str(tmp_path / "nothing"))
     assert p.returncode == 2 and "not a tune study" in p.stderr
+    # a knob given twice kept only its last values, silently
+    knobs = ["--knob", "spec_depth=1", "--knob", "spec-depth=2,1"]
+    p = run_cli("tune", "--model", str(tiny_models["m2"]), *knobs, "--study-dir", str(tmp_path / "s"), "--dry-run")
+    assert p.returncode == 2 and "--knob spec_depth given twice (1 and 2,1)" in p.stderr
+    assert "give its values once: --knob spec_depth=1,2" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_cli_resume_takes_new_budgets(tiny_models, tmp_path):
