@@ -730,11 +730,14 @@ def dry_run(
         f"rules accept, until {spec.max_trials} server starts"
         + (f" or {spec.time_budget_s:g} s" if spec.time_budget_s else ""),
         (
-            f"then the best {spec.confirm_top} re-measured on a fresh server with {spec.confirm_factor:g}x the requests"
+            f"then the best {min(spec.confirm_top, out['feasible'])} re-measured on a fresh server with "
+            f"{spec.confirm_factor:g}x the requests"
             if spec.confirm_top
             else "no re-measurement on a fresh server (--confirm-top 0): each configuration is one server's figure"
         ),
     ]
+    if spec.max_trials == 0:  # the trial budget is spent before the baseline's start (Tuner._budget_spent)
+        out["order"] = ["no server start (--max-trials 0): the study is set up and measures nothing"]
     out["boundary"] = boundary_rule(spec)
     out["choice"] = choice_rule_text(spec.baseline)
     out["runnable"] = bool(out["feasible"])  # the defaults alone are nothing to tune (smallest_trial refuses a run)
