@@ -126,7 +126,13 @@ BENCH_OPTIONS, BENCH_FIELDS = o.model_options(
         "num_warmups": dict(),
         "seed": dict(),
         "prompt_salt": dict(),
-        "percentiles": dict(type=str, parser=o.percentiles, show=_comma, help="Comma-separated percentiles (0-100)."),
+        "percentiles": dict(
+            type=str,
+            decls=("--percentiles", "--metric-percentiles"),  # vllm bench serve's name
+            parser=o.percentiles,
+            show=_comma,
+            help="Comma-separated percentiles (0-100) of every latency metric (--metric-percentiles as vllm bench serve names it).",
+        ),
         "tokenizer": dict(),
         "usd_per_gpu_hour": dict(parser=o.positive_float, metavar="USD"),
         "power": dict(
@@ -190,8 +196,10 @@ def bench(
     concurrency: Annotated[
         str | None,
         typer.Option(
+            "--concurrency",
+            "--max-concurrency",  # vllm bench serve's name, so its command lines carry over
             parser=o.int_list,
-            help="Max requests in flight (closed loop); a list such as 1,2,4,8 runs a sweep. Agentic: session lanes.",
+            help="Max requests in flight (closed loop; --max-concurrency as vllm bench serve names it); a list such as 1,2,4,8 runs a sweep. Agentic: session lanes.",
         ),
     ] = None,
     warmup: Annotated[

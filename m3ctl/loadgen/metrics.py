@@ -14,7 +14,8 @@ summarised in docs/sources.md#benchmark-metric-definitions:
   from ``start + ttft + cumsum(itl)`` (counts chunks, as vLLM does).
 
 m3ctl's one departure, where vLLM would print a number that was never measured (:func:`unmeasured`): a run
-whose streams arrived in bursts (every token of most requests in one network read) has TPOT and ITL ``None``
+whose streams arrived in bursts (every token of most requests in one network read, or faster than any server
+decodes: :data:`BURST_TOKEN_S`) has TPOT and ITL ``None``
 (null in the JSON, not vLLM's 0.00), ``request_goodput`` ``None`` when its SLO bounds TPOT, and the key
 ``unmeasured`` ({metric: reason}) says why; ``{}`` when everything was measured.
 """
@@ -31,33 +32,59 @@ METRICS = ("ttft", "tpot", "itl", "e2el")
 #: A request arrived "in one burst" when its last token came less than this after its first (s): all its
 #: tokens were in one network read (the client stamps a read once), so its decode time was not observed.
 BURST_DECODE_S = 5e-5
+#: ... or when its tokens after the first came faster than this per token (s): 0.1 ms, 10,000 tok/s for one user,
+#: over 3x the fastest published single-stream decode rates (Cerebras Inference: 1,800 tok/s for Llama 3.1 8B,
+#: https://cerebras.ai/blog/introducing-cerebras-inference-ai-at-instant-speed; about 3,000 tok/s for gpt-oss-120B).
+#: Faster is a buffered stream delivered in several writes microseconds apart: its decode time was not observed.
+BURST_TOKEN_S = 1e-4
 #: A run "streamed in bursts" when more than this fraction of its successful requests with 3+ output tokens
 #: arrived in one burst (2-token answers can legitimately share a read).
 BURST_FRACTION = 0.5
 
 
+def _burst(o: RequestOutput) -> bool:
+    n = o.output_tokens or 0
+    return o.latency - o.ttft < max(BURST_DECODE_S, (n - 1) * BURST_TOKEN_S)
+
+
 def bursts(outputs: Sequence[RequestOutput]) -> tuple[int, int]:
     """``(burst, multi)``: successful requests with 3+ output tokens (``multi``) and how many of them received
-    every token within :data:`BURST_DECODE_S` of the first (``burst``)."""
+    every token within :data:`BURST_DECODE_S` of the first, or the tokens after the first faster than
+    :data:`BURST_TOKEN_S` each (``burst``)."""
     multi = [o for o in outputs if o.success and (o.output_tokens or 0) > 2]
-    return sum(1 for o in multi if o.latency - o.ttft < BURST_DECODE_S), len(multi)
+    return sum(1 for o in multi if _burst(o)), len(multi)
 
 
 def unmeasured(outputs: Sequence[RequestOutput], goodput_slo_ms: dict[str, float] | None = None) -> dict[str, str]:
     """Metrics this run did not measure, ``{metric: reason}`` (``{}`` when all were measured).
 
-    The rule: when ``burst * 2 > multi`` (:func:`bursts`, i.e. more than :data:`BURST_FRACTION` of the requests
+    First, responses whose output tokens were not counted (no ``usage`` and no ``--allow-approx``): ``tpot`` and
+    ``output_tokens`` (the totals and throughputs count such a response as 1 token) are unmeasured, and
+    ``request_goodput`` when its SLO bounds TPOT. Else the burst rule: when ``burst * 2 > multi`` (:func:`bursts`,
+    i.e. more than :data:`BURST_FRACTION` of the requests
     with 3+ output tokens got all their tokens at once, so the server or a proxy in front of it buffered the
     stream) ``tpot`` and ``itl`` are unmeasured (TPOT would read ~0), and so is ``request_goodput`` when
     ``goodput_slo_ms`` bounds ``tpot``. Each reason starts with a one-word cause (``bursts``), then ``": "``
     and the detail; reports print ``n/a (<cause>)``.
     """
+    ok = [o for o in outputs if o.success]
+    uncounted = sum(1 for o in ok if o.output_tokens is None)
+    if uncounted:  # no usage and not approximated: its tokens are unknown, so is its TPOT
+        why = (
+            f"usage: {uncounted} of {len(ok)} responses had no usage, so their output tokens were not counted "
+            "(counted as 1 each in the output totals and throughputs; --allow-approx counts the stream chunks)"
+        )
+        out = {"output_tokens": why, "tpot": why}
+        if goodput_slo_ms and "tpot" in goodput_slo_ms:
+            out["request_goodput"] = f"usage: the goodput SLO bounds TPOT, which was not measured ({why[7:]})"
+        return out
     burst, multi = bursts(outputs)
     if not multi or burst <= BURST_FRACTION * multi:
         return {}
     detail = (
-        f"{burst} of {multi} requests with 3+ output tokens received all their tokens in one network read "
-        "(the server or a proxy buffered the stream), so the time between tokens was not observed"
+        f"{burst} of {multi} requests with 3+ output tokens received all their tokens at once (in one network read, "
+        f"or faster than {BURST_TOKEN_S * 1e3:g} ms per token: the server or a proxy buffered the stream), so the "
+        "time between tokens was not observed"
     )
     out = {"tpot": f"bursts: {detail}", "itl": f"bursts: {detail}"}
     if goodput_slo_ms and "tpot" in goodput_slo_ms:

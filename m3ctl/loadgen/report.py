@@ -453,7 +453,15 @@ def _throughput_rows(res: dict, done: bool, miss: dict) -> list[tuple[str, str]]
         ("request throughput (req/s)", f"{res['request_throughput']:.2f}"),
         ("output token throughput (tok/s)", f"{res['output_throughput']:.1f}"),
         ("total token throughput (tok/s)", f"{res['total_token_throughput']:.1f}"),
-        ("input / output tokens (server usage)", f"{res['total_input_tokens']} / {res['total_output_tokens']}"),
+        (
+            "input / output tokens (server usage)",
+            f"{res['total_input_tokens']} / "
+            + (
+                f"{res['total_output_tokens']} (n/a: {res['unmeasured']['output_tokens'].split(': ', 1)[0]})"
+                if "output_tokens" in (res.get("unmeasured") or {})
+                else str(res["total_output_tokens"])
+            ),
+        ),
     ]
     if res.get("request_goodput") is not None:
         rows.append(("goodput (req/s)", f"{res['request_goodput']:.2f}"))

@@ -1327,11 +1327,14 @@ def _vllm_keys(cfg: BenchConfig, outs: list[RequestOutput], dur: float, wl: dict
                 o.output_tokens, o.tokens_from_chunks = o.stream_chunks, True
                 approx += 1
     res.update(metrics.calculate(outs, dur, cfg.percentiles, cfg.goodput_slo_ms))
+    uncounted = sum(1 for o in outs if o.success and o.output_tokens is None)
     res["output_tokens_source"] = (
         f"stream chunks for {approx} of {sum(o.success for o in outs)} responses "
         "(no usage; one token per chunk, an undercount where a chunk carries several, "
         "as with speculative decoding)"
         if approx
+        else f"none for {uncounted} of {sum(o.success for o in outs)} responses (no usage: counted as 1 token each)"
+        if uncounted
         else "usage"
     )
     res["latencies"] = [o.latency for o in outs]
@@ -1664,7 +1667,7 @@ def _validity(
     # CPU server on a 2-core host in spells of a few seconds, with every client alike. The run stays valid for
     # TTFT, E2E latency and throughput.
     miss = res.get("unmeasured") or {}
-    if "tpot" in miss:
+    if miss.get("tpot", "").startswith("bursts"):  # (no usage has its own reason below)
         burst, multi = metrics.bursts(ok)
         warnings.append(
             f"streamed in bursts: {burst} of {multi} requests received all their tokens at once "
@@ -1675,7 +1678,9 @@ def _validity(
         warnings.append("goodput not claimed (null): its SLO bounds TPOT, which this run did not measure")
     no_usage = sum(1 for o in ok if o.output_tokens is None or o.tokens_from_chunks)
     if no_usage and not cfg.allow_approx:
-        reasons.append(f"{no_usage} responses had no usage: output token counts unknown")
+        reasons.append(
+            f"{no_usage} responses had no usage: output token counts unknown (--allow-approx counts stream chunks)"
+        )
     elif no_usage:
         warnings.append(
             f"{no_usage} responses had no usage: output tokens counted from stream chunks "
@@ -1746,7 +1751,17 @@ def _asked_vs_happened(
     if cfg.ignore_eos:
         short = [o for o in ok if o.output_tokens is not None and o.output_tokens < o.output_len_requested]
         out["short_outputs"] = len(short)
-        if ok and len(short) > SHORT_OUTPUT_FRACTION * len(ok):
+        chunked = [o for o in short if o.tokens_from_chunks]
+        if ok and len(chunked) > SHORT_OUTPUT_FRACTION * len(ok):  # --allow-approx's count, not the server's stop
+            got = int(np.median([o.output_tokens for o in chunked]))
+            want = int(np.median([o.output_len_requested for o in chunked]))
+            reasons.append(
+                f"output tokens undercounted: without usage --allow-approx counted stream chunks (median {got} "
+                f"for {want} requested tokens, {len(chunked)} of {len(ok)} responses), and these chunks carry "
+                "several tokens each, so output counts, throughput and TPOT are not measured; use a server that "
+                "reports usage (vLLM: --enable-force-include-usage)"
+            )
+        elif ok and len(short) > SHORT_OUTPUT_FRACTION * len(ok):
             got = int(np.median([o.output_tokens for o in short]))
             want = int(np.median([o.output_len_requested for o in short]))
             reasons.append(

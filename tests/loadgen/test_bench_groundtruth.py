@@ -280,7 +280,11 @@ def test_no_usage_is_invalid(gt_server, tok):
     res = run_bench(_cfg(url, num_prompts=2, concurrency=1, output_len=5), tok=tok)
     assert not res["validity"]["valid"] and res["validity"]["responses_without_usage"] == 2
     assert res["per_token_itl"]["source"] == "none" or res["per_token_itl"]["samples"] == 0
-    assert res["output_tokens_source"] == "usage"
+    # not made up: vLLM's convention counts such a response as 1 token; the result says the count and TPOT are
+    # not measured (TPOT null, not 0.00) and where the count came from (it said "usage")
+    assert res["output_tokens_source"] == "none for 2 of 2 responses (no usage: counted as 1 token each)"
+    assert set(res["unmeasured"]) == {"output_tokens", "tpot"} and res["median_tpot_ms"] is None
+    assert res["unmeasured"]["tpot"].startswith("usage: 2 of 2 responses had no usage")
 
 
 def test_allow_approx_counts_the_streamed_tokens_and_says_so(gt_server, tok):
@@ -295,6 +299,11 @@ def test_allow_approx_counts_the_streamed_tokens_and_says_so(gt_server, tok):
     url4 = gt_server("--ttft-ms", "1", "--itl-ms", "1", "--no-usage", "--tokens-per-chunk", "4")
     r4 = run_bench(_cfg(url4, num_prompts=2, concurrency=1, output_len=32, allow_approx=True), tok=tok)
     assert r4["total_output_tokens"] == 2 * 8 and "undercount" in r4["output_tokens_source"]
+    # invalid, and for the approximation's own undercount (it said: "the server stopped early")
+    assert [r for r in r4["validity"]["reasons"] if "shorter than requested" in r] == []
+    assert any(
+        r.startswith("output tokens undercounted: without usage --allow-approx") for r in r4["validity"]["reasons"]
+    )
 
 
 def test_open_loop_poisson_and_coordinated_omission(gt_server, tok):
@@ -502,3 +511,24 @@ def test_sweep_with_slo_reports_its_capacity_by_the_tunes_rule(gt_server, tiny_m
     p = run_cli(*base, "--concurrency", "2", "--slo", "p90_tpot_ms<=50")
     assert p.returncode == 2 and "--slo decides the capacity of a sweep" in p.stderr
     assert httpx.get(f"{url}/gt/records").json() == []  # nothing was sent
+
+
+def test_vllm_bench_serve_option_names_carry_over(gt_server, tiny_models, tmp_path):
+    """`--max-concurrency` and `--metric-percentiles`, as `vllm bench serve` names them, were refused ("No such
+    option"), so its command lines could not be reused."""
+    url = gt_server("--ttft-ms", "5", "--itl-ms", "2")
+    out = tmp_path / "r.json"
+    args = ["--url", url, "--num-prompts", "4", "--input-len", "8", "--output-len", "8", "--output-json", str(out)]
+    p = run_cli(
+        "bench",
+        *args,
+        "--tokenizer",
+        str(tiny_models["m2"]),
+        "--max-concurrency",
+        "2",
+        "--metric-percentiles",
+        "50,99.9",
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+    res = json.loads(out.read_text())
+    assert res["max_concurrency"] == 2 and "p99.9_ttft_ms" in res and "p90_ttft_ms" not in res

@@ -91,10 +91,11 @@ def test_prune_keeps_one_max_num_seqs_covering_the_ladder():
     assert pr.size() * 4 == sp.size() and pr.anchor()["max_num_seqs"] == 64
     assert prune_dominated(sp, [1, 100])[0].values["max_num_seqs"] == [64, 128]
     _, notes = prune_dominated(sp, [1, 2, 4])  # the note names the load (4 in flight), not the kept value as it
-    assert notes == [
+    want = (
         "max_num_seqs 128, 256, 512 dropped: at most 4 requests are in flight (the ladder's largest "
         "concurrency), so they run like max_num_seqs 64"
-    ]
+    )
+    assert notes == [want]
     pinned = apply_pins(sp, ["max_num_seqs=64,512"])
     assert prune_dominated(pinned, [1, 64]) == (pinned, [])
     cpu = default_space(profile_for_arch("cpu"), 0)
