@@ -71,6 +71,7 @@ __all__ = [
     "status",
     "stop",
     "tune",
+    "tune_refusal",
     "user_defaults",
     "watch",
 ]
@@ -1276,6 +1277,18 @@ def prepare_tune(
             save=not dry_run,
         )
     return sdir, settings, inv
+
+
+def tune_refusal(report: dict[str, Any]) -> Exception | None:
+    """The error a ``tune(dry_run=True)`` report stands for when nothing in it can run (``report["runnable"]``
+    False: the plan rules reject every configuration of the space), the one a run raises before any start
+    (m3ctl.tuning.study.nothing_to_tune: ConfigRejected, exit 3); None when the study can run."""
+    if report.get("runnable", True):
+        return None
+    from m3ctl.tuning.study import nothing_to_tune  # noqa: PLC0415
+
+    c = report["candidates"][0] if report.get("candidates") else {"describe": "-", "reason": "an empty space"}
+    return nothing_to_tune(len(report.get("candidates") or []), c["describe"], c.get("reason", ""))
 
 
 @overload

@@ -153,11 +153,8 @@ def tune(
         out.result(report)
         if not out.json:
             print_dry_run(out.con, report)
-        if not report.get("runnable", True):  # printed first: the rejections above are the answer
-            from m3ctl.tuning.study import nothing_to_tune  # noqa: PLC0415
-
-            c = report["candidates"][0] if report["candidates"] else {"describe": "-", "reason": "empty space"}
-            raise nothing_to_tune(len(report["candidates"]), c["describe"], c.get("reason", ""))
+        if (refusal := api.tune_refusal(report)) is not None:  # printed first: the rejections above are the answer
+            raise refusal
         return
     run_study(out, model, study_dir, resume, inventory, system, pareto, parallel_trials, given)
 
