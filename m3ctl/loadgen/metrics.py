@@ -70,13 +70,13 @@ def unmeasured(outputs: Sequence[RequestOutput], goodput_slo_ms: dict[str, float
     ok = [o for o in outputs if o.success]
     uncounted = sum(1 for o in ok if o.output_tokens is None)
     if uncounted:  # no usage and not approximated: its tokens are unknown, so is its TPOT
-        why = (
-            f"usage: {uncounted} of {len(ok)} responses had no usage, so their output tokens were not counted "
+        detail = (
+            f"{uncounted} of {len(ok)} responses had no usage, so their output tokens were not counted "
             "(counted as 1 each in the output totals and throughputs; --allow-approx counts the stream chunks)"
         )
-        out = {"output_tokens": why, "tpot": why}
+        out = {"output_tokens": f"usage: {detail}", "tpot": f"usage: {detail}"}
         if goodput_slo_ms and "tpot" in goodput_slo_ms:
-            out["request_goodput"] = f"usage: the goodput SLO bounds TPOT, which was not measured ({why[7:]})"
+            out["request_goodput"] = f"usage: the goodput SLO bounds TPOT, which was not measured ({detail})"
         return out
     burst, multi = bursts(outputs)
     if not multi or burst <= BURST_FRACTION * multi:

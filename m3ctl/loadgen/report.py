@@ -457,7 +457,7 @@ def _throughput_rows(res: dict, done: bool, miss: dict) -> list[tuple[str, str]]
             "input / output tokens (server usage)",
             f"{res['total_input_tokens']} / "
             + (
-                f"{res['total_output_tokens']} (n/a: {res['unmeasured']['output_tokens'].split(': ', 1)[0]})"
+                f"{res['total_output_tokens']} ({na(res['unmeasured'], 'output_tokens')})"
                 if "output_tokens" in (res.get("unmeasured") or {})
                 else str(res["total_output_tokens"])
             ),

@@ -1752,20 +1752,19 @@ def _asked_vs_happened(
         short = [o for o in ok if o.output_tokens is not None and o.output_tokens < o.output_len_requested]
         out["short_outputs"] = len(short)
         chunked = [o for o in short if o.tokens_from_chunks]
-        if ok and len(chunked) > SHORT_OUTPUT_FRACTION * len(ok):  # --allow-approx's count, not the server's stop
-            got = int(np.median([o.output_tokens for o in chunked]))
-            want = int(np.median([o.output_len_requested for o in chunked]))
+        if ok and len(short) > SHORT_OUTPUT_FRACTION * len(ok):
+            # mostly --allow-approx's own chunk count (chunks carry several tokens), else the server stopped early
+            undercount = len(chunked) > SHORT_OUTPUT_FRACTION * len(ok)
+            grp = chunked if undercount else short
+            got = int(np.median([o.output_tokens for o in grp]))
+            want = int(np.median([o.output_len_requested for o in grp]))
             reasons.append(
                 f"output tokens undercounted: without usage --allow-approx counted stream chunks (median {got} "
-                f"for {want} requested tokens, {len(chunked)} of {len(ok)} responses), and these chunks carry "
+                f"for {want} requested tokens, {len(grp)} of {len(ok)} responses), and these chunks carry "
                 "several tokens each, so output counts, throughput and TPOT are not measured; use a server that "
                 "reports usage (vLLM: --enable-force-include-usage)"
-            )
-        elif ok and len(short) > SHORT_OUTPUT_FRACTION * len(ok):
-            got = int(np.median([o.output_tokens for o in short]))
-            want = int(np.median([o.output_len_requested for o in short]))
-            reasons.append(
-                f"outputs shorter than requested (median {got} of {want} tokens, {len(short)} of "
+                if undercount
+                else f"outputs shorter than requested (median {got} of {want} tokens, {len(grp)} of "
                 f"{len(ok)} responses) although ignore_eos was set: the server stopped early (it ignores "
                 "ignore_eos, caps max_tokens, or reached max_model_len), so TPOT and output throughput do "
                 f"not describe {want}-token outputs"

@@ -164,30 +164,36 @@ def test_no_fast_starts_leaves_the_trial_as_serve_would_start_it(tmp_path):
     assert ev.start_measures_note({"tp": 1, "dp": 1}).startswith("off")
 
 
-def test_a_trial_records_its_start_and_an_unreadable_compile_cache_is_cleared_once(tmp_path, tiny_models, monkeypatch):
-    """Through launch_and_wait and the fake vLLM: the first start finds a corrupt artifact in the study's cache
-    (the engine's own EOFError, diagnosed as component torch-compile-cache), the cache is cleared and the trial
-    starts again; its start.json is written from the server's log."""
+def _fake_vllm_evaluator(tmp_path, model, prefix: str, registry=None):
+    """A ServerEvaluator on this host over the fake vLLM (tests/fake_vllm.py, its config in ``tmp_path``)."""
     from m3ctl.core.state import Registry
     from m3ctl.hw.detect import detect
     from m3ctl.tuning.search import TuneSpec
     from m3ctl.tuning.server import ServerEvaluator
     from tests.conftest import fake_vllm_config, free_port
 
-    exe = tmp_path / "vllm"
-    fake_vllm_config(tmp_path)
-    reg = Registry(tmp_path / "state")
-    ev = ServerEvaluator(
+    exe = fake_vllm_config(tmp_path).parent / "vllm"
+    return ServerEvaluator(
         detect(),
-        str(tiny_models["m2"]),
+        str(model),
         tmp_path / "study",
         TuneSpec(),
         plan_base={"vllm_executable": str(exe)},
         bench={},
         port=free_port(),
-        name_prefix="tc",
-        registry=reg,
+        name_prefix=prefix,
+        registry=registry or Registry(tmp_path / "state"),
     )
+
+
+def test_a_trial_records_its_start_and_an_unreadable_compile_cache_is_cleared_once(tmp_path, tiny_models, monkeypatch):
+    """Through launch_and_wait and the fake vLLM: the first start finds a corrupt artifact in the study's cache
+    (the engine's own EOFError, diagnosed as component torch-compile-cache), the cache is cleared and the trial
+    starts again; its start.json is written from the server's log."""
+    from m3ctl.core.state import Registry
+
+    reg = Registry(tmp_path / "state")
+    ev = _fake_vllm_evaluator(tmp_path, tiny_models["m2"], "tc", reg)
     bad = ev.cache_root / "torch_compile_cache" / "CORRUPT"
     bad.parent.mkdir(parents=True)
     bad.write_text("half-written")
@@ -211,26 +217,8 @@ def test_a_second_start_of_a_trial_keeps_the_first_starts_records(tmp_path, tiny
     """A confirmation re-starts a trial in its own folder: the search start's start.json and server.log stay, the
     second start's records are start-2.json and server-2.log (H200 study7 would have lost every confirmed
     trial's start breakdown)."""
-    from m3ctl.core.state import Registry
-    from m3ctl.hw.detect import detect
-    from m3ctl.tuning.search import TuneSpec
-    from m3ctl.tuning.server import ServerEvaluator
-    from tests.conftest import fake_vllm_config, free_port
-
-    exe = tmp_path / "vllm"
-    fake_vllm_config(tmp_path)
     monkeypatch.setenv("FAKE_VLLM", json.dumps({"serve": {}}))
-    ev = ServerEvaluator(
-        detect(),
-        str(tiny_models["m2"]),
-        tmp_path / "study",
-        TuneSpec(),
-        plan_base={"vllm_executable": str(exe)},
-        bench={},
-        port=free_port(),
-        name_prefix="t2",
-        registry=Registry(tmp_path / "state"),
-    )
+    ev = _fake_vllm_evaluator(tmp_path, tiny_models["m2"], "t2")
     tdir = tmp_path / "study" / "trials" / "0003"
     for _ in range(2):
         ev.open({"tp": 1}, 3, lambda _e: None).close()
