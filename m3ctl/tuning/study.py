@@ -15,7 +15,7 @@ from typing import Any, Final, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from m3ctl.errors import BadInput
+from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.tuning.choice import rule_text as choice_rule_text
 from m3ctl.tuning.search import (
     Outcome,
@@ -495,7 +495,6 @@ def smallest_trial(ev, space: Space) -> int:
         ConfigRejected: the plan rules reject every configuration of the space (exit 3 before any start: a study
             of vLLM's defaults alone has nothing to tune); names the first configuration's rule and reason.
     """
-    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
     from m3ctl.tuning.parallel import gpus_needed  # noqa: PLC0415
 
     sizes, first = [], None
@@ -509,12 +508,14 @@ def smallest_trial(ev, space: Space) -> int:
     return min(sizes, default=1)
 
 
-def nothing_to_tune(n: int, first: str, reason: str):
-    """The ConfigRejected of a space whose every configuration the plan rules reject (``first``: the first one,
-    ``reason``: why), for the run and for ``--dry-run`` alike."""
-    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
+class NothingToTune(ConfigRejected):
+    """The plan rules reject every configuration of the space (exit 3, as any ConfigRejected)."""
 
-    return ConfigRejected(
+
+def nothing_to_tune(n: int, first: str, reason: str) -> NothingToTune:
+    """The error of a space whose every configuration the plan rules reject (``first``: the first one,
+    ``reason``: why), for the run and for ``--dry-run`` alike."""
+    return NothingToTune(
         f"nothing to tune: the plan rules reject all {n} configurations of the space ({first}: {reason})",
         "change the --knob values (`m3ctl tune --dry-run` lists each configuration's rule) or plan for another host "
         "(--system NAME, --inventory FILE)",
@@ -584,19 +585,30 @@ def run_tune(
     The study is locked for the run (:func:`study_lock`): a second concurrent run of it refuses before touching it.
 
     Raises:
-        ConfigRejected: another process runs this study (exit 3).
+        ConfigRejected: another process runs this study, or the plan rules reject every configuration of its space
+            (:func:`smallest_trial`; a new study's folder is then removed: nothing was measured) (exit 3).
         KeyboardInterrupt: Ctrl-C; the current server is stopped and completed trials are kept.
     """
-    with study_lock(Path(study_dir)):
-        return _run_tune(
-            Path(study_dir),
-            settings,
-            inventory=inventory,
-            registry=registry,
-            on_event=on_event,
-            on_cleanup=on_cleanup,
-            parallel_trials=parallel_trials,
-        )
+    sdir = Path(study_dir)
+    fresh = not (sdir / "trials").exists() and not (sdir / "study.db").exists()
+    try:
+        with study_lock(sdir):
+            return _run_tune(
+                sdir,
+                settings,
+                inventory=inventory,
+                registry=registry,
+                on_event=on_event,
+                on_cleanup=on_cleanup,
+                parallel_trials=parallel_trials,
+            )
+    except NothingToTune:
+        if fresh:  # a refused new study leaves no folder behind
+            for f in ("tune.json", "tune.lock"):
+                (sdir / f).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                sdir.rmdir()  # only when empty
+        raise
 
 
 def _run_tune(
