@@ -6,8 +6,8 @@ Prints, from vLLM's own logs (m3ctl.tuning.startup.start_breakdown):
 1. the five H200 starts of the MiniMax-M2 scale model recorded by scripts/gpu/h200_starts.sh (or ``--logs``):
    A cold with vLLM's defaults, B the same warm, C the study's cache root + capture bound (cold), D the same warm,
    E D's cache with another --max-num-seqs: each phase in seconds, and the saving of each measure;
-2. a study's trials (``--study DIR``, default the recorded H200 study tests/fixtures/h200x1-real/study7, or
-   ``--study study3`` ... ``study6`` for sessions 10-14): each
+2. a study's trials (``--study DIR``, default the recorded H200 study tests/fixtures/h200x1-real/study8, or
+   ``--study study3`` ... ``study7`` for sessions 10-15): each
    trial's start broken down (and a trial's later starts, start-N.json: its confirmation on a fresh server), cache
    hit or miss, the median start after the first, the study's wall time, the
    share of it spent starting servers, and the study's wall time against the same study without the measures.
@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from m3ctl.tuning.startup import start_breakdown
 
 FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "h200x1-real"
-RECORDED = ("study3", "study4", "study5", "study6", "study7")  # the last one is the default
+RECORDED = ("study3", "study4", "study5", "study6", "study7", "study8")  # the last one is the default
 TAGS = {
     "A": "cold, vLLM defaults",
     "B": "warm default cache",

@@ -119,7 +119,8 @@ def fresh_server_spread(
     """The largest relative objective difference between two fresh servers of one engine: over every pair of
     launched outcomes (the baseline included; a trial that reused another's server is not a second server) that
     ``equivalent(a, b)`` says run the same engine for the load measured, at each concurrency both measured validly
-    (a repeated level counts its median). ``|a - b| / min(a, b)``, e.g. 0.105 for 47,997 against 43,452.
+    (a repeated level counts its median), and every outcome's search server against its confirmation's fresh
+    server at a concurrency both measured. ``|a - b| / min(a, b)``, e.g. 0.105 for 47,997 against 43,452.
 
     Returns ``{"spread", "trials": [a, b], "concurrency", "objectives": [a, b], "text"}`` (``text``: "between
     fresh servers of one engine (the defaults: 43452.1, trial 2: 47997.3 at c=64)"), or None without such a pair
@@ -134,6 +135,23 @@ def fresh_server_spread(
         and o.status in ("feasible", "slo_infeasible")
     ]
     best: dict[str, Any] | None = None
+
+    def keep(d: float, trials: list, c: int, objs: list[float]) -> None:
+        nonlocal best
+        if best is None or d > best["spread"]:
+            best = {"spread": d, "trials": trials, "concurrency": c, "objectives": objs}
+
+    # An outcome's search server and its confirmation's fresh server (a point of more than the search's fidelity,
+    # m3ctl.tuning.search.confirm) run one configuration: the most direct such pair. On the H200 the defaults'
+    # two measured 44,669.5 and 50,025.4 at c=64, 12.0 %, while the pairs across twins gave 6.7 %
+    # (docs/results/h200-study8.md).
+    for o in servers:
+        lo = min((p.fidelity for p in o.points), default=1.0)
+        first = {p.concurrency: p.objective for p in reversed(o.points) if p.fidelity == lo and p.valid}
+        for p in o.points:
+            if p.fidelity > lo and p.valid and p.objective > 0 and first.get(p.concurrency, 0) > 0:
+                a, b = first[p.concurrency], p.objective
+                keep(abs(a - b) / min(a, b), [o.trial, o.trial], p.concurrency, [a, b])
     for i, a in enumerate(servers):
         for b in servers[i + 1 :]:
             pa = {p.concurrency: p.objective for p in a.points if p.valid and p.objective > 0}
@@ -142,15 +160,17 @@ def fresh_server_spread(
             if not shared or not equivalent(a, b):
                 continue
             for c in shared:
-                d = abs(pa[c] - pb[c]) / min(pa[c], pb[c])
-                if best is None or d > best["spread"]:
-                    best = {"spread": d, "trials": [a.trial, b.trial], "concurrency": c, "objectives": [pa[c], pb[c]]}
+                keep(abs(pa[c] - pb[c]) / min(pa[c], pb[c]), [a.trial, b.trial], c, [pa[c], pb[c]])
     if best is not None:
         ta, tb = ("the defaults" if t == "base" else f"trial {t}" for t in best["trials"])
         oa, ob = best["objectives"]
-        best["text"] = (
-            f"between fresh servers of one engine ({ta}: {oa:.1f}, {tb}: {ob:.1f} at c={best['concurrency']})"
+        pair = (
+            f"{ta + chr(39) if ta.endswith('s') else ta + chr(39) + 's'} search server: {oa:.1f}, "
+            f"its confirmation's: {ob:.1f}"
+            if best["trials"][0] == best["trials"][1]
+            else f"{ta}: {oa:.1f}, {tb}: {ob:.1f}"
         )
+        best["text"] = f"between fresh servers of one engine ({pair} at c={best['concurrency']})"
     return best
 
 

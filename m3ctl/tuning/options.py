@@ -46,7 +46,8 @@ class TuneOptions(BaseModel):
         description="Budget: server starts (rejected configurations cost none; 0: none, e.g. to rewrite the outputs of a resumed study); default 12.",
     )
     time_budget_s: float | None = Field(
-        None, description="Budget: wall seconds (no start begins when the median trial so far would overrun it)."
+        None,
+        description="Budget: wall seconds, confirmations included (no start begins when the median trial so far plus the time kept for the confirmations would overrun it).",
     )
     seed: int = Field(
         0,

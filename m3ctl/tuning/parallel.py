@@ -16,7 +16,8 @@ the serial one (module docstring of :mod:`m3ctl.tuning.search`) with these diffe
   in the serial search; which set and which candidate start when comes from :mod:`m3ctl.tuning.schedule`.
 - Outcomes are told to optuna as trials finish; a trial that crashes is recorded as crashed and the others go on.
 - Budgets count running trials: no trial starts when the finished plus running ones reach ``max_trials``, or when
-  the median trial would overrun the time budget; running trials then finish (they are never cut short).
+  the median trial and the time kept for the confirmations would overrun the time budget; running trials then
+  finish (they are never cut short).
 - The baseline (before the search) and the confirmation rung (after it) run alone, as in the serial search, on the
   whole host: the reported values come from servers that had the host to themselves.
 
@@ -230,16 +231,7 @@ class _Run:
         started = t.launches + len(self.running) + (self.held is not None)
         if started >= spec.max_trials:
             return f"trial budget ({spec.max_trials} server starts)"
-        if spec.time_budget_s is not None:
-            costs = sorted(o.cost_s for o in t.outcomes.values() if o.launched)
-            typical = costs[len(costs) // 2] if costs else 0.0
-            if elapsed + typical > spec.time_budget_s:
-                return (
-                    f"time budget ({spec.time_budget_s:g} s"
-                    + (f"; a typical trial takes {typical:.0f} s" if typical else "")
-                    + ")"
-                )
-        return None
+        return t.time_budget_spent(elapsed)
 
     # ------------------------------------------------------------------ starting
     def _ask(self, cand: dict[str, Any] | None) -> tuple[Any, dict[str, Any]] | None:

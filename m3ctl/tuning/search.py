@@ -53,7 +53,8 @@ Algorithm (docs/sources.md#tune-algorithm, reduced to what runs without a model 
 
 Budgets: ``max_trials`` server starts (rejected candidates cost none) and ``time_budget_s`` of wall time,
 both counted across resumes (a trial's cost includes its boundary repeats); a start is skipped when the median
-cost of the trials so far would overrun the time budget. State lives in an optuna SQLite study plus one folder
+cost of the trials so far, plus the time kept for the confirmations (``Tuner._confirm_reserve``), would overrun
+the time budget. State lives in an optuna SQLite study plus one folder
 per trial.
 
 Resume keeps what was measured: every finished bench run of a trial is saved with its optuna
@@ -432,13 +433,19 @@ def bisect_concurrency(
 
 
 def _summarise(out: Outcome, slo: SLO) -> Outcome:
-    """Status, objective and concurrency from the levels measured: feasible when a level holds up to the
-    capacity (m3ctl.loadgen.capacity.capacity_of); the objective is the best of the holding levels up to it."""
+    """Status, objective and concurrency from the levels measured: feasible when a level holds
+    (m3ctl.loadgen.capacity.capacity_of). The configuration is credited with its capacity, the highest level that
+    holds with every level below it holding, and with the objective measured there (the median of that level's
+    runs; the first measurement of it, a confirmation's comes on top as ``confirmed``): the level and figure the
+    clean grid (scripts/gpu/scale_grid.py ``objective_at_capacity``) and the choice's capacity rule
+    (m3ctl.tuning.choice) read. A lower level that happened to measure more is not credited: on the H200
+    (docs/results/h200-study8.md) a configuration that held c=96 was reported at c=64, where one run had
+    measured 2 % more, and the choice then compared it with the defaults' c=64 as if it held no higher level."""
     cap = capacity_of((p.concurrency, p.slo_ok) for p in out.points)
-    ok = [p for p in out.points if p.slo_ok and cap is not None and p.concurrency <= cap]
+    at_cap = [p for p in out.points if p.slo_ok and cap is not None and p.concurrency == cap]
     out.cost_s = out.start_s + sum(p.duration_s for p in out.points)
-    if ok:
-        best = max(ok, key=lambda p: p.objective)
+    if at_cap:
+        best = min(at_cap, key=lambda p: p.fidelity)  # the search's run of the level (min: the first such)
         out.status, out.objective, out.concurrency = "feasible", best.objective, best.concurrency
     else:
         out.status, out.objective = "slo_infeasible", 0.0
@@ -1075,16 +1082,47 @@ class Tuner:
         budget is spent, or a typical trial (the median cost so far) would overrun the time budget; else None."""
         if self.launches >= self.spec.max_trials:
             return f"trial budget ({self.spec.max_trials} server starts)"
+        return self.time_budget_spent(elapsed)
+
+    def time_budget_spent(self, elapsed: float) -> str | None:
+        """Why no start may begin at ``elapsed`` wall seconds (over all resumes): the median trial cost so far and
+        the time kept for the confirmations (:meth:`_confirm_reserve`) would overrun the time budget; else None.
+        The sequential search and the parallel scheduler (m3ctl.tuning.parallel) both ask this."""
         if self.spec.time_budget_s is not None:
             costs = sorted(o.cost_s for o in self.outcomes.values() if o.launched)
             typical = costs[len(costs) // 2] if costs else 0.0
-            if elapsed + typical > self.spec.time_budget_s:
+            kept = self._confirm_reserve()
+            if elapsed + typical + kept > self.spec.time_budget_s:
                 return (
                     f"time budget ({self.spec.time_budget_s:g} s"
                     + (f"; a typical trial takes {typical:.0f} s" if typical else "")
+                    + (f"; {kept:.0f} s kept for the confirmations" if kept else "")
                     + ")"
                 )
         return None
+
+    def _confirm_reserve(self) -> float:
+        """Seconds of the time budget the search leaves to :meth:`_confirm`, so that the confirmations end inside
+        it (before, they came on top: ``--time-budget 1800`` with the default ``--confirm-top 2`` ran up to five
+        more starts past it). One confirmation per configuration still to confirm (``confirm_top`` of them, and
+        vLLM's defaults when they held a level and are not confirmed yet), each a fresh start (the median start
+        of the study so far) and one level at ``confirm_factor`` times the requests (the median search run so
+        far, times that factor). 0 before any start, or with ``confirm_top`` 0. On the H200 (study8: median start
+        45.7 s, median run 20 s) that is about 86 s per confirmation; the two it made took 90 s together."""
+        if self.spec.confirm_top <= 0:
+            return 0.0
+        b = self.baseline
+        servers = [o for o in self.outcomes.values() if o.launched] + ([b] if b is not None and b.launched else [])
+        starts = sorted(o.start_s for o in servers if o.start_s > 0)
+        runs = sorted(p.duration_s / p.n_runs for o in servers for p in o.points if p.valid and p.duration_s > 0)
+        if not starts:
+            return 0.0
+        done = sum(1 for o in self.outcomes.values() if o.confirmed is not None and o.same_server_as is None)
+        todo = max(0, self.spec.confirm_top - done)
+        if b is not None and b.status == "feasible" and b.confirmed is None and b.config:
+            todo += 1
+        each = starts[len(starts) // 2] + self.spec.confirm_factor * (runs[len(runs) // 2] if runs else 0.0)
+        return todo * each
 
     def _reuse_baseline(self, trial: Any, cand: dict[str, Any], desc: str) -> bool:
         """When ``cand`` runs the same server as the vLLM-defaults baseline, record the baseline's runs as the

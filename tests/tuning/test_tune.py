@@ -438,6 +438,25 @@ def test_time_budget_skips_a_start_that_would_overrun():
     assert res.cost_s <= 300.0 + max(costs)
 
 
+def test_time_budget_keeps_time_for_the_confirmations():
+    """The confirmations end inside the time budget: the search stops early by what they are expected to take
+    (a median start plus a median run at confirm_factor times the requests, per configuration to confirm).
+    Before, they came on top of it."""
+    grid = _grid()
+    spec = dict(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=20, time_budget_s=300.0)
+    ev0 = ReplayEvaluator(grid)
+    bare = Tuner(recorded_space(grid), ev0, TuneSpec(**spec, confirm_top=0)).run(clock=lambda: ev0.clock[0])
+    ev = ReplayEvaluator(grid)
+    tuner = Tuner(recorded_space(grid), ev, TuneSpec(**spec, confirm_top=1))
+    res = tuner.run(clock=lambda: ev.clock[0])
+    assert "kept for the confirmations" in res.stopped_by
+    confirmed = [o for o in res.outcomes if o.confirmed is not None]
+    assert confirmed and ev.opened > res.launches  # the confirmation started a server of its own
+    assert res.launches < bare.launches  # the search gave up starts to the confirmation
+    assert res.elapsed_s <= 300.0  # and the whole study, confirmation included, ended inside the budget
+    assert tuner._confirm_reserve() == 0.0  # nothing left to confirm
+
+
 # ---------------------------------------------------------------- the tuned profile launches the tuned layout
 FIX_INV = Path(__file__).parent.parent / "fixtures" / "h200x2-real" / "inventory.json"
 
