@@ -87,7 +87,7 @@ class BenchResult(BaseModel):
     requests/s, token counts in tokens.
 
     vLLM's keys (``vllm bench serve --save-result``): ``date`` (YYYYmmdd-HHMMSS), ``endpoint_type``, ``backend``,
-    ``label``, ``model_id``, ``tokenizer_id``, ``num_prompts``, ``request_rate`` (req/s or ``"inf"``),
+    ``label``, ``model_id``, ``tokenizer_id``, ``num_prompts``, ``request_rate`` (req/s or ``"inf"``; a replayed trace: its mean arrival rate),
     ``burstiness``, ``max_concurrency``, ``duration`` (s, first send to last completion), ``completed``,
     ``failed``, ``total_input_tokens``, ``total_output_tokens``, ``request_throughput`` (req/s),
     ``request_goodput`` (req/s meeting every goodput SLO; None without one), ``output_throughput`` and

@@ -257,7 +257,7 @@ def pareto_figure(runs: list[dict], x_axis: str = "inferencex-median", title: st
         pts.append((x, y))
         classes.append(validity_class(r))
         c = r.get("max_concurrency")
-        labels.append(f"c={c}" if c else f"{r.get('request_rate')} req/s")
+        labels.append(f"c={c}" if c else f"{rate_text(r.get('request_rate'))} req/s")
     if not pts:
         raise BadInput(
             "no run has the metrics for a Pareto chart",
@@ -301,10 +301,16 @@ def _unmeasured_or(metric: str, get):
     return lambda r: na(r["unmeasured"], metric) if metric in (r.get("unmeasured") or {}) else get(r)
 
 
+def rate_text(rate) -> str:
+    """A result's ``request_rate`` for a table: ``"inf"``/None as they are, a number to 3 significant digits (a
+    replayed trace's mean rate is e.g. 7.333333 req/s)."""
+    return f"{rate:.3g}" if isinstance(rate, int | float) else str(rate)
+
+
 COMPARE_ROWS = [
     ("file", lambda r: Path(r.get("_file", "")).name),
     ("label", lambda r: r.get("label")),
-    ("concurrency / rate", lambda r: f"{r.get('max_concurrency')} / {r.get('request_rate')}"),
+    ("concurrency / rate", lambda r: f"{r.get('max_concurrency')} / {rate_text(r.get('request_rate'))}"),
     (
         "input / output tokens",
         lambda r: "trace" if r.get("trace") else f"{r.get('input_len_requested')} / {r.get('output_len_requested')}",
@@ -440,7 +446,7 @@ def _run_title(res: dict) -> str:
     )
     return (
         f"m3ctl bench: {res['model_id']} ({res['backend']}, {wl.get('kind')}, {lens}concurrency "
-        f"{res['max_concurrency']}, rate {res['request_rate']})"
+        f"{res['max_concurrency']}, rate {rate_text(res['request_rate'])})"
     )
 
 

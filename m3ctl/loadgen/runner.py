@@ -1373,13 +1373,30 @@ def _add_token_counts(res: dict, cfg: BenchConfig, ok: list[RequestOutput], wl: 
     res["token_counts_from"] = "server usage" if ok and all(o.output_tokens is not None for o in ok) else "mixed"
 
 
-def _load_block(cfg: BenchConfig, client_procs: int) -> dict:
-    """The result's ``load`` block: how the load was offered (mode, concurrency, rate, arrival, stop)."""
+def _trace_rate(tr: traces.Trace, scale: float) -> float | None:
+    """The mean arrival rate (requests/s) of a replayed trace at ``scale``: 1 / its mean inter-arrival gap
+    (m3ctl.loadgen.trace.Trace.mean_gap_s); None for one record or when every record arrives at once."""
+    gap = tr.mean_gap_s(scale)
+    return 1.0 / gap if gap else None
+
+
+def _load_block(cfg: BenchConfig, client_procs: int, trace_rate: float | None = None) -> dict:
+    """The result's ``load`` block: how the load was offered (mode, concurrency, rate, arrival, stop); a trace's
+    ``rate`` is its mean arrival rate (``trace_rate``) and its arrival ``"trace"``."""
+    if cfg.trace_path:
+        return {
+            "mode": "trace-capped" if cfg.concurrency else "trace",
+            "concurrency": cfg.concurrency,
+            "rate": trace_rate,
+            "arrival": "trace",
+            "burstiness": None,
+            "duration_s": cfg.duration_s,
+            "client_procs": client_procs,
+            "stop": "duration" if cfg.duration_s else "count",
+        }
     return {
         "mode": "agentic-lanes"
         if cfg.workload == "agentic"
-        else ("trace-capped" if cfg.concurrency else "trace")
-        if cfg.trace_path
         else ("closed" if math.isinf(cfg.request_rate) else ("open-capped" if cfg.concurrency else "open")),
         "concurrency": cfg.concurrency,
         "rate": None if math.isinf(cfg.request_rate) else cfg.request_rate,
@@ -1484,12 +1501,15 @@ def assemble(
     outs = sorted(outs, key=lambda o: o.scheduled_time)
     tr = wl.pop("_trace", None)  # a replayed trace (m3ctl.loadgen.trace.Trace): the result's trace block
     res = _vllm_keys(cfg, outs, dur, wl, tok_name)
+    rate = _trace_rate(tr, cfg.trace_time_scale) if tr is not None else None
+    if rate is not None:  # the rate the replay offered, not the "inf" of a --request-rate never given
+        res["request_rate"] = rate
     ok = [o for o in outs if o.success]
     # ---- m3ctl additions (new keys; never a vLLM name with another meaning) ----
     _add_token_counts(res, cfg, ok, wl)
     agentic = cfg.workload == "agentic"
     res["workload"] = wl
-    res["load"] = _load_block(cfg, len(cstats))
+    res["load"] = _load_block(cfg, len(cstats), rate)
     res.update(metrics.extended(outs, cfg.percentiles))
     res["per_gpu"] = _per_gpu(res, cfg.num_gpus, cfg.num_gpus_source)
     res["cost"] = _cost(res["per_gpu"], cfg.usd_per_gpu_hour)

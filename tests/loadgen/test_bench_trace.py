@@ -82,6 +82,9 @@ def test_trace_replays_arrivals_lengths_and_prefixes(gt, tok, tmp_path):
     reqs = res["requests"]  # in scheduled order = trace order (distinct timestamps)
     assert res["completed"] == len(RECORDS) and res["failed"] == 0 and res["num_prompts"] == len(RECORDS)
     assert res["load"]["mode"] == "trace" and res["max_concurrency"] is None
+    # the rate the replay offered: 11 gaps over 1.5 s (vLLM's key; it said "inf", a --request-rate never given)
+    assert res["request_rate"] == pytest.approx(11 / 1.5) and res["load"]["rate"] == pytest.approx(11 / 1.5)
+    assert res["load"]["arrival"] == "trace" and res["load"]["burstiness"] is None
     # Each request was due at its trace offset and sent then (client clock) ...
     s0 = reqs[0]["scheduled_time"]
     for q, off in zip(reqs, offsets, strict=True):
@@ -129,6 +132,7 @@ def test_trace_time_scale_and_capped_replay_lag_warning(gt, tok, tmp_path):
     res = run_bench(_cfg(url, path, concurrency=1, trace_time_scale=0.5), tok=tok)
     reqs = res["requests"]
     assert res["load"]["mode"] == "trace-capped" and res["trace"]["duration_s"] == pytest.approx(0.07)
+    assert res["request_rate"] == pytest.approx(100.0)  # x0.5: 7 gaps of 10 ms
     assert [q["scheduled_time"] - reqs[0]["scheduled_time"] for q in reqs] == pytest.approx(
         [0.01 * i for i in range(8)], abs=1e-6
     )
