@@ -224,7 +224,11 @@ def print_study(out: Output, sdir: Path, settings: dict) -> None:
     out.print(
         f"study {sdir}: {sp.size()} configurations over {', '.join(sp.free()) or 'nothing'}; SLO "
         f"{parse_slo(spec['slo'])}; objective {spec['objective']}; budget {spec['max_trials']} starts"
-        + (f", {spec['time_budget_s']:g} s" if spec.get("time_budget_s") else "")
+        + (
+            f", {spec['time_budget_s']:g} s" + (" (confirmations included)" if spec.get("confirm_top") else "")
+            if spec.get("time_budget_s")
+            else ""
+        )
     )
     for note in settings.get("pruned", []):
         out.print(f"pruned before launch: {note}")

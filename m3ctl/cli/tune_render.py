@@ -20,7 +20,11 @@ def print_dry_run(con, r: dict, limit: int = 40) -> None:
     )
     con.print(
         f"  SLO {parse_slo(spec['slo'])}; objective {spec['objective']}; budget {spec['max_trials']} starts"
-        + (f", {spec['time_budget_s']:g} s" if spec.get("time_budget_s") else "")
+        + (
+            f", {spec['time_budget_s']:g} s" + (" (confirmations included)" if spec.get("confirm_top") else "")
+            if spec.get("time_budget_s")
+            else ""
+        )
     )
     con.print(
         f"  each measurement: bench {b.get('workload')} {b.get('input_len')} in / {b.get('output_len')} out, "

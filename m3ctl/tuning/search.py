@@ -1079,7 +1079,7 @@ class Tuner:
 
     def _budget_spent(self, elapsed: float) -> str | None:
         """Why the search stops before another start (``elapsed``: wall seconds over all resumes): the trial
-        budget is spent, or a typical trial (the median cost so far) would overrun the time budget; else None."""
+        budget is spent, or :meth:`time_budget_spent`; else None."""
         if self.launches >= self.spec.max_trials:
             return f"trial budget ({self.spec.max_trials} server starts)"
         return self.time_budget_spent(elapsed)
@@ -1106,22 +1106,24 @@ class Tuner:
         it (before, they came on top: ``--time-budget 1800`` with the default ``--confirm-top 2`` ran up to five
         more starts past it). One confirmation per configuration still to confirm (``confirm_top`` of them, and
         vLLM's defaults when they held a level and are not confirmed yet), each a fresh start (the median start
-        of the study so far) and one level at ``confirm_factor`` times the requests (the median search run so
-        far, times that factor). 0 before any start, or with ``confirm_top`` 0. On the H200 (study8: median start
-        45.7 s, median run 20 s) that is about 86 s per confirmation; the two it made took 90 s together."""
+        of the study so far, its slowest left out: the cold first compile, which a confirmation's start does not
+        repeat) and one level at ``confirm_factor`` times the requests (the median search run so far, times that
+        factor). 0 before any start, or with ``confirm_top`` 0. On the H200 (study8: median start 34.7 s, median
+        run 16.5 s) that is 68 s per confirmation; the two it made took 90 s together."""
         if self.spec.confirm_top <= 0:
             return 0.0
         b = self.baseline
         servers = [o for o in self.outcomes.values() if o.launched] + ([b] if b is not None and b.launched else [])
         starts = sorted(o.start_s for o in servers if o.start_s > 0)
-        runs = sorted(p.duration_s / p.n_runs for o in servers for p in o.points if p.valid and p.duration_s > 0)
+        starts = starts[:-1] if len(starts) > 1 else starts  # the slowest (the cold first compile) left out
+        runs = [p.duration_s / p.n_runs for o in servers for p in o.points if p.valid and p.duration_s > 0]
         if not starts:
             return 0.0
         done = sum(1 for o in self.outcomes.values() if o.confirmed is not None and o.same_server_as is None)
         todo = max(0, self.spec.confirm_top - done)
         if b is not None and b.status == "feasible" and b.confirmed is None and b.config:
             todo += 1
-        each = starts[len(starts) // 2] + self.spec.confirm_factor * (runs[len(runs) // 2] if runs else 0.0)
+        each = statistics.median(starts) + self.spec.confirm_factor * (statistics.median(runs) if runs else 0.0)
         return todo * each
 
     def _reuse_baseline(self, trial: Any, cand: dict[str, Any], desc: str) -> bool:
