@@ -271,6 +271,7 @@ class TuneReport(BaseModel):
     schema_version: Literal[1] = TUNE_SCHEMA_VERSION
     stopped_by: str
     launches: int
+    confirm_launches: int = 0  # fresh servers of the confirmation rung (not in ``launches``, the trial budget's unit)
     cost_s: float
     elapsed_s: float
     interrupted_launches: dict[str, Any] | None = None

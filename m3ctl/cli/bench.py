@@ -78,7 +78,7 @@ BENCH_OPTIONS, BENCH_FIELDS = o.model_options(
         ),
         "request_rate": dict(parser=o.positive_float, metavar="RPS"),
         "burstiness": dict(parser=o.positive_float, metavar="SHAPE"),
-        "num_prompts": dict(),
+        "num_prompts": dict(unset=True),  # only a given value counts: a --trace refuses it
         "duration_s": dict(name="duration", **_SECONDS),
         "input_len": dict(
             type=str,

@@ -129,7 +129,9 @@ def print_result(con, res, out: dict, settings: dict, sp, pareto: bool) -> None:
     from m3ctl.tuning.space import describe  # noqa: PLC0415
 
     con.print(
-        f"done ({res.stopped_by}): {res.launches} server starts, {res.cost_s:.0f} s of server time, "
+        f"done ({res.stopped_by}): {res.launches} server start{'s' if res.launches != 1 else ''}"
+        + (f" and {res.confirm_starts} for confirmations" if res.confirm_starts else "")
+        + f", {res.cost_s:.0f} s of server time, "
         f"{res.elapsed_s:.0f} s wall"
     )
     rule = out.get("capacity_rule") or {}

@@ -98,6 +98,7 @@ class GTConfig:
     sse_eol: str = "lf"  # lf | crlf | cr
     tokenize: str = "both"  # both | tokenize | none (with a tokenizer)
     check_model: bool = False
+    burst_every: int = 0  # every Nth streamed request sends all its tokens in its first chunk (0: none)
     max_running: int = 0  # streams generating at once (0: no limit); the others wait
 
 
@@ -560,6 +561,8 @@ class _Conn(asyncio.Protocol):
         self._write(_SSE_HEAD)
         s = _Stream(self, cfg, n, chat, cont, want_usage, t_arrive, rec, ptoks)
         s.cached = cached
+        if cfg.burst_every and len(srv.records) % cfg.burst_every == 0:  # this one arrives in one burst
+            s.k = max(s.k, n)
         if s.sent >= n:  # every token hidden: no chunk at all, only usage and [DONE]
             self._write(_chunk(s.tail()) + b"0\r\n\r\n")
             return self.response_done()
@@ -638,6 +641,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--tokenize", choices=["both", "tokenize", "none"], default="both")
     ap.add_argument("--check-model", action="store_true", help="404 for another model name, as vLLM")
     ap.add_argument("--max-running", type=int, default=0, help="streams generating at once; the others wait (0: all)")
+    ap.add_argument("--burst-every", type=int, default=0, help="every Nth stream sends all its tokens at once")
     a = ap.parse_args(argv)
     serve(
         a.port,
@@ -658,6 +662,7 @@ def main(argv: list[str] | None = None) -> None:
             stall_after=a.stall_after,
             sse_eol=a.sse_eol,
             tokenize=a.tokenize,
+            burst_every=a.burst_every,
             check_model=a.check_model,
             max_running=a.max_running,
         ),

@@ -501,7 +501,10 @@ def _throughput_rows(res: dict, done: bool, miss: dict) -> list[tuple[str, str]]
     rows += energy_rows(res.get("energy"))
     ix = res.get("interactivity") or {}
     if done and ix.get("inferencex_1000_over_tpot"):
-        rows.append(("tok/s/user: 1000/median TPOT (InferenceX)", f"{ix['inferencex_1000_over_tpot']['median']:.1f}"))
+        med = ix["inferencex_1000_over_tpot"]["median"]
+        rows.append(
+            ("tok/s/user: 1000/median TPOT (InferenceX)", "n/a (median TPOT 0)" if med is None else f"{med:.1f}")
+        )
     elif done and "tpot" in miss:
         rows.append(("tok/s/user: 1000/median TPOT (InferenceX)", na(miss, "tpot")))
     if done and ix.get("agentx_e2e_normalized"):

@@ -860,6 +860,8 @@ def validate(cfg: BenchConfig) -> None:
     if cfg.http_client not in ("fast", "aiohttp"):
         raise BadInput(f"unknown http client {cfg.http_client!r}", "use --http-client fast or aiohttp")
     n = len(traces.check(cfg).records) if cfg.trace_path else cfg.num_prompts
+    if not cfg.trace_path and cfg.trace_time_scale != 1.0:
+        raise BadInput("--trace-time-scale scales a replayed trace: it needs --trace", "add --trace FILE or drop it")
     if cfg.duration_s and math.isinf(cfg.request_rate) and not cfg.concurrency:
         raise BadInput(
             "--duration needs --concurrency or a finite --request-rate", "e.g. --duration 60 --concurrency 8"
@@ -1504,6 +1506,8 @@ def assemble(
     rate = _trace_rate(tr, cfg.trace_time_scale) if tr is not None else None
     if rate is not None:  # the rate the replay offered, not the "inf" of a --request-rate never given
         res["request_rate"] = rate
+    if tr is not None:  # no gamma process: the trace's own arrivals
+        res["burstiness"] = None
     ok = [o for o in outs if o.success]
     # ---- m3ctl additions (new keys; never a vLLM name with another meaning) ----
     _add_token_counts(res, cfg, ok, wl)
@@ -1694,6 +1698,14 @@ def _validity(
             "(TPOT and ITL not measured: null in the JSON, n/a in the tables; the server or a proxy "
             "buffered the stream)"
         )
+    elif ok:  # fewer than the rule's share in bursts: TPOT stays measured, but those requests' read ~0
+        burst, multi = metrics.bursts(ok)
+        if burst:
+            warnings.append(
+                f"{burst} of {multi} requests received all their tokens at once: their TPOT reads about 0 (as in "
+                "vLLM's TPOT) and pulls the TPOT statistics down; a late client event loop (client_loop_lag_max_ms) "
+                "or a buffering server or proxy does this"
+            )
     if "request_goodput" in miss:
         warnings.append("goodput not claimed (null): its SLO bounds TPOT, which this run did not measure")
     no_usage = sum(1 for o in ok if o.output_tokens is None or o.tokens_from_chunks)

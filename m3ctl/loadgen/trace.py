@@ -223,8 +223,9 @@ def check(cfg) -> Trace:
     replaces (m3ctl.loadgen.runner.validate calls it).
 
     Raises:
-        BadInput: as :func:`load`; ``--workload`` other than random, a finite ``--request-rate`` or ``--duration``
-            with a trace (the trace gives the requests and their arrivals); more prompt tokens than one run may
+        BadInput: as :func:`load`; ``--workload`` other than random, a finite ``--request-rate``, ``--duration``,
+            ``--num-prompts`` or a ``--burstiness`` other than 1 with a trace (the trace gives the requests and
+            their arrivals); more prompt tokens than one run may
             build (m3ctl.loadgen.runner.MAX_RUN_PROMPT_TOKENS).
     """
     from m3ctl.loadgen.runner import MAX_RUN_PROMPT_TOKENS  # noqa: PLC0415
@@ -240,6 +241,16 @@ def check(cfg) -> Trace:
         raise BadInput(
             "--trace gives the requests and when they arrive: --duration does not apply",
             "drop --duration (replay a part of the trace instead)",
+        )
+    if "num_prompts" in cfg.model_fields_set:  # it sent every record anyway
+        raise BadInput(
+            "--trace gives the requests: --num-prompts does not apply",
+            "drop --num-prompts (replay a part of the trace: a file with fewer lines)",
+        )
+    if cfg.burstiness != 1.0:  # the arrivals are the trace's, not a gamma process's
+        raise BadInput(
+            "--trace gives the arrival times: --burstiness does not apply",
+            "drop --burstiness (--trace-time-scale speeds the trace up or slows it down)",
         )
     tr = load(cfg.trace_path)
     total = sum(r.input_len for r in tr.records) + cfg.num_warmups * median_input_len(tr)

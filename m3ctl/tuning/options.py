@@ -80,7 +80,8 @@ class TuneOptions(BaseModel):
         None, description="API port of the trial servers (default: $M3CTL_PORT, the config file's, else 8000)."
     )
     workload: str = Field(
-        "random", description="Bench workload of each measurement: random, dataset, prefix-repetition, agentic."
+        "random",
+        description="Bench workload of each measurement: random, prefix-repetition, agentic (not dataset: tune takes no dataset file).",
     )
     input_len: int = Field(
         128, description="Input tokens per request (prefix-repetition: suffix; agentic: first user turn)."

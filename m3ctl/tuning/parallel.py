@@ -492,7 +492,9 @@ class _Run:
                         raise RuntimeError(f"trial {self.held[0].number} fits on no GPU set of this host")
                     break
                 self._handle(self.q.get())
-            t._confirm()
+            skipped = t._confirm(lambda: self.before + clock() - self.t_run)
+            if skipped:
+                stopped_by += f"; {skipped}"
         except BaseException:
             self._cancel_all()
             raise
@@ -511,6 +513,7 @@ class _Run:
             elapsed_s=self.before + clock() - self.t_run,
             stopped_by=stopped_by,
             baseline=t.baseline,
+            confirm_starts=t.confirm_starts,
         )
 
 

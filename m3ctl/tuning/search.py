@@ -240,6 +240,7 @@ class TuneResult:
     elapsed_s: float
     stopped_by: str
     baseline: Outcome | None = None
+    confirm_starts: int = 0  # fresh servers the confirmation rung started (not counted in ``launches``)
 
 
 def num_prompts(spec: TuneSpec, concurrency: int, fidelity: float) -> int:
@@ -760,6 +761,17 @@ class Tuner:
         return sum(1 for o in self.outcomes.values() if o.launched) + len(self.lost)
 
     @property
+    def confirm_starts(self) -> int:
+        """Fresh servers the confirmation rung started, across all resumes: the outcomes (the baseline included)
+        with a run at the confirmation's fidelity (``confirm_factor`` times the requests, m3ctl.tuning.search.confirm);
+        a twin confirmed by the defaults' server has none of its own."""
+        f = self.spec.confirm_factor
+        if f == 1.0:  # a confirmation's runs look like the search's: count the confirmed outcomes
+            return sum(1 for o in self.outcomes.values() if o.confirmed is not None and o.same_server_as is None)
+        b = [self.baseline] if self.baseline is not None else []
+        return sum(1 for o in [*self.outcomes.values(), *b] if any(p.fidelity == f for p in o.points))
+
+    @property
     def cost_s(self) -> float:
         return (
             sum(o.cost_s for o in self.outcomes.values())
@@ -1072,7 +1084,9 @@ class Tuner:
                     else f"{out.status}: {out.reason}"
                 )
                 self.on_event(n, desc, f"done: {res}")
-            self._confirm()
+            skipped = self._confirm(lambda: before + clock() - t_run)
+            if skipped:
+                stopped_by += f"; {skipped}"
         finally:
             self.study.set_user_attr("elapsed_s", before + clock() - t_run)
         return self._result(stopped_by, before + clock() - t_run)
@@ -1112,6 +1126,18 @@ class Tuner:
         run 16.5 s) that is 68 s per confirmation; the two it made took 90 s together."""
         if self.spec.confirm_top <= 0:
             return 0.0
+        each = self._confirm_each()
+        if not each:
+            return 0.0
+        b = self.baseline
+        done = sum(1 for o in self.outcomes.values() if o.confirmed is not None and o.same_server_as is None)
+        todo = max(0, self.spec.confirm_top - done)
+        if b is not None and b.status == "feasible" and b.confirmed is None and b.config:
+            todo += 1
+        return todo * each
+
+    def _confirm_each(self) -> float:
+        """Expected seconds of one confirmation (:meth:`_confirm_reserve`), 0 before any start."""
         b = self.baseline
         servers = [o for o in self.outcomes.values() if o.launched] + ([b] if b is not None and b.launched else [])
         starts = sorted(o.start_s for o in servers if o.start_s > 0)
@@ -1119,12 +1145,7 @@ class Tuner:
         runs = [p.duration_s / p.n_runs for o in servers for p in o.points if p.valid and p.duration_s > 0]
         if not starts:
             return 0.0
-        done = sum(1 for o in self.outcomes.values() if o.confirmed is not None and o.same_server_as is None)
-        todo = max(0, self.spec.confirm_top - done)
-        if b is not None and b.status == "feasible" and b.confirmed is None and b.config:
-            todo += 1
-        each = statistics.median(starts) + self.spec.confirm_factor * (statistics.median(runs) if runs else 0.0)
-        return todo * each
+        return statistics.median(starts) + self.spec.confirm_factor * (statistics.median(runs) if runs else 0.0)
 
     def _reuse_baseline(self, trial: Any, cand: dict[str, Any], desc: str) -> bool:
         """When ``cand`` runs the same server as the vLLM-defaults baseline, record the baseline's runs as the
@@ -1185,6 +1206,7 @@ class Tuner:
             elapsed_s=elapsed_s,
             stopped_by=stopped_by,
             baseline=self.baseline,
+            confirm_starts=self.confirm_starts,
         )
 
     def _save_confirmation(self, o: Outcome) -> None:
@@ -1200,9 +1222,20 @@ class Tuner:
             },
         )
 
-    def _confirm(self) -> None:
+    def _confirm_fits(self, elapsed: Callable[[], float] | None) -> bool:
+        """Whether one more confirmation (:meth:`_confirm_each`) ends inside the time budget (True without one)."""
+        if elapsed is None or self.spec.time_budget_s is None:
+            return True
+        return elapsed() + self._confirm_each() <= self.spec.time_budget_s
+
+    def _confirm(self, elapsed: Callable[[], float] | None = None) -> str | None:
+        """The confirmation rung (below). ``elapsed()``: wall seconds over all resumes; with a time budget, a
+        confirmation that would end past it is not started (the search kept time for them,
+        :meth:`_confirm_reserve`, but a first trial may take longer than the whole budget). Returns what was
+        skipped, e.g. "2 confirmations skipped: the time budget (20 s) is spent", or None."""
         if self.spec.confirm_top <= 0:
-            return
+            return None
+        skipped = 0
         # Successive halving: confirm the top ``confirm_top`` by their current value; a configuration whose
         # confirmation falls below an unconfirmed one lets that one be confirmed too (at most 2 x confirm_top).
         # The configuration reported as best is always one that was confirmed: one more start when the
@@ -1222,6 +1255,9 @@ class Tuner:
             todo = [o for o in (top if i < 2 * self.spec.confirm_top else top[:1]) if o.confirmed is None]
             if not todo:
                 break
+            if not self._confirm_fits(elapsed):
+                skipped += len(todo)
+                break
             o = todo[0]
             desc = describe(o.config, self.space)
             confirm(self.ev, o, self.spec, self.slo, functools.partial(self.on_event, o.trial, desc))
@@ -1235,12 +1271,14 @@ class Tuner:
                 "vLLM defaults",
                 f"confirmed with the search trial of the same server: {b.confirmed:.1f} at c={b.concurrency}",
             )
-        elif b is not None and b.status == "feasible" and b.confirmed is None and b.config:
+        elif b is not None and b.status == "feasible" and b.confirmed is None and b.config and not skipped:
+            if not self._confirm_fits(elapsed):
+                return self._skipped_text(skipped + 1)
             confirm(self.ev, b, self.spec, self.slo, lambda m: self.on_event("base", "vLLM defaults", m))
             self.study.set_user_attr("baseline", b.to_json())
             self.on_event("base", "vLLM defaults", f"confirmed: {b.confirmed:.1f} at c={b.concurrency}")
         if b is None or b.confirmed is None:
-            return
+            return self._skipped_text(skipped + (b is not None and b.status == "feasible" and bool(b.config)))
         for o in self.outcomes.values():
             if id(o) in twins and o.confirmed is None:
                 o.confirmed = b.confirmed
@@ -1250,6 +1288,16 @@ class Tuner:
                     describe(o.config, self.space),
                     f"confirmed by the defaults' fresh server (one engine for the load measured): {b.confirmed:.1f}",
                 )
+        return self._skipped_text(skipped)
+
+    def _skipped_text(self, n: int) -> str | None:
+        if not n:
+            return None
+        self.on_event("-", "confirmation", f"{n} skipped: the time budget ({self.spec.time_budget_s:g} s) is spent")
+        return (
+            f"{n} confirmation{'s' if n != 1 else ''} skipped: the time budget ({self.spec.time_budget_s:g} s) "
+            "is spent (`m3ctl tune --resume DIR --time-budget S` with more time runs them)"
+        )
 
 
 def pareto(outcomes: list[Outcome]) -> list[dict[str, Any]]:

@@ -221,6 +221,13 @@ def _check_choices(
         raise BadInput(f"bad ladder {lad}", "concurrencies are integers >= 1, e.g. --ladder 1,2,4,8,16")
     if workload not in KINDS:
         raise BadInput(f"unknown workload {workload!r}", f"use one of {', '.join(KINDS)}")
+    if workload == "dataset":  # bench's dataset workload reads --dataset-path, which tune does not take
+        raise BadInput(
+            "tune cannot measure --workload dataset: it needs a dataset file (bench --dataset-path), which tune "
+            "does not take",
+            f"use one of {', '.join(k for k in KINDS if k != 'dataset')}, or bench the dataset against the "
+            "tuned profile's server",
+        )
     return lad
 
 
@@ -740,10 +747,26 @@ def dry_run(
         f"first configuration (speculation off, largest batch limits in range), {load}",
         f"then a local poll around the best so far and optuna TPE over the {out['feasible']} configurations the "
         f"rules accept, until {spec.max_trials} server starts"
-        + (f" or {spec.time_budget_s:g} s" if spec.time_budget_s else ""),
+        + (
+            f" or {spec.time_budget_s:g} s of wall time"
+            + (
+                " less the time kept for the confirmations (each: the study's median start and median run at "
+                f"{spec.confirm_factor:g}x the requests, estimated as it goes)"
+                if spec.confirm_top
+                else ""
+            )
+            if spec.time_budget_s
+            else ""
+        ),
         (
             f"then the best {min(spec.confirm_top, out['feasible'])} re-measured on a fresh server with "
             f"{spec.confirm_factor:g}x the requests"
+            + (
+                f", inside the {spec.time_budget_s:g} s: a confirmation that would end past it is skipped, and "
+                "the result says so"
+                if spec.time_budget_s
+                else ""
+            )
             if spec.confirm_top
             else "no re-measurement on a fresh server (--confirm-top 0): each configuration is one server's figure"
         ),
@@ -1157,7 +1180,7 @@ def write_outputs(
         m3ctl.core.files.WriteFailed: a file could not be written (the others were written); the result dict is its
             ``document`` attribute, the other failures its ``others`` (exit 5: measured, shown, not saved).
 
-    result.json (:class:`m3ctl.results.TuneReport`): ``schema_version``, ``launches``, ``cost_s`` (server time) and ``elapsed_s`` (wall) across all resumes;
+    result.json (:class:`m3ctl.results.TuneReport`): ``schema_version``, ``launches`` (search starts), ``confirm_launches`` (the confirmations' fresh servers), ``cost_s`` (server time) and ``elapsed_s`` (wall) across all resumes;
     ``interrupted_launches`` {trial: {cost_s}}: starts killed before any run finished (counted in both);
     ``capacity_rule`` {margin, min_repeats, text}: how every level was decided (m3ctl.loadgen.capacity);
     ``chosen`` ``tuned`` | ``defaults`` | ``none`` and ``reason``: what ``profile`` (the profile.yaml path; absent
@@ -1186,6 +1209,7 @@ def write_outputs(
         "schema_version": TUNE_SCHEMA_VERSION,
         "stopped_by": res.stopped_by,
         "launches": res.launches,
+        "confirm_launches": res.confirm_starts,
         "cost_s": res.cost_s,
         "elapsed_s": res.elapsed_s,
         "interrupted_launches": tuner.lost,

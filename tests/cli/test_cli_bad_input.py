@@ -55,6 +55,7 @@ CASES = [
     # tune: refused even with --dry-run; one workload vocabulary with bench
     ([*TUNE, "--workload", "nope"], "--workload"),
     ([*TUNE, "--workload", "prefix"], "--workload"),
+    ([*TUNE, "--workload", "dataset"], "tune cannot measure --workload dataset"),  # it started vLLM, then failed
     ([*TUNE, "--max-trials", "-1"], "--max-trials"),
     ([*TUNE, "--confirm-top", "-1"], "--confirm-top"),
     ([*TUNE, "--input-len", "0"], "--input-len"),

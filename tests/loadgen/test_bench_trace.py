@@ -84,7 +84,7 @@ def test_trace_replays_arrivals_lengths_and_prefixes(gt, tok, tmp_path):
     assert res["load"]["mode"] == "trace" and res["max_concurrency"] is None
     # the rate the replay offered: 11 gaps over 1.5 s (vLLM's key; it said "inf", a --request-rate never given)
     assert res["request_rate"] == pytest.approx(11 / 1.5) and res["load"]["rate"] == pytest.approx(11 / 1.5)
-    assert res["load"]["arrival"] == "trace" and res["load"]["burstiness"] is None
+    assert res["load"]["arrival"] == "trace" and res["load"]["burstiness"] is None and res["burstiness"] is None
     # Each request was due at its trace offset and sent then (client clock) ...
     s0 = reqs[0]["scheduled_time"]
     for q, off in zip(reqs, offsets, strict=True):
@@ -211,9 +211,13 @@ def test_trace_refuses_options_it_replaces_and_conflicting_prefix_lens(tmp_path)
         ({"workload": "agentic"}, "--trace replaces --workload"),
         ({"request_rate": 5.0}, "--request-rate does not apply"),
         ({"duration_s": 10.0, "concurrency": 2}, "--duration does not apply"),
+        ({"num_prompts": 5}, "--num-prompts does not apply"),  # it sent every record, silently
+        ({"burstiness": 0.5}, "--burstiness does not apply"),  # accepted, and written as the run's burstiness
     ):
         with pytest.raises(BadInput, match=msg):
             validate(BenchConfig(**base, **kw))
+    with pytest.raises(BadInput, match="--trace-time-scale scales a replayed trace: it needs --trace"):
+        validate(BenchConfig(url=base["url"], model="m", trace_time_scale=2.0))  # it was ignored
     with pytest.raises(BadInput, match="has no records"):
         traces.load(_write(tmp_path / "empty.jsonl", []))
 

@@ -455,6 +455,22 @@ def test_time_budget_keeps_time_for_the_confirmations():
     assert res.launches < bare.launches  # the search gave up starts to the confirmation
     assert res.elapsed_s <= 300.0  # and the whole study, confirmation included, ended inside the budget
     assert tuner._confirm_reserve() == 0.0  # nothing left to confirm
+    assert res.confirm_starts == ev.opened - res.launches == len(confirmed)  # counted apart from the search's
+
+
+def test_a_confirmation_that_would_end_past_the_budget_is_skipped_and_said():
+    """A first trial longer than the whole budget leaves no time to confirm: no confirmation server starts, and
+    the result says how many were skipped and how to run them (found by a new-user probe: a 20 s budget ran
+    67 s, and the done line counted one server start of the two)."""
+    grid = _grid()
+    ev = ReplayEvaluator(grid)
+    spec = TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=20, time_budget_s=20.0, confirm_top=1)
+    res = Tuner(recorded_space(grid), ev, spec).run(clock=lambda: ev.clock[0])
+    assert res.launches == 1 and ev.opened == 1 and res.confirm_starts == 0
+    assert res.elapsed_s > 20.0  # the one trial alone overran (a start is never cut short)
+    assert "1 confirmation skipped: the time budget (20 s) is spent" in res.stopped_by
+    assert "--resume DIR --time-budget S" in res.stopped_by
+    assert all(o.confirmed is None for o in res.outcomes)
 
 
 # ---------------------------------------------------------------- the tuned profile launches the tuned layout
