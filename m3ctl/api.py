@@ -1242,7 +1242,7 @@ def prepare_tune(
             raise BadInput(
                 "--model is required (or --resume DIR)", "e.g. m3ctl tune --model DIR --slo 'p90_tpot_ms<=50'"
             )
-        sdir = Path(study_dir) if study_dir else Path(f"m3ctl-tune-{time.strftime('%Y%m%d-%H%M%S')}")
+        sdir = Path(study_dir) if study_dir else Path.cwd() / f"m3ctl-tune-{time.strftime('%Y%m%d-%H%M%S')}"
         same = (
             "slo",
             "objective",

@@ -222,7 +222,7 @@ def print_study(out: Output, sdir: Path, settings: dict) -> None:
 
     sp, spec = Space.from_json(settings["space"]), settings["spec"]
     out.print(
-        f"study {sdir}: {sp.size()} configurations over {', '.join(sp.free()) or 'nothing'}; SLO "
+        f"study {sdir}: {sp.size()} configuration{'s' if sp.size() != 1 else ''} over {', '.join(sp.free()) or 'nothing'}; SLO "
         f"{parse_slo(spec['slo'])}; objective {spec['objective']}; budget {spec['max_trials']} starts"
         + (
             f", {spec['time_budget_s']:g} s" + (" (confirmations included)" if spec.get("confirm_top") else "")

@@ -14,7 +14,7 @@ def print_dry_run(con, r: dict, limit: int = 40) -> None:
         soft_wrap=True,
     )
     con.print(
-        f"  space: {sp['size']} configurations over {', '.join(sp['free']) or 'nothing'}; "
+        f"  space: {sp['size']} configuration{'s' if sp['size'] != 1 else ''} over {', '.join(sp['free']) or 'nothing'}; "
         + "; ".join(f"{k} {v}" for k, v in sp["values"].items()),
         soft_wrap=True,
     )

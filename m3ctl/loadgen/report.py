@@ -446,7 +446,8 @@ def _run_title(res: dict) -> str:
     )
     return (
         f"m3ctl bench: {res['model_id']} ({res['backend']}, {wl.get('kind')}, {lens}concurrency "
-        f"{res['max_concurrency']}, rate {rate_text(res['request_rate'])})"
+        f"{res['max_concurrency'] if res['max_concurrency'] is not None else 'not capped'}, "
+        f"rate {rate_text(res['request_rate'])})"
     )
 
 

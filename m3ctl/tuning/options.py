@@ -87,7 +87,10 @@ class TuneOptions(BaseModel):
         128, description="Input tokens per request (prefix-repetition: suffix; agentic: first user turn)."
     )
     output_len: int = Field(128, description="Output tokens per request.")
-    prompts_per_concurrency: int = Field(4, description="Requests per run = this x concurrency.")
+    prompts_per_concurrency: int = Field(
+        4,
+        description="Requests per run = this x concurrency, at least 8 (a run of fewer has no percentiles to speak of).",
+    )
     warmup: bool = Field(
         True,
         description="Warm up before every measured run at its concurrency (as many fresh requests as the concurrency).",
