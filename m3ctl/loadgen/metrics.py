@@ -74,10 +74,7 @@ def unmeasured(outputs: Sequence[RequestOutput], goodput_slo_ms: dict[str, float
             f"{uncounted} of {len(ok)} responses had no usage, so their output tokens were not counted "
             "(counted as 1 each in the output totals and throughputs; --allow-approx counts the stream chunks)"
         )
-        out = {"output_tokens": f"usage: {detail}", "tpot": f"usage: {detail}"}
-        if goodput_slo_ms and "tpot" in goodput_slo_ms:
-            out["request_goodput"] = f"usage: the goodput SLO bounds TPOT, which was not measured ({detail})"
-        return out
+        return _reasons("usage", detail, ("output_tokens", "tpot"), goodput_slo_ms)
     burst, multi = bursts(outputs)
     if not multi or burst <= BURST_FRACTION * multi:
         return {}
@@ -86,9 +83,15 @@ def unmeasured(outputs: Sequence[RequestOutput], goodput_slo_ms: dict[str, float
         f"or faster than {BURST_TOKEN_S * 1e3:g} ms per token: the server or a proxy buffered the stream), so the "
         "time between tokens was not observed"
     )
-    out = {"tpot": f"bursts: {detail}", "itl": f"bursts: {detail}"}
+    return _reasons("bursts", detail, ("tpot", "itl"), goodput_slo_ms)
+
+
+def _reasons(cause: str, detail: str, metrics: tuple[str, ...], goodput_slo_ms: dict[str, float] | None) -> dict:
+    """:func:`unmeasured`'s ``{metric: "<cause>: <detail>"}`` for ``metrics``, and ``request_goodput`` when the
+    goodput SLO bounds TPOT (which is among them)."""
+    out = {m: f"{cause}: {detail}" for m in metrics}
     if goodput_slo_ms and "tpot" in goodput_slo_ms:
-        out["request_goodput"] = f"bursts: the goodput SLO bounds TPOT, which was not measured ({detail})"
+        out["request_goodput"] = f"{cause}: the goodput SLO bounds TPOT, which was not measured ({detail})"
     return out
 
 

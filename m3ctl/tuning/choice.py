@@ -164,9 +164,9 @@ def fresh_server_spread(
     if best is not None:
         ta, tb = ("the defaults" if t == "base" else f"trial {t}" for t in best["trials"])
         oa, ob = best["objectives"]
+        own = "the defaults'" if best["trials"][0] == "base" else f"{ta}'s"
         pair = (
-            f"{ta + chr(39) if ta.endswith('s') else ta + chr(39) + 's'} search server: {oa:.1f}, "
-            f"its confirmation's: {ob:.1f}"
+            f"{own} search server: {oa:.1f}, its confirmation's: {ob:.1f}"
             if best["trials"][0] == best["trials"][1]
             else f"{ta}: {oa:.1f}, {tb}: {ob:.1f}"
         )

@@ -1129,12 +1129,13 @@ class Tuner:
         each = self._confirm_each()
         if not each:
             return 0.0
-        b = self.baseline
         done = sum(1 for o in self.outcomes.values() if o.confirmed is not None and o.same_server_as is None)
-        todo = max(0, self.spec.confirm_top - done)
-        if b is not None and b.status == "feasible" and b.confirmed is None and b.config:
-            todo += 1
-        return todo * each
+        return (max(0, self.spec.confirm_top - done) + self._baseline_unconfirmed()) * each
+
+    def _baseline_unconfirmed(self) -> bool:
+        """Whether vLLM's defaults held a level and still wait for their confirmation's fresh server."""
+        b = self.baseline
+        return b is not None and b.status == "feasible" and b.confirmed is None and bool(b.config)
 
     def _confirm_each(self) -> float:
         """Expected seconds of one confirmation (:meth:`_confirm_reserve`), 0 before any start."""
@@ -1271,14 +1272,14 @@ class Tuner:
                 "vLLM defaults",
                 f"confirmed with the search trial of the same server: {b.confirmed:.1f} at c={b.concurrency}",
             )
-        elif b is not None and b.status == "feasible" and b.confirmed is None and b.config and not skipped:
+        elif b is not None and self._baseline_unconfirmed() and not skipped:
             if not self._confirm_fits(elapsed):
-                return self._skipped_text(skipped + 1)
+                return self._skipped_text(1)
             confirm(self.ev, b, self.spec, self.slo, lambda m: self.on_event("base", "vLLM defaults", m))
             self.study.set_user_attr("baseline", b.to_json())
             self.on_event("base", "vLLM defaults", f"confirmed: {b.confirmed:.1f} at c={b.concurrency}")
         if b is None or b.confirmed is None:
-            return self._skipped_text(skipped + (b is not None and b.status == "feasible" and bool(b.config)))
+            return self._skipped_text(skipped + self._baseline_unconfirmed())
         for o in self.outcomes.values():
             if id(o) in twins and o.confirmed is None:
                 o.confirmed = b.confirmed
