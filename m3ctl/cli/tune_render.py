@@ -31,10 +31,12 @@ def print_dry_run(con, r: dict, limit: int = 40) -> None:
         "requests per concurrency "
         + ", ".join(f"c={c}: {n}" for c, n in r["prompts_per_run"].items())
         + (
-            "; fresh prompts every run, after a warm-up of as many requests as the concurrency"
+            "; fresh prompts every run, after a warm-up of as many requests as the concurrency (a repeat at a"
+            " level its server has run: none)"
             if b.get("warmup")
             else "; fresh prompts every run"
-        ),
+        )
+        + (f"; prompts built with {b['tokenizer']}/tokenizer.json" if b.get("tokenizer") else ""),
         soft_wrap=True,
     )
     for note in r["pruned"]:

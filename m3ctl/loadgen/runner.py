@@ -1066,6 +1066,7 @@ class _Prepared:
     scraped: dict
     before: Callable[[], Any] | None
     meter: EnergyMeter | None = None  # started by ``before``, stopped after the last response
+    times: dict[str, float] = field(default_factory=dict)  # perf_counter: begin, prepared (see run_phases)
 
     def stop_sampling(self) -> list | None:
         """Stop the run's background samplers (GPU power, the server's queue), whatever ended the run; idempotent.
@@ -1086,6 +1087,7 @@ def _prepare(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Prepared:
     """
     import httpx  # noqa: PLC0415
 
+    t_begin = time.perf_counter()
     validate(cfg)
     try:
         _check_reachable(cfg)
@@ -1097,7 +1099,9 @@ def _prepare(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Prepared:
             ) from None
         raise
     try:
-        return _prepare_reachable(cfg, tok, sync_log)
+        prep = _prepare_reachable(cfg, tok, sync_log)
+        prep.times.update(begin=t_begin, prepared=time.perf_counter())
+        return prep
     except (httpx.HTTPError, ConnectionError) as e:
         died = engine_death(cfg)
         what = died["sentence"] if died else f"server at {cfg.url} went away ({type(e).__name__})"
@@ -1167,6 +1171,7 @@ def _prepare_reachable(cfg: BenchConfig, tok: Tokenizer | None, sync_log) -> _Pr
     )
 
     def measured() -> None:  # the measured phase begins: power sampling first, then the counters' snapshot
+        scraped["measured_at"] = time.perf_counter()
         meter.start()
         if cfg.scrape_server_metrics or log:
             before()
@@ -1230,7 +1235,26 @@ def _finish(prep: _Prepared, outs: list[RequestOutput], dur: float, cstats: list
     finally:
         if prep.own_tok and isinstance(tok, ServerTokenizer):
             tok.close()
+    res["run_phases_s"] = run_phases(prep.times, scraped.get("measured_at"), dur, time.perf_counter())
     return res
+
+
+def run_phases(times: dict[str, float], measured_at: float | None, dur: float, now: float) -> dict | None:
+    """Where a run's wall time went (s): ``prepare`` (reachability, tokenizer, the prompts), ``warmup`` (the
+    warm-up requests and the counters' snapshot before the measured phase), ``measured`` (the result's
+    ``duration``: first dispatch to last completion), ``finish`` (counters after, log, the result), ``total``.
+    None when the run never reached its measured phase."""
+    if "begin" not in times or "prepared" not in times or measured_at is None:
+        return None
+    prepare, warmup = times["prepared"] - times["begin"], measured_at - times["prepared"]
+    finish = max(0.0, now - measured_at - dur)
+    return {
+        "prepare": round(prepare, 3),
+        "warmup": round(warmup, 3),
+        "measured": round(dur, 3),
+        "finish": round(finish, 3),
+        "total": round(now - times["begin"], 3),
+    }
 
 
 #: Input-token gap (server usage vs the client's count) above which a run warns (fraction).

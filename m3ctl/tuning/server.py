@@ -33,6 +33,9 @@ class ServerSession:
     ):
         self.ev, self.plan, self.dep, self.dir, self.start_s = ev, plan, dep, trial_dir, start_s
         self.secrets = secrets or {}  # the trial server's secret env: its key is what the benches send
+        #: (concurrency, fidelity) levels this server has run: a repeat at one of them skips the warm-up (the server
+        #: has just served that load; its kernels for that batch size are compiled and its pools sized)
+        self.levels_run: set[tuple[int, float]] = set()
 
     def alive(self) -> bool:
         from m3ctl.serving.serve import runtime_for  # noqa: PLC0415
@@ -44,7 +47,9 @@ class ServerSession:
         (a latency spike of up to seconds: m3ctl.serving.kernels.jit_events) did not measure the steady state: it is
         kept as ``bench-cC-xF-jitN.json`` and repeated, at most ``JIT_RERUNS`` times. A further run at the same
         concurrency and fidelity in the trial folder (a repeat near the SLO boundary, m3ctl.tuning.search.measure_level)
-        is saved as ``bench-cC-xF-rN.json`` (N = 1, 2, ...), so every run is kept.
+        is saved as ``bench-cC-xF-rN.json`` (N = 1, 2, ...), so every run is kept. A repeat on this server at a
+        level it has already run sends no warm-up requests (``tune.warmed_by``: the run before it warmed the server
+        at that load); on the H200 a warm-up wave at c=96 took about 4 s of each repeat (docs/results/h200-study9.md).
 
         Raises:
             KeyboardInterrupt: the bench was interrupted (Ctrl-C, SIGINT): the partial run is saved and the level
@@ -70,6 +75,9 @@ class ServerSession:
             deployment_gpus=list(self.plan.gpus),
             **self.ev.bench,
         )
+        warmed = (concurrency, fidelity) in self.levels_run
+        if warmed:
+            cfg = cfg.model_copy(update={"warmup": False, "num_warmups": 0})
         stem = f"bench-c{concurrency}-x{fidelity:g}"
         rep = 0
         while (self.dir / f"{stem}{f'-r{rep}' if rep else ''}.json").exists():
@@ -96,12 +104,14 @@ class ServerSession:
                 "fidelity": fidelity,
                 "jit_events": jit,
                 "jit_reruns": reruns,
+                "warmed_by": "the previous run at this level on this server" if warmed else None,
             }
             if not jit or reruns >= JIT_RERUNS:
                 break
             write_json(self.dir / f"{stem}-jit{reruns}.json", res)
             reruns += 1
         write_json(self.dir / f"{stem}.json", res)
+        self.levels_run.add((concurrency, fidelity))
         return res
 
     def _run(self, cfg, concurrency: int) -> dict:

@@ -116,6 +116,7 @@ class CliSession:
             "--output-len",
             str(self.a.output_len),
             "--warmup",
+            *(["--tokenizer", self.a.tokenizer] if self.a.tokenizer else []),
             "--seed",
             str(self.seed),
             "--no-progress",
@@ -154,6 +155,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=540, help="stop by this many seconds after the start")
     ap.add_argument("--min-config-s", type=float, default=200, help="start no configuration with less left")
     ap.add_argument("--extra", default="--load-format+dummy", help="vLLM args after --, joined by '+'")
+    ap.add_argument("--tokenizer", help="model dir whose tokenizer.json builds the prompts (as the tune's study does)")
     a = ap.parse_args()
     a.deadline = time.time() + a.seconds
     m3 = [sys.executable, "-P", "-m", "m3ctl"]

@@ -66,6 +66,24 @@ def test_warmups_are_not_measured_cache_hits(gt):
     assert res["validity"]["valid"], res["validity"]
 
 
+def test_a_run_says_where_its_wall_time_went(gt):
+    """``run_phases_s``: prompts, warm-ups, the measured phase (the result's duration) and the rest, adding up to
+    the run's wall time; a run without warm-ups spends next to nothing on them."""
+    import time
+
+    url = gt("--prefix-cache-block", "16")
+    t = time.perf_counter()
+    warm = run_bench(_cfg(url, num_prompts=8, concurrency=2, num_warmups=6))
+    wall = time.perf_counter() - t
+    ph = warm["run_phases_s"]
+    assert ph["measured"] == pytest.approx(warm["duration"], abs=1e-3)
+    assert ph["total"] == pytest.approx(ph["prepare"] + ph["warmup"] + ph["measured"] + ph["finish"], abs=0.01)
+    assert 0 < ph["total"] <= wall and ph["prepare"] > 0
+    cold = run_bench(_cfg(url, num_prompts=8, concurrency=2))
+    # 6 warm-ups at concurrency 2 are 3 waves of a request (2 ms TTFT + 8 x 1 ms ITL) plus their /metrics wait
+    assert cold["run_phases_s"]["warmup"] < ph["warmup"], (cold["run_phases_s"], ph)
+
+
 def test_forced_reuse_is_bench_invalid(gt, tiny_models, tmp_path):
     """The same prompts twice (--prompt-salt of the first run): the second run measured a warm cache."""
     url = gt("--prefix-cache-block", "16")

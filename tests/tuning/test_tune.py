@@ -1324,3 +1324,18 @@ def test_a_crashed_start_carries_its_elapsed_time_on_the_launch_failure():
     )
     assert (out.status, out.start_s, out.cost_s, out.reason) == ("crashed", 42.5, 42.5, "OOM")
     assert "crashed: OOM" in events
+
+
+def test_a_local_model_builds_its_prompts_with_its_own_tokenizer_json(tmp_path, tiny_models):
+    """A study of a local model directory builds every run's exact-length prompts with that directory's
+    ``tokenizer.json`` (what its trial servers load), not three ``/tokenize`` round trips per prompt through the
+    server (benchmarks/prompt_build.py); a hub id has no file to read and keeps the server's ``/tokenize``."""
+    from m3ctl.tuning.study import local_tokenizer
+
+    model = Path(tiny_models["m2"])
+    assert local_tokenizer(str(model)) == str(model.resolve())
+    assert local_tokenizer("MiniMaxAI/MiniMax-M3.1-Flash") is None
+    assert local_tokenizer(str(tmp_path)) is None  # a directory without tokenizer.json
+    p = run_cli("tune", "--dry-run", "--model", str(model), "--study-dir", str(tmp_path / "s"), "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["bench"]["tokenizer"] == str(model.resolve())

@@ -108,6 +108,42 @@ def test_trial_killed_before_its_first_run_counts_its_launch(tmp_path):
     assert res.cost_s == pytest.approx(killed_clock + ev.clock[0])
 
 
+def test_a_repeat_at_a_level_its_server_ran_skips_the_warm_up(tmp_path):
+    """A repeat near the SLO boundary runs right after a run at the same load on the same server: its warm-up wave
+    (on the H200 about 4 s at c=96, docs/results/h200-study9.md) warms nothing. The first run at each level, and
+    the first at a fidelity (a confirmation's longer run), keep theirs; the repeat's record says why it had none."""
+    from types import SimpleNamespace
+
+    from m3ctl.tuning.server import ServerSession
+
+    sess = ServerSession(
+        SimpleNamespace(
+            spec=TuneSpec(), n_gpus_plan=lambda p: 1, registry=SimpleNamespace(root=tmp_path), bench={"warmup": True}
+        ),
+        SimpleNamespace(argv=["vllm", "serve"], gpus=[]),
+        SimpleNamespace(url="http://127.0.0.1:1", served_model_name="m", log_path=str(tmp_path / "log"), name="t"),
+        tmp_path,
+        1.0,
+    )
+    sent: list[tuple[int, bool, int]] = []
+
+    def run(cfg, c):
+        sent.append((c, cfg.warmup, cfg.num_warmups))
+        return {"completed": 8, "validity": {"valid": True, "reasons": []}}
+
+    sess._run = run
+    recs = [sess.measure(c, f) for c, f in ((64, 1.0), (96, 1.0), (96, 1.0), (96, 1.0), (96, 2.0))]
+    assert sent == [(64, True, 0), (96, True, 0), (96, False, 0), (96, False, 0), (96, True, 0)]
+    assert [r["tune"]["warmed_by"] is not None for r in recs] == [False, False, True, True, False]
+    assert sorted(p.name for p in tmp_path.glob("bench-*.json")) == [
+        "bench-c64-x1.json",
+        "bench-c96-x1-r1.json",
+        "bench-c96-x1-r2.json",
+        "bench-c96-x1.json",
+        "bench-c96-x2.json",
+    ]
+
+
 def test_an_interrupted_bench_run_stops_the_study_and_the_trial_is_recovered_on_resume(tmp_path):
     """Seen on the H200 (docs/results/h200-study6.md): a call's timeout sent SIGINT during a bench run; the bench
     returned its partial run (73 of 384 requests, ``interrupted``), and the study recorded the trial complete with
