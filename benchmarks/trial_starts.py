@@ -7,7 +7,7 @@ Prints, from vLLM's own logs (m3ctl.tuning.startup.start_breakdown):
    A cold with vLLM's defaults, B the same warm, C the study's cache root + capture bound (cold), D the same warm,
    E D's cache with another --max-num-seqs: each phase in seconds, and the saving of each measure;
 2. a study's trials (``--study DIR``, default the recorded H200 study tests/fixtures/h200x1-real/study8, or
-   ``--study study3`` ... ``study7`` for sessions 10-15): each
+   ``--study study3`` ... ``study7`` for sessions 10-15, ``study9`` for session 17): each
    trial's start broken down (and a trial's later starts, start-N.json: its confirmation on a fresh server), cache
    hit or miss, the median start after the first, the study's wall time, the
    share of it spent starting servers, and the study's wall time against the same study without the measures.
@@ -41,7 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from m3ctl.tuning.startup import start_breakdown
 
 FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "h200x1-real"
-RECORDED = ("study3", "study4", "study5", "study6", "study7", "study8")  # the last one is the default
+RECORDED = ("study3", "study4", "study5", "study6", "study7", "study8", "study9")  # study8 is the default
+DEFAULT = "study8"  # eight-configuration attempt with its grid; study9 (session 17) had four starts
 TAGS = {
     "A": "cold, vLLM defaults",
     "B": "warm default cache",
@@ -91,7 +92,7 @@ def print_reference(ref: dict[str, dict]) -> None:
 def _study_dir(arg: str | None, tmp: Path) -> Path:
     if arg and arg not in RECORDED:
         return Path(arg)
-    with tarfile.open(FIX / (arg or RECORDED[-1]) / "study.tgz") as t:
+    with tarfile.open(FIX / (arg or DEFAULT) / "study.tgz") as t:
         t.extractall(tmp, filter="data")
     return tmp
 
@@ -186,7 +187,7 @@ def print_study(sdir: Path, ref: dict[str, dict]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument(
-        "--study", help=f"a study dir, or one of {', '.join(RECORDED)} (default: the recorded H200 {RECORDED[-1]})"
+        "--study", help=f"a study dir, or one of {', '.join(RECORDED)} (default: the recorded H200 {DEFAULT})"
     )
     ap.add_argument("--logs", default=str(FIX / "starts"), help="dir with log-A..E.txt(.gz)")
     a = ap.parse_args()
