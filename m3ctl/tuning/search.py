@@ -171,6 +171,14 @@ class Outcome:
     trial: int | str | None = None
     recovered: bool = False  # rebuilt on resume from the runs of a killed trial (its bisection was cut short)
     same_server_as: str | None = None  # "base": the same engine as the baseline, whose runs it reuses (no start)
+    confirm_cost_s: float = 0.0  # the part of cost_s its confirmation's fresh server took (start and runs)
+
+    @property
+    def search_cost_s(self) -> float:
+        """Seconds its search took (``cost_s`` without the confirmation): what the next search trial is expected
+        to cost. On the H200 (docs/results/h200-study9.md) a trial's 152 s became 370 s with its confirmation,
+        and a search resumed after it would have waited for a 370 s gap."""
+        return self.cost_s - self.confirm_cost_s
 
     @property
     def final(self) -> float:
@@ -560,6 +568,7 @@ def confirm(ev: Evaluator, out: Outcome, spec: TuneSpec, slo: SLO, on_event: Cal
         out.confirmed, out.reason = 0.0, f"confirmation start failed: {e.message}"
         return
     out.cost_s += session.start_s
+    out.confirm_cost_s += session.start_s
     try:
         idx = spec.ladder.index(out.concurrency) if out.concurrency in spec.ladder else 0
         while idx >= 0:
@@ -568,6 +577,7 @@ def confirm(ev: Evaluator, out: Outcome, spec: TuneSpec, slo: SLO, on_event: Cal
             p = measure_level(session, spec, slo, c, spec.confirm_factor, ev.n_gpus(out.config), on_event)
             out.points.append(p)
             out.cost_s += p.duration_s
+            out.confirm_cost_s += p.duration_s
             if p.slo_ok:
                 out.confirmed = p.objective
                 if c != out.concurrency:
@@ -743,6 +753,8 @@ class Tuner:
             if k.startswith("confirm:") and k[8:] in self.outcomes:
                 self.outcomes[k[8:]].confirmed = v["confirmed"]
                 self.outcomes[k[8:]].points = [Point(**p) for p in v["points"]]
+                # saved since 2026-12-03; before, the confirmation's part is what it added to the search's cost
+                self.outcomes[k[8:]].confirm_cost_s = v.get("confirm_cost_s", v["cost_s"] - self.outcomes[k[8:]].cost_s)
                 self.outcomes[k[8:]].cost_s = v["cost_s"]
                 # a confirmation that stepped down the ladder moved the capacity: saved with it since 2026-12;
                 # for an older study, the concurrency of its last SLO-meeting confirmation run
@@ -1103,7 +1115,7 @@ class Tuner:
         the time kept for the confirmations (:meth:`_confirm_reserve`) would overrun the time budget; else None.
         The sequential search and the parallel scheduler (m3ctl.tuning.parallel) both ask this."""
         if self.spec.time_budget_s is not None:
-            costs = sorted(o.cost_s for o in self.outcomes.values() if o.launched)
+            costs = sorted(o.search_cost_s for o in self.outcomes.values() if o.launched)
             typical = costs[len(costs) // 2] if costs else 0.0
             kept = self._confirm_reserve()
             if elapsed + typical + kept > self.spec.time_budget_s:
@@ -1218,6 +1230,7 @@ class Tuner:
                 "confirmed": o.confirmed,
                 "points": [asdict(p) for p in o.points],
                 "cost_s": o.cost_s,
+                "confirm_cost_s": o.confirm_cost_s,
                 "concurrency": o.concurrency,
                 "objective": o.objective,
             },

@@ -1339,3 +1339,33 @@ def test_a_local_model_builds_its_prompts_with_its_own_tokenizer_json(tmp_path, 
     p = run_cli("tune", "--dry-run", "--model", str(model), "--study-dir", str(tmp_path / "s"), "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["bench"]["tokenizer"] == str(model.resolve())
+
+
+def test_the_typical_trial_is_a_search_trial_not_its_confirmation(tmp_path):
+    """The time budget's "typical trial" is the median search cost: a confirmed configuration's fresh server is
+    not part of what the next search trial costs. On the H200 (docs/results/h200-study9.md) a trial's 152 s
+    counted as 370 s after its confirmation. A resumed study rebuilds the split from its saved confirmation."""
+    grid = _grid()
+    storage = f"sqlite:///{tmp_path / 'study.db'}"
+    spec = TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=1, confirm_top=1)
+    ev = ReplayEvaluator(grid)
+    res = Tuner(recorded_space(grid), ev, spec, storage=storage).run(clock=lambda: ev.clock[0])
+    confirmed = [o for o in res.outcomes if o.confirmed is not None and o.same_server_as is None]
+    assert confirmed and all(o.confirm_cost_s > 0 for o in confirmed)
+    for o in confirmed:
+        search = [p for p in o.points if p.fidelity == 1.0]
+        assert o.search_cost_s == pytest.approx(o.start_s + sum(p.duration_s for p in search))
+    again = Tuner(
+        recorded_space(grid),
+        ReplayEvaluator(grid),
+        TuneSpec(**{**spec.__dict__, "time_budget_s": 1e6}),
+        storage=storage,
+    )
+    for o in confirmed:
+        back = again.outcomes[key_of(o.config)]
+        assert back.confirm_cost_s == pytest.approx(o.confirm_cost_s) and back.cost_s == pytest.approx(o.cost_s)
+    launched = [o for o in again.outcomes.values() if o.launched]
+    assert len(launched) == 1 and launched[0].confirm_cost_s > 0  # the one trial is the confirmed one
+    typical = launched[0].search_cost_s
+    elapsed = 1e6 - typical - 1.0  # room for one search trial, not for one with its confirmation's cost on top
+    assert again.time_budget_spent(elapsed) is None
