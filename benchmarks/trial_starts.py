@@ -9,7 +9,8 @@ Prints, from vLLM's own logs (m3ctl.tuning.startup.start_breakdown):
 2. a study's trials (``--study DIR``, default the recorded H200 study tests/fixtures/h200x1-real/study8, or
    ``--study study3`` ... ``study7`` for sessions 10-15, ``study9`` for session 17): each
    trial's start broken down (and a trial's later starts, start-N.json: its confirmation on a fresh server), cache
-   hit or miss, the median start after the first, the study's wall time, the
+   hit or miss, its bench runs' time by phase (prompts, warm-ups, measured; studies since session 17), the median
+   start after the first, the study's wall time, the
    share of it spent starting servers, and the study's wall time against the same study without the measures.
 
 The "without" wall time is the study's own wall time with each trial start's bounded CUDA-graph capture replaced by
@@ -112,6 +113,31 @@ def _start(path: Path) -> dict:
     return s
 
 
+def print_measurement(sdir: Path) -> None:
+    """Per trial, its bench runs' wall time by phase (``run_phases_s``: prompts, warm-ups, the measured phase,
+    the rest), for studies recorded since session 17; older ones say the figure is not recorded."""
+    rows = []
+    for d in sorted((sdir / "trials").iterdir()):
+        runs = [json.loads(p.read_text()) for p in sorted(d.glob("bench-*.json"))]
+        ph = [r["run_phases_s"] for r in runs if r.get("run_phases_s")]
+        if ph:
+            tot = {k: sum(x[k] for x in ph) for k in ("prepare", "warmup", "measured", "finish", "total")}
+            rows.append((d.name, len(ph), tot))
+    if not rows:
+        print("  measurement by phase: not recorded (bench run_phases_s came in session 17)")
+        return
+    for name, n, t in rows:
+        print(
+            f"  measuring {name:<5} {n} run(s) {t['total']:6.1f} s: measured {t['measured']:.1f}, prompts "
+            f"{t['prepare']:.1f}, warm-ups {t['warmup']:.1f}, after {t['finish']:.1f}"
+        )
+    all_t = {k: sum(t[k] for _, _, t in rows) for k in rows[0][2]}
+    print(
+        f"  measuring, all trials: {all_t['total']:.0f} s, of it prompts {all_t['prepare'] / all_t['total']:.0%}, "
+        f"warm-ups {all_t['warmup'] / all_t['total']:.0%}"
+    )
+
+
 def print_study(sdir: Path, ref: dict[str, dict]) -> None:
     res = json.loads((sdir / "result.json").read_text())
     starts = sorted(
@@ -151,6 +177,7 @@ def print_study(sdir: Path, ref: dict[str, dict]) -> None:
     starts = starts + again
     spent = sum(s["start_s"] for _, s in starts)
     print(f"  starting servers: {spent:.0f} s of {res['elapsed_s']:.0f} s wall ({spent / res['elapsed_s']:.0%})")
+    print_measurement(sdir)
     if {"A", "B"} <= ref.keys():
         a, b = ref["A"], ref["B"]
         cold_imports = [s["phases"]["api_imports"] for _, s in starts if s["phases"].get("api_imports", 0) > 5]
