@@ -49,7 +49,7 @@ class ServerSession:
         concurrency and fidelity in the trial folder (a repeat near the SLO boundary, m3ctl.tuning.search.measure_level)
         is saved as ``bench-cC-xF-rN.json`` (N = 1, 2, ...), so every run is kept. A repeat on this server at a
         level it has already run sends no warm-up requests (``tune.warmed_by``: the run before it warmed the server
-        at that load); on the H200 a warm-up wave at c=96 took about 4 s of each repeat (docs/results/h200-study9.md).
+        at that load); on the H200 a warm-up wave took 1.9-2.9 s at c=64-96 (docs/results/h200-study9.md).
 
         Raises:
             KeyboardInterrupt: the bench was interrupted (Ctrl-C, SIGINT): the partial run is saved and the level

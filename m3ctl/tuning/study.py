@@ -432,7 +432,7 @@ def new_settings(
             "seed": seed,
             "warmup": warmup,
             "usd_per_gpu_hour": usd_per_gpu_hour,
-            "tokenizer": local_tokenizer(model),
+            "tokenizer": local_tokenizer(model, [*(extra_args or []), *(overrides or {})]),
         },
     }
     if save and study_dir is not None:
@@ -440,12 +440,15 @@ def new_settings(
     return settings
 
 
-def local_tokenizer(model: str) -> str | None:
+def local_tokenizer(model: str, server_args: list[str] | None = None) -> str | None:
     """The model directory whose ``tokenizer.json`` builds a study's prompts (the file its trial servers load),
-    or None (a hub id: the server's ``/tokenize``). Local, because an exact-length prompt costs about three
+    or None: a hub id, or trial servers given a tokenizer of their own (``--tokenizer`` among ``server_args``,
+    the study's raw vLLM args and override flags), whose ``/tokenize`` is then the truth. Local, because an exact-length prompt costs about three
     ``/tokenize`` round trips through the server: 28 ms a prompt against 8 ms with the file, with a vLLM CPU
     server on this repo's 2-core CI machine (benchmarks/prompt_build.py). The counts stay checked against the
     server's ``usage.prompt_tokens`` (m3ctl.loadgen.runner)."""
+    if any(str(a).lstrip("-").replace("_", "-").split("=")[0] == "tokenizer" for a in server_args or []):
+        return None
     p = Path(model)
     return str(p.resolve()) if (p / "tokenizer.json").is_file() else None
 

@@ -1336,6 +1336,11 @@ def test_a_local_model_builds_its_prompts_with_its_own_tokenizer_json(tmp_path, 
     assert local_tokenizer(str(model)) == str(model.resolve())
     assert local_tokenizer("MiniMaxAI/MiniMax-M3.1-Flash") is None
     assert local_tokenizer(str(tmp_path)) is None  # a directory without tokenizer.json
+    # trial servers with a tokenizer of their own: their /tokenize is the truth, not the model dir's file
+    assert local_tokenizer(str(model), ["--tokenizer", "/other"]) is None
+    assert local_tokenizer(str(model), ["--tokenizer=/other"]) is None
+    assert local_tokenizer(str(model), ["tokenizer"]) is None  # an override flag's name
+    assert local_tokenizer(str(model), ["--tokenizer-mode", "slow"]) == str(model.resolve())
     p = run_cli("tune", "--dry-run", "--model", str(model), "--study-dir", str(tmp_path / "s"), "--json")
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["bench"]["tokenizer"] == str(model.resolve())
