@@ -78,7 +78,7 @@ def test_a_run_says_where_its_wall_time_went(gt):
     ph = warm["run_phases_s"]
     assert ph["measured"] == pytest.approx(warm["duration"], abs=1e-3)
     assert ph["total"] == pytest.approx(ph["prepare"] + ph["warmup"] + ph["measured"] + ph["finish"], abs=0.01)
-    assert 0 < ph["total"] <= wall and ph["prepare"] > 0
+    assert 0 < ph["total"] <= wall + 0.001 and ph["prepare"] > 0  # total is rounded to the millisecond
     cold = run_bench(_cfg(url, num_prompts=8, concurrency=2))
     # 6 warm-ups at concurrency 2 are 3 waves of a request (2 ms TTFT + 8 x 1 ms ITL) plus their /metrics wait
     assert cold["run_phases_s"]["warmup"] < ph["warmup"], (cold["run_phases_s"], ph)
@@ -213,7 +213,10 @@ def test_n16_speculative_acceptance_collapse_warns(gt):
         for w in bad["validity"]["warnings"]
     ), bad["validity"]
     good = run_bench(_cfg(gt("--spec-accept", "0.8,0.65,0.5")))
-    assert not good["validity"]["spec_decode_collapsed"] and good["validity"]["warnings"] == []
+    assert not good["validity"]["spec_decode_collapsed"]
+    # (at 80 % acceptance a request of 8 tokens now and then gets them all in one chunk: the burst warning is
+    # true of that run, and not what N16 is about)
+    assert not any("acceptance collapses" in w for w in good["validity"]["warnings"]), good["validity"]
 
 
 def test_n05_reasoning_left_in_content_makes_ttfa_invalid(gt, tiny_models):
