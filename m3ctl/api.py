@@ -1259,6 +1259,7 @@ def prepare_tune(
             "input_len",
             "output_len",
             "prompts_per_concurrency",
+            "prompt_text",
             "warmup",
             "skip_checks",
         )  # named as new_settings's
@@ -1323,6 +1324,7 @@ def tune(
     input_len: int = _tune("input_len"),
     output_len: int = _tune("output_len"),
     prompts_per_concurrency: int = _tune("prompts_per_concurrency"),
+    prompt_text: Literal["fresh", "common"] = _tune("prompt_text"),
     warmup: bool = _tune("warmup"),
     profile: str | Path | None = None,
     args: dict[str, Any] | None = None,

@@ -126,6 +126,7 @@ BENCH_OPTIONS, BENCH_FIELDS = o.model_options(
         "num_warmups": dict(),
         "seed": dict(),
         "prompt_salt": dict(),
+        "prompt_text": dict(parser=o.choice("fresh", "common")),
         "percentiles": dict(
             type=str,
             decls=("--percentiles", "--metric-percentiles"),  # vllm bench serve's name

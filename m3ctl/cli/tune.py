@@ -80,6 +80,7 @@ TUNE_OPTIONS, TUNE_FIELDS = o.model_options(
         "input_len": dict(min=1, max=MAX_REQUEST_TOKENS),
         "output_len": dict(min=1, max=MAX_REQUEST_TOKENS),
         "prompts_per_concurrency": dict(min=1),
+        "prompt_text": dict(parser=o.choice("fresh", "common")),
         "warmup": dict(decls="--warmup/--no-warmup"),
         "profile": dict(type=Path),
         "args": dict(name="arg", decls="--arg"),

@@ -7,7 +7,7 @@ its fields as keywords. This module imports nothing but pydantic, so the CLI rea
 from __future__ import annotations
 
 import math
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
@@ -47,6 +47,12 @@ class BenchConfig(BaseModel):
         description="Resend the prompts of the run with this workload.prompt_salt (a server that cached them makes the run BENCH-INVALID).",
     )
     """Salt of the prompt text (see the module docstring); None: a fresh random salt for this run."""
+    prompt_text: Literal["fresh", "common"] = Field(
+        "fresh",
+        description="random workload: fresh = text drawn with the run's salt; common = the same text in every run of this seed, each prompt behind a run tag (fresh to a prefix cache), so runs and configurations are compared on the same prompts.",
+    )
+    """``common``: common random numbers across runs (m3ctl.loadgen.workloads.random_workload). Only the random
+    workload draws its text; the others reject it (dataset prompts are tagged already)."""
     num_warmups: int = Field(
         0, ge=0, le=MAX_PROMPTS, description="Warmup requests (excluded; fresh prompts of the workload's shapes)."
     )

@@ -206,7 +206,15 @@ def _headers(cfg: BenchConfig) -> dict[str, str]:
 def build_requests(cfg: BenchConfig, tok: Tokenizer, salt: str | None = None) -> list[BenchRequest]:
     """The random workload: seeded lengths per request and prompts of exactly those token counts."""
     return workloads.random_workload(
-        tok, cfg.num_prompts, cfg.input_len, cfg.output_len, cfg.range_ratio, cfg.range_convention, cfg.seed, salt
+        tok,
+        cfg.num_prompts,
+        cfg.input_len,
+        cfg.output_len,
+        cfg.range_ratio,
+        cfg.range_convention,
+        cfg.seed,
+        salt,
+        common=cfg.prompt_text == "common",
     )
 
 
@@ -746,9 +754,15 @@ def _build_job(
         "ignore_eos": cfg.ignore_eos,
         "seed": cfg.seed,
         "prompt_salt": salt,
+        "prompt_text": cfg.prompt_text,
         "temperature": cfg.temperature,
     }
     n = cfg.num_prompts
+    if cfg.prompt_text == "common" and (cfg.trace_path or cfg.workload != "random"):
+        raise BadInput(
+            f"--prompt-text common applies to the random workload, not {'a trace' if cfg.trace_path else cfg.workload}",
+            "drop --prompt-text (dataset prompts are tagged already; the other workloads draw their own reuse)",
+        )
     if cfg.trace_path:
         tr = traces.load(cfg.trace_path)
         reqs = traces.requests(tok, tr, cfg.seed, salt)

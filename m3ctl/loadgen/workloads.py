@@ -21,7 +21,8 @@ fixes the lengths, the order and the arrival schedule; the salt fixes the prompt
 salt sends prompts no server has seen (a prefix cache cannot serve them), with the same lengths as any
 other run of that seed; the reuse a workload means (prefix-repetition's shared prefixes, the agentic
 sessions' growing context) stays inside the run. ``salt=None`` keeps the seed-only text of earlier versions.
-Random text is drawn afresh; dataset prompts, whose text is given, start with a short run tag instead.
+Random text is drawn afresh (or, with ``prompt_text="common"``, kept and tagged); dataset prompts, whose text
+is given, start with a short run tag instead.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from pathlib import Path
 from m3ctl.errors import BadInput
 from m3ctl.loadgen import WORKLOADS
 from m3ctl.loadgen.client import BenchRequest
-from m3ctl.loadgen.prompts import Tokenizer, exact_prompt, random_lengths
+from m3ctl.loadgen.prompts import Tokenizer, exact_prompt, exact_prompt_after, random_lengths
 
 #: The workload kinds (m3ctl.loadgen.WORKLOADS, declared there so the CLI reads them without this module).
 KINDS = WORKLOADS
@@ -54,13 +55,29 @@ def random_workload(
     convention: str,
     seed: int,
     salt: str | None = None,
+    common: bool = False,
 ) -> list[BenchRequest]:
-    """``n`` requests with seeded lengths and prompts of exactly those token counts (text drawn with ``salt``)."""
+    """``n`` requests with seeded lengths and prompts of exactly those token counts (text drawn with ``salt``).
+
+    ``common`` (with a ``salt``): the text is the seed's alone, the same in every run, and each prompt starts
+    with the run tag ``[<salt>-<i>]`` (``i``: the request's index) inside its first KV block, so a prefix cache,
+    whose block hashes chain from the first block, serves none of it
+    (https://docs.vllm.ai/en/latest/design/prefix_caching.html). Runs and configurations are then compared on the
+    same prompts (common random numbers): the text a fresh salt draws changes what a server computes (on a
+    dummy-weight MoE model, which experts each token reaches), which is noise when configurations are compared.
+    Request ``i``'s words come from a generator of its own, so a tag one token longer or shorter shifts only
+    that prompt's last words.
+    """
     rng = random.Random(seed)
     in_lens = random_lengths(input_len, range_ratio, n, rng, convention)
     out_lens = random_lengths(output_len, range_ratio, n, rng, convention)
-    trng = _text_rng(rng, seed, salt)
     reqs = []
+    if common and salt is not None:
+        for i, (il, ol) in enumerate(zip(in_lens, out_lens, strict=True)):
+            text, got = exact_prompt_after(tok, f"[{salt}-{i}]", il, random.Random(f"{seed}/common/{i}"))
+            reqs.append(BenchRequest(prompt=text, prompt_len=got, output_len=ol))
+        return reqs
+    trng = _text_rng(rng, seed, salt)
     for il, ol in zip(in_lens, out_lens, strict=True):
         text, got = exact_prompt(tok, il, trng)
         reqs.append(BenchRequest(prompt=text, prompt_len=got, output_len=ol))

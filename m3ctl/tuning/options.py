@@ -91,6 +91,10 @@ class TuneOptions(BaseModel):
         4,
         description="Requests per run = this x concurrency, at least 8 (a run of fewer has no percentiles to speak of).",
     )
+    prompt_text: Literal["fresh", "common"] = Field(
+        "fresh",
+        description="Prompt text of the random workload: fresh (drawn anew every run) or common (the same text in every run and trial, each prompt behind a run tag that keeps it fresh to a prefix cache: configurations compared on the same prompts).",
+    )
     warmup: bool = Field(
         True,
         description="Warm up before every measured run at its concurrency (as many fresh requests as the concurrency).",

@@ -362,6 +362,7 @@ def new_settings(
     input_len: int = _opt("input_len"),
     output_len: int = _opt("output_len"),
     prompts_per_concurrency: int = _opt("prompts_per_concurrency"),
+    prompt_text: str = _opt("prompt_text"),
     warmup: bool = _opt("warmup"),
     profile_file: str | Path | None = None,
     overrides: dict[str, Any] | None = None,
@@ -385,6 +386,13 @@ def new_settings(
             length; an unreadable profile or model; ``study_dir`` already holds a study or is not writable.
     """
     lad = _check_choices(slo, objective, usd_per_gpu_hour, ladder, workload)
+    if prompt_text not in ("fresh", "common") or (prompt_text == "common" and workload != "random"):
+        raise BadInput(
+            f"--prompt-text {prompt_text} does not apply to the {workload} workload"
+            if prompt_text == "common"
+            else f"--prompt-text {prompt_text!r} is not fresh or common",
+            "use --prompt-text common with --workload random, else leave it fresh",
+        )
     check_budgets(max_trials=max_trials, time_budget_s=time_budget_s, confirm_top=confirm_top)
     _check_numbers(
         lad,
@@ -432,6 +440,7 @@ def new_settings(
             "seed": seed,
             "warmup": warmup,
             "usd_per_gpu_hour": usd_per_gpu_hour,
+            **({"prompt_text": prompt_text} if prompt_text != "fresh" else {}),
             "tokenizer": local_tokenizer(model, [*(extra_args or []), *(overrides or {})]),
         },
     }

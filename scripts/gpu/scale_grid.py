@@ -117,8 +117,13 @@ class CliSession:
             str(self.a.output_len),
             "--warmup",
             *(["--tokenizer", self.a.tokenizer] if self.a.tokenizer else []),
-            "--seed",
-            str(self.seed),
+            # common prompt text: the tune's seed (0) in every run, so the grid sends the tune's prompts (each
+            # run's fresh salt tags them); fresh text: a seed of its own per run, as before
+            *(
+                ["--prompt-text", "common", "--seed", "0"]
+                if self.a.prompt_text == "common"
+                else ["--seed", str(self.seed)]
+            ),
             "--no-progress",
             "--label",
             f"{self.cfg} c={c} r{k}",
@@ -155,6 +160,7 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=540, help="stop by this many seconds after the start")
     ap.add_argument("--min-config-s", type=float, default=200, help="start no configuration with less left")
     ap.add_argument("--extra", default="--load-format+dummy", help="vLLM args after --, joined by '+'")
+    ap.add_argument("--prompt-text", choices=["fresh", "common"], default="fresh", help="bench --prompt-text")
     ap.add_argument("--tokenizer", help="model dir whose tokenizer.json builds the prompts (as the tune's study does)")
     a = ap.parse_args()
     a.deadline = time.time() + a.seconds
@@ -174,6 +180,7 @@ def main() -> int:
         input_len=a.input_len,
         output_len=a.output_len,
         prompts_per_concurrency=a.prompts_per_concurrency,
+        prompt_text=a.prompt_text,
         margin=a.margin,
         repeats=a.repeats,
     )

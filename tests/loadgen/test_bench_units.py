@@ -316,3 +316,21 @@ def test_a_mid_stream_error_event_fails_its_request():
     assert not o.success and o.error_kind == "error_event" and "EngineCore died" in o.error
     ok = _stream_of(tok, tok.replace(b'"completion_tokens":1', b'"completion_tokens":2'), b"data: [DONE]\n\n")
     assert ok.success and ok.output_tokens == 2 and ok.stream_chunks == 2
+
+
+def test_common_prompt_text_is_the_seeds_behind_a_run_tag(tok):
+    """``common``: two runs (two salts) send the same words behind their own tags, with exact token counts;
+    ``fresh`` draws other words for each salt; a different seed other words again."""
+    a = workloads.random_workload(tok, 6, 200, 8, 0.0, "vllm", 3, "aaaa1111", common=True)
+    b = workloads.random_workload(tok, 6, 200, 8, 0.0, "vllm", 3, "bbbb2222", common=True)
+    other = workloads.random_workload(tok, 6, 200, 8, 0.0, "vllm", 4, "bbbb2222", common=True)
+    fresh = [workloads.random_workload(tok, 6, 200, 8, 0.0, "vllm", 3, s) for s in ("aaaa1111", "bbbb2222")]
+    assert all(r.prompt_len == 200 == len(tok.encode(r.prompt)) for r in a + b + other)
+    for i, (x, y) in enumerate(zip(a, b, strict=True)):
+        assert x.prompt.startswith(f"[aaaa1111-{i}]") and y.prompt.startswith(f"[bbbb2222-{i}]")
+        wx, wy = x.prompt.split()[1:], y.prompt.split()[1:]
+        # the same words; the tags tokenize alike here, so at most the last word is cut elsewhere
+        assert wx[:-1] == wy[:-1] and len(wx) > 50, (wx[-3:], wy[-3:])
+    assert len({r.prompt.split()[1:][:-1].__repr__() for r in a}) == 6  # each request its own words
+    assert [r.prompt.split()[1:4] for r in a] != [r.prompt.split()[1:4] for r in other]
+    assert fresh[0][0].prompt.split()[:10] != fresh[1][0].prompt.split()[:10]

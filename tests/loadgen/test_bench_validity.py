@@ -602,3 +602,20 @@ def test_bursty_run_reports_tpot_and_itl_unmeasured_not_zero(gt, tmp_path):
     doc = json.loads(out.read_text())
     assert doc["median_tpot_ms"] is None and doc["p99_itl_ms"] is None and set(doc["unmeasured"]) == {"tpot", "itl"}
     assert "n/a (bursts)" in p.stdout and "streamed in bursts" in p.stdout + p.stderr
+
+
+def test_common_prompt_text_repeats_the_words_not_the_cache(gt, tok):
+    """``--prompt-text common``: a second run sends the first run's words (common random numbers across runs)
+    behind its own tags, so a prefix cache serves none of it and both runs are valid; another workload refuses
+    the option with one line."""
+    from m3ctl.errors import BadInput
+
+    url = gt("--prefix-cache-block", "16")
+    runs = [run_bench(_cfg(url, prompt_text="common")) for _ in range(2)]
+    for r in runs:
+        assert r["validity"]["valid"], r["validity"]
+        assert r["workload"]["prompt_text"] == "common"
+        assert r["server_metrics"]["prefix_cache_hit_rate"] == 0.0 and r["total_input_tokens"] == 8 * 100
+    assert runs[0]["workload"]["prompt_salt"] != runs[1]["workload"]["prompt_salt"]
+    with pytest.raises(BadInput, match="applies to the random workload"):
+        run_bench(_cfg(url, prompt_text="common", workload="prefix-repetition", num_prefixes=2, prefix_len=32))

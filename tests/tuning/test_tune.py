@@ -1346,6 +1346,25 @@ def test_a_local_model_builds_its_prompts_with_its_own_tokenizer_json(tmp_path, 
     assert json.loads(p.stdout)["bench"]["tokenizer"] == str(model.resolve())
 
 
+def test_common_prompt_text_reaches_every_trial_run(tmp_path, tiny_models):
+    """``--prompt-text common`` is saved with the study's bench options, from which every trial's and the
+    baseline's run is built (m3ctl.tuning.server.ServerSession.measure: ``BenchConfig(..., **bench)``), and the
+    dry run shows it; another workload refuses it with one line."""
+    from m3ctl.loadgen.runner import BenchConfig
+
+    args = ("tune", "--dry-run", "--model", str(tiny_models["m2"]), "--json")
+    p = run_cli(*args, "--study-dir", str(tmp_path / "s"), "--prompt-text", "common")
+    assert p.returncode == 0, p.stderr
+    bench = json.loads(p.stdout)["bench"]
+    assert bench["prompt_text"] == "common"
+    assert BenchConfig(url="http://x", model="m", **bench).prompt_text == "common"
+    p = run_cli(*args, "--study-dir", str(tmp_path / "f"))
+    assert "prompt_text" not in json.loads(p.stdout)["bench"]  # fresh: the BenchConfig default, as before
+    bad = run_cli(*args, "--study-dir", str(tmp_path / "b"), "--prompt-text", "common", "--workload", "agentic")
+    assert bad.returncode != 0 and "does not apply to the agentic workload" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
 def test_the_typical_trial_is_a_search_trial_not_its_confirmation(tmp_path):
     """The time budget's "typical trial" is the median search cost: a confirmed configuration's fresh server is
     not part of what the next search trial costs. On the H200 (docs/results/h200-study9.md) a trial's 152 s
