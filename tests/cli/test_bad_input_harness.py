@@ -101,6 +101,7 @@ STRING_CASES: dict[str, list[str]] = {
     "--hf-cache-hostpath": ["relative/path"],
     "--attention": ["sparse", ""],
     "--smoke": ["fast", ""],
+    "--prompt-text": ["stale", ""],
     "--power-gpus": ["a", "-1", "", "0,0", "1,,x"],
     "--parallel-trials": ["0", "-1", "a", "", "1.5"],
 }
