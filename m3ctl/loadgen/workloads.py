@@ -63,9 +63,9 @@ def random_workload(
     with the run tag ``[<salt>-<i>]`` (``i``: the request's index) inside its first KV block, so a prefix cache,
     whose block hashes chain from the first block, serves none of it
     (https://docs.vllm.ai/en/latest/design/prefix_caching.html). Runs and configurations are then compared on the
-    same prompts (common random numbers): the text a fresh salt draws changes what a server computes (on a
-    dummy-weight MoE model, which experts each token reaches), which is noise when configurations are compared.
-    Request ``i``'s words come from a generator of its own, so a tag one token longer or shorter shifts only
+    same prompts (common random numbers), so the text a fresh salt draws (on an MoE model, which experts each
+    token reaches) is not a difference between them. On the H200 it did not narrow one server's run-to-run spread
+    (3.4-11.5 % at c=96, docs/results/h200-study10.md): that noise is the engine's, not the text's. Request ``i``'s words come from a generator of its own, so a tag one token longer or shorter shifts only
     that prompt's last words.
     """
     rng = random.Random(seed)
