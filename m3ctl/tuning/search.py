@@ -1024,6 +1024,30 @@ class Tuner:
         self.study.set_user_attr("baseline", b.to_json())
         return True
 
+    def _share_with_load_twins(self, o: Outcome) -> None:
+        """``o``'s confirmation counts for every unconfirmed configuration that runs one engine with it at the
+        load measured (:func:`load_equivalence`, e.g. ``--max-num-seqs`` 256 and 1024 at c <= 96): its
+        confirmation figure, and its level when the fresh server stepped down. On the H200 (study10,
+        docs/results/h200-study10.md) trial 0's fresh server refuted c=96, while its twin, ``--max-num-seqs``
+        256, kept its own server's unconfirmed c=96 and was chosen, one capacity step above the clean grid."""
+        eq = load_equivalence(self.ev)
+        if eq is None or o.confirmed is None or (not o.confirmed and "start failed" in (o.reason or "")):
+            return  # a fresh server that did not start says nothing about the engine at this load
+        for t in self.outcomes.values():
+            if t is o or t.status != "feasible" or t.confirmed is not None or not eq(t, o):
+                continue
+            t.confirmed = o.confirmed
+            if o.concurrency is not None and (t.concurrency is None or o.concurrency < t.concurrency):
+                t.concurrency = o.concurrency
+            t.objective = min(t.objective, o.confirmed)
+            self._save_confirmation(t)
+            self.on_event(
+                t.trial,
+                describe(t.config, self.space),
+                f"confirmed by trial {o.trial}'s fresh server (one engine for the load measured): "
+                f"{o.confirmed:.1f} at c={t.concurrency}",
+            )
+
     def _elapsed_before(self) -> float:
         return float(self.study.user_attrs.get("elapsed_s", 0.0))
 
@@ -1277,6 +1301,7 @@ class Tuner:
             confirm(self.ev, o, self.spec, self.slo, functools.partial(self.on_event, o.trial, desc))
             self._save_confirmation(o)
             self.on_event(o.trial, desc, f"confirmed: {o.confirmed:.1f} at c={o.concurrency}")
+            self._share_with_load_twins(o)
         # The baseline gets the same re-test, so best / baseline compares like with like (both the worse of a
         # search run and a confirmation run on a fresh server).
         if b is not None and self._share_twin_confirmation():  # True only with a baseline

@@ -898,6 +898,42 @@ def test_a_twin_of_the_defaults_is_confirmed_by_the_defaults_own_fresh_server():
     assert plain.opens.count(next_key) == 1 and r_plain.launches == res.launches
 
 
+def test_a_confirmation_counts_for_the_confirmed_configurations_load_twins():
+    """Two tuned configurations that run one engine at the load measured (not the defaults'): the first one's
+    fresh-server confirmation is the second's too, its level included; no second confirmation start. On the
+    H200 (docs/results/h200-study10.md) the twin kept an unconfirmed c=96 its sibling's fresh server had
+    refuted, and was chosen."""
+    from dataclasses import replace
+
+    grid, space, _anchor, _ = _baseline_twin_grid()
+    spec0 = TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=4, confirm_top=0, baseline=True)
+    ev0 = ReplayEvaluator(grid)
+    r0 = Tuner(space, ev0, spec0).run(clock=lambda: ev0.clock[0])
+    ranked = sorted((o for o in r0.outcomes if o.status == "feasible" and o.launched), key=lambda o: -o.final)
+    assert len(ranked) >= 2
+    first, second = key_of(ranked[0].config), key_of(ranked[1].config)
+
+    class Twins(ReplayEvaluator):
+        def __init__(self, g):
+            super().__init__(g)
+            self.opens: list[str] = []
+
+        def open(self, cand, trial, on_event):
+            self.opens.append(key_of(cand))
+            return super().open(cand, trial, on_event)
+
+        def load_key(self, cand, c):
+            return "one engine" if key_of(cand) in (first, second) else key_of(cand)
+
+    ev = Twins(grid)
+    res = Tuner(space, ev, replace(spec0, confirm_top=1)).run(clock=lambda: ev.clock[0])
+    by_key = {key_of(o.config): o for o in res.outcomes}
+    a, b = by_key[first], by_key[second]
+    assert ev.opens.count(first) == 2 and ev.opens.count(second) == 1  # one confirmation start, for both
+    assert a.confirmed is not None and b.confirmed == a.confirmed
+    assert b.final <= a.confirmed and b.concurrency <= a.concurrency
+
+
 def test_a_trial_the_planner_fits_with_pipeline_parallelism_counts_all_its_gpus(tmp_path):
     """On 8 x B200 MiniMax-M3.1-Flash at TP 1 fits only with PP 8: its throughput per GPU is divided by 8, not 1, and
     a space of TP 1 runs one trial at a time (before: tp x dp = 1 GPU, per-GPU figures 8x too high and a dry-run
