@@ -82,3 +82,44 @@ def test_the_confirmation_server_and_the_grid_machine_measured_less(s10, grid):
     # study's: up to 675 W at 1,980 MHz with no clock-event reason, at most 50 C
     assert capped == {1: 0, 2: 0, 3: 5} and busy[3] > 690 and max(busy[1], busy[2]) < 680
     assert hot[3] >= 66 and max(hot[1], hot[2]) <= 50
+
+
+def test_the_twins_confirmation_made_again_keeps_the_defaults(s10, tmp_path):
+    """Trial 1 (``--max-num-seqs 256``) runs trial 0's engine at c <= 96 (the real planner's load key on the
+    recorded H200). Replayed from the recorded outcomes, trial 0's confirmation (its fresh server refuted
+    c=96) now counts for trial 1 (m3ctl.tuning.search.Tuner._share_with_load_twins), and the choice made again
+    is vLLM's defaults, the configuration the grid measured best."""
+    from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model
+    from m3ctl.hw.systems import inventory_for_system
+    from m3ctl.loadgen.slo import parse_slo
+    from m3ctl.tuning.choice import choose
+    from m3ctl.tuning.search import Outcome, Tuner, TuneSpec, key_of
+    from m3ctl.tuning.server import ServerEvaluator
+    from m3ctl.tuning.space import Space
+    from tests.tuning.test_h200_study6_evidence import _outcomes
+
+    settings = json.loads((s10 / "tune.json").read_text())
+    spec = TuneSpec(**settings["spec"])
+    d = build_scale_model(tmp_path / "sm2", ScaleModelSpec(arch="minimax-m2", layers=16, quant="fp8"))
+    ev = ServerEvaluator(
+        inventory_for_system("h200x1"),
+        str(d),
+        tmp_path / "study",
+        spec,
+        plan_base={"runtime": "process", "extra_args": ["--load-format", "dummy"]},
+        bench={},
+        port=8040,
+        name_prefix="t",
+    )
+    trials, base = _outcomes(s10)
+    tuner = Tuner(Space.from_json(settings["space"]), ev, spec)
+    tuner.outcomes = {key_of(o.config): Outcome.from_json(o.to_json()) for o in trials}
+    t0, t1 = (tuner.outcomes[key_of(t.config)] for t in sorted(trials, key=lambda o: o.trial)[:2])
+    assert (t1.concurrency, t1.confirmed, t0.concurrency) == (96, None, 64)
+    tuner._share_with_load_twins(t0)
+    assert t1.confirmed == t0.confirmed == pytest.approx(48922.4, abs=0.1) and t1.concurrency == 64
+    outs = list(tuner.outcomes.values())
+    # the best tuned configuration with a server of its own (trial 2 is the defaults' own, on their server)
+    best = max((o for o in outs if o.status == "feasible" and o.same_server_as is None), key=lambda o: o.final)
+    ch = choose(best, base, parse_slo(spec.slo), outs, str, spec.objective)
+    assert best.trial == 4 and ch.chosen == "defaults" and ch.outcome is base, ch.reason
