@@ -852,6 +852,34 @@ def test_candidate_that_spells_out_vllm_defaults_reuses_the_baseline_server(tmp_
             assert twin_ev.opened == 1 + 2 and plain.opened == 1 + 2
 
 
+class _CountingReplay(ReplayEvaluator):
+    """A replay that counts its server starts (``opens``, by configuration key) and, with ``one_engine``, gives
+    those configurations one load key (m3ctl.tuning.search.load_equivalence)."""
+
+    def __init__(self, g, one_engine: tuple[str, ...] = ()):
+        super().__init__(g)
+        self.opens: list[str] = []
+        self.one_engine = one_engine
+        if one_engine:
+            self.load_key = lambda cand, c: "one engine" if key_of(cand) in self.one_engine else key_of(cand)
+
+    def open(self, cand, trial, on_event):
+        self.opens.append(key_of(cand))
+        return super().open(cand, trial, on_event)
+
+
+def _twin_ranking():
+    """The baseline-twin replay (grid, space, spec without confirmations) and its feasible launched outcomes,
+    best first."""
+    grid, space, _anchor, _ = _baseline_twin_grid()
+    spec0 = TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=4, confirm_top=0, baseline=True)
+    ev0 = ReplayEvaluator(grid)
+    r0 = Tuner(space, ev0, spec0).run(clock=lambda: ev0.clock[0])
+    ranked = sorted((o for o in r0.outcomes if o.status == "feasible" and o.launched), key=lambda o: -o.final)
+    assert len(ranked) >= 2
+    return grid, space, spec0, ranked
+
+
 def test_a_twin_of_the_defaults_is_confirmed_by_the_defaults_own_fresh_server():
     """H200 studies 6 and 7: the search's best ran vLLM's defaults' engine for the load measured (--max-num-seqs 256
     at c <= 96), and the confirmation spent a fresh start on it (study7: 41 s plus its runs) although it can only be
@@ -860,33 +888,15 @@ def test_a_twin_of_the_defaults_is_confirmed_by_the_defaults_own_fresh_server():
     starts, not 3)."""
     from dataclasses import replace
 
-    grid, space, _anchor, _ = _baseline_twin_grid()
-    spec0 = TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=4, confirm_top=0, baseline=True)
-    ev0 = ReplayEvaluator(grid)
-    r0 = Tuner(space, ev0, spec0).run(clock=lambda: ev0.clock[0])
-    ranked = sorted((o for o in r0.outcomes if o.status == "feasible" and o.launched), key=lambda o: -o.final)
-    assert len(ranked) >= 2
+    grid, space, spec0, ranked = _twin_ranking()
     twin_key, next_key, base_key = (
         key_of(ranked[0].config),
         key_of(ranked[1].config),
         key_of(grid["baseline"]["config"]),
     )
 
-    class Counting(ReplayEvaluator):
-        def __init__(self, g):
-            super().__init__(g)
-            self.opens: list[str] = []
-
-        def open(self, cand, trial, on_event):
-            self.opens.append(key_of(cand))
-            return super().open(cand, trial, on_event)
-
-    class Twins(Counting):
-        def load_key(self, cand, c):
-            return "the defaults' engine" if key_of(cand) in (twin_key, base_key) else key_of(cand)
-
     spec1 = replace(spec0, confirm_top=1)
-    plain, ev = Counting(grid), Twins(grid)
+    plain, ev = _CountingReplay(grid), _CountingReplay(grid, one_engine=(twin_key, base_key))
     r_plain = Tuner(space, plain, spec1).run(clock=lambda: plain.clock[0])
     res = Tuner(space, ev, spec1).run(clock=lambda: ev.clock[0])
     assert plain.opens.count(twin_key) == 2  # without a load key: its search start and a confirmation start
@@ -905,27 +915,9 @@ def test_a_confirmation_counts_for_the_confirmed_configurations_load_twins():
     refuted, and was chosen."""
     from dataclasses import replace
 
-    grid, space, _anchor, _ = _baseline_twin_grid()
-    spec0 = TuneSpec(slo=grid["meta"]["slo"], ladder=grid["ladder"], max_trials=4, confirm_top=0, baseline=True)
-    ev0 = ReplayEvaluator(grid)
-    r0 = Tuner(space, ev0, spec0).run(clock=lambda: ev0.clock[0])
-    ranked = sorted((o for o in r0.outcomes if o.status == "feasible" and o.launched), key=lambda o: -o.final)
-    assert len(ranked) >= 2
+    grid, space, spec0, ranked = _twin_ranking()
     first, second = key_of(ranked[0].config), key_of(ranked[1].config)
-
-    class Twins(ReplayEvaluator):
-        def __init__(self, g):
-            super().__init__(g)
-            self.opens: list[str] = []
-
-        def open(self, cand, trial, on_event):
-            self.opens.append(key_of(cand))
-            return super().open(cand, trial, on_event)
-
-        def load_key(self, cand, c):
-            return "one engine" if key_of(cand) in (first, second) else key_of(cand)
-
-    ev = Twins(grid)
+    ev = _CountingReplay(grid, one_engine=(first, second))
     res = Tuner(space, ev, replace(spec0, confirm_top=1)).run(clock=lambda: ev.clock[0])
     by_key = {key_of(o.config): o for o in res.outcomes}
     a, b = by_key[first], by_key[second]
