@@ -758,11 +758,7 @@ def _build_job(
         "temperature": cfg.temperature,
     }
     n = cfg.num_prompts
-    if cfg.prompt_text == "common" and (cfg.trace_path or cfg.workload != "random"):
-        raise BadInput(
-            f"--prompt-text common applies to the random workload, not {'a trace' if cfg.trace_path else cfg.workload}",
-            "drop --prompt-text (dataset prompts are tagged already; the other workloads draw their own reuse)",
-        )
+    workloads.check_prompt_text(cfg.prompt_text, cfg.workload, bool(cfg.trace_path))
     if cfg.trace_path:
         tr = traces.load(cfg.trace_path)
         reqs = traces.requests(tok, tr, cfg.seed, salt)

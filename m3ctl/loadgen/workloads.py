@@ -41,6 +41,23 @@ from m3ctl.loadgen.prompts import Tokenizer, exact_prompt, exact_prompt_after, r
 KINDS = WORKLOADS
 
 
+def check_prompt_text(prompt_text: str, workload: str, trace: bool = False) -> None:
+    """The one rule for ``prompt_text`` (bench runs and tune studies alike): ``fresh`` or ``common``, and
+    ``common`` only for the random workload, the one that draws its text (dataset prompts are tagged already;
+    prefix-repetition, agentic and trace replay draw the reuse they mean).
+
+    Raises:
+        BadInput: another value, or ``common`` with another workload or a trace.
+    """
+    if prompt_text not in ("fresh", "common"):
+        raise BadInput(f"--prompt-text {prompt_text!r} is not fresh or common", "use --prompt-text fresh or common")
+    if prompt_text == "common" and (trace or workload != "random"):
+        raise BadInput(
+            f"--prompt-text common applies to the random workload, not {'a trace' if trace else workload}",
+            "drop --prompt-text (dataset prompts are tagged already; the other workloads draw their own reuse)",
+        )
+
+
 def _text_rng(rng: random.Random, seed: int, salt: str | None) -> random.Random:
     """The generator of prompt text: ``rng`` itself without a salt, else one seeded by (seed, salt)."""
     return rng if salt is None else random.Random(f"{seed}/{salt}")

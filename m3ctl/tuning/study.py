@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from m3ctl.errors import BadInput, ConfigRejected
+from m3ctl.loadgen.workloads import check_prompt_text
 from m3ctl.tuning.choice import rule_text as choice_rule_text
 from m3ctl.tuning.search import (
     Outcome,
@@ -386,13 +387,7 @@ def new_settings(
             length; an unreadable profile or model; ``study_dir`` already holds a study or is not writable.
     """
     lad = _check_choices(slo, objective, usd_per_gpu_hour, ladder, workload)
-    if prompt_text not in ("fresh", "common") or (prompt_text == "common" and workload != "random"):
-        raise BadInput(
-            f"--prompt-text {prompt_text} does not apply to the {workload} workload"
-            if prompt_text == "common"
-            else f"--prompt-text {prompt_text!r} is not fresh or common",
-            "use --prompt-text common with --workload random, else leave it fresh",
-        )
+    check_prompt_text(prompt_text, workload)
     check_budgets(max_trials=max_trials, time_budget_s=time_budget_s, confirm_top=confirm_top)
     _check_numbers(
         lad,

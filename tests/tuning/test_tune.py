@@ -1389,7 +1389,7 @@ def test_common_prompt_text_reaches_every_trial_run(tmp_path, tiny_models):
     p = run_cli(*args, "--study-dir", str(tmp_path / "f"))
     assert "prompt_text" not in json.loads(p.stdout)["bench"]  # fresh: the BenchConfig default, as before
     bad = run_cli(*args, "--study-dir", str(tmp_path / "b"), "--prompt-text", "common", "--workload", "agentic")
-    assert bad.returncode != 0 and "does not apply to the agentic workload" in bad.stderr, bad.stderr
+    assert bad.returncode != 0 and "applies to the random workload, not agentic" in bad.stderr, bad.stderr
     assert "Traceback" not in bad.stderr
 
 
