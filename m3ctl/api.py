@@ -1344,7 +1344,6 @@ def tune(
     The study's settings, their defaults and help are :class:`m3ctl.tuning.options.TuneOptions` (declared there
     once; ``m3ctl tune``'s options are derived from it). ``model`` defaults to ``$M3CTL_MODEL`` / the user's
     config file's, ``port`` to ``$M3CTL_PORT`` / the config file's, else 8000 (:func:`user_defaults`), as the CLI.
-
     A new study of ``model`` goes to ``study_dir`` (default ``./m3ctl-tune-<time>``); ``resume`` continues the
     study in that directory (its saved settings; ``max_trials``, ``time_budget_s`` and ``baseline`` given here
     replace the saved ones; budgets count across resumes).

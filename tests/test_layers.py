@@ -70,3 +70,20 @@ def test_the_layer_map_names_every_package():
     text = (REPO / "docs" / "layers.md").read_text()
     packages = sorted(p.name for p in PKG.iterdir() if (p / "__init__.py").is_file())
     assert [p for p in packages if f"`{p}/`" not in text] == []
+
+
+#: The longest a function of m3ctl/ may be, in lines from its `def` to its last line (docstring included): issue "one front door",
+#: "small steps over one context". A longer one is split into named steps, each testable alone.
+MAX_FUNCTION_LINES = 100
+
+
+def test_no_function_is_over_the_line_limit():
+    long = {
+        f"{f.relative_to(REPO)}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)"
+        for f in PKG.rglob("*.py")
+        for n in ast.walk(ast.parse(f.read_text()))
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+        and n.end_lineno is not None
+        and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES
+    }
+    assert long == set(), sorted(long)

@@ -741,6 +741,56 @@ def _execute(
     return outs, dur, stats
 
 
+def _trace_job(
+    cfg: BenchConfig, path: str, tok: Tokenizer, wl: dict, salt: str | None, block: int | None
+) -> tuple[_Job, dict]:
+    """:func:`_build_job` for a replayed trace (``path``: ``cfg.trace_path``): its requests at its own offsets."""
+    tr = traces.load(path)
+    reqs = traces.requests(tok, tr, cfg.seed, salt)
+    wl.update(
+        kind="trace",
+        trace_path=tr.path,
+        records=len(tr.records),
+        time_scale=cfg.trace_time_scale,
+        isl_median=traces.median_input_len(tr),
+        osl_median=int(np.median([r.output_len for r in tr.records])),
+        prefix_groups=len(tr.prefix_lens),
+        prefix_cache_expected_hit=traces.expected_prefix_hit(tr, reqs, block),
+        _trace=tr,
+    )
+    items = list(zip(reqs, tr.offsets(cfg.trace_time_scale), strict=True))
+    return _Job(items=items, concurrency=cfg.concurrency), wl
+
+
+def _agentic_job(cfg: BenchConfig, tok: Tokenizer, wl: dict, salt: str | None) -> tuple[_Job, dict]:
+    """:func:`_build_job` for ``--workload agentic``: multi-turn sessions on ``cfg.concurrency`` lanes.
+
+    Raises:
+        BadInput: no ``--concurrency`` (the number of session lanes)."""
+    if not cfg.concurrency:
+        raise BadInput("--workload agentic needs --concurrency (the number of session lanes)", "e.g. --concurrency 4")
+    spec = workloads.AgenticSpec(
+        prefix_len=cfg.prefix_len,
+        first_len=cfg.input_len,
+        turn_input_len=cfg.turn_input_len,
+        turns=cfg.turns,
+        think_time_s=cfg.think_time_s,
+    )
+    ns = cfg.num_sessions or 2 * cfg.concurrency
+    sessions = workloads.agentic_sessions(tok, spec, ns, cfg.output_len, cfg.seed, salt)
+    wl.update(
+        sessions=ns,
+        lanes=cfg.concurrency,
+        turns=cfg.turns,
+        prefix_len=cfg.prefix_len,
+        first_len=cfg.input_len,
+        turn_input_len=cfg.turn_input_len,
+        osl=cfg.output_len,
+        think_time_s_mean=cfg.think_time_s,
+    )
+    return _Job(items=[], concurrency=cfg.concurrency, sessions=sessions), wl
+
+
 def _build_job(
     cfg: BenchConfig, tok: Tokenizer, salt: str | None = None, block: int | None = None
 ) -> tuple[_Job, dict]:
@@ -760,21 +810,9 @@ def _build_job(
     n = cfg.num_prompts
     workloads.check_prompt_text(cfg.prompt_text, cfg.workload, bool(cfg.trace_path))
     if cfg.trace_path:
-        tr = traces.load(cfg.trace_path)
-        reqs = traces.requests(tok, tr, cfg.seed, salt)
-        wl.update(
-            kind="trace",
-            trace_path=tr.path,
-            records=len(tr.records),
-            time_scale=cfg.trace_time_scale,
-            isl_median=traces.median_input_len(tr),
-            osl_median=int(np.median([r.output_len for r in tr.records])),
-            prefix_groups=len(tr.prefix_lens),
-            prefix_cache_expected_hit=traces.expected_prefix_hit(tr, reqs, block),
-            _trace=tr,
-        )
-        items = list(zip(reqs, tr.offsets(cfg.trace_time_scale), strict=True))
-        return _Job(items=items, concurrency=cfg.concurrency), wl
+        return _trace_job(cfg, cfg.trace_path, tok, wl, salt, block)
+    if cfg.workload == "agentic":
+        return _agentic_job(cfg, tok, wl, salt)
     if cfg.workload == "random":
         reqs = build_requests(cfg, tok, salt)
         wl.update(
@@ -808,31 +846,6 @@ def _build_job(
             osl=cfg.output_len,
             prefix_cache_expected_hit=exp,
         )
-    elif cfg.workload == "agentic":
-        if not cfg.concurrency:
-            raise BadInput(
-                "--workload agentic needs --concurrency (the number of session lanes)", "e.g. --concurrency 4"
-            )
-        spec = workloads.AgenticSpec(
-            prefix_len=cfg.prefix_len,
-            first_len=cfg.input_len,
-            turn_input_len=cfg.turn_input_len,
-            turns=cfg.turns,
-            think_time_s=cfg.think_time_s,
-        )
-        ns = cfg.num_sessions or 2 * cfg.concurrency
-        sessions = workloads.agentic_sessions(tok, spec, ns, cfg.output_len, cfg.seed, salt)
-        wl.update(
-            sessions=ns,
-            lanes=cfg.concurrency,
-            turns=cfg.turns,
-            prefix_len=cfg.prefix_len,
-            first_len=cfg.input_len,
-            turn_input_len=cfg.turn_input_len,
-            osl=cfg.output_len,
-            think_time_s_mean=cfg.think_time_s,
-        )
-        return _Job(items=[], concurrency=cfg.concurrency, sessions=sessions), wl
     else:
         raise BadInput(f"unknown workload {cfg.workload!r}", f"use one of {', '.join(workloads.KINDS)}")
     offsets = _schedule(len(reqs), cfg.request_rate, cfg.burstiness, cfg.seed)

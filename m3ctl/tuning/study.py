@@ -232,6 +232,19 @@ def _check_choices(
     return lad
 
 
+#: new_settings' options that _check_numbers checks (passed by name)
+_NUMBER_OPTIONS = (
+    "input_len",
+    "output_len",
+    "prompts_per_concurrency",
+    "port",
+    "boundary_margin",
+    "boundary_repeats",
+    "max_spec_depth",
+    "usd_per_gpu_hour",
+)
+
+
 def _check_numbers(
     lad: list[int],
     *,
@@ -389,17 +402,7 @@ def new_settings(
     lad = _check_choices(slo, objective, usd_per_gpu_hour, ladder, workload)
     check_prompt_text(prompt_text, workload)
     check_budgets(max_trials=max_trials, time_budget_s=time_budget_s, confirm_top=confirm_top)
-    _check_numbers(
-        lad,
-        input_len=input_len,
-        output_len=output_len,
-        prompts_per_concurrency=prompts_per_concurrency,
-        port=port,
-        boundary_margin=boundary_margin,
-        boundary_repeats=boundary_repeats,
-        max_spec_depth=max_spec_depth,
-        usd_per_gpu_hour=usd_per_gpu_hour,
-    )
+    _check_numbers(lad, **{k: v for k, v in locals().items() if k in _NUMBER_OPTIONS})
     extra_args = _no_secrets(overrides, extra_args)
     if study_dir is not None:
         _check_new_study_dir(study_dir)
@@ -681,6 +684,60 @@ def _run_tune(
     return res, tuner, ev
 
 
+def _dry_run_candidates(ev, space: Space) -> list[dict[str, Any]]:
+    """Every configuration of ``space`` in grid order, as :func:`dry_run` lists it: ``status`` "ok" with the trial
+    server's ``command``, or "rejected" with the plan ``rule`` and ``reason`` (never launched)."""
+    cands = []
+    for i, cand in enumerate(space.grid()):
+        row: dict[str, Any] = {"config": cand, "describe": describe(cand, space)}
+        try:
+            row.update(status="ok", command=ev.trial_plan(cand, i).command_line())
+        except ConfigRejected as e:
+            # No rule (a port in use, a bad mount): the message's head, as recorded before rejections carried it.
+            rid = e.rule if e.rule is not None else e.message.split(":", 1)[0]
+            row.update(status="rejected", rule=rid, reason=e.message)
+        cands.append(row)
+    return cands
+
+
+def _dry_run_order(spec: TuneSpec, with_baseline: bool, feasible: int) -> list[str]:
+    """What the study runs in which order, in words (:func:`dry_run`'s ``order``)."""
+    if spec.max_trials == 0:  # the trial budget is spent before the baseline's start (Tuner._budget_spent)
+        return ["no server start (--max-trials 0): the study is set up and measures nothing"]
+    load = (
+        "bisected on load against the SLO"
+        if spec.slo.strip()
+        else "up the concurrency ladder (no SLO: every load meets it)"
+    )
+    budget = ""
+    if spec.time_budget_s:
+        budget = f" or {spec.time_budget_s:g} s of wall time" + (
+            " less the time kept for the confirmations (each: the study's median start and median run at "
+            f"{spec.confirm_factor:g}x the requests, estimated as it goes)"
+            if spec.confirm_top
+            else ""
+        )
+    if spec.confirm_top:
+        confirm = f"then the best {min(spec.confirm_top, feasible)} re-measured on a fresh server with " + (
+            f"{spec.confirm_factor:g}x the requests"
+        )
+        if spec.time_budget_s:
+            confirm += (
+                f", inside the {spec.time_budget_s:g} s: a confirmation that would end past it is skipped, and "
+                "the result says so"
+            )
+    else:
+        confirm = "no re-measurement on a fresh server (--confirm-top 0): each configuration is one server's figure"
+    return ([f"baseline: vLLM's defaults, {load}"] if with_baseline else []) + [
+        f"first configuration (speculation off, largest batch limits in range), {load}",
+        (
+            f"then a local poll around the best so far and optuna TPE over the {feasible} configurations the "
+            f"rules accept, until {spec.max_trials} server starts{budget}"
+        ),
+        confirm,
+    ]
+
+
 def dry_run(
     study_dir: Path, settings: dict[str, Any], *, inventory, registry=None, parallel_trials: int | str = "auto"
 ) -> dict[str, Any]:
@@ -702,7 +759,6 @@ def dry_run(
     GPU sets and ports, and the start order of the first configurations).
     """
     from m3ctl.core.state import Registry  # noqa: PLC0415
-    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
     from m3ctl.tuning.search import num_prompts  # noqa: PLC0415
     from m3ctl.tuning.server import ServerEvaluator  # noqa: PLC0415
 
@@ -722,16 +778,7 @@ def dry_run(
         space=space,
         fast_starts=settings.get("fast_starts", True),
     )
-    cands = []
-    for i, cand in enumerate(space.grid()):
-        row: dict[str, Any] = {"config": cand, "describe": describe(cand, space)}
-        try:
-            row.update(status="ok", command=ev.trial_plan(cand, i).command_line())
-        except ConfigRejected as e:
-            # No rule (a port in use, a bad mount): the message's head, as recorded before rejections carried it.
-            rid = e.rule if e.rule is not None else e.message.split(":", 1)[0]
-            row.update(status="rejected", rule=rid, reason=e.message)
-        cands.append(row)
+    cands = _dry_run_candidates(ev, space)
     out: dict[str, Any] = {
         "study_dir": str(Path(study_dir).resolve()),
         "model": settings["model"],
@@ -756,41 +803,7 @@ def dry_run(
     first = space.anchor()
     ok = {key_of(c["config"]): c for c in cands if c["status"] == "ok"}
     out["first"] = {"config": first, "command": ok[key_of(first)]["command"]} if key_of(first) in ok else None
-    load = (
-        "bisected on load against the SLO"
-        if spec.slo.strip()
-        else "up the concurrency ladder (no SLO: every load meets it)"
-    )
-    out["order"] = ([f"baseline: vLLM's defaults, {load}"] if "config" in out["baseline"] else []) + [
-        f"first configuration (speculation off, largest batch limits in range), {load}",
-        f"then a local poll around the best so far and optuna TPE over the {out['feasible']} configurations the "
-        f"rules accept, until {spec.max_trials} server starts"
-        + (
-            f" or {spec.time_budget_s:g} s of wall time"
-            + (
-                " less the time kept for the confirmations (each: the study's median start and median run at "
-                f"{spec.confirm_factor:g}x the requests, estimated as it goes)"
-                if spec.confirm_top
-                else ""
-            )
-            if spec.time_budget_s
-            else ""
-        ),
-        (
-            f"then the best {min(spec.confirm_top, out['feasible'])} re-measured on a fresh server with "
-            f"{spec.confirm_factor:g}x the requests"
-            + (
-                f", inside the {spec.time_budget_s:g} s: a confirmation that would end past it is skipped, and "
-                "the result says so"
-                if spec.time_budget_s
-                else ""
-            )
-            if spec.confirm_top
-            else "no re-measurement on a fresh server (--confirm-top 0): each configuration is one server's figure"
-        ),
-    ]
-    if spec.max_trials == 0:  # the trial budget is spent before the baseline's start (Tuner._budget_spent)
-        out["order"] = ["no server start (--max-trials 0): the study is set up and measures nothing"]
+    out["order"] = _dry_run_order(spec, "config" in out["baseline"], out["feasible"])
     out["boundary"] = boundary_rule(spec)
     out["choice"] = choice_rule_text(spec.baseline)
     out["runnable"] = bool(out["feasible"])  # the defaults alone are nothing to tune (smallest_trial refuses a run)
