@@ -7,7 +7,7 @@ Prints, from vLLM's own logs (m3ctl.tuning.startup.start_breakdown):
    A cold with vLLM's defaults, B the same warm, C the study's cache root + capture bound (cold), D the same warm,
    E D's cache with another --max-num-seqs: each phase in seconds, and the saving of each measure;
 2. a study's trials (``--study DIR``, default the recorded H200 study tests/fixtures/h200x1-real/study8, or
-   ``--study study3`` ... ``study7`` for sessions 10-15, ``study9``, ``study10`` for sessions 17-18): each
+   ``--study study3`` ... ``study7`` for sessions 10-15, ``study9``, ``study10``, ``study11`` for sessions 17-19): each
    trial's start broken down (and a trial's later starts, start-N.json: its confirmation on a fresh server), cache
    hit or miss, its bench runs' time by phase (prompts, warm-ups, measured; studies since session 17), the median
    start after the first, the study's wall time, the
@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from m3ctl.tuning.startup import start_breakdown
 
 FIX = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "h200x1-real"
-RECORDED = ("study3", "study4", "study5", "study6", "study7", "study8", "study9", "study10")  # study8: the default
+RECORDED = tuple(f"study{i}" for i in range(3, 12))  # the recorded studies; study8: the default
 DEFAULT = "study8"  # eight-configuration attempt with its grid; study9 (session 17) had four starts
 TAGS = {
     "A": "cold, vLLM defaults",
