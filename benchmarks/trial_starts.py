@@ -92,6 +92,10 @@ def print_reference(ref: dict[str, dict]) -> None:
 
 def _study_dir(arg: str | None, tmp: Path) -> Path:
     if arg and arg not in RECORDED:
+        if not (Path(arg) / "result.json").is_file():
+            raise SystemExit(
+                f"--study {arg}: no study there (no result.json); give a study dir or {', '.join(RECORDED)}"
+            )
         return Path(arg)
     with tarfile.open(FIX / (arg or DEFAULT) / "study.tgz") as t:
         t.extractall(tmp, filter="data")
