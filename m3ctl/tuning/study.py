@@ -718,7 +718,8 @@ def _dry_run_order(spec: TuneSpec, with_baseline: bool, feasible: int) -> list[s
             else ""
         )
     if spec.confirm_top:
-        confirm = f"then the best {min(spec.confirm_top, feasible)} re-measured on a fresh server with " + (
+        confirm = (
+            f"then the best {min(spec.confirm_top, feasible)} re-measured on a fresh server with "
             f"{spec.confirm_factor:g}x the requests"
         )
         if spec.time_budget_s:

@@ -1421,3 +1421,23 @@ def test_the_typical_trial_is_a_search_trial_not_its_confirmation(tmp_path):
     typical = launched[0].search_cost_s
     elapsed = 1e6 - typical - 1.0  # room for one search trial, not for one with its confirmation's cost on top
     assert again.time_budget_spent(elapsed) is None
+
+
+def test_the_dry_runs_order_is_a_step_of_its_own():
+    """m3ctl.tuning.study._dry_run_order, alone: no start at --max-trials 0; the baseline first when measured;
+    the time budget and the confirmations said as the spec sets them."""
+    from m3ctl.tuning.search import TuneSpec
+    from m3ctl.tuning.study import _dry_run_order
+
+    assert _dry_run_order(TuneSpec(slo="p90_tpot_ms<=30", max_trials=0), True, 5) == [
+        "no server start (--max-trials 0): the study is set up and measures nothing"
+    ]
+    order = _dry_run_order(TuneSpec(slo="p90_tpot_ms<=30", time_budget_s=600, confirm_top=3), True, 2)
+    assert order[0] == "baseline: vLLM's defaults, bisected on load against the SLO"
+    assert "until 12 server starts or 600 s of wall time less the time kept for the confirmations" in order[2]
+    assert order[3].startswith("then the best 2 re-measured on a fresh server with 2x the requests, inside the 600 s")
+    bare = _dry_run_order(TuneSpec(confirm_top=0), False, 4)
+    assert bare[0] == "first configuration (speculation off, largest batch limits in range), up the concurrency " + (
+        "ladder (no SLO: every load meets it)"
+    )
+    assert bare[1].endswith("until 12 server starts") and bare[2].startswith("no re-measurement on a fresh server")
