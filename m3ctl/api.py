@@ -142,6 +142,16 @@ def _type_namespace() -> dict[str, Any]:
     }
 
 
+def _takes_bool(hint: Any) -> bool:
+    """Whether an annotation admits ``True``/``False`` (``bool``, ``Any``, a ``Literal`` of them, or a union or
+    ``Annotated`` holding one): elsewhere pydantic's lax mode would read ``True`` as the number 1."""
+    import typing  # noqa: PLC0415
+
+    if hint is bool or hint is Any or hint is True or hint is False:
+        return True
+    return any(_takes_bool(a) for a in typing.get_args(hint))
+
+
 def _checked(fn):
     """Check every argument of the API function ``fn`` against its annotation (pydantic, lax: ``"8000"`` is a port,
     ``"abc"`` is not) before the call: a wrong type is one :class:`~m3ctl.errors.BadInput` line naming the
@@ -152,6 +162,7 @@ def _checked(fn):
 
     sig = inspect.signature(fn)
     adapters: dict[str, Any] = {}
+    hints: dict[str, Any] = {}
 
     def check(args, kwargs):
         if not adapters:
@@ -159,7 +170,7 @@ def _checked(fn):
 
             from pydantic import ConfigDict, TypeAdapter  # noqa: PLC0415
 
-            hints = get_type_hints(fn, globalns=_type_namespace(), include_extras=True)  # keep Strict*
+            hints.update(get_type_hints(fn, globalns=_type_namespace(), include_extras=True))  # keep Strict*
             cfg = ConfigDict(arbitrary_types_allowed=True)
             for name, par in sig.parameters.items():
                 if name in hints and par.kind is not par.VAR_KEYWORD:
@@ -174,6 +185,11 @@ def _checked(fn):
         for name, value in bound.arguments.items():
             if name not in adapters or value is None and sig.parameters[name].default is None:
                 continue
+            if (value is True or value is False) and not _takes_bool(hints[name]):  # lax pydantic: True is 1
+                raise BadInput(
+                    f"m3ctl.{fn.__name__}({name}={value}): a switch where a value is expected",
+                    f"see help(m3ctl.api.{fn.__name__}) for the type and unit of {name}",
+                )
             try:
                 bound.arguments[name] = adapters[name].validate_python(value)
             except ValidationError as e:
@@ -242,7 +258,7 @@ def doctor(
     *,
     model: str | None = None,
     variant: str | None = None,
-    context: int | None = None,
+    context: int | str | None = None,
     kv_cache_dtype: str = "auto",
     runtime: Literal["auto", "process", "docker"] = "auto",
     port: int | None = None,
@@ -258,7 +274,8 @@ def doctor(
         model: catalog name/alias, hub id or local model directory (default: ``$M3CTL_MODEL``, the user's config
             file's, else MiniMax-M3.1-Flash).
         variant: force a variant (``nvfp4``, ``mxfp4``, ``mxfp8``, ``bf16``); default: the best for the host.
-        context: tokens of context one sequence must fit (default 32768, from capabilities.yaml), >= 1.
+        context: tokens of context one sequence must fit (default 32768, from capabilities.yaml), >= 1; a string
+            is read as vLLM reads token counts (``8k`` = 8000, ``8K`` = 8192), as ``m3ctl doctor --context`` does.
         kv_cache_dtype: KV cache dtype to validate (``auto`` = the model's dtype).
         runtime: what serve would use (``auto``: docker when the engine is reachable on a GPU host).
         port: API port checked for being free (1-65535; default: ``$M3CTL_PORT``, the config file's, else 8000).
@@ -280,6 +297,12 @@ def doctor(
 
     if runtime not in ("auto", "process", "docker"):
         raise BadInput(f"unknown runtime {runtime!r}", "use auto, process or docker")
+    if isinstance(context, str):
+        from m3ctl.catalog.vllm_args import vllm_int  # noqa: PLC0415
+
+        given, context = context, vllm_int(context)
+        if context is None:
+            raise BadInput(f"--context {given!r} is not a whole number of tokens", "e.g. --context 32768 or 32K")
     if context is not None and context < 1:
         raise BadInput(f"--context {context} must be >= 1 token", "e.g. --context 32768")
     if port is not None and not 1 <= port <= 65535:
@@ -362,7 +385,8 @@ def plan_request(
     except ValidationError as e:
         err = e.errors()[0]
         where = ".".join(str(x) for x in err["loc"]) or "request"
-        raise BadInput(f"plan request {where}: {err['msg']}", "see m3ctl.assess.request.PlanRequest") from None
+        msg = err["msg"].removeprefix("Value error, ")
+        raise BadInput(f"plan request {where}: {msg}", "see m3ctl.assess.request.PlanRequest") from None
     if "runtime" not in req.model_fields_set:
         req = req.model_copy(update={"runtime": default_runtime})
     return req.model_copy(update={"pass_env": sorted(set(req.pass_env) | set(passthrough_env()))})

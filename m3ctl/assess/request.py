@@ -114,6 +114,40 @@ class PlanRequest(BaseModel):
         p = Path(v).expanduser()
         return str(p.resolve()) if v and not p.is_absolute() and p.is_dir() else v
 
+    @field_validator("port", "tp", "dp", "dcp", "pp", "spec_depth", "draft_tp", mode="before")
+    @classmethod
+    def _a_number_not_a_switch(cls, v: Any) -> Any:
+        """``port: true`` in a YAML file is a switch, not port 1 (pydantic's lax mode would read it as 1)."""
+        if v is True or v is False:
+            raise ValueError(f"{str(v).lower()} is a switch, not a whole number")
+        return v
+
+    @field_validator("max_model_len", "max_num_seqs", "max_num_batched_tokens", mode="before")
+    @classmethod
+    def _token_count(cls, v: Any) -> Any:
+        """Read as vLLM reads them (``8k`` = 8000, ``8K`` = 8192: m3ctl.catalog.vllm_args.vllm_int), whether they
+        come from the command line, a config file or the API (the CLI's ``--max-model-len 8k`` parses the same)."""
+        if v is True or v is False:
+            raise ValueError(f"{str(v).lower()} is a switch, not a token count")
+        if isinstance(v, str):
+            from m3ctl.catalog.vllm_args import vllm_int  # noqa: PLC0415
+
+            n = vllm_int(v)
+            if n is None:
+                raise ValueError(f"{v!r} is not a whole number (8k = 8000 and 8K = 8192 work too)")
+            return n
+        return v
+
+    @field_validator("kv_cache_dtype", "spec_method")
+    @classmethod
+    def _a_vllm_choice(cls, v: str | None, info: Any) -> str | None:
+        """A value vLLM's own ``--kv-cache-dtype`` / ``--speculative-config method`` accepts (the choices in
+        m3ctl/data/vllm_serve_flags.yaml), as the CLI's parser checks it; the plan rules check the rest."""
+        from m3ctl.catalog.vllm_args import check_choice  # noqa: PLC0415
+
+        flag = "kv-cache-dtype" if info.field_name == "kv_cache_dtype" else "spec-method"
+        return None if v is None else check_choice(flag, v)
+
     @field_validator("args")
     @classmethod
     def _vllm_values(cls, v: dict[str, Any]) -> dict[str, Any]:
@@ -223,7 +257,9 @@ def env_request(environ: dict[str, str] | None = None) -> PlanRequest:
     except ValidationError as e:
         err = e.errors()[0]
         var = next(k for k, f in ENV_FIELDS.items() if f == err["loc"][0])
-        raise BadInput(f"{var}={env[var]!r}: {err['msg']}", f"fix or unset {var}") from None
+        raise BadInput(
+            f"{var}={env[var]!r}: {err['msg'].removeprefix('Value error, ')}", f"fix or unset {var}"
+        ) from None
 
 
 def user_config_path(environ: dict[str, str] | None = None) -> Path:

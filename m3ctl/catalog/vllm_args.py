@@ -364,6 +364,23 @@ def engine_facts(version: str | None = None) -> VllmEngineFacts:
     return data("data/vllm_engine.yaml", VllmEngineFacts)
 
 
+def check_choice(flag: str, value: str) -> str:
+    """``value`` if vLLM's own ``--FLAG`` accepts it (its choices in m3ctl/data/vllm_serve_flags.yaml, read from
+    ``vllm serve --help=all``), for the CLI's parse-time check and the plan request's alike.
+
+    Raises:
+        ValueError: it does not; the message names the flag and the closest choice (or lists them).
+    """
+    choices = [c for c in (flag_table().flags[flag].choices or []) if c != "None"]
+    if value in choices:
+        return value
+    close = difflib.get_close_matches(value, choices, n=1)
+    raise ValueError(
+        f"{value!r} is not a value vLLM's --{flag} accepts"
+        + (f" (did you mean {close[0]!r}?)" if close else f" ({', '.join(choices)})")
+    )
+
+
 def vllm_int(v: Any) -> int | None:
     """An integer flag value as vLLM reads it (``8k`` = 8000, ``8K`` = 8192, else Python's ``int``:
     vllm/utils/argparse_utils.py human_readable_int); None when unset, a switch, or not an integer."""

@@ -51,13 +51,20 @@ def check_args(args: dict[str, Any]) -> None:
     """Check ``{flag: value}`` vLLM args whose flag takes a human-readable integer (vLLM's
     ``human_readable_int``: ``1k`` = 1000, ``1K`` = 1024; max-model-len also ``auto``/-1).
 
+    A bare flag (``--arg api-key``: value ``True``) is a switch; a flag vLLM's parser gives a value to (arity
+    one or many in m3ctl/data/vllm_serve_flags.yaml) is refused without one, as ``vllm serve --api-key`` would be.
+
     Raises:
         BadInput: a value vLLM's parser rejects, naming the flag and the value.
     """
-    from m3ctl.catalog.vllm_args import vllm_int  # noqa: PLC0415
+    from m3ctl.catalog.vllm_args import flag_table, vllm_int  # noqa: PLC0415
 
     t = value_types()
+    flags = flag_table().flags
     for flag, v in args.items():
+        name = str(flag).lstrip("-").replace("_", "-")
+        if v is True and name in flags and flags[name].arity in ("one", "many"):
+            raise BadInput(f"--arg {name} needs a value: vLLM's --{name} takes one", f"give it as --arg {name}=VALUE")
         name = str(flag).lstrip("-").replace("_", "-")
         auto = name in t.human_readable_int_or_auto
         if name not in t.human_readable_int and not auto:

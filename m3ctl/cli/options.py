@@ -48,18 +48,12 @@ def vllm_choice(flag: str) -> Callable[[str], str]:
     read from ``vllm serve --help=all``); the rules check the rest (per architecture, per model)."""
 
     def parse(value: str) -> str:
-        from m3ctl.catalog.vllm_args import flag_table  # noqa: PLC0415
+        from m3ctl.catalog.vllm_args import check_choice  # noqa: PLC0415
 
-        choices = [c for c in (flag_table().flags[flag].choices or []) if c != "None"]
-        if value not in choices:
-            import difflib  # noqa: PLC0415
-
-            close = difflib.get_close_matches(value, choices, n=1)
-            raise typer.BadParameter(
-                f"{value!r} is not a value vLLM's --{flag} accepts"
-                + (f" (did you mean {close[0]!r}?)" if close else f" ({', '.join(choices)})")
-            )
-        return value
+        try:
+            return check_choice(flag, value)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
 
     parse.__name__ = "vllm_choice"
     return parse

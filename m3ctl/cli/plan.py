@@ -81,8 +81,11 @@ def plan(
         raise BadInput(f"unknown --emit format {emit!r}", f"use one of: {', '.join(FORMATS)}")
     if emit and json_out:
         raise BadInput("--emit prints a file in its own format, not JSON", "drop --json or --emit")
-    if systems and (inventory or system):
-        raise BadInput("--systems plans on catalog systems; it takes no --inventory or --system", "drop one of them")
+    if systems and (inventory or system or emit):  # --emit was dropped without a word
+        raise BadInput(
+            "--systems sizes catalog systems; it takes no --inventory, --system or --emit",
+            "drop one of them (--system NAME --emit FORMAT renders one system's launch)",
+        )
     src = ctx.get_parameter_source("nodes")
     given_nodes = getattr(src, "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")  # typer may bundle its own click
     if given_nodes and emit not in ("lws", "ray"):  # it used to be ignored without a word

@@ -156,13 +156,22 @@ def separate(
     (:func:`is_secret_name`). The values found are :func:`remember` ed (masked in every message).
 
     Raises:
-        BadInput: a secret flag with several values (the environment carries one), or an empty one.
+        BadInput: a secret flag with several values (the environment carries one), or an empty one; an unknown
+            flag a typo away from a secret one with a value (:func:`near_secret_flag`, even under
+            ``--skip-checks``: its value would stand in the server's argv and in m3ctl's records).
     """
     from m3ctl.errors import BadInput  # noqa: PLC0415
 
     out = Separated()
     for k, v in (args or {}).items():
         f = secret_flag(k)
+        if f is None and v not in (True, False, None) and near_secret_flag(k):
+            remember(*([str(x) for x in v] if isinstance(v, tuple | list) else [str(v)]))
+            raise BadInput(
+                f"--{k.lstrip('-')} is no vLLM flag, and it looks like a secret one: its value would stand in the "
+                "server's command line",
+                "spell the secret flag right (m3ctl hands its value to the server's environment) or drop it",
+            )
         if f is None or v is True or v is None or v is False:
             out.args[k] = v
             continue
@@ -226,8 +235,26 @@ def split_api_key(raw_args: list[str]) -> tuple[list[str], str | None]:
     return out, (keys[0] if keys else None)
 
 
+def near_secret_flag(name: str) -> bool:
+    """Whether ``name`` is a secret flag (:func:`secret_flag`) or a flag vLLM does not know that is a typo away
+    from one (``--api-keyy``, ``--hf_tokn``: difflib ratio >= 0.8). Such a typo reaches vLLM only under
+    ``--skip-checks`` (the rules refuse an unknown flag otherwise); its value is masked wherever it is shown, and
+    it is not moved to the server's environment (the flag is passed as given, and vLLM refuses it)."""
+    if secret_flag(name) is not None:
+        return True
+    import difflib  # noqa: PLC0415
+
+    from m3ctl.catalog.vllm_args import flag_table  # noqa: PLC0415
+
+    k = name.lstrip("-").split(".", 1)[0].replace("_", "-")
+    if not k or k in flag_table().option_strings():
+        return False
+    return bool(difflib.get_close_matches(k, list(table().flags), n=1, cutoff=0.8))
+
+
 def redact_raw(raw_args: list[str]) -> list[str]:
-    """Raw ``vllm serve`` arguments with the values of secret flags (and token shapes) masked, for display."""
+    """Raw ``vllm serve`` arguments with the values of secret flags, of unknown flags a typo away from one
+    (:func:`near_secret_flag`) and of token shapes masked, for display."""
     out: list[str] = []
     hide = False
     for a in raw_args:
@@ -236,7 +263,7 @@ def redact_raw(raw_args: list[str]) -> list[str]:
             continue
         hide = False
         name, eq, _ = a.partition("=")
-        if a.startswith("--") and secret_flag(name) is not None:
+        if a.startswith("--") and near_secret_flag(name):
             if eq:
                 out.append(f"{name}={MASK}")
             else:

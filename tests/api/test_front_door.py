@@ -300,3 +300,40 @@ def test_every_command_calls_the_api():
         assert "m3ctl.api" in imports[f], f
     assert not imports["plan.py"] & {"m3ctl.planning.launch", "m3ctl.planning.plan"}
     assert not imports["doctor.py"] & {"m3ctl.core.files"}
+
+
+def test_the_typed_plan_values_read_alike_from_the_cli_the_api_and_a_config_file(capsys, env, tmp_path):
+    """Found by a new-user probe: `--max-model-len 8k` planned 8000 tokens while api.plan(max_model_len="8k") and
+    `max_model_len: 8k` in a file were refused; `--kv-cache-dtype bogus` exited 2 on the CLI and 3 (a rule)
+    through the API; `port: true` in a file planned port 1. The plan request reads them one way now."""
+    from m3ctl.errors import BadInput
+
+    f8k = tmp_path / "8k.yaml"
+    f8k.write_text("max_model_len: 8k\n")
+    rc, cli = cli_json(capsys, "plan", "--json", "--system", "h200x8", "--max-model-len", "8k")
+    assert rc == 0
+    same(cli, api.plan(system="h200x8", max_model_len="8k").summary())
+    same(cli, api.plan(system="h200x8", config=f8k).summary())
+    p = api.plan(system="h200x8", max_model_len="8K")
+    assert p.argv[p.argv.index("--max-model-len") + 1] == "8192"  # vLLM's human_readable_int: K = 1024
+    rc = main(["plan", "--system", "h200x8", "--kv-cache-dtype", "fp9"])
+    err = capsys.readouterr().err
+    with pytest.raises(BadInput) as e:
+        api.plan(system="h200x8", kv_cache_dtype="fp9")
+    assert rc == 2 and "'fp9' is not a value vLLM's --kv-cache-dtype accepts (did you mean 'fp8'?)" in err
+    assert "'fp9' is not a value vLLM's --kv-cache-dtype accepts (did you mean 'fp8'?)" in e.value.message
+    ftrue = tmp_path / "true.yaml"
+    ftrue.write_text("port: true\n")
+    assert main(["plan", "--system", "h200x8", "--config", str(ftrue)]) == 2
+    assert "port: true is a switch, not a whole number" in capsys.readouterr().err
+    for call in (
+        lambda: api.plan(system="h200x8", config=ftrue),
+        lambda: api.plan(system="h200x8", port=True),
+        lambda: api.doctor(system="h200x8", port=True),
+        lambda: api.doctor(system="h200x8", context=False),
+    ):
+        with pytest.raises(BadInput):
+            call()
+    assert main(["doctor", "--json", "--system", "h200x8", "--context", "8k"]) in (0, 1)
+    cli_doc = json.loads(capsys.readouterr().out)
+    same(cli_doc, report_json(api.doctor(system="h200x8", context="8k")))

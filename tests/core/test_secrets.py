@@ -78,3 +78,31 @@ def test_api_key_env_given_a_key_instead_of_a_name_never_echoes_it():
     p = run_cli("serve", "--model", "org/m", "--skip-checks", "--dry-run", "--api-key-env", "sk-secret")
     assert p.returncode == 2 and "sk-secret" not in p.stdout + p.stderr
     assert "takes the name of an environment variable" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_a_typo_of_a_secret_flag_is_refused_and_its_value_never_shown(capsys):
+    """Under --skip-checks an unknown flag reaches vLLM as given: `--api-keyy sk-...` would have put the key in
+    the server's argv and in the printed plan (a new-user probe found it). It is refused, even under
+    --skip-checks, without echoing the value; known flags and switches pass as before."""
+    import pytest
+
+    from m3ctl.cli import main
+    from m3ctl.core.secrets import near_secret_flag, redact_raw, separate
+    from m3ctl.errors import BadInput
+
+    assert near_secret_flag("--api-keyy") and near_secret_flag("hf_tokn") and near_secret_flag("--api-key")
+    assert not near_secret_flag("--max-num-seqs") and not near_secret_flag("--api-server-count")
+    with pytest.raises(BadInput) as e:
+        separate({"api-keyy": "sk-TYPO123"})
+    assert "sk-TYPO123" not in str(e.value) + e.value.hint
+    assert separate({"enforce-eager": True}).args == {"enforce-eager": True}
+    assert redact_raw(["--api-keyy", "sk-TYPO123", "--max-num-seqs", "8"]) == [
+        "--api-keyy",
+        "***",
+        "--max-num-seqs",
+        "8",
+    ]
+    for skip in ([], ["--skip-checks"]):
+        assert main(["plan", "--system", "h200x8", *skip, "--", "--api-keyy", "sk-TYPO123"]) == 2
+        cap = capsys.readouterr()
+        assert "sk-TYPO123" not in cap.out + cap.err and "looks like a secret one" in cap.err
