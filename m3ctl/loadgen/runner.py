@@ -824,9 +824,7 @@ def _build_job(
             ),
             prefix_cache_expected_hit=0.0,
         )
-    elif cfg.workload == "dataset":
-        if not cfg.dataset_path:
-            raise BadInput("--workload dataset needs --dataset-path FILE", "pass a ShareGPT JSON or JSONL file")
+    elif cfg.workload == "dataset" and cfg.dataset_path:  # without a path: refused by validate, before any contact
         reqs = workloads.dataset_workload(
             tok, cfg.dataset_path, n, cfg.seed, cfg.dataset_output_len, cfg.max_model_len, salt
         )
@@ -862,7 +860,8 @@ def validate(cfg: BenchConfig) -> None:
     """Check option combinations that cannot run, before anything is sent (run_bench and run_sweep call it).
 
     Raises:
-        BadInput: unknown endpoint, goodput metric, workload or HTTP client; --duration without a bound on load;
+        BadInput: unknown endpoint, goodput metric, workload or HTTP client; a dataset workload without its file;
+            --duration without a bound on load;
             a malformed URL; a bad trace file or options a trace replaces (m3ctl.loadgen.trace.check); a goodput
             limit that is not a finite number of ms > 0; a run that would build more than
             :data:`MAX_RUN_PROMPT_TOKENS` prompt tokens; an unreadable, non-UTF-8 or misplaced dataset or
@@ -882,6 +881,8 @@ def validate(cfg: BenchConfig) -> None:
         )
     if cfg.http_client not in ("fast", "aiohttp"):
         raise BadInput(f"unknown http client {cfg.http_client!r}", "use --http-client fast or aiohttp")
+    if cfg.workload == "dataset" and not cfg.dataset_path and not cfg.trace_path:  # it said "cannot reach" first
+        raise BadInput("--workload dataset needs --dataset-path FILE", "pass a ShareGPT JSON or JSONL file")
     n = len(traces.check(cfg).records) if cfg.trace_path else cfg.num_prompts
     if not cfg.trace_path and cfg.trace_time_scale != 1.0:
         raise BadInput("--trace-time-scale scales a replayed trace: it needs --trace", "add --trace FILE or drop it")

@@ -32,6 +32,7 @@ CASES = [
     (["bench", *DEAD, "--goodput", "itl:50"], "unknown goodput metric"),
     (["bench", *DEAD, "--max-error-rate", "2"], "--max-error-rate"),
     (["bench", *DEAD, "--duration", "60"], "--duration needs --concurrency"),
+    (["bench", *DEAD, "--workload", "dataset"], "--workload dataset needs --dataset-path"),  # said "cannot reach"
     # bench: outputs checked before the run
     (["bench", *DEAD, "--output-json", "{ro}"], "--output-json"),
     (["bench", *DEAD, "--output-json", "{dir}"], "--output-json"),
