@@ -21,7 +21,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, get_args, overload
 
 from m3ctl.errors import BadInput
 
@@ -145,11 +145,9 @@ def _type_namespace() -> dict[str, Any]:
 def _takes_bool(hint: Any) -> bool:
     """Whether an annotation admits ``True``/``False`` (``bool``, ``Any``, a ``Literal`` of them, or a union or
     ``Annotated`` holding one): elsewhere pydantic's lax mode would read ``True`` as the number 1."""
-    import typing  # noqa: PLC0415
-
     if hint is bool or hint is Any or hint is True or hint is False:
         return True
-    return any(_takes_bool(a) for a in typing.get_args(hint))
+    return any(_takes_bool(a) for a in get_args(hint))
 
 
 def _checked(fn):

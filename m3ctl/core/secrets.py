@@ -17,6 +17,7 @@ data: m3ctl/data/secrets.yaml, validated by :class:`SecretsTable`.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import os
 import re
@@ -242,8 +243,6 @@ def near_secret_flag(name: str) -> bool:
     it is not moved to the server's environment (the flag is passed as given, and vLLM refuses it)."""
     if secret_flag(name) is not None:
         return True
-    import difflib  # noqa: PLC0415
-
     from m3ctl.catalog.vllm_args import flag_table  # noqa: PLC0415
 
     k = name.lstrip("-").split(".", 1)[0].replace("_", "-")
