@@ -210,7 +210,7 @@ def test_kill_9_mid_bench_names_the_death_keeps_the_results_and_the_record(tiny_
             "--deployment",
             "k9",
             "--num-prompts",
-            "400",
+            "4000",  # minutes of work: the kill below always lands mid-run, however slow this host is
             "--concurrency",
             "2",
             "--input-len",
@@ -239,6 +239,7 @@ def test_kill_9_mid_bench_names_the_death_keeps_the_results_and_the_record(tiny_
         while time.monotonic() - t0 < 180 and successes() < before + 4:  # the bench's own requests complete
             assert bench.poll() is None, bench.communicate()
             time.sleep(0.3)
+        assert bench.poll() is None, ("the bench ended before the kill", bench.communicate())
         main.send_signal(signal.SIGKILL)
         stdout, stderr = bench.communicate(timeout=300)
     finally:
