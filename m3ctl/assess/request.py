@@ -26,9 +26,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from m3ctl.errors import BadInput
+
+#: The origin of what the command line (or an API call's own arguments) sets (:meth:`PlanRequest.origin_of`).
+DIRECT = "command line / API"
 
 #: Typed knobs -> the vLLM flag they set (a typed knob set in a higher layer drops that flag from lower ``args``).
 TYPED_FLAGS = {
@@ -104,6 +107,15 @@ class PlanRequest(BaseModel):
     startup_budget_s: float | None = None
     vllm_executable: str | None = None
     catalog_dir: str | None = None
+    #: Where this layer came from (:data:`DIRECT`, a config file, the environment); set by the loaders.
+    _origin: str = PrivateAttr(default="")
+    #: After :func:`merge`: field (or ``args.<flag>``) -> the origin of the layer that set it.
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
+
+    def origin_of(self, key: str) -> str:
+        """Where a field (``max_model_len``) or an ``args`` flag (``args.max-num-seqs``) was set: a config file,
+        the ``M3CTL_*`` environment or :data:`DIRECT` (the command line or an API call's arguments)."""
+        return self._origins.get(key) or self._origin or DIRECT
 
     @field_validator("model")
     @classmethod
@@ -183,10 +195,12 @@ class PlanRequest(BaseModel):
 
 
 def merge(*layers: PlanRequest | None) -> PlanRequest:
-    """Merge requests, lowest precedence first (e.g. ``merge(file_request, cli_request)``): see the module doc."""
+    """Merge requests, lowest precedence first (e.g. ``merge(file_request, cli_request)``): see the module doc.
+    The result knows which layer set each field and ``args`` flag (:meth:`PlanRequest.origin_of`)."""
     data: dict[str, Any] = {}
     args: dict[str, Any] = {}
     env: dict[str, str] = {}
+    origins: dict[str, str] = {}
     for layer in layers:
         if layer is None:
             continue
@@ -194,6 +208,11 @@ def merge(*layers: PlanRequest | None) -> PlanRequest:
         for k, flag in TYPED_FLAGS.items():
             if k in given:
                 args.pop(flag, None)
+        for flag in given.get("args", {}):
+            origins[f"args.{flag}"] = layer.origin_of(f"args.{flag}")
+        for k in given:
+            if k not in ("args", "env"):
+                origins[k] = layer.origin_of(k)
         args.update(given.pop("args", {}))
         env.update(given.pop("env", {}))
         data.update(given)
@@ -201,6 +220,7 @@ def merge(*layers: PlanRequest | None) -> PlanRequest:
     req = PlanRequest(**data, args=args, env=env)
     if prof is not None:
         req.profile = prof
+    req._origins = origins
     return req
 
 
@@ -222,9 +242,11 @@ def load_request(path: str | Path) -> PlanRequest:
     if not isinstance(data, dict):
         raise BadInput(f"{p}: expected a mapping at the top level", "see the example in m3ctl/assess/request.py")
     try:
-        return PlanRequest.model_validate(data)
+        req = PlanRequest.model_validate(data)
     except ValidationError as e:
         raise BadInput(_explain(e, PlanRequest, str(p)), "see the example in m3ctl/assess/request.py") from e
+    req._origin = f"config file {p}"
+    return req
 
 
 #: Environment variables for the options people set per machine -> the PlanRequest field each sets.
@@ -253,7 +275,9 @@ def env_request(environ: dict[str, str] | None = None) -> PlanRequest:
     env = os.environ if environ is None else environ
     data = {f: env[k] for k, f in ENV_FIELDS.items() if env.get(k)}
     try:
-        return PlanRequest.model_validate(data)
+        req = PlanRequest.model_validate(data)
+        req._origins = {f: f"environment {k}" for k, f in ENV_FIELDS.items() if f in data}
+        return req
     except ValidationError as e:
         err = e.errors()[0]
         var = next(k for k, f in ENV_FIELDS.items() if f == err["loc"][0])

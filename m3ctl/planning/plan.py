@@ -28,7 +28,7 @@ from m3ctl import catalog
 from m3ctl.assess import capability
 from m3ctl.assess.choose import Choice, Rejected, choose_max_model_len, choose_variant
 from m3ctl.assess.facts import ModelFacts, checkpoint_variant, model_facts, read_model_facts
-from m3ctl.assess.request import PlanRequest, merge, serve_command  # noqa: F401 - re-exported
+from m3ctl.assess.request import DIRECT, PlanRequest, merge, serve_command  # noqa: F401 - re-exported
 from m3ctl.assess.rules import Finding, PlanContext, advisories, rejection, run_rules, vllm_int
 from m3ctl.catalog import Image, ModelSpec, Profile, Variant, vendors
 from m3ctl.core import secrets as _secrets
@@ -790,7 +790,9 @@ def step_flags(d: PlanDraft) -> None:
         "max-num-seqs": r.max_num_seqs,
         "max-num-batched-tokens": r.max_num_batched_tokens,
     }
-    _layer(d, {k: v for k, v in typed.items() if v is not None}, "command-line override")
+    for origin in dict.fromkeys(r.origin_of(k.replace("-", "_")) for k, v in typed.items() if v is not None):
+        given = {k: v for k, v in typed.items() if v is not None and r.origin_of(k.replace("-", "_")) == origin}
+        _layer(d, given, origin)
     cap = d.facts.max_position_embeddings
     if cap and isinstance(d.args.get("max-model-len"), int) and d.args["max-model-len"] > cap:
         d.args["max-model-len"] = cap
@@ -799,7 +801,13 @@ def step_flags(d: PlanDraft) -> None:
         )
     overrides = {k.lstrip("-"): v for k, v in (r.args or {}).items()}
     _owned_override(overrides)
-    _layer(d, overrides, "command-line override (--arg)")
+    for origin in dict.fromkeys(r.origin_of(f"args.{k}") for k in r.args or {}):
+        mine = {k.lstrip("-"): v for k, v in (r.args or {}).items() if r.origin_of(f"args.{k}") == origin}
+        _layer(
+            d,
+            {k: v for k, v in overrides.items() if k in mine},
+            f"{origin} ({'--arg' if origin == DIRECT else 'args'})",
+        )
     _layer(d, d.raw_flags, "raw vLLM argument")
     _attention_choice(r.attention, d.facts, fam, prof.arch, d.engine_version, d.args, d.choices, d.warnings)
     for note in d.raw_notes:

@@ -337,3 +337,25 @@ def test_the_typed_plan_values_read_alike_from_the_cli_the_api_and_a_config_file
     assert main(["doctor", "--json", "--system", "h200x8", "--context", "8k"]) in (0, 1)
     cli_doc = json.loads(capsys.readouterr().out)
     same(cli_doc, report_json(api.doctor(system="h200x8", context="8k")))
+
+
+def test_the_plan_names_where_each_value_came_from(capsys, env, tmp_path):
+    """Found by a new-user probe: a value from a --config file (or the user's config.yaml) was explained as a
+    "command-line override". Each choice now names the layer that set it; the CLI and the API agree."""
+    env.write_text("max_num_seqs: 48\nargs: {max-num-batched-tokens: 4096}\n")
+    run = tmp_path / "run.yaml"
+    run.write_text("max_model_len: 65536\nargs: {enable-prefix-caching: true}\n")
+    rc, cli = cli_json(capsys, "plan", "--json", "--system", "h200x8", "--config", str(run), "--arg", "seed=7")
+    p = api.plan(system="h200x8", config=run, args={"seed": 7})
+    assert rc == 0
+    same(cli, p.summary())
+    why = {c.what: c.why for c in p.choices if c.what.startswith("--")}
+    assert why["--max-model-len"] == f"config file {run}"
+    assert why["--enable-prefix-caching"] == f"config file {run} (args)"
+    assert why["--max-num-seqs"] == f"config file {env}"
+    assert why["--max-num-batched-tokens"] == f"config file {env} (args)"
+    assert why["--seed"] == "command line / API (--arg)"
+    assert api.plan_request(config=run).origin_of("port") == "environment M3CTL_PORT"
+    # a higher layer takes the value and the label: the command line over the file
+    p = api.plan(system="h200x8", config=run, max_model_len=32768)
+    assert [c.why for c in p.choices if c.what == "--max-model-len"][-1] == "command line / API"

@@ -66,7 +66,7 @@ def test_override_beats_profile(tiny_models):
     a = p.argv
     assert a[a.index("--max-model-len") + 1] == "512"
     assert "--no-enforce-eager" in a and "--enforce-eager" not in a
-    assert any(c.what == "--max-model-len" and c.why.startswith("command-line override") for c in p.choices)
+    assert any(c.what == "--max-model-len" and c.why.startswith("command line / API") for c in p.choices)
 
 
 def test_profile_file_beats_catalog(tiny_models):

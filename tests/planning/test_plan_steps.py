@@ -291,7 +291,7 @@ def test_flags_layer_in_precedence_order():
     ]
     assert [c.why for c in d.choices if c.what == "--max-num-seqs"] == [
         "profile p",
-        "command-line override",
+        "command line / API",
         "raw vLLM argument",
     ]
 
