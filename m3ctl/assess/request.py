@@ -301,7 +301,7 @@ def user_request(environ: dict[str, str] | None = None) -> PlanRequest:
         BadInput: as :func:`load_request` and :func:`env_request`.
     """
     path = user_config_path(environ)
-    return merge(load_request(path) if path.is_file() else None, env_request(environ))
+    return merge(load_request(path) if path.exists() else None, env_request(environ))
 
 
 def unknown_env(environ: dict[str, str] | None = None) -> list[str]:

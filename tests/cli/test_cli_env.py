@@ -76,6 +76,12 @@ def test_bad_values_in_env_and_xdg_file_name_their_source(capsys, monkeypatch, x
     xdg.write_text("prot: 8000\n")
     assert main(["plan", "--system", "h200x8"]) == 2
     assert f"{xdg}: unknown key 'prot'; did you mean 'port'?" in capsys.readouterr().err
+    xdg.unlink()
+    xdg.mkdir()  # a directory where the file belongs: refused as --config refuses it (it was silently ignored)
+    assert main(["plan", "--system", "h200x8"]) == 2
+    err = capsys.readouterr().err
+    assert main(["plan", "--system", "h200x8", "--config", str(xdg)]) == 2
+    assert str(xdg) in err and "directory" in err and err == capsys.readouterr().err
 
 
 def test_unknown_m3ctl_variables_are_reported_on_stderr(tmp_path):
