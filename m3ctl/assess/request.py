@@ -129,9 +129,12 @@ class PlanRequest(BaseModel):
     @field_validator("port", "tp", "dp", "dcp", "pp", "spec_depth", "draft_tp", mode="before")
     @classmethod
     def _a_number_not_a_switch(cls, v: Any) -> Any:
-        """``port: true`` in a YAML file is a switch, not port 1 (pydantic's lax mode would read it as 1)."""
+        """``port: true`` in a YAML file is a switch, not port 1, and ``M3CTL_PORT=9100.0`` is not a whole number
+        (pydantic's lax mode would read them as 1 and 9100; vLLM's argparse ``type=int`` refuses the second)."""
         if v is True or v is False:
             raise ValueError(f"{str(v).lower()} is a switch, not a whole number")
+        if isinstance(v, str) and not v.strip().lstrip("+-").isdigit():
+            raise ValueError(f"{v!r} is not a whole number")
         return v
 
     @field_validator("max_model_len", "max_num_seqs", "max_num_batched_tokens", mode="before")
@@ -230,13 +233,13 @@ def load_request(path: str | Path) -> PlanRequest:
     Raises:
         BadInput: unreadable file, invalid YAML, or an unknown key (with a "did you mean").
     """
-    from m3ctl.catalog import _explain  # noqa: PLC0415
+    from m3ctl.catalog import _explain, load_yaml  # noqa: PLC0415
     from m3ctl.core.files import read_user_text  # noqa: PLC0415
 
     p = Path(path)
     text = read_user_text(p, "config")  # BadInput: missing, a directory, unreadable, not UTF-8
     try:
-        data = yaml.safe_load(text) or {}
+        data = load_yaml(text) or {}
     except yaml.YAMLError as e:
         raise BadInput(f"{p}: not valid YAML: {str(e).splitlines()[0]}", "fix the YAML syntax") from e
     if not isinstance(data, dict):

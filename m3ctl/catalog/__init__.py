@@ -378,6 +378,31 @@ def _schema_hint(model: type[BaseModel]) -> str:
     return f"fix the file; see the schema {model.__qualname__} in {model.__module__.replace('.', '/')}.py"
 
 
+class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+    """YAML's safe loader (libyaml when present) that refuses a key given twice in one mapping: PyYAML keeps the
+    last silently, so ``port: 8000`` ... ``port: 9000`` would plan 9000 with no word (YAML 1.2 requires unique
+    keys: https://yaml.org/spec/1.2.2/#mapping)."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if isinstance(key, str | int | float | bool) and key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} given twice (line {key_node.start_mark.line + 1})", key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """Parse YAML as every m3ctl reader does: safe, and a key given twice in a mapping is an error.
+
+    Raises:
+        yaml.YAMLError: invalid YAML or a duplicate key (its first line says which, and where)."""
+    return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
 def parse(text: str, model: type[M], where: str) -> M:
     """Validate one YAML data file against its schema: the one YAML + schema reader of m3ctl (packaged files
     through :func:`data`, user files such as ``--profile FILE`` through their own entry points).
@@ -392,7 +417,7 @@ def parse(text: str, model: type[M], where: str) -> M:
             unsupported ``schema_version``, a schema violation; an unknown key with "did you mean").
     """
     try:
-        loaded = yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml when present
+        loaded = load_yaml(text)
     except yaml.YAMLError as e:
         raise CatalogError(f"{where}: not valid YAML: {str(e).splitlines()[0]}", "fix the YAML syntax") from e
     if not isinstance(loaded, dict):

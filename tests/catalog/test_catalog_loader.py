@@ -136,6 +136,12 @@ def test_invalid_yaml_a_list_and_a_newer_schema_version(tmp_path):
     assert _error("data/vendors.yaml", copy).message == f"{copy}: expected a mapping at the top level"
     copy.write_text((PKG / "data/vendors.yaml").read_text().replace("schema_version: 1", "schema_version: 2"))
     assert "schema_version 2 is not supported" in _error("data/vendors.yaml", copy).message
+    text = (PKG / "data/vendors.yaml").read_text()
+    copy.write_text(text + "schema_version: 1\n")  # PyYAML kept the last of two keys with no word
+    n = len(text.splitlines()) + 1
+    assert _error("data/vendors.yaml", copy).message == (
+        f"{copy}: not valid YAML: key 'schema_version' given twice (line {n})"
+    )
 
 
 def test_a_schema_checks_across_entries(tmp_path):

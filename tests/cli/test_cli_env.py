@@ -72,7 +72,13 @@ def test_bad_values_in_env_and_xdg_file_name_their_source(capsys, monkeypatch, x
     monkeypatch.setenv("M3CTL_PORT", "eighty")
     assert main(["plan", "--system", "h200x8"]) == 2
     assert capsys.readouterr().err.startswith("error: M3CTL_PORT='eighty'")
+    monkeypatch.setenv("M3CTL_PORT", "9100.0")  # planned port 9100; vLLM's --port 9100.0 is refused
+    assert main(["plan", "--system", "h200x8"]) == 2
+    assert capsys.readouterr().err.startswith("error: M3CTL_PORT='9100.0': '9100.0' is not a whole number")
     monkeypatch.delenv("M3CTL_PORT")
+    xdg.write_text("port: 8001\nmax_model_len: 8192\nport: 8002\n")  # the second port won with no word
+    assert main(["plan", "--system", "h200x8"]) == 2
+    assert f"{xdg}: not valid YAML: key 'port' given twice (line 3)" in capsys.readouterr().err
     xdg.write_text("prot: 8000\n")
     assert main(["plan", "--system", "h200x8"]) == 2
     assert f"{xdg}: unknown key 'prot'; did you mean 'port'?" in capsys.readouterr().err
