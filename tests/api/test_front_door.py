@@ -313,7 +313,9 @@ def test_the_typed_plan_values_read_alike_from_the_cli_the_api_and_a_config_file
     rc, cli = cli_json(capsys, "plan", "--json", "--system", "h200x8", "--max-model-len", "8k")
     assert rc == 0
     same(cli, api.plan(system="h200x8", max_model_len="8k").summary())
-    same(cli, api.plan(system="h200x8", config=f8k).summary())
+    from_file = api.plan(system="h200x8", config=f8k).summary()
+    assert from_file["argv"] == cli["argv"]  # the same value; its explanation names the file
+    assert [c["why"] for c in from_file["explain"] if c["what"] == "--max-model-len"] == [f"config file {f8k}"]
     p = api.plan(system="h200x8", max_model_len="8K")
     assert p.argv[p.argv.index("--max-model-len") + 1] == "8192"  # vLLM's human_readable_int: K = 1024
     rc = main(["plan", "--system", "h200x8", "--kv-cache-dtype", "fp9"])
