@@ -25,8 +25,10 @@ def __getattr__(name: str):
     """``m3ctl.<api name>``, imported on first use (PEP 562)."""
     if name in API:
         return getattr(importlib.import_module("m3ctl.api"), name)
+    if name == "api":  # ``import m3ctl; m3ctl.api.plan(...)`` (a submodule is an attribute once imported)
+        return importlib.import_module("m3ctl.api")
     raise AttributeError(f"module 'm3ctl' has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted({*globals(), *API})
+    return sorted({*globals(), *API, "api"})

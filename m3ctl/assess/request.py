@@ -117,6 +117,17 @@ class PlanRequest(BaseModel):
         the ``M3CTL_*`` environment or :data:`DIRECT` (the command line or an API call's arguments)."""
         return self._origins.get(key) or self._origin or DIRECT
 
+    @field_validator("profile")
+    @classmethod
+    def _a_loaded_profile(cls, v: Any) -> Any:
+        """``profile`` carries a loaded kernel profile (tune's trials); a name or a path is ``profile_file``'s
+        (``profile: hopper`` in a config file crashed the planner)."""
+        from m3ctl.catalog import Profile  # noqa: PLC0415
+
+        if v is not None and not isinstance(v, Profile):
+            raise ValueError(f"{v!r} is not a loaded profile: name a profile YAML file with profile_file (--profile)")
+        return v
+
     @field_validator("model")
     @classmethod
     def _absolute_local_model(cls, v: str) -> str:

@@ -238,7 +238,7 @@ def split_api_key(raw_args: list[str]) -> tuple[list[str], str | None]:
 
 def near_secret_flag(name: str) -> bool:
     """Whether ``name`` is a secret flag (:func:`secret_flag`) or a flag vLLM does not know that is a typo away
-    from one (``--api-keyy``, ``--hf_tokn``: difflib ratio >= 0.8). Such a typo reaches vLLM only under
+    from one (``--api-keyy``, ``--hf_tokn``, ``--API-KEY``: difflib ratio >= 0.8, any case). Such a typo reaches vLLM only under
     ``--skip-checks`` (the rules refuse an unknown flag otherwise); its value is masked wherever it is shown, and
     it is not moved to the server's environment (the flag is passed as given, and vLLM refuses it)."""
     if secret_flag(name) is not None:
@@ -248,7 +248,7 @@ def near_secret_flag(name: str) -> bool:
     k = name.lstrip("-").split(".", 1)[0].replace("_", "-")
     if not k or k in flag_table().option_strings():
         return False
-    return bool(difflib.get_close_matches(k, list(table().flags), n=1, cutoff=0.8))
+    return bool(difflib.get_close_matches(k.lower(), list(table().flags), n=1, cutoff=0.8))  # --API-KEY too
 
 
 def redact_raw(raw_args: list[str]) -> list[str]:

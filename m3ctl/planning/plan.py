@@ -229,7 +229,7 @@ def _pinned_units(inventory: HostInventory, visible, pins: list[int]) -> list:
     by_gpu: dict[int, Any] = {}
     for u in pool:
         by_gpu.setdefault(u.gpu, u)
-    if dup := next((g for i, g in enumerate(pins) if g in pins[:i]), None):
+    if (dup := next((g for i, g in enumerate(pins) if g in pins[:i]), None)) is not None:  # GPU 0 counts
         raise BadInput(f"gpus {pins}: GPU {dup} is named twice", "name each GPU once")
     if missing := [g for g in pins if g not in by_gpu]:
         have = ", ".join(str(g) for g in sorted(by_gpu)) or "none"

@@ -271,6 +271,9 @@ def test_import_m3ctl_is_lazy_and_the_api_names_are_functions():
     )
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert p.stdout.strip() == "['m3ctl'] True True True abench []", p.stderr
+    code = "import m3ctl\nprint(m3ctl.api.plan is m3ctl.plan, 'api' in dir(m3ctl))"  # m3ctl.api was refused
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert p.stdout.strip() == "True True", p.stderr
 
 
 def test_example_notebook_script_runs_against_an_endpoint(gt_url):

@@ -91,6 +91,7 @@ def test_a_typo_of_a_secret_flag_is_refused_and_its_value_never_shown(capsys):
     from m3ctl.errors import BadInput
 
     assert near_secret_flag("--api-keyy") and near_secret_flag("hf_tokn") and near_secret_flag("--api-key")
+    assert near_secret_flag("--API-KEY") and near_secret_flag("HF-Token")  # vLLM's flags are case-sensitive
     assert not near_secret_flag("--max-num-seqs") and not near_secret_flag("--api-server-count")
     with pytest.raises(BadInput) as e:
         separate({"api-keyy": "sk-TYPO123"})
@@ -103,6 +104,11 @@ def test_a_typo_of_a_secret_flag_is_refused_and_its_value_never_shown(capsys):
         "8",
     ]
     for skip in ([], ["--skip-checks"]):
-        assert main(["plan", "--system", "h200x8", *skip, "--", "--api-keyy", "sk-TYPO123"]) == 2
-        cap = capsys.readouterr()
-        assert "sk-TYPO123" not in cap.out + cap.err and "looks like a secret one" in cap.err
+        for typo in (
+            ["--", "--api-keyy", "sk-TYPO123"],
+            ["--arg", "API-KEY=sk-TYPO123"],
+            ["--", "--Api-Key=sk-TYPO123"],
+        ):
+            assert main(["plan", "--system", "h200x8", *skip, *typo]) == 2
+            cap = capsys.readouterr()
+            assert "sk-TYPO123" not in cap.out + cap.err and "looks like a secret one" in cap.err

@@ -102,6 +102,8 @@ def test_devices_pinned_by_the_request():
     assert _whats(d) == ["GPUs"] and d.choices[0].why == "pinned by the request (gpus)"
     with pytest.raises(BadInput, match="GPU 2 is named twice"):
         step_devices(_draft(synthetic("h200x8"), gpus=[2, 2]))
+    with pytest.raises(BadInput, match="GPU 0 is named twice"):  # GPU 0 read as false: [0, 0, 1, 1] planned TP 4
+        step_devices(_draft(synthetic("h200x8"), gpus=[0, 0, 1, 1]))
     with pytest.raises(BadInput, match=r"GPU 9 is not a visible GPU of this host \(visible: 0, 1, 2"):
         step_devices(_draft(synthetic("h200x8"), gpus=[9]))
 
