@@ -39,6 +39,12 @@ TYPED_FLAGS = {
     "max_model_len": "max-model-len",
     "max_num_seqs": "max-num-seqs",
     "max_num_batched_tokens": "max-num-batched-tokens",
+    "tp": "tensor-parallel-size",
+    "dp": "data-parallel-size",
+    "dcp": "decode-context-parallel-size",
+    "pp": "pipeline-parallel-size",
+    "ep": "enable-expert-parallel",
+    "dbo": "enable-dbo",
 }
 
 
@@ -177,11 +183,19 @@ class PlanRequest(BaseModel):
     @field_validator("args")
     @classmethod
     def _vllm_values(cls, v: dict[str, Any]) -> dict[str, Any]:
-        """Values of size flags read as vLLM reads them (m3ctl.catalog.vllm_values; BadInput, one line, on a bad one)."""
+        """Flags in one spelling (``max_num_seqs``, ``--max-num-seqs`` -> ``max-num-seqs``:
+        m3ctl.catalog.vllm_args.canon_flag), so a higher layer's replaces a lower one's and the rules see it; values
+        of size flags read as vLLM reads them (m3ctl.catalog.vllm_values; BadInput, one line, on a bad one)."""
+        from m3ctl.catalog.vllm_args import canon_flag  # noqa: PLC0415
         from m3ctl.catalog.vllm_values import check_args  # noqa: PLC0415
 
-        check_args(v)
-        return v
+        out: dict[str, Any] = {}
+        for k, val in v.items():
+            if (c := canon_flag(str(k))) in out:
+                raise ValueError(f"--{c} is given twice ({k!r} is another spelling of it)")
+            out[c] = val
+        check_args(out)
+        return out
 
     def set_fields(self) -> dict[str, Any]:
         """The fields this layer sets (explicitly given, and for switches only ``True``)."""

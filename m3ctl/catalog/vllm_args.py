@@ -364,6 +364,20 @@ def engine_facts(version: str | None = None) -> VllmEngineFacts:
     return data("data/vllm_engine.yaml", VllmEngineFacts)
 
 
+def canon_flag(key: str) -> str:
+    """One spelling per flag, as vLLM's parser reads them all: no leading dashes, ``max_num_seqs`` ->
+    ``max-num-seqs``; a dotted config key keeps its group with underscores (``attention-config.backend`` ->
+    ``attention_config.backend``). vLLM's FlexibleArgumentParser turns ``_`` into ``-`` in option names and
+    reads either spelling of a dotted group
+    (https://github.com/vllm-project/vllm/blob/v0.11.0/vllm/utils/__init__.py, FlexibleArgumentParser.parse_args),
+    so two spellings of one flag in a plan would both reach vLLM, the last one winning unseen."""
+    k = key.lstrip("-")
+    if "." in k:
+        group, rest = k.split(".", 1)
+        return group.replace("-", "_") + "." + rest
+    return k.replace("_", "-")
+
+
 def check_choice(flag: str, value: str) -> str:
     """``value`` if vLLM's own ``--FLAG`` accepts it (its choices in m3ctl/data/vllm_serve_flags.yaml, read from
     ``vllm serve --help=all``), for the CLI's parse-time check and the plan request's alike.

@@ -265,13 +265,11 @@ def _pin_env(
 
 
 def _canon_flag(key: str) -> str:
-    """One spelling per dotted config key: ``attention-config.x`` -> ``attention_config.x`` (vLLM reads both),
-    so a raw dotted flag replaces the catalog's instead of reaching vLLM twice."""
-    k = key.lstrip("-")
-    if "." in k:
-        group, rest = k.split(".", 1)
-        return group.replace("-", "_") + "." + rest
-    return k
+    """One spelling per flag (m3ctl.catalog.vllm_args.canon_flag): ``--max_num_seqs`` from one layer replaces
+    ``max-num-seqs`` from another instead of reaching vLLM twice, and the rules see it."""
+    from m3ctl.catalog.vllm_args import canon_flag  # noqa: PLC0415
+
+    return canon_flag(key)
 
 
 #: Flags that set the same vLLM setting in two spellings; the higher layer's removes the lower's.
@@ -589,17 +587,23 @@ def step_raw_parallel_flags(d: PlanDraft) -> None:
     r = d.request
     raw = read_raw_args(r.extra_args or [])
     given: dict[str, Any] = {"tp": r.tp, "dp": r.dp, "dcp": r.dcp, "ep": r.ep, "dbo": r.dbo, "pp": r.pp}
-    for flag, knob in RAW_PARALLEL_FLAGS.items():
-        if flag not in raw.flags:
-            continue
-        v = raw.flags.pop(flag)
+    pinned: list[tuple[str, Any, str, str]] = [  # (flag, value, how it was given, where)
+        (f, v, f"--arg {f}={v}", f"{r.origin_of(f'args.{f}')} (args)")
+        for f, v in (r.args or {}).items()
+        if f in RAW_PARALLEL_FLAGS  # args keys are canonical (PlanRequest._vllm_values)
+    ]
+    pinned += [(f, raw.flags.pop(f), "raw", "raw vLLM argument") for f in RAW_PARALLEL_FLAGS if f in raw.flags]
+    for flag, v, how, where in pinned:
+        knob = RAW_PARALLEL_FLAGS[flag]
         val = v if isinstance(v, bool) else vllm_int(v)
+        shown = f"raw --{flag} {v}" if how == "raw" else how
         if val is None or (not isinstance(val, bool) and val < 1):
-            raise BadInput(f"raw --{flag} {v!r} is not an integer >= 1", f"e.g. -- --{flag} 2, or m3ctl's --{knob}")
+            bad = f"raw --{flag} {v!r}" if how == "raw" else how
+            raise BadInput(f"{bad} is not an integer >= 1", f"e.g. m3ctl's --{knob} 2")
         if given[knob] is not None and given[knob] != val:
-            raise BadInput(f"--{knob} {given[knob]} and raw --{flag} {v} disagree", f"give the {knob.upper()} once")
+            raise BadInput(f"--{knob} {given[knob]} and {shown} disagree", f"give the {knob.upper()} once")
         given[knob] = val
-        d.choices.append(Choice(what=f"--{flag}", value=str(v), why=f"raw vLLM argument, planned as --{knob}"))
+        d.choices.append(Choice(what=f"--{flag}", value=str(v), why=f"{where}, planned as --{knob}"))
     d.raw_flags, d.raw_notes, d.given = raw.flags, raw.notes, given
 
 
@@ -799,7 +803,7 @@ def step_flags(d: PlanDraft) -> None:
         d.choices.append(
             Choice(what="--max-model-len", value=str(cap), why="capped at the model's max_position_embeddings")
         )
-    overrides = {k.lstrip("-"): v for k, v in (r.args or {}).items()}
+    overrides = {k: v for k, v in (r.args or {}).items() if k not in RAW_PARALLEL_FLAGS}  # those: the layout's
     _owned_override(overrides)
     for origin in dict.fromkeys(r.origin_of(f"args.{k}") for k in r.args or {}):
         mine = {k.lstrip("-"): v for k, v in (r.args or {}).items() if r.origin_of(f"args.{k}") == origin}

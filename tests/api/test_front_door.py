@@ -361,3 +361,35 @@ def test_the_plan_names_where_each_value_came_from(capsys, env, tmp_path):
     # a higher layer takes the value and the label: the command line over the file
     p = api.plan(system="h200x8", config=run, max_model_len=32768)
     assert [c.why for c in p.choices if c.what == "--max-model-len"][-1] == "command line / API"
+
+
+def test_flags_in_args_are_read_in_one_spelling_and_parallel_sizes_are_planned(capsys, env, tmp_path):
+    """Found by a second new-user probe: `--arg max_num_seqs=0` and `--arg kv_cache_dtype=fp8` skipped the rules
+    their hyphen spellings meet; a file's `args: {max_num_seqs: 40}` beat the command line's `--max-num-seqs 64`
+    (both reached vLLM, the last winning); `--arg data-parallel-size=8` planned TP 8 x DP 1 while vLLM would
+    have started TP 8 x DP 8 (64 GPUs on 8); a file's `args: {tensor-parallel-size: 4}` beat `--tp 2`."""
+    from m3ctl.errors import BadInput, ConfigRejected
+
+    def value(p, flag: str) -> list[str]:
+        return [p.argv[i + 1] for i, a in enumerate(p.argv) if a == flag]
+
+    with pytest.raises(ConfigRejected, match=r"flags\.integers"):
+        api.plan(system="h200x8", args={"max_num_seqs": 0})
+    with pytest.raises(ConfigRejected, match=r"kv\.dtype"):
+        api.plan(system="h200x8", args={"--kv_cache_dtype": "fp8"})
+    with pytest.raises(BadInput, match="--max-num-seqs is given twice"):
+        api.plan(system="h200x8", args={"max-num-seqs": 8, "max_num_seqs": 9})
+    run = tmp_path / "run.yaml"
+    run.write_text("args: {max_num_seqs: 40, tensor-parallel-size: 4}\n")
+    p = api.plan(system="h200x8", config=run, max_num_seqs=64, tp=2)
+    assert value(p, "--max-num-seqs") == ["64"] and value(p, "--tensor-parallel-size") == ["2"]
+    p = api.plan(system="h200x8", config=run)
+    assert value(p, "--max-num-seqs") == ["40"] and value(p, "--tensor-parallel-size") == ["4"]
+    assert f"config file {run} (args), planned as --tp" in [c.why for c in p.choices]
+    p = api.plan(system="h200x8", args={"data-parallel-size": 8})
+    tp, dp = (int((value(p, f) or ["1"])[0]) for f in ("--tensor-parallel-size", "--data-parallel-size"))
+    assert (tp, dp) == (1, 8), p.argv  # the layout planner chose TP for DP 8 on 8 GPUs
+    with pytest.raises(BadInput, match="--tp 2 and --arg tensor-parallel-size=4 disagree"):
+        api.plan(system="h200x8", tp=2, args={"tensor-parallel-size": 4})
+    rc = main(["plan", "--system", "h200x8", "--arg", "pipeline-parallel-size=0"])
+    assert rc == 2 and "--arg pipeline-parallel-size=0 is not an integer >= 1" in capsys.readouterr().err
