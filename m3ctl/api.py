@@ -257,8 +257,8 @@ def doctor(
     model: str | None = None,
     variant: str | None = None,
     context: int | str | None = None,
-    kv_cache_dtype: str = "auto",
-    runtime: Literal["auto", "process", "docker"] = "auto",
+    kv_cache_dtype: str | None = None,
+    runtime: Literal["auto", "process", "docker"] | None = None,
     port: int | None = None,
     image: str | None = None,
     inventory: str | Path | HostInventory | None = None,
@@ -270,12 +270,14 @@ def doctor(
 
     Args:
         model: catalog name/alias, hub id or local model directory (default: ``$M3CTL_MODEL``, the user's config
-            file's, else MiniMax-M3.1-Flash).
+            file's, else MiniMax-M3.1-Flash). ``variant``, ``context`` (its ``max_model_len``),
+            ``kv_cache_dtype``, ``runtime``, ``image`` and ``attention`` left None take the user's config file's
+            values too, as ``plan`` does, so doctor checks what ``plan`` and ``serve`` would launch.
         variant: force a variant (``nvfp4``, ``mxfp4``, ``mxfp8``, ``bf16``); default: the best for the host.
         context: tokens of context one sequence must fit (default 32768, from capabilities.yaml), >= 1; a string
             is read as vLLM reads token counts (``8k`` = 8000, ``8K`` = 8192), as ``m3ctl doctor --context`` does.
-        kv_cache_dtype: KV cache dtype to validate (``auto`` = the model's dtype).
-        runtime: what serve would use (``auto``: docker when the engine is reachable on a GPU host).
+        kv_cache_dtype: KV cache dtype to validate (``auto``, the default = the model's dtype).
+        runtime: what serve would use (``auto``, the default: docker when the engine is reachable on a GPU host).
         port: API port checked for being free (1-65535; default: ``$M3CTL_PORT``, the config file's, else 8000).
         image: a catalog image name or a local image to check instead of the recommended one.
         attention: ``dense`` checks an MSA model served with dense attention on every layer (the opt-in fallback
@@ -293,6 +295,14 @@ def doctor(
     """
     from m3ctl.checks.doctor import resolve_image, run_doctor  # noqa: PLC0415
 
+    user = user_defaults()
+    mine = user.model_fields_set
+    variant = variant or user.variant
+    kv_cache_dtype = kv_cache_dtype or user.kv_cache_dtype or "auto"
+    runtime = runtime or (user.runtime if "runtime" in mine else "auto")
+    image = image or user.image
+    attention = attention or user.attention
+    context = context if context is not None else user.max_model_len
     if runtime not in ("auto", "process", "docker"):
         raise BadInput(f"unknown runtime {runtime!r}", "use auto, process or docker")
     if isinstance(context, str):
@@ -311,7 +321,6 @@ def doctor(
         from m3ctl.core.state import check_output_path  # noqa: PLC0415
 
         check_output_path(Path(save_inventory), "--save-inventory")
-    user = user_defaults()
     inv = host_inventory(inventory, system)
     if save_inventory is not None:
         from m3ctl.core.files import write_atomic  # noqa: PLC0415
@@ -323,7 +332,7 @@ def doctor(
         variant=variant,
         context=context,
         kv_cache_dtype=kv_cache_dtype,
-        model=model or (user.model if "model" in user.model_fields_set else None),
+        model=model or (user.model if "model" in mine else None),
         runtime=runtime,
         port=port or user.port,
         host_checks=inventory is None and system is None,

@@ -27,14 +27,19 @@ def doctor(
         typer.Option(parser=o.token_count, metavar="N", help="Context tokens one sequence must fit (default 32768)."),
     ] = None,
     kv_cache_dtype: Annotated[
-        str, typer.Option(parser=o.vllm_choice("kv-cache-dtype"), help="KV cache dtype to validate for this GPU.")
-    ] = "auto",
-    runtime: Annotated[
-        str,
+        str | None,
         typer.Option(
-            parser=o.choice("auto", "process", "docker"), help="auto, process or docker (what serve would use)."
+            parser=o.vllm_choice("kv-cache-dtype"),
+            help="KV cache dtype to validate for this GPU (default: the user config's, else auto).",
         ),
-    ] = "auto",
+    ] = None,
+    runtime: Annotated[
+        str | None,
+        typer.Option(
+            parser=o.choice("auto", "process", "docker"),
+            help="auto, process or docker: what serve would use (default: the user config's, else auto).",
+        ),
+    ] = None,
     port: o.Port = None,
     strict: Annotated[bool, typer.Option("--strict", help="Exit 1 on WARN too.")] = False,
     image: Annotated[

@@ -393,3 +393,20 @@ def test_flags_in_args_are_read_in_one_spelling_and_parallel_sizes_are_planned(c
         api.plan(system="h200x8", tp=2, args={"tensor-parallel-size": 4})
     rc = main(["plan", "--system", "h200x8", "--arg", "pipeline-parallel-size=0"])
     assert rc == 2 and "--arg pipeline-parallel-size=0 is not an integer >= 1" in capsys.readouterr().err
+
+
+def test_doctor_checks_what_plan_would_launch_from_the_user_config(capsys, env):
+    """Found by a new-user probe: with `kv_cache_dtype: fp8` in the user's config.yaml, plan refused (rule
+    kv.dtype) while doctor said "runnable" and printed a serve command the same config then refused. Doctor
+    takes the config file's typed values as plan does; an explicit option still wins."""
+    from m3ctl.errors import ConfigRejected
+
+    env.write_text("kv_cache_dtype: fp8\nmax_model_len: 65536\n")
+    with pytest.raises(ConfigRejected, match=r"kv\.dtype"):
+        api.plan(system="h200x8")
+    rep = api.doctor(system="h200x8")
+    assert rep.verdict.status == "not_runnable" and "kv.dtype" in rep.verdict.summary
+    assert "65536" in json.dumps(report_json(rep))  # the context it checked is the config's max_model_len
+    assert main(["doctor", "--json", "--system", "h200x8"]) == 1
+    same(json.loads(capsys.readouterr().out), report_json(rep))
+    assert api.doctor(system="h200x8", kv_cache_dtype="auto").verdict.status != "not_runnable"
