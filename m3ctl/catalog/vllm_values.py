@@ -52,7 +52,9 @@ def check_args(args: dict[str, Any]) -> None:
     ``human_readable_int``: ``1k`` = 1000, ``1K`` = 1024; max-model-len also ``auto``/-1).
 
     A bare flag (``--arg api-key``: value ``True``) is a switch; a flag vLLM's parser gives a value to (arity
-    one or many in m3ctl/data/vllm_serve_flags.yaml) is refused without one, as ``vllm serve --api-key`` would be.
+    one or many in m3ctl/data/vllm_serve_flags.yaml) is refused without one, as ``vllm serve --api-key`` would be,
+    and a switch (arity none) with anything but true/false (``--arg enforce-eager=maybe``: vLLM's parser would
+    refuse ``--enforce-eager maybe``).
 
     Raises:
         BadInput: a value vLLM's parser rejects, naming the flag and the value.
@@ -65,7 +67,11 @@ def check_args(args: dict[str, Any]) -> None:
         name = str(flag).lstrip("-").replace("_", "-")
         if v is True and name in flags and flags[name].arity in ("one", "many"):
             raise BadInput(f"--arg {name} needs a value: vLLM's --{name} takes one", f"give it as --arg {name}=VALUE")
-        name = str(flag).lstrip("-").replace("_", "-")
+        if name in flags and flags[name].arity == "none" and not isinstance(v, bool) and v is not None:
+            off = f" or --arg {name}=false (--no-{name})" if flags[name].negatable else ""
+            raise BadInput(
+                f"--arg {name}={v!r}: vLLM's --{name} is a switch and takes no value", f"give --arg {name}{off}"
+            )
         auto = name in t.human_readable_int_or_auto
         if name not in t.human_readable_int and not auto:
             continue

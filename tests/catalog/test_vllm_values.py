@@ -48,3 +48,11 @@ def test_plan_request_refuses_before_planning():
 
     with pytest.raises(BadInput, match="kv-cache-memory-bytes"):
         api.plan(system="h200x8", args={"kv-cache-memory-bytes": "banana"})
+
+
+def test_a_switch_takes_true_or_false_only():
+    """`--arg enforce-eager=maybe` was planned as `--enforce-eager maybe`, which vLLM's parser refuses."""
+    check_args({"enforce-eager": True, "enable-prefix-caching": False})
+    for v in ("maybe", 0, "no"):
+        with pytest.raises(BadInput, match="is a switch and takes no value"):
+            check_args({"enforce-eager": v})

@@ -50,6 +50,8 @@ CASES = [
     (["serve", "--model", "{tiny}", "--restart", "always", "--dry-run"], "--restart"),
     (["plan", "--model", "{tiny}", "--runtime", "dockr"], "--runtime"),
     (["plan", "--system", "h200x8", "--arg", "api-key"], "--arg api-key needs a value"),  # was `--api-key True`
+    (["plan", "--system", "h200x8", "--arg", "enforce-eager=maybe"], "--enforce-eager is a switch"),  # was planned
+    (["plan", "--system", "h200x8", "--arg", "enable-prefix-caching=no"], "--arg enable-prefix-caching='no': vLLM"),
     (["plan", "--system", "h200x8", "--arg", "max-num-seqs"], "--arg max-num-seqs needs a value"),
     (["plan", "--systems", "all", "--emit", "docker"], "it takes no --inventory, --system or --emit"),  # was dropped
     (["plan", "--system", "h200x8", "--skip-checks", "--", "--api-keyy", "sk-TYPO"], "looks like a secret one"),
