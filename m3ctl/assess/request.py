@@ -140,8 +140,10 @@ class PlanRequest(BaseModel):
         """A local model directory given relative (``./tm2``, ``~/m``) is stored absolute: a plan, a record and a
         restart from another directory name the same directory (vLLM would take a relative path that does not
         exist there for a hub id and download it)."""
+        if not v.strip():  # M3CTL_MODEL=" " planned `vllm serve ' '`
+            raise ValueError("the model name is empty: name a catalog model, a hub id or a local model directory")
         p = Path(v).expanduser()
-        return str(p.resolve()) if v and not p.is_absolute() and p.is_dir() else v
+        return str(p.resolve()) if not p.is_absolute() and p.is_dir() else v
 
     @field_validator("port", "tp", "dp", "dcp", "pp", "spec_depth", "draft_tp", mode="before")
     @classmethod

@@ -72,6 +72,10 @@ def test_bad_values_in_env_and_xdg_file_name_their_source(capsys, monkeypatch, x
     monkeypatch.setenv("M3CTL_PORT", "eighty")
     assert main(["plan", "--system", "h200x8"]) == 2
     assert capsys.readouterr().err.startswith("error: M3CTL_PORT='eighty'")
+    monkeypatch.setenv("M3CTL_MODEL", " ")  # planned `vllm serve ' '`
+    assert main(["plan", "--system", "h200x8"]) == 2
+    assert capsys.readouterr().err.startswith("error: M3CTL_MODEL=' ': the model name is empty")
+    monkeypatch.delenv("M3CTL_MODEL")
     monkeypatch.setenv("M3CTL_PORT", "9100.0")  # planned port 9100; vLLM's --port 9100.0 is refused
     assert main(["plan", "--system", "h200x8"]) == 2
     assert capsys.readouterr().err.startswith("error: M3CTL_PORT='9100.0': '9100.0' is not a whole number")
