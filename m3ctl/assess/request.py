@@ -123,6 +123,12 @@ class PlanRequest(BaseModel):
         the ``M3CTL_*`` environment or :data:`DIRECT` (the command line or an API call's arguments)."""
         return self._origins.get(key) or self._origin or DIRECT
 
+    def given_as(self, field: str, flag: str) -> str:
+        """Why a plan took ``field``'s value, for its explanation: ``given with --variant`` from the command line
+        or an API call, else the layer that set it (``config file run.yaml (variant)``)."""
+        o = self.origin_of(field)
+        return f"given with {flag}" if o == DIRECT else f"{o} ({field})"
+
     @field_validator("profile")
     @classmethod
     def _a_loaded_profile(cls, v: Any) -> Any:
@@ -275,7 +281,7 @@ def load_request(path: str | Path) -> PlanRequest:
         req = PlanRequest.model_validate(data)
     except ValidationError as e:
         raise BadInput(_explain(e, PlanRequest, str(p)), "see the example in m3ctl/assess/request.py") from e
-    req._origin = f"config file {p}"
+    req._origin = f"config file {p.absolute()}"
     return req
 
 

@@ -450,8 +450,10 @@ def step_profile_and_runtime(inventory: HostInventory, request: PlanRequest) -> 
             )
         )
     else:
-        choices.append(Choice(what="profile", value=profile.name, why="given with --profile"))
+        choices.append(Choice(what="profile", value=profile.name, why=r.given_as("profile_file", "--profile")))
     runtime, why_rt = choose_runtime(r.runtime, profile, inventory, r.image)
+    if why_rt == f"--runtime {r.runtime}" and r.origin_of("runtime") != DIRECT:
+        why_rt = f"{r.origin_of('runtime')} (runtime {r.runtime})"
     choices.append(Choice(what="runtime", value=runtime, why=why_rt))
     if runtime not in profile.runtimes:
         raise ConfigRejected(
@@ -560,6 +562,8 @@ def step_variant(d: PlanDraft) -> None:
                 r.kv_cache_dtype or "auto",
             )
             d.rejected += [Rejected(what="variant", value=n, why=w) for n, w in passed]
+            if r.variant and why == "given with --variant":
+                why = r.given_as("variant", "--variant")
             if d.vname and d.var is not None:
                 d.choices.append(Choice(what="variant", value=f"{d.vname} ({d.var.precision})", why=why))
     elif not local.local:
@@ -892,14 +896,18 @@ def step_image_reference(d: PlanDraft) -> None:
     if image and img is not None:  # a catalog image given with --image
         d.image_ref = img.reference
         d.choices.append(
-            Choice(what="image", value=img.reference, why=f"given with --image (catalog image {img.name})")
+            Choice(
+                what="image",
+                value=img.reference,
+                why=f"{d.request.given_as('image', '--image')} (catalog image {img.name})",
+            )
         )
     elif image:
         d.image_ref = image
         inspected = (
             f" (labels/env: {user.describe()})" if user else " (not inspected: no container engine or not pulled)"
         )
-        d.choices.append(Choice(what="image", value=image, why="given with --image" + inspected))
+        d.choices.append(Choice(what="image", value=image, why=d.request.given_as("image", "--image") + inspected))
         d.img = user.as_catalog_image() if user else None
     elif img is not None:
         d.image_ref = img.reference
@@ -1011,7 +1019,7 @@ def step_argv(d: PlanDraft) -> None:
         why = f"{ready.startup_base_s:.0f} s + {ready.startup_s_per_gib:.0f} s/GiB x {weights:.2f} GiB of weights"
     else:
         d.startup_budget_s = r.startup_budget_s
-        why = "given with --startup-timeout"
+        why = r.given_as("startup_budget_s", "--startup-timeout")
     d.choices.append(Choice(what="startup budget", value=f"{d.startup_budget_s:.0f} s", why=why))
 
 

@@ -361,6 +361,12 @@ def test_the_plan_names_where_each_value_came_from(capsys, env, tmp_path):
     # a higher layer takes the value and the label: the command line over the file
     p = api.plan(system="h200x8", config=run, max_model_len=32768)
     assert [c.why for c in p.choices if c.what == "--max-model-len"][-1] == "command line / API"
+    run.write_text("variant: mxfp8\nruntime: docker\nstartup_budget_s: 900\n")
+    why = {c.what: c.why for c in api.plan(system="h200x8", config=run).choices}
+    assert why["variant"] == f"config file {run} (variant)" and why["runtime"] == f"config file {run} (runtime docker)"
+    assert why["startup budget"] == f"config file {run} (startup_budget_s)"
+    why = {c.what: c.why for c in api.plan(system="h200x8", config=run, variant="mxfp8", runtime="docker").choices}
+    assert why["variant"] == "given with --variant" and why["runtime"] == "--runtime docker"
 
 
 def test_flags_in_args_are_read_in_one_spelling_and_parallel_sizes_are_planned(capsys, env, tmp_path):
