@@ -180,6 +180,7 @@ class Ctx:
     profile_note: str | None = None
     sizing: ModelFacts | None = None
     spec: Any = None
+    context_asked: int | None = None  # a --context above the model's max_position_embeddings, before the cap
     local_model: bool = False
     chosen: VariantEval | None = None
     evals: list[VariantEval] | None = None
@@ -1567,6 +1568,8 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
     issue = _issue_clause(checks)
     planned = ctx.planned if ctx.planned is not None and hasattr(ctx.planned, "tp") else None
     where = f"{_layout_label(planned) if planned else f'TP={tp}'}, {ctx.context} tokens (max about {max_ctx:,})"
+    if ctx.context_asked:
+        where += f" (--context {ctx.context_asked} capped at the model's max_position_embeddings, as plan caps it)"
     img = f"; image {ctx.image.name}" if ctx.image else ""
     prof = f", profile {ctx.profile}" if ctx.profile else ", no kernel profile yet"
     if fallbacks:
@@ -1956,6 +1959,9 @@ def run_doctor(
                 )
         except Exception:  # noqa: BLE001 - sizing trouble shows up as model.memory_fit (local: model.plan)
             ctx.sizing = None
+        limit = ctx.sizing.max_position_embeddings if ctx.sizing else None
+        if limit and ctx.context > limit:  # as plan caps --max-model-len (m3ctl.planning.plan)
+            ctx.context_asked, ctx.context = ctx.context, limit
         _evaluate_variants(ctx)
     _plan_layout(ctx)
     checks = [_safe(c, ctx) for c in CHECKS if (host_checks or not c.live) and (local or not c.local_model)]

@@ -416,3 +416,13 @@ def test_doctor_checks_what_plan_would_launch_from_the_user_config(capsys, env):
     assert main(["doctor", "--json", "--system", "h200x8"]) == 1
     same(json.loads(capsys.readouterr().out), report_json(rep))
     assert api.doctor(system="h200x8", kv_cache_dtype="auto").verdict.status != "not_runnable"
+
+
+def test_a_context_above_the_models_maximum_is_capped_alike_by_doctor_and_plan(env):
+    """Found by a new-user probe: `doctor --context 1000000` said runnable at 1,000,000 tokens and printed
+    `serve --max-model-len 1000000`, while plan caps --max-model-len at the model's max_position_embeddings."""
+    rep = api.doctor(system="h200x8", context=1_000_000)
+    p = api.plan(system="h200x8", max_model_len=1_000_000)
+    cap = p.argv[p.argv.index("--max-model-len") + 1]
+    assert int(cap) < 1_000_000 and f"--max-model-len {cap}" in rep.verdict.serve_command
+    assert f"{cap} tokens" in rep.verdict.summary and "--context 1000000 capped" in rep.verdict.summary
