@@ -266,7 +266,7 @@ def load_request(path: str | Path) -> PlanRequest:
     Raises:
         BadInput: unreadable file, invalid YAML, or an unknown key (with a "did you mean").
     """
-    from m3ctl.catalog import _explain, load_yaml  # noqa: PLC0415
+    from m3ctl.catalog import _explain, load_yaml, yaml_error  # noqa: PLC0415
     from m3ctl.core.files import read_user_text  # noqa: PLC0415
 
     p = Path(path)
@@ -274,7 +274,7 @@ def load_request(path: str | Path) -> PlanRequest:
     try:
         data = load_yaml(text) or {}
     except yaml.YAMLError as e:
-        raise BadInput(f"{p}: not valid YAML: {str(e).splitlines()[0]}", "fix the YAML syntax") from e
+        raise BadInput(f"{p}: not valid YAML: {yaml_error(e)}", "fix the YAML syntax") from e
     if not isinstance(data, dict):
         raise BadInput(f"{p}: expected a mapping at the top level", "see the example in m3ctl/assess/request.py")
     try:

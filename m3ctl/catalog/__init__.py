@@ -375,7 +375,9 @@ def _explain(err: ValidationError, model: type[BaseModel], where: str) -> str:
 
 
 def _schema_hint(model: type[BaseModel]) -> str:
-    return f"fix the file; see the schema {model.__qualname__} in {model.__module__.replace('.', '/')}.py"
+    mod = model.__module__.replace(".", "/")
+    package = hasattr(importlib.import_module(model.__module__), "__path__")  # m3ctl.catalog: its __init__.py
+    return f"fix the file; see the schema {model.__qualname__} in {mod}{'/__init__.py' if package else '.py'}"
 
 
 class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
@@ -388,9 +390,7 @@ class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: 
         for key_node, _ in node.value:
             key = self.construct_object(key_node, deep=deep)
             if isinstance(key, str | int | float | bool) and key in seen:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} given twice (line {key_node.start_mark.line + 1})", key_node.start_mark
-                )
+                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice", key_node.start_mark)
             seen.add(key)
         return super().construct_mapping(node, deep=deep)
 
@@ -401,6 +401,16 @@ def load_yaml(text: str) -> Any:
     Raises:
         yaml.YAMLError: invalid YAML or a duplicate key (its first line says which, and where)."""
     return yaml.load(text, Loader=_UniqueKeyLoader)
+
+
+def yaml_error(e: yaml.YAMLError) -> str:
+    """One line for a YAML error: what is wrong and where (``expected ',' or ']', but got '<stream end>' (line 2,
+    column 1)``); PyYAML's own text spreads it over several lines and starts with the context ("while parsing a
+    flow sequence"), not the problem."""
+    if isinstance(e, yaml.MarkedYAMLError) and e.problem:
+        mark = e.problem_mark
+        return e.problem + (f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else "")
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 def parse(text: str, model: type[M], where: str) -> M:
@@ -419,7 +429,7 @@ def parse(text: str, model: type[M], where: str) -> M:
     try:
         loaded = load_yaml(text)
     except yaml.YAMLError as e:
-        raise CatalogError(f"{where}: not valid YAML: {str(e).splitlines()[0]}", "fix the YAML syntax") from e
+        raise CatalogError(f"{where}: not valid YAML: {yaml_error(e)}", "fix the YAML syntax") from e
     if not isinstance(loaded, dict):
         raise CatalogError(f"{where}: expected a mapping at the top level", _schema_hint(model))
     if loaded.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
@@ -608,7 +618,15 @@ _KINDS: dict[str, type[Profile | Image | ModelSpec]] = {
 
 
 def _user_dir(catalog_dir: str | os.PathLike | None) -> Path | None:
+    """The user catalog directory (``--catalog DIR``, else ``$M3CTL_CATALOG_DIR``), None when neither is set.
+
+    Raises:
+        BadInput: it is set and is not a directory (a typo would leave the built-in catalog in use unseen)."""
     d = catalog_dir or os.environ.get("M3CTL_CATALOG_DIR")
+    if d and not Path(d).is_dir():
+        env = str(d) == os.environ.get("M3CTL_CATALOG_DIR")
+        what = f"M3CTL_CATALOG_DIR={d}" if env else f"catalog directory {d}"
+        raise BadInput(f"{what}: not a directory", "give a directory with profiles/, images/ or models/ in it")
     return Path(d) if d else None
 
 
@@ -621,8 +639,10 @@ def _catalog(kind: str, catalog_dir: str | None) -> dict[str, Any]:
         items[obj.name] = obj
     user = _user_dir(catalog_dir)
     if user and (user / kind).is_dir():
+        from m3ctl.core.files import read_user_text  # noqa: PLC0415
+
         for p in sorted((user / kind).glob("*.yaml")):
-            obj = parse(p.read_text(), model, str(p))
+            obj = parse(read_user_text(p, "catalog file"), model, str(p))  # BadInput: a directory, unreadable
             items[obj.name] = obj
     return items
 

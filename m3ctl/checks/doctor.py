@@ -1384,7 +1384,8 @@ def _resolve_catalog(ctx: Ctx) -> None:
             ctx.profile = prof.name
             image_name = prof.image
         except Exception as e:  # noqa: BLE001 - CatalogError: no profile for this arch yet
-            ctx.profile_note = f"{getattr(e, 'message', str(e))} in this m3ctl yet"
+            msg = getattr(e, "message", str(e))
+            ctx.profile_note = f"{msg} in this m3ctl yet" if msg.startswith("no kernel profile") else msg
             image_name = None
         if ctx.image is None and ctx.gpu_host:
             # The same choice as plan: the profile's image, else the newest catalog image the driver supports.

@@ -50,6 +50,23 @@ def test_user_catalog_overrides_by_name(tmp_path, monkeypatch):
     assert prof.serve_args == {"max-model-len": 1024}
 
 
+def test_a_user_catalog_that_is_not_a_directory_or_holds_one_is_one_line(tmp_path, monkeypatch):
+    """Found by a new-user probe: M3CTL_CATALOG_DIR=/nonexistent was ignored unseen, and a directory named
+    profiles/hopper.yaml ended in `internal error: IsADirectoryError`."""
+    from m3ctl.cli import main
+    from m3ctl.errors import BadInput
+
+    with pytest.raises(BadInput, match="(catalog directory|M3CTL_CATALOG_DIR=).*/nope: not a directory"):
+        catalog.profiles(catalog_dir=str(tmp_path / "nope"))
+    monkeypatch.setenv("M3CTL_CATALOG_DIR", str(tmp_path / "nope"))
+    assert main(["plan", "--system", "h200x8"]) == 2
+    monkeypatch.setenv("M3CTL_CATALOG_DIR", str(tmp_path))
+    (tmp_path / "profiles" / "hopper.yaml").mkdir(parents=True)
+    with pytest.raises(BadInput, match="catalog file .*hopper.yaml is a directory"):
+        catalog.profiles(catalog_dir=str(tmp_path))
+    assert main(["plan", "--system", "h200x8"]) == 2
+
+
 def test_no_profile_for_arch():
     with pytest.raises(CatalogError, match="no kernel profile for architecture 'unknown'"):
         catalog.profile_for_arch("unknown")

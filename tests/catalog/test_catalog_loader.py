@@ -78,6 +78,7 @@ def test_a_misspelt_key_inside_a_dict_of_models_says_did_you_mean(tmp_path):
     err = _error("data/systems.yaml", copy)
     assert err.message == f"{copy}: unknown key 'systems.{key}.gpu.memory_mb'; did you mean 'memory_mib'?"
     assert err.hint == "fix the file; see the schema SystemCatalog in m3ctl/hw/systems.py"
+    assert catalog._schema_hint(catalog.Profile).endswith("m3ctl/catalog/__init__.py")  # it named m3ctl/catalog.py
 
 
 def test_a_misspelt_key_in_a_profile_section_says_did_you_mean(tmp_path):
@@ -140,7 +141,7 @@ def test_invalid_yaml_a_list_and_a_newer_schema_version(tmp_path):
     copy.write_text(text + "schema_version: 1\n")  # PyYAML kept the last of two keys with no word
     n = len(text.splitlines()) + 1
     assert _error("data/vendors.yaml", copy).message == (
-        f"{copy}: not valid YAML: key 'schema_version' given twice (line {n})"
+        f"{copy}: not valid YAML: key 'schema_version' given twice (line {n}, column 1)"
     )
 
 

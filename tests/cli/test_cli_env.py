@@ -82,7 +82,10 @@ def test_bad_values_in_env_and_xdg_file_name_their_source(capsys, monkeypatch, x
     monkeypatch.delenv("M3CTL_PORT")
     xdg.write_text("port: 8001\nmax_model_len: 8192\nport: 8002\n")  # the second port won with no word
     assert main(["plan", "--system", "h200x8"]) == 2
-    assert f"{xdg}: not valid YAML: key 'port' given twice (line 3)" in capsys.readouterr().err
+    assert f"{xdg}: not valid YAML: key 'port' given twice (line 3, column 1)" in capsys.readouterr().err
+    xdg.write_text("max_num_seqs: [1\n")  # said only "while parsing a flow sequence": no problem, no place
+    assert main(["plan", "--system", "h200x8"]) == 2
+    assert f"{xdg}: not valid YAML: did not find expected ',' or ']' (line 2, column 1)" in capsys.readouterr().err
     xdg.write_text("prot: 8000\n")
     assert main(["plan", "--system", "h200x8"]) == 2
     assert f"{xdg}: unknown key 'prot'; did you mean 'port'?" in capsys.readouterr().err
