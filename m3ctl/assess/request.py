@@ -154,12 +154,10 @@ class PlanRequest(BaseModel):
     @field_validator("port", "tp", "dp", "dcp", "pp", "spec_depth", "draft_tp", mode="before")
     @classmethod
     def _a_number_not_a_switch(cls, v: Any) -> Any:
-        """``port: true`` in a YAML file is a switch, not port 1, and ``M3CTL_PORT=9100.0`` is not a whole number
-        (pydantic's lax mode would read them as 1 and 9100; vLLM's argparse ``type=int`` refuses the second)."""
+        """``port: true`` in a YAML file is a switch, not port 1 (pydantic's lax mode would read it as 1). An integral
+        ``9100.0`` is read as 9100 here as on the command line (Typer parses m3ctl's integer options the same way)."""
         if v is True or v is False:
             raise ValueError(f"{str(v).lower()} is a switch, not a whole number")
-        if isinstance(v, str) and not v.strip().lstrip("+-").isdigit():
-            raise ValueError(f"{v!r} is not a whole number")
         return v
 
     @field_validator("max_model_len", "max_num_seqs", "max_num_batched_tokens", mode="before")

@@ -76,9 +76,12 @@ def test_bad_values_in_env_and_xdg_file_name_their_source(capsys, monkeypatch, x
     assert main(["plan", "--system", "h200x8"]) == 2
     assert capsys.readouterr().err.startswith("error: M3CTL_MODEL=' ': the model name is empty")
     monkeypatch.delenv("M3CTL_MODEL")
-    monkeypatch.setenv("M3CTL_PORT", "9100.0")  # planned port 9100; vLLM's --port 9100.0 is refused
+    monkeypatch.setenv("M3CTL_PORT", "9100.5")
     assert main(["plan", "--system", "h200x8"]) == 2
-    assert capsys.readouterr().err.startswith("error: M3CTL_PORT='9100.0': '9100.0' is not a whole number")
+    assert capsys.readouterr().err.startswith("error: M3CTL_PORT='9100.5'")
+    monkeypatch.setenv("M3CTL_PORT", "9100.0")  # integral: 9100, as `--port 9100.0` reads
+    assert port_of(planned(capsys, "--system", "h200x8")) == "9100"
+    assert port_of(planned(capsys, "--system", "h200x8", "--port", "9100.0")) == "9100"
     monkeypatch.delenv("M3CTL_PORT")
     xdg.write_text("port: 8001\nmax_model_len: 8192\nport: 8002\n")  # the second port won with no word
     assert main(["plan", "--system", "h200x8"]) == 2
