@@ -203,6 +203,20 @@ class PlanRequest(BaseModel):
         check_args(out)
         return out
 
+    def check_one_value_per_flag(self) -> None:
+        """A typed knob and ``args`` for the same vLLM flag in one layer must agree (``--max-num-seqs 80 --arg
+        max-num-seqs=64`` planned 64 with no word); across layers the higher one wins (:func:`merge`).
+
+        Raises:
+            BadInput: naming both."""
+        for k, flag in TYPED_FLAGS.items():
+            v = getattr(self, k)
+            if v is not None and flag in self.args and str(self.args[flag]).lower() != str(v).lower():
+                raise BadInput(
+                    f"--{k.replace('_', '-')} {v} and --arg {flag}={self.args[flag]} disagree",
+                    "give the value once",
+                )
+
     def set_fields(self) -> dict[str, Any]:
         """The fields this layer sets (explicitly given, and for switches only ``True``)."""
         out = {}
@@ -238,12 +252,16 @@ def merge(*layers: PlanRequest | None) -> PlanRequest:
     for layer in layers:
         if layer is None:
             continue
+        layer.check_one_value_per_flag()
         given = layer.set_fields()
         for k, flag in TYPED_FLAGS.items():
             if k in given:
                 args.pop(flag, None)
+        typed_of = {flag: k for k, flag in TYPED_FLAGS.items()}
         for flag in given.get("args", {}):
             origins[f"args.{flag}"] = layer.origin_of(f"args.{flag}")
+            if flag in typed_of:  # this layer's --arg max-num-seqs=64 replaces a lower layer's max_num_seqs
+                data.pop(typed_of[flag], None)
         for k in given:
             if k not in ("args", "env"):
                 origins[k] = layer.origin_of(k)

@@ -67,8 +67,11 @@ def given_request(ctx: typer.Context, **extra):
         return PlanRequest(**cli)
     except ValidationError as e:
         err = e.errors()[0]
-        opt = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "an option"
-        raise BadInput(f"{opt}: {err['msg']}", f"see `m3ctl {ctx.info_name} --help`") from None
+        msg = err["msg"].removeprefix("Value error, ")
+        if not err["loc"]:  # a check across options: its message names them
+            raise BadInput(msg, f"see `m3ctl {ctx.info_name} --help`") from None
+        opt = "--" + str(err["loc"][0]).replace("_", "-")
+        raise BadInput(f"{opt}: {msg}", f"see `m3ctl {ctx.info_name} --help`") from None
 
 
 def check_outputs(**paths: Path | None) -> None:

@@ -399,6 +399,16 @@ def test_flags_in_args_are_read_in_one_spelling_and_parallel_sizes_are_planned(c
         api.plan(system="h200x8", tp=2, args={"tensor-parallel-size": 4})
     rc = main(["plan", "--system", "h200x8", "--arg", "pipeline-parallel-size=0"])
     assert rc == 2 and "--arg pipeline-parallel-size=0 is not an integer >= 1" in capsys.readouterr().err
+    # a typed option and --arg for one flag in one layer disagree (it planned the --arg's with no word); a
+    # higher layer's --arg replaces a lower layer's typed value
+    rc = main(["plan", "--system", "h200x8", "--max-num-seqs", "80", "--arg", "max-num-seqs=64"])
+    assert rc == 2 and capsys.readouterr().err.startswith(
+        "error: --max-num-seqs 80 and --arg max-num-seqs=64 disagree\nhint: give the value once"
+    )
+    with pytest.raises(BadInput, match="disagree"):
+        api.plan(system="h200x8", max_num_seqs=80, args={"max-num-seqs": 64})
+    run.write_text("max_num_seqs: 48\n")
+    assert value(api.plan(system="h200x8", config=run, args={"max-num-seqs": 40}), "--max-num-seqs") == ["40"]
 
 
 def test_doctor_checks_what_plan_would_launch_from_the_user_config(capsys, env):
