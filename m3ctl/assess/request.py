@@ -249,6 +249,7 @@ def merge(*layers: PlanRequest | None) -> PlanRequest:
     args: dict[str, Any] = {}
     env: dict[str, str] = {}
     origins: dict[str, str] = {}
+    typed_of = {flag: k for k, flag in TYPED_FLAGS.items()}
     for layer in layers:
         if layer is None:
             continue
@@ -257,7 +258,6 @@ def merge(*layers: PlanRequest | None) -> PlanRequest:
         for k, flag in TYPED_FLAGS.items():
             if k in given:
                 args.pop(flag, None)
-        typed_of = {flag: k for k, flag in TYPED_FLAGS.items()}
         for flag in given.get("args", {}):
             origins[f"args.{flag}"] = layer.origin_of(f"args.{flag}")
             if flag in typed_of:  # this layer's --arg max-num-seqs=64 replaces a lower layer's max_num_seqs

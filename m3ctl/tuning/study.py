@@ -312,6 +312,21 @@ def _no_secrets(overrides: dict[str, Any] | None, extra_args: list[str] | None) 
     return args
 
 
+def _no_knob_flags(overrides: dict[str, Any] | None) -> None:
+    """BadInput for an ``--arg`` that sets a flag tune searches (``--arg tensor-parallel-size=4``): it would stand
+    against every trial's own value (the plan refuses a TP given twice); a knob is pinned with ``--knob tp=4``."""
+    from m3ctl.catalog.vllm_args import canon_flag  # noqa: PLC0415
+    from m3ctl.tuning.space import FLAGS  # noqa: PLC0415
+
+    knob_of = {flag: knob for knob, flag in FLAGS.items()}
+    for k in overrides or {}:
+        if (knob := knob_of.get(canon_flag(str(k)))) is not None:
+            raise BadInput(
+                f"--arg {k}: tune searches {knob} and sets --{FLAGS[knob]} on each trial",
+                f"pin it with --knob {knob}=VALUE (or narrow it: --knob {knob}=A,B)",
+            )
+
+
 def _check_new_study_dir(study_dir: str | Path) -> None:
     """BadInput when ``study_dir`` already holds a study or its ``tune.json`` cannot be written."""
     if (Path(study_dir) / "tune.json").exists():
@@ -404,6 +419,7 @@ def new_settings(
     check_budgets(max_trials=max_trials, time_budget_s=time_budget_s, confirm_top=confirm_top)
     _check_numbers(lad, **{k: v for k, v in locals().items() if k in _NUMBER_OPTIONS})
     extra_args = _no_secrets(overrides, extra_args)
+    _no_knob_flags(overrides)
     if study_dir is not None:
         _check_new_study_dir(study_dir)
     space, pruned = _study_space(model, inventory, profile_file, knobs, lad, max_spec_depth)

@@ -236,6 +236,8 @@ def test_tune_dry_run_and_bad_options_before_any_work(tmp_path):
         (dict(max_trials=-1), "--max-trials -1"),
         (dict(confirm_top=-1), "--confirm-top -1"),
         (dict(input_len=0), "--input-len 0"),
+        (dict(args={"tensor_parallel_size": 4}), "tune searches tp and sets --tensor-parallel-size on each trial"),
+        (dict(args={"max-num-seqs": 8}), "--arg max-num-seqs: tune searches max_num_seqs"),
     ):
         with pytest.raises(BadInput, match=msg):
             m3ctl.tune("MiniMax-M3.1-Flash", system="h200x8", dry_run=True, **kw)
