@@ -218,11 +218,12 @@ class PlanRequest(BaseModel):
                 )
 
     def set_fields(self) -> dict[str, Any]:
-        """The fields this layer sets (explicitly given, and for switches only ``True``)."""
+        """The fields this layer sets explicitly: ``allow_emulated: false`` in a ``--config`` file turns off the
+        user config's ``true`` (the CLI leaves a switch it was not given out of its layer: m3ctl.cli.inputs)."""
         out = {}
         for k in self.model_fields_set:
             v = getattr(self, k)
-            if v is None or k == "schema_version" or (k in ("allow_emulated", "no_multicast", "skip_checks") and not v):
+            if v is None or k == "schema_version":
                 continue
             out[k] = v
         return out
@@ -293,6 +294,12 @@ def load_request(path: str | Path) -> PlanRequest:
         raise BadInput(f"{p}: not valid YAML: {yaml_error(e)}", "fix the YAML syntax") from e
     if not isinstance(data, dict):
         raise BadInput(f"{p}: expected a mapping at the top level", "see the example in m3ctl/assess/request.py")
+    for key in ("model", "profile_file"):  # a relative path next to the file, as compose files read them
+        v = data.get(key)
+        if isinstance(v, str) and v.strip() and not Path(v).expanduser().is_absolute():
+            near = p.absolute().parent / v
+            if near.exists():
+                data[key] = str(near.resolve())
     try:
         req = PlanRequest.model_validate(data)
     except ValidationError as e:

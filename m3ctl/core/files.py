@@ -151,11 +151,14 @@ def read_user_text(path: str | Path, what: str) -> str:
     """The text of a file the user named (``what``: ``--config``, ``profile``...), UTF-8.
 
     Raises:
-        BadInput: missing, a directory, unreadable (permission, I/O), or not UTF-8 text; one line naming ``what``.
+        BadInput: missing, a directory, a FIFO or device, unreadable (permission, I/O), or not UTF-8 text; one line
+            naming ``what``.
     """
     p = Path(path)
     if p.is_dir():
         raise BadInput(f"{what} {p} is a directory, not a file", "give the file's path")
+    if p.exists() and not p.is_file():  # a FIFO or a device: reading it would block or never end
+        raise BadInput(f"{what} {p} is not a regular file", "give the path of a file")
     try:
         raw = p.read_bytes()
     except FileNotFoundError:

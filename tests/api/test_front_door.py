@@ -436,3 +436,34 @@ def test_a_context_above_the_models_maximum_is_capped_alike_by_doctor_and_plan(e
     cap = p.argv[p.argv.index("--max-model-len") + 1]
     assert int(cap) < 1_000_000 and f"--max-model-len {cap}" in rep.verdict.serve_command
     assert f"{cap} tokens" in rep.verdict.summary and "--context 1000000 capped" in rep.verdict.summary
+
+
+def test_a_higher_layer_turns_an_opt_in_off(capsys, env, tmp_path):
+    """Found by a new-user probe: `allow_emulated: false` in a --config file was dropped, so the user config's
+    `allow_emulated: true` kept the emulated nvfp4 plan. A switch the command line was not given stays out."""
+    env.write_text("allow_emulated: true\n")
+    off = tmp_path / "off.yaml"
+    off.write_text("allow_emulated: false\n")
+    assert api.plan_request(config=None).allow_emulated is True
+    assert api.plan_request(config=off).allow_emulated is False
+    assert api.plan_request(config=off, allow_emulated=True).allow_emulated is True
+    rc, cli = cli_json(capsys, "plan", "--json", "--system", "h200x8")  # no --allow-emulated: the config's true
+    assert rc == 0 and cli["request"]["allow_emulated"] is True
+
+
+def test_a_config_files_relative_paths_are_read_next_to_it(env, tmp_path, tiny_models, monkeypatch):
+    """Found by a new-user probe: `model: tm` in a config file resolved against the current directory, so from
+    another directory it became the hub id `tm`; a FIFO given as --config hung."""
+    import os
+    import shutil
+
+    from m3ctl.errors import BadInput
+
+    proj = tmp_path / "proj"
+    shutil.copytree(tiny_models["llama"], proj / "tm")
+    (proj / "run.yaml").write_text("model: tm\n")
+    monkeypatch.chdir(tmp_path)
+    assert api.plan_request(config=proj / "run.yaml").model == str((proj / "tm").resolve())
+    os.mkfifo(tmp_path / "fifo.yaml")
+    with pytest.raises(BadInput, match="is not a regular file"):
+        api.plan(system="h200x8", config=tmp_path / "fifo.yaml")
