@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -13,6 +14,12 @@ from pathlib import Path
 import pytest
 
 M3CTL = [sys.executable, "-m", "m3ctl"]
+
+# A test run started in the background of a non-interactive shell (`.ci/run &`, `nohup`) inherits SIGINT ignored,
+# and so does every m3ctl it starts: Python then installs no KeyboardInterrupt handler, and the Ctrl-C tests'
+# SIGINT does nothing (servers were left running). Children of a process that handles SIGINT start with the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 FAKE_VLLM = Path(__file__).parent / "fake_vllm.py"
 
