@@ -207,12 +207,16 @@ def test_tune_real_search_sigkill_resume_and_profile(tiny_models, tmp_path):
         assert "--max-num-seqs" not in argv and "--speculative-config" not in argv
         return
     assert prof.name == "cpu-tuned"
-    assert prof.serve_args["max-num-seqs"] == best["config"]["max_num_seqs"]
-    assert prof.serve_args["max-num-batched-tokens"] == best["config"]["max_num_batched_tokens"]
-    assert (prof.parallel.tp, prof.parallel.dp, prof.parallel.dcp) == (1, 1, best["config"]["dcp"])
-    assert argv[argv.index("--max-num-seqs") + 1] == str(best["config"]["max_num_seqs"])
-    assert argv[argv.index("--max-num-batched-tokens") + 1] == str(best["config"]["max_num_batched_tokens"])
-    k = best["config"]["spec_depth"]
+    # the chosen trial: the best, or (the best running the defaults' engine: `twin`) the next one that does not
+    pick = best["trial"] if res.get("chosen_trial") is None else res["chosen_trial"]
+    (chosen,) = [t for t in res["trials"] if t["trial"] == pick]
+    assert chosen["trial"] == best["trial"] or twin, res["reason"]
+    assert prof.serve_args["max-num-seqs"] == chosen["config"]["max_num_seqs"]
+    assert prof.serve_args["max-num-batched-tokens"] == chosen["config"]["max_num_batched_tokens"]
+    assert (prof.parallel.tp, prof.parallel.dp, prof.parallel.dcp) == (1, 1, chosen["config"]["dcp"])
+    assert argv[argv.index("--max-num-seqs") + 1] == str(chosen["config"]["max_num_seqs"])
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == str(chosen["config"]["max_num_batched_tokens"])
+    k = chosen["config"]["spec_depth"]
     if k:
         assert json.loads(argv[argv.index("--speculative-config") + 1])["num_speculative_tokens"] == k
     else:
