@@ -59,12 +59,12 @@ def check_args(args: dict[str, Any]) -> None:
     Raises:
         BadInput: a value vLLM's parser rejects, naming the flag and the value.
     """
-    from m3ctl.catalog.vllm_args import flag_table, vllm_int  # noqa: PLC0415
+    from m3ctl.catalog.vllm_args import canon_flag, flag_table, vllm_int  # noqa: PLC0415
 
     t = value_types()
     flags = flag_table().flags
     for flag, v in args.items():
-        name = str(flag).lstrip("-").replace("_", "-")
+        name = canon_flag(str(flag))
         if v is True and name in flags and flags[name].arity in ("one", "many"):
             raise BadInput(f"--arg {name} needs a value: vLLM's --{name} takes one", f"give it as --arg {name}=VALUE")
         if name in flags and flags[name].arity == "none" and not isinstance(v, bool) and v is not None:

@@ -31,6 +31,7 @@ from m3ctl.assess.facts import ModelFacts, checkpoint_variant, model_facts, read
 from m3ctl.assess.request import DIRECT, PlanRequest, merge, serve_command  # noqa: F401 - re-exported
 from m3ctl.assess.rules import Finding, PlanContext, advisories, rejection, run_rules, vllm_int
 from m3ctl.catalog import Image, ModelSpec, Profile, Variant, vendors
+from m3ctl.catalog.vllm_args import canon_flag
 from m3ctl.core import secrets as _secrets
 from m3ctl.core.secrets import redact_env
 from m3ctl.errors import BadInput, ConfigRejected
@@ -262,14 +263,6 @@ def _pin_env(
         unset_env = sorted(set(unset_env) | {k for k in f.visibility.unset.value if k in inventory.visible_devices})
     choices.append(Choice(what=var, value=envs[var], why=f.visibility.pin_why))
     return envs, unset_env
-
-
-def _canon_flag(key: str) -> str:
-    """One spelling per flag (m3ctl.catalog.vllm_args.canon_flag): ``--max_num_seqs`` from one layer replaces
-    ``max-num-seqs`` from another instead of reaching vLLM twice, and the rules see it."""
-    from m3ctl.catalog.vllm_args import canon_flag  # noqa: PLC0415
-
-    return canon_flag(key)
 
 
 #: Flags that set the same vLLM setting in two spellings; the higher layer's removes the lower's.
@@ -732,7 +725,7 @@ def _owned_override(overrides: dict[str, Any]) -> None:
     from m3ctl.catalog.vllm_args import OWNED_FLAGS  # noqa: PLC0415
 
     for k in overrides:
-        name = _canon_flag(k).replace("_", "-")  # vLLM reads --served_model_name as --served-model-name
+        name = canon_flag(k)  # vLLM reads --served_model_name as --served-model-name
         if name in OWNED_FLAGS:
             raise BadInput(
                 f"--arg {k}: m3ctl sets --{name} itself (its readiness checks use it)",
@@ -749,7 +742,7 @@ def _layer(d: PlanDraft, src: dict[str, Any], why: str) -> None:
     for secret_var, where in sep.origins.items():
         d.choices.append(Choice(what=secret_var, value="(server environment; value hidden)", why=where))
     for k, v in sep.args.items():
-        k = _canon_flag(k)
+        k = canon_flag(k)  # one spelling: a higher layer's --max_num_seqs replaces a lower max-num-seqs
         other = SAME_SETTING.get(k)
         if other and other in d.args:  # two spellings of one setting never both reach vLLM
             d.choices.append(Choice(what=f"--{other}", value="dropped", why=f"--{k} ({why}) sets the same setting"))
