@@ -21,7 +21,7 @@ import types
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
@@ -380,7 +380,14 @@ def _schema_hint(model: type[BaseModel]) -> str:
     return f"fix the file; see the schema {model.__qualname__} in {mod}{'/__init__.py' if package else '.py'}"
 
 
-class _UniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):  # type: ignore[misc]
+#: libyaml's safe loader when PyYAML was built with it, else the pure-Python one (same API).
+if TYPE_CHECKING:
+    from yaml import SafeLoader as _SafeLoader
+else:
+    _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class _UniqueKeyLoader(_SafeLoader):
     """YAML's safe loader (libyaml when present) that refuses a key given twice in one mapping: PyYAML keeps the
     last silently, so ``port: 8000`` ... ``port: 9000`` would plan 9000 with no word (YAML 1.2 requires unique
     keys: https://yaml.org/spec/1.2.2/#mapping)."""
