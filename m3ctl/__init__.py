@@ -15,7 +15,7 @@ import importlib
 
 __version__ = "0.1.0"
 
-#: The API functions (m3ctl/api.py) available as ``m3ctl.<name>``.
+#: The API functions (m3ctl/api/) available as ``m3ctl.<name>``.
 API = ("doctor", "plan", "serve", "stop", "bench", "abench", "tune")
 
 __all__ = ["__version__", "abench", "bench", "doctor", "plan", "serve", "stop", "tune"]  # = API

@@ -60,7 +60,6 @@ def test_the_root_holds_the_public_surface_only():
     assert sorted(p.name for p in PKG.glob("*.py")) == [
         "__init__.py",
         "__main__.py",
-        "api.py",
         "errors.py",
         "results.py",
     ]

@@ -1,0 +1,180 @@
+"""The API of ``m3ctl plan``: the host to evaluate, the layered plan request, the plan, catalog sizing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from m3ctl.api._args import _checked
+from m3ctl.errors import BadInput
+
+if TYPE_CHECKING:
+    from m3ctl.assess.request import PlanRequest
+    from m3ctl.hw.inventory import HostInventory
+    from m3ctl.planning.plan import LaunchPlan
+
+
+# ----------------------------------------------------------------------------- host
+@_checked
+def host_inventory(inventory: str | Path | HostInventory | None = None, system: str | None = None) -> HostInventory:
+    """The host inventory to evaluate: a saved file or object (``inventory``), a catalog system (``system``,
+    e.g. ``"h200x8"``, ``"gb300x4"``, ``"mi355xx8"``; ``xN`` sets the GPU count), else this host (probed: NVML,
+    nvidia-smi, amdsmi..., never raising for a missing GPU).
+
+    Raises:
+        BadInput: both given; an unreadable or invalid inventory file; an unknown system (UnknownSystem).
+    """
+    if inventory is not None and system:
+        raise BadInput("--inventory and --system are mutually exclusive", "give one of them")
+    if system:
+        from m3ctl.hw.systems import inventory_for_system  # noqa: PLC0415
+
+        return inventory_for_system(system)
+    if inventory is not None:
+        from m3ctl.hw.inventory import HostInventory, load_inventory  # noqa: PLC0415
+
+        if isinstance(inventory, HostInventory):
+            return inventory
+        from m3ctl.core.files import read_user_text  # noqa: PLC0415
+
+        path = Path(inventory)
+        return load_inventory(read_user_text(path, "inventory"), str(path))
+    from m3ctl.hw.detect import detect  # noqa: PLC0415
+
+    return detect()
+
+
+def _inventory_file(inv: Any) -> str | None:
+    return str(inv) if isinstance(inv, str | Path) else None
+
+
+# ----------------------------------------------------------------------------- plan
+def user_defaults() -> PlanRequest:
+    """The per-machine layers as a PlanRequest: the user's config file (``$XDG_CONFIG_HOME/m3ctl/config.yaml``)
+    under the ``M3CTL_*`` variables (m3ctl.assess.request.user_request). Every API call that takes a model or a
+    port (plan, serve, doctor, tune) starts from these, so the CLI and the API give the same answer under the
+    same environment.
+
+    Raises:
+        BadInput: a bad value in a variable (``M3CTL_PORT=abc``) or in the config file, naming its source.
+    """
+    from m3ctl.assess.request import user_request  # noqa: PLC0415
+
+    return user_request()
+
+
+def plan_request(
+    request: PlanRequest | dict | None = None,
+    *,
+    config: str | Path | None = None,
+    default_runtime: Literal["auto", "process", "docker"] = "auto",
+    **knobs: Any,
+) -> PlanRequest:
+    """The plan request of a ``plan``/``serve`` call, its layers merged, lowest first: the user's config file <
+    ``M3CTL_*`` (:func:`user_defaults`) < ``config`` (a ``--config`` YAML file) < ``request`` < ``knobs``
+    (PlanRequest fields as keywords); a field set in a higher layer wins (m3ctl.assess.request.merge).
+    ``default_runtime``: the runtime when no layer sets one. The secret variables of this environment are passed
+    through by name (m3ctl/data/secrets.yaml ``passthrough``). Secrets in flags (a raw ``--api-key``,
+    ``args: {api-key: K}``) or env are separated by the planner (m3ctl.core.secrets.separate): the server gets them
+    in its environment, never in argv.
+
+    Raises:
+        BadInput: an unknown field or a bad value (one line), an unreadable config file, a bad ``M3CTL_*``.
+    """
+    from pydantic import ValidationError  # noqa: PLC0415
+
+    from m3ctl.assess.request import PlanRequest, load_request, merge  # noqa: PLC0415
+    from m3ctl.core.secrets import passthrough_env  # noqa: PLC0415
+
+    file_req = load_request(config) if config else None
+    user = user_defaults()
+    try:
+        layers = [
+            user,
+            file_req,
+            request if isinstance(request, PlanRequest) else PlanRequest(**(request or {})),
+            PlanRequest(**knobs),
+        ]
+        req = merge(*layers)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "request"
+        msg = err["msg"].removeprefix("Value error, ")
+        raise BadInput(f"plan request {where}: {msg}", "see m3ctl.assess.request.PlanRequest") from None
+    if "runtime" not in req.model_fields_set:
+        req = req.model_copy(update={"runtime": default_runtime})
+    return req.model_copy(update={"pass_env": sorted(set(req.pass_env) | set(passthrough_env()))})
+
+
+@_checked
+def plan(
+    request: PlanRequest | dict | None = None,
+    *,
+    inventory: str | Path | HostInventory | None = None,
+    system: str | None = None,
+    config: str | Path | None = None,
+    offline: bool | None = None,
+    default_runtime: Literal["auto", "process", "docker"] = "auto",
+    **knobs: Any,
+) -> LaunchPlan:
+    """Plan a launch (image, argv, env, every choice explained); start nothing.
+
+    Args:
+        request: a :class:`~m3ctl.assess.request.PlanRequest` (or its fields as a dict).
+        knobs: PlanRequest fields as keywords, over ``request``: ``model``, ``variant``, ``tp``, ``dp``, ``dcp``,
+            ``ep``, ``dbo``, ``spec_depth``, ``kv_cache_dtype``, ``max_model_len`` (tokens), ``max_num_seqs``,
+            ``max_num_batched_tokens`` (tokens), ``args`` ({vLLM flag: value}), ``extra_args`` (raw vLLM
+            args), ``runtime`` (default ``auto``), ``name``, ``port``, ``host``, ``allow_emulated``... (see
+            PlanRequest for all of them and their units).
+        config: a ``--config`` YAML file, over the per-machine layers (``M3CTL_MODEL``, ``M3CTL_PORT``, the
+            user's config file: :func:`plan_request` gives the precedence).
+        offline: resolve the model, tokenizer and drafter to checked local HF-cache snapshots (default: when
+            ``HF_HUB_OFFLINE=1``).
+        default_runtime: the runtime when no layer sets one (``plan --emit docker`` plans for ``docker``).
+
+    Returns:
+        :class:`~m3ctl.planning.plan.LaunchPlan`: ``argv``, ``env``, ``image``, ``choices`` (what, value, why),
+        ``rejected``, ``warnings``; ``summary()`` is the ``plan --json`` shape, ``command_line()`` the command.
+
+    Raises:
+        BadInput: an unknown field or bad value (one line), a bad host address, an unreadable config/inventory.
+        ConfigRejected: a plan rule rejects the request (the rule, the values and the fix).
+    """
+    from m3ctl.planning.launch import check_host  # noqa: PLC0415
+    from m3ctl.planning.plan import plan as make_plan  # noqa: PLC0415
+
+    req = plan_request(request, config=config, default_runtime=default_runtime, **knobs)
+    check_host(req.host)
+    p = make_plan(host_inventory(inventory, system), req)
+    return resolve_if_offline(p, offline)
+
+
+@_checked
+def size_systems(
+    systems: Sequence[str] = ("all",),
+    request: PlanRequest | dict | None = None,
+    *,
+    config: str | Path | None = None,
+    **knobs: Any,
+) -> list:
+    """``plan --systems``: plan the request on catalog systems (``"all"`` = every one) and say which serve the
+    model, how, with how much KV cache: one :class:`~m3ctl.planning.sizing.SizingRow` per system. The request is layered
+    as :func:`plan_request`'s (the runtime: docker unless a layer sets process).
+
+    Raises:
+        BadInput: as :func:`plan_request`; UnknownSystem: a name that is not in the catalog.
+    """
+    from m3ctl.planning.launch import check_host  # noqa: PLC0415
+    from m3ctl.planning.sizing import size_systems as size  # noqa: PLC0415
+
+    req = plan_request(request, config=config, **knobs)
+    check_host(req.host)
+    return size([n for s_ in systems for n in s_.split(",") if n.strip()], req)
+
+
+def resolve_if_offline(p: LaunchPlan, offline: bool | None) -> LaunchPlan:
+    """The plan with hub references resolved to checked local snapshots when offline (m3ctl/serving/offline.py)."""
+    from m3ctl.serving.offline import offline_requested, resolve_offline  # noqa: PLC0415
+
+    return resolve_offline(p) if (offline if offline is not None else offline_requested()) else p
