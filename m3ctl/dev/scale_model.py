@@ -9,7 +9,8 @@ experts, top-k, expert width, vocabulary) and only cuts the number of layers, so
 Shapes come from the catalog's model facts (``m3ctl/models/*.yaml`` ``facts``: one place); the few
 config fields the catalog does not carry (vocabulary, RoPE, router, norm) are the release checkpoints'
 values, listed in :data:`RELEASE_FIELDS` with their sources. The directory also gets the local tokenizer
-(:func:`m3ctl.dev.tiny_model.build_tokenizer`; its ids are a subset of the config's vocabulary) and
+(:func:`m3ctl.dev.tiny_model.build_tokenizer`, grown to the config's whole vocabulary by
+:func:`~m3ctl.dev.tiny_model.pad_vocabulary`) and
 ``m3ctl-scale.json`` (the recipe). Nothing here needs a GPU or the hub.
 
 The planner sizes such a directory from its config (no weight files: :func:`m3ctl.assess.facts.estimate_weights_bytes`).
@@ -218,7 +219,7 @@ def build_scale_model(out_dir: str | Path, spec: ScaleModelSpec | None = None, *
         BadInput: a bad spec, or ``out_dir`` exists and is not empty (without ``overwrite``).
     """
     from m3ctl.assess.facts import estimate_weights_bytes  # noqa: PLC0415
-    from m3ctl.dev.tiny_model import build_tokenizer  # noqa: PLC0415
+    from m3ctl.dev.tiny_model import build_tokenizer, pad_vocabulary  # noqa: PLC0415
 
     spec = spec or ScaleModelSpec()
     spec.validate()
@@ -229,6 +230,7 @@ def build_scale_model(out_dir: str | Path, spec: ScaleModelSpec | None = None, *
     tok = build_tokenizer(out, 2048)
     cfg = scale_config(spec, bos=tok.bos_token_id, eos=tok.eos_token_id, pad=tok.pad_token_id)
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
+    pad_vocabulary(out, cfg.get("vocab_size") or cfg["text_config"]["vocab_size"])  # every sampled id decodes
     est = estimate_weights_bytes(cfg)
     (out / "m3ctl-scale.json").write_text(
         json.dumps(
