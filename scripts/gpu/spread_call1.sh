@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 42 item 1, call 1: where the spread between the tune's study (docs/results/h200-study11.md) and a plain
+# docs/results/h100-spread.md, call 1: where the spread between the tune's study (docs/results/h200-study11.md) and a plain
 # serve + bench comes from, one factor at a time, on one GPU, one lease. The workload is the plain setup of
-# shared/fixtures/h100-plain-serve-bench (MiniMax-M2 shapes, 12 layers, FP8, --load-format dummy, c=64,
+# the earlier three-server H100 recording (MiniMax-M2 shapes, 12 layers, FP8, --load-format dummy, c=64,
 # 2,048 in / 128 out, fresh prompts, vLLM defaults through a plain `m3ctl serve`). Factors:
 #   vocab   the scale model's config vocab_size 200,064 (what `m3ctl dev scale-model` writes, with a 2,048-token
 #           tokenizer) against 2,048 (the tokenizer's size), each on its own fresh server;

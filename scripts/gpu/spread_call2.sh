@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 42 item 1, call 2: the scale model with a tokenizer that covers its whole vocabulary (200,064 ids: the
+# docs/results/h100-spread.md, call 2: the scale model with a tokenizer that covers its whole vocabulary (200,064 ids: the
 # LM head's real cost kept, every sampled id decodes; m3ctl.dev.tiny_model.pad_vocabulary), on two fresh servers
 # of one configuration (MiniMax-M2 shapes, 12 layers, FP8, --load-format dummy, vLLM defaults, plain `m3ctl serve`),
 # c=64, 2,048 in / 128 out, fresh prompts. Server 1 also places the gap to `vllm bench serve`: m3ctl with

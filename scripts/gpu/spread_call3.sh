@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 42 item 1, call 3: the harness factor. The configuration of calls 1-2 (MiniMax-M2 shapes, 12 layers, FP8,
+# docs/results/h100-spread.md, call 3: the harness factor. The configuration of calls 1-2 (MiniMax-M2 shapes, 12 layers, FP8,
 # full 200,064-token tokenizer, vLLM defaults, c=64, 2,048 in / 128 out, fresh prompts) measured by the tune's own
 # trial machinery (prewarmed server process, study compile cache, CUDA-graph capture bounded by the ladder, forked
 # engine core: `m3ctl tune` with a one-configuration space, the defaults' baseline at c=64, 4 prompts per concurrency
