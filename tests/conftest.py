@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -22,6 +23,32 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 FAKE_VLLM = Path(__file__).parent / "fake_vllm.py"
+REPO = Path(__file__).parent.parent
+
+#: Variables that point a test at this machine's user directories (config, caches, the Hugging Face hub, a token):
+#: unset for the whole run, so a developer's ~/.config/m3ctl/config.yaml, ~/.cache/huggingface or HF_TOKEN never
+#: changes a result. Tests that need one set it themselves.
+USER_VARS = (
+    "XDG_CONFIG_HOME",
+    "XDG_CACHE_HOME",
+    "XDG_DATA_HOME",
+    "XDG_STATE_HOME",
+    "HF_HOME",
+    "HF_HUB_CACHE",
+    "HUGGINGFACE_HUB_CACHE",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+    "VLLM_CACHE_ROOT",
+)
+
+# The suite is hermetic: it never reads or writes the real HOME (CI runs it with a populated ~/.cache/huggingface
+# in a read-only HOME: .ci/run). The docker stack's image cache lives in the checkout (.test-cache/, ignored) unless
+# M3CTL_TEST_CACHE says otherwise; the session's processes (session-scoped servers) get a temporary HOME, and each
+# test its own (_isolated_state).
+os.environ.setdefault("M3CTL_TEST_CACHE", str(REPO / ".test-cache"))
+os.environ["HOME"] = tempfile.mkdtemp(prefix="m3ctl-tests-home-")
+for _var in USER_VARS:
+    os.environ.pop(_var, None)
 
 
 def fake_vllm_config(tmp_path: Path) -> Path:
@@ -60,9 +87,12 @@ def start_groundtruth(*opts: str) -> tuple[subprocess.Popen, str]:
 
 @pytest.fixture(autouse=True)
 def _isolated_state(tmp_path, monkeypatch):
-    """Every test gets its own m3ctl state dir unless it asks for the session one."""
+    """Every test gets its own m3ctl state dir (unless it asks for the session one) and its own empty HOME."""
     monkeypatch.setenv("M3CTL_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("M3CTL_CATALOG_DIR", raising=False)
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    monkeypatch.setenv("HOME", str(home))
 
 
 def run_cli(
