@@ -28,7 +28,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from m3ctl.errors import BadInput
+from m3ctl.errors import BadInput, first_error
 
 #: The origin of what the command line (or an API call's own arguments) sets (:meth:`PlanRequest.origin_of`).
 DIRECT = "command line / API"
@@ -338,11 +338,9 @@ def env_request(environ: dict[str, str] | None = None) -> PlanRequest:
         req._origins = {f: f"environment {k}" for k, f in ENV_FIELDS.items() if f in data}
         return req
     except ValidationError as e:
-        err = e.errors()[0]
-        var = next(k for k, f in ENV_FIELDS.items() if f == err["loc"][0])
-        raise BadInput(
-            f"{var}={env[var]!r}: {err['msg'].removeprefix('Value error, ')}", f"fix or unset {var}"
-        ) from None
+        err = first_error(e)
+        var = next(k for k, f in ENV_FIELDS.items() if f == err.loc[0])
+        raise BadInput(f"{var}={env[var]!r}: {err.msg}", f"fix or unset {var}") from None
 
 
 def user_config_path(environ: dict[str, str] | None = None) -> Path:

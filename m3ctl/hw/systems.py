@@ -20,16 +20,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from m3ctl.errors import BadInput
+from m3ctl.errors import UnknownSystem
 from m3ctl.hw.host import is_grace
 from m3ctl.hw.inventory import GpuInfo, HostInventory, Link, amd_arch, nvidia_arch
 
 REQUIRED_SOURCES = ("gpu", "memory", "links", "driver")
 """Facts every system must source (``sources`` keys)."""
-
-
-class UnknownSystem(BadInput):
-    """A ``--system`` name that is not in the catalog, or a GPU count the node cannot hold (exit 2)."""
 
 
 class _Strict(BaseModel):
