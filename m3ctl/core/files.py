@@ -20,7 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from m3ctl.errors import BadInput, WriteFailed, cause
+from m3ctl.catalog.loader import read_user_text
+from m3ctl.errors import WriteFailed, cause
 
 __all__ = ["WriteFailed", "cause", "read_user_text", "save_with_fallback", "write_atomic"]
 
@@ -99,30 +100,3 @@ def save_with_fallback(path: str | Path, data: str | bytes, fallback_dir: Path, 
                 "space or choose another path, then rerun"
             )
             raise first from None
-
-
-def read_user_text(path: str | Path, what: str) -> str:
-    """The text of a file the user named (``what``: ``--config``, ``profile``...), UTF-8.
-
-    Raises:
-        BadInput: missing, a directory, a FIFO or device, unreadable (permission, I/O), or not UTF-8 text; one line
-            naming ``what``.
-    """
-    p = Path(path)
-    if p.is_dir():
-        raise BadInput(f"{what} {p} is a directory, not a file", "give the file's path")
-    if p.exists() and not p.is_file():  # a FIFO or a device: reading it would block or never end
-        raise BadInput(f"{what} {p} is not a regular file", "give the path of a file")
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise BadInput(f"cannot read {what} {p}: not found", "check the path") from None
-    except OSError as e:
-        raise BadInput(f"cannot read {what} {p}: {cause(e)}", "check the path and its permissions") from None
-    try:
-        return raw.decode()
-    except UnicodeDecodeError as e:
-        raise BadInput(
-            f"{what} {p} is not UTF-8 text (byte {e.start}: {raw[e.start : e.start + 1]!r})",
-            "give a UTF-8 text file (YAML or JSON)",
-        ) from None
