@@ -13,15 +13,20 @@ Exit codes (stable, documented in README.md):
 2    usage or bad input (bad flag value, missing file)
 3    configuration rejected before launch (port in use, invalid plan)
 4    launch or readiness failed (server died, readiness budget ran out)
-5    results measured and printed, but they could not be saved (disk full, read-only; m3ctl.core.files.WriteFailed)
+5    results measured and printed, but they could not be saved (disk full, read-only; :class:`WriteFailed`)
 130  interrupted (Ctrl-C)
 ===  =========================================================
 """
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Sequence
-from typing import Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 EXIT_OK = 0
 EXIT_CHECKS_FAILED = 1
@@ -65,6 +70,10 @@ class BadInput(M3Error):
 
 class CatalogError(BadInput):
     """A YAML profile/image/model file does not match its schema (exit 2)."""
+
+
+class UnknownSystem(BadInput):
+    """A ``--system`` name that is not in the catalog, or a GPU count the node cannot hold (exit 2)."""
 
 
 class RuleOutcome(Protocol):
@@ -156,6 +165,59 @@ class LaunchFailed(M3Error):
         self.log_path = log_path
 
 
+class StateWriteFailed(ConfigRejected):
+    """The state directory could not take a record, a plan or its probe (disk full, read-only): exit 3 before a
+    launch; a runtime that has already started a server stops it and raises LaunchFailed instead."""
+
+
+#: Cause words per errno, as an operator reads them (``strerror`` of the C library, lower case).
+_CAUSES = {
+    errno.ENOSPC: "no space left on device",
+    errno.EDQUOT: "disk quota exceeded",
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.EISDIR: "is a directory",
+    errno.ENOTDIR: "a parent is not a directory",
+    errno.EIO: "I/O error",
+    errno.ENOENT: "no such directory",
+}
+
+
+def cause(e: OSError) -> str:
+    """The cause of ``e`` in words (``no space left on device``), from its errno."""
+    return _CAUSES.get(e.errno or 0) or (e.strerror or type(e).__name__).lower()
+
+
+class WriteFailed(M3Error):
+    """A file could not be written (exit 5: results measured and shown, but not saved).
+
+    Attributes:
+        path: the file that was not written.
+        nbytes: the bytes the write needed.
+        errno: the OSError's errno (``errno.ENOSPC``...).
+        document: the result that was not saved, for the caller to show or save elsewhere (None: not attached).
+        others: further files of the same save that failed too.
+    """
+
+    exit_code = EXIT_NOT_SAVED
+
+    def __init__(self, path: Path, nbytes: int, err: OSError, hint: str | None = None):
+        self.path, self.nbytes, self.errno, self.cause = Path(path), nbytes, err.errno, cause(err)
+        self.document: dict[str, Any] | None = None
+        self.others: list[WriteFailed] = []
+        space = err.errno in (errno.ENOSPC, errno.EDQUOT)
+        super().__init__(
+            f"{self.cause} writing {path} ({nbytes:,} bytes needed)",
+            hint
+            or (
+                "free space or choose another path, then rerun"
+                if space
+                else "choose a path in a directory that exists and that you can write, then rerun"
+            ),
+        )
+
+
 class Unauthorised(BadInput):
     """A server answered 401/403: it requires an API key that was not sent (or not that one). Never a dead
     engine: the message names the key source the deployment expects (exit 2)."""
@@ -163,3 +225,46 @@ class Unauthorised(BadInput):
 
 class NotFound(BadInput):
     """A named deployment or file does not exist (exit 2)."""
+
+
+class UnreadableRecord(NotFound):
+    """A deployment record exists but cannot be read (truncated, not JSON, wrong shape).
+
+    Attributes:
+        path: the record file.
+    """
+
+    def __init__(self, name: str, path: Path, why: str):
+        super().__init__(
+            f"the record of deployment {name!r} is unreadable ({path}: {why})",
+            f"`m3ctl stop {name}` still finds its server by its process marker or container label",
+        )
+        self.path = path
+
+
+class FirstError(NamedTuple):
+    """The first error of a pydantic ``ValidationError`` (:func:`first_error`).
+
+    Attributes:
+        loc: where it is, as pydantic gives it (field names and list indices; empty for a check across fields).
+        msg: what is wrong, without pydantic's ``Value error, `` prefix (a validator's own words).
+    """
+
+    loc: tuple[int | str, ...]
+    msg: str
+
+    @property
+    def where(self) -> str:
+        """The location as a dotted path (``systems.h200.gpus``; empty for a check across fields)."""
+        return ".".join(str(p) for p in self.loc)
+
+    def __str__(self) -> str:
+        """One line: ``where: msg``, or ``msg`` alone when the error has no location."""
+        return f"{self.where}: {self.msg}" if self.loc else self.msg
+
+
+def first_error(e: ValidationError) -> FirstError:
+    """The first error of ``e`` (pydantic lists them in field order), to report it in one line: ``str()`` of the
+    answer is ``loc.path: message``; ``.loc``, ``.where`` and ``.msg`` give the parts."""
+    err = e.errors()[0]
+    return FirstError(tuple(err["loc"]), err["msg"].removeprefix("Value error, "))

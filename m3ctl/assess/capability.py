@@ -9,11 +9,12 @@ its precision's and its attention's rows; doctor and plan both read it (there is
 
 import difflib
 from dataclasses import dataclass
+from importlib.metadata import version
 from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from m3ctl.catalog import KernelExpect
+from m3ctl.catalog import KernelExpect, data, images, parse, register
 
 Status = Literal["native", "supported", "fallback", "partial", "unverified", "unsupported"]
 RANK = {"native": 0, "supported": 0, "fallback": 1, "partial": 1, "unverified": 2, "unsupported": 9}
@@ -145,9 +146,10 @@ def parse_table(text: str, where: str = "capabilities.yaml") -> CapabilityTable:
         CatalogError: invalid YAML or schema violation, one line with "did you mean" for typos (also for a
             feature an architecture names that no precision, attention or KV-cache row needs).
     """
-    from m3ctl.catalog import parse  # noqa: PLC0415 - keeps yaml off the import path
-
     return parse(text, CapabilityTable, where)
+
+
+register("data/capabilities.yaml", CapabilityTable, parse_table)
 
 
 def table() -> CapabilityTable:
@@ -156,8 +158,6 @@ def table() -> CapabilityTable:
     Raises:
         CatalogError: as :func:`parse_table`.
     """
-    from m3ctl.catalog import data  # noqa: PLC0415
-
     return data("data/capabilities.yaml", CapabilityTable)
 
 
@@ -313,9 +313,7 @@ def variant_support(
 
 def images_for(vendor: str, arch: str, catalog_dir: str | None = None) -> list:
     """Catalog images of ``vendor`` that list ``arch``, newest toolkit (CUDA/ROCm) first."""
-    from m3ctl import catalog  # noqa: PLC0415
-
-    imgs = [i for i in catalog.images(catalog_dir).values() if i.vendor == vendor and arch in i.archs]
+    imgs = [i for i in images(catalog_dir).values() if i.vendor == vendor and arch in i.archs]
     return sorted(
         imgs, key=lambda i: (_vtuple(i.cuda_version or i.rocm_version), _vtuple(i.vllm_version)), reverse=True
     )
@@ -332,9 +330,7 @@ def choose_image(
 ):
     """(image, why) for a launch: ``preferred`` (the profile's) when the driver supports its CUDA, else the
     newest catalog image for ``vendor``/``arch`` whose CUDA the driver supports; (None, why) when none does."""
-    from m3ctl import catalog  # noqa: PLC0415
-
-    imgs = catalog.images(catalog_dir)
+    imgs = images(catalog_dir)
     first = imgs.get(preferred) if preferred else None
     if first is not None and image_runs_on_driver(first.cuda_version, driver_cuda):
         return first, f"profile image {first.name}"
@@ -359,8 +355,6 @@ def engine_version(runtime: str, image_version: str | None) -> str | None:
     if runtime == "docker":
         return image_version
     try:
-        from importlib.metadata import version  # noqa: PLC0415
-
         return version("vllm").split("+")[0]
     except Exception:  # noqa: BLE001 - not installed: unknown
         return None

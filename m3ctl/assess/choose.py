@@ -9,8 +9,8 @@ from pydantic import BaseModel
 
 from m3ctl.assess import capability
 from m3ctl.assess import memory as mem
+from m3ctl.assess.context import PlanContext
 from m3ctl.assess.facts import ModelFacts, model_facts
-from m3ctl.assess.rules import PlanContext
 from m3ctl.catalog import ModelSpec, Variant
 from m3ctl.errors import BadInput
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import functools
+import importlib.util
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,9 @@ from typing import Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from m3ctl.assess.capability import engine_version as installed_version
+from m3ctl.assess.capability import version_lt
+from m3ctl.catalog import data, parse, register
 from m3ctl.errors import BadInput, CatalogError
 
 #: Registry file inside the vllm package.
@@ -95,8 +99,6 @@ def read_registry(path: str | Path) -> str:
 
 def installed_registry_file() -> Path | None:
     """The installed vLLM's registry file, found without importing vLLM (None when vLLM is not installed)."""
-    import importlib.util  # noqa: PLC0415
-
     try:
         spec = importlib.util.find_spec("vllm")
     except (ImportError, ValueError):
@@ -139,18 +141,19 @@ _REGENERATE = "regenerate it: m3ctl dev vllm-models"
 
 
 def parse_engine_models(text: str, where: str = "vllm_models.yaml") -> EngineModels:
-    """Validate the per-version table (:func:`m3ctl.catalog.parse`; the parser m3ctl.catalog.DATA_FILES registers
+    """Validate the per-version table (:func:`m3ctl.catalog.parse`; the parser registered
     for m3ctl/data/vllm_models.yaml, so its errors say how to regenerate it).
 
     Raises:
         CatalogError: one line naming what is malformed; hint ``regenerate it: m3ctl dev vllm-models``.
     """
-    from m3ctl.catalog import parse  # noqa: PLC0415 - keeps yaml off the import path
-
     try:
         return parse(text, EngineModels, where)
     except CatalogError as e:
         raise CatalogError(e.message, _REGENERATE) from None
+
+
+register("data/vllm_models.yaml", EngineModels, parse_engine_models)
 
 
 def engine_models() -> EngineModels:
@@ -159,8 +162,6 @@ def engine_models() -> EngineModels:
     Raises:
         CatalogError: as :func:`parse_engine_models` (hint: regenerate it).
     """
-    from m3ctl.catalog import data  # noqa: PLC0415
-
     return data("data/vllm_models.yaml", EngineModels)
 
 
@@ -185,8 +186,6 @@ def known_architectures(engine_version: str | None, runtime: str) -> Known:
     """The architectures the engine that will run can load: the installed vLLM's registry (process runtime, the
     installed version is the engine), else the generated list of that version; ``architectures=None`` when m3ctl
     has neither."""
-    from m3ctl.assess.capability import engine_version as installed_version  # noqa: PLC0415
-
     if runtime != "docker":
         f = installed_registry_file()
         inst = installed_version("process", None)
@@ -205,8 +204,6 @@ def unknown_architectures(architectures: list[str], engine_version: str | None, 
     """(the checkpoint architectures the engine cannot load, why/source): all of them when none is in its
     registry (vLLM loads the first one it has), else []. Without a list for that version, an architecture
     whose ``added_in`` is newer than the engine counts as unknown."""
-    from m3ctl.assess.capability import version_lt  # noqa: PLC0415
-
     if not architectures:
         return [], ""
     known = known_architectures(engine_version, runtime)

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, Field
 
+from m3ctl.assess.capability import kv_bytes_per_element
+from m3ctl.catalog import ModelSpec, Variant
 from m3ctl.errors import BadInput
-
-if TYPE_CHECKING:
-    from m3ctl.catalog import ModelSpec, Variant
+from m3ctl.hw.host import snapshot_path
 
 
 class ModelFacts(BaseModel):
@@ -88,8 +87,6 @@ class ModelFacts(BaseModel):
     def kv_bytes_per_token(self, kv_dtype: str = "auto") -> int:
         """K and V bytes per token over all layers, all KV heads: ``2 x layers x kv_heads x head_dim x width``
         (width per ``--kv-cache-dtype`` from m3ctl/data/capabilities.yaml ``kv_bytes_per_element``); 0 unknown."""
-        from m3ctl.assess.capability import kv_bytes_per_element  # noqa: PLC0415
-
         if not (self.num_layers and self.num_kv_heads and self.head_dim):
             return 0
         return int(2 * self.num_layers * self.num_kv_heads * self.head_dim * kv_bytes_per_element(kv_dtype))
@@ -153,8 +150,6 @@ def _quant(q: dict) -> tuple[list[int] | None, str | None, int | None, str | Non
 def hub_config_dir(repo_id: str, environ: dict[str, str] | None = None) -> Path | None:
     """The HF-cache snapshot directory of hub model ``repo_id`` (revision ``main``) when it holds a config.json;
     None when the id is not cached (nothing is downloaded). Cache layout: :func:`m3ctl.hw.host.snapshot_path`."""
-    from m3ctl.hw.host import snapshot_path  # noqa: PLC0415
-
     if repo_id.count("/") != 1 or repo_id.startswith(("/", ".", "~")):
         return None
     snap = snapshot_path(repo_id, "main", environ)
@@ -404,8 +399,6 @@ def checkpoint_variant(facts: ModelFacts) -> tuple[str, Variant]:
     """A local checkpoint served as is, as the variant the capability table and the rules read: named by its
     precision (``nvfp4``, ``fp8``, ``bf16``: the same name the catalog gives the variant of that precision, so the
     checkpoint and the catalog name give the same capability rows), with the checkpoint's weight size (GiB)."""
-    from m3ctl.catalog import Variant  # noqa: PLC0415
-
     prec = facts.precision or "bf16"
     return prec, Variant(
         precision=prec,

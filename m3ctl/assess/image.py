@@ -12,6 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from m3ctl.catalog import Image
+from m3ctl.hw.host import inspect_image_config
+
 
 @dataclass
 class ImageFacts:
@@ -39,8 +42,6 @@ class ImageFacts:
 
     def as_catalog_image(self):
         """A :class:`m3ctl.catalog.Image` view for the plan rules (image.cuda_vs_driver)."""
-        from m3ctl.catalog import Image  # noqa: PLC0415
-
         ref = self.reference or self.name
         repo, digest, tag = ref, None, "user"
         if "@" in ref:
@@ -92,8 +93,6 @@ def image_facts_from_env(name: str, env: list[str], labels: Mapping[str, str] | 
 def inspect_user_image(ref: str, env: Mapping[str, str] | None = None) -> ImageFacts | None:
     """Facts of a local image through the container engine; None when the engine is unreachable or the image
     is not pulled (the plan then says it was not inspected)."""
-    from m3ctl.hw.host import inspect_image_config  # noqa: PLC0415
-
     cfg = inspect_image_config(ref, env)
     if cfg is None:
         return None

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from m3ctl.assess.capability import version_lt
+from m3ctl.catalog import data, parse, register
 from m3ctl.errors import BadInput
 
 #: ``--attention`` values: ``msa`` (the checkpoint's own sparse attention, the default) or ``dense``.
@@ -97,9 +99,10 @@ def parse_known_issues(text: str, where: str = "known_issues.yaml") -> KnownIssu
         CatalogError: invalid YAML, a schema violation (one line, "did you mean" for a misspelt key), or a
             ``workaround`` that names no fallback.
     """
-    from m3ctl.catalog import parse  # noqa: PLC0415 - keeps yaml off the import path
-
     return parse(text, KnownIssues, where)
+
+
+register("data/known_issues.yaml", KnownIssues)
 
 
 def known_issues() -> KnownIssues:
@@ -108,8 +111,6 @@ def known_issues() -> KnownIssues:
     Raises:
         CatalogError: as :func:`parse_known_issues`.
     """
-    from m3ctl.catalog import data  # noqa: PLC0415
-
     return data("data/known_issues.yaml", KnownIssues)
 
 
@@ -145,8 +146,6 @@ class Applicable:
 def applicable(family: str | None, arch: str, attention: str, engine_version: str | None) -> list[Applicable]:
     """The known issues of ``family`` (model family) with ``attention`` on ``arch`` under ``engine_version`` (vLLM;
     None unknown): every row not fixed in that version, in file order."""
-    from m3ctl.assess.capability import version_lt  # noqa: PLC0415
-
     out = []
     for ki in known_issues().issues:
         if family not in ki.families or arch not in ki.archs or (ki.attention and ki.attention != attention):

@@ -28,7 +28,12 @@ from typing import Any, Literal
 import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from m3ctl.errors import BadInput
+from m3ctl.catalog import Profile, _explain, load_yaml, yaml_error
+from m3ctl.catalog.loader import read_user_text
+from m3ctl.catalog.vllm_args import canon_flag, check_choice, vllm_int
+from m3ctl.catalog.vllm_values import check_args
+from m3ctl.core.secrets import MASK, is_secret_name, redact_env, redact_raw, secret_flag
+from m3ctl.errors import BadInput, first_error
 
 #: The origin of what the command line (or an API call's own arguments) sets (:meth:`PlanRequest.origin_of`).
 DIRECT = "command line / API"
@@ -134,8 +139,6 @@ class PlanRequest(BaseModel):
     def _a_loaded_profile(cls, v: Any) -> Any:
         """``profile`` carries a loaded kernel profile (tune's trials); a name or a path is ``profile_file``'s
         (``profile: hopper`` in a config file crashed the planner)."""
-        from m3ctl.catalog import Profile  # noqa: PLC0415
-
         if v is not None and not isinstance(v, Profile):
             raise ValueError(f"{v!r} is not a loaded profile: name a profile YAML file with profile_file (--profile)")
         return v
@@ -168,8 +171,6 @@ class PlanRequest(BaseModel):
         if v is True or v is False:
             raise ValueError(f"{str(v).lower()} is a switch, not a token count")
         if isinstance(v, str):
-            from m3ctl.catalog.vllm_args import vllm_int  # noqa: PLC0415
-
             n = vllm_int(v)
             if n is None:
                 raise ValueError(f"{v!r} is not a whole number (8k = 8000 and 8K = 8192 work too)")
@@ -181,8 +182,6 @@ class PlanRequest(BaseModel):
     def _a_vllm_choice(cls, v: str | None, info: Any) -> str | None:
         """A value vLLM's own ``--kv-cache-dtype`` / ``--speculative-config method`` accepts (the choices in
         m3ctl/data/vllm_serve_flags.yaml), as the CLI's parser checks it; the plan rules check the rest."""
-        from m3ctl.catalog.vllm_args import check_choice  # noqa: PLC0415
-
         flag = "kv-cache-dtype" if info.field_name == "kv_cache_dtype" else "spec-method"
         return None if v is None else check_choice(flag, v)
 
@@ -192,9 +191,6 @@ class PlanRequest(BaseModel):
         """Flags in one spelling (``max_num_seqs``, ``--max-num-seqs`` -> ``max-num-seqs``:
         m3ctl.catalog.vllm_args.canon_flag), so a higher layer's replaces a lower one's and the rules see it; values
         of size flags read as vLLM reads them (m3ctl.catalog.vllm_values; BadInput, one line, on a bad one)."""
-        from m3ctl.catalog.vllm_args import canon_flag  # noqa: PLC0415
-        from m3ctl.catalog.vllm_values import check_args  # noqa: PLC0415
-
         out: dict[str, Any] = {}
         for k, val in v.items():
             if (c := canon_flag(str(k))) in out:
@@ -231,8 +227,6 @@ class PlanRequest(BaseModel):
     def public(self) -> dict[str, Any]:
         """JSON of the fields set (defaults left out) with secret-looking env values, arg values and raw tokens
         masked (m3ctl.core.secrets): what plan --json, doctor --json and the registry may show."""
-        from m3ctl.core.secrets import MASK, is_secret_name, redact_env, redact_raw, secret_flag  # noqa: PLC0415
-
         out = self.model_dump(mode="json", exclude_defaults=True)
         if "env" in out:
             out["env"] = redact_env(out["env"])
@@ -283,9 +277,6 @@ def load_request(path: str | Path) -> PlanRequest:
     Raises:
         BadInput: unreadable file, invalid YAML, or an unknown key (with a "did you mean").
     """
-    from m3ctl.catalog import _explain, load_yaml, yaml_error  # noqa: PLC0415
-    from m3ctl.core.files import read_user_text  # noqa: PLC0415
-
     p = Path(path)
     text = read_user_text(p, "config")  # BadInput: missing, a directory, unreadable, not UTF-8
     try:
@@ -338,11 +329,9 @@ def env_request(environ: dict[str, str] | None = None) -> PlanRequest:
         req._origins = {f: f"environment {k}" for k, f in ENV_FIELDS.items() if f in data}
         return req
     except ValidationError as e:
-        err = e.errors()[0]
-        var = next(k for k, f in ENV_FIELDS.items() if f == err["loc"][0])
-        raise BadInput(
-            f"{var}={env[var]!r}: {err['msg'].removeprefix('Value error, ')}", f"fix or unset {var}"
-        ) from None
+        err = first_error(e)
+        var = next(k for k, f in ENV_FIELDS.items() if f == err.loc[0])
+        raise BadInput(f"{var}={env[var]!r}: {err.msg}", f"fix or unset {var}") from None
 
 
 def user_config_path(environ: dict[str, str] | None = None) -> Path:

@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from m3ctl.assess.capability import table
+from m3ctl.assess.choose import Choice
 from m3ctl.errors import ConfigRejected
 
 
@@ -63,8 +65,6 @@ class Layout:
 
 
 def _sizes(n: int) -> list[int]:
-    from m3ctl.assess.capability import table  # noqa: PLC0415
-
     return [t for t in table().host.tp_candidates if t <= max(1, n)] or [1]
 
 
@@ -185,8 +185,6 @@ def search(
             layout when it was tried), with the other layouts' rule ids in the hint.
         BadInput: as :func:`m3ctl.planning.plan.plan` (the first candidate raises it: bad input is not layout-specific).
     """
-    from m3ctl.assess.choose import Choice  # noqa: PLC0415
-
     cands = candidates(n_gpus, pins, moe=moe, ep_ok=ep_ok, pp_ok=pp_ok, dcp_sizes=dcp_sizes)
     simple = [c for c in cands if c.pp == 1 and c.dcp == 1]
     tiers = [simple, [c for c in cands if c not in simple]] if simple else [cands]

@@ -7,49 +7,40 @@ suggestion; every file carries ``schema_version``.
 
 Profiles hold values only (vLLM flags, env, constraints, sources); the logic that
 uses them lives in :mod:`m3ctl.planning.plan`.
+
+The reader is :mod:`m3ctl.catalog.loader` (YAML + schema, one-line errors); packaged files are read through
+:mod:`m3ctl.catalog.registry`, where the module that owns each file's schema registers it. Both are re-exported
+here.
 """
 
 from __future__ import annotations
 
 import difflib
-import fnmatch
 import functools
-import importlib
 import os
-import re
-import types
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeVar, Union, get_args, get_origin
+from typing import Any, Literal
 
-import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import Field
 
+from m3ctl.catalog.loader import SCHEMA_VERSION, _Strict, parse, read_user_text
+from m3ctl.catalog.loader import M as M
+from m3ctl.catalog.loader import Regex as Regex
+from m3ctl.catalog.loader import _explain as _explain
+from m3ctl.catalog.loader import _load as _load
+from m3ctl.catalog.loader import _schema_hint as _schema_hint
+from m3ctl.catalog.loader import load_yaml as load_yaml
+from m3ctl.catalog.loader import yaml_error as yaml_error
+from m3ctl.catalog.registry import DataFile as DataFile
+from m3ctl.catalog.registry import _packaged as _packaged
+from m3ctl.catalog.registry import data, packaged_files, register
+from m3ctl.catalog.registry import data_file as data_file
+from m3ctl.catalog.registry import parse_as as parse_as
+from m3ctl.catalog.registry import registered as registered
+from m3ctl.catalog.registry import schema_for as schema_for
 from m3ctl.errors import BadInput, CatalogError
 
-
-def _compiles(v: str) -> str:
-    try:
-        re.compile(v)
-    except re.error as e:
-        raise ValueError(f"regex does not compile: {e}") from None
-    return v
-
-
-#: A data-file string that must be a Python regular expression (a schema error names the field otherwise).
-Regex = Annotated[str, AfterValidator(_compiles)]
-
-SCHEMA_VERSION = 1
-
 FlagValue = bool | int | float | str | list[Any] | dict[str, Any]
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-M = TypeVar("M", bound=BaseModel)
 
 
 class Constraints(_Strict):
@@ -314,302 +305,12 @@ class Image(_Strict):
         return f"{self.repository}@{self.digest}" if self.digest else f"{self.repository}:{self.tag}"
 
 
-def _plain(ann: Any) -> Any:
-    """``ann`` without ``Annotated[...]`` and ``X | None``: the type a data file's value is read as (the first
-    model or container of a union of several)."""
-    while True:
-        origin = get_origin(ann)
-        if origin is Annotated:
-            ann = get_args(ann)[0]
-        elif origin in (Union, types.UnionType):
-            members = [a for a in get_args(ann) if a is not type(None)]
-            ann = next((a for a in members if _is_model(a) or get_origin(a) in (list, dict)), members[0])
-        else:
-            return ann
-
-
-def _is_model(ann: Any) -> bool:
-    return isinstance(ann, type) and issubclass(ann, BaseModel)
-
-
-def _step(ann: Any, part: str | int) -> Any:
-    """The type one step down a validation error's location: a model's field, a list's item, a dict's value."""
-    ann = _plain(ann)
-    if _is_model(ann):
-        field = ann.model_fields.get(str(part))
-        return field.annotation if field else None
-    args = get_args(ann)
-    if get_origin(ann) in (list, tuple, set, frozenset) and args:
-        return args[0]
-    if get_origin(ann) is dict and len(args) == 2:
-        return args[1]
-    return None
-
-
-def _explain(err: ValidationError, model: type[BaseModel], where: str) -> str:
-    """One line for the first thing wrong in a data file: ``WHERE: FIELD.PATH: what was wrong``.
-
-    An unknown key (the likeliest cause of a missing one, so reported first) names the closest known key of the
-    model it sits in, through nested models, lists and dicts (``did you mean 'memory_mib'?``); a wrong scalar
-    value is quoted (``(got 'eight')``).
-    """
-    errs = err.errors()
-    e = next((x for x in errs if x["type"] == "extra_forbidden"), errs[0])
-    loc = ".".join(str(p) for p in e["loc"])
-    if e["type"] == "extra_forbidden":
-        bad = str(e["loc"][-1])
-        parent: Any = model
-        for part in e["loc"][:-1]:
-            parent = _step(parent, part)
-        parent = _plain(parent)
-        known = list(parent.model_fields) if _is_model(parent) else []
-        close = difflib.get_close_matches(bad, known, n=1)
-        tip = f"; did you mean {close[0]!r}?" if close else (f"; known keys: {', '.join(known)}" if known else "")
-        return f"{where}: unknown key {loc!r}{tip}"
-    msg = e["msg"].removeprefix("Value error, ")
-    value = e.get("input")
-    got = ""
-    if e["type"] != "missing" and (value is None or isinstance(value, str | int | float | bool)):
-        got = f" (got {value!r})" if len(repr(value)) <= 60 else f" (got {repr(value)[:57]}...)"
-    return f"{where}: {loc}: {msg}{got}" if loc else f"{where}: {msg}{got}"  # no loc: a whole-file check
-
-
-def _schema_hint(model: type[BaseModel]) -> str:
-    mod = model.__module__.replace(".", "/")
-    package = hasattr(importlib.import_module(model.__module__), "__path__")  # m3ctl.catalog: its __init__.py
-    return f"fix the file; see the schema {model.__qualname__} in {mod}{'/__init__.py' if package else '.py'}"
-
-
-#: libyaml's safe loader when PyYAML was built with it, else the pure-Python one (same API).
-if TYPE_CHECKING:
-    from yaml import SafeLoader as _SafeLoader
-else:
-    _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class _UniqueKeyLoader(_SafeLoader):
-    """YAML's safe loader (libyaml when present) that refuses a key given twice in one mapping: PyYAML keeps the
-    last silently, so ``port: 8000`` ... ``port: 9000`` would plan 9000 with no word (YAML 1.2 requires unique
-    keys: https://yaml.org/spec/1.2.2/#mapping)."""
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, str | int | float | bool) and key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
-
-
-def load_yaml(text: str) -> Any:
-    """Parse YAML as every m3ctl reader does: safe, and a key given twice in a mapping is an error.
-
-    Raises:
-        yaml.YAMLError: invalid YAML or a duplicate key (its first line says which, and where)."""
-    return yaml.load(text, Loader=_UniqueKeyLoader)
-
-
-def yaml_error(e: yaml.YAMLError) -> str:
-    """One line for a YAML error: what is wrong and where (``expected ',' or ']', but got '<stream end>' (line 2,
-    column 1)``); PyYAML's own text spreads it over several lines and starts with the context ("while parsing a
-    flow sequence"), not the problem."""
-    if isinstance(e, yaml.MarkedYAMLError) and e.problem:
-        mark = e.problem_mark
-        return e.problem + (f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else "")
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
-
-
-def parse(text: str, model: type[M], where: str) -> M:
-    """Validate one YAML data file against its schema: the one YAML + schema reader of m3ctl (packaged files
-    through :func:`data`, user files such as ``--profile FILE`` through their own entry points).
-
-    Args:
-        text: the file's YAML text.
-        model: its pydantic schema (unknown keys are refused by every m3ctl schema).
-        where: the file as the error names it (``m3ctl/data/systems.yaml``, a user path).
-
-    Raises:
-        CatalogError: one line, ``WHERE: FIELD.PATH: what was wrong`` (invalid YAML, not a mapping, an
-            unsupported ``schema_version``, a schema violation; an unknown key with "did you mean").
-    """
-    try:
-        loaded = load_yaml(text)
-    except yaml.YAMLError as e:
-        raise CatalogError(f"{where}: not valid YAML: {yaml_error(e)}", "fix the YAML syntax") from e
-    if not isinstance(loaded, dict):
-        raise CatalogError(f"{where}: expected a mapping at the top level", _schema_hint(model))
-    if loaded.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
-        raise CatalogError(
-            f"{where}: schema_version {loaded.get('schema_version')!r} is not supported "
-            f"(this m3ctl reads {SCHEMA_VERSION})",
-            "upgrade m3ctl or convert the file",
-        )
-    try:
-        return model.model_validate(loaded)
-    except ValidationError as e:
-        raise CatalogError(_explain(e, model, where), _schema_hint(model)) from e
-
-
-#: The former name of :func:`parse` (modules outside the catalog import it).
-_load = parse
-
-
-@dataclass(frozen=True)
-class DataFile:
-    """One packaged data file, or a directory of them, and its schema.
-
-    Attributes:
-        path: path inside the m3ctl package (``data/systems.yaml``; ``profiles/*.yaml`` for every file there).
-        schema: ``module:Class`` of its pydantic model, imported when the file is first read (no import cycle:
-            the modules that own a schema import this one).
-        parser: ``module:function`` ``(text, where) -> model`` where the owner checks more than the schema
-            (entries that refer to each other); None: :func:`parse`.
-    """
-
-    path: str
-    schema: str
-    parser: str | None = None
-
-
-#: Every data file the package ships, with its schema. tests/catalog/test_catalog_loader.py checks that each packaged
-#: .yaml is listed here and validates.
-DATA_FILES: tuple[DataFile, ...] = (
-    DataFile("profiles/*.yaml", "m3ctl.catalog:Profile"),
-    DataFile("images/*.yaml", "m3ctl.catalog:Image"),
-    DataFile("models/*.yaml", "m3ctl.catalog:ModelSpec"),
-    DataFile("data/architectures.yaml", "m3ctl.catalog:ArchitectureTable"),
-    DataFile("data/vllm_defaults.yaml", "m3ctl.catalog:VllmDefaults"),
-    DataFile(
-        "data/capabilities.yaml", "m3ctl.assess.capability:CapabilityTable", "m3ctl.assess.capability:parse_table"
-    ),
-    DataFile("data/known_issues.yaml", "m3ctl.assess.known_issues:KnownIssues"),
-    DataFile(
-        "data/vllm_models.yaml",
-        "m3ctl.assess.engine_models:EngineModels",
-        "m3ctl.assess.engine_models:parse_engine_models",  # the same checks; the hint says how to regenerate it
-    ),
-    DataFile("data/components.yaml", "m3ctl.serving.diagnose:ComponentMap"),
-    DataFile("data/log_patterns.yaml", "m3ctl.serving.diagnose:LogPatterns"),
-    DataFile("data/host_cpus.yaml", "m3ctl.hw.host:HostCpuTable"),
-    DataFile("data/systems.yaml", "m3ctl.hw.systems:SystemCatalog"),
-    DataFile("data/kernel_patterns.yaml", "m3ctl.serving.kernels:KernelPatterns"),
-    DataFile("data/secrets.yaml", "m3ctl.core.secrets:SecretsTable"),
-    DataFile("data/smoke.yaml", "m3ctl.serving.smoke:SmokeData"),
-    DataFile("data/startup.yaml", "m3ctl.catalog.startup:StartupFacts"),
-    DataFile("data/vendors.yaml", "m3ctl.catalog.vendors:VendorTable"),
-    DataFile("data/vllm_engine.yaml", "m3ctl.catalog.vllm_args:VllmEngineFacts"),
-    DataFile("data/vllm_serve_flags.yaml", "m3ctl.catalog.vllm_args:VllmFlagTable"),
-    DataFile("data/vllm_value_types.yaml", "m3ctl.catalog.vllm_values:VllmValueTypes"),
-)
-
-
-def _matches(pattern: str, path: str) -> bool:
-    if "*" not in pattern:
-        return pattern == path
-    folder, _, glob = pattern.rpartition("/")
-    head, _, name = path.rpartition("/")
-    return head == folder and fnmatch.fnmatchcase(name, glob)
-
-
-def data_file(path: str) -> DataFile:
-    """The registry entry of a packaged data file.
-
-    Args:
-        path: path inside the package, ``data/systems.yaml`` or ``profiles/cpu.yaml``.
-
-    Raises:
-        CatalogError: no entry covers ``path`` (the message names the closest registered file).
-    """
-    entry = next((f for f in DATA_FILES if _matches(f.path, path)), None)
-    if entry is None:
-        close = difflib.get_close_matches(path, [f.path for f in DATA_FILES], n=1)
-        raise CatalogError(
-            f"m3ctl/{path}: not a registered data file" + (f"; did you mean {close[0]!r}?" if close else ""),
-            "register it with its schema in m3ctl.catalog.DATA_FILES",
-        )
-    return entry
-
-
-def _resolve(ref: str) -> Any:
-    module, _, name = ref.partition(":")
-    return getattr(importlib.import_module(module), name)
-
-
-def schema_for(path: str) -> type[BaseModel]:
-    """The pydantic schema of a packaged data file (see :data:`DATA_FILES`).
-
-    Raises:
-        CatalogError: ``path`` is not registered.
-    """
-    return _resolve(data_file(path).schema)
-
-
-@functools.cache
-def _packaged(path: str) -> BaseModel:
-    data_file(path)  # an unregistered path fails before the file is read
-    where = f"m3ctl/{path}"
-    try:
-        text = resources.files("m3ctl").joinpath(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise CatalogError(f"{where}: cannot read the packaged file: {e}", "reinstall m3ctl") from e
-    return parse_as(path, text, where)
-
-
-def parse_as(path: str, text: str, where: str) -> BaseModel:
-    """Validate ``text`` as the packaged data file ``path`` is validated (its schema, or its owner's parser).
-
-    Args:
-        path: the registered path (``data/systems.yaml``, ``profiles/cpu.yaml``).
-        text: YAML text, e.g. an edited copy of the file.
-        where: the file as the error names it.
-
-    Raises:
-        CatalogError: ``path`` is not registered, or ``text`` does not validate (one line, see :func:`parse`).
-    """
-    entry = data_file(path)
-    if entry.parser:
-        return _resolve(entry.parser)(text, where)
-    return parse(text, _resolve(entry.schema), where)
-
-
-def data(path: str, model: type[M]) -> M:
-    """A packaged data file, read through importlib.resources, validated against its schema, cached.
-
-    Args:
-        path: path inside the m3ctl package (``data/systems.yaml``, ``profiles/cpu.yaml``).
-        model: the schema the caller expects; it must be the one :data:`DATA_FILES` registers for ``path``.
-
-    Returns:
-        The validated ``model`` instance (the same object on every call).
-
-    Raises:
-        CatalogError: ``path`` is not registered, or the file does not validate (one line naming the file, the
-            field path and what was wrong; "did you mean" for an unknown key).
-        TypeError: ``model`` is not the registered schema of ``path`` (a programming error).
-    """
-    entry = data_file(path)
-    if entry.schema != f"{model.__module__}:{model.__qualname__}":
-        raise TypeError(f"m3ctl/{path} is registered with schema {entry.schema}, not {model.__qualname__}")
-    obj = _packaged(path)
-    assert isinstance(obj, model)
-    return obj
-
-
-def packaged_files(folder: str) -> list[str]:
-    """The .yaml files of one packaged folder (``profiles``), as :func:`data` paths, sorted by name."""
-    entries = resources.files("m3ctl").joinpath(folder).iterdir()
-    return sorted(f"{folder}/{e.name}" for e in entries if e.name.endswith(".yaml") and e.is_file())
-
-
 def load_profile_file(path: Path) -> Profile:
     """Load and validate one profile file.
 
     Raises:
         CatalogError: unreadable, invalid YAML, or schema violation (one-line message).
     """
-    from m3ctl.core.files import read_user_text  # noqa: PLC0415
-
     try:
         text = read_user_text(path, "profile")
     except BadInput as e:
@@ -646,8 +347,6 @@ def _catalog(kind: str, catalog_dir: str | None) -> dict[str, Any]:
         items[obj.name] = obj
     user = _user_dir(catalog_dir)
     if user and (user / kind).is_dir():
-        from m3ctl.core.files import read_user_text  # noqa: PLC0415
-
         for p in sorted((user / kind).glob("*.yaml")):
             obj = parse(read_user_text(p, "catalog file"), model, str(p))  # BadInput: a directory, unreadable
             items[obj.name] = obj
@@ -824,3 +523,10 @@ class ArchitectureTable(_Strict):
 def architectures() -> ArchitectureTable:
     """The built-in architecture table (m3ctl/data/architectures.yaml), validated once."""
     return data("data/architectures.yaml", ArchitectureTable)
+
+
+register("profiles/*.yaml", Profile)
+register("images/*.yaml", Image)
+register("models/*.yaml", ModelSpec)
+register("data/architectures.yaml", ArchitectureTable)
+register("data/vllm_defaults.yaml", VllmDefaults)

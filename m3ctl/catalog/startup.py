@@ -3,7 +3,8 @@ tune's start measures, m3ctl/tuning/startup.py, and the prewarmed server process
 
 from __future__ import annotations
 
-from m3ctl.catalog import Regex, _Strict
+from m3ctl.catalog.loader import Regex, _Strict
+from m3ctl.catalog.registry import data, register
 
 
 class _Marker(_Strict):
@@ -55,8 +56,9 @@ class StartupFacts(_Strict):
     prewarm: _Prewarm
 
 
+register("data/startup.yaml", StartupFacts)
+
+
 def facts() -> StartupFacts:
     """m3ctl/data/startup.yaml, validated (a schema error names the field: m3ctl.catalog)."""
-    from m3ctl.catalog import data  # noqa: PLC0415
-
     return data("data/startup.yaml", StartupFacts)

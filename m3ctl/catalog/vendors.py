@@ -30,7 +30,8 @@ from typing import Annotated, Generic, TypeVar
 
 from pydantic import AfterValidator, Field
 
-from m3ctl.catalog import _Strict, data
+from m3ctl.catalog.loader import _Strict
+from m3ctl.catalog.registry import data, register
 
 T = TypeVar("T")
 
@@ -107,6 +108,9 @@ class VendorFacts(_Strict):
 class VendorTable(_Strict):
     schema_version: int = 1
     vendors: dict[str, VendorFacts]
+
+
+register("data/vendors.yaml", VendorTable)
 
 
 def table() -> VendorTable:

@@ -22,7 +22,8 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from m3ctl.catalog import SCHEMA_VERSION, _load, _Strict, data
+from m3ctl.catalog.loader import SCHEMA_VERSION, _load, _Strict
+from m3ctl.catalog.registry import data, register
 from m3ctl.errors import BadInput
 
 #: Flags m3ctl sets itself on every launch (its readiness probes and registry use them): a raw copy would
@@ -68,6 +69,9 @@ class VllmFlagTable(_Strict):
 def parse_flag_table(text: str, where: str = "vllm_serve_flags.yaml") -> VllmFlagTable:
     """Validate a flag table. Raises CatalogError naming the key that is wrong."""
     return _load(text, VllmFlagTable, where)
+
+
+register("data/vllm_serve_flags.yaml", VllmFlagTable)
 
 
 def flag_table() -> VllmFlagTable:
@@ -351,6 +355,9 @@ class VllmEngineFacts(_Strict):
     config_keys: dict[str, ValueBounds]
     attention_backends: dict[str, AttentionBackend] = Field(min_length=1)
     pp_architectures: list[str]
+
+
+register("data/vllm_engine.yaml", VllmEngineFacts)
 
 
 def engine_facts(version: str | None = None) -> VllmEngineFacts:

@@ -11,6 +11,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from m3ctl.catalog.loader import _load
+from m3ctl.catalog.registry import data, register
+from m3ctl.catalog.vllm_args import canon_flag, flag_table, vllm_int
 from m3ctl.errors import BadInput
 
 
@@ -31,9 +34,10 @@ def parse_value_types(text: str, where: str = "vllm_value_types.yaml") -> VllmVa
     Raises:
         CatalogError: invalid YAML or a key that does not fit the schema (one line naming it).
     """
-    from m3ctl.catalog import _load  # noqa: PLC0415
-
     return _load(text, VllmValueTypes, where)
+
+
+register("data/vllm_value_types.yaml", VllmValueTypes)
 
 
 def value_types() -> VllmValueTypes:
@@ -42,8 +46,6 @@ def value_types() -> VllmValueTypes:
     Raises:
         CatalogError: the file does not fit :class:`VllmValueTypes` (one line naming the key).
     """
-    from m3ctl.catalog import data  # noqa: PLC0415
-
     return data("data/vllm_value_types.yaml", VllmValueTypes)
 
 
@@ -59,8 +61,6 @@ def check_args(args: dict[str, Any]) -> None:
     Raises:
         BadInput: a value vLLM's parser rejects, naming the flag and the value.
     """
-    from m3ctl.catalog.vllm_args import canon_flag, flag_table, vllm_int  # noqa: PLC0415
-
     t = value_types()
     flags = flag_table().flags
     for flag, v in args.items():

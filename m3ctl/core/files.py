@@ -19,56 +19,11 @@ import os
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-from m3ctl.errors import EXIT_NOT_SAVED, BadInput, M3Error
+from m3ctl.catalog.loader import read_user_text
+from m3ctl.errors import WriteFailed, cause
 
-#: Cause words per errno, as an operator reads them (``strerror`` of the C library, lower case).
-_CAUSES = {
-    errno.ENOSPC: "no space left on device",
-    errno.EDQUOT: "disk quota exceeded",
-    errno.EROFS: "read-only file system",
-    errno.EACCES: "permission denied",
-    errno.EPERM: "permission denied",
-    errno.EISDIR: "is a directory",
-    errno.ENOTDIR: "a parent is not a directory",
-    errno.EIO: "I/O error",
-    errno.ENOENT: "no such directory",
-}
-
-
-def cause(e: OSError) -> str:
-    """The cause of ``e`` in words (``no space left on device``), from its errno."""
-    return _CAUSES.get(e.errno or 0) or (e.strerror or type(e).__name__).lower()
-
-
-class WriteFailed(M3Error):
-    """A file could not be written (exit 5: results measured and shown, but not saved).
-
-    Attributes:
-        path: the file that was not written.
-        nbytes: the bytes the write needed.
-        errno: the OSError's errno (``errno.ENOSPC``...).
-        document: the result that was not saved, for the caller to show or save elsewhere (None: not attached).
-        others: further files of the same save that failed too.
-    """
-
-    exit_code = EXIT_NOT_SAVED
-
-    def __init__(self, path: Path, nbytes: int, err: OSError, hint: str | None = None):
-        self.path, self.nbytes, self.errno, self.cause = Path(path), nbytes, err.errno, cause(err)
-        self.document: dict[str, Any] | None = None
-        self.others: list[WriteFailed] = []
-        space = err.errno in (errno.ENOSPC, errno.EDQUOT)
-        super().__init__(
-            f"{self.cause} writing {path} ({nbytes:,} bytes needed)",
-            hint
-            or (
-                "free space or choose another path, then rerun"
-                if space
-                else "choose a path in a directory that exists and that you can write, then rerun"
-            ),
-        )
+__all__ = ["WriteFailed", "cause", "read_user_text", "save_with_fallback", "write_atomic"]
 
 
 def _fsync_dir(d: Path) -> None:
@@ -145,30 +100,3 @@ def save_with_fallback(path: str | Path, data: str | bytes, fallback_dir: Path, 
                 "space or choose another path, then rerun"
             )
             raise first from None
-
-
-def read_user_text(path: str | Path, what: str) -> str:
-    """The text of a file the user named (``what``: ``--config``, ``profile``...), UTF-8.
-
-    Raises:
-        BadInput: missing, a directory, a FIFO or device, unreadable (permission, I/O), or not UTF-8 text; one line
-            naming ``what``.
-    """
-    p = Path(path)
-    if p.is_dir():
-        raise BadInput(f"{what} {p} is a directory, not a file", "give the file's path")
-    if p.exists() and not p.is_file():  # a FIFO or a device: reading it would block or never end
-        raise BadInput(f"{what} {p} is not a regular file", "give the path of a file")
-    try:
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise BadInput(f"cannot read {what} {p}: not found", "check the path") from None
-    except OSError as e:
-        raise BadInput(f"cannot read {what} {p}: {cause(e)}", "check the path and its permissions") from None
-    try:
-        return raw.decode()
-    except UnicodeDecodeError as e:
-        raise BadInput(
-            f"{what} {p} is not UTF-8 text (byte {e.start}: {raw[e.start : e.start + 1]!r})",
-            "give a UTF-8 text file (YAML or JSON)",
-        ) from None

@@ -17,17 +17,22 @@ data: m3ctl/data/secrets.yaml, validated by :class:`SecretsTable`.
 
 from __future__ import annotations
 
+import base64
 import difflib
 import functools
+import ipaddress
 import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 from pydantic import Field
 
-from m3ctl.catalog import Regex, _Strict, data
+from m3ctl.catalog import Regex, _Strict, data, register
+from m3ctl.catalog.vllm_args import flag_table
+from m3ctl.errors import BadInput
 
 MASK = "***"
 
@@ -66,6 +71,9 @@ class SecretsTable(_Strict):
     flags: dict[str, SecretFlag] = Field(min_length=1)
     protected_prefixes: list[str] = Field(default_factory=list)
     protected_source: str = Field(pattern=r"^https://")
+
+
+register("data/secrets.yaml", SecretsTable)
 
 
 def table() -> SecretsTable:
@@ -122,8 +130,6 @@ def secret_flag(name: str) -> SecretFlag | None:
     k = name.lstrip("-").split(".", 1)[0].replace("_", "-")
     if k in flags:
         return flags[k]
-    from m3ctl.catalog.vllm_args import flag_table  # noqa: PLC0415
-
     opts = flag_table().option_strings()
     if k in opts:
         return None
@@ -161,8 +167,6 @@ def separate(
             flag a typo away from a secret one with a value (:func:`near_secret_flag`, even under
             ``--skip-checks``: its value would stand in the server's argv and in m3ctl's records).
     """
-    from m3ctl.errors import BadInput  # noqa: PLC0415
-
     out = Separated()
     for k, v in (args or {}).items():
         f = secret_flag(k)
@@ -204,8 +208,6 @@ def split_api_key(raw_args: list[str]) -> tuple[list[str], str | None]:
     Raises:
         BadInput: ``--api-key`` without a value, or with several keys (the environment carries one).
     """
-    from m3ctl.errors import BadInput  # noqa: PLC0415
-
     out: list[str] = []
     keys: list[str] = []
     i = 0
@@ -243,8 +245,6 @@ def near_secret_flag(name: str) -> bool:
     it is not moved to the server's environment (the flag is passed as given, and vLLM refuses it)."""
     if secret_flag(name) is not None:
         return True
-    from m3ctl.catalog.vllm_args import flag_table  # noqa: PLC0415
-
     k = name.lstrip("-").split(".", 1)[0].replace("_", "-")
     if not k or k in flag_table().option_strings():
         return False
@@ -337,8 +337,6 @@ def restart_env(plan: Any, environ: Mapping[str, str] | None = None) -> dict[str
         BadInput: a variable the launch passed is not set here (naming it and where the launch took it from):
             a restart would drop that secret (a keyed server would come back open).
     """
-    from m3ctl.errors import BadInput  # noqa: PLC0415
-
     env = os.environ if environ is None else environ
     out: dict[str, str] = {}
     for name in getattr(plan, "secret_env_names", []) or []:
@@ -358,8 +356,6 @@ def restart_env(plan: Any, environ: Mapping[str, str] | None = None) -> dict[str
 
 def exposure_warning(host: str, secret_names: Iterable[str]) -> str | None:
     """One line when the server would listen beyond loopback without an API key, else None."""
-    import ipaddress  # noqa: PLC0415
-
     try:
         loopback = ipaddress.ip_address(host).is_loopback
     except ValueError:
@@ -377,9 +373,6 @@ def exposure_warning(host: str, secret_names: Iterable[str]) -> str | None:
 def split_url_credentials(url: str) -> tuple[str, str | None]:
     """``http://user:pass@host:port/x`` -> (``http://host:port/x``, base64 ``user:pass`` for a Basic header);
     a URL without credentials comes back as is with None. The credentials are :func:`remember` ed."""
-    import base64  # noqa: PLC0415
-    from urllib.parse import unquote, urlsplit, urlunsplit  # noqa: PLC0415
-
     m = _URL_USERINFO.search(url)
     if not m:
         return url, None

@@ -13,6 +13,7 @@ Records never hold secrets: argv and env are stored redacted.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import re
@@ -23,7 +24,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from m3ctl.errors import BadInput, ConfigRejected, NotFound
+from m3ctl.core.files import WriteFailed, cause, save_with_fallback, write_atomic
+from m3ctl.errors import BadInput, ConfigRejected, NotFound, StateWriteFailed, UnreadableRecord
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
@@ -31,26 +33,6 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 #: that leave its process group): ``<state dir>::<name>``. ``stop`` finds the server by it when the record
 #: is unreadable or a worker left the group.
 MARKER_ENV = "M3CTL_DEPLOYMENT"
-
-
-class UnreadableRecord(NotFound):
-    """A deployment record exists but cannot be read (truncated, not JSON, wrong shape).
-
-    Attributes:
-        path: the record file.
-    """
-
-    def __init__(self, name: str, path: Path, why: str):
-        super().__init__(
-            f"the record of deployment {name!r} is unreadable ({path}: {why})",
-            f"`m3ctl stop {name}` still finds its server by its process marker or container label",
-        )
-        self.path = path
-
-
-class StateWriteFailed(ConfigRejected):
-    """The state directory could not take a record, a plan or its probe (disk full, read-only): exit 3 before a
-    launch; a runtime that has already started a server stops it and raises LaunchFailed instead."""
 
 
 #: Bytes :meth:`Registry.check_writable` writes (and removes) in the state dir before a launch: room for the
@@ -64,8 +46,6 @@ def _atomic_write(path: Path, text: str) -> None:
     Raises:
         StateWriteFailed: it could not be written (the cause, the path and the bytes needed).
     """
-    from m3ctl.core.files import WriteFailed, write_atomic  # noqa: PLC0415
-
     try:
         write_atomic(path, text)
     except WriteFailed as e:
@@ -124,8 +104,6 @@ def save_output(path: Path, data: str | bytes, what: str) -> Path:
     Raises:
         m3ctl.core.files.WriteFailed: both failed (exit 5); nothing partial is left behind.
     """
-    from m3ctl.core.files import save_with_fallback  # noqa: PLC0415
-
     return save_with_fallback(path, data, state_dir() / "results", what)
 
 
@@ -253,8 +231,6 @@ class Registry:
                     f.flush()
                     os.fsync(f.fileno())
             except OSError as e:
-                from m3ctl.core.files import cause  # noqa: PLC0415
-
                 raise StateWriteFailed(
                     f"the m3ctl state directory {d} is not writable ({cause(e)}; "
                     f"{STATE_PROBE_BYTES // 1024} KiB probe)",
@@ -268,8 +244,6 @@ class Registry:
         Raises:
             ConfigRejected: another m3ctl process holds it (it is starting a server of that name).
         """
-        import fcntl  # noqa: PLC0415
-
         d = self.root / "locks"
         d.mkdir(parents=True, exist_ok=True)
         with open(d / f"{check_name(name)}.lock", "w") as f:

@@ -18,14 +18,17 @@ import contextlib
 import http.client
 import json
 import os
+import platform
 import re
 import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from m3ctl.catalog import data, register
 from m3ctl.hw.inventory import ContainerFacts, DriverFacts
 
 VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
@@ -114,14 +117,15 @@ class HostCpuTable(BaseModel):
     oci_platforms: dict[str, str] = Field(default_factory=dict)
 
 
+register("data/host_cpus.yaml", HostCpuTable)
+
+
 def host_cpus() -> HostCpuTable:
     """The CPU recognition table (m3ctl/data/host_cpus.yaml), validated once.
 
     Raises:
         CatalogError: the file does not match :class:`HostCpuTable` (the message names the field).
     """
-    from m3ctl.catalog import data  # noqa: PLC0415 - keeps yaml off the import path of the probes
-
     return data("data/host_cpus.yaml", HostCpuTable)
 
 
@@ -154,8 +158,6 @@ def host_facts(
     """CPU (count, model, architecture, Grace), NUMA, RAM, /dev/shm, model cache, HF env and visible-device
     variables (fields of HostInventory). ``machine``: the CPU architecture as ``platform.machine()`` says it
     (default: this host's)."""
-    import platform  # noqa: PLC0415
-
     env = os.environ if env is None else env
     facts: dict[str, Any] = {"cpu_count": os.cpu_count()}
     cpuinfo = _read(_p(root, "/proc/cpuinfo")) or ""
@@ -327,8 +329,6 @@ def inspect_image_config(ref: str, env: Mapping[str, str] | None = None, *, time
     host = env.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
     if not host.startswith("unix://") or not Path(host[len("unix://") :]).exists():
         return None
-    from urllib.parse import quote  # noqa: PLC0415
-
     try:
         data = _engine_get(host[len("unix://") :], f"/images/{quote(ref, safe='')}/json", timeout)
     except (OSError, ValueError, http.client.HTTPException):

@@ -15,7 +15,7 @@ import json
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from m3ctl.catalog import architectures
-from m3ctl.errors import BadInput
+from m3ctl.errors import BadInput, first_error
 
 INVENTORY_SCHEMA = 2
 
@@ -279,10 +279,8 @@ def load_inventory(text: str, where: str = "inventory") -> HostInventory:
     try:
         return HostInventory.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
         raise BadInput(
-            f"{where} is not an m3ctl inventory: {loc}: {err['msg']}",
+            f"{where} is not an m3ctl inventory: {first_error(e)}",
             "create one with `m3ctl doctor --save-inventory FILE`",
         ) from e
 

@@ -1,7 +1,7 @@
 """GPU power and energy readings behind one interface (what ``m3ctl bench`` samples for energy per token).
 
 :func:`open_power` tries NVML -> amdsmi -> nvidia-smi -> rocm-smi and returns the first
-:class:`PowerSource` that reads at least one GPU, or raises :class:`~m3ctl.hw.detect.ProbeDeclined` with every
+:class:`PowerSource` that reads at least one GPU, or raises :class:`~m3ctl.hw.probe.ProbeDeclined` with every
 interface's reason. A source reads, per GPU index (the index the inventory and the launch plan use), the board
 power in watts and, where the driver has one, the cumulative energy counter in joules. Sources never print and
 never change the environment; NVML and amdsmi are initialised once per source and shut down by ``close()``.
@@ -29,7 +29,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from m3ctl.hw.detect import ProbeDeclined, Runner, _code, _s, default_runner, import_amdsmi, init_nvml
+from m3ctl.hw.amd import import_amdsmi
+from m3ctl.hw.nvidia import init_nvml
+from m3ctl.hw.probe import ProbeDeclined, Runner, _code, _s, default_runner
 
 NVML_ERROR_NOT_SUPPORTED = 3
 #: amdsmi marks an unsupported field of a struct with these (amdsmi_interface.py: 0xFFFF; amdsmi.h: UINT32_MAX).

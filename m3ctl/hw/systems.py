@@ -20,16 +20,13 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from m3ctl.errors import BadInput
+from m3ctl.catalog import data, parse, register
+from m3ctl.errors import UnknownSystem
 from m3ctl.hw.host import is_grace
 from m3ctl.hw.inventory import GpuInfo, HostInventory, Link, amd_arch, nvidia_arch
 
 REQUIRED_SOURCES = ("gpu", "memory", "links", "driver")
 """Facts every system must source (``sources`` keys)."""
-
-
-class UnknownSystem(BadInput):
-    """A ``--system`` name that is not in the catalog, or a GPU count the node cannot hold (exit 2)."""
 
 
 class _Strict(BaseModel):
@@ -136,6 +133,9 @@ class SystemCatalog(_Strict):
     systems: dict[str, SystemSpec]
 
 
+register("data/systems.yaml", SystemCatalog)
+
+
 @functools.lru_cache(maxsize=2)
 def load_systems(text: str | None = None) -> SystemCatalog:
     """The systems catalog, validated.
@@ -146,8 +146,6 @@ def load_systems(text: str | None = None) -> SystemCatalog:
     Raises:
         CatalogError: the file does not match :class:`SystemCatalog` (exit 2; the message names the key).
     """
-    from m3ctl.catalog import data, parse  # noqa: PLC0415 - the one YAML + schema loader
-
     if text is None:
         return data("data/systems.yaml", SystemCatalog)
     return parse(text, SystemCatalog, "data/systems.yaml")

@@ -28,7 +28,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from m3ctl.catalog import Regex, data, parse
+from m3ctl.catalog import Regex, data, parse, register
 from m3ctl.serving import logtrace
 
 Phase = Literal["startup", "first-request", "serving"]
@@ -191,6 +191,9 @@ class LogPatterns(BaseModel):
     versions: dict[str, list[str]] = Field(default_factory=dict)
     wrappers: list[str] = Field(default_factory=list)
     patterns: list[LogPattern]
+
+
+register("data/log_patterns.yaml", LogPatterns)
 
 
 def load_patterns(text: str, where: str = "log_patterns.yaml") -> LogPatterns:
@@ -448,6 +451,9 @@ class ComponentMap(BaseModel):
             if not (c.frames or c.messages):
                 raise ValueError(f"component {c.id!r} has neither frames nor messages to match")
         return v
+
+
+register("data/components.yaml", ComponentMap)
 
 
 def load_components(text: str, where: str = "components.yaml") -> ComponentMap:

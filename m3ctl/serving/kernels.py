@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, Field
 
-from m3ctl.catalog import KernelExpect, Regex, _Strict, data
+from m3ctl.catalog import KernelExpect, Regex, _Strict, data, register
 
 
 def _names_a_kernel(v: str) -> str:
@@ -71,6 +71,9 @@ class KernelPatterns(_Strict):
     backends: list[BackendPattern] = Field(min_length=1)
     fallbacks: list[FallbackPattern] = Field(default_factory=list)
     runtime_jit: RuntimeJit
+
+
+register("data/kernel_patterns.yaml", KernelPatterns)
 
 
 def patterns() -> KernelPatterns:

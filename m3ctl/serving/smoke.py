@@ -59,6 +59,7 @@ from typing import Any, Literal
 import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
+from m3ctl.catalog import register
 from m3ctl.errors import BadInput
 
 Status = Literal["OK", "WARN", "FAIL", "SKIP"]
@@ -187,6 +188,9 @@ class SmokeData(BaseModel):
     distinct_min: int
     distinct_ratio: float
     replacement_min: int
+
+
+register("data/smoke.yaml", SmokeData)
 
 
 def smoke_data() -> SmokeData:

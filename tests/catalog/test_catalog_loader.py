@@ -1,8 +1,10 @@
-"""The one loader of packaged data (m3ctl.catalog.data): every packaged .yaml is registered with a schema and
-validates; a broken file is one error line naming the file, the field path and what was wrong."""
+"""The one loader of packaged data (m3ctl.catalog.data): every packaged .yaml is registered with a schema by the
+module that owns it, and validates; a broken file is one error line naming the file, the field path and what was
+wrong."""
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,7 +14,21 @@ import yaml
 from pydantic import BaseModel
 
 import m3ctl
+import m3ctl.assess.capability
+import m3ctl.assess.engine_models
+import m3ctl.assess.known_issues
+import m3ctl.catalog.startup
+import m3ctl.catalog.vendors
+import m3ctl.catalog.vllm_args
+import m3ctl.catalog.vllm_values
+import m3ctl.core.secrets
+import m3ctl.hw.host
+import m3ctl.hw.systems
+import m3ctl.serving.diagnose
+import m3ctl.serving.kernels
+import m3ctl.serving.smoke
 from m3ctl import catalog
+from m3ctl.catalog import registry
 from m3ctl.errors import CatalogError
 
 PKG = Path(m3ctl.__file__).parent
@@ -34,14 +50,43 @@ def test_every_packaged_yaml_is_registered_with_a_schema_and_validates(rel):
     assert catalog.data(rel, schema) is obj  # cached: read and validated once
 
 
-def test_every_registry_entry_names_packaged_files_and_importable_schemas():
-    for entry in catalog.DATA_FILES:
+def test_every_registry_entry_names_packaged_files_and_a_schema():
+    for entry in catalog.registered():
         covered = [p for p in PACKAGED if catalog.data_file(p) is entry]
         assert covered, f"{entry.path} names no packaged file"
         assert "*" in entry.path or covered == [entry.path]
-        assert issubclass(catalog._resolve(entry.schema), BaseModel)
+        assert issubclass(entry.schema, BaseModel)
         if entry.parser:
-            assert callable(catalog._resolve(entry.parser))
+            assert callable(entry.parser)
+
+
+def test_a_second_owner_of_a_file_is_refused():
+    from m3ctl.catalog.vendors import VendorTable
+
+    catalog.register("data/vendors.yaml", VendorTable)  # the owner again (a reload): accepted
+    with pytest.raises(ValueError, match="registered already with schema m3ctl.catalog.vendors:VendorTable"):
+        catalog.register("data/vendors.yaml", catalog.Profile)
+
+
+def test_the_catalog_imports_no_owner_of_a_schema():
+    """The owners register their files (no list of higher modules in the catalog, no import by string): the catalog
+    imports only itself and m3ctl.errors."""
+    imported = set()
+    for f in (PKG / "catalog").glob("*.py"):
+        tree = ast.parse(f.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("m3ctl"):
+                imported.add(node.module)
+            elif isinstance(node, ast.Import):
+                imported |= {a.name for a in node.names}
+        assert "import_module" not in f.read_text(), f
+    assert {m for m in imported if m.startswith("m3ctl")} <= {
+        "m3ctl.catalog",
+        "m3ctl.catalog.loader",
+        "m3ctl.catalog.registry",
+        "m3ctl.catalog.vllm_args",
+        "m3ctl.errors",
+    }
 
 
 @pytest.mark.parametrize("rel", PACKAGED)
@@ -186,7 +231,7 @@ def test_data_reads_the_packaged_file_and_names_it(tmp_path, monkeypatch):
     (tmp_path / "data").mkdir()
     text = (PKG / "data/vendors.yaml").read_text().replace("visibility:", "visiblity:", 1)
     (tmp_path / "data/vendors.yaml").write_text(text)
-    monkeypatch.setattr(catalog, "resources", SimpleNamespace(files=lambda _pkg: tmp_path))
+    monkeypatch.setattr(registry, "resources", SimpleNamespace(files=lambda _pkg: tmp_path))
     catalog._packaged.cache_clear()
     try:
         with pytest.raises(CatalogError, match=r"^m3ctl/data/vendors\.yaml: unknown key 'vendors\.\w+\.visiblity'; "):
@@ -215,6 +260,6 @@ def test_no_module_reads_packaged_data_around_the_catalog():
     readers = {
         p.relative_to(PKG.parent).as_posix()
         for p in PKG.rglob("*.py")
-        if 'resources.files("m3ctl")' in p.read_text() and p.relative_to(PKG).as_posix() != "catalog/__init__.py"
+        if 'resources.files("m3ctl")' in p.read_text() and p.relative_to(PKG).as_posix() != "catalog/registry.py"
     }
     assert readers == set(), sorted(readers)

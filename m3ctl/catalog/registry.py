@@ -1,0 +1,173 @@
+"""The packaged data files and their schemas: each registered by the module that owns the schema.
+
+A module that defines the schema of a file under ``m3ctl/data``, ``m3ctl/profiles``, ``m3ctl/images`` or
+``m3ctl/models`` registers it when it is imported (``register("data/systems.yaml", SystemCatalog)``), and reads
+it through :func:`data`. The catalog never imports its readers: a file is read by the module that registered it,
+so its schema is registered before the first read. tests/catalog/test_catalog_loader.py imports every owner and
+checks that each packaged .yaml has a registered schema and validates against it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import TypeVar
+
+from pydantic import BaseModel
+
+from m3ctl.catalog.loader import parse
+from m3ctl.errors import CatalogError
+
+M = TypeVar("M", bound=BaseModel)
+
+#: An owner's parser: ``(text, where) -> model``, for a file whose owner checks more than its schema does.
+Parser = Callable[[str, str], BaseModel]
+
+
+@dataclass(frozen=True)
+class DataFile:
+    """One packaged data file, or a directory of them, and its schema.
+
+    Attributes:
+        path: path inside the m3ctl package (``data/systems.yaml``; ``profiles/*.yaml`` for every file there).
+        schema: its pydantic model (every m3ctl schema refuses unknown keys).
+        parser: ``(text, where) -> model`` where the owner checks more than the schema (entries that refer to
+            each other); None: :func:`m3ctl.catalog.loader.parse` with ``schema``.
+    """
+
+    path: str
+    schema: type[BaseModel]
+    parser: Parser | None = None
+
+    @property
+    def ref(self) -> str:
+        """``module:Class`` of the schema, as errors name it."""
+        return f"{self.schema.__module__}:{self.schema.__qualname__}"
+
+
+#: The registered files by path, in registration order (:func:`register`).
+_REGISTRY: dict[str, DataFile] = {}
+
+
+def register(path: str, schema: type[BaseModel], parser: Parser | None = None) -> None:
+    """Register a packaged data file (or ``folder/*.yaml``) with its schema; the owner of the schema calls it once,
+    at import.
+
+    Args:
+        path: path inside the m3ctl package (``data/systems.yaml``, ``profiles/*.yaml``).
+        schema: the pydantic model of the file.
+        parser: the owner's parser, when it checks more than ``schema`` (see :class:`DataFile`).
+
+    Raises:
+        ValueError: ``path`` is registered already with another schema (two owners of one file).
+    """
+    old = _REGISTRY.get(path)
+    entry = DataFile(path, schema, parser)
+    if old is not None and old.ref != entry.ref:
+        raise ValueError(f"m3ctl/{path} is registered already with schema {old.ref}, not {entry.ref}")
+    if old is not None and old.schema is not schema:  # the owner was imported again (a reload): read it anew
+        _packaged.cache_clear()
+    _REGISTRY[path] = entry
+
+
+def registered() -> tuple[DataFile, ...]:
+    """Every registered entry, in registration order (only the owners imported so far have registered)."""
+    return tuple(_REGISTRY.values())
+
+
+def _matches(pattern: str, path: str) -> bool:
+    if "*" not in pattern:
+        return pattern == path
+    folder, _, glob = pattern.rpartition("/")
+    head, _, name = path.rpartition("/")
+    return head == folder and fnmatch.fnmatchcase(name, glob)
+
+
+def data_file(path: str) -> DataFile:
+    """The registry entry of a packaged data file.
+
+    Args:
+        path: path inside the package, ``data/systems.yaml`` or ``profiles/cpu.yaml``.
+
+    Raises:
+        CatalogError: no entry covers ``path`` (the message names the closest registered file).
+    """
+    entry = _REGISTRY.get(path) or next((f for f in _REGISTRY.values() if _matches(f.path, path)), None)
+    if entry is None:
+        close = difflib.get_close_matches(path, list(_REGISTRY), n=1)
+        raise CatalogError(
+            f"m3ctl/{path}: not a registered data file" + (f"; did you mean {close[0]!r}?" if close else ""),
+            "register it with its schema: m3ctl.catalog.register(path, Schema) in the module that owns the schema",
+        )
+    return entry
+
+
+def schema_for(path: str) -> type[BaseModel]:
+    """The pydantic schema of a packaged data file (see :func:`register`).
+
+    Raises:
+        CatalogError: ``path`` is not registered.
+    """
+    return data_file(path).schema
+
+
+@functools.cache
+def _packaged(path: str) -> BaseModel:
+    data_file(path)  # an unregistered path fails before the file is read
+    where = f"m3ctl/{path}"
+    try:
+        text = resources.files("m3ctl").joinpath(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise CatalogError(f"{where}: cannot read the packaged file: {e}", "reinstall m3ctl") from e
+    return parse_as(path, text, where)
+
+
+def parse_as(path: str, text: str, where: str) -> BaseModel:
+    """Validate ``text`` as the packaged data file ``path`` is validated (its schema, or its owner's parser).
+
+    Args:
+        path: the registered path (``data/systems.yaml``, ``profiles/cpu.yaml``).
+        text: YAML text, e.g. an edited copy of the file.
+        where: the file as the error names it.
+
+    Raises:
+        CatalogError: ``path`` is not registered, or ``text`` does not validate (one line, see
+            :func:`m3ctl.catalog.loader.parse`).
+    """
+    entry = data_file(path)
+    if entry.parser:
+        return entry.parser(text, where)
+    return parse(text, entry.schema, where)
+
+
+def data(path: str, model: type[M]) -> M:
+    """A packaged data file, read through importlib.resources, validated against its schema, cached.
+
+    Args:
+        path: path inside the m3ctl package (``data/systems.yaml``, ``profiles/cpu.yaml``).
+        model: the schema the caller expects; it must be the one registered for ``path``.
+
+    Returns:
+        The validated ``model`` instance (the same object on every call).
+
+    Raises:
+        CatalogError: ``path`` is not registered, or the file does not validate (one line naming the file, the
+            field path and what was wrong; "did you mean" for an unknown key).
+        TypeError: ``model`` is not the registered schema of ``path`` (a programming error).
+    """
+    entry = data_file(path)
+    if entry.schema is not model:
+        raise TypeError(f"m3ctl/{path} is registered with schema {entry.ref}, not {model.__qualname__}")
+    obj = _packaged(path)
+    assert isinstance(obj, model)
+    return obj
+
+
+def packaged_files(folder: str) -> list[str]:
+    """The .yaml files of one packaged folder (``profiles``), as :func:`data` paths, sorted by name."""
+    entries = resources.files("m3ctl").joinpath(folder).iterdir()
+    return sorted(f"{folder}/{e.name}" for e in entries if e.name.endswith(".yaml") and e.is_file())
