@@ -24,6 +24,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from m3ctl.hw.vgpu import vgpu_profile
 from m3ctl.runtime.base import port_holder, port_in_use
 from m3ctl.serving import logtrace
 from m3ctl.serving.diagnosis import (
@@ -42,6 +43,8 @@ from m3ctl.serving.diagnosis import (
     load_components,
     load_patterns,
     log_patterns,
+    log_versions,
+    version_matches,
 )
 
 # the loaders under their former names (the data tests read them from here)
@@ -95,38 +98,6 @@ def first_error_line(lines: list[str]) -> tuple[int, str] | None:
     return wrapper
 
 
-def log_versions(text: str) -> dict[str, str]:
-    """Engine/library versions the log prints (``versions`` in the pattern file): first match per name."""
-    out: dict[str, str] = {}
-    for name, rxs in compiled_patterns()[2].items():
-        for rx in rxs:
-            if m := rx.search(text):
-                out[name] = m.group(1)
-                break
-    return out
-
-
-def _vtuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
-
-
-def version_matches(version: str, spec: str) -> bool:
-    """``"2.29.7"`` against ``">=2.29,<2.30"`` (numeric major.minor.patch; pre-release tags ignored)."""
-    v = _vtuple(version)
-    for part in (p.strip() for p in spec.split(",") if p.strip()):
-        m = re.match(r"(>=|<=|==|!=|>|<)?\s*(.+)", part)
-        if m is None:  # unreachable: ``part`` is not empty and ``.+`` takes any rest
-            return False
-        op, ref = m.groups()
-        r = _vtuple(ref)
-        n = max(len(v), len(r))
-        a, b = v + (0,) * (n - len(v)), r + (0,) * (n - len(r))
-        ok = {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b, "!=": a != b}.get(op or "==", a == b)
-        if not ok:
-            return False
-    return True
-
-
 def _when_holds(w: When, ctx: DiagContext, text: str, versions: dict[str, str]) -> tuple[bool, dict[str, str]]:
     """Whether refinement ``w`` applies; the values its note may name ({1}, {nccl}, {--all2all-backend} ...)."""
     vals: dict[str, str] = dict(versions)
@@ -146,8 +117,6 @@ def _when_holds(w: When, ctx: DiagContext, text: str, versions: dict[str, str]) 
         if k not in ctx.env or not re.fullmatch(rx, ctx.env[k]):
             return False, vals
     if w.vgpu is not None:
-        from m3ctl.hw.vgpu import vgpu_profile  # noqa: PLC0415
-
         hit = next((g for g in ctx.gpu_names if vgpu_profile(g)), None)
         if (hit is not None) != w.vgpu:
             return False, vals

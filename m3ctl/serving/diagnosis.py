@@ -1,6 +1,6 @@
 """What a diagnosis is keyed on and what it says (:class:`DiagContext`, :class:`Diagnosis`), and the data it reads:
-the log patterns (m3ctl/data/log_patterns.yaml) and the component map (m3ctl/data/components.yaml), validated
-and compiled once. :mod:`m3ctl.serving.diagnose` reads a log against them.
+the log patterns (m3ctl/data/log_patterns.yaml, with the versions a log prints) and the component map
+(m3ctl/data/components.yaml), validated and compiled once. :mod:`m3ctl.serving.diagnose` reads a log against them.
 """
 
 from __future__ import annotations
@@ -198,6 +198,39 @@ def compiled_patterns() -> tuple[list[tuple[LogPattern, re.Pattern]], list[re.Pa
         [re.compile(w) for w in d.wrappers],
         {k: [re.compile(r) for r in v] for k, v in d.versions.items()},
     )
+
+
+# ---------------------------------------------------------------------------------------------- versions
+def log_versions(text: str) -> dict[str, str]:
+    """Engine/library versions the log prints (``versions`` in the pattern file): first match per name."""
+    out: dict[str, str] = {}
+    for name, rxs in compiled_patterns()[2].items():
+        for rx in rxs:
+            if m := rx.search(text):
+                out[name] = m.group(1)
+                break
+    return out
+
+
+def _vtuple(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
+
+
+def version_matches(version: str, spec: str) -> bool:
+    """``"2.29.7"`` against ``">=2.29,<2.30"`` (numeric major.minor.patch; pre-release tags ignored)."""
+    v = _vtuple(version)
+    for part in (p.strip() for p in spec.split(",") if p.strip()):
+        m = re.match(r"(>=|<=|==|!=|>|<)?\s*(.+)", part)
+        if m is None:  # unreachable: ``part`` is not empty and ``.+`` takes any rest
+            return False
+        op, ref = m.groups()
+        r = _vtuple(ref)
+        n = max(len(v), len(r))
+        a, b = v + (0,) * (n - len(v)), r + (0,) * (n - len(r))
+        ok = {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b, "!=": a != b}.get(op or "==", a == b)
+        if not ok:
+            return False
+    return True
 
 
 # ---------------------------------------------------------------------------------------------- components
