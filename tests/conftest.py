@@ -86,13 +86,12 @@ def start_groundtruth(*opts: str) -> tuple[subprocess.Popen, str]:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_state(tmp_path, monkeypatch):
-    """Every test gets its own m3ctl state dir (unless it asks for the session one) and its own empty HOME."""
+def _isolated_state(tmp_path, tmp_path_factory, monkeypatch):
+    """Every test gets its own m3ctl state dir (unless it asks for the session one) and its own empty HOME (beside
+    ``tmp_path``, which stays the test's own)."""
     monkeypatch.setenv("M3CTL_STATE_DIR", str(tmp_path / "state"))
     monkeypatch.delenv("M3CTL_CATALOG_DIR", raising=False)
-    home = tmp_path / "home"
-    home.mkdir(exist_ok=True)
-    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
 
 
 def run_cli(

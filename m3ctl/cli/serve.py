@@ -7,6 +7,7 @@ per readiness phase, the ready deployment, each watchdog probe, the stop).
 from typing import Annotated, Any
 
 import typer
+from typer._click.exceptions import MissingParameter  # Typer's click: the error of a missing required option
 
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import given_request
@@ -92,8 +93,6 @@ def serve(
     level = "off" if no_smoke else (smoke or "full")
     req = given_request(ctx)  # the options given; the API layers them (--config, M3CTL_*, the config file)
     if "model" not in api.plan_request(req, config=config).model_fields_set:
-        from typer._click.exceptions import MissingParameter  # noqa: PLC0415  (Typer's click)
-
         raise MissingParameter(ctx=ctx, param_hint="'--model' (or M3CTL_MODEL)", param_type="option")
     given: dict[str, Any] = dict(
         inventory=inventory, config=config, offline=(knobs or {}).get("offline"), api_key_env=api_key_env

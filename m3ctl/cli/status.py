@@ -3,7 +3,7 @@
 import typer
 
 from m3ctl.cli import options as o
-from m3ctl.cli.output import Output, escape
+from m3ctl.cli.output import Output, escape, hang
 from m3ctl.cli.render import print_smoke
 
 
@@ -20,8 +20,6 @@ def status(json_out: o.Json = False) -> None:
     if not rows and not bad:
         typer.echo("no deployments")
         return
-    from m3ctl.cli.output import hang  # noqa: PLC0415
-
     width = out.con.width
     for r in rows:  # a head line (name, phase, endpoint: never cut), then the details wrapped under it
         d = r.deployment

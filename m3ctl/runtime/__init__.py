@@ -7,8 +7,11 @@ through the Docker engine (:mod:`m3ctl.runtime.docker`).
 
 from __future__ import annotations
 
+from m3ctl.core.state import Deployment
 from m3ctl.errors import BadInput
 from m3ctl.runtime.base import Runtime
+from m3ctl.runtime.docker import DockerOptions, DockerRuntime
+from m3ctl.runtime.process import ProcessRuntime
 
 
 def get_runtime(name: str, options: dict | None = None) -> Runtime:
@@ -19,11 +22,16 @@ def get_runtime(name: str, options: dict | None = None) -> Runtime:
         BadInput: unknown runtime name.
     """
     if name == "process":
-        from m3ctl.runtime.process import ProcessRuntime  # noqa: PLC0415
-
         return ProcessRuntime()
     if name == "docker":
-        from m3ctl.runtime.docker import DockerOptions, DockerRuntime  # noqa: PLC0415
-
         return DockerRuntime(DockerOptions(**(options or {})))
     raise BadInput(f"unknown runtime {name!r}", "use --runtime process or --runtime docker")
+
+
+def runtime_for(dep: Deployment) -> Runtime:
+    """The runtime that manages ``dep``, configured as it was launched (its recorded runtime options).
+
+    Raises:
+        BadInput: the record names an unknown runtime.
+    """
+    return get_runtime(dep.runtime, dep.runtime_options or None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import abc
 import errno
+import signal
 import socket
 import time
 from collections.abc import Iterator
@@ -11,8 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from m3ctl.core.state import Deployment, Registry
-from m3ctl.errors import ConfigRejected
+import psutil
+
+from m3ctl.core.state import Deployment, Registry, StateWriteFailed
+from m3ctl.errors import ConfigRejected, LaunchFailed
+from m3ctl.hw.gpumem import gpu_memory_by_pid
 from m3ctl.planning.plan import LaunchPlan
 
 
@@ -66,8 +70,6 @@ class RawState:
 def exit_status(code: int | None) -> str | None:
     """``exit N`` or ``killed by SIGNAME`` for a wait status as Python reports it (negative: the signal), and for
     ``128 + N`` (a shell's or Docker's way to say signal N, e.g. 137 = SIGKILL)."""
-    import signal  # noqa: PLC0415
-
     if code is None:
         return None
     if code < 0:
@@ -135,9 +137,6 @@ class Runtime(abc.ABC):
         Raises:
             LaunchFailed: the record could not be written (the cause, the path, the bytes needed); stopped.
         """
-        from m3ctl.core.state import StateWriteFailed  # noqa: PLC0415
-        from m3ctl.errors import LaunchFailed  # noqa: PLC0415
-
         try:
             registry.save(dep)
         except StateWriteFailed as e:
@@ -172,8 +171,6 @@ class Runtime(abc.ABC):
 
     def verify_released(self, dep: Deployment, rep: StopReport, pids: list[int]) -> None:
         """After stopping: wait up to 5 s for the API port, then ask the GPU library what ``pids`` still hold."""
-        from m3ctl.hw.gpumem import gpu_memory_by_pid  # noqa: PLC0415
-
         deadline = time.monotonic() + 5
         while port_in_use(dep.host, dep.port) and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -198,8 +195,6 @@ def port_in_use(host: str, port: int) -> bool:
 def port_holder(port: int) -> str | None:
     """``"pid N (cmd)"`` of the process listening on TCP ``port``, from the kernel's socket table
     (``/proc/net/tcp*`` via psutil); None when unknown (not listening, or not visible to this user)."""
-    import psutil  # noqa: PLC0415
-
     try:
         conns = psutil.net_connections(kind="tcp")
     except (psutil.Error, OSError):

@@ -43,10 +43,11 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterator
-from datetime import UTC
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from m3ctl.core.files import WriteFailed, write_atomic
 from m3ctl.core.state import Deployment, Registry
 from m3ctl.errors import ConfigRejected, LaunchFailed
 
@@ -92,8 +93,6 @@ def _engine_hint() -> str:
 
 def _copy_log(path: str, data: bytes) -> None:
     """The engine's log copied to ``path`` whole (m3ctl.core.files.write_atomic); on a full disk the older copy stays."""
-    from m3ctl.core.files import WriteFailed, write_atomic  # noqa: PLC0415
-
     with contextlib.suppress(WriteFailed):
         write_atomic(path, data)
 
@@ -273,8 +272,6 @@ class DockerRuntime(Runtime):
         st = ct.attrs.get("State", {})
         at = None
         if fin := st.get("FinishedAt"):
-            from datetime import datetime  # noqa: PLC0415
-
             try:  # RFC 3339 in UTC with nanoseconds: keep microseconds
                 at = datetime.fromisoformat(fin[:26].rstrip("Z")).replace(tzinfo=UTC).timestamp()
             except ValueError:

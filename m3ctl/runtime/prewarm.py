@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from m3ctl.catalog.startup import facts
 from m3ctl.core.state import MARKER_ENV, Registry
 
 CHILD = Path(__file__).with_name("prewarm_child.py")
@@ -69,8 +70,6 @@ def entry(executable: str, env: dict[str, str]) -> tuple[list[str], dict[str, st
         Python interpreter) or ``{"module": NAME}`` (a shell wrapper ``exec PYTHON -m NAME "$@"`` or ``exec PYTHON FILE.py "$@"``: the
         ``prewarm.wrapper`` pattern of m3ctl/data/startup.yaml); or a string saying why it cannot be prewarmed.
     """
-    from m3ctl.catalog.startup import facts  # noqa: PLC0415
-
     path = executable if os.sep in executable else shutil.which(executable, path=env.get("PATH"))
     if not path:
         return f"{executable} is not on PATH"
@@ -113,16 +112,12 @@ def launch_key(argv0: str, env: dict[str, str], state_dir: str = "") -> str:
     """What a prewarmed process must match to serve a launch: the state dir it is marked in, the entry script and
     the whole environment, less the marker (every server has its own) and the variables read only after the
     hand-over (``prewarm.late_env`` of m3ctl/data/startup.yaml). A digest, so no secret value is kept in the key."""
-    from m3ctl.catalog.startup import facts  # noqa: PLC0415
-
     late = {MARKER_ENV, *facts().prewarm.late_env}
     body = json.dumps([state_dir, argv0, sorted((k, v) for k, v in env.items() if k not in late)])
     return hashlib.sha256(body.encode()).hexdigest()
 
 
 def _spawn(argv0: str, env: dict[str, str], registry: Registry, name: str, key: str) -> Warm | str:
-    from m3ctl.catalog.startup import facts  # noqa: PLC0415
-
     how = entry(argv0, env)
     if isinstance(how, str):
         return how

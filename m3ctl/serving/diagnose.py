@@ -20,205 +20,35 @@
 
 from __future__ import annotations
 
-import functools
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from m3ctl.catalog import Regex, data, parse, register
+from m3ctl.hw.vgpu import vgpu_profile
+from m3ctl.runtime.base import port_holder, port_in_use
 from m3ctl.serving import logtrace
+from m3ctl.serving.diagnosis import (
+    AsyncErrors,
+    Component,
+    ComponentMap,
+    DiagContext,
+    Diagnosis,
+    ExitCode,
+    LogPattern,
+    LogPatterns,
+    Phase,
+    When,
+    compiled_patterns,
+    component_map,
+    load_components,
+    load_patterns,
+    log_patterns,
+    log_versions,
+    version_matches,
+)
 
-Phase = Literal["startup", "first-request", "serving"]
-
-
-@dataclass(frozen=True)
-class DiagContext:
-    """What m3ctl knows about the launch whose log is diagnosed (every field optional).
-
-    Attributes:
-        arch: architecture family of the GPUs (``hopper``, ``blackwell-client``, ``cdna4``, ...: the plan's
-            profile arch, m3ctl/data/architectures.yaml).
-        argv: the ``vllm serve`` command line.
-        env: the server's extra environment (plan env; no secrets).
-        gpu_names: marketing names of the GPUs (e.g. ``NVIDIA H200-141C``).
-        phase: ``startup`` (readiness up to /v1/models), ``first-request`` (the readiness completion or the
-            smoke test) or ``serving`` (watch, bench).
-        exit_code: the server's exit status once it has exited (``Popen.returncode``: negative for a signal,
-            e.g. -9; or a shell/container code, 128 + signal, e.g. 137), None while unknown. A log without a
-            traceback is named by it (SIGKILL / OOM killer 137, SIGSEGV 139, SIGABRT 134, ...).
-    """
-
-    arch: str | None = None
-    argv: tuple[str, ...] = ()
-    env: dict[str, str] = field(default_factory=dict)
-    gpu_names: tuple[str, ...] = ()
-    phase: Phase | None = None
-    exit_code: int | None = None
-
-    @classmethod
-    def for_plan(cls, plan, inventory=None) -> DiagContext:
-        """The context of a :class:`~m3ctl.planning.plan.LaunchPlan` (arch from its profile; GPU names of the
-        ``inventory``'s GPUs the plan uses, all when it names none)."""
-        from m3ctl.catalog import profiles  # noqa: PLC0415
-
-        prof = profiles().get(plan.profile)
-        names: tuple[str, ...] = ()
-        if inventory is not None:
-            gpus = [g for g in inventory.gpus if not plan.gpus or g.index in plan.gpus]
-            names = tuple(g.name for g in gpus)
-        return cls(arch=prof.arch if prof else plan.profile, argv=tuple(plan.argv), env=dict(plan.env), gpu_names=names)
-
-    def flag_value(self, flag: str) -> str | None:
-        """The value of ``flag`` in argv (``--flag v`` or ``--flag=v``), ``""`` for a bare switch, else None."""
-        for i, a in enumerate(self.argv):
-            if a == flag:
-                nxt = self.argv[i + 1] if i + 1 < len(self.argv) else ""
-                return "" if nxt.startswith("-") else nxt
-            if a.startswith(flag + "="):
-                return a.split("=", 1)[1]
-        return None
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """A root cause found in a log.
-
-    Attributes:
-        id: finding id: a pattern of log_patterns.yaml, else the component id of components.yaml, else
-            ``generic`` (an unrecognised failure, still named by its exception and frame), ``exit-code`` (no
-            traceback, named by the exit status), ``no-traceback`` (only wrappers, no exit status known) or
-            ``engine-terminated`` (a requested shutdown, not a crash).
-        cause: what went wrong, in words: the exception and where, the refinements' notes.
-        fix: what to try, in order, as one string (the first one or two of ``fixes``).
-        line: the log line quoted as the root cause (stripped, at most 300 chars): the line holding the
-            failing exception's cause (pydantic's ``Value error`` line, not its header), never a wrapper.
-        component: what faulted, in words (None when neither the pattern nor the stack says).
-        confirm: flags / env that confirm or avoid the cause.
-        kind: the message class (``RUNTIME-DIAG``, ``CONFIG`` or ``generic``).
-        versions: engine/library versions read from the log (``{"vllm": "0.16.0", "nccl": "2.29.7"}``).
-        exc_type: the failing exception's type as printed (``torch.AcceleratorError``), None for a non-Python
-            error line.
-        message: the failing exception's message (for a pydantic ValidationError: the ``Value error`` text).
-        frame: the innermost frame, ``vllm/path.py:123 (function)``, or None.
-        component_id: the components.yaml entry that matched, or None.
-        process: the failing process (``Worker_TP1 pid=3101``), or None when the lines carry no tag.
-        wrappers: the wrapper lines seen around it (``EngineCore failed to start.``, ``EngineDeadError ...``),
-            first lines only, in log order.
-        async_error: True when the CUDA error was reported asynchronously: ``frame`` is where the next
-            synchronisation happened, not necessarily the faulting kernel.
-        fixes: what to try, in order (``fix`` is their short form).
-        exit_code: the exit status used (from the context or the log), or None.
-        last_lines: the last meaningful log lines (no progress bars, blank or INFO lines) for a death without
-            a traceback.
-        suspects: component names the log points at when the frame cannot be trusted (asynchronous errors).
-    """
-
-    id: str
-    cause: str
-    fix: str
-    line: str
-    component: str | None = None
-    confirm: tuple[str, ...] = ()
-    kind: str = "generic"
-    versions: dict[str, str] = field(default_factory=dict)
-    exc_type: str | None = None
-    message: str | None = None
-    frame: str | None = None
-    component_id: str | None = None
-    process: str | None = None
-    wrappers: tuple[str, ...] = ()
-    async_error: bool = False
-    fixes: tuple[str, ...] = ()
-    exit_code: int | None = None
-    last_lines: tuple[str, ...] = ()
-    suspects: tuple[str, ...] = ()
-
-    def summary(self) -> str:
-        """One line for an error message: class, finding id, component and cause (the quoted line apart)."""
-        if self.id in ("generic", "exit-code", "no-traceback"):
-            return self.cause
-        where = f" in {self.component}" if self.component else ""
-        return f"{self.kind} {self.id}{where}: {self.cause}"
-
-    def one_line(self) -> str:
-        """The cause first, then what to try: what serve/status/bench print for a dead engine."""
-        return f"{self.summary()}; try: {self.fix}" if self.fix else self.summary()
-
-
-# ---------------------------------------------------------------------------------------------- the data
-class When(BaseModel):
-    """A refinement: all given conditions must hold; then ``note`` is added and ``fix``/... may replace."""
-
-    model_config = ConfigDict(extra="forbid")
-    arch: list[str] | None = None
-    flags: list[str] | None = None
-    flag_values: dict[str, str] | None = None
-    env: dict[str, str] | None = None
-    vgpu: bool | None = None
-    log: str | None = None
-    versions: dict[str, str] | None = None
-    phase: list[Phase] | None = None
-    note: str | None = None
-    fix: str | None = None
-    component: str | None = None
-    confirm: list[str] | None = None
-
-
-class LogPattern(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    id: str
-    regex: Regex
-    cause: str
-    fix: str
-    source: str
-    weak: bool = False
-    defer: bool = False
-    stack_first: bool = False
-    kind: Literal["RUNTIME-DIAG", "CONFIG"] = Field("CONFIG", alias="class")
-    component: str | None = None
-    confirm: list[str] = Field(default_factory=list)
-    when: list[When] = Field(default_factory=list)
-
-
-class LogPatterns(BaseModel):
-    """Schema of m3ctl/data/log_patterns.yaml."""
-
-    model_config = ConfigDict(extra="forbid")
-    schema_version: Literal[1]
-    versions: dict[str, list[str]] = Field(default_factory=dict)
-    wrappers: list[str] = Field(default_factory=list)
-    patterns: list[LogPattern]
-
-
-register("data/log_patterns.yaml", LogPatterns)
-
-
-def load_patterns(text: str, where: str = "log_patterns.yaml") -> LogPatterns:
-    """Validate a pattern file.
-
-    Raises:
-        CatalogError: invalid YAML, an unknown key, a missing field or a regex that does not compile (one line,
-            naming the entry; m3ctl.catalog.parse).
-    """
-    return parse(text, LogPatterns, where)
-
-
-def _data() -> LogPatterns:
-    return data("data/log_patterns.yaml", LogPatterns)
-
-
-@functools.lru_cache(maxsize=1)
-def _compiled() -> tuple[list[tuple[LogPattern, re.Pattern]], list[re.Pattern], dict[str, list[re.Pattern]]]:
-    d = _data()
-    return (
-        [(p, re.compile(p.regex)) for p in d.patterns],
-        [re.compile(w) for w in d.wrappers],
-        {k: [re.compile(r) for r in v] for k, v in d.versions.items()},
-    )
-
+# the loaders under their former names (the data tests read them from here)
+_components, _data = component_map, log_patterns
 
 # ---------------------------------------------------------------------------------------------- line shapes
 # vLLM's process prefix "(EngineCore pid=N)", torch's "[rank0]:", then an optional level header
@@ -241,7 +71,7 @@ def _message(line: str) -> tuple[str | None, str]:
 
 
 def _is_wrapper(msg: str) -> bool:
-    return any(w.search(msg.strip()) for w in _compiled()[1])
+    return any(w.search(msg.strip()) for w in compiled_patterns()[1])
 
 
 def first_error_line(lines: list[str]) -> tuple[int, str] | None:
@@ -268,38 +98,6 @@ def first_error_line(lines: list[str]) -> tuple[int, str] | None:
     return wrapper
 
 
-def log_versions(text: str) -> dict[str, str]:
-    """Engine/library versions the log prints (``versions`` in the pattern file): first match per name."""
-    out: dict[str, str] = {}
-    for name, rxs in _compiled()[2].items():
-        for rx in rxs:
-            if m := rx.search(text):
-                out[name] = m.group(1)
-                break
-    return out
-
-
-def _vtuple(v: str) -> tuple[int, ...]:
-    return tuple(int(x) for x in re.findall(r"\d+", v.split("+")[0])[:3])
-
-
-def version_matches(version: str, spec: str) -> bool:
-    """``"2.29.7"`` against ``">=2.29,<2.30"`` (numeric major.minor.patch; pre-release tags ignored)."""
-    v = _vtuple(version)
-    for part in (p.strip() for p in spec.split(",") if p.strip()):
-        m = re.match(r"(>=|<=|==|!=|>|<)?\s*(.+)", part)
-        if m is None:  # unreachable: ``part`` is not empty and ``.+`` takes any rest
-            return False
-        op, ref = m.groups()
-        r = _vtuple(ref)
-        n = max(len(v), len(r))
-        a, b = v + (0,) * (n - len(v)), r + (0,) * (n - len(r))
-        ok = {">=": a >= b, "<=": a <= b, ">": a > b, "<": a < b, "!=": a != b}.get(op or "==", a == b)
-        if not ok:
-            return False
-    return True
-
-
 def _when_holds(w: When, ctx: DiagContext, text: str, versions: dict[str, str]) -> tuple[bool, dict[str, str]]:
     """Whether refinement ``w`` applies; the values its note may name ({1}, {nccl}, {--all2all-backend} ...)."""
     vals: dict[str, str] = dict(versions)
@@ -319,8 +117,6 @@ def _when_holds(w: When, ctx: DiagContext, text: str, versions: dict[str, str]) 
         if k not in ctx.env or not re.fullmatch(rx, ctx.env[k]):
             return False, vals
     if w.vgpu is not None:
-        from m3ctl.hw.vgpu import vgpu_profile  # noqa: PLC0415
-
         hit = next((g for g in ctx.gpu_names if vgpu_profile(g)), None)
         if (hit is not None) != w.vgpu:
             return False, vals
@@ -368,108 +164,6 @@ def _refine(p: LogPattern, line: str, text: str, ctx: DiagContext) -> Diagnosis:
     )
 
 
-# ---------------------------------------------------------------------------------------------- components
-class Component(BaseModel):
-    """One entry of m3ctl/data/components.yaml (see the file's header for the matching passes)."""
-
-    model_config = ConfigDict(extra="forbid")
-    id: str
-    kind: Literal["RUNTIME-DIAG", "CONFIG"] = "RUNTIME-DIAG"
-    name: str
-    scope: Literal["frame", "phase"] = "frame"
-    frames: list[str] = Field(default_factory=list)
-    messages: list[str] = Field(default_factory=list)
-    exceptions: str | None = None
-    cause: str | None = None
-    fixes: list[str] = Field(default_factory=list)
-    when: list[When] = Field(default_factory=list)
-    suspect: list[When] = Field(default_factory=list)
-    inherit: str | None = None
-    source: str
-
-    @field_validator("frames", "messages")
-    @classmethod
-    def _compile_all(cls, v: list[str]) -> list[str]:
-        for rx in v:
-            try:
-                re.compile(rx)
-            except re.error as e:
-                raise ValueError(f"regex {rx!r} does not compile: {e}") from None
-        return v
-
-    @field_validator("exceptions")
-    @classmethod
-    def _compile_one(cls, v: str | None) -> str | None:
-        if v is not None:
-            try:
-                re.compile(v)
-            except re.error as e:
-                raise ValueError(f"regex does not compile: {e}") from None
-        return v
-
-
-class ExitCode(BaseModel):
-    """How a death without a traceback is named from its exit status (shell 128 + N, Python -N)."""
-
-    model_config = ConfigDict(extra="forbid")
-    code: int
-    signal: str
-    meaning: str
-    fixes: list[str]
-
-
-class AsyncErrors(BaseModel):
-    """Which GPU errors are reported asynchronously, the note that says so, and the command that pins them."""
-
-    model_config = ConfigDict(extra="forbid")
-    errors: Regex
-    note: Regex
-    blocking_env: dict[str, str]
-    pin: str
-    source: str
-
-
-class ComponentMap(BaseModel):
-    """Schema of m3ctl/data/components.yaml."""
-
-    model_config = ConfigDict(extra="forbid")
-    schema_version: Literal[1]
-    async_errors: AsyncErrors
-    components: list[Component]
-    exit_codes: list[ExitCode] = Field(default_factory=list)
-
-    @field_validator("components")
-    @classmethod
-    def _unique_and_inherit(cls, v: list[Component]) -> list[Component]:
-        ids = [c.id for c in v]
-        dup = sorted({i for i in ids if ids.count(i) > 1})
-        if dup:
-            raise ValueError(f"duplicate component id {dup[0]!r}")
-        for c in v:
-            if c.inherit is not None and c.inherit not in ids:
-                raise ValueError(f"component {c.id!r} inherits unknown id {c.inherit!r}")
-            if not (c.frames or c.messages):
-                raise ValueError(f"component {c.id!r} has neither frames nor messages to match")
-        return v
-
-
-register("data/components.yaml", ComponentMap)
-
-
-def load_components(text: str, where: str = "components.yaml") -> ComponentMap:
-    """Validate a component map.
-
-    Raises:
-        CatalogError: invalid YAML, an unknown key, a missing field, a regex that does not compile, a duplicate
-            id or an unknown ``inherit`` (one line, naming the entry; m3ctl.catalog.parse).
-    """
-    return parse(text, ComponentMap, where)
-
-
-def _components() -> ComponentMap:
-    return data("data/components.yaml", ComponentMap)
-
-
 # ---------------------------------------------------------------------------------------------- the reading
 _CUDA_ERR = re.compile(r"(CUDA error|cuda error|Cuda error|CUDA_ERROR_|HIP error|cudaError\w+|Triton Error \[CUDA\])")
 _VALIDATION = re.compile(r"^\d+ validation errors? for (\w+)")
@@ -487,7 +181,11 @@ _NOISE = re.compile(r"^(nanobind: |\s*- leaked |\s*- \.\.\. skipped|See https://
 
 def _block_is_wrapper(b: logtrace.ExcBlock) -> bool:
     head = f"{b.exc_type}: {b.message}" if b.exc_type else b.message
-    return _is_wrapper(head) or _is_wrapper(b.message) or any(p.weak and rx.search(head) for p, rx in _compiled()[0])
+    return (
+        _is_wrapper(head)
+        or _is_wrapper(b.message)
+        or any(p.weak and rx.search(head) for p, rx in compiled_patterns()[0])
+    )
 
 
 def _root_block(ev: logtrace.Event) -> logtrace.ExcBlock | None:
@@ -526,7 +224,7 @@ def _match_component(
 ) -> tuple[Component, re.Match | None, logtrace.Frame | None] | None:
     """The components.yaml entry for the failing exception (passes: messages, phases, frames), the message
     match (for ``{1}`` in the name) and the frame that matched."""
-    comps = _components().components
+    comps = component_map().components
     etext = block.text
     evtext = "\n".join(ln.msg for b in ev.chain for ln in b.lines)
     frames = [f for b in reversed(ev.chain) for f in reversed(b.frames)]  # innermost first
@@ -560,7 +258,7 @@ def _component_view(
     c: Component, m: re.Match | None, ctx: DiagContext, text: str, versions: dict[str, str]
 ) -> tuple[str, list[str], list[str]]:
     """(name, notes, fixes) of a matched component with its (and its parent's) refinements."""
-    by_id = {x.id: x for x in _components().components}
+    by_id = {x.id: x for x in component_map().components}
     parent = by_id.get(c.inherit) if c.inherit else None
     groups = {str(i): g or "" for i, g in enumerate(m.groups(), 1)} if m else {}
     name = _fmt(c.name, groups)
@@ -582,7 +280,7 @@ def _component_view(
 def _exit_view(code: int) -> tuple[str, list[str]]:
     """(words, fixes) for an exit status: Python's -N and the shell's 128 + N name the same signal N."""
     sig = -code if code < 0 else (code - 128 if code > 128 else None)
-    for e in _components().exit_codes:
+    for e in component_map().exit_codes:
         if e.code == code or (sig is not None and e.code - 128 == sig):
             how = f"signal {e.signal}" if code < 0 else f"code {code} ({e.signal})"
             return f"exited with {how} ({e.meaning})", list(e.fixes)
@@ -640,7 +338,7 @@ def diagnose_text(text: str, context: DiagContext | None = None) -> Diagnosis | 
     if not real:
         return _no_traceback(lines, events, text, ctx, versions, wrappers)
     ev, block = real[0]
-    pats = _compiled()[0]
+    pats = compiled_patterns()[0]
 
     def find_pattern(b: logtrace.ExcBlock, e: logtrace.Event):
         for p, rx in pats:
@@ -671,7 +369,7 @@ def diagnose_text(text: str, context: DiagContext | None = None) -> Diagnosis | 
 def _is_async(block: logtrace.ExcBlock, ev: logtrace.Event, ctx: DiagContext) -> bool:
     """A GPU kernel fault reported at a later synchronisation: a kernel error (not an API error such as
     "invalid argument"), torch's "might be asynchronously reported" note, and no CUDA_LAUNCH_BLOCKING=1."""
-    ae = _components().async_errors
+    ae = component_map().async_errors
     etext = block.text + "\n" + "\n".join(ln.msg for b in ev.chain for ln in b.lines)
     if not _CUDA_ERR.search(etext) or any(ctx.env.get(k) == v for k, v in ae.blocking_env.items()):
         return False
@@ -684,7 +382,7 @@ def _suspects(
     """For an asynchronous error: the suspects (name, note, fixes) — components whose ``suspect``
     refinements hold on this log first, then the component of the frame where it surfaced — the first
     log-based suspect, and the name of the surfacing component."""
-    comps = _components().components
+    comps = component_map().components
     surfaced = next(
         (
             c
@@ -864,7 +562,7 @@ def _add_async(
     """An asynchronous CUDA error: say the frame may not be the faulting kernel, add the suspects' notes and
     fixes after the version pin, confirm with ``CUDA_LAUNCH_BLOCKING=1``; a suspect the log names becomes the
     component, its fix first."""
-    ae = _components().async_errors
+    ae = component_map().async_errors
     fd.notes.append(
         f"the CUDA error was reported asynchronously{' at ' + f.frame if f.frame else ''}"
         + (f" ({surfaced})" if surfaced else "")
@@ -1000,8 +698,6 @@ def explain_port_conflict(diag: Diagnosis, host: str, api_port: int) -> Diagnosi
     """
     if diag.id not in ("address-in-use", "internal-port-in-use"):
         return diag
-    from m3ctl.runtime.base import port_holder, port_in_use  # noqa: PLC0415
-
     m = _PORT_IN_LINE.search(diag.line)
     port = int(next(g for g in m.groups() if g)) if m else None
     if port == api_port or (port is None and port_in_use(host, api_port) and diag.id == "address-in-use"):
@@ -1040,3 +736,29 @@ def diagnose_log(
         f.seek(max(0, size - tail_bytes))
         text = f.read().decode("utf-8", "replace")
     return diagnose_text(text, context)
+
+
+#: The reading's entry points, and the context, diagnosis and data of m3ctl.serving.diagnosis (importable from here,
+#: where the callers name them; the private loaders for the data tests).
+__all__ = [
+    "AsyncErrors",
+    "Component",
+    "ComponentMap",
+    "DiagContext",
+    "Diagnosis",
+    "ExitCode",
+    "LogPattern",
+    "LogPatterns",
+    "Phase",
+    "When",
+    "_components",
+    "_data",
+    "diagnose_log",
+    "diagnose_text",
+    "explain_port_conflict",
+    "first_error_line",
+    "load_components",
+    "load_patterns",
+    "log_versions",
+    "version_matches",
+]

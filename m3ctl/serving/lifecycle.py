@@ -20,13 +20,16 @@ import contextlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 from urllib.parse import urlsplit
 
 from m3ctl.core.state import Deployment, Registry
-
-if TYPE_CHECKING:
-    from m3ctl.serving.diagnose import Phase
+from m3ctl.errors import ConfigRejected, M3Error
+from m3ctl.planning.launch import DEPLOYMENT_LABEL
+from m3ctl.runtime import runtime_for
+from m3ctl.runtime.docker import DockerRuntime, container_name
+from m3ctl.runtime.process import marked_names, marked_processes
+from m3ctl.serving.diagnose import DiagContext, Phase, diagnose_log
 
 State = Literal["alive", "paused", "dead", "failed", "unknown"]
 
@@ -100,8 +103,6 @@ def _last_line(path: str | None) -> str | None:
 
 def explain(dep: Deployment, rt=None, phase: Phase = "serving") -> tuple[str, str | None]:
     """``(cause, fix)`` of a dead server from its log (m3ctl.serving.diagnose); without a finding, the log's last line."""
-    from m3ctl.serving.diagnose import DiagContext, diagnose_log  # noqa: PLC0415
-
     if rt is not None:
         with contextlib.suppress(Exception):  # a removed container: the log copied at stop time is what is left
             rt.sync_log(dep)
@@ -131,8 +132,6 @@ def engine_state(dep: Deployment, rt=None, *, registry: Registry | None = None) 
             log_path=dep.log_path,
         )
     if rt is None:
-        from m3ctl.serving.serve import runtime_for  # noqa: PLC0415
-
         rt = runtime_for(dep)
     raw = rt.inspect(dep)
     es = EngineState(dep.name, raw.state, raw.detail, raw.exit_status, raw.at, log_path=dep.log_path)
@@ -147,8 +146,6 @@ def engine_state(dep: Deployment, rt=None, *, registry: Registry | None = None) 
 
 def record_death(registry: Registry, name: str, es: EngineState, phase: str = "dead") -> None:
     """Keep a death (or a failed launch, ``phase="failed"``) in the record of ``name`` (no-op without one)."""
-    from m3ctl.errors import M3Error  # noqa: PLC0415
-
     try:
         cur = registry.get(name)
     except M3Error:
@@ -162,8 +159,6 @@ def record_death(registry: Registry, name: str, es: EngineState, phase: str = "d
 
 def check(name: str, registry: Registry | None = None) -> EngineState | None:
     """:func:`engine_state` of the deployment ``name`` (recording a death); None without a readable record."""
-    from m3ctl.errors import M3Error  # noqa: PLC0415
-
     registry = registry or Registry()
     try:
         dep = registry.get(name)
@@ -192,8 +187,6 @@ def deployment_for_url(url: str, registry: Registry | None = None) -> Deployment
 def orphans(registry: Registry | None = None, *, docker: bool = False) -> dict[str, str]:
     """``{name: what runs}`` of servers of this state dir that have no record: processes carrying its marker
     prefix, and with ``docker`` containers carrying its :data:`~m3ctl.planning.launch.DEPLOYMENT_LABEL`."""
-    from m3ctl.runtime.process import marked_names  # noqa: PLC0415
-
     registry = registry or Registry()
     known = {p.stem for p in registry.deployments_dir.glob("*.json")} if registry.deployments_dir.is_dir() else set()
     prefix = registry.marker("x")[:-1]
@@ -212,12 +205,7 @@ def orphans(registry: Registry | None = None, *, docker: bool = False) -> dict[s
 def _labelled_containers(prefix: str) -> dict[str, str]:
     """``{name: "container ..."}`` of running or paused containers labelled with this state dir; empty when no
     Docker engine answers."""
-    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
-
     try:
-        from m3ctl.planning.launch import DEPLOYMENT_LABEL  # noqa: PLC0415
-        from m3ctl.runtime.docker import DockerRuntime  # noqa: PLC0415
-
         cts = DockerRuntime().client().containers.list(all=True, filters={"label": DEPLOYMENT_LABEL})
     except (ConfigRejected, ImportError):
         return {}
@@ -232,17 +220,11 @@ def _labelled_containers(prefix: str) -> dict[str, str]:
 def orphan_of(name: str, registry: Registry, *, docker: bool = False) -> str | None:
     """What still runs of deployment ``name`` of this state dir (its marked processes; with ``docker`` its
     container ``m3ctl-NAME``), regardless of its record; None when nothing does."""
-    from m3ctl.runtime.process import marked_processes  # noqa: PLC0415
-
     procs = marked_processes(registry.marker(name))
     if procs:
         return "processes " + ", ".join(str(p.pid) for p in procs)
     if docker:
-        from m3ctl.errors import ConfigRejected  # noqa: PLC0415
-
         try:
-            from m3ctl.runtime.docker import DockerRuntime, container_name  # noqa: PLC0415
-
             stub = Deployment(name=name, runtime="docker", port=0, served_model_name="", model="")
             ct = DockerRuntime()._container(stub)
         except (ConfigRejected, ImportError):

@@ -20,6 +20,7 @@ from typing import Any
 
 from m3ctl.errors import ConfigRejected
 from m3ctl.hw.host import model_cache_dir, snapshot_path
+from m3ctl.planning.launch import serve_command
 
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -117,8 +118,6 @@ def resolve_offline(plan, environ: dict[str, str] | None = None):
     Raises:
         ConfigRejected: a reference is not cached, or a file vLLM needs is missing (named).
     """
-    from m3ctl.planning.launch import serve_command  # noqa: PLC0415
-
     args: dict[str, Any] = dict(plan.vllm_args or {})
     # ``--load-format dummy`` initialises random weights and reads no weight file (vLLM LoadFormat "dummy",
     # https://docs.vllm.ai/en/latest/configuration/engine_args.html#-load-format): config and tokenizer only.
@@ -151,3 +150,13 @@ def resolve_offline(plan, environ: dict[str, str] | None = None):
             "local_paths": local_paths,
         }
     )
+
+
+def resolve_if_offline(plan, offline: bool | None = None):
+    """``plan`` resolved to checked local snapshots (:func:`resolve_offline`) when ``offline`` is True, or is None
+    and ``HF_HUB_OFFLINE`` is set (:func:`offline_requested`); else ``plan`` itself.
+
+    Raises:
+        ConfigRejected: as :func:`resolve_offline`.
+    """
+    return resolve_offline(plan) if (offline if offline is not None else offline_requested()) else plan

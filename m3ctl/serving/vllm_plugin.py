@@ -44,8 +44,8 @@ def grant_cpu_amx() -> str:
     """
     if not sys.platform.startswith("linux"):
         return "not-needed"
-    try:
-        import torch  # noqa: PLC0415  (vLLM has imported it already; this costs nothing there)
+    try:  # vLLM has imported torch already: this costs nothing there
+        import torch  # noqa: PLC0415
     except Exception:
         return "skipped"
     try:
