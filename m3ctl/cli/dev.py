@@ -7,11 +7,11 @@ from typing import Annotated
 import typer
 
 from m3ctl.cli import options as o
-from m3ctl.cli.output import Output
+from m3ctl.cli.output import PLAIN_HELP, Output
 from m3ctl.errors import ChecksFailed
 
 app = typer.Typer(
-    help="Developer tools: tiny local models, vLLM CPU install fix-ups.", no_args_is_help=True, **o.PLAIN_HELP
+    help="Developer tools: tiny local models, vLLM CPU install fix-ups.", no_args_is_help=True, **PLAIN_HELP
 )
 
 

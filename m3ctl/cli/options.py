@@ -17,10 +17,10 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from m3ctl.loadgen import MAX_REQUEST_TOKENS, WORKLOADS
+from m3ctl.cli import output
+from m3ctl.loadgen import MAX_REQUEST_TOKENS
 
-PLAIN_HELP: dict[str, Any] = {"rich_markup_mode": None}  # click help: Typer's rich help costs ~0.2 s of imports
-RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
+PLAIN_HELP = output.PLAIN_HELP  # declared with the output (m3ctl.cli.app reads it there); bench.py reads it here
 
 
 # ------------------------------------------------------------------ parsers (parse-time value checks)
@@ -378,32 +378,6 @@ PLAN_KNOBS: dict[str, tuple[Any, Any]] = {
         None,
     ),
 }
-
-# ------------------------------------------------------------------ workload (bench, tune)
-Workload = Annotated[
-    str,
-    typer.Option(
-        parser=choice(*WORKLOADS),
-        autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)],
-        help=f"Bench workload: {', '.join(WORKLOADS)}.",
-    ),
-]
-InputLen = Annotated[
-    int,
-    typer.Option(
-        min=1,
-        max=MAX_REQUEST_TOKENS,
-        help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn).",
-    ),
-]
-OutputLen = Annotated[int, typer.Option(min=1, max=MAX_REQUEST_TOKENS, help="Output tokens per request.")]
-Seed = Annotated[
-    int, typer.Option(help="Workload seed (lengths, order, arrivals); the prompt text is fresh every run.")
-]
-UsdPerGpuHour = Annotated[
-    float | None,
-    typer.Option(parser=positive_float, metavar="USD", help="GPU price for USD per million tokens and tokens per USD."),
-]
 
 
 def options(group: dict[str, tuple[Any, Any]], into: str):
