@@ -60,7 +60,7 @@ def _validated(fn: Callable, hints: dict[str, Any]) -> Callable:
     copy.__kwdefaults__ = fn.__kwdefaults__
     copy.__module__, copy.__qualname__ = fn.__module__, _title(fn)  # the title of its ValidationErrors
     copy.__annotations__ = hints
-    return validate_call(copy, config=_CONFIG)
+    return validate_call(config=_CONFIG)(copy)
 
 
 def _title(fn: Callable) -> str:
