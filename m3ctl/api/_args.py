@@ -9,7 +9,6 @@ the verb's module, else a public name of :mod:`m3ctl.api` (imported then, from i
 from __future__ import annotations
 
 import functools
-import importlib
 import inspect
 import types
 from collections.abc import Callable, Iterator, Mapping
@@ -18,6 +17,7 @@ from typing import Any, get_args, get_type_hints
 import pydantic
 from pydantic import ConfigDict, ValidationError, validate_call
 
+from m3ctl import api
 from m3ctl.errors import BadInput
 
 #: lax (``"8000"`` is a port, ``"abc"`` is not); types that are no pydantic model (a LaunchPlan) by isinstance.
@@ -30,7 +30,7 @@ class _ApiNames(Mapping[str, Any]):
 
     def __getitem__(self, name: str) -> Any:
         try:
-            return getattr(importlib.import_module("m3ctl.api"), name)
+            return getattr(api, name)
         except AttributeError:
             pass
         try:
