@@ -8,6 +8,7 @@ the verb's module, else a public name of :mod:`m3ctl.api` (imported then, from i
 
 from __future__ import annotations
 
+import builtins
 import functools
 import inspect
 import types
@@ -25,18 +26,21 @@ _CONFIG = ConfigDict(arbitrary_types_allowed=True)
 
 
 class _ApiNames(Mapping[str, Any]):
-    """The names an API annotation may use besides its module's: the public names of :mod:`m3ctl.api` (each
-    imported from its home when an annotation names it) and pydantic's (``StrictInt``)."""
+    """The names an API annotation may use besides its module's (``globalns``, looked up after this mapping, and
+    the builtins): the public names of :mod:`m3ctl.api` (each imported from its home when an annotation names
+    it) and pydantic's (``StrictInt``)."""
+
+    def __init__(self, globalns: dict[str, Any]) -> None:
+        self.globalns = globalns
 
     def __getitem__(self, name: str) -> Any:
-        try:
+        if name in self.globalns or hasattr(builtins, name):
+            raise KeyError(name)  # the module's own name, as get_type_hints finds it
+        if name in api.__all__:
             return getattr(api, name)
-        except AttributeError:
-            pass
-        try:
+        if name in pydantic.__all__:
             return getattr(pydantic, name)
-        except AttributeError:
-            raise KeyError(name) from None
+        raise KeyError(name)
 
     def __iter__(self) -> Iterator[str]:
         return iter(())
@@ -53,14 +57,16 @@ def _takes_bool(hint: Any) -> bool:
     return any(_takes_bool(a) for a in get_args(hint))
 
 
-def _validated(fn: Callable, hints: dict[str, Any]) -> Callable:
-    """``validate_call`` of ``fn`` with its parameters' annotations resolved (``hints``; the return type is not
-    checked, so it is not resolved): a copy of ``fn`` carries them, ``fn`` itself is left as written."""
+def _validated(fn: Callable) -> tuple[dict[str, Any], Callable]:
+    """The resolved annotations of ``fn``'s parameters and ``validate_call`` of ``fn`` under them (the return type
+    is not checked, so it is not resolved): a copy of ``fn`` carries them, ``fn`` itself is left as written."""
     copy = types.FunctionType(fn.__code__, fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__)
     copy.__kwdefaults__ = fn.__kwdefaults__
     copy.__module__, copy.__qualname__ = fn.__module__, _title(fn)  # the title of its ValidationErrors
+    copy.__annotations__ = {k: v for k, v in fn.__annotations__.items() if k != "return"}
+    hints = get_type_hints(copy, localns=_ApiNames(fn.__globals__), include_extras=True)
     copy.__annotations__ = hints
-    return validate_call(config=_CONFIG)(copy)
+    return hints, validate_call(config=_CONFIG)(copy)
 
 
 def _title(fn: Callable) -> str:
@@ -97,9 +103,8 @@ def _checked(fn):
         """The validating call of ``fn`` (built on the first call) once ``args``/``kwargs`` bind and no switch
         stands for a number."""
         if not built:
-            hints = get_type_hints(fn, localns=_ApiNames(), include_extras=True)
-            hints.pop("return", None)
-            built.update(hints=hints, call=_validated(fn, hints))
+            hints, call = _validated(fn)
+            built.update(hints=hints, call=call)
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as e:
