@@ -4,8 +4,9 @@ interpreter (``python -c pass``) and ``python -c "import typer"`` (the floor of 
 
 Each command runs ``--runs`` times in a fresh interpreter (this one, ``python -m m3ctl`` from this checkout),
 in an empty directory, with no ``M3CTL_*`` variable and an empty config directory, output discarded; the table
-gives min / median / max wall seconds. Targets (issue 38): ``--help`` <= 0.1 s, ``plan`` <= 0.3 s on the
-reference host; on a shared host read the min. Nothing is asserted (this is no test).
+gives min / median / max wall seconds and the least CPU seconds (user + system, steadier than wall time on a
+shared host). Targets (issue 38): ``--help`` <= 0.1 s, ``plan`` <= 0.3 s on the reference host; on a shared
+host read the minima. Nothing is asserted (this is no test).
 
 Usage (from the repo root, in the venv)::
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -38,20 +40,23 @@ CASES = [
 ]
 
 
-def wall_times(argv: list[str], runs: int, env: dict[str, str], cwd: str) -> list[float]:
-    """Wall seconds of ``runs`` runs of ``python ARGV``.
+def times(argv: list[str], runs: int, env: dict[str, str], cwd: str) -> tuple[list[float], list[float]]:
+    """Wall seconds and CPU seconds (user + system) of ``runs`` runs of ``python ARGV``.
 
     Raises:
         SystemExit: a run exits non-zero (its stderr is shown).
     """
-    out = []
+    wall, cpu = [], []
     for _ in range(runs):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         t0 = time.perf_counter()
         p = subprocess.run([sys.executable, *argv], env=env, cwd=cwd, capture_output=True, text=True)
-        out.append(time.perf_counter() - t0)
+        wall.append(time.perf_counter() - t0)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
         if p.returncode != 0:
             raise SystemExit(f"{' '.join(argv)}: exit {p.returncode}\n{p.stderr}")
-    return out
+    return wall, cpu
 
 
 def main() -> None:
@@ -67,10 +72,10 @@ def main() -> None:
             XDG_CONFIG_HOME=str(Path(tmp) / "config"),
         )  # no M3CTL_* at all: one set makes every command check its name (m3ctl.cli.app.warn_unknown_env)
         print(f"{repo}: {runs} runs each, wall seconds ({sys.executable}, load average {os.getloadavg()[0]:.2f})")
-        print(f"{'command':66} {'min':>6} {'median':>6} {'max':>6}")
+        print(f"{'command':66} {'min':>6} {'median':>6} {'max':>6}  {'cpu min':>7}")
         for label, argv in CASES:
-            ts = wall_times(argv, runs, env, tmp)
-            print(f"{label:66} {min(ts):6.3f} {statistics.median(ts):6.3f} {max(ts):6.3f}", flush=True)
+            ts, cpu = times(argv, runs, env, tmp)
+            print(f"{label:66} {min(ts):6.3f} {statistics.median(ts):6.3f} {max(ts):6.3f}  {min(cpu):7.3f}", flush=True)
 
 
 if __name__ == "__main__":
