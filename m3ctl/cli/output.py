@@ -7,8 +7,15 @@ stderr as ``error: <what>`` / ``hint: <fix>`` (m3ctl.cli.app.main) in both modes
 """
 
 import json
+import os
+import re
+import shlex
 import sys
+import textwrap
 from typing import Any
+
+#: Typer settings of every command group: click's plain help (Typer's rich help costs ~0.2 s of imports).
+PLAIN_HELP: dict[str, Any] = {"rich_markup_mode": None}
 
 #: Columns of output that goes to a pipe or a file with no ``COLUMNS`` set (rich's own default, 80, squeezes the
 #: wide tables, e.g. ``m3ctl plan --systems all | less``, into cut cells).
@@ -18,8 +25,6 @@ PIPE_WIDTH = 200
 def console(stderr: bool = False):
     """A rich console without highlighting; soft wrap, so a long line is wrapped by the terminal, not cut. Output
     that is not a terminal is :data:`PIPE_WIDTH` columns wide unless ``COLUMNS`` says otherwise."""
-    import os  # noqa: PLC0415
-
     from rich.console import Console  # noqa: PLC0415
 
     stream = sys.stderr if stderr else sys.stdout
@@ -43,9 +48,6 @@ def hang(head: str, text: str, width: int, indent: int | None = None) -> str:
     """``head`` + ``text`` wrapped at ``width`` columns at word boundaries (never inside a number, a path, or
     between a number and its unit), later lines indented to ``indent`` (default: under the text); plain text,
     no trailing spaces."""
-    import re  # noqa: PLC0415
-    import textwrap  # noqa: PLC0415
-
     text = re.sub(_UNIT, "\\1\x00\\2", text)  # glued for textwrap, a space again below
 
     pad = " " * (len(head) if indent is None else indent)
@@ -88,8 +90,6 @@ def _shell_words(command: str) -> list[str]:
 def shell_lines(command: str, width: int, indent: int = 4) -> str:
     """A shell command as lines of at most ``width`` columns joined by `` \\`` continuations (still one command
     when pasted into a shell); a flag stays on one line with its values. One line when it fits."""
-    import shlex  # noqa: PLC0415
-
     if len(command) <= width:
         return command
     try:

@@ -23,6 +23,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from m3ctl import catalog
+from m3ctl.assess.facts import estimate_weights_bytes
+from m3ctl.dev.tiny_model import build_tokenizer, pad_vocabulary
 from m3ctl.errors import BadInput
 
 ARCHS = {"minimax-m2": "MiniMax-M2.5", "minimax-m3": "MiniMax-M3.1-Flash"}
@@ -125,8 +128,6 @@ class ScaleModelSpec:
 
 
 def _facts(arch: str):
-    from m3ctl import catalog  # noqa: PLC0415
-
     spec = catalog.models()[ARCHS[arch]]
     return spec.facts
 
@@ -218,9 +219,6 @@ def build_scale_model(out_dir: str | Path, spec: ScaleModelSpec | None = None, *
     Raises:
         BadInput: a bad spec, or ``out_dir`` exists and is not empty (without ``overwrite``).
     """
-    from m3ctl.assess.facts import estimate_weights_bytes  # noqa: PLC0415
-    from m3ctl.dev.tiny_model import build_tokenizer, pad_vocabulary  # noqa: PLC0415
-
     spec = spec or ScaleModelSpec()
     spec.validate()
     out = Path(out_dir)

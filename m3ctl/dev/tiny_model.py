@@ -63,8 +63,6 @@ class TinyModelSpec:
 
     def __post_init__(self) -> None:
         """Raises BadInput: a size below 1, or KV heads that do not divide the attention heads (GQA groups)."""
-        from m3ctl.errors import BadInput  # noqa: PLC0415
-
         for f in (
             "vocab_size",
             "hidden_size",
