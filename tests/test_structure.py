@@ -25,20 +25,14 @@ MAX_CLASS_LINES = 300
 
 #: Files over :data:`MAX_FILE_LINES` today, each being split under issue 38 (the lead empties this list).
 OVER_800 = {
-    "m3ctl/assess/rules.py": "being split, issue 38",
-    "m3ctl/catalog/__init__.py": "being split, issue 38 (data schemas registered by their owners)",
     "m3ctl/checks/doctor.py": "being split, issue 38 (doctor as a view of the plan)",
-    "m3ctl/hw/detect.py": "being split, issue 38",
     "m3ctl/loadgen/runner.py": "being split, issue 38 (bench stages)",
     "m3ctl/planning/plan.py": "being split, issue 38",
-    "m3ctl/serving/diagnose.py": "being split, issue 38",
-    "m3ctl/serving/smoke.py": "being split, issue 38",
     "m3ctl/tuning/search.py": "being split, issue 38 (one tune search)",
     "m3ctl/tuning/study.py": "being split, issue 38 (one tune search)",
 }
 #: Classes over :data:`MAX_CLASS_LINES` today ("file:class"), each being split under issue 38.
 OVER_300 = {
-    "m3ctl/serving/smoke.py:_Run": "being split, issue 38",
     "m3ctl/tuning/parallel.py:_Run": "being split, issue 38 (one tune search: serial = parallel with one slot)",
     "m3ctl/tuning/search.py:Tuner": "being split, issue 38 (one tune search)",
     "m3ctl/tuning/server.py:ServerEvaluator": "being split, issue 38",
@@ -95,8 +89,6 @@ def test_the_size_offenders_still_offend():
 KNOWN_CIRCLES: dict[frozenset[str], str] = {
     frozenset({"m3ctl.loadgen.runner", "m3ctl.loadgen.trace"}): "trace's in-function imports of runner's "
     "MAX_PROMPTS / MAX_RUN_PROMPT_TOKENS (runner imports trace at the top)",
-    frozenset({"m3ctl.serving.lifecycle", "m3ctl.serving.serve", "m3ctl.serving.watchdog"}): "lifecycle's "
-    "in-function import of serve.runtime_for (serve imports lifecycle and watchdog, watchdog imports lifecycle)",
     frozenset({"m3ctl.tuning.parallel", "m3ctl.tuning.search"}): "the two tune searches call each other "
     "(Tuner.run hands over to run_parallel, which imports search)",
 }
