@@ -198,7 +198,9 @@ def _read_unknown(out: RawArgs, toks: _Tokens, opt: _Option) -> None:
         out.flags[opt.name] = True
 
 
-def _resolve(opt: _Option, tok: str, opts: Mapping[str, tuple[str, bool]], out: RawArgs) -> tuple[str, bool, bool] | None:
+def _resolve(
+    opt: _Option, tok: str, opts: Mapping[str, tuple[str, bool]], out: RawArgs
+) -> tuple[str, bool, bool] | None:
     """The flag an option string names: (flag name, switch value, expanded from a unique prefix); None when vLLM
     does not know it.
 
