@@ -7,6 +7,11 @@ and the directory is fsync'ed so the rename itself survives a crash. A failed wr
 system, no permission, a directory in the way) leaves the old file or none, never a 0-byte or truncated one: the
 temp file is removed, and the error names the cause, the path and the bytes it needed.
 
+What m3ctl writes over is only what it may replace: a regular file (replaced atomically, as above), a symlink
+(followed: its target is replaced, the link stays), or a stream a user named on purpose (``/dev/stdout``, a FIFO,
+``/dev/null``: a character device or a pipe, written through, never replaced). Anything else (a socket, a block
+device) is refused, before the run by :func:`m3ctl.core.state.check_output_path` and again at the write.
+
 Reads of user files (``--config``, a profile, a trace, records) say in one line what is wrong with the file (a
 directory, not UTF-8, unreadable) instead of raising a raw ``UnicodeDecodeError``/``IsADirectoryError``.
 """
@@ -16,14 +21,51 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 import tempfile
 import time
 from pathlib import Path
+from typing import Literal
 
 from m3ctl.catalog.loader import read_user_text
 from m3ctl.errors import WriteFailed, cause
 
-__all__ = ["WriteFailed", "cause", "read_user_text", "save_with_fallback", "write_atomic"]
+__all__ = ["WriteFailed", "cause", "output_target", "read_user_text", "save_with_fallback", "write_atomic"]
+
+Kind = Literal["new", "regular", "directory", "stream", "other"]
+
+
+def output_target(path: str | Path) -> tuple[Path, Kind, str]:
+    """Where a write to ``path`` lands and what is there: ``(target, kind, what)``. ``target`` is ``path`` with its
+    symlinks followed (a dangling link's destination too); ``kind`` is ``new`` (nothing there yet), ``regular``,
+    ``directory``, ``stream`` (a character device or a FIFO: written through) or ``other`` (a socket, a block
+    device: never written); ``what`` names it in words (``a socket``)."""
+    path = Path(path)
+    target = path.resolve() if path.is_symlink() else path
+    try:
+        mode = os.stat(target).st_mode
+    except FileNotFoundError:
+        return target, "new", "a new file"
+    except (OSError, ValueError):
+        return target, "regular", "a file"  # unreadable metadata: the write itself names the cause
+    if stat.S_ISREG(mode):
+        return target, "regular", "a file"
+    if stat.S_ISDIR(mode):
+        return target, "directory", "a directory"
+    if stat.S_ISCHR(mode) or stat.S_ISFIFO(mode):
+        return target, "stream", "a character device" if stat.S_ISCHR(mode) else "a FIFO"
+    return (
+        target,
+        "other",
+        "a socket" if stat.S_ISSOCK(mode) else "a block device" if stat.S_ISBLK(mode) else "not a file",
+    )
+
+
+def _write_through(target: Path, blob: bytes) -> None:
+    """Write ``blob`` into a stream (a character device or a FIFO) as it is: no temp file, no rename."""
+    with open(target, "wb") as f:
+        f.write(blob)
+        f.flush()
 
 
 def _fsync_dir(d: Path) -> None:
@@ -39,19 +81,29 @@ def write_atomic(path: str | Path, data: str | bytes, *, mkdir: bool = True) -> 
     """Write ``data`` (text is UTF-8) to ``path`` atomically: a unique temp file in the same directory, write,
     flush, fsync, rename over ``path``, fsync the directory. Two writers never share a temp file.
 
+    A symlink is followed (its target is replaced; the link stays); a character device or a FIFO (``/dev/stdout``,
+    ``/dev/null``, a pipe) is written through, never replaced (:func:`output_target`).
+
     Returns:
         ``path``.
 
     Raises:
         WriteFailed: any OSError (ENOSPC, EDQUOT, EROFS, EACCES, EISDIR, ...): ``path`` is untouched (the old file
-            or none) and no temp file is left.
+            or none) and no temp file is left; ``path`` is a socket or a block device (EINVAL: m3ctl replaces
+            only regular files).
     """
-    path = Path(path)
+    given = Path(path)
     blob = data.encode() if isinstance(data, str) else bytes(data)
     tmp = None
     try:
-        if path.is_dir():
+        path, kind, what = output_target(given)
+        if kind == "directory":
             raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
+        if kind == "other":
+            raise OSError(errno.EINVAL, f"{what}, not a regular file: m3ctl writes only files it may replace")
+        if kind == "stream":
+            _write_through(path, blob)
+            return given
         if mkdir:
             try:
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -65,11 +117,11 @@ def write_atomic(path: str | Path, data: str | bytes, *, mkdir: bool = True) -> 
         os.replace(tmp, path)
         tmp = None
         _fsync_dir(path.parent)
-        return path
+        return given
     except OSError as e:
-        raise WriteFailed(path, len(blob), e) from None
+        raise WriteFailed(given, len(blob), e) from None
     except ValueError as e:  # a NUL byte in the path
-        raise WriteFailed(path, len(blob), OSError(errno.EINVAL, f"invalid path ({e})")) from None
+        raise WriteFailed(given, len(blob), OSError(errno.EINVAL, f"invalid path ({e})")) from None
     finally:
         if tmp is not None:
             with contextlib.suppress(OSError):

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
-from m3ctl.core.files import WriteFailed, cause, save_with_fallback, write_atomic
+from m3ctl.core.files import WriteFailed, cause, output_target, save_with_fallback, write_atomic
 from m3ctl.errors import BadInput, ConfigRejected, NotFound, StateWriteFailed, UnreadableRecord
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -67,30 +67,42 @@ def state_dir() -> Path:
 
 def check_output_path(path: Path, opt: str) -> None:
     """Refuse an output file that cannot be written, before any work starts (nothing measured is lost to it).
-    A missing parent directory is fine when it can be created (writers create it).
+    A missing parent directory is fine when it can be created (writers create it). A symlink is checked at its
+    target; a stream (``/dev/stdout``, a FIFO, ``/dev/null``) is written through and not opened here (a FIFO with
+    no reader yet would block); a socket or a block device is refused (m3ctl.core.files.output_target).
 
     Raises:
-        BadInput: ``path`` is a directory, lies under a file, or cannot be written (naming ``opt``).
+        BadInput: ``path`` is a directory, a socket or a block device, lies under a file, or cannot be written
+            (naming ``opt``).
     """
-    path = Path(path)
-    if path.is_dir():
-        raise BadInput(f"{opt} {path} is a directory", "give a file path")
+    given = Path(path)
+    path, kind, what = output_target(given)
+    shown = f"{given}" if path == given else f"{given} (-> {path})"
+    if kind == "directory":
+        raise BadInput(f"{opt} {shown} is a directory", "give a file path")
+    if kind == "other":
+        raise BadInput(
+            f"{opt} {shown} is {what}, not a regular file: m3ctl writes only files it may replace",
+            "give a file path (or /dev/stdout to print it)",
+        )
+    if kind == "stream":
+        return
     parent = path.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise BadInput(f"{opt} {path}: {parent} is a file, not a directory", "choose a path in a directory")
+        raise BadInput(f"{opt} {shown}: {parent} is a file, not a directory", "choose a path in a directory")
     if path.exists() or parent == path.parent:  # try it: permission bits do not tell for root or /proc
         existed = path.exists()
         try:
             with open(path, "a"):
                 pass
         except OSError as e:
-            raise BadInput(f"{opt} {path} is not writable ({e.strerror})", "choose a writable path") from None
+            raise BadInput(f"{opt} {shown} is not writable ({e.strerror})", "choose a writable path") from None
         if not existed:
             path.unlink()
     elif not os.access(parent, os.W_OK | os.X_OK):
-        raise BadInput(f"{opt} {path} is not writable (no write permission in {parent})", "choose a writable path")
+        raise BadInput(f"{opt} {shown} is not writable (no write permission in {parent})", "choose a writable path")
 
 
 def save_output(path: Path, data: str | bytes, what: str) -> Path:
