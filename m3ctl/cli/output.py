@@ -23,14 +23,16 @@ PIPE_WIDTH = 200
 
 
 def console(stderr: bool = False):
-    """A rich console without highlighting; soft wrap, so a long line is wrapped by the terminal, not cut. Output
-    that is not a terminal is :data:`PIPE_WIDTH` columns wide unless ``COLUMNS`` says otherwise."""
+    """A rich console without highlighting and without emoji codes (``:b:`` in a user's ``--mount a:b:c:d`` printed
+    as an emoji; brackets are escaped where text is printed: :func:`escape`); soft wrap, so a long line is wrapped
+    by the terminal, not cut. Output that is not a terminal is :data:`PIPE_WIDTH` columns wide unless ``COLUMNS``
+    says otherwise."""
     from rich.console import Console  # noqa: PLC0415
 
     stream = sys.stderr if stderr else sys.stdout
     piped = not (hasattr(stream, "isatty") and stream.isatty())
     width = PIPE_WIDTH if piped and not os.environ.get("COLUMNS") else None
-    return Console(stderr=stderr, highlight=False, soft_wrap=True, width=width)
+    return Console(stderr=stderr, highlight=False, emoji=False, soft_wrap=True, width=width)
 
 
 def escape(text: str) -> str:
