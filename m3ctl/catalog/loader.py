@@ -131,6 +131,24 @@ class _UniqueKeyLoader(_SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _construct_int(loader: yaml.constructor.SafeConstructor, node: Any) -> int:
+    """YAML's int, refused in one line past Python's digit limit (4,300 digits by default: a 5,000-digit ``port``
+    raised a bare ValueError, https://docs.python.org/3/library/stdtypes.html#int-max-str-digits)."""
+    try:
+        return yaml.constructor.SafeConstructor.construct_yaml_int(loader, node)
+    except ValueError:
+        raise yaml.constructor.ConstructorError(
+            None,
+            None,
+            f"a whole number of {len(str(node.value)):,} characters, longer than m3ctl reads "
+            f"({sys.get_int_max_str_digits():,} digits at most)",
+            node.start_mark,
+        ) from None
+
+
+_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+
+
 def load_yaml(text: str) -> Any:
     """Parse YAML as every m3ctl reader does: safe, and a key given twice in a mapping is an error.
 

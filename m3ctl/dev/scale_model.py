@@ -25,7 +25,7 @@ from typing import Any
 
 from m3ctl import catalog
 from m3ctl.assess.facts import estimate_weights_bytes
-from m3ctl.dev.tiny_model import build_tokenizer, pad_vocabulary
+from m3ctl.dev.tiny_model import build_tokenizer, make_out_dir, pad_vocabulary
 from m3ctl.errors import BadInput
 
 ARCHS = {"minimax-m2": "MiniMax-M2.5", "minimax-m3": "MiniMax-M3.1-Flash"}
@@ -221,10 +221,7 @@ def build_scale_model(out_dir: str | Path, spec: ScaleModelSpec | None = None, *
     """
     spec = spec or ScaleModelSpec()
     spec.validate()
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise BadInput(f"{out} exists and is not empty", "choose another directory or pass --overwrite")
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_out_dir(Path(out_dir), overwrite)
     tok = build_tokenizer(out, 2048)
     cfg = scale_config(spec, bos=tok.bos_token_id, eos=tok.eos_token_id, pad=tok.pad_token_id)
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))

@@ -31,6 +31,7 @@ import itertools
 import json
 import string
 import sysconfig
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +92,24 @@ def _corpus(max_files: int = 200) -> list[str]:
     stdlib = Path(sysconfig.get_paths()["stdlib"])
     files = sorted(p for p in stdlib.glob("*.py"))[:max_files]
     return [str(p) for p in files]
+
+
+def make_out_dir(out: Path, overwrite: bool) -> Path:
+    """Create the model directory ``out`` (parents too) and prove it takes a file.
+
+    Raises:
+        BadInput: ``out`` exists and is not empty (without ``overwrite``), or cannot be made or written (read-only
+            file system, no permission, a symlink loop, a file in the way: one line with the cause).
+    """
+    try:
+        if out.exists() and any(out.iterdir()) and not overwrite:
+            raise BadInput(f"{out} exists and is not empty", "choose another directory or pass --overwrite")
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise BadInput(f"cannot write a model to {out}: {e.strerror or e}", "choose a writable directory") from None
+    return out
 
 
 def build_tokenizer(out: Path, vocab_size: int):
@@ -354,10 +373,7 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None, *, 
     spec = spec or TinyModelSpec()
     if spec.arch not in ARCHITECTURES:
         raise BadInput(f"unknown tiny-model architecture {spec.arch!r}", f"choose one of: {', '.join(ARCHITECTURES)}")
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not overwrite:
-        raise BadInput(f"{out} exists and is not empty", "choose another directory or pass --overwrite")
-    out.mkdir(parents=True, exist_ok=True)
+    out = make_out_dir(Path(out_dir), overwrite)
     import torch  # noqa: PLC0415
     from transformers.utils import logging as hf_logging  # noqa: PLC0415
 

@@ -29,7 +29,10 @@ import m3ctl.serving.kernels
 import m3ctl.serving.smoke
 from m3ctl import catalog
 from m3ctl.catalog import registry
+from m3ctl.catalog.loader import load_yaml
 from m3ctl.errors import CatalogError
+
+from ..conftest import run_cli
 
 PKG = Path(m3ctl.__file__).parent
 PACKAGED = sorted(p.relative_to(PKG).as_posix() for p in PKG.rglob("*.yaml"))
@@ -263,3 +266,13 @@ def test_no_module_reads_packaged_data_around_the_catalog():
         if 'resources.files("m3ctl")' in p.read_text() and p.relative_to(PKG).as_posix() != "catalog/registry.py"
     }
     assert readers == set(), sorted(readers)
+
+
+def test_a_whole_number_past_pythons_digit_limit_is_one_line(tmp_path):
+    """A 5,000-digit integer in a YAML file raised a bare ValueError (Python's int digit limit)."""
+    cfg = tmp_path / "big.yaml"
+    cfg.write_text("port: " + "9" * 5000 + "\n")
+    with pytest.raises(yaml.YAMLError, match="a whole number of 5,000 characters"):
+        load_yaml(cfg.read_text())
+    p = run_cli("plan", "--config", str(cfg))
+    assert p.returncode == 2 and "a whole number of 5,000 characters" in p.stderr and "internal error" not in p.stderr
