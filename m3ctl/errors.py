@@ -163,3 +163,12 @@ class Unauthorised(BadInput):
 
 class NotFound(BadInput):
     """A named deployment or file does not exist (exit 2)."""
+
+
+class BenchServerDown(M3Error):
+    """The server stopped accepting connections during the run (exit 4, as a server that died at launch).
+
+    Partial results are kept (``--output-json``); the failures are counted per kind in ``failed_by_kind``.
+    """
+
+    exit_code = EXIT_LAUNCH_FAILED

@@ -1,6 +1,6 @@
 """The settings of one bench run, declared once: :class:`BenchConfig` (types, defaults, units, ranges).
 
-m3ctl.loadgen.runner runs it; ``m3ctl bench`` derives its options' defaults from it; ``m3ctl.api.bench`` takes
+m3ctl.loadgen.inputs checks it (once, before anything is sent) and m3ctl.loadgen.runner runs it; ``m3ctl bench`` derives its options' defaults from it; ``m3ctl.api.bench`` takes
 its fields as keywords. This module imports nothing but pydantic, so the CLI reads it for ``--help``.
 """
 
@@ -16,6 +16,10 @@ from m3ctl.loadgen import MAX_REQUEST_TOKENS
 #: Most requests one run may send: the prompts are built in memory before the first is sent (about 1 KiB per
 #: 128-token request), so more than this would build prompts for minutes and never send.
 MAX_PROMPTS = 1_000_000
+
+#: Most prompt tokens one run builds in memory before the first send (measured and warm-up requests together):
+#: MAX_PROMPTS requests of 128 tokens, about 1 GiB of prompt text (see MAX_PROMPTS).
+MAX_RUN_PROMPT_TOKENS = MAX_PROMPTS * 128
 
 
 class BenchConfig(BaseModel):

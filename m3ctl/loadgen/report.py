@@ -65,7 +65,7 @@ def sweep_doc(runs: list[dict], axis: str, values: list | dict, slo: str = "") -
     which it was skipped}, and the runs. With ``slo`` (an SLO m3ctl.loadgen.slo.parse_slo reads, e.g.
     ``"p90_tpot_ms<=30"``) and a concurrency sweep, ``sweep.capacity`` is m3ctl.loadgen.capacity.sweep_capacity: the
     highest level that holds by the tune's capacity rule, each level's verdict and what is undecided."""
-    from m3ctl.loadgen.runner import SCHEMA_VERSION  # noqa: PLC0415
+    from m3ctl.results import BENCH_SCHEMA_VERSION as SCHEMA_VERSION  # noqa: PLC0415
 
     levels = [
         {
