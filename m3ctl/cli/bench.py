@@ -63,106 +63,69 @@ def _le(field: str) -> int:
     return next(m.le for m in BenchConfig.model_fields[field].metadata if getattr(m, "le", None) is not None)
 
 
-_SECONDS = dict(parser=o.positive_float, metavar="SECONDS")
-_LENGTHS = "a list such as {} sweeps it (a sweep runs input x output x concurrency)"
+#: The order of the run's options in ``--help`` (a field declared later is listed after them).
+_ORDER = (
+    "endpoint",
+    "workload",
+    "request_rate",
+    "burstiness",
+    "num_prompts",
+    "duration_s",
+    "input_len",
+    "output_len",
+    "trace_path",
+    "trace_time_scale",
+    "max_ttft_s",
+    "stop_on_overload",
+    "range_ratio",
+    "range_convention",
+    "dataset_path",
+    "dataset_output_len",
+    "num_prefixes",
+    "prefix_len",
+    "num_sessions",
+    "turns",
+    "turn_input_len",
+    "think_time_s",
+    "ignore_eos",
+    "temperature",
+    "num_warmups",
+    "seed",
+    "prompt_salt",
+    "prompt_text",
+    "percentiles",
+    "tokenizer",
+    "usd_per_gpu_hour",
+    "power",
+    "power_gpus",
+    "power_interval_s",
+    "client_procs",
+    "http_client",
+    "continuous_usage",
+    "allow_approx",
+    "max_error_rate",
+    "request_timeout_s",
+    "stall_floor_s",
+    "per_request",
+    "label",
+)
 
-#: The run's options, derived from BenchConfig (type, default, bounds); here what a field cannot say.
-BENCH_OPTIONS, BENCH_FIELDS = o.model_options(
+#: The run's options: each declared once, by its BenchConfig field (type, default, bounds, help, flag:
+#: m3ctl.loadgen.config.cli); here only what a declaration cannot hold (parsers built here, list defaults shown).
+BENCH_OPTIONS, BENCH_FIELDS = o.declared_options(
     BenchConfig,
+    _ORDER,
     {
-        "endpoint": dict(),
         "workload": dict(
             parser=o.choice(*WORKLOADS),
             autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)],
-            help=f"Bench workload: {', '.join(WORKLOADS)}.",
         ),
-        "request_rate": dict(parser=o.positive_float, metavar="RPS"),
-        "burstiness": dict(parser=o.positive_float, metavar="SHAPE"),
-        "num_prompts": dict(unset=True),  # only a given value counts: a --trace refuses it
-        "duration_s": dict(name="duration", **_SECONDS),
-        "input_len": dict(
-            type=str,
-            parser=o.int_list_upto(_le("input_len")),
-            metavar="TOKENS",
-            show=_comma,
-            help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn); "
-            + _LENGTHS.format("512,4096")
-            + ".",
-        ),
-        "output_len": dict(
-            type=str,
-            parser=o.int_list_upto(_le("output_len")),
-            metavar="TOKENS",
-            show=_comma,
-            help="Output tokens per request; " + _LENGTHS.format("128,1024") + ".",
-        ),
-        "trace_path": dict(
-            name="trace",
-            type=Path,
-            metavar="FILE",
-        ),
-        "trace_time_scale": dict(
-            parser=o.positive_float,
-            metavar="X",
-        ),
-        "max_ttft_s": dict(
-            name="max_ttft",
-            decls=("--max-ttft", "--max-ttft-s"),
-            **_SECONDS,
-        ),
-        "stop_on_overload": dict(),
-        "range_ratio": dict(min=0),
+        "input_len": dict(parser=o.int_list_upto(_le("input_len")), show=_comma),
+        "output_len": dict(parser=o.int_list_upto(_le("output_len")), show=_comma),
         "range_convention": dict(parser=o.choice("vllm", "inferencex")),
-        "dataset_path": dict(type=Path, exists=True, dir_okay=False),
-        "dataset_output_len": dict(),
-        "num_prefixes": dict(),
-        "prefix_len": dict(),
-        "num_sessions": dict(),
-        "turns": dict(),
-        "turn_input_len": dict(),
-        "think_time_s": dict(name="think_time"),
-        "ignore_eos": dict(),
-        "temperature": dict(min=0),
-        "num_warmups": dict(),
-        "seed": dict(),
-        "prompt_salt": dict(),
         "prompt_text": dict(parser=o.choice("fresh", "common")),
-        "percentiles": dict(
-            type=str,
-            decls=("--percentiles", "--metric-percentiles"),  # vllm bench serve's name
-            parser=o.percentiles,
-            show=_comma,
-            help="Comma-separated percentiles (0-100) of every latency metric (--metric-percentiles as vllm bench serve names it).",
-        ),
-        "tokenizer": dict(),
-        "usd_per_gpu_hour": dict(parser=o.positive_float, metavar="USD"),
-        "power": dict(
-            decls="--power/--no-power",
-        ),
-        "power_gpus": dict(
-            type=str,
-            parser=gpu_indices,
-            metavar="0,1",
-        ),
-        "power_interval_s": dict(
-            name="power_interval",
-            **_SECONDS,
-        ),
-        "client_procs": dict(),
-        "http_client": dict(),
-        "continuous_usage": dict(),
-        "allow_approx": dict(),
-        "max_error_rate": dict(),
-        "request_timeout_s": dict(
-            name="request_timeout",
-            **_SECONDS,
-        ),
-        "stall_floor_s": dict(
-            name="stall_floor",
-            **_SECONDS,
-        ),
-        "per_request": dict(),
-        "label": dict(),
+        "percentiles": dict(show=_comma),
+        "power_gpus": dict(parser=gpu_indices),
     },
 )
 
