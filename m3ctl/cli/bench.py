@@ -13,15 +13,21 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
+from m3ctl import api
 from m3ctl.cli import options as o
 from m3ctl.cli.bench_report import bench_report, print_bench, print_compare
 from m3ctl.cli.inputs import check_outputs
 from m3ctl.cli.output import Output, console, escape
 from m3ctl.cli.tune import slo_text
-from m3ctl.errors import BadInput
-from m3ctl.loadgen import WORKLOADS
+from m3ctl.core.files import WriteFailed
+from m3ctl.core.state import save_output
+from m3ctl.errors import EXIT_LAUNCH_FAILED, BadInput
+from m3ctl.loadgen import WORKLOADS, report
 from m3ctl.loadgen.config import BenchConfig
+from m3ctl.loadgen.progress import LiveProgress
+from m3ctl.loadgen.report import capacity_lines
 
 app = typer.Typer(
     help="Load-test an OpenAI-compatible endpoint; `m3ctl bench report` compares results.", **o.PLAIN_HELP
@@ -206,8 +212,6 @@ def bench(
     """Load-test an OpenAI-compatible endpoint; report vLLM-compatible metrics plus m3ctl's (see README)."""
     if ctx.invoked_subcommand:
         return
-    from m3ctl import api  # noqa: PLC0415
-
     to_stdout = json_out or str(output_json) == "-"
     check_outputs(output_json=output_json, output_csv=output_csv, plot=plot)
     given = bench_options(opts or {})
@@ -225,8 +229,6 @@ def bench(
         )
     err_con = console(stderr=True)
     if progress:  # forced: frames even when stderr is not a terminal (a log file, CI)
-        from rich.console import Console  # noqa: PLC0415
-
         err_con = Console(stderr=True, force_terminal=True, highlight=False)
     show = sys.stderr.isatty() if progress is None else progress
     result = api.bench(
@@ -250,8 +252,6 @@ def live_progress(err_con, lens_vary: bool):
     """The live progress line of each run (m3ctl.loadgen.progress.LiveProgress) on ``err_con``."""
 
     def live(c):
-        from m3ctl.loadgen.progress import LiveProgress  # noqa: PLC0415
-
         total = None if c.duration_s or c.workload == "agentic" or c.trace_path else c.num_prompts
         lens = f" {c.input_len}/{c.output_len}" if lens_vary else ""
         return LiveProgress(err_con, total=total, label=f"bench{lens} c={c.concurrency or '-'}")
@@ -262,8 +262,6 @@ def live_progress(err_con, lens_vary: bool):
 def show_results(result, url, deployment, outputs, to_stdout: bool, err_con, percentiles: list[float]) -> None:
     """Write the results to ``outputs`` (output_json, output_csv, plot, plot_x), show the tables (or the JSON),
     then end as the runs ended (m3ctl.api.bench_error)."""
-    from m3ctl import api  # noqa: PLC0415
-
     output_json, output_csv, plot, plot_x = outputs
     doc = result.to_dict()
     runs = doc["runs"] if "runs" in doc and "sweep" in doc else [doc]
@@ -271,10 +269,6 @@ def show_results(result, url, deployment, outputs, to_stdout: bool, err_con, per
     if not to_stdout:
         print_tables(runs, doc, percentiles)
     if plot:
-        from m3ctl.core.files import WriteFailed  # noqa: PLC0415
-        from m3ctl.core.state import save_output  # noqa: PLC0415
-        from m3ctl.loadgen import report  # noqa: PLC0415
-
         try:
             png = save_output(plot, report.pareto_png_bytes(runs, plot_x), "pareto.png")
             (err_con if to_stdout else console()).print(f"Pareto chart: {png}")
@@ -306,8 +300,6 @@ def print_tables(runs: list[dict], doc: dict, percentiles: list[float]) -> None:
                 soft_wrap=True,
             )
     if cap := doc.get("sweep", {}).get("capacity"):
-        from m3ctl.loadgen.report import capacity_lines  # noqa: PLC0415
-
         for line in capacity_lines(cap):
             console().print(escape(line), soft_wrap=True)
 
@@ -318,10 +310,6 @@ def write_results(
     """Write the results where asked, each file atomically (a failing path falls back to the state dir, said on
     stderr); returns (where the JSON went: "stdout", a path, or None; the m3ctl.core.files.WriteFailed of files
     written nowhere). Nothing is raised: the tables are shown before any write error."""
-    from m3ctl.core.files import WriteFailed  # noqa: PLC0415
-    from m3ctl.core.state import save_output  # noqa: PLC0415
-    from m3ctl.loadgen import report  # noqa: PLC0415
-
     saved, lost = None, []
     if to_stdout:
         Output(True).result(doc)
@@ -347,8 +335,6 @@ def finish(err, lost: list | None = None) -> None:
     """End as the runs ended: a dead or stalled server (exit 4), results that could not be saved anywhere
     (m3ctl.core.files.WriteFailed, exit 5: the tables were shown), or an invalid run (exit 1). The lesser failures
     are ``warning:`` lines, so the command ends with one ``error:`` line."""
-    from m3ctl.errors import EXIT_LAUNCH_FAILED  # noqa: PLC0415
-
     first = [err] if err is not None and err.exit_code == EXIT_LAUNCH_FAILED else []
     errors = [*first, *(lost or []), *([err] if err is not None and not first else [])]
     for other in errors[1:]:

@@ -1,7 +1,10 @@
-"""The settings of one bench run, declared once: :class:`BenchConfig` (types, defaults, units, ranges).
+"""The settings of one bench run, declared once: :class:`BenchConfig` (types, defaults, units, ranges, help, and
+the ``m3ctl bench`` option of each field: :func:`cli`).
 
-m3ctl.loadgen.inputs checks it (once, before anything is sent) and m3ctl.loadgen.runner runs it; ``m3ctl bench`` derives its options' defaults from it; ``m3ctl.api.bench`` takes
-its fields as keywords. This module imports nothing but pydantic, so the CLI reads it for ``--help``.
+A new knob is one field here: ``m3ctl bench`` derives its option from it (m3ctl.cli.options.declared_options),
+:func:`m3ctl.api.bench` takes it as a keyword, m3ctl.loadgen.settings checks it once (pydantic, then
+m3ctl.loadgen.inputs.validate for the combinations) and m3ctl.loadgen.runner runs it. This module imports
+nothing but pydantic, so the CLI reads it for ``--help``.
 """
 
 from __future__ import annotations

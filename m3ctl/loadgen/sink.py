@@ -15,6 +15,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+_new_uvloop: Callable[[], asyncio.AbstractEventLoop] | None
+try:  # uvloop when installed (an optional dependency)
+    from uvloop import new_event_loop as _new_uvloop
+except ImportError:  # pragma: no cover
+    _new_uvloop = None
+
 EMIT: Callable[[tuple], None] | None = None
 STOP: Any = None  # a threading.Event or a multiprocessing.Event, or None
 
@@ -74,9 +80,4 @@ async def flush_every(b: Batcher, period: float = 0.1) -> None:
 
 def new_loop() -> asyncio.AbstractEventLoop:
     """A new event loop: uvloop's when installed."""
-    try:
-        import uvloop  # noqa: PLC0415
-
-        return uvloop.new_event_loop()
-    except ImportError:  # pragma: no cover
-        return asyncio.new_event_loop()
+    return _new_uvloop() if _new_uvloop is not None else asyncio.new_event_loop()
