@@ -25,7 +25,7 @@ from m3ctl.core.files import WriteFailed
 from m3ctl.core.state import save_output
 from m3ctl.errors import EXIT_LAUNCH_FAILED, BadInput
 from m3ctl.loadgen import WORKLOADS, report
-from m3ctl.loadgen.config import BenchConfig
+from m3ctl.loadgen.config import CLI_NAMES, BenchConfig, check_slo_sweep, check_trace_lengths
 from m3ctl.loadgen.progress import LiveProgress
 from m3ctl.loadgen.report import capacity_lines
 
@@ -217,16 +217,9 @@ def bench(
     given = bench_options(opts or {})
     concs = _ints(concurrency)
     lengths = [given.get("input_len", [1]), given.get("output_len", [1])]
-    if given.get("trace_path") and any(len(v) > 1 for v in lengths):
-        raise BadInput(
-            "--trace gives each request's lengths: --input-len / --output-len lists do not apply",
-            "drop the length lists or --trace",
-        )
-    if slo.strip() and len(concs) < 2:
-        raise BadInput(
-            "--slo decides the capacity of a sweep: give --concurrency several levels",
-            'e.g. --concurrency 8,16,32,64 --slo "p90_tpot_ms<=30"',
-        )
+    # the call's shape, by the rules m3ctl.api.bench checks, in the flags' words, before anything is sent
+    check_trace_lengths(bool(given.get("trace_path")), lengths, CLI_NAMES)
+    check_slo_sweep(slo, len(concs), CLI_NAMES)
     err_con = console(stderr=True)
     if progress:  # forced: frames even when stderr is not a terminal (a log file, CI)
         err_con = Console(stderr=True, force_terminal=True, highlight=False)

@@ -4,7 +4,7 @@ the ``m3ctl bench`` option of each field: :func:`cli`).
 A new knob is one field here: ``m3ctl bench`` derives its option from it (m3ctl.cli.options.declared_options),
 :func:`m3ctl.api.bench` takes it as a keyword, m3ctl.loadgen.settings checks it once (pydantic, then
 m3ctl.loadgen.inputs.validate for the combinations) and m3ctl.loadgen.runner runs it. This module imports
-nothing but pydantic, so the CLI reads it for ``--help``.
+nothing but pydantic and m3ctl.errors, so the CLI reads it for ``--help``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
+from m3ctl.errors import BadInput
 from m3ctl.loadgen import MAX_REQUEST_TOKENS, WORKLOADS
 
 #: Most requests one run may send: the prompts are built in memory before the first is sent (about 1 KiB per
@@ -33,6 +34,52 @@ def cli(**option: Any) -> dict[str, Any]:
     them (``name``, ``decls``, ``metavar``, ``unset``, ``min``, ``help``; ``parser`` by the name of a parser of
     m3ctl.cli.options; ``type`` "str" or "path"). A field without it is not a CLI option (``url``, ``api_key``...)."""
     return {"cli": option}
+
+
+#: How the checks of a bench call's shape name its options: by the API's keywords (m3ctl.api.bench) or by the
+#: CLI's flags (``m3ctl bench``); the rule is written once (:func:`check_trace_lengths`, :func:`check_slo_sweep`).
+API_NAMES = {
+    "trace": "a trace",
+    "lengths": "input_len / output_len",
+    "drop_trace": "trace_path",
+    "slo": "slo",
+    "concurrency": "concurrency",
+    "slo_example": 'e.g. concurrency=[8, 16, 32], slo="p90_tpot_ms<=30"',
+}
+CLI_NAMES = {
+    "trace": "--trace",
+    "lengths": "--input-len / --output-len",
+    "drop_trace": "--trace",
+    "slo": "--slo",
+    "concurrency": "--concurrency",
+    "slo_example": 'e.g. --concurrency 8,16,32,64 --slo "p90_tpot_ms<=30"',
+}
+
+
+def check_trace_lengths(trace: bool, length_lists: list[list[int] | None], names: dict[str, str] = API_NAMES) -> None:
+    """A replayed trace gives each request's lengths: no length sweep beside it.
+
+    Raises:
+        BadInput: ``trace`` and a length list of several values.
+    """
+    if trace and any(len(v or ()) > 1 for v in length_lists):
+        raise BadInput(
+            f"{names['trace']} gives each request's lengths: {names['lengths']} lists do not apply",
+            f"drop the length lists or {names['drop_trace']}",
+        )
+
+
+def check_slo_sweep(slo: str, levels: int, names: dict[str, str] = API_NAMES) -> None:
+    """An SLO decides the capacity of a concurrency sweep: it needs several concurrency levels.
+
+    Raises:
+        BadInput: an SLO with fewer than 2 levels.
+    """
+    if slo.strip() and levels < 2:
+        raise BadInput(
+            f"{names['slo']} decides the capacity of a sweep: give {names['concurrency']} several levels",
+            names["slo_example"],
+        )
 
 
 class BenchConfig(BaseModel):

@@ -17,7 +17,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from m3ctl.errors import BadInput
-from m3ctl.loadgen.config import BenchConfig
+from m3ctl.loadgen.config import BenchConfig, check_slo_sweep, check_trace_lengths
 from m3ctl.loadgen.inputs import validate
 from m3ctl.loadgen.slo import parse_slo
 from m3ctl.loadgen.sweep import Level, check_lengths, plan
@@ -83,11 +83,7 @@ def _length_lists(options: dict[str, Any]) -> dict[str, list[int] | None]:
                 raise BadInput(f"bad {key} {vals!r}: give at least one length", f"e.g. {key}=[512, 4096]")
             check_lengths(key, vals)
             lens[f"{key}s"], options[key] = vals, vals[0]
-    if options.get("trace_path") and any(len(v or ()) > 1 for v in lens.values()):
-        raise BadInput(
-            "a trace gives each request's lengths: input_len / output_len lists do not apply",
-            "drop the length lists or trace_path",
-        )
+    check_trace_lengths(bool(options.get("trace_path")), list(lens.values()))
     return lens
 
 
@@ -120,11 +116,7 @@ def check(
     lens = _length_lists(options)
     if slo and slo.strip():
         parse_slo(slo)
-        if len(levels) < 2:
-            raise BadInput(
-                "slo decides the capacity of a sweep: give concurrency several levels",
-                'e.g. concurrency=[8, 16, 32], slo="p90_tpot_ms<=30"',
-            )
+        check_slo_sweep(slo, len(levels))
     # The options are checked before anything is sent: the model id is asked of the server afterwards.
     t = resolve_target(url, deployment=deployment, model=model, num_gpus=num_gpus, api_key=api_key, lookup_model=False)
     try:
