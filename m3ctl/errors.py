@@ -268,3 +268,12 @@ def first_error(e: ValidationError) -> FirstError:
     answer is ``loc.path: message``; ``.loc``, ``.where`` and ``.msg`` give the parts."""
     err = e.errors()[0]
     return FirstError(tuple(err["loc"]), err["msg"].removeprefix("Value error, "))
+
+
+class BenchServerDown(M3Error):
+    """The server stopped accepting connections during the run (exit 4, as a server that died at launch).
+
+    Partial results are kept (``--output-json``); the failures are counted per kind in ``failed_by_kind``.
+    """
+
+    exit_code = EXIT_LAUNCH_FAILED

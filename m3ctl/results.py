@@ -8,7 +8,7 @@
 - :class:`TuneReport`: a tune study's ``result.json`` (``schema_version`` 1; a file written before the
   version existed loads as version 1).
 
-The producers build the JSON as dicts (m3ctl.loadgen.runner.assemble, m3ctl.tuning.study.write_outputs); these
+The producers build the JSON as dicts (m3ctl.loadgen.result.assemble, m3ctl.tuning.study.write_outputs); these
 models validate it, give typed access, and dump it back unchanged (:meth:`BenchResult.to_dict`: the same keys
 and values). Keys not declared here (percentiles other than the default, blocks added later) are kept as
 extra fields. Loading a file that does not match raises one-line :class:`~m3ctl.errors.BadInput`.
@@ -22,6 +22,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from m3ctl.core.files import read_user_text
 from m3ctl.errors import BadInput
 
 #: Version of the bench result JSON (``m3ctl_schema_version``); the major number changes on a breaking change.
@@ -59,8 +60,6 @@ def _validated(cls, data: Any, where: str, hint: str, version_key: str, version:
 
 
 def _read_json(path: str | Path, what: str, hint: str) -> Any:
-    from m3ctl.core.files import read_user_text  # noqa: PLC0415
-
     p = Path(path)
     try:
         text = read_user_text(p, what)
@@ -74,7 +73,7 @@ def _read_json(path: str | Path, what: str, hint: str) -> Any:
 
 class BenchValidity(BaseModel):
     """Whether a run's numbers can be trusted (``validity`` block; the full set of checks is in
-    m3ctl.loadgen.runner._validity). ``valid`` False: the run is BENCH-INVALID for each of ``reasons``."""
+    m3ctl.loadgen.validity._validity). ``valid`` False: the run is BENCH-INVALID for each of ``reasons``."""
 
     model_config = ConfigDict(extra="allow")
     valid: bool

@@ -26,7 +26,6 @@ MAX_CLASS_LINES = 300
 #: Files over :data:`MAX_FILE_LINES` today, each being split under issue 38 (the lead empties this list).
 OVER_800 = {
     "m3ctl/checks/doctor.py": "being split, issue 38 (doctor as a view of the plan)",
-    "m3ctl/loadgen/runner.py": "being split, issue 38 (bench stages)",
     "m3ctl/planning/plan.py": "being split, issue 38",
     "m3ctl/tuning/search.py": "being split, issue 38 (one tune search)",
     "m3ctl/tuning/study.py": "being split, issue 38 (one tune search)",
@@ -87,8 +86,6 @@ def test_the_size_offenders_still_offend():
 #: component of the module graph), with the import that closes it. Issue 38 removes them (move the shared
 #: piece down); the lead empties this list.
 KNOWN_CIRCLES: dict[frozenset[str], str] = {
-    frozenset({"m3ctl.loadgen.runner", "m3ctl.loadgen.trace"}): "trace's in-function imports of runner's "
-    "MAX_PROMPTS / MAX_RUN_PROMPT_TOKENS (runner imports trace at the top)",
     frozenset({"m3ctl.tuning.parallel", "m3ctl.tuning.search"}): "the two tune searches call each other "
     "(Tuner.run hands over to run_parallel, which imports search)",
 }

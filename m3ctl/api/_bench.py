@@ -7,126 +7,18 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, overload
 
 from m3ctl.api._args import _checked
-from m3ctl.errors import BadInput
+from m3ctl.loadgen import runner, settings
+from m3ctl.loadgen.config import BenchConfig
+from m3ctl.loadgen.target import resolve_target
+from m3ctl.loadgen.validity import run_failure
+from m3ctl.results import BenchResult, BenchSweep
+from m3ctl.serving.diagnose import DiagContext, diagnose_log
 
 if TYPE_CHECKING:
     from pydantic import StrictInt
 
-    from m3ctl.loadgen.runner import BenchConfig
-    from m3ctl.results import BenchResult, BenchSweep
-
 
 # ----------------------------------------------------------------------------- bench
-def _bench_config(
-    url: str | None,
-    deployment: str | None,
-    model: str | None,
-    concurrency: int | Sequence[int] | None,
-    api_key: str | None,
-    num_gpus: int | None,
-    warmup: bool | None,
-    options: dict[str, Any],
-    slo: str = "",
-    on_note: Callable[[str], None] | None = None,
-) -> tuple[BenchConfig, list[int | None], Any, dict[str, list[int] | None]]:
-    """(config, concurrency levels, sync_log, length lists) of a bench call; the levels are [] or [c] for a single
-    run; the length lists ``{"input_lens", "output_lens"}`` are None unless ``input_len`` / ``output_len`` were
-    given as sequences (a length sweep). ``slo``: the capacity rule's SLO of a concurrency sweep (checked here)."""
-    from pydantic import ValidationError  # noqa: PLC0415
-
-    from m3ctl.loadgen.runner import BenchConfig, validate  # noqa: PLC0415
-    from m3ctl.loadgen.target import resolve_target  # noqa: PLC0415
-
-    if unknown := sorted(set(options) - set(BenchConfig.model_fields)):
-        import difflib  # noqa: PLC0415
-
-        close = difflib.get_close_matches(unknown[0], list(BenchConfig.model_fields), n=1)
-        raise BadInput(
-            f"unknown bench option {unknown[0]!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
-            "see m3ctl.loadgen.runner.BenchConfig for the options and their units",
-        )
-    levels: list[int | None] = [concurrency] if isinstance(concurrency, int) else list(concurrency or [])
-    if any(not isinstance(c, int) or c < 1 for c in levels):
-        raise BadInput(f"bad concurrency {concurrency!r}: values must be integers >= 1", "e.g. concurrency=[1, 2, 4]")
-    lens: dict[str, list[int] | None] = {"input_lens": None, "output_lens": None}
-    for key in ("input_len", "output_len"):
-        if isinstance(options.get(key), list | tuple):
-            from m3ctl.loadgen.sweep import check_lengths  # noqa: PLC0415
-
-            vals = list(options.pop(key))
-            if not vals:
-                raise BadInput(f"bad {key} {vals!r}: give at least one length", f"e.g. {key}=[512, 4096]")
-            check_lengths(key, vals)
-            lens[f"{key}s"], options[key] = vals, vals[0]
-    if options.get("trace_path") and any(len(v or ()) > 1 for v in lens.values()):
-        raise BadInput(
-            "a trace gives each request's lengths: input_len / output_len lists do not apply",
-            "drop the length lists or trace_path",
-        )
-    if slo and slo.strip():
-        from m3ctl.loadgen.slo import parse_slo  # noqa: PLC0415
-
-        parse_slo(slo)
-        if len(levels) < 2:
-            raise BadInput(
-                "slo decides the capacity of a sweep: give concurrency several levels",
-                'e.g. concurrency=[8, 16, 32], slo="p90_tpot_ms<=30"',
-            )
-    # The options are checked before anything is sent: the model id is asked of the server afterwards.
-    t = resolve_target(url, deployment=deployment, model=model, num_gpus=num_gpus, api_key=api_key, lookup_model=False)
-    try:
-        sweep = len(levels) > 1 or any(len(v or ()) > 1 for v in lens.values())
-        cfg = BenchConfig(
-            url=t.url,
-            model=t.model or "?",
-            concurrency=levels[0] if levels else None,
-            warmup=sweep if warmup is None else warmup,
-            model_dir=t.model_dir,
-            server_log=t.server_log,
-            num_gpus=t.num_gpus,
-            num_gpus_source=t.num_gpus_source,
-            api_key=t.api_key,
-            auth_basic=t.basic_auth,
-            deployment=t.deployment,
-            **{"deployment_gpus": t.gpus, **options},
-        )
-    except ValidationError as e:
-        err = e.errors()[0]
-        raise BadInput(
-            f"bad bench option {'.'.join(map(str, err['loc']))}: {err['msg']}", "see m3ctl.loadgen.runner.BenchConfig"
-        ) from None
-    except TypeError as e:
-        raise BadInput(f"bad bench option: {e}", "see m3ctl.loadgen.runner.BenchConfig") from None
-    validate(cfg)
-    if not t.model:  # several served names: the deployment's model, else the first listed (logged)
-        picked, note = t.pick_model()
-        cfg = cfg.model_copy(update={"model": picked})
-        if note and on_note is not None:
-            on_note(note)
-        elif note:
-            import logging  # noqa: PLC0415
-
-            logging.getLogger("m3ctl.bench").info(note)
-    return cfg, levels, t.sync_log, lens
-
-
-def _bench_plan(cfg: BenchConfig, levels: list[int | None], lens: dict[str, list[int] | None]) -> list:
-    """The sweep levels of a bench call (m3ctl.loadgen.sweep.plan); one level: a single run."""
-    from m3ctl.loadgen.sweep import plan  # noqa: PLC0415
-
-    return plan(lens["input_lens"] or [cfg.input_len], lens["output_lens"] or [cfg.output_len], levels or [None])
-
-
-def _bench_result(runs: list[dict], plan: list, slo: str = "") -> BenchResult | BenchSweep:
-    from m3ctl.loadgen.report import sweep_doc  # noqa: PLC0415
-    from m3ctl.loadgen.sweep import axes  # noqa: PLC0415
-    from m3ctl.results import BenchResult, BenchSweep  # noqa: PLC0415
-
-    if len(plan) > 1:
-        return BenchSweep.model_validate(
-            {**sweep_doc(runs, *axes(plan), slo=slo), "runs": [BenchResult.from_dict(r) for r in runs]}
-        )
-    return BenchResult.from_dict(runs[0])
 
 
 @overload
@@ -213,20 +105,9 @@ def bench(
             endpoint is already dead (its death named: m3ctl.serving.lifecycle). A death during the run is returned in the
             result instead (``engine_died``, ``server_down``, invalid).
     """
-    import contextlib  # noqa: PLC0415
-
-    from m3ctl.loadgen.runner import run_bench, run_sweep  # noqa: PLC0415
-
-    cfg, levels, sync_log, lens = _bench_config(
-        url, deployment, model, concurrency, api_key, num_gpus, warmup, options, slo, on_note
+    return runner.run(
+        settings.check(url, deployment, model, concurrency, api_key, num_gpus, warmup, options, slo, on_note, progress)
     )
-    plan = _bench_plan(cfg, levels, lens)
-    if len(plan) > 1:
-        runs = run_sweep(cfg, levels, progress=progress, sync_log=sync_log, **lens)
-    else:
-        with progress(cfg) if progress is not None else contextlib.nullcontext(None) as prog:
-            runs = [run_bench(cfg, progress=prog, sync_log=sync_log)]
-    return _bench_result(runs, plan, slo)
 
 
 def bench_error(
@@ -245,15 +126,10 @@ def bench_error(
     Raises:
         BadInput: no endpoint; NotFound: an unknown deployment.
     """
-    from m3ctl.loadgen.runner import run_failure  # noqa: PLC0415
-    from m3ctl.loadgen.target import resolve_target  # noqa: PLC0415
-
     runs = [r.to_dict() for r in result.runs] if hasattr(result, "runs") else [result.to_dict()]
     t = resolve_target(url, deployment=deployment, lookup_model=False)
     diag = None
     if t.server_log and any(r.get("server_down") for r in runs):  # name the root cause from the log (N09)
-        from m3ctl.serving.diagnose import DiagContext, diagnose_log  # noqa: PLC0415
-
         t.sync_log() if t.sync_log else None
         diag = diagnose_log(t.server_log, context=DiagContext(argv=t.argv, phase="serving"))
     return run_failure(runs, t.url, saved, diag)
@@ -277,15 +153,7 @@ async def abench(
     ``/metrics``) run in worker threads and the load generator on the caller's loop
     (m3ctl.loadgen.runner.arun_bench). Cancelling the task ends the run early with the partial result
     (``interrupted``, invalid)."""
-    from m3ctl.loadgen.runner import arun_bench, arun_sweep  # noqa: PLC0415
-
-    cfg, levels, sync_log, lens = await asyncio.to_thread(
-        _bench_config, url, deployment, model, concurrency, api_key, num_gpus, warmup, options, slo
+    checked = await asyncio.to_thread(
+        settings.check, url, deployment, model, concurrency, api_key, num_gpus, warmup, options, slo
     )
-    plan = _bench_plan(cfg, levels, lens)
-    runs = (
-        await arun_sweep(cfg, levels, sync_log=sync_log, **lens)
-        if len(plan) > 1
-        else [await arun_bench(cfg, sync_log=sync_log)]
-    )
-    return _bench_result(runs, plan, slo)
+    return await runner.arun(checked)

@@ -13,15 +13,21 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
 
+from m3ctl import api
 from m3ctl.cli import options as o
 from m3ctl.cli.bench_report import bench_report, print_bench, print_compare
 from m3ctl.cli.inputs import check_outputs
 from m3ctl.cli.output import Output, console, escape
 from m3ctl.cli.tune import slo_text
-from m3ctl.errors import BadInput
-from m3ctl.loadgen import WORKLOADS
-from m3ctl.loadgen.config import BenchConfig
+from m3ctl.core.files import WriteFailed
+from m3ctl.core.state import save_output
+from m3ctl.errors import EXIT_LAUNCH_FAILED, BadInput
+from m3ctl.loadgen import WORKLOADS, report
+from m3ctl.loadgen.config import CLI_NAMES, BenchConfig, check_slo_sweep, check_trace_lengths
+from m3ctl.loadgen.progress import LiveProgress
+from m3ctl.loadgen.report import capacity_lines
 
 app = typer.Typer(
     help="Load-test an OpenAI-compatible endpoint; `m3ctl bench report` compares results.", **o.PLAIN_HELP
@@ -63,106 +69,69 @@ def _le(field: str) -> int:
     return next(m.le for m in BenchConfig.model_fields[field].metadata if getattr(m, "le", None) is not None)
 
 
-_SECONDS = dict(parser=o.positive_float, metavar="SECONDS")
-_LENGTHS = "a list such as {} sweeps it (a sweep runs input x output x concurrency)"
+#: The order of the run's options in ``--help`` (a field declared later is listed after them).
+_ORDER = (
+    "endpoint",
+    "workload",
+    "request_rate",
+    "burstiness",
+    "num_prompts",
+    "duration_s",
+    "input_len",
+    "output_len",
+    "trace_path",
+    "trace_time_scale",
+    "max_ttft_s",
+    "stop_on_overload",
+    "range_ratio",
+    "range_convention",
+    "dataset_path",
+    "dataset_output_len",
+    "num_prefixes",
+    "prefix_len",
+    "num_sessions",
+    "turns",
+    "turn_input_len",
+    "think_time_s",
+    "ignore_eos",
+    "temperature",
+    "num_warmups",
+    "seed",
+    "prompt_salt",
+    "prompt_text",
+    "percentiles",
+    "tokenizer",
+    "usd_per_gpu_hour",
+    "power",
+    "power_gpus",
+    "power_interval_s",
+    "client_procs",
+    "http_client",
+    "continuous_usage",
+    "allow_approx",
+    "max_error_rate",
+    "request_timeout_s",
+    "stall_floor_s",
+    "per_request",
+    "label",
+)
 
-#: The run's options, derived from BenchConfig (type, default, bounds); here what a field cannot say.
-BENCH_OPTIONS, BENCH_FIELDS = o.model_options(
+#: The run's options: each declared once, by its BenchConfig field (type, default, bounds, help, flag:
+#: m3ctl.loadgen.config.cli); here only what a declaration cannot hold (parsers built here, list defaults shown).
+BENCH_OPTIONS, BENCH_FIELDS = o.declared_options(
     BenchConfig,
+    _ORDER,
     {
-        "endpoint": dict(),
         "workload": dict(
             parser=o.choice(*WORKLOADS),
             autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)],
-            help=f"Bench workload: {', '.join(WORKLOADS)}.",
         ),
-        "request_rate": dict(parser=o.positive_float, metavar="RPS"),
-        "burstiness": dict(parser=o.positive_float, metavar="SHAPE"),
-        "num_prompts": dict(unset=True),  # only a given value counts: a --trace refuses it
-        "duration_s": dict(name="duration", **_SECONDS),
-        "input_len": dict(
-            type=str,
-            parser=o.int_list_upto(_le("input_len")),
-            metavar="TOKENS",
-            show=_comma,
-            help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn); "
-            + _LENGTHS.format("512,4096")
-            + ".",
-        ),
-        "output_len": dict(
-            type=str,
-            parser=o.int_list_upto(_le("output_len")),
-            metavar="TOKENS",
-            show=_comma,
-            help="Output tokens per request; " + _LENGTHS.format("128,1024") + ".",
-        ),
-        "trace_path": dict(
-            name="trace",
-            type=Path,
-            metavar="FILE",
-        ),
-        "trace_time_scale": dict(
-            parser=o.positive_float,
-            metavar="X",
-        ),
-        "max_ttft_s": dict(
-            name="max_ttft",
-            decls=("--max-ttft", "--max-ttft-s"),
-            **_SECONDS,
-        ),
-        "stop_on_overload": dict(),
-        "range_ratio": dict(min=0),
+        "input_len": dict(parser=o.int_list_upto(_le("input_len")), show=_comma),
+        "output_len": dict(parser=o.int_list_upto(_le("output_len")), show=_comma),
         "range_convention": dict(parser=o.choice("vllm", "inferencex")),
-        "dataset_path": dict(type=Path, exists=True, dir_okay=False),
-        "dataset_output_len": dict(),
-        "num_prefixes": dict(),
-        "prefix_len": dict(),
-        "num_sessions": dict(),
-        "turns": dict(),
-        "turn_input_len": dict(),
-        "think_time_s": dict(name="think_time"),
-        "ignore_eos": dict(),
-        "temperature": dict(min=0),
-        "num_warmups": dict(),
-        "seed": dict(),
-        "prompt_salt": dict(),
         "prompt_text": dict(parser=o.choice("fresh", "common")),
-        "percentiles": dict(
-            type=str,
-            decls=("--percentiles", "--metric-percentiles"),  # vllm bench serve's name
-            parser=o.percentiles,
-            show=_comma,
-            help="Comma-separated percentiles (0-100) of every latency metric (--metric-percentiles as vllm bench serve names it).",
-        ),
-        "tokenizer": dict(),
-        "usd_per_gpu_hour": dict(parser=o.positive_float, metavar="USD"),
-        "power": dict(
-            decls="--power/--no-power",
-        ),
-        "power_gpus": dict(
-            type=str,
-            parser=gpu_indices,
-            metavar="0,1",
-        ),
-        "power_interval_s": dict(
-            name="power_interval",
-            **_SECONDS,
-        ),
-        "client_procs": dict(),
-        "http_client": dict(),
-        "continuous_usage": dict(),
-        "allow_approx": dict(),
-        "max_error_rate": dict(),
-        "request_timeout_s": dict(
-            name="request_timeout",
-            **_SECONDS,
-        ),
-        "stall_floor_s": dict(
-            name="stall_floor",
-            **_SECONDS,
-        ),
-        "per_request": dict(),
-        "label": dict(),
+        "percentiles": dict(show=_comma),
+        "power_gpus": dict(parser=gpu_indices),
     },
 )
 
@@ -243,28 +212,17 @@ def bench(
     """Load-test an OpenAI-compatible endpoint; report vLLM-compatible metrics plus m3ctl's (see README)."""
     if ctx.invoked_subcommand:
         return
-    from m3ctl import api  # noqa: PLC0415
-
     to_stdout = json_out or str(output_json) == "-"
     check_outputs(output_json=output_json, output_csv=output_csv, plot=plot)
     given = bench_options(opts or {})
     concs = _ints(concurrency)
     lengths = [given.get("input_len", [1]), given.get("output_len", [1])]
-    if given.get("trace_path") and any(len(v) > 1 for v in lengths):
-        raise BadInput(
-            "--trace gives each request's lengths: --input-len / --output-len lists do not apply",
-            "drop the length lists or --trace",
-        )
-    if slo.strip() and len(concs) < 2:
-        raise BadInput(
-            "--slo decides the capacity of a sweep: give --concurrency several levels",
-            'e.g. --concurrency 8,16,32,64 --slo "p90_tpot_ms<=30"',
-        )
+    # the call's shape, by the rules m3ctl.api.bench checks, in the flags' words, before anything is sent
+    check_trace_lengths(bool(given.get("trace_path")), lengths, CLI_NAMES)
+    check_slo_sweep(slo, len(concs), CLI_NAMES)
     err_con = console(stderr=True)
     if progress:  # forced: frames even when stderr is not a terminal (a log file, CI)
-        from rich.console import Console  # noqa: PLC0415
-
-        err_con = Console(stderr=True, force_terminal=True, highlight=False)
+        err_con = Console(stderr=True, force_terminal=True, highlight=False, emoji=False)
     show = sys.stderr.isatty() if progress is None else progress
     result = api.bench(
         url,
@@ -287,8 +245,6 @@ def live_progress(err_con, lens_vary: bool):
     """The live progress line of each run (m3ctl.loadgen.progress.LiveProgress) on ``err_con``."""
 
     def live(c):
-        from m3ctl.loadgen.progress import LiveProgress  # noqa: PLC0415
-
         total = None if c.duration_s or c.workload == "agentic" or c.trace_path else c.num_prompts
         lens = f" {c.input_len}/{c.output_len}" if lens_vary else ""
         return LiveProgress(err_con, total=total, label=f"bench{lens} c={c.concurrency or '-'}")
@@ -299,8 +255,6 @@ def live_progress(err_con, lens_vary: bool):
 def show_results(result, url, deployment, outputs, to_stdout: bool, err_con, percentiles: list[float]) -> None:
     """Write the results to ``outputs`` (output_json, output_csv, plot, plot_x), show the tables (or the JSON),
     then end as the runs ended (m3ctl.api.bench_error)."""
-    from m3ctl import api  # noqa: PLC0415
-
     output_json, output_csv, plot, plot_x = outputs
     doc = result.to_dict()
     runs = doc["runs"] if "runs" in doc and "sweep" in doc else [doc]
@@ -308,10 +262,6 @@ def show_results(result, url, deployment, outputs, to_stdout: bool, err_con, per
     if not to_stdout:
         print_tables(runs, doc, percentiles)
     if plot:
-        from m3ctl.core.files import WriteFailed  # noqa: PLC0415
-        from m3ctl.core.state import save_output  # noqa: PLC0415
-        from m3ctl.loadgen import report  # noqa: PLC0415
-
         try:
             png = save_output(plot, report.pareto_png_bytes(runs, plot_x), "pareto.png")
             (err_con if to_stdout else console()).print(f"Pareto chart: {png}")
@@ -343,8 +293,6 @@ def print_tables(runs: list[dict], doc: dict, percentiles: list[float]) -> None:
                 soft_wrap=True,
             )
     if cap := doc.get("sweep", {}).get("capacity"):
-        from m3ctl.loadgen.report import capacity_lines  # noqa: PLC0415
-
         for line in capacity_lines(cap):
             console().print(escape(line), soft_wrap=True)
 
@@ -355,10 +303,6 @@ def write_results(
     """Write the results where asked, each file atomically (a failing path falls back to the state dir, said on
     stderr); returns (where the JSON went: "stdout", a path, or None; the m3ctl.core.files.WriteFailed of files
     written nowhere). Nothing is raised: the tables are shown before any write error."""
-    from m3ctl.core.files import WriteFailed  # noqa: PLC0415
-    from m3ctl.core.state import save_output  # noqa: PLC0415
-    from m3ctl.loadgen import report  # noqa: PLC0415
-
     saved, lost = None, []
     if to_stdout:
         Output(True).result(doc)
@@ -384,8 +328,6 @@ def finish(err, lost: list | None = None) -> None:
     """End as the runs ended: a dead or stalled server (exit 4), results that could not be saved anywhere
     (m3ctl.core.files.WriteFailed, exit 5: the tables were shown), or an invalid run (exit 1). The lesser failures
     are ``warning:`` lines, so the command ends with one ``error:`` line."""
-    from m3ctl.errors import EXIT_LAUNCH_FAILED  # noqa: PLC0415
-
     first = [err] if err is not None and err.exit_code == EXIT_LAUNCH_FAILED else []
     errors = [*first, *(lost or []), *([err] if err is not None and not first else [])]
     for other in errors[1:]:

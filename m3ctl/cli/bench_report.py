@@ -4,10 +4,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.text import Text
 
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import check_outputs
 from m3ctl.cli.output import Output, console, print_hang
+from m3ctl.loadgen import report
 
 
 def bench_report(
@@ -18,8 +20,6 @@ def bench_report(
     json_out: o.Json = False,
 ) -> None:
     """Compare bench results side by side (and optionally write CSV / a Pareto chart)."""
-    from m3ctl.loadgen import report  # noqa: PLC0415
-
     out = Output(json_out)
     check_outputs(output_csv=output_csv, plot=plot)
     runs = report.load_runs(files)
@@ -36,22 +36,16 @@ def bench_report(
 
 def print_compare(runs: list[dict]) -> None:
     """The runs side by side, split into several tables when the console is too narrow (no number cut)."""
-    from m3ctl.loadgen import report  # noqa: PLC0415
-
     con = console()
     for r in report.compare_renderables(runs):
         con.print(r)
 
 
 def print_bench(res: dict, pcts: list[float]) -> None:
-    from m3ctl.loadgen import report  # noqa: PLC0415
-
     con = console()
     tables, notes = report.bench_tables(res, pcts)
     for t in tables:
         con.print(t)
-    from rich.text import Text  # noqa: PLC0415
-
     for n in notes:  # wrapped at word boundaries (never inside a number), no trailing spaces in a log file
         plain = Text.from_markup(n).plain
         warn = plain.startswith("warning:")

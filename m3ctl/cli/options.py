@@ -445,3 +445,28 @@ def model_options(model, spec: dict[str, dict[str, Any]]) -> tuple[dict[str, tup
         group[name] = (Annotated[typ, typer.Option(*decls, help=help_, **extra)], value)
         names[name] = field
     return group, names
+
+
+#: The option types a settings model's field may name in its declaration (``type="str"``: a comma list).
+_DECLARED_TYPES: dict[str, Any] = {"str": str, "path": Path}
+
+
+def declared_options(
+    model, order: tuple[str, ...] = (), extra: dict[str, dict[str, Any]] | None = None
+) -> tuple[dict[str, tuple[Any, Any]], dict[str, str]]:
+    """:func:`model_options` of the fields of the pydantic ``model`` that declare their option
+    (``json_schema_extra={"cli": {...}}``, e.g. m3ctl.loadgen.config.cli): the keywords declared there (a
+    ``parser`` named by a parser of this module, a ``type`` named in ``_DECLARED_TYPES``), merged with
+    ``extra[field]`` for what a declaration cannot hold (parsers built at run time, ``show``, autocompletion).
+    Listed in ``order``, then in the model's field order (a new field lands last)."""
+    fields = [f for f, info in model.model_fields.items() if "cli" in (info.json_schema_extra or {})]
+    fields.sort(key=lambda f: order.index(f) if f in order else len(order))
+    spec: dict[str, dict[str, Any]] = {}
+    for f in fields:
+        declared = dict(model.model_fields[f].json_schema_extra["cli"])
+        if isinstance(declared.get("parser"), str):
+            declared["parser"] = globals()[declared["parser"]]
+        if isinstance(declared.get("type"), str):
+            declared["type"] = _DECLARED_TYPES[declared["type"]]
+        spec[f] = {**declared, **(extra or {}).get(f, {})}
+    return model_options(model, spec)

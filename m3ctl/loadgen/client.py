@@ -40,12 +40,12 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import aiohttp
 
-if TYPE_CHECKING:
-    from m3ctl.loadgen.fasthttp import Connection
+from m3ctl.loadgen.fasthttp import Connection
+from m3ctl.loadgen.fasthttp import HTTPStatus as _HTTPStatus
 
 
 def _json_dumps(obj: Any) -> bytes:
@@ -380,9 +380,3 @@ async def send_request(
             out.error_kind = "connection_reset"  # closed before the first token: nothing was streamed
         out.latency = stream.last - st
     return out
-
-
-class _HTTPStatus(Exception):
-    def __init__(self, status: int, text: str):
-        super().__init__(status)
-        self.status, self.text = status, text

@@ -1,21 +1,85 @@
-"""The settings of one bench run, declared once: :class:`BenchConfig` (types, defaults, units, ranges).
+"""The settings of one bench run, declared once: :class:`BenchConfig` (types, defaults, units, ranges, help, and
+the ``m3ctl bench`` option of each field: :func:`cli`).
 
-m3ctl.loadgen.runner runs it; ``m3ctl bench`` derives its options' defaults from it; ``m3ctl.api.bench`` takes
-its fields as keywords. This module imports nothing but pydantic, so the CLI reads it for ``--help``.
+A new knob is one field here: ``m3ctl bench`` derives its option from it (m3ctl.cli.options.declared_options),
+:func:`m3ctl.api.bench` takes it as a keyword, m3ctl.loadgen.settings checks it once (pydantic, then
+m3ctl.loadgen.inputs.validate for the combinations) and m3ctl.loadgen.runner runs it. This module imports
+nothing but pydantic and m3ctl.errors, so the CLI reads it for ``--help``.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field
 
-from m3ctl.loadgen import MAX_REQUEST_TOKENS
+from m3ctl.errors import BadInput
+from m3ctl.loadgen import MAX_REQUEST_TOKENS, WORKLOADS
 
 #: Most requests one run may send: the prompts are built in memory before the first is sent (about 1 KiB per
 #: 128-token request), so more than this would build prompts for minutes and never send.
 MAX_PROMPTS = 1_000_000
+
+#: Most prompt tokens one run builds in memory before the first send (measured and warm-up requests together):
+#: MAX_PROMPTS requests of 128 tokens, about 1 GiB of prompt text (see MAX_PROMPTS).
+MAX_RUN_PROMPT_TOKENS = MAX_PROMPTS * 128
+
+_LENGTHS = "a list such as {} sweeps it (a sweep runs input x output x concurrency)"
+
+
+def cli(**option: Any) -> dict[str, Any]:
+    """A field's ``m3ctl bench`` option, as its ``json_schema_extra``: ``cli()`` an option named as the field
+    with the field's type, default, bounds and description; keywords as m3ctl.cli.options.model_options reads
+    them (``name``, ``decls``, ``metavar``, ``unset``, ``min``, ``help``; ``parser`` by the name of a parser of
+    m3ctl.cli.options; ``type`` "str" or "path"). A field without it is not a CLI option (``url``, ``api_key``...)."""
+    return {"cli": option}
+
+
+#: How the checks of a bench call's shape name its options: by the API's keywords (m3ctl.api.bench) or by the
+#: CLI's flags (``m3ctl bench``); the rule is written once (:func:`check_trace_lengths`, :func:`check_slo_sweep`).
+API_NAMES = {
+    "trace": "a trace",
+    "lengths": "input_len / output_len",
+    "drop_trace": "trace_path",
+    "slo": "slo",
+    "concurrency": "concurrency",
+    "slo_example": 'e.g. concurrency=[8, 16, 32], slo="p90_tpot_ms<=30"',
+}
+CLI_NAMES = {
+    "trace": "--trace",
+    "lengths": "--input-len / --output-len",
+    "drop_trace": "--trace",
+    "slo": "--slo",
+    "concurrency": "--concurrency",
+    "slo_example": 'e.g. --concurrency 8,16,32,64 --slo "p90_tpot_ms<=30"',
+}
+
+
+def check_trace_lengths(trace: bool, length_lists: list[list[int] | None], names: dict[str, str] = API_NAMES) -> None:
+    """A replayed trace gives each request's lengths: no length sweep beside it.
+
+    Raises:
+        BadInput: ``trace`` and a length list of several values.
+    """
+    if trace and any(len(v or ()) > 1 for v in length_lists):
+        raise BadInput(
+            f"{names['trace']} gives each request's lengths: {names['lengths']} lists do not apply",
+            f"drop the length lists or {names['drop_trace']}",
+        )
+
+
+def check_slo_sweep(slo: str, levels: int, names: dict[str, str] = API_NAMES) -> None:
+    """An SLO decides the capacity of a concurrency sweep: it needs several concurrency levels.
+
+    Raises:
+        BadInput: an SLO with fewer than 2 levels.
+    """
+    if slo.strip() and levels < 2:
+        raise BadInput(
+            f"{names['slo']} decides the capacity of a sweep: give {names['concurrency']} several levels",
+            names["slo_example"],
+        )
 
 
 class BenchConfig(BaseModel):
@@ -26,35 +90,80 @@ class BenchConfig(BaseModel):
 
     url: str
     model: str
-    endpoint: str = Field("completions", description="completions or chat.")
-    num_prompts: int = Field(100, ge=1, le=MAX_PROMPTS, description="Requests to send (stop by count).")
-    concurrency: int | None = Field(None, ge=1, le=MAX_PROMPTS)
-    request_rate: float = Field(math.inf, gt=0, description="Requests/s, > 0 (inf: all at once).")
-    """Requests/s (``inf``: all at once); > 0."""
-    burstiness: float = Field(1.0, gt=0, description="Gamma shape of arrivals (1 = Poisson, <1 burstier).")
-    duration_s: float | None = Field(
-        None, gt=0, description="Stop issuing requests after this many seconds (workload cycled)."
+    endpoint: str = Field("completions", description="completions or chat.", json_schema_extra=cli())
+    num_prompts: int = Field(
+        100, ge=1, le=MAX_PROMPTS, description="Requests to send (stop by count).", json_schema_extra=cli(unset=True)
     )
-    input_len: int = Field(128, ge=1, le=MAX_REQUEST_TOKENS)
-    output_len: int = Field(128, ge=1, le=MAX_REQUEST_TOKENS)
-    range_ratio: float = Field(0.0, description="Length spread (see --range-convention).")
-    range_convention: str = Field("vllm", description="vllm: [L(1-r), L(1+r)]; inferencex: [rL, L].")
-    ignore_eos: bool = Field(True, description="Ask for exactly --output-len tokens.")
-    temperature: float = Field(0.0, description="Sampling temperature.")
-    seed: int = Field(0, description="Workload seed (lengths, order, arrivals); the prompt text is fresh every run.")
+    concurrency: int | None = Field(None, ge=1, le=MAX_PROMPTS)
+    request_rate: float = Field(
+        math.inf,
+        gt=0,
+        description="Requests/s, > 0 (inf: all at once).",
+        json_schema_extra=cli(parser="positive_float", metavar="RPS"),
+    )
+    """Requests/s (``inf``: all at once); > 0."""
+    burstiness: float = Field(
+        1.0,
+        gt=0,
+        description="Gamma shape of arrivals (1 = Poisson, <1 burstier).",
+        json_schema_extra=cli(parser="positive_float", metavar="SHAPE"),
+    )
+    duration_s: float | None = Field(
+        None,
+        gt=0,
+        description="Stop issuing requests after this many seconds (workload cycled).",
+        json_schema_extra=cli(name="duration", parser="positive_float", metavar="SECONDS"),
+    )
+    input_len: int = Field(
+        128,
+        ge=1,
+        le=MAX_REQUEST_TOKENS,
+        json_schema_extra=cli(
+            type="str",
+            metavar="TOKENS",
+            help="Input tokens per request (prefix-repetition: suffix; agentic: first user turn); "
+            + _LENGTHS.format("512,4096")
+            + ".",
+        ),
+    )
+    output_len: int = Field(
+        128,
+        ge=1,
+        le=MAX_REQUEST_TOKENS,
+        json_schema_extra=cli(
+            type="str", metavar="TOKENS", help="Output tokens per request; " + _LENGTHS.format("128,1024") + "."
+        ),
+    )
+    range_ratio: float = Field(0.0, description="Length spread (see --range-convention).", json_schema_extra=cli(min=0))
+    range_convention: str = Field(
+        "vllm", description="vllm: [L(1-r), L(1+r)]; inferencex: [rL, L].", json_schema_extra=cli()
+    )
+    ignore_eos: bool = Field(True, description="Ask for exactly --output-len tokens.", json_schema_extra=cli())
+    temperature: float = Field(0.0, description="Sampling temperature.", json_schema_extra=cli(min=0))
+    seed: int = Field(
+        0,
+        description="Workload seed (lengths, order, arrivals); the prompt text is fresh every run.",
+        json_schema_extra=cli(),
+    )
     prompt_salt: str | None = Field(
         None,
         description="Resend the prompts of the run with this workload.prompt_salt (a server that cached them makes the run BENCH-INVALID).",
+        json_schema_extra=cli(),
     )
     """Salt of the prompt text (see the module docstring); None: a fresh random salt for this run."""
     prompt_text: Literal["fresh", "common"] = Field(
         "fresh",
         description="random workload: fresh = text drawn with the run's salt; common = the same text in every run of this seed, each prompt behind a run tag (fresh to a prefix cache), so runs and configurations are compared on the same prompts.",
+        json_schema_extra=cli(),
     )
     """``common``: common random numbers across runs (m3ctl.loadgen.workloads.random_workload). Only the random
     workload draws its text; the others reject it (dataset prompts are tagged already)."""
     num_warmups: int = Field(
-        0, ge=0, le=MAX_PROMPTS, description="Warmup requests (excluded; fresh prompts of the workload's shapes)."
+        0,
+        ge=0,
+        le=MAX_PROMPTS,
+        description="Warmup requests (excluded; fresh prompts of the workload's shapes).",
+        json_schema_extra=cli(),
     )
     warmup: bool = False
     """Warm up at this run's load: ``num_warmups`` fresh requests, or when that is 0 as many as the concurrency
@@ -63,60 +172,97 @@ class BenchConfig(BaseModel):
     """Prefix-cache hit rate (fraction of prompt tokens) allowed above what the workload means before the run
     is BENCH-INVALID (:func:`prefix_cache_check`)."""
     percentiles: list[Annotated[float, Field(ge=0, le=100)]] = Field(
-        default_factory=lambda: [50.0, 90.0, 99.0], min_length=1
+        default_factory=lambda: [50.0, 90.0, 99.0],
+        min_length=1,
+        json_schema_extra=cli(
+            type="str",
+            decls=("--percentiles", "--metric-percentiles"),
+            parser="percentiles",
+            help="Comma-separated percentiles (0-100) of every latency metric (--metric-percentiles as vllm bench serve names it).",
+        ),
     )
     """Percentiles reported as ``p<P>_<metric>_ms`` (each 0-100, at least one)."""
     goodput_slo_ms: dict[str, float] | None = None
     tokenizer: str | None = Field(
         None,
         description="Local tokenizer dir (default: the server's /tokenize and /detokenize, else the deployment's model dir).",
+        json_schema_extra=cli(),
     )
     model_dir: str | None = None
     """Local model directory of the served model (``--deployment``: the deployment's), a tokenizer fallback."""
     num_gpus: int | None = Field(None, ge=1)
     num_gpus_source: str | None = None
     usd_per_gpu_hour: float | None = Field(
-        None, gt=0, description="GPU price for USD per million tokens and tokens per USD."
+        None,
+        gt=0,
+        description="GPU price for USD per million tokens and tokens per USD.",
+        json_schema_extra=cli(parser="positive_float", metavar="USD"),
     )
-    label: str | None = Field(None, description="Label stored in the result.")
+    label: str | None = Field(None, description="Label stored in the result.", json_schema_extra=cli())
     server_log: str | None = None
     """Server log file of an m3ctl deployment (kept current by ``run_bench``'s ``sync_log`` where the runtime
     copies it): the measured phase's part is scanned for in-service kernel JIT compiles
     (m3ctl.serving.kernels.jit_events), reported as ``server_jit_compiles`` and a validity warning."""
     request_timeout_s: float = Field(
-        6 * 3600, description="Seconds a request may take in all before it counts as failed (timeout)."
+        6 * 3600,
+        description="Seconds a request may take in all before it counts as failed (timeout).",
+        json_schema_extra=cli(name="request_timeout", parser="positive_float", metavar="SECONDS"),
     )
     stall_floor_s: float = Field(
         30.0,
         gt=0,
         description="Seconds without a token on any in-flight request that end the run as stalled, at least (the window grows to 20x the largest chunk gap and 3x the largest TTFT seen).",
+        json_schema_extra=cli(name="stall_floor", parser="positive_float", metavar="SECONDS"),
     )
     """Shortest stall window (s); the window grows with the chunk gaps and TTFTs seen (:func:`stall_window`)."""
     block_size: int | None = Field(None, ge=1)
     """KV-cache block size of the server (tokens); None: read from its /metrics (``vllm:cache_config_info``)."""
     # workloads
-    workload: str = "random"
-    dataset_path: str | None = Field(None, description="ShareGPT-style JSON/JSONL file (--workload dataset).")
+    workload: str = Field("random", json_schema_extra=cli(help=f"Bench workload: {', '.join(WORKLOADS)}."))
+    dataset_path: str | None = Field(
+        None,
+        description="ShareGPT-style JSON/JSONL file (--workload dataset).",
+        json_schema_extra=cli(type="path", exists=True, dir_okay=False),
+    )
     dataset_output_len: int | None = Field(
         None,
         ge=1,
         le=MAX_REQUEST_TOKENS,
         description="Force the output length of dataset requests (default: the reference reply's).",
+        json_schema_extra=cli(),
     )
     max_model_len: int | None = None
-    num_prefixes: int = Field(4, ge=1, le=MAX_PROMPTS, description="prefix-repetition: distinct shared prefixes.")
+    num_prefixes: int = Field(
+        4, ge=1, le=MAX_PROMPTS, description="prefix-repetition: distinct shared prefixes.", json_schema_extra=cli()
+    )
     prefix_len: int = Field(
-        128, ge=1, le=MAX_REQUEST_TOKENS, description="prefix-repetition / agentic: shared prefix tokens."
+        128,
+        ge=1,
+        le=MAX_REQUEST_TOKENS,
+        description="prefix-repetition / agentic: shared prefix tokens.",
+        json_schema_extra=cli(),
     )
-    num_sessions: int | None = Field(None, ge=1, le=MAX_PROMPTS, description="agentic: sessions (default 2 x lanes).")
-    turns: int = Field(4, ge=1, le=MAX_PROMPTS, description="agentic: turns per session.")
+    num_sessions: int | None = Field(
+        None, ge=1, le=MAX_PROMPTS, description="agentic: sessions (default 2 x lanes).", json_schema_extra=cli()
+    )
+    turns: int = Field(4, ge=1, le=MAX_PROMPTS, description="agentic: turns per session.", json_schema_extra=cli())
     turn_input_len: int = Field(
-        64, ge=1, le=MAX_REQUEST_TOKENS, description="agentic: new input tokens per later turn."
+        64,
+        ge=1,
+        le=MAX_REQUEST_TOKENS,
+        description="agentic: new input tokens per later turn.",
+        json_schema_extra=cli(),
     )
-    think_time_s: float = Field(0.0, ge=0, description="agentic: mean think time between turns (s, exponential).")
+    think_time_s: float = Field(
+        0.0,
+        ge=0,
+        description="agentic: mean think time between turns (s, exponential).",
+        json_schema_extra=cli(name="think_time"),
+    )
     trace_path: str | None = Field(
         None,
         description="Replay a JSONL trace ({timestamp, input_len, output_len, prefix_id?} per line) at its arrival times (open loop; --concurrency caps it).",
+        json_schema_extra=cli(name="trace", type="path", metavar="FILE"),
     )
     """Replay this JSONL trace (m3ctl.loadgen.trace): its requests at its arrival times, instead of a workload."""
     trace_time_scale: float = Field(
@@ -124,32 +270,48 @@ class BenchConfig(BaseModel):
         gt=0,
         allow_inf_nan=False,
         description="Multiply the trace's arrival offsets (0.5: twice as fast; 0.001: timestamps in ms).",
+        json_schema_extra=cli(parser="positive_float", metavar="X"),
     )
     """Multiplies the trace's arrival offsets (0.5: twice as fast)."""
     # sweeps (m3ctl.loadgen.sweep)
     max_ttft_s: float | None = Field(
-        None, gt=0, description="Sweep: a level whose median TTFT is above this is overloaded (default: no bound)."
+        None,
+        gt=0,
+        description="Sweep: a level whose median TTFT is above this is overloaded (default: no bound).",
+        json_schema_extra=cli(
+            name="max_ttft", decls=("--max-ttft", "--max-ttft-s"), parser="positive_float", metavar="SECONDS"
+        ),
     )
     """A sweep level whose median TTFT (s) is above this is overloaded; None: no TTFT bound."""
     stop_on_overload: bool = Field(
         True,
         description="Sweep: after an overloaded level (TTFT bound, a growing server queue, throughput below the level before), skip the higher concurrencies of its input/output lengths.",
+        json_schema_extra=cli(),
     )
     """A sweep skips the higher concurrencies of an input/output pair after an overloaded level."""
     queue_sample_s: float = Field(1.0, gt=0, allow_inf_nan=False)
     """Period (s) of the ``vllm:num_requests_waiting`` samples taken during the measured phase."""
     # client
-    client_procs: int = Field(1, ge=1, le=MAX_PROMPTS, description="Client worker processes (each its own event loop).")
-    http_client: str = Field(
-        "fast", description="fast (lean keep-alive HTTP/1.1) or aiohttp."
-    )  # fast (m3ctl.loadgen.fasthttp) or aiohttp
-    continuous_usage: bool = Field(True, description="Ask vLLM for per-chunk usage (per-token ITL).")
-    scrape_server_metrics: bool = True
-    allow_approx: bool = Field(False, description="Accept runs whose token counts or TTFT are approximate.")
-    max_error_rate: float = Field(
-        0.0, ge=0, le=1, description="Failed-request fraction above which the run is invalid."
+    client_procs: int = Field(
+        1,
+        ge=1,
+        le=MAX_PROMPTS,
+        description="Client worker processes (each its own event loop).",
+        json_schema_extra=cli(),
     )
-    per_request: bool = Field(False, description="Include per-request records in the JSON.")
+    # fast (m3ctl.loadgen.fasthttp) or aiohttp
+    http_client: str = Field("fast", description="fast (lean keep-alive HTTP/1.1) or aiohttp.", json_schema_extra=cli())
+    continuous_usage: bool = Field(
+        True, description="Ask vLLM for per-chunk usage (per-token ITL).", json_schema_extra=cli()
+    )
+    scrape_server_metrics: bool = True
+    allow_approx: bool = Field(
+        False, description="Accept runs whose token counts or TTFT are approximate.", json_schema_extra=cli()
+    )
+    max_error_rate: float = Field(
+        0.0, ge=0, le=1, description="Failed-request fraction above which the run is invalid.", json_schema_extra=cli()
+    )
+    per_request: bool = Field(False, description="Include per-request records in the JSON.", json_schema_extra=cli())
     api_key: str | None = Field(None, exclude=True, repr=False)
     auth_basic: str | None = Field(None, exclude=True, repr=False)
     """Base64 ``user:password`` of URL credentials (m3ctl.core.secrets.split_url_credentials): a Basic header when
@@ -162,17 +324,24 @@ class BenchConfig(BaseModel):
     """State directory of ``deployment`` (default: m3ctl's, m3ctl.core.state.state_dir)."""
     # energy (m3ctl.loadgen.energy: which GPUs, how, the result's ``energy`` block)
     power: bool = Field(
-        True, description="Sample GPU power over the measured phase: energy per output token (docs/bench.md, Energy)."
+        True,
+        description="Sample GPU power over the measured phase: energy per output token (docs/bench.md, Energy).",
+        json_schema_extra=cli(decls="--power/--no-power"),
     )
     """Sample GPU power over the measured phase (``--no-power``: off; the ``energy`` block says so)."""
     power_gpus: list[Annotated[int, Field(ge=0)]] | None = Field(
         None,
         min_length=1,
         description="GPU indices to sample (default: the deployment's, else every local GPU; none for a remote --url).",
+        json_schema_extra=cli(type="str", metavar="0,1"),
     )
     """GPU indices to sample (``--power-gpus 0,1``); None: the deployment's, else every local GPU."""
     power_interval_s: float = Field(
-        0.1, gt=0, le=60, description="Power sampling period (nvidia-smi/rocm-smi fallbacks: at least 1 s)."
+        0.1,
+        gt=0,
+        le=60,
+        description="Power sampling period (nvidia-smi/rocm-smi fallbacks: at least 1 s).",
+        json_schema_extra=cli(name="power_interval", parser="positive_float", metavar="SECONDS"),
     )
     """Power sampling period (s); nvidia-smi/rocm-smi fallbacks sample at most once a second."""
     deployment_gpus: list[int] | None = None

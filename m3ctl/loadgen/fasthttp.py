@@ -23,6 +23,15 @@ if TYPE_CHECKING:
     from m3ctl.loadgen.client import _Stream
 
 
+class HTTPStatus(Exception):
+    """A response whose status is not 200: its ``status`` and body ``text`` (m3ctl.loadgen.client counts it as
+    a failed request of that kind)."""
+
+    def __init__(self, status: int, text: str):
+        super().__init__(status)
+        self.status, self.text = status, text
+
+
 class _Proto(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
@@ -62,9 +71,7 @@ class _Proto(asyncio.Protocol):
         if fut is None:  # every caller checked first that a request waits
             return
         if self.status != 200:
-            from m3ctl.loadgen.client import _HTTPStatus  # noqa: PLC0415
-
-            fut.set_exception(_HTTPStatus(self.status, bytes(self.err_body).decode(errors="replace")))
+            fut.set_exception(HTTPStatus(self.status, bytes(self.err_body).decode(errors="replace")))
         else:
             fut.set_result(None)
 

@@ -72,6 +72,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from m3ctl.loadgen import sink
+
 MODEL = "groundtruth"
 _CHUNKS_PER_TURN = 2  # chunk writes per event-loop turn
 _SPIN_S = 0.0015  # below this, wait by event-loop turns instead of a timer (timers have ~1 ms resolution)
@@ -606,13 +608,7 @@ def serve(port: int, cfg: GTConfig, host: str = "127.0.0.1") -> None:
     """Serve until killed (uvloop when installed)."""
     global _eol
     _eol = _EOL[cfg.sse_eol]
-    try:
-        import uvloop  # noqa: PLC0415
-
-        runner = asyncio.Runner(loop_factory=uvloop.new_event_loop)
-    except ImportError:  # pragma: no cover
-        runner = asyncio.Runner()
-    with runner:
+    with asyncio.Runner(loop_factory=sink.new_loop) as runner:
         try:
             runner.run(_serve_forever(port, cfg, host))
         except KeyboardInterrupt:  # pragma: no cover

@@ -25,6 +25,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Self
 
+from rich.live import Live
+from rich.text import Text
+
 
 @dataclass
 class Snapshot:
@@ -177,8 +180,6 @@ class LiveProgress:
         plain: bool | None = None,
         plain_every_s: float = 10.0,
     ):
-        from rich.live import Live  # noqa: PLC0415
-
         self.stats = RollingStats(window_s, total)
         self.label = label
         self.console = console
@@ -238,8 +239,6 @@ class LiveProgress:
             return self.stats.snapshot(time.perf_counter())
 
     def _print_plain(self) -> None:
-        from rich.text import Text  # noqa: PLC0415
-
         line = render_line(self.snapshot(), self.console.width, self.label)
         self.console.print(Text(line), highlight=False, soft_wrap=True)
 
@@ -283,8 +282,6 @@ class _Fitted:
         self.prog = prog
 
     def __rich_console__(self, console, options):
-        from rich.text import Text  # noqa: PLC0415
-
         line = render_line(self.prog.snapshot(), options.max_width, self.prog.label)
         text = Text(line, no_wrap=True, overflow="ellipsis")
         text.stylize("bold", 0, len(self.prog.label))

@@ -17,6 +17,7 @@ detokenize; https://huggingface.github.io/text-generation-inference/ ``/tokenize
 
 from __future__ import annotations
 
+import math
 import random
 from pathlib import Path
 from typing import Protocol
@@ -345,8 +346,6 @@ def random_lengths(mean: int, range_ratio: float, n: int, rng: random.Random, co
     Raises:
         BadInput: ``range_ratio`` outside the convention's domain.
     """
-    import math  # noqa: PLC0415
-
     if convention == "vllm":
         if not 0 <= range_ratio < 1:
             raise BadInput(

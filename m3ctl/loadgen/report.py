@@ -14,7 +14,15 @@ import io
 import json
 from pathlib import Path
 
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from m3ctl.core.files import read_user_text, write_atomic
 from m3ctl.errors import BadInput
+from m3ctl.loadgen.capacity import sweep_capacity
+from m3ctl.loadgen.slo import parse_slo
+from m3ctl.results import BENCH_SCHEMA_VERSION as SCHEMA_VERSION
 
 
 # x-axis choices: name -> (label, getter)
@@ -44,8 +52,6 @@ def load_runs(paths: list[Path]) -> list[dict]:
     """
     runs: list[dict] = []
     for p in paths:
-        from m3ctl.core.files import read_user_text  # noqa: PLC0415
-
         try:
             data = json.loads(read_user_text(p, "result file"))
         except json.JSONDecodeError as e:
@@ -65,8 +71,6 @@ def sweep_doc(runs: list[dict], axis: str, values: list | dict, slo: str = "") -
     which it was skipped}, and the runs. With ``slo`` (an SLO m3ctl.loadgen.slo.parse_slo reads, e.g.
     ``"p90_tpot_ms<=30"``) and a concurrency sweep, ``sweep.capacity`` is m3ctl.loadgen.capacity.sweep_capacity: the
     highest level that holds by the tune's capacity rule, each level's verdict and what is undecided."""
-    from m3ctl.loadgen.runner import SCHEMA_VERSION  # noqa: PLC0415
-
     levels = [
         {
             "input_len": r.get("input_len_requested"),
@@ -83,9 +87,6 @@ def sweep_doc(runs: list[dict], axis: str, values: list | dict, slo: str = "") -
     ]
     sweep: dict = {"axis": axis, "values": values, "levels": levels, "skipped": skipped}
     if slo and slo.strip() and axis == "concurrency":
-        from m3ctl.loadgen.capacity import sweep_capacity  # noqa: PLC0415
-        from m3ctl.loadgen.slo import parse_slo  # noqa: PLC0415
-
         sweep["capacity"] = sweep_capacity(runs, parse_slo(slo))
     return {"m3ctl_schema_version": SCHEMA_VERSION, "sweep": sweep, "runs": runs}
 
@@ -140,8 +141,6 @@ def write_csv(runs: list[dict], path: Path) -> None:
     Raises:
         m3ctl.core.files.WriteFailed: the file could not be written (nothing partial is left).
     """
-    from m3ctl.core.files import write_atomic  # noqa: PLC0415
-
     write_atomic(path, csv_text(runs))
 
 
@@ -179,7 +178,7 @@ RUN_STYLES: dict[str, tuple[str, dict]] = {
 
 
 def validity_class(res: dict) -> str:
-    """A run's validity class from its result dict (its ``validity`` block, m3ctl.loadgen.runner._validity):
+    """A run's validity class from its result dict (its ``validity`` block, m3ctl.loadgen.validity._validity):
     ``invalid`` when ``validity.valid`` is False or nothing completed; ``warnings`` when valid with
     ``validity.warnings`` or metrics it did not measure (``validity.unmeasured`` / ``unmeasured``);
     ``clean`` when valid without either; ``unchecked`` without a ``validity`` block (a ``vllm bench serve``
@@ -210,8 +209,6 @@ def pareto_png(runs: list[dict], path: Path, x_axis: str = "inferencex-median", 
         BadInput: unknown ``x_axis`` or no run with the metric.
         m3ctl.core.files.WriteFailed: the file could not be written (nothing partial is left).
     """
-    from m3ctl.core.files import write_atomic  # noqa: PLC0415
-
     write_atomic(path, pareto_png_bytes(runs, x_axis, title))
     return path
 
@@ -354,9 +351,6 @@ def compare_renderables(runs: list[dict]) -> list:
     """The side-by-side comparison for a rich console: a table (metric rows, one column ``#i`` per run) that is
     split into several tables of fewer runs when the console is too narrow for all, so no number is wrapped or
     cut; then one legend line per run (``#i``, its file and label), printed whole below the tables."""
-    from rich.markup import escape  # noqa: PLC0415
-    from rich.text import Text  # noqa: PLC0415
-
     rows = [r for r in compare_table(runs) if r[0] not in ("file", "label")]
     cols = [(f"#{i + 1}", [escape(r[i + 1]) for r in rows]) for i in range(len(runs))]
     legend = [
@@ -393,8 +387,6 @@ class FitTable:
 
     @staticmethod
     def _w(cells: list[str]) -> int:
-        from rich.text import Text  # noqa: PLC0415
-
         return max((Text.from_markup(c).cell_len for c in cells), default=0)
 
     def groups(self, width: int) -> list[list[int]]:
@@ -412,8 +404,6 @@ class FitTable:
         return out
 
     def __rich_console__(self, console, options):
-        from rich.table import Table  # noqa: PLC0415
-
         for k, group in enumerate(self.groups(options.max_width)):
             t = Table(title=self.title + (", continued" if k else ""))
             t.add_column(self.label_header, overflow="fold", ratio=1)
@@ -544,8 +534,6 @@ def _server_rows(res: dict) -> list[tuple[str, str]]:
 
 def _latency_table(res: dict, pcts: list[float], done: bool, miss: dict) -> tuple[FitTable, list[str]]:
     """The latency table (one column per statistic; rows as :func:`bench_tables` says) and its notes."""
-    from rich.markup import escape  # noqa: PLC0415
-
     v = res["validity"]
     cols = _latency_columns(pcts)
     lrows: list[tuple[str, list[str]]] = []  # (label, one cell per statistic)
@@ -604,9 +592,6 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
     is ``n/a``, not 0; a metric the run did not measure (``unmeasured``: TPOT and ITL of a run streamed in
     bursts, goodput whose SLO bounds TPOT) is ``n/a (<cause>)``, e.g. ``n/a (bursts)``, and ``valid`` says so.
     """
-    from rich.markup import escape  # noqa: PLC0415
-    from rich.table import Table  # noqa: PLC0415
-
     done = res.get("completed", 0) > 0
     v = res["validity"]
     t = Table(title=escape(_run_title(res)))

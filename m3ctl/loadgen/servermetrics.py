@@ -22,12 +22,11 @@ During the measured phase the gauges ``vllm:num_requests_waiting`` / ``vllm:num_
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+import threading
+import time
 
 import httpx
-
-if TYPE_CHECKING:
-    import threading
+import numpy as np
 
 SERIES = (
     "prefix_cache_hits_total",
@@ -179,8 +178,6 @@ class QueueSampler:
         self._thread: threading.Thread | None = None
 
     def start(self) -> QueueSampler:
-        import threading  # noqa: PLC0415
-
         self._stop = stop = threading.Event()
         # The client is built here, before the measured phase: building one loads the TLS trust store (tens of
         # ms holding the GIL), which inside the run stalled the bench's event loop (client-saturation verdict).
@@ -190,8 +187,6 @@ class QueueSampler:
         return self
 
     def _run(self, client: httpx.Client, stop: threading.Event) -> None:
-        import time  # noqa: PLC0415
-
         with client as c:
             while not stop.is_set():
                 try:
@@ -246,8 +241,6 @@ def queue_trend(
     first, last = sum(ws[:k]) / k, sum(ws[-k:]) / k
     slope = 0.0
     if max(ts) > min(ts):
-        import numpy as np  # noqa: PLC0415
-
         slope = float(np.polyfit(ts, ws, 1)[0])
     ref = float(concurrency) if concurrency else max([1.0, *(r for _, _, r in samples if r is not None)])
     growing = slope > 0 and last - first >= max(1.0, QUEUE_RISE_FRACTION * ref) and ws[-1] >= QUEUE_END_FRACTION * ref

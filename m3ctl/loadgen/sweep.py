@@ -2,7 +2,7 @@
 
 Levels (:func:`plan`): the cartesian product of ``--input-len``, ``--output-len`` and ``--concurrency`` lists,
 ordered input length, then output length, then concurrency (as given), each level one run
-(m3ctl.loadgen.runner.run_sweep, the one sweep path) whose result records its lengths
+(m3ctl.loadgen.runner.run_sweep, the one sweep path; :class:`Sweep` its state) whose result records its lengths
 (``input_len_requested`` / ``output_len_requested``) and its concurrency (``max_concurrency``).
 
 Early stop (:func:`overload`): a level is *clearly overloaded* when any of
@@ -23,10 +23,17 @@ file (``sweep.skipped``), never silently dropped; the next input/output pair sta
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
-from m3ctl.errors import BadInput
+from m3ctl.errors import BadInput, M3Error
 from m3ctl.loadgen import MAX_REQUEST_TOKENS
+from m3ctl.loadgen.config import BenchConfig
+from m3ctl.loadgen.engine import engine_death, mark_engine_died
+from m3ctl.loadgen.inputs import validate
+from m3ctl.loadgen.prepare import check_reachable, tokenizer_for
+from m3ctl.loadgen.prompts import ServerTokenizer
+from m3ctl.loadgen.target import headers as _headers
 
 #: A level whose output tok/s is below (1 - THROUGHPUT_DROP) x the previous level's is overloaded: a drop this
 #: size is beyond run-to-run noise (a few %), so more load made the server do less.
@@ -150,3 +157,98 @@ def skipped_after(levels: list[Level], i: int) -> list[Level]:
         for lv in levels[i + 1 :]
         if (lv.input_len, lv.output_len) == (here.input_len, here.output_len) and c(lv) > c(here)
     ]
+
+
+def _conc(c: int | None) -> float:
+    return math.inf if c is None else c
+
+
+class Sweep:
+    """A sweep's shared state: the checked config, its levels, one tokenizer for all levels, the runs so far."""
+
+    def __init__(
+        self,
+        cfg: BenchConfig,
+        concurrencies: list[int | None],
+        input_lens: list[int] | None = None,
+        output_lens: list[int] | None = None,
+    ):
+        self.plan = plan(
+            input_lens or [cfg.input_len], output_lens or [cfg.output_len], list(concurrencies or [cfg.concurrency])
+        )
+        for lv in self.plan:  # every level's options (lengths change the prompt tokens a run builds)
+            validate(
+                cfg.model_copy(
+                    update={"concurrency": lv.concurrency, "input_len": lv.input_len, "output_len": lv.output_len}
+                )
+            )
+        check_reachable(cfg)
+        self.cfg, self.tok, self._stop = cfg, tokenizer_for(cfg), False
+        self.runs: list[dict] = []
+        self._i = -1  # the level running
+        self._skip: set[int] = set()  # levels skipped after an overload
+        self._last: dict[tuple[int, int], dict] = {}  # last result per (input, output) pair
+
+    def levels(self):
+        """The config of each level, until a run ends the sweep (interrupted, server down); levels skipped after an
+        overload are left out (each is named in the ``sweep_stop`` of the level that was overloaded)."""
+        for i, lv in enumerate(self.plan):
+            if self._stop:
+                return
+            if i in self._skip:
+                continue
+            self._i = i
+            yield self.cfg.model_copy(
+                update={"concurrency": lv.concurrency, "input_len": lv.input_len, "output_len": lv.output_len}
+            )
+
+    def add(self, res: dict) -> None:
+        """Keep a level's result; realign the tokenizer for the next levels when this one found it off."""
+        cfg = self.cfg
+        self.runs.append(res)
+        lv = self.plan[self._i]
+        pair = (lv.input_len, lv.output_len)
+        prev = self._last.get(pair)
+        if prev is not None and _conc(prev.get("max_concurrency")) >= _conc(lv.concurrency):
+            prev = None  # the throughput test compares with a lower concurrency only
+        res["overload"] = ov = overload(res, prev, cfg.max_ttft_s)
+        self._last[pair] = res
+        if ov["overloaded"] and cfg.stop_on_overload and (skipped := skipped_after(self.plan, self._i)):
+            self._skip.update(j for j in range(self._i + 1, len(self.plan)) if self.plan[j] in skipped)
+            res["sweep_stop"] = {
+                "reason": "; ".join(ov["reasons"]),
+                "criteria": ov["criteria"],
+                "skipped": [s.to_dict() for s in skipped],
+            }
+        if (res["token_counts"].get("realigned") or {}).get("client_tokenizer_off") and not isinstance(
+            self.tok, ServerTokenizer
+        ):
+            st = ServerTokenizer(cfg.url, cfg.model, _headers(cfg))
+            if st.available() and st.can_decode:  # realign: the next levels' prompts from the server's own
+                self.tok = st
+            else:
+                st.close()
+        self._stop = bool(res.get("interrupted") or res.get("server_down"))
+
+    def lost(self, cfg: BenchConfig, err: M3Error) -> bool:
+        """A level after the first could not start because the server went away (unreachable now, or lost while
+        its prompts were prepared): the sweep stops and its last run is marked ``server_down`` (with the engine's
+        death when the deployment is known). False when there is no earlier run (the error stands)."""
+        if not self.runs:
+            return False
+        last = self.runs[-1]
+        if died := engine_death(cfg):
+            mark_engine_died(last, died, None)
+        elif not last.get("server_down"):
+            last["server_down"] = True
+            last.setdefault("not_sent", 0)
+            last["validity"]["valid"] = False
+            last["validity"]["reasons"].append(
+                f"the server went away before concurrency {cfg.concurrency} ({err.message}): the sweep stopped there"
+            )
+        self._stop = True
+        return True
+
+    def close(self) -> None:
+        if isinstance(self.tok, ServerTokenizer):
+            self.tok.close()

@@ -10,7 +10,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from m3ctl.errors import BadInput
+import httpx
+
+from m3ctl.core.secrets import auth_headers, client_key, key_hint, split_url_credentials
+from m3ctl.core.state import Registry
+from m3ctl.errors import BadInput, M3Error, Unauthorised
+from m3ctl.loadgen.config import BenchConfig
+from m3ctl.serving.lifecycle import deployment_for_url as lookup
+from m3ctl.serving.serve import deployment_gpus, runtime_for, saved_plan
 
 
 @dataclass
@@ -54,8 +61,6 @@ class BenchTarget:
 
     def headers(self) -> dict[str, str]:
         """The Authorization header this endpoint gets (m3ctl.core.secrets.auth_headers), ``{}`` without a key."""
-        from m3ctl.core.secrets import auth_headers  # noqa: PLC0415
-
         return auth_headers(self.api_key, basic=self.basic_auth)
 
     def pick_model(self) -> tuple[str, str | None]:
@@ -68,11 +73,15 @@ class BenchTarget:
         return model_choice(self.url, self.headers(), self.deployment_model, self.deployment, self.key_hint)
 
 
+def headers(cfg: BenchConfig) -> dict[str, str]:
+    """The Authorization header of a bench run's requests (``cfg.api_key``, else ``cfg.auth_basic``), ``{}``
+    without either."""
+    return auth_headers(cfg.api_key, basic=cfg.auth_basic)
+
+
 def http_failure(e: Exception) -> str:
     """What went wrong with an HTTP request, in words (httpx exception classes:
     https://www.python-httpx.org/exceptions/): refused, timed out, or not the JSON an OpenAI server answers."""
-    import httpx  # noqa: PLC0415
-
     text = str(e).lower()
     if isinstance(e, httpx.ConnectError):
         if "refused" in text:
@@ -104,9 +113,6 @@ def model_choice(
         Unauthorised: the server answers 401/403 (``key_hint`` says which key it expects).
         BadInput: the list cannot be read, or the server lists no model (then pass the model).
     """
-    import httpx  # noqa: PLC0415
-
-    from m3ctl.errors import Unauthorised  # noqa: PLC0415
 
     try:
         r = httpx.get(f"{url}/v1/models", headers=headers or {}, timeout=10)
@@ -153,8 +159,6 @@ def only_model(url: str, headers: dict[str, str] | None = None, key_hint: str | 
 def deployment_for_url(url: str):
     """The m3ctl deployment (:class:`~m3ctl.core.state.Deployment`) listening at ``url``, else None: the one lookup,
     :func:`m3ctl.serving.lifecycle.deployment_for_url`."""
-    from m3ctl.serving.lifecycle import deployment_for_url as lookup  # noqa: PLC0415
-
     try:
         return lookup(url)
     except OSError:
@@ -180,8 +184,6 @@ def resolve_target(
         BadInput: neither ``url`` nor ``deployment``, or both; an unknown deployment (NotFound); no model to pick;
             an empty ``model``.
     """
-    from m3ctl.core.secrets import client_key, key_hint, split_url_credentials  # noqa: PLC0415
-
     if model is not None and not model.strip():
         raise BadInput("--model is empty", "give the served model's id, or leave --model out (the server's own)")
     if url and deployment:  # which one was meant is a guess: the deployment's URL, or another server's
@@ -196,9 +198,6 @@ def resolve_target(
     argv: tuple[str, ...] = ()
     gpus: list[int] | None = None
     if deployment:
-        from m3ctl.core.state import Registry  # noqa: PLC0415
-        from m3ctl.serving.serve import deployment_gpus, runtime_for, saved_plan  # noqa: PLC0415
-
         reg = Registry()
         dep = reg.get(deployment)
         url, model = url or dep.url, model or dep.served_model_name
@@ -246,10 +245,6 @@ def resolve_target(
 def _plan_gpus(name: str) -> list[int] | None:
     """The GPU indices of deployment ``name``'s saved launch plan, None when it has none (or it is unreadable: the
     bench of a URL does not fail on it)."""
-    from m3ctl.core.state import Registry  # noqa: PLC0415
-    from m3ctl.errors import M3Error  # noqa: PLC0415
-    from m3ctl.serving.serve import saved_plan  # noqa: PLC0415
-
     try:
         plan = saved_plan(Registry(), name)
     except (M3Error, OSError):

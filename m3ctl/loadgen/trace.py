@@ -45,9 +45,11 @@ from pathlib import Path
 
 import numpy as np
 
+from m3ctl.core.files import read_user_text
 from m3ctl.errors import BadInput
 from m3ctl.loadgen import MAX_REQUEST_TOKENS
 from m3ctl.loadgen.client import BenchRequest, RequestOutput
+from m3ctl.loadgen.config import MAX_PROMPTS, MAX_RUN_PROMPT_TOKENS
 from m3ctl.loadgen.prompts import Tokenizer, exact_prompt, exact_prompt_after
 
 #: Send lag (ms) the p99 may reach before the replay counts as lagging the trace, at least.
@@ -123,7 +125,7 @@ def load(path: str | Path) -> Trace:
 
     Raises:
         BadInput: the file is missing, a directory, not UTF-8, empty, has more than
-            m3ctl.loadgen.runner.MAX_PROMPTS records, or a line that is not a JSON object with a finite
+            m3ctl.loadgen.config.MAX_PROMPTS records, or a line that is not a JSON object with a finite
             ``timestamp`` (no earlier than the previous line's), integer ``input_len``/``output_len`` in
             1..MAX_REQUEST_TOKENS, a ``prefix_id`` that is text or an integer, and a ``prefix_len`` (with a
             ``prefix_id``) that agrees within its group and is below each of its inputs.
@@ -139,9 +141,6 @@ def load(path: str | Path) -> Trace:
 
 @functools.lru_cache(maxsize=8)
 def _load(p: Path, _key: tuple) -> Trace:
-    from m3ctl.core.files import read_user_text  # noqa: PLC0415
-    from m3ctl.loadgen.runner import MAX_PROMPTS  # noqa: PLC0415
-
     text = read_user_text(p, "--trace")
     recs: list[TraceRecord] = []
     t0 = prev = None
@@ -219,17 +218,15 @@ def _load(p: Path, _key: tuple) -> Trace:
 
 
 def check(cfg) -> Trace:
-    """The trace of a :class:`~m3ctl.loadgen.runner.BenchConfig` with ``trace_path``, checked with the options it
-    replaces (m3ctl.loadgen.runner.validate calls it).
+    """The trace of a :class:`~m3ctl.loadgen.config.BenchConfig` with ``trace_path``, checked with the options it
+    replaces (m3ctl.loadgen.inputs.validate calls it).
 
     Raises:
         BadInput: as :func:`load`; ``--workload`` other than random, a finite ``--request-rate``, ``--duration``,
             ``--num-prompts`` or a ``--burstiness`` other than 1 with a trace (the trace gives the requests and
             their arrivals); more prompt tokens than one run may
-            build (m3ctl.loadgen.runner.MAX_RUN_PROMPT_TOKENS).
+            build (m3ctl.loadgen.config.MAX_RUN_PROMPT_TOKENS).
     """
-    from m3ctl.loadgen.runner import MAX_RUN_PROMPT_TOKENS  # noqa: PLC0415
-
     if cfg.workload != "random":
         raise BadInput(f"--trace replaces --workload ({cfg.workload} given)", "drop --workload or --trace")
     if not math.isinf(cfg.request_rate):

@@ -32,6 +32,7 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from m3ctl.core.files import read_user_text
 from m3ctl.errors import BadInput
 from m3ctl.loadgen import WORKLOADS
 from m3ctl.loadgen.client import BenchRequest
@@ -125,8 +126,6 @@ def load_dataset_records(path: str | Path) -> list[dict]:
     Raises:
         BadInput: missing file, or not JSON/JSONL of objects.
     """
-    from m3ctl.core.files import read_user_text  # noqa: PLC0415
-
     p = Path(path)
     if not p.is_file() and not p.is_dir():
         raise BadInput(f"dataset file {p} not found", "pass --dataset-path FILE (ShareGPT JSON or JSONL)")

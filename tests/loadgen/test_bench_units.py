@@ -12,8 +12,9 @@ import pytest
 from m3ctl.errors import BadInput
 from m3ctl.loadgen import metrics, report, servermetrics, workloads
 from m3ctl.loadgen.client import RequestOutput
+from m3ctl.loadgen.prepare import schedule as _schedule
 from m3ctl.loadgen.prompts import LocalTokenizer
-from m3ctl.loadgen.runner import _cost, _per_gpu, _schedule
+from m3ctl.loadgen.result import _cost, _per_gpu
 
 FIX = Path(__file__).parent.parent / "fixtures" / "bench"
 

@@ -1,0 +1,384 @@
+"""Drive the load: one client process's closed loop of ``concurrency`` users, its open loop, or its agentic lanes.
+
+Input: a :class:`Job` (the requests with their offsets, or the agentic sessions; m3ctl.loadgen.prepare builds it)
+and its warm-ups. Output: ``(outputs, ClientStats, t0)``: the measured requests' :class:`RequestOutput` (streamed
+over SSE by m3ctl.loadgen.client / fasthttp), what the client measured about itself (CPU, event-loop lag, a down
+or stalled server, Ctrl-C), and the perf_counter time the measured phase began.
+
+A server that refuses ``SERVER_DOWN_AFTER`` connections in a row is down; one that sends no token on any
+in-flight request for the stall window (:func:`stall_window`) has stalled: either ends the run early, keeping what
+finished. A cancel of the running task (Ctrl-C, ``sink.STOP``) does the same (``interrupted``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+import numpy as np
+
+from m3ctl.loadgen import sink
+from m3ctl.loadgen.client import PROGRESS, BenchRequest, RequestOutput, build_body, send_request
+from m3ctl.loadgen.config import BenchConfig
+from m3ctl.loadgen.fasthttp import ConnectionPool
+from m3ctl.loadgen.target import headers as auth_headers
+
+
+@dataclass
+class ClientStats:
+    """What one client process measured about itself."""
+
+    cpu_s: float = 0.0
+    wall_s: float = 0.0
+    loop_lag_max_ms: float = 0.0
+    loop_lag_p99_ms: float = 0.0
+    sessions: list[dict] = field(default_factory=list)
+    interrupted: bool = False
+    server_down: bool = False  # the server refused connections SERVER_DOWN_AFTER times in a row: run stopped
+    stalled: dict | None = None  # {window_s, idle_s, in_flight}: no token for the stall window, run stopped
+    not_sent: int = 0  # requests of the workload never sent because the run stopped early (count mode)
+
+
+@dataclass
+class Job:
+    """One client process's share of the load."""
+
+    items: list[tuple[BenchRequest, float]]  # (request, offset s); offsets all 0 for rate=inf
+    concurrency: int | None
+    sessions: list = field(default_factory=list)  # agentic sessions
+    cycle: bool = False
+
+
+SERVER_DOWN_AFTER = 3  # consecutive "connection refused" results that mean the server is gone
+
+
+#: Stall window (s) = max(stall_floor_s, STALL_GAP_FACTOR x the largest chunk gap seen, STALL_TTFT_FACTOR x the
+#: largest TTFT seen) in this run (warm-ups included): an order of magnitude above what the server has shown.
+STALL_GAP_FACTOR = 20.0
+STALL_TTFT_FACTOR = 3.0
+
+
+def stall_window(floor_s: float, max_gap_s: float, max_ttft_s: float) -> float:
+    """Seconds without a token on any in-flight request after which the server counts as stalled."""
+    return max(floor_s, STALL_GAP_FACTOR * max_gap_s, STALL_TTFT_FACTOR * max_ttft_s)
+
+
+class _Stop(Exception):
+    """Internal: the server is down; stop issuing requests."""
+
+
+async def _stall_watch(cfg: BenchConfig, task: asyncio.Task, stats: ClientStats, busy: list) -> None:
+    """Cancel ``task`` (the run) when no token arrived on any in-flight request for the stall window.
+    ``busy``: [requests in flight, perf_counter time the count last rose from 0]."""
+    while True:
+        w = stall_window(cfg.stall_floor_s, PROGRESS.max_gap, PROGRESS.max_ttft)
+        await asyncio.sleep(min(1.0, w / 10))
+        if busy[0] <= 0:
+            continue
+        idle = time.perf_counter() - max(PROGRESS.last, busy[1])
+        w = stall_window(cfg.stall_floor_s, PROGRESS.max_gap, PROGRESS.max_ttft)
+        if idle >= w:
+            stats.stalled = {
+                "window_s": w,
+                "idle_s": idle,
+                "in_flight": busy[0],
+                "max_chunk_gap_ms": 1000 * PROGRESS.max_gap,
+                "max_ttft_ms": 1000 * PROGRESS.max_ttft,
+            }
+            task.cancel()
+            return
+
+
+async def _lag_monitor(samples: list[float], period: float = 0.01) -> None:
+    while True:
+        t = time.perf_counter()
+        await asyncio.sleep(period)
+        samples.append(time.perf_counter() - t - period)
+
+
+def _this_task() -> asyncio.Task:
+    """The task running the caller (a coroutine awaited by asyncio always runs in one)."""
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("no asyncio task is running")
+    return task
+
+
+class _Sender:
+    """Sends one request of a run and keeps the run's tallies: the requests in flight (``busy``: [count, the
+    perf_counter time the count last rose from 0], read by :func:`_stall_watch`) and the consecutive
+    connection-refused results (``SERVER_DOWN_AFTER`` of them mark the server down in ``stats``). ``emit``: the
+    progress sink (None during the warm-ups; the measured phase sets it)."""
+
+    def __init__(
+        self,
+        cfg: BenchConfig,
+        session: aiohttp.ClientSession,
+        pool: ConnectionPool | None,
+        headers: dict[str, str],
+        stats: ClientStats,
+    ):
+        self.cfg, self.session, self.pool, self.headers, self.stats = cfg, session, pool, headers, stats
+        self.emit: Callable[[tuple], None] | None = None
+        self.refused = 0
+        self.busy: list = [0, 0.0]
+
+    async def __call__(self, req: BenchRequest, due: float, keep_text: bool = False) -> RequestOutput:
+        """One request's output; raises ``_Stop`` once the server is down or the run stalled."""
+        stats, busy = self.stats, self.busy
+        if stats.server_down or stats.stalled:
+            raise _Stop
+        if not busy[0]:
+            busy[1] = time.perf_counter()
+        busy[0] += 1
+        try:
+            return await self._send(req, due, keep_text)
+        finally:
+            busy[0] -= 1
+
+    async def _send(self, req: BenchRequest, due: float, keep_text: bool) -> RequestOutput:
+        cfg, emit = self.cfg, self.emit
+        body = build_body(
+            cfg.model,
+            cfg.endpoint,
+            req,
+            ignore_eos=cfg.ignore_eos,
+            temperature=cfg.temperature,
+            continuous_usage=cfg.continuous_usage,
+        )
+        if emit is not None:
+            emit(("s", time.perf_counter()))
+        if self.pool is None:
+            o = await send_request(
+                self.session,
+                cfg.url,
+                cfg.endpoint,
+                cfg.model,
+                req,
+                ignore_eos=cfg.ignore_eos,
+                headers=self.headers,
+                scheduled_time=due,
+                keep_text=keep_text,
+                body=body,
+            )
+        else:
+            c = self.pool.acquire()
+            try:
+                o = await send_request(
+                    c,
+                    cfg.url,
+                    cfg.endpoint,
+                    cfg.model,
+                    req,
+                    ignore_eos=cfg.ignore_eos,
+                    headers=self.headers,
+                    scheduled_time=due,
+                    keep_text=keep_text,
+                    body=body,
+                )
+            finally:
+                self.pool.release(c)
+        if emit is not None:
+            emit(("d", o.end_time, o.success, o.error_kind, o.ttft, o.output_tokens or 0))
+        if o.error_kind == "connection_refused":
+            self.refused += 1
+            if self.refused >= SERVER_DOWN_AFTER:
+                self.stats.server_down = True
+        elif o.error_kind not in ("connection_reset", "stream_cut"):
+            self.refused = 0
+        return o
+
+
+async def _warm_up(send: _Sender, warmups: list[BenchRequest], concurrency: int | None, stats: ClientStats) -> None:
+    """The warm-up requests, ``concurrency`` at a time (all at once without a cap); a cancel (a stall, or
+    Ctrl-C: ``stats.interrupted``) ends them."""
+    sem = asyncio.Semaphore(concurrency or len(warmups))
+
+    async def warm(req: BenchRequest) -> None:
+        async with sem:
+            await send(req, time.perf_counter())
+
+    try:
+        await asyncio.gather(*(warm(w) for w in warmups))
+    except asyncio.CancelledError:  # stalled during the warm-ups (else Ctrl-C: stop here too)
+        if not stats.stalled:
+            stats.interrupted = True
+
+
+async def _measure(
+    cfg: BenchConfig, job: Job, send: _Sender, outs: list[RequestOutput], t0: float, deadline: float | None
+) -> None:
+    """The measured phase in the job's mode (agentic lanes, closed lanes or the open loop), its outputs appended
+    to ``outs``; a cancel (Ctrl-C or a stall) or a down server ends it, keeping what finished."""
+    stats = send.stats
+    try:
+        if stats.stalled or stats.interrupted:
+            pass
+        elif job.sessions:
+            await _agentic_lanes(cfg, job, send, outs, stats, deadline)
+        elif math.isinf(cfg.request_rate) and job.concurrency and not cfg.trace_path:
+            await _closed_lanes(job, send, outs, t0, deadline)
+        else:
+            await _open_loop(job, send, outs, t0, deadline, lambda: stats.server_down)
+    except asyncio.CancelledError:  # Ctrl-C (asyncio.Runner cancels the main task) or a stall: keep what finished
+        if not stats.stalled:
+            stats.interrupted = True
+    except _Stop:
+        pass
+
+
+async def drive(
+    cfg: BenchConfig, job: Job, t0: float | None, warmups: list[BenchRequest] | None = None, before=None
+) -> tuple[list[RequestOutput], ClientStats, float]:
+    """Run one process's share: list mode (random/dataset/prefix) or agentic lanes.
+
+    Warmups run first in the same session, so the measured run starts on warm connections. ``t0``
+    None starts the measured phase right after them. Returns ``(outputs, stats, t0)``.
+    """
+    headers = auth_headers(cfg)
+    conn = aiohttp.TCPConnector(limit=job.concurrency or 0, ttl_dns_cache=300, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
+    outs: list[RequestOutput] = []
+    stats = ClientStats()
+    lags: list[float] = []
+    async with aiohttp.ClientSession(
+        connector=conn, timeout=timeout, trust_env=False, read_bufsize=1 << 20, auto_decompress=False
+    ) as session:
+        mon = asyncio.create_task(_lag_monitor(lags))
+
+        pool = ConnectionPool(cfg.url, headers, cfg.request_timeout_s) if cfg.http_client == "fast" else None
+        send = _Sender(cfg, session, pool, headers, stats)  # no progress events before the measured phase
+        PROGRESS.reset()
+        watch = asyncio.create_task(_stall_watch(cfg, _this_task(), stats, send.busy))
+        if warmups:
+            await _warm_up(send, warmups, job.concurrency, stats)
+        # e.g. scrape server counters after the warmups (arun_bench: the blocking scrape in a worker thread)
+        if before is not None and not (stats.stalled or stats.interrupted) and asyncio.iscoroutine(r := before()):
+            await r
+        cpu0 = time.process_time()
+        del lags[:]
+        now = time.perf_counter()
+        if t0 is None:
+            t0 = now
+        elif t0 > now:
+            await asyncio.sleep(t0 - now)
+        deadline = t0 + cfg.duration_s if cfg.duration_s else None
+        send.emit = emit = sink.EMIT
+        helpers = []
+        if sink.STOP is not None:
+            helpers.append(asyncio.create_task(sink.watch_stop(_this_task(), sink.STOP)))
+        if isinstance(emit, sink.Batcher):  # sends show up while their requests are in flight
+            helpers.append(asyncio.create_task(sink.flush_every(emit)))
+        await _measure(cfg, job, send, outs, t0, deadline)
+        watch.cancel()
+        for h in helpers:
+            h.cancel()
+        if isinstance(emit, sink.Batcher):
+            emit.flush()
+        if (stats.server_down or stats.stalled) and not job.cycle and not job.sessions:
+            stats.not_sent = max(0, len(job.items) - len(outs) - (stats.stalled or {}).get("in_flight", 0))
+        mon.cancel()
+        if pool is not None:
+            pool.close()
+    stats.cpu_s = time.process_time() - cpu0
+    stats.wall_s = time.perf_counter() - t0
+    if lags:
+        stats.loop_lag_max_ms = float(max(lags) * 1000)
+        stats.loop_lag_p99_ms = float(np.percentile(lags, 99) * 1000)
+    return outs, stats, t0
+
+
+async def _closed_lanes(job: Job, send, outs: list, t0: float, deadline: float | None) -> None:
+    """``concurrency`` lanes pull the next request as soon as they are free.
+
+    Count mode: every request is scheduled at t0 (as vLLM with rate=inf), so time waiting for a
+    free lane shows as client queue time. Duration mode: scheduled when a lane picks it.
+    """
+    it = iter(range(1 << 62)) if job.cycle else iter(range(len(job.items)))
+    n = len(job.items)
+
+    async def lane() -> None:
+        for i in it:
+            now = time.perf_counter()
+            if deadline is not None and now >= deadline:
+                return
+            req = job.items[i % n][0]
+            try:
+                outs.append(await send(req, now if deadline is not None else t0))
+            except _Stop:
+                return
+
+    lanes = job.concurrency or 0  # the caller runs closed lanes only with a concurrency
+    await asyncio.gather(*(lane() for _ in range(min(lanes, n if not job.cycle else lanes))))
+
+
+async def _open_loop(job: Job, send, outs: list, t0: float, deadline: float | None, stopped=lambda: False) -> None:
+    """Requests dispatched at their scheduled offsets, optionally capped at ``concurrency`` in flight."""
+    sem = asyncio.Semaphore(job.concurrency) if job.concurrency else None
+    tasks = []
+
+    async def one(req: BenchRequest, due: float) -> None:
+        try:
+            if sem is None:
+                outs.append(await send(req, due))
+            else:
+                async with sem:
+                    outs.append(await send(req, due))
+        except _Stop:
+            pass
+
+    for req, off in job.items:
+        due = t0 + off
+        if deadline is not None and due >= deadline:
+            break
+        if stopped():
+            break
+        while (delay := due - time.perf_counter()) > 0:  # a timer may fire up to ~1 ms early: never send early
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one(req, due)))
+    await asyncio.gather(*tasks)
+
+
+async def _agentic_lanes(
+    cfg: BenchConfig, job: Job, send, outs: list, stats: ClientStats, deadline: float | None
+) -> None:
+    """``concurrency`` lanes, each running whole sessions turn by turn; a finished session frees its lane."""
+    queue = list(job.sessions)
+    queue.reverse()
+
+    async def lane() -> None:
+        while queue:
+            if deadline is not None and time.perf_counter() >= deadline:
+                return
+            s = queue.pop()
+            rec = {"session": s.sid, "start": None, "end": None, "turns": 0, "complete": False, "think_s": 0.0}
+            due = time.perf_counter()
+            while (req := s.next_request()) is not None:
+                if deadline is not None and time.perf_counter() >= deadline:
+                    break
+                try:
+                    o = await send(req, due, keep_text=True)
+                except _Stop:
+                    return
+                o.session, o.turn = s.sid, s.turn
+                outs.append(o)
+                rec["start"] = rec["start"] or o.start_time
+                rec["end"] = o.end_time
+                rec["turns"] += 1
+                if not o.success:
+                    break
+                s.record_answer(o.generated_text)
+                o.generated_text = ""
+                think = s.think_time()
+                if s.turn < len(s.user_texts) and think > 0:
+                    rec["think_s"] += think
+                    await asyncio.sleep(think)
+                due = o.end_time + think
+            rec["complete"] = rec["turns"] == len(s.user_texts) and outs[-1].success
+            stats.sessions.append(rec)
+
+    await asyncio.gather(*(lane() for _ in range(job.concurrency or 1)))
