@@ -302,7 +302,7 @@ def _plan(ctx: Ctx) -> None:
     sup = shown.support()
     if ctx.chosen is None or ctx.local_model:
         return
-    if sup is not None:
+    if sup is not None and not ctx.user_image:  # an --image doctor inspected: its rows read that image's facts
         ctx.chosen = dataclasses.replace(ctx.chosen, features=list(sup.features), support=sup)
     fit = shown.fit(ctx.context)
     if fit is not None:

@@ -1,6 +1,6 @@
 """The planner's answer to one request as one object (:class:`PlanOutcome`): the plan, or the rejection with its
 rule; the variant chosen and its fallback paths; the alternatives passed over (variants and layouts, each with
-why); and, for a rejected request, the same request with emulation allowed where that plans or gets further.
+why); and, for a rejected request, the same request with emulation allowed where that changes the answer.
 
 :func:`m3ctl.planning.plan.plan_outcome` builds it, :func:`m3ctl.planning.plan.plan` unwraps it (the plan, or the
 rejection raised). Doctor's verdict is a view of it (:mod:`m3ctl.checks.verdict`): doctor decides nothing the
@@ -34,7 +34,8 @@ class PlanOutcome:
         alternatives: what the planner passed over, in order: variants (``what="variant"``) and rejected
             layouts, each with why.
         fallback: for a request rejected without ``allow_emulated`` (planned with ``fallback=True``): the outcome
-            of the same request with emulation allowed, where it plans or another rule rejects it; else None.
+            of the same request with emulation allowed, where it plans, another rule rejects it or another variant
+            was chosen for it; else None.
     """
 
     request: PlanRequest

@@ -180,8 +180,8 @@ def plan_outcome(inventory: HostInventory, request: PlanRequest, *, fallback: bo
         inventory, request: as :func:`plan`.
         fallback: where the request is rejected without ``allow_emulated``, also plan it with emulation allowed (a
             variant the GPU runs through a fallback kernel may be the one that runs or fits); kept as the outcome's
-            ``fallback`` when it plans or is rejected by another rule. Doctor's verdict reports that path and its
-            cost.
+            ``fallback`` when it plans, or another rule rejects it, or the planner chose another variant for it.
+            Doctor's verdict reports that path and its cost.
     """
     d: PlanDraft | None = None
     try:
@@ -196,7 +196,7 @@ def plan_outcome(inventory: HostInventory, request: PlanRequest, *, fallback: bo
         )
         if fallback and not request.allow_emulated:
             fb = plan_outcome(inventory, request.model_copy(update={"allow_emulated": True}))
-            if fb.ok or fb.rule != out.rule:  # emulation plans it, or gets further (another rule rejects it)
+            if fb.ok or fb.rule != out.rule or fb.variant != out.variant:  # emulation plans, or changes the answer
                 out = dataclasses.replace(out, fallback=fb)
         return out
     return PlanOutcome(request, plan=p, variant=p.variant, alternatives=tuple(p.rejected))
