@@ -6,7 +6,12 @@ returns a :class:`CheckResult` ``(id, group, status, message, fix, details)`` wi
 ``OK`` / ``WARN`` / ``FAIL`` / ``SKIP``. A check that raises becomes ``FAIL`` with its error (never a
 traceback), and the remaining checks still run. The report ends with a :class:`Verdict`:
 runnable natively / runnable with fallbacks (listed) / not runnable, plus the recommended image and
-kernel profile by name.
+kernel profile by name. The verdict is a view: doctor asks the planner once
+(:func:`m3ctl.planning.plan.plan_outcome`, its emulated fallback included) and renders that outcome (the variant,
+the layout, the request, the rule that rejects it) with the host rows; it decides nothing the planner does not.
+The modules: :mod:`~m3ctl.checks.base` (rows, verdict, registry), :mod:`~m3ctl.checks.gpu`,
+:mod:`~m3ctl.checks.capability`, :mod:`~m3ctl.checks.host`, :mod:`~m3ctl.checks.model` (the checks),
+:mod:`~m3ctl.checks.verdict` (the view of the outcome), :mod:`~m3ctl.checks.report` (``--json``).
 
 A check whose id is also a plan rule's (``gpu.visible_devices``, ``image.cuda_vs_driver``,
 ``capability.known_bad``, ``capability.known_issue``) shows that rule's finding when the rule fires (same status,

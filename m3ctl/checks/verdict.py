@@ -1,4 +1,5 @@
-"""Doctor's verdict: the catalog resolved for the host, the variants evaluated, and the verdict as a plan."""
+"""Doctor's verdict as a view of the plan outcome: the catalog resolved for the host, the variants shown, the
+planner asked once (:func:`_plan`), and the verdict rendered from its outcome and the host rows."""
 
 from __future__ import annotations
 
