@@ -164,13 +164,19 @@ def check_image(ctx: Ctx) -> CheckResult:
 @check("model.offline", "model")
 def check_offline(ctx: Ctx) -> CheckResult:
     """Under ``HF_HUB_OFFLINE=1``: the model (and its tokenizer and draft) resolve to complete local snapshots
-    (m3ctl/serving/offline.py); a missing file is a FAIL naming it."""
-
+    (m3ctl/serving/offline.py); a missing file is a FAIL naming it. The files are those of the verdict's plan (the
+    plan outcome's); where the planner rejects doctor's request or nothing was planned, those of the model planned
+    with the rules skipped (which files exist is asked either way)."""
     if not offline_requested():
         return _r("model.offline", "model", "SKIP", "HF_HUB_OFFLINE is not set: the hub is reachable or not needed")
+    accepted = ctx.outcome.accepted() if ctx.outcome is not None else None
     try:
         p = resolve_offline(
-            plan(ctx.inv, PlanRequest(model=ctx.model, name="doctor-check", skip_checks=True, vllm_executable="vllm"))
+            accepted.unwrap()
+            if accepted is not None
+            else plan(
+                ctx.inv, PlanRequest(model=ctx.model, name="doctor-check", skip_checks=True, vllm_executable="vllm")
+            )
         )
     except M3Error as e:
         return _r("model.offline", "model", "FAIL", e.message, e.hint)
