@@ -7,10 +7,13 @@ from typing import TYPE_CHECKING, Literal
 
 from m3ctl.api._args import _checked
 from m3ctl.api._plan import _inventory_file, host_inventory, user_defaults
+from m3ctl.catalog.vllm_args import vllm_int
+from m3ctl.checks.doctor import DoctorReport, resolve_image, run_doctor
+from m3ctl.core.files import write_atomic
+from m3ctl.core.state import check_output_path
 from m3ctl.errors import BadInput
 
 if TYPE_CHECKING:
-    from m3ctl.checks.doctor import DoctorReport
     from m3ctl.hw.inventory import HostInventory
 
 
@@ -57,7 +60,6 @@ def doctor(
         BadInput: a bad argument (runtime, context, port, image), an unreadable inventory, an unknown system, a
             bad ``M3CTL_*`` value or user config file, an unwritable ``save_inventory``.
     """
-    from m3ctl.checks.doctor import resolve_image, run_doctor  # noqa: PLC0415
 
     user = user_defaults()
     mine = user.model_fields_set
@@ -70,8 +72,6 @@ def doctor(
     if runtime not in ("auto", "process", "docker"):
         raise BadInput(f"unknown runtime {runtime!r}", "use auto, process or docker")
     if isinstance(context, str):
-        from m3ctl.catalog.vllm_args import vllm_int  # noqa: PLC0415
-
         given, context = context, vllm_int(context)
         if context is None:
             raise BadInput(f"--context {given!r} is not a whole number of tokens", "e.g. --context 32768 or 32K")
@@ -82,13 +82,9 @@ def doctor(
     if attention not in (None, "msa", "dense"):
         raise BadInput(f"attention {attention!r} is not msa or dense", "use attention='dense' or leave it out")
     if save_inventory is not None:
-        from m3ctl.core.state import check_output_path  # noqa: PLC0415
-
         check_output_path(Path(save_inventory), "--save-inventory")
     inv = host_inventory(inventory, system)
     if save_inventory is not None:
-        from m3ctl.core.files import write_atomic  # noqa: PLC0415
-
         write_atomic(Path(save_inventory), inv.model_dump_json(indent=2))
     return run_doctor(
         inv,

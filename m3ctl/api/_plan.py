@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
+
+from pydantic import ValidationError
 
 from m3ctl.api._args import _checked
+from m3ctl.assess.request import PlanRequest, load_request, merge, user_request
+from m3ctl.core.files import read_user_text
+from m3ctl.core.secrets import passthrough_env
 from m3ctl.errors import BadInput
-
-if TYPE_CHECKING:
-    from m3ctl.assess.request import PlanRequest
-    from m3ctl.hw.inventory import HostInventory
-    from m3ctl.planning.plan import LaunchPlan
+from m3ctl.hw.inventory import HostInventory, load_inventory
+from m3ctl.hw.systems import inventory_for_system
+from m3ctl.planning.launch import check_host
+from m3ctl.planning.plan import LaunchPlan
+from m3ctl.planning.plan import plan as make_plan
+from m3ctl.planning.sizing import size_systems as size
 
 
 # ----------------------------------------------------------------------------- host
@@ -28,15 +34,10 @@ def host_inventory(inventory: str | Path | HostInventory | None = None, system: 
     if inventory is not None and system:
         raise BadInput("--inventory and --system are mutually exclusive", "give one of them")
     if system:
-        from m3ctl.hw.systems import inventory_for_system  # noqa: PLC0415
-
         return inventory_for_system(system)
     if inventory is not None:
-        from m3ctl.hw.inventory import HostInventory, load_inventory  # noqa: PLC0415
-
         if isinstance(inventory, HostInventory):
             return inventory
-        from m3ctl.core.files import read_user_text  # noqa: PLC0415
 
         path = Path(inventory)
         return load_inventory(read_user_text(path, "inventory"), str(path))
@@ -59,7 +60,6 @@ def user_defaults() -> PlanRequest:
     Raises:
         BadInput: a bad value in a variable (``M3CTL_PORT=abc``) or in the config file, naming its source.
     """
-    from m3ctl.assess.request import user_request  # noqa: PLC0415
 
     return user_request()
 
@@ -82,10 +82,6 @@ def plan_request(
     Raises:
         BadInput: an unknown field or a bad value (one line), an unreadable config file, a bad ``M3CTL_*``.
     """
-    from pydantic import ValidationError  # noqa: PLC0415
-
-    from m3ctl.assess.request import PlanRequest, load_request, merge  # noqa: PLC0415
-    from m3ctl.core.secrets import passthrough_env  # noqa: PLC0415
 
     file_req = load_request(config) if config else None
     user = user_defaults()
@@ -141,8 +137,6 @@ def plan(
         BadInput: an unknown field or bad value (one line), a bad host address, an unreadable config/inventory.
         ConfigRejected: a plan rule rejects the request (the rule, the values and the fix).
     """
-    from m3ctl.planning.launch import check_host  # noqa: PLC0415
-    from m3ctl.planning.plan import plan as make_plan  # noqa: PLC0415
 
     req = plan_request(request, config=config, default_runtime=default_runtime, **knobs)
     check_host(req.host)
@@ -165,8 +159,6 @@ def size_systems(
     Raises:
         BadInput: as :func:`plan_request`; UnknownSystem: a name that is not in the catalog.
     """
-    from m3ctl.planning.launch import check_host  # noqa: PLC0415
-    from m3ctl.planning.sizing import size_systems as size  # noqa: PLC0415
 
     req = plan_request(request, config=config, **knobs)
     check_host(req.host)

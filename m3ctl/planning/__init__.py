@@ -1,2 +1,3 @@
-"""Planning: an inventory and a request to a launch plan (plan), its launch spec (launch) and renders (emit),
-the sizing view (sizing), and vLLM's own flags and values (vllm_args, vllm_values, vllm_env)."""
+"""Planning: an inventory and a request to a launch plan (plan: the steps in draft, flags and finish; the result in
+launchplan; the answer as one object in outcome), its launch spec (launch) and renders (emit), the sizing view
+(sizing), and vLLM's own environment (vllm_env)."""

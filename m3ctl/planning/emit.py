@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from m3ctl.catalog import vendors
+from m3ctl.core.state import Registry
 from m3ctl.errors import BadInput
 from m3ctl.planning.launch import (
     DP_RPC_PORT,
@@ -43,6 +44,7 @@ from m3ctl.planning.launch import (
     launch_spec,
     multinode_dp_args,
     plan_docker_run,
+    serve_command,
 )
 from m3ctl.planning.plan import LaunchPlan
 
@@ -82,8 +84,6 @@ def docker_command(plan: LaunchPlan, options=None, *, marker: str | None = "") -
     """
     _container(launch_spec(plan))  # BadInput for a plan without an image
     if marker == "":
-        from m3ctl.core.state import Registry  # noqa: PLC0415
-
         marker = Registry().marker(plan.name)
     return _q(docker_run_args(plan_docker_run(plan, options, marker=marker))) + "\n"
 
@@ -361,7 +361,6 @@ def ray(plan: LaunchPlan, nodes: int = 2) -> str:
             "use --emit lws for multi-node data parallel, or plan with --dp 1",
         )
     args = {**spec.vllm_args, "pipeline-parallel-size": nodes, "distributed-executor-backend": "ray"}
-    from m3ctl.planning.launch import serve_command  # noqa: PLC0415
 
     serve = serve_command(spec.model, spec.host, spec.port, spec.served_model_names, args)
     gpus = spec.layout.tp

@@ -23,6 +23,7 @@ absent, vllm/entrypoints/serve/middleware/register.py).
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import re
@@ -31,7 +32,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from m3ctl import __version__
 from m3ctl.catalog import vendors
+from m3ctl.catalog.vllm_args import flag_table, vllm_int
+from m3ctl.errors import BadInput, ConfigRejected
 
 #: Where the HF cache is mounted inside a container (the official images run as root).
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
@@ -195,7 +199,6 @@ def parse_mount(spec: str) -> Mount:
     Raises:
         ConfigRejected: malformed.
     """
-    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
 
     parts = spec.split(":")
     if len(parts) not in (2, 3) or not parts[0] or not parts[1] or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
@@ -208,7 +211,6 @@ def parse_mount(spec: str) -> Mount:
 
 
 def _int(v: Any) -> int:
-    from m3ctl.catalog.vllm_args import vllm_int  # noqa: PLC0415
 
     n = v if isinstance(v, int) else vllm_int(str(v))
     return n if isinstance(n, int) and n >= 1 else 1
@@ -216,7 +218,6 @@ def _int(v: Any) -> int:
 
 def _typed(args: dict[str, Any]) -> dict[str, Any]:
     """Flags of several values (``nargs="+"``) as tuples again after a JSON round trip (a saved plan)."""
-    from m3ctl.catalog.vllm_args import flag_table  # noqa: PLC0415
 
     flags = flag_table().flags
     return {
@@ -243,7 +244,6 @@ def container_gpus(vendor: str | None, ids: list[str], env: dict[str, str]) -> t
 def launch_spec(plan, *, nodes: int = 1, environ: dict[str, str] | None = None) -> LaunchSpec:
     """Build the :class:`LaunchSpec` of ``plan`` (a :class:`~m3ctl.planning.plan.LaunchPlan`). Pure apart from reading
     where the HF cache is (``environ``, default ``os.environ``) and whether the model is a local directory."""
-    from m3ctl import __version__  # noqa: PLC0415
 
     args = plan.vllm_args
     layout = Layout(
@@ -325,9 +325,6 @@ def check_host(host: str) -> str:
     Raises:
         BadInput: anything else (e.g. ``999.1.1.1``, ``local host``, ``http://x``).
     """
-    import ipaddress  # noqa: PLC0415
-
-    from m3ctl.errors import BadInput  # noqa: PLC0415
 
     try:
         ipaddress.ip_address(host)
@@ -361,7 +358,6 @@ def multinode_dp_args(
     Raises:
         BadInput: fewer than 2 nodes, or a spec without typed flags (a plan saved before they were kept).
     """
-    from m3ctl.errors import BadInput  # noqa: PLC0415
 
     if nodes < 2:
         raise BadInput(f"{nodes} node(s): multi-node data parallel needs at least 2", "use a single-node form")
@@ -597,7 +593,6 @@ def docker_run(
         BadInput: the spec has no container (no image).
         ConfigRejected: a malformed extra mount.
     """
-    from m3ctl.errors import BadInput  # noqa: PLC0415
 
     if opts is None:
         opts = DockerOptions()
@@ -658,7 +653,6 @@ def plan_docker_run(
     Raises:
         ConfigRejected: no image in the plan, or a malformed mount.
     """
-    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
 
     if not plan.image:
         raise ConfigRejected(

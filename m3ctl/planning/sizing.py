@@ -17,7 +17,7 @@ from m3ctl.assess.request import PlanRequest
 from m3ctl.errors import ConfigRejected, M3Error
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.hw.systems import inventory_for_system, resolve_system, system_names
-from m3ctl.planning.plan import LaunchPlan
+from m3ctl.planning.plan import LaunchPlan, plan
 
 
 class SizingRow(BaseModel):
@@ -67,7 +67,6 @@ def plan_on(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
     Raises:
         ConfigRejected: a rule rejects the launch (exit 3); M3Error: bad input or catalog (exit 2).
     """
-    from m3ctl.planning.plan import plan  # noqa: PLC0415
 
     return plan(inventory, request)
 

@@ -1,0 +1,154 @@
+"""The planner's answer to one request as one object (:class:`PlanOutcome`): the plan, or the rejection with its
+rule; the variant chosen and its fallback paths; the alternatives passed over (variants and layouts, each with
+why); and, for a rejected request, the same request with emulation allowed where that changes the answer.
+
+:func:`m3ctl.planning.plan.plan_outcome` builds it, :func:`m3ctl.planning.plan.plan` unwraps it (the plan, or the
+rejection raised). Doctor's verdict is a view of it (:mod:`m3ctl.checks.verdict`): doctor decides nothing the
+planner does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from m3ctl.assess import capability as caps
+from m3ctl.assess import memory as mem
+from m3ctl.assess.choose import Rejected
+from m3ctl.assess.request import PlanRequest
+from m3ctl.errors import CatalogError, ConfigRejected, M3Error
+from m3ctl.planning.launchplan import LaunchPlan
+
+
+@dataclass(frozen=True, eq=False)
+class PlanOutcome:
+    """One request planned: exactly one of ``plan`` and ``error`` is set.
+
+    Attributes:
+        request: the request planned.
+        plan: the accepted plan (None when rejected).
+        error: the rejection (:class:`~m3ctl.errors.ConfigRejected` names its rule; a
+            :class:`~m3ctl.errors.CatalogError` or :class:`~m3ctl.errors.BadInput` none); None when accepted.
+        variant: the variant chosen (or asked), None when planning stopped before choosing one (no kernel profile)
+            or the model has no catalog variants.
+        alternatives: what the planner passed over, in order: variants (``what="variant"``) and rejected
+            layouts, each with why.
+        fallback: for a request rejected without ``allow_emulated`` (planned with ``fallback=True``): the outcome
+            of the same request with emulation allowed, where it plans, another rule rejects it or another variant
+            was chosen for it; else None.
+    """
+
+    request: PlanRequest
+    plan: LaunchPlan | None = None
+    error: M3Error | None = None
+    variant: str | None = None
+    alternatives: tuple[Rejected, ...] = ()
+    fallback: PlanOutcome | None = None
+
+    @property
+    def ok(self) -> bool:
+        """The request was accepted."""
+        return self.plan is not None
+
+    @property
+    def rule(self) -> str | None:
+        """The rule id that rejected the request (None when accepted, or rejected outside the named rules)."""
+        return self.error.rule if isinstance(self.error, ConfigRejected) else None
+
+    def accepted(self) -> PlanOutcome | None:
+        """The outcome that plans: this one, else its accepted fallback; None when neither plans."""
+        if self.plan is not None:
+            return self
+        if self.fallback is not None and self.fallback.plan is not None:
+            return self.fallback
+        return None
+
+    def tried(self) -> PlanOutcome:
+        """The last request tried: the fallback where there is one, else this one."""
+        return self.fallback if self.fallback is not None else self
+
+    def unwrap(self) -> LaunchPlan:
+        """The plan.
+
+        Raises:
+            M3Error: the rejection (the exception the planner raised, unchanged).
+        """
+        if self.plan is None:
+            if self.error is None:
+                raise RuntimeError("an outcome holds a plan or an error")
+            raise self.error
+        return self.plan
+
+    def blocker(self, no_profile: bool = False) -> tuple[str, str]:
+        """(id, ``id: reason``) of the rejection, from the error's attributes and type (never its text): the rule's
+        (:class:`~m3ctl.errors.ConfigRejected` ``rule`` and ``reason``); ``model.profile`` for a catalog error where
+        the caller found no kernel profile for the architecture (``no_profile``); else ``model.plan``.
+
+        Raises:
+            RuntimeError: the outcome is accepted.
+        """
+        if self.error is None:
+            raise RuntimeError("an accepted outcome has no blocker")
+        return rejection_id(self.error, no_profile)
+
+    def pinned_request(self) -> PlanRequest:
+        """The request with the chosen variant named (``variant``): the one that plans this outcome again with
+        the choice written down (what doctor's verdict shows as its plan request)."""
+        if self.variant is None or self.request.variant == self.variant:
+            return self.request
+        return self.request.model_copy(update={"variant": self.variant})
+
+    def support(self) -> caps.Support | None:
+        """How the planned variant runs here (the rules' :meth:`~m3ctl.assess.rules.PlanContext.support`); None
+        when rejected or no variant was read."""
+        ctx = self.plan.rule_context() if self.plan is not None else None
+        return ctx.support() if ctx is not None and ctx.variant is not None else None
+
+    def fit(self, context: int) -> mem.Fit | None:
+        """The planned layout's memory fit for one ``context``-token sequence
+        (:meth:`~m3ctl.assess.rules.PlanContext.memory_fit`); None when rejected, on CPU or without sizing facts."""
+        ctx = self.plan.rule_context() if self.plan is not None else None
+        return ctx.memory_fit(context) if ctx is not None else None
+
+    def fallbacks(self) -> list[str]:
+        """The planned variant's fallback paths: capability rows that fall back, are partial or unverified, and a
+        known-bad field report, each one line (empty when rejected or native)."""
+        ctx = self.plan.rule_context() if self.plan is not None else None
+        sup = self.support()
+        if ctx is None or sup is None or ctx.variant is None:
+            return []
+        arch = ctx.profile.arch
+        out = []
+        for fv in sup.features:
+            if fv.status == "fallback" and fv.row:
+                out.append(f"{fv.name}: {fv.row.fallback} (cost: {fv.row.cost})")
+            elif fv.status in ("partial", "unverified"):
+                out.append(f"{fv.name}: {fv.status} on {arch}" + (f" ({fv.note})" if fv.note else ""))
+        kb = caps.known_bad(ctx.facts.family or "", arch, ctx.variant.precision)
+        if kb:
+            out.append(f"known-bad: {kb.note} ({kb.source})")
+        return out
+
+    def key(self) -> dict[str, Any]:
+        """What two outcomes are compared on: the request, the plan's JSON summary or the rejection (type, rule,
+        message, hint), the variant, the alternatives and the fallback's key."""
+        err = self.error
+        return {
+            "request": self.request.public(),
+            "plan": self.plan.summary() if self.plan is not None else None,
+            "error": (type(err).__name__, self.rule, err.message, err.hint) if err is not None else None,
+            "variant": self.variant,
+            "alternatives": [r.model_dump() for r in self.alternatives],
+            "fallback": self.fallback.key() if self.fallback is not None else None,
+        }
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, PlanOutcome) and self.key() == other.key()
+
+
+def rejection_id(e: M3Error, no_profile: bool = False) -> tuple[str, str]:
+    """(id, ``id: reason``) of a planner rejection: see :meth:`PlanOutcome.blocker`."""
+    if isinstance(e, ConfigRejected) and e.rule:
+        return e.rule, f"{e.rule}: {e.reason}"
+    where = "model.profile" if no_profile and isinstance(e, CatalogError) else "model.plan"
+    return where, f"{where}: {e.message}"

@@ -1,0 +1,49 @@
+"""Doctor is a view of the plan (issue 38): for every catalog model x every catalog system, doctor's verdict carries
+the planner's outcome for doctor's request, that outcome equals the one :func:`m3ctl.planning.plan.plan_outcome`
+gives for the same request, and the verdict says what the outcome says (status, variant, layout, request, rule),
+rejected cases included. In-process only: it runs in CI on 2 cores."""
+
+from __future__ import annotations
+
+import pytest
+
+from m3ctl import catalog
+from m3ctl.assess.request import PlanRequest
+from m3ctl.checks.doctor import run_doctor
+from m3ctl.hw.systems import inventory_for_system, system_names
+from m3ctl.planning.plan import plan, plan_outcome
+
+CATALOG_MODELS = [m for m, s in catalog.models().items() if s.variants]
+
+
+@pytest.mark.parametrize("system", system_names())
+def test_doctor_verdict_is_the_plan_outcome(system):
+    inv = inventory_for_system(system)
+    for model in CATALOG_MODELS:
+        rep = run_doctor(inv, model=model, host_checks=False)
+        v, where = rep.verdict, (system, model, rep.verdict.summary)
+        # doctor's flags as `m3ctl plan` takes them (a catalog system is not probed: the process runtime)
+        expected = plan_outcome(inv, PlanRequest(model=model, runtime="process"), fallback=True)
+        assert v.outcome == expected, where
+        accepted, tried = expected.accepted(), expected.tried()
+        if accepted is None:
+            assert v.status == "not_runnable" and v.serve_command is None, where
+            assert tried.blocker(v.profile is None)[1] in v.blockers, where
+            with pytest.raises(type(expected.error)):  # `m3ctl plan` refuses it the same way
+                plan(inv, expected.request)
+        else:
+            assert v.variant == accepted.variant and v.tp == accepted.unwrap().tp, where
+            assert v.plan_request == accepted.pinned_request().public(), where
+            assert set(accepted.fallbacks()) <= set(v.fallbacks), where
+            if v.status == "not_runnable":  # planned; a host row blocks it
+                assert any(c.status == "FAIL" for c in rep.checks), where
+            else:
+                assert (v.status == "runnable_with_fallbacks") == bool(v.fallbacks), where
+                again = plan(inv, PlanRequest(**v.plan_request))  # the verdict's request plans the same launch
+                assert (again.variant, again.tp, again.argv) == (
+                    accepted.variant,
+                    accepted.unwrap().tp,
+                    accepted.unwrap().argv,
+                )
+        if expected.error is not None:  # the request itself (before any emulated fallback) names its rule
+            assert expected.blocker(v.profile is None)[1] in v.blockers or accepted is not None, where
