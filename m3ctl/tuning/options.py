@@ -12,6 +12,7 @@ model declares no ranges: it imports nothing but pydantic (``m3ctl --help`` deri
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -115,3 +116,46 @@ def default(name: str):
     """The default of the option ``name`` (a fresh list/dict for a factory)."""
     f = TuneOptions.model_fields[name]
     return f.get_default(call_default_factory=True)
+
+
+DEFAULT_LADDER = [1, 2, 4, 8, 16, 32, 64]
+
+
+@dataclass
+class TuneSpec:
+    """Search settings (saved in the study dir, reused by ``--resume``; fields added later have defaults,
+    so an older ``tune.json`` still loads).
+
+    Units: time in seconds, ``usd_per_gpu_hour`` in USD. ``prompts_per_concurrency`` x concurrency
+    requests per search run (at least ``min_prompts``); confirmation runs use ``confirm_factor`` times more.
+    ``local_first``: complete-poll pattern search around the incumbent before TPE. ``warm_start``: start each
+    configuration's concurrency search at its nearest measured neighbour's SLO-meeting concurrency.
+    ``patience``: stop after this many global (TPE) starts in a row without improvement once the local poll
+    is complete (None: never). ``baseline``: also measure vLLM's defaults (see the module docstring).
+    ``boundary_margin`` (fraction of the limit) and ``boundary_repeats`` (extra runs, 0: never repeat): the
+    capacity rule's margin and ``min_repeats - 1`` (m3ctl.loadgen.capacity.CapacityRule.from_spec; module
+    docstring, step 2; :func:`measure_level`).
+    """
+
+    slo: str = ""
+    objective: str = "tput_per_gpu"
+    usd_per_gpu_hour: float | None = None
+    ladder: list[int] = field(default_factory=lambda: list(DEFAULT_LADDER))
+    max_trials: int = 12
+    time_budget_s: float | None = None
+    seed: int = 0
+    confirm_top: int = 2
+    confirm_factor: float = 2.0
+    prompts_per_concurrency: int = 4
+    min_prompts: int = 8
+    n_startup_trials: int | None = None
+    local_first: bool = True
+    warm_start: bool = True
+    patience: int | None = 3
+    baseline: bool = False
+    boundary_margin: float = 0.10
+    boundary_repeats: int = 2
+    #: The largest run-to-run spread the study has measured (m3ctl.loadgen.capacity.run_spread of each repeated
+    #: level, a fraction of the limit): kept up to date by :func:`measure_level` and recomputed from the saved
+    #: runs on resume. One run decides a level only with more headroom than this (CapacityRule.one_run_margin).
+    observed_spread: float = 0.0
