@@ -163,3 +163,7 @@ class Unauthorised(BadInput):
 
 class NotFound(BadInput):
     """A named deployment or file does not exist (exit 2)."""
+
+
+class NothingToTune(ConfigRejected):
+    """The plan rules reject every configuration of a tune study's space (exit 3, as any ConfigRejected)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
@@ -9,6 +10,11 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from m3ctl.api._args import _checked
 from m3ctl.api._plan import host_inventory, user_defaults
 from m3ctl.errors import BadInput
+from m3ctl.results import TuneReport
+from m3ctl.serving import serve as serving
+from m3ctl.tuning import study as st
+from m3ctl.tuning.options import TuneOptions, default
+from m3ctl.tuning.study import nothing_to_tune
 
 if TYPE_CHECKING:
     from m3ctl.hw.inventory import HostInventory
@@ -18,7 +24,6 @@ if TYPE_CHECKING:
 # ----------------------------------------------------------------------------- tune
 def _tune(name: str) -> Any:
     """A new study's default for ``name``: m3ctl.tuning.options.TuneOptions (pydantic only), where it is declared."""
-    from m3ctl.tuning.options import default  # noqa: PLC0415
 
     return default(name)
 
@@ -41,10 +46,6 @@ def prepare_tune(
     Raises:
         BadInput: as :func:`tune`.
     """
-    import time  # noqa: PLC0415
-
-    from m3ctl.tuning import study as st  # noqa: PLC0415
-    from m3ctl.tuning.options import TuneOptions  # noqa: PLC0415
 
     given = dict(options or {})
     if unknown := sorted(set(given) - set(TuneOptions.model_fields)):
@@ -116,7 +117,6 @@ def tune_refusal(report: dict[str, Any]) -> Exception | None:
     (m3ctl.tuning.study.nothing_to_tune: ConfigRejected, exit 3); None when the study can run."""
     if report.get("runnable", True):
         return None
-    from m3ctl.tuning.study import nothing_to_tune  # noqa: PLC0415
 
     c = report["candidates"][0] if report.get("candidates") else {"describe": "-", "reason": "an empty space"}
     return nothing_to_tune(len(report.get("candidates") or []), c["describe"], c.get("reason", ""))
@@ -205,12 +205,8 @@ def tune(
             or corrupt study (``tune.json``).
         KeyboardInterrupt: interrupted; the trial's server is stopped, completed trials are kept (resume).
     """
-    from m3ctl.tuning.options import TuneOptions  # noqa: PLC0415
 
     given = {k: v for k, v in locals().items() if k in TuneOptions.model_fields}  # the study's options, as named
-    from m3ctl.results import TuneReport  # noqa: PLC0415
-    from m3ctl.serving import serve as serving  # noqa: PLC0415
-    from m3ctl.tuning import study as st  # noqa: PLC0415
 
     sdir, settings, inv = prepare_tune(
         model, study_dir=study_dir, resume=resume, inventory=inventory, system=system, dry_run=dry_run, options=given

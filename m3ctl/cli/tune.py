@@ -10,6 +10,7 @@ from typing import Annotated
 
 import typer
 
+from m3ctl import api
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import parse_args
 from m3ctl.cli.output import Output, console, escape
@@ -17,19 +18,19 @@ from m3ctl.cli.tune_render import print_dry_run, print_result
 from m3ctl.core.files import WriteFailed
 from m3ctl.errors import BadInput
 from m3ctl.loadgen import MAX_REQUEST_TOKENS, WORKLOADS
+from m3ctl.loadgen.slo import OBJECTIVES, parse_slo
 from m3ctl.tuning.options import TuneOptions
+from m3ctl.tuning.space import Space
 
 
 def objective_name(text: str) -> str:
     """One of m3ctl.loadgen.slo.OBJECTIVES."""
-    from m3ctl.loadgen.slo import OBJECTIVES  # noqa: PLC0415
 
     return o.choice(*OBJECTIVES)(text)
 
 
 def slo_text(text: str) -> str:
     """An SLO m3ctl.loadgen.slo.parse_slo reads."""
-    from m3ctl.loadgen.slo import parse_slo  # noqa: PLC0415
 
     try:
         parse_slo(text)
@@ -130,7 +131,6 @@ def tune(
 
     Raw vLLM flags after `--` apply to every trial and pass the plan rules like everything else.
     """
-    from m3ctl import api  # noqa: PLC0415
 
     out = Output(json_out)
     given = {TUNE_FIELDS[k]: v for k, v in (opts or {}).items()}
@@ -163,7 +163,6 @@ def tune(
 def run_study(out: Output, model, study_dir, resume, inventory, system, pareto: bool, parallel_trials, given) -> None:
     """Run (or continue) the study through m3ctl.api.tune, with its progress lines; Ctrl-C stops the trial's
     server and says how to continue; a failed write still shows the result (then exit 5)."""
-    from m3ctl import api  # noqa: PLC0415
 
     study: dict = {}
 
@@ -218,8 +217,6 @@ def run_study(out: Output, model, study_dir, resume, inventory, system, pareto: 
 
 def print_study(out: Output, sdir: Path, settings: dict) -> None:
     """The study's head lines: its space, SLO, objective and budget, what was pruned, the trial table's head."""
-    from m3ctl.loadgen.slo import parse_slo  # noqa: PLC0415
-    from m3ctl.tuning.space import Space  # noqa: PLC0415
 
     sp, spec = Space.from_json(settings["space"]), settings["spec"]
     out.print(
@@ -249,7 +246,6 @@ def print_resumed(out: Output, tuner) -> None:
 
 def show_result(out: Output, result: dict, study: dict, pareto: bool) -> None:
     """result.json (--json), else the result tables (m3ctl.cli.tune_render.print_result)."""
-    from m3ctl.tuning.space import Space  # noqa: PLC0415
 
     out.result(result)
     if not out.json:

@@ -6,15 +6,31 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import pickle
 import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from m3ctl.errors import LaunchFailed
+import m3ctl
+from m3ctl.assess.request import PlanRequest
+from m3ctl.core.secrets import launch_env
+from m3ctl.core.state import Registry
+from m3ctl.errors import BadInput, ConfigRejected, LaunchFailed
+from m3ctl.loadgen.runner import BenchConfig, BenchServerDown, engine_death, run_bench
+from m3ctl.planning.plan import plan
+from m3ctl.runtime import prewarm
+from m3ctl.runtime.base import port_in_use
+from m3ctl.runtime.process import keep_prewarmed
+from m3ctl.serving.diagnose import diagnose_log
 from m3ctl.serving.kernels import jit_measure_args
+from m3ctl.serving.serve import launch_and_wait, runtime_for, stop
 from m3ctl.tuning import startup
 from m3ctl.tuning.search import TuneSpec, num_prompts, write_json
 from m3ctl.tuning.space import key_of, plan_kwargs
@@ -38,7 +54,6 @@ class ServerSession:
         self.levels_run: set[tuple[int, float]] = set()
 
     def alive(self) -> bool:
-        from m3ctl.serving.serve import runtime_for  # noqa: PLC0415
 
         return runtime_for(self.dep).is_alive(self.dep)
 
@@ -57,7 +72,6 @@ class ServerSession:
                 was recorded complete, its level c=96 "invalid" (docs/results/h200-study6.md); now the study stops
                 as on any Ctrl-C and a resume recovers the trial from its finished levels.
             LaunchFailed: the engine died during the run."""
-        from m3ctl.loadgen.runner import BenchConfig  # noqa: PLC0415
 
         cfg = BenchConfig(
             url=self.dep.url,
@@ -117,9 +131,6 @@ class ServerSession:
     def _run(self, cfg, concurrency: int) -> dict:
         """One bench run; a server lost before it could start (unreachable, gone while the prompts were prepared)
         is a crash of the trial with the engine's cause (LaunchFailed), not an error of the study."""
-        from m3ctl.errors import BadInput  # noqa: PLC0415
-        from m3ctl.loadgen.runner import BenchServerDown, engine_death, run_bench  # noqa: PLC0415
-        from m3ctl.serving.serve import runtime_for  # noqa: PLC0415
 
         try:
             if getattr(self.ev, "isolate_bench", False):  # parallel trials: one bench run per process
@@ -165,7 +176,6 @@ class ServerEvaluator:
         space=None,
         fast_starts: bool = True,
     ):
-        from m3ctl.core.state import Registry  # noqa: PLC0415
 
         self.inv, self.model, self.dir, self.spec = inventory, model, Path(study_dir), spec
         self.plan_base, self.bench, self.port, self.prefix = plan_base, bench, port, name_prefix
@@ -181,8 +191,6 @@ class ServerEvaluator:
         self.cache_root = startup.study_cache_root(self.dir, model)
 
     def plan(self, cand: dict[str, Any], name: str | None = None):
-        from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
-        from m3ctl.planning.plan import plan  # noqa: PLC0415
 
         base = dict(self.plan_base)
         prof = base.pop("profile", None)
@@ -303,7 +311,6 @@ class ServerEvaluator:
     def n_gpus(self, cand: dict[str, Any]) -> int:
         """GPUs the server of ``cand`` occupies (:meth:`gpus_needed`: the planner may add pipeline parallelism
         to fit a TP); TP x DP for a candidate the planner rejects (it is never measured)."""
-        from m3ctl.errors import ConfigRejected  # noqa: PLC0415
 
         if not self.inv.gpus:
             return 1
@@ -319,7 +326,6 @@ class ServerEvaluator:
         """vLLM's defaults as a candidate: none of the tuned knobs' flags (vLLM picks max-num-seqs,
         max-num-batched-tokens... itself; no speculation), DP 1 and the smallest power-of-two TP that the
         planner accepts (1 first). Returns (candidate, "") or (None, why: the last rejection)."""
-        from m3ctl.errors import ConfigRejected  # noqa: PLC0415
 
         why = "no GPU count to try"
         tp, n = 1, max(1, len(self.inv.gpus))
@@ -346,15 +352,12 @@ class ServerEvaluator:
         write_json(tdir / "config.json", {"config": cand, "argv": p.argv, "command": p.command_line()})
         self.current, self.trial_dir, self.suffix = name, tdir, start_suffix(tdir)
         self._mark_running(name, trial)
-        from m3ctl.core.secrets import launch_env  # noqa: PLC0415
 
         secrets = launch_env(p)  # a server that inherits VLLM_API_KEY requires it: readiness and benches send it
         warm_note = None
         if self.fast_starts:
             self.cache_root.mkdir(parents=True, exist_ok=True)
             if p.runtime == "process":  # one process importing vLLM for the next trial while this one starts
-                from m3ctl.runtime.process import keep_prewarmed  # noqa: PLC0415
-
                 warm_note = keep_prewarmed(p, self.registry, secrets, self.warm_prefix)
         t0 = time.monotonic()
         try:
@@ -380,8 +383,6 @@ class ServerEvaluator:
         mixed batch), so a trial whose server would die on the workload's prompts fails here, with the cause,
         instead of as a bench run. A start that failed reading the study's compile cache back (the engine's own
         error, m3ctl.serving.diagnose: component ``torch-compile-cache``) clears the cache and starts once more."""
-        from m3ctl.serving.diagnose import diagnose_log  # noqa: PLC0415
-        from m3ctl.serving.serve import launch_and_wait  # noqa: PLC0415
 
         def go():
             return launch_and_wait(
@@ -411,7 +412,6 @@ class ServerEvaluator:
 
     def discard_prewarmed(self) -> int:
         """End this evaluator's and its slots' waiting prewarmed processes (the study's last cleanup)."""
-        from m3ctl.runtime import prewarm  # noqa: PLC0415
 
         return sum(prewarm.discard(c.warm_prefix) for c in [self, *self.__dict__.get("_slots", [])])
 
@@ -421,7 +421,6 @@ class ServerEvaluator:
         """``trials/NNNN/start.json``: the start broken down from the server's own log (m3ctl.tuning.startup),
         with the study's start measures and the wall seconds the tune counted for it: whether the server ran in a
         prewarmed process and how its engine-core process started (``fork``, ``spawn``)."""
-        from m3ctl.serving.serve import runtime_for  # noqa: PLC0415
 
         dep = res.deployment
         try:
@@ -453,7 +452,6 @@ class ServerEvaluator:
                 dst.unlink(missing_ok=True)
 
     def stop_current(self) -> None:
-        from m3ctl.serving.serve import stop  # noqa: PLC0415
 
         name, tdir = self.current, self.trial_dir
         if name is None:
@@ -523,7 +521,6 @@ class ServerEvaluator:
         """Stop this evaluator's trial server from another thread (a parallel study being cancelled), whether it
         is still starting or measuring; safe to repeat (the owning thread's open/close clean up). Returns True when a
         server was stopped."""
-        from m3ctl.serving.serve import stop  # noqa: PLC0415
 
         name = self.current
         if name is None or not self.registry.exists(name):
@@ -636,15 +633,6 @@ def run_bench_isolated(cfg, dep) -> dict:
         BadInput, BenchServerDown: as run_bench (the same message and hint).
         LaunchFailed: the bench process ended without a result (its exit status and last stderr line).
     """
-    import os  # noqa: PLC0415
-    import pickle  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
-
-    import m3ctl  # noqa: PLC0415
-    from m3ctl.errors import BadInput  # noqa: PLC0415
-    from m3ctl.loadgen.runner import BenchServerDown  # noqa: PLC0415
 
     root = str(Path(m3ctl.__file__).resolve().parent.parent)  # the child imports this m3ctl
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
@@ -681,8 +669,6 @@ def trial_ports(host: str, first: int, n: int, tries: int = 100) -> tuple[int, .
     Raises:
         ConfigRejected: fewer than ``n`` free ports among the ``tries`` ports above ``first``.
     """
-    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
-    from m3ctl.runtime.base import port_in_use  # noqa: PLC0415
 
     out = [first]
     p = first
@@ -702,7 +688,6 @@ def stop_leftovers(study_dir: Path, prefix: str, registry) -> list[str]:
     """Stop servers a killed tune left behind: those in ``running.json`` (its record, and every record of its
     ``running`` list when trials ran in parallel) and any deployment named ``{prefix}-t*`` in the registry.
     Returns the names stopped."""
-    from m3ctl.serving.serve import stop  # noqa: PLC0415
 
     names = {d.name for d in registry.list() if d.name.startswith(prefix + "-t")}
     run = Path(study_dir) / "running.json"
