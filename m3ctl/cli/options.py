@@ -484,3 +484,29 @@ def model_options(model, spec: dict[str, dict[str, Any]]) -> tuple[dict[str, tup
         group[name] = (Annotated[typ, typer.Option(*decls, help=help_, **extra)], value)
         names[name] = field
     return group, names
+
+
+def declared_options(
+    model, parsers: dict[str, Any], extra: dict[str, dict[str, Any]] | None = None
+) -> tuple[dict[str, tuple[Any, Any]], dict[str, str]]:
+    """:func:`model_options` for a model whose fields declare their CLI spelling themselves (``json_schema_extra``
+    ``cli``: ``name``, ``decls``, ``min``, ``max``, ``metavar``, ``unset``; ``parser`` by name, looked up in
+    ``parsers``; ``type`` ``"str"`` or ``"path"``; ``show`` ``"comma"``: a list default shown comma-separated).
+    Fields without ``cli`` are not options. ``extra[field]``: typer.Option keywords a data declaration cannot hold
+    (e.g. ``autocompletion``)."""
+    types_ = {"str": str, "path": Path}
+    shows = {"comma": lambda v: ",".join(map(str, v))}
+    spec: dict[str, dict[str, Any]] = {}
+    for field, f in model.model_fields.items():
+        facts = f.json_schema_extra if isinstance(f.json_schema_extra, dict) else {}
+        if not isinstance(facts.get("cli"), dict):
+            continue
+        cli = dict(facts["cli"])
+        if "parser" in cli:
+            cli["parser"] = parsers[cli["parser"]]
+        if "type" in cli:
+            cli["type"] = types_[cli["type"]]
+        if "show" in cli:
+            cli["show"] = shows[cli["show"]]
+        spec[field] = {**cli, **(extra or {}).get(field, {})}
+    return model_options(model, spec)

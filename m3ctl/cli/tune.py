@@ -17,7 +17,7 @@ from m3ctl.cli.output import Output, console, escape
 from m3ctl.cli.tune_render import print_dry_run, print_result
 from m3ctl.core.files import WriteFailed
 from m3ctl.errors import BadInput
-from m3ctl.loadgen import MAX_REQUEST_TOKENS, WORKLOADS
+from m3ctl.loadgen import WORKLOADS
 from m3ctl.loadgen.slo import OBJECTIVES, parse_slo
 from m3ctl.tuning.options import TuneOptions
 from m3ctl.tuning.space import Space
@@ -54,39 +54,12 @@ def parallel_trials_value(text: str) -> int | str:
     return int(t)
 
 
-#: The study's options, derived from m3ctl.tuning.options.TuneOptions (help, type, default); here only what a
-#: model field cannot say: the CLI name, flag forms, parse-time parsers and ranges.
-TUNE_OPTIONS, TUNE_FIELDS = o.model_options(
+#: The study's options, derived from m3ctl.tuning.options.TuneOptions: each field declares its help, type, default
+#: and CLI spelling there; here only the parse-time parsers its declarations name, and the workload completion.
+TUNE_OPTIONS, TUNE_FIELDS = o.declared_options(
     TuneOptions,
-    {
-        "slo": dict(parser=slo_text),
-        "objective": {},
-        "usd_per_gpu_hour": dict(parser=o.positive_float, metavar="USD"),
-        "knobs": dict(name="knob", decls="--knob"),
-        "ladder": dict(type=str, parser=o.int_list, show=lambda v: ",".join(map(str, v))),
-        "max_trials": dict(min=0),
-        "time_budget_s": dict(name="time_budget", decls="--time-budget", parser=o.positive_float, metavar="SECONDS"),
-        "seed": dict(min=0, max=2**32 - 1),
-        "confirm_top": dict(min=0, unset=True),
-        "boundary_margin": dict(min=0.0, max=1.0),
-        "boundary_repeats": dict(min=0),
-        "fast_starts": dict(decls="--fast-starts/--no-fast-starts"),
-        "max_spec_depth": dict(min=0, max=32),
-        "baseline": dict(decls="--baseline/--no-baseline", unset=True),
-        "port": dict(min=1, max=65535),
-        "workload": dict(
-            parser=o.choice(*WORKLOADS),
-            autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)],
-        ),
-        "input_len": dict(min=1, max=MAX_REQUEST_TOKENS),
-        "output_len": dict(min=1, max=MAX_REQUEST_TOKENS),
-        "prompts_per_concurrency": dict(min=1),
-        "prompt_text": dict(parser=o.choice("fresh", "common")),
-        "warmup": dict(decls="--warmup/--no-warmup"),
-        "profile": dict(type=Path),
-        "args": dict(name="arg", decls="--arg"),
-        "skip_checks": {},
-    },
+    {"slo": slo_text, "positive_float": o.positive_float, "int_list": o.int_list, "workload": o.choice(*WORKLOADS)},
+    {"workload": dict(autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)])},
 )
 
 

@@ -102,6 +102,7 @@ from m3ctl.tuning.measure import (
 )
 from m3ctl.tuning.options import DEFAULT_LADDER, TuneSpec
 from m3ctl.tuning.record import STUDY_NAME
+from m3ctl.tuning.space import Space, describe, key_of
 from m3ctl.tuning.trials import TrialRunner
 
 
@@ -131,6 +132,7 @@ __all__ = [
     "Outcome",
     "Point",
     "Session",
+    "Space",
     "TuneResult",
     "TuneSpec",
     "Tuner",
@@ -139,8 +141,10 @@ __all__ = [
     "bisect_concurrency",
     "boundary_headroom",
     "confirm",
+    "describe",
     "evaluate",
     "headroom_rank",
+    "key_of",
     "level_spread",
     "load_equivalence",
     "measure_level",

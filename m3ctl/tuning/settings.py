@@ -5,14 +5,19 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import math
+import operator
 import sqlite3
+from collections.abc import Sequence
+from dataclasses import fields as dataclass_fields
 from pathlib import Path
-from typing import Any, Final, Literal
+from types import GenericAlias, UnionType
+from typing import Any, Final, Literal, Union, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from m3ctl import catalog
 from m3ctl.assess.facts import model_facts, read_model_facts
@@ -28,7 +33,7 @@ from m3ctl.loadgen.slo import objective_value, parse_slo
 from m3ctl.loadgen.workloads import KINDS, check_prompt_text
 from m3ctl.results import _one_line
 from m3ctl.tuning.measure import write_json
-from m3ctl.tuning.options import TuneSpec, default
+from m3ctl.tuning.options import RESUME_OPTIONS, TuneOptions, TuneSpec, default, fact, saved_fields
 from m3ctl.tuning.space import FLAGS, Space, apply_pins, default_space, prune_dominated
 
 
@@ -141,40 +146,26 @@ def check_study_db(db: Path) -> None:
         raise BadInput(f"{db} is not an optuna study (no 'studies' table)", fix)
 
 
-def resume_settings(
-    study_dir: Path,
-    *,
-    max_trials: int | None = None,
-    time_budget_s: float | None = None,
-    baseline: bool | None = None,
-    confirm_top: int | None = None,
-    save: bool = True,
-) -> dict[str, Any]:
-    """The settings of the study in ``study_dir`` with new budgets: a resumed study may get a larger budget (e.g.
-    continued on another machine); ``max_trials`` (server starts) and ``time_budget_s`` (s) count across
-    resumes. ``baseline`` turns measuring vLLM's defaults on/off; ``confirm_top`` replaces the number of
-    configurations re-measured at the end (0 while a study is spread over several device sessions, then 1 for the
-    last, as on the H200: docs/results/h200-scale.md). ``save``: write them back (False: dry run).
+def resume_settings(study_dir: Path, *, save: bool = True, **given: Any) -> dict[str, Any]:
+    """The settings of the study in ``study_dir`` with the :data:`~m3ctl.tuning.options.RESUME_OPTIONS` in
+    ``given`` (None: not given, the saved value stays): a resumed study may get a larger budget (e.g. continued on
+    another machine); ``max_trials`` (server starts) and ``time_budget_s`` (s) count across resumes. ``baseline``
+    turns measuring vLLM's defaults on/off; ``confirm_top`` replaces the number of configurations re-measured at
+    the end (0 while a study is spread over several device sessions, then 1 for the last, as on the H200:
+    docs/results/h200-scale.md). ``save``: write them back (False: dry run).
 
     Raises:
-        BadInput: as :func:`load_settings`; a negative budget.
+        BadInput: as :func:`load_settings`; a negative budget; an option ``--resume`` does not take.
     """
-    check_budgets(max_trials=max_trials, time_budget_s=time_budget_s, confirm_top=confirm_top)
+    if unknown := sorted(set(given) - set(RESUME_OPTIONS)):
+        raise BadInput(f"--resume does not take {unknown[0]!r}", f"it takes {', '.join(RESUME_OPTIONS)}")
+    new = {k: v for k, v in given.items() if v is not None}
+    check_budgets(**{k: v for k, v in new.items() if k != "baseline"})
     settings = load_settings(study_dir)
     if save:
         check_output_path(Path(study_dir) / "tune.json", "--resume")
-    new = {
-        k: v
-        for k, v in (
-            ("max_trials", max_trials),
-            ("time_budget_s", time_budget_s),
-            ("baseline", baseline),
-            ("confirm_top", confirm_top),
-        )
-        if v is not None
-    }
     if new:
-        settings["spec"].update(new)
+        settings["spec"].update({k: new[k] for k in RESUME_OPTIONS if k in new})
         if save:
             save_settings(Path(study_dir), settings)
     return settings
@@ -195,12 +186,6 @@ def check_budgets(
             )
 
 
-def _opt(name: str):
-    """A new study's default for ``name`` (m3ctl.tuning.options.TuneOptions, where they are declared)."""
-
-    return default(name)
-
-
 def _check_choices(
     slo: str, objective: str, usd_per_gpu_hour: float | None, ladder: list[int] | None, workload: str
 ) -> list[int]:
@@ -209,7 +194,7 @@ def _check_choices(
 
     parse_slo(slo)
     objective_value({"total_token_throughput": 1.0, "output_throughput": 1.0}, objective, 1, usd_per_gpu_hour)
-    lad = sorted(set(ladder if ladder is not None else _opt("ladder")))
+    lad = sorted(set(ladder if ladder is not None else default("ladder")))
     if not lad or lad[0] < 1:
         raise BadInput(f"bad ladder {lad}", "concurrencies are integers >= 1, e.g. --ladder 1,2,4,8,16")
     if workload not in KINDS:
@@ -349,95 +334,119 @@ def _study_space(
     return space, pruned
 
 
+def _as_given(ann: Any) -> Any:
+    """The type an option is checked against when given by name: its field's, with a list as any sequence (a
+    tuple is a list of values; a string is not)."""
+    if get_origin(ann) is list:
+        return GenericAlias(Sequence, (get_args(ann)[0],))
+    if get_origin(ann) in (Union, UnionType):
+        return functools.reduce(operator.or_, [_as_given(a) for a in get_args(ann)])
+    return ann
+
+
+def tune_options(
+    options: TuneOptions | None = None, who: str = "m3ctl.tuning.settings.new_settings", **overrides: Any
+) -> TuneOptions:
+    """``options`` (default: every option's default) with ``overrides``, each a :class:`TuneOptions` field checked
+    against its type (None: not given). ``who`` names the caller in an error, e.g. ``m3ctl.tune``.
+
+    Raises:
+        BadInput: one line naming the first unknown option or bad value (``who(name=value): why``).
+    """
+    ref = "m3ctl.api.tune" if who == "m3ctl.tune" else who
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if unknown := [k for k in given if k not in TuneOptions.model_fields or k == "schema_version"]:
+        raise BadInput(f"{who}(): got an unexpected keyword argument {unknown[0]!r}", f"see help({ref})")
+    for name, value in given.items():
+        hint = f"see help({ref}) for the type and unit of {name}"
+        ann = TuneOptions.model_fields[name].annotation
+        if isinstance(value, bool) and ann is not bool and bool not in get_args(ann):  # lax pydantic: True is 1
+            raise BadInput(f"{who}({name}={value}): a switch where a value is expected", hint)
+        try:
+            TypeAdapter(_as_given(ann), config=ConfigDict(arbitrary_types_allowed=True)).validate_python(value)
+        except ValidationError as e:
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            raise BadInput(f"{who}({name}={shown}): {e.errors()[0]['msg']}", hint) from None
+    base = (options or TuneOptions()).model_dump(exclude_unset=True)
+    return TuneOptions.model_validate({**base, **given})
+
+
+def _saved(values: dict[str, Any], place: str) -> dict[str, Any]:
+    """The options ``tune.json`` keeps in ``place`` (m3ctl.tuning.options.saved_fields), under their saved name
+    (fact ``key``); one whose fact ``omit_default`` is set is left out at its default (older studies lack it)."""
+    return {
+        fact(n, "key") or n: values[n]
+        for n in saved_fields(place)
+        if not (fact(n, "omit_default") and values[n] == default(n))
+    }
+
+
+def check_options(opts: TuneOptions) -> tuple[list[int], list[str]]:
+    """The values of a new study's options: SLO, objective, ladder, workload, prompt text, budgets, lengths, counts,
+    port, boundary rule, price, raw args (no secret) and ``--arg`` flags (none tune searches). Returns the ladder
+    sorted and the raw vLLM args to store.
+
+    Raises:
+        BadInput: one line naming the option and what is wrong.
+    """
+    lad = _check_choices(opts.slo, opts.objective, opts.usd_per_gpu_hour, opts.ladder, opts.workload)
+    check_prompt_text(opts.prompt_text, opts.workload)
+    check_budgets(max_trials=opts.max_trials, time_budget_s=opts.time_budget_s, confirm_top=opts.confirm_top)
+    values = {**opts.model_dump(), "port": 8000 if opts.port is None else opts.port}
+    _check_numbers(lad, **{k: values[k] for k in _NUMBER_OPTIONS})
+    extra_args = _no_secrets(opts.args, opts.extra_args)
+    _no_knob_flags(opts.args)
+    return lad, extra_args
+
+
 def new_settings(
     model: str,
     inventory,
+    options: TuneOptions | None = None,
     *,
-    slo: str = _opt("slo"),
-    objective: str = _opt("objective"),
-    usd_per_gpu_hour: float | None = _opt("usd_per_gpu_hour"),
-    knobs: list[str] | None = None,
-    ladder: list[int] | None = None,
-    max_trials: int | None = _opt("max_trials"),
-    time_budget_s: float | None = _opt("time_budget_s"),
-    seed: int = _opt("seed"),
-    confirm_top: int = _opt("confirm_top"),
-    boundary_margin: float = _opt("boundary_margin"),
-    boundary_repeats: int = _opt("boundary_repeats"),
-    max_spec_depth: int = _opt("max_spec_depth"),
-    baseline: bool | None = None,
-    fast_starts: bool = _opt("fast_starts"),
-    port: int = 8000,
-    workload: str = _opt("workload"),
-    input_len: int = _opt("input_len"),
-    output_len: int = _opt("output_len"),
-    prompts_per_concurrency: int = _opt("prompts_per_concurrency"),
-    prompt_text: str = _opt("prompt_text"),
-    warmup: bool = _opt("warmup"),
-    profile_file: str | Path | None = None,
-    overrides: dict[str, Any] | None = None,
-    extra_args: list[str] | None = None,
-    skip_checks: bool = _opt("skip_checks"),
     study_dir: Path | None = None,
     save: bool = False,
+    **overrides: Any,
 ) -> dict[str, Any]:
     """The settings (``tune.json`` shape) of a new study of ``model`` on ``inventory``: the search space from
-    the base profile (``profile_file`` or the catalog's for the GPU architecture) and the model's facts,
+    the base profile (``profile`` or the catalog's for the GPU architecture) and the model's facts,
     narrowed by ``knobs`` (``"spec_depth=0-4"``, ``"max_num_seqs=4,8"``) and pruned for the ``ladder``.
     With ``study_dir``: checked to hold no study yet and to be writable, and (``save``) written there.
 
-    Defaults: :class:`m3ctl.tuning.options.TuneOptions` (declared there once; ``baseline`` None: its default, on).
-    Units: ``ladder`` concurrencies (default 1, 2, 4 ... 64), ``time_budget_s`` seconds, ``usd_per_gpu_hour`` USD,
-    ``input_len``/``output_len`` tokens, ``boundary_margin`` a fraction of the SLO limit. ``overrides``:
-    ``{flag: value}`` vLLM flags of every trial; ``extra_args``: raw vLLM args (no ``--api-key``).
+    ``options`` and ``overrides``: :class:`m3ctl.tuning.options.TuneOptions` (:func:`tune_options`; defaults and
+    units there, e.g. ``ladder`` concurrencies, ``time_budget_s`` seconds, ``usd_per_gpu_hour`` USD,
+    ``input_len``/``output_len`` tokens, ``boundary_margin`` a fraction of the SLO limit; ``args``: ``{flag:
+    value}`` vLLM flags of every trial; ``extra_args``: raw vLLM args (no ``--api-key``); ``port`` None: 8000).
+    Each option goes where its ``saved`` fact says (``spec``, ``bench``, ``plan_base``, the top).
 
     Raises:
         BadInput: a bad SLO, objective (``tokens_per_usd`` without a price), ladder, workload, knob, budget or
             length; an unreadable profile or model; ``study_dir`` already holds a study or is not writable.
     """
-    lad = _check_choices(slo, objective, usd_per_gpu_hour, ladder, workload)
-    check_prompt_text(prompt_text, workload)
-    check_budgets(max_trials=max_trials, time_budget_s=time_budget_s, confirm_top=confirm_top)
-    _check_numbers(lad, **{k: v for k, v in locals().items() if k in _NUMBER_OPTIONS})
-    extra_args = _no_secrets(overrides, extra_args)
-    _no_knob_flags(overrides)
+    opts = tune_options(options, **overrides)
+    lad, extra_args = check_options(opts)
     if study_dir is not None:
         _check_new_study_dir(study_dir)
-    space, pruned = _study_space(model, inventory, profile_file, knobs, lad, max_spec_depth)
+    space, pruned = _study_space(model, inventory, opts.profile, opts.knobs, lad, opts.max_spec_depth)
     # A local model directory and profile file are stored absolute, so `--resume DIR` works from any directory.
-    saved_model = str(Path(model).resolve()) if Path(model).is_dir() else model
+    values = {
+        **opts.model_dump(),
+        "ladder": lad,
+        "max_trials": TuneSpec.max_trials if opts.max_trials is None else opts.max_trials,
+        "port": 8000 if opts.port is None else opts.port,
+        "profile": str(Path(opts.profile).resolve()) if opts.profile else None,
+        "args": dict(opts.args),
+        "extra_args": extra_args,
+    }
+    spec = _saved(values, "spec")
     settings = {
-        "model": saved_model,
+        "model": str(Path(model).resolve()) if Path(model).is_dir() else model,
         "space": space.to_json(),
-        "port": port,
-        "fast_starts": bool(fast_starts),
-        "profile_file": str(Path(profile_file).resolve()) if profile_file else None,
+        **_saved(values, "top"),
         "pruned": pruned,
-        "spec": {
-            "slo": slo,
-            "objective": objective,
-            "usd_per_gpu_hour": usd_per_gpu_hour,
-            "ladder": lad,
-            "max_trials": TuneSpec.max_trials if max_trials is None else max_trials,
-            "time_budget_s": time_budget_s,
-            "seed": seed,
-            "confirm_top": confirm_top,
-            "prompts_per_concurrency": prompts_per_concurrency,
-            "baseline": _opt("baseline") if baseline is None else baseline,
-            "boundary_margin": boundary_margin,
-            "boundary_repeats": boundary_repeats,
-        },
-        "plan_base": {"overrides": dict(overrides or {}), "extra_args": list(extra_args), "skip_checks": skip_checks},
-        "bench": {
-            "workload": workload,
-            "input_len": input_len,
-            "output_len": output_len,
-            "seed": seed,
-            "warmup": warmup,
-            "usd_per_gpu_hour": usd_per_gpu_hour,
-            **({"prompt_text": prompt_text} if prompt_text != "fresh" else {}),
-            "tokenizer": local_tokenizer(model, [*(extra_args or []), *(overrides or {})]),
-        },
+        "spec": {f.name: spec[f.name] for f in dataclass_fields(TuneSpec) if f.name in spec},  # the search's order
+        "plan_base": _saved(values, "plan_base"),
+        "bench": {**_saved(values, "bench"), "tokenizer": local_tokenizer(model, [*extra_args, *opts.args])},
     }
     if save and study_dir is not None:
         save_settings(Path(study_dir), settings)
