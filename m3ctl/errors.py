@@ -277,3 +277,7 @@ class BenchServerDown(M3Error):
     """
 
     exit_code = EXIT_LAUNCH_FAILED
+
+
+class NothingToTune(ConfigRejected):
+    """The plan rules reject every configuration of a tune study's space (exit 3, as any ConfigRejected)."""

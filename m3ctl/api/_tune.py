@@ -1,28 +1,28 @@
-"""The API of ``m3ctl tune``."""
+"""The API of ``m3ctl tune``: the options are :class:`m3ctl.tuning.options.TuneOptions` (declared there once),
+checked here and handed whole to the study (m3ctl.tuning.settings, m3ctl.tuning.study)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from m3ctl.api._args import _checked
 from m3ctl.api._plan import host_inventory, user_defaults
 from m3ctl.errors import BadInput
+from m3ctl.results import TuneReport
+from m3ctl.serving import serve as serving
+from m3ctl.tuning import study as st
+from m3ctl.tuning.options import RESUME_OPTIONS, TuneOptions
+from m3ctl.tuning.pool import nothing_to_tune
+from m3ctl.tuning.settings import tune_options
 
 if TYPE_CHECKING:
     from m3ctl.hw.inventory import HostInventory
-    from m3ctl.results import TuneReport
 
 
 # ----------------------------------------------------------------------------- tune
-def _tune(name: str) -> Any:
-    """A new study's default for ``name``: m3ctl.tuning.options.TuneOptions (pydantic only), where it is declared."""
-    from m3ctl.tuning.options import default  # noqa: PLC0415
-
-    return default(name)
-
-
 def prepare_tune(
     model: str | None = None,
     *,
@@ -31,40 +31,28 @@ def prepare_tune(
     inventory: str | Path | HostInventory | None = None,
     system: str | None = None,
     dry_run: bool = False,
-    options: dict[str, Any] | None = None,
+    options: TuneOptions | dict[str, Any] | None = None,
+    **overrides: Any,
 ) -> tuple[Path, dict[str, Any], HostInventory]:
     """What :func:`tune` checks and settles before any trial: ``(study dir, settings (tune.json), inventory)``;
-    a new study's settings are saved unless ``dry_run``. ``options``: :class:`m3ctl.tuning.options.TuneOptions`
-    fields (missing ones: their defaults; None for ``max_trials``, ``time_budget_s``, ``baseline``,
-    ``confirm_top``, ``port``: not given). ``m3ctl tune`` runs the study from it with its own progress lines.
+    a new study's settings are saved unless ``dry_run``. ``options`` (a :class:`m3ctl.tuning.options.TuneOptions`
+    or a dict of its fields) and ``overrides`` (its fields by name): the study's options (None: not given; a new
+    study takes the default, a resume keeps the saved value; ``port``: as the CLI's). ``m3ctl tune`` runs the
+    study from it with its own progress lines.
 
     Raises:
         BadInput: as :func:`tune`.
     """
-    import time  # noqa: PLC0415
-
-    from m3ctl.tuning import study as st  # noqa: PLC0415
-    from m3ctl.tuning.options import TuneOptions  # noqa: PLC0415
-
-    given = dict(options or {})
-    if unknown := sorted(set(given) - set(TuneOptions.model_fields)):
-        raise BadInput(f"unknown tune option {unknown[0]!r}", "see m3ctl.tuning.options.TuneOptions")
-    o = {k: _tune(k) for k in TuneOptions.model_fields if k != "schema_version"}
-    o.update(confirm_top=None, baseline=None, port=None)  # not given: resume keeps the saved ones (RESUME_OPTIONS)
-    o.update(given)
+    if isinstance(options, dict):
+        overrides, options = {**options, **overrides}, None
+    opts = tune_options(options, "m3ctl.tune", **overrides)
     if system and not dry_run:
         raise BadInput(f"--system {system} is a host you don't have: nothing can be measured there", "add --dry-run")
     inv = host_inventory(inventory, system)
     if resume:
         sdir = Path(resume)
-        settings = st.resume_settings(
-            sdir,
-            max_trials=o["max_trials"],
-            time_budget_s=o["time_budget_s"],
-            baseline=o["baseline"],
-            confirm_top=o["confirm_top"],
-            save=not dry_run,
-        )
+        given = {k: getattr(opts, k) for k in RESUME_OPTIONS if k in opts.model_fields_set}
+        settings = st.resume_settings(sdir, save=not dry_run, **given)
     else:
         user = user_defaults()
         model = model or (user.model if "model" in user.model_fields_set else None)
@@ -73,51 +61,18 @@ def prepare_tune(
                 "--model is required (or --resume DIR)", "e.g. m3ctl tune --model DIR --slo 'p90_tpot_ms<=50'"
             )
         sdir = Path(study_dir) if study_dir else Path.cwd() / f"m3ctl-tune-{time.strftime('%Y%m%d-%H%M%S')}"
-        same = (
-            "slo",
-            "objective",
-            "usd_per_gpu_hour",
-            "seed",
-            "time_budget_s",
-            "max_trials",
-            "boundary_margin",
-            "boundary_repeats",
-            "fast_starts",
-            "max_spec_depth",
-            "baseline",
-            "workload",
-            "input_len",
-            "output_len",
-            "prompts_per_concurrency",
-            "prompt_text",
-            "warmup",
-            "skip_checks",
-        )  # named as new_settings's
-        settings = st.new_settings(
-            model,
-            inv,
-            **{k: o[k] for k in same},
-            knobs=list(o["knobs"]),
-            ladder=list(o["ladder"]),
-            confirm_top=_tune("confirm_top") if o["confirm_top"] is None else o["confirm_top"],
-            port=o["port"] or user.port,
-            profile_file=o["profile"],
-            overrides=o["args"],
-            extra_args=list(o["extra_args"]),
-            study_dir=sdir,
-            save=not dry_run,
-        )
+        if opts.port is None:  # not given: $M3CTL_PORT, the config file's, else 8000 (as the CLI)
+            opts = opts.model_copy(update={"port": user.port})
+        settings = st.new_settings(model, inv, opts, study_dir=sdir, save=not dry_run)
     return sdir, settings, inv
 
 
 def tune_refusal(report: dict[str, Any]) -> Exception | None:
     """The error a ``tune(dry_run=True)`` report stands for when nothing in it can run (``report["runnable"]``
     False: the plan rules reject every configuration of the space), the one a run raises before any start
-    (m3ctl.tuning.study.nothing_to_tune: ConfigRejected, exit 3); None when the study can run."""
+    (m3ctl.tuning.pool.nothing_to_tune: ConfigRejected, exit 3); None when the study can run."""
     if report.get("runnable", True):
         return None
-    from m3ctl.tuning.study import nothing_to_tune  # noqa: PLC0415
-
     c = report["candidates"][0] if report.get("candidates") else {"describe": "-", "reason": "an empty space"}
     return nothing_to_tune(len(report.get("candidates") or []), c["describe"], c.get("reason", ""))
 
@@ -132,34 +87,10 @@ def tune(model: str | None = None, *, dry_run: Literal[True], **kw: Any) -> dict
 def tune(
     model: str | None = None,
     *,
+    options: TuneOptions | None = None,
     study_dir: str | Path | None = None,
     resume: str | Path | None = None,
-    slo: str = _tune("slo"),
-    objective: str = _tune("objective"),
-    usd_per_gpu_hour: float | None = _tune("usd_per_gpu_hour"),
-    knobs: Sequence[str] = (),
-    ladder: Sequence[int] = tuple(_tune("ladder")),
-    max_trials: int | None = _tune("max_trials"),
-    time_budget_s: float | None = _tune("time_budget_s"),
-    seed: int = _tune("seed"),
-    confirm_top: int | None = None,
-    boundary_margin: float = _tune("boundary_margin"),
-    boundary_repeats: int = _tune("boundary_repeats"),
-    max_spec_depth: int = _tune("max_spec_depth"),
     pareto: bool = False,
-    baseline: bool | None = None,
-    fast_starts: bool = _tune("fast_starts"),
-    port: int | None = None,
-    workload: str = _tune("workload"),
-    input_len: int = _tune("input_len"),
-    output_len: int = _tune("output_len"),
-    prompts_per_concurrency: int = _tune("prompts_per_concurrency"),
-    prompt_text: Literal["fresh", "common"] = _tune("prompt_text"),
-    warmup: bool = _tune("warmup"),
-    profile: str | Path | None = None,
-    args: dict[str, Any] | None = None,
-    extra_args: Sequence[str] = (),
-    skip_checks: bool = _tune("skip_checks"),
     inventory: str | Path | HostInventory | None = None,
     system: str | None = None,
     dry_run: bool = False,
@@ -168,23 +99,26 @@ def tune(
     on_study: Callable[[Path, dict[str, Any]], None] | None = None,
     on_cleanup: Callable[[list[str]], None] | None = None,
     on_finish: Callable[[Any, Any], None] | None = None,
+    **overrides: Any,
 ) -> TuneReport | dict[str, Any]:
     """Search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO (``m3ctl tune``).
 
     The study's settings, their defaults and help are :class:`m3ctl.tuning.options.TuneOptions` (declared there
-    once; ``m3ctl tune``'s options are derived from it). ``model`` defaults to ``$M3CTL_MODEL`` / the user's
-    config file's, ``port`` to ``$M3CTL_PORT`` / the config file's, else 8000 (:func:`user_defaults`), as the CLI.
-    A new study of ``model`` goes to ``study_dir`` (default ``./m3ctl-tune-<time>``); ``resume`` continues the
-    study in that directory (its saved settings; ``max_trials``, ``time_budget_s`` and ``baseline`` given here
-    replace the saved ones; budgets count across resumes).
+    once; ``m3ctl tune``'s options and this function's ``**overrides`` are derived from it). ``model`` defaults to
+    ``$M3CTL_MODEL`` / the user's config file's, ``port`` to ``$M3CTL_PORT`` / the config file's, else 8000
+    (:func:`user_defaults`), as the CLI. A new study of ``model`` goes to ``study_dir`` (default
+    ``./m3ctl-tune-<time>``); ``resume`` continues the study in that directory (its saved settings; the
+    ``RESUME_OPTIONS`` given here (``max_trials``, ``time_budget_s``, ``baseline``, ``confirm_top``) replace the
+    saved ones; budgets count across resumes).
 
     Args:
-        slo ... skip_checks: the study's options, :class:`m3ctl.tuning.options.TuneOptions` fields (units, defaults
-            and help there), e.g. ``slo="p90_tpot_ms<=20"``, ``knobs=["spec_depth=0-4"]``, ``max_trials`` (server
-            starts), ``time_budget_s``; ``confirm_top`` and ``baseline`` None: not given (a new study's default, a
-            resume's saved value); ``port`` None: as the CLI's.
+        options, **overrides: the study's options, a :class:`m3ctl.tuning.options.TuneOptions` and/or its fields
+            by name (units, defaults and help there; each override is checked against its field's type: one
+            BadInput line), e.g. ``slo="p90_tpot_ms<=20"``, ``knobs=["spec_depth=0-4"]``, ``max_trials`` (server
+            starts), ``time_budget_s``; None: not given (a new study's default, a resume's saved value; ``port``:
+            as the CLI's).
         pareto: also write ``pareto.png`` and the Pareto front into the result.
-        dry_run: start and write nothing; return what the study would run (m3ctl.tuning.study.dry_run's dict).
+        dry_run: start and write nothing; return what the study would run (m3ctl.tuning.render.dry_run's dict).
         on_event: ``(trial, config description, message)`` for each trial phase.
         parallel_trials: search trials at once on disjoint GPU sets (``"auto"``: as many as fit; 1: one after the
             other); not saved with the study (a resume takes it again). See docs/tune.md, "Parallel trials".
@@ -200,20 +134,20 @@ def tune(
         configuration (none for ``none``). With ``dry_run``: the dry-run dict.
 
     Raises:
-        BadInput: bad options (SLO, objective, ladder, workload, budgets, lengths), ``system`` without
-            ``dry_run`` (nothing can be measured there), a directory that already holds a study, an unreadable
-            or corrupt study (``tune.json``).
+        BadInput: an unknown option or a value of the wrong type; bad options (SLO, objective, ladder, workload,
+            budgets, lengths), ``system`` without ``dry_run`` (nothing can be measured there), a directory that
+            already holds a study, an unreadable or corrupt study (``tune.json``).
         KeyboardInterrupt: interrupted; the trial's server is stopped, completed trials are kept (resume).
     """
-    from m3ctl.tuning.options import TuneOptions  # noqa: PLC0415
-
-    given = {k: v for k, v in locals().items() if k in TuneOptions.model_fields}  # the study's options, as named
-    from m3ctl.results import TuneReport  # noqa: PLC0415
-    from m3ctl.serving import serve as serving  # noqa: PLC0415
-    from m3ctl.tuning import study as st  # noqa: PLC0415
-
     sdir, settings, inv = prepare_tune(
-        model, study_dir=study_dir, resume=resume, inventory=inventory, system=system, dry_run=dry_run, options=given
+        model,
+        study_dir=study_dir,
+        resume=resume,
+        inventory=inventory,
+        system=system,
+        dry_run=dry_run,
+        options=options,
+        **overrides,
     )
     base = st.base_profile(settings, inv)
     if dry_run:

@@ -120,7 +120,7 @@ _ORDER = (
 #: m3ctl.loadgen.config.cli); here only what a declaration cannot hold (parsers built here, list defaults shown).
 BENCH_OPTIONS, BENCH_FIELDS = o.declared_options(
     BenchConfig,
-    _ORDER,
+    None,
     {
         "workload": dict(
             parser=o.choice(*WORKLOADS),
@@ -133,6 +133,7 @@ BENCH_OPTIONS, BENCH_FIELDS = o.declared_options(
         "percentiles": dict(show=_comma),
         "power_gpus": dict(parser=gpu_indices),
     },
+    order=_ORDER,
 )
 
 

@@ -447,26 +447,38 @@ def model_options(model, spec: dict[str, dict[str, Any]]) -> tuple[dict[str, tup
     return group, names
 
 
-#: The option types a settings model's field may name in its declaration (``type="str"``: a comma list).
+#: The option types and default renderings a settings model's field may name in its declaration.
 _DECLARED_TYPES: dict[str, Any] = {"str": str, "path": Path}
+_DECLARED_SHOWS: dict[str, Any] = {"comma": lambda v: ",".join(map(str, v))}
 
 
 def declared_options(
-    model, order: tuple[str, ...] = (), extra: dict[str, dict[str, Any]] | None = None
+    model,
+    parsers: dict[str, Any] | None = None,
+    extra: dict[str, dict[str, Any]] | None = None,
+    *,
+    order: tuple[str, ...] = (),
 ) -> tuple[dict[str, tuple[Any, Any]], dict[str, str]]:
-    """:func:`model_options` of the fields of the pydantic ``model`` that declare their option
-    (``json_schema_extra={"cli": {...}}``, e.g. m3ctl.loadgen.config.cli): the keywords declared there (a
-    ``parser`` named by a parser of this module, a ``type`` named in ``_DECLARED_TYPES``), merged with
-    ``extra[field]`` for what a declaration cannot hold (parsers built at run time, ``show``, autocompletion).
-    Listed in ``order``, then in the model's field order (a new field lands last)."""
-    fields = [f for f, info in model.model_fields.items() if "cli" in (info.json_schema_extra or {})]
+    """:func:`model_options` of the fields of the pydantic settings ``model`` (BenchConfig, TuneOptions) that declare
+    their option themselves (``json_schema_extra={"cli": {...}}``: ``name``, ``decls``, ``min``, ``max``,
+    ``metavar``, ``unset``; ``parser`` by name, from ``parsers`` or a parser of this module; ``type`` ``"str"`` or
+    ``"path"``; ``show`` ``"comma"``: a list default shown comma-separated). Fields without ``cli`` are not options.
+    ``extra[field]``: typer.Option keywords a data declaration cannot hold (parsers built at run time,
+    autocompletion). Listed in ``order``, then in the model's field order (a new field lands last)."""
+    fields = [
+        f
+        for f, info in model.model_fields.items()
+        if isinstance(info.json_schema_extra, dict) and isinstance(info.json_schema_extra.get("cli"), dict)
+    ]
     fields.sort(key=lambda f: order.index(f) if f in order else len(order))
     spec: dict[str, dict[str, Any]] = {}
     for f in fields:
-        declared = dict(model.model_fields[f].json_schema_extra["cli"])
-        if isinstance(declared.get("parser"), str):
-            declared["parser"] = globals()[declared["parser"]]
-        if isinstance(declared.get("type"), str):
-            declared["type"] = _DECLARED_TYPES[declared["type"]]
-        spec[f] = {**declared, **(extra or {}).get(f, {})}
+        cli = dict(model.model_fields[f].json_schema_extra["cli"])
+        if isinstance(cli.get("parser"), str):
+            cli["parser"] = (parsers or {}).get(cli["parser"]) or globals()[cli["parser"]]
+        if isinstance(cli.get("type"), str):
+            cli["type"] = _DECLARED_TYPES[cli["type"]]
+        if isinstance(cli.get("show"), str):
+            cli["show"] = _DECLARED_SHOWS[cli["show"]]
+        spec[f] = {**cli, **(extra or {}).get(f, {})}
     return model_options(model, spec)

@@ -10,26 +10,27 @@ from typing import Annotated
 
 import typer
 
+from m3ctl import api
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import parse_args
 from m3ctl.cli.output import Output, console, escape
 from m3ctl.cli.tune_render import print_dry_run, print_result
 from m3ctl.core.files import WriteFailed
 from m3ctl.errors import BadInput
-from m3ctl.loadgen import MAX_REQUEST_TOKENS, WORKLOADS
+from m3ctl.loadgen import WORKLOADS
+from m3ctl.loadgen.slo import OBJECTIVES, parse_slo
 from m3ctl.tuning.options import TuneOptions
+from m3ctl.tuning.space import Space
 
 
 def objective_name(text: str) -> str:
     """One of m3ctl.loadgen.slo.OBJECTIVES."""
-    from m3ctl.loadgen.slo import OBJECTIVES  # noqa: PLC0415
 
     return o.choice(*OBJECTIVES)(text)
 
 
 def slo_text(text: str) -> str:
     """An SLO m3ctl.loadgen.slo.parse_slo reads."""
-    from m3ctl.loadgen.slo import parse_slo  # noqa: PLC0415
 
     try:
         parse_slo(text)
@@ -53,39 +54,12 @@ def parallel_trials_value(text: str) -> int | str:
     return int(t)
 
 
-#: The study's options, derived from m3ctl.tuning.options.TuneOptions (help, type, default); here only what a
-#: model field cannot say: the CLI name, flag forms, parse-time parsers and ranges.
-TUNE_OPTIONS, TUNE_FIELDS = o.model_options(
+#: The study's options, derived from m3ctl.tuning.options.TuneOptions: each field declares its help, type, default
+#: and CLI spelling there; here only the parse-time parsers its declarations name, and the workload completion.
+TUNE_OPTIONS, TUNE_FIELDS = o.declared_options(
     TuneOptions,
-    {
-        "slo": dict(parser=slo_text),
-        "objective": {},
-        "usd_per_gpu_hour": dict(parser=o.positive_float, metavar="USD"),
-        "knobs": dict(name="knob", decls="--knob"),
-        "ladder": dict(type=str, parser=o.int_list, show=lambda v: ",".join(map(str, v))),
-        "max_trials": dict(min=0),
-        "time_budget_s": dict(name="time_budget", decls="--time-budget", parser=o.positive_float, metavar="SECONDS"),
-        "seed": dict(min=0, max=2**32 - 1),
-        "confirm_top": dict(min=0, unset=True),
-        "boundary_margin": dict(min=0.0, max=1.0),
-        "boundary_repeats": dict(min=0),
-        "fast_starts": dict(decls="--fast-starts/--no-fast-starts"),
-        "max_spec_depth": dict(min=0, max=32),
-        "baseline": dict(decls="--baseline/--no-baseline", unset=True),
-        "port": dict(min=1, max=65535),
-        "workload": dict(
-            parser=o.choice(*WORKLOADS),
-            autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)],
-        ),
-        "input_len": dict(min=1, max=MAX_REQUEST_TOKENS),
-        "output_len": dict(min=1, max=MAX_REQUEST_TOKENS),
-        "prompts_per_concurrency": dict(min=1),
-        "prompt_text": dict(parser=o.choice("fresh", "common")),
-        "warmup": dict(decls="--warmup/--no-warmup"),
-        "profile": dict(type=Path),
-        "args": dict(name="arg", decls="--arg"),
-        "skip_checks": {},
-    },
+    {"slo": slo_text, "positive_float": o.positive_float, "int_list": o.int_list, "workload": o.choice(*WORKLOADS)},
+    {"workload": dict(autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)])},
 )
 
 
@@ -130,7 +104,6 @@ def tune(
 
     Raw vLLM flags after `--` apply to every trial and pass the plan rules like everything else.
     """
-    from m3ctl import api  # noqa: PLC0415
 
     out = Output(json_out)
     given = {TUNE_FIELDS[k]: v for k, v in (opts or {}).items()}
@@ -163,7 +136,6 @@ def tune(
 def run_study(out: Output, model, study_dir, resume, inventory, system, pareto: bool, parallel_trials, given) -> None:
     """Run (or continue) the study through m3ctl.api.tune, with its progress lines; Ctrl-C stops the trial's
     server and says how to continue; a failed write still shows the result (then exit 5)."""
-    from m3ctl import api  # noqa: PLC0415
 
     study: dict = {}
 
@@ -218,8 +190,6 @@ def run_study(out: Output, model, study_dir, resume, inventory, system, pareto: 
 
 def print_study(out: Output, sdir: Path, settings: dict) -> None:
     """The study's head lines: its space, SLO, objective and budget, what was pruned, the trial table's head."""
-    from m3ctl.loadgen.slo import parse_slo  # noqa: PLC0415
-    from m3ctl.tuning.space import Space  # noqa: PLC0415
 
     sp, spec = Space.from_json(settings["space"]), settings["spec"]
     out.print(
@@ -249,7 +219,6 @@ def print_resumed(out: Output, tuner) -> None:
 
 def show_result(out: Output, result: dict, study: dict, pareto: bool) -> None:
     """result.json (--json), else the result tables (m3ctl.cli.tune_render.print_result)."""
-    from m3ctl.tuning.space import Space  # noqa: PLC0415
 
     out.result(result)
     if not out.json:

@@ -1,11 +1,12 @@
 """Human renderings of ``m3ctl tune``: the dry-run report and the study's result (``--json`` prints them whole)."""
 
 from m3ctl.cli.output import escape
+from m3ctl.loadgen.slo import parse_slo
+from m3ctl.tuning.space import describe
 
 
 def print_dry_run(con, r: dict, limit: int = 40) -> None:
     """Human form of :func:`m3ctl.tuning.study.dry_run`."""
-    from m3ctl.loadgen.slo import parse_slo  # noqa: PLC0415
 
     sp, spec, b = r["space"], r["spec"], r["bench"]
     con.print(
@@ -128,7 +129,6 @@ def level_lines(b: dict) -> list[str]:
 def print_result(con, res, out: dict, settings: dict, sp, pareto: bool) -> None:
     """The study's outcome: what it recommends and why, the best configuration and the baseline with each
     level's verdict, the profile, the Pareto front."""
-    from m3ctl.tuning.space import describe  # noqa: PLC0415
 
     con.print(
         f"done ({res.stopped_by}): {res.launches} server start{'s' if res.launches != 1 else ''}"

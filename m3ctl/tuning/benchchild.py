@@ -13,11 +13,12 @@ import pickle
 import sys
 from pathlib import Path
 
+from m3ctl.errors import BadInput
+from m3ctl.loadgen.runner import BenchServerDown, run_bench
+from m3ctl.serving.serve import runtime_for
+
 
 def main(inp: str, out: str) -> int:
-    from m3ctl.errors import BadInput  # noqa: PLC0415
-    from m3ctl.loadgen.runner import BenchServerDown, run_bench  # noqa: PLC0415
-    from m3ctl.serving.serve import runtime_for  # noqa: PLC0415
 
     cfg, dep = pickle.loads(Path(inp).read_bytes())
     try:

@@ -1,23 +1,45 @@
-"""The settings of a new tune study, declared once: :class:`TuneOptions` (types, defaults, units, help).
+"""The settings of a tune study, declared once: :class:`TuneOptions`. Each field holds its type, default, help
+(``description``) and, in ``json_schema_extra``, the rest of what it is: ``cli`` (how ``m3ctl tune`` spells it:
+``name``, ``decls``, the parse-time ``parser`` by name, ``min``/``max``, ``metavar``, ``unset`` (default None on
+the command line so that only a given value counts), ``type``/``show`` for a comma list; no ``cli``: not a
+``m3ctl tune`` option), ``saved`` (where ``tune.json`` keeps it: ``spec``, the search's settings read by
+:class:`TuneSpec`; ``bench``, the options of every measurement; ``top``; ``plan_base``; none: it shapes the space
+only; ``key``: its name there when it differs; ``omit_default``: left out at its default, as older studies saved
+it) and ``resume`` (``--resume`` takes it again; the others are the saved study's).
 
-``m3ctl.api.tune`` takes its defaults from it, ``m3ctl tune``'s options are derived from it (help text, type,
-default: m3ctl.cli.options.model_options), and :func:`m3ctl.tuning.study.new_settings` receives its values. The
-study's saved form (``tune.json``) is :class:`m3ctl.tuning.study.TuneSettings`; its ``spec`` part is read by
-:class:`m3ctl.tuning.search.TuneSpec`, whose own defaults are those of a ``tune.json`` written before a field
-existed (e.g. no ``baseline`` then: not measured), not a new study's.
-
-Values are checked by the study (m3ctl.tuning.study.new_settings: one BadInput line naming the option), so this
-model declares no ranges: it imports nothing but pydantic (``m3ctl --help`` derives the options from it).
+Derived from it: ``m3ctl tune``'s options (m3ctl.cli.options.declared_options), ``m3ctl.api.tune(model,
+options=None, **overrides)`` (an override is a field, checked against its type), a new study's saved settings
+(m3ctl.tuning.settings.new_settings: :func:`saved_fields`) and :data:`RESUME_OPTIONS`. A new knob is one field
+here (plus its use where it acts). Values are checked by the study (m3ctl.tuning.settings.check_options: one
+BadInput line naming the option), so this model declares no ranges: it imports nothing but pydantic and the
+request-size constant the CLI bounds are written in.
 """
 
 from __future__ import annotations
 
-from typing import Final, Literal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from m3ctl.loadgen import MAX_REQUEST_TOKENS
+
 #: Version of the :class:`TuneOptions` schema.
 SCHEMA_VERSION: Final = 1
+
+
+def _opt(
+    default: Any = None, help: str = "", *, cli: dict[str, Any] | None = None, saved: str = "", **more: Any
+) -> Any:
+    """A TuneOptions field: ``default`` (a list or dict: a fresh copy each time), ``help``, its ``cli`` spelling
+    (None: not a CLI option), where ``tune.json`` keeps it (``saved``) and any other fact (``resume=True``)."""
+    extra: dict[str, Any] = {"saved": saved, **more}
+    if cli is not None:
+        extra["cli"] = cli
+    if isinstance(default, list | dict):
+        return Field(default_factory=lambda: type(default)(default), description=help, json_schema_extra=extra)
+    return Field(default, description=help, json_schema_extra=extra)
 
 
 class TuneOptions(BaseModel):
@@ -26,92 +48,212 @@ class TuneOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     schema_version: Literal[1] = SCHEMA_VERSION
-    slo: str = Field(
-        "", description='SLO over bench result keys, e.g. "p90_tpot_ms<=20,p90_ttft_ms<=2000" ("" = none).'
+    slo: str = _opt(
+        "",
+        'SLO over bench result keys, e.g. "p90_tpot_ms<=20,p90_ttft_ms<=2000" ("" = none).',
+        cli={"parser": "slo"},
+        saved="spec",
     )
-    objective: Literal["tput_per_gpu", "output_tput_per_gpu", "tokens_per_usd"] = Field(
-        "tput_per_gpu", description="tput_per_gpu, output_tput_per_gpu or tokens_per_usd (needs --usd-per-gpu-hour)."
+    objective: Literal["tput_per_gpu", "output_tput_per_gpu", "tokens_per_usd"] = _opt(
+        "tput_per_gpu",
+        "tput_per_gpu, output_tput_per_gpu or tokens_per_usd (needs --usd-per-gpu-hour).",
+        cli={},
+        saved="spec",
     )
-    usd_per_gpu_hour: float | None = Field(
-        None, description="GPU price (USD per GPU-hour) for USD per million tokens and tokens per USD."
-    )
-    knobs: list[str] = Field(
-        default_factory=list, description="Pin or narrow a knob: spec_depth=0-4, max_num_seqs=4,8 (repeatable)."
-    )
-    ladder: list[int] = Field(
-        default_factory=lambda: [1, 2, 4, 8, 16, 32, 64], description="Concurrency ladder bisected per configuration."
-    )
-    max_trials: int | None = Field(
+    usd_per_gpu_hour: float | None = _opt(
         None,
-        description="Budget: server starts (rejected configurations cost none; 0: none, e.g. to rewrite the outputs of a resumed study); default 12.",
+        "GPU price (USD per GPU-hour) for USD per million tokens and tokens per USD.",
+        cli={"parser": "positive_float", "metavar": "USD"},
+        saved="spec bench",
     )
-    time_budget_s: float | None = Field(
+    knobs: list[str] = _opt(
+        [],
+        "Pin or narrow a knob: spec_depth=0-4, max_num_seqs=4,8 (repeatable).",
+        cli={"name": "knob", "decls": "--knob"},
+    )
+    ladder: list[int] = _opt(
+        [1, 2, 4, 8, 16, 32, 64],
+        "Concurrency ladder bisected per configuration.",
+        cli={"type": "str", "parser": "int_list", "show": "comma"},
+        saved="spec",
+    )
+    max_trials: int | None = _opt(
         None,
-        description="Budget: wall seconds, confirmations included (no start begins when the median trial so far plus the time kept for the confirmations would overrun it).",
+        "Budget: server starts (rejected configurations cost none; 0: none, e.g. to rewrite the outputs of a resumed study); default 12.",
+        cli={"min": 0},
+        saved="spec",
+        resume=True,
     )
-    seed: int = Field(
+    time_budget_s: float | None = _opt(
+        None,
+        "Budget: wall seconds, confirmations included (no start begins when the median trial so far plus the time kept for the confirmations would overrun it).",
+        cli={"name": "time_budget", "decls": "--time-budget", "parser": "positive_float", "metavar": "SECONDS"},
+        saved="spec",
+        resume=True,
+    )
+    seed: int = _opt(
         0,
-        description="Sampler and workload seed, 0 to 2**32-1 (optuna's sampler seeds numpy's RandomState, which takes that range: https://numpy.org/doc/stable/reference/random/legacy.html).",
+        "Sampler and workload seed, 0 to 2**32-1 (optuna's sampler seeds numpy's RandomState, which takes that range: https://numpy.org/doc/stable/reference/random/legacy.html).",
+        cli={"min": 0, "max": 2**32 - 1},
+        saved="spec bench",
     )
-    confirm_top: int = Field(
+    confirm_top: int = _opt(
         2,
-        description="Successive halving: re-measure the best N on a fresh server (with --resume it replaces the saved value, e.g. 0 while a study is spread over several sessions, then 1 for the last).",
+        "Successive halving: re-measure the best N on a fresh server (with --resume it replaces the saved value, e.g. 0 while a study is spread over several sessions, then 1 for the last).",
+        cli={"min": 0, "unset": True},
+        saved="spec",
+        resume=True,
     )
-    boundary_margin: float = Field(
+    boundary_margin: float = _opt(
         0.10,
-        description="Capacity rule margin: a run within this fraction of an SLO limit (met or missed) is repeated; a level holds when the median of its runs meets the SLO and no run misses by more than this (docs/tune.md).",
+        "Capacity rule margin: a run within this fraction of an SLO limit (met or missed) is repeated; a level holds when the median of its runs meets the SLO and no run misses by more than this (docs/tune.md).",
+        cli={"min": 0.0, "max": 1.0},
+        saved="spec",
     )
-    boundary_repeats: int = Field(
+    boundary_repeats: int = _opt(
         2,
-        description="A level near the SLO limit takes this many more runs, on the same server with fresh prompts, unless decided sooner (0: one run per level).",
+        "A level near the SLO limit takes this many more runs, on the same server with fresh prompts, unless decided sooner (0: one run per level).",
+        cli={"min": 0},
+        saved="spec",
     )
-    fast_starts: bool = Field(
+    fast_starts: bool = _opt(
         True,
-        description="Trial servers share one compile cache per study and model and capture CUDA graphs only up to the ladder's largest batch (measurement-only: not in the tuned command). --no-fast-starts starts every trial as `m3ctl serve` would.",
+        "Trial servers share one compile cache per study and model and capture CUDA graphs only up to the ladder's largest batch (measurement-only: not in the tuned command). --no-fast-starts starts every trial as `m3ctl serve` would.",
+        cli={"decls": "--fast-starts/--no-fast-starts"},
+        saved="top",
     )
-    max_spec_depth: int = Field(
-        4, description="Largest speculation depth searched (at most 32: every depth from 0 is a candidate)."
-    )
-    baseline: bool = Field(
-        True,
-        description="Also measure vLLM's defaults (no tuned flags, smallest accepted TP) with the same bisection and SLO, once per study (with --resume: keep the saved choice unless given).",
-    )
-    port: int | None = Field(
-        None, description="API port of the trial servers (default: $M3CTL_PORT, the config file's, else 8000)."
-    )
-    workload: str = Field(
-        "random",
-        description="Bench workload of each measurement: random, prefix-repetition, agentic (not dataset: tune takes no dataset file).",
-    )
-    input_len: int = Field(
-        128, description="Input tokens per request (prefix-repetition: suffix; agentic: first user turn)."
-    )
-    output_len: int = Field(128, description="Output tokens per request.")
-    prompts_per_concurrency: int = Field(
+    max_spec_depth: int = _opt(
         4,
-        description="Requests per run = this x concurrency, at least 8 (a run of fewer has no percentiles to speak of).",
+        "Largest speculation depth searched (at most 32: every depth from 0 is a candidate).",
+        cli={"min": 0, "max": 32},
     )
-    prompt_text: Literal["fresh", "common"] = Field(
-        "fresh",
-        description="Prompt text of the random workload: fresh (drawn anew every run) or common (the same text in every run and trial, each prompt behind a run tag that keeps it fresh to a prefix cache: configurations compared on the same prompts).",
-    )
-    warmup: bool = Field(
+    baseline: bool = _opt(
         True,
-        description="Warm up before every measured run at its concurrency (as many fresh requests as the concurrency).",
+        "Also measure vLLM's defaults (no tuned flags, smallest accepted TP) with the same bisection and SLO, once per study (with --resume: keep the saved choice unless given).",
+        cli={"decls": "--baseline/--no-baseline", "unset": True},
+        saved="spec",
+        resume=True,
     )
-    profile: str | None = Field(None, description="Kernel profile YAML to use instead of the catalog's.")
-    args: dict = Field(default_factory=dict, description="vllm serve flag for every trial (repeatable).")
-    extra_args: list[str] = Field(
-        default_factory=list, description="Raw vLLM args of every trial (after `--`; no --api-key)."
+    port: int | None = _opt(
+        None,
+        "API port of the trial servers (default: $M3CTL_PORT, the config file's, else 8000).",
+        cli={"min": 1, "max": 65535},
+        saved="top",
     )
-    skip_checks: bool = Field(False, description="Launch even if a plan rule rejects (failures become crashed trials).")
+    workload: str = _opt(
+        "random",
+        "Bench workload of each measurement: random, prefix-repetition, agentic (not dataset: tune takes no dataset file).",
+        cli={"parser": "workload"},
+        saved="bench",
+    )
+    input_len: int = _opt(
+        128,
+        "Input tokens per request (prefix-repetition: suffix; agentic: first user turn).",
+        cli={"min": 1, "max": MAX_REQUEST_TOKENS},
+        saved="bench",
+    )
+    output_len: int = _opt(128, "Output tokens per request.", cli={"min": 1, "max": MAX_REQUEST_TOKENS}, saved="bench")
+    prompts_per_concurrency: int = _opt(
+        4,
+        "Requests per run = this x concurrency, at least 8 (a run of fewer has no percentiles to speak of).",
+        cli={"min": 1},
+        saved="spec",
+    )
+    prompt_text: Literal["fresh", "common"] = _opt(
+        "fresh",
+        "Prompt text of the random workload: fresh (drawn anew every run) or common (the same text in every run and trial, each prompt behind a run tag that keeps it fresh to a prefix cache: configurations compared on the same prompts).",
+        cli={},
+        saved="bench",
+        omit_default=True,
+    )
+    warmup: bool = _opt(
+        True,
+        "Warm up before every measured run at its concurrency (as many fresh requests as the concurrency).",
+        cli={"decls": "--warmup/--no-warmup"},
+        saved="bench",
+    )
+    profile: str | Path | None = _opt(
+        None,
+        "Kernel profile YAML to use instead of the catalog's.",
+        cli={"type": "path"},
+        saved="top",
+        key="profile_file",
+    )
+    args: dict = _opt(
+        {},
+        "vllm serve flag for every trial (repeatable).",
+        cli={"name": "arg", "decls": "--arg"},
+        saved="plan_base",
+        key="overrides",
+    )
+    extra_args: list[str] = _opt([], "Raw vLLM args of every trial (after `--`; no --api-key).", saved="plan_base")
+    skip_checks: bool = _opt(
+        False, "Launch even if a plan rule rejects (failures become crashed trials).", cli={}, saved="plan_base"
+    )
+
+
+def fact(name: str, key: str, missing: Any = None) -> Any:
+    """The fact ``key`` (``cli``, ``saved``, ``resume``) of the option ``name`` (``missing`` when it has none)."""
+    extra = TuneOptions.model_fields[name].json_schema_extra
+    return extra.get(key, missing) if isinstance(extra, dict) else missing
+
+
+def saved_fields(place: str) -> list[str]:
+    """The options ``tune.json`` keeps in ``place`` (``spec``, ``bench``, ``top``, ``plan_base``), in field order."""
+    return [n for n in TuneOptions.model_fields if place in str(fact(n, "saved", "")).split()]
 
 
 #: The options ``--resume`` takes again (the others are the saved study's).
-RESUME_OPTIONS = ("max_trials", "time_budget_s", "baseline", "confirm_top")
+RESUME_OPTIONS = tuple(n for n in TuneOptions.model_fields if fact(n, "resume", False))
 
 
 def default(name: str):
     """The default of the option ``name`` (a fresh list/dict for a factory)."""
     f = TuneOptions.model_fields[name]
     return f.get_default(call_default_factory=True)
+
+
+DEFAULT_LADDER = [1, 2, 4, 8, 16, 32, 64]
+
+
+@dataclass
+class TuneSpec:
+    """The search's view of a study: the ``spec`` of ``tune.json`` (the options saved there, :func:`saved_fields`
+    ("spec"), whose defaults are :class:`TuneOptions`' except where a ``tune.json`` written before a field existed
+    means otherwise: ``baseline`` off (not measured then) and ``max_trials`` 12, a new study's default budget), plus
+    the search's own settings below. Reused by ``--resume``; fields added later have defaults, so an older
+    ``tune.json`` still loads.
+
+    Units: time in seconds, ``usd_per_gpu_hour`` in USD. ``prompts_per_concurrency`` x concurrency
+    requests per search run (at least ``min_prompts``); confirmation runs use ``confirm_factor`` times more.
+    ``local_first``: complete-poll pattern search around the incumbent before TPE. ``warm_start``: start each
+    configuration's concurrency search at its nearest measured neighbour's SLO-meeting concurrency.
+    ``patience``: stop after this many global (TPE) starts in a row without improvement once the local poll
+    is complete (None: never). ``baseline``: also measure vLLM's defaults (see the module docstring).
+    ``boundary_margin`` (fraction of the limit) and ``boundary_repeats`` (extra runs, 0: never repeat): the
+    capacity rule's margin and ``min_repeats - 1`` (m3ctl.loadgen.capacity.CapacityRule.from_spec; module
+    docstring, step 2; :func:`measure_level`).
+    """
+
+    slo: str = default("slo")
+    objective: str = default("objective")
+    usd_per_gpu_hour: float | None = default("usd_per_gpu_hour")
+    ladder: list[int] = field(default_factory=lambda: default("ladder"))
+    max_trials: int = 12
+    time_budget_s: float | None = default("time_budget_s")
+    seed: int = default("seed")
+    confirm_top: int = default("confirm_top")
+    confirm_factor: float = 2.0
+    prompts_per_concurrency: int = default("prompts_per_concurrency")
+    min_prompts: int = 8
+    n_startup_trials: int | None = None
+    local_first: bool = True
+    warm_start: bool = True
+    patience: int | None = 3
+    baseline: bool = False
+    boundary_margin: float = default("boundary_margin")
+    boundary_repeats: int = default("boundary_repeats")
+    #: The largest run-to-run spread the study has measured (m3ctl.loadgen.capacity.run_spread of each repeated
+    #: level, a fraction of the limit): kept up to date by :func:`measure_level` and recomputed from the saved
+    #: runs on resume. One run decides a level only with more headroom than this (CapacityRule.one_run_margin).
+    observed_spread: float = 0.0

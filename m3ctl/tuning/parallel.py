@@ -1,7 +1,9 @@
-"""The search with several trials at once on disjoint GPU sets (``m3ctl tune --parallel-trials``).
-
-:meth:`m3ctl.tuning.search.Tuner.run` hands over here when its pool allows more than one trial at a time. The search is
-the serial one (module docstring of :mod:`m3ctl.tuning.search`) with these differences:
+"""The slots of the search: several trials at once on disjoint GPU sets (``m3ctl tune --parallel-trials``, a
+:class:`~m3ctl.tuning.schedule.Pool` of more than one), run by :class:`Slots` for the one search loop
+(:func:`m3ctl.tuning.loop.run_search`). Without a pool the loop has one slot: each trial runs in the calling
+thread, the local search starts its poll in knob order (a pending pattern point first, alone) and TPE proposes
+the next trial when the poll is complete (module docstring of :mod:`m3ctl.tuning.search`). With several slots the
+differences are:
 
 - The complete poll around the poll centre is measured in parallel: every unmeasured one-step neighbour starts as
   GPUs and ports allow; the centre moves when the whole poll is in, as in the serial search. A pending pattern point
@@ -45,9 +47,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from m3ctl.errors import ConfigRejected
+from m3ctl.tuning.measure import Outcome, evaluate
 from m3ctl.tuning.schedule import Busy, Pending, Pool, next_start, order_batch
-from m3ctl.tuning.search import Outcome, TuneResult, evaluate
 from m3ctl.tuning.space import describe, key_of
+from m3ctl.tuning.trials import TrialRunner
 
 #: Seconds to wait for the trial threads after their servers were told to stop (Ctrl-C, an error).
 CANCEL_WAIT_S = 300.0
@@ -155,24 +158,25 @@ def gpus_needed(ev, cand: dict[str, Any]) -> int:
     return max(1, int(cand.get("tp", 1)) * int(cand.get("dp", 1)) * int(cand.get("pp", 1)))
 
 
-class _Run:
-    """State of one parallel run (see the module docstring)."""
+class Slots:
+    """The trials running at once on a pool's GPU sets and ports (module docstring): which candidate starts where,
+    one thread per running trial, their messages to the calling thread, and their cancel. ``pool`` None: one slot,
+    nothing runs in a thread (the search loop runs each trial itself). ``on_done(trial, description, outcome, local)``:
+    the search loop's record of a finished trial (set by it)."""
 
-    def __init__(self, tuner, pool: Pool, clock: Callable[[], float]):
+    def __init__(self, tuner: TrialRunner, pool: Pool | None, clock: Callable[[], float]):
         self.t, self.pool, self.clock = tuner, pool, clock
+        self.limit = pool.limit if pool is not None else 1
         self.q: queue.Queue = queue.Queue()
         self.cancel = threading.Event()
         self.running: dict[str, _Trial] = {}  # config key -> running trial
-        self.held: tuple[Any, dict[str, Any], bool] | None = None  # asked, waiting for GPUs: (trial, cand, local)
         self.warm: dict[tuple[int, ...], Any] = {}  # GPU set -> compile key of the last trial that ended there
         self.info: dict[str, tuple[int, Any] | None] = {}  # config key -> (GPUs needed, compile key); None: rejected
-        self.dups = 0
-        self.idle = 0
-        self.best_val = max((o.objective for o in tuner.outcomes.values() if o.status == "feasible"), default=0.0)
-        get = getattr(tuner.ev, "compile_key", None)
-        self.compile_key = get
+        self.compile_key = getattr(tuner.ev, "compile_key", None)
+        self.for_slot: Callable[[tuple[int, ...], int], Any] | None = getattr(tuner.ev, "for_slot", None)
+        self.on_done: Callable[[Any, str, Outcome, bool], None] = lambda trial, desc, out, local: None
 
-    # ------------------------------------------------------------------ candidates
+    # ------------------------------------------------------------------ placing
     def _info(self, cand: dict[str, Any]) -> tuple[int, Any] | None:
         k = key_of(cand)
         if k not in self.info:
@@ -184,112 +188,44 @@ class _Run:
                 self.info[k] = None
         return self.info[k]
 
-    def _local_batch(self) -> list[dict[str, Any]] | None:
-        """The local search's candidates to start now (unmeasured, not running), in search order; [] when it waits for
-        running trials; None when it has none (TPE's turn). Mirrors Tuner._neighbour (see the module docstring)."""
-        t, run = self.t, self.running
-        while True:
-            if t._centre is None or t._centre not in t.outcomes:
-                best = t._best_centre()
-                if best is None:
-                    if not run:
-                        return None
-                    first = min(run.values(), key=lambda r: r.number)  # provisional centre: the anchor's poll
-                    return [c for c in t._mesh(first.cand) if key_of(c) not in t.outcomes and key_of(c) not in run]
-                t._centre, t._pattern = key_of(best.config), None
-            if t._pattern is not None:
-                pk = key_of(t._pattern)
-                if pk not in t.outcomes:
-                    todo = [
-                        c
-                        for c in t._mesh(t.outcomes[t._centre].config)
-                        if key_of(c) not in t.outcomes and key_of(c) not in run and key_of(c) != pk
-                    ]
-                    return ([] if pk in run else [t._pattern]) + todo
-                cand, centre = t.outcomes[pk], t.outcomes[t._centre]
-                t._pattern = None
-                if t._clearly_better(cand, centre):
-                    t._move_centre(cand)
-                    continue
-            todo = [c for c in t._mesh(t.outcomes[t._centre].config) if key_of(c) not in t.outcomes]
-            if todo:
-                return [c for c in todo if key_of(c) not in run]
-            best = t._best_centre()
-            if best is None or key_of(best.config) == t._centre:
-                t._local_done = True
-                return None
-            t._move_centre(best)
-
-    def _unseen(self) -> dict[str, Any] | None:
-        rest = [c for c in self.t.space.grid() if key_of(c) not in self.t.outcomes and key_of(c) not in self.running]
-        return self.t.rng.choice(rest) if rest else None
-
-    # ------------------------------------------------------------------ budgets
-    def _budget_stop(self) -> str | None:
-        t, spec = self.t, self.t.spec
-        elapsed = self.before + self.clock() - self.t_run
-        started = t.launches + len(self.running) + (self.held is not None)
-        if started >= spec.max_trials:
-            return f"trial budget ({spec.max_trials} server starts)"
-        return t.time_budget_spent(elapsed)
-
-    # ------------------------------------------------------------------ starting
-    def _ask(self, cand: dict[str, Any] | None) -> tuple[Any, dict[str, Any]] | None:
-        """Ask optuna for a trial (``cand`` enqueued first when given); a duplicate of a finished configuration is
-        told from its record, one of a running configuration is told FAIL; None then (asked nothing to start)."""
-        t = self.t
-        if cand is not None:
-            t.study.enqueue_trial(t._params(cand))
-        trial = t.study.ask(t.dists)
-        got = t._cand(trial.params)
-        k = key_of(got)
-        if k in t.outcomes:
-            t._tell(trial, t.outcomes[k], duplicate=True)
-            t._save_search_state()
-            self.dups += 1
-            return None
-        if k in self.running:
-            trial.set_user_attr("duplicate_of_running", self.running[k].number)
-            t.study.tell(trial, state=t.optuna.trial.TrialState.FAIL)
-            self.dups += 1
-            return None
-        self.dups = 0
-        return trial, got
-
-    def _inline(self, trial, cand: dict[str, Any]) -> None:
-        """A trial that needs no GPU: rejected by the plan rules (evaluate records it without a launch), or the
-        same server as the baseline (its runs reused)."""
-        t, n, desc = self.t, trial.number, describe(cand, self.t.space)
-        shared = t._as_baseline(cand, n)
-        if shared is not None:
-            t.outcomes[key_of(cand)] = shared
-            t._tell(trial, shared)
-            t._save_search_state()
-            t.on_event(
-                n,
-                desc,
-                "same server as the vLLM-defaults baseline: its runs reused, no start"
-                + (
-                    f" ({shared.objective:.1f} at c={shared.concurrency})"
-                    if shared.status == "feasible"
-                    else f": {shared.status}"
-                ),
-            )
-            return
-        out = evaluate(t.ev, cand, t.spec, t.slo, n, lambda m: t.on_event(n, desc, m))
-        t.outcomes[key_of(cand)] = out
-        t._tell(trial, out)
-        t._save_search_state()
-        t.on_event(n, desc, f"done: {out.status}: {out.reason}")
-
     def _busy(self) -> list[Busy]:
         return [Busy(r.gpus, r.port, r.ckey) for r in self.running.values()]
 
-    def _start(self, trial, cand: dict[str, Any], gpus: tuple[int, ...], port: int, local: bool) -> None:
+    def startable(self, cand: dict[str, Any]) -> bool:
+        """Whether ``cand`` is started on a slot: a pool's trial the plan rules accept (else the loop runs it)."""
+        return self.pool is not None and self._info(cand) is not None
+
+    def place_one(self, cand: dict[str, Any]) -> tuple[tuple[int, ...], int] | None:
+        """The GPU set and port ``cand`` starts on now, or None (it waits for GPUs)."""
+        info = self._info(cand)
+        assert self.pool is not None and info is not None
+        nxt = next_start([Pending(*info)], self.pool.topo, self._busy(), self.pool.ports, self.warm)
+        return None if nxt is None else (nxt[1], nxt[2])
+
+    def place_batch(self, batch: list[dict[str, Any]]) -> tuple[dict[str, Any], tuple[int, ...], int] | None:
+        """Which candidate of the local search's ``batch`` to ask for now and where it starts: ``(cand, gpus,
+        port)``; ``gpus`` () when it starts on no slot (one slot: the first; a candidate the rules reject: recorded
+        at once, without a launch); None when the batch waits for GPUs."""
+        if self.pool is None:
+            return batch[0], (), 0
+        infos = [self._info(c) for c in batch]
+        known = [(c, info) for c, info in zip(batch, infos, strict=True) if info is not None]
+        if len(known) < len(batch):
+            return batch[infos.index(None)], (), 0
+        known = order_batch(known, lambda ci: ci[1][1], self.pool.limit)
+        nxt = next_start(
+            [Pending(*info) for _, info in known], self.pool.topo, self._busy(), self.pool.ports, self.warm
+        )
+        return None if nxt is None else (known[nxt[0]][0], nxt[1], nxt[2])
+
+    # ------------------------------------------------------------------ starting
+    def start(self, trial, cand: dict[str, Any], gpus: tuple[int, ...], port: int, local: bool) -> None:
+        """Start trial ``trial`` of ``cand`` on ``gpus`` and ``port``, in a thread of its own."""
         t = self.t
         ck = (self.info[key_of(cand)] or (len(gpus), None))[1]
         desc = describe(cand, t.space)
-        ev = t.ev.for_slot(gpus, port)
+        assert self.for_slot is not None  # a pool is used only with an evaluator that has for_slot (StudyRecord)
+        ev = self.for_slot(gpus, port)
         tr = _Trial(
             trial=trial,
             cand=cand,
@@ -331,75 +267,9 @@ class _Run:
         except BaseException as e:  # noqa: BLE001 - handed to the main thread (TrialCancelled included)
             post("error", e)
 
-    def _fill(self) -> str | None:
-        """Start what the budgets, ports and GPUs allow; returns a reason to stop starting, or None."""
-        t = self.t
-        while True:
-            if self.held is None:
-                if (stop := self._budget_stop()) is not None:
-                    return stop
-                if len(t.outcomes) + len(self.running) >= t.space.size():
-                    return "space exhausted"
-                if t.spec.patience is not None and self.idle >= t.spec.patience:
-                    return f"stalled ({self.idle} global trials without improvement after the local poll)"
-            if len(self.running) >= self.pool.limit:
-                return None
-            if self.held is not None:
-                trial, cand, local = self.held
-                info = self._info(cand)
-                if info is None or t._as_baseline(cand, trial.number) is not None:
-                    self.held = None
-                    self._inline(trial, cand)
-                    continue
-                nxt = next_start([Pending(*info)], self.pool.topo, self._busy(), self.pool.ports, self.warm)
-                if nxt is None:
-                    return None  # waits for GPUs
-                self.held = None
-                self._start(trial, cand, nxt[1], nxt[2], local)
-                continue
-            batch = self._local_batch() if t.spec.local_first else None
-            if batch is not None:
-                if not batch:
-                    return None  # the poll waits for its running members
-                infos = [self._info(c) for c in batch]
-                known = [(c, info) for c, info in zip(batch, infos, strict=True) if info is not None]
-                gpus: tuple[int, ...]
-                if len(known) < len(batch):  # a rejected candidate: recorded at once, without a launch
-                    want, gpus, port = batch[infos.index(None)], (), 0
-                else:
-                    known = order_batch(known, lambda ci: ci[1][1], self.pool.limit)
-                    nxt = next_start(
-                        [Pending(*info) for _, info in known],
-                        self.pool.topo,
-                        self._busy(),
-                        self.pool.ports,
-                        self.warm,
-                    )
-                    if nxt is None:
-                        return None  # waits for GPUs
-                    want, gpus, port = known[nxt[0]][0], nxt[1], nxt[2]
-                got = self._ask(want)
-                if got is None:
-                    continue
-                trial, cand = got
-                mine = key_of(cand) == key_of(want)
-                if mine and gpus and t._as_baseline(cand, trial.number) is None:
-                    self._start(trial, cand, gpus, port, True)
-                else:  # recorded without a start, or an older queued trial optuna gave first (it starts when it fits)
-                    self.held = (trial, cand, mine)
-                continue
-            if self.dups >= 3:
-                nxt_cand = self._unseen()
-                if nxt_cand is None:
-                    return None if self.running else "space exhausted"
-                got = self._ask(nxt_cand)
-            else:
-                got = self._ask(None)
-            if got is not None:
-                self.held = (*got, False)
-
     # ------------------------------------------------------------------ messages
-    def _handle(self, msg: tuple) -> None:
+    def handle(self, msg: tuple) -> None:
+        """A trial thread's message, in the calling thread: progress, saved runs, an error, the outcome."""
         kind, tr, payload, _late = msg
         t = self.t
         if tr.key not in self.running or self.running[tr.key] is not tr:
@@ -416,23 +286,11 @@ class _Run:
         elif kind == "done":
             out: Outcome = payload
             del self.running[tr.key]
-            t.outcomes[tr.key] = out
-            t._tell(tr.trial, out)
-            t._save_search_state()
             if out.launched:
                 self.warm[tr.gpus] = tr.ckey
-            if out.status == "feasible" and out.objective > self.best_val:
-                self.best_val, self.idle = out.objective, 0
-            elif out.launched and not tr.local and (t._local_done or not t.spec.local_first):
-                self.idle += 1
-            res = (
-                f"{out.objective:.1f} at c={out.concurrency}"
-                if out.status == "feasible"
-                else f"{out.status}: {out.reason}"
-            )
-            t.on_event(tr.number, tr.desc, f"done: {res}")
+            self.on_done(tr.trial, tr.desc, out, tr.local)
 
-    def _cancel_all(self) -> None:
+    def cancel_all(self, held: Any = None) -> None:
         """Stop every running trial's server, wait for its thread, mark its optuna trial FAIL (and a held one)."""
         self.cancel.set()
         deadline = time.monotonic() + CANCEL_WAIT_S
@@ -458,69 +316,13 @@ class _Run:
             if self.running.get(tr.key) is not tr:
                 continue
             if kind == "partial" or (kind == "done" and not late):
-                self._handle((kind, tr, payload, late))
+                self.handle((kind, tr, payload, late))
         trials = list(self.running.values())
         fail = self.t.optuna.trial.TrialState.FAIL
-        for trial in [tr.trial for tr in trials] + ([self.held[0]] if self.held is not None else []):
+        for trial in [tr.trial for tr in trials] + ([held] if held is not None else []):
             with contextlib.suppress(Exception):  # already finished, or the storage is gone: resume marks it
                 self.t.study.tell(trial, state=fail)
         self.running.clear()
-        self.held = None
-
-    # ------------------------------------------------------------------ the loop
-    def run(self) -> TuneResult:
-        t, clock = self.t, self.clock
-        self.t_run = clock()
-        self.before = t._elapsed_before()
-        t._heartbeat = lambda: t.study.set_user_attr("elapsed_s", self.before + clock() - self.t_run)
-        stopped_by = "space exhausted"
-        try:
-            while True:
-                if (
-                    t.spec.baseline
-                    and t.baseline is None
-                    and self._budget_stop() is None
-                    and len(t.outcomes) < t.space.size()
-                ):
-                    t._run_baseline()  # alone, before any search trial (as in the serial search)
-                    continue
-                stop = self._fill()
-                if stop is not None:
-                    stopped_by = stop
-                if not self.running:
-                    if self.held is not None and stop is None:  # cannot happen: an idle host fits every trial
-                        raise RuntimeError(f"trial {self.held[0].number} fits on no GPU set of this host")
-                    break
-                self._handle(self.q.get())
-            skipped = t._confirm(lambda: self.before + clock() - self.t_run)
-            if skipped:
-                stopped_by += f"; {skipped}"
-        except BaseException:
-            self._cancel_all()
-            raise
-        finally:
-            t.study.set_user_attr("elapsed_s", self.before + clock() - self.t_run)
-        ranked = sorted(
-            (o for o in t.outcomes.values() if o.status == "feasible" and o.final > 0),
-            key=lambda o: o.final,
-            reverse=True,
-        )
-        return TuneResult(
-            outcomes=list(t.outcomes.values()),
-            best=ranked[0] if ranked else None,
-            launches=t.launches,
-            cost_s=t.cost_s,
-            elapsed_s=self.before + clock() - self.t_run,
-            stopped_by=stopped_by,
-            baseline=t.baseline,
-            confirm_starts=t.confirm_starts,
-        )
 
 
-def run_parallel(tuner, pool: Pool, clock: Callable[[], float] = time.monotonic) -> TuneResult:
-    """Run ``tuner``'s search with up to ``pool.limit`` trials at once (module docstring). Same result and errors
-    as :meth:`m3ctl.tuning.search.Tuner.run`."""
-    return _Run(tuner, pool, clock).run()
-
-
-__all__ = ["TrialCancelled", "gpus_needed", "run_parallel"]
+__all__ = ["CANCEL_WAIT_S", "Slots", "TrialCancelled", "gpus_needed"]

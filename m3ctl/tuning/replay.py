@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from m3ctl.errors import ConfigRejected, LaunchFailed
-from m3ctl.tuning.space import key_of
+from m3ctl.tuning.space import Space, key_of
 
 
 class ReplaySession:
@@ -100,7 +100,6 @@ class ReplayEvaluator:
 def recorded_space(grid: dict):
     """The grid's space narrowed to values whose every combination was recorded (a partial recording
     is cut to its complete sub-grid by dropping, one at a time, the knob value with the most gaps)."""
-    from m3ctl.tuning.space import Space  # noqa: PLC0415
 
     space = Space.from_json(grid["space"])
     have = {key_of(c["config"]) for c in grid["configs"]}

@@ -23,6 +23,8 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from m3ctl.hw.visible import resolve
+
 T = TypeVar("T")
 
 #: Link kinds that join GPUs into one island (m3ctl.hw.inventory.Link.kind).
@@ -48,7 +50,6 @@ class Topology:
     def of(cls, inventory) -> Topology:
         """The topology of ``inventory`` (m3ctl.hw.inventory.HostInventory): its visible GPUs (the visible-device
         variables, m3ctl.hw.visible), their NVLink/XGMI islands (``links``, ``nvswitch``) and NUMA nodes."""
-        from m3ctl.hw.visible import resolve  # noqa: PLC0415
 
         gpus = [g.index for g in inventory.gpus]
         if inventory.gpus:

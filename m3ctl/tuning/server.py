@@ -6,25 +6,34 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import pickle
 import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from m3ctl.errors import LaunchFailed
-from m3ctl.serving.kernels import jit_measure_args
+import m3ctl
+from m3ctl.core.secrets import launch_env
+from m3ctl.errors import BadInput, ConfigRejected, LaunchFailed
+from m3ctl.loadgen import runner
+from m3ctl.loadgen.runner import BenchConfig, BenchServerDown, engine_death
+from m3ctl.runtime import prewarm
+from m3ctl.runtime.base import port_in_use
+from m3ctl.runtime.process import keep_prewarmed
+from m3ctl.serving import serve as serving
+from m3ctl.serving.diagnose import diagnose_log
 from m3ctl.tuning import startup
-from m3ctl.tuning.search import TuneSpec, num_prompts, write_json
-from m3ctl.tuning.space import key_of, plan_kwargs
+from m3ctl.tuning.measure import num_prompts, write_json
+from m3ctl.tuning.plans import TRIAL_SMOKE, TrialPlans
 
 #: Repeats of a bench run spoiled by in-service kernel JIT compilation (each repeat hits compiled kernels).
 JIT_RERUNS = 2
-
-#: Smoke level of a trial server (m3ctl/serving/smoke.py): the workload checks only; parsers and output are the tuned
-#: command's business once it is served with ``m3ctl serve``.
-TRIAL_SMOKE = "quick"
 
 
 class ServerSession:
@@ -38,9 +47,8 @@ class ServerSession:
         self.levels_run: set[tuple[int, float]] = set()
 
     def alive(self) -> bool:
-        from m3ctl.serving.serve import runtime_for  # noqa: PLC0415
 
-        return runtime_for(self.dep).is_alive(self.dep)
+        return serving.runtime_for(self.dep).is_alive(self.dep)
 
     def measure(self, concurrency: int, fidelity: float) -> dict:
         """One bench run at ``concurrency``. A run during which the server JIT-compiled or autotuned a kernel
@@ -57,7 +65,6 @@ class ServerSession:
                 was recorded complete, its level c=96 "invalid" (docs/results/h200-study6.md); now the study stops
                 as on any Ctrl-C and a resume recovers the trial from its finished levels.
             LaunchFailed: the engine died during the run."""
-        from m3ctl.loadgen.runner import BenchConfig  # noqa: PLC0415
 
         cfg = BenchConfig(
             url=self.dep.url,
@@ -117,14 +124,11 @@ class ServerSession:
     def _run(self, cfg, concurrency: int) -> dict:
         """One bench run; a server lost before it could start (unreachable, gone while the prompts were prepared)
         is a crash of the trial with the engine's cause (LaunchFailed), not an error of the study."""
-        from m3ctl.errors import BadInput  # noqa: PLC0415
-        from m3ctl.loadgen.runner import BenchServerDown, engine_death, run_bench  # noqa: PLC0415
-        from m3ctl.serving.serve import runtime_for  # noqa: PLC0415
 
         try:
             if getattr(self.ev, "isolate_bench", False):  # parallel trials: one bench run per process
                 return run_bench_isolated(cfg, self.dep)
-            return run_bench(cfg, sync_log=lambda: runtime_for(self.dep).sync_log(self.dep))
+            return runner.run_bench(cfg, sync_log=lambda: serving.runtime_for(self.dep).sync_log(self.dep))
         except (BadInput, BenchServerDown) as e:
             died = engine_death(cfg)
             if died is None and isinstance(e, BadInput) and self.alive():
@@ -140,7 +144,7 @@ class ServerSession:
         self.ev.stop_current()
 
 
-class ServerEvaluator:
+class ServerEvaluator(TrialPlans):
     """Launches one real server per configuration (m3ctl's serve + bench libraries).
 
     Args:
@@ -149,189 +153,6 @@ class ServerEvaluator:
         bench: BenchConfig fields for the workload (workload, input_len, output_len, seed, ...).
         name_prefix: deployment names are ``{name_prefix}-t{trial}``; resume stops any leftover of that prefix.
     """
-
-    def __init__(
-        self,
-        inventory,
-        model: str,
-        study_dir: Path,
-        spec: TuneSpec,
-        *,
-        plan_base: dict[str, Any],
-        bench: dict[str, Any],
-        port: int,
-        name_prefix: str,
-        registry=None,
-        space=None,
-        fast_starts: bool = True,
-    ):
-        from m3ctl.core.state import Registry  # noqa: PLC0415
-
-        self.inv, self.model, self.dir, self.spec = inventory, model, Path(study_dir), spec
-        self.plan_base, self.bench, self.port, self.prefix = plan_base, bench, port, name_prefix
-        self.registry = registry or Registry()
-        self.spec_method = space.spec_method if space is not None else None
-        self.current: str | None = None
-        self.trial_dir: Path | None = None
-        self.suffix = ""  # start_suffix of the current start's records
-        self._gpus: dict[str, int] = {}  # gpus_needed per configuration key
-        #: the study's start measures (m3ctl.tuning.startup): one compile cache per study and model, CUDA-graph
-        #: capture bounded by the ladder. Off: every trial starts as `m3ctl serve` would.
-        self.fast_starts = fast_starts
-        self.cache_root = startup.study_cache_root(self.dir, model)
-
-    def plan(self, cand: dict[str, Any], name: str | None = None):
-        from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
-        from m3ctl.planning.plan import plan  # noqa: PLC0415
-
-        base = dict(self.plan_base)
-        prof = base.pop("profile", None)
-        req = PlanRequest(
-            model=self.model,
-            name=name or f"{self.prefix}-check",
-            port=self.port,
-            **base,
-            **plan_kwargs(cand, self.spec_method),
-        )
-        req.profile = prof
-        return plan(self.inv, req)
-
-    def trial_plan(self, cand: dict[str, Any], trial: int | str):
-        """The plan a trial server runs: named ``{prefix}-t{trial}``, plus the measurement-only flags.
-
-        Measuring servers log every in-service kernel JIT compile (ServerSession.measure repeats spoiled runs);
-        the flag is for measurement only: the tuned command and profile.yaml come from plan() without it."""
-        p = self.plan(cand, name=f"{self.prefix}-t{trial}")
-        extra = [a for a in jit_measure_args() if a not in p.argv]
-        update: dict[str, Any] = {"argv": [*p.argv, *extra]} if extra else {}
-        if self.fast_starts:
-            update.update(self._start_measures(p, update.get("argv", p.argv)))
-        return p.model_copy(update=update) if update else p
-
-    def start_measures_note(self, cand: dict[str, Any]) -> str:
-        """The start measures of ``cand``'s trial server in words (for ``--dry-run``)."""
-        if not self.fast_starts:
-            return "off (--no-fast-starts): every trial starts as `m3ctl serve` would"
-        p = self.plan(cand)
-        _, note = self._capture_bound(p, p.argv)
-        inherited: dict[str, str] | None = {} if p.runtime == "docker" else None
-        fork = startup.engine_process_env(p.env, inherited)
-        engine = "engine-core process forked" if fork else "engine-core start method left to the environment"
-        kc = startup.kernel_cache_env(self.cache_root, p.env, inherited)
-        kernels = (
-            f"one Inductor kernel cache across compile keys ({kc[startup.facts().kernel_cache.env]}, AOT compile off)"
-            if kc
-            else "Inductor's kernel cache left to the environment"
-        )
-        warm = "; a prewarmed server process per trial" if p.runtime == "process" else ""
-        return f"compile cache {self.cache_root} (one per study and model); {kernels}; {note}; {engine}{warm}"
-
-    def _capture_bound(self, p, argv: list[str]) -> tuple[list[str], str]:
-        if not p.gpus:  # CPU: no CUDA graphs to bound
-            return [], "no CUDA graphs on CPU"
-        seqs = p.scheduler_limits[1] if p.scheduler_limits is not None else None
-        return startup.capture_bound_args(argv, max(self.spec.ladder), p.spec_depth, seqs)
-
-    def _start_measures(self, p, argv: list[str]) -> dict[str, Any]:
-        """The trial plan's start measures (m3ctl.tuning.startup): the study's vLLM cache root in its environment
-        (bind-mounted at the same path for the docker runtime) and the CUDA-graph capture bound of the ladder.
-        Measurement-only, like the JIT-monitor flag: the tuned command and profile.yaml come from plan()."""
-        flags, _ = self._capture_bound(p, argv)
-        inherited: dict[str, str] | None = {} if p.runtime == "docker" else None
-        env = {**p.env, **startup.cache_env(self.cache_root)}
-        env.update(startup.kernel_cache_env(self.cache_root, env, inherited))
-        env.update(startup.engine_process_env(env, inherited))
-        out: dict[str, Any] = {"argv": [*argv, *flags], "env": env}
-        if p.runtime == "docker":
-            out["mounts"] = [*p.mounts, f"{self.cache_root}:{self.cache_root}:rw"]
-        return out
-
-    def check(self, cand: dict[str, Any]):
-        return self.plan(cand)
-
-    def server_key(self, cand: dict[str, Any]) -> str:
-        """What the server of ``cand`` would effectively run, as a comparable string: its vLLM arguments with
-        the scheduler limits resolved (an explicit ``--max-num-seqs 1024`` equals vLLM's default of 1024 on an
-        H200; :attr:`m3ctl.planning.plan.LaunchPlan.scheduler_limits`), its environment and layout. Two candidates with
-        the same key start the same engine. Raises ConfigRejected like :meth:`check`."""
-        return json.dumps(self._key(self.plan(cand)), sort_keys=True, default=str)
-
-    def load_key(self, cand: dict[str, Any], max_concurrency: int) -> str:
-        """:meth:`server_key` as a load of at most ``max_concurrency`` requests in flight sees it: a resolved
-        max-num-seqs of at least ``max_concurrency`` never admits fewer requests than arrive, so it reads as
-        ``">=C"``; the largest CUDA graph the load can replay (the trial's capture bound, or vLLM's default
-        ``min(2 x max-num-seqs, 512)``, cut at ``max_concurrency x (1 + speculative tokens)``) is part of the key,
-        since max-num-seqs also sets that default. Two candidates with the same load key run the same engine for
-        that load: the difference between their measurements is the spread between fresh servers
-        (m3ctl.tuning.choice.fresh_server_spread). Raises ConfigRejected like :meth:`check`."""
-        p = self.plan(cand)
-        key = self._key(p)
-        seqs = p.scheduler_limits[1] if p.scheduler_limits is not None else None
-        if seqs is not None and int(seqs) >= max_concurrency:
-            key["args"]["max-num-seqs"] = f">={max_concurrency}"
-        if p.gpus:
-            flags, _ = self._capture_bound(p, p.argv)
-            top = (
-                startup.capture_bound(max(self.spec.ladder), p.spec_depth)
-                if flags
-                else startup.default_capture_max(seqs)
-            )
-            key["graphs_up_to"] = min(top, startup.capture_bound(max_concurrency, p.spec_depth))
-        return json.dumps(key, sort_keys=True, default=str)
-
-    @staticmethod
-    def _key(p) -> dict[str, Any]:
-        args = {k: v for k, v in (p.vllm_args or {}).items() if k not in ("max-num-batched-tokens", "max-num-seqs")}
-        if p.scheduler_limits is not None:
-            args["max-num-batched-tokens"], args["max-num-seqs"] = p.scheduler_limits
-        return {
-            "args": args,
-            "env": p.env,
-            "tp": p.tp,
-            "dp": p.dp,
-            "dcp": p.dcp,
-            "ep": p.ep,
-            "dbo": p.dbo,
-            "gpus": len(p.gpus),
-        }
-
-    @staticmethod
-    def n_gpus_plan(p) -> int:
-        """GPUs a plan's server occupies, its world size TP x PP x DP (1 for a CPU plan): the per-GPU divisor."""
-        return max(1, p.tp * p.pp * p.dp) if p.gpus else 1
-
-    def n_gpus(self, cand: dict[str, Any]) -> int:
-        """GPUs the server of ``cand`` occupies (:meth:`gpus_needed`: the planner may add pipeline parallelism
-        to fit a TP); TP x DP for a candidate the planner rejects (it is never measured)."""
-        from m3ctl.errors import ConfigRejected  # noqa: PLC0415
-
-        if not self.inv.gpus:
-            return 1
-        try:
-            return self.gpus_needed(cand)
-        except ConfigRejected:
-            return max(1, cand.get("tp", 1) * cand.get("dp", 1))
-
-    def command(self, cand: dict[str, Any]) -> str:
-        return self.plan(cand, name=self.plan_base.get("served_model_name") or "m3ctl").command_line()
-
-    def baseline_candidate(self) -> tuple[dict[str, Any] | None, str]:
-        """vLLM's defaults as a candidate: none of the tuned knobs' flags (vLLM picks max-num-seqs,
-        max-num-batched-tokens... itself; no speculation), DP 1 and the smallest power-of-two TP that the
-        planner accepts (1 first). Returns (candidate, "") or (None, why: the last rejection)."""
-        from m3ctl.errors import ConfigRejected  # noqa: PLC0415
-
-        why = "no GPU count to try"
-        tp, n = 1, max(1, len(self.inv.gpus))
-        while tp <= n:
-            cand = {"tp": tp, "dp": 1}
-            try:
-                self.plan(cand)
-                return cand, ""
-            except ConfigRejected as e:
-                why = f"TP {tp}: {e.message}"
-            tp *= 2
-        return None, f"the planner rejects vLLM's defaults at every TP ({why})"
 
     def open(self, cand: dict[str, Any], trial: int | str, on_event: Callable[[str], None]) -> ServerSession:
         """Start the server of ``cand``; ``trial`` names it (``{prefix}-t{trial}``) and its folder
@@ -346,15 +167,12 @@ class ServerEvaluator:
         write_json(tdir / "config.json", {"config": cand, "argv": p.argv, "command": p.command_line()})
         self.current, self.trial_dir, self.suffix = name, tdir, start_suffix(tdir)
         self._mark_running(name, trial)
-        from m3ctl.core.secrets import launch_env  # noqa: PLC0415
 
         secrets = launch_env(p)  # a server that inherits VLLM_API_KEY requires it: readiness and benches send it
         warm_note = None
         if self.fast_starts:
             self.cache_root.mkdir(parents=True, exist_ok=True)
             if p.runtime == "process":  # one process importing vLLM for the next trial while this one starts
-                from m3ctl.runtime.process import keep_prewarmed  # noqa: PLC0415
-
                 warm_note = keep_prewarmed(p, self.registry, secrets, self.warm_prefix)
         t0 = time.monotonic()
         try:
@@ -380,11 +198,9 @@ class ServerEvaluator:
         mixed batch), so a trial whose server would die on the workload's prompts fails here, with the cause,
         instead of as a bench run. A start that failed reading the study's compile cache back (the engine's own
         error, m3ctl.serving.diagnose: component ``torch-compile-cache``) clears the cache and starts once more."""
-        from m3ctl.serving.diagnose import diagnose_log  # noqa: PLC0415
-        from m3ctl.serving.serve import launch_and_wait  # noqa: PLC0415
 
         def go():
-            return launch_and_wait(
+            return serving.launch_and_wait(
                 p,
                 registry=self.registry,
                 secret_env=secrets,
@@ -411,7 +227,6 @@ class ServerEvaluator:
 
     def discard_prewarmed(self) -> int:
         """End this evaluator's and its slots' waiting prewarmed processes (the study's last cleanup)."""
-        from m3ctl.runtime import prewarm  # noqa: PLC0415
 
         return sum(prewarm.discard(c.warm_prefix) for c in [self, *self.__dict__.get("_slots", [])])
 
@@ -421,11 +236,10 @@ class ServerEvaluator:
         """``trials/NNNN/start.json``: the start broken down from the server's own log (m3ctl.tuning.startup),
         with the study's start measures and the wall seconds the tune counted for it: whether the server ran in a
         prewarmed process and how its engine-core process started (``fork``, ``spawn``)."""
-        from m3ctl.serving.serve import runtime_for  # noqa: PLC0415
 
         dep = res.deployment
         try:
-            text = runtime_for(dep).log_text(dep, tail_bytes=5_000_000)
+            text = serving.runtime_for(dep).log_text(dep, tail_bytes=5_000_000)
         except OSError:
             text = ""
         ready_at = dep.started_at + res.readiness.time_to_ready_s if dep.started_at else None
@@ -453,14 +267,13 @@ class ServerEvaluator:
                 dst.unlink(missing_ok=True)
 
     def stop_current(self) -> None:
-        from m3ctl.serving.serve import stop  # noqa: PLC0415
 
         name, tdir = self.current, self.trial_dir
         if name is None:
             return
         try:
             if self.registry.exists(name):
-                stop([name], registry=self.registry)
+                serving.stop([name], registry=self.registry)
         finally:
             if tdir is not None:
                 self._save_log(name, tdir)
@@ -523,12 +336,11 @@ class ServerEvaluator:
         """Stop this evaluator's trial server from another thread (a parallel study being cancelled), whether it
         is still starting or measuring; safe to repeat (the owning thread's open/close clean up). Returns True when a
         server was stopped."""
-        from m3ctl.serving.serve import stop  # noqa: PLC0415
 
         name = self.current
         if name is None or not self.registry.exists(name):
             return False
-        stop([name], registry=self.registry)
+        serving.stop([name], registry=self.registry)
         return True
 
     def stop_slots(self) -> None:
@@ -536,95 +348,12 @@ class ServerEvaluator:
         for c in self.__dict__.get("_slots", []):
             c.stop_current()
 
-    def gpus_needed(self, cand: dict[str, Any]) -> int:
-        """GPUs the server of ``cand`` occupies on this host: the plan's world size (TP x PP x DP), at least 1
-        (a CPU plan: 1). Raises ConfigRejected like :meth:`check`."""
-        k = key_of(cand)
-        if k not in self._gpus:  # one plan per configuration: bisection and confirmation ask at every level
-            self._gpus[k] = self.n_gpus_plan(self.plan(cand))
-        return self._gpus[k]
-
-    def compile_key(self, cand: dict[str, Any]) -> str:
-        """Which torch.compile cache entry the server of ``cand`` would use, as a comparable string: two candidates
-        with the same key compile the same graph, so the second one started after the first finds it compiled
-        (vLLM keys its compilation cache on ``VllmConfig.compute_hash()``: https://docs.vllm.ai/en/latest/design/
-        torch_compile.html). Used to order parallel trials (m3ctl/tuning/schedule.py); raises ConfigRejected like
-        :meth:`check`.
-
-        The key is the plan's model, image, layout (TP/PP/DP/DCP/EP/DBO), environment and vLLM flags, minus what
-        does not enter vLLM's hash: where the server listens and what it is called (port, host and served name are
-        not among :attr:`~m3ctl.planning.plan.LaunchPlan.vllm_args`), the visible-device and port variables
-        (:data:`COMPILE_NEUTRAL_ENV`: the cache is keyed by rank, not by GPU), and ``--max-num-seqs`` when the CUDA
-        graph capture sizes are pinned (``cudagraph_capture_sizes`` / ``max_cudagraph_capture_size`` in
-        ``--compilation-config``, or the flags of the same names) or with ``--enforce-eager`` (no graph at all).
-        ``SchedulerConfig.compute_hash`` has no factors, but the scheduler limits reach the hash through the
-        compilation config: max-num-seqs sets the default largest capture size (``min(max_num_seqs x 2, 512)``,
-        ``_set_cudagraph_sizes``) and max-num-batched-tokens is the end of the compile ranges
-        (``_set_compile_ranges``), so ``--max-num-batched-tokens`` stays in the key unless the server is eager
-        (https://github.com/vllm-project/vllm/blob/main/vllm/config/vllm.py, vllm/config/scheduler.py,
-        vllm/config/compilation.py).
-        """
-        p = self.plan(cand)
-        args = dict(p.vllm_args or {})
-        eager = bool(args.get("enforce-eager"))
-        bounded = self.fast_starts and bool(self._capture_bound(p, p.argv)[0])  # the trial's own capture bound
-        if eager or bounded or _capture_sizes_pinned(args):
-            args.pop("max-num-seqs", None)
-        if eager:
-            args.pop("max-num-batched-tokens", None)
-        env = {k: v for k, v in p.env.items() if k not in COMPILE_NEUTRAL_ENV}
-        return json.dumps(
-            {
-                "model": p.model,
-                "image": p.image,
-                "args": args,
-                "env": env,
-                "tp": p.tp,
-                "pp": p.pp,
-                "dp": p.dp,
-                "dcp": p.dcp,
-                "ep": p.ep,
-                "dbo": p.dbo,
-            },
-            sort_keys=True,
-            default=str,
-        )
-
-
-#: Server environment that does not change the compiled graph: which GPUs, the device order, internal ports.
-COMPILE_NEUTRAL_ENV = frozenset(
-    {
-        "CUDA_VISIBLE_DEVICES",
-        "HIP_VISIBLE_DEVICES",
-        "ROCR_VISIBLE_DEVICES",
-        "CUDA_DEVICE_ORDER",
-        "VLLM_PORT",
-        "MASTER_PORT",
-    }
-)
-
 
 def start_suffix(tdir: Path) -> str:
     """Suffix of the records of the next start in trial folder ``tdir``: ``""`` for its first start
     (``start.json``, ``server.log``), ``"-N"`` for its N-th (a confirmation on a fresh server, a relaunch)."""
     n = 1 + max(sum(1 for _ in tdir.glob("start*.json")), sum(1 for _ in tdir.glob("server*.log")))
     return "" if n == 1 else f"-{n}"
-
-
-def _capture_sizes_pinned(args: dict[str, Any]) -> bool:
-    """True when the vLLM flags fix the CUDA graph capture sizes (so max-num-seqs does not choose them)."""
-    names = ("cudagraph_capture_sizes", "max_cudagraph_capture_size")
-    if any(k.replace("-", "_") in names for k in args):
-        return True
-    if any(k.replace("-", "_").startswith("compilation_config.") and k.split(".", 1)[1] in names for k in args):
-        return True
-    cc = args.get("compilation-config", args.get("compilation_config"))
-    if isinstance(cc, str):
-        try:
-            cc = json.loads(cc)
-        except ValueError:
-            return False
-    return isinstance(cc, dict) and any(cc.get(n) is not None for n in names)
 
 
 def run_bench_isolated(cfg, dep) -> dict:
@@ -636,15 +365,6 @@ def run_bench_isolated(cfg, dep) -> dict:
         BadInput, BenchServerDown: as run_bench (the same message and hint).
         LaunchFailed: the bench process ended without a result (its exit status and last stderr line).
     """
-    import os  # noqa: PLC0415
-    import pickle  # noqa: PLC0415
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
-
-    import m3ctl  # noqa: PLC0415
-    from m3ctl.errors import BadInput  # noqa: PLC0415
-    from m3ctl.loadgen.runner import BenchServerDown  # noqa: PLC0415
 
     root = str(Path(m3ctl.__file__).resolve().parent.parent)  # the child imports this m3ctl
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)}
@@ -681,8 +401,6 @@ def trial_ports(host: str, first: int, n: int, tries: int = 100) -> tuple[int, .
     Raises:
         ConfigRejected: fewer than ``n`` free ports among the ``tries`` ports above ``first``.
     """
-    from m3ctl.errors import ConfigRejected  # noqa: PLC0415
-    from m3ctl.runtime.base import port_in_use  # noqa: PLC0415
 
     out = [first]
     p = first
@@ -702,7 +420,6 @@ def stop_leftovers(study_dir: Path, prefix: str, registry) -> list[str]:
     """Stop servers a killed tune left behind: those in ``running.json`` (its record, and every record of its
     ``running`` list when trials ran in parallel) and any deployment named ``{prefix}-t*`` in the registry.
     Returns the names stopped."""
-    from m3ctl.serving.serve import stop  # noqa: PLC0415
 
     names = {d.name for d in registry.list() if d.name.startswith(prefix + "-t")}
     run = Path(study_dir) / "running.json"
@@ -716,7 +433,7 @@ def stop_leftovers(study_dir: Path, prefix: str, registry) -> list[str]:
     stopped = []
     for n in sorted(names):
         if registry.exists(n):
-            stop([n], registry=registry)
+            serving.stop([n], registry=registry)
             stopped.append(n)
     run.unlink(missing_ok=True)
     return stopped

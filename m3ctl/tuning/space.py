@@ -16,6 +16,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import ValidationError
+
+from m3ctl.assess.request import PlanRequest
 from m3ctl.catalog import Profile
 from m3ctl.errors import BadInput
 
@@ -153,9 +156,6 @@ def _coerce(knob: str, text: str) -> Any:
         v = int(t)
     except ValueError:
         raise BadInput(f"bad value {t!r} for knob {knob}: not an integer", f"e.g. --knob {knob}=4,8,16") from None
-    from pydantic import ValidationError  # noqa: PLC0415
-
-    from m3ctl.assess.request import PlanRequest  # noqa: PLC0415
 
     try:  # the knob's domain is its PlanRequest field's (tp >= 1, spec_depth >= 0, ...): checked in one place
         PlanRequest.model_validate({knob: v})

@@ -29,10 +29,12 @@ command and profile.yaml (like the JIT-monitor flag, m3ctl.serving.kernels.jit_m
 
 from __future__ import annotations
 
+import getpass
 import json
 import os
 import re
 import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -237,8 +239,6 @@ def kernel_cache_env(root: Path, env: dict[str, str], inherited: dict[str, str] 
 
 def _torch_default_cache(pattern: str) -> str:
     """torch's default Inductor cache folder (torch/_inductor/runtime/cache_dir_utils.py, default_cache_dir)."""
-    import getpass  # noqa: PLC0415
-    import tempfile  # noqa: PLC0415
 
     try:
         user = getpass.getuser()

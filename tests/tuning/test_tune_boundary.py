@@ -308,7 +308,7 @@ def test_pareto_png_marks_runs_with_warnings_and_invalid_runs(tiny_models, tmp_p
     from m3ctl.catalog import profile_for_arch
     from m3ctl.core.state import Registry
     from m3ctl.hw.detect import detect
-    from m3ctl.tuning import study
+    from m3ctl.tuning import render, study
     from m3ctl.tuning.server import ServerEvaluator
 
     space, grid = _one_config_grid([15.0])
@@ -334,9 +334,9 @@ def test_pareto_png_marks_runs_with_warnings_and_invalid_runs(tiny_models, tmp_p
         space=space,
     )
     drawn = []
-    real = study.pareto_figure
+    real = render.pareto_figure
     monkeypatch.setattr(
-        study, "pareto_figure", lambda front, points, obj: drawn.append((front, points)) or real(front, points, obj)
+        render, "pareto_figure", lambda front, points, obj: drawn.append((front, points)) or real(front, points, obj)
     )
     settings = {"model": str(tiny_models["m2"]), "spec": {"slo": SLO, "objective": "tput_per_gpu"}}
     out = study.write_outputs(tmp_path, res, tuner, sev, settings, profile_for_arch("cpu"), True)

@@ -1,0 +1,129 @@
+"""One search trial of the tune, as the search loop (:mod:`m3ctl.tuning.parallel`) runs it: the vLLM-defaults
+baseline (measured once per study), a candidate that runs the baseline's very server (its runs reused, no start),
+and a search trial's start, measurement and stop with its progress saved on the optuna trial."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from m3ctl.tuning.measure import Outcome, evaluate
+from m3ctl.tuning.rung import ConfirmRung
+from m3ctl.tuning.space import key_of
+
+
+class TrialRunner(ConfirmRung):
+    """The trials of a search: the baseline, reused servers, search trials."""
+
+    def _run_baseline(self) -> None:
+        """Measure vLLM's defaults once per study (kept in the study across resumes; a skip says why)."""
+        if not self.spec.baseline or self.baseline is not None:
+            return
+        get = getattr(self.ev, "baseline_candidate", None)
+        cand, why = get() if get else (None, "this evaluator cannot build a vLLM-defaults configuration")
+        if cand is None:
+            out = Outcome(config={}, status="skipped", reason=why, trial="base")
+            self.on_event("base", "vLLM defaults", f"skipped: {why}")
+        else:
+
+            def event(m: str) -> None:
+                self._heartbeat()
+                self.on_event("base", "vLLM defaults", m)
+
+            out = evaluate(
+                self.ev,
+                cand,
+                self.spec,
+                self.slo,
+                "base",
+                event,
+                on_partial=lambda o: self.study.set_user_attr("baseline_partial", o.to_json()),
+            )
+            res = (
+                f"{out.objective:.1f} at c={out.concurrency}"
+                if out.status == "feasible"
+                else f"{out.status}: {out.reason}"
+            )
+            self.on_event("base", "vLLM defaults", f"done: {res}")
+        self.baseline = out
+        self.study.set_user_attr("baseline", out.to_json())
+
+    def _server_key(self, cand: dict[str, Any]) -> str | None:
+        get = getattr(self.ev, "server_key", None)
+        if get is None:
+            return None
+        try:
+            return get(cand)
+        except Exception:  # noqa: BLE001 - a candidate the planner rejects has no server to compare
+            return None
+
+    def _as_baseline(self, cand: dict[str, Any], trial: int) -> Outcome | None:
+        """The baseline's outcome as trial ``trial`` when ``cand`` starts the very same engine (its flags only
+        spell out vLLM's defaults for this GPU, e.g. ``--max-num-seqs 1024 --max-num-batched-tokens 8192`` on
+        an H200: :meth:`ServerEvaluator.server_key`), else None. Starting it again would measure one engine
+        twice and spend a start of the budget on it; the copy counts no launch and no cost."""
+        b = self.baseline
+        if b is None or not b.config or not b.launched or b.status not in ("feasible", "slo_infeasible"):
+            return None
+        kb, kc = self._server_key(b.config), self._server_key(cand)
+        if kb is None or kb != kc:
+            return None
+        return Outcome(
+            config=dict(cand),
+            status=b.status,
+            objective=b.objective,
+            concurrency=b.concurrency,
+            points=list(b.points),
+            start_s=0.0,
+            cost_s=0.0,
+            reason="the same server as the vLLM-defaults baseline: its runs, no start of its own"
+            + (f"; {b.reason}" if b.reason else ""),
+            launched=False,
+            confirmed=b.confirmed,
+            trial=trial,
+            same_server_as="base",
+        )
+
+    def _reuse_baseline(self, trial: Any, cand: dict[str, Any], desc: str) -> bool:
+        """When ``cand`` runs the same server as the vLLM-defaults baseline, record the baseline's runs as the
+        trial's (no start) and return True."""
+        n = trial.number
+        shared = self._as_baseline(cand, n)
+        if shared is None:
+            return False
+        self.outcomes[key_of(cand)] = shared
+        self._tell(trial, shared)
+        self._save_search_state()
+        self.on_event(
+            n,
+            desc,
+            f"same server as the vLLM-defaults baseline: its runs reused, no start "
+            f"({shared.objective:.1f} at c={shared.concurrency})"
+            if shared.status == "feasible"
+            else f"same server as the vLLM-defaults baseline: {shared.status}, no start",
+        )
+        return True
+
+    def _evaluate_trial(self, trial: Any, cand: dict[str, Any], desc: str, clock: Callable[[], float]) -> Outcome:
+        """Start, measure and stop one search trial's server (:func:`evaluate`), its cost and partial outcome
+        saved on the optuna trial as it goes; any exception (Ctrl-C included) marks the trial FAIL and propagates."""
+        n = trial.number
+        t_trial = clock()
+
+        def event(m: str) -> None:
+            # heartbeat: a SIGKILL loses at most the time since the last event
+            trial.set_user_attr("cost_s", clock() - t_trial)
+            self._heartbeat()
+            self.on_event(n, desc, m)
+
+        def partial(o: Outcome) -> None:
+            trial.set_user_attr("launched", True)
+            trial.set_user_attr("partial", o.to_json())
+
+        try:
+            return evaluate(
+                self.ev, cand, self.spec, self.slo, n, event, start=self._warm_start(cand), on_partial=partial
+            )
+        except BaseException:
+            self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
+            raise
