@@ -24,18 +24,9 @@ MAX_FILE_LINES = 800
 MAX_CLASS_LINES = 300
 
 #: Files over :data:`MAX_FILE_LINES` today, each being split under issue 38 (the lead empties this list).
-OVER_800 = {
-    "m3ctl/checks/doctor.py": "being split, issue 38 (doctor as a view of the plan)",
-    "m3ctl/planning/plan.py": "being split, issue 38",
-    "m3ctl/tuning/search.py": "being split, issue 38 (one tune search)",
-    "m3ctl/tuning/study.py": "being split, issue 38 (one tune search)",
-}
+OVER_800: dict[str, str] = {}
 #: Classes over :data:`MAX_CLASS_LINES` today ("file:class"), each being split under issue 38.
-OVER_300 = {
-    "m3ctl/tuning/parallel.py:_Run": "being split, issue 38 (one tune search: serial = parallel with one slot)",
-    "m3ctl/tuning/search.py:Tuner": "being split, issue 38 (one tune search)",
-    "m3ctl/tuning/server.py:ServerEvaluator": "being split, issue 38",
-}
+OVER_300: dict[str, str] = {}
 
 
 def _files() -> list[Path]:
@@ -85,10 +76,7 @@ def test_the_size_offenders_still_offend():
 #: Import circles between modules today: each entry is the set of modules of one circle (a strongly connected
 #: component of the module graph), with the import that closes it. Issue 38 removes them (move the shared
 #: piece down); the lead empties this list.
-KNOWN_CIRCLES: dict[frozenset[str], str] = {
-    frozenset({"m3ctl.tuning.parallel", "m3ctl.tuning.search"}): "the two tune searches call each other "
-    "(Tuner.run hands over to run_parallel, which imports search)",
-}
+KNOWN_CIRCLES: dict[frozenset[str], str] = {}
 
 
 def _module_of(path: Path) -> str:
@@ -212,11 +200,7 @@ def test_the_circle_finder_sees_a_circle():
 NOT_ON_PLAN = ("m3ctl.loadgen", "m3ctl.serving", "m3ctl.tuning", "m3ctl.checks")
 #: Modules of :data:`NOT_ON_PLAN` that `m3ctl plan --system b200x8` loads today, with who imports them. The lead
 #: empties this list.
-ON_PLAN_TODAY = {
-    "m3ctl.loadgen": "m3ctl.cli.options: MAX_REQUEST_TOKENS (the bound of token counts) lives in loadgen/__init__",
-    "m3ctl.serving": "package of m3ctl.serving.offline",
-    "m3ctl.serving.offline": "m3ctl.api._plan.resolve_if_offline: offline_requested() on every plan",
-}
+ON_PLAN_TODAY: dict[str, str] = {}
 #: Libraries neither start-up path may load (engines, containers, plotting, the tuner's sampler).
 HEAVY = ("torch", "vllm", "transformers", "tokenizers", "docker", "matplotlib", "optuna", "pynvml", "amdsmi", "numpy")
 #: What `m3ctl --help` loads of m3ctl: the package, the CLI's entry point with its table of commands

@@ -26,11 +26,10 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the verbs with their signatures, for type checkers (resolved lazily at run time: __getattr__)
     from m3ctl.api._bench import abench, bench, bench_error
     from m3ctl.api._doctor import doctor
-    from m3ctl.api._plan import host_inventory, plan, plan_request, size_systems, user_defaults
+    from m3ctl.api._plan import host_inventory, launch_command, plan, plan_request, size_systems, user_defaults
     from m3ctl.api._serve import (
         ServeWatch,
         interrupt_exit_code,
-        launch_command,
         launch_plan,
         logs,
         prepare_serve,
@@ -99,14 +98,21 @@ _HOME = {
     **dict.fromkeys(("abench", "bench", "bench_error"), "m3ctl.api._bench"),
     "doctor": "m3ctl.api._doctor",
     **dict.fromkeys(
-        ("host_inventory", "plan", "plan_request", "size_systems", "user_defaults", "resolve_if_offline"),
+        (
+            "host_inventory",
+            "launch_command",
+            "plan",
+            "plan_request",
+            "size_systems",
+            "user_defaults",
+            "resolve_if_offline",
+        ),
         "m3ctl.api._plan",
     ),
     **dict.fromkeys(
         (
             "ServeWatch",
             "interrupt_exit_code",
-            "launch_command",
             "launch_plan",
             "logs",
             "prepare_serve",

@@ -13,12 +13,26 @@ from m3ctl.assess.request import PlanRequest, load_request, merge, user_request
 from m3ctl.core.files import read_user_text
 from m3ctl.core.secrets import passthrough_env
 from m3ctl.errors import BadInput
+from m3ctl.hw.detect import detect
 from m3ctl.hw.inventory import HostInventory, load_inventory
 from m3ctl.hw.systems import inventory_for_system
+from m3ctl.planning.emit import launch_command
 from m3ctl.planning.launch import check_host
+from m3ctl.planning.offline import resolve_if_offline
 from m3ctl.planning.plan import LaunchPlan
 from m3ctl.planning.plan import plan as make_plan
 from m3ctl.planning.sizing import size_systems as size
+
+#: The verbs m3ctl.api resolves here (launch_command renders a plan: m3ctl.planning.emit).
+__all__ = [
+    "host_inventory",
+    "launch_command",
+    "plan",
+    "plan_request",
+    "resolve_if_offline",
+    "size_systems",
+    "user_defaults",
+]
 
 
 # ----------------------------------------------------------------------------- host
@@ -41,8 +55,6 @@ def host_inventory(inventory: str | Path | HostInventory | None = None, system: 
 
         path = Path(inventory)
         return load_inventory(read_user_text(path, "inventory"), str(path))
-    from m3ctl.hw.detect import detect  # noqa: PLC0415
-
     return detect()
 
 
@@ -163,10 +175,3 @@ def size_systems(
     req = plan_request(request, config=config, **knobs)
     check_host(req.host)
     return size([n for s_ in systems for n in s_.split(",") if n.strip()], req)
-
-
-def resolve_if_offline(p: LaunchPlan, offline: bool | None) -> LaunchPlan:
-    """The plan with hub references resolved to checked local snapshots when offline (m3ctl/serving/offline.py)."""
-    from m3ctl.serving.offline import offline_requested, resolve_offline  # noqa: PLC0415
-
-    return resolve_offline(p) if (offline if offline is not None else offline_requested()) else p

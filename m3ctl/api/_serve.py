@@ -11,11 +11,12 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 from m3ctl.api._args import _checked
 from m3ctl.api._plan import host_inventory, plan_request
 from m3ctl.errors import BadInput
+from m3ctl.planning.emit import launch_command
 from m3ctl.serving import deployments, workflow
 from m3ctl.serving.deployments import LogTail, Status
 from m3ctl.serving.signals import interrupt_exit_code
 from m3ctl.serving.smoke import smoke_level
-from m3ctl.serving.workflow import ServeWatch, launch_command, serve_plan
+from m3ctl.serving.workflow import ServeWatch, serve_plan
 
 if TYPE_CHECKING:
     from m3ctl.assess.request import PlanRequest

@@ -14,8 +14,8 @@ from m3ctl.checks.base import (
     check,
 )
 from m3ctl.errors import M3Error
+from m3ctl.planning.offline import offline_requested, resolve_offline
 from m3ctl.planning.plan import plan
-from m3ctl.serving.offline import offline_requested, resolve_offline
 
 
 @check("model.memory_fit", "model")
@@ -164,7 +164,7 @@ def check_image(ctx: Ctx) -> CheckResult:
 @check("model.offline", "model")
 def check_offline(ctx: Ctx) -> CheckResult:
     """Under ``HF_HUB_OFFLINE=1``: the model (and its tokenizer and draft) resolve to complete local snapshots
-    (m3ctl/serving/offline.py); a missing file is a FAIL naming it. The files are those of the verdict's plan (the
+    (m3ctl/planning/offline.py); a missing file is a FAIL naming it. The files are those of the verdict's plan (the
     plan outcome's); where the planner rejects doctor's request or nothing was planned, those of the model planned
     with the rules skipped (which files exist is asked either way)."""
     if not offline_requested():

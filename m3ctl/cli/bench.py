@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from m3ctl import api
+from m3ctl.cli import bench_options as bo
 from m3ctl.cli import options as o
 from m3ctl.cli.bench_report import bench_report, print_bench, print_compare
 from m3ctl.cli.inputs import check_outputs
@@ -198,9 +199,9 @@ def bench(
     output_json: Annotated[
         Path | None, typer.Option(help="Write the result JSON here (a sweep: all runs); - : stdout.")
     ] = None,
-    output_csv: o.OutputCsv = None,
-    plot: o.Plot = None,
-    plot_x: o.PlotX = "inferencex-median",
+    output_csv: bo.OutputCsv = None,
+    plot: bo.Plot = None,
+    plot_x: bo.PlotX = "inferencex-median",
     json_out: Annotated[
         bool, typer.Option("--json", help="Print the result JSON on stdout instead of tables.")
     ] = False,

@@ -6,6 +6,7 @@ from typing import Annotated
 import typer
 from rich.text import Text
 
+from m3ctl.cli import bench_options as bo
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import check_outputs
 from m3ctl.cli.output import Output, console, print_hang
@@ -14,9 +15,9 @@ from m3ctl.loadgen import report
 
 def bench_report(
     files: Annotated[list[Path], typer.Argument(help="Result JSON files (single runs or sweeps).")],
-    output_csv: o.OutputCsv = None,
-    plot: o.Plot = None,
-    plot_x: o.PlotX = "inferencex-median",
+    output_csv: bo.OutputCsv = None,
+    plot: bo.Plot = None,
+    plot_x: bo.PlotX = "inferencex-median",
     json_out: o.Json = False,
 ) -> None:
     """Compare bench results side by side (and optionally write CSV / a Pareto chart)."""

@@ -5,8 +5,10 @@ from typing import Annotated
 
 import typer
 
+from m3ctl import api
+from m3ctl.checks.doctor import report_json
 from m3ctl.cli import options as o
-from m3ctl.cli.output import Output
+from m3ctl.cli.output import Output, hang
 from m3ctl.cli.render import COLOUR
 
 
@@ -54,8 +56,6 @@ def doctor(
     attention: o.Attention = None,
 ) -> None:
     """Probe this host and say, check by check, whether and how it can serve (exit 1 on FAIL or not runnable)."""
-    from m3ctl import api  # noqa: PLC0415
-    from m3ctl.checks.doctor import report_json  # noqa: PLC0415  (rendering: the --json shape)
 
     out = Output(json_out)
     rep = api.doctor(
@@ -78,8 +78,6 @@ def doctor(
     if code and rep.ok and not out.json:  # exit 1 with no FAIL row: say which rule of the exit code it is
         from rich.text import Text  # noqa: PLC0415
 
-        from m3ctl.cli.output import hang  # noqa: PLC0415
-
         why = (
             "a WARN under --strict"
             if rep.verdict.status != "not_runnable"
@@ -94,8 +92,6 @@ def render(con, rep, verbose: bool) -> None:
     """One entry per check (status, id, finding; under it why: the first detail of a WARN or FAIL, every detail
     with -v; then the fix), wrapped at the terminal width (80 columns in a log file), then the verdict."""
     from rich.text import Text  # noqa: PLC0415
-
-    from m3ctl.cli.output import hang  # noqa: PLC0415
 
     shown = [c for c in rep.checks if verbose or c.status != "SKIP"]
     w = max((len(c.id) for c in shown), default=0)

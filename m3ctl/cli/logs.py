@@ -4,6 +4,7 @@ from typing import Annotated
 
 import typer
 
+from m3ctl import api
 from m3ctl.cli import options as o
 from m3ctl.cli.output import Output
 
@@ -15,7 +16,6 @@ def logs(
     json_out: o.Json = False,
 ) -> None:
     """Print a deployment's server log."""
-    from m3ctl import api  # noqa: PLC0415
 
     out = Output(json_out)
     log = api.logs(name, lines=lines)

@@ -21,10 +21,10 @@ import typer
 
 from m3ctl.assess.request import PlanRequest
 from m3ctl.catalog import models
+from m3ctl.catalog.limits import MAX_REQUEST_TOKENS
 from m3ctl.catalog.vllm_args import check_choice, vllm_int
 from m3ctl.cli import output
 from m3ctl.errors import BadInput, M3Error
-from m3ctl.loadgen import MAX_REQUEST_TOKENS
 from m3ctl.planning.launch import parse_mount
 
 PLAIN_HELP = output.PLAIN_HELP  # declared with the output (m3ctl.cli.app reads it there); bench.py reads it here
@@ -36,7 +36,9 @@ def token_count(text: str) -> int:
     n = vllm_int(text)
     if n is None or n < 1:
         raise typer.BadParameter(f"{text!r} is not a whole number >= 1 (8k = 8000 and 8K = 8192 work too)")
-    if n > MAX_REQUEST_TOKENS:  # no model has a longer context (m3ctl.loadgen.MAX_REQUEST_TOKENS): nothing fits more
+    if (
+        n > MAX_REQUEST_TOKENS
+    ):  # no model has a longer context (m3ctl.catalog.limits.MAX_REQUEST_TOKENS): nothing fits more
         raise typer.BadParameter(f"{text} is above {MAX_REQUEST_TOKENS:,}, the longest context of any public model")
     return n
 
@@ -177,24 +179,6 @@ Json = Annotated[
     ),
 ]
 
-
-def plot_axis(text: str) -> str:
-    """A Pareto x axis of m3ctl.loadgen.report.X_AXES."""
-    from m3ctl.loadgen.report import X_AXES  # noqa: PLC0415
-
-    return choice(*X_AXES)(text)
-
-
-OutputCsv = Annotated[
-    Path | None, typer.Option(help="Write one CSV row per run here (checked writable before any work).")
-]
-Plot = Annotated[
-    Path | None,
-    typer.Option(help="Pareto PNG of the runs: tok/s per GPU vs tok/s per user (checked writable before any work)."),
-]
-PlotX = Annotated[
-    str, typer.Option(parser=plot_axis, help="Pareto x axis: inferencex-median, agentx-p90 or aiperf-median.")
-]
 
 # ------------------------------------------------------------------ host to plan for
 Inventory = Annotated[

@@ -4,11 +4,13 @@ from typing import Annotated
 
 import typer
 
+from m3ctl import api
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import given_request
 from m3ctl.cli.output import Output, escape
 from m3ctl.cli.render import print_plan
-from m3ctl.errors import BadInput
+from m3ctl.errors import EXIT_CONFIG_REJECTED, BadInput
+from m3ctl.planning.emit import FORMATS, render
 
 
 @o.options(o.PLAN_KNOBS, into="knobs")
@@ -73,8 +75,6 @@ def plan(
 
     Raw vLLM flags go after `--`. A rule violation exits 3 naming the rule, the values and the fix.
     """
-    from m3ctl import api  # noqa: PLC0415
-    from m3ctl.planning.emit import FORMATS  # noqa: PLC0415  (rendering: --emit's formats)
 
     out = Output(json_out)
     if emit and emit not in FORMATS:
@@ -105,8 +105,6 @@ def plan(
         default_runtime="docker" if emit in ("docker", "compose", "k8s", "lws") else "auto",
     )
     if emit:
-        from m3ctl.planning.emit import render  # noqa: PLC0415
-
         typer.echo(render(p, emit, nodes=nodes, hf_host_path=hf_cache_hostpath), nl=False)
     elif json_out:
         out.result(p.summary())
@@ -117,7 +115,6 @@ def plan(
 def sizing(out: Output, request, rows: list) -> None:
     """``plan --systems``: the sizing table of :func:`m3ctl.api.size_systems`' rows (exit 3 when no system serves
     the model); ``--json``: {model, systems: [row...]}."""
-    from m3ctl.errors import EXIT_CONFIG_REJECTED  # noqa: PLC0415
 
     out.result({"model": request.model, "systems": [r.model_dump() for r in rows]})
     if not out.json:

@@ -1,6 +1,8 @@
 """Human renderings shared by several commands: a launch plan, smoke findings, kernel findings."""
 
+from m3ctl import api
 from m3ctl.cli.output import escape, print_hang, shell_lines
+from m3ctl.core.secrets import source_var
 
 COLOUR = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "INFO": "cyan"}
 
@@ -8,7 +10,6 @@ COLOUR = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "INFO":
 def shown_command(p, runtime=None) -> str:
     """What will run, for display (m3ctl.api.launch_command: the ``docker run`` of a docker plan under
     ``runtime``'s options, else the process command; a secret taken from another variable bound by name)."""
-    from m3ctl import api  # noqa: PLC0415
 
     return api.launch_command(p, runtime)
 
@@ -34,8 +35,6 @@ def print_plan(con, p) -> None:
     for w in p.warnings:
         print_hang(con, "  warning: ", w, 4, "yellow", (2, 10))
     if p.secret_env_names:
-        from m3ctl.core.secrets import source_var  # noqa: PLC0415
-
         origins = getattr(p, "secret_origins", None) or {}
         flagged = [k for k in p.secret_env_names if source_var(p, k) == k and origins.get(k, "").startswith("--")]
         names = [

@@ -9,12 +9,14 @@ from typing import Annotated, Any
 import typer
 from typer._click.exceptions import MissingParameter  # Typer's click: the error of a missing required option
 
+from m3ctl import api
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import given_request
 from m3ctl.cli.output import Output, console, escape, print_hang, shell_lines
 from m3ctl.cli.render import print_kernels, print_plan, print_smoke
 from m3ctl.cli.watch import probe_printer
 from m3ctl.errors import BadInput
+from m3ctl.serving.smoke import planned_checks, smoke_target
 
 
 @o.options(o.PLAN_KNOBS, into="knobs")
@@ -85,7 +87,6 @@ def serve(
 
     Raw vLLM flags go after `--`; they pass the same plan rules as everything else.
     """
-    from m3ctl import api  # noqa: PLC0415
 
     out = Output(json_out)
     if no_smoke and smoke not in (None, "off"):
@@ -105,7 +106,6 @@ def serve(
 def launch(run: "_Run", req, level: str, mounts: list[str], given: dict[str, Any]) -> None:
     """Launch through m3ctl.api.serve (in the foreground: with its watch), showing each step; Ctrl-C (or
     SIGTERM/SIGHUP) after the launch began says what was stopped and exits 128 + the signal."""
-    from m3ctl import api  # noqa: PLC0415
 
     watch = None if run.detach else api.ServeWatch(run.interval, run.restart, run.on_watch, run.ready, run.stopping)
     try:
@@ -200,7 +200,6 @@ class _Run:
 
 
 def show_dry_run(out: Output, p, level: str) -> None:
-    from m3ctl.serving.smoke import planned_checks, smoke_target  # noqa: PLC0415
 
     if out.json:
         typer.echo(p.model_dump_json(indent=2))

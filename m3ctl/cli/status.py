@@ -2,6 +2,7 @@
 
 import typer
 
+from m3ctl import api
 from m3ctl.cli import options as o
 from m3ctl.cli.output import Output, escape, hang
 from m3ctl.cli.render import print_smoke
@@ -9,7 +10,6 @@ from m3ctl.cli.render import print_smoke
 
 def status(json_out: o.Json = False) -> None:
     """List the deployments m3ctl started, with their phase, endpoint and uptime."""
-    from m3ctl import api  # noqa: PLC0415
 
     out = Output(json_out)
     st = api.status()

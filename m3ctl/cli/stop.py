@@ -5,6 +5,7 @@ from typing import Annotated
 
 import typer
 
+from m3ctl import api
 from m3ctl.cli import options as o
 from m3ctl.cli.output import Output
 from m3ctl.errors import BadInput
@@ -17,7 +18,6 @@ def stop(
     json_out: o.Json = False,
 ) -> None:
     """Stop deployments: SIGTERM, then SIGKILL after the timeout; verify nothing is left."""
-    from m3ctl import api  # noqa: PLC0415
 
     if not name and not all_:
         raise BadInput("name a deployment to stop, or pass --all", "see `m3ctl status`")

@@ -8,6 +8,7 @@ from typing import Annotated
 
 import typer
 
+from m3ctl import api
 from m3ctl.cli import options as o
 from m3ctl.cli.output import Output, escape
 from m3ctl.errors import EXIT_INTERRUPTED
@@ -52,7 +53,6 @@ def watch(
     json_out: o.Json = False,
 ) -> None:
     """Watch a running deployment: liveness with a real 1-token completion and /metrics; exit 4 on failure."""
-    from m3ctl import api  # noqa: PLC0415
 
     out = Output(json_out)
     try:

@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 
 from m3ctl.catalog import vendors
+from m3ctl.core.secrets import source_var
 from m3ctl.core.state import Registry
 from m3ctl.errors import BadInput
 from m3ctl.planning.launch import (
@@ -399,3 +400,17 @@ def render(plan: LaunchPlan, fmt: str, nodes: int = 2, hf_host_path: str | None 
     if fn is None:
         raise BadInput(f"unknown --emit format {fmt!r}", f"use one of: {', '.join(FORMATS)}")
     return fn(plan)
+
+
+def launch_command(p: LaunchPlan, runtime: Any = None) -> str:
+    """The command line that starts ``p``, for display: the ``docker run`` of a docker plan (rendered from the
+    :class:`~m3ctl.planning.launch.DockerRun` the docker runtime creates, under ``runtime``'s options: its mounts too),
+    else the process command. A secret the server gets from another variable of this shell (``serve
+    --api-key-env MY_KEY``: ``VLLM_API_KEY`` from ``$MY_KEY``) is bound by name in front
+    (``VLLM_API_KEY="$MY_KEY" docker run ... -e VLLM_API_KEY``), as the launch binds it; never a value."""
+    if p.runtime == "docker" and p.image:
+        cmd = docker_command(p, getattr(runtime, "options", None)).strip()
+    else:
+        cmd = p.command_line()
+    bound = [f'{k}="${src}"' for k in p.secret_env_names if (src := source_var(p, k)) != k]
+    return " ".join([*bound, cmd])

@@ -15,12 +15,13 @@ from typing import Any
 
 from m3ctl.assess.request import PlanRequest
 from m3ctl.catalog import load_profile_file
-from m3ctl.core.secrets import API_KEY_ENV, launch_env, passthrough_env, remember, source_var
+from m3ctl.core.secrets import API_KEY_ENV, launch_env, passthrough_env, remember
 from m3ctl.core.state import Registry, check_name
 from m3ctl.errors import BadInput
 from m3ctl.hw.inventory import HostInventory
-from m3ctl.planning.emit import docker_command
+from m3ctl.planning.emit import launch_command
 from m3ctl.planning.launch import check_host
+from m3ctl.planning.offline import resolve_if_offline
 from m3ctl.planning.plan import LaunchPlan
 from m3ctl.planning.plan import plan as make_plan
 from m3ctl.runtime import get_runtime, runtime_for
@@ -28,7 +29,6 @@ from m3ctl.runtime.base import Runtime
 from m3ctl.runtime.docker import DockerOptions, DockerRuntime
 from m3ctl.serving import serve
 from m3ctl.serving.diagnose import DiagContext
-from m3ctl.serving.offline import resolve_if_offline
 from m3ctl.serving.serve import ServeResult
 from m3ctl.serving.signals import sigint_ignored, stop_signals_as_interrupt
 
@@ -166,20 +166,6 @@ def prepare(
 
 
 # ----------------------------------------------------------------------------- launch
-def launch_command(p: LaunchPlan, runtime: Any = None) -> str:
-    """The command line that starts ``p``, for display: the ``docker run`` of a docker plan (rendered from the
-    :class:`~m3ctl.planning.launch.DockerRun` the docker runtime creates, under ``runtime``'s options: its mounts too),
-    else the process command. A secret the server gets from another variable of this shell (``serve
-    --api-key-env MY_KEY``: ``VLLM_API_KEY`` from ``$MY_KEY``) is bound by name in front
-    (``VLLM_API_KEY="$MY_KEY" docker run ... -e VLLM_API_KEY``), as the launch binds it; never a value."""
-    if p.runtime == "docker" and p.image:
-        cmd = docker_command(p, getattr(runtime, "options", None)).strip()
-    else:
-        cmd = p.command_line()
-    bound = [f'{k}="${src}"' for k in p.secret_env_names if (src := source_var(p, k)) != k]
-    return " ".join([*bound, cmd])
-
-
 def serve_runtime(name: str, mounts: Sequence[str] = (), on_pull: PullFn | None = None) -> Runtime:
     """The runtime that launches a plan of runtime ``name`` (docker: with ``mounts`` and the pull progress).
 

@@ -224,7 +224,8 @@ def test_bench_cli_options_are_derived_from_bench_config():
 #: are developer utilities with no API verb (not part of the public surface).
 ALLOWED = {
     "m3ctl": "__version__ (app.py)",
-    "m3ctl.loadgen": "WORKLOADS / MAX_REQUEST_TOKENS constants for parse-time checks",
+    "m3ctl.loadgen": "WORKLOADS constants for parse-time checks",
+    "m3ctl.catalog.limits": "MAX_REQUEST_TOKENS: the bound of token counts, checked at parse time",
     "m3ctl.loadgen.config": "BenchConfig: the bench options are derived from it",
     "m3ctl.tuning.options": "TuneOptions: the tune options are derived from it",
     "m3ctl.assess.request": "PlanRequest: the plan options build it; ENV_FIELDS for the unknown-variable warning",

@@ -1,4 +1,4 @@
-"""Offline launches (m3ctl/serving/offline.py): hub references resolved to local snapshots in an HF cache laid out as
+"""Offline launches (m3ctl/planning/offline.py): hub references resolved to local snapshots in an HF cache laid out as
 huggingface_hub lays it out (refs/, snapshots/ linking into blobs/), every file vLLM reads checked first."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import yaml
 from m3ctl.assess.request import PlanRequest
 from m3ctl.errors import ConfigRejected
 from m3ctl.planning.emit import render
+from m3ctl.planning.offline import resolve_offline
 from m3ctl.planning.plan import plan
-from m3ctl.serving.offline import resolve_offline
 from tests.conftest import run_cli
 from tests.hosts import ALL
 
