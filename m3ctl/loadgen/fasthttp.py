@@ -16,11 +16,14 @@ import asyncio
 import socket
 import ssl as _ssl
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import urlsplit
 
-if TYPE_CHECKING:
-    from m3ctl.loadgen.client import _Stream
+
+class Sink(Protocol):
+    """Where a response's bytes go as they arrive (m3ctl.loadgen.client's SSE state machine)."""
+
+    def feed(self, ts: float, raw: bytes) -> None: ...
 
 
 class HTTPStatus(Exception):
@@ -36,7 +39,7 @@ class _Proto(asyncio.Protocol):
     def __init__(self) -> None:
         self.transport: asyncio.Transport | None = None
         self.fut: asyncio.Future | None = None
-        self.stream: _Stream | None = None
+        self.stream: Sink | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -197,7 +200,7 @@ class Connection:
         _, proto = await loop.create_connection(_Proto, self.host, self.port, ssl=ctx)
         return proto
 
-    async def request(self, path: str, body: bytes, stream) -> None:
+    async def request(self, path: str, body: bytes, stream: Sink) -> None:
         """POST ``body`` to ``path``; raises ``client._HTTPStatus`` on non-200, ``OSError`` on connection loss and
         ``TimeoutError`` after ``timeout_s`` (the connection is then dropped)."""
         loop = asyncio.get_running_loop()
