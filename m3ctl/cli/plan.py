@@ -41,8 +41,9 @@ def plan(
     emit: Annotated[
         str | None,
         typer.Option(
-            parser=o.choice("docker", "compose", "k8s", "lws", "script", "ray"),
-            help="Render as docker, compose, k8s, lws (multi-node DP), script or ray (multi-node TP x PP).",
+            parser=o.choice(*FORMATS),
+            help="Render as docker, compose, k8s, lws (multi-node DP), script, ray (multi-node TP x PP), vllm-config "
+            "(vLLM's own --config YAML) or vllm-env (its environment file).",
         ),
     ] = None,
     nodes: Annotated[

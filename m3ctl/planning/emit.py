@@ -26,6 +26,7 @@ kubernetes-validate, bash -n, the docker CLI's CSV reading of ``--gpus``).
 from __future__ import annotations
 
 import copy
+import json
 import math
 import re
 import shlex
@@ -49,7 +50,7 @@ from m3ctl.planning.launch import (
 )
 from m3ctl.planning.plan import LaunchPlan
 
-FORMATS = ("docker", "compose", "k8s", "lws", "script", "ray")
+FORMATS = ("docker", "compose", "k8s", "lws", "script", "ray", "vllm-config", "vllm-env")
 RAY_PORT = 6379
 HF_CACHE = "/root/.cache/huggingface"
 PROBE_PERIOD_S = 10
@@ -382,9 +383,69 @@ def ray(plan: LaunchPlan, nodes: int = 2) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _config_key(key: str) -> str:
+    k = key.lstrip("-")
+    return k if "." in k else k.replace("_", "-")  # dotted keys keep their underscores, as vLLM spells them
+
+
+def vllm_config(plan: LaunchPlan) -> str:
+    """The plan as vLLM's own ``--config`` file: ``vllm serve --config FILE`` starts what the plan starts (its
+    environment: :func:`vllm_env`). vLLM reads each key as ``--KEY VALUE``, ``true`` as the switch, ``false`` as its
+    ``--no-`` form, a list as several values and a mapping as JSON (vllm/utils/argparse_utils.py,
+    ``FlexibleArgumentParser.load_config_file``; https://docs.vllm.ai/en/latest/configuration/serve_args/), so a
+    JSON-list value is written as its JSON text and a tuple (``nargs="+"``) as a list.
+
+    Raises:
+        BadInput: a saved plan without typed flags.
+    """
+    spec = launch_spec(plan)
+    if spec.vllm_args is None:
+        raise BadInput("this saved plan has no typed vLLM flags", "plan it again to emit a vLLM config file")
+    doc: dict[str, Any] = {
+        "model": spec.model,
+        "host": spec.host,
+        "port": spec.port,
+        "served-model-name": list(spec.served_model_names),
+    }
+    for key, val in spec.vllm_args.items():
+        if val is None:
+            continue
+        if isinstance(val, tuple):
+            val = [str(v) for v in val]
+        elif isinstance(val, list):
+            val = json.dumps(val, separators=(",", ":"))
+        doc[_config_key(key)] = val
+    head = (
+        f"# m3ctl plan {plan.name} ({plan.plan_hash()}): vllm serve --config THIS_FILE, environment: --emit vllm-env\n"
+    )
+    return head + yaml.safe_dump(doc, sort_keys=False, default_flow_style=False)
+
+
+def vllm_env(plan: LaunchPlan) -> str:
+    """The environment of :func:`vllm_config`'s server as an env file (``KEY=VALUE`` lines: ``docker run
+    --env-file``, systemd ``EnvironmentFile=``, ``set -a; . FILE``). Secrets are named, never written: each is a
+    comment saying to set it; variables the launch unsets are comments too.
+
+    Raises:
+        BadInput: a value with a newline (no env-file form holds it).
+    """
+    spec = launch_spec(plan)
+    lines = [f"# m3ctl plan {plan.name} ({plan.plan_hash()}): the environment of vllm serve --config"]
+    for k, v in spec.env.items():
+        if "\n" in v:
+            raise BadInput(f"environment variable {k} holds a newline, which an env file cannot", "use --emit script")
+        lines.append(f"{k}={v}")
+    lines += [f"# unset {k} (the launch removes it from the environment)" for k in spec.unset_env]
+    lines += [
+        f"# {k}: a secret: set it in the server's environment (never written here)" for k in spec.secret_env_names
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def render(plan: LaunchPlan, fmt: str, nodes: int = 2, hf_host_path: str | None = None) -> str:
-    """Render ``plan`` as ``docker``, ``compose``, ``k8s``, ``lws`` (multi-node DP, ``nodes`` pods), ``script`` or
-    ``ray`` (multi-node TP x PP, ``nodes`` hosts). ``hf_host_path``: k8s/LWS mount this node path as the HF cache
+    """Render ``plan`` as ``docker``, ``compose``, ``k8s``, ``lws`` (multi-node DP, ``nodes`` pods), ``script``,
+    ``ray`` (multi-node TP x PP, ``nodes`` hosts), ``vllm-config`` (vLLM's ``--config`` YAML) or ``vllm-env`` (its
+    env file). ``hf_host_path``: k8s/LWS mount this node path as the HF cache
     instead of a PersistentVolumeClaim.
 
     Raises:
@@ -396,7 +457,13 @@ def render(plan: LaunchPlan, fmt: str, nodes: int = 2, hf_host_path: str | None 
         return ray(plan, nodes)
     if fmt == "k8s":
         return k8s(plan, hf_host_path)
-    fn = {"docker": docker_command, "compose": compose, "script": script}.get(fmt)
+    fn = {
+        "docker": docker_command,
+        "compose": compose,
+        "script": script,
+        "vllm-config": vllm_config,
+        "vllm-env": vllm_env,
+    }.get(fmt)
     if fn is None:
         raise BadInput(f"unknown --emit format {fmt!r}", f"use one of: {', '.join(FORMATS)}")
     return fn(plan)
