@@ -17,7 +17,19 @@ File: JSON Lines, one request per line, in arrival order (blank lines skipped)::
   text, the group's shared prefix. Its length (:data:`PREFIX_RULE`) is the group's ``prefix_len`` field (every
   record of the group that gives one gives the same value, below each of the group's ``input_len``), else half
   the group's shortest ``input_len`` (rounded down; a group whose shortest input is 1 token shares nothing).
-- other fields are ignored (e.g. Mooncake's ``hash_ids``).
+- other fields are ignored.
+
+Mooncake's trace format (also AIPerf's ``mooncake_trace``) is read as it is, detected by its fields
+(https://github.com/kvcache-ai/Mooncake/blob/main/FAST25-release/README.md)::
+
+    {"timestamp": 27482, "input_length": 6955, "output_length": 52, "hash_ids": [46, 47, 48, 49, 50, 51, 52, 53]}
+
+``timestamp`` in milliseconds, ``input_length`` / ``output_length`` in tokens, ``hash_ids`` one id per
+:data:`MOONCAKE_BLOCK_TOKENS`-token block of the prompt: requests whose ids agree on their first k blocks share those
+k x 512 tokens of prompt text (a tree of shared prefixes, not one prefix per group), so a prefix cache sees what the
+traced service saw. A block id stands for the same text in every request; a request's full blocks are its shared
+part, the rest of its prompt is its own. Its length fields (``input_length``/``output_length``) say which
+format a record is in (m3ctl's record may carry a ``hash_ids`` it ignores); one file holds one format.
 
 The file is checked whole before anything is sent: a bad line is one :class:`~m3ctl.errors.BadInput` naming
 ``file:line`` and the field.
@@ -58,6 +70,8 @@ LAG_FLOOR_MS = 50.0
 LAG_GAP_FRACTION = 0.05
 #: How a prefix group's shared prefix length is chosen (written into the result).
 PREFIX_RULE = "prefix_len of the group's records, else half the group's shortest input_len"
+#: Tokens per ``hash_ids`` block of a Mooncake trace (its README: "the block size is 512").
+MOONCAKE_BLOCK_TOKENS = 512
 
 _HINT = (
     'each line a JSON object: {"timestamp": seconds, "input_len": tokens, "output_len": tokens, '
@@ -75,6 +89,8 @@ class TraceRecord:
     input_len: int
     output_len: int
     prefix_id: str | None = None
+    #: Mooncake: the ids of the prompt's full shared blocks (at most ``input_len // MOONCAKE_BLOCK_TOKENS``).
+    blocks: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,6 +100,7 @@ class Trace:
     path: str
     records: tuple[TraceRecord, ...]
     prefix_lens: dict[str, int]
+    format: str = "m3ctl"
 
     def offsets(self, scale: float = 1.0) -> list[float]:
         """Send offsets (s) from the measured phase's start: the record offsets times ``scale``."""
@@ -147,58 +164,93 @@ def _load(p: Path, _key: tuple) -> Trace:
     prev_line = 0
     given: dict[str, tuple[int, int]] = {}  # prefix_id -> (prefix_len, line that gave it)
     members: dict[str, list[tuple[int, int]]] = {}  # prefix_id -> [(input_len, line)]
+    fmt = ""
     for i, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
             continue
-        try:
-            rec = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise _bad(p, i, f"not JSON ({e.msg} at column {e.colno})") from None
-        if not isinstance(rec, dict):
-            raise _bad(p, i, "not a JSON object")
-        ts = rec.get("timestamp")
-        if ts is None:
-            raise _bad(p, i, "field 'timestamp' is missing")
-        if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
-            raise _bad(p, i, f"field 'timestamp' is {json.dumps(ts)[:40]}, not a finite number of seconds")
+        rec = _json(raw, p, i)
+        kind = "mooncake" if "input_length" in rec or "output_length" in rec else "m3ctl"
+        if fmt and kind != fmt:
+            raise _bad(p, i, f"a {kind} record in a {fmt} trace: one file holds one format")
+        fmt = kind
+        ts = _timestamp(rec, p, i, "milliseconds" if kind == "mooncake" else "seconds")
         if prev is not None and ts < prev:
             raise _bad(
                 p,
                 i,
                 f"field 'timestamp' {ts} is earlier than line {prev_line}'s {prev}: records must be in arrival order",
             )
-        il = _int_value(rec, "input_len", p, i)
-        ol = _int_value(rec, "output_len", p, i)
-        pid = rec.get("prefix_id")
-        if pid is not None:
-            if isinstance(pid, bool) or not isinstance(pid, str | int) or pid == "":
-                raise _bad(p, i, f"field 'prefix_id' is {json.dumps(pid)[:40]}, not a non-empty string or an integer")
-            pid = str(pid)
-        pl = _int_field(rec, "prefix_len", p, i)
-        if pl is not None:
-            if pid is None:
-                raise _bad(
-                    p,
-                    i,
-                    "field 'prefix_len' without a 'prefix_id' (a prefix is shared by the requests of one prefix_id)",
-                )
-            if pid in given and given[pid][0] != pl:
-                raise _bad(
-                    p,
-                    i,
-                    f"field 'prefix_len' {pl} differs from line {given[pid][1]}'s {given[pid][0]} for "
-                    f"prefix_id {pid!r}",
-                )
-            given.setdefault(pid, (pl, i))
-        if pid is not None:
-            members.setdefault(pid, []).append((il, i))
         t0 = ts if t0 is None else t0
         prev, prev_line = ts, i
-        recs.append(TraceRecord(i, float(ts) - float(t0), il, ol, pid))
+        if kind == "mooncake":
+            il, ol, blocks = _mooncake(rec, p, i)
+            recs.append(TraceRecord(i, (float(ts) - float(t0)) / 1000.0, il, ol, None, blocks))
+        else:
+            recs.append(_m3ctl_record(rec, p, i, float(ts) - float(t0), given, members))
         if len(recs) > MAX_PROMPTS:
             raise BadInput(f"--trace {p} has more than {MAX_PROMPTS:,} records", "replay a part of it")
     if not recs:
         raise BadInput(f"--trace {p} has no records", _HINT)
+    return Trace(str(p), tuple(recs), _prefix_lens(p, given, members), fmt or "m3ctl")
+
+
+def _json(raw: str, p: Path, i: int) -> dict:
+    try:
+        rec = json.loads(raw)
+    except json.JSONDecodeError as e:
+        raise _bad(p, i, f"not JSON ({e.msg} at column {e.colno})") from None
+    if not isinstance(rec, dict):
+        raise _bad(p, i, "not a JSON object")
+    return rec
+
+
+def _timestamp(rec: dict, p: Path, i: int, unit: str) -> int | float:
+    ts = rec.get("timestamp")
+    if ts is None:
+        raise _bad(p, i, "field 'timestamp' is missing")
+    if isinstance(ts, bool) or not isinstance(ts, int | float) or not math.isfinite(ts):
+        raise _bad(p, i, f"field 'timestamp' is {json.dumps(ts)[:40]}, not a finite number of {unit}")
+    return ts
+
+
+def _m3ctl_record(
+    rec: dict,
+    p: Path,
+    i: int,
+    offset_s: float,
+    given: dict[str, tuple[int, int]],
+    members: dict[str, list[tuple[int, int]]],
+) -> TraceRecord:
+    """One record of m3ctl's own format; its prefix group noted in ``given`` / ``members``."""
+    il = _int_value(rec, "input_len", p, i)
+    ol = _int_value(rec, "output_len", p, i)
+    pid = rec.get("prefix_id")
+    if pid is not None:
+        if isinstance(pid, bool) or not isinstance(pid, str | int) or pid == "":
+            raise _bad(p, i, f"field 'prefix_id' is {json.dumps(pid)[:40]}, not a non-empty string or an integer")
+        pid = str(pid)
+    pl = _int_field(rec, "prefix_len", p, i)
+    if pl is not None:
+        if pid is None:
+            raise _bad(
+                p, i, "field 'prefix_len' without a 'prefix_id' (a prefix is shared by the requests of one prefix_id)"
+            )
+        if pid in given and given[pid][0] != pl:
+            raise _bad(
+                p,
+                i,
+                f"field 'prefix_len' {pl} differs from line {given[pid][1]}'s {given[pid][0]} for prefix_id {pid!r}",
+            )
+        given.setdefault(pid, (pl, i))
+    if pid is not None:
+        members.setdefault(pid, []).append((il, i))
+    return TraceRecord(i, offset_s, il, ol, pid)
+
+
+def _prefix_lens(
+    p: Path, given: dict[str, tuple[int, int]], members: dict[str, list[tuple[int, int]]]
+) -> dict[str, int]:
+    """Each prefix group's shared prefix length (:data:`PREFIX_RULE`), checked below each of its inputs."""
     prefix_lens: dict[str, int] = {}
     for pid, mem in members.items():
         if pid in given:
@@ -214,7 +266,21 @@ def _load(p: Path, _key: tuple) -> Trace:
             prefix_lens[pid] = pl
         else:
             prefix_lens[pid] = min(il for il, _ in mem) // 2
-    return Trace(str(p), tuple(recs), prefix_lens)
+    return prefix_lens
+
+
+def _mooncake(rec: dict, p: Path, i: int) -> tuple[int, int, tuple[int, ...]]:
+    """A Mooncake record's ``(input_length, output_length, full shared blocks)``; BadInput naming the line."""
+    il = _int_value(rec, "input_length", p, i)
+    ol = _int_value(rec, "output_length", p, i)
+    ids = rec.get("hash_ids", [])
+    if not isinstance(ids, list) or any(isinstance(h, bool) or not isinstance(h, int) for h in ids):
+        raise _bad(p, i, f"field 'hash_ids' is {json.dumps(ids)[:40]}, not a list of integer block ids")
+    if len(ids) * MOONCAKE_BLOCK_TOKENS < il - MOONCAKE_BLOCK_TOKENS + 1 and ids:
+        raise _bad(
+            p, i, f"field 'hash_ids' has {len(ids)} blocks of {MOONCAKE_BLOCK_TOKENS}: too few for {il:,} input tokens"
+        )
+    return il, ol, tuple(ids[: il // MOONCAKE_BLOCK_TOKENS])
 
 
 def check(cfg) -> Trace:
@@ -270,18 +336,34 @@ def requests(tok: Tokenizer, tr: Trace, seed: int, salt: str | None) -> list[Ben
     shared prefix, :data:`PREFIX_RULE`), ``output_len`` as ``max_tokens``; text drawn with ``(seed, salt)``."""
     rng = random.Random(seed) if salt is None else random.Random(f"{seed}/{salt}/trace")
     prefixes = {pid: exact_prompt(tok, n, rng)[0] for pid, n in tr.prefix_lens.items() if n > 0}
+    chains: dict[tuple[int, ...], str] = {(): ""}
     out = []
     for r in tr.records:
-        head = prefixes.get(r.prefix_id) if r.prefix_id is not None else None
+        head = prefixes.get(r.prefix_id) if r.prefix_id is not None else _chain(tok, r.blocks, chains, seed, salt)
         text, got = exact_prompt_after(tok, head, r.input_len, rng) if head else exact_prompt(tok, r.input_len, rng)
         out.append(BenchRequest(prompt=text, prompt_len=got, output_len=r.output_len))
     return out
+
+
+def _chain(
+    tok: Tokenizer, blocks: tuple[int, ...], memo: dict[tuple[int, ...], str], seed: int, salt: str | None
+) -> str:
+    """The shared text of a Mooncake prompt's full blocks: block k appended to the text of blocks 1..k-1, each
+    block drawn from its own seed (the id and its position in the chain), so one chain is one text everywhere."""
+    for k in range(1, len(blocks) + 1):
+        key = blocks[:k]
+        if key not in memo:
+            rng = random.Random(f"{seed}/{salt}/mooncake/{'/'.join(map(str, key))}")
+            memo[key] = exact_prompt_after(tok, memo[key[:-1]], k * MOONCAKE_BLOCK_TOKENS, rng)[0]
+    return memo[blocks]
 
 
 def expected_prefix_hit(tr: Trace, reqs: list[BenchRequest], block: int | None) -> float:
     """Fraction of the prompt tokens a perfect prefix cache serves: every use of a group's prefix after its
     first, in whole KV-cache blocks of ``block`` tokens when known (vLLM caches full blocks only)."""
     total = sum(r.prompt_len for r in reqs)
+    if tr.format == "mooncake":
+        return _mooncake_hit(tr, block) / total if total else 0.0
     uses: dict[str, int] = {}
     for r in tr.records:
         if r.prefix_id is not None:
@@ -291,6 +373,21 @@ def expected_prefix_hit(tr: Trace, reqs: list[BenchRequest], block: int | None) 
         pl = tr.prefix_lens[pid]
         hit += (pl - pl % block if block else pl) * (n - 1)
     return hit / total if total else 0.0
+
+
+def _mooncake_hit(tr: Trace, block: int | None) -> int:
+    """Prompt tokens a perfect prefix cache serves in a Mooncake replay: each request's longest run of leading blocks
+    that an earlier request's prompt holds, in whole KV-cache blocks of ``block`` tokens when known."""
+    seen: set[tuple[int, ...]] = set()
+    hit = 0
+    for r in tr.records:
+        k = 0
+        while k < len(r.blocks) and r.blocks[: k + 1] in seen:
+            k += 1
+        n = k * MOONCAKE_BLOCK_TOKENS
+        hit += n - n % block if block else n
+        seen.update(r.blocks[: j + 1] for j in range(len(r.blocks)))
+    return hit
 
 
 def lag_threshold_ms(mean_gap_s: float | None) -> float:
@@ -341,11 +438,14 @@ def fidelity(outs: list[RequestOutput], tr: Trace, scale: float, capped: bool) -
 
 
 def result_block(tr: Trace, scale: float, outs: list[RequestOutput], capped: bool) -> tuple[dict, str | None]:
-    """The result's ``trace`` block (path, records, duration_s, time_scale, prefix groups, timing_fidelity) and
-    the fidelity warning (None when the sends kept up)."""
+    """The result's ``trace`` block (path, format, records, duration_s, time_scale, prefix groups or Mooncake's
+    distinct full blocks, timing_fidelity) and the fidelity warning (None when the sends kept up)."""
     fid, warn = fidelity(outs, tr, scale, capped)
+    shared = {b for r in tr.records for b in r.blocks}
     return {
         "path": tr.path,
+        "format": tr.format,
+        **({"block_tokens": MOONCAKE_BLOCK_TOKENS, "full_blocks": len(shared)} if tr.format == "mooncake" else {}),
         "records": len(tr.records),
         "duration_s": tr.duration_s(scale),
         "time_scale": scale,

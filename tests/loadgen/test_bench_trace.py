@@ -229,3 +229,55 @@ def test_cli_bad_trace_is_one_line_exit_2(tmp_path):
     err = [ln for ln in r.stderr.splitlines() if ln.startswith("error:")]
     assert r.returncode == 2 and len(err) == 1 and f"{p}:3" in err[0] and "'input_len'" in err[0], r.stderr
     assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+# Mooncake's format (https://github.com/kvcache-ai/Mooncake, FAST25-release traces; AIPerf's mooncake_trace):
+# timestamps in ms, lengths as input_length/output_length, one hash id per 512-token block of the prompt.
+MOONCAKE = [
+    {"timestamp": 1000, "input_length": 1100, "output_length": 6, "hash_ids": [1, 2, 3]},
+    {"timestamp": 1020, "input_length": 700, "output_length": 4, "hash_ids": [1, 4]},
+    {"timestamp": 1250, "input_length": 1600, "output_length": 5, "hash_ids": [1, 2, 5, 6]},
+    {"timestamp": 1300, "input_length": 300, "output_length": 8, "hash_ids": [7]},
+    {"timestamp": 1520, "input_length": 1100, "output_length": 6, "hash_ids": [1, 2, 3]},
+    {"timestamp": 1600, "input_length": 600, "output_length": 3, "hash_ids": [8, 9]},
+]
+#: Tokens each record shares with an earlier one: its longest run of leading full blocks seen before.
+MOONCAKE_SHARED = [0, 512, 1024, 0, 1024, 0]
+
+
+def test_a_mooncake_trace_replays_its_timing_lengths_and_shared_blocks(gt, tok, tmp_path):
+    url = gt("--ttft-ms", "20", "--itl-ms", "5")
+    path = _write(tmp_path / "mooncake.jsonl", MOONCAKE)
+    tr = traces.load(path)
+    assert tr.format == "mooncake" and [r.blocks for r in tr.records] == [(1, 2), (1,), (1, 2, 5), (), (1, 2), (8,)]
+    assert tr.offsets() == pytest.approx([0.0, 0.02, 0.25, 0.30, 0.52, 0.60])  # ms read as ms
+    httpx.post(f"{url}/gt/reset")
+    res = run_bench(_cfg(url, path), tok=tok)
+    reqs = res["requests"]
+    assert res["completed"] == len(MOONCAKE) and res["failed"] == 0
+    assert [q["prompt_len"] for q in reqs] == [r["input_length"] for r in MOONCAKE]
+    assert [q["output_tokens"] for q in reqs] == [r["output_length"] for r in MOONCAKE]
+    # the server's prefix cache saw each record's shared blocks (and nothing of the others' own text)
+    for q, want in zip(reqs, MOONCAKE_SHARED, strict=True):
+        assert want <= q["cached_tokens"] < want + 512, (q["cached_tokens"], want)
+    assert res["trace"]["format"] == "mooncake" and res["trace"]["full_blocks"] == 4  # ids 1, 2, 5, 8
+    assert res["workload"]["prefix_cache_expected_hit"] == pytest.approx(
+        sum(MOONCAKE_SHARED) / sum(r["input_length"] for r in MOONCAKE)
+    )
+    arrivals = sorted(r["arrival"] for r in httpx.get(f"{url}/gt/records").json())
+    for a, off in zip(arrivals, tr.offsets(), strict=True):
+        assert a - arrivals[0] == pytest.approx(off, abs=TOL_S)
+
+
+@pytest.mark.parametrize(
+    ("lines", "says"),
+    [
+        ([MOONCAKE[0], {"timestamp": 0.5, "input_len": 8, "output_len": 4}], "a m3ctl record in a mooncake trace"),
+        ([{"timestamp": 1, "input_length": 1100, "output_length": 4, "hash_ids": [1]}], "too few for 1,100 input"),
+        ([{"timestamp": 1, "input_length": 100, "output_length": 4, "hash_ids": ["a"]}], "not a list of integer"),
+        ([{"timestamp": 1, "input_length": 100, "hash_ids": [1]}], "'output_length' is missing"),
+    ],
+)
+def test_a_bad_mooncake_line_is_one_line(tmp_path, lines, says):
+    with pytest.raises(BadInput, match=says):
+        traces.load(_write(tmp_path / "bad.jsonl", lines))
