@@ -36,8 +36,11 @@ one split per read, ``orjson`` when installed, pre-serialised request bodies.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import os
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,6 +80,7 @@ class BenchRequest:
     prompt_len: int
     output_len: int
     messages: list[dict] | None = None
+    request_id: str = ""  # sent as X-Request-Id (vLLM logs it): empty for one of this process's own (REQUEST_IDS)
 
 
 @dataclass
@@ -110,6 +114,7 @@ class RequestOutput:
     think_in_content: bool = False  # chat: reasoning tags in the answer (N05)
     stream_chunks: int = 0  # choices chunks received (the first included): the --allow-approx token count
     tokens_from_chunks: bool = False  # output_tokens is stream_chunks (no usage; set by --allow-approx)
+    request_id: str = ""  # the X-Request-Id it was sent with: joins the server's log
 
     @property
     def end_time(self) -> float:
@@ -145,6 +150,11 @@ def build_body(
 
 
 _HDR = {"Content-Type": "application/json"}
+
+#: Request ids of this process: ``bench-<8 hex>-<pid>-<n>`` (vLLM's client sends ``bench-<8 hex>-<n>`` as
+#: ``x-request-id``, vllm/benchmarks/lib/endpoint_request_func.py; vLLM uses the header as the request's id in its
+#: log: https://docs.vllm.ai/en/latest/serving/openai_compatible_server.html). Unique across client processes.
+REQUEST_IDS = (f"bench-{uuid.uuid4().hex[:8]}-{os.getpid()}-{n}" for n in itertools.count())
 
 
 class Progress:
@@ -346,6 +356,7 @@ async def send_request(
         client_prompt_len=req.prompt_len,
         scheduled_time=scheduled_time,
         output_len_requested=req.output_len,
+        request_id=req.request_id or next(REQUEST_IDS),
     )
     chat = endpoint == "chat"
     path = "/v1/chat/completions" if chat else "/v1/completions"
@@ -359,9 +370,9 @@ async def send_request(
     stream = _Stream(out, chat, keep_text, st)
     try:
         if not isinstance(session, aiohttp.ClientSession):
-            await session.request(path, body, stream)
+            await session.request(path, body, stream, request_id=out.request_id)
             return stream.finish()
-        hdrs = {**_HDR, **headers} if headers else _HDR
+        hdrs = {**_HDR, **headers, "X-Request-Id": out.request_id}
         async with session.post(url + path, data=body, headers=hdrs) as resp:
             if resp.status != 200:
                 text = (await resp.text())[:300]

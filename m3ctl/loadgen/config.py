@@ -312,6 +312,12 @@ class BenchConfig(BaseModel):
         0.0, ge=0, le=1, description="Failed-request fraction above which the run is invalid.", json_schema_extra=cli()
     )
     per_request: bool = Field(False, description="Include per-request records in the JSON.", json_schema_extra=cli())
+    save_detailed: bool = Field(
+        False,
+        description="Add vLLM's per-request arrays (ttfts, itls, input_lens, output_lens, start_times, "
+        "generated_texts, errors), as `vllm bench serve --save-detailed`.",
+        json_schema_extra=cli(),
+    )
     api_key: str | None = Field(None, exclude=True, repr=False)
     auth_basic: str | None = Field(None, exclude=True, repr=False)
     """Base64 ``user:password`` of URL credentials (m3ctl.core.secrets.split_url_credentials): a Basic header when

@@ -142,6 +142,7 @@ class _Sender:
 
     async def _send(self, req: BenchRequest, due: float, keep_text: bool) -> RequestOutput:
         cfg, emit = self.cfg, self.emit
+        keep_text = keep_text or cfg.save_detailed  # --save-detailed writes every generated text
         body = build_body(
             cfg.model,
             cfg.endpoint,

@@ -200,8 +200,8 @@ class Connection:
         _, proto = await loop.create_connection(_Proto, self.host, self.port, ssl=ctx)
         return proto
 
-    async def request(self, path: str, body: bytes, stream: Sink) -> None:
-        """POST ``body`` to ``path``; raises ``client._HTTPStatus`` on non-200, ``OSError`` on connection loss and
+    async def request(self, path: str, body: bytes, stream: Sink, request_id: str = "") -> None:
+        """POST ``body`` to ``path`` (with ``X-Request-Id: request_id`` when given); raises ``client._HTTPStatus`` on non-200, ``OSError`` on connection loss and
         ``TimeoutError`` after ``timeout_s`` (the connection is then dropped)."""
         loop = asyncio.get_running_loop()
         t_end = loop.time() + self.timeout_s if self.timeout_s else None
@@ -223,6 +223,7 @@ class Connection:
             + (self.prefix + path).encode()
             + b" HTTP/1.1\r\n"
             + self._head
+            + (b"X-Request-Id: " + request_id.encode() + b"\r\n" if request_id else b"")
             + b"Content-Length: "
             + str(len(body)).encode()
             + b"\r\n\r\n"

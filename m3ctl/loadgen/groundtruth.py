@@ -6,7 +6,7 @@ bytes arrived, then one chunk every ``tokens_per_chunk * itl_ms`` on an absolute
 (``arrival + ttft + j * k * itl``: a late wake-up never delays the chunks after it), ``max_tokens``
 tokens in all (``ignore_eos`` behaviour). Each chunk carries ``"gt_ts"``: the server's
 ``time.perf_counter()`` when it was written (the same clock as the client's on one Linux host);
-``GET /gt/records`` returns every request's arrival and chunk write times (``POST /gt/reset`` clears
+``GET /gt/records`` returns every request's arrival, chunk write times and ``X-Request-Id`` (``POST /gt/reset`` clears
 them), so tests compare the client's timestamps with the real send times.
 
 Why not aiohttp's web server (the first version of this file): its per-request machinery (parser,
@@ -481,7 +481,7 @@ class _Conn(asyncio.Protocol):
             if self.buf:
                 self.t_arrive = time.perf_counter()  # a pipelined request behind this one
             self.close_after = hdrs.get("connection", "").lower() == "close"
-            self.handle(method, path.split("?", 1)[0], body, t_arrive)
+            self.handle(method, path.split("?", 1)[0], body, t_arrive, hdrs.get("x-request-id", ""))
 
     def response_done(self) -> None:
         self.busy = False
@@ -500,7 +500,7 @@ class _Conn(asyncio.Protocol):
         if self.close_after and self.transport is not None:
             self.transport.close()
 
-    def handle(self, method: str, path: str, body: bytes, t_arrive: float) -> None:
+    def handle(self, method: str, path: str, body: bytes, t_arrive: float, request_id: str = "") -> None:
         srv = self.srv
         if method == "GET" and path == "/v1/models":
             return self._send(_json_response({"object": "list", "data": [{"id": MODEL, "object": "model"}]}))
@@ -557,7 +557,7 @@ class _Conn(asyncio.Protocol):
                     out += _chunk(data)
                 srv.cache[key] = _SSE_HEAD + out + b"0\r\n\r\n"
             return self._send(srv.cache[key])
-        rec = {"arrival": t_arrive, "writes": [], "tokens": []}
+        rec = {"arrival": t_arrive, "writes": [], "tokens": [], "request_id": request_id}
         srv.records.append(rec)
         self.busy = True
         self._write(_SSE_HEAD)

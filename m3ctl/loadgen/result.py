@@ -218,11 +218,14 @@ def _vllm_keys(cfg: BenchConfig, outs: list[RequestOutput], dur: float, wl: dict
     )
     res["latencies"] = [o.latency for o in outs]
     res["queue_times"] = [o.client_queue_time for o in outs]
+    res["rtfx"] = 0.0  # vLLM's inverse real-time factor of audio (ASR) runs: 0.0 for text, as vLLM writes it
     res.update(metrics.client_queue_stats(outs, cfg.percentiles))
     res["errors"] = [o.error for o in outs if o.error][:20]
     res["failed_by_kind"] = dict(
         sorted(collections.Counter(o.error_kind or "other" for o in outs if not o.success).items())
     )
+    if cfg.save_detailed:  # vLLM's --save-detailed arrays (vllm/benchmarks/serve.py), in schedule order
+        res.update(detailed_arrays(outs))
     return res
 
 
@@ -360,6 +363,22 @@ def _server_jit(log: Path | None, offset: int | None) -> list[str] | None:
     with log.open("rb") as f:
         f.seek(offset)
         return jit_events(f.read().decode("utf-8", "replace"))
+
+
+def detailed_arrays(outs: list[RequestOutput]) -> dict:
+    """The per-request arrays ``vllm bench serve --save-detailed`` writes, with its meanings (seconds; ``itls`` one
+    list of gaps per request; ``start_times`` on the client's ``perf_counter`` clock; ``errors`` ``""`` for a
+    success), plus ``request_ids``: the ``X-Request-Id`` each was sent with, to join the server's log."""
+    return {
+        "input_lens": [o.prompt_len for o in outs],
+        "output_lens": [o.output_tokens or 0 for o in outs],
+        "ttfts": [o.ttft for o in outs],
+        "itls": [list(o.itl) for o in outs],
+        "start_times": [o.start_time for o in outs],
+        "generated_texts": [o.generated_text for o in outs],
+        "errors": [o.error for o in outs],
+        "request_ids": [o.request_id for o in outs],
+    }
 
 
 def _record(o: RequestOutput) -> dict:
