@@ -27,6 +27,7 @@ import time
 
 import httpx
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 SERIES = (
     "prefix_cache_hits_total",
@@ -46,44 +47,42 @@ SERIES = (
 PER_POS = "spec_decode_num_accepted_tokens_per_pos_total"
 
 
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of a Prometheus text page as ``(name, labels, value)``, read by ``prometheus_client``'s parser
+    (the text exposition format: a trailing timestamp, ``}`` or ``,`` inside a quoted label value, tabs;
+    https://prometheus.io/docs/instrumenting/exposition_formats/). A line the parser refuses is skipped, the
+    others kept (a page is read line by line when the whole does not parse)."""
+    try:
+        fams = list(text_string_to_metric_families(text))
+    except ValueError:
+        fams = []
+        for line in text.splitlines():
+            try:
+                fams += list(text_string_to_metric_families(line + "\n"))
+            except ValueError:
+                continue
+    return [(s.name, dict(s.labels), float(s.value)) for f in fams for s in f.samples]
+
+
 def parse(text: str) -> dict[str, float]:
     """Sum of each ``vllm:`` series in :data:`SERIES` over its label sets; the per-position accepted tokens
     as ``spec_decode_num_accepted_tokens_per_pos_total[i]`` (summed over the other labels)."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("vllm:"):
+    for full, labels, v in samples(text):
+        if not full.startswith("vllm:") or math.isnan(v):
             continue
-        name_labels, _, value = line.rpartition(" ")
-        name = name_labels.split("{", 1)[0][5:]
-        if name == PER_POS and 'position="' in name_labels:
-            pos = name_labels.split('position="', 1)[1].split('"', 1)[0]
-            name = f"{PER_POS}[{pos}]"
-            try:
-                out[name] = out.get(name, 0.0) + float(value)
-            except ValueError:
-                pass
+        name = full[5:]
+        if name == PER_POS and "position" in labels:
+            name = f"{PER_POS}[{labels['position']}]"
+        elif name not in SERIES:
             continue
-        if name in SERIES:
-            try:
-                v = float(value)
-            except ValueError:
-                continue
-            if not math.isnan(v):
-                out[name] = out.get(name, 0.0) + v
+        out[name] = out.get(name, 0.0) + v
     return out
 
 
 def cache_config(text: str) -> dict[str, str]:
     """The labels of ``vllm:cache_config_info`` (e.g. ``block_size``, ``enable_prefix_caching``); {} if absent."""
-    for line in text.splitlines():
-        if line.startswith("vllm:cache_config_info{"):
-            labels = line[len("vllm:cache_config_info{") : line.rfind("}")]
-            out = {}
-            for part in labels.split('",'):
-                k, _, v = part.partition('="')
-                out[k.strip()] = v.rstrip('"')
-            return out
-    return {}
+    return next((labels for name, labels, _ in samples(text) if name == "vllm:cache_config_info"), {})
 
 
 def block_size(url: str, headers: dict[str, str] | None = None) -> int | None:
@@ -153,16 +152,10 @@ QUEUE_END_FRACTION = 0.5
 def gauges(text: str) -> dict[str, float]:
     """The :data:`GAUGES` in a ``/metrics`` text, each summed over its label sets (absent: not in the dict)."""
     out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line.startswith("vllm:num_requests_"):
-            continue
-        name_labels, _, value = line.rpartition(" ")
-        name = name_labels.split("{", 1)[0][5:]
+    for full, _, v in samples(text):
+        name = full[5:] if full.startswith("vllm:") else ""
         if name in GAUGES:
-            try:
-                out[name] = out.get(name, 0.0) + float(value)
-            except ValueError:
-                pass
+            out[name] = out.get(name, 0.0) + v
     return out
 
 
