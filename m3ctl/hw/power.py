@@ -18,6 +18,14 @@ Sources:
   ``counter_resolution`` (microjoules per count), not supported in a VM guest.
 - ``nvidia-smi --query-gpu=index,power.draw --format=csv,noheader,nounits`` (``nvidia-smi --help-query-gpu``:
   watts, ``[N/A]`` without power management); ``rocm-smi --showpower --json`` (``... Power (W)`` per card).
+- A GPU metrics exporter's Prometheus page, for GPUs on another host (``open_power(url=...)``, ``bench
+  --power-metrics URL``): :data:`EXPORTERS`. NVIDIA DCGM exporter
+  (https://docs.nvidia.com/datacenter/dcgm/latest/dcgm-api/dcgm-api-field-ids.html): ``DCGM_FI_DEV_POWER_USAGE``
+  (W) and ``DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION`` (mJ since the driver loaded), label ``gpu``; AMD device
+  metrics exporter (https://instinct.docs.amd.com/projects/device-metrics-exporter/en/latest/configuration/
+  metricslist.html): ``GPU_POWER_USAGE`` (W) and ``GPU_ENERGY_CONSUMED`` (µJ), label ``gpu_id``. The exporter
+  refreshes at its own collection interval (dcgm-exporter ``-c``, 30 s by default): a figure is only as fine as
+  that interval, so run it with ``-c 1000`` for runs of a minute.
 """
 
 from __future__ import annotations
@@ -29,6 +37,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+import httpx
+
+from m3ctl.core.prometheus import samples
 from m3ctl.hw.amd import import_amdsmi
 from m3ctl.hw.nvidia import init_nvml
 from m3ctl.hw.probe import ProbeDeclined, Runner, _code, _s, default_runner
@@ -264,12 +275,89 @@ class SmiPower:
 
 
 # ----------------------------------------------------------------------------- the chain
-def open_power(*, nvml: Any | None = None, amdsmi: Any | None = None, run: Runner = default_runner) -> PowerSource:
-    """The first power interface that reads at least one GPU: NVML, amdsmi, nvidia-smi, rocm-smi.
+@dataclass(frozen=True)
+class Exporter:
+    """One exporter's metric names: its power gauge (W), its energy counter and the joules per counter unit, the
+    label holding the GPU index."""
+
+    name: str
+    power: str
+    energy: str
+    joules_per_unit: float
+    gpu_label: str
+
+
+#: The GPU exporters :class:`ExporterPower` reads (sources in the module docstring).
+EXPORTERS = (
+    Exporter("dcgm-exporter", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", 1e-3, "gpu"),
+    Exporter("amd-exporter", "GPU_POWER_USAGE", "GPU_ENERGY_CONSUMED", 1e-6, "gpu_id"),
+)
+
+
+class ExporterPower:
+    """Power and energy of another host's GPUs from its metrics exporter's page (``GET url``). Raises
+    ProbeDeclined at open (unreachable, not a page of a known exporter, no GPU on it)."""
+
+    min_interval_s = 1.0
+
+    def __init__(self, url: str, get: Any = httpx.get):
+        self.url, self.get = url, get
+        got = self._page()
+        if isinstance(got, str):
+            raise ProbeDeclined(got)
+        self.kind, readings = got
+        self.name = self.kind.name
+        self.gpus = sorted(readings)
+        self.has_counter = {g for g, (_, e) in readings.items() if e is not None}
+        if not self.gpus:
+            raise ProbeDeclined(f"{url}: the {self.name} page lists no GPU")
+
+    def _page(self) -> tuple[Exporter, dict[int, tuple[float | None, float | None]]] | str:
+        try:
+            r = self.get(self.url, timeout=5.0)
+        except httpx.HTTPError as e:
+            return f"{self.url}: {type(e).__name__}: {e}"
+        if r.status_code != 200:
+            return f"{self.url}: HTTP {r.status_code}"
+        rows = samples(r.text)
+        names = {n for n, _, _ in rows}
+        kind = next((x for x in EXPORTERS if x.power in names or x.energy in names), None)
+        if kind is None:
+            return f"{self.url}: no GPU power metric of a known exporter ({', '.join(x.power for x in EXPORTERS)})"
+        out: dict[int, tuple[float | None, float | None]] = {}
+        for name, labels, v in rows:
+            idx = labels.get(kind.gpu_label, "")
+            if name not in (kind.power, kind.energy) or not idx.isdigit():
+                continue
+            watts, joules = out.get(int(idx), (None, None))
+            out[int(idx)] = (v, joules) if name == kind.power else (watts, v * kind.joules_per_unit)
+        return kind, out
+
+    def read(self, gpus: Sequence[int]) -> list[PowerReading]:
+        got = self._page()
+        if isinstance(got, str):
+            return [PowerReading(i, None, None, got) for i in gpus]
+        _, readings = got
+        return [
+            PowerReading(i, w, e, None if w is not None or e is not None else f"{self.name}: no reading for GPU {i}")
+            for i in gpus
+            for w, e in [readings.get(i, (None, None))]
+        ]
+
+    def close(self) -> None:
+        pass
+
+
+def open_power(
+    *, nvml: Any | None = None, amdsmi: Any | None = None, run: Runner = default_runner, url: str | None = None
+) -> PowerSource:
+    """The first power interface that reads at least one GPU: NVML, amdsmi, nvidia-smi, rocm-smi; with ``url``,
+    that metrics exporter's page only (:class:`ExporterPower`: GPUs on another host).
 
     Args:
         nvml, amdsmi, run: injectable boundaries (a pynvml-like module, an amdsmi-like module, a subprocess
             runner returning (exit code, stdout, stderr)); defaults: the real ones.
+        url: a DCGM or AMD exporter's metrics URL (``http://gpu-host:9400/metrics``).
 
     Returns:
         An open :class:`PowerSource`; the caller closes it.
@@ -277,6 +365,8 @@ def open_power(*, nvml: Any | None = None, amdsmi: Any | None = None, run: Runne
     Raises:
         ProbeDeclined: none answered; the message joins each interface's reason (``nvml: ...; amdsmi: ...``).
     """
+    if url:
+        return ExporterPower(url)
     why: list[str] = []
     for name, make in (
         ("nvml", lambda: NvmlPower(nvml)),

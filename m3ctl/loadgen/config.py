@@ -350,5 +350,12 @@ class BenchConfig(BaseModel):
         json_schema_extra=cli(name="power_interval", parser="positive_float", metavar="SECONDS"),
     )
     """Power sampling period (s); nvidia-smi/rocm-smi fallbacks sample at most once a second."""
+    power_metrics: str | None = Field(
+        None,
+        description="A GPU exporter's metrics URL (DCGM or AMD: http://gpu-host:9400/metrics): the energy of GPUs on "
+        "another host.",
+        json_schema_extra=cli(metavar="URL"),
+    )
+    """A DCGM / AMD device-metrics exporter page to read power and energy from (m3ctl.hw.power.ExporterPower)."""
     deployment_gpus: list[int] | None = None
     """The GPU indices of ``deployment``'s launch plan (m3ctl.loadgen.target), what energy samples by default."""

@@ -1,7 +1,8 @@
 """Energy of a bench run's measured phase: GPU power sampled in a background thread, reported per output token.
 
 Which GPUs (:func:`choose_gpus`, the one place this is decided): ``power_gpus`` when named (``--power-gpus``);
-else the GPUs of the m3ctl deployment behind the endpoint (its launch plan's ``gpus``, ``deployment_gpus``);
+else, with a GPU exporter's page (``--power-metrics URL``: DCGM or AMD, for GPUs on the server's host), every GPU
+it lists (:class:`m3ctl.hw.power.ExporterPower`); else the GPUs of the m3ctl deployment behind the endpoint (its launch plan's ``gpus``, ``deployment_gpus``);
 else, for an endpoint on this host, every local GPU the power interface reads; else none: a remote endpoint
 with no GPUs named has no energy (its GPUs are not on this host). ``power=False`` (``--no-power``) samples nothing.
 
@@ -79,12 +80,15 @@ def choose_gpus(
     deployment_gpus: Sequence[int] | None,
     deployment: str | None,
     url: str,
+    exporter: str | None = None,
 ) -> GpuChoice:
     """Which GPUs a run samples (see the module docstring for the order)."""
     if not power:
         return GpuChoice([], None, "power sampling off (--no-power)")
     if power_gpus:
         return GpuChoice(sorted(set(power_gpus)), "--power-gpus")
+    if exporter:
+        return GpuChoice(None, f"every GPU of the exporter {exporter}")
     if deployment_gpus is not None:
         where = f"deployment {deployment}" if deployment else "the deployment"
         if not deployment_gpus:
@@ -214,6 +218,7 @@ class EnergyMeter:
         deployment: str | None = None,
         url: str = "",
         interval_s: float = DEFAULT_INTERVAL_S,
+        exporter: str | None = None,
     ) -> EnergyMeter:
         """Choose the GPUs and open the power interface (:func:`m3ctl.hw.power.open_power`). No interface, or GPUs
         of a deployment this host does not have, give a meter whose block is n/a with the reason.
@@ -221,13 +226,14 @@ class EnergyMeter:
         Raises:
             BadInput: ``power_gpus`` names a GPU the interface does not read on this host.
         """
-        choice = choose_gpus(power, power_gpus, deployment_gpus, deployment, url)
+        choice = choose_gpus(power, power_gpus, deployment_gpus, deployment, url, exporter)
         if choice.reason:
             return cls(choice, None, choice.reason, interval_s)
         try:
-            src = open_power()
+            src = open_power(url=exporter) if exporter else open_power()
         except ProbeDeclined as e:
-            return cls(choice, None, f"no GPU power reading on this host ({e})", interval_s)
+            where = "from the exporter" if exporter else "on this host"
+            return cls(choice, None, f"no GPU power reading {where} ({e})", interval_s)
         missing = sorted(set(choice.gpus or []) - set(src.gpus))
         if missing:
             have = ", ".join(map(str, src.gpus))
@@ -235,7 +241,8 @@ class EnergyMeter:
             names = ",".join(map(str, missing))
             if choice.source == "--power-gpus":
                 raise BadInput(
-                    f"--power-gpus {names}: no such GPU on this host ({src.name} reads GPUs {have})",
+                    f"--power-gpus {names}: no such GPU {'on the exporter' if exporter else 'on this host'} "
+                    f"({src.name} reads GPUs {have})",
                     "name GPUs of this host (e.g. --power-gpus 0), or pass --no-power",
                 )
             return cls(

@@ -343,6 +343,7 @@ def prepare(cfg: BenchConfig, tok: Tokenizer, own_tok: bool, sync_log: Callable[
         deployment=cfg.deployment,
         url=cfg.url,
         interval_s=cfg.power_interval_s,
+        exporter=cfg.power_metrics,
     )
 
     def measured() -> None:  # the measured phase begins: power sampling first, then the counters' snapshot

@@ -27,7 +27,8 @@ import time
 
 import httpx
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
+
+from m3ctl.core.prometheus import samples
 
 SERIES = (
     "prefix_cache_hits_total",
@@ -45,23 +46,6 @@ SERIES = (
 
 
 PER_POS = "spec_decode_num_accepted_tokens_per_pos_total"
-
-
-def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
-    """Every sample of a Prometheus text page as ``(name, labels, value)``, read by ``prometheus_client``'s parser
-    (the text exposition format: a trailing timestamp, ``}`` or ``,`` inside a quoted label value, tabs;
-    https://prometheus.io/docs/instrumenting/exposition_formats/). A line the parser refuses is skipped, the
-    others kept (a page is read line by line when the whole does not parse)."""
-    try:
-        fams = list(text_string_to_metric_families(text))
-    except ValueError:
-        fams = []
-        for line in text.splitlines():
-            try:
-                fams += list(text_string_to_metric_families(line + "\n"))
-            except ValueError:
-                continue
-    return [(s.name, dict(s.labels), float(s.value)) for f in fams for s in f.samples]
 
 
 def parse(text: str) -> dict[str, float]:

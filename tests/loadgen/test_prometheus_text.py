@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from m3ctl.loadgen.servermetrics import cache_config, gauges, parse, samples
+from m3ctl.core.prometheus import samples
+from m3ctl.loadgen.servermetrics import cache_config, gauges, parse
 
 PAGE = (
     "# HELP vllm:prefix_cache_hits Prefix cache hits.\n"

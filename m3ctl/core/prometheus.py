@@ -1,0 +1,22 @@
+"""Prometheus text pages (vLLM's ``/metrics``, a DCGM or AMD GPU exporter) read through ``prometheus_client``'s
+parser: the one reader of the text exposition format in m3ctl (https://prometheus.io/docs/instrumenting/
+exposition_formats/: a trailing timestamp, ``}`` or ``,`` inside a quoted label value, tabs between fields)."""
+
+from __future__ import annotations
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of a page as ``(name, labels, value)``. A line the parser refuses is skipped, the others kept
+    (the page is read line by line when the whole does not parse)."""
+    try:
+        fams = list(text_string_to_metric_families(text))
+    except ValueError:
+        fams = []
+        for line in text.splitlines():
+            try:
+                fams += list(text_string_to_metric_families(line + "\n"))
+            except ValueError:
+                continue
+    return [(s.name, dict(s.labels), float(s.value)) for f in fams for s in f.samples]
