@@ -201,10 +201,14 @@ class HostInventory(_Frozen):
         hf_token_set: whether HF_TOKEN / HUGGING_FACE_HUB_TOKEN is set (the value is never recorded).
         visible_devices: CUDA_/NVIDIA_/HIP_/ROCR_VISIBLE_DEVICES as set in the environment.
         container: container engine facts.
+        system: the catalog system this inventory stands for (``b200x8``: m3ctl.hw.systems.inventory_for_system,
+            nothing probed), None for a probed host or a saved inventory. A plan for it holds nothing of this
+            machine (m3ctl.planning: ``vllm`` from the target's PATH, the target's default HF cache).
     """
 
     schema_version: int = INVENTORY_SCHEMA
     label: str = ""
+    system: str | None = None
     gpus: tuple[GpuInfo, ...] = ()
     probe: str = "none"
     declined: tuple[ProbeDecline, ...] = ()

@@ -261,6 +261,7 @@ def inventory_for_system(name: str) -> HostInventory:
     )
     return HostInventory(
         label=f"system {key}x{count}: {spec.description} (m3ctl/data/systems.yaml; not probed)",
+        system=f"{key}x{count}",
         gpus=gpus,
         probe="nvml" if nv else "amdsmi",
         driver_version=spec.driver_version,

@@ -161,7 +161,10 @@ def step_profile_and_runtime(inventory: HostInventory, request: PlanRequest) -> 
             Choice(
                 what="profile",
                 value=profile.name,
-                why=f"catalog profile for detected architecture {inventory.arch!r}"
+                why=f"catalog profile for catalog system {inventory.system}'s architecture {inventory.arch!r}"
+                f" ({len(inventory.gpus)} GPU(s); nothing probed)"
+                if inventory.system
+                else f"catalog profile for detected architecture {inventory.arch!r}"
                 f" ({len(inventory.gpus)} GPU(s), probe {inventory.probe})",
             )
         )

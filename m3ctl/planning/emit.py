@@ -78,7 +78,8 @@ def docker_command(plan: LaunchPlan, options=None, *, marker: str | None = "") -
     :class:`~m3ctl.planning.launch.DockerRun` the runtime sends to the engine (:func:`m3ctl.planning.launch.plan_docker_run`),
     under ``options`` (a :class:`~m3ctl.planning.launch.DockerOptions`; default: the runtime's defaults).
     ``marker``: the ``m3ctl.deployment`` label; ``""`` (default) = the default state dir's marker of the plan, as
-    the runtime labels it; None = no such label.
+    the runtime labels it (none for a catalog system's plan: this machine's state dir means nothing there); None =
+    no such label.
 
     Raises:
         BadInput: the plan has no image (runtime process).
@@ -86,7 +87,7 @@ def docker_command(plan: LaunchPlan, options=None, *, marker: str | None = "") -
     """
     _container(launch_spec(plan))  # BadInput for a plan without an image
     if marker == "":
-        marker = Registry().marker(plan.name)
+        marker = None if plan.target_system else Registry().marker(plan.name)
     return _q(docker_run_args(plan_docker_run(plan, options, marker=marker))) + "\n"
 
 

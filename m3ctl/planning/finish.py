@@ -106,7 +106,8 @@ def step_argv(d: PlanDraft) -> None:
     )
     d.served = r.served_model_name or d.target  # what OpenAI clients send; the deployment name is an alias
     d.aliases = [r.name] if r.served_model_name is None and r.name != d.target else []
-    exe = r.vllm_executable or find_vllm_executable()
+    # a catalog system's plan holds nothing of this machine: the target's `vllm` on its PATH
+    exe = r.vllm_executable or ("vllm" if d.inventory.system else find_vllm_executable())
     d.argv = [exe, *vllm_serve_argv(d.target, r.host, r.port, [d.served, *d.aliases], d.args)]
     ready, weights = d.profile.readiness, d.facts.weights_gib
     if r.startup_budget_s is None:
@@ -166,6 +167,7 @@ def step_launch_plan(d: PlanDraft) -> LaunchPlan:
         served_model_aliases=d.aliases,
         weights_gib=d.facts.weights_gib or None,
         kernel_expect=capability.kernel_expectation(prof.expect, ctx.support() if ctx.variant else None).model_dump(),
+        target_system=inv.system,
     )
     lp._secret_values = dict(d.secrets.values)
     lp._rules = ctx

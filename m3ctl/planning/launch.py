@@ -39,6 +39,9 @@ from m3ctl.errors import BadInput, ConfigRejected
 
 #: Where the HF cache is mounted inside a container (the official images run as root).
 CONTAINER_HF_HOME = "/root/.cache/huggingface"
+#: The HF cache of a catalog system's host (``plan --system``: nothing of this machine is read): huggingface_hub's
+#: default for root, who runs a GPU node's containers (https://huggingface.co/docs/huggingface_hub/guides/manage-cache).
+TARGET_HF_HOME = "/root/.cache/huggingface"
 #: Environment variables that select GPUs for a process (every vendor's, m3ctl/data/vendors.yaml); a container gets
 #: its devices from the engine instead.
 VISIBILITY_ENV = vendors.process_visibility_vars()
@@ -243,7 +246,11 @@ def container_gpus(vendor: str | None, ids: list[str], env: dict[str, str]) -> t
 
 def launch_spec(plan, *, nodes: int = 1, environ: dict[str, str] | None = None) -> LaunchSpec:
     """Build the :class:`LaunchSpec` of ``plan`` (a :class:`~m3ctl.planning.plan.LaunchPlan`). Pure apart from reading
-    where the HF cache is (``environ``, default ``os.environ``) and whether the model is a local directory."""
+    where the HF cache is (``environ``, default ``os.environ``) and whether the model is a local directory; a plan
+    for a catalog system (``plan.target_system``) reads neither: its HF cache is the target's default
+    (:data:`TARGET_HF_HOME`) and its model a hub id or a path on the target."""
+    if getattr(plan, "target_system", None):
+        environ = {"HF_HOME": TARGET_HF_HOME}
 
     args = plan.vllm_args
     layout = Layout(

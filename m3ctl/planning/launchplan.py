@@ -46,6 +46,9 @@ class LaunchPlan(BaseModel):
 
     name: str
     runtime: str = "process"
+    target_system: str | None = None
+    """The catalog system planned for (``b200x8``), None for this host or a saved inventory: its plan takes
+    nothing from this machine (``vllm`` from the target's PATH, the HF cache at :data:`TARGET_HF_HOME`)."""
     profile: str
     model_spec: str | None = None
     variant: str | None = None

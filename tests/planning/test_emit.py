@@ -78,11 +78,16 @@ def test_docker_gpus_value_survives_the_docker_cli_csv_reader():
     assert _docker_cli_gpus(gpus) == [str(i) for i in range(8)]
 
 
+def _probed_b200():
+    """A b200x8 host as detection on it reports it (not the catalog system: this machine's HF cache applies)."""
+    return ALL["b200x8"]().model_copy(update={"system": None})
+
+
 def test_local_model_dir_and_its_hf_cache_are_mounted_read_only(tmp_path, monkeypatch, tiny_model_dir):
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     p = plan(
-        ALL["b200x8"](),
+        _probed_b200(),
         PlanRequest(
             model=str(tiny_model_dir),
             runtime="docker",
@@ -123,7 +128,7 @@ def test_a_hub_model_mounts_the_hf_cache_read_write_even_before_it_exists(tmp_pa
     monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
     monkeypatch.delenv("HF_HUB_CACHE", raising=False)
     req = dict(runtime="docker", vllm_executable="vllm", skip_checks=True, image="vllm/vllm-openai:v0.32.0")
-    p = plan(ALL["b200x8"](), PlanRequest(model="MiniMaxAI/MiniMax-M3.1-Flash", **req))
+    p = plan(_probed_b200(), PlanRequest(model="MiniMaxAI/MiniMax-M3.1-Flash", **req))
     assert _flag_values(shlex.split(render(p, "docker")), "-v") == [
         f"{tmp_path / 'hf-home'}:/root/.cache/huggingface:rw"
     ]

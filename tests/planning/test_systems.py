@@ -202,7 +202,7 @@ def test_cli_plan_system_works_without_gpus():
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert d["profile"] == "blackwell-ultra" and d["layout"]["gpus"] == [0, 1, 2, 3]
-    assert "4 GPU(s), probe nvml" in d["explain"][0]["why"]  # the catalog host, not this GPU-less one
+    assert "catalog system gb300x4" in d["explain"][0]["why"]  # the catalog host, not this GPU-less one
 
 
 def test_cli_system_errors_are_one_line():
