@@ -61,6 +61,12 @@ def plan(
             help="With --emit k8s/lws: mount this node path as the HF cache instead of a PersistentVolumeClaim.",
         ),
     ] = None,
+    api_key_env: Annotated[
+        str | None,
+        typer.Option(
+            help="Require this API key, as serve's: the name of the environment variable holding it (handed to vLLM as VLLM_API_KEY, never on its command line)."
+        ),
+    ] = None,
     systems: Annotated[
         list[str] | None,
         typer.Option(
@@ -103,6 +109,7 @@ def plan(
         config=config,
         offline=(knobs or {}).get("offline"),
         default_runtime="docker" if emit in ("docker", "compose", "k8s", "lws") else "auto",
+        api_key_env=api_key_env,
     )
     if emit:
         typer.echo(render(p, emit, nodes=nodes, hf_host_path=hf_cache_hostpath), nl=False)
