@@ -33,7 +33,7 @@ from m3ctl.catalog.loader import read_user_text
 from m3ctl.catalog.vllm_args import canon_flag, check_choice, vllm_int
 from m3ctl.catalog.vllm_values import check_args
 from m3ctl.core.secrets import MASK, is_secret_name, redact_env, redact_raw, secret_flag
-from m3ctl.errors import BadInput, first_error
+from m3ctl.errors import BadInput, first_error, plain_text
 
 #: The origin of what the command line (or an API call's own arguments) sets (:meth:`PlanRequest.origin_of`).
 DIRECT = "command line / API"
@@ -133,6 +133,12 @@ class PlanRequest(BaseModel):
         or an API call, else the layer that set it (``config file run.yaml (variant)``)."""
         o = self.origin_of(field)
         return f"given with {flag}" if o == DIRECT else f"{o} ({field})"
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        """Text the command line could carry: no bytes, no NUL (m3ctl.errors.plain_text), API and CLI alike."""
+        return plain_text(v)
 
     @field_validator("profile")
     @classmethod
@@ -323,7 +329,9 @@ def env_request(environ: dict[str, str] | None = None) -> PlanRequest:
         BadInput: a value that is not valid for its field (``M3CTL_PORT=abc``), naming the variable.
     """
     env = os.environ if environ is None else environ
-    data = {f: env[k] for k, f in ENV_FIELDS.items() if env.get(k)}
+    data = {f: env[k] for k, f in ENV_FIELDS.items() if k in env}  # set but empty is refused, as --port ''
+    if (blank := next((k for k, f in ENV_FIELDS.items() if f in data and not data[f].strip()), None)) is not None:
+        raise BadInput(f"{blank} is set but empty", f"give {blank} a value or unset it")
     try:
         req = PlanRequest.model_validate(data)
         req._origins = {f: f"environment {k}" for k, f in ENV_FIELDS.items() if f in data}
@@ -332,6 +340,32 @@ def env_request(environ: dict[str, str] | None = None) -> PlanRequest:
         err = first_error(e)
         var = next(k for k, f in ENV_FIELDS.items() if f == err.loc[0])
         raise BadInput(f"{var}={env[var]!r}: {err.msg}", f"fix or unset {var}") from None
+
+
+def check_env(environ: dict[str, str] | None = None) -> None:
+    """Check every ``M3CTL_`` variable m3ctl reads as its option would be checked (one line naming the variable;
+    never ignored): :data:`ENV_FIELDS` through :class:`PlanRequest` (:func:`env_request`), ``M3CTL_DEBUG`` 0 or 1,
+    ``M3CTL_STATE_DIR`` an absolute path, none set but empty. ``M3CTL_CATALOG_DIR`` is checked where it is read
+    (m3ctl.catalog); ``M3CTL_DEPLOYMENT`` is m3ctl's own process marker.
+
+    Raises:
+        BadInput: the first bad one.
+    """
+    env = os.environ if environ is None else environ
+    for k in ("M3CTL_DEBUG", "M3CTL_STATE_DIR", "M3CTL_CATALOG_DIR"):
+        v = env.get(k)
+        if v is None:
+            continue
+        if not v.strip():
+            raise BadInput(f"{k} is set but empty", f"give {k} a value or unset it")
+        if k == "M3CTL_DEBUG" and v not in ("0", "1"):
+            raise BadInput(f"M3CTL_DEBUG={v!r}: not 0 or 1", "M3CTL_DEBUG=1 shows tracebacks on errors; 0 or unset hides them")
+        if k == "M3CTL_STATE_DIR" and not Path(v).expanduser().is_absolute():
+            raise BadInput(
+                f"M3CTL_STATE_DIR={v!r}: not an absolute path (the state would move with the working directory)",
+                "give an absolute directory, e.g. M3CTL_STATE_DIR=$PWD/state",
+            )
+    env_request(env)
 
 
 def user_config_path(environ: dict[str, str] | None = None) -> Path:
@@ -348,6 +382,7 @@ def user_request(environ: dict[str, str] | None = None) -> PlanRequest:
     Raises:
         BadInput: as :func:`load_request` and :func:`env_request`.
     """
+    check_env(environ)
     path = user_config_path(environ)
     return merge(load_request(path) if path.exists() else None, env_request(environ))
 

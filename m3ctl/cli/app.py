@@ -186,8 +186,9 @@ def _root(
 
 def warn_unknown_env() -> None:
     """One line on stderr naming ``M3CTL_`` variables m3ctl does not read (a typo would be ignored silently)."""
-    from m3ctl.assess.request import ENV_FIELDS, unknown_env  # noqa: PLC0415
+    from m3ctl.assess.request import ENV_FIELDS, check_env, unknown_env  # noqa: PLC0415
 
+    check_env()
     if names := unknown_env():
         console(stderr=True).print(
             f"warning: unknown environment variable(s) {', '.join(names)} ignored; m3ctl "
@@ -213,9 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the app and map errors to one line + exit code."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args or os.environ.get("M3CTL_DEBUG") == "1"
-    if any(k.startswith("M3CTL_") for k in os.environ):
-        warn_unknown_env()
     try:
+        if any(k.startswith("M3CTL_") for k in os.environ):
+            warn_unknown_env()  # and refuses a bad value of one m3ctl reads (m3ctl.assess.request.check_env)
         rv = app(args=args, prog_name="m3ctl", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
     except _Exit as e:
