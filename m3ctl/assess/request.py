@@ -210,7 +210,12 @@ class PlanRequest(BaseModel):
         max-num-seqs=64`` planned 64 with no word); across layers the higher one wins (:func:`merge`).
 
         Raises:
-            BadInput: naming both."""
+            BadInput: naming both; ``spec_depth`` 0 (off) with a ``spec_method`` (on)."""
+        if self.spec_depth == 0 and self.spec_method:
+            raise BadInput(
+                f"--spec-depth 0 turns speculative decoding off and --spec-method {self.spec_method} asks for it",
+                "drop --spec-method, or give --spec-depth N (N > 0 draft tokens)",
+            )
         for k, flag in TYPED_FLAGS.items():
             v = getattr(self, k)
             if v is not None and flag in self.args and str(self.args[flag]).lower() != str(v).lower():

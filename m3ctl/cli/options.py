@@ -466,3 +466,4 @@ def declared_options(
             cli["show"] = _DECLARED_SHOWS[cli["show"]]
         spec[f] = {**cli, **(extra or {}).get(f, {})}
     return model_options(model, spec)
+
