@@ -251,10 +251,15 @@ def plain_text(value: Any) -> Any:
         ValueError: bytes (pydantic would decode them silently), or a NUL character (no argv holds one; vLLM,
             a file name or an HTTP header would cut the text there).
     """
-    if isinstance(value, bytes | bytearray):
-        raise ValueError("bytes are not text: pass a str")
-    if isinstance(value, str) and "\x00" in value:
-        raise ValueError("a NUL character (\\x00) is not allowed in text")
+    wrong = (
+        "bytes are not text: pass a str"
+        if isinstance(value, bytes | bytearray)
+        else "a NUL character (\\x00) is not allowed in text"
+        if isinstance(value, str) and "\x00" in value
+        else None
+    )
+    if wrong:  # a ValueError: pydantic reports it as the field's error (a TypeError would escape it)
+        raise ValueError(wrong)
     if isinstance(value, list | tuple | set | frozenset):
         for v in value:
             plain_text(v)

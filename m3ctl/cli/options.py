@@ -466,4 +466,3 @@ def declared_options(
             cli["show"] = _DECLARED_SHOWS[cli["show"]]
         spec[f] = {**cli, **(extra or {}).get(f, {})}
     return model_options(model, spec)
-

@@ -6,7 +6,6 @@ takes `--api-key-env` like serve (its own advice)."""
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
