@@ -431,7 +431,7 @@ def check_env(environ: dict[str, str] | None = None) -> None:
                 f"M3CTL_STATE_DIR={v!r}: not an absolute path (the state would move with the working directory)",
                 "give an absolute directory, e.g. M3CTL_STATE_DIR=$PWD/state",
             )
-    env_request(env)
+    env_request(dict(env))
 
 
 def user_config_path(environ: dict[str, str] | None = None) -> Path:

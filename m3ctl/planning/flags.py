@@ -159,8 +159,8 @@ def step_flags(d: PlanDraft) -> None:
         given = {k: v for k, v in typed.items() if v is not None and r.origin_of(k.replace("-", "_")) == origin}
         _layer(d, given, origin)
     cap = d.facts.max_position_embeddings
-    given = r.max_model_len is not None  # an asked length above the model's is refused (rule model.max_len)
-    if cap and not given and isinstance(d.args.get("max-model-len"), int) and d.args["max-model-len"] > cap:
+    asked = r.max_model_len is not None  # an asked length above the model's is refused (rule model.max_len)
+    if cap and not asked and isinstance(d.args.get("max-model-len"), int) and d.args["max-model-len"] > cap:
         d.args["max-model-len"] = cap
         d.choices.append(
             Choice(what="--max-model-len", value=str(cap), why="capped at the model's max_position_embeddings")

@@ -305,7 +305,9 @@ def test_flags_cap_max_model_len_and_keep_secret_flags_out():
     d.facts = ModelFacts(source="some/model", max_position_embeddings=4096)
     step_flags(d)
     assert d.args["max-model-len"] == 1_000_000
-    d = _draft(profile=Profile(name="p", arch="cpu", serve_args={"max-model-len": 1_000_000}), args={"api-key": "sekrit"})
+    d = _draft(
+        profile=Profile(name="p", arch="cpu", serve_args={"max-model-len": 1_000_000}), args={"api-key": "sekrit"}
+    )
     d.facts = ModelFacts(source="some/model", max_position_embeddings=4096)
     step_flags(d)
     assert d.args["max-model-len"] == 4096 and "api-key" not in d.args
