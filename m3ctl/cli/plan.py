@@ -61,12 +61,7 @@ def plan(
             help="With --emit k8s/lws: mount this node path as the HF cache instead of a PersistentVolumeClaim.",
         ),
     ] = None,
-    api_key_env: Annotated[
-        str | None,
-        typer.Option(
-            help="Require this API key, as serve's: the name of the environment variable holding it (handed to vLLM as VLLM_API_KEY, never on its command line)."
-        ),
-    ] = None,
+    api_key_env: o.ApiKeyEnv = None,
     systems: Annotated[
         list[str] | None,
         typer.Option(
