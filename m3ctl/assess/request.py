@@ -251,8 +251,8 @@ class PlanRequest(BaseModel):
 def raw_as_flags(raw: list[str]) -> tuple[dict[str, Any], list[str]]:
     """A layer's raw vLLM arguments (``extra_args``) read as vLLM reads them (m3ctl.catalog.vllm_args.read_raw_args),
     so that they layer as ``args`` do: ``({flag: value}, the rest)``. The rest stays raw, as written: an argument
-    vLLM does not know (the rules name it), a dotted key, a secret flag (its origin says "raw"), anything malformed
-    (the planner says what is wrong with it).
+    vLLM does not know or a value it would refuse (the rules name them), a dotted key, a secret flag (its origin
+    says "raw"), anything malformed (the planner says what is wrong with it).
     """
     segments: list[list[str]] = []
     for tok in raw:  # one segment per option, with the values after it
@@ -270,6 +270,11 @@ def raw_as_flags(raw: list[str]) -> tuple[dict[str, Any], list[str]]:
             continue
         (name, value), *more = list(read.flags.items()) or [("", None)]
         if more or not name or read.unknown or "." in name or secret_flag(name) is not None or name in flags:
+            rest += seg
+            continue
+        try:
+            check_args({name: value})
+        except BadInput:  # a value vLLM would refuse: the rules name it as a raw argument
             rest += seg
             continue
         flags[name] = value
