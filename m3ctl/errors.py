@@ -242,6 +242,34 @@ class UnreadableRecord(NotFound):
         self.path = path
 
 
+def plain_text(value: Any) -> Any:
+    """``value`` as given, when every string in it (lists, tuples and dict keys and values included) is text a
+    command line can carry: the settings models (m3ctl.loadgen.config.BenchConfig,
+    m3ctl.assess.request.PlanRequest) run it on every field, so the API refuses what the CLI cannot be given.
+
+    Raises:
+        ValueError: bytes (pydantic would decode them silently), or a NUL character (no argv holds one; vLLM,
+            a file name or an HTTP header would cut the text there).
+    """
+    wrong = (
+        "bytes are not text: pass a str"
+        if isinstance(value, bytes | bytearray)
+        else "a NUL character (\\x00) is not allowed in text"
+        if isinstance(value, str) and "\x00" in value
+        else None
+    )
+    if wrong:  # a ValueError: pydantic reports it as the field's error (a TypeError would escape it)
+        raise ValueError(wrong)
+    if isinstance(value, list | tuple | set | frozenset):
+        for v in value:
+            plain_text(v)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            plain_text(k)
+            plain_text(v)
+    return value
+
+
 class FirstError(NamedTuple):
     """The first error of a pydantic ``ValidationError`` (:func:`first_error`).
 

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 from m3ctl.api._args import _checked
 from m3ctl.assess.request import PlanRequest, load_request, merge, user_request
 from m3ctl.core.files import read_user_text
-from m3ctl.core.secrets import passthrough_env
+from m3ctl.core.secrets import API_KEY_ENV, given_api_key, passthrough_env
 from m3ctl.errors import BadInput
 from m3ctl.hw.detect import detect
 from m3ctl.hw.inventory import HostInventory, load_inventory
@@ -124,6 +124,7 @@ def plan(
     config: str | Path | None = None,
     offline: bool | None = None,
     default_runtime: Literal["auto", "process", "docker"] = "auto",
+    api_key_env: str | None = None,
     **knobs: Any,
 ) -> LaunchPlan:
     """Plan a launch (image, argv, env, every choice explained); start nothing.
@@ -140,19 +141,34 @@ def plan(
         offline: resolve the model, tokenizer and drafter to checked local HF-cache snapshots (default: when
             ``HF_HUB_OFFLINE=1``).
         default_runtime: the runtime when no layer sets one (``plan --emit docker`` plans for ``docker``).
+        api_key_env: require an API key, as ``serve``'s: the name of the variable holding it (the plan hands it
+            to vLLM as ``VLLM_API_KEY``; its forms bind it by name, never the value).
 
     Returns:
         :class:`~m3ctl.planning.plan.LaunchPlan`: ``argv``, ``env``, ``image``, ``choices`` (what, value, why),
         ``rejected``, ``warnings``; ``summary()`` is the ``plan --json`` shape, ``command_line()`` the command.
 
     Raises:
-        BadInput: an unknown field or bad value (one line), a bad host address, an unreadable config/inventory.
+        BadInput: an unknown field or bad value (one line), a bad host address, an unreadable config/inventory;
+            ``api_key_env`` not a variable name or unset.
         ConfigRejected: a plan rule rejects the request (the rule, the values and the fix).
     """
 
+    key, given = given_api_key(api_key_env, None)  # as serve's (m3ctl.serving.workflow.serve_plan)
     req = plan_request(request, config=config, default_runtime=default_runtime, **knobs)
     check_host(req.host)
+    if key:
+        req = req.model_copy(update={"pass_env": sorted({*req.pass_env, API_KEY_ENV})})
     p = make_plan(host_inventory(inventory, system), req)
+    if key:
+        if API_KEY_ENV in p.secret_values():
+            raise BadInput(
+                f"an API key given twice: {given[API_KEY_ENV]} and {p.secret_origins[API_KEY_ENV]}", "give the key once"
+            )
+        update: dict[str, Any] = {"secret_origins": {**p.secret_origins, **given}}
+        if api_key_env != API_KEY_ENV:
+            update["api_key_env"] = api_key_env
+        p = p.model_copy(update=update)
     return resolve_if_offline(p, offline)
 
 

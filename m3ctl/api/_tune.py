@@ -63,8 +63,21 @@ def prepare_tune(
         sdir = Path(study_dir) if study_dir else Path.cwd() / f"m3ctl-tune-{time.strftime('%Y%m%d-%H%M%S')}"
         if opts.port is None:  # not given: $M3CTL_PORT, the config file's, else 8000 (as the CLI)
             opts = opts.model_copy(update={"port": user.port})
+        opts = _user_max_model_len(opts, user)
         settings = st.new_settings(model, inv, opts, study_dir=sdir, save=not dry_run)
     return sdir, settings, inv
+
+
+def _user_max_model_len(opts: TuneOptions, user: Any) -> TuneOptions:
+    """``opts`` with the user config's ``max_model_len`` as every trial's ``--max-model-len``, as ``plan`` takes it,
+    unless the tune's own flags give one (``--arg max-model-len=N`` or a raw ``--max-model-len N``)."""
+    if "max_model_len" not in user.model_fields_set or user.max_model_len is None:
+        return opts
+    given = {k.lstrip("-").replace("_", "-") for k in opts.args}
+    given |= {a.lstrip("-").split("=", 1)[0].replace("_", "-") for a in opts.extra_args if a.startswith("--")}
+    if "max-model-len" in given:
+        return opts
+    return opts.model_copy(update={"args": {**opts.args, "max-model-len": user.max_model_len}})
 
 
 def tune_refusal(report: dict[str, Any]) -> Exception | None:

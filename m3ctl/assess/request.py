@@ -30,10 +30,10 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, Va
 
 from m3ctl.catalog import Profile, _explain, load_yaml, yaml_error
 from m3ctl.catalog.loader import read_user_text
-from m3ctl.catalog.vllm_args import canon_flag, check_choice, vllm_int
+from m3ctl.catalog.vllm_args import _is_option, canon_flag, check_choice, read_raw_args, vllm_int
 from m3ctl.catalog.vllm_values import check_args
 from m3ctl.core.secrets import MASK, is_secret_name, redact_env, redact_raw, secret_flag
-from m3ctl.errors import BadInput, first_error
+from m3ctl.errors import BadInput, first_error, plain_text
 
 #: The origin of what the command line (or an API call's own arguments) sets (:meth:`PlanRequest.origin_of`).
 DIRECT = "command line / API"
@@ -134,6 +134,12 @@ class PlanRequest(BaseModel):
         o = self.origin_of(field)
         return f"given with {flag}" if o == DIRECT else f"{o} ({field})"
 
+    @field_validator("*", mode="before")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        """Text the command line could carry: no bytes, no NUL (m3ctl.errors.plain_text), API and CLI alike."""
+        return plain_text(v)
+
     @field_validator("profile")
     @classmethod
     def _a_loaded_profile(cls, v: Any) -> Any:
@@ -204,7 +210,12 @@ class PlanRequest(BaseModel):
         max-num-seqs=64`` planned 64 with no word); across layers the higher one wins (:func:`merge`).
 
         Raises:
-            BadInput: naming both."""
+            BadInput: naming both; ``spec_depth`` 0 (off) with a ``spec_method`` (on)."""
+        if self.spec_depth == 0 and self.spec_method:
+            raise BadInput(
+                f"--spec-depth 0 turns speculative decoding off and --spec-method {self.spec_method} asks for it",
+                "drop --spec-method, or give --spec-depth N (N > 0 draft tokens)",
+            )
         for k, flag in TYPED_FLAGS.items():
             v = getattr(self, k)
             if v is not None and flag in self.args and str(self.args[flag]).lower() != str(v).lower():
@@ -237,6 +248,65 @@ class PlanRequest(BaseModel):
         return out
 
 
+def raw_as_flags(raw: list[str]) -> tuple[dict[str, Any], list[str]]:
+    """A layer's raw vLLM arguments (``extra_args``) read as vLLM reads them (m3ctl.catalog.vllm_args.read_raw_args),
+    so that they layer as ``args`` do: ``({flag: value}, the rest)``. The rest stays raw, as written: an argument
+    vLLM does not know or a value it would refuse (the rules name them), a dotted key, a secret flag (its origin
+    says "raw"), anything malformed (the planner says what is wrong with it).
+    """
+    segments: list[list[str]] = []
+    for tok in raw:  # one segment per option, with the values after it
+        if _is_option(tok) or not segments:
+            segments.append([tok])
+        else:
+            segments[-1].append(tok)
+    flags: dict[str, Any] = {}
+    rest: list[str] = []
+    for seg in segments:
+        try:
+            read = read_raw_args(seg)
+        except BadInput:
+            rest += seg
+            continue
+        (name, value), *more = list(read.flags.items()) or [("", None)]
+        if more or not name or read.unknown or "." in name or secret_flag(name) is not None or name in flags:
+            rest += seg
+            continue
+        try:
+            check_args({name: value})
+        except BadInput:  # a value vLLM would refuse: the rules name it as a raw argument
+            rest += seg
+            continue
+        flags[name] = value
+    return flags, rest
+
+
+def _layer_raw(layer: PlanRequest, given: dict[str, Any]) -> list[str]:
+    """Move the raw arguments of one layer's ``given`` fields into its ``args`` (:func:`raw_as_flags`); returns the
+    raw arguments left.
+
+    Raises:
+        BadInput: a raw flag and ``--arg`` or a typed option of the same layer with different values.
+    """
+    flags, rest = raw_as_flags(given.pop("extra_args", []))
+    args = dict(given.get("args", {}))
+    typed_of = {flag: k for k, flag in TYPED_FLAGS.items()}
+    for flag, v in flags.items():
+        shown = v if not isinstance(v, tuple) else " ".join(v)
+        if flag in args and str(args[flag]).lower() != str(shown).lower():
+            raise BadInput(f"--arg {flag}={args[flag]} and raw --{flag} {shown} disagree", "give the value once")
+        k = typed_of.get(flag)
+        if k in given and str(given[k]).lower() != str(shown if v is not True else "true").lower():
+            raise BadInput(
+                f"--{k.replace('_', '-')} {given[k]} and raw --{flag} {shown} disagree", "give the value once"
+            )
+        if k not in given:
+            args[flag] = v
+    if args:
+        given["args"] = args
+    return rest
+
+
 def merge(*layers: PlanRequest | None) -> PlanRequest:
     """Merge requests, lowest precedence first (e.g. ``merge(file_request, cli_request)``): see the module doc.
     The result knows which layer set each field and ``args`` flag (:meth:`PlanRequest.origin_of`)."""
@@ -244,17 +314,24 @@ def merge(*layers: PlanRequest | None) -> PlanRequest:
     args: dict[str, Any] = {}
     env: dict[str, str] = {}
     origins: dict[str, str] = {}
+    extra: list[str] = []
     typed_of = {flag: k for k, flag in TYPED_FLAGS.items()}
     for layer in layers:
         if layer is None:
             continue
         layer.check_one_value_per_flag()
         given = layer.set_fields()
+        had = set(given.get("args", {}))
+        extra += _layer_raw(layer, given)  # raw vLLM arguments layer as args do
+        for flag in set(given.get("args", {})) - had:
+            o = layer.origin_of(f"args.{flag}")
+            origins[f"args.{flag}"] = "raw vLLM argument" if o == DIRECT else f"{o} (extra_args)"
         for k, flag in TYPED_FLAGS.items():
             if k in given:
                 args.pop(flag, None)
         for flag in given.get("args", {}):
-            origins[f"args.{flag}"] = layer.origin_of(f"args.{flag}")
+            if flag in had:
+                origins[f"args.{flag}"] = layer.origin_of(f"args.{flag}")
             if flag in typed_of:  # this layer's --arg max-num-seqs=64 replaces a lower layer's max_num_seqs
                 data.pop(typed_of[flag], None)
         for k in given:
@@ -264,7 +341,7 @@ def merge(*layers: PlanRequest | None) -> PlanRequest:
         env.update(given.pop("env", {}))
         data.update(given)
     prof = data.pop("profile", None)
-    req = PlanRequest(**data, args=args, env=env)
+    req = PlanRequest(**data, args=args, env=env, extra_args=extra)
     if prof is not None:
         req.profile = prof
     req._origins = origins
@@ -323,7 +400,7 @@ def env_request(environ: dict[str, str] | None = None) -> PlanRequest:
         BadInput: a value that is not valid for its field (``M3CTL_PORT=abc``), naming the variable.
     """
     env = os.environ if environ is None else environ
-    data = {f: env[k] for k, f in ENV_FIELDS.items() if env.get(k)}
+    data = {f: env[k] for k, f in ENV_FIELDS.items() if k in env}  # set but empty: refused, as --port '' is
     try:
         req = PlanRequest.model_validate(data)
         req._origins = {f: f"environment {k}" for k, f in ENV_FIELDS.items() if f in data}
@@ -332,6 +409,34 @@ def env_request(environ: dict[str, str] | None = None) -> PlanRequest:
         err = first_error(e)
         var = next(k for k, f in ENV_FIELDS.items() if f == err.loc[0])
         raise BadInput(f"{var}={env[var]!r}: {err.msg}", f"fix or unset {var}") from None
+
+
+def check_env(environ: dict[str, str] | None = None) -> None:
+    """Check every ``M3CTL_`` variable m3ctl reads as its option would be checked (one line naming the variable;
+    never ignored): :data:`ENV_FIELDS` through :class:`PlanRequest` (:func:`env_request`), ``M3CTL_DEBUG`` 0 or 1,
+    ``M3CTL_STATE_DIR`` an absolute path, none set but empty. ``M3CTL_CATALOG_DIR`` is checked where it is read
+    (m3ctl.catalog); ``M3CTL_DEPLOYMENT`` is m3ctl's own process marker.
+
+    Raises:
+        BadInput: the first bad one.
+    """
+    env = os.environ if environ is None else environ
+    for k in ("M3CTL_DEBUG", "M3CTL_STATE_DIR", "M3CTL_CATALOG_DIR"):
+        v = env.get(k)
+        if v is None:
+            continue
+        if not v.strip():
+            raise BadInput(f"{k} is set but empty", f"give {k} a value or unset it")
+        if k == "M3CTL_DEBUG" and v not in ("0", "1"):
+            raise BadInput(
+                f"M3CTL_DEBUG={v!r}: not 0 or 1", "M3CTL_DEBUG=1 shows tracebacks on errors; 0 or unset hides them"
+            )
+        if k == "M3CTL_STATE_DIR" and not Path(v).expanduser().is_absolute():
+            raise BadInput(
+                f"M3CTL_STATE_DIR={v!r}: not an absolute path (the state would move with the working directory)",
+                "give an absolute directory, e.g. M3CTL_STATE_DIR=$PWD/state",
+            )
+    env_request(dict(env))
 
 
 def user_config_path(environ: dict[str, str] | None = None) -> Path:
@@ -348,6 +453,7 @@ def user_request(environ: dict[str, str] | None = None) -> PlanRequest:
     Raises:
         BadInput: as :func:`load_request` and :func:`env_request`.
     """
+    check_env(environ)
     path = user_config_path(environ)
     return merge(load_request(path) if path.exists() else None, env_request(environ))
 

@@ -174,7 +174,8 @@ def _max_len(c: PlanContext) -> Finding | None:
         "model.max_len",
         f"--max-model-len {want} > the model's max_position_embeddings {limit}: vLLM refuses "
         "a max_model_len above the one it derives from the model config",
-        f"use --max-model-len {limit} or less (m3ctl's own --max-model-len is capped for you)",
+        f"use --max-model-len {limit} or less, or set vLLM's override VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 in the server's "
+        "environment (env: in a --config file) if the model really takes longer contexts",
         "vllm/config/model.py _get_and_verify_max_len (VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 overrides it)",
     )
 

@@ -10,7 +10,7 @@ import os
 import sys
 import traceback
 from collections.abc import Iterator, Mapping, MutableMapping
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from typer._click.utils import make_default_short_help
@@ -23,7 +23,7 @@ from typer.models import CommandInfo
 
 from m3ctl import __version__
 from m3ctl.cli.output import PLAIN_HELP, console, escape
-from m3ctl.errors import EXIT_INTERRUPTED, EXIT_USAGE, M3Error
+from m3ctl.errors import EXIT_INTERRUPTED, EXIT_USAGE, BadInput, M3Error
 
 #: The commands, in the order ``--help`` lists them: ``name: (module, attribute, short help)``. A command's
 #: module is imported when the command is run (or its own help is asked): ``m3ctl --help`` imports none of
@@ -186,8 +186,9 @@ def _root(
 
 def warn_unknown_env() -> None:
     """One line on stderr naming ``M3CTL_`` variables m3ctl does not read (a typo would be ignored silently)."""
-    from m3ctl.assess.request import ENV_FIELDS, unknown_env  # noqa: PLC0415
+    from m3ctl.assess.request import ENV_FIELDS, check_env, unknown_env  # noqa: PLC0415
 
+    check_env()
     if names := unknown_env():
         console(stderr=True).print(
             f"warning: unknown environment variable(s) {', '.join(names)} ignored; m3ctl "
@@ -209,13 +210,55 @@ def _command_of(args: list[str]) -> str:
     return " ".join(words[:2] if words[:1] in (["bench"], ["dev"]) else words[:1])
 
 
+# ------------------------------------------------------------------ an option given twice
+def check_repeated(root: Any, args: list[str]) -> None:
+    """Refuse an option that takes one value given twice with different values, under one name or two of its
+    aliases (``--concurrency 4 --max-concurrency 8``: click would keep the last without a word). ``root`` is the
+    click command of the app; ``args`` the command line (what follows ``--`` is vLLM's, not checked here).
+
+    Raises:
+        BadInput: naming both spellings and values.
+    """
+    cmd, words = root, list(args[: args.index("--")] if "--" in args else args)
+    while words and hasattr(cmd, "commands") and not words[0].startswith("-"):
+        nxt = cmd.commands.get(words[0])
+        if nxt is None:
+            return  # an unknown command: click says so
+        cmd, words = nxt, words[1:]
+    single = {
+        o: p
+        for p in getattr(cmd, "params", [])
+        if getattr(p, "param_type_name", "") == "option" and not p.multiple and not p.is_flag and not p.count
+        for o in p.opts
+    }
+    seen: dict[str, tuple[str, str]] = {}
+    i = 0
+    while i < len(words):
+        w = words[i]
+        name, eq, val = w.partition("=") if w.startswith("--") else (w, "", "")
+        p = single.get(name)
+        i += 1
+        if p is None:
+            continue
+        if not eq:
+            if i >= len(words):
+                return  # no value: click says so
+            val, i = words[i], i + 1
+        if p.name in seen and seen[p.name][1] != val:
+            first, v0 = seen[p.name]
+            same = "given twice" if first == name else f"given twice ({name} is another name of {first})"
+            raise BadInput(f"{first} {v0} and {name} {val}: one option {same} with different values", "give it once")
+        seen.setdefault(p.name, (name, val))
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the app and map errors to one line + exit code."""
     args = sys.argv[1:] if argv is None else argv
     debug = "--debug" in args or os.environ.get("M3CTL_DEBUG") == "1"
-    if any(k.startswith("M3CTL_") for k in os.environ):
-        warn_unknown_env()
     try:
+        if any(k.startswith("M3CTL_") for k in os.environ):
+            warn_unknown_env()  # and refuses a bad value of one m3ctl reads (m3ctl.assess.request.check_env)
+        check_repeated(typer.main.get_command(app), args)
         rv = app(args=args, prog_name="m3ctl", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
     except _Exit as e:

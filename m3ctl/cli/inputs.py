@@ -15,17 +15,26 @@ from m3ctl.errors import BadInput
 def parse_args(pairs: list[str]) -> dict:
     """``--arg flag=value`` pairs as ``{flag: value}`` (values JSON-parsed when they can be; a bare flag: True)."""
     out: dict = {}
+    given: dict[str, tuple[str, str]] = {}  # flag (dashes) -> (as given, its value)
     for p in pairs:
         key, sep, val = p.partition("=")
         if not key.strip("-"):
             raise BadInput(f"bad --arg {p!r}", "use --arg flag=value or --arg flag (e.g. --arg max-num-seqs=64)")
+        flag = key.strip("-")
+        same = flag.replace("_", "-")  # max_num_seqs and max-num-seqs are one flag (vLLM reads both)
+        if same in given and given[same][1] != sep + val:
+            raise BadInput(
+                f"--arg {given[same][0]} and --arg {p.lstrip('-')}: one vLLM flag given twice with different values",
+                "give it once",
+            )
+        given.setdefault(same, (p.lstrip("-"), sep + val))
         if not sep:
-            out[key.strip("-")] = True
+            out[flag] = True
             continue
         try:
-            out[key.strip("-")] = json.loads(val)
+            out[flag] = json.loads(val)
         except ValueError:
-            out[key.strip("-")] = val
+            out[flag] = val
     return out
 
 

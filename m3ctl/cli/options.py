@@ -242,6 +242,12 @@ Arg = Annotated[
     list[str] | None,
     typer.Option("--arg", help="vllm serve flag override flag=value, e.g. max-num-seqs=64 (repeatable)."),
 ]
+ApiKeyEnv = Annotated[
+    str | None,
+    typer.Option(
+        help="Require this API key: the name of the environment variable holding it (handed to vLLM as VLLM_API_KEY, never on its command line)."
+    ),
+]
 SkipChecks = Annotated[bool, typer.Option(help="Report plan rule violations as warnings instead of rejecting.")]
 Config = Annotated[
     Path | None,

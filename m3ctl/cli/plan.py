@@ -62,6 +62,7 @@ def plan(
             help="With --emit k8s/lws: mount this node path as the HF cache instead of a PersistentVolumeClaim.",
         ),
     ] = None,
+    api_key_env: o.ApiKeyEnv = None,
     systems: Annotated[
         list[str] | None,
         typer.Option(
@@ -104,6 +105,7 @@ def plan(
         config=config,
         offline=(knobs or {}).get("offline"),
         default_runtime="docker" if emit in ("docker", "compose", "k8s", "lws") else "auto",
+        api_key_env=api_key_env,
     )
     if emit:
         typer.echo(render(p, emit, nodes=nodes, hf_host_path=hf_cache_hostpath), nl=False)

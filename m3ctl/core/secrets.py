@@ -292,6 +292,31 @@ def launch_env(plan: Any, environ: Mapping[str, str] | None = None) -> dict[str,
     return out
 
 
+def given_api_key(api_key_env: str | None, raw_key: str | None) -> tuple[str | None, dict[str, str]]:
+    """The API key to launch with (``raw_key``, or the value of the variable named ``api_key_env``) and where it
+    came from (``{VLLM_API_KEY: "--api-key-env NAME" | "raw --api-key"}``).
+
+    Raises:
+        BadInput: ``api_key_env`` is not a variable name or names an unset variable, or a key given both ways.
+    """
+    given: dict[str, str] = {}
+    if api_key_env is not None:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", api_key_env):  # a key passed by mistake is never echoed
+            raise BadInput(
+                "--api-key-env takes the name of an environment variable that holds the key, not the key itself",
+                "export NAME=KEY (e.g. export VLLM_API_KEY=...), then pass --api-key-env NAME",
+            )
+        if not os.environ.get(api_key_env):
+            raise BadInput(f"--api-key-env {api_key_env}: that variable is not set", f"export {api_key_env}=KEY first")
+        if raw_key:
+            raise BadInput("both --api-key-env and a raw --api-key given", "give the key once")
+        raw_key = os.environ[api_key_env]
+        given[API_KEY_ENV] = f"--api-key-env {api_key_env}"
+    if raw_key:
+        given.setdefault(API_KEY_ENV, "raw --api-key")
+    return raw_key, given
+
+
 def source_var(plan: Any, name: str) -> str:
     """The variable of the launching environment that holds the value the server gets as ``name``: the one
     ``serve --api-key-env VAR`` named for :data:`API_KEY_ENV`, else ``name`` itself."""
@@ -315,6 +340,11 @@ def key_hint(plan: Any | None) -> str:
     ``set VLLM_API_KEY``, with where the launch took it from."""
     var = source_var(plan, API_KEY_ENV) if plan is not None else API_KEY_ENV
     origin = (getattr(plan, "secret_origins", None) or {}).get(API_KEY_ENV)
+    if origin and var == API_KEY_ENV and origin != "the launching environment":  # no variable of the shell held it
+        return (
+            f"the launch took the key from {origin}, and the running server's environment (where m3ctl reads it) "
+            f"cannot be read here: set {API_KEY_ENV} to that key"
+        )
     return f"set {var} to the server's API key" + (f" (the launch took it from {origin})" if origin else "")
 
 

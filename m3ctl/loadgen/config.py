@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 
-from m3ctl.errors import BadInput
+from m3ctl.errors import BadInput, plain_text
 from m3ctl.loadgen import MAX_REQUEST_TOKENS, WORKLOADS
 
 #: Most requests one run may send: the prompts are built in memory before the first is sent (about 1 KiB per
@@ -134,12 +134,14 @@ class BenchConfig(BaseModel):
             type="str", metavar="TOKENS", help="Output tokens per request; " + _LENGTHS.format("128,1024") + "."
         ),
     )
-    range_ratio: float = Field(0.0, description="Length spread (see --range-convention).", json_schema_extra=cli(min=0))
+    range_ratio: float = Field(
+        0.0, ge=0, description="Length spread (see --range-convention).", json_schema_extra=cli()
+    )
     range_convention: str = Field(
         "vllm", description="vllm: [L(1-r), L(1+r)]; inferencex: [rL, L].", json_schema_extra=cli()
     )
     ignore_eos: bool = Field(True, description="Ask for exactly --output-len tokens.", json_schema_extra=cli())
-    temperature: float = Field(0.0, description="Sampling temperature.", json_schema_extra=cli(min=0))
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature.", json_schema_extra=cli())
     seed: int = Field(
         0,
         description="Workload seed (lengths, order, arrivals); the prompt text is fresh every run.",
@@ -359,3 +361,9 @@ class BenchConfig(BaseModel):
     """A DCGM / AMD device-metrics exporter page to read power and energy from (m3ctl.hw.power.ExporterPower)."""
     deployment_gpus: list[int] | None = None
     """The GPU indices of ``deployment``'s launch plan (m3ctl.loadgen.target), what energy samples by default."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        """Text the command line could carry: no bytes, no NUL (m3ctl.errors.plain_text), API and CLI alike."""
+        return plain_text(v)

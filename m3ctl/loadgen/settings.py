@@ -16,7 +16,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from m3ctl.errors import BadInput
+from m3ctl.errors import BadInput, first_error
 from m3ctl.loadgen.config import BenchConfig, check_slo_sweep, check_trace_lengths
 from m3ctl.loadgen.inputs import validate
 from m3ctl.loadgen.slo import parse_slo
@@ -136,10 +136,8 @@ def check(
             **{"deployment_gpus": t.gpus, **options},
         )
     except ValidationError as e:
-        err = e.errors()[0]
-        raise BadInput(
-            f"bad bench option {'.'.join(map(str, err['loc']))}: {err['msg']}", "see m3ctl.loadgen.runner.BenchConfig"
-        ) from None
+        err = first_error(e)
+        raise BadInput(f"bad bench option {err}", "see m3ctl.loadgen.runner.BenchConfig") from None
     except TypeError as e:
         raise BadInput(f"bad bench option: {e}", "see m3ctl.loadgen.runner.BenchConfig") from None
     validate(cfg)

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import httpx
 
-from m3ctl.core.secrets import auth_headers, client_key, key_hint, split_url_credentials
-from m3ctl.core.state import Registry
+from m3ctl.core.secrets import API_KEY_ENV, auth_headers, client_key, key_hint, remember, split_url_credentials
+from m3ctl.core.state import Deployment, Registry
 from m3ctl.errors import BadInput, M3Error, Unauthorised
 from m3ctl.loadgen.config import BenchConfig
 from m3ctl.serving.lifecycle import deployment_for_url as lookup
@@ -203,7 +203,7 @@ def resolve_target(
         url, model = url or dep.url, model or dep.served_model_name
         plan = saved_plan(reg, deployment)
         gpus = list(plan.gpus) if plan is not None else None
-        key = key or client_key(plan) or os.environ.get("OPENAI_API_KEY")  # the deployment's own key first
+        key = key or launch_key(dep, plan) or os.environ.get("OPENAI_API_KEY")  # the deployment's own key first
         hint = key_hint(plan)
         model_dir = dep.model if Path(dep.model).is_dir() else None  # tokenizer fallback without /tokenize
         server_log = dep.log_path  # JIT compiles during the measured phase (docker: the log is synced first)
@@ -240,6 +240,19 @@ def resolve_target(
     if not model and lookup_model:
         t.model = t.pick_model()[0]
     return t
+
+
+def launch_key(dep: Deployment, plan: object | None) -> str | None:
+    """The API key deployment ``dep``'s server enforces: read from the running server's own environment (its
+    runtime's ``server_variable``: the key its launch handed it, from wherever the launch took it: ``--api-key-env``,
+    ``--arg api-key=K``, a raw ``-- --api-key K``, a config file), else from the variable the launch took it from
+    (m3ctl.core.secrets.client_key); None when neither has one. The key is never stored: read on each call."""
+    try:
+        key = runtime_for(dep).server_variable(dep, API_KEY_ENV)
+    except M3Error:  # the Docker engine does not answer: the environment's key, if any
+        key = None
+    remember(key)
+    return key or client_key(plan)
 
 
 def _plan_gpus(name: str) -> list[int] | None:

@@ -137,7 +137,7 @@ def _layout_flags(d: PlanDraft) -> dict[str, Any]:
 
 def step_flags(d: PlanDraft) -> None:
     """Step 8: the ``vllm serve`` flags, lowest precedence first: profile, its family section, model, variant (and
-    its per-architecture section), layout, typed overrides (max-model-len capped at the model's context),
+    its per-architecture section), layout, typed overrides (a default max-model-len capped at the model's context),
     ``--arg``, raw arguments; then ``--attention``: ``args`` (secret values to ``secrets``)."""
     r, prof, fam, var = d.request, d.profile, d.family, d.var
     _layer(d, prof.serve_args, f"profile {prof.name}")
@@ -159,7 +159,8 @@ def step_flags(d: PlanDraft) -> None:
         given = {k: v for k, v in typed.items() if v is not None and r.origin_of(k.replace("-", "_")) == origin}
         _layer(d, given, origin)
     cap = d.facts.max_position_embeddings
-    if cap and isinstance(d.args.get("max-model-len"), int) and d.args["max-model-len"] > cap:
+    asked = r.max_model_len is not None  # an asked length above the model's is refused (rule model.max_len)
+    if cap and not asked and isinstance(d.args.get("max-model-len"), int) and d.args["max-model-len"] > cap:
         d.args["max-model-len"] = cap
         d.choices.append(
             Choice(what="--max-model-len", value=str(cap), why="capped at the model's max_position_embeddings")

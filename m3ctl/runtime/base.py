@@ -108,6 +108,12 @@ class Runtime(abc.ABC):
         """Alive, paused, dead or unknown, as this runtime sees it now (default: from :meth:`is_alive`)."""
         return RawState("alive") if self.is_alive(dep) else RawState("dead", "not running")
 
+    def server_variable(self, dep: Deployment, name: str) -> str | None:
+        """The value of variable ``name`` in the running server's own environment (the one its launch handed it,
+        e.g. the API key vLLM enforces), None when it is unset, the server is gone or cannot be read. Never
+        stored: read from the server each time (default: None)."""
+        return None
+
     @abc.abstractmethod
     def stop(self, dep: Deployment, timeout_s: float = 20.0) -> StopReport:
         """Stop gracefully (SIGTERM), then forcefully after ``timeout_s`` seconds; verify nothing is left."""

@@ -287,6 +287,16 @@ class DockerRuntime(Runtime):
         ct.reload()
         return ct.attrs["State"]["ExitCode"] if ct.status == "exited" else None
 
+    def server_variable(self, dep: Deployment, name: str) -> str | None:
+        """``name`` in the container's environment (``docker inspect``'s ``Config.Env``).
+
+        Raises:
+            ConfigRejected: the engine cannot be reached.
+        """
+        ct = self._container(dep)
+        env = ((ct.attrs.get("Config") or {}).get("Env") or []) if ct is not None else []
+        return next((v for k, _, v in (e.partition("=") for e in env) if k == name and v), None)
+
     def pids(self, dep: Deployment) -> list[int]:
         """Host PIDs of the container's processes (``docker top``); empty when it is not running."""
         ct = self._container(dep)

@@ -215,6 +215,14 @@ class ProcessRuntime(Runtime):
     def is_alive(self, dep: Deployment) -> bool:
         return _proc(dep) is not None
 
+    def server_variable(self, dep: Deployment, name: str) -> str | None:
+        """``name`` in the main process's environment (``/proc/PID/environ``: this user's processes only)."""
+        p = _proc(dep)
+        try:
+            return (p.environ().get(name) or None) if p is not None else None
+        except (psutil.Error, OSError):
+            return None
+
     def inspect(self, dep: Deployment) -> RawState:
         """The main process: alive, ``paused`` when stopped by a signal (state T: SIGSTOP, Ctrl-Z; not dead), or
         dead (its exit status when this process launched it and reaped it)."""

@@ -7,15 +7,13 @@ running deployment (:func:`watch_running`).
 
 from __future__ import annotations
 
-import os
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from m3ctl.assess.request import PlanRequest
 from m3ctl.catalog import load_profile_file
-from m3ctl.core.secrets import API_KEY_ENV, launch_env, passthrough_env, remember
+from m3ctl.core.secrets import API_KEY_ENV, given_api_key, launch_env, passthrough_env, remember
 from m3ctl.core.state import Registry, check_name
 from m3ctl.errors import BadInput
 from m3ctl.hw.inventory import HostInventory
@@ -67,28 +65,8 @@ class ServeWatch:
 
 # ----------------------------------------------------------------------------- plan and secrets
 def _given_key(api_key_env: str | None, raw_key: str | None) -> tuple[str | None, dict[str, str]]:
-    """The API key to launch with (``raw_key``, or the value of the variable named ``api_key_env``) and where it
-    came from (``{VLLM_API_KEY: "--api-key-env NAME" | "raw --api-key"}``).
-
-    Raises:
-        BadInput: ``api_key_env`` is not a variable name or names an unset variable, or a key given both ways.
-    """
-    given: dict[str, str] = {}
-    if api_key_env is not None:
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", api_key_env):  # a key passed by mistake is never echoed
-            raise BadInput(
-                "--api-key-env takes the name of an environment variable that holds the key, not the key itself",
-                "export NAME=KEY (e.g. export VLLM_API_KEY=...), then pass --api-key-env NAME",
-            )
-        if not os.environ.get(api_key_env):
-            raise BadInput(f"--api-key-env {api_key_env}: that variable is not set", f"export {api_key_env}=KEY first")
-        if raw_key:
-            raise BadInput("both --api-key-env and a raw --api-key given", "give the key once")
-        raw_key = os.environ[api_key_env]
-        given[API_KEY_ENV] = f"--api-key-env {api_key_env}"
-    if raw_key:
-        given.setdefault(API_KEY_ENV, "raw --api-key")
-    return raw_key, given
+    """m3ctl.core.secrets.given_api_key (``plan`` takes ``--api-key-env`` the same way)."""
+    return given_api_key(api_key_env, raw_key)
 
 
 def serve_plan(

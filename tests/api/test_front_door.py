@@ -432,10 +432,14 @@ def test_doctor_checks_what_plan_would_launch_from_the_user_config(capsys, env):
 def test_a_context_above_the_models_maximum_is_capped_alike_by_doctor_and_plan(env):
     """Found by a new-user probe: `doctor --context 1000000` said runnable at 1,000,000 tokens and printed
     `serve --max-model-len 1000000`, while plan caps --max-model-len at the model's max_position_embeddings."""
+    from m3ctl.errors import ConfigRejected
+
     rep = api.doctor(system="h200x8", context=1_000_000)
-    p = api.plan(system="h200x8", max_model_len=1_000_000)
-    cap = p.argv[p.argv.index("--max-model-len") + 1]
-    assert int(cap) < 1_000_000 and f"--max-model-len {cap}" in rep.verdict.serve_command
+    with pytest.raises(ConfigRejected, match="model.max_len"):  # issue 44: an asked length vLLM refuses is refused
+        api.plan(system="h200x8", max_model_len=1_000_000)
+    cap = rep.verdict.serve_command.split("--max-model-len ")[1].split()[0]
+    p = api.plan(system="h200x8", max_model_len=int(cap))  # what doctor says to run runs
+    assert int(cap) < 1_000_000 and p.argv[p.argv.index("--max-model-len") + 1] == cap
     assert f"{cap} tokens" in rep.verdict.summary and "--context 1000000 capped" in rep.verdict.summary
 
 

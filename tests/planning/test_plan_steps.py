@@ -299,7 +299,15 @@ def test_flags_layer_in_precedence_order():
 
 
 def test_flags_cap_max_model_len_and_keep_secret_flags_out():
-    d = _draft(max_model_len=1_000_000, args={"api-key": "sekrit"})
+    """A default max-model-len (the profile's) is capped at the model's length; an asked one is kept for the rule
+    model.max_len to refuse (issue 44: vLLM refuses it, the cap hid that)."""
+    d = _draft(max_model_len=1_000_000)
+    d.facts = ModelFacts(source="some/model", max_position_embeddings=4096)
+    step_flags(d)
+    assert d.args["max-model-len"] == 1_000_000
+    d = _draft(
+        profile=Profile(name="p", arch="cpu", serve_args={"max-model-len": 1_000_000}), args={"api-key": "sekrit"}
+    )
     d.facts = ModelFacts(source="some/model", max_position_embeddings=4096)
     step_flags(d)
     assert d.args["max-model-len"] == 4096 and "api-key" not in d.args
