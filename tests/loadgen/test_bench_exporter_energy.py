@@ -21,8 +21,9 @@ WATTS = {0: 300.0, 1: 450.0}
 class FakeExporter:
     """A dcgm-exporter page: each GPU's power (W) and its energy counter (mJ) rising at that power since start."""
 
-    def __init__(self, kind: str = "dcgm"):
+    def __init__(self, kind: str = "dcgm", clock=None):
         self.t0, self.kind, self.reads = time.monotonic(), kind, 0
+        self.clock = clock or (lambda: time.monotonic() - self.t0)  # seconds the GPUs have run
         outer = self
 
         class H(BaseHTTPRequestHandler):
@@ -43,7 +44,7 @@ class FakeExporter:
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def page(self) -> str:
-        dt = time.monotonic() - self.t0
+        dt = self.clock()
         lines = ["# TYPE DCGM_FI_DEV_POWER_USAGE gauge"]
         for g, w in WATTS.items():
             host = f'Hostname="gpu-host",UUID="GPU-{g}"'
@@ -68,17 +69,18 @@ def exporter():
 
 @pytest.mark.parametrize("kind", ["dcgm", "amd"])
 def test_the_exporter_page_reads_as_a_power_source(kind):
-    e = FakeExporter(kind)
+    now = [10.0]
+    e = FakeExporter(kind, clock=lambda: now[0])
     try:
         src = ExporterPower(e.url)
         assert src.gpus == [0, 1] and src.has_counter == {0, 1}
         assert src.name == ("dcgm-exporter" if kind == "dcgm" else "amd-exporter")
         a = src.read([0, 1])
-        time.sleep(0.3)
+        now[0] += 0.3
         b = src.read([0, 1])
         for ra, rb in zip(a, b, strict=True):
             assert ra.watts == WATTS[ra.gpu]
-            assert rb.energy_j - ra.energy_j == pytest.approx(WATTS[ra.gpu] * 0.3, rel=0.5)
+            assert rb.energy_j - ra.energy_j == pytest.approx(WATTS[ra.gpu] * 0.3, rel=1e-3)  # mJ / µJ read as J
     finally:
         e.close()
 
