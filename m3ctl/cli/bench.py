@@ -273,7 +273,7 @@ def show_results(result, url, deployment, outputs, to_stdout: bool, err_con, per
         for failed in lost:
             console(stderr=True).print(f"warning: {failed.message}", soft_wrap=True)
         console(stderr=True).print("partial results " + (f"written to {saved}" if saved else "above"))
-        raise KeyboardInterrupt
+        raise api.interruption(runs[-1].get("interrupted_by"))  # exit 128 + the signal (m3ctl.cli.app.main)
     finish(api.bench_error(result, url, deployment=deployment, saved=saved), lost)
 
 

@@ -11,7 +11,6 @@ import typer
 from m3ctl import api
 from m3ctl.cli import options as o
 from m3ctl.cli.output import Output, escape
-from m3ctl.errors import EXIT_INTERRUPTED
 
 
 def probe_printer(out: Output, name: str):
@@ -67,7 +66,7 @@ def watch(
             on_start=lambda dep: out.print(f"watching {name} at {dep.url} every {interval:g} s (restart {restart})"),
             on_event=probe_printer(out, name),
         )
-    except KeyboardInterrupt:  # watching only: the deployment keeps running (unless a relaunch was cut short)
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP: the deployment keeps running (unless a relaunch was cut)
         running = api.running(name)
         out.event("interrupted", name=name, running=running)
         out.print(
@@ -75,4 +74,4 @@ def watch(
             if running
             else f"stopped watching; {name} is not running (an interrupted relaunch stops its server)"
         )
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(api.interrupt_exit_code(e)) from None

@@ -1,0 +1,130 @@
+"""Issue 44, item 2: one signal policy for every long command (m3ctl.core.signals). SIGINT, SIGTERM and SIGHUP
+each save what was measured, stop what m3ctl started, print the partial result and exit 128 + the signal; and a
+foreground ``serve`` that lost its supervisor (kill -9) is shown as unwatched by ``status`` (item 4).
+
+Every command runs as the real CLI in a subprocess against local servers: the ground-truth SSE server
+(m3ctl/loadgen/groundtruth.py) for bench, the fake vLLM (tests/fake_vllm.py) for serve, status, stop and watch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import psutil
+import pytest
+
+from tests.conftest import M3CTL, fake_vllm_config, free_port, run_cli, start_groundtruth
+from tests.hosts import synthetic
+
+ENV = {**os.environ, "COLUMNS": "200"}
+
+
+@pytest.fixture(scope="module")
+def gt_url():
+    srv, url = start_groundtruth("--ttft-ms", "10", "--itl-ms", "20")
+    yield url
+    srv.terminate()
+    srv.wait(timeout=10)
+
+
+def _finished(url: str, n: int, tokens: int) -> bool:
+    return sum(1 for r in httpx.get(f"{url}/gt/records").json() if len(r["writes"]) == tokens) >= n
+
+
+def _wait(cond, timeout: float = 60.0, what: str = "") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+# ----------------------------------------------------------------------------- the policy itself
+def test_the_policy_is_one_module_and_serve_uses_it():
+    from m3ctl.core import signals  # imported here: the other tests run against any checkout (today's main)
+    from m3ctl.serving import signals as serving_signals
+
+    assert serving_signals.Terminated is signals.Terminated
+    assert serving_signals.stop_signals_as_interrupt is signals.stop_signals_as_interrupt
+    assert signals.INTERRUPT_SIGNALS == (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    assert [signals.interrupt_exit_code(signals.interruption(s)) for s in signals.INTERRUPT_SIGNALS] == [130, 143, 129]
+    assert signals.interrupt_exit_code(signals.interruption("SIGHUP")) == 129
+    assert signals.interrupt_exit_code(signals.interruption("SIGINT (Ctrl-C)")) == 130
+    assert signals.interrupt_exit_code(signals.interruption("cancelled")) == 130
+
+
+# ----------------------------------------------------------------------------- bench
+@pytest.mark.parametrize(
+    ("sig", "procs", "group"),
+    [
+        (signal.SIGTERM, 1, False),  # `kill`, `timeout`, a CI runner: the m3ctl process only
+        (signal.SIGHUP, 1, False),  # the terminal closed
+        (signal.SIGINT, 1, False),
+        (signal.SIGTERM, 2, True),  # `systemctl stop`, Kubernetes: every process of the group, the workers too
+    ],
+    ids=["sigterm", "sighup", "sigint", "sigterm-group-2procs"],
+)
+def test_bench_signal_during_the_measured_phase_saves_prints_and_exits_128_plus_n(
+    gt_url, tiny_models, tmp_path, sig, procs, group
+):
+    httpx.post(f"{gt_url}/gt/reset")
+    out = tmp_path / "partial.json"
+    args = ["--url", gt_url, "--model", "groundtruth", "--num-prompts", "40", "--concurrency", "2"]
+    args += ["--input-len", "8", "--output-len", "50", "--tokenizer", str(tiny_models["m2"]), "--output-json", str(out)]
+    p = subprocess.Popen(
+        [*M3CTL, "bench", *args, "--client-procs", str(procs)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=ENV,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    try:
+        _wait(lambda: _finished(gt_url, 4, 50) or p.poll() is not None, what="4 finished requests")
+        (os.killpg if group else os.kill)(p.pid, sig)
+        stdout, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+    assert p.returncode == 128 + sig, err
+    assert f"partial results written to {out}" in err and "Traceback" not in err, err
+    res = json.loads(out.read_text())  # valid JSON, marked as the Ctrl-C path marks it
+    assert res["interrupted"] is True and not res["validity"]["valid"]
+    name = signal.Signals(sig).name
+    assert res["interrupted_by"].startswith(name)
+    assert any(r.startswith(f"interrupted ({name}") for r in res["validity"]["reasons"])
+    assert 2 <= res["completed"] < 40 and res["total_output_tokens"] == 50 * res["completed"]
+    assert re.search(rf"successful requests\W+{res['completed']}\b", stdout), stdout  # the partial result, printed
+    assert psutil.pid_exists(p.pid) is False or psutil.Process(p.pid).status() == psutil.STATUS_ZOMBIE
+
+
+# ----------------------------------------------------------------------------- serve, status, stop, watch
+def _serve_foreground(tmp_path, name: str, port: int) -> subprocess.Popen:
+    cfg = fake_vllm_config(tmp_path)
+    inv = tmp_path / "h200x8.json"
+    inv.write_text(synthetic("h200x8").model_dump_json())
+    p = subprocess.Popen(
+        [*M3CTL, "serve", "--config", str(cfg), "--name", name, "--port", str(port), "--smoke", "off"]
+        + ["--startup-timeout", "60", "--watch-interval", "0.5", "-m", "MiniMax-M3.1-Flash"]
+        + ["--inventory", str(inv)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**ENV, "FAKE_VLLM": json.dumps({"serve": {}})},
+        start_new_session=True,
+    )
+    lines = []
+    assert p.stdout is not None
+    for line in p.stdout:
+        lines.append(line)
+        if line.startswith("serving in the foreground"):
+            return p
+    p.wait(timeout=30)
+    raise AssertionError("serve did not reach the foreground watch:\n" + "".join(lines))
