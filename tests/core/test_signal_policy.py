@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 
 import httpx
@@ -23,7 +22,10 @@ import pytest
 from tests.conftest import M3CTL, fake_vllm_config, free_port, run_cli, start_groundtruth
 from tests.hosts import synthetic
 
-ENV = {**os.environ, "COLUMNS": "200"}
+
+def env(**more: str) -> dict[str, str]:
+    """This test's environment (its own HOME and state dir: tests/conftest.py) for a CLI subprocess."""
+    return {**os.environ, "COLUMNS": "200", **more}
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +84,7 @@ def test_bench_signal_during_the_measured_phase_saves_prints_and_exits_128_plus_
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=ENV,
+        env=env(),
         start_new_session=True,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
@@ -117,7 +119,7 @@ def _serve_foreground(tmp_path, name: str, port: int) -> subprocess.Popen:
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        env={**ENV, "FAKE_VLLM": json.dumps({"serve": {}})},
+        env=env(FAKE_VLLM=json.dumps({"serve": {}})),
         start_new_session=True,
     )
     lines = []
@@ -128,3 +130,97 @@ def _serve_foreground(tmp_path, name: str, port: int) -> subprocess.Popen:
             return p
     p.wait(timeout=30)
     raise AssertionError("serve did not reach the foreground watch:\n" + "".join(lines))
+
+
+def _status() -> list[dict]:
+    return json.loads(run_cli("status", "--json", check=True).stdout)
+
+
+def test_a_foreground_serve_killed_with_9_is_shown_unwatched_and_stop_cleans_up(tmp_path):
+    """Issue 44 item 4: a foreground serve killed with -9 left vLLM serving with no watchdog, and nothing said so."""
+    port = free_port()
+    p = _serve_foreground(tmp_path, "fg9", port)
+    try:
+        (row,) = _status()
+        assert row["alive"] and row["unwatched"] is False and row["supervisor_pid"] == p.pid  # watched: not flagged
+        p.kill()  # SIGKILL: no handler runs, the engine (its own session) keeps serving
+        p.wait(timeout=10)
+        engine = psutil.Process(row["pid"])
+        assert engine.is_running() and httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+        (row,) = _status()
+        assert row["alive"] and row["unwatched"] is True
+        text = run_cli("status", check=True).stdout
+        assert "fg9  ready  unwatched" in text
+        assert f"the m3ctl process that watched it (pid {p.pid}) is gone" in text
+        assert "`m3ctl watch fg9` watches it again; `m3ctl stop fg9` stops it" in text
+    finally:
+        stop = run_cli("stop", "fg9")
+    assert stop.returncode == 0, stop.stderr
+    assert _status() == []
+    psutil.wait_procs([engine], timeout=10)
+    assert not engine.is_running()
+
+
+def test_a_detached_serve_is_not_unwatched(tmp_path):
+    """Nothing watches a detached deployment by design: status does not flag it."""
+    cfg = fake_vllm_config(tmp_path)
+    inv = tmp_path / "h200x8.json"
+    inv.write_text(synthetic("h200x8").model_dump_json())
+    env = {"FAKE_VLLM": json.dumps({"serve": {}})}
+    args = ["--config", str(cfg), "--inventory", str(inv), "--smoke", "off", "--startup-timeout", "60"]
+    p = run_cli(
+        "serve", "--detach", "--name", "det", "--port", str(free_port()), *args, "-m", "MiniMax-M3.1-Flash", env=env
+    )
+    try:
+        assert p.returncode == 0, p.stderr
+        (row,) = _status()
+        assert row["alive"] and row["unwatched"] is False and row["supervisor_pid"] is None
+    finally:
+        run_cli("stop", "det")
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_serve_in_the_foreground_stops_its_server_on_sigterm_and_sighup(tmp_path, sig):
+    port = free_port()
+    p = _serve_foreground(tmp_path, "fgt", port)
+    (row,) = _status()
+    engine = psutil.Process(row["pid"])
+    p.send_signal(sig)
+    rest, _ = p.communicate(timeout=60)
+    assert p.returncode == 128 + sig, rest
+    assert "stopped fgt" in rest and "Traceback" not in rest
+    psutil.wait_procs([engine], timeout=10)
+    assert not engine.is_running() and _status() == []
+
+
+def test_watch_on_sigterm_exits_143_and_leaves_the_deployment_running_and_watched_as_before(tmp_path):
+    """`m3ctl watch` killed by SIGTERM (`timeout`, systemd): it says it stopped watching and exits 143; while it
+    ran, status counted it as the deployment's watchdog (an unwatched deployment is watched again)."""
+    port = free_port()
+    fg = _serve_foreground(tmp_path, "w", port)
+    fg.kill()
+    fg.wait(timeout=10)
+    try:
+        assert _status()[0]["unwatched"] is True
+        w = subprocess.Popen(
+            [*M3CTL, "watch", "w", "--interval", "0.2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env(FAKE_VLLM=json.dumps({"serve": {}})),
+        )
+        assert w.stdout is not None
+        for line in w.stdout:  # the first probe
+            if line.lstrip().startswith("watch "):
+                break
+        (row,) = _status()
+        assert row["unwatched"] is False and row["supervisor_pid"] == w.pid
+        w.send_signal(signal.SIGTERM)
+        rest, _ = w.communicate(timeout=30)
+        assert w.returncode == 143, rest
+        assert "stopped watching; w keeps running" in rest and "Traceback" not in rest
+        (row,) = _status()
+        assert row["alive"] and row["unwatched"] is False and row["supervisor_pid"] is None  # as before: nothing
+    finally:
+        run_cli("stop", "w")
+    assert _status() == []
