@@ -13,6 +13,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 
 import httpx
@@ -193,34 +194,115 @@ def test_serve_in_the_foreground_stops_its_server_on_sigterm_and_sighup(tmp_path
     assert not engine.is_running() and _status() == []
 
 
-def test_watch_on_sigterm_exits_143_and_leaves_the_deployment_running_and_watched_as_before(tmp_path):
-    """`m3ctl watch` killed by SIGTERM (`timeout`, systemd): it says it stopped watching and exits 143; while it
-    ran, status counted it as the deployment's watchdog (an unwatched deployment is watched again)."""
-    port = free_port()
-    fg = _serve_foreground(tmp_path, "w", port)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_watch_on_sigterm_or_sighup_says_so_exits_128_plus_n_and_the_deployment_keeps_running(tmp_path, sig):
+    """`m3ctl watch` ended by SIGTERM (`timeout`, systemd) or SIGHUP: it says it stopped watching, exits 128 + n
+    (on today's main it died silently, -15)."""
+    cfg = fake_vllm_config(tmp_path)
+    inv = tmp_path / "h200x8.json"
+    inv.write_text(synthetic("h200x8").model_dump_json())
+    fake = env(FAKE_VLLM=json.dumps({"serve": {}}))
+    args = ["--config", str(cfg), "--inventory", str(inv), "--smoke", "off", "--startup-timeout", "60"]
+    s = run_cli(
+        "serve", "--detach", "--name", "w", "--port", str(free_port()), *args, "-m", "MiniMax-M3.1-Flash", env=fake
+    )
+    assert s.returncode == 0, s.stderr
+    try:
+        w = _watching("w")
+        w.send_signal(sig)
+        rest, _ = w.communicate(timeout=30)
+        assert w.returncode == 128 + sig, rest
+        assert "stopped watching; w keeps running" in rest and "Traceback" not in rest
+        (row,) = _status()
+        assert row["alive"] and row["phase"] == "ready"
+    finally:
+        run_cli("stop", "w")
+    assert _status() == []
+
+
+def _watching(name: str) -> subprocess.Popen:
+    """``m3ctl watch NAME`` running, after its first probe."""
+    w = subprocess.Popen(
+        [*M3CTL, "watch", name, "--interval", "0.2"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env(FAKE_VLLM=json.dumps({"serve": {}})),
+    )
+    assert w.stdout is not None
+    for line in w.stdout:
+        if line.lstrip().startswith("watch "):
+            return w
+    w.wait(timeout=10)
+    raise AssertionError(f"watch {name} ended before its first probe (exit {w.returncode})")
+
+
+def test_watch_of_an_unwatched_deployment_watches_it_until_it_ends(tmp_path):
+    """After a foreground serve's kill -9, `m3ctl watch NAME` (the hint) is its watchdog while it runs: status no
+    longer flags it; once the watch ends, nothing watches it again (as a detached deployment)."""
+    fg = _serve_foreground(tmp_path, "w9", free_port())
     fg.kill()
     fg.wait(timeout=10)
     try:
         assert _status()[0]["unwatched"] is True
-        w = subprocess.Popen(
-            [*M3CTL, "watch", "w", "--interval", "0.2"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            env=env(FAKE_VLLM=json.dumps({"serve": {}})),
-        )
-        assert w.stdout is not None
-        for line in w.stdout:  # the first probe
-            if line.lstrip().startswith("watch "):
-                break
+        w = _watching("w9")
         (row,) = _status()
         assert row["unwatched"] is False and row["supervisor_pid"] == w.pid
         w.send_signal(signal.SIGTERM)
         rest, _ = w.communicate(timeout=30)
         assert w.returncode == 143, rest
-        assert "stopped watching; w keeps running" in rest and "Traceback" not in rest
         (row,) = _status()
-        assert row["alive"] and row["unwatched"] is False and row["supervisor_pid"] is None  # as before: nothing
+        assert row["alive"] and row["unwatched"] is False and row["supervisor_pid"] is None
     finally:
-        run_cli("stop", "w")
+        run_cli("stop", "w9")
     assert _status() == []
+
+
+# ----------------------------------------------------------------------------- tune
+def test_tune_sigterm_during_a_bench_run_saves_the_partial_run_stops_the_trial_server_and_exits_143(tmp_path):
+    """A tune on the fake vLLM (a slow stream: the measured phase lasts), SIGTERM while a trial's bench runs: the
+    partial run is saved in the trial folder (marked interrupted by SIGTERM), the trial's server is stopped, the
+    resume hint is printed, exit 143 (on today's main the run was lost)."""
+    from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model
+
+    model = build_scale_model(tmp_path / "sm2", ScaleModelSpec(arch="minimax-m2", layers=16, quant="fp8"))
+    inv = tmp_path / "h200x8.json"
+    inv.write_text(synthetic("h200x8").model_dump_json())
+    exe = fake_vllm_config(tmp_path).parent / "vllm"
+    streams = tmp_path / "streams.log"
+    study = tmp_path / "study"
+    knobs = ["tp=2", "dp=1", "dcp=1", "ep=off", "dbo=off", "kv_cache_dtype=default", "spec_depth=0"]
+    knobs += ["max_num_batched_tokens=2048", "max_num_seqs=64"]
+    args = ["tune", "--model", str(model), "--inventory", str(inv), "--ladder", "1,2", "--max-trials", "1"]
+    args += ["--input-len", "16", "--output-len", "60", "--prompts-per-concurrency", "2", "--no-baseline"]
+    args += ["--confirm-top", "0", "--no-warmup", "--parallel-trials", "1", "--port", str(free_port())]
+    args += ["--study-dir", str(study), *(a for k in knobs for a in ("--knob", k))]
+    # the tune takes the vllm next to its Python: this one runs the fake instead
+    code = f"import m3ctl.planning.launchplan as L; L.find_vllm_executable = lambda: {str(exe)!r}; "
+    code += "from m3ctl.cli.app import run; run()"
+    fake = {"serve": {"itl_s": 0.1, "stream_log": str(streams)}}
+    p = subprocess.Popen(
+        [sys.executable, "-c", code, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env(FAKE_VLLM=json.dumps(fake)),
+        cwd=tmp_path,
+    )
+    try:
+        _wait(lambda: "60" in (streams.read_text().split() if streams.exists() else []) or p.poll() is not None)
+        assert p.poll() is None, p.communicate()
+        (row,) = _status()  # the trial's server
+        engine = psutil.Process(row["pid"])
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 143, out + err
+    assert f"continue with `m3ctl tune --resume {study}`" in err and "Traceback" not in err, err
+    (run,) = list((study / "trials").glob("*/bench-c1-x*.json"))
+    res = json.loads(run.read_text())
+    assert res["interrupted"] is True and res["interrupted_by"] == "SIGTERM" and not res["validity"]["valid"]
+    psutil.wait_procs([engine], timeout=10)
+    assert not engine.is_running() and _status() == []
