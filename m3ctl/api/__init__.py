@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # the verbs with their signatures, for type checkers (resolve
     from m3ctl.api._tune import prepare_tune, tune, tune_refusal
     from m3ctl.assess.request import PlanRequest
     from m3ctl.checks.doctor import CheckResult, DoctorReport, Verdict
-    from m3ctl.core.signals import interruption, signal_policy, signal_received
+    from m3ctl.core.signals import interruption, signal_name, signal_policy, signum_of
     from m3ctl.hw.inventory import GpuInfo, HostInventory
     from m3ctl.loadgen.config import BenchConfig
     from m3ctl.planning.plan import LaunchPlan
@@ -85,8 +85,9 @@ __all__ = [
     "prepare_tune",
     "running",
     "serve",
+    "signal_name",
     "signal_policy",
-    "signal_received",
+    "signum_of",
     "size_systems",
     "status",
     "stop",
@@ -141,7 +142,9 @@ _HOME = {
     "ServeResult": "m3ctl.serving.serve",
     "StopReport": "m3ctl.runtime.base",
     #: the one signal policy (SIGINT, SIGTERM, SIGHUP): its exit status and the interruption each raises
-    **dict.fromkeys(("interrupt_exit_code", "interruption", "signal_policy", "signal_received"), "m3ctl.core.signals"),
+    **dict.fromkeys(
+        ("interrupt_exit_code", "interruption", "signal_name", "signal_policy", "signum_of"), "m3ctl.core.signals"
+    ),
 }
 
 

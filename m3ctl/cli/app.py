@@ -21,7 +21,7 @@ from typer.exceptions import TyperException as _UsageBase
 from typer.main import get_command_from_info, get_group
 from typer.models import CommandInfo
 
-from m3ctl import __version__, api
+from m3ctl import __version__
 from m3ctl.cli.output import PLAIN_HELP, console, escape
 from m3ctl.errors import EXIT_INTERRUPTED, EXIT_USAGE, M3Error
 
@@ -216,17 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     if any(k.startswith("M3CTL_") for k in os.environ):
         warn_unknown_env()
     try:
-        with api.signal_policy():  # SIGTERM and SIGHUP end every command as Ctrl-C does (m3ctl.core.signals)
-            rv = app(args=args, prog_name="m3ctl", standalone_mode=False)
-        if rv == EXIT_INTERRUPTED:  # Typer returns 130 for any uncaught KeyboardInterrupt: 128 + its signal
-            return api.interrupt_exit_code(api.interruption(api.signal_received()))
+        rv = app(args=args, prog_name="m3ctl", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
     except _Exit as e:
         return e.exit_code
-    except _Abort as e:  # a KeyboardInterrupt the command did not catch (click turns it into Abort)
+    except _Abort:
         console(stderr=True).print("interrupted")
-        cut = e.__context__
-        return api.interrupt_exit_code(cut) if isinstance(cut, KeyboardInterrupt) else EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED
     except _UsageBase as e:  # Typer's (vendored click) usage errors: one line, then where to look
         if debug:
             traceback.print_exc()
@@ -243,9 +239,9 @@ def main(argv: list[str] | None = None) -> int:
         if e.hint:
             err.print(f"[dim]hint:[/] {escape(redact_text(e.hint))}", soft_wrap=True)
         return e.exit_code
-    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP (m3ctl.core.signals): 128 + the signal
+    except KeyboardInterrupt:
         console(stderr=True).print("interrupted")
-        return api.interrupt_exit_code(e)
+        return EXIT_INTERRUPTED
     except Exception as e:  # noqa: BLE001 - last-resort mapping, traceback with --debug
         if debug:
             traceback.print_exc()

@@ -55,17 +55,20 @@ def watch(
 
     out = Output(json_out)
     try:
-        api.watch(
-            name,
-            interval_s=interval,
-            canary_timeout_s=canary_timeout,
-            stall_s=stall,
-            restart=restart,
-            max_restarts=max_restarts,
-            count=count,
-            on_start=lambda dep: out.print(f"watching {name} at {dep.url} every {interval:g} s (restart {restart})"),
-            on_event=probe_printer(out, name),
-        )
+        with api.signal_policy():  # SIGTERM/SIGHUP end the watch as Ctrl-C does: exit 128 + the signal
+            api.watch(
+                name,
+                interval_s=interval,
+                canary_timeout_s=canary_timeout,
+                stall_s=stall,
+                restart=restart,
+                max_restarts=max_restarts,
+                count=count,
+                on_start=lambda dep: out.print(
+                    f"watching {name} at {dep.url} every {interval:g} s (restart {restart})"
+                ),
+                on_event=probe_printer(out, name),
+            )
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP: the deployment keeps running (unless a relaunch was cut)
         running = api.running(name)
         out.event("interrupted", name=name, running=running)

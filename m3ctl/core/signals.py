@@ -65,21 +65,6 @@ def interrupt_exit_code(exc: BaseException) -> int:
     return 128 + signum_of(exc)
 
 
-_received: int | None = None
-
-
-def signal_received() -> int | None:
-    """The SIGTERM or SIGHUP that last interrupted this process, or the signal that cut a measured phase (None:
-    none, so a KeyboardInterrupt is Ctrl-C's); what a command that ended with a bare KeyboardInterrupt (Typer:
-    exit 130) was ended by."""
-    return _received
-
-
-def _note(signum: int) -> None:
-    global _received
-    _received = signum
-
-
 def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
@@ -94,7 +79,6 @@ def stop_signals_as_interrupt() -> Iterator[None]:
         return
 
     def handler(signum, frame):
-        _note(signum)
         raise Terminated(signum)
 
     old = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
@@ -106,7 +90,8 @@ def stop_signals_as_interrupt() -> Iterator[None]:
 
 
 signal_policy = stop_signals_as_interrupt
-"""The policy for a whole command (m3ctl.cli.app.main): SIGTERM and SIGHUP raise :class:`Terminated`."""
+"""The policy for a whole command (``bench``, ``tune``, ``watch`` in m3ctl.cli): SIGTERM and SIGHUP raise
+:class:`Terminated` from its first line on."""
 
 
 class Canceller:
@@ -120,7 +105,6 @@ class Canceller:
         self._old: dict = {}
 
     def _on_signal(self, signum, frame) -> None:
-        _note(signum)
         if self.signum is None:
             self.signum = signum
             if self.cancel():
