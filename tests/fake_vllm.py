@@ -22,6 +22,8 @@ process runtime):
   - ``wrong_answer``: arithmetic is answered wrong (a server whose kernels produce wrong output);
   - ``tokenize``: false = no ``/tokenize`` (404, as a non-vLLM server);
   - ``block_size``: the KV block size ``/metrics`` reports (``vllm:cache_config_info``); no ``/metrics`` without;
+  - ``itl_s``: seconds between the chunks of a streamed answer (a measured phase that lasts);
+  - ``stream_log``: a file that gets one line (the requested tokens) per streamed completion request;
   - ``degenerate``: ``"nul"`` (NUL characters) or ``"repeat"`` (one token repeated) as every generated text
     after the first completion (readiness passes).
 
@@ -192,6 +194,9 @@ class Handler(BaseHTTPRequestHandler):
         n = int(req.get("max_completion_tokens") or req.get("max_tokens") or 16)
         pt = _prompt_tokens(req)
         if self.path == "/v1/completions" and req.get("stream"):  # bench: one token per chunk, then usage
+            if SERVE.get("stream_log"):  # a bench's request arrived (a test awaits the measured phase)
+                with open(SERVE["stream_log"], "a") as f:
+                    f.write(f"{n}\n")
             self._sse(
                 [
                     {
@@ -285,7 +290,10 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
-        for chunk in chunks:
+        for i, chunk in enumerate(chunks):
+            if i and SERVE.get("itl_s"):  # a slow stream: the time between tokens
+                self.wfile.flush()
+                time.sleep(SERVE["itl_s"])
             self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()

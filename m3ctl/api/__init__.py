@@ -42,6 +42,7 @@ if TYPE_CHECKING:  # the verbs with their signatures, for type checkers (resolve
     from m3ctl.api._tune import prepare_tune, tune, tune_refusal
     from m3ctl.assess.request import PlanRequest
     from m3ctl.checks.doctor import CheckResult, DoctorReport, Verdict
+    from m3ctl.core.signals import interruption, signal_name, signal_policy, signum_of
     from m3ctl.hw.inventory import GpuInfo, HostInventory
     from m3ctl.loadgen.config import BenchConfig
     from m3ctl.planning.plan import LaunchPlan
@@ -74,6 +75,7 @@ __all__ = [
     "doctor",
     "host_inventory",
     "interrupt_exit_code",
+    "interruption",
     "launch_command",
     "launch_plan",
     "logs",
@@ -83,6 +85,9 @@ __all__ = [
     "prepare_tune",
     "running",
     "serve",
+    "signal_name",
+    "signal_policy",
+    "signum_of",
     "size_systems",
     "status",
     "stop",
@@ -112,7 +117,6 @@ _HOME = {
     **dict.fromkeys(
         (
             "ServeWatch",
-            "interrupt_exit_code",
             "launch_plan",
             "logs",
             "prepare_serve",
@@ -137,6 +141,10 @@ _HOME = {
     "TuneOptions": "m3ctl.tuning.options",
     "ServeResult": "m3ctl.serving.serve",
     "StopReport": "m3ctl.runtime.base",
+    #: the one signal policy (SIGINT, SIGTERM, SIGHUP): its exit status and the interruption each raises
+    **dict.fromkeys(
+        ("interrupt_exit_code", "interruption", "signal_name", "signal_policy", "signum_of"), "m3ctl.core.signals"
+    ),
 }
 
 

@@ -226,21 +226,29 @@ def bench(
     if progress:  # forced: frames even when stderr is not a terminal (a log file, CI)
         err_con = Console(stderr=True, force_terminal=True, highlight=False, emoji=False)
     show = sys.stderr.isatty() if progress is None else progress
-    result = api.bench(
-        url,
-        deployment=deployment,
-        model=model,
-        concurrency=concs,
-        num_gpus=num_gpus,
-        warmup=warmup,
-        slo=slo,
-        progress=live_progress(err_con, any(len(v) > 1 for v in lengths)) if show else None,
-        on_note=lambda note: err_con.print(escape(note), soft_wrap=True),
-        goodput_slo_ms=goodput_slos(goodput or []),
-        **given,
-    )
-    pct = given.get("percentiles") or BenchConfig.model_fields["percentiles"].get_default(call_default_factory=True)
-    show_results(result, url, deployment, (output_json, output_csv, plot, plot_x), to_stdout, err_con, pct)
+    # SIGINT, SIGTERM, SIGHUP: what was measured is saved and shown, exit 128 + the signal (m3ctl.core.signals)
+    with api.signal_policy():
+        try:
+            result = api.bench(
+                url,
+                deployment=deployment,
+                model=model,
+                concurrency=concs,
+                num_gpus=num_gpus,
+                warmup=warmup,
+                slo=slo,
+                progress=live_progress(err_con, any(len(v) > 1 for v in lengths)) if show else None,
+                on_note=lambda note: err_con.print(escape(note), soft_wrap=True),
+                goodput_slo_ms=goodput_slos(goodput or []),
+                **given,
+            )
+            pct = given.get("percentiles") or BenchConfig.model_fields["percentiles"].get_default(
+                call_default_factory=True
+            )
+            show_results(result, url, deployment, (output_json, output_csv, plot, plot_x), to_stdout, err_con, pct)
+        except KeyboardInterrupt as e:
+            console(stderr=True).print(f"interrupted ({api.signal_name(api.signum_of(e))})")
+            raise typer.Exit(api.interrupt_exit_code(e)) from None
 
 
 def live_progress(err_con, lens_vary: bool):
@@ -273,7 +281,7 @@ def show_results(result, url, deployment, outputs, to_stdout: bool, err_con, per
         for failed in lost:
             console(stderr=True).print(f"warning: {failed.message}", soft_wrap=True)
         console(stderr=True).print("partial results " + (f"written to {saved}" if saved else "above"))
-        raise KeyboardInterrupt
+        raise api.interruption(runs[-1].get("interrupted_by"))  # exit 128 + the signal (m3ctl.cli.app.main)
     finish(api.bench_error(result, url, deployment=deployment, saved=saved), lost)
 
 

@@ -33,7 +33,10 @@ def status(json_out: o.Json = False) -> None:
                 ", ".join(f"{n} {s}" for s, n in sorted({s: probs.count(s) for s in probs}.items())) if probs else "ok"
             )
         )
-        out.con.print(escape(f"{d.name}  {r.phase}  {d.url}  up {r.uptime_s:.0f} s{restarts}"), soft_wrap=True)
+        unwatched = "  unwatched" if r.unwatched else ""
+        out.con.print(
+            escape(f"{d.name}  {r.phase}{unwatched}  {d.url}  up {r.uptime_s:.0f} s{restarts}"), soft_wrap=True
+        )
         out.con.print(
             escape(
                 hang(
@@ -58,6 +61,9 @@ def status(json_out: o.Json = False) -> None:
             )
             if r.engine.fix:
                 out.con.print(escape(hang("  ", f"try: {r.engine.fix}", width)), soft_wrap=True)
+        elif r.unwatched:  # its foreground serve (or launch, or tune) was killed: no watchdog, no restart
+            why = f"unwatched: the m3ctl process that watched it (pid {d.supervisor_pid}) is gone; {r.hint}"
+            out.con.print(escape(hang("  ", why, width)), soft_wrap=True)
         elif r.phase in ("paused", "unknown"):
             out.con.print(escape(hang("  ", r.engine.detail, width)), soft_wrap=True)
     for n, path in bad.items():

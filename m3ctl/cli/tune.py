@@ -155,23 +155,25 @@ def run_study(out: Output, model, study_dir, resume, inventory, system, pareto: 
         print_resumed(out, tuner)
 
     try:
-        tuned = api.tune(
-            model,
-            study_dir=study_dir,
-            resume=resume,
-            inventory=inventory,
-            system=system,
-            pareto=pareto,
-            parallel_trials=parallel_trials,
-            on_study=on_study,
-            on_event=on_event,
-            on_cleanup=on_cleanup,
-            on_finish=on_finish,
-            **given,
-        )
+        with api.signal_policy():  # SIGTERM/SIGHUP stop the trial's server as Ctrl-C does: exit 128 + the signal
+            tuned = api.tune(
+                model,
+                study_dir=study_dir,
+                resume=resume,
+                inventory=inventory,
+                system=system,
+                pareto=pareto,
+                parallel_trials=parallel_trials,
+                on_study=on_study,
+                on_event=on_event,
+                on_cleanup=on_cleanup,
+                on_finish=on_finish,
+                **given,
+            )
     except KeyboardInterrupt as e:
         if "sdir" not in study:  # before the study started: nothing to resume
-            raise
+            console(stderr=True).print("interrupted")
+            raise typer.Exit(api.interrupt_exit_code(e)) from None
         console(stderr=True).print(
             "interrupted: completed trials and every finished bench run are saved; "
             f"continue with `m3ctl tune --resume {study['sdir']}`"

@@ -11,7 +11,6 @@ import typer
 from m3ctl import api
 from m3ctl.cli import options as o
 from m3ctl.cli.output import Output, escape
-from m3ctl.errors import EXIT_INTERRUPTED
 
 
 def probe_printer(out: Output, name: str):
@@ -56,18 +55,21 @@ def watch(
 
     out = Output(json_out)
     try:
-        api.watch(
-            name,
-            interval_s=interval,
-            canary_timeout_s=canary_timeout,
-            stall_s=stall,
-            restart=restart,
-            max_restarts=max_restarts,
-            count=count,
-            on_start=lambda dep: out.print(f"watching {name} at {dep.url} every {interval:g} s (restart {restart})"),
-            on_event=probe_printer(out, name),
-        )
-    except KeyboardInterrupt:  # watching only: the deployment keeps running (unless a relaunch was cut short)
+        with api.signal_policy():  # SIGTERM/SIGHUP end the watch as Ctrl-C does: exit 128 + the signal
+            api.watch(
+                name,
+                interval_s=interval,
+                canary_timeout_s=canary_timeout,
+                stall_s=stall,
+                restart=restart,
+                max_restarts=max_restarts,
+                count=count,
+                on_start=lambda dep: out.print(
+                    f"watching {name} at {dep.url} every {interval:g} s (restart {restart})"
+                ),
+                on_event=probe_printer(out, name),
+            )
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP: the deployment keeps running (unless a relaunch was cut)
         running = api.running(name)
         out.event("interrupted", name=name, running=running)
         out.print(
@@ -75,4 +77,4 @@ def watch(
             if running
             else f"stopped watching; {name} is not running (an interrupted relaunch stops its server)"
         )
-        raise typer.Exit(EXIT_INTERRUPTED) from None
+        raise typer.Exit(api.interrupt_exit_code(e)) from None

@@ -194,6 +194,12 @@ class Deployment(BaseModel):
     """One line: why it died or failed (the root cause from its log, m3ctl.serving.diagnose), when known."""
     fix: str | None = None
     """One line: what to try about ``cause``, when known."""
+    supervisor_pid: int | None = None
+    """The m3ctl process that watches the server (the launch until ready; a foreground ``serve``, a tune or
+    ``m3ctl watch`` after it); None when nothing does (``serve --detach`` once ready). ``status`` shows the
+    deployment as unwatched when that process is gone while the engine lives (a ``kill -9`` of m3ctl)."""
+    supervisor_started_at: float | None = None
+    """That process's start time (UNIX s, as psutil reports it): a later process with the same pid is not it."""
 
     @property
     def url(self) -> str:

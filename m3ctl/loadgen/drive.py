@@ -38,6 +38,7 @@ class ClientStats:
     loop_lag_p99_ms: float = 0.0
     sessions: list[dict] = field(default_factory=list)
     interrupted: bool = False
+    interrupted_by: str | None = None  # the signal that cut the run (m3ctl.core.signals.signal_name), when one did
     server_down: bool = False  # the server refused connections SERVER_DOWN_AFTER times in a row: run stopped
     stalled: dict | None = None  # {window_s, idle_s, in_flight}: no token for the stall window, run stopped
     not_sent: int = 0  # requests of the workload never sent because the run stopped early (count mode)

@@ -12,6 +12,7 @@ import multiprocessing
 import time
 from collections.abc import Callable
 
+from m3ctl.core import signals
 from m3ctl.loadgen import sink
 from m3ctl.loadgen.client import BenchRequest, RequestOutput
 from m3ctl.loadgen.config import BenchConfig
@@ -27,7 +28,7 @@ def _drive_in_worker(
     cfg: BenchConfig, job: Job, t0: float | None, warmups: list[BenchRequest] | None = None
 ) -> tuple[list[RequestOutput], ClientStats, float]:
     """:func:`~m3ctl.loadgen.drive.drive` on a new event loop (uvloop when installed), in a worker process."""
-    with asyncio.Runner(loop_factory=sink.new_loop) as r:
+    with signals.stop_signals_set(sink.STOP), asyncio.Runner(loop_factory=sink.new_loop) as r:
         return r.run(drive(cfg, job, t0, warmups))
 
 
@@ -71,9 +72,12 @@ def execute(
                 time.sleep(max(0.0, t0 - 0.5 - time.perf_counter()))
                 before()
             res = pending.get()
-        except KeyboardInterrupt:  # Ctrl-C: the workers stop and return what finished (a second one aborts)
+        except KeyboardInterrupt as e:  # a signal (m3ctl.core.signals): the workers stop and return what finished
             stop.set()
             res = pending.get(timeout=60)
+            for r in res:
+                if r[1].interrupted:
+                    r[1].interrupted_by = signals.signal_name(signals.signum_of(e))
     if q is not None:
         progress.detach(q)
     outs = [o for r in res for o in r[0]]

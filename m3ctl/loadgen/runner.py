@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
@@ -35,6 +34,7 @@ from typing import Any, TypeVar
 
 import httpx
 
+from m3ctl.core import signals
 from m3ctl.errors import BadInput, BenchServerDown
 from m3ctl.loadgen import procs, sink
 from m3ctl.loadgen import sweep as sweeps
@@ -148,36 +148,35 @@ async def _inline(fn: Callable[..., T], /, *args: Any) -> T:
     return fn(*args)
 
 
-async def _sigint_cancels(coro: Coroutine[Any, Any, T]) -> T:
-    """Await ``coro`` as a task that a Ctrl-C cancels (as asyncio.Runner does for its main task): the first
-    SIGINT cancels it (the measured phase keeps what finished: ``interrupted``), a second raises
-    KeyboardInterrupt; one that ends cancelled after a Ctrl-C raises KeyboardInterrupt. Off the main thread, or
-    with a SIGINT handler of the caller's, a plain await."""
+async def _signals_cancel(coro: Coroutine[Any, Any, T]) -> T:
+    """Await the measured phase ``coro`` as a task that a signal of the policy (m3ctl.core.signals: SIGINT,
+    SIGTERM, SIGHUP) cancels, as asyncio.Runner does for Ctrl-C: the first one cancels it (the measured phase keeps
+    what finished: ``interrupted``, and which signal: ``interrupted_by``), a second raises its interruption; one
+    that ends cancelled after a signal raises it. Off the main thread, or with a SIGINT handler of the caller's,
+    a plain await."""
     task = asyncio.ensure_future(coro)
-    if threading.current_thread() is not threading.main_thread() or (
-        signal.getsignal(signal.SIGINT) is not signal.default_int_handler
-    ):
+    if not signals.handles_interrupts():
         return await task
-    loop, hits = asyncio.get_running_loop(), 0
+    loop = asyncio.get_running_loop()
 
-    def on_sigint(signum, frame) -> None:
-        nonlocal hits
-        hits += 1
-        if hits == 1 and not task.done():
-            task.cancel()
-            loop.call_soon_threadsafe(lambda: None)  # wake the loop from its select()
-            return
-        raise KeyboardInterrupt()
+    def cancel() -> bool:
+        if task.done():
+            return False
+        task.cancel()
+        loop.call_soon_threadsafe(lambda: None)  # wake the loop from its select()
+        return True
 
-    signal.signal(signal.SIGINT, on_sigint)
-    try:
-        return await task
-    except asyncio.CancelledError:
-        if hits and task.cancelled():
-            raise KeyboardInterrupt() from None
-        raise
-    finally:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+    with signals.Canceller(cancel) as cx:
+        try:
+            res = await task
+        except asyncio.CancelledError:
+            if cx.signum is not None and task.cancelled():
+                raise signals.interruption(cx.signum) from None
+            raise
+    stats = res[1] if isinstance(res, tuple) and len(res) > 1 else None
+    if cx.signum is not None and isinstance(stats, ClientStats) and stats.interrupted:
+        stats.interrupted_by = signals.signal_name(cx.signum)
+    return res
 
 
 @dataclass(frozen=True)
@@ -188,8 +187,9 @@ class _Mode:
     drive: Callable[[Coroutine[Any, Any, Any]], Awaitable[Any]]
 
 
-#: run_bench: the run's own loop; blocking stages inline, a Ctrl-C cancels the measured phase.
-_SYNC = _Mode(_inline, _sigint_cancels)
+#: run_bench: the run's own loop; blocking stages inline, a signal (Ctrl-C, SIGTERM, SIGHUP) cancels the measured
+#: phase.
+_SYNC = _Mode(_inline, _signals_cancel)
 #: arun_bench: the caller's loop; blocking stages in worker threads, cancelling the caller's task ends the
 #: measured phase (the drive is a task of its own: it keeps what finished and returns).
 _ASYNC = _Mode(asyncio.to_thread, asyncio.ensure_future)
@@ -269,8 +269,9 @@ def _run_sync(main: Callable[[], Coroutine[Any, Any, T]]) -> T:
     (KeyboardInterrupt) while waiting for it stops it as in a worker process (``sink.STOP``): partial results."""
     try:
         asyncio.get_running_loop()
-    except RuntimeError:
-        return _on_new_loop(main)
+    except RuntimeError:  # SIGTERM/SIGHUP end the run as Ctrl-C does (m3ctl.core.signals): nothing measured is lost
+        with signals.stop_signals_as_interrupt() if signals.handles_interrupts() else contextlib.nullcontext():
+            return _on_new_loop(main)
     stop = threading.Event()
     sink.set_stop(stop)
     try:

@@ -82,7 +82,9 @@ def mark_partial(res: dict, cstats: list[ClientStats]) -> None:
         )
     if any(st.interrupted for st in cstats):
         res["interrupted"] = True
-        _partial(res, "interrupted (Ctrl-C): partial results of the requests that finished")
+        by = next((st.interrupted_by for st in cstats if st.interrupted_by), None)
+        res["interrupted_by"] = by or "cancelled"
+        _partial(res, f"interrupted ({res['interrupted_by']}): partial results of the requests that finished")
 
 
 def prefix_cache_check(cfg: BenchConfig, res: dict, server: dict | None) -> tuple[dict, str | None]:

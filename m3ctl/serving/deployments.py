@@ -17,6 +17,7 @@ from m3ctl.runtime.base import StopReport
 from m3ctl.runtime.docker import DockerRuntime
 from m3ctl.runtime.process import stop_marked
 from m3ctl.serving.lifecycle import EngineState, engine_state, orphan_of, orphans
+from m3ctl.serving.watchdog import supervisor_gone
 
 
 @dataclass
@@ -36,6 +37,20 @@ class StatusRow:
         """The record's phase, or ``dead``/``failed``/``paused``/``unknown`` as the engine is now."""
         st = self.engine.state
         return self.deployment.phase if st == "alive" else st
+
+    @property
+    def unwatched(self) -> bool:
+        """The server runs but the m3ctl process that watched it is gone (a foreground ``serve``, a launch or a
+        tune killed with -9): no watchdog, no restart, nothing stops it (m3ctl.serving.watchdog.supervisor_gone)."""
+        return self.alive and supervisor_gone(self.deployment)
+
+    @property
+    def hint(self) -> str | None:
+        """What to do about an unwatched deployment (None otherwise)."""
+        if not self.unwatched:
+            return None
+        name = self.deployment.name
+        return f"`m3ctl watch {name}` watches it again; `m3ctl stop {name}` stops it"
 
     @property
     def uptime_s(self) -> float:
@@ -130,7 +145,9 @@ def stop(
 class Status:
     """What ``status`` found: ``deployments`` (:class:`StatusRow`: ``deployment``, the record; ``engine``,
     m3ctl.serving.lifecycle.EngineState; ``alive``, ``phase``, ``uptime_s`` in seconds) and ``unreadable``
-    ({name: record path} of records that cannot be read). :meth:`to_json` is the ``m3ctl status --json`` list."""
+    ({name: record path} of records that cannot be read). :meth:`to_json` is the ``m3ctl status --json`` list
+    (each row: the record, ``alive``, ``phase``, ``uptime_s``, ``engine`` and ``unwatched``: its watching m3ctl
+    process is gone while the engine lives)."""
 
     def __init__(self, deployments: list, unreadable: dict[str, str]) -> None:
         self.deployments, self.unreadable = deployments, unreadable
@@ -143,6 +160,7 @@ class Status:
                 "phase": r.phase,
                 "uptime_s": r.uptime_s,
                 "engine": r.engine.to_dict(),
+                "unwatched": r.unwatched,
             }
             for r in self.deployments
         ]

@@ -75,6 +75,7 @@ def launch_and_wait(
     smoke: str | bool = "full",
     diag_context: DiagContext | None = None,
     on_preflight: Callable[[], None] | None = None,
+    supervised: bool = True,
 ) -> ServeResult:
     """Launch ``plan`` and wait until it really serves, then verify the kernels vLLM chose. The pre-flight runs
     once: the state directory (before the start lock, which lives there), then the host checks under the lock
@@ -92,6 +93,10 @@ def launch_and_wait(
             inventory's GPU names).
         on_preflight: called once the pre-flight passed, under the start lock, before the launch (``serve``
             shows the command that starts: a refusal comes in milliseconds, before "starting").
+        supervised: this process keeps watching the server once ready (a foreground ``serve``, a tune's trial,
+            a watchdog's relaunch): its pid stays in the record, and ``status`` shows the deployment as unwatched
+            when this process is gone while the engine lives. False (``serve --detach``): nothing watches it
+            once ready.
 
     On failure (or Ctrl-C) anywhere from the launch to the returned result the server is stopped, so nothing
     is left behind.
@@ -116,9 +121,9 @@ def launch_and_wait(
                 on_preflight()
             registry.save_plan(plan.name, plan.model_dump_json())
             dep = rt.launch(plan, registry, secret_env or {})
-        if restarts:
-            dep.restarts = restarts
-            registry.save(dep)
+        watchdog.mark_supervised(dep)  # until ready, and after with ``supervised``: `status` tells when it is gone
+        dep.restarts = restarts or dep.restarts
+        registry.save(dep)
         ctx = diag_context or DiagContext.for_plan(plan)
         launched = dep  # the readiness callbacks' server (the handler below rebinds ``dep``, None included)
         ready = wait_ready(
@@ -136,6 +141,7 @@ def launch_and_wait(
         )
         findings, dep.smoke_s = _smoke(plan, dep, rt, headers, ctx, level, on_event) if level != "off" else (None, None)
         dep.phase, dep.ready_at, dep.smoke_level = "ready", time.time(), level
+        watchdog.mark_supervised(dep, supervised)
         dep.smoke = [f.to_dict() for f in findings] if findings is not None else None
         registry.save(dep)
         rt.sync_log(dep)

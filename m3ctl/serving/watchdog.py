@@ -23,15 +23,18 @@ docs/sources.md#cpu-endpoints-and-metrics).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal
 
 import httpx
+import psutil
 
-from m3ctl.core.state import Deployment
+from m3ctl.core.state import Deployment, Registry
+from m3ctl.errors import M3Error
 from m3ctl.runtime.base import Runtime
 from m3ctl.serving.diagnose import DiagContext, diagnose_text
 from m3ctl.serving.lifecycle import EngineState, engine_state, explain
@@ -267,3 +270,54 @@ def watch(
         if max_probes is not None and n >= max_probes:
             return p
         time.sleep(interval_s)
+
+
+# ----------------------------------------------------------------------------- who watches a deployment
+def mark_supervised(dep: Deployment, on: bool = True) -> None:
+    """Record this process as ``dep``'s supervisor (``on``), or that nothing watches it (the caller saves)."""
+    if on:
+        me = psutil.Process()
+        dep.supervisor_pid, dep.supervisor_started_at = me.pid, me.create_time()
+    else:
+        dep.supervisor_pid = dep.supervisor_started_at = None
+
+
+def supervisor_gone(dep: Deployment) -> bool:
+    """Whether ``dep`` had a supervisor (m3ctl.core.state.Deployment.supervisor_pid) that no longer runs (killed
+    with -9, or a later process has its pid); False when none was recorded or it cannot be told."""
+    if dep.supervisor_pid is None:
+        return False
+    try:
+        p = psutil.Process(dep.supervisor_pid)
+        if p.status() == psutil.STATUS_ZOMBIE:
+            return True
+        return dep.supervisor_started_at is not None and abs(p.create_time() - dep.supervisor_started_at) > 1.0
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:  # it exists (another user's process): cannot tell
+        return False
+
+
+@contextlib.contextmanager
+def supervising(registry: Registry, name: str) -> Iterator[None]:
+    """``m3ctl watch NAME``: this process watches the deployment for the block (``status`` no longer calls it
+    unwatched); after it, the record names its previous supervisor again (a foreground ``serve`` still running,
+    or nothing), unless another process took over meanwhile."""
+    try:
+        dep = registry.get(name)
+    except M3Error:
+        yield
+        return
+    before = (dep.supervisor_pid, dep.supervisor_started_at)
+    mark_supervised(dep)
+    registry.save(dep)
+    try:
+        yield
+    finally:
+        with contextlib.suppress(M3Error):
+            cur = registry.get(name)
+            if cur.supervisor_pid == dep.supervisor_pid:
+                cur.supervisor_pid, cur.supervisor_started_at = before
+                if supervisor_gone(cur):  # the one before is gone too: nothing watches it now
+                    mark_supervised(cur, False)
+                registry.save(cur)

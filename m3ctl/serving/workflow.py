@@ -25,7 +25,7 @@ from m3ctl.planning.plan import plan as make_plan
 from m3ctl.runtime import get_runtime, runtime_for
 from m3ctl.runtime.base import Runtime
 from m3ctl.runtime.docker import DockerOptions, DockerRuntime
-from m3ctl.serving import serve
+from m3ctl.serving import serve, watchdog
 from m3ctl.serving.diagnose import DiagContext
 from m3ctl.serving.serve import ServeResult
 from m3ctl.serving.signals import sigint_ignored, stop_signals_as_interrupt
@@ -188,12 +188,14 @@ def start(
     """
     rt = runtime if runtime is not None else serve_runtime(p.runtime, mounts, on_pull)
     with stop_signals_as_interrupt():  # SIGTERM/SIGHUP stop the server as Ctrl-C does (main thread)
-        if watch is None:
-            return _launch(p, rt, secrets, profile, inventory, smoke=smoke, on_event=on_event, on_start=on_start)
+        if watch is None:  # detached: nothing watches it once ready
+            return _launch(
+                p, rt, secrets, profile, inventory, smoke=smoke, on_event=on_event, on_start=on_start, supervised=False
+            )
         return _serve_foreground(p, rt, secrets, profile, inventory, smoke, on_event, on_start, watch)
 
 
-def _launch(p, rt, secrets, prof, inv, *, smoke, on_event, on_start, registry=None) -> ServeResult:
+def _launch(p, rt, secrets, prof, inv, *, smoke, on_event, on_start, registry=None, supervised=True) -> ServeResult:
     """Launch and wait until ready (m3ctl.serving.serve.launch_and_wait, which runs the pre-flight once and then
     calls ``on_start(plan, command)``, before the launch)."""
     announce = None if on_start is None else (lambda: on_start(p, launch_command(p, rt)))
@@ -207,6 +209,7 @@ def _launch(p, rt, secrets, prof, inv, *, smoke, on_event, on_start, registry=No
         smoke=smoke,
         diag_context=DiagContext.for_plan(p, inv),
         on_preflight=announce,
+        supervised=supervised,
     )
 
 
@@ -268,18 +271,20 @@ def watch_running(
     expect = serve.profile_expect(None, plan.profile, plan) if plan else None
     if on_start is not None:
         on_start(dep)
-    serve.watch_deployment(
-        dep,
-        rt,
-        reg,
-        secrets,
-        expect,
-        interval_s=interval_s,
-        restart=restart,
-        canary_timeout_s=canary_timeout_s,
-        stall_s=stall_s,
-        max_restarts=max_restarts,
-        count=count,
-        stop_on_exit=False,
-        on_event=on_event,
-    )
+    # this process watches it (`status`); SIGTERM/SIGHUP end the watch as Ctrl-C does (m3ctl.core.signals)
+    with stop_signals_as_interrupt(), watchdog.supervising(reg, name):
+        serve.watch_deployment(
+            dep,
+            rt,
+            reg,
+            secrets,
+            expect,
+            interval_s=interval_s,
+            restart=restart,
+            canary_timeout_s=canary_timeout_s,
+            stall_s=stall_s,
+            max_restarts=max_restarts,
+            count=count,
+            stop_on_exit=False,
+            on_event=on_event,
+        )

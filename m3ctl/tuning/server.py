@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import m3ctl
+from m3ctl.core import signals
 from m3ctl.core.secrets import launch_env
 from m3ctl.errors import BadInput, ConfigRejected, LaunchFailed
 from m3ctl.loadgen import runner
@@ -60,7 +61,7 @@ class ServerSession:
         at that load); on the H200 a warm-up wave took 1.9-2.9 s at c=64-96 (docs/results/h200-study9.md).
 
         Raises:
-            KeyboardInterrupt: the bench was interrupted (Ctrl-C, SIGINT): the partial run is saved and the level
+            KeyboardInterrupt: the bench was interrupted (Ctrl-C; SIGTERM/SIGHUP: m3ctl.core.signals.Terminated): the partial run is saved and the level
                 is not decided from it. On the H200 a call's timeout cut a run at 73 of 384 requests and the trial
                 was recorded complete, its level c=96 "invalid" (docs/results/h200-study6.md); now the study stops
                 as on any Ctrl-C and a resume recovers the trial from its finished levels.
@@ -95,7 +96,9 @@ class ServerSession:
             res = self._run(cfg, concurrency)
             if res.get("interrupted"):  # Ctrl-C (or a call's timeout) cut the run: kept, and the study stops
                 write_json(self.dir / f"{stem}.json", res)
-                raise KeyboardInterrupt(f"the run at concurrency {concurrency} was interrupted")
+                cut = signals.interruption(res.get("interrupted_by"))  # Ctrl-C's, or SIGTERM/SIGHUP's (exit 128+n)
+                cut.args = (f"the run at concurrency {concurrency} was interrupted ({res.get('interrupted_by')})",)
+                raise cut
             if died := res.get("engine_died"):  # kept, then the trial is a crash with its cause (not an SLO miss)
                 write_json(self.dir / f"{stem}.json", res)
                 raise LaunchFailed(
