@@ -30,6 +30,23 @@ KEEP_KEYS = (
 )
 
 
+class TrialServerStopped(KeyboardInterrupt):
+    """A trial's server was stopped on request from outside the tune (``m3ctl stop NAME`` or ``--all``) while the
+    tune measured it: an interruption of the study, not a crash of the configuration nor a bench connection
+    problem. The trial stays unfinished (its finished runs saved), the study stops as on Ctrl-C, and
+    ``--resume`` measures again what the stop cut (m3ctl.tuning.record). A KeyboardInterrupt, so every layer that
+    stops a study on Ctrl-C stops it on this.
+
+    Attributes:
+        message: who stopped which server, and when in the trial (one line).
+        hint: how to continue.
+    """
+
+    def __init__(self, message: str, hint: str):
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
 class Session(Protocol):
     """One running server of one configuration."""
 
