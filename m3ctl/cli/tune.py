@@ -172,8 +172,10 @@ def run_study(out: Output, model, study_dir, resume, inventory, system, pareto: 
     except KeyboardInterrupt as e:
         if "sdir" not in study:  # before the study started: nothing to resume
             raise
-        if getattr(e, "message", None):  # a trial server stopped from outside (m3ctl stop): who, and what is kept
-            console(stderr=True).print(f"error: {escape(e.message)}", soft_wrap=True)
+        if message := getattr(
+            e, "message", None
+        ):  # a trial server stopped from outside (m3ctl stop): who, what is kept
+            console(stderr=True).print(f"error: {escape(message)}", soft_wrap=True)
             console(stderr=True).print(f"hint: {escape(getattr(e, 'hint', ''))}", soft_wrap=True)
             raise typer.Exit(api.interrupt_exit_code(e)) from None
         console(stderr=True).print(
