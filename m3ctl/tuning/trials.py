@@ -9,6 +9,7 @@ from typing import Any
 
 from m3ctl.tuning.measure import Outcome, evaluate, remeasure_cut
 from m3ctl.tuning.rung import ConfirmRung
+from m3ctl.tuning.schedule import pick_gpus
 from m3ctl.tuning.space import describe, key_of
 
 
@@ -148,8 +149,7 @@ class TrialRunner(ConfirmRung):
                 entry = {"recovered": True, "relaunched": True, "cost_s": o.start_s, "kept": kept}
                 self._note_interrupted(str(trial), entry)
                 event(f"resumed: its levels {kept} kept; measuring again what the interruption cut, on a fresh server")
-                remeasure_cut(self.ev, o, self.spec, self.slo, event)
-                entry["remeasured"] = [p.concurrency for p in o.points[len(kept) :]]
+                entry["remeasured"] = remeasure_cut(self._cut_evaluator(o.config), o, self.spec, self.slo, event)
                 self._note_interrupted(str(trial), entry)
                 self._save_continued(o)
                 self.cut.remove(o)
@@ -160,6 +160,16 @@ class TrialRunner(ConfirmRung):
                 )
         finally:
             self.study.set_user_attr("elapsed_s", self._elapsed_before() + clock() - t0)
+
+    def _cut_evaluator(self, cand: dict[str, Any]) -> Any:
+        """The evaluator that measures ``cand`` again before the search: with a pool (trials at once), a slot's on
+        the GPU set it fits (nothing else runs yet); else the study's."""
+        for_slot = getattr(self.ev, "for_slot", None)
+        if self.pool is None or for_slot is None:
+            return self.ev
+        need = getattr(self.ev, "gpus_needed", None)
+        gpus = pick_gpus(self.pool.topo, need(cand) if need is not None else self.ev.n_gpus(cand))
+        return for_slot(gpus, self.pool.ports[0]) if gpus is not None else self.ev
 
     def _note_interrupted(self, trial: str, entry: dict[str, Any]) -> None:
         """Record ``entry`` as the interrupted launch of ``trial`` (the study's ``interrupted``; ``lost``)."""
