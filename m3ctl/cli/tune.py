@@ -221,6 +221,12 @@ def print_resumed(out: Output, tuner) -> None:
             + (f"; kept from the runs they had finished: {tuner.recovered_trials}" if tuner.recovered_trials else "")
             + (f"; no run finished, so measured again (their starts count): {again}" if again else "")
         )
+    cut = [k for k, v in tuner.lost.items() if v.get("relaunched")]
+    if cut:
+        out.print(
+            f"resumed: what the interruption cut from trial(s) {', '.join(cut)} was measured again on a fresh server "
+            "(their interrupted starts count: interrupted_launches)"
+        )
 
 
 def show_result(out: Output, result: dict, study: dict, pareto: bool) -> None:

@@ -93,3 +93,34 @@ def test_a_server_that_died_by_itself_is_not_said_to_be_stopped(tmp_path, trial_
     with pytest.raises(LaunchFailed) as ei:
         sess.measure(2, 1.0)
     assert "stopped" not in ei.value.message
+
+
+def test_the_cli_prints_who_stopped_the_trial_server_and_how_to_continue(tmp_path, tiny_models, monkeypatch, capsys):
+    """``m3ctl tune`` shows the stop as one error line naming who, and the resume hint; exit 130 (an interruption),
+    no traceback, no "interrupted: ..." Ctrl-C line, no "check --url"."""
+    from m3ctl import api
+    from m3ctl.hw.detect import detect
+    from m3ctl.tuning import study as st
+
+    sdir = tmp_path / "study"
+    settings = st.new_settings(str(tiny_models["llama"]), detect(), max_trials=1)
+
+    def tune(*a, on_study=None, **k):
+        on_study(sdir, settings)
+        raise TrialServerStopped(
+            "trial server 'x-t1' was stopped during the run at concurrency 4 by `m3ctl stop` (its deployment record "
+            "'x-t1' was removed)",
+            f"the trial is kept as an interrupted launch; continue with `m3ctl tune --resume {sdir}`",
+        )
+
+    monkeypatch.setattr(api, "tune", tune)
+    code = main(["tune", "--model", str(tiny_models["llama"]), "--study-dir", str(sdir)])
+    err = capsys.readouterr().err.splitlines()
+    assert code == 130, err
+    assert err == [
+        (
+            "error: trial server 'x-t1' was stopped during the run at concurrency 4 by `m3ctl stop` (its deployment "
+            "record 'x-t1' was removed)"
+        ),
+        f"hint: the trial is kept as an interrupted launch; continue with `m3ctl tune --resume {sdir}`",
+    ]
