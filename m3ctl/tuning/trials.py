@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from m3ctl.tuning.measure import Outcome, evaluate, remeasure_cut
+from m3ctl.tuning.measure import Outcome, decided, evaluate, remeasure_cut
 from m3ctl.tuning.rung import ConfirmRung
 from m3ctl.tuning.schedule import pick_gpus
 from m3ctl.tuning.space import describe, key_of
@@ -145,7 +145,7 @@ class TrialRunner(ConfirmRung):
                     self._heartbeat()
                     self.on_event(trial, desc, m)
 
-                kept = [p.concurrency for p in o.points]
+                kept = [p.concurrency for p in decided(o.points)]  # a level cut mid-repeat is measured again
                 entry = {"recovered": True, "relaunched": True, "cost_s": o.start_s, "kept": kept}
                 self._note_interrupted(str(trial), entry)
                 event(f"resumed: its levels {kept} kept; measuring again what the interruption cut, on a fresh server")
