@@ -174,6 +174,10 @@ def run_study(out: Output, model, study_dir, resume, inventory, system, pareto: 
         if "sdir" not in study:  # before the study started: nothing to resume
             console(stderr=True).print("interrupted")
             raise typer.Exit(api.interrupt_exit_code(e)) from None
+        if message := getattr(e, "message", None):  # a trial server stopped from outside (m3ctl stop): who, what
+            console(stderr=True).print(f"error: {escape(message)}", soft_wrap=True)
+            console(stderr=True).print(f"hint: {escape(getattr(e, 'hint', ''))}", soft_wrap=True)
+            raise typer.Exit(api.interrupt_exit_code(e)) from None
         console(stderr=True).print(
             "interrupted: completed trials and every finished bench run are saved; "
             f"continue with `m3ctl tune --resume {study['sdir']}`"
@@ -216,6 +220,12 @@ def print_resumed(out: Output, tuner) -> None:
             f"resumed: trial(s) {tuner.interrupted_trials} had been interrupted"
             + (f"; kept from the runs they had finished: {tuner.recovered_trials}" if tuner.recovered_trials else "")
             + (f"; no run finished, so measured again (their starts count): {again}" if again else "")
+        )
+    cut = [k for k, v in tuner.lost.items() if v.get("relaunched")]
+    if cut:
+        out.print(
+            f"resumed: what the interruption cut from trial(s) {', '.join(cut)} was measured again on a fresh server "
+            "(their interrupted starts count: interrupted_launches)"
         )
 
 

@@ -30,6 +30,23 @@ KEEP_KEYS = (
 )
 
 
+class TrialServerStopped(KeyboardInterrupt):
+    """A trial's server was stopped on request from outside the tune (``m3ctl stop NAME`` or ``--all``) while the
+    tune measured it: an interruption of the study, not a crash of the configuration nor a bench connection
+    problem. The trial stays unfinished (its finished runs saved), the study stops as on Ctrl-C, and
+    ``--resume`` measures again what the stop cut (m3ctl.tuning.record). A KeyboardInterrupt, so every layer that
+    stops a study on Ctrl-C stops it on this.
+
+    Attributes:
+        message: who stopped which server, and when in the trial (one line).
+        hint: how to continue.
+    """
+
+    def __init__(self, message: str, hint: str):
+        super().__init__(message)
+        self.message, self.hint = message, hint
+
+
 class Session(Protocol):
     """One running server of one configuration."""
 
@@ -272,18 +289,24 @@ def bisect_concurrency(
     on_event: Callable[[str], None],
     start: int | None = None,
     on_point: Callable[[list[Point]], None] | None = None,
+    prior: list[Point] | None = None,
 ) -> list[Point]:
     """Search for the largest ladder concurrency that meets the SLO (latency is monotone in load).
 
     ``start``: a ladder concurrency to try first (warm start); from there the search gallops up while the
     SLO holds (or down while it fails) by 1, 2, 4... ladder steps, then bisects the bracket. None or a value
     off the ladder: plain binary search. ``on_point(points)``: called after every run with the runs so far
-    (the study saves them, so a killed trial keeps them). Returns the runs made, in order.
+    (the study saves them, so a killed trial keeps them). ``prior``: levels an interrupted search of this
+    configuration had finished: the search goes on in the bracket they leave (:func:`bracket`), from ``start``
+    when given (a level cut mid-repeat), else up one level from them when all held (the level the interruption
+    cut, in a galloping search), down one when all missed, else bisecting. Returns the runs made, in order.
     """
     lad = spec.ladder
-    lo, hi = -1, len(lad)
+    lo, hi = bracket(prior or [], lad)
     points: list[Point] = []
-    mode = "first" if start in lad else "bisect"
+    mode = "first" if start in lad and lo < lad.index(start) < hi else "bisect"
+    if prior and mode != "first":  # continue as the cut search went on: up from the levels that held, down from misses
+        mode = "up" if hi == len(lad) and lo >= 0 else "down" if lo == -1 and hi < len(lad) else "bisect"
     step = 1
     while hi - lo > 1:
         if mode == "first" and start is not None:  # mode "first": start is on the ladder
@@ -325,6 +348,64 @@ def bisect_concurrency(
             hi = mid
             mode = "down" if mode in ("first", "down") else "bisect"
     return points
+
+
+def decided(points: list[Point]) -> list[Point]:
+    """The levels the capacity rule decided: a level cut while its runs were repeated (``undecided``) is not."""
+    return [p for p in points if (p.verdict or {}).get("state") != "undecided"]
+
+
+def bracket(points: list[Point], ladder: list[int]) -> tuple[int, int]:
+    """The ladder indices ``(lo, hi)`` the search's levels (fidelity 1) leave open: ``lo`` the highest level that
+    held (-1: none), ``hi`` the lowest above it that did not (``len(ladder)``: none). The search is settled when
+    ``hi - lo == 1``; an interruption that cut it leaves a wider bracket."""
+    at = {c: i for i, c in enumerate(ladder)}
+    pts = [p for p in decided(points) if p.fidelity == 1.0 and p.concurrency in at]
+    lo = max((at[p.concurrency] for p in pts if p.slo_ok), default=-1)
+    hi = min((at[p.concurrency] for p in pts if not p.slo_ok and at[p.concurrency] > lo), default=len(ladder))
+    return lo, hi
+
+
+def objective_at(out: Outcome, c: int, fallback: float) -> float:
+    """The search's figure of ``out`` at level ``c`` (its first valid run there at the search's fidelity), else
+    ``fallback`` (the confirmation's figure there). When a confirmation moves a configuration's level down, its
+    ``objective`` is this, so the figure quoted "at c=64" was measured at c=64: before, the c=96 search figure was
+    kept and quoted at c=64 (one score at two concurrencies), beside the confirmation that refuted c=96."""
+    at = [p for p in out.points if p.concurrency == c and p.fidelity == 1.0 and p.valid and p.objective > 0]
+    return at[0].objective if at else fallback
+
+
+def remeasure_cut(ev: Evaluator, out: Outcome, spec: TuneSpec, slo: SLO, on_event: Callable[[str], None]) -> list[int]:
+    """Measure on a fresh server what an interruption cut from ``out`` (a configuration recovered from its finished
+    levels: :func:`bracket` still open): its levels are kept, the search continues in the bracket they leave, and
+    ``out`` is summarised again from all of them. ``out.start_s`` becomes the fresh server's start (the
+    interrupted start is the caller's to count). Returns the levels measured on the fresh server. A fresh server
+    that fails leaves ``out`` as it was, the reason saying why (returns []). Never raises for a bad configuration;
+    Ctrl-C propagates."""
+    prior = decided(out.points)  # a level cut mid-repeat is measured again whole
+    try:
+        session = ev.open(out.config, out.trial if out.trial is not None else -1, on_event)
+    except LaunchFailed as e:
+        out.reason += f"; measuring again what the interruption cut failed: {e.message}"
+        return []
+    again = next((p.concurrency for p in out.points if p not in prior), None)  # a level cut mid-repeat: first
+    try:
+        new = bisect_concurrency(session, spec, slo, ev.n_gpus(out.config), on_event, again, prior=prior)
+    except LaunchFailed as e:
+        out.reason += f"; measuring again what the interruption cut failed: {e.message}"
+        return []
+    finally:
+        session.close()
+    cut_s = sum(p.duration_s for p in out.points if p not in prior)  # the undecided level's runs, measured again
+    out.start_s, out.points = session.start_s, prior + new
+    _summarise(out, slo)
+    out.cost_s += cut_s
+    cut = ", ".join(f"c={p.concurrency}" for p in new) or "nothing"
+    out.reason = (
+        f"resumed after an interruption: its {len(prior)} finished level(s) kept, what the interruption cut "
+        f"measured again on a fresh server ({cut})" + (f"; {out.reason}" if out.status != "feasible" else "")
+    )
+    return [p.concurrency for p in new]
 
 
 def _summarise(out: Outcome, slo: SLO) -> Outcome:
@@ -466,8 +547,8 @@ def confirm(ev: Evaluator, out: Outcome, spec: TuneSpec, slo: SLO, on_event: Cal
             out.confirm_cost_s += p.duration_s
             if p.slo_ok:
                 out.confirmed = p.objective
-                if c != out.concurrency:
-                    out.concurrency, out.objective = c, min(out.objective, p.objective)
+                if c != out.concurrency:  # the fresh server refuted the search's level: both figures at c
+                    out.concurrency, out.objective = c, objective_at(out, c, p.objective)
                 return
             idx -= 1
         out.confirmed = 0.0

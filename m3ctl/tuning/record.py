@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from m3ctl.loadgen.capacity import run_spread
 from m3ctl.loadgen.slo import parse_slo
-from m3ctl.tuning.measure import Evaluator, Outcome, Point, TuneResult, _summarise
+from m3ctl.tuning.measure import Evaluator, Outcome, Point, TuneResult, _summarise, bracket, objective_at
 from m3ctl.tuning.options import TuneSpec
 from m3ctl.tuning.space import Space, key_of
 
@@ -78,7 +78,10 @@ class StudyRecord:
         self.outcomes: dict[str, Outcome] = {}
         self.interrupted_trials: list[int] = []  # trials this resume found interrupted (killed or Ctrl-C)
         self.recovered_trials: list[int] = []  # those of them kept from the runs they had finished
-        self.lost: dict[str, dict] = {}  # interrupted launches that finished no run: {trial: {"cost_s": s}}
+        # interrupted launches: those that finished no run, and those whose cut levels a resume measured again on a
+        # fresh server (``relaunched``): {trial: {"recovered", "cost_s" (the interrupted start's), ...}}
+        self.lost: dict[str, dict] = {}
+        self.cut: list[Outcome] = []  # recovered outcomes whose search an interruption cut: measured again first
         self.baseline: Outcome | None = None
         self._centre: str | None = None
         self._pattern: dict[str, Any] | None = None
@@ -138,13 +141,24 @@ class StudyRecord:
                 self.interrupted_trials.append(t.number)
         if handled:
             self.study.set_user_attr("interrupted", handled)
-        self.lost = {k: v for k, v in handled.items() if not v["recovered"]}
+        self.lost = {k: v for k, v in handled.items() if not v["recovered"] or v.get("relaunched")}
         if "baseline" in self.study.user_attrs:
             self.baseline = Outcome.from_json(self.study.user_attrs["baseline"])
         elif (bp := self.study.user_attrs.get("baseline_partial")) and bp.get("points"):
             self.baseline = _summarise(Outcome.from_json(bp), self.slo)
             self.baseline.recovered = True
             self.study.set_user_attr("baseline", self.baseline.to_json())
+        for k, v in self.study.user_attrs.items():  # recovered outcomes whose cut levels a resume measured again
+            if k.startswith("continued:") and k[10:] in self.outcomes:
+                self.outcomes[k[10:]] = Outcome.from_json(v)
+        done = {k[10:] for k in self.study.user_attrs if k.startswith("continued:")}
+        self.cut = [o for key, o in self.outcomes.items() if o.recovered and key not in done and self._was_cut(o)]
+        if (
+            self.baseline is not None
+            and self.baseline.recovered
+            and not self.study.user_attrs.get("baseline_continued")
+        ):
+            self.cut += [self.baseline] if self._was_cut(self.baseline) else []
         st = self.study.user_attrs.get("search_state")
         if st:  # the local search where the last run left it (a resumed study continues the same walk)
             self._centre, self._pattern, self._local_done = st["centre"], st["pattern"], st["local_done"]
@@ -162,14 +176,32 @@ class StudyRecord:
                 if "concurrency" in v:
                     o.concurrency, o.objective = v["concurrency"], v["objective"]
                 elif met and met[-1].concurrency != o.concurrency:
-                    o.concurrency, o.objective = met[-1].concurrency, min(o.objective, met[-1].objective)
+                    o.concurrency, o.objective = (
+                        met[-1].concurrency,
+                        objective_at(o, met[-1].concurrency, met[-1].objective),
+                    )
         self._share_twin_confirmation()
+
+    def _was_cut(self, o: Outcome) -> bool:
+        """Whether an interruption cut ``o``'s search: its levels leave the bracket open (measure.bracket)."""
+        lo, hi = bracket(o.points, self.spec.ladder)
+        return o.status in ("feasible", "slo_infeasible") and hi - lo > 1
+
+    def _save_continued(self, o: Outcome) -> None:
+        """Keep a recovered outcome whose cut levels were measured again (``continued:<key>``; the baseline's own
+        attribute), so a later resume neither measures them again nor loses them."""
+        if o is self.baseline:
+            self.study.set_user_attr("baseline", o.to_json())
+            self.study.set_user_attr("baseline_continued", True)
+        else:
+            self.study.set_user_attr(f"continued:{key_of(o.config)}", o.to_json())
 
     @property
     def launches(self) -> int:
         """Search server starts across all resumes: every launched outcome plus interrupted starts that finished
-        no run (their configuration was started again)."""
-        return sum(1 for o in self.outcomes.values() if o.launched) + len(self.lost)
+        no run or whose cut levels were measured again (their configuration was started again); the baseline's
+        are not search starts."""
+        return sum(1 for o in self.outcomes.values() if o.launched) + sum(1 for k in self.lost if k != "base")
 
     @property
     def confirm_starts(self) -> int:
@@ -248,8 +280,9 @@ class StudyRecord:
         twin = next((o for o in self.outcomes.values() if o.same_server_as == "base" and o.confirmed is not None), None)
         if b is None or b.status != "feasible" or b.confirmed is not None or twin is None:
             return False
+        # one engine: the twin's figure at the twin's level (the baseline's own at another level is not quoted there)
+        b.objective = twin.objective if b.concurrency != twin.concurrency else min(b.objective, twin.objective)
         b.confirmed, b.points, b.concurrency = twin.confirmed, list(twin.points), twin.concurrency
-        b.objective = min(b.objective, twin.objective)
         self.study.set_user_attr("baseline", b.to_json())
         return True
 

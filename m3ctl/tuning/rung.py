@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Callable
 
 from m3ctl.tuning.local import LocalSearch
-from m3ctl.tuning.measure import Outcome, confirm, load_equivalence
+from m3ctl.tuning.measure import Outcome, confirm, load_equivalence, objective_at
 from m3ctl.tuning.space import describe
 
 
@@ -165,7 +165,8 @@ class ConfirmRung(LocalSearch):
                 continue
             t.confirmed = o.confirmed
             if o.concurrency is not None and (t.concurrency is None or o.concurrency < t.concurrency):
-                t.concurrency = o.concurrency
+                # the level moved down: t's own figure there (else the confirmation's), not its figure above it
+                t.concurrency, t.objective = o.concurrency, objective_at(t, o.concurrency, o.confirmed)
             t.objective = min(t.objective, o.confirmed)
             self._save_confirmation(t)
             self.on_event(

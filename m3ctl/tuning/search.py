@@ -117,9 +117,11 @@ class Tuner(TrialRunner):
         """Search until the trial or time budget is spent, the search stalls or the space is exhausted.
 
         ``clock`` measures wall time (replays pass a simulated clock). Ctrl-C stops the server of the
-        current trial(s) (marked FAIL) and propagates KeyboardInterrupt; completed trials stay. One search loop
+        current trial(s) (marked FAIL) and propagates KeyboardInterrupt; completed trials stay. A resumed study
+        first measures again, on a fresh server, what an interruption cut from a trial it recovered. One search loop
         (:func:`m3ctl.tuning.loop.run_search`): one slot without a pool, the pool's slots with one.
         """
+        self._remeasure_cut(clock)  # what an interruption cut, before anything new (m3ctl.tuning.record)
         return run_search(self, self.pool, clock)
 
 

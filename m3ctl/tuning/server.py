@@ -30,7 +30,7 @@ from m3ctl.runtime.process import keep_prewarmed
 from m3ctl.serving import serve as serving
 from m3ctl.serving.diagnose import diagnose_log
 from m3ctl.tuning import startup
-from m3ctl.tuning.measure import num_prompts, write_json
+from m3ctl.tuning.measure import TrialServerStopped, num_prompts, write_json
 from m3ctl.tuning.plans import TRIAL_SMOKE, TrialPlans
 
 #: Repeats of a bench run spoiled by in-service kernel JIT compilation (each repeat hits compiled kernels).
@@ -39,10 +39,19 @@ JIT_RERUNS = 2
 
 class ServerSession:
     def __init__(
-        self, ev: ServerEvaluator, plan, dep, trial_dir: Path, start_s: float, secrets: dict[str, str] | None = None
+        self,
+        ev: ServerEvaluator,
+        plan,
+        dep,
+        trial_dir: Path,
+        start_s: float,
+        secrets: dict[str, str] | None = None,
+        recorded: bool = False,
     ):
         self.ev, self.plan, self.dep, self.dir, self.start_s = ev, plan, dep, trial_dir, start_s
         self.secrets = secrets or {}  # the trial server's secret env: its key is what the benches send
+        #: its deployment record was in the registry when it started: a record gone since was removed by a stop
+        self.recorded = recorded
         #: (concurrency, fidelity) levels this server has run: a repeat at one of them skips the warm-up (the server
         #: has just served that load; its kernels for that batch size are compiled and its pools sized)
         self.levels_run: set[tuple[int, float]] = set()
@@ -50,6 +59,31 @@ class ServerSession:
     def alive(self) -> bool:
 
         return serving.runtime_for(self.dep).is_alive(self.dep)
+
+    def stopped_by(self) -> str | None:
+        """Who stopped this server, when its stop was requested from outside the tune: its deployment record,
+        there at its start, is gone (only ``m3ctl stop NAME`` / ``--all`` removes the record of a live deployment;
+        a death keeps it, phase ``dead``), with the engine's own shutdown line when its log has one (the
+        ``engine-terminated`` diagnosis, m3ctl.serving.diagnose). None: not stopped on request."""
+        if not self.recorded or self.ev.registry.exists(self.dep.name):
+            return None
+        who = f"`m3ctl stop` (its deployment record {self.dep.name!r} was removed)"
+        diag = diagnose_log(self.dep.log_path)
+        if diag is not None and diag.id == "engine-terminated":
+            who += f"; the engine logged its shutdown on request [{diag.line}]"
+        return who
+
+    def _raise_if_stopped(self, where: str) -> None:
+        """TrialServerStopped when :meth:`stopped_by` names a requested stop (``where``: when in the trial)."""
+        who = self.stopped_by()
+        if who is None:
+            return
+        study = self.dir.parent.parent
+        raise TrialServerStopped(
+            f"trial server {self.dep.name!r} was stopped {where} by {who}",
+            f"the trial is kept as an interrupted launch (its finished runs saved); continue with "
+            f"`m3ctl tune --resume {study}`, which measures again what the stop cut",
+        )
 
     def measure(self, concurrency: int, fidelity: float) -> dict:
         """One bench run at ``concurrency``. A run during which the server JIT-compiled or autotuned a kernel
@@ -94,6 +128,10 @@ class ServerSession:
         reruns = 0
         while True:  # the bench reports the kernels the server compiled during its measured phase
             res = self._run(cfg, concurrency)
+            failed = res.get("server_down") or res.get("failed") or res.get("engine_died")
+            if failed and self.stopped_by() is not None:  # kept, then the study stops as on Ctrl-C
+                write_json(self.dir / f"{stem}.json", res)
+                self._raise_if_stopped(f"during the run at concurrency {concurrency}")
             if res.get("interrupted"):  # Ctrl-C (or a call's timeout) cut the run: kept, and the study stops
                 write_json(self.dir / f"{stem}.json", res)
                 cut = signals.interruption(res.get("interrupted_by"))  # Ctrl-C's, or SIGTERM/SIGHUP's (exit 128+n)
@@ -133,6 +171,7 @@ class ServerSession:
                 return run_bench_isolated(cfg, self.dep)
             return runner.run_bench(cfg, sync_log=lambda: serving.runtime_for(self.dep).sync_log(self.dep))
         except (BadInput, BenchServerDown) as e:
+            self._raise_if_stopped(f"before the run at concurrency {concurrency}")
             died = engine_death(cfg)
             if died is None and isinstance(e, BadInput) and self.alive():
                 raise
@@ -194,7 +233,7 @@ class ServerEvaluator(TrialPlans):
             raise
         start_s = time.monotonic() - t0
         self._record_start(res, tdir, start_s, warm_note, p.env)
-        return ServerSession(self, p, res.deployment, tdir, start_s, secrets)
+        return ServerSession(self, p, res.deployment, tdir, start_s, secrets, self.registry.exists(name))
 
     def _launch(self, p, secrets: dict[str, str], on_event: Callable[[str], None]):
         """launch_and_wait with the trial smoke: the quick smoke (a long prompt of several KV/MSA blocks and a

@@ -9,6 +9,7 @@ the search (:mod:`m3ctl.tuning.search`), what it shows (:mod:`m3ctl.tuning.rende
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import time
@@ -17,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from m3ctl.core.state import Registry
-from m3ctl.errors import BadInput, ConfigRejected, NothingToTune
+from m3ctl.errors import BadInput, ConfigRejected, M3Error, NothingToTune, cause
 from m3ctl.tuning.measure import TuneResult
 from m3ctl.tuning.options import TuneSpec
 from m3ctl.tuning.outputs import write_outputs
@@ -80,10 +81,16 @@ def study_lock(study_dir: Path) -> Iterator[None]:
                 "wait for it to end, or stop it (Ctrl-C or kill that pid: it stops its trial "
                 f"server), then `m3ctl tune --resume {study_dir}`",
             ) from None
-        f.seek(0)
-        f.truncate()
-        f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
-        f.flush()
+        try:
+            f.seek(0)
+            f.truncate()
+            f.write(f"pid {os.getpid()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
+            f.flush()
+        except OSError as e:
+            raise ConfigRejected(
+                f"{cause(e)} writing the study's lock {study_dir / LOCK_FILE}",
+                "free space or make it writable, then rerun",
+            ) from None
         try:
             yield
         finally:
@@ -96,19 +103,76 @@ def open_tuner(study_dir: Path, space: Space, ev, spec: TuneSpec, on_event=None,
     ``pool``: trials at once (:func:`trial_pool`), None: one at a time.
 
     Raises:
-        BadInput: ``study.db`` is not a readable optuna SQLite study (corrupt, truncated, another file, not
-            writable); nothing has started.
+        ConfigRejected: the disk is full or read-only, or the optuna/sqlalchemy install is broken (which module)
+            (exit 3: nothing was measured); see :func:`open_failure`.
+        BadInput: ``study.db`` is not a readable optuna SQLite study (corrupt, truncated, another file);
+            nothing has started.
     """
     db = Path(study_dir) / "study.db"
+    new = not db.exists()
     try:
         return Tuner(space, ev, spec, storage=f"sqlite:///{db}", on_event=on_event, pool=pool)
     except Exception as e:  # noqa: BLE001 - sqlalchemy/optuna raise many kinds (DatabaseError, RuntimeError...)
-        first = (str(e).splitlines() or [type(e).__name__])[0][:160]
-        raise BadInput(
-            f"{db} is not a readable optuna study ({type(e).__name__}: {first})",
-            "restore it from a backup, or move it away to start the search over (the trials/ folder "
-            "and tune.json are kept)",
-        ) from None
+        raise open_failure(e, db, new) from None
+
+
+def _chain(e: BaseException) -> Iterator[BaseException]:
+    """``e``, then what it wraps (sqlalchemy's ``orig``, ``__cause__``, ``__context__``), each once."""
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [e]
+    while todo:
+        x = todo.pop(0)
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        yield x
+        orig = getattr(x, "orig", None)
+        todo += [orig if isinstance(orig, BaseException) else None, x.__cause__, x.__context__]
+
+
+#: SQLite's result codes that are the file system's answer, not the study's content (https://sqlite.org/rescode.html)
+_SQLITE_CAUSES = {13: "no space left on device", 8: "read-only file system or database", 10: "I/O error"}
+
+
+def open_failure(e: BaseException, db: Path, new: bool) -> M3Error:
+    """The error that names why ``db`` could not be created or opened: a broken optuna/sqlalchemy install (the
+    missing module), the file system's answer (disk full, read-only, I/O: from the OSError or SQLite's result
+    code), else (an existing study) not a readable optuna study, or (a new one) the creation's own error."""
+    chain = list(_chain(e))
+    if imp := next((x for x in chain if isinstance(x, ImportError)), None):
+        mod = imp.name or str(imp)
+        pkg = (imp.name or "optuna").split(".")[0]
+        return ConfigRejected(
+            f"the optuna/sqlalchemy install is broken: {type(imp).__name__}: {imp} (opening the study {db})",
+            f"reinstall {pkg} in m3ctl's environment (`pip install --force-reinstall {pkg}`; "
+            f"`python -c 'import {mod}'` shows the fault), then rerun",
+        )
+    what = "creating" if new else "opening"
+    for x in chain:
+        code = getattr(x, "sqlite_errorcode", None)
+        words = cause(x) if isinstance(x, OSError) else _SQLITE_CAUSES.get((code or 0) & 0xFF)
+        if words:
+            space = words == "no space left on device" or getattr(x, "errno", None) == errno.EDQUOT
+            return ConfigRejected(
+                f"{words} {what} the optuna study {db} ({type(x).__name__}: {_first(x)})",
+                ("free space on its file system" if space else "make its directory writable")
+                + " or choose another study directory, then rerun"
+                + (" (nothing was measured)" if new else f" `m3ctl tune --resume {db.parent}`"),
+            )
+    if new:
+        return ConfigRejected(
+            f"could not create the optuna study {db} ({type(e).__name__}: {_first(e)})",
+            "--debug shows the traceback; nothing was measured",
+        )
+    return BadInput(
+        f"{db} is not a readable optuna study ({type(e).__name__}: {_first(e)})",
+        "restore it from a backup, or move it away to start the search over (the trials/ folder "
+        "and tune.json are kept)",
+    )
+
+
+def _first(e: BaseException) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0][:160]
 
 
 def run_tune(
@@ -129,8 +193,10 @@ def run_tune(
     The study is locked for the run (:func:`study_lock`): a second concurrent run of it refuses before touching it.
 
     Raises:
-        ConfigRejected: another process runs this study, or the plan rules reject every configuration of its space
-            (:func:`smallest_trial`; a new study's folder is then removed: nothing was measured) (exit 3).
+        ConfigRejected: another process runs this study, the plan rules reject every configuration of its space
+            (:func:`smallest_trial`), or its ``study.db`` could not be created (disk full, broken optuna install:
+            :func:`open_failure`); a new study's folder is then removed, lock and partial study.db included:
+            nothing was measured (exit 3).
         KeyboardInterrupt: Ctrl-C; the current server is stopped and completed trials are kept.
     """
     sdir = Path(study_dir)
@@ -146,10 +212,11 @@ def run_tune(
                 on_cleanup=on_cleanup,
                 parallel_trials=parallel_trials,
             )
-    except NothingToTune:
-        if fresh:  # a refused new study leaves no folder behind
-            for f in ("tune.json", "tune.lock"):
-                (sdir / f).unlink(missing_ok=True)
+    except M3Error:
+        if fresh and not (sdir / "trials").exists():  # a refused or uncreated new study leaves no folder behind
+            for f in ("tune.json", LOCK_FILE, "study.db", "study.db-journal", "study.db-wal", "study.db-shm"):
+                with contextlib.suppress(OSError):
+                    (sdir / f).unlink(missing_ok=True)
             with contextlib.suppress(OSError):
                 sdir.rmdir()  # only when empty
         raise

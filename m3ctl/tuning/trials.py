@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from m3ctl.tuning.measure import Outcome, evaluate
+from m3ctl.tuning.measure import Outcome, decided, evaluate, remeasure_cut
 from m3ctl.tuning.rung import ConfirmRung
-from m3ctl.tuning.space import key_of
+from m3ctl.tuning.schedule import pick_gpus
+from m3ctl.tuning.space import describe, key_of
 
 
 class TrialRunner(ConfirmRung):
@@ -127,3 +128,52 @@ class TrialRunner(ConfirmRung):
         except BaseException:
             self.study.tell(trial, state=self.optuna.trial.TrialState.FAIL)
             raise
+
+    def _remeasure_cut(self, clock: Callable[[], float]) -> None:
+        """A resumed study first measures again what an interruption cut (``self.cut``: outcomes recovered from their
+        finished levels whose search the interruption left open, m3ctl.tuning.record), each on a fresh server
+        (:func:`remeasure_cut`): the interrupted start is recorded as an interrupted launch (``interrupted`` /
+        ``lost``: ``relaunched``, its start's seconds, the levels kept and those measured again), the outcome
+        saved whole. Its wall time counts in the study's."""
+        t0 = clock()
+        try:
+            for o in list(self.cut):
+                trial = o.trial if o.trial is not None else -1
+                desc = "vLLM defaults" if trial == "base" else describe(o.config, self.space)
+
+                def event(m: str, trial: int | str = trial, desc: str = desc) -> None:
+                    self._heartbeat()
+                    self.on_event(trial, desc, m)
+
+                kept = [p.concurrency for p in decided(o.points)]  # a level cut mid-repeat is measured again
+                entry = {"recovered": True, "relaunched": True, "cost_s": o.start_s, "kept": kept}
+                self._note_interrupted(str(trial), entry)
+                event(f"resumed: its levels {kept} kept; measuring again what the interruption cut, on a fresh server")
+                entry["remeasured"] = remeasure_cut(self._cut_evaluator(o.config), o, self.spec, self.slo, event)
+                self._note_interrupted(str(trial), entry)
+                self._save_continued(o)
+                self.cut.remove(o)
+                event(
+                    f"done: {o.objective:.1f} at c={o.concurrency}"
+                    if o.status == "feasible"
+                    else f"done: {o.status}: {o.reason}"
+                )
+        finally:
+            self.study.set_user_attr("elapsed_s", self._elapsed_before() + clock() - t0)
+
+    def _cut_evaluator(self, cand: dict[str, Any]) -> Any:
+        """The evaluator that measures ``cand`` again before the search: with a pool (trials at once), a slot's on
+        the GPU set it fits (nothing else runs yet); else the study's."""
+        for_slot = getattr(self.ev, "for_slot", None)
+        if self.pool is None or for_slot is None:
+            return self.ev
+        need = getattr(self.ev, "gpus_needed", None)
+        gpus = pick_gpus(self.pool.topo, need(cand) if need is not None else self.ev.n_gpus(cand))
+        return for_slot(gpus, self.pool.ports[0]) if gpus is not None else self.ev
+
+    def _note_interrupted(self, trial: str, entry: dict[str, Any]) -> None:
+        """Record ``entry`` as the interrupted launch of ``trial`` (the study's ``interrupted``; ``lost``)."""
+        handled = dict(self.study.user_attrs.get("interrupted", {}))
+        handled[trial] = entry
+        self.study.set_user_attr("interrupted", handled)
+        self.lost[trial] = entry

@@ -1056,7 +1056,10 @@ def test_resume_restores_a_stepped_down_confirmation_and_shares_it_with_the_base
     )
     t2 = Tuner(space, SameEngine(grid), spec, storage=storage)
     tw = t2.outcomes[key_of(anchor)]
-    assert (tw.concurrency, tw.objective, tw.confirmed) == (8, 4800.0, 4800.0)
+    # its figure at c=8 is its search's run at c=8 (issue 44: never the c=16 figure quoted at c=8), the final the
+    # worse of that and the confirmation there
+    assert (tw.concurrency, tw.objective, tw.confirmed, tw.final) == (8, 5000.0, 4800.0, 4800.0)
+    assert tw.objective == next(p.objective for p in tw.points if p.concurrency == 8 and p.fidelity == 1.0)
     b = t2.baseline
     assert (b.concurrency, b.confirmed, b.final) == (8, 4800.0, 4800.0)
 

@@ -210,8 +210,8 @@ def test_result_json_keeps_every_run_and_says_what_backs_the_capacity(tiny_model
 
 def test_resume_keeps_the_runs_of_a_level_being_repeated(tmp_path):
     """A tune killed (here: the evaluator raises) while repeating a level near the boundary keeps the runs it had
-    finished; on resume the trial is recovered from them, not relaunched, and their time is counted. The level
-    had 2 of its 3 runs: undecided, so it does not hold (the first level measured: nothing holds yet)."""
+    finished; on resume the trial is recovered from them and their time is counted. The level had 2 of its 3 runs:
+    undecided, so it does not hold (the first level measured: nothing holds yet) until the resume measures it."""
     space, grid = _one_config_grid([19.0, 21.0, 19.5])
     spec = TuneSpec(slo=SLO, ladder=grid["ladder"], max_trials=1, confirm_top=0)
     storage = f"sqlite:///{tmp_path / 'study.db'}"
@@ -240,8 +240,15 @@ def test_resume_keeps_the_runs_of_a_level_being_repeated(tmp_path):
     assert [r["metrics"]["p90_tpot_ms"] for r in lvl.runs] == [19.0, 21.0] and lvl.n_runs == 2
     assert lvl.verdict["state"] == "undecided" and not lvl.slo_ok and out.status == "slo_infeasible"
     assert out.cost_s == pytest.approx(50.0 + 2 * 10.0)  # its start and the two runs at c=8
+    # issue 44: the level the kill cut (2 of its 3 runs) is measured again whole on a fresh server, the
+    # interrupted start counted as an interrupted launch
+    assert t2.cut == [out]
     res = t2.run(clock=lambda: ev2.clock[0])
-    assert ev2.opened == 0 and res.launches == 1
+    assert ev2.opened == 1 and res.launches == 2 and t2.lost["0"]["remeasured"][0] == 8  # the cut level first
+    (again,) = res.outcomes
+    lvl = next(p for p in again.points if p.concurrency == 8)
+    assert lvl.n_runs == 3 and lvl.verdict["state"] != "undecided"
+    assert [p.concurrency for p in again.points].count(8) == 1  # one level, one figure
 
 
 def test_dry_run_explains_the_boundary_rule(tiny_models, tmp_path):

@@ -687,7 +687,8 @@ def test_ctrl_c_stops_every_running_session_and_a_starting_one(tmp_path):
 
 def test_resume_after_ctrl_c_keeps_finished_runs_and_counts_every_start(tmp_path):
     """Ctrl-C after the first trial saved two bench runs while three others waited at their first: the resume keeps
-    those two runs (no new start for that trial), counts the three starts that saved nothing, and ends at the budget.
+    those two runs (its search goes on from them on a fresh server), counts the three starts that saved nothing and
+    the first trial's interrupted one, and ends at the budget.
     """
     space = _tp2_space()
     anchor = space.anchor()
@@ -714,7 +715,10 @@ def test_resume_after_ctrl_c_keeps_finished_runs_and_counts_every_start(tmp_path
     assert kept.recovered and len(kept.points) == 2 and kept.status == "feasible"
     assert sorted(again.lost) == ["1", "2", "3"]  # started, no run finished: their starts count
     res = again.run()
-    assert res.launches == 8 and len([o for o in res.outcomes if o.launched]) == 8 - 3
+    # issue 44: the first trial's search, cut at its third run, goes on on a fresh server: its interrupted start
+    # counts too (an interrupted launch)
+    assert again.lost["0"]["relaunched"] and again.lost["0"]["kept"] == [p.concurrency for p in kept.points[:2]]
+    assert res.launches == 8 and len([o for o in res.outcomes if o.launched]) == 8 - 4
 
 
 def test_serial_when_one_trial_fits_or_no_slot_support():

@@ -72,28 +72,37 @@ def _whole_run() -> list:
     return sorted((o for o in res.outcomes if o.launched), key=lambda o: o.trial)
 
 
-def test_trial_killed_after_a_run_is_kept_not_relaunched(tmp_path):
+def test_trial_killed_after_a_run_keeps_it_and_measures_again_what_the_kill_cut(tmp_path):
+    """Issue 44: a resume used to keep such a trial as it was, so the level the kill cut was never measured and
+    ``interrupted_launches`` stayed empty. Now its finished level is kept, the bisection continues on a fresh
+    server from the bracket it leaves, and the interrupted start is an interrupted launch (its start's seconds)."""
     whole = _whole_run()
     j = next(i for i, o in enumerate(whole) if len(o.points) >= 2 and i > 0)
     before = sum(len(o.points) for o in whole[:j])
     res, tuner, ev, killed_clock = _killed_then_resumed(tmp_path, before + 2)  # killed as its 2nd run began
     kept = next(o for o in res.outcomes if o.trial == whole[j].trial)
     assert kept.recovered and tuner.recovered_trials == [whole[j].trial]
-    assert [p.concurrency for p in kept.points] == [whole[j].points[0].concurrency]  # the run it had finished
-    assert kept.launched and "recovered after an interruption" in kept.reason
-    assert key_of(kept.config) not in ev.opened_keys  # not started again on resume
+    assert kept.points[0].concurrency == whole[j].points[0].concurrency  # the run it had finished, kept
+    again = [p.concurrency for p in kept.points[1:]]
+    assert again and whole[j].points[1].concurrency in again  # the cut level, measured on a fresh server
+    assert (kept.concurrency, kept.objective) == (whole[j].concurrency, whole[j].objective)  # as if never killed
+    assert "measured again on a fresh server" in kept.reason
+    assert ev.opened_keys[0] == key_of(kept.config)  # before anything new
+    lost = tuner.lost[str(whole[j].trial)]
+    assert lost["relaunched"] and lost["remeasured"] == again and lost["cost_s"] == pytest.approx(50.0)
     launched = [o for o in res.outcomes if o.launched]
-    assert len({key_of(o.config) for o in launched}) == len(launched) == res.launches == 6
+    assert res.launches == len(launched) + 1 == 6  # the interrupted start counts against the budget
     # launches, server time and wall time count both processes (replayed clocks: cost == wall time here)
     assert res.cost_s == pytest.approx(killed_clock + ev.clock[0])
     assert res.elapsed_s == pytest.approx(killed_clock + ev.clock[0])
-    again = Tuner(
+    again_tuner = Tuner(
         *_itl_landscape()[:1],
         ReplayEvaluator(_itl_landscape()[1]),
         _spec(_itl_landscape()[1]),
         storage=f"sqlite:///{tmp_path / 'study.db'}",
     )
-    assert again.launches == 6 and again.recovered_trials == [] and again.cost_s == pytest.approx(res.cost_s)
+    assert again_tuner.cut == [] and again_tuner.launches == 6 and again_tuner.cost_s == pytest.approx(res.cost_s)
+    assert again_tuner.outcomes[key_of(kept.config)].points == kept.points  # kept whole across resumes
 
 
 def test_trial_killed_before_its_first_run_counts_its_launch(tmp_path):
