@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from m3ctl.errors import plain_text
 from m3ctl.loadgen import MAX_REQUEST_TOKENS
 
 #: Version of the :class:`TuneOptions` schema.
@@ -190,6 +191,12 @@ class TuneOptions(BaseModel):
     skip_checks: bool = _opt(
         False, "Launch even if a plan rule rejects (failures become crashed trials).", cli={}, saved="plan_base"
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _text(cls, v: Any) -> Any:
+        """Text the command line could carry: no bytes, no NUL (m3ctl.errors.plain_text), API and CLI alike."""
+        return plain_text(v)
 
 
 def fact(name: str, key: str, missing: Any = None) -> Any:

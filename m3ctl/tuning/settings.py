@@ -26,7 +26,7 @@ from m3ctl.catalog.vllm_args import canon_flag
 from m3ctl.core.files import WriteFailed
 from m3ctl.core.secrets import separate, split_api_key
 from m3ctl.core.state import check_output_path
-from m3ctl.errors import BadInput, ConfigRejected
+from m3ctl.errors import BadInput, ConfigRejected, first_error
 from m3ctl.loadgen import MAX_REQUEST_TOKENS
 from m3ctl.loadgen.runner import MAX_PROMPTS
 from m3ctl.loadgen.slo import objective_value, parse_slo
@@ -368,7 +368,13 @@ def tune_options(
             shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
             raise BadInput(f"{who}({name}={shown}): {e.errors()[0]['msg']}", hint) from None
     base = (options or TuneOptions()).model_dump(exclude_unset=True)
-    return TuneOptions.model_validate({**base, **given})
+    try:
+        return TuneOptions.model_validate({**base, **given})
+    except ValidationError as e:  # a field's own check (text: no bytes, no NUL), one line as the others
+        err = first_error(e)
+        value = given.get(err.where, base.get(err.where))
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        raise BadInput(f"{who}({err.where}={shown}): {err.msg}", f"see help({ref}) for {err.where}") from None
 
 
 def _saved(values: dict[str, Any], place: str) -> dict[str, Any]:

@@ -154,3 +154,18 @@ def test_tune_takes_the_user_configs_max_model_len(tmp_path, monkeypatch):
         "MiniMax-M3.1-Flash", system="h200x8", dry_run=True, slo="p90_tpot_ms<=50", args={"max-model-len": 4096}
     )
     assert settings["plan_base"]["overrides"]["max-model-len"] == 4096
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: api.tune(model="MiniMax-M3.1-Flash", system="h200x8", slo="p90_tpot_ms<=20\x00", dry_run=True),
+        lambda: api.tune(model="MiniMax-M3.1-Flash", system="h200x8", slo=b"p90_tpot_ms<=20", dry_run=True),
+        lambda: api.tune(model="MiniMax-M3.1-Flash", system="h200x8", args={"max-num-seqs": "6\x004"}, dry_run=True),
+    ],
+)
+def test_api_tune_refuses_nul_and_bytes_in_one_line(call):
+    """The tune's settings (TuneOptions) refuse what no command line carries, as bench and plan do; it escaped as
+    a raw pydantic ValidationError."""
+    with pytest.raises(BadInput, match=r"m3ctl\.tune\(\w+=.*\): (a NUL character|bytes are not text)"):
+        call()
