@@ -171,3 +171,17 @@ def run_readonly(dirs: list[Path], *args: str, env: dict[str, str] | None = None
         timeout=timeout,
         check=False,
     )
+
+
+def started_by(state: Path) -> list[psutil.Process]:
+    """Live processes m3ctl started for deployments of the state dir ``state`` (their ``M3CTL_DEPLOYMENT`` marker),
+    prewarmed trial servers included."""
+    prefix = f"{state.expanduser().resolve()}::"
+    out = []
+    for p in psutil.process_iter():
+        try:
+            if p.environ().get("M3CTL_DEPLOYMENT", "").startswith(prefix) and p.status() != psutil.STATUS_ZOMBIE:
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
