@@ -25,7 +25,10 @@ process runtime):
   - ``itl_s``: seconds between the chunks of a streamed answer (a measured phase that lasts);
   - ``stream_log``: a file that gets one line (the requested tokens) per streamed completion request;
   - ``degenerate``: ``"nul"`` (NUL characters) or ``"repeat"`` (one token repeated) as every generated text
-    after the first completion (readiness passes).
+    after the first completion (readiness passes);
+  - ``start_delay``: seconds to wait before listening (a server still loading: the fault suite signals it then);
+  - ``token_delay``: seconds between streamed chunks (a bench that is still measuring when the fault lands);
+    ``GET /fake/generations`` says how many generation requests have arrived (a test awaits the bench's).
 
 An API key (``--api-key K`` or ``VLLM_API_KEY`` in the environment) guards ``/v1`` as vLLM does: 401 without
 ``Authorization: Bearer K``; ``/health`` stays open.
@@ -155,6 +158,8 @@ class Handler(BaseHTTPRequestHandler):
             return
         if self.path == "/health":
             self._send(200, {})
+        elif self.path == "/fake/generations":
+            self._send(200, {"generations": state["generations"]})
         elif self.path == "/v1/models":
             extra = {"max_model_len": SERVE["max_model_len"]} if "max_model_len" in SERVE else {}
             self._send(200, {"object": "list", "data": [{"id": n, "object": "model", **extra} for n in NAMES]})
@@ -295,9 +300,13 @@ class Handler(BaseHTTPRequestHandler):
                 self.wfile.flush()
                 time.sleep(SERVE["itl_s"])
             self.wfile.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
+            if SERVE.get("token_delay"):
+                self.wfile.flush()
+                time.sleep(float(SERVE["token_delay"]))
         self.wfile.write(b"data: [DONE]\n\n")
         self.wfile.flush()
         self.close_connection = True
 
 
+time.sleep(float(SERVE.get("start_delay", 0)))
 ThreadingHTTPServer(("127.0.0.1", int(_arg("--port", "8000"))), Handler).serve_forever()

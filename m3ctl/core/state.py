@@ -328,7 +328,22 @@ class Registry:
         return sorted(out, key=lambda d: d.started_at)
 
     def remove(self, name: str) -> None:
-        self._path(name).unlink(missing_ok=True)
+        """Remove the record of ``name`` (an empty directory in its place too).
+
+        Raises:
+            StateWriteFailed: something that is not a record is in its place and cannot be removed.
+        """
+        path = self._path(name)
+        try:
+            if path.is_dir() and not path.is_symlink():
+                path.rmdir()
+            else:
+                path.unlink(missing_ok=True)
+        except OSError as e:
+            raise StateWriteFailed(
+                f"m3ctl state: cannot remove {path} ({cause(e)}): not a record m3ctl wrote",
+                f"remove it by hand (rm -r {path}) if nothing of yours is in it",
+            ) from None
 
     def save_plan(self, name: str, plan_json: str) -> Path:
         """Keep the launch plan (no secrets: a plan holds none) so the watchdog can relaunch it."""

@@ -37,6 +37,9 @@ from m3ctl.serving.diagnose import DiagContext, diagnose_log, diagnose_text, exp
 
 PHASES = ("process", "port", "health", "models", "completion")
 
+#: How a readiness failure of a server that exited begins (the launch adds how it exited where it can tell).
+EXITED = "server exited before it was ready"
+
 
 @dataclass(frozen=True)
 class PhaseEvent:
@@ -192,7 +195,7 @@ class _Wait:
         self.emit(PhaseEvent(phase, "start", self.elapsed(), note))
         while True:
             if not self.is_alive():
-                raise self.fail(phase, "server exited before it was ready")
+                raise self.fail(phase, EXITED)
             r = check()
             if r is True:
                 self.times[phase] = self.elapsed()

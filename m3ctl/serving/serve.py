@@ -8,6 +8,7 @@ are re-exported (``__all__``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
@@ -25,6 +26,7 @@ from m3ctl.runtime.base import Runtime
 from m3ctl.serving import watchdog
 from m3ctl.serving.deployments import StatusRow, status, stop, stop_unreadable, unreadable
 from m3ctl.serving.diagnose import DiagContext, diagnose_text
+from m3ctl.serving.health import EXITED as _EXITED
 from m3ctl.serving.health import PhaseEvent, ReadinessResult, wait_ready
 from m3ctl.serving.kernels import KernelReport, verify_kernels
 from m3ctl.serving.lifecycle import EngineState, record_death
@@ -147,6 +149,12 @@ def launch_and_wait(
         rt.sync_log(dep)
         return ServeResult(dep, ready, verify_kernels(rt.log_text(dep, tail_bytes=5_000_000), expect), findings)
     except (LaunchFailed, KeyboardInterrupt, StateWriteFailed) as e:
+        stopped = False  # `m3ctl stop` removed the record while the server started: its stop, not a crash
+        if isinstance(e, LaunchFailed) and dep is not None:
+            _name_the_exit(e, rt, dep)
+            stopped = not registry.exists(dep.name)
+            if stopped:
+                e.message += f"; deployment {dep.name!r} was stopped by `m3ctl stop` while it started"
         if dep is None and registry.exists(plan.name):  # interrupted inside launch, after it saved the record
             try:
                 dep = registry.get(plan.name)
@@ -155,13 +163,23 @@ def launch_and_wait(
         if dep is not None:
             with sigint_ignored():
                 rt.stop(dep)
-                if isinstance(e, LaunchFailed):  # kept as `failed`, with its cause and log, until `m3ctl stop`
+                if isinstance(e, LaunchFailed) and not stopped:  # kept as `failed`, with its cause, until a stop
                     _record_failure(registry, dep, e)
                 else:
                     registry.remove(dep.name)
             if isinstance(e, StateWriteFailed):  # the state dir filled up after the launch: exit 4, stopped
                 raise LaunchFailed(f"{e.message}; the server was stopped", e.hint, phase=dep.phase) from None
         raise
+
+
+def _name_the_exit(e: LaunchFailed, rt: Runtime, dep: Deployment) -> None:
+    """A server that exited before it was ready: say how (``killed by SIGKILL``, ``exit 1``) where the runtime knows."""
+    if not e.message.startswith(_EXITED):
+        return
+    with contextlib.suppress(Exception):  # the runtime cannot tell (a removed container): the message stays as it is
+        how = rt.inspect(dep).exit_status
+        if how:
+            e.message = f"{_EXITED} ({how})" + e.message[len(_EXITED) :]
 
 
 def _record_failure(registry: Registry, dep: Deployment, e: LaunchFailed) -> None:
