@@ -5,7 +5,7 @@ interpreter (``python -c pass``) and ``python -c "import typer"`` (the floor of 
 Each command runs ``--runs`` times in a fresh interpreter (this one, ``python -m m3ctl`` from this checkout),
 in an empty directory, with no ``M3CTL_*`` variable and an empty config directory, output discarded; the table
 gives min / median / max wall seconds and the least CPU seconds (user + system, steadier than wall time on a
-shared host). Targets (issue 38): ``--help`` <= 0.1 s, ``plan`` <= 0.3 s on the reference host; on a shared
+shared host). Targets (the issue "Each verb a package of stages"): ``--help`` <= 0.1 s, ``plan`` <= 0.3 s on the reference host; on a shared
 host read the minima. Nothing is asserted (this is no test).
 
 Usage (from the repo root, in the venv)::

@@ -53,6 +53,8 @@ def validate(cfg: BenchConfig) -> None:
             "--duration needs --concurrency or a finite --request-rate", "e.g. --duration 60 --concurrency 8"
         )
     _check_url(cfg.url)
+    if cfg.power_metrics is not None:
+        _check_url(cfg.power_metrics, "--power-metrics", "the GPU exporter's page, e.g. http://gpu-host:9400/metrics")
     if not cfg.trace_path:
         _check_sizes(cfg)
     if cfg.client_procs > max(n, cfg.concurrency or 1):
@@ -73,23 +75,23 @@ def validate(cfg: BenchConfig) -> None:
         raise BadInput(f"--goodput {k}:{v}: a goodput limit is a finite number of ms > 0", "e.g. --goodput ttft:2000")
 
 
-def _check_url(url: str) -> None:
+def _check_url(url: str, opt: str = "--url", hint: str = "") -> None:
     """An http(s) URL with a host and a valid port (``http://[::1`` and ``http://h:99999`` are refused here,
     before anything is sent, instead of failing inside the HTTP client).
 
     Raises:
-        BadInput: not such a URL.
+        BadInput: not such a URL (naming ``opt``).
     """
-    hint = "give the server's base URL, e.g. --url http://127.0.0.1:8000"
+    hint = hint or "give the server's base URL, e.g. --url http://127.0.0.1:8000"
     try:
         u = urlsplit(url)
         port = u.port
     except ValueError as e:
-        raise BadInput(f"--url {url!r} is not a valid URL ({e})", hint) from None
+        raise BadInput(f"{opt} {url!r} is not a valid URL ({e})", hint) from None
     if u.scheme not in ("http", "https") or not u.hostname:
-        raise BadInput(f"--url {url!r} is not an http(s) URL with a host", hint)
+        raise BadInput(f"{opt} {url!r} is not an http(s) URL with a host", hint)
     if port == 0:
-        raise BadInput(f"--url {url!r}: port 0 is not a server port", hint)
+        raise BadInput(f"{opt} {url!r}: port 0 is not a server port", hint)
 
 
 def _check_sizes(cfg: BenchConfig) -> None:

@@ -149,27 +149,44 @@ def launch_and_wait(
         rt.sync_log(dep)
         return ServeResult(dep, ready, verify_kernels(rt.log_text(dep, tail_bytes=5_000_000), expect), findings)
     except (LaunchFailed, KeyboardInterrupt, StateWriteFailed) as e:
-        stopped = False  # `m3ctl stop` removed the record while the server started: its stop, not a crash
-        if isinstance(e, LaunchFailed) and dep is not None:
-            _name_the_exit(e, rt, dep)
-            stopped = not registry.exists(dep.name)
-            if stopped:
-                e.message += f"; deployment {dep.name!r} was stopped by `m3ctl stop` while it started"
-        if dep is None and registry.exists(plan.name):  # interrupted inside launch, after it saved the record
-            try:
-                dep = registry.get(plan.name)
-            except UnreadableRecord:
-                dep = None
-        if dep is not None:
-            with sigint_ignored():
-                rt.stop(dep)
-                if isinstance(e, LaunchFailed) and not stopped:  # kept as `failed`, with its cause, until a stop
-                    _record_failure(registry, dep, e)
-                else:
-                    registry.remove(dep.name)
-            if isinstance(e, StateWriteFailed):  # the state dir filled up after the launch: exit 4, stopped
-                raise LaunchFailed(f"{e.message}; the server was stopped", e.hint, phase=dep.phase) from None
+        _stop_failed_start(e, plan, dep, rt, registry)
         raise
+
+
+def _stop_failed_start(
+    e: LaunchFailed | KeyboardInterrupt | StateWriteFailed,
+    plan: LaunchPlan,
+    dep: Deployment | None,
+    rt: Runtime,
+    registry: Registry,
+) -> None:
+    """After a failed or interrupted start: stop the server it started (``dep``, or the record the launch saved),
+    keep a :class:`LaunchFailed` as a ``failed`` record with its cause (a stop requested by ``m3ctl stop`` while it
+    started is named as such and leaves no record); the caller re-raises ``e``.
+
+    Raises:
+        LaunchFailed: the state dir filled up after the launch (exit 4; the server was stopped).
+    """
+    stopped = False  # `m3ctl stop` removed the record while the server started: its stop, not a crash
+    if isinstance(e, LaunchFailed) and dep is not None:
+        _name_the_exit(e, rt, dep)
+        stopped = not registry.exists(dep.name)
+        if stopped:
+            e.message += f"; deployment {dep.name!r} was stopped by `m3ctl stop` while it started"
+    if dep is None and registry.exists(plan.name):  # interrupted inside launch, after it saved the record
+        try:
+            dep = registry.get(plan.name)
+        except UnreadableRecord:
+            dep = None
+    if dep is not None:
+        with sigint_ignored():
+            rt.stop(dep)
+            if isinstance(e, LaunchFailed) and not stopped:  # kept as `failed`, with its cause, until a stop
+                _record_failure(registry, dep, e)
+            else:
+                registry.remove(dep.name)
+        if isinstance(e, StateWriteFailed):  # the state dir filled up after the launch: exit 4, stopped
+            raise LaunchFailed(f"{e.message}; the server was stopped", e.hint, phase=dep.phase) from None
 
 
 def _name_the_exit(e: LaunchFailed, rt: Runtime, dep: Deployment) -> None:

@@ -19,6 +19,7 @@ from m3ctl.errors import BadInput
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.planning.emit import launch_command
 from m3ctl.planning.launch import check_host
+from m3ctl.planning.launchplan import find_vllm_executable
 from m3ctl.planning.offline import resolve_if_offline
 from m3ctl.planning.plan import LaunchPlan
 from m3ctl.planning.plan import plan as make_plan
@@ -93,7 +94,13 @@ def serve_plan(
     if raw_key:
         remember(raw_key)
         secrets[API_KEY_ENV] = raw_key
-    req = req.model_copy(update={"pass_env": sorted(set(req.pass_env) | set(passthrough_env()) | set(secrets))})
+    req = req.model_copy(
+        update={
+            "pass_env": sorted(set(req.pass_env) | set(passthrough_env()) | set(secrets)),
+            # it starts here: this machine's vLLM, also for a catalog system's inventory (whose plan names none)
+            "vllm_executable": req.vllm_executable or find_vllm_executable(),
+        }
+    )
     prof = req.profile = load_profile_file(Path(req.profile_file)) if req.profile_file else None
     p = make_plan(inventory, req)
     if raw_key and API_KEY_ENV in p.secret_values():

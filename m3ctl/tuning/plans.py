@@ -12,6 +12,7 @@ from typing import Any
 from m3ctl.assess.request import PlanRequest
 from m3ctl.core.state import Registry
 from m3ctl.errors import ConfigRejected
+from m3ctl.planning.launchplan import find_vllm_executable
 from m3ctl.planning.plan import plan
 from m3ctl.serving.kernels import jit_measure_args
 from m3ctl.tuning import startup
@@ -66,6 +67,8 @@ class TrialPlans:
 
         base = dict(self.plan_base)
         prof = base.pop("profile", None)
+        # trials start here: this machine's vLLM, also for a catalog system's inventory (whose plan names none)
+        base["vllm_executable"] = base.get("vllm_executable") or find_vllm_executable()
         req = PlanRequest(
             model=self.model,
             name=name or f"{self.prefix}-check",

@@ -103,6 +103,7 @@ STRING_CASES: dict[str, list[str]] = {
     "--smoke": ["fast", ""],
     "--prompt-text": ["stale", ""],
     "--power-gpus": ["a", "-1", "", "0,0", "1,,x"],
+    "--power-metrics": ["", "ftp://x", "http://[::1", "http://h:99999"],
     "--parallel-trials": ["0", "-1", "a", "", "1.5"],
 }
 #: Multiple-valued string options and their bad values.

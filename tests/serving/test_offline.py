@@ -129,11 +129,11 @@ def test_load_format_dummy_needs_no_weight_shard(hub):
 def test_cli_offline_is_automatic_under_hf_hub_offline(hub, tmp_path):
     inv = tmp_path / "b200.json"
     inv.write_text(ALL["b200x8"]().model_dump_json())
-    base = ["plan", "--inventory", str(inv), "--model", "org/tiny", "--skip-checks", "--runtime", "process", "--json"]
+    base = ["plan", "--inventory", str(inv), "--skip-checks", "--runtime", "process", "--json"]
     env = {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
-    d = json.loads(run_cli(*base, env=env, check=True).stdout)
+    d = json.loads(run_cli(*base, "--model", "org/tiny", env=env, check=True).stdout)
     assert d["argv"][2].startswith(str(hub)) and d["env"]["HF_HUB_OFFLINE"] == "1"
-    p = run_cli(*base, "--model", "org/absent", env=env)
+    p = run_cli(*base, "--model", "org/absent", env=env)  # (one --model: a second, different one is refused)
     assert p.returncode == 3 and "org/absent" in p.stderr and "not in the HF cache" in p.stderr
     assert "Traceback" not in p.stderr
 
