@@ -154,9 +154,11 @@ class _Sender:
         )
         if emit is not None:
             emit(("s", time.perf_counter()))
-        if self.pool is None:
+        pool = self.pool
+        conn = pool.acquire() if pool is not None else None  # a lane's own keep-alive connection, else aiohttp's
+        try:
             o = await send_request(
-                self.session,
+                conn if conn is not None else self.session,
                 cfg.url,
                 cfg.endpoint,
                 cfg.model,
@@ -167,23 +169,9 @@ class _Sender:
                 keep_text=keep_text,
                 body=body,
             )
-        else:
-            c = self.pool.acquire()
-            try:
-                o = await send_request(
-                    c,
-                    cfg.url,
-                    cfg.endpoint,
-                    cfg.model,
-                    req,
-                    ignore_eos=cfg.ignore_eos,
-                    headers=self.headers,
-                    scheduled_time=due,
-                    keep_text=keep_text,
-                    body=body,
-                )
-            finally:
-                self.pool.release(c)
+        finally:
+            if pool is not None and conn is not None:
+                pool.release(conn)
         if emit is not None:
             emit(("d", o.end_time, o.success, o.error_kind, o.ttft, o.output_tokens or 0))
         if o.error_kind == "connection_refused":
