@@ -276,7 +276,7 @@ def _mooncake(rec: dict, p: Path, i: int) -> tuple[int, int, tuple[int, ...]]:
     ids = rec.get("hash_ids", [])
     if not isinstance(ids, list) or any(isinstance(h, bool) or not isinstance(h, int) for h in ids):
         raise _bad(p, i, f"field 'hash_ids' is {json.dumps(ids)[:40]}, not a list of integer block ids")
-    if len(ids) * MOONCAKE_BLOCK_TOKENS < il - MOONCAKE_BLOCK_TOKENS + 1 and ids:
+    if ids and len(ids) * MOONCAKE_BLOCK_TOKENS < il:  # one id per block, the last one partial
         raise _bad(
             p, i, f"field 'hash_ids' has {len(ids)} blocks of {MOONCAKE_BLOCK_TOKENS}: too few for {il:,} input tokens"
         )

@@ -274,6 +274,7 @@ def test_a_mooncake_trace_replays_its_timing_lengths_and_shared_blocks(gt, tok, 
     [
         ([MOONCAKE[0], {"timestamp": 0.5, "input_len": 8, "output_len": 4}], "a m3ctl record in a mooncake trace"),
         ([{"timestamp": 1, "input_length": 1100, "output_length": 4, "hash_ids": [1]}], "too few for 1,100 input"),
+        ([{"timestamp": 1, "input_length": 900, "output_length": 4, "hash_ids": [1]}], "too few for 900 input"),
         ([{"timestamp": 1, "input_length": 100, "output_length": 4, "hash_ids": ["a"]}], "not a list of integer"),
         ([{"timestamp": 1, "input_length": 100, "hash_ids": [1]}], "'output_length' is missing"),
     ],
