@@ -57,8 +57,13 @@ class Batcher:
 
 def worker_init(q, stop) -> None:
     """Pool worker setup: Ctrl-C is the parent's to handle (it sets ``stop``: every worker then cancels its
-    run and returns what finished, as one process does on SIGINT); progress events go to ``q``."""
+    run and returns what finished, as one process does on SIGINT); progress events go to ``q``. SIGTERM and
+    SIGHUP get their default action back (the fork inherited the command's handlers, m3ctl.core.signals, which
+    raise): an idle worker ends quietly, by the pool's own terminate or a kill of the whole group; a worker in
+    its measured phase sets ``stop`` instead (m3ctl.core.signals.stop_signals_set)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for s in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(s, signal.SIG_DFL)
     set_stop(stop)
     if q is not None:
         set_emit(Batcher(q.put))

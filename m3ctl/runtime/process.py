@@ -187,6 +187,9 @@ class ProcessRuntime(Runtime):
             proc, marker, started = warm.proc, warm.marker, time.time()
         else:
             env[MARKER_ENV] = marker = registry.marker(plan.name)
+            # recorded before the spawn: a kill -9 of m3ctl right after it leaves a server `status` and `stop`
+            # still find (by its marker until its pid is recorded)
+            self.record(self.launching(plan, log_path, time.time(), pid=None, marker=marker), registry)
             with open(log_path, "wb") as log:
                 try:
                     proc = subprocess.Popen(
@@ -226,8 +229,13 @@ class ProcessRuntime(Runtime):
     def inspect(self, dep: Deployment) -> RawState:
         """The main process: alive, ``paused`` when stopped by a signal (state T: SIGSTOP, Ctrl-Z; not dead), or
         dead (its exit status when this process launched it and reaped it)."""
-        if dep.pid is None:
-            return RawState("unknown", "no process id recorded")
+        if dep.pid is None:  # recorded before its spawn (launch): the processes carrying its marker, if any
+            found = marked_processes(dep.marker) if dep.marker else []
+            if found:
+                return RawState("alive", f"process {found[0].pid} (found by its marker; its id was not recorded)")
+            if time.time() - dep.started_at < 30:  # being spawned now, by another m3ctl
+                return RawState("unknown", "starting: no process id recorded yet")
+            return RawState("dead", "no process id recorded and no process carries its marker: it never started")
         child = _CHILDREN.get(dep.pid)
         if child is not None and child.poll() is not None:
             return RawState("dead", f"process {dep.pid} exited", exit_status=exit_status(child.returncode))
