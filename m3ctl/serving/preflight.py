@@ -25,8 +25,12 @@ INTERNAL_PORT_ENV = ("VLLM_PORT", "MASTER_PORT")
 
 def assign_internal_ports(plan: LaunchPlan) -> LaunchPlan:
     """Pin vLLM's internal port base (``VLLM_PORT``) to a port free now, unless the plan sets it,
-    so nothing is left to a random choice that can collide (F17); returns the updated plan."""
-    if "VLLM_PORT" in plan.env:
+    so nothing is left to a random choice that can collide (F17); returns the updated plan.
+
+    A docker plan is left as it is: its container is exactly the printed ``docker run`` (``plan``, ``serve
+    --dry-run``), which cannot know a port chosen at launch; vLLM in the container picks its internal ports itself,
+    as it does without ``VLLM_PORT``. A ``VLLM_PORT`` the plan sets (``--env``, a profile) is in both."""
+    if "VLLM_PORT" in plan.env or plan.runtime == "docker":
         return plan
     for _ in range(20):
         with socket.socket() as s:

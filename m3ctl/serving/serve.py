@@ -76,7 +76,7 @@ def launch_and_wait(
     restarts: int = 0,
     smoke: str | bool = "full",
     diag_context: DiagContext | None = None,
-    on_preflight: Callable[[], None] | None = None,
+    on_preflight: Callable[[LaunchPlan], None] | None = None,
     supervised: bool = True,
 ) -> ServeResult:
     """Launch ``plan`` and wait until it really serves, then verify the kernels vLLM chose. The pre-flight runs
@@ -93,8 +93,9 @@ def launch_and_wait(
             ``smoke_level``, ``smoke_s``) and returned, never fatal unless the server dies.
         diag_context: the launch a failure's diagnosis is keyed on (default: from the plan; the CLI adds the
             inventory's GPU names).
-        on_preflight: called once the pre-flight passed, under the start lock, before the launch (``serve``
-            shows the command that starts: a refusal comes in milliseconds, before "starting").
+        on_preflight: called with the plan that launches (its internal ports pinned) once the pre-flight passed,
+            under the start lock, before the launch (``serve`` shows the command that starts: a refusal comes in
+            milliseconds, before "starting").
         supervised: this process keeps watching the server once ready (a foreground ``serve``, a tune's trial,
             a watchdog's relaunch): its pid stays in the record, and ``status`` shows the deployment as unwatched
             when this process is gone while the engine lives. False (``serve --detach``): nothing watches it
@@ -120,7 +121,7 @@ def launch_and_wait(
         with registry.lock(plan.name):  # same-name starts: one passes pre-flight and records its server
             host_checks(plan, registry, rt)
             if on_preflight is not None:
-                on_preflight()
+                on_preflight(plan)
             registry.save_plan(plan.name, plan.model_dump_json())
             dep = rt.launch(plan, registry, secret_env or {})
         watchdog.mark_supervised(dep)  # until ready, and after with ``supervised``: `status` tells when it is gone

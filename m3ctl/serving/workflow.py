@@ -205,7 +205,7 @@ def start(
 def _launch(p, rt, secrets, prof, inv, *, smoke, on_event, on_start, registry=None, supervised=True) -> ServeResult:
     """Launch and wait until ready (m3ctl.serving.serve.launch_and_wait, which runs the pre-flight once and then
     calls ``on_start(plan, command)``, before the launch)."""
-    announce = None if on_start is None else (lambda: on_start(p, launch_command(p, rt)))
+    announce = None if on_start is None else (lambda launched: on_start(launched, launch_command(launched, rt)))
     return serve.launch_and_wait(  # through the module: a test replaces launch_and_wait there
         p,
         registry=registry or Registry(),
