@@ -281,6 +281,14 @@ class Image(_Strict):
         cuda_version / rocm_version: toolkit inside the image.
         The minimum host driver follows from ``cuda_version`` (capabilities.yaml ``cuda_min_driver``).
         archs: architecture families it supports.
+        gfx_targets: AMD compiler targets it is built for (``gfx942``, ``gfx950``): AMD publishes one vLLM image
+            per GPU family, and each AMD profile names the image of its family (a catalog test checks it).
+        env: the environment the image itself sets (its ``ENV`` lines) that changes how vLLM runs. A container
+            has it from the image; a process plan of a profile naming this image gets it too (lowest precedence:
+            the profile's, the model's and the request's env override it), so a bare ``vllm serve`` runs as in
+            the container. Source in ``sources.env``.
+        assumed: fields not publicly confirmed (``tag``, ``vllm_version``, ``env``...); ``sources.assumed`` says
+            what would confirm them.
     """
 
     schema_version: Literal[1] = 1
@@ -293,6 +301,9 @@ class Image(_Strict):
     cuda_version: str | None = None
     rocm_version: str | None = None
     archs: list[str]
+    gfx_targets: list[str] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    assumed: list[str] = Field(default_factory=list)
     platforms: list[str] = Field(default_factory=list)
     """OCI platforms the image is published for (``linux/amd64``, ``linux/arm64``); empty = not recorded (not
     checked). Rule ``image.platform`` checks the host CPU architecture against it (Grace hosts are arm64)."""

@@ -242,6 +242,11 @@ def step_image(d: PlanDraft) -> None:
         else:
             d.user_image = assess_image.inspect_user_image(r.image)  # looked up at call time (tests stand it in)
     img, user = d.img, d.user_image
+    if img is not None and img.assumed:
+        d.warnings.append(
+            f"image {img.name}: {', '.join(img.assumed)} assumed, not publicly confirmed"
+            f" ({img.sources.get('assumed', 'm3ctl/images/')})"
+        )
     image_vllm = img.vllm_version if img is not None else (user.vllm_version if user else None)
     d.image_cuda = img.cuda_version if img is not None else (user.cuda_version if user else None)
     d.engine_version = r.engine_version or capability.engine_version(d.runtime, image_vllm)

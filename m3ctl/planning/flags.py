@@ -9,6 +9,7 @@ from typing import Any
 from m3ctl.assess.choose import Choice
 from m3ctl.assess.known_issues import applicable, attention_overrides, known_issues
 from m3ctl.assess.request import DIRECT
+from m3ctl import catalog
 from m3ctl.catalog import vendors
 from m3ctl.catalog.vllm_args import OWNED_FLAGS, canon_flag
 from m3ctl.core import secrets as _secrets
@@ -210,11 +211,25 @@ def _visibility_env(d: PlanDraft) -> None:
         )
 
 
+def _image_env(d: PlanDraft) -> None:
+    """A process plan gets the environment its profile's image sets in a container (``env`` of the catalog image,
+    e.g. ``HIP_FORCE_DEV_KERNARG=1`` of the ROCm images), below every other layer: a bare ``vllm serve`` runs as
+    in the container. A container has it from the image itself."""
+    prof = d.profile
+    img = catalog.images(d.request.catalog_dir).get(prof.image) if d.runtime == "process" and prof.image else None
+    if img is not None and img.env:
+        d.env.update(img.env)
+        d.choices.append(
+            Choice(what="env", value=", ".join(img.env), why=f"set by image {img.name} in its container (sources.env)")
+        )
+
+
 def step_env(d: PlanDraft) -> None:
     """Step 9: the server's environment: profile, family, variant and request ``env``, the visible-device and
     pinned-GPU variables (process runtime), NVLink multicast off (``no_multicast``), secret values separated out,
     and the variables passed through by name: ``env``, ``unset_env``, ``secret_names``, ``secret_origins``."""
     r, prof, fam, var = d.request, d.profile, d.family, d.var
+    _image_env(d)
     d.env.update(prof.env)
     if fam:
         d.env.update(prof.family_env.get(fam, {}))
