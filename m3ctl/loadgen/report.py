@@ -441,6 +441,16 @@ def _run_title(res: dict) -> str:
     )
 
 
+def _count_sources(res: dict) -> str:
+    """Where the run's input and output token counts come from (``server usage``; ``client count / stream chunks``
+    with ``--allow-approx`` and no usage): the result's ``token_counts.input_source`` and ``token_counts_from``."""
+    tc = res.get("token_counts") or {}
+    src = str(tc.get("input_source", "server usage"))
+    inp = "server usage" if src.startswith("server usage") else ("mixed" if src == "mixed" else "client count")
+    out = res.get("token_counts_from") or "server usage"
+    return inp if inp == out else f"{inp} / {out}"
+
+
 def _throughput_rows(res: dict, done: bool, miss: dict) -> list[tuple[str, str]]:
     """The run table's counts, throughput, goodput, trace, per-GPU, cost, energy and interactivity rows."""
     rows = [
@@ -451,7 +461,7 @@ def _throughput_rows(res: dict, done: bool, miss: dict) -> list[tuple[str, str]]
         ("output token throughput (tok/s)", f"{res['output_throughput']:.1f}"),
         ("total token throughput (tok/s)", f"{res['total_token_throughput']:.1f}"),
         (
-            "input / output tokens (server usage)",
+            f"input / output tokens ({_count_sources(res)})",
             f"{res['total_input_tokens']} / "
             + (
                 f"{res['total_output_tokens']} ({na(res['unmeasured'], 'output_tokens')})"

@@ -252,7 +252,17 @@ def _add_token_counts(res: dict, cfg: BenchConfig, ok: list[RequestOutput], wl: 
         and o.output_tokens != o.output_len_requested
         and cfg.range_ratio == 0
     )
-    res["token_counts_from"] = "server usage" if ok and all(o.output_tokens is not None for o in ok) else "mixed"
+    res["token_counts_from"] = _output_count_source(ok)
+
+
+def _output_count_source(ok: list[RequestOutput]) -> str:
+    """Where the output token counts come from: ``server usage``, ``stream chunks`` (``--allow-approx`` counted one
+    token per chunk of every response), or ``mixed`` (some of each, or some not counted)."""
+    if ok and all(o.output_tokens is not None and not o.tokens_from_chunks for o in ok):
+        return "server usage"
+    if ok and all(o.tokens_from_chunks for o in ok):
+        return "stream chunks"
+    return "mixed"
 
 
 def _trace_rate(tr: traces.Trace, scale: float) -> float | None:
@@ -295,8 +305,14 @@ def _token_counts_block(res: dict, ok: list[RequestOutput], agentic: bool) -> di
     cached = [o.cached_tokens for o in ok if o.cached_tokens is not None]
     in_total = res["total_input_tokens"]
     return {
-        "input_source": "server usage.prompt_tokens" if ok and all(o.prompt_len for o in ok) else "client",
-        "output_source": "server usage.completion_tokens",
+        "input_source": (  # usage.prompt_tokens replaced the client's count only where a response had usage
+            "server usage.prompt_tokens"
+            if ok and res["token_counts_from"] == "server usage" and all(o.prompt_len for o in ok)
+            else ("mixed" if ok and res["token_counts_from"] == "mixed" else "client")
+        ),
+        "output_source": {"server usage": "server usage.completion_tokens", "stream chunks": "stream chunks"}.get(
+            res["token_counts_from"], "mixed"
+        ),
         "client_prompt_tokens": res["client_prompt_tokens"],
         "client_vs_server_input_diff_pct": (
             100.0 * (res["client_prompt_tokens"] - in_total) / in_total if in_total and not agentic else None
