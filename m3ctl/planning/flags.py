@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from m3ctl import catalog
 from m3ctl.assess.choose import Choice
 from m3ctl.assess.known_issues import applicable, attention_overrides, known_issues
 from m3ctl.assess.request import DIRECT
-from m3ctl import catalog
 from m3ctl.catalog import vendors
 from m3ctl.catalog.vllm_args import OWNED_FLAGS, canon_flag
 from m3ctl.core import secrets as _secrets

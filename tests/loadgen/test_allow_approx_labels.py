@@ -9,8 +9,8 @@ import io
 import pytest
 from rich.console import Console
 
-from m3ctl.loadgen.report import bench_tables
 from m3ctl.loadgen.prompts import LocalTokenizer
+from m3ctl.loadgen.report import bench_tables
 from m3ctl.loadgen.runner import BenchConfig, run_bench
 from tests.conftest import start_groundtruth
 
