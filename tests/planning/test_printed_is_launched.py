@@ -27,7 +27,6 @@ from m3ctl import api
 from m3ctl.errors import LaunchFailed
 from tests.conftest import free_port, run_cli
 from tests.hosts import ALL
-from tests.hw.test_hw import dockerd  # noqa: F401 - the real private dockerd fixture
 
 SECRET = "hf_m3ctlPrintedIsLaunched0123456789"
 NAME = "printed"
@@ -206,6 +205,21 @@ def _docker_line(stdout: str) -> list[str]:
     return shlex.split(line)
 
 
+@pytest.fixture(scope="module")
+def engine():
+    """A real private dockerd (Debian docker.io), started by m3ctl's test stack; stopped afterwards."""
+    from m3ctl.dev.docker_stack import StackUnavailable, start_engine
+
+    try:
+        eng = start_engine()
+    except StackUnavailable as e:
+        pytest.skip(f"no container engine can start here: {e}")
+    try:
+        yield eng.docker_host
+    finally:
+        eng.stop()
+
+
 @pytest.fixture
 def model_dir(tmp_path) -> Path:
     d = tmp_path / "ckpt"
@@ -225,7 +239,7 @@ def model_dir(tmp_path) -> Path:
 
 @pytest.mark.docker
 def test_plan_and_serve_dry_run_print_the_container_serve_creates(
-    dockerd,  # noqa: F811 - the fixture imported from tests.hw.test_hw
+    engine,
     model_dir,
     tmp_path,
     monkeypatch,
@@ -236,7 +250,7 @@ def test_plan_and_serve_dry_run_print_the_container_serve_creates(
     cli = shutil.which("docker")
     if cli is None:
         pytest.skip("no docker CLI (apt-get install docker.io)")
-    client = docker.DockerClient(base_url=dockerd, timeout=60)
+    client = docker.DockerClient(base_url=engine, timeout=60)
     _tiny_image(client)
     hf = tmp_path / "hf"
     hf.mkdir()
@@ -244,7 +258,7 @@ def test_plan_and_serve_dry_run_print_the_container_serve_creates(
     extra.mkdir()
     inv = tmp_path / "h200x2.json"
     inv.write_text(ALL["h200x2"]().model_dump_json())
-    env = {"DOCKER_HOST": dockerd, "HF_HOME": str(hf), "HF_TOKEN": SECRET}
+    env = {"DOCKER_HOST": engine, "HF_HOME": str(hf), "HF_TOKEN": SECRET}
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     port = free_port()
