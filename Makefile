@@ -8,7 +8,7 @@ DEMO   ?= .m3ctl-demo
 PORT   ?= 8011
 export M3CTL_STATE_DIR ?= $(abspath $(DEMO))/state
 
-.PHONY: demo test setup lint clean
+.PHONY: demo demo-doc test setup lint clean
 
 $(BIN)/m3ctl: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,12 @@ demo: setup
 	    --output-json $(DEMO)/bench.json || ($(BIN)/m3ctl stop demo; exit 1)
 	$(BIN)/m3ctl stop demo
 	@echo "bench result JSON: $(DEMO)/bench.json"
+
+# docs/demo-80col.txt regenerated from a real `make demo` at 80 columns (scripts/demo_80col.py; the recorded run
+# is kept in tests/fixtures/demo/make-demo.txt, which tests/test_demo_doc.py renders and compares with the doc)
+demo-doc: setup
+	$(PYTHON) scripts/demo_80col.py record --no-setup --venv $(VENV) --port $(PORT)
+	$(PYTHON) scripts/demo_80col.py render
 
 test: setup lint
 	$(BIN)/python -m pytest -v tests
