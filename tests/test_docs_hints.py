@@ -4,7 +4,9 @@ m3ctl is on no package index)."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -23,12 +25,16 @@ def test_api_doc_says_where_the_result_models_live_and_its_example_runs(tmp_path
     for cls in sorted(set(re.findall(r"`(\w+)\.read\(", text)) | {"BenchResult", "TuneReport"}):
         assert hasattr(getattr(m3ctl.results, cls), "read"), cls
     # the doc's example, on a real result file where it reads one
-    (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.S) if "BenchResult.read" in b]
+    (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.DOTALL) if "BenchResult.read" in b]
     src = next(p for p in sorted((ROOT / "tests" / "fixtures").rglob("bench*.json")) if "sweep" not in p.name)
     monkeypatch.chdir(tmp_path)
     (tmp_path / ".m3ctl-demo").mkdir()
     (tmp_path / ".m3ctl-demo" / "bench.json").write_text(src.read_text())
-    exec(compile(textwrap.dedent(block), str(API_MD), "exec"), {})
+    (tmp_path / "example.py").write_text(textwrap.dedent(block))
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    p = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split()[0] in ("True", "False"), p.stdout
 
 
 def test_the_vllm_hint_from_a_checkout_installs_the_checkout():
@@ -48,7 +54,6 @@ def test_the_vllm_hint_of_an_installed_package_names_the_pinned_cpu_wheel(monkey
 def test_an_installed_copy_is_not_a_checkout(tmp_path):
     """A copy of the package with no pyproject.toml beside it (what a wheel installs) is not a checkout."""
     import shutil
-    import subprocess
 
     dst = tmp_path / "site-packages"
     shutil.copytree(ROOT / "m3ctl", dst / "m3ctl", ignore=shutil.ignore_patterns("__pycache__"))
