@@ -18,6 +18,8 @@ from m3ctl.hw.inventory import HostInventory, load_inventory
 from m3ctl.hw.systems import inventory_for_system
 from m3ctl.planning.emit import launch_command
 from m3ctl.planning.launch import check_host
+from m3ctl.planning.listing import PlanList
+from m3ctl.planning.listing import plan_list as list_plans
 from m3ctl.planning.offline import resolve_if_offline
 from m3ctl.planning.plan import LaunchPlan
 from m3ctl.planning.plan import plan as make_plan
@@ -28,6 +30,7 @@ __all__ = [
     "host_inventory",
     "launch_command",
     "plan",
+    "plan_list",
     "plan_request",
     "resolve_if_offline",
     "size_systems",
@@ -170,6 +173,35 @@ def plan(
             update["api_key_env"] = api_key_env
         p = p.model_copy(update=update)
     return resolve_if_offline(p, offline)
+
+
+@_checked
+def plan_list(
+    request: PlanRequest | dict | None = None,
+    *,
+    inventory: str | Path | HostInventory | None = None,
+    system: str | None = None,
+    config: str | Path | None = None,
+    default_runtime: Literal["auto", "process", "docker"] = "auto",
+    **knobs: Any,
+) -> PlanList:
+    """``plan --list``: every variant x image x layout of the model on the host (this one, ``inventory`` or a
+    catalog ``system``), each runnable, runnable through a named fallback, or refused with its rule, as the
+    planner judges it (:mod:`m3ctl.planning.listing`: a view of :func:`plan`'s decision, which it marks ``chosen``).
+    The request is layered as :func:`plan`'s; what it pins (``variant``, ``runtime``, ``image``, the layout)
+    stays pinned. Starts nothing, probes nothing for a ``system``.
+
+    Returns:
+        :class:`~m3ctl.planning.listing.PlanList`: ``plan`` (what ``plan`` answers for the request itself) and
+        ``entries`` (``model_dump()`` is the ``plan --list --json`` shape).
+
+    Raises:
+        BadInput: as :func:`plan` (an unknown field, variant or system, a bad config or inventory file).
+    """
+
+    req = plan_request(request, config=config, default_runtime=default_runtime, **knobs)
+    check_host(req.host)
+    return list_plans(host_inventory(inventory, system), req)
 
 
 @_checked
