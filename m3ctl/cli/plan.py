@@ -1,6 +1,6 @@
 """``m3ctl plan``: plan a launch (image, argv, env, every choice explained) or size catalog systems; start nothing."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -181,10 +181,10 @@ def sizing(out: Output, request, rows: list) -> None:
 _STATUS = {"runnable": "[green]runnable[/]", "fallback": "[yellow]fallback[/]", "refused": "[red]refused[/]"}
 
 
-def _groups(entries: list) -> list[tuple[object, list[str]]]:
+def _groups(entries: list) -> list[tuple[Any, list[str]]]:
     """The entries folded for the table: consecutive entries of one runtime, image and variant with the same
     verdict (status, rule, fallbacks, opt-in) in one row listing their layouts; the chosen entry alone."""
-    rows: list[tuple[object, list[str]]] = []
+    rows: list[tuple[Any, list[str]]] = []
     last = None
     for e in entries:
         key = (e.runtime, e.image, e.variant, e.status, e.rule, tuple(e.fallbacks), e.opt_in, e.chosen)
@@ -231,7 +231,8 @@ def listing(out: Output, pl) -> None:
                 escape(e.runtime if e.image is None else e.image),
                 escape(e.variant or "(checkpoint)"),
                 escape(", ".join(lays)),
-                _STATUS[e.status] + ((" [bold]<- plan[/]" if pl.plan.plans else " [bold]<- doctor[/]") if e.chosen else ""),
+                _STATUS[e.status]
+                + ((" [bold]<- plan[/]" if pl.plan.plans else " [bold]<- doctor[/]") if e.chosen else ""),
                 escape(why),
             )
         out.con.print(t)

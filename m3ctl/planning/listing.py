@@ -126,7 +126,9 @@ class PlanList(BaseModel):
 def _layout(v: dict[str, Any]) -> ListLayout:
     tp, pp, dp, dcp, ep = int(v["tp"]), int(v.get("pp") or 1), int(v["dp"]), int(v.get("dcp") or 1), bool(v["ep"])
     label = f"TP {tp}" + (f" x PP {pp}" if pp > 1 else "") + f" x DP {dp}" + (" + EP" if ep else "")
-    return ListLayout(tp=tp, pp=pp, dp=dp, dcp=dcp, ep=ep, gpus=tp * pp * dp, label=label + (f" DCP {dcp}" if dcp > 1 else ""))
+    return ListLayout(
+        tp=tp, pp=pp, dp=dp, dcp=dcp, ep=ep, gpus=tp * pp * dp, label=label + (f" DCP {dcp}" if dcp > 1 else "")
+    )
 
 
 def _plan_layout(p: LaunchPlan) -> ListLayout:
@@ -233,9 +235,7 @@ def _variants(request: PlanRequest) -> list[str | None]:
 def _pick(outcome: PlanOutcome) -> PlanPick:
     if outcome.plan is not None:
         p = outcome.plan
-        return PlanPick(
-            plans=True, variant=p.variant, runtime=p.runtime, image_ref=p.image, layout=_plan_layout(p)
-        )
+        return PlanPick(plans=True, variant=p.variant, runtime=p.runtime, image_ref=p.image, layout=_plan_layout(p))
     rid, line = outcome.blocker()
     fb = outcome.fallback
     return PlanPick(
