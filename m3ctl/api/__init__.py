@@ -33,6 +33,7 @@ if TYPE_CHECKING:  # the verbs with their signatures, for type checkers (resolve
         plan_list,
         plan_request,
         size_systems,
+        system_names,
         user_defaults,
     )
     from m3ctl.api._serve import (
@@ -102,6 +103,7 @@ __all__ = [
     "size_systems",
     "status",
     "stop",
+    "system_names",
     "tune",
     "tune_refusal",
     "user_defaults",
@@ -121,6 +123,7 @@ _HOME = {
             "plan_list",
             "plan_request",
             "size_systems",
+            "system_names",
             "user_defaults",
             "resolve_if_offline",
         ),

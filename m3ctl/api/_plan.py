@@ -15,7 +15,7 @@ from m3ctl.core.secrets import API_KEY_ENV, given_api_key, passthrough_env
 from m3ctl.errors import BadInput
 from m3ctl.hw.detect import detect
 from m3ctl.hw.inventory import HostInventory, load_inventory
-from m3ctl.hw.systems import inventory_for_system
+from m3ctl.hw.systems import inventory_for_system, load_systems
 from m3ctl.planning.emit import launch_command
 from m3ctl.planning.launch import check_host
 from m3ctl.planning.listing import PlanList
@@ -34,6 +34,7 @@ __all__ = [
     "plan_request",
     "resolve_if_offline",
     "size_systems",
+    "system_names",
     "user_defaults",
 ]
 
@@ -59,6 +60,17 @@ def host_inventory(inventory: str | Path | HostInventory | None = None, system: 
         path = Path(inventory)
         return load_inventory(read_user_text(path, "inventory"), str(path))
     return detect()
+
+
+def system_names() -> list[str]:
+    """The catalog systems as ``--system`` takes them (``m3ctl/data/systems.yaml``): each system at 1, 2, 4, 8...
+    GPUs up to one node, and at its default count (``h200x1``, ``h200x2``, ``h200x4``, ``h200x8``...); what the
+    shell completes. Reads the catalog only."""
+    out = []
+    for key, spec in sorted(load_systems().systems.items()):
+        counts = {spec.gpus} | {2**i for i in range(spec.max_gpus.bit_length()) if 2**i <= spec.max_gpus}
+        out += [f"{key}x{n}" for n in sorted(counts)]
+    return out
 
 
 def _inventory_file(inv: Any) -> str | None:

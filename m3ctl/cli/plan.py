@@ -75,7 +75,7 @@ def plan(
         list[str] | None,
         typer.Option(
             "--systems",
-            parser=o.text,
+            parser=o.system_list,
             metavar="NAMES",
             help="Sizing view: plan on these catalog systems (comma list or repeated; 'all' = every one) and print which serve the model at --max-model-len, how, with how much KV cache.",
         ),
