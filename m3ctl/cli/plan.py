@@ -12,6 +12,16 @@ from m3ctl.cli.render import print_plan
 from m3ctl.errors import EXIT_CONFIG_REJECTED, BadInput
 from m3ctl.planning.emit import FORMATS, render
 
+#: ``--list``: every variant x image x layout of the host with the planner's verdict (m3ctl.api.plan_list).
+ListAll = Annotated[
+    bool,
+    typer.Option(
+        "--list",
+        help="List every variant x image x layout for this host (or --system/--inventory), each runnable, runnable "
+        "with a named fallback, or refused with its rule; the one plan picks is marked. --json: every entry.",
+    ),
+]
+
 
 @o.options(o.PLAN_KNOBS, into="knobs")
 def plan(
@@ -63,14 +73,7 @@ def plan(
         ),
     ] = None,
     api_key_env: o.ApiKeyEnv = None,
-    list_all: Annotated[
-        bool,
-        typer.Option(
-            "--list",
-            help="List every variant x image x layout for this host (or --system/--inventory), each runnable, runnable "
-            "with a named fallback, or refused with its rule; the one plan picks is marked. --json: every entry.",
-        ),
-    ] = False,
+    list_all: ListAll = False,
     systems: Annotated[
         list[str] | None,
         typer.Option(
@@ -87,26 +90,15 @@ def plan(
     """
 
     out = Output(json_out)
-    if emit and emit not in FORMATS:
-        raise BadInput(f"unknown --emit format {emit!r}", f"use one of: {', '.join(FORMATS)}")
-    if emit and json_out:
-        raise BadInput("--emit prints a file in its own format, not JSON", "drop --json or --emit")
-    if systems and (inventory or system or emit):  # --emit was dropped without a word
-        raise BadInput(
-            "--systems sizes catalog systems; it takes no --inventory, --system or --emit",
-            "drop one of them (--system NAME --emit FORMAT renders one system's launch)",
-        )
-    if list_all and (emit or systems):
-        raise BadInput(
-            "--list lists the launch choices of one host; it takes no --emit or --systems",
-            "drop --emit/--systems (--list --system NAME lists a catalog system's)",
-        )
-    src = ctx.get_parameter_source("nodes")
-    given_nodes = getattr(src, "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")  # typer may bundle its own click
-    if given_nodes and emit not in ("lws", "ray"):  # it used to be ignored without a word
-        raise BadInput("--nodes applies to --emit lws or --emit ray", "add --emit lws (multi-node DP) or ray (TP x PP)")
-    if hf_cache_hostpath and emit not in ("k8s", "lws"):
-        raise BadInput("--hf-cache-hostpath applies to --emit k8s or --emit lws", "add --emit k8s or lws")
+    _check_combination(
+        ctx,
+        emit=emit,
+        json_out=json_out,
+        systems=systems,
+        host=bool(inventory or system),
+        list_all=list_all,
+        hf_cache_hostpath=hf_cache_hostpath,
+    )
     req = given_request(ctx)  # the options given; the API layers them over --config, M3CTL_* and the config file
     if list_all:
         return listing(out, api.plan_list(req, inventory=inventory, system=system, config=config))
@@ -128,6 +120,34 @@ def plan(
         out.result(p.summary())
     else:
         print_plan(out.con, p)
+
+
+def _check_combination(ctx: typer.Context, *, emit, json_out, systems, host, list_all, hf_cache_hostpath) -> None:
+    """Options that do not go together (``host``: --inventory or --system given), refused before any planning.
+
+    Raises:
+        BadInput: naming both options.
+    """
+    if emit and emit not in FORMATS:
+        raise BadInput(f"unknown --emit format {emit!r}", f"use one of: {', '.join(FORMATS)}")
+    if emit and json_out:
+        raise BadInput("--emit prints a file in its own format, not JSON", "drop --json or --emit")
+    if systems and (host or emit):  # --emit was dropped without a word
+        raise BadInput(
+            "--systems sizes catalog systems; it takes no --inventory, --system or --emit",
+            "drop one of them (--system NAME --emit FORMAT renders one system's launch)",
+        )
+    if list_all and (emit or systems):
+        raise BadInput(
+            "--list lists the launch choices of one host; it takes no --emit or --systems",
+            "drop --emit/--systems (--list --system NAME lists a catalog system's)",
+        )
+    src = ctx.get_parameter_source("nodes")
+    given_nodes = getattr(src, "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")  # typer may bundle its own click
+    if given_nodes and emit not in ("lws", "ray"):  # it used to be ignored without a word
+        raise BadInput("--nodes applies to --emit lws or --emit ray", "add --emit lws (multi-node DP) or ray (TP x PP)")
+    if hf_cache_hostpath and emit not in ("k8s", "lws"):
+        raise BadInput("--hf-cache-hostpath applies to --emit k8s or --emit lws", "add --emit k8s or lws")
 
 
 def sizing(out: Output, request, rows: list) -> None:
