@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field
 from m3ctl import catalog
 from m3ctl.assess import capability
 from m3ctl.assess.request import PlanRequest
-from m3ctl.errors import BadInput
+from m3ctl.errors import BadInput, CatalogError
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.planning.launchplan import LaunchPlan
 from m3ctl.planning.outcome import PlanOutcome
@@ -160,14 +160,17 @@ def _reason(line: str, rid: str) -> str:
     return line.removeprefix(f"{rid}: ")
 
 
-def entries_of(outcome: PlanOutcome, runtime: str, image: str | None, image_ref: str | None) -> list[ListEntry]:
+def entries_of(
+    outcome: PlanOutcome, runtime: str, image: str | None, image_ref: str | None, no_profile: bool = False
+) -> list[ListEntry]:
     """The entries of one planned (runtime, image, variant): one per layout the search tried (a pinned layout: its
     own), or one refused entry without a layout where the request is refused for every layout; an emulated
-    variant that plans only with :data:`EMULATED_OPT_IN` is listed as a fallback with that opt-in."""
+    variant that plans only with :data:`EMULATED_OPT_IN` is listed as a fallback with that opt-in. ``no_profile``:
+    the architecture has no kernel profile (a catalog error is then rule ``model.profile``, as doctor names it)."""
     base: dict[str, Any] = {"runtime": runtime, "image": image, "image_ref": image_ref, "variant": outcome.variant}
     acc = outcome.accepted()
     if acc is None or acc.plan is None:
-        rid, line = outcome.blocker()
+        rid, line = outcome.blocker(no_profile)
         return [ListEntry(**base, status="refused", rule=rid, reason=_reason(line, rid))]
     p = acc.plan
     base["variant"] = p.variant
@@ -232,11 +235,11 @@ def _variants(request: PlanRequest) -> list[str | None]:
     return list(spec.variants) if spec is not None and spec.variants else [None]
 
 
-def _pick(outcome: PlanOutcome) -> PlanPick:
+def _pick(outcome: PlanOutcome, no_profile: bool) -> PlanPick:
     if outcome.plan is not None:
         p = outcome.plan
         return PlanPick(plans=True, variant=p.variant, runtime=p.runtime, image_ref=p.image, layout=_plan_layout(p))
-    rid, line = outcome.blocker()
+    rid, line = outcome.blocker(no_profile)
     fb = outcome.fallback
     return PlanPick(
         plans=False,
@@ -260,8 +263,9 @@ def plan_list(inventory: HostInventory, request: PlanRequest) -> PlanList:
             model path, an unknown variant).
     """
     asked = plan_outcome(inventory, request, fallback=True)
-    if isinstance(asked.error, BadInput):  # the request itself is bad: nothing to list
-        raise asked.error
+    if isinstance(asked.error, BadInput) and not isinstance(asked.error, CatalogError):
+        raise asked.error  # the request itself is bad: nothing to list
+    no_profile = isinstance(asked.error, CatalogError) and asked.variant is None  # as doctor names it
     own: tuple | None = None
     if asked.plan is not None:
         own = (asked.plan.runtime, asked.plan.image, asked.plan.variant)
@@ -277,8 +281,8 @@ def plan_list(inventory: HostInventory, request: PlanRequest) -> PlanList:
                     if name is not None:
                         pins["image"] = name
                     outcome = plan_outcome(inventory, request.model_copy(update=pins), fallback=True)
-                entries += entries_of(outcome, runtime, name, ref if runtime == "docker" else None)
-    pick = _pick(asked)
+                entries += entries_of(outcome, runtime, name, ref if runtime == "docker" else None, no_profile)
+    pick = _pick(asked, no_profile)
     chosen = asked.accepted()
     if chosen is not None and chosen.plan is not None:
         p = chosen.plan
