@@ -234,7 +234,7 @@ def listing(out: Output, pl) -> None:
         where = f"catalog system {pl.system}" if pl.system else "this host"
         t = Table(
             title=f"m3ctl plan --list: {escape(pl.model)} on {where} ({pl.gpus} x {pl.arch or 'no GPU'}, "
-            f"profile {pl.profile or '?'})"
+            f"profile {pl.profile or 'none planned'})"
         )
         t.add_column("runtime / image", overflow="fold", ratio=3)
         t.add_column("variant", no_wrap=True)
@@ -261,7 +261,8 @@ def listing(out: Output, pl) -> None:
         p = pl.plan
         if p.plans:
             img = f" {p.image_ref}" if p.image_ref else ""
-            out.con.print(f"plan picks: {p.variant} {p.layout.label if p.layout else ''}, {p.runtime}{img}")
+            lay = p.layout.label if p.layout else ""
+            out.con.print(f"plan picks: {escape(p.variant or 'the checkpoint as is')} {lay}, {p.runtime}{escape(img)}")
         else:
             fix = f"; with {p.opt_in} it plans the entry marked (doctor's verdict)" if p.opt_in else ""
             out.con.print(f"plan refuses the request: rule {escape(p.rule or '')}: {escape(p.reason or '')}{fix}")

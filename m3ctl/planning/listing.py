@@ -270,6 +270,7 @@ def plan_list(inventory: HostInventory, request: PlanRequest) -> PlanList:
     if asked.plan is not None:
         own = (asked.plan.runtime, asked.plan.image, asked.plan.variant)
     entries: list[ListEntry] = []
+    profile = next((o.plan.profile for o in (asked, asked.fallback) if o is not None and o.plan is not None), None)
     for runtime in _runtimes(request):
         images = _images(request, inventory) if runtime == "docker" else [(None, None)]
         for name, ref in images:
@@ -282,6 +283,9 @@ def plan_list(inventory: HostInventory, request: PlanRequest) -> PlanList:
                         pins["image"] = name
                     outcome = plan_outcome(inventory, request.model_copy(update=pins), fallback=True)
                 entries += entries_of(outcome, runtime, name, ref if runtime == "docker" else None, no_profile)
+                planned = outcome.accepted()
+                if profile is None and planned is not None and planned.plan is not None:
+                    profile = planned.plan.profile
     pick = _pick(asked, no_profile)
     chosen = asked.accepted()
     if chosen is not None and chosen.plan is not None:
@@ -290,10 +294,6 @@ def plan_list(inventory: HostInventory, request: PlanRequest) -> PlanList:
         hit = next((e for e in entries if _key(e) == key and e.status != "refused"), None)
         if hit is not None:
             hit.chosen = True
-    profile = next(
-        (o.plan.profile for o in (asked, asked.fallback) if o is not None and o.plan is not None),
-        None,
-    )
     return PlanList(
         model=request.model,
         system=inventory.system,
