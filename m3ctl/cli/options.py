@@ -21,7 +21,7 @@ import typer
 
 from m3ctl import api
 from m3ctl.assess.request import PlanRequest
-from m3ctl.catalog import models
+from m3ctl.catalog import images, models
 from m3ctl.catalog.limits import MAX_REQUEST_TOKENS
 from m3ctl.catalog.vllm_args import check_choice, flag_table, vllm_int
 from m3ctl.cli import output
@@ -106,6 +106,19 @@ def _variant_names() -> list[str]:
 def variant_name(value: str) -> str:
     """A variant name some catalog model has (m3ctl/models/*.yaml: nvfp4, mxfp4, mxfp8, fp8, bf16...)."""
     return choice(*_variant_names())(value)
+
+
+@completes(lambda: sorted({n for m in models().values() for n in (m.name, *m.aliases)}))
+def model_ref(value: str) -> str:
+    """A model: a catalog name, a hub id or a local directory (:func:`text`); completes the catalog's names (a path
+    completes as a file: no catalog name starts with ``/`` or ``.``)."""
+    return text(value)
+
+
+@completes(lambda: sorted(images()))
+def image_ref(value: str) -> str:
+    """An image: a catalog name, a reference or a local image (:func:`text`); completes the catalog's names."""
+    return text(value)
 
 
 @completes(lambda: api.system_names())
@@ -251,7 +264,7 @@ Model = Annotated[
     typer.Option(
         "--model",
         "-m",
-        parser=text,
+        parser=model_ref,
         help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory (default: $M3CTL_MODEL, the config file's, else MiniMax-M3.1-Flash).",
     ),
 ]
@@ -261,7 +274,7 @@ ServeModel = Annotated[
     typer.Option(
         "--model",
         "-m",
-        parser=text,
+        parser=model_ref,
         help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory (required: give it, or set $M3CTL_MODEL or the config file's model).",
     ),
 ]
@@ -270,7 +283,7 @@ TuneModel = Annotated[
     typer.Option(
         "--model",
         "-m",
-        parser=text,
+        parser=model_ref,
         help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory (required for a new study: give it, or set $M3CTL_MODEL or the config file's model).",
     ),
 ]

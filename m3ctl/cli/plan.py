@@ -42,7 +42,8 @@ def plan(
     image: Annotated[
         str | None,
         typer.Option(
-            parser=o.text, help="Container image (catalog name, reference or a local image); implies --runtime docker."
+            parser=o.image_ref,
+            help="Container image (catalog name, reference or a local image); implies --runtime docker.",
         ),
     ] = None,
     json_out: Annotated[

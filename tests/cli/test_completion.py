@@ -86,6 +86,13 @@ def test_bash_completes_catalog_systems_and_fixed_values():
     assert "mi355xx8" in bash("m3ctl tune --system mi355")
 
 
+def test_catalog_models_and_images_complete_and_paths_stay_files():
+    assert "vllm-openai-minimax-m3" in bash("m3ctl plan --image vllm")
+    assert "vllm-openai-rocm-minimax-m3" in bash("m3ctl serve --image vllm-openai-r")
+    assert "MiniMax-M3.1-Flash" in bash("m3ctl doctor --model MiniMax-M3")
+    assert bash("m3ctl serve --model /tm") == []  # a path: bash's own file completion (complete -o default)
+
+
 def test_zsh_and_fish_complete_the_same_values():
     assert zsh("m3ctl plan --system h2") == ["h200x1", "h200x2", "h200x4", "h200x8"]
     assert zsh("m3ctl plan --emit ") == list(FORMATS)
