@@ -26,7 +26,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the verbs with their signatures, for type checkers (resolved lazily at run time: __getattr__)
     from m3ctl.api._bench import abench, bench, bench_error
     from m3ctl.api._doctor import doctor
-    from m3ctl.api._plan import host_inventory, launch_command, plan, plan_request, size_systems, user_defaults
+    from m3ctl.api._plan import (
+        host_inventory,
+        launch_command,
+        plan,
+        plan_list,
+        plan_request,
+        size_systems,
+        system_names,
+        user_defaults,
+    )
     from m3ctl.api._serve import (
         ServeWatch,
         interrupt_exit_code,
@@ -45,6 +54,7 @@ if TYPE_CHECKING:  # the verbs with their signatures, for type checkers (resolve
     from m3ctl.core.signals import interruption, signal_name, signal_policy, signum_of
     from m3ctl.hw.inventory import GpuInfo, HostInventory
     from m3ctl.loadgen.config import BenchConfig
+    from m3ctl.planning.listing import PlanList
     from m3ctl.planning.plan import LaunchPlan
     from m3ctl.results import BenchResult, BenchSweep, BenchValidity, TuneBest, TuneReport
     from m3ctl.runtime.base import StopReport
@@ -61,6 +71,7 @@ __all__ = [
     "GpuInfo",
     "HostInventory",
     "LaunchPlan",
+    "PlanList",
     "PlanRequest",
     "ServeResult",
     "ServeWatch",
@@ -80,6 +91,7 @@ __all__ = [
     "launch_plan",
     "logs",
     "plan",
+    "plan_list",
     "plan_request",
     "prepare_serve",
     "prepare_tune",
@@ -91,6 +103,7 @@ __all__ = [
     "size_systems",
     "status",
     "stop",
+    "system_names",
     "tune",
     "tune_refusal",
     "user_defaults",
@@ -107,8 +120,10 @@ _HOME = {
             "host_inventory",
             "launch_command",
             "plan",
+            "plan_list",
             "plan_request",
             "size_systems",
+            "system_names",
             "user_defaults",
             "resolve_if_offline",
         ),
@@ -135,6 +150,7 @@ _HOME = {
     **dict.fromkeys(("BenchResult", "BenchSweep", "BenchValidity", "TuneBest", "TuneReport"), "m3ctl.results"),
     "PlanRequest": "m3ctl.assess.request",
     "LaunchPlan": "m3ctl.planning.plan",
+    "PlanList": "m3ctl.planning.listing",
     **dict.fromkeys(("DoctorReport", "CheckResult", "Verdict"), "m3ctl.checks.doctor"),
     **dict.fromkeys(("HostInventory", "GpuInfo"), "m3ctl.hw.inventory"),
     "BenchConfig": "m3ctl.loadgen.config",

@@ -15,9 +15,11 @@ from m3ctl.core.secrets import API_KEY_ENV, given_api_key, passthrough_env
 from m3ctl.errors import BadInput
 from m3ctl.hw.detect import detect
 from m3ctl.hw.inventory import HostInventory, load_inventory
-from m3ctl.hw.systems import inventory_for_system
+from m3ctl.hw.systems import inventory_for_system, load_systems
 from m3ctl.planning.emit import launch_command
 from m3ctl.planning.launch import check_host
+from m3ctl.planning.listing import PlanList
+from m3ctl.planning.listing import plan_list as list_plans
 from m3ctl.planning.offline import resolve_if_offline
 from m3ctl.planning.plan import LaunchPlan
 from m3ctl.planning.plan import plan as make_plan
@@ -28,9 +30,11 @@ __all__ = [
     "host_inventory",
     "launch_command",
     "plan",
+    "plan_list",
     "plan_request",
     "resolve_if_offline",
     "size_systems",
+    "system_names",
     "user_defaults",
 ]
 
@@ -56,6 +60,17 @@ def host_inventory(inventory: str | Path | HostInventory | None = None, system: 
         path = Path(inventory)
         return load_inventory(read_user_text(path, "inventory"), str(path))
     return detect()
+
+
+def system_names() -> list[str]:
+    """The catalog systems as ``--system`` takes them (``m3ctl/data/systems.yaml``): each system at 1, 2, 4, 8...
+    GPUs up to one node, and at its default count (``h200x1``, ``h200x2``, ``h200x4``, ``h200x8``...); what the
+    shell completes. Reads the catalog only."""
+    out = []
+    for key, spec in sorted(load_systems().systems.items()):
+        counts = {spec.gpus} | {2**i for i in range(spec.max_gpus.bit_length()) if 2**i <= spec.max_gpus}
+        out += [f"{key}x{n}" for n in sorted(counts)]
+    return out
 
 
 def _inventory_file(inv: Any) -> str | None:
@@ -170,6 +185,35 @@ def plan(
             update["api_key_env"] = api_key_env
         p = p.model_copy(update=update)
     return resolve_if_offline(p, offline)
+
+
+@_checked
+def plan_list(
+    request: PlanRequest | dict | None = None,
+    *,
+    inventory: str | Path | HostInventory | None = None,
+    system: str | None = None,
+    config: str | Path | None = None,
+    default_runtime: Literal["auto", "process", "docker"] = "auto",
+    **knobs: Any,
+) -> PlanList:
+    """``plan --list``: every variant x image x layout of the model on the host (this one, ``inventory`` or a
+    catalog ``system``), each runnable, runnable through a named fallback, or refused with its rule, as the
+    planner judges it (:mod:`m3ctl.planning.listing`: a view of :func:`plan`'s decision, which it marks ``chosen``).
+    The request is layered as :func:`plan`'s; what it pins (``variant``, ``runtime``, ``image``, the layout)
+    stays pinned. Starts nothing, probes nothing for a ``system``.
+
+    Returns:
+        :class:`~m3ctl.planning.listing.PlanList`: ``plan`` (what ``plan`` answers for the request itself) and
+        ``entries`` (``model_dump()`` is the ``plan --list --json`` shape).
+
+    Raises:
+        BadInput: as :func:`plan` (an unknown field, variant or system, a bad config or inventory file).
+    """
+
+    req = plan_request(request, config=config, default_runtime=default_runtime, **knobs)
+    check_host(req.host)
+    return list_plans(host_inventory(inventory, system), req)
 
 
 @_checked

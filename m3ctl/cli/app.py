@@ -80,15 +80,31 @@ RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vL
 
 
 def load_command(name: str):
-    """The click command ``name`` of :data:`COMMANDS`, built from its module (imported now: the CLI boundary)."""
+    """The click command ``name`` of :data:`COMMANDS`, built from its module (imported now: the CLI boundary), its
+    options' values completing in the shell (:func:`complete_values`)."""
     module, attr, _ = COMMANDS[name]
     obj = getattr(importlib.import_module(module), attr)
     if isinstance(obj, typer.Typer):
         cmd = get_group(obj)
         cmd.name = name
-        return cmd
+        return complete_values(cmd)
     info = CommandInfo(name=name, callback=obj, context_settings=RAW_ARGS if name in _RAW else None)
-    return get_command_from_info(info, pretty_exceptions_short=False, rich_markup_mode=None)
+    return complete_values(get_command_from_info(info, pretty_exceptions_short=False, rich_markup_mode=None))
+
+
+def complete_values(cmd):
+    """``cmd`` (and its subcommands) with shell completion for every option whose parser knows its values (the
+    parser's ``complete`` attribute, m3ctl.cli.options.completes: a choice, vLLM's choices of a flag, the catalog's
+    variants or systems); an option's own ``autocompletion`` is kept. One place for every option of every command,
+    so an option declared with such a parser completes in bash, zsh and fish without a word more."""
+    for p in getattr(cmd, "params", []):
+        info = getattr(getattr(p, "type_descriptor", None), "parameter_info", None)
+        complete = getattr(getattr(info, "parser", None), "complete", None)
+        if complete is not None and p._custom_shell_complete is None:
+            p._custom_shell_complete = lambda ctx, param, incomplete, complete=complete: complete(incomplete)
+    for sub in getattr(cmd, "commands", {}).values():
+        complete_values(sub)
+    return cmd
 
 
 class _LazyCommands(MutableMapping):

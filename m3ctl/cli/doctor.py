@@ -47,7 +47,7 @@ def doctor(
     image: Annotated[
         str | None,
         typer.Option(
-            parser=o.text, help="Check this image (catalog name or a local image) instead of the recommended one."
+            parser=o.image_ref, help="Check this image (catalog name or a local image) instead of the recommended one."
         ),
     ] = None,
     inventory: o.Inventory = None,

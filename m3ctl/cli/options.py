@@ -13,21 +13,55 @@ import functools
 import inspect
 import math
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, Union, get_args, get_origin
 
 import typer
 
+from m3ctl import api
 from m3ctl.assess.request import PlanRequest
-from m3ctl.catalog import models
+from m3ctl.catalog import images, models
 from m3ctl.catalog.limits import MAX_REQUEST_TOKENS
-from m3ctl.catalog.vllm_args import check_choice, vllm_int
+from m3ctl.catalog.vllm_args import check_choice, flag_table, vllm_int
 from m3ctl.cli import output
 from m3ctl.errors import BadInput, M3Error
 from m3ctl.planning.launch import parse_mount
 
 PLAIN_HELP = output.PLAIN_HELP  # declared with the output (m3ctl.cli.app reads it there); bench.py reads it here
+
+
+# ------------------------------------------------------------------ value completion
+#: The attribute a parser carries when its option has a fixed or catalog set of values: ``complete(incomplete)``,
+#: the values that start with what was typed. The parsers below set it where the set is declared (:func:`choice`,
+#: :func:`vllm_choice`, :func:`variant_name`, :func:`runtime`, :func:`system_name`...), so every option parsed by
+#: one completes in bash, zsh and fish: the CLI's command table (m3ctl.cli.app.load_command) hands it to click for
+#: every option of every command, without importing more than the command itself.
+COMPLETE = "complete"
+
+
+def _matches(values: Callable[[], Iterable[str]], comma: bool, incomplete: str) -> list[str]:
+    """The values starting with ``incomplete``; ``comma``: the last item of a comma list (``h200x8,b2`` ->
+    ``h200x8,b200x8``...)."""
+    head, _, last = incomplete.rpartition(",") if comma else ("", "", incomplete)
+    prefix = f"{head}," if comma and head else ""
+    return [prefix + v for v in values() if v.startswith(last)]
+
+
+def completes(values: Callable[[], Iterable[str]], *, comma: bool = False) -> Callable[[Callable], Callable]:
+    """Mark a parser with the values its option completes in the shell (read when completing, never at import:
+    ``values`` may read the catalog); ``comma`` for a comma-separated list."""
+
+    def mark(parser: Callable) -> Callable:
+        setattr(parser, COMPLETE, functools.partial(_matches, values, comma))
+        return parser
+
+    return mark
+
+
+def completion_of(parser: Any) -> Callable[[str], list[str]] | None:
+    """The shell completion a parser carries (:func:`completes`), None when its values are free."""
+    return getattr(parser, COMPLETE, None)
 
 
 # ------------------------------------------------------------------ parsers (parse-time value checks)
@@ -61,13 +95,43 @@ def vllm_choice(flag: str) -> Callable[[str], str]:
             raise typer.BadParameter(str(e)) from None
 
     parse.__name__ = "vllm_choice"
-    return parse
+    return completes(lambda: [c for c in (flag_table().flags[flag].choices or []) if c != "None"])(parse)
 
 
+def _variant_names() -> list[str]:
+    return sorted({v for m in models().values() for v in m.variants})
+
+
+@completes(_variant_names)
 def variant_name(value: str) -> str:
     """A variant name some catalog model has (m3ctl/models/*.yaml: nvfp4, mxfp4, mxfp8, fp8, bf16...)."""
-    names = sorted({v for m in models().values() for v in m.variants})
-    return choice(*names)(value)
+    return choice(*_variant_names())(value)
+
+
+@completes(lambda: sorted({n for m in models().values() for n in (m.name, *m.aliases)}))
+def model_ref(value: str) -> str:
+    """A model: a catalog name, a hub id or a local directory (:func:`text`); completes the catalog's names (a path
+    completes as a file: no catalog name starts with ``/`` or ``.``)."""
+    return text(value)
+
+
+@completes(lambda: sorted(images()))
+def image_ref(value: str) -> str:
+    """An image: a catalog name, a reference or a local image (:func:`text`); completes the catalog's names."""
+    return text(value)
+
+
+@completes(lambda: api.system_names())
+def system_name(value: str) -> str:
+    """A catalog system (:func:`text`: the API checks the name and says what is close); completes every catalog
+    system at the GPU counts of one node (``h200x1``, ``h200x2``...)."""
+    return text(value)
+
+
+@completes(lambda: ["all", *api.system_names()], comma=True)
+def system_list(value: str) -> str:
+    """Catalog systems, comma-separated or ``all`` (:func:`text`; the API checks each name)."""
+    return text(value)
 
 
 def output_dir(path: Path, what: str) -> Path:
@@ -115,9 +179,10 @@ def choice(*values: str) -> Callable[[str], str]:
         return text
 
     parse.__name__ = "choice"
-    return parse
+    return completes(lambda: values)(parse)
 
 
+@completes(lambda: get_args(PlanRequest.model_fields["runtime"].annotation))
 def runtime(text: str) -> str:
     """A runtime PlanRequest accepts (process, docker, auto)."""
     return choice(*get_args(PlanRequest.model_fields["runtime"].annotation))(text)
@@ -187,7 +252,7 @@ Inventory = Annotated[
 System = Annotated[
     str | None,
     typer.Option(
-        parser=text,
+        parser=system_name,
         metavar="NAME",
         help="Evaluate a catalog system you don't have (h200x8, gb300x4, mi355xx8; xN sets the GPU count); nothing is probed.",
     ),
@@ -199,7 +264,7 @@ Model = Annotated[
     typer.Option(
         "--model",
         "-m",
-        parser=text,
+        parser=model_ref,
         help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory (default: $M3CTL_MODEL, the config file's, else MiniMax-M3.1-Flash).",
     ),
 ]
@@ -209,7 +274,7 @@ ServeModel = Annotated[
     typer.Option(
         "--model",
         "-m",
-        parser=text,
+        parser=model_ref,
         help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory (required: give it, or set $M3CTL_MODEL or the config file's model).",
     ),
 ]
@@ -218,7 +283,7 @@ TuneModel = Annotated[
     typer.Option(
         "--model",
         "-m",
-        parser=text,
+        parser=model_ref,
         help="Catalog model (MiniMax-M3.1-Flash), hub id, or local directory (required for a new study: give it, or set $M3CTL_MODEL or the config file's model).",
     ),
 ]

@@ -1,6 +1,6 @@
 """``m3ctl plan``: plan a launch (image, argv, env, every choice explained) or size catalog systems; start nothing."""
 
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -11,6 +11,16 @@ from m3ctl.cli.output import Output, escape
 from m3ctl.cli.render import print_plan
 from m3ctl.errors import EXIT_CONFIG_REJECTED, BadInput
 from m3ctl.planning.emit import FORMATS, render
+
+#: ``--list``: every variant x image x layout of the host with the planner's verdict (m3ctl.api.plan_list).
+ListAll = Annotated[
+    bool,
+    typer.Option(
+        "--list",
+        help="List every variant x image x layout for this host (or --system/--inventory), each runnable, runnable "
+        "with a named fallback, or refused with its rule; the one plan picks is marked. --json: every entry.",
+    ),
+]
 
 
 @o.options(o.PLAN_KNOBS, into="knobs")
@@ -32,7 +42,8 @@ def plan(
     image: Annotated[
         str | None,
         typer.Option(
-            parser=o.text, help="Container image (catalog name, reference or a local image); implies --runtime docker."
+            parser=o.image_ref,
+            help="Container image (catalog name, reference or a local image); implies --runtime docker.",
         ),
     ] = None,
     json_out: Annotated[
@@ -63,11 +74,12 @@ def plan(
         ),
     ] = None,
     api_key_env: o.ApiKeyEnv = None,
+    list_all: ListAll = False,
     systems: Annotated[
         list[str] | None,
         typer.Option(
             "--systems",
-            parser=o.text,
+            parser=o.system_list,
             metavar="NAMES",
             help="Sizing view: plan on these catalog systems (comma list or repeated; 'all' = every one) and print which serve the model at --max-model-len, how, with how much KV cache.",
         ),
@@ -79,22 +91,18 @@ def plan(
     """
 
     out = Output(json_out)
-    if emit and emit not in FORMATS:
-        raise BadInput(f"unknown --emit format {emit!r}", f"use one of: {', '.join(FORMATS)}")
-    if emit and json_out:
-        raise BadInput("--emit prints a file in its own format, not JSON", "drop --json or --emit")
-    if systems and (inventory or system or emit):  # --emit was dropped without a word
-        raise BadInput(
-            "--systems sizes catalog systems; it takes no --inventory, --system or --emit",
-            "drop one of them (--system NAME --emit FORMAT renders one system's launch)",
-        )
-    src = ctx.get_parameter_source("nodes")
-    given_nodes = getattr(src, "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")  # typer may bundle its own click
-    if given_nodes and emit not in ("lws", "ray"):  # it used to be ignored without a word
-        raise BadInput("--nodes applies to --emit lws or --emit ray", "add --emit lws (multi-node DP) or ray (TP x PP)")
-    if hf_cache_hostpath and emit not in ("k8s", "lws"):
-        raise BadInput("--hf-cache-hostpath applies to --emit k8s or --emit lws", "add --emit k8s or lws")
+    _check_combination(
+        ctx,
+        emit=emit,
+        json_out=json_out,
+        systems=systems,
+        host=bool(inventory or system),
+        list_all=list_all,
+        hf_cache_hostpath=hf_cache_hostpath,
+    )
     req = given_request(ctx)  # the options given; the API layers them over --config, M3CTL_* and the config file
+    if list_all:
+        return listing(out, api.plan_list(req, inventory=inventory, system=system, config=config))
     if systems:
         return sizing(out, api.plan_request(req, config=config), api.size_systems(systems, req, config=config))
     # a container form plans for the docker runtime unless a layer names one (as `serve`: auto otherwise)
@@ -113,6 +121,34 @@ def plan(
         out.result(p.summary())
     else:
         print_plan(out.con, p)
+
+
+def _check_combination(ctx: typer.Context, *, emit, json_out, systems, host, list_all, hf_cache_hostpath) -> None:
+    """Options that do not go together (``host``: --inventory or --system given), refused before any planning.
+
+    Raises:
+        BadInput: naming both options.
+    """
+    if emit and emit not in FORMATS:
+        raise BadInput(f"unknown --emit format {emit!r}", f"use one of: {', '.join(FORMATS)}")
+    if emit and json_out:
+        raise BadInput("--emit prints a file in its own format, not JSON", "drop --json or --emit")
+    if systems and (host or emit):  # --emit was dropped without a word
+        raise BadInput(
+            "--systems sizes catalog systems; it takes no --inventory, --system or --emit",
+            "drop one of them (--system NAME --emit FORMAT renders one system's launch)",
+        )
+    if list_all and (emit or systems):
+        raise BadInput(
+            "--list lists the launch choices of one host; it takes no --emit or --systems",
+            "drop --emit/--systems (--list --system NAME lists a catalog system's)",
+        )
+    src = ctx.get_parameter_source("nodes")
+    given_nodes = getattr(src, "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")  # typer may bundle its own click
+    if given_nodes and emit not in ("lws", "ray"):  # it used to be ignored without a word
+        raise BadInput("--nodes applies to --emit lws or --emit ray", "add --emit lws (multi-node DP) or ray (TP x PP)")
+    if hf_cache_hostpath and emit not in ("k8s", "lws"):
+        raise BadInput("--hf-cache-hostpath applies to --emit k8s or --emit lws", "add --emit k8s or lws")
 
 
 def sizing(out: Output, request, rows: list) -> None:
@@ -159,4 +195,77 @@ def sizing(out: Output, request, rows: list) -> None:
             if not r.serves:
                 out.con.print(f"  {r.system}: {escape(r.rule + ': ' if r.rule else '')}{escape(r.reason or '')}")
     if not any(r.serves for r in rows):
+        raise typer.Exit(EXIT_CONFIG_REJECTED)
+
+
+#: How ``plan --list`` shows an entry's status.
+_STATUS = {"runnable": "[green]runnable[/]", "fallback": "[yellow]fallback[/]", "refused": "[red]refused[/]"}
+
+
+def _groups(entries: list) -> list[tuple[Any, list[str]]]:
+    """The entries folded for the table: consecutive entries of one runtime, image and variant with the same
+    verdict (status, rule, fallbacks, opt-in) in one row listing their layouts; the chosen entry alone."""
+    rows: list[tuple[Any, list[str]]] = []
+    last = None
+    for e in entries:
+        key = (e.runtime, e.image, e.variant, e.status, e.rule, tuple(e.fallbacks), e.opt_in, e.chosen)
+        lay = e.layout.label if e.layout is not None else "every layout"
+        if key == last and not e.chosen:
+            rows[-1][1].append(lay)
+        else:
+            rows.append((e, [lay]))
+        last = key
+    return rows
+
+
+def _short(fallback: str) -> str:
+    """A fallback path's name (``nvfp4_gemm``, ``known-bad``): the whole line is printed once under the table."""
+    return fallback.split(":")[0]
+
+
+def listing(out: Output, pl) -> None:
+    """``plan --list``: :func:`m3ctl.api.plan_list`'s entries as a table (consecutive entries with one verdict
+    folded into one row), what plan picks, and each fallback and rule once; ``--json``: every entry (exit 3 when
+    none runs)."""
+
+    out.result(pl.model_dump())
+    if not out.json:
+        from rich.table import Table  # noqa: PLC0415
+
+        where = f"catalog system {pl.system}" if pl.system else "this host"
+        t = Table(
+            title=f"m3ctl plan --list: {escape(pl.model)} on {where} ({pl.gpus} x {pl.arch or 'no GPU'}, "
+            f"profile {pl.profile or 'none planned'})"
+        )
+        t.add_column("runtime / image", overflow="fold", ratio=3)
+        t.add_column("variant", no_wrap=True)
+        t.add_column("layouts", overflow="fold", ratio=4)
+        t.add_column("status", no_wrap=True)
+        t.add_column("fallback / rule", overflow="fold", ratio=4)
+        for e, lays in _groups(pl.entries):
+            if e.status == "refused":
+                reason = e.reason or ""
+                why = f"{e.rule}: " + (reason if len(reason) <= 70 else reason[:69] + "…")
+            else:
+                why = ", ".join(_short(f) for f in e.fallbacks) + (f" (needs {e.opt_in})" if e.opt_in else "")
+            t.add_row(
+                escape(e.runtime if e.image is None else e.image),
+                escape(e.variant or "(checkpoint)"),
+                escape(", ".join(lays)),
+                _STATUS[e.status]
+                + ((" [bold]<- plan[/]" if pl.plan.plans else " [bold]<- doctor[/]") if e.chosen else ""),
+                escape(why),
+            )
+        out.con.print(t)
+        for f in dict.fromkeys(f for e in pl.entries for f in e.fallbacks):
+            out.con.print(f"  fallback {escape(f)}")
+        p = pl.plan
+        if p.plans:
+            img = f" {p.image_ref}" if p.image_ref else ""
+            lay = p.layout.label if p.layout else ""
+            out.con.print(f"plan picks: {escape(p.variant or 'the checkpoint as is')} {lay}, {p.runtime}{escape(img)}")
+        else:
+            fix = f"; with {p.opt_in} it plans the entry marked (doctor's verdict)" if p.opt_in else ""
+            out.con.print(f"plan refuses the request: rule {escape(p.rule or '')}: {escape(p.reason or '')}{fix}")
+    if not pl.runnable():
         raise typer.Exit(EXIT_CONFIG_REJECTED)

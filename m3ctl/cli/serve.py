@@ -46,7 +46,8 @@ def serve(
         bool, typer.Option("--detach", "-d", help="Return once the server is ready; leave it running.")
     ] = False,
     image: Annotated[
-        str | None, typer.Option(parser=o.text, help="Container image for --runtime docker (default: the profile's).")
+        str | None,
+        typer.Option(parser=o.image_ref, help="Container image for --runtime docker (default: the profile's)."),
     ] = None,
     mount: Annotated[
         list[str] | None,
