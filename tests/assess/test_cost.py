@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import tarfile
+from pathlib import Path
+
 import pytest
 
 from m3ctl.assess.cost import (
@@ -161,3 +165,19 @@ def test_every_catalog_system_gpu_has_peaks():
     for name in system_names():
         inv = inventory_for_system(name)
         assert gpu_peak(inv.gpus[0].name) is not None, name
+
+
+def test_dummy_weights_route_to_far_fewer_experts_than_uniform_routing(tmp_path):
+    """The recorded H100 runs (docs/results/h100-spread.md; MiniMax-M2 shapes, 12 layers, FP8, dummy weights, c=64,
+    2,048 in): the median ITL, a decode-only step of 64 tokens, is far below the time uniform routing needs even at
+    100 % of the HBM peak (222 of 256 experts per layer read). docs/estimate.md draws the consequence."""
+    with tarfile.open(Path(__file__).parents[1] / "fixtures" / "h100-spread" / "runs.tgz") as t:
+        t.extractall(tmp_path, filter="data")
+    itl = [json.loads((tmp_path / "runs" / f"{r}.json").read_text())["median_itl_ms"] for r in ("c2-f2-a", "c2-f2-b")]
+    shape, _ = shape_of(_facts(), "fp8", 2.0)  # KV in BF16 (vLLM's auto)
+    c = step_cost(shape, Layout(1), Step(decode=64, context=2048 + 64))
+    uniform_ms = (c.weight_bytes + c.kv_bytes) / 3.35e12 * 1e3
+    assert uniform_ms == pytest.approx(13.8, abs=0.1)
+    assert max(itl) < 0.4 * uniform_ms, (itl, uniform_ms)  # measured about 5.1 ms
+    few = step_cost(Shape(**{**shape.__dict__, "experts": 8}), Layout(1), Step(decode=64, context=2048 + 64))
+    assert (few.weight_bytes + few.kv_bytes) / 3.35e12 * 1e3 < min(itl)  # one fixed set of 8 experts fits under it
