@@ -15,9 +15,11 @@ from dataclasses import dataclass
 
 from pydantic import BaseModel
 
+from m3ctl.assess.capability import kv_bytes_per_element
 from m3ctl.assess.cost import Eff, GpuPeak, Layout, Shape, Step, gpu_peak, peaks, step_cost, step_seconds
 from m3ctl.assess.facts import ModelFacts
 from m3ctl.errors import BadInput
+from m3ctl.planning.launchplan import LaunchPlan
 
 
 class Figure(BaseModel):
@@ -221,4 +223,38 @@ def estimate(
         dominant=dominant,
         assumptions=assumptions,
         **fig,
+    )
+
+
+def estimate_plan(plan: LaunchPlan, wl: Workload, price_per_gpu_hour: float | None = None) -> Estimate:
+    """:func:`estimate` for what ``plan`` launches: its checkpoint facts, variant precision, KV cache dtype, GPU,
+    TP/EP/DCP and speculation depth (acceptance length assumed anywhere from 1 to depth + 1, and named). ``wl``'s
+    concurrency is spread over the plan's DP replicas.
+
+    Raises:
+        BadInput: a plan without its planning context (loaded from JSON: plan it again), a host without GPUs, or as
+            :func:`estimate`.
+    """
+    ctx = plan.rule_context()
+    if ctx is None:
+        raise BadInput("a saved plan carries no checkpoint facts to estimate from", "run `m3ctl plan --estimate` again")
+    if not ctx.inventory.gpus:
+        raise BadInput("no GPU to estimate for on this host", "give --system NAME (e.g. h200x8) or --inventory FILE")
+    precision = (ctx.variant.precision if ctx.variant else None) or ctx.facts.precision or "bf16"
+    _, depth = ctx.speculation()
+    per_replica = Workload(
+        concurrency=max(1, -(-wl.concurrency // max(ctx.dp, 1))),
+        input_len=wl.input_len,
+        output_len=wl.output_len,
+        spec_depth=depth,
+        acceptance=(1.0, 1.0 + depth) if depth else (1.0, 1.0),
+    )
+    return estimate(
+        ctx.facts,
+        precision,
+        kv_bytes_per_element(ctx.kv_dtype),
+        ctx.inventory.gpus[0].name,
+        Layout(tp=ctx.tp, ep=ctx.ep, dcp=ctx.dcp),
+        per_replica,
+        price_per_gpu_hour,
     )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -22,9 +23,12 @@ from m3ctl.assess.cost import (
     step_seconds,
 )
 from m3ctl.assess.facts import ModelFacts
-from m3ctl.errors import BadInput
+from m3ctl.assess.request import PlanRequest
+from m3ctl.catalog import models
+from m3ctl.errors import BadInput, M3Error
 from m3ctl.hw.systems import inventory_for_system, system_names
-from m3ctl.planning.estimate import Workload, estimate, figures, shape_of
+from m3ctl.planning.estimate import Workload, estimate, estimate_plan, figures, shape_of
+from m3ctl.planning.plan import plan
 
 # A small GQA MoE: 2 layers, hidden 8, 2 heads of 4, 1 KV head, 4 experts top-2 of width 2, vocab 10.
 SMALL = Shape(
@@ -181,3 +185,23 @@ def test_dummy_weights_route_to_far_fewer_experts_than_uniform_routing(tmp_path)
     assert max(itl) < 0.4 * uniform_ms, (itl, uniform_ms)  # measured about 5.1 ms
     few = step_cost(Shape(**{**shape.__dict__, "experts": 8}), Layout(1), Step(decode=64, context=2048 + 64))
     assert (few.weight_bytes + few.kv_bytes) / 3.35e12 * 1e3 < min(itl)  # one fixed set of 8 experts fits under it
+
+
+def test_every_catalog_model_on_every_system_it_serves_gets_an_estimate_fast():
+    """``plan --estimate``'s core, offline: each catalog model x system the planner accepts gets ranges in order,
+    named assumptions, and the layout the plan chose; the whole matrix well under a second per estimate."""
+    done, t0 = 0, time.perf_counter()
+    for m in ("MiniMax-M3.1-Flash", "MiniMax-M2.5", "MiniMax-M3"):
+        assert m in {s.name for s in models().values()}
+        for name in ("h100x8", "h200x8", "b200x8", "gb300x4", "rubinx8", "mi355xx8", "mi300xx8"):
+            try:
+                p = plan(inventory_for_system(name), PlanRequest(model=m, runtime="process"))
+            except M3Error:
+                continue
+            e = estimate_plan(p, Workload(64, 4096, 512), price_per_gpu_hour=3.0)
+            assert (e.tp, e.dcp) == (p.tp, p.dcp) and e.gpu in name
+            assert e.tok_s_gpu.low <= e.tok_s_gpu.mid <= e.tok_s_gpu.high and e.tokens_per_dollar is not None
+            assert e.dominant and any(a.startswith("peaks of ") for a in e.assumptions)
+            done += 1
+    assert done >= 10
+    assert (time.perf_counter() - t0) / done < 1.0
