@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict, Field
 
 from m3ctl.assess.capability import kv_bytes_per_element
 from m3ctl.assess.cost import Eff, GpuPeak, Layout, Shape, Step, gpu_peak, peaks, step_cost, step_seconds
@@ -49,6 +49,20 @@ class Estimate(BaseModel):
     tokens_per_dollar: Figure | None = None
     dominant: str
     assumptions: list[str]
+
+
+class EstimateRequest(BaseModel):
+    """What ``plan --estimate`` estimates for (the CLI options derive from these fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+    concurrency: int = Field(
+        64, ge=1, le=1_000_000, description="Users in a closed loop (spread over the plan's DP replicas)."
+    )
+    input_len: int = Field(4096, ge=1, le=10_000_000, description="Prompt tokens per request.")
+    output_len: int = Field(512, ge=1, le=10_000_000, description="Generated tokens per request.")
+    price_per_gpu_hour: float | None = Field(
+        None, gt=0, le=10_000, description="USD per GPU-hour: adds total tokens per dollar."
+    )
 
 
 @dataclass(frozen=True)
@@ -226,10 +240,10 @@ def estimate(
     )
 
 
-def estimate_plan(plan: LaunchPlan, wl: Workload, price_per_gpu_hour: float | None = None) -> Estimate:
+def estimate_plan(plan: LaunchPlan, request: EstimateRequest) -> Estimate:
     """:func:`estimate` for what ``plan`` launches: its checkpoint facts, variant precision, KV cache dtype, GPU,
-    TP/EP/DCP and speculation depth (acceptance length assumed anywhere from 1 to depth + 1, and named). ``wl``'s
-    concurrency is spread over the plan's DP replicas.
+    TP/EP/DCP and speculation depth (acceptance length assumed anywhere from 1 to depth + 1, and named). The
+    request's concurrency is spread over the plan's DP replicas.
 
     Raises:
         BadInput: a plan without its planning context (loaded from JSON: plan it again), a host without GPUs, or as
@@ -243,9 +257,9 @@ def estimate_plan(plan: LaunchPlan, wl: Workload, price_per_gpu_hour: float | No
     precision = (ctx.variant.precision if ctx.variant else None) or ctx.facts.precision or "bf16"
     _, depth = ctx.speculation()
     per_replica = Workload(
-        concurrency=max(1, -(-wl.concurrency // max(ctx.dp, 1))),
-        input_len=wl.input_len,
-        output_len=wl.output_len,
+        concurrency=max(1, -(-request.concurrency // max(ctx.dp, 1))),
+        input_len=request.input_len,
+        output_len=request.output_len,
         spec_depth=depth,
         acceptance=(1.0, 1.0 + depth) if depth else (1.0, 1.0),
     )
@@ -256,5 +270,5 @@ def estimate_plan(plan: LaunchPlan, wl: Workload, price_per_gpu_hour: float | No
         ctx.inventory.gpus[0].name,
         Layout(tp=ctx.tp, ep=ctx.ep, dcp=ctx.dcp),
         per_replica,
-        price_per_gpu_hour,
+        request.price_per_gpu_hour,
     )

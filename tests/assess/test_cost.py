@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import m3ctl.api
 from m3ctl.assess.cost import (
     Cost,
     Eff,
@@ -26,8 +27,9 @@ from m3ctl.assess.facts import ModelFacts
 from m3ctl.assess.request import PlanRequest
 from m3ctl.catalog import models
 from m3ctl.errors import BadInput, M3Error
+from m3ctl.hw.inventory import HostInventory
 from m3ctl.hw.systems import inventory_for_system, system_names
-from m3ctl.planning.estimate import Workload, estimate, estimate_plan, figures, shape_of
+from m3ctl.planning.estimate import EstimateRequest, Workload, estimate, estimate_plan, figures, shape_of
 from m3ctl.planning.plan import plan
 
 # A small GQA MoE: 2 layers, hidden 8, 2 heads of 4, 1 KV head, 4 experts top-2 of width 2, vocab 10.
@@ -198,10 +200,19 @@ def test_every_catalog_model_on_every_system_it_serves_gets_an_estimate_fast():
                 p = plan(inventory_for_system(name), PlanRequest(model=m, runtime="process"))
             except M3Error:
                 continue
-            e = estimate_plan(p, Workload(64, 4096, 512), price_per_gpu_hour=3.0)
+            e = estimate_plan(p, EstimateRequest(price_per_gpu_hour=3.0))
             assert (e.tp, e.dcp) == (p.tp, p.dcp) and e.gpu in name
             assert e.tok_s_gpu.low <= e.tok_s_gpu.mid <= e.tok_s_gpu.high and e.tokens_per_dollar is not None
             assert e.dominant and any(a.startswith("peaks of ") for a in e.assumptions)
             done += 1
     assert done >= 10
     assert (time.perf_counter() - t0) / done < 1.0
+
+
+def test_the_api_estimates_a_catalog_system_and_refuses_bad_workloads_in_one_line(tiny_models):
+    e = m3ctl.api.estimate(model="MiniMax-M3.1-Flash", system="b200x8", workload={"concurrency": 8, "input_len": 1024})
+    assert e.gpu == "b200" and e.concurrency == 8 and e.input_len == 1024
+    with pytest.raises(BadInput, match="estimate concurrency: Input should be greater than or equal to 1"):
+        m3ctl.api.estimate(model="MiniMax-M3.1-Flash", system="b200x8", workload={"concurrency": 0})
+    with pytest.raises(BadInput, match="no GPU to estimate for"):
+        m3ctl.api.estimate(model=str(tiny_models["m2"]), inventory=HostInventory())
