@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:  # the verbs with their signatures, for type checkers (resolved lazily at run time: __getattr__)
     from m3ctl.api._bench import abench, bench, bench_error
     from m3ctl.api._doctor import doctor
+    from m3ctl.api._estimate import estimate
     from m3ctl.api._plan import (
         host_inventory,
         launch_command,
@@ -84,6 +85,7 @@ __all__ = [
     "bench",
     "bench_error",
     "doctor",
+    "estimate",
     "host_inventory",
     "interrupt_exit_code",
     "interruption",
@@ -115,6 +117,7 @@ __all__ = [
 _HOME = {
     **dict.fromkeys(("abench", "bench", "bench_error"), "m3ctl.api._bench"),
     "doctor": "m3ctl.api._doctor",
+    "estimate": "m3ctl.api._estimate",
     **dict.fromkeys(
         (
             "host_inventory",

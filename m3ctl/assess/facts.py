@@ -33,7 +33,8 @@ class ModelFacts(BaseModel):
         num_layers, num_attention_heads, num_kv_heads, head_dim: attention geometry.
         hidden_size: model width.
         num_experts, experts_per_tok (top-k), moe_intermediate_size (per-expert width), scoring_func: MoE facts.
-        msa_block_size: MiniMax Sparse Attention block (tokens); max_position_embeddings: context (tokens).
+        msa_block_size: MiniMax Sparse Attention block (tokens); max_position_embeddings: context (tokens);
+            vocab_size: rows of the embedding and LM head.
         sparse_attention_freq: per-layer MSA switch (``sparse_attention_config.sparse_attention_freq``: non-zero =
             that layer runs sparse attention; vLLM's MiniMax-M3 model reads it per layer); sparse_attention_config:
             the whole section as the checkpoint has it (None from the catalog).
@@ -71,6 +72,7 @@ class ModelFacts(BaseModel):
     sparse_attention_config: dict | None = None
     num_mtp_modules: int | None = None
     max_position_embeddings: int | None = None
+    vocab_size: int | None = None
     scoring_func: str | None = None
     weights_gib: float = 0.0
     weights_estimated: bool = False
@@ -219,6 +221,7 @@ def facts_from_config(cfg: dict, source: str, *, local: bool, model_dir: Path | 
         experts_per_tok=text.get("num_experts_per_tok") if experts else None,
         scoring_func=text.get("scoring_func"),
         max_position_embeddings=text.get("max_position_embeddings"),
+        vocab_size=text.get("vocab_size") or cfg.get("vocab_size"),
         weights_gib=weights / 2**30,
         weights_estimated=estimated and weights > 0,
         num_layers=text.get("num_hidden_layers"),
@@ -287,6 +290,7 @@ LOCAL_WINS = (
     "experts_per_tok",
     "moe_intermediate_size",
     "max_position_embeddings",
+    "vocab_size",
     "scoring_func",
     "msa_block_size",
 )

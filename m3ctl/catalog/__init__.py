@@ -226,6 +226,7 @@ class ModelFactsSpec(_Strict):
     moe_intermediate_size: int | None = None
     msa_block_size: int | None = None
     max_position_embeddings: int | None = None
+    vocab_size: int | None = None
 
 
 class ModelSpec(_Strict):

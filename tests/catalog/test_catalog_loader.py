@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 import m3ctl
 import m3ctl.assess.capability
+import m3ctl.assess.cost
 import m3ctl.assess.engine_models
 import m3ctl.assess.known_issues
 import m3ctl.catalog.startup

@@ -1,0 +1,274 @@
+"""How fast a planned layout serves a workload, before anything runs: decode tok/s per user, total tok/s per GPU,
+prefill time and tokens per dollar, each a range with the assumption that dominates it named.
+
+The step cost is m3ctl.assess.cost's; this module runs it at the workload's steady state and at the ends of every
+assumed range. Steady state of a closed loop of ``c`` users, ``input_len`` in / ``output_len`` out, speculation
+emitting ``al`` tokens per step (acceptance length, 1 without it): each step verifies ``c x (1 + depth)`` tokens,
+prefills ``c x input_len x al / output_len`` prompt tokens (each request lives ``output_len / al`` steps), and each
+sequence attends ``input_len + output_len / 2`` tokens on average. Then TPOT = step / al, tok/s per user = 1 / TPOT,
+output tok/s per replica = c / TPOT, total (input + output) tok/s per GPU = that x (in + out) / out / GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from m3ctl.assess.capability import kv_bytes_per_element
+from m3ctl.assess.cost import Eff, GpuPeak, Layout, Shape, Step, gpu_peak, peaks, step_cost, step_seconds
+from m3ctl.assess.facts import ModelFacts
+from m3ctl.errors import BadInput
+from m3ctl.planning.launchplan import LaunchPlan
+
+
+class Figure(BaseModel):
+    """A range: ``low`` and ``high`` at the ends of the assumptions, ``mid`` at their centres (same unit)."""
+
+    low: float
+    mid: float
+    high: float
+
+
+class Estimate(BaseModel):
+    """One estimate (units in the names). ``dominant``: the assumption whose range moves tok/s per GPU most;
+    ``assumptions``: every one that went in, each with its range or value and whether it was measured."""
+
+    gpu: str
+    gpus: int
+    tp: int
+    ep: bool
+    dcp: int
+    concurrency: int
+    input_len: int
+    output_len: int
+    tpot_ms: Figure
+    tok_s_user: Figure
+    tok_s_gpu: Figure
+    prefill_s: Figure
+    tokens_per_dollar: Figure | None = None
+    dominant: str
+    assumptions: list[str]
+
+
+class EstimateRequest(BaseModel):
+    """What ``plan --estimate`` estimates for (the CLI options derive from these fields)."""
+
+    model_config = ConfigDict(extra="forbid")
+    concurrency: int = Field(
+        64, ge=1, le=1_000_000, description="Users in a closed loop (spread over the plan's DP replicas)."
+    )
+    input_len: int = Field(4096, ge=1, le=10_000_000, description="Prompt tokens per request.")
+    output_len: int = Field(512, ge=1, le=10_000_000, description="Generated tokens per request.")
+    price_per_gpu_hour: float | None = Field(
+        None, gt=0, le=10_000, description="USD per GPU-hour: adds total tokens per dollar."
+    )
+
+
+@dataclass(frozen=True)
+class Workload:
+    """``concurrency`` users in a closed loop, ``input_len``/``output_len`` tokens; ``spec_depth`` drafted tokens per
+    step with acceptance length ``acceptance`` = (low, high) tokens emitted per step (1, 1 without speculation)."""
+
+    concurrency: int
+    input_len: int
+    output_len: int
+    spec_depth: int = 0
+    acceptance: tuple[float, float] = (1.0, 1.0)
+
+
+def shape_of(facts: ModelFacts, precision: str, kv_bytes: float) -> tuple[Shape, list[str]]:
+    """The cost model's shapes from a checkpoint's facts; the MSA geometry from its ``sparse_attention_config`` or
+    the table's assumed one (then named in the returned notes).
+
+    Raises:
+        BadInput: a fact the estimate needs is unknown (a model m3ctl has no facts for), or an unknown precision.
+    """
+    need = ("num_layers", "hidden_size", "num_attention_heads", "num_kv_heads", "head_dim", "vocab_size")
+    missing = [k for k in need if not getattr(facts, k)]
+    if missing:
+        raise BadInput(
+            f"no estimate for {facts.name or facts.source}: unknown {', '.join(missing)}",
+            "give a local checkpoint directory whose config.json states them",
+        )
+    w = peaks().weights
+    if precision not in w.bytes:
+        raise BadInput(f"no estimate for precision {precision!r}", f"one of: {', '.join(w.bytes)}")
+    notes: list[str] = []
+    msa = dict(layers=0, topk_blocks=0, index_heads=0, index_dim=0, block=facts.msa_block_size or 128)
+    if facts.attention == "msa":
+        cfg = facts.sparse_attention_config or {}
+        freq = facts.sparse_attention_freq or [1] * (facts.num_layers or 0)
+        msa["layers"] = sum(1 for x in freq[: facts.num_layers] if x)
+        if cfg.get("sparse_topk_blocks"):
+            msa["topk_blocks"] = int(cfg["sparse_topk_blocks"])
+            msa["index_heads"] = int(cfg.get("sparse_num_index_heads") or facts.num_kv_heads or 1)
+            msa["index_dim"] = int(cfg.get("sparse_index_dim") or facts.head_dim or 128)
+        else:
+            a = peaks().msa_assumed
+            msa["topk_blocks"], msa["index_heads"], msa["index_dim"] = (
+                a.topk_blocks,
+                facts.num_kv_heads or 1,
+                facts.head_dim or 128,
+            )
+            notes.append(f"MSA geometry assumed ({a.topk_blocks} selected blocks; no sparse_attention_config at hand)")
+    expert_b = w.bytes[precision]
+    dense_b = 2.0 if precision in w.experts_only else expert_b
+    shape = Shape(
+        layers=facts.num_layers or 0,
+        hidden=facts.hidden_size or 0,
+        heads=facts.num_attention_heads or 0,
+        kv_heads=facts.num_kv_heads or 0,
+        head_dim=facts.head_dim or 0,
+        experts=facts.num_experts or 0,
+        top_k=facts.experts_per_tok or 0,
+        expert_width=facts.moe_intermediate_size or 0,
+        vocab=facts.vocab_size or 0,
+        dense_bytes=dense_b,
+        expert_bytes=expert_b,
+        kv_bytes=kv_bytes,
+        msa_layers=msa["layers"],
+        block=msa["block"],
+        topk_blocks=msa["topk_blocks"],
+        index_heads=msa["index_heads"],
+        index_dim=msa["index_dim"],
+    )
+    if facts.assumed:
+        notes.append(f"model facts assumed ({', '.join(facts.assumed)}): the checkpoint's config.json replaces them")
+    return shape, notes
+
+
+def _steps(wl: Workload, al: float) -> tuple[Step, Step]:
+    """(the steady-state decode step, one request's prefill alone) for acceptance length ``al``."""
+    decode = Step(
+        decode=wl.concurrency * (1 + wl.spec_depth),
+        prefill=round(wl.concurrency * wl.input_len * al / max(wl.output_len, 1)),
+        context=wl.input_len + wl.output_len // 2,
+    )
+    return decode, Step(decode=0, prefill=wl.input_len, context=wl.input_len)
+
+
+#: The assumptions, in the order of a point: (name, unit scale to the model's units).
+_NAMES = (
+    "HBM efficiency",
+    "tensor-core efficiency",
+    "step overhead (ms)",
+    "all-reduce latency (us)",
+    "acceptance length",
+)
+
+
+def figures(shape: Shape, layout: Layout, gpu: GpuPeak, gemm: str, wl: Workload, point: tuple[float, ...]) -> dict:
+    """Every figure at one point of the assumptions, ``point`` in :data:`_NAMES` order (ms and us as named)."""
+    hbm, compute, overhead_ms, latency_us, al = point
+    eff = Eff(hbm, compute, overhead_ms / 1e3, latency_us / 1e6)
+    decode, prefill = _steps(wl, al)
+    tpot = step_seconds(step_cost(shape, layout, decode), gpu, gemm, eff) / al
+    out_tok_s = wl.concurrency / tpot
+    return {
+        "tpot_ms": tpot * 1e3,
+        "tok_s_user": 1.0 / tpot,
+        "tok_s_gpu": out_tok_s * (wl.input_len + wl.output_len) / max(wl.output_len, 1) / layout.tp,
+        "prefill_s": step_seconds(step_cost(shape, layout, prefill), gpu, gemm, eff),
+    }
+
+
+def estimate(
+    facts: ModelFacts,
+    precision: str,
+    kv_bytes: float,
+    gpu_name: str,
+    layout: Layout,
+    wl: Workload,
+    price_per_gpu_hour: float | None = None,
+) -> Estimate:
+    """The figures of ``wl`` on ``layout`` of ``gpu_name`` GPUs for this checkpoint (module docstring), as ranges.
+
+    Args:
+        facts: the checkpoint's facts (m3ctl.assess.facts); precision: the variant's (``nvfp4``, ``fp8``...);
+        kv_bytes: bytes per KV element (``--kv-cache-dtype``); gpu_name: as NVML/amdsmi reports it;
+        price_per_gpu_hour: USD per GPU-hour, for tokens per dollar (total tokens).
+
+    Raises:
+        BadInput: a GPU the peak table does not know, or facts the estimate needs are unknown.
+    """
+    found = gpu_peak(gpu_name)
+    if found is None:
+        raise BadInput(f"no performance data for GPU {gpu_name!r}", "m3ctl/data/gpu_peaks.yaml lists the GPUs it knows")
+    key, gpu = found
+    t = peaks()
+    shape, notes = shape_of(facts, precision, kv_bytes)
+    e = t.efficiency
+    ranges = [e.hbm, e.compute, e.step_overhead_ms, tuple(x for x in t.comm.all_reduce_latency_us), wl.acceptance]
+    best = (e.hbm[1], e.compute[1], e.step_overhead_ms[0], t.comm.all_reduce_latency_us[0], wl.acceptance[1])
+    worst = (e.hbm[0], e.compute[0], e.step_overhead_ms[1], t.comm.all_reduce_latency_us[1], wl.acceptance[0])
+    mid = tuple((lo + hi) / 2 for lo, hi in ranges)
+    gemm = t.weights.gemm[precision]
+    f_best, f_mid, f_worst = (figures(shape, layout, gpu, gemm, wl, p) for p in (best, mid, worst))
+    swing = []
+    for i, name in enumerate(_NAMES):
+        at_lo, at_hi = (tuple(r[j] if k == i else mid[k] for k, r in enumerate(ranges)) for j in (0, 1))
+        d = abs(
+            figures(shape, layout, gpu, gemm, wl, at_hi)["tok_s_gpu"]
+            - figures(shape, layout, gpu, gemm, wl, at_lo)["tok_s_gpu"]
+        )
+        swing.append((d, name, ranges[i]))
+    d, name, (lo, hi) = max(swing)
+    measured = "measured" if e.measured else "not measured on any GPU yet"
+    dominant = (
+        f"{name} {lo:g}-{hi:g} ({measured}): moves tok/s per GPU by {d / max(f_mid['tok_s_gpu'], 1e-9) * 100:.0f} %"
+    )
+    fig = {k: Figure(low=min(f_best[k], f_worst[k]), mid=f_mid[k], high=max(f_best[k], f_worst[k])) for k in f_mid}
+    per_dollar = None
+    if price_per_gpu_hour:
+        per_dollar = Figure(**{k: v * 3600 / price_per_gpu_hour for k, v in fig["tok_s_gpu"].model_dump().items()})
+    assumptions = [f"{n} {r[0]:g}-{r[1]:g}" for n, r in zip(_NAMES, ranges, strict=True)]
+    assumptions += [f"peaks of {key}: {gpu.source}", *(f"{key} {a}" for a in gpu.assumed), e.source.strip(), *notes]
+    return Estimate(
+        gpu=key,
+        gpus=layout.tp,
+        tp=layout.tp,
+        ep=layout.ep,
+        dcp=layout.dcp,
+        concurrency=wl.concurrency,
+        input_len=wl.input_len,
+        output_len=wl.output_len,
+        tokens_per_dollar=per_dollar,
+        dominant=dominant,
+        assumptions=assumptions,
+        **fig,
+    )
+
+
+def estimate_plan(plan: LaunchPlan, request: EstimateRequest) -> Estimate:
+    """:func:`estimate` for what ``plan`` launches: its checkpoint facts, variant precision, KV cache dtype, GPU,
+    TP/EP/DCP and speculation depth (acceptance length assumed anywhere from 1 to depth + 1, and named). The
+    request's concurrency is spread over the plan's DP replicas.
+
+    Raises:
+        BadInput: a plan without its planning context (loaded from JSON: plan it again), a host without GPUs, or as
+            :func:`estimate`.
+    """
+    ctx = plan.rule_context()
+    if ctx is None:
+        raise BadInput("a saved plan carries no checkpoint facts to estimate from", "run `m3ctl plan --estimate` again")
+    if not ctx.inventory.gpus:
+        raise BadInput("no GPU to estimate for on this host", "give --system NAME (e.g. h200x8) or --inventory FILE")
+    precision = (ctx.variant.precision if ctx.variant else None) or ctx.facts.precision or "bf16"
+    _, depth = ctx.speculation()
+    per_replica = Workload(
+        concurrency=max(1, -(-request.concurrency // max(ctx.dp, 1))),
+        input_len=request.input_len,
+        output_len=request.output_len,
+        spec_depth=depth,
+        acceptance=(1.0, 1.0 + depth) if depth else (1.0, 1.0),
+    )
+    return estimate(
+        ctx.facts,
+        precision,
+        kv_bytes_per_element(ctx.kv_dtype),
+        ctx.inventory.gpus[0].name,
+        Layout(tp=ctx.tp, ep=ctx.ep, dcp=ctx.dcp),
+        per_replica,
+        request.price_per_gpu_hour,
+    )
