@@ -55,6 +55,7 @@ if TYPE_CHECKING:  # the verbs with their signatures, for type checkers (resolve
     from m3ctl.core.signals import interruption, signal_name, signal_policy, signum_of
     from m3ctl.hw.inventory import GpuInfo, HostInventory
     from m3ctl.loadgen.config import BenchConfig
+    from m3ctl.planning.estimate import Estimate, EstimateRequest
     from m3ctl.planning.listing import PlanList
     from m3ctl.planning.plan import LaunchPlan
     from m3ctl.results import BenchResult, BenchSweep, BenchValidity, TuneBest, TuneReport
@@ -69,6 +70,8 @@ __all__ = [
     "BenchValidity",
     "CheckResult",
     "DoctorReport",
+    "Estimate",
+    "EstimateRequest",
     "GpuInfo",
     "HostInventory",
     "LaunchPlan",
@@ -118,6 +121,7 @@ _HOME = {
     **dict.fromkeys(("abench", "bench", "bench_error"), "m3ctl.api._bench"),
     "doctor": "m3ctl.api._doctor",
     "estimate": "m3ctl.api._estimate",
+    **dict.fromkeys(("Estimate", "EstimateRequest"), "m3ctl.planning.estimate"),
     **dict.fromkeys(
         (
             "host_inventory",

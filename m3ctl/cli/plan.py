@@ -6,6 +6,7 @@ import typer
 
 from m3ctl import api
 from m3ctl.cli import options as o
+from m3ctl.cli.estimate import show_estimate
 from m3ctl.cli.inputs import given_request
 from m3ctl.cli.output import Output, escape
 from m3ctl.cli.render import print_plan
@@ -23,6 +24,20 @@ ListAll = Annotated[
 ]
 
 
+#: ``--estimate``: how fast the planned launch serves a workload (m3ctl.api.estimate), options from its settings.
+Estimate = Annotated[
+    bool,
+    typer.Option(
+        "--estimate",
+        help="Estimate decode tok/s per user, total tok/s per GPU, TPOT, prefill time and tokens per USD of the "
+        "planned launch for --concurrency users of --input-len/--output-len tokens: ranges, with the assumption "
+        "that dominates each named. Offline, before anything runs.",
+    ),
+]
+ESTIMATE_OPTIONS, _ = o.declared_options(api.EstimateRequest)
+
+
+@o.options(ESTIMATE_OPTIONS, into="workload")
 @o.options(o.PLAN_KNOBS, into="knobs")
 def plan(
     ctx: typer.Context,
@@ -75,6 +90,8 @@ def plan(
     ] = None,
     api_key_env: o.ApiKeyEnv = None,
     list_all: ListAll = False,
+    estimate: Estimate = False,
+    workload: dict | None = None,
     systems: Annotated[
         list[str] | None,
         typer.Option(
@@ -99,8 +116,12 @@ def plan(
         host=bool(inventory or system),
         list_all=list_all,
         hf_cache_hostpath=hf_cache_hostpath,
+        estimate=estimate,
     )
     req = given_request(ctx)  # the options given; the API layers them over --config, M3CTL_* and the config file
+    if estimate:
+        wl = {k: v for k, v in (workload or {}).items() if v is not None}
+        return show_estimate(out, api.estimate(req, workload=wl, inventory=inventory, system=system, config=config))
     if list_all:
         return listing(out, api.plan_list(req, inventory=inventory, system=system, config=config))
     if systems:
@@ -123,7 +144,9 @@ def plan(
         print_plan(out.con, p)
 
 
-def _check_combination(ctx: typer.Context, *, emit, json_out, systems, host, list_all, hf_cache_hostpath) -> None:
+def _check_combination(
+    ctx: typer.Context, *, emit, json_out, systems, host, list_all, hf_cache_hostpath, estimate
+) -> None:
     """Options that do not go together (``host``: --inventory or --system given), refused before any planning.
 
     Raises:
@@ -143,12 +166,26 @@ def _check_combination(ctx: typer.Context, *, emit, json_out, systems, host, lis
             "--list lists the launch choices of one host; it takes no --emit or --systems",
             "drop --emit/--systems (--list --system NAME lists a catalog system's)",
         )
+    if estimate and (emit or systems or list_all):
+        raise BadInput(
+            "--estimate estimates the one launch plan picks; it takes no --emit, --systems or --list",
+            "drop them (--estimate --system NAME estimates a catalog system's launch)",
+        )
+    given = [n for n in ESTIMATE_OPTIONS if _given(ctx, n)]
+    if given and not estimate:
+        raise BadInput(f"--{given[0].replace('_', '-')} applies to --estimate", "add --estimate")
     src = ctx.get_parameter_source("nodes")
     given_nodes = getattr(src, "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")  # typer may bundle its own click
     if given_nodes and emit not in ("lws", "ray"):  # it used to be ignored without a word
         raise BadInput("--nodes applies to --emit lws or --emit ray", "add --emit lws (multi-node DP) or ray (TP x PP)")
     if hf_cache_hostpath and emit not in ("k8s", "lws"):
         raise BadInput("--hf-cache-hostpath applies to --emit k8s or --emit lws", "add --emit k8s or lws")
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """True when option ``name`` was given on the command line (not its default)."""
+    src = ctx.get_parameter_source(name)
+    return getattr(src, "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")  # typer may bundle its own click
 
 
 def sizing(out: Output, request, rows: list) -> None:

@@ -52,16 +52,36 @@ class Estimate(BaseModel):
 
 
 class EstimateRequest(BaseModel):
-    """What ``plan --estimate`` estimates for (the CLI options derive from these fields)."""
+    """What ``plan --estimate`` estimates for; each field declares its CLI option (m3ctl.cli.options)."""
 
     model_config = ConfigDict(extra="forbid")
     concurrency: int = Field(
-        64, ge=1, le=1_000_000, description="Users in a closed loop (spread over the plan's DP replicas)."
+        64,
+        ge=1,
+        le=1_000_000,
+        description="With --estimate: users in a closed loop (spread over the plan's DP replicas).",
+        json_schema_extra={"cli": {"metavar": "N"}},
     )
-    input_len: int = Field(4096, ge=1, le=10_000_000, description="Prompt tokens per request.")
-    output_len: int = Field(512, ge=1, le=10_000_000, description="Generated tokens per request.")
+    input_len: int = Field(
+        4096,
+        ge=1,
+        le=10_000_000,
+        description="With --estimate: prompt tokens per request.",
+        json_schema_extra={"cli": {"metavar": "TOKENS"}},
+    )
+    output_len: int = Field(
+        512,
+        ge=1,
+        le=10_000_000,
+        description="With --estimate: generated tokens per request.",
+        json_schema_extra={"cli": {"metavar": "TOKENS"}},
+    )
     price_per_gpu_hour: float | None = Field(
-        None, gt=0, le=10_000, description="USD per GPU-hour: adds total tokens per dollar."
+        None,
+        gt=0,
+        le=10_000,
+        description="With --estimate: USD per GPU-hour, for total tokens per dollar.",
+        json_schema_extra={"cli": {"metavar": "USD"}},
     )
 
 
@@ -111,7 +131,7 @@ def shape_of(facts: ModelFacts, precision: str, kv_bytes: float) -> tuple[Shape,
                 facts.num_kv_heads or 1,
                 facts.head_dim or 128,
             )
-            notes.append(f"MSA geometry assumed ({a.topk_blocks} selected blocks; no sparse_attention_config at hand)")
+            notes.append(f"MSA geometry: {a.topk_blocks} selected blocks (no sparse_attention_config at hand)")
     expert_b = w.bytes[precision]
     dense_b = 2.0 if precision in w.experts_only else expert_b
     shape = Shape(
@@ -134,7 +154,7 @@ def shape_of(facts: ModelFacts, precision: str, kv_bytes: float) -> tuple[Shape,
         index_dim=msa["index_dim"],
     )
     if facts.assumed:
-        notes.append(f"model facts assumed ({', '.join(facts.assumed)}): the checkpoint's config.json replaces them")
+        notes.append(f"model facts {', '.join(facts.assumed)}: the checkpoint's config.json replaces them")
     return shape, notes
 
 
@@ -222,7 +242,11 @@ def estimate(
     per_dollar = None
     if price_per_gpu_hour:
         per_dollar = Figure(**{k: v * 3600 / price_per_gpu_hour for k, v in fig["tok_s_gpu"].model_dump().items()})
-    assumptions = [f"{n} {r[0]:g}-{r[1]:g}" for n, r in zip(_NAMES, ranges, strict=True)]
+    assumptions = [
+        f"{n} {r[0]:g}-{r[1]:g}"
+        for n, r in zip(_NAMES, ranges, strict=True)
+        if n != "acceptance length" or wl.spec_depth
+    ]
     assumptions += [f"peaks of {key}: {gpu.source}", *(f"{key} {a}" for a in gpu.assumed), e.source.strip(), *notes]
     return Estimate(
         gpu=key,

@@ -154,7 +154,7 @@ def test_msa_without_its_config_names_the_assumed_geometry():
     shape, notes = shape_of(f, "nvfp4", 0.5625)
     assert shape.msa_layers == 12 and shape.topk_blocks == peaks().msa_assumed.topk_blocks
     assert shape.dense_bytes == 2.0 and shape.expert_bytes == pytest.approx(0.5625)  # NVFP4: experts only
-    assert any("MSA geometry assumed" in n for n in notes)
+    assert any(n.startswith("MSA geometry: ") for n in notes)
     cfg = {"sparse_topk_blocks": 8, "sparse_num_index_heads": 2, "sparse_index_dim": 64}
     shape, notes = shape_of(f.model_copy(update={"sparse_attention_config": cfg}), "nvfp4", 0.5625)
     assert (shape.topk_blocks, shape.index_heads, shape.index_dim) == (8, 2, 64) and not notes

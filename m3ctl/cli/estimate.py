@@ -1,0 +1,41 @@
+"""``m3ctl plan --estimate``'s view: the figures of :func:`m3ctl.api.estimate` as ranges, with what dominates them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from m3ctl.cli.output import Output, escape
+
+#: (field, label, format) of each figure, in the order shown.
+_ROWS = (
+    ("tok_s_user", "decode tok/s per user", "{:,.0f}"),
+    ("tok_s_gpu", "total tok/s per GPU", "{:,.0f}"),
+    ("tpot_ms", "TPOT (ms)", "{:,.1f}"),
+    ("prefill_s", "prefill of one prompt (s)", "{:,.3f}"),
+    ("tokens_per_dollar", "total tokens per USD", "{:,.0f}"),
+)
+
+
+def show_estimate(out: Output, e: Any) -> None:
+    """The estimate as a table (low, mid, high) under one line naming the layout and workload, then the dominant
+    assumption and every other one; ``--json``: the whole estimate."""
+    out.result(e.model_dump())
+    if out.json:
+        return
+    from rich.table import Table  # noqa: PLC0415 - rich's table only when a table is drawn
+
+    layout = f"TP{e.tp}" + (" EP" if e.ep else "") + (f" DCP{e.dcp}" if e.dcp > 1 else "")
+    t = Table(
+        title=f"m3ctl plan --estimate: {layout} on {e.gpu}, {e.concurrency} users per replica, "
+        f"{e.input_len:,} in / {e.output_len:,} out (an estimate before anything runs)"
+    )
+    for col in ("figure", "low", "mid", "high"):
+        t.add_column(col, no_wrap=True, justify="left" if col == "figure" else "right")
+    for key, label, fmt in _ROWS:
+        fig = getattr(e, key)
+        if fig is not None:
+            t.add_row(label, fmt.format(fig.low), fmt.format(fig.mid), fmt.format(fig.high))
+    out.con.print(t)
+    out.con.print(f"dominant assumption: {escape(e.dominant)}")
+    for a in e.assumptions:
+        out.con.print(f"  assumed: {escape(a)}", soft_wrap=True)

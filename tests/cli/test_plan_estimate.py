@@ -1,0 +1,37 @@
+"""``m3ctl plan --estimate``: the API's estimate through the CLI, its options derived from EstimateRequest."""
+
+from __future__ import annotations
+
+import json
+
+import m3ctl.api
+from tests.conftest import run_cli
+
+
+def test_plan_estimate_json_is_the_apis_estimate():
+    args = ["--system", "b200x8", "--estimate", "--concurrency", "16", "--input-len", "2048", "--output-len", "256"]
+    p = run_cli("plan", *args, "--price-per-gpu-hour", "4", "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    got = json.loads(p.stdout)
+    want = m3ctl.api.estimate(
+        system="b200x8",
+        workload={"concurrency": 16, "input_len": 2048, "output_len": 256, "price_per_gpu_hour": 4},
+    )
+    assert got == json.loads(want.model_dump_json())
+    assert got["gpu"] == "b200" and got["tokens_per_dollar"]["mid"] > 0 and "not measured" in got["dominant"]
+
+
+def test_plan_estimate_table_names_its_dominant_assumption():
+    p = run_cli("plan", "--system", "h200x8", "--estimate")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "decode tok/s per user" in p.stdout and "dominant assumption:" in p.stdout
+    assert "tokens per USD" not in p.stdout  # no price given
+
+
+def test_estimate_options_without_estimate_and_bad_combinations_are_one_line():
+    p = run_cli("plan", "--system", "h200x8", "--concurrency", "8")
+    assert p.returncode == 2 and "--concurrency applies to --estimate" in p.stderr and "Traceback" not in p.stderr
+    p = run_cli("plan", "--system", "h200x8", "--estimate", "--list")
+    assert p.returncode == 2 and "--estimate" in p.stderr and "Traceback" not in p.stderr
+    p = run_cli("plan", "--system", "h200x8", "--estimate", "--concurrency", "0")
+    assert p.returncode == 2 and "Traceback" not in p.stderr
