@@ -46,10 +46,12 @@ def _bound(
 ) -> dict[str, Any]:
     """The range of a number option: from ``lo`` (excluded when ``above``) to ``hi``; ``finite``: no infinity; ``what``
     the message's end (default: "a whole number from LO to HI" / "a whole number >= LO"); ``fmt`` how the value is
-    shown in it (``r``: repr, ``g``). None is always in range (the option's "not given")."""
-    if not what:
+    shown in it (``r``: repr, ``g``). None is always in range (the option's "not given"); a bound with the default
+    message takes a whole number only (``whole``: an int, not a bool)."""
+    whole = not what
+    if whole:
         what = f"a whole number from {lo:,} to {hi:,}" if hi is not None else f"a whole number >= {lo:,}"
-    return {"lo": lo, "hi": hi, "above": above, "finite": finite, "what": what, "fmt": fmt}
+    return {"lo": lo, "hi": hi, "above": above, "finite": finite, "what": what, "fmt": fmt, "whole": whole}
 
 
 def _opt(
@@ -283,8 +285,7 @@ def bound_error(name: str, value: Any) -> str | None:
     b = fact(name, "bound")
     if b is None or value is None:
         return None
-    whole = isinstance(b["lo"], int) and b["fmt"] == "r" and "whole number" in b["what"]
-    ok = isinstance(value, int | float) and not isinstance(value, bool) and (isinstance(value, int) or not whole)
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and (isinstance(value, int) or not b["whole"])
     if ok:
         ok = (value > b["lo"] if b["above"] else value >= b["lo"]) and (b["hi"] is None or value <= b["hi"])
         ok = ok and (not b["finite"] or math.isfinite(value))
