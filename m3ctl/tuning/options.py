@@ -146,6 +146,21 @@ class TuneOptions(BaseModel):
         resume=True,
         bound=_bound(0, what=">= 0", fmt="g"),
     )
+    prompts_per_concurrency: int = _opt(
+        4,
+        "Requests per run = this x concurrency, at least 8 (a run of fewer has no percentiles to speak of).",
+        cli={"max": None},  # the top is the study's check: its message names the requests of one bench run
+        saved="spec",
+        bound=_bound(1, MAX_PROMPTS),
+    )
+    baseline: bool = _opt(
+        True,
+        "Also measure vLLM's defaults (no tuned flags, smallest accepted TP) with the same bisection and SLO, once per study (with --resume: keep the saved choice unless given).",
+        cli={"decls": "--baseline/--no-baseline", "unset": True},
+        saved="spec",
+        resume=True,
+        spec_default=False,  # a tune.json written before the baseline existed: not measured then
+    )
     boundary_margin: float = _opt(
         0.10,
         "Capacity rule margin: a run within this fraction of an SLO limit (met or missed) is repeated; a level holds when the median of its runs meets the SLO and no run misses by more than this (docs/tune.md).",
@@ -172,14 +187,6 @@ class TuneOptions(BaseModel):
         cli={},
         bound=_bound(0, 32),
     )
-    baseline: bool = _opt(
-        True,
-        "Also measure vLLM's defaults (no tuned flags, smallest accepted TP) with the same bisection and SLO, once per study (with --resume: keep the saved choice unless given).",
-        cli={"decls": "--baseline/--no-baseline", "unset": True},
-        saved="spec",
-        resume=True,
-        spec_default=False,  # a tune.json written before the baseline existed: not measured then
-    )
     port: int | None = _opt(
         None,
         "API port of the trial servers (default: $M3CTL_PORT, the config file's, else 8000).",
@@ -202,13 +209,6 @@ class TuneOptions(BaseModel):
     )
     output_len: int = _opt(
         128, "Output tokens per request.", cli={}, saved="bench", bound=_bound(1, MAX_REQUEST_TOKENS)
-    )
-    prompts_per_concurrency: int = _opt(
-        4,
-        "Requests per run = this x concurrency, at least 8 (a run of fewer has no percentiles to speak of).",
-        cli={"max": None},  # the top is the study's check: its message names the requests of one bench run
-        saved="spec",
-        bound=_bound(1, MAX_PROMPTS),
     )
     prompt_text: Literal["fresh", "common"] = _opt(
         "fresh",
