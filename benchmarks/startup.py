@@ -2,15 +2,23 @@
 """Start-up time of ``m3ctl``: ``--help``, ``plan --system b200x8`` and ``tune --dry-run`` next to a bare
 interpreter (``python -c pass``) and ``python -c "import typer"`` (the floor of any Typer CLI).
 
-Each command runs ``--runs`` times in a fresh interpreter (this one, ``python -m m3ctl`` from this checkout),
-in an empty directory, with no ``M3CTL_*`` variable and an empty config directory, output discarded; the table
-gives min / median / max wall seconds and the least CPU seconds (user + system, steadier than wall time on a
-shared host). Targets (the issue "Each verb a package of stages"): ``--help`` <= 0.1 s, ``plan`` <= 0.3 s on the reference host; on a shared
-host read the minima. Nothing is asserted (this is no test).
+Each command runs ``--runs`` times in a fresh interpreter (this one, ``python -m m3ctl`` from the checkout), in an
+empty directory, with no ``M3CTL_*`` variable and an empty config directory, output discarded. The table gives,
+for wall and CPU seconds (user + system, steadier than wall time on a shared host), the median and the spread
+(min..max and the interquartile range). Targets (the issue "Each verb a package of stages"): ``--help`` <= 0.1 s,
+``plan`` <= 0.3 s on the reference host. Nothing is asserted (this is no test).
+
+Bytecode: by default the runs read compiled bytecode, as an installed m3ctl does (pip compiles it at install): it is
+written to a temporary ``PYTHONPYCACHEPREFIX`` by one unmeasured run of each command, whatever
+``PYTHONDONTWRITEBYTECODE`` says. ``--no-bytecode`` measures a checkout that recompiles every module on every run
+(``PYTHONDONTWRITEBYTECODE=1`` and no ``__pycache__``: about 0.15 s more for ``plan``).
+
+On a shared host compare only figures taken side by side: ``--compare OTHER_CHECKOUT`` runs each command of the
+two checkouts alternately (A, B, A, B...), so both see the same load.
 
 Usage (from the repo root, in the venv)::
 
-    python benchmarks/startup.py [--runs 7] [--repo ../other-checkout]
+    python benchmarks/startup.py [--runs 11] [--repo CHECKOUT] [--compare OTHER_CHECKOUT] [--only plan]
 """
 
 from __future__ import annotations
@@ -40,42 +48,78 @@ CASES = [
 ]
 
 
-def times(argv: list[str], runs: int, env: dict[str, str], cwd: str) -> tuple[list[float], list[float]]:
-    """Wall seconds and CPU seconds (user + system) of ``runs`` runs of ``python ARGV``.
+def one_run(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system) of one run of ``python ARGV``.
 
     Raises:
-        SystemExit: a run exits non-zero (its stderr is shown).
+        SystemExit: the run exits non-zero (its stderr is shown).
     """
-    wall, cpu = [], []
-    for _ in range(runs):
-        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, *argv], env=env, cwd=cwd, capture_output=True, text=True)
-        wall.append(time.perf_counter() - t0)
-        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        cpu.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
-        if p.returncode != 0:
-            raise SystemExit(f"{' '.join(argv)}: exit {p.returncode}\n{p.stderr}")
-    return wall, cpu
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    p = subprocess.run([sys.executable, *argv], env=env, cwd=cwd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if p.returncode != 0:
+        raise SystemExit(f"{' '.join(argv)}: exit {p.returncode}\n{p.stderr}")
+    return wall, r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
+
+
+def environment(repo: Path, tmp: Path, bytecode: bool) -> dict[str, str]:
+    """The runs' environment: ``repo`` first on the path, no ``M3CTL_*`` (one set makes every command check its name:
+    m3ctl.cli.app.warn_unknown_env), an empty config directory, and the bytecode mode (module docstring)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("M3CTL_")}
+    env.update(
+        PYTHONPATH=os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p),
+        XDG_CONFIG_HOME=str(tmp / "config"),
+    )
+    if bytecode:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+        env["PYTHONPYCACHEPREFIX"] = str(tmp / f"pycache-{abs(hash(str(repo)))}")
+    else:
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.pop("PYTHONPYCACHEPREFIX", None)
+    return env
+
+
+def spread(xs: list[float]) -> str:
+    """``median  min..max  IQR`` of ``xs``."""
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return f"{statistics.median(xs):6.3f}  {min(xs):5.3f}..{max(xs):5.3f}  {q[2] - q[0]:5.3f}"
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=7, help="runs per command (default 7)")
+    ap.add_argument("--runs", type=int, default=11, help="measured runs per command and checkout (default 11)")
     ap.add_argument("--repo", type=Path, default=REPO, help="the checkout whose m3ctl runs (default: this one)")
+    ap.add_argument("--compare", type=Path, help="a second checkout, run alternately with --repo")
+    ap.add_argument("--only", default="", help="run only the commands whose label contains this text")
+    ap.add_argument("--no-bytecode", action="store_true", help="recompile every module on every run")
     args = ap.parse_args()
-    runs, repo = args.runs, args.repo.resolve()
-    with tempfile.TemporaryDirectory() as tmp:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("M3CTL_")}
-        env.update(
-            PYTHONPATH=os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p),
-            XDG_CONFIG_HOME=str(Path(tmp) / "config"),
-        )  # no M3CTL_* at all: one set makes every command check its name (m3ctl.cli.app.warn_unknown_env)
-        print(f"{repo}: {runs} runs each, wall seconds ({sys.executable}, load average {os.getloadavg()[0]:.2f})")
-        print(f"{'command':66} {'min':>6} {'median':>6} {'max':>6}  {'cpu min':>7}")
-        for label, argv in CASES:
-            ts, cpu = times(argv, runs, env, tmp)
-            print(f"{label:66} {min(ts):6.3f} {statistics.median(ts):6.3f} {max(ts):6.3f}  {min(cpu):7.3f}", flush=True)
+    repos = [args.repo.resolve(), *([args.compare.resolve()] if args.compare else [])]
+    cases = [(label, argv) for label, argv in CASES if args.only in label]
+    with tempfile.TemporaryDirectory() as tmp_s:
+        tmp = Path(tmp_s)
+        envs = [environment(r, tmp, not args.no_bytecode) for r in repos]
+        mode = "recompiled every run" if args.no_bytecode else "bytecode cached, as installed"
+        print(f"{args.runs} runs each, {mode} ({sys.executable}, load average {os.getloadavg()[0]:.2f})")
+        for i, r in enumerate(repos):
+            print(f"  [{'AB'[i]}] {r}")
+        print(f"{'command':66} {'':3} {'wall median  min..max  IQR':>28}   {'cpu median  min..max  IQR':>28}")
+        for label, argv in cases:
+            if not args.no_bytecode:
+                for env in envs:  # writes the bytecode; not measured
+                    one_run(argv, env, tmp_s)
+            wall: list[list[float]] = [[] for _ in repos]
+            cpu: list[list[float]] = [[] for _ in repos]
+            for _ in range(args.runs):
+                for i, env in enumerate(envs):  # side by side: both checkouts see the same load
+                    w, c = one_run(argv, env, tmp_s)
+                    wall[i].append(w)
+                    cpu[i].append(c)
+            for i in range(len(repos)):
+                tag = f"[{'AB'[i]}]" if len(repos) > 1 else ""
+                print(f"{label:66} {tag:3} {spread(wall[i]):>28}   {spread(cpu[i]):>28}", flush=True)
+        print(f"load average after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

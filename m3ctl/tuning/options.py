@@ -5,37 +5,72 @@ the command line so that only a given value counts), ``type``/``show`` for a com
 ``m3ctl tune`` option), ``saved`` (where ``tune.json`` keeps it: ``spec``, the search's settings read by
 :class:`TuneSpec`; ``bench``, the options of every measurement; ``top``; ``plan_base``; none: it shapes the space
 only; ``key``: its name there when it differs; ``omit_default``: left out at its default, as older studies saved
-it) and ``resume`` (``--resume`` takes it again; the others are the saved study's).
+it; ``spec_default``: what a ``spec`` saved before the field existed means, where it is not the default) and
+``resume`` (``--resume`` takes it again; the others are the saved study's); ``bound`` (:func:`_bound`): the range a
+value must be in, checked by :func:`check_bounds` for the API and the CLI alike and, as the option's ``min``/``max``,
+at parse time.
 
 Derived from it: ``m3ctl tune``'s options (m3ctl.cli.options.declared_options), ``m3ctl.api.tune(model,
 options=None, **overrides)`` (an override is a field, checked against its type), a new study's saved settings
-(m3ctl.tuning.settings.new_settings: :func:`saved_fields`) and :data:`RESUME_OPTIONS`. A new knob is one field
-here (plus its use where it acts). Values are checked by the study (m3ctl.tuning.settings.check_options: one
-BadInput line naming the option), so this model declares no ranges: it imports nothing but pydantic and the
-request-size constant the CLI bounds are written in.
+(m3ctl.tuning.settings.new_settings: :func:`saved_fields`), the search's view :class:`TuneSpec` (its saved
+fields are the ``spec`` ones) and :data:`RESUME_OPTIONS`. A new knob is one field here (plus its use where it acts).
+Values are checked by the study (m3ctl.tuning.settings.check_options: one BadInput line naming the option, the
+ranges from the fields' ``bound``), not by pydantic, whose messages are not the study's.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from m3ctl.errors import plain_text
+from m3ctl.errors import BadInput, plain_text
 from m3ctl.loadgen import MAX_REQUEST_TOKENS
+from m3ctl.loadgen.config import MAX_PROMPTS
 
 #: Version of the :class:`TuneOptions` schema.
 SCHEMA_VERSION: Final = 1
 
 
+def _bound(
+    lo: float,
+    hi: float | None = None,
+    *,
+    above: bool = False,
+    finite: bool = False,
+    what: str = "",
+    fmt: str = "r",
+) -> dict[str, Any]:
+    """The range of a number option: from ``lo`` (excluded when ``above``) to ``hi``; ``finite``: no infinity; ``what``
+    the message's end (default: "a whole number from LO to HI" / "a whole number >= LO"); ``fmt`` how the value is
+    shown in it (``r``: repr, ``g``). None is always in range (the option's "not given"); a bound with the default
+    message takes a whole number only (``whole``: an int, not a bool)."""
+    whole = not what
+    if whole:
+        what = f"a whole number from {lo:,} to {hi:,}" if hi is not None else f"a whole number >= {lo:,}"
+    return {"lo": lo, "hi": hi, "above": above, "finite": finite, "what": what, "fmt": fmt, "whole": whole}
+
+
 def _opt(
-    default: Any = None, help: str = "", *, cli: dict[str, Any] | None = None, saved: str = "", **more: Any
+    default: Any = None,
+    help: str = "",
+    *,
+    cli: dict[str, Any] | None = None,
+    saved: str = "",
+    bound: dict[str, Any] | None = None,
+    **more: Any,
 ) -> Any:
     """A TuneOptions field: ``default`` (a list or dict: a fresh copy each time), ``help``, its ``cli`` spelling
-    (None: not a CLI option), where ``tune.json`` keeps it (``saved``) and any other fact (``resume=True``)."""
+    (None: not a CLI option), where ``tune.json`` keeps it (``saved``), its range (``bound``: :func:`_bound`; also the
+    CLI option's ``min``/``max`` unless a parser checks it) and any other fact (``resume=True``)."""
     extra: dict[str, Any] = {"saved": saved, **more}
+    if bound is not None:
+        extra["bound"] = bound
+        if cli is not None and "parser" not in cli and not bound["above"]:
+            cli = {"min": bound["lo"], **({"max": bound["hi"]} if bound["hi"] is not None else {}), **cli}
     if cli is not None:
         extra["cli"] = cli
     if isinstance(default, list | dict):
@@ -66,6 +101,7 @@ class TuneOptions(BaseModel):
         "GPU price (USD per GPU-hour) for USD per million tokens and tokens per USD.",
         cli={"parser": "positive_float", "metavar": "USD"},
         saved="spec bench",
+        bound=_bound(0, above=True, finite=True, what="USD > 0"),
     )
     knobs: list[str] = _opt(
         [],
@@ -81,9 +117,11 @@ class TuneOptions(BaseModel):
     max_trials: int | None = _opt(
         None,
         "Budget: server starts (rejected configurations cost none; 0: none, e.g. to rewrite the outputs of a resumed study); default 12.",
-        cli={"min": 0},
+        cli={},
         saved="spec",
         resume=True,
+        spec_default=12,  # a new study's default budget (m3ctl.tuning.settings.new_settings)
+        bound=_bound(0, what=">= 0", fmt="g"),
     )
     time_budget_s: float | None = _opt(
         None,
@@ -91,31 +129,51 @@ class TuneOptions(BaseModel):
         cli={"name": "time_budget", "decls": "--time-budget", "parser": "positive_float", "metavar": "SECONDS"},
         saved="spec",
         resume=True,
+        bound=_bound(0, above=True, what="> 0 seconds", fmt="g"),
     )
     seed: int = _opt(
         0,
         "Sampler and workload seed, 0 to 2**32-1 (optuna's sampler seeds numpy's RandomState, which takes that range: https://numpy.org/doc/stable/reference/random/legacy.html).",
-        cli={"min": 0, "max": 2**32 - 1},
+        cli={},
         saved="spec bench",
+        bound=_bound(0, 2**32 - 1),
     )
     confirm_top: int = _opt(
         2,
         "Successive halving: re-measure the best N on a fresh server (with --resume it replaces the saved value, e.g. 0 while a study is spread over several sessions, then 1 for the last).",
-        cli={"min": 0, "unset": True},
+        cli={"unset": True},
         saved="spec",
         resume=True,
+        bound=_bound(0, what=">= 0", fmt="g"),
+    )
+    prompts_per_concurrency: int = _opt(
+        4,
+        "Requests per run = this x concurrency, at least 8 (a run of fewer has no percentiles to speak of).",
+        cli={"max": None},  # the top is the study's check: its message names the requests of one bench run
+        saved="spec",
+        bound=_bound(1, MAX_PROMPTS),
+    )
+    baseline: bool = _opt(
+        True,
+        "Also measure vLLM's defaults (no tuned flags, smallest accepted TP) with the same bisection and SLO, once per study (with --resume: keep the saved choice unless given).",
+        cli={"decls": "--baseline/--no-baseline", "unset": True},
+        saved="spec",
+        resume=True,
+        spec_default=False,  # a tune.json written before the baseline existed: not measured then
     )
     boundary_margin: float = _opt(
         0.10,
         "Capacity rule margin: a run within this fraction of an SLO limit (met or missed) is repeated; a level holds when the median of its runs meets the SLO and no run misses by more than this (docs/tune.md).",
-        cli={"min": 0.0, "max": 1.0},
+        cli={},
         saved="spec",
+        bound=_bound(0.0, 1.0, what="a fraction from 0 to 1"),
     )
     boundary_repeats: int = _opt(
         2,
         "A level near the SLO limit takes this many more runs, on the same server with fresh prompts, unless decided sooner (0: one run per level).",
-        cli={"min": 0},
+        cli={},
         saved="spec",
+        bound=_bound(0),
     )
     fast_starts: bool = _opt(
         True,
@@ -126,20 +184,15 @@ class TuneOptions(BaseModel):
     max_spec_depth: int = _opt(
         4,
         "Largest speculation depth searched (at most 32: every depth from 0 is a candidate).",
-        cli={"min": 0, "max": 32},
-    )
-    baseline: bool = _opt(
-        True,
-        "Also measure vLLM's defaults (no tuned flags, smallest accepted TP) with the same bisection and SLO, once per study (with --resume: keep the saved choice unless given).",
-        cli={"decls": "--baseline/--no-baseline", "unset": True},
-        saved="spec",
-        resume=True,
+        cli={},
+        bound=_bound(0, 32),
     )
     port: int | None = _opt(
         None,
         "API port of the trial servers (default: $M3CTL_PORT, the config file's, else 8000).",
-        cli={"min": 1, "max": 65535},
+        cli={},
         saved="top",
+        bound=_bound(1, 65535),
     )
     workload: str = _opt(
         "random",
@@ -150,15 +203,12 @@ class TuneOptions(BaseModel):
     input_len: int = _opt(
         128,
         "Input tokens per request (prefix-repetition: suffix; agentic: first user turn).",
-        cli={"min": 1, "max": MAX_REQUEST_TOKENS},
+        cli={},
         saved="bench",
+        bound=_bound(1, MAX_REQUEST_TOKENS),
     )
-    output_len: int = _opt(128, "Output tokens per request.", cli={"min": 1, "max": MAX_REQUEST_TOKENS}, saved="bench")
-    prompts_per_concurrency: int = _opt(
-        4,
-        "Requests per run = this x concurrency, at least 8 (a run of fewer has no percentiles to speak of).",
-        cli={"min": 1},
-        saved="spec",
+    output_len: int = _opt(
+        128, "Output tokens per request.", cli={}, saved="bench", bound=_bound(1, MAX_REQUEST_TOKENS)
     )
     prompt_text: Literal["fresh", "common"] = _opt(
         "fresh",
@@ -220,47 +270,106 @@ def default(name: str):
     return f.get_default(call_default_factory=True)
 
 
-DEFAULT_LADDER = [1, 2, 4, 8, 16, 32, 64]
+def option_flag(name: str) -> str:
+    """How ``m3ctl tune`` spells the option ``name`` (``--time-budget`` for ``time_budget_s``)."""
+    cli = fact(name, "cli") or {}
+    decls = cli.get("decls")
+    if isinstance(decls, str) and decls.startswith("--"):
+        return decls.split("/", 1)[0]
+    return "--" + str(cli.get("name", name)).replace("_", "-")
+
+
+def bound_error(name: str, value: Any) -> str | None:
+    """Why ``value`` is out of the option ``name``'s range (its ``bound``), as the error says it; None when it is in
+    range, None (not given) or the option has no range. A whole-number option takes an int, not a bool."""
+    b = fact(name, "bound")
+    if b is None or value is None:
+        return None
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and (isinstance(value, int) or not b["whole"])
+    if ok:
+        ok = (value > b["lo"] if b["above"] else value >= b["lo"]) and (b["hi"] is None or value <= b["hi"])
+        ok = ok and (not b["finite"] or math.isfinite(value))
+    if ok:
+        return None
+    shown = format(value, b["fmt"]) if b["fmt"] != "r" and isinstance(value, int | float) else repr(value)
+    return f"{option_flag(name)} {shown} must be {b['what']}"
+
+
+def check_bounds(values: dict[str, Any]) -> None:
+    """Check the options of ``values`` (``{field: value}``) against their fields' ranges, in field order.
+
+    Raises:
+        BadInput: the first option out of range, one line naming it (``--input-len 0 must be a whole number from 1
+            to 10,000,000``).
+    """
+    for name in TuneOptions.model_fields:
+        if name in values and (why := bound_error(name, values[name])) is not None:
+            raise BadInput(why, "see `m3ctl tune --help`")
+
+
+DEFAULT_LADDER = default("ladder")
+
+
+def spec_default(name: str) -> Any:
+    """The value of the ``spec`` option ``name`` in a ``tune.json`` that lacks it (its fact ``spec_default``, else
+    the option's default)."""
+    return fact(name, "spec_default", default(name))
 
 
 @dataclass
-class TuneSpec:
-    """The search's view of a study: the ``spec`` of ``tune.json`` (the options saved there, :func:`saved_fields`
-    ("spec"), whose defaults are :class:`TuneOptions`' except where a ``tune.json`` written before a field existed
-    means otherwise: ``baseline`` off (not measured then) and ``max_trials`` 12, a new study's default budget), plus
-    the search's own settings below. Reused by ``--resume``; fields added later have defaults, so an older
-    ``tune.json`` still loads.
+class SearchSettings:
+    """The search's own settings, which no option sets (:class:`TuneSpec` adds the options saved in its ``spec``).
 
-    Units: time in seconds, ``usd_per_gpu_hour`` in USD. ``prompts_per_concurrency`` x concurrency
-    requests per search run (at least ``min_prompts``); confirmation runs use ``confirm_factor`` times more.
-    ``local_first``: complete-poll pattern search around the incumbent before TPE. ``warm_start``: start each
-    configuration's concurrency search at its nearest measured neighbour's SLO-meeting concurrency.
-    ``patience``: stop after this many global (TPE) starts in a row without improvement once the local poll
-    is complete (None: never). ``baseline``: also measure vLLM's defaults (see the module docstring).
-    ``boundary_margin`` (fraction of the limit) and ``boundary_repeats`` (extra runs, 0: never repeat): the
-    capacity rule's margin and ``min_repeats - 1`` (m3ctl.loadgen.capacity.CapacityRule.from_spec; module
-    docstring, step 2; :func:`measure_level`).
+    ``prompts_per_concurrency`` x concurrency requests per search run (at least ``min_prompts``); confirmation runs
+    use ``confirm_factor`` times more. ``local_first``: complete-poll pattern search around the incumbent before
+    TPE. ``warm_start``: start each configuration's concurrency search at its nearest measured neighbour's
+    SLO-meeting concurrency. ``patience``: stop after this many global (TPE) starts in a row without improvement
+    once the local poll is complete (None: never).
     """
 
-    slo: str = default("slo")
-    objective: str = default("objective")
-    usd_per_gpu_hour: float | None = default("usd_per_gpu_hour")
-    ladder: list[int] = field(default_factory=lambda: default("ladder"))
-    max_trials: int = 12
-    time_budget_s: float | None = default("time_budget_s")
-    seed: int = default("seed")
-    confirm_top: int = default("confirm_top")
     confirm_factor: float = 2.0
-    prompts_per_concurrency: int = default("prompts_per_concurrency")
     min_prompts: int = 8
     n_startup_trials: int | None = None
     local_first: bool = True
     warm_start: bool = True
     patience: int | None = 3
-    baseline: bool = False
-    boundary_margin: float = default("boundary_margin")
-    boundary_repeats: int = default("boundary_repeats")
     #: The largest run-to-run spread the study has measured (m3ctl.loadgen.capacity.run_spread of each repeated
     #: level, a fraction of the limit): kept up to date by :func:`measure_level` and recomputed from the saved
     #: runs on resume. One run decides a level only with more headroom than this (CapacityRule.one_run_margin).
     observed_spread: float = 0.0
+
+    if TYPE_CHECKING:  # the saved options (TuneSpec's other fields) are derived from TuneOptions at run time
+
+        def __init__(self, **options: Any) -> None: ...
+
+        def __getattr__(self, name: str) -> Any: ...
+
+
+def _spec_field(name: str) -> tuple[str, Any, Any]:
+    d = spec_default(name)
+    if isinstance(d, list | dict):
+        return name, TuneOptions.model_fields[name].annotation, field(default_factory=lambda: type(d)(d))
+    return name, TuneOptions.model_fields[name].annotation, field(default=d)
+
+
+_SPEC_DOC = """The search's view of a study: the ``spec`` of ``tune.json``, that is the options saved there
+(:func:`saved_fields` ("spec"), each field's type and default from :class:`TuneOptions`, except where a ``tune.json``
+written before a field existed means otherwise: the field's ``spec_default``, ``baseline`` off (not measured then)
+and ``max_trials`` 12, a new study's default budget), plus the search's own settings (:class:`SearchSettings`).
+Reused by ``--resume``; fields added later have defaults, so an older ``tune.json`` still loads.
+
+Units: time in seconds, ``usd_per_gpu_hour`` in USD. ``boundary_margin`` (fraction of the limit) and
+``boundary_repeats`` (extra runs, 0: never repeat): the capacity rule's margin and ``min_repeats - 1``
+(m3ctl.loadgen.capacity.CapacityRule.from_spec; :func:`m3ctl.tuning.measure.measure_level`).
+"""
+
+if TYPE_CHECKING:
+    TuneSpec = SearchSettings
+else:
+    #: The search's settings: :class:`SearchSettings` plus every option saved in ``spec`` (derived, in field order).
+    TuneSpec = make_dataclass(
+        "TuneSpec",
+        [_spec_field(n) for n in saved_fields("spec")],
+        bases=(SearchSettings,),
+        namespace={"__doc__": _SPEC_DOC, "__module__": __name__},
+    )

@@ -57,14 +57,17 @@ class TrialPlans:
         self.current: str | None = None
         self.trial_dir: Path | None = None
         self.suffix = ""  # start_suffix of the current start's records
-        self._gpus: dict[str, int] = {}  # gpus_needed per configuration key
+        #: the plan (or the rejection) of each configuration, planned once (:meth:`_planned`): shared by the slot
+        #: copies (ServerEvaluator.for_slot), whose port and pinned GPUs are part of the key
+        self._plans: dict[tuple[str, int, tuple[int, ...]], Any] = {}
         #: the study's start measures (m3ctl.tuning.startup): one compile cache per study and model, CUDA-graph
         #: capture bounded by the ladder. Off: every trial starts as `m3ctl serve` would.
         self.fast_starts = fast_starts
         self.cache_root = startup.study_cache_root(self.dir, model)
 
     def plan(self, cand: dict[str, Any], name: str | None = None):
-
+        """``cand`` planned for this host with the study's base options: a new plan on every call (named ``name``,
+        default ``{prefix}-check``). Raises ConfigRejected when a rule rejects it."""
         base = dict(self.plan_base)
         prof = base.pop("profile", None)
         # trials start here: this machine's vLLM, also for a catalog system's inventory (whose plan names none)
@@ -79,12 +82,31 @@ class TrialPlans:
         req.profile = prof
         return plan(self.inv, req)
 
+    def _planned(self, cand: dict[str, Any], name: str | None = None):
+        """:meth:`plan`, once per configuration: the first plan of ``cand`` (or its rejection, raised again) answers
+        every question that does not depend on the deployment name (GPUs, keys, the start measures); a plan under
+        another ``name`` (a trial's, which enters the served names of its command line) is made anew. Planning is
+        a function of the inventory and the request, so a stored answer stays right for the study."""
+        key = (key_of(cand), self.port, tuple(self.plan_base.get("gpus") or ()))
+        got = self._plans.get(key)
+        if isinstance(got, ConfigRejected):
+            raise got
+        if got is not None and (name is None or got.name == name):
+            return got
+        try:
+            p = self.plan(cand, name=name)
+        except ConfigRejected as e:
+            self._plans.setdefault(key, e)
+            raise
+        self._plans.setdefault(key, p)
+        return p
+
     def trial_plan(self, cand: dict[str, Any], trial: int | str):
         """The plan a trial server runs: named ``{prefix}-t{trial}``, plus the measurement-only flags.
 
         Measuring servers log every in-service kernel JIT compile (ServerSession.measure repeats spoiled runs);
         the flag is for measurement only: the tuned command and profile.yaml come from plan() without it."""
-        p = self.plan(cand, name=f"{self.prefix}-t{trial}")
+        p = self._planned(cand, name=f"{self.prefix}-t{trial}")
         extra = [a for a in jit_measure_args() if a not in p.argv]
         update: dict[str, Any] = {"argv": [*p.argv, *extra]} if extra else {}
         if self.fast_starts:
@@ -95,7 +117,7 @@ class TrialPlans:
         """The start measures of ``cand``'s trial server in words (for ``--dry-run``)."""
         if not self.fast_starts:
             return "off (--no-fast-starts): every trial starts as `m3ctl serve` would"
-        p = self.plan(cand)
+        p = self._planned(cand)
         _, note = self._capture_bound(p, p.argv)
         inherited: dict[str, str] | None = {} if p.runtime == "docker" else None
         fork = startup.engine_process_env(p.env, inherited)
@@ -130,14 +152,14 @@ class TrialPlans:
         return out
 
     def check(self, cand: dict[str, Any]):
-        return self.plan(cand)
+        return self._planned(cand)
 
     def server_key(self, cand: dict[str, Any]) -> str:
         """What the server of ``cand`` would effectively run, as a comparable string: its vLLM arguments with
         the scheduler limits resolved (an explicit ``--max-num-seqs 1024`` equals vLLM's default of 1024 on an
         H200; :attr:`m3ctl.planning.plan.LaunchPlan.scheduler_limits`), its environment and layout. Two candidates with
         the same key start the same engine. Raises ConfigRejected like :meth:`check`."""
-        return json.dumps(self._key(self.plan(cand)), sort_keys=True, default=str)
+        return json.dumps(self._key(self._planned(cand)), sort_keys=True, default=str)
 
     def load_key(self, cand: dict[str, Any], max_concurrency: int) -> str:
         """:meth:`server_key` as a load of at most ``max_concurrency`` requests in flight sees it: a resolved
@@ -147,7 +169,7 @@ class TrialPlans:
         since max-num-seqs also sets that default. Two candidates with the same load key run the same engine for
         that load: the difference between their measurements is the spread between fresh servers
         (m3ctl.tuning.choice.fresh_server_spread). Raises ConfigRejected like :meth:`check`."""
-        p = self.plan(cand)
+        p = self._planned(cand)
         key = self._key(p)
         seqs = p.scheduler_limits[1] if p.scheduler_limits is not None else None
         if seqs is not None and int(seqs) >= max_concurrency:
@@ -207,7 +229,7 @@ class TrialPlans:
         while tp <= n:
             cand = {"tp": tp, "dp": 1}
             try:
-                self.plan(cand)
+                self._planned(cand, name=f"{self.prefix}-tbase")  # the baseline's trial plan (trial_plan reuses it)
                 return cand, ""
             except ConfigRejected as e:
                 why = f"TP {tp}: {e.message}"
@@ -217,10 +239,7 @@ class TrialPlans:
     def gpus_needed(self, cand: dict[str, Any]) -> int:
         """GPUs the server of ``cand`` occupies on this host: the plan's world size (TP x PP x DP), at least 1
         (a CPU plan: 1). Raises ConfigRejected like :meth:`check`."""
-        k = key_of(cand)
-        if k not in self._gpus:  # one plan per configuration: bisection and confirmation ask at every level
-            self._gpus[k] = self.n_gpus_plan(self.plan(cand))
-        return self._gpus[k]
+        return self.n_gpus_plan(self._planned(cand))  # bisection and confirmation ask at every level
 
     def compile_key(self, cand: dict[str, Any]) -> str:
         """Which torch.compile cache entry the server of ``cand`` would use, as a comparable string: two candidates
@@ -242,7 +261,7 @@ class TrialPlans:
         (https://github.com/vllm-project/vllm/blob/main/vllm/config/vllm.py, vllm/config/scheduler.py,
         vllm/config/compilation.py).
         """
-        p = self.plan(cand)
+        p = self._planned(cand)
         args = dict(p.vllm_args or {})
         eager = bool(args.get("enforce-eager"))
         bounded = self.fast_starts and bool(self._capture_bound(p, p.argv)[0])  # the trial's own capture bound

@@ -8,7 +8,6 @@ import contextlib
 import functools
 import hashlib
 import json
-import math
 import operator
 import sqlite3
 from collections.abc import Sequence
@@ -27,13 +26,21 @@ from m3ctl.core.files import WriteFailed
 from m3ctl.core.secrets import separate, split_api_key
 from m3ctl.core.state import check_output_path
 from m3ctl.errors import BadInput, ConfigRejected, first_error
-from m3ctl.loadgen import MAX_REQUEST_TOKENS
 from m3ctl.loadgen.runner import MAX_PROMPTS
 from m3ctl.loadgen.slo import objective_value, parse_slo
 from m3ctl.loadgen.workloads import KINDS, check_prompt_text
 from m3ctl.results import _one_line
 from m3ctl.tuning.measure import write_json
-from m3ctl.tuning.options import RESUME_OPTIONS, TuneOptions, TuneSpec, default, fact, saved_fields
+from m3ctl.tuning.options import (
+    RESUME_OPTIONS,
+    TuneOptions,
+    TuneSpec,
+    check_bounds,
+    default,
+    fact,
+    saved_fields,
+    spec_default,
+)
 from m3ctl.tuning.space import FLAGS, Space, apply_pins, default_space, prune_dominated
 
 
@@ -160,7 +167,7 @@ def resume_settings(study_dir: Path, *, save: bool = True, **given: Any) -> dict
     if unknown := sorted(set(given) - set(RESUME_OPTIONS)):
         raise BadInput(f"--resume does not take {unknown[0]!r}", f"it takes {', '.join(RESUME_OPTIONS)}")
     new = {k: v for k, v in given.items() if v is not None}
-    check_budgets(**{k: v for k, v in new.items() if k != "baseline"})
+    check_bounds(new)
     settings = load_settings(study_dir)
     if save:
         check_output_path(Path(study_dir) / "tune.json", "--resume")
@@ -174,16 +181,8 @@ def resume_settings(study_dir: Path, *, save: bool = True, **given: Any) -> dict
 def check_budgets(
     *, max_trials: int | None = None, time_budget_s: float | None = None, confirm_top: int | None = None
 ) -> None:
-    """Raises BadInput for a negative budget (before anything starts)."""
-    for opt, v, ok in (
-        ("--max-trials", max_trials, max_trials is None or max_trials >= 0),
-        ("--time-budget", time_budget_s, time_budget_s is None or time_budget_s > 0),
-        ("--confirm-top", confirm_top, confirm_top is None or confirm_top >= 0),
-    ):
-        if not ok:
-            raise BadInput(
-                f"{opt} {v:g} must be {'> 0 seconds' if opt == '--time-budget' else '>= 0'}", "see `m3ctl tune --help`"
-            )
+    """Raises BadInput for a budget out of its option's range (before anything starts)."""
+    check_bounds({"max_trials": max_trials, "time_budget_s": time_budget_s, "confirm_top": confirm_top})
 
 
 def _check_choices(
@@ -209,56 +208,9 @@ def _check_choices(
     return lad
 
 
-#: new_settings' options that _check_numbers checks (passed by name)
-_NUMBER_OPTIONS = (
-    "input_len",
-    "output_len",
-    "prompts_per_concurrency",
-    "port",
-    "boundary_margin",
-    "boundary_repeats",
-    "max_spec_depth",
-    "usd_per_gpu_hour",
-)
-
-
-def _check_numbers(
-    lad: list[int],
-    *,
-    input_len: int,
-    output_len: int,
-    prompts_per_concurrency: int,
-    port: int,
-    boundary_margin: float,
-    boundary_repeats: int,
-    max_spec_depth: int,
-    usd_per_gpu_hour: float | None,
-) -> None:
-    """:func:`new_settings`'s checks of the lengths, counts, port, boundary rule and price (``lad``: the sorted
-    ladder). Raises BadInput naming the option."""
-
-    for opt, v, top in (
-        ("--input-len", input_len, MAX_REQUEST_TOKENS),
-        ("--output-len", output_len, MAX_REQUEST_TOKENS),
-        ("--prompts-per-concurrency", prompts_per_concurrency, MAX_PROMPTS),
-        ("--port", port, 65535),
-    ):
-        if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= top:
-            raise BadInput(f"{opt} {v!r} must be a whole number from 1 to {top:,}", "see `m3ctl tune --help`")
-
-    for opt, given, ok, what in (
-        ("--boundary-margin", boundary_margin, 0 <= boundary_margin <= 1, "a fraction from 0 to 1"),
-        ("--boundary-repeats", boundary_repeats, boundary_repeats >= 0, "a whole number >= 0"),
-        ("--max-spec-depth", max_spec_depth, max_spec_depth >= 0, "a whole number >= 0"),
-        (
-            "--usd-per-gpu-hour",
-            usd_per_gpu_hour,
-            usd_per_gpu_hour is None or (math.isfinite(usd_per_gpu_hour) and usd_per_gpu_hour > 0),
-            "USD > 0",
-        ),
-    ):
-        if not ok:
-            raise BadInput(f"{opt} {given!r} must be {what}", "see `m3ctl tune --help`")
+def _check_numbers(lad: list[int], prompts_per_concurrency: int) -> None:
+    """:func:`new_settings`'s check of the ladder's top against the requests one bench run may send (``lad``: the
+    sorted ladder); the options' own ranges are their fields' (m3ctl.tuning.options.check_bounds)."""
     if lad[-1] * prompts_per_concurrency * 2 > MAX_PROMPTS:  # x2: a confirmation run sends twice as many
         raise BadInput(
             f"--ladder {lad[-1]} x --prompts-per-concurrency {prompts_per_concurrency} (x2 to confirm) "
@@ -397,9 +349,8 @@ def check_options(opts: TuneOptions) -> tuple[list[int], list[str]]:
     """
     lad = _check_choices(opts.slo, opts.objective, opts.usd_per_gpu_hour, opts.ladder, opts.workload)
     check_prompt_text(opts.prompt_text, opts.workload)
-    check_budgets(max_trials=opts.max_trials, time_budget_s=opts.time_budget_s, confirm_top=opts.confirm_top)
-    values = {**opts.model_dump(), "port": 8000 if opts.port is None else opts.port}
-    _check_numbers(lad, **{k: values[k] for k in _NUMBER_OPTIONS})
+    check_bounds(opts.model_dump())  # every option's range, declared with its field
+    _check_numbers(lad, opts.prompts_per_concurrency)
     extra_args = _no_secrets(opts.args, opts.extra_args)
     _no_knob_flags(opts.args)
     return lad, extra_args
@@ -438,7 +389,7 @@ def new_settings(
     values = {
         **opts.model_dump(),
         "ladder": lad,
-        "max_trials": TuneSpec.max_trials if opts.max_trials is None else opts.max_trials,
+        "max_trials": spec_default("max_trials") if opts.max_trials is None else opts.max_trials,
         "port": 8000 if opts.port is None else opts.port,
         "profile": str(Path(opts.profile).resolve()) if opts.profile else None,
         "args": dict(opts.args),

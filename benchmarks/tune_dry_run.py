@@ -1,0 +1,56 @@
+#!/usr/bin/env python3
+"""What ``m3ctl tune --dry-run`` costs: the configurations of the space, the planner calls the dry run makes
+(m3ctl.tuning.plans.TrialPlans.plan: one per configuration and one for the baseline since a configuration is planned
+once), and the CPU seconds of the dry run itself (imports done before: ``m3ctl.api.tune(dry_run=True)`` in this
+process), as median and min..max of ``--runs`` runs. The whole command's start-up and wall time are
+benchmarks/startup.py's (its last row). Nothing is asserted (this is no test).
+
+Usage (from the repo root, in the venv, the checkout first on the path)::
+
+    PYTHONPATH=$PWD python benchmarks/tune_dry_run.py [--runs 5] [--model MiniMax-M3.1-Flash] [--system b200x8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from m3ctl import api
+from m3ctl.tuning.plans import TrialPlans
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=5, help="dry runs (default 5)")
+    ap.add_argument("--model", default="MiniMax-M3.1-Flash")
+    ap.add_argument("--system", default="b200x8")
+    args = ap.parse_args()
+    calls = [0]
+    planned = TrialPlans.plan
+
+    def counting(self, cand, name=None):
+        calls[0] += 1
+        return planned(self, cand, name)
+
+    TrialPlans.plan = counting
+    cpu, wall, n_calls, size = [], [], [], 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.runs):
+            calls[0] = 0
+            c0, t0 = time.process_time(), time.perf_counter()
+            r = api.tune(args.model, system=args.system, dry_run=True, study_dir=Path(tmp) / f"s{i}")
+            cpu.append(time.process_time() - c0)
+            wall.append(time.perf_counter() - t0)
+            n_calls.append(calls[0])
+            size = r["space"]["size"]
+    print(f"tune --model {args.model} --system {args.system} --dry-run: {size} configurations")
+    print(f"planner calls per dry run: {sorted(set(n_calls))} (configurations + the baseline: {size + 1})")
+    print(f"dry run CPU s: median {statistics.median(cpu):.3f}  min..max {min(cpu):.3f}..{max(cpu):.3f}")
+    print(f"dry run wall s: median {statistics.median(wall):.3f}  min..max {min(wall):.3f}..{max(wall):.3f}")
+
+
+if __name__ == "__main__":
+    main()

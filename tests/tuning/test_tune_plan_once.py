@@ -1,0 +1,34 @@
+"""``m3ctl tune --dry-run`` plans each configuration once: the dry run's listing, the smallest trial, the parallel
+preview, the start measures and the baseline all read the one plan of a configuration (m3ctl.tuning.plans
+.TrialPlans._planned), instead of planning it again for its GPU count."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from m3ctl import api
+from m3ctl.tuning.plans import TrialPlans
+from m3ctl.tuning.space import key_of
+
+
+def test_a_dry_run_plans_each_configuration_exactly_once(monkeypatch, tmp_path):
+    calls: Counter[str] = Counter()
+    planned = TrialPlans.plan
+
+    def counting(self, cand, name=None):
+        calls[key_of(cand)] += 1
+        return planned(self, cand, name)
+
+    monkeypatch.setattr(TrialPlans, "plan", counting)
+    r = api.tune(
+        "MiniMax-M3.1-Flash",
+        system="b200x8",
+        dry_run=True,
+        study_dir=tmp_path / "s",
+        knobs=["tp=4,8", "spec_depth=0,3"],
+    )
+    configs = {key_of(c["config"]) for c in r["candidates"]}
+    assert len(configs) == r["space"]["size"] == len(r["candidates"])
+    assert "config" in r["baseline"] and r["feasible"] >= 1
+    assert set(calls) == configs | {key_of(r["baseline"]["config"])}
+    assert max(calls.values()) == 1, {k: n for k, n in calls.items() if n > 1}
