@@ -336,9 +336,11 @@ def diagnose_text(text: str, context: DiagContext | None = None) -> Diagnosis | 
             if _block_is_wrapper(b)
         )
     )
-    real = [(ev, rb) for ev in events if (rb := _root_block(ev)) is not None and not stackread.is_secondary(ev)]
+    sec = stackread.secondary_events(events)
+    real = [(ev, rb) for ev in events if (rb := _root_block(ev)) is not None and id(ev) not in sec]
     if not real:
-        return stackread.attach(_no_traceback(lines, events, text, ctx, versions, wrappers), text, ctx, events)
+        d = _no_traceback(lines, events, text, ctx, versions, wrappers) or stackread.from_dump(text, ctx, versions)
+        return stackread.attach(d, text, ctx, events)
     ev, block = real[0]
     pats = compiled_patterns()[0]
 

@@ -106,7 +106,7 @@ def _identifier_family(block_text: str) -> tuple[Family, str] | None:
         for rx in fam.identifiers:
             m = re.search(rx, block_text, re.M)
             if m:
-                return fam, m.group(0)[:80]
+                return fam, m.group(0).splitlines()[0][:80]
     return None
 
 
@@ -232,8 +232,11 @@ def attach(
     fam, evidence = name_family(diag, text, ctx, events, chain)
     fixes = list(diag.fixes or ((diag.fix,) if diag.fix else ()))
     remedies = [r.do for r in fam.remedies] if fam else []
-    if fam is not None and (diag.id == "generic" or not fixes):
+    comp = next((c for c in component_map().components if c.id == diag.id), None)
+    if fam is not None and (diag.id in ("generic", "native-crash") or not fixes):
         fixes = [*remedies, *(f for f in fixes if diag.id != "generic")]
+    elif fam is not None and comp is not None and comp.family != fam.id:  # the stack says more than the entry
+        fixes = [*remedies, *fixes]
     elif fam is not None and fam.id == "kill":
         fixes = [*fixes, *remedies]
     if eager_mode(ctx) or (fam is not None and not fam.eager):
@@ -245,7 +248,7 @@ def attach(
     fixes = list(dict.fromkeys(fixes))
     sources = tuple(dict.fromkeys(r.source for r in (fam.remedies if fam else []) if r.source and r.do in fixes))
     cause = diag.cause
-    if fam is not None and diag.id == "generic":
+    if fam is not None and diag.id in ("generic", "native-crash"):
         cause = f"{cause} (component: {fam.name}, from the {evidence})"
     return dataclasses.replace(
         diag,
@@ -261,19 +264,45 @@ def attach(
 
 # ---------------------------------------------------------------------------------------------- deaths
 def is_secondary(ev: logtrace.Event) -> bool:
-    """An event that only follows a death (log_patterns.yaml ``secondary``: a stream generator's error, the
-    resource tracker's complaints about leaked shared memory): never the cause."""
-    rxs = [re.compile(r) for r in _secondary()]
+    """An event that only follows a death (log_patterns.yaml ``secondary``, searched in its lines and in its
+    frames' ``short/path.py:function``: a stream generator's error, the resource tracker's complaints about
+    leaked shared memory): never the cause."""
+    rxs = [re.compile(r) for r in log_patterns().secondary]
     for b in ev.chain:
-        if any(logtrace.short_path(f.file).endswith("multiprocessing/resource_tracker.py") for f in b.frames):
-            return True
-        if any(rx.search(ln.msg) for rx in rxs for ln in b.lines):
+        keys = [_frame_key(f) for f in b.frames]
+        if any(rx.search(k) for rx in rxs for k in keys) or any(rx.search(ln.msg) for rx in rxs for ln in b.lines):
             return True
     return False
 
 
-def _secondary() -> list[str]:
-    return list(log_patterns().secondary)
+def secondary_events(events: Sequence[logtrace.Event]) -> set[int]:
+    """``id()`` of the secondary events (:func:`is_secondary`), and of the loose line that announces one (vLLM
+    logs "Error in ... stream generator." and then the traceback, under one header)."""
+    out = {id(ev) for ev in events if is_secondary(ev)}
+    for a, b in zip(events, events[1:], strict=False):
+        loose = not a.traceback and all(not blk.frames for blk in a.chain)
+        if loose and id(b) in out and a.stream == b.stream and b.first - a.chain[-1].lines[-1].index <= 1:
+            out.add(id(a))
+    return out
+
+
+def from_dump(text: str, ctx: DiagContext, versions: dict[str, str]) -> Diagnosis | None:
+    """A log whose only failure evidence is a stack dump (faulthandler after a fatal signal, or frames without
+    a header): named by its innermost engine frame; None without a run of frames a family names."""
+    for frames in frame_runs(text):
+        got = frame_family(frames)
+        if got is not None:
+            fam, fr = got
+            return Diagnosis(
+                "native-crash",
+                f"the engine crashed with a stack dump and no Python exception; innermost engine frame {fr.where()}",
+                "",
+                f'File "{fr.file}", line {fr.line} in {fr.function}',
+                kind="RUNTIME-DIAG",
+                versions=versions,
+                frame=fr.where(),
+            )
+    return None
 
 
 def killed(
@@ -281,7 +310,8 @@ def killed(
 ) -> Diagnosis | None:
     """A death whose log holds only what a killed server leaves behind (secondary events): a kill from outside,
     with where to look; None when the log holds none (the exit status, if any, names it then)."""
-    noise = [ev for ev in events if is_secondary(ev)]
+    sec = secondary_events(events)
+    noise = [ev for ev in events if id(ev) in sec]
     if not noise or (code is not None and code not in _KILL_CODES):
         return None
     first = noise[0].chain[0]
