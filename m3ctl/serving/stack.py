@@ -25,6 +25,7 @@ resource tracker's ``KeyError '/psm_...'``) is named a kill (:func:`killed`).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
 from collections.abc import Sequence
 
@@ -104,7 +105,7 @@ def frame_runs(text: str) -> list[list[logtrace.Frame]]:
 def _identifier_family(block_text: str) -> tuple[Family, str] | None:
     for fam in families():
         for rx in fam.identifiers:
-            m = re.search(rx, block_text, re.M)
+            m = re.search(rx, block_text, re.MULTILINE)
             if m:
                 return fam, m.group(0).splitlines()[0][:80]
     return None
@@ -117,7 +118,9 @@ def _native_family(text: str) -> tuple[Family, str] | None:
         ln = logtrace.parse_line(i, raw)
         if ln.level in ("DEBUG", "INFO", "WARNING") or _TB_FRAME.match(ln.msg) or _FH_FRAME.match(ln.msg):
             continue
-        if re.match(r"^\[?W\d{3,4} ", ln.msg.lstrip("[")):  # a c10 warning ("[W731 09:09:48 ProcessGroupNCCL.cpp:5188]")
+        if re.match(
+            r"^\[?W\d{3,4} ", ln.msg.lstrip("[")
+        ):  # a c10 warning ("[W731 09:09:48 ProcessGroupNCCL.cpp:5188]")
             continue
         for fam in fams:
             for rx in fam.native:
@@ -162,11 +165,13 @@ def name_family(
     block_frames = chain[-1].frames if chain else []
     runs = [list(reversed(block_frames))] if block_frames else []
     runs += frame_runs(text)
+    surfaced = ""
     if diag.async_error or _is_async("\n".join(texts), ctx):
         if diag.async_error and comp is not None and comp.family and (diag.component or "").endswith("suspected"):
             return family(comp.family), "suspected (an asynchronous GPU error)"
         if (sus := _suspected(text, ctx)) is not None:
             return sus, "suspected (an asynchronous GPU error)"
+        surfaced = " (where an asynchronous GPU error surfaced)"
     if comp is not None and comp.scope == "phase" and comp.family:
         return family(comp.family), f"phase {comp.name}"
     for t in texts:
@@ -174,7 +179,7 @@ def name_family(
             return hit[0], f"identifier {hit[1]}"
     for frames in runs:
         if (got := frame_family(frames)) is not None:
-            return got[0], f"frame {got[1].where()}"
+            return got[0], f"frame {got[1].where()}{surfaced}"
     if (nat := _native_family(text)) is not None:
         return nat[0], f"native {nat[1]}"
     if comp is not None and comp.family:
@@ -234,7 +239,7 @@ def attach(
     remedies = [r.do for r in fam.remedies] if fam else []
     comp = next((c for c in component_map().components if c.id == diag.id), None)
     if fam is not None and (diag.id in ("generic", "native-crash") or not fixes):
-        fixes = [*remedies, *(f for f in fixes if diag.id != "generic")]
+        fixes = [*remedies, *fixes]  # an unrecognised message's search advice comes last
     elif fam is not None and comp is not None and comp.family != fam.id:  # the stack says more than the entry
         fixes = [*remedies, *fixes]
     elif fam is not None and fam.id == "kill":
@@ -255,7 +260,7 @@ def attach(
         cause=cause,
         fix="; then ".join(fixes[:2]),
         fixes=tuple(fixes),
-        component=diag.component or (fam.name if fam else None),
+        component=diag.component or (fam.name if fam and not diag.async_error else None),
         family=fam.id if fam else None,
         evidence=evidence,
         sources=sources,
@@ -279,7 +284,7 @@ def secondary_events(events: Sequence[logtrace.Event]) -> set[int]:
     """``id()`` of the secondary events (:func:`is_secondary`), and of the loose line that announces one (vLLM
     logs "Error in ... stream generator." and then the traceback, under one header)."""
     out = {id(ev) for ev in events if is_secondary(ev)}
-    for a, b in zip(events, events[1:], strict=False):
+    for a, b in itertools.pairwise(events):
         loose = not a.traceback and all(not blk.frames for blk in a.chain)
         if loose and id(b) in out and a.stream == b.stream and b.first - a.chain[-1].lines[-1].index <= 1:
             out.add(id(a))
@@ -292,7 +297,7 @@ def from_dump(text: str, ctx: DiagContext, versions: dict[str, str]) -> Diagnosi
     for frames in frame_runs(text):
         got = frame_family(frames)
         if got is not None:
-            fam, fr = got
+            fr = got[1]
             return Diagnosis(
                 "native-crash",
                 f"the engine crashed with a stack dump and no Python exception; innermost engine frame {fr.where()}",
@@ -320,8 +325,9 @@ def killed(
     fixes = tuple(r.do for r in fam.remedies) if fam else ()
     how = {-9: "SIGKILL", 137: "SIGKILL", -15: "SIGTERM", 143: "SIGTERM"}.get(code or 0)
     cause = (
-        f"the engine was killed ({how})" if how else "the engine died with no stack of its own"
-    ) + f": the log holds only what a killed server leaves behind ({quote[:120]}), so a kill from outside: SIGKILL, SIGTERM or the OOM killer"
+        (f"the engine was killed ({how})" if how else "the engine died with no stack of its own")
+        + f": the log holds only what a killed server leaves behind ({quote[:120]}), so a kill from outside: SIGKILL, SIGTERM or the OOM killer"
+    )
     return Diagnosis(
         "engine-killed",
         cause,

@@ -246,8 +246,14 @@ def test_a_real_crash_with_the_same_noise_is_still_the_crash():
 
 @pytest.mark.parametrize(
     ("status_", "code"),
-    [("killed by SIGKILL", -9), ("killed by SIGTERM", -15), ("exit 137 (SIGKILL)", 137), ("OOM-killed", 137),
-     ("exit 1", 1), (None, None)],
+    [
+        ("killed by SIGKILL", -9),
+        ("killed by SIGTERM", -15),
+        ("exit 137 (SIGKILL)", 137),
+        ("OOM-killed", 137),
+        ("exit 1", 1),
+        (None, None),
+    ],
 )
 def test_runtime_exit_status_reads_as_an_exit_code(status_, code):
     assert exit_code_of(status_) == code
