@@ -297,3 +297,47 @@ def test_process_runtime_engine_killed_while_starting_fails_the_serve_as_a_kill(
     assert rc == 4 and sig.name in err and "engine-killed" in err, out
     assert "dmesg" in out, out
     assert run_cli("stop", f"ks{sig.value}").returncode == 0
+
+
+class _Runtime:
+    """A runtime that saw the engine die with ``status`` (what docker inspect / the process runtime report)."""
+
+    def __init__(self, status_: str | None):
+        self.status = status_
+
+    def inspect(self, dep):
+        from m3ctl.runtime.base import RawState
+
+        return RawState("dead", "gone", exit_status=self.status, at=1.0)
+
+    def sync_log(self, dep):
+        return None
+
+
+@pytest.mark.parametrize(
+    ("runtime", "status_", "word"),
+    [
+        ("docker", "OOM-killed", "SIGKILL"),
+        ("docker", "exit 143 (SIGTERM)", "SIGTERM"),
+        ("process", "killed by SIGKILL", "SIGKILL"),
+        ("process", "killed by SIGTERM", "SIGTERM"),
+    ],
+)
+def test_the_runtime_exit_status_names_the_kill_over_the_log_noise(tmp_path, runtime, status_, word):
+    """engine_state passes the runtime's exit status to the diagnosis, for every runtime: the kill wins over a stream
+    generator's error and the resource tracker's KeyError."""
+    from m3ctl.core.state import Deployment, Registry
+    from m3ctl.serving.lifecycle import engine_state
+
+    log = tmp_path / "k.log"
+    log.write_text((FIX / "components/killed-noise.log").read_text())
+    dep = Deployment(
+        name="k", runtime=runtime, port=1, served_model_name="k", model="m", log_path=str(log), phase="ready"
+    )
+    reg = Registry()
+    reg.save(dep)
+    es = engine_state(dep, _Runtime(status_), registry=reg)
+    assert es.state == "dead" and es.exit_status == status_
+    assert es.cause.startswith("RUNTIME-DIAG engine-killed") and word in es.cause, es.cause
+    assert "dmesg" in (es.fix or "") and "OOMKilled" in (es.fix or "")
+    assert reg.get("k").cause == es.cause
