@@ -251,7 +251,8 @@ def attach(
     if not fixes and diag.id == "generic":
         fixes = [f"search vLLM's issues for '{(diag.exc_type or '').split('.')[-1]} {(diag.message or '')[:60]}'"]
     fixes = list(dict.fromkeys(fixes))
-    sources = tuple(dict.fromkeys(r.source for r in (fam.remedies if fam else []) if r.source and r.do in fixes))
+    used = [r for r in (fam.remedies if fam else []) if r.do in fixes or without_eager(r.do) in fixes]
+    sources = tuple(dict.fromkeys(r.source for r in used if r.source))
     cause = diag.cause
     if fam is not None and diag.id in ("generic", "native-crash"):
         cause = f"{cause} (component: {fam.name}, from the {evidence})"
@@ -260,7 +261,7 @@ def attach(
         cause=cause,
         fix="; then ".join(fixes[:2]),
         fixes=tuple(fixes),
-        component=diag.component or (fam.name if fam and not diag.async_error else None),
+        component=diag.component or (fam.name if fam and fam.id != "kill" and not diag.async_error else None),
         family=fam.id if fam else None,
         evidence=evidence,
         sources=sources,
@@ -333,7 +334,6 @@ def killed(
         cause,
         "; then ".join(fixes[:2]),
         quote,
-        component=fam.name if fam else None,
         kind="RUNTIME-DIAG",
         versions=versions,
         wrappers=wrappers,
