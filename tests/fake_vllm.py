@@ -27,6 +27,9 @@ process runtime):
   - ``degenerate``: ``"nul"`` (NUL characters) or ``"repeat"`` (one token repeated) as every generated text
     after the first completion (readiness passes);
   - ``start_delay``: seconds to wait before listening (a server still loading: the fault suite signals it then);
+  - ``kill_noise``: what a killed vLLM leaves in its log: a helper process (as multiprocessing's resource
+    tracker) prints its ``KeyError: '/psm_...'`` traceback once the server is gone, and a SIGTERM first logs
+    "Error in completion stream generator." with a ``CancelledError`` (then the server dies by the signal);
   - ``token_delay``: seconds between streamed chunks (a bench that is still measuring when the fault lands);
     ``GET /fake/generations`` says how many generation requests have arrived (a test awaits the bench's).
 
@@ -94,6 +97,48 @@ MODEL = NAMES[0]
 SERVE = SPEC.get("serve", {})
 THINK = SERVE.get("think", ["<think>", "</think>"])
 state = {"generations": 0}
+
+
+_TRACKER = """\
+import os, sys, time
+parent = int(sys.argv[1])
+while os.getppid() == parent:
+    time.sleep(0.05)
+sys.stdout.write(
+    "/usr/lib/python3.12/multiprocessing/resource_tracker.py:279: UserWarning: resource_tracker: There appear to be 1 "
+    "leaked shared_memory objects to clean up at shutdown\\n"
+    "Traceback (most recent call last):\\n"
+    '  File "/usr/lib/python3.12/multiprocessing/resource_tracker.py", line 239, in main\\n'
+    "    cache[rtype].remove(name)\\n"
+    "KeyError: '/psm_5f1c9e2a'\\n"
+)
+sys.stdout.flush()
+"""
+
+_STREAM_ERROR = """\
+(APIServer pid={pid}) ERROR 11-20 17:00:05 [serving_completion.py:462] Error in completion stream generator.
+(APIServer pid={pid}) ERROR 11-20 17:00:05 [serving_completion.py:462] Traceback (most recent call last):
+(APIServer pid={pid}) ERROR 11-20 17:00:05 [serving_completion.py:462]   File "/usr/local/lib/python3.12/dist-packages/\
+vllm/entrypoints/openai/serving_completion.py", line 380, in completion_stream_generator
+(APIServer pid={pid}) ERROR 11-20 17:00:05 [serving_completion.py:462]     async for prompt_idx, res in result_generator:
+(APIServer pid={pid}) ERROR 11-20 17:00:05 [serving_completion.py:462] asyncio.exceptions.CancelledError
+"""
+
+
+def _kill_noise() -> None:
+    """Start the resource-tracker stand-in and the SIGTERM handler of ``kill_noise``."""
+    import signal
+    import subprocess
+
+    subprocess.Popen([sys.executable, "-c", _TRACKER, str(os.getpid())], stdout=sys.stdout, stderr=subprocess.STDOUT)
+
+    def on_term(signum, frame):
+        sys.stdout.write(_STREAM_ERROR.format(pid=os.getpid()))
+        sys.stdout.flush()
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def _crash() -> None:
@@ -308,5 +353,7 @@ class Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
 
+if SERVE.get("kill_noise"):
+    _kill_noise()
 time.sleep(float(SERVE.get("start_delay", 0)))
 ThreadingHTTPServer(("127.0.0.1", int(_arg("--port", "8000"))), Handler).serve_forever()

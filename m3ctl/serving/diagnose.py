@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from pathlib import Path
 from m3ctl.hw.vgpu import vgpu_profile
 from m3ctl.runtime.base import port_holder, port_in_use
 from m3ctl.serving import logtrace
+from m3ctl.serving import stack as stackread
 from m3ctl.serving.diagnosis import (
     AsyncErrors,
     Component,
@@ -334,9 +336,11 @@ def diagnose_text(text: str, context: DiagContext | None = None) -> Diagnosis | 
             if _block_is_wrapper(b)
         )
     )
-    real = [(ev, rb) for ev in events if (rb := _root_block(ev)) is not None]
+    sec = stackread.secondary_events(events)
+    real = [(ev, rb) for ev in events if (rb := _root_block(ev)) is not None and id(ev) not in sec]
     if not real:
-        return _no_traceback(lines, events, text, ctx, versions, wrappers)
+        d = _no_traceback(lines, events, text, ctx, versions, wrappers) or stackread.from_dump(text, ctx, versions)
+        return stackread.attach(d, text, ctx, events)
     ev, block = real[0]
     pats = compiled_patterns()[0]
 
@@ -363,7 +367,8 @@ def diagnose_text(text: str, context: DiagContext | None = None) -> Diagnosis | 
             if (h2 := find_pattern(b2, ev2)) is not None:
                 ev, block, hit = ev2, b2, h2
                 break
-    return _assemble(ev, block, hit, lines, text, ctx, versions, wrappers)
+    diag = _assemble(ev, block, hit, lines, text, ctx, versions, wrappers)
+    return stackread.attach(diag, text, ctx, events, ev.chain[: ev.chain.index(block) + 1])
 
 
 def _is_async(block: logtrace.ExcBlock, ev: logtrace.Event, ctx: DiagContext) -> bool:
@@ -618,6 +623,8 @@ def _no_traceback(lines, events, text, ctx, versions, wrappers) -> Diagnosis | N
                 code = int(m.group(1) or m.group(2))
                 break
     last = _last_lines(lines)
+    if (kill := stackread.killed(events, code, versions, wrappers)) is not None:
+        return dataclasses.replace(kill, last_lines=last)
     shutdown = next((ln for ln in lines if _SHUTDOWN.search(ln.msg)), None)
     if shutdown is not None and (code is None or code in (0, -15, 143, -2, 130)):
         fx = "find who stopped it (m3ctl stop, docker stop, a supervisor); start it again with m3ctl serve"

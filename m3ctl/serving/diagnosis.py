@@ -10,7 +10,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from m3ctl.catalog import Regex, data, parse, profiles, register
 
@@ -95,6 +95,12 @@ class Diagnosis:
         last_lines: the last meaningful log lines (no progress bars, blank or INFO lines) for a death without
             a traceback.
         suspects: component names the log points at when the frame cannot be trusted (asynchronous errors).
+        family: the engine component that failed (a ``families`` id of components.yaml: ``spec-decode``, ``moe``,
+            ``attention``, ``weight-loader``, ``comm``, ``install``, ``platform``, ``kill`` ...), named from the
+            engine's own stack (:mod:`m3ctl.serving.stack`), None when the log gives no stack evidence.
+        evidence: what named the family (``frame vllm/v1/spec_decode/eagle.py:212 (propose)``, ``native
+            csrc/custom_all_reduce.cuh:455``, ``exception ModuleNotFoundError``, ``exit status``).
+        sources: public sources of the remedies stated in ``fixes`` (URLs), where the family has them.
     """
 
     id: str
@@ -116,6 +122,9 @@ class Diagnosis:
     exit_code: int | None = None
     last_lines: tuple[str, ...] = ()
     suspects: tuple[str, ...] = ()
+    family: str | None = None
+    evidence: str | None = None
+    sources: tuple[str, ...] = ()
 
     def summary(self) -> str:
         """One line for an error message: class, finding id, component and cause (the quoted line apart)."""
@@ -160,6 +169,7 @@ class LogPattern(BaseModel):
     stack_first: bool = False
     kind: Literal["RUNTIME-DIAG", "CONFIG"] = Field("CONFIG", alias="class")
     component: str | None = None
+    family: str | None = None
     confirm: list[str] = Field(default_factory=list)
     when: list[When] = Field(default_factory=list)
 
@@ -171,6 +181,7 @@ class LogPatterns(BaseModel):
     schema_version: Literal[1]
     versions: dict[str, list[str]] = Field(default_factory=dict)
     wrappers: list[str] = Field(default_factory=list)
+    secondary: list[Regex] = Field(default_factory=list)
     patterns: list[LogPattern]
 
 
@@ -253,6 +264,7 @@ class Component(BaseModel):
     when: list[When] = Field(default_factory=list)
     suspect: list[When] = Field(default_factory=list)
     inherit: str | None = None
+    family: str | None = None
     source: str
 
     @field_validator("frames", "messages")
@@ -297,6 +309,34 @@ class AsyncErrors(BaseModel):
     source: str
 
 
+class Remedy(BaseModel):
+    """One thing to try for a failure in a family, and where it is documented (None: m3ctl's own advice)."""
+
+    model_config = ConfigDict(extra="forbid")
+    do: str
+    source: str | None = None
+
+
+class Family(BaseModel):
+    """An engine component as the stack names it (``families`` of components.yaml; read by m3ctl.serving.stack).
+
+    ``modules``: regexes matched at the start of a frame's ``short/path.py:function`` (innermost frame first, the
+    first family in file order wins); ``native``: regexes searched in the failure lines for native source
+    locations and library tags (``csrc/custom_all_reduce.cuh``, ``NCCLUtils.cpp``, ``NCCL WARN``);
+    ``identifiers``: regexes searched in the failing exception's text for names a rewording keeps (exception
+    types, config classes, error enums); ``eager``: whether ``--enforce-eager`` can change a failure here.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+    name: str
+    modules: list[Regex] = Field(default_factory=list)
+    native: list[Regex] = Field(default_factory=list)
+    identifiers: list[Regex] = Field(default_factory=list)
+    eager: bool = False
+    remedies: list[Remedy]
+
+
 class ComponentMap(BaseModel):
     """Schema of m3ctl/data/components.yaml."""
 
@@ -304,7 +344,25 @@ class ComponentMap(BaseModel):
     schema_version: Literal[1]
     async_errors: AsyncErrors
     components: list[Component]
+    families: list[Family] = Field(default_factory=list)
     exit_codes: list[ExitCode] = Field(default_factory=list)
+
+    @field_validator("families")
+    @classmethod
+    def _unique_families(cls, v: list[Family]) -> list[Family]:
+        ids = [f.id for f in v]
+        dup = sorted({i for i in ids if ids.count(i) > 1})
+        if dup:
+            raise ValueError(f"duplicate family id {dup[0]!r}")
+        return v
+
+    @model_validator(mode="after")
+    def _known_families(self) -> ComponentMap:
+        known = {f.id for f in self.families}
+        for c in self.components:
+            if c.family is not None and c.family not in known:
+                raise ValueError(f"component {c.id!r} names unknown family {c.family!r}")
+        return self
 
     @field_validator("components")
     @classmethod

@@ -181,6 +181,12 @@ class _Wait:
             hint = diag.fix + (f"; full log: {log_path}" if log_path else "")
         else:
             msg = f"{what} in phase '{phase}'"
+            if what == EXITED and not hint:  # no error of its own: a kill from outside leaves none
+                hint = (
+                    "no error in its log: a kill from outside (SIGKILL, SIGTERM, the OOM killer) leaves none; look at "
+                    "dmesg -T | grep -i -e oom -e killed (Docker: the container's OOMKilled flag)"
+                    + (f"; log: {log_path}" if log_path else "")
+                )
             hint = hint or (f"see the log: {log_path}" if log_path else None)
         return LaunchFailed(msg, hint, phase=phase, root_cause=diag.line if diag else None, log_path=log_path)
 

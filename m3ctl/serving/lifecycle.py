@@ -17,6 +17,8 @@ process marker (:data:`m3ctl.core.state.MARKER_ENV`) and the container label
 from __future__ import annotations
 
 import contextlib
+import re
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,12 +103,31 @@ def _last_line(path: str | None) -> str | None:
     return lines[-1][:200] if lines else None
 
 
-def explain(dep: Deployment, rt=None, phase: Phase = "serving") -> tuple[str, str | None]:
-    """``(cause, fix)`` of a dead server from its log (m3ctl.serving.diagnose); without a finding, the log's last line."""
+def exit_code_of(status: str | None) -> int | None:
+    """The exit code a runtime's exit status names (:func:`m3ctl.runtime.base.exit_status`): ``killed by
+    SIGKILL`` -9, ``exit 137 (SIGKILL)`` 137, ``OOM-killed`` 137; None when it names none."""
+    if not status:
+        return None
+    if status == "OOM-killed":
+        return 137
+    if m := re.match(r"killed by (SIG\w+)", status):
+        with contextlib.suppress(KeyError):
+            return -signal.Signals[m.group(1)].value
+        return None
+    m = re.match(r"exit (-?\d+)", status)
+    return int(m.group(1)) if m else None
+
+
+def explain(
+    dep: Deployment, rt=None, phase: Phase = "serving", exit_status: str | None = None
+) -> tuple[str, str | None]:
+    """``(cause, fix)`` of a dead server from its log (m3ctl.serving.diagnose) and the runtime's ``exit_status``
+    (a kill signal wins over what the dying server's neighbours logged); without a finding, the log's last line."""
     if rt is not None:
         with contextlib.suppress(Exception):  # a removed container: the log copied at stop time is what is left
             rt.sync_log(dep)
-    diag = diagnose_log(dep.log_path, context=DiagContext(argv=tuple(dep.argv), phase=phase))
+    ctx = DiagContext(argv=tuple(dep.argv), phase=phase, exit_code=exit_code_of(exit_status))
+    diag = diagnose_log(dep.log_path, context=ctx)
     if diag is not None:
         return f"{diag.summary()} [{diag.line}]", diag.fix
     last = _last_line(dep.log_path)
@@ -138,7 +159,7 @@ def engine_state(dep: Deployment, rt=None, *, registry: Registry | None = None) 
     if raw.state != "dead":
         return es
     es.at = raw.at or time.time()
-    es.cause, es.fix = explain(dep, rt)
+    es.cause, es.fix = explain(dep, rt, exit_status=raw.exit_status)
     if registry is not None:
         record_death(registry, dep.name, es)
     return es
