@@ -131,14 +131,13 @@ def known_issue(
     a: Applicable | None,
     fallback_in_effect: bool,
     asked: str | None = None,
-    by_default: bool = False,
     note: str | None = None,
 ) -> Finding | None:
     """The ``capability.known_issue`` finding for the first applicable known issue ``a``
     (:func:`m3ctl.assess.known_issues.applicable`); None without one. The plan rule's, and doctor's row of the
     same id is a view of it.
 
-    - the fallback in effect (asked, or planned ``by_default`` for a fatal issue): a WARN, ``degraded``: what the
+    - the fallback in effect (asked, or planned by default for a fatal issue): a WARN, ``degraded``: what the
       fallback costs and the way back;
     - a ``fatal`` issue, the failing path asked for (``asked``, e.g. ``msa``): a WARN, ``fatal``: the plan proceeds
       only because asked, and says what will happen;
@@ -150,10 +149,9 @@ def known_issue(
         return None
     fb, ki = a.fallback, a.issue
     if fb is not None and fallback_in_effect:
-        how = "by default" if by_default else "as asked"
         return finding(
             "capability.known_issue",
-            f"known issue {ki.id} avoided {how} with {fb.option} ({fb.what}); {fb.warning}",
+            f"known issue {ki.id} avoided with {fb.option} ({fb.what}); {fb.warning}",
             f"way back: {fb.way_back}",
             fb.source,
             status="WARN",
@@ -201,7 +199,6 @@ def _known_issue(c: PlanContext) -> Finding | None:
         rows[0],
         dense_in_effect(c.facts, c.args),
         asked=c.attention_asked if c.attention_asked != "dense" else None,
-        by_default=c.attention_default is not None,
         note=c.attention_note,
     )
 

@@ -215,7 +215,6 @@ def check_known_issue(ctx: Ctx) -> CheckResult:
             rows[0],
             ctx.attention == "dense" or planned,
             asked=ctx.attention if ctx.attention == "msa" else None,
-            by_default=planned,
         )
     if not rows or f is None:
         return _r(
