@@ -147,6 +147,9 @@ def _layout_flags(d: PlanDraft) -> dict[str, Any]:
         par["enable-expert-parallel"] = True
     if d.dbo:
         par["enable-dbo"] = True
+        deep = [b for b in d.profile.all2all_backends if b.startswith(("deepep", "mori"))]
+        if d.profile.supports.dbo and deep and "all2all-backend" not in d.args:  # DBO runs only with these (rule
+            par["all2all-backend"] = deep[0]  # parallel.dbo): the profile's first, unless a layer names one
     if d.spec_cfg:
         par["speculative-config"] = d.spec_cfg
     return par
