@@ -12,7 +12,6 @@ from typing import Any, Literal, get_args
 from m3ctl.assess.context import PlanContext
 from m3ctl.errors import ConfigRejected
 
-
 Severity = Literal["fatal", "degraded", "unjudged", "ok"]
 """What a finding means for what the user asked: ``fatal`` (this launch or run cannot do it), ``degraded`` (it
 can, at a stated cost), ``unjudged`` (the evidence cannot decide; never shown as a pass) and ``ok``."""
