@@ -23,28 +23,33 @@ _RANK = {"fatal": 0, "unjudged": 1, "degraded": 2, "ok": 3}
 @dataclass(frozen=True)
 class Finding:
     """A rule's outcome, as fields: ``rule`` (the rule's id), ``message`` (what is wrong, values included),
-    ``fix``, ``source``, ``status`` (``FAIL`` rejects the plan, exit 3; ``WARN`` is shown with it) and
-    ``severity`` (:data:`Severity`; by default ``fatal`` for a FAIL and ``degraded`` for a WARN). A WARN may be
-    ``fatal``: the user asked for a launch that is known to fail, and the plan proceeds only because asked.
-    Doctor's row of the same id shows these fields as they are."""
+    ``fix``, ``source``, ``status`` (``FAIL`` rejects the plan, exit 3; ``WARN`` is shown with it) and ``level``
+    (the :data:`Severity`, read as :attr:`severity`; by default ``fatal`` for a FAIL and ``degraded`` for a WARN).
+    A WARN may be ``fatal``: the user asked for a launch that is known to fail, and the plan proceeds only because
+    asked. Doctor's row of the same id shows these fields as they are."""
 
     rule: str
     message: str
     fix: str
     source: str
     status: str = "FAIL"
-    severity: Severity | None = None
+    level: Severity | None = None
 
     def __post_init__(self) -> None:
-        if self.severity is None:
-            object.__setattr__(self, "severity", "fatal" if self.status == "FAIL" else "degraded")
-        elif self.severity not in SEVERITIES:
-            raise ValueError(f"severity {self.severity!r} is not one of {', '.join(SEVERITIES)}")
+        if self.level is not None and self.level not in SEVERITIES:
+            raise ValueError(f"severity {self.level!r} is not one of {', '.join(SEVERITIES)}")
 
     @property
     def id(self) -> str:
         """The rule's id (the same as :attr:`rule`)."""
         return self.rule
+
+    @property
+    def severity(self) -> Severity:
+        """What the finding means for what was asked: ``level``, else ``fatal`` for a FAIL, ``degraded`` for a WARN."""
+        if self.level is not None:
+            return self.level
+        return "fatal" if self.status == "FAIL" else "degraded"
 
     @property
     def fatal(self) -> bool:
@@ -60,7 +65,7 @@ def blockers(findings: list[Finding] | tuple[Finding, ...]) -> list[Finding]:
 
 def worst(findings: list[Finding] | tuple[Finding, ...]) -> Severity:
     """The worst severity among ``findings`` (``fatal`` > ``unjudged`` > ``degraded`` > ``ok``); ``ok`` for none."""
-    levels = [f.severity or "ok" for f in findings]
+    levels = [f.severity for f in findings]
     return min(levels, key=lambda s: _RANK[s], default="ok")
 
 
