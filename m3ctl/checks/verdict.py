@@ -10,6 +10,8 @@ from m3ctl import catalog
 from m3ctl.assess import capability as caps
 from m3ctl.assess import memory as mem
 from m3ctl.assess.facts import checkpoint_variant
+from m3ctl.assess.findings import Finding
+from m3ctl.assess.findings import blockers as fatal_findings
 from m3ctl.assess.image import ImageFacts
 from m3ctl.assess.request import PlanRequest, serve_command
 from m3ctl.checks.base import (
@@ -131,6 +133,9 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
         "context": ctx.context if not ctx.local_model else None,
     }
     verdict_checks = [c for c in checks if c.group in INVENTORY_GROUPS or c.id in ("host.shm",)]
+    notes += [
+        f"unjudged (not a pass): {f.rule}: {f.message}" for f in _planned_findings(ctx) if f.severity == "unjudged"
+    ]
     blockers = [f"{c.id}: {c.message}" for c in verdict_checks if c.status == "FAIL"]
     blockers += [b for b in _fatal(ctx) if not any(x.startswith(b.split(":")[0] + ":") for x in blockers)]
     if ctx.local_model:
@@ -218,12 +223,17 @@ def _plan_blocker(ctx: Ctx) -> str | None:
     return out.tried().blocker(ctx.profile is None)[1]
 
 
-def _fatal(ctx: Ctx) -> list[str]:
-    """``id: message`` of each fatal finding of the plan doctor's verdict is about (its accepted outcome's:
-    :meth:`~m3ctl.planning.outcome.PlanOutcome.fatal`, e.g. ``--attention msa`` into a known fatal issue): the
-    verdict cannot be runnable beside one."""
+def _planned_findings(ctx: Ctx) -> list[Finding]:
+    """The rule findings of the plan doctor's verdict is about (its accepted outcome's), each with its severity."""
     accepted = ctx.outcome.accepted() if ctx.outcome is not None else None
-    return [f"{f.rule}: {f.message}" for f in accepted.fatal()] if accepted is not None else []
+    return accepted.findings() if accepted is not None else []
+
+
+def _fatal(ctx: Ctx) -> list[str]:
+    """``id: message`` of each fatal finding of the plan doctor's verdict is about
+    (:func:`m3ctl.assess.findings.blockers`, e.g. ``--attention msa`` into a known fatal issue): the verdict cannot
+    be runnable beside one."""
+    return [f"{f.rule}: {f.message}" for f in fatal_findings(_planned_findings(ctx))]
 
 
 def _fallbacks(ctx: Ctx, verdict_checks: list[CheckResult]) -> list[str]:

@@ -10,10 +10,11 @@ from typing import Any
 import pytest
 
 from m3ctl import catalog
-from m3ctl.assess import capability
+from m3ctl.assess import capability, rules
 from m3ctl.assess.findings import SEVERITIES, Finding, blockers, finding, worst
 from m3ctl.assess.request import PlanRequest
 from m3ctl.assess.rules import run_rules
+from m3ctl.checks.doctor import run_doctor
 from m3ctl.errors import CatalogError, ConfigRejected
 from m3ctl.hw.systems import inventory_for_system, system_names
 from m3ctl.planning.plan import plan, plan_outcome
@@ -117,3 +118,26 @@ def test_every_default_plan_passes_every_rule(system):
             assert out.rule in HOST_OR_MODEL, where
             if out.rule == "capability.known_issue":  # the fallback needs the layer count of a local checkpoint
                 assert "could not be planned" in out.error.reason and catalog.models()[model].variants == {}, where
+
+
+def test_an_unjudged_finding_is_shown_as_such_never_as_a_pass(monkeypatch):
+    """A rule whose evidence cannot decide: the plan marks it, doctor's verdict notes it as unjudged (not a pass)
+    and it does not block; a fatal one from the same place blocks."""
+
+    def undecided(c):
+        return finding("test.undecided", "output quality cannot be judged here", "validate", "test", "WARN", "unjudged")
+
+    monkeypatch.setattr(rules, "RULES", [*rules.RULES, ("test.undecided", undecided)])
+    inv = inventory_for_system("b200x8")
+    p = plan(inv, PlanRequest(model="MiniMax-M3.1-Flash", runtime="process"))
+    assert any(w.startswith("rule test.undecided [unjudged]: ") for w in p.warnings)
+    v = run_doctor(inv, host_checks=False).verdict
+    assert v.status != "not_runnable" and any(n.startswith("unjudged (not a pass): test.undecided") for n in v.notes)
+
+    def fatal_asked(c):
+        return finding("test.fatal", "this path is known to fail", "drop it", "test", "WARN", "fatal")
+
+    monkeypatch.setattr(rules, "RULES", [*rules.RULES, ("test.fatal", fatal_asked)])
+    rep = run_doctor(inv, host_checks=False)
+    assert rep.verdict.status == "not_runnable" and rep.exit_code() == 1
+    assert "test.fatal: this path is known to fail" in rep.verdict.blockers
