@@ -106,6 +106,28 @@ class ShardAlignment(_Strict):
     source: str = Field(min_length=3)
 
 
+#: Engine features a combination row may name (rule ``parallel.incompatible`` reads each from the plan).
+COMBINABLE = ("dbo", "speculation", "pp", "dcp")
+
+
+class Incompatible(_Strict):
+    """Engine features vLLM refuses (or cannot run) together, refused before launch by rule
+    ``parallel.incompatible``.
+
+    Attributes:
+        id: stable id; features: the features (:data:`COMBINABLE`) that may not all be on; engine: what vLLM does
+            with them (for people); fix: what to change; fixed_in: the first vLLM that runs them together (None: no
+            known version does); source: where vLLM says so.
+    """
+
+    id: str
+    features: list[Literal["dbo", "speculation", "pp", "dcp"]] = Field(min_length=2)
+    engine: str
+    fix: str
+    fixed_in: str | None = None
+    source: str = Field(min_length=3)
+
+
 class CapabilityTable(_Strict):
     schema_version: Literal[1]
     precisions: dict[str, list[str]]
@@ -121,6 +143,7 @@ class CapabilityTable(_Strict):
     cuda_min_driver: CudaDrivers
     forward_compat: ForwardCompat
     host: HostRules
+    incompatible: list[Incompatible] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _arch_features_are_known(self) -> Self:

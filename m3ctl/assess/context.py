@@ -52,6 +52,12 @@ class PlanContext:
     """Compute capabilities a user image's kernels were built for (``TORCH_CUDA_ARCH_LIST``); empty = unknown."""
     drafter_block_size: int | None = None
     """The catalog drafter's trained block size (``drafter.block_size``; see :meth:`drafter_block`)."""
+    attention_asked: str | None = None
+    """``--attention`` as asked (``msa``, ``dense``); None: left to the planner."""
+    attention_default: str | None = None
+    """The attention mode the planner chose by default for a fatal known issue (``dense``: its fallback); None."""
+    attention_note: str | None = None
+    """Why the planner could not plan a fatal known issue's fallback by default (None: it could, or none applies)."""
 
     def config_value(self, group: str, key: str) -> Any:
         """A key of a JSON config flag as vLLM will read it, in any spelling: ``--group '{"key": v}'`` (JSON

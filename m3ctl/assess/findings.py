@@ -1,32 +1,72 @@
-"""A plan rule's outcome (:class:`Finding`), the registry the rules are declared in (``@rule(id)``, :data:`RULES`)
-and the rejection a plan's FAIL findings raise (:func:`rejection`)."""
+"""A plan rule's outcome (:class:`Finding`, with its :data:`Severity`), the registry the rules are declared in
+(``@rule(id)``, :data:`RULES`), the rejection a plan's FAIL findings raise (:func:`rejection`), and the one rule
+that turns findings into a positive verdict (:func:`blockers`, :func:`worst`): a ``fatal`` finding makes
+"runnable" impossible, an ``unjudged`` one is never a pass."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from m3ctl.assess.context import PlanContext
 from m3ctl.errors import ConfigRejected
+
+Severity = Literal["fatal", "degraded", "unjudged", "ok"]
+"""What a finding means for what the user asked: ``fatal`` (this launch or run cannot do it), ``degraded`` (it
+can, at a stated cost), ``unjudged`` (the evidence cannot decide; never shown as a pass) and ``ok``."""
+SEVERITIES: tuple[Severity, ...] = get_args(Severity)
+#: Worst first: the order :func:`worst` ranks severities in.
+_RANK = {"fatal": 0, "unjudged": 1, "degraded": 2, "ok": 3}
 
 
 @dataclass(frozen=True)
 class Finding:
     """A rule's outcome, as fields: ``rule`` (the rule's id), ``message`` (what is wrong, values included),
-    ``fix``, ``source`` and ``status`` (``FAIL`` rejects the plan, exit 3; ``WARN`` is shown with it). Doctor's row
-    of the same id shows these fields as they are."""
+    ``fix``, ``source``, ``status`` (``FAIL`` rejects the plan, exit 3; ``WARN`` is shown with it) and ``level``
+    (the :data:`Severity`, read as :attr:`severity`; by default ``fatal`` for a FAIL and ``degraded`` for a WARN).
+    A WARN may be ``fatal``: the user asked for a launch that is known to fail, and the plan proceeds only because
+    asked. Doctor's row of the same id shows these fields as they are."""
 
     rule: str
     message: str
     fix: str
     source: str
     status: str = "FAIL"
+    level: Severity | None = None
+
+    def __post_init__(self) -> None:
+        if self.level is not None and self.level not in SEVERITIES:
+            raise ValueError(f"severity {self.level!r} is not one of {', '.join(SEVERITIES)}")
 
     @property
     def id(self) -> str:
         """The rule's id (the same as :attr:`rule`)."""
         return self.rule
+
+    @property
+    def severity(self) -> Severity:
+        """What the finding means for what was asked: ``level``, else ``fatal`` for a FAIL, ``degraded`` for a WARN."""
+        if self.level is not None:
+            return self.level
+        return "fatal" if self.status == "FAIL" else "degraded"
+
+    @property
+    def fatal(self) -> bool:
+        """This finding makes the positive verdict (runnable, ready, valid, chosen) impossible."""
+        return self.severity == "fatal"
+
+
+def blockers(findings: list[Finding] | tuple[Finding, ...]) -> list[Finding]:
+    """The findings that make a positive verdict impossible (``fatal``), in order: the verdict is positive only
+    when this is empty, and then names what blocks it."""
+    return [f for f in findings if f.severity == "fatal"]
+
+
+def worst(findings: list[Finding] | tuple[Finding, ...]) -> Severity:
+    """The worst severity among ``findings`` (``fatal`` > ``unjudged`` > ``degraded`` > ``ok``); ``ok`` for none."""
+    levels = [f.severity for f in findings]
+    return min(levels, key=lambda s: _RANK[s], default="ok")
 
 
 Rule = Callable[[PlanContext], "Finding | None"]
@@ -69,9 +109,12 @@ def rejection(violations: list[Finding], alternatives: str = "") -> ConfigReject
     )
 
 
-def finding(rule_id: str, msg: str, fix: str, src: str, status: str = "FAIL") -> Finding:
-    """A :class:`Finding` of rule ``rule_id`` (``FAIL`` unless ``status`` says ``WARN``)."""
-    return Finding(rule_id, msg, fix, src, status)
+def finding(
+    rule_id: str, msg: str, fix: str, src: str, status: str = "FAIL", severity: Severity | None = None
+) -> Finding:
+    """A :class:`Finding` of rule ``rule_id`` (``FAIL`` unless ``status`` says ``WARN``; ``severity`` by default
+    from the status)."""
+    return Finding(rule_id, msg, fix, src, status, severity)
 
 
 def profile_constraint(c: PlanContext, rule_id: str, key: str, value: Any, what: str, fix: str) -> Finding | None:

@@ -1,10 +1,12 @@
-"""Known issues and the opt-in fallbacks that worked around them (data: m3ctl/data/known_issues.yaml).
+"""Known issues and the fallbacks that work around them (data: m3ctl/data/known_issues.yaml).
 
 A known issue is an engine x architecture x model-family combination that starts and then fails while serving
 (e.g. vLLM 0.26's Triton MSA sparse attention on Hopper). :func:`applicable` says which rows apply to a plan;
-the plan rule ``capability.known_issue`` and doctor's row of the same id both read it. A fallback is applied
-only when asked (``--attention dense``): :func:`attention_overrides` derives its vLLM flag value from the
-model's facts (layer count, where its config keeps the field), never from constants in code.
+the plan rule ``capability.known_issue`` and doctor's row of the same id both read it. A ``fatal`` issue with a
+fallback gets that fallback by default where the request leaves the choice open (:func:`default_fallback`; the
+planner applies it, m3ctl.planning.flags); else a fallback is applied when asked (``--attention dense``).
+:func:`attention_overrides` derives its vLLM flag value from the model's facts (layer count, where its config
+keeps the field), never from constants in code.
 """
 
 from __future__ import annotations
@@ -35,14 +37,17 @@ class KnownIssue(_Strict):
         id: stable id; families / archs / attention: where it applies (model family, architecture family,
             attention type). seen_with: vLLM versions it was seen with; fixed_in: first vLLM without it (None:
             not known to be fixed, so it applies to every version, the untried ones shown as such).
+        severity: ``fatal`` (the launch cannot serve what is asked: its fallback is planned by default, or the
+            launch refused) or ``degraded`` (a warning; the fallback stays opt-in).
         symptom, seen_on, not_tried: what happens, where it was seen, and the limits of that evidence.
-        workaround: a ``fallbacks`` key offered for it (opt-in). source: where the evidence is.
+        workaround: a ``fallbacks`` key for it. source: where the evidence is.
     """
 
     id: str
     families: list[str] = Field(min_length=1)
     archs: list[str] = Field(min_length=1)
     attention: str | None = None
+    severity: Literal["fatal", "degraded"]
     seen_with: list[str] = Field(min_length=1)
     fixed_in: str | None = None
     symptom: str
@@ -56,13 +61,16 @@ class Fallback(_Strict):
     """An opt-in fallback: the vLLM flag it sets and how its value follows from the model's facts.
 
     Attributes:
-        option: the m3ctl option that asks for it. what / warning / evidence / source: for people.
+        option: the m3ctl option that asks for it; asks_for_issue: the option that asks for the path with the
+            issue instead (the way back). what / warning / way_back / evidence / source: for people.
         flag: the vLLM flag (``hf-overrides``). field: the config path of the value (under ``nested_under`` when
             the model's config nests its text settings there). value_per_layer: the value for each layer.
         attention: the attention type it applies to.
     """
 
     option: str
+    asks_for_issue: str
+    way_back: str
     what: str
     flag: str
     field: list[str] = Field(min_length=1)
@@ -155,6 +163,18 @@ def applicable(family: str | None, arch: str, attention: str, engine_version: st
         base = (engine_version or "").split("+")[0]
         out.append(Applicable(ki, base in ki.seen_with, engine_version))
     return out
+
+
+def default_fallback(
+    family: str | None, arch: str, attention: str, engine_version: str | None
+) -> tuple[Applicable, Fallback | None] | None:
+    """The first ``fatal`` known issue that applies (:func:`applicable`) and its fallback (None when the issue has
+    none: the launch is refused); None when no fatal issue applies. What the planner does where the request leaves
+    the choice open."""
+    for a in applicable(family, arch, attention, engine_version):
+        if a.issue.severity == "fatal":
+            return a, a.fallback
+    return None
 
 
 def _load_json(value: Any, flag: str) -> dict[str, Any]:

@@ -173,6 +173,36 @@ def _dbo(c: PlanContext) -> Finding | None:
     return None
 
 
+def _features_on(c: PlanContext) -> dict[str, bool]:
+    """Which combinable engine features (m3ctl/data/capabilities.yaml ``incompatible``) the plan turns on, however
+    they were given (``--dbo`` or a raw ``--enable-dbo``; ``--spec-depth`` or a raw ``--speculative-config``)."""
+    return {
+        "dbo": c.dbo or c.args.get("enable-dbo") is True,
+        "speculation": c.speculation()[1] > 0,
+        "pp": c.pp > 1,
+        "dcp": c.dcp > 1,
+    }
+
+
+@rule("parallel.incompatible")
+def _incompatible(c: PlanContext) -> Finding | None:
+    """The first combination of engine features vLLM refuses together (capabilities.yaml ``incompatible``) that
+    the plan turns on all of, for this engine (a row with ``fixed_in`` no longer applies from that vLLM on)."""
+    on = _features_on(c)
+    for row in capability.table().incompatible:
+        if not all(on[f] for f in row.features):
+            continue
+        if row.fixed_in and c.engine_version and not capability.version_lt(c.engine_version, row.fixed_in):
+            continue
+        return finding(
+            "parallel.incompatible",
+            f"{' + '.join(row.features)} ({row.id}): {row.engine}",
+            row.fix,
+            row.source,
+        )
+    return None
+
+
 @rule("spec.method")
 def _spec_method(c: PlanContext) -> Finding | None:
     method, depth = c.speculation()

@@ -127,29 +127,63 @@ def _known_bad(c: PlanContext) -> Finding | None:
     return known_bad(c.facts.family, c.profile.arch, c.variant.precision) if c.variant is not None else None
 
 
-def known_issue(a: Applicable | None, fallback_in_effect: bool) -> Finding | None:
-    """The ``capability.known_issue`` finding (a WARN) for the first applicable known issue ``a``
-    (:func:`m3ctl.assess.known_issues.applicable`): the issue and its opt-in fallback, or, with the fallback in
-    effect, what the fallback costs; None without one. The plan rule's, and doctor's row of the same id is a view
-    of it."""
+def known_issue(
+    a: Applicable | None,
+    fallback_in_effect: bool,
+    asked: str | None = None,
+    note: str | None = None,
+) -> Finding | None:
+    """The ``capability.known_issue`` finding for the first applicable known issue ``a``
+    (:func:`m3ctl.assess.known_issues.applicable`); None without one. The plan rule's, and doctor's row of the
+    same id is a view of it.
+
+    - the fallback in effect (asked, or planned by default for a fatal issue): a WARN, ``degraded``: what the
+      fallback costs and the way back;
+    - a ``fatal`` issue, the failing path asked for (``asked``, e.g. ``msa``): a WARN, ``fatal``: the plan proceeds
+      only because asked, and says what will happen;
+    - a ``fatal`` issue left to the planner, whose fallback could not be planned (``note`` says why) or that has
+      none: a FAIL (the launch is refused), the fallback as the fix;
+    - a ``degraded`` issue: a WARN, the fallback offered.
+    """
     if a is None:
         return None
-    fb = a.fallback
+    fb, ki = a.fallback, a.issue
     if fb is not None and fallback_in_effect:
         return finding(
             "capability.known_issue",
-            f"known issue {a.issue.id} avoided with {fb.option} ({fb.what}); {fb.warning}",
-            f"drop {fb.option} once the engine is fixed",
+            f"known issue {ki.id} avoided with {fb.option} ({fb.what}); {fb.warning}",
+            f"way back: {fb.way_back}",
             fb.source,
             status="WARN",
+            severity="degraded",
+        )
+    avoid = (
+        f"use {fb.option} ({fb.what}; {fb.warning}), or an engine/GPU it was not seen on"
+        if fb
+        else "use an engine/GPU it was not seen on"
+    )
+    if ki.severity == "fatal" and asked:
+        return finding(
+            "capability.known_issue",
+            f"known issue {a.describe()}; planned only because --attention {asked} asks for it: this launch is "
+            "expected to fail as described",
+            f"drop --attention {asked} (the planner then plans {fb.option} by default)" if fb else avoid,
+            ki.source,
+            status="WARN",
+            severity="fatal",
+        )
+    if ki.severity == "fatal":
+        return finding(
+            "capability.known_issue",
+            f"known issue {a.describe()}" + (f"; {note}" if note else ""),
+            avoid + (f"; {fb.asks_for_issue} plans the failing path anyway, as a fatal finding" if fb else ""),
+            ki.source,
         )
     return finding(
         "capability.known_issue",
         f"known issue {a.describe()}",
-        f"opt in to {fb.option} ({fb.what}; {fb.warning}), or use an engine/GPU it was not seen on"
-        if fb
-        else "use an engine/GPU it was not seen on",
-        a.issue.source,
+        avoid.replace("use ", "opt in to ", 1) if fb else avoid,
+        ki.source,
         status="WARN",
     )
 
@@ -157,9 +191,16 @@ def known_issue(a: Applicable | None, fallback_in_effect: bool) -> Finding | Non
 @rule("capability.known_issue")
 def _known_issue(c: PlanContext) -> Finding | None:
     """:func:`known_issue` for this engine x architecture x model family (m3ctl/data/known_issues.yaml), the
-    fallback in effect when the flags make every layer dense."""
+    fallback in effect when the flags make every layer dense (asked, or planned by default for a fatal issue)."""
     rows = applicable(c.facts.family, c.profile.arch, c.facts.attention, c.engine_version)
-    return known_issue(rows[0], dense_in_effect(c.facts, c.args)) if rows else None
+    if not rows:
+        return None
+    return known_issue(
+        rows[0],
+        dense_in_effect(c.facts, c.args),
+        asked=c.attention_asked if c.attention_asked != "dense" else None,
+        note=c.attention_note,
+    )
 
 
 def visible_devices(problems: list[str]) -> Finding | None:

@@ -157,7 +157,8 @@ class Ctx:
     chosen: VariantEval | None = None
     evals: list[VariantEval] | None = None
     attention: str | None = None
-    """``--attention`` (``dense``: the opt-in fallback of a known issue); None: the checkpoint's own."""
+    """``--attention`` as asked (``dense``: a known issue's fallback; ``msa``: the checkpoint's own even into a
+    known fatal issue); None: the planner's choice."""
     engine: str | None = None
     """vLLM version of the engine that would run (as plan decides it); None unknown."""
     outcome: PlanOutcome | None = None
@@ -181,8 +182,9 @@ def _r(
 
 def _view(f: Finding, group: Group, details: list[str] | None = None) -> CheckResult:
     """Doctor's row for a plan rule's finding: the rule's id, status, message and fix as they are (never a second
-    judgement of the same fact), its source last in the details."""
-    status: Status = "FAIL" if f.status == "FAIL" else "WARN"
+    judgement of the same fact; a ``fatal`` finding is a FAIL row even where the plan proceeds because asked), its
+    source last in the details."""
+    status: Status = "FAIL" if f.status == "FAIL" or f.fatal else "WARN"
     return _r(f.rule, group, status, f.message, f.fix, [*(details or []), f"source: {f.source}"])
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from m3ctl import catalog
 from m3ctl.assess import capability as caps
-from m3ctl.assess.known_issues import applicable
+from m3ctl.assess.known_issues import applicable, default_fallback
 from m3ctl.assess.rules import known_bad, known_issue, kv_dtypes_allowed
 from m3ctl.checks.base import (
     CheckResult,
@@ -199,13 +199,23 @@ def check_known_bad(ctx: Ctx) -> CheckResult:
 @check("capability.known_issue", "capability")
 def check_known_issue(ctx: Ctx) -> CheckResult:
     """A known issue of this engine x architecture x model family (m3ctl/data/known_issues.yaml): the plan rule
-    ``capability.known_issue``'s finding (:func:`m3ctl.assess.rules.known_issue`), with its opt-in fallback, or
-    the fallback chosen (``--attention dense``)."""
+    ``capability.known_issue``'s finding in doctor's plan outcome (the fallback planned by default for a fatal
+    issue, the failing path asked for, or the refusal), else the rule's finding for doctor's request
+    (:func:`m3ctl.assess.rules.known_issue`) where the plan stopped before the rules judged it."""
 
     if ctx.chosen is None or ctx.sizing is None:
         return _r("capability.known_issue", "capability", "SKIP", _no_model_reason(ctx))
     rows = applicable(ctx.sizing.family, _arch(ctx), ctx.sizing.attention, ctx.engine)
-    f = known_issue(rows[0], ctx.attention == "dense") if rows else None
+    shown = (ctx.outcome.accepted() or ctx.outcome.tried()) if ctx.outcome is not None else None
+    f = next((f for f in shown.findings() if f.rule == "capability.known_issue"), None) if shown else None
+    if f is None and rows and (shown is None or shown.plan is None):  # the rules did not judge it: the same rule
+        gate = default_fallback(ctx.sizing.family, _arch(ctx), ctx.sizing.attention, ctx.engine)
+        planned = ctx.attention is None and gate is not None and gate[1] is not None
+        f = known_issue(
+            rows[0],
+            ctx.attention == "dense" or planned,
+            asked=ctx.attention if ctx.attention == "msa" else None,
+        )
     if not rows or f is None:
         return _r(
             "capability.known_issue",

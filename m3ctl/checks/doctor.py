@@ -186,8 +186,9 @@ def run_doctor(
         image: image to check instead of the catalog's recommendation (e.g. from ``docker image inspect``).
         env: environment for live checks (default ``os.environ``).
         inventory_file: the saved inventory evaluated, named as ``--inventory`` in the verdict's serve command.
-        attention: ``dense`` checks the opt-in dense-attention fallback of an MSA model (a known issue's
-            workaround, m3ctl/data/known_issues.yaml); None: the checkpoint's own attention.
+        attention: ``dense`` checks the dense-attention fallback of an MSA model (a known issue's workaround,
+            m3ctl/data/known_issues.yaml), ``msa`` the checkpoint's own attention even where a known fatal issue
+            applies (then not runnable); None: the planner's choice (the fallback where a fatal issue applies).
 
     Returns:
         The report; never raises for host problems (they are FAIL rows).
@@ -212,7 +213,7 @@ def run_doctor(
         vis=vismod.resolve(inventory),
         image=image,
         local_model=local,
-        attention=attention if attention != "msa" else None,
+        attention=attention,
     )
     _resolve_catalog(ctx)
     if inventory.gpus or (model is not None and not local):  # no GPU and no --model: nothing to size (saves ~50 ms)

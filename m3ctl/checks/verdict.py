@@ -10,6 +10,8 @@ from m3ctl import catalog
 from m3ctl.assess import capability as caps
 from m3ctl.assess import memory as mem
 from m3ctl.assess.facts import checkpoint_variant
+from m3ctl.assess.findings import Finding
+from m3ctl.assess.findings import blockers as fatal_findings
 from m3ctl.assess.image import ImageFacts
 from m3ctl.assess.request import PlanRequest, serve_command
 from m3ctl.checks.base import (
@@ -131,9 +133,11 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
         "context": ctx.context if not ctx.local_model else None,
     }
     verdict_checks = [c for c in checks if c.group in INVENTORY_GROUPS or c.id in ("host.shm",)]
-    # A known issue is not a fallback path: the verdict notes it with its opt-in workaround (row capability.known_issue).
-    notes += [f"{c.message} ({c.fix})" for c in checks if c.id == "capability.known_issue" and c.status == "WARN"]
+    notes += [
+        f"unjudged (not a pass): {f.rule}: {f.message}" for f in _planned_findings(ctx) if f.severity == "unjudged"
+    ]
     blockers = [f"{c.id}: {c.message}" for c in verdict_checks if c.status == "FAIL"]
+    blockers += [b for b in _fatal(ctx) if not any(x.startswith(b.split(":")[0] + ":") for x in blockers)]
     if ctx.local_model:
         fbs = _fallbacks(ctx, verdict_checks) if ctx.chosen is not None else []
         status: VerdictStatus = (
@@ -180,7 +184,6 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
             + (root_causes[0] if root_causes else _plan_blocker(ctx) or "no variant evaluated"),
         )
     fallbacks = _fallbacks(ctx, verdict_checks)
-    issue = _issue_clause(checks)
     accepted = ctx.outcome.accepted() if ctx.outcome is not None else None
     planned = accepted.plan if accepted is not None else None
     where = f"{_layout_label(planned) if planned else f'TP={tp}'}, {ctx.context} tokens (max about {max_ctx:,})"
@@ -199,8 +202,7 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
             summary=f"{base['model']} {variant}: runnable with fallbacks at {where}: "
             + "; ".join(_short(f) for f in fallbacks)
             + img
-            + prof
-            + issue,
+            + prof,
         )
     return Verdict(
         **base,
@@ -208,7 +210,7 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
         status="runnable_natively",
         tp=tp,
         max_context=max_ctx,
-        summary=f"{base['model']} {variant}: runnable natively at {where}{img}{prof}{issue}",
+        summary=f"{base['model']} {variant}: runnable natively at {where}{img}{prof}",
     )
 
 
@@ -221,16 +223,17 @@ def _plan_blocker(ctx: Ctx) -> str | None:
     return out.tried().blocker(ctx.profile is None)[1]
 
 
-def _issue_clause(checks: list[CheckResult]) -> str:
-    """The verdict's mention of a known issue that the launch does not avoid (row ``capability.known_issue``, a
-    WARN): ``"; but known issue ID: SYMPTOM (see the note)"``, or "". A stack that starts and then dies at its
-    first long prompt is not "runnable" without that said in the same line (serve's long-prompt smoke test is
-    what proves it either way)."""
-    c = next((c for c in checks if c.id == "capability.known_issue" and c.status == "WARN"), None)
-    if c is None or " avoided with " in c.message:
-        return ""
-    head = ": ".join(c.message.split(": ")[:2])  # "known issue ID: what it does", without the evidence
-    return f"; but {head} (see the note)"
+def _planned_findings(ctx: Ctx) -> list[Finding]:
+    """The rule findings of the plan doctor's verdict is about (its accepted outcome's), each with its severity."""
+    accepted = ctx.outcome.accepted() if ctx.outcome is not None else None
+    return accepted.findings() if accepted is not None else []
+
+
+def _fatal(ctx: Ctx) -> list[str]:
+    """``id: message`` of each fatal finding of the plan doctor's verdict is about
+    (:func:`m3ctl.assess.findings.blockers`, e.g. ``--attention msa`` into a known fatal issue): the verdict cannot
+    be runnable beside one."""
+    return [f"{f.rule}: {f.message}" for f in fatal_findings(_planned_findings(ctx))]
 
 
 def _fallbacks(ctx: Ctx, verdict_checks: list[CheckResult]) -> list[str]:

@@ -335,7 +335,7 @@ Attention = Annotated[
     typer.Option(
         parser=choice("msa", "dense"),
         metavar="msa|dense",
-        help="msa (the checkpoint's sparse attention, default) or dense: every layer dense through --hf-overrides, the opt-in fallback of a known MSA issue (quality cost unknown).",
+        help="msa (the checkpoint's sparse attention, even into a known fatal issue) or dense: every layer dense through --hf-overrides, a known MSA issue's fallback (quality cost unknown); default: msa, or the fallback where a known fatal issue applies.",
     ),
 ]
 

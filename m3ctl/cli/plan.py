@@ -215,7 +215,11 @@ def sizing(out: Output, request, rows: list) -> None:
                 if r.serves
                 else ""
             )
-            verdict = "[green]serves[/]" if r.serves else f"[red]{escape(r.rule or 'no plan')}[/]"
+            verdict = (
+                (f"[yellow]serves, {r.attention} attention[/]" if r.attention else "[green]serves[/]")
+                if r.serves
+                else f"[red]{escape(r.rule or 'no plan')}[/]"
+            )
             t.add_row(
                 r.system,
                 str(r.gpu_mib or "?"),
@@ -231,6 +235,9 @@ def sizing(out: Output, request, rows: list) -> None:
         for r in rows:
             if not r.serves:
                 out.con.print(f"  {r.system}: {escape(r.rule + ': ' if r.rule else '')}{escape(r.reason or '')}")
+            elif r.attention:  # a known fatal issue's fallback, planned by default: its cost and the way back
+                fb = next((f for f in r.fallbacks if f.startswith("attention: ")), "")
+                out.con.print(f"  {r.system}: {escape(fb or r.attention + ' attention')}")
     if not any(r.serves for r in rows):
         raise typer.Exit(EXIT_CONFIG_REJECTED)
 

@@ -66,8 +66,10 @@ class PlanDraft:
             secret values); unset_env: variables removed from its inherited environment.
         secrets: secret values (server environment only) and where each was given, from the flags and the env.
         secret_names, secret_origins: variables passed through by name, and where each came from.
+        attention_default, attention_note: the attention mode planned by default for a fatal known issue
+            (``dense``: its fallback; None), or why that fallback could not be planned.
         rules: the rules' view (:class:`~m3ctl.assess.rules.PlanContext`; None before :func:`step_rules`);
-            violations: FAIL findings accepted with ``skip_checks``.
+            findings: every rule's finding (FAIL and WARN); violations: FAIL findings accepted with ``skip_checks``.
         target, served, aliases: the model ``vllm serve`` loads, the served name and further names; argv: the
             full command line; startup_budget_s: the readiness budget (s).
     """
@@ -114,7 +116,10 @@ class PlanDraft:
     secrets: _secrets.Separated = field(default_factory=_secrets.Separated)
     secret_names: list[str] = field(default_factory=list)
     secret_origins: dict[str, str] = field(default_factory=dict)
+    attention_default: str | None = None
+    attention_note: str | None = None
     rules: PlanContext | None = None
+    findings: list[Finding] = field(default_factory=list)
     violations: list[Finding] = field(default_factory=list)
     target: str = ""
     served: str = ""

@@ -34,6 +34,12 @@ def _rejection(violations: list[Finding], rejected: list[Rejected]) -> ConfigRej
     return rejection(violations, alts)
 
 
+def _level(f: Finding) -> str:
+    """`` [fatal]`` / `` [unjudged]`` after a WARN finding's rule id when its severity is not the WARN's usual
+    ``degraded`` (a fatal path planned only because asked; a question the evidence cannot decide); else ""."""
+    return f" [{f.severity}]" if f.severity in ("fatal", "unjudged") else ""
+
+
 def step_rules(d: PlanDraft) -> None:
     """Step 11: the rules' view of the plan (``rules``), the largest max-model-len that fits where none was asked
     (set in ``args``), every named rule run: WARN findings and advisories to ``warnings``, FAIL ones raised (or,
@@ -71,6 +77,9 @@ def step_rules(d: PlanDraft) -> None:
         image_cuda=d.image_cuda if d.runtime == "docker" else None,
         drafter_block_size=d.spec.drafter.block_size if d.spec and d.spec.drafter else None,
         image_archs=list(user.cuda_archs) if user and d.runtime == "docker" else [],
+        attention_asked=r.attention,
+        attention_default=d.attention_default,
+        attention_note=d.attention_note,
     )
     d.rules = ctx
     chosen_len = choose_max_model_len(ctx)
@@ -78,6 +87,7 @@ def step_rules(d: PlanDraft) -> None:
         d.choices.append(Choice(what="--max-model-len", value=str(chosen_len[0]), why=chosen_len[1]))
         d.warnings.append(chosen_len[2])
     findings = run_rules(ctx)
+    d.findings = findings
     violations = [f for f in findings if f.status == "FAIL"]
     if violations and not r.skip_checks:
         raise _rejection(violations, d.rejected)
@@ -85,7 +95,7 @@ def step_rules(d: PlanDraft) -> None:
     if ctx.variant and r.allow_emulated and ctx.support().status == "emulated":
         d.warnings.append(f"variant {d.rule_vname} runs emulated on {d.profile.arch}: {ctx.support().note}")
     d.warnings += [f"rule {v.rule} skipped: {v.message}" for v in violations]
-    d.warnings += [f"rule {f.id}: {f.message} ({f.fix})" for f in findings if f.status == "WARN"]
+    d.warnings += [f"rule {f.id}{_level(f)}: {f.message} ({f.fix})" for f in findings if f.status == "WARN"]
     d.warnings += advisories(ctx)
 
 
@@ -171,4 +181,5 @@ def step_launch_plan(d: PlanDraft) -> LaunchPlan:
     )
     lp._secret_values = dict(d.secrets.values)
     lp._rules = ctx
+    lp._findings = list(d.findings)
     return lp

@@ -8,7 +8,7 @@ from typing import Any
 
 from m3ctl import catalog
 from m3ctl.assess.choose import Choice
-from m3ctl.assess.known_issues import applicable, attention_overrides, known_issues
+from m3ctl.assess.known_issues import applicable, attention_overrides, default_fallback, dense_in_effect, known_issues
 from m3ctl.assess.request import DIRECT
 from m3ctl.catalog import vendors
 from m3ctl.catalog.vllm_args import OWNED_FLAGS, canon_flag
@@ -21,44 +21,61 @@ from m3ctl.planning.draft import RAW_PARALLEL_FLAGS, PlanDraft
 SAME_SETTING = {"attention-backend": "attention_config.backend", "attention_config.backend": "attention-backend"}
 
 
-def _attention_choice(
-    mode: str | None,
-    facts,
-    family: str | None,
-    arch: str,
-    engine_version: str | None,
-    args: dict[str, Any],
-    choices: list[Choice],
-    warnings: list[str],
-) -> None:
-    """``--attention``: ``dense`` sets the fallback's flag (m3ctl.assess.known_issues.attention_overrides, merged
-    into the user's own ``--hf-overrides``) and warns; with the default, a known issue that has this fallback is
-    named in the choices (the rule ``capability.known_issue`` warns)."""
+def _attention_choice(d: PlanDraft) -> None:
+    """``--attention``. ``dense`` sets the fallback's flag (m3ctl.assess.known_issues.attention_overrides, merged
+    into the user's own ``--hf-overrides``) and warns. Left open, a ``fatal`` known issue here
+    (:func:`~m3ctl.assess.known_issues.default_fallback`) gets its fallback planned by default, said in the choices
+    with its warning and the way back (``attention_default``); where it cannot be planned (no fallback, no layer
+    count, a conflicting ``--hf-overrides``) the rule ``capability.known_issue`` refuses the launch
+    (``attention_note`` says why). ``msa`` asks for the checkpoint's own attention: the rule names what will happen."""
 
     fb = known_issues().fallbacks["attention_dense"]
+    mode, facts, fam, arch = d.request.attention, d.facts, d.family, d.profile.arch
     if mode == "dense":
-        flag, value = attention_overrides(facts, args.get(fb.flag))
-        args[flag] = value
-        choices.append(
+        flag, value = attention_overrides(facts, d.args.get(fb.flag))
+        d.args[flag] = value
+        d.choices.append(
             Choice(
                 what="attention",
                 value="dense",
                 why=f"--attention dense: {fb.what} (--{flag} {json.dumps(value, separators=(',', ':'))})",
             )
         )
-        warnings.append(f"--attention dense: {fb.warning}")
+        d.warnings.append(f"--attention dense: {fb.warning}")
         return
-    rows = [(a, f) for a in applicable(family, arch, facts.attention, engine_version) if (f := a.fallback) is not None]
-    if rows:
-        row, fallback = rows[0]
-        choices.append(
+    gate = default_fallback(fam, arch, facts.attention, d.engine_version)
+    if mode is None and gate is not None:
+        row, fallback = gate
+        if fallback is None:
+            d.attention_note = f"known issue {row.issue.id} has no fallback"
+            return
+        if dense_in_effect(facts, d.args):  # the user's own --hf-overrides already serve every layer densely
+            return
+        try:
+            flag, value = attention_overrides(facts, d.args.get(fallback.flag))
+        except BadInput as e:
+            d.attention_note = f"{fallback.option} could not be planned: {e.message}"
+            return
+        d.args[flag] = value
+        d.attention_default = "dense"
+        d.choices.append(
             Choice(
                 what="attention",
-                value=facts.attention,
-                why=f"the checkpoint's own; known issue {row.issue.id} here: {fallback.option} "
-                f"is its opt-in fallback ({fallback.what}; quality cost unknown)",
+                value="dense",
+                why=f"by default: known issue {row.issue.id} ({row.issue.symptom.split(':')[0]}) with "
+                f"{facts.attention.upper()} on {arch}; {fallback.what}; way back: {fallback.way_back}",
             )
         )
+        return
+    rows = [(a, f) for a in applicable(fam, arch, facts.attention, d.engine_version) if (f := a.fallback) is not None]
+    if rows:
+        row, fallback = rows[0]
+        asked = " (--attention msa)" if mode == "msa" else ""
+        choices_why = (
+            f"the checkpoint's own{asked}; known issue {row.issue.id} here: {fallback.option} "
+            f"is its fallback ({fallback.what}; quality cost unknown)"
+        )
+        d.choices.append(Choice(what="attention", value=facts.attention, why=choices_why))
 
 
 def step_speculation(d: PlanDraft) -> None:
@@ -131,6 +148,9 @@ def _layout_flags(d: PlanDraft) -> dict[str, Any]:
         par["enable-expert-parallel"] = True
     if d.dbo:
         par["enable-dbo"] = True
+        deep = [b for b in d.profile.all2all_backends if b.startswith(("deepep", "mori"))]
+        if d.profile.supports.dbo and deep and "all2all-backend" not in d.args:  # DBO runs only with these (rule
+            par["all2all-backend"] = deep[0]  # parallel.dbo): the profile's first, unless a layer names one
     if d.spec_cfg:
         par["speculative-config"] = d.spec_cfg
     return par
@@ -176,7 +196,7 @@ def step_flags(d: PlanDraft) -> None:
             f"{origin} ({'--arg' if origin == DIRECT else 'args'})",
         )
     _layer(d, d.raw_flags, "raw vLLM argument")
-    _attention_choice(r.attention, d.facts, fam, prof.arch, d.engine_version, d.args, d.choices, d.warnings)
+    _attention_choice(d)
     for note in d.raw_notes:
         d.choices.append(Choice(what="raw argument", value=note.split(" read as ")[-1].split(" (")[0], why=note))
 

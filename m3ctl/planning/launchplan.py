@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import BaseModel, Field, PrivateAttr
 
 from m3ctl.assess.choose import Choice, Rejected
-from m3ctl.assess.rules import PlanContext
+from m3ctl.assess.rules import Finding, PlanContext
 from m3ctl.core.secrets import redact_env
 
 
@@ -113,11 +113,17 @@ class LaunchPlan(BaseModel):
     shell...), for messages that say which key source is expected. Never a value."""
     _secret_values: dict[str, str] = PrivateAttr(default_factory=dict)
     _rules: PlanContext | None = PrivateAttr(default=None)
+    _findings: list[Finding] = PrivateAttr(default_factory=list)
 
     def rule_context(self) -> PlanContext | None:
         """The rules' view of this plan (:class:`~m3ctl.assess.rules.PlanContext`: the layout, the variant's
         capability support, the memory fit at any context); None for a plan loaded from JSON. Never serialized."""
         return self._rules
+
+    def findings(self) -> list[Finding]:
+        """Every rule's finding on this plan (WARN ones, and FAIL ones accepted with ``skip_checks``), each with
+        its severity; empty for a plan loaded from JSON. Never serialized."""
+        return list(self._findings)
 
     def secret_values(self) -> dict[str, str]:
         """Secret values the plan's inputs carried (an ``--arg api-key=K``, a profile's ``env: {HF_TOKEN: T}``...),

@@ -15,6 +15,8 @@ from typing import Any
 from m3ctl.assess import capability as caps
 from m3ctl.assess import memory as mem
 from m3ctl.assess.choose import Rejected
+from m3ctl.assess.findings import Finding, blockers
+from m3ctl.assess.known_issues import applicable
 from m3ctl.assess.request import PlanRequest
 from m3ctl.errors import CatalogError, ConfigRejected, M3Error
 from m3ctl.planning.launchplan import LaunchPlan
@@ -91,12 +93,37 @@ class PlanOutcome:
             raise RuntimeError("an accepted outcome has no blocker")
         return rejection_id(self.error, no_profile)
 
+    def findings(self) -> list[Finding]:
+        """The rule findings behind this outcome, each with its severity: an accepted plan's (WARN ones, and FAIL
+        ones accepted with ``skip_checks``), or the rejection's FAIL findings; empty where planning stopped before
+        the rules (bad input, no profile)."""
+        if self.plan is not None:
+            return self.plan.findings()
+        found = getattr(self.error, "findings", ())
+        return [f for f in found if isinstance(f, Finding)]
+
+    def fatal(self) -> list[Finding]:
+        """The findings that make "runnable" impossible (:func:`m3ctl.assess.findings.blockers`): a rejection's, or
+        a plan's fatal path planned only because it was asked for (``--attention msa`` into a known fatal issue,
+        ``--skip-checks``)."""
+        return blockers(self.findings())
+
+    def attention_default(self) -> str | None:
+        """The attention mode the planner chose by default for a fatal known issue (``dense``), or None."""
+        ctx = self.plan.rule_context() if self.plan is not None else None
+        return ctx.attention_default if ctx is not None else None
+
     def pinned_request(self) -> PlanRequest:
-        """The request with the chosen variant named (``variant``): the one that plans this outcome again with
-        the choice written down (what doctor's verdict shows as its plan request)."""
-        if self.variant is None or self.request.variant == self.variant:
-            return self.request
-        return self.request.model_copy(update={"variant": self.variant})
+        """The request with the planner's choices named (``variant``; ``attention`` where a known issue's fallback
+        was planned by default): the one that plans this outcome again with the choices written down (what
+        doctor's verdict shows as its plan request)."""
+        update: dict[str, Any] = {}
+        if self.variant is not None and self.request.variant != self.variant:
+            update["variant"] = self.variant
+        att = self.attention_default()
+        if att is not None and self.request.attention is None:
+            update["attention"] = att
+        return self.request.model_copy(update=update) if update else self.request
 
     def support(self) -> caps.Support | None:
         """How the planned variant runs here (the rules' :meth:`~m3ctl.assess.rules.PlanContext.support`); None
@@ -127,6 +154,14 @@ class PlanOutcome:
         kb = caps.known_bad(ctx.facts.family or "", arch, ctx.variant.precision)
         if kb:
             out.append(f"known-bad: {kb.note} ({kb.source})")
+        rows = applicable(ctx.facts.family, arch, ctx.facts.attention, ctx.engine_version)
+        fb = rows[0].fallback if rows else None
+        how = "by default" if ctx.attention_default is not None else "as asked" if ctx.attention_asked else None
+        if fb is not None and how and fb.option.endswith(ctx.attention_default or ctx.attention_asked or ""):
+            out.append(
+                f"attention: {fb.option.split()[-1]} {how} for known issue {rows[0].issue.id} (cost: {fb.warning}; "
+                f"{fb.what}; way back: {fb.way_back})"
+            )
         return out
 
     def key(self) -> dict[str, Any]:

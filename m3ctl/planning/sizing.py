@@ -14,10 +14,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from m3ctl.assess.request import PlanRequest
-from m3ctl.errors import ConfigRejected, M3Error
+from m3ctl.errors import ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.hw.systems import inventory_for_system, resolve_system, system_names
-from m3ctl.planning.plan import LaunchPlan, plan
+from m3ctl.planning.outcome import PlanOutcome
+from m3ctl.planning.plan import plan_outcome
 
 
 class SizingRow(BaseModel):
@@ -26,7 +27,8 @@ class SizingRow(BaseModel):
     Attributes:
         system: system name with its GPU count (``gb300x4``).
         gpus: GPUs in the system; gpu: GPU name; gpu_mib: memory per GPU (MiB).
-        serves: True when the planner accepts the launch.
+        serves: True when the planner accepts the launch and no finding of it is fatal (a failing path planned
+            only because it was asked for, e.g. ``--attention msa`` into a known fatal issue, does not serve).
         variant: the chosen variant (precision); tp, pp, dp, ep, dcp: the planned layout (None when rejected): the
             planner's layout search, as ``m3ctl plan --system NAME`` chooses it.
         image, profile, runtime: the image (docker runtime), kernel profile and runtime the plan launches with.
@@ -34,8 +36,13 @@ class SizingRow(BaseModel):
         max_model_len: the context length planned (tokens).
         kv_tokens: KV cache capacity of one DP replica (tokens); None when unknown or rejected.
         concurrent_sequences: ``max_model_len``-token sequences whose KV fits at once, over all replicas.
-        rule: the rule id that rejects the launch (``memory.fit``, ``variant.native``...); None when it serves.
-        reason: the rejection or error message, one line.
+        rule: the rule id that rejects the launch (``memory.fit``, ``variant.native``...) or whose fatal finding
+            blocks it; None when it serves.
+        reason: the rejection, the fatal finding or the error message, one line.
+        attention: the attention mode the planner chose by default for a known fatal issue (``dense``), None
+            where the checkpoint's own (or the asked) attention runs.
+        fallbacks: the plan's fallback paths (:meth:`~m3ctl.planning.outcome.PlanOutcome.fallbacks`: e.g. dense
+            attention planned by default for a known fatal issue, with its cost and the way back).
     """
 
     system: str
@@ -58,17 +65,16 @@ class SizingRow(BaseModel):
     runtime: str | None = None
     rule: str | None = None
     reason: str | None = None
+    attention: str | None = None
+    fallbacks: list[str] = []
 
 
-def plan_on(inventory: HostInventory, request: PlanRequest) -> LaunchPlan:
-    """The one call from the sizing view into the planner: plan on ``inventory`` with the same
-    :class:`~m3ctl.assess.request.PlanRequest` ``m3ctl plan`` builds.
+def plan_on(inventory: HostInventory, request: PlanRequest) -> PlanOutcome:
+    """The one call from the sizing view into the planner: the :class:`~m3ctl.planning.outcome.PlanOutcome` of
+    ``request`` on ``inventory``, the same :class:`~m3ctl.assess.request.PlanRequest` ``m3ctl plan`` builds (the
+    plan, or the rejection with its rule: never raised)."""
 
-    Raises:
-        ConfigRejected: a rule rejects the launch (exit 3); M3Error: bad input or catalog (exit 2).
-    """
-
-    return plan(inventory, request)
+    return plan_outcome(inventory, request)
 
 
 def _docker_unless_given(request: PlanRequest) -> PlanRequest:
@@ -89,16 +95,23 @@ def size_system(name: str, request: PlanRequest) -> SizingRow:
     key, _spec, count = resolve_system(name)
     g = inv.gpus[0]
     row: dict[str, Any] = dict(system=f"{key}x{count}", gpus=count, gpu=g.name, gpu_mib=g.memory_total_mib)
-    try:
-        p = plan_on(inv, request)
-    except ConfigRejected as e:
-        return SizingRow(**row, serves=False, rule=e.rule, reason=e.reason)
-    except M3Error as e:  # e.g. no kernel profile for the architecture (catalog)
-        return SizingRow(**row, serves=False, rule=None, reason=e.message)
+    out = plan_on(inv, request)
+    if out.error is not None:
+        e = out.error
+        if isinstance(e, ConfigRejected):
+            return SizingRow(**row, serves=False, rule=e.rule, reason=e.reason)
+        return SizingRow(**row, serves=False, rule=None, reason=e.message)  # e.g. no kernel profile (catalog)
+    p = out.unwrap()
+    fatal = out.fatal()
+    if fatal:  # planned only because asked (a known fatal issue's failing path, --skip-checks): it does not serve
+        row.update(serves=False, rule=fatal[0].rule, reason=fatal[0].message)
+    else:
+        row.update(serves=True)
     fit = p.memory_fit
     return SizingRow(
         **row,
-        serves=True,
+        attention=out.attention_default(),
+        fallbacks=out.fallbacks(),
         variant=p.variant,
         tp=p.tp,
         pp=p.pp,

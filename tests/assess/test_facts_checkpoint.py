@@ -302,16 +302,17 @@ def test_known_issue_row_in_doctor_and_plan_on_h200_not_on_blackwell(tmp_path):
     h200, b200 = _inv(str(H200)), inventory_for_system("b200x8")
     for model in ("MiniMax-M3.1-Flash", str(m3)):
         rep = run_doctor(h200, model=model, host_checks=False)
-        row = rep.check("capability.known_issue")
+        row = rep.check("capability.known_issue")  # the fatal issue's fallback, planned by default
         assert row.status == "WARN" and "msa-triton-illegal-memory-access" in row.message
-        assert "--attention dense" in row.fix and any("not tried" in d for d in row.details)
+        assert "avoided with --attention dense" in row.message and "--attention msa" in row.fix
+        assert any("not tried" in d for d in row.details)
         assert run_doctor(b200, model=model, host_checks=False).check("capability.known_issue").status == "OK"
     p = plan(h200, PlanRequest(model=str(m3), vllm_executable="vllm"))
     assert any("capability.known_issue" in w and "msa-triton-illegal-memory-access" in w for w in p.warnings)
-    assert any(c.what == "attention" and "--attention dense" in c.why for c in p.choices)
-    assert "--hf-overrides" not in p.argv  # offered, never applied by itself
+    assert any(c.what == "attention" and c.value == "dense" and "by default" in c.why for c in p.choices)
+    assert json.loads(p.argv[p.argv.index("--hf-overrides") + 1]) == H200_DENSE  # planned by default
     p = plan(b200, PlanRequest(model=str(m3), vllm_executable="vllm", skip_checks=True))
-    assert not any("capability.known_issue" in w for w in p.warnings)
+    assert not any("capability.known_issue" in w for w in p.warnings) and "--hf-overrides" not in p.argv
     dense = run_doctor(h200, model=str(m3), host_checks=False, attention="dense")
     assert "avoided with --attention dense" in dense.check("capability.known_issue").message
     assert "--attention dense" in (dense.verdict.serve_command or "")
@@ -323,7 +324,7 @@ def test_known_issue_table_schema_errors_are_one_line():
     assert "did you mean 'families'" in ei.value.message
     with pytest.raises(CatalogError) as ei:
         parse_known_issues(
-            "schema_version: 1\nissues:\n  - {id: x, families: [a], archs: [b], seen_with: ['1'], "
+            "schema_version: 1\nissues:\n  - {id: x, families: [a], archs: [b], seen_with: ['1'], severity: fatal, "
             "symptom: s, seen_on: o, not_tried: n, workaround: nope, source: src}\n"
         )
     assert "nope" in ei.value.message

@@ -79,8 +79,9 @@ def test_dcp_rules():
 
 
 def test_dbo_f12():
-    e = _rejects("parallel.dbo", synthetic("b200x8"), dbo=True)
+    e = _rejects("parallel.dbo", synthetic("b200x8"), dbo=True, tp=8, dp=1, ep=False)  # the layout pinned
     assert "DP > 1" in e.message and "expert parallel" in e.message
+    assert plan(synthetic("b200x8"), PlanRequest(model="MiniMax-M3.1-Flash", dbo=True)).dbo  # open: a layout that runs
     e = _rejects(
         "parallel.dbo", synthetic("b200x8"), dbo=True, tp=1, dp=8, ep=True, overrides={"all2all-backend": "pplx"}
     )

@@ -42,8 +42,9 @@ CASES: dict[str, list[Callable[[], dict[str, Any]]]] = {
     "image.cuda_vs_driver": [_old_driver],
     "capability.known_bad": [lambda: {"inventory": h200x2(), "model": "MiniMax-M3", "variant": "nvfp4"}],
     "capability.known_issue": [
-        lambda: {"inventory": h200x2()},  # MSA on Hopper: the issue and its opt-in fallback
-        lambda: {"inventory": h200x2(), "attention": "dense"},  # the fallback in effect: what it costs
+        lambda: {"inventory": h200x2()},  # MSA on Hopper: the fatal issue's fallback, planned by default
+        lambda: {"inventory": h200x2(), "attention": "dense"},  # the fallback asked for: what it costs
+        lambda: {"inventory": h200x2(), "attention": "msa"},  # the failing path asked for: fatal, a blocker
     ],
 }
 
@@ -85,7 +86,8 @@ def _rule_findings(inv: HostInventory, rep: doctor.DoctorReport, seen: dict[str,
 
 
 def _agree(row: doctor.CheckResult, f: Finding) -> None:
-    assert (row.id, row.status, row.message, row.fix) == (f.rule, f.status, f.message, f.fix)
+    status = "FAIL" if f.status == "FAIL" or f.severity == "fatal" else "WARN"  # a fatal finding blocks in both
+    assert (row.id, row.status, row.message, row.fix) == (f.rule, status, f.message, f.fix)
     assert f"source: {f.source}" in row.details
 
 
@@ -105,7 +107,7 @@ def test_the_doctor_row_is_the_rule_finding(rule_id, case, findings):
     f = _rule_findings(kw["inventory"], rep, findings).get(rule_id)
     assert f is not None, f"the case does not make rule {rule_id} fire"
     _agree(rep.check(rule_id), f)
-    if f.status == "FAIL":  # a blocker in both: the verdict names it
+    if f.status == "FAIL" or f.severity == "fatal":  # a blocker in both: the verdict names it
         assert rep.verdict.status == "not_runnable"
         assert any(b.startswith(f"{rule_id}: ") for b in rep.verdict.blockers), rep.verdict.blockers
 

@@ -30,7 +30,7 @@ def lines(text: str) -> list[dict]:
 
 def test_every_command_prints_json(capsys, tmp_path, tiny_models):
     tiny = str(tiny_models["llama"])
-    assert doc(capsys, "doctor", "--json", "--system", "h200x8")["verdict"]["status"] == "runnable_natively"
+    assert doc(capsys, "doctor", "--json", "--system", "h200x8")["verdict"]["status"] == "runnable_with_fallbacks"
     assert doc(capsys, "plan", "--json", "--system", "h200x8")["argv"]
     assert doc(capsys, "plan", "--json", "--systems", "h200x8,a100x8")
     assert doc(capsys, "serve", "--json", "--dry-run", "--model", tiny)["argv"]
@@ -140,15 +140,16 @@ def test_every_command_in_the_app_has_a_json_option():
 
 def test_a_runnable_verdict_says_which_known_issue_can_kill_it(capsys):
     """MiniMax-M3 on Hopper: every prompt over one 128-token MSA block killed the engine on an H200
-    (m3ctl/data/known_issues.yaml). "runnable natively" alone read as ready; the verdict's line now names the
-    issue, and --attention dense (the opt-in fallback) takes it out of the line."""
+    (m3ctl/data/known_issues.yaml). "runnable natively ... but known issue" read as go; the planner now plans the
+    issue's fallback (dense attention) by default, the verdict lists it with its cost and its serve command asks
+    for it, and asking for MSA itself (--attention msa) is not runnable."""
     v = doc(capsys, "doctor", "--json", "--system", "h200x8")["verdict"]
-    assert v["status"] == "runnable_natively"
-    assert (
-        "; but known issue msa-triton-illegal-memory-access: every prompt longer than one 128-token MSA block"
-        in (v["summary"])
-    )
+    assert v["status"] == "runnable_with_fallbacks" and "--attention dense" in v["serve_command"]
+    assert "attention: dense by default for known issue msa-triton-illegal-memory-access" in v["summary"]
     dense = doc(capsys, "doctor", "--json", "--system", "h200x8", "--attention", "dense")["verdict"]
-    assert dense["status"] == "runnable_natively" and "known issue" not in dense["summary"]
+    assert dense["status"] == "runnable_with_fallbacks" and "dense as asked for known issue" in dense["summary"]
+    msa = doc(capsys, "doctor", "--json", "--system", "h200x8", "--attention", "msa", code=1)["verdict"]
+    assert msa["status"] == "not_runnable" and msa["serve_command"] is None
+    assert msa["blockers"][0].startswith("capability.known_issue: known issue msa-triton-illegal-memory-access")
     b200 = doc(capsys, "doctor", "--json", "--system", "b200x8")["verdict"]
     assert "known issue" not in b200["summary"]  # native MSA on Blackwell: no such issue
