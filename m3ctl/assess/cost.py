@@ -10,7 +10,9 @@ with speculation) and ``prefill`` prompt tokens (chunked prefill mixes them in).
 - each decoding sequence's KV: all of its context for GQA, or for MSA the indexer keys of the whole context plus the
   ``topk_blocks x block`` tokens the indexer selects (every layer with ``sparse_attention_freq`` set);
 
-and does ``2 x active weights`` FLOPs per token plus attention's ``4 x heads x head_dim`` per attended token. TP
+and does ``2 x active weights`` FLOPs per token plus attention's ``4 x heads x head_dim`` per attended token (a
+prompt token attends half its prompt, or on MSA layers the selected blocks of it) and MSA's indexer
+``2 x index_heads x index_dim`` per context token it scores. TP
 adds two all-reduces of ``tokens x hidden`` BF16 values per layer (ring: ``2 (n-1)/n`` of them cross each link).
 
 Time of a step: ``overhead + max(bytes / (eta_hbm x HBM), flops / (eta_compute x peak)) + comm``, with the peaks
@@ -214,9 +216,10 @@ def step_cost(shape: Shape, layout: Layout, step: Step) -> Cost:
     kv = step.decode * elements * shape.kv_bytes / kv_split
     active = dense + shape.layers * shape.top_k * shape.expert_params() + shape.vocab * shape.hidden
     attn_flops = 4 * shape.heads * shape.head_dim
-    flops = 2.0 * active * tokens + attn_flops * (
-        step.decode * att_tokens + step.prefill * shape.layers * step.context / 2
-    )
+    _, prefill_att = attended(shape, step.context // 2)  # a prompt token attends half its prompt on average
+    index_flops = 2 * shape.index_heads * shape.index_dim * shape.msa_layers  # MSA scores every context token
+    flops = 2.0 * active * tokens + attn_flops * (step.decode * att_tokens + step.prefill * prefill_att)
+    flops += index_flops * (step.decode * step.context + step.prefill * step.context / 2)
     reduces = 2 * shape.layers if n > 1 else 0
     comm = reduces * tokens * shape.hidden * 2.0 * 2 * (n - 1) / n if n > 1 else 0.0
     return Cost(weights, kv, flops / n, comm, reduces)

@@ -279,6 +279,9 @@ def estimate_plan(plan: LaunchPlan, request: EstimateRequest) -> Estimate:
     if not ctx.inventory.gpus:
         raise BadInput("no GPU to estimate for on this host", "give --system NAME (e.g. h200x8) or --inventory FILE")
     precision = (ctx.variant.precision if ctx.variant else None) or ctx.facts.precision or "bf16"
+    facts = ctx.facts
+    if next((c.value for c in plan.choices if c.what == "attention"), None) == "dense":  # every layer reads all KV
+        facts = facts.model_copy(update={"sparse_attention_freq": [0] * (facts.num_layers or 0)})
     _, depth = ctx.speculation()
     per_replica = Workload(
         concurrency=max(1, -(-request.concurrency // max(ctx.dp, 1))),
@@ -288,7 +291,7 @@ def estimate_plan(plan: LaunchPlan, request: EstimateRequest) -> Estimate:
         acceptance=(1.0, 1.0 + depth) if depth else (1.0, 1.0),
     )
     return estimate(
-        ctx.facts,
+        facts,
         precision,
         kv_bytes_per_element(ctx.kv_dtype),
         ctx.inventory.gpus[0].name,
