@@ -13,7 +13,7 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, field_validator
 
 from m3ctl.errors import BadInput, plain_text
 from m3ctl.loadgen import MAX_REQUEST_TOKENS, WORKLOADS
@@ -49,10 +49,31 @@ RUN_LENGTH_RULE = (
 )
 
 
+_NUM_PROMPTS_HELP = (
+    f"Requests to send (stop by count). Not given: {STEADY_WAVES + 2} waves of --concurrency (one of ramp-up, "
+    f"{STEADY_WAVES} of steady state, one of drain; --precision: up to {PRECISION_WAVES}), at least"
+)
+_PRECISION_HELP = (
+    "Measure until the 95 % interval of --precision-metric is within this half-width (relative: 2% or 0.02) or "
+    "--max-duration ends, ramp-up and drain left out; figures wider than it are marked. Default run length: "
+    + RUN_LENGTH_RULE
+    + "."
+)
+_PRECISION_METRIC_HELP = (
+    "The figure --precision is asked of: output_throughput, total_token_throughput, request_throughput, "
+    "request_goodput or a latency key such as p90_tpot_ms."
+)
+_MAX_DURATION_HELP = (
+    f"Time budget of a --precision run (s, default {PRECISION_MAX_DURATION_S:g}): it stops issuing requests then "
+    "and says the precision was not met."
+)
+_MAX_DURATION_CLI = {"name": "max_duration", "parser": "positive_float", "metavar": "SECONDS"}
+
+
 def parse_precision(v: Any) -> Any:
     """``"2%"`` -> 0.02; ``"0.02"`` -> 0.02; a number as it is (a relative half-width, checked by the field)."""
     if isinstance(v, str):
-        t = v.strip()
+        t = plain_text(v).strip()
         try:
             return float(t[:-1]) / 100 if t.endswith("%") else float(t)
         except ValueError:
@@ -135,12 +156,7 @@ class BenchConfig(BaseModel):
     model: str
     endpoint: str = Field("completions", description="completions or chat.", json_schema_extra=cli())
     num_prompts: int = Field(
-        100,
-        ge=1,
-        le=MAX_PROMPTS,
-        description=f"Requests to send (stop by count). Not given: {STEADY_WAVES + 2} waves of --concurrency (one of "
-        f"ramp-up, {STEADY_WAVES} of steady state, one of drain; --precision: up to {PRECISION_WAVES}), at least",
-        json_schema_extra=cli(unset=True),
+        100, ge=1, le=MAX_PROMPTS, description=_NUM_PROMPTS_HELP, json_schema_extra=cli(unset=True)
     )
     concurrency: int | None = Field(None, ge=1, le=MAX_PROMPTS)
     request_rate: float = Field(
@@ -410,40 +426,16 @@ class BenchConfig(BaseModel):
     deployment_gpus: list[int] | None = None
     """The GPU indices of ``deployment``'s launch plan (m3ctl.loadgen.target), what energy samples by default."""
     # uncertainty (m3ctl.loadgen.uncertainty: every figure's 95 % interval; docs/bench.md, Uncertainty)
-    precision: float | None = Field(
-        None,
-        gt=0,
-        lt=1,
-        description="Measure until the 95 % interval of --precision-metric is within this half-width (relative: "
-        "2% or 0.02) or --max-duration ends, ramp-up and drain left out; figures wider than it are marked. "
-        "Default run length: " + RUN_LENGTH_RULE + ".",
-        json_schema_extra=cli(type="str", metavar="PCT"),
+    precision: Annotated[float | None, BeforeValidator(parse_precision)] = Field(
+        None, gt=0, lt=1, description=_PRECISION_HELP, json_schema_extra=cli(type="str", metavar="PCT")
     )
     """Target relative half-width of the headline figure's 95 % interval; None: a run of fixed length."""
-    precision_metric: str = Field(
-        "output_throughput",
-        description="The figure --precision is asked of: output_throughput, total_token_throughput, "
-        "request_throughput, request_goodput or a latency key such as p90_tpot_ms.",
-        json_schema_extra=cli(metavar="KEY"),
+    precision_metric: Annotated[str, AfterValidator(check_precision_metric)] = Field(
+        "output_throughput", description=_PRECISION_METRIC_HELP, json_schema_extra=cli(metavar="KEY")
     )
     max_duration_s: float | None = Field(
-        None,
-        gt=0,
-        allow_inf_nan=False,
-        description=f"Time budget of a --precision run (s, default {PRECISION_MAX_DURATION_S:g}): it stops issuing "
-        "requests then and says the precision was not met.",
-        json_schema_extra=cli(name="max_duration", parser="positive_float", metavar="SECONDS"),
+        None, gt=0, allow_inf_nan=False, description=_MAX_DURATION_HELP, json_schema_extra=cli(**_MAX_DURATION_CLI)
     )
-
-    @field_validator("precision", mode="before")
-    @classmethod
-    def _precision(cls, v: Any) -> Any:
-        return parse_precision(plain_text(v))
-
-    @field_validator("precision_metric")
-    @classmethod
-    def _precision_metric(cls, v: str) -> str:
-        return check_precision_metric(v)
 
     @field_validator("*", mode="before")
     @classmethod

@@ -257,7 +257,7 @@ def _window(n: int, q: float) -> tuple[int, int]:
     falls in (:data:`WINDOW_SD`)."""
     h = WINDOW_SD * math.sqrt(n * (q / 100) * (1 - q / 100)) + 2
     mid = q / 100 * (n - 1)
-    return max(0, int(mid - h)), min(n, int(math.ceil(mid + h)) + 2)
+    return max(0, int(mid - h)), min(n, math.ceil(mid + h) + 2)
 
 
 def _replicate_quantiles(sorted_vals: np.ndarray, q: float, replicates: int, rng: np.random.Generator) -> np.ndarray:
@@ -317,7 +317,7 @@ def _pooled(
     equal pooled counts (the window as wide in percentile points as :func:`_window` gives for one value per
     request); a resample's percentile interpolates within its bin. The mean: the ratio estimator's linearised
     standard error over requests."""
-    n_req, g = len(lens), len(gaps)
+    n_req = len(lens)
     rng = np.random.default_rng([seed, len(stats)])
     draws = rng.integers(0, n_req, size=(replicates, n_req)) + (np.arange(replicates) * n_req)[:, None]
     w = np.bincount(draws.ravel(), minlength=replicates * n_req).reshape(replicates, n_req).astype(np.float32)
@@ -341,7 +341,7 @@ def _pooled_percentile(gaps: np.ndarray, owner: np.ndarray, lens: np.ndarray, q:
     n_req, g = len(lens), len(gaps)
     a, b = _window(n_req, q)
     lo_pos = min(int(g * a / n_req), g - 1)
-    hi_pos = min(max(int(math.ceil(g * b / n_req)), lo_pos + 1), g)
+    hi_pos = min(max(math.ceil(g * b / n_req), lo_pos + 1), g)
     part = np.partition(gaps, [lo_pos, hi_pos - 1])
     v_lo, v_hi = part[lo_pos], part[hi_pos - 1]
     inwin = (gaps >= v_lo) & (gaps <= v_hi)
@@ -438,11 +438,11 @@ def block(
 
 def verdict(figs: dict, precision: float | None, headline: str) -> dict:
     """``{precision, headline, met, too_wide}`` of a figures dict (see :func:`block`)."""
-    too_wide = sorted(
-        k for k, f in figs.items() if precision is not None and (f["rel_half_width"] or 0.0) > precision
-    )
+    too_wide = sorted(k for k, f in figs.items() if precision is not None and (f["rel_half_width"] or 0.0) > precision)
     h = figs.get(headline)
-    met = None if precision is None else bool(h and h["rel_half_width"] is not None and h["rel_half_width"] <= precision)
+    met = (
+        None if precision is None else bool(h and h["rel_half_width"] is not None and h["rel_half_width"] <= precision)
+    )
     return {"precision": precision, "headline": headline, "met": met, "too_wide": too_wide}
 
 
