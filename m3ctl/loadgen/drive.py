@@ -106,6 +106,7 @@ async def _precision_watch(cfg: BenchConfig, send: _Sender, outs: list[RequestOu
     rec: dict = {"stopped_by": "prompts", "checks": 0, "half_width": None, "elapsed_s": None}
     send.stats.precision = rec
     period = min(1.0, budget / 20)
+    check = uncertainty.StopCheck(t0, budget, cfg.concurrency, cfg.precision_metric, cfg.goodput_slo_ms)
     while True:
         await asyncio.sleep(period)
         now = time.perf_counter()
@@ -114,9 +115,7 @@ async def _precision_watch(cfg: BenchConfig, send: _Sender, outs: list[RequestOu
             rec["stopped_by"], send.halted = "max_duration", True
             return
         horizon = min(send.in_flight.values(), default=now)
-        hw = await asyncio.to_thread(
-            uncertainty.stop_check, list(outs), cfg.concurrency, cfg.precision_metric, horizon, cfg.goodput_slo_ms
-        )
+        hw = await asyncio.to_thread(check.check, list(outs), horizon)
         rec["checks"] += 1
         rec["half_width"] = hw
         if hw is not None and cfg.precision is not None and hw <= cfg.precision:

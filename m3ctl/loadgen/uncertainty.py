@@ -446,54 +446,72 @@ def verdict(figs: dict, precision: float | None, headline: str) -> dict:
     return {"precision": precision, "headline": headline, "met": met, "too_wide": too_wide}
 
 
-def stop_check(
-    done: Sequence[RequestOutput],
-    concurrency: int | None,
-    headline: str,
-    horizon: float,
-    goodput_slo_ms: dict[str, float] | None = None,
-) -> float | None:
-    """The relative half-width of ``headline``'s interval while a run goes on (a --precision run's stop check):
-    ``done`` the completed requests, ``horizon`` the earliest send of a request still in flight (every request
-    sent before it has completed, so the counts up to it are whole). A rate: batch means over ``[the steady
-    state's start, horizon]`` once it holds :data:`BATCHES` batches of at least one median request latency, each
-    request's tokens spread evenly from its first token to its end (the result's interval then uses each
-    chunk's time); a latency statistic: the bootstrap (200 resamples) once the steady state has begun. None: not
-    known yet."""
-    ok = [o for o in done if o.success]
-    if len(ok) < 2:
-        return None
-    ends = np.sort(np.array([o.end_time for o in ok]))
-    starts = np.array([o.start_time for o in done if o.start_time])
-    level = _plateau(starts, np.array([o.end_time for o in done if o.start_time]), concurrency)
-    if len(ends) < level or ends[level - 1] >= horizon:
-        return None
-    start = float(ends[level - 1])
-    if headline not in RATES:
-        f = latency_intervals(ok, _percentile_of(headline), replicates=200).get(headline)
-        return None if f is None else f["rel_half_width"]
-    lat = float(np.median([o.latency for o in ok]))
-    if horizon - start < BATCHES * lat:
-        return None
-    edges = np.linspace(start, horizon, BATCHES + 1)
-    first = np.array([o.start_time + o.ttft for o in ok])
-    last = np.array([o.end_time for o in ok])
-    if headline == "request_throughput" or headline == "request_goodput":
-        w = np.ones(len(ok)) if headline == "request_throughput" else _good(ok, goodput_slo_ms or {})
-        bm = batch_means(last, w, start, horizon, BATCHES)
-    else:
-        toks = np.array([float(o.output_tokens or 1) for o in ok])
-        span = np.maximum(last - first, 1e-9)
-        lo, hi = np.maximum(first[:, None], edges[None, :-1]), np.minimum(last[:, None], edges[None, 1:])
-        per = ((np.maximum(hi - lo, 0.0) / span[:, None]) * toks[:, None]).sum(axis=0)
-        if headline == "total_token_throughput":
-            per += np.bincount(
-                np.clip(np.searchsorted(edges, first, side="right") - 1, 0, BATCHES - 1),
-                weights=np.array([float(o.prompt_len) for o in ok]) * ((first >= start) & (first < horizon)),
-                minlength=BATCHES,
-            )
-        bm = t_interval(per / ((horizon - start) / BATCHES))
-    return None if bm is None else rel_half_width(bm[0], bm[1], bm[2])
+class StopCheck:
+    """A --precision run's stop check: the relative half-width of the headline's interval while the run goes on.
+
+    Each completed request is added once (:meth:`check` takes the outputs so far): its chunks' tokens, its prompt
+    tokens (at its first token) and its completion go into bins of :data:`RESOLUTION_S` from ``t0``, so a check
+    costs the new requests and a sum over bins, not the whole run again. A rate's interval is batch means over
+    ``[the steady state's start, horizon]`` (``horizon``: the earliest send of a request still in flight; every
+    request sent before it has completed, so the counts up to it are whole), as the result's interval is computed
+    (:func:`rate_intervals`) but for the bins; a latency statistic's: the bootstrap with 200 resamples."""
+
+    RESOLUTION_S = 0.002
+
+    def __init__(self, t0: float, budget_s: float, concurrency: int | None, headline: str, goodput_slo_ms=None):
+        self.t0, self.concurrency, self.headline, self.slo = t0, concurrency, headline, goodput_slo_ms
+        n = int((budget_s + 1) / self.RESOLUTION_S) + 1
+        self.bins = {k: np.zeros(n) for k in RATES}
+        self.ends: list[float] = []
+        self.lats: list[float] = []
+        self.starts: list[float] = []
+        self.seen = 0
+
+    def _add(self, new: Sequence[RequestOutput]) -> None:
+        ok = [o for o in new if o.success]
+        self.starts += [o.start_time for o in new if o.start_time]
+        if not ok:
+            return
+        self.ends += [o.end_time for o in ok]
+        self.lats += [o.latency for o in ok]
+        times, toks = _token_times(ok, *_flat_gaps(ok))
+        firsts = np.array([o.start_time + o.ttft for o in ok])
+        ends = np.array([o.end_time for o in ok])
+        good = _good(ok, self.slo) if self.slo else np.zeros(len(ok))
+        prompts = np.array([float(o.prompt_len) for o in ok])
+        for key, t, w in (
+            ("output_throughput", times, toks),
+            ("total_token_throughput", np.concatenate([times, firsts]), np.concatenate([toks, prompts])),
+            ("request_throughput", ends, np.ones(len(ok))),
+            ("request_goodput", ends, good),
+        ):
+            idx = np.floor((t - self.t0) / self.RESOLUTION_S).astype(np.int64)
+            keep = (idx >= 0) & (idx < len(self.bins[key]))
+            self.bins[key] += np.bincount(idx[keep], weights=w[keep], minlength=len(self.bins[key]))
+
+    def check(self, outs: Sequence[RequestOutput], horizon: float) -> float | None:
+        """The relative half-width now (``outs``: the completed requests so far, in completion order); None: not
+        known yet (the steady state has not begun, or holds fewer than :data:`BATCHES` batches of a median
+        request latency)."""
+        self._add(outs[self.seen :])
+        self.seen = len(outs)
+        if len(self.ends) < 2:
+            return None
+        ends = np.sort(self.ends)
+        level = _plateau(np.array(self.starts), ends, self.concurrency)
+        if len(ends) < level or ends[level - 1] >= horizon:
+            return None
+        start = float(ends[level - 1])
+        if self.headline not in RATES:
+            f = latency_intervals(outs, _percentile_of(self.headline), replicates=200).get(self.headline)
+            return None if f is None else f["rel_half_width"]
+        if horizon - start < BATCHES * float(np.median(self.lats)):
+            return None
+        edges = np.floor((np.linspace(start, horizon, BATCHES + 1) - self.t0) / self.RESOLUTION_S).astype(np.int64)
+        cum = np.concatenate(([0.0], np.cumsum(self.bins[self.headline])))
+        per = np.diff(cum[np.clip(edges, 0, len(cum) - 1)]) / ((horizon - start) / BATCHES)
+        ti = t_interval(per)
+        return None if ti is None else rel_half_width(*ti)
 
 
 def _percentile_of(key: str) -> list[float]:
