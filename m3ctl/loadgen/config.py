@@ -36,6 +36,8 @@ MIN_DEFAULT_PROMPTS = 100
 #: The prompts a --precision run builds at most by default, in waves of the concurrency (it stops earlier, when
 #: the interval is within the target or --max-duration ends).
 PRECISION_WAVES = 50
+#: The fewest prompts a --precision run builds by default (a low concurrency turns over many times).
+MIN_PRECISION_PROMPTS = 1000
 #: The time budget of a --precision run without --max-duration (s).
 PRECISION_MAX_DURATION_S = 300.0
 #: The figures a --precision target can be asked of: the rates (batch means) and the latency statistics.
@@ -45,13 +47,15 @@ _LATENCY_KEY = re.compile(r"^(mean|median|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$
 RUN_LENGTH_RULE = (
     f"without --num-prompts a closed loop of concurrency c sends max({MIN_DEFAULT_PROMPTS}, "
     f"c x {STEADY_WAVES + 2}) requests (one wave of ramp-up, {STEADY_WAVES} waves of steady state, one of drain), "
-    f"and with --precision up to c x {PRECISION_WAVES} (an open loop: --request-rate x --max-duration)"
+    f"and with --precision up to max({MIN_PRECISION_PROMPTS}, c x {PRECISION_WAVES}) (an open loop: --request-rate "
+    "x --max-duration)"
 )
 
 
 _NUM_PROMPTS_HELP = (
     f"Requests to send (stop by count). Not given: {STEADY_WAVES + 2} waves of --concurrency (one of ramp-up, "
-    f"{STEADY_WAVES} of steady state, one of drain; --precision: up to {PRECISION_WAVES}), at least"
+    f"{STEADY_WAVES} of steady state, one of drain; --precision: up to {PRECISION_WAVES}, at least "
+    f"{MIN_PRECISION_PROMPTS}), at least"
 )
 _PRECISION_HELP = (
     "Measure until the 95 % interval of --precision-metric is within this half-width (relative: 2% or 0.02) or "
@@ -447,14 +451,16 @@ class BenchConfig(BaseModel):
 def run_length(cfg: BenchConfig, per_request_tokens: int) -> BenchConfig:
     """``cfg`` with its default run length (:data:`RUN_LENGTH_RULE`) when ``num_prompts`` was not given: a closed
     or capped loop (``concurrency`` c) sends ``max(MIN_DEFAULT_PROMPTS, c x (STEADY_WAVES + 2))`` requests, a
-    --precision run up to ``c x PRECISION_WAVES`` (an uncapped open loop: rate x max duration), within
+    --precision run up to ``max(MIN_PRECISION_PROMPTS, c x PRECISION_WAVES)`` (an uncapped open loop: rate x max
+    duration), within
     :data:`MAX_PROMPTS` and :data:`MAX_RUN_PROMPT_TOKENS` (``per_request_tokens``: the prompt tokens of one
     request). A given ``num_prompts``, a duration run, a trace or the agentic workload keep theirs."""
     if "num_prompts" in cfg.model_fields_set or cfg.duration_s or cfg.trace_path or cfg.workload == "agentic":
         return cfg
-    if cfg.concurrency:
-        waves = PRECISION_WAVES if cfg.precision else STEADY_WAVES + 2
-        n = max(MIN_DEFAULT_PROMPTS, cfg.concurrency * waves)
+    if cfg.concurrency and cfg.precision:
+        n = max(MIN_PRECISION_PROMPTS, cfg.concurrency * PRECISION_WAVES)
+    elif cfg.concurrency:
+        n = max(MIN_DEFAULT_PROMPTS, cfg.concurrency * (STEADY_WAVES + 2))
     elif cfg.precision and math.isfinite(cfg.request_rate):
         n = max(MIN_DEFAULT_PROMPTS, math.ceil(cfg.request_rate * (cfg.max_duration_s or PRECISION_MAX_DURATION_S)))
     else:

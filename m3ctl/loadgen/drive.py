@@ -43,7 +43,8 @@ class ClientStats:
     server_down: bool = False  # the server refused connections SERVER_DOWN_AFTER times in a row: run stopped
     stalled: dict | None = None  # {window_s, idle_s, in_flight}: no token for the stall window, run stopped
     not_sent: int = 0  # requests of the workload never sent because the run stopped early (count mode)
-    # a --precision run: {stopped_by: precision | max_duration | prompts, checks, half_width, elapsed_s}
+    # a --precision run: {stopped_by: precision | max_duration | prompts, checks, half_width, elapsed_s, and the
+    # horizon of the check that met the target: where its steady state ends}
     precision: dict | None = None
 
 
@@ -119,7 +120,7 @@ async def _precision_watch(cfg: BenchConfig, send: _Sender, outs: list[RequestOu
         rec["checks"] += 1
         rec["half_width"] = hw
         if hw is not None and cfg.precision is not None and hw <= cfg.precision:
-            rec["stopped_by"], send.halted = "precision", True
+            rec["stopped_by"], rec["horizon"], send.halted = "precision", horizon, True
             return
 
 

@@ -629,7 +629,8 @@ def interval_notes(un: dict) -> list[str]:
     if not un.get("met"):
         why = {
             "max_duration": f"--max-duration {un.get('max_duration_s') or 0:g} s ended the run",
-            "prompts": "the run's prompts ran out first (raise --num-prompts or --max-duration)",
+            "prompts": "the run's prompts ran out first (raise --num-prompts)",
+            "precision": "the stop check met it (binned to 2 ms), the result's exact interval is a little wider",
         }.get(un.get("stopped_by") or "", "the run ended first")
         notes.append(f"precision {100 * prec:.3g}% of {un.get('headline')} not met: {why}")
     return notes

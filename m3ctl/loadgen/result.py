@@ -358,17 +358,26 @@ def assemble(
 def uncertainty_block(cfg: BenchConfig, outs: list[RequestOutput], miss: dict, cstats: list[ClientStats]) -> dict:
     """The result's ``uncertainty`` block (m3ctl.loadgen.uncertainty.block): every figure's 95 % interval but
     those of metrics the run did not measure (``miss``: m3ctl.loadgen.metrics.unmeasured), and for a --precision
-    run ``stopped_by`` (precision, max_duration or prompts: the prompts ran out first) and its elapsed time."""
+    run ``stopped_by`` (precision, max_duration or prompts: the prompts ran out first) and its elapsed time; a
+    run stopped by its precision has its rates' steady state end where the stop check met the target."""
     skip = [m for m in ("ttft", "tpot", "itl", "e2el") if m in miss]
+    run = next((s.precision for s in cstats if s.precision), None)
     u = uncertainty.block(
-        outs, cfg.concurrency, cfg.percentiles, cfg.seed, cfg.goodput_slo_ms, skip, cfg.precision, cfg.precision_metric
+        outs,
+        cfg.concurrency,
+        cfg.percentiles,
+        cfg.seed,
+        cfg.goodput_slo_ms,
+        skip,
+        cfg.precision,
+        cfg.precision_metric,
+        end=(run or {}).get("horizon"),
     )
     drop = {"output_throughput", "total_token_throughput"} if "output_tokens" in miss else set()
     drop |= {"request_goodput"} if "request_goodput" in miss else set()
     if drop:
         u["figures"] = {k: v for k, v in u["figures"].items() if k not in drop}
         u.update(uncertainty.verdict(u["figures"], cfg.precision, cfg.precision_metric))
-    run = next((s.precision for s in cstats if s.precision), None)
     if run is not None:
         u["stopped_by"], u["elapsed_s"] = run["stopped_by"], run["elapsed_s"]
     if cfg.precision is not None:

@@ -49,7 +49,8 @@ POOLED = ("itl",)
 STEADY_RULE = (
     "steady state = from the completion of the first L requests (L: the concurrency cap, or the median in-flight "
     "count of an uncapped run; every lane has turned over once, so the synchronised first wave is out) to the first "
-    "completion after the last send (from then on the in-flight count only falls: the drain)"
+    "completion after the last send (from then on the in-flight count only falls: the drain); a --precision run "
+    "stopped by its target: to the point its stop check met it"
 )
 
 # t(0.975, df) for df = 1..30 (any statistics table); above 30 the normal quantile with a 1/df correction.
@@ -109,9 +110,10 @@ def _plateau(starts: np.ndarray, ends: np.ndarray, concurrency: int | None) -> i
     return max(1, int(np.median(inflight)))
 
 
-def steady_window(outs: Sequence[RequestOutput], concurrency: int | None) -> dict | None:
+def steady_window(outs: Sequence[RequestOutput], concurrency: int | None, end: float | None = None) -> dict | None:
     """The steady state of a run (:data:`STEADY_RULE`): ``{start, end}`` on the outputs' clock, the level ``L``
-    and the ramp-up and drain dropped (s); None without successful requests or when the rule leaves nothing."""
+    and the ramp-up and drain dropped (s); None without successful requests or when the rule leaves nothing.
+    ``end``: where a --precision run's stop check met its target (its window ends there, as the check's did)."""
     ok = [o for o in outs if o.success]
     if len(ok) < 2:
         return None
@@ -123,7 +125,7 @@ def steady_window(outs: Sequence[RequestOutput], concurrency: int | None) -> dic
     start = float(ends[level - 1])
     last_send = float(starts.max())
     after = ends[ends > last_send]
-    end = float(after[0]) if len(after) else last_send
+    end = end if end is not None else float(after[0]) if len(after) else last_send
     if end <= start:
         return None
     return {
@@ -184,11 +186,12 @@ def rate_intervals(
     goodput_slo_ms: dict[str, float] | None = None,
     batches: int = BATCHES,
     flat: tuple[np.ndarray, np.ndarray] | None = None,
+    end: float | None = None,
 ) -> tuple[dict, dict]:
     """The batch-means intervals of :data:`RATES` over the steady state: ``({key: figure}, steady)``; ``steady``
     says the window (:func:`steady_window`), the batches used and, when there are none, ``reason``."""
     ok = [o for o in outs if o.success]
-    win = steady_window(outs, concurrency)
+    win = steady_window(outs, concurrency, end)
     if win is None:
         return {}, {"rule": STEADY_RULE, "reason": "no steady state: fewer completions than the concurrency level"}
     span = win["end"] - win["start"]
@@ -425,13 +428,15 @@ def block(
     skip: Sequence[str] = (),
     precision: float | None = None,
     headline: str = "output_throughput",
+    end: float | None = None,
 ) -> dict:
     """A run's ``uncertainty`` block: ``level``, ``steady_state`` (the window, its rule, the batches),
     ``figures`` ({result key: {value, ci95: [low, high], rel_half_width, method}}), ``precision`` (the target
     relative half-width or None), ``headline`` (the figure the precision is asked of), ``met`` (its interval
-    within the target; None without a target) and ``too_wide`` (the figures wider than the target)."""
+    within the target; None without a target) and ``too_wide`` (the figures wider than the target). ``end``: the
+    horizon of the stop check that met a --precision target (:func:`steady_window`)."""
     flat = _flat_gaps([o for o in outs if o.success])
-    rates, steady = rate_intervals(outs, concurrency, goodput_slo_ms, flat=flat)
+    rates, steady = rate_intervals(outs, concurrency, goodput_slo_ms, flat=flat, end=end)
     figs = {**rates, **latency_intervals(outs, percentiles, seed, skip, flat=flat)}
     return {"level": LEVEL, "steady_state": steady, "figures": figs, **verdict(figs, precision, headline)}
 

@@ -167,6 +167,7 @@ def test_precision_settings_and_default_run_length():
     cfg = BenchConfig(url="http://h:1", model="m", concurrency=64, precision="2%")
     assert cfg.precision == 0.02 and cfg.precision_metric == "output_throughput"
     assert run_length(cfg, 128).num_prompts == 64 * 50
+    assert run_length(cfg.model_copy(update={"concurrency": 4}), 128).num_prompts == 1000
     plain = BenchConfig(url="http://h:1", model="m", concurrency=64)
     assert run_length(plain, 128).num_prompts == 64 * 12
     assert run_length(BenchConfig(url="http://h:1", model="m", concurrency=2), 128).num_prompts == 100
