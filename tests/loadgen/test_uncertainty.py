@@ -257,7 +257,9 @@ def test_sweep_repeats_and_pareto_error_bars(gt):
     from m3ctl.loadgen.runner import run_sweep
 
     runs = run_sweep(_cfg(gt(), num_prompts=40, warmup=False), [2, 2, 4])
-    doc = sweep_doc(runs, "concurrency", [2, 2, 4])
+    doc = sweep_doc(runs, "concurrency", [2, 2, 4], slo="p90_tpot_ms<=1000")
+    lv = {x["concurrency"]: x for x in doc["sweep"]["capacity"]["levels"]}
+    assert lv[2]["intervals"]["p90_tpot_ms"]["runs"] == 2 and "intervals" not in lv[4]
     rep = doc["sweep"]["repeats"]
     assert [(x["concurrency"], x["runs"]) for x in rep] == [(2, 2)]
     assert set(rep[0]["figures"]) >= {"output_throughput", "median_ttft_ms"}
