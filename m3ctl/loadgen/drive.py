@@ -100,7 +100,7 @@ async def _stall_watch(cfg: BenchConfig, task: asyncio.Task, stats: ClientStats,
 
 async def _precision_watch(cfg: BenchConfig, send: _Sender, outs: list[RequestOutput], t0: float) -> None:
     """A --precision run: about once a second, the headline's interval on the requests completed so far
-    (m3ctl.loadgen.uncertainty.stop_check, in a worker thread so the sends keep their times); the run stops
+    (m3ctl.loadgen.uncertainty.StopCheck, in a worker thread so the sends keep their times); the run stops
     issuing requests (``send.halted``; those in flight finish and count) once it is within ``cfg.precision``, or
     when ``max_duration_s`` has passed. ``send.stats.precision`` says which, and the last half-width."""
     budget = cfg.max_duration_s or PRECISION_MAX_DURATION_S

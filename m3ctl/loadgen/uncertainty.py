@@ -12,7 +12,8 @@ Two methods, one per kind of figure (docs/bench.md, "Uncertainty"):
   bootstrap over requests (Efron 1979; Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13),
   :data:`REPLICATES` seeded resamples of the successful requests (deterministic: the run's seed). ITL pools
   each request's chunk gaps, so its resample draws whole requests (their gaps are correlated) and reads the
-  percentile from per-request counts in fine bins around it (:func:`_pooled_replicates`).
+  percentile from per-request counts in fine bins around it (:func:`_pooled`). Means use the t-interval
+  (the bootstrap's normal limit; ITL's: the ratio estimator's linearised standard error over requests).
 
 Where a figure has several runs (repeated sweep levels, a capacity level's repeats) :func:`across_repeats` gives
 the t-interval of their mean. A figure whose relative half-width ``(high - low) / 2 / value`` is above the
@@ -42,9 +43,6 @@ MIN_BATCHES = 4
 REPLICATES = 400
 #: Rates with a batch-means interval: the result key and what each batch counts.
 RATES = ("output_throughput", "total_token_throughput", "request_throughput", "request_goodput")
-#: Per-request latency metrics (one value per request) and the pooled one (chunk gaps of every request).
-PER_REQUEST = ("ttft", "tpot", "e2el")
-POOLED = ("itl",)
 
 STEADY_RULE = (
     "steady state = from the completion of the first L requests (L: the concurrency cap, or the median in-flight "
