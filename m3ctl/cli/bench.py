@@ -286,7 +286,7 @@ def live_progress(err_con, lens_vary: bool):
     """The live progress line of each run (m3ctl.loadgen.progress.LiveProgress) on ``err_con``."""
 
     def live(c):
-        total = None if c.duration_s or c.workload == "agentic" or c.trace_path else c.num_prompts
+        total = None if c.duration_s or c.precision or c.workload == "agentic" or c.trace_path else c.num_prompts
         lens = f" {c.input_len}/{c.output_len}" if lens_vary else ""
         return LiveProgress(err_con, total=total, label=f"bench{lens} c={c.concurrency or '-'}")
 
