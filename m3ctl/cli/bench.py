@@ -26,7 +26,14 @@ from m3ctl.core.files import WriteFailed
 from m3ctl.core.state import save_output
 from m3ctl.errors import EXIT_LAUNCH_FAILED, BadInput
 from m3ctl.loadgen import WORKLOADS, report
-from m3ctl.loadgen.config import CLI_NAMES, BenchConfig, check_slo_sweep, check_trace_lengths
+from m3ctl.loadgen.config import (
+    CLI_NAMES,
+    BenchConfig,
+    check_precision_metric,
+    check_slo_sweep,
+    check_trace_lengths,
+    parse_precision,
+)
 from m3ctl.loadgen.progress import LiveProgress
 from m3ctl.loadgen.report import capacity_lines
 
@@ -44,6 +51,25 @@ def gpu_indices(text: str) -> str:
     if min(vals) < 0 or len(set(vals)) != len(vals):
         raise typer.BadParameter(f"{text!r}: GPU indices are distinct integers >= 0 (e.g. 0,1)")
     return text
+
+
+def precision_text(text: str) -> str:
+    """A relative half-width in (0, 1): ``2%`` or ``0.02`` (m3ctl.loadgen.config.parse_precision)."""
+    try:
+        v = parse_precision(text)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+    if not 0 < v < 1:
+        raise typer.BadParameter(f"{text!r}: a relative half-width above 0 and below 100% (e.g. 2% or 0.02)")
+    return text
+
+
+def precision_key(text: str) -> str:
+    """A figure --precision can be asked of (m3ctl.loadgen.config.check_precision_metric)."""
+    try:
+        return check_precision_metric(text)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
 
 
 def goodput_slos(items: list[str]) -> dict[str, float] | None:
@@ -78,6 +104,9 @@ _ORDER = (
     "burstiness",
     "num_prompts",
     "duration_s",
+    "precision",
+    "precision_metric",
+    "max_duration_s",
     "input_len",
     "output_len",
     "trace_path",
@@ -133,6 +162,8 @@ BENCH_OPTIONS, BENCH_FIELDS = o.declared_options(
         "prompt_text": dict(parser=o.choice("fresh", "common")),
         "percentiles": dict(show=_comma),
         "power_gpus": dict(parser=gpu_indices),
+        "precision": dict(parser=precision_text),
+        "precision_metric": dict(parser=precision_key),
     },
     order=_ORDER,
 )
@@ -255,7 +286,7 @@ def live_progress(err_con, lens_vary: bool):
     """The live progress line of each run (m3ctl.loadgen.progress.LiveProgress) on ``err_con``."""
 
     def live(c):
-        total = None if c.duration_s or c.workload == "agentic" or c.trace_path else c.num_prompts
+        total = None if c.duration_s or c.precision or c.workload == "agentic" or c.trace_path else c.num_prompts
         lens = f" {c.input_len}/{c.output_len}" if lens_vary else ""
         return LiveProgress(err_con, total=total, label=f"bench{lens} c={c.concurrency or '-'}")
 

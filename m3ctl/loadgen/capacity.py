@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal
 
 from m3ctl.loadgen.slo import SLO, metric
+from m3ctl.loadgen.uncertainty import across_repeats
 
 State = Literal["met", "missed", "undecided"]
 
@@ -298,7 +299,9 @@ def sweep_capacity(runs: list[dict], slo: SLO, rule: CapacityRule = CapacityRule
     :func:`decide`, then :func:`capacity_of`.
 
     Returns ``{"slo", "rule" (:meth:`CapacityRule.to_json`), "capacity" (concurrency or None), "levels":
-    [{"concurrency", "state", "runs", "confidence"}], "undecided": [concurrencies that need more runs]}``.
+    [{"concurrency", "state", "runs", "confidence", and for a repeated level "intervals": each SLO term's 95 %
+    interval across its runs (m3ctl.loadgen.uncertainty.across_repeats)}], "undecided": [concurrencies that need
+    more runs]}``.
     A sweep has one run per level unless a level is repeated, so a run within ``margin`` of a limit leaves its
     level undecided: re-run that concurrency ``min_repeats`` times to decide it. The sweep's repeated levels give
     the rule its run-to-run ``spread`` (:func:`run_spread`), as a tune's do."""
@@ -314,6 +317,9 @@ def sweep_capacity(runs: list[dict], slo: SLO, rule: CapacityRule = CapacityRule
     for c in sorted(groups):
         v = decide(groups[c], slo, rule)
         levels.append({"concurrency": c, "state": v.state, "runs": v.runs, "confidence": v.confidence})
+        if len(groups[c]) > 1:  # the 95 % interval of each SLO term's mean across the level's runs
+            keys = [t.key for t in slo.terms]
+            levels[-1]["intervals"] = across_repeats([{k: metric(r, k) for k in keys} for r in groups[c]], keys)
     return {
         "slo": str(slo),
         "rule": rule.to_json(),

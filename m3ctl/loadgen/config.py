@@ -10,9 +10,10 @@ nothing but pydantic and m3ctl.errors, so the CLI reads it for ``--help``.
 from __future__ import annotations
 
 import math
+import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, field_validator
 
 from m3ctl.errors import BadInput, plain_text
 from m3ctl.loadgen import MAX_REQUEST_TOKENS, WORKLOADS
@@ -26,6 +27,73 @@ MAX_PROMPTS = 1_000_000
 MAX_RUN_PROMPT_TOKENS = MAX_PROMPTS * 128
 
 _LENGTHS = "a list such as {} sweeps it (a sweep runs input x output x concurrency)"
+
+#: The default run length of a closed loop (no --num-prompts): one wave of ramp-up, ``STEADY_WAVES`` waves of
+#: steady state (m3ctl.loadgen.uncertainty: 10 batches of at least one request latency each), one wave of drain.
+STEADY_WAVES = 10
+#: The fewest requests a run sends by default (the earlier fixed default).
+MIN_DEFAULT_PROMPTS = 100
+#: The prompts a --precision run builds at most by default, in waves of the concurrency (it stops earlier, when
+#: the interval is within the target or --max-duration ends).
+PRECISION_WAVES = 50
+#: The fewest prompts a --precision run builds by default (a low concurrency turns over many times).
+MIN_PRECISION_PROMPTS = 1000
+#: The time budget of a --precision run without --max-duration (s).
+PRECISION_MAX_DURATION_S = 300.0
+#: The figures a --precision target can be asked of: the rates (batch means) and the latency statistics.
+PRECISION_RATES = ("output_throughput", "total_token_throughput", "request_throughput", "request_goodput")
+_LATENCY_KEY = re.compile(r"^(mean|median|p\d+(\.\d+)?)_(ttft|tpot|itl|e2el)_ms$")
+
+RUN_LENGTH_RULE = (
+    f"without --num-prompts a closed loop of concurrency c sends max({MIN_DEFAULT_PROMPTS}, "
+    f"c x {STEADY_WAVES + 2}) requests (one wave of ramp-up, {STEADY_WAVES} waves of steady state, one of drain), "
+    f"and with --precision up to max({MIN_PRECISION_PROMPTS}, c x {PRECISION_WAVES}) (an open loop: --request-rate "
+    "x --max-duration)"
+)
+
+
+_NUM_PROMPTS_HELP = (
+    f"Requests to send (stop by count). Not given: {STEADY_WAVES + 2} waves of --concurrency (one of ramp-up, "
+    f"{STEADY_WAVES} of steady state, one of drain; --precision: up to {PRECISION_WAVES}, at least "
+    f"{MIN_PRECISION_PROMPTS}), at least"
+)
+_PRECISION_HELP = (
+    "Measure until the 95 % interval of --precision-metric is within this half-width (relative: 2% or 0.02) or "
+    "--max-duration ends, ramp-up and drain left out; figures wider than it are marked. Default run length: "
+    + RUN_LENGTH_RULE
+    + "."
+)
+_PRECISION_METRIC_HELP = (
+    "The figure --precision is asked of: output_throughput, total_token_throughput, request_throughput, "
+    "request_goodput or a latency key such as p90_tpot_ms."
+)
+_MAX_DURATION_HELP = (
+    f"Time budget of a --precision run (s, default {PRECISION_MAX_DURATION_S:g}): it stops issuing requests then "
+    "and says the precision was not met."
+)
+_MAX_DURATION_CLI = {"name": "max_duration", "parser": "positive_float", "metavar": "SECONDS"}
+
+
+def parse_precision(v: Any) -> Any:
+    """``"2%"`` -> 0.02; ``"0.02"`` -> 0.02; a number as it is (a relative half-width, checked by the field)."""
+    if isinstance(v, str):
+        t = plain_text(v).strip()
+        try:
+            return float(t[:-1]) / 100 if t.endswith("%") else float(t)
+        except ValueError:
+            raise ValueError(f"{v!r} is not a relative half-width such as 2% or 0.02") from None
+    return v
+
+
+def check_precision_metric(v: str) -> str:
+    """A figure a --precision target can be asked of (:data:`PRECISION_RATES` or a latency statistic key such
+    as ``p90_tpot_ms``)."""
+    if v in PRECISION_RATES or _LATENCY_KEY.match(v):
+        return v
+    raise ValueError(
+        f"{v!r} is not a figure with an interval: use {', '.join(PRECISION_RATES)} or a latency key such as "
+        "p90_tpot_ms (mean, median or pP of ttft, tpot, itl, e2el)"
+    )
 
 
 def cli(**option: Any) -> dict[str, Any]:
@@ -92,7 +160,7 @@ class BenchConfig(BaseModel):
     model: str
     endpoint: str = Field("completions", description="completions or chat.", json_schema_extra=cli())
     num_prompts: int = Field(
-        100, ge=1, le=MAX_PROMPTS, description="Requests to send (stop by count).", json_schema_extra=cli(unset=True)
+        100, ge=1, le=MAX_PROMPTS, description=_NUM_PROMPTS_HELP, json_schema_extra=cli(unset=True)
     )
     concurrency: int | None = Field(None, ge=1, le=MAX_PROMPTS)
     request_rate: float = Field(
@@ -361,9 +429,42 @@ class BenchConfig(BaseModel):
     """A DCGM / AMD device-metrics exporter page to read power and energy from (m3ctl.hw.power.ExporterPower)."""
     deployment_gpus: list[int] | None = None
     """The GPU indices of ``deployment``'s launch plan (m3ctl.loadgen.target), what energy samples by default."""
+    # uncertainty (m3ctl.loadgen.uncertainty: every figure's 95 % interval; docs/bench.md, Uncertainty)
+    precision: Annotated[float | None, BeforeValidator(parse_precision)] = Field(
+        None, gt=0, lt=1, description=_PRECISION_HELP, json_schema_extra=cli(type="str", metavar="PCT")
+    )
+    """Target relative half-width of the headline figure's 95 % interval; None: a run of fixed length."""
+    precision_metric: Annotated[str, AfterValidator(check_precision_metric)] = Field(
+        "output_throughput", description=_PRECISION_METRIC_HELP, json_schema_extra=cli(metavar="KEY")
+    )
+    max_duration_s: float | None = Field(
+        None, gt=0, allow_inf_nan=False, description=_MAX_DURATION_HELP, json_schema_extra=cli(**_MAX_DURATION_CLI)
+    )
 
     @field_validator("*", mode="before")
     @classmethod
     def _text(cls, v: Any) -> Any:
         """Text the command line could carry: no bytes, no NUL (m3ctl.errors.plain_text), API and CLI alike."""
         return plain_text(v)
+
+
+def run_length(cfg: BenchConfig, per_request_tokens: int) -> BenchConfig:
+    """``cfg`` with its default run length (:data:`RUN_LENGTH_RULE`) when ``num_prompts`` was not given: a closed
+    or capped loop (``concurrency`` c) sends ``max(MIN_DEFAULT_PROMPTS, c x (STEADY_WAVES + 2))`` requests, a
+    --precision run up to ``max(MIN_PRECISION_PROMPTS, c x PRECISION_WAVES)`` (an uncapped open loop: rate x max
+    duration), within
+    :data:`MAX_PROMPTS` and :data:`MAX_RUN_PROMPT_TOKENS` (``per_request_tokens``: the prompt tokens of one
+    request). A given ``num_prompts``, a duration run, a trace or the agentic workload keep theirs."""
+    if "num_prompts" in cfg.model_fields_set or cfg.duration_s or cfg.trace_path or cfg.workload == "agentic":
+        return cfg
+    if cfg.concurrency and cfg.precision:
+        n = max(MIN_PRECISION_PROMPTS, cfg.concurrency * PRECISION_WAVES)
+    elif cfg.concurrency:
+        n = max(MIN_DEFAULT_PROMPTS, cfg.concurrency * (STEADY_WAVES + 2))
+    elif cfg.precision and math.isfinite(cfg.request_rate):
+        n = max(MIN_DEFAULT_PROMPTS, math.ceil(cfg.request_rate * (cfg.max_duration_s or PRECISION_MAX_DURATION_S)))
+    else:
+        return cfg
+    room = MAX_RUN_PROMPT_TOKENS // max(1, per_request_tokens) - cfg.num_warmups
+    n = max(1, min(n, MAX_PROMPTS, room))
+    return cfg if n == cfg.num_prompts else cfg.model_copy(update={"num_prompts": n})

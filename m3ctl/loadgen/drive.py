@@ -13,6 +13,7 @@ finished. A cancel of the running task (Ctrl-C, ``sink.STOP``) does the same (``
 from __future__ import annotations
 
 import asyncio
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -21,9 +22,9 @@ from dataclasses import dataclass, field
 import aiohttp
 import numpy as np
 
-from m3ctl.loadgen import sink
+from m3ctl.loadgen import sink, uncertainty
 from m3ctl.loadgen.client import PROGRESS, BenchRequest, RequestOutput, build_body, send_request
-from m3ctl.loadgen.config import BenchConfig
+from m3ctl.loadgen.config import PRECISION_MAX_DURATION_S, BenchConfig
 from m3ctl.loadgen.fasthttp import ConnectionPool
 from m3ctl.loadgen.target import headers as auth_headers
 
@@ -42,6 +43,9 @@ class ClientStats:
     server_down: bool = False  # the server refused connections SERVER_DOWN_AFTER times in a row: run stopped
     stalled: dict | None = None  # {window_s, idle_s, in_flight}: no token for the stall window, run stopped
     not_sent: int = 0  # requests of the workload never sent because the run stopped early (count mode)
+    # a --precision run: {stopped_by: precision | max_duration | prompts, checks, half_width, elapsed_s, and the
+    # horizon of the check that met the target: where its steady state ends}
+    precision: dict | None = None
 
 
 @dataclass
@@ -94,6 +98,32 @@ async def _stall_watch(cfg: BenchConfig, task: asyncio.Task, stats: ClientStats,
             return
 
 
+async def _precision_watch(cfg: BenchConfig, send: _Sender, outs: list[RequestOutput], t0: float) -> None:
+    """A --precision run: about once a second, the headline's interval on the requests completed so far
+    (m3ctl.loadgen.uncertainty.StopCheck, in a worker thread so the sends keep their times); the run stops
+    issuing requests (``send.halted``; those in flight finish and count) once it is within ``cfg.precision``, or
+    when ``max_duration_s`` has passed. ``send.stats.precision`` says which, and the last half-width."""
+    budget = cfg.max_duration_s or PRECISION_MAX_DURATION_S
+    rec: dict = {"stopped_by": "prompts", "checks": 0, "half_width": None, "elapsed_s": None}
+    send.stats.precision = rec
+    period = min(1.0, budget / 20)
+    check = uncertainty.StopCheck(t0, budget, cfg.concurrency, cfg.precision_metric, cfg.goodput_slo_ms)
+    while True:
+        await asyncio.sleep(period)
+        now = time.perf_counter()
+        rec["elapsed_s"] = now - t0
+        if now - t0 >= budget:
+            rec["stopped_by"], send.halted = "max_duration", True
+            return
+        horizon = min(send.in_flight.values(), default=now)
+        hw = await asyncio.to_thread(check.check, list(outs), horizon)
+        rec["checks"] += 1
+        rec["half_width"] = hw
+        if hw is not None and cfg.precision is not None and hw <= cfg.precision:
+            rec["stopped_by"], rec["horizon"], send.halted = "precision", horizon, True
+            return
+
+
 async def _lag_monitor(samples: list[float], period: float = 0.01) -> None:
     while True:
         t = time.perf_counter()
@@ -127,19 +157,26 @@ class _Sender:
         self.emit: Callable[[tuple], None] | None = None
         self.refused = 0
         self.busy: list = [0, 0.0]
+        self.halted = False  # a --precision run stops issuing requests (:func:`_precision_watch`)
+        self.in_flight: dict[int, float] = {}  # the send time of each request in flight
+        self._ids = itertools.count()
 
     async def __call__(self, req: BenchRequest, due: float, keep_text: bool = False) -> RequestOutput:
-        """One request's output; raises ``_Stop`` once the server is down or the run stalled."""
+        """One request's output; raises ``_Stop`` once the server is down, the run stalled or a precision run
+        has its interval."""
         stats, busy = self.stats, self.busy
-        if stats.server_down or stats.stalled:
+        if stats.server_down or stats.stalled or self.halted:
             raise _Stop
         if not busy[0]:
             busy[1] = time.perf_counter()
         busy[0] += 1
+        key = next(self._ids)
+        self.in_flight[key] = time.perf_counter()
         try:
             return await self._send(req, due, keep_text)
         finally:
             busy[0] -= 1
+            del self.in_flight[key]
 
     async def _send(self, req: BenchRequest, due: float, keep_text: bool) -> RequestOutput:
         cfg, emit = self.cfg, self.emit
@@ -213,7 +250,7 @@ async def _measure(
         elif math.isinf(cfg.request_rate) and job.concurrency and not cfg.trace_path:
             await _closed_lanes(job, send, outs, t0, deadline)
         else:
-            await _open_loop(job, send, outs, t0, deadline, lambda: stats.server_down)
+            await _open_loop(job, send, outs, t0, deadline, lambda: stats.server_down or send.halted)
     except asyncio.CancelledError:  # Ctrl-C (asyncio.Runner cancels the main task) or a stall: keep what finished
         if not stats.stalled:
             stats.interrupted = True
@@ -263,6 +300,8 @@ async def drive(
             helpers.append(asyncio.create_task(sink.watch_stop(_this_task(), sink.STOP)))
         if isinstance(emit, sink.Batcher):  # sends show up while their requests are in flight
             helpers.append(asyncio.create_task(sink.flush_every(emit)))
+        if cfg.precision:
+            helpers.append(asyncio.create_task(_precision_watch(cfg, send, outs, t0)))
         await _measure(cfg, job, send, outs, t0, deadline)
         watch.cancel()
         for h in helpers:

@@ -52,6 +52,7 @@ def validate(cfg: BenchConfig) -> None:
         raise BadInput(
             "--duration needs --concurrency or a finite --request-rate", "e.g. --duration 60 --concurrency 8"
         )
+    _check_precision(cfg)
     _check_url(cfg.url)
     if cfg.power_metrics is not None:
         _check_url(cfg.power_metrics, "--power-metrics", "the GPU exporter's page, e.g. http://gpu-host:9400/metrics")
@@ -94,15 +95,53 @@ def _check_url(url: str, opt: str = "--url", hint: str = "") -> None:
         raise BadInput(f"{opt} {url!r}: port 0 is not a server port", hint)
 
 
+def prompt_tokens_per_request(cfg: BenchConfig) -> int:
+    """The prompt tokens the client builds for one request of the workload (its share of the memory bound)."""
+    per = cfg.input_len + (cfg.prefix_len if cfg.workload in ("prefix-repetition", "agentic") else 0)
+    if cfg.workload == "agentic":
+        per += cfg.turns * cfg.turn_input_len
+    return per
+
+
+def _check_precision(cfg: BenchConfig) -> None:
+    """A --precision run measures one level of a steady load until its interval is narrow enough.
+
+    Raises:
+        BadInput: --max-duration without --precision; --precision with --duration, a trace, the agentic
+            workload, several client processes, no bound on load, or goodput asked without --goodput.
+    """
+    if cfg.max_duration_s and not cfg.precision:
+        raise BadInput(
+            "--max-duration is the time budget of a --precision run", "add --precision 2% or use --duration SECONDS"
+        )
+    if not cfg.precision:
+        return
+    what = (
+        "--duration (the precision decides when to stop; --max-duration bounds it)"
+        if cfg.duration_s
+        else "--trace (the trace decides the run)"
+        if cfg.trace_path
+        else "the agentic workload (sessions, not a steady load)"
+        if cfg.workload == "agentic"
+        else f"--client-procs {cfg.client_procs} (one client process judges the interval)"
+        if cfg.client_procs > 1
+        else "no bound on load (all requests at once)"
+        if math.isinf(cfg.request_rate) and not cfg.concurrency
+        else "--precision-metric request_goodput without --goodput"
+        if cfg.precision_metric == "request_goodput" and not cfg.goodput_slo_ms
+        else None
+    )
+    if what:
+        raise BadInput(f"--precision cannot run with {what}", "drop --precision, or that option")
+
+
 def _check_sizes(cfg: BenchConfig) -> None:
     """What the run builds in memory before the first send stays within :data:`MAX_RUN_PROMPT_TOKENS`.
 
     Raises:
         BadInput: (num_prompts + num_warmups) x the tokens of a request's prompt is above it.
     """
-    per = cfg.input_len + (cfg.prefix_len if cfg.workload in ("prefix-repetition", "agentic") else 0)
-    if cfg.workload == "agentic":
-        per += cfg.turns * cfg.turn_input_len
+    per = prompt_tokens_per_request(cfg)
     total = (cfg.num_prompts + cfg.num_warmups) * per
     if cfg.workload != "dataset" and total > MAX_RUN_PROMPT_TOKENS:
         raise BadInput(

@@ -22,6 +22,7 @@ from m3ctl.core.files import read_user_text, write_atomic
 from m3ctl.errors import BadInput
 from m3ctl.loadgen.capacity import sweep_capacity
 from m3ctl.loadgen.slo import parse_slo
+from m3ctl.loadgen.uncertainty import across_repeats
 from m3ctl.results import BENCH_SCHEMA_VERSION as SCHEMA_VERSION
 
 
@@ -86,9 +87,47 @@ def sweep_doc(runs: list[dict], axis: str, values: list | dict, slo: str = "") -
         for s in r["sweep_stop"]["skipped"]
     ]
     sweep: dict = {"axis": axis, "values": values, "levels": levels, "skipped": skipped}
+    if reps := repeats(runs, levels):
+        sweep["repeats"] = reps
     if slo and slo.strip() and axis == "concurrency":
         sweep["capacity"] = sweep_capacity(runs, parse_slo(slo))
     return {"m3ctl_schema_version": SCHEMA_VERSION, "sweep": sweep, "runs": runs}
+
+
+#: The figures a repeated level's runs give an interval across (m3ctl.loadgen.uncertainty.across_repeats).
+REPEAT_KEYS = (
+    "output_throughput",
+    "total_token_throughput",
+    "request_throughput",
+    "request_goodput",
+    "median_ttft_ms",
+    "p90_ttft_ms",
+    "p99_ttft_ms",
+    "median_tpot_ms",
+    "p90_tpot_ms",
+    "p99_tpot_ms",
+    "median_itl_ms",
+    "p99_itl_ms",
+    "median_e2el_ms",
+    "p99_e2el_ms",
+)
+
+
+def repeats(runs: list[dict], levels: list[dict]) -> list[dict]:
+    """The levels a sweep ran more than once (``levels``: each run's {input_len, output_len, concurrency}):
+    each with ``runs`` and ``figures``, the 95 % t-interval of each figure's mean over its valid runs (all its
+    runs when none is valid)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r, lv in zip(runs, levels, strict=True):
+        groups.setdefault(tuple(lv.values()), []).append(r)
+    out = []
+    for key, rs in groups.items():
+        if len(rs) < 2:
+            continue
+        use = [r for r in rs if (r.get("validity") or {}).get("valid", True)] or rs
+        lv = dict(zip(("input_len", "output_len", "concurrency"), key, strict=True))
+        out.append({**lv, "runs": len(rs), "figures": across_repeats(use, REPEAT_KEYS)})
+    return out
 
 
 def capacity_lines(cap: dict) -> list[str]:
@@ -265,6 +304,20 @@ def pareto_figure(runs: list[dict], x_axis: str = "inferencex-median", title: st
     front = [ok[j] for j in pareto_front([pts[i] for i in ok])]
     fig, ax = plt.subplots(figsize=(7, 5), dpi=120)
     scatter_by_validity(ax, [p[0] for p in pts], [p[1] for p in pts], classes, zorder=3)
+    bars = [error_bars(r, x_axis, p) for r, p in zip([r for r in runs if get(r) is not None], pts, strict=True)]
+    if any(b != (0.0, 0.0, 0.0, 0.0) for b in bars):
+        ax.errorbar(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            xerr=[[b[0] for b in bars], [b[1] for b in bars]],
+            yerr=[[b[2] for b in bars], [b[3] for b in bars]],
+            fmt="none",
+            ecolor="0.55",
+            elinewidth=1,
+            capsize=2,
+            zorder=1,
+            label="95 % interval (uncertainty)",
+        )
     if front:
         ax.plot(
             [pts[i][0] for i in front],
@@ -284,6 +337,21 @@ def pareto_figure(runs: list[dict], x_axis: str = "inferencex-median", title: st
     ax.legend()
     fig.tight_layout()
     return fig
+
+
+def error_bars(r: dict, x_axis: str, pt: tuple[float, float]) -> tuple[float, float, float, float]:
+    """A run's error bars on the Pareto chart at ``pt``, ``(x below, x above, y below, y above)``, from its
+    ``uncertainty`` figures: y scaled by total throughput's relative interval (batch means of the steady state);
+    x, on the InferenceX axis (1000 / median TPOT), from the median TPOT's interval. 0 where there is none."""
+    figs = (r.get("uncertainty") or {}).get("figures") or {}
+    y = figs.get("total_token_throughput") or {}
+    rel = y.get("rel_half_width") or 0.0
+    xb = (0.0, 0.0)
+    t = figs.get("median_tpot_ms") or {}
+    if x_axis == "inferencex-median" and t.get("ci95") and min(t["ci95"]) > 0:
+        lo, hi = 1000 / t["ci95"][1], 1000 / t["ci95"][0]
+        xb = (max(0.0, pt[0] - lo), max(0.0, hi - pt[0]))
+    return (*xb, pt[1] * rel, pt[1] * rel)
 
 
 def na(unmeasured: dict, metric: str) -> str:
@@ -474,6 +542,7 @@ def _throughput_rows(res: dict, done: bool, miss: dict) -> list[tuple[str, str]]
         rows.append(("goodput (req/s)", f"{res['request_goodput']:.2f}"))
     elif "request_goodput" in miss:
         rows.append(("goodput (req/s)", na(miss, "request_goodput")))
+    rows += interval_rows(res.get("uncertainty") or {})
     if tr := res.get("trace"):
         lag = tr["timing_fidelity"]["send_lag_ms"]
         rows.append(
@@ -513,6 +582,68 @@ def _throughput_rows(res: dict, done: bool, miss: dict) -> list[tuple[str, str]]
     if done and ix.get("aiperf_per_user"):
         rows.append(("tok/s/user: median 1/TPOT_i (AIPerf)", f"{ix['aiperf_per_user']['median']:.1f}"))
     return rows
+
+
+#: The rate rows of a run's intervals: (result key, label, decimals).
+_RATE_ROWS = (
+    ("output_throughput", "output tok/s", 1),
+    ("total_token_throughput", "total tok/s", 1),
+    ("request_throughput", "req/s", 2),
+    ("request_goodput", "goodput req/s", 2),
+)
+
+
+def _pm(f: dict, precision: float | None) -> str:
+    """``±1.23%`` of a figure's relative half-width, ``!`` after it when wider than ``precision``."""
+    rel = f.get("rel_half_width")
+    if rel is None:
+        return "n/a"
+    return f"±{100 * rel:.2g}%" + ("!" if precision is not None and rel > precision else "")
+
+
+def interval_rows(un: dict) -> list[tuple[str, str]]:
+    """The run table's interval rows (the ``uncertainty`` block, m3ctl.loadgen.uncertainty): each rate's steady-
+    state value with its 95 % interval's relative half-width (``!``: wider than --precision), and a --precision
+    run's verdict on its headline figure."""
+    figs, prec = un.get("figures") or {}, un.get("precision")
+    rows = [
+        (f"steady-state {label} (95% interval)", f"{figs[key]['value']:.{d}f} {_pm(figs[key], prec)}")
+        for key, label, d in _RATE_ROWS
+        if key in figs
+    ]
+    if prec is not None:
+        h = figs.get(un.get("headline", "")) or {}
+        hw = h.get("rel_half_width")
+        verdict = "met" if un.get("met") else "not met"
+        rows.append(
+            (
+                f"precision of {un.get('headline')} (target ±{100 * prec:.3g}%)",
+                f"{'n/a' if hw is None else f'±{100 * hw:.2g}%'}: {verdict}",
+            )
+        )
+    return rows
+
+
+def interval_notes(un: dict) -> list[str]:
+    """The notes under a run's tables about its intervals: no steady state, the figures wider than the
+    --precision target, and why a --precision run stopped before meeting it."""
+    notes = []
+    steady = un.get("steady_state") or {}
+    if steady.get("reason"):
+        notes.append(f"rate intervals: n/a: {steady['reason']}")
+    prec = un.get("precision")
+    if prec is None:
+        return notes
+    if un.get("too_wide"):
+        notes.append(f"! wider than --precision {100 * prec:.3g}%: {', '.join(un['too_wide'])}")
+    if not un.get("met"):
+        why = {
+            "max_duration": f"--max-duration {un.get('max_duration_s') or 0:g} s ended the run",
+            "prompts": "the run's prompts ran out first (raise --num-prompts)",
+            "precision": "the stop check met it (binned to 2 ms), the result's exact interval is a little wider",
+        }.get(un.get("stopped_by") or "", "the run ended first")
+        notes.append(f"precision {100 * prec:.3g}% of {un.get('headline')} not met: {why}")
+    return notes
 
 
 def _server_rows(res: dict) -> list[tuple[str, str]]:
@@ -560,14 +691,26 @@ def _latency_table(res: dict, pcts: list[float], done: bool, miss: dict) -> tupl
     def vllm_block(m: str) -> dict:
         return {f"{stem}_ms": res.get(f"{stem}_{m}_ms") for _, stem in cols} | {"mean_ms": res.get(f"mean_{m}_ms")}
 
+    un = res.get("uncertainty") or {}
+    figs = un.get("figures") or {}
+
+    def ci(m: str) -> None:  # the 95 % interval's relative half-width of each statistic (m3ctl.loadgen.uncertainty)
+        if done and any(f"{stem}_{m}_ms" in figs for _, stem in cols):
+            cells = [_pm(figs[k], un.get("precision")) if (k := f"{stem}_{m}_ms") in figs else "" for _, stem in cols]
+            lrows.append(("  95% interval", cells))
+
     row("TTFT", vllm_block("ttft"))
+    ci("ttft")
     row("TPOT", vllm_block("tpot"), "tpot")
+    ci("tpot")
     pt = res.get("per_token_itl") or {}
     multi = bool(pt.get("multi_token_chunks"))
     row("ITL per chunk (vLLM)" if multi else "ITL", vllm_block("itl"), "itl")
+    ci("itl")
     if multi:
         row("ITL per token", pt, "itl")
     row("E2E latency", vllm_block("e2el"))
+    ci("e2el")
     if res.get("ttfa") is not None and (v.get("reasoning_tokens_present") or v.get("ttfa_valid") is False):
         if v.get("ttfa_valid") is False:
             lrows.append(("TTFA (first answer token)", ["n/a"] * len(cols)))
@@ -628,6 +771,7 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
     lt, notes = _latency_table(res, pcts, done, miss)
     if not done:
         notes.append("n/a: no request succeeded")
+    notes += [escape(n) for n in interval_notes(res.get("uncertainty") or {})]
     if (en := res.get("energy")) is not None and en.get("joules") is None:
         notes.append(f"energy: n/a ({escape(str(en.get('reason')))})")
     return [t, lt], notes + [f"[yellow]warning:[/] {escape(w)}" for w in v.get("warnings", [])]

@@ -19,10 +19,10 @@ from datetime import datetime
 from pathlib import Path
 
 from m3ctl import __version__
-from m3ctl.loadgen import metrics, servermetrics
+from m3ctl.loadgen import metrics, servermetrics, uncertainty
 from m3ctl.loadgen import trace as traces
 from m3ctl.loadgen.client import RequestOutput
-from m3ctl.loadgen.config import BenchConfig
+from m3ctl.loadgen.config import PRECISION_MAX_DURATION_S, BenchConfig
 from m3ctl.loadgen.drive import ClientStats, Job
 from m3ctl.loadgen.energy import measured_window
 from m3ctl.loadgen.engine import engine_death, mark_engine_died
@@ -349,6 +349,7 @@ def assemble(
     res["workload"] = wl
     res["load"] = _load_block(cfg, len(cstats), rate)
     res.update(metrics.extended(outs, cfg.percentiles))
+    res["uncertainty"] = uncertainty_block(cfg, outs, res["unmeasured"], cstats)
     res["per_gpu"] = _per_gpu(res, cfg.num_gpus, cfg.num_gpus_source)
     res["cost"] = _cost(res["per_gpu"], cfg.usd_per_gpu_hour)
     res["server_metrics"] = server
@@ -368,6 +369,36 @@ def assemble(
         res["requests"] = [_record(o) for o in outs]
     mark_partial(res, cstats)
     return res
+
+
+def uncertainty_block(cfg: BenchConfig, outs: list[RequestOutput], miss: dict, cstats: list[ClientStats]) -> dict:
+    """The result's ``uncertainty`` block (m3ctl.loadgen.uncertainty.block): every figure's 95 % interval but
+    those of metrics the run did not measure (``miss``: m3ctl.loadgen.metrics.unmeasured), and for a --precision
+    run ``stopped_by`` (precision, max_duration or prompts: the prompts ran out first) and its elapsed time; a
+    run stopped by its precision has its rates' steady state end where the stop check met the target."""
+    skip = [m for m in ("ttft", "tpot", "itl", "e2el") if m in miss]
+    run = next((s.precision for s in cstats if s.precision), None)
+    u = uncertainty.block(
+        outs,
+        cfg.concurrency,
+        cfg.percentiles,
+        cfg.seed,
+        cfg.goodput_slo_ms,
+        skip,
+        cfg.precision,
+        cfg.precision_metric,
+        end=(run or {}).get("horizon"),
+    )
+    drop = {"output_throughput", "total_token_throughput"} if "output_tokens" in miss else set()
+    drop |= {"request_goodput"} if "request_goodput" in miss else set()
+    if drop:
+        u["figures"] = {k: v for k, v in u["figures"].items() if k not in drop}
+        u.update(uncertainty.verdict(u["figures"], cfg.precision, cfg.precision_metric))
+    if run is not None:
+        u["stopped_by"], u["elapsed_s"] = run["stopped_by"], run["elapsed_s"]
+    if cfg.precision is not None:
+        u["max_duration_s"] = cfg.max_duration_s or PRECISION_MAX_DURATION_S
+    return u
 
 
 def _server_jit(log: Path | None, offset: int | None) -> list[str] | None:

@@ -39,10 +39,10 @@ from m3ctl.errors import BadInput, BenchServerDown
 from m3ctl.loadgen import procs, sink
 from m3ctl.loadgen import sweep as sweeps
 from m3ctl.loadgen.client import RequestOutput
-from m3ctl.loadgen.config import MAX_PROMPTS, MAX_RUN_PROMPT_TOKENS, BenchConfig
+from m3ctl.loadgen.config import MAX_PROMPTS, MAX_RUN_PROMPT_TOKENS, BenchConfig, run_length
 from m3ctl.loadgen.drive import ClientStats, drive
 from m3ctl.loadgen.engine import engine_death
-from m3ctl.loadgen.inputs import validate
+from m3ctl.loadgen.inputs import prompt_tokens_per_request, validate
 from m3ctl.loadgen.prepare import Prepared, check_reachable, prepare, tokenizer_for
 from m3ctl.loadgen.prompts import Tokenizer
 from m3ctl.loadgen.report import sweep_doc
@@ -231,7 +231,8 @@ async def _asweep(
     """A sweep, every level through :func:`_arun` (m3ctl.loadgen.sweep.Sweep keeps its state)."""
     sw = await mode.offload(Sweep, cfg, concurrencies, input_lens, output_lens)
     try:
-        for one in sw.levels():
+        for level in sw.levels():
+            one = _run_length(level)
             with progress(one) if progress else contextlib.nullcontext(None) as prog:
                 try:
                     res = await _arun(one, sw.tok, prog, sync_log, mode, checked=True)
@@ -292,9 +293,15 @@ async def _abench(s: BenchSettings, mode: _Mode) -> BenchResult | BenchSweep:
     if len(levels) > 1:
         runs = await _asweep(s.cfg, s.levels, s.progress, s.sync_log, s.input_lens, s.output_lens, mode)
     else:
-        with s.progress(s.cfg) if s.progress is not None else contextlib.nullcontext(None) as prog:
-            runs = [await _arun(s.cfg, None, prog, s.sync_log, mode, checked=True)]
+        cfg = _run_length(s.cfg)
+        with s.progress(cfg) if s.progress is not None else contextlib.nullcontext(None) as prog:
+            runs = [await _arun(cfg, None, prog, s.sync_log, mode, checked=True)]
     return bench_result(runs, levels, s.slo)
+
+
+def _run_length(cfg: BenchConfig) -> BenchConfig:
+    """The level's config with its default run length (m3ctl.loadgen.config.run_length)."""
+    return run_length(cfg, prompt_tokens_per_request(cfg))
 
 
 def bench_result(runs: list[dict], levels: list[sweeps.Level], slo: str = "") -> BenchResult | BenchSweep:

@@ -105,6 +105,8 @@ STRING_CASES: dict[str, list[str]] = {
     "--power-gpus": ["a", "-1", "", "0,0", "1,,x"],
     "--power-metrics": ["", "ftp://x", "http://[::1", "http://h:99999"],
     "--parallel-trials": ["0", "-1", "a", "", "1.5"],
+    "--precision": ["0", "0%", "-1%", "100%", "abc", "", "nan", "2%%"],
+    "--precision-metric": ["tput", "", "p90_tpot", "p90_foo_ms"],
 }
 #: Multiple-valued string options and their bad values.
 LIST_CASES: dict[str, list[str]] = {
