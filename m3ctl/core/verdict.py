@@ -124,5 +124,5 @@ def judge(findings: Iterable[Judged]) -> Judgement:
         if f.severity not in by:
             raise ValueError(f"finding {f.id!r} has an unknown severity {f.severity!r}")
         by[f.severity].append(f)
-    worst = next((s for s in SEVERITIES if by[s]), "ok")
+    worst: Severity = next((s for s in SEVERITIES if by[s]), "ok")
     return Judgement(worst, tuple(by["fatal"]), tuple(by["unjudged"]), tuple(by["degraded"]))
