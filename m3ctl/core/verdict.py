@@ -100,15 +100,18 @@ class Judgement:
         first = (self.fatal or self.unjudged or (None,))[0]
         return None if first is None else f"{first.id}: {first.message}"
 
-    def text(self, yes: str = "yes", no: str = "no", unjudged: str = "could not judge") -> str:
-        """The verdict in words: ``yes``; ``no (<cause>)``; ``could not judge (<why>)``; a fatal verdict names every
-        fatal finding's id after the first one's cause."""
-        if self.severity == "fatal":
-            more = [f.id for f in self.fatal[1:]]
-            return f"{no} ({self.cause}" + (f"; also {', '.join(more)})" if more else ")")
-        if self.severity == "unjudged":
-            return f"{unjudged} ({self.cause})"
-        return yes
+    def text(self, yes: str = "yes", no: str = "no", unjudged: str = "could not judge", with_id: bool = True) -> str:
+        """The verdict in words: ``yes``; ``no (<cause>)``; ``could not judge (<why>)``. With ``with_id`` the cause
+        is ``id: message`` and a fatal verdict names every other fatal finding's id after it; without, the
+        first finding's message alone."""
+        first = (self.fatal or self.unjudged or (None,))[0]
+        if first is None:
+            return yes
+        word = no if self.severity == "fatal" else unjudged
+        if not with_id:
+            return f"{word} ({first.message})"
+        more = [f.id for f in self.fatal[1:]]
+        return f"{word} ({self.cause}" + (f"; also {', '.join(more)})" if more else ")")
 
 
 def judge(findings: Iterable[Judged]) -> Judgement:

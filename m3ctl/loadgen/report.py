@@ -22,6 +22,7 @@ from m3ctl.core.files import read_user_text, write_atomic
 from m3ctl.errors import BadInput
 from m3ctl.loadgen.capacity import sweep_capacity
 from m3ctl.loadgen.slo import parse_slo
+from m3ctl.loadgen.validity import run_verdict, verdict_text
 from m3ctl.results import BENCH_SCHEMA_VERSION as SCHEMA_VERSION
 
 
@@ -304,6 +305,15 @@ def rate_text(rate) -> str:
     return f"{rate:.3g}" if isinstance(rate, int | float) else str(rate)
 
 
+def _valid_word(v: dict | None) -> str | None:
+    """A run's ``valid`` in the side-by-side table: ``yes``, ``no`` or ``could not judge`` (None: no verdict)."""
+    if not isinstance(v, dict):
+        return None
+    return {"fatal": "no", "unjudged": "could not judge"}.get(
+        run_verdict(v).severity, "yes" if v.get("valid", True) else "no"
+    )
+
+
 COMPARE_ROWS = [
     ("file", lambda r: Path(r.get("_file", "")).name),
     ("label", lambda r: r.get("label")),
@@ -313,7 +323,7 @@ COMPARE_ROWS = [
         lambda r: "trace" if r.get("trace") else f"{r.get('input_len_requested')} / {r.get('output_len_requested')}",
     ),
     ("completed / failed", lambda r: f"{r['completed']} / {r['failed']}"),
-    ("valid", lambda r: (r.get("validity") or {}).get("valid")),
+    ("valid", lambda r: _valid_word(r.get("validity"))),
     ("output tok/s", lambda r: r["output_throughput"]),
     ("total tok/s", lambda r: r["total_token_throughput"]),
     ("total tok/s per GPU", lambda r: (r.get("per_gpu") or {}).get("tput_per_gpu")),
@@ -600,12 +610,15 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
     miss = res.get("unmeasured") or {}
     rows = _throughput_rows(res, done, miss) + _server_rows(res)
     gaps = "/".join(m.upper() for m in ("tpot", "itl") if m in miss)
+    verdict = run_verdict(v)  # the one rule: never "yes" beside a reason or a metric asked for and not measured
     rows.append(
         (
             "valid",
             (
-                "[red]BENCH-INVALID[/]"
-                if not v["valid"]
+                "[red]no: BENCH-INVALID[/]"
+                if verdict.severity == "fatal" or not v.get("valid", True)
+                else "[yellow]could not judge[/]"
+                if verdict.severity == "unjudged"
                 else f"yes, {gaps} {escape(na(miss, 'tpot' if 'tpot' in miss else 'itl'))}"
                 if gaps
                 else "yes"
@@ -616,6 +629,8 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
         t.add_row(escape(r[0]), r[1])
 
     lt, notes = _latency_table(res, pcts, done, miss)
+    if not verdict.passed:
+        notes.insert(0, f"valid: {escape(verdict_text(v))}")
     if not done:
         notes.append("n/a: no request succeeded")
     if (en := res.get("energy")) is not None and en.get("joules") is None:
