@@ -616,7 +616,7 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
             "valid",
             (
                 "[red]no: BENCH-INVALID[/]"
-                if verdict.severity == "fatal" or not v.get("valid", True)
+                if verdict.severity == "fatal" or (verdict.passed and not v.get("valid", True))
                 else "[yellow]could not judge[/]"
                 if verdict.severity == "unjudged"
                 else f"yes, {gaps} {escape(na(miss, 'tpot' if 'tpot' in miss else 'itl'))}"
@@ -629,7 +629,7 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
         t.add_row(escape(r[0]), r[1])
 
     lt, notes = _latency_table(res, pcts, done, miss)
-    if not verdict.passed:
+    if not verdict.passed:  # the cause, wrapped under the tables (the value column does not wrap)
         notes.insert(0, f"valid: {escape(verdict_text(v))}")
     if not done:
         notes.append("n/a: no request succeeded")
