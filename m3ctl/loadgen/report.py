@@ -174,7 +174,10 @@ RUN_STYLES: dict[str, tuple[str, dict]] = {
         {"marker": "o", "facecolors": "none", "edgecolors": "tab:orange", "linewidths": 1.5},
     ),
     "invalid": ("BENCH-INVALID", {"marker": "x", "c": "0.6"}),
-    "unchecked": ("no validity verdict (not an m3ctl run)", {"marker": "s", "facecolors": "none", "edgecolors": "0.4"}),
+    "unchecked": (
+        "no validity verdict (could not judge, or not an m3ctl run)",
+        {"marker": "s", "facecolors": "none", "edgecolors": "0.4"},
+    ),
 }
 
 
@@ -183,11 +186,16 @@ def validity_class(res: dict) -> str:
     ``invalid`` when ``validity.valid`` is False or nothing completed; ``warnings`` when valid with
     ``validity.warnings`` or metrics it did not measure (``validity.unmeasured`` / ``unmeasured``);
     ``clean`` when valid without either; ``unchecked`` without a ``validity`` block (a ``vllm bench serve``
-    file: m3ctl checked nothing)."""
+    file: m3ctl checked nothing) or when the run could not be judged (m3ctl.loadgen.validity.run_verdict)."""
     v = res.get("validity")
     if not isinstance(v, dict):
         return "invalid" if res.get("completed") == 0 else "unchecked"
-    if not v.get("valid", True) or res.get("completed") == 0:
+    severity = run_verdict(v).severity
+    if res.get("completed") == 0 or severity == "fatal":
+        return "invalid"
+    if severity == "unjudged":  # never drawn as a pass, nor as BENCH-INVALID
+        return "unchecked"
+    if not v.get("valid", True):
         return "invalid"
     return "warnings" if v.get("warnings") or v.get("unmeasured") or res.get("unmeasured") else "clean"
 

@@ -167,8 +167,10 @@ def run_smoke(
         run = SmokeRun(client, model, target)
         for cid, _ in check_plan(target.argv, lvl, target):
             t0 = time.monotonic()
+            answered = False  # every request of the check answered 200 (a server error then contradicts it)
             try:
                 f = CHECKS[cid](run)
+                answered = True
             except StreamError as e:  # HTTP said 200, the stream said error: the client's reply is cut
                 f = SmokeFinding(
                     cid,
@@ -186,7 +188,7 @@ def run_smoke(
             out.append(f)
             if on_check:
                 on_check(f)
-            if server_errors is not None and (err := server_errors()):
+            if server_errors is not None and (err := server_errors()) and answered:
                 e_f = SmokeFinding(
                     "smoke.server_errors",
                     "fatal",

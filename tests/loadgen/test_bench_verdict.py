@@ -14,7 +14,7 @@ from rich.console import Console
 from m3ctl.loadgen.client import RequestOutput
 from m3ctl.loadgen.config import BenchConfig
 from m3ctl.loadgen.drive import ClientStats
-from m3ctl.loadgen.report import bench_tables, compare_table
+from m3ctl.loadgen.report import bench_tables, compare_table, validity_class
 from m3ctl.loadgen.validity import _validity, run_failure, settle, verdict_text
 
 CFG = BenchConfig(url="http://127.0.0.1:9", model="m", input_len=100, output_len=8, num_prompts=40, concurrency=4)
@@ -119,3 +119,4 @@ def test_the_valid_row_never_says_yes_beside_a_reason_or_an_unjudged_metric():
         assert (note is None and not any(n.startswith("valid:") for n in notes)) or notes[0].startswith(note), notes
         assert compare_table([res])[5][1] == {"yes": "yes", "no: BENCH-INVALID": "no"}.get(row, row)
         assert verdict_text(v).split(" (")[0] == {"yes": "yes", "no: BENCH-INVALID": "no"}.get(row, row)
+        assert validity_class(res) == {"yes": "warnings", "no: BENCH-INVALID": "invalid"}.get(row, "unchecked")
