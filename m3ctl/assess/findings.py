@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from m3ctl.assess.context import PlanContext
-from m3ctl.core.verdict import Severity, severity_of
 from m3ctl.errors import ConfigRejected
 
 
@@ -28,11 +27,6 @@ class Finding:
     def id(self) -> str:
         """The rule's id (the same as :attr:`rule`)."""
         return self.rule
-
-    @property
-    def severity(self) -> Severity:
-        """The rule's outcome for the one verdict rule (m3ctl.core.verdict): ``FAIL`` fatal, ``WARN`` degraded."""
-        return severity_of(self.status)
 
 
 Rule = Callable[[PlanContext], "Finding | None"]

@@ -1,11 +1,11 @@
 """The one verdict rule (m3ctl.core.verdict): the worst severity wins, a fatal finding makes the positive word
 impossible, an unjudged one is never a pass."""
 
+from dataclasses import dataclass
 from typing import Any, cast
 
 import pytest
 
-from m3ctl.assess.findings import finding
 from m3ctl.core.verdict import Finding, judge, severity_of
 
 
@@ -40,10 +40,21 @@ def test_degraded_is_a_pass_with_warnings():
     assert j.severity == "degraded" and j.passed and j.text(yes="ready") == "ready"
 
 
-def test_plan_findings_carry_a_severity():
-    assert finding("x", "m", "f", "s").severity == "fatal"
-    assert finding("x", "m", "f", "s", status="WARN").severity == "degraded"
-    assert judge([finding("x", "m", "f", "s")]).text() == "no (x: m)"
+def test_any_finding_with_an_id_a_severity_and_a_message_is_judged():
+    """The rule reads findings by their fields (Judged): a smoke finding, a plan rule's finding, a bench's."""
+
+    @dataclass(frozen=True)
+    class Row:
+        rule: str
+        message: str
+        severity: str
+
+        @property
+        def id(self) -> str:
+            return self.rule
+
+    j = judge([Row("memory.fit", "does not fit", "fatal"), Finding("x", "ok", "fine")])
+    assert j.text() == "no (memory.fit: does not fit)" and j.text(with_id=False) == "no (does not fit)"
 
 
 def test_statuses_map_and_unknown_ones_are_refused():
