@@ -56,7 +56,7 @@ def print_plan(con, p) -> None:
 
 def print_smoke(con, findings: list[dict] | None, only_problems: bool = False) -> None:
     """One line per smoke finding (``smoke STATUS id seconds: message``, then ``got:`` and ``fix:`` unless OK);
-    the unjudged findings that share a message (random weights) in one line, without their replies."""
+    the unjudged findings that share a message (random weights) in one line, never with their replies."""
     rows = list(findings or [])
     for f in rows:
         status = f["status"]
@@ -70,6 +70,8 @@ def print_smoke(con, findings: list[dict] | None, only_problems: bool = False) -
             took = sum(g.get("duration_s") or 0.0 for g in same)
             head = f"  smoke {status} {ids} {took:.1f} s: "
             print_hang(con, head, f["message"], 8, COLOUR[status], (8, 8 + len(status)))
+            if f.get("fix"):  # what would judge it; never the unjudgeable reply itself
+                print_hang(con, "        fix: ", f["fix"], 13)
             continue
         took_s = f" {f['duration_s']:.1f} s" if f.get("duration_s") is not None else ""
         head = f"  smoke {status} {f['id']}{took_s}: "

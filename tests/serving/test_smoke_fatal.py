@@ -111,3 +111,33 @@ def test_serve_exits_4_not_ready_on_a_wrong_answer_and_status_shows_the_failed_r
     assert [(d["name"], d["phase"]) for d in st] == [("m2", "failed")] and "wrong output" in st[0]["cause"]
     assert vllm_procs_for(port) == []
     assert run_cli("stop", "m2").returncode == 0
+
+
+def test_random_weights_print_one_unjudged_line_and_no_garbage():
+    """What the demo (a tiny random-weight model) ends its smoke with: one UNJUDGED line for the answer and the
+    output, no reply excerpt; a single unjudged check keeps its fix; an old record's SKIP still renders."""
+    import io
+
+    from rich.console import Console
+
+    from m3ctl.cli.render import print_smoke
+    from m3ctl.serving.smoke_checks import unjudged_by_random_weights
+    from m3ctl.serving.smoke_plan import SmokeFinding
+
+    why = "a tiny random-weight model built by `m3ctl dev tiny-model` (m3ctl-tiny.json)"
+    rows = [
+        SmokeFinding("smoke.chat", "ok", "chat replies, plain and streamed", duration_s=0.2).to_dict(),
+        {**unjudged_by_random_weights("smoke.answer", why).to_dict(), "duration_s": 0.0},
+        {**unjudged_by_random_weights("smoke.output", why).to_dict(), "evidence": "ĠqzxvĠqzxv", "duration_s": 0.1},
+        SmokeFinding("smoke.tool_calls", "unjudged", "no tool called", "ask it yourself", "Red.").to_dict(),
+        {"id": "smoke.old", "status": "SKIP", "message": "an older record", "duration_s": None},
+    ]
+    con = Console(width=200, file=io.StringIO(), record=True)
+    print_smoke(con, rows)
+    lines = con.export_text().splitlines()
+    assert lines[1] == (
+        f"  smoke UNJUDGED smoke.answer, smoke.output 0.1 s: output quality not judged: the weights are random ({why})"
+    ), lines
+    assert lines[2].startswith("  smoke UNJUDGED smoke.tool_calls") and lines[3] == "        fix: ask it yourself"
+    assert lines[4].startswith("  smoke SKIP smoke.old") and len(lines) == 5
+    assert not any("got:" in x or "qzxv" in x or "Red." in x for x in lines), lines
