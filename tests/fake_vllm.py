@@ -20,6 +20,12 @@ process runtime):
   - ``raw_tool_calls``: a tool request gets the model's raw ``<minimax:tool_call>`` markup as ``content`` and
     no ``tool_calls``;
   - ``wrong_answer``: arithmetic is answered wrong (a server whose kernels produce wrong output);
+  - ``error_event``: a streamed chat answer sends its first chunk, then an error event
+    (``data: {"error": {...}}``, as vLLM does when a request fails mid-stream) while HTTP stays 200;
+  - ``split_tool_call``: a streamed tool call comes in two parts under two indexes, the second without a
+    function name (the arguments land in a nameless call);
+  - ``traceback_on_chat``: every chat request logs a Python traceback (a tool parser's error, as vLLM logs it)
+    and is still answered 200;
   - ``tokenize``: false = no ``/tokenize`` (404, as a non-vLLM server);
   - ``block_size``: the KV block size ``/metrics`` reports (``vllm:cache_config_info``); no ``/metrics`` without;
   - ``itl_s``: seconds between the chunks of a streamed answer (a measured phase that lasts);
@@ -151,6 +157,18 @@ def _crash() -> None:
     os._exit(SERVE.get("crash_code", 134))
 
 
+#: What ``traceback_on_chat`` logs: the shape of vLLM's log when a tool parser raises inside a request that is
+#: still answered 200 (vllm/entrypoints/openai/serving_chat.py logs it with the exception); not a captured log.
+CHAT_TRACEBACK = """ERROR 12-06 07:50:01 [serving_chat.py:1012] Error trying to handle streaming tool call.
+Traceback (most recent call last):
+  File "/usr/lib/python3/site-packages/vllm/entrypoints/openai/serving_chat.py", line 1004, in chat_completion_stream_generator
+    delta_message = tool_parser.extract_tool_calls_streaming(
+  File "/usr/lib/python3/site-packages/vllm/tool_parsers/minimax_m2_tool_parser.py", line 311, in extract_tool_calls_streaming
+    args = json.loads(self.current_arguments)
+json.decoder.JSONDecodeError: Expecting value: line 1 column 1 (char 0)
+"""
+
+
 def _text(kind: str, n: int = 0) -> str:
     deg = SERVE.get("degenerate")
     if deg and state["generations"] > 1:
@@ -277,6 +295,9 @@ class Handler(BaseHTTPRequestHandler):
                 },
             )
             return
+        if SERVE.get("traceback_on_chat"):
+            sys.stdout.write(CHAT_TRACEBACK)
+            sys.stdout.flush()
         question = " ".join(str(m.get("content") or "") for m in req.get("messages") or [])
         msg: dict = {
             "role": "assistant",
@@ -315,6 +336,7 @@ class Handler(BaseHTTPRequestHandler):
         deltas = [{"reasoning_content": msg["reasoning_content"]}] if msg.get("reasoning_content") else []
         if msg["tool_calls"]:
             fn = msg["tool_calls"][0]["function"]
+            second = 1 if SERVE.get("split_tool_call") else 0  # the arguments under another index, no name
             deltas += [
                 {
                     "tool_calls": [
@@ -326,14 +348,18 @@ class Handler(BaseHTTPRequestHandler):
                         }
                     ]
                 },
-                {"tool_calls": [{"index": 0, "function": {"arguments": fn["arguments"]}}]},
+                {"tool_calls": [{"index": second, "function": {"arguments": fn["arguments"]}}]},
             ]
         else:
             deltas.append({"content": msg["content"]})
-        self._sse(
-            [{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
-            + [{"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}]
-        )
+        chunks = [{"choices": [{"index": 0, "delta": d, "finish_reason": None}]} for d in deltas]
+        if SERVE.get("error_event"):  # the first chunk, then the error as an event: the status stays 200
+            chunks = chunks[:1] + [
+                {"error": {"message": "EngineCore encountered an issue", "type": "InternalServerError", "code": 500}}
+            ]
+        else:
+            chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+        self._sse(chunks)
 
     def _sse(self, chunks: list[dict]) -> None:
         self.send_response(200)

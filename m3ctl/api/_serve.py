@@ -121,8 +121,8 @@ def serve(
         BadInput: bad arguments (name, host, budget, api_key_env not set, a smoke level not quick/full/off, mounts
             without the docker runtime).
         ConfigRejected: a plan rule or a pre-flight check (port taken, name running, vLLM broken); nothing started.
-        LaunchFailed: the server died or failed readiness or died during the smoke test (its root cause from the
-            log); it has been stopped. With ``watch``: the server failed while watched (it has been stopped).
+        LaunchFailed: the server died or failed readiness, died during the smoke test (its root cause from the
+            log) or failed it (a fatal smoke finding: not ready); it has been stopped, its record kept as ``failed``. With ``watch``: the server failed while watched (it has been stopped).
         KeyboardInterrupt: interrupted (Ctrl-C, or SIGTERM/SIGHUP with ``watch``); the server has been stopped.
     """
     smoke = smoke_level(smoke)

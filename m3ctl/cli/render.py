@@ -4,7 +4,7 @@ from m3ctl import api
 from m3ctl.cli.output import escape, print_hang, shell_lines
 from m3ctl.core.secrets import source_var
 
-COLOUR = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "INFO": "cyan"}
+COLOUR = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "INFO": "cyan", "UNJUDGED": "magenta"}
 
 
 def shown_command(p, runtime=None) -> str:
@@ -55,15 +55,30 @@ def print_plan(con, p) -> None:
 
 
 def print_smoke(con, findings: list[dict] | None, only_problems: bool = False) -> None:
-    for f in findings or []:
-        if only_problems and f["status"] in ("OK", "SKIP"):
+    """One line per smoke finding (``smoke STATUS id seconds: message``, then ``got:`` and ``fix:`` unless OK);
+    the unjudged findings that share a message (random weights) in one line, never with their replies."""
+    rows = list(findings or [])
+    for f in rows:
+        status = f["status"]
+        if only_problems and status in ("OK", "SKIP"):
             continue
-        took = f" {f['duration_s']:.1f} s" if f.get("duration_s") is not None else ""
-        head = f"  smoke {f['status']} {f['id']}{took}: "
-        print_hang(con, head, f["message"], 8, COLOUR[f["status"]], (8, 8 + len(f["status"])))
-        if f.get("evidence") and f["status"] != "OK":
+        if status == "UNJUDGED":
+            same = [g for g in rows if g["status"] == "UNJUDGED" and g["message"] == f["message"]]
+            if same[0] is not f:
+                continue  # shown with the first of its kind
+            ids = ", ".join(g["id"] for g in same)
+            took = sum(g.get("duration_s") or 0.0 for g in same)
+            head = f"  smoke {status} {ids} {took:.1f} s: "
+            print_hang(con, head, f["message"], 8, COLOUR[status], (8, 8 + len(status)))
+            if f.get("fix"):  # what would judge it; never the unjudgeable reply itself
+                print_hang(con, "        fix: ", f["fix"], 13)
+            continue
+        took_s = f" {f['duration_s']:.1f} s" if f.get("duration_s") is not None else ""
+        head = f"  smoke {status} {f['id']}{took_s}: "
+        print_hang(con, head, f["message"], 8, COLOUR[status], (8, 8 + len(status)))
+        if f.get("evidence") and status != "OK":
             print_hang(con, "        got: ", f["evidence"], 13)
-        if f.get("fix") and f["status"] != "OK":
+        if f.get("fix") and status != "OK":
             print_hang(con, "        fix: ", f["fix"], 13)
 
 

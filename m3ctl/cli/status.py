@@ -25,7 +25,7 @@ def status(json_out: o.Json = False) -> None:
         d = r.deployment
         where = f"container {(d.container_id or '')[:12]}" if d.runtime == "docker" else f"pid {d.pid or '-'}"
         restarts = f" ({d.restarts} restarts)" if d.restarts else ""
-        probs = [f["status"] for f in d.smoke or [] if f["status"] in ("WARN", "FAIL")]
+        probs = [f["status"] for f in d.smoke or [] if f["status"] in ("WARN", "FAIL", "UNJUDGED")]  # never "ok"
         smoke = (
             "-"
             if d.smoke is None
@@ -69,6 +69,6 @@ def status(json_out: o.Json = False) -> None:
     for n, path in bad.items():
         out.con.print(escape(f"{n}  unreadable  {path}"), soft_wrap=True)
     for r in rows:
-        if any(f["status"] in ("WARN", "FAIL") for f in r.deployment.smoke or []):
+        if any(f["status"] in ("WARN", "FAIL", "UNJUDGED") for f in r.deployment.smoke or []):
             out.print(f"{r.deployment.name}:")
             print_smoke(out.con, r.deployment.smoke, only_problems=True)

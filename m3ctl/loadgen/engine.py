@@ -10,6 +10,7 @@ from pathlib import Path
 
 from m3ctl.core.state import Registry
 from m3ctl.loadgen.config import BenchConfig
+from m3ctl.loadgen.validity import settle
 from m3ctl.serving.lifecycle import EngineState, check
 
 
@@ -37,3 +38,4 @@ def mark_engine_died(res: dict, died: dict, first_fail_wall: float | None) -> No
     v["valid"] = False
     v["reasons"] = [r for r in v.get("reasons", []) if not r.startswith("server generated")]
     v["reasons"].append(f"{died['sentence']}; partial results")
+    settle(v)

@@ -23,6 +23,7 @@ from m3ctl.errors import BadInput
 from m3ctl.loadgen.capacity import sweep_capacity
 from m3ctl.loadgen.slo import parse_slo
 from m3ctl.loadgen.uncertainty import across_repeats
+from m3ctl.loadgen.validity import run_verdict, verdict_text
 from m3ctl.results import BENCH_SCHEMA_VERSION as SCHEMA_VERSION
 
 
@@ -212,7 +213,10 @@ RUN_STYLES: dict[str, tuple[str, dict]] = {
         {"marker": "o", "facecolors": "none", "edgecolors": "tab:orange", "linewidths": 1.5},
     ),
     "invalid": ("BENCH-INVALID", {"marker": "x", "c": "0.6"}),
-    "unchecked": ("no validity verdict (not an m3ctl run)", {"marker": "s", "facecolors": "none", "edgecolors": "0.4"}),
+    "unchecked": (
+        "no validity verdict (could not judge, or not an m3ctl run)",
+        {"marker": "s", "facecolors": "none", "edgecolors": "0.4"},
+    ),
 }
 
 
@@ -221,11 +225,16 @@ def validity_class(res: dict) -> str:
     ``invalid`` when ``validity.valid`` is False or nothing completed; ``warnings`` when valid with
     ``validity.warnings`` or metrics it did not measure (``validity.unmeasured`` / ``unmeasured``);
     ``clean`` when valid without either; ``unchecked`` without a ``validity`` block (a ``vllm bench serve``
-    file: m3ctl checked nothing)."""
+    file: m3ctl checked nothing) or when the run could not be judged (m3ctl.loadgen.validity.run_verdict)."""
     v = res.get("validity")
     if not isinstance(v, dict):
         return "invalid" if res.get("completed") == 0 else "unchecked"
-    if not v.get("valid", True) or res.get("completed") == 0:
+    severity = run_verdict(v).severity
+    if res.get("completed") == 0 or severity == "fatal":
+        return "invalid"
+    if severity == "unjudged":  # never drawn as a pass, nor as BENCH-INVALID
+        return "unchecked"
+    if not v.get("valid", True):
         return "invalid"
     return "warnings" if v.get("warnings") or v.get("unmeasured") or res.get("unmeasured") else "clean"
 
@@ -372,6 +381,15 @@ def rate_text(rate) -> str:
     return f"{rate:.3g}" if isinstance(rate, int | float) else str(rate)
 
 
+def _valid_word(v: dict | None) -> str | None:
+    """A run's ``valid`` in the side-by-side table: ``yes``, ``no`` or ``could not judge`` (None: no verdict)."""
+    if not isinstance(v, dict):
+        return None
+    return {"fatal": "no", "unjudged": "could not judge"}.get(
+        run_verdict(v).severity, "yes" if v.get("valid", True) else "no"
+    )
+
+
 COMPARE_ROWS = [
     ("file", lambda r: Path(r.get("_file", "")).name),
     ("label", lambda r: r.get("label")),
@@ -381,7 +399,7 @@ COMPARE_ROWS = [
         lambda r: "trace" if r.get("trace") else f"{r.get('input_len_requested')} / {r.get('output_len_requested')}",
     ),
     ("completed / failed", lambda r: f"{r['completed']} / {r['failed']}"),
-    ("valid", lambda r: (r.get("validity") or {}).get("valid")),
+    ("valid", lambda r: _valid_word(r.get("validity"))),
     ("output tok/s", lambda r: r["output_throughput"]),
     ("total tok/s", lambda r: r["total_token_throughput"]),
     ("total tok/s per GPU", lambda r: (r.get("per_gpu") or {}).get("tput_per_gpu")),
@@ -753,12 +771,15 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
     miss = res.get("unmeasured") or {}
     rows = _throughput_rows(res, done, miss) + _server_rows(res)
     gaps = "/".join(m.upper() for m in ("tpot", "itl") if m in miss)
+    verdict = run_verdict(v)  # the one rule: never "yes" beside a reason or a metric asked for and not measured
     rows.append(
         (
             "valid",
             (
-                "[red]BENCH-INVALID[/]"
-                if not v["valid"]
+                "[red]no: BENCH-INVALID[/]"
+                if verdict.severity == "fatal" or (verdict.passed and not v.get("valid", True))
+                else "[yellow]could not judge[/]"
+                if verdict.severity == "unjudged"
                 else f"yes, {gaps} {escape(na(miss, 'tpot' if 'tpot' in miss else 'itl'))}"
                 if gaps
                 else "yes"
@@ -769,6 +790,8 @@ def bench_tables(res: dict, pcts: list[float]) -> tuple[list, list[str]]:
         t.add_row(escape(r[0]), r[1])
 
     lt, notes = _latency_table(res, pcts, done, miss)
+    if not verdict.passed:  # the cause, wrapped under the tables (the value column does not wrap)
+        notes.insert(0, f"valid: {escape(verdict_text(v))}")
     if not done:
         notes.append("n/a: no request succeeded")
     notes += [escape(n) for n in interval_notes(res.get("uncertainty") or {})]

@@ -34,6 +34,7 @@ from m3ctl.loadgen.inputs import validate
 from m3ctl.loadgen.prepare import check_reachable, tokenizer_for
 from m3ctl.loadgen.prompts import ServerTokenizer
 from m3ctl.loadgen.target import headers as _headers
+from m3ctl.loadgen.validity import settle
 
 #: A level whose output tok/s is below (1 - THROUGHPUT_DROP) x the previous level's is overloaded: a drop this
 #: size is beyond run-to-run noise (a few %), so more load made the server do less.
@@ -246,6 +247,7 @@ class Sweep:
             last["validity"]["reasons"].append(
                 f"the server went away before concurrency {cfg.concurrency} ({err.message}): the sweep stopped there"
             )
+            settle(last["validity"])
         self._stop = True
         return True
 

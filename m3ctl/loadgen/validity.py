@@ -2,14 +2,22 @@
 
 Input: the result dict being assembled (m3ctl.loadgen.result), the outputs, the clients'
 :class:`~m3ctl.loadgen.drive.ClientStats` and the server's ``/metrics`` deltas. Output: the result's ``validity``
-block (``valid`` False with ``reasons``: BENCH-INVALID; ``warnings``), the prefix-cache check (N13), and
-:func:`run_failure`, the error of a finished command (BenchServerDown, BenchServerStalled, ChecksFailed).
+block, and :func:`run_failure`, the error of a finished command (BenchServerDown, BenchServerStalled,
+ChecksFailed).
+
+The block's verdict follows the one rule (m3ctl.core.verdict, :func:`run_verdict`): each of ``reasons`` is fatal
+(BENCH-INVALID: the error rate, a saturated client, host CPU contention that delayed the client beyond the run's own
+TTFT noise, partial results, a prefix cache that served the prompts (N13)...), each of ``unjudged`` cannot be judged
+(a metric the user asked for and the run did not measure: goodput on an SLO that bounds an unmeasured TPOT), each of
+``warnings`` degrades. ``verdict`` says ``yes``, ``no (<cause>)`` or ``could not judge (<why>)``; ``valid`` is
+true only for a pass (yes).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from m3ctl.core.verdict import Finding, Judgement, judge
 from m3ctl.errors import BenchServerDown, ChecksFailed, M3Error
 from m3ctl.loadgen import metrics
 from m3ctl.loadgen import trace as traces
@@ -41,7 +49,6 @@ def add_validity(
     pc, why = prefix_cache_check(cfg, res, server)
     res["validity"]["prefix_cache"] = pc
     if why:
-        res["validity"]["valid"] = False
         res["validity"]["reasons"].append(why)
     if jit is not None:
         res["server_jit_compiles"] = {"count": len(jit), "kernels": sorted(set(jit))}
@@ -51,6 +58,54 @@ def add_validity(
                 "one-off latency spikes, so TTFT/TPOT tails overstate the steady state; run again (the kernels are "
                 "compiled now) or warm at this load first"
             )
+    settle(res["validity"])
+
+
+#: Client event-loop lag (p99, ms) above which the host's CPU contention is named (m3ctl.loadgen.drive measures it).
+CONTENTION_MS = 20.0
+
+
+def ttft_noise_ms(ok: list[RequestOutput]) -> float | None:
+    """The run's own TTFT noise: the robust standard deviation (1.4826 x the median absolute deviation) of the
+    successful requests' TTFT, in ms; None with fewer than 2 requests. Robust, so the few requests the host
+    delayed do not widen it."""
+    ttfts = np.array([o.ttft for o in ok if o.ttft > 0]) * 1000
+    if len(ttfts) < 2:
+        return None
+    return float(1.4826 * np.median(np.abs(ttfts - np.median(ttfts))))
+
+
+def ttft_tail_ms(ok: list[RequestOutput]) -> float | None:
+    """How far the successful requests' p99 TTFT stands above their median, in ms; None with fewer than 2."""
+    ttfts = np.array([o.ttft for o in ok if o.ttft > 0]) * 1000
+    if len(ttfts) < 2:
+        return None
+    return float(np.percentile(ttfts, 99) - np.median(ttfts))
+
+
+def run_verdict(v: dict) -> Judgement:
+    """The run's verdict by the one rule (m3ctl.core.verdict.judge) from its ``validity`` block: each of ``reasons``
+    fatal (BENCH-INVALID), each of ``unjudged`` unjudged (a metric the run was asked for and did not measure), each
+    of ``warnings`` degraded."""
+    return judge(
+        [Finding("bench.invalid", "fatal", r) for r in v.get("reasons") or []]
+        + [Finding("bench.unjudged", "unjudged", u) for u in v.get("unjudged") or []]
+        + [Finding("bench.warning", "degraded", w) for w in v.get("warnings") or []]
+    )
+
+
+def verdict_text(v: dict) -> str:
+    """``yes``, ``no (<first reason>)`` or ``could not judge (<why>)``: the ``valid`` line of a run
+    (:func:`run_verdict`)."""
+    return run_verdict(v).text(with_id=False)
+
+
+def settle(v: dict) -> None:
+    """Set the ``validity`` block's ``valid`` (a pass: no reason, nothing unjudged) and ``verdict``
+    (:func:`verdict_text`) from its findings; called whenever a check adds one."""
+    v.setdefault("unjudged", [])
+    v["valid"] = run_verdict(v).passed
+    v["verdict"] = verdict_text(v)
 
 
 def _partial(res: dict, reason: str) -> None:
@@ -58,6 +113,7 @@ def _partial(res: dict, reason: str) -> None:
     res["validity"]["valid"] = False
     res["validity"]["reasons"] = [r for r in res["validity"]["reasons"] if not r.startswith("server generated")]
     res["validity"]["reasons"].append(reason)
+    settle(res["validity"])
 
 
 def mark_partial(res: dict, cstats: list[ClientStats]) -> None:
@@ -145,22 +201,8 @@ def _validity(
     err_rate = (n - len(ok)) / n if n else 1.0
     if err_rate > cfg.max_error_rate:
         reasons.append(f"error rate {err_rate:.1%} above {cfg.max_error_rate:.1%}")
-    cpu = max((100.0 * s.cpu_s / s.wall_s for s in cstats if s.wall_s > 0), default=0.0)
-    lag99 = max((s.loop_lag_p99_ms for s in cstats), default=0.0)
-    saturated = cpu > 90.0
     warnings: list[str] = []
-    if saturated:
-        reasons.append(
-            f"client saturated (a client process used {cpu:.0f}% of a core, event-loop lag p99 "
-            f"{lag99:.1f} ms): latencies include client delay; raise --client-procs"
-        )
-    elif lag99 > 20.0:
-        # The client was idle but not scheduled: other processes (often the server itself on a small host)
-        # held the CPU, so timestamps can be late by this much.
-        warnings.append(
-            f"host CPU contention: the client's event loop woke up to {lag99:.0f} ms late (p99) "
-            f"while using only {cpu:.0f}% of a core; run the client on other cores than the server"
-        )
+    cpu, lag99, saturated = _client_checks(cstats, ok, reasons, warnings)
     # Every token of a request in one network read (metrics.unmeasured's rule): the server, or a proxy in front
     # of it, delivered the stream at the end, so TPOT and ITL were not measured (null, not 0). Seen with the vLLM
     # CPU server on a 2-core host in spells of a few seconds, with every client alike. The run stays valid for
@@ -181,8 +223,9 @@ def _validity(
                 "vLLM's TPOT) and pulls the TPOT statistics down; a late client event loop (client_loop_lag_max_ms) "
                 "or a buffering server or proxy does this"
             )
-    if "request_goodput" in miss:
-        warnings.append("goodput not claimed (null): its SLO bounds TPOT, which this run did not measure")
+    unjudged: list[str] = []
+    if "request_goodput" in miss:  # the user asked for goodput: a metric asked for and not measured is no pass
+        unjudged.append("goodput not measured (null): its SLO bounds TPOT, which this run did not measure")
     no_usage = sum(1 for o in ok if o.output_tokens is None or o.tokens_from_chunks)
     if no_usage and not cfg.allow_approx:
         reasons.append(
@@ -214,8 +257,9 @@ def _validity(
             reasons.append(f"server generated {srv} tokens but clients counted {cli} (other traffic on the server?)")
     checks = _asked_vs_happened(cfg, ok, res, server, reasons, warnings)
     return {
-        "valid": not reasons,
+        "valid": not reasons and not unjudged,
         "reasons": reasons,
+        "unjudged": unjudged,
         "warnings": warnings,
         "unmeasured": sorted(miss),
         "error_rate": err_rate,
@@ -230,6 +274,44 @@ def _validity(
         "first_chunk_tokens_max": max(first_k) if first_k else None,
         "responses_without_usage": no_usage,
     }
+
+
+def _client_checks(
+    cstats: list[ClientStats], ok: list[RequestOutput], reasons: list[str], warnings: list[str]
+) -> tuple[float, float, bool]:
+    """Was the client itself the bottleneck (a saturated client process: invalid), or was it kept waiting by the
+    host (event-loop lag: invalid beyond the run's own TTFT noise, else a warning)? Appends to ``reasons`` and
+    ``warnings``; returns (the busiest client's CPU %, the worst p99 event-loop lag in ms, saturated)."""
+    cpu = max((100.0 * s.cpu_s / s.wall_s for s in cstats if s.wall_s > 0), default=0.0)
+    lag99 = max((s.loop_lag_p99_ms for s in cstats), default=0.0)
+    saturated = cpu > 90.0
+    if saturated:
+        reasons.append(
+            f"client saturated (a client process used {cpu:.0f}% of a core, event-loop lag p99 "
+            f"{lag99:.1f} ms): latencies include client delay; raise --client-procs"
+        )
+    elif lag99 > CONTENTION_MS:
+        # The client was idle but not scheduled: other processes (often the server itself on a small host)
+        # held the CPU, so timestamps can be late by this much. Where the run's TTFT tail stands out of its own
+        # noise by as much as the host delayed the client, the TTFT it reports is the host's delay as much as
+        # the server's: the run cannot be valid. Otherwise the delays fell outside the TTFT windows: a warning.
+        noise, tail = ttft_noise_ms(ok), ttft_tail_ms(ok)
+        late = (
+            f"host CPU contention: the client's event loop woke up to {lag99:.0f} ms late (p99) "
+            f"while using only {cpu:.0f}% of a core"
+        )
+        if noise is not None and tail is not None and lag99 > noise and tail > max(3 * noise, lag99 / 2):
+            reasons.append(
+                f"{late}, and the TTFT tail (p99) stands {tail:.0f} ms above its median, beyond the run's own "
+                f"TTFT noise ({noise:.1f} ms, robust standard deviation): the host inflated TTFT; run the client "
+                "on other cores than the server, or on a quieter host"
+            )
+        else:
+            warnings.append(
+                f"{late}; the TTFT tail stayed within the run's own noise; run the client on other cores than "
+                "the server"
+            )
+    return cpu, lag99, saturated
 
 
 #: Fraction of responses allowed to end short of the requested output with ignore_eos (N14).
@@ -352,12 +434,24 @@ def run_failure(runs: list[dict], url: str, saved: str | None, diagnosis=None) -
             f"for {st['idle_s']:.1f} s; {stalled['completed']} requests completed",
             keep if saved else keep + "; check the server log",
         )
-    bad = [r for r in runs if not r["validity"]["valid"]]
+    verdicts = [(r, run_verdict(r["validity"])) for r in runs]
+    bad = [r for r, j in verdicts if j.severity == "fatal" or (not r["validity"].get("valid", True) and j.passed)]
     if bad:
-        why = "; ".join(dict.fromkeys(x for r in bad for x in r["validity"]["reasons"]))
+        why = "; ".join(dict.fromkeys(x for r in bad for x in r["validity"]["reasons"])) or "marked invalid"
         first_err = next((e for r in bad for e in r["errors"]), "")
         return ChecksFailed(
             f"BENCH-INVALID: {why}" + (f" (first error: {first_err})" if first_err else ""),
             f"results were saved to {saved}, marked invalid" if saved else "pass --output-json to keep the results",
+        )
+    if unjudged := [r for r, j in verdicts if j.severity == "unjudged"]:
+        why = "; ".join(dict.fromkeys(x for r in unjudged for x in r["validity"]["unjudged"]))
+        return ChecksFailed(
+            f"BENCH-UNJUDGED: the run could not be judged valid: {why}",
+            (
+                f"results were saved to {saved}, marked valid: could not judge"
+                if saved
+                else "pass --output-json to keep the results"
+            )
+            + "; measure what was asked (a stream the server does not buffer) or drop it",
         )
     return None

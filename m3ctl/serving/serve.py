@@ -18,6 +18,7 @@ from typing import NoReturn
 from m3ctl.catalog import KernelExpect, profiles
 from m3ctl.core.secrets import API_KEY_ENV, auth_headers, client_key, key_hint, passthrough_env, restart_env
 from m3ctl.core.state import Deployment, Registry, StateWriteFailed, UnreadableRecord
+from m3ctl.core.verdict import judge
 from m3ctl.errors import BadInput, LaunchFailed, M3Error, NotFound, Unauthorised
 from m3ctl.planning.launch import launch_spec
 from m3ctl.planning.plan import LaunchPlan
@@ -40,8 +41,11 @@ from m3ctl.serving.signals import (
     sigint_ignored,
     stop_signals_as_interrupt,
 )
-from m3ctl.serving.smoke import ServerDied, run_smoke, smoke_level, smoke_target
+from m3ctl.serving.smoke import ServerDied, SmokeFinding, run_smoke, smoke_level, smoke_target
 from m3ctl.serving.watchdog import Probe
+
+_TRACEBACK = "Traceback (most recent call last)"
+_LOG_TAIL = 5_000_000
 
 
 @dataclass
@@ -90,7 +94,7 @@ def launch_and_wait(
         smoke: the smoke test's level after readiness (m3ctl/serving/smoke.py): ``"quick"`` (a long prompt and a mixed
             batch), ``"full"`` (also chat, parsers, a known answer, output checks) or ``"off"``; True/False mean
             full/off. Its findings, level and duration are stored on the deployment record (``Deployment.smoke``,
-            ``smoke_level``, ``smoke_s``) and returned, never fatal unless the server dies.
+            ``smoke_level``, ``smoke_s``) and returned; a fatal finding (m3ctl.core.verdict) fails the launch.
         diag_context: the launch a failure's diagnosis is keyed on (default: from the plan; the CLI adds the
             inventory's GPU names).
         on_preflight: called with the plan that launches (its internal ports pinned) once the pre-flight passed,
@@ -106,7 +110,9 @@ def launch_and_wait(
 
     Raises:
         ConfigRejected: pre-flight failed (exit 3); nothing was started.
-        LaunchFailed: the server died or failed a readiness phase or the smoke test (exit 4); it has been stopped.
+        LaunchFailed: the server died or failed a readiness phase, or the smoke test found a fatal fault (wrong
+            output, markup or reasoning in content, a split tool call, an error event or a server traceback during
+            a 200 answer) (exit 4); it has been stopped and its record kept as ``failed`` with the cause.
         BadInput: an unknown smoke level; nothing was started.
         KeyboardInterrupt: interrupted; the server has been stopped.
     """
@@ -143,9 +149,10 @@ def launch_and_wait(
             diag_context=ctx,
         )
         findings, dep.smoke_s = _smoke(plan, dep, rt, headers, ctx, level, on_event) if level != "off" else (None, None)
-        dep.phase, dep.ready_at, dep.smoke_level = "ready", time.time(), level
+        dep.smoke_level, dep.smoke = level, [f.to_dict() for f in findings] if findings is not None else None
+        _fail_on_fatal(findings or [], dep, registry)
+        dep.phase, dep.ready_at = "ready", time.time()
         watchdog.mark_supervised(dep, supervised)
-        dep.smoke = [f.to_dict() for f in findings] if findings is not None else None
         registry.save(dep)
         rt.sync_log(dep)
         return ServeResult(dep, ready, verify_kernels(rt.log_text(dep, tail_bytes=5_000_000), expect), findings)
@@ -208,6 +215,58 @@ def _record_failure(registry: Registry, dep: Deployment, e: LaunchFailed) -> Non
     record_death(registry, dep.name, es, phase="failed")
 
 
+def _fail_on_fatal(findings: list[SmokeFinding], dep: Deployment, registry: Registry) -> None:
+    """A failed smoke is a failed serve (the one verdict rule, m3ctl.core.verdict): with a fatal finding the
+    record keeps the findings and :class:`LaunchFailed` (phase ``smoke``) names the first one's cause, its
+    evidence and fix; the caller's handler stops the server and keeps the record as ``failed``.
+
+    Raises:
+        LaunchFailed: a fatal smoke finding (exit 4).
+    """
+    verdict = judge(findings)
+    if verdict.positive:
+        return
+    registry.save(dep)  # the findings, for `m3ctl status` of the failed record
+    first = next(f for f in findings if f.severity == "fatal")
+    got = f" (got: {first.evidence})" if first.evidence else ""
+    more = [f.id for f in verdict.fatal[1:]]
+    raise LaunchFailed(
+        f"not ready: the smoke test failed: {verdict.cause}{got}" + (f" (also {', '.join(more)})" if more else ""),
+        (f"{first.fix}; " if first.fix else "")
+        + "the server was stopped; `m3ctl status` shows the smoke findings, "
+        + f"`m3ctl stop {dep.name}` removes the record"
+        + (f"; full log: {dep.log_path}" if dep.log_path else ""),
+        phase="smoke",
+        log_path=dep.log_path,
+    )
+
+
+def _server_errors(rt: Runtime, dep: Deployment, ctx: DiagContext) -> Callable[[], str | None]:
+    """For :func:`run_smoke`: each call returns the summary of a Python traceback the server logged since the call
+    before (the first call: since now), or None. The summary is the log's root cause (m3ctl.serving.diagnose),
+    else the traceback's last line."""
+    seen = [rt.log_text(dep, tail_bytes=_LOG_TAIL).count(_TRACEBACK)]
+
+    def new_errors() -> str | None:
+        text = rt.log_text(dep, tail_bytes=_LOG_TAIL)
+        count = text.count(_TRACEBACK)
+        if count <= seen[0]:
+            seen[0] = count  # the tail moved past older ones
+            return None
+        start = -1
+        for _ in range(seen[0] + 1):
+            start = text.index(_TRACEBACK, start + 1)
+        seen[0] = count
+        part = text[start:]
+        diag = diagnose_text(part, dataclasses.replace(ctx, phase="first-request"))
+        if diag:
+            return f"{diag.summary()} [{diag.line}]"
+        lines = [x.strip() for x in part.splitlines() if x.strip() and not x.startswith((" ", "\t"))]
+        return (lines[-1] if len(lines) > 1 else lines[0])[:200]
+
+    return new_errors
+
+
 def _smoke(
     plan: LaunchPlan,
     dep: Deployment,
@@ -237,6 +296,7 @@ def _smoke(
             headers=headers,
             timeout_s=plan.completion_timeout_s,
             is_alive=lambda: rt.is_alive(dep),
+            server_errors=_server_errors(rt, dep, ctx),
         )
         died = None if rt.is_alive(dep) else "after its last check"
     except ServerDied as e:
@@ -256,14 +316,18 @@ def _smoke(
             )
         raise LaunchFailed(what, f"see the log: {dep.log_path}", phase="smoke", log_path=dep.log_path)
     took = round(time.monotonic() - t0, 3)
-    bad = [f.status for f in findings if f.status in ("WARN", "FAIL")]
+    bad = [f.status for f in findings if f.status != "OK"]
     emit(
         PhaseEvent(
             "smoke",
-            "ok",
+            "ok" if judge(findings).positive else "fail",
             time.time() - dep.started_at,
             f"{level}: {len(findings)} checks in {took:.1f} s"
-            + (f" ({', '.join(f'{bad.count(s)} {s}' for s in ('FAIL', 'WARN') if s in bad)})" if bad else ""),
+            + (
+                f" ({', '.join(f'{bad.count(s)} {s}' for s in ('FAIL', 'WARN', 'UNJUDGED') if s in bad)})"
+                if bad
+                else ""
+            ),
         )
     )
     return findings, took

@@ -23,22 +23,31 @@ m3ctl/data/smoke.yaml holds the prompts, lengths, markers and thresholds):
 - ``smoke.chat``: a chat request, plain and streamed, must return a reply (the chat template and the SSE path).
 - ``smoke.reasoning`` (only with ``--reasoning-parser``): plain and streamed, the reasoning must arrive in
   ``reasoning_content`` / ``reasoning`` and ``content`` must hold none of the family's reasoning markers
-  (MiniMax-M3 ``<mm:think>``, MiniMax-M2 ``<think>``). Markers in content are a FAIL (PARSER-MISMATCH).
+  (MiniMax-M3 ``<mm:think>``, MiniMax-M2 ``<think>``). Markers in content are fatal (PARSER-MISMATCH: leaked
+  reasoning).
 - ``smoke.tool_calls`` (only with ``--enable-auto-tool-choice`` and ``--tool-call-parser``): plain and
   streamed, a request that needs a tool must come back as structured ``tool_calls``; raw tool-call markup in
-  ``content`` is a FAIL. The request uses ``tool_choice: "auto"``: vLLM serves ``"required"`` with structured
+  ``content``, or a streamed call split so a part has no function name, is fatal. The request uses ``tool_choice: "auto"``: vLLM serves ``"required"`` with structured
   outputs, which bypasses the tool-call parser this check is about.
-- ``smoke.answer``: a question with a known answer (17 + 25); a finished reply without it is a FAIL. Skipped
-  (SKIP, with the reason) when the weights are random: ``--load-format dummy``, or a model directory built by
-  ``m3ctl dev tiny-model`` / ``scale-model``.
-- ``smoke.output``: a completion and the chat replies must not hold NUL characters (FAIL); one token repeated,
-  a short span repeated in a loop, very few distinct tokens or replacement characters (U+FFFD) are a WARN
-  (random-weight test models legitimately produce such text); the finding names the likely causes from the
-  plan (dtype, emulated quantization, a known-bad row, a quantized KV cache).
+- ``smoke.answer``: a question with a known answer (17 + 25); a finished reply without it is fatal (wrong
+  output).
+- ``smoke.output``: a completion and the chat replies must not hold NUL characters, one token repeated or
+  replacement characters (U+FFFD): each is fatal; a short span repeated in a loop or very few distinct tokens
+  is degraded (a real model's greedy reply to an open prompt can loop); the finding names the likely causes
+  from the plan (dtype, emulated quantization, a known-bad row, a quantized KV cache).
 
-``off`` sends nothing. A check is a :class:`SmokeFinding` (id, status OK/WARN/FAIL/SKIP, message, fix,
-seconds). Findings never stop the server; a server that *dies* during a check does: :func:`run_smoke` raises
-:class:`ServerDied` and ``m3ctl serve`` fails (exit 4) with the cause from the log, having stopped the server.
+When the weights are random (``--load-format dummy``, or a model directory built by ``m3ctl dev tiny-model`` /
+``scale-model``) the output's quality cannot be judged: ``smoke.answer`` and ``smoke.output`` (and an empty
+chat reply, no reasoning, no tool call) are ``unjudged`` with one message, shown in one line; only NUL-filled
+replies stay fatal. After every check the server's log is read for a traceback logged since the check before
+(``server_errors``): one during a check that got HTTP 200 is a fatal ``smoke.server_errors``, and so is an error
+event inside a stream answered 200.
+
+``off`` sends nothing. A check is a :class:`SmokeFinding` (id, severity fatal/degraded/unjudged/ok as
+m3ctl.core.verdict names them, message, fix, seconds). A fatal finding fails ``m3ctl serve``: not ready, exit 4,
+the server stopped and its record kept as ``failed`` with the cause (m3ctl.serving.serve). A server that *dies*
+during a check does too: :func:`run_smoke` raises :class:`ServerDied` and ``m3ctl serve`` fails (exit 4) with
+the cause from the log.
 On a GPU the full smoke takes a few seconds (small ``max_tokens``); on 2 CPU cores with the tiny model, a few
 seconds too.
 """
@@ -52,7 +61,7 @@ from dataclasses import replace
 
 import httpx
 
-from m3ctl.serving.smoke_checks import CHECKS, WORKLOAD_CHECKS, Refused, SmokeRun
+from m3ctl.serving.smoke_checks import CHECKS, WORKLOAD_CHECKS, Refused, SmokeRun, StreamError
 from m3ctl.serving.smoke_plan import (
     DEFAULT_LEVEL,
     LEVELS,
@@ -107,6 +116,7 @@ def run_smoke(
     is_alive: Callable[[], bool] | None = None,
     on_check: Callable[[SmokeFinding], None] | None = None,
     death_grace_s: float = 3.0,
+    server_errors: Callable[[], str | None] | None = None,
 ) -> list[SmokeFinding]:
     """Run the smoke checks of ``level`` that apply to this launch against ``url`` (a ready server).
 
@@ -122,11 +132,13 @@ def run_smoke(
         is_alive: returns False once the server process/container has died; a failed request is then a death.
         on_check: receives each finding as its check ends.
         death_grace_s: seconds a failed request waits for ``is_alive`` to see the process go.
+        server_errors: called after each check; returns the server-side error (a traceback's summary) the server
+            logged since the last call, or None. One adds a fatal ``smoke.server_errors`` finding after that check.
 
     Returns:
-        One finding per check that applies, in order, each with its duration. A request that fails while the
-        server lives is a finding (workload checks: HTTP 5xx or a transport error is a FAIL; others a WARN),
-        never an exception.
+        One finding per check that applies, in order, each with its duration and severity. A request that fails
+        while the server lives is a finding (workload checks: HTTP 5xx or a transport error is fatal; others
+        degraded), an error event in a stream answered 200 is fatal; never an exception.
 
     Raises:
         BadInput: an unknown level.
@@ -155,33 +167,58 @@ def run_smoke(
         run = SmokeRun(client, model, target)
         for cid, _ in check_plan(target.argv, lvl, target):
             t0 = time.monotonic()
+            answered = False  # every request of the check answered 200 (a server error then contradicts it)
             try:
                 f = CHECKS[cid](run)
+                answered = True
+            except StreamError as e:  # HTTP said 200, the stream said error: the client's reply is cut
+                f = SmokeFinding(
+                    cid,
+                    "fatal",
+                    f"{run.sent}: the server sent an error event mid-stream while HTTP stayed 200: {e}",
+                    "check the server log for the request's error; clients that trust the status get a cut reply",
+                )
             except (httpx.HTTPError, Refused, ValueError, KeyError, TypeError) as e:
                 if died():
                     raise ServerDied(cid, run.sent, out) from None
-                code = getattr(e, "code", None)
-                if cid in WORKLOAD_CHECKS and (code is None or code >= 500):
-                    f = SmokeFinding(
-                        cid,
-                        "FAIL",
-                        f"{run.sent} failed while the server stayed up: {type(e).__name__}: {e}",
-                        "check the server log; the workload's prompts fail",
-                    )
-                else:
-                    hint = (
-                        "check the server log and --max-model-len"
-                        if cid in WORKLOAD_CHECKS
-                        else "check the server log; a chat template may be missing"
-                    )
-                    f = SmokeFinding(cid, "WARN", f"{run.sent} failed: {type(e).__name__}: {e}", hint)
+                f = _request_failed(cid, run.sent, e)
             if is_alive is not None and not is_alive():
                 raise ServerDied(cid, run.sent, out)
             f = replace(f, duration_s=round(time.monotonic() - t0, 3))
             out.append(f)
             if on_check:
                 on_check(f)
+            if server_errors is not None and (err := server_errors()) and answered:
+                e_f = SmokeFinding(
+                    "smoke.server_errors",
+                    "fatal",
+                    f"the server logged a traceback during {cid} while it answered HTTP 200: {err}",
+                    "read the server log around the traceback; a request that errs inside the server while the "
+                    "client sees success is a broken deployment",
+                )
+                out.append(e_f)
+                if on_check:
+                    on_check(e_f)
     return out
+
+
+def _request_failed(cid: str, sent: str, e: Exception) -> SmokeFinding:
+    """A smoke request that failed while the server stayed up: fatal for the workload checks (HTTP 5xx or a
+    transport error: the workload's prompts fail), degraded otherwise (a chat template may be missing)."""
+    code = getattr(e, "code", None)
+    if cid in WORKLOAD_CHECKS and (code is None or code >= 500):
+        return SmokeFinding(
+            cid,
+            "fatal",
+            f"{sent} failed while the server stayed up: {type(e).__name__}: {e}",
+            "check the server log; the workload's prompts fail",
+        )
+    hint = (
+        "check the server log and --max-model-len"
+        if cid in WORKLOAD_CHECKS
+        else "check the server log; a chat template may be missing"
+    )
+    return SmokeFinding(cid, "degraded", f"{sent} failed: {type(e).__name__}: {e}", hint)
 
 
 #: The smoke test's entry point and the names of m3ctl.serving.smoke_plan its callers import from here.

@@ -13,10 +13,10 @@ from typing import Any
 
 import httpx
 
+from m3ctl.core.verdict import Severity
 from m3ctl.serving.smoke_plan import (
     SmokeFinding,
     SmokeTarget,
-    Status,
     degenerate,
     excerpt,
     family_markers,
@@ -34,6 +34,16 @@ class Refused(Exception):
     def __init__(self, code: int, text: str):
         super().__init__(f"HTTP {code}: {text[:160]}")
         self.code = code
+
+
+class StreamError(Exception):
+    """An error event inside a stream whose HTTP status stayed 200 (vLLM sends ``data: {"error": {...}}`` when a
+    request fails after its first chunk): the reply the client got is cut, though every status said success."""
+
+    def __init__(self, event: dict):
+        err = event.get("error")
+        msg = (err.get("message") if isinstance(err, dict) else err) or event.get("message") or json.dumps(event)
+        super().__init__(str(msg)[:200])
 
 
 def reasoning_of(msg: dict) -> str:
@@ -72,7 +82,8 @@ class SmokeRun:
         ``chunks``: SSE chunks with content), streamed or not.
 
         Raises:
-            httpx.HTTPError: transport failure; Refused: a non-200 answer.
+            httpx.HTTPError: transport failure; Refused: a non-200 answer; StreamError: an error event in a
+            stream answered 200.
         """
         body = {
             "model": self.model,
@@ -93,7 +104,10 @@ class SmokeRun:
             for line in r.iter_lines():
                 if not line.startswith("data:") or line.strip() == "data: [DONE]":
                     continue
-                for ch in json.loads(line[5:]).get("choices") or []:
+                event = json.loads(line[5:])
+                if isinstance(event, dict) and (event.get("error") or event.get("object") == "error"):
+                    raise StreamError(event)
+                for ch in event.get("choices") or []:
                     delta = ch.get("delta") or {}
                     piece = (delta.get("content") or "") + reasoning_of(delta)
                     msg["chunks"] += bool(piece)
@@ -166,10 +180,10 @@ def long_prompt(run: SmokeRun) -> SmokeFinding:
     text, usage = run.complete(run.filler(run.units), lp.max_tokens, ignore_eos=True)
     n = usage.get("prompt_tokens")
     run.long_tokens = n if isinstance(n, int) else (counted or send)
-    if "\x00" in text:
+    if broken_by_nul(text, t):
         return SmokeFinding(
             "smoke.long_prompt",
-            "FAIL",
+            "fatal",
             f"the reply to a {run.long_tokens:,}-token prompt holds "
             f"{text.count(chr(0))} NUL characters: the kernels break beyond short prompts",
             "likely causes: " + "; ".join(likely_causes(t.argv, t.plan_warnings)),
@@ -178,7 +192,7 @@ def long_prompt(run: SmokeRun) -> SmokeFinding:
     if not isinstance(n, int):
         return SmokeFinding(
             "smoke.long_prompt",
-            "WARN",
+            "degraded",
             f"the long prompt was answered, but the server reported "
             f"no usage.prompt_tokens: its length is unverified ({why})",
             "check the server's usage reporting",
@@ -186,13 +200,13 @@ def long_prompt(run: SmokeRun) -> SmokeFinding:
     if n < need:
         return SmokeFinding(
             "smoke.long_prompt",
-            "WARN",
+            "degraded",
             f"the long prompt came to only {n:,} tokens (usage.prompt_tokens) of the {need:,} wanted ({why})",
             "send a longer prompt yourself to prove the workload",
         )
     return SmokeFinding(
         "smoke.long_prompt",
-        "OK",
+        "ok",
         f"a {n:,}-token prompt (usage.prompt_tokens) was answered; "
         f"{why}" + ("" if send == wanted else " (only that fits)"),
     )
@@ -222,12 +236,12 @@ def batch(run: SmokeRun) -> SmokeFinding:
         if all(isinstance(x, int) for x in lens)
         else f"{min(units)} to {max(units)} filler sentences"
     )
-    nul = next((t for t, _ in res if "\x00" in t), None)
+    nul = next((t for t, _ in res if broken_by_nul(t, run.target)), None)
     if nul is not None:
         t = run.target
         return SmokeFinding(
             "smoke.batch",
-            "FAIL",
+            "fatal",
             f"a batched reply holds NUL characters ({span})",
             "likely causes: " + "; ".join(likely_causes(t.argv, t.plan_warnings)),
             excerpt(nul),
@@ -236,14 +250,14 @@ def batch(run: SmokeRun) -> SmokeFinding:
     if short:
         return SmokeFinding(
             "smoke.batch",
-            "WARN",
+            "degraded",
             f"{len(prompts)} concurrent requests ({span}) answered, but "
             f"{len(short)} stopped before {b.max_tokens} tokens although ignore_eos was set",
             "check the server log for aborted requests",
         )
     return SmokeFinding(
         "smoke.batch",
-        "OK",
+        "ok",
         f"{len(prompts)} concurrent requests of {span}, {b.max_tokens} tokens each, all answered",
     )
 
@@ -257,16 +271,17 @@ def chat_check(run: SmokeRun) -> SmokeFinding:
         replies["streamed" if stream else "plain"] = msg
         run.texts.append(msg.get("content") or "")
     empty = [k for k, m in replies.items() if not ((m.get("content") or "") + reasoning_of(m)).strip()]
+    if empty and run.target.random_weights:
+        return unjudged_by_random_weights("smoke.chat", run.target.random_weights)
     if empty:
         return SmokeFinding(
             "smoke.chat",
-            "WARN",
-            f"empty chat reply ({', '.join(empty)})"
-            + (f"; the weights are random ({run.target.random_weights})" if run.target.random_weights else ""),
+            "degraded",
+            f"empty chat reply ({', '.join(empty)})",
             "send a chat request yourself and check the reply",
         )
     return SmokeFinding(
-        "smoke.chat", "OK", f"chat replies, plain and streamed ({replies['streamed'].get('chunks', 0)} SSE chunks)"
+        "smoke.chat", "ok", f"chat replies, plain and streamed ({replies['streamed'].get('chunks', 0)} SSE chunks)"
     )
 
 
@@ -297,12 +312,14 @@ def reasoning(run: SmokeRun) -> SmokeFinding:
         if not known and fam and fam.reasoning_parser != parser:
             detail += f"; {run.target.family} marks its reasoning {start}...{end}"
             fix += f": --reasoning-parser {fam.reasoning_parser} (family {run.target.family}, markers {start}...{end})"
-        return SmokeFinding("smoke.reasoning", "FAIL", detail, fix, excerpt(bad[0][1]))
+        return SmokeFinding("smoke.reasoning", "fatal", detail, fix, excerpt(bad[0][1]))
     empty = [r for r in replies if not r[2]]
+    if empty and run.target.random_weights:
+        return unjudged_by_random_weights("smoke.reasoning", run.target.random_weights)
     if empty:
         return SmokeFinding(
             "smoke.reasoning",
-            "WARN",
+            "degraded",
             f"no reasoning returned ({', '.join(r[0] for r in empty)} reply) although "
             f"--reasoning-parser {parser} is set: the model may not have thought, or the parser "
             "drops it",
@@ -311,7 +328,7 @@ def reasoning(run: SmokeRun) -> SmokeFinding:
         )
     return SmokeFinding(
         "smoke.reasoning",
-        "OK",
+        "ok",
         f"reasoning separated from content by {parser} (plain and streamed; markers {start}...{end})",
     )
 
@@ -334,7 +351,7 @@ def tool_calls(run: SmokeRun) -> SmokeFinding:
     if raw:
         return SmokeFinding(
             "smoke.tool_calls",
-            "FAIL",
+            "fatal",
             f"raw tool-call markup in content and no tool_calls ({', '.join(raw)} reply): "
             f"--tool-call-parser {parser} did not parse the model's tool-call format; agent "
             "clients see text instead of a call",
@@ -344,17 +361,21 @@ def tool_calls(run: SmokeRun) -> SmokeFinding:
             "--tool-call-parser",
             excerpt(modes[raw[0]].get("content") or ""),
         )
+    if split := split_call(modes):
+        return split
     if all(called.values()):
         return SmokeFinding(
             "smoke.tool_calls",
-            "OK",
+            "ok",
             f"structured tool_calls returned "
             f"({called['plain'][0]['function']['name']}) by {parser}, plain and streamed",
         )
     missing = [k for k, c in called.items() if not c]
+    if run.target.random_weights:
+        return unjudged_by_random_weights("smoke.tool_calls", run.target.random_weights)
     return SmokeFinding(
         "smoke.tool_calls",
-        "WARN",
+        "unjudged",
         f"the model answered without calling the offered tool ({', '.join(missing)} reply); the "
         "parser could not be judged",
         "send a tool-requiring request yourself and check tool_calls",
@@ -364,20 +385,18 @@ def tool_calls(run: SmokeRun) -> SmokeFinding:
 
 def answer(run: SmokeRun) -> SmokeFinding:
     if run.target.random_weights:
-        return SmokeFinding(
-            "smoke.answer", "SKIP", f"the weights are random ({run.target.random_weights}): no answer to check"
-        )
+        return unjudged_by_random_weights("smoke.answer", run.target.random_weights)
     ka = smoke_data().known_answer
     run.sent = "a question with a known answer"
     msg = run.chat(ka.prompt)
     text = (msg.get("content") or "") + "\n" + reasoning_of(msg)
     run.texts.append(msg.get("content") or "")
     if re.search(ka.answer, text):
-        return SmokeFinding("smoke.answer", "OK", f"asked {ka.prompt.split('?')[0]!r}: the reply holds the answer")
+        return SmokeFinding("smoke.answer", "ok", f"asked {ka.prompt.split('?')[0]!r}: the reply holds the answer")
     if msg.get("finish_reason") == "length":
         return SmokeFinding(
             "smoke.answer",
-            "WARN",
+            "unjudged",
             f"asked {ka.prompt.split('?')[0]!r}: the reply stopped at "
             f"{smoke_data().max_tokens} tokens before the answer",
             "ask it yourself with more tokens",
@@ -386,7 +405,7 @@ def answer(run: SmokeRun) -> SmokeFinding:
     t = run.target
     return SmokeFinding(
         "smoke.answer",
-        "FAIL",
+        "fatal",
         f"asked {ka.prompt.split('?')[0]!r}: the finished reply does not "
         "hold the answer: the model serves wrong output",
         "likely causes: " + "; ".join(likely_causes(t.argv, t.plan_warnings)),
@@ -399,23 +418,72 @@ def output(run: SmokeRun) -> SmokeFinding:
     run.sent = "a completion"
     text, _ = run.complete(d.requests["output"], 32)
     texts = [text, *run.texts]
-    why = next(((w, t) for t in texts if t and (w := degenerate(t))), None)
-    if not why:
-        return SmokeFinding("smoke.output", "OK", "output is not degenerate")
     t = run.target
-    status: Status = "FAIL" if "NUL" in why[0] else "WARN"
     causes = "; ".join(likely_causes(t.argv, t.plan_warnings))
-    if t.random_weights and status == "WARN":
+    nul = next((x for x in texts if x and broken_by_nul(x, t)), None)
+    if nul is not None:
         return SmokeFinding(
-            "smoke.output",
-            status,
-            f"degenerate output: {why[0]} (expected of random weights: {t.random_weights})",
-            f"none for a random-weight model; with real weights the likely causes are: {causes}",
-            excerpt(why[1]),
+            "smoke.output", "fatal", f"degenerate output: {degenerate(nul)}", f"likely causes: {causes}", excerpt(nul)
         )
+    if t.random_weights:  # random text is expected of random weights, and fine text proves nothing
+        return unjudged_by_random_weights("smoke.output", t.random_weights)
+    why = next(((w, x) for x in texts if x and (w := degenerate(x))), None)
+    if not why:
+        return SmokeFinding("smoke.output", "ok", "output is not degenerate")
+    # One token over and over, or undecodable bytes, is broken output; a loop or few distinct words can be a real
+    # model's greedy answer to an open prompt (temperature 0), so it is a warning.
+    sev: Severity = "degraded" if why[0].startswith(("a loop", "few distinct")) else "fatal"
     return SmokeFinding(
-        "smoke.output", status, f"degenerate output: {why[0]}", f"likely causes: {causes}", excerpt(why[1])
+        "smoke.output", sev, f"degenerate output: {why[0]}", f"likely causes: {causes}", excerpt(why[1])
     )
+
+
+def unjudged_by_random_weights(cid: str, why: str) -> SmokeFinding:
+    """A check that random weights make unjudgeable: one message for all of them (the CLI shows them in one line)."""
+    return SmokeFinding(cid, "unjudged", f"output quality not judged: the weights are random ({why})")
+
+
+def broken_by_nul(text: str, target: SmokeTarget) -> bool:
+    """NUL characters that prove broken kernels: any with real weights; with random weights (which may sample the
+    NUL byte's token now and then) only a reply that is at least half NULs."""
+    n = text.count("\x00")
+    return n > 0 and (not target.random_weights or 2 * n >= len(text))
+
+
+def split_call(modes: dict[str, dict]) -> SmokeFinding | None:
+    """A streamed (or plain) tool call that came in parts a client cannot join: a part without a function name
+    (the call's pieces under different indexes), or arguments that are not a JSON object; None when every call
+    is whole."""
+    for mode, msg in modes.items():
+        calls = msg.get("tool_calls") or []
+        named = [c for c in calls if (c.get("function") or {}).get("name")]
+        if not named:
+            continue
+        nameless = [c for c in calls if not (c.get("function") or {}).get("name")]
+        if nameless:
+            return SmokeFinding(
+                "smoke.tool_calls",
+                "fatal",
+                f"the {mode} reply split a tool call: {len(calls)} parts, {len(nameless)} without a function name "
+                "(arguments under another index); agent clients get a call with no name and one with no arguments",
+                "a tool-call parser that streams one call under one index (the parser of the model's family; "
+                "check the engine's version against the parser's known issues)",
+                excerpt(json.dumps(calls)),
+            )
+        for c in named:
+            try:
+                ok = isinstance(json.loads(c["function"].get("arguments") or "{}"), dict)
+            except ValueError:
+                ok = False
+            if not ok:
+                return SmokeFinding(
+                    "smoke.tool_calls",
+                    "fatal",
+                    f"the {mode} reply's tool call {c['function']['name']} has arguments that are not a JSON object",
+                    "check the tool-call parser against the model's tool-call format",
+                    excerpt(c["function"].get("arguments") or ""),
+                )
+    return None
 
 
 CHECKS: dict[str, Callable[[SmokeRun], SmokeFinding]] = {

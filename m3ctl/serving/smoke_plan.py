@@ -15,9 +15,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from m3ctl import catalog
 from m3ctl.assess.facts import ModelFacts, model_facts, read_model_facts
 from m3ctl.catalog import data, register
+from m3ctl.core.verdict import Finding, Severity
 from m3ctl.errors import BadInput
 
-Status = Literal["OK", "WARN", "FAIL", "SKIP"]
+Status = Literal["OK", "WARN", "FAIL", "UNJUDGED"]
 Level = Literal["quick", "full", "off"]
 LEVELS: tuple[Level, ...] = ("quick", "full", "off")
 DEFAULT_LEVEL: Level = "full"
@@ -25,29 +26,36 @@ DEFAULT_LEVEL: Level = "full"
 before a server is called ready; the extra checks cost about a second more on a GPU."""
 
 
+#: How a smoke finding's severity (m3ctl.core.verdict) reads in a line: fatal FAIL, degraded WARN, unjudged UNJUDGED.
+STATUS_OF: dict[Severity, Status] = {"fatal": "FAIL", "degraded": "WARN", "unjudged": "UNJUDGED", "ok": "OK"}
+
+
 @dataclass(frozen=True)
-class SmokeFinding:
-    """One smoke check's result.
+class SmokeFinding(Finding):
+    """One smoke check's result: a :class:`m3ctl.core.verdict.Finding` (``id``, ``severity``, ``message``, ``fix``)
+    with what the reply showed. A fatal finding fails the serve (m3ctl.serving.serve: not ready, exit 4).
 
     Attributes:
         id: ``smoke.long_prompt``, ``smoke.batch``, ``smoke.chat``, ``smoke.reasoning``, ``smoke.tool_calls``,
-            ``smoke.answer`` or ``smoke.output``.
-        status: ``OK``, ``WARN``, ``FAIL`` or ``SKIP``.
+            ``smoke.answer``, ``smoke.output`` or ``smoke.server_errors``.
+        severity: ``fatal``, ``degraded``, ``unjudged`` (the weights are random, or the model did not do what the
+            check needs) or ``ok``.
         message: what was seen.
-        fix: what to do (None when OK).
+        fix: what to do (None when ok).
         evidence: a short excerpt of the reply (at most 200 characters; NULs shown as ``\\x00``).
         duration_s: seconds the check took (None when it sent nothing).
     """
 
-    id: str
-    status: Status
-    message: str
-    fix: str | None = None
     evidence: str | None = None
     duration_s: float | None = None
 
+    @property
+    def status(self) -> Status:
+        """The severity as a line shows it: ``FAIL``, ``WARN``, ``UNJUDGED`` or ``OK`` (:data:`STATUS_OF`)."""
+        return STATUS_OF[self.severity]
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return {**asdict(self), "status": self.status}
 
 
 class ServerDied(Exception):

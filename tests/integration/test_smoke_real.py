@@ -32,12 +32,14 @@ def test_real_reasoning_parser_mismatch_and_its_fix(tiny_models, parser, status)
         parser,
     )
     try:
-        assert p.returncode == 0, p.stdout + p.stderr
+        assert p.returncode == (4 if status == "FAIL" else 0), p.stdout + p.stderr  # a failed smoke: not ready
         (dep,) = json.loads(run_cli("status", "--json", check=True).stdout)
         r = next(f for f in dep["smoke"] if f["id"] == "smoke.reasoning")
         assert r["status"] == status, r
         if status == "FAIL":
-            assert "PARSER-MISMATCH" in r["message"] and r["evidence"].startswith("<think>")
-            assert "--reasoning-parser minimax_m2 " in r["fix"] and "smoke FAIL smoke.reasoning" in p.stdout
+            assert (
+                dep["phase"] == "failed" and "PARSER-MISMATCH" in r["message"] and r["evidence"].startswith("<think>")
+            )
+            assert "--reasoning-parser minimax_m2 " in r["fix"] and "smoke test failed: smoke.reasoning" in p.stderr
     finally:
         run_cli("stop", "smoke")

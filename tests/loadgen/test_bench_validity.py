@@ -536,12 +536,14 @@ def test_a_run_with_a_few_bursts_warns_and_its_rows_agree(gt):
 def test_bursty_run_reports_tpot_and_itl_unmeasured_not_zero(gt, tmp_path):
     """Issue 25: a run whose requests each arrived in one chunk (12 tokens in one read) printed "TPOT p50 0.00"
     next to "valid yes". TPOT and ITL (vLLM's keys, per-token ITL, the TPOT-based interactivity) are null with
-    the reason in ``unmeasured``, the run stays valid for TTFT / E2E / throughput with validity.unmeasured
-    naming them, goodput on a TPOT SLO is not claimed, and the tables print "n/a (bursts)"."""
+    the reason in ``unmeasured``, validity.unmeasured naming them, and the tables print "n/a (bursts)". Goodput
+    on a TPOT SLO was asked for and is not measured: the run is "valid: could not judge", never "yes" (the one
+    verdict rule); without that SLO it stays valid for TTFT / E2E / throughput."""
     url = gt("--tokens-per-chunk", "64")
     res = run_bench(_cfg(url, output_len=12, num_prompts=4, goodput_slo_ms={"tpot": 50, "ttft": 1000}))
     v = res["validity"]
-    assert v["valid"] and v["unmeasured"] == ["itl", "request_goodput", "tpot"], v
+    assert not v["valid"] and v["unmeasured"] == ["itl", "request_goodput", "tpot"], v
+    assert v["verdict"].startswith("could not judge (goodput not measured") and not v["reasons"], v
     assert set(res["unmeasured"]) == {"tpot", "itl", "request_goodput"}
     assert res["unmeasured"]["tpot"].startswith("bursts: 4 of 4 requests with 3+ output tokens")
     for m in ("tpot", "itl"):
@@ -552,7 +554,7 @@ def test_bursty_run_reports_tpot_and_itl_unmeasured_not_zero(gt, tmp_path):
     ix = res["interactivity"]
     assert ix["inferencex_1000_over_tpot"] is None and ix["aiperf_per_user"] is None
     assert ix["agentx_e2e_normalized"]["p90"] > 0  # E2E-based: measured
-    assert res["request_goodput"] is None and any("goodput not claimed" in w for w in v["warnings"])
+    assert res["request_goodput"] is None and any("goodput not measured" in u for u in v["unjudged"])
     # what was measured still is
     assert res["completed"] == 4 and res["total_output_tokens"] == 48 and res["median_ttft_ms"] > 0
     assert all(res[k] is not None for k in _latency_keys(res, "ttft") + _latency_keys(res, "e2el"))
@@ -561,7 +563,8 @@ def test_bursty_run_reports_tpot_and_itl_unmeasured_not_zero(gt, tmp_path):
     itl_row = next(x for x in text.splitlines() if x.lstrip("│ ").startswith("ITL"))
     assert tpot_row.count("n/a (bursts)") == 4 and itl_row.count("n/a (bursts)") == 4, text  # mean, p50, p90, p99
     assert "0.00" not in tpot_row and "0.00" not in itl_row
-    assert "yes, TPOT/ITL n/a (bursts)" in text
+    assert "could not judge" in text and "yes" not in next(x for x in text.splitlines() if "valid" in x), text
+    assert "valid: could not judge (goodput not measured" in text
     assert "goodput (req/s)" in next(x for x in text.splitlines() if "goodput" in x) and "n/a (bursts)" in next(
         x for x in text.splitlines() if "goodput" in x
     )
@@ -571,7 +574,7 @@ def test_bursty_run_reports_tpot_and_itl_unmeasured_not_zero(gt, tmp_path):
 
     rows = {r[0]: r[1:] for r in compare_table([res])}
     assert rows["median TPOT ms"] == ["n/a (bursts)"] and rows["p99 ITL ms (per chunk)"] == ["n/a (bursts)"]
-    assert rows["median TTFT ms"] != ["-"]
+    assert rows["median TTFT ms"] != ["-"] and rows["valid"] == ["could not judge"]
     # a goodput SLO on TTFT only is still claimed; a run streamed token by token measures everything
     ttft_only = run_bench(_cfg(url, output_len=12, num_prompts=4, goodput_slo_ms={"ttft": 1000}))
     assert ttft_only["request_goodput"] > 0 and "request_goodput" not in ttft_only["unmeasured"]
@@ -602,6 +605,7 @@ def test_bursty_run_reports_tpot_and_itl_unmeasured_not_zero(gt, tmp_path):
     doc = json.loads(out.read_text())
     assert doc["median_tpot_ms"] is None and doc["p99_itl_ms"] is None and set(doc["unmeasured"]) == {"tpot", "itl"}
     assert "n/a (bursts)" in p.stdout and "streamed in bursts" in p.stdout + p.stderr
+    assert "yes, TPOT/ITL n/a (bursts)" in p.stdout  # no goodput asked: valid for what it measured
 
 
 def test_common_prompt_text_repeats_the_words_not_the_cache(gt, tok):

@@ -406,26 +406,34 @@ def test_n18_variant_nccl_226_nvls_warn_line(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------------- N05 + smoke
-def _smoke(tmp_path: Path, *args: str, serve: dict, name: str = "smk") -> list[dict]:
+def _smoke(tmp_path: Path, *args: str, serve: dict, name: str = "smk", fails: bool = False) -> tuple:
+    """Serve with the fake behaving as ``serve``: (the record's smoke findings, serve's output, `status`'s table).
+    ``fails``: a fatal finding is expected: exit 4, not ready, the record kept as ``failed``."""
     p = _serve(tmp_path, _inventory(tmp_path, "h200x8"), *args, fake={"serve": serve}, name=name)
     try:
-        assert p.returncode == 0, p.stderr
+        assert p.returncode == (4 if fails else 0), p.stdout + p.stderr
         st = run_cli("status", "--json", check=True)
         (dep,) = json.loads(st.stdout)
+        if fails:
+            assert dep["phase"] == "failed" and "not ready: the smoke test failed" in p.stderr, p.stderr
+            assert "\nready " not in "\n" + p.stdout
         table = run_cli("status", check=True).stdout
-        return dep["smoke"], p.stdout, table
+        return dep["smoke"], p.stdout + p.stderr, table
     finally:
         run_cli("stop", name)
 
 
 def test_n05_reasoning_in_content_is_a_parser_mismatch_in_serve_and_status(tmp_path):
-    smoke, out, table = _smoke(tmp_path, "-m", "MiniMax-M2.5", "--tp", "4", serve={"reasoning_in_content": True})
+    smoke, out, table = _smoke(
+        tmp_path, "-m", "MiniMax-M2.5", "--tp", "4", serve={"reasoning_in_content": True}, fails=True
+    )
     r = next(f for f in smoke if f["id"] == "smoke.reasoning")
-    assert r["status"] == "FAIL" and "PARSER-MISMATCH" in r["message"]
+    assert r["status"] == "FAIL" and r["severity"] == "fatal" and "PARSER-MISMATCH" in r["message"]
     assert "minimax_m2_append_think" in r["message"] and "--reasoning-parser minimax_m2" in r["fix"]
     assert "<think>" in r["evidence"]
     assert next(f for f in smoke if f["id"] == "smoke.tool_calls")["status"] == "OK"
-    assert "smoke FAIL smoke.reasoning" in out and "1 FAIL" in table and "PARSER-MISMATCH" in table
+    assert "smoke test failed: smoke.reasoning: PARSER-MISMATCH" in out and "1 FAIL" in table
+    assert "PARSER-MISMATCH" in table and "failed" in table
 
 
 def test_n05_variant_other_parser_and_a_clean_server(tmp_path, tiny_models):
@@ -438,6 +446,7 @@ def test_n05_variant_other_parser_and_a_clean_server(tmp_path, tiny_models):
         "--reasoning-parser",
         "deepseek_r1",
         serve={"reasoning_in_content": True},
+        fails=True,
     )
     r = next(f for f in smoke if f["id"] == "smoke.reasoning")
     assert r["status"] == "FAIL" and "deepseek_r1" in r["message"] and "matches the model" in r["fix"]
@@ -455,7 +464,7 @@ def test_n05_variant_other_parser_and_a_clean_server(tmp_path, tiny_models):
 
 
 def test_smoke_raw_tool_call_markup_is_a_named_finding(tmp_path):
-    smoke, _out, _ = _smoke(tmp_path, "-m", "MiniMax-M2.5", "--tp", "4", serve={"raw_tool_calls": True})
+    smoke, _out, _ = _smoke(tmp_path, "-m", "MiniMax-M2.5", "--tp", "4", serve={"raw_tool_calls": True}, fails=True)
     t = next(f for f in smoke if f["id"] == "smoke.tool_calls")
     assert t["status"] == "FAIL" and "raw tool-call markup" in t["message"] and "minimax_m2" in t["message"]
     assert "<minimax:tool_call>" in t["evidence"] and t["fix"]
@@ -473,6 +482,7 @@ def test_smoke_degenerate_output_names_likely_causes(tmp_path):
         "8",
         "--skip-checks",
         serve={"degenerate": "nul"},
+        fails=True,
     )
     o = next(f for f in smoke if f["id"] == "smoke.output")
     assert o["status"] == "FAIL" and "NUL characters" in o["message"] and "emulated quantization" in o["fix"]
@@ -488,9 +498,10 @@ def test_smoke_degenerate_output_names_likely_causes(tmp_path):
         "float16",
         serve={"degenerate": "repeat"},
         name="rep",
+        fails=True,
     )
     o = next(f for f in smoke if f["id"] == "smoke.output")
-    assert o["status"] == "WARN" and "one token repeated" in o["message"] and "--dtype float16" in o["fix"]
+    assert o["status"] == "FAIL" and "one token repeated" in o["message"] and "--dtype float16" in o["fix"]
 
 
 def test_no_smoke_skips_it(tmp_path):
