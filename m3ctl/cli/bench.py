@@ -25,7 +25,7 @@ from m3ctl.cli.tune import slo_text
 from m3ctl.core.files import WriteFailed
 from m3ctl.core.state import save_output
 from m3ctl.errors import EXIT_LAUNCH_FAILED, BadInput
-from m3ctl.loadgen import WORKLOADS, report
+from m3ctl.loadgen import WORKLOADS, pareto, report
 from m3ctl.loadgen.config import (
     CLI_NAMES,
     BenchConfig,
@@ -304,7 +304,7 @@ def show_results(result, url, deployment, outputs, to_stdout: bool, err_con, per
         print_tables(runs, doc, percentiles)
     if plot:
         try:
-            png = save_output(plot, report.pareto_png_bytes(runs, plot_x), "pareto.png")
+            png = save_output(plot, pareto.pareto_png_bytes(runs, plot_x), "pareto.png")
             (err_con if to_stdout else console()).print(f"Pareto chart: {png}")
         except WriteFailed as e:
             lost.append(e)

@@ -8,12 +8,12 @@ from typing import Annotated
 import typer
 
 from m3ctl.cli.options import choice, completes
-from m3ctl.loadgen.report import X_AXES
+from m3ctl.loadgen.pareto import X_AXES
 
 
 @completes(lambda: X_AXES)
 def plot_axis(text: str) -> str:
-    """A Pareto x axis of m3ctl.loadgen.report.X_AXES."""
+    """A Pareto x axis of m3ctl.loadgen.pareto.X_AXES."""
     return choice(*X_AXES)(text)
 
 

@@ -10,7 +10,7 @@ from m3ctl.cli import bench_options as bo
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import check_outputs
 from m3ctl.cli.output import Output, console, print_hang
-from m3ctl.loadgen import report
+from m3ctl.loadgen import pareto, report
 
 
 def bench_report(
@@ -31,7 +31,7 @@ def bench_report(
     if output_csv:
         report.write_csv(runs, output_csv)
     if plot:
-        png = report.pareto_png(runs, plot, plot_x)
+        png = pareto.pareto_png(runs, plot, plot_x)
         out.print(f"Pareto chart: {png}")
 
 

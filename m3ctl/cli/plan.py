@@ -35,6 +35,16 @@ Estimate = Annotated[
     ),
 ]
 ESTIMATE_OPTIONS, _ = o.declared_options(api.EstimateRequest)
+#: ``--systems``: the sizing view over catalog systems (m3ctl.api.size_systems).
+Systems = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--systems",
+        parser=o.system_list,
+        metavar="NAMES",
+        help="Sizing view: plan on these catalog systems (comma list or repeated; 'all' = every one) and print which serve the model at --max-model-len, how, with how much KV cache.",
+    ),
+]
 
 
 @o.options(ESTIMATE_OPTIONS, into="workload")
@@ -92,15 +102,7 @@ def plan(
     list_all: ListAll = False,
     estimate: Estimate = False,
     workload: dict | None = None,
-    systems: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--systems",
-            parser=o.system_list,
-            metavar="NAMES",
-            help="Sizing view: plan on these catalog systems (comma list or repeated; 'all' = every one) and print which serve the model at --max-model-len, how, with how much KV cache.",
-        ),
-    ] = None,
+    systems: Systems = None,
 ) -> None:
     """Plan a launch for this host (or --inventory FILE, --system NAME): image, argv, env, every choice explained; start nothing.
 

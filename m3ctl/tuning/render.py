@@ -17,7 +17,7 @@ from m3ctl.core.files import write_atomic
 from m3ctl.core.secrets import separate
 from m3ctl.core.state import Registry
 from m3ctl.errors import ConfigRejected
-from m3ctl.loadgen.report import scatter_by_validity, validity_class
+from m3ctl.loadgen.pareto import scatter_by_validity, validity_class
 from m3ctl.tuning.choice import rule_text as choice_rule_text
 from m3ctl.tuning.local import mesh
 from m3ctl.tuning.measure import Outcome, num_prompts
@@ -337,7 +337,7 @@ def pareto_png(front: list[dict[str, Any]], points: list[dict[str, Any]], path: 
 
 def pareto_figure(front: list[dict[str, Any]], points: list[dict[str, Any]], objective: str):
     """The matplotlib Figure of the study's Pareto chart (the caller closes it): ``points`` (:func:`all_points`)
-    drawn by validity class as the bench chart draws runs (m3ctl.loadgen.report.scatter_by_validity: filled =
+    drawn by validity class as the bench chart draws runs (m3ctl.loadgen.pareto.scatter_by_validity: filled =
     valid, hollow = valid with warnings, grey cross = invalid; a legend entry per class present), ``front``
     (m3ctl.tuning.search.pareto, valid runs only) as a line. x: p90 interactivity (tok/s/user), y: the objective."""
     import matplotlib  # noqa: PLC0415
@@ -371,7 +371,7 @@ def pareto_figure(front: list[dict[str, Any]], points: list[dict[str, Any]], obj
 
 
 def point_class(p) -> str:
-    """The validity class (m3ctl.loadgen.report.validity_class) of a tune Point (m3ctl.tuning.search.Point)."""
+    """The validity class (m3ctl.loadgen.pareto.validity_class) of a tune Point (m3ctl.tuning.search.Point)."""
 
     return validity_class(
         {

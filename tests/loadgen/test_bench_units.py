@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from m3ctl.errors import BadInput
-from m3ctl.loadgen import metrics, report, servermetrics, workloads
+from m3ctl.loadgen import metrics, pareto, servermetrics, workloads
 from m3ctl.loadgen.client import RequestOutput
 from m3ctl.loadgen.prepare import schedule as _schedule
 from m3ctl.loadgen.prompts import LocalTokenizer
@@ -200,7 +200,7 @@ def test_spec_decode_formulas():
 
 def test_pareto_front_and_png(tmp_path):
     pts = [(10, 100), (20, 90), (15, 80), (30, 50), (5, 100)]
-    assert report.pareto_front(pts) == [0, 1, 3]
+    assert pareto.pareto_front(pts) == [0, 1, 3]
     rng = random.Random(0)
     runs = []
     for c in (1, 2, 4, 8):
@@ -216,10 +216,10 @@ def test_pareto_front_and_png(tmp_path):
                 "interactivity": {"inferencex_1000_over_tpot": {"median": 100.0 / c + rng.random()}},
             }
         )
-    png = report.pareto_png(runs, tmp_path / "p.png")
+    png = pareto.pareto_png(runs, tmp_path / "p.png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
     with pytest.raises(BadInput, match="unknown x axis"):
-        report.pareto_png(runs, tmp_path / "q.png", x_axis="nope")
+        pareto.pareto_png(runs, tmp_path / "q.png", x_axis="nope")
 
 
 REAL = (
@@ -240,20 +240,20 @@ def _real_runs() -> tuple[dict, dict, dict]:
 
 def test_validity_class_of_a_result():
     clean, warned, invalid = _real_runs()
-    assert [report.validity_class(r) for r in (clean, warned, invalid)] == ["clean", "warnings", "invalid"]
+    assert [pareto.validity_class(r) for r in (clean, warned, invalid)] == ["clean", "warnings", "invalid"]
     vllm_file = json.loads(
         (Path(__file__).parent.parent / "fixtures" / "h200x2-real" / "vllm-bench-c16.json").read_text()
     )
-    assert "validity" not in vllm_file and report.validity_class(vllm_file) == "unchecked"
+    assert "validity" not in vllm_file and pareto.validity_class(vllm_file) == "unchecked"
     with pytest.raises(BadInput, match="no run has the metrics"):  # no interactivity block: skipped, no KeyError
-        report.pareto_figure([vllm_file])
+        pareto.pareto_figure([vllm_file])
     bursty = {
         **clean,
         "unmeasured": {"tpot": "bursts: ..."},
         "validity": {**clean["validity"], "unmeasured": ["itl", "tpot"]},
     }
-    assert report.validity_class(bursty) == "warnings"  # valid, but TPOT/ITL not measured
-    assert report.validity_class({**clean, "completed": 0}) == "invalid"
+    assert pareto.validity_class(bursty) == "warnings"  # valid, but TPOT/ITL not measured
+    assert pareto.validity_class({**clean, "completed": 0}) == "invalid"
 
 
 def _collections(fig) -> dict:
@@ -268,7 +268,7 @@ def test_pareto_draws_clean_warned_and_invalid_runs_apart():
     from matplotlib.markers import MarkerStyle
 
     clean, warned, invalid = _real_runs()
-    fig = report.pareto_figure([clean, warned, invalid])
+    fig = pareto.pareto_figure([clean, warned, invalid])
     try:
         by = _collections(fig)
         assert set(by) == {"clean", "warnings", "invalid"}
@@ -292,7 +292,7 @@ def test_pareto_draws_clean_warned_and_invalid_runs_apart():
         assert list(front.get_xdata()) == [clean["interactivity"]["inferencex_1000_over_tpot"]["median"]]
     finally:
         plt.close(fig)
-    only_clean = report.pareto_figure([clean])
+    only_clean = pareto.pareto_figure([clean])
     try:  # a legend entry only for the classes present
         assert set(_collections(only_clean)) == {"clean"}
         assert "BENCH-INVALID" not in [t.get_text() for t in only_clean.axes[0].get_legend().get_texts()]
