@@ -7,17 +7,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 from m3ctl.assess.context import PlanContext
+from m3ctl.core.verdict import SEVERITIES, Severity, judge
 from m3ctl.errors import ConfigRejected
-
-Severity = Literal["fatal", "degraded", "unjudged", "ok"]
-"""What a finding means for what the user asked: ``fatal`` (this launch or run cannot do it), ``degraded`` (it
-can, at a stated cost), ``unjudged`` (the evidence cannot decide; never shown as a pass) and ``ok``."""
-SEVERITIES: tuple[Severity, ...] = get_args(Severity)
-#: Worst first: the order :func:`worst` ranks severities in.
-_RANK = {"fatal": 0, "unjudged": 1, "degraded": 2, "ok": 3}
 
 
 @dataclass(frozen=True)
@@ -58,15 +52,16 @@ class Finding:
 
 
 def blockers(findings: list[Finding] | tuple[Finding, ...]) -> list[Finding]:
-    """The findings that make a positive verdict impossible (``fatal``), in order: the verdict is positive only
-    when this is empty, and then names what blocks it."""
-    return [f for f in findings if f.severity == "fatal"]
+    """The findings that make a positive verdict impossible (``fatal``, by the one rule :func:`m3ctl.core.verdict.judge`),
+    in order: the verdict is positive only when this is empty, and then names what blocks it."""
+    fatal = {id(f) for f in judge(findings).fatal}
+    return [f for f in findings if id(f) in fatal]
 
 
 def worst(findings: list[Finding] | tuple[Finding, ...]) -> Severity:
-    """The worst severity among ``findings`` (``fatal`` > ``unjudged`` > ``degraded`` > ``ok``); ``ok`` for none."""
-    levels = [f.severity for f in findings]
-    return min(levels, key=lambda s: _RANK[s], default="ok")
+    """The worst severity among ``findings`` (``fatal`` > ``unjudged`` > ``degraded`` > ``ok``; ``ok`` for none), by
+    :func:`m3ctl.core.verdict.judge`."""
+    return judge(findings).severity
 
 
 Rule = Callable[[PlanContext], "Finding | None"]

@@ -26,7 +26,7 @@ def test_a_finding_has_a_severity_and_fatal_ones_block():
     asked = finding("c", "m", "f", "s", status="WARN", severity="fatal")
     unknown = finding("d", "m", "f", "s", status="WARN", severity="unjudged")
     assert (fail.severity, warn.severity, asked.severity) == ("fatal", "degraded", "fatal")
-    assert SEVERITIES == ("fatal", "degraded", "unjudged", "ok")
+    assert SEVERITIES == ("fatal", "unjudged", "degraded", "ok")  # worst first, m3ctl.core.verdict
     assert blockers([warn, asked, unknown, fail]) == [asked, fail]
     assert worst([warn, unknown]) == "unjudged" and worst([warn]) == "degraded" and worst([]) == "ok"
     assert worst([warn, unknown, asked]) == "fatal"
