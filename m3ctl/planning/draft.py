@@ -254,7 +254,14 @@ def step_image(d: PlanDraft) -> None:
         )
     image_vllm = img.vllm_version if img is not None else (user.vllm_version if user else None)
     d.image_cuda = img.cuda_version if img is not None else (user.cuda_version if user else None)
-    d.engine_version = r.engine_version or capability.engine_version(d.runtime, image_vllm)
+    if image_vllm is None and d.runtime == "process" and inv.system and prof.image:
+        # a catalog system's own vLLM is unknown here: the documented default is its profile image's, never the
+        # vLLM installed on this machine (the plan must not depend on where it is made)
+        prof_img = catalog.find_image(prof.image, r.catalog_dir)
+        image_vllm = prof_img.vllm_version if prof_img is not None else None
+    d.engine_version = r.engine_version or (
+        image_vllm if inv.system and d.runtime == "process" else capability.engine_version(d.runtime, image_vllm)
+    )
 
 
 def step_variant(d: PlanDraft) -> None:

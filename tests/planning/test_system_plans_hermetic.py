@@ -8,6 +8,9 @@ import os
 
 import pytest
 
+from m3ctl import api
+from m3ctl.assess import capability
+
 from ..conftest import run_cli
 
 
@@ -50,3 +53,14 @@ def test_the_same_system_plan_on_two_machines_is_identical(tmp_path, args):
 def test_a_system_plan_says_catalog_system():
     p = run_cli("plan", "--system", "b200x8", "--json")
     assert "catalog system b200x8" in p.stdout and '"vllm",' in p.stdout
+
+
+def test_a_process_plan_for_a_catalog_system_assumes_the_profile_images_vllm_not_this_machines(monkeypatch):
+    """The engine version the rules see for ``--system NAME --runtime process`` is the target's documented default
+    (its profile image's vLLM), whatever vLLM this machine has installed, or none."""
+    versions = []
+    for here in ("0.20.0", None):
+        monkeypatch.setattr(capability, "installed_vllm", lambda v=here: v)
+        p = api.plan(system="b200x8", runtime="process")
+        versions.append(p.rule_context().engine_version)
+    assert versions[0] == versions[1] == "0.32.0"
