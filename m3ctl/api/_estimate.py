@@ -5,14 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import ValidationError
-
 from m3ctl.api._args import _checked
 from m3ctl.api._plan import plan
 from m3ctl.assess.request import PlanRequest
-from m3ctl.errors import BadInput, first_error
 from m3ctl.hw.inventory import HostInventory
-from m3ctl.planning.estimate import Estimate, EstimateRequest, estimate_plan
+from m3ctl.planning.estimate import Estimate, EstimateRequest, estimate_plan, estimate_request
 
 __all__ = ["estimate"]
 
@@ -35,9 +32,6 @@ def estimate(
         BadInput: a bad workload field (one line), a host without GPUs, facts the estimate needs unknown; as
             :func:`m3ctl.api.plan`. ConfigRejected: the plan is rejected (nothing to estimate).
     """
-    try:
-        wl = workload if isinstance(workload, EstimateRequest) else EstimateRequest.model_validate(workload or {})
-    except ValidationError as e:
-        raise BadInput(f"estimate {first_error(e)}", "see m3ctl.planning.estimate.EstimateRequest") from None
+    wl = estimate_request(workload)
     p = plan(request, inventory=inventory, system=system, config=config, **knobs)
     return estimate_plan(p, wl)

@@ -17,6 +17,7 @@ from m3ctl.hw.detect import detect
 from m3ctl.hw.inventory import HostInventory, load_inventory
 from m3ctl.hw.systems import inventory_for_system, load_systems
 from m3ctl.planning.emit import launch_command
+from m3ctl.planning.estimate import EstimateRequest, estimate_request
 from m3ctl.planning.launch import check_host
 from m3ctl.planning.listing import PlanList
 from m3ctl.planning.listing import plan_list as list_plans
@@ -222,16 +223,19 @@ def size_systems(
     request: PlanRequest | dict | None = None,
     *,
     config: str | Path | None = None,
+    workload: EstimateRequest | dict | None = None,
     **knobs: Any,
 ) -> list:
     """``plan --systems``: plan the request on catalog systems (``"all"`` = every one) and say which serve the
     model, how, with how much KV cache: one :class:`~m3ctl.planning.sizing.SizingRow` per system. The request is layered
-    as :func:`plan_request`'s (the runtime: docker unless a layer sets process).
+    as :func:`plan_request`'s (the runtime: docker unless a layer sets process). ``workload`` (``plan --systems
+    --estimate``): each serving row also carries its estimate for it (:func:`m3ctl.api.estimate`'s).
 
     Raises:
-        BadInput: as :func:`plan_request`; UnknownSystem: a name that is not in the catalog.
+        BadInput: as :func:`plan_request`, or a bad ``workload`` field; UnknownSystem: a name not in the catalog.
     """
 
     req = plan_request(request, config=config, **knobs)
     check_host(req.host)
-    return size([n for s_ in systems for n in s_.split(",") if n.strip()], req)
+    wl = estimate_request(workload) if workload is not None else None
+    return size([n for s_ in systems for n in s_.split(",") if n.strip()], req, wl)

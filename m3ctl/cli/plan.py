@@ -121,13 +121,14 @@ def plan(
         estimate=estimate,
     )
     req = given_request(ctx)  # the options given; the API layers them over --config, M3CTL_* and the config file
-    if estimate:
-        wl = {k: v for k, v in (workload or {}).items() if v is not None}
-        return show_estimate(out, api.estimate(req, workload=wl, inventory=inventory, system=system, config=config))
+    wl = {k: v for k, v in (workload or {}).items() if v is not None} if estimate else None
     if list_all:
         return listing(out, api.plan_list(req, inventory=inventory, system=system, config=config))
     if systems:
-        return sizing(out, api.plan_request(req, config=config), api.size_systems(systems, req, config=config))
+        rows = api.size_systems(systems, req, config=config, workload=wl)
+        return sizing(out, api.plan_request(req, config=config), rows)
+    if wl is not None:
+        return show_estimate(out, api.estimate(req, workload=wl, inventory=inventory, system=system, config=config))
     # a container form plans for the docker runtime unless a layer names one (as `serve`: auto otherwise)
     p = api.plan(
         req,
@@ -168,9 +169,9 @@ def _check_combination(
             "--list lists the launch choices of one host; it takes no --emit or --systems",
             "drop --emit/--systems (--list --system NAME lists a catalog system's)",
         )
-    if estimate and (emit or systems or list_all):
+    if estimate and (emit or list_all):
         raise BadInput(
-            "--estimate estimates the one launch plan picks; it takes no --emit, --systems or --list",
+            "--estimate estimates the launch plan picks (or each of --systems); it takes no --emit or --list",
             "drop them (--estimate --system NAME estimates a catalog system's launch)",
         )
     given = [n for n in ESTIMATE_OPTIONS if _given(ctx, n)]
@@ -190,6 +191,14 @@ def _given(ctx: typer.Context, name: str) -> bool:
     return getattr(src, "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")  # typer may bundle its own click
 
 
+def _span(e, key: str) -> str:
+    """``low-high`` of one figure of a row's estimate ('' without one)."""
+    if e is None:
+        return ""
+    f = getattr(e, key)
+    return f"{f.low:,.0f}-{f.high:,.0f}"
+
+
 def sizing(out: Output, request, rows: list) -> None:
     """``plan --systems``: the sizing table of :func:`m3ctl.api.size_systems`' rows (exit 3 when no system serves
     the model); ``--json``: {model, systems: [row...]}."""
@@ -204,7 +213,9 @@ def sizing(out: Output, request, rows: list) -> None:
             + (f"{mml} tokens" if mml else "its maximum length")
             + " (KV tokens per replica; seqs = sequences of that length at once)"
         )
-        for col in ("system", "MiB/GPU", "variant", "layout", "profile", "image", "KV tokens", "seqs"):
+        est = any(r.estimate is not None for r in rows)
+        cols = ("system", "MiB/GPU", "variant", "layout", "profile", "image", "KV tokens", "seqs")
+        for col in cols + (("tok/s/user", "tok/s/GPU") if est else ()):
             t.add_column(col, no_wrap=True)
         t.add_column("verdict", overflow="fold")
         for r in rows:
@@ -231,9 +242,17 @@ def sizing(out: Output, request, rows: list) -> None:
                 escape(r.image.split("/")[-1] if r.image else (r.runtime or "")),
                 f"{r.kv_tokens:,}" if r.kv_tokens is not None else "",
                 f"{r.concurrent_sequences:,}" if r.concurrent_sequences is not None else "",
+                *((_span(r.estimate, "tok_s_user"), _span(r.estimate, "tok_s_gpu")) if est else ()),
                 verdict,
             )
         out.con.print(t)
+        if est:
+            e = next(r.estimate for r in rows if r.estimate is not None)
+            out.con.print(
+                f"  estimates (low-high) for {e.concurrency} users per replica, {e.input_len:,} in / {e.output_len:,} "
+                f"out, before anything runs; dominant assumption: {escape(e.dominant)}",
+                soft_wrap=True,
+            )
         for r in rows:
             if not r.serves:
                 out.con.print(f"  {r.system}: {escape(r.rule + ': ' if r.rule else '')}{escape(r.reason or '')}")

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from m3ctl.assess.capability import kv_bytes_per_element
 from m3ctl.assess.cost import Eff, GpuPeak, Layout, Shape, Step, gpu_peak, peaks, step_cost, step_seconds
 from m3ctl.assess.facts import ModelFacts
-from m3ctl.errors import BadInput
+from m3ctl.errors import BadInput, first_error
 from m3ctl.planning.launchplan import LaunchPlan
 
 
@@ -83,6 +83,20 @@ class EstimateRequest(BaseModel):
         description="With --estimate: USD per GPU-hour, for total tokens per dollar.",
         json_schema_extra={"cli": {"metavar": "USD"}},
     )
+
+
+def estimate_request(workload: EstimateRequest | dict | None) -> EstimateRequest:
+    """``workload`` as an :class:`EstimateRequest` (a dict of its fields; None: the defaults).
+
+    Raises:
+        BadInput: an unknown field or a bad value, in one line.
+    """
+    if isinstance(workload, EstimateRequest):
+        return workload
+    try:
+        return EstimateRequest.model_validate(workload or {})
+    except ValidationError as e:
+        raise BadInput(f"estimate {first_error(e)}", "see m3ctl.planning.estimate.EstimateRequest") from None
 
 
 @dataclass(frozen=True)

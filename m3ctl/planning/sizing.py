@@ -4,7 +4,8 @@ For each system of the catalog (``m3ctl/data/systems.yaml``, see :mod:`m3ctl.hw.
 launch exactly as ``m3ctl plan --system NAME`` would (:func:`plan_on`, the one call into the planner) and
 reports the planner's answer: the variant and parallel layout it chose and the KV capacity of its memory
 budget (:class:`m3ctl.assess.memory.Fit`), or the rule that rejected the launch. Nothing here decides fit or
-layout itself; ``m3ctl plan --systems`` renders it as a table or JSON.
+layout itself; ``m3ctl plan --systems`` renders it as a table or JSON, with ``--estimate`` each serving system's
+estimate (m3ctl.planning.estimate) for the same workload.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ from typing import Any
 from pydantic import BaseModel
 
 from m3ctl.assess.request import PlanRequest
-from m3ctl.errors import ConfigRejected
+from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.hw.systems import inventory_for_system, resolve_system, system_names
+from m3ctl.planning.estimate import Estimate, EstimateRequest, estimate_plan
+from m3ctl.planning.launchplan import LaunchPlan
 from m3ctl.planning.outcome import PlanOutcome
 from m3ctl.planning.plan import plan_outcome
 
@@ -67,6 +70,7 @@ class SizingRow(BaseModel):
     reason: str | None = None
     attention: str | None = None
     fallbacks: list[str] = []
+    estimate: Estimate | None = None
 
 
 def plan_on(inventory: HostInventory, request: PlanRequest) -> PlanOutcome:
@@ -85,8 +89,11 @@ def _docker_unless_given(request: PlanRequest) -> PlanRequest:
     return request
 
 
-def size_system(name: str, request: PlanRequest) -> SizingRow:
+def size_system(name: str, request: PlanRequest, workload: EstimateRequest | None = None) -> SizingRow:
     """Plan ``request.model`` on system ``name`` and summarise the planner's answer as a :class:`SizingRow`.
+
+    ``workload``: also estimate how fast the plan serves it (:func:`m3ctl.planning.estimate.estimate_plan`; None
+    where the estimate has no data, e.g. a GPU without peaks).
 
     Raises:
         UnknownSystem: ``name`` is not in the catalog (exit 2). Planner rejections become rows.
@@ -125,10 +132,21 @@ def size_system(name: str, request: PlanRequest) -> SizingRow:
         max_model_len=fit.context if fit else None,
         kv_tokens=fit.capacity_tokens() if fit else None,
         concurrent_sequences=p.dp * fit.concurrent_sequences(fit.context) if fit else None,
+        estimate=_estimate(p, workload) if workload is not None and row["serves"] else None,
     )
 
 
-def size_systems(systems: list[str] | None, request: PlanRequest) -> list[SizingRow]:
+def _estimate(p: LaunchPlan, workload: EstimateRequest) -> Estimate | None:
+    """The plan's estimate, or None where it has no data (the row still says whether the system serves)."""
+    try:
+        return estimate_plan(p, workload)
+    except BadInput:
+        return None
+
+
+def size_systems(
+    systems: list[str] | None, request: PlanRequest, workload: EstimateRequest | None = None
+) -> list[SizingRow]:
     """One :class:`SizingRow` per system (default: every catalog system at its default GPU count).
 
     Args:
@@ -144,7 +162,7 @@ def size_systems(systems: list[str] | None, request: PlanRequest) -> list[Sizing
     for n in names:
         resolve_system(n)
     request = _docker_unless_given(request)
-    return [size_system(n, request) for n in names]
+    return [size_system(n, request, workload) for n in names]
 
 
 def sizing_json(model: str, rows: list[SizingRow]) -> dict[str, Any]:

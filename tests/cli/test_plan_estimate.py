@@ -35,3 +35,17 @@ def test_estimate_options_without_estimate_and_bad_combinations_are_one_line():
     assert p.returncode == 2 and "--estimate" in p.stderr and "Traceback" not in p.stderr
     p = run_cli("plan", "--system", "h200x8", "--estimate", "--concurrency", "0")
     assert p.returncode == 2 and "Traceback" not in p.stderr
+
+
+def test_plan_systems_estimate_adds_each_serving_systems_estimate():
+    p = run_cli("plan", "--systems", "b200x8,gb300x4", "--estimate", "--concurrency", "32", "--json")
+    assert p.returncode == 0, p.stdout + p.stderr
+    rows = {r["system"]: r for r in json.loads(p.stdout)["systems"]}
+    for name, row in rows.items():
+        assert row["serves"] and row["estimate"]["concurrency"] == 32
+        want = m3ctl.api.estimate(system=name, runtime="docker", workload={"concurrency": 32})
+        assert row["estimate"]["tok_s_gpu"] == json.loads(want.model_dump_json())["tok_s_gpu"], name
+    plain = run_cli("plan", "--systems", "b200x8", "--json")
+    assert json.loads(plain.stdout)["systems"][0]["estimate"] is None
+    table = run_cli("plan", "--systems", "b200x8", "--estimate")
+    assert "tok/s/GPU" in table.stdout and "dominant assumption" in table.stdout
