@@ -23,6 +23,7 @@ from m3ctl.core import signals
 from m3ctl.core.secrets import launch_env
 from m3ctl.errors import BadInput, ConfigRejected, LaunchFailed
 from m3ctl.loadgen import runner
+from m3ctl.loadgen.engine import stopped_by
 from m3ctl.loadgen.runner import BenchConfig, BenchServerDown, engine_death
 from m3ctl.runtime import prewarm
 from m3ctl.runtime.base import port_in_use
@@ -61,17 +62,12 @@ class ServerSession:
         return serving.runtime_for(self.dep).is_alive(self.dep)
 
     def stopped_by(self) -> str | None:
-        """Who stopped this server, when its stop was requested from outside the tune: its deployment record,
-        there at its start, is gone (only ``m3ctl stop NAME`` / ``--all`` removes the record of a live deployment;
-        a death keeps it, phase ``dead``), with the engine's own shutdown line when its log has one (the
-        ``engine-terminated`` diagnosis, m3ctl.serving.diagnose). None: not stopped on request."""
-        if not self.recorded or self.ev.registry.exists(self.dep.name):
+        """Who stopped this server, when its stop was requested from outside the tune (its deployment record, there
+        at its start, is gone: m3ctl.loadgen.engine.stopped_by, the wording a bench gives it too). None: not stopped
+        on request."""
+        if not self.recorded:
             return None
-        who = f"`m3ctl stop` (its deployment record {self.dep.name!r} was removed)"
-        diag = diagnose_log(self.dep.log_path)
-        if diag is not None and diag.id == "engine-terminated":
-            who += f"; the engine logged its shutdown on request [{diag.line}]"
-        return who
+        return stopped_by(self.dep.name, self.ev.registry, self.dep.log_path)
 
     def _raise_if_stopped(self, where: str) -> None:
         """TrialServerStopped when :meth:`stopped_by` names a requested stop (``where``: when in the trial)."""
