@@ -96,7 +96,8 @@ def plan(
         raise BadInput("--hf-cache-hostpath applies to --emit k8s or --emit lws", "add --emit k8s or lws")
     req = given_request(ctx)  # the options given; the API layers them over --config, M3CTL_* and the config file
     if systems:
-        return sizing(out, api.plan_request(req, config=config), api.size_systems(systems, req, config=config))
+        rows = api.size_systems(systems, req, config=config, api_key_env=api_key_env)  # --api-key-env as one plan's
+        return sizing(out, api.plan_request(req, config=config), rows)
     # a container form plans for the docker runtime unless a layer names one (as `serve`: auto otherwise)
     p = api.plan(
         req,
