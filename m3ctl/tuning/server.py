@@ -164,7 +164,7 @@ class ServerSession:
 
         try:
             if getattr(self.ev, "isolate_bench", False):  # parallel trials: one bench run per process
-                return run_bench_isolated(cfg, self.dep, self.ev.bench_started)
+                return run_bench_isolated(cfg, self.dep, getattr(self.ev, "bench_started", None))
             return runner.run_bench(cfg, sync_log=lambda: serving.runtime_for(self.dep).sync_log(self.dep))
         except (BadInput, BenchServerDown) as e:
             self._raise_if_stopped(f"before the run at concurrency {concurrency}")

@@ -47,15 +47,19 @@ def until(pred: Callable[[], object], timeout: float, what: str, proc: Cmd | Non
 
 class Cmd:
     """``m3ctl ARGS`` in the background; its stdout and stderr (merged) collected line by line as they come
-    (``argv0``: another way to start m3ctl, e.g. :func:`tune_argv0`)."""
+    (``argv0``: another way to start m3ctl, e.g. :func:`tune_argv0`; ``group``: in a process group of its own, which
+    ``os.killpg`` signals whole, as ``systemctl stop`` or Kubernetes do)."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None, argv0: list[str] | None = None):
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, argv0: list[str] | None = None, group: bool = False
+    ):
         self.p = subprocess.Popen(
             [*(argv0 or M3CTL), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             env={**os.environ, **(env or {}), "COLUMNS": "200", "PYTHONUNBUFFERED": "1"},
+            start_new_session=group,
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)

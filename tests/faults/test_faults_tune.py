@@ -38,7 +38,9 @@ def _fake(**serve: object) -> dict[str, str]:
     return {"FAKE_VLLM": json.dumps({"serve": serve})}
 
 
-def _tune(tmp_path: Path, host, study: Path, par: int, fake: dict[str, str], prompts: int = 40) -> Cmd:
+def _tune(
+    tmp_path: Path, host, study: Path, par: int, fake: dict[str, str], prompts: int = 40, group: bool = False
+) -> Cmd:
     """A study of two configurations (max_num_seqs 32, 64; TP=2 each), ``par`` trials at once, one level (c=1); a
     budget of 4 starts, so a resume has starts left after interrupted ones (they count)."""
     model, inv = host
@@ -49,7 +51,7 @@ def _tune(tmp_path: Path, host, study: Path, par: int, fake: dict[str, str], pro
     args += ["--no-baseline", "--confirm-top", "0", "--no-warmup", "--parallel-trials", str(par)]
     args += ["--port", str(free_port()), "--study-dir", str(study)]
     args += [a for k in knobs for a in ("--knob", k)]
-    return Cmd(*args, env=fake, argv0=tune_argv0(tmp_path))
+    return Cmd(*args, env=fake, argv0=tune_argv0(tmp_path), group=group)
 
 
 def _resume(tmp_path: Path, host, study: Path, par: int = 1) -> tuple[int, str]:
@@ -78,18 +80,34 @@ def _runs(study: Path) -> dict[str, dict]:
     return {p.parent.name: json.loads(p.read_text()) for p in sorted(study.glob("trials/*/bench-c1-*.json"))}
 
 
-@pytest.mark.parametrize("par", [1, 2], ids=["serial", "parallel"])
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=lambda s: s.name)
-def test_a_signal_mid_trial_saves_each_partial_run_stops_the_servers_and_resume_goes_on(tmp_path, host, sig, par):
-    """The signal reaches m3ctl only (``kill PID``, ``timeout``): every trial measuring keeps its partial run in its
-    folder (``interrupted``, by that signal, what finished counted), the study's record stays, the trial servers are
-    stopped, exit 128 + n; ``--resume`` measures the cut trials again and finishes. Before, with trials in parallel
-    the servers were stopped under their bench processes and the runs were lost (0 completed, a connection error)."""
+@pytest.mark.parametrize(
+    ("sig", "par", "group"),
+    [
+        (signal.SIGTERM, 1, False),
+        (signal.SIGINT, 1, False),
+        (signal.SIGTERM, 2, False),
+        (signal.SIGINT, 2, False),
+        (signal.SIGTERM, 2, True),
+    ],
+    ids=["SIGTERM-serial", "SIGINT-serial", "SIGTERM-parallel", "SIGINT-parallel", "SIGTERM-parallel-group"],
+)
+def test_a_signal_mid_trial_saves_each_partial_run_stops_the_servers_and_resume_goes_on(
+    tmp_path, host, sig, par, group
+):
+    """The signal reaches m3ctl only (``kill PID``, ``timeout``), or its whole process group (``systemctl stop``,
+    Kubernetes: its bench processes get it too, and the forward of it a second time): every trial measuring keeps its
+    partial run in its folder (``interrupted``, by that signal, what finished counted), the study's record stays, the
+    trial servers are stopped, exit 128 + n; ``--resume`` measures the cut trials again and finishes. Before, with
+    trials in parallel the servers were stopped under their bench processes and the runs were lost (0 completed, a
+    connection error)."""
     study, state = tmp_path / "study", Path(os.environ["M3CTL_STATE_DIR"])
-    tune = _tune(tmp_path, host, study, par, _fake(itl_s=0.05))
+    tune = _tune(tmp_path, host, study, par, _fake(itl_s=0.05), group=group)
     try:
         _measuring(tune, par)
-        tune.p.send_signal(sig)
+        if group:
+            os.killpg(tune.p.pid, sig)
+        else:
+            tune.p.send_signal(sig)
         rc, text = tune.finish(120)
     finally:
         tune.kill()
