@@ -121,19 +121,23 @@ class Canceller:
     def __exit__(self, *exc) -> None:
         for s, h in self._old.items():
             signal.signal(s, h)
+        if _FIRST_ONLY:  # measured: a signal now no longer costs the result (first_signal_only)
+            _SEEN.append(0)
 
 
 _FIRST_ONLY: list[bool] = []
 """Set by :func:`first_signal_only` (a process of one bench run)."""
 _SEEN: list[int] = []
-"""The signals of the policy this process has taken (a :class:`Canceller`'s first, or :func:`first_signal_only`'s)."""
+"""The signals of the policy this process has taken (a :class:`Canceller`'s first, or :func:`first_signal_only`'s);
+under :func:`first_signal_only` a 0 once the measured phase ended (a signal after it is ignored too)."""
 
 
 @contextlib.contextmanager
 def first_signal_only() -> Iterator[None]:
     """The policy of a process that makes one bench run for its parent (m3ctl.tuning.benchchild): the first of
     SIGINT, SIGTERM or SIGHUP ends the run as in any bench (in the measured phase the requests in flight are
-    cancelled and what finished is kept; before it, :func:`interruption` is raised), every later one is ignored. The
+    cancelled and what finished is kept; before it, :func:`interruption` is raised; after it, the run is finished and
+    returned), every later one is ignored. The
     parent forwards the signal it got (m3ctl.tuning.server.ServerEvaluator.interrupt) and a signal to the whole
     process group (a terminal's Ctrl-C, ``systemctl stop``) reaches this process too: the second must not cost the
     result. Main thread only."""
