@@ -10,7 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from m3ctl.core.state import STOPPING, Registry
-from m3ctl.errors import M3Error
+from m3ctl.errors import NotFound, UnreadableRecord
 from m3ctl.loadgen.config import BenchConfig
 from m3ctl.serving.diagnose import diagnose_log
 from m3ctl.serving.lifecycle import EngineState, check
@@ -48,14 +48,15 @@ def stopped_by(name: str, registry: Registry, log_path: str | None) -> str | Non
     NAME`` / ``--all`` does either to a live deployment; a death keeps the record, phase ``dead``), with the engine's
     own shutdown line when its log ``log_path`` has one (the ``engine-terminated`` diagnosis,
     m3ctl.serving.diagnose). None: not stopped on request."""
-    how = "was removed"
-    if registry.exists(name):
-        try:
-            if registry.get(name).phase != STOPPING:
-                return None
-        except M3Error:  # unreadable: not a stop that m3ctl asked for
-            return None
-        how = "is marked stopping"
+    try:
+        phase: str | None = registry.get(name).phase
+    except UnreadableRecord:  # not a stop that m3ctl asked for
+        return None
+    except NotFound:  # gone (also between a look and a read: the stop's last step)
+        phase = None
+    if phase is not None and phase != STOPPING:
+        return None
+    how = "was removed" if phase is None else "is marked stopping"
     who = f"`m3ctl stop` (its deployment record {name!r} {how})"
     diag = diagnose_log(log_path) if log_path else None
     if diag is not None and diag.id == "engine-terminated":
