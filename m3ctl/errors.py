@@ -12,9 +12,11 @@ Exit codes (stable, documented in README.md):
 1    checks failed / run invalid (e.g. doctor found a FAIL, bench had failures)
 2    usage or bad input (bad flag value, missing file)
 3    configuration rejected before launch (port in use, invalid plan)
-4    launch or readiness failed (server died, readiness budget ran out)
-5    results measured and printed, but they could not be saved (disk full, read-only; :class:`WriteFailed`)
-130  interrupted (Ctrl-C)
+4    launch or readiness failed (server died, readiness budget ran out); a bench's server went down or was stopped
+     by ``m3ctl stop`` during the run (:class:`BenchServerDown`)
+5    results measured and printed, but they could not be saved (disk full, read-only; :class:`WriteFailed`; a
+     tune's study record mid-run)
+130  interrupted (Ctrl-C; 143 SIGTERM, 129 SIGHUP: m3ctl.core.signals)
 ===  =========================================================
 """
 
@@ -299,7 +301,8 @@ def first_error(e: ValidationError) -> FirstError:
 
 
 class BenchServerDown(M3Error):
-    """The server stopped accepting connections during the run (exit 4, as a server that died at launch).
+    """The server stopped accepting connections during the run, or ``m3ctl stop`` stopped it (exit 4, as a server
+    that died at launch).
 
     Partial results are kept (``--output-json``); the failures are counted per kind in ``failed_by_kind``.
     """

@@ -127,6 +127,8 @@ def bench_error(
         BadInput: no endpoint; NotFound: an unknown deployment.
     """
     runs = [r.to_dict() for r in result.runs] if hasattr(result, "runs") else [result.to_dict()]
+    if stopped := next((r["server_stopped"] for r in runs if r.get("server_stopped")), None):
+        return run_failure(runs, stopped["url"], saved)  # `m3ctl stop` removed its record: nothing to resolve
     t = resolve_target(url, deployment=deployment, lookup_model=False)
     diag = None
     if t.server_log and any(r.get("server_down") for r in runs):  # name the root cause from the log (N09)

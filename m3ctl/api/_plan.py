@@ -170,13 +170,11 @@ def plan(
         ConfigRejected: a plan rule rejects the request (the rule, the values and the fix).
     """
 
-    key, given = given_api_key(api_key_env, None)  # as serve's (m3ctl.serving.workflow.serve_plan)
-    req = plan_request(request, config=config, default_runtime=default_runtime, **knobs)
-    check_host(req.host)
-    if key:
-        req = req.model_copy(update={"pass_env": sorted({*req.pass_env, API_KEY_ENV})})
+    req, given = keyed_request(
+        plan_request(request, config=config, default_runtime=default_runtime, **knobs), api_key_env
+    )
     p = make_plan(host_inventory(inventory, system), req)
-    if key:
+    if given:
         if API_KEY_ENV in p.secret_values():
             raise BadInput(
                 f"an API key given twice: {given[API_KEY_ENV]} and {p.secret_origins[API_KEY_ENV]}", "give the key once"
@@ -186,6 +184,22 @@ def plan(
             update["api_key_env"] = api_key_env
         p = p.model_copy(update=update)
     return resolve_if_offline(p, offline)
+
+
+def keyed_request(req: PlanRequest, api_key_env: str | None) -> tuple[PlanRequest, dict[str, str]]:
+    """The one step :func:`plan` and :func:`size_systems` share after layering: the host checked and, with
+    ``api_key_env``, the key required as ``serve``'s (m3ctl.serving.workflow.serve_plan): the variable checked (a name,
+    set), ``VLLM_API_KEY`` passed to the server by name. Returns the request and where the key came from
+    (``{VLLM_API_KEY: "--api-key-env NAME"}``; ``{}`` without one).
+
+    Raises:
+        BadInput: a bad host address; ``api_key_env`` not a variable name or unset.
+    """
+    key, given = given_api_key(api_key_env, None)
+    check_host(req.host)
+    if key:
+        req = req.model_copy(update={"pass_env": sorted({*req.pass_env, API_KEY_ENV})})
+    return req, (given if key else {})
 
 
 @_checked
@@ -224,18 +238,20 @@ def size_systems(
     *,
     config: str | Path | None = None,
     workload: EstimateRequest | dict | None = None,
+    api_key_env: str | None = None,
     **knobs: Any,
 ) -> list:
     """``plan --systems``: plan the request on catalog systems (``"all"`` = every one) and say which serve the
     model, how, with how much KV cache: one :class:`~m3ctl.planning.sizing.SizingRow` per system. The request is layered
-    as :func:`plan_request`'s (the runtime: docker unless a layer sets process). ``workload`` (``plan --systems
-    --estimate``): each serving row also carries its estimate for it (:func:`m3ctl.api.estimate`'s).
+    as :func:`plan_request`'s (the runtime: docker unless a layer sets process); ``api_key_env`` as :func:`plan`'s
+    (:func:`keyed_request`, the one path). ``workload`` (``plan --systems --estimate``): each serving row also carries
+    its estimate for it (:func:`m3ctl.api.estimate`'s).
 
     Raises:
-        BadInput: as :func:`plan_request`, or a bad ``workload`` field; UnknownSystem: a name not in the catalog.
+        BadInput: as :func:`plan_request`, or a bad ``workload`` field; ``api_key_env`` not a variable name or unset;
+            UnknownSystem: a name that is not in the catalog.
     """
 
-    req = plan_request(request, config=config, **knobs)
-    check_host(req.host)
+    req, _given = keyed_request(plan_request(request, config=config, **knobs), api_key_env)
     wl = estimate_request(workload) if workload is not None else None
     return size([n for s_ in systems for n in s_.split(",") if n.strip()], req, wl)

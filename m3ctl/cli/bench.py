@@ -38,7 +38,11 @@ from m3ctl.loadgen.progress import LiveProgress
 from m3ctl.loadgen.report import capacity_lines
 
 app = typer.Typer(
-    help="Load-test an OpenAI-compatible endpoint; `m3ctl bench report` compares results.", **o.PLAIN_HELP
+    help="Load-test an OpenAI-compatible endpoint; `m3ctl bench report` compares results.",
+    epilog="Exit 1: a run is BENCH-INVALID; 4: the server went down, or `m3ctl stop` stopped it, during the run "
+    "(named so, the partial results saved); 5: the results could not be saved; 128 + the signal on SIGINT, SIGTERM "
+    "or SIGHUP (what was measured is saved and shown).",
+    **o.PLAIN_HELP,
 )
 
 

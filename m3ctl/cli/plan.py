@@ -125,7 +125,9 @@ def plan(
     if list_all:
         return listing(out, api.plan_list(req, inventory=inventory, system=system, config=config))
     if systems:
-        rows = api.size_systems(systems, req, config=config, workload=wl)
+        rows = api.size_systems(  # --api-key-env as one plan's
+            systems, req, config=config, workload=wl, api_key_env=api_key_env
+        )
         return sizing(out, api.plan_request(req, config=config), rows)
     if wl is not None:
         return show_estimate(out, api.estimate(req, workload=wl, inventory=inventory, system=system, config=config))

@@ -102,7 +102,9 @@ def tune(
 ) -> None:
     """Search TP/DCP/DBO/EP, speculation depth and batching by measurement under an SLO (resumable).
 
-    Raw vLLM flags after `--` apply to every trial and pass the plan rules like everything else.
+    Raw vLLM flags after `--` apply to every trial and pass the plan rules like everything else. SIGINT, SIGTERM and
+    SIGHUP save each trial's partial run and the study, stop the trial servers and exit 128 + the signal; a study
+    record that cannot be written mid-run (disk full) exits 5; `--resume` goes on from what was saved.
     """
 
     out = Output(json_out)

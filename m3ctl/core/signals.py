@@ -107,8 +107,11 @@ class Canceller:
     def _on_signal(self, signum, frame) -> None:
         if self.signum is None:
             self.signum = signum
-            if self.cancel():
+            _SEEN.append(signum)
+            if self.cancel() or _FIRST_ONLY:  # FIRST_ONLY: a run that had ended returns its result
                 return
+        elif _FIRST_ONLY:  # a bench run's own process: the run keeps what finished and returns it
+            return
         raise interruption(signum)
 
     def __enter__(self) -> Self:
@@ -118,12 +121,48 @@ class Canceller:
     def __exit__(self, *exc) -> None:
         for s, h in self._old.items():
             signal.signal(s, h)
+        if _FIRST_ONLY:  # measured: a signal now no longer costs the result (first_signal_only)
+            _SEEN.append(0)
+
+
+_FIRST_ONLY: list[bool] = []
+"""Set by :func:`first_signal_only` (a process of one bench run)."""
+_SEEN: list[int] = []
+"""The signals of the policy this process has taken (a :class:`Canceller`'s first, or :func:`first_signal_only`'s);
+under :func:`first_signal_only` a 0 once the measured phase ended (a signal after it is ignored too)."""
+
+
+@contextlib.contextmanager
+def first_signal_only() -> Iterator[None]:
+    """The policy of a process that makes one bench run for its parent (m3ctl.tuning.benchchild): the first of
+    SIGINT, SIGTERM or SIGHUP ends the run as in any bench (in the measured phase the requests in flight are
+    cancelled and what finished is kept; before it, :func:`interruption` is raised; after it, the run is finished and
+    returned), every later one is ignored. The
+    parent forwards the signal it got (m3ctl.tuning.server.ServerEvaluator.interrupt) and a signal to the whole
+    process group (a terminal's Ctrl-C, ``systemctl stop``) reaches this process too: the second must not cost the
+    result. Main thread only."""
+
+    def handler(signum, frame) -> None:
+        if _SEEN:  # the run is ending already: let it return what it measured
+            return
+        _SEEN.append(signum)
+        raise interruption(signum)
+
+    _FIRST_ONLY.append(True)
+    old = {s: signal.signal(s, handler) for s in INTERRUPT_SIGNALS}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        _FIRST_ONLY.clear()
 
 
 def handles_interrupts() -> bool:
     """Whether the policy may take the signals here: the main thread, with Python's Ctrl-C handler in place (a
-    caller with a SIGINT handler of its own, or one that ignores SIGINT, keeps its own)."""
-    return _main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    caller with a SIGINT handler of its own, or one that ignores SIGINT, keeps its own) or inside
+    :func:`first_signal_only`."""
+    return _main_thread() and (signal.getsignal(signal.SIGINT) is signal.default_int_handler or bool(_FIRST_ONLY))
 
 
 @contextlib.contextmanager

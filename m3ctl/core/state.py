@@ -29,6 +29,11 @@ from m3ctl.errors import BadInput, ConfigRejected, NotFound, StateWriteFailed, U
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
+STOPPING = "stopping"
+"""The phase ``m3ctl stop`` writes into a live deployment's record before it stops the server (then removes the
+record): a command whose requests fail meanwhile reads the stop it asked for, not a death
+(m3ctl.loadgen.engine.stopped_by)."""
+
 #: Environment variable set in every server process m3ctl starts (inherited by all its children, also those
 #: that leave its process group): ``<state dir>::<name>``. ``stop`` finds the server by it when the record
 #: is unreadable or a worker left the group.
@@ -150,7 +155,7 @@ class Deployment(BaseModel):
         ready_at: UNIX time readiness completed (s), None until ready.
         phase: last known phase (``launching``, ``ready``, ``stalled``, ``failed``: a launch m3ctl gave up on and
             stopped, ``dead``: the server died after its launch; both keep the record, with its log, until
-            ``m3ctl stop NAME`` removes it).
+            ``m3ctl stop NAME`` removes it; :data:`STOPPING`: ``m3ctl stop`` is stopping it).
         plan_hash: hash of the launch plan, to tell deployments of the same plan apart.
         image: container image (docker runtime).
         runtime_options: runtime settings (docker: network, ipc, mounts, GPUs), reused on restart.

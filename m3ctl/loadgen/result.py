@@ -25,7 +25,7 @@ from m3ctl.loadgen.client import RequestOutput
 from m3ctl.loadgen.config import PRECISION_MAX_DURATION_S, BenchConfig
 from m3ctl.loadgen.drive import ClientStats, Job
 from m3ctl.loadgen.energy import measured_window
-from m3ctl.loadgen.engine import engine_death, mark_engine_died
+from m3ctl.loadgen.engine import engine_death, mark_engine_died, mark_server_stopped, server_stopped
 from m3ctl.loadgen.prepare import Prepared
 from m3ctl.loadgen.prompts import ServerTokenizer, Tokenizer
 from m3ctl.loadgen.target import headers as _headers
@@ -75,14 +75,13 @@ def finish(prep: Prepared, outs: list[RequestOutput], dur: float, cstats: list[C
         if samples is not None and sends
         else None
     )
-    if (
-        cfg.deployment
-        and (res.get("failed") or res.get("server_down") or res.get("stalled"))
-        and (died := engine_death(cfg))
-    ):  # the requests failed because the engine died: say when and why
-        fails = [o.end_time for o in outs if not o.success and o.end_time]
-        wall = time.time() - (time.perf_counter() - min(fails)) if fails else None
-        mark_engine_died(res, died, wall)
+    if cfg.deployment and (res.get("failed") or res.get("server_down") or res.get("stalled")):
+        if stopped := server_stopped(cfg):  # `m3ctl stop` stopped it (first: its engine is gone too)
+            mark_server_stopped(res, stopped)
+        elif died := engine_death(cfg):  # the requests failed because the engine died: say when and why
+            fails = [o.end_time for o in outs if not o.success and o.end_time]
+            wall = time.time() - (time.perf_counter() - min(fails)) if fails else None
+            mark_engine_died(res, died, wall)
     try:
         _realign(cfg, prep.job, tok, res)
     finally:

@@ -1,6 +1,7 @@
 """What a bench run is pointed at: a URL or an m3ctl deployment, its model id, key, log and GPU count.
 
-``m3ctl bench --url/--deployment`` and :func:`m3ctl.api.bench` resolve their endpoint here (one place).
+``m3ctl bench --url/--deployment`` and :func:`m3ctl.api.bench` resolve their endpoint here (one place). A
+deployment's key is :func:`launch_key` (m3ctl.serving.watchdog: the one the ``watch`` canary sends too).
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from pathlib import Path
 
 import httpx
 
-from m3ctl.core.secrets import API_KEY_ENV, auth_headers, client_key, key_hint, remember, split_url_credentials
-from m3ctl.core.state import Deployment, Registry
+from m3ctl.core.secrets import auth_headers, client_key, key_hint, split_url_credentials
+from m3ctl.core.state import Registry
 from m3ctl.errors import BadInput, M3Error, Unauthorised
 from m3ctl.loadgen.config import BenchConfig
 from m3ctl.serving.lifecycle import deployment_for_url as lookup
 from m3ctl.serving.serve import deployment_gpus, runtime_for, saved_plan
+from m3ctl.serving.watchdog import launch_key
 
 
 @dataclass
@@ -242,19 +244,6 @@ def resolve_target(
     return t
 
 
-def launch_key(dep: Deployment, plan: object | None) -> str | None:
-    """The API key deployment ``dep``'s server enforces: read from the running server's own environment (its
-    runtime's ``server_variable``: the key its launch handed it, from wherever the launch took it: ``--api-key-env``,
-    ``--arg api-key=K``, a raw ``-- --api-key K``, a config file), else from the variable the launch took it from
-    (m3ctl.core.secrets.client_key); None when neither has one. The key is never stored: read on each call."""
-    try:
-        key = runtime_for(dep).server_variable(dep, API_KEY_ENV)
-    except M3Error:  # the Docker engine does not answer: the environment's key, if any
-        key = None
-    remember(key)
-    return key or client_key(plan)
-
-
 def _plan_gpus(name: str) -> list[int] | None:
     """The GPU indices of deployment ``name``'s saved launch plan, None when it has none (or it is unreadable: the
     bench of a URL does not fail on it)."""
@@ -263,3 +252,6 @@ def _plan_gpus(name: str) -> list[int] | None:
     except (M3Error, OSError):
         return None
     return list(plan.gpus) if plan is not None else None
+
+
+__all__ = ["BenchTarget", "deployment_for_url", "headers", "launch_key", "model_choice", "only_model", "resolve_target"]

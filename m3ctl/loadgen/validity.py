@@ -404,8 +404,8 @@ def _asked_vs_happened(
 
 
 def run_failure(runs: list[dict], url: str, saved: str | None, diagnosis=None) -> M3Error | None:
-    """The error a finished bench command ends with, or None when every run is valid: the server went down
-    (BenchServerDown, exit 4; ``diagnosis``: m3ctl.serving.diagnose's root cause from the server log, if known), it
+    """The error a finished bench command ends with, or None when every run is valid: the server went down or was
+    stopped by ``m3ctl stop`` (``server_stopped``, named so: not a crash, not a bad ``--url``) (BenchServerDown, exit 4; ``diagnosis``: m3ctl.serving.diagnose's root cause from the server log, if known), it
     stalled (BenchServerStalled, exit 4), or a run is BENCH-INVALID (ChecksFailed, exit 1). ``saved``: where
     the results were written (None: nowhere), named in the hint so nothing measured is lost."""
     keep = f"partial results written to {saved}" if saved else "pass --output-json to keep partial results"
@@ -418,6 +418,12 @@ def run_failure(runs: list[dict], url: str, saved: str | None, diagnosis=None) -
             + (f": {kinds}" if kinds else "")
             + f", {died.get('not_sent', 0)} not sent)",
             (f"{ed['fix']}; " if ed.get("fix") else "") + f"`m3ctl logs {ed['name']}` shows its log; {keep}",
+        )
+    if stopped := next((r for r in runs if r.get("server_stopped")), None):  # `m3ctl stop`: no crash, no bad --url
+        return BenchServerDown(
+            f"{stopped['server_stopped']['sentence']} ({stopped['completed']} requests completed, "
+            f"{stopped['failed']} failed, {stopped.get('not_sent', 0)} not sent)",
+            f"{keep}; `m3ctl serve` starts it again",
         )
     if down := next((r for r in runs if r.get("server_down")), None):
         kinds = ", ".join(f"{k} {v}" for k, v in down["failed_by_kind"].items())

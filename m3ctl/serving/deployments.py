@@ -4,14 +4,15 @@ and the end of their server logs."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from m3ctl.core.state import Deployment, Registry, UnreadableRecord
-from m3ctl.errors import BadInput, ConfigRejected, LaunchFailed
+from m3ctl.core.state import STOPPING, Deployment, Registry, UnreadableRecord
+from m3ctl.errors import BadInput, ConfigRejected, LaunchFailed, M3Error
 from m3ctl.runtime import runtime_for
 from m3ctl.runtime.base import StopReport
 from m3ctl.runtime.docker import DockerRuntime
@@ -125,6 +126,9 @@ def stop(
             )
         registry.remove(n)
     for d in deps:
+        if d.phase not in ("dead", "failed"):  # a bench or tune measuring it reads the stop, not a death
+            with contextlib.suppress(M3Error, OSError):  # a read-only state dir: stopped all the same
+                registry.save(d.model_copy(update={"phase": STOPPING}))
         rep = runtime_for(d).stop(d, timeout_s)
         reports.append(rep)
         if rep.leftover:

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Literal
 from urllib.parse import urlsplit
 
-from m3ctl.core.state import Deployment, Registry
+from m3ctl.core.state import STOPPING, Deployment, Registry
 from m3ctl.errors import ConfigRejected, M3Error
 from m3ctl.planning.launch import DEPLOYMENT_LABEL
 from m3ctl.runtime import runtime_for
@@ -166,12 +166,13 @@ def engine_state(dep: Deployment, rt=None, *, registry: Registry | None = None) 
 
 
 def record_death(registry: Registry, name: str, es: EngineState, phase: str = "dead") -> None:
-    """Keep a death (or a failed launch, ``phase="failed"``) in the record of ``name`` (no-op without one)."""
+    """Keep a death (or a failed launch, ``phase="failed"``) in the record of ``name`` (no-op without one, or when
+    ``m3ctl stop`` is stopping it: phase :data:`~m3ctl.core.state.STOPPING`)."""
     try:
         cur = registry.get(name)
     except M3Error:
         return
-    if cur.phase in ("dead", "failed"):
+    if cur.phase in ("dead", "failed", STOPPING):  # STOPPING: `m3ctl stop` ends it, not a death
         return
     cur.phase, cur.died_at = phase, es.at or time.time()
     cur.exit_status, cur.cause, cur.fix = es.exit_status, es.cause, es.fix

@@ -33,8 +33,10 @@ from typing import Literal
 import httpx
 import psutil
 
+from m3ctl.core.secrets import API_KEY_ENV, client_key, remember
 from m3ctl.core.state import Deployment, Registry
 from m3ctl.errors import M3Error
+from m3ctl.runtime import runtime_for
 from m3ctl.runtime.base import Runtime
 from m3ctl.serving.diagnose import DiagContext, diagnose_text
 from m3ctl.serving.lifecycle import EngineState, engine_state, explain
@@ -321,3 +323,18 @@ def supervising(registry: Registry, name: str) -> Iterator[None]:
                 if supervisor_gone(cur):  # the one before is gone too: nothing watches it now
                     mark_supervised(cur, False)
                 registry.save(cur)
+
+
+def launch_key(dep: Deployment, plan: object | None) -> str | None:
+    """The API key deployment ``dep``'s server enforces: read from the running server's own environment (its
+    runtime's ``server_variable``: the key its launch handed it, from wherever the launch took it: ``--api-key-env``,
+    ``--arg api-key=K``, a raw ``-- --api-key K``, a config file), else from the variable the launch took it from
+    (m3ctl.core.secrets.client_key); None when neither has one. The key is never stored: read on each call, and
+    registered for redaction (m3ctl.core.secrets.remember). What ``bench --deployment`` (m3ctl.loadgen.target) and
+    the ``watch`` canary (m3ctl.serving.workflow.watch_running) send."""
+    try:
+        key = runtime_for(dep).server_variable(dep, API_KEY_ENV)
+    except M3Error:  # the Docker engine does not answer: the environment's key, if any
+        key = None
+    remember(key)
+    return key or client_key(plan)

@@ -275,6 +275,8 @@ def watch_running(
     # the key the canary sends and, to restart, every secret of the launch (or one line naming what is unset)
     secrets = serve.deployment_secrets(reg, name, for_restart=restart == "on-failure")
     plan = serve.saved_plan(reg, name)
+    if key := watchdog.launch_key(dep, plan):  # the key the server enforces, from wherever its launch took it
+        secrets[API_KEY_ENV] = key
     expect = serve.profile_expect(None, plan.profile, plan) if plan else None
     if on_start is not None:
         on_start(dep)

@@ -185,8 +185,8 @@ class _Run:
             skipped = t._confirm(self._elapsed)
             if skipped:
                 stopped_by += f"; {skipped}"
-        except BaseException:
-            self.slots.cancel_all(self.held[0] if self.held is not None else None)
+        except BaseException as e:  # a signal first reaches the bench runs in flight: what they measured is saved
+            self.slots.cancel_all(self.held[0] if self.held is not None else None, cause=e)
             self.held = None
             raise
         finally:

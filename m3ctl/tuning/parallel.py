@@ -32,8 +32,11 @@ Threads: one per running trial; it only waits on its server and its bench runs (
 m3ctl.loadgen.runner allows one run per process). All optuna calls, trial-state writes and ``on_event`` calls happen in
 the calling thread, from the messages the trial threads post.
 
-Ctrl-C (KeyboardInterrupt) or an error that is not a trial's crash stops every running trial's server (their optuna
-trials are marked FAIL: ``--resume`` recovers them from their finished runs, as after a kill) and propagates.
+Ctrl-C (KeyboardInterrupt), SIGTERM or SIGHUP (m3ctl.core.signals.Terminated) or an error that is not a trial's crash
+stops every running trial's server (their optuna trials are marked FAIL: ``--resume`` recovers them from their
+finished runs, as after a kill) and propagates. A signal first reaches the bench runs in flight (each in its own
+process: the signal is forwarded to it), which end as any interrupted bench and are saved in their trial folders,
+marked ``interrupted`` with the signal; then the servers are stopped.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from m3ctl.core import signals
 from m3ctl.errors import ConfigRejected
 from m3ctl.tuning.measure import Outcome, evaluate
 from m3ctl.tuning.schedule import Busy, Pending, Pool, next_start, order_batch
@@ -54,6 +58,9 @@ from m3ctl.tuning.trials import TrialRunner
 
 #: Seconds to wait for the trial threads after their servers were told to stop (Ctrl-C, an error).
 CANCEL_WAIT_S = 300.0
+#: Seconds to wait for interrupted bench runs to return what they measured (their requests in flight are cancelled;
+#: the result is assembled from what finished) before the trial servers are stopped.
+BENCH_SAVE_WAIT_S = 60.0
 
 
 class TrialCancelled(BaseException):
@@ -147,6 +154,13 @@ class _GuardedEvaluator:
             s.close()
             raise TrialCancelled()
         return s
+
+
+def _interrupt(ev, signum: int) -> bool:
+    """Forward ``signum`` to the bench run of slot evaluator ``ev`` (its ``interrupt``, when it has one); whether one
+    was running."""
+    interrupt = getattr(ev, "interrupt", None)
+    return bool(interrupt(signum)) if interrupt is not None else False
 
 
 def gpus_needed(ev, cand: dict[str, Any]) -> int:
@@ -290,11 +304,33 @@ class Slots:
                 self.warm[tr.gpus] = tr.ckey
             self.on_done(tr.trial, tr.desc, out, tr.local)
 
-    def cancel_all(self, held: Any = None) -> None:
-        """Stop every running trial's server, wait for its thread, mark its optuna trial FAIL (and a held one)."""
+    def cancel_all(self, held: Any = None, cause: BaseException | None = None) -> None:
+        """Stop every running trial's server, wait for its thread, mark its optuna trial FAIL (and a held one).
+        Another signal meanwhile is ignored (the stop must finish: m3ctl.core.signals.sigint_ignored)."""
+        with signals.sigint_ignored():
+            self._cancel_all(held, cause)
+
+    def _interrupt_benches(self, trials: list[_Trial], cause: BaseException | None) -> None:
+        """An interruption (a signal; a trial server stopped by ``m3ctl stop``: as Ctrl-C) first reaches the bench
+        runs in flight (their slot evaluator's ``interrupt``: each ends as any interrupted bench, what finished
+        kept), and their threads save those runs in the trial folders (up to ``BENCH_SAVE_WAIT_S``) before the
+        servers are stopped; before, stopping the server under the run lost what it measured."""
+        if not isinstance(cause, KeyboardInterrupt):
+            return
+        signum = signals.signum_of(cause)
+        measuring = [
+            tr for tr in trials if tr.thread is not None and tr.thread.is_alive() and _interrupt(tr.ev, signum)
+        ]
+        deadline = time.monotonic() + BENCH_SAVE_WAIT_S
+        for tr in measuring:
+            assert tr.thread is not None
+            tr.thread.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def _cancel_all(self, held: Any, cause: BaseException | None) -> None:
         self.cancel.set()
-        deadline = time.monotonic() + CANCEL_WAIT_S
         trials = list(self.running.values())
+        self._interrupt_benches(trials, cause)
+        deadline = time.monotonic() + CANCEL_WAIT_S
         while True:
             for tr in trials:
                 if tr.thread is not None and tr.thread.is_alive():
@@ -325,4 +361,4 @@ class Slots:
         self.running.clear()
 
 
-__all__ = ["CANCEL_WAIT_S", "Slots", "TrialCancelled", "gpus_needed"]
+__all__ = ["BENCH_SAVE_WAIT_S", "CANCEL_WAIT_S", "Slots", "TrialCancelled", "gpus_needed"]

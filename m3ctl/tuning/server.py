@@ -23,6 +23,7 @@ from m3ctl.core import signals
 from m3ctl.core.secrets import launch_env
 from m3ctl.errors import BadInput, ConfigRejected, LaunchFailed
 from m3ctl.loadgen import runner
+from m3ctl.loadgen.engine import stopped_by
 from m3ctl.loadgen.runner import BenchConfig, BenchServerDown, engine_death
 from m3ctl.runtime import prewarm
 from m3ctl.runtime.base import port_in_use
@@ -61,17 +62,12 @@ class ServerSession:
         return serving.runtime_for(self.dep).is_alive(self.dep)
 
     def stopped_by(self) -> str | None:
-        """Who stopped this server, when its stop was requested from outside the tune: its deployment record,
-        there at its start, is gone (only ``m3ctl stop NAME`` / ``--all`` removes the record of a live deployment;
-        a death keeps it, phase ``dead``), with the engine's own shutdown line when its log has one (the
-        ``engine-terminated`` diagnosis, m3ctl.serving.diagnose). None: not stopped on request."""
-        if not self.recorded or self.ev.registry.exists(self.dep.name):
+        """Who stopped this server, when its stop was requested from outside the tune (its deployment record, there
+        at its start, is gone: m3ctl.loadgen.engine.stopped_by, the wording a bench gives it too). None: not stopped
+        on request."""
+        if not self.recorded:
             return None
-        who = f"`m3ctl stop` (its deployment record {self.dep.name!r} was removed)"
-        diag = diagnose_log(self.dep.log_path)
-        if diag is not None and diag.id == "engine-terminated":
-            who += f"; the engine logged its shutdown on request [{diag.line}]"
-        return who
+        return stopped_by(self.dep.name, self.ev.registry, self.dep.log_path)
 
     def _raise_if_stopped(self, where: str) -> None:
         """TrialServerStopped when :meth:`stopped_by` names a requested stop (``where``: when in the trial)."""
@@ -168,7 +164,7 @@ class ServerSession:
 
         try:
             if getattr(self.ev, "isolate_bench", False):  # parallel trials: one bench run per process
-                return run_bench_isolated(cfg, self.dep)
+                return run_bench_isolated(cfg, self.dep, getattr(self.ev, "bench_started", None))
             return runner.run_bench(cfg, sync_log=lambda: serving.runtime_for(self.dep).sync_log(self.dep))
         except (BadInput, BenchServerDown) as e:
             self._raise_if_stopped(f"before the run at concurrency {concurrency}")
@@ -385,6 +381,23 @@ class ServerEvaluator(TrialPlans):
         serving.stop([name], registry=self.registry)
         return True
 
+    def bench_started(self, proc: subprocess.Popen | None) -> None:
+        """The bench process of this slot's current run (None once it ended): :meth:`interrupt` signals it."""
+        self.__dict__["_bench_proc"] = proc
+
+    def interrupt(self, signum: int) -> bool:
+        """Forward the signal that interrupts the study (SIGINT, SIGTERM, SIGHUP) to this slot's running bench process,
+        from the main thread: it ends its run as any bench does, what finished kept (``interrupted``), and the trial's
+        thread saves it in the trial folder before the server is stopped. Returns whether a bench was running."""
+        proc = self.__dict__.get("_bench_proc")
+        if proc is None or proc.poll() is not None:
+            return False
+        try:
+            proc.send_signal(signum)
+        except OSError:  # it ended meanwhile
+            return False
+        return True
+
     def stop_slots(self) -> None:
         """Stop the server of every slot evaluator :meth:`for_slot` made (the study's last cleanup)."""
         for c in self.__dict__.get("_slots", []):
@@ -398,13 +411,17 @@ def start_suffix(tdir: Path) -> str:
     return "" if n == 1 else f"-{n}"
 
 
-def run_bench_isolated(cfg, dep) -> dict:
+def run_bench_isolated(cfg, dep, started: Callable[[subprocess.Popen | None], None] | None = None) -> dict:
     """:func:`m3ctl.loadgen.runner.run_bench` of ``cfg`` against deployment ``dep`` in a Python process of its own
     (:mod:`m3ctl.tuning.benchchild`), so trials running at once each measure with their own load generator (run_bench
     allows one run per process: its stall tracker and progress sink are process-wide).
 
+    ``started`` is told the bench process (and None once it ended): the study forwards a signal to it
+    (:meth:`ServerEvaluator.interrupt`), and its result comes back ``interrupted`` with what finished.
+
     Raises:
         BadInput, BenchServerDown: as run_bench (the same message and hint).
+        KeyboardInterrupt: a signal reached it before its measured phase (:func:`m3ctl.core.signals.interruption`).
         LaunchFailed: the bench process ended without a result (its exit status and last stderr line).
     """
 
@@ -413,16 +430,20 @@ def run_bench_isolated(cfg, dep) -> dict:
     with tempfile.TemporaryDirectory(prefix="m3ctl-bench-") as d:
         inp, out = Path(d) / "in.pkl", Path(d) / "out.pkl"
         inp.write_bytes(pickle.dumps((cfg, dep)))
-        p = subprocess.run(
+        with subprocess.Popen(
             [sys.executable, "-m", "m3ctl.tuning.benchchild", str(inp), str(out)],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            check=False,
-        )
+        ) as p:
+            (started or (lambda _p: None))(p)
+            try:
+                _, stderr = p.communicate()
+            finally:
+                (started or (lambda _p: None))(None)
         if not out.exists():
-            tail = (p.stderr.strip().splitlines() or ["no output"])[-1][:300]
+            tail = (stderr.strip().splitlines() or ["no output"])[-1][:300]
             raise LaunchFailed(
                 f"the bench run's process ended without a result (exit {p.returncode}): {tail}",
                 f"see {dep.log_path or 'the server log'}",
@@ -432,6 +453,8 @@ def run_bench_isolated(cfg, dep) -> dict:
         res = pickle.loads(out.read_bytes())
     if "error" in res:
         raise {"BenchServerDown": BenchServerDown, "BadInput": BadInput}[res["error"]](res["message"], res["hint"])
+    if "result" not in res:  # a signal before its measured phase: nothing measured
+        raise signals.interruption(res.get("interrupted"))
     return res["result"]
 
 

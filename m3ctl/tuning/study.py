@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from m3ctl.core.state import Registry
-from m3ctl.errors import BadInput, ConfigRejected, M3Error, NothingToTune, cause
+from m3ctl.errors import EXIT_NOT_SAVED, BadInput, ConfigRejected, M3Error, NothingToTune, cause
 from m3ctl.tuning.measure import TuneResult
 from m3ctl.tuning.options import TuneSpec
 from m3ctl.tuning.outputs import write_outputs
@@ -171,6 +171,32 @@ def open_failure(e: BaseException, db: Path, new: bool) -> M3Error:
     )
 
 
+class StudyNotSaved(M3Error):
+    """The study's record could not be written while it ran (disk full, read-only, I/O error): exit 5, as any result
+    measured but not saved. The trial servers are stopped; what was saved before (finished trials, each trial's runs
+    in its folder) is kept for ``--resume``."""
+
+    exit_code = EXIT_NOT_SAVED
+
+
+def save_failure(e: BaseException, db: Path) -> M3Error | None:
+    """The error naming why the running study's ``db`` could not be written (the file system's answer, from the
+    OSError or SQLite's result code in ``e``'s chain: optuna wraps it as ``StorageInternalError``), None when
+    ``e`` is no such failure. Before, a disk that filled mid-trial was an internal error."""
+    for x in _chain(e):
+        code = getattr(x, "sqlite_errorcode", None)
+        words = cause(x) if isinstance(x, OSError) else _SQLITE_CAUSES.get((code or 0) & 0xFF)
+        if words:
+            space = words == "no space left on device" or getattr(x, "errno", None) == errno.EDQUOT
+            return StudyNotSaved(
+                f"{words} writing the optuna study {db} during the run ({type(x).__name__}: {_first(x)})",
+                ("free space on its file system" if space else "make its directory writable")
+                + f", then `m3ctl tune --resume {db.parent}` (the trial servers were stopped; finished trials and "
+                "every saved run are kept)",
+            )
+    return None
+
+
 def _first(e: BaseException) -> str:
     return (str(e).splitlines() or [type(e).__name__])[0][:160]
 
@@ -258,6 +284,10 @@ def _run_tune(
     tuner = open_tuner(study_dir, space, ev, spec, on_event, pool=pool if pool.limit > 1 else None)
     try:
         res = tuner.run()
+    except Exception as e:  # a record that could not be written is named (disk full), else re-raised
+        if (failed := save_failure(e, study_dir / "study.db")) is not None:
+            raise failed from None
+        raise
     finally:
         ev.stop_current()
         ev.stop_slots()
@@ -270,6 +300,7 @@ __all__ = [
     "PARALLEL_FLAGS",
     "SETTINGS_SCHEMA_VERSION",
     "NothingToTune",
+    "StudyNotSaved",
     "TuneSettings",
     "_dry_run_order",
     "all_points",
@@ -294,6 +325,7 @@ __all__ = [
     "profile_yaml",
     "resume_settings",
     "run_tune",
+    "save_failure",
     "save_settings",
     "smallest_trial",
     "study_lock",

@@ -8,6 +8,7 @@ import json
 import os
 import shlex
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -45,15 +46,20 @@ def until(pred: Callable[[], object], timeout: float, what: str, proc: Cmd | Non
 
 
 class Cmd:
-    """``m3ctl ARGS`` in the background; its stdout and stderr (merged) collected line by line as they come."""
+    """``m3ctl ARGS`` in the background; its stdout and stderr (merged) collected line by line as they come
+    (``argv0``: another way to start m3ctl, e.g. :func:`tune_argv0`; ``group``: in a process group of its own, which
+    ``os.killpg`` signals whole, as ``systemctl stop`` or Kubernetes do)."""
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None):
+    def __init__(
+        self, *args: str, env: dict[str, str] | None = None, argv0: list[str] | None = None, group: bool = False
+    ):
         self.p = subprocess.Popen(
-            [*M3CTL, *args],
+            [*(argv0 or M3CTL), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             env={**os.environ, **(env or {}), "COLUMNS": "200", "PYTHONUNBUFFERED": "1"},
+            start_new_session=group,
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -185,3 +191,11 @@ def started_by(state: Path) -> list[psutil.Process]:
         except psutil.Error:
             continue
     return out
+
+
+def tune_argv0(tmp_path: Path) -> list[str]:
+    """Start m3ctl with the fake vLLM (tests/fake_vllm.py, behaving as ``$FAKE_VLLM`` says) as the vLLM next to its
+    Python: a tune's trial servers start that one (m3ctl.tuning.plans), whatever the user config names."""
+    exe = fake_vllm_config(tmp_path).parent / "vllm"
+    code = f"import m3ctl.planning.launchplan as L; L.find_vllm_executable = lambda: {str(exe)!r}; "
+    return [sys.executable, "-c", code + "from m3ctl.cli.app import run; run()"]

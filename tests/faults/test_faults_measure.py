@@ -139,14 +139,11 @@ def test_kill_9_of_the_engine_mid_bench_names_the_death_and_keeps_the_partial_re
     nothing_left(port)
 
 
-@pytest.mark.skip(
-    reason="defect found, not fixed yet: a bench whose deployment is stopped mid-run exits 2 with 'no deployment "
-    "named ...' instead of naming the stop (m3ctl.loadgen: the bench should read the requested stop as the tune does)"
-)
 @pytest.mark.parametrize("how", ["name", "--all"])
 def test_stop_during_a_bench_ends_it_naming_the_stop(tmp_path, model, how):
-    """`m3ctl stop` of the benched deployment mid-measurement: the bench ends with exit 4 and says the server was
-    stopped (not a crash, not a bad --url); what was measured is kept; nothing is left running."""
+    """`m3ctl stop` of the benched deployment mid-measurement: the bench ends with exit 4 (the server went down
+    during a bench; not 2, bad input) and says who stopped it (not a crash, not a bad --url, not "no deployment
+    named"); what was measured is saved, marked ``server_stopped``; nothing is left running."""
     _dep, port = serve_detached(fake_env(tmp_path, token_delay=0.05), model, "sb", "--smoke", "off")
     out = tmp_path / "b.json"
     bench = _bench_dep("sb", out)
@@ -160,6 +157,10 @@ def test_stop_during_a_bench_ends_it_naming_the_stop(tmp_path, model, how):
         bench.kill()
     assert rc == 4, text
     err = one_error(text)
-    assert "stop" in err and "check --url" not in text, text
+    assert "was stopped during the run by `m3ctl stop`" in err and "no deployment named" not in text, text
+    assert "check --url" not in text and f"partial results written to {out}" in text, text
+    res = json.loads(out.read_text())
+    assert res["server_stopped"]["name"] == "sb" and "m3ctl stop" in res["server_stopped"]["by"], res
+    assert res["validity"]["valid"] is False and res["completed"] > 0 and "engine_died" not in res
     nothing_left(port)
     assert status() == []
