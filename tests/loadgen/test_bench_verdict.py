@@ -14,7 +14,8 @@ from rich.console import Console
 from m3ctl.loadgen.client import RequestOutput
 from m3ctl.loadgen.config import BenchConfig
 from m3ctl.loadgen.drive import ClientStats
-from m3ctl.loadgen.report import bench_tables, compare_table, validity_class
+from m3ctl.loadgen.pareto import validity_class
+from m3ctl.loadgen.report import bench_tables, compare_table
 from m3ctl.loadgen.validity import _validity, run_failure, settle, verdict_text
 
 CFG = BenchConfig(url="http://127.0.0.1:9", model="m", input_len=100, output_len=8, num_prompts=40, concurrency=4)

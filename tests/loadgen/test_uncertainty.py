@@ -15,7 +15,8 @@ from m3ctl.loadgen import uncertainty as u
 from m3ctl.loadgen.client import RequestOutput
 from m3ctl.loadgen.config import BenchConfig, run_length
 from m3ctl.loadgen.inputs import validate
-from m3ctl.loadgen.report import bench_tables, pareto_figure, sweep_doc
+from m3ctl.loadgen.pareto import pareto_figure
+from m3ctl.loadgen.report import bench_tables, sweep_doc
 from tests.conftest import groundtruth_pool, run_cli
 
 
