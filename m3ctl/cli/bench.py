@@ -23,11 +23,13 @@ from m3ctl.cli.inputs import check_outputs
 from m3ctl.cli.output import Output, console, escape
 from m3ctl.cli.tune import slo_text
 from m3ctl.core.files import WriteFailed
-from m3ctl.core.state import save_output
+from m3ctl.core.state import Registry, save_output
 from m3ctl.errors import EXIT_LAUNCH_FAILED, BadInput
 from m3ctl.loadgen import WORKLOADS, pareto, report
 from m3ctl.loadgen.config import (
     CLI_NAMES,
+    ENDPOINTS,
+    HTTP_CLIENTS,
     BenchConfig,
     check_precision_metric,
     check_slo_sweep,
@@ -87,6 +89,11 @@ def goodput_slos(items: list[str]) -> dict[str, float] | None:
                 f"bad --goodput {it!r}", "use metric:ms, e.g. --goodput ttft:2000 --goodput tpot:50"
             ) from None
     return out or None
+
+
+def _deployment_names() -> list[str]:
+    """The deployments of this state dir, for ``--deployment`` completion (read when completing)."""
+    return [d.name for d in Registry().list()]
 
 
 def _comma(values) -> str:
@@ -163,6 +170,8 @@ BENCH_OPTIONS, BENCH_FIELDS = o.declared_options(
         "input_len": dict(parser=o.int_list_upto(_le("input_len")), show=_comma),
         "output_len": dict(parser=o.int_list_upto(_le("output_len")), show=_comma),
         "range_convention": dict(parser=o.choice("vllm", "inferencex")),
+        "endpoint": dict(parser=o.suggests(lambda: ENDPOINTS)),
+        "http_client": dict(parser=o.suggests(lambda: HTTP_CLIENTS)),
         "prompt_text": dict(parser=o.choice("fresh", "common")),
         "percentiles": dict(show=_comma),
         "power_gpus": dict(parser=gpu_indices),
@@ -197,7 +206,8 @@ def bench(
     ctx: typer.Context,
     url: Annotated[str | None, typer.Option(parser=o.text, help="Base URL of an OpenAI-compatible server.")] = None,
     deployment: Annotated[
-        str | None, typer.Option(parser=o.text, help="Bench an m3ctl deployment by name instead of --url.")
+        str | None,
+        typer.Option(parser=o.suggests(_deployment_names), help="Bench an m3ctl deployment by name instead of --url."),
     ] = None,
     model: Annotated[str | None, typer.Option(help="Model id on the server (default: the only one it serves).")] = None,
     concurrency: Annotated[

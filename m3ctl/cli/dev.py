@@ -12,7 +12,9 @@ from m3ctl.assess.facts import read_model_facts
 from m3ctl.cli import options as o
 from m3ctl.cli.inputs import check_outputs
 from m3ctl.cli.output import PLAIN_HELP, Output
-from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model
+from m3ctl.dev.scale_model import ARCHS as SCALE_ARCHS
+from m3ctl.dev.scale_model import QUANTS, ScaleModelSpec, build_scale_model
+from m3ctl.dev.tiny_model import ARCHITECTURES as TINY_ARCHS
 from m3ctl.dev.tiny_model import TinyModelSpec, build_tiny_model
 from m3ctl.errors import BadInput, ChecksFailed
 from m3ctl.planning import vllm_env
@@ -28,9 +30,10 @@ def tiny_model(
     arch: Annotated[
         str,
         typer.Option(
+            parser=o.suggests(lambda: TINY_ARCHS),
             help="minimax-m2 (MoE), llama, minimax-m3-release (config only, the release checkpoint's format: the"
             " M3 config `plan` and vLLM accept; for --load-format dummy), or minimax-m3 / minimax-m3-text (config"
-            " only, as transformers writes it: `plan` rejects it by rule model.config_format)."
+            " only, as transformers writes it: `plan` rejects it by rule model.config_format).",
         ),
     ] = "minimax-m2",
     head_dim: Annotated[
@@ -65,13 +68,19 @@ def scale_model(
     arch: Annotated[
         str,
         typer.Option(
-            help="minimax-m2 (MiniMax-M2.5 shapes) or minimax-m3 (MiniMax-M3.1-Flash shapes, release format)."
+            parser=o.suggests(lambda: SCALE_ARCHS),
+            help="minimax-m2 (MiniMax-M2.5 shapes) or minimax-m3 (MiniMax-M3.1-Flash shapes, release format).",
         ),
     ] = "minimax-m2",
     layers: Annotated[
         int, typer.Option(min=1, max=62, help="Decoder layers (the full models have 62 / 60; no more).")
     ] = 16,
-    quant: Annotated[str, typer.Option(help="fp8 (128x128 blocks), bf16 or nvfp4 (ModelOpt, experts only).")] = "fp8",
+    quant: Annotated[
+        str,
+        typer.Option(
+            parser=o.suggests(lambda: QUANTS), help="fp8 (128x128 blocks), bf16 or nvfp4 (ModelOpt, experts only)."
+        ),
+    ] = "fp8",
     max_position_embeddings: Annotated[
         int | None,
         typer.Option(

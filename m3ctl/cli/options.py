@@ -84,6 +84,17 @@ def text(value: str) -> str:
     return value
 
 
+def suggests(values: Callable[[], Iterable[str]]) -> Callable[[str], str]:
+    """A non-empty value (:func:`text`) that completes ``values()`` in the shell: for options whose values the
+    settings check themselves, with their own message (``--endpoint``), or that change at run time (deployments)."""
+
+    def parse(value: str) -> str:
+        return text(value)
+
+    parse.__name__ = "suggests"
+    return completes(values)(parse)
+
+
 def vllm_choice(flag: str) -> Callable[[str], str]:
     """A parser accepting the values vLLM's own ``--FLAG`` accepts (its choices in m3ctl/data/vllm_serve_flags.yaml,
     read from ``vllm serve --help=all``); the rules check the rest (per architecture, per model)."""

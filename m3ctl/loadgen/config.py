@@ -28,6 +28,11 @@ MAX_RUN_PROMPT_TOKENS = MAX_PROMPTS * 128
 
 _LENGTHS = "a list such as {} sweeps it (a sweep runs input x output x concurrency)"
 
+#: The OpenAI endpoints a run can drive (``/v1/completions``, ``/v1/chat/completions``).
+ENDPOINTS = ("completions", "chat")
+#: The HTTP clients a run can use: m3ctl's lean keep-alive HTTP/1.1 client, or aiohttp's.
+HTTP_CLIENTS = ("fast", "aiohttp")
+
 #: The default run length of a closed loop (no --num-prompts): one wave of ramp-up, ``STEADY_WAVES`` waves of
 #: steady state (m3ctl.loadgen.uncertainty: 10 batches of at least one request latency each), one wave of drain.
 STEADY_WAVES = 10

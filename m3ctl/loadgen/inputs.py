@@ -17,7 +17,7 @@ from m3ctl.core.files import cause
 from m3ctl.errors import BadInput
 from m3ctl.loadgen import trace as traces
 from m3ctl.loadgen import workloads
-from m3ctl.loadgen.config import MAX_RUN_PROMPT_TOKENS, BenchConfig
+from m3ctl.loadgen.config import ENDPOINTS, HTTP_CLIENTS, MAX_RUN_PROMPT_TOKENS, BenchConfig
 
 
 def validate(cfg: BenchConfig) -> None:
@@ -31,7 +31,7 @@ def validate(cfg: BenchConfig) -> None:
             :data:`MAX_RUN_PROMPT_TOKENS` prompt tokens; an unreadable, non-UTF-8 or misplaced dataset or
             tokenizer file.
     """
-    if cfg.endpoint not in ("completions", "chat"):
+    if cfg.endpoint not in ENDPOINTS:
         raise BadInput(f"unknown endpoint {cfg.endpoint!r}", "use --endpoint completions or --endpoint chat")
     if cfg.goodput_slo_ms and (bad := set(cfg.goodput_slo_ms) - {"ttft", "tpot", "e2el"}):
         raise BadInput(f"unknown goodput metric(s) {sorted(bad)}", "use ttft, tpot or e2el, e.g. --goodput ttft:2000")
@@ -41,7 +41,7 @@ def validate(cfg: BenchConfig) -> None:
             f"unknown workload {cfg.workload!r}" + (f"; did you mean {close[0]!r}?" if close else ""),
             f"use one of {', '.join(workloads.KINDS)}",
         )
-    if cfg.http_client not in ("fast", "aiohttp"):
+    if cfg.http_client not in HTTP_CLIENTS:
         raise BadInput(f"unknown http client {cfg.http_client!r}", "use --http-client fast or aiohttp")
     if cfg.workload == "dataset" and not cfg.dataset_path and not cfg.trace_path:  # it said "cannot reach" first
         raise BadInput("--workload dataset needs --dataset-path FILE", "pass a ShareGPT JSON or JSONL file")

@@ -15,6 +15,7 @@ import pytest
 
 from m3ctl.cli.app import COMMANDS, load_command
 from m3ctl.cli.options import completion_of
+from m3ctl.core.state import Deployment, Registry
 from m3ctl.planning.emit import FORMATS
 from tests.conftest import M3CTL
 from tests.test_structure import HEAVY, NOT_ON_PLAN, REPO
@@ -164,3 +165,28 @@ def _modules_loaded_completing(line: str) -> list[str]:
 def test_completing_loads_no_engine_and_plan_nothing_beyond_the_planner():
     loaded = _modules_loaded_completing("m3ctl plan --system h2")
     assert [m for m in loaded if any(m == p or m.startswith(p + ".") for p in (*HEAVY, *NOT_ON_PLAN))] == []
+
+
+def test_options_the_settings_check_themselves_complete_their_values_too(tmp_path):
+    """``--endpoint``, ``--http-client`` and the dev models' ``--arch``/``--quant`` keep their settings' own check
+    and message, and complete the values it accepts; ``--deployment`` completes the deployments of the state dir."""
+    assert bash("m3ctl bench --endpoint ") == ["completions", "chat"]
+    assert bash("m3ctl bench --http-client a") == ["aiohttp"]
+    assert bash("m3ctl dev scale-model out --arch ") == ["minimax-m2", "minimax-m3"]
+    assert bash("m3ctl dev scale-model out --quant n") == ["nvfp4"]
+    assert "minimax-m3-release" in bash("m3ctl dev tiny-model out --arch minimax-m3")
+    state = tmp_path / "state"
+    Registry(state).save(Deployment(name="qwen-a", runtime="process", port=8000, served_model_name="m", model="m"))
+    p = subprocess.run(
+        M3CTL,
+        env=_env(
+            _M3CTL_COMPLETE="complete_bash",
+            COMP_WORDS="m3ctl bench --deployment q",
+            COMP_CWORD="3",
+            M3CTL_STATE_DIR=str(state),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert p.stdout.split() == ["qwen-a"], p.stderr
