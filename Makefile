@@ -19,12 +19,14 @@ $(BIN)/m3ctl: pyproject.toml
 
 setup: $(BIN)/m3ctl
 
+# bench's exit 1 is its verdict (BENCH-INVALID, the result saved and shown: on a 2-core host the tiny server and the
+# client share the cores, and a TTFT the host inflated is said so); any other failure stops the demo's server
 demo: setup
 	@test -f $(DEMO)/tiny-model/config.json || $(BIN)/m3ctl dev tiny-model $(DEMO)/tiny-model
 	$(BIN)/m3ctl doctor --model $(DEMO)/tiny-model --port $(PORT)
 	$(BIN)/m3ctl serve --model $(DEMO)/tiny-model --name demo --port $(PORT) --detach
 	$(BIN)/m3ctl bench --deployment demo --concurrency 4 --num-prompts 40 --input-len 128 --output-len 64 \
-	    --output-json $(DEMO)/bench.json || ($(BIN)/m3ctl stop demo; exit 1)
+	    --output-json $(DEMO)/bench.json || [ $$? -eq 1 ] || ($(BIN)/m3ctl stop demo; exit 1)
 	$(BIN)/m3ctl stop demo
 	@echo "bench result JSON: $(DEMO)/bench.json"
 

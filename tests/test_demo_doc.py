@@ -46,7 +46,7 @@ def _makefile_demo_commands(port: str) -> list[str]:
             continue
         for k, v in subst.items():
             line = line.replace(k, v)
-        out.append(line.replace("\x00", "\\\n"))
+        out.append(line.replace("$$", "$").replace("\x00", "\\\n"))  # make echoes $$ as $
     return out
 
 

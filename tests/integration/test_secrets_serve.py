@@ -14,7 +14,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import free_port, run_cli
+from tests.conftest import bench_exit_ok, free_port, run_cli
 
 pytestmark = pytest.mark.integration
 
@@ -103,7 +103,7 @@ def test_api_key_reaches_vllm_only_through_the_environment_and_leaks_nowhere(tin
             env=env,
         )
         keep("bench", b)
-        assert b.returncode == 0 and json.loads(out.read_text())["completed"] == 4, b.stdout + b.stderr
+        assert bench_exit_ok(b, out) and json.loads(out.read_text())["completed"] == 4, b.stdout + b.stderr
         outputs["bench.json"] = out.read_text()
         keep("logs", run_cli("logs", "keyed", "-n", "2000"))
     finally:

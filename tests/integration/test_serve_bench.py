@@ -16,7 +16,7 @@ import pytest
 
 from m3ctl.loadgen.metrics import BURST_TOKEN_S
 from m3ctl.runtime.base import port_in_use
-from tests.conftest import M3CTL, free_port, run_cli, vllm_procs_for
+from tests.conftest import M3CTL, bench_exit_ok, free_port, run_cli, vllm_procs_for
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,7 @@ def test_cli_serve_status_bench_stop(tiny_models, tmp_path):
         "--output-json",
         str(out),
     )
-    assert b.returncode == 0, b.stdout + b.stderr
+    assert bench_exit_ok(b, out), b.stdout + b.stderr
     res = json.loads(out.read_text())
     assert res["completed"] == 12 and res["total_output_tokens"] == 12 * 16 and res["total_input_tokens"] == 12 * 32
 
@@ -277,7 +277,7 @@ def test_bench_keys_match_vllm_bench_serve(tiny_server, tmp_path, tiny_models):
         "--output-json",
         str(out),
     )
-    assert r.returncode == 0, r.stderr
+    assert bench_exit_ok(r, out), r.stderr
     ours = json.loads(out.read_text())
     scalar = {k for k, v in theirs.items() if not isinstance(v, list | dict)}
     missing = sorted(scalar - set(ours) - {"rtfx"})  # rtfx: audio transcription only
