@@ -90,9 +90,16 @@ def start_groundtruth(*opts: str) -> tuple[subprocess.Popen, str]:
 def _isolated_state(tmp_path, tmp_path_factory, monkeypatch):
     """Every test gets its own m3ctl state dir (unless it asks for the session one) and its own empty HOME (beside
     ``tmp_path``, which stays the test's own)."""
-    monkeypatch.setenv("M3CTL_STATE_DIR", str(tmp_path / "state"))
+    state = tmp_path / "state"
+    monkeypatch.setenv("M3CTL_STATE_DIR", str(state))
     monkeypatch.delenv("M3CTL_CATALOG_DIR", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path_factory.mktemp("home")))
+    yield
+    # A test that failed before its own `stop` leaves its server running, and a vLLM CPU engine left behind spins on
+    # the cores every later test measures on: stop what the test's state dir still records.
+    records = state / "deployments"
+    if records.is_dir() and any(records.glob("*.json")):
+        subprocess.run([*M3CTL, "stop", "--all"], capture_output=True, text=True, timeout=120, env={**os.environ})
 
 
 def run_cli(
