@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from m3ctl.assess.capability import kv_bytes_per_element
 from m3ctl.assess.cost import Eff, GpuPeak, Layout, Shape, Step, gpu_peak, peaks, step_cost, step_seconds
 from m3ctl.assess.facts import ModelFacts
+from m3ctl.catalog.limits import MAX_REQUEST_TOKENS
 from m3ctl.errors import BadInput, first_error
 from m3ctl.planning.launchplan import LaunchPlan
 
@@ -65,14 +66,14 @@ class EstimateRequest(BaseModel):
     input_len: int = Field(
         4096,
         ge=1,
-        le=10_000_000,
+        le=MAX_REQUEST_TOKENS,
         description="With --estimate: prompt tokens per request.",
         json_schema_extra={"cli": {"metavar": "TOKENS"}},
     )
     output_len: int = Field(
         512,
         ge=1,
-        le=10_000_000,
+        le=MAX_REQUEST_TOKENS,
         description="With --estimate: generated tokens per request.",
         json_schema_extra={"cli": {"metavar": "TOKENS"}},
     )
