@@ -97,7 +97,7 @@ def estimate_request(workload: EstimateRequest | dict | None) -> EstimateRequest
     try:
         return EstimateRequest.model_validate(workload or {})
     except ValidationError as e:
-        raise BadInput(f"estimate {first_error(e)}", "see m3ctl.planning.estimate.EstimateRequest") from None
+        raise BadInput(f"estimate {first_error(e)}", "see `m3ctl plan --help` (the --estimate options)") from None
 
 
 @dataclass(frozen=True)
