@@ -264,7 +264,8 @@ class TuneReport(BaseModel):
     ``fresh_server_spread``: the largest objective spread between fresh servers of one engine in the study (the
     noise margin's floor, m3ctl.tuning.choice.fresh_server_spread; None without such a pair); ``chosen_trial``:
     the trial profile.yaml holds when ``chosen`` is ``tuned`` (not ``best`` when the best ran the defaults' engine).
-    A result.json written before ``chosen`` existed reads with ``chosen`` None."""
+    ``unjudged``: how many configurations could not be judged (trial status ``unjudged``: every run of the lowest
+    level measured invalid or missing an SLO term; m3ctl.tuning.measure.judged). A result.json written before ``chosen`` existed reads with ``chosen`` None."""
 
     model_config = ConfigDict(extra="allow")
     schema_version: Literal[1] = TUNE_SCHEMA_VERSION
@@ -289,6 +290,7 @@ class TuneReport(BaseModel):
     capacity_rule: dict[str, Any] | None = None
     fresh_server_spread: dict[str, Any] | None = None
     chosen_trial: int | str | None = None
+    unjudged: int = 0  # configurations (the baseline included) whose lowest level could not be judged
 
     @property
     def ok(self) -> bool:

@@ -144,7 +144,15 @@ def print_result(con, res, out: dict, settings: dict, sp, pareto: bool) -> None:
         con.print(
             f"[red]no configuration met the SLO[/] at any level; {escape(reason.split('; ', 1)[-1])}", soft_wrap=True
         )
-        con.print("no profile written; relax --slo or widen --knob ranges")
+        con.print(
+            "no profile written; "
+            + (
+                "measure where every SLO term can be judged (a quieter host, longer --output-len), "
+                if out.get("unjudged")
+                else ""
+            )
+            + "relax --slo or widen --knob ranges"
+        )
         return
     b = out.get("best")
     if b is not None:

@@ -6,13 +6,15 @@ A study never recommends a loser:
   vLLM's defaults (the baseline) at an objective no lower, or beats them by more than the noise margin (the
   larger of :data:`TIE_MARGIN` and the spread measured between fresh servers of one engine in this study:
   :func:`fresh_server_spread`), or the defaults did not meet the SLO, or were not measured (``--no-baseline``,
-  or no plan for them; the reason says which, since the comparison could not be made).
+  or no plan for them, or every run of their lowest level disturbed or unmeasured: status ``unjudged``; the
+  reason says which, since the comparison could not be made).
 - **defaults**: the defaults met the SLO and no tuned configuration beats them by more than the margin (they
   won or tied), or the best configuration starts the defaults' very engine (its flags only spell out vLLM's
   defaults), or runs it for the load measured (``equivalent``: its flags differ only in limits no measured level
   reaches, e.g. ``--max-num-seqs 256`` against the defaults' 1024 when no level has more than 96 requests in
   flight), or only the defaults met the SLO. profile.yaml then holds the defaults.
-- **none**: nothing met the SLO at any level: no profile is written, the result names the closest
+- **none**: nothing met the SLO at any level: no profile is written (configurations that could not be judged,
+  status ``unjudged``, are counted apart: no verdict on them), the result names the closest
   configuration and by how much each SLO term missed there (:func:`closest_miss`), and ``m3ctl tune`` exits 1
   (m3ctl.errors.EXIT_CHECKS_FAILED: "checks failed", the code it used for this before).
 
@@ -50,6 +52,9 @@ class Choice:
     reason: str
     outcome: Any = None
     closest: dict[str, Any] | None = None
+    #: How many configurations (the baseline included) could not be judged (status ``unjudged``:
+    #: m3ctl.tuning.measure.judged); for ``none``, why no verdict may be more than the SLO.
+    unjudged: int = 0
 
 
 def rule_text(baseline: bool = True, tie_margin: float = TIE_MARGIN) -> str:
@@ -132,7 +137,7 @@ def fresh_server_spread(
         for o in [*([baseline] if baseline is not None else []), *outcomes]
         if getattr(o, "launched", False)
         and getattr(o, "same_server_as", None) is None
-        and o.status in ("feasible", "slo_infeasible")
+        and o.status in ("feasible", "slo_infeasible", "unjudged")
     ]
     best: dict[str, Any] | None = None
 
@@ -285,12 +290,21 @@ def choose(
                 baseline,
             )
         close = closest_miss(outcomes or [], baseline, slo, describe)
+        unjudged = [
+            o for o in [*(outcomes or []), *([baseline] if baseline is not None else [])] if o.status == "unjudged"
+        ]
         return Choice(
             "none",
             "no configuration met the SLO at any level"
-            + (f"; closest: {close['text']}" if close else "; none was measured validly"),
+            + (f"; closest: {close['text']}" if close else "; none was measured validly")
+            + (
+                f"; {len(unjudged)} could not be judged, so this is no verdict on them ({unjudged[0].reason})"
+                if unjudged
+                else ""
+            ),
             None,
             close,
+            unjudged=len(unjudged),
         )
     if b_ok:
         return _against_defaults(best, baseline, outcomes or [], describe, objective, tie_margin, equivalent)
@@ -298,6 +312,13 @@ def choose(
         return Choice(
             "tuned",
             "the best configuration measured; vLLM's defaults were not measured (--no-baseline), "
+            "so it is not compared with them",
+            best,
+        )
+    if baseline.status == "unjudged":
+        return Choice(
+            "tuned",
+            f"the best configuration measured; vLLM's defaults could not be judged ({baseline.reason}), "
             "so it is not compared with them",
             best,
         )

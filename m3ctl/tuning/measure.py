@@ -16,7 +16,7 @@ from typing import Any, Protocol
 from m3ctl.core.files import write_atomic
 from m3ctl.errors import ConfigRejected, LaunchFailed
 from m3ctl.loadgen.capacity import CapacityRule, Verdict, capacity_of, decide, run_spread
-from m3ctl.loadgen.slo import SLO, objective_value
+from m3ctl.loadgen.slo import SLO, metric, objective_value
 from m3ctl.tuning.options import TuneSpec
 
 KEEP_KEYS = (
@@ -99,7 +99,10 @@ class Point:
 
 @dataclass
 class Outcome:
-    """What one configuration gave. status: ``feasible`` | ``slo_infeasible`` | ``rejected`` | ``crashed``."""
+    """What one configuration gave. status: ``feasible`` | ``slo_infeasible`` | ``unjudged`` | ``rejected`` |
+    ``crashed``. ``unjudged``: no level held and its lowest level measured could not be judged (every run there
+    invalid, e.g. disturbed by the host's CPU contention, or an SLO term not measured, e.g. TPOT of streams that
+    arrived in bursts): :func:`judged`. Not an SLO miss: the SLO may hold there; the reason says what to change."""
 
     config: dict[str, Any]
     status: str
@@ -423,6 +426,13 @@ def _summarise(out: Outcome, slo: SLO) -> Outcome:
     if at_cap:
         best = min(at_cap, key=lambda p: p.fidelity)  # the search's run of the level (min: the first such)
         out.status, out.objective, out.concurrency = "feasible", best.objective, best.concurrency
+    elif out.points and not judged(min(out.points, key=lambda p: p.concurrency), slo):
+        out.status, out.objective = "unjudged", 0.0
+        low = min(out.points, key=lambda p: p.concurrency)
+        why = list(dict.fromkeys([*low.reasons, *(w for w in low.warnings if "not measured" in w)]))
+        out.reason = f"could not judge the SLO at concurrency {low.concurrency}, the lowest measured: " + (
+            "; ".join(why) or "no valid run"
+        )
     else:
         out.status, out.objective = "slo_infeasible", 0.0
         viol = [slo.violation(p.metrics) for p in out.points if p.valid]
@@ -442,6 +452,20 @@ def _summarise(out: Outcome, slo: SLO) -> Outcome:
             else "no runs"
         )
     return out
+
+
+def judged(p: Point, slo: SLO) -> bool:
+    """Whether the level ``p`` has a verdict on the SLO: it held, or a valid run there measured a term past its
+    limit. Not judged: every run invalid (host contention, failed requests), or valid with the breaking term not
+    measured (e.g. TPOT of streams merged into bursts: m3ctl.loadgen.slo.Term.unmeasured) and every measured term
+    within its limit. Such a level is no miss (the SLO may hold there): m3ctl decides only what it measured."""
+    if p.slo_ok:
+        return True
+    if not p.valid:
+        return False
+    return not slo.unmeasured(p.metrics) or any(
+        metric(p.metrics, t.key) is not None and t.violation(p.metrics) > 0 for t in slo.terms
+    )
 
 
 def headroom_rank(out: Outcome, slo: SLO) -> tuple[int, float, float] | None:

@@ -185,7 +185,7 @@ class StudyRecord:
     def _was_cut(self, o: Outcome) -> bool:
         """Whether an interruption cut ``o``'s search: its levels leave the bracket open (measure.bracket)."""
         lo, hi = bracket(o.points, self.spec.ladder)
-        return o.status in ("feasible", "slo_infeasible") and hi - lo > 1
+        return o.status in ("feasible", "slo_infeasible", "unjudged") and hi - lo > 1
 
     def _save_continued(self, o: Outcome) -> None:
         """Keep a recovered outcome whose cut levels were measured again (``continued:<key>``; the baseline's own

@@ -64,7 +64,7 @@ class TrialRunner(ConfirmRung):
         an H200: :meth:`ServerEvaluator.server_key`), else None. Starting it again would measure one engine
         twice and spend a start of the budget on it; the copy counts no launch and no cost."""
         b = self.baseline
-        if b is None or not b.config or not b.launched or b.status not in ("feasible", "slo_infeasible"):
+        if b is None or not b.config or not b.launched or b.status not in ("feasible", "slo_infeasible", "unjudged"):
             return None
         kb, kc = self._server_key(b.config), self._server_key(cand)
         if kb is None or kb != kc:

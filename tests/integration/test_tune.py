@@ -176,8 +176,15 @@ def test_tune_real_search_sigkill_resume_and_profile(tiny_models, tmp_path):
 
     # vLLM's defaults: measured once (not again after the resume) with the same SLO bisection
     base = res["baseline"]
-    assert base["status"] == "feasible" and base["concurrency"] in (1, 4, 16)
     assert sorted(p.name for p in (sdir / "trials" / "base").glob("bench-*.json")) == base_runs
+    if base["status"] == "unjudged":  # the 2-core host disturbed the defaults' lowest level (CI once): no verdict
+        low = min(base["points"], key=lambda pt: pt["concurrency"])
+        assert _host_disturbed(low), low
+        assert res["unjudged"] >= 1 and res["chosen"] == "tuned" and "defaults could not be judged" in res["reason"]
+        assert res["chosen_trial"] == best["trial"] and "baseline (vLLM defaults): unjudged: " in p.stdout
+        assert load_profile_file(sdir / "profile.yaml").name == "cpu-tuned"
+        return
+    assert base["status"] == "feasible" and base["concurrency"] in (1, 4, 16)
     assert "--max-num-seqs" not in base["command"] and "--speculative-config" not in base["command"]
     bb = _level_runs(sdir / "trials" / "base", base["concurrency"])
     assert base["objective"] == pytest.approx(statistics.median(r["total_token_throughput"] for r in bb))
@@ -300,11 +307,10 @@ def _host_disturbed_every_run(sdir: Path) -> bool:
     level, which is its right answer there; the search, resume and cleanup above were still checked."""
     res = json.loads((sdir / "result.json").read_text())
     points = [pt for t in res["trials"] for pt in t.get("points", [])]
+    return bool(points) and all(_host_disturbed(pt) for pt in points)
 
-    def host(pt: dict) -> bool:
-        contended = (
-            not pt["valid"] and pt["reasons"] and all(r.startswith("host CPU contention") for r in pt["reasons"])
-        )
-        return bool(contended) or any("not measured" in w for w in pt.get("warnings", []))
 
-    return bool(points) and all(host(pt) for pt in points)
+def _host_disturbed(pt: dict) -> bool:
+    """A level the host disturbed: invalid only by CPU contention, or an SLO term left unmeasured (bursts)."""
+    contended = not pt["valid"] and pt["reasons"] and all(r.startswith("host CPU contention") for r in pt["reasons"])
+    return bool(contended) or any("not measured" in w for w in pt.get("warnings", []))

@@ -1095,8 +1095,8 @@ def _bursty_result(tokens_at_once: bool = True) -> dict:
 def test_slo_term_on_an_unmeasured_metric_fails_and_says_why():
     """Issue 25: a run streamed in bursts has TPOT null (not 0). An SLO term on TPOT (or on interactivity, which
     is 1000/TPOT) must not pass silently: it fails with violation 1.0 and names the reason; the tune's point
-    records it as a warning, its bisection says "SLO not measured", and an outcome that only ever missed that
-    way says so instead of a "+100 % over"."""
+    records it as a warning, its bisection says "SLO not measured", and an outcome whose lowest level only ever
+    missed that way is ``unjudged`` (no verdict, not an SLO miss) and says why instead of a "+100 % over"."""
     from m3ctl.tuning.search import Outcome, _point, _summarise
 
     res = _bursty_result()
@@ -1117,9 +1117,11 @@ def test_slo_term_on_an_unmeasured_metric_fails_and_says_why():
     assert any(w.startswith("SLO term p90_tpot_ms<=20 not measured: bursts: ") for w in p.warnings)
     assert "streamed in bursts: 4 of 4 requests ..." in p.warnings
     out = _summarise(Outcome(config={}, status="", points=[p]), slo)
-    assert out.status == "slo_infeasible"
-    assert "not measured: p90_tpot_ms<=20, p90_interactivity_tok_s_user>=10" in out.reason
-    assert "over" not in out.reason
+    # issue 42 item 4: an SLO term not measured is no miss: the configuration is unjudged, not SLO-infeasible
+    assert out.status == "unjudged" and out.objective == 0.0
+    assert out.reason.startswith("could not judge the SLO at concurrency 4, the lowest measured: ")
+    assert "SLO term p90_tpot_ms<=20 not measured: bursts: 4 of 4" in out.reason
+    assert "over" not in out.reason and "not met" not in out.reason
 
     from m3ctl.tuning.replay import ReplaySession
     from m3ctl.tuning.search import bisect_concurrency
@@ -1128,6 +1130,51 @@ def test_slo_term_on_an_unmeasured_metric_fails_and_says_why():
     rec = {"config": {}, "status": "ok", "start_s": 1.0, "points": {"1": res, "2": res}}
     pts = bisect_concurrency(ReplaySession(rec, [0.0]), TuneSpec(slo=str(slo), ladder=[1, 2]), slo, 1, events.append)
     assert pts and not any(q.slo_ok for q in pts) and any("SLO not measured" in e for e in events), events
+
+
+def test_a_level_the_host_disturbed_or_left_unmeasured_is_no_miss_and_no_win():
+    """Issue 42 item 4 / issue 39: a configuration whose lowest level was disturbed by the host (contention-invalid)
+    or left a term unmeasured is ``unjudged``: not ranked as an SLO miss, and its defaults are not "beaten"; a level
+    where a measured term broke its limit is a miss even beside an unmeasured one."""
+    from m3ctl.tuning.choice import choose
+    from m3ctl.tuning.measure import Outcome, _point, _summarise, judged
+
+    slo = parse_slo("p90_tpot_ms<=20,p90_ttft_ms<=2000")
+    spec = TuneSpec(slo=str(slo))
+    bursty = _point(spec, slo, _bursty_result(), 1, 1.0, 1)  # TPOT unmeasured, TTFT 100 ms
+    contended = _point(
+        spec,
+        slo,
+        {**_bursty_result(tokens_at_once=False), "validity": {"valid": False, "reasons": ["host CPU contention: x"]}},
+        1,
+        1.0,
+        1,
+    )
+    slow = _point(spec, slo, {**_bursty_result(), "p90_ttft_ms": 2500.0}, 1, 1.0, 1)  # TTFT measured past 2,000
+    clean = _point(spec, slo, _bursty_result(tokens_at_once=False), 1, 1.0, 1)
+    assert [judged(p, slo) for p in (bursty, contended, slow, clean)] == [False, False, True, True]
+    assert not contended.valid and clean.slo_ok and not slow.slo_ok
+
+    def outcome(*pts, trial=0):
+        return _summarise(Outcome(config={"max_num_seqs": 8}, status="", points=list(pts), trial=trial), slo)
+
+    assert outcome(contended).status == "unjudged" and "host CPU contention: x" in outcome(contended).reason
+    assert outcome(slow).status == "slo_infeasible"  # a measured term past its limit: a miss
+    higher = _point(spec, slo, _bursty_result(), 4, 1.0, 1)  # an unmeasured level above a judged miss
+    assert outcome(slow, higher).status == "slo_infeasible"
+    assert outcome(bursty, _point(spec, slo, {**_bursty_result(), "p90_ttft_ms": 2500.0}, 4, 1.0, 1)).status == (
+        "unjudged"  # the lowest level could hold: no verdict on the configuration
+    )
+    best = outcome(clean, trial=1)
+    assert best.status == "feasible"
+
+    # vLLM's defaults unjudged: the best measured is chosen, saying the comparison could not be made
+    c = choose(best, outcome(contended, trial="base"), slo, [best])
+    assert c.chosen == "tuned" and "vLLM's defaults could not be judged (could not judge the SLO" in c.reason
+    assert "did not meet the SLO" not in c.reason
+    # nothing judged: no profile, and the reason says why there is no verdict, counting what was unjudged
+    c = choose(None, outcome(contended, trial="base"), slo, [outcome(bursty, trial=1)])
+    assert c.chosen == "none" and c.unjudged == 2 and "2 could not be judged, so this is no verdict on them" in c.reason
 
 
 def test_tune_pareto_draws_runs_by_validity_class():
