@@ -4,8 +4,10 @@ prefill time and tokens per dollar, each a range with the assumption that domina
 The step cost is m3ctl.assess.cost's; this module runs it at the workload's steady state and at the ends of every
 assumed range. Steady state of a closed loop of ``c`` users, ``input_len`` in / ``output_len`` out, speculation
 emitting ``al`` tokens per step (acceptance length, 1 without it): each step verifies ``c x (1 + depth)`` tokens,
-prefills ``c x input_len x al / output_len`` prompt tokens (each request lives ``output_len / al`` steps), and each
-sequence attends ``input_len + output_len / 2`` tokens on average. Then TPOT = step / al, tok/s per user = 1 / TPOT,
+prefills ``c x input_len x (1 - hit) x al / output_len`` prompt tokens (each request lives ``output_len / al``
+steps; ``hit``: the fraction of each prompt the prefix cache serves, 0 unless given), and each sequence attends
+``input_len + output_len / 2`` tokens on average (a prefilled token half its prompt: with a cached prefix this
+undercounts the attention of the uncached tail, bounded by MSA's selected blocks). Then TPOT = step / al, tok/s per user = 1 / TPOT,
 output tok/s per replica = c / TPOT, total (input + output) tok/s per GPU = that x (in + out) / out / GPUs.
 """
 
@@ -43,6 +45,7 @@ class Estimate(BaseModel):
     concurrency: int
     input_len: int
     output_len: int
+    prefix_cache_hit: float = 0.0
     tpot_ms: Figure
     tok_s_user: Figure
     tok_s_gpu: Figure
@@ -77,6 +80,14 @@ class EstimateRequest(BaseModel):
         description="With --estimate: generated tokens per request.",
         json_schema_extra={"cli": {"metavar": "TOKENS"}},
     )
+    prefix_cache_hit: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="With --estimate: fraction of each prompt served from the prefix cache (no prefill compute; "
+        "still attended and counted in total tok/s). Agentic traces (AgentX) hit most of each prompt.",
+        json_schema_extra={"cli": {"metavar": "FRACTION"}},
+    )
     price_per_gpu_hour: float | None = Field(
         None,
         gt=0,
@@ -103,13 +114,15 @@ def estimate_request(workload: EstimateRequest | dict | None) -> EstimateRequest
 @dataclass(frozen=True)
 class Workload:
     """``concurrency`` users in a closed loop, ``input_len``/``output_len`` tokens; ``spec_depth`` drafted tokens per
-    step with acceptance length ``acceptance`` = (low, high) tokens emitted per step (1, 1 without speculation)."""
+    step with acceptance length ``acceptance`` = (low, high) tokens emitted per step (1, 1 without speculation);
+    ``prefix_hit``: the fraction of each prompt read from the prefix cache (not prefilled, still attended)."""
 
     concurrency: int
     input_len: int
     output_len: int
     spec_depth: int = 0
     acceptance: tuple[float, float] = (1.0, 1.0)
+    prefix_hit: float = 0.0
 
 
 def shape_of(facts: ModelFacts, precision: str, kv_bytes: float) -> tuple[Shape, list[str]]:
@@ -175,12 +188,13 @@ def shape_of(facts: ModelFacts, precision: str, kv_bytes: float) -> tuple[Shape,
 
 def _steps(wl: Workload, al: float) -> tuple[Step, Step]:
     """(the steady-state decode step, one request's prefill alone) for acceptance length ``al``."""
+    fresh = wl.input_len * (1.0 - wl.prefix_hit)  # prompt tokens each request prefills (the rest is cached)
     decode = Step(
         decode=wl.concurrency * (1 + wl.spec_depth),
-        prefill=round(wl.concurrency * wl.input_len * al / max(wl.output_len, 1)),
+        prefill=round(wl.concurrency * fresh * al / max(wl.output_len, 1)),
         context=wl.input_len + wl.output_len // 2,
     )
-    return decode, Step(decode=0, prefill=wl.input_len, context=wl.input_len)
+    return decode, Step(decode=0, prefill=max(1, round(fresh)), context=wl.input_len)
 
 
 #: The assumptions, in the order of a point: (name, unit scale to the model's units).
@@ -262,6 +276,8 @@ def estimate(
         for n, r in zip(_NAMES, ranges, strict=True)
         if n != "acceptance length" or wl.spec_depth
     ]
+    if wl.prefix_hit:
+        assumptions.append(f"prefix cache hit {wl.prefix_hit:g} of each prompt (given): not prefilled, still attended")
     assumptions += [f"peaks of {key}: {gpu.source}", *(f"{key} {a}" for a in gpu.assumed), e.source.strip(), *notes]
     return Estimate(
         gpu=key,
@@ -272,6 +288,7 @@ def estimate(
         concurrency=wl.concurrency,
         input_len=wl.input_len,
         output_len=wl.output_len,
+        prefix_cache_hit=wl.prefix_hit,
         tokens_per_dollar=per_dollar,
         dominant=dominant,
         assumptions=assumptions,
@@ -304,6 +321,7 @@ def estimate_plan(plan: LaunchPlan, request: EstimateRequest) -> Estimate:
         output_len=request.output_len,
         spec_depth=depth,
         acceptance=(1.0, 1.0 + depth) if depth else (1.0, 1.0),
+        prefix_hit=request.prefix_cache_hit,
     )
     return estimate(
         facts,

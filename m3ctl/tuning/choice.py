@@ -4,8 +4,9 @@ A study never recommends a loser:
 
 - **tuned**: the best search configuration that is not the defaults' engine holds a higher capacity level than
   vLLM's defaults (the baseline) at an objective no lower, or beats them by more than the noise margin (the
-  larger of :data:`TIE_MARGIN` and the spread measured between fresh servers of one engine in this study:
-  :func:`fresh_server_spread`), or the defaults did not meet the SLO, or were not measured (``--no-baseline``,
+  largest of :data:`TIE_MARGIN`, the spread measured between fresh servers of one engine in this study
+  (:func:`fresh_server_spread`) and the combined 95 % interval of the two measurements compared
+  (:func:`combined_interval`); inside it the two are indistinguishable at this budget and the defaults are kept), or the defaults did not meet the SLO, or were not measured (``--no-baseline``,
   or no plan for them, or every run of their lowest level disturbed or unmeasured: status ``unjudged``; the
   reason says which, since the comparison could not be made).
 - **defaults**: the defaults met the SLO and no tuned configuration beats them by more than the margin (they
@@ -27,6 +28,7 @@ single run per configuration ranked noise. Same-server repeats agreed within 0.1
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -64,9 +66,10 @@ def rule_text(baseline: bool = True, tie_margin: float = TIE_MARGIN) -> str:
         return "vLLM's defaults are not measured (--no-baseline): profile.yaml holds the best configuration measured"
     return (
         "profile.yaml holds the best configuration only when it holds a higher level than vLLM's defaults (the "
-        f"capacity rule) or beats them by more than the noise margin: the larger of {tie_margin:.0%} and the largest "
+        f"capacity rule) or beats them by more than the noise margin: the largest of {tie_margin:.0%}, the largest "
         "spread measured between fresh servers of one engine (configurations whose flags differ only in limits the "
-        "measured load never reaches); a configuration that runs the defaults' engine at that load is no win; "
+        "measured load never reaches) and the combined 95 % interval of the two runs compared (inside it they are "
+        "indistinguishable); a configuration that runs the defaults' engine at that load is no win; "
         "otherwise it holds the defaults, and nothing when no configuration meets the SLO"
     )
 
@@ -116,6 +119,24 @@ def closest_miss(outcomes: list[Any], baseline: Any, slo: SLO, describe=None) ->
         "misses": misses,
         "text": text,
     }
+
+
+def combined_interval(a: Any, b: Any) -> float | None:
+    """The relative half-width of the 95 % interval of the difference between two outcomes' objectives,
+    ``sqrt(ca**2 + cb**2)`` (independent runs), where each ``c`` is the largest per-run interval
+    (``Point.objective_ci``) among the outcome's valid levels at its credited concurrency; None when either side
+    has none. E.g. 0.05 and 0.05 give 0.0707: 107 against 100 is then inside the noise."""
+
+    def ci(o: Any) -> float | None:
+        cis = [
+            p.objective_ci
+            for p in o.points
+            if p.valid and p.concurrency == o.concurrency and getattr(p, "objective_ci", None) is not None
+        ]
+        return max(cis) if cis else None
+
+    ca, cb = ci(a), ci(b)
+    return None if ca is None or cb is None else math.hypot(ca, cb)
 
 
 def fresh_server_spread(
@@ -222,7 +243,8 @@ def _against_defaults(
             return Choice("defaults", f"the defaults won: {twin_text}", baseline)
         best = others[0]
     spread = fresh_server_spread(outcomes, baseline, equivalent)
-    margin = max(tie_margin, spread["spread"] if spread else 0.0)
+    both = combined_interval(best, baseline)
+    margin = max(tie_margin, spread["spread"] if spread else 0.0, both or 0.0)
     ratio = best.final / baseline.final
     vs = (
         f"{best.final:.1f} {objective} at c={best.concurrency} against the defaults' {baseline.final:.1f} "
@@ -234,7 +256,17 @@ def _against_defaults(
         else f"the best tuned configuration measured {vs}"
     )
     not_best = f"; not the best measured: {twin_text}" if twin else ""
+    noise = (
+        f"the +-{both:.1%} combined 95 % interval of the two measurements"
+        if both is not None and both >= margin
+        else f"the {margin:.1%} spread measured {spread['text']}"
+        if spread and spread["spread"] >= tie_margin
+        else f"the {tie_margin:.0%} noise margin"
+    )
     if ratio < 1.0:
+        if 1.0 / ratio - 1.0 <= margin:
+            tie = f"the defaults won (a tie): {lead}, within {noise}: indistinguishable at this budget"
+            return Choice("defaults", tie, baseline)
         return Choice("defaults", f"the defaults won: {lead}", baseline)
     higher = best.concurrency is not None and baseline.concurrency is not None
     if higher and best.concurrency > baseline.concurrency:
@@ -245,20 +277,12 @@ def _against_defaults(
             best,
         )
     if ratio <= 1.0 + margin:
-        noise = (
-            f"within the {margin:.1%} spread measured {spread['text']}"
-            if spread and spread["spread"] >= tie_margin
-            else f"within the {tie_margin:.0%} noise margin"
-        )
-        return Choice("defaults", f"the defaults won (a tie): {lead}, {noise}", baseline)
+        tie = f"the defaults won (a tie): {lead}, within {noise}: indistinguishable at this budget"
+        return Choice("defaults", tie, baseline)
     return Choice(
         "tuned",
         f"the tuned configuration beats vLLM's defaults: {vs}"
-        + (
-            f", beyond the {spread['spread']:.1%} spread measured {spread['text']}"
-            if spread and spread["spread"] >= tie_margin
-            else ""
-        )
+        + (f", beyond {noise}" if (spread and spread["spread"] >= tie_margin) or both is not None else "")
         + not_best,
         best,
     )
@@ -334,4 +358,4 @@ def choose(
     return Choice("tuned", f"the best configuration measured; vLLM's defaults did not meet the SLO ({why})", best)
 
 
-__all__ = ["TIE_MARGIN", "Choice", "choose", "closest_miss", "fresh_server_spread", "rule_text"]
+__all__ = ["TIE_MARGIN", "Choice", "choose", "closest_miss", "combined_interval", "fresh_server_spread", "rule_text"]

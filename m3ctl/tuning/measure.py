@@ -91,6 +91,11 @@ class Point:
     #: spread, needs, rule, confidence); None for the runs inside ``runs`` and for levels of studies made before
     #: the rule (their ``slo_ok`` is what was decided then).
     verdict: dict[str, Any] | None = None
+    #: The relative half-width of the objective's 95 % interval from the run itself (its throughput's batch means
+    #: over the steady state: the bench result's ``uncertainty.figures``, m3ctl.loadgen.uncertainty), e.g. 0.02 for
+    #: +-2 %; None when the run gave none (too short, invalid, or recorded before intervals existed). A repeated
+    #: level: the largest of its runs'.
+    objective_ci: float | None = None
 
     @property
     def n_runs(self) -> int:
@@ -167,6 +172,9 @@ def _point(spec: TuneSpec, slo: SLO, res: dict, c: int, fid: float, n_gpus: int)
     obj = objective_value(res, spec.objective, n_gpus, spec.usd_per_gpu_hour) if valid else 0.0
     kept = {k: res.get(k) for k in (*KEEP_KEYS, *(t.key for t in slo.terms)) if k in res}
     warns = [*validity.get("warnings", []), *(f"SLO term {t} not measured: {why}" for t, why in slo.unmeasured(res))]
+    src = "output_throughput" if spec.objective == "output_tput_per_gpu" else "total_token_throughput"
+    fig = ((res.get("uncertainty") or {}).get("figures") or {}).get(src) or {}
+    ci = fig.get("rel_half_width") if valid else None
     return Point(
         concurrency=c,
         fidelity=fid,
@@ -177,6 +185,7 @@ def _point(spec: TuneSpec, slo: SLO, res: dict, c: int, fid: float, n_gpus: int)
         metrics=kept,
         reasons=list(validity.get("reasons", [])),
         warnings=warns,
+        objective_ci=float(ci) if isinstance(ci, int | float) and math.isfinite(ci) else None,
     )
 
 
@@ -214,6 +223,7 @@ def median_point(slo: SLO, runs: list[Point], verdict: Verdict | None = None) ->
         warnings=list(dict.fromkeys(x for r in runs for x in r.warnings)),
         runs=[asdict(r) for r in runs],
         verdict=verdict.to_json(),
+        objective_ci=max((r.objective_ci for r in valid if r.objective_ci is not None), default=None),
     )
 
 

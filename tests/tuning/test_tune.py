@@ -1177,6 +1177,39 @@ def test_a_level_the_host_disturbed_or_left_unmeasured_is_no_miss_and_no_win():
     assert c.chosen == "none" and c.unjudged == 2 and "2 could not be judged, so this is no verdict on them" in c.reason
 
 
+def test_two_configurations_inside_their_combined_interval_are_indistinguishable():
+    """Issue 42 item 4: a tune ranks two configurations only when their difference exceeds the combined 95 %
+    interval of the two measurements (each run's own, from the bench result's ``uncertainty``); inside it the
+    report says they are indistinguishable at this budget and keeps the defaults; with narrow intervals the
+    same 7 % is a win."""
+    from m3ctl.tuning.choice import choose, combined_interval
+    from m3ctl.tuning.measure import Outcome, _point, _summarise
+
+    slo = parse_slo("p90_ttft_ms<=2000")
+    spec = TuneSpec(slo=str(slo))
+
+    def outcome(tput: float, ci: float | None, trial):
+        res = {**_bursty_result(tokens_at_once=False), "total_token_throughput": tput}
+        if ci is not None:
+            res["uncertainty"] = {"figures": {"total_token_throughput": {"rel_half_width": ci}}}
+        p = _point(spec, slo, res, 4, 1.0, 1)
+        assert p.objective_ci == ci
+        return _summarise(Outcome(config={"max_num_seqs": 8}, status="", points=[p], trial=trial), slo)
+
+    wide = choose(outcome(107.0, 0.05, 1), outcome(100.0, 0.05, "base"), slo, [])
+    assert combined_interval(outcome(107.0, 0.05, 1), outcome(100.0, 0.05, "base")) == pytest.approx(0.0707, abs=1e-4)
+    assert wide.chosen == "defaults" and "indistinguishable at this budget" in wide.reason
+    assert "+-7.1% combined 95 % interval" in wide.reason
+    narrow = choose(outcome(107.0, 0.01, 1), outcome(100.0, 0.01, "base"), slo, [])
+    assert narrow.chosen == "tuned" and "beyond the 3% noise margin" in narrow.reason
+    # a run without an interval (too short): the fixed margin alone, as before
+    assert combined_interval(outcome(107.0, None, 1), outcome(100.0, 0.05, "base")) is None
+    assert choose(outcome(107.0, None, 1), outcome(100.0, 0.05, "base"), slo, []).chosen == "tuned"
+    # the defaults ahead by less than the noise: a tie, not "the defaults won" outright
+    lower = choose(outcome(96.0, 0.05, 1), outcome(100.0, 0.05, "base"), slo, [])
+    assert lower.chosen == "defaults" and "indistinguishable" in lower.reason
+
+
 def test_tune_pareto_draws_runs_by_validity_class():
     """The tune's Pareto chart uses the bench chart's classes: clean filled, warnings hollow, invalid grey
     crosses (drawn at the throughput it measured, never on the frontier)."""

@@ -283,7 +283,8 @@ def test_dry_run_explains_the_boundary_rule(tiny_models, tmp_path):
     assert "no run misses a term by more than 5 %" in out and not (tmp_path / "s").exists()
     # what profile.yaml will hold (m3ctl.tuning.choice.rule_text), with the study's noise margin
     assert "recommendation: profile.yaml holds the best configuration only when it holds a higher level" in out
-    assert "the larger of 3% and the largest spread measured between fresh servers of one engine" in out
+    assert "the largest of 3%, the largest spread measured between fresh servers of one engine" in out
+    assert "the combined 95 % interval of the two runs compared (inside it they are indistinguishable)" in out
     text = boundary_rule(TuneSpec(slo=SLO, boundary_margin=0.1, boundary_repeats=2))
     assert "within 10 % of its limit" in text and "up to 2 more" in text and "median of the 3 runs" in text
     assert "measured once" in boundary_rule(TuneSpec(slo=SLO, boundary_repeats=0))
