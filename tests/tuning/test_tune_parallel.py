@@ -838,7 +838,11 @@ def test_real_evaluator_runs_trials_side_by_side_on_fake_vllm_servers(tmp_path, 
     res, _, _ = st.run_tune(
         sdir, settings, inventory=inv, parallel_trials=2, on_event=lambda n, d, m: events.append((n, m))
     )
-    assert res.launches == 3 and all(o.status == "feasible" for o in res.outcomes)
+    # feasible, or unjudged when the busy 2-core host disturbed the runs (contention-invalid: no verdict, not a miss)
+    assert res.launches == 3 and all(
+        o.status == "feasible" or (o.status == "unjudged" and "host CPU contention" in o.reason) for o in res.outcomes
+    ), [(o.status, o.reason) for o in res.outcomes]
+    assert any(o.status == "feasible" for o in res.outcomes), [(o.status, o.reason) for o in res.outcomes]
     # trials 0 and 1 side by side: 1 measured before 0 was done
     first_done = events.index(next(e for e in events if e[0] == 0 and e[1].startswith("done:")))
     assert any(e[0] == 1 and e[1].startswith("c=") for e in events[:first_done])
