@@ -17,7 +17,7 @@ from m3ctl.checks.base import (
     check,
 )
 from m3ctl.errors import BadInput
-from m3ctl.hw.host import port_owner
+from m3ctl.hw.host import gpu_runtime_problem, port_owner
 from m3ctl.planning import engine_probe, vllm_env
 
 
@@ -56,10 +56,13 @@ def check_nvidia_runtime(ctx: Ctx) -> CheckResult:
         return _r("container.nvidia_runtime", "container", "SKIP", "Docker not reachable")
     if runtime in c.runtimes:
         return _r("container.nvidia_runtime", "container", "OK", "NVIDIA container runtime registered with Docker")
+    # Fatal for a docker launch whose GPU container cannot start (neither the runtime nor the hook `--gpus` runs:
+    # the same rule as serve's pre-flight), else a warning.
+    fatal = ctx.runtime == "docker" and gpu_runtime_problem(ctx.inv.vendor, c.runtimes) is not None
     return _r(
         "container.nvidia_runtime",
         "container",
-        "WARN",
+        "FAIL" if fatal else "WARN",
         f"NVIDIA container runtime not registered with Docker (runtimes: {', '.join(c.runtimes) or 'none'})",
         "install nvidia-container-toolkit and run `sudo nvidia-ctk runtime configure --runtime=docker`",
     )
