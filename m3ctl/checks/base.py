@@ -89,6 +89,12 @@ class Verdict(BaseModel):
     unjudged: list[str] = Field(default_factory=list)
     outcome: Any = Field(default=None, exclude=True)
 
+    @property
+    def runnable(self) -> bool:
+        """Runnable (natively or with fallbacks): the one rule found no fatal finding
+        (:func:`m3ctl.checks.verdict.judged`)."""
+        return self.status != "not_runnable"
+
 
 class DoctorReport(BaseModel):
     """The inventory evaluated, the checks in order, and the verdict."""
