@@ -2,7 +2,8 @@
 architectures its ``ModelRegistry`` knows (``vllm.ModelRegistry.get_supported_archs()``,
 https://docs.vllm.ai/en/latest/contributing/model/registration.html).
 
-A fork or a broken build can install a ``vllm`` whose registry lacks the model class: every launch then dies at
+General plugins are loaded first, as every vLLM process does (out-of-tree model classes register there). A fork or
+a broken build can install a ``vllm`` whose registry lacks the model class: every launch then dies at
 ``Model architectures [...] are not supported for now``. Doctor asks before it recommends a launch
 (m3ctl.checks.host, check ``host.vllm_model``).
 
@@ -38,6 +39,11 @@ import json, sys
 try:
     import vllm
     from vllm import ModelRegistry
+    try:  # out-of-tree model classes register in general plugins, which every vLLM process loads
+        from vllm.plugins import load_general_plugins
+        load_general_plugins()
+    except ImportError:
+        pass
     archs = sorted(ModelRegistry.get_supported_archs())
     out = {"version": getattr(vllm, "__version__", None), "archs": archs}
 except BaseException as e:  # a broken install: its error is the answer
