@@ -17,12 +17,14 @@ extra fields. Loading a file that does not match raises one-line :class:`~m3ctl.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from m3ctl.core.files import read_user_text
+from m3ctl.core.verdict import Finding, Judgement, judge
 from m3ctl.errors import BadInput
 
 #: Version of the bench result JSON (``m3ctl_schema_version``); the major number changes on a breaking change.
@@ -71,14 +73,49 @@ def _read_json(path: str | Path, what: str, hint: str) -> Any:
         raise BadInput(f"{p} is not JSON ({str(e).splitlines()[0]})", hint) from None
 
 
+def validity_judgement(v: Mapping[str, Any]) -> Judgement:
+    """A run's verdict by the one rule (m3ctl.core.verdict.judge) from its ``validity`` block (a dict or
+    :class:`BenchValidity`'s fields): each of ``reasons`` fatal (BENCH-INVALID, ``bench.invalid``), each of
+    ``unjudged`` unjudged (a metric the run was asked for and did not measure, ``bench.unjudged``), each of
+    ``warnings`` degraded (``bench.warning``)."""
+    return judge(
+        [Finding("bench.invalid", "fatal", r) for r in v.get("reasons") or []]
+        + [Finding("bench.unjudged", "unjudged", u) for u in v.get("unjudged") or []]
+        + [Finding("bench.warning", "degraded", w) for w in v.get("warnings") or []]
+    )
+
+
 class BenchValidity(BaseModel):
     """Whether a run's numbers can be trusted (``validity`` block; the full set of checks is in
-    m3ctl.loadgen.validity._validity). ``valid`` False: the run is BENCH-INVALID for each of ``reasons``."""
+    m3ctl.loadgen.validity._validity), by the one verdict rule (:meth:`judgement`).
+
+    Attributes:
+        valid: a pass: no reason and nothing unjudged (False: BENCH-INVALID for each of ``reasons``, or could not be
+            judged for each of ``unjudged``). Never True beside a reason or an unjudged metric, whatever a file says.
+        reasons: why the run is invalid (fatal findings).
+        unjudged: what the run was asked for and could not judge (e.g. goodput on an SLO bounding an unmeasured
+            TPOT): never a pass.
+        warnings: what degrades the numbers without invalidating them.
+        verdict: the verdict in words: ``yes``, ``no (<cause>)`` or ``could not judge (<why>)`` (None in files
+            written before it existed).
+    """
 
     model_config = ConfigDict(extra="allow")
     valid: bool
     reasons: list[str] = Field(default_factory=list)
+    unjudged: list[str] = Field(default_factory=list)
     warnings: list[str] = Field(default_factory=list)
+    verdict: str | None = None
+
+    def judgement(self) -> Judgement:
+        """The run's verdict (:func:`validity_judgement`)."""
+        return validity_judgement(self.model_dump())
+
+    @model_validator(mode="after")
+    def _one_rule(self) -> BenchValidity:
+        if self.valid and not self.judgement().passed:
+            self.valid = False
+        return self
 
 
 class BenchResult(BaseModel):

@@ -13,6 +13,7 @@ from m3ctl.assess.context import PlanContext
 from m3ctl.assess.facts import ModelFacts, model_facts
 from m3ctl.catalog import ModelSpec, Variant
 from m3ctl.errors import BadInput
+from m3ctl.hw.host import gpu_runtime_problem
 
 
 class Choice(BaseModel):
@@ -187,4 +188,10 @@ def choose_runtime(requested: str, profile, inventory, image: str | None = None)
             else f"no reachable container engine on this host ({c.docker_error or 'the engine did not answer'})"
         )
         return fallback, f"{why}: a bare `vllm serve` process; --runtime docker for the profile's image {profile.image}"
+    problem = gpu_runtime_problem(getattr(inventory, "vendor", None), tuple(c.runtimes))
+    if problem and "process" in profile.runtimes:  # a GPU container cannot start on this daemon
+        return "process", (
+            f"{problem}: a bare `vllm serve` process; install the NVIDIA container toolkit for the profile's "
+            f"image {profile.image}"
+        )
     return "docker", f"profile {profile.name} image {profile.image} (Docker {c.docker_version or 'reachable'})"

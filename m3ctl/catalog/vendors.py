@@ -81,6 +81,8 @@ class Container(_Strict):
     device_request: Fact[DeviceRequest | None]
     toolkit_runtime: Fact[str | None]
     """The OCI runtime the vendor's container toolkit registers with Docker (doctor checks it)."""
+    toolkit_hook: Fact[str | None] | None = None
+    """The prestart hook Docker's ``--gpus`` runs without the registered runtime (None: none known)."""
     visibility_env: Fact[str | None]
     """Variable set inside the container for a GPU selection; None: the device request selects the devices."""
     devices: Fact[list[str]]
@@ -128,6 +130,21 @@ VENDORS = ("nvidia", "amd")
 def facts(vendor: str | None) -> VendorFacts | None:
     """The facts of ``vendor`` (``nvidia``/``amd``); None for a CPU host or an unknown vendor."""
     return table().vendors.get(vendor or "")
+
+
+def missing_toolkit_runtime(vendor: str | None, runtimes: tuple[str, ...] | list[str]) -> str | None:
+    """The OCI runtime ``vendor``'s container toolkit registers (``nvidia``) when Docker's ``runtimes`` (its
+    ``/info`` ``Runtimes``) lack it: the toolkit is not configured for this daemon. None when present or not
+    needed."""
+    f = facts(vendor)
+    need = f.container.toolkit_runtime.value if f else None
+    return need if need and need not in runtimes else None
+
+
+def toolkit_hook(vendor: str | None) -> str | None:
+    """The prestart hook Docker's ``--gpus`` runs for ``vendor`` without the registered runtime, or None."""
+    f = facts(vendor)
+    return f.container.toolkit_hook.value if f and f.container.toolkit_hook else None
 
 
 def process_visibility_vars() -> tuple[str, ...]:

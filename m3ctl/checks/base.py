@@ -14,6 +14,7 @@ from m3ctl.assess import memory as mem
 from m3ctl.assess.facts import ModelFacts
 from m3ctl.assess.image import ImageFacts
 from m3ctl.assess.rules import Finding
+from m3ctl.core.verdict import Severity
 from m3ctl.hw import visible as vismod
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.planning.outcome import PlanOutcome
@@ -64,6 +65,10 @@ class Verdict(BaseModel):
         serve_command: for a runnable verdict, the ``m3ctl serve ...`` command that launches ``plan_request``.
         outcome: the planner's outcome this verdict renders (a :class:`~m3ctl.planning.outcome.PlanOutcome`: the plan
             or the rejection, the variant, its fallbacks); None when nothing was planned. Not serialized.
+        severity: the one verdict rule's answer (m3ctl.core.verdict.judge over the blockers, what could not be
+            judged and the fallbacks: :func:`m3ctl.checks.verdict.judged`): ``fatal`` is ``not_runnable``;
+            ``unjudged`` is runnable as planned but not a pass (``unjudged`` lists what could not be judged).
+        unjudged: ``id: why`` of each finding the evidence could not decide.
     """
 
     model: str
@@ -80,7 +85,15 @@ class Verdict(BaseModel):
     notes: list[str] = Field(default_factory=list)
     plan_request: dict[str, Any] | None = None
     serve_command: str | None = None
+    severity: Severity = "ok"
+    unjudged: list[str] = Field(default_factory=list)
     outcome: Any = Field(default=None, exclude=True)
+
+    @property
+    def runnable(self) -> bool:
+        """Runnable (natively or with fallbacks): the one rule found no fatal finding
+        (:func:`m3ctl.checks.verdict.judged`)."""
+        return self.status != "not_runnable"
 
 
 class DoctorReport(BaseModel):

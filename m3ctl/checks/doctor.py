@@ -55,7 +55,7 @@ from m3ctl.checks.base import (
 from m3ctl.checks.gpu import check_image_cuda
 from m3ctl.checks.host import check_vllm
 from m3ctl.checks.report import report_json
-from m3ctl.checks.verdict import _as_plan, _evaluate_variants, _plan, _resolve_catalog, _verdict
+from m3ctl.checks.verdict import _as_plan, _evaluate_variants, _plan, _resolve_catalog, _verdict, judged
 from m3ctl.errors import BadInput, CatalogError
 from m3ctl.hw import visible as vismod
 from m3ctl.hw.host import inspect_image_config
@@ -239,5 +239,5 @@ def run_doctor(
     checks = [_safe(c, ctx) for c in CHECKS if (host_checks or not c.live) and (local or not c.local_model)]
     verdict = _verdict(ctx, checks)
     verdict = _as_plan(ctx, verdict, checks, inventory_file)
-    verdict = verdict.model_copy(update={"outcome": ctx.outcome})
+    verdict = judged(ctx, verdict, checks).model_copy(update={"outcome": ctx.outcome})
     return DoctorReport(inventory=inventory, checks=checks, verdict=verdict)

@@ -7,6 +7,7 @@ import socket
 import sys
 
 from m3ctl.assess import capability as caps
+from m3ctl.assess.facts import read_model_facts
 from m3ctl.catalog import vendors
 from m3ctl.checks.base import (
     CheckResult,
@@ -15,8 +16,9 @@ from m3ctl.checks.base import (
     _r,
     check,
 )
-from m3ctl.hw.host import port_owner
-from m3ctl.planning import vllm_env
+from m3ctl.errors import BadInput
+from m3ctl.hw.host import gpu_runtime_problem, port_owner
+from m3ctl.planning import engine_probe, vllm_env
 
 
 # ----------------------------------------------------------------------------- container
@@ -54,10 +56,13 @@ def check_nvidia_runtime(ctx: Ctx) -> CheckResult:
         return _r("container.nvidia_runtime", "container", "SKIP", "Docker not reachable")
     if runtime in c.runtimes:
         return _r("container.nvidia_runtime", "container", "OK", "NVIDIA container runtime registered with Docker")
+    # Fatal for a docker launch whose GPU container cannot start (neither the runtime nor the hook `--gpus` runs:
+    # the same rule as serve's pre-flight), else a warning.
+    fatal = ctx.runtime == "docker" and gpu_runtime_problem(ctx.inv.vendor, c.runtimes) is not None
     return _r(
         "container.nvidia_runtime",
         "container",
-        "WARN",
+        "FAIL" if fatal else "WARN",
         f"NVIDIA container runtime not registered with Docker (runtimes: {', '.join(c.runtimes) or 'none'})",
         "install nvidia-container-toolkit and run `sudo nvidia-ctk runtime configure --runtime=docker`",
     )
@@ -192,6 +197,64 @@ def check_vllm(ctx: Ctx) -> CheckResult:
         rep.problems[0] if rep.problems else "vLLM not installed",
         ("run `m3ctl dev fix-vllm`" if rep.fixable else "install vLLM, or use --runtime docker"),
         rep.problems[1:],
+    )
+
+
+def _model_archs(ctx: Ctx) -> list[str]:
+    """The architecture classes the launch asks vLLM for: the checkpoint's own config.json's, else the catalog's."""
+    own = list(ctx.sizing.architectures) if ctx.sizing is not None else []
+    if not own and ctx.local_model:  # a local checkpoint on a host without GPUs is not sized: read its config
+        try:
+            own = list(read_model_facts(ctx.model).architectures)
+        except (BadInput, OSError, ValueError):  # an unreadable config.json is model.plan's finding, not this row's
+            own = []
+    return own or list(getattr(ctx.spec, "architectures", None) or [])
+
+
+@check("host.vllm_model", "host", live=True)
+def check_vllm_model(ctx: Ctx) -> CheckResult:
+    """The installed vLLM (the engine the process runtime launches) imports and registers the model's architecture
+    class (m3ctl.planning.engine_probe: a subprocess, cached per install). A fork or build without the class is
+    fatal; no vLLM, or no answer in time, cannot be judged (SKIP, never a pass)."""
+    cid = "host.vllm_model"
+    if ctx.runtime != "process":
+        return _r(cid, "host", "SKIP", f"the {ctx.runtime} runtime runs its image's vLLM, not this host's")
+    if not (ctx.local_model or ctx.gpu_host):
+        return _r(cid, "host", "SKIP", "nothing to launch here (no GPU, no local model)")
+    archs = _model_archs(ctx)
+    if not archs:
+        return _r(cid, "host", "SKIP", "could not judge: the model names no architecture class")
+    probe = engine_probe.probe_engine()
+    where = [f"vLLM at {probe.install}"] if probe.install else []
+    if probe.state in ("absent", "timeout"):
+        return _r(
+            cid,
+            "host",
+            "SKIP",
+            f"could not judge whether vLLM registers {archs[0]}: {probe.error}",
+            "install vLLM (see host.vllm), or use --runtime docker" if probe.state == "absent" else None,
+            where,
+        )
+    if probe.state != "ok":
+        return _r(
+            cid,
+            "host",
+            "FAIL",
+            f"the installed vLLM does not import: {probe.error}",
+            "the install is broken: reinstall vLLM (see host.vllm), or use --runtime docker",
+            where,
+        )
+    if probe.registered(archs):
+        return _r(cid, "host", "OK", f"vLLM {probe.version} registers {probe.registered(archs)[0]}", details=where)
+    return _r(
+        cid,
+        "host",
+        "FAIL",
+        f"vLLM {probe.version} does not register the model's architecture class {' or '.join(archs)}: "
+        "every launch would die at 'Model architectures ... are not supported'",
+        "this vLLM is a fork or a build without the model class: install a vLLM release that has it, "
+        "or use --runtime docker with the profile's image",
+        [*where, f"vllm.ModelRegistry.get_supported_archs(): {len(probe.archs)} classes, none of {archs}"],
     )
 
 

@@ -15,7 +15,7 @@ def report_json(rep: DoctorReport) -> dict[str, Any]:
     ``not_runnable``; ``exit_code``: what ``m3ctl doctor`` exits with (1 when either is false)."""
     return {
         "ok": rep.ok,
-        "runnable": rep.verdict.status != "not_runnable",
+        "runnable": rep.verdict.runnable,
         "exit_code": rep.exit_code(),
         "inventory": rep.inventory.model_dump(mode="json"),
         "checks": [c.model_dump(mode="json") for c in rep.checks],

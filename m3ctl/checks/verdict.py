@@ -24,7 +24,15 @@ from m3ctl.checks.base import (
     _arch,
     _r,
 )
+from m3ctl.core.verdict import Finding as Evidence
+from m3ctl.core.verdict import judge
 from m3ctl.planning.plan import plan_outcome
+
+#: A row whose SKIP means "the evidence cannot decide" (unjudged, never a pass), not "does not apply", says so
+#: first (e.g. ``host.vllm_model`` without vLLM installed, or its probe timed out).
+UNJUDGED = "could not judge"
+#: Host rows that decide the verdict beside the inventory groups: /dev/shm, the installed engine's model class.
+VERDICT_HOST_ROWS = ("host.shm", "host.vllm_model")
 
 
 # ----------------------------------------------------------------------------- assembly
@@ -132,7 +140,7 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
         "notes": notes,
         "context": ctx.context if not ctx.local_model else None,
     }
-    verdict_checks = [c for c in checks if c.group in INVENTORY_GROUPS or c.id in ("host.shm",)]
+    verdict_checks = [c for c in checks if c.group in INVENTORY_GROUPS or c.id in VERDICT_HOST_ROWS]
     notes += [
         f"unjudged (not a pass): {f.rule}: {f.message}" for f in _planned_findings(ctx) if f.severity == "unjudged"
     ]
@@ -390,3 +398,44 @@ def _name_user_rule(ctx: Ctx, v: Verdict) -> Verdict:
 def _short(fallback: str) -> str:
     head = fallback.split(" (cost")[0]
     return head.split(";")[0][:90] if not head.startswith("known-bad") else "known-bad in the field (see fallbacks)"
+
+
+def _evidence(ctx: Ctx, v: Verdict, checks: list[CheckResult]) -> list[Evidence]:
+    """The findings behind doctor's verdict, each with its severity: each blocker fatal (a not-runnable verdict
+    without one: its summary), each planned finding and row the evidence could not decide unjudged, each fallback
+    degraded."""
+    found = [Evidence(b.split(":", 1)[0].strip(), "fatal", b) for b in v.blockers]
+    if v.status == "not_runnable" and not found:
+        found.append(Evidence("verdict.not_runnable", "fatal", v.summary))
+    found += [Evidence(f.rule, "unjudged", f.message) for f in _planned_findings(ctx) if f.severity == "unjudged"]
+    found += [
+        Evidence(c.id, "unjudged", c.message)
+        for c in checks
+        if c.status == "SKIP" and c.id in VERDICT_HOST_ROWS and c.message.startswith(UNJUDGED)
+    ]
+    found += [Evidence(f.split(":", 1)[0].strip(), "degraded", f) for f in v.fallbacks]
+    return found
+
+
+def judged(ctx: Ctx, v: Verdict, checks: list[CheckResult]) -> Verdict:
+    """Doctor's verdict by the one rule (m3ctl.core.verdict.judge) over :func:`_evidence`: a fatal finding makes
+    it ``not_runnable`` (naming the finding, no serve command); what could not be judged is listed in ``unjudged``
+    and said in the summary, never passed over."""
+    j = judge(_evidence(ctx, v, checks))
+    upd: dict[str, Any] = {"severity": j.severity, "unjudged": [f"{f.id}: {f.message}" for f in j.unjudged]}
+    if j.severity == "fatal" and v.status != "not_runnable":
+        first = j.fatal[0]
+        upd.update(
+            status="not_runnable",
+            serve_command=None,
+            summary=f"{v.model}{' ' + v.variant if v.variant else ''}: not runnable here: {first.message}",
+        )
+    elif j.severity == "unjudged":
+        upd["summary"] = f"{v.summary}; could not judge (not a pass): {', '.join(f.id for f in j.unjudged)}"
+    notes = list(v.notes)
+    for f in j.unjudged:
+        line = f"unjudged (not a pass): {f.id}: {f.message}"
+        if line not in notes:
+            notes.append(line)
+    upd["notes"] = notes
+    return v.model_copy(update=upd)

@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import re
+import shutil
 import socket
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,7 +29,7 @@ from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from m3ctl.catalog import data, register
+from m3ctl.catalog import data, register, vendors
 from m3ctl.hw.inventory import ContainerFacts, DriverFacts
 
 VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
@@ -370,3 +371,22 @@ def port_owner(port: int, root: Path = Path("/")) -> tuple[int, str] | None:
                             cmd = (_read(pid_dir / "cmdline") or "").replace("\0", " ").strip()
                             return int(pid_dir.name), cmd[:120]
     return -1, "?"
+
+
+def gpu_runtime_problem(
+    vendor: str | None, runtimes: tuple[str, ...] | list[str], path: str | None = None
+) -> str | None:
+    """Why a GPU container of ``vendor`` cannot get its GPUs from a Docker daemon with ``runtimes`` (``docker
+    info``'s ``Runtimes``), or None: the vendor's toolkit runtime (m3ctl/data/vendors.yaml ``toolkit_runtime``,
+    ``nvidia``) is not registered and the prestart hook ``--gpus`` runs without it (``toolkit_hook``) is not on
+    this host's PATH (the daemon's, for a local daemon; ``path`` overrides it)."""
+    missing = vendors.missing_toolkit_runtime(vendor, runtimes)
+    if missing is None:
+        return None
+    hook = vendors.toolkit_hook(vendor)
+    search = os.pathsep.join([path if path is not None else os.environ.get("PATH", ""), "/usr/bin", "/usr/local/bin"])
+    if hook and shutil.which(hook, path=search):
+        return None
+    return f"the Docker daemon has no {missing} container runtime (runtimes: {', '.join(runtimes) or 'none'})" + (
+        f" and no {hook} is installed" if hook else ""
+    )

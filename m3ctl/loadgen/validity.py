@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from m3ctl.core.verdict import Finding, Judgement, judge
+from m3ctl.core.verdict import Judgement
 from m3ctl.errors import BenchServerDown, ChecksFailed, M3Error
 from m3ctl.loadgen import metrics
 from m3ctl.loadgen import trace as traces
 from m3ctl.loadgen.client import RequestOutput
 from m3ctl.loadgen.config import BenchConfig
 from m3ctl.loadgen.drive import SERVER_DOWN_AFTER, ClientStats
+from m3ctl.results import validity_judgement
 
 
 class BenchServerStalled(BenchServerDown):
@@ -87,11 +88,7 @@ def run_verdict(v: dict) -> Judgement:
     """The run's verdict by the one rule (m3ctl.core.verdict.judge) from its ``validity`` block: each of ``reasons``
     fatal (BENCH-INVALID), each of ``unjudged`` unjudged (a metric the run was asked for and did not measure), each
     of ``warnings`` degraded."""
-    return judge(
-        [Finding("bench.invalid", "fatal", r) for r in v.get("reasons") or []]
-        + [Finding("bench.unjudged", "unjudged", u) for u in v.get("unjudged") or []]
-        + [Finding("bench.warning", "degraded", w) for w in v.get("warnings") or []]
-    )
+    return validity_judgement(v)  # the mapping lives beside the block's type (m3ctl.results.BenchValidity)
 
 
 def verdict_text(v: dict) -> str:

@@ -129,6 +129,15 @@ class DockerRuntime(Runtime):
             self._client_obj = c
         return self._client_obj
 
+    def daemon_runtimes(self) -> tuple[str, ...]:
+        """The OCI runtimes the daemon has registered (``docker info``'s ``Runtimes``: ``runc``, ``nvidia``...),
+        asked through the SDK.
+
+        Raises:
+            ConfigRejected: the engine cannot be reached (exit 3).
+        """
+        return tuple(sorted((self.client().info().get("Runtimes") or {}).keys()))
+
     def _container(self, dep: Deployment):
         import docker  # noqa: PLC0415
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from m3ctl.core.state import Registry, UnreadableRecord
 from m3ctl.errors import ConfigRejected
+from m3ctl.hw.host import gpu_runtime_problem
 from m3ctl.planning import vllm_env
 from m3ctl.planning.plan import LaunchPlan, find_vllm_executable
 from m3ctl.runtime import get_runtime, runtime_for
@@ -90,6 +91,7 @@ def host_checks(plan: LaunchPlan, registry: Registry, runtime: Runtime | None = 
     if plan.runtime == "docker" and plan.image:
         rt = runtime or get_runtime("docker")
         if isinstance(rt, DockerRuntime):  # only the docker runtime pulls images
+            check_gpu_runtime(plan, rt.daemon_runtimes())
             rt.ensure_image(plan.image)
     if plan.runtime == "process":
         exe = Path(plan.argv[0])
@@ -109,6 +111,23 @@ def host_checks(plan: LaunchPlan, registry: Registry, runtime: Runtime | None = 
                 )
             check_all2all_kernels(plan)
             check_python_modules(plan)
+
+
+def check_gpu_runtime(plan: LaunchPlan, runtimes: tuple[str, ...], path: str | None = None) -> None:
+    """A GPU container needs the vendor's container toolkit on the daemon (m3ctl.hw.host.gpu_runtime_problem: the
+    ``nvidia`` runtime registered, or the hook ``--gpus`` runs installed); ``runtimes``: the daemon's, asked
+    through the SDK.
+
+    Raises:
+        ConfigRejected: neither: the container could not get its GPUs.
+    """
+    problem = gpu_runtime_problem(plan.gpu_vendor, runtimes, path)
+    if problem is not None:
+        raise ConfigRejected(
+            f"the plan runs a {plan.gpu_vendor} GPU container, but {problem}",
+            "install nvidia-container-toolkit and run `sudo nvidia-ctk runtime configure --runtime=docker` "
+            "(then restart dockerd), or serve with --runtime process",
+        )
 
 
 def check_python_modules(plan: LaunchPlan) -> None:

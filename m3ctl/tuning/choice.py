@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from m3ctl.core.verdict import Finding, Judgement, judge
 from m3ctl.loadgen.slo import SLO, metric
 
 #: Relative objective difference below which the tuned configuration ties with the defaults (kept: a tie is not
@@ -57,6 +58,17 @@ class Choice:
     #: How many configurations (the baseline included) could not be judged (status ``unjudged``:
     #: m3ctl.tuning.measure.judged); for ``none``, why no verdict may be more than the SLO.
     unjudged: int = 0
+    #: The evidence behind the choice, each with its severity (m3ctl.core.verdict; :func:`findings`):
+    #: ``tune.slo`` fatal (nothing met the SLO), ``tune.baseline`` unjudged (the defaults could not be judged or
+    #: measured: no comparison) or degraded (--no-baseline), ``tune.unjudged`` (configurations that could not be
+    #: judged: unjudged when none was judged at all, else degraded: the choice is among the judged ones).
+    findings: tuple[Finding, ...] = ()
+
+    @property
+    def judgement(self) -> Judgement:
+        """The choice by the one verdict rule (m3ctl.core.verdict.judge): fatal for ``none`` with a configuration
+        judged, unjudged for ``none`` with none judged or a comparison that could not be made."""
+        return judge(self.findings)
 
 
 def rule_text(baseline: bool = True, tie_margin: float = TIE_MARGIN) -> str:
@@ -288,6 +300,38 @@ def _against_defaults(
     )
 
 
+#: Outcome statuses that are a judgement of the configuration (m3ctl.tuning.measure.Outcome).
+_JUDGED = ("feasible", "slo_infeasible", "rejected", "crashed")
+
+
+def findings(choice: Choice, baseline: Any, outcomes: list[Any]) -> tuple[Finding, ...]:
+    """The evidence behind ``choice`` (:attr:`Choice.findings`), read from what :func:`choose` decided on; the
+    decision itself is :func:`choose`'s, unchanged."""
+    every = [*outcomes, *([baseline] if baseline is not None else [])]
+    unjudged = [o for o in every if o.status == "unjudged"]
+    judged = [o for o in every if o.status in _JUDGED]
+    out: list[Finding] = []
+    if choice.chosen == "none" and (judged or not unjudged):
+        out.append(Finding("tune.slo", "fatal", "no configuration met the SLO at any level", "relax the SLO"))
+    if choice.chosen == "tuned" and baseline is not None and baseline.status in ("unjudged", "skipped"):
+        why = "could not be judged" if baseline.status == "unjudged" else "were not measured"
+        out.append(
+            Finding("tune.baseline", "unjudged", f"vLLM's defaults {why} ({baseline.reason}): no comparison with them")
+        )
+    elif choice.chosen == "tuned" and baseline is None:
+        out.append(Finding("tune.baseline", "degraded", "vLLM's defaults were not measured (--no-baseline)"))
+    if unjudged:
+        out.append(
+            Finding(
+                "tune.unjudged",
+                "unjudged" if not judged else "degraded",
+                f"{len(unjudged)} configuration(s) could not be judged ({unjudged[0].reason})"
+                + ("" if judged else ": no configuration was judged"),
+            )
+        )
+    return tuple(out)
+
+
 def choose(
     best: Any,
     baseline: Any,
@@ -303,7 +347,24 @@ def choose(
     measured), the SLO, and every outcome (for :func:`closest_miss` and :func:`fresh_server_spread`).
     ``objective``: its name, for the reason. ``equivalent(a, b)``: whether two outcomes' configurations run one
     engine for the load they were measured at (m3ctl.tuning.server.ServerEvaluator.load_key); None: only the
-    same server counts as the defaults' engine and the margin is ``tie_margin``."""
+    same server counts as the defaults' engine and the margin is ``tie_margin``. The choice carries its evidence
+    (:func:`findings`), judged by the one rule (:attr:`Choice.judgement`)."""
+    c = _choose(best, baseline, slo, outcomes or [], describe, objective, tie_margin, equivalent)
+    c.findings = findings(c, baseline, outcomes or [])
+    return c
+
+
+def _choose(
+    best: Any,
+    baseline: Any,
+    slo: SLO,
+    outcomes: list[Any],
+    describe,
+    objective: str,
+    tie_margin: float,
+    equivalent: Callable[[Any, Any], bool] | None,
+) -> Choice:
+    """:func:`choose`'s decision."""
     b_ok = baseline is not None and baseline.status == "feasible" and baseline.final > 0
     if best is None:
         if b_ok:
@@ -358,4 +419,13 @@ def choose(
     return Choice("tuned", f"the best configuration measured; vLLM's defaults did not meet the SLO ({why})", best)
 
 
-__all__ = ["TIE_MARGIN", "Choice", "choose", "closest_miss", "combined_interval", "fresh_server_spread", "rule_text"]
+__all__ = [
+    "TIE_MARGIN",
+    "Choice",
+    "choose",
+    "closest_miss",
+    "combined_interval",
+    "findings",
+    "fresh_server_spread",
+    "rule_text",
+]

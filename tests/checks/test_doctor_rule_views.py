@@ -136,7 +136,7 @@ def test_the_registry_is_the_report_order():
     rep = doctor.run_doctor(h200x2(), host_checks=False)
     want = [(c.id, c.group) for c in doctor.CHECKS if not c.live and not c.local_model] + [("model.plan", "model")]
     assert [(c.id, c.group) for c in rep.checks] == want
-    assert {c.id for c in doctor.CHECKS if c.live} == {"host.python", "host.vllm", "net.ports"}
+    assert {c.id for c in doctor.CHECKS if c.live} == {"host.python", "host.vllm", "host.vllm_model", "net.ports"}
     assert len({c.id for c in doctor.CHECKS}) == len(doctor.CHECKS)
 
 
