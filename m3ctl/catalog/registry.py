@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from m3ctl.catalog.loader import parse
+from m3ctl.catalog.loader import packaged_reads, parse
 from m3ctl.errors import CatalogError
 
 M = TypeVar("M", bound=BaseModel)
@@ -131,7 +131,8 @@ def _packaged(path: str) -> BaseModel:
         text = resources.files("m3ctl").joinpath(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise CatalogError(f"{where}: cannot read the packaged file: {e}", "reinstall m3ctl") from e
-    return parse_as(path, text, where)
+    with packaged_reads():  # the parsed YAML of a packaged file is cached by content (m3ctl.catalog.loader)
+        return parse_as(path, text, where)
 
 
 def parse_as(path: str, text: str, where: str) -> BaseModel:
