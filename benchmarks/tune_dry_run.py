@@ -2,8 +2,13 @@
 """What ``m3ctl tune --dry-run`` costs: the configurations of the space, the planner calls the dry run makes
 (m3ctl.tuning.plans.TrialPlans.plan: one per configuration and one for the baseline since a configuration is planned
 once), and the CPU seconds of the dry run itself (imports done before: ``m3ctl.api.tune(dry_run=True)`` in this
-process), as median and min..max of ``--runs`` runs. The whole command's start-up and wall time are
-benchmarks/startup.py's (its last row). Nothing is asserted (this is no test).
+process), as median and min..max of ``--runs`` runs, and which heavy libraries the dry run loaded (aiohttp is
+imported only by a run that sends requests). The whole command's start-up and wall time are benchmarks/startup.py's
+(its last row, next to ``python -c pass``, ``m3ctl --help`` and ``plan --system b200x8``). Targets (the issue "Each
+verb a package of stages"): the dry run under 1 s of CPU. Nothing is asserted (this is no test).
+
+Bytecode: run it once first (or ``python -m compileall -q m3ctl``) so the imports read cached bytecode as an
+installed m3ctl does; the dry run itself is timed after the imports either way.
 
 Usage (from the repo root, in the venv, the checkout first on the path)::
 
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -50,6 +56,8 @@ def main() -> None:
     print(f"planner calls per dry run: {sorted(set(n_calls))} (configurations + the baseline: {size + 1})")
     print(f"dry run CPU s: median {statistics.median(cpu):.3f}  min..max {min(cpu):.3f}..{max(cpu):.3f}")
     print(f"dry run wall s: median {statistics.median(wall):.3f}  min..max {min(wall):.3f}..{max(wall):.3f}")
+    heavy = ("aiohttp", "httpx", "numpy", "optuna", "matplotlib", "torch", "docker")
+    print("heavy libraries loaded: " + ", ".join(f"{m} {'yes' if m in sys.modules else 'no'}" for m in heavy))
 
 
 if __name__ == "__main__":

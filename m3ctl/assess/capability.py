@@ -9,9 +9,10 @@ its precision's and its attention's rows; doctor and plan both read it (there is
 
 import difflib
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version
-from typing import Literal, Self
+from typing import Any, Literal, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -185,6 +186,29 @@ def table() -> CapabilityTable:
     return data("data/capabilities.yaml", CapabilityTable)
 
 
+T = TypeVar("T")
+
+#: Answers of :func:`evaluate_feature` and :func:`variant_support` by their arguments, for the table they were
+#: computed from (:func:`_memo`): pure functions of the table, asked thousands of times by a ``tune --dry-run``.
+_MEMO: dict[tuple, Any] = {}
+_MEMO_TABLE: list[object] = [None]
+
+
+def _memo(key: tuple, compute: Callable[[], T]) -> T:
+    """The memoized ``compute()`` for ``key``; every answer is computed anew once :func:`table` is another object.
+    The answers are frozen dataclasses (shared safely)."""
+    t = table()
+    if _MEMO_TABLE[0] is not t:
+        _MEMO.clear()
+        _MEMO_TABLE[0] = t
+    if key not in _MEMO:
+        if len(_MEMO) > 4096:
+            _MEMO.clear()
+        _MEMO[key] = compute()
+    return _MEMO[key]
+
+
+@functools.lru_cache(maxsize=256)
 def _vtuple(v: str | None) -> tuple[int, ...]:
     out = []
     for part in (v or "").split("."):
@@ -224,6 +248,15 @@ def evaluate_feature(
     Engine rules (``engine.below``) and CUDA minimums (``min_cuda`` -> fallback,
     ``min_image_cuda`` -> unsupported) are applied here.
     """
+    return _memo(
+        ("feature", arch, name, engine_version, image_cuda),
+        lambda: _evaluate_feature(arch, name, engine_version=engine_version, image_cuda=image_cuda),
+    )
+
+
+def _evaluate_feature(
+    arch: str, name: str, *, engine_version: str | None = None, image_cuda: str | None = None
+) -> FeatureVerdict:
     arch_row = table().archs.get(arch)
     row = arch_row.features.get(name) if arch_row else None
     if row is None:
@@ -318,6 +351,15 @@ def variant_support(
     An architecture with no row (``cpu``, ``unknown``, a new GPU) is ``unsupported`` for GPU variants:
     m3ctl has no evidence for it. Source: m3ctl/data/capabilities.yaml (each row names its own).
     """
+    return _memo(
+        ("variant", arch, precision, attention, engine_version, image_cuda),
+        lambda: _variant_support(arch, precision, attention, engine_version=engine_version, image_cuda=image_cuda),
+    )
+
+
+def _variant_support(
+    arch: str, precision: str, attention: str, *, engine_version: str | None = None, image_cuda: str | None = None
+) -> Support:
     t = table()
     if arch not in t.archs:
         return Support("unsupported", (), 1.0, f"no capability data for architecture {arch!r}")

@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel
 
-from m3ctl.catalog.loader import parse
+from m3ctl.catalog.loader import packaged_reads, parse
 from m3ctl.errors import CatalogError
 
 M = TypeVar("M", bound=BaseModel)
@@ -51,6 +51,9 @@ class DataFile:
 
 #: The registered files by path, in registration order (:func:`register`).
 _REGISTRY: dict[str, DataFile] = {}
+#: The entry of each file path a folder pattern (``profiles/*.yaml``) covers, as :func:`data_file` found it: the
+#: planner reads a profile or model file many times per plan. Emptied by :func:`register`.
+_ENTRY_OF: dict[str, DataFile] = {}
 
 
 def register(path: str, schema: type[BaseModel], parser: Parser | None = None) -> None:
@@ -72,6 +75,7 @@ def register(path: str, schema: type[BaseModel], parser: Parser | None = None) -
     if old is not None and old.schema is not schema:  # the owner was imported again (a reload): read it anew
         _packaged.cache_clear()
     _REGISTRY[path] = entry
+    _ENTRY_OF.clear()
 
 
 def registered() -> tuple[DataFile, ...]:
@@ -96,7 +100,11 @@ def data_file(path: str) -> DataFile:
     Raises:
         CatalogError: no entry covers ``path`` (the message names the closest registered file).
     """
-    entry = _REGISTRY.get(path) or next((f for f in _REGISTRY.values() if _matches(f.path, path)), None)
+    entry = _REGISTRY.get(path) or _ENTRY_OF.get(path)
+    if entry is None:
+        entry = next((f for f in _REGISTRY.values() if _matches(f.path, path)), None)
+        if entry is not None:
+            _ENTRY_OF[path] = entry
     if entry is None:
         close = difflib.get_close_matches(path, list(_REGISTRY), n=1)
         raise CatalogError(
@@ -123,7 +131,8 @@ def _packaged(path: str) -> BaseModel:
         text = resources.files("m3ctl").joinpath(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise CatalogError(f"{where}: cannot read the packaged file: {e}", "reinstall m3ctl") from e
-    return parse_as(path, text, where)
+    with packaged_reads():  # the parsed YAML of a packaged file is cached by content (m3ctl.catalog.loader)
+        return parse_as(path, text, where)
 
 
 def parse_as(path: str, text: str, where: str) -> BaseModel:

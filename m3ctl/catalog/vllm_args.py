@@ -71,7 +71,18 @@ class VllmFlagTable(_Strict):
         return self._options
 
     def aliases(self) -> dict[str, str]:
-        return {a: name for name, f in self.flags.items() for a in f.aliases}
+        """Every short alias (``-tp``) -> its flag name: a new dict on each call, built once per table."""
+        got = _ALIASES.get(id(self))
+        if got is None or got[0] is not self:
+            if len(_ALIASES) > 8:
+                _ALIASES.clear()
+            got = _ALIASES[id(self)] = (self, {a: name for name, f in self.flags.items() for a in f.aliases})
+        return dict(got[1])
+
+
+#: :meth:`VllmFlagTable.aliases` of each table (by id, the table kept beside its answer): the raw-argument reader
+#: asks it on every plan.
+_ALIASES: dict[int, tuple[VllmFlagTable, dict[str, str]]] = {}
 
 
 def parse_flag_table(text: str, where: str = "vllm_serve_flags.yaml") -> VllmFlagTable:

@@ -102,7 +102,8 @@ def passthrough_names() -> tuple[str, ...]:
 
 def remember(*values: str | None) -> None:
     """Mask these values wherever :func:`redact_text` runs from now on (this process only)."""
-    _KNOWN.update(v for v in values if v and len(v) >= 4)
+    if values:
+        _KNOWN.update(v for v in values if v and len(v) >= 4)
 
 
 def redact_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -123,9 +124,35 @@ def redact_text(text: str, secrets: Iterable[str] = ()) -> str:
 
 
 # ----------------------------------------------------------------------------- the one separation
+#: Answers of :func:`secret_flag` and :func:`near_secret_flag` by flag name, for the tables they were computed from
+#: (:func:`_memo`): the planner asks them for every flag of every layer of every plan (a 288-configuration
+#: ``tune --dry-run`` asked about 17,000 times for a few dozen names).
+_MEMO: dict[tuple[bool, str], Any] = {}
+_MEMO_TABLES: list[object] = []
+
+
+def _memo(near: bool, name: str) -> Any:
+    """The memoized answer of :func:`_secret_flag` (``near`` False) or :func:`_near_secret_flag` for ``name``;
+    computed anew once either table (m3ctl/data/secrets.yaml, the vLLM flag table) is another object."""
+    tables = [table(), flag_table()]
+    if len(_MEMO_TABLES) != 2 or _MEMO_TABLES[0] is not tables[0] or _MEMO_TABLES[1] is not tables[1]:
+        _MEMO.clear()
+        _MEMO_TABLES[:] = tables
+    key = (near, name)
+    if key not in _MEMO:
+        if len(_MEMO) > 4096:  # names come from flags: bounded in practice; a bound all the same
+            _MEMO.clear()
+        _MEMO[key] = _near_secret_flag(name) if near else _secret_flag(name)
+    return _MEMO[key]
+
+
 def secret_flag(name: str) -> SecretFlag | None:
     """The :class:`SecretFlag` a flag name means (``--api_key``, ``api-key``, a unique prefix such as
     ``--api-k``: read as vLLM's parser reads it, m3ctl/catalog/vllm_args.py), else None."""
+    return _memo(False, name)
+
+
+def _secret_flag(name: str) -> SecretFlag | None:
     flags = table().flags
     k = name.lstrip("-").split(".", 1)[0].replace("_", "-")
     if k in flags:
@@ -243,6 +270,10 @@ def near_secret_flag(name: str) -> bool:
     from one (``--api-keyy``, ``--hf_tokn``, ``--API-KEY``: difflib ratio >= 0.8, any case). Such a typo reaches vLLM only under
     ``--skip-checks`` (the rules refuse an unknown flag otherwise); its value is masked wherever it is shown, and
     it is not moved to the server's environment (the flag is passed as given, and vLLM refuses it)."""
+    return bool(_memo(True, name))
+
+
+def _near_secret_flag(name: str) -> bool:
     if secret_flag(name) is not None:
         return True
     k = name.lstrip("-").split(".", 1)[0].replace("_", "-")

@@ -36,18 +36,22 @@ one split per read, ``orjson`` when installed, pre-serialised request bodies.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import itertools
 import json
 import os
+import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
-
-import aiohttp
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, cast
 
 from m3ctl.loadgen.fasthttp import Connection
+
+if TYPE_CHECKING:
+    import aiohttp
 from m3ctl.loadgen.fasthttp import HTTPStatus as _HTTPStatus
 
 
@@ -309,14 +313,39 @@ class _Stream:
         return out
 
 
+def aiohttp_module() -> ModuleType:
+    """aiohttp, imported on first use: a heavy library (0.15 to 0.3 s of CPU to import) that only a run sending
+    requests through it needs; ``tune --dry-run`` imports this module and never sends one."""
+    return importlib.import_module("aiohttp")
+
+
+class _NoAiohttpError(Exception):
+    """Stands for an aiohttp error class while aiohttp is not imported: then nothing raises one."""
+
+
+def _aiohttp_error(name: str) -> type[BaseException]:
+    """The aiohttp exception class ``name``, or :class:`_NoAiohttpError` while aiohttp is not imported (an aiohttp
+    error or session exists only once it is)."""
+    aio = sys.modules.get("aiohttp")
+    return getattr(aio, name) if aio is not None else _NoAiohttpError
+
+
+def _is_aiohttp_session(session: object) -> bool:
+    aio = sys.modules.get("aiohttp")
+    return aio is not None and isinstance(session, aio.ClientSession)
+
+
 def _kind_of(e: BaseException) -> str:
-    if isinstance(e, asyncio.TimeoutError | TimeoutError | aiohttp.ServerTimeoutError):
+    if isinstance(e, asyncio.TimeoutError | TimeoutError | _aiohttp_error("ServerTimeoutError")):
         return "timeout"
     if isinstance(e, ConnectionRefusedError) or (
-        isinstance(e, aiohttp.ClientConnectorError) and isinstance(e.os_error, ConnectionRefusedError)
+        isinstance(e, _aiohttp_error("ClientConnectorError"))
+        and isinstance(getattr(e, "os_error", None), ConnectionRefusedError)
     ):
         return "connection_refused"
-    if isinstance(e, aiohttp.ClientPayloadError | aiohttp.ServerDisconnectedError | ConnectionResetError):
+    if isinstance(
+        e, (_aiohttp_error("ClientPayloadError"), _aiohttp_error("ServerDisconnectedError"), ConnectionResetError)
+    ):
         return "stream_cut"
     if isinstance(e, ValueError):
         return "bad_json"
@@ -369,11 +398,11 @@ async def send_request(
     out.client_queue_time = st - scheduled_time if st > scheduled_time else 0.0
     stream = _Stream(out, chat, keep_text, st)
     try:
-        if not isinstance(session, aiohttp.ClientSession):
-            await session.request(path, body, stream, request_id=out.request_id)
+        if not _is_aiohttp_session(session):
+            await cast(Connection, session).request(path, body, stream, request_id=out.request_id)
             return stream.finish()
         hdrs = {**_HDR, **headers, "X-Request-Id": out.request_id}
-        async with session.post(url + path, data=body, headers=hdrs) as resp:
+        async with cast("aiohttp.ClientSession", session).post(url + path, data=body, headers=hdrs) as resp:
             if resp.status != 200:
                 text = (await resp.text())[:300]
                 out.error = f"HTTP {resp.status}: {text}"
@@ -384,7 +413,7 @@ async def send_request(
         return stream.finish()
     except _HTTPStatus as e:
         out.error, out.error_kind = f"HTTP {e.status}: {e.text[:300]}", "http_5xx" if e.status >= 500 else "http_4xx"
-    except (aiohttp.ClientError, TimeoutError, ValueError, OSError) as e:
+    except (_aiohttp_error("ClientError"), TimeoutError, ValueError, OSError) as e:
         out.error = f"{type(e).__name__}: {e}"[:300]
         out.error_kind = _kind_of(e)
         if out.error_kind == "stream_cut" and not stream.first:

@@ -18,15 +18,18 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-import aiohttp
 import numpy as np
 
 from m3ctl.loadgen import sink, uncertainty
-from m3ctl.loadgen.client import PROGRESS, BenchRequest, RequestOutput, build_body, send_request
+from m3ctl.loadgen.client import PROGRESS, BenchRequest, RequestOutput, aiohttp_module, build_body, send_request
 from m3ctl.loadgen.config import PRECISION_MAX_DURATION_S, BenchConfig
 from m3ctl.loadgen.fasthttp import ConnectionPool
 from m3ctl.loadgen.target import headers as auth_headers
+
+if TYPE_CHECKING:
+    import aiohttp
 
 
 @dataclass
@@ -267,12 +270,13 @@ async def drive(
     None starts the measured phase right after them. Returns ``(outputs, stats, t0)``.
     """
     headers = auth_headers(cfg)
-    conn = aiohttp.TCPConnector(limit=job.concurrency or 0, ttl_dns_cache=300, force_close=False)
-    timeout = aiohttp.ClientTimeout(total=cfg.request_timeout_s)
+    aio = aiohttp_module()
+    conn = aio.TCPConnector(limit=job.concurrency or 0, ttl_dns_cache=300, force_close=False)
+    timeout = aio.ClientTimeout(total=cfg.request_timeout_s)
     outs: list[RequestOutput] = []
     stats = ClientStats()
     lags: list[float] = []
-    async with aiohttp.ClientSession(
+    async with aio.ClientSession(
         connector=conn, timeout=timeout, trust_env=False, read_bufsize=1 << 20, auto_decompress=False
     ) as session:
         mon = asyncio.create_task(_lag_monitor(lags))
