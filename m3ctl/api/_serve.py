@@ -10,19 +10,18 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from m3ctl.api._args import _checked
 from m3ctl.api._plan import host_inventory, plan_request
-from m3ctl.errors import BadInput
-from m3ctl.planning.emit import launch_command
-from m3ctl.serving import deployments, workflow
+from m3ctl.assess.request import PlanRequest
 from m3ctl.core.state import Registry
+from m3ctl.errors import BadInput
+from m3ctl.hw.inventory import HostInventory
+from m3ctl.planning.emit import launch_command
+from m3ctl.planning.plan import LaunchPlan
+from m3ctl.serving import deployments, workflow
 from m3ctl.serving.deployments import LogTail, Status
 from m3ctl.serving.fallback import Attempt, Fallback, Preview, check_mode, preview
 from m3ctl.serving.signals import interrupt_exit_code
 from m3ctl.serving.smoke import smoke_level
 from m3ctl.serving.workflow import ServeWatch, serve_plan
-
-from m3ctl.assess.request import PlanRequest
-from m3ctl.hw.inventory import HostInventory
-from m3ctl.planning.plan import LaunchPlan
 
 if TYPE_CHECKING:
     from m3ctl.runtime.base import StopReport
@@ -165,7 +164,9 @@ def serve(
     )
 
 
-def _replanner(inv: HostInventory, api_key_env: str | None, offline: bool | None) -> Callable[[PlanRequest], LaunchPlan]:
+def _replanner(
+    inv: HostInventory, api_key_env: str | None, offline: bool | None
+) -> Callable[[PlanRequest], LaunchPlan]:
     """The planner a fallback's remedied request goes through: the same checks and plan as :func:`serve`'s."""
 
     def replan(req: PlanRequest) -> LaunchPlan:

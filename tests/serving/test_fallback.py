@@ -39,7 +39,17 @@ def _env(tmp_path: Path, **spec: object) -> dict[str, str]:
 def _serve(env: dict[str, str], model: Path, name: str, *extra: str):
     port = free_port()
     p = run_cli(
-        "serve", "--model", str(model), "--name", name, "--port", str(port), "--detach", "--smoke", "off", *extra,
+        "serve",
+        "--model",
+        str(model),
+        "--name",
+        name,
+        "--port",
+        str(port),
+        "--detach",
+        "--smoke",
+        "off",
+        *extra,
         env=env,
     )
     return p, port
