@@ -204,6 +204,8 @@ class _Run:
             self.out.print(f"[{color}]fallback[/] {escape(a.line())}", soft_wrap=True)
             for why in a.skipped:
                 self.out.print(f"  [dim]passed over: {escape(why)}[/]", soft_wrap=True)
+            if (then := a.then()) is not None:
+                self.out.print(f"  {escape(then)}", soft_wrap=True)
 
     def on_watch(self, e) -> None:
         """A watchdog event, one line (m3ctl.cli.watch.probe_printer)."""

@@ -80,13 +80,18 @@ class Attempt:
         return asdict(self)
 
     def line(self) -> str:
-        """One line: ``attempt 1 failed (speculative decoding ...): relaunching without speculative decoding``."""
+        """``attempt 1 failed in speculative decoding (...): CAUSE`` (``attempt 2 is ready``)."""
         if self.outcome == "ready":
             return f"attempt {self.attempt} is ready"
         fam = family(self.family)
         where = f" in {fam.name}" if fam is not None else ""
-        then = f"relaunching with {self.remedy}" if self.remedy else f"not relaunched: {self.not_retried}"
-        return f"attempt {self.attempt} failed{where}: {then}"
+        return f"attempt {self.attempt} failed{where}: {self.cause}"
+
+    def then(self) -> str | None:
+        """What follows a failed attempt: ``relaunching with REMEDY`` or ``not relaunched: WHY`` (None when ready)."""
+        if self.outcome == "ready":
+            return None
+        return f"relaunching with {self.remedy}" if self.remedy else f"not relaunched: {self.not_retried}"
 
 
 @dataclass

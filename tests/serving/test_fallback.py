@@ -10,6 +10,8 @@ engine stack (tests/fixtures/components) and exit, so a relaunch without that fl
 from __future__ import annotations
 
 import json
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -70,8 +72,8 @@ def test_a_speculative_decoding_death_is_relaunched_without_speculation(tmp_path
         _, first_start, second_start = out.split("starting fb:")
         assert "--speculative-config" in first_start, out
         assert "--speculative-config" not in second_start, out
-        assert "fallback attempt 1 failed in speculative decoding" in out, out
-        assert "relaunching with speculative decoding off (--spec-depth 0)" in out, out
+        assert "fallback attempt 1 failed in speculative decoding" in out and "IndexError" in out, out
+        assert "\n  relaunching with speculative decoding off (--spec-depth 0)\n" in out, out
         assert "fallback attempt 2 is ready" in out, out
         (rec,) = status()
         assert rec["phase"] == "ready", rec
@@ -190,3 +192,44 @@ def test_every_safe_remedy_is_data_the_planner_can_check():
         assert bool(applies) != bool(fam.no_fallback), fam.id
         for a in applies:
             assert all(f in flags for f in a.args), (fam.id, a.args)
+
+
+def _corrupt_cache(tmp_path: Path, root: Path) -> tuple[dict[str, str], Path]:
+    """The fake engine fails to read its compile cache back while ``root/torch_compile_cache/CORRUPT`` exists."""
+    bad = root / "torch_compile_cache" / "CORRUPT"
+    bad.parent.mkdir(parents=True)
+    bad.write_text("half-written")
+    log = Path(__file__).resolve().parents[1] / "fixtures" / "diagnose" / "torch-compile-cache.log"
+    env = _env(tmp_path, corrupt_cache_log=str(log))
+    env["VLLM_CACHE_ROOT"] = str(root)
+    return env, bad
+
+
+def test_a_corrupt_compile_cache_of_m3ctls_own_is_cleared_and_the_same_command_relaunched(tmp_path, model):
+    """VLLM_CACHE_ROOT inside m3ctl's state directory: the cache is cleared and the same command started once more
+    (the launch is not the same: its cache was cleared), which serves."""
+    env, bad = _corrupt_cache(tmp_path, Path(os.environ["M3CTL_STATE_DIR"]) / "vllm-cache")
+    p, _ = _serve(env, model, "fbc", "--fallback", "auto")
+    out = p.stdout + p.stderr
+    try:
+        assert p.returncode == 0, out
+        assert "relaunching with its compile cache cleared (m3ctl's own)" in out, out
+        assert not bad.exists() and bad.parent.parent.is_dir(), out
+        first, second = status()[0]["fallbacks"]
+        same = [re.sub(r"VLLM_PORT=\d+ ", "", a["command"]) for a in (first, second)]  # an internal port, per start
+        assert first["family"] == "compile" and same[0] == same[1], (first, second)
+    finally:
+        run_cli("stop", "fbc")
+
+
+def test_a_compile_cache_that_is_not_m3ctls_own_is_left_alone(tmp_path, model):
+    """VLLM_CACHE_ROOT elsewhere (the user's cache): m3ctl removes nothing, and eager mode is already in effect on
+    the CPU profile, so nothing is relaunched; both reasons are said."""
+    env, bad = _corrupt_cache(tmp_path, tmp_path / "users-cache")
+    p, port = _serve(env, model, "fbu", "--fallback", "auto")
+    out = p.stdout + p.stderr
+    assert p.returncode == 4, out
+    assert bad.exists(), out
+    assert "is not inside m3ctl's state directory" in out and "already in effect" in out, out
+    run_cli("stop", "fbu")
+    nothing_left(port)
