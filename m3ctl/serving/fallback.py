@@ -192,7 +192,7 @@ def next_step(
     """What ``--fallback auto`` does after ``err``: the remedied request and plan, or why there is no relaunch."""
     fam = failed_family(err)
     if fam is None:
-        return Step(None, reason="the log names no engine component (no stack of its own): no remedy is known")
+        return Step(None, reason="no engine component is named (no stack in the log): no remedy is known")
     if fam.no_fallback:
         return Step(fam, reason=fam.no_fallback)
     limit = component_map().fallback.max_relaunches
@@ -252,9 +252,12 @@ def run(
         try:
             res = launch(plan)
         except LaunchFailed as err:
-            step = next_step(
-                err, req, plan, fb.replan, tried=tried, used=used, own_root=registry.root, relaunches=len(attempts)
-            )
+            if registry.exists(plan.name):
+                step = next_step(
+                    err, req, plan, fb.replan, tried=tried, used=used, own_root=registry.root, relaunches=len(attempts)
+                )
+            else:  # `m3ctl stop` removed the record while it started (or the launch never recorded one)
+                step = Step(failed_family(err), reason="its record is gone (`m3ctl stop` stopped it while it started)")
             att = Attempt(
                 len(attempts) + 1,
                 command(),

@@ -13,6 +13,7 @@ import json
 import os
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -233,3 +234,77 @@ def test_a_compile_cache_that_is_not_m3ctls_own_is_left_alone(tmp_path, model):
     assert "is not inside m3ctl's state directory" in out and "already in effect" in out, out
     run_cli("stop", "fbu")
     nothing_left(port)
+
+
+# ------------------------------------------------------------------------------------------- the loop's bounds
+def _loop(tmp_path: Path, families_in_order: list[str]):
+    """fallback.run over a launch that fails with the next family of ``families_in_order`` each time (then
+    serves), and a planner that renders the request's spec depth and args as the command."""
+    from m3ctl.assess.request import PlanRequest
+    from m3ctl.core.state import Deployment, Registry
+    from m3ctl.errors import ConfigRejected, LaunchFailed
+    from m3ctl.planning.plan import LaunchPlan
+    from m3ctl.serving import fallback
+
+    reg = Registry(tmp_path / "loop-state")
+
+    def replan(req: PlanRequest) -> LaunchPlan:
+        argv = ["vllm", "serve", "m"] + (["--speculative-config", "{}"] if req.spec_depth != 0 else [])
+        argv += [f"--{k}={v}" for k, v in sorted(req.args.items())]
+        if req.attention == "dense":
+            raise ConfigRejected("--attention dense applies to MSA models; m has GQA attention", "drop --attention")
+        return LaunchPlan(
+            name="lp", profile="cpu", model="m", served_model_name="m", port=1, startup_budget_s=30, argv=argv
+        )
+
+    launched: list[list[str]] = []
+    fails = list(families_in_order)
+
+    def launch(plan: LaunchPlan):
+        launched.append(list(plan.argv))
+        dep = Deployment(name="lp", port=1, served_model_name="m", model="m", phase="failed")
+        if not fails:
+            dep.phase = "ready"
+            return SimpleNamespace(deployment=dep)
+        reg.save(dep)
+        err = LaunchFailed(f"died in {fails[0]}")
+        err.family = fails.pop(0)
+        raise err
+
+    req = PlanRequest(model="m", spec_depth=2)
+    seen: list = []
+    fb = fallback.Fallback("auto", req, replan, seen.append)
+    try:
+        result = fallback.run(replan(req), fb, launch, command=lambda: " ".join(launched[-1]), registry=reg)
+    except LaunchFailed as e:
+        result = e
+    return result, launched, seen
+
+
+def test_relaunches_are_bounded_and_never_repeat_a_command(tmp_path):
+    """Four failures in four components: three relaunches (the bound), each a new command; the fourth failure is
+    not relaunched and says the bound is reached."""
+    result, launched, seen = _loop(tmp_path, ["spec-decode", "cudagraph", "moe", "moe"])
+    assert len(launched) == 4 and len({tuple(a) for a in launched}) == 4, launched
+    assert "--speculative-config" not in launched[1] and "--enforce-eager=True" in launched[2], launched
+    assert "--moe-backend=triton" in launched[3], launched
+    assert "the bound of 3 relaunches is reached" in result.hint, result.hint
+    assert [a.remedy is not None for a in seen] == [True, True, True, False], seen
+
+
+def test_each_remedy_is_applied_once(tmp_path):
+    """The MoE kernel fails again after each backend: triton, then marlin, then no remedy is left."""
+    result, launched, _ = _loop(tmp_path, ["moe", "moe", "moe"])
+    assert [a for a in launched[1] if "moe" in a] == ["--moe-backend=triton"], launched
+    assert [a for a in launched[2] if "moe" in a] == ["--moe-backend=marlin"], launched
+    assert len(launched) == 3 and "no safe remedy left for MoE kernel" in result.hint, result.hint
+
+
+def test_a_remedy_the_planner_refuses_is_passed_over(tmp_path):
+    """attention → dense is refused by the planner (a GQA model), so the next remedy (another attention backend) is
+    applied, and the refusal is reported."""
+    result, launched, seen = _loop(tmp_path, ["attention"])
+    assert result.deployment.phase == "ready" and "--attention-backend=TRITON_ATTN" in launched[1], launched
+    assert [a["outcome"] for a in result.deployment.fallbacks] == ["failed", "ready"], result.deployment
+    (why,) = seen[0].skipped
+    assert why.startswith("dense attention") and "refused by the planner: --attention dense applies to MSA" in why
