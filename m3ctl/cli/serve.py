@@ -200,7 +200,10 @@ class _Run:
         """An attempt of ``--fallback auto`` (m3ctl.api.Attempt): one line, and a ``fallback`` event."""
         self.out.event("fallback", **a.to_dict())
         if not self.out.json:
-            color = "green" if a.outcome == "ready" else ("yellow" if a.remedy else "red")
+            if a.outcome == "failed" and not a.remedy:  # the cause follows in the error line
+                self.out.print(f"[red]fallback[/] attempt {a.attempt} {escape(a.then() or '')}", soft_wrap=True)
+                return
+            color = "green" if a.outcome == "ready" else "yellow"
             self.out.print(f"[{color}]fallback[/] {escape(a.line())}", soft_wrap=True)
             for why in a.skipped:
                 self.out.print(f"  [dim]passed over: {escape(why)}[/]", soft_wrap=True)

@@ -170,7 +170,7 @@ def _candidate(
             step.skipped.append(f"{a.label}: refused by the planner: {e.message}")
             continue
         if launch_key(new_plan, clear) in tried:
-            step.skipped.append(f"{a.label}: already in effect (the same command)")
+            step.skipped.append(f"{a.label}: already in effect (this launch has it)")
             continue
         used.add((fam.id, i))
         step.request, step.plan, step.remedy, step.clear = new_req, new_plan, a, clear
