@@ -85,6 +85,10 @@ def test_a_speculative_decoding_death_is_relaunched_without_speculation(tmp_path
         assert "--speculative-config" in first["command"], first
         assert "IndexError" in Path(first["log_path"]).read_text(), first
         assert second["outcome"] == "ready" and "--speculative-config" not in second["command"], second
+        shown = run_cli("status").stdout
+        assert "fallback attempts: 1 failed (spec-decode) -> speculative decoding off (--spec-depth 0); 2 ready" in (
+            " ".join(shown.split())
+        ), shown
     finally:
         run_cli("stop", "fb")
     nothing_left(port)
