@@ -147,10 +147,15 @@ class LaunchFailed(M3Error):
         log_path: path of the server log, if any.
         elapsed_s: seconds from the launch to the failure, when the raiser measured them (a tune trial's start
             time; None otherwise).
+        family: the engine component the log's stack names (a ``families`` id of m3ctl/data/components.yaml:
+            ``spec-decode``, ``cudagraph``, ``kill`` ...), None when no diagnosis named one.
+        exit_status: how the server ended, where the runtime knows (``killed by SIGKILL``, ``exit 1``).
     """
 
     exit_code = EXIT_LAUNCH_FAILED
     elapsed_s: float | None = None
+    family: str | None = None
+    exit_status: str | None = None
 
     def __init__(
         self,

@@ -10,24 +10,28 @@ from typing import TYPE_CHECKING, Any, Literal, overload
 
 from m3ctl.api._args import _checked
 from m3ctl.api._plan import host_inventory, plan_request
+from m3ctl.assess.request import PlanRequest
+from m3ctl.core.state import Registry
 from m3ctl.errors import BadInput
+from m3ctl.hw.inventory import HostInventory
 from m3ctl.planning.emit import launch_command
+from m3ctl.planning.plan import LaunchPlan
 from m3ctl.serving import deployments, workflow
 from m3ctl.serving.deployments import LogTail, Status
+from m3ctl.serving.fallback import Attempt, Fallback, Preview, check_mode, preview
 from m3ctl.serving.signals import interrupt_exit_code
 from m3ctl.serving.smoke import smoke_level
 from m3ctl.serving.workflow import ServeWatch, serve_plan
 
 if TYPE_CHECKING:
-    from m3ctl.assess.request import PlanRequest
-    from m3ctl.hw.inventory import HostInventory
-    from m3ctl.planning.plan import LaunchPlan
     from m3ctl.runtime.base import StopReport
     from m3ctl.serving.serve import ServeResult
 
 #: Defined in the serving package, part of this API (m3ctl.api maps these names here).
 __all__ = [
+    "Attempt",
     "LogTail",
+    "Preview",
     "ServeWatch",
     "Status",
     "interrupt_exit_code",
@@ -37,6 +41,7 @@ __all__ = [
     "prepare_serve",
     "running",
     "serve",
+    "serve_fallbacks",
     "serve_plan",
     "status",
     "stop",
@@ -87,6 +92,8 @@ def serve(
     on_start: Callable[[LaunchPlan, str], None] | None = None,
     dry_run: bool = False,
     watch: ServeWatch | None = None,
+    fallback: Literal["off", "auto"] = "off",
+    on_attempt: Callable[[Attempt], None] | None = None,
     **knobs: Any,
 ) -> ServeResult | LaunchPlan:
     """Plan, launch and wait until the server really serves (readiness phases, first completion, smoke test);
@@ -112,6 +119,12 @@ def serve(
             (:func:`launch_command`: what is printed is what starts).
         watch: a :class:`ServeWatch`: once ready, ``watch.on_ready(result)``, then the foreground watchdog; any end
             of it (a failure, Ctrl-C, SIGTERM/SIGHUP) stops the server (``watch.on_stopping`` before).
+        fallback: ``"off"`` (default) or ``"auto"``: a start that dies before ready is relaunched with the safe
+            remedy its failing component carries in m3ctl/data/components.yaml, re-planned through the planner's
+            rules (m3ctl.serving.fallback); at most a few relaunches, never the same launch twice; a kill, a
+            missing weight file, a refused flag or a component without a safe remedy is not relaunched. Each
+            attempt is kept in ``result.deployment.fallbacks`` (and the failed record).
+        on_attempt: called with each :class:`~m3ctl.serving.fallback.Attempt` of ``fallback="auto"`` as it ends.
 
     Returns:
         :class:`~m3ctl.serving.serve.ServeResult`: ``url`` (base URL), ``served_model_name``, ``deployment`` (the
@@ -126,13 +139,16 @@ def serve(
         KeyboardInterrupt: interrupted (Ctrl-C, or SIGTERM/SIGHUP with ``watch``); the server has been stopped.
     """
     smoke = smoke_level(smoke)
+    mode = check_mode(fallback)
     if mounts:  # part of the plan: checked against its runtime, and in the docker command a dry run prints
         knobs["mounts"] = [*(knobs.get("mounts") or []), *mounts]
-    p, secrets, prof, inv = prepare_serve(
-        request, inventory=inventory, config=config, offline=offline, api_key_env=api_key_env, **knobs
-    )
+    req = plan_request(request, config=config, **knobs)
+    workflow.check_request(req)
+    inv = host_inventory(inventory)
+    p, secrets, prof, inv = workflow.prepare(req, inv, api_key_env=api_key_env, offline=offline)
     if dry_run:
         return p
+    fb = Fallback(mode, req, _replanner(inv, api_key_env, offline), on_attempt)
     return workflow.start(
         p,
         secrets,
@@ -144,7 +160,46 @@ def serve(
         on_event=on_event,
         on_start=on_start,
         watch=watch,
+        fallback=fb,
     )
+
+
+def _replanner(
+    inv: HostInventory, api_key_env: str | None, offline: bool | None
+) -> Callable[[PlanRequest], LaunchPlan]:
+    """The planner a fallback's remedied request goes through: the same checks and plan as :func:`serve`'s."""
+
+    def replan(req: PlanRequest) -> LaunchPlan:
+        return workflow.prepare(req, inv, api_key_env=api_key_env, offline=offline)[0]
+
+    return replan
+
+
+@_checked
+def serve_fallbacks(
+    request: PlanRequest | dict | None = None,
+    *,
+    inventory: str | Path | HostInventory | None = None,
+    config: str | Path | None = None,
+    offline: bool | None = None,
+    api_key_env: str | None = None,
+    mounts: Sequence[str] = (),
+    **knobs: Any,
+) -> list[Preview]:
+    """What ``serve(fallback="auto")`` would do if the launch :func:`serve` plans died before ready (``serve
+    --dry-run --fallback auto``): for each engine component with a safe remedy, the relaunch (the remedy and what
+    it changes in the command, re-planned through the planner's rules) or why there would be none. Starts nothing.
+
+    Raises:
+        BadInput, ConfigRejected: as :func:`serve`.
+    """
+    if mounts:
+        knobs["mounts"] = [*(knobs.get("mounts") or []), *mounts]
+    req = plan_request(request, config=config, **knobs)
+    workflow.check_request(req)
+    inv = host_inventory(inventory)
+    p = workflow.prepare(req, inv, api_key_env=api_key_env, offline=offline)[0]
+    return preview(req, p, _replanner(inv, api_key_env, offline), Registry().root)
 
 
 def launch_plan(

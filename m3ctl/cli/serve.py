@@ -83,6 +83,15 @@ def serve(
         ),
     ] = None,
     no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Same as --smoke off.")] = False,
+    fallback: Annotated[
+        str,
+        typer.Option(
+            "--fallback",
+            parser=o.choice("off", "auto"),
+            metavar="off|auto",
+            help="auto: a launch that dies before ready is relaunched with its failing component's safe remedy (without speculation, eager mode, another MoE/attention backend...), re-planned and printed; each attempt is reported. A kill, a bad flag, a missing weight file is not relaunched. Default off.",
+        ),
+    ] = "off",
 ) -> None:
     """Plan, launch and wait until the server really serves (then watch it, or return with --detach).
 
@@ -100,8 +109,11 @@ def serve(
         inventory=inventory, config=config, offline=(knobs or {}).get("offline"), api_key_env=api_key_env
     )
     if dry_run:
-        return show_dry_run(out, api.serve(req, dry_run=True, mounts=mount or [], **given), level)
-    launch(_Run(out, detach, watch_interval, restart), req, level, mount or [], given)
+        show_dry_run(out, api.serve(req, dry_run=True, mounts=mount or [], **given), level)
+        if fallback == "auto" and not out.json:
+            print_fallbacks(out, api.serve_fallbacks(req, mounts=mount or [], **given))
+        return
+    launch(_Run(out, detach, watch_interval, restart), req, level, mount or [], {**given, "fallback": fallback})
 
 
 def launch(run: "_Run", req, level: str, mounts: list[str], given: dict[str, Any]) -> None:
@@ -118,6 +130,7 @@ def launch(run: "_Run", req, level: str, mounts: list[str], given: dict[str, Any
             on_pull=pull_printer(run.out),
             on_start=run.started,
             watch=watch,
+            on_attempt=run.attempt,
             **given,
         )
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM/SIGHUP (serve.Terminated)
@@ -183,6 +196,20 @@ class _Run:
                 f"serving in the foreground (watchdog every {self.interval:g} s, restart {self.restart}); Ctrl-C stops it"
             )
 
+    def attempt(self, a) -> None:
+        """An attempt of ``--fallback auto`` (m3ctl.api.Attempt): one line, and a ``fallback`` event."""
+        self.out.event("fallback", **a.to_dict())
+        if not self.out.json:
+            if a.outcome == "failed" and not a.remedy:  # the cause follows in the error line
+                self.out.print(f"[red]fallback[/] attempt {a.attempt} {escape(a.then() or '')}", soft_wrap=True)
+                return
+            color = "green" if a.outcome == "ready" else "yellow"
+            self.out.print(f"[{color}]fallback[/] {escape(a.line())}", soft_wrap=True)
+            for why in a.skipped:
+                self.out.print(f"  [dim]passed over: {escape(why)}[/]", soft_wrap=True)
+            if (then := a.then()) is not None:
+                self.out.print(f"  {escape(then)}", soft_wrap=True)
+
     def on_watch(self, e) -> None:
         """A watchdog event, one line (m3ctl.cli.watch.probe_printer)."""
         if self._probes is not None:
@@ -212,6 +239,15 @@ def show_dry_run(out: Output, p, level: str) -> None:
         else f"{level}: " + "; ".join(planned_checks(p.argv, level, smoke_target(p)))
     )
     out.print(f"after readiness, smoke test: {escape(checks)}")
+
+
+def print_fallbacks(out: Output, previews) -> None:
+    """``serve --dry-run --fallback auto``: what a failure before ready would be relaunched with, per component."""
+    out.print("on a failure before ready, --fallback auto would relaunch:")
+    for p in previews:
+        what = f"with {p.remedy}: {p.change}" if p.remedy else f"no relaunch ({p.reason})"
+        out.print(f"  {escape(p.name)}: {escape(what)}", soft_wrap=True)
+    out.print("  any other failure (a kill, the weight loader, the install, a refused setting...): no relaunch")
 
 
 def on_phase(out: Output):

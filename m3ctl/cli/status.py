@@ -48,6 +48,15 @@ def status(json_out: o.Json = False) -> None:
             ),
             soft_wrap=True,
         )
+        if d.fallbacks:  # serve --fallback auto: each launch, the remedy it was followed by or why none
+            steps = "; ".join(
+                f"{a['attempt']} {a['outcome']}"
+                + (f" ({a['family']})" if a.get("family") else "")
+                + (f" -> {a['remedy']}" if a.get("remedy") else "")
+                + (f": not relaunched: {a['not_retried']}" if a.get("not_retried") else "")
+                for a in d.fallbacks
+            )
+            out.con.print(escape(hang("  ", f"fallback attempts: {steps}", width)), soft_wrap=True)
         if r.engine.dead:  # when, how and why; the record stays for `m3ctl logs` until `m3ctl stop`
             out.con.print(
                 escape(

@@ -199,6 +199,9 @@ class Deployment(BaseModel):
     """One line: why it died or failed (the root cause from its log, m3ctl.serving.diagnose), when known."""
     fix: str | None = None
     """One line: what to try about ``cause``, when known."""
+    fallbacks: list[dict] | None = None
+    """``serve --fallback auto``: each launch before this one's end (m3ctl.serving.fallback.Attempt: its command,
+    the cause it failed with, the remedy applied for the next launch or why there was none); None without."""
     supervisor_pid: int | None = None
     """The m3ctl process that watches the server (the launch until ready; a foreground ``serve``, a tune or
     ``m3ctl watch`` after it); None when nothing does (``serve --detach`` once ready). ``status`` shows the

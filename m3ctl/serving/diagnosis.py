@@ -8,10 +8,11 @@ from __future__ import annotations
 import functools
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from m3ctl.assess.request import PlanRequest
 from m3ctl.catalog import Regex, data, parse, profiles, register
 
 Phase = Literal["startup", "first-request", "serving"]
@@ -309,12 +310,45 @@ class AsyncErrors(BaseModel):
     source: str
 
 
+class ClearCache(BaseModel):
+    """A cache directory a remedy removes: ``$ENV/path`` of the launch's environment, only where ``ENV`` points
+    inside m3ctl's own state directory (m3ctl never removes a cache it did not create)."""
+
+    model_config = ConfigDict(extra="forbid")
+    env: str
+    path: str
+
+
+class Apply(BaseModel):
+    """What ``serve --fallback auto`` changes for a remedy (m3ctl.serving.fallback): request ``knobs`` (PlanRequest
+    fields) and vLLM flags (``args``, as ``--arg``), re-planned through the planner's rules, and a cache to clear.
+    ``label``: the change in words. A remedy with ``apply`` is safe to try unattended: it changes how the engine
+    runs, never what it serves (the weights, the model, the context length)."""
+
+    model_config = ConfigDict(extra="forbid")
+    label: str
+    knobs: dict[str, Any] = Field(default_factory=dict)
+    args: dict[str, Any] = Field(default_factory=dict)
+    clear: ClearCache | None = None
+
+    @model_validator(mode="after")
+    def _changes_something(self) -> Apply:
+        unknown = sorted(set(self.knobs) - set(PlanRequest.model_fields))
+        if unknown:
+            raise ValueError(f"apply {self.label!r}: {unknown[0]!r} is not a plan request field")
+        if not (self.knobs or self.args or self.clear):
+            raise ValueError(f"apply {self.label!r} changes nothing (knobs, args or clear)")
+        return self
+
+
 class Remedy(BaseModel):
-    """One thing to try for a failure in a family, and where it is documented (None: m3ctl's own advice)."""
+    """One thing to try for a failure in a family, and where it is documented (None: m3ctl's own advice);
+    ``apply``: the change ``serve --fallback auto`` makes for it, where it is safe to make unattended."""
 
     model_config = ConfigDict(extra="forbid")
     do: str
     source: str | None = None
+    apply: Apply | None = None
 
 
 class Family(BaseModel):
@@ -335,6 +369,15 @@ class Family(BaseModel):
     identifiers: list[Regex] = Field(default_factory=list)
     eager: bool = False
     remedies: list[Remedy]
+    no_fallback: str | None = None
+    """Why ``serve --fallback auto`` does not relaunch after a failure here (a family without a safe remedy)."""
+
+
+class FallbackBounds(BaseModel):
+    """How far ``serve --fallback auto`` goes: at most ``max_relaunches`` relaunches after the first launch."""
+
+    model_config = ConfigDict(extra="forbid")
+    max_relaunches: int = Field(default=3, ge=1, le=10)
 
 
 class ComponentMap(BaseModel):
@@ -346,6 +389,7 @@ class ComponentMap(BaseModel):
     components: list[Component]
     families: list[Family] = Field(default_factory=list)
     exit_codes: list[ExitCode] = Field(default_factory=list)
+    fallback: FallbackBounds = Field(default_factory=lambda: FallbackBounds())
 
     @field_validator("families")
     @classmethod

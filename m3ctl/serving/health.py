@@ -188,7 +188,9 @@ class _Wait:
                     + (f"; log: {log_path}" if log_path else "")
                 )
             hint = hint or (f"see the log: {log_path}" if log_path else None)
-        return LaunchFailed(msg, hint, phase=phase, root_cause=diag.line if diag else None, log_path=log_path)
+        err = LaunchFailed(msg, hint, phase=phase, root_cause=diag.line if diag else None, log_path=log_path)
+        err.family = diag.family if diag else None
+        return err
 
     def until(self, phase: str, check: Callable[[], bool | str], note: str = "") -> None:
         """Poll ``check`` until it returns True (the phase passed); a string is a definite failure, False

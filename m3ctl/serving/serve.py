@@ -204,6 +204,7 @@ def _name_the_exit(e: LaunchFailed, rt: Runtime, dep: Deployment) -> None:
     with contextlib.suppress(Exception):  # the runtime cannot tell (a removed container): the message stays as it is
         how = rt.inspect(dep).exit_status
         if how:
+            e.exit_status = how
             e.message = f"{_EXITED} ({how})" + e.message[len(_EXITED) :]
 
 
@@ -307,13 +308,15 @@ def _smoke(
         what = f"server died during the smoke test after readiness, {died}"
         emit(PhaseEvent("smoke", "fail", time.time() - dep.started_at, what))
         if diag:
-            raise LaunchFailed(
+            err = LaunchFailed(
                 f"{what}: {diag.summary()} [{diag.line}]",
                 diag.fix + (f"; full log: {dep.log_path}" if dep.log_path else ""),
                 phase="smoke",
                 root_cause=diag.line,
                 log_path=dep.log_path,
             )
+            err.family = diag.family
+            raise err
         raise LaunchFailed(what, f"see the log: {dep.log_path}", phase="smoke", log_path=dep.log_path)
     took = round(time.monotonic() - t0, 3)
     bad = [f.status for f in findings if f.status != "OK"]

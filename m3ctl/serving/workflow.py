@@ -26,8 +26,9 @@ from m3ctl.planning.plan import plan as make_plan
 from m3ctl.runtime import get_runtime, runtime_for
 from m3ctl.runtime.base import Runtime
 from m3ctl.runtime.docker import DockerOptions, DockerRuntime
-from m3ctl.serving import serve, watchdog
+from m3ctl.serving import fallback, serve, watchdog
 from m3ctl.serving.diagnose import DiagContext
+from m3ctl.serving.fallback import Fallback
 from m3ctl.serving.serve import ServeResult
 from m3ctl.serving.signals import sigint_ignored, stop_signals_as_interrupt
 
@@ -177,9 +178,12 @@ def start(
     on_event: Callable[[Any], None] | None = None,
     on_start: Callable[[LaunchPlan, str], None] | None = None,
     watch: ServeWatch | None = None,
+    fallback: Fallback | None = None,
 ) -> ServeResult:
     """Launch the plan ``p`` with ``secrets`` in the server's environment and wait until ready; with ``watch``,
     watch it in the foreground (any end of the watch stops the server). SIGTERM/SIGHUP stop it as Ctrl-C does.
+    With ``fallback`` in mode ``auto``, a start that dies before ready is relaunched with its component's safe
+    remedy (m3ctl.serving.fallback), each launch announced through ``on_start``.
 
     Args:
         runtime: the runtime to launch on; default :func:`serve_runtime` of the plan's (with ``mounts`` and
@@ -196,10 +200,51 @@ def start(
     rt = runtime if runtime is not None else serve_runtime(p.runtime, mounts, on_pull)
     with stop_signals_as_interrupt():  # SIGTERM/SIGHUP stop the server as Ctrl-C does (main thread)
         if watch is None:  # detached: nothing watches it once ready
-            return _launch(
-                p, rt, secrets, profile, inventory, smoke=smoke, on_event=on_event, on_start=on_start, supervised=False
+            return _launch_falling_back(
+                p, rt, secrets, profile, inventory, smoke, on_event, on_start, fallback, Registry(), supervised=False
             )
-        return _serve_foreground(p, rt, secrets, profile, inventory, smoke, on_event, on_start, watch)
+        return _serve_foreground(p, rt, secrets, profile, inventory, smoke, on_event, on_start, watch, fallback)
+
+
+def _launch_falling_back(
+    p, rt, secrets, prof, inv, smoke, on_event, on_start, fb: Fallback | None, reg: Registry, *, supervised=True
+) -> ServeResult:
+    """:func:`_launch`, and with ``fb`` in mode ``auto`` its relaunches (m3ctl.serving.fallback.run)."""
+    if fb is None or fb.mode != "auto":
+        return _launch(
+            p,
+            rt,
+            secrets,
+            prof,
+            inv,
+            smoke=smoke,
+            on_event=on_event,
+            on_start=on_start,
+            registry=reg,
+            supervised=supervised,
+        )
+    ran: list[str | None] = [None]
+
+    def started(plan: LaunchPlan, command: str) -> None:
+        ran[0] = command
+        if on_start is not None:
+            on_start(plan, command)
+
+    def one(plan: LaunchPlan) -> ServeResult:
+        return _launch(
+            plan,
+            rt,
+            secrets,
+            prof,
+            inv,
+            smoke=smoke,
+            on_event=on_event,
+            on_start=started,
+            registry=reg,
+            supervised=supervised,
+        )
+
+    return fallback.run(p, fb, one, command=lambda: ran[0], registry=reg)
 
 
 def _launch(p, rt, secrets, prof, inv, *, smoke, on_event, on_start, registry=None, supervised=True) -> ServeResult:
@@ -220,11 +265,11 @@ def _launch(p, rt, secrets, prof, inv, *, smoke, on_event, on_start, registry=No
     )
 
 
-def _serve_foreground(p, rt, secrets, prof, inv, smoke, on_event, on_start, w: ServeWatch) -> ServeResult:
-    """:func:`start` with a watch: launch, ``w.on_ready``, watch until the end; any end but a failure inside
-    the watch (which stops the server itself) stops it here on Ctrl-C."""
+def _serve_foreground(p, rt, secrets, prof, inv, smoke, on_event, on_start, w: ServeWatch, fb=None) -> ServeResult:
+    """:func:`start` with a watch: launch (with ``fb``'s relaunches), ``w.on_ready``, watch until the end; any end
+    but a failure inside the watch (which stops the server itself) stops it here on Ctrl-C."""
     reg = Registry()
-    res = _launch(p, rt, secrets, prof, inv, smoke=smoke, on_event=on_event, on_start=on_start, registry=reg)
+    res = _launch_falling_back(p, rt, secrets, prof, inv, smoke, on_event, on_start, fb, reg)
     try:
         if w.on_ready is not None:
             w.on_ready(res)

@@ -101,6 +101,7 @@ STRING_CASES: dict[str, list[str]] = {
     "--hf-cache-hostpath": ["relative/path"],
     "--attention": ["sparse", ""],
     "--smoke": ["fast", ""],
+    "--fallback": ["sometimes", ""],
     "--prompt-text": ["stale", ""],
     "--power-gpus": ["a", "-1", "", "0,0", "1,,x"],
     "--power-metrics": ["", "ftp://x", "http://[::1", "http://h:99999"],
