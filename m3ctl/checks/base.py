@@ -80,6 +80,8 @@ class Verdict(BaseModel):
     notes: list[str] = Field(default_factory=list)
     plan_request: dict[str, Any] | None = None
     serve_command: str | None = None
+    day0: str | None = None
+    """How much of the day-0 stack this host gets (:func:`m3ctl.checks.day0.verdict_line`); None: nothing planned."""
     outcome: Any = Field(default=None, exclude=True)
 
 
