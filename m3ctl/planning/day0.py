@@ -265,6 +265,12 @@ def _planned(ctx: PlanContext, part: Part) -> bool:
     return all(_flag_on(ctx, k, v) for k, v in t.args.items())
 
 
+def _path_of(part: Part) -> bool:
+    """The part is the path of the parts it requires (no switch of its own: QMUL4 runs wherever NVFP4 KV does)."""
+    t = part.turn_on
+    return not (t.args or t.precision or t.speculative or t.layout)
+
+
 def _hardware(ctx: PlanContext, name: str, part: Part, toolkit: str | None) -> PartState | None:
     """The part's state from the hardware (and, for a toolkit part, the image's CUDA); None: the hardware runs it."""
     arch, vendor = ctx.profile.arch, ctx.inventory.vendor or "none"
@@ -276,6 +282,9 @@ def _hardware(ctx: PlanContext, name: str, part: Part, toolkit: str | None) -> P
     hw = part.hardware
     if hw.archs is not None and arch not in hw.archs:
         return PartState(part=name, what=part.what, state="off", why=f"runs on {', '.join(hw.archs)}; this is {arch}")
+    bad = capability.known_bad(ctx.facts.family or "", arch, part.turn_on.precision) if part.turn_on.precision else None
+    if bad is not None:
+        return PartState(part=name, what=part.what, state="off", why=f"known bad on {arch}: {bad.note}")
     if hw.capability is None:
         return None
     if hw.toolkit and toolkit is None:
@@ -377,7 +386,8 @@ def decide(
             turn_on.append(f"--{part.turn_on.layout}" + (" N" if part.turn_on.layout == "dcp" else ""))
         done[name] = st.model_copy(
             update={
-                "planned": (absent is None or absent.state != "off") and _planned(ctx, part),
+                "planned": (absent is None or absent.state != "off")
+                and (_planned(ctx, part) or any(done[r].planned for r in part.requires_any if _path_of(part))),
                 "turn_on": turn_on,
                 "assumed": part.assumed,
                 "confirm": part.confirm,
