@@ -61,9 +61,7 @@ def test_golden_plan_and_doctor_day0(system):
     plan_block = json.loads(p.stdout)["day0"]
     d = run_cli("doctor", "--system", system, "--json")
     rep = json.loads(d.stdout)
-    rows = [
-        {k: c[k] for k in ("id", "status", "message")} for c in rep["checks"] if c["id"].startswith("day0.")
-    ]
+    rows = [{k: c[k] for k in ("id", "status", "message")} for c in rep["checks"] if c["id"].startswith("day0.")]
     got = {"plan": plan_block, "doctor": {"rows": rows, "verdict": rep["verdict"]["day0"]}}
     path = GOLDEN / f"{system}.json"
     if os.environ.get("M3CTL_UPDATE_GOLDEN") == "1" or not path.exists():
