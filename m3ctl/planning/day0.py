@@ -359,6 +359,26 @@ def _judge(
     return PartState(part=name, what=part.what, state="native", how=how, why="engine, hardware and image run it")
 
 
+def available(name: str, arch: str, vendor: str | None, engine_version: str | None) -> str | None:
+    """Why part ``name`` runs natively on ``arch`` with the pinned engine tables at ``engine_version`` (one line), or
+    None where its vendor, architectures, capability row or engine say it does not: what the planner asks before it
+    turns a part on (the NVFP4 index cache following ``--kv-cache-dtype nvfp4``)."""
+    part = table().parts[name]
+    if part.vendor != "any" and part.vendor != vendor:
+        return None
+    if part.hardware.archs is not None and arch not in part.hardware.archs:
+        return None
+    if part.hardware.capability is not None:
+        fv = capability.evaluate_feature(arch, part.hardware.capability, engine_version=engine_version)
+        if _FROM_CAPABILITY[fv.status] != "native":
+            return None
+    if _engine_gap(part, engine_version, flag_table(), engine_facts(engine_version)) is not None:
+        return None
+    return f"day-0 part {name} runs on {arch} with vLLM {engine_version or '?'}" + (
+        " (assumed)" if part.assumed else ""
+    )
+
+
 def decide(
     ctx: PlanContext, *, flags: VllmFlagTable | None = None, engine: VllmEngineFacts | None = None
 ) -> Day0Report:

@@ -155,3 +155,28 @@ def test_plan_text_shows_the_day0_block():
     assert p.returncode == 0, p.stderr
     assert "day-0 stack: this plan runs 1 of 12 day-0 parts (nvfp4_moe)" in p.stdout
     assert "qmul4_dequant = fallback: FP16 dequant" in p.stdout
+
+
+def _indexer(p) -> str | None:
+    a = p.argv
+    return a[a.index("--attention_config.indexer_kv_dtype") + 1] if "--attention_config.indexer_kv_dtype" in a else None
+
+
+@pytest.mark.parametrize("system", ["b200x8", "gb300x4", "rubinx8"])
+def test_nvfp4_kv_cache_takes_the_msa_indexer_along_where_it_runs(system):
+    p = _plan(system, kv_cache_dtype="nvfp4")
+    a = p.argv
+    assert a[a.index("--kv-cache-dtype") + 1] == "nvfp4" and _indexer(p) == "nvfp4"
+    assert any(
+        c.what == "--attention_config.indexer_kv_dtype" and "follows --kv-cache-dtype nvfp4" in c.why for c in p.choices
+    )
+    assert _states(p.day0)["nvfp4_kv_indexer"].planned
+    # the default plan and an FP8 KV cache keep the variant's FP8 index cache (no default plan changed)
+    assert _indexer(_plan(system)) == "fp8" and _indexer(_plan(system, kv_cache_dtype="fp8")) == "fp8"
+
+
+def test_an_index_cache_the_user_gives_wins_over_the_follow():
+    p = _plan("b200x8", kv_cache_dtype="nvfp4", args={"attention_config.indexer_kv_dtype": "fp8"})
+    assert _indexer(p) == "fp8"
+    p = _plan("b200x8", kv_cache_dtype="nvfp4", extra_args=["--attention-config", '{"indexer_kv_dtype": "bf16"}'])
+    assert _indexer(p) != "nvfp4" and not any("follows --kv-cache-dtype" in c.why for c in p.choices)
