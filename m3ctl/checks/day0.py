@@ -1,4 +1,4 @@
-"""Doctor's day-0 rows (group ``capability``): one row per part of the day-0 stack, and the verdict's day-0 line.
+"""Doctor's day-0 rows (group ``model``: views of the plan): one row per part of the day-0 stack, and the verdict's day-0 line.
 
 A view of the plan's :class:`~m3ctl.planning.day0.Day0Report` (made once by :func:`m3ctl.planning.day0.decide`
 for the outcome doctor renders): the same states, wording and counts as ``m3ctl plan``; doctor judges nothing here.
@@ -6,14 +6,17 @@ for the outcome doctor renders): the same states, wording and counts as ``m3ctl 
 
 from __future__ import annotations
 
-from m3ctl.checks.base import CheckResult, Ctx, Status, _r
-from m3ctl.planning.day0 import Day0Report, PartState
+from m3ctl.checks.base import CheckResult, Ctx, Status, Verdict, _r
+from m3ctl.planning.day0 import Day0Report, PartState, applies
 
 PREFIX = "day0."
 
 
-def report(ctx: Ctx) -> Day0Report | None:
-    """The day-0 report of the plan doctor's verdict renders (its emulated fallback where only that plans)."""
+def report(ctx: Ctx, verdict: Verdict) -> Day0Report | None:
+    """The day-0 report of the plan doctor's verdict renders (its emulated fallback where only that plans); None
+    when the verdict is not runnable (no part runs) or nothing was planned."""
+    if verdict.status == "not_runnable":
+        return None
     out = ctx.outcome.accepted() if ctx.outcome is not None else None
     return out.plan.day0 if out is not None and out.plan is not None else None
 
@@ -30,15 +33,20 @@ def _status(s: PartState) -> Status:
     return "SKIP"
 
 
-def rows(ctx: Ctx) -> list[CheckResult]:
-    """One row per day-0 part (``day0.<part>``), or one ``day0.stack`` row saying nothing was planned to judge."""
-    rep = report(ctx)
+def rows(ctx: Ctx, verdict: Verdict) -> list[CheckResult]:
+    """One row per day-0 part (``day0.<part>``); one ``day0.stack`` row for a day-0 model with no runnable plan to
+    judge; none for another model."""
+    rep = report(ctx, verdict)
     if rep is None:
-        return [_r(f"{PREFIX}stack", "capability", "SKIP", "could not judge the day-0 stack: nothing was planned")]
+        spec = ctx.spec
+        if spec is None or not applies(spec.family, spec.attention):
+            return []
+        why = "the verdict is not runnable" if verdict.status == "not_runnable" else "nothing was planned"
+        return [_r(f"{PREFIX}stack", "model", "SKIP", f"no day-0 part runs here: {why}")]
     return [
         _r(
             PREFIX + s.part,
-            "capability",
+            "model",
             _status(s),
             f"{s.what}: {s.line()}",
             None,
@@ -48,10 +56,10 @@ def rows(ctx: Ctx) -> list[CheckResult]:
     ]
 
 
-def verdict_line(ctx: Ctx) -> str | None:
+def verdict_line(ctx: Ctx, verdict: Verdict) -> str | None:
     """How much of the day-0 stack this host gets (the report's summary, with the engine and image); None when
-    nothing was planned."""
-    rep = report(ctx)
+    nothing runnable was planned."""
+    rep = report(ctx, verdict)
     if rep is None:
         return None
     where = f"{rep.arch} ({rep.sm or '?'}), vLLM {rep.engine_version or '?'}" + (

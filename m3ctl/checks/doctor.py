@@ -239,6 +239,6 @@ def run_doctor(
     checks = [_safe(c, ctx) for c in CHECKS if (host_checks or not c.live) and (local or not c.local_model)]
     verdict = _verdict(ctx, checks)
     verdict = _as_plan(ctx, verdict, checks, inventory_file)
-    checks += day0.rows(ctx)  # a view of the plan's day-0 report, after the verdict: they never change it
-    verdict = verdict.model_copy(update={"outcome": ctx.outcome, "day0": day0.verdict_line(ctx)})
+    checks += day0.rows(ctx, verdict)  # a view of the plan's day-0 report, after the verdict: they never change it
+    verdict = verdict.model_copy(update={"outcome": ctx.outcome, "day0": day0.verdict_line(ctx, verdict)})
     return DoctorReport(inventory=inventory, checks=checks, verdict=verdict)

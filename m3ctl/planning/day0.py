@@ -112,6 +112,9 @@ class Part(_Strict):
 
 class Day0Table(_Strict):
     schema_version: Literal[1]
+    family: str
+    """The model family whose day-0 stack this is (a plan of another family has no day-0 report)."""
+    attention: str
     parts: dict[str, Part] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -354,6 +357,10 @@ def _judge(
         return hw
     how = ""
     if name == "dspark_drafter":
+        drafter = ctx.spec.drafter if ctx.spec else None
+        own = ctx.config_value("speculative-config", "model")
+        if own is None and (drafter is None or drafter.method != part.turn_on.speculative):
+            return PartState(part=name, what=part.what, state="off", why="the model catalog has no DSpark drafter")
         size, where = ctx.drafter_block()
         how = f"block size {size} ({where})" if size else f"block size unknown ({where})"
     return PartState(part=name, what=part.what, state="native", how=how, why="engine, hardware and image run it")
@@ -379,16 +386,25 @@ def available(name: str, arch: str, vendor: str | None, engine_version: str | No
     )
 
 
+def applies(family: str | None, attention: str | None) -> bool:
+    """The day-0 stack is this model's (m3ctl/data/day0.yaml ``family`` and ``attention``)."""
+    t = table()
+    return family == t.family and attention == t.attention
+
+
 def decide(
     ctx: PlanContext, *, flags: VllmFlagTable | None = None, engine: VllmEngineFacts | None = None
-) -> Day0Report:
-    """Judge every day-0 part for the plan ``ctx`` describes (its host, engine version, image, layout, flags).
+) -> Day0Report | None:
+    """Judge every day-0 part for the plan ``ctx`` describes (its host, engine version, image, layout, flags); None
+    for a model outside the stack's family (:func:`applies`).
 
     Args:
         ctx: the plan's rule context.
         flags: the engine's serve-flag table (default: the pinned vLLM's, m3ctl/data/vllm_serve_flags.yaml).
         engine: the engine's facts (default: the pinned vLLM's, m3ctl/data/vllm_engine.yaml).
     """
+    if not applies(ctx.facts.family, ctx.facts.attention):
+        return None
     flags = flags or flag_table()
     facts = engine or engine_facts(ctx.engine_version)
     img = _image(ctx)

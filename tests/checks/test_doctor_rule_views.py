@@ -137,7 +137,7 @@ def test_the_registry_is_the_report_order():
     one row per day-0 part (a view of the plan's day-0 report, m3ctl.checks.day0)."""
     rep = doctor.run_doctor(h200x2(), host_checks=False)
     want = [(c.id, c.group) for c in doctor.CHECKS if not c.live and not c.local_model] + [("model.plan", "model")]
-    want += [(f"day0.{part}", "capability") for part in day0.table().parts]
+    want += [(f"day0.{part}", "model") for part in day0.table().parts]
     assert [(c.id, c.group) for c in rep.checks] == want
     assert {c.id for c in doctor.CHECKS if c.live} == {"host.python", "host.vllm", "net.ports"}
     assert len({c.id for c in doctor.CHECKS}) == len(doctor.CHECKS)
