@@ -63,6 +63,6 @@ def verdict_line(ctx: Ctx, verdict: Verdict) -> str | None:
     if rep is None:
         return None
     where = f"{rep.arch} ({rep.sm or '?'}), vLLM {rep.engine_version or '?'}" + (
-        f", image {rep.image} (toolkit {rep.image_toolkit or '?'})" if rep.image else ""
+        f", image {rep.image} ({rep.image_toolkit or 'toolkit unknown'})" if rep.image else ""
     )
     return f"{rep.summary()} [{where}]"

@@ -188,6 +188,7 @@ class Day0Report(BaseModel):
     flag_table_version: str
     image: str | None = None
     image_toolkit: str | None = None
+    """``CUDA 13.0`` / ``ROCm 7.0`` of the image; None when unknown (a process runtime on a real host)."""
     parts: list[PartState]
 
     def count(self, state: str) -> int:
@@ -437,6 +438,10 @@ def decide(
         engine_version=ctx.engine_version,
         flag_table_version=flags.vllm_version,
         image=img.name if img is not None else None,
-        image_toolkit=toolkit,
+        image_toolkit=f"CUDA {toolkit}"
+        if toolkit
+        else f"ROCm {img.rocm_version}"
+        if img is not None and img.rocm_version
+        else None,
         parts=list(done.values()),
     )
