@@ -322,11 +322,12 @@ def _judge(
     name: str,
     part: Part,
     done: dict[str, PartState],
-    toolkit: str | None,
     flags: VllmFlagTable,
     facts: VllmEngineFacts,
+    hw: PartState | None,
 ) -> PartState:
-    hw = _hardware(ctx, name, part, toolkit)
+    """The state of one part: ``hw`` (:func:`_hardware`: off, a capability fallback, or None: the hardware runs it),
+    then the parts it needs, the engine's tables, the context where it pays."""
     if hw is not None and hw.state == "off":
         return hw
     if part.requires_any and not any(done[r].state in ("native", "fallback") for r in part.requires_any):
@@ -412,8 +413,8 @@ def decide(
     toolkit = ctx.image_cuda or (img.cuda_version if img is not None else None)
     done: dict[str, PartState] = {}
     for name, part in table().parts.items():
-        st = _judge(ctx, name, part, done, toolkit, flags, facts)
-        absent = _hardware(ctx, name, part, toolkit)  # a part this hardware has not: nothing of it can run
+        hw = _hardware(ctx, name, part, toolkit)  # off: a part this hardware has not (nothing of it can run)
+        st = _judge(ctx, name, part, done, flags, facts, hw)
         turn_on = [f"--{k} {v}" for k, v in part.turn_on.args.items()]
         if part.turn_on.precision:
             turn_on.append(f"--variant {part.turn_on.precision}")
@@ -421,16 +422,17 @@ def decide(
             turn_on.append(f"--spec-method {part.turn_on.speculative}")
         if part.turn_on.layout:
             turn_on.append(f"--{part.turn_on.layout}" + (" N" if part.turn_on.layout == "dcp" else ""))
-        done[name] = st.model_copy(
-            update={
-                "planned": (absent is None or absent.state != "off")
-                and (_planned(ctx, part) or any(done[r].planned for r in part.requires_any if _path_of(part))),
-                "turn_on": turn_on,
-                "assumed": part.assumed,
-                "confirm": part.confirm,
-                "sources": part.sources,
-            }
+        planned = (hw is None or hw.state != "off") and (
+            _planned(ctx, part) or any(done[r].planned for r in part.requires_any if _path_of(part))
         )
+        st.planned, st.turn_on, st.assumed, st.confirm, st.sources = (
+            planned,
+            turn_on,
+            part.assumed,
+            part.confirm,
+            list(part.sources),
+        )
+        done[name] = st
     row = capability.table().archs.get(ctx.profile.arch)
     return Day0Report(
         arch=ctx.profile.arch,
