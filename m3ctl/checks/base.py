@@ -87,6 +87,8 @@ class Verdict(BaseModel):
     serve_command: str | None = None
     severity: Severity = "ok"
     unjudged: list[str] = Field(default_factory=list)
+    day0: str | None = None
+    """How much of the day-0 stack this host gets (:func:`m3ctl.checks.day0.verdict_line`); None: nothing planned."""
     outcome: Any = Field(default=None, exclude=True)
 
     @property

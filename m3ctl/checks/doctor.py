@@ -39,7 +39,7 @@ from m3ctl.assess import capability as caps
 from m3ctl.assess.choose import choose_runtime
 from m3ctl.assess.facts import ModelFacts, model_facts, read_model_facts
 from m3ctl.assess.image import ImageFacts, image_facts_from_env
-from m3ctl.checks import base, capability, gpu, host, model
+from m3ctl.checks import base, capability, day0, gpu, host, model
 from m3ctl.checks.base import (
     DEFAULT_MODEL,
     INVENTORY_GROUPS,
@@ -239,5 +239,7 @@ def run_doctor(
     checks = [_safe(c, ctx) for c in CHECKS if (host_checks or not c.live) and (local or not c.local_model)]
     verdict = _verdict(ctx, checks)
     verdict = _as_plan(ctx, verdict, checks, inventory_file)
-    verdict = judged(ctx, verdict, checks).model_copy(update={"outcome": ctx.outcome})
+    verdict = judged(ctx, verdict, checks)
+    checks += day0.rows(ctx, verdict)  # a view of the plan's day-0 report, after the verdict: they never change it
+    verdict = verdict.model_copy(update={"outcome": ctx.outcome, "day0": day0.verdict_line(ctx, verdict)})
     return DoctorReport(inventory=inventory, checks=checks, verdict=verdict)

@@ -93,7 +93,7 @@ def render(con, rep, verbose: bool) -> None:
     with -v; then the fix), wrapped at the terminal width (80 columns in a log file), then the verdict."""
     from rich.text import Text  # noqa: PLC0415
 
-    shown = [c for c in rep.checks if verbose or c.status != "SKIP"]
+    shown = [c for c in rep.checks if verbose or c.status != "SKIP" or c.id.startswith("day0.")]
     w = max((len(c.id) for c in shown), default=0)
     con.print("m3ctl doctor", style="bold")
     for c in shown:
@@ -110,6 +110,8 @@ def render(con, rep, verbose: bool) -> None:
     text = Text(hang("verdict: ", v.summary, con.width))
     text.stylize(vc, 0, 8)
     con.print(text, soft_wrap=True)
+    if v.day0:
+        con.print(Text(hang("  day-0 stack: ", v.day0, con.width, 4)), soft_wrap=True)
     for head, items in (("  fallback: ", v.fallbacks), ("  note: ", v.notes)):
         for item in items:
             con.print(Text(hang(head, item, con.width, 4)), soft_wrap=True)

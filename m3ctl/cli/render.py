@@ -51,7 +51,16 @@ def print_plan(con, p) -> None:
                 ", ".join(f"{k} ({origins[k]}; --api-key-env NAME prints a command that reads it)" for k in flagged),
                 4,
             )
+    if getattr(p, "day0", None) is not None:
+        print_day0(con, p.day0)
     con.print(escape(shell_lines(shown_command(p), con.width)), soft_wrap=True)
+
+
+def print_day0(con, report) -> None:
+    """The plan's day-0 block (:mod:`m3ctl.planning.day0`): its one line, then one line per part."""
+    print_hang(con, "  day-0 stack: ", report.summary(), 4)
+    for s in report.parts:
+        print_hang(con, f"    {s.part} = ", s.line(), 6)
 
 
 def print_smoke(con, findings: list[dict] | None, only_problems: bool = False) -> None:

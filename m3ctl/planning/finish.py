@@ -9,6 +9,7 @@ from m3ctl.assess.rules import Finding, PlanContext, advisories, rejection, run_
 from m3ctl.errors import ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.hw.visible import Unit
+from m3ctl.planning import day0
 from m3ctl.planning.draft import PlanDraft
 from m3ctl.planning.launch import serve_command as vllm_serve_argv
 from m3ctl.planning.launchplan import LaunchPlan, find_vllm_executable
@@ -178,6 +179,7 @@ def step_launch_plan(d: PlanDraft) -> LaunchPlan:
         weights_gib=d.facts.weights_gib or None,
         kernel_expect=capability.kernel_expectation(prof.expect, ctx.support() if ctx.variant else None).model_dump(),
         target_system=inv.system,
+        day0=day0.decide(ctx),
     )
     lp._secret_values = dict(d.secrets.values)
     lp._rules = ctx

@@ -15,6 +15,7 @@ from m3ctl.catalog.vllm_args import OWNED_FLAGS, canon_flag
 from m3ctl.core import secrets as _secrets
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
+from m3ctl.planning import day0
 from m3ctl.planning.draft import RAW_PARALLEL_FLAGS, PlanDraft
 
 #: Flags that set the same vLLM setting in two spellings; the higher layer's removes the lower's.
@@ -156,6 +157,24 @@ def _layout_flags(d: PlanDraft) -> dict[str, Any]:
     return par
 
 
+INDEXER_KV = "attention_config.indexer_kv_dtype"
+
+
+def _indexer_follows_kv(d: PlanDraft) -> None:
+    """``--kv-cache-dtype nvfp4`` asked for an MSA model: the indexer's cache follows it to NVFP4 where the engine and
+    the hardware have an NVFP4 index cache (day-0 part ``nvfp4_kv_indexer``, :func:`m3ctl.planning.day0.available`),
+    instead of the variant's FP8 one; an attention config the user gives (``--arg``, raw arguments) still wins."""
+    kv = str(d.request.kv_cache_dtype or "")
+    if not kv.startswith("nvfp4") or d.facts.attention != "msa":
+        return
+    given = [*(d.request.args or {}), *d.raw_flags]
+    if any(canon_flag(k).split(".")[0] in ("attention_config", "attention-config", "ac") for k in given):
+        return
+    why = day0.available("nvfp4_kv_indexer", d.profile.arch, d.inventory.vendor, d.engine_version)
+    if why is not None and d.args.get(INDEXER_KV) != "nvfp4":
+        _layer(d, {INDEXER_KV: "nvfp4"}, f"follows --kv-cache-dtype {kv}: {why}")
+
+
 def step_flags(d: PlanDraft) -> None:
     """Step 8: the ``vllm serve`` flags, lowest precedence first: profile, its family section, model, variant (and
     its per-architecture section), layout, typed overrides (a default max-model-len capped at the model's context),
@@ -179,6 +198,7 @@ def step_flags(d: PlanDraft) -> None:
     for origin in dict.fromkeys(r.origin_of(k.replace("-", "_")) for k, v in typed.items() if v is not None):
         given = {k: v for k, v in typed.items() if v is not None and r.origin_of(k.replace("-", "_")) == origin}
         _layer(d, given, origin)
+    _indexer_follows_kv(d)
     cap = d.facts.max_position_embeddings
     asked = r.max_model_len is not None  # an asked length above the model's is refused (rule model.max_len)
     if cap and not asked and isinstance(d.args.get("max-model-len"), int) and d.args["max-model-len"] > cap:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, Field, PrivateAttr
 from m3ctl.assess.choose import Choice, Rejected
 from m3ctl.assess.rules import Finding, PlanContext
 from m3ctl.core.secrets import redact_env
+from m3ctl.planning.day0 import Day0Report
 
 
 class LaunchPlan(BaseModel):
@@ -109,6 +110,8 @@ class LaunchPlan(BaseModel):
     """Name of the variable that held the API key on the launching host (``serve --api-key-env``; the server
     gets the value as ``VLLM_API_KEY``); watch and bench read the key from it. Never the value."""
     secret_origins: dict[str, str] = Field(default_factory=dict)
+    day0: Day0Report | None = None
+    """The day-0 stack judged for this plan (:func:`m3ctl.planning.day0.decide`): plan and doctor render it."""
     """``{variable in secret_env_names: where the launch took it from}`` (a flag, a profile, the launching
     shell...), for messages that say which key source is expected. Never a value."""
     _secret_values: dict[str, str] = PrivateAttr(default_factory=dict)
@@ -172,6 +175,7 @@ class LaunchPlan(BaseModel):
             "warnings": self.warnings,
             "violations": self.violations,
             "request": self.request,
+            "day0": self.day0.model_dump() if self.day0 is not None else None,
         }
 
 

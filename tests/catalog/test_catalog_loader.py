@@ -25,6 +25,7 @@ import m3ctl.catalog.vllm_values
 import m3ctl.core.secrets
 import m3ctl.hw.host
 import m3ctl.hw.systems
+import m3ctl.planning.day0
 import m3ctl.serving.diagnose
 import m3ctl.serving.kernels
 import m3ctl.serving.smoke

@@ -18,6 +18,7 @@ from m3ctl.assess.rules import Finding
 from m3ctl.checks import doctor
 from m3ctl.errors import CatalogError, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
+from m3ctl.planning import day0
 from m3ctl.planning.plan import plan
 from tests.hosts import ALL, h200x2
 
@@ -132,9 +133,11 @@ def test_catalog_hosts_rows_and_rules_agree(host, findings):
 
 def test_the_registry_is_the_report_order():
     """The rows come from the registry in declaration order, each with the id and group its check declares; live
-    checks only with host_checks; model.plan (a local model's check) is the verdict's row for a catalog model."""
+    checks only with host_checks; model.plan (a local model's check) is the verdict's row for a catalog model; then
+    one row per day-0 part (a view of the plan's day-0 report, m3ctl.checks.day0)."""
     rep = doctor.run_doctor(h200x2(), host_checks=False)
     want = [(c.id, c.group) for c in doctor.CHECKS if not c.live and not c.local_model] + [("model.plan", "model")]
+    want += [(f"day0.{part}", "model") for part in day0.table().parts]
     assert [(c.id, c.group) for c in rep.checks] == want
     assert {c.id for c in doctor.CHECKS if c.live} == {"host.python", "host.vllm", "host.vllm_model", "net.ports"}
     assert len({c.id for c in doctor.CHECKS}) == len(doctor.CHECKS)

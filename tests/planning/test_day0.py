@@ -1,0 +1,182 @@
+"""The day-0 stack (m3ctl/planning/day0.py, m3ctl/data/day0.yaml): one judgement per part, shown alike by plan and
+doctor; goldens for the five reference systems; the fallback chosen and named where the engine lacks a part.
+
+Regenerate the goldens after an intended change: M3CTL_UPDATE_GOLDEN=1 pytest tests/planning/test_day0.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from m3ctl import api
+from m3ctl.catalog.vllm_args import engine_facts, flag_table
+from m3ctl.planning import day0
+from tests.conftest import run_cli
+
+GOLDEN = Path(__file__).parent.parent / "golden" / "day0"
+SYSTEMS = ["b200x8", "gb300x4", "rubinx8", "mi355xx8", "h200x8"]
+MODEL = "MiniMax-M3.1-Flash"
+PARTS = {
+    "nvfp4_kv_attention",
+    "nvfp4_kv_indexer",
+    "qmul4_dequant",
+    "nvfp4_moe",
+    "dspark_drafter",
+    "drafter_attention",
+    "indexer_dcp",
+    "rubin_kernels",
+    "amd_nvfp4_msa_kernel",
+    "amd_indexer_dcp",
+    "amd_dbo",
+    "amd_mono_kernel",
+}
+
+
+def _plan(system: str, **knobs):
+    return api.plan(model=MODEL, system=system, **knobs)
+
+
+def _states(report: day0.Day0Report) -> dict[str, day0.PartState]:
+    return {p.part: p for p in report.parts}
+
+
+def test_the_table_names_every_part_with_sources_and_says_what_confirms_an_assumption():
+    t = day0.table()
+    assert set(t.parts) == PARTS
+    for name, p in t.parts.items():
+        assert p.sources, name
+        assert not p.assumed or p.confirm, name
+        # one fact, one place: a part whose hardware is a capability row carries no architecture list of its own
+        assert not (p.hardware.capability and p.hardware.archs), name
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_golden_plan_and_doctor_day0(system):
+    p = run_cli("plan", "--system", system, "--json")
+    assert p.returncode == 0, p.stderr
+    plan_block = json.loads(p.stdout)["day0"]
+    d = run_cli("doctor", "--system", system, "--json")
+    rep = json.loads(d.stdout)
+    rows = [{k: c[k] for k in ("id", "status", "message")} for c in rep["checks"] if c["id"].startswith("day0.")]
+    got = {"plan": plan_block, "doctor": {"rows": rows, "verdict": rep["verdict"]["day0"]}}
+    path = GOLDEN / f"{system}.json"
+    if os.environ.get("M3CTL_UPDATE_GOLDEN") == "1" or not path.exists():
+        path.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
+    assert got == json.loads(path.read_text())
+    assert {s["part"] for s in plan_block["parts"]} == PARTS  # a per-part answer for the whole stack
+
+
+@pytest.mark.parametrize("system", SYSTEMS)
+def test_plan_and_doctor_never_disagree(system):
+    rep = api.doctor(model=MODEL, system=system)
+    req = rep.verdict.plan_request
+    assert req is not None
+    plan = api.plan(req, system=system)
+    assert plan.day0 is not None
+    rows = {c.id: c for c in rep.checks if c.id.startswith("day0.")}
+    assert list(rows) == [f"day0.{s.part}" for s in plan.day0.parts]
+    for s in plan.day0.parts:
+        assert rows[f"day0.{s.part}"].message == f"{s.what}: {s.line()}"
+    assert rep.verdict.day0 is not None and rep.verdict.day0.startswith(plan.day0.summary())
+
+
+def test_pinned_engine_on_b200_names_the_toolkit_fallback_and_the_missing_drafter_backend():
+    s = _states(_plan("b200x8").day0)
+    assert s["nvfp4_kv_attention"].state == "native"
+    # the image chosen (CUDA 13.0) has no QMUL4: the FP16 dequant is named with its cost
+    q = s["qmul4_dequant"]
+    assert q.state == "fallback" and "FP16 dequant" in q.how and q.cost and "13.0 < 13.4" in q.why
+    # vLLM 0.32's attention backends have no PrimiTS: the drafter's FLASH_ATTN fallback is chosen and named
+    a = s["drafter_attention"]
+    assert a.state == "fallback" and a.how.startswith("FLASH_ATTN") and "FLASHINFER_PRIMITS" in a.why
+    assert s["nvfp4_moe"].planned and not s["nvfp4_kv_attention"].planned
+    assert s["amd_dbo"].state == "off" and "AMD part" in s["amd_dbo"].why
+
+
+def test_a_fake_engine_without_nvfp4_kv_falls_back_to_fp8_named_with_its_cost():
+    ctx = _plan("b200x8").rule_context()
+    assert ctx is not None
+    ft = flag_table()
+    kv = ft.flags["kv-cache-dtype"]
+    no_nvfp4 = kv.model_copy(update={"choices": [c for c in kv.choices or [] if not c.startswith("nvfp4")]})
+    fake = ft.model_copy(update={"flags": {**ft.flags, "kv-cache-dtype": no_nvfp4}, "vllm_version": "0.0.1-fake"})
+    s = _states(day0.decide(ctx, flags=fake))
+    kvs = s["nvfp4_kv_attention"]
+    assert kvs.state == "fallback" and kvs.how.startswith("FP8 KV cache") and "1.78x" in kvs.cost
+    assert "no choice 'nvfp4'" in kvs.why and "flag table 0.0.1-fake" in kvs.why
+    # and an engine that has the drafter backend runs it natively
+    ef = engine_facts()
+    some = next(iter(ef.attention_backends.values()))
+    more = ef.model_copy(update={"attention_backends": {**ef.attention_backends, "FLASHINFER_PRIMITS": some}})
+    assert _states(day0.decide(ctx, engine=more))["drafter_attention"].state == "native"
+    # an engine without DSpark: no speculative decoding, named; the drafter's backend is then off
+    keys = {k: v for k, v in ef.config_keys.items() if k != "speculative_config.dspark_draft_topk"}
+    s = _states(day0.decide(ctx, engine=ef.model_copy(update={"config_keys": keys})))
+    assert s["dspark_drafter"].state == "fallback" and s["dspark_drafter"].how == "no speculative decoding"
+
+
+def test_nvfp4_kv_in_the_plan_runs_the_qmul4_fallback_and_doctor_warns_of_its_cost():
+    s = _states(_plan("b200x8", kv_cache_dtype="nvfp4").day0)
+    assert s["nvfp4_kv_attention"].planned and s["qmul4_dequant"].planned
+    rep = api.doctor(model=MODEL, system="b200x8", kv_cache_dtype="nvfp4")
+    row = next(c for c in rep.checks if c.id == "day0.qmul4_dequant")
+    assert row.status == "WARN" and "FP16 dequant" in row.message and "in this plan" in row.message
+
+
+def test_hopper_names_what_cannot_run_there():
+    s = _states(_plan("h200x8").day0)
+    assert s["nvfp4_kv_attention"].state == "off" and "hopper" in s["nvfp4_kv_attention"].why
+    assert s["nvfp4_moe"].state == "off" and "known bad" in s["nvfp4_moe"].why
+    assert s["dspark_drafter"].state == "native"
+
+
+def test_the_drafter_block_size_is_read_from_a_local_drafter_config(tmp_path):
+    drafter = tmp_path / "drafter"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps({"dspark_block_size": 5}))
+    spec = json.dumps({"method": "dspark", "model": str(drafter), "num_speculative_tokens": 5})
+    p = _plan("b200x8", args={"speculative-config": spec})
+    d = _states(p.day0)["dspark_drafter"]
+    assert d.state == "native" and d.planned and d.how == f"block size 5 ({drafter}/config.json)"
+
+
+def test_indexer_dcp_is_off_below_the_context_where_it_pays():
+    s = _states(_plan("gb300x4", max_model_len=32768).day0)["indexer_dcp"]
+    assert s.state == "off" and "32768 < 262144" in s.why
+    assert _states(_plan("gb300x4", max_model_len=524288).day0)["indexer_dcp"].state == "native"
+
+
+def test_plan_text_shows_the_day0_block():
+    p = run_cli("plan", "--system", "b200x8")
+    assert p.returncode == 0, p.stderr
+    assert "day-0 stack: this plan runs 1 of 12 day-0 parts (nvfp4_moe)" in p.stdout
+    assert "qmul4_dequant = fallback: FP16 dequant" in p.stdout
+
+
+def _indexer(p) -> str | None:
+    a = p.argv
+    return a[a.index("--attention_config.indexer_kv_dtype") + 1] if "--attention_config.indexer_kv_dtype" in a else None
+
+
+@pytest.mark.parametrize("system", ["b200x8", "gb300x4", "rubinx8"])
+def test_nvfp4_kv_cache_takes_the_msa_indexer_along_where_it_runs(system):
+    p = _plan(system, kv_cache_dtype="nvfp4")
+    a = p.argv
+    assert a[a.index("--kv-cache-dtype") + 1] == "nvfp4" and _indexer(p) == "nvfp4"
+    assert any(
+        c.what == "--attention_config.indexer_kv_dtype" and "follows --kv-cache-dtype nvfp4" in c.why for c in p.choices
+    )
+    assert _states(p.day0)["nvfp4_kv_indexer"].planned
+    # the default plan and an FP8 KV cache keep the variant's FP8 index cache (no default plan changed)
+    assert _indexer(_plan(system)) == "fp8" and _indexer(_plan(system, kv_cache_dtype="fp8")) == "fp8"
+
+
+def test_an_index_cache_the_user_gives_wins_over_the_follow():
+    p = _plan("b200x8", kv_cache_dtype="nvfp4", args={"attention_config.indexer_kv_dtype": "fp8"})
+    assert _indexer(p) == "fp8"
+    p = _plan("b200x8", kv_cache_dtype="nvfp4", extra_args=["--attention-config", '{"indexer_kv_dtype": "bf16"}'])
+    assert _indexer(p) != "nvfp4" and not any("follows --kv-cache-dtype" in c.why for c in p.choices)
