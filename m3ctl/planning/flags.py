@@ -157,22 +157,22 @@ def _layout_flags(d: PlanDraft) -> dict[str, Any]:
     return par
 
 
-INDEXER_KV = "attention_config.indexer_kv_dtype"
-
-
 def _indexer_follows_kv(d: PlanDraft) -> None:
-    """``--kv-cache-dtype nvfp4`` asked for an MSA model: the indexer's cache follows it to NVFP4 where the engine and
-    the hardware have an NVFP4 index cache (day-0 part ``nvfp4_kv_indexer``, :func:`m3ctl.planning.day0.available`),
-    instead of the variant's FP8 one; an attention config the user gives (``--arg``, raw arguments) still wins."""
+    """The attention KV cache asked in the day-0 part ``nvfp4_kv_attention``'s dtype (``--kv-cache-dtype nvfp4``) for
+    an MSA model: the indexer's cache follows it with part ``nvfp4_kv_indexer``'s flags (m3ctl/data/day0.yaml
+    ``turn_on``) where the engine and the hardware have it (:func:`m3ctl.planning.day0.available`), instead of the
+    variant's FP8 one; an attention config the user gives (``--arg``, raw arguments) still wins."""
     kv = str(d.request.kv_cache_dtype or "")
-    if not kv.startswith("nvfp4") or d.facts.attention != "msa":
+    asked = day0.table().parts["nvfp4_kv_attention"].turn_on.args.get("kv-cache-dtype", "")
+    if not asked or not kv.startswith(asked) or d.facts.attention != "msa":
         return
     given = [*(d.request.args or {}), *d.raw_flags]
     if any(canon_flag(k).split(".")[0] in ("attention_config", "attention-config", "ac") for k in given):
         return
     why = day0.available("nvfp4_kv_indexer", d.profile.arch, d.inventory.vendor, d.engine_version)
-    if why is not None and d.args.get(INDEXER_KV) != "nvfp4":
-        _layer(d, {INDEXER_KV: "nvfp4"}, f"follows --kv-cache-dtype {kv}: {why}")
+    follow = day0.table().parts["nvfp4_kv_indexer"].turn_on.args
+    if why is not None and any(d.args.get(k) != v for k, v in follow.items()):
+        _layer(d, dict(follow), f"follows --kv-cache-dtype {kv}: {why}")
 
 
 def step_flags(d: PlanDraft) -> None:
