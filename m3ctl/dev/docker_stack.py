@@ -109,8 +109,10 @@ def _unmount_under(root: Path) -> None:
         subprocess.run(["umount", "-l", m], capture_output=True, check=False)
 
 
-def start_engine(timeout_s: float = 60.0) -> Engine:
-    """Start a private ``dockerd`` (``--bridge=none --iptables=false``) and wait until it answers.
+def start_engine(timeout_s: float = 60.0, runtimes: dict[str, str] | None = None) -> Engine:
+    """Start a private ``dockerd`` (``--bridge=none --iptables=false``) and wait until it answers. ``runtimes``:
+    OCI runtimes to register by name (``--add-runtime NAME=PATH``), e.g. ``{"nvidia": "runc"}`` for a daemon
+    configured as a GPU host's is (``nvidia-ctk runtime configure`` registers ``nvidia``) on a host without GPUs.
 
     Raises:
         StackUnavailable: no ``dockerd`` binary, or it did not come up (the log tail is in the message).
@@ -144,6 +146,7 @@ def start_engine(timeout_s: float = 60.0) -> Engine:
             "--bridge=none",
             "--iptables=false",
             "--ip-masq=false",
+            *(f"--add-runtime={name}={path}" for name, path in (runtimes or {}).items()),
         ],
         stdout=log,
         stderr=subprocess.STDOUT,

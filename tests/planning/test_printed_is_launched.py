@@ -207,11 +207,14 @@ def _docker_line(stdout: str) -> list[str]:
 
 @pytest.fixture(scope="module")
 def engine():
-    """A real private dockerd (Debian docker.io), started by m3ctl's test stack; stopped afterwards."""
+    """A real private dockerd (Debian docker.io), started by m3ctl's test stack; stopped afterwards. It registers an
+    ``nvidia`` runtime (backed by runc) as the NVIDIA container toolkit configures a GPU host's daemon: serve's
+    pre-flight refuses a GPU container on a daemon without one (m3ctl.serving.preflight.check_gpu_runtime), and
+    these containers are only created, never started."""
     from m3ctl.dev.docker_stack import StackUnavailable, start_engine
 
     try:
-        eng = start_engine()
+        eng = start_engine(runtimes={"nvidia": "runc"})
     except StackUnavailable as e:
         pytest.skip(f"no container engine can start here: {e}")
     try:
