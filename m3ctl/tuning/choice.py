@@ -368,6 +368,16 @@ def _choose(
     b_ok = baseline is not None and baseline.status == "feasible" and baseline.final > 0
     if best is None:
         if b_ok:
+            unjudged = [o for o in outcomes or [] if o.status == "unjudged"]
+            if unjudged:  # no verdict on those: the defaults are kept as the only measured pass, not as a winner
+                return Choice(
+                    "defaults",
+                    f"the defaults kept: vLLM's defaults met the SLO ({baseline.final:.1f} {objective} at "
+                    f"c={baseline.concurrency}); no tuned configuration met it and {len(unjudged)} could not be "
+                    f"judged ({unjudged[0].reason}), so none is shown better or worse",
+                    baseline,
+                    unjudged=len(unjudged),
+                )
             return Choice(
                 "defaults",
                 f"the defaults won: no tuned configuration met the SLO; vLLM's defaults did "

@@ -165,8 +165,16 @@ def test_tune_real_search_sigkill_resume_and_profile(tiny_models, tmp_path):
             assert (tdir / "server.log").stat().st_size > 0 and list(tdir.glob("bench-c*-x1.json"))
             conc = [pt["concurrency"] for pt in t["points"]]
             assert len(conc) == len(set(conc)) <= 3  # 3 ladder points: each measured at most once
-    best = res["best"]
-    assert best and best["config"]["dcp"] == 1 and "vllm" in best["command"] and " serve " in best["command"]
+    best = res.get("best")
+    if best is None:  # the 2-core host disturbed every search trial (bursts, contention): unjudged, none a winner
+        launched = [t for t in res["trials"] if t["launched"]]
+        assert launched and all(t["status"] == "unjudged" for t in launched), [t["status"] for t in launched]
+        assert all(_host_disturbed(min(t["points"], key=lambda pt: pt["concurrency"])) for t in launched)
+        assert res["chosen"] == "defaults" and res["reason"].startswith("the defaults kept: ") and res["unjudged"]
+        assert "could not be judged" in res["reason"] and "won" not in res["reason"]
+        assert load_profile_file(sdir / "profile.yaml").name == "cpu-defaults"
+        return
+    assert best["config"]["dcp"] == 1 and "vllm" in best["command"] and " serve " in best["command"]
     runs = _level_runs(sdir / "trials" / f"{best['trial']:04d}", best["concurrency"])
     assert len(runs) == best["capacity_runs"]  # one run, or the runs of a level repeated near the SLO bound
     assert statistics.median(r["p90_tpot_ms"] for r in runs) <= 250

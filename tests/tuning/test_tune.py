@@ -1175,6 +1175,10 @@ def test_a_level_the_host_disturbed_or_left_unmeasured_is_no_miss_and_no_win():
     # nothing judged: no profile, and the reason says why there is no verdict, counting what was unjudged
     c = choose(None, outcome(contended, trial="base"), slo, [outcome(bursty, trial=1)])
     assert c.chosen == "none" and c.unjudged == 2 and "2 could not be judged, so this is no verdict on them" in c.reason
+    # the defaults met the SLO and every tuned configuration is unjudged: the defaults are kept, not "won"
+    c = choose(None, outcome(clean, trial="base"), slo, [outcome(contended, trial=1)])
+    assert c.chosen == "defaults" and c.reason.startswith("the defaults kept: ") and "won" not in c.reason
+    assert c.unjudged == 1 and "could not be judged (could not judge the SLO at concurrency 1" in c.reason
 
 
 def test_two_configurations_inside_their_combined_interval_are_indistinguishable():
