@@ -66,9 +66,25 @@ def prepare_serve(
     Raises:
         BadInput, ConfigRejected: as :func:`serve`, before anything starts.
     """
+    return _prepared(request, inventory, config, offline, api_key_env, (), knobs)[1]
+
+
+def _prepared(
+    request: PlanRequest | dict | None,
+    inventory: str | Path | HostInventory | None,
+    config: str | Path | None,
+    offline: bool | None,
+    api_key_env: str | None,
+    mounts: Sequence[str],
+    knobs: dict[str, Any],
+) -> tuple[PlanRequest, tuple[LaunchPlan, dict[str, str], Any, HostInventory]]:
+    """The checked request and :func:`prepare_serve`'s four (``mounts``: extra docker bind mounts, part of the
+    plan: checked against its runtime, and in the docker command a dry run prints)."""
+    if mounts:
+        knobs = {**knobs, "mounts": [*(knobs.get("mounts") or []), *mounts]}
     req = plan_request(request, config=config, **knobs)
     workflow.check_request(req)
-    return workflow.prepare(req, host_inventory(inventory), api_key_env=api_key_env, offline=offline)
+    return req, workflow.prepare(req, host_inventory(inventory), api_key_env=api_key_env, offline=offline)
 
 
 @overload
@@ -140,12 +156,7 @@ def serve(
     """
     smoke = smoke_level(smoke)
     mode = check_mode(fallback)
-    if mounts:  # part of the plan: checked against its runtime, and in the docker command a dry run prints
-        knobs["mounts"] = [*(knobs.get("mounts") or []), *mounts]
-    req = plan_request(request, config=config, **knobs)
-    workflow.check_request(req)
-    inv = host_inventory(inventory)
-    p, secrets, prof, inv = workflow.prepare(req, inv, api_key_env=api_key_env, offline=offline)
+    req, (p, secrets, prof, inv) = _prepared(request, inventory, config, offline, api_key_env, mounts, knobs)
     if dry_run:
         return p
     fb = Fallback(mode, req, _replanner(inv, api_key_env, offline), on_attempt)
@@ -193,12 +204,7 @@ def serve_fallbacks(
     Raises:
         BadInput, ConfigRejected: as :func:`serve`.
     """
-    if mounts:
-        knobs["mounts"] = [*(knobs.get("mounts") or []), *mounts]
-    req = plan_request(request, config=config, **knobs)
-    workflow.check_request(req)
-    inv = host_inventory(inventory)
-    p = workflow.prepare(req, inv, api_key_env=api_key_env, offline=offline)[0]
+    req, (p, _, _, inv) = _prepared(request, inventory, config, offline, api_key_env, mounts, knobs)
     return preview(req, p, _replanner(inv, api_key_env, offline), Registry().root)
 
 

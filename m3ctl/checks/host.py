@@ -17,7 +17,7 @@ from m3ctl.checks.base import (
     check,
 )
 from m3ctl.errors import BadInput
-from m3ctl.hw.host import gpu_runtime_problem, port_owner
+from m3ctl.hw.host import GPU_RUNTIME_FIX, gpu_runtime_problem, port_owner
 from m3ctl.planning import engine_probe, vllm_env
 
 
@@ -64,7 +64,7 @@ def check_nvidia_runtime(ctx: Ctx) -> CheckResult:
         "container",
         "FAIL" if fatal else "WARN",
         f"NVIDIA container runtime not registered with Docker (runtimes: {', '.join(c.runtimes) or 'none'})",
-        "install nvidia-container-toolkit and run `sudo nvidia-ctk runtime configure --runtime=docker`",
+        GPU_RUNTIME_FIX,
     )
 
 

@@ -373,6 +373,11 @@ def port_owner(port: int, root: Path = Path("/")) -> tuple[int, str] | None:
     return -1, "?"
 
 
+#: What fixes :func:`gpu_runtime_problem` on an NVIDIA host (the toolkit's own steps:
+#: https://docs.nvidia.com/datacenter/cloud-native/container-toolkit/latest/install-guide.html#configuring-docker).
+GPU_RUNTIME_FIX = "install nvidia-container-toolkit and run `sudo nvidia-ctk runtime configure --runtime=docker` (then restart dockerd)"
+
+
 def gpu_runtime_problem(
     vendor: str | None, runtimes: tuple[str, ...] | list[str], path: str | None = None
 ) -> str | None:

@@ -227,20 +227,19 @@ def _engine_gap(part: Part, version: str | None, flags: VllmFlagTable, facts: Vl
     if e.min_vllm and version and capability.version_lt(version, e.min_vllm):
         return f"needs vLLM >= {e.min_vllm} (engine: {version})"
     for n in e.needs:
-        if n.flag is not None:
-            f = flags.flags.get(n.flag)
-            if f is None:
-                return f"the engine's flag table has no --{n.flag}"
-            if n.choice and n.choice not in (f.choices or []):
-                return f"--{n.flag} has no choice {n.choice!r} in the engine's flag table"
-        elif n.config_key is not None:
-            key = facts.config_keys.get(n.config_key)
-            if key is None:
-                return f"the engine has no {n.config_key}"
-            if n.choice and n.choice not in (key.choices or []):
-                return f"{n.config_key} has no choice {n.choice!r} in the engine"
-        elif n.attention_backend not in facts.attention_backends:
-            return f"the engine has no attention backend {n.attention_backend}"
+        if n.flag is None and n.config_key is None:
+            if n.attention_backend not in facts.attention_backends:
+                return f"the engine has no attention backend {n.attention_backend}"
+            continue
+        found, name, where = (
+            (flags.flags.get(n.flag), f"--{n.flag}", "the engine's flag table")
+            if n.flag is not None
+            else (facts.config_keys.get(str(n.config_key)), str(n.config_key), "the engine")
+        )
+        if found is None:
+            return f"{where} has no {name}"
+        if n.choice and n.choice not in (found.choices or []):
+            return f"{name} has no choice {n.choice!r} in {where}"
     return None
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from m3ctl.core.state import Registry, UnreadableRecord
 from m3ctl.errors import ConfigRejected
-from m3ctl.hw.host import gpu_runtime_problem
+from m3ctl.hw.host import GPU_RUNTIME_FIX, gpu_runtime_problem
 from m3ctl.planning import vllm_env
 from m3ctl.planning.plan import LaunchPlan, find_vllm_executable
 from m3ctl.runtime import get_runtime, runtime_for
@@ -125,8 +125,7 @@ def check_gpu_runtime(plan: LaunchPlan, runtimes: tuple[str, ...], path: str | N
     if problem is not None:
         raise ConfigRejected(
             f"the plan runs a {plan.gpu_vendor} GPU container, but {problem}",
-            "install nvidia-container-toolkit and run `sudo nvidia-ctk runtime configure --runtime=docker` "
-            "(then restart dockerd), or serve with --runtime process",
+            f"{GPU_RUNTIME_FIX}, or serve with --runtime process",
         )
 
 

@@ -210,27 +210,8 @@ def _launch_falling_back(
     p, rt, secrets, prof, inv, smoke, on_event, on_start, fb: Fallback | None, reg: Registry, *, supervised=True
 ) -> ServeResult:
     """:func:`_launch`, and with ``fb`` in mode ``auto`` its relaunches (m3ctl.serving.fallback.run)."""
-    if fb is None or fb.mode != "auto":
-        return _launch(
-            p,
-            rt,
-            secrets,
-            prof,
-            inv,
-            smoke=smoke,
-            on_event=on_event,
-            on_start=on_start,
-            registry=reg,
-            supervised=supervised,
-        )
-    ran: list[str | None] = [None]
 
-    def started(plan: LaunchPlan, command: str) -> None:
-        ran[0] = command
-        if on_start is not None:
-            on_start(plan, command)
-
-    def one(plan: LaunchPlan) -> ServeResult:
+    def one(plan: LaunchPlan, announce=on_start) -> ServeResult:
         return _launch(
             plan,
             rt,
@@ -239,12 +220,21 @@ def _launch_falling_back(
             inv,
             smoke=smoke,
             on_event=on_event,
-            on_start=started,
+            on_start=announce,
             registry=reg,
             supervised=supervised,
         )
 
-    return fallback.run(p, fb, one, command=lambda: ran[0], registry=reg)
+    if fb is None or fb.mode != "auto":
+        return one(p)
+    ran: list[str | None] = [None]
+
+    def started(plan: LaunchPlan, command: str) -> None:
+        ran[0] = command
+        if on_start is not None:
+            on_start(plan, command)
+
+    return fallback.run(p, fb, lambda plan: one(plan, started), command=lambda: ran[0], registry=reg)
 
 
 def _launch(p, rt, secrets, prof, inv, *, smoke, on_event, on_start, registry=None, supervised=True) -> ServeResult:

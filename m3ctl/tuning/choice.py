@@ -56,7 +56,7 @@ class Choice:
     outcome: Any = None
     closest: dict[str, Any] | None = None
     #: How many configurations (the baseline included) could not be judged (status ``unjudged``:
-    #: m3ctl.tuning.measure.judged); for ``none``, why no verdict may be more than the SLO.
+    #: m3ctl.tuning.measure.judged), set by :func:`choose` for every choice.
     unjudged: int = 0
     #: The evidence behind the choice, each with its severity (m3ctl.core.verdict; :func:`findings`):
     #: ``tune.slo`` fatal (nothing met the SLO), ``tune.baseline`` unjudged (the defaults could not be judged or
@@ -304,12 +304,16 @@ def _against_defaults(
 _JUDGED = ("feasible", "slo_infeasible", "rejected", "crashed")
 
 
+def _unjudged(outcomes: list[Any], baseline: Any) -> list[Any]:
+    """The outcomes (the baseline included) that could not be judged (status ``unjudged``), in order."""
+    return [o for o in [*outcomes, *([baseline] if baseline is not None else [])] if o.status == "unjudged"]
+
+
 def findings(choice: Choice, baseline: Any, outcomes: list[Any]) -> tuple[Finding, ...]:
     """The evidence behind ``choice`` (:attr:`Choice.findings`), read from what :func:`choose` decided on; the
     decision itself is :func:`choose`'s, unchanged."""
-    every = [*outcomes, *([baseline] if baseline is not None else [])]
-    unjudged = [o for o in every if o.status == "unjudged"]
-    judged = [o for o in every if o.status in _JUDGED]
+    unjudged = _unjudged(outcomes, baseline)
+    judged = [o for o in [*outcomes, *([baseline] if baseline is not None else [])] if o.status in _JUDGED]
     out: list[Finding] = []
     if choice.chosen == "none" and (judged or not unjudged):
         out.append(Finding("tune.slo", "fatal", "no configuration met the SLO at any level", "relax the SLO"))
@@ -351,6 +355,7 @@ def choose(
     (:func:`findings`), judged by the one rule (:attr:`Choice.judgement`)."""
     c = _choose(best, baseline, slo, outcomes or [], describe, objective, tie_margin, equivalent)
     c.findings = findings(c, baseline, outcomes or [])
+    c.unjudged = len(_unjudged(outcomes or [], baseline))
     return c
 
 
@@ -368,7 +373,7 @@ def _choose(
     b_ok = baseline is not None and baseline.status == "feasible" and baseline.final > 0
     if best is None:
         if b_ok:
-            unjudged = [o for o in outcomes or [] if o.status == "unjudged"]
+            unjudged = _unjudged(outcomes, None)  # the baseline met the SLO
             if unjudged:  # no verdict on those: the defaults are kept as the only measured pass, not as a winner
                 return Choice(
                     "defaults",
@@ -376,7 +381,6 @@ def _choose(
                     f"c={baseline.concurrency}); no tuned configuration met it and {len(unjudged)} could not be "
                     f"judged ({unjudged[0].reason}), so none is shown better or worse",
                     baseline,
-                    unjudged=len(unjudged),
                 )
             return Choice(
                 "defaults",
@@ -385,9 +389,7 @@ def _choose(
                 baseline,
             )
         close = closest_miss(outcomes or [], baseline, slo, describe)
-        unjudged = [
-            o for o in [*(outcomes or []), *([baseline] if baseline is not None else [])] if o.status == "unjudged"
-        ]
+        unjudged = _unjudged(outcomes, baseline)
         return Choice(
             "none",
             "no configuration met the SLO at any level"
@@ -399,7 +401,6 @@ def _choose(
             ),
             None,
             close,
-            unjudged=len(unjudged),
         )
     if b_ok:
         return _against_defaults(best, baseline, outcomes or [], describe, objective, tie_margin, equivalent)

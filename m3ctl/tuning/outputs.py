@@ -185,8 +185,7 @@ def write_outputs(
         spec["objective"],
         equivalent=equivalent,
     )
-    judged_on = [*res.outcomes, *([res.baseline] if res.baseline is not None else [])]
-    out.update(chosen=choice.chosen, reason=choice.reason, unjudged=sum(o.status == "unjudged" for o in judged_on))
+    out.update(chosen=choice.chosen, reason=choice.reason, unjudged=choice.unjudged)
     out["fresh_server_spread"] = fresh_server_spread(res.outcomes, res.baseline, equivalent)
     if choice.chosen == "tuned" and choice.outcome is not None:
         out["chosen_trial"] = choice.outcome.trial
