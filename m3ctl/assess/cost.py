@@ -10,7 +10,7 @@ with speculation) and ``prefill`` prompt tokens (chunked prefill mixes them in).
 - each decoding sequence's KV: all of its context for GQA, or for MSA the indexer keys of the whole context plus the
   ``topk_blocks x block`` tokens the indexer selects (every layer with ``sparse_attention_freq`` set);
 
-and does ``2 x active weights`` FLOPs per token plus attention's ``4 x heads x head_dim`` per attended token (a
+and does ``2 x active weights`` FLOPs per token (the LM head's only for a token that samples) plus attention's ``4 x heads x head_dim`` per attended token (a
 prompt token attends half its prompt, or on MSA layers the selected blocks of it) and MSA's indexer
 ``2 x index_heads x index_dim`` per context token it scores. TP
 adds two all-reduces of ``tokens x hidden`` BF16 values per layer (ring: ``2 (n-1)/n`` of them cross each link).
@@ -158,12 +158,15 @@ class Layout:
 
 @dataclass(frozen=True)
 class Step:
-    """One engine step: ``decode`` tokens of running sequences, ``prefill`` prompt tokens, ``context`` the mean
-    tokens a decoding sequence attends (its prompt plus what it generated so far)."""
+    """One engine step: ``decode`` tokens of running sequences, ``prefill`` prompt tokens of ``prompts`` sequences
+    (those whose prompt, or its last chunk, is in this step: each samples one token, so the LM head runs on
+    ``decode + prompts`` tokens, not on every prompt token), ``context`` the mean tokens a decoding sequence attends
+    (its prompt plus what it generated so far)."""
 
     decode: int
     prefill: int = 0
     context: int = 0
+    prompts: int = 0
 
 
 @dataclass(frozen=True)
@@ -214,11 +217,13 @@ def step_cost(shape: Shape, layout: Layout, step: Step) -> Cost:
     elements, att_tokens = attended(shape, step.context)
     kv_split = min(n, max(shape.kv_heads, 1)) * layout.dcp if n > 1 else 1
     kv = step.decode * elements * shape.kv_bytes / kv_split
-    active = dense + shape.layers * shape.top_k * shape.expert_params() + shape.vocab * shape.hidden
+    active = dense + shape.layers * shape.top_k * shape.expert_params()
+    sampled = step.decode + (max(step.prompts, 1) if step.prefill else 0)  # tokens the LM head runs on
     attn_flops = 4 * shape.heads * shape.head_dim
     _, prefill_att = attended(shape, step.context // 2)  # a prompt token attends half its prompt on average
     index_flops = 2 * shape.index_heads * shape.index_dim * shape.msa_layers  # MSA scores every context token
-    flops = 2.0 * active * tokens + attn_flops * (step.decode * att_tokens + step.prefill * prefill_att)
+    flops = 2.0 * active * tokens + 2.0 * shape.vocab * shape.hidden * sampled
+    flops += attn_flops * (step.decode * att_tokens + step.prefill * prefill_att)
     flops += index_flops * (step.decode * step.context + step.prefill * step.context / 2)
     reduces = 2 * shape.layers if n > 1 else 0
     comm = reduces * tokens * shape.hidden * 2.0 * 2 * (n - 1) / n if n > 1 else 0.0

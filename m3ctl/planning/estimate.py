@@ -3,14 +3,17 @@ prefill time and tokens per dollar, each a range with the assumption that domina
 
 The step cost is m3ctl.assess.cost's; this module runs it at the workload's steady state and at the ends of every
 assumed range. Steady state of a closed loop of ``c`` users, ``input_len`` in / ``output_len`` out, speculation
-emitting ``al`` tokens per step (acceptance length, 1 without it): each step verifies ``c x (1 + depth)`` tokens,
-prefills ``c x input_len x (1 - hit) x al / output_len`` prompt tokens (each request lives ``output_len / al``
-steps; ``hit``: the fraction of each prompt the prefix cache serves, 0 unless given), and each sequence attends
+emitting ``al`` tokens per step (acceptance length, 1 without it): a request lives ``n = output_len / al`` steps
+after its first token, each verifying ``c x (1 + depth)`` tokens; meanwhile the other ``c - 1`` users' prompts arrive
+and are prefilled (``input_len x (1 - hit)`` tokens each; ``hit``: the fraction of each prompt the prefix cache
+serves, 0 unless given), one prompt's prefill in one step as chunked prefill schedules a prompt within its token
+budget, so ``k = min(n, c - 1)`` of the ``n`` steps carry prefill and the rest are pure decode. Expert coverage is
+concave in a step's tokens, so the two kinds of step are priced apart, not as one averaged step. Each sequence attends
 ``input_len + output_len / 2`` tokens on average (a prefilled token half its prompt: with a cached prefix this
-undercounts the attention of the uncached tail, bounded by MSA's selected blocks). Then TPOT = step / al, tok/s per user = 1 / TPOT,
-output tok/s per replica = c / TPOT, total (input + output) tok/s per GPU = that x (in + out) / out / GPUs.
+undercounts the attention of the uncached tail, bounded by MSA's selected blocks). Then TPOT = mean step / al, tok/s
+per user = 1 / TPOT, a request's latency = its prefill step + (output_len - 1) x TPOT, output tok/s per replica =
+c x output_len / latency, total (input + output) tok/s per GPU = that x (in + out) / out / GPUs.
 """
-
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -186,15 +189,35 @@ def shape_of(facts: ModelFacts, precision: str, kv_bytes: float) -> tuple[Shape,
     return shape, notes
 
 
-def _steps(wl: Workload, al: float) -> tuple[Step, Step]:
-    """(the steady-state decode step, one request's prefill alone) for acceptance length ``al``."""
-    fresh = wl.input_len * (1.0 - wl.prefix_hit)  # prompt tokens each request prefills (the rest is cached)
-    decode = Step(
-        decode=wl.concurrency * (1 + wl.spec_depth),
-        prefill=round(wl.concurrency * fresh * al / max(wl.output_len, 1)),
-        context=wl.input_len + wl.output_len // 2,
+@dataclass(frozen=True)
+class Steps:
+    """The steps of one request's life in the steady state (module docstring): ``pure`` decode steps, ``mixed``
+    steps (decode plus other users' prompts), ``k`` of the ``n`` steps mixed, and ``alone``: a prompt's prefill with
+    nothing else running (the prefill time of one request)."""
+
+    pure: Step
+    mixed: Step
+    n: float
+    k: int
+    alone: Step
+
+
+def _steps(wl: Workload, al: float) -> Steps:
+    """The steady-state steps of ``wl`` for acceptance length ``al``."""
+    fresh = max(1, round(wl.input_len * (1.0 - wl.prefix_hit)))  # prompt tokens a request prefills (rest cached)
+    decode = wl.concurrency * (1 + wl.spec_depth)
+    context = wl.input_len + wl.output_len // 2
+    n = max(wl.output_len / al, 1.0)
+    others = wl.concurrency - 1
+    k = min(int(n), others)
+    per = -(-others // k) if k else 0  # prompts per mixed step
+    return Steps(
+        pure=Step(decode=decode, context=context),
+        mixed=Step(decode=decode, prefill=per * fresh, prompts=per, context=context),
+        n=n,
+        k=k,
+        alone=Step(decode=0, prefill=fresh, prompts=1, context=wl.input_len),
     )
-    return decode, Step(decode=0, prefill=max(1, round(fresh)), context=wl.input_len)
 
 
 #: The assumptions, in the order of a point: (name, unit scale to the model's units).
@@ -211,14 +234,21 @@ def figures(shape: Shape, layout: Layout, gpu: GpuPeak, gemm: str, wl: Workload,
     """Every figure at one point of the assumptions, ``point`` in :data:`_NAMES` order (ms and us as named)."""
     hbm, compute, overhead_ms, latency_us, al = point
     eff = Eff(hbm, compute, overhead_ms / 1e3, latency_us / 1e6)
-    decode, prefill = _steps(wl, al)
-    tpot = step_seconds(step_cost(shape, layout, decode), gpu, gemm, eff) / al
-    out_tok_s = wl.concurrency / tpot
+    st = _steps(wl, al)
+
+    def secs(step: Step) -> float:
+        return step_seconds(step_cost(shape, layout, step), gpu, gemm, eff)
+
+    mixed = secs(st.mixed) if st.k else 0.0
+    tpot = ((st.n - st.k) * secs(st.pure) + st.k * mixed) / st.n / al
+    first = mixed if st.k else secs(st.alone)  # a request's own prefill step
+    latency = first + (wl.output_len - 1) * tpot
+    out_tok_s = wl.concurrency * wl.output_len / latency
     return {
         "tpot_ms": tpot * 1e3,
         "tok_s_user": 1.0 / tpot,
         "tok_s_gpu": out_tok_s * (wl.input_len + wl.output_len) / max(wl.output_len, 1) / layout.tp,
-        "prefill_s": step_seconds(step_cost(shape, layout, prefill), gpu, gemm, eff),
+        "prefill_s": secs(st.alone),
     }
 
 

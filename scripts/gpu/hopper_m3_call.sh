@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Hopper evidence on the MiniMax-M3.1-Flash scale model (real per-layer shapes, dummy weights; one H100 or H200; the
+# vLLM 0.26 bundle). Parts, each optional, in this order (PARTS="default grid msa", the default):
+#   default  `m3ctl serve` with NO attention option, as a new user would: it must come up ready on the plan's default
+#            for Hopper (the known issue's dense fallback) with the full smoke, then a long-prompt bench (4,096 in).
+#   grid     on that server: the estimate fit's runs (docs/results/estimate-fit.md): a decode sweep at concurrency
+#            1,4,16,64 (1,024 in / 256 out) and a prefill sweep at concurrency 1 (512 to 8,192 in / 1 out).
+#   msa      the failing path asked for explicitly (`--attention msa`): what serve says and, where it dies, the cause.
+# Carry .bundle WITH fi.tar.xz (vLLM's MiniMax-M3 code needs FlashInfer's norm) and .whl (site.tar.xz). m3ctl runs
+# from the working tree. Outputs: $OUT/call.log, $OUT/setup.log and $OUT/res.tgz (plan/doctor JSON, serve-*.txt,
+# bench JSON, engine logs; only 8 files come back from a call).
+set -u
+R=/tmp/res; mkdir -p "$R"
+trap 'tar -czf "$OUT/res.tgz" -C /tmp res' EXIT
+exec > >(tee "$OUT/call.log") 2>&1
+t0=$(date +%s); STOP_AT=${STOP_AT:-570}; PARTS=${PARTS:-default grid msa}; LAYERS=${LAYERS:-2}
+left() { echo $(( STOP_AT - ($(date +%s) - t0) )); }
+has() { case " $PARTS " in *" $1 "*) return 0;; esac; return 1; }
+source scripts/gpu/wt-env.sh
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$R/gpu.txt"
+$M dev scale-model /tmp/m3b --arch minimax-m3 --layers "$LAYERS" --quant bf16 > /dev/null || { echo "scale-model failed"; exit 1; }
+echo "setup done at $(( $(date +%s) - t0 )) s"
+$M plan --model /tmp/m3b --runtime process --json -- --load-format dummy > "$R/plan.json" 2> "$R/plan.err"
+echo "plan rc=$?"
+$M doctor --model /tmp/m3b --runtime process --json > "$R/doctor.json" 2> "$R/doctor.err"; echo "doctor rc=$?"
+
+serve_case() {  # TAG PORT [m3ctl serve options...] : serve detached, rc, status, log
+  local tag=$1 port=$2; shift 2
+  echo "== $tag at $(( $(date +%s) - t0 )) s (left $(left) s)"
+  local s0; s0=$(date +%s)
+  timeout -s INT $(( $(left) - 20 )) $M serve --model /tmp/m3b --name "$tag" --port "$port" --runtime process --detach \
+    "$@" -- --load-format dummy > "$R/serve-$tag.txt" 2>&1
+  echo "serve $tag rc=$? wall $(( $(date +%s) - s0 )) s"; tail -30 "$R/serve-$tag.txt"
+  $M status > "$R/status-$tag.txt" 2>&1; cat "$R/status-$tag.txt"
+  cp "/tmp/m3state/logs/$tag.log" "$R/log-$tag.txt" 2>/dev/null
+}
+alive() { $M status --json 2>/dev/null | python3 -c "import json,sys;sys.exit(0 if any(d.get('alive') for d in json.load(sys.stdin)) else 1)"; }
+bench() {  # TAG [bench options...]
+  local tag=$1; shift
+  echo "== bench $tag at $(( $(date +%s) - t0 )) s (left $(left) s)"
+  timeout $(( $(left) - 30 )) $M bench --deployment m3default --prompt-text fresh --num-gpus 1 --no-progress \
+    --output-json "$R/bench-$tag.json" "$@" > "$R/bench-$tag.txt" 2>&1
+  echo "bench $tag rc=$?"; tail -25 "$R/bench-$tag.txt"
+}
+if has default || has grid; then
+  serve_case m3default 8043
+  if alive; then
+    has default && bench long --input-len 4096 --output-len 64 --concurrency 8 --num-prompts 48 --seed 11
+    if has grid; then
+      bench decode --input-len 1024 --output-len 256 --ignore-eos --concurrency 1,4,16,64 --seed 21 --power
+      bench prefill --input-len 512,2048,4096,8192 --output-len 1 --concurrency 1 --num-prompts 12 --seed 31
+    fi
+  fi
+  $M stop m3default > /dev/null 2>&1
+fi
+if has msa && [ "$(left)" -gt 200 ]; then serve_case m3msa 8044 --attention msa; fi
+$M stop --all > /dev/null 2>&1
+pgrep -af "vllm serve" && echo "LEFT RUNNING" || echo "nothing left running"
+cp /tmp/m3state/logs/*.log "$R/" 2>/dev/null; ls "$R" | head -20
+echo "call done at $(( $(date +%s) - t0 )) s"
