@@ -14,6 +14,7 @@ undercounts the attention of the uncached tail, bounded by MSA's selected blocks
 per user = 1 / TPOT, a request's latency = its prefill step + (output_len - 1) x TPOT, output tok/s per replica =
 c x output_len / latency, total (input + output) tok/s per GPU = that x (in + out) / out / GPUs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
