@@ -10,9 +10,9 @@ with speculation) and ``prefill`` prompt tokens (chunked prefill mixes them in).
 - each decoding sequence's KV: all of its context for GQA, or for MSA the indexer keys of the whole context plus the
   ``topk_blocks x block`` tokens the indexer selects (every layer with ``sparse_attention_freq`` set);
 
-and does ``2 x active weights`` FLOPs per token (the LM head's only for a token that samples) plus attention's ``4 x heads x head_dim`` per attended token (a
-prompt token attends half its prompt, or on MSA layers the selected blocks of it) and MSA's indexer
-``2 x index_heads x index_dim`` per context token it scores. TP
+and does ``2 x active weights`` FLOPs per token (the LM head's only for a token that samples) plus attention's
+``4 x heads x head_dim`` per attended token (a prompt token attends half its prompt, or on MSA layers the selected
+blocks of it) and MSA's indexer ``2 x index_heads x index_dim`` per context token it scores. TP
 adds two all-reduces of ``tokens x hidden`` BF16 values per layer (ring: ``2 (n-1)/n`` of them cross each link).
 
 Time of a step: ``overhead + max(bytes / (eta_hbm x HBM), flops / (eta_compute x peak)) + comm``, with the peaks
