@@ -243,6 +243,24 @@ def _engine_gap(part: Part, version: str | None, flags: VllmFlagTable, facts: Vl
     return None
 
 
+def _profile_gap(ctx: PlanContext, part: Part) -> str | None:
+    """What the kernel profile does not offer for ``part`` (its speculative method, DCP for this attention, DBO),
+    one line with the profile's own source; None when it offers it (or the part needs none of them)."""
+    t, prof = part.turn_on, ctx.profile
+    sup, src = prof.supports, prof.sources
+    if t.speculative and t.speculative not in sup.spec_methods:
+        return f"profile {prof.name} offers no {t.speculative} speculation (supports.spec_methods)"
+    if t.layout == "dbo" and not sup.dbo:
+        return f"profile {prof.name} offers no DBO (supports.dbo)" + (f": {src['dbo']}" if "dbo" in src else "")
+    attention = ctx.facts.attention or ""
+    if t.layout == "dcp" and (not sup.dcp or attention not in sup.dcp_attention):
+        return (
+            f"profile {prof.name} offers no DCP for {attention.upper() or 'this'} attention (supports.dcp_attention)"
+            + (f": {src['dcp']}" if "dcp" in src else "")
+        )
+    return None
+
+
 def _flag_on(ctx: PlanContext, key: str, value: str) -> bool:
     if "." in key:
         group, sub = key.split(".", 1)
@@ -337,8 +355,13 @@ def _judge(
             why="needs " + " or ".join(f"{r} ({done[r].state})" for r in part.requires_any),
         )
     gap = _engine_gap(part, ctx.engine_version, flags, facts)
-    if gap is not None:
-        engine = f"engine vLLM {ctx.engine_version or '?'} (flag table {flags.vllm_version}): {gap}"
+    profile_gap = _profile_gap(ctx, part)
+    if gap is not None or profile_gap is not None:
+        engine = (
+            f"engine vLLM {ctx.engine_version or '?'} (flag table {flags.vllm_version}): {gap}"
+            if gap is not None
+            else str(profile_gap)
+        )
         if part.fallback is None:
             return PartState(part=name, what=part.what, state="off", why=engine)
         return PartState(
@@ -360,8 +383,22 @@ def _judge(
     if name == "dspark_drafter":
         drafter = ctx.spec.drafter if ctx.spec else None
         own = ctx.config_value("speculative-config", "model")
-        if own is None and (drafter is None or drafter.method != part.turn_on.speculative):
-            return PartState(part=name, what=part.what, state="off", why="the model catalog has no DSpark drafter")
+        method, depth = ctx.speculation()
+        catalog = drafter if drafter is not None and drafter.method == part.turn_on.speculative else None
+        if own is None and catalog is None:
+            return PartState(
+                part=name,
+                what=part.what,
+                state="off",
+                why="no DSpark drafter: the model catalog has none, and a local checkpoint has none at <model>/dspark",
+            )
+        if not (method == part.turn_on.speculative and depth > 0) and catalog is not None and catalog.assumed:
+            return PartState(
+                part=name,
+                what=part.what,
+                state="off",
+                why=f"the catalog's DSpark drafter {catalog.model} is not public (assumed): not planned by default",
+            )
         size, where = ctx.drafter_block()
         how = f"block size {size} ({where})" if size else f"block size unknown ({where})"
     return PartState(part=name, what=part.what, state="native", how=how, why="engine, hardware and image run it")
