@@ -458,8 +458,15 @@ def decide(
             turn_on.append(f"--spec-method {part.turn_on.speculative}")
         if part.turn_on.layout:
             turn_on.append(f"--{part.turn_on.layout}" + (" N" if part.turn_on.layout == "dcp" else ""))
+        fb = part.fallback
+        fallback_on = (  # the documented fallback's own flags are what this plan runs
+            st.state == "fallback"
+            and fb is not None
+            and bool(fb.args)
+            and all(_flag_on(ctx, k, v) for k, v in fb.args.items())
+        )
         planned = (hw is None or hw.state != "off") and (
-            _planned(ctx, part) or any(done[r].planned for r in part.requires_any if _path_of(part))
+            _planned(ctx, part) or fallback_on or any(done[r].planned for r in part.requires_any if _path_of(part))
         )
         st.planned, st.turn_on, st.assumed, st.confirm, st.sources = (
             planned,
