@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from m3ctl.assess import capability
 from m3ctl.assess.context import PlanContext
+from m3ctl.assess.dcp import dcp_pays_from
 from m3ctl.catalog import Image, data, find_image, register
 from m3ctl.catalog.vllm_args import VllmEngineFacts, VllmFlagTable, engine_facts, flag_table
 
@@ -243,6 +244,28 @@ def _engine_gap(part: Part, version: str | None, flags: VllmFlagTable, facts: Vl
     return None
 
 
+def _dcp_pays(ctx: PlanContext, part: Part) -> PartState | None:
+    """A DCP part is off where it does not pay at this plan's context (the threshold derived from the cost and memory
+    models: :func:`m3ctl.assess.dcp.dcp_pays_from`, or the table's ``min_context`` where one is given); None when
+    it pays (or the part is no DCP part)."""
+    if part.turn_on.layout != "dcp":
+        return None
+    mml = ctx.max_model_len()
+    if part.min_context is not None:
+        threshold, why = part.min_context, "min_context of m3ctl/data/day0.yaml"
+    else:
+        derived = dcp_pays_from(ctx)
+        threshold, why = derived.threshold, derived.why
+    name = next(k for k, v in table().parts.items() if v is part)
+    if threshold is None:
+        return PartState(part=name, what=part.what, state="off", why=f"does not pay here: {why}")
+    if mml and mml < threshold:
+        return PartState(
+            part=name, what=part.what, state="off", why=f"context {mml} < {threshold} tokens, where it pays: {why}"
+        )
+    return None
+
+
 def _profile_gap(ctx: PlanContext, part: Part) -> str | None:
     """What the kernel profile does not offer for ``part`` (its speculative method, DCP for this attention, DBO),
     one line with the profile's own source; None when it offers it (or the part needs none of them)."""
@@ -354,6 +377,9 @@ def _judge(
             state="off",
             why="needs " + " or ".join(f"{r} ({done[r].state})" for r in part.requires_any),
         )
+    pays = _dcp_pays(ctx, part)
+    if pays is not None:
+        return pays
     gap = _engine_gap(part, ctx.engine_version, flags, facts)
     profile_gap = _profile_gap(ctx, part)
     if gap is not None or profile_gap is not None:
@@ -361,22 +387,12 @@ def _judge(
             f"engine vLLM {ctx.engine_version or '?'} (flag table {flags.vllm_version}): {gap}"
             if gap is not None
             else str(profile_gap)
-        )
+        ) + (f" (where it pays: {dcp_pays_from(ctx).why})" if part.turn_on.layout == "dcp" else "")
         if part.fallback is None:
             return PartState(part=name, what=part.what, state="off", why=engine)
         return PartState(
             part=name, what=part.what, state="fallback", how=part.fallback.name, cost=part.fallback.cost, why=engine
         )
-    if part.min_context is not None:
-        mml = ctx.max_model_len()
-        if mml and mml < part.min_context:
-            return PartState(
-                part=name,
-                what=part.what,
-                state="off",
-                why=f"context {mml} < {part.min_context} tokens, where it pays"
-                + (" (assumed: see confirm)" if part.assumed else ""),
-            )
     if hw is not None:
         return hw
     how = ""
