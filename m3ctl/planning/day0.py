@@ -251,6 +251,7 @@ def _dcp_pays(ctx: PlanContext, part: Part) -> PartState | None:
     if part.turn_on.layout != "dcp":
         return None
     mml = ctx.max_model_len()
+    threshold: int | None
     if part.min_context is not None:
         threshold, why = part.min_context, "min_context of m3ctl/data/day0.yaml"
     else:
