@@ -90,8 +90,11 @@ def test_pinned_engine_on_b200_names_the_toolkit_fallback_and_the_missing_drafte
     # the image chosen (CUDA 13.0) has no QMUL4: the FP16 dequant is named with its cost
     q = s["qmul4_dequant"]
     assert q.state == "fallback" and "FP16 dequant" in q.how and q.cost and "13.0 < 13.4" in q.why
-    # vLLM 0.32's attention backends have no PrimiTS: the drafter's FLASH_ATTN fallback is chosen and named
-    a = s["drafter_attention"]
+    # the catalog's drafter is not public: off by default, so its attention backend is off too
+    assert s["drafter_attention"].state == "off" and "dspark_drafter (off)" in s["drafter_attention"].why
+    # asked for, vLLM 0.32 has no PrimiTS: the drafter's FLASH_ATTN fallback is chosen, named and planned
+    a = _states(_plan("b200x8", spec_depth=7, spec_method="dspark").day0)["drafter_attention"]
+    assert a.planned
     assert a.state == "fallback" and a.how.startswith("FLASH_ATTN") and "FLASHINFER_PRIMITS" in a.why
     assert s["nvfp4_moe"].planned and s["nvfp4_kv_attention"].planned  # the day-0 stack by default
     assert not _states(_plan("b200x8", stack="recipe").day0)["nvfp4_kv_attention"].planned
@@ -99,7 +102,7 @@ def test_pinned_engine_on_b200_names_the_toolkit_fallback_and_the_missing_drafte
 
 
 def test_a_fake_engine_without_nvfp4_kv_falls_back_to_fp8_named_with_its_cost():
-    ctx = _plan("b200x8").rule_context()
+    ctx = _plan("b200x8", spec_depth=7, spec_method="dspark").rule_context()
     assert ctx is not None
     ft = flag_table()
     kv = ft.flags["kv-cache-dtype"]
