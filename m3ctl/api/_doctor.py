@@ -31,6 +31,7 @@ def doctor(
     inventory: str | Path | HostInventory | None = None,
     system: str | None = None,
     attention: Literal["msa", "dense"] | None = None,
+    stack: Literal["day0", "recipe"] | None = None,
     save_inventory: str | Path | None = None,
 ) -> DoctorReport:
     """Check, check by check, whether and how this host (or ``inventory``/``system``) can serve ``model``.
@@ -49,6 +50,7 @@ def doctor(
         image: a catalog image name or a local image to check instead of the recommended one.
         attention: ``dense`` checks an MSA model served with dense attention on every layer (the opt-in fallback
             of a known issue; quality cost unknown); None/``msa``: its own sparse attention.
+        stack: ``day0`` (None: the default) or ``recipe``: the stack the plan deploys (PlanRequest.stack).
         save_inventory: write the evaluated host's inventory here as JSON (checked writable before any probe).
 
     Returns:
@@ -68,6 +70,7 @@ def doctor(
     runtime = runtime or (user.runtime if "runtime" in mine else "auto")
     image = image or user.image
     attention = attention or user.attention
+    stack = stack or user.stack
     context = context if context is not None else user.max_model_len
     if runtime not in ("auto", "process", "docker"):
         raise BadInput(f"unknown runtime {runtime!r}", "use auto, process or docker")
@@ -81,6 +84,8 @@ def doctor(
         raise BadInput(f"--port {port} is not a TCP port", "use 1-65535")
     if attention not in (None, "msa", "dense"):
         raise BadInput(f"attention {attention!r} is not msa or dense", "use attention='dense' or leave it out")
+    if stack not in (None, "day0", "recipe"):
+        raise BadInput(f"stack {stack!r} is not day0 or recipe", "use stack='recipe' or leave it out")
     if save_inventory is not None:
         check_output_path(Path(save_inventory), "--save-inventory")
     inv = host_inventory(inventory, system)
@@ -89,6 +94,7 @@ def doctor(
     return run_doctor(
         inv,
         attention=attention,
+        stack=stack,
         variant=variant,
         context=context,
         kv_cache_dtype=kv_cache_dtype,

@@ -71,6 +71,9 @@ class PlanRequest(BaseModel):
         kv_cache_dtype, max_model_len (tokens), max_num_seqs, max_num_batched_tokens: typed vLLM flags.
         attention: ``dense`` serves an MSA model with dense attention on every layer (the opt-in fallback of a
             known issue, m3ctl/data/known_issues.yaml; quality cost unknown); None / ``msa``: the checkpoint's own.
+        stack: ``day0`` (None: the default) turns on every part of the model's day-0 stack the engine, hardware and
+            image run (m3ctl/data/day0.yaml; m3ctl.planning.day0), with each documented fallback named; ``recipe``
+            keeps the conservative recipe plan (the variant's flags only, nothing turned on by default).
         args: ``{flag: value}`` vLLM flags (``--arg``; ``args:`` in a file); extra_args: raw vLLM args after ``--``.
         env: extra server environment; pass_env: names of secret variables passed through (values never stored).
         image, mounts: docker image (default: the catalog's) and extra bind mounts.
@@ -102,6 +105,7 @@ class PlanRequest(BaseModel):
     draft_tp: int | None = Field(default=None, ge=1)
     kv_cache_dtype: str | None = None
     attention: Literal["msa", "dense"] | None = None
+    stack: Literal["day0", "recipe"] | None = None
     max_model_len: int | None = Field(default=None, ge=1)
     max_num_seqs: int | None = Field(default=None, ge=1)
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
@@ -487,6 +491,7 @@ def serve_command(req: PlanRequest, inventory: str | None = None) -> str:
         "spec_method",
         "kv_cache_dtype",
         "attention",
+        "stack",
         "max_model_len",
         "max_num_seqs",
         "max_num_batched_tokens",

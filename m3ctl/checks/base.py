@@ -174,6 +174,8 @@ class Ctx:
     attention: str | None = None
     """``--attention`` as asked (``dense``: a known issue's fallback; ``msa``: the checkpoint's own even into a
     known fatal issue); None: the planner's choice."""
+    stack: str | None = None
+    """``--stack`` as asked (``recipe``: the conservative plan); None: the day-0 stack, the plan's default."""
     engine: str | None = None
     """vLLM version of the engine that would run (as plan decides it); None unknown."""
     outcome: PlanOutcome | None = None

@@ -171,6 +171,7 @@ def run_doctor(
     env: Mapping[str, str] | None = None,
     inventory_file: str | None = None,
     attention: str | None = None,
+    stack: str | None = None,
 ) -> DoctorReport:
     """Evaluate ``inventory`` for ``model`` (default MiniMax-M3.1-Flash, best variant for the host).
 
@@ -189,6 +190,7 @@ def run_doctor(
         attention: ``dense`` checks the dense-attention fallback of an MSA model (a known issue's workaround,
             m3ctl/data/known_issues.yaml), ``msa`` the checkpoint's own attention even where a known fatal issue
             applies (then not runnable); None: the planner's choice (the fallback where a fatal issue applies).
+        stack: ``recipe`` checks the conservative recipe plan; None/``day0``: the day-0 stack (the plan's default).
 
     Returns:
         The report; never raises for host problems (they are FAIL rows).
@@ -214,6 +216,7 @@ def run_doctor(
         image=image,
         local_model=local,
         attention=attention,
+        stack=stack,
     )
     _resolve_catalog(ctx)
     if inventory.gpus or (model is not None and not local):  # no GPU and no --model: nothing to size (saves ~50 ms)

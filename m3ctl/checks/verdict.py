@@ -276,6 +276,8 @@ def _doctor_request(ctx: Ctx) -> PlanRequest | None:
             local["runtime"] = "docker"
         if ctx.attention:
             local["attention"] = ctx.attention
+        if ctx.stack:
+            local["stack"] = ctx.stack
         return PlanRequest(**local)
     if not ctx.gpu_host or not ctx.evals or ctx.profile is None and ctx.profile_note is None:
         return None
@@ -290,6 +292,8 @@ def _doctor_request(ctx: Ctx) -> PlanRequest | None:
         fields["kv_cache_dtype"] = ctx.kv_dtype
     if ctx.attention:
         fields["attention"] = ctx.attention
+    if ctx.stack:
+        fields["stack"] = ctx.stack
     if ctx.context_given:
         fields["max_model_len"] = ctx.context  # what the verdict promises (else the planner sizes the context)
     if ctx.user_image and ctx.image is not None:

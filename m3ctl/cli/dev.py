@@ -87,13 +87,22 @@ def scale_model(
             min=1, max=o.MAX_REQUEST_TOKENS, help="Context the config declares (default: the catalog model's)."
         ),
     ] = None,
+    drafter: Annotated[
+        bool,
+        typer.Option(
+            "--drafter",
+            help="Also write a one-layer DSpark drafter config in DIR/dspark (minimax-m3): the default plan serves it with speculative decoding at its block size.",
+        ),
+    ] = False,
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty directory.")] = False,
     json_out: o.Json = False,
 ) -> None:
     """Write a realistic-scale model (real per-layer shapes, fewer layers) for `vllm serve --load-format dummy`."""
     out = Output(json_out)
     o.output_dir(out_dir, "OUT_DIR")
-    spec = ScaleModelSpec(arch=arch, layers=layers, quant=quant, max_position_embeddings=max_position_embeddings)
+    spec = ScaleModelSpec(
+        arch=arch, layers=layers, quant=quant, max_position_embeddings=max_position_embeddings, drafter=drafter
+    )
     path = build_scale_model(out_dir, spec, overwrite=overwrite)
     gib = read_model_facts(str(path)).weights_gib
     out.result(
@@ -102,12 +111,15 @@ def scale_model(
             "arch": arch,
             "layers": layers,
             "quant": quant,
+            "drafter": str(path / "dspark") if drafter else None,
             "weights_gib": gib,
             "serve": f"m3ctl serve --model {path} -- --load-format dummy",
         }
     )
     out.echo(
-        f"built {arch} scale model ({layers} layers, {quant}, about {gib:.1f} GiB of weights) in {path}; "
+        f"built {arch} scale model ({layers} layers, {quant}, about {gib:.1f} GiB of weights) in {path}"
+        + (f" with a DSpark drafter in {path / 'dspark'}" if drafter else "")
+        + "; "
         f"serve it with: m3ctl serve --model {path} -- --load-format dummy"
     )
 

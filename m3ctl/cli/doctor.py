@@ -54,6 +54,7 @@ def doctor(
     save_inventory: Annotated[Path | None, typer.Option(help="Write this host's inventory as JSON.")] = None,
     system: o.System = None,
     attention: o.Attention = None,
+    stack: o.Stack = None,
 ) -> None:
     """Probe this host and say, check by check, whether and how it can serve (exit 1 on FAIL or not runnable)."""
 
@@ -69,6 +70,7 @@ def doctor(
         inventory=inventory,
         system=system,
         attention=attention,
+        stack=stack,
         save_inventory=save_inventory,
     )
     out.result(report_json(rep))

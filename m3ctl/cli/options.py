@@ -349,6 +349,14 @@ Attention = Annotated[
         help="msa (the checkpoint's sparse attention, even into a known fatal issue) or dense: every layer dense through --hf-overrides, a known MSA issue's fallback (quality cost unknown); default: msa, or the fallback where a known fatal issue applies.",
     ),
 ]
+Stack = Annotated[
+    str | None,
+    typer.Option(
+        parser=choice("day0", "recipe"),
+        metavar="day0|recipe",
+        help="day0 (the default): every part of the model's day-0 stack that the engine, hardware and image run (NVFP4 KV cache, the DSpark drafter, indexer DCP at long context, the MI350 path), each documented fallback named; recipe: the conservative recipe plan.",
+    ),
+]
 
 #: The planner's typed knobs (PlanRequest fields), shared by `plan` and `serve` through :func:`plan_knobs`.
 PLAN_KNOBS: dict[str, tuple[Any, Any]] = {
@@ -397,6 +405,7 @@ PLAN_KNOBS: dict[str, tuple[Any, Any]] = {
     ),
     "kv_cache_dtype": (KVDtype, None),
     "attention": (Attention, None),
+    "stack": (Stack, None),
     "max_model_len": (
         Annotated[int | None, typer.Option(parser=token_count, metavar="N", help="Max model length (tokens).")],
         None,

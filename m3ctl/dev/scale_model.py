@@ -13,6 +13,11 @@ values, listed in :data:`RELEASE_FIELDS` with their sources. The directory also 
 :func:`~m3ctl.dev.tiny_model.pad_vocabulary`) and
 ``m3ctl-scale.json`` (the recipe). Nothing here needs a GPU or the hub.
 
+With ``drafter``, a MiniMax-M3 scale model also gets a DSpark drafter config in ``<dir>/dspark`` (the place the
+planner looks for a local checkpoint's drafter: :data:`m3ctl.planning.stack.DRAFTER_DIR`), so the default plan
+serves the scale model with speculative decoding at the drafter's ``dspark_block_size``
+(:func:`dspark_drafter_config`: the fields vLLM 0.26 reads for a ``Qwen3DSparkModel``).
+
 The planner sizes such a directory from its config (no weight files: :func:`m3ctl.assess.facts.estimate_weights_bytes`).
 """
 
@@ -27,6 +32,7 @@ from m3ctl import catalog
 from m3ctl.assess.facts import estimate_weights_bytes
 from m3ctl.dev.tiny_model import build_tokenizer, make_out_dir, pad_vocabulary
 from m3ctl.errors import BadInput
+from m3ctl.planning.stack import DRAFTER_DIR
 
 ARCHS = {"minimax-m2": "MiniMax-M2.5", "minimax-m3": "MiniMax-M3.1-Flash"}
 """Scale-model architecture -> the catalog model whose facts give the per-layer shapes."""
@@ -95,6 +101,65 @@ QUANT_CONFIGS: dict[str, dict[str, Any] | None] = {
 }
 
 
+#: The drafter's trained block size (DeepSeek's deepseek-ai/dspark_qwen3_8b_block7: 7).
+DRAFTER_BLOCK = 7
+#: Markov head rank of the drafter (DSparkMarkovHead: vocab x rank and rank x vocab; small against the target).
+DRAFTER_MARKOV_RANK = 64
+
+
+def _target_layers(n: int, k: int = 3) -> list[int]:
+    """Up to ``k`` target layers spread over ``n`` (0-based, DSpark's ``target_layer_ids``: the drafter reads the
+    output of layer i, which the target returns as Eagle3-style aux hidden state i + 1, valid for i in 0..n-1)."""
+    k = max(1, min(k, n))
+    return sorted({round(i * (n - 1) / (k - 1)) for i in range(k)}) if k > 1 else [n - 1]
+
+
+def dspark_drafter_config(target: dict[str, Any], block: int = DRAFTER_BLOCK) -> dict[str, Any]:
+    """A one-layer DSpark drafter's config.json for the ``target`` config (a scale model's), as vLLM 0.26 reads it.
+
+    - ``architectures: [Qwen3DSparkModel]`` (model_executor/models/registry.py: qwen3_dspark), ``model_type: qwen3``
+      (a Qwen3 decoder block: qwen3_dflash.DFlashQwen3Model; SpeculativeConfig detects method dspark from the
+      architecture, config/speculative.py);
+    - ``hidden_size`` and ``vocab_size`` equal to the target's (the drafter shares its embedding and LM head and
+      reads its hidden states), ``draft_vocab_size`` the same (no d2t table);
+    - ``dflash_config.target_layer_ids`` valid for the target's layer count (DFlashQwen3Model sizes ``fc`` by their
+      count; spec_decode/eagle/eagle3_utils.py asks the target for those layers' aux hidden states, i + 1), and
+      ``dflash_config.mask_token_id`` (spec_decode/utils.py get_parallel_drafting_token_id);
+    - ``markov_rank`` (qwen3_dspark.DSparkMarkovHead), ``dspark_block_size`` (SpeculativeConfig refuses
+      ``num_speculative_tokens`` below it), ``layer_types`` full attention (non-causal drafting: qwen3_dflash).
+    """
+    text = target.get("text_config") or target
+    n, hidden, vocab = text["num_hidden_layers"], text["hidden_size"], text["vocab_size"]
+    ids = _target_layers(n)
+    return dict(
+        architectures=["Qwen3DSparkModel"],
+        model_type="qwen3",
+        torch_dtype="bfloat16",
+        hidden_size=hidden,
+        vocab_size=vocab,
+        draft_vocab_size=vocab,
+        num_hidden_layers=1,
+        num_attention_heads=text["num_attention_heads"],
+        num_key_value_heads=text["num_key_value_heads"],
+        head_dim=text["head_dim"],
+        intermediate_size=text.get("dense_intermediate_size") or text["intermediate_size"],
+        hidden_act="silu",
+        rms_norm_eps=text.get("rms_norm_eps", 1e-6),
+        max_position_embeddings=text["max_position_embeddings"],
+        rope_theta=1_000_000.0,
+        attention_bias=False,
+        tie_word_embeddings=False,
+        layer_types=["full_attention"],
+        target_hidden_size=hidden,
+        markov_rank=DRAFTER_MARKOV_RANK,
+        dspark_block_size=block,
+        dspark_target_layer_ids=ids,
+        dflash_config=dict(target_layer_ids=ids, mask_token_id=vocab - 1, use_aux_hidden_state=True),
+        bos_token_id=text.get("bos_token_id", 0),
+        eos_token_id=text.get("eos_token_id", 2),
+    )
+
+
 @dataclass(frozen=True)
 class ScaleModelSpec:
     """A scale model: a catalog model's per-layer shapes with ``layers`` layers.
@@ -104,12 +169,15 @@ class ScaleModelSpec:
         layers: number of decoder layers (>= 1; the full models have 62 and 60).
         quant: ``fp8`` (block 128x128), ``bf16`` or ``nvfp4`` (ModelOpt).
         max_position_embeddings: context the config declares (default: the catalog model's).
+        drafter: also write a DSpark drafter in ``<dir>/dspark`` (MiniMax-M3 only: its target class returns the
+            Eagle3-style aux hidden states a DSpark drafter reads).
     """
 
     arch: str = "minimax-m2"
     layers: int = 16
     quant: str = "fp8"
     max_position_embeddings: int | None = None
+    drafter: bool = False
 
     def validate(self) -> None:
         """Raises:
@@ -124,6 +192,11 @@ class ScaleModelSpec:
             raise BadInput(
                 f"--max-position-embeddings must be >= 1, got {self.max_position_embeddings}",
                 "omit it to keep the catalog model's context",
+            )
+        if self.drafter and self.arch != "minimax-m3":
+            raise BadInput(
+                f"--drafter: a DSpark drafter is written for --arch minimax-m3 only (not {self.arch})",
+                "use --arch minimax-m3, or drop --drafter",
             )
 
 
@@ -226,6 +299,9 @@ def build_scale_model(out_dir: str | Path, spec: ScaleModelSpec | None = None, *
     cfg = scale_config(spec, bos=tok.bos_token_id, eos=tok.eos_token_id, pad=tok.pad_token_id)
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
     pad_vocabulary(out, cfg.get("vocab_size") or cfg["text_config"]["vocab_size"])  # every sampled id decodes
+    if spec.drafter:
+        (out / DRAFTER_DIR).mkdir()
+        (out / DRAFTER_DIR / "config.json").write_text(json.dumps(dspark_drafter_config(cfg), indent=2, sort_keys=True))
     est = estimate_weights_bytes(cfg)
     (out / "m3ctl-scale.json").write_text(
         json.dumps(

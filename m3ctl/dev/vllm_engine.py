@@ -30,6 +30,9 @@ from pathlib import Path
 import yaml
 
 BOUNDS = ("gt", "ge", "lt", "le")
+#: Placeholder choice of a config key typed ``AttentionBackendEnum`` (``speculative_config.attention_backend``):
+#: :func:`build` replaces it with the registry's backend names.
+ENUM_BACKENDS = "<AttentionBackendEnum>"
 #: Config classes that appear under another name as a ``vllm serve`` JSON flag's keys.
 JSON_FLAG_CLASSES = {"speculative_config": "SpeculativeConfig"}
 
@@ -77,6 +80,11 @@ def _config_classes(root: Path) -> dict[str, dict[str, dict]]:
                             entry[kw.arg] = kw.value.value
                 if (ch := _literal(st.annotation, aliases)) is not None:
                     entry["choices"] = ch
+                elif ast.unparse(st.annotation).replace(" ", "") in (
+                    "AttentionBackendEnum",
+                    "AttentionBackendEnum|None",
+                ):
+                    entry["choices"] = [ENUM_BACKENDS]  # the registry's names, filled in by build()
                 if entry:
                     fields[st.target.id] = entry
             if fields:
@@ -181,12 +189,17 @@ def build(root: Path, version: str) -> dict:
         entry = {k: v for k, v in classes.get(cls, {}).get(attr, {}).items() if k in BOUNDS}
         if entry:
             values[field.replace("_", "-")] = {**entry, "source": f"{cls}.{attr}"}
+    backends = _attention_backends(root)
     keys: dict[str, dict] = {}
     for field in objects:
         cls = JSON_FLAG_CLASSES.get(field) or "".join(p.title() for p in field.split("_"))
         for attr, entry in sorted(classes.get(cls, {}).items()):
             if attr.startswith("_"):
                 continue
+            if entry.get("choices") == [ENUM_BACKENDS]:
+                if cls not in JSON_FLAG_CLASSES.values():  # attention_config.backend: the backend check reads it
+                    continue
+                entry = {**entry, "choices": sorted(backends)}
             keys[f"{field}.{attr}"] = {**entry, "source": f"{cls}.{attr}"}
     return {
         "schema_version": 1,
@@ -196,9 +209,7 @@ def build(root: Path, version: str) -> dict:
         "json_object_flags": sorted(f.replace("_", "-") for f in objects),
         "values": values,
         "config_keys": dict(sorted(keys.items())),
-        "attention_backends": {
-            k: {"kind": v["kind"], "sparse": v["sparse"]} for k, v in sorted(_attention_backends(root).items())
-        },
+        "attention_backends": {k: {"kind": v["kind"], "sparse": v["sparse"]} for k, v in sorted(backends.items())},
         "pp_architectures": _pp_architectures(root),
     }
 

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from m3ctl.assess import capability
 from m3ctl.assess.context import PlanContext
+from m3ctl.assess.dcp import dcp_pays_from
 from m3ctl.catalog import Image, data, find_image, register
 from m3ctl.catalog.vllm_args import VllmEngineFacts, VllmFlagTable, engine_facts, flag_table
 
@@ -243,6 +244,47 @@ def _engine_gap(part: Part, version: str | None, flags: VllmFlagTable, facts: Vl
     return None
 
 
+def _dcp_pays(ctx: PlanContext, part: Part) -> PartState | None:
+    """A DCP part is off where it does not pay at this plan's context (the threshold derived from the cost and memory
+    models: :func:`m3ctl.assess.dcp.dcp_pays_from`, or the table's ``min_context`` where one is given); None when
+    it pays (or the part is no DCP part)."""
+    if part.turn_on.layout != "dcp":
+        return None
+    mml = ctx.max_model_len()
+    threshold: int | None
+    if part.min_context is not None:
+        threshold, why = part.min_context, "min_context of m3ctl/data/day0.yaml"
+    else:
+        derived = dcp_pays_from(ctx)
+        threshold, why = derived.threshold, derived.why
+    name = next(k for k, v in table().parts.items() if v is part)
+    if threshold is None:
+        return PartState(part=name, what=part.what, state="off", why=f"does not pay here: {why}")
+    if mml and mml < threshold:
+        return PartState(
+            part=name, what=part.what, state="off", why=f"context {mml} < {threshold} tokens, where it pays: {why}"
+        )
+    return None
+
+
+def _profile_gap(ctx: PlanContext, part: Part) -> str | None:
+    """What the kernel profile does not offer for ``part`` (its speculative method, DCP for this attention, DBO),
+    one line with the profile's own source; None when it offers it (or the part needs none of them)."""
+    t, prof = part.turn_on, ctx.profile
+    sup, src = prof.supports, prof.sources
+    if t.speculative and t.speculative not in sup.spec_methods:
+        return f"profile {prof.name} offers no {t.speculative} speculation (supports.spec_methods)"
+    if t.layout == "dbo" and not sup.dbo:
+        return f"profile {prof.name} offers no DBO (supports.dbo)" + (f": {src['dbo']}" if "dbo" in src else "")
+    attention = ctx.facts.attention or ""
+    if t.layout == "dcp" and (not sup.dcp or attention not in sup.dcp_attention):
+        return (
+            f"profile {prof.name} offers no DCP for {attention.upper() or 'this'} attention (supports.dcp_attention)"
+            + (f": {src['dcp']}" if "dcp" in src else "")
+        )
+    return None
+
+
 def _flag_on(ctx: PlanContext, key: str, value: str) -> bool:
     if "." in key:
         group, sub = key.split(".", 1)
@@ -336,32 +378,44 @@ def _judge(
             state="off",
             why="needs " + " or ".join(f"{r} ({done[r].state})" for r in part.requires_any),
         )
+    pays = _dcp_pays(ctx, part)
+    if pays is not None:
+        return pays
     gap = _engine_gap(part, ctx.engine_version, flags, facts)
-    if gap is not None:
-        engine = f"engine vLLM {ctx.engine_version or '?'} (flag table {flags.vllm_version}): {gap}"
+    profile_gap = _profile_gap(ctx, part)
+    if gap is not None or profile_gap is not None:
+        engine = (
+            f"engine vLLM {ctx.engine_version or '?'} (flag table {flags.vllm_version}): {gap}"
+            if gap is not None
+            else str(profile_gap)
+        ) + (f" (where it pays: {dcp_pays_from(ctx).why})" if part.turn_on.layout == "dcp" else "")
         if part.fallback is None:
             return PartState(part=name, what=part.what, state="off", why=engine)
         return PartState(
             part=name, what=part.what, state="fallback", how=part.fallback.name, cost=part.fallback.cost, why=engine
         )
-    if part.min_context is not None:
-        mml = ctx.max_model_len()
-        if mml and mml < part.min_context:
-            return PartState(
-                part=name,
-                what=part.what,
-                state="off",
-                why=f"context {mml} < {part.min_context} tokens, where it pays"
-                + (" (assumed: see confirm)" if part.assumed else ""),
-            )
     if hw is not None:
         return hw
     how = ""
     if name == "dspark_drafter":
         drafter = ctx.spec.drafter if ctx.spec else None
         own = ctx.config_value("speculative-config", "model")
-        if own is None and (drafter is None or drafter.method != part.turn_on.speculative):
-            return PartState(part=name, what=part.what, state="off", why="the model catalog has no DSpark drafter")
+        method, depth = ctx.speculation()
+        catalog = drafter if drafter is not None and drafter.method == part.turn_on.speculative else None
+        if own is None and catalog is None:
+            return PartState(
+                part=name,
+                what=part.what,
+                state="off",
+                why="no DSpark drafter: the model catalog has none, and a local checkpoint has none at <model>/dspark",
+            )
+        if not (method == part.turn_on.speculative and depth > 0) and catalog is not None and catalog.assumed:
+            return PartState(
+                part=name,
+                what=part.what,
+                state="off",
+                why=f"the catalog's DSpark drafter {catalog.model} is not public (assumed): not planned by default",
+            )
         size, where = ctx.drafter_block()
         how = f"block size {size} ({where})" if size else f"block size unknown ({where})"
     return PartState(part=name, what=part.what, state="native", how=how, why="engine, hardware and image run it")
@@ -421,8 +475,15 @@ def decide(
             turn_on.append(f"--spec-method {part.turn_on.speculative}")
         if part.turn_on.layout:
             turn_on.append(f"--{part.turn_on.layout}" + (" N" if part.turn_on.layout == "dcp" else ""))
+        fb = part.fallback
+        fallback_on = (  # the documented fallback's own flags are what this plan runs
+            st.state == "fallback"
+            and fb is not None
+            and bool(fb.args)
+            and all(_flag_on(ctx, k, v) for k, v in fb.args.items())
+        )
         planned = (hw is None or hw.state != "off") and (
-            _planned(ctx, part) or any(done[r].planned for r in part.requires_any if _path_of(part))
+            _planned(ctx, part) or fallback_on or any(done[r].planned for r in part.requires_any if _path_of(part))
         )
         st.planned, st.turn_on, st.assumed, st.confirm, st.sources = (
             planned,

@@ -15,7 +15,7 @@ from m3ctl.catalog.vllm_args import OWNED_FLAGS, canon_flag
 from m3ctl.core import secrets as _secrets
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
-from m3ctl.planning import day0
+from m3ctl.planning import day0, stack
 from m3ctl.planning.draft import RAW_PARALLEL_FLAGS, PlanDraft
 
 #: Flags that set the same vLLM setting in two spellings; the higher layer's removes the lower's.
@@ -81,24 +81,34 @@ def _attention_choice(d: PlanDraft) -> None:
 
 def step_speculation(d: PlanDraft) -> None:
     """Step 7: speculative decoding (``spec_depth`` > 0): the method (asked, else the model's drafter, else ngram),
-    the drafter model and its TP: ``spec_depth``, ``spec_method``, ``spec_cfg``."""
+    the drafter model (a local checkpoint's own DSpark drafter, ``<model>/dspark``, else the catalog's) and its TP;
+    left open on the day-0 stack, the DSpark drafter at its block size and its attention backend
+    (:mod:`m3ctl.planning.stack`): ``spec_depth``, ``spec_method``, ``spec_cfg``."""
     r, spec = d.request, d.spec
     depth = r.spec_depth or 0
     method = r.spec_method or ((spec.drafter.method if spec and spec.drafter else None) or "ngram")
+    drafter = (
+        spec.drafter.model if spec and spec.drafter and spec.drafter.model and method == spec.drafter.method else None
+    )
+    local = stack.local_drafter(r.model) if d.local.local else None
+    if local is not None and method == "dspark":
+        drafter = str(local)
+    why = "--spec-depth" + (" with the model's drafter" if drafter else "")
+    auto = stack.default_drafter(d)
+    if auto is not None:
+        depth, method, drafter, why = auto
     spec_cfg: dict[str, Any] | None = None
     if depth > 0:
         spec_cfg = {"method": method, "num_speculative_tokens": depth}
-        if spec and spec.drafter and spec.drafter.model and method == spec.drafter.method:
-            spec_cfg["model"] = spec.drafter.model
+        if drafter:
+            spec_cfg["model"] = drafter
         if r.draft_tp is not None:
             spec_cfg["draft_tensor_parallel_size"] = r.draft_tp
-        d.choices.append(
-            Choice(
-                what="speculative",
-                value=json.dumps(spec_cfg),
-                why="--spec-depth" + (" with the model's drafter" if "model" in spec_cfg else ""),
-            )
-        )
+        backend = stack.drafter_attention(d, method)
+        if backend is not None:
+            spec_cfg["attention_backend"] = backend[0]
+            why += f"; attention_backend {backend[0]}: {backend[1]}"
+        d.choices.append(Choice(what="speculative", value=json.dumps(spec_cfg), why=why))
     d.spec_depth, d.spec_method, d.spec_cfg = depth, method if depth else None, spec_cfg
 
 
@@ -188,6 +198,8 @@ def step_flags(d: PlanDraft) -> None:
     if var:
         _layer(d, var.serve_args, f"variant {d.vname}")
         _layer(d, var.arch_args.get(prof.arch, {}), f"variant {d.vname} on {prof.arch}")
+    day0_kv, why = stack.default_kv_args(d)
+    _layer(d, day0_kv, why)
     _layer(d, _layout_flags(d), "parallel / speculative layout")
     typed = {
         "kv-cache-dtype": r.kv_cache_dtype,

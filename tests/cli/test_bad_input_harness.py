@@ -100,6 +100,7 @@ STRING_CASES: dict[str, list[str]] = {
     "--quant": ["int3", ""],
     "--hf-cache-hostpath": ["relative/path"],
     "--attention": ["sparse", ""],
+    "--stack": ["dayzero", ""],
     "--smoke": ["fast", ""],
     "--fallback": ["sometimes", ""],
     "--prompt-text": ["stale", ""],

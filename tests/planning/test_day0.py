@@ -90,15 +90,19 @@ def test_pinned_engine_on_b200_names_the_toolkit_fallback_and_the_missing_drafte
     # the image chosen (CUDA 13.0) has no QMUL4: the FP16 dequant is named with its cost
     q = s["qmul4_dequant"]
     assert q.state == "fallback" and "FP16 dequant" in q.how and q.cost and "13.0 < 13.4" in q.why
-    # vLLM 0.32's attention backends have no PrimiTS: the drafter's FLASH_ATTN fallback is chosen and named
-    a = s["drafter_attention"]
+    # the catalog's drafter is not public: off by default, so its attention backend is off too
+    assert s["drafter_attention"].state == "off" and "dspark_drafter (off)" in s["drafter_attention"].why
+    # asked for, vLLM 0.32 has no PrimiTS: the drafter's FLASH_ATTN fallback is chosen, named and planned
+    a = _states(_plan("b200x8", spec_depth=7, spec_method="dspark").day0)["drafter_attention"]
+    assert a.planned
     assert a.state == "fallback" and a.how.startswith("FLASH_ATTN") and "FLASHINFER_PRIMITS" in a.why
-    assert s["nvfp4_moe"].planned and not s["nvfp4_kv_attention"].planned
+    assert s["nvfp4_moe"].planned and s["nvfp4_kv_attention"].planned  # the day-0 stack by default
+    assert not _states(_plan("b200x8", stack="recipe").day0)["nvfp4_kv_attention"].planned
     assert s["amd_dbo"].state == "off" and "AMD part" in s["amd_dbo"].why
 
 
 def test_a_fake_engine_without_nvfp4_kv_falls_back_to_fp8_named_with_its_cost():
-    ctx = _plan("b200x8").rule_context()
+    ctx = _plan("b200x8", spec_depth=7, spec_method="dspark").rule_context()
     assert ctx is not None
     ft = flag_table()
     kv = ft.flags["kv-cache-dtype"]
@@ -110,8 +114,9 @@ def test_a_fake_engine_without_nvfp4_kv_falls_back_to_fp8_named_with_its_cost():
     assert "no choice 'nvfp4'" in kvs.why and "flag table 0.0.1-fake" in kvs.why
     # and an engine that has the drafter backend runs it natively
     ef = engine_facts()
-    some = next(iter(ef.attention_backends.values()))
-    more = ef.model_copy(update={"attention_backends": {**ef.attention_backends, "FLASHINFER_PRIMITS": some}})
+    key = ef.config_keys["speculative_config.attention_backend"]
+    primits = key.model_copy(update={"choices": [*(key.choices or []), "FLASHINFER_PRIMITS"]})
+    more = ef.model_copy(update={"config_keys": {**ef.config_keys, "speculative_config.attention_backend": primits}})
     assert _states(day0.decide(ctx, engine=more))["drafter_attention"].state == "native"
     # an engine without DSpark: no speculative decoding, named; the drafter's backend is then off
     keys = {k: v for k, v in ef.config_keys.items() if k != "speculative_config.dspark_draft_topk"}
@@ -131,7 +136,8 @@ def test_hopper_names_what_cannot_run_there():
     s = _states(_plan("h200x8").day0)
     assert s["nvfp4_kv_attention"].state == "off" and "hopper" in s["nvfp4_kv_attention"].why
     assert s["nvfp4_moe"].state == "off" and "known bad" in s["nvfp4_moe"].why
-    assert s["dspark_drafter"].state == "native"
+    # the catalog's drafter is not public: off with the reason, not planned by default
+    assert s["dspark_drafter"].state == "off" and "not public" in s["dspark_drafter"].why
 
 
 def test_the_drafter_block_size_is_read_from_a_local_drafter_config(tmp_path):
@@ -145,15 +151,21 @@ def test_the_drafter_block_size_is_read_from_a_local_drafter_config(tmp_path):
 
 
 def test_indexer_dcp_is_off_below_the_context_where_it_pays():
-    s = _states(_plan("gb300x4", max_model_len=32768).day0)["indexer_dcp"]
-    assert s.state == "off" and "32768 < 262144" in s.why
-    assert _states(_plan("gb300x4", max_model_len=524288).day0)["indexer_dcp"].state == "native"
+    # the threshold is derived per plan (m3ctl/assess/dcp.py), no longer the assumed 262144
+    s = _states(_plan("gb300x4", max_model_len=1024).day0)["indexer_dcp"]
+    assert s.state == "off" and "1024 <" in s.why and "where it pays" in s.why and "262144" not in s.why
+    long = _states(_plan("gb300x4", max_model_len=524288).day0)["indexer_dcp"]
+    # it pays at 512K, but the profile offers no DCP for MSA: the TP-only fallback, its cost and the threshold named
+    assert long.state == "fallback" and "supports.dcp_attention" in long.why and "it pays from" in long.why
 
 
 def test_plan_text_shows_the_day0_block():
     p = run_cli("plan", "--system", "b200x8")
     assert p.returncode == 0, p.stderr
-    assert "day-0 stack: this plan runs 1 of 12 day-0 parts (nvfp4_moe)" in p.stdout
+    assert (
+        "day-0 stack: this plan runs 4 of 12 day-0 parts (nvfp4_kv_attention, nvfp4_kv_indexer, qmul4_dequant, "
+        "nvfp4_moe)" in p.stdout
+    )
     assert "qmul4_dequant = fallback: FP16 dequant" in p.stdout
 
 
@@ -171,8 +183,9 @@ def test_nvfp4_kv_cache_takes_the_msa_indexer_along_where_it_runs(system):
         c.what == "--attention_config.indexer_kv_dtype" and "follows --kv-cache-dtype nvfp4" in c.why for c in p.choices
     )
     assert _states(p.day0)["nvfp4_kv_indexer"].planned
-    # the default plan and an FP8 KV cache keep the variant's FP8 index cache (no default plan changed)
-    assert _indexer(_plan(system)) == "fp8" and _indexer(_plan(system, kv_cache_dtype="fp8")) == "fp8"
+    # the recipe stack and an FP8 KV cache keep the variant's FP8 index cache; the day-0 default takes NVFP4
+    assert _indexer(_plan(system, stack="recipe")) == "fp8" and _indexer(_plan(system, kv_cache_dtype="fp8")) == "fp8"
+    assert _indexer(_plan(system)) == "nvfp4"
 
 
 def test_an_index_cache_the_user_gives_wins_over_the_follow():

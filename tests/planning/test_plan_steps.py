@@ -410,7 +410,8 @@ def test_rules_reject_or_with_skip_checks_keep_the_violation(tiny_models):
 
 
 def test_rules_choose_the_largest_context_that_fits():
-    d = _through_env(synthetic("b300x8"), PlanRequest(model=FLASH, tp=1, dp=1, dcp=1, ep=False, pp=1))
+    # the recipe's FP8 KV cache (the day-0 NVFP4 one fits the whole context on one B300)
+    d = _through_env(synthetic("b300x8"), PlanRequest(model=FLASH, tp=1, dp=1, dcp=1, ep=False, pp=1, stack="recipe"))
     assert "max-model-len" not in d.args
     step_rules(d)
     chosen = [c for c in d.choices if c.what == "--max-model-len"]
