@@ -6,6 +6,9 @@
 #   grid     on that server: the estimate fit's runs (docs/results/estimate-fit.md): a decode sweep at concurrency
 #            1,4,16,64 (1,024 in / 256 out) and a prefill sweep at concurrency 1 (512 to 8,192 in / 1 out).
 #   msa      the failing path asked for explicitly (`--attention msa`): what serve says and, where it dies, the cause.
+#   drafter  the scale model with its DSpark drafter (`dev scale-model --drafter`) through the default plan (the day-0
+#            stack: the drafter at its block size, dense attention on Hopper); a short bench with the server's
+#            spec-decode counters; then `--stack recipe` (no drafter) on the same bench, for what the drafter buys.
 # Carry .bundle WITH fi.tar.xz (vLLM's MiniMax-M3 code needs FlashInfer's norm) and .whl (site.tar.xz). m3ctl runs
 # from the working tree. Outputs: $OUT/call.log, $OUT/setup.log and $OUT/res.tgz (plan/doctor JSON, serve-*.txt,
 # bench JSON, engine logs; only 8 files come back from a call).
@@ -20,9 +23,11 @@ source scripts/gpu/wt-env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$R/gpu.txt"
 $M dev scale-model /tmp/m3b --arch minimax-m3 --layers "$LAYERS" --quant bf16 > /dev/null || { echo "scale-model failed"; exit 1; }
 echo "setup done at $(( $(date +%s) - t0 )) s"
-$M plan --model /tmp/m3b --runtime process --json -- --load-format dummy > "$R/plan.json" 2> "$R/plan.err"
-echo "plan rc=$?"
-$M doctor --model /tmp/m3b --runtime process --json > "$R/doctor.json" 2> "$R/doctor.err"; echo "doctor rc=$?"
+if has default || has grid; then
+  $M plan --model /tmp/m3b --runtime process --json -- --load-format dummy > "$R/plan.json" 2> "$R/plan.err"
+  echo "plan rc=$?"
+  $M doctor --model /tmp/m3b --runtime process --json > "$R/doctor.json" 2> "$R/doctor.err"; echo "doctor rc=$?"
+fi
 
 serve_case() {  # TAG PORT [m3ctl serve options...] : serve detached, rc, status, log
   local tag=$1 port=$2; shift 2
@@ -54,6 +59,29 @@ if has default || has grid; then
   $M stop m3default > /dev/null 2>&1
 fi
 if has msa && [ "$(left)" -gt 200 ]; then serve_case m3msa 8044 --attention msa; fi
+if has drafter; then
+  $M dev scale-model /tmp/m3d --arch minimax-m3 --layers "$LAYERS" --quant bf16 --drafter > "$R/scale-drafter.txt" 2>&1 \
+    || { echo "scale-model --drafter failed"; cat "$R/scale-drafter.txt"; }
+  cp /tmp/m3d/dspark/config.json "$R/dspark-config.json" 2>/dev/null
+  $M plan --model /tmp/m3d --runtime process --json -- --load-format dummy > "$R/plan-drafter.json" 2> "$R/plan-drafter.err"
+  for stack in day0 recipe; do
+    [ "$(left)" -gt 200 ] || break
+    tag=m3$stack; echo "== $tag at $(( $(date +%s) - t0 )) s (left $(left) s)"
+    timeout -s INT $(( $(left) - 20 )) $M serve --model /tmp/m3d --name "$tag" --port 8045 --runtime process --detach \
+      --stack "$stack" -- --load-format dummy > "$R/serve-$tag.txt" 2>&1
+    echo "serve $tag rc=$?"; tail -20 "$R/serve-$tag.txt"
+    if alive; then
+      python3 -c "import urllib.request as u;print(u.urlopen('http://127.0.0.1:8045/metrics').read().decode())" | grep -E "^vllm:spec_decode" > "$R/metrics-before-$tag.txt"
+      timeout $(( $(left) - 15 )) $M bench --deployment "$tag" --prompt-text fresh --num-gpus 1 --no-progress \
+        --input-len 1024 --output-len 128 --ignore-eos --concurrency 4 --num-prompts 48 --seed 41 \
+        --output-json "$R/bench-$tag.json" > "$R/bench-$tag.txt" 2>&1
+      echo "bench $tag rc=$?"; grep -E "TPOT|tok/s|valid|accept" "$R/bench-$tag.txt" | head -12
+      python3 -c "import urllib.request as u;print(u.urlopen('http://127.0.0.1:8045/metrics').read().decode())" | grep -E "^vllm:spec_decode" > "$R/metrics-after-$tag.txt"
+      head -5 "$R/metrics-after-$tag.txt"
+    fi
+    $M stop "$tag" > /dev/null 2>&1; cp "/tmp/m3state/logs/$tag.log" "$R/log-$tag.txt" 2>/dev/null
+  done
+fi
 $M stop --all > /dev/null 2>&1
 pgrep -af "vllm serve" && echo "LEFT RUNNING" || echo "nothing left running"
 cp /tmp/m3state/logs/*.log "$R/" 2>/dev/null; ls "$R" | head -20
