@@ -384,3 +384,56 @@ def test_the_runtime_exit_status_names_the_kill_over_the_log_noise(tmp_path, run
     assert es.cause.startswith("RUNTIME-DIAG engine-killed") and word in es.cause, es.cause
     assert "dmesg" in (es.fix or "") and "OOMKilled" in (es.fix or "")
     assert reg.get("k").cause == es.cause
+
+
+class _Container:
+    """What the docker SDK shows of an exited container (``attrs["State"]``)."""
+
+    def __init__(self, code: int, oom: bool):
+        self.name, self.status, self.labels = "m3ctl-k", "exited", {}
+        self.attrs = {"State": {"Status": "exited", "ExitCode": code, "OOMKilled": oom, "FinishedAt": ""}}
+
+    def reload(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("runtime", "how", "words"),
+    [
+        ("docker", (137, True), ["OOM killer killed it", "SIGKILL"]),
+        ("docker", (137, False), ["SIGKILL", "OOM killer"]),
+        ("docker", (143, False), ["SIGTERM"]),
+        ("process", "killed by SIGKILL", ["SIGKILL", "OOM killer"]),
+        ("process", "killed by SIGTERM", ["SIGTERM"]),
+    ],
+)
+def test_a_death_with_no_stack_is_a_kill_with_where_to_look_for_every_runtime(
+    monkeypatch, tmp_path, runtime, how, words
+):
+    """An empty log (nothing of its own: SIGKILL, SIGTERM, the OOM killer): the docker runtime (the container's
+    state, through DockerRuntime.inspect) and the process runtime (the signal) both name the kill and where to look
+    (dmesg; the container's OOMKilled flag), never an unknown failure."""
+    from m3ctl.core.state import Deployment, Registry
+    from m3ctl.runtime.docker import DockerRuntime
+    from m3ctl.serving.lifecycle import engine_state
+
+    log = tmp_path / "k.log"
+    log.write_text("")
+    dep = Deployment(
+        name="k", runtime=runtime, container_id="c0", port=1, served_model_name="k", model="m", log_path=str(log)
+    )
+    if runtime == "docker":
+        monkeypatch.setattr(DockerRuntime, "_container", lambda self, d: _Container(*how))
+        monkeypatch.setattr(DockerRuntime, "sync_log", lambda self, d: None)
+        rt = DockerRuntime()
+    else:
+        rt = _Runtime(how)
+    reg = Registry()
+    reg.save(dep)
+    es = engine_state(dep, rt, registry=reg)
+    assert es.state == "dead" and es.cause, es
+    for w in words:
+        assert w in es.cause, (w, es.cause)
+    fix = es.fix or ""
+    assert "dmesg" in fix and "OOMKilled" in fix, fix
+    assert "unrecognised" not in es.cause and "search vLLM" not in fix, es
