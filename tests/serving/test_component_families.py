@@ -188,7 +188,7 @@ def _case_ids() -> list[str]:
     files held when the corpus was checked against them."""
     if SHARED_CASES.is_dir():
         text = "".join(f.read_text() for f in sorted(SHARED_CASES.glob("field-failures*.md")))
-        return sorted(set(re.findall(r"^#{2,3} ([FN]\d\d):", text, re.M)))
+        return sorted(set(re.findall(r"^#{2,3} ([FN]\d\d):", text, re.MULTILINE)))
     return [f"F{i:02d}" for i in range(1, 19)] + [f"N{i:02d}" for i in range(1, 19)]
 
 
