@@ -5,7 +5,9 @@ The component is the one the engine's own stack names (m3ctl.serving.stack, the 
 m3ctl/data/components.yaml); a remedy is applied only where the data gives it an ``apply`` (the change is safe
 unattended: how the engine runs, not which model it serves). The change is made to the plan *request* and the plan
 is made again by the planner, so the relaunched command passes every rule a typed command passes (what is printed
-is what runs). Bounds: one relaunch per remedy, at most ``fallback.max_relaunches`` relaunches, never the same launch
+is what runs). A family's remedies are tried in order as its failures repeat (speculative decoding: depth 1 where
+the method allows it, then off; CUDA graphs: half the largest capture size, derived from the plan as vLLM sizes it
+(:data:`DERIVE`), then eager mode). Bounds: one relaunch per remedy, at most ``fallback.max_relaunches`` relaunches, never the same launch
 twice (the same command and environment, with nothing cleared in between). A kill from outside, a family with
 ``no_fallback`` (weight loader, install, config ...), a failure no stack names, or a remedy already in effect (an
 eager launch is not retried in eager mode) is not relaunched, and the attempt says why.
