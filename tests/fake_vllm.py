@@ -7,7 +7,8 @@ process runtime):
 - ``start_log``: a file printed first (the report's startup lines);
 - ``exit``: exit with this status right after the start log (a start-time crash);
 - ``fail_if``: ``[{"arg": FLAG, "log": FILE, "exit": N}]``: a start whose command line has FLAG prints FILE and
-  exits N (a component that fails only with that flag on); ``signal``: killed by that signal after the start log;
+  exits N (a component that fails only with that flag on; ``"unless": FLAG`` instead of ``arg``: a start without
+  FLAG, e.g. every start not in eager mode); ``signal``: killed by that signal after the start log;
 - otherwise serve an OpenAI-compatible API on the port: ``/health``, ``/v1/models`` (every served name, in
   order, with ``max_model_len`` when ``serve.max_model_len`` is set), ``/tokenize``, ``/v1/completions``,
   ``/v1/chat/completions`` (plain and streamed). Prompt tokens are counted by whitespace and reported in
@@ -99,7 +100,7 @@ if SPEC.get("corrupt_cache_log") and os.path.exists(
 # {"fail_if": [{"arg": "--speculative-config", "log": FILE, "exit": 1}]}: a start whose command line has ARG prints
 # FILE (an engine stack of the component that flag turns on) and exits; a start without it goes on.
 for _rule in SPEC.get("fail_if", []):
-    if _rule["arg"] in ARGS:
+    if _rule["arg"] in ARGS if "arg" in _rule else _rule["unless"] not in ARGS:
         with open(_rule["log"]) as _f:
             sys.stdout.write(_f.read())
         sys.stdout.flush()

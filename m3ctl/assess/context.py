@@ -212,6 +212,52 @@ class PlanContext:
             seqs = min(seqs, mbt)
         return mbt, seqs
 
+    def capture_sizes_given(self) -> str | None:
+        """Which CUDA-graph capture-size setting the command gives itself other than ``--max-cudagraph-capture-size``
+        (``--cudagraph-capture-sizes``, or a ``compilation-config`` key), None when none: a change to the maximum
+        alone would contradict it."""
+        if self.args.get("cudagraph-capture-sizes") not in (None, [], ""):
+            return "--cudagraph-capture-sizes"
+        for key in ("cudagraph_capture_sizes", "max_cudagraph_capture_size"):
+            if self.config_value("compilation-config", key) is not None:
+                return f"--compilation-config {key}"
+        return None
+
+    def cudagraph_capture_max(self) -> tuple[int | None, str]:
+        """(largest batch vLLM captures a CUDA graph for, how it follows) with this plan, resolved as vLLM 0.32's
+        VllmConfig._set_cudagraph_sizes does (m3ctl/data/vllm_defaults.yaml ``cudagraph``): the given
+        ``--max-cudagraph-capture-size`` (or a compilation-config maximum / the largest given size), else
+        max-num-seqs x (1 + draft tokens) x 2 capped at the platform ceiling; at most max-num-batched-tokens.
+        (None, why) when no graph is captured (eager mode, CPU) or the table does not say."""
+        g = vllm_defaults().cudagraph
+        eager = self.args.get("enforce-eager")
+        if (eager is True or str(eager).lower() == "true") and not self.args.get("no-enforce-eager"):
+            return None, "eager mode (--enforce-eager): no CUDA graph is captured"
+        if g is None:
+            return None, "vLLM's default capture sizes are not in m3ctl/data/vllm_defaults.yaml"
+        if ("cpu" if self.profile.arch == "cpu" else "gpu") in g.platforms_without:
+            return None, f"vLLM captures no CUDA graph on {self.profile.arch}"
+        mbt, seqs = self.scheduler_limits()
+        given = self.explicit_int("max-cudagraph-capture-size")
+        if given is None:
+            given = vllm_int(self.config_value("compilation-config", "max_cudagraph_capture_size"))
+        sizes = self.args.get("cudagraph-capture-sizes") or self.config_value(
+            "compilation-config", "cudagraph_capture_sizes"
+        )
+        if given is None and sizes:
+            listed = [vllm_int(s) for s in (sizes if isinstance(sizes, list) else str(sizes).replace(",", " ").split())]
+            given = max((n for n in listed if n is not None), default=None)
+        if given is not None:
+            return min(given, mbt), f"the given maximum {given}" + (
+                f", at most {mbt} batched tokens" if mbt < given else ""
+            )
+        gpu0 = self.inventory.gpus[0] if self.inventory.gpus else None
+        major = int(gpu0.compute_capability.split(".")[0]) if gpu0 and gpu0.compute_capability else None
+        ceiling = g.by_cc_major.get(major, g.max_capture_size) if major is not None else g.max_capture_size
+        q = 1 + self.speculation()[1]
+        n = min(seqs * q * g.seqs_factor, ceiling, mbt)
+        return n, f"vLLM's default: min({seqs} seqs x {q} x {g.seqs_factor}, {ceiling}, {mbt} batched tokens)"
+
 
 def advisories(c: PlanContext) -> list[str]:
     """Plan warnings about settings vLLM accepts but only warns about (shown with the plan; not rejected)."""

@@ -455,6 +455,19 @@ class BatchedDpMoe(_Strict):
     max_num_batched_tokens: int = Field(gt=0)
 
 
+class CudagraphDefaults(_Strict):
+    """How vLLM sizes its CUDA-graph captures when no capture size is given (``VllmConfig._set_cudagraph_sizes``):
+    the largest captured batch is min(max-num-seqs x (1 + draft tokens) x ``seqs_factor``, the ceiling), at most
+    max-num-batched-tokens; the ceiling is ``max_capture_size``, or ``by_cc_major``'s for that compute-capability
+    major; ``platforms_without``: platforms that capture no graphs at all."""
+
+    seqs_factor: int = Field(gt=0)
+    max_capture_size: int = Field(gt=0)
+    by_cc_major: dict[int, int] = Field(default_factory=dict)
+    platforms_without: list[Literal["cpu", "gpu"]] = Field(default_factory=list)
+    source: str
+
+
 class VllmDefaults(_Strict):
     """vLLM defaults the rules need (m3ctl/data/vllm_defaults.yaml); ``source`` names the vLLM code."""
 
@@ -466,6 +479,8 @@ class VllmDefaults(_Strict):
     block_size: dict[Literal["cpu", "gpu"], int] = Field(default_factory=dict)
     """vLLM's KV-cache block size (tokens) without ``--block-size``, per platform (the smoke test sizes its long
     prompt in blocks; the running engine's ``vllm:cache_config_info`` metric wins when it is served)."""
+    cudagraph: CudagraphDefaults | None = None
+    """vLLM's default CUDA-graph capture sizes (None: unknown; ``PlanContext.cudagraph_capture_max``)."""
 
     def scheduler_limits(
         self, *, platform: str, device_memory_mib: float | None, device_name: str = "", world_size: int = 1

@@ -246,6 +246,7 @@ def print_fallbacks(out: Output, previews) -> None:
     out.print("on a failure before ready, --fallback auto would relaunch:")
     for p in previews:
         what = f"with {p.remedy}: {p.change}" if p.remedy else f"no relaunch ({p.reason})"
+        what += "".join(f"; if it fails there again, with {t}" for t in p.then)
         out.print(f"  {escape(p.name)}: {escape(what)}", soft_wrap=True)
     out.print("  any other failure (a kill, the weight loader, the install, a refused setting...): no relaunch")
 

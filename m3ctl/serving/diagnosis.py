@@ -319,9 +319,26 @@ class ClearCache(BaseModel):
     path: str
 
 
+#: How a remedy's flag value follows from the failed launch's plan (m3ctl.serving.fallback ``DERIVE``):
+#: ``half_cudagraph_capture_max``: half the largest CUDA-graph capture size the plan runs with
+#: (:meth:`m3ctl.assess.context.PlanContext.cudagraph_capture_max`).
+Derivation = Literal["half_cudagraph_capture_max"]
+
+
+class OnlyFor(BaseModel):
+    """Where a remedy applies: the failed launch's speculative method is one of ``spec_methods``; ``otherwise``:
+    why it does not apply to another (said when it is passed over)."""
+
+    model_config = ConfigDict(extra="forbid")
+    spec_methods: list[str] = Field(min_length=1)
+    otherwise: str
+    source: str
+
+
 class Apply(BaseModel):
     """What ``serve --fallback auto`` changes for a remedy (m3ctl.serving.fallback): request ``knobs`` (PlanRequest
-    fields) and vLLM flags (``args``, as ``--arg``), re-planned through the planner's rules, and a cache to clear.
+    fields) and vLLM flags (``args``, as ``--arg``; ``derive``: flags whose value follows from the failed launch's
+    plan), re-planned through the planner's rules, and a cache to clear; ``only``: where it applies.
     ``label``: the change in words. A remedy with ``apply`` is safe to try unattended: it changes how the engine
     runs, never what it serves (the weights, the model, the context length)."""
 
@@ -329,15 +346,17 @@ class Apply(BaseModel):
     label: str
     knobs: dict[str, Any] = Field(default_factory=dict)
     args: dict[str, Any] = Field(default_factory=dict)
+    derive: dict[str, Derivation] = Field(default_factory=dict)
     clear: ClearCache | None = None
+    only: OnlyFor | None = None
 
     @model_validator(mode="after")
     def _changes_something(self) -> Apply:
         unknown = sorted(set(self.knobs) - set(PlanRequest.model_fields))
         if unknown:
             raise ValueError(f"apply {self.label!r}: {unknown[0]!r} is not a plan request field")
-        if not (self.knobs or self.args or self.clear):
-            raise ValueError(f"apply {self.label!r} changes nothing (knobs, args or clear)")
+        if not (self.knobs or self.args or self.derive or self.clear):
+            raise ValueError(f"apply {self.label!r} changes nothing (knobs, args, derive or clear)")
         return self
 
 

@@ -5,7 +5,9 @@ The component is the one the engine's own stack names (m3ctl.serving.stack, the 
 m3ctl/data/components.yaml); a remedy is applied only where the data gives it an ``apply`` (the change is safe
 unattended: how the engine runs, not which model it serves). The change is made to the plan *request* and the plan
 is made again by the planner, so the relaunched command passes every rule a typed command passes (what is printed
-is what runs). Bounds: one relaunch per remedy, at most ``fallback.max_relaunches`` relaunches, never the same launch
+is what runs). A family's remedies are tried in order as its failures repeat (speculative decoding: depth 1 where
+the method allows it, then off; CUDA graphs: half the largest capture size, derived from the plan as vLLM sizes it
+(:data:`DERIVE`), then eager mode). Bounds: one relaunch per remedy, at most ``fallback.max_relaunches`` relaunches, never the same launch
 twice (the same command and environment, with nothing cleared in between). A kill from outside, a family with
 ``no_fallback`` (weight loader, install, config ...), a failure no stack names, or a remedy already in effect (an
 eager launch is not retried in eager mode) is not relaunched, and the attempt says why.
@@ -106,6 +108,15 @@ class Step:
     clear: Path | None = None
     reason: str | None = None
     skipped: list[str] = field(default_factory=list)
+    derived: list[str] = field(default_factory=list)
+    """How each derived flag value follows from the failed launch (``--max-cudagraph-capture-size 256, half of
+    512 (...)``)."""
+
+    def label(self) -> str | None:
+        """The remedy in words, with the derived values (None when there is no relaunch)."""
+        if self.remedy is None:
+            return None
+        return self.remedy.label + (f": {'; '.join(self.derived)}" if self.derived else "")
 
 
 def launch_key(plan: LaunchPlan, cleared: Path | None = None) -> tuple:
@@ -136,11 +147,56 @@ def _cache_dir(a: Apply, plan: LaunchPlan, own_root: Path) -> tuple[Path | None,
     return d, None
 
 
-def applied(req: PlanRequest, a: Apply) -> PlanRequest:
-    """``req`` with the remedy's knobs and vLLM flags (``--arg``) set."""
+def _half_capture_max(plan: LaunchPlan) -> tuple[int | None, str]:
+    """Half the largest CUDA-graph capture size ``plan`` runs with (PlanContext.cudagraph_capture_max), or why none."""
+    ctx = plan.rule_context()
+    if ctx is None:
+        return None, "the plan's capture sizes are unknown (no planner context)"
+    if given := ctx.capture_sizes_given():
+        return None, f"the command sets its capture sizes itself ({given}); m3ctl does not rewrite them"
+    n, how = ctx.cudagraph_capture_max()
+    if n is None:
+        return None, how
+    if n <= 1:
+        return None, f"it captures batch size 1 only ({how})"
+    return n // 2, f"{n // 2}, half of {n} ({how})"
+
+
+#: The derivations a remedy's ``derive`` names (m3ctl.serving.diagnosis.Derivation): the value, or None and why.
+DERIVE: dict[str, Callable[[LaunchPlan], tuple[int | None, str]]] = {"half_cudagraph_capture_max": _half_capture_max}
+
+
+def _not_for(a: Apply, req: PlanRequest, plan: LaunchPlan) -> str | None:
+    """Why the remedy ``a`` does not apply to ``plan`` (its ``only``), None when it does."""
+    if a.only is None:
+        return None
+    ctx = plan.rule_context()
+    method = ctx.speculation()[0] if ctx is not None else req.spec_method
+    if method in a.only.spec_methods:
+        return None
+    if method is None:
+        return f"{a.label}: speculative decoding is off"
+    return f"{a.label}: not for speculative method {method or 'unknown'}: {a.only.otherwise}"
+
+
+def _derived(a: Apply, plan: LaunchPlan) -> tuple[dict, list[str], str | None]:
+    """The flags ``a`` derives from ``plan`` (``derive``), how each follows, or why one cannot be derived."""
+    out: dict = {}
+    how: list[str] = []
+    for flag, name in a.derive.items():
+        value, why = DERIVE[name](plan)
+        if value is None:
+            return {}, [], f"{a.label}: {why}"
+        out[flag] = value
+        how.append(f"--{flag} {why}")
+    return out, how, None
+
+
+def applied(req: PlanRequest, a: Apply, derived: dict | None = None) -> PlanRequest:
+    """``req`` with the remedy's knobs and vLLM flags (``--arg``; ``derived``: the values of its ``derive``) set."""
     update: dict = dict(a.knobs)
-    if a.args:
-        update["args"] = {**req.args, **a.args}
+    if a.args or derived:
+        update["args"] = {**req.args, **a.args, **(derived or {})}
     return req.model_copy(update=update)
 
 
@@ -160,10 +216,12 @@ def _candidate(
         if a is None or (fam.id, i) in used:
             continue
         clear, why = _cache_dir(a, plan, own_root)
+        derived, how, not_derived = _derived(a, plan)
+        why = why or _not_for(a, req, plan) or not_derived
         if why:
             step.skipped.append(why)
             continue
-        new_req = applied(req, a) if (a.knobs or a.args) else req
+        new_req = applied(req, a, derived) if (a.knobs or a.args or derived) else req
         try:
             new_plan = replan(new_req) if new_req is not req else plan
         except (ConfigRejected, BadInput) as e:
@@ -174,6 +232,7 @@ def _candidate(
             continue
         used.add((fam.id, i))
         step.request, step.plan, step.remedy, step.clear = new_req, new_plan, a, clear
+        step.derived = how
         return step
     return step
 
@@ -264,7 +323,7 @@ def run(
                 "failed",
                 cause=err.message,
                 family=step.family.id if step.family else None,
-                remedy=step.remedy.label if step.remedy else None,
+                remedy=step.label(),
                 not_retried=step.reason,
                 skipped=step.skipped,
                 log_path=err.log_path,
@@ -326,32 +385,56 @@ def change(old: LaunchPlan, new: LaunchPlan) -> str:
 @dataclass
 class Preview:
     """What ``--fallback auto`` would do after a failure in ``family`` (its name): ``remedy`` and the command
-    ``change``, or why not (``reason``)."""
+    ``change`` of the first relaunch, or why there is none (``reason``); ``then``: the relaunches that follow if
+    each one fails in the same component again (``REMEDY: CHANGE``, in order, within the bound), and ``end``: why
+    the chain stops there."""
 
     family: str
     name: str
     remedy: str | None = None
     change: str | None = None
     reason: str | None = None
+    then: list[str] = field(default_factory=list)
+    end: str | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+def _change(old: LaunchPlan, step: Step) -> str:
+    """What ``step``'s relaunch changes from ``old``'s command (a cleared cache: the same command)."""
+    assert step.plan is not None
+    return change(old, step.plan) if step.clear is None else f"clears {step.clear}, the same command"
+
+
 def preview(req: PlanRequest, plan: LaunchPlan, replan: Replan, own_root: Path) -> list[Preview]:
-    """For each family with a safe remedy: the first relaunch ``--fallback auto`` would make after a failure
-    there (the remedy, what it changes in ``plan``'s command), or why it would not relaunch."""
+    """For each family with a safe remedy: the relaunches ``--fallback auto`` would make after failures there (each
+    remedy, what it changes in the command before it), or why it would not relaunch."""
     out = []
+    limit = component_map().fallback.max_relaunches
     for fam in families():
         if not any(r.apply for r in fam.remedies):
             continue
-        step = _candidate(fam, req, plan, replan, {launch_key(plan)}, set(), own_root)
-        if step.plan is None or step.remedy is None:
-            why = "; ".join(step.skipped) or "no remedy"
-            out.append(Preview(fam.id, fam.name, reason=why))
+        tried, used = {launch_key(plan)}, set[tuple[str, int]]()
+        step = _candidate(fam, req, plan, replan, tried, used, own_root)
+        if step.plan is None or step.request is None:
+            out.append(Preview(fam.id, fam.name, reason="; ".join(step.skipped) or "no remedy"))
             continue
-        what = change(plan, step.plan) if step.clear is None else f"clears {step.clear}, the same command"
-        out.append(Preview(fam.id, fam.name, remedy=step.remedy.label, change=what))
+        pv = Preview(fam.id, fam.name, remedy=step.label(), change=_change(plan, step))
+        cur_req, cur_plan = step.request, step.plan
+        tried.add(launch_key(cur_plan, step.clear))
+        while True:
+            if len(pv.then) + 1 >= limit:
+                pv.end = f"the bound of {limit} relaunches"
+                break
+            nxt = _candidate(fam, cur_req, cur_plan, replan, tried, used, own_root)
+            if nxt.plan is None or nxt.request is None:
+                pv.end = "; ".join(nxt.skipped) or None
+                break
+            pv.then.append(f"{nxt.label()}: {_change(cur_plan, nxt)}")
+            cur_req, cur_plan = nxt.request, nxt.plan
+            tried.add(launch_key(cur_plan, nxt.clear))
+        out.append(pv)
     return out
 
 

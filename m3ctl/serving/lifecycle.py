@@ -128,13 +128,15 @@ def explain(
             rt.sync_log(dep)
     ctx = DiagContext(argv=tuple(dep.argv), phase=phase, exit_code=exit_code_of(exit_status))
     diag = diagnose_log(dep.log_path, context=ctx)
+    oom = " (the runtime reports OOMKilled: the OOM killer killed it)" if exit_status == "OOM-killed" else ""
     if diag is not None:
-        return f"{diag.summary()} [{diag.line}]", diag.fix
+        return f"{diag.summary()}{oom} [{diag.line}]", diag.fix
     last = _last_line(dep.log_path)
     return (
         "no error in its log"
         + (f" (last line: {last})" if last else " (the log is empty)")
         + "; a kill from outside (SIGKILL, the OOM killer: `dmesg`) leaves none"
+        + oom
     ), None
 
 

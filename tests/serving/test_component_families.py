@@ -85,7 +85,25 @@ CORPUS: dict[str, str | None] = {
     "components/kv-sizing.log": "kv-sizing",
     "components/cudagraph-capture-invalidated.log": "cudagraph",
     "components/killed-noise.log": "kill",
+    # the shared cases with an engine failure no fixture above held
+    "components/F08-marlin-moe-serving.log": "moe",
+    "components/N07-dequant-oom-at-load.log": "weight-loader",
 }
+
+#: The shared cases (shared/cases/field-failures.md F01-F18, field-failures-2.md N01-N18) whose failure leaves no
+#: engine stack to name a component from, and what they are instead.
+NO_ENGINE_FAILURE: dict[str, str] = {
+    "F15": "readiness semantics: a server still loading, no failure",
+    "F16": "an engine stalled or dead without a log line: the watchdog's /health and progress checks",
+    "F18": "benchmark measurement of reasoning models, no failure",
+    "N05": "a reasoning parser that leaves reasoning in content: the smoke test, no failure",
+    "N10": "an --hf-overrides key silently ignored: a plan warning, no failure",
+    "N12": "prefix caching inert below one block: a bench warning, no failure",
+    "N13": "a warm prefix cache across runs: bench validity, no failure",
+    "N14": "outputs shorter than requested: bench validity, no failure",
+    "N16": "DSpark acceptance collapse: a bench warning, no failure",
+}
+SHARED_CASES = Path("/work/shared/cases")
 
 # ---------------------------------------------------------------------------------------------- the mutation
 _FRAME_LINE = re.compile(r'^\s*File "[^"]+", line \d+,? in .+$')
@@ -163,6 +181,26 @@ def test_the_stack_names_the_component_also_when_the_messages_are_reworded(name)
     if want is not None:
         assert got is not None and got.fix and got.evidence, got
         assert mut is not None and mut.fix, mut
+
+
+def _case_ids() -> list[str]:
+    """Every case id of the shared cases: read from shared/cases when it is here, else the F01-F18 and N01-N18 the
+    files held when the corpus was checked against them."""
+    if SHARED_CASES.is_dir():
+        text = "".join(f.read_text() for f in sorted(SHARED_CASES.glob("field-failures*.md")))
+        return sorted(set(re.findall(r"^#{2,3} ([FN]\d\d):", text, re.MULTILINE)))
+    return [f"F{i:02d}" for i in range(1, 19)] + [f"N{i:02d}" for i in range(1, 19)]
+
+
+def test_every_shared_case_has_a_corpus_log_or_is_not_an_engine_failure():
+    """Each case of shared/cases names its component through a log of the corpus (its id starts the file name;
+    the test above checks it, reworded too), or is listed with why it leaves no engine stack: never neither."""
+    ids = _case_ids()
+    assert len(ids) >= 36, ids
+    logged = {Path(n).name[:3] for n in CORPUS if CORPUS[n] is not None}
+    for cid in ids:
+        assert (cid in logged) != (cid in NO_ENGINE_FAILURE), cid
+    assert set(NO_ENGINE_FAILURE) <= set(ids)
 
 
 def test_the_corpus_covers_every_family_the_issue_names():
@@ -346,3 +384,56 @@ def test_the_runtime_exit_status_names_the_kill_over_the_log_noise(tmp_path, run
     assert es.cause.startswith("RUNTIME-DIAG engine-killed") and word in es.cause, es.cause
     assert "dmesg" in (es.fix or "") and "OOMKilled" in (es.fix or "")
     assert reg.get("k").cause == es.cause
+
+
+class _Container:
+    """What the docker SDK shows of an exited container (``attrs["State"]``)."""
+
+    def __init__(self, code: int, oom: bool):
+        self.name, self.status, self.labels = "m3ctl-k", "exited", {}
+        self.attrs = {"State": {"Status": "exited", "ExitCode": code, "OOMKilled": oom, "FinishedAt": ""}}
+
+    def reload(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize(
+    ("runtime", "how", "words"),
+    [
+        ("docker", (137, True), ["OOM killer killed it", "SIGKILL"]),
+        ("docker", (137, False), ["SIGKILL", "OOM killer"]),
+        ("docker", (143, False), ["SIGTERM"]),
+        ("process", "killed by SIGKILL", ["SIGKILL", "OOM killer"]),
+        ("process", "killed by SIGTERM", ["SIGTERM"]),
+    ],
+)
+def test_a_death_with_no_stack_is_a_kill_with_where_to_look_for_every_runtime(
+    monkeypatch, tmp_path, runtime, how, words
+):
+    """An empty log (nothing of its own: SIGKILL, SIGTERM, the OOM killer): the docker runtime (the container's
+    state, through DockerRuntime.inspect) and the process runtime (the signal) both name the kill and where to look
+    (dmesg; the container's OOMKilled flag), never an unknown failure."""
+    from m3ctl.core.state import Deployment, Registry
+    from m3ctl.runtime.docker import DockerRuntime
+    from m3ctl.serving.lifecycle import engine_state
+
+    log = tmp_path / "k.log"
+    log.write_text("")
+    dep = Deployment(
+        name="k", runtime=runtime, container_id="c0", port=1, served_model_name="k", model="m", log_path=str(log)
+    )
+    if runtime == "docker":
+        monkeypatch.setattr(DockerRuntime, "_container", lambda self, d: _Container(*how))
+        monkeypatch.setattr(DockerRuntime, "sync_log", lambda self, d: None)
+        rt = DockerRuntime()
+    else:
+        rt = _Runtime(how)
+    reg = Registry()
+    reg.save(dep)
+    es = engine_state(dep, rt, registry=reg)
+    assert es.state == "dead" and es.cause, es
+    for w in words:
+        assert w in es.cause, (w, es.cause)
+    fix = es.fix or ""
+    assert "dmesg" in fix and "OOMKilled" in fix, fix
+    assert "unrecognised" not in es.cause and "search vLLM" not in fix, es

@@ -25,7 +25,7 @@ from tests.conftest import free_port, run_cli
 from tests.faults.kit import fake_env, nothing_left, one_error, status
 
 CASES = Path(__file__).resolve().parents[1] / "fixtures" / "components"
-SPEC = ("--spec-depth", "2", "--spec-method", "ngram")
+SPEC = ("--spec-depth", "1", "--spec-method", "ngram")  # depth 1 already: the next remedy is speculation off
 
 
 @pytest.fixture
@@ -82,6 +82,9 @@ def test_a_speculative_decoding_death_is_relaunched_without_speculation(tmp_path
         assert first["outcome"] == "failed" and first["family"] == "spec-decode", first
         assert "eagle.py" in first["cause"] or "IndexError" in first["cause"], first
         assert first["remedy"] == "speculative decoding off (--spec-depth 0)", first
+        assert first["skipped"] == [
+            "speculative decoding at depth 1 (--spec-depth 1): already in effect (this launch has it)"
+        ], first
         assert "--speculative-config" in first["command"], first
         assert "IndexError" in Path(first["log_path"]).read_text(), first
         assert second["outcome"] == "ready" and "--speculative-config" not in second["command"], second
@@ -312,3 +315,183 @@ def test_a_remedy_the_planner_refuses_is_passed_over(tmp_path):
     assert [a["outcome"] for a in result.deployment.fallbacks] == ["failed", "ready"], result.deployment
     (why,) = seen[0].skipped
     assert why.startswith("dense attention") and "refused by the planner: --attention dense applies to MSA" in why
+
+
+# ------------------------------------------------------------------------------ depth 1, smaller capture sizes
+def _spec_json(cmd: str) -> str:
+    """The --speculative-config of a printed command ('' when off)."""
+    m = re.search(r"--speculative-config '([^']+)'", cmd)
+    return m.group(1) if m else ""
+
+
+def test_a_speculative_decoding_death_at_depth_3_is_relaunched_at_depth_1_then_off(tmp_path, model):
+    """A drafter that dies at any depth: depth 3 -> depth 1 (the ngram method allows it) -> off, which serves; each
+    attempt is a ``fallback`` event (--json), on the record and in ``status``."""
+    p, port = _serve(
+        _spec_dies(tmp_path),
+        model,
+        "fb31",
+        "--spec-depth",
+        "3",
+        "--spec-method",
+        "ngram",
+        "--fallback",
+        "auto",
+        "--json",
+    )
+    try:
+        assert p.returncode == 0, p.stdout + p.stderr
+        events = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+        fb = [e for e in events if e["event"] == "fallback"]
+        assert [(e["outcome"], e["family"]) for e in fb] == [
+            ("failed", "spec-decode"),
+            ("failed", "spec-decode"),
+            ("ready", None),
+        ], fb
+        assert fb[0]["remedy"] == "speculative decoding at depth 1 (--spec-depth 1)", fb[0]
+        assert fb[1]["remedy"] == "speculative decoding off (--spec-depth 0)", fb[1]
+        (rec,) = status()
+        depths = [json.loads(_spec_json(a["command"]) or "{}").get("num_speculative_tokens") for a in rec["fallbacks"]]
+        assert depths == [3, 1, None], rec["fallbacks"]
+        assert [a["outcome"] for a in rec["fallbacks"]] == ["failed", "failed", "ready"], rec
+        shown = " ".join(run_cli("status").stdout.split())
+        assert (
+            "1 failed (spec-decode) -> speculative decoding at depth 1 (--spec-depth 1); 2 failed (spec-decode) -> speculative decoding off (--spec-depth 0); 3 ready"
+            in shown
+        ), shown
+    finally:
+        run_cli("stop", "fb31")
+    nothing_left(port)
+
+
+def _dspark_step(tmp_path: Path):
+    """fallback.next_step after a spec-decode death of a DSpark launch (B200, the catalog's drafter, depth 7)."""
+    from m3ctl.errors import LaunchFailed
+    from m3ctl.serving import fallback
+    from tests.hosts import synthetic
+
+    inv = tmp_path / "b200x8.json"
+    inv.write_text(synthetic("b200x8").model_dump_json())
+    knobs = dict(model="MiniMax-M3.1-Flash", spec_method="dspark", spec_depth=7, runtime="process")
+    plan = api.serve(inventory=str(inv), dry_run=True, **knobs)
+    req = api.plan_request(knobs)
+    err = LaunchFailed("died in the drafter")
+    err.family = "spec-decode"
+    replan = lambda r: api.serve(r, inventory=str(inv), dry_run=True)
+    return fallback.next_step(
+        err, req, plan, replan, tried={fallback.launch_key(plan)}, used=set(), own_root=tmp_path, relaunches=0
+    ), plan
+
+
+def test_a_dspark_death_goes_straight_to_speculation_off(tmp_path):
+    """DSpark refuses a depth below its drafter's block size (vllm#50012): depth 1 is passed over, with why."""
+    step, plan = _dspark_step(tmp_path)
+    assert '"num_speculative_tokens": 7' in " ".join(plan.argv).replace('":7', '": 7'), plan.argv
+    assert step.remedy is not None and step.remedy.label == "speculative decoding off (--spec-depth 0)", step
+    assert step.plan is not None and "--speculative-config" not in step.plan.argv, step.plan.argv
+    (why,) = step.skipped
+    assert why.startswith("speculative decoding at depth 1") and "dspark" in why and "DSpark" in why, why
+
+
+def _graph_inventory(tmp_path: Path, name: str = "h200x8") -> str:
+    from tests.hosts import synthetic
+
+    inv = json.loads(synthetic(name).model_dump_json())
+    inv["gpus"] = inv["gpus"][:1]
+    p = tmp_path / f"{name}-1.json"
+    p.write_text(json.dumps(inv))
+    return str(p)
+
+
+def test_a_cuda_graph_death_is_relaunched_with_smaller_capture_sizes_then_eager(tmp_path, model):
+    """One H200 (process runtime, the fake engine): every start not in eager mode dies capturing CUDA graphs. The
+    relaunch captures half the largest size the first launch captured (vLLM's default there: min(1024 seqs x 2,
+    512) = 512 -> 256), then eager mode serves."""
+    env = _env(
+        tmp_path, fail_if=[{"unless": "--enforce-eager", "log": str(CASES / "cudagraph-capture-invalidated.log")}]
+    )
+    p, port = _serve(
+        env,
+        model,
+        "fbg",
+        "--inventory",
+        _graph_inventory(tmp_path),
+        "--runtime",
+        "process",
+        "--fallback",
+        "auto",
+        "--json",
+    )
+    try:
+        assert p.returncode == 0, p.stdout + p.stderr
+        events = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+        fb = [e for e in events if e["event"] == "fallback"]
+        assert [(e["outcome"], e["family"]) for e in fb] == [
+            ("failed", "cudagraph"),
+            ("failed", "cudagraph"),
+            ("ready", None),
+        ], fb
+        assert (
+            fb[0]["remedy"].startswith("smaller CUDA-graph capture sizes") and "256, half of 512" in fb[0]["remedy"]
+        ), fb[0]
+        assert fb[1]["remedy"] == "eager mode, no CUDA graphs (--enforce-eager)", fb[1]
+        first, second, third = (a["command"] for a in status()[0]["fallbacks"])
+        assert "--max-cudagraph-capture-size" not in first and "--enforce-eager" not in first, first
+        assert "--max-cudagraph-capture-size 256" in second and "--enforce-eager" not in second, second
+        assert "--enforce-eager" in third, third
+    finally:
+        run_cli("stop", "fbg")
+    nothing_left(port)
+
+
+def test_dry_run_lists_each_relaunch_in_order(tmp_path, model):
+    """serve --dry-run --fallback auto lists the chain: depth 1 then off; smaller capture sizes then eager (one
+    H200: 512 -> 256; one B200, SM100: 1024 x ... capped at 1024 -> 512)."""
+    spec = run_cli(
+        "serve", "--model", str(model), "--dry-run", "--spec-depth", "3", "--spec-method", "ngram", "--fallback", "auto"
+    )
+    line = next(x for x in spec.stdout.splitlines() if x.strip().startswith("speculative decoding"))
+    assert "with speculative decoding at depth 1 (--spec-depth 1): adds --speculative-config" in line, line
+    assert '"num_speculative_tokens":1' in line and line.index("depth 1") < line.index(
+        "if it fails there again, with speculative decoding off"
+    ), line
+    for system, half in (("h200x8", "256, half of 512"), ("b200x8", "512, half of 1024")):
+        p = run_cli(
+            "serve",
+            "--model",
+            str(model),
+            "--dry-run",
+            "--inventory",
+            _graph_inventory(tmp_path, system),
+            "--runtime",
+            "process",
+            "--fallback",
+            "auto",
+        )
+        graphs = next(x for x in p.stdout.splitlines() if x.strip().startswith("CUDA graphs"))
+        assert half in graphs and f"adds --max-cudagraph-capture-size {half.split(',')[0]}" in graphs, graphs
+        assert graphs.index("--max-cudagraph-capture-size") < graphs.index(
+            "if it fails there again, with eager mode"
+        ), graphs
+
+
+@pytest.mark.parametrize(
+    ("args", "want"),
+    [
+        ({}, (256, "vLLM's default")),
+        ({"max-num-seqs": 48}, (96, "min(48 seqs x 1 x 2")),
+        ({"max-cudagraph-capture-size": 100}, (100, "the given maximum 100")),
+        ({"compilation-config": '{"cudagraph_capture_sizes": [1, 2, 4, 32]}'}, (32, "the given maximum 32")),
+        ({"enforce-eager": True}, (None, "eager mode")),
+    ],
+)
+def test_the_capture_size_follows_vllms_own_rule(tmp_path, model, args, want):
+    """PlanContext.cudagraph_capture_max: vLLM 0.32's _set_cudagraph_sizes (m3ctl/data/vllm_defaults.yaml)."""
+    inv = _graph_inventory(tmp_path)
+    plan = api.serve(model=str(model), inventory=inv, runtime="process", dry_run=True, args=args)
+    ctx = plan.rule_context()
+    n, how = ctx.cudagraph_capture_max()
+    if want[0] == 256:
+        mbt, seqs = ctx.scheduler_limits()
+        want = (min(seqs * 2, 512, mbt), want[1])
+    assert n == want[0] and want[1] in how, (n, how)
