@@ -184,6 +184,8 @@ def print_result(con, res, out: dict, settings: dict, sp, pareto: bool) -> None:
                 con.print("    " + escape(line), soft_wrap=True)
         else:
             con.print(f"baseline (vLLM defaults): {bl['status']}: {escape(bl['reason'])}")
+    if (gain := out.get("day0_vs_recipe")) is not None:  # what the day-0 stack bought (m3ctl.tuning.choice.stack_gain)
+        con.print(f"day-0 stack vs recipe stack: {gain['verdict']}: {escape(gain['text'])}", soft_wrap=True)
     if chosen == "defaults":
         con.print(f"[yellow]{escape(reason)}[/]; profile.yaml holds vLLM's defaults (no tuned flag)", soft_wrap=True)
         con.print(f"command: {escape((bl or {})['command'])}", soft_wrap=True)

@@ -30,6 +30,12 @@ from m3ctl.serving.kernels import Day0Part, RanPath, patterns
 
 Expected = Literal["native", "fallback"]
 
+#: The fix of a part the engine dropped.
+_ABSENT_FIX = (
+    "check the vLLM version and its log for why it dropped the setting; `m3ctl serve --stack recipe` serves without "
+    "the day-0 parts"
+)
+
 #: How much worse each path is than the plan, worst last (the path a disagreeing log is read as).
 _RANK: dict[RanPath, int] = {"native": 0, "fallback": 1, "other": 2, "absent": 3}
 
@@ -137,18 +143,23 @@ def verify_day0(log_text: str, report: Day0Report | None, args: dict[str, Any] |
     return out
 
 
-def _judge(plan_path: Expected, ran: RanPath, fb_name: str | None, fb_cost: str | None) -> tuple[Severity, str, str | None]:
+def _judge(
+    plan_path: Expected, ran: RanPath, fb_name: str | None, fb_cost: str | None
+) -> tuple[Severity, str, str | None]:
     """(severity, what ran in words, fix) for a part the plan runs by ``plan_path`` whose log shows ``ran``."""
     fallback = f"the fallback ran ({fb_name})" if fb_name else "the fallback ran"
     if ran == "absent":
         return (
             "fatal",
             "but the log shows it did not run: the engine ignored the flag m3ctl launched it with",
-            "check the vLLM version and its log for why it dropped the setting; `m3ctl serve --stack recipe` serves "
-            "without the day-0 parts",
+            _ABSENT_FIX,
         )
     if ran == "native":
-        return "ok", "the log shows the native path" + (" (better than planned)" if plan_path == "fallback" else ""), None
+        return (
+            "ok",
+            "the log shows the native path" + (" (better than planned)" if plan_path == "fallback" else ""),
+            None,
+        )
     if ran == "fallback":
         if plan_path == "fallback":
             return "ok", f"the log shows {fallback}", None

@@ -256,10 +256,11 @@ def _fail_on_fatal_day0(findings: list, dep: Deployment) -> None:
     verdict = judge(findings)
     if verdict.positive:
         return
+    fix = getattr(verdict.fatal[0], "fix", None)
     raise LaunchFailed(
         f"not ready: the log contradicts the plan: {verdict.cause}"
         + (f" (also {', '.join(f.id for f in verdict.fatal[1:])})" if len(verdict.fatal) > 1 else ""),
-        (f"{verdict.fatal[0].fix}; " if getattr(verdict.fatal[0], "fix", None) else "")
+        (f"{fix}; " if fix else "")
         + "the server was stopped"
         + (f"; full log: {dep.log_path}" if dep.log_path else ""),
         phase="kernels",

@@ -37,7 +37,8 @@ def _engine_line(log: str) -> str:
 #: The real engine line of the H200 start with the DSpark drafter in place of speculative_config=None, as
 #: vllm/config/speculative.py SpeculativeConfig.__repr__ prints it.
 DSPARK_LINE = _engine_line(M3_H200).replace(
-    "speculative_config=None", "speculative_config=SpeculativeConfig(method='dspark', model='/m/drafter', num_spec_tokens=7)"
+    "speculative_config=None",
+    "speculative_config=SpeculativeConfig(method='dspark', model='/m/drafter', num_spec_tokens=7)",
 )
 
 
@@ -76,8 +77,11 @@ def test_the_drafter_planned_but_absent_from_the_real_engine_config_is_fatal():
     [
         DSPARK_LINE,
         # another prefix, another version, fields around it reordered: the pattern reads the field it needs
-        "INFO 12-06 10:00:00 [core.py:99] Initializing a V1 LLM engine (v0.27.1.dev3+gabc) with config: "
-        "model='/m', tokenizer='/m', speculative_config=SpeculativeConfig(method='dspark', model='/d', num_spec_tokens=8)",
+        (
+            "INFO 12-06 10:00:00 [core.py:99] Initializing a V1 LLM engine (v0.27.1.dev3+gabc) with config: "
+            "model='/m', tokenizer='/m', speculative_config=SpeculativeConfig(method='dspark', model='/d', "
+            "num_spec_tokens=8)"
+        ),
         "(EngineCore_DP0 pid=7) INFO [core.py:116] Capturing model for DSpark speculator...",
     ],
 )
@@ -138,7 +142,9 @@ def test_qmul4_is_never_a_pass_the_log_cannot_name_it():
 
 
 def test_a_planned_part_the_log_never_names_is_unjudged_not_ok():
-    rep = _report(("dspark_drafter", "native", True), ("nvfp4_kv_attention", "native", True), ("indexer_dcp", "native", True))
+    rep = _report(
+        ("dspark_drafter", "native", True), ("nvfp4_kv_attention", "native", True), ("indexer_dcp", "native", True)
+    )
     quiet = "\n".join(x for x in CPU_LOG.splitlines() if "Initializing a V1 LLM engine" not in x)  # rolled over
     got = verify_day0(quiet, rep)
     assert {f.severity for f in got} == {"unjudged"} and len(got) == 3
@@ -149,10 +155,9 @@ def test_a_planned_part_the_log_never_names_is_unjudged_not_ok():
 
 def test_drafter_attention_backend_and_dcp_from_their_lines():
     rep = _report(("drafter_attention", "native", True), ("indexer_dcp", "native", True))
-    log = (
-        "(Worker pid=3) INFO 12-06 [cuda.py:422] Using AttentionBackendEnum.FLASH_ATTN backend.\n"
-        + _engine_line(M3_H200).replace("decode_context_parallel_size=1", "decode_context_parallel_size=4")
-    )
+    log = "(Worker pid=3) INFO 12-06 [cuda.py:422] Using AttentionBackendEnum.FLASH_ATTN backend.\n" + _engine_line(
+        M3_H200
+    ).replace("decode_context_parallel_size=1", "decode_context_parallel_size=4")
     f = _by_id(verify_day0(log, rep))
     assert f["kernels.day0.drafter_attention"].severity == "degraded"
     assert "FLASH_ATTN for the drafter" in f["kernels.day0.drafter_attention"].message
