@@ -11,6 +11,7 @@ from __future__ import annotations
 import pytest
 
 from m3ctl.assess.request import PlanRequest
+from m3ctl.catalog import profiles
 from m3ctl.hw.systems import inventory_for_system
 from m3ctl.loadgen.slo import parse_slo
 from m3ctl.tuning import plans as plans_mod
@@ -20,6 +21,7 @@ from m3ctl.tuning.options import TuneSpec
 from m3ctl.tuning.plans import TrialPlans, stack_kwargs
 from m3ctl.tuning.replay import ReplayEvaluator, recorded_space
 from m3ctl.tuning.search import Tuner
+from m3ctl.tuning.space import default_space
 from tests.tuning.test_tune import _grid, _record
 
 SERVER = {"spec_decode_acceptance_rate": 0.62, "spec_decode_acceptance_length": 3.48, "spec_decode_drafts": 100}
@@ -167,3 +169,14 @@ def test_the_recipe_candidate_asks_the_planner_for_the_recipe_stack(monkeypatch,
     assert stack_kwargs("recipe") == ({"stack": "recipe"} if has_stack else {})
     if has_stack:
         assert getattr(seen[-1], "stack") == "recipe"
+
+
+def test_the_search_starts_from_the_day0_plan_with_its_drafter_on():
+    """The anchor (the first configuration measured) runs the DSpark drafter at its trained block size, as the day-0
+    plan does; speculation off is a neighbour. Another method's space still starts with speculation off."""
+    prof = profiles()["hopper"]
+    dspark = default_space(prof, 2, moe=True, attention="msa", drafter_method="dspark", drafter_block_size=7)
+    assert dspark.values["spec_depth"] == [0, 7] and dspark.anchor()["spec_depth"] == 7
+    assert dspark.anchor()["kv_cache_dtype"] == "default"  # the plan's own KV cache dtype (the day-0 stack's)
+    ngram = default_space(prof, 2, moe=True, attention="msa", drafter_method="ngram")
+    assert ngram.anchor()["spec_depth"] == 0
