@@ -74,8 +74,15 @@ def _dry_run_order(spec: TuneSpec, with_baseline: bool, feasible: int) -> list[s
             )
     else:
         confirm = "no re-measurement on a fresh server (--confirm-top 0): each configuration is one server's figure"
-    return ([f"baseline: vLLM's defaults, {load}"] if with_baseline else []) + [
-        f"first configuration (speculation off, largest batch limits in range), {load}",
+    recipe = (
+        "recipe stack: the conservative recipe plan at the same defaults, measured alike, where it plans another server "
+        "than the baseline (none otherwise): what the day-0 stack bought, indistinguishable inside the noise margin"
+    )
+    return ([f"baseline: vLLM's defaults, {load}", recipe] if with_baseline else []) + [
+        (
+            "first configuration (the day-0 plan's DSpark drafter on at its block size, else speculation off; largest "
+            f"batch limits in range), {load}"
+        ),
         (
             f"then a local poll around the best so far and optuna TPE over the {feasible} configurations the "
             f"rules accept, until {spec.max_trials} server starts{budget}"
@@ -156,7 +163,7 @@ def dry_run(
     out["parallel"] = parallel_preview(ev, space, cands, pool)
     if out["parallel"]["trials"] > 1:
         out["order"].insert(
-            1 if "config" in out["baseline"] else 0,
+            2 if "config" in out["baseline"] else 0,
             f"search trials run up to {out['parallel']['trials']} at a time on disjoint GPU sets, each "
             "on its own port; the baseline and the confirmations run alone",
         )
