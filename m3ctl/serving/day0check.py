@@ -165,3 +165,61 @@ def _judge(
             return "ok", f"the log shows {fallback}", None
         return "degraded", f"but {fallback}" + (f"; cost: {fb_cost}" if fb_cost else ""), None
     return "degraded", "but the log shows another path, neither the planned one nor its fallback", None
+
+
+def verify_attention(log_text: str, arch: str | None, dense: bool) -> list[Finding]:
+    """The attention path of an MSA model (kernel_patterns.yaml ``attention``), one finding ``kernels.attention``:
+
+    - the dense fallback planned (``dense``): ``ok`` when no sparse-attention line appears and the dense layers'
+      backend does; ``fatal`` when MSA's sparse attention still ran (the ``--hf-overrides`` did not take: the
+      server runs what the plan avoided); ``unjudged`` when neither line appears;
+    - MSA planned: ``ok`` when the sparse path is the architecture's native one (MSA on the SM100 family) or the
+      architecture has only Triton; ``degraded`` when Triton ran where the native kernels exist; ``unjudged`` when
+      no line names the path.
+
+    Args:
+        arch: the plan's architecture (its day-0 report's); None: not an MSA plan of the day-0 family, nothing checked.
+    """
+    a = patterns().attention
+    if a is None or arch is None:
+        return []
+    sparse = _first(log_text, a.sparse.regex)
+    fid = "kernels.attention"
+    if dense:
+        if sparse is not None:
+            return [
+                Finding(
+                    fid,
+                    "fatal",
+                    f"the dense-attention fallback was planned, but MSA's sparse attention ran ({sparse[0]}): the "
+                    f"--hf-overrides did not take [{sparse[1]}]",
+                    "check the --hf-overrides in the command and the checkpoint's config layout (text_config)",
+                )
+            ]
+        backend = _first(log_text, a.dense.regex)
+        if backend is None:
+            return [Finding(fid, "unjudged", "dense attention planned; no line of the log names the attention path")]
+        return [Finding(fid, "ok", f"dense attention ran ({backend[0]}), no sparse-attention line [{backend[1]}]")]
+    if sparse is None:
+        return [Finding(fid, "unjudged", "MSA planned; no line of the log names its sparse-attention path")]
+    want = a.native.get(arch)
+    if want is None or sparse[0].lower() == want.lower():
+        only = f" (the only MSA path on {arch})" if want is None else " (the native kernels)"
+        return [Finding(fid, "ok", f"MSA ran through {sparse[0]}{only} [{sparse[1]}]")]
+    return [
+        Finding(
+            fid,
+            "degraded",
+            f"MSA ran through {sparse[0]}, not the native {want} kernels of {arch} (vLLM falls back for a top-k block "
+            f"count outside 4/8/16/32 or an fp8_e5m2 cache) [{sparse[1]}]",
+        )
+    ]
+
+
+def _first(text: str, regex: str) -> tuple[str, str] | None:
+    """(the ``value`` of the first line ``regex`` matches, that line's excerpt), or None."""
+    rx = re.compile(regex)
+    for raw in text.splitlines():
+        if (m := rx.search(raw)) is not None:
+            return m.group("value"), _excerpt(raw.strip(), m.end())
+    return None

@@ -92,6 +92,22 @@ class Day0Part(_Strict):
     unlogged: str | None = None
 
 
+class ValueLine(_Strict):
+    """A log line whose named group ``value`` is what ran."""
+
+    regex: Annotated[Regex, AfterValidator(_captures_a_value)]
+    source: str
+
+
+class AttentionPaths(_Strict):
+    """The attention path of an MSA model: the ``sparse`` line (MSA, its Triton fallback, AITER), the ``native``
+    sparse path per architecture, and the ``dense`` layers' backend line."""
+
+    sparse: ValueLine
+    native: dict[str, str] = Field(default_factory=dict)
+    dense: ValueLine
+
+
 class KernelPatterns(_Strict):
     """Schema of m3ctl/data/kernel_patterns.yaml (see the file for what each section means)."""
 
@@ -100,6 +116,7 @@ class KernelPatterns(_Strict):
     fallbacks: list[FallbackPattern] = Field(default_factory=list)
     runtime_jit: RuntimeJit
     day0: dict[str, Day0Part] = Field(default_factory=dict)
+    attention: AttentionPaths | None = None
 
 
 register("data/kernel_patterns.yaml", KernelPatterns)

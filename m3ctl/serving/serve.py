@@ -25,7 +25,7 @@ from m3ctl.planning.plan import LaunchPlan
 from m3ctl.runtime import get_runtime, runtime_for
 from m3ctl.runtime.base import Runtime
 from m3ctl.serving import watchdog
-from m3ctl.serving.day0check import verify_day0
+from m3ctl.serving.day0check import verify_attention, verify_day0
 from m3ctl.serving.deployments import StatusRow, status, stop, stop_unreadable, unreadable
 from m3ctl.serving.diagnose import DiagContext, diagnose_text
 from m3ctl.serving.health import EXITED as _EXITED
@@ -153,7 +153,9 @@ def launch_and_wait(
         dep.smoke_level, dep.smoke = level, [f.to_dict() for f in findings] if findings is not None else None
         _fail_on_fatal(findings or [], dep, registry)
         kernels = verify_kernels(log := rt.log_text(dep, tail_bytes=_LOG_TAIL), expect)
-        kernels.day0 = verify_day0(log, plan.day0, plan.vllm_args)
+        dense = any(c.what == "attention" and c.value == "dense" for c in plan.choices)
+        arch = plan.day0.arch if plan.day0 is not None else None
+        kernels.day0 = [*verify_day0(log, plan.day0, plan.vllm_args), *verify_attention(log, arch, dense)]
         _fail_on_fatal_day0(kernels.day0, dep)
         dep.phase, dep.ready_at = "ready", time.time()
         watchdog.mark_supervised(dep, supervised)

@@ -5,6 +5,7 @@ same lines with their wording mutated where the pattern must still hold, and a s
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -16,7 +17,7 @@ from m3ctl.core.verdict import judge
 from m3ctl.errors import LaunchFailed
 from m3ctl.planning import day0
 from m3ctl.planning.day0 import Day0Report, PartState
-from m3ctl.serving.day0check import expected, verify_day0
+from m3ctl.serving.day0check import expected, verify_attention, verify_day0
 from m3ctl.serving.kernels import patterns
 from m3ctl.serving.serve import launch_and_wait, stop
 from tests.conftest import vllm_procs_for
@@ -28,6 +29,8 @@ M3_H200 = (FIX / "h200x2-real" / "call7" / "log-m3r.txt").read_text()
 #: A start with --kv-cache-dtype nvfp4 on H200 (it failed later, for want of a backend; its config lines are real).
 NVFP4_KV = (FIX / "h200x2-real" / "call2" / "log-nvfp4kv.txt").read_text()
 CPU_LOG = (FIX / "vllm-cpu-0.32" / "startup-tiny-m2.log").read_text()
+#: MiniMax-M3 (BF16 scale model) on one H200 with every layer dense through --hf-overrides: FLASH_ATTN, no MSA line.
+DENSE_H200 = gzip.decompress((FIX / "h200x1-real" / "m3" / "log-m3-bf16-dense.txt.gz").read_bytes()).decode()
 
 
 def _engine_line(log: str) -> str:
@@ -211,7 +214,30 @@ def test_the_same_serve_with_the_drafter_in_its_log_is_ready(tmp_path):
     try:
         assert res.deployment.phase == "ready"
         assert res.kernels is not None
-        assert [(f.id, f.severity) for f in res.kernels.day0] == [("kernels.day0.dspark_drafter", "ok")]
+        assert [(f.id, f.severity) for f in res.kernels.day0] == [
+            ("kernels.day0.dspark_drafter", "ok"),
+            ("kernels.attention", "degraded"),  # the H200 log's Triton MSA, for a plan on Blackwell
+        ]
     finally:
         stop(["d1"])
     assert sys.executable  # the fake server ran under this interpreter
+
+
+def test_msa_on_triton_is_the_only_path_on_hopper_and_a_fallback_on_blackwell():
+    (h,) = verify_attention(M3_H200, "hopper", dense=False)
+    assert h.severity == "ok" and "the only MSA path on hopper" in h.message, h
+    (b,) = verify_attention(M3_H200, "blackwell", dense=False)
+    assert b.severity == "degraded" and "not the native MSA kernels of blackwell" in b.message, b
+    native = M3_H200.replace("sparse attention selected Triton", "sparse attention selected MSA")
+    (n,) = verify_attention(native, "blackwell", dense=False)
+    assert n.severity == "ok" and "native kernels" in n.message
+
+
+def test_the_dense_fallback_confirmed_by_the_real_dense_start_and_contradicted_by_a_sparse_line():
+    (ok,) = verify_attention(DENSE_H200, "hopper", dense=True)
+    assert ok.severity == "ok" and "FLASH_ATTN" in ok.message, ok
+    (bad,) = verify_attention(M3_H200, "hopper", dense=True)
+    assert bad.severity == "fatal" and "did not take" in bad.message, bad
+    (un,) = verify_attention("nothing here\n", "hopper", dense=True)
+    assert un.severity == "unjudged"
+    assert verify_attention(M3_H200, None, dense=False) == []  # not an MSA plan of the day-0 family
