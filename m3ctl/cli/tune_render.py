@@ -122,7 +122,13 @@ def level_lines(b: dict) -> list[str]:
     for lv in b.get("levels") or []:
         word = {"met": "holds", "missed": "does not hold", "undecided": "undecided (does not hold)"}[lv["state"]]
         tag = " (confirmation)" if lv["fidelity"] > 1 else ""
-        out.append(f"c={lv['concurrency']}{tag}: {word}: {lv['confidence']}")
+        acc = lv.get("spec_decode_acceptance_rate")
+        drafter = (
+            f"; drafter acceptance {acc:.1%}, length {lv.get('spec_decode_acceptance_length') or 0:.2f}"
+            if acc is not None
+            else ""
+        )
+        out.append(f"c={lv['concurrency']}{tag}: {word}: {lv['confidence']}{drafter}")
     return out
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from m3ctl.assess.request import PlanRequest
 from m3ctl.catalog import profiles
+from m3ctl.cli.tune_render import level_lines
 from m3ctl.hw.systems import inventory_for_system
 from m3ctl.loadgen.slo import parse_slo
 from m3ctl.tuning import plans as plans_mod
@@ -19,6 +20,7 @@ from m3ctl.tuning.choice import stack_gain
 from m3ctl.tuning.measure import Outcome, Point, _point
 from m3ctl.tuning.options import TuneSpec
 from m3ctl.tuning.plans import TrialPlans, stack_kwargs
+from m3ctl.tuning.render import level_rows
 from m3ctl.tuning.replay import ReplayEvaluator, recorded_space
 from m3ctl.tuning.search import Tuner
 from m3ctl.tuning.space import default_space
@@ -180,3 +182,14 @@ def test_the_search_starts_from_the_day0_plan_with_its_drafter_on():
     assert dspark.anchor()["kv_cache_dtype"] == "default"  # the plan's own KV cache dtype (the day-0 stack's)
     ngram = default_space(prof, 2, moe=True, attention="msa", drafter_method="ngram")
     assert ngram.anchor()["spec_depth"] == 0
+
+
+def test_each_levels_row_and_line_show_the_drafters_acceptance():
+    grid = _grid_with_refs(None)
+    ev = ReplayEvaluator(grid)
+    res = Tuner(recorded_space(grid), ev, _spec(grid)).run(clock=lambda: ev.clock[0])
+    rows = level_rows(res.baseline.points)  # the baseline's server had the drafter (server_metrics in its runs)
+    assert rows and all(r["spec_decode_acceptance_rate"] == 0.62 for r in rows)
+    assert level_lines({"levels": rows})[0].endswith("; drafter acceptance 62.0%, length 3.48")
+    plain = level_rows(next(o for o in res.outcomes if o.points).points)  # no drafter: no acceptance keys
+    assert "spec_decode_acceptance_rate" not in plain[0]
