@@ -11,14 +11,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from rich.console import Console
 
+from m3ctl.cli.render import print_kernels
 from m3ctl.core.state import Registry
 from m3ctl.core.verdict import judge
 from m3ctl.errors import LaunchFailed
 from m3ctl.planning import day0
 from m3ctl.planning.day0 import Day0Report, PartState
 from m3ctl.serving.day0check import expected, verify_attention, verify_day0
-from m3ctl.serving.kernels import patterns
+from m3ctl.serving.kernels import KernelReport, patterns
 from m3ctl.serving.serve import launch_and_wait, stop
 from tests.conftest import vllm_procs_for
 from tests.serving.test_smoke import _plan
@@ -241,3 +243,19 @@ def test_the_dense_fallback_confirmed_by_the_real_dense_start_and_contradicted_b
     (un,) = verify_attention("nothing here\n", "hopper", dense=True)
     assert un.severity == "unjudged"
     assert verify_attention(M3_H200, None, dense=False) == []  # not an MSA plan of the day-0 family
+
+
+def test_serve_shows_each_day0_finding_with_its_word_never_ok_for_what_could_not_be_judged():
+    rep = KernelReport(
+        day0=[
+            *verify_day0(M3_H200, _report(("qmul4_dequant", "fallback", True), ("indexer_dcp", "native", True))),
+            *verify_attention(M3_H200, "blackwell", dense=False),
+        ]
+    )
+    con = Console(record=True, width=200)
+    print_kernels(con, rep)
+    text = con.export_text()
+    assert "day-0 UNJUDGED kernels.day0.qmul4_dequant: " in text
+    assert "day-0 FAIL kernels.day0.indexer_dcp: " in text
+    assert "day-0 WARN kernels.attention: MSA ran through Triton" in text
+    assert "day-0 OK" not in text
