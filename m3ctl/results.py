@@ -328,6 +328,10 @@ class TuneReport(BaseModel):
     fresh_server_spread: dict[str, Any] | None = None
     chosen_trial: int | str | None = None
     unjudged: int = 0  # configurations (the baseline included) whose lowest level could not be judged
+    recipe: dict[str, Any] | None = (
+        None  # the recipe stack at vLLM's defaults, measured like the baseline, or {skipped}
+    )
+    day0_vs_recipe: dict[str, Any] | None = None  # what the day-0 stack bought (m3ctl.tuning.choice.stack_gain)
 
     @property
     def ok(self) -> bool:

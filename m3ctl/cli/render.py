@@ -96,3 +96,10 @@ def print_kernels(con, rep) -> None:
         return
     for f in rep.findings:
         print_hang(con, f"  kernels {f.level} ", f.message, 10, COLOUR[f.level], (10, 10 + len(f.level)))
+    for d in getattr(rep, "day0", None) or []:  # the day-0 parts the log confirms (a verdict's findings)
+        word = _DAY0_WORD[d.severity]
+        print_hang(con, f"  day-0 {word} ", f"{d.id}: {d.message}", 8, COLOUR[word], (8, 8 + len(word)))
+
+
+#: A day-0 finding's severity as the status word its line shows (never OK for what could not be judged).
+_DAY0_WORD = {"ok": "OK", "degraded": "WARN", "fatal": "FAIL", "unjudged": "UNJUDGED"}

@@ -178,6 +178,10 @@ class _Run:
             deployment=dep.model_dump(mode="json"),
             time_to_ready_s=res.readiness.time_to_ready_s,
             kernels=[{"level": f.level, "message": f.message} for f in (res.kernels.findings if res.kernels else [])],
+            day0=[
+                {"id": f.id, "severity": f.severity, "message": f.message}
+                for f in (res.kernels.day0 if res.kernels else [])
+            ],
         )
         if not out.json:
             print_hang(

@@ -122,7 +122,13 @@ def level_lines(b: dict) -> list[str]:
     for lv in b.get("levels") or []:
         word = {"met": "holds", "missed": "does not hold", "undecided": "undecided (does not hold)"}[lv["state"]]
         tag = " (confirmation)" if lv["fidelity"] > 1 else ""
-        out.append(f"c={lv['concurrency']}{tag}: {word}: {lv['confidence']}")
+        acc = lv.get("spec_decode_acceptance_rate")
+        drafter = (
+            f"; drafter acceptance {acc:.1%}, length {lv.get('spec_decode_acceptance_length') or 0:.2f}"
+            if acc is not None
+            else ""
+        )
+        out.append(f"c={lv['concurrency']}{tag}: {word}: {lv['confidence']}{drafter}")
     return out
 
 
@@ -184,6 +190,8 @@ def print_result(con, res, out: dict, settings: dict, sp, pareto: bool) -> None:
                 con.print("    " + escape(line), soft_wrap=True)
         else:
             con.print(f"baseline (vLLM defaults): {bl['status']}: {escape(bl['reason'])}")
+    if (gain := out.get("day0_vs_recipe")) is not None:  # what the day-0 stack bought (m3ctl.tuning.choice.stack_gain)
+        con.print(f"day-0 stack vs recipe stack: {gain['verdict']}: {escape(gain['text'])}", soft_wrap=True)
     if chosen == "defaults":
         con.print(f"[yellow]{escape(reason)}[/]; profile.yaml holds vLLM's defaults (no tuned flag)", soft_wrap=True)
         con.print(f"command: {escape((bl or {})['command'])}", soft_wrap=True)

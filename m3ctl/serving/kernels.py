@@ -19,6 +19,7 @@ from typing import Annotated, Literal
 from pydantic import AfterValidator, Field
 
 from m3ctl.catalog import KernelExpect, Regex, _Strict, data, register
+from m3ctl.core.verdict import Finding
 
 
 def _names_a_kernel(v: str) -> str:
@@ -64,6 +65,49 @@ class RuntimeJit(_Strict):
     source: str
 
 
+def _captures_a_value(v: str) -> str:
+    if "value" not in re.compile(v).groupindex:
+        raise ValueError("regex has no (?P<value>...) group for what the log line says ran")
+    return v
+
+
+#: What a day-0 evidence line shows of its part (m3ctl/data/kernel_patterns.yaml ``day0``).
+RanPath = Literal["native", "fallback", "absent", "other"]
+
+
+class Day0Evidence(_Strict):
+    """One log line that says which path of a day-0 part ran: the captured ``value`` is looked up in ``values``
+    (case-insensitive; ``default`` when not listed)."""
+
+    regex: Annotated[Regex, AfterValidator(_captures_a_value)]
+    values: dict[str, RanPath] = Field(default_factory=dict)
+    default: RanPath
+    source: str
+
+
+class Day0Part(_Strict):
+    """How the log confirms one day-0 part: its ``evidence`` lines, or ``unlogged`` (why no line can)."""
+
+    evidence: list[Day0Evidence] = Field(default_factory=list)
+    unlogged: str | None = None
+
+
+class ValueLine(_Strict):
+    """A log line whose named group ``value`` is what ran."""
+
+    regex: Annotated[Regex, AfterValidator(_captures_a_value)]
+    source: str
+
+
+class AttentionPaths(_Strict):
+    """The attention path of an MSA model: the ``sparse`` line (MSA, its Triton fallback, AITER), the ``native``
+    sparse path per architecture, and the ``dense`` layers' backend line."""
+
+    sparse: ValueLine
+    native: dict[str, str] = Field(default_factory=dict)
+    dense: ValueLine
+
+
 class KernelPatterns(_Strict):
     """Schema of m3ctl/data/kernel_patterns.yaml (see the file for what each section means)."""
 
@@ -71,6 +115,8 @@ class KernelPatterns(_Strict):
     backends: list[BackendPattern] = Field(min_length=1)
     fallbacks: list[FallbackPattern] = Field(default_factory=list)
     runtime_jit: RuntimeJit
+    day0: dict[str, Day0Part] = Field(default_factory=dict)
+    attention: AttentionPaths | None = None
 
 
 register("data/kernel_patterns.yaml", KernelPatterns)
@@ -110,6 +156,9 @@ class KernelReport:
     observed: dict[str, list[str]] = field(default_factory=dict)
     fallbacks: list[str] = field(default_factory=list)
     findings: list[KernelFinding] = field(default_factory=list)
+    day0: list[Finding] = field(default_factory=list)
+    """What the log confirms of the plan's day-0 parts (m3ctl.serving.day0check.verify_day0), each with its
+    severity for the ready verdict (m3ctl.core.verdict)."""
 
     @property
     def warnings(self) -> list[KernelFinding]:

@@ -25,6 +25,7 @@ from m3ctl.planning.plan import LaunchPlan
 from m3ctl.runtime import get_runtime, runtime_for
 from m3ctl.runtime.base import Runtime
 from m3ctl.serving import watchdog
+from m3ctl.serving.day0check import verify_attention, verify_day0
 from m3ctl.serving.deployments import StatusRow, status, stop, stop_unreadable, unreadable
 from m3ctl.serving.diagnose import DiagContext, diagnose_text
 from m3ctl.serving.health import EXITED as _EXITED
@@ -151,11 +152,16 @@ def launch_and_wait(
         findings, dep.smoke_s = _smoke(plan, dep, rt, headers, ctx, level, on_event) if level != "off" else (None, None)
         dep.smoke_level, dep.smoke = level, [f.to_dict() for f in findings] if findings is not None else None
         _fail_on_fatal(findings or [], dep, registry)
+        kernels = verify_kernels(log := rt.log_text(dep, tail_bytes=_LOG_TAIL), expect)
+        dense = any(c.what == "attention" and c.value == "dense" for c in plan.choices)
+        arch = plan.day0.arch if plan.day0 is not None else None
+        kernels.day0 = [*verify_day0(log, plan.day0, plan.vllm_args), *verify_attention(log, arch, dense)]
+        _fail_on_fatal_day0(kernels.day0, dep)
         dep.phase, dep.ready_at = "ready", time.time()
         watchdog.mark_supervised(dep, supervised)
         registry.save(dep)
         rt.sync_log(dep)
-        return ServeResult(dep, ready, verify_kernels(rt.log_text(dep, tail_bytes=5_000_000), expect), findings)
+        return ServeResult(dep, ready, kernels, findings)
     except (LaunchFailed, KeyboardInterrupt, StateWriteFailed) as e:
         _stop_failed_start(e, plan, dep, rt, registry)
         raise
@@ -238,6 +244,28 @@ def _fail_on_fatal(findings: list[SmokeFinding], dep: Deployment, registry: Regi
         + f"`m3ctl stop {dep.name}` removes the record"
         + (f"; full log: {dep.log_path}" if dep.log_path else ""),
         phase="smoke",
+        log_path=dep.log_path,
+    )
+
+
+def _fail_on_fatal_day0(findings: list, dep: Deployment) -> None:
+    """A day-0 part the launch turned on that the log shows did not run (m3ctl.serving.day0check: the engine ignored
+    a flag m3ctl launched) is not a ready server: the one verdict rule, as for the smoke test.
+
+    Raises:
+        LaunchFailed: a fatal day-0 finding (exit 4, phase ``kernels``); the caller stops the server.
+    """
+    verdict = judge(findings)
+    if verdict.positive:
+        return
+    fix = getattr(verdict.fatal[0], "fix", None)
+    raise LaunchFailed(
+        f"not ready: the log contradicts the plan: {verdict.cause}"
+        + (f" (also {', '.join(f.id for f in verdict.fatal[1:])})" if len(verdict.fatal) > 1 else ""),
+        (f"{fix}; " if fix else "")
+        + "the server was stopped"
+        + (f"; full log: {dep.log_path}" if dep.log_path else ""),
+        phase="kernels",
         log_path=dep.log_path,
     )
 

@@ -300,6 +300,72 @@ def _against_defaults(
     )
 
 
+def _side(o: Any) -> dict[str, Any]:
+    """One side of :func:`stack_gain`: its status, objective and level, and the drafter's acceptance there."""
+    at = [p for p in o.points if p.valid and p.concurrency == o.concurrency]
+    acc = next(
+        (p.metrics.get("spec_decode_acceptance_rate") for p in at if "spec_decode_acceptance_rate" in p.metrics), None
+    )
+    return {
+        "status": o.status,
+        "objective": o.objective,
+        "concurrency": o.concurrency,
+        "config": o.config,
+        "spec_decode_acceptance_rate": acc,
+    }
+
+
+def stack_gain(day0: Any, recipe: Any, objective: str = "objective", tie_margin: float = TIE_MARGIN) -> dict | None:
+    """What the day-0 stack bought on this workload: the study's baseline (vLLM's defaults on the default plan, the
+    day-0 stack) against the recipe stack at the same defaults (m3ctl.tuning.trials), both measured once with the
+    search's bisection and SLO and compared on that search measurement, by the rules of :func:`choose`: a higher
+    SLO-meeting level wins (the capacity rule), else the objectives, where a difference inside the largest of
+    ``tie_margin`` and their combined 95 % interval (:func:`combined_interval`) is ``indistinguishable``.
+
+    Returns None when the study measured no recipe point, else ``{"verdict", "day0", "recipe", "ratio", "margin",
+    "text"}``: ``verdict`` ``day0`` (the day-0 stack is better), ``recipe`` (the recipe stack is), ``indistinguishable``,
+    ``neither`` (neither met the SLO at any level), ``unjudged`` (a side could not be judged or was not measured: no
+    comparison, never a tie); ``day0``/``recipe``: each side's status, objective, level and the drafter's acceptance
+    rate there (None without a drafter); ``ratio``: day-0 / recipe objective."""
+    if recipe is None:
+        return None
+    out: dict[str, Any] = {"verdict": "unjudged", "ratio": None, "margin": None}
+    if day0 is None or day0.status == "skipped" or recipe.status == "skipped":
+        why = (recipe.reason if recipe.status == "skipped" else None) or (
+            day0.reason if day0 is not None and day0.status == "skipped" else "the day-0 stack was not measured"
+        )
+        return {**out, "day0": None, "recipe": None, "text": f"not compared: {why}"}
+    out.update(day0=_side(day0), recipe=_side(recipe))
+    if "unjudged" in (day0.status, recipe.status) or not all(o.status in _JUDGED for o in (day0, recipe)):
+        who = "the day-0 stack" if day0.status not in _JUDGED or day0.status == "unjudged" else "the recipe stack"
+        bad = day0 if who == "the day-0 stack" else recipe
+        return {**out, "text": f"not compared: {who} could not be judged ({bad.reason or bad.status})"}
+    ok_d, ok_r = (o.status == "feasible" and o.objective > 0 for o in (day0, recipe))
+    if not (ok_d or ok_r):
+        return {**out, "verdict": "neither", "text": "neither stack met the SLO at any level"}
+    if ok_d != ok_r:
+        win = "day0" if ok_d else "recipe"
+        name = "the day-0 stack" if ok_d else "the recipe stack"
+        return {**out, "verdict": win, "text": f"{name} met the SLO at vLLM's defaults and the other did not"}
+    ratio = day0.objective / recipe.objective
+    margin = max(tie_margin, combined_interval(day0, recipe) or 0.0)
+    out.update(ratio=ratio, margin=margin)
+    vs = (
+        f"the day-0 stack {day0.objective:.1f} {objective} at c={day0.concurrency} against the recipe stack's "
+        f"{recipe.objective:.1f} at c={recipe.concurrency} ({ratio:.2f}x)"
+    )
+    if day0.concurrency != recipe.concurrency and day0.concurrency is not None and recipe.concurrency is not None:
+        win = "day0" if day0.concurrency > recipe.concurrency else "recipe"
+        return {**out, "verdict": win, "text": f"a higher SLO-meeting level by the capacity rule: {vs}"}
+    if max(ratio, 1.0 / ratio) - 1.0 <= margin:
+        return {**out, "verdict": "indistinguishable", "text": f"{vs}, within the {margin:.1%} noise margin"}
+    return {
+        **out,
+        "verdict": "day0" if ratio > 1.0 else "recipe",
+        "text": f"{vs}, beyond the {margin:.1%} noise margin",
+    }
+
+
 #: Outcome statuses that are a judgement of the configuration (m3ctl.tuning.measure.Outcome).
 _JUDGED = ("feasible", "slo_infeasible", "rejected", "crashed")
 
@@ -439,4 +505,5 @@ __all__ = [
     "findings",
     "fresh_server_spread",
     "rule_text",
+    "stack_gain",
 ]

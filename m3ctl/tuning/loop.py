@@ -174,6 +174,14 @@ class _Run:
                 ):
                     t._run_baseline()  # alone, before any search trial
                     continue
+                if (
+                    t.spec.baseline
+                    and t.recipe is None
+                    and self._budget_stop() is None
+                    and len(t.outcomes) < t.space.size()
+                ):
+                    t._run_recipe()  # the recipe stack's comparison point, alone, after the baseline
+                    continue
                 stop = self._fill()
                 if stop is not None:
                     stopped_by = stop

@@ -30,6 +30,12 @@ KEEP_KEYS = (
 )
 
 
+#: The drafter's acceptance over a measured run, from the server's /metrics counters (the bench result's
+#: ``server_metrics``, m3ctl.loadgen.servermetrics.deltas): accepted / draft tokens, and 1 + accepted / drafts (the mean
+#: tokens a decode step emits). Kept in each run's metrics, so every trial's record has them per run and level.
+SPEC_DECODE_KEYS = ("spec_decode_acceptance_rate", "spec_decode_acceptance_length")
+
+
 class TrialServerStopped(KeyboardInterrupt):
     """A trial's server was stopped on request from outside the tune (``m3ctl stop NAME`` or ``--all``) while the
     tune measured it: an interruption of the study, not a crash of the configuration nor a bench connection
@@ -159,7 +165,11 @@ class TuneResult:
     elapsed_s: float
     stopped_by: str
     baseline: Outcome | None = None
-    confirm_starts: int = 0  # fresh servers the confirmation rung started (not counted in ``launches``)
+    confirm_starts: int = 0
+    #: The recipe stack at vLLM's defaults (the plan option ``stack: recipe``), measured like the baseline: the
+    #: comparison point that says what the day-0 stack bought (m3ctl.tuning.choice.stack_gain); None when the study
+    #: did not ask for a baseline, status ``skipped`` with the reason when it could not or need not be measured.
+    recipe: Outcome | None = None  # fresh servers the confirmation rung started (not counted in ``launches``)
 
 
 def num_prompts(spec: TuneSpec, concurrency: int, fidelity: float) -> int:
@@ -171,6 +181,8 @@ def _point(spec: TuneSpec, slo: SLO, res: dict, c: int, fid: float, n_gpus: int)
     valid = bool(validity.get("valid", True)) and res.get("completed", 0) > 0
     obj = objective_value(res, spec.objective, n_gpus, spec.usd_per_gpu_hour) if valid else 0.0
     kept = {k: res.get(k) for k in (*KEEP_KEYS, *(t.key for t in slo.terms)) if k in res}
+    server = res.get("server_metrics") or {}
+    kept.update({k: server[k] for k in SPEC_DECODE_KEYS if isinstance(server.get(k), int | float)})
     warns = [*validity.get("warnings", []), *(f"SLO term {t} not measured: {why}" for t, why in slo.unmeasured(res))]
     src = "output_throughput" if spec.objective == "output_tput_per_gpu" else "total_token_throughput"
     fig = ((res.get("uncertainty") or {}).get("figures") or {}).get(src) or {}

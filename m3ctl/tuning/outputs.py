@@ -13,7 +13,7 @@ from m3ctl.errors import BadInput
 from m3ctl.loadgen.capacity import CapacityRule
 from m3ctl.loadgen.slo import objective_value
 from m3ctl.results import TUNE_SCHEMA_VERSION, TuneReport
-from m3ctl.tuning.choice import choose, fresh_server_spread
+from m3ctl.tuning.choice import choose, fresh_server_spread, stack_gain
 from m3ctl.tuning.measure import Outcome, TuneResult, level_spread, load_equivalence, pareto, write_json
 from m3ctl.tuning.render import all_points, level_rows, pareto_png, profile_yaml, tuned_flags
 from m3ctl.tuning.search import Tuner
@@ -158,7 +158,11 @@ def write_outputs(
     with its verdict (:func:`level_rows`); every run of a repeated level and its verdict are in
     ``trials[].points[]`` (``runs``, ``verdict``); ``vs_baseline`` = best / baseline objective (None when either
     is missing or 0); ``fresh_server_spread`` (m3ctl.tuning.choice.fresh_server_spread, or None) and, when the
-    tuned configuration is chosen, ``chosen_trial`` (the trial profile.yaml holds).
+    tuned configuration is chosen, ``chosen_trial`` (the trial profile.yaml holds); ``recipe`` (the recipe stack at
+    vLLM's defaults, the baseline's keys, or {skipped: why}) and ``day0_vs_recipe`` (m3ctl.tuning.choice.stack_gain:
+    what the day-0 stack bought, ``indistinguishable`` inside the noise margin) when the study measured a baseline.
+    Each run's metrics (``trials[].points[].metrics``) hold the drafter's ``spec_decode_acceptance_rate`` and
+    ``spec_decode_acceptance_length`` where the server had a drafter (m3ctl.tuning.measure.SPEC_DECODE_KEYS).
     """
 
     spec = settings["spec"]
@@ -203,6 +207,10 @@ def write_outputs(
     if b is not None:
         out["baseline"] = {"skipped": b.reason} if b.status == "skipped" else _baseline_block(b, tuner, ev)
         out["vs_baseline"] = res.best.final / b.final if res.best is not None and b.final > 0 else None
+    r = res.recipe
+    if r is not None:
+        out["recipe"] = {"skipped": r.reason} if r.status == "skipped" else _baseline_block(r, tuner, ev)
+        out["day0_vs_recipe"] = stack_gain(b, r, spec["objective"])
     front = pareto(res.outcomes)
     out["pareto"] = front
     if want_pareto and front:

@@ -19,6 +19,19 @@ from m3ctl.tuning import startup
 from m3ctl.tuning.options import TuneSpec
 from m3ctl.tuning.space import key_of, plan_kwargs
 
+#: The candidate key that names a plan's stack (``recipe``: the conservative recipe plan); not a search knob.
+STACK = "stack"
+
+
+def stack_kwargs(stack: str | None) -> dict[str, Any]:
+    """The plan request's keywords for a candidate's ``stack``: the plan option ``stack`` (PlanRequest.stack:
+    ``day0``, the default, or ``recipe``). Against a planner without that option, whose plan is the recipe's,
+    nothing (the recipe point then plans the baseline's very server and is skipped as such)."""
+    if stack is None or STACK not in PlanRequest.model_fields:
+        return {}
+    return {STACK: stack}
+
+
 #: Smoke level of a trial server (m3ctl/serving/smoke.py): the workload checks only; parsers and output are the tuned
 #: command's business once it is served with ``m3ctl serve``.
 TRIAL_SMOKE = "quick"
@@ -78,6 +91,7 @@ class TrialPlans:
             port=self.port,
             **base,
             **plan_kwargs(cand, self.spec_method),
+            **stack_kwargs(cand.get(STACK)),
         )
         req.profile = prof
         return plan(self.inv, req)
@@ -235,6 +249,19 @@ class TrialPlans:
                 why = f"TP {tp}: {e.message}"
             tp *= 2
         return None, f"the planner rejects vLLM's defaults at every TP ({why})"
+
+    def recipe_candidate(self) -> tuple[dict[str, Any] | None, str]:
+        """The recipe stack at vLLM's defaults: the baseline's candidate planned with ``stack: recipe`` (the
+        conservative recipe plan, no day-0 part turned on by default). Returns (candidate, "") or (None, why)."""
+        base, why = self.baseline_candidate()
+        if base is None:
+            return None, f"no vLLM-defaults configuration to plan the recipe stack at ({why})"
+        cand = {**base, STACK: "recipe"}
+        try:
+            self._planned(cand, name=f"{self.prefix}-trecipe")
+        except ConfigRejected as e:
+            return None, f"the planner rejects the recipe stack: {e.message}"
+        return cand, ""
 
     def gpus_needed(self, cand: dict[str, Any]) -> int:
         """GPUs the server of ``cand`` occupies on this host: the plan's world size (TP x PP x DP), at least 1

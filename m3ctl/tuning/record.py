@@ -83,6 +83,7 @@ class StudyRecord:
         self.lost: dict[str, dict] = {}
         self.cut: list[Outcome] = []  # recovered outcomes whose search an interruption cut: measured again first
         self.baseline: Outcome | None = None
+        self.recipe: Outcome | None = None  # the recipe stack's comparison point (m3ctl.tuning.trials._run_recipe)
         self._centre: str | None = None
         self._pattern: dict[str, Any] | None = None
         self._local_done = False
@@ -142,6 +143,8 @@ class StudyRecord:
         if handled:
             self.study.set_user_attr("interrupted", handled)
         self.lost = {k: v for k, v in handled.items() if not v["recovered"] or v.get("relaunched")}
+        if "recipe" in self.study.user_attrs:
+            self.recipe = Outcome.from_json(self.study.user_attrs["recipe"])
         if "baseline" in self.study.user_attrs:
             self.baseline = Outcome.from_json(self.study.user_attrs["baseline"])
         elif (bp := self.study.user_attrs.get("baseline_partial")) and bp.get("points"):
@@ -219,6 +222,7 @@ class StudyRecord:
         return (
             sum(o.cost_s for o in self.outcomes.values())
             + (self.baseline.cost_s if self.baseline else 0.0)
+            + (self.recipe.cost_s if self.recipe else 0.0)
             + sum(v.get("cost_s", 0.0) for v in self.lost.values())
         )
 
@@ -305,4 +309,5 @@ class StudyRecord:
             stopped_by=stopped_by,
             baseline=self.baseline,
             confirm_starts=self.confirm_starts,
+            recipe=self.recipe,
         )

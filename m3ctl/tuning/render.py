@@ -20,7 +20,7 @@ from m3ctl.errors import ConfigRejected
 from m3ctl.loadgen.pareto import scatter_by_validity, validity_class
 from m3ctl.tuning.choice import rule_text as choice_rule_text
 from m3ctl.tuning.local import mesh
-from m3ctl.tuning.measure import Outcome, num_prompts
+from m3ctl.tuning.measure import SPEC_DECODE_KEYS, Outcome, num_prompts
 from m3ctl.tuning.options import TuneSpec
 from m3ctl.tuning.pool import smallest_trial, trial_pool
 from m3ctl.tuning.schedule import Pending, first_wave, order_batch, pick_gpus
@@ -74,8 +74,15 @@ def _dry_run_order(spec: TuneSpec, with_baseline: bool, feasible: int) -> list[s
             )
     else:
         confirm = "no re-measurement on a fresh server (--confirm-top 0): each configuration is one server's figure"
-    return ([f"baseline: vLLM's defaults, {load}"] if with_baseline else []) + [
-        f"first configuration (speculation off, largest batch limits in range), {load}",
+    recipe = (
+        "recipe stack: the conservative recipe plan at the same defaults, measured alike, where it plans another server "
+        "than the baseline (none otherwise): what the day-0 stack bought, indistinguishable inside the noise margin"
+    )
+    return ([f"baseline: vLLM's defaults, {load}", recipe] if with_baseline else []) + [
+        (
+            "first configuration (the day-0 plan's DSpark drafter on at its block size, else speculation off; largest "
+            f"batch limits in range), {load}"
+        ),
         (
             f"then a local poll around the best so far and optuna TPE over the {feasible} configurations the "
             f"rules accept, until {spec.max_trials} server starts{budget}"
@@ -156,7 +163,7 @@ def dry_run(
     out["parallel"] = parallel_preview(ev, space, cands, pool)
     if out["parallel"]["trials"] > 1:
         out["order"].insert(
-            1 if "config" in out["baseline"] else 0,
+            2 if "config" in out["baseline"] else 0,
             f"search trials run up to {out['parallel']['trials']} at a time on disjoint GPU sets, each "
             "on its own port; the baseline and the confirmations run alone",
         )
@@ -402,11 +409,13 @@ def all_points(
 def level_rows(points: list) -> list[dict[str, Any]]:
     """Each measured level of an outcome with the capacity rule's verdict, in measurement order:
     ``concurrency``, ``fidelity`` (> 1: a confirmation), ``holds``, ``state`` (met / missed / undecided),
-    ``runs`` and ``confidence`` (m3ctl.loadgen.capacity.Verdict). A level of a study made before the rule has no
-    verdict: its recorded decision, said so."""
+    ``runs`` and ``confidence`` (m3ctl.loadgen.capacity.Verdict), and the drafter's ``spec_decode_acceptance_rate``
+    and ``spec_decode_acceptance_length`` there where the server had one (m3ctl.tuning.measure.SPEC_DECODE_KEYS). A
+    level of a study made before the rule has no verdict: its recorded decision, said so."""
     rows = []
     for p in points:
         v = p.verdict or {}
+        acceptance = {k: p.metrics[k] for k in SPEC_DECODE_KEYS if p.metrics.get(k) is not None}
         rows.append(
             {
                 "concurrency": p.concurrency,
@@ -416,6 +425,7 @@ def level_rows(points: list) -> list[dict[str, Any]]:
                 "runs": p.n_runs,
                 "confidence": v.get("confidence")
                 or f"{p.n_runs} run(s), decided when measured (before the capacity rule; see its runs)",
+                **acceptance,
             }
         )
     return rows

@@ -52,8 +52,9 @@ class ReplayEvaluator:
     def __init__(self, grid: dict):
         self.grid = grid
         self.by_key = {key_of(c["config"]): c for c in grid["configs"]}
-        if grid.get("baseline"):
-            self.by_key[key_of(grid["baseline"]["config"])] = grid["baseline"]
+        for ref in ("baseline", "recipe"):
+            if grid.get(ref):
+                self.by_key[key_of(grid[ref]["config"])] = grid[ref]
         self.clock = [0.0]
         self.opened = 0
 
@@ -92,6 +93,12 @@ class ReplayEvaluator:
         return None, (
             "the recorded grid has no vLLM-defaults entry (record one with benchmarks/tune_efficiency.py --record)"
         )
+
+    def recipe_candidate(self) -> tuple[dict[str, Any] | None, str]:
+        """The recorded recipe-stack configuration (grid key ``recipe``), or None and why there is none."""
+        if self.grid.get("recipe"):
+            return dict(self.grid["recipe"]["config"]), ""
+        return None, "the recorded grid has no recipe-stack entry"
 
     def command(self, cand: dict[str, Any]) -> str:
         return json.dumps(cand)

@@ -63,11 +63,14 @@ class Space:
         """The first configuration to measure (docs/sources.md#tune-algorithm: start from a reference so the
         search is never worse than it): speculation off, the largest batch limits and TP in range (vLLM's own
         defaults are at or above them: max-num-seqs 256, max-num-batched-tokens 8192 on GPUs), the first value
-        of every other knob."""
+        of every other knob (``kv_cache_dtype``: the plan's own). A DSpark drafter searched at its trained block size
+        (:func:`default_space`: depths 0 and that size) starts on: the day-0 stack runs it, so the search starts from
+        the day-0 plan and speculation off is its first neighbour."""
         out = {}
         for k, v in self.values.items():
             if k == "spec_depth":
-                out[k] = min(v)
+                day0_drafter = self.spec_method == "dspark" and len(v) == 2 and min(v) == 0
+                out[k] = max(v) if day0_drafter else min(v)
             elif k in ("max_num_seqs", "max_num_batched_tokens", "tp"):
                 out[k] = max(v)
             else:

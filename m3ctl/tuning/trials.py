@@ -22,32 +22,52 @@ class TrialRunner(ConfirmRung):
             return
         get = getattr(self.ev, "baseline_candidate", None)
         cand, why = get() if get else (None, "this evaluator cannot build a vLLM-defaults configuration")
+        self.baseline = self._reference("base", "vLLM defaults", cand, why)
+        self.study.set_user_attr("baseline", self.baseline.to_json())
+
+    def _run_recipe(self) -> None:
+        """Measure the recipe stack at vLLM's defaults once per study, after the baseline (the day-0 stack at vLLM's
+        defaults) and like it: the comparison point of what the day-0 parts bought on this workload
+        (m3ctl.tuning.choice.stack_gain). Skipped, with the reason, where the evaluator plans no recipe point or its
+        server is the baseline's own (no day-0 part runs here: nothing to compare, no start spent)."""
+        if not self.spec.baseline or self.recipe is not None:
+            return
+        get = getattr(self.ev, "recipe_candidate", None)
+        cand, why = get() if get else (None, "this evaluator cannot build the recipe stack's configuration")
+        if cand is not None and self.baseline is not None and self.baseline.config:
+            kb, kr = self._server_key(self.baseline.config), self._server_key(cand)
+            if kb is not None and kb == kr:
+                cand, why = None, "the recipe stack plans the very server of the day-0 stack here (no day-0 part runs)"
+        self.recipe = self._reference("recipe", "recipe stack", cand, why)
+        self.study.set_user_attr("recipe", self.recipe.to_json())
+
+    def _reference(self, trial: str, label: str, cand: dict[str, Any] | None, why: str) -> Outcome:
+        """A reference point of the study (``base``: vLLM's defaults; ``recipe``: the recipe stack), measured with the
+        search's bisection and SLO (:func:`evaluate`), or ``skipped`` with ``why`` when ``cand`` is None."""
         if cand is None:
-            out = Outcome(config={}, status="skipped", reason=why, trial="base")
-            self.on_event("base", "vLLM defaults", f"skipped: {why}")
-        else:
+            self.on_event(trial, label, f"skipped: {why}")
+            return Outcome(config={}, status="skipped", reason=why, trial=trial)
 
-            def event(m: str) -> None:
-                self._heartbeat()
-                self.on_event("base", "vLLM defaults", m)
+        def event(m: str) -> None:
+            self._heartbeat()
+            self.on_event(trial, label, m)
 
-            out = evaluate(
-                self.ev,
-                cand,
-                self.spec,
-                self.slo,
-                "base",
-                event,
-                on_partial=lambda o: self.study.set_user_attr("baseline_partial", o.to_json()),
-            )
-            res = (
-                f"{out.objective:.1f} at c={out.concurrency}"
-                if out.status == "feasible"
-                else f"{out.status}: {out.reason}"
-            )
-            self.on_event("base", "vLLM defaults", f"done: {res}")
-        self.baseline = out
-        self.study.set_user_attr("baseline", out.to_json())
+        out = evaluate(
+            self.ev,
+            cand,
+            self.spec,
+            self.slo,
+            trial,
+            event,
+            on_partial=lambda o: self.study.set_user_attr(
+                f"{'baseline' if trial == 'base' else trial}_partial", o.to_json()
+            ),
+        )
+        res = (
+            f"{out.objective:.1f} at c={out.concurrency}" if out.status == "feasible" else f"{out.status}: {out.reason}"
+        )
+        self.on_event(trial, label, f"done: {res}")
+        return out
 
     def _server_key(self, cand: dict[str, Any]) -> str | None:
         get = getattr(self.ev, "server_key", None)

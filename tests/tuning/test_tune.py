@@ -1521,10 +1521,12 @@ def test_the_dry_runs_order_is_a_step_of_its_own():
     ]
     order = _dry_run_order(TuneSpec(slo="p90_tpot_ms<=30", time_budget_s=600, confirm_top=3), True, 2)
     assert order[0] == "baseline: vLLM's defaults, bisected on load against the SLO"
-    assert "until 12 server starts or 600 s of wall time less the time kept for the confirmations" in order[2]
-    assert order[3].startswith("then the best 2 re-measured on a fresh server with 2x the requests, inside the 600 s")
+    assert order[1].startswith("recipe stack: the conservative recipe plan at the same defaults, measured alike")
+    assert "until 12 server starts or 600 s of wall time less the time kept for the confirmations" in order[3]
+    assert order[4].startswith("then the best 2 re-measured on a fresh server with 2x the requests, inside the 600 s")
     bare = _dry_run_order(TuneSpec(confirm_top=0), False, 4)
-    assert bare[0] == "first configuration (speculation off, largest batch limits in range), up the concurrency " + (
-        "ladder (no SLO: every load meets it)"
+    assert bare[0] == (
+        "first configuration (the day-0 plan's DSpark drafter on at its block size, else speculation off; largest "
+        "batch limits in range), up the concurrency ladder (no SLO: every load meets it)"
     )
     assert bare[1].endswith("until 12 server starts") and bare[2].startswith("no re-measurement on a fresh server")
