@@ -60,15 +60,16 @@ def _need(path: Path, what: str, repo: str) -> None:
         )
 
 
-def check_snapshot(path: Path, repo: str, weights: bool = True) -> None:
-    """Check a local model directory for what vLLM reads: config, tokenizer and (``weights``) every shard.
+def check_snapshot(path: Path, repo: str, weights: bool = True, tokenizer: bool = True) -> None:
+    """Check a local model directory for what vLLM reads: config, (``tokenizer``) a tokenizer and (``weights``)
+    every shard.
 
     Raises:
         ConfigRejected: a file is missing, empty or the shards are smaller than the index says; names the file.
     """
     _need(path / "config.json", "config", repo)
     toks = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json")
-    if not any((path / t).is_file() for t in toks):
+    if tokenizer and not any((path / t).is_file() for t in toks):
         _need(path / toks[0], "tokenizer", repo)
     if not weights:
         return
@@ -100,13 +101,13 @@ def check_snapshot(path: Path, repo: str, weights: bool = True) -> None:
         )
 
 
-def _local(ref: str, revision: str, weights: bool, environ) -> Path:
+def _local(ref: str, revision: str, weights: bool, environ, tokenizer: bool = True) -> Path:
     p = Path(ref).expanduser()
     if p.is_dir():
-        check_snapshot(p, ref, weights)
+        check_snapshot(p, ref, weights, tokenizer)
         return p.resolve()
     snap = snapshot_dir(ref, revision, environ)
-    check_snapshot(snap, ref, weights)
+    check_snapshot(snap, ref, weights, tokenizer)
     return snap
 
 
@@ -135,7 +136,10 @@ def resolve_offline(plan, environ: dict[str, str] | None = None):
         except ValueError:
             spec = None
     if isinstance(spec, dict) and isinstance(spec.get("model"), str) and spec["model"]:
-        draft = _local(spec["model"], str(spec.get("revision") or "main"), weights, environ)
+        # A draft model reads the target's tokenizer (vLLM SpeculativeConfig builds the draft ModelConfig with
+        # tokenizer=target_model_config.tokenizer unless the vocabularies differ; vllm/config/speculative.py,
+        # https://github.com/vllm-project/vllm/blob/main/vllm/config/speculative.py): it needs none of its own.
+        draft = _local(spec["model"], str(spec.get("revision") or "main"), weights, environ, tokenizer=False)
         args["speculative-config"] = {**spec, "model": str(draft)}
         local_paths.append(str(draft))
     served = [plan.served_model_name, *plan.served_model_aliases]

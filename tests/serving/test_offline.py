@@ -126,6 +126,22 @@ def test_load_format_dummy_needs_no_weight_shard(hub):
         resolve_offline(_plan(extra_args=["--load-format", "dummy"]))
 
 
+def test_a_draft_model_needs_no_tokenizer_of_its_own(hub, tmp_path):
+    """vLLM builds a draft model's config with the target's tokenizer, so a drafter directory holds config and
+    weights only (the scale model's DSpark drafter, `dev scale-model --drafter`). Seen on an H100, where the default
+    day-0 plan's drafter was refused offline for a tokenizer.json vLLM never reads. Its config is still checked."""
+    drafter = tmp_path / "dspark"
+    drafter.mkdir()
+    (drafter / "config.json").write_text(json.dumps(CONFIG))
+    spec = json.dumps({"method": "dspark", "num_speculative_tokens": 7, "model": str(drafter)})
+    p = resolve_offline(_plan(extra_args=["--load-format", "dummy", "--speculative-config", spec]))
+    assert p.vllm_args["speculative-config"]["model"] == str(drafter.resolve())
+    assert str(drafter.resolve()) in p.local_paths
+    (drafter / "config.json").unlink()
+    with pytest.raises(ConfigRejected, match="config"):
+        resolve_offline(_plan(extra_args=["--load-format", "dummy", "--speculative-config", spec]))
+
+
 def test_cli_offline_is_automatic_under_hf_hub_offline(hub, tmp_path):
     inv = tmp_path / "b200.json"
     inv.write_text(ALL["b200x8"]().model_dump_json())
