@@ -43,6 +43,11 @@ def test_scale_model_drafter_is_written_where_the_planner_looks(tmp_path):
     conf = json.loads((out / "dspark" / "config.json").read_text())
     assert conf["architectures"] == ["Qwen3DSparkModel"]
     assert drafter_block_size(str(out / "dspark")) == 7  # what the planner reads
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(str(out / "dspark"))  # as vLLM's draft ModelConfig loads it
+    assert cfg.architectures == ["Qwen3DSparkModel"] and cfg.rope_parameters["rope_theta"] == 1_000_000.0
+    assert getattr(cfg, "n_predict", None) is None  # vLLM would otherwise check the depth's divisibility by it
 
 
 def test_the_cli_writes_the_drafter_and_refuses_it_for_minimax_m2(tmp_path):
