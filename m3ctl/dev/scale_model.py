@@ -24,6 +24,7 @@ The planner sizes such a directory from its config (no weight files: :func:`m3ct
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -300,8 +301,12 @@ def build_scale_model(out_dir: str | Path, spec: ScaleModelSpec | None = None, *
     (out / "config.json").write_text(json.dumps(cfg, indent=2, sort_keys=True))
     pad_vocabulary(out, cfg.get("vocab_size") or cfg["text_config"]["vocab_size"])  # every sampled id decodes
     if spec.drafter:
-        (out / DRAFTER_DIR).mkdir()
-        (out / DRAFTER_DIR / "config.json").write_text(json.dumps(dspark_drafter_config(cfg), indent=2, sort_keys=True))
+        draft = out / DRAFTER_DIR
+        draft.mkdir()
+        (draft / "config.json").write_text(json.dumps(dspark_drafter_config(cfg), indent=2, sort_keys=True))
+        for f in out.iterdir():  # the target's tokenizer, as a published drafter ships it (offline checks ask)
+            if f.is_file() and f.name.startswith(("tokenizer", "chat_template", "special_tokens")):
+                shutil.copyfile(f, draft / f.name)
     est = estimate_weights_bytes(cfg)
     (out / "m3ctl-scale.json").write_text(
         json.dumps(

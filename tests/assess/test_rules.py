@@ -121,7 +121,12 @@ def test_spec_rules_dspark_and_draft_tp():
         ),
     )
     cfg = json.loads(p.argv[p.argv.index("--speculative-config") + 1])
-    assert cfg == {"method": "dspark", "num_speculative_tokens": 7, "model": "MiniMaxAI/MiniMax-M3.1-Flash-DSpark"}
+    assert cfg == {
+        "method": "dspark",
+        "num_speculative_tokens": 7,
+        "model": "MiniMaxAI/MiniMax-M3.1-Flash-DSpark",
+        "attention_backend": "FLASH_ATTN",  # the day-0 drafter_attention part's fallback (vLLM 0.32 has no PrimiTS)
+    }
     _rejects(
         "spec.draft_tp",
         synthetic("b200x8"),

@@ -13,6 +13,7 @@ import pytest
 from m3ctl.assess.facts import drafter_block_size
 from m3ctl.dev.scale_model import ScaleModelSpec, build_scale_model, dspark_drafter_config, scale_config
 from m3ctl.errors import BadInput
+from m3ctl.planning.offline import check_snapshot
 from tests.conftest import run_cli
 
 
@@ -43,6 +44,12 @@ def test_scale_model_drafter_is_written_where_the_planner_looks(tmp_path):
     conf = json.loads((out / "dspark" / "config.json").read_text())
     assert conf["architectures"] == ["Qwen3DSparkModel"]
     assert drafter_block_size(str(out / "dspark")) == 7  # what the planner reads
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(str(out / "dspark"))  # as vLLM's draft ModelConfig loads it
+    assert cfg.architectures == ["Qwen3DSparkModel"] and cfg.rope_parameters["rope_theta"] == 1_000_000.0
+    assert getattr(cfg, "n_predict", None) is None  # vLLM would otherwise check the depth's divisibility by it
+    check_snapshot(out / "dspark", "drafter", False)  # an offline launch (--load-format dummy) accepts it
 
 
 def test_the_cli_writes_the_drafter_and_refuses_it_for_minimax_m2(tmp_path):
