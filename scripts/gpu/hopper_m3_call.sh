@@ -64,7 +64,7 @@ if has drafter; then
     || { echo "scale-model --drafter failed"; cat "$R/scale-drafter.txt"; }
   cp /tmp/m3d/dspark/config.json "$R/dspark-config.json" 2>/dev/null
   $M plan --model /tmp/m3d --runtime process --json -- --load-format dummy > "$R/plan-drafter.json" 2> "$R/plan-drafter.err"
-  for stack in day0 recipe; do
+  for stack in ${STACKS:-day0 recipe}; do
     [ "$(left)" -gt 200 ] || break
     tag=m3$stack; echo "== $tag at $(( $(date +%s) - t0 )) s (left $(left) s)"
     timeout -s INT $(( $(left) - 20 )) $M serve --model /tmp/m3d --name "$tag" --port 8045 --runtime process --detach \
