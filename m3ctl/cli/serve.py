@@ -19,7 +19,6 @@ from m3ctl.errors import BadInput
 from m3ctl.serving.settings import ServeSettings
 from m3ctl.serving.smoke import planned_checks, smoke_target
 
-
 #: ``m3ctl serve``'s own options, derived from m3ctl.serving.settings.ServeSettings (declared once, there).
 SETTINGS, _ = o.declared_options(ServeSettings, {"smoke_choice": o.choice("quick", "full", "off")})
 
