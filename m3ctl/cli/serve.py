@@ -20,7 +20,7 @@ from m3ctl.serving.settings import ServeSettings
 from m3ctl.serving.smoke import planned_checks, smoke_target
 
 #: ``m3ctl serve``'s own options, derived from m3ctl.serving.settings.ServeSettings (declared once, there).
-SETTINGS, _ = o.declared_options(ServeSettings, {"smoke_choice": o.choice("quick", "full", "off")})
+SETTINGS, SETTING_FIELDS = o.declared_options(ServeSettings, {"smoke_choice": o.choice("quick", "full", "off")})
 
 
 @o.options(o.PLAN_KNOBS, into="knobs")
@@ -58,7 +58,7 @@ def serve(
     """
 
     out = Output(json_out)
-    s = ServeSettings.model_validate({k: v for k, v in (settings or {}).items() if v is not None})
+    s = ServeSettings.model_validate({SETTING_FIELDS[k]: v for k, v in (settings or {}).items() if v is not None})
     if s.no_smoke and (settings or {}).get("smoke") not in (None, "off"):
         raise BadInput(f"--no-smoke contradicts --smoke {s.smoke}", "give one of them (--no-smoke is --smoke off)")
     level = "off" if s.no_smoke else str(s.smoke)

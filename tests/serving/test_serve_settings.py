@@ -87,6 +87,11 @@ def test_a_bad_setting_is_one_line_naming_it_in_the_api_and_the_cli(model):
 
 
 def test_cli_dry_run_json_is_the_api_plan(model):
-    p = run_cli("serve", "--model", str(model), "--name", "s2", "--dry-run", "--json", "--no-smoke")
+    """Each setting the CLI takes reaches the API under its field's name (``--mount`` is ``mounts``)."""
+    argv = ["--name", "s2", "--runtime", "docker", "--image", "m3ctl/test:1", "--mount", "/a:/b"]
+    p = run_cli("serve", "--model", str(model), *argv, "--dry-run", "--json", "--no-smoke")
     assert p.returncode == 0, p.stderr
-    assert json.loads(p.stdout) == api.serve(model=str(model), name="s2", dry_run=True).model_dump(mode="json")
+    want = api.serve(
+        model=str(model), name="s2", runtime="docker", image="m3ctl/test:1", mounts=["/a:/b"], dry_run=True
+    )
+    assert json.loads(p.stdout) == want.model_dump(mode="json")
