@@ -18,7 +18,7 @@ from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from m3ctl.errors import BadInput, first_error
+from m3ctl.errors import BadInput, argument_error, first_error
 
 _SMOKE_HELP = (
     "Smoke test before 'ready': quick (a long prompt + a mixed concurrent batch), full (also chat, parsers, a known "
@@ -112,7 +112,6 @@ def serve_settings(
         err = first_error(e)
         name = str(err.loc[0]) if err.loc else ""
         value = values.get(name)
-        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        raise BadInput(
-            f"{who}({name}={shown}): {err.msg}", f"see help(m3ctl.api.serve) for the type and unit of {name}"
+        raise argument_error(
+            who, name, value, err.msg, f"see help(m3ctl.api.serve) for the type and unit of {name}"
         ) from None
