@@ -305,6 +305,13 @@ def first_error(e: ValidationError) -> FirstError:
     return FirstError(tuple(err["loc"]), err["msg"].removeprefix("Value error, "))
 
 
+def argument_error(who: str, name: str, value: Any, msg: str, hint: str) -> BadInput:
+    """A bad argument of an API call as one line: ``who(name=value): msg``, the value as given (its repr cut at
+    60 characters)."""
+    shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+    return BadInput(f"{who}({name}={shown}): {msg}", hint)
+
+
 class BenchServerDown(M3Error):
     """The server stopped accepting connections during the run, or ``m3ctl stop`` stopped it (exit 4, as a server
     that died at launch).

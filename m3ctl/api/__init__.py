@@ -31,9 +31,7 @@ if TYPE_CHECKING:  # the verbs with their signatures, for type checkers (resolve
         host_inventory,
         launch_command,
         plan,
-        plan_list,
         plan_request,
-        size_systems,
         system_names,
         user_defaults,
     )
@@ -50,15 +48,17 @@ if TYPE_CHECKING:  # the verbs with their signatures, for type checkers (resolve
         stop,
         watch,
     )
+    from m3ctl.api._sizing import plan_list, size_systems
     from m3ctl.api._tune import prepare_tune, tune, tune_refusal
     from m3ctl.assess.request import PlanRequest
     from m3ctl.checks.doctor import CheckResult, DoctorReport, Verdict
     from m3ctl.core.signals import interruption, signal_name, signal_policy, signum_of
     from m3ctl.hw.inventory import GpuInfo, HostInventory
     from m3ctl.loadgen.config import BenchConfig
-    from m3ctl.planning.estimate import Estimate, EstimateRequest
+    from m3ctl.planning.estimate import Estimate
     from m3ctl.planning.listing import PlanList
     from m3ctl.planning.plan import LaunchPlan
+    from m3ctl.planning.workload import EstimateRequest
     from m3ctl.results import BenchResult, BenchSweep, BenchValidity, TuneBest, TuneReport
     from m3ctl.runtime.base import StopReport
     from m3ctl.serving.serve import ServeResult
@@ -123,15 +123,15 @@ _HOME = {
     **dict.fromkeys(("abench", "bench", "bench_error"), "m3ctl.api._bench"),
     "doctor": "m3ctl.api._doctor",
     "estimate": "m3ctl.api._estimate",
-    **dict.fromkeys(("Estimate", "EstimateRequest"), "m3ctl.planning.estimate"),
+    "Estimate": "m3ctl.planning.estimate",
+    "EstimateRequest": "m3ctl.planning.workload",
+    **dict.fromkeys(("plan_list", "size_systems"), "m3ctl.api._sizing"),
     **dict.fromkeys(
         (
             "host_inventory",
             "launch_command",
             "plan",
-            "plan_list",
             "plan_request",
-            "size_systems",
             "system_names",
             "user_defaults",
             "resolve_if_offline",

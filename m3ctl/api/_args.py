@@ -19,7 +19,7 @@ import pydantic
 from pydantic import ConfigDict, ValidationError, validate_call
 
 from m3ctl import api
-from m3ctl.errors import BadInput
+from m3ctl.errors import BadInput, argument_error
 
 #: lax (``"8000"`` is a port, ``"abc"`` is not); types that are no pydantic model (a LaunchPlan) by isinstance.
 _CONFIG = ConfigDict(arbitrary_types_allowed=True)
@@ -124,9 +124,11 @@ def _checked(fn):
         err = e.errors()[0]
         name = _arg_name(sig, err["loc"][0])
         value = sig.bind(*args, **kwargs).arguments[name]
-        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        return BadInput(
-            f"m3ctl.{fn.__name__}({name}={shown}): {err['msg']}",
+        return argument_error(
+            f"m3ctl.{fn.__name__}",
+            name,
+            value,
+            err["msg"],
             f"see help(m3ctl.api.{fn.__name__}) for the type and unit of {name}",
         )
 

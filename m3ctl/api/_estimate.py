@@ -9,7 +9,8 @@ from m3ctl.api._args import _checked
 from m3ctl.api._plan import plan
 from m3ctl.assess.request import PlanRequest
 from m3ctl.hw.inventory import HostInventory
-from m3ctl.planning.estimate import Estimate, EstimateRequest, estimate_plan, estimate_request
+from m3ctl.planning.estimate import Estimate, estimate_plan
+from m3ctl.planning.workload import EstimateRequest, estimate_request
 
 __all__ = ["estimate"]
 

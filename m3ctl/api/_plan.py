@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -17,24 +16,18 @@ from m3ctl.hw.detect import detect
 from m3ctl.hw.inventory import HostInventory, load_inventory
 from m3ctl.hw.systems import inventory_for_system, load_systems
 from m3ctl.planning.emit import launch_command
-from m3ctl.planning.estimate import EstimateRequest, estimate_request
 from m3ctl.planning.launch import check_host
-from m3ctl.planning.listing import PlanList
-from m3ctl.planning.listing import plan_list as list_plans
 from m3ctl.planning.offline import resolve_if_offline
 from m3ctl.planning.plan import LaunchPlan
 from m3ctl.planning.plan import plan as make_plan
-from m3ctl.planning.sizing import size_systems as size
 
 #: The verbs m3ctl.api resolves here (launch_command renders a plan: m3ctl.planning.emit).
 __all__ = [
     "host_inventory",
     "launch_command",
     "plan",
-    "plan_list",
     "plan_request",
     "resolve_if_offline",
-    "size_systems",
     "system_names",
     "user_defaults",
 ]
@@ -200,58 +193,3 @@ def keyed_request(req: PlanRequest, api_key_env: str | None) -> tuple[PlanReques
     if key:
         req = req.model_copy(update={"pass_env": sorted({*req.pass_env, API_KEY_ENV})})
     return req, (given if key else {})
-
-
-@_checked
-def plan_list(
-    request: PlanRequest | dict | None = None,
-    *,
-    inventory: str | Path | HostInventory | None = None,
-    system: str | None = None,
-    config: str | Path | None = None,
-    default_runtime: Literal["auto", "process", "docker"] = "auto",
-    **knobs: Any,
-) -> PlanList:
-    """``plan --list``: every variant x image x layout of the model on the host (this one, ``inventory`` or a
-    catalog ``system``), each runnable, runnable through a named fallback, or refused with its rule, as the
-    planner judges it (:mod:`m3ctl.planning.listing`: a view of :func:`plan`'s decision, which it marks ``chosen``).
-    The request is layered as :func:`plan`'s; what it pins (``variant``, ``runtime``, ``image``, the layout)
-    stays pinned. Starts nothing, probes nothing for a ``system``.
-
-    Returns:
-        :class:`~m3ctl.planning.listing.PlanList`: ``plan`` (what ``plan`` answers for the request itself) and
-        ``entries`` (``model_dump()`` is the ``plan --list --json`` shape).
-
-    Raises:
-        BadInput: as :func:`plan` (an unknown field, variant or system, a bad config or inventory file).
-    """
-
-    req = plan_request(request, config=config, default_runtime=default_runtime, **knobs)
-    check_host(req.host)
-    return list_plans(host_inventory(inventory, system), req)
-
-
-@_checked
-def size_systems(
-    systems: Sequence[str] = ("all",),
-    request: PlanRequest | dict | None = None,
-    *,
-    config: str | Path | None = None,
-    workload: EstimateRequest | dict | None = None,
-    api_key_env: str | None = None,
-    **knobs: Any,
-) -> list:
-    """``plan --systems``: plan the request on catalog systems (``"all"`` = every one) and say which serve the
-    model, how, with how much KV cache: one :class:`~m3ctl.planning.sizing.SizingRow` per system. The request is layered
-    as :func:`plan_request`'s (the runtime: docker unless a layer sets process); ``api_key_env`` as :func:`plan`'s
-    (:func:`keyed_request`, the one path). ``workload`` (``plan --systems --estimate``): each serving row also carries
-    its estimate for it (:func:`m3ctl.api.estimate`'s).
-
-    Raises:
-        BadInput: as :func:`plan_request`, or a bad ``workload`` field; ``api_key_env`` not a variable name or unset;
-            UnknownSystem: a name that is not in the catalog.
-    """
-
-    req, _given = keyed_request(plan_request(request, config=config, **knobs), api_key_env)
-    wl = estimate_request(workload) if workload is not None else None
-    return size([n for s_ in systems for n in s_.split(",") if n.strip()], req, wl)

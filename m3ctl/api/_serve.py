@@ -19,6 +19,7 @@ from m3ctl.planning.plan import LaunchPlan
 from m3ctl.serving import deployments, workflow
 from m3ctl.serving.deployments import LogTail, Status
 from m3ctl.serving.fallback import Attempt, Fallback, Preview, check_mode, preview
+from m3ctl.serving.settings import ServeSettings, serve_settings
 from m3ctl.serving.signals import interrupt_exit_code
 from m3ctl.serving.smoke import smoke_level
 from m3ctl.serving.workflow import ServeWatch, serve_plan
@@ -100,15 +101,11 @@ def serve(
     inventory: str | Path | HostInventory | None = None,
     config: str | Path | None = None,
     offline: bool | None = None,
-    api_key_env: str | None = None,
-    smoke: str | bool = "full",
-    mounts: Sequence[str] = (),
+    settings: ServeSettings | dict | None = None,
     on_event: Callable[[Any], None] | None = None,
     on_pull: Callable[[str, str, int | None, int | None], None] | None = None,
     on_start: Callable[[LaunchPlan, str], None] | None = None,
-    dry_run: bool = False,
     watch: ServeWatch | None = None,
-    fallback: Literal["off", "auto"] = "off",
     on_attempt: Callable[[Attempt], None] | None = None,
     **knobs: Any,
 ) -> ServeResult | LaunchPlan:
@@ -121,6 +118,9 @@ def serve(
         request, knobs, config, offline: as :func:`plan` (``runtime`` defaults to ``auto``, as ``plan``; ``model`` to
             MiniMax-M3.1-Flash; ``startup_budget_s`` is the readiness budget in seconds, default from the model
             size).
+        settings: a :class:`~m3ctl.serving.settings.ServeSettings` (or a dict of its fields); a keyword named as
+            one of its API fields (``dry_run``, ``mounts``, ``api_key_env``, ``smoke``, ``fallback``, below) is laid
+            over it, each checked against its field. Every other keyword is a plan-request knob.
         api_key_env: require an API key: the name of the environment variable holding it (handed to vLLM as
             ``VLLM_API_KEY`` in its environment, never on its command line).
         smoke: the smoke test before "ready" (m3ctl/serving/smoke.py; findings in ``result.smoke``, its seconds in
@@ -154,16 +154,17 @@ def serve(
             log) or failed it (a fatal smoke finding: not ready); it has been stopped, its record kept as ``failed``. With ``watch``: the server failed while watched (it has been stopped).
         KeyboardInterrupt: interrupted (Ctrl-C, or SIGTERM/SIGHUP with ``watch``); the server has been stopped.
     """
-    smoke = smoke_level(smoke)
-    mode = check_mode(fallback)
-    req, (p, secrets, prof, inv) = _prepared(request, inventory, config, offline, api_key_env, mounts, knobs)
-    if dry_run:
+    s, knobs = serve_settings(settings, knobs)
+    smoke = smoke_level(s.smoke)
+    mode = check_mode(s.fallback)
+    req, (p, secrets, prof, inv) = _prepared(request, inventory, config, offline, s.api_key_env, s.mounts, knobs)
+    if s.dry_run:
         return p
-    fb = Fallback(mode, req, _replanner(inv, api_key_env, offline), on_attempt)
+    fb = Fallback(mode, req, _replanner(inv, s.api_key_env, offline), on_attempt)
     return workflow.start(
         p,
         secrets,
-        mounts=mounts,
+        mounts=s.mounts,
         on_pull=on_pull,
         inventory=inv,
         profile=prof,

@@ -473,7 +473,8 @@ def model_options(model, spec: dict[str, dict[str, Any]]) -> tuple[dict[str, tup
     """Typer options derived from the pydantic ``model``'s fields (the schema is declared once, there): for each
     field of ``spec`` its help (the field's description), type (``X | None`` -> Optional[X]; a ``Literal`` ->
     a choice parser with a "did you mean") and default. ``spec[field]`` adds or overrides what the model cannot
-    say: ``name`` (the CLI name, e.g. ``time_budget`` for ``time_budget_s``), ``decls`` (``"--knob"``,
+    say: ``name`` (the CLI name, e.g. ``time_budget`` for ``time_budget_s``), ``cli_default`` (the option's
+    default where it is not the model's, e.g. None when the command decides from other options), ``decls`` (``"--knob"``,
     ``"--baseline/--no-baseline"``), ``type`` (e.g. ``str`` for a comma list), ``show`` (model default -> CLI
     default), ``unset`` (default None, so that only a given value counts, e.g. for ``--resume``; the model's
     default is named in the help), ``help`` (for a model whose fields carry no description), and any
@@ -510,13 +511,14 @@ def model_options(model, spec: dict[str, dict[str, Any]]) -> tuple[dict[str, tup
                     extra.setdefault("min", m.ge)
                 if getattr(m, "le", None) is not None:
                     extra.setdefault("max", m.le)
-        if optional or unset or default in ([], {}):
+        if optional or unset or default in ([], {}) or extra.get("cli_default", ...) is None:
             typ = Optional[typ]  # noqa: UP045 - built at runtime from a field type, for typer
         help_ = extra.pop("help", None) or f.description or ""
         if unset:
             shown = {True: "on", False: "off"}.get(default, default) if isinstance(default, bool) else default
             help_ += f" (default: {shown})"
         value = None if unset or default in ([], {}) else (show(default) if show else default)
+        value = extra.pop("cli_default", value)  # the CLI's own default (None: only a given value counts)
         group[name] = (Annotated[typ, typer.Option(*decls, help=help_, **extra)], value)
         names[name] = field
     return group, names
@@ -534,9 +536,9 @@ def declared_options(
     *,
     order: tuple[str, ...] = (),
 ) -> tuple[dict[str, tuple[Any, Any]], dict[str, str]]:
-    """:func:`model_options` of the fields of the pydantic settings ``model`` (BenchConfig, TuneOptions) that declare
+    """:func:`model_options` of the fields of the pydantic settings ``model`` (BenchConfig, TuneOptions, ServeSettings) that declare
     their option themselves (``json_schema_extra={"cli": {...}}``: ``name``, ``decls``, ``min``, ``max``,
-    ``metavar``, ``unset``; ``parser`` by name, from ``parsers`` or a parser of this module; ``type`` ``"str"`` or
+    ``metavar``, ``unset``, ``cli_default``; ``parser`` by name, from ``parsers`` or a parser of this module; ``type`` ``"str"`` or
     ``"path"``; ``show`` ``"comma"``: a list default shown comma-separated). Fields without ``cli`` are not options.
     ``extra[field]``: typer.Option keywords a data declaration cannot hold (parsers built at run time,
     autocompletion). Listed in ``order``, then in the model's field order (a new field lands last)."""

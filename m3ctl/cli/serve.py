@@ -16,10 +16,15 @@ from m3ctl.cli.output import Output, console, escape, print_hang, shell_lines
 from m3ctl.cli.render import print_kernels, print_plan, print_smoke
 from m3ctl.cli.watch import probe_printer
 from m3ctl.errors import BadInput
+from m3ctl.serving.settings import ServeSettings
 from m3ctl.serving.smoke import planned_checks, smoke_target
+
+#: ``m3ctl serve``'s own options, derived from m3ctl.serving.settings.ServeSettings (declared once, there).
+SETTINGS, SETTING_FIELDS = o.declared_options(ServeSettings, {"smoke_choice": o.choice("quick", "full", "off")})
 
 
 @o.options(o.PLAN_KNOBS, into="knobs")
+@o.options(SETTINGS, into="settings")
 def serve(
     ctx: typer.Context,
     model: o.ServeModel = None,
@@ -34,6 +39,7 @@ def serve(
     inventory: o.Inventory = None,
     config: o.Config = None,
     knobs: dict | None = None,
+    settings: dict | None = None,
     json_out: o.Json = False,
     startup_timeout: Annotated[
         float | None,
@@ -41,57 +47,10 @@ def serve(
             parser=o.positive_float, metavar="SECONDS", help="Readiness budget in seconds (default: from model size)."
         ),
     ] = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and exit; start nothing.")] = False,
-    detach: Annotated[
-        bool, typer.Option("--detach", "-d", help="Return once the server is ready; leave it running.")
-    ] = False,
     image: Annotated[
         str | None,
         typer.Option(parser=o.image_ref, help="Container image for --runtime docker (default: the profile's)."),
     ] = None,
-    mount: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--mount",
-            parser=o.mount_spec,
-            help="Extra docker bind mount HOST:CONTAINER[:ro|rw] (repeatable; read-only by default).",
-        ),
-    ] = None,
-    restart: Annotated[
-        str,
-        typer.Option(
-            parser=o.choice("no", "on-failure"),
-            help="Foreground watchdog: no or on-failure (restart a dead/stalled server).",
-        ),
-    ] = "no",
-    watch_interval: Annotated[
-        float, typer.Option(min=0, help="Foreground watchdog: seconds between liveness probes.")
-    ] = 10.0,
-    api_key_env: Annotated[
-        str | None,
-        typer.Option(
-            help="Require this API key: the name of the environment variable holding it (handed to vLLM as VLLM_API_KEY, never on its command line)."
-        ),
-    ] = None,
-    smoke: Annotated[
-        str | None,
-        typer.Option(
-            "--smoke",
-            parser=o.choice("quick", "full", "off"),
-            metavar="quick|full|off",
-            help="Smoke test before 'ready': quick (a long prompt + a mixed concurrent batch), full (also chat, parsers, a known answer, output checks; default) or off.",
-        ),
-    ] = None,
-    no_smoke: Annotated[bool, typer.Option("--no-smoke", help="Same as --smoke off.")] = False,
-    fallback: Annotated[
-        str,
-        typer.Option(
-            "--fallback",
-            parser=o.choice("off", "auto"),
-            metavar="off|auto",
-            help="auto: a launch that dies before ready is relaunched with its failing component's safe remedy (without speculation, eager mode, another MoE/attention backend...), re-planned and printed; each attempt is reported. A kill, a bad flag, a missing weight file is not relaunched. Default off.",
-        ),
-    ] = "off",
 ) -> None:
     """Plan, launch and wait until the server really serves (then watch it, or return with --detach).
 
@@ -99,21 +58,22 @@ def serve(
     """
 
     out = Output(json_out)
-    if no_smoke and smoke not in (None, "off"):
-        raise BadInput(f"--no-smoke contradicts --smoke {smoke}", "give one of them (--no-smoke is --smoke off)")
-    level = "off" if no_smoke else (smoke or "full")
+    s = ServeSettings.model_validate({SETTING_FIELDS[k]: v for k, v in (settings or {}).items() if v is not None})
+    if s.no_smoke and (settings or {}).get("smoke") not in (None, "off"):
+        raise BadInput(f"--no-smoke contradicts --smoke {s.smoke}", "give one of them (--no-smoke is --smoke off)")
+    level = "off" if s.no_smoke else str(s.smoke)
     req = given_request(ctx)  # the options given; the API layers them (--config, M3CTL_*, the config file)
     if "model" not in api.plan_request(req, config=config).model_fields_set:
         raise MissingParameter(ctx=ctx, param_hint="'--model' (or M3CTL_MODEL)", param_type="option")
     given: dict[str, Any] = dict(
-        inventory=inventory, config=config, offline=(knobs or {}).get("offline"), api_key_env=api_key_env
+        inventory=inventory, config=config, offline=(knobs or {}).get("offline"), api_key_env=s.api_key_env
     )
-    if dry_run:
-        show_dry_run(out, api.serve(req, dry_run=True, mounts=mount or [], **given), level)
-        if fallback == "auto" and not out.json:
-            print_fallbacks(out, api.serve_fallbacks(req, mounts=mount or [], **given))
+    if s.dry_run:
+        show_dry_run(out, api.serve(req, dry_run=True, mounts=s.mounts, **given), level)
+        if s.fallback == "auto" and not out.json:
+            print_fallbacks(out, api.serve_fallbacks(req, mounts=s.mounts, **given))
         return
-    launch(_Run(out, detach, watch_interval, restart), req, level, mount or [], {**given, "fallback": fallback})
+    launch(_Run(out, s.detach, s.watch_interval, s.restart), req, level, s.mounts, {**given, "fallback": s.fallback})
 
 
 def launch(run: "_Run", req, level: str, mounts: list[str], given: dict[str, Any]) -> None:

@@ -18,10 +18,11 @@ from m3ctl.assess.request import PlanRequest
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.hw.systems import inventory_for_system, resolve_system, system_names
-from m3ctl.planning.estimate import Estimate, EstimateRequest, estimate_plan
+from m3ctl.planning.estimate import Estimate, estimate_plan
 from m3ctl.planning.launchplan import LaunchPlan
 from m3ctl.planning.outcome import PlanOutcome
 from m3ctl.planning.plan import plan_outcome
+from m3ctl.planning.workload import EstimateRequest
 
 
 class SizingRow(BaseModel):

@@ -228,6 +228,7 @@ ALLOWED = {
     "m3ctl.catalog.limits": "MAX_REQUEST_TOKENS: the bound of token counts, checked at parse time",
     "m3ctl.loadgen.config": "BenchConfig: the bench options are derived from it",
     "m3ctl.tuning.options": "TuneOptions: the tune options are derived from it",
+    "m3ctl.serving.settings": "ServeSettings: the serve options are derived from it",
     "m3ctl.assess.request": "PlanRequest: the plan options build it; ENV_FIELDS for the unknown-variable warning",
     "m3ctl.catalog.vllm_args": "vllm_int (8k, 8K) and the choices of vLLM flags, read at parse time as vLLM reads them",
     "m3ctl.catalog": "parse-time variant names",
