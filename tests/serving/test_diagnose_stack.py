@@ -346,6 +346,7 @@ CASES = {
     ),
 }
 CLEAN = [
+    "hopper-m3-default/h100/log-m3default-excerpt.txt",
     "field-2/N03-start.log",
     "h200x2-real/log-m2.txt",
     "h200x2-real/call2/log-dcp.txt",

@@ -7,9 +7,12 @@ the MSA path asked for explicitly died in its first long prompt and was named fr
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 from pathlib import Path
 
+from m3ctl.planning.day0 import Day0Report
+from m3ctl.serving.day0check import verify_attention, verify_day0
 from m3ctl.serving.diagnose import diagnose_text
 
 RUN = Path(__file__).parent.parent / "fixtures" / "hopper-m3-default" / "h100"
@@ -40,3 +43,56 @@ def test_the_msa_path_asked_for_dies_at_its_first_long_prompt_and_is_named():
     with gzip.open(RUN / "log-m3msa.txt.gz", "rt") as f:
         d = diagnose_text(f.read())
     assert d is not None and d.component_id == "msa-sparse-attention"
+
+
+DRAFTER = Path(__file__).parent.parent / "fixtures" / "hopper-m3-default" / "h100-drafter"
+
+
+def _args(argv: list[str]) -> dict:
+    out: dict = {}
+    for flag, value in itertools.pairwise(argv):
+        if flag.startswith("--") and not value.startswith("--"):
+            try:
+                out[flag[2:]] = json.loads(value)
+            except ValueError:
+                out[flag[2:]] = value
+    return out
+
+
+def test_the_day0_drafter_started_on_hopper_through_the_default_plan_and_the_log_confirms_it():
+    """The scale model with its DSpark drafter (`dev scale-model --drafter`), served with no speculation option on an
+    H100: the default plan ran the drafter at its block size with the drafter-attention fallback and dense attention;
+    the engine initialised (drafter loaded, its CUDA graphs captured) and m3ctl's day-0 check reads each part from
+    the engine's own log. The call's time ended 1 s after the engine's init, before the API server was ready."""
+    plan = json.loads((DRAFTER / "plan-drafter.json").read_text())
+    args = _args(plan["argv"])
+    assert args["speculative-config"] == {
+        "method": "dspark",
+        "num_speculative_tokens": 7,
+        "model": "/tmp/m3d/dspark",
+        "attention_backend": "FLASH_ATTN",
+    }
+    assert json.loads((DRAFTER / "dspark-config.json").read_text())["dspark_block_size"] == 7
+    report = Day0Report.model_validate(plan["day0"])
+    states = {p.part: p.state for p in report.parts}
+    assert states["dspark_drafter"] == "native" and states["nvfp4_kv_attention"] == "off"  # no NVFP4 KV on Hopper
+    with gzip.open(DRAFTER / "log-m3day0.txt.gz", "rt") as f:
+        log = f.read()
+    assert "kv_cache_dtype=auto" in log and "init engine (profile, create kv cache, warmup model) took" in log
+    found = {f.id: f.severity for f in verify_day0(log, report, args)}
+    assert found == {"kernels.day0.dspark_drafter": "ok", "kernels.day0.drafter_attention": "ok"}
+    (attention,) = verify_attention(log, "hopper", dense=True)
+    assert attention.severity == "ok" and "dense attention ran" in attention.message
+    assert "interrupted: m3day0 stopped before it was ready" in (DRAFTER / "serve-m3day0.txt").read_text()
+
+
+def test_the_first_drafter_try_was_refused_offline_for_a_tokenizer_the_engine_never_reads():
+    """The H100 call before: serve's offline pre-flight refused the drafter's directory for its missing tokenizer
+    (now not asked: tests/serving/test_offline.py); the recipe stack of the same model served and benched."""
+    recipe = DRAFTER.parent / "h100-recipe"
+    refused = (recipe / "serve-m3day0-refused-offline.txt").read_text()
+    assert "tokenizer /tmp/m3d/dspark/tokenizer.json of /tmp/m3d/dspark is missing" in refused
+    assert "ready m3recipe" in (recipe / "serve-m3recipe.txt").read_text()
+    run = json.loads((recipe / "bench-m3recipe.json").read_text())
+    run = run["runs"][0] if "runs" in run else run
+    assert run["completed"] == 48 and run["validity"]["verdict"] == "yes"
