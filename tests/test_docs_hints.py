@@ -4,6 +4,7 @@ m3ctl is on no package index)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -26,7 +27,11 @@ def test_api_doc_says_where_the_result_models_live_and_its_example_runs(tmp_path
         assert hasattr(getattr(m3ctl.results, cls), "read"), cls
     # the doc's example, on a real result file where it reads one
     (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, re.DOTALL) if "BenchResult.read" in b]
-    src = next(p for p in sorted((ROOT / "tests" / "fixtures").rglob("bench*.json")) if "sweep" not in p.name)
+    src = next(
+        p
+        for p in sorted((ROOT / "tests" / "fixtures").rglob("bench*.json"))
+        if "sweep" not in p.name and "runs" not in json.loads(p.read_text())  # one run, not a sweep's file
+    )
     monkeypatch.chdir(tmp_path)
     (tmp_path / ".m3ctl-demo").mkdir()
     (tmp_path / ".m3ctl-demo" / "bench.json").write_text(src.read_text())
