@@ -29,7 +29,7 @@ from m3ctl.planning.draft import PlanDraft
 #: A local checkpoint's DSpark drafter: this directory inside the model directory (with its config.json).
 DRAFTER_DIR = "dspark"
 
-#: The drafter method of the day-0 stack (m3ctl/data/day0.yaml ``dspark_drafter.turn_on.speculative``).
+#: The day-0 parts of the NVFP4 KV cache: the attention path's and the MSA indexer's (m3ctl/data/day0.yaml).
 _KV_PARTS = ("nvfp4_kv_attention", "nvfp4_kv_indexer")
 
 
