@@ -15,6 +15,27 @@ from m3ctl.catalog.vllm_args import vllm_int
 from m3ctl.hw.inventory import HostInventory
 
 
+def config_value(args: dict[str, Any], group: str, key: str) -> Any:
+    """A key of a JSON config flag as vLLM will read it, in any spelling: ``--group '{"key": v}'`` (JSON text or
+    dict), dotted ``--group.key v`` with ``-`` or ``_`` in the group name; the last one wins as in vLLM (dotted keys
+    are applied onto the JSON). None when unset."""
+    val = None
+    spellings = tuple(dict.fromkeys((group, group.replace("-", "_"), group.replace("_", "-"))))
+    for g in spellings:
+        whole = args.get(g)
+        if isinstance(whole, str) and whole.lstrip().startswith("{"):
+            try:
+                whole = json.loads(whole)
+            except ValueError:
+                whole = None
+        if isinstance(whole, dict) and key in whole:
+            val = whole[key]
+    for g in spellings:
+        if f"{g}.{key}" in args:
+            val = args[f"{g}.{key}"]
+    return val
+
+
 @dataclass
 class PlanContext:
     """Everything a rule may look at. Parallel sizes are ints >= 1; lengths in tokens."""
@@ -60,23 +81,8 @@ class PlanContext:
     """Why the planner could not plan a fatal known issue's fallback by default (None: it could, or none applies)."""
 
     def config_value(self, group: str, key: str) -> Any:
-        """A key of a JSON config flag as vLLM will read it, in any spelling: ``--group '{"key": v}'`` (JSON
-        text or dict), dotted ``--group.key v`` with ``-`` or ``_`` in the group name; the last one wins as in
-        vLLM (dotted keys are applied onto the JSON). None when unset."""
-        val = None
-        for g in (group, group.replace("-", "_")):
-            whole = self.args.get(g)
-            if isinstance(whole, str) and whole.lstrip().startswith("{"):
-                try:
-                    whole = json.loads(whole)
-                except ValueError:
-                    whole = None
-            if isinstance(whole, dict) and key in whole:
-                val = whole[key]
-        for g in (group, group.replace("-", "_")):
-            if f"{g}.{key}" in self.args:
-                val = self.args[f"{g}.{key}"]
-        return val
+        """A key of a JSON config flag as vLLM will read it (:func:`config_value` on this plan's arguments)."""
+        return config_value(self.args, group, key)
 
     def speculation(self) -> tuple[str | None, int]:
         """(method, depth) of speculative decoding however it is given: ``--spec-depth``/``--spec-method``

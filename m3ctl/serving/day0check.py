@@ -19,10 +19,10 @@ When the log's lines disagree, the worst path they show counts (its line is quot
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any, Literal
 
+from m3ctl.assess.context import config_value
 from m3ctl.core.verdict import Finding, Severity
 from m3ctl.planning import day0
 from m3ctl.planning.day0 import Day0Report
@@ -46,19 +46,7 @@ def _arg(args: dict[str, Any], key: str) -> Any:
     if "." not in key:
         return args.get(key, args.get(key.replace("_", "-")))
     group, sub = key.split(".", 1)
-    val = None
-    for g in dict.fromkeys((group, group.replace("_", "-"), group.replace("-", "_"))):
-        whole = args.get(g)
-        if isinstance(whole, str) and whole.lstrip().startswith("{"):
-            try:
-                whole = json.loads(whole)
-            except ValueError:
-                whole = None
-        if isinstance(whole, dict) and sub in whole:
-            val = whole[sub]
-        if f"{g}.{sub}" in args:
-            val = args[f"{g}.{sub}"]
-    return val
+    return config_value(args, group, sub)
 
 
 def expected(report: Day0Report | None, args: dict[str, Any] | None) -> dict[str, Expected]:
