@@ -9,6 +9,8 @@
 #   drafter  the scale model with its DSpark drafter (`dev scale-model --drafter`) through the default plan (the day-0
 #            stack: the drafter at its block size, dense attention on Hopper); a short bench with the server's
 #            spec-decode counters; then `--stack recipe` (no drafter) on the same bench, for what the drafter buys.
+#            With FIT_ON_RECIPE=1 the recipe server (the same target model as `default`, no drafter) then runs the
+#            `grid` sweeps, so one server start gives both.
 # Carry .bundle WITH fi.tar.xz (vLLM's MiniMax-M3 code needs FlashInfer's norm) and .whl (site.tar.xz). m3ctl runs
 # from the working tree. Outputs: $OUT/call.log, $OUT/setup.log and $OUT/res.tgz (plan/doctor JSON, serve-*.txt,
 # bench JSON, engine logs; only 8 files come back from a call).
@@ -43,7 +45,7 @@ alive() { $M status --json 2>/dev/null | python3 -c "import json,sys;sys.exit(0 
 bench() {  # TAG [bench options...]
   local tag=$1; shift
   echo "== bench $tag at $(( $(date +%s) - t0 )) s (left $(left) s)"
-  timeout $(( $(left) - 30 )) $M bench --deployment m3default --prompt-text fresh --num-gpus 1 --no-progress \
+  timeout $(( $(left) - 30 )) $M bench --deployment "${DEP:-m3default}" --prompt-text fresh --num-gpus 1 --no-progress \
     --output-json "$R/bench-$tag.json" "$@" > "$R/bench-$tag.txt" 2>&1
   echo "bench $tag rc=$?"; tail -25 "$R/bench-$tag.txt"
 }
@@ -78,6 +80,10 @@ if has drafter; then
       echo "bench $tag rc=$?"; grep -E "TPOT|tok/s|valid|accept" "$R/bench-$tag.txt" | head -12
       python3 -c "import urllib.request as u;print(u.urlopen('http://127.0.0.1:8045/metrics').read().decode())" | grep -E "^vllm:spec_decode" > "$R/metrics-after-$tag.txt"
       head -5 "$R/metrics-after-$tag.txt"
+      if [ "$stack" = recipe ] && [ "${FIT_ON_RECIPE:-0}" = 1 ]; then
+        DEP=$tag bench decode --input-len 1024 --output-len 256 --ignore-eos --concurrency 1,4,16,64 --seed 21 --power
+        DEP=$tag bench prefill --input-len 512,2048,4096,8192 --output-len 1 --concurrency 1 --num-prompts 12 --seed 31
+      fi
     fi
     $M stop "$tag" > /dev/null 2>&1; cp "/tmp/m3state/logs/$tag.log" "$R/log-$tag.txt" 2>/dev/null
   done
