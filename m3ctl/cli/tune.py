@@ -18,6 +18,7 @@ from m3ctl.cli.tune_render import print_dry_run, print_result
 from m3ctl.core.files import WriteFailed
 from m3ctl.errors import BadInput
 from m3ctl.loadgen import WORKLOADS
+from m3ctl.loadgen.config import parse_precision
 from m3ctl.loadgen.slo import OBJECTIVES, parse_slo
 from m3ctl.tuning.options import TuneOptions
 from m3ctl.tuning.space import Space
@@ -44,6 +45,15 @@ def ladder_values(text: str) -> list[int]:
     return sorted({int(x) for x in text.split(",") if x.strip()})
 
 
+def precision_value(text: str) -> float:
+    """``--precision``: a relative half-width, ``2%`` or ``0.02`` (m3ctl.loadgen.config.parse_precision, as bench
+    reads it); its range is checked with the field's bound."""
+    try:
+        return float(parse_precision(text))
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
+
+
 def parallel_trials_value(text: str) -> int | str:
     """``--parallel-trials``: ``auto`` or a whole number >= 1."""
     t = text.strip().lower()
@@ -58,7 +68,13 @@ def parallel_trials_value(text: str) -> int | str:
 #: and CLI spelling there; here only the parse-time parsers its declarations name, and the workload completion.
 TUNE_OPTIONS, TUNE_FIELDS = o.declared_options(
     TuneOptions,
-    {"slo": slo_text, "positive_float": o.positive_float, "int_list": o.int_list, "workload": o.choice(*WORKLOADS)},
+    {
+        "slo": slo_text,
+        "positive_float": o.positive_float,
+        "int_list": o.int_list,
+        "workload": o.choice(*WORKLOADS),
+        "precision": precision_value,
+    },
     {"workload": dict(autocompletion=lambda incomplete: [w for w in WORKLOADS if w.startswith(incomplete)])},
 )
 

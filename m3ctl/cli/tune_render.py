@@ -1,6 +1,7 @@
 """Human renderings of ``m3ctl tune``: the dry-run report and the study's result (``--json`` prints them whole)."""
 
 from m3ctl.cli.output import escape
+from m3ctl.loadgen.config import PRECISION_MAX_DURATION_S
 from m3ctl.loadgen.slo import parse_slo
 from m3ctl.tuning.space import describe
 
@@ -29,7 +30,13 @@ def print_dry_run(con, r: dict, limit: int = 40) -> None:
     )
     con.print(
         f"  each measurement: bench {b.get('workload')} {b.get('input_len')} in / {b.get('output_len')} out, "
-        "requests per concurrency "
+        + (
+            f"until the 95 % interval of {r['precision_metric']} is within +-{100 * b['precision']:g} % or "
+            f"{b.get('max_duration_s') or PRECISION_MAX_DURATION_S:g} s, ramp-up and drain left out; at most "
+            if b.get("precision")
+            else ""
+        )
+        + "requests per concurrency "
         + ", ".join(f"c={c}: {n}" for c, n in r["prompts_per_run"].items())
         + (
             "; fresh prompts every run, after a warm-up of as many requests as the concurrency (a repeat at a"

@@ -16,6 +16,8 @@ from typing import Any, Protocol
 from m3ctl.core.files import write_atomic
 from m3ctl.errors import ConfigRejected, LaunchFailed
 from m3ctl.loadgen.capacity import CapacityRule, Verdict, capacity_of, decide, run_spread
+from m3ctl.loadgen.config import BenchConfig, run_length
+from m3ctl.loadgen.inputs import prompt_tokens_per_request
 from m3ctl.loadgen.slo import SLO, metric, objective_value
 from m3ctl.tuning.options import TuneSpec
 
@@ -172,8 +174,29 @@ class TuneResult:
     recipe: Outcome | None = None  # fresh servers the confirmation rung started (not counted in ``launches``)
 
 
+def objective_figure(objective: str) -> str:
+    """The bench result figure an objective is computed from (per GPU or per USD): ``output_throughput`` for
+    ``output_tput_per_gpu``, else ``total_token_throughput``; its interval is the objective's, and a --precision
+    study measures each run until that figure's interval is narrow enough."""
+    return "output_throughput" if objective == "output_tput_per_gpu" else "total_token_throughput"
+
+
 def num_prompts(spec: TuneSpec, concurrency: int, fidelity: float) -> int:
     return max(spec.min_prompts, round(spec.prompts_per_concurrency * concurrency * fidelity))
+
+
+def run_size(spec: TuneSpec, bench: dict[str, Any], concurrency: int, fidelity: float) -> dict[str, Any]:
+    """How long one tune run is, as :class:`BenchConfig` fields: ``num_prompts`` (:func:`num_prompts`) or, for a
+    study with a ``precision`` (saved in its bench options), the bench's own run-length cap for this level
+    (m3ctl.loadgen.config.run_length) and ``precision_metric``, the objective's figure (:func:`objective_figure`):
+    the run stops sooner, once that figure is known to the precision. The count is explicit because a trial's
+    bench may run in a child process, where a serialized config counts every field as given."""
+    if not bench.get("precision"):
+        return {"num_prompts": num_prompts(spec, concurrency, fidelity)}
+    size = {"precision_metric": objective_figure(spec.objective)}
+    known = {k: v for k, v in bench.items() if k in BenchConfig.model_fields and v is not None}
+    cfg = BenchConfig(url="http://127.0.0.1:8000", model="tune", concurrency=concurrency, **known, **size)
+    return {**size, "num_prompts": run_length(cfg, prompt_tokens_per_request(cfg)).num_prompts}
 
 
 def _point(spec: TuneSpec, slo: SLO, res: dict, c: int, fid: float, n_gpus: int) -> Point:
@@ -184,8 +207,7 @@ def _point(spec: TuneSpec, slo: SLO, res: dict, c: int, fid: float, n_gpus: int)
     server = res.get("server_metrics") or {}
     kept.update({k: server[k] for k in SPEC_DECODE_KEYS if isinstance(server.get(k), int | float)})
     warns = [*validity.get("warnings", []), *(f"SLO term {t} not measured: {why}" for t, why in slo.unmeasured(res))]
-    src = "output_throughput" if spec.objective == "output_tput_per_gpu" else "total_token_throughput"
-    fig = ((res.get("uncertainty") or {}).get("figures") or {}).get(src) or {}
+    fig = ((res.get("uncertainty") or {}).get("figures") or {}).get(objective_figure(spec.objective)) or {}
     ci = fig.get("rel_half_width") if valid else None
     return Point(
         concurrency=c,

@@ -23,13 +23,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, make_dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from m3ctl.errors import BadInput, plain_text
 from m3ctl.loadgen import MAX_REQUEST_TOKENS
-from m3ctl.loadgen.config import MAX_PROMPTS
+from m3ctl.loadgen.config import MAX_PROMPTS, PRECISION_MAX_DURATION_S, parse_precision
 
 #: Version of the :class:`TuneOptions` schema.
 SCHEMA_VERSION: Final = 1
@@ -222,6 +222,22 @@ class TuneOptions(BaseModel):
         "Warm up before every measured run at its concurrency (as many fresh requests as the concurrency).",
         cli={"decls": "--warmup/--no-warmup"},
         saved="bench",
+    )
+    precision: Annotated[float | None, BeforeValidator(parse_precision)] = _opt(
+        None,
+        "Measure each run until the 95 % interval of the objective's throughput is within this half-width (2% or 0.02), ramp-up and drain left out, or --max-duration ends; instead of a fixed --prompts-per-concurrency (default: fixed).",
+        cli={"parser": "precision", "metavar": "PCT"},
+        saved="bench",
+        omit_default=True,
+        bound=_bound(0, 0.5, above=True, what="a relative half-width above 0 and at most 50% (e.g. 2%)", fmt="g"),
+    )
+    max_duration_s: float | None = _opt(
+        None,
+        f"Time budget of each --precision run (s, default {PRECISION_MAX_DURATION_S:g}): it stops issuing requests then and its figure says the precision was not met.",
+        cli={"name": "max_duration", "decls": "--max-duration", "parser": "positive_float", "metavar": "SECONDS"},
+        saved="bench",
+        omit_default=True,
+        bound=_bound(0, above=True, finite=True, what="> 0 seconds", fmt="g"),
     )
     profile: str | Path | None = _opt(
         None,

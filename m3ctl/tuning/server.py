@@ -31,7 +31,7 @@ from m3ctl.runtime.process import keep_prewarmed
 from m3ctl.serving import serve as serving
 from m3ctl.serving.diagnose import diagnose_log
 from m3ctl.tuning import startup
-from m3ctl.tuning.measure import TrialServerStopped, num_prompts, write_json
+from m3ctl.tuning.measure import TrialServerStopped, run_size, write_json
 from m3ctl.tuning.plans import TRIAL_SMOKE, TrialPlans
 
 #: Repeats of a bench run spoiled by in-service kernel JIT compilation (each repeat hits compiled kernels).
@@ -102,7 +102,7 @@ class ServerSession:
             model=self.dep.served_model_name,
             concurrency=concurrency,
             api_key=self.secrets.get("VLLM_API_KEY"),
-            num_prompts=num_prompts(self.ev.spec, concurrency, fidelity),
+            **run_size(self.ev.spec, self.ev.bench, concurrency, fidelity),
             num_gpus=self.ev.n_gpus_plan(self.plan),
             num_gpus_source="plan (tp x dp)",
             label=f"tune trial {self.dir.name} c={concurrency}",
