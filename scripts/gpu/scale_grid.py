@@ -109,8 +109,14 @@ class CliSession:
             self.name,
             "--concurrency",
             str(c),
-            "--num-prompts",
-            str(n),
+            # a --precision grid: each run until the objective's interval is within it (the bench's cap), as a
+            # --precision tune measures; otherwise the tune's fixed count
+            *(
+                ["--precision", str(self.a.precision), "--precision-metric", "total_token_throughput"]
+                + (["--max-duration", str(self.a.max_duration)] if self.a.max_duration else [])
+                if self.a.precision
+                else ["--num-prompts", str(n)]
+            ),
             "--input-len",
             str(self.a.input_len),
             "--output-len",
@@ -161,6 +167,8 @@ def main() -> int:
     ap.add_argument("--min-config-s", type=float, default=200, help="start no configuration with less left")
     ap.add_argument("--extra", default="--load-format+dummy", help="vLLM args after --, joined by '+'")
     ap.add_argument("--prompt-text", choices=["fresh", "common"], default="fresh", help="bench --prompt-text")
+    ap.add_argument("--precision", help="bench --precision (e.g. 3%%): each run until the objective is known that well")
+    ap.add_argument("--max-duration", type=float, help="bench --max-duration of a --precision run (s)")
     ap.add_argument("--tokenizer", help="model dir whose tokenizer.json builds the prompts (as the tune's study does)")
     a = ap.parse_args()
     a.deadline = time.time() + a.seconds
@@ -247,6 +255,7 @@ def main() -> int:
                     {
                         "p90_tpot_ms": r["metrics"].get("p90_tpot_ms"),
                         "objective": r["objective"],
+                        "objective_ci": r.get("objective_ci"),
                         "valid": r["valid"],
                         "slo_ok": r["slo_ok"],
                         "reasons": r["reasons"],
@@ -255,6 +264,7 @@ def main() -> int:
                 ],
                 "median_p90_tpot_ms": pt.metrics.get("p90_tpot_ms"),
                 "median_objective": pt.objective,
+                "objective_ci": pt.objective_ci,
                 "slo_ok": pt.slo_ok,
                 "valid": pt.valid,
                 "state": (pt.verdict or {}).get("state"),
