@@ -96,3 +96,45 @@ def test_the_first_drafter_try_was_refused_offline_for_a_tokenizer_the_engine_ne
     run = json.loads((recipe / "bench-m3recipe.json").read_text())
     run = run["runs"][0] if "runs" in run else run
     assert run["completed"] == 48 and run["validity"]["verdict"] == "yes"
+
+
+SERVED = Path(__file__).parent.parent / "fixtures" / "hopper-m3-default" / "h100-drafter-served"
+
+
+def _bench(path: Path) -> dict:
+    run = json.loads(path.read_text())
+    return run["runs"][0] if "runs" in run else run
+
+
+def test_requests_went_through_the_day0_drafter_on_hopper_and_its_acceptance_was_recorded():
+    """The third H100 call (scripts/gpu/hopper_m3_call.sh, PARTS=drafter, FIT_ON_RECIPE=1): the default plan served
+    the scale model with its DSpark drafter (no speculation option given); 48 requests at c=4 (1,024 in / 128 out)
+    went through it, valid; the server's spec-decode counters moved by those requests and m3ctl recorded the
+    acceptance (0 %, length 1.00: target and drafter both have random weights) per position, with the warning that
+    drafting then costs more than it buys. The recipe stack (no drafter) on the same bench is what that costs."""
+    serve = (SERVED / "serve-m3day0.txt").read_text()
+    assert "ready m3day0" in serve and '"method":"dspark","num_speculative_tokens":7' in serve
+    assert "day-0 OK kernels.day0.dspark_drafter" in serve and "day-0 OK kernels.day0.drafter_attention" in serve
+    day0 = _bench(SERVED / "bench-m3day0.json")
+    assert day0["completed"] == 48 and day0["validity"]["valid"]
+    sm = day0["server_metrics"]
+    assert sm["spec_decode_acceptance_rate"] == 0.0 and sm["spec_decode_acceptance_length"] == 1.0
+    assert sm["spec_decode_acceptance_per_position"] == [0.0] * 7 and sm["spec_decode_drafts"] > 0
+
+    def counter(name: str, which: str) -> float:
+        lines = (SERVED / f"metrics-{which}-m3day0.txt").read_text().splitlines()
+        return sum(float(ln.rsplit(" ", 1)[1]) for ln in lines if ln.startswith(f"vllm:{name}{{"))
+
+    drafts = counter("spec_decode_num_drafts_total", "after") - counter("spec_decode_num_drafts_total", "before")
+    assert drafts >= sm["spec_decode_drafts"] > 0  # the bench's window inside the counters' own delta
+    assert counter("spec_decode_num_accepted_tokens_total", "after") == 0
+    with gzip.open(SERVED / "log-m3day0.txt.gz", "rt") as f:
+        log = f.read()
+    plan = json.loads((SERVED / "plan-drafter.json").read_text())
+    found = {f.id: f.severity for f in verify_day0(log, Day0Report.model_validate(plan["day0"]), _args(plan["argv"]))}
+    assert found == {"kernels.day0.dspark_drafter": "ok", "kernels.day0.drafter_attention": "ok"}
+    recipe = _bench(SERVED / "bench-m3recipe.json")
+    assert recipe["completed"] == 48 and recipe["validity"]["valid"]
+    assert not (recipe["server_metrics"] or {}).get("spec_decode_drafts")
+    # with nothing accepted, each step drafts 7 tokens for one: the drafter halves decode speed here
+    assert day0["output_throughput"] < 0.6 * recipe["output_throughput"]
