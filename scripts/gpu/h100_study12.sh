@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The tune against a clean grid, each figure with its interval, in one device call (the tune-vs-grid study).
+# The tune against a clean grid, each figure with its interval, in one device call (docs/results/tune-vs-grid.md).
 # The spread decomposition's setup (docs/results/h100-spread.md): the MiniMax-M2 scale model with a tokenizer that
 # covers its vocabulary (what `m3ctl dev scale-model` writes now), FP8, dummy weights, 12 layers on an 80 GB card
 # (16 on an H200), vLLM's defaults otherwise; 2,048 in / 128 out, fresh prompts, c=64.
