@@ -5,8 +5,9 @@ Two methods, one per kind of figure (docs/bench.md, "Uncertainty"):
 - **Rates** (``output_throughput``, ``total_token_throughput``, ``request_throughput``, ``request_goodput``):
   batch means over the steady state (Law & Kelton, *Simulation Modeling and Analysis*, batch means; Schmeiser
   1982 for the batch count). The steady-state window is cut out of the run's own concurrency trace
-  (:func:`steady_window`), split into :data:`BATCHES` equal batches, and the interval is the batches' mean
-  +- t(0.975, k-1) x their standard error. Batches of consecutive time absorb the autocorrelation a naive
+  (:func:`steady_window`), split into batches of whole median request latencies (:func:`batch_layout`: at least
+  :data:`BATCHES` of them on a long run), and the interval is the batches' mean +- t(0.975, k-1) x their standard
+  error. Batches of consecutive time absorb the autocorrelation a naive
   per-second interval ignores (the lanes of a closed loop move in waves).
 - **Latency statistics** (mean, median and the asked percentiles of TTFT, TPOT, ITL, E2EL): the percentile
   bootstrap over requests (Efron 1979; Efron & Tibshirani, *An Introduction to the Bootstrap*, 1993, ch. 13),
@@ -165,6 +166,21 @@ def _token_times(ok: Sequence[RequestOutput], gaps: np.ndarray, lens: np.ndarray
     return times, toks
 
 
+def batch_layout(span: float, latency: float, batches: int = BATCHES) -> tuple[int, float]:
+    """``(k, length)``: how a steady state of ``span`` s is cut into batches, each a whole number of median request
+    latencies (``latency``, s): ``max(1, floor(span / (batches x latency)))`` latencies a batch, as many whole
+    batches as fit (``batches`` to ``2 x batches - 1`` on a long run, fewer on a short one); the rest of the
+    span is left out. A closed loop of equal requests moves in waves one request latency apart (the lanes start
+    together and stay in step): a batch of a fraction of a wave more or less holds one wave's prompt tokens more or
+    less by phase alone, which inflated the rates' intervals about tenfold on the H100 (docs/results/tune-vs-grid.md);
+    a batch of whole waves holds the same number whatever the phase. Without a latency (0): ``batches`` equal
+    batches of the whole span."""
+    if latency <= 0 or span <= 0:
+        return batches, span / batches if span > 0 else 0.0
+    length = max(1, int(span / (batches * latency))) * latency
+    return int(span / length), length
+
+
 def batch_means(
     times: np.ndarray, weights: np.ndarray, start: float, end: float, batches: int
 ) -> tuple[float, float, float] | None:
@@ -194,8 +210,8 @@ def rate_intervals(
         return {}, {"rule": STEADY_RULE, "reason": "no steady state: fewer completions than the concurrency level"}
     span = win["end"] - win["start"]
     lat = float(np.median([o.latency for o in ok]))
-    k = min(batches, int(span / lat) if lat > 0 else batches)
-    steady = {"rule": STEADY_RULE, **win, "duration_s": span, "batches": k}
+    k, length = batch_layout(span, lat, batches)
+    steady = {"rule": STEADY_RULE, **win, "duration_s": span, "batches": k, "batch_s": length}
     if k < MIN_BATCHES:
         steady["reason"] = (
             f"the steady state lasts {span:.1f} s, {span / lat if lat else 0:.1f} median request latencies: fewer "
@@ -217,7 +233,7 @@ def rate_intervals(
         series["request_goodput"] = (ends, _good(ok, goodput_slo_ms))
     out = {}
     for key, (t, w) in series.items():
-        if (bm := batch_means(t, w, win["start"], win["end"], k)) is not None:
+        if (bm := batch_means(t, w, win["start"], win["start"] + k * length, k)) is not None:
             out[key] = figure(*bm, method="batch-means")
     steady["requests"] = int(((ends >= win["start"]) & (ends < win["end"])).sum())
     return out, steady
@@ -508,11 +524,13 @@ class StopCheck:
         if self.headline not in RATES:
             f = latency_intervals(outs, _percentile_of(self.headline), replicates=200).get(self.headline)
             return None if f is None else f["rel_half_width"]
-        if horizon - start < BATCHES * float(np.median(self.lats)):
+        lat = float(np.median(self.lats))
+        if horizon - start < BATCHES * lat:
             return None
-        edges = np.floor((np.linspace(start, horizon, BATCHES + 1) - self.t0) / self.RESOLUTION_S).astype(np.int64)
+        k, length = batch_layout(horizon - start, lat)
+        edges = np.floor((start + length * np.arange(k + 1) - self.t0) / self.RESOLUTION_S).astype(np.int64)
         cum = np.concatenate(([0.0], np.cumsum(self.bins[self.headline])))
-        per = np.diff(cum[np.clip(edges, 0, len(cum) - 1)]) / ((horizon - start) / BATCHES)
+        per = np.diff(cum[np.clip(edges, 0, len(cum) - 1)]) / length
         ti = t_interval(per)
         return None if ti is None else rel_half_width(*ti)
 
