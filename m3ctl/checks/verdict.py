@@ -26,11 +26,14 @@ from m3ctl.checks.base import (
 )
 from m3ctl.core.verdict import Finding as Evidence
 from m3ctl.core.verdict import judge
+from m3ctl.planning.day0 import Day0Report
 from m3ctl.planning.plan import plan_outcome
 
 #: A row whose SKIP means "the evidence cannot decide" (unjudged, never a pass), not "does not apply", says so
 #: first (e.g. ``host.vllm_model`` without vLLM installed, or its probe timed out).
 UNJUDGED = "could not judge"
+#: How a day-0 part run by its fallback is named among the verdict's fallbacks (its doctor row's id).
+DAY0_PREFIX = "day0."
 #: Host rows that decide the verdict beside the inventory groups: /dev/shm, the installed engine's model class.
 VERDICT_HOST_ROWS = ("host.shm", "host.vllm_model")
 
@@ -207,10 +210,7 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
             fallbacks=fallbacks,
             tp=tp,
             max_context=max_ctx,
-            summary=f"{base['model']} {variant}: runnable with fallbacks at {where}: "
-            + "; ".join(_short(f) for f in fallbacks)
-            + img
-            + prof,
+            summary=f"{base['model']} {variant}: {_runnable_with(ctx, fallbacks, where)}{img}{prof}",
         )
     return Verdict(
         **base,
@@ -244,11 +244,39 @@ def _fatal(ctx: Ctx) -> list[str]:
     return [f"{f.rule}: {f.message}" for f in fatal_findings(_planned_findings(ctx))]
 
 
+def _day0(ctx: Ctx) -> Day0Report | None:
+    """The day-0 report of the plan doctor's verdict is about (None: nothing planned, or not a day-0 model)."""
+    accepted = ctx.outcome.accepted() if ctx.outcome is not None else None
+    return accepted.plan.day0 if accepted is not None and accepted.plan is not None else None
+
+
+def _runnable_with(ctx: Ctx, fallbacks: list[str], where: str) -> str:
+    """``runnable with fallbacks at WHERE: A; B`` and, where the plan runs day-0 parts by their fallback, how much of
+    the day-0 stack the host gets (the plan's own day-0 line, :meth:`~m3ctl.planning.day0.Day0Report.summary`):
+    ``runnable at WHERE; day-0 stack: 3 of 12 parts native, 2 by fallback (...), 7 off; ...``. Never "natively"
+    beside a fallback."""
+    others = [f for f in fallbacks if not f.startswith(DAY0_PREFIX)]
+    head = (
+        f"runnable with fallbacks at {where}: " + "; ".join(_short(f) for f in others)
+        if others
+        else f"runnable at {where}"
+    )
+    rep = _day0(ctx)
+    return head + (f"; day-0 stack: {rep.summary()}" if rep is not None and len(others) < len(fallbacks) else "")
+
+
 def _fallbacks(ctx: Ctx, verdict_checks: list[CheckResult]) -> list[str]:
     """The planned variant's fallback paths and known-bad report (the plan outcome's
-    :meth:`~m3ctl.planning.outcome.PlanOutcome.fallbacks`), then the other capability WARNs."""
+    :meth:`~m3ctl.planning.outcome.PlanOutcome.fallbacks`), the day-0 parts the plan runs by their documented
+    fallback (``day0.<part>: FALLBACK (cost: ...)``, :meth:`~m3ctl.planning.day0.Day0Report.fallbacks`), then the
+    other capability WARNs."""
     accepted = ctx.outcome.accepted() if ctx.outcome is not None else None
     fallbacks = accepted.fallbacks() if accepted is not None else []
+    rep = _day0(ctx)
+    fallbacks += [
+        f"{DAY0_PREFIX}{p.part}: {p.how}" + (f" (cost: {p.cost})" if p.cost else "")
+        for p in (rep.fallbacks() if rep is not None else [])
+    ]
     for c in verdict_checks:
         if (
             c.status == "WARN"

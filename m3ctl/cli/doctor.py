@@ -112,8 +112,10 @@ def render(con, rep, verbose: bool) -> None:
     text = Text(hang("verdict: ", v.summary, con.width))
     text.stylize(vc, 0, 8)
     con.print(text, soft_wrap=True)
-    if v.day0:
-        con.print(Text(hang("  day-0 stack: ", v.day0, con.width, 4)), soft_wrap=True)
+    if v.day0:  # the stack's share already in the summary: only where it was judged
+        stack, _, where = v.day0.rpartition(" [")
+        line = f"on {where.removesuffix(']')}" if stack and stack in v.summary else v.day0
+        con.print(Text(hang("  day-0 stack: ", line, con.width, 4)), soft_wrap=True)
     for head, items in (("  fallback: ", v.fallbacks), ("  note: ", v.notes)):
         for item in items:
             con.print(Text(hang(head, item, con.width, 4)), soft_wrap=True)
