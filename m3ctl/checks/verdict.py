@@ -13,7 +13,8 @@ from m3ctl.assess.facts import checkpoint_variant
 from m3ctl.assess.findings import Finding
 from m3ctl.assess.findings import blockers as fatal_findings
 from m3ctl.assess.image import ImageFacts
-from m3ctl.assess.request import PlanRequest, serve_command
+from m3ctl.assess.request import PlanRequest, merge, serve_command
+from m3ctl.catalog.vllm_args import read_raw_args
 from m3ctl.checks.base import (
     INVENTORY_GROUPS,
     CheckResult,
@@ -293,11 +294,20 @@ def _fallbacks(ctx: Ctx, verdict_checks: list[CheckResult]) -> list[str]:
     return fallbacks
 
 
+def _as_plan_takes_it(fields: dict[str, Any], extra_args: list[str]) -> PlanRequest:
+    """The request of ``fields`` with the raw vLLM arguments ``extra_args``, layered as ``m3ctl plan`` layers its
+    command line (:func:`m3ctl.assess.request.merge`: the raw flags read as vLLM reads them, into ``args``)."""
+    if not extra_args:
+        return PlanRequest(**fields)
+    return merge(PlanRequest(**fields, extra_args=extra_args))
+
+
 def _doctor_request(ctx: Ctx) -> PlanRequest | None:
     """Doctor's question as a plan request: its flags as ``m3ctl plan`` takes them (the model, ``--variant``,
     the runtime, the port the checks looked at, ``--kv-cache-dtype``, ``--attention``, ``--context`` as
-    ``max_model_len``, ``--image``). The variant, the layout and the fallbacks are the planner's answer
-    (:func:`_plan`). None where nothing can be planned (no GPU, no sizing facts, an unknown variant)."""
+    ``max_model_len``, ``--image``, the raw vLLM arguments after ``--``). The variant, the layout and the fallbacks
+    are the planner's answer (:func:`_plan`). None where nothing can be planned (no GPU, no sizing facts, an unknown
+    variant)."""
     if ctx.local_model:
         local: dict[str, Any] = {"model": ctx.model, "port": ctx.port}
         if ctx.runtime == "docker":
@@ -306,7 +316,7 @@ def _doctor_request(ctx: Ctx) -> PlanRequest | None:
             local["attention"] = ctx.attention
         if ctx.stack:
             local["stack"] = ctx.stack
-        return PlanRequest(**local)
+        return _as_plan_takes_it(local, ctx.extra_args)
     if not ctx.gpu_host or not ctx.evals or ctx.profile is None and ctx.profile_note is None:
         return None
     fields: dict[str, Any] = {
@@ -316,7 +326,7 @@ def _doctor_request(ctx: Ctx) -> PlanRequest | None:
     }
     if ctx.variant:
         fields["variant"] = ctx.variant
-    if ctx.kv_dtype != "auto":
+    if ctx.kv_dtype != "auto" and not _raw_has(ctx, "kv-cache-dtype"):  # a raw one stays raw, as plan keeps it
         fields["kv_cache_dtype"] = ctx.kv_dtype
     if ctx.attention:
         fields["attention"] = ctx.attention
@@ -326,7 +336,12 @@ def _doctor_request(ctx: Ctx) -> PlanRequest | None:
         fields["max_model_len"] = ctx.context  # what the verdict promises (else the planner sizes the context)
     if ctx.user_image and ctx.image is not None:
         fields["image"] = ctx.image.reference or ctx.image.name
-    return PlanRequest(**fields)
+    return _as_plan_takes_it(fields, ctx.extra_args)
+
+
+def _raw_has(ctx: Ctx, flag: str) -> bool:
+    """Doctor's raw vLLM arguments set ``flag`` (read as plan reads them)."""
+    return flag in read_raw_args(ctx.extra_args).flags if ctx.extra_args else False
 
 
 def _plan(ctx: Ctx) -> None:
