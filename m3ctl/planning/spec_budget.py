@@ -21,8 +21,9 @@ from m3ctl.catalog import vllm_defaults
 
 def spec_token_budget(ctx: PlanContext) -> tuple[int, str] | None:
     """(``--max-num-batched-tokens``, why) for the speculation ``ctx`` plans, or None: no speculation, a budget
-    given, no slot table, a method without drafting slots, or vLLM's default already fits every admitted sequence's
-    draft tokens."""
+    given, no slot table, a method without drafting slots, a depth whose tokens per step exceed max-model-len
+    (vLLM's own bound of a budget, SchedulerConfig: max_num_seqs x max_model_len), or vLLM's default already fits
+    every admitted sequence's draft tokens."""
     method, depth = ctx.speculation()
     table = vllm_defaults().draft_slots
     if depth <= 0 or table is None or ctx.explicit_int("max-num-batched-tokens") is not None:
@@ -30,11 +31,15 @@ def spec_token_budget(ctx: PlanContext) -> tuple[int, str] | None:
     slots = table.slots(method, depth)
     if slots == 0:  # no drafting slots (EAGLE, MTP, n-gram): the verify tokens alone, judged by rule spec.token_budget
         return None
+    block, _ = ctx.drafter_block()
+    if method == "dspark" and block and depth != block:  # a depth off the drafter's block: rule spec.dspark_depth's
+        return None
     mbt, seqs = ctx.scheduler_limits()
     per = 1 + depth + slots
     need = seqs * per
-    if need <= mbt:
-        return None
+    mml = ctx.max_model_len()
+    if need <= mbt or (mml and per > mml):  # past max-model-len a step per sequence is no budget: rule
+        return None  # spec.token_budget judges the depth (vLLM warns over max_num_seqs x max_model_len too)
     return need, (
         f"{method} speculation at depth {depth}: each of max-num-seqs {seqs} decoding sequences takes 1 + {depth} "
         f"verify tokens + {slots} drafting slots a step ({need} in all); vLLM's default budget {mbt} would decode at "

@@ -9,8 +9,11 @@ import gzip
 import re
 from pathlib import Path
 
+import pytest
+
 from m3ctl import api
 from m3ctl.catalog import vllm_defaults
+from m3ctl.errors import ConfigRejected
 
 MODEL = "MiniMax-M3.1-Flash"
 DSPARK = {"spec_method": "dspark", "spec_depth": 7}
@@ -40,6 +43,13 @@ def test_a_budget_that_already_fits_or_one_given_is_left_alone():
     assert "max-num-batched-tokens" not in ngram.vllm_args  # no drafting slots: rule spec.token_budget's
     fewer = api.plan(model=MODEL, system="h200x8", variant="mxfp8", max_num_seqs=256, **DSPARK)
     assert "max-num-batched-tokens" not in fewer.vllm_args  # 256 x 14 fits 8192
+    # a depth off the drafter's trained block (7) is rule spec.dspark_depth's, not a budget to derive
+    off = api.plan(model=MODEL, system="h200x8", variant="mxfp8", max_num_seqs=512, spec_method="dspark", spec_depth=9)
+    assert "max-num-batched-tokens" not in off.vllm_args and any("spec.dspark_depth" in w for w in off.warnings)
+    # a depth past max-model-len is no budget to derive: the rule refuses it as before
+    with pytest.raises(ConfigRejected) as ei:
+        api.plan(model=MODEL, system="h200x8", variant="mxfp8", spec_method="dspark", spec_depth=10**25)
+    assert ei.value.rule == "spec.token_budget"
 
 
 def test_the_slot_rule_matches_what_vllm_logged_on_the_h100():
