@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Literal
 
 from m3ctl.api._args import _checked
 from m3ctl.api._plan import _inventory_file, host_inventory, user_defaults
-from m3ctl.catalog.vllm_args import vllm_int
+from m3ctl.catalog.vllm_args import read_raw_args, vllm_int
 from m3ctl.checks.doctor import DoctorReport, resolve_image, run_doctor
 from m3ctl.core.files import write_atomic
 from m3ctl.core.state import check_output_path
@@ -33,6 +33,7 @@ def doctor(
     attention: Literal["msa", "dense"] | None = None,
     stack: Literal["day0", "recipe"] | None = None,
     save_inventory: str | Path | None = None,
+    extra_args: list[str] | None = None,
 ) -> DoctorReport:
     """Check, check by check, whether and how this host (or ``inventory``/``system``) can serve ``model``.
 
@@ -52,6 +53,10 @@ def doctor(
             of a known issue; quality cost unknown); None/``msa``: its own sparse attention.
         stack: ``day0`` (None: the default) or ``recipe``: the stack the plan deploys (PlanRequest.stack).
         save_inventory: write the evaluated host's inventory here as JSON (checked writable before any probe).
+        extra_args: raw ``vllm serve`` arguments, as ``plan``/``serve`` take them after ``--``
+            (``["--load-format", "dummy"]``): doctor plans them as plan does (the same reader and layering), so its
+            verdict is plan's outcome for them. A raw ``--max-model-len`` / ``--kv-cache-dtype`` is the context /
+            KV dtype doctor checks (giving ``context`` / ``kv_cache_dtype`` too is refused).
 
     Returns:
         :class:`~m3ctl.checks.doctor.DoctorReport`: ``checks`` (id, status OK/WARN/FAIL/SKIP, message, fix), ``verdict``
@@ -60,18 +65,26 @@ def doctor(
 
     Raises:
         BadInput: a bad argument (runtime, context, port, image), an unreadable inventory, an unknown system, a
-            bad ``M3CTL_*`` value or user config file, an unwritable ``save_inventory``.
+            bad ``M3CTL_*`` value or user config file, an unwritable ``save_inventory``, malformed raw vLLM
+            arguments (as ``plan`` refuses them), a raw flag that doctor's own option sets too.
     """
 
     user = user_defaults()
     mine = user.model_fields_set
+    raw = read_raw_args(list(extra_args or [])).flags  # plan's reader: a malformed one is one line, exit 2
+    for flag, opt, given in (
+        ("max-model-len", "--context", context),
+        ("kv-cache-dtype", "--kv-cache-dtype", kv_cache_dtype),
+    ):
+        if flag in raw and given is not None:
+            raise BadInput(f"{opt} and raw --{flag} both set it", f"give {opt} or the raw --{flag}, once")
     variant = variant or user.variant
-    kv_cache_dtype = kv_cache_dtype or user.kv_cache_dtype or "auto"
+    kv_cache_dtype = kv_cache_dtype or (None if "kv-cache-dtype" in raw else user.kv_cache_dtype) or "auto"
     runtime = runtime or (user.runtime if "runtime" in mine else "auto")
     image = image or user.image
     attention = attention or user.attention
     stack = stack or user.stack
-    context = context if context is not None else user.max_model_len
+    context = context if context is not None else None if "max-model-len" in raw else user.max_model_len
     if runtime not in ("auto", "process", "docker"):
         raise BadInput(f"unknown runtime {runtime!r}", "use auto, process or docker")
     if isinstance(context, str):
@@ -104,4 +117,5 @@ def doctor(
         host_checks=inventory is None and system is None,
         image=resolve_image(image) if image else None,
         inventory_file=_inventory_file(inventory),
+        extra_args=list(extra_args or []),
     )

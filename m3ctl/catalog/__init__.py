@@ -468,6 +468,21 @@ class CudagraphDefaults(_Strict):
     source: str
 
 
+class DraftSlots(_Strict):
+    """Speculative decoding's extra drafting slots per decoding request at depth K: ``per_token`` x K + ``offset``
+    (at least 0) for each method listed (vLLM SpeculativeConfig.max_num_new_slots_for_drafting; unlisted: 0), and
+    where that rule is published (``source``)."""
+
+    methods: dict[str, tuple[int, int]] = Field(default_factory=dict)
+    """method -> (per_token, offset)."""
+    source: str
+
+    def slots(self, method: str | None, depth: int) -> int:
+        """The extra slots one decoding request takes at ``depth`` (0 for a method not listed, or depth 0)."""
+        per, off = self.methods.get(method or "", (0, 0))
+        return max(0, per * depth + off) if depth > 0 else 0
+
+
 class VllmDefaults(_Strict):
     """vLLM defaults the rules need (m3ctl/data/vllm_defaults.yaml); ``source`` names the vLLM code."""
 
@@ -481,6 +496,8 @@ class VllmDefaults(_Strict):
     prompt in blocks; the running engine's ``vllm:cache_config_info`` metric wins when it is served)."""
     cudagraph: CudagraphDefaults | None = None
     """vLLM's default CUDA-graph capture sizes (None: unknown; ``PlanContext.cudagraph_capture_max``)."""
+    draft_slots: DraftSlots | None = None
+    """Speculative decoding's drafting slots per request (None: unknown; :func:`m3ctl.planning.spec_budget`)."""
 
     def scheduler_limits(
         self, *, platform: str, device_memory_mib: float | None, device_name: str = "", world_size: int = 1

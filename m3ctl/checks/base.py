@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from pydantic import BaseModel, Field
@@ -178,6 +178,8 @@ class Ctx:
     """``--stack`` as asked (``recipe``: the conservative plan); None: the day-0 stack, the plan's default."""
     engine: str | None = None
     """vLLM version of the engine that would run (as plan decides it); None unknown."""
+    extra_args: list[str] = field(default_factory=list)
+    """Raw ``vllm serve`` arguments (after ``--``), planned as ``m3ctl plan`` plans them."""
     outcome: PlanOutcome | None = None
     """The planner's answer to doctor's request (:func:`m3ctl.checks.verdict._plan`): the verdict is this outcome;
     None = nothing planned (no GPU, no sizing facts, an unknown variant)."""

@@ -7,9 +7,8 @@ for the outcome doctor renders): the same states, wording and counts as ``m3ctl 
 from __future__ import annotations
 
 from m3ctl.checks.base import CheckResult, Ctx, Status, Verdict, _r
+from m3ctl.checks.verdict import DAY0_PREFIX as PREFIX
 from m3ctl.planning.day0 import Day0Report, PartState, applies
-
-PREFIX = "day0."
 
 
 def report(ctx: Ctx, verdict: Verdict) -> Day0Report | None:
@@ -22,12 +21,13 @@ def report(ctx: Ctx, verdict: Verdict) -> Day0Report | None:
 
 
 def _status(s: PartState) -> Status:
-    """OK: runs natively, or could and is not in this plan; WARN: this plan runs a fallback or an unjudged part;
-    SKIP: off here, or not judged and not planned (doctor's text shows day-0 rows whatever their status)."""
+    """OK: runs natively, or could and is not in this plan; WARN: this plan runs a fallback (planned, or the
+    fallback that is the part's absence) or an unjudged part; SKIP: off here, or not judged and not planned
+    (doctor's text shows day-0 rows whatever their status)."""
     if s.state == "native":
         return "OK"
     if s.state == "fallback":
-        return "WARN" if s.planned else "OK"
+        return "WARN" if s.planned or s.runs_fallback else "OK"
     if s.state == "unjudged" and s.planned:
         return "WARN"
     return "SKIP"

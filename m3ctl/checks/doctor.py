@@ -39,6 +39,7 @@ from m3ctl.assess import capability as caps
 from m3ctl.assess.choose import choose_runtime
 from m3ctl.assess.facts import ModelFacts, model_facts, read_model_facts
 from m3ctl.assess.image import ImageFacts, image_facts_from_env
+from m3ctl.catalog.vllm_args import read_raw_args, vllm_int
 from m3ctl.checks import base, capability, day0, gpu, host, model
 from m3ctl.checks.base import (
     DEFAULT_MODEL,
@@ -172,6 +173,7 @@ def run_doctor(
     inventory_file: str | None = None,
     attention: str | None = None,
     stack: str | None = None,
+    extra_args: list[str] | None = None,
 ) -> DoctorReport:
     """Evaluate ``inventory`` for ``model`` (default MiniMax-M3.1-Flash, best variant for the host).
 
@@ -191,6 +193,8 @@ def run_doctor(
             m3ctl/data/known_issues.yaml), ``msa`` the checkpoint's own attention even where a known fatal issue
             applies (then not runnable); None: the planner's choice (the fallback where a fatal issue applies).
         stack: ``recipe`` checks the conservative recipe plan; None/``day0``: the day-0 stack (the plan's default).
+        extra_args: raw ``vllm serve`` arguments (``plan``'s after ``--``), planned as plan plans them; a raw
+            ``--max-model-len`` is the context checked (without ``context``), a raw ``--kv-cache-dtype`` the KV dtype.
 
     Returns:
         The report; never raises for host problems (they are FAIL rows).
@@ -200,6 +204,8 @@ def run_doctor(
     if runtime == "auto" or image is not None:
         runtime = _runtime(inventory, runtime, image)
     local = _is_local_model(model)
+    raw = read_raw_args(list(extra_args or [])).flags
+    raw_context = vllm_int(raw["max-model-len"]) if context is None and "max-model-len" in raw else None
     ctx = Ctx(
         inv=inventory,
         model=model or DEFAULT_MODEL,
@@ -207,8 +213,8 @@ def run_doctor(
         variant=variant,
         context_given=context is not None,
         user_image=image is not None,
-        context=context or h.default_context,
-        kv_dtype=kv_cache_dtype,
+        context=context or raw_context or h.default_context,
+        kv_dtype=str(raw.get("kv-cache-dtype") or kv_cache_dtype),
         runtime=runtime,
         env=env,
         port=port,
@@ -217,6 +223,7 @@ def run_doctor(
         local_model=local,
         attention=attention,
         stack=stack,
+        extra_args=list(extra_args or []),
     )
     _resolve_catalog(ctx)
     if inventory.gpus or (model is not None and not local):  # no GPU and no --model: nothing to size (saves ~50 ms)

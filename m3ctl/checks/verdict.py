@@ -13,7 +13,8 @@ from m3ctl.assess.facts import checkpoint_variant
 from m3ctl.assess.findings import Finding
 from m3ctl.assess.findings import blockers as fatal_findings
 from m3ctl.assess.image import ImageFacts
-from m3ctl.assess.request import PlanRequest, serve_command
+from m3ctl.assess.request import PlanRequest, merge, serve_command
+from m3ctl.catalog.vllm_args import read_raw_args
 from m3ctl.checks.base import (
     INVENTORY_GROUPS,
     CheckResult,
@@ -26,11 +27,14 @@ from m3ctl.checks.base import (
 )
 from m3ctl.core.verdict import Finding as Evidence
 from m3ctl.core.verdict import judge
+from m3ctl.planning.day0 import Day0Report
 from m3ctl.planning.plan import plan_outcome
 
 #: A row whose SKIP means "the evidence cannot decide" (unjudged, never a pass), not "does not apply", says so
 #: first (e.g. ``host.vllm_model`` without vLLM installed, or its probe timed out).
 UNJUDGED = "could not judge"
+#: How a day-0 part run by its fallback is named among the verdict's fallbacks (its doctor row's id).
+DAY0_PREFIX = "day0."
 #: Host rows that decide the verdict beside the inventory groups: /dev/shm, the installed engine's model class.
 VERDICT_HOST_ROWS = ("host.shm", "host.vllm_model")
 
@@ -207,10 +211,7 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
             fallbacks=fallbacks,
             tp=tp,
             max_context=max_ctx,
-            summary=f"{base['model']} {variant}: runnable with fallbacks at {where}: "
-            + "; ".join(_short(f) for f in fallbacks)
-            + img
-            + prof,
+            summary=f"{base['model']} {variant}: {_runnable_with(ctx, fallbacks, where)}{img}{prof}",
         )
     return Verdict(
         **base,
@@ -244,11 +245,39 @@ def _fatal(ctx: Ctx) -> list[str]:
     return [f"{f.rule}: {f.message}" for f in fatal_findings(_planned_findings(ctx))]
 
 
+def _day0(ctx: Ctx) -> Day0Report | None:
+    """The day-0 report of the plan doctor's verdict is about (None: nothing planned, or not a day-0 model)."""
+    accepted = ctx.outcome.accepted() if ctx.outcome is not None else None
+    return accepted.plan.day0 if accepted is not None and accepted.plan is not None else None
+
+
+def _runnable_with(ctx: Ctx, fallbacks: list[str], where: str) -> str:
+    """``runnable with fallbacks at WHERE: A; B`` and, where the plan runs day-0 parts by their fallback, how much of
+    the day-0 stack the host gets (the plan's own day-0 line, :meth:`~m3ctl.planning.day0.Day0Report.summary`):
+    ``runnable at WHERE; day-0 stack: 3 of 12 parts native, 2 by fallback (...), 7 off; ...``. Never "natively"
+    beside a fallback."""
+    others = [f for f in fallbacks if not f.startswith(DAY0_PREFIX)]
+    head = (
+        f"runnable with fallbacks at {where}: " + "; ".join(_short(f) for f in others)
+        if others
+        else f"runnable at {where}"
+    )
+    rep = _day0(ctx)
+    return head + (f"; day-0 stack: {rep.summary()}" if rep is not None and len(others) < len(fallbacks) else "")
+
+
 def _fallbacks(ctx: Ctx, verdict_checks: list[CheckResult]) -> list[str]:
     """The planned variant's fallback paths and known-bad report (the plan outcome's
-    :meth:`~m3ctl.planning.outcome.PlanOutcome.fallbacks`), then the other capability WARNs."""
+    :meth:`~m3ctl.planning.outcome.PlanOutcome.fallbacks`), the day-0 parts the plan runs by their documented
+    fallback (``day0.<part>: FALLBACK (cost: ...)``, :meth:`~m3ctl.planning.day0.Day0Report.fallbacks`), then the
+    other capability WARNs."""
     accepted = ctx.outcome.accepted() if ctx.outcome is not None else None
     fallbacks = accepted.fallbacks() if accepted is not None else []
+    rep = _day0(ctx)
+    fallbacks += [
+        f"{DAY0_PREFIX}{p.part}: {p.how}" + (f" (cost: {p.cost})" if p.cost else "")
+        for p in (rep.fallbacks() if rep is not None else [])
+    ]
     for c in verdict_checks:
         if (
             c.status == "WARN"
@@ -265,11 +294,20 @@ def _fallbacks(ctx: Ctx, verdict_checks: list[CheckResult]) -> list[str]:
     return fallbacks
 
 
+def _as_plan_takes_it(fields: dict[str, Any], extra_args: list[str]) -> PlanRequest:
+    """The request of ``fields`` with the raw vLLM arguments ``extra_args``, layered as ``m3ctl plan`` layers its
+    command line (:func:`m3ctl.assess.request.merge`: the raw flags read as vLLM reads them, into ``args``)."""
+    if not extra_args:
+        return PlanRequest(**fields)
+    return merge(PlanRequest(**fields, extra_args=extra_args))
+
+
 def _doctor_request(ctx: Ctx) -> PlanRequest | None:
     """Doctor's question as a plan request: its flags as ``m3ctl plan`` takes them (the model, ``--variant``,
     the runtime, the port the checks looked at, ``--kv-cache-dtype``, ``--attention``, ``--context`` as
-    ``max_model_len``, ``--image``). The variant, the layout and the fallbacks are the planner's answer
-    (:func:`_plan`). None where nothing can be planned (no GPU, no sizing facts, an unknown variant)."""
+    ``max_model_len``, ``--image``, the raw vLLM arguments after ``--``). The variant, the layout and the fallbacks
+    are the planner's answer (:func:`_plan`). None where nothing can be planned (no GPU, no sizing facts, an unknown
+    variant)."""
     if ctx.local_model:
         local: dict[str, Any] = {"model": ctx.model, "port": ctx.port}
         if ctx.runtime == "docker":
@@ -278,7 +316,7 @@ def _doctor_request(ctx: Ctx) -> PlanRequest | None:
             local["attention"] = ctx.attention
         if ctx.stack:
             local["stack"] = ctx.stack
-        return PlanRequest(**local)
+        return _as_plan_takes_it(local, ctx.extra_args)
     if not ctx.gpu_host or not ctx.evals or ctx.profile is None and ctx.profile_note is None:
         return None
     fields: dict[str, Any] = {
@@ -288,7 +326,7 @@ def _doctor_request(ctx: Ctx) -> PlanRequest | None:
     }
     if ctx.variant:
         fields["variant"] = ctx.variant
-    if ctx.kv_dtype != "auto":
+    if ctx.kv_dtype != "auto" and not _raw_has(ctx, "kv-cache-dtype"):  # a raw one stays raw, as plan keeps it
         fields["kv_cache_dtype"] = ctx.kv_dtype
     if ctx.attention:
         fields["attention"] = ctx.attention
@@ -298,7 +336,12 @@ def _doctor_request(ctx: Ctx) -> PlanRequest | None:
         fields["max_model_len"] = ctx.context  # what the verdict promises (else the planner sizes the context)
     if ctx.user_image and ctx.image is not None:
         fields["image"] = ctx.image.reference or ctx.image.name
-    return PlanRequest(**fields)
+    return _as_plan_takes_it(fields, ctx.extra_args)
+
+
+def _raw_has(ctx: Ctx, flag: str) -> bool:
+    """Doctor's raw vLLM arguments set ``flag`` (read as plan reads them)."""
+    return flag in read_raw_args(ctx.extra_args).flags if ctx.extra_args else False
 
 
 def _plan(ctx: Ctx) -> None:

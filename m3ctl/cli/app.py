@@ -75,7 +75,7 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "dev": ("m3ctl.cli.dev", "app", "Developer tools: tiny local models, vLLM CPU install fix-ups."),
 }
 #: Commands that take raw vLLM flags after ``--``.
-_RAW = ("plan", "serve", "tune")
+_RAW = ("plan", "serve", "tune", "doctor")
 RAW_ARGS = {"allow_extra_args": True, "ignore_unknown_options": False}  # raw vLLM flags only after `--`
 
 

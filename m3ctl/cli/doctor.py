@@ -8,11 +8,13 @@ import typer
 from m3ctl import api
 from m3ctl.checks.doctor import report_json
 from m3ctl.cli import options as o
+from m3ctl.cli.inputs import raw_args_without_key
 from m3ctl.cli.output import Output, hang
 from m3ctl.cli.render import COLOUR
 
 
 def doctor(
+    ctx: typer.Context,
     json_out: o.Json = False,
     verbose: Annotated[
         bool,
@@ -56,7 +58,10 @@ def doctor(
     attention: o.Attention = None,
     stack: o.Stack = None,
 ) -> None:
-    """Probe this host and say, check by check, whether and how it can serve (exit 1 on FAIL or not runnable)."""
+    """Probe this host and say, check by check, whether and how it can serve (exit 1 on FAIL or not runnable).
+
+    Raw vLLM flags go after `--`, as `m3ctl plan` and `serve` take them (the verdict is plan's outcome for them).
+    """
 
     out = Output(json_out)
     rep = api.doctor(
@@ -72,6 +77,7 @@ def doctor(
         attention=attention,
         stack=stack,
         save_inventory=save_inventory,
+        extra_args=raw_args_without_key(ctx),
     )
     out.result(report_json(rep))
     if not out.json:
@@ -112,8 +118,10 @@ def render(con, rep, verbose: bool) -> None:
     text = Text(hang("verdict: ", v.summary, con.width))
     text.stylize(vc, 0, 8)
     con.print(text, soft_wrap=True)
-    if v.day0:
-        con.print(Text(hang("  day-0 stack: ", v.day0, con.width, 4)), soft_wrap=True)
+    if v.day0:  # the stack's share already in the summary: only where it was judged
+        stack, _, where = v.day0.rpartition(" [")
+        line = f"on {where.removesuffix(']')}" if stack and stack in v.summary else v.day0
+        con.print(Text(hang("  day-0 stack: ", line, con.width, 4)), soft_wrap=True)
     for head, items in (("  fallback: ", v.fallbacks), ("  note: ", v.notes)):
         for item in items:
             con.print(Text(hang(head, item, con.width, 4)), soft_wrap=True)

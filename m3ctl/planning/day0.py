@@ -145,8 +145,8 @@ class PartState(BaseModel):
     Attributes:
         part: its id; what: one line; state: native / fallback / off / unjudged; how: the path that runs (the native
         backend, or the fallback's name); cost: the fallback's cost; why: what decided the state; planned: this
-        plan runs the part (or its fallback flags); turn_on: the flags that run it; assumed/confirm: from the table;
-        sources: where the facts come from.
+        plan runs the part (or its fallback flags); turn_on: the flags that run it; runs_fallback: this plan runs
+        the fallback; assumed/confirm: from the table; sources: where the facts come from.
     """
 
     part: str
@@ -157,6 +157,10 @@ class PartState(BaseModel):
     why: str = ""
     planned: bool = False
     turn_on: list[str] = Field(default_factory=list)
+    runs_fallback: bool = False
+    """This plan runs the part's documented fallback: a planned part in state ``fallback``, or a part whose fallback
+    is no more than its absence (DCP 1, no DBO, no drafter, a kernel no flag selects) and which cannot run natively
+    here."""
     assumed: bool = False
     confirm: str | None = None
     sources: list[str] = Field(default_factory=list)
@@ -195,19 +199,25 @@ class Day0Report(BaseModel):
     def count(self, state: str) -> int:
         return sum(p.state == state for p in self.parts)
 
+    def fallbacks(self) -> list[PartState]:
+        """The parts this plan runs by their documented fallback (:attr:`PartState.runs_fallback`)."""
+        return [p for p in self.parts if p.runs_fallback]
+
     def summary(self) -> str:
-        """The one line plan and doctor show: what this plan runs, and what this host could get."""
+        """The one line plan and doctor show (doctor's verdict too, where a fallback runs): how much of the day-0
+        stack this host gets (native, by which fallback, off), then what this plan runs."""
         n = len(self.parts)
-        run = [p.part for p in self.parts if p.planned]
-        could = [p for p in self.parts if p.state in ("native", "fallback")]
+        fbs = [p for p in self.parts if p.state == "fallback"]
+        run = [p.part + (" by fallback" if p.runs_fallback else "") for p in self.parts if p.planned]
+        which = ", ".join(f"{p.part}: {p.how.split(' (')[0]}" for p in fbs)
         line = (
-            f"this plan runs {len(run)} of {n} day-0 parts"
-            + (f" ({', '.join(run)})" if run else "")
-            + f"; this host can get {len(could)} of {n} ({self.count('native')} native, "
-            f"{self.count('fallback')} by fallback), {self.count('off')} off"
+            f"{self.count('native')} of {n} parts native, {len(fbs)} by fallback"
+            + (f" ({which})" if fbs else "")
+            + f", {self.count('off')} off"
         )
         unjudged = self.count("unjudged")
-        return line + (f", {unjudged} could not be judged" if unjudged else "")
+        line += f", {unjudged} could not be judged" if unjudged else ""
+        return line + f"; this plan runs {len(run)}" + (f" ({', '.join(run)})" if run else "")
 
 
 def _image(ctx: PlanContext) -> Image | None:
@@ -485,8 +495,14 @@ def decide(
         planned = (hw is None or hw.state != "off") and (
             _planned(ctx, part) or fallback_on or any(done[r].planned for r in part.requires_any if _path_of(part))
         )
-        st.planned, st.turn_on, st.assumed, st.confirm, st.sources = (
+        # the fallback runs: planned as such, or a fallback that is only the part's absence (DCP 1, no DBO, a
+        # kernel no flag selects), unless the part is the path of parts this plan does not run (QMUL4 without NVFP4 KV)
+        absent = (
+            fb is not None and not fb.args and not (_path_of(part) and part.requires_any) and not _planned(ctx, part)
+        )
+        st.planned, st.runs_fallback, st.turn_on, st.assumed, st.confirm, st.sources = (
             planned,
+            st.state == "fallback" and (planned or absent),
             turn_on,
             part.assumed,
             part.confirm,

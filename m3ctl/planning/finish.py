@@ -13,6 +13,7 @@ from m3ctl.planning import day0
 from m3ctl.planning.draft import PlanDraft
 from m3ctl.planning.launch import serve_command as vllm_serve_argv
 from m3ctl.planning.launchplan import LaunchPlan, find_vllm_executable
+from m3ctl.planning.spec_budget import spec_token_budget
 
 
 def _device_ids(inventory: HostInventory, units: list[Unit] | None, n: int) -> list[str]:
@@ -87,6 +88,10 @@ def step_rules(d: PlanDraft) -> None:
     if chosen_len:
         d.choices.append(Choice(what="--max-model-len", value=str(chosen_len[0]), why=chosen_len[1]))
         d.warnings.append(chosen_len[2])
+    budget = spec_token_budget(ctx)
+    if budget is not None:  # every admitted sequence's draft tokens fit one step
+        ctx.args["max-num-batched-tokens"] = d.args["max-num-batched-tokens"] = budget[0]
+        d.choices.append(Choice(what="--max-num-batched-tokens", value=str(budget[0]), why=budget[1]))
     findings = run_rules(ctx)
     d.findings = findings
     violations = [f for f in findings if f.status == "FAIL"]

@@ -335,10 +335,28 @@ class OnlyFor(BaseModel):
     source: str
 
 
+class UserJson(BaseModel):
+    """The remedy applied to a JSON flag the user gave in their own words (``--speculative-config '{...}'``, raw or
+    ``--arg``), which the planner keeps as written whatever the ``knobs`` say: ``set`` these keys in it, or ``drop``
+    the flag."""
+
+    model_config = ConfigDict(extra="forbid")
+    flag: str
+    set: dict[str, Any] = Field(default_factory=dict)
+    drop: bool = False
+
+    @model_validator(mode="after")
+    def _one_change(self) -> UserJson:
+        if bool(self.set) == self.drop:
+            raise ValueError(f"user_json {self.flag}: set keys or drop the flag (one of them)")
+        return self
+
+
 class Apply(BaseModel):
     """What ``serve --fallback auto`` changes for a remedy (m3ctl.serving.fallback): request ``knobs`` (PlanRequest
     fields) and vLLM flags (``args``, as ``--arg``; ``derive``: flags whose value follows from the failed launch's
-    plan), re-planned through the planner's rules, and a cache to clear; ``only``: where it applies.
+    plan; ``user_json``: the same change made to the user's own JSON flag), re-planned through the planner's
+    rules, and a cache to clear; ``only``: where it applies.
     ``label``: the change in words. A remedy with ``apply`` is safe to try unattended: it changes how the engine
     runs, never what it serves (the weights, the model, the context length)."""
 
@@ -349,6 +367,7 @@ class Apply(BaseModel):
     derive: dict[str, Derivation] = Field(default_factory=dict)
     clear: ClearCache | None = None
     only: OnlyFor | None = None
+    user_json: UserJson | None = None
 
     @model_validator(mode="after")
     def _changes_something(self) -> Apply:

@@ -5,7 +5,8 @@ The component is the one the engine's own stack names (m3ctl.serving.stack, the 
 m3ctl/data/components.yaml); a remedy is applied only where the data gives it an ``apply`` (the change is safe
 unattended: how the engine runs, not which model it serves). The change is made to the plan *request* and the plan
 is made again by the planner, so the relaunched command passes every rule a typed command passes (what is printed
-is what runs). A family's remedies are tried in order as its failures repeat (speculative decoding: depth 1 where
+is what runs). A JSON flag the user gave in their own words (``--speculative-config '{...}'``) gets the same change
+(m3ctl.serving.user_json): the planner keeps it as written, so the knobs alone would relaunch the same command. A family's remedies are tried in order as its failures repeat (speculative decoding: depth 1 where
 the method allows it, then off; CUDA graphs: half the largest capture size, derived from the plan as vLLM sizes it
 (:data:`DERIVE`), then eager mode). Bounds: one relaunch per remedy, at most ``fallback.max_relaunches`` relaunches, never the same launch
 twice (the same command and environment, with nothing cleared in between). A kill from outside, a family with
@@ -31,6 +32,7 @@ from m3ctl.serving.diagnosis import Apply, Family, component_map
 from m3ctl.serving.lifecycle import exit_code_of
 from m3ctl.serving.serve import ServeResult
 from m3ctl.serving.stack import families, family
+from m3ctl.serving.user_json import apply_user_json
 
 Mode = Literal["off", "auto"]
 MODES: tuple[str, ...] = ("off", "auto")
@@ -222,6 +224,12 @@ def _candidate(
             step.skipped.append(why)
             continue
         new_req = applied(req, a, derived) if (a.knobs or a.args or derived) else req
+        if a.user_json is not None:  # the user's own JSON flag, which the knobs alone leave as written
+            new_req, mine, kept = apply_user_json(new_req, a.user_json)
+            if kept:
+                step.skipped.append(f"{a.label}: {kept}")
+                continue
+            how = [*how, *([mine] if mine else [])]
         try:
             new_plan = replan(new_req) if new_req is not req else plan
         except (ConfigRejected, BadInput) as e:

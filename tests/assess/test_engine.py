@@ -379,7 +379,8 @@ def test_raw_speculative_config_goes_through_the_token_budget_rule():
 # ----------------------------------------------------------------------------- version awareness
 def test_old_engine_is_not_native_for_minimax_m3():
     rep_new = run_doctor(synthetic("b200x8"), host_checks=False)
-    assert rep_new.verdict.status == "runnable_natively"
+    assert rep_new.verdict.status == "runnable_with_fallbacks"  # only the day-0 stack's fallbacks
+    assert all(f.startswith("day0.") for f in rep_new.verdict.fallbacks), rep_new.verdict.fallbacks
     from m3ctl.checks.doctor import ImageFacts
 
     old = ImageFacts(name="vllm-0.12", reference="vllm/vllm-openai:v0.12.0", cuda_version="12.9", vllm_version="0.12.0")

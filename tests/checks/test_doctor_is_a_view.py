@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from m3ctl import catalog
-from m3ctl.assess.request import PlanRequest
+from m3ctl.assess.request import PlanRequest, merge
 from m3ctl.checks.doctor import run_doctor
 from m3ctl.hw.systems import inventory_for_system, system_names
 from m3ctl.planning.plan import plan, plan_outcome
@@ -47,3 +47,39 @@ def test_doctor_verdict_is_the_plan_outcome(system):
                 )
         if expected.error is not None:  # the request itself (before any emulated fallback) names its rule
             assert expected.blocker(v.profile is None)[1] in v.blockers or accepted is not None, where
+
+
+#: Raw vLLM arguments (after `--`) doctor takes as plan does: a flag the planner layers as ``args``, the context and
+#: KV dtype doctor also checks, one the rules refuse, and one plan rejects the launch for.
+RAW = [
+    ["--load-format", "dummy"],
+    ["--max-num-seqs", "64", "--enforce-eager"],
+    ["--max-model-len", "65536"],
+    ["--kv-cache-dtype", "fp8"],
+    ["--max-num-seqs", "1024", "--max-num-batched-tokens", "512"],
+]
+
+
+@pytest.mark.parametrize("system", ["b200x8", "h200x8", "mi355xx8"])
+@pytest.mark.parametrize("raw", RAW, ids=lambda r: " ".join(r))
+def test_doctor_verdict_is_the_plan_outcome_for_raw_vllm_args(system, raw):
+    """``m3ctl doctor -- ARGS`` is plan's outcome for ``m3ctl plan -- ARGS`` (doctor used to take no raw arguments,
+    so a scale model served with ``--load-format dummy`` was "not runnable (weights missing)" in doctor and planned
+    by plan): the request layered as plan layers its command line, the same outcome, the same launch."""
+    inv = inventory_for_system(system)
+    model = "MiniMax-M3.1-Flash"
+    rep = run_doctor(inv, model=model, host_checks=False, extra_args=raw)
+    v, where = rep.verdict, (system, raw, rep.verdict.summary)
+    expected = plan_outcome(inv, merge(PlanRequest(model=model, runtime="process", extra_args=raw)), fallback=True)
+    assert v.outcome == expected, where
+    accepted = expected.accepted()
+    if accepted is None:
+        assert v.status == "not_runnable" and expected.tried().blocker(False)[1] in v.blockers, where
+        return
+    assert v.status != "not_runnable" and v.plan_request == accepted.pinned_request().public(), where
+    again = plan(inv, PlanRequest(**v.plan_request))  # the verdict's serve command plans the same launch
+    assert again.argv == accepted.unwrap().argv, where
+    flags = " ".join(again.argv)
+    assert all(tok in flags for tok in raw if tok.startswith("--")), where
+    if "--max-model-len" in raw:  # the context doctor checks is the raw one
+        assert "65536 tokens" in v.summary, where

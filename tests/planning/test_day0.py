@@ -62,7 +62,11 @@ def test_golden_plan_and_doctor_day0(system):
     d = run_cli("doctor", "--system", system, "--json")
     rep = json.loads(d.stdout)
     rows = [{k: c[k] for k in ("id", "status", "message")} for c in rep["checks"] if c["id"].startswith("day0.")]
-    got = {"plan": plan_block, "doctor": {"rows": rows, "verdict": rep["verdict"]["day0"]}}
+    v = rep["verdict"]
+    got = {
+        "plan": plan_block,
+        "doctor": {"rows": rows, "verdict": v["day0"], "status": v["status"], "summary": v["summary"]},
+    }
     path = GOLDEN / f"{system}.json"
     if os.environ.get("M3CTL_UPDATE_GOLDEN") == "1" or not path.exists():
         path.write_text(json.dumps(got, indent=2, sort_keys=True) + "\n")
@@ -162,9 +166,11 @@ def test_indexer_dcp_is_off_below_the_context_where_it_pays():
 def test_plan_text_shows_the_day0_block():
     p = run_cli("plan", "--system", "b200x8")
     assert p.returncode == 0, p.stderr
+    # the same line as doctor's verdict: the host's share of the stack, each fallback named, then what this plan runs
     assert (
-        "day-0 stack: this plan runs 4 of 12 day-0 parts (nvfp4_kv_attention, nvfp4_kv_indexer, qmul4_dequant, "
-        "nvfp4_moe)" in p.stdout
+        "day-0 stack: 3 of 12 parts native, 2 by fallback (qmul4_dequant: FP16 dequant instead of MSA QMUL4, "
+        "indexer_dcp: the indexer on tensor parallelism only), 7 off; this plan runs 4 (nvfp4_kv_attention, "
+        "nvfp4_kv_indexer, qmul4_dequant by fallback, nvfp4_moe)" in " ".join(p.stdout.split())
     )
     assert "qmul4_dequant = fallback: FP16 dequant" in p.stdout
 

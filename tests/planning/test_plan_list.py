@@ -80,7 +80,8 @@ def test_the_entry_marked_chosen_is_what_plan_prints_and_doctor_proposes(system)
     assert got == (plan["variant"], plan["runtime"], plan["image"], _layout_of(plan))
     v = api.doctor(system=system).verdict
     assert v.variant == c.variant and v.tp == c.layout.tp
-    assert v.status == ("runnable_with_fallbacks" if c.fallbacks else "runnable_natively")
+    day0_fallbacks = [s for s in (plan.get("day0") or {}).get("parts", []) if s["runs_fallback"]]
+    assert v.status == ("runnable_with_fallbacks" if c.fallbacks or day0_fallbacks else "runnable_natively")
     # the CLI's --json is the API's answer
     listed = json.loads(run_cli("plan", "--list", "--system", system, "--json", check=True).stdout)
     assert listed == pl.model_dump(mode="json")

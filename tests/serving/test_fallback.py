@@ -495,3 +495,56 @@ def test_the_capture_size_follows_vllms_own_rule(tmp_path, model, args, want):
         mbt, seqs = ctx.scheduler_limits()
         want = (min(seqs * 2, 512, mbt), want[1])
     assert n == want[0] and want[1] in how, (n, how)
+
+
+def test_the_users_own_speculative_config_is_rewritten_to_depth_1_then_dropped(tmp_path, model):
+    """A raw ``--speculative-config '{...}'`` is the user's own words, which the planner keeps whatever
+    ``--spec-depth`` says: the remedies used to be "already in effect" and nothing was relaunched. They are made to
+    the user's JSON: num_speculative_tokens 3 -> 1 (its other keys kept), then the flag dropped, which serves."""
+    own = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    p, port = _serve(
+        _spec_dies(tmp_path),
+        model,
+        "fbown",
+        "--fallback",
+        "auto",
+        "--json",
+        "--",
+        "--speculative-config",
+        json.dumps(own),
+    )
+    try:
+        assert p.returncode == 0, p.stdout + p.stderr
+        fb = [
+            e for e in (json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")) if e["event"] == "fallback"
+        ]
+        assert [e["outcome"] for e in fb] == ["failed", "failed", "ready"], fb
+        assert fb[0]["remedy"] == (
+            "speculative decoding at depth 1 (--spec-depth 1): the user's --speculative-config: "
+            "num_speculative_tokens 3 -> 1"
+        ), fb[0]
+        assert fb[1]["remedy"] == "speculative decoding off (--spec-depth 0): the user's --speculative-config dropped"
+        assert not any("already in effect" in s for e in fb for s in e["skipped"]), fb
+        (rec,) = status()
+        configs = [json.loads(_spec_json(a["command"]) or "{}") for a in rec["fallbacks"]]
+        assert configs == [own, {**own, "num_speculative_tokens": 1}, {}], configs
+    finally:
+        run_cli("stop", "fbown")
+    nothing_left(port)
+
+
+def test_a_users_speculative_config_that_is_no_json_is_kept_and_said_so():
+    """A value m3ctl cannot read as a JSON object is kept as written, and the remedy says so (never "already in
+    effect")."""
+    from m3ctl.assess.request import PlanRequest
+    from m3ctl.serving.diagnosis import UserJson
+    from m3ctl.serving.user_json import apply_user_json
+
+    req = PlanRequest(model="m", extra_args=["--speculative-config", "not-json"])
+    same, how, kept = apply_user_json(req, UserJson(flag="speculative-config", set={"num_speculative_tokens": 1}))
+    assert same is req and how is None and kept and "kept as written" in kept and "not-json" in kept
+    dropped, how, kept = apply_user_json(req, UserJson(flag="speculative-config", drop=True))
+    assert dropped.extra_args == [] and how == "the user's --speculative-config dropped" and kept is None
+    dotted = PlanRequest(model="m", args={"speculative_config.num_speculative_tokens": 5})
+    new, how, _ = apply_user_json(dotted, UserJson(flag="speculative-config", set={"num_speculative_tokens": 1}))
+    assert new.args == {"speculative_config.num_speculative_tokens": 1} and how and "5 -> 1" in how
