@@ -308,7 +308,8 @@ def _dechunk(body: bytes) -> bytes:
     Raises:
         ValueError: a chunk size is no hex number, or the body ends inside a chunk.
     """
-    out, rest = [], body
+    out: list[bytes] = []
+    rest = body
     while True:
         size_line, sep, rest = rest.partition(b"\r\n")
         size = int(size_line.split(b";")[0].strip() or b"x", 16)
