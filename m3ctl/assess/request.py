@@ -53,6 +53,15 @@ TYPED_FLAGS = {
 }
 
 
+def knob(help: str, **cli: Any) -> dict[str, Any]:
+    """The ``Field`` keywords of a plan knob that ``m3ctl plan`` and ``m3ctl serve`` both take as an option: its help
+    (``description``) and its CLI spelling (``json_schema_extra={"cli": ...}``: ``decls``, ``parser`` by name, or
+    ``(name, argument)`` for a parser built from one, ``metavar``; read by m3ctl.cli.options.declared_options). The
+    field is the knob's one declaration: type, default, bounds, help and flag; ``m3ctl plan``/``serve``'s options and
+    the ``**knobs`` of m3ctl.api.plan/serve (PlanRequest fields as keywords) derive from it."""
+    return {"description": help, "json_schema_extra": {"cli": cli}}
+
+
 class PlanRequest(BaseModel):
     """One plan request; every field optional (None = not asked: the catalog or vLLM decides).
 
@@ -92,23 +101,68 @@ class PlanRequest(BaseModel):
     runtime: Literal["process", "docker", "auto"] = "process"
     profile_file: str | None = None
     profile: Any = Field(default=None, exclude=True)
-    variant: str | None = None
-    tp: int | None = Field(default=None, ge=1)
-    dp: int | None = Field(default=None, ge=1)
-    dcp: int | None = Field(default=None, ge=1)
-    ep: bool | None = None
-    dbo: bool | None = None
-    pp: int | None = Field(default=None, ge=1)
+    variant: str | None = Field(
+        default=None,
+        **knob(
+            "Model variant (nvfp4, mxfp4, mxfp8, fp8, bf16); default: best native one that fits.", parser="variant_name"
+        ),
+    )
+    tp: int | None = Field(default=None, ge=1, **knob("Tensor parallel size.", decls="--tp"))
+    dp: int | None = Field(default=None, ge=1, **knob("Data parallel size.", decls="--dp"))
+    dcp: int | None = Field(default=None, ge=1, **knob("Decode context parallel size (adds no GPUs).", decls="--dcp"))
+    ep: bool | None = Field(
+        default=None, **knob("Expert parallel on/off (default: profile strategy).", decls="--ep/--no-ep")
+    )
+    dbo: bool | None = Field(
+        default=None, **knob("Dual batch overlap (needs DP>1 + EP + DeepEP).", decls="--dbo/--no-dbo")
+    )
+    pp: int | None = Field(
+        default=None,
+        ge=1,
+        **knob("Pipeline parallel stages (GPUs = TP x PP x DP); default: the planner's layout search.", decls="--pp"),
+    )
     gpus: list[int] | None = Field(default=None, min_length=1)
-    spec_depth: int | None = Field(default=None, ge=0)
-    spec_method: str | None = None
+    spec_depth: int | None = Field(
+        default=None, ge=0, **knob("Speculative tokens (0 = off); uses the model's drafter, else ngram.")
+    )
+    spec_method: str | None = Field(
+        default=None,
+        **knob("Speculative method override (ngram, dspark, eagle3, mtp...).", parser=("vllm_choice", "spec-method")),
+    )
     draft_tp: int | None = Field(default=None, ge=1)
-    kv_cache_dtype: str | None = None
-    attention: Literal["msa", "dense"] | None = None
-    stack: Literal["day0", "recipe"] | None = None
-    max_model_len: int | None = Field(default=None, ge=1)
-    max_num_seqs: int | None = Field(default=None, ge=1)
-    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    kv_cache_dtype: str | None = Field(
+        default=None,
+        **knob(
+            "KV cache dtype (validated per architecture and attention type).", parser=("vllm_choice", "kv-cache-dtype")
+        ),
+    )
+    attention: Literal["msa", "dense"] | None = Field(
+        default=None,
+        **knob(
+            "msa (the checkpoint's sparse attention, even into a known fatal issue) or dense: every layer dense "
+            "through --hf-overrides, a known MSA issue's fallback (quality cost unknown); default: msa, or the "
+            "fallback where a known fatal issue applies.",
+            metavar="msa|dense",
+        ),
+    )
+    stack: Literal["day0", "recipe"] | None = Field(
+        default=None,
+        **knob(
+            "day0 (the default): every part of the model's day-0 stack that the engine, hardware and image run "
+            "(NVFP4 KV cache, the DSpark drafter, indexer DCP at long context, the MI350 path), each documented "
+            "fallback named; recipe: the conservative recipe plan.",
+            metavar="day0|recipe",
+        ),
+    )
+    max_model_len: int | None = Field(
+        default=None, ge=1, **knob("Max model length (tokens).", parser="token_count", metavar="N")
+    )
+    max_num_seqs: int | None = Field(
+        default=None, ge=1, **knob("Max concurrent sequences.", parser="token_count", metavar="N")
+    )
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1, **knob("Max batched tokens per step.", parser="token_count", metavar="N")
+    )
     args: dict[str, Any] = Field(default_factory=dict, validation_alias=AliasChoices("args", "overrides"))
     extra_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
@@ -116,8 +170,14 @@ class PlanRequest(BaseModel):
     image: str | None = None
     mounts: list[str] = Field(default_factory=list)
     engine_version: str | None = None
-    allow_emulated: bool = False
-    no_multicast: bool = False
+    allow_emulated: bool = Field(
+        default=False,
+        **knob("Accept a variant that runs only through a fallback kernel here (e.g. NVFP4 on Hopper)."),
+    )
+    no_multicast: bool = Field(
+        default=False,
+        **knob("Turn NVLink multicast off for multi-GPU launches (shared hosts).", decls="--no-multicast"),
+    )
     skip_checks: bool = False
     startup_budget_s: float | None = None
     vllm_executable: str | None = None

@@ -329,120 +329,6 @@ Config = Annotated[
     Path | None,
     typer.Option(help="Plan config YAML (flags override it; it overrides M3CTL_* and ~/.config/m3ctl/config.yaml)."),
 ]
-Variant = Annotated[
-    str | None,
-    typer.Option(
-        parser=variant_name, help="Model variant (nvfp4, mxfp4, mxfp8, fp8, bf16); default: best native one that fits."
-    ),
-]
-KVDtype = Annotated[
-    str | None,
-    typer.Option(
-        parser=vllm_choice("kv-cache-dtype"), help="KV cache dtype (validated per architecture and attention type)."
-    ),
-]
-Attention = Annotated[
-    str | None,
-    typer.Option(
-        parser=choice("msa", "dense"),
-        metavar="msa|dense",
-        help="msa (the checkpoint's sparse attention, even into a known fatal issue) or dense: every layer dense through --hf-overrides, a known MSA issue's fallback (quality cost unknown); default: msa, or the fallback where a known fatal issue applies.",
-    ),
-]
-Stack = Annotated[
-    str | None,
-    typer.Option(
-        parser=choice("day0", "recipe"),
-        metavar="day0|recipe",
-        help="day0 (the default): every part of the model's day-0 stack that the engine, hardware and image run (NVFP4 KV cache, the DSpark drafter, indexer DCP at long context, the MI350 path), each documented fallback named; recipe: the conservative recipe plan.",
-    ),
-]
-
-#: The planner's typed knobs (PlanRequest fields), shared by `plan` and `serve` through :func:`plan_knobs`.
-PLAN_KNOBS: dict[str, tuple[Any, Any]] = {
-    "variant": (Variant, None),
-    "tp": (Annotated[int | None, typer.Option("--tp", min=1, help="Tensor parallel size.")], None),
-    "dp": (Annotated[int | None, typer.Option("--dp", min=1, help="Data parallel size.")], None),
-    "dcp": (
-        Annotated[int | None, typer.Option("--dcp", min=1, help="Decode context parallel size (adds no GPUs).")],
-        None,
-    ),
-    "pp": (
-        Annotated[
-            int | None,
-            typer.Option(
-                "--pp",
-                min=1,
-                help="Pipeline parallel stages (GPUs = TP x PP x DP); default: the planner's layout search.",
-            ),
-        ],
-        None,
-    ),
-    "ep": (
-        Annotated[
-            bool | None, typer.Option("--ep/--no-ep", help="Expert parallel on/off (default: profile strategy).")
-        ],
-        None,
-    ),
-    "dbo": (
-        Annotated[bool | None, typer.Option("--dbo/--no-dbo", help="Dual batch overlap (needs DP>1 + EP + DeepEP).")],
-        None,
-    ),
-    "spec_depth": (
-        Annotated[
-            int | None, typer.Option(min=0, help="Speculative tokens (0 = off); uses the model's drafter, else ngram.")
-        ],
-        None,
-    ),
-    "spec_method": (
-        Annotated[
-            str | None,
-            typer.Option(
-                parser=vllm_choice("spec-method"), help="Speculative method override (ngram, dspark, eagle3, mtp...)."
-            ),
-        ],
-        None,
-    ),
-    "kv_cache_dtype": (KVDtype, None),
-    "attention": (Attention, None),
-    "stack": (Stack, None),
-    "max_model_len": (
-        Annotated[int | None, typer.Option(parser=token_count, metavar="N", help="Max model length (tokens).")],
-        None,
-    ),
-    "max_num_seqs": (
-        Annotated[int | None, typer.Option(parser=token_count, metavar="N", help="Max concurrent sequences.")],
-        None,
-    ),
-    "max_num_batched_tokens": (
-        Annotated[int | None, typer.Option(parser=token_count, metavar="N", help="Max batched tokens per step.")],
-        None,
-    ),
-    "allow_emulated": (
-        Annotated[
-            bool,
-            typer.Option(help="Accept a variant that runs only through a fallback kernel here (e.g. NVFP4 on Hopper)."),
-        ],
-        False,
-    ),
-    "no_multicast": (
-        Annotated[
-            bool,
-            typer.Option("--no-multicast", help="Turn NVLink multicast off for multi-GPU launches (shared hosts)."),
-        ],
-        False,
-    ),
-    "offline": (
-        Annotated[
-            bool | None,
-            typer.Option(
-                "--offline/--online",
-                help="Air-gapped: resolve the model, tokenizer and draft model to local HF-cache snapshots and check every file before launch (default: on when HF_HUB_OFFLINE=1).",
-            ),
-        ],
-        None,
-    ),
-}
 
 
 def options(group: dict[str, tuple[Any, Any]], into: str):
@@ -538,7 +424,8 @@ def declared_options(
 ) -> tuple[dict[str, tuple[Any, Any]], dict[str, str]]:
     """:func:`model_options` of the fields of the pydantic settings ``model`` (BenchConfig, TuneOptions, ServeSettings) that declare
     their option themselves (``json_schema_extra={"cli": {...}}``: ``name``, ``decls``, ``min``, ``max``,
-    ``metavar``, ``unset``, ``cli_default``; ``parser`` by name, from ``parsers`` or a parser of this module; ``type`` ``"str"`` or
+    ``metavar``, ``unset``, ``cli_default``; ``parser`` by name, from ``parsers`` or a parser of this module, or
+    ``(name, argument)``: this module's parser factory ``name`` called with it; ``type`` ``"str"`` or
     ``"path"``; ``show`` ``"comma"``: a list default shown comma-separated). Fields without ``cli`` are not options.
     ``extra[field]``: typer.Option keywords a data declaration cannot hold (parsers built at run time,
     autocompletion). Listed in ``order``, then in the model's field order (a new field lands last)."""
@@ -553,9 +440,69 @@ def declared_options(
         cli = dict(model.model_fields[f].json_schema_extra["cli"])
         if isinstance(cli.get("parser"), str):
             cli["parser"] = (parsers or {}).get(cli["parser"]) or globals()[cli["parser"]]
+        elif isinstance(cli.get("parser"), tuple):  # (name, argument): a parser built from one (vllm_choice)
+            name, *args = cli["parser"]
+            cli["parser"] = globals()[name](*args)
         if isinstance(cli.get("type"), str):
             cli["type"] = _DECLARED_TYPES[cli["type"]]
         if isinstance(cli.get("show"), str):
             cli["show"] = _DECLARED_SHOWS[cli["show"]]
         spec[f] = {**cli, **(extra or {}).get(f, {})}
     return model_options(model, spec)
+
+
+# ------------------------------------------------------------------ the plan knobs (plan, serve; doctor a few)
+#: The order of the plan knobs in ``--help`` (PlanRequest's own field order otherwise; a new knob lands last).
+_KNOB_ORDER = (
+    "variant",
+    "tp",
+    "dp",
+    "dcp",
+    "pp",
+    "ep",
+    "dbo",
+    "spec_depth",
+    "spec_method",
+    "kv_cache_dtype",
+    "attention",
+    "stack",
+    "max_model_len",
+    "max_num_seqs",
+    "max_num_batched_tokens",
+    "allow_emulated",
+    "no_multicast",
+)
+
+
+def plan_knobs(model: Any = PlanRequest) -> dict[str, tuple[Any, Any]]:
+    """The planner's typed knobs that ``plan`` and ``serve`` share: the options derived from the PlanRequest fields
+    that declare one (m3ctl.assess.request.knob: each knob's type, default, bounds, help and flag are its field),
+    then ``--offline/--online`` (an argument of m3ctl.api.plan/serve, not a request field)."""
+    group, _ = declared_options(model, order=_KNOB_ORDER)
+    return {**group, "offline": _OFFLINE}
+
+
+_OFFLINE = (
+    Annotated[
+        bool | None,
+        typer.Option(
+            "--offline/--online",
+            help="Air-gapped: resolve the model, tokenizer and draft model to local HF-cache snapshots and check every file before launch (default: on when HF_HUB_OFFLINE=1).",
+        ),
+    ],
+    None,
+)
+#: The planner's typed knobs (PlanRequest fields), shared by `plan` and `serve` through :func:`options`.
+PLAN_KNOBS: dict[str, tuple[Any, Any]] = plan_knobs()
+
+
+def knob_option(name: str) -> Any:
+    """The option of one plan knob of :data:`PLAN_KNOBS` (its flag, parser and help), for a command that takes it
+    one by one (``doctor``)."""
+    return PLAN_KNOBS[name][0].__metadata__[0]
+
+
+#: Plan knobs that ``doctor`` takes as ``plan`` and ``serve`` do.
+Variant = Annotated[str | None, knob_option("variant")]
+Attention = Annotated[str | None, knob_option("attention")]
+Stack = Annotated[str | None, knob_option("stack")]

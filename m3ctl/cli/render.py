@@ -1,7 +1,7 @@
 """Human renderings shared by several commands: a launch plan, smoke findings, kernel findings."""
 
 from m3ctl import api
-from m3ctl.cli.output import escape, print_hang, shell_lines
+from m3ctl.cli.output import print_hang, print_text, shell_lines
 from m3ctl.core.secrets import source_var
 
 COLOUR = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "INFO": "cyan", "UNJUDGED": "magenta"}
@@ -16,7 +16,8 @@ def shown_command(p, runtime=None) -> str:
 
 def print_plan(con, p) -> None:
     """The plan: a head line, each choice with why, what was rejected, warnings (wrapped at the console width),
-    then the command on one line (whole, so it can be copied)."""
+    then the command on one line (whole, so it can be copied). ``con``: a rich console or a
+    :class:`~m3ctl.cli.output.PlainConsole` (m3ctl.cli.output.Output.lines)."""
     print_hang(
         con,
         "plan ",
@@ -53,7 +54,7 @@ def print_plan(con, p) -> None:
             )
     if getattr(p, "day0", None) is not None:
         print_day0(con, p.day0)
-    con.print(escape(shell_lines(shown_command(p), con.width)), soft_wrap=True)
+    print_text(con, shell_lines(shown_command(p), con.width))
 
 
 def print_day0(con, report) -> None:
