@@ -35,9 +35,7 @@ def ci(r: dict) -> float:
 
 def test_the_table_is_the_recorded_runs():
     rows = {
-        ln.split("|")[1].strip(): ln
-        for ln in DOC.read_text().splitlines()
-        if ln.startswith(("| tune ", "| grid "))
+        ln.split("|")[1].strip(): ln for ln in DOC.read_text().splitlines() if ln.startswith(("| tune ", "| grid "))
     }
     rs = runs()
     assert set(rows) == set(rs)
