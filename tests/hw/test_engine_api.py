@@ -1,8 +1,6 @@
-"""The container engine's API over its unix socket (m3ctl.hw.host._engine_get): one HTTP/1.0 GET on the socket
-module alone, so that importing the host probes (on every ``m3ctl plan``'s path) costs no ``http.client`` and no
-``ssl``. Each answer form an engine may send is read: a ``Content-Length`` body (also on a connection the engine
-keeps open), a body ended by closing the connection, a chunked one; anything else is a finding, never a crash.
-On the main before this, ``m3ctl plan`` loaded http.client and ssl (test_plan_loads_no_http_client_nor_ssl)."""
+"""The container engine's API over its unix socket (m3ctl.hw.host._engine_get, the standard library's HTTP client):
+each answer form an engine may send is read: a ``Content-Length`` body (also on a connection the engine keeps
+open), a body ended by closing the connection, a chunked one; anything else is a finding, never a crash."""
 
 from __future__ import annotations
 
@@ -16,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from m3ctl.hw.host import _engine_get, container_facts, inspect_image_config
-from tests.test_structure import loaded_by
 
 VERSION = {"Version": "28.1.1", "ApiVersion": "1.49"}
 INFO = {"Runtimes": {"runc": {}, "nvidia": {}}, "OperatingSystem": "Debian"}
@@ -85,7 +82,7 @@ def engine(tmp_path: Path, answers: dict[str, bytes], *, keep_open: bool = False
 def test_each_answer_form_is_read(tmp_path, form):
     with engine(tmp_path, {"/version": form(VERSION)}) as (path, seen):
         assert _engine_get(path, "/version", 5.0) == VERSION
-    assert seen == ["GET /version HTTP/1.0"]
+    assert seen == ["GET /version HTTP/1.1"]
 
 
 def test_a_length_answer_on_a_connection_kept_open_is_read_without_waiting_for_the_close(tmp_path):
@@ -113,7 +110,7 @@ def test_container_facts_read_the_engine_version_and_runtimes(tmp_path):
         c = container_facts(Path("/"), {"DOCKER_HOST": f"unix://{path}"})
     assert c.docker_reachable and c.docker_version == "28.1.1" and c.docker_socket == path
     assert c.runtimes == ("nvidia", "runc")
-    assert seen == ["GET /version HTTP/1.0", "GET /info HTTP/1.0"]
+    assert seen == ["GET /version HTTP/1.1", "GET /info HTTP/1.1"]
 
 
 def test_an_engine_that_answers_no_http_is_unreachable_with_why(tmp_path):
@@ -128,8 +125,3 @@ def test_an_image_not_pulled_has_no_config(tmp_path):
         env = {"DOCKER_HOST": f"unix://{path}"}
         assert inspect_image_config("vllm/vllm-openai:v1", env) == cfg["Config"]
         assert inspect_image_config("not/pulled:1", env) is None  # 404
-
-
-def test_plan_loads_no_http_client_nor_ssl():
-    loaded = loaded_by("plan", "--system", "b200x8")
-    assert [m for m in loaded if m.split(".")[0] in ("http", "ssl", "_ssl")] == []
