@@ -110,16 +110,16 @@ class PlanRequest(BaseModel):
     tp: int | None = Field(default=None, ge=1, **knob("Tensor parallel size.", decls="--tp"))
     dp: int | None = Field(default=None, ge=1, **knob("Data parallel size.", decls="--dp"))
     dcp: int | None = Field(default=None, ge=1, **knob("Decode context parallel size (adds no GPUs).", decls="--dcp"))
+    pp: int | None = Field(
+        default=None,
+        ge=1,
+        **knob("Pipeline parallel stages (GPUs = TP x PP x DP); default: the planner's layout search.", decls="--pp"),
+    )
     ep: bool | None = Field(
         default=None, **knob("Expert parallel on/off (default: profile strategy).", decls="--ep/--no-ep")
     )
     dbo: bool | None = Field(
         default=None, **knob("Dual batch overlap (needs DP>1 + EP + DeepEP).", decls="--dbo/--no-dbo")
-    )
-    pp: int | None = Field(
-        default=None,
-        ge=1,
-        **knob("Pipeline parallel stages (GPUs = TP x PP x DP); default: the planner's layout search.", decls="--pp"),
     )
     gpus: list[int] | None = Field(default=None, min_length=1)
     spec_depth: int | None = Field(

@@ -452,33 +452,11 @@ def declared_options(
 
 
 # ------------------------------------------------------------------ the plan knobs (plan, serve; doctor a few)
-#: The order of the plan knobs in ``--help`` (PlanRequest's own field order otherwise; a new knob lands last).
-_KNOB_ORDER = (
-    "variant",
-    "tp",
-    "dp",
-    "dcp",
-    "pp",
-    "ep",
-    "dbo",
-    "spec_depth",
-    "spec_method",
-    "kv_cache_dtype",
-    "attention",
-    "stack",
-    "max_model_len",
-    "max_num_seqs",
-    "max_num_batched_tokens",
-    "allow_emulated",
-    "no_multicast",
-)
-
-
 def plan_knobs(model: Any = PlanRequest) -> dict[str, tuple[Any, Any]]:
     """The planner's typed knobs that ``plan`` and ``serve`` share: the options derived from the PlanRequest fields
     that declare one (m3ctl.assess.request.knob: each knob's type, default, bounds, help and flag are its field),
     then ``--offline/--online`` (an argument of m3ctl.api.plan/serve, not a request field)."""
-    group, _ = declared_options(model, order=_KNOB_ORDER)
+    group, _ = declared_options(model)  # in PlanRequest's field order, as --help lists them
     return {**group, "offline": _OFFLINE}
 
 
