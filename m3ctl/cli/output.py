@@ -6,7 +6,6 @@ prints JSON Lines: one object per event (:meth:`Output.event`), each with an ``"
 stderr as ``error: <what>`` / ``hint: <fix>`` (m3ctl.cli.app.main) in both modes.
 """
 
-import builtins
 import json
 import os
 import re
@@ -124,81 +123,12 @@ def print_hang(
 ) -> None:
     """Print :func:`hang` at the console's width (80 in a log file) as plain text; ``style`` colours the
     characters ``span`` of the first line (a status word)."""
-    print_text(con, hang(head, text, con.width, indent), style, span)
-
-
-def print_text(con, text: str, style: str | None = None, span: tuple[int, int] | None = None) -> None:
-    """Print ``text`` as it is (no markup), soft-wrapped, on a rich console or a :class:`PlainConsole`; ``style``
-    colours the characters ``span`` where the console shows styles."""
-    if isinstance(con, PlainConsole):
-        con.text(text)
-        return
     from rich.text import Text  # noqa: PLC0415
 
-    t = Text(text)
+    t = Text(hang(head, text, con.width, indent))
     if style and span:
         t.stylize(style, *span)
     con.print(t, soft_wrap=True)
-
-
-#: What rich changes in a text it prints (m3ctl.cli.output.PlainConsole): the control codes it drops (bell,
-#: backspace, vertical tab, form feed, carriage return: rich.control.STRIP_CONTROL_CODES) and the tab it expands.
-_RICH_CHANGES = frozenset("\a\b\v\f\r\t")
-
-
-def _terminal_like(stream: Any) -> bool:
-    """Whether rich would treat ``stream`` as a terminal (and write styles): rich.console.Console.is_terminal's
-    rules (``TTY_COMPATIBLE``, ``FORCE_COLOR``, then ``isatty``), or a notebook (rich renders there itself)."""
-    if "get_ipython" in vars(builtins):
-        return True
-    compatible = os.environ.get("TTY_COMPATIBLE", "")
-    if compatible in ("0", "1"):
-        return compatible == "1"
-    force = os.environ.get("FORCE_COLOR")
-    if force is not None:
-        return force != ""
-    try:
-        return bool(stream.isatty())
-    except (AttributeError, ValueError):
-        return False
-
-
-class PlainConsole:
-    """The console of lines of plain text (:func:`print_text`: a plan) on stdout when it is no terminal: each text
-    written as rich writes it there (with no style, unwrapped, then flushed), without importing rich (~20 ms of
-    ``m3ctl plan``'s start-up). A text rich would change (a control code it drops, a tab it expands, a blank at the
-    end of a line, which it may cut) is printed through a rich console, so what is written is rich's output byte
-    for byte (tests/cli/test_plain_console.py).
-
-    :func:`plain_console` says when one stands in for the rich console."""
-
-    def __init__(self, width: int) -> None:
-        self.width = width
-        self._rich = None
-
-    def text(self, text: str) -> None:
-        if _RICH_CHANGES.isdisjoint(text) and not any(line[-1:].isspace() for line in text.split("\n")):
-            sys.stdout.write(text + "\n")
-            sys.stdout.flush()
-            return
-        if self._rich is None:
-            self._rich = console()
-        print_text(self._rich, text)
-
-
-def plain_console() -> PlainConsole | None:
-    """A :class:`PlainConsole` where rich would write plain text at a width known without it: stdout is no terminal
-    (nor forced to be one: ``FORCE_COLOR``, ``TTY_COMPATIBLE``; nor a notebook) and its width is :data:`PIPE_WIDTH`
-    or ``COLUMNS``, as :func:`console` and rich set it (not on Windows, where rich's width differs); None otherwise
-    (use :func:`console`)."""
-    stream = sys.stdout
-    if sys.platform == "win32" or _terminal_like(stream):
-        return None
-    piped = not (hasattr(stream, "isatty") and stream.isatty())
-    columns = os.environ.get("COLUMNS")
-    if piped and not columns:
-        return PlainConsole(PIPE_WIDTH)
-    return PlainConsole(int(columns)) if columns and columns.isdigit() else None
 
 
 class Output:
@@ -214,12 +144,6 @@ class Output:
         if self._con is None:
             self._con = console()
         return self._con
-
-    @property
-    def lines(self):
-        """The stdout console of a human form printed with :func:`print_text` only (a plan): a
-        :class:`PlainConsole` where rich would write the text as it is, else :attr:`con`."""
-        return plain_console() or self.con
 
     def print(self, *args, **kw) -> None:
         """Human text on stdout; nothing in JSON mode."""

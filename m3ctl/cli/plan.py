@@ -146,7 +146,7 @@ def plan(
     elif json_out:
         out.result(p.summary())
     else:
-        print_plan(out.lines, p)
+        print_plan(out.con, p)
 
 
 def _check_combination(

@@ -1,7 +1,7 @@
 """Human renderings shared by several commands: a launch plan, smoke findings, kernel findings."""
 
 from m3ctl import api
-from m3ctl.cli.output import print_hang, print_text, shell_lines
+from m3ctl.cli.output import escape, print_hang, shell_lines
 from m3ctl.core.secrets import source_var
 
 COLOUR = {"OK": "green", "WARN": "yellow", "FAIL": "red", "SKIP": "dim", "INFO": "cyan", "UNJUDGED": "magenta"}
@@ -16,8 +16,7 @@ def shown_command(p, runtime=None) -> str:
 
 def print_plan(con, p) -> None:
     """The plan: a head line, each choice with why, what was rejected, warnings (wrapped at the console width),
-    then the command on one line (whole, so it can be copied). ``con``: a rich console or a
-    :class:`~m3ctl.cli.output.PlainConsole` (m3ctl.cli.output.Output.lines)."""
+    then the command on one line (whole, so it can be copied)."""
     print_hang(
         con,
         "plan ",
@@ -54,7 +53,7 @@ def print_plan(con, p) -> None:
             )
     if getattr(p, "day0", None) is not None:
         print_day0(con, p.day0)
-    print_text(con, shell_lines(shown_command(p), con.width))
+    con.print(escape(shell_lines(shown_command(p), con.width)), soft_wrap=True)
 
 
 def print_day0(con, report) -> None:
