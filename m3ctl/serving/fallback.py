@@ -6,7 +6,8 @@ m3ctl/data/components.yaml); a remedy is applied only where the data gives it an
 unattended: how the engine runs, not which model it serves). The change is made to the plan *request* and the plan
 is made again by the planner, so the relaunched command passes every rule a typed command passes (what is printed
 is what runs). A JSON flag the user gave in their own words (``--speculative-config '{...}'``) gets the same change
-(m3ctl.serving.user_json): the planner keeps it as written, so the knobs alone would relaunch the same command. A family's remedies are tried in order as its failures repeat (speculative decoding: depth 1 where
+(m3ctl.serving.user_json): the planner keeps it as written, so the knobs alone would relaunch the same command.
+A family's remedies are tried in order as its failures repeat (speculative decoding: depth 1 where
 the method allows it, then off; CUDA graphs: half the largest capture size, derived from the plan as vLLM sizes it
 (:data:`DERIVE`), then eager mode). Bounds: one relaunch per remedy, at most ``fallback.max_relaunches`` relaunches, never the same launch
 twice (the same command and environment, with nothing cleared in between). A kill from outside, a family with
