@@ -35,6 +35,7 @@ from m3ctl.loadgen.config import (
     check_slo_sweep,
     check_trace_lengths,
     parse_precision,
+    parse_stagger,
 )
 from m3ctl.loadgen.progress import LiveProgress
 from m3ctl.loadgen.report import capacity_lines
@@ -67,6 +68,15 @@ def precision_text(text: str) -> str:
         raise typer.BadParameter(str(e)) from None
     if not 0 < v < 1:
         raise typer.BadParameter(f"{text!r}: a relative half-width above 0 and below 100% (e.g. 2% or 0.02)")
+    return text
+
+
+def stagger_text(text: str) -> str:
+    """auto, off or a number of seconds >= 0 (m3ctl.loadgen.config.parse_stagger)."""
+    try:
+        parse_stagger(text)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
     return text
 
 
@@ -115,6 +125,7 @@ _ORDER = (
     "burstiness",
     "num_prompts",
     "duration_s",
+    "stagger",
     "precision",
     "precision_metric",
     "max_duration_s",
@@ -176,6 +187,7 @@ BENCH_OPTIONS, BENCH_FIELDS = o.declared_options(
         "percentiles": dict(show=_comma),
         "power_gpus": dict(parser=gpu_indices),
         "precision": dict(parser=precision_text),
+        "stagger": dict(parser=stagger_text),
         "precision_metric": dict(parser=precision_key),
     },
     order=_ORDER,

@@ -38,6 +38,7 @@ def print_dry_run(con, r: dict, limit: int = 40) -> None:
         )
         + "requests per concurrency "
         + ", ".join(f"c={c}: {n}" for c, n in r["prompts_per_run"].items())
+        + (f" ({r['run_length']})" if r.get("run_length") and not b.get("precision") else "")
         + (
             "; fresh prompts every run, after a warm-up of as many requests as the concurrency (a repeat at a"
             " level its server has run: none)"

@@ -78,6 +78,18 @@ _MAX_DURATION_HELP = (
 )
 _MAX_DURATION_CLI = {"name": "max_duration", "parser": "positive_float", "metavar": "SECONDS"}
 
+#: How a closed loop's lanes start (docs/bench.md, "The load"): ``auto`` spreads their first sends over one
+#: request latency S (the warm-up's median latency; without a warm-up the lanes send one request together and
+#: S is the first completed request's latency), ``off`` sends them together at t0 (lanes in lockstep), a number is S
+#: in seconds.
+STAGGER_MODES = ("auto", "off")
+_STAGGER_HELP = (
+    "Closed loop: lane k of c sends its first request k x S / c after the start, so the c users are independent "
+    "instead of moving in waves. auto: S = the warm-up's median request latency (no warm-up: the lanes send one "
+    "request together and then spread over the first one's latency); off: all lanes at once (lockstep); a number: "
+    "S in seconds. The ramp is left out of the steady state."
+)
+
 
 def parse_precision(v: Any) -> Any:
     """``"2%"`` -> 0.02; ``"0.02"`` -> 0.02; a number as it is (a relative half-width, checked by the field)."""
@@ -88,6 +100,29 @@ def parse_precision(v: Any) -> Any:
         except ValueError:
             raise ValueError(f"{v!r} is not a relative half-width such as 2% or 0.02") from None
     return v
+
+
+def parse_stagger(v: Any) -> Any:
+    """``"auto"`` / ``"off"`` as they are; ``"2.5"``, ``"2.5s"`` or a number: S in seconds (0: ``"off"``).
+
+    Raises:
+        ValueError: anything else, a negative, infinite or NaN number of seconds.
+    """
+    if isinstance(v, bool):  # not a number of seconds
+        v = str(v)
+    if isinstance(v, str):
+        t = plain_text(v).strip().lower()
+        if t in STAGGER_MODES:
+            return t
+        try:
+            v = float(t.removesuffix("s"))
+        except ValueError:
+            raise ValueError(f"{v!r} is not auto, off or a number of seconds such as 2.5") from None
+    if not isinstance(v, int | float):  # pydantic names the type it wanted
+        return v
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{v!r}: the stagger is a finite number of seconds >= 0 (0: off), auto or off")
+    return "off" if v == 0 else float(v)
 
 
 def check_precision_metric(v: str) -> str:
@@ -187,6 +222,11 @@ class BenchConfig(BaseModel):
         description="Stop issuing requests after this many seconds (workload cycled).",
         json_schema_extra=cli(name="duration", parser="positive_float", metavar="SECONDS"),
     )
+    stagger: Annotated[Literal["auto", "off"] | float, BeforeValidator(parse_stagger)] = Field(
+        "auto", description=_STAGGER_HELP, json_schema_extra=cli(type="str", metavar="auto|off|SECONDS")
+    )
+    """S (s) over which a closed loop's lanes spread their first sends; ``auto``: the warm-up's median latency,
+    else the first completion's; ``off``: lockstep (m3ctl.loadgen.drive.Phases)."""
     input_len: int = Field(
         128,
         ge=1,

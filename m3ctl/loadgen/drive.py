@@ -49,6 +49,8 @@ class ClientStats:
     # a --precision run: {stopped_by: precision | max_duration | prompts, checks, half_width, elapsed_s, and the
     # horizon of the check that met the target: where its steady state ends}
     precision: dict | None = None
+    # a closed loop's stagger (:meth:`Phases.record`): {setting, latency_s, source, lanes, ramp_end}; None otherwise
+    stagger: dict | None = None
 
 
 @dataclass
@@ -59,6 +61,63 @@ class Job:
     concurrency: int | None
     sessions: list = field(default_factory=list)  # agentic sessions
     cycle: bool = False
+    # each closed lane's phase, a fraction of a request latency (lane k of c: k / c; m3ctl.loadgen.procs.split hands
+    # each process its lanes' share); None: this job's own lanes evenly
+    phases: list[float] | None = None
+
+
+class Phases:
+    """When each lane of a closed loop sends its first request: lane k at ``anchor + phase_k x S`` (S: the expected
+    request latency), so the c users are spread over one latency instead of moving in waves (docs/bench.md, "The
+    load"). ``latency`` None (``auto`` without a warm-up): the lanes send one request together at t0, and the first
+    completion sets the anchor (its end) and S (its latency) for every lane's next send. ``ramp_end``: the last
+    staggered send (perf_counter), once every lane has made it: the steady state begins once every request sent
+    up to it has completed (m3ctl.loadgen.uncertainty.steady_window)."""
+
+    def __init__(self, setting, latency: float | None, source: str, phases: list[float], t0: float):
+        self.setting, self.latency, self.source, self.phases = setting, latency, source, phases
+        self.anchor: float | None = t0 if latency is not None else None
+        self.sends: list[float] = []
+
+    @property
+    def ramp_end(self) -> float | None:
+        """The last staggered send once every lane has made it; None while the ramp goes on."""
+        return max(self.sends) if len(self.sends) >= len(self.phases) else None
+
+    def learn(self, o: RequestOutput) -> None:
+        """The first completion of a loop without S sets the anchor and S."""
+        if self.anchor is None and o.success and o.latency > 0:
+            self.anchor, self.latency = o.end_time, o.latency
+
+    def due(self, k: int) -> float | None:
+        """When lane ``k`` makes its staggered send; None while S is not known yet."""
+        if self.anchor is None or self.latency is None:
+            return None
+        return self.anchor + self.phases[k] * self.latency
+
+    def record(self) -> dict:
+        """The stagger used, for the result (ClientStats.stagger)."""
+        return {
+            "setting": self.setting,
+            "latency_s": self.latency,
+            "source": self.source,
+            "lanes": len(self.phases),
+            "ramp_end": max(self.sends) if self.sends else None,
+        }
+
+
+def phases_for(cfg: BenchConfig, lanes: int, warm_latencies: list[float], t0: float, given=None) -> Phases | None:
+    """The stagger of a closed loop of ``lanes`` lanes (``given``: their phases; default k / lanes): None for
+    ``off`` (lockstep); S = a number given, else the median latency of the warm-ups that completed
+    (``warm_latencies``), else learnt from the first completion (:class:`Phases`); None for one lane too."""
+    if cfg.stagger == "off" or lanes < 2:  # one lane has no phase to spread
+        return None
+    phases = list(given) if given is not None else [k / lanes for k in range(lanes)]
+    if isinstance(cfg.stagger, float):
+        return Phases(cfg.stagger, cfg.stagger, "given", phases, t0)
+    if warm_latencies:
+        return Phases("auto", float(np.median(warm_latencies)), "warm-up median latency", phases, t0)
+    return Phases("auto", None, "first completed request's latency (no warm-up)", phases, t0)
 
 
 SERVER_DOWN_AFTER = 3  # consecutive "connection refused" results that mean the server is gone
@@ -119,7 +178,10 @@ async def _precision_watch(cfg: BenchConfig, send: _Sender, outs: list[RequestOu
             rec["stopped_by"], send.halted = "max_duration", True
             return
         horizon = min(send.in_flight.values(), default=now)
-        hw = await asyncio.to_thread(check.check, list(outs), horizon)
+        ramp = send.phases.ramp_end if send.phases is not None else None
+        if send.phases is not None and (ramp is None or horizon <= ramp):
+            continue  # the staggered ramp is not over: no steady state yet
+        hw = await asyncio.to_thread(check.check, list(outs), horizon, ramp)
         rec["checks"] += 1
         rec["half_width"] = hw
         if hw is not None and cfg.precision is not None and hw <= cfg.precision:
@@ -162,6 +224,7 @@ class _Sender:
         self.busy: list = [0, 0.0]
         self.halted = False  # a --precision run stops issuing requests (:func:`_precision_watch`)
         self.in_flight: dict[int, float] = {}  # the send time of each request in flight
+        self.phases: Phases | None = None  # a staggered closed loop's lanes (:class:`Phases`)
         self._ids = itertools.count()
 
     async def __call__(self, req: BenchRequest, due: float, keep_text: bool = False) -> RequestOutput:
@@ -223,20 +286,36 @@ class _Sender:
         return o
 
 
-async def _warm_up(send: _Sender, warmups: list[BenchRequest], concurrency: int | None, stats: ClientStats) -> None:
+async def _warm_up(
+    send: _Sender, warmups: list[BenchRequest], concurrency: int | None, stats: ClientStats
+) -> list[float]:
     """The warm-up requests, ``concurrency`` at a time (all at once without a cap); a cancel (a stall, or
-    Ctrl-C: ``stats.interrupted``) ends them."""
+    Ctrl-C: ``stats.interrupted``) ends them. Returns the latencies (s) of those that succeeded."""
     sem = asyncio.Semaphore(concurrency or len(warmups))
+    lats: list[float] = []
 
     async def warm(req: BenchRequest) -> None:
         async with sem:
-            await send(req, time.perf_counter())
+            o = await send(req, time.perf_counter())
+            if o.success:
+                lats.append(o.latency)
 
     try:
         await asyncio.gather(*(warm(w) for w in warmups))
     except asyncio.CancelledError:  # stalled during the warm-ups (else Ctrl-C: stop here too)
         if not stats.stalled:
             stats.interrupted = True
+    return lats
+
+
+def closed_loop(cfg: BenchConfig, job: Job) -> bool:
+    """Whether ``job`` runs as closed lanes (rate inf, a concurrency, no trace, not agentic)."""
+    return math.isinf(cfg.request_rate) and bool(job.concurrency) and not cfg.trace_path and not job.sessions
+
+
+def lane_count(job: Job) -> int:
+    """The closed lanes of ``job``: its concurrency, at most one per request of a count run."""
+    return min(job.concurrency or 0, len(job.items) if not job.cycle else job.concurrency or 0)
 
 
 async def _measure(
@@ -250,7 +329,7 @@ async def _measure(
             pass
         elif job.sessions:
             await _agentic_lanes(cfg, job, send, outs, stats, deadline)
-        elif math.isinf(cfg.request_rate) and job.concurrency and not cfg.trace_path:
+        elif closed_loop(cfg, job):
             await _closed_lanes(job, send, outs, t0, deadline)
         else:
             await _open_loop(job, send, outs, t0, deadline, lambda: stats.server_down or send.halted)
@@ -285,8 +364,7 @@ async def drive(
         send = _Sender(cfg, session, pool, headers, stats)  # no progress events before the measured phase
         PROGRESS.reset()
         watch = asyncio.create_task(_stall_watch(cfg, _this_task(), stats, send.busy))
-        if warmups:
-            await _warm_up(send, warmups, job.concurrency, stats)
+        warm_lats = await _warm_up(send, warmups, job.concurrency, stats) if warmups else []
         # e.g. scrape server counters after the warmups (arun_bench: the blocking scrape in a worker thread)
         if before is not None and not (stats.stalled or stats.interrupted) and asyncio.iscoroutine(r := before()):
             await r
@@ -298,6 +376,8 @@ async def drive(
         elif t0 > now:
             await asyncio.sleep(t0 - now)
         deadline = t0 + cfg.duration_s if cfg.duration_s else None
+        if closed_loop(cfg, job):
+            send.phases = phases_for(cfg, lane_count(job), warm_lats, t0, job.phases)
         send.emit = emit = sink.EMIT
         helpers = []
         if sink.STOP is not None:
@@ -317,6 +397,8 @@ async def drive(
         mon.cancel()
         if pool is not None:
             pool.close()
+    if send.phases is not None:
+        stats.stagger = send.phases.record()
     stats.cpu_s = time.process_time() - cpu0
     stats.wall_s = time.perf_counter() - t0
     if lags:
@@ -326,27 +408,38 @@ async def drive(
 
 
 async def _closed_lanes(job: Job, send, outs: list, t0: float, deadline: float | None) -> None:
-    """``concurrency`` lanes pull the next request as soon as they are free.
+    """``concurrency`` lanes pull the next request as soon as they are free; a staggered loop's lane first waits
+    for its phase (``send.phases``: :class:`Phases`; lockstep without it).
 
     Count mode: every request is scheduled at t0 (as vLLM with rate=inf), so time waiting for a
-    free lane shows as client queue time. Duration mode: scheduled when a lane picks it.
+    free lane shows as client queue time; a lane's staggered send is scheduled at its phase. Duration mode:
+    scheduled when a lane picks it.
     """
     it = iter(range(1 << 62)) if job.cycle else iter(range(len(job.items)))
     n = len(job.items)
+    ph: Phases | None = send.phases
 
-    async def lane() -> None:
+    async def lane(k: int) -> None:
+        waiting = ph is not None  # this lane's staggered send is still to come
         for i in it:
+            due = t0
+            if waiting and ph is not None and (at := ph.due(k)) is not None:
+                while (delay := at - time.perf_counter()) > 0:  # never early (a timer may fire ~1 ms early)
+                    await asyncio.sleep(delay)
+                due, waiting = at, False
+                ph.sends.append(time.perf_counter())
             now = time.perf_counter()
             if deadline is not None and now >= deadline:
                 return
-            req = job.items[i % n][0]
             try:
-                outs.append(await send(req, now if deadline is not None else t0))
+                o = await send(job.items[i % n][0], now if deadline is not None else due)
             except _Stop:
                 return
+            outs.append(o)
+            if waiting and ph is not None:
+                ph.learn(o)
 
-    lanes = job.concurrency or 0  # the caller runs closed lanes only with a concurrency
-    await asyncio.gather(*(lane() for _ in range(min(lanes, n if not job.cycle else lanes))))
+    await asyncio.gather(*(lane(k) for k in range(lane_count(job))))
 
 
 async def _open_loop(job: Job, send, outs: list, t0: float, deadline: float | None, stopped=lambda: False) -> None:

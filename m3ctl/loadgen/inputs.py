@@ -25,7 +25,7 @@ def validate(cfg: BenchConfig) -> None:
 
     Raises:
         BadInput: unknown endpoint, goodput metric, workload or HTTP client; a dataset workload without its file;
-            --duration without a bound on load;
+            --duration without a bound on load; a --stagger other than auto without closed lanes;
             a malformed URL; a bad trace file or options a trace replaces (m3ctl.loadgen.trace.check); a goodput
             limit that is not a finite number of ms > 0; a run that would build more than
             :data:`MAX_RUN_PROMPT_TOKENS` prompt tokens; an unreadable, non-UTF-8 or misplaced dataset or
@@ -53,6 +53,13 @@ def validate(cfg: BenchConfig) -> None:
             "--duration needs --concurrency or a finite --request-rate", "e.g. --duration 60 --concurrency 8"
         )
     _check_precision(cfg)
+    closed = math.isinf(cfg.request_rate) and cfg.concurrency and not cfg.trace_path and cfg.workload != "agentic"
+    if cfg.stagger != "auto" and not closed:
+        raise BadInput(
+            f"--stagger {cfg.stagger} spreads the lanes of a closed loop: it needs --concurrency, no --request-rate, "
+            "--trace or agentic workload",
+            "drop --stagger, or run a closed loop (--concurrency N)",
+        )
     _check_url(cfg.url)
     if cfg.power_metrics is not None:
         _check_url(cfg.power_metrics, "--power-metrics", "the GPU exporter's page, e.g. http://gpu-host:9400/metrics")

@@ -16,7 +16,7 @@ from m3ctl.core import signals
 from m3ctl.loadgen import sink
 from m3ctl.loadgen.client import BenchRequest, RequestOutput
 from m3ctl.loadgen.config import BenchConfig
-from m3ctl.loadgen.drive import ClientStats, Job, drive
+from m3ctl.loadgen.drive import ClientStats, Job, drive, lane_count
 
 
 def procs_for(cfg: BenchConfig, job: Job) -> int:
@@ -33,12 +33,17 @@ def _drive_in_worker(
 
 
 def split(job: Job, procs: int) -> list[Job]:
-    """Round-robin share of requests/sessions and of the concurrency over ``procs`` processes."""
+    """Round-robin share of requests/sessions and of the concurrency over ``procs`` processes; the closed lanes'
+    phases too (lane k of c: k / c, so the processes' lanes together spread over one request latency)."""
     conc = job.concurrency
     shares = []
+    lanes = lane_count(job)
     for p in range(procs):
         c = None if conc is None else conc // procs + (1 if p < conc % procs else 0)
-        shares.append(Job(items=job.items[p::procs], concurrency=c, sessions=job.sessions[p::procs], cycle=job.cycle))
+        phases = [k / lanes for k in range(lanes)][p::procs] if lanes else None
+        share = Job(items=job.items[p::procs], concurrency=c, sessions=job.sessions[p::procs], cycle=job.cycle)
+        share.phases = phases[: lane_count(share)] if phases is not None else None
+        shares.append(share)
     return [s for s in shares if (s.items or s.sessions) and (s.concurrency is None or s.concurrency > 0)]
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections
 import itertools
 import math
+import statistics
 import time
 from dataclasses import asdict
 from datetime import datetime
@@ -347,6 +348,7 @@ def assemble(
     agentic = cfg.workload == "agentic"
     res["workload"] = wl
     res["load"] = _load_block(cfg, len(cstats), rate)
+    res["load"]["stagger"] = stagger_block(cfg, outs, cstats)
     res.update(metrics.extended(outs, cfg.percentiles))
     res["uncertainty"] = uncertainty_block(cfg, outs, res["unmeasured"], cstats)
     res["per_gpu"] = _per_gpu(res, cfg.num_gpus, cfg.num_gpus_source)
@@ -370,6 +372,29 @@ def assemble(
     return res
 
 
+def stagger_block(cfg: BenchConfig, outs: list[RequestOutput], cstats: list[ClientStats]) -> dict | None:
+    """The result's ``load.stagger``: how a closed loop's lanes started (docs/bench.md, "The load"): ``setting``
+    (auto, off or seconds), ``latency_s`` (S: the median over client processes), ``source``, ``lanes`` and
+    ``ramp_s`` (the first send to the last lane's staggered send); ``{"setting": "off", ...}`` for lanes in
+    lockstep; None for a load without closed lanes (open loop, trace, agentic)."""
+    if not (math.isinf(cfg.request_rate) and cfg.concurrency and not cfg.trace_path and cfg.workload != "agentic"):
+        return None
+    recs = [s.stagger for s in cstats if s.stagger]
+    if not recs:  # off, or one lane (nothing to spread)
+        why = "off: the lanes start together (lockstep)" if cfg.stagger == "off" else "one lane: nothing to spread"
+        return {"setting": cfg.stagger, "latency_s": None, "source": why, "lanes": None, "ramp_s": 0.0}
+    lats = [r["latency_s"] for r in recs if r["latency_s"] is not None]
+    ramps = [r["ramp_end"] for r in recs if r["ramp_end"] is not None]
+    first = min((o.start_time for o in outs if o.start_time), default=None)
+    return {
+        "setting": recs[0]["setting"],
+        "latency_s": float(statistics.median(lats)) if lats else None,
+        "source": recs[0]["source"],
+        "lanes": sum(r["lanes"] for r in recs),
+        "ramp_s": max(ramps) - first if ramps and first is not None else None,
+    }
+
+
 def uncertainty_block(cfg: BenchConfig, outs: list[RequestOutput], miss: dict, cstats: list[ClientStats]) -> dict:
     """The result's ``uncertainty`` block (m3ctl.loadgen.uncertainty.block): every figure's 95 % interval but
     those of metrics the run did not measure (``miss``: m3ctl.loadgen.metrics.unmeasured), and for a --precision
@@ -377,6 +402,7 @@ def uncertainty_block(cfg: BenchConfig, outs: list[RequestOutput], miss: dict, c
     run stopped by its precision has its rates' steady state end where the stop check met the target."""
     skip = [m for m in ("ttft", "tpot", "itl", "e2el") if m in miss]
     run = next((s.precision for s in cstats if s.precision), None)
+    ramps = [s.stagger["ramp_end"] for s in cstats if s.stagger and s.stagger.get("ramp_end") is not None]
     u = uncertainty.block(
         outs,
         cfg.concurrency,
@@ -387,6 +413,7 @@ def uncertainty_block(cfg: BenchConfig, outs: list[RequestOutput], miss: dict, c
         cfg.precision,
         cfg.precision_metric,
         end=(run or {}).get("horizon"),
+        ramp_end=max(ramps) if ramps else None,
     )
     drop = {"output_throughput", "total_token_throughput"} if "output_tokens" in miss else set()
     drop |= {"request_goodput"} if "request_goodput" in miss else set()

@@ -47,7 +47,8 @@ RATES = ("output_throughput", "total_token_throughput", "request_throughput", "r
 
 STEADY_RULE = (
     "steady state = from the completion of the first L requests (L: the concurrency cap, or the median in-flight "
-    "count of an uncapped run; every lane has turned over once, so the synchronised first wave is out) to the first "
+    "count of an uncapped run; every lane has turned over once, so the synchronised first wave is out; a staggered "
+    "closed loop: also every request sent up to the last lane's staggered first send, so its ramp is out) to the first "
     "completion after the last send (from then on the in-flight count only falls: the drain); a --precision run "
     "stopped by its target: to the point its stop check met it"
 )
@@ -109,10 +110,13 @@ def _plateau(starts: np.ndarray, ends: np.ndarray, concurrency: int | None) -> i
     return max(1, int(np.median(inflight)))
 
 
-def steady_window(outs: Sequence[RequestOutput], concurrency: int | None, end: float | None = None) -> dict | None:
+def steady_window(
+    outs: Sequence[RequestOutput], concurrency: int | None, end: float | None = None, ramp_end: float | None = None
+) -> dict | None:
     """The steady state of a run (:data:`STEADY_RULE`): ``{start, end}`` on the outputs' clock, the level ``L``
     and the ramp-up and drain dropped (s); None without successful requests or when the rule leaves nothing.
-    ``end``: where a --precision run's stop check met its target (its window ends there, as the check's did)."""
+    ``end``: where a --precision run's stop check met its target (its window ends there, as the check's did);
+    ``ramp_end``: a staggered closed loop's last staggered send (m3ctl.loadgen.drive.Phases)."""
     ok = [o for o in outs if o.success]
     if len(ok) < 2:
         return None
@@ -122,6 +126,8 @@ def steady_window(outs: Sequence[RequestOutput], concurrency: int | None, end: f
     if level > len(ends):
         return None
     start = float(ends[level - 1])
+    if ramp_end is not None:  # every request sent during the staggered ramp has completed
+        start = max(start, max((o.end_time for o in outs if o.start_time and o.start_time <= ramp_end), default=start))
     last_send = float(starts.max())
     after = ends[ends > last_send]
     end = end if end is not None else float(after[0]) if len(after) else last_send
@@ -201,11 +207,12 @@ def rate_intervals(
     batches: int = BATCHES,
     flat: tuple[np.ndarray, np.ndarray] | None = None,
     end: float | None = None,
+    ramp_end: float | None = None,
 ) -> tuple[dict, dict]:
     """The batch-means intervals of :data:`RATES` over the steady state: ``({key: figure}, steady)``; ``steady``
     says the window (:func:`steady_window`), the batches used and, when there are none, ``reason``."""
     ok = [o for o in outs if o.success]
-    win = steady_window(outs, concurrency, end)
+    win = steady_window(outs, concurrency, end, ramp_end)
     if win is None:
         return {}, {"rule": STEADY_RULE, "reason": "no steady state: fewer completions than the concurrency level"}
     span = win["end"] - win["start"]
@@ -443,14 +450,16 @@ def block(
     precision: float | None = None,
     headline: str = "output_throughput",
     end: float | None = None,
+    ramp_end: float | None = None,
 ) -> dict:
     """A run's ``uncertainty`` block: ``level``, ``steady_state`` (the window, its rule, the batches),
     ``figures`` ({result key: {value, ci95: [low, high], rel_half_width, method}}), ``precision`` (the target
     relative half-width or None), ``headline`` (the figure the precision is asked of), ``met`` (its interval
     within the target; None without a target) and ``too_wide`` (the figures wider than the target). ``end``: the
-    horizon of the stop check that met a --precision target (:func:`steady_window`)."""
+    horizon of the stop check that met a --precision target, ``ramp_end`` a staggered loop's ramp
+    (:func:`steady_window`)."""
     flat = _flat_gaps([o for o in outs if o.success])
-    rates, steady = rate_intervals(outs, concurrency, goodput_slo_ms, flat=flat, end=end)
+    rates, steady = rate_intervals(outs, concurrency, goodput_slo_ms, flat=flat, end=end, ramp_end=ramp_end)
     figs = {**rates, **latency_intervals(outs, percentiles, seed, skip, flat=flat)}
     return {"level": LEVEL, "steady_state": steady, "figures": figs, **verdict(figs, precision, headline)}
 
@@ -482,6 +491,7 @@ class StopCheck:
         n = int((budget_s + 1) / self.RESOLUTION_S) + 1
         self.bins = {k: np.zeros(n) for k in RATES}
         self.ends: list[float] = []
+        self.ramp_ends: list[tuple[float, float]] = []  # (send, end) of each completed request
         self.lats: list[float] = []
         self.starts: list[float] = []
         self.seen = 0
@@ -492,6 +502,7 @@ class StopCheck:
         if not ok:
             return
         self.ends += [o.end_time for o in ok]
+        self.ramp_ends += [(o.start_time, o.end_time) for o in new if o.start_time]
         self.lats += [o.latency for o in ok]
         times, toks = _token_times(ok, *_flat_gaps(ok))
         firsts = np.array([o.start_time + o.ttft for o in ok])
@@ -508,10 +519,11 @@ class StopCheck:
             keep = (idx >= 0) & (idx < len(self.bins[key]))
             self.bins[key] += np.bincount(idx[keep], weights=w[keep], minlength=len(self.bins[key]))
 
-    def check(self, outs: Sequence[RequestOutput], horizon: float) -> float | None:
+    def check(self, outs: Sequence[RequestOutput], horizon: float, ramp_end: float | None = None) -> float | None:
         """The relative half-width now (``outs``: the completed requests so far, in completion order); None: not
         known yet (the steady state has not begun, or holds fewer than :data:`BATCHES` batches of a median
-        request latency)."""
+        request latency). ``ramp_end``: a staggered loop's last staggered send (:func:`steady_window`; the
+        caller checks first that every request sent up to it has completed)."""
         self._add(outs[self.seen :])
         self.seen = len(outs)
         if len(self.ends) < 2:
@@ -521,6 +533,10 @@ class StopCheck:
         if len(ends) < level or ends[level - 1] >= horizon:
             return None
         start = float(ends[level - 1])
+        if ramp_end is not None:
+            start = max(start, max((e for s, e in self.ramp_ends if s <= ramp_end), default=start))
+            if start >= horizon:
+                return None
         if self.headline not in RATES:
             f = latency_intervals(outs, _percentile_of(self.headline), replicates=200).get(self.headline)
             return None if f is None else f["rel_half_width"]

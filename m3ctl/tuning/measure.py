@@ -16,10 +16,10 @@ from typing import Any, Protocol
 from m3ctl.core.files import write_atomic
 from m3ctl.errors import ConfigRejected, LaunchFailed
 from m3ctl.loadgen.capacity import CapacityRule, Verdict, capacity_of, decide, run_spread
-from m3ctl.loadgen.config import BenchConfig, run_length
+from m3ctl.loadgen.config import STEADY_WAVES, BenchConfig, run_length
 from m3ctl.loadgen.inputs import prompt_tokens_per_request
 from m3ctl.loadgen.slo import SLO, metric, objective_value
-from m3ctl.tuning.options import TuneSpec
+from m3ctl.tuning.options import RUN_WAVES, TuneSpec
 
 KEEP_KEYS = (
     "duration",
@@ -183,6 +183,21 @@ def objective_figure(objective: str) -> str:
 
 def num_prompts(spec: TuneSpec, concurrency: int, fidelity: float) -> int:
     return max(spec.min_prompts, round(spec.prompts_per_concurrency * concurrency * fidelity))
+
+
+def run_length_text(spec: TuneSpec, bench: dict[str, Any]) -> str:
+    """How long each measurement runs, in words (``tune --dry-run``): until the objective's interval is known to
+    the study's --precision, else its waves of the concurrency and why that many."""
+    if bench.get("precision"):
+        return f"until {objective_figure(spec.objective)} is known to +-{100 * bench['precision']:g} %"
+    waves = spec.prompts_per_concurrency
+    why = (
+        f"the default, one of ramp-up, {STEADY_WAVES} of steady state for the interval's whole-latency batches "
+        "and one of drain"
+        if waves == RUN_WAVES
+        else "--prompts-per-concurrency"
+    )
+    return f"{waves:g} waves a run, at least {spec.min_prompts} requests: {why}"
 
 
 def run_size(spec: TuneSpec, bench: dict[str, Any], concurrency: int, fidelity: float) -> dict[str, Any]:

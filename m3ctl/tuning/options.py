@@ -29,7 +29,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from m3ctl.errors import BadInput, plain_text
 from m3ctl.loadgen import MAX_REQUEST_TOKENS
-from m3ctl.loadgen.config import MAX_PROMPTS, PRECISION_MAX_DURATION_S, parse_precision
+from m3ctl.loadgen.config import MAX_PROMPTS, PRECISION_MAX_DURATION_S, STEADY_WAVES, parse_precision
+
+#: The default run of a tune measurement, in waves of its concurrency: the bench's default run length
+#: (m3ctl.loadgen.config.RUN_LENGTH_RULE: one wave of ramp-up, STEADY_WAVES of steady state, one of drain).
+RUN_WAVES: Final = STEADY_WAVES + 2
 
 #: Version of the :class:`TuneOptions` schema.
 SCHEMA_VERSION: Final = 1
@@ -147,8 +151,11 @@ class TuneOptions(BaseModel):
         bound=_bound(0, what=">= 0", fmt="g"),
     )
     prompts_per_concurrency: int = _opt(
-        4,
-        "Requests per run = this x concurrency, at least 8 (a run of fewer has no percentiles to speak of).",
+        RUN_WAVES,
+        f"Requests per run = this x concurrency (waves of the closed loop), at least 8; default {RUN_WAVES}, the "
+        f"run `m3ctl bench` sends without --num-prompts: one wave of ramp-up, {STEADY_WAVES} of steady state (the "
+        "objective's interval takes batches of whole request latencies, at least 4 of them) and one of drain; "
+        "4 waves gave no interval at all.",
         cli={"max": None},  # the top is the study's check: its message names the requests of one bench run
         saved="spec",
         bound=_bound(1, MAX_PROMPTS),

@@ -20,7 +20,7 @@ from m3ctl.errors import ConfigRejected
 from m3ctl.loadgen.pareto import scatter_by_validity, validity_class
 from m3ctl.tuning.choice import rule_text as choice_rule_text
 from m3ctl.tuning.local import mesh
-from m3ctl.tuning.measure import SPEC_DECODE_KEYS, Outcome, objective_figure, run_size
+from m3ctl.tuning.measure import SPEC_DECODE_KEYS, Outcome, objective_figure, run_length_text, run_size
 from m3ctl.tuning.options import TuneSpec
 from m3ctl.tuning.pool import smallest_trial, trial_pool
 from m3ctl.tuning.schedule import Pending, first_wave, order_batch, pick_gpus
@@ -106,7 +106,8 @@ def dry_run(
     "rejected", rule, reason, command}], ``feasible`` (count), ``baseline`` {config, command} or
     {skipped: why}, ``first`` {config, command} (the anchor: the search's first start) or None,
     ``order`` (what runs in which order), ``prompts_per_run`` {concurrency: requests, at most for a --precision
-    study}, ``precision_metric`` (the figure a --precision study measures until it is known), ``boundary`` (the rule for
+    study}, ``precision_metric`` (the figure a --precision study measures until it is known), ``run_length`` (how long
+    each run is and why, in words: m3ctl.tuning.measure.run_length_text), ``boundary`` (the rule for
     repeating a run near the SLO boundary, in words), ``choice`` (what profile.yaml will hold, in words:
     m3ctl.tuning.choice.rule_text), ``runnable`` (False when the rules reject every configuration of the space:
     the run refuses it, :func:`smallest_trial`), ``parallel`` (:func:`parallel_preview`: trials at once, their
@@ -142,6 +143,7 @@ def dry_run(
         "feasible": sum(1 for c in cands if c["status"] == "ok"),
         "prompts_per_run": {c: run_size(spec, settings.get("bench", {}), c, 1.0)["num_prompts"] for c in spec.ladder},
         "precision_metric": objective_figure(spec.objective),
+        "run_length": run_length_text(spec, settings.get("bench", {})),
     }
     if spec.baseline:
         base, why = ev.baseline_candidate()

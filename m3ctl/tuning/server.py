@@ -56,6 +56,9 @@ class ServerSession:
         #: (concurrency, fidelity) levels this server has run: a repeat at one of them skips the warm-up (the server
         #: has just served that load; its kernels for that batch size are compiled and its pools sized)
         self.levels_run: set[tuple[int, float]] = set()
+        #: the median request latency (s) of the last run at each level: a repeat without a warm-up spreads its
+        #: lanes over it (BenchConfig.stagger), as a first run spreads them over its warm-up's
+        self.level_latency: dict[tuple[int, float], float] = {}
 
     def alive(self) -> bool:
 
@@ -88,7 +91,8 @@ class ServerSession:
         concurrency and fidelity in the trial folder (a repeat near the SLO boundary, m3ctl.tuning.search.measure_level)
         is saved as ``bench-cC-xF-rN.json`` (N = 1, 2, ...), so every run is kept. A repeat on this server at a
         level it has already run sends no warm-up requests (``tune.warmed_by``: the run before it warmed the server
-        at that load); on the H200 a warm-up wave took 1.9-2.9 s at c=64-96 (docs/results/h200-study9.md).
+        at that load; its lanes spread over that run's median latency instead of the warm-up's: BenchConfig.stagger);
+        on the H200 a warm-up wave took 1.9-2.9 s at c=64-96 (docs/results/h200-study9.md).
 
         Raises:
             KeyboardInterrupt: the bench was interrupted (Ctrl-C; SIGTERM/SIGHUP: m3ctl.core.signals.Terminated): the partial run is saved and the level
@@ -115,7 +119,8 @@ class ServerSession:
         )
         warmed = (concurrency, fidelity) in self.levels_run
         if warmed:
-            cfg = cfg.model_copy(update={"warmup": False, "num_warmups": 0})
+            lat = self.level_latency.get((concurrency, fidelity)) if cfg.stagger == "auto" else None
+            cfg = cfg.model_copy(update={"warmup": False, "num_warmups": 0, **({"stagger": lat} if lat else {})})
         stem = f"bench-c{concurrency}-x{fidelity:g}"
         rep = 0
         while (self.dir / f"{stem}{f'-r{rep}' if rep else ''}.json").exists():
@@ -156,6 +161,8 @@ class ServerSession:
             reruns += 1
         write_json(self.dir / f"{stem}.json", res)
         self.levels_run.add((concurrency, fidelity))
+        if isinstance(med := res.get("median_e2el_ms"), int | float) and med > 0:
+            self.level_latency[(concurrency, fidelity)] = med / 1000
         return res
 
     def _run(self, cfg, concurrency: int) -> dict:

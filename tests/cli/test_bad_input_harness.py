@@ -109,6 +109,7 @@ STRING_CASES: dict[str, list[str]] = {
     "--parallel-trials": ["0", "-1", "a", "", "1.5"],
     "--precision": ["0", "0%", "-1%", "100%", "abc", "", "nan", "2%%"],
     "--precision-metric": ["tput", "", "p90_tpot", "p90_foo_ms"],
+    "--stagger": ["sometimes", "", "-1", "nan", "inf", "2ss"],
 }
 #: Multiple-valued string options and their bad values.
 LIST_CASES: dict[str, list[str]] = {

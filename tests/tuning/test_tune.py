@@ -754,7 +754,7 @@ def test_cli_tune_dry_run_prints_the_study_and_starts_nothing(tiny_models, tmp_p
         "max_num_seqs": 64,
         "max_num_batched_tokens": 2048,
     }
-    assert r["prompts_per_run"]["4"] == 16
+    assert r["prompts_per_run"]["4"] == 48  # 12 waves of 4 (the default run: TuneOptions.prompts_per_concurrency)
     t = run_cli(*args, env={"M3CTL_STATE_DIR": str(state)})
     assert t.returncode == 0, t.stderr
     assert "6 of 8 configurations pass the plan rules" in t.stdout and "rule batching.limits" in t.stdout

@@ -48,7 +48,25 @@ def test_the_cli_saves_it_with_the_bench_options_and_the_dry_run_says_it():
     assert "until the 95 % interval of total_token_throughput is within +-5 % or 300 s" in text
     assert "at most requests per concurrency c=1: 1000" in text
     plain = run_cli(*DRY).stdout
-    assert "until the 95 %" not in plain and "requests per concurrency c=1: 8" in plain
+    assert "until the 95 %" not in plain and "requests per concurrency c=1: 12, c=2: 24" in plain
+
+
+def test_the_default_run_has_enough_whole_latency_batches_for_an_interval_and_the_dry_run_says_so():
+    """The default measurement was 4 waves of the concurrency: after the first wave (ramp-up) and the drain, its
+    steady state held fewer than 4 whole request latencies, so the objective had no interval at all. The default
+    is now the bench's own run length (12 waves: one of ramp-up, 10 of steady state, one of drain), and the dry run
+    says how long a run is and why."""
+    from m3ctl.loadgen.config import STEADY_WAVES
+    from m3ctl.tuning.options import RUN_WAVES, default
+
+    assert default("prompts_per_concurrency") == RUN_WAVES == STEADY_WAVES + 2 == 12
+    d = json.loads(run_cli(*DRY, "--json").stdout)
+    assert d["prompts_per_run"]["64"] == 64 * 12 and d["run_length"].startswith("12 waves a run")
+    assert (
+        "12 waves a run, at least 8 requests: the default, one of ramp-up, 10 of steady state" in run_cli(*DRY).stdout
+    )
+    given = json.loads(run_cli(*DRY, "--prompts-per-concurrency", "4", "--json").stdout)
+    assert given["prompts_per_run"]["64"] == 256 and given["run_length"].endswith("--prompts-per-concurrency")
 
 
 @pytest.mark.parametrize(

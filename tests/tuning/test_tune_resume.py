@@ -203,3 +203,31 @@ def test_an_interrupted_bench_run_stops_the_study_and_the_trial_is_recovered_on_
     assert tuner.recovered_trials == [whole[j].trial]
     kept = next(o for o in tuner.outcomes.values() if o.trial == whole[j].trial)
     assert kept.recovered and [p.concurrency for p in kept.points] == [whole[j].points[0].concurrency]
+
+
+def test_a_repeat_without_a_warm_up_spreads_its_lanes_over_the_last_runs_latency(tmp_path):
+    """The warm-up gives a run's lanes their stagger (BenchConfig.stagger auto: its median latency); a repeat that
+    skips it spreads them over the median latency of the run before it at that level, not in lockstep."""
+    from types import SimpleNamespace
+
+    from m3ctl.tuning.server import ServerSession
+
+    sess = ServerSession(
+        SimpleNamespace(
+            spec=TuneSpec(), n_gpus_plan=lambda p: 1, registry=SimpleNamespace(root=tmp_path), bench={"warmup": True}
+        ),
+        SimpleNamespace(argv=["vllm", "serve"], gpus=[]),
+        SimpleNamespace(url="http://127.0.0.1:1", served_model_name="m", log_path=str(tmp_path / "log"), name="t"),
+        tmp_path,
+        1.0,
+    )
+    sent: list = []
+
+    def run(cfg, c):
+        sent.append((c, cfg.warmup, cfg.stagger))
+        return {"completed": 8, "median_e2el_ms": 2200.0 + len(sent), "validity": {"valid": True, "reasons": []}}
+
+    sess._run = run
+    for c in (64, 64, 64, 96):
+        sess.measure(c, 1.0)
+    assert sent == [(64, True, "auto"), (64, False, 2.201), (64, False, 2.202), (96, True, "auto")]
