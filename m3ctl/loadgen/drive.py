@@ -286,11 +286,24 @@ class _Sender:
         return o
 
 
+def run_latency(o: RequestOutput, output_len: int) -> float:
+    """A warm-up's latency (s) scaled to a run request's ``output_len`` output tokens: its TTFT plus its mean time
+    per further token for each of the run's further tokens. A warm-up asks for at most
+    m3ctl.loadgen.prepare.WARMUP_OUTPUT_LEN tokens, so its own latency understates the run's (on an H200, 2,048 in /
+    128 out at c=64: a full request took 1.6 s) and a stagger over it would leave the lanes in a fraction of the
+    cycle. One token or no TTFT: the latency as measured."""
+    n = o.output_tokens or 0
+    if n < 2 or o.ttft <= 0 or output_len < 2:
+        return o.latency
+    return o.ttft + (o.latency - o.ttft) / (n - 1) * (output_len - 1)
+
+
 async def _warm_up(
-    send: _Sender, warmups: list[BenchRequest], concurrency: int | None, stats: ClientStats
+    send: _Sender, warmups: list[BenchRequest], concurrency: int | None, stats: ClientStats, out_len: int = 0
 ) -> list[float]:
     """The warm-up requests, ``concurrency`` at a time (all at once without a cap); a cancel (a stall, or
-    Ctrl-C: ``stats.interrupted``) ends them. Returns the latencies (s) of those that succeeded."""
+    Ctrl-C: ``stats.interrupted``) ends them. Returns the latencies (s) of those that succeeded, each scaled to
+    ``out_len`` output tokens (:func:`run_latency`; 0: as measured)."""
     sem = asyncio.Semaphore(concurrency or len(warmups))
     lats: list[float] = []
 
@@ -298,7 +311,7 @@ async def _warm_up(
         async with sem:
             o = await send(req, time.perf_counter())
             if o.success:
-                lats.append(o.latency)
+                lats.append(run_latency(o, out_len))
 
     try:
         await asyncio.gather(*(warm(w) for w in warmups))
@@ -364,7 +377,8 @@ async def drive(
         send = _Sender(cfg, session, pool, headers, stats)  # no progress events before the measured phase
         PROGRESS.reset()
         watch = asyncio.create_task(_stall_watch(cfg, _this_task(), stats, send.busy))
-        warm_lats = await _warm_up(send, warmups, job.concurrency, stats) if warmups else []
+        out_len = int(np.median([r.output_len for r, _ in job.items])) if job.items else 0
+        warm_lats = await _warm_up(send, warmups, job.concurrency, stats, out_len) if warmups else []
         # e.g. scrape server counters after the warmups (arun_bench: the blocking scrape in a worker thread)
         if before is not None and not (stats.stalled or stats.interrupted) and asyncio.iscoroutine(r := before()):
             await r
