@@ -9,7 +9,7 @@
 #         reasons are sampled every 5 s (samples.txt).
 set -u
 NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-case "$NAME" in *H200*) PARTS=grid exec bash scripts/gpu/hopper_m3_call.sh;; esac
+[ -n "${MODE:-}" ] || case "$NAME" in *H200*) PARTS=grid exec bash scripts/gpu/hopper_m3_call.sh;; esac
 exec > >(tee "$OUT/call.log") 2>&1
 t0=$(date +%s); STOP_AT=${STOP_AT:-570}; RUNS=${RUNS:-3}
 left() { echo $(( STOP_AT - ($(date +%s) - t0) )); }
