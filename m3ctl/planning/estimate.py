@@ -11,8 +11,11 @@ budget, so ``k = min(n, c - 1)`` of the ``n`` steps carry prefill and the rest a
 concave in a step's tokens, so the two kinds of step are priced apart, not as one averaged step. Each sequence attends
 ``input_len + output_len / 2`` tokens on average (a prefilled token half its prompt: with a cached prefix this
 undercounts the attention of the uncached tail, bounded by MSA's selected blocks). Then TPOT = mean step / al, tok/s
-per user = 1 / TPOT, a request's latency = its prefill step + (output_len - 1) x TPOT, output tok/s per replica =
-c x output_len / latency, total (input + output) tok/s per GPU = that x (in + out) / out / GPUs.
+per user = 1 / TPOT, a request's latency = the prefill overhead + its prefill step + (output_len - 1) x TPOT, output
+tok/s per replica = c x output_len / latency, total (input + output) tok/s per GPU = that x (in + out) / out / GPUs.
+The prefill time of one request is the prefill overhead plus its prefill step alone: the overhead is a fixed cost per
+request outside the engine's steps (API server, tokenisation, scheduling the new request, the first step's launch),
+so it delays its own request's first token and overlaps the other users' steps (it is not in TPOT).
 """
 
 from __future__ import annotations
@@ -170,6 +173,7 @@ _NAMES = (
     "HBM efficiency",
     "tensor-core efficiency",
     "step overhead (ms)",
+    "prefill overhead (ms)",
     "all-reduce latency (us)",
     "acceptance length",
 )
@@ -177,7 +181,7 @@ _NAMES = (
 
 def figures(shape: Shape, layout: Layout, gpu: GpuPeak, gemm: str, wl: Workload, point: tuple[float, ...]) -> dict:
     """Every figure at one point of the assumptions, ``point`` in :data:`_NAMES` order (ms and us as named)."""
-    hbm, compute, overhead_ms, latency_us, al = point
+    hbm, compute, overhead_ms, prefill_ms, latency_us, al = point
     eff = Eff(hbm, compute, overhead_ms / 1e3, latency_us / 1e6)
     st = _steps(wl, al)
 
@@ -187,13 +191,13 @@ def figures(shape: Shape, layout: Layout, gpu: GpuPeak, gemm: str, wl: Workload,
     mixed = secs(st.mixed) if st.k else 0.0
     tpot = ((st.n - st.k) * secs(st.pure) + st.k * mixed) / st.n / al
     first = mixed if st.k else secs(st.alone)  # a request's own prefill step
-    latency = first + (wl.output_len - 1) * tpot
+    latency = prefill_ms / 1e3 + first + (wl.output_len - 1) * tpot
     out_tok_s = wl.concurrency * wl.output_len / latency
     return {
         "tpot_ms": tpot * 1e3,
         "tok_s_user": 1.0 / tpot,
         "tok_s_gpu": out_tok_s * (wl.input_len + wl.output_len) / max(wl.output_len, 1) / layout.tp,
-        "prefill_s": secs(st.alone),
+        "prefill_s": prefill_ms / 1e3 + secs(st.alone),
     }
 
 
@@ -223,9 +227,10 @@ def estimate(
     t = peaks()
     shape, notes = shape_of(facts, precision, kv_bytes)
     e = t.efficiency
-    ranges = [e.hbm, e.compute, e.step_overhead_ms, tuple(x for x in t.comm.all_reduce_latency_us), wl.acceptance]
-    best = (e.hbm[1], e.compute[1], e.step_overhead_ms[0], t.comm.all_reduce_latency_us[0], wl.acceptance[1])
-    worst = (e.hbm[0], e.compute[0], e.step_overhead_ms[1], t.comm.all_reduce_latency_us[1], wl.acceptance[0])
+    latency = t.comm.all_reduce_latency_us
+    ranges = [e.hbm, e.compute, e.step_overhead_ms, e.prefill_overhead_ms, latency, wl.acceptance]
+    best = (e.hbm[1], e.compute[1], e.step_overhead_ms[0], e.prefill_overhead_ms[0], latency[0], wl.acceptance[1])
+    worst = (e.hbm[0], e.compute[0], e.step_overhead_ms[1], e.prefill_overhead_ms[1], latency[1], wl.acceptance[0])
     mid = tuple((lo + hi) / 2 for lo, hi in ranges)
     gemm = t.weights.gemm[precision]
     f_best, f_mid, f_worst = (figures(shape, layout, gpu, gemm, wl, p) for p in (best, mid, worst))
