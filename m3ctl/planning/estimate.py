@@ -42,7 +42,9 @@ class Figure(BaseModel):
 
 class Estimate(BaseModel):
     """One estimate (units in the names). ``dominant``: the assumption whose range moves tok/s per GPU most;
-    ``assumptions``: every one that went in, each with its range or value and whether it was measured."""
+    ``dominant_by_figure``: for each figure (``tpot_ms``, ``tok_s_user``, ``tok_s_gpu``, ``prefill_s``) the one that
+    moves it most; ``assumptions``: every one that went in, each with its range or value and whether it was
+    measured."""
 
     gpu: str
     gpus: int
@@ -59,6 +61,7 @@ class Estimate(BaseModel):
     prefill_s: Figure
     tokens_per_dollar: Figure | None = None
     dominant: str
+    dominant_by_figure: dict[str, str] = {}
     assumptions: list[str]
 
 
@@ -178,6 +181,14 @@ _NAMES = (
     "acceptance length",
 )
 
+#: How a figure is named where its dominant assumption is.
+_LABELS = {
+    "tpot_ms": "TPOT",
+    "tok_s_user": "decode tok/s per user",
+    "tok_s_gpu": "tok/s per GPU",
+    "prefill_s": "the prefill time",
+}
+
 
 def figures(shape: Shape, layout: Layout, gpu: GpuPeak, gemm: str, wl: Workload, point: tuple[float, ...]) -> dict:
     """Every figure at one point of the assumptions, ``point`` in :data:`_NAMES` order (ms and us as named)."""
@@ -234,19 +245,20 @@ def estimate(
     mid = tuple((lo + hi) / 2 for lo, hi in ranges)
     gemm = t.weights.gemm[precision]
     f_best, f_mid, f_worst = (figures(shape, layout, gpu, gemm, wl, p) for p in (best, mid, worst))
-    swing = []
+    swing: dict[str, list[tuple[float, str, tuple[float, float]]]] = {k: [] for k in f_mid}
     for i, name in enumerate(_NAMES):
         at_lo, at_hi = (tuple(r[j] if k == i else mid[k] for k, r in enumerate(ranges)) for j in (0, 1))
-        d = abs(
-            figures(shape, layout, gpu, gemm, wl, at_hi)["tok_s_gpu"]
-            - figures(shape, layout, gpu, gemm, wl, at_lo)["tok_s_gpu"]
-        )
-        swing.append((d, name, ranges[i]))
-    d, name, (lo, hi) = max(swing)
+        lo_f, hi_f = (figures(shape, layout, gpu, gemm, wl, p) for p in (at_lo, at_hi))
+        for k in f_mid:
+            swing[k].append((abs(hi_f[k] - lo_f[k]) / max(abs(f_mid[k]), 1e-12), name, ranges[i]))
     measured = "measured" if e.measured else "not measured on any GPU yet"
-    dominant = (
-        f"{name} {lo:g}-{hi:g} ({measured}): moves tok/s per GPU by {d / max(f_mid['tok_s_gpu'], 1e-9) * 100:.0f} %"
-    )
+
+    def named(key: str) -> str:
+        share, name, (lo, hi) = max(swing[key])
+        return f"{name} {lo:g}-{hi:g} ({measured}): moves {_LABELS[key]} by {share * 100:.0f} %"
+
+    dominant_by_figure = {k: named(k) for k in f_mid}
+    dominant = dominant_by_figure["tok_s_gpu"]
     fig = {k: Figure(low=min(f_best[k], f_worst[k]), mid=f_mid[k], high=max(f_best[k], f_worst[k])) for k in f_mid}
     per_dollar = None
     if price_per_gpu_hour:
@@ -271,6 +283,7 @@ def estimate(
         prefix_cache_hit=wl.prefix_hit,
         tokens_per_dollar=per_dollar,
         dominant=dominant,
+        dominant_by_figure=dominant_by_figure,
         assumptions=assumptions,
         **fig,
     )

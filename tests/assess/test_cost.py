@@ -102,12 +102,12 @@ def test_step_time_is_overhead_plus_the_slower_of_memory_and_compute_plus_comm()
 
 def test_steady_state_figures_follow_from_the_step():
     wl = Workload(concurrency=4, input_len=16, output_len=8)
-    f = figures(SMALL, Layout(1), GPU, "bf16", wl, (1.0, 1.0, 10.0, 5.0, 1.0))
+    f = figures(SMALL, Layout(1), GPU, "bf16", wl, (1.0, 1.0, 10.0, 0.0, 5.0, 1.0))
     # the step is its 10 ms overhead plus microseconds of bytes: TPOT ~10 ms, 4 users -> ~400 output tok/s,
     # x (16 + 8) / 8 = ~1,200 total tok/s per GPU
     assert f["tpot_ms"] == pytest.approx(10.0, rel=1e-3)
     assert f["tok_s_gpu"] == pytest.approx(4 / 0.010 * 3, rel=1e-3)
-    spec = figures(SMALL, Layout(1), GPU, "bf16", Workload(4, 16, 8, spec_depth=3), (1.0, 1.0, 10.0, 5.0, 2.5))
+    spec = figures(SMALL, Layout(1), GPU, "bf16", Workload(4, 16, 8, spec_depth=3), (1.0, 1.0, 10.0, 0.0, 5.0, 2.5))
     assert spec["tpot_ms"] == pytest.approx(10.0 / 2.5, rel=1e-3)  # 2.5 tokens per step
 
 
