@@ -1,21 +1,28 @@
 """Fit the estimate's achieved efficiencies from recorded Hopper runs, and check the fit by cross-prediction.
 
 ``plan --estimate`` (m3ctl.planning.estimate) prices a step as ``overhead + max(bytes / (eta_hbm x HBM), flops /
-(eta_compute x peak))`` with the efficiencies of m3ctl/data/gpu_peaks.yaml. This script reads runs of the MiniMax-M3
+(eta_compute x peak))`` and a request's prefill as ``prefill overhead + its prefill step`` with the efficiencies of
+m3ctl/data/gpu_peaks.yaml. This script reads runs of the MiniMax-M3
 scale model (``m3ctl dev scale-model --arch minimax-m3``: real per-layer shapes, fewer layers, dummy weights) served
 by ``m3ctl serve`` on one GPU and measured by ``m3ctl bench`` (scripts/gpu/hopper_m3_call.sh, part ``grid``): a decode
 sweep (concurrency 1..64, 1,024 in / 256 out, exact output lengths) and a prefill sweep (concurrency 1, 1 token out:
-TTFT is one prefill). For each GPU it finds the ``(eta_hbm, eta_compute, overhead)`` that minimise the squared log
-error of the model's TPOT and prefill time against the measured medians (a grid search: three parameters, a few
-thousand model calls), then predicts each GPU's runs from the OTHER GPU's fit (the honesty check: the target is within
-15 % on decode tok/s per user and total tok/s).
+TTFT is one prefill). Run directories of the same GPU kind (read from ``gpu.txt``) are fitted together, any number of
+them (two servers, two sessions). For each GPU kind it finds the ``(eta_hbm, eta_compute, step overhead, prefill
+overhead)`` that minimise the squared log error of the model's TPOT and prefill time against the measured medians (a
+grid search over the first three, a few thousand model calls; the prefill overhead, which moves only the prefill
+times, by a line search at each grid point), then predicts each GPU kind's runs from every OTHER kind's fit, level by
+level (the honesty check: the target is within 15 % of each run's decode tok/s per user, total tok/s and prefill
+time; a figure a fit has no run to price is "could not judge", never a pass).
 
-    python benchmarks/estimate_fit.py tests/fixtures/estimate-fit/h100 tests/fixtures/estimate-fit/h200
+    python benchmarks/estimate_fit.py tests/fixtures/estimate-fit/h100 tests/fixtures/estimate-fit/h100b \
+        tests/fixtures/estimate-fit/h200
     python benchmarks/estimate_fit.py --yaml RUN_DIR...   # the fitted efficiency block for gpu_peaks.yaml
 
 A run directory holds ``gpu.txt`` (``nvidia-smi --query-gpu=name,... --format=csv``), ``config.json`` (the scale
 model's) and ``bench-decode.json`` / ``bench-prefill.json`` (bench ``--output-json``). The attention the runs served is
-read from ``plan.json`` when present (the dense fallback on Hopper: every layer reads its whole context).
+read from ``plan.json`` when present (the dense fallback on Hopper: every layer reads its whole context). A directory
+without ``config.json`` is a repeat of the sweep on the same scale model: it takes the model (and ``plan.json``) of an
+earlier directory of its GPU kind.
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ import itertools
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from m3ctl.assess.cost import GpuPeak, Layout, Shape, gpu_peak, peaks
@@ -35,13 +42,17 @@ from m3ctl.planning.estimate import Workload, figures, shape_of
 #: The fit's coarse grid (HBM and tensor-core fractions of the datasheet peaks, per-step overhead in ms), then a
 #: grid 10x finer around the coarse best.
 COARSE = ((0.05, 1.0, 0.05), (0.05, 1.0, 0.05), (0.0, 10.0, 0.5))
+#: The prefill overhead's coarse axis (ms per request), refined the same way.
+PREFILL = (0.0, 40.0, 1.0)
 #: The cross-prediction target of the issue that asked for the fit.
 TARGET = 0.15
+#: The figures the cross-prediction checks: (key in a prediction, label).
+FIGURES = (("tok_s_user", "tok/s per user"), ("tok_s_total", "total tok/s"), ("prefill_ms", "prefill ms"))
 
 
 @dataclass(frozen=True)
 class Point:
-    """One measured level: ``kind`` decode (``value`` = median TPOT, s) or prefill (median TTFT, s)."""
+    """One measured level of run ``run``: ``kind`` decode (``value`` = median TPOT, s) or prefill (median TTFT, s)."""
 
     kind: str
     concurrency: int
@@ -50,17 +61,27 @@ class Point:
     value: float
     tok_s_user: float = 0.0
     tok_s_total: float = 0.0
+    run: str = ""
+
+    def level(self) -> str:
+        """The level's name, shared by the runs of a kind that measured it."""
+        what = f"c={self.concurrency}" if self.kind == "decode" else "prefill"
+        return f"{what}, {self.input_len:,} in / {self.output_len:,} out"
 
 
 @dataclass(frozen=True)
 class RunSet:
-    """One GPU's recorded runs with the cost model's inputs for them."""
+    """One GPU kind's recorded runs (``runs``: the directory names) with the cost model's inputs for them."""
 
     name: str
     gpu_key: str
     gpu: GpuPeak
     points: list[Point]
     shape: Shape
+    runs: tuple[str, ...] = ()
+
+    def has_prefill(self) -> bool:
+        return any(p.kind == "prefill" for p in self.points)
 
 
 def _runs(path: Path) -> list[dict]:
@@ -75,57 +96,90 @@ def _valid(run: dict) -> bool:
     return bool(run.get("completed")) and v.get("valid", True) is not False
 
 
-def load(run_dir: Path) -> RunSet:
-    """The runs of ``run_dir`` (module docstring).
-
-    Raises:
-        SystemExit: a missing file or a GPU the peak table does not know.
-    """
-    gpu_name = (run_dir / "gpu.txt").read_text().splitlines()[1].split(",")[0].strip()
-    found = gpu_peak(gpu_name)
-    if found is None:
-        raise SystemExit(f"{run_dir}: no peaks for GPU {gpu_name!r}")
+def _shape(run_dir: Path) -> Shape:
     cfg = json.loads((run_dir / "config.json").read_text())
     facts = facts_from_config(cfg, str(run_dir), local=True)
     plan = run_dir / "plan.json"
     dense = plan.is_file() and '"dense"' in plan.read_text()
     if dense or facts.attention != "msa":
         facts = facts.model_copy(update={"sparse_attention_freq": [0] * (facts.num_layers or 0)})
-    shape, _ = shape_of(facts, "bf16", 2.0)
+    return shape_of(facts, "bf16", 2.0)[0]
+
+
+def load(run_dir: Path, like: RunSet | None = None) -> RunSet:
+    """The runs of ``run_dir`` (module docstring); without a ``config.json`` the model of ``like``.
+
+    Raises:
+        SystemExit: a missing file, a GPU the peak table does not know, or no valid run.
+    """
+    gpu_name = (run_dir / "gpu.txt").read_text().splitlines()[1].split(",")[0].strip()
+    found = gpu_peak(gpu_name)
+    if found is None:
+        raise SystemExit(f"{run_dir}: no peaks for GPU {gpu_name!r}")
+    if (run_dir / "config.json").is_file():
+        shape = _shape(run_dir)
+    elif like is not None:
+        shape = like.shape
+    else:
+        raise SystemExit(f"{run_dir}: no config.json, and no earlier run directory of its GPU kind to take it from")
+    name = run_dir.name
     points = []
     for r in _runs(run_dir / "bench-decode.json"):
         if _valid(r) and r.get("median_tpot_ms"):
             c = int(r.get("max_concurrency") or 1)
             n_in = round(r["total_input_tokens"] / r["completed"])
             n_out = round(r["total_output_tokens"] / r["completed"])
-            points.append(
-                Point(
-                    "decode",
-                    c,
-                    n_in,
-                    n_out,
-                    r["median_tpot_ms"] / 1e3,
-                    1e3 / r["median_tpot_ms"],
-                    r["total_token_throughput"],
-                )
-            )
+            tpot = r["median_tpot_ms"]
+            points.append(Point("decode", c, n_in, n_out, tpot / 1e3, 1e3 / tpot, r["total_token_throughput"], name))
     for r in _runs(run_dir / "bench-prefill.json"):
         if _valid(r) and r.get("median_ttft_ms"):
             n_in = round(r["total_input_tokens"] / r["completed"])
-            points.append(Point("prefill", 1, n_in, 1, r["median_ttft_ms"] / 1e3))
+            points.append(Point("prefill", 1, n_in, 1, r["median_ttft_ms"] / 1e3, run=name))
     if not points:
         raise SystemExit(f"{run_dir}: no valid decode or prefill run")
-    return RunSet(run_dir.name, found[0], found[1], points, shape)
+    return RunSet(name, found[0], found[1], points, shape, (name,))
 
 
-def predict(rs: RunSet, gpu: GpuPeak, p: Point, hbm: float, compute: float, overhead_ms: float) -> dict:
-    """The estimate's figures for point ``p`` of ``rs`` on ``gpu`` at these efficiencies."""
+def load_kinds(run_dirs: list[Path]) -> list[RunSet]:
+    """The run directories grouped by GPU kind, in the order each kind first appears; a kind's runs are fitted
+    together.
+
+    Raises:
+        SystemExit: as :func:`load`, or two directories of one kind that served different models.
+    """
+    kinds: dict[str, RunSet] = {}
+    for d in run_dirs:
+        rs = load(d, next((k for k in kinds.values() if k.gpu_key == _kind_of(d)), None))
+        have = kinds.get(rs.gpu_key)
+        if have is None:
+            kinds[rs.gpu_key] = replace(rs, name=rs.gpu_key)
+            continue
+        if have.shape != rs.shape:
+            raise SystemExit(f"{d}: serves another model than {', '.join(have.runs)} (same GPU kind {rs.gpu_key})")
+        runs = (*have.runs, rs.name)
+        kinds[rs.gpu_key] = replace(have, name=rs.gpu_key, points=have.points + rs.points, runs=runs)
+    return list(kinds.values())
+
+
+def _kind_of(run_dir: Path) -> str | None:
+    gpu_name = (run_dir / "gpu.txt").read_text().splitlines()[1].split(",")[0].strip()
+    found = gpu_peak(gpu_name)
+    return found[0] if found else None
+
+
+def predict(
+    rs: RunSet, gpu: GpuPeak, p: Point, hbm: float, compute: float, overhead_ms: float, prefill_ms: float = 0.0
+) -> dict:
+    """The estimate's figures for point ``p`` of ``rs`` on ``gpu`` at these efficiencies and overheads."""
     latency_us = sum(peaks().comm.all_reduce_latency_us) / 2
     wl = Workload(concurrency=p.concurrency, input_len=p.input_len, output_len=p.output_len)
-    return figures(rs.shape, Layout(tp=1), gpu, "bf16", wl, (hbm, compute, overhead_ms, latency_us, 1.0))
+    return figures(rs.shape, Layout(tp=1), gpu, "bf16", wl, (hbm, compute, overhead_ms, prefill_ms, latency_us, 1.0))
 
 
-def _model_value(rs: RunSet, gpu: GpuPeak, p: Point, eff: tuple[float, float, float]) -> float:
+Eff4 = tuple[float, float, float, float]
+
+
+def _model_value(rs: RunSet, gpu: GpuPeak, p: Point, eff: Eff4) -> float:
     f = predict(rs, gpu, p, *eff)
     return f["tpot_ms"] / 1e3 if p.kind == "decode" else f["prefill_s"]
 
@@ -134,40 +188,69 @@ def _axis(lo: float, hi: float, step: float) -> list[float]:
     return [round(lo + i * step, 6) for i in range(round((hi - lo) / step) + 1)]
 
 
-def _search(rs: RunSet, axes: list[list[float]]) -> tuple[float, tuple[float, float, float]]:
-    best: tuple[float, tuple[float, float, float]] = (math.inf, (0.0, 0.0, 0.0))
+def _search(rs: RunSet, axes: list[list[float]], prefill_axis: list[float]) -> tuple[float, Eff4]:
+    """The grid point of ``axes`` (HBM, tensor, step overhead) and the prefill overhead of ``prefill_axis`` with the
+    least squared log error. The prefill overhead adds to the prefill times only, so it is a line search on the
+    model's prefill times at each grid point (0 when ``rs`` has no prefill run: nothing to fit it on)."""
+    decode = [p for p in rs.points if p.kind == "decode"]
+    prefill = [p for p in rs.points if p.kind == "prefill"]
+    best: tuple[float, Eff4] = (math.inf, (0.0, 0.0, 0.0, 0.0))
     for h, c, o in itertools.product(*axes):
-        err = sum(math.log(_model_value(rs, rs.gpu, p, (h, c, o)) / p.value) ** 2 for p in rs.points)
-        if err < best[0]:
-            best = (err, (h, c, o))
+        err = sum(math.log(_model_value(rs, rs.gpu, p, (h, c, o, 0.0)) / p.value) ** 2 for p in decode)
+        if err >= best[0]:
+            continue
+        base = [(_model_value(rs, rs.gpu, p, (h, c, o, 0.0)), p.value) for p in prefill]
+        pre_err, po = min(
+            ((sum(math.log((b + x / 1e3) / v) ** 2 for b, v in base), x) for x in prefill_axis if base),
+            default=(0.0, 0.0),
+        )
+        if err + pre_err < best[0]:
+            best = (err + pre_err, (h, c, o, po))
     return best
 
 
-def fit(rs: RunSet) -> tuple[tuple[float, float, float], float]:
-    """``((eta_hbm, eta_compute, overhead_ms), rms log error)`` minimising the squared log error over ``rs``: the
-    :data:`COARSE` grid, then a grid ten times finer over one coarse step around its best."""
-    _, centre = _search(rs, [_axis(*a) for a in COARSE])
-    fine = [_axis(max(a[0], x - a[2]), min(a[1], x + a[2]), a[2] / 10) for a, x in zip(COARSE, centre, strict=True)]
-    err, eff = _search(rs, fine)
+def fit(rs: RunSet) -> tuple[Eff4, float]:
+    """``((eta_hbm, eta_compute, overhead_ms, prefill_overhead_ms), rms log error)`` minimising the squared log error
+    over ``rs``: the :data:`COARSE` and :data:`PREFILL` grids, then a grid ten times finer over one coarse step
+    around their best."""
+    grids = (*COARSE, PREFILL)
+    _, centre = _search(rs, [_axis(*a) for a in COARSE], _axis(*PREFILL))
+    fine = [_axis(max(a[0], x - a[2]), min(a[1], x + a[2]), a[2] / 10) for a, x in zip(grids, centre, strict=True)]
+    err, eff = _search(rs, fine[:3], fine[3])
     return eff, math.sqrt(err / len(rs.points))
 
 
-def cross(fitted: RunSet, eff: tuple[float, float, float], target: RunSet) -> list[dict]:
-    """Each of ``target``'s decode points predicted with ``fitted``'s efficiencies on ``target``'s GPU."""
-    rows = []
+def cross(fitted: RunSet, eff: Eff4, target: RunSet) -> list[dict]:
+    """Each level of ``target`` (its runs of one level together) predicted with ``fitted``'s efficiencies on
+    ``target``'s GPU, per figure: ``{"level", "figure", "measured": [per run], "predicted", "error", "verdict"}``;
+    ``error`` is the largest against any run (signed), ``verdict`` within / outside the target, or could not judge
+    (a prefill priced by a fit that had no prefill run)."""
+    levels: dict[str, list[Point]] = {}
     for p in target.points:
-        f = predict(target, target.gpu, p, *eff)
-        if p.kind == "decode":
-            total = f["tok_s_gpu"]
+        levels.setdefault(p.level(), []).append(p)
+    rows = []
+    order = sorted(levels.items(), key=lambda kv: (kv[1][0].kind != "decode", kv[1][0].concurrency, kv[1][0].input_len))
+    for level, pts in order:
+        f = predict(target, target.gpu, pts[0], *eff)
+        got = {"tok_s_user": f["tok_s_user"], "tok_s_total": f["tok_s_gpu"], "prefill_ms": f["prefill_s"] * 1e3}
+        keys = ("tok_s_user", "tok_s_total") if pts[0].kind == "decode" else ("prefill_ms",)
+        for key in keys:
+            measured = [p.value * 1e3 if key == "prefill_ms" else getattr(p, key) for p in pts]
+            error = max((got[key] / m - 1 for m in measured), key=abs)
+            if key == "prefill_ms" and not fitted.has_prefill():
+                verdict = f"could not judge: no prefill run on {fitted.name}"
+            else:
+                verdict = "within" if abs(error) <= TARGET else "outside"
             rows.append(
                 {
-                    "concurrency": p.concurrency,
-                    "tok_s_user": (p.tok_s_user, f["tok_s_user"]),
-                    "tok_s_total": (p.tok_s_total, total),
+                    "level": level,
+                    "figure": key,
+                    "measured": measured,
+                    "predicted": got[key],
+                    "error": error,
+                    "verdict": verdict,
                 }
             )
-        else:
-            rows.append({"prefill_input": p.input_len, "prefill_s": (p.value, f["prefill_s"])})
     return rows
 
 
@@ -175,47 +258,78 @@ def _pct(measured: float, predicted: float) -> str:
     return f"{(predicted / measured - 1) * 100:+.1f} %"
 
 
+def _yaml(sets: list[RunSet], fits: dict[str, tuple[Eff4, float]]) -> None:
+    effs = [fits[rs.name][0] for rs in sets]
+    lo_hi = [(min(e[i] for e in effs), max(e[i] for e in effs)) for i in range(3)]
+    pre = [fits[rs.name][0][3] for rs in sets if rs.has_prefill()] or [0.0]
+    runs = ", ".join(f"{', '.join(rs.runs)} ({rs.gpu_key})" for rs in sets)
+    print("efficiency:\n  measured: true")
+    print(f"  hbm: [{lo_hi[0][0]:g}, {lo_hi[0][1]:g}]\n  compute: [{lo_hi[1][0]:g}, {lo_hi[1][1]:g}]")
+    print(f"  step_overhead_ms: [{lo_hi[2][0]:g}, {lo_hi[2][1]:g}]")
+    print(f"  prefill_overhead_ms: [{min(pre):g}, {max(pre):g}]")
+    print(f"  source: >-\n    fitted by benchmarks/estimate_fit.py from the recorded runs {runs}")
+
+
+def _own(rs: RunSet, eff: Eff4) -> None:
+    print(f"\n{rs.name} at its own fit:\n\n| run | level | measured ms | model ms | error |")
+    print("| --- | --- | --- | --- | --- |")
+    for p in rs.points:
+        m, f = p.value * 1e3, _model_value(rs, rs.gpu, p, eff) * 1e3
+        what = f"c={p.concurrency} TPOT" if p.kind == "decode" else "prefill"
+        print(f"| {p.run} | {what}, {p.input_len:,} in / {p.output_len:,} out | {m:.2f} | {f:.2f} | {_pct(m, f)} |")
+
+
+def _cross_table(a: RunSet, eff: Eff4, b: RunSet) -> dict[str, list[dict]]:
+    """Prints the cross-prediction of ``b`` from ``a``'s fit; returns its rows by figure."""
+    print(f"\nFit on {a.name} ({', '.join(a.runs)}), predict {b.name} ({', '.join(b.runs)}):\n")
+    print("| level | figure | measured | predicted | error | verdict |\n| --- | --- | --- | --- | --- | --- |")
+    by: dict[str, list[dict]] = {k: [] for k, _ in FIGURES}
+    label = dict(FIGURES)
+    for r in cross(a, eff, b):
+        by[r["figure"]].append(r)
+        measured = " / ".join(f"{m:,.1f}" for m in r["measured"])
+        error = f"{r['error'] * 100:+.1f} %"
+        print(
+            f"| {r['level']} | {label[r['figure']]} | {measured} | {r['predicted']:,.1f} | {error} | {r['verdict']} |"
+        )
+    verdicts = []
+    for key, name in FIGURES:
+        rows = by[key]
+        if not rows:
+            verdicts.append(f"{name}: could not judge (no run of {b.name} measured it)")
+        elif any(r["verdict"].startswith("could not judge") for r in rows):
+            verdicts.append(f"{name}: {rows[0]['verdict']}")
+        else:
+            worst = max((r["error"] for r in rows), key=abs)
+            verdict = "within" if abs(worst) <= TARGET else "outside"
+            verdicts.append(f"{name}: worst {worst * 100:+.1f} %, {verdict} the {TARGET * 100:.0f} % target")
+    print("\n" + "; ".join(verdicts))
+    return by
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("runs", nargs="+", type=Path, help="run directories (module docstring), one per GPU")
+    ap.add_argument("runs", nargs="+", type=Path, help="run directories (module docstring), any number per GPU kind")
     ap.add_argument("--yaml", action="store_true", help="print the fitted efficiency block for gpu_peaks.yaml")
     args = ap.parse_args(argv)
-    sets = [load(d) for d in args.runs]
+    sets = load_kinds(args.runs)
     fits = {rs.name: fit(rs) for rs in sets}
     if args.yaml:
-        effs = [e for e, _ in fits.values()]
-        lo_hi = [(min(e[i] for e in effs), max(e[i] for e in effs)) for i in range(3)]
-        runs = ", ".join(f"{rs.name} ({rs.gpu_key})" for rs in sets)
-        print("efficiency:\n  measured: true")
-        print(f"  hbm: [{lo_hi[0][0]:g}, {lo_hi[0][1]:g}]\n  compute: [{lo_hi[1][0]:g}, {lo_hi[1][1]:g}]")
-        print(f"  step_overhead_ms: [{lo_hi[2][0]:g}, {lo_hi[2][1]:g}]")
-        print(f"  source: >-\n    fitted by benchmarks/estimate_fit.py from the recorded runs {runs}")
+        _yaml(sets, fits)
         return 0
-    print(
-        "| GPU | eta HBM | eta tensor | overhead ms | rms log error | points |\n| --- | --- | --- | --- | --- | --- |"
-    )
+    print("| GPU | runs | eta HBM | eta tensor | step overhead ms | prefill overhead ms | rms log error | points |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for rs in sets:
-        (h, c, o), rms = fits[rs.name]
-        print(f"| {rs.name} ({rs.gpu_key}) | {h:.2f} | {c:.2f} | {o:.1f} | {rms:.3f} | {len(rs.points)} |")
+        (h, c, o, po), rms = fits[rs.name]
+        pre = f"{po:.1f}" if rs.has_prefill() else "not fitted (no prefill run)"
+        runs = ", ".join(rs.runs)
+        print(f"| {rs.name} | {runs} | {h:.2f} | {c:.2f} | {o:.1f} | {pre} | {rms:.3f} | {len(rs.points)} |")
     for rs in sets:
-        eff = fits[rs.name][0]
-        print(f"\n{rs.name} at its own fit:\n\n| level | measured ms | model ms | error |\n| --- | --- | --- | --- |")
-        for p in rs.points:
-            m, f = p.value * 1e3, _model_value(rs, rs.gpu, p, eff) * 1e3
-            what = f"c={p.concurrency} TPOT" if p.kind == "decode" else "prefill"
-            print(f"| {what}, {p.input_len:,} in / {p.output_len:,} out | {m:.2f} | {f:.2f} | {_pct(m, f)} |")
+        _own(rs, fits[rs.name][0])
     worst = 0.0
     for a, b in itertools.permutations(sets, 2):
-        print(f"\nFit on {a.name}, predict {b.name}:\n")
-        print("| level | measured | predicted | error |\n| --- | --- | --- | --- |")
-        for row in cross(a, fits[a.name][0], b):
-            for key in ("tok_s_user", "tok_s_total", "prefill_s"):
-                if key in row:
-                    m, p = row[key]
-                    level = f"c={row['concurrency']}" if "concurrency" in row else f"prefill {row['prefill_input']} in"
-                    print(f"| {level} {key} | {m:,.3f} | {p:,.3f} | {_pct(m, p)} |")
-                    if key != "prefill_s":
-                        worst = max(worst, abs(p / m - 1))
+        by = _cross_table(a, fits[a.name][0], b)
+        worst = max([worst, *(abs(r["error"]) for k in ("tok_s_user", "tok_s_total") for r in by[k])])
     if len(sets) > 1:
         verdict = "within" if worst <= TARGET else "outside"
         print(f"\nworst decode cross-prediction error {worst * 100:.1f} %: {verdict} the {TARGET * 100:.0f} % target")

@@ -56,12 +56,15 @@ class Comm(_Strict):
 
 
 class Efficiency(_Strict):
-    """Achieved fractions of the peaks, each a ``[low, high]`` range; ``measured`` False until a fit replaces them."""
+    """Achieved fractions of the peaks and fixed costs, each a ``[low, high]`` range; ``measured`` False until a fit
+    replaces them. ``step_overhead_ms``: per engine step; ``prefill_overhead_ms``: per request, before its first token
+    (m3ctl.planning.estimate prices a prefill as this overhead plus the prefill step's own time)."""
 
     measured: bool
     hbm: tuple[float, float]
     compute: tuple[float, float]
     step_overhead_ms: tuple[float, float]
+    prefill_overhead_ms: tuple[float, float]
     source: str
 
 

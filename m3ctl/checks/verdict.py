@@ -27,14 +27,12 @@ from m3ctl.checks.base import (
 )
 from m3ctl.core.verdict import Finding as Evidence
 from m3ctl.core.verdict import judge
-from m3ctl.planning.day0 import Day0Report
+from m3ctl.planning.day0 import DAY0_PREFIX, Day0Report
 from m3ctl.planning.plan import plan_outcome
 
 #: A row whose SKIP means "the evidence cannot decide" (unjudged, never a pass), not "does not apply", says so
 #: first (e.g. ``host.vllm_model`` without vLLM installed, or its probe timed out).
 UNJUDGED = "could not judge"
-#: How a day-0 part run by its fallback is named among the verdict's fallbacks (its doctor row's id).
-DAY0_PREFIX = "day0."
 #: Host rows that decide the verdict beside the inventory groups: /dev/shm, the installed engine's model class.
 VERDICT_HOST_ROWS = ("host.shm", "host.vllm_model")
 
@@ -272,12 +270,7 @@ def _fallbacks(ctx: Ctx, verdict_checks: list[CheckResult]) -> list[str]:
     fallback (``day0.<part>: FALLBACK (cost: ...)``, :meth:`~m3ctl.planning.day0.Day0Report.fallbacks`), then the
     other capability WARNs."""
     accepted = ctx.outcome.accepted() if ctx.outcome is not None else None
-    fallbacks = accepted.fallbacks() if accepted is not None else []
-    rep = _day0(ctx)
-    fallbacks += [
-        f"{DAY0_PREFIX}{p.part}: {p.how}" + (f" (cost: {p.cost})" if p.cost else "")
-        for p in (rep.fallbacks() if rep is not None else [])
-    ]
+    fallbacks = accepted.fallbacks() if accepted is not None else []  # day-0 ones included, as plan --list shows
     for c in verdict_checks:
         if (
             c.status == "WARN"

@@ -18,7 +18,8 @@ _ROWS = (
 
 def show_estimate(out: Output, e: Any) -> None:
     """The estimate as a table (low, mid, high) under one line naming the layout and workload, then the dominant
-    assumption and every other one; ``--json``: the whole estimate."""
+    assumption (of tok/s per GPU), each figure's own where another dominates it, and every other assumption;
+    ``--json``: the whole estimate."""
     out.result(e.model_dump())
     if out.json:
         return
@@ -37,5 +38,9 @@ def show_estimate(out: Output, e: Any) -> None:
             t.add_row(label, fmt.format(fig.low), fmt.format(fig.mid), fmt.format(fig.high))
     out.con.print(t)
     out.con.print(f"dominant assumption: {escape(e.dominant)}")
+    labels = {key: label for key, label, _ in _ROWS}
+    for key, named in e.dominant_by_figure.items():
+        if named.split(":")[0] != e.dominant.split(":")[0] and key in labels:  # another assumption dominates it
+            out.con.print(f"  {labels[key]}: {escape(named)}", soft_wrap=True)
     for a in e.assumptions:
         out.con.print(f"  assumed: {escape(a)}", soft_wrap=True)

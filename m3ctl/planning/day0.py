@@ -139,6 +139,10 @@ def table() -> Day0Table:
     return data("data/day0.yaml", Day0Table)
 
 
+#: How a day-0 part's fallback line starts in a plan's fallbacks (:meth:`Day0Report.fallback_lines`).
+DAY0_PREFIX = "day0."
+
+
 class PartState(BaseModel):
     """One part judged for one plan.
 
@@ -202,6 +206,11 @@ class Day0Report(BaseModel):
     def fallbacks(self) -> list[PartState]:
         """The parts this plan runs by their documented fallback (:attr:`PartState.runs_fallback`)."""
         return [p for p in self.parts if p.runs_fallback]
+
+    def fallback_lines(self) -> list[str]:
+        """:meth:`fallbacks` one line each, as plan, ``plan --list`` and doctor list them:
+        ``day0.<part>: FALLBACK (cost: ...)``."""
+        return [f"{DAY0_PREFIX}{p.part}: {p.how}" + (f" (cost: {p.cost})" if p.cost else "") for p in self.fallbacks()]
 
     def summary(self) -> str:
         """The one line plan and doctor show (doctor's verdict too, where a fallback runs): how much of the day-0

@@ -11,8 +11,11 @@ budget, so ``k = min(n, c - 1)`` of the ``n`` steps carry prefill and the rest a
 concave in a step's tokens, so the two kinds of step are priced apart, not as one averaged step. Each sequence attends
 ``input_len + output_len / 2`` tokens on average (a prefilled token half its prompt: with a cached prefix this
 undercounts the attention of the uncached tail, bounded by MSA's selected blocks). Then TPOT = mean step / al, tok/s
-per user = 1 / TPOT, a request's latency = its prefill step + (output_len - 1) x TPOT, output tok/s per replica =
-c x output_len / latency, total (input + output) tok/s per GPU = that x (in + out) / out / GPUs.
+per user = 1 / TPOT, a request's latency = the prefill overhead + its prefill step + (output_len - 1) x TPOT, output
+tok/s per replica = c x output_len / latency, total (input + output) tok/s per GPU = that x (in + out) / out / GPUs.
+The prefill time of one request is the prefill overhead plus its prefill step alone: the overhead is a fixed cost per
+request outside the engine's steps (API server, tokenisation, scheduling the new request, the first step's launch),
+so it delays its own request's first token and overlaps the other users' steps (it is not in TPOT).
 """
 
 from __future__ import annotations
@@ -39,7 +42,9 @@ class Figure(BaseModel):
 
 class Estimate(BaseModel):
     """One estimate (units in the names). ``dominant``: the assumption whose range moves tok/s per GPU most;
-    ``assumptions``: every one that went in, each with its range or value and whether it was measured."""
+    ``dominant_by_figure``: for each figure (``tpot_ms``, ``tok_s_user``, ``tok_s_gpu``, ``prefill_s``) the one that
+    moves it most; ``assumptions``: every one that went in, each with its range or value and whether it was
+    measured."""
 
     gpu: str
     gpus: int
@@ -56,6 +61,7 @@ class Estimate(BaseModel):
     prefill_s: Figure
     tokens_per_dollar: Figure | None = None
     dominant: str
+    dominant_by_figure: dict[str, str] = {}
     assumptions: list[str]
 
 
@@ -170,14 +176,23 @@ _NAMES = (
     "HBM efficiency",
     "tensor-core efficiency",
     "step overhead (ms)",
+    "prefill overhead (ms)",
     "all-reduce latency (us)",
     "acceptance length",
 )
 
+#: How a figure is named where its dominant assumption is.
+_LABELS = {
+    "tpot_ms": "TPOT",
+    "tok_s_user": "decode tok/s per user",
+    "tok_s_gpu": "tok/s per GPU",
+    "prefill_s": "the prefill time",
+}
+
 
 def figures(shape: Shape, layout: Layout, gpu: GpuPeak, gemm: str, wl: Workload, point: tuple[float, ...]) -> dict:
     """Every figure at one point of the assumptions, ``point`` in :data:`_NAMES` order (ms and us as named)."""
-    hbm, compute, overhead_ms, latency_us, al = point
+    hbm, compute, overhead_ms, prefill_ms, latency_us, al = point
     eff = Eff(hbm, compute, overhead_ms / 1e3, latency_us / 1e6)
     st = _steps(wl, al)
 
@@ -187,13 +202,13 @@ def figures(shape: Shape, layout: Layout, gpu: GpuPeak, gemm: str, wl: Workload,
     mixed = secs(st.mixed) if st.k else 0.0
     tpot = ((st.n - st.k) * secs(st.pure) + st.k * mixed) / st.n / al
     first = mixed if st.k else secs(st.alone)  # a request's own prefill step
-    latency = first + (wl.output_len - 1) * tpot
+    latency = prefill_ms / 1e3 + first + (wl.output_len - 1) * tpot
     out_tok_s = wl.concurrency * wl.output_len / latency
     return {
         "tpot_ms": tpot * 1e3,
         "tok_s_user": 1.0 / tpot,
         "tok_s_gpu": out_tok_s * (wl.input_len + wl.output_len) / max(wl.output_len, 1) / layout.tp,
-        "prefill_s": secs(st.alone),
+        "prefill_s": prefill_ms / 1e3 + secs(st.alone),
     }
 
 
@@ -223,25 +238,27 @@ def estimate(
     t = peaks()
     shape, notes = shape_of(facts, precision, kv_bytes)
     e = t.efficiency
-    ranges = [e.hbm, e.compute, e.step_overhead_ms, tuple(x for x in t.comm.all_reduce_latency_us), wl.acceptance]
-    best = (e.hbm[1], e.compute[1], e.step_overhead_ms[0], t.comm.all_reduce_latency_us[0], wl.acceptance[1])
-    worst = (e.hbm[0], e.compute[0], e.step_overhead_ms[1], t.comm.all_reduce_latency_us[1], wl.acceptance[0])
+    latency = t.comm.all_reduce_latency_us
+    ranges = [e.hbm, e.compute, e.step_overhead_ms, e.prefill_overhead_ms, latency, wl.acceptance]
+    best = (e.hbm[1], e.compute[1], e.step_overhead_ms[0], e.prefill_overhead_ms[0], latency[0], wl.acceptance[1])
+    worst = (e.hbm[0], e.compute[0], e.step_overhead_ms[1], e.prefill_overhead_ms[1], latency[1], wl.acceptance[0])
     mid = tuple((lo + hi) / 2 for lo, hi in ranges)
     gemm = t.weights.gemm[precision]
     f_best, f_mid, f_worst = (figures(shape, layout, gpu, gemm, wl, p) for p in (best, mid, worst))
-    swing = []
+    swing: dict[str, list[tuple[float, str, tuple[float, float]]]] = {k: [] for k in f_mid}
     for i, name in enumerate(_NAMES):
         at_lo, at_hi = (tuple(r[j] if k == i else mid[k] for k, r in enumerate(ranges)) for j in (0, 1))
-        d = abs(
-            figures(shape, layout, gpu, gemm, wl, at_hi)["tok_s_gpu"]
-            - figures(shape, layout, gpu, gemm, wl, at_lo)["tok_s_gpu"]
-        )
-        swing.append((d, name, ranges[i]))
-    d, name, (lo, hi) = max(swing)
+        lo_f, hi_f = (figures(shape, layout, gpu, gemm, wl, p) for p in (at_lo, at_hi))
+        for k in f_mid:
+            swing[k].append((abs(hi_f[k] - lo_f[k]) / max(abs(f_mid[k]), 1e-12), name, ranges[i]))
     measured = "measured" if e.measured else "not measured on any GPU yet"
-    dominant = (
-        f"{name} {lo:g}-{hi:g} ({measured}): moves tok/s per GPU by {d / max(f_mid['tok_s_gpu'], 1e-9) * 100:.0f} %"
-    )
+
+    def named(key: str) -> str:
+        share, name, (lo, hi) = max(swing[key])
+        return f"{name} {lo:g}-{hi:g} ({measured}): moves {_LABELS[key]} by {share * 100:.0f} %"
+
+    dominant_by_figure = {k: named(k) for k in f_mid}
+    dominant = dominant_by_figure["tok_s_gpu"]
     fig = {k: Figure(low=min(f_best[k], f_worst[k]), mid=f_mid[k], high=max(f_best[k], f_worst[k])) for k in f_mid}
     per_dollar = None
     if price_per_gpu_hour:
@@ -266,6 +283,7 @@ def estimate(
         prefix_cache_hit=wl.prefix_hit,
         tokens_per_dollar=per_dollar,
         dominant=dominant,
+        dominant_by_figure=dominant_by_figure,
         assumptions=assumptions,
         **fig,
     )

@@ -138,8 +138,14 @@ class PlanOutcome:
         return ctx.memory_fit(context) if ctx is not None else None
 
     def fallbacks(self) -> list[str]:
-        """The planned variant's fallback paths: capability rows that fall back, are partial or unverified, and a
-        known-bad field report, each one line (empty when rejected or native)."""
+        """The plan's fallback paths, each one line: the planned variant's capability rows that fall back, are
+        partial or unverified, a known-bad field report, a known issue's attention fallback, then the day-0 parts
+        the plan runs by their documented fallback (:meth:`~m3ctl.planning.day0.Day0Report.fallback_lines`); empty
+        when rejected or native. ``plan --list``, ``plan --systems`` and doctor's verdict all read this one list."""
+        day0 = self.plan.day0.fallback_lines() if self.plan is not None and self.plan.day0 is not None else []
+        return self._variant_fallbacks() + day0
+
+    def _variant_fallbacks(self) -> list[str]:
         ctx = self.plan.rule_context() if self.plan is not None else None
         sup = self.support()
         if ctx is None or sup is None or ctx.variant is None:

@@ -1,5 +1,6 @@
-"""The estimate's efficiency fit (benchmarks/estimate_fit.py): it recovers efficiencies it was given, cross-predicts
-another GPU by the peaks alone, and skips runs that are not valid."""
+"""The estimate's efficiency fit (benchmarks/estimate_fit.py): it recovers efficiencies and the prefill overhead it was
+given, fits every run directory of one GPU kind together, cross-predicts another GPU kind by the peaks alone with a
+verdict per level and figure, and skips runs that are not valid."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from m3ctl.dev.scale_model import ScaleModelSpec, scale_config
 from m3ctl.planning.estimate import shape_of
 
 ROOT = Path(__file__).parents[2]
+TARGET = 0.15
 NAMES = {"h100": "NVIDIA H100 80GB HBM3", "h200": "NVIDIA H200"}
 
 
@@ -29,8 +31,12 @@ def fitmod():
     return mod
 
 
-def _synthetic(fitmod, d: Path, gpu: str, cfg: dict, eff: tuple[float, float, float], *, bad: bool = False) -> None:
-    """A run directory whose medians are the cost model's own at ``eff`` (dense attention, as Hopper serves it)."""
+def _synthetic(
+    fitmod, d: Path, gpu: str, cfg: dict, eff: tuple[float, ...], *, bad: bool = False, repeat: bool = False
+) -> None:
+    """A run directory whose medians are the cost model's own at ``eff`` (HBM and tensor fractions, step and prefill
+    overhead in ms; dense attention, as Hopper serves it). ``repeat``: no config.json/plan.json (a repeat of the
+    sweep, as tests/fixtures/estimate-fit/h100b)."""
     d.mkdir(parents=True)
     (d / "gpu.txt").write_text(f"name, memory.total [MiB]\n{NAMES[gpu]}, 81559 MiB\n")
     (d / "config.json").write_text(json.dumps(cfg))
@@ -71,40 +77,130 @@ def _synthetic(fitmod, d: Path, gpu: str, cfg: dict, eff: tuple[float, float, fl
         )
     (d / "bench-decode.json").write_text(json.dumps({"runs": decode}))
     (d / "bench-prefill.json").write_text(json.dumps({"runs": prefill}))
+    if repeat:
+        (d / "config.json").unlink()
+        (d / "plan.json").unlink()
 
 
-def test_the_fit_recovers_the_efficiencies_it_was_given_and_ignores_invalid_runs(fitmod, tmp_path):
+def test_the_fit_recovers_the_efficiencies_and_prefill_overhead_it_was_given_and_ignores_invalid_runs(fitmod, tmp_path):
     cfg = scale_config(ScaleModelSpec(arch="minimax-m3", layers=2, quant="bf16"))
-    _synthetic(fitmod, tmp_path / "h100", "h100", cfg, (0.62, 0.41, 1.3), bad=True)
+    _synthetic(fitmod, tmp_path / "h100", "h100", cfg, (0.62, 0.41, 1.3, 14.0), bad=True)
     rs = fitmod.load(tmp_path / "h100")
     assert len(rs.points) == 6 and rs.gpu_key == "h100"  # the invalid c=128 run is not a point
-    (hbm, compute, overhead), rms = fitmod.fit(rs)
+    (hbm, compute, overhead, prefill), rms = fitmod.fit(rs)
     assert hbm == pytest.approx(0.62, abs=0.01) and overhead == pytest.approx(1.3, abs=0.1)
     assert compute == pytest.approx(0.41, abs=0.02) and rms < 0.02
+    assert prefill == pytest.approx(14.0, abs=0.3)  # the per-request prefill overhead, ms
+
+
+def test_a_prefill_is_priced_as_its_overhead_plus_the_prefill_step(fitmod, tmp_path):
+    """The overhead adds to the prefill time one for one and to a request's latency (so total tok/s), not to TPOT."""
+    cfg = scale_config(ScaleModelSpec(arch="minimax-m3", layers=2, quant="bf16"))
+    _synthetic(fitmod, tmp_path / "h100", "h100", cfg, (0.62, 0.41, 1.3, 0.0))
+    rs = fitmod.load(tmp_path / "h100")
+    prefill, decode = (next(p for p in rs.points if p.kind == k) for k in ("prefill", "decode"))
+    bare, over = (fitmod.predict(rs, rs.gpu, prefill, 0.62, 0.41, 1.3, ms) for ms in (0.0, 15.0))
+    assert over["prefill_s"] - bare["prefill_s"] == pytest.approx(0.015)
+    bare, over = (fitmod.predict(rs, rs.gpu, decode, 0.62, 0.41, 1.3, ms) for ms in (0.0, 15.0))
+    assert over["tpot_ms"] == bare["tpot_ms"] and over["tok_s_gpu"] < bare["tok_s_gpu"]
 
 
 def test_cross_prediction_moves_only_by_the_peaks(fitmod, tmp_path, capsys):
     """Same efficiencies on both GPUs: the H100 fit predicts the H200 runs (4.8 against 3.35 TB/s) to within 1 %;
     then an H200 that achieved a lower HBM fraction is predicted outside the 15 % target, and the report says so."""
     cfg = scale_config(ScaleModelSpec(arch="minimax-m3", layers=2, quant="bf16"))
-    _synthetic(fitmod, tmp_path / "h100", "h100", cfg, (0.62, 0.41, 1.3))
-    _synthetic(fitmod, tmp_path / "h200", "h200", cfg, (0.62, 0.41, 1.3))
+    _synthetic(fitmod, tmp_path / "h100", "h100", cfg, (0.62, 0.41, 1.3, 9.0))
+    _synthetic(fitmod, tmp_path / "h200", "h200", cfg, (0.62, 0.41, 1.3, 9.0))
     h100, h200 = fitmod.load(tmp_path / "h100"), fitmod.load(tmp_path / "h200")
     rows = fitmod.cross(h100, fitmod.fit(h100)[0], h200)
-    errors = [abs(r[k][1] / r[k][0] - 1) for r in rows for k in ("tok_s_user", "tok_s_total") if k in r]
-    assert len(errors) == 8 and max(errors) < 0.01
+    assert [r["figure"] for r in rows].count("tok_s_user") == 4 and len(rows) == 10  # 4 decode levels x 2 + 2 prefill
+    assert max(abs(r["error"]) for r in rows) < 0.01 and {r["verdict"] for r in rows} == {"within"}
     assert fitmod.main([str(tmp_path / "h100"), str(tmp_path / "h200")]) == 0
     assert "within the 15 % target" in capsys.readouterr().out
 
-    _synthetic(fitmod, tmp_path / "slow", "h200", cfg, (0.40, 0.41, 1.3))
+    _synthetic(fitmod, tmp_path / "slow", "h200", cfg, (0.40, 0.41, 1.3, 9.0))
     assert fitmod.main([str(tmp_path / "h100"), str(tmp_path / "slow")]) == 0
     assert "outside the 15 % target" in capsys.readouterr().out
 
 
+def _verdicts(out: str, fitted: str) -> str:
+    """The per-figure verdict line of the cross-prediction from ``fitted``'s fit."""
+    block = out.split(f"Fit on {fitted} (", 1)[1]
+    return next(line for line in block.splitlines() if line.startswith("tok/s per user:"))
+
+
+def test_several_runs_per_gpu_kind_are_fitted_together_and_judged_per_level_and_figure(fitmod, tmp_path, capsys):
+    """Two run directories per GPU kind (the second a repeat without config.json); the truth is known: an H200 with
+    the H100's efficiencies but a slower per-request path (prefill overhead 24 ms, not 9) is predicted within the
+    target on decode and outside it on prefill time, per level; one H200 run with a lower HBM fraction fails decode at
+    its levels only; a kind fitted without prefill runs cannot judge a prefill, and that is not shown as a pass."""
+    cfg = scale_config(ScaleModelSpec(arch="minimax-m3", layers=2, quant="bf16"))
+    truth = (0.62, 0.41, 1.3, 9.0)
+    _synthetic(fitmod, tmp_path / "h100", "h100", cfg, truth)
+    _synthetic(fitmod, tmp_path / "h100b", "h100", cfg, truth, repeat=True)
+    _synthetic(fitmod, tmp_path / "h200", "h200", cfg, (0.62, 0.41, 1.3, 24.0))
+    _synthetic(fitmod, tmp_path / "h200b", "h200", cfg, (0.62, 0.41, 1.3, 24.0), repeat=True)
+    dirs = [str(tmp_path / d) for d in ("h100", "h200", "h100b", "h200b")]
+    kinds = fitmod.load_kinds([Path(d) for d in dirs])
+    assert [(k.name, k.runs, len(k.points)) for k in kinds] == [
+        ("h100", ("h100", "h100b"), 12),
+        ("h200", ("h200", "h200b"), 12),
+    ]
+    eff, rms = fitmod.fit(kinds[0])
+    assert eff[3] == pytest.approx(9.0, abs=0.3) and rms < 0.02
+    rows = fitmod.cross(kinds[0], eff, kinds[1])
+    assert len(rows) == 10 and all(len(r["measured"]) == 2 for r in rows)  # one row per level, both runs in it
+    verdict = {(r["level"].split(",")[0], r["figure"]): r["verdict"] for r in rows}
+    assert {verdict[f"c={c}", k] for c in (1, 4, 16, 64) for k in ("tok_s_user", "tok_s_total")} == {"within"}
+    assert verdict["prefill", "prefill_ms"] == "outside"
+    assert fitmod.main(dirs) == 0
+    out = capsys.readouterr().out
+    line = _verdicts(out, "h100")
+    assert "tok/s per user: worst" in line and "prefill ms: worst" in line
+    assert line.count("within the 15 % target") == 2 and line.count("outside the 15 % target") == 1
+    assert "worst decode cross-prediction error" in out and "within the 15 % target\n" in out.split("worst decode")[1]
+
+    _synthetic(fitmod, tmp_path / "slow", "h200", cfg, (0.40, 0.41, 1.3, 9.0), repeat=True)
+    rows = fitmod.cross(kinds[0], eff, fitmod.load_kinds([tmp_path / "h200", tmp_path / "slow"])[0])
+    slow = {(r["level"].split(",")[0], r["figure"]): r for r in rows}
+    assert slow["c=64", "tok_s_user"]["verdict"] == "outside" and slow["c=64", "tok_s_user"]["error"] > 0.15
+    true_run, slow_run = slow["c=64", "tok_s_user"]["measured"]  # the row judges against the worse of its runs
+    predicted = slow["c=64", "tok_s_user"]["predicted"]
+    assert abs(predicted / true_run - 1) < 0.01 and abs(predicted / slow_run - 1) > TARGET
+
+    (tmp_path / "h200" / "bench-prefill.json").unlink()
+    (tmp_path / "h200b" / "bench-prefill.json").unlink()
+    assert fitmod.main(dirs) == 0
+    out = capsys.readouterr().out
+    assert "prefill ms: could not judge (no run of h200 measured it)" in _verdicts(out, "h100")
+    back = _verdicts(out, "h200")
+    assert "prefill ms: could not judge: no prefill run on h200" in back and "prefill ms: worst" not in back
+    assert "| not fitted (no prefill run) |" in out
+
+
+def test_run_dirs_of_one_gpu_kind_must_serve_one_model(fitmod, tmp_path):
+    cfg = scale_config(ScaleModelSpec(arch="minimax-m3", layers=2, quant="bf16"))
+    _synthetic(fitmod, tmp_path / "a", "h100", cfg, (0.62, 0.41, 1.3, 9.0))
+    _synthetic(
+        fitmod,
+        tmp_path / "b",
+        "h100",
+        scale_config(ScaleModelSpec(arch="minimax-m3", layers=3, quant="bf16")),
+        (0.62, 0.41, 1.3, 9.0),
+    )
+    with pytest.raises(SystemExit, match="serves another model"):
+        fitmod.load_kinds([tmp_path / "a", tmp_path / "b"])
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "gpu.txt").write_text((tmp_path / "a" / "gpu.txt").read_text())
+    with pytest.raises(SystemExit, match="no config.json"):
+        fitmod.load_kinds([tmp_path / "c"])
+
+
 def test_the_recorded_fit_is_what_the_script_gives_today(fitmod, capsys):
-    """docs/results/estimate-fit.md holds the script's tables for the recorded H100 and H200 runs."""
+    """docs/results/estimate-fit.md holds the script's tables for the recorded runs: both H100 sweeps fitted
+    together, and the H200 run."""
     runs = ROOT / "tests/fixtures/estimate-fit"
-    assert fitmod.main([str(runs / "h100"), str(runs / "h200")]) == 0
+    assert fitmod.main([str(runs / "h100"), str(runs / "h100b"), str(runs / "h200")]) == 0
     out = capsys.readouterr().out
     assert out in (ROOT / "docs/results/estimate-fit.md").read_text()
     h100 = fitmod.load(runs / "h100")

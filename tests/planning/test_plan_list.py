@@ -80,8 +80,7 @@ def test_the_entry_marked_chosen_is_what_plan_prints_and_doctor_proposes(system)
     assert got == (plan["variant"], plan["runtime"], plan["image"], _layout_of(plan))
     v = api.doctor(system=system).verdict
     assert v.variant == c.variant and v.tp == c.layout.tp
-    day0_fallbacks = [s for s in (plan.get("day0") or {}).get("parts", []) if s["runs_fallback"]]
-    assert v.status == ("runnable_with_fallbacks" if c.fallbacks or day0_fallbacks else "runnable_natively")
+    assert v.status == ("runnable_with_fallbacks" if c.fallbacks else "runnable_natively")
     # the CLI's --json is the API's answer
     listed = json.loads(run_cli("plan", "--list", "--system", system, "--json", check=True).stdout)
     assert listed == pl.model_dump(mode="json")
@@ -102,7 +101,27 @@ def test_refused_entries_name_their_rule():
     one = [e for e in bf16 if e.layout and e.layout.label == "TP 1 x DP 1"]
     assert [(e.status, e.rule) for e in one] == [("refused", "memory.fit")]
     assert "at TP 1 x DP 1" in (one[0].reason or "")
-    assert any(e.status == "runnable" for e in bf16)
+    assert any(e.status in ("runnable", "fallback") and not e.rule for e in bf16)
+
+
+@pytest.mark.parametrize("system", ["mi355xx8", "b300x8", "h200x8"])
+def test_a_list_entry_and_doctor_make_one_decision_on_fallbacks_day0_ones_included(system):
+    """The plan's day-0 parts run by their documented fallback (no drafter, no DBO, ...) are fallbacks in the list
+    entry as in doctor's verdict: the chosen entry reads "fallback" exactly where doctor reads "runnable with
+    fallbacks", and names the same fallback lines (doctor adds only its host's capability rows)."""
+    pl = api.plan_list(system=system)
+    (c,) = [e for e in pl.entries if e.chosen]
+    v = api.doctor(system=system).verdict
+    rep = api.plan(system=system).day0
+    day0 = rep.fallbacks() if rep is not None else []
+    assert (c.status == "fallback") == (v.status == "runnable_with_fallbacks")
+    assert c.fallbacks == [f for f in v.fallbacks if not f.startswith("capability.")]
+    assert [f for f in c.fallbacks if f.startswith("day0.")] == [
+        f"day0.{s.part}: {s.how}" + (f" (cost: {s.cost})" if s.cost else "") for s in day0
+    ]
+    if system == "mi355xx8":  # the case that read "runnable" in the list beside doctor's "with fallbacks"
+        assert c.status == "fallback" and any(f.startswith("day0.") for f in c.fallbacks)
+        assert v.status == "runnable_with_fallbacks"
 
 
 def test_a_fallback_entry_names_its_fallback_and_opt_in():

@@ -17,7 +17,10 @@ def test_an_accepted_outcome_is_the_plan():
     assert out.ok and out.error is None and out.rule is None and out.fallback is None
     p = plan(inv, PlanRequest(vllm_executable="vllm"))
     assert out.unwrap().argv == p.argv and out.variant == p.variant == "nvfp4"
-    assert out.fallbacks() == [] and out.fit(32768) is not None and out.support() is not None
+    # a native variant: its only fallbacks are the day-0 parts the plan runs by their documented fallback
+    assert p.day0 is not None and out.fallbacks() == p.day0.fallback_lines()
+    assert all(f.startswith("day0.") for f in out.fallbacks())
+    assert out.fit(32768) is not None and out.support() is not None
     assert out.pinned_request().variant == "nvfp4" and out.accepted() is out
     assert out == plan_outcome(inv, PlanRequest(vllm_executable="vllm"))  # compared on what it says
 
