@@ -225,8 +225,7 @@ class BenchConfig(BaseModel):
     stagger: Annotated[Literal["auto", "off"] | float, BeforeValidator(parse_stagger)] = Field(
         "auto", description=_STAGGER_HELP, json_schema_extra=cli(type="str", metavar="auto|off|SECONDS")
     )
-    """S (s) over which a closed loop's lanes spread their first sends; ``auto``: the warm-up's median latency,
-    else the first completion's; ``off``: lockstep (m3ctl.loadgen.drive.Phases)."""
+    """S (s) over which a closed loop's lanes spread their first sends (m3ctl.loadgen.drive.Phases)."""
     input_len: int = Field(
         128,
         ge=1,

@@ -156,6 +156,7 @@ def test_open_loop_gamma_duration(tiny_server):
         "duration_s": 3.0,
         "client_procs": 1,
         "stop": "duration",
+        "stagger": None,  # an open loop has no lanes to stagger
     }
     assert 5 <= res["completed"] == res["num_prompts"] <= 40 and res["failed"] == 0
     assert res["e2el_from_schedule"]["mean_ms"] >= res["mean_e2el_ms"]

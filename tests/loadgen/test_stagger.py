@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from m3ctl.errors import BadInput
-from m3ctl.loadgen.client import BenchRequest
+from m3ctl.loadgen import uncertainty as u
+from m3ctl.loadgen.client import BenchRequest, RequestOutput
 from m3ctl.loadgen.config import BenchConfig, parse_stagger
 from m3ctl.loadgen.drive import Job
 from m3ctl.loadgen.inputs import validate
@@ -118,18 +119,20 @@ def test_a_given_stagger_in_seconds(gt):
     assert _off_phase(sorted(r["arrival"] for r in recs)[:C], 0.2) < 0.01  # 25 ms apart
 
 
-def test_the_interval_is_narrower_than_in_lockstep(gt):
-    """What holds on a server of fixed latency: in lockstep the completions come in clumps of c at the edges of
-    whole-latency batches, so a jitter of a millisecond moves a whole clump from one batch to the next (request
-    throughput +-9 to 18 % over three tries); staggered, one request at a time (under 1 %). The output rate's
-    interval narrows too (about tenfold). The total token rate counts each prompt at its first token, both sides
-    within 1 % here, and is not compared."""
+def test_the_request_rate_interval_is_narrower_than_in_lockstep(gt):
+    """What holds on a server of fixed latency (16 lanes, 240 ms). In lockstep the completions come in clumps of c,
+    and the batches are whole latencies from a completion, so the clumps sit on the batch edges: a jitter of a
+    millisecond moves a whole clump from one batch to the next (request rate +-7 to 17 % over four tries);
+    staggered, one completion at a time (+-0 to 4 %). The token rates are not narrower here: a deterministic server
+    in lockstep is a periodic process whose waves fit the whole-latency batches exactly, so no prompt crosses a
+    batch edge (+-0.2 to 0.6 % total tok/s), while staggered about one request's tokens cross each edge (+-0.9 to
+    1.5 %, once 10 % on this shared host). The GPU's waves differ (which prefills share a step depends on the
+    phase: docs/results/h100-spread.md), and a fixed-latency server has no counterpart of that."""
     lock, _ = _run(gt, stagger="off", concurrency=16, num_prompts=16 * 14, num_warmups=16)
     stag, _ = _run(gt, concurrency=16, num_prompts=16 * 14, num_warmups=16)
-    lf, sf = lock["uncertainty"]["figures"], stag["uncertainty"]["figures"]
-    w = {k: (sf[k]["rel_half_width"], lf[k]["rel_half_width"]) for k in ("request_throughput", "output_throughput")}
-    assert w["request_throughput"][0] < 0.5 * w["request_throughput"][1], w
-    assert w["output_throughput"][0] < w["output_throughput"][1], w
+    lw = lock["uncertainty"]["figures"]["request_throughput"]["rel_half_width"]
+    sw = stag["uncertainty"]["figures"]["request_throughput"]["rel_half_width"]
+    assert sw < 0.5 * lw, (sw, lw)
 
 
 def test_bad_stagger_values_and_combinations():
@@ -147,3 +150,24 @@ def test_client_processes_share_the_phases_of_one_loop():
     job = Job(items=[(BenchRequest("x", 1, 1), 0.0)] * 40, concurrency=6)
     shares = split(job, 2)
     assert [s.phases for s in shares] == [[0, 2 / 6, 4 / 6], [1 / 6, 3 / 6, 5 / 6]]
+
+
+def _req(start: float, lat: float = 1.0) -> RequestOutput:
+    return RequestOutput(
+        success=True, prompt_len=16, output_tokens=4, ttft=lat / 4, itl=[lat / 4] * 3, latency=lat, start_time=start
+    )
+
+
+def test_the_steady_state_leaves_the_staggered_ramp_out():
+    """No warm-up, 4 lanes, 1 s requests: the first wave goes together at t=100 and ends at 101; the lanes' next
+    sends spread over 101..101.75 (the ramp). The L-th completion alone (101) would count the ramp, where fewer
+    than 4 requests are in flight; the steady state starts once every request sent up to 101.75 has completed."""
+    outs = [_req(100.0) for _ in range(4)]
+    for k in range(4):
+        outs += [_req(101.0 + k * 0.25 + j) for j in range(12)]
+    assert u.steady_window(outs, 4)["start"] == 101.0
+    win = u.steady_window(outs, 4, ramp_end=101.75)
+    assert win["start"] == 102.75 and win["ramp_up_dropped_s"] == 2.75
+    check = u.StopCheck(100.0, 100.0, 4, "request_throughput")
+    done = sorted(outs, key=lambda o: o.end_time)
+    assert check.check([o for o in done if o.end_time <= 102.5], 102.5, ramp_end=101.75) is None  # ramp not over

@@ -28,6 +28,7 @@ OLD_OPTIONS = dict(
     prompt_text="common",
     seed=7,
     args={"seed": 7},
+    prompts_per_concurrency=4,  # the default then (now 12 waves: TuneOptions.prompts_per_concurrency)
 )
 
 
