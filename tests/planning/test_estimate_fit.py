@@ -198,13 +198,40 @@ def test_run_dirs_of_one_gpu_kind_must_serve_one_model(fitmod, tmp_path):
 
 def test_the_recorded_fit_is_what_the_script_gives_today(fitmod, capsys):
     """docs/results/estimate-fit.md holds the script's tables for the recorded runs: both H100 sweeps fitted
-    together, and the H200 run."""
+    together, and both H200 runs (the single run and the grid)."""
     runs = ROOT / "tests/fixtures/estimate-fit"
-    assert fitmod.main([str(runs / "h100"), str(runs / "h100b"), str(runs / "h200")]) == 0
+    assert fitmod.main([str(runs / d) for d in RECORDED]) == 0
     out = capsys.readouterr().out
     assert out in (ROOT / "docs/results/estimate-fit.md").read_text()
     h100 = fitmod.load(runs / "h100")
     assert h100.gpu_key == "h100" and [p.concurrency for p in h100.points if p.kind == "decode"] == [1, 4, 16, 64]
+
+
+RECORDED = ("h100", "h100b", "h200", "h200b")
+
+
+def _verdicts(out: str, fitted_on: str) -> dict[tuple[str, str], float]:
+    """{(level, figure): error %} of the cross-prediction table fitted on ``fitted_on`` in the script's output."""
+    part = out.split(f"Fit on {fitted_on} (")[1].split("\n\n", 2)[1]
+    rows = [r.split("|")[1:-1] for r in part.splitlines()[2:]]
+    return {(c[0].strip(), c[1].strip()): float(c[4].strip().rstrip(" %")) for c in rows}
+
+
+def test_the_h100_h200_cross_prediction_holds_from_c4_both_ways_and_misses_at_c1(fitmod, capsys):
+    """The issue's target, within 15 % of the measured decode tok/s per user and total tok/s: fitted on the H200
+    runs, every H100 batch size; fitted on the H100 servers, the H200 grid's c = 4, 16, 64 (c = 1 misses: the H200
+    host's per-step floor, docs/results/estimate-fit.md)."""
+    runs = ROOT / "tests/fixtures/estimate-fit"
+    assert fitmod.main([str(runs / d) for d in RECORDED]) == 0
+    out = capsys.readouterr().out
+    to_h100, to_h200 = _verdicts(out, "h200"), _verdicts(out, "h100")
+    decode = ("tok/s per user", "total tok/s")
+    for c in (1, 4, 16, 64):
+        for fig in decode:
+            assert abs(to_h100[(f"c={c}, 1,024 in / 256 out", fig)]) <= 15.0
+            err = to_h200[(f"c={c}, 1,024 in / 256 out", fig)]
+            assert (abs(err) <= 15.0) == (c != 1), (c, fig, err)
+    assert max(abs(to_h100[k]) for k in to_h100 if k[1] in decode) == 12.0  # per user, c = 16
 
 
 def test_a_fresh_h100_server_reproduces_the_fits_decode_runs_within_3_1_percent():
