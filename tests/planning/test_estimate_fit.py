@@ -210,7 +210,7 @@ def test_the_recorded_fit_is_what_the_script_gives_today(fitmod, capsys):
 RECORDED = ("h100", "h100b", "h200", "h200b")
 
 
-def _verdicts(out: str, fitted_on: str) -> dict[tuple[str, str], float]:
+def _errors(out: str, fitted_on: str) -> dict[tuple[str, str], float]:
     """{(level, figure): error %} of the cross-prediction table fitted on ``fitted_on`` in the script's output."""
     part = out.split(f"Fit on {fitted_on} (")[1].split("\n\n", 2)[1]
     rows = [r.split("|")[1:-1] for r in part.splitlines()[2:]]
@@ -224,7 +224,7 @@ def test_the_h100_h200_cross_prediction_holds_from_c4_both_ways_and_misses_at_c1
     runs = ROOT / "tests/fixtures/estimate-fit"
     assert fitmod.main([str(runs / d) for d in RECORDED]) == 0
     out = capsys.readouterr().out
-    to_h100, to_h200 = _verdicts(out, "h200"), _verdicts(out, "h100")
+    to_h100, to_h200 = _errors(out, "h200"), _errors(out, "h100")
     decode = ("tok/s per user", "total tok/s")
     for c in (1, 4, 16, 64):
         for fig in decode:
