@@ -164,10 +164,16 @@ def validated_cache_dir() -> Path:
 @functools.cache
 def _code_stamp() -> bytes:
     """What the validation of a packaged file depends on besides its text: Python's and pydantic's versions and
-    the path, modification time and size of every module of the installed m3ctl (its version included), so a
-    changed schema, validator or m3ctl release never reads an entry written by other code (~1 ms, once)."""
+    every module of the installed m3ctl (:func:`tree_stamp`; its version included), so a changed schema,
+    validator or m3ctl release never reads an entry written by other code (~1 ms, once)."""
+    return tree_stamp(Path(__file__).resolve().parent.parent)
+
+
+def tree_stamp(root: Path) -> bytes:
+    """A digest of Python's and pydantic's versions and the path, modification time and size of every ``.py``
+    file under ``root``."""
     h = hashlib.sha256(f"{VALIDATED_CACHE_FORMAT}:{sys.version}:{pydantic.VERSION}".encode())
-    folders = [Path(__file__).resolve().parent.parent]
+    folders = [root]
     while folders:
         with os.scandir(folders.pop()) as entries:
             for e in sorted(entries, key=lambda e: e.name):
