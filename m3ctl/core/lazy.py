@@ -1,0 +1,35 @@
+"""Heavy libraries imported on first use: the one accessor of the modules that import numpy or httpx.
+
+numpy and httpx cost ~0.3 s of CPU to import together, and most of the modules that use them are loaded by
+commands that never call them: ``tune --dry-run`` loads the load generator, the serving checks and the power
+sampler to describe the study it would run, and sends no request and computes no interval. Such a module writes::
+
+    if TYPE_CHECKING:
+        import numpy as np
+    else:
+        np = lazy_module("numpy")
+
+and uses ``np`` as before; the library is imported at the first attribute read (``np.array``), and not at all by a
+command that reads none. Type checkers see the real module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+
+class LazyModule(ModuleType):
+    """A stand-in for the module ``name``: the first attribute read imports it and copies its namespace in, so
+    later reads cost what a module's do; a name the module adds later (a submodule) is read from it."""
+
+    def __getattr__(self, attr: str) -> Any:
+        module = importlib.import_module(self.__name__)
+        self.__dict__.update({k: v for k, v in vars(module).items() if k not in ("__name__", "__doc__")})
+        return getattr(module, attr)
+
+
+def lazy_module(name: str) -> ModuleType:
+    """The module ``name`` (``numpy``, ``httpx``), imported on first attribute read (:class:`LazyModule`)."""
+    return LazyModule(name)
