@@ -1,4 +1,5 @@
-"""Heavy libraries imported on first use: the one accessor of the modules that import numpy or httpx.
+"""Heavy libraries imported on first use: the one accessor of the modules that import numpy, httpx or
+prometheus_client's parser.
 
 numpy and httpx cost ~0.3 s of CPU to import together, and most of the modules that use them are loaded by
 commands that never call them: ``tune --dry-run`` loads the load generator, the serving checks and the power
@@ -31,5 +32,5 @@ class LazyModule(ModuleType):
 
 
 def lazy_module(name: str) -> ModuleType:
-    """The module ``name`` (``numpy``, ``httpx``), imported on first attribute read (:class:`LazyModule`)."""
+    """The module ``name`` (``numpy``, ``httpx``, ``prometheus_client.parser``), imported on first attribute read (:class:`LazyModule`)."""
     return LazyModule(name)
