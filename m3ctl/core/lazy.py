@@ -22,15 +22,18 @@ from typing import Any
 
 
 class LazyModule(ModuleType):
-    """A stand-in for the module ``name``: the first attribute read imports it and copies its namespace in, so
-    later reads cost what a module's do; a name the module adds later (a submodule) is read from it."""
+    """A stand-in for the module ``name``: the first attribute read imports it, and every read is answered by it
+    (a patch of the library, a submodule it adds later, are seen as through the module itself)."""
+
+    _module: ModuleType | None = None
 
     def __getattr__(self, attr: str) -> Any:
-        module = importlib.import_module(self.__name__)
-        self.__dict__.update({k: v for k, v in vars(module).items() if k not in ("__name__", "__doc__")})
-        return getattr(module, attr)
+        if self._module is None:
+            self._module = importlib.import_module(self.__name__)
+        return getattr(self._module, attr)
 
 
 def lazy_module(name: str) -> ModuleType:
-    """The module ``name`` (``numpy``, ``httpx``, ``prometheus_client.parser``), imported on first attribute read (:class:`LazyModule`)."""
+    """The module ``name`` (``numpy``, ``httpx``, ``prometheus_client.parser``), imported on first attribute read
+    (:class:`LazyModule`)."""
     return LazyModule(name)
