@@ -16,9 +16,14 @@ written to a temporary ``PYTHONPYCACHEPREFIX`` by one unmeasured run of each com
 On a shared host compare only figures taken side by side: ``--compare OTHER_CHECKOUT`` runs each command of the
 two checkouts alternately (A, B, A, B...), so both see the same load.
 
+Caches: m3ctl keeps the parsed YAML and the validated content of its packaged data files under
+``$XDG_CACHE_HOME/m3ctl`` (m3ctl.catalog.loader.yaml_cache_dir, m3ctl.catalog.registry.validated_cache_dir). By
+default the runs share one temporary cache directory, filled by the unmeasured run (as every run after the first
+one after an install); ``--cold-cache`` gives every run an empty one (the first run after an install or an edit).
+
 Usage (from the repo root, in the venv)::
 
-    python benchmarks/startup.py [--runs 11] [--repo CHECKOUT] [--compare OTHER_CHECKOUT] [--only plan]
+    python benchmarks/startup.py [--runs 11] [--repo CHECKOUT] [--compare OTHER_CHECKOUT] [--only plan] [--cold-cache]
 """
 
 from __future__ import annotations
@@ -48,12 +53,14 @@ CASES = [
 ]
 
 
-def one_run(argv: list[str], env: dict[str, str], cwd: str) -> tuple[float, float]:
-    """Wall and CPU seconds (user + system) of one run of ``python ARGV``.
+def one_run(argv: list[str], env: dict[str, str], cwd: str, cold: bool = False) -> tuple[float, float]:
+    """Wall and CPU seconds (user + system) of one run of ``python ARGV``; ``cold``: with an empty cache directory.
 
     Raises:
         SystemExit: the run exits non-zero (its stderr is shown).
     """
+    if cold:
+        env = {**env, "XDG_CACHE_HOME": tempfile.mkdtemp(prefix="cold-cache-", dir=cwd)}
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     p = subprocess.run([sys.executable, *argv], env=env, cwd=cwd, capture_output=True, text=True)
@@ -71,6 +78,7 @@ def environment(repo: Path, tmp: Path, bytecode: bool) -> dict[str, str]:
     env.update(
         PYTHONPATH=os.pathsep.join(p for p in (str(repo), env.get("PYTHONPATH", "")) if p),
         XDG_CONFIG_HOME=str(tmp / "config"),
+        XDG_CACHE_HOME=str(tmp / "cache"),
     )
     if bytecode:
         env.pop("PYTHONDONTWRITEBYTECODE", None)
@@ -94,6 +102,7 @@ def main() -> None:
     ap.add_argument("--compare", type=Path, help="a second checkout, run alternately with --repo")
     ap.add_argument("--only", default="", help="run only the commands whose label contains this text")
     ap.add_argument("--no-bytecode", action="store_true", help="recompile every module on every run")
+    ap.add_argument("--cold-cache", action="store_true", help="an empty m3ctl cache directory for every run")
     args = ap.parse_args()
     repos = [args.repo.resolve(), *([args.compare.resolve()] if args.compare else [])]
     cases = [(label, argv) for label, argv in CASES if args.only in label]
@@ -101,6 +110,7 @@ def main() -> None:
         tmp = Path(tmp_s)
         envs = [environment(r, tmp, not args.no_bytecode) for r in repos]
         mode = "recompiled every run" if args.no_bytecode else "bytecode cached, as installed"
+        mode += ", an empty m3ctl cache every run" if args.cold_cache else ", m3ctl's data caches filled"
         print(f"{args.runs} runs each, {mode} ({sys.executable}, load average {os.getloadavg()[0]:.2f})")
         for i, r in enumerate(repos):
             print(f"  [{'AB'[i]}] {r}")
@@ -113,7 +123,7 @@ def main() -> None:
             cpu: list[list[float]] = [[] for _ in repos]
             for _ in range(args.runs):
                 for i, env in enumerate(envs):  # side by side: both checkouts see the same load
-                    w, c = one_run(argv, env, tmp_s)
+                    w, c = one_run(argv, env, tmp_s, args.cold_cache)
                     wall[i].append(w)
                     cpu[i].append(c)
             for i in range(len(repos)):

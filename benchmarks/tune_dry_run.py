@@ -3,7 +3,7 @@
 (m3ctl.tuning.plans.TrialPlans.plan: one per configuration and one for the baseline since a configuration is planned
 once), and the CPU seconds of the dry run itself (imports done before: ``m3ctl.api.tune(dry_run=True)`` in this
 process), as median and min..max of ``--runs`` runs, and which heavy libraries the dry run loaded (aiohttp is
-imported only by a run that sends requests). The whole command's start-up and wall time are benchmarks/startup.py's
+imported only by a run that sends requests; numpy, httpx and prometheus_client by the first use, m3ctl.core.lazy). The whole command's start-up and wall time are benchmarks/startup.py's
 (its last row, next to ``python -c pass``, ``m3ctl --help`` and ``plan --system b200x8``). Targets (the issue "Each
 verb a package of stages"): the dry run under 1 s of CPU. Nothing is asserted (this is no test).
 
@@ -56,7 +56,7 @@ def main() -> None:
     print(f"planner calls per dry run: {sorted(set(n_calls))} (configurations + the baseline: {size + 1})")
     print(f"dry run CPU s: median {statistics.median(cpu):.3f}  min..max {min(cpu):.3f}..{max(cpu):.3f}")
     print(f"dry run wall s: median {statistics.median(wall):.3f}  min..max {min(wall):.3f}..{max(wall):.3f}")
-    heavy = ("aiohttp", "httpx", "numpy", "optuna", "matplotlib", "torch", "docker")
+    heavy = ("aiohttp", "httpx", "numpy", "prometheus_client", "optuna", "matplotlib", "torch", "docker")
     print("heavy libraries loaded: " + ", ".join(f"{m} {'yes' if m in sys.modules else 'no'}" for m in heavy))
 
 

@@ -23,7 +23,7 @@ RANK = {"native": 0, "supported": 0, "fallback": 1, "partial": 1, "unverified": 
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # built on first use
 
 
 class EngineRule(_Strict):

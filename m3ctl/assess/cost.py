@@ -34,7 +34,7 @@ from m3ctl.catalog.registry import data
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
 
 
 class GpuPeak(_Strict):

@@ -113,7 +113,7 @@ def installed_registry_file() -> Path | None:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # built on first use
 
 
 class VersionModels(_Strict):

@@ -27,7 +27,7 @@ ATTENTION_MODES = ("msa", "dense")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # built on first use
 
 
 class KnownIssue(_Strict):

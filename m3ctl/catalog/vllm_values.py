@@ -20,7 +20,7 @@ from m3ctl.errors import BadInput
 class VllmValueTypes(BaseModel):
     """m3ctl/data/vllm_value_types.yaml: flags (without ``--``) per vLLM value parser."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     schema_version: int = 1
     vllm_version: str
     source: str

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from m3ctl.core.files import WriteFailed, cause, output_target, save_with_fallback, write_atomic
 from m3ctl.errors import BadInput, ConfigRejected, NotFound, StateWriteFailed, UnreadableRecord
@@ -165,6 +165,8 @@ class Deployment(BaseModel):
         smoke_level: the smoke test's level (``quick``, ``full``, ``off``); None in records written before levels.
         smoke_s: the smoke test's wall time (s), None when it did not run.
     """
+
+    model_config = ConfigDict(defer_build=True)  # built on first use: `m3ctl plan` needs none
 
     name: str
     runtime: str = "process"

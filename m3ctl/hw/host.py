@@ -94,7 +94,7 @@ class GraceMarkers(BaseModel):
         gpu_name_markers: NVML GPU names of Grace superchips (``GH200``...).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     cpu_arch: str
     cpu_implementer: str
     cpu_parts: list[str] = Field(min_length=1)
@@ -111,7 +111,7 @@ class HostCpuTable(BaseModel):
         oci_platforms: CPU architecture -> the OCI platform of an image that runs there (``linux/arm64``).
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     schema_version: Literal[1] = 1
     machine_aliases: dict[str, str] = Field(min_length=1)
     grace: GraceMarkers

@@ -21,7 +21,7 @@ INVENTORY_SCHEMA = 2
 
 
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)  # built on first use
 
 
 class MigDevice(_Frozen):

@@ -35,14 +35,18 @@ import json
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import httpx
-
+from m3ctl.core.lazy import lazy_module
 from m3ctl.core.prometheus import samples
 from m3ctl.hw.amd import import_amdsmi
 from m3ctl.hw.nvidia import init_nvml
 from m3ctl.hw.probe import ProbeDeclined, Runner, _code, _s, default_runner
+
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = lazy_module("httpx")
 
 NVML_ERROR_NOT_SUPPORTED = 3
 #: amdsmi marks an unsupported field of a struct with these (amdsmi_interface.py: 0xFFFF; amdsmi.h: UINT32_MAX).
@@ -300,8 +304,8 @@ class ExporterPower:
 
     min_interval_s = 1.0
 
-    def __init__(self, url: str, get: Any = httpx.get):
-        self.url, self.get = url, get
+    def __init__(self, url: str, get: Any = None):
+        self.url, self.get = url, get or httpx.get  # httpx.get unless a test gives its own
         got = self._page()
         if isinstance(got, str):
             raise ProbeDeclined(got)

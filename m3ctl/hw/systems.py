@@ -30,7 +30,7 @@ REQUIRED_SOURCES = ("gpu", "memory", "links", "driver")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)  # built on first use
 
 
 class GpuSpec(_Strict):

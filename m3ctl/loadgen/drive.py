@@ -20,8 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-import numpy as np
-
+from m3ctl.core.lazy import lazy_module
 from m3ctl.loadgen import sink, uncertainty
 from m3ctl.loadgen.client import PROGRESS, BenchRequest, RequestOutput, aiohttp_module, build_body, send_request
 from m3ctl.loadgen.config import PRECISION_MAX_DURATION_S, BenchConfig
@@ -30,6 +29,11 @@ from m3ctl.loadgen.target import headers as auth_headers
 
 if TYPE_CHECKING:
     import aiohttp
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")
 
 
 @dataclass

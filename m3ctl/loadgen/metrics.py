@@ -23,10 +23,15 @@ decodes: :data:`BURST_TOKEN_S`) has TPOT and ITL ``None``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
-
+from m3ctl.core.lazy import lazy_module
 from m3ctl.loadgen.client import RequestOutput
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")
 
 METRICS = ("ttft", "tpot", "itl", "e2el")
 #: A request arrived "in one burst" when its last token came less than this after its first (s): all its

@@ -19,11 +19,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-import numpy as np
-
+from m3ctl.core.lazy import lazy_module
 from m3ctl.errors import BadInput, Unauthorised
 from m3ctl.loadgen import servermetrics, workloads
 from m3ctl.loadgen import trace as traces
@@ -34,6 +32,13 @@ from m3ctl.loadgen.energy import EnergyMeter
 from m3ctl.loadgen.prompts import LocalTokenizer, ServerTokenizer, Tokenizer
 from m3ctl.loadgen.target import headers as _headers
 from m3ctl.loadgen.target import http_failure
+
+if TYPE_CHECKING:
+    import httpx
+    import numpy as np
+else:
+    httpx = lazy_module("httpx")
+    np = lazy_module("numpy")
 
 
 def tokenizer_for(cfg: BenchConfig) -> Tokenizer:

@@ -20,11 +20,15 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import httpx
-
+from m3ctl.core.lazy import lazy_module
 from m3ctl.errors import BadInput
+
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = lazy_module("httpx")
 
 _WORDS = [
     "time",

@@ -30,11 +30,10 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
-
-import httpx
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from m3ctl.core import signals
+from m3ctl.core.lazy import lazy_module
 from m3ctl.errors import BadInput, BenchServerDown
 from m3ctl.loadgen import procs, sink
 from m3ctl.loadgen import sweep as sweeps
@@ -51,6 +50,11 @@ from m3ctl.loadgen.settings import BenchSettings
 from m3ctl.loadgen.sweep import Sweep
 from m3ctl.loadgen.validity import BenchServerStalled, run_failure
 from m3ctl.results import BenchResult, BenchSweep
+
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = lazy_module("httpx")
 
 #: Names other modules import from here (the stages' own modules hold them).
 __all__ = [

@@ -24,11 +24,17 @@ from __future__ import annotations
 import math
 import threading
 import time
+from typing import TYPE_CHECKING
 
-import httpx
-import numpy as np
-
+from m3ctl.core.lazy import lazy_module
 from m3ctl.core.prometheus import samples
+
+if TYPE_CHECKING:
+    import httpx
+    import numpy as np
+else:
+    httpx = lazy_module("httpx")
+    np = lazy_module("numpy")
 
 SERIES = (
     "prefix_cache_hits_total",

@@ -10,9 +10,9 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import httpx
-
+from m3ctl.core.lazy import lazy_module
 from m3ctl.core.secrets import auth_headers, client_key, key_hint, split_url_credentials
 from m3ctl.core.state import Registry
 from m3ctl.errors import BadInput, M3Error, Unauthorised
@@ -20,6 +20,11 @@ from m3ctl.loadgen.config import BenchConfig
 from m3ctl.serving.lifecycle import deployment_for_url as lookup
 from m3ctl.serving.serve import deployment_gpus, runtime_for, saved_plan
 from m3ctl.serving.watchdog import launch_key
+
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = lazy_module("httpx")
 
 
 @dataclass

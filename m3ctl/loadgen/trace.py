@@ -54,15 +54,20 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from m3ctl.core.files import read_user_text
+from m3ctl.core.lazy import lazy_module
 from m3ctl.errors import BadInput
 from m3ctl.loadgen import MAX_REQUEST_TOKENS
 from m3ctl.loadgen.client import BenchRequest, RequestOutput
 from m3ctl.loadgen.config import MAX_PROMPTS, MAX_RUN_PROMPT_TOKENS
 from m3ctl.loadgen.prompts import Tokenizer, exact_prompt, exact_prompt_after
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")
 
 #: Send lag (ms) the p99 may reach before the replay counts as lagging the trace, at least.
 LAG_FLOOR_MS = 50.0

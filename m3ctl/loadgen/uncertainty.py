@@ -26,10 +26,15 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
-import numpy as np
-
+from m3ctl.core.lazy import lazy_module
 from m3ctl.loadgen.client import RequestOutput
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")
 
 #: Confidence level of every interval.
 LEVEL = 0.95

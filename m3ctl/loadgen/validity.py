@@ -15,8 +15,9 @@ true only for a pass (yes).
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
 
+from m3ctl.core.lazy import lazy_module
 from m3ctl.core.verdict import Judgement
 from m3ctl.errors import BenchServerDown, ChecksFailed, M3Error
 from m3ctl.loadgen import metrics
@@ -25,6 +26,11 @@ from m3ctl.loadgen.client import RequestOutput
 from m3ctl.loadgen.config import BenchConfig
 from m3ctl.loadgen.drive import SERVER_DOWN_AFTER, ClientStats
 from m3ctl.results import validity_judgement
+
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = lazy_module("numpy")
 
 
 class BenchServerStalled(BenchServerDown):

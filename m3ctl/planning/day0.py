@@ -41,7 +41,7 @@ _FROM_CAPABILITY: dict[str, State] = {
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)  # built on first use
 
 
 class EngineNeed(_Strict):

@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from m3ctl import __version__
 from m3ctl.catalog import vendors
@@ -47,7 +47,14 @@ TARGET_HF_HOME = "/root/.cache/huggingface"
 VISIBILITY_ENV = vendors.process_visibility_vars()
 
 
-class Layout(BaseModel):
+class _Model(BaseModel):
+    """The base of this module's models: each builds its validator on first use (``defer_build``); ``m3ctl plan``
+    prints a plan without building any of them."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
+class Layout(_Model):
     """Parallel layout of one deployment (sizes >= 1; ``nodes`` >= 1)."""
 
     tp: int = 1
@@ -65,7 +72,7 @@ class Layout(BaseModel):
         return self.tp * self.pp * self.dp * self.pcp
 
 
-class Mount(BaseModel):
+class Mount(_Model):
     """A bind mount: host ``source`` at ``target`` in the container; ``kind`` says what it carries."""
 
     source: str
@@ -77,14 +84,14 @@ class Mount(BaseModel):
         return f"{self.source}:{self.target}:{'ro' if self.read_only else 'rw'}"
 
 
-class Devices(BaseModel):
+class Devices(_Model):
     """GPUs a container sees: ``vendor`` None = none (CPU); ``ids`` empty with a vendor = all of them."""
 
     vendor: Literal["nvidia", "amd"] | None = None
     ids: list[str] = Field(default_factory=list)
 
 
-class ContainerSpec(BaseModel):
+class ContainerSpec(_Model):
     """Everything a container engine needs for the launch (no secret values)."""
 
     image: str
@@ -107,7 +114,7 @@ class ContainerSpec(BaseModel):
     labels: dict[str, str] = Field(default_factory=dict)
 
 
-class LaunchSpec(BaseModel):
+class LaunchSpec(_Model):
     """The structured launch of one plan; see the module docstring."""
 
     name: str
@@ -386,7 +393,7 @@ def multinode_dp_args(
 
 
 # ------------------------------------------------------------------ the one docker launch
-class GpuRequest(BaseModel):
+class GpuRequest(_Model):
     """A Docker device request (``--gpus``; SDK ``DeviceRequest``): ``ids`` empty = all GPUs (``Count -1``)."""
 
     driver: str = ""
@@ -394,7 +401,7 @@ class GpuRequest(BaseModel):
     capabilities: list[list[str]] = Field(default_factory=lambda: [["gpu"]])
 
 
-class PortMap(BaseModel):
+class PortMap(_Model):
     """``-p HOST_IP:HOST_PORT:CONTAINER_PORT`` (bridge network only)."""
 
     host_ip: str
@@ -402,13 +409,13 @@ class PortMap(BaseModel):
     container_port: int
 
 
-class Ulimit(BaseModel):
+class Ulimit(_Model):
     name: str
     soft: int
     hard: int
 
 
-class DockerRun(BaseModel):
+class DockerRun(_Model):
     """The one container a docker launch creates: ``docker run`` (:meth:`cli_args`, what ``serve`` prints and
     ``plan --emit docker`` writes) and the docker SDK's ``containers.run`` kwargs (:meth:`sdk_kwargs`, what the
     docker runtime sends) are both rendered from it, so the printed command is the created container. Built by
@@ -546,7 +553,7 @@ LABEL_PREFIX = "m3ctl."
 DEPLOYMENT_LABEL = LABEL_PREFIX + "deployment"
 
 
-class DockerOptions(BaseModel):
+class DockerOptions(_Model):
     """Container-side settings that are not part of the launch plan (recorded with the deployment).
 
     Attributes:

@@ -13,7 +13,7 @@ from m3ctl.errors import BadInput, first_error
 class EstimateRequest(BaseModel):
     """What ``plan --estimate`` estimates for; each field declares its CLI option (m3ctl.cli.options)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     concurrency: int = Field(
         64,
         ge=1,

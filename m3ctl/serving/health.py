@@ -29,11 +29,16 @@ import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import httpx
-
+from m3ctl.core.lazy import lazy_module
 from m3ctl.errors import LaunchFailed
 from m3ctl.serving.diagnose import DiagContext, diagnose_log, diagnose_text, explain_port_conflict
+
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = lazy_module("httpx")
 
 PHASES = ("process", "port", "health", "models", "completion")
 

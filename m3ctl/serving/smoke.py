@@ -58,9 +58,9 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
-import httpx
-
+from m3ctl.core.lazy import lazy_module
 from m3ctl.serving.smoke_checks import CHECKS, WORKLOAD_CHECKS, Refused, SmokeRun, StreamError
 from m3ctl.serving.smoke_plan import (
     DEFAULT_LEVEL,
@@ -81,6 +81,11 @@ from m3ctl.serving.smoke_plan import (
     smoke_level,
     smoke_target,
 )
+
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = lazy_module("httpx")
 
 
 def engine_limits(client: httpx.Client, model: str) -> tuple[int | None, int | None]:

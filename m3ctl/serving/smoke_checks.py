@@ -9,10 +9,9 @@ import re
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import httpx
-
+from m3ctl.core.lazy import lazy_module
 from m3ctl.core.verdict import Severity
 from m3ctl.serving.smoke_plan import (
     SmokeFinding,
@@ -25,6 +24,11 @@ from m3ctl.serving.smoke_plan import (
     long_prompt_size,
     smoke_data,
 )
+
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = lazy_module("httpx")
 
 
 # ----------------------------------------------------------------------------------------------- requests

@@ -28,11 +28,11 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import httpx
 import psutil
 
+from m3ctl.core.lazy import lazy_module
 from m3ctl.core.secrets import API_KEY_ENV, client_key, remember
 from m3ctl.core.state import Deployment, Registry
 from m3ctl.errors import M3Error
@@ -40,6 +40,11 @@ from m3ctl.runtime import runtime_for
 from m3ctl.runtime.base import Runtime
 from m3ctl.serving.diagnose import DiagContext, diagnose_text
 from m3ctl.serving.lifecycle import EngineState, engine_state, explain
+
+if TYPE_CHECKING:
+    import httpx
+else:
+    httpx = lazy_module("httpx")
 
 Verdict = Literal["ok", "exited", "unreachable", "engine-dead", "stalled", "paused", "unauthorised"]
 

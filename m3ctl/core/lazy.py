@@ -1,0 +1,39 @@
+"""Heavy libraries imported on first use: the one accessor of the modules that import numpy, httpx or
+prometheus_client's parser.
+
+numpy and httpx cost ~0.3 s of CPU to import together, and most of the modules that use them are loaded by
+commands that never call them: ``tune --dry-run`` loads the load generator, the serving checks and the power
+sampler to describe the study it would run, and sends no request and computes no interval. Such a module writes::
+
+    if TYPE_CHECKING:
+        import numpy as np
+    else:
+        np = lazy_module("numpy")
+
+and uses ``np`` as before; the library is imported at the first attribute read (``np.array``), and not at all by a
+command that reads none. Type checkers see the real module.
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+from typing import Any
+
+
+class LazyModule(ModuleType):
+    """A stand-in for the module ``name``: the first attribute read imports it, and every read is answered by it
+    (a patch of the library, a submodule it adds later, are seen as through the module itself)."""
+
+    _module: ModuleType | None = None
+
+    def __getattr__(self, attr: str) -> Any:
+        if self._module is None:
+            self._module = importlib.import_module(self.__name__)
+        return getattr(self._module, attr)
+
+
+def lazy_module(name: str) -> ModuleType:
+    """The module ``name`` (``numpy``, ``httpx``, ``prometheus_client.parser``), imported on first attribute read
+    (:class:`LazyModule`)."""
+    return LazyModule(name)
