@@ -66,3 +66,41 @@ def test_a_stop_check_that_met_the_target_does_not_make_the_final_figure_met():
     assert u["stopped_by"] == "precision" and not u["met"]
     assert fig(r, "output_throughput")["rel_half_width"] > u["precision"]
     assert all(x["uncertainty"]["stopped_by"] == "precision" for x in runs())
+
+
+PAIR = REPO / "tests" / "fixtures" / "h200-stagger"
+
+
+def pair() -> dict[str, dict]:
+    return {n: json.loads((PAIR / f"{n}.json").read_text()) for n in ("off1", "auto1")}
+
+
+def waiting(r: dict) -> list[float]:
+    return [s[1] for s in r["server_queue"]["samples"]]
+
+
+def test_the_pair_table_is_the_recorded_runs():
+    rows = {ln.split("|")[1].strip(): ln.split("|")[2:-1] for ln in DOC.read_text().splitlines() if ln.startswith("| ")}
+    for name, r in pair().items():
+        c = [x.strip() for x in rows[name]]
+        t, o = fig(r, "total_token_throughput"), fig(r, "output_throughput")
+        assert c[0] == r["load"]["stagger"]["setting"]
+        assert c[1] == f"{t['value']:,.0f} +-{100 * t['rel_half_width']:.2f} %"
+        assert c[2] == f"{o['value']:,.0f} +-{100 * o['rel_half_width']:.2f} %"
+        assert c[3] == f"{r['median_ttft_ms']:,.0f}" and c[4] == f"{r['median_tpot_ms']:.2f} / {r['p90_tpot_ms']:.2f}"
+        w = waiting(r)
+        assert c[5] == f"{min(w):.0f}-{max(w):.0f} ({sum(1 for x in w if x == 0)} of {len(w)} at 0)"
+        assert c[6] == r["uncertainty"]["stopped_by"] and r["validity"]["valid"] and r["failed"] == 0
+
+
+def test_independent_users_keep_the_queue_short_and_see_the_mixed_steps_tpot():
+    p = pair()
+    off, auto = p["off1"], p["auto1"]
+    st = auto["load"]["stagger"]
+    assert st["setting"] == "auto" and st["lanes"] == 64 and 1.5 < st["latency_s"] < 1.7
+    assert max(waiting(auto)) <= 9 and max(waiting(off)) >= 40
+    assert auto["median_ttft_ms"] < off["median_ttft_ms"] / 2
+    assert auto["p90_tpot_ms"] / off["p90_tpot_ms"] - 1 > 0.3
+    # not shown: one pair does not separate the throughput difference from lockstep's own 2.6 % spread
+    a, o = fig(auto, "total_token_throughput"), fig(off, "total_token_throughput")
+    assert abs(a["value"] / o["value"] - 1) < a["rel_half_width"] + o["rel_half_width"] + 0.026
