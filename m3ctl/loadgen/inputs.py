@@ -56,7 +56,7 @@ def validate(cfg: BenchConfig) -> None:
     closed = math.isinf(cfg.request_rate) and cfg.concurrency and not cfg.trace_path and cfg.workload != "agentic"
     if cfg.stagger != "auto" and not closed:
         raise BadInput(
-            f"--stagger {cfg.stagger} spreads the lanes of a closed loop: it needs --concurrency, no --request-rate, "
+            f"--stagger {cfg.stagger} sets the phases of a closed loop's lanes: it needs --concurrency, no --request-rate, "
             "--trace or agentic workload",
             "drop --stagger, or run a closed loop (--concurrency N)",
         )

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from m3ctl.core.lazy import lazy_module
+from m3ctl.core.lazy import lazy_module, preload
 from m3ctl.errors import BadInput, Unauthorised
 from m3ctl.loadgen import servermetrics, workloads
 from m3ctl.loadgen import trace as traces
@@ -302,6 +302,7 @@ def prepare(cfg: BenchConfig, tok: Tokenizer, own_tok: bool, sync_log: Callable[
     Raises:
         BadInput: as :func:`build_job`; httpx.HTTPError, ConnectionError: the server went away meanwhile.
     """
+    preload()  # not inside the measured window, where the client's CPU is measured
     salt = cfg.prompt_salt or new_salt()
     block = cfg.block_size or (servermetrics.block_size(cfg.url, _headers(cfg)) if cfg.scrape_server_metrics else None)
     job, wl = build_job(cfg, tok, salt, block)

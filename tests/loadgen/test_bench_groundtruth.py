@@ -48,6 +48,10 @@ def _cfg(url: str, **kw) -> BenchConfig:
         "scrape_server_metrics": False,
         "per_request": True,
     }
+    if kw.get("concurrency") and "request_rate" not in kw and "trace_path" not in kw:
+        # a closed loop's injected figures below are those of c users in lockstep (n = k x c requests in k waves);
+        # what the stagger changes is tested in tests/loadgen/test_stagger.py
+        base["stagger"] = "off"
     return BenchConfig(**{**base, **kw})
 
 

@@ -151,7 +151,7 @@ def test_bad_stagger_values_and_combinations():
         with pytest.raises(ValueError):
             parse_stagger(bad)
     cfg = BenchConfig(url="http://127.0.0.1:9", model="m", request_rate=5.0, concurrency=4, stagger="off")
-    with pytest.raises(BadInput, match="--stagger off spreads the lanes of a closed loop"):
+    with pytest.raises(BadInput, match="--stagger off sets the phases of a closed loop's lanes"):
         validate(cfg)
 
 
