@@ -357,6 +357,7 @@ CLEAN = [
     "h200x1-real/scale/grid-call7/server-defaults-startup.log",
     "h200x1-real/scale2/study/server-base-excerpt.txt",
     "diagnose/silent-exit-137.log",
+    "h200-stagger/log-warnings.txt",
 ]
 
 
