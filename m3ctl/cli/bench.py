@@ -9,8 +9,9 @@ shown; the command ends as the run ended (:func:`m3ctl.api.bench_error`).
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -60,12 +61,17 @@ def gpu_indices(text: str) -> str:
     return text
 
 
-def precision_text(text: str) -> str:
-    """A relative half-width in (0, 1): ``2%`` or ``0.02`` (m3ctl.loadgen.config.parse_precision)."""
+def _checked(check: Callable[[str], Any], text: str) -> Any:
+    """``check(text)``, its ValueError as the option's one-line error."""
     try:
-        v = parse_precision(text)
+        return check(text)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+
+
+def precision_text(text: str) -> str:
+    """A relative half-width in (0, 1): ``2%`` or ``0.02`` (m3ctl.loadgen.config.parse_precision)."""
+    v = _checked(parse_precision, text)
     if not 0 < v < 1:
         raise typer.BadParameter(f"{text!r}: a relative half-width above 0 and below 100% (e.g. 2% or 0.02)")
     return text
@@ -73,19 +79,13 @@ def precision_text(text: str) -> str:
 
 def stagger_text(text: str) -> str:
     """auto, off or a number of seconds >= 0 (m3ctl.loadgen.config.parse_stagger)."""
-    try:
-        parse_stagger(text)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
+    _checked(parse_stagger, text)
     return text
 
 
 def precision_key(text: str) -> str:
     """A figure --precision can be asked of (m3ctl.loadgen.config.check_precision_metric)."""
-    try:
-        return check_precision_metric(text)
-    except ValueError as e:
-        raise typer.BadParameter(str(e)) from None
+    return str(_checked(check_precision_metric, text))
 
 
 def goodput_slos(items: list[str]) -> dict[str, float] | None:

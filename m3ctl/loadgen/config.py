@@ -79,13 +79,14 @@ _MAX_DURATION_HELP = (
 _MAX_DURATION_CLI = {"name": "max_duration", "parser": "positive_float", "metavar": "SECONDS"}
 
 #: How a closed loop's lanes start (docs/bench.md, "The load"): ``auto`` spreads their first sends over one
-#: request latency S (the warm-up's median latency; without a warm-up the lanes send one request together and
+#: request latency S (the warm-ups' median latency scaled to the run's output length; without a warm-up the lanes send one request together and
 #: S is the first completed request's latency), ``off`` sends them together at t0 (lanes in lockstep), a number is S
 #: in seconds.
 STAGGER_MODES = ("auto", "off")
 _STAGGER_HELP = (
     "Closed loop: lane k of c sends its first request k x S / c after the start, so the c users are independent "
-    "instead of moving in waves. auto: S = the warm-up's median request latency (no warm-up: the lanes send one "
+    "instead of moving in waves. auto: S = the warm-ups' median latency scaled to the run's output length (no "
+    "warm-up: the lanes send one "
     "request together and then spread over the first one's latency); off: all lanes at once (lockstep); a number: "
     "S in seconds. The ramp is left out of the steady state."
 )

@@ -17,9 +17,7 @@ source scripts/gpu/wt-env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit,clocks.max.sm --format=csv,noheader | tee "$OUT/host.txt"
 R=/tmp/iv; mkdir -p $R; trap 'tar -C /tmp -czf "$OUT/iv.tgz" iv' EXIT
 $M dev scale-model /tmp/sm2 --arch minimax-m2 --layers 12 --quant fp8 > /dev/null || { echo "scale-model failed"; exit 1; }
-( while sleep 5; do
-    echo "$(( $(date +%s) - t0 )) gpu=$(nvidia-smi --query-gpu=power.draw,clocks.sm,utilization.gpu,temperature.gpu --format=csv,noheader | tr -d ' ') why=$(nvidia-smi --query-gpu=clocks_event_reasons.active --format=csv,noheader 2>&1 | tr -d ' ')"
-  done ) > "$OUT/samples.txt" 2>&1 &
+source scripts/gpu/sampler.sh; start_sampler "$OUT/samples.txt"
 echo "setup done at $(( $(date +%s) - t0 )) s"
 timeout -s INT $(( $(left) - 20 )) $M serve --model /tmp/sm2 --name iv --port 8060 --runtime process --detach -- \
   --load-format dummy --compilation-config '{"max_cudagraph_capture_size": 64}' > $R/serve.txt 2>&1
@@ -31,5 +29,5 @@ for k in $(seq 1 "$RUNS"); do
   $B --no-warmup --precision 2% --max-duration 30 --seed $(( 100 + k )) --output-json $R/run$k.json > $R/run$k.txt 2>&1
   echo "run $k rc=$? at $(( $(date +%s) - t0 )) s"; grep -E "tok/s|interval|precision|valid" $R/run$k.txt | head -8
 done
-cp /tmp/m3state/logs/iv.log $R/log.txt 2>/dev/null; $M stop --all > /dev/null 2>&1
+cp /tmp/m3state/logs/iv.log $R/log.txt 2>/dev/null; $M stop --all > /dev/null 2>&1; kill "$SAMPLER" 2>/dev/null
 echo "call done at $(( $(date +%s) - t0 )) s"

@@ -14,9 +14,7 @@ source scripts/gpu/wt-env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit,clocks.max.sm --format=csv,noheader | tee "$OUT/host.txt"
 R=/tmp/st; mkdir -p $R; trap 'tar -C /tmp -czf "$OUT/st.tgz" st' EXIT
 $M dev scale-model /tmp/sm2 --arch minimax-m2 --layers 12 --quant fp8 > /dev/null || { echo "scale-model failed"; exit 1; }
-( while sleep 5; do
-    echo "$(( $(date +%s) - t0 )) gpu=$(nvidia-smi --query-gpu=power.draw,clocks.sm,utilization.gpu,temperature.gpu --format=csv,noheader | tr -d ' ') why=$(nvidia-smi --query-gpu=clocks_event_reasons.active --format=csv,noheader 2>&1 | tr -d ' ')"
-  done ) > "$OUT/samples.txt" 2>&1 &
+source scripts/gpu/sampler.sh; start_sampler "$OUT/samples.txt"
 echo "setup done at $(( $(date +%s) - t0 )) s"
 timeout -s INT $(( $(left) - 20 )) $M serve --model /tmp/sm2 --name st --port 8061 --runtime process --detach -- \
   --load-format dummy --compilation-config '{"max_cudagraph_capture_size": 64}' > $R/serve.txt 2>&1
@@ -31,5 +29,5 @@ for p in $(seq 1 "$PAIRS"); do
     echo "run $mode$p rc=$? at $(( $(date +%s) - t0 )) s"; grep -E "steady-state total|precision of|valid " $R/$mode$p.txt | head -4
   done
 done
-grep -E "WARNING|ERROR" /tmp/m3state/logs/st.log | tail -20 > $R/log-warnings.txt; $M stop --all > /dev/null 2>&1
+grep -E "WARNING|ERROR" /tmp/m3state/logs/st.log | tail -20 > $R/log-warnings.txt; $M stop --all > /dev/null 2>&1; kill "$SAMPLER" 2>/dev/null
 echo "call done at $(( $(date +%s) - t0 )) s"

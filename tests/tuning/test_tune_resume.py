@@ -117,23 +117,32 @@ def test_trial_killed_before_its_first_run_counts_its_launch(tmp_path):
     assert res.cost_s == pytest.approx(killed_clock + ev.clock[0])
 
 
-def test_a_repeat_at_a_level_its_server_ran_skips_the_warm_up(tmp_path):
-    """A repeat near the SLO boundary runs right after a run at the same load on the same server: its warm-up wave
-    (on the H200 about 4 s at c=96, docs/results/h200-study9.md) warms nothing. The first run at each level, and
-    the first at a fidelity (a confirmation's longer run), keep theirs; the repeat's record says why it had none."""
+def _session(tmp_path, bench: dict | None = None):
+    """A tune server session (``bench``: its bench settings, default warm-ups on), whose runs the test replaces
+    (``sess._run``)."""
     from types import SimpleNamespace
 
     from m3ctl.tuning.server import ServerSession
 
-    sess = ServerSession(
+    return ServerSession(
         SimpleNamespace(
-            spec=TuneSpec(), n_gpus_plan=lambda p: 1, registry=SimpleNamespace(root=tmp_path), bench={"warmup": True}
+            spec=TuneSpec(),
+            n_gpus_plan=lambda p: 1,
+            registry=SimpleNamespace(root=tmp_path),
+            bench={"warmup": True} if bench is None else bench,
         ),
         SimpleNamespace(argv=["vllm", "serve"], gpus=[]),
         SimpleNamespace(url="http://127.0.0.1:1", served_model_name="m", log_path=str(tmp_path / "log"), name="t"),
         tmp_path,
         1.0,
     )
+
+
+def test_a_repeat_at_a_level_its_server_ran_skips_the_warm_up(tmp_path):
+    """A repeat near the SLO boundary runs right after a run at the same load on the same server: its warm-up wave
+    (on the H200 about 4 s at c=96, docs/results/h200-study9.md) warms nothing. The first run at each level, and
+    the first at a fidelity (a confirmation's longer run), keep theirs; the repeat's record says why it had none."""
+    sess = _session(tmp_path)
     sent: list[tuple[int, bool, int]] = []
 
     def run(cfg, c):
@@ -158,17 +167,7 @@ def test_an_interrupted_bench_run_stops_the_study_and_the_trial_is_recovered_on_
     returned its partial run (73 of 384 requests, ``interrupted``), and the study recorded the trial complete with
     that level "invalid". ServerSession.measure now keeps the partial run and raises KeyboardInterrupt: the study
     stops with the trial unfinished, and a resume recovers it from its finished levels."""
-    from types import SimpleNamespace
-
-    from m3ctl.tuning.server import ServerSession
-
-    sess = ServerSession(
-        SimpleNamespace(spec=TuneSpec(), n_gpus_plan=lambda p: 1, registry=SimpleNamespace(root=tmp_path), bench={}),
-        SimpleNamespace(argv=["vllm", "serve"], gpus=[]),
-        SimpleNamespace(url="http://127.0.0.1:1", served_model_name="m", log_path=str(tmp_path / "log"), name="t"),
-        tmp_path,
-        1.0,
-    )
+    sess = _session(tmp_path, bench={})
     sess._run = lambda cfg, c: {"completed": 73, "interrupted": True, "validity": {"valid": False, "reasons": ["x"]}}
     with pytest.raises(KeyboardInterrupt):
         sess.measure(96, 1.0)
@@ -208,19 +207,7 @@ def test_an_interrupted_bench_run_stops_the_study_and_the_trial_is_recovered_on_
 def test_a_repeat_without_a_warm_up_spreads_its_lanes_over_the_last_runs_latency(tmp_path):
     """The warm-up gives a run's lanes their stagger (BenchConfig.stagger auto: its median latency); a repeat that
     skips it spreads them over the median latency of the run before it at that level, not in lockstep."""
-    from types import SimpleNamespace
-
-    from m3ctl.tuning.server import ServerSession
-
-    sess = ServerSession(
-        SimpleNamespace(
-            spec=TuneSpec(), n_gpus_plan=lambda p: 1, registry=SimpleNamespace(root=tmp_path), bench={"warmup": True}
-        ),
-        SimpleNamespace(argv=["vllm", "serve"], gpus=[]),
-        SimpleNamespace(url="http://127.0.0.1:1", served_model_name="m", log_path=str(tmp_path / "log"), name="t"),
-        tmp_path,
-        1.0,
-    )
+    sess = _session(tmp_path)
     sent: list = []
 
     def run(cfg, c):
