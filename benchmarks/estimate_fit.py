@@ -112,7 +112,7 @@ def load(run_dir: Path, like: RunSet | None = None) -> RunSet:
     Raises:
         SystemExit: a missing file, a GPU the peak table does not know, or no valid run.
     """
-    gpu_name = (run_dir / "gpu.txt").read_text().splitlines()[1].split(",")[0].strip()
+    gpu_name = _gpu_name(run_dir)
     found = gpu_peak(gpu_name)
     if found is None:
         raise SystemExit(f"{run_dir}: no peaks for GPU {gpu_name!r}")
@@ -161,9 +161,20 @@ def load_kinds(run_dirs: list[Path]) -> list[RunSet]:
     return list(kinds.values())
 
 
+def _gpu_name(run_dir: Path) -> str:
+    """The GPU of ``run_dir`` (its ``gpu.txt``: nvidia-smi's CSV, header then one line per GPU).
+
+    Raises:
+        SystemExit: no readable ``gpu.txt`` there.
+    """
+    try:
+        return (run_dir / "gpu.txt").read_text().splitlines()[1].split(",")[0].strip()
+    except (OSError, IndexError):
+        raise SystemExit(f"{run_dir}: not a run directory (no gpu.txt with a GPU line)") from None
+
+
 def _kind_of(run_dir: Path) -> str | None:
-    gpu_name = (run_dir / "gpu.txt").read_text().splitlines()[1].split(",")[0].strip()
-    found = gpu_peak(gpu_name)
+    found = gpu_peak(_gpu_name(run_dir))
     return found[0] if found else None
 
 

@@ -111,6 +111,7 @@ def parse_stagger(v: Any) -> Any:
     """
     if isinstance(v, bool):  # not a number of seconds
         v = str(v)
+    given = v
     if isinstance(v, str):
         t = plain_text(v).strip().lower()
         if t in STAGGER_MODES:
@@ -122,7 +123,7 @@ def parse_stagger(v: Any) -> Any:
     if not isinstance(v, int | float):  # pydantic names the type it wanted
         return v
     if not math.isfinite(v) or v < 0:
-        raise ValueError(f"{v!r}: the stagger is a finite number of seconds >= 0 (0: off), auto or off")
+        raise ValueError(f"{given!r}: the stagger is a finite number of seconds >= 0 (0: off), auto or off")
     return "off" if v == 0 else float(v)
 
 
