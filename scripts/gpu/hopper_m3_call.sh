@@ -1,6 +1,10 @@
 #!/usr/bin/env bash
 # Hopper evidence on the MiniMax-M3.1-Flash scale model (real per-layer shapes, dummy weights; one H100 or H200; the
 # vLLM 0.26 bundle). Parts, each optional, in this order (PARTS="default grid msa", the default):
+#   floor    the host's per-step floor: an M3 model of the scale model's layer structure (2 MoE layers, the same
+#            sparse-attention config) with tiny dimensions (`dev tiny-model --arch minimax-m3-release --head-dim 128`,
+#            dummy weights), so a decode step is nearly all host work; the grid's decode levels c = 1 and 4 on it
+#            (docs/results/estimate-fit.md: the estimate's host term).
 #   default  `m3ctl serve` with NO attention option, as a new user would: it must come up ready on the plan's default
 #            for Hopper (the known issue's dense fallback) with the full smoke, then a long-prompt bench (4,096 in).
 #   grid     on that server: the estimate fit's runs (docs/results/estimate-fit.md): a decode sweep at concurrency
@@ -31,11 +35,11 @@ if has default || has grid; then
   $M doctor --model /tmp/m3b --runtime process --json > "$R/doctor.json" 2> "$R/doctor.err"; echo "doctor rc=$?"
 fi
 
-serve_case() {  # TAG PORT [m3ctl serve options...] : serve detached, rc, status, log
+serve_case() {  # TAG PORT [m3ctl serve options...] : serve detached (model $MODEL, default /tmp/m3b), rc, status, log
   local tag=$1 port=$2; shift 2
   echo "== $tag at $(( $(date +%s) - t0 )) s (left $(left) s)"
   local s0; s0=$(date +%s)
-  timeout -s INT $(( $(left) - 20 )) $M serve --model /tmp/m3b --name "$tag" --port "$port" --runtime process --detach \
+  timeout -s INT $(( $(left) - 20 )) $M serve --model "${MODEL:-/tmp/m3b}" --name "$tag" --port "$port" --runtime process --detach \
     "$@" -- --load-format dummy > "$R/serve-$tag.txt" 2>&1
   echo "serve $tag rc=$? wall $(( $(date +%s) - s0 )) s"; tail -30 "$R/serve-$tag.txt"
   $M status > "$R/status-$tag.txt" 2>&1; cat "$R/status-$tag.txt"
@@ -49,6 +53,15 @@ bench() {  # TAG [bench options...]
     --output-json "$R/bench-$tag.json" "$@" > "$R/bench-$tag.txt" 2>&1
   echo "bench $tag rc=$?"; tail -25 "$R/bench-$tag.txt"
 }
+if has floor; then
+  $M dev tiny-model /tmp/m3t --arch minimax-m3-release --head-dim 128 > /dev/null || echo "tiny-model failed"
+  cp /tmp/m3t/config.json "$R/floor-config.json"
+  MODEL=/tmp/m3t serve_case m3floor 8046
+  if alive; then
+    DEP=m3floor bench floor --input-len 1024 --output-len 256 --ignore-eos --concurrency 1,4 --num-prompts 40 --seed 51
+  fi
+  $M stop m3floor > /dev/null 2>&1
+fi
 if has default || has grid; then
   serve_case m3default 8043
   if alive; then
