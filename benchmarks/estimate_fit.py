@@ -32,7 +32,7 @@ import itertools
 import json
 import math
 import sys
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from m3ctl.assess.cost import GpuPeak, Layout, Shape, gpu_peak, peaks
@@ -52,7 +52,9 @@ FIGURES = (("tok_s_user", "tok/s per user"), ("tok_s_total", "total tok/s"), ("p
 
 @dataclass(frozen=True)
 class Point:
-    """One measured level of run ``run``: ``kind`` decode (``value`` = median TPOT, s) or prefill (median TTFT, s)."""
+    """One measured level of run ``run``: ``kind`` decode (``value`` = median TPOT, s) or prefill (median TTFT, s);
+    ``floor_s``: the host's per-step floor at this concurrency on the host that served the run (:func:`host_floor`;
+    0 when no run of its GPU kind measured one)."""
 
     kind: str
     concurrency: int
@@ -62,6 +64,7 @@ class Point:
     tok_s_user: float = 0.0
     tok_s_total: float = 0.0
     run: str = ""
+    floor_s: float = 0.0
 
     def level(self) -> str:
         """The level's name, shared by the runs of a kind that measured it."""
@@ -79,6 +82,8 @@ class RunSet:
     points: list[Point]
     shape: Shape
     runs: tuple[str, ...] = ()
+    floors: dict[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
+    floor_from: dict[str, str] = field(default_factory=dict)
 
     def has_prefill(self) -> bool:
         return any(p.kind == "prefill" for p in self.points)
@@ -89,6 +94,35 @@ def _runs(path: Path) -> list[dict]:
         return []
     data = json.loads(path.read_text())
     return list(data.get("runs", [data]))
+
+
+def _floors(run_dir: Path) -> tuple[tuple[int, float], ...]:
+    """The host's per-step floor measured on the host that served ``run_dir``: ``((concurrency, median TPOT s), ...)``
+    from its ``bench-floor.json`` (scripts/gpu/hopper_m3_call.sh part ``floor``: a tiny-dimension model of the scale
+    model's layer structure, so a step is nearly all host work), valid runs only, by concurrency; empty without one."""
+    return tuple(
+        sorted(
+            (int(r.get("max_concurrency") or 1), r["median_tpot_ms"] / 1e3)
+            for r in _runs(run_dir / "bench-floor.json")
+            if _valid(r) and r.get("median_tpot_ms")
+        )
+    )
+
+
+def host_floor(floors: tuple[tuple[int, float], ...], concurrency: int) -> float:
+    """The host's per-step floor (s) at ``concurrency`` from the measured ``floors`` (:func:`_floors`): linear
+    between measured concurrencies; below the first, the first; above the last, the last segment's line when it
+    rises (the host's per-sequence work), else the last value; 0 without a measurement."""
+    if not floors:
+        return 0.0
+    pts = list(floors)
+    if concurrency <= pts[0][0] or len(pts) == 1:
+        return pts[0][1] if concurrency <= pts[0][0] else pts[-1][1]
+    for (c0, f0), (c1, f1) in itertools.pairwise(pts):
+        if concurrency <= c1:
+            return f0 + (f1 - f0) * (concurrency - c0) / (c1 - c0)
+    (c0, f0), (c1, f1) = pts[-2], pts[-1]
+    return f1 + max(0.0, (f1 - f0) / (c1 - c0)) * (concurrency - c1)
 
 
 def _valid(run: dict) -> bool:
@@ -137,7 +171,9 @@ def load(run_dir: Path, like: RunSet | None = None) -> RunSet:
             points.append(Point("prefill", 1, n_in, 1, r["median_ttft_ms"] / 1e3, run=name))
     if not points:
         raise SystemExit(f"{run_dir}: no valid decode or prefill run")
-    return RunSet(name, found[0], found[1], points, shape, (name,))
+    floors = _floors(run_dir)
+    points = [replace(p, floor_s=host_floor(floors, p.concurrency)) for p in points]
+    return RunSet(name, found[0], found[1], points, shape, (name,), {name: floors} if floors else {})
 
 
 def load_kinds(run_dirs: list[Path]) -> list[RunSet]:
@@ -157,8 +193,22 @@ def load_kinds(run_dirs: list[Path]) -> list[RunSet]:
         if have.shape != rs.shape:
             raise SystemExit(f"{d}: serves another model than {', '.join(have.runs)} (same GPU kind {rs.gpu_key})")
         runs = (*have.runs, rs.name)
-        kinds[rs.gpu_key] = replace(have, name=rs.gpu_key, points=have.points + rs.points, runs=runs)
-    return list(kinds.values())
+        floors = {**have.floors, **rs.floors}
+        kinds[rs.gpu_key] = replace(have, name=rs.gpu_key, points=have.points + rs.points, runs=runs, floors=floors)
+    return [_lend_floors(k) for k in kinds.values()]
+
+
+def _lend_floors(rs: RunSet) -> RunSet:
+    """``rs`` with each run that measured no host floor given the floor of the first of its kind's runs that did
+    (the same GPU kind's hosts: named in ``floor_from``, so the tables say whose floor a run was priced with)."""
+    donor = next((r for r in rs.runs if r in rs.floors), None)
+    if donor is None:
+        return rs
+    lent = {r: donor for r in rs.runs if r not in rs.floors}
+    points = [
+        replace(p, floor_s=host_floor(rs.floors[donor], p.concurrency)) if p.run in lent else p for p in rs.points
+    ]
+    return replace(rs, points=points, floor_from=lent)
 
 
 def _gpu_name(run_dir: Path) -> str:
@@ -181,10 +231,12 @@ def _kind_of(run_dir: Path) -> str | None:
 def predict(
     rs: RunSet, gpu: GpuPeak, p: Point, hbm: float, compute: float, overhead_ms: float, prefill_ms: float = 0.0
 ) -> dict:
-    """The estimate's figures for point ``p`` of ``rs`` on ``gpu`` at these efficiencies and overheads."""
+    """The estimate's figures for point ``p`` of ``rs`` on ``gpu`` at these efficiencies and overheads, with the host
+    floor measured on the host that served ``p`` (an input about the host, not a fitted figure)."""
     latency_us = sum(peaks().comm.all_reduce_latency_us) / 2
     wl = Workload(concurrency=p.concurrency, input_len=p.input_len, output_len=p.output_len)
-    return figures(rs.shape, Layout(tp=1), gpu, "bf16", wl, (hbm, compute, overhead_ms, prefill_ms, latency_us, 1.0))
+    point = (hbm, compute, overhead_ms, prefill_ms, latency_us, 1.0, p.floor_s * 1e3)
+    return figures(rs.shape, Layout(tp=1), gpu, "bf16", wl, point)
 
 
 Eff4 = tuple[float, float, float, float]
@@ -282,12 +334,24 @@ def _yaml(sets: list[RunSet], fits: dict[str, tuple[Eff4, float]]) -> None:
 
 
 def _own(rs: RunSet, eff: Eff4) -> None:
-    print(f"\n{rs.name} at its own fit:\n\n| run | level | measured ms | model ms | error |")
-    print("| --- | --- | --- | --- | --- |")
+    print(f"\n{rs.name} at its own fit:\n\n| run | level | measured ms | model ms | host floor ms | error |")
+    print("| --- | --- | --- | --- | --- | --- |")
     for p in rs.points:
         m, f = p.value * 1e3, _model_value(rs, rs.gpu, p, eff) * 1e3
         what = f"c={p.concurrency} TPOT" if p.kind == "decode" else "prefill"
-        print(f"| {p.run} | {what}, {p.input_len:,} in / {p.output_len:,} out | {m:.2f} | {f:.2f} | {_pct(m, f)} |")
+        level = f"{what}, {p.input_len:,} in / {p.output_len:,} out"
+        print(f"| {p.run} | {level} | {m:.2f} | {f:.2f} | {p.floor_s * 1e3:.2f} | {_pct(m, f)} |")
+
+
+def _floor_table(sets: list[RunSet]) -> None:
+    """The host floors each run was priced with: measured on its own host, lent by another run of its kind, or none."""
+    print("\n| GPU | run | host floor (median TPOT of the floor model, ms) | from |\n| --- | --- | --- | --- |")
+    for rs in sets:
+        for run in rs.runs:
+            src = rs.floor_from.get(run, run if run in rs.floors else "")
+            measured = ", ".join(f"c={c}: {f * 1e3:.2f}" for c, f in rs.floors.get(src, ()))
+            where = "its own host" if src == run else (f"lent by {src}" if src else "none measured (0)")
+            print(f"| {rs.name} | {run} | {measured or '-'} | {where} |")
 
 
 def _cross_table(a: RunSet, eff: Eff4, b: RunSet) -> dict[str, list[dict]]:
@@ -335,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
         pre = f"{po:.1f}" if rs.has_prefill() else "not fitted (no prefill run)"
         runs = ", ".join(rs.runs)
         print(f"| {rs.name} | {runs} | {h:.2f} | {c:.2f} | {o:.1f} | {pre} | {rms:.3f} | {len(rs.points)} |")
+    _floor_table(sets)
     for rs in sets:
         _own(rs, fits[rs.name][0])
     worst = 0.0

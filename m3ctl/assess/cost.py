@@ -15,8 +15,11 @@ and does ``2 x active weights`` FLOPs per token (the LM head's only for a token 
 blocks of it) and MSA's indexer ``2 x index_heads x index_dim`` per context token it scores. TP
 adds two all-reduces of ``tokens x hidden`` BF16 values per layer (ring: ``2 (n-1)/n`` of them cross each link).
 
-Time of a step: ``overhead + max(bytes / (eta_hbm x HBM), flops / (eta_compute x peak)) + comm``, with the peaks
-and the achieved fractions from m3ctl/data/gpu_peaks.yaml. Units: bytes, FLOPs, seconds.
+Time of a step: ``max(host floor, overhead + max(bytes / (eta_hbm x HBM), flops / (eta_compute x peak)) + comm)``,
+with the peaks and the achieved fractions from m3ctl/data/gpu_peaks.yaml. The host floor is the engine's per-step
+host work (scheduling, input preparation, sampling, output processing, launching the step): vLLM's asynchronous
+scheduling prepares step n + 1 on the CPU while the GPU runs step n, so a step takes the longer of the two, not
+their sum (https://docs.vllm.ai/en/latest/configuration/engine_args.html, ``--async-scheduling``). Units: bytes, FLOPs, seconds.
 Source of the method: the decode roofline of vLLM's and InferenceX's MoE analyses
 (https://github.com/SemiAnalysisAI/InferenceX), uniform-routing expert coverage (Switch Transformer,
 https://arxiv.org/abs/2101.03961).
@@ -57,14 +60,16 @@ class Comm(_Strict):
 
 class Efficiency(_Strict):
     """Achieved fractions of the peaks and fixed costs, each a ``[low, high]`` range; ``measured`` False until a fit
-    replaces them. ``step_overhead_ms``: per engine step; ``prefill_overhead_ms``: per request, before its first token
-    (m3ctl.planning.estimate prices a prefill as this overhead plus the prefill step's own time)."""
+    replaces them. ``step_overhead_ms``: per engine step, on the GPU's side; ``prefill_overhead_ms``: per request,
+    before its first token (m3ctl.planning.estimate prices a prefill as this overhead plus the prefill step's own
+    time); ``host_floor_ms``: the host's per-step work, a floor under every step (module docstring)."""
 
     measured: bool
     hbm: tuple[float, float]
     compute: tuple[float, float]
     step_overhead_ms: tuple[float, float]
     prefill_overhead_ms: tuple[float, float]
+    host_floor_ms: tuple[float, float]
     source: str
 
 
@@ -236,12 +241,14 @@ def step_cost(shape: Shape, layout: Layout, step: Step) -> Cost:
 @dataclass(frozen=True)
 class Eff:
     """Achieved fractions and fixed costs at one point of their ranges: ``hbm`` and ``compute`` fractions of the
-    peaks, ``overhead_s`` per step (scheduler, launches), ``latency_s`` per all-reduce."""
+    peaks, ``overhead_s`` per step on the GPU's side, ``latency_s`` per all-reduce, ``floor_s`` the host's per-step
+    work (a step takes at least this long)."""
 
     hbm: float
     compute: float
     overhead_s: float
     latency_s: float
+    floor_s: float = 0.0
 
 
 def step_seconds(cost: Cost, gpu: GpuPeak, gemm: str, eff: Eff) -> float:
@@ -251,7 +258,7 @@ def step_seconds(cost: Cost, gpu: GpuPeak, gemm: str, eff: Eff) -> float:
     memory_s = (cost.weight_bytes + cost.kv_bytes) / (eff.hbm * gpu.hbm_tbps * 1e12)
     compute_s = cost.flops / (eff.compute * rate * 1e12)
     comm_s = cost.comm_bytes / (gpu.link_gbps * 1e9) + cost.all_reduces * eff.latency_s
-    return eff.overhead_s + max(memory_s, compute_s) + comm_s
+    return max(eff.floor_s, eff.overhead_s + max(memory_s, compute_s) + comm_s)
 
 
 _WIDER = {"fp4": ("fp4", "bf16"), "fp8": ("fp8", "bf16"), "bf16": ("bf16",)}

@@ -179,6 +179,7 @@ _NAMES = (
     "prefill overhead (ms)",
     "all-reduce latency (us)",
     "acceptance length",
+    "host step floor (ms)",
 )
 
 #: How a figure is named where its dominant assumption is.
@@ -192,8 +193,8 @@ _LABELS = {
 
 def figures(shape: Shape, layout: Layout, gpu: GpuPeak, gemm: str, wl: Workload, point: tuple[float, ...]) -> dict:
     """Every figure at one point of the assumptions, ``point`` in :data:`_NAMES` order (ms and us as named)."""
-    hbm, compute, overhead_ms, prefill_ms, latency_us, al = point
-    eff = Eff(hbm, compute, overhead_ms / 1e3, latency_us / 1e6)
+    hbm, compute, overhead_ms, prefill_ms, latency_us, al, floor_ms = point
+    eff = Eff(hbm, compute, overhead_ms / 1e3, latency_us / 1e6, floor_ms / 1e3)
     st = _steps(wl, al)
 
     def secs(step: Step) -> float:
@@ -239,9 +240,26 @@ def estimate(
     shape, notes = shape_of(facts, precision, kv_bytes)
     e = t.efficiency
     latency = t.comm.all_reduce_latency_us
-    ranges = [e.hbm, e.compute, e.step_overhead_ms, e.prefill_overhead_ms, latency, wl.acceptance]
-    best = (e.hbm[1], e.compute[1], e.step_overhead_ms[0], e.prefill_overhead_ms[0], latency[0], wl.acceptance[1])
-    worst = (e.hbm[0], e.compute[0], e.step_overhead_ms[1], e.prefill_overhead_ms[1], latency[1], wl.acceptance[0])
+    floor = e.host_floor_ms
+    ranges = [e.hbm, e.compute, e.step_overhead_ms, e.prefill_overhead_ms, latency, wl.acceptance, floor]
+    best = (
+        e.hbm[1],
+        e.compute[1],
+        e.step_overhead_ms[0],
+        e.prefill_overhead_ms[0],
+        latency[0],
+        wl.acceptance[1],
+        floor[0],
+    )
+    worst = (
+        e.hbm[0],
+        e.compute[0],
+        e.step_overhead_ms[1],
+        e.prefill_overhead_ms[1],
+        latency[1],
+        wl.acceptance[0],
+        floor[1],
+    )
     mid = tuple((lo + hi) / 2 for lo, hi in ranges)
     gemm = t.weights.gemm[precision]
     f_best, f_mid, f_worst = (figures(shape, layout, gpu, gemm, wl, p) for p in (best, mid, worst))

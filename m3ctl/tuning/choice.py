@@ -212,6 +212,10 @@ def fresh_server_spread(
     return best
 
 
+#: Why a tie keeps the defaults (the issue's rule: rank only outside the noise, else keep the simpler).
+_SIMPLER = ", so the simpler configuration, vLLM's defaults, is kept"
+
+
 def _against_defaults(
     best: Any,
     baseline: Any,
@@ -277,7 +281,7 @@ def _against_defaults(
     )
     if ratio < 1.0:
         if 1.0 / ratio - 1.0 <= margin:
-            tie = f"the defaults won (a tie): {lead}, within {noise}: indistinguishable at this budget"
+            tie = f"the defaults kept (a tie): {lead}, within {noise}: indistinguishable at this budget{_SIMPLER}"
             return Choice("defaults", tie, baseline)
         return Choice("defaults", f"the defaults won: {lead}", baseline)
     higher = best.concurrency is not None and baseline.concurrency is not None
@@ -289,7 +293,7 @@ def _against_defaults(
             best,
         )
     if ratio <= 1.0 + margin:
-        tie = f"the defaults won (a tie): {lead}, within {noise}: indistinguishable at this budget"
+        tie = f"the defaults kept (a tie): {lead}, within {noise}: indistinguishable at this budget{_SIMPLER}"
         return Choice("defaults", tie, baseline)
     return Choice(
         "tuned",

@@ -307,7 +307,7 @@ def profile_yaml(
         f"{settings['spec']['slo'] or 'none'}"
     )
     d["description"] = (
-        f"{base.name} with vLLM's defaults (no tuned flag): the defaults won the m3ctl tune; {measured}"
+        f"{base.name} with vLLM's defaults (no tuned flag): the m3ctl tune chose the defaults; {measured}"
         if defaults
         else f"{base.name} + m3ctl tune: {describe(cand)}; {measured}"
     )

@@ -100,14 +100,32 @@ def test_step_time_is_overhead_plus_the_slower_of_memory_and_compute_plus_comm()
     assert step_seconds(cost, GPU, "fp4", eff) == step_seconds(cost, GPU, "bf16", eff)
 
 
+def test_a_step_takes_the_longer_of_the_hosts_floor_and_the_gpus_work():
+    """The host prepares the next step while the GPU runs this one (asynchronous scheduling): the step is the slower
+    of the two, not their sum."""
+    small = Cost(weight_bytes=1e9, kv_bytes=0.0, flops=0.0, comm_bytes=0.0, all_reduces=0)
+    # GPU: 0.5 ms overhead + 1e9 / (0.5 x 1e12) = 2 ms -> 2.5 ms
+    gpu_bound = Eff(hbm=0.5, compute=1.0, overhead_s=0.0005, latency_s=0.0, floor_s=0.0018)
+    assert step_seconds(small, GPU, "bf16", gpu_bound) == pytest.approx(0.0025)
+    host_bound = Eff(hbm=0.5, compute=1.0, overhead_s=0.0005, latency_s=0.0, floor_s=0.004)
+    assert step_seconds(small, GPU, "bf16", host_bound) == pytest.approx(0.004)
+    wl = Workload(concurrency=1, input_len=16, output_len=8)
+    bare = figures(SMALL, Layout(1), GPU, "bf16", wl, (1.0, 1.0, 1.0, 0.0, 5.0, 1.0, 0.0))
+    floored = figures(SMALL, Layout(1), GPU, "bf16", wl, (1.0, 1.0, 1.0, 0.0, 5.0, 1.0, 3.0))
+    assert bare["tpot_ms"] == pytest.approx(1.0, rel=1e-3) and floored["tpot_ms"] == pytest.approx(3.0)
+    assert floored["tok_s_user"] == pytest.approx(1000 / 3.0)
+
+
 def test_steady_state_figures_follow_from_the_step():
     wl = Workload(concurrency=4, input_len=16, output_len=8)
-    f = figures(SMALL, Layout(1), GPU, "bf16", wl, (1.0, 1.0, 10.0, 0.0, 5.0, 1.0))
+    f = figures(SMALL, Layout(1), GPU, "bf16", wl, (1.0, 1.0, 10.0, 0.0, 5.0, 1.0, 0.0))
     # the step is its 10 ms overhead plus microseconds of bytes: TPOT ~10 ms, 4 users -> ~400 output tok/s,
     # x (16 + 8) / 8 = ~1,200 total tok/s per GPU
     assert f["tpot_ms"] == pytest.approx(10.0, rel=1e-3)
     assert f["tok_s_gpu"] == pytest.approx(4 / 0.010 * 3, rel=1e-3)
-    spec = figures(SMALL, Layout(1), GPU, "bf16", Workload(4, 16, 8, spec_depth=3), (1.0, 1.0, 10.0, 0.0, 5.0, 2.5))
+    spec = figures(
+        SMALL, Layout(1), GPU, "bf16", Workload(4, 16, 8, spec_depth=3), (1.0, 1.0, 10.0, 0.0, 5.0, 2.5, 0.0)
+    )
     assert spec["tpot_ms"] == pytest.approx(10.0 / 2.5, rel=1e-3)  # 2.5 tokens per step
 
 
@@ -116,8 +134,8 @@ def test_a_prefill_costs_its_per_request_overhead_plus_its_step():
     prefill time and to each request's latency (first token 10 + 20 ms, then 7 x 10 ms: 100 ms, so 4 users x 8
     tokens / 0.1 s x (16 + 8) / 8 = 960 total tok/s per GPU), and nothing to TPOT."""
     wl = Workload(concurrency=4, input_len=16, output_len=8)
-    bare = figures(SMALL, Layout(1), GPU, "bf16", wl, (1.0, 1.0, 10.0, 0.0, 5.0, 1.0))
-    over = figures(SMALL, Layout(1), GPU, "bf16", wl, (1.0, 1.0, 10.0, 20.0, 5.0, 1.0))
+    bare = figures(SMALL, Layout(1), GPU, "bf16", wl, (1.0, 1.0, 10.0, 0.0, 5.0, 1.0, 0.0))
+    over = figures(SMALL, Layout(1), GPU, "bf16", wl, (1.0, 1.0, 10.0, 20.0, 5.0, 1.0, 0.0))
     assert bare["prefill_s"] == pytest.approx(0.010, rel=1e-3) and over["prefill_s"] == pytest.approx(0.030, rel=1e-3)
     assert over["tpot_ms"] == bare["tpot_ms"]
     assert over["tok_s_gpu"] == pytest.approx(4 * 8 / 0.100 * 3, rel=1e-3)

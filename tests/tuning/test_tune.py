@@ -1362,7 +1362,7 @@ def test_a_study_whose_best_is_071x_the_defaults_writes_the_defaults(tiny_models
     prof = load_profile_file(sdir / "profile.yaml")
     base = profile_for_arch("cpu")
     assert prof.name == "cpu-defaults" and prof.serve_args == base.serve_args  # no tuned flag added
-    assert "max-num-seqs" not in prof.serve_args and "the defaults won" in prof.description
+    assert "max-num-seqs" not in prof.serve_args and "the m3ctl tune chose the defaults" in prof.description
     assert (prof.parallel.tp, prof.parallel.dp) == (1, 1)
     assert "the defaults won" in text and "profile.yaml holds vLLM's defaults" in text
     assert out["baseline"]["command"] in text  # the command shown is the defaults', not the loser's
