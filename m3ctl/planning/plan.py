@@ -190,7 +190,7 @@ def plan_outcome(inventory: HostInventory, request: PlanRequest, *, fallback: bo
     except M3Error as e:
         out = PlanOutcome(
             request,
-            error=e,
+            error=e.with_traceback(None),
             variant=d.vname if d is not None else request.variant,
             alternatives=tuple(d.rejected) if d is not None else (),
         )
