@@ -13,7 +13,7 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, field_validator
 
 from m3ctl.errors import BadInput, plain_text
 from m3ctl.loadgen import MAX_REQUEST_TOKENS, WORKLOADS
@@ -192,13 +192,12 @@ def check_slo_sweep(slo: str, levels: int, names: dict[str, str] = API_NAMES) ->
         )
 
 
-class BenchConfig(BaseModel):
+class BenchConfig(BaseModel, defer_build=True):  # its validator built on first use: `tune --dry-run` needs none
     """A benchmark run. Units: lengths in tokens, rates in requests/s, times in seconds, money in USD.
 
     ``api_key`` is used for the Authorization header only and never written to results.
     """
 
-    model_config = ConfigDict(defer_build=True)  # built on first use: `tune --dry-run` validates none
     url: str
     model: str
     endpoint: str = Field("completions", description="completions or chat.", json_schema_extra=cli())
