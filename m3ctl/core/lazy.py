@@ -1,5 +1,5 @@
-"""Heavy libraries imported on first use: the one accessor of the modules that import numpy, httpx or
-prometheus_client's parser, and of the standard-library parts that only a probe uses (``http.client`` with ssl
+"""Heavy libraries imported on first use: the one accessor of the modules that import numpy, httpx,
+prometheus_client's parser or psutil, and of the standard-library parts that only a probe uses (``http.client`` with ssl
 for the container engine's API, ``ctypes`` and ``xml.etree`` for the NVIDIA probe: ~15 ms that a plan for a catalog
 system never needs; tests/test_structure.py checks it loads none).
 
