@@ -100,7 +100,7 @@ class BenchValidity(BaseModel):
             written before it existed).
     """
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)  # built on first use
     valid: bool
     reasons: list[str] = Field(default_factory=list)
     unjudged: list[str] = Field(default_factory=list)
@@ -141,7 +141,7 @@ class BenchResult(BaseModel):
     ``token_counts`` and more (see README/docs), kept as they are.
     """
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)  # built on first use
 
     # ---- vllm bench serve (vllm/benchmarks/serve.py, 0.32), in its order
     date: str | None = None
@@ -244,7 +244,7 @@ class BenchSweep(BaseModel):
     ``levels`` order; a length sweep's ``axis`` names the axes that vary (``input_len,output_len,concurrency``) and
     ``values`` is then ``{axis: [...]}`` (m3ctl.loadgen.sweep.axes); ``skipped``: levels an overload skipped."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)  # built on first use
     m3ctl_schema_version: str | None = None
     sweep: dict[str, Any]
     runs: list[BenchResult]
@@ -275,7 +275,7 @@ class TuneBest(BaseModel):
     server; ``capacity_runs``/``capacity_spread``/``capacity_confidence``/``levels`` (each measured level with
     the capacity rule's verdict): see m3ctl.tuning.study.write_outputs."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)  # built on first use
     config: dict[str, Any]
     objective: float
     concurrency: int | None = None
@@ -304,7 +304,7 @@ class TuneReport(BaseModel):
     ``unjudged``: how many configurations could not be judged (trial status ``unjudged``: every run of the lowest
     level measured invalid or missing an SLO term; m3ctl.tuning.measure.judged). A result.json written before ``chosen`` existed reads with ``chosen`` None."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)  # built on first use
     schema_version: Literal[1] = TUNE_SCHEMA_VERSION
     stopped_by: str
     launches: int

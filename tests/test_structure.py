@@ -207,6 +207,9 @@ ON_PLAN_TODAY: dict[str, str] = {}
 NOT_ON_ONE_PLAN = ("m3ctl.planning.estimate", "m3ctl.planning.listing", "m3ctl.planning.sizing")
 #: Libraries neither start-up path may load (engines, containers, plotting, the tuner's sampler).
 HEAVY = ("torch", "vllm", "transformers", "tokenizers", "docker", "matplotlib", "optuna", "pynvml", "amdsmi", "numpy")
+#: Standard-library parts a plan for a catalog system (``--system``) needs not: the container engine's HTTP client
+#: (with ssl) and the NVIDIA probe's ctypes and XML parser (m3ctl.hw imports them on first use, m3ctl/core/lazy.py).
+NOT_ON_SYSTEM_PLAN = ("http.client", "ssl", "ctypes", "xml.etree")
 #: What `m3ctl --help` loads of m3ctl: the package, the CLI's entry point with its table of commands
 #: (m3ctl.cli.app.COMMANDS), and what the entry point needs to report an error (m3ctl.cli.output, m3ctl.errors).
 HELP_LOADS = {"m3ctl", "m3ctl.cli", "m3ctl.cli.app", "m3ctl.cli.output", "m3ctl.errors"}
@@ -241,6 +244,7 @@ def test_plan_loads_no_load_generator_serving_tuning_or_checks_module():
     assert set(ON_PLAN_TODAY) - set(loaded) == set(), "drop these from ON_PLAN_TODAY"
     assert [m for m in loaded if _in(m, HEAVY)] == []
     assert [m for m in loaded if _in(m, NOT_ON_ONE_PLAN)] == []
+    assert [m for m in loaded if _in(m, NOT_ON_SYSTEM_PLAN)] == []
 
 
 def test_root_help_loads_the_cli_table_only():

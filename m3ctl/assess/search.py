@@ -102,7 +102,8 @@ def candidates(
 @dataclass
 class Tried:
     """One layout the search planned: the plan (None when rejected), the rule id and message that rejected it, and
-    the rejection itself (``error``: its fix, source and findings)."""
+    the rejection itself (``error``: its fix, source and findings; without its traceback, as
+    :attr:`m3ctl.planning.outcome.PlanOutcome.error`)."""
 
     layout: Layout
     plan: Any = None
@@ -198,7 +199,7 @@ def search(
                 rid, msg = _rule_of(e)
                 if not _layout_dependent(rid):
                     raise  # the same for every layout: say it once, in milliseconds
-                tried.append(Tried(lay, rule=rid, message=msg, hint=e.hint, error=e))
+                tried.append(Tried(lay, rule=rid, message=msg, hint=e.hint, error=e.with_traceback(None)))
         if any(t.passes for t in tried):
             break
     order = {t.layout: i for i, t in enumerate(tried)}

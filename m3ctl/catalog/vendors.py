@@ -46,10 +46,28 @@ Url = Annotated[str, AfterValidator(_public_url)]
 
 
 class Fact(_Strict, Generic[T]):
-    """One hardware fact and the public page it comes from."""
+    """One hardware fact and the public page it comes from. The fields use the named kinds below, not ``Fact[...]``
+    itself: pickle finds a class by its name in its module, and ``Fact[str]`` is not one, so a table of bare
+    ``Fact[...]`` would miss the validated-data cache (m3ctl.catalog.registry) and be validated on every run."""
 
     value: T
     source: Url
+
+
+class TextFact(Fact[str]):
+    """A fact whose value is one string."""
+
+
+class OptionalTextFact(Fact[str | None]):
+    """A fact whose value is one string, or None where the vendor has none."""
+
+
+class NamesFact(Fact[list[str]]):
+    """A fact whose value is a list of names (variables, device nodes, groups, options)."""
+
+
+class EnvFact(Fact[dict[str, str]]):
+    """A fact whose value is environment variables and their values."""
 
 
 class DeviceRequest(_Strict):
@@ -60,16 +78,20 @@ class DeviceRequest(_Strict):
     capabilities: list[list[str]] = Field(default_factory=lambda: [["gpu"]])
 
 
+class DeviceRequestFact(Fact[DeviceRequest | None]):
+    """A fact whose value is a Docker device request, or None where the vendor's GPUs are device nodes."""
+
+
 class Visibility(_Strict):
     """How a server process is shown only some GPUs."""
 
-    env: Fact[str]
+    env: TextFact
     """The one variable m3ctl sets (GPU indices, or MIG UUIDs)."""
-    order_env: Fact[dict[str, str]]
+    order_env: EnvFact
     """Set with ``env`` (device numbering)."""
-    unset: Fact[list[str]]
+    unset: NamesFact
     """Variables of the launching shell unset when ``env`` is set (they would mask again)."""
-    process_vars: Fact[list[str]]
+    process_vars: NamesFact
     """Every variable the vendor's runtime reads to select devices in a process."""
     pin_why: str
     """The plan's explanation when ``gpus`` pins GPUs."""
@@ -78,23 +100,23 @@ class Visibility(_Strict):
 class Container(_Strict):
     """How a container gets the vendor's GPUs."""
 
-    device_request: Fact[DeviceRequest | None]
-    toolkit_runtime: Fact[str | None]
+    device_request: DeviceRequestFact
+    toolkit_runtime: OptionalTextFact
     """The OCI runtime the vendor's container toolkit registers with Docker (doctor checks it)."""
-    toolkit_hook: Fact[str | None] | None = None
+    toolkit_hook: OptionalTextFact | None = None
     """The prestart hook Docker's ``--gpus`` runs without the registered runtime (None: none known)."""
-    visibility_env: Fact[str | None]
+    visibility_env: OptionalTextFact
     """Variable set inside the container for a GPU selection; None: the device request selects the devices."""
-    devices: Fact[list[str]]
+    devices: NamesFact
     """Host device nodes passed at the same path (``--device``)."""
-    groups: Fact[list[str]]
-    security_opt: Fact[list[str]]
-    host_groups: Fact[list[str]] | None = None
+    groups: NamesFact
+    security_opt: NamesFact
+    host_groups: NamesFact | None = None
     """Host groups a non-root user needs for the device nodes."""
 
 
 class K8s(_Strict):
-    resource: Fact[str]
+    resource: TextFact
     """The device plugin's extended resource (``resources.limits``)."""
 
 

@@ -15,7 +15,6 @@ Sources:
 from __future__ import annotations
 
 import contextlib
-import http.client
 import json
 import os
 import platform
@@ -24,13 +23,19 @@ import shutil
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from m3ctl.catalog import data, register, vendors
+from m3ctl.core.lazy import lazy_module
 from m3ctl.hw.inventory import ContainerFacts, DriverFacts
+
+if TYPE_CHECKING:
+    import http.client as httpc
+else:
+    httpc = lazy_module("http.client")  # with ssl: ~10 ms that a plan (which asks no container engine) never uses
 
 VISIBLE_VARS = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
 HF_VARS = ("HF_HOME", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
@@ -251,16 +256,19 @@ def rocm_version(root: Path = Path("/")) -> str | None:
 
 
 # ----------------------------------------------------------------------------- container engine
-class _UnixHTTP(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float):
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
+def _unix_socket(path: str, timeout: float) -> socket.socket:
+    """A stream socket connected to the unix socket ``path`` (closed again when it cannot connect).
 
-    def connect(self) -> None:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout)
-        s.connect(self._path)
-        self.sock = s
+    Raises:
+        OSError: no such socket, refused, or no answer in ``timeout`` seconds."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        s.settimeout(timeout)
+        s.connect(path)
+    except OSError:
+        s.close()
+        raise
+    return s
 
 
 def _engine_get(sock_path: str, url: str, timeout: float) -> dict:
@@ -271,15 +279,16 @@ def _engine_get(sock_path: str, url: str, timeout: float) -> dict:
         OSError: the socket cannot be reached or read in ``timeout`` seconds, or the answer is not 200.
         ValueError: the answer is no HTTP (or is cut short) or its body no JSON.
     """
-    conn = _UnixHTTP(sock_path, timeout)
+    conn = httpc.HTTPConnection("localhost", timeout=timeout)
     try:
+        conn.sock = _unix_socket(sock_path, timeout)  # connected already: the request goes over it
         conn.request("GET", url)
         resp = conn.getresponse()
         body = resp.read()
         if resp.status != 200:
             raise OSError(f"HTTP {resp.status} from {url}")
         return json.loads(body)
-    except http.client.HTTPException as e:
+    except httpc.HTTPException as e:
         raise ValueError(f"no HTTP answer from {url}: {type(e).__name__}") from None
     finally:
         conn.close()

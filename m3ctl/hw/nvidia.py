@@ -4,15 +4,21 @@
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import re
 import time
-import xml.etree.ElementTree as ET
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from m3ctl.core.lazy import lazy_module
 from m3ctl.hw.inventory import FabricManager, GpuInfo, Link, MigDevice, nvidia_arch
 from m3ctl.hw.probe import ProbeDeclined, ProbeResult, Runner, _code, _s, default_runner
+
+if TYPE_CHECKING:
+    import ctypes
+    import xml.etree.ElementTree as ET
+else:  # the probe's own libraries, imported by the first probe: a plan of a catalog system (--system) runs none
+    ctypes = lazy_module("ctypes")
+    ET = lazy_module("xml.etree.ElementTree")
 
 NVML_BRANDS = {
     0: "UNKNOWN",

@@ -192,7 +192,7 @@ def check_slo_sweep(slo: str, levels: int, names: dict[str, str] = API_NAMES) ->
         )
 
 
-class BenchConfig(BaseModel):
+class BenchConfig(BaseModel, defer_build=True):  # its validator built on first use: `tune --dry-run` needs none
     """A benchmark run. Units: lengths in tokens, rates in requests/s, times in seconds, money in USD.
 
     ``api_key`` is used for the Authorization header only and never written to results.

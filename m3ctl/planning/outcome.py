@@ -31,6 +31,10 @@ class PlanOutcome:
         plan: the accepted plan (None when rejected).
         error: the rejection (:class:`~m3ctl.errors.ConfigRejected` names its rule; a
             :class:`~m3ctl.errors.CatalogError` or :class:`~m3ctl.errors.BadInput` none); None when accepted.
+            Kept without its traceback: the traceback's frames refer to their callers up to the frame that holds
+            the outcome, so every rejection kept would be a reference cycle, with the planner's whole draft behind
+            it, that only the garbage collector frees (``tune --dry-run`` plans ~900 candidates: ~100,000 objects,
+            ~0.1 s of collections). Its message, rule, hint, fix and findings say where it comes from.
         variant: the variant chosen (or asked), None when planning stopped before choosing one (no kernel profile)
             or the model has no catalog variants.
         alternatives: what the planner passed over, in order: variants (``what="variant"``) and rejected
@@ -78,7 +82,10 @@ class PlanOutcome:
         if self.plan is None:
             if self.error is None:
                 raise RuntimeError("an outcome holds a plan or an error")
-            raise self.error
+            try:
+                raise self.error
+            finally:
+                del self  # no cycle: this frame (in the error's traceback) -> self -> the error -> its traceback
         return self.plan
 
     def blocker(self, no_profile: bool = False) -> tuple[str, str]:

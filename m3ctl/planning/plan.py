@@ -93,9 +93,10 @@ def _profile_parallel_defaults(d: PlanDraft) -> None:
         )
 
 
-def _search_layouts(d: PlanDraft) -> LaunchPlan:
-    """Open dimensions: search the layouts (:mod:`m3ctl.assess.search`); each candidate is :func:`plan` with every
-    dimension pinned, so every rule judges it. Returns the best plan, carrying this request.
+def _search_layouts(d: PlanDraft, base: PlanDraft | None) -> LaunchPlan:
+    """Open dimensions: search the layouts (:mod:`m3ctl.assess.search`); each candidate is planned with every
+    dimension pinned, so every rule judges it: from ``base`` (this draft after step 4, :meth:`PlanDraft.fork`) on,
+    else :func:`plan` from the start. Returns the best plan, carrying this request.
 
     Raises:
         ConfigRejected: no layout passes the rules.
@@ -108,7 +109,7 @@ def _search_layouts(d: PlanDraft) -> LaunchPlan:
     dcp_ok = prof.supports.dcp and facts.attention in prof.supports.dcp_attention
     default = layout_search.Layout(d.tp, d.pp, d.dp, d.dcp, bool(d.ep))
     best = layout_search.search(
-        lambda q: plan(d.inventory, q),
+        (lambda q: _steps_from_raw_flags(base.fork(q))) if base is not None else (lambda q: plan(d.inventory, q)),
         d.request,
         n_gpus=d.n_gpus,
         pins=pins,
@@ -121,10 +122,11 @@ def _search_layouts(d: PlanDraft) -> LaunchPlan:
     return best.model_copy(update={"request": d.request.public()})
 
 
-def step_layout(d: PlanDraft) -> LaunchPlan | None:
+def step_layout(d: PlanDraft, base: PlanDraft | None = None) -> LaunchPlan | None:
     """Step 6: the parallel layout: the profile's defaults fill what was left open, then its strategy for the GPU
     count; ``tp``, ``dp``, ``dcp``, ``ep``, ``dbo``, ``pp``. With a dimension still open on GPUs, the layouts are
-    searched and the best one's plan is returned (the caller returns it as is); else None.
+    searched and the best one's plan is returned (the caller returns it as is); else None. ``base``: ``d`` as
+    step 4 left it (:meth:`PlanDraft.fork`), where the search's candidates start; None: each from the start.
 
     Raises:
         ConfigRejected: the search found no layout that passes the rules.
@@ -141,7 +143,7 @@ def step_layout(d: PlanDraft) -> LaunchPlan | None:
     d.ep = d_ep if g["ep"] is None else g["ep"]
     d.dcp, d.dbo, d.pp = g["dcp"] or 1, bool(g["dbo"]), g["pp"] or 1
     if n > 0 and prof.arch != "cpu" and None in (g["tp"], g["dp"], g["dcp"], g["ep"], g["pp"]):
-        return _search_layouts(d)
+        return _search_layouts(d, base)
     if g["tp"] is None and g["dp"] is None and n > 0:
         d.choices.append(
             Choice(
@@ -158,8 +160,14 @@ def _run_steps(d: PlanDraft) -> LaunchPlan:
     step_devices(d)
     step_image(d)
     step_variant(d)
+    return _steps_from_raw_flags(d, search_from=d.fork(d.request))
+
+
+def _steps_from_raw_flags(d: PlanDraft, search_from: PlanDraft | None = None) -> LaunchPlan:
+    """Steps 5-13 over a draft that steps 1-4 have run on; ``search_from``: that draft as step 4 left it, where the
+    layout search (step 6) plans its candidates from (none for a candidate: it pins every dimension)."""
     step_raw_parallel_flags(d)
-    searched = step_layout(d)
+    searched = step_layout(d, search_from)
     if searched is not None:  # a dimension was open: the search planned every candidate; this is the best
         return searched
     step_speculation(d)
@@ -190,7 +198,7 @@ def plan_outcome(inventory: HostInventory, request: PlanRequest, *, fallback: bo
     except M3Error as e:
         out = PlanOutcome(
             request,
-            error=e,
+            error=e.with_traceback(None),
             variant=d.vname if d is not None else request.variant,
             alternatives=tuple(d.rejected) if d is not None else (),
         )

@@ -10,14 +10,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import psutil
-
+from m3ctl.core.lazy import lazy_module
 from m3ctl.core.state import Deployment, Registry, StateWriteFailed
 from m3ctl.errors import ConfigRejected, LaunchFailed
 from m3ctl.hw.gpumem import gpu_memory_by_pid
 from m3ctl.planning.plan import LaunchPlan
+
+if TYPE_CHECKING:
+    import psutil
+else:
+    psutil = lazy_module("psutil")  # imported by the first process query: tune --dry-run starts none
 
 
 @dataclass

@@ -14,14 +14,19 @@ import os
 import signal
 import subprocess
 import time
+from typing import TYPE_CHECKING
 
-import psutil
-
+from m3ctl.core.lazy import lazy_module
 from m3ctl.core.state import MARKER_ENV, Deployment, Registry
 from m3ctl.errors import LaunchFailed
 from m3ctl.planning.plan import LaunchPlan
 from m3ctl.runtime import prewarm
 from m3ctl.runtime.base import RawState, Runtime, StopReport, exit_status
+
+if TYPE_CHECKING:
+    import psutil
+else:
+    psutil = lazy_module("psutil")  # imported by the first process query: tune --dry-run starts none
 
 # Popen objects of servers this process launched, so their exit status is reaped (no zombies).
 _CHILDREN: dict[int, subprocess.Popen] = {}

@@ -143,7 +143,7 @@ class Diagnosis:
 class When(BaseModel):
     """A refinement: all given conditions must hold; then ``note`` is added and ``fix``/... may replace."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     arch: list[str] | None = None
     flags: list[str] | None = None
     flag_values: dict[str, str] | None = None
@@ -159,7 +159,7 @@ class When(BaseModel):
 
 
 class LogPattern(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     id: str
     regex: Regex
     cause: str
@@ -178,7 +178,7 @@ class LogPattern(BaseModel):
 class LogPatterns(BaseModel):
     """Schema of m3ctl/data/log_patterns.yaml."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     schema_version: Literal[1]
     versions: dict[str, list[str]] = Field(default_factory=dict)
     wrappers: list[str] = Field(default_factory=list)
@@ -252,7 +252,7 @@ def version_matches(version: str, spec: str) -> bool:
 class Component(BaseModel):
     """One entry of m3ctl/data/components.yaml (see the file's header for the matching passes)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     id: str
     kind: Literal["RUNTIME-DIAG", "CONFIG"] = "RUNTIME-DIAG"
     name: str
@@ -292,7 +292,7 @@ class Component(BaseModel):
 class ExitCode(BaseModel):
     """How a death without a traceback is named from its exit status (shell 128 + N, Python -N)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     code: int
     signal: str
     meaning: str
@@ -302,7 +302,7 @@ class ExitCode(BaseModel):
 class AsyncErrors(BaseModel):
     """Which GPU errors are reported asynchronously, the note that says so, and the command that pins them."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     errors: Regex
     note: Regex
     blocking_env: dict[str, str]
@@ -314,7 +314,7 @@ class ClearCache(BaseModel):
     """A cache directory a remedy removes: ``$ENV/path`` of the launch's environment, only where ``ENV`` points
     inside m3ctl's own state directory (m3ctl never removes a cache it did not create)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     env: str
     path: str
 
@@ -329,7 +329,7 @@ class OnlyFor(BaseModel):
     """Where a remedy applies: the failed launch's speculative method is one of ``spec_methods``; ``otherwise``:
     why it does not apply to another (said when it is passed over)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     spec_methods: list[str] = Field(min_length=1)
     otherwise: str
     source: str
@@ -340,7 +340,7 @@ class UserJson(BaseModel):
     ``--arg``), which the planner keeps as written whatever the ``knobs`` say: ``set`` these keys in it, or ``drop``
     the flag."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     flag: str
     set: dict[str, Any] = Field(default_factory=dict)
     drop: bool = False
@@ -360,7 +360,7 @@ class Apply(BaseModel):
     ``label``: the change in words. A remedy with ``apply`` is safe to try unattended: it changes how the engine
     runs, never what it serves (the weights, the model, the context length)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     label: str
     knobs: dict[str, Any] = Field(default_factory=dict)
     args: dict[str, Any] = Field(default_factory=dict)
@@ -383,7 +383,7 @@ class Remedy(BaseModel):
     """One thing to try for a failure in a family, and where it is documented (None: m3ctl's own advice);
     ``apply``: the change ``serve --fallback auto`` makes for it, where it is safe to make unattended."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     do: str
     source: str | None = None
     apply: Apply | None = None
@@ -399,7 +399,7 @@ class Family(BaseModel):
     types, config classes, error enums); ``eager``: whether ``--enforce-eager`` can change a failure here.
     """
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     id: str
     name: str
     modules: list[Regex] = Field(default_factory=list)
@@ -414,14 +414,14 @@ class Family(BaseModel):
 class FallbackBounds(BaseModel):
     """How far ``serve --fallback auto`` goes: at most ``max_relaunches`` relaunches after the first launch."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     max_relaunches: int = Field(default=3, ge=1, le=10)
 
 
 class ComponentMap(BaseModel):
     """Schema of m3ctl/data/components.yaml."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     schema_version: Literal[1]
     async_errors: AsyncErrors
     components: list[Component]

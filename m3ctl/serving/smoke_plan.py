@@ -74,14 +74,14 @@ class ServerDied(Exception):
 
 # ----------------------------------------------------------------------------------------------- data
 class _ParserNote(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     family: str
     note: str
     fix: str
 
 
 class _Cause(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     when_argv: str | None = None
     when_warning: str | None = None
     always: bool = False
@@ -90,7 +90,7 @@ class _Cause(BaseModel):
 
 
 class _LongPrompt(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     min_tokens: int = Field(gt=0)
     min_kv_blocks: int = Field(gt=0)
     min_msa_blocks: int = Field(gt=0)
@@ -100,25 +100,25 @@ class _LongPrompt(BaseModel):
 
 
 class _Batch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     fractions: list[float] = Field(min_length=2)
     max_tokens: int = Field(gt=0)
 
 
 class _KnownAnswer(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     prompt: str
     answer: str
 
 
 class _RandomWeights(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     load_formats: list[str]
     marker_files: dict[str, str]
 
 
 class _Family(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     think_markers: list[str] = Field(min_length=2, max_length=2)
     reasoning_parser: str
     tool_call_parser: str
@@ -129,7 +129,7 @@ class _Family(BaseModel):
 class SmokeData(BaseModel):
     """Schema of m3ctl/data/smoke.yaml."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # built on first use
     schema_version: Literal[1]
     max_tokens: int
     requests: dict[Literal["reasoning", "tool_calls", "output", "chat"], str]

@@ -30,8 +30,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-import psutil
-
 from m3ctl.core.lazy import lazy_module
 from m3ctl.core.secrets import API_KEY_ENV, client_key, remember
 from m3ctl.core.state import Deployment, Registry
@@ -43,8 +41,10 @@ from m3ctl.serving.lifecycle import EngineState, engine_state, explain
 
 if TYPE_CHECKING:
     import httpx
+    import psutil
 else:
     httpx = lazy_module("httpx")
+    psutil = lazy_module("psutil")
 
 Verdict = Literal["ok", "exited", "unreachable", "engine-dead", "stalled", "paused", "unauthorised"]
 

@@ -68,7 +68,7 @@ class TuneSettings(BaseModel):
             model, CUDA-graph capture bounded by the ladder); absent in older studies: on.
     """
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)  # built on first use
     schema_version: Literal[1] = SETTINGS_SCHEMA_VERSION
     model: str
     space: dict[str, Any]

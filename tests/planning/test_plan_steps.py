@@ -244,6 +244,41 @@ def test_layout_searches_open_dimensions_on_gpus():
     assert best.tp * best.pp * best.dp <= 8 and any(lay["verdict"] == "passes" for lay in best.layouts)
 
 
+@pytest.mark.parametrize(
+    "system, request_",
+    [
+        ("h200x8", {}),
+        ("h200x8", {"tp": 4, "max_num_seqs": 64, "spec_depth": 7}),
+        ("h100x8", {"runtime": "docker"}),
+        ("h200x8", {"tp": 2, "kv_cache_dtype": "fp8", "spec_depth": 3}),  # every layout rejected
+    ],
+)
+def test_layout_candidates_from_the_fork_plan_as_from_the_start(system, request_):
+    """The search plans its candidates from the draft as step 4 left it (PlanDraft.fork): the same plan, explanations
+    and tried layouts as planning every candidate from step 1."""
+
+    def to_step4(d: PlanDraft) -> PlanDraft:
+        for step in (step_devices, step_image, step_variant):
+            step(d)
+        return d
+
+    def searched(d: PlanDraft, base: PlanDraft | None) -> Any:
+        step_raw_parallel_flags(d)
+        try:
+            best = step_layout(d, base)
+        except ConfigRejected as e:
+            return e.message, e.hint, e.rule
+        assert best is not None
+        return best.model_dump()
+
+    req = PlanRequest(model=FLASH, vllm_executable="vllm", **request_)
+    forked = to_step4(step_profile_and_runtime(synthetic(system), req))
+    base = forked.fork(req)
+    from_fork = searched(forked, base)
+    assert from_fork == searched(to_step4(step_profile_and_runtime(synthetic(system), req)), None)
+    assert base.choices == forked.choices[: len(base.choices)] and base.args == {} and base.given == {}
+
+
 # Step 7: speculation.
 
 
