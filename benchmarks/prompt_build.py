@@ -1,15 +1,15 @@
 """What a run's exact-length prompts cost to build, and how long a bench waits before it measures.
 
     python benchmarks/prompt_build.py [--tokenizer DIR] [--url URL --model NAME] [--prompts 96] [--input-len 2048]
-        [--runs 3] [--bench-cli [--compare OTHER_CHECKOUT] [--concurrency 64] [--output-len 128]]
+        [--runs 3] [--bench-cli [--compare OTHER_CHECKOUT] [--concurrency 64] [--output-len 128] [--duration 5]]
 
-Building (default): the server's ``/tokenize`` (one prompt at a time, as m3ctl.tuning.study.local_tokenizer's
-alternative) against the model's own ``tokenizer.json``, one prompt at a time (m3ctl.loadgen.prompts.exact_prompt
-per prompt, as bench built them before batches) and in batches (m3ctl.loadgen.prompts.exact_prompts: the same
-texts). Each is timed ``--runs`` times, alternately; the table gives the median ms a prompt and min..max.
+Building (default): the server's ``/tokenize`` (m3ctl.tuning.study.local_tokenizer's alternative) against the
+model's own ``tokenizer.json``, each one prompt at a time (m3ctl.loadgen.prompts.exact_prompt per prompt, as bench
+built them before batches) and in batches (m3ctl.loadgen.prompts.exact_prompts: the same texts). Each is timed ``--runs`` times, alternately; the table gives the median ms a prompt and min..max.
 
 ``--bench-cli``: ``m3ctl bench`` itself (``python -m m3ctl`` of this checkout, and of ``--compare``'s, alternately),
-``--prompts`` prompts at ``--concurrency`` with a warm-up wave, against the server; the figure is the wall time from
+``--prompts`` prompts at ``--concurrency`` with a warm-up wave, for ``--duration`` s (the prompts cycled: all are
+built), against the server; the figure is the wall time from
 the command's start to its measured window's first request (``--save-detailed``'s ``start_times``, on the
 perf_counter clock this script shares on Linux), with ``run_phases_s.prompts`` (build s, during the warm-up,
 waited s), once with the local tokenizer (``--tokenizer``) and once with the server's.
@@ -85,6 +85,7 @@ def _builds(a, url: str) -> None:
     lt = LocalTokenizer(a.tokenizer)
     ways = {
         "server /tokenize, one at a time": (st, _one_at_a_time),
+        "server /tokenize, batched": (st, exact_prompts),
         "tokenizer.json, one at a time": (lt, _one_at_a_time),
         "tokenizer.json, batched": (lt, exact_prompts),
     }
@@ -102,7 +103,8 @@ def _bench_once(repo: Path, a, url: str, local: bool) -> dict:
         out = Path(d) / "bench.json"
         cmd = [sys.executable, "-m", "m3ctl", "bench", "--url", url, "--model", a.model or a.tokenizer]
         cmd += ["--concurrency", str(a.concurrency), "--num-prompts", str(a.prompts), "--input-len", str(a.input_len)]
-        cmd += ["--output-len", str(a.output_len), "--warmup", "--save-detailed", "--output-json", str(out)]
+        cmd += ["--output-len", str(a.output_len), "--duration", str(a.duration), "--warmup", "--save-detailed"]
+        cmd += ["--output-json", str(out)]
         cmd += ["--tokenizer", a.tokenizer] if local else []
         env = {**os.environ, "PYTHONPATH": str(repo), "M3CTL_STATE_DIR": d}
         t = time.perf_counter()
@@ -151,6 +153,7 @@ def main() -> int:
     ap.add_argument("--compare", help="with --bench-cli: another checkout, run alternately with this one")
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--output-len", type=int, default=128)
+    ap.add_argument("--duration", type=float, default=5.0, help="with --bench-cli: the measured window (s)")
     ap.add_argument("--ttft-ms", type=float, default=500.0, help="the ground-truth server's TTFT")
     ap.add_argument("--itl-ms", type=float, default=10.0, help="the ground-truth server's inter-token latency")
     a = ap.parse_args()

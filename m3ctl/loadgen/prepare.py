@@ -3,7 +3,9 @@
 Input: a checked :class:`~m3ctl.loadgen.config.BenchConfig` (m3ctl.loadgen.inputs.validate) and a tokenizer.
 Output: :class:`Prepared`: the measured phase's :class:`~m3ctl.loadgen.drive.Job` (the workload's requests with
 their scheduled offsets, or the agentic sessions), the warm-up requests, the result's ``workload`` block, and the
-``before`` hook that starts the measured phase's samplers (server counters, queue, GPU power).
+``before`` hook that starts the measured phase's samplers (server counters, queue, GPU power). The job may still be
+in the making when :func:`prepare` returns: with warm-ups (:func:`overlaps`) its prompts are built in a worker
+thread while the warm-ups run, and m3ctl.loadgen.drive starts the measured window only once it is built.
 
 Fresh prompts (N13, docs/sources.md#n13): every run draws its prompt text with a new random salt
 (``workload.prompt_salt``; ``prompt_salt`` replays one); the seed fixes only lengths, order and arrivals.
@@ -281,6 +283,7 @@ class Prepared:
     tok: Tokenizer
     own_tok: bool
     built: concurrent.futures.Future[Job]
+    overlapped: bool  # the job's prompts are built while the warm-ups run (:func:`overlaps`)
     wl: dict
     warmups: list[BenchRequest]
     log: Path | None
@@ -304,10 +307,18 @@ class Prepared:
         return q.stop() if q is not None else None
 
 
-def overlaps(cfg: BenchConfig) -> bool:
+def overlaps(cfg: BenchConfig, tok: Tokenizer) -> bool:
     """Whether the measured phase's prompts are built while the warm-ups run: warm-ups shaped by the config alone
-    (no trace's median, no agentic prefix) sent by this process (one client process; several fork with the job)."""
-    return bool(warmup_count(cfg)) and cfg.client_procs == 1 and not cfg.trace_path and cfg.workload != "agentic"
+    (no trace's median, no agentic prefix) sent by this process (one client process; several fork with the job),
+    and a tokenizer of the client's own (the server's ``/tokenize`` would load the server under test while its
+    warm-up latency, a stagger's S, is measured)."""
+    return (
+        bool(warmup_count(cfg))
+        and cfg.client_procs == 1
+        and not cfg.trace_path
+        and cfg.workload != "agentic"
+        and not isinstance(tok, ServerTokenizer)
+    )
 
 
 def _warmups(cfg: BenchConfig, tok: Tokenizer, salt: str, job: Job | None, wl: dict) -> list[BenchRequest]:
@@ -367,7 +378,8 @@ def prepare(cfg: BenchConfig, tok: Tokenizer, own_tok: bool, sync_log: Callable[
         times.update(built=time.perf_counter(), prompts_s=time.perf_counter() - t)
         return job
 
-    if overlaps(cfg):
+    overlapped = overlaps(cfg, tok)
+    if overlapped:
         warmups = _warmups(cfg, tok, salt, None, wl)
         built = _in_thread(measured_job)
     else:
@@ -404,4 +416,4 @@ def prepare(cfg: BenchConfig, tok: Tokenizer, own_tok: bool, sync_log: Callable[
         if cfg.scrape_server_metrics or log:
             before()
 
-    return Prepared(cfg, tok, own_tok, built, wl, warmups, log, scraped, measured, meter, times)
+    return Prepared(cfg, tok, own_tok, built, overlapped, wl, warmups, log, scraped, measured, meter, times)

@@ -6,7 +6,8 @@ change counts at a cut; a few rounds fix it). The tokenizer is the server's own
 (``POST /tokenize`` / ``/detokenize``) when available, else the model's local
 ``tokenizer.json``. A server with ``/tokenize`` but no ``/detokenize`` (or a tokenizer without
 ``decode``) is used encode-only: the text is cut by bisection on its characters until it encodes
-to the target length (:func:`exact_prompt`).
+to the target length (:func:`exact_prompt`). :func:`exact_prompts` builds many at once, the same texts, through
+the tokenizer's batch calls (``tokenizers``' Rust threads; several ``/tokenize`` requests in flight).
 
 ``/tokenize`` and ``/detokenize`` are server extensions, not OpenAI API: :class:`ServerTokenizer` speaks
 vLLM's (and SGLang's) ``{"prompt"}`` -> ``{"tokens", "count"}`` / ``{"tokens"}`` -> ``{"prompt"}``
@@ -17,6 +18,7 @@ detokenize; https://huggingface.github.io/text-generation-inference/ ``/tokenize
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -202,6 +204,11 @@ def _ids(body) -> list[int] | None:
     return None
 
 
+#: ``/tokenize`` and ``/detokenize`` requests :class:`ServerTokenizer`'s batch calls keep in flight (4 took a prompt of
+#: 2,048 tokens from 9.8 to 6.2 ms on m3ctl's ground-truth server, 2 CPUs; benchmarks/prompt_build.py).
+IN_FLIGHT = 4
+
+
 class ServerTokenizer:
     """The server's tokenizer through its ``/tokenize`` (and ``/detokenize`` when it has one) endpoints.
 
@@ -254,6 +261,17 @@ class ServerTokenizer:
         r.raise_for_status()
         j = r.json()
         return j["prompt"] if "prompt" in j else j["content"]
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """:meth:`encode` of each text, :data:`IN_FLIGHT` requests at a time (one httpx client, shared by threads:
+        https://github.com/encode/httpx/pull/2380)."""
+        with concurrent.futures.ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="m3ctl-tokenize") as ex:
+            return list(ex.map(self.encode, texts))
+
+    def decode_batch(self, ids: list[list[int]]) -> list[str]:
+        """:meth:`decode` of each id list, :data:`IN_FLIGHT` requests at a time."""
+        with concurrent.futures.ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="m3ctl-tokenize") as ex:
+            return list(ex.map(self.decode, ids))
 
     def count(self, text: str | None = None, messages: list[dict] | None = None, special: bool = False) -> int:
         """Tokens the server counts for ``text`` (``special``: with its special tokens, as a completions prompt)

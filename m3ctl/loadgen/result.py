@@ -27,7 +27,7 @@ from m3ctl.loadgen.config import PRECISION_MAX_DURATION_S, BenchConfig
 from m3ctl.loadgen.drive import ClientStats, Job
 from m3ctl.loadgen.energy import measured_window
 from m3ctl.loadgen.engine import engine_death, mark_engine_died, mark_server_stopped, server_stopped
-from m3ctl.loadgen.prepare import Prepared, overlaps
+from m3ctl.loadgen.prepare import Prepared
 from m3ctl.loadgen.prompts import ServerTokenizer, Tokenizer
 from m3ctl.loadgen.target import headers as _headers
 from m3ctl.loadgen.validity import add_validity, mark_partial
@@ -91,7 +91,7 @@ def finish(prep: Prepared, outs: list[RequestOutput], dur: float, cstats: list[C
     warmed = [s.warmed_at for s in cstats if s.warmed_at is not None]
     if warmed:
         prep.times["warmed"] = max(warmed)
-    res["run_phases_s"] = run_phases(prep.times, scraped.get("measured_at"), dur, time.perf_counter(), overlaps(cfg))
+    res["run_phases_s"] = run_phases(prep.times, scraped.get("measured_at"), dur, time.perf_counter(), prep.overlapped)
     return res
 
 

@@ -42,7 +42,7 @@ from m3ctl.loadgen.config import MAX_PROMPTS, MAX_RUN_PROMPT_TOKENS, BenchConfig
 from m3ctl.loadgen.drive import ClientStats, drive
 from m3ctl.loadgen.engine import engine_death
 from m3ctl.loadgen.inputs import prompt_tokens_per_request, validate
-from m3ctl.loadgen.prepare import Prepared, check_reachable, overlaps, prepare, tokenizer_for
+from m3ctl.loadgen.prepare import Prepared, check_reachable, prepare, tokenizer_for
 from m3ctl.loadgen.prompts import Tokenizer
 from m3ctl.loadgen.report import sweep_doc
 from m3ctl.loadgen.result import finish
@@ -207,12 +207,12 @@ _ASYNC = _Mode(asyncio.to_thread, asyncio.ensure_future)
 async def _generate(prep: Prepared, progress, mode: _Mode) -> tuple[list[RequestOutput], float, list[ClientStats]]:
     """The warm-ups and the measured phase: outputs, duration (first dispatch to last completion), client stats."""
     cfg = prep.cfg
-    if not overlaps(cfg) and (n := procs.procs_for(cfg, prep.job)) > 1:
+    if not prep.overlapped and (n := procs.procs_for(cfg, prep.job)) > 1:
         return await mode.offload(procs.execute, cfg, prep.job, prep.warmups, n, prep.before, progress)
     hook = prep.before
     before = (lambda: mode.offload(hook)) if hook is not None else None
     sink.set_emit(progress.put if progress is not None else None)
-    try:  # the job's prompts may still be in the making (m3ctl.loadgen.prepare.overlaps): drive waits for them
+    try:  # the job's prompts may still be in the making (prep.overlapped): drive waits for them
         outs, st, t0 = await mode.drive(drive(cfg, prep.built, None, prep.warmups, before))
     except (httpx.HTTPError, ConnectionError) as e:
         if prep.built.done() and prep.built.exception() is e:

@@ -9,11 +9,12 @@ from __future__ import annotations
 import random
 import threading
 
+import httpx
 import pytest
 
 from m3ctl.loadgen import drive, prepare, prompts, workloads
-from m3ctl.loadgen.prompts import LocalTokenizer, exact_prompt, exact_prompts
-from m3ctl.loadgen.runner import BenchConfig, run_bench
+from m3ctl.loadgen.prompts import LocalTokenizer, ServerTokenizer, exact_prompt, exact_prompts
+from m3ctl.loadgen.runner import BenchConfig, BenchServerDown, run_bench
 from tests.conftest import groundtruth_pool
 
 
@@ -51,7 +52,7 @@ def events(monkeypatch) -> list[str]:
         if salt is not None and salt.endswith("-warmup"):
             return build_job(cfg, tok, salt, block)
         log.append(f"build begins in {threading.current_thread().name.split('_')[0]}")
-        if prepare.overlaps(cfg):
+        if prepare.overlaps(cfg, tok):
             log.append("warm-ups over" if warmed.wait(60) else "warm-ups never ran during the build")
         out = build_job(cfg, tok, salt, block)
         log.append("built")
@@ -64,7 +65,7 @@ def events(monkeypatch) -> list[str]:
 
 
 def test_the_measured_prompts_are_built_while_the_warm_ups_run(url, events, tiny_models):
-    res = run_bench(_cfg(url, num_warmups=3))
+    res = run_bench(_cfg(url, num_warmups=3, tokenizer=str(tiny_models["m2"])))
     begun = "build begins in m3ctl-prompts"  # a worker thread, started before the warm-ups
     assert [e for e in events if e != begun] == [
         "warm-ups begin",
@@ -80,13 +81,36 @@ def test_the_measured_prompts_are_built_while_the_warm_ups_run(url, events, tiny
     assert res["validity"]["valid"], res["validity"]
 
 
-@pytest.mark.parametrize("kw", [{}, {"num_warmups": 2, "client_procs": 2}], ids=["no warm-ups", "two processes"])
-def test_without_warm_ups_in_this_process_the_prompts_are_built_first(url, events, kw):
-    res = run_bench(_cfg(url, **kw))
+@pytest.mark.parametrize(
+    "kw, local",
+    [({}, True), ({"num_warmups": 2, "client_procs": 2}, True), ({"num_warmups": 2}, False)],
+    ids=["no warm-ups", "two processes", "the server's /tokenize"],
+)
+def test_otherwise_the_prompts_are_built_before_the_warm_ups(url, events, kw, local, tiny_models):
+    """No warm-ups to overlap, warm-ups sent by forked processes (which take the job with them), or a tokenizer
+    that would load the server under test during its warm-up."""
+    res = run_bench(_cfg(url, **kw, **({"tokenizer": str(tiny_models["m2"])} if local else {})))
     assert events[0].startswith("build begins") and "m3ctl-prompts" not in events[0]
     assert events[1] == "built", events
     assert res["completed"] == 12 and res["total_input_tokens"] == 12 * 100
     assert res["run_phases_s"]["prompts"]["during_warmup"] is False and res["run_phases_s"]["prompts"]["waited"] == 0
+
+
+def test_a_server_lost_while_the_measured_prompts_are_built_is_bench_server_down(url, monkeypatch, tiny_models):
+    """The build in the worker thread fails as the server goes away: the same error as a loss before the warm-ups."""
+    build_job = prepare.build_job
+
+    def build(cfg, tok, salt=None, block=None):
+        if salt is not None and salt.endswith("-warmup"):
+            return build_job(cfg, tok, salt, block)
+        assert threading.current_thread().name.startswith("m3ctl-prompts")
+        raise httpx.ConnectError("connection refused")
+
+    monkeypatch.setattr(prepare, "build_job", build)
+    with pytest.raises(BenchServerDown) as e:
+        run_bench(_cfg(url, num_warmups=2, tokenizer=str(tiny_models["m2"])))
+    assert "lost the server while bench prepared the prompts (nothing was measured)" in e.value.message
+    assert e.value.exit_code == 4
 
 
 class _Merging:
@@ -119,9 +143,13 @@ class _Merging:
         return [self.decode(i) for i in ids]
 
 
-@pytest.mark.parametrize("make_tok", [_Merging, None], ids=["merging words", "tokenizer.json"])
-def test_batched_prompts_are_the_one_at_a_time_prompts(make_tok, tiny_models):
-    tok = make_tok() if make_tok else LocalTokenizer(tiny_models["m2"])
+@pytest.mark.parametrize("kind", ["merging words", "tokenizer.json", "server /tokenize"])
+def test_batched_prompts_are_the_one_at_a_time_prompts(kind, tiny_models, url):
+    if kind == "server /tokenize":
+        tok = ServerTokenizer(url, "groundtruth")
+        assert tok.available() and tok.can_decode
+    else:
+        tok = _Merging() if kind == "merging words" else LocalTokenizer(tiny_models["m2"])
     lengths = random.Random(5).choices(range(1, 400), k=3 * prompts.BATCH + 5)
     a, b = random.Random(9), random.Random(9)
     one = [exact_prompt(tok, n, a) for n in lengths]
