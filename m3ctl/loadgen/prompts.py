@@ -204,8 +204,10 @@ def _ids(body) -> list[int] | None:
     return None
 
 
-#: ``/tokenize`` and ``/detokenize`` requests :class:`ServerTokenizer`'s batch calls keep in flight (4 took a prompt of
-#: 2,048 tokens from 9.8 to 6.2 ms on m3ctl's ground-truth server, 2 CPUs; benchmarks/prompt_build.py).
+#: ``/tokenize`` and ``/detokenize`` requests :class:`ServerTokenizer`'s batch calls keep in flight: the client's and
+#: the network's share of a round trip overlap the server's. On m3ctl's ground-truth server (one Python process) on
+#: 2 shared CPUs, 4 took an encode of 2,048 tokens from 9.8 to 6.2 ms, but a whole build only from 12.7 to 12.0 ms a
+#: prompt, within the host's noise (benchmarks/prompt_build.py): the server's own CPU bounds it.
 IN_FLIGHT = 4
 
 
