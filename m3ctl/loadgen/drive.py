@@ -13,6 +13,7 @@ finished. A cancel of the running task (Ctrl-C, ``sink.STOP``) does the same (``
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import math
 import time
@@ -55,6 +56,7 @@ class ClientStats:
     precision: dict | None = None
     # a closed loop's stagger (:meth:`Phases.record`): {setting, latency_s, source, lanes, ramp_end}; None otherwise
     stagger: dict | None = None
+    warmed_at: float | None = None  # perf_counter when its warm-ups ended (none: when it began)
 
 
 @dataclass
@@ -303,26 +305,39 @@ def run_latency(o: RequestOutput, output_len: int) -> float:
 
 
 async def _warm_up(
-    send: _Sender, warmups: list[BenchRequest], concurrency: int | None, stats: ClientStats, out_len: int = 0
-) -> list[float]:
+    send: _Sender, warmups: list[BenchRequest], concurrency: int | None, stats: ClientStats
+) -> list[RequestOutput]:
     """The warm-up requests, ``concurrency`` at a time (all at once without a cap); a cancel (a stall, or
-    Ctrl-C: ``stats.interrupted``) ends them. Returns the latencies (s) of those that succeeded, each scaled to
-    ``out_len`` output tokens (:func:`run_latency`; 0: as measured)."""
+    Ctrl-C: ``stats.interrupted``) ends them. Returns the outputs of those that succeeded."""
     sem = asyncio.Semaphore(concurrency or len(warmups))
-    lats: list[float] = []
+    done: list[RequestOutput] = []
 
     async def warm(req: BenchRequest) -> None:
         async with sem:
             o = await send(req, time.perf_counter())
             if o.success:
-                lats.append(run_latency(o, out_len))
+                done.append(o)
 
     try:
         await asyncio.gather(*(warm(w) for w in warmups))
     except asyncio.CancelledError:  # stalled during the warm-ups (else Ctrl-C: stop here too)
         if not stats.stalled:
             stats.interrupted = True
-    return lats
+    return done
+
+
+async def _built(job: Job | concurrent.futures.Future[Job], stats: ClientStats, concurrency: int | None) -> Job:
+    """The measured phase's job, waiting for its build (prompts built in a worker thread while the warm-ups ran;
+    m3ctl.loadgen.prepare); its build's error is raised here. A cancel meanwhile (a stall, Ctrl-C) ends the run
+    as in the warm-ups: an empty job."""
+    if isinstance(job, Job):
+        return job
+    try:
+        return await asyncio.wrap_future(job)
+    except asyncio.CancelledError:
+        if not stats.stalled:
+            stats.interrupted = True
+        return Job(items=[], concurrency=concurrency)
 
 
 def closed_loop(cfg: BenchConfig, job: Job) -> bool:
@@ -358,16 +373,23 @@ async def _measure(
 
 
 async def drive(
-    cfg: BenchConfig, job: Job, t0: float | None, warmups: list[BenchRequest] | None = None, before=None
+    cfg: BenchConfig,
+    job: Job | concurrent.futures.Future[Job],
+    t0: float | None,
+    warmups: list[BenchRequest] | None = None,
+    before=None,
 ) -> tuple[list[RequestOutput], ClientStats, float]:
     """Run one process's share: list mode (random/dataset/prefix) or agentic lanes.
 
-    Warmups run first in the same session, so the measured run starts on warm connections. ``t0``
-    None starts the measured phase right after them. Returns ``(outputs, stats, t0)``.
+    Warmups run first in the same session, so the measured run starts on warm connections. ``job`` may still be
+    in the making (a future: its prompts built in a worker thread while the warm-ups run); the measured phase
+    starts once it is built. ``t0`` None starts the measured phase right after them. Returns
+    ``(outputs, stats, t0)``.
     """
     headers = auth_headers(cfg)
     aio = aiohttp_module()
-    conn = aio.TCPConnector(limit=job.concurrency or 0, ttl_dns_cache=300, force_close=False)
+    concurrency = job.concurrency if isinstance(job, Job) else cfg.concurrency
+    conn = aio.TCPConnector(limit=concurrency or 0, ttl_dns_cache=300, force_close=False)
     timeout = aio.ClientTimeout(total=cfg.request_timeout_s)
     outs: list[RequestOutput] = []
     stats = ClientStats()
@@ -381,8 +403,11 @@ async def drive(
         send = _Sender(cfg, session, pool, headers, stats)  # no progress events before the measured phase
         PROGRESS.reset()
         watch = asyncio.create_task(_stall_watch(cfg, _this_task(), stats, send.busy))
+        warm = await _warm_up(send, warmups, concurrency, stats) if warmups else []
+        stats.warmed_at = time.perf_counter()
+        job = await _built(job, stats, concurrency)
         out_len = int(np.median([r.output_len for r, _ in job.items])) if job.items else 0
-        warm_lats = await _warm_up(send, warmups, job.concurrency, stats, out_len) if warmups else []
+        warm_lats = [run_latency(o, out_len) for o in warm]
         # e.g. scrape server counters after the warmups (arun_bench: the blocking scrape in a worker thread)
         if before is not None and not (stats.stalled or stats.interrupted) and asyncio.iscoroutine(r := before()):
             await r

@@ -3,7 +3,9 @@
 Input: a checked :class:`~m3ctl.loadgen.config.BenchConfig` (m3ctl.loadgen.inputs.validate) and a tokenizer.
 Output: :class:`Prepared`: the measured phase's :class:`~m3ctl.loadgen.drive.Job` (the workload's requests with
 their scheduled offsets, or the agentic sessions), the warm-up requests, the result's ``workload`` block, and the
-``before`` hook that starts the measured phase's samplers (server counters, queue, GPU power).
+``before`` hook that starts the measured phase's samplers (server counters, queue, GPU power). The job may still be
+in the making when :func:`prepare` returns: with warm-ups (:func:`overlaps`) its prompts are built in a worker
+thread while the warm-ups run, and m3ctl.loadgen.drive starts the measured window only once it is built.
 
 Fresh prompts (N13, docs/sources.md#n13): every run draws its prompt text with a new random salt
 (``workload.prompt_salt``; ``prompt_salt`` replays one); the seed fixes only lengths, order and arrivals.
@@ -13,6 +15,7 @@ tokens (``warmup``: as many as the concurrency, one wave at the run's load).
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import secrets
 import time
@@ -271,19 +274,29 @@ def build_job(cfg: BenchConfig, tok: Tokenizer, salt: str | None = None, block: 
 
 @dataclass
 class Prepared:
-    """A run ready to send: its workload, warm-ups, tokenizer, and the ``before`` hook of the measured phase."""
+    """A run ready to send: its workload, warm-ups, tokenizer, and the ``before`` hook of the measured phase.
+
+    ``built``: the measured phase's job, done, or being built in a worker thread while the warm-ups run
+    (:func:`prepare`); ``wl`` holds the job's keys once it is done."""
 
     cfg: BenchConfig
     tok: Tokenizer
     own_tok: bool
-    job: Job
+    built: concurrent.futures.Future[Job]
+    overlapped: bool  # the job's prompts are built while the warm-ups run (:func:`overlaps`)
     wl: dict
     warmups: list[BenchRequest]
     log: Path | None
     scraped: dict
     before: Callable[[], Any] | None
     meter: EnergyMeter | None = None  # started by ``before``, stopped after the last response
-    times: dict[str, float] = field(default_factory=dict)  # perf_counter: begin, prepared (see run_phases)
+    # perf_counter: begin, prepared, built (the measured prompts exist); prompts_s: their build (see run_phases)
+    times: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def job(self) -> Job:
+        """The measured phase's job (waits for its build)."""
+        return self.built.result()
 
     def stop_sampling(self) -> list | None:
         """Stop the run's background samplers (GPU power, the server's queue), whatever ended the run; idempotent.
@@ -294,40 +307,85 @@ class Prepared:
         return q.stop() if q is not None else None
 
 
+def overlaps(cfg: BenchConfig, tok: Tokenizer) -> bool:
+    """Whether the measured phase's prompts are built while the warm-ups run: warm-ups shaped by the config alone
+    (no trace's median, no agentic prefix) sent by this process (one client process; several fork with the job),
+    and a tokenizer of the client's own (the server's ``/tokenize`` would load the server under test while its
+    warm-up latency, a stagger's S, is measured)."""
+    return (
+        bool(warmup_count(cfg))
+        and cfg.client_procs == 1
+        and not cfg.trace_path
+        and cfg.workload != "agentic"
+        and not isinstance(tok, ServerTokenizer)
+    )
+
+
+def _warmups(cfg: BenchConfig, tok: Tokenizer, salt: str, job: Job | None, wl: dict) -> list[BenchRequest]:
+    """The run's warm-up requests (:func:`warmup_count`): agentic, the shared system prefix of ``job``; else fresh
+    prompts of the workload's shapes (vLLM sends copies of the first one: a cache hit later), a trace's median
+    shape from ``wl``."""
+    nw = warmup_count(cfg)
+    if not nw:
+        return []
+    if job is not None and job.sessions:  # agentic: the run's shared system prefix (priming it is what it means)
+        return [BenchRequest(prompt=job.sessions[0].system[0], prompt_len=job.sessions[0].system[1], output_len=1)] * nw
+    shape = {"trace_path": None, "input_len": wl["isl_median"]} if cfg.trace_path else {}
+    wcfg = cfg.model_copy(
+        update={
+            "num_prompts": nw,
+            "duration_s": None,
+            "request_rate": math.inf,
+            **shape,
+            "output_len": min(wl.get("osl_median", cfg.output_len), WARMUP_OUTPUT_LEN),
+            "dataset_output_len": WARMUP_OUTPUT_LEN,
+        }
+    )
+    return [r for r, _ in build_job(wcfg, tok, f"{salt}-warmup")[0].items]
+
+
+def _in_thread(fn: Callable[[], Job]) -> concurrent.futures.Future[Job]:
+    """``fn()`` in a worker thread of its own, which ends with it."""
+    ex = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="m3ctl-prompts")
+    try:
+        return ex.submit(fn)
+    finally:
+        ex.shutdown(wait=False)
+
+
 def prepare(cfg: BenchConfig, tok: Tokenizer, own_tok: bool, sync_log: Callable[[], None] | None) -> Prepared:
     """The run ready to send, from a server that answered (m3ctl.loadgen.runner checks that first): its workload
     with prompt text drawn with a fresh salt, its warm-ups, and the measured phase's ``before`` hook.
     ``own_tok``: ``tok`` was built for this run (closed after it). ``sync_log``: as m3ctl.loadgen.runner.run_bench.
 
+    When :func:`overlaps`, the warm-ups' prompts are built first and the measured phase's in a worker thread,
+    while the warm-ups run (m3ctl.loadgen.drive waits for them before its measured window); else both here.
+
     Raises:
-        BadInput: as :func:`build_job`; httpx.HTTPError, ConnectionError: the server went away meanwhile.
+        BadInput: as :func:`build_job`; httpx.HTTPError, ConnectionError: the server went away meanwhile (in the
+            worker thread: raised where ``built`` is awaited).
     """
     preload()  # not inside the measured window, where the client's CPU is measured
     salt = cfg.prompt_salt or new_salt()
     block = cfg.block_size or (servermetrics.block_size(cfg.url, _headers(cfg)) if cfg.scrape_server_metrics else None)
-    job, wl = build_job(cfg, tok, salt, block)
-    wl["kv_block_size"] = block
-    warmups: list[BenchRequest] = []
-    if nw := warmup_count(cfg):
-        if job.sessions:  # agentic: the run's shared system prefix (priming it is what the workload means)
-            warmups = [
-                BenchRequest(prompt=job.sessions[0].system[0], prompt_len=job.sessions[0].system[1], output_len=1)
-            ] * nw
-        else:  # fresh prompts of the workload's shapes (vLLM sends copies of the first one: a cache hit later)
-            # a trace: random prompts of its median shape
-            shape = {"trace_path": None, "input_len": wl["isl_median"]} if cfg.trace_path else {}
-            wcfg = cfg.model_copy(
-                update={
-                    "num_prompts": nw,
-                    "duration_s": None,
-                    "request_rate": math.inf,
-                    **shape,
-                    "output_len": min(wl.get("osl_median", cfg.output_len), WARMUP_OUTPUT_LEN),
-                    "dataset_output_len": WARMUP_OUTPUT_LEN,
-                }
-            )
-            warmups = [r for r, _ in build_job(wcfg, tok, f"{salt}-warmup")[0].items]
-    wl["warmups"] = len(warmups)
+    wl: dict = {}
+    times: dict[str, float] = {}
+
+    def measured_job() -> Job:
+        t = time.perf_counter()
+        job, keys = build_job(cfg, tok, salt, block)
+        wl.update(keys, kv_block_size=block, warmups=warmup_count(cfg))
+        times.update(built=time.perf_counter(), prompts_s=time.perf_counter() - t)
+        return job
+
+    overlapped = overlaps(cfg, tok)
+    if overlapped:
+        warmups = _warmups(cfg, tok, salt, None, wl)
+        built = _in_thread(measured_job)
+    else:
+        built = concurrent.futures.Future()
+        built.set_result(measured_job())
+        warmups = _warmups(cfg, tok, salt, built.result(), wl)
     scraped: dict = {}
 
     log = Path(cfg.server_log) if cfg.server_log else None
@@ -358,4 +416,4 @@ def prepare(cfg: BenchConfig, tok: Tokenizer, own_tok: bool, sync_log: Callable[
         if cfg.scrape_server_metrics or log:
             before()
 
-    return Prepared(cfg, tok, own_tok, job, wl, warmups, log, scraped, measured, meter)
+    return Prepared(cfg, tok, own_tok, built, overlapped, wl, warmups, log, scraped, measured, meter, times)

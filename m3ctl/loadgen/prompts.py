@@ -6,7 +6,8 @@ change counts at a cut; a few rounds fix it). The tokenizer is the server's own
 (``POST /tokenize`` / ``/detokenize``) when available, else the model's local
 ``tokenizer.json``. A server with ``/tokenize`` but no ``/detokenize`` (or a tokenizer without
 ``decode``) is used encode-only: the text is cut by bisection on its characters until it encodes
-to the target length (:func:`exact_prompt`).
+to the target length (:func:`exact_prompt`). :func:`exact_prompts` builds many at once, the same texts, through
+the tokenizer's batch calls (``tokenizers``' Rust threads; several ``/tokenize`` requests in flight).
 
 ``/tokenize`` and ``/detokenize`` are server extensions, not OpenAI API: :class:`ServerTokenizer` speaks
 vLLM's (and SGLang's) ``{"prompt"}`` -> ``{"tokens", "count"}`` / ``{"tokens"}`` -> ``{"prompt"}``
@@ -17,8 +18,10 @@ detokenize; https://huggingface.github.io/text-generation-inference/ ``/tokenize
 
 from __future__ import annotations
 
+import concurrent.futures
 import math
 import random
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -174,6 +177,14 @@ class LocalTokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=False)
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """:meth:`encode` of each text, in the library's Rust threads (the GIL released meanwhile)."""
+        return [e.ids for e in self._tok.encode_batch_fast(texts, add_special_tokens=False)]
+
+    def decode_batch(self, ids: list[list[int]]) -> list[str]:
+        """:meth:`decode` of each id list, in the library's Rust threads (the GIL released meanwhile)."""
+        return self._tok.decode_batch(ids, skip_special_tokens=False)
+
 
 #: /tokenize request bodies per server dialect (module docstring); the first that answers with ids is used.
 _DIALECTS = {
@@ -191,6 +202,13 @@ def _ids(body) -> list[int] | None:
         toks = body["tokens"]  # llama.cpp with_pieces: [{"id": .., "piece": ..}]
         return [int(t["id"]) if isinstance(t, dict) else int(t) for t in toks]
     return None
+
+
+#: ``/tokenize`` and ``/detokenize`` requests :class:`ServerTokenizer`'s batch calls keep in flight: the client's and
+#: the network's share of a round trip overlap the server's. On m3ctl's ground-truth server (one Python process) on
+#: 2 shared CPUs, 4 took an encode of 2,048 tokens from 9.8 to 6.2 ms, but a whole build only from 12.7 to 12.0 ms a
+#: prompt, within the host's noise (benchmarks/prompt_build.py): the server's own CPU bounds it.
+IN_FLIGHT = 4
 
 
 class ServerTokenizer:
@@ -246,6 +264,17 @@ class ServerTokenizer:
         j = r.json()
         return j["prompt"] if "prompt" in j else j["content"]
 
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """:meth:`encode` of each text, :data:`IN_FLIGHT` requests at a time (one httpx client, shared by threads:
+        https://github.com/encode/httpx/pull/2380)."""
+        with concurrent.futures.ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="m3ctl-tokenize") as ex:
+            return list(ex.map(self.encode, texts))
+
+    def decode_batch(self, ids: list[list[int]]) -> list[str]:
+        """:meth:`decode` of each id list, :data:`IN_FLIGHT` requests at a time."""
+        with concurrent.futures.ThreadPoolExecutor(IN_FLIGHT, thread_name_prefix="m3ctl-tokenize") as ex:
+            return list(ex.map(self.decode, ids))
+
     def count(self, text: str | None = None, messages: list[dict] | None = None, special: bool = False) -> int:
         """Tokens the server counts for ``text`` (``special``: with its special tokens, as a completions prompt)
         or for chat ``messages`` rendered with its chat template and generation prompt (vLLM's /tokenize)."""
@@ -285,7 +314,12 @@ def exact_prompt(tok: Tokenizer, length: int, rng: random.Random, max_rounds: in
                 hi = mid
         text = full[:lo]
         return text, len(tok.encode(text))
-    text = tok.decode(ids[:length])
+    return _settle(tok, tok.decode(ids[:length]), length, lambda: rng.choice(_WORDS), max_rounds)
+
+
+def _settle(tok: Tokenizer, text: str, length: int, word: Callable[[], str], max_rounds: int = 8) -> tuple[str, int]:
+    """:func:`exact_prompt`'s rounds from its first cut ``text``: re-encode, then cut again or extend by the
+    tokens of one more ``word()``."""
     for _ in range(max_rounds):
         got = tok.encode(text)
         if len(got) == length:
@@ -293,8 +327,73 @@ def exact_prompt(tok: Tokenizer, length: int, rng: random.Random, max_rounds: in
         if len(got) > length:  # merges at the cut changed the count: cut the re-encoded ids
             text = tok.decode(got[:length])
         else:  # too short: extend with the tokens of one more word
-            text = tok.decode(got + tok.encode(" " + rng.choice(_WORDS))[: length - len(got)])
+            text = tok.decode(got + tok.encode(" " + word())[: length - len(got)])
     return text, len(tok.encode(text))
+
+
+def encode_all(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """:meth:`Tokenizer.encode` of each text, in one batch where the tokenizer has ``encode_batch``."""
+    batch = getattr(tok, "encode_batch", None)
+    return batch(texts) if batch is not None else [tok.encode(t) for t in texts]
+
+
+#: Prompts :func:`exact_prompts` builds per batch (a prompt that needs more words than its first draw costs the
+#: rest of its batch, built again after it).
+BATCH = 32
+
+
+class _Drew(Exception):
+    """A settling round of :func:`exact_prompts` needed a new word (the generator's next draw)."""
+
+
+def _no_word() -> str:
+    raise _Drew
+
+
+def _from_cut(tok: Tokenizer, cut: str | None, ids: list[int] | None, length: int) -> tuple[str, int] | None:
+    """A batch's prompt from its first cut and the cut's ids (None: its words fell short), settled without a
+    draw; None when it needs more words (then it is built from its own draws)."""
+    if cut is None or ids is None:
+        return None
+    if len(ids) == length:
+        return cut, length
+    try:
+        return _settle(tok, cut, length, _no_word)
+    except _Drew:
+        return None
+
+
+def exact_prompts(tok: Tokenizer, lengths: Sequence[int], rng: random.Random) -> list[tuple[str, int]]:
+    """:func:`exact_prompt` for each of ``lengths`` in turn with ``rng``: the same texts and counts, and ``rng``
+    left where those calls leave it, built :data:`BATCH` prompts at a time with the tokenizer's
+    ``encode_batch``/``decode_batch`` where it has them (:class:`LocalTokenizer`: Rust threads, the GIL released).
+
+    Each prompt of a batch draws its first words as :func:`exact_prompt` does; the batch encodes them, cuts them
+    at their lengths and re-encodes the cuts together. A cut of its length is the prompt, another settles alone
+    (:func:`_settle`); one whose words fell short, or whose rounds need a word, is built by :func:`exact_prompt`
+    from the generator's state before its words, and the next batch starts after it.
+    """
+    if not getattr(tok, "can_decode", True) or not hasattr(tok, "encode_batch") or not hasattr(tok, "decode_batch"):
+        return [exact_prompt(tok, n, rng) for n in lengths]
+    out: list[tuple[str, int]] = []
+    while len(out) < len(lengths):
+        part = lengths[len(out) : len(out) + BATCH]
+        states, texts = [], []
+        for n in part:
+            states.append(rng.getstate())
+            texts.append(" ".join([rng.choice(_WORDS) for _ in range(max(8, n))]))
+        ids = tok.encode_batch(texts)
+        full = [i for i, n in enumerate(part) if len(ids[i]) >= n]
+        cuts = dict(zip(full, tok.decode_batch([ids[i][: part[i]] for i in full]), strict=True))
+        again = dict(zip(full, tok.encode_batch([cuts[i] for i in full]), strict=True))
+        for i, n in enumerate(part):
+            done = _from_cut(tok, cuts.get(i), again.get(i), n)
+            if done is None:
+                rng.setstate(states[i])
+                out.append(exact_prompt(tok, n, rng))
+                break
+            out.append(done)
+    return out
 
 
 def exact_prompt_after(tok: Tokenizer, head: str, length: int, rng: random.Random) -> tuple[str, int]:

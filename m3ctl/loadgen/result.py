@@ -88,25 +88,39 @@ def finish(prep: Prepared, outs: list[RequestOutput], dur: float, cstats: list[C
     finally:
         if prep.own_tok and isinstance(tok, ServerTokenizer):
             tok.close()
-    res["run_phases_s"] = run_phases(prep.times, scraped.get("measured_at"), dur, time.perf_counter())
+    warmed = [s.warmed_at for s in cstats if s.warmed_at is not None]
+    if warmed:
+        prep.times["warmed"] = max(warmed)
+    res["run_phases_s"] = run_phases(prep.times, scraped.get("measured_at"), dur, time.perf_counter(), prep.overlapped)
     return res
 
 
-def run_phases(times: dict[str, float], measured_at: float | None, dur: float, now: float) -> dict | None:
-    """Where a run's wall time went (s): ``prepare`` (reachability, tokenizer, the prompts), ``warmup`` (the
-    warm-up requests and the counters' snapshot before the measured phase), ``measured`` (the result's
-    ``duration``: first dispatch to last completion), ``finish`` (counters after, log, the result), ``total``.
-    None when the run never reached its measured phase."""
+def run_phases(
+    times: dict[str, float], measured_at: float | None, dur: float, now: float, overlapped: bool = False
+) -> dict | None:
+    """Where a run's wall time went (s): ``prepare`` (reachability, tokenizer, the prompts built before the
+    warm-ups), ``warmup`` (the warm-up requests, any wait for the measured prompts after them, and the counters'
+    snapshot before the measured phase), ``measured`` (the result's ``duration``: first dispatch to last
+    completion), ``finish`` (counters after, log, the result), ``total``; and ``prompts``, the measured phase's
+    prompts: ``build`` (s), ``during_warmup`` (built in a worker thread while the warm-ups ran:
+    m3ctl.loadgen.prepare.overlaps; else inside ``prepare``) and ``waited`` (s the measured phase waited for them
+    after the warm-ups; 0 when built before). None when the run never reached its measured phase."""
     if "begin" not in times or "prepared" not in times or measured_at is None:
         return None
     prepare, warmup = times["prepared"] - times["begin"], measured_at - times["prepared"]
     finish = max(0.0, now - measured_at - dur)
+    waited = max(0.0, times["built"] - times["warmed"]) if overlapped and {"built", "warmed"} <= times.keys() else 0.0
     return {
         "prepare": round(prepare, 3),
         "warmup": round(warmup, 3),
         "measured": round(dur, 3),
         "finish": round(finish, 3),
         "total": round(now - times["begin"], 3),
+        "prompts": {
+            "build": round(times.get("prompts_s", 0.0), 3),
+            "during_warmup": overlapped,
+            "waited": round(waited, 3),
+        },
     }
 
 

@@ -132,18 +132,23 @@ def _prepare(cfg: BenchConfig, tok: Tokenizer | None, sync_log, checked: bool = 
         prep.times.update(begin=t_begin, prepared=time.perf_counter())
         return prep
     except (httpx.HTTPError, ConnectionError) as e:
-        died = engine_death(cfg)
-        what = died["sentence"] if died else f"server at {cfg.url} went away ({type(e).__name__})"
-        raise BenchServerDown(
-            f"lost the server while bench prepared the prompts (nothing was measured): {what}",
-            ((died or {}).get("fix") or "")
-            + ("; " if died and died.get("fix") else "")
-            + (
-                f"`m3ctl logs {cfg.deployment}` shows its log"
-                if cfg.deployment
-                else "check the server (`m3ctl status`, its log)"
-            ),
-        ) from None
+        raise _lost_preparing(cfg, e) from None
+
+
+def _lost_preparing(cfg: BenchConfig, e: Exception) -> BenchServerDown:
+    """The error of a server lost while the prompts were prepared (``e``: the failed request's error)."""
+    died = engine_death(cfg)
+    what = died["sentence"] if died else f"server at {cfg.url} went away ({type(e).__name__})"
+    return BenchServerDown(
+        f"lost the server while bench prepared the prompts (nothing was measured): {what}",
+        ((died or {}).get("fix") or "")
+        + ("; " if died and died.get("fix") else "")
+        + (
+            f"`m3ctl logs {cfg.deployment}` shows its log"
+            if cfg.deployment
+            else "check the server (`m3ctl status`, its log)"
+        ),
+    )
 
 
 # ----------------------------------------------------------------------------- the one core, two modes
@@ -201,14 +206,18 @@ _ASYNC = _Mode(asyncio.to_thread, asyncio.ensure_future)
 
 async def _generate(prep: Prepared, progress, mode: _Mode) -> tuple[list[RequestOutput], float, list[ClientStats]]:
     """The warm-ups and the measured phase: outputs, duration (first dispatch to last completion), client stats."""
-    cfg, job = prep.cfg, prep.job
-    if (n := procs.procs_for(cfg, job)) > 1:
-        return await mode.offload(procs.execute, cfg, job, prep.warmups, n, prep.before, progress)
+    cfg = prep.cfg
+    if not prep.overlapped and (n := procs.procs_for(cfg, prep.job)) > 1:
+        return await mode.offload(procs.execute, cfg, prep.job, prep.warmups, n, prep.before, progress)
     hook = prep.before
     before = (lambda: mode.offload(hook)) if hook is not None else None
     sink.set_emit(progress.put if progress is not None else None)
-    try:
-        outs, st, t0 = await mode.drive(drive(cfg, job, None, prep.warmups, before))
+    try:  # the job's prompts may still be in the making (prep.overlapped): drive waits for them
+        outs, st, t0 = await mode.drive(drive(cfg, prep.built, None, prep.warmups, before))
+    except (httpx.HTTPError, ConnectionError) as e:
+        if prep.built.done() and prep.built.exception() is e:
+            raise _lost_preparing(cfg, e) from None
+        raise
     finally:
         sink.set_emit(None)
     return outs, procs.duration(outs, t0), [st]

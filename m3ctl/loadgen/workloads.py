@@ -36,7 +36,7 @@ from m3ctl.core.files import read_user_text
 from m3ctl.errors import BadInput
 from m3ctl.loadgen import WORKLOADS
 from m3ctl.loadgen.client import BenchRequest
-from m3ctl.loadgen.prompts import Tokenizer, exact_prompt, exact_prompt_after, random_lengths
+from m3ctl.loadgen.prompts import Tokenizer, encode_all, exact_prompt, exact_prompt_after, exact_prompts, random_lengths
 
 #: The workload kinds (m3ctl.loadgen.WORKLOADS, declared there so the CLI reads them without this module).
 KINDS = WORKLOADS
@@ -95,11 +95,8 @@ def random_workload(
             text, got = exact_prompt_after(tok, f"[{salt}-{i}]", il, random.Random(f"{seed}/common/{i}"))
             reqs.append(BenchRequest(prompt=text, prompt_len=got, output_len=ol))
         return reqs
-    trng = _text_rng(rng, seed, salt)
-    for il, ol in zip(in_lens, out_lens, strict=True):
-        text, got = exact_prompt(tok, il, trng)
-        reqs.append(BenchRequest(prompt=text, prompt_len=got, output_len=ol))
-    return reqs
+    texts = exact_prompts(tok, in_lens, _text_rng(rng, seed, salt))
+    return [BenchRequest(prompt=t, prompt_len=got, output_len=ol) for (t, got), ol in zip(texts, out_lens, strict=True)]
 
 
 def _pairs(rec: dict) -> tuple[str, str | None, int | None] | None:
@@ -224,12 +221,14 @@ def prefix_repetition_workload(
         raise BadInput(f"--num-prefixes {num_prefixes} must be in [1, num_prompts={n}]", "lower --num-prefixes")
     rng = random.Random(seed)
     trng = _text_rng(rng, seed, salt)
-    prefixes = [exact_prompt(tok, prefix_len, trng)[0] for _ in range(num_prefixes)]
-    reqs = []
-    for i in range(n):
-        suffix, _ = exact_prompt(tok, suffix_len, trng)
-        text = prefixes[i % num_prefixes] + " " + suffix
-        reqs.append(BenchRequest(prompt=text, prompt_len=len(tok.encode(text)), output_len=output_len))
+    prefixes = [t for t, _ in exact_prompts(tok, [prefix_len] * num_prefixes, trng)]
+    texts = [
+        prefixes[i % num_prefixes] + " " + t for i, (t, _) in enumerate(exact_prompts(tok, [suffix_len] * n, trng))
+    ]
+    reqs = [
+        BenchRequest(prompt=t, prompt_len=len(ids), output_len=output_len)
+        for t, ids in zip(texts, encode_all(tok, texts), strict=True)
+    ]
     rng.shuffle(reqs)
     total = sum(r.prompt_len for r in reqs)
     cacheable = prefix_len - prefix_len % block_size if block_size else prefix_len
