@@ -106,12 +106,14 @@ def peaks() -> PeakTable:
 
 def gpu_peak(gpu_name: str) -> tuple[str, GpuPeak] | None:
     """The peaks of the GPU NVML/amdsmi names ``gpu_name`` (``NVIDIA H100 80GB HBM3``): ``(key, peak)``, or None
-    for a GPU the table does not know."""
+    for a GPU the table does not know. The longest ``match`` substring in the name wins (``GB300`` over ``B300``),
+    whatever the table's order."""
     low = gpu_name.lower()
-    for key, g in peaks().gpus.items():
-        if any(m.lower() in low for m in g.match):
-            return key, g
-    return None
+    hits = [(len(m), key, g) for key, g in peaks().gpus.items() for m in g.match if m.lower() in low]
+    if not hits:
+        return None
+    _, key, g = max(hits, key=lambda h: h[0])
+    return key, g
 
 
 @dataclass(frozen=True)
@@ -156,12 +158,21 @@ class Shape:
 
 @dataclass(frozen=True)
 class Layout:
-    """``tp`` ranks of one replica; ``ep``: experts spread over them by expert parallelism (else TP-sharded, the
-    same bytes per GPU); ``dcp``: decode context parallel ways (each rank keeps 1/dcp of the context)."""
+    """``tp`` ranks of one pipeline stage; ``ep``: experts spread over them by expert parallelism (else TP-sharded,
+    the same bytes per GPU); ``dcp``: decode context parallel ways (each rank keeps 1/dcp of the context); ``pp``:
+    pipeline stages of a replica (each holds 1/pp of the layers: a replica spans ``tp x pp`` GPUs); ``dp``: data
+    parallel replicas (the step cost is one replica's; m3ctl.planning.estimate spreads the users over them)."""
 
     tp: int = 1
     ep: bool = False
     dcp: int = 1
+    pp: int = 1
+    dp: int = 1
+
+    @property
+    def gpus(self) -> int:
+        """Every GPU the layout uses: ``tp x pp x dp``."""
+        return self.tp * self.pp * self.dp
 
 
 @dataclass(frozen=True)
@@ -208,13 +219,15 @@ def attended(shape: Shape, context: int) -> tuple[float, float]:
 
 
 def step_cost(shape: Shape, layout: Layout, step: Step) -> Cost:
-    """The bytes, FLOPs and traffic of ``step`` on one GPU of ``layout`` (see the module docstring).
+    """The bytes, FLOPs and traffic of ``step`` on one GPU of ``layout`` (see the module docstring); with ``pp``
+    stages, one stage's share: every per-layer term, the LM head and the all-reduces divided by ``pp`` (the head,
+    on the last stage, is counted as spread over the stages: a simplification).
 
     Raises:
-        ValueError: a layout of fewer than one rank, or DCP ways that do not divide TP.
+        ValueError: a layout of fewer than one rank or stage, or DCP ways that do not divide TP.
     """
-    if layout.tp < 1 or layout.dcp < 1 or layout.tp % layout.dcp:
-        raise ValueError(f"layout tp={layout.tp} dcp={layout.dcp}: DCP must divide TP")
+    if layout.tp < 1 or layout.pp < 1 or layout.dcp < 1 or layout.tp % layout.dcp:
+        raise ValueError(f"layout tp={layout.tp} pp={layout.pp} dcp={layout.dcp}: DCP must divide TP")
     n = layout.tp
     tokens = step.decode + step.prefill
     touched = experts_touched(shape.experts, shape.top_k, tokens)
@@ -235,7 +248,8 @@ def step_cost(shape: Shape, layout: Layout, step: Step) -> Cost:
     flops += index_flops * (step.decode * step.context + step.prefill * step.context / 2)
     reduces = 2 * shape.layers if n > 1 else 0
     comm = reduces * tokens * shape.hidden * 2.0 * 2 * (n - 1) / n if n > 1 else 0.0
-    return Cost(weights, kv, flops / n, comm, reduces)
+    pp = layout.pp
+    return Cost(weights / pp, kv / pp, flops / n / pp, comm / pp, -(-reduces // pp))
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,13 @@ _ROWS = (
 )
 
 
+def users(e: Any) -> str:
+    """The users of an estimate and their split over its replicas (``10 users (2+2+1+1+1+1+1+1 per replica)``)."""
+    split = e.users_per_replica
+    per = f" ({'+'.join(map(str, split))} per replica)" if len(split) > 1 else ""
+    return f"{e.concurrency} user{'s' if e.concurrency > 1 else ''}{per}"
+
+
 def show_estimate(out: Output, e: Any) -> None:
     """The estimate as a table (low, mid, high) under one line naming the layout and workload, then the dominant
     assumption (of tok/s per GPU), each figure's own where another dominates it, and every other assumption;
@@ -25,10 +32,16 @@ def show_estimate(out: Output, e: Any) -> None:
         return
     from rich.table import Table  # noqa: PLC0415 - rich's table only when a table is drawn
 
-    layout = f"TP{e.tp}" + (" EP" if e.ep else "") + (f" DCP{e.dcp}" if e.dcp > 1 else "")
+    layout = (
+        f"TP{e.tp}"
+        + (f" PP{e.pp}" if e.pp > 1 else "")
+        + (" EP" if e.ep else "")
+        + (f" DCP{e.dcp}" if e.dcp > 1 else "")
+    )
     t = Table(
-        title=f"m3ctl plan --estimate: {layout} on {e.gpu}, {e.concurrency} users per replica, "
-        f"{e.input_len:,} in / {e.output_len:,} out (an estimate before anything runs)"
+        title=f"m3ctl plan --estimate: {layout} on {e.gpu}, {e.dp} replica{'s' if e.dp > 1 else ''} of "
+        f"{e.tp * e.pp} GPUs ({e.gpus} in all), {users(e)}, {e.input_len:,} in / {e.output_len:,} out "
+        "(an estimate before anything runs)"
     )
     for col in ("figure", "low", "mid", "high"):
         t.add_column(col, no_wrap=True, justify="left" if col == "figure" else "right")
@@ -36,6 +49,8 @@ def show_estimate(out: Output, e: Any) -> None:
         fig = getattr(e, key)
         if fig is not None:
             t.add_row(label, fmt.format(fig.low), fmt.format(fig.mid), fmt.format(fig.high))
+        elif key in ("tok_s_user", "tpot_ms"):  # one output token: no decode step to price
+            t.add_row(label, "n/a", "n/a", "n/a")
     out.con.print(t)
     out.con.print(f"dominant assumption: {escape(e.dominant)}")
     labels = {key: label for key, label, _ in _ROWS}

@@ -198,7 +198,7 @@ def _span(e, key: str) -> str:
     if e is None:
         return ""
     f = getattr(e, key)
-    return f"{f.low:,.0f}-{f.high:,.0f}"
+    return "n/a" if f is None else f"{f.low:,.0f}-{f.high:,.0f}"
 
 
 def sizing(out: Output, request, rows: list) -> None:
@@ -251,10 +251,13 @@ def sizing(out: Output, request, rows: list) -> None:
         if est:
             e = next(r.estimate for r in rows if r.estimate is not None)
             out.con.print(
-                f"  estimates (low-high) for {e.concurrency} users per replica, {e.input_len:,} in / {e.output_len:,} "
-                f"out, before anything runs; dominant assumption: {escape(e.dominant)}",
+                f"  estimates (low-high) for {e.concurrency} users over each row's DP replicas, {e.input_len:,} in / "
+                f"{e.output_len:,} out, before anything runs; each row's dominant assumption:",
                 soft_wrap=True,
             )
+            for r in rows:
+                if r.estimate is not None:
+                    out.con.print(f"    {r.system}: {escape(r.estimate.dominant)}", soft_wrap=True)
         for r in rows:
             if not r.serves:
                 out.con.print(f"  {r.system}: {escape(r.rule + ': ' if r.rule else '')}{escape(r.reason or '')}")

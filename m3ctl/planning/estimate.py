@@ -20,7 +20,7 @@ so it delays its own request's first token and overlaps the other users' steps (
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pydantic import BaseModel
 
@@ -41,7 +41,9 @@ class Figure(BaseModel):
 
 
 class Estimate(BaseModel):
-    """One estimate (units in the names). ``dominant``: the assumption whose range moves tok/s per GPU most;
+    """One estimate (units in the names). ``gpus``: every GPU of the plan (``tp x pp x dp``); ``concurrency``: the
+    users asked for, ``users_per_replica`` their split over the ``dp`` replicas; ``tpot_ms`` and ``tok_s_user``
+    None with one output token (no decode step). ``dominant``: the assumption whose range moves tok/s per GPU most;
     ``dominant_by_figure``: for each figure (``tpot_ms``, ``tok_s_user``, ``tok_s_gpu``, ``prefill_s``) the one that
     moves it most; ``assumptions``: every one that went in, each with its range or value and whether it was
     measured."""
@@ -51,12 +53,15 @@ class Estimate(BaseModel):
     tp: int
     ep: bool
     dcp: int
+    pp: int = 1
+    dp: int = 1
     concurrency: int
+    users_per_replica: list[int] = []
     input_len: int
     output_len: int
     prefix_cache_hit: float = 0.0
-    tpot_ms: Figure
-    tok_s_user: Figure
+    tpot_ms: Figure | None
+    tok_s_user: Figure | None
     tok_s_gpu: Figure
     prefill_s: Figure
     tokens_per_dollar: Figure | None = None
@@ -191,25 +196,43 @@ _LABELS = {
 }
 
 
+def split(users: int, replicas: int) -> list[int]:
+    """``users`` spread over ``replicas`` exactly: the first ``users % replicas`` get one more (some may get 0)."""
+    base, extra = divmod(users, max(replicas, 1))
+    return [base + 1] * extra + [base] * (max(replicas, 1) - extra)
+
+
 def figures(shape: Shape, layout: Layout, gpu: GpuPeak, gemm: str, wl: Workload, point: tuple[float, ...]) -> dict:
-    """Every figure at one point of the assumptions, ``point`` in :data:`_NAMES` order (ms and us as named)."""
+    """Every figure at one point of the assumptions, ``point`` in :data:`_NAMES` order (ms and us as named).
+
+    ``wl.concurrency`` is the users of all ``layout.dp`` replicas, spread by :func:`split`; TPOT and tok/s per user
+    are the busiest replica's users'; tok/s per GPU sums every replica and divides by every GPU (idle ones too).
+    With ``pp`` stages a replica keeps ``pp`` micro-batches of ``ceil(c / pp)`` users in flight; a step of one
+    passes every stage in turn (``pp`` x a stage's step, each stage holding 1/pp of the layers)."""
     hbm, compute, overhead_ms, prefill_ms, latency_us, al, floor_ms = point
     eff = Eff(hbm, compute, overhead_ms / 1e3, latency_us / 1e6, floor_ms / 1e3)
-    st = _steps(wl, al)
 
     def secs(step: Step) -> float:
-        return step_seconds(step_cost(shape, layout, step), gpu, gemm, eff)
+        return layout.pp * step_seconds(step_cost(shape, layout, step), gpu, gemm, eff)
 
-    mixed = secs(st.mixed) if st.k else 0.0
-    tpot = ((st.n - st.k) * secs(st.pure) + st.k * mixed) / st.n / al
-    first = mixed if st.k else secs(st.alone)  # a request's own prefill step
-    latency = prefill_ms / 1e3 + first + (wl.output_len - 1) * tpot
-    out_tok_s = wl.concurrency * wl.output_len / latency
+    def replica(users: int) -> tuple[float, float]:
+        """(TPOT in s, output tok/s) of a replica serving ``users``."""
+        micro = -(-users // layout.pp)
+        st = _steps(replace(wl, concurrency=micro), al)
+        mixed = secs(st.mixed) if st.k else 0.0
+        tpot = ((st.n - st.k) * secs(st.pure) + st.k * mixed) / st.n / al
+        first = mixed if st.k else secs(st.alone)  # a request's own prefill step
+        latency = prefill_ms / 1e3 + first + (wl.output_len - 1) * tpot
+        return tpot, users * wl.output_len / latency
+
+    runs = {c: replica(c) for c in set(split(wl.concurrency, layout.dp)) if c}
+    busiest = runs[max(runs)]
+    out_tok_s = sum(runs[c][1] for c in split(wl.concurrency, layout.dp) if c)
     return {
-        "tpot_ms": tpot * 1e3,
-        "tok_s_user": 1.0 / tpot,
-        "tok_s_gpu": out_tok_s * (wl.input_len + wl.output_len) / max(wl.output_len, 1) / layout.tp,
-        "prefill_s": prefill_ms / 1e3 + secs(st.alone),
+        "tpot_ms": busiest[0] * 1e3,
+        "tok_s_user": 1.0 / busiest[0],
+        "tok_s_gpu": out_tok_s * (wl.input_len + wl.output_len) / max(wl.output_len, 1) / layout.gpus,
+        "prefill_s": prefill_ms / 1e3 + secs(_steps(wl, al).alone),
     }
 
 
@@ -277,10 +300,14 @@ def estimate(
 
     dominant_by_figure = {k: named(k) for k in f_mid}
     dominant = dominant_by_figure["tok_s_gpu"]
-    fig = {k: Figure(low=min(f_best[k], f_worst[k]), mid=f_mid[k], high=max(f_best[k], f_worst[k])) for k in f_mid}
+    fig: dict[str, Figure | None] = {
+        k: Figure(low=min(f_best[k], f_worst[k]), mid=f_mid[k], high=max(f_best[k], f_worst[k])) for k in f_mid
+    }
     per_dollar = None
     if price_per_gpu_hour:
-        per_dollar = Figure(**{k: v * 3600 / price_per_gpu_hour for k, v in fig["tok_s_gpu"].model_dump().items()})
+        lo, hi = sorted((f_worst["tok_s_gpu"], f_best["tok_s_gpu"]))
+        gpu_fig = Figure(low=lo, mid=f_mid["tok_s_gpu"], high=hi)
+        per_dollar = Figure(**{k: v * 3600 / price_per_gpu_hour for k, v in gpu_fig.model_dump().items()})
     assumptions = [
         f"{n} {r[0]:g}-{r[1]:g}"
         for n, r in zip(_NAMES, ranges, strict=True)
@@ -289,13 +316,19 @@ def estimate(
     if wl.prefix_hit:
         assumptions.append(f"prefix cache hit {wl.prefix_hit:g} of each prompt (given): not prefilled, still attended")
     assumptions += [f"peaks of {key}: {gpu.source}", *(f"{key} {a}" for a in gpu.assumed), e.source.strip(), *notes]
+    if wl.output_len <= 1:  # no decode step: TPOT would be the prefill step's
+        fig["tpot_ms"] = fig["tok_s_user"] = None
+        dominant_by_figure = {k: v for k, v in dominant_by_figure.items() if k not in ("tpot_ms", "tok_s_user")}
     return Estimate(
         gpu=key,
-        gpus=layout.tp,
+        gpus=layout.gpus,
         tp=layout.tp,
         ep=layout.ep,
         dcp=layout.dcp,
+        pp=layout.pp,
+        dp=layout.dp,
         concurrency=wl.concurrency,
+        users_per_replica=split(wl.concurrency, layout.dp),
         input_len=wl.input_len,
         output_len=wl.output_len,
         prefix_cache_hit=wl.prefix_hit,
@@ -309,8 +342,8 @@ def estimate(
 
 def estimate_plan(plan: LaunchPlan, request: EstimateRequest) -> Estimate:
     """:func:`estimate` for what ``plan`` launches: its checkpoint facts, variant precision, KV cache dtype, GPU,
-    TP/EP/DCP and speculation depth (acceptance length assumed anywhere from 1 to depth + 1, and named). The
-    request's concurrency is spread over the plan's DP replicas.
+    TP/EP/DCP/PP and speculation depth (acceptance length assumed anywhere from 1 to depth + 1, and named). The
+    request's concurrency is spread exactly over the plan's DP replicas (:func:`split`).
 
     Raises:
         BadInput: a plan without its planning context (loaded from JSON: plan it again), a host without GPUs, or as
@@ -326,8 +359,8 @@ def estimate_plan(plan: LaunchPlan, request: EstimateRequest) -> Estimate:
     if next((c.value for c in plan.choices if c.what == "attention"), None) == "dense":  # every layer reads all KV
         facts = facts.model_copy(update={"sparse_attention_freq": [0] * (facts.num_layers or 0)})
     _, depth = ctx.speculation()
-    per_replica = Workload(
-        concurrency=max(1, -(-request.concurrency // max(ctx.dp, 1))),
+    users = Workload(
+        concurrency=request.concurrency,
         input_len=request.input_len,
         output_len=request.output_len,
         spec_depth=depth,
@@ -339,7 +372,7 @@ def estimate_plan(plan: LaunchPlan, request: EstimateRequest) -> Estimate:
         precision,
         kv_bytes_per_element(ctx.kv_dtype),
         ctx.inventory.gpus[0].name,
-        Layout(tp=ctx.tp, ep=ctx.ep, dcp=ctx.dcp),
-        per_replica,
+        Layout(tp=ctx.tp, ep=ctx.ep, dcp=ctx.dcp, pp=max(plan.pp, 1), dp=max(ctx.dp, 1)),
+        users,
         request.price_per_gpu_hour,
     )

@@ -63,4 +63,8 @@ def estimate_request(workload: EstimateRequest | dict | None) -> EstimateRequest
     try:
         return EstimateRequest.model_validate(workload or {})
     except ValidationError as e:
-        raise BadInput(f"estimate {first_error(e)}", "see `m3ctl plan --help` (the --estimate options)") from None
+        err = first_error(e)  # named as the API's field and as the CLI's flag
+        flag = f" (--{err.where.replace('_', '-')})" if err.where in EstimateRequest.model_fields else ""
+        raise BadInput(
+            f"estimate {err.where}{flag}: {err.msg}", "see `m3ctl plan --help` (the --estimate options)"
+        ) from None

@@ -266,7 +266,9 @@ def test_every_catalog_model_on_every_system_it_serves_gets_an_estimate_fast():
 def test_the_api_estimates_a_catalog_system_and_refuses_bad_workloads_in_one_line(tiny_models):
     e = m3ctl.api.estimate(model="MiniMax-M3.1-Flash", system="b200x8", workload={"concurrency": 8, "input_len": 1024})
     assert e.gpu == "b200" and e.concurrency == 8 and e.input_len == 1024
-    with pytest.raises(BadInput, match="estimate concurrency: Input should be greater than or equal to 1"):
+    with pytest.raises(
+        BadInput, match=r"estimate concurrency \(--concurrency\): Input should be greater than or equal to 1"
+    ):
         m3ctl.api.estimate(model="MiniMax-M3.1-Flash", system="b200x8", workload={"concurrency": 0})
     with pytest.raises(BadInput, match="no GPU to estimate for"):
         m3ctl.api.estimate(model=str(tiny_models["m2"]), inventory=HostInventory())

@@ -1,0 +1,121 @@
+"""The estimate on pipeline and data parallel layouts, GPU name matching, one-token outputs and its error wording:
+hand-computed cases (CPU only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+import m3ctl.api
+from m3ctl.assess.cost import Layout, Step, gpu_peak, step_cost
+from m3ctl.planning.estimate import Workload, estimate, figures, split
+from tests.assess.test_cost import GPU, SMALL, _facts
+from tests.conftest import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+# 10 ms of overhead per stage step, no prefill overhead, acceptance 1, no host floor: on the tiny SMALL shape and
+# GPU every step is the overhead to within 1e-5 (its bytes and FLOPs take well under a microsecond at 1 TB/s, 1 TFLOPS).
+OVERHEAD = (1.0, 1.0, 10.0, 0.0, 5.0, 1.0, 0.0)
+WL = Workload(concurrency=4, input_len=16, output_len=8)
+
+
+def test_a_pipeline_stage_costs_its_share_of_the_layers():
+    whole = step_cost(SMALL, Layout(2), Step(decode=4, context=16))
+    stage = step_cost(SMALL, Layout(2, pp=2), Step(decode=4, context=16))
+    assert stage.weight_bytes == pytest.approx(whole.weight_bytes / 2)
+    assert stage.kv_bytes == pytest.approx(whole.kv_bytes / 2)
+    assert stage.flops == pytest.approx(whole.flops / 2)
+    assert stage.comm_bytes == pytest.approx(whole.comm_bytes / 2)
+    assert (whole.all_reduces, stage.all_reduces) == (4, 2)  # 2 per layer, 2 layers, 1 layer per stage
+
+
+def test_pipeline_parallel_steps_pass_every_stage_and_per_gpu_figures_count_every_stage():
+    """c=4, 16 in / 8 out, every step 10 ms a stage. PP1: n=8 steps, k=1 mixed, TPOT 10 ms, a request 80 ms, 400
+    out tok/s, x (16+8)/8 = 1,200 tok/s on 1 GPU. PP2: 2 micro-batches of 2 users, a step passes 2 stages (20 ms),
+    a request 160 ms, 4 x 8 / 0.16 = 200 out tok/s, 600 total over 2 GPUs = 300 per GPU."""
+    one = figures(SMALL, Layout(1), GPU, "bf16", WL, OVERHEAD)
+    two = figures(SMALL, Layout(1, pp=2), GPU, "bf16", WL, OVERHEAD)
+    assert one["tpot_ms"] == pytest.approx(10.0, rel=1e-5) and two["tpot_ms"] == pytest.approx(20.0, rel=1e-5)
+    assert one["tok_s_gpu"] == pytest.approx(1200.0, rel=1e-5)
+    assert two["tok_s_gpu"] == pytest.approx(300.0, rel=1e-5)
+    assert two["prefill_s"] == pytest.approx(0.02, rel=1e-5)  # a prompt passes both stages
+
+
+def test_users_are_spread_over_replicas_exactly():
+    assert split(10, 8) == [2, 2, 1, 1, 1, 1, 1, 1]
+    assert split(1, 4) == [1, 0, 0, 0]
+    assert split(8, 4) == [2, 2, 2, 2]
+
+
+def test_idle_replicas_count_in_per_gpu_figures():
+    """A replica of one user: TPOT 10 ms, a request 10 + 7 x 10 = 80 ms, 100 out tok/s, 300 total tok/s. DP4 TP1
+    with 1 user: 300 / 4 GPUs = 75; with 3 users: 900 / 4 = 225. DP8 with 10 users: 2 replicas of 2 (200 out tok/s
+    each, n=8, k=1, still 80 ms a request) and 6 of 1: (400 + 600) x 3 / 8 = 375 (not 2 on each: 600)."""
+    one = Workload(concurrency=1, input_len=16, output_len=8)
+    assert figures(SMALL, Layout(1, dp=4), GPU, "bf16", one, OVERHEAD)["tok_s_gpu"] == pytest.approx(75.0, rel=1e-5)
+    three = Workload(concurrency=3, input_len=16, output_len=8)
+    assert figures(SMALL, Layout(1, dp=4), GPU, "bf16", three, OVERHEAD)["tok_s_gpu"] == pytest.approx(225.0, rel=1e-5)
+    ten = Workload(concurrency=10, input_len=16, output_len=8)
+    assert figures(SMALL, Layout(1, dp=8), GPU, "bf16", ten, OVERHEAD)["tok_s_gpu"] == pytest.approx(375.0, rel=1e-5)
+
+
+def test_the_api_estimates_pp_and_dp_layouts_over_every_gpu():
+    pp = m3ctl.api.estimate(model="MiniMax-M3.1-Flash", system="b200x8", tp=4, pp=2)
+    tp8 = m3ctl.api.estimate(model="MiniMax-M3.1-Flash", system="b200x8", tp=8)
+    assert (pp.gpus, pp.tp, pp.pp) == (8, 4, 2)
+    assert pp.tok_s_gpu.mid < tp8.tok_s_gpu.mid  # the same 8 GPUs, each stage waiting on the other
+    dp = m3ctl.api.estimate(model="MiniMax-M3.1-Flash", system="h200x8", tp=1, dp=8, workload={"concurrency": 10})
+    assert (dp.gpus, dp.dp, dp.concurrency, dp.users_per_replica) == (8, 8, 10, [2, 2, 1, 1, 1, 1, 1, 1])
+
+
+#: The peak table's entry for each GPU name the catalog's systems report.
+EXPECTED_PEAKS = {
+    "NVIDIA H100 80GB HBM3": "h100",
+    "NVIDIA H100 PCIe": "h100pcie",
+    "NVIDIA H200": "h200",
+    "NVIDIA B200": "b200",
+    "NVIDIA B300 SXM6 AC": "b300",
+    "NVIDIA GB200": "gb200",
+    "NVIDIA GB300": "gb300",
+    "NVIDIA Rubin": "rubin",
+    "NVIDIA RTX PRO 6000 Blackwell Server Edition": "rtxpro6000",
+    "NVIDIA A100-SXM4-80GB": "a100",
+    "NVIDIA L40S": "l40s",
+    "AMD Instinct MI300X": "mi300x",
+    "AMD Instinct MI325X": "mi325x",
+    "AMD Instinct MI350X": "mi350x",
+    "AMD Instinct MI355X": "mi355x",
+}
+
+
+def test_every_catalog_gpu_gets_its_own_peaks_the_longest_name_winning():
+    systems = yaml.safe_load((ROOT / "m3ctl/data/systems.yaml").read_text())["systems"]
+    names = {s["gpu"]["name"] for s in systems.values()}
+    assert names <= set(EXPECTED_PEAKS), names - set(EXPECTED_PEAKS)
+    for name in names:
+        found = gpu_peak(name)
+        assert found is not None and found[0] == EXPECTED_PEAKS[name], (name, found and found[0])
+
+
+def test_one_output_token_has_no_decode_figures():
+    e = estimate(_facts(), "fp8", 1.0, "NVIDIA H100 80GB HBM3", Layout(1), Workload(4, 512, 1))
+    assert e.tpot_ms is None and e.tok_s_user is None and e.tok_s_gpu.mid > 0
+    assert "tpot_ms" not in e.dominant_by_figure
+    p = run_cli("plan", "--system", "h200x8", "--estimate", "--output-len", "1")
+    assert p.returncode == 0, p.stderr
+    assert "n/a" in p.stdout
+
+
+def test_a_bad_estimate_option_is_named_as_its_flag():
+    p = run_cli("plan", "--system", "h200x8", "--estimate", "--price-per-gpu-hour", "0")
+    assert p.returncode != 0
+    assert "--price-per-gpu-hour" in p.stdout + p.stderr
+
+
+def test_the_systems_view_names_each_rows_dominant_assumption():
+    p = run_cli("plan", "--systems", "h200x8,b200x8", "--estimate")
+    assert p.returncode == 0, p.stderr
+    assert "users over each row's DP replicas" in p.stdout
+    assert "h200x8: " in p.stdout and "b200x8: " in p.stdout
