@@ -52,6 +52,8 @@ def show_estimate(out: Output, e: Any) -> None:
         elif key in ("tok_s_user", "tpot_ms"):  # one output token: no decode step to price
             t.add_row(label, "n/a", "n/a", "n/a")
     out.con.print(t)
+    for f in e.findings:
+        out.con.print(f"[yellow]warning:[/] {escape(f)}", soft_wrap=True)
     out.con.print(f"dominant assumption: {escape(e.dominant)}")
     labels = {key: label for key, label, _ in _ROWS}
     for key, named in e.dominant_by_figure.items():

@@ -46,7 +46,8 @@ class Estimate(BaseModel):
     None with one output token (no decode step). ``dominant``: the assumption whose range moves tok/s per GPU most;
     ``dominant_by_figure``: for each figure (``tpot_ms``, ``tok_s_user``, ``tok_s_gpu``, ``prefill_s``) the one that
     moves it most; ``assumptions``: every one that went in, each with its range or value and whether it was
-    measured."""
+    measured; ``findings``: what the server would not run as posed (:func:`findings`), each saying how it is
+    modelled."""
 
     gpu: str
     gpus: int
@@ -68,13 +69,15 @@ class Estimate(BaseModel):
     dominant: str
     dominant_by_figure: dict[str, str] = {}
     assumptions: list[str]
+    findings: list[str] = []
 
 
 @dataclass(frozen=True)
 class Workload:
     """``concurrency`` users in a closed loop, ``input_len``/``output_len`` tokens; ``spec_depth`` drafted tokens per
     step with acceptance length ``acceptance`` = (low, high) tokens emitted per step (1, 1 without speculation);
-    ``prefix_hit``: the fraction of each prompt read from the prefix cache (not prefilled, still attended)."""
+    ``prefix_hit``: the fraction of each prompt read from the prefix cache (not prefilled, still attended);
+    ``max_running``: the engine's max-num-seqs per replica (users beyond it queue: not modelled as running)."""
 
     concurrency: int
     input_len: int
@@ -82,6 +85,7 @@ class Workload:
     spec_depth: int = 0
     acceptance: tuple[float, float] = (1.0, 1.0)
     prefix_hit: float = 0.0
+    max_running: int | None = None
 
 
 def shape_of(facts: ModelFacts, precision: str, kv_bytes: float) -> tuple[Shape, list[str]]:
@@ -225,9 +229,10 @@ def figures(shape: Shape, layout: Layout, gpu: GpuPeak, gemm: str, wl: Workload,
         latency = prefill_ms / 1e3 + first + (wl.output_len - 1) * tpot
         return tpot, users * wl.output_len / latency
 
-    runs = {c: replica(c) for c in set(split(wl.concurrency, layout.dp)) if c}
+    running = [min(c, wl.max_running or c) for c in split(wl.concurrency, layout.dp)]
+    runs = {c: replica(c) for c in set(running) if c}
     busiest = runs[max(runs)]
-    out_tok_s = sum(runs[c][1] for c in split(wl.concurrency, layout.dp) if c)
+    out_tok_s = sum(runs[c][1] for c in running if c)
     return {
         "tpot_ms": busiest[0] * 1e3,
         "tok_s_user": 1.0 / busiest[0],
@@ -367,12 +372,46 @@ def estimate_plan(plan: LaunchPlan, request: EstimateRequest) -> Estimate:
         acceptance=(1.0, 1.0 + depth) if depth else (1.0, 1.0),
         prefix_hit=request.prefix_cache_hit,
     )
-    return estimate(
+    seqs = plan.scheduler_limits[1] if plan.scheduler_limits else None
+    layout = Layout(tp=ctx.tp, ep=ctx.ep, dcp=ctx.dcp, pp=max(plan.pp, 1), dp=max(ctx.dp, 1))
+    users = replace(users, max_running=seqs)
+    e = estimate(
         facts,
         precision,
         kv_bytes_per_element(ctx.kv_dtype),
         ctx.inventory.gpus[0].name,
-        Layout(tp=ctx.tp, ep=ctx.ep, dcp=ctx.dcp, pp=max(plan.pp, 1), dp=max(ctx.dp, 1)),
+        layout,
         users,
         request.price_per_gpu_hour,
     )
+    fit = plan.memory_fit
+    kv, context = (fit.capacity_tokens(), fit.context) if fit else (None, None)
+    return e.model_copy(update={"findings": findings(users, layout, kv, context, seqs)})
+
+
+def findings(wl: Workload, layout: Layout, kv_tokens: int | None, max_len: int | None, seqs: int | None) -> list[str]:
+    """What the server would not run as ``wl`` poses it, each saying how the estimate models it: requests longer
+    than ``max_len`` (vLLM refuses them; priced as if accepted), more users per replica than ``seqs``
+    (max-num-seqs: the rest queue, modelled as not running) or than ``kv_tokens`` hold (vLLM preempts; modelled as
+    if they fit, so optimistic). ``kv_tokens``: KV capacity per replica; None where unknown."""
+    out: list[str] = []
+    length = wl.input_len + wl.output_len
+    busiest = split(wl.concurrency, layout.dp)[0]
+    if max_len and length > max_len:
+        out.append(
+            f"input + output = {length:,} tokens exceeds the max model length {max_len:,}: the server refuses "
+            "these requests (priced as if it accepted them); lower --input-len/--output-len or raise --max-model-len"
+        )
+    if seqs and busiest > seqs:
+        out.append(
+            f"{busiest} users on a replica exceed max-num-seqs {seqs}: {seqs} run and the rest queue (modelled: "
+            f"{seqs} running per replica; queued users wait, which tok/s per user does not show)"
+        )
+    if kv_tokens is not None and min(busiest, seqs or busiest) * length > kv_tokens:
+        held = kv_tokens // length
+        out.append(
+            f"{min(busiest, seqs or busiest)} sequences of {length:,} tokens per replica exceed its KV cache "
+            f"({kv_tokens:,} tokens, {held} such sequences): vLLM preempts the rest (modelled as if they fit: "
+            "optimistic)"
+        )
+    return out

@@ -10,7 +10,7 @@ import yaml
 
 import m3ctl.api
 from m3ctl.assess.cost import Layout, Step, gpu_peak, step_cost
-from m3ctl.planning.estimate import Workload, estimate, figures, split
+from m3ctl.planning.estimate import Workload, estimate, figures, findings, split
 from tests.assess.test_cost import GPU, SMALL, _facts
 from tests.conftest import run_cli
 
@@ -119,3 +119,37 @@ def test_the_systems_view_names_each_rows_dominant_assumption():
     assert p.returncode == 0, p.stderr
     assert "users over each row's DP replicas" in p.stdout
     assert "h200x8: " in p.stdout and "b200x8: " in p.stdout
+
+
+def test_users_beyond_max_num_seqs_queue_and_are_not_modelled_as_running():
+    capped = Workload(concurrency=4, input_len=16, output_len=8, max_running=2)
+    two = Workload(concurrency=2, input_len=16, output_len=8)
+    assert figures(SMALL, Layout(1), GPU, "bf16", capped, OVERHEAD) == figures(
+        SMALL, Layout(1), GPU, "bf16", two, OVERHEAD
+    )
+
+
+def test_workloads_the_server_cannot_run_as_posed_are_named():
+    """10 users over DP2 = 5 a replica, 1,000 + 100 tokens each: 5,500 KV tokens needed."""
+    wl = Workload(concurrency=10, input_len=1000, output_len=100)
+    assert findings(wl, Layout(1, dp=2), kv_tokens=5500, max_len=1100, seqs=5) == []
+    over = findings(wl, Layout(1, dp=2), kv_tokens=5499, max_len=1099, seqs=4)
+    assert len(over) == 2  # 4 running x 1,100 = 4,400 fits 5,499: the KV cache holds what max-num-seqs lets run
+    assert over[0].startswith("input + output = 1,100 tokens exceeds the max model length 1,099")
+    assert over[1].startswith("5 users on a replica exceed max-num-seqs 4: 4 run and the rest queue")
+    assert findings(wl, Layout(1, dp=2), kv_tokens=4399, max_len=None, seqs=4)[-1].startswith(
+        "4 sequences of 1,100 tokens per replica exceed its KV cache (4,399 tokens, 3 such sequences)"
+    )
+
+
+def test_the_estimate_warns_in_json_and_text():
+    e = m3ctl.api.estimate(
+        model="MiniMax-M3.1-Flash",
+        system="h200x8",
+        max_model_len=131072,
+        workload={"input_len": 200_000, "output_len": 1024},
+    )
+    assert any("exceeds the max model length" in f for f in e.findings)
+    p = run_cli("plan", "--system", "h200x8", "--estimate", "--max-model-len", "131072", "--input-len", "200000")
+    assert p.returncode == 0, p.stderr
+    assert "warning:" in p.stdout and "max model length" in p.stdout
