@@ -12,7 +12,8 @@ concave in a step's tokens, so the two kinds of step are priced apart, not as on
 ``input_len + output_len / 2`` tokens on average (a prefilled token half its prompt: with a cached prefix this
 undercounts the attention of the uncached tail, bounded by MSA's selected blocks). Then TPOT = mean step / al, tok/s
 per user = 1 / TPOT, a request's latency = the prefill overhead + its prefill step + (output_len - 1) x TPOT, output
-tok/s per replica = c x output_len / latency, total (input + output) tok/s per GPU = that x (in + out) / out / GPUs.
+tok/s per replica = c x output_len / latency, total (input + output) tok/s per GPU = the replicas' sum x (in + out) /
+out / GPUs (every GPU of the plan: TP x PP x DP, idle replicas too); :func:`figures` says how PP and DP enter.
 The prefill time of one request is the prefill overhead plus its prefill step alone: the overhead is a fixed cost per
 request outside the engine's steps (API server, tokenisation, scheduling the new request, the first step's launch),
 so it delays its own request's first token and overlaps the other users' steps (it is not in TPOT).
