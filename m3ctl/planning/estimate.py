@@ -213,12 +213,13 @@ def figures(shape: Shape, layout: Layout, gpu: GpuPeak, gemm: str, wl: Workload,
     ``wl.concurrency`` is the users of all ``layout.dp`` replicas, spread by :func:`split`; TPOT and tok/s per user
     are the busiest replica's users'; tok/s per GPU sums every replica and divides by every GPU (idle ones too).
     With ``pp`` stages a replica keeps ``pp`` micro-batches of ``ceil(c / pp)`` users in flight; a step of one
-    passes every stage in turn (``pp`` x a stage's step, each stage holding 1/pp of the layers)."""
+    passes every stage in turn (``pp`` x a stage's step, each stage holding 1/pp of the layers). The host's
+    per-step floor is the engine's, once per step of a micro-batch, not once per stage."""
     hbm, compute, overhead_ms, prefill_ms, latency_us, al, floor_ms = point
-    eff = Eff(hbm, compute, overhead_ms / 1e3, latency_us / 1e6, floor_ms / 1e3)
+    eff = Eff(hbm, compute, overhead_ms / 1e3, latency_us / 1e6)  # the GPU's side; the floor applies to the step
 
     def secs(step: Step) -> float:
-        return layout.pp * step_seconds(step_cost(shape, layout, step), gpu, gemm, eff)
+        return max(floor_ms / 1e3, layout.pp * step_seconds(step_cost(shape, layout, step), gpu, gemm, eff))
 
     def replica(users: int) -> tuple[float, float]:
         """(TPOT in s, output tok/s) of a replica serving ``users``."""

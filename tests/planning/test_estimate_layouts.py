@@ -31,6 +31,15 @@ def test_a_pipeline_stage_costs_its_share_of_the_layers():
     assert (whole.all_reduces, stage.all_reduces) == (4, 2)  # 2 per layer, 2 layers, 1 layer per stage
 
 
+def test_the_hosts_floor_is_paid_once_per_engine_step_not_once_per_pipeline_stage():
+    """A 50 ms host floor over 10 ms stage steps: PP2's step is max(50, 2 x 10) = 50 ms, not 2 x 50."""
+    floored = (*OVERHEAD[:-1], 50.0)
+    assert figures(SMALL, Layout(1), GPU, "bf16", WL, floored)["tpot_ms"] == pytest.approx(50.0)
+    assert figures(SMALL, Layout(1, pp=2), GPU, "bf16", WL, floored)["tpot_ms"] == pytest.approx(50.0)
+    slow = (*OVERHEAD[:2], 40.0, *OVERHEAD[3:-1], 50.0)  # 40 ms a stage: PP2's 80 ms passes the floor
+    assert figures(SMALL, Layout(1, pp=2), GPU, "bf16", WL, slow)["tpot_ms"] == pytest.approx(80.0, rel=1e-5)
+
+
 def test_pipeline_parallel_steps_pass_every_stage_and_per_gpu_figures_count_every_stage():
     """c=4, 16 in / 8 out, every step 10 ms a stage. PP1: n=8 steps, k=1 mixed, TPOT 10 ms, a request 80 ms, 400
     out tok/s, x (16+8)/8 = 1,200 tok/s on 1 GPU. PP2: 2 micro-batches of 2 users, a step passes 2 stages (20 ms),
