@@ -12,10 +12,11 @@ overhead)`` that minimise the squared log error of the model's TPOT and prefill 
 grid search over the first three, a few thousand model calls; the prefill overhead, which moves only the prefill
 times, by a line search at each grid point), then predicts each GPU kind's runs from every OTHER kind's fit, level by
 level (the honesty check: the target is within 15 % of each run's decode tok/s per user, total tok/s and prefill
-time; a figure a fit has no run to price is "could not judge", never a pass).
+time; a figure a fit has no run to price is "could not judge", never a pass, and so is the whole check with one GPU
+kind). A kind with fewer valid points than the four parameters is not fitted; ``--yaml`` needs two kinds.
 
     python benchmarks/estimate_fit.py tests/fixtures/estimate-fit/h100 tests/fixtures/estimate-fit/h100b \
-        tests/fixtures/estimate-fit/h200
+        tests/fixtures/estimate-fit/h200 tests/fixtures/estimate-fit/h200b
     python benchmarks/estimate_fit.py --yaml RUN_DIR...   # the fitted efficiency block for gpu_peaks.yaml
 
 A run directory holds ``gpu.txt`` (``nvidia-smi --query-gpu=name,... --format=csv``), ``config.json`` (the scale
@@ -34,6 +35,7 @@ import math
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from m3ctl.assess.cost import GpuPeak, Layout, Shape, gpu_peak, peaks
 from m3ctl.assess.facts import facts_from_config
@@ -89,11 +91,37 @@ class RunSet:
         return any(p.kind == "prefill" for p in self.points)
 
 
+def _read_json(path: Path, kind: type) -> Any:
+    """The JSON of ``path``, which must be a ``kind`` (dict or list).
+
+    Raises:
+        SystemExit: one line naming the file and what is wrong with it (unreadable, not JSON, not a ``kind``).
+    """
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise SystemExit(f"{path}: cannot read it ({e.strerror or e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise SystemExit(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, kind):
+        want = "object" if kind is dict else "list"
+        raise SystemExit(f"{path}: expected a JSON {want}, found {type(data).__name__}")
+    return data
+
+
 def _runs(path: Path) -> list[dict]:
+    """The bench runs of ``path`` (bench ``--output-json``: ``{"runs": [...]}`` or one run); none when it is absent.
+
+    Raises:
+        SystemExit: the file is not JSON, or not an object whose runs are objects.
+    """
     if not path.is_file():
         return []
-    data = json.loads(path.read_text())
-    return list(data.get("runs", [data]))
+    data = _read_json(path, dict)
+    runs = data.get("runs", [data])
+    if not isinstance(runs, list) or not all(isinstance(r, dict) for r in runs):
+        raise SystemExit(f'{path}: expected "runs" to be a list of objects')
+    return runs
 
 
 def _floors(run_dir: Path) -> tuple[tuple[int, float], ...]:
@@ -131,7 +159,7 @@ def _valid(run: dict) -> bool:
 
 
 def _shape(run_dir: Path) -> Shape:
-    cfg = json.loads((run_dir / "config.json").read_text())
+    cfg = _read_json(run_dir / "config.json", dict)
     facts = facts_from_config(cfg, str(run_dir), local=True)
     plan = run_dir / "plan.json"
     dense = plan.is_file() and '"dense"' in plan.read_text()
@@ -321,7 +349,55 @@ def _pct(measured: float, predicted: float) -> str:
     return f"{(predicted / measured - 1) * 100:+.1f} %"
 
 
+def _run_dirs(paths: list[Path]) -> list[Path]:
+    """The run directories given, checked before any is read.
+
+    Raises:
+        SystemExit: a path that does not exist or is not a directory, or one directory given twice (its runs would
+            count twice in the fit).
+    """
+    seen: dict[Path, Path] = {}
+    for p in paths:
+        if not p.exists():
+            raise SystemExit(f"{p}: does not exist")
+        if not p.is_dir():
+            raise SystemExit(f"{p}: not a directory (pass run directories)")
+        first = seen.setdefault(p.resolve(), p)
+        if first is not p:
+            raise SystemExit(f"{p}: given twice (also as {first}): each run directory counts once in the fit")
+    return paths
+
+
+#: The parameters fitted per GPU kind (eta HBM, eta compute, step overhead, prefill overhead).
+N_PARAMS = 4
+
+
+def _fittable(sets: list[RunSet]) -> list[RunSet]:
+    """``sets`` when each GPU kind has at least as many measured points as the fit has parameters.
+
+    Raises:
+        SystemExit: a kind with fewer points (any fit would match them exactly and say nothing).
+    """
+    for rs in sets:
+        if len(rs.points) < N_PARAMS:
+            raise SystemExit(
+                f"{rs.name} ({', '.join(rs.runs)}): {len(rs.points)} valid point(s), fewer than the {N_PARAMS} "
+                "fitted parameters: refusing to fit it (add decode or prefill levels, or more run directories)"
+            )
+    return sets
+
+
 def _yaml(sets: list[RunSet], fits: dict[str, tuple[Eff4, float]]) -> None:
+    """Prints the efficiency block for gpu_peaks.yaml: each figure's range over the GPU kinds' fits.
+
+    Raises:
+        SystemExit: one GPU kind (its fit is a point, not a range, and nothing cross-checked it).
+    """
+    if len(sets) < 2:
+        raise SystemExit(
+            f"--yaml: one GPU kind ({sets[0].name}, {len(sets[0].runs)} run directory(ies)) gives one fit, not a "
+            "range, and no other kind checked it by cross-prediction: pass run directories of two GPU kinds"
+        )
     effs = [fits[rs.name][0] for rs in sets]
     lo_hi = [(min(e[i] for e in effs), max(e[i] for e in effs)) for i in range(3)]
     pre = [fits[rs.name][0][3] for rs in sets if rs.has_prefill()] or [0.0]
@@ -387,7 +463,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", type=Path, help="run directories (module docstring), any number per GPU kind")
     ap.add_argument("--yaml", action="store_true", help="print the fitted efficiency block for gpu_peaks.yaml")
     args = ap.parse_args(argv)
-    sets = load_kinds(args.runs)
+    sets = _fittable(load_kinds(_run_dirs(args.runs)))
     fits = {rs.name: fit(rs) for rs in sets}
     if args.yaml:
         _yaml(sets, fits)
@@ -409,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     if len(sets) > 1:
         verdict = "within" if worst <= TARGET else "outside"
         print(f"\nworst decode cross-prediction error {worst * 100:.1f} %: {verdict} the {TARGET * 100:.0f} % target")
+    else:
+        print(f"\ncross-prediction: could not judge (one GPU kind, {sets[0].name}: no other kind's fit to predict it)")
     return 0
 
 

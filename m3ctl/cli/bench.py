@@ -35,8 +35,8 @@ from m3ctl.loadgen.config import (
     check_precision_metric,
     check_slo_sweep,
     check_trace_lengths,
-    parse_precision,
     parse_stagger,
+    precision_value,
 )
 from m3ctl.loadgen.progress import LiveProgress
 from m3ctl.loadgen.report import capacity_lines
@@ -70,10 +70,8 @@ def _checked(check: Callable[[str], Any], text: str) -> Any:
 
 
 def precision_text(text: str) -> str:
-    """A relative half-width in (0, 1): ``2%`` or ``0.02`` (m3ctl.loadgen.config.parse_precision)."""
-    v = _checked(parse_precision, text)
-    if not 0 < v < 1:
-        raise typer.BadParameter(f"{text!r}: a relative half-width above 0 and below 100% (e.g. 2% or 0.02)")
+    """A relative half-width, ``2%`` or ``0.02``, in range (m3ctl.loadgen.config.precision_value, tune's check)."""
+    _checked(precision_value, text)
     return text
 
 
@@ -272,7 +270,7 @@ def bench(
     if ctx.invoked_subcommand:
         return
     to_stdout = json_out or str(output_json) == "-"
-    check_outputs(output_json=output_json, output_csv=output_csv, plot=plot)
+    check_outputs(new_dirs=False, output_json=output_json, output_csv=output_csv, plot=plot)
     given = bench_options(opts or {})
     concs = _ints(concurrency)
     lengths = [given.get("input_len", [1]), given.get("output_len", [1])]

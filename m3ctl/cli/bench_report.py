@@ -22,7 +22,7 @@ def bench_report(
 ) -> None:
     """Compare bench results side by side (and optionally write CSV / a Pareto chart)."""
     out = Output(json_out)
-    check_outputs(output_csv=output_csv, plot=plot)
+    check_outputs(new_dirs=False, output_csv=output_csv, plot=plot)
     runs = report.load_runs(files)
     rows = report.compare_table(runs)
     out.result({"runs": len(runs), "rows": [{"metric": r[0], "values": r[1:]} for r in rows]})

@@ -82,9 +82,10 @@ def given_request(ctx: typer.Context, **extra):
         raise BadInput(f"{opt}: {msg}", f"see `m3ctl {ctx.info_name} --help`") from None
 
 
-def check_outputs(**paths: Path | None) -> None:
-    """Check every given output file writable before any work (m3ctl.core.state.check_output_path); ``-`` is stdout.
-    Keyword names are the options (``output_json`` -> ``--output-json``)."""
+def check_outputs(*, new_dirs: bool = True, **paths: Path | None) -> None:
+    """Check every given output file writable before any work (m3ctl.core.state.check_output_path, ``new_dirs``
+    False: its directory must exist); ``-`` is stdout. Keyword names are the options (``output_json`` ->
+    ``--output-json``)."""
     for opt, path in paths.items():
         if path is not None and str(path) != "-":
-            state.check_output_path(path, "--" + opt.replace("_", "-"))
+            state.check_output_path(path, "--" + opt.replace("_", "-"), new_dirs=new_dirs)

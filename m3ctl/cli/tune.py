@@ -17,8 +17,7 @@ from m3ctl.cli.output import Output, console, escape
 from m3ctl.cli.tune_render import print_dry_run, print_result
 from m3ctl.core.files import WriteFailed
 from m3ctl.errors import BadInput
-from m3ctl.loadgen import WORKLOADS
-from m3ctl.loadgen.config import parse_precision
+from m3ctl.loadgen import WORKLOADS, config
 from m3ctl.loadgen.slo import OBJECTIVES, parse_slo
 from m3ctl.tuning.options import TuneOptions
 from m3ctl.tuning.space import Space
@@ -46,10 +45,10 @@ def ladder_values(text: str) -> list[int]:
 
 
 def precision_value(text: str) -> float:
-    """``--precision``: a relative half-width, ``2%`` or ``0.02`` (m3ctl.loadgen.config.parse_precision, as bench
-    reads it); its range is checked with the field's bound."""
+    """``--precision``: a relative half-width, ``2%`` or ``0.02``, in range (m3ctl.loadgen.config.precision_value,
+    bench's own check and message)."""
     try:
-        return float(parse_precision(text))
+        return config.precision_value(text)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
 

@@ -70,15 +70,16 @@ def state_dir() -> Path:
     return base / "m3ctl"
 
 
-def check_output_path(path: Path, opt: str) -> None:
+def check_output_path(path: Path, opt: str, *, new_dirs: bool = True) -> None:
     """Refuse an output file that cannot be written, before any work starts (nothing measured is lost to it).
-    A missing parent directory is fine when it can be created (writers create it). A symlink is checked at its
+    A missing parent directory is fine when it can be created (writers create it), unless ``new_dirs`` is False
+    (a result file: a typo in its directory must not make one). A symlink is checked at its
     target; a stream (``/dev/stdout``, a FIFO, ``/dev/null``) is written through and not opened here (a FIFO with
     no reader yet would block); a socket or a block device is refused (m3ctl.core.files.output_target).
 
     Raises:
-        BadInput: ``path`` is a directory, a socket or a block device, lies under a file, or cannot be written
-            (naming ``opt``).
+        BadInput: ``path`` is a directory, a socket or a block device, lies under a file, its directory is missing
+            (``new_dirs`` False), or it cannot be written (naming ``opt``).
     """
     given = Path(path)
     path, kind, what = output_target(given)
@@ -97,6 +98,10 @@ def check_output_path(path: Path, opt: str) -> None:
         parent = parent.parent
     if not parent.is_dir():
         raise BadInput(f"{opt} {shown}: {parent} is a file, not a directory", "choose a path in a directory")
+    if not new_dirs and parent != path.parent:
+        raise BadInput(
+            f"{opt} {shown}: directory {path.parent} does not exist", "create it first, or choose an existing directory"
+        )
     if path.exists() or parent == path.parent:  # try it: permission bits do not tell for root or /proc
         existed = path.exists()
         try:

@@ -60,7 +60,7 @@ RUN_LENGTH_RULE = (
 _NUM_PROMPTS_HELP = (
     f"Requests to send (stop by count). Not given: {STEADY_WAVES + 2} waves of --concurrency (one of ramp-up, "
     f"{STEADY_WAVES} of steady state, one of drain; --precision: up to {PRECISION_WAVES}, at least "
-    f"{MIN_PRECISION_PROMPTS}), at least"
+    f"{MIN_PRECISION_PROMPTS}), and never fewer than the default"
 )
 _PRECISION_HELP = (
     "Measure until the 95 % interval of --precision-metric is within this half-width (relative: 2% or 0.02) or "
@@ -103,11 +103,48 @@ def parse_precision(v: Any) -> Any:
     return v
 
 
+#: The widest --precision target (a relative half-width), bench and tune alike: a wider interval says nothing.
+PRECISION_MAX = 0.5
+#: What --precision takes, as bench and tune say it.
+PRECISION_RANGE = f"a relative half-width above 0 and at most {PRECISION_MAX:.0%} (e.g. 2% or 0.02)"
+
+
+def precision_value(text: str) -> float:
+    """``--precision`` of bench and tune: ``text`` (``2%`` or ``0.02``, :func:`parse_precision`) as a half-width in
+    :data:`PRECISION_RANGE`.
+
+    Raises:
+        ValueError: not a number, or out of range; names ``text`` as given (``'200%'``, not 2).
+    """
+    v = parse_precision(text)
+    if not isinstance(v, int | float) or isinstance(v, bool) or not 0 < v <= PRECISION_MAX:  # NaN fails too
+        raise ValueError(f"{text!r} is not {PRECISION_RANGE}")
+    return float(v)
+
+
+def check_max_duration(precision: float | None, max_duration_s: float | None) -> None:
+    """--max-duration is the time budget of a --precision run (bench and tune alike).
+
+    Raises:
+        BadInput: --max-duration without --precision.
+    """
+    if max_duration_s and not precision:
+        raise BadInput(
+            "--max-duration is the time budget of a --precision run", "add --precision 2%, or drop --max-duration"
+        )
+
+
+#: The longest --stagger (s): the ramp over which a closed loop's lanes make their first sends is left out of the
+#: measurement, so a longer one only delays it (the last lane starts at S x (c - 1) / c).
+MAX_STAGGER_S = 300.0
+
+
 def parse_stagger(v: Any) -> Any:
     """``"auto"`` / ``"off"`` as they are; ``"2.5"``, ``"2.5s"`` or a number: S in seconds (0: ``"off"``).
 
     Raises:
-        ValueError: anything else, a negative, infinite or NaN number of seconds.
+        ValueError: anything else, a negative, infinite or NaN number of seconds, or more than
+            :data:`MAX_STAGGER_S`.
     """
     if isinstance(v, bool):  # not a number of seconds
         v = str(v)
@@ -124,6 +161,11 @@ def parse_stagger(v: Any) -> Any:
         return v
     if not math.isfinite(v) or v < 0:
         raise ValueError(f"{given!r}: the stagger is a finite number of seconds >= 0 (0: off), auto or off")
+    if v > MAX_STAGGER_S:
+        raise ValueError(
+            f"{given!r}: a stagger of at most {MAX_STAGGER_S:g} s (the ramp is left out of the measurement; "
+            "auto spreads the lanes over one request's latency)"
+        )
     return "off" if v == 0 else float(v)
 
 
@@ -477,7 +519,7 @@ class BenchConfig(BaseModel, defer_build=True):  # its validator built on first 
     """The GPU indices of ``deployment``'s launch plan (m3ctl.loadgen.target), what energy samples by default."""
     # uncertainty (m3ctl.loadgen.uncertainty: every figure's 95 % interval; docs/bench.md, Uncertainty)
     precision: Annotated[float | None, BeforeValidator(parse_precision)] = Field(
-        None, gt=0, lt=1, description=_PRECISION_HELP, json_schema_extra=cli(type="str", metavar="PCT")
+        None, gt=0, le=PRECISION_MAX, description=_PRECISION_HELP, json_schema_extra=cli(type="str", metavar="PCT")
     )
     """Target relative half-width of the headline figure's 95 % interval; None: a run of fixed length."""
     precision_metric: Annotated[str, AfterValidator(check_precision_metric)] = Field(

@@ -17,7 +17,7 @@ from m3ctl.core.files import cause
 from m3ctl.errors import BadInput
 from m3ctl.loadgen import trace as traces
 from m3ctl.loadgen import workloads
-from m3ctl.loadgen.config import ENDPOINTS, HTTP_CLIENTS, MAX_RUN_PROMPT_TOKENS, BenchConfig
+from m3ctl.loadgen.config import ENDPOINTS, HTTP_CLIENTS, MAX_RUN_PROMPT_TOKENS, BenchConfig, check_max_duration
 
 
 def validate(cfg: BenchConfig) -> None:
@@ -25,7 +25,8 @@ def validate(cfg: BenchConfig) -> None:
 
     Raises:
         BadInput: unknown endpoint, goodput metric, workload or HTTP client; a dataset workload without its file;
-            --duration without a bound on load; a --stagger other than auto without closed lanes;
+            --duration without a bound on load; a --stagger other than auto without closed lanes, or not shorter
+            than --duration / --max-duration;
             a malformed URL; a bad trace file or options a trace replaces (m3ctl.loadgen.trace.check); a goodput
             limit that is not a finite number of ms > 0; a run that would build more than
             :data:`MAX_RUN_PROMPT_TOKENS` prompt tokens; an unreadable, non-UTF-8 or misplaced dataset or
@@ -60,6 +61,7 @@ def validate(cfg: BenchConfig) -> None:
             "--trace or agentic workload",
             "drop --stagger, or run a closed loop (--concurrency N)",
         )
+    _check_stagger_length(cfg)
     _check_url(cfg.url)
     if cfg.power_metrics is not None:
         _check_url(cfg.power_metrics, "--power-metrics", "the GPU exporter's page, e.g. http://gpu-host:9400/metrics")
@@ -117,29 +119,53 @@ def _check_precision(cfg: BenchConfig) -> None:
         BadInput: --max-duration without --precision; --precision with --duration, a trace, the agentic
             workload, several client processes, no bound on load, or goodput asked without --goodput.
     """
-    if cfg.max_duration_s and not cfg.precision:
-        raise BadInput(
-            "--max-duration is the time budget of a --precision run", "add --precision 2% or use --duration SECONDS"
-        )
+    check_max_duration(cfg.precision, cfg.max_duration_s)
     if not cfg.precision:
         return
-    what = (
-        "--duration (the precision decides when to stop; --max-duration bounds it)"
-        if cfg.duration_s
-        else "--trace (the trace decides the run)"
-        if cfg.trace_path
-        else "the agentic workload (sessions, not a steady load)"
-        if cfg.workload == "agentic"
-        else f"--client-procs {cfg.client_procs} (one client process judges the interval)"
-        if cfg.client_procs > 1
-        else "no bound on load (all requests at once)"
-        if math.isinf(cfg.request_rate) and not cfg.concurrency
-        else "--precision-metric request_goodput without --goodput"
-        if cfg.precision_metric == "request_goodput" and not cfg.goodput_slo_ms
-        else None
+    clashes = (  # (the clash, what it is, the fix besides dropping --precision)
+        (
+            cfg.duration_s,
+            "--duration (the precision decides when to stop; --max-duration bounds it)",
+            "drop --duration",
+        ),
+        (cfg.trace_path, "--trace (the trace decides the run)", "drop --trace"),
+        (cfg.workload == "agentic", "the agentic workload (sessions, not a steady load)", "use another --workload"),
+        (
+            cfg.client_procs > 1,
+            f"--client-procs {cfg.client_procs} (one client process judges the interval)",
+            "use --client-procs 1",
+        ),
+        (
+            math.isinf(cfg.request_rate) and not cfg.concurrency,
+            "no bound on load (all requests at once)",
+            "add --concurrency N or --request-rate R",
+        ),
+        (
+            cfg.precision_metric == "request_goodput" and not cfg.goodput_slo_ms,
+            "--precision-metric request_goodput without --goodput",
+            "add --goodput metric:ms",
+        ),
     )
-    if what:
-        raise BadInput(f"--precision cannot run with {what}", "drop --precision, or that option")
+    for clash, what, fix in clashes:
+        if clash:
+            raise BadInput(f"--precision cannot run with {what}", f"{fix}, or drop --precision")
+
+
+def _check_stagger_length(cfg: BenchConfig) -> None:
+    """A --stagger in seconds (at most MAX_STAGGER_S, checked with the field) must leave the run a steady state.
+
+    Raises:
+        BadInput: a stagger as long as --duration or --max-duration (the run would end during the ramp).
+    """
+    if not isinstance(cfg.stagger, float):
+        return
+    for opt, limit in (("--duration", cfg.duration_s), ("--max-duration", cfg.max_duration_s)):
+        if limit and cfg.stagger >= limit:
+            raise BadInput(
+                f"--stagger {cfg.stagger:g} s is not shorter than {opt} {limit:g} s: the run would end during the "
+                "ramp, which is left out of the measurement",
+                f"lower --stagger (or use --stagger auto), or raise {opt}",
+            )
 
 
 def _check_sizes(cfg: BenchConfig) -> None:

@@ -29,7 +29,14 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from m3ctl.errors import BadInput, plain_text
 from m3ctl.loadgen import MAX_REQUEST_TOKENS
-from m3ctl.loadgen.config import MAX_PROMPTS, PRECISION_MAX_DURATION_S, STEADY_WAVES, parse_precision
+from m3ctl.loadgen.config import (
+    MAX_PROMPTS,
+    PRECISION_MAX,
+    PRECISION_MAX_DURATION_S,
+    PRECISION_RANGE,
+    STEADY_WAVES,
+    parse_precision,
+)
 
 #: The default run of a tune measurement, in waves of its concurrency: the bench's default run length
 #: (m3ctl.loadgen.config.RUN_LENGTH_RULE: one wave of ramp-up, STEADY_WAVES of steady state, one of drain).
@@ -236,7 +243,7 @@ class TuneOptions(BaseModel):
         cli={"parser": "precision", "metavar": "PCT"},
         saved="bench",
         omit_default=True,
-        bound=_bound(0, 0.5, above=True, what="a relative half-width above 0 and at most 50% (e.g. 2%)", fmt="g"),
+        bound=_bound(0, PRECISION_MAX, above=True, what=PRECISION_RANGE, fmt="g"),
     )
     max_duration_s: float | None = _opt(
         None,

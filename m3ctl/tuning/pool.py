@@ -41,10 +41,10 @@ def nothing_to_tune(n: int, first: str, reason: str) -> NothingToTune:
     )
 
 
-def trial_pool(inventory, space: Space, port: int, parallel_trials: int | str = "auto", need: int | None = None):
+def trial_pool(inventory, port: int, parallel_trials: int | str = "auto", *, need: int):
     """How many trials of the study run at once on this host and where (:class:`m3ctl.tuning.schedule.Pool`): the
     limit from ``parallel_trials`` (an int >= 1, or ``"auto"``: as many as fit) and the smallest configuration of
-    the space (``need`` GPUs, :func:`smallest_trial`; without it its smallest TP x DP), the GPU topology of
+    the space (``need`` GPUs as planned, TP x PP x DP: :func:`smallest_trial`), the GPU topology of
     ``inventory``, and one API port per concurrent
     trial (``port`` and the next free ones up). A host without GPUs, or where one trial fits, runs one at a time.
 
@@ -54,11 +54,9 @@ def trial_pool(inventory, space: Space, port: int, parallel_trials: int | str = 
     """
 
     topo = Topology.of(inventory)
-    if need is None:  # the callers pass smallest_trial(ev, space)
-        need = min(space.values.get("tp", [1])) * min(space.values.get("dp", [1]))
     try:
         limit, why = parallel_limit(topo, need, parallel_trials)
     except ValueError as e:
         raise BadInput(f"--parallel-trials: {e}", "pass auto or a whole number >= 1") from None
     ports = trial_ports("127.0.0.1", port, limit) if limit > 1 else (port,)
-    return Pool(topo=topo, ports=ports, limit=limit, why=why)
+    return Pool(topo=topo, ports=ports, limit=limit, why=why, need=max(1, need))

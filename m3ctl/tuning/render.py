@@ -23,7 +23,7 @@ from m3ctl.tuning.local import mesh
 from m3ctl.tuning.measure import SPEC_DECODE_KEYS, Outcome, objective_figure, run_length_text, run_size
 from m3ctl.tuning.options import TuneSpec
 from m3ctl.tuning.pool import smallest_trial, trial_pool
-from m3ctl.tuning.schedule import Pending, first_wave, order_batch, pick_gpus
+from m3ctl.tuning.schedule import Pending, first_wave, idle_sets, order_batch
 from m3ctl.tuning.server import ServerEvaluator
 from m3ctl.tuning.settings import prefix_for
 from m3ctl.tuning.space import FLAGS, Space, describe, key_of
@@ -163,7 +163,7 @@ def dry_run(
     out["runnable"] = bool(out["feasible"])  # the defaults alone are nothing to tune (smallest_trial refuses a run)
     out["starts"] = ev.start_measures_note(first) if key_of(first) in ok else None
     need = smallest_trial(ev, space) if out["feasible"] else 1  # not runnable: the CLI refuses after printing
-    pool = trial_pool(inventory, space, settings["port"], parallel_trials, need=need)
+    pool = trial_pool(inventory, settings["port"], parallel_trials, need=need)
     out["parallel"] = parallel_preview(ev, space, cands, pool)
     if out["parallel"]["trials"] > 1:
         out["order"].insert(
@@ -176,23 +176,15 @@ def dry_run(
 
 def parallel_preview(ev, space: Space, cands: list[dict[str, Any]], pool) -> dict[str, Any]:
     """The dry run's view of parallel trials: ``trials`` (at once), ``why``, ``ports``, ``slots`` (the GPU sets and
-    ports a wave of the smallest configurations gets: [{gpus, port}]), ``first_wave`` (what starts at once on an idle
+    ports a wave of the smallest configurations as planned gets, ``pool.need`` GPUs each: [{gpus, port}]), ``first_wave`` (what starts at once on an idle
     host: the first configuration and its poll beside it, [{config, describe, gpus, port, compile_group}]) and
     ``queued`` (the rest of that poll in start order, [{config, describe, compile_group}]). ``compile_group``
     numbers the distinct compile keys (ServerEvaluator.compile_key) in order: starts of one group share the
     torch.compile cache. Rejected configurations start nothing and are left out."""
 
-    need = min(space.values.get("tp", [1])) * min(space.values.get("dp", [1]))
     out: dict[str, Any] = {"trials": pool.limit, "why": pool.why, "ports": list(pool.ports)}
-    wave: list[dict[str, Any]] = []
-    busy: set[int] = set()
-    for port in pool.ports:
-        g = pick_gpus(pool.topo, need, busy) if pool.topo.gpus else ()
-        if g is None:
-            break
-        busy |= set(g)
-        wave.append({"gpus": list(g), "port": port})
-    out["slots"] = wave
+    sets = idle_sets(pool.topo, pool.need) if pool.topo.gpus else [()]  # the sets pool.limit counted
+    out["slots"] = [{"gpus": list(g), "port": port} for g, port in zip(sets, pool.ports, strict=False)]
     ok = {key_of(c["config"]): c for c in cands if c["status"] == "ok"}
     first = space.anchor()
     if key_of(first) not in ok:

@@ -141,14 +141,20 @@ def pick_gpus(topo: Topology, need: int, busy: set[int] | frozenset[int] = froze
     return _take([c for c in by_island if c], need)
 
 
-def fit_count(topo: Topology, need: int) -> int:
-    """How many trials of ``need`` GPUs run at once on an idle host (:func:`pick_gpus` until it says no)."""
+def idle_sets(topo: Topology, need: int) -> list[tuple[int, ...]]:
+    """The GPU sets that trials of ``need`` GPUs get at once on an idle host, in order (:func:`pick_gpus` until it
+    says no): what the limit counts and what ``--dry-run`` shows as the slots."""
     busy: set[int] = set()
-    n = 0
+    out: list[tuple[int, ...]] = []
     while (g := pick_gpus(topo, need, busy)) is not None:
         busy |= set(g)
-        n += 1
-    return n
+        out.append(g)
+    return out
+
+
+def fit_count(topo: Topology, need: int) -> int:
+    """How many trials of ``need`` GPUs run at once on an idle host (:func:`idle_sets`)."""
+    return len(idle_sets(topo, need))
 
 
 @dataclass(frozen=True)
@@ -160,12 +166,14 @@ class Pool:
         ports: API ports of the trial servers, one per concurrent trial (``len(ports) == limit``).
         limit: trials at once (1: one after the other, the serial search).
         why: how the limit was chosen, in words.
+        need: GPUs of the space's smallest configuration as planned (TP x PP x DP), what ``limit`` was sized by.
     """
 
     topo: Topology
     ports: tuple[int, ...]
     limit: int
     why: str
+    need: int = 1
 
 
 def parallel_limit(topo: Topology, min_need: int, requested: int | str = "auto") -> tuple[int, str]:
@@ -296,6 +304,7 @@ __all__ = [
     "Topology",
     "first_wave",
     "fit_count",
+    "idle_sets",
     "next_start",
     "order_batch",
     "parallel_limit",

@@ -26,6 +26,7 @@ from m3ctl.core.files import WriteFailed
 from m3ctl.core.secrets import separate, split_api_key
 from m3ctl.core.state import check_output_path
 from m3ctl.errors import BadInput, ConfigRejected, first_error
+from m3ctl.loadgen.config import check_max_duration
 from m3ctl.loadgen.runner import MAX_PROMPTS
 from m3ctl.loadgen.slo import objective_value, parse_slo
 from m3ctl.loadgen.workloads import KINDS, check_prompt_text
@@ -341,8 +342,8 @@ def _saved(values: dict[str, Any], place: str) -> dict[str, Any]:
 
 def check_options(opts: TuneOptions) -> tuple[list[int], list[str]]:
     """The values of a new study's options: SLO, objective, ladder, workload, prompt text, budgets, lengths, counts,
-    port, boundary rule, price, raw args (no secret) and ``--arg`` flags (none tune searches). Returns the ladder
-    sorted and the raw vLLM args to store.
+    port, boundary rule, price, --max-duration (only with --precision), raw args (no secret) and ``--arg`` flags
+    (none tune searches). Returns the ladder sorted and the raw vLLM args to store.
 
     Raises:
         BadInput: one line naming the option and what is wrong.
@@ -350,6 +351,7 @@ def check_options(opts: TuneOptions) -> tuple[list[int], list[str]]:
     lad = _check_choices(opts.slo, opts.objective, opts.usd_per_gpu_hour, opts.ladder, opts.workload)
     check_prompt_text(opts.prompt_text, opts.workload)
     check_bounds(opts.model_dump())  # every option's range, declared with its field
+    check_max_duration(opts.precision, opts.max_duration_s)  # as bench checks it
     _check_numbers(lad, opts.prompts_per_concurrency)
     extra_args = _no_secrets(opts.args, opts.extra_args)
     _no_knob_flags(opts.args)

@@ -280,7 +280,7 @@ def _run_tune(
         space=space,
         fast_starts=settings.get("fast_starts", True),
     )
-    pool = trial_pool(inventory, space, settings["port"], parallel_trials, need=smallest_trial(ev, space))
+    pool = trial_pool(inventory, settings["port"], parallel_trials, need=smallest_trial(ev, space))
     tuner = open_tuner(study_dir, space, ev, spec, on_event, pool=pool if pool.limit > 1 else None)
     try:
         res = tuner.run()

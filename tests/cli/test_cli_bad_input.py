@@ -9,6 +9,8 @@ tokenizer.json is not UTF-8, {ro} a file no one may write (even root: /proc),
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from m3ctl.cli import main
@@ -190,7 +192,7 @@ def test_results_are_kept_when_the_output_cannot_be_written_after_the_run(capsys
     from m3ctl.core import state
     from tests.conftest import start_groundtruth
 
-    monkeypatch.setattr(state, "check_output_path", lambda path, opt: None)
+    monkeypatch.setattr(state, "check_output_path", lambda path, opt, new_dirs=True: None)
     proc, url = start_groundtruth()
     try:
         code = main(
@@ -237,3 +239,30 @@ def test_a_corrupt_study_db_is_one_line_before_any_trial(capsys, paths, tiny_mod
         code, err, _ = one_line_error(capsys, args, paths)
         assert code == 2 and len(err) == 2 and "study.db is not a readable optuna study" in err[0], (args, err)
         assert not (d / "trials").exists() and not (d / "result.json").exists()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["bench", *DEAD, "--output-json", "{dir}/missing/sub/x.json"],
+        ["bench", *DEAD, "--output-csv", "{dir}/missing/sub/x.csv"],
+        ["bench", *DEAD, "--plot", "{dir}/missing/sub/x.png"],
+        ["bench", "report", "{corrupt}", "--output-csv", "{dir}/missing/sub/x.csv"],
+    ],
+    ids=["json", "csv", "plot", "report-csv"],
+)
+def test_a_bench_output_in_a_missing_directory_is_refused_and_nothing_is_created(capsys, paths, args):
+    """Every bench output path refuses a missing directory in one line, before any work (before: --output-json
+    /nonexist/dir/x.json created /nonexist)."""
+    code, err, _ = one_line_error(capsys, args, paths)
+    assert code == 2 and "missing/sub does not exist" in err[0] and err[1].startswith("hint: "), err
+    assert not (Path(paths["dir"]) / "missing").exists()
+
+
+def test_bench_num_prompts_help_reads_as_a_sentence():
+    """--num-prompts' help (before: "..., at least 1000), at least (default: 100)")."""
+    from m3ctl.cli.bench import BENCH_OPTIONS
+
+    text = BENCH_OPTIONS["num_prompts"][0].__metadata__[0].help
+    assert "at least (default" not in text
+    assert text.endswith("at least 1000), and never fewer than the default (default: 100)"), text

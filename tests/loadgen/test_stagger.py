@@ -16,7 +16,7 @@ import pytest
 from m3ctl.errors import BadInput
 from m3ctl.loadgen import uncertainty as u
 from m3ctl.loadgen.client import BenchRequest, RequestOutput
-from m3ctl.loadgen.config import BenchConfig, parse_stagger
+from m3ctl.loadgen.config import MAX_STAGGER_S, BenchConfig, parse_stagger
 from m3ctl.loadgen.drive import Job
 from m3ctl.loadgen.inputs import validate
 from m3ctl.loadgen.procs import split
@@ -153,6 +153,20 @@ def test_bad_stagger_values_and_combinations():
     cfg = BenchConfig(url="http://127.0.0.1:9", model="m", request_rate=5.0, concurrency=4, stagger="off")
     with pytest.raises(BadInput, match="--stagger off sets the phases of a closed loop's lanes"):
         validate(cfg)
+
+
+def test_a_stagger_is_bounded_so_the_ramp_cannot_eat_the_run():
+    """At most MAX_STAGGER_S, and shorter than --duration / --max-duration (before: --stagger 1000 ran 750 s before
+    the last of 4 lanes started, silently)."""
+    assert parse_stagger(str(MAX_STAGGER_S)) == MAX_STAGGER_S
+    with pytest.raises(ValueError, match="a stagger of at most 300 s"):
+        parse_stagger("1000")
+    base = {"url": "http://127.0.0.1:9", "model": "m", "concurrency": 4, "stagger": 30}
+    with pytest.raises(BadInput, match="--stagger 30 s is not shorter than --duration 20 s"):
+        validate(BenchConfig(**base, duration_s=20))
+    with pytest.raises(BadInput, match="not shorter than --max-duration 30 s"):
+        validate(BenchConfig(**base, precision=0.02, max_duration_s=30))
+    validate(BenchConfig(**base, duration_s=60))
 
 
 def test_client_processes_share_the_phases_of_one_loop():

@@ -13,7 +13,7 @@ import pytest
 from m3ctl.errors import BadInput
 from m3ctl.loadgen import uncertainty as u
 from m3ctl.loadgen.client import RequestOutput
-from m3ctl.loadgen.config import BenchConfig, run_length
+from m3ctl.loadgen.config import PRECISION_MAX, BenchConfig, precision_value, run_length
 from m3ctl.loadgen.inputs import validate
 from m3ctl.loadgen.pareto import pareto_figure
 from m3ctl.loadgen.report import bench_tables, sweep_doc
@@ -227,6 +227,40 @@ def test_precision_settings_and_default_run_length():
     ):
         with pytest.raises(BadInput, match=why):
             validate(BenchConfig(url="http://h:1", model="m", **kw))
+
+
+def test_a_precision_clash_names_the_fix():
+    """Each clash's hint names what to change (before: "drop --precision, or that option", no option named)."""
+    for kw, fix in (
+        ({}, "add --concurrency N or --request-rate R, or drop --precision"),
+        ({"concurrency": 2, "duration_s": 10}, "drop --duration, or drop --precision"),
+        ({"concurrency": 2, "client_procs": 2}, "use --client-procs 1, or drop --precision"),
+        ({"concurrency": 2, "precision_metric": "request_goodput"}, "add --goodput metric:ms, or drop --precision"),
+    ):
+        with pytest.raises(BadInput) as e:
+            validate(BenchConfig(url="http://h:1", model="m", precision=0.02, **kw))
+        assert e.value.hint == fix, e.value.hint
+
+
+def test_bench_and_tune_share_the_precision_bounds_and_messages():
+    """One range and one message for bench and tune (before: bench took up to 99 %, tune up to 50 % and said
+    "--precision 2" for 200%); --max-duration without --precision is refused by both."""
+    from m3ctl.tuning.options import TuneOptions
+    from m3ctl.tuning.settings import check_options
+
+    assert precision_value("50%") == PRECISION_MAX == 0.5 and precision_value("0.02") == 0.02
+    for bad in ("0", "60%", "200%", "nan"):
+        with pytest.raises(ValueError, match=f"{bad!r} is not a relative half-width above 0 and at most 50%"):
+            precision_value(bad)
+    with pytest.raises(ValueError):
+        BenchConfig(url="http://h:1", model="m", precision=0.6)
+    for check in (
+        lambda: validate(BenchConfig(url="http://h:1", model="m", concurrency=2, max_duration_s=5)),
+        lambda: check_options(TuneOptions(slo="p90_tpot_ms<=50", max_duration_s=5)),
+    ):
+        with pytest.raises(BadInput, match="--max-duration is the time budget of a --precision run") as e:
+            check()
+        assert e.value.hint == "add --precision 2%, or drop --max-duration"
 
 
 # ---------------------------------------------------------------- runs against the ground-truth server

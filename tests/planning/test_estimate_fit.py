@@ -243,3 +243,38 @@ def test_a_fresh_h100_server_reproduces_the_fits_decode_runs_within_3_1_percent(
     for x, y in zip(a, b, strict=True):
         assert abs(y["median_tpot_ms"] / x["median_tpot_ms"] - 1) < 0.032  # c=4: +3.1 %
         assert x["validity"]["valid"] and y["validity"]["valid"]
+
+
+def test_bad_run_directories_are_refused_in_one_line_naming_the_file(fitmod, tmp_path):
+    """A broken bench-decode.json or config.json, a missing path and a directory given twice end with one line
+    (SystemExit with a message), never a traceback (before: JSONDecodeError, AttributeError, a doubled fit)."""
+    cfg = scale_config(ScaleModelSpec(arch="minimax-m3", layers=2, quant="bf16"))
+    _synthetic(fitmod, tmp_path / "a", "h100", cfg, (0.62, 0.41, 1.3, 9.0))
+    with pytest.raises(SystemExit, match="does not exist"):
+        fitmod.main([str(tmp_path / "nope")])
+    with pytest.raises(SystemExit, match="given twice"):
+        fitmod.main([str(tmp_path / "a"), str(tmp_path / "a" / ".." / "a")])
+    (tmp_path / "a" / "config.json").write_text("[]")
+    with pytest.raises(SystemExit, match=r"config\.json: expected a JSON object, found list"):
+        fitmod.main([str(tmp_path / "a")])
+    (tmp_path / "a" / "config.json").write_text(json.dumps(cfg))
+    (tmp_path / "a" / "bench-decode.json").write_text("{bad")
+    with pytest.raises(SystemExit, match=r"bench-decode\.json: not valid JSON"):
+        fitmod.main([str(tmp_path / "a")])
+
+
+def test_too_few_points_and_one_gpu_kind_are_said_not_passed(fitmod, tmp_path, capsys):
+    """Fewer points than the 4 fitted parameters: the kind is not fitted. One GPU kind: the report says the
+    cross-prediction could not be judged, and --yaml refuses to give zero-width ranges as measured."""
+    cfg = scale_config(ScaleModelSpec(arch="minimax-m3", layers=2, quant="bf16"))
+    _synthetic(fitmod, tmp_path / "a", "h100", cfg, (0.62, 0.41, 1.3, 9.0))
+    assert fitmod.main([str(tmp_path / "a")]) == 0
+    assert "cross-prediction: could not judge (one GPU kind" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="one GPU kind") as e:
+        fitmod.main(["--yaml", str(tmp_path / "a")])
+    assert "measured: true" not in capsys.readouterr().out and "two GPU kinds" in str(e.value)
+    runs = json.loads((tmp_path / "a" / "bench-decode.json").read_text())["runs"]
+    (tmp_path / "a" / "bench-decode.json").write_text(json.dumps({"runs": runs[:1]}))
+    (tmp_path / "a" / "bench-prefill.json").unlink()
+    with pytest.raises(SystemExit, match="1 valid point.*fewer than the 4 fitted parameters"):
+        fitmod.main([str(tmp_path / "a")])

@@ -942,7 +942,7 @@ def test_a_trial_the_planner_fits_with_pipeline_parallelism_counts_all_its_gpus(
     assert (p.tp, p.pp) == (1, 8) and ev.n_gpus_plan(p) == 8 == ev.n_gpus({"tp": 1, "dp": 1})
     space = Space({"tp": [1], "dp": [1]})
     assert smallest_trial(ev, space) == 8
-    assert trial_pool(inv, space, 18040, need=smallest_trial(ev, space)).limit == 1
+    assert trial_pool(inv, 18040, need=smallest_trial(ev, space)).limit == 1
 
 
 def test_server_key_resolves_vllm_defaults_on_an_h200(tmp_path):

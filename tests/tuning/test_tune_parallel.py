@@ -777,6 +777,22 @@ def test_dry_run_shows_slots_and_start_order(tmp_path):
         st.dry_run(tmp_path / "s", settings, inventory=inv, parallel_trials=0)
 
 
+@pytest.mark.parametrize(("system", "trials"), [("b200x8", 4), ("h200x8", 2)])
+def test_dry_run_slots_are_the_sets_the_limit_counted(tmp_path, system, trials):
+    """The dry run's slots have the GPUs of the space's smallest configuration as planned (TP x PP x DP, what the
+    scheduler sizes trials by), one per trial at once (before: min(tp) x min(dp) GPUs, "4 trial(s) of 2 GPU(s)"
+    shown as slots GPUs 0; GPUs 1; GPUs 2; GPUs 3 on a B200 x8)."""
+    from m3ctl.hw.systems import inventory_for_system
+    from m3ctl.tuning import study as st
+
+    inv = inventory_for_system(system)
+    settings = st.new_settings("MiniMax-M3.1-Flash", inv, slo="p90_tpot_ms<=50", port=18600)
+    par = st.dry_run(tmp_path / "s", settings, inventory=inv, parallel_trials="auto")["parallel"]
+    need = 8 // trials
+    assert par["trials"] == trials == len(par["slots"]) and f"{trials} trial(s) of {need} GPU(s)" in par["why"]
+    assert [s["gpus"] for s in par["slots"]] == [list(range(i * need, (i + 1) * need)) for i in range(trials)]
+
+
 def test_cli_parallel_trials_option(tmp_path):
     from tests.conftest import run_cli
 

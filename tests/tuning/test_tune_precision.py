@@ -71,7 +71,11 @@ def test_the_default_run_has_enough_whole_latency_batches_for_an_interval_and_th
 
 @pytest.mark.parametrize(
     "value, said",
-    [("0", "--precision 0 must be a relative half-width"), ("60%", "--precision 0.6 must be"), ("x", "'x' is not")],
+    [
+        ("0", "'0' is not a relative half-width above 0 and at most 50%"),
+        ("200%", "'200%' is not a relative half-width above 0 and at most 50%"),
+        ("x", "'x' is not"),
+    ],
 )
 def test_a_bad_precision_is_one_line_and_exit_2(value, said):
     r = run_cli(*DRY, "--precision", value)
