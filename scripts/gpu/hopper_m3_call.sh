@@ -8,7 +8,8 @@
 #   default  `m3ctl serve` with NO attention option, as a new user would: it must come up ready on the plan's default
 #            for Hopper (the known issue's dense fallback) with the full smoke, then a long-prompt bench (4,096 in).
 #   grid     on that server: the estimate fit's runs (docs/results/estimate-fit.md): a decode sweep at concurrency
-#            1,4,16,64 (1,024 in / 256 out) and a prefill sweep at concurrency 1 (512 to 8,192 in / 1 out).
+#            1,4,16,64 (1,024 in / 256 out) and a prefill sweep at concurrency 1 (512 to 8,192 in / 1 out; not with
+#            GRID_PREFILL=0).
 #   msa      the failing path asked for explicitly (`--attention msa`): what serve says and, where it dies, the cause.
 #   drafter  the scale model with its DSpark drafter (`dev scale-model --drafter`) through the default plan (the day-0
 #            stack: the drafter at its block size, dense attention on Hopper); a short bench with the server's
@@ -68,7 +69,8 @@ if has default || has grid; then
     has default && bench long --input-len 4096 --output-len 64 --concurrency 8 --num-prompts 48 --seed 11
     if has grid; then
       bench decode --input-len 1024 --output-len 256 --ignore-eos --concurrency 1,4,16,64 --seed 21 --power
-      bench prefill --input-len 512,2048,4096,8192 --output-len 1 --concurrency 1 --num-prompts 12 --seed 31
+      [ "${GRID_PREFILL:-1}" = 1 ] && bench prefill --input-len 512,2048,4096,8192 --output-len 1 --concurrency 1 \
+        --num-prompts 12 --seed 31
     fi
   fi
   $M stop m3default > /dev/null 2>&1
