@@ -192,6 +192,9 @@ _NAMES = (
     "host step floor (ms)",
 )
 
+#: For each of :data:`_NAMES`: True where the high end of its range is the fast end (efficiencies, acceptance).
+_HIGHER_IS_FASTER = (True, True, False, False, False, True, False)
+
 #: How a figure is named where its dominant assumption is.
 _LABELS = {
     "tpot_ms": "TPOT",
@@ -272,24 +275,8 @@ def estimate(
     latency = t.comm.all_reduce_latency_us
     floor = e.host_floor_ms
     ranges = [e.hbm, e.compute, e.step_overhead_ms, e.prefill_overhead_ms, latency, wl.acceptance, floor]
-    best = (
-        e.hbm[1],
-        e.compute[1],
-        e.step_overhead_ms[0],
-        e.prefill_overhead_ms[0],
-        latency[0],
-        wl.acceptance[1],
-        floor[0],
-    )
-    worst = (
-        e.hbm[0],
-        e.compute[0],
-        e.step_overhead_ms[1],
-        e.prefill_overhead_ms[1],
-        latency[1],
-        wl.acceptance[0],
-        floor[1],
-    )
+    best = tuple(r[1] if up else r[0] for r, up in zip(ranges, _HIGHER_IS_FASTER, strict=True))
+    worst = tuple(r[0] if up else r[1] for r, up in zip(ranges, _HIGHER_IS_FASTER, strict=True))
     mid = tuple((lo + hi) / 2 for lo, hi in ranges)
     gemm = t.weights.gemm[precision]
     f_best, f_mid, f_worst = (figures(shape, layout, gpu, gemm, wl, p) for p in (best, mid, worst))
