@@ -294,14 +294,11 @@ def estimate(
 
     dominant_by_figure = {k: named(k) for k in f_mid}
     dominant = dominant_by_figure["tok_s_gpu"]
-    fig: dict[str, Figure | None] = {
-        k: Figure(low=min(f_best[k], f_worst[k]), mid=f_mid[k], high=max(f_best[k], f_worst[k])) for k in f_mid
-    }
+    ranged = {k: Figure(low=min(f_best[k], f_worst[k]), mid=f_mid[k], high=max(f_best[k], f_worst[k])) for k in f_mid}
     per_dollar = None
     if price_per_gpu_hour:
-        lo, hi = sorted((f_worst["tok_s_gpu"], f_best["tok_s_gpu"]))
-        gpu_fig = Figure(low=lo, mid=f_mid["tok_s_gpu"], high=hi)
-        per_dollar = Figure(**{k: v * 3600 / price_per_gpu_hour for k, v in gpu_fig.model_dump().items()})
+        per_dollar = Figure(**{k: v * 3600 / price_per_gpu_hour for k, v in ranged["tok_s_gpu"].model_dump().items()})
+    fig: dict[str, Figure | None] = dict(ranged)
     assumptions = [
         f"{n} {r[0]:g}-{r[1]:g}"
         for n, r in zip(_NAMES, ranges, strict=True)
