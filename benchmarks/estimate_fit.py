@@ -145,7 +145,7 @@ def host_floor(floors: tuple[tuple[int, float], ...], concurrency: int) -> float
         return 0.0
     pts = list(floors)
     if concurrency <= pts[0][0] or len(pts) == 1:
-        return pts[0][1] if concurrency <= pts[0][0] else pts[-1][1]
+        return pts[0][1]
     for (c0, f0), (c1, f1) in itertools.pairwise(pts):
         if concurrency <= c1:
             return f0 + (f1 - f0) * (concurrency - c0) / (c1 - c0)

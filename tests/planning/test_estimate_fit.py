@@ -278,3 +278,40 @@ def test_too_few_points_and_one_gpu_kind_are_said_not_passed(fitmod, tmp_path, c
     (tmp_path / "a" / "bench-prefill.json").unlink()
     with pytest.raises(SystemExit, match="1 valid point.*fewer than the 4 fitted parameters"):
         fitmod.main([str(tmp_path / "a")])
+
+
+def test_a_runs_host_floor_is_read_interpolated_and_lent_within_its_gpu_kind(fitmod, tmp_path, capsys):
+    """A floor measured at c = 1 and 4 (bench-floor.json): linear between them, flat below, the rising line above;
+    the run is priced with it (a 5.0 ms floor over a GPU step of ~3.1 ms sets c = 1's TPOT), and a second run of the
+    kind that measured none is priced with the first's and says so."""
+    floors = ((1, 0.002), (4, 0.0026))
+    assert fitmod.host_floor((), 8) == 0.0
+    assert fitmod.host_floor(((4, 0.003),), 64) == 0.003
+    assert fitmod.host_floor(floors, 1) == pytest.approx(0.002)
+    assert fitmod.host_floor(floors, 2) == pytest.approx(0.0022)
+    assert fitmod.host_floor(floors, 16) == pytest.approx(0.0026 + 0.0002 * 12)
+    assert fitmod.host_floor(((1, 0.002), (4, 0.0018)), 64) == pytest.approx(0.0018)  # a falling line: held
+    floors = ((1, 0.005), (4, 0.0056))
+    cfg = scale_config(ScaleModelSpec(arch="minimax-m3", layers=2, quant="bf16"))
+    eff = (0.62, 0.41, 1.3, 14.0)
+    _synthetic(fitmod, tmp_path / "a", "h100", cfg, eff)
+    _synthetic(fitmod, tmp_path / "b", "h100", cfg, eff, repeat=True)
+    runs = [
+        {"completed": 20, "max_concurrency": c, "median_tpot_ms": f * 1e3, "validity": {"valid": True}}
+        for c, f in floors
+    ]
+    (tmp_path / "a" / "bench-floor.json").write_text(json.dumps({"runs": runs}))
+    (kind,) = fitmod.load_kinds([tmp_path / "a", tmp_path / "b"])
+    assert kind.floors == {"a": floors} and kind.floor_from == {"b": "a"}
+    by = {(p.run, p.kind, p.concurrency): p for p in kind.points}
+    for run in ("a", "b"):
+        assert by[(run, "decode", 1)].floor_s == pytest.approx(0.005)
+        assert by[(run, "decode", 16)].floor_s == pytest.approx(0.008)
+        c1 = fitmod.predict(kind, kind.gpu, by[(run, "decode", 1)], *eff)
+        assert c1["tpot_ms"] == pytest.approx(5.0)  # the floor, not the GPU's ~3.1 ms step
+    fitmod._floor_table([kind])
+    out = capsys.readouterr().out
+    assert (
+        "| h100 | a | c=1: 5.00, c=4: 5.60 | its own host |" in out
+        and "| h100 | b | c=1: 5.00, c=4: 5.60 | lent by a |" in out
+    )
