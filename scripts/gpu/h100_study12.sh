@@ -10,6 +10,8 @@
 #           same precision, the tune's compile cache and its CUDA-graph capture bound (64); the tune's choice first
 # Each call records the host (host.txt) and samples GPU power, SM clock and clock-event reasons every 5 s
 # (samples.txt). Carry .bundle .whl. Usage: bash scripts/gpu/h100_study12.sh
+# Overrides (the defaults are the first study's): SEQS, the tune's max_num_seqs values; GRID, the grid's
+# configurations after the tune's choice (from defaults, seqs32, seqs256, seqs1024); SLO_MS, the p90 TPOT bound.
 set -u
 exec > >(tee "$OUT/call.log") 2>&1
 t0=$(date +%s); STOP_AT=${STOP_AT:-585}; SEARCH_S=${SEARCH_S:-270}
@@ -19,6 +21,7 @@ source scripts/gpu/wt-env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit,clocks.max.sm --format=csv,noheader | tee -a "$OUT/host.txt"
 MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -1)
 if [ "${MIB:-0}" -ge 120000 ]; then LAYERS=16; SLO="p90_tpot_ms<=20"; else LAYERS=12; SLO="p90_tpot_ms<=15"; fi
+[ -n "${SLO_MS:-}" ] && SLO="p90_tpot_ms<=$SLO_MS"
 echo "GPU memory $MIB MiB: $LAYERS layers, SLO $SLO" | tee -a "$OUT/host.txt"
 $M dev scale-model /tmp/sm2 --arch minimax-m2 --layers $LAYERS --quant fp8 > /dev/null || { echo "scale-model failed"; exit 1; }
 echo "setup done at $(( $(date +%s) - t0 )) s"
@@ -31,19 +34,19 @@ pack() { tar -C /tmp -czf "$OUT/study.tgz" --exclude='*.png' --exclude=vllm-cach
 trap pack EXIT
 timeout -s INT $(( SEARCH_S + 40 )) $M tune --model /tmp/sm2 --study-dir $S --port 8040 --slo "$SLO" \
   --objective tput_per_gpu --knob tp=1 --knob dcp=1 --knob ep=false --knob dbo=false --knob spec_depth=0 \
-  --knob max_num_seqs=32,256,1024 --knob max_num_batched_tokens=8192 --knob kv_cache_dtype=default \
+  --knob max_num_seqs="${SEQS:-32,256,1024}" --knob max_num_batched_tokens=8192 --knob kv_cache_dtype=default \
   --ladder 64 --input-len 2048 --output-len 128 --prompt-text fresh --precision 3% --max-duration 25 \
   --max-trials 4 --time-budget $SEARCH_S --confirm-top 0 -- --load-format dummy > "$OUT/tune.log" 2>&1
 echo "tune rc=$? at $(( $(date +%s) - t0 )) s"
 $M stop --all > /dev/null 2>&1
 tail -25 "$OUT/tune.log"
 set -- $(python3 - "$S/result.json" <<'PY'
-import json, sys
+import json, os, sys
 r = json.load(open(sys.argv[1]))
 trials = {t.get("trial"): t for t in r.get("trials", [])}
 chosen = r.get("chosen")
 seqs = (trials.get(r.get("chosen_trial")) or {}).get("config", {}).get("max_num_seqs") if chosen != "defaults" else None
-order = [f"seqs{seqs}" if seqs else "defaults"] + ["defaults", "seqs256", "seqs32"]
+order = [f"seqs{seqs}" if seqs else "defaults"] + os.environ.get("GRID", "defaults seqs256 seqs32").split()
 flags = {"defaults": "", "seqs256": "--+--max-num-seqs+256", "seqs32": "--+--max-num-seqs+32",
          "seqs1024": "--+--max-num-seqs+1024"}
 print(" ".join(f"{n}={flags[n]}" for n in dict.fromkeys(order)))
