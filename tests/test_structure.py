@@ -208,7 +208,7 @@ NOT_ON_ONE_PLAN = ("m3ctl.planning.estimate", "m3ctl.planning.listing", "m3ctl.p
 #: Libraries neither start-up path may load (engines, containers, plotting, the tuner's sampler).
 HEAVY = ("torch", "vllm", "transformers", "tokenizers", "docker", "matplotlib", "optuna", "pynvml", "amdsmi", "numpy")
 #: Standard-library parts a plan for a catalog system (``--system``) needs not: the container engine's HTTP client
-#: (with ssl) and the NVIDIA probe's ctypes and XML parser (m3ctl.hw imports them on first use, m3ctl/core/lazy.py).
+#: (with ssl) and the NVIDIA probe's ctypes and XML parser (m3ctl.hw imports them on first use, m3ctl/catalog/lazy.py).
 NOT_ON_SYSTEM_PLAN = ("http.client", "ssl", "ctypes", "xml.etree")
 #: What `m3ctl --help` loads of m3ctl: the package, the CLI's entry point with its table of commands
 #: (m3ctl.cli.app.COMMANDS), and what the entry point needs to report an error (m3ctl.cli.output, m3ctl.errors).
