@@ -22,7 +22,7 @@ from typer.core import TyperGroup
 from typer.exceptions import Abort as _Abort
 from typer.exceptions import Exit as _Exit
 from typer.exceptions import TyperException as _UsageBase
-from typer.main import get_command_from_info, get_group
+from typer.main import get_command, get_command_from_info, get_group
 from typer.models import CommandInfo
 
 from m3ctl import __version__
@@ -297,8 +297,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if any(k.startswith("M3CTL_") for k in os.environ):
             warn_unknown_env()  # and refuses a bad value of one m3ctl reads (m3ctl.assess.request.check_env)
-        check_repeated(typer.main.get_command(app), args)
-        rv = app(args=args, prog_name="m3ctl", standalone_mode=False)
+        root = get_command(app)  # built once: the chosen command's options are read by both calls
+        check_repeated(root, args)
+        rv = root(args=args, prog_name="m3ctl", standalone_mode=False)  # app(...) would build it again
         return rv if isinstance(rv, int) else 0
     except _Exit as e:
         return e.exit_code
