@@ -3,7 +3,7 @@
 (m3ctl.tuning.plans.TrialPlans.plan: one per configuration and one for the baseline since a configuration is planned
 once), and the CPU seconds of the dry run itself (imports done before: ``m3ctl.api.tune(dry_run=True)`` in this
 process), as median and min..max of ``--runs`` runs, and which heavy libraries the dry run loaded (aiohttp is
-imported only by a run that sends requests; numpy, httpx and prometheus_client by the first use, m3ctl.core.lazy). The whole command's start-up and wall time are benchmarks/startup.py's
+imported only by a run that sends requests; numpy, httpx and prometheus_client by the first use, m3ctl.catalog.lazy). The whole command's start-up and wall time are benchmarks/startup.py's
 (its last row, next to ``python -c pass``, ``m3ctl --help`` and ``plan --system b200x8``). Targets (the issue "Each
 verb a package of stages"): the dry run under 1 s of CPU. Nothing is asserted (this is no test).
 

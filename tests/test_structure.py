@@ -208,16 +208,16 @@ NOT_ON_ONE_PLAN = ("m3ctl.planning.estimate", "m3ctl.planning.listing", "m3ctl.p
 #: Libraries neither start-up path may load (engines, containers, plotting, the tuner's sampler).
 HEAVY = ("torch", "vllm", "transformers", "tokenizers", "docker", "matplotlib", "optuna", "pynvml", "amdsmi", "numpy")
 #: Standard-library parts a plan for a catalog system (``--system``) needs not: the container engine's HTTP client
-#: (with ssl) and the NVIDIA probe's ctypes and XML parser (m3ctl.hw imports them on first use, m3ctl/core/lazy.py).
+#: (with ssl) and the NVIDIA probe's ctypes and XML parser (m3ctl.hw imports them on first use, m3ctl/catalog/lazy.py).
 NOT_ON_SYSTEM_PLAN = ("http.client", "ssl", "ctypes", "xml.etree")
 #: What `m3ctl --help` loads of m3ctl: the package, the CLI's entry point with its table of commands
 #: (m3ctl.cli.app.COMMANDS), and what the entry point needs to report an error (m3ctl.cli.output, m3ctl.errors).
 HELP_LOADS = {"m3ctl", "m3ctl.cli", "m3ctl.cli.app", "m3ctl.cli.output", "m3ctl.errors"}
 
 
-def loaded_by(*argv: str) -> list[str]:
+def loaded_by(*argv: str, cache: Path | None = None) -> list[str]:
     """The modules loaded after ``m3ctl ARGV`` ran in a fresh interpreter (no ``M3CTL_*`` variable, an empty
-    config directory, output discarded)."""
+    config directory, output discarded); ``cache``: its ``XDG_CACHE_HOME`` (m3ctl's data caches)."""
     code = (
         "import contextlib, io, json, sys\n"
         "from m3ctl.cli.app import main\n"
@@ -227,6 +227,8 @@ def loaded_by(*argv: str) -> list[str]:
     )
     env = {k: v for k, v in os.environ.items() if not k.startswith("M3CTL_")}
     env["XDG_CONFIG_HOME"] = str(REPO / "tests" / "fixtures" / "no-such-config-dir")
+    if cache is not None:
+        env["XDG_CACHE_HOME"] = str(cache)
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env, cwd=REPO)
     rc, modules = json.loads(p.stdout.strip().splitlines()[-1])
@@ -245,6 +247,13 @@ def test_plan_loads_no_load_generator_serving_tuning_or_checks_module():
     assert [m for m in loaded if _in(m, HEAVY)] == []
     assert [m for m in loaded if _in(m, NOT_ON_ONE_PLAN)] == []
     assert [m for m in loaded if _in(m, NOT_ON_SYSTEM_PLAN)] == []
+
+
+def test_a_plan_from_filled_caches_imports_no_yaml_parser(tmp_path):
+    """Once a plan has filled m3ctl's data caches (parsed YAML, validated content), the next one reads every packaged
+    file from them and never imports PyYAML (m3ctl/catalog/lazy.py; ~10 ms of start-up)."""
+    assert "yaml" in loaded_by("plan", "--system", "b200x8", cache=tmp_path)  # the first parses and fills them
+    assert [m for m in loaded_by("plan", "--system", "b200x8", cache=tmp_path) if _in(m, ("yaml",))] == []
 
 
 def test_root_help_loads_the_cli_table_only():

@@ -19,15 +19,20 @@ import importlib.util
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from m3ctl.assess.capability import engine_version as installed_version
 from m3ctl.assess.capability import version_lt
 from m3ctl.catalog import data, parse, register
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.errors import BadInput, CatalogError
+
+if TYPE_CHECKING:
+    import yaml
+else:
+    yaml = lazy_module("yaml")
 
 #: Registry file inside the vllm package.
 REGISTRY_PATH = "vllm/model_executor/models/registry.py"

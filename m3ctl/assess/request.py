@@ -23,17 +23,22 @@ import json
 import os
 import shlex
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-import yaml
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from m3ctl.catalog import Profile, _explain, load_yaml, yaml_error
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.catalog.loader import read_user_text
 from m3ctl.catalog.vllm_args import _is_option, canon_flag, check_choice, read_raw_args, vllm_int
 from m3ctl.catalog.vllm_values import check_args
 from m3ctl.core.secrets import MASK, is_secret_name, redact_env, redact_raw, secret_flag
 from m3ctl.errors import BadInput, first_error, plain_text
+
+if TYPE_CHECKING:
+    import yaml
+else:
+    yaml = lazy_module("yaml")
 
 #: The origin of what the command line (or an API call's own arguments) sets (:meth:`PlanRequest.origin_of`).
 DIRECT = "command line / API"

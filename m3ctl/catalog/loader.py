@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import functools
 import hashlib
 import marshal
 import os
@@ -22,10 +23,15 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar, Union, get_args, get_origin
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationError
 
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.errors import BadInput, CatalogError, cause
+
+if TYPE_CHECKING:
+    import yaml
+else:
+    yaml = lazy_module("yaml")
 
 
 def _compiles(v: str) -> str:
@@ -119,26 +125,17 @@ def _schema_hint(model: type[BaseModel]) -> str:
     return f"fix the file; see the schema {model.__qualname__} in {mod}{'/__init__.py' if package else '.py'}"
 
 
-#: libyaml's safe loader when PyYAML was built with it, else the pure-Python one (same API).
-if TYPE_CHECKING:
-    from yaml import SafeLoader as _SafeLoader
-else:
-    _SafeLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-class _UniqueKeyLoader(_SafeLoader):
-    """YAML's safe loader (libyaml when present) that refuses a key given twice in one mapping: PyYAML keeps the
-    last silently, so ``port: 8000`` ... ``port: 9000`` would plan 9000 with no word (YAML 1.2 requires unique
-    keys: https://yaml.org/spec/1.2.2/#mapping)."""
-
-    def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if isinstance(key, str | int | float | bool) and key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+def _construct_mapping(loader: Any, node: Any, deep: bool = False) -> dict[Any, Any]:
+    """YAML's mapping, refused when a key is given twice in it: PyYAML keeps the last silently, so ``port: 8000``
+    ... ``port: 9000`` would plan 9000 with no word (YAML 1.2 requires unique keys:
+    https://yaml.org/spec/1.2.2/#mapping)."""
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if isinstance(key, str | int | float | bool) and key in seen:
+            raise yaml.constructor.ConstructorError(None, None, f"key {key!r} given twice", key_node.start_mark)
+        seen.add(key)
+    return yaml.constructor.SafeConstructor.construct_mapping(loader, node, deep=deep)
 
 
 def _construct_int(loader: yaml.constructor.SafeConstructor, node: Any) -> int:
@@ -156,7 +153,16 @@ def _construct_int(loader: yaml.constructor.SafeConstructor, node: Any) -> int:
         ) from None
 
 
-_UniqueKeyLoader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+@functools.cache
+def unique_key_loader() -> type[yaml.SafeLoader]:
+    """YAML's safe loader (libyaml's when PyYAML was built with it, else the pure-Python one: same API) that refuses
+    a key given twice in one mapping (:func:`_construct_mapping`) and an int past Python's digit limit
+    (:func:`_construct_int`). Built on the first parse: a plan whose data files come from the caches
+    (:func:`yaml_cache_dir`, :mod:`m3ctl.catalog.registry`) imports no PyYAML (m3ctl/catalog/lazy.py)."""
+    base: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    loader: type[yaml.SafeLoader] = type("UniqueKeyLoader", (base,), {"construct_mapping": _construct_mapping})
+    loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
+    return loader
 
 
 def load_yaml(text: str) -> Any:
@@ -167,7 +173,7 @@ def load_yaml(text: str) -> Any:
         yaml.YAMLError: invalid YAML or a duplicate key (its first line says which, and where)."""
     if _PACKAGED_READ.get():
         return _cached_load(text)
-    return yaml.load(text, Loader=_UniqueKeyLoader)
+    return yaml.load(text, Loader=unique_key_loader())
 
 
 #: Set while m3ctl reads its own packaged data files (:func:`packaged_reads`): only their parsed YAML is cached on
@@ -206,7 +212,7 @@ def _cached_load(text: str) -> Any:
         return marshal.loads(path.read_bytes())
     except (OSError, ValueError, EOFError, TypeError):
         pass  # none yet, or unreadable: parse, and replace it
-    loaded = yaml.load(text, Loader=_UniqueKeyLoader)
+    loaded = yaml.load(text, Loader=unique_key_loader())
     try:
         blob = marshal.dumps(loaded)
     except ValueError:

@@ -29,7 +29,7 @@ from urllib.parse import quote
 from pydantic import BaseModel, ConfigDict, Field
 
 from m3ctl.catalog import data, register, vendors
-from m3ctl.core.lazy import lazy_module
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.hw.inventory import ContainerFacts, DriverFacts
 
 if TYPE_CHECKING:

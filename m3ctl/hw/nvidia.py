@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from m3ctl.core.lazy import lazy_module
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.hw.inventory import FabricManager, GpuInfo, Link, MigDevice, nvidia_arch
 from m3ctl.hw.probe import ProbeDeclined, ProbeResult, Runner, _code, _s, default_runner
 

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-from m3ctl.core.lazy import lazy_module
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.core.prometheus import samples
 from m3ctl.hw.amd import import_amdsmi
 from m3ctl.hw.nvidia import init_nvml

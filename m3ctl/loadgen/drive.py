@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from m3ctl.core.lazy import lazy_module
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.loadgen import sink, uncertainty
 from m3ctl.loadgen.client import PROGRESS, BenchRequest, RequestOutput, aiohttp_module, build_body, send_request
 from m3ctl.loadgen.config import PRECISION_MAX_DURATION_S, BenchConfig

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from m3ctl.core.lazy import lazy_module, preload
+from m3ctl.catalog.lazy import lazy_module, preload
 from m3ctl.errors import BadInput, Unauthorised
 from m3ctl.loadgen import servermetrics, workloads
 from m3ctl.loadgen import trace as traces

@@ -32,8 +32,8 @@ from collections.abc import Awaitable, Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.core import signals
-from m3ctl.core.lazy import lazy_module
 from m3ctl.errors import BadInput, BenchServerDown
 from m3ctl.loadgen import procs, sink
 from m3ctl.loadgen import sweep as sweeps

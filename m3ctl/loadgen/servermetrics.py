@@ -26,7 +26,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from m3ctl.core.lazy import lazy_module
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.core.prometheus import samples
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from m3ctl.core.lazy import lazy_module
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.core.secrets import auth_headers, client_key, key_hint, split_url_credentials
 from m3ctl.core.state import Registry
 from m3ctl.errors import BadInput, M3Error, Unauthorised

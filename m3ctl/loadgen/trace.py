@@ -56,8 +56,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.core.files import read_user_text
-from m3ctl.core.lazy import lazy_module
 from m3ctl.errors import BadInput
 from m3ctl.loadgen import MAX_REQUEST_TOKENS
 from m3ctl.loadgen.client import BenchRequest, RequestOutput

@@ -28,7 +28,7 @@ import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from m3ctl.core.lazy import lazy_module
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.loadgen.client import RequestOutput
 
 if TYPE_CHECKING:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from m3ctl.core.lazy import lazy_module
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.core.verdict import Judgement
 from m3ctl.errors import BenchServerDown, ChecksFailed, M3Error
 from m3ctl.loadgen import metrics

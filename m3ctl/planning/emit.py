@@ -30,11 +30,10 @@ import json
 import math
 import re
 import shlex
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from m3ctl.catalog import vendors
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.core.secrets import source_var
 from m3ctl.core.state import Registry
 from m3ctl.errors import BadInput
@@ -49,6 +48,11 @@ from m3ctl.planning.launch import (
     serve_command,
 )
 from m3ctl.planning.plan import LaunchPlan
+
+if TYPE_CHECKING:
+    import yaml
+else:
+    yaml = lazy_module("yaml")
 
 FORMATS = ("docker", "compose", "k8s", "lws", "script", "ray", "vllm-config", "vllm-env")
 RAY_PORT = 6379

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from m3ctl.core.lazy import lazy_module
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.core.state import Deployment, Registry, StateWriteFailed
 from m3ctl.errors import ConfigRejected, LaunchFailed
 from m3ctl.hw.gpumem import gpu_memory_by_pid

@@ -16,7 +16,7 @@ import subprocess
 import time
 from typing import TYPE_CHECKING
 
-from m3ctl.core.lazy import lazy_module
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.core.state import MARKER_ENV, Deployment, Registry
 from m3ctl.errors import LaunchFailed
 from m3ctl.planning.plan import LaunchPlan

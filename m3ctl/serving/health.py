@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from m3ctl.core.lazy import lazy_module
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.errors import LaunchFailed
 from m3ctl.serving.diagnose import DiagContext, diagnose_log, diagnose_text, explain_port_conflict
 

@@ -60,7 +60,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from m3ctl.core.lazy import lazy_module
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.serving.smoke_checks import CHECKS, WORKLOAD_CHECKS, Refused, SmokeRun, StreamError
 from m3ctl.serving.smoke_plan import (
     DEFAULT_LEVEL,

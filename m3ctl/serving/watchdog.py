@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from m3ctl.core.lazy import lazy_module
+from m3ctl.catalog.lazy import lazy_module
 from m3ctl.core.secrets import API_KEY_ENV, client_key, remember
 from m3ctl.core.state import Deployment, Registry
 from m3ctl.errors import M3Error

@@ -1,5 +1,5 @@
 """How the ``m3ctl`` process starts and leaves (m3ctl.cli.app): a command's import runs with the cyclic garbage
-collector paused and frozen after it; the process leaves without tearing the interpreter down (``os._exit`` after
+collector paused and frozen after it, and so does the whole run of a short command (``plan``); the process leaves without tearing the interpreter down (``os._exit`` after
 the exit handlers and a flush of stdout and stderr), unless a thread, a profiler or a tracer needs the usual exit.
 Both are start-up work of every command (benchmarks/startup.py)."""
 
@@ -11,7 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from m3ctl import api
 from m3ctl.cli.app import gc_paused, main
+from m3ctl.errors import EXIT_USAGE, BadInput
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -98,3 +100,19 @@ def test_a_paused_collector_stays_off_when_it_was_off():
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+def test_plan_runs_with_the_collector_paused_and_turns_it_on_again(monkeypatch):
+    seen = []
+
+    def planned(*args, **kwargs):
+        seen.append(gc.isenabled())
+        raise BadInput("stop here", "nothing to plan")
+
+    monkeypatch.setattr(api, "plan", planned)
+    try:
+        assert main(["plan", "--system", "b200x8"]) == EXIT_USAGE
+    finally:
+        gc.unfreeze()
+    assert seen == [False]
+    assert gc.isenabled()

@@ -1,4 +1,4 @@
-"""numpy, httpx and prometheus_client's parser are imported on first use (m3ctl.core.lazy.lazy_module): ``tune
+"""numpy, httpx and prometheus_client's parser are imported on first use (m3ctl.catalog.lazy.lazy_module): ``tune
 --dry-run`` loads the load generator, the serving checks and the power sampler and calls none of them, and the
 libraries cost it ~0.3 s of CPU. Once used, the stand-in is the library."""
 
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from m3ctl.core.lazy import LazyModule, lazy_module
+from m3ctl.catalog.lazy import LazyModule, lazy_module
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -1,5 +1,5 @@
 """Heavy libraries imported on first use: the one accessor of the modules that import numpy, httpx,
-prometheus_client's parser or psutil, and of the standard-library parts that only a probe uses (``http.client`` with ssl
+prometheus_client's parser, psutil or PyYAML, and of the standard-library parts that only a probe uses (``http.client`` with ssl
 for the container engine's API, ``ctypes`` and ``xml.etree`` for the NVIDIA probe: ~15 ms that a plan for a catalog
 system never needs; tests/test_structure.py checks it loads none).
 
@@ -14,6 +14,11 @@ sampler to describe the study it would run, and sends no request and computes no
 
 and uses ``np`` as before; the library is imported at the first attribute read (``np.array``), and not at all by a
 command that reads none. Type checkers see the real module.
+
+PyYAML (~10 ms of every ``m3ctl plan``) is needed only to parse: a plan reads its packaged data files from the
+caches (m3ctl.catalog.loader.yaml_cache_dir, m3ctl.catalog.registry.validated_cache_dir) and imports it only for a
+file not cached yet, a user's file or a YAML form (``--emit k8s``). This accessor sits in ``catalog/``, the bottom
+package, so that its YAML reader (m3ctl.catalog.loader) can use it; it imports nothing of m3ctl.
 """
 
 from __future__ import annotations
