@@ -52,8 +52,9 @@ def print_dry_run(con, r: dict, limit: int = 40) -> None:
         con.print(f"  pruned before launch: {escape(note)}", soft_wrap=True)
     rejected = [c for c in r["candidates"] if c["status"] != "ok"]
     con.print(
-        f"  {r['feasible']} of {len(r['candidates'])} configurations pass the plan rules; "
-        f"{len(rejected)} would be rejected without a launch"
+        f"  {r['feasible']} of {len(r['candidates'])} configurations pass the plan rules"
+        + (f" ({r['servers']} distinct servers)" if r.get("servers", r["feasible"]) != r["feasible"] else "")
+        + f"; {len(rejected)} would be rejected without a launch"
     )
     for c in r["candidates"][:limit]:
         verdict = "[green]ok[/]" if c["status"] == "ok" else f"[red]rejected[/] {escape(c['reason'])}"
@@ -71,7 +72,10 @@ def print_dry_run(con, r: dict, limit: int = 40) -> None:
     print_parallel(con, r.get("parallel"))
     bl = r["baseline"]
     con.print(
-        "  baseline command: " + (escape(bl["command"]) if "command" in bl else f"skipped ({escape(bl['skipped'])})"),
+        "  baseline command"
+        + (f" ({escape(bl['describe'])})" if bl.get("describe") else "")
+        + ": "
+        + (escape(bl["command"]) if "command" in bl else f"skipped ({escape(bl['skipped'])})"),
         soft_wrap=True,
     )
     first = r.get("first")
