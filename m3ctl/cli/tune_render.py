@@ -71,11 +71,10 @@ def print_dry_run(con, r: dict, limit: int = 40) -> None:
         con.print(f"  trial starts: {escape(r['starts'])}", soft_wrap=True)
     print_parallel(con, r.get("parallel"))
     bl = r["baseline"]
+    if bl.get("describe"):
+        con.print(f"  baseline: vLLM's defaults at {escape(bl['describe'])}", soft_wrap=True)
     con.print(
-        "  baseline command"
-        + (f" ({escape(bl['describe'])})" if bl.get("describe") else "")
-        + ": "
-        + (escape(bl["command"]) if "command" in bl else f"skipped ({escape(bl['skipped'])})"),
+        "  baseline command: " + (escape(bl["command"]) if "command" in bl else f"skipped ({escape(bl['skipped'])})"),
         soft_wrap=True,
     )
     first = r.get("first")
