@@ -212,45 +212,6 @@ class TrialPlans:
         dry run, the report and the profile show."""
         return describe(cand, space, self.layout(cand))
 
-    def collapse_same_servers(self, space: Space) -> tuple[Space, list[str]]:
-        """``space`` without the knob values that only plan servers another value of the same knob plans already
-        (pruning before launch, as :func:`m3ctl.tuning.space.prune_dominated`): a value ``b`` of a knob goes when
-        every configuration with ``b`` that the rules accept has the :meth:`server_key` of the same configuration
-        with an earlier kept value ``a`` (e.g. ``kv_cache_dtype`` default and nvfp4 where the checkpoint's KV cache
-        is NVFP4: one ``vllm serve`` command but for each trial's port, served name and caches). Measuring both
-        would spend two starts of the budget on one server. Returns the space and one note per dropped value."""
-        keys: dict[str, str | None] = {}
-
-        def key(c: dict[str, Any]) -> str | None:
-            k = key_of(c)
-            if k not in keys:
-                try:
-                    keys[k] = self.server_key(c)
-                except ConfigRejected:
-                    keys[k] = None
-            return keys[k]
-
-        vals = {k: list(v) for k, v in space.values.items()}
-        notes: list[str] = []
-        for knob in list(vals):
-            kept: list[Any] = []
-            for b in vals[knob]:
-                rest = Space({**vals, knob: [b]}).grid()
-                same = next((a for a in kept if _same_servers(key, rest, knob, a)), _NONE)
-                if same is _NONE:
-                    kept.append(b)
-                    continue
-                flag = FLAGS.get(knob, knob)
-                shown = next((self._planned(c).vllm_args.get(flag) for c in rest if key(c) is not None), None)
-                notes.append(
-                    f"{knob} {b} dropped: it plans the very server of {knob} {same}"
-                    + (f" (--{flag} {shown} in both)" if shown is not None else "")
-                    + ": the same vllm serve command but for each trial's port, name and caches, so it would "
-                    "measure one server twice"
-                )
-            vals[knob] = kept
-        return Space(values=vals, spec_method=space.spec_method, pinned_by_user=set(space.pinned_by_user)), notes
-
     @staticmethod
     def _key(p) -> dict[str, Any]:
         args = {k: v for k, v in (p.vllm_args or {}).items() if k not in ("max-num-batched-tokens", "max-num-seqs")}
@@ -366,6 +327,46 @@ class TrialPlans:
             sort_keys=True,
             default=str,
         )
+
+
+def collapse_same_servers(plans: TrialPlans, space: Space) -> tuple[Space, list[str]]:
+    """``space`` without the knob values that only plan servers another value of the same knob plans already
+    (pruning before launch, as :func:`m3ctl.tuning.space.prune_dominated`): a value ``b`` of a knob goes when
+    every configuration with ``b`` that the rules accept has the :meth:`TrialPlans.server_key` of the same configuration
+    with an earlier kept value ``a`` (e.g. ``kv_cache_dtype`` default and nvfp4 where the checkpoint's KV cache
+    is NVFP4: one ``vllm serve`` command but for each trial's port, served name and caches). Measuring both
+    would spend two starts of the budget on one server. Returns the space and one note per dropped value."""
+    keys: dict[str, str | None] = {}
+
+    def key(c: dict[str, Any]) -> str | None:
+        k = key_of(c)
+        if k not in keys:
+            try:
+                keys[k] = plans.server_key(c)
+            except ConfigRejected:
+                keys[k] = None
+        return keys[k]
+
+    vals = {k: list(v) for k, v in space.values.items()}
+    notes: list[str] = []
+    for knob in list(vals):
+        kept: list[Any] = []
+        for b in vals[knob]:
+            rest = Space({**vals, knob: [b]}).grid()
+            same = next((a for a in kept if _same_servers(key, rest, knob, a)), _NONE)
+            if same is _NONE:
+                kept.append(b)
+                continue
+            flag = FLAGS.get(knob, knob)
+            shown = next((plans.check(c).vllm_args.get(flag) for c in rest if key(c) is not None), None)
+            notes.append(
+                f"{knob} {b} dropped: it plans the very server of {knob} {same}"
+                + (f" (--{flag} {shown} in both)" if shown is not None else "")
+                + ": the same vllm serve command but for each trial's port, name and caches, so it would "
+                "measure one server twice"
+            )
+        vals[knob] = kept
+    return Space(values=vals, spec_method=space.spec_method, pinned_by_user=set(space.pinned_by_user)), notes
 
 
 _NONE = object()

@@ -42,7 +42,7 @@ from m3ctl.tuning.options import (
     saved_fields,
     spec_default,
 )
-from m3ctl.tuning.plans import TrialPlans
+from m3ctl.tuning.plans import TrialPlans, collapse_same_servers
 from m3ctl.tuning.space import FLAGS, Space, apply_pins, default_space, prune_dominated
 
 
@@ -416,7 +416,7 @@ def new_settings(
 
 def _collapse_same_servers(settings: dict[str, Any], inventory, study_dir: Path) -> None:
     """Drop from ``settings``' space the knob values whose every configuration plans a server another value of the
-    knob plans already (m3ctl.tuning.plans.TrialPlans.collapse_same_servers, with the study's own trial plans), a
+    knob plans already (m3ctl.tuning.plans.collapse_same_servers, with the study's own trial plans), a
     note each in ``settings["pruned"]``: saved with the space, so a resume searches the same space."""
     plan_base = dict(settings["plan_base"])
     if settings.get("profile_file"):
@@ -432,7 +432,7 @@ def _collapse_same_servers(settings: dict[str, Any], inventory, study_dir: Path)
         name_prefix=prefix_for(study_dir),
         space=Space.from_json(settings["space"]),
     )
-    space, notes = plans.collapse_same_servers(Space.from_json(settings["space"]))
+    space, notes = collapse_same_servers(plans, Space.from_json(settings["space"]))
     settings["space"] = space.to_json()
     settings["pruned"] = [*settings["pruned"], *notes]
 
