@@ -259,7 +259,7 @@ def describe(cand: dict[str, Any], space: Space | None = None, layout: dict[str,
     (GPUs: TP x PP x DP), a different server from ``tp=8`` (layers split into stages, not each layer's weights)."""
     keys = space.free() if space is not None else list(cand)
     words = _words(cand, keys)
-    if layout and (layout.get("pp", 1) > 1 or layout.get("tp", cand.get("tp")) != cand.get("tp")):
+    if layout and (layout.get("pp", 1) > 1 or ("tp" in cand and layout.get("tp", cand["tp"]) != cand["tp"])):
         tp, pp, dp = layout.get("tp", 1), layout.get("pp", 1), layout.get("dp", 1)
         planned = f"tp={tp} pp={pp} gpus={tp * pp * dp}"
         words = [planned if w.startswith("tp=") else w for w in words]
