@@ -123,7 +123,7 @@ def rows() -> list[dict]:
             "prefix_cache_hit": f.prefix_hit,
         }
         if f.price is not None:
-            wl["price_per_gpu_hour"] = f.price
+            wl["usd_per_gpu_hour"] = f.price
         e = api.estimate(system=f.system, workload=wl, spec_depth=f.spec_depth)
         fig = getattr(e, f.figure)
         out.append(

@@ -16,6 +16,8 @@ Exit codes (stable, documented in README.md):
      by ``m3ctl stop`` during the run (:class:`BenchServerDown`)
 5    results measured and printed, but they could not be saved (disk full, read-only; :class:`WriteFailed`; a
      tune's study record mid-run)
+6    nothing answers at the server's URL (connection refused or timed out: :class:`ServerUnreachable`); not a typo
+     in the command, so not 2: start the server or point at one that runs
 130  interrupted (Ctrl-C; 143 SIGTERM, 129 SIGHUP: m3ctl.core.signals)
 ===  =========================================================
 """
@@ -36,6 +38,7 @@ EXIT_USAGE = 2
 EXIT_CONFIG_REJECTED = 3
 EXIT_LAUNCH_FAILED = 4
 EXIT_NOT_SAVED = 5
+EXIT_UNREACHABLE = 6
 EXIT_INTERRUPTED = 130
 
 
@@ -310,6 +313,13 @@ def argument_error(who: str, name: str, value: Any, msg: str, hint: str) -> BadI
     60 characters)."""
     shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
     return BadInput(f"{who}({name}={shown}): {msg}", hint)
+
+
+class ServerUnreachable(M3Error):
+    """Nothing answers at a server's URL before any request was sent: the connection is refused (nothing listens)
+    or times out (exit 6). A host name that does not resolve stays :class:`BadInput` (a typo in --url)."""
+
+    exit_code = EXIT_UNREACHABLE
 
 
 class BenchServerDown(M3Error):

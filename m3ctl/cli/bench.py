@@ -44,7 +44,8 @@ from m3ctl.loadgen.report import capacity_lines
 app = typer.Typer(
     help="Load-test an OpenAI-compatible endpoint; `m3ctl bench report` compares results.",
     epilog="Exit 1: a run is BENCH-INVALID; 4: the server went down, or `m3ctl stop` stopped it, during the run "
-    "(named so, the partial results saved); 5: the results could not be saved; 128 + the signal on SIGINT, SIGTERM "
+    "(named so, the partial results saved); 5: the results could not be saved; 6: nothing answers at the URL (start "
+    "the server, or see `m3ctl status`); 128 + the signal on SIGINT, SIGTERM "
     "or SIGHUP (what was measured is saved and shown).",
     **o.PLAIN_HELP,
 )

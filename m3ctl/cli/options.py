@@ -213,7 +213,7 @@ def positive_float(text: str) -> float:
 def percentiles(text: str) -> str:
     """Comma-separated percentiles, each in [0, 100]."""
     try:
-        vals = [float(x) for x in text.split(",") if x.strip()]
+        vals = [float(x) for x in list_items(text, "50,90,99")]
     except ValueError:
         raise typer.BadParameter(f"{text!r} is not a comma-separated list of numbers (e.g. 50,90,99)") from None
     if not vals or any(not 0 <= v <= 100 or math.isnan(v) for v in vals):
@@ -221,10 +221,21 @@ def percentiles(text: str) -> str:
     return text
 
 
+def list_items(text: str, example: str) -> list[str]:
+    """The items of a comma-separated option value, stripped; an empty item (``1,,4``, ``1,4,``, ``""``) is refused:
+    a typo, not a value to drop silently. ``example``: a well-formed value for the message."""
+    items = [x.strip() for x in text.split(",")]
+    if not all(items):
+        raise typer.BadParameter(
+            f"{text!r} has an empty item: give the values separated by single commas (e.g. {example})"
+        )
+    return items
+
+
 def int_list(text: str) -> str:
-    """A comma-separated list of integers >= 1 (``1,2,4,8``)."""
+    """A comma-separated list of integers >= 1 (``1,2,4,8``), no empty item (:func:`list_items`)."""
     try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
+        vals = [int(x) for x in list_items(text, "1,2,4,8")]
     except ValueError:
         raise typer.BadParameter(f"{text!r} is not an integer or a list such as 1,2,4,8") from None
     if not vals or min(vals) < 1:

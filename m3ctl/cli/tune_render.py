@@ -52,8 +52,9 @@ def print_dry_run(con, r: dict, limit: int = 40) -> None:
         con.print(f"  pruned before launch: {escape(note)}", soft_wrap=True)
     rejected = [c for c in r["candidates"] if c["status"] != "ok"]
     con.print(
-        f"  {r['feasible']} of {len(r['candidates'])} configurations pass the plan rules; "
-        f"{len(rejected)} would be rejected without a launch"
+        f"  {r['feasible']} of {len(r['candidates'])} configurations pass the plan rules"
+        + (f" ({r['servers']} distinct servers)" if r.get("servers", r["feasible"]) != r["feasible"] else "")
+        + f"; {len(rejected)} would be rejected without a launch"
     )
     for c in r["candidates"][:limit]:
         verdict = "[green]ok[/]" if c["status"] == "ok" else f"[red]rejected[/] {escape(c['reason'])}"
@@ -70,6 +71,8 @@ def print_dry_run(con, r: dict, limit: int = 40) -> None:
         con.print(f"  trial starts: {escape(r['starts'])}", soft_wrap=True)
     print_parallel(con, r.get("parallel"))
     bl = r["baseline"]
+    if bl.get("describe"):
+        con.print(f"  baseline: vLLM's defaults at {escape(bl['describe'])}", soft_wrap=True)
     con.print(
         "  baseline command: " + (escape(bl["command"]) if "command" in bl else f"skipped ({escape(bl['skipped'])})"),
         soft_wrap=True,

@@ -34,7 +34,7 @@ from m3ctl.loadgen.drive import Job
 from m3ctl.loadgen.energy import EnergyMeter
 from m3ctl.loadgen.prompts import LocalTokenizer, ServerTokenizer, Tokenizer
 from m3ctl.loadgen.target import headers as _headers
-from m3ctl.loadgen.target import http_failure
+from m3ctl.loadgen.target import unreachable
 
 if TYPE_CHECKING:
     import httpx
@@ -78,15 +78,14 @@ def check_reachable(cfg: BenchConfig) -> None:
     rejects (vLLM: 404 "does not exist") is bad input naming the served models.
 
     Raises:
-        BadInput: unreachable, or a model the server does not serve.
+        ServerUnreachable: nothing answers at ``cfg.url`` (m3ctl.loadgen.target.unreachable).
+        BadInput: a host name that does not resolve, or a model the server does not serve.
     """
 
     try:
         r = httpx.get(f"{cfg.url}/v1/models", headers=_headers(cfg), timeout=10.0)
     except httpx.HTTPError as e:
-        raise BadInput(
-            f"cannot reach {cfg.url}: {http_failure(e)}", "check --url (and that the server is up: `m3ctl status`)"
-        ) from None
+        raise unreachable(cfg.url, e) from None
     if r.status_code in (401, 403):  # a keyed server: no run of failed requests, one line naming the key
         raise Unauthorised(
             f"{cfg.url} answered {r.status_code}: the server requires an API key and "

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from m3ctl.catalog.lazy import lazy_module
 from m3ctl.core import signals
-from m3ctl.errors import BadInput, BenchServerDown
+from m3ctl.errors import BadInput, BenchServerDown, ServerUnreachable
 from m3ctl.loadgen import procs, sink
 from m3ctl.loadgen import sweep as sweeps
 from m3ctl.loadgen.client import RequestOutput
@@ -110,8 +110,8 @@ def _prepare(cfg: BenchConfig, tok: Tokenizer | None, sync_log, checked: bool = 
     KV block size).
 
     Raises:
-        BadInput: as m3ctl.loadgen.inputs.validate; as :func:`~m3ctl.loadgen.prepare.check_reachable` (the server
-            never answered).
+        BadInput: as m3ctl.loadgen.inputs.validate; as :func:`~m3ctl.loadgen.prepare.check_reachable`.
+        ServerUnreachable: the server never answered (:func:`~m3ctl.loadgen.prepare.check_reachable`).
         BenchServerDown: it answered, then went away while the prompts were prepared (its engine's death named
             when ``cfg.deployment`` is known).
     """
@@ -120,8 +120,8 @@ def _prepare(cfg: BenchConfig, tok: Tokenizer | None, sync_log, checked: bool = 
         validate(cfg)
     try:
         _check_reachable(cfg)
-    except BadInput as e:  # a deployment m3ctl knows whose engine is dead: say so, not "check --url"
-        if e.message.startswith("cannot reach") and (died := engine_death(cfg)):
+    except ServerUnreachable as e:  # a deployment m3ctl knows whose engine is dead: say so, not "start it"
+        if died := engine_death(cfg):
             raise BenchServerDown(
                 f"{e.message}: {died['sentence']}",
                 (f"{died['fix']}; " if died.get("fix") else "") + f"`m3ctl logs {cfg.deployment}` shows its log",
@@ -249,7 +249,7 @@ async def _asweep(
             with progress(one) if progress else contextlib.nullcontext(None) as prog:
                 try:
                     res = await _arun(one, sw.tok, prog, sync_log, mode, checked=True)
-                except (BadInput, BenchServerDown) as e:
+                except (BadInput, ServerUnreachable, BenchServerDown) as e:
                     if not await mode.offload(sw.lost, one, e):
                         raise
                     continue

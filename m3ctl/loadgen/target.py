@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from m3ctl.catalog.lazy import lazy_module
 from m3ctl.core.secrets import auth_headers, client_key, key_hint, split_url_credentials
 from m3ctl.core.state import Registry
-from m3ctl.errors import BadInput, M3Error, Unauthorised
+from m3ctl.errors import BadInput, M3Error, ServerUnreachable, Unauthorised
 from m3ctl.loadgen.config import BenchConfig
 from m3ctl.serving.lifecycle import deployment_for_url as lookup
 from m3ctl.serving.serve import deployment_gpus, runtime_for, saved_plan
@@ -86,6 +86,10 @@ def headers(cfg: BenchConfig) -> dict[str, str]:
     return auth_headers(cfg.api_key, basic=cfg.auth_basic)
 
 
+#: :func:`http_failure`'s words for a host name that does not resolve (bad input, not a server that is down).
+DNS_FAILURE = "the host name does not resolve"
+
+
 def http_failure(e: Exception) -> str:
     """What went wrong with an HTTP request, in words (httpx exception classes:
     https://www.python-httpx.org/exceptions/): refused, timed out, or not the JSON an OpenAI server answers."""
@@ -94,13 +98,27 @@ def http_failure(e: Exception) -> str:
         if "refused" in text:
             return "connection refused (nothing listens there)"
         if "name or service not known" in text or "nodename" in text or "resolution" in text:
-            return "the host name does not resolve"
+            return DNS_FAILURE
         return f"cannot connect ({str(e)[:120] or type(e).__name__})"
     if isinstance(e, httpx.TimeoutException):
         return "no answer within the timeout"
     if isinstance(e, httpx.HTTPError):
         return f"{type(e).__name__}: {str(e)[:120]}"
     return "the answer is not an OpenAI /v1/models list"
+
+
+#: What to do when nothing answers at a server's URL (:func:`unreachable`).
+UNREACHABLE_HINT = "start the server (`m3ctl serve`) or check --url: `m3ctl status` lists what runs and where"
+
+
+def unreachable(url: str, e: Exception) -> M3Error:
+    """The error for a request to ``url`` that reached no server (``e``: the httpx error): a host name that does not
+    resolve is :class:`BadInput` (a typo in --url, exit 2); anything else (connection refused: nothing listens
+    there; timed out; dropped) is :class:`ServerUnreachable` (exit 6): the command was right, the server is not up."""
+    why = http_failure(e)
+    if why == DNS_FAILURE:
+        return BadInput(f"cannot reach {url}: {why}", "check the host name in --url")
+    return ServerUnreachable(f"cannot reach {url}: {why}", UNREACHABLE_HINT)
 
 
 def model_choice(
@@ -131,9 +149,7 @@ def model_choice(
             )
         ids = [m["id"] for m in r.json()["data"]]
     except httpx.TransportError as e:  # nothing answered: --model would not help
-        raise BadInput(
-            f"cannot reach {url}: {http_failure(e)}", "check --url and that the server is up (`m3ctl status`)"
-        ) from None
+        raise unreachable(url, e) from None
     except (httpx.HTTPError, ValueError, KeyError, TypeError) as e:
         raise BadInput(
             f"cannot list models at {url}/v1/models: {http_failure(e)}", "check --url, or pass --model"

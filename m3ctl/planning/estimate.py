@@ -253,14 +253,14 @@ def estimate(
     gpu_name: str,
     layout: Layout,
     wl: Workload,
-    price_per_gpu_hour: float | None = None,
+    usd_per_gpu_hour: float | None = None,
 ) -> Estimate:
     """The figures of ``wl`` on ``layout`` of ``gpu_name`` GPUs for this checkpoint (module docstring), as ranges.
 
     Args:
         facts: the checkpoint's facts (m3ctl.assess.facts); precision: the variant's (``nvfp4``, ``fp8``...);
         kv_bytes: bytes per KV element (``--kv-cache-dtype``); gpu_name: as NVML/amdsmi reports it;
-        price_per_gpu_hour: USD per GPU-hour, for tokens per dollar (total tokens).
+        usd_per_gpu_hour: USD per GPU-hour, for tokens per dollar (total tokens).
 
     Raises:
         BadInput: a GPU the peak table does not know, or facts the estimate needs are unknown.
@@ -296,8 +296,8 @@ def estimate(
     dominant = dominant_by_figure["tok_s_gpu"]
     ranged = {k: Figure(low=min(f_best[k], f_worst[k]), mid=f_mid[k], high=max(f_best[k], f_worst[k])) for k in f_mid}
     per_dollar = None
-    if price_per_gpu_hour:
-        per_dollar = Figure(**{k: v * 3600 / price_per_gpu_hour for k, v in ranged["tok_s_gpu"].model_dump().items()})
+    if usd_per_gpu_hour:
+        per_dollar = Figure(**{k: v * 3600 / usd_per_gpu_hour for k, v in ranged["tok_s_gpu"].model_dump().items()})
     fig: dict[str, Figure | None] = dict(ranged)
     assumptions = [
         f"{n} {r[0]:g}-{r[1]:g}"
@@ -368,7 +368,7 @@ def estimate_plan(plan: LaunchPlan, request: EstimateRequest) -> Estimate:
         ctx.inventory.gpus[0].name,
         layout,
         users,
-        request.price_per_gpu_hour,
+        request.usd_per_gpu_hour,
     )
     fit = plan.memory_fit
     kv, context = (fit.capacity_tokens(), fit.context) if fit else (None, None)

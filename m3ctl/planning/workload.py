@@ -43,7 +43,7 @@ class EstimateRequest(BaseModel):
         "still attended and counted in total tok/s). Agentic traces (AgentX) hit most of each prompt.",
         json_schema_extra={"cli": {"metavar": "FRACTION"}},
     )
-    price_per_gpu_hour: float | None = Field(
+    usd_per_gpu_hour: float | None = Field(
         None,
         gt=0,
         le=10_000,

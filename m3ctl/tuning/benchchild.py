@@ -1,7 +1,7 @@
 """One bench run in its own Python process, for trials that measure side by side (m3ctl.tuning.server.run_bench_isolated).
 
 ``python -m m3ctl.tuning.benchchild IN OUT``: IN holds the pickled ``(BenchConfig, Deployment)``; OUT receives the pickled
-``{"result": dict}`` or ``{"error": "BadInput" | "BenchServerDown", "message", "hint"}``, or ``{"interrupted": signum}``
+``{"result": dict}`` or ``{"error": "BadInput" | "ServerUnreachable" | "BenchServerDown", "message", "hint"}``, or ``{"interrupted": signum}``
 (a signal before the measured phase: nothing measured). Signals: :func:`m3ctl.core.signals.first_signal_only` (the
 first ends the run as in any bench, what finished kept as ``interrupted``; the parent's forward of a signal that
 reached the whole group too is ignored). A process of its own because
@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 from m3ctl.core import signals
-from m3ctl.errors import BadInput
+from m3ctl.errors import BadInput, ServerUnreachable
 from m3ctl.loadgen.runner import BenchServerDown, run_bench
 from m3ctl.serving.serve import runtime_for
 
@@ -31,6 +31,8 @@ def main(inp: str, out: str) -> int:
             res = {"result": run_bench(cfg, sync_log=lambda: runtime_for(dep).sync_log(dep))}
         except BenchServerDown as e:
             res = {"error": "BenchServerDown", "message": e.message, "hint": e.hint}
+        except ServerUnreachable as e:
+            res = {"error": "ServerUnreachable", "message": e.message, "hint": e.hint}
         except BadInput as e:
             res = {"error": "BadInput", "message": e.message, "hint": e.hint}
         except KeyboardInterrupt as e:  # before the measured phase: nothing was measured

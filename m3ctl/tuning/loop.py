@@ -13,7 +13,7 @@ from typing import Any
 from m3ctl.tuning.measure import Outcome, TuneResult
 from m3ctl.tuning.parallel import Slots
 from m3ctl.tuning.schedule import Pool
-from m3ctl.tuning.space import describe, key_of
+from m3ctl.tuning.space import key_of
 from m3ctl.tuning.trials import TrialRunner
 
 
@@ -78,7 +78,7 @@ class _Run:
     def _run_here(self, trial, cand: dict[str, Any], local: bool) -> None:
         """Run a trial in the calling thread: one slot's every trial; with a pool, a trial that needs no GPU
         (rejected by the plan rules: recorded without a launch; the same server as the baseline: its runs reused)."""
-        t, desc = self.t, describe(cand, self.t.space)
+        t, desc = self.t, self.t.describe(cand)
         if t._reuse_baseline(trial, cand, desc):
             return
         self._record(trial, desc, t._evaluate_trial(trial, cand, desc, self.clock), local)

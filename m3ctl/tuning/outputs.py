@@ -17,7 +17,6 @@ from m3ctl.tuning.choice import choose, fresh_server_spread, stack_gain
 from m3ctl.tuning.measure import Outcome, TuneResult, level_spread, load_equivalence, pareto, write_json
 from m3ctl.tuning.render import all_points, level_rows, pareto_png, profile_yaml, tuned_flags
 from m3ctl.tuning.search import Tuner
-from m3ctl.tuning.space import describe
 
 
 def _capacity(tuner: Tuner, out: Outcome) -> dict[str, Any]:
@@ -185,7 +184,7 @@ def write_outputs(
         res.baseline,
         tuner.slo,
         res.outcomes,
-        lambda c: describe(c, tuner.space),
+        tuner.describe,
         spec["objective"],
         equivalent=equivalent,
     )

@@ -53,7 +53,7 @@ from m3ctl.core import signals
 from m3ctl.errors import ConfigRejected
 from m3ctl.tuning.measure import Outcome, evaluate
 from m3ctl.tuning.schedule import Busy, Pending, Pool, next_start, order_batch
-from m3ctl.tuning.space import describe, key_of
+from m3ctl.tuning.space import key_of
 from m3ctl.tuning.trials import TrialRunner
 
 #: Seconds to wait for the trial threads after their servers were told to stop (Ctrl-C, an error).
@@ -237,7 +237,7 @@ class Slots:
         """Start trial ``trial`` of ``cand`` on ``gpus`` and ``port``, in a thread of its own."""
         t = self.t
         ck = (self.info[key_of(cand)] or (len(gpus), None))[1]
-        desc = describe(cand, t.space)
+        desc = t.describe(cand)
         assert self.for_slot is not None  # a pool is used only with an evaluator that has for_slot (StudyRecord)
         ev = self.for_slot(gpus, port)
         tr = _Trial(

@@ -17,7 +17,7 @@ from m3ctl.planning.plan import plan
 from m3ctl.serving.kernels import jit_measure_args
 from m3ctl.tuning import startup
 from m3ctl.tuning.options import TuneSpec
-from m3ctl.tuning.space import key_of, plan_kwargs
+from m3ctl.tuning.space import FLAGS, Space, describe, key_of, plan_kwargs
 
 #: The candidate key that names a plan's stack (``recipe``: the conservative recipe plan); not a search knob.
 STACK = "stack"
@@ -198,6 +198,20 @@ class TrialPlans:
             key["graphs_up_to"] = min(top, startup.capture_bound(max_concurrency, p.spec_depth))
         return json.dumps(key, sort_keys=True, default=str)
 
+    def layout(self, cand: dict[str, Any]) -> dict[str, int] | None:
+        """The parallel layout the server of ``cand`` runs, ``{tp, pp, dp}`` of its plan (the planner may raise
+        PP so the weights fit); None for a candidate the planner rejects."""
+        try:
+            p = self._planned(cand)
+        except ConfigRejected:
+            return None
+        return {"tp": p.tp, "pp": p.pp, "dp": p.dp}
+
+    def describe(self, cand: dict[str, Any], space: Space | None = None) -> str:
+        """:func:`m3ctl.tuning.space.describe` of ``cand`` with its planned :meth:`layout`: the text a trial, the
+        dry run, the report and the profile show."""
+        return describe(cand, space, self.layout(cand))
+
     @staticmethod
     def _key(p) -> dict[str, Any]:
         args = {k: v for k, v in (p.vllm_args or {}).items() if k not in ("max-num-batched-tokens", "max-num-seqs")}
@@ -313,6 +327,56 @@ class TrialPlans:
             sort_keys=True,
             default=str,
         )
+
+
+def collapse_same_servers(plans: TrialPlans, space: Space) -> tuple[Space, list[str]]:
+    """``space`` without the knob values that only plan servers another value of the same knob plans already
+    (pruning before launch, as :func:`m3ctl.tuning.space.prune_dominated`): a value ``b`` of a knob goes when
+    every configuration with ``b`` that the rules accept has the :meth:`TrialPlans.server_key` of the same configuration
+    with an earlier kept value ``a`` (e.g. ``kv_cache_dtype`` default and nvfp4 where the checkpoint's KV cache
+    is NVFP4: one ``vllm serve`` command but for each trial's port, served name and caches). Measuring both
+    would spend two starts of the budget on one server. Returns the space and one note per dropped value."""
+    keys: dict[str, str | None] = {}
+
+    def key(c: dict[str, Any]) -> str | None:
+        k = key_of(c)
+        if k not in keys:
+            try:
+                keys[k] = plans.server_key(c)
+            except ConfigRejected:
+                keys[k] = None
+        return keys[k]
+
+    vals = {k: list(v) for k, v in space.values.items()}
+    notes: list[str] = []
+    for knob in list(vals):
+        kept: list[Any] = []
+        for b in vals[knob]:
+            rest = Space({**vals, knob: [b]}).grid()
+            same = next((a for a in kept if _same_servers(key, rest, knob, a)), _NONE)
+            if same is _NONE:
+                kept.append(b)
+                continue
+            flag = FLAGS.get(knob, knob)
+            shown = next((plans.check(c).vllm_args.get(flag) for c in rest if key(c) is not None), None)
+            notes.append(
+                f"{knob} {b} dropped: it plans the very server of {knob} {same}"
+                + (f" (--{flag} {shown} in both)" if shown is not None else "")
+                + ": the same vllm serve command but for each trial's port, name and caches, so it would "
+                "measure one server twice"
+            )
+        vals[knob] = kept
+    return Space(values=vals, spec_method=space.spec_method, pinned_by_user=set(space.pinned_by_user)), notes
+
+
+_NONE = object()
+
+
+def _same_servers(key, cands: list[dict[str, Any]], knob: str, other: Any) -> bool:
+    """Every candidate of ``cands`` that the rules accept (``key`` not None; at least one) has the server key of the
+    same candidate with ``knob`` set to ``other``."""
+    accepted = [c for c in cands if key(c) is not None]
+    return bool(accepted) and all(key(c) == key({**c, knob: other}) for c in accepted)
 
 
 #: Server environment that does not change the compiled graph: which GPUs, the device order, internal ports.

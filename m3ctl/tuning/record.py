@@ -15,7 +15,7 @@ from m3ctl.loadgen.capacity import run_spread
 from m3ctl.loadgen.slo import parse_slo
 from m3ctl.tuning.measure import Evaluator, Outcome, Point, TuneResult, _summarise, bracket, objective_at
 from m3ctl.tuning.options import TuneSpec
-from m3ctl.tuning.space import Space, key_of
+from m3ctl.tuning.space import Space, describe, key_of
 
 if TYPE_CHECKING:
     from optuna.distributions import BaseDistribution
@@ -91,6 +91,12 @@ class StudyRecord:
         self._load()
         if not self.study.trials and free:
             self.study.enqueue_trial(self._params(space.anchor()))
+
+    def describe(self, cand: dict[str, Any]) -> str:
+        """``cand`` in words as the trial events, the report and the profile name it: with the layout its server
+        runs where the evaluator plans one (m3ctl.tuning.plans.TrialPlans.describe), else the knobs alone."""
+        planned = getattr(self.ev, "describe", None)
+        return planned(cand, self.space) if planned is not None else describe(cand, self.space)
 
     def _restore_spread(self) -> None:
         """The study's measured run-to-run spread (TuneSpec.observed_spread) from the saved runs of every

@@ -34,14 +34,14 @@ def _dry_run_candidates(ev, space: Space) -> list[dict[str, Any]]:
     server's ``command``, or "rejected" with the plan ``rule`` and ``reason`` (never launched)."""
     cands = []
     for i, cand in enumerate(space.grid()):
-        row: dict[str, Any] = {"config": cand, "describe": describe(cand, space)}
-        try:
+        row: dict[str, Any] = {"config": cand}
+        try:  # the trial's plan first: the describe below asks the same plan, not a new one
             row.update(status="ok", command=ev.trial_plan(cand, i).command_line())
         except ConfigRejected as e:
             # No rule (a port in use, a bad mount): the message's head, as recorded before rejections carried it.
             rid = e.rule if e.rule is not None else e.message.split(":", 1)[0]
             row.update(status="rejected", rule=rid, reason=e.message)
-        cands.append(row)
+        cands.append({"config": cand, "describe": ev.describe(cand, space), **row})
     return cands
 
 
@@ -103,8 +103,10 @@ def dry_run(
 
     Returns a dict: ``study_dir``, ``spec`` (SLO, objective, budgets, ladder...), ``bench`` (workload),
     ``space`` {values, free, size}, ``pruned`` (notes), ``candidates`` [{config, describe, status "ok" or
-    "rejected", rule, reason, command}], ``feasible`` (count), ``baseline`` {config, command} or
-    {skipped: why}, ``first`` {config, command} (the anchor: the search's first start) or None,
+    "rejected", rule, reason, command}], ``feasible`` (count), ``servers`` (distinct servers among them:
+    ServerEvaluator.server_key; one knob value that only repeats another's servers is pruned before, in
+    ``pruned``), ``baseline`` {config, describe (its planned layout),
+    command} or {skipped: why}, ``first`` {config, command} (the anchor: the search's first start) or None,
     ``order`` (what runs in which order), ``prompts_per_run`` {concurrency: requests, at most for a --precision
     study}, ``precision_metric`` (the figure a --precision study measures until it is known), ``run_length`` (how long
     each run is and why, in words: m3ctl.tuning.measure.run_length_text), ``boundary`` (the rule for
@@ -141,6 +143,7 @@ def dry_run(
         "pruned": settings.get("pruned", []),
         "candidates": cands,
         "feasible": sum(1 for c in cands if c["status"] == "ok"),
+        "servers": len({ev.server_key(c["config"]) for c in cands if c["status"] == "ok"}),
         "prompts_per_run": {c: run_size(spec, settings.get("bench", {}), c, 1.0)["num_prompts"] for c in spec.ladder},
         "precision_metric": objective_figure(spec.objective),
         "run_length": run_length_text(spec, settings.get("bench", {})),
@@ -148,7 +151,7 @@ def dry_run(
     if spec.baseline:
         base, why = ev.baseline_candidate()
         out["baseline"] = (
-            {"config": base, "command": ev.trial_plan(base, "base").command_line()}
+            {"config": base, "describe": ev.describe(base), "command": ev.trial_plan(base, "base").command_line()}
             if base is not None
             else {"skipped": why}
         )
@@ -206,7 +209,7 @@ def parallel_preview(ev, space: Space, cands: list[dict[str, Any]], pool) -> dic
     out["first_wave"] = [
         {
             "config": batch[i],
-            "describe": describe(batch[i], space),
+            "describe": ev.describe(batch[i], space),
             "gpus": list(g),
             "port": p,
             "compile_group": pending[i].key,
@@ -215,7 +218,7 @@ def parallel_preview(ev, space: Space, cands: list[dict[str, Any]], pool) -> dic
     ]
     done = {i for i, _, _ in started}
     out["queued"] = [
-        {"config": c, "describe": describe(c, space), "compile_group": pending[i].key}
+        {"config": c, "describe": ev.describe(c, space), "compile_group": pending[i].key}
         for i, c in enumerate(batch)
         if i not in done
     ]
@@ -301,7 +304,7 @@ def profile_yaml(
     d["description"] = (
         f"{base.name} with vLLM's defaults (no tuned flag): the m3ctl tune chose the defaults; {measured}"
         if defaults
-        else f"{base.name} + m3ctl tune: {describe(cand)}; {measured}"
+        else f"{base.name} + m3ctl tune: {describe(cand, layout={'tp': plan.tp, 'pp': plan.pp, 'dp': plan.dp})}; {measured}"
     )
     d["sources"] = {
         **d.get("sources", {}),

@@ -10,7 +10,6 @@ from collections.abc import Callable
 
 from m3ctl.tuning.local import LocalSearch
 from m3ctl.tuning.measure import Outcome, confirm, load_equivalence, objective_at
-from m3ctl.tuning.space import describe
 
 
 class ConfirmRung(LocalSearch):
@@ -110,7 +109,7 @@ class ConfirmRung(LocalSearch):
                 skipped += len(todo)
                 break
             o = todo[0]
-            desc = describe(o.config, self.space)
+            desc = self.describe(o.config)
             confirm(self.ev, o, self.spec, self.slo, functools.partial(self.on_event, o.trial, desc))
             self._save_confirmation(o)
             self.on_event(o.trial, desc, f"confirmed: {o.confirmed:.1f} at c={o.concurrency}")
@@ -137,7 +136,7 @@ class ConfirmRung(LocalSearch):
                 self._save_confirmation(o)
                 self.on_event(
                     o.trial,
-                    describe(o.config, self.space),
+                    self.describe(o.config),
                     f"confirmed by the defaults' fresh server (one engine for the load measured): {b.confirmed:.1f}",
                 )
         return self._skipped_text(skipped)
@@ -171,7 +170,7 @@ class ConfirmRung(LocalSearch):
             self._save_confirmation(t)
             self.on_event(
                 t.trial,
-                describe(t.config, self.space),
+                self.describe(t.config),
                 f"confirmed by trial {o.trial}'s fresh server (one engine for the load measured): "
                 f"{o.confirmed:.1f} at c={t.concurrency}",
             )

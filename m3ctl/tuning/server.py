@@ -21,7 +21,7 @@ from typing import Any
 import m3ctl
 from m3ctl.core import signals
 from m3ctl.core.secrets import launch_env
-from m3ctl.errors import BadInput, ConfigRejected, LaunchFailed
+from m3ctl.errors import BadInput, ConfigRejected, LaunchFailed, ServerUnreachable
 from m3ctl.loadgen import runner
 from m3ctl.loadgen.engine import stopped_by
 from m3ctl.loadgen.runner import BenchConfig, BenchServerDown, engine_death
@@ -173,10 +173,10 @@ class ServerSession:
             if getattr(self.ev, "isolate_bench", False):  # parallel trials: one bench run per process
                 return run_bench_isolated(cfg, self.dep, getattr(self.ev, "bench_started", None))
             return runner.run_bench(cfg, sync_log=lambda: serving.runtime_for(self.dep).sync_log(self.dep))
-        except (BadInput, BenchServerDown) as e:
+        except (BadInput, ServerUnreachable, BenchServerDown) as e:
             self._raise_if_stopped(f"before the run at concurrency {concurrency}")
             died = engine_death(cfg)
-            if died is None and isinstance(e, BadInput) and self.alive():
+            if died is None and isinstance(e, (BadInput, ServerUnreachable)) and self.alive():
                 raise
             raise LaunchFailed(
                 f"{died['sentence'] if died else e.message} (before the run at concurrency {concurrency})",
@@ -459,7 +459,8 @@ def run_bench_isolated(cfg, dep, started: Callable[[subprocess.Popen | None], No
             )
         res = pickle.loads(out.read_bytes())
     if "error" in res:
-        raise {"BenchServerDown": BenchServerDown, "BadInput": BadInput}[res["error"]](res["message"], res["hint"])
+        kinds = {"BenchServerDown": BenchServerDown, "BadInput": BadInput, "ServerUnreachable": ServerUnreachable}
+        raise kinds[res["error"]](res["message"], res["hint"])
     if "result" not in res:  # a signal before its measured phase: nothing measured
         raise signals.interruption(res.get("interrupted"))
     return res["result"]

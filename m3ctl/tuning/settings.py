@@ -42,6 +42,7 @@ from m3ctl.tuning.options import (
     saved_fields,
     spec_default,
 )
+from m3ctl.tuning.plans import TrialPlans, collapse_same_servers
 from m3ctl.tuning.space import FLAGS, Space, apply_pins, default_space, prune_dominated
 
 
@@ -407,9 +408,33 @@ def new_settings(
         "plan_base": _saved(values, "plan_base"),
         "bench": {**_saved(values, "bench"), "tokenizer": local_tokenizer(model, [*extra_args, *opts.args])},
     }
+    _collapse_same_servers(settings, inventory, Path(study_dir) if study_dir is not None else Path.cwd())
     if save and study_dir is not None:
         save_settings(Path(study_dir), settings)
     return settings
+
+
+def _collapse_same_servers(settings: dict[str, Any], inventory, study_dir: Path) -> None:
+    """Drop from ``settings``' space the knob values whose every configuration plans a server another value of the
+    knob plans already (m3ctl.tuning.plans.collapse_same_servers, with the study's own trial plans), a
+    note each in ``settings["pruned"]``: saved with the space, so a resume searches the same space."""
+    plan_base = dict(settings["plan_base"])
+    if settings.get("profile_file"):
+        plan_base["profile"] = load_profile_file(Path(settings["profile_file"]))
+    plans = TrialPlans(
+        inventory,
+        settings["model"],
+        study_dir,
+        TuneSpec(**settings["spec"]),
+        plan_base=plan_base,
+        bench=settings["bench"],
+        port=settings["port"],
+        name_prefix=prefix_for(study_dir),
+        space=Space.from_json(settings["space"]),
+    )
+    space, notes = collapse_same_servers(plans, Space.from_json(settings["space"]))
+    settings["space"] = space.to_json()
+    settings["pruned"] = [*settings["pruned"], *notes]
 
 
 def local_tokenizer(model: str, server_args: list[str] | None = None) -> str | None:

@@ -252,9 +252,23 @@ def key_of(cand: dict[str, Any]) -> str:
     return json.dumps({k: cand[k] for k in sorted(cand)}, sort_keys=True)
 
 
-def describe(cand: dict[str, Any], space: Space | None = None) -> str:
-    """Short text of the knobs that vary (all knobs without a space)."""
+def describe(cand: dict[str, Any], space: Space | None = None, layout: dict[str, int] | None = None) -> str:
+    """Short text of the knobs that vary (all knobs without a space). ``layout``: the planned server's ``tp``, ``pp``
+    and ``dp`` (m3ctl.tuning.plans.TrialPlans.layout), which name the layout that runs where the planner changed
+    the requested one: ``tp=1`` planned with pipeline parallelism 8 so the weights fit reads ``tp=1 pp=8 gpus=8``
+    (GPUs: TP x PP x DP), a different server from ``tp=8`` (layers split into stages, not each layer's weights)."""
     keys = space.free() if space is not None else list(cand)
+    words = _words(cand, keys)
+    if layout and (layout.get("pp", 1) > 1 or ("tp" in cand and layout.get("tp", cand["tp"]) != cand["tp"])):
+        tp, pp, dp = layout.get("tp", 1), layout.get("pp", 1), layout.get("dp", 1)
+        planned = f"tp={tp} pp={pp} gpus={tp * pp * dp}"
+        words = [planned if w.startswith("tp=") else w for w in words]
+        if planned not in words:
+            words.insert(0, planned)
+    return " ".join(words) or "(all pinned)"
+
+
+def _words(cand: dict[str, Any], keys: list[str]) -> list[str]:
     short = {
         "tp": "tp",
         "dp": "dp",
@@ -266,4 +280,4 @@ def describe(cand: dict[str, Any], space: Space | None = None) -> str:
         "max_num_batched_tokens": "mbt",
         "kv_cache_dtype": "kv",
     }
-    return " ".join(f"{short.get(k, k)}={cand[k]}" for k in keys) or "(all pinned)"
+    return [f"{short.get(k, k)}={cand[k]}" for k in keys]

@@ -10,7 +10,7 @@ from typing import Any
 from m3ctl.tuning.measure import Outcome, decided, evaluate, remeasure_cut
 from m3ctl.tuning.rung import ConfirmRung
 from m3ctl.tuning.schedule import pick_gpus
-from m3ctl.tuning.space import describe, key_of
+from m3ctl.tuning.space import key_of
 
 
 class TrialRunner(ConfirmRung):
@@ -159,7 +159,7 @@ class TrialRunner(ConfirmRung):
         try:
             for o in list(self.cut):
                 trial = o.trial if o.trial is not None else -1
-                desc = "vLLM defaults" if trial == "base" else describe(o.config, self.space)
+                desc = "vLLM defaults" if trial == "base" else self.describe(o.config)
 
                 def event(m: str, trial: int | str = trial, desc: str = desc) -> None:
                     self._heartbeat()

@@ -246,7 +246,7 @@ def test_every_catalog_model_on_every_system_it_serves_gets_an_estimate_fast():
             except M3Error:
                 continue
             try:
-                e = estimate_plan(p, EstimateRequest(price_per_gpu_hour=3.0))
+                e = estimate_plan(p, EstimateRequest(usd_per_gpu_hour=3.0))
             except BadInput as err:  # a local model without its checkpoint at hand: one clear refusal, no guess
                 assert m.startswith("local-") and "unknown" in str(err) and "\n" not in str(err), (m, name)
                 continue

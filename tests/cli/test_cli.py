@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+from m3ctl.errors import EXIT_UNREACHABLE
 from m3ctl.hw.detect import detect
 from tests.conftest import free_port, run_cli
 from tests.fakes import h200x2_nvml
@@ -145,7 +146,7 @@ def test_port_in_use_rejected_before_launch(tiny_models, tmp_path):
 
 def test_bench_unreachable_endpoint():
     p = run_cli("bench", "--url", f"http://127.0.0.1:{free_port()}", "--model", "x", "--num-prompts", "1")
-    assert p.returncode == 2 and "cannot reach" in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == EXIT_UNREACHABLE and "cannot reach" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_bench_bad_options():
@@ -273,10 +274,38 @@ def test_bench_of_a_port_nobody_listens_on_says_so():
         port = s.getsockname()[1]
     for extra in ([], ["--model", "x"]):
         p = run_cli("bench", "--url", f"http://127.0.0.1:{port}", "--num-prompts", "3", *extra)
-        assert p.returncode == 2 and "connection refused (nothing listens there)" in p.stderr, p.stderr
-        assert "Traceback" not in p.stderr and "m3ctl status" in p.stderr
+        # not bad input (exit 2, a typo): the command was right and the server is not up
+        assert p.returncode == EXIT_UNREACHABLE and "connection refused (nothing listens there)" in p.stderr, p.stderr
+        assert "Traceback" not in p.stderr and "m3ctl status" in p.stderr and "start the server" in p.stderr
 
 
 def test_ray_form_of_a_cpu_plan_is_refused(tiny_models):
     p = run_cli("plan", "--model", str(tiny_models["llama"]), "--emit", "ray")
     assert p.returncode == 2 and "has no GPUs" in p.stderr and "--system" in p.stderr, p.stderr
+
+
+def test_a_list_option_with_an_empty_item_is_refused_in_one_line():
+    """``1,,4`` is a typo, not the list 1,4: refused before the server is contacted (exit 2, the option named)."""
+    dead = ["--url", "http://127.0.0.1:9", "--model", "x", "--num-prompts", "1"]
+    for args in (["--concurrency", "1,,4"], ["--input-len", "8,"], ["--output-len", ",4"], ["--percentiles", "50,,90"]):
+        p = run_cli("bench", *dead, *args)
+        err = [x for x in p.stderr.splitlines() if x.startswith("error:")]
+        assert p.returncode == 2 and len(err) == 1 and "empty item" in err[0] and args[0] in err[0], p.stderr
+        assert "cannot reach" not in p.stderr
+    p = run_cli("tune", "--model", "MiniMax-M3.1-Flash", "--system", "b200x8", "--dry-run", "--ladder", "1,,4")
+    assert p.returncode == 2 and "empty item" in p.stderr and "--ladder" in p.stderr, p.stderr
+
+
+def test_unreachable_is_not_bad_input_but_a_typo_of_the_host_is():
+    import httpx
+
+    from m3ctl.errors import EXIT_UNREACHABLE, BadInput, ServerUnreachable
+    from m3ctl.loadgen.target import unreachable
+
+    refused = unreachable("http://127.0.0.1:9", httpx.ConnectError("[Errno 111] Connection refused"))
+    assert isinstance(refused, ServerUnreachable) and refused.exit_code == EXIT_UNREACHABLE
+    assert "nothing listens there" in refused.message and "m3ctl status" in (refused.hint or "")
+    late = unreachable("http://127.0.0.1:9", httpx.ConnectTimeout("timed out"))
+    assert isinstance(late, ServerUnreachable) and "timeout" in late.message
+    typo = unreachable("http://nohost:9", httpx.ConnectError("[Errno -2] Name or service not known"))
+    assert isinstance(typo, BadInput) and typo.exit_code == 2 and "does not resolve" in typo.message

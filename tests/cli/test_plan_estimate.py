@@ -10,12 +10,12 @@ from tests.conftest import run_cli
 
 def test_plan_estimate_json_is_the_apis_estimate():
     args = ["--system", "b200x8", "--estimate", "--concurrency", "16", "--input-len", "2048", "--output-len", "256"]
-    p = run_cli("plan", *args, "--price-per-gpu-hour", "4", "--json")
+    p = run_cli("plan", *args, "--usd-per-gpu-hour", "4", "--json")
     assert p.returncode == 0, p.stdout + p.stderr
     got = json.loads(p.stdout)
     want = m3ctl.api.estimate(
         system="b200x8",
-        workload={"concurrency": 16, "input_len": 2048, "output_len": 256, "price_per_gpu_hour": 4},
+        workload={"concurrency": 16, "input_len": 2048, "output_len": 256, "usd_per_gpu_hour": 4},
     )
     assert got == json.loads(want.model_dump_json())
     assert got["gpu"] == "b200" and got["tokens_per_dollar"]["mid"] > 0 and "not measured" in got["dominant"]

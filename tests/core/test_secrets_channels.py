@@ -21,6 +21,7 @@ import psutil
 import pytest
 import yaml
 
+from m3ctl.errors import EXIT_UNREACHABLE
 from tests.conftest import fake_vllm_config, free_port, run_cli, start_groundtruth
 from tests.hosts import synthetic
 
@@ -352,7 +353,7 @@ def test_url_credentials_reach_only_the_authorization_header(tmp_path, tiny_mode
     finally:
         proc.terminate()
     dead = run_cli("bench", "--url", f"http://u:{secret}@127.0.0.1:{free_port()}", "--num-prompts", "1")
-    assert dead.returncode == 2 and secret not in dead.stdout + dead.stderr, dead.stderr
+    assert dead.returncode == EXIT_UNREACHABLE and secret not in dead.stdout + dead.stderr, dead.stderr
 
 
 def test_separation_unit_every_spelling_and_one_key():

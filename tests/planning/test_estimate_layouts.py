@@ -118,9 +118,24 @@ def test_one_output_token_has_no_decode_figures():
 
 
 def test_a_bad_estimate_option_is_named_as_its_flag():
-    p = run_cli("plan", "--system", "h200x8", "--estimate", "--price-per-gpu-hour", "0")
+    p = run_cli("plan", "--system", "h200x8", "--estimate", "--usd-per-gpu-hour", "0")
     assert p.returncode != 0
-    assert "--price-per-gpu-hour" in p.stdout + p.stderr
+    assert "--usd-per-gpu-hour" in p.stdout + p.stderr
+
+
+def test_the_gpu_price_has_one_name_in_plan_bench_and_tune():
+    """One fact, one name: the price of a GPU-hour is ``usd_per_gpu_hour`` (``--usd-per-gpu-hour``) in the estimate,
+    the bench and the tune settings; plan's former ``--price-per-gpu-hour`` is not a second spelling of it."""
+    from m3ctl.loadgen.config import BenchConfig
+    from m3ctl.planning.workload import EstimateRequest
+    from m3ctl.tuning.options import TuneOptions
+
+    for model in (EstimateRequest, BenchConfig, TuneOptions):
+        names = [f for f in model.model_fields if "gpu_hour" in f]
+        assert names == ["usd_per_gpu_hour"], (model.__name__, names)
+    for cmd in ("plan", "bench", "tune"):
+        p = run_cli(cmd, "--help")
+        assert "--usd-per-gpu-hour" in p.stdout and "--price-per-gpu-hour" not in p.stdout, (cmd, p.stdout)
 
 
 def test_the_systems_view_names_each_rows_dominant_assumption():
