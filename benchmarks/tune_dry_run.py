@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """What ``m3ctl tune --dry-run`` costs: the configurations of the space, the planner calls the dry run makes
-(m3ctl.tuning.plans.TrialPlans.plan: one per configuration and one for the baseline since a configuration is planned
-once), and the CPU seconds of the dry run itself (imports done before: ``m3ctl.api.tune(dry_run=True)`` in this
+(m3ctl.tuning.plans.TrialPlans.plan: one per configuration of the space before the collapse of knob values that plan
+one server, m3ctl.tuning.plans.collapse_same_servers, and one for the baseline: the dry run reuses the collapse's
+plans, renamed for each trial), and the CPU seconds of the dry run itself (imports done before: ``m3ctl.api.tune(dry_run=True)`` in this
 process), as median and min..max of ``--runs`` runs, and which heavy libraries the dry run loaded (aiohttp is
 imported only by a run that sends requests; numpy, httpx and prometheus_client by the first use, m3ctl.catalog.lazy). The whole command's start-up and wall time are benchmarks/startup.py's
 (its last row, next to ``python -c pass``, ``m3ctl --help`` and ``plan --system b200x8``). Targets (the issue "Each
@@ -53,7 +54,7 @@ def main() -> None:
             n_calls.append(calls[0])
             size = r["space"]["size"]
     print(f"tune --model {args.model} --system {args.system} --dry-run: {size} configurations")
-    print(f"planner calls per dry run: {sorted(set(n_calls))} (configurations + the baseline: {size + 1})")
+    print(f"planner calls per dry run: {sorted(set(n_calls))} (the space before its collapse + the baseline)")
     print(f"dry run CPU s: median {statistics.median(cpu):.3f}  min..max {min(cpu):.3f}..{max(cpu):.3f}")
     print(f"dry run wall s: median {statistics.median(wall):.3f}  min..max {min(wall):.3f}..{max(wall):.3f}")
     heavy = ("aiohttp", "httpx", "numpy", "prometheus_client", "optuna", "matplotlib", "torch", "docker")

@@ -20,6 +20,7 @@ from m3ctl.tuning.settings import tune_options
 
 if TYPE_CHECKING:
     from m3ctl.hw.inventory import HostInventory
+    from m3ctl.tuning.plans import TrialPlans
 
 
 # ----------------------------------------------------------------------------- tune
@@ -43,6 +44,32 @@ def prepare_tune(
     Raises:
         BadInput: as :func:`tune`.
     """
+    return _prepare_tune(
+        model,
+        study_dir=study_dir,
+        resume=resume,
+        inventory=inventory,
+        system=system,
+        dry_run=dry_run,
+        options=options,
+        **overrides,
+    )[:3]
+
+
+def _prepare_tune(
+    model: str | None,
+    *,
+    study_dir: str | Path | None,
+    resume: str | Path | None,
+    inventory: str | Path | HostInventory | None,
+    system: str | None,
+    dry_run: bool,
+    options: TuneOptions | dict[str, Any] | None,
+    **overrides: Any,
+) -> tuple[Path, dict[str, Any], HostInventory, TrialPlans | None]:
+    """:func:`prepare_tune`, and a new study's trial plans (m3ctl.tuning.settings.new_study: the configurations its
+    settings planned, for the study to reuse); None for a resume."""
+    plans = None
     if isinstance(options, dict):
         overrides, options = {**options, **overrides}, None
     opts = tune_options(options, "m3ctl.tune", **overrides)
@@ -64,8 +91,8 @@ def prepare_tune(
         if opts.port is None:  # not given: $M3CTL_PORT, the config file's, else 8000 (as the CLI)
             opts = opts.model_copy(update={"port": user.port})
         opts = _user_max_model_len(opts, user)
-        settings = st.new_settings(model, inv, opts, study_dir=sdir, save=not dry_run)
-    return sdir, settings, inv
+        settings, plans = st.new_study(model, inv, opts, study_dir=sdir, save=not dry_run)
+    return sdir, settings, inv, plans
 
 
 def _user_max_model_len(opts: TuneOptions, user: Any) -> TuneOptions:
@@ -152,7 +179,7 @@ def tune(
             already holds a study, an unreadable or corrupt study (``tune.json``).
         KeyboardInterrupt: interrupted; the trial's server is stopped, completed trials are kept (resume).
     """
-    sdir, settings, inv = prepare_tune(
+    sdir, settings, inv, plans = _prepare_tune(
         model,
         study_dir=study_dir,
         resume=resume,
@@ -164,12 +191,18 @@ def tune(
     )
     base = st.base_profile(settings, inv)
     if dry_run:
-        return st.dry_run(sdir, settings, inventory=inv, parallel_trials=parallel_trials)
+        return st.dry_run(sdir, settings, inventory=inv, parallel_trials=parallel_trials, plans=plans)
     if on_study is not None:
         on_study(sdir, settings)
     with serving.stop_signals_as_interrupt():  # SIGTERM/SIGHUP: the trial's server is stopped as on Ctrl-C
         res, tuner, ev = st.run_tune(
-            sdir, settings, inventory=inv, on_event=on_event, on_cleanup=on_cleanup, parallel_trials=parallel_trials
+            sdir,
+            settings,
+            inventory=inv,
+            on_event=on_event,
+            on_cleanup=on_cleanup,
+            parallel_trials=parallel_trials,
+            plans=plans,
         )
     if on_finish is not None:
         on_finish(res, tuner)

@@ -1,11 +1,14 @@
 """Steps 11-13 of :func:`m3ctl.planning.plan.plan`: every named rule run over the plan, the command line, and the
-:class:`~m3ctl.planning.launchplan.LaunchPlan` of the draft."""
+:class:`~m3ctl.planning.launchplan.LaunchPlan` of the draft; and :func:`renamed`, a plan under another deployment
+name (the one part of a plan the name enters: step 12's served names and command line, and the request)."""
 
 from __future__ import annotations
 
 from m3ctl.assess import capability
 from m3ctl.assess.choose import Choice, Rejected, choose_max_model_len
+from m3ctl.assess.request import PlanRequest
 from m3ctl.assess.rules import Finding, PlanContext, advisories, rejection, run_rules
+from m3ctl.core.state import check_name
 from m3ctl.errors import ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.hw.visible import Unit
@@ -120,8 +123,7 @@ def step_argv(d: PlanDraft) -> None:
             or model
         )
     )
-    d.served = r.served_model_name or d.target  # what OpenAI clients send; the deployment name is an alias
-    d.aliases = [r.name] if r.served_model_name is None and r.name != d.target else []
+    d.served, d.aliases = served_names(r.served_model_name, r.name, d.target)
     # a catalog system's plan holds nothing of this machine: the target's `vllm` on its PATH
     exe = r.vllm_executable or ("vllm" if d.inventory.system else find_vllm_executable())
     d.argv = [exe, *vllm_serve_argv(d.target, r.host, r.port, [d.served, *d.aliases], d.args)]
@@ -133,6 +135,37 @@ def step_argv(d: PlanDraft) -> None:
         d.startup_budget_s = r.startup_budget_s
         why = r.given_as("startup_budget_s", "--startup-timeout")
     d.choices.append(Choice(what="startup budget", value=f"{d.startup_budget_s:.0f} s", why=why))
+
+
+def served_names(served_model_name: str | None, name: str, target: str) -> tuple[str, list[str]]:
+    """The name the API answers to and its aliases, for a request's ``served_model_name`` and deployment ``name``
+    and the ``target`` ``vllm serve`` loads: the given served name, else the target, with the deployment name as an
+    alias (none when a served name is given or the name is the target's)."""
+    served = served_model_name or target  # what OpenAI clients send; the deployment name is an alias
+    return served, [name] if served_model_name is None and name != target else []
+
+
+def renamed(p: LaunchPlan, name: str) -> LaunchPlan:
+    """``p`` (a plan of :func:`m3ctl.planning.plan.plan`) as planned under the deployment name ``name``, without
+    planning again. The name enters a plan only through its check (:func:`m3ctl.planning.draft.step_profile_and_runtime`),
+    the served names and command line of step 12 (:func:`step_argv`) and the request; no rule reads it
+    (:class:`~m3ctl.assess.rules.PlanContext` holds none), so the rest of ``p`` stands (tests/planning/test_renamed.py
+    compares it with a fresh plan for every configuration of tune spaces).
+
+    Raises:
+        BadInput: an invalid deployment name, as :func:`m3ctl.planning.plan.plan` would.
+        ValueError: ``p`` carries no request (a plan loaded from JSON before requests were kept).
+    """
+    if p.request is None:
+        raise ValueError(f"plan {p.name} carries no request to rename")
+    check_name(name)
+    _, aliases = served_names(p.request.get("served_model_name"), name, p.model)
+    argv = [p.argv[0], *vllm_serve_argv(p.model, p.host, p.port, [p.served_model_name, *aliases], p.vllm_args or {})]
+    req = {**p.request, "name": name}
+    if name == PlanRequest.model_fields["name"].default:  # the request's JSON leaves a default out
+        del req["name"]
+    request = {k: req[k] for k in [*PlanRequest.model_fields, *p.request] if k in req}  # the fields' order
+    return p.model_copy(update={"name": name, "argv": argv, "served_model_aliases": aliases, "request": request})
 
 
 def step_launch_plan(d: PlanDraft) -> LaunchPlan:

@@ -12,6 +12,7 @@ from typing import Any
 from m3ctl.assess.request import PlanRequest
 from m3ctl.core.state import Registry
 from m3ctl.errors import ConfigRejected
+from m3ctl.planning.finish import renamed
 from m3ctl.planning.launchplan import find_vllm_executable
 from m3ctl.planning.plan import plan
 from m3ctl.serving.kernels import jit_measure_args
@@ -78,6 +79,14 @@ class TrialPlans:
         self.fast_starts = fast_starts
         self.cache_root = startup.study_cache_root(self.dir, model)
 
+    def share_plans(self, other: TrialPlans | None) -> None:
+        """Plan with ``other``'s store of plans (:meth:`_planned`; shared from now on) where they are this study's:
+        the same inventory, model, port, base options and speculation method (a new study's settings planned the
+        whole space to collapse it: m3ctl.tuning.settings.new_study). Otherwise (or None) nothing changes."""
+        facts = ("inv", "model", "port", "spec_method", "plan_base")
+        if other is not None and all(getattr(other, f) == getattr(self, f) for f in facts):
+            self._plans = other._plans
+
     def plan(self, cand: dict[str, Any], name: str | None = None):
         """``cand`` planned for this host with the study's base options: a new plan on every call (named ``name``,
         default ``{prefix}-check``). Raises ConfigRejected when a rule rejects it."""
@@ -98,15 +107,16 @@ class TrialPlans:
 
     def _planned(self, cand: dict[str, Any], name: str | None = None):
         """:meth:`plan`, once per configuration: the first plan of ``cand`` (or its rejection, raised again) answers
-        every question that does not depend on the deployment name (GPUs, keys, the start measures); a plan under
-        another ``name`` (a trial's, which enters the served names of its command line) is made anew. Planning is
-        a function of the inventory and the request, so a stored answer stays right for the study."""
+        every question that does not depend on the deployment name (GPUs, keys, the start measures); under
+        another ``name`` (a trial's, which enters the served names of its command line) it is that plan renamed
+        (m3ctl.planning.finish.renamed: what a new plan under that name would be). Planning is a function of the
+        inventory and the request, so a stored answer stays right for the study."""
         key = (key_of(cand), self.port, tuple(self.plan_base.get("gpus") or ()))
         got = self._plans.get(key)
         if isinstance(got, ConfigRejected):
             raise got
-        if got is not None and (name is None or got.name == name):
-            return got
+        if got is not None:
+            return got if name is None or got.name == name else renamed(got, name)
         try:
             p = self.plan(cand, name=name)
         except ConfigRejected as e:

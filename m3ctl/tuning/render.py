@@ -22,6 +22,7 @@ from m3ctl.tuning.choice import rule_text as choice_rule_text
 from m3ctl.tuning.local import mesh
 from m3ctl.tuning.measure import SPEC_DECODE_KEYS, Outcome, objective_figure, run_length_text, run_size
 from m3ctl.tuning.options import TuneSpec
+from m3ctl.tuning.plans import TrialPlans
 from m3ctl.tuning.pool import smallest_trial, trial_pool
 from m3ctl.tuning.schedule import Pending, first_wave, idle_sets, order_batch
 from m3ctl.tuning.server import ServerEvaluator
@@ -92,14 +93,21 @@ def _dry_run_order(spec: TuneSpec, with_baseline: bool, feasible: int) -> list[s
 
 
 def dry_run(
-    study_dir: Path, settings: dict[str, Any], *, inventory, registry=None, parallel_trials: int | str = "auto"
+    study_dir: Path,
+    settings: dict[str, Any],
+    *,
+    inventory,
+    registry=None,
+    parallel_trials: int | str = "auto",
+    plans: TrialPlans | None = None,
 ) -> dict[str, Any]:
     """What ``m3ctl tune`` would do with ``settings`` (the ``tune.json`` shape), starting nothing and writing
     nothing: every configuration of the space checked by the plan rules (a rejected one is never launched),
     the configurations pruned before launch, the vLLM-defaults baseline and the first configuration with
     their exact commands (as the trial servers run them: named ``{prefix}-tN``, with the measurement-only
     flags; the tuned command written at the end has neither; ``tN`` in a listed command is the grid position,
-    a real trial is numbered when it starts), and the bench run behind each measurement.
+    a real trial is numbered when it starts), and the bench run behind each measurement. ``plans``: the new study's
+    trial plans (m3ctl.tuning.settings.new_study), whose plans it reuses (TrialPlans.share_plans).
 
     Returns a dict: ``study_dir``, ``spec`` (SLO, objective, budgets, ladder...), ``bench`` (workload),
     ``space`` {values, free, size}, ``pruned`` (notes), ``candidates`` [{config, describe, status "ok" or
@@ -132,6 +140,7 @@ def dry_run(
         space=space,
         fast_starts=settings.get("fast_starts", True),
     )
+    ev.share_plans(plans)
     cands = _dry_run_candidates(ev, space)
     out: dict[str, Any] = {
         "study_dir": str(Path(study_dir).resolve()),

@@ -383,6 +383,21 @@ def new_settings(
         BadInput: a bad SLO, objective (``tokens_per_usd`` without a price), ladder, workload, knob, budget or
             length; an unreadable profile or model; ``study_dir`` already holds a study or is not writable.
     """
+    return new_study(model, inventory, options, study_dir=study_dir, save=save, **overrides)[0]
+
+
+def new_study(
+    model: str,
+    inventory,
+    options: TuneOptions | None = None,
+    *,
+    study_dir: Path | None = None,
+    save: bool = False,
+    **overrides: Any,
+) -> tuple[dict[str, Any], TrialPlans]:
+    """:func:`new_settings` and the trial plans that collapsed the space (:func:`_collapse_same_servers`): each
+    configuration of the space planned once, which the study's evaluator takes over
+    (m3ctl.tuning.plans.TrialPlans.share_plans) instead of planning them again. Raises as :func:`new_settings`."""
     opts = tune_options(options, **overrides)
     lad, extra_args = check_options(opts)
     if study_dir is not None:
@@ -408,16 +423,17 @@ def new_settings(
         "plan_base": _saved(values, "plan_base"),
         "bench": {**_saved(values, "bench"), "tokenizer": local_tokenizer(model, [*extra_args, *opts.args])},
     }
-    _collapse_same_servers(settings, inventory, Path(study_dir) if study_dir is not None else Path.cwd())
+    plans = _collapse_same_servers(settings, inventory, Path(study_dir) if study_dir is not None else Path.cwd())
     if save and study_dir is not None:
         save_settings(Path(study_dir), settings)
-    return settings
+    return settings, plans
 
 
-def _collapse_same_servers(settings: dict[str, Any], inventory, study_dir: Path) -> None:
+def _collapse_same_servers(settings: dict[str, Any], inventory, study_dir: Path) -> TrialPlans:
     """Drop from ``settings``' space the knob values whose every configuration plans a server another value of the
     knob plans already (m3ctl.tuning.plans.collapse_same_servers, with the study's own trial plans), a
-    note each in ``settings["pruned"]``: saved with the space, so a resume searches the same space."""
+    note each in ``settings["pruned"]``: saved with the space, so a resume searches the same space. Returns those
+    trial plans (every configuration of the space planned)."""
     plan_base = dict(settings["plan_base"])
     if settings.get("profile_file"):
         plan_base["profile"] = load_profile_file(Path(settings["profile_file"]))
@@ -435,6 +451,7 @@ def _collapse_same_servers(settings: dict[str, Any], inventory, study_dir: Path)
     space, notes = collapse_same_servers(plans, Space.from_json(settings["space"]))
     settings["space"] = space.to_json()
     settings["pruned"] = [*settings["pruned"], *notes]
+    return plans
 
 
 def local_tokenizer(model: str, server_args: list[str] | None = None) -> str | None:

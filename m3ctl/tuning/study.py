@@ -22,6 +22,7 @@ from m3ctl.errors import EXIT_NOT_SAVED, BadInput, ConfigRejected, M3Error, Noth
 from m3ctl.tuning.measure import TuneResult
 from m3ctl.tuning.options import TuneSpec
 from m3ctl.tuning.outputs import write_outputs
+from m3ctl.tuning.plans import TrialPlans
 from m3ctl.tuning.pool import nothing_to_tune, smallest_trial, trial_pool
 from m3ctl.tuning.render import (
     PARALLEL_FLAGS,
@@ -48,6 +49,7 @@ from m3ctl.tuning.settings import (
     load_settings,
     local_tokenizer,
     new_settings,
+    new_study,
     prefix_for,
     resume_settings,
     save_settings,
@@ -210,11 +212,13 @@ def run_tune(
     on_event: Callable[[int | None, str, str], None] | None = None,
     on_cleanup: Callable[[list[str]], None] | None = None,
     parallel_trials: int | str = "auto",
+    plans: TrialPlans | None = None,
 ) -> tuple[TuneResult, Tuner, Any]:
     """Start or continue the study in ``study_dir`` with ``settings`` (the ``tune.json`` shape:
     ``model``, ``space``, ``spec``, ``plan_base``, ``bench``, ``port``). Leftover servers of a killed
     run are stopped first. Returns the result, the tuner and the evaluator. ``parallel_trials``: trials at once on
-    disjoint GPU sets (:func:`trial_pool`; a run setting, not saved: a resumed study may run elsewhere).
+    disjoint GPU sets (:func:`trial_pool`; a run setting, not saved: a resumed study may run elsewhere). ``plans``:
+    the new study's trial plans (:func:`new_study`), whose plans the evaluator reuses (TrialPlans.share_plans).
 
     The study is locked for the run (:func:`study_lock`): a second concurrent run of it refuses before touching it.
 
@@ -237,6 +241,7 @@ def run_tune(
                 on_event=on_event,
                 on_cleanup=on_cleanup,
                 parallel_trials=parallel_trials,
+                plans=plans,
             )
     except M3Error:
         if fresh and not (sdir / "trials").exists():  # a refused or uncreated new study leaves no folder behind
@@ -257,6 +262,7 @@ def _run_tune(
     on_event,
     on_cleanup,
     parallel_trials: int | str = "auto",
+    plans: TrialPlans | None = None,
 ) -> tuple[TuneResult, Tuner, Any]:
 
     study_dir = Path(study_dir)
@@ -280,6 +286,7 @@ def _run_tune(
         space=space,
         fast_starts=settings.get("fast_starts", True),
     )
+    ev.share_plans(plans)
     pool = trial_pool(inventory, settings["port"], parallel_trials, need=smallest_trial(ev, space))
     tuner = open_tuner(study_dir, space, ev, spec, on_event, pool=pool if pool.limit > 1 else None)
     try:
@@ -314,6 +321,7 @@ __all__ = [
     "load_settings",
     "local_tokenizer",
     "new_settings",
+    "new_study",
     "nothing_to_tune",
     "open_tuner",
     "parallel_preview",

@@ -1,6 +1,8 @@
-"""``m3ctl tune --dry-run`` plans each configuration once: the dry run's listing, the smallest trial, the parallel
-preview, the start measures and the baseline all read the one plan of a configuration (m3ctl.tuning.plans
-.TrialPlans._planned), instead of planning it again for its GPU count."""
+"""``m3ctl tune --dry-run`` plans each configuration once: the new study's space collapse plans every configuration
+(m3ctl.tuning.settings.new_study), and the dry run's listing, its trial commands (that plan renamed for the trial:
+m3ctl.planning.finish.renamed), the smallest trial, the parallel preview, the start measures and the baseline all
+read that one plan of a configuration (m3ctl.tuning.plans.TrialPlans._planned, share_plans), instead of planning it
+again for its GPU count or its trial's name."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from m3ctl.tuning.plans import TrialPlans
 from m3ctl.tuning.space import key_of
 
 
-def test_a_dry_run_plans_each_configuration_once_and_the_space_collapse_once(monkeypatch, tmp_path):
+def test_a_dry_run_plans_each_configuration_once_the_space_collapse_included(monkeypatch, tmp_path):
     calls: Counter[str] = Counter()
     planned = TrialPlans.plan
 
@@ -32,9 +34,10 @@ def test_a_dry_run_plans_each_configuration_once_and_the_space_collapse_once(mon
     assert len(configs) == r["space"]["size"] == len(r["candidates"])
     assert "config" in r["baseline"] and r["feasible"] >= 1
     # the new study's settings planned the whole grid once to collapse knob values that plan one server (the values
-    # it dropped included: kv nvfp4, the checkpoint's own); the dry run then planned each configuration once
+    # it dropped included: kv nvfp4, the checkpoint's own); the dry run planned none of them again, only the baseline
     dropped = set(calls) - configs - {key_of(r["baseline"]["config"])}
     assert configs | {key_of(r["baseline"]["config"])} <= set(calls)
-    assert all(json.loads(k)["kv_cache_dtype"] == "nvfp4" for k in dropped) and r["pruned"]
-    assert all(calls[k] == 1 for k in dropped)
-    assert max(calls.values()) <= 2, {k: n for k, n in calls.items() if n > 2}
+    assert dropped and all(json.loads(k)["kv_cache_dtype"] == "nvfp4" for k in dropped) and r["pruned"]
+    assert max(calls.values()) == 1, {k: n for k, n in calls.items() if n > 1}
+    # each listed command is its trial's (named tN by its grid position), as a plan under that name would be
+    assert all(f"-t{i} " in c["command"] for i, c in enumerate(r["candidates"]) if c["status"] == "ok")
