@@ -10,8 +10,11 @@ import json
 from collections import Counter
 
 from m3ctl import api
+from m3ctl.api._plan import host_inventory
+from m3ctl.tuning.options import TuneSpec
 from m3ctl.tuning.plans import TrialPlans
-from m3ctl.tuning.space import key_of
+from m3ctl.tuning.settings import new_study
+from m3ctl.tuning.space import Space, key_of
 
 
 def test_a_dry_run_plans_each_configuration_once_the_space_collapse_included(monkeypatch, tmp_path):
@@ -41,3 +44,31 @@ def test_a_dry_run_plans_each_configuration_once_the_space_collapse_included(mon
     assert max(calls.values()) == 1, {k: n for k, n in calls.items() if n > 1}
     # each listed command is its trial's (named tN by its grid position), as a plan under that name would be
     assert all(f"-t{i} " in c["command"] for i, c in enumerate(r["candidates"]) if c["status"] == "ok")
+
+
+def test_an_evaluator_takes_the_settings_plans_only_where_it_plans_alike(tmp_path):
+    """TrialPlans.share_plans: the study's evaluator reuses the plans its new settings made to collapse the space
+    (m3ctl.tuning.settings.new_study), unless it plans otherwise (here: another runtime in its base options, as a
+    caller may set after the settings are made); then it plans for itself."""
+    inv = host_inventory(None, "b200x8")
+    settings, plans = new_study("MiniMax-M3.1-Flash", inv, study_dir=tmp_path / "s", knobs=["tp=8", "spec_depth=0"])
+
+    def evaluator(plan_base):
+        return TrialPlans(
+            inv,
+            settings["model"],
+            tmp_path / "s",
+            TuneSpec(**settings["spec"]),
+            plan_base=plan_base,
+            bench=settings["bench"],
+            port=settings["port"],
+            name_prefix=plans.prefix,
+            space=Space.from_json(settings["space"]),
+        )
+
+    same, other = evaluator(dict(settings["plan_base"])), evaluator({**settings["plan_base"], "runtime": "docker"})
+    same.share_plans(plans)
+    other.share_plans(plans)
+    assert same._plans is plans._plans and other._plans == {}
+    cand = Space.from_json(settings["space"]).anchor()
+    assert same.trial_plan(cand, 3).name == f"{plans.prefix}-t3" and same.check(cand) is plans.check(cand)
