@@ -143,6 +143,22 @@ def level_lines(b: dict) -> list[str]:
     return out
 
 
+def objective_window_line(out: dict) -> str | None:
+    """Which window the study's objectives came from (m3ctl.tuning.measure.objective_basis), counted over the valid
+    runs of the trials; None when no valid run was recorded."""
+    runs = [
+        r for t in out.get("trials", []) for p in t.get("points", []) for r in (p.get("runs") or [p]) if r.get("valid")
+    ]
+    if not runs:
+        return None
+    whole = sum(r.get("objective_window", "whole run") == "whole run" for r in runs)
+    text = f"objective: {out.get('objective')} over each run's steady state (ramp-up and drain left out, the window "
+    text += "its 95 % interval describes)"
+    if whole == len(runs):
+        return f"objective: {out.get('objective')} over each whole run (no run had a steady-state figure)"
+    return text + (f"; {whole} of the trials' {len(runs)} runs had none: their whole-run figure" if whole else "")
+
+
 def print_result(con, res, out: dict, settings: dict, sp, pareto: bool) -> None:
     """The study's outcome: what it recommends and why, the best configuration and the baseline with each
     level's verdict, the profile, the Pareto front."""
@@ -156,6 +172,8 @@ def print_result(con, res, out: dict, settings: dict, sp, pareto: bool) -> None:
     rule = out.get("capacity_rule") or {}
     if rule.get("text") and settings["spec"].get("slo"):
         con.print(f"capacity rule: {escape(rule['text'])}", soft_wrap=True)
+    if (window := objective_window_line(out)) is not None:
+        con.print(window, soft_wrap=True)
     chosen, reason = out.get("chosen"), out.get("reason") or ""
     if chosen == "none":
         con.print(

@@ -104,6 +104,10 @@ class Point:
     #: +-2 %; None when the run gave none (too short, invalid, or recorded before intervals existed). A repeated
     #: level: the largest of its runs'.
     objective_ci: float | None = None
+    #: The window ``objective`` was computed over (:func:`objective_basis`): ``steady state`` (the run's figure with
+    #: ramp-up and drain left out, the one ``objective_ci`` describes) or ``whole run`` (the run gave no steady-state
+    #: figure; ``objective_ci`` is then None). Levels recorded before the field existed were whole-run figures.
+    objective_window: str = "whole run"
 
     @property
     def n_runs(self) -> int:
@@ -214,16 +218,36 @@ def run_size(spec: TuneSpec, bench: dict[str, Any], concurrency: int, fidelity: 
     return {**size, "num_prompts": run_length(cfg, prompt_tokens_per_request(cfg)).num_prompts}
 
 
+def objective_basis(res: dict, objective: str) -> tuple[dict, str, float | None]:
+    """``(result, window, rel_half_width)``: the bench result the objective is computed from, which window that is,
+    and the 95 % interval's relative half-width of its figure (:func:`objective_figure`).
+
+    A run's steady-state figure (``uncertainty.figures``, m3ctl.loadgen.uncertainty: ramp-up and drain left out) is
+    the one its interval describes, so the objective is that figure where the run has one (``result`` is ``res``
+    with the figure replaced). The whole-run figure also counts the ramp-up, a staggered loop's first request
+    latency at partial occupancy, and its share differs by configuration and by run: on one H100
+    (docs/results/tune-vs-grid.md, 2026-12-07) whole-run / steady-state was 0.950 to 0.978 over eleven runs of
+    one engine at c = 64, and 0.96 for vLLM's defaults against 0.98 for ``max_num_seqs`` 32 on one host, so the
+    whole-run figure ranked with noise and bias that no interval carried. Without a steady-state figure (a run too
+    short for one): the whole-run figure, ``window`` ``whole run``, no interval."""
+    key = objective_figure(objective)
+    fig = ((res.get("uncertainty") or {}).get("figures") or {}).get(key) or {}
+    value, ci = fig.get("value"), fig.get("rel_half_width")
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        return res, "whole run", None
+    rel = float(ci) if isinstance(ci, int | float) and math.isfinite(ci) else None
+    return {**res, key: float(value)}, "steady state", rel
+
+
 def _point(spec: TuneSpec, slo: SLO, res: dict, c: int, fid: float, n_gpus: int) -> Point:
     validity = res.get("validity") or {"valid": True, "reasons": []}
     valid = bool(validity.get("valid", True)) and res.get("completed", 0) > 0
-    obj = objective_value(res, spec.objective, n_gpus, spec.usd_per_gpu_hour) if valid else 0.0
+    basis, window, ci = objective_basis(res, spec.objective)
+    obj = objective_value(basis, spec.objective, n_gpus, spec.usd_per_gpu_hour) if valid else 0.0
     kept = {k: res.get(k) for k in (*KEEP_KEYS, *(t.key for t in slo.terms)) if k in res}
     server = res.get("server_metrics") or {}
     kept.update({k: server[k] for k in SPEC_DECODE_KEYS if isinstance(server.get(k), int | float)})
     warns = [*validity.get("warnings", []), *(f"SLO term {t} not measured: {why}" for t, why in slo.unmeasured(res))]
-    fig = ((res.get("uncertainty") or {}).get("figures") or {}).get(objective_figure(spec.objective)) or {}
-    ci = fig.get("rel_half_width") if valid else None
     return Point(
         concurrency=c,
         fidelity=fid,
@@ -234,7 +258,8 @@ def _point(spec: TuneSpec, slo: SLO, res: dict, c: int, fid: float, n_gpus: int)
         metrics=kept,
         reasons=list(validity.get("reasons", [])),
         warnings=warns,
-        objective_ci=float(ci) if isinstance(ci, int | float) and math.isfinite(ci) else None,
+        objective_ci=ci if valid else None,
+        objective_window=window,
     )
 
 
@@ -273,7 +298,14 @@ def median_point(slo: SLO, runs: list[Point], verdict: Verdict | None = None) ->
         runs=[asdict(r) for r in runs],
         verdict=verdict.to_json(),
         objective_ci=max((r.objective_ci for r in valid if r.objective_ci is not None), default=None),
+        objective_window=_window_of(valid or runs),
     )
+
+
+def _window_of(runs: list[Point]) -> str:
+    """A repeated level's objective window: its runs' common window, ``mixed`` when they differ."""
+    windows = {r.objective_window for r in runs}
+    return windows.pop() if len(windows) == 1 else "mixed"
 
 
 def measure_level(

@@ -1195,7 +1195,7 @@ def test_two_configurations_inside_their_combined_interval_are_indistinguishable
     def outcome(tput: float, ci: float | None, trial):
         res = {**_bursty_result(tokens_at_once=False), "total_token_throughput": tput}
         if ci is not None:
-            res["uncertainty"] = {"figures": {"total_token_throughput": {"rel_half_width": ci}}}
+            res["uncertainty"] = {"figures": {"total_token_throughput": {"value": tput, "rel_half_width": ci}}}
         p = _point(spec, slo, res, 4, 1.0, 1)
         assert p.objective_ci == ci
         return _summarise(Outcome(config={"max_num_seqs": 8}, status="", points=[p], trial=trial), slo)
