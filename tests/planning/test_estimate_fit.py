@@ -280,17 +280,34 @@ def test_too_few_points_and_one_gpu_kind_are_said_not_passed(fitmod, tmp_path, c
         fitmod.main([str(tmp_path / "a")])
 
 
-def test_a_runs_host_floor_is_read_interpolated_and_lent_within_its_gpu_kind(fitmod, tmp_path, capsys):
-    """A floor measured at c = 1 and 4 (bench-floor.json): linear between them, flat below, the rising line above;
-    the run is priced with it (a 5.0 ms floor over a GPU step of ~3.1 ms sets c = 1's TPOT), and a second run of the
-    kind that measured none is priced with the first's and says so."""
-    floors = ((1, 0.002), (4, 0.0026))
-    assert fitmod.host_floor((), 8) == 0.0
-    assert fitmod.host_floor(((4, 0.003),), 64) == 0.003
-    assert fitmod.host_floor(floors, 1) == pytest.approx(0.002)
-    assert fitmod.host_floor(floors, 2) == pytest.approx(0.0022)
-    assert fitmod.host_floor(floors, 16) == pytest.approx(0.0026 + 0.0002 * 12)
-    assert fitmod.host_floor(((1, 0.002), (4, 0.0018)), 64) == pytest.approx(0.0018)  # a falling line: held
+@pytest.mark.parametrize(
+    ("floors", "concurrency", "expected"),
+    [
+        ((), 8, 0.0),  # none measured: no floor
+        (((4, 0.003),), 1, 0.003),  # one point: held below it
+        (((4, 0.003),), 64, 0.003),  # and above it
+        (((2, 0.002), (4, 0.0026)), 1, 0.002),  # below the measured range: the first value
+        (((1, 0.002), (4, 0.0026)), 1, 0.002),  # at a measured end
+        (((1, 0.002), (4, 0.0026)), 2, 0.0022),  # inside: 2.0 + (2.6 - 2.0) x (2 - 1) / (4 - 1) = 2.2 ms
+        (((1, 0.002), (4, 0.0026)), 3, 0.0024),  # 2.0 + 0.6 x 2 / 3 = 2.4 ms
+        (((1, 0.002), (4, 0.0026), (16, 0.005)), 10, 0.0038),  # second segment: 2.6 + 2.4 x 6 / 12 = 3.8 ms
+        (((1, 0.002), (4, 0.0026)), 16, 0.0026),  # above: the last value, not the line's 5.0 ms at c = 16
+        (((1, 0.00148), (4, 0.00204)), 64, 0.00204),  # the H100 host's (h100c): 2.04 ms, not the line's 13.2 ms
+        (((1, 0.002), (4, 0.0018)), 64, 0.0018),  # a falling pair: the last value too
+    ],
+)
+def test_the_host_floor_is_interpolated_inside_the_measured_range_and_held_outside_it(
+    fitmod, floors, concurrency, expected
+):
+    """Linear between measured concurrencies, the nearest measured value outside them (no extrapolation: a floor
+    measured at c = 1 and 4 says nothing of c = 64), 0 with none."""
+    assert fitmod.host_floor(floors, concurrency) == pytest.approx(expected)
+
+
+def test_a_runs_host_floor_is_read_and_lent_within_its_gpu_kind(fitmod, tmp_path, capsys):
+    """A floor measured at c = 1 and 4 (bench-floor.json) prices the run's points (held at c = 4's above it; a 5.0 ms
+    floor over a GPU step of ~3.1 ms sets c = 1's TPOT), and a second run of the kind that measured none is priced
+    with the first's and says so."""
     floors = ((1, 0.005), (4, 0.0056))
     cfg = scale_config(ScaleModelSpec(arch="minimax-m3", layers=2, quant="bf16"))
     eff = (0.62, 0.41, 1.3, 14.0)
@@ -306,7 +323,7 @@ def test_a_runs_host_floor_is_read_interpolated_and_lent_within_its_gpu_kind(fit
     by = {(p.run, p.kind, p.concurrency): p for p in kind.points}
     for run in ("a", "b"):
         assert by[(run, "decode", 1)].floor_s == pytest.approx(0.005)
-        assert by[(run, "decode", 16)].floor_s == pytest.approx(0.008)
+        assert by[(run, "decode", 16)].floor_s == by[(run, "decode", 64)].floor_s == pytest.approx(0.0056)
         c1 = fitmod.predict(kind, kind.gpu, by[(run, "decode", 1)], *eff)
         assert c1["tpot_ms"] == pytest.approx(5.0)  # the floor, not the GPU's ~3.1 ms step
     fitmod._floor_table([kind])
