@@ -16,7 +16,7 @@ time; a figure a fit has no run to price is "could not judge", never a pass, and
 kind). A kind with fewer valid points than the four parameters is not fitted; ``--yaml`` needs two kinds.
 
     python benchmarks/estimate_fit.py tests/fixtures/estimate-fit/h100 tests/fixtures/estimate-fit/h100b \
-        tests/fixtures/estimate-fit/h200 tests/fixtures/estimate-fit/h200b
+        tests/fixtures/estimate-fit/h100c tests/fixtures/estimate-fit/h200 tests/fixtures/estimate-fit/h200b
     python benchmarks/estimate_fit.py --yaml RUN_DIR...   # the fitted efficiency block for gpu_peaks.yaml
 
 A run directory holds ``gpu.txt`` (``nvidia-smi --query-gpu=name,... --format=csv``), ``config.json`` (the scale
@@ -139,18 +139,27 @@ def _floors(run_dir: Path) -> tuple[tuple[int, float], ...]:
 
 def host_floor(floors: tuple[tuple[int, float], ...], concurrency: int) -> float:
     """The host's per-step floor (s) at ``concurrency`` from the measured ``floors`` (:func:`_floors`): linear
-    between measured concurrencies; below the first, the first; above the last, the last segment's line when it
-    rises (the host's per-sequence work), else the last value; 0 without a measurement."""
+    between two measured concurrencies, held at the nearest measured end outside them; 0 without a measurement.
+
+    No extrapolation past the measured range: a floor measured at c = 1 and 4 says nothing of c = 64, and the rise
+    from c = 1 to 4 is not the host's per-sequence cost alone (at c = 4 the floor model's own GPU work, small as it is,
+    is already part of its step), so extending that line charged c = 64 a 13.2 ms floor where the scale model
+    measured 8.5-8.9 ms for the whole step (docs/results/estimate-fit.md). Held at the last measured value above the
+    range: the floor a step cannot undercut as far as the run shows (a host does not do less work for more
+    sequences), and since a step takes the longer of the floor and the GPU's work, a held floor can leave a step
+    priced too fast only where the host's work grew past it, never priced slower than a measurement supports. Below
+    the first measured concurrency the first value (reached only when c = 1 was not measured)."""
     if not floors:
         return 0.0
-    pts = list(floors)
-    if concurrency <= pts[0][0] or len(pts) == 1:
-        return pts[0][1]
-    for (c0, f0), (c1, f1) in itertools.pairwise(pts):
+    (c_lo, f_lo), (c_hi, f_hi) = floors[0], floors[-1]
+    if concurrency <= c_lo:
+        return f_lo
+    if concurrency >= c_hi:
+        return f_hi
+    for (c0, f0), (c1, f1) in itertools.pairwise(floors):
         if concurrency <= c1:
             return f0 + (f1 - f0) * (concurrency - c0) / (c1 - c0)
-    (c0, f0), (c1, f1) = pts[-2], pts[-1]
-    return f1 + max(0.0, (f1 - f0) / (c1 - c0)) * (concurrency - c1)
+    return f_hi  # not reached: c_lo < concurrency < c_hi lies in some segment
 
 
 def _valid(run: dict) -> bool:

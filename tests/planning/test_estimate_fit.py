@@ -197,8 +197,9 @@ def test_run_dirs_of_one_gpu_kind_must_serve_one_model(fitmod, tmp_path):
 
 
 def test_the_recorded_fit_is_what_the_script_gives_today(fitmod, capsys):
-    """docs/results/estimate-fit.md holds the script's tables for the recorded runs: both H100 sweeps fitted
-    together, and both H200 runs (the single run and the grid)."""
+    """docs/results/estimate-fit.md holds the script's tables for the recorded runs: the three H100 sweeps fitted
+    together (h100c priced with its own host's floor and lending it to the other two), and both H200 runs (the
+    single run and the grid, no floor measured)."""
     runs = ROOT / "tests/fixtures/estimate-fit"
     assert fitmod.main([str(runs / d) for d in RECORDED]) == 0
     out = capsys.readouterr().out
@@ -207,7 +208,7 @@ def test_the_recorded_fit_is_what_the_script_gives_today(fitmod, capsys):
     assert h100.gpu_key == "h100" and [p.concurrency for p in h100.points if p.kind == "decode"] == [1, 4, 16, 64]
 
 
-RECORDED = ("h100", "h100b", "h200", "h200b")
+RECORDED = ("h100", "h100b", "h100c", "h200", "h200b")
 
 
 def _errors(out: str, fitted_on: str) -> dict[tuple[str, str], float]:
@@ -218,20 +219,34 @@ def _errors(out: str, fitted_on: str) -> dict[tuple[str, str], float]:
 
 
 def test_the_h100_h200_cross_prediction_holds_from_c4_both_ways_and_misses_at_c1(fitmod, capsys):
-    """The issue's target, within 15 % of the measured decode tok/s per user and total tok/s: fitted on the H200
-    runs, every H100 batch size; fitted on the H100 servers, the H200 grid's c = 4, 16, 64 (c = 1 misses: the H200
-    host's per-step floor, docs/results/estimate-fit.md)."""
+    """The issue's target, within 15 % of the measured decode tok/s per user and total tok/s: both ways at c = 4, 16
+    and 64 (the H100 runs held at a floor of 2.04 ms from c = 4 up, not extrapolated). At c = 1 the hosts set the
+    step (docs/results/estimate-fit.md): fitted on the H200 runs, the H100 total is within but the per-user rate
+    misses h100c's faster host (-15.4 %); fitted on the H100 runs, the H200 host's unmeasured floor misses (+46.0 %)."""
     runs = ROOT / "tests/fixtures/estimate-fit"
     assert fitmod.main([str(runs / d) for d in RECORDED]) == 0
     out = capsys.readouterr().out
     to_h100, to_h200 = _errors(out, "h200"), _errors(out, "h100")
     decode = ("tok/s per user", "total tok/s")
-    for c in (1, 4, 16, 64):
+    for c in (4, 16, 64):
         for fig in decode:
             assert abs(to_h100[(f"c={c}, 1,024 in / 256 out", fig)]) <= 15.0
-            err = to_h200[(f"c={c}, 1,024 in / 256 out", fig)]
-            assert (abs(err) <= 15.0) == (c != 1), (c, fig, err)
-    assert max(abs(to_h100[k]) for k in to_h100 if k[1] in decode) == 12.0  # per user, c = 16
+            assert abs(to_h200[(f"c={c}, 1,024 in / 256 out", fig)]) <= 15.0
+    c1 = "c=1, 1,024 in / 256 out"
+    assert to_h100[(c1, "tok/s per user")] == -15.4 and abs(to_h100[(c1, "total tok/s")]) <= 15.0
+    assert to_h200[(c1, "tok/s per user")] == 46.0 and to_h200[(c1, "total tok/s")] > 15.0
+    assert max(abs(to_h100[k]) for k in to_h100 if k[1] in decode and k[0] != c1) == 12.0  # per user, c = 16
+
+
+def test_the_h100_hosts_floor_prices_the_h100_runs_and_no_h200_run(fitmod):
+    """h100c measured its host's floor (bench-floor.json: 1.48 ms at c = 1, 2.04 at c = 4); the other H100 runs are
+    priced with it, held at 2.04 ms from c = 4 up, and no H200 run is (another host, its floor unmeasured)."""
+    h100, h200 = fitmod.load_kinds([ROOT / "tests/fixtures/estimate-fit" / d for d in RECORDED])
+    assert [(c, round(f * 1e3, 2)) for c, f in h100.floors["h100c"]] == [(1, 1.48), (4, 2.04)]
+    assert h100.floor_from == {"h100": "h100c", "h100b": "h100c"}
+    decode = [p for p in h100.points if p.kind == "decode"]
+    assert {round(p.floor_s * 1e3, 2) for p in decode if p.concurrency >= 4} == {2.04}
+    assert h200.floors == {} and h200.floor_from == {} and all(p.floor_s == 0.0 for p in h200.points)
 
 
 def test_a_fresh_h100_server_reproduces_the_fits_decode_runs_within_3_1_percent():
@@ -280,17 +295,34 @@ def test_too_few_points_and_one_gpu_kind_are_said_not_passed(fitmod, tmp_path, c
         fitmod.main([str(tmp_path / "a")])
 
 
-def test_a_runs_host_floor_is_read_interpolated_and_lent_within_its_gpu_kind(fitmod, tmp_path, capsys):
-    """A floor measured at c = 1 and 4 (bench-floor.json): linear between them, flat below, the rising line above;
-    the run is priced with it (a 5.0 ms floor over a GPU step of ~3.1 ms sets c = 1's TPOT), and a second run of the
-    kind that measured none is priced with the first's and says so."""
-    floors = ((1, 0.002), (4, 0.0026))
-    assert fitmod.host_floor((), 8) == 0.0
-    assert fitmod.host_floor(((4, 0.003),), 64) == 0.003
-    assert fitmod.host_floor(floors, 1) == pytest.approx(0.002)
-    assert fitmod.host_floor(floors, 2) == pytest.approx(0.0022)
-    assert fitmod.host_floor(floors, 16) == pytest.approx(0.0026 + 0.0002 * 12)
-    assert fitmod.host_floor(((1, 0.002), (4, 0.0018)), 64) == pytest.approx(0.0018)  # a falling line: held
+@pytest.mark.parametrize(
+    ("floors", "concurrency", "expected"),
+    [
+        ((), 8, 0.0),  # none measured: no floor
+        (((4, 0.003),), 1, 0.003),  # one point: held below it
+        (((4, 0.003),), 64, 0.003),  # and above it
+        (((2, 0.002), (4, 0.0026)), 1, 0.002),  # below the measured range: the first value
+        (((1, 0.002), (4, 0.0026)), 1, 0.002),  # at a measured end
+        (((1, 0.002), (4, 0.0026)), 2, 0.0022),  # inside: 2.0 + (2.6 - 2.0) x (2 - 1) / (4 - 1) = 2.2 ms
+        (((1, 0.002), (4, 0.0026)), 3, 0.0024),  # 2.0 + 0.6 x 2 / 3 = 2.4 ms
+        (((1, 0.002), (4, 0.0026), (16, 0.005)), 10, 0.0038),  # second segment: 2.6 + 2.4 x 6 / 12 = 3.8 ms
+        (((1, 0.002), (4, 0.0026)), 16, 0.0026),  # above: the last value, not the line's 5.0 ms at c = 16
+        (((1, 0.00148), (4, 0.00204)), 64, 0.00204),  # the H100 host's (h100c): 2.04 ms, not the line's 13.2 ms
+        (((1, 0.002), (4, 0.0018)), 64, 0.0018),  # a falling pair: the last value too
+    ],
+)
+def test_the_host_floor_is_interpolated_inside_the_measured_range_and_held_outside_it(
+    fitmod, floors, concurrency, expected
+):
+    """Linear between measured concurrencies, the nearest measured value outside them (no extrapolation: a floor
+    measured at c = 1 and 4 says nothing of c = 64), 0 with none."""
+    assert fitmod.host_floor(floors, concurrency) == pytest.approx(expected)
+
+
+def test_a_runs_host_floor_is_read_and_lent_within_its_gpu_kind(fitmod, tmp_path, capsys):
+    """A floor measured at c = 1 and 4 (bench-floor.json) prices the run's points (held at c = 4's above it; a 5.0 ms
+    floor over a GPU step of ~3.1 ms sets c = 1's TPOT), and a second run of the kind that measured none is priced
+    with the first's and says so."""
     floors = ((1, 0.005), (4, 0.0056))
     cfg = scale_config(ScaleModelSpec(arch="minimax-m3", layers=2, quant="bf16"))
     eff = (0.62, 0.41, 1.3, 14.0)
@@ -306,7 +338,7 @@ def test_a_runs_host_floor_is_read_interpolated_and_lent_within_its_gpu_kind(fit
     by = {(p.run, p.kind, p.concurrency): p for p in kind.points}
     for run in ("a", "b"):
         assert by[(run, "decode", 1)].floor_s == pytest.approx(0.005)
-        assert by[(run, "decode", 16)].floor_s == pytest.approx(0.008)
+        assert by[(run, "decode", 16)].floor_s == by[(run, "decode", 64)].floor_s == pytest.approx(0.0056)
         c1 = fitmod.predict(kind, kind.gpu, by[(run, "decode", 1)], *eff)
         assert c1["tpot_ms"] == pytest.approx(5.0)  # the floor, not the GPU's ~3.1 ms step
     fitmod._floor_table([kind])
