@@ -33,7 +33,7 @@ echo "setup done at $(( $(date +%s) - t0 )) s"
 if has default || has grid; then
   $M plan --model /tmp/m3b --runtime process --json -- --load-format dummy > "$R/plan.json" 2> "$R/plan.err"
   echo "plan rc=$?"
-  $M doctor --model /tmp/m3b --runtime process --json > "$R/doctor.json" 2> "$R/doctor.err"; echo "doctor rc=$?"
+  $M doctor --model /tmp/m3b --runtime process --json -- --load-format dummy > "$R/doctor.json" 2> "$R/doctor.err"; echo "doctor rc=$?"
 fi
 
 serve_case() {  # TAG PORT [m3ctl serve options...] : serve detached (model $MODEL, default /tmp/m3b), rc, status, log
