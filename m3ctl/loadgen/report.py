@@ -441,12 +441,14 @@ def interval_rows(un: dict) -> list[tuple[str, str]]:
 
 
 def interval_notes(un: dict) -> list[str]:
-    """The notes under a run's tables about its intervals: no steady state, the figures wider than the
-    --precision target, and why a --precision run stopped before meeting it."""
+    """The notes under a run's tables about its intervals: no steady state, a lockstep load's caveat, the figures
+    wider than the --precision target, and why a --precision run stopped before meeting it."""
     notes = []
     steady = un.get("steady_state") or {}
     if steady.get("reason"):
         notes.append(f"rate intervals: n/a: {steady['reason']}")
+    if un.get("caveat"):
+        notes.append(f"rate intervals: {un['caveat']}")
     prec = un.get("precision")
     if prec is None:
         return notes

@@ -438,7 +438,29 @@ def uncertainty_block(cfg: BenchConfig, outs: list[RequestOutput], miss: dict, c
         u["stopped_by"], u["elapsed_s"] = run["stopped_by"], run["elapsed_s"]
     if cfg.precision is not None:
         u["max_duration_s"] = cfg.max_duration_s or PRECISION_MAX_DURATION_S
+    if lockstep(cfg) and u["figures"].keys() & {"output_throughput", "total_token_throughput"}:
+        u["caveat"] = LOCKSTEP_CAVEAT
     return u
+
+
+#: Why a lockstep run's rate intervals understate its spread (the result's ``uncertainty.caveat``). On one H100
+#: server (docs/results/tune-vs-grid.md, 2026-12-07) three ``--stagger off`` runs had steady-state total tok/s
+#: intervals of +-0.02 to +-0.14 % yet differed by up to 0.73 %, 5.8 times their combined interval; on an H200
+#: (docs/results/in-run-intervals.md) four such runs spread 2.6 % with none holding the others' mean. The
+#: independent-user runs beside them (+-3.1 to +-3.2 %) differed by at most 4.0 %, inside each pair's combined
+#: interval (+-4.5 %).
+LOCKSTEP_CAVEAT = (
+    "lanes in lockstep (--stagger off): every batch holds the same phase of the waves, so the rate intervals "
+    "understate how far another run would land (runs of one server differed by up to 5.8 times their intervals); "
+    "--stagger auto measures independent users"
+)
+
+
+def lockstep(cfg: BenchConfig) -> bool:
+    """Whether ``cfg`` is a closed loop of more than one lane started together (``--stagger off``): the load whose
+    rate intervals :data:`LOCKSTEP_CAVEAT` qualifies."""
+    closed = not cfg.trace_path and cfg.workload != "agentic" and math.isinf(cfg.request_rate)
+    return closed and cfg.stagger == "off" and (cfg.concurrency or 0) > 1
 
 
 def _server_jit(log: Path | None, offset: int | None) -> list[str] | None:

@@ -226,7 +226,7 @@ def objective_basis(res: dict, objective: str) -> tuple[dict, str, float | None]
     the one its interval describes, so the objective is that figure where the run has one (``result`` is ``res``
     with the figure replaced). The whole-run figure also counts the ramp-up, a staggered loop's first request
     latency at partial occupancy, and its share differs by configuration and by run: on one H100
-    (docs/results/tune-vs-grid.md, 2026-12-07) whole-run / steady-state was 0.950 to 0.978 over eleven runs of
+    (docs/results/tune-vs-grid.md, 2026-12-07) whole-run / steady-state was 0.950 to 0.978 over nine runs of
     one engine at c = 64, and 0.96 for vLLM's defaults against 0.98 for ``max_num_seqs`` 32 on one host, so the
     whole-run figure ranked with noise and bias that no interval carried. Without a steady-state figure (a run too
     short for one): the whole-run figure, ``window`` ``whole run``, no interval."""
