@@ -8,8 +8,10 @@ import json
 
 import pytest
 
+from m3ctl.cli.tune_render import objective_window_line
 from m3ctl.loadgen.config import MIN_PRECISION_PROMPTS, PRECISION_WAVES
-from m3ctl.tuning.measure import objective_figure, run_size
+from m3ctl.loadgen.slo import parse_slo
+from m3ctl.tuning.measure import _point, objective_basis, objective_figure, run_size
 from m3ctl.tuning.options import TuneSpec
 from tests.conftest import groundtruth_session, run_cli, start_groundtruth
 
@@ -20,6 +22,58 @@ def test_the_figure_measured_is_the_objectives():
     assert objective_figure("tput_per_gpu") == "total_token_throughput"
     assert objective_figure("tokens_per_usd") == "total_token_throughput"
     assert objective_figure("output_tput_per_gpu") == "output_throughput"
+
+
+def _run(whole: float, figures: dict | None) -> dict:
+    res = {"completed": 100, "total_token_throughput": whole, "output_throughput": whole / 17, "duration": 25.0}
+    return {**res, **({"uncertainty": {"figures": figures}} if figures is not None else {})}
+
+
+def test_the_objective_is_the_steady_state_figure_its_interval_describes():
+    """A run of 69,761 tok/s whole and 72,692 +-2.56 % at steady state (the H100 study's trial base, 2026-12-07)
+    is scored 72,692 per GPU, its window named; per USD the same figure; output tok/s per GPU from its own."""
+    spec, slo = TuneSpec(ladder=[64]), parse_slo("p90_tpot_ms<=20")
+    figs = {
+        "total_token_throughput": {"value": 72692.0, "rel_half_width": 0.0256},
+        "output_throughput": {"value": 4276.0, "rel_half_width": 0.031},
+    }
+    p = _point(spec, slo, _run(69761.0, figs), 64, 1.0, 2)
+    assert (p.objective, p.objective_ci, p.objective_window) == (72692.0 / 2, 0.0256, "steady state")
+    assert p.metrics["total_token_throughput"] == 69761.0  # the run's own figures are kept as measured
+    usd = _point(TuneSpec(objective="tokens_per_usd", usd_per_gpu_hour=2.0), slo, _run(69761.0, figs), 64, 1.0, 1)
+    assert usd.objective == pytest.approx(72692.0 * 3600 / 2.0)
+    out = _point(TuneSpec(objective="output_tput_per_gpu"), slo, _run(69761.0, figs), 64, 1.0, 1)
+    assert (out.objective, out.objective_ci) == (4276.0, 0.031)
+
+
+@pytest.mark.parametrize(
+    "figures",
+    [None, {}, {"total_token_throughput": {"rel_half_width": 0.02}}, {"total_token_throughput": {"value": 0.0}}],
+)
+def test_a_run_without_a_steady_state_figure_is_scored_whole_without_an_interval(figures):
+    p = _point(TuneSpec(), parse_slo("p90_tpot_ms<=20"), _run(50000.0, figures), 8, 1.0, 1)
+    assert (p.objective, p.objective_ci, p.objective_window) == (50000.0, None, "whole run")
+    basis, window, ci = objective_basis(_run(50000.0, figures), "tput_per_gpu")
+    assert basis["total_token_throughput"] == 50000.0 and (window, ci) == ("whole run", None)
+
+
+def test_the_report_names_the_objectives_window():
+    def trial(*windows: str) -> dict:
+        return {"points": [{"valid": True, "objective_window": w} for w in windows]}
+
+    steady = objective_window_line({"objective": "tput_per_gpu", "trials": [trial("steady state", "steady state")]})
+    assert steady is not None and "over each run's steady state" in steady and "had none" not in steady
+    mixed = objective_window_line({"objective": "tput_per_gpu", "trials": [trial("steady state"), trial("whole run")]})
+    assert mixed is not None and mixed.endswith("1 of the trials' 2 runs had none: their whole-run figure")
+    whole = objective_window_line({"objective": "tput_per_gpu", "trials": [trial("whole run")]})
+    assert whole == "objective: tput_per_gpu over each whole run (no run had a steady-state figure)"
+    repeated = {"points": [{"valid": True, "runs": [{"valid": True, "objective_window": "whole run"}] * 3}]}
+    mixed_repeat = {"points": [{"valid": True, "runs": [{"valid": True, "objective_window": "whole run"}, {}]}]}
+    assert objective_window_line({"objective": "x", "trials": [repeated]}) == (
+        "objective: x over each whole run (no run had a steady-state figure)"
+    )
+    assert objective_window_line({"objective": "x", "trials": [mixed_repeat]}) is not None  # its valid run counts
+    assert objective_window_line({"objective": "x", "trials": []}) is None
 
 
 def test_a_precision_run_has_no_fixed_count_and_asks_the_objectives_figure():
