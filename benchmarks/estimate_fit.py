@@ -270,7 +270,7 @@ def predict(
 ) -> dict:
     """The estimate's figures for point ``p`` of ``rs`` on ``gpu`` at these efficiencies and overheads, with the host
     floor measured on the host that served ``p`` (an input about the host, not a fitted figure)."""
-    latency_us = sum(peaks().comm.all_reduce_latency_us) / 2
+    latency_us = sum(peaks().comm.all_reduce_latency_us.range) / 2
     wl = Workload(concurrency=p.concurrency, input_len=p.input_len, output_len=p.output_len)
     point = (hbm, compute, overhead_ms, prefill_ms, latency_us, 1.0, p.floor_s * 1e3)
     return figures(rs.shape, Layout(tp=1), gpu, "bf16", wl, point)
@@ -396,8 +396,10 @@ def _fittable(sets: list[RunSet]) -> list[RunSet]:
     return sets
 
 
-def _yaml(sets: list[RunSet], fits: dict[str, tuple[Eff4, float]]) -> None:
-    """Prints the efficiency block for gpu_peaks.yaml: each figure's range over the GPU kinds' fits.
+def _yaml(sets: list[RunSet], fits: dict[str, tuple[Eff4, float]], dirs: list[Path]) -> None:
+    """Prints the fitted inputs of gpu_peaks.yaml's efficiency block (m3ctl/assess/cost.py's Input): each figure's
+    range over the GPU kinds' fits, marked fitted, with the kinds, the concurrency range and the run directories
+    ``dirs`` (as given) its points came from. The host floor is measured, not fitted: it keeps its own entry.
 
     Raises:
         SystemExit: one GPU kind (its fit is a point, not a range, and nothing cross-checked it).
@@ -408,14 +410,16 @@ def _yaml(sets: list[RunSet], fits: dict[str, tuple[Eff4, float]]) -> None:
             "range, and no other kind checked it by cross-prediction: pass run directories of two GPU kinds"
         )
     effs = [fits[rs.name][0] for rs in sets]
-    lo_hi = [(min(e[i] for e in effs), max(e[i] for e in effs)) for i in range(3)]
     pre = [fits[rs.name][0][3] for rs in sets if rs.has_prefill()] or [0.0]
-    runs = ", ".join(f"{', '.join(rs.runs)} ({rs.gpu_key})" for rs in sets)
-    print("efficiency:\n  measured: true")
-    print(f"  hbm: [{lo_hi[0][0]:g}, {lo_hi[0][1]:g}]\n  compute: [{lo_hi[1][0]:g}, {lo_hi[1][1]:g}]")
-    print(f"  step_overhead_ms: [{lo_hi[2][0]:g}, {lo_hi[2][1]:g}]")
-    print(f"  prefill_overhead_ms: [{min(pre):g}, {max(pre):g}]")
-    print(f"  source: >-\n    fitted by benchmarks/estimate_fit.py from the recorded runs {runs}")
+    ranges = [(min(e[i] for e in effs), max(e[i] for e in effs)) for i in range(3)] + [(min(pre), max(pre))]
+    gpus = ", ".join(rs.gpu_key for rs in sets)
+    runs = "".join(f"\n      - {d.as_posix()}" for d in dirs)
+    print("efficiency:")
+    for i, name in enumerate(("hbm", "compute", "step_overhead_ms", "prefill_overhead_ms")):
+        cs = [p.concurrency for rs in sets for p in rs.points if i < 3 or p.kind == "prefill"] or [1]
+        print(f"  {name}:\n    range: [{ranges[i][0]:g}, {ranges[i][1]:g}]\n    basis: fitted\n    gpus: [{gpus}]")
+        print(f"    concurrency: [{min(cs)}, {max(cs)}]\n    runs:{runs}")
+        print("    note: >-\n      fitted by benchmarks/estimate_fit.py (docs/results/estimate-fit.md says how well)")
 
 
 def _own(rs: RunSet, eff: Eff4) -> None:
@@ -472,10 +476,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("runs", nargs="+", type=Path, help="run directories (module docstring), any number per GPU kind")
     ap.add_argument("--yaml", action="store_true", help="print the fitted efficiency block for gpu_peaks.yaml")
     args = ap.parse_args(argv)
-    sets = _fittable(load_kinds(_run_dirs(args.runs)))
+    dirs = _run_dirs(args.runs)
+    sets = _fittable(load_kinds(dirs))
     fits = {rs.name: fit(rs) for rs in sets}
     if args.yaml:
-        _yaml(sets, fits)
+        _yaml(sets, fits, dirs)
         return 0
     print("| GPU | runs | eta HBM | eta tensor | step overhead ms | prefill overhead ms | rms log error | points |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")

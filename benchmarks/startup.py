@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Start-up time of ``m3ctl``: ``--help``, ``plan --system b200x8`` and ``tune --dry-run`` next to a bare
+"""Start-up time of ``m3ctl``: ``--help``, ``plan --system b200x8`` (also with ``--estimate``, which must stay
+under a second) and ``tune --dry-run`` next to a bare
 interpreter (``python -c pass``) and ``python -c "import typer"`` (the floor of any Typer CLI).
 
 Each command runs ``--runs`` times in a fresh interpreter (this one, ``python -m m3ctl`` from the checkout), in an
@@ -46,6 +47,7 @@ CASES = [
     ('python -c "import typer"', ["-c", "import typer"]),
     ("m3ctl --help", ["-m", "m3ctl", "--help"]),
     ("m3ctl plan --system b200x8", ["-m", "m3ctl", "plan", "--system", "b200x8"]),
+    ("m3ctl plan --system h100x8 --estimate", ["-m", "m3ctl", "plan", "--system", "h100x8", "--estimate"]),
     (
         "m3ctl tune --model MiniMax-M3.1-Flash --system b200x8 --dry-run",
         ["-m", "m3ctl", "tune", "--model", "MiniMax-M3.1-Flash", "--system", "b200x8", "--dry-run"],

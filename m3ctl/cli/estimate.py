@@ -25,7 +25,7 @@ def users(e: Any) -> str:
 
 def show_estimate(out: Output, e: Any) -> None:
     """The estimate as a table (low, mid, high) under one line naming the layout and workload, then the dominant
-    assumption (of tok/s per GPU), each figure's own where another dominates it, and every other assumption;
+    assumption (of tok/s per GPU), each figure's own where another dominates it, and every input it rests on;
     ``--json``: the whole estimate."""
     out.result(e.model_dump())
     if out.json:
@@ -59,5 +59,6 @@ def show_estimate(out: Output, e: Any) -> None:
     for key, named in e.dominant_by_figure.items():
         if named.split(":")[0] != e.dominant.split(":")[0] and key in labels:  # another assumption dominates it
             out.con.print(f"  {labels[key]}: {escape(named)}", soft_wrap=True)
+    out.con.print("what it rests on:")
     for a in e.assumptions:
-        out.con.print(f"  assumed: {escape(a)}", soft_wrap=True)
+        out.con.print(f"  {escape(a)}", soft_wrap=True)

@@ -22,11 +22,12 @@ so it delays its own request's first token and overlaps the other users' steps (
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Literal
 
 from pydantic import BaseModel
 
 from m3ctl.assess.capability import kv_bytes_per_element
-from m3ctl.assess.cost import Eff, GpuPeak, Layout, Shape, Step, gpu_peak, peaks, step_cost, step_seconds
+from m3ctl.assess.cost import Eff, GpuPeak, Input, Layout, Shape, Step, gpu_peak, peaks, step_cost, step_seconds
 from m3ctl.assess.facts import ModelFacts
 from m3ctl.errors import BadInput
 from m3ctl.planning.launchplan import LaunchPlan
@@ -46,8 +47,11 @@ class Estimate(BaseModel):
     users asked for, ``users_per_replica`` their split over the ``dp`` replicas; ``tpot_ms`` and ``tok_s_user``
     None with one output token (no decode step). ``dominant``: the assumption whose range moves tok/s per GPU most;
     ``dominant_by_figure``: for each figure (``tpot_ms``, ``tok_s_user``, ``tok_s_gpu``, ``prefill_s``) the one that
-    moves it most; ``assumptions``: every one that went in, each with its range or value and whether it was
-    measured; ``findings``: what the server would not run as posed (:func:`findings`), each saying how it is
+    moves it most, saying whether that input is measured, fitted or assumed here; ``basis``: that word for each
+    input range (the efficiencies, overheads, all-reduce latency, host floor, acceptance length with speculation):
+    measured or fitted only on a GPU kind and concurrency the runs covered (m3ctl.assess.cost.Input), otherwise
+    assumed; ``assumptions``: every input that went in, each with its range or value and what it rests on;
+    ``findings``: what the server would not run as posed (:func:`findings`), each saying how it is
     modelled."""
 
     gpu: str
@@ -69,6 +73,7 @@ class Estimate(BaseModel):
     tokens_per_dollar: Figure | None = None
     dominant: str
     dominant_by_figure: dict[str, str] = {}
+    basis: dict[str, Literal["measured", "fitted", "assumed"]] = {}
     assumptions: list[str]
     findings: list[str] = []
 
@@ -204,6 +209,20 @@ _LABELS = {
 }
 
 
+def _inputs(wl: Workload) -> list[Input]:
+    """The input ranges in :data:`_NAMES` order, each with what it rests on (gpu_peaks.yaml's; the acceptance
+    length is the workload's, assumed)."""
+    t = peaks()
+    e = t.efficiency
+    acceptance = Input(
+        range=wl.acceptance,
+        basis="assumed",
+        note="tokens emitted per step with speculation: the drafter's acceptance on this model is not measured",
+    )
+    comm = t.comm.all_reduce_latency_us
+    return [e.hbm, e.compute, e.step_overhead_ms, e.prefill_overhead_ms, comm, acceptance, e.host_floor_ms]
+
+
 def split(users: int, replicas: int) -> list[int]:
     """``users`` spread over ``replicas`` exactly: the first ``users % replicas`` get one more (some may get 0)."""
     base, extra = divmod(users, max(replicas, 1))
@@ -271,26 +290,27 @@ def estimate(
     key, gpu = found
     t = peaks()
     shape, notes = shape_of(facts, precision, kv_bytes)
-    e = t.efficiency
-    latency = t.comm.all_reduce_latency_us
-    floor = e.host_floor_ms
-    ranges = [e.hbm, e.compute, e.step_overhead_ms, e.prefill_overhead_ms, latency, wl.acceptance, floor]
+    inputs = _inputs(wl)
+    ranges = [i.range for i in inputs]
     best = tuple(r[1] if up else r[0] for r, up in zip(ranges, _HIGHER_IS_FASTER, strict=True))
     worst = tuple(r[0] if up else r[1] for r, up in zip(ranges, _HIGHER_IS_FASTER, strict=True))
     mid = tuple((lo + hi) / 2 for lo, hi in ranges)
     gemm = t.weights.gemm[precision]
     f_best, f_mid, f_worst = (figures(shape, layout, gpu, gemm, wl, p) for p in (best, mid, worst))
-    swing: dict[str, list[tuple[float, str, tuple[float, float]]]] = {k: [] for k in f_mid}
+    swing: dict[str, list[tuple[float, str, int]]] = {k: [] for k in f_mid}  # ties: the later name, as before
     for i, name in enumerate(_NAMES):
         at_lo, at_hi = (tuple(r[j] if k == i else mid[k] for k, r in enumerate(ranges)) for j in (0, 1))
         lo_f, hi_f = (figures(shape, layout, gpu, gemm, wl, p) for p in (at_lo, at_hi))
         for k in f_mid:
-            swing[k].append((abs(hi_f[k] - lo_f[k]) / max(abs(f_mid[k]), 1e-12), name, ranges[i]))
-    measured = "measured" if e.measured else "not measured on any GPU yet"
+            swing[k].append((abs(hi_f[k] - lo_f[k]) / max(abs(f_mid[k]), 1e-12), name, i))
+    running = min(split(wl.concurrency, layout.dp)[0], wl.max_running or wl.concurrency)
+    step_users = max(-(-running // layout.pp), 1)  # the sequences of the busiest replica's steps
 
-    def named(key: str) -> str:
-        share, name, (lo, hi) = max(swing[key])
-        return f"{name} {lo:g}-{hi:g} ({measured}): moves {_LABELS[key]} by {share * 100:.0f} %"
+    def named(fig: str) -> str:
+        share, _, i = max(swing[fig])
+        lo, hi = ranges[i]
+        words = inputs[i].standing(key, 1 if fig == "prefill_s" else step_users)[1]  # a prefill alone: one request
+        return f"{_NAMES[i]} {lo:g}-{hi:g} ({words}): moves {_LABELS[fig]} by {share * 100:.0f} %"
 
     dominant_by_figure = {k: named(k) for k in f_mid}
     dominant = dominant_by_figure["tok_s_gpu"]
@@ -299,14 +319,15 @@ def estimate(
     if usd_per_gpu_hour:
         per_dollar = Figure(**{k: v * 3600 / usd_per_gpu_hour for k, v in ranged["tok_s_gpu"].model_dump().items()})
     fig: dict[str, Figure | None] = dict(ranged)
+    shown = [i for i, n in enumerate(_NAMES) if n != "acceptance length" or wl.spec_depth]
+    here = {i: inputs[i].standing(key, step_users) for i in shown}
+    basis = {_NAMES[i]: here[i][0] for i in shown}
     assumptions = [
-        f"{n} {r[0]:g}-{r[1]:g}"
-        for n, r in zip(_NAMES, ranges, strict=True)
-        if n != "acceptance length" or wl.spec_depth
+        f"{_NAMES[i]} {ranges[i][0]:g}-{ranges[i][1]:g}: {here[i][1]}; {inputs[i].note.strip()}" for i in shown
     ]
     if wl.prefix_hit:
         assumptions.append(f"prefix cache hit {wl.prefix_hit:g} of each prompt (given): not prefilled, still attended")
-    assumptions += [f"peaks of {key}: {gpu.source}", *(f"{key} {a}" for a in gpu.assumed), e.source.strip(), *notes]
+    assumptions += [f"peaks of {key}: {gpu.source}", *(f"{key} {a}" for a in gpu.assumed), *notes]
     if wl.output_len <= 1:  # no decode step: TPOT would be the prefill step's
         fig["tpot_ms"] = fig["tok_s_user"] = None
         dominant_by_figure = {k: v for k, v in dominant_by_figure.items() if k not in ("tpot_ms", "tok_s_user")}
@@ -326,6 +347,7 @@ def estimate(
         tokens_per_dollar=per_dollar,
         dominant=dominant,
         dominant_by_figure=dominant_by_figure,
+        basis=basis,
         assumptions=assumptions,
         **fig,
     )

@@ -18,7 +18,8 @@ def test_plan_estimate_json_is_the_apis_estimate():
         workload={"concurrency": 16, "input_len": 2048, "output_len": 256, "usd_per_gpu_hour": 4},
     )
     assert got == json.loads(want.model_dump_json())
-    assert got["gpu"] == "b200" and got["tokens_per_dollar"]["mid"] > 0 and "not measured" in got["dominant"]
+    assert got["gpu"] == "b200" and got["tokens_per_dollar"]["mid"] > 0 and "(assumed" in got["dominant"]
+    assert set(got["basis"].values()) == {"assumed"}  # off Hopper nothing is measured: each input says so
 
 
 def test_plan_estimate_table_names_its_dominant_assumption():
@@ -26,6 +27,17 @@ def test_plan_estimate_table_names_its_dominant_assumption():
     assert p.returncode == 0, p.stdout + p.stderr
     assert "decode tok/s per user" in p.stdout and "dominant assumption:" in p.stdout
     assert "tokens per USD" not in p.stdout  # no price given
+    assert "what it rests on:" in p.stdout and "assumed: " not in p.stdout  # each input says its own basis
+
+
+def test_plan_estimate_text_says_the_host_floor_is_measured_where_it_was():
+    """One user on an H100: the floor was measured on an H100 host at c = 1-4; the text says so, never "not
+    measured" (the whole table once carried one flag, false)."""
+    p = run_cli("plan", "--system", "h100x8", "--estimate", "--concurrency", "1")
+    assert p.returncode == 0, p.stdout + p.stderr
+    text = " ".join(p.stdout.split())  # the console wraps long lines
+    assert "host step floor (ms) 1.48-2.04: measured on one h100 host at c = 1-4, runs h100c" in text
+    assert "not measured" not in text
 
 
 def test_estimate_options_without_estimate_and_bad_combinations_are_one_line():

@@ -10,8 +10,9 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
-from m3ctl.assess.cost import gpu_peak
+from m3ctl.assess.cost import Input, gpu_peak
 from m3ctl.assess.facts import facts_from_config
 from m3ctl.dev.scale_model import ScaleModelSpec, scale_config
 from m3ctl.planning.estimate import shape_of
@@ -117,6 +118,16 @@ def test_cross_prediction_moves_only_by_the_peaks(fitmod, tmp_path, capsys):
     assert max(abs(r["error"]) for r in rows) < 0.01 and {r["verdict"] for r in rows} == {"within"}
     assert fitmod.main([str(tmp_path / "h100"), str(tmp_path / "h200")]) == 0
     assert "within the 15 % target" in capsys.readouterr().out
+    # --yaml: gpu_peaks.yaml's efficiency inputs, each fitted, on both kinds, over the runs' concurrency (the
+    # prefill overhead over its prefill sweep's, one request), naming the directories; valid as the table's Input
+    assert fitmod.main(["--yaml", str(tmp_path / "h100"), str(tmp_path / "h200")]) == 0
+    block = yaml.safe_load(capsys.readouterr().out)["efficiency"]
+    got = {k: Input.model_validate(v) for k, v in block.items()}
+    assert set(got) == {"hbm", "compute", "step_overhead_ms", "prefill_overhead_ms"}
+    assert {i.basis for i in got.values()} == {"fitted"} and got["hbm"].gpus == ["h100", "h200"]
+    assert got["hbm"].range == pytest.approx((0.62, 0.62), abs=0.01)
+    assert got["hbm"].concurrency == (1, 64) and got["prefill_overhead_ms"].concurrency == (1, 1)
+    assert got["compute"].runs == [str(tmp_path / "h100"), str(tmp_path / "h200")]
 
     _synthetic(fitmod, tmp_path / "slow", "h200", cfg, (0.40, 0.41, 1.3, 9.0))
     assert fitmod.main([str(tmp_path / "h100"), str(tmp_path / "slow")]) == 0
@@ -287,7 +298,7 @@ def test_too_few_points_and_one_gpu_kind_are_said_not_passed(fitmod, tmp_path, c
     assert "cross-prediction: could not judge (one GPU kind" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="one GPU kind") as e:
         fitmod.main(["--yaml", str(tmp_path / "a")])
-    assert "measured: true" not in capsys.readouterr().out and "two GPU kinds" in str(e.value)
+    assert "basis: fitted" not in capsys.readouterr().out and "two GPU kinds" in str(e.value)
     runs = json.loads((tmp_path / "a" / "bench-decode.json").read_text())["runs"]
     (tmp_path / "a" / "bench-decode.json").write_text(json.dumps({"runs": runs[:1]}))
     (tmp_path / "a" / "bench-prefill.json").unlink()
