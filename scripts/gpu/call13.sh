@@ -16,7 +16,7 @@ left() { echo $(( STOP_AT - ($(date +%s) - t0) )); }
 source scripts/gpu/wt-env.sh
 nvidia-smi --query-gpu=name,memory.total,driver_version,power.limit,clocks.max.sm --format=csv,noheader | tee "$OUT/host.txt"
 R=/tmp/iv; mkdir -p $R; trap 'tar -C /tmp -czf "$OUT/iv.tgz" iv' EXIT
-$M dev scale-model /tmp/sm2 --arch minimax-m2 --layers 12 --quant fp8 > /dev/null || { echo "scale-model failed"; exit 1; }
+$M dev scale-model /tmp/sm2 --arch minimax-m2 --layers 12 --quant fp8 --overwrite > /dev/null || { echo "scale-model failed"; exit 1; }
 source scripts/gpu/sampler.sh; start_sampler "$OUT/samples.txt"
 echo "setup done at $(( $(date +%s) - t0 )) s"
 timeout -s INT $(( $(left) - 20 )) $M serve --model /tmp/sm2 --name iv --port 8060 --runtime process --detach -- \

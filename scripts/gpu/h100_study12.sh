@@ -23,7 +23,7 @@ MIB=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -
 if [ "${MIB:-0}" -ge 120000 ]; then LAYERS=16; SLO="p90_tpot_ms<=20"; else LAYERS=12; SLO="p90_tpot_ms<=15"; fi
 [ -n "${SLO_MS:-}" ] && SLO="p90_tpot_ms<=$SLO_MS"
 echo "GPU memory $MIB MiB: $LAYERS layers, SLO $SLO" | tee -a "$OUT/host.txt"
-$M dev scale-model /tmp/sm2 --arch minimax-m2 --layers $LAYERS --quant fp8 > /dev/null || { echo "scale-model failed"; exit 1; }
+$M dev scale-model /tmp/sm2 --arch minimax-m2 --layers $LAYERS --quant fp8 --overwrite > /dev/null || { echo "scale-model failed"; exit 1; }
 echo "setup done at $(( $(date +%s) - t0 )) s"
 S=/tmp/study; G=/tmp/grid; mkdir -p $G
 ( while sleep 5; do
