@@ -358,6 +358,7 @@ CLEAN = [
     "h200x1-real/scale2/study/server-base-excerpt.txt",
     "diagnose/silent-exit-137.log",
     "h200-stagger/log-warnings.txt",
+    "h100-study13/stagger/log-warnings.txt",
 ]
 
 
