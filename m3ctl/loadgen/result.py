@@ -301,9 +301,7 @@ def _load_block(cfg: BenchConfig, client_procs: int, trace_rate: float | None = 
             "stop": "duration" if cfg.duration_s else "count",
         }
     return {
-        "mode": "agentic-lanes"
-        if cfg.workload == "agentic"
-        else ("closed" if math.isinf(cfg.request_rate) else ("open-capped" if cfg.concurrency else "open")),
+        "mode": load_mode(cfg),
         "concurrency": cfg.concurrency,
         "rate": None if math.isinf(cfg.request_rate) else cfg.request_rate,
         "arrival": None if math.isinf(cfg.request_rate) else ("poisson" if cfg.burstiness == 1 else "gamma"),
@@ -312,6 +310,14 @@ def _load_block(cfg: BenchConfig, client_procs: int, trace_rate: float | None = 
         "client_procs": client_procs,
         "stop": "duration" if cfg.duration_s else "count",
     }
+
+
+def load_mode(cfg: BenchConfig) -> str:
+    """How ``cfg`` offers its load (the result's ``load.mode``) when it is not a trace: ``agentic-lanes``,
+    ``closed`` (no request rate: each lane sends when its last request ends), ``open-capped`` or ``open``."""
+    if cfg.workload == "agentic":
+        return "agentic-lanes"
+    return "closed" if math.isinf(cfg.request_rate) else ("open-capped" if cfg.concurrency else "open")
 
 
 def _token_counts_block(res: dict, ok: list[RequestOutput], agentic: bool) -> dict:
@@ -459,7 +465,7 @@ LOCKSTEP_CAVEAT = (
 def lockstep(cfg: BenchConfig) -> bool:
     """Whether ``cfg`` is a closed loop of more than one lane started together (``--stagger off``): the load whose
     rate intervals :data:`LOCKSTEP_CAVEAT` qualifies."""
-    closed = not cfg.trace_path and cfg.workload != "agentic" and math.isinf(cfg.request_rate)
+    closed = not cfg.trace_path and load_mode(cfg) == "closed"
     return closed and cfg.stagger == "off" and (cfg.concurrency or 0) > 1
 
 
