@@ -20,7 +20,8 @@ kind). A kind with fewer valid points than the four parameters is not fitted; ``
     python benchmarks/estimate_fit.py --yaml RUN_DIR...   # the fitted efficiency block for gpu_peaks.yaml
 
 A run directory holds ``gpu.txt`` (``nvidia-smi --query-gpu=name,... --format=csv``), ``config.json`` (the scale
-model's) and ``bench-decode.json`` / ``bench-prefill.json`` (bench ``--output-json``). The attention the runs served is
+model's) and ``bench-decode.json`` / ``bench-prefill.json`` (bench ``--output-json``; a ``bench-decode-long.json``, the
+decode at a longer prompt, joins the decode points). The attention the runs served is
 read from ``plan.json`` when present (the dense fallback on Hopper: every layer reads its whole context). A directory
 without ``config.json`` is a repeat of the sweep on the same scale model: it takes the model (and ``plan.json``) of an
 earlier directory of its GPU kind.
@@ -126,12 +127,16 @@ def _runs(path: Path) -> list[dict]:
 
 def _floors(run_dir: Path) -> tuple[tuple[int, float], ...]:
     """The host's per-step floor measured on the host that served ``run_dir``: ``((concurrency, median TPOT s), ...)``
-    from its ``bench-floor.json`` (scripts/gpu/hopper_m3_call.sh part ``floor``: a tiny-dimension model of the scale
-    model's layer structure, so a step is nearly all host work), valid runs only, by concurrency; empty without one."""
+    from its ``bench-floor.json`` and, where the run went past c = 4, ``bench-floor-high.json``
+    (scripts/gpu/hopper_m3_call.sh part ``floor``, with ``FLOOR_HIGH=1`` for c = 16 and 64: a tiny-dimension model of
+    the scale model's layer structure, so a step is nearly all host work), valid runs only, by concurrency; empty
+    without one."""
+    files = (run_dir / "bench-floor.json", run_dir / "bench-floor-high.json")
     return tuple(
         sorted(
             (int(r.get("max_concurrency") or 1), r["median_tpot_ms"] / 1e3)
-            for r in _runs(run_dir / "bench-floor.json")
+            for f in files
+            for r in _runs(f)
             if _valid(r) and r.get("median_tpot_ms")
         )
     )
@@ -195,7 +200,7 @@ def load(run_dir: Path, like: RunSet | None = None) -> RunSet:
         raise SystemExit(f"{run_dir}: no config.json, and no earlier run directory of its GPU kind to take it from")
     name = run_dir.name
     points = []
-    for r in _runs(run_dir / "bench-decode.json"):
+    for r in _runs(run_dir / "bench-decode.json") + _runs(run_dir / "bench-decode-long.json"):
         if _valid(r) and r.get("median_tpot_ms"):
             c = int(r.get("max_concurrency") or 1)
             n_in = round(r["total_input_tokens"] / r["completed"])
