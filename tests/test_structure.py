@@ -201,10 +201,10 @@ NOT_ON_PLAN = ("m3ctl.loadgen", "m3ctl.serving", "m3ctl.tuning", "m3ctl.checks")
 #: Modules of :data:`NOT_ON_PLAN` that `m3ctl plan --system b200x8` loads today, with who imports them. The lead
 #: empties this list.
 ON_PLAN_TODAY: dict[str, str] = {}
-#: What one `m3ctl plan` runs only when asked (``--estimate``, ``--list``, ``--systems``): the estimate, the listing
-#: and the sizing view. (The step cost model, m3ctl.assess.cost, is on every plan's path: the day-0 stack derives
-#: from it the context from which indexer DCP pays, m3ctl.assess.dcp.)
-NOT_ON_ONE_PLAN = ("m3ctl.planning.estimate", "m3ctl.planning.listing", "m3ctl.planning.sizing")
+#: What one `m3ctl plan` runs only when asked (``--estimate``, ``--list``, ``--systems``): the estimate with its step
+#: cost model, the listing and the sizing view. (The GPU peaks table, m3ctl.assess.peaks, is on every plan's path:
+#: the day-0 stack derives from it the context from which indexer DCP pays, m3ctl.assess.dcp.)
+NOT_ON_ONE_PLAN = ("m3ctl.planning.estimate", "m3ctl.assess.cost", "m3ctl.planning.listing", "m3ctl.planning.sizing")
 #: Libraries neither start-up path may load (engines, containers, plotting, the tuner's sampler).
 HEAVY = ("torch", "vllm", "transformers", "tokenizers", "docker", "matplotlib", "optuna", "pynvml", "amdsmi", "numpy")
 #: Standard-library parts a plan for a catalog system (``--system``) needs not: the container engine's HTTP client
