@@ -7,9 +7,7 @@ day-0 stack (:mod:`m3ctl.assess.dcp`: the context from which indexer DCP pays), 
 the cost model.
 """
 
-from __future__ import annotations
-
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -50,7 +48,7 @@ class Input(_Strict):
     note: str
 
     @model_validator(mode="after")
-    def _evidence_matches_basis(self) -> Input:
+    def _evidence_matches_basis(self) -> Self:
         if self.range[0] > self.range[1]:
             raise ValueError(f"range {list(self.range)}: low above high")
         evidence = self.gpus or self.runs or self.concurrency or self.hosts
@@ -119,7 +117,7 @@ class PeakTable(_Strict):
     efficiency: Efficiency
 
     @model_validator(mode="after")
-    def _evidence_names_known_gpus(self) -> PeakTable:
+    def _evidence_names_known_gpus(self) -> Self:
         inputs = [self.comm.all_reduce_latency_us, *(getattr(self.efficiency, k) for k in Efficiency.model_fields)]
         unknown = sorted({g for i in inputs for g in i.gpus} - set(self.gpus))
         if unknown:
