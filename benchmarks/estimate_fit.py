@@ -38,8 +38,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from m3ctl.assess.cost import GpuPeak, Layout, Shape, gpu_peak, peaks
+from m3ctl.assess.cost import Layout, Shape
 from m3ctl.assess.facts import facts_from_config
+from m3ctl.assess.peaks import GpuPeak, gpu_peak, peaks
 from m3ctl.planning.estimate import Workload, figures, shape_of
 
 #: The fit's coarse grid (HBM and tensor-core fractions of the datasheet peaks, per-step overhead in ms), then a
@@ -402,7 +403,7 @@ def _fittable(sets: list[RunSet]) -> list[RunSet]:
 
 
 def _yaml(sets: list[RunSet], fits: dict[str, tuple[Eff4, float]], dirs: list[Path]) -> None:
-    """Prints the fitted inputs of gpu_peaks.yaml's efficiency block (m3ctl/assess/cost.py's Input): each figure's
+    """Prints the fitted inputs of gpu_peaks.yaml's efficiency block (m3ctl/assess/peaks.py's Input): each figure's
     range over the GPU kinds' fits, marked fitted, with the kinds, the concurrency range and the run directories
     ``dirs`` (as given) its points came from. The host floor is measured, not fitted: it keeps its own entry.
 

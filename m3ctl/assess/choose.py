@@ -1,8 +1,6 @@
 """Choices the engine makes where a request leaves them open: the variant, the max-model-len (the image
 choice is :func:`m3ctl.assess.capability.choose_image`). Plan and doctor both call these; nothing else chooses."""
 
-from __future__ import annotations
-
 import difflib
 
 from pydantic import BaseModel

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 from m3ctl.assess.capability import kv_bytes_per_element
 from m3ctl.assess.context import PlanContext
-from m3ctl.assess.cost import gpu_peak, peaks
+from m3ctl.assess.peaks import gpu_peak, peaks
 
 
 @dataclass(frozen=True)

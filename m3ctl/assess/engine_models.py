@@ -11,8 +11,6 @@ comes from m3ctl/data/vllm_models.yaml, generated from each pinned version's reg
 ``m3ctl dev vllm-models`` (never typed by hand). Older versions are covered only by the file's ``added_in`` rows.
 """
 
-from __future__ import annotations
-
 import ast
 import functools
 import importlib.util

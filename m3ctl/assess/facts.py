@@ -6,8 +6,6 @@ yields ``local=False`` and no numbers); :func:`model_facts` merges, in rising pr
 Doctor, plan, serve and tune all read this record; nothing else describes a model.
 """
 
-from __future__ import annotations
-
 import copy
 import json
 from pathlib import Path

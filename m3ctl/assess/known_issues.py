@@ -9,12 +9,10 @@ planner applies it, m3ctl.planning.flags); else a fallback is applied when asked
 keeps the field), never from constants in code.
 """
 
-from __future__ import annotations
-
 import copy
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -90,7 +88,7 @@ class KnownIssues(_Strict):
     fallbacks: dict[str, Fallback] = Field(default_factory=dict)
 
     @model_validator(mode="after")
-    def _workarounds_are_fallbacks(self) -> KnownIssues:
+    def _workarounds_are_fallbacks(self) -> Self:
         for ki in self.issues:
             if ki.workaround and ki.workaround not in self.fallbacks:
                 raise ValueError(

@@ -17,8 +17,6 @@ Example ``--config`` file::
     env: {VLLM_LOGGING_LEVEL: INFO}
 """
 
-from __future__ import annotations
-
 import json
 import os
 import shlex

@@ -13,8 +13,6 @@ The reader is :mod:`m3ctl.catalog.loader` (YAML + schema, one-line errors); pack
 here.
 """
 
-from __future__ import annotations
-
 import difflib
 import functools
 import os

@@ -24,8 +24,6 @@ Used by the renderers (:mod:`m3ctl.planning.launch`, :mod:`m3ctl.planning.emit`,
 toolkit runtime).
 """
 
-from __future__ import annotations
-
 from typing import Annotated, Generic, TypeVar
 
 from pydantic import AfterValidator, Field

@@ -13,8 +13,6 @@ The flag table (names, aliases, arity, choices) is data: m3ctl/data/vllm_serve_f
 ``python -m m3ctl.dev.vllm_flags`` from ``vllm serve --help=all`` (vLLM 0.32.0: https://docs.vllm.ai/en/v0.32.0/cli/serve/).
 """
 
-from __future__ import annotations
-
 import difflib
 import re
 from collections.abc import Mapping

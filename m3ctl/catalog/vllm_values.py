@@ -5,8 +5,6 @@ Used by the plan request (``--arg FLAG=VALUE``, ``args:`` of a config file, ``ar
 would reject at start-up is one line before anything starts. Other flags' values are checked by the plan rules.
 """
 
-from __future__ import annotations
-
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field

@@ -15,8 +15,6 @@ The facts (secret flags and the variable each maps to, the pass-through names, t
 data: m3ctl/data/secrets.yaml, validated by :class:`SecretsTable`.
 """
 
-from __future__ import annotations
-
 import base64
 import difflib
 import functools

@@ -10,8 +10,6 @@ https://specifications.freedesktop.org/basedir-spec/latest/). Layout::
 Records never hold secrets: argv and env are stored redacted.
 """
 
-from __future__ import annotations
-
 import contextlib
 import fcntl
 import json

@@ -11,12 +11,10 @@ Names: a catalog key or alias, optionally with ``xN`` for N GPUs of that node: `
 than one node and is refused with the multi-node route (``m3ctl plan --emit lws --nodes K``).
 """
 
-from __future__ import annotations
-
 import difflib
 import functools
 import re
-from typing import Literal
+from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -52,7 +50,7 @@ class GpuSpec(_Strict):
     brand: str | None = None
 
     @model_validator(mode="after")
-    def _one_ident(self) -> GpuSpec:
+    def _one_ident(self) -> Self:
         if (self.compute_capability is None) == (self.gfx_target is None):
             raise ValueError("give exactly one of compute_capability (NVIDIA) or gfx_target (AMD)")
         return self
@@ -70,7 +68,7 @@ class Interconnect(_Strict):
     nvlinks: int | None = Field(default=None, ge=1)
 
     @model_validator(mode="after")
-    def _links(self) -> Interconnect:
+    def _links(self) -> Self:
         if (self.kind == "nvswitch") != (self.nvlinks is not None):
             raise ValueError("nvlinks is required for kind nvswitch and only for it")
         return self
@@ -111,7 +109,7 @@ class SystemSpec(_Strict):
     sources: dict[str, str]
 
     @model_validator(mode="after")
-    def _consistent(self) -> SystemSpec:
+    def _consistent(self) -> Self:
         missing = [k for k in REQUIRED_SOURCES if not self.sources.get(k)]
         if missing:
             raise ValueError(f"sources needs {', '.join(missing)} (every fact has a source)")

@@ -15,8 +15,6 @@ and ``planned``: whether this plan runs it. :func:`decide` makes the report once
 day-0 line) both render that one report, so they cannot disagree.
 """
 
-from __future__ import annotations
-
 from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator

@@ -27,8 +27,9 @@ from typing import Literal
 from pydantic import BaseModel
 
 from m3ctl.assess.capability import kv_bytes_per_element
-from m3ctl.assess.cost import Eff, GpuPeak, Input, Layout, Shape, Step, gpu_peak, peaks, step_cost, step_seconds
+from m3ctl.assess.cost import Eff, Layout, Shape, Step, step_cost, step_seconds
 from m3ctl.assess.facts import ModelFacts
+from m3ctl.assess.peaks import GpuPeak, Input, gpu_peak, peaks
 from m3ctl.errors import BadInput
 from m3ctl.planning.launchplan import LaunchPlan
 from m3ctl.planning.workload import EstimateRequest
@@ -49,7 +50,7 @@ class Estimate(BaseModel):
     ``dominant_by_figure``: for each figure (``tpot_ms``, ``tok_s_user``, ``tok_s_gpu``, ``prefill_s``) the one that
     moves it most, saying whether that input is measured, fitted or assumed here; ``basis``: that word for each
     input range (the efficiencies, overheads, all-reduce latency, host floor, acceptance length with speculation):
-    measured or fitted only on a GPU kind and concurrency the runs covered (m3ctl.assess.cost.Input), otherwise
+    measured or fitted only on a GPU kind and concurrency the runs covered (m3ctl.assess.peaks.Input), otherwise
     assumed; ``assumptions``: every input that went in, each with its range or value and what it rests on;
     ``findings``: what the server would not run as posed (:func:`findings`), each saying how it is
     modelled."""

@@ -21,14 +21,12 @@ environment of whoever launches it (``VLLM_API_KEY`` for an API key: vLLM reads 
 absent, vllm/entrypoints/serve/middleware/register.py).
 """
 
-from __future__ import annotations
-
 import ipaddress
 import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -573,7 +571,7 @@ class DockerOptions(_Model):
     gpu_devices: list[str] = Field(default_factory=list)
 
     @classmethod
-    def for_host(cls, inventory: Any = None, **kw: Any) -> DockerOptions:
+    def for_host(cls, inventory: Any = None, **kw: Any) -> Self:
         """Options exposing every GPU of ``inventory`` (a :class:`~m3ctl.hw.inventory.HostInventory`)
         by UUID where known (F02: UUIDs go to the device request, not to CUDA_VISIBLE_DEVICES)."""
         gpus = list(getattr(inventory, "gpus", ()) or ())

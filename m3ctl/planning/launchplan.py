@@ -1,7 +1,5 @@
 """The result of planning: :class:`LaunchPlan`, everything needed to launch one server (nothing secret)."""
 
-from __future__ import annotations
-
 import hashlib
 import json
 import shlex

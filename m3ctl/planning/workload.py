@@ -2,8 +2,6 @@
 option) and :func:`estimate_request`. Apart from m3ctl.planning.estimate (the cost model) so that ``m3ctl plan``
 builds its ``--estimate`` options without loading the cost model it runs only when asked to."""
 
-from __future__ import annotations
-
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from m3ctl.catalog.limits import MAX_REQUEST_TOKENS

@@ -10,20 +10,9 @@ from pathlib import Path
 import pytest
 
 import m3ctl.api
-from m3ctl.assess.cost import (
-    Cost,
-    Eff,
-    GpuPeak,
-    Layout,
-    Shape,
-    Step,
-    experts_touched,
-    gpu_peak,
-    peaks,
-    step_cost,
-    step_seconds,
-)
+from m3ctl.assess.cost import Cost, Eff, Layout, Shape, Step, experts_touched, step_cost, step_seconds
 from m3ctl.assess.facts import ModelFacts
+from m3ctl.assess.peaks import GpuPeak, gpu_peak, peaks
 from m3ctl.assess.request import PlanRequest
 from m3ctl.catalog import models
 from m3ctl.errors import BadInput, M3Error

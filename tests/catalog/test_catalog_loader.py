@@ -16,9 +16,9 @@ from pydantic import BaseModel
 
 import m3ctl
 import m3ctl.assess.capability
-import m3ctl.assess.cost
 import m3ctl.assess.engine_models
 import m3ctl.assess.known_issues
+import m3ctl.assess.peaks
 import m3ctl.catalog.startup
 import m3ctl.catalog.vendors
 import m3ctl.catalog.vllm_args

@@ -1,4 +1,4 @@
-"""Each input of the estimate says what it rests on (m3ctl/data/gpu_peaks.yaml, m3ctl.assess.cost.Input): measured,
+"""Each input of the estimate says what it rests on (m3ctl/data/gpu_peaks.yaml, m3ctl.assess.peaks.Input): measured,
 fitted or assumed, on which GPU kinds, hosts and concurrency, from which runs; an estimate calls it measured or
 fitted only on such a GPU kind and concurrency, and assumed (transferred, and from what) anywhere else."""
 
@@ -10,7 +10,7 @@ import pytest
 from pydantic import ValidationError
 
 import m3ctl.api
-from m3ctl.assess.cost import Input, PeakTable, peaks
+from m3ctl.assess.peaks import Input, PeakTable, peaks
 
 ROOT = Path(__file__).parents[2]
 FLOOR = "host step floor (ms)"

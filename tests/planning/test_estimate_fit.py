@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from m3ctl.assess.cost import Input, gpu_peak
 from m3ctl.assess.facts import facts_from_config
+from m3ctl.assess.peaks import Input, gpu_peak
 from m3ctl.dev.scale_model import ScaleModelSpec, scale_config
 from m3ctl.planning.estimate import shape_of
 

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 import m3ctl.api
-from m3ctl.assess.cost import Layout, Step, gpu_peak, step_cost
+from m3ctl.assess.cost import Layout, Step, step_cost
+from m3ctl.assess.peaks import gpu_peak
 from m3ctl.planning.estimate import Workload, estimate, figures, findings, split
 from tests.assess.test_cost import GPU, SMALL, _facts
 from tests.conftest import run_cli
