@@ -56,6 +56,9 @@ CASES = [
     (["plan", "--system", "h200x8", "--arg", "enable-prefix-caching=no"], "--arg enable-prefix-caching='no': vLLM"),
     (["plan", "--system", "h200x8", "--arg", "max-num-seqs"], "--arg max-num-seqs needs a value"),
     (["plan", "--systems", "all", "--emit", "docker"], "it takes no --inventory, --system or --emit"),  # was dropped
+    (["plan", "--systems", ","], "--systems"),  # was every system, as if 'all' were given
+    (["plan", "--systems", "h200x8,"], "--systems"),  # the empty item was dropped
+    (["plan", "--systems", "h200x8,,b200x8"], "--systems"),
     (["plan", "--system", "h200x8", "--skip-checks", "--", "--api-keyy", "sk-TYPO"], "looks like a secret one"),
     (["doctor", "--context", "-5"], "--context"),
     (["doctor", "--context", "0"], "--context"),
