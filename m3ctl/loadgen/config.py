@@ -300,7 +300,8 @@ class BenchConfig(BaseModel, defer_build=True):  # its validator built on first 
     temperature: float = Field(0.0, ge=0, description="Sampling temperature.", json_schema_extra=cli())
     seed: int = Field(
         0,
-        description="Workload seed (lengths, order, arrivals); the prompt text is fresh every run.",
+        ge=0,  # numpy's SeedSequence (arrivals, intervals) takes non-negative integers only
+        description="Workload seed (lengths, order, arrivals), >= 0; the prompt text is fresh every run.",
         json_schema_extra=cli(),
     )
     prompt_salt: str | None = Field(
