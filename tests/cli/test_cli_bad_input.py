@@ -65,6 +65,8 @@ CASES = [
     (["doctor", "--context", "0"], "--context"),
     (["doctor", "--save-inventory", "{dir}"], "--save-inventory"),
     (["doctor", "--save-inventory", "{ro}"], "--save-inventory"),
+    (["doctor", "--save-inventory", "/proc/m3ctl-new/inv.json"], "--save-inventory"),  # a dir no one may create
+    ([*TUNE, "--study-dir", "/proc/m3ctl-new/study"], "--study-dir"),  # the dry run said "the study would be" there
     # tune: refused even with --dry-run; one workload vocabulary with bench
     ([*TUNE, "--workload", "nope"], "--workload"),
     ([*TUNE, "--workload", "prefix"], "--workload"),
