@@ -88,3 +88,14 @@ def test_readme_shape():
         assert f"](docs/{page}.md)" in text, page
     items = re.split(r"\n\n|\n- |\n\|", text)  # paragraphs, list items, table rows
     assert max(len(x) for x in items) < 1000  # no table cell or paragraph of hundreds of words
+
+
+def test_the_model_default_is_said_as_each_command_has_it():
+    """configuration.md said `M3CTL_MODEL` defaults to MiniMax-M3.1-Flash for every command; `serve` and `tune`
+    assume no model (`m3ctl tune --dry-run --system h200x8` exits 2: --model is required)."""
+    row = next(
+        line for line in (ROOT / "docs" / "configuration.md").read_text().splitlines() if "`M3CTL_MODEL`" in line
+    )
+    p = run_cli("tune", "--dry-run", "--system", "h200x8")
+    assert p.returncode == 2 and "--model is required" in p.stderr
+    assert "none for `serve` and `tune`" in row

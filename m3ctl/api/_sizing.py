@@ -11,6 +11,7 @@ from typing import Any, Literal
 from m3ctl.api._args import _checked
 from m3ctl.api._plan import host_inventory, keyed_request, plan_request
 from m3ctl.assess.request import PlanRequest
+from m3ctl.errors import BadInput
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.planning.launch import check_host
 from m3ctl.planning.listing import PlanList
@@ -68,9 +69,15 @@ def size_systems(
 
     Raises:
         BadInput: as :func:`plan_request`, or a bad ``workload`` field; ``api_key_env`` not a variable name or unset;
-            UnknownSystem: a name that is not in the catalog.
+            an empty system name (``"h200x8,"``) or none; UnknownSystem: a name that is not in the catalog.
     """
 
+    names = [n.strip() for s_ in systems for n in s_.split(",")]
+    if not all(names) or not names:  # ("h200x8,") or (): a typo, not "every system"
+        raise BadInput(
+            f"systems {list(systems)!r}: an empty system name",
+            "name the systems separated by single commas (e.g. b200x8,gb300x4), or 'all' for every one",
+        )
     req, _given = keyed_request(plan_request(request, config=config, **knobs), api_key_env)
     wl = estimate_request(workload) if workload is not None else None
-    return size([n for s_ in systems for n in s_.split(",") if n.strip()], req, wl)
+    return size(names, req, wl)

@@ -481,8 +481,8 @@ def env_request(environ: dict[str, str] | None = None) -> PlanRequest:
 def check_env(environ: dict[str, str] | None = None) -> None:
     """Check every ``M3CTL_`` variable m3ctl reads as its option would be checked (one line naming the variable;
     never ignored): :data:`ENV_FIELDS` through :class:`PlanRequest` (:func:`env_request`), ``M3CTL_DEBUG`` 0 or 1,
-    ``M3CTL_STATE_DIR`` an absolute path, none set but empty. ``M3CTL_CATALOG_DIR`` is checked where it is read
-    (m3ctl.catalog); ``M3CTL_DEPLOYMENT`` is m3ctl's own process marker.
+    ``M3CTL_STATE_DIR`` an absolute path and not a file, none set but empty. ``M3CTL_CATALOG_DIR`` is checked where
+    it is read (m3ctl.catalog); ``M3CTL_DEPLOYMENT`` is m3ctl's own process marker.
 
     Raises:
         BadInput: the first bad one.
@@ -502,6 +502,11 @@ def check_env(environ: dict[str, str] | None = None) -> None:
             raise BadInput(
                 f"M3CTL_STATE_DIR={v!r}: not an absolute path (the state would move with the working directory)",
                 "give an absolute directory, e.g. M3CTL_STATE_DIR=$PWD/state",
+            )
+        if k == "M3CTL_STATE_DIR" and Path(v).expanduser().exists() and not Path(v).expanduser().is_dir():
+            raise BadInput(  # `status` read "no deployments" from it while the deployments ran
+                f"M3CTL_STATE_DIR={v!r}: not a directory",
+                "point it at a directory (it is made on demand) or unset it",
             )
     env_request(dict(env))
 

@@ -105,7 +105,7 @@ def _flag_values(c: PlanContext) -> Finding | None:
             return finding(
                 "flags.values",
                 f"--{flag} {v}: vLLM {e.vllm_version} refuses it ({why})",
-                f"give --{flag} a value {why.removeprefix('must be ')}",
+                f"give --{flag} a value {why.removeprefix('must be ').removeprefix('a number ')}",
                 src.format(e.values[flag].source),
             )
         if not key and flag in e.json_object_flags and not isinstance(_json_value(v), dict):
@@ -129,7 +129,7 @@ def _flag_values(c: PlanContext) -> Finding | None:
                 return finding(
                     "flags.values",
                     f"--{flag} {sub}={x}: vLLM {e.vllm_version} refuses it ({why})",
-                    f"set {sub} to a value {why.removeprefix('must be ')}",
+                    f"set {sub} to a value {why.removeprefix('must be ').removeprefix('a number ')}",
                     src.format(b.source),
                 )
     backend = c.config_value("attention-config", "backend")

@@ -403,6 +403,20 @@ def find_model(ident: str, architectures: list[str] | None = None, catalog_dir: 
     return None
 
 
+def close_model(ident: str, catalog_dir: str | None = None) -> str | None:
+    """The catalog model whose name, alias or hub id ``ident`` (no catalog match: :func:`find_model`) is a near miss
+    of, a typo such as ``MiniMax-M3.1-Flsh``; None when it is close to none."""
+    key = ident.rstrip("/").lower()
+    names: dict[str, str] = {}
+    for spec in models(catalog_dir).values():
+        for i in spec.all_ids():
+            names[i] = names[i.rsplit("/", 1)[-1]] = spec.name
+    for k in dict.fromkeys((key, key.rsplit("/", 1)[-1])):
+        if close := difflib.get_close_matches(k, list(names), n=1, cutoff=0.85):
+            return names[close[0]]
+    return None
+
+
 def image_by_name(name: str, catalog_dir: str | None = None) -> Image:
     """An image by catalog name.
 

@@ -14,6 +14,7 @@ The flag table (names, aliases, arity, choices) is data: m3ctl/data/vllm_serve_f
 """
 
 import difflib
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -333,16 +334,20 @@ class ValueBounds(_Strict):
     source: str
 
     def violation(self, value: Any) -> str | None:
-        """Why ``value`` is outside the bounds/choices (``"must be > 0 and <= 1"``), or None when accepted or not
-        a number (another rule reads non-numbers)."""
+        """Why ``value`` is outside the bounds/choices (``"must be > 0 and <= 1"``; a value that is no number
+        where bounds are given: ``"must be a number > 0 and <= 1"``, as vLLM's argparse ``float``/``int`` refuses
+        it), or None when accepted. ``None`` and an empty value (vLLM's ``optional_type``) and ``8k``
+        (``human_readable_int``) are left to vLLM."""
         if self.choices is not None:
             return None if str(value) in self.choices else f"must be one of {', '.join(self.choices)}"
-        if isinstance(value, bool):
+        if isinstance(value, bool) or str(value).strip() in ("", "None"):
             return None
         try:
             x = float(value)
         except (TypeError, ValueError):
-            return None
+            if vllm_int(value) is not None:
+                return None
+            x = math.nan
         checks = [
             (self.gt, x > (self.gt or 0), "> {}"),
             (self.ge, x >= (self.ge or 0), ">= {}"),
@@ -351,7 +356,8 @@ class ValueBounds(_Strict):
         ]
         if all(ok for bound, ok, _ in checks if bound is not None):
             return None
-        return "must be " + " and ".join(fmt.format(f"{bound:g}") for bound, _, fmt in checks if bound is not None)
+        bounds = " and ".join(fmt.format(f"{bound:g}") for bound, _, fmt in checks if bound is not None)
+        return f"must be {'a number ' if math.isnan(x) else ''}{bounds}"
 
 
 class AttentionBackend(_Strict):

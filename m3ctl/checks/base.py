@@ -167,7 +167,7 @@ class Ctx:
     profile_note: str | None = None
     sizing: ModelFacts | None = None
     spec: Any = None
-    context_asked: int | None = None  # a --context above the model's max_position_embeddings, before the cap
+    context_asked: int | None = None  # the default context above the model's max_position_embeddings, before the cap
     local_model: bool = False
     chosen: VariantEval | None = None
     evals: list[VariantEval] | None = None

@@ -242,7 +242,9 @@ def run_doctor(
         except Exception:  # noqa: BLE001 - sizing trouble shows up as model.memory_fit (local: model.plan)
             ctx.sizing = None
         limit = ctx.sizing.max_position_embeddings if ctx.sizing else None
-        if limit and ctx.context > limit:  # as plan caps --max-model-len (m3ctl.planning.plan)
+        # A default context is capped, as plan caps a default --max-model-len; an asked one is planned as asked,
+        # and plan refuses it by rule model.max_len (vLLM would), so doctor's verdict is plan's.
+        if limit and ctx.context > limit and not ctx.context_given and raw_context is None:
             ctx.context_asked, ctx.context = ctx.context, limit
         _evaluate_variants(ctx)
     _plan(ctx)

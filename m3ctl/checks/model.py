@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from m3ctl import catalog
 from m3ctl.assess import capability as caps
 from m3ctl.assess.request import PlanRequest
 from m3ctl.checks.base import (
@@ -26,11 +27,12 @@ def check_memory_fit(ctx: Ctx) -> CheckResult:
         return _r("model.memory_fit", "model", "SKIP", "no GPU")
     if ctx.sizing is None:
         status: Status = "FAIL" if ctx.model_explicit else "SKIP"
+        close = catalog.close_model(ctx.model)
         return _r(
             "model.memory_fit",
             "model",
             status,
-            f"unknown model {ctx.model!r}: no sizing facts",
+            f"unknown model {ctx.model!r}: no sizing facts" + (f"; did you mean {close!r}?" if close else ""),
             "use a catalog model name (MiniMax-M3.1-Flash, MiniMax-M3) or a local model directory",
         )
     if not ctx.gpu_host:

@@ -198,7 +198,10 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
     planned = accepted.plan if accepted is not None else None
     where = f"{_layout_label(planned) if planned else f'TP={tp}'}, {ctx.context} tokens (max about {max_ctx:,})"
     if ctx.context_asked:
-        where += f" (--context {ctx.context_asked} capped at the model's max_position_embeddings, as plan caps it)"
+        where += (
+            f" (the default context {ctx.context_asked} capped at the model's max_position_embeddings, as plan caps a "
+            "default --max-model-len)"
+        )
     img = f"; image {ctx.image.name}" if ctx.image else ""
     prof = f", profile {ctx.profile}" if ctx.profile else ", no kernel profile yet"
     if fallbacks:

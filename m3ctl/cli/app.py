@@ -17,6 +17,7 @@ from collections.abc import Iterator, Mapping, MutableMapping
 from typing import Annotated, Any
 
 import typer
+from typer._click.exceptions import NoArgsIsHelpError as _NoCommand
 from typer._click.utils import make_default_short_help
 from typer.core import TyperGroup
 from typer.exceptions import Abort as _Abort
@@ -311,8 +312,15 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             traceback.print_exc()
         err = console(stderr=True)
-        err.print(f"error: {escape(redact_text(e.format_message()))}", soft_wrap=True)
         cmd = _command_of(args)
+        if isinstance(e, _NoCommand):  # `m3ctl`, `m3ctl dev`: the help (its message), then what was wrong
+            err.print(escape(e.format_message()), soft_wrap=True)
+            err.print("error: no command given", soft_wrap=True)
+            err.print(
+                f"hint: pick one of the commands above; `m3ctl {cmd + ' ' if cmd else ''}COMMAND --help` says more"
+            )
+            return EXIT_USAGE
+        err.print(f"error: {escape(redact_text(e.format_message()))}", soft_wrap=True)
         err.print(f"hint: see `m3ctl {cmd + ' ' if cmd else ''}--help`", soft_wrap=True)
         return e.exit_code if e.exit_code else EXIT_USAGE
     except M3Error as e:

@@ -79,7 +79,7 @@ def doctor(
         save_inventory=save_inventory,
         extra_args=raw_args_without_key(ctx),
     )
-    out.result(report_json(rep))
+    out.result(report_json(rep, strict))
     if not out.json:
         render(out.con, rep, verbose)
     code = rep.exit_code(strict)

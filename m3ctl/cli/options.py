@@ -141,8 +141,10 @@ def system_name(value: str) -> str:
 
 @completes(lambda: ["all", *api.system_names()], comma=True)
 def system_list(value: str) -> str:
-    """Catalog systems, comma-separated or ``all`` (:func:`text`; the API checks each name)."""
-    return text(value)
+    """Catalog systems, comma-separated or ``all``, no empty item (:func:`text`, :func:`list_items`; the API checks
+    each name)."""
+    list_items(text(value), "b200x8,gb300x4")
+    return value
 
 
 def output_dir(path: Path, what: str) -> Path:

@@ -7,7 +7,8 @@ and the directory is fsync'ed so the rename itself survives a crash. A failed wr
 system, no permission, a directory in the way) leaves the old file or none, never a 0-byte or truncated one: the
 temp file is removed, and the error names the cause, the path and the bytes it needed.
 
-What m3ctl writes over is only what it may replace: a regular file (replaced atomically, as above), a symlink
+What m3ctl writes over is only what it may replace: a regular file (replaced atomically, as above, keeping its
+permission bits; a new file gets ``open()``'s 0666 less the umask), a symlink
 (followed: its target is replaced, the link stays), or a stream a user named on purpose (``/dev/stdout``, a FIFO,
 ``/dev/null``: a character device or a pipe, written through, never replaced). Anything else (a socket, a block
 device) is refused, before the run by :func:`m3ctl.core.state.check_output_path` and again at the write.
@@ -22,7 +23,6 @@ import contextlib
 import errno
 import os
 import stat
-import tempfile
 import time
 from pathlib import Path
 from typing import Literal
@@ -77,6 +77,36 @@ def _fsync_dir(d: Path) -> None:
             os.close(fd)
 
 
+def _mode(path: Path) -> int | None:
+    """``path``'s mode, or None where its metadata cannot be read (the write itself then names the cause)."""
+    try:
+        return os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+
+
+def _temp_beside(path: Path, mode: int | None) -> tuple[int, str]:
+    """A new unique temp file next to ``path``, open for writing: ``(fd, name)``. Its mode is what the file will
+    keep once renamed over ``path``: ``mode``'s permission bits (the file it replaces: a 0644 result stays 0644, a
+    0755 script 0755), else what ``open(path, "w")`` gives a new file (0666 less the umask, applied by the kernel;
+    ``tempfile.mkstemp``'s private 0600 would make every result unreadable to the user's group)."""
+    for _ in range(100):
+        name = str(path.parent / f".{path.name}.{os.urandom(6).hex()}.tmp")
+        try:
+            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        except FileExistsError:
+            continue
+        if mode is not None:
+            try:
+                os.fchmod(fd, stat.S_IMODE(mode))
+            except OSError:
+                os.close(fd)
+                os.unlink(name)
+                raise
+        return fd, name
+    raise FileExistsError(errno.EEXIST, "no unique temp file name", str(path.parent))
+
+
 def write_atomic(path: str | Path, data: str | bytes, *, mkdir: bool = True) -> Path:
     """Write ``data`` (text is UTF-8) to ``path`` atomically: a unique temp file in the same directory, write,
     flush, fsync, rename over ``path``, fsync the directory. Two writers never share a temp file.
@@ -109,7 +139,7 @@ def write_atomic(path: str | Path, data: str | bytes, *, mkdir: bool = True) -> 
                 path.parent.mkdir(parents=True, exist_ok=True)
             except FileExistsError:  # a component of the parent is a file
                 raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(path.parent)) from None
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        fd, tmp = _temp_beside(path, _mode(path) if kind == "regular" else None)
         with os.fdopen(fd, "wb") as f:
             f.write(blob)
             f.flush()

@@ -70,7 +70,8 @@ def state_dir() -> Path:
 
 def check_output_path(path: Path, opt: str, *, new_dirs: bool = True) -> None:
     """Refuse an output file that cannot be written, before any work starts (nothing measured is lost to it).
-    A missing parent directory is fine when it can be created (writers create it), unless ``new_dirs`` is False
+    A missing parent directory is fine when it can be created (writers create it; tried: a directory is made and
+    removed in the nearest existing one, as permission bits do not tell for root or /proc), unless ``new_dirs`` is False
     (a result file: a typo in its directory must not make one). A symlink is checked at its
     target; a stream (``/dev/stdout``, a FIFO, ``/dev/null``) is written through and not opened here (a FIFO with
     no reader yet would block); a socket or a block device is refused (m3ctl.core.files.output_target).
@@ -109,8 +110,14 @@ def check_output_path(path: Path, opt: str, *, new_dirs: bool = True) -> None:
             raise BadInput(f"{opt} {shown} is not writable ({e.strerror})", "choose a writable path") from None
         if not existed:
             path.unlink()
-    elif not os.access(parent, os.W_OK | os.X_OK):
-        raise BadInput(f"{opt} {shown} is not writable (no write permission in {parent})", "choose a writable path")
+    else:  # its directory is to be made in ``parent``: try that too (root passes os.access on /proc and /sys)
+        try:
+            os.rmdir(tempfile.mkdtemp(dir=parent, prefix=".m3ctl-check-"))
+        except OSError as e:
+            raise BadInput(
+                f"{opt} {shown} is not writable (cannot create a directory in {parent}: {e.strerror})",
+                "choose a writable path",
+            ) from None
 
 
 def save_output(path: Path, data: str | bytes, what: str) -> Path:

@@ -31,7 +31,7 @@ from typing import Any
 
 from m3ctl import catalog
 from m3ctl.assess.facts import estimate_weights_bytes
-from m3ctl.dev.tiny_model import build_tokenizer, make_out_dir, pad_vocabulary
+from m3ctl.dev.tiny_model import build_tokenizer, make_out_dir, pad_vocabulary, require_libraries
 from m3ctl.errors import BadInput
 from m3ctl.planning.stack import DRAFTER_DIR
 
@@ -292,9 +292,11 @@ def build_scale_model(out_dir: str | Path, spec: ScaleModelSpec | None = None, *
 
     Raises:
         BadInput: a bad spec, or ``out_dir`` exists and is not empty (without ``overwrite``).
+        ConfigRejected: transformers is not installed (:func:`m3ctl.dev.tiny_model.require_libraries`).
     """
     spec = spec or ScaleModelSpec()
     spec.validate()
+    require_libraries("m3ctl dev scale-model", "transformers")
     out = make_out_dir(Path(out_dir), overwrite)
     tok = build_tokenizer(out, 2048)
     cfg = scale_config(spec, bos=tok.bos_token_id, eos=tok.eos_token_id, pad=tok.pad_token_id)

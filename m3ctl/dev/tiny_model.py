@@ -33,9 +33,10 @@ import string
 import sysconfig
 import tempfile
 from dataclasses import dataclass
+from importlib.util import find_spec
 from pathlib import Path
 
-from m3ctl.errors import BadInput
+from m3ctl.errors import BadInput, ConfigRejected
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 CHAT_TEMPLATE = (
@@ -110,6 +111,22 @@ def make_out_dir(out: Path, overwrite: bool) -> Path:
     except OSError as e:
         raise BadInput(f"cannot write a model to {out}: {e.strerror or e}", "choose a writable directory") from None
     return out
+
+
+def require_libraries(what: str, *modules: str) -> None:
+    """Refuse ``what`` before anything is written when a library it imports is not installed: m3ctl's own install
+    does not bring torch or transformers (vLLM does).
+
+    Raises:
+        ConfigRejected: the missing modules, and how to get them.
+    """
+    missing = [m for m in modules if find_spec(m) is None]
+    if missing:
+        raise ConfigRejected(
+            f"{what} needs {' and '.join(missing)}, not installed in m3ctl's environment",
+            "install vLLM beside m3ctl, which brings them (`pip install vllm==0.32.0`, or the CPU build: "
+            f"`pip install '.[cpu]'`), or `pip install {' '.join(missing)}`",
+        )
 
 
 def build_tokenizer(out: Path, vocab_size: int):
@@ -369,10 +386,12 @@ def build_tiny_model(out_dir: str | Path, spec: TinyModelSpec | None = None, *, 
 
     Raises:
         BadInput: unknown architecture, or ``out_dir`` exists and is not empty (without ``overwrite``).
+        ConfigRejected: torch or transformers is not installed (:func:`require_libraries`).
     """
     spec = spec or TinyModelSpec()
     if spec.arch not in ARCHITECTURES:
         raise BadInput(f"unknown tiny-model architecture {spec.arch!r}", f"choose one of: {', '.join(ARCHITECTURES)}")
+    require_libraries("m3ctl dev tiny-model", "torch", "transformers")
     out = make_out_dir(Path(out_dir), overwrite)
     import torch  # noqa: PLC0415
     from transformers.utils import logging as hf_logging  # noqa: PLC0415

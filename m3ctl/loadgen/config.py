@@ -13,7 +13,7 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, NonNegativeInt, field_validator
 
 from m3ctl.errors import BadInput, plain_text
 from m3ctl.loadgen import MAX_REQUEST_TOKENS, WORKLOADS
@@ -298,9 +298,9 @@ class BenchConfig(BaseModel, defer_build=True):  # its validator built on first 
     )
     ignore_eos: bool = Field(True, description="Ask for exactly --output-len tokens.", json_schema_extra=cli())
     temperature: float = Field(0.0, ge=0, description="Sampling temperature.", json_schema_extra=cli())
-    seed: int = Field(
+    seed: NonNegativeInt = Field(  # numpy's SeedSequence (arrivals, intervals) takes no negative integer
         0,
-        description="Workload seed (lengths, order, arrivals); the prompt text is fresh every run.",
+        description="Workload seed (lengths, order, arrivals), >= 0; the prompt text is fresh every run.",
         json_schema_extra=cli(),
     )
     prompt_salt: str | None = Field(

@@ -332,7 +332,11 @@ def step_variant(d: PlanDraft) -> None:
             if d.vname and d.var is not None:
                 d.choices.append(Choice(what="variant", value=f"{d.vname} ({d.var.precision})", why=why))
     elif not local.local:
-        d.warnings.append(f"{r.model} is not a local directory nor a catalog model: facts unchecked, vLLM resolves it")
+        close = catalog.close_model(r.model)
+        d.warnings.append(
+            f"{r.model} is not a local directory nor a catalog model: facts unchecked, vLLM resolves it"
+            + (f"; did you mean {close!r}?" if close else "")
+        )
     d.facts = model_facts(spec, local, d.var)
     d.family = spec.family if spec else None
     # A local checkpoint is served as is: its own precision is the variant the capability rows and rules read

@@ -463,7 +463,7 @@ def render(plan: LaunchPlan, fmt: str, nodes: int = 2, hf_host_path: str | None 
     if fmt == "k8s":
         return k8s(plan, hf_host_path)
     fn = {
-        "docker": docker_command,
+        "docker": bound_docker_command,
         "compose": compose,
         "script": script,
         "vllm-config": vllm_config,
@@ -484,5 +484,17 @@ def launch_command(p: LaunchPlan, runtime: Any = None) -> str:
         cmd = docker_command(p, getattr(runtime, "options", None)).strip()
     else:
         cmd = p.command_line()
-    bound = [f'{k}="${src}"' for k in p.secret_env_names if (src := source_var(p, k)) != k]
-    return " ".join([*bound, cmd])
+    return " ".join([*secret_bindings(p), cmd])
+
+
+def secret_bindings(p: LaunchPlan) -> list[str]:
+    """``VLLM_API_KEY="$MY_KEY"``: each secret the server takes from another variable of the caller's shell
+    (``--api-key-env MY_KEY``), bound by name in front of the command; never a value."""
+    return [f'{k}="${src}"' for k in p.secret_env_names if (src := source_var(p, k)) != k]
+
+
+def bound_docker_command(p: LaunchPlan) -> str:
+    """``plan --emit docker``: :func:`docker_command` with its :func:`secret_bindings` in front, as
+    :func:`launch_command` prints it and the launch binds it (``-e VLLM_API_KEY`` alone would pass no key where it
+    is in ``$MY_KEY``, and vLLM would serve without authentication)."""
+    return " ".join([*secret_bindings(p), docker_command(p)])

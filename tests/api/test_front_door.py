@@ -431,18 +431,25 @@ def test_doctor_checks_what_plan_would_launch_from_the_user_config(capsys, env):
     assert api.doctor(system="h200x8", kv_cache_dtype="auto").verdict.status != "not_runnable"
 
 
-def test_a_context_above_the_models_maximum_is_capped_alike_by_doctor_and_plan(env):
+def test_a_context_above_the_models_maximum_is_refused_alike_by_doctor_and_plan(env):
     """Found by a new-user probe: `doctor --context 1000000` said runnable at 1,000,000 tokens and printed
-    `serve --max-model-len 1000000`, while plan caps --max-model-len at the model's max_position_embeddings."""
+    `serve --max-model-len 1000000`. Then plan came to refuse an asked --max-model-len above the model's
+    max_position_embeddings (rule model.max_len, issue 44: vLLM refuses it) while doctor kept capping it and said
+    runnable "as plan caps it": with `max_model_len: 600000` in the user config, `m3ctl plan` exited 3 and
+    `m3ctl doctor` 0. Doctor's verdict is plan's again: not runnable, naming the rule; a default context is
+    still capped by both."""
     from m3ctl.errors import ConfigRejected
 
     rep = api.doctor(system="h200x8", context=1_000_000)
-    with pytest.raises(ConfigRejected, match="model.max_len"):  # issue 44: an asked length vLLM refuses is refused
+    with pytest.raises(ConfigRejected, match="model.max_len"):
         api.plan(system="h200x8", max_model_len=1_000_000)
-    cap = rep.verdict.serve_command.split("--max-model-len ")[1].split()[0]
-    p = api.plan(system="h200x8", max_model_len=int(cap))  # what doctor says to run runs
-    assert int(cap) < 1_000_000 and p.argv[p.argv.index("--max-model-len") + 1] == cap
-    assert f"{cap} tokens" in rep.verdict.summary and "--context 1000000 capped" in rep.verdict.summary
+    assert rep.verdict.status == "not_runnable" and rep.verdict.serve_command is None
+    assert "model.max_len" in rep.verdict.summary
+    raw = api.doctor(system="h200x8", extra_args=["--max-model-len", "1000000"])
+    assert raw.verdict.status == "not_runnable" and "model.max_len" in raw.verdict.summary
+    env.write_text("max_model_len: 600000\n")  # the user config file
+    assert main(["plan", "--system", "h200x8"]) == 3
+    assert main(["doctor", "--system", "h200x8"]) == 1
 
 
 def test_a_higher_layer_turns_an_opt_in_off(capsys, env, tmp_path):

@@ -65,6 +65,11 @@ def test_a_config_file_with_a_nul_is_refused_as_the_api_refuses_it(tmp_path):
         ("M3CTL_DEBUG", "yes", "M3CTL_DEBUG='yes': not 0 or 1"),
         ("M3CTL_STATE_DIR", "", "M3CTL_STATE_DIR is set but empty"),
         ("M3CTL_STATE_DIR", "rel/state", "M3CTL_STATE_DIR='rel/state': not an absolute path"),
+        (
+            "M3CTL_STATE_DIR",
+            "/proc/version",
+            "M3CTL_STATE_DIR='/proc/version': not a directory",
+        ),  # was "no deployments"
         ("M3CTL_PORT", "", "M3CTL_PORT=''"),
         ("M3CTL_MODEL", "", "M3CTL_MODEL='': the model name is empty"),
     ],

@@ -28,6 +28,7 @@ CASES = [
     (["bench", *DEAD, "--num-prompts", "100000000000000000000"], "--num-prompts"),
     (["bench", *DEAD, "--burstiness", "0"], "--burstiness"),
     (["bench", *DEAD, "--concurrency", "0,2"], "--concurrency"),
+    (["bench", *DEAD, "--seed", "-1"], "--seed"),  # was measured, then "internal error" from numpy: nothing saved
     (["bench", *DEAD, "--workload", "prefix"], "--workload"),
     (["bench", *DEAD, "--endpoint", "chats"], "unknown endpoint 'chats'"),
     (["bench", *DEAD, "--http-client", "curl"], "unknown http client 'curl'"),
@@ -56,11 +57,16 @@ CASES = [
     (["plan", "--system", "h200x8", "--arg", "enable-prefix-caching=no"], "--arg enable-prefix-caching='no': vLLM"),
     (["plan", "--system", "h200x8", "--arg", "max-num-seqs"], "--arg max-num-seqs needs a value"),
     (["plan", "--systems", "all", "--emit", "docker"], "it takes no --inventory, --system or --emit"),  # was dropped
+    (["plan", "--systems", ","], "--systems"),  # was every system, as if 'all' were given
+    (["plan", "--systems", "h200x8,"], "--systems"),  # the empty item was dropped
+    (["plan", "--systems", "h200x8,,b200x8"], "--systems"),
     (["plan", "--system", "h200x8", "--skip-checks", "--", "--api-keyy", "sk-TYPO"], "looks like a secret one"),
     (["doctor", "--context", "-5"], "--context"),
     (["doctor", "--context", "0"], "--context"),
     (["doctor", "--save-inventory", "{dir}"], "--save-inventory"),
     (["doctor", "--save-inventory", "{ro}"], "--save-inventory"),
+    (["doctor", "--save-inventory", "/proc/m3ctl-new/inv.json"], "--save-inventory"),  # a dir no one may create
+    ([*TUNE, "--study-dir", "/proc/m3ctl-new/study"], "--study-dir"),  # the dry run said "the study would be" there
     # tune: refused even with --dry-run; one workload vocabulary with bench
     ([*TUNE, "--workload", "nope"], "--workload"),
     ([*TUNE, "--workload", "prefix"], "--workload"),

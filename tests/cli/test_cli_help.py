@@ -65,3 +65,16 @@ def test_the_commands_load_on_use_and_keep_their_subcommands():
     assert list(root.commands) == list(COMMANDS)
     assert set(root.commands["bench"].commands) == {"report"}
     assert {"tiny-model", "scale-model", "fix-vllm"} <= set(root.commands["dev"].commands)
+
+
+def test_no_command_shows_the_help_then_one_error_line(capsys):
+    """`m3ctl` alone printed the whole help as its error message ("error: Usage: m3ctl [OPTIONS] ..."), as did
+    `m3ctl dev`: the help stays, and what was wrong is one line at the end, with the hint, exit 2."""
+    from m3ctl.cli import main
+
+    for argv, cmds in (([], ("doctor", "plan", "bench")), (["dev"], ("tiny-model", "scale-model"))):
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert not any(line.startswith("error: Usage") for line in err), err
+        assert err[-2] == "error: no command given" and err[-1].startswith("hint: "), err
+        assert all(any(c in line for line in err) for c in cmds), err

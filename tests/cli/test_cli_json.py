@@ -153,3 +153,12 @@ def test_a_runnable_verdict_says_which_known_issue_can_kill_it(capsys):
     assert msa["blockers"][0].startswith("capability.known_issue: known issue msa-triton-illegal-memory-access")
     b200 = doc(capsys, "doctor", "--json", "--system", "b200x8")["verdict"]
     assert "known issue" not in b200["summary"]  # native MSA on Blackwell: no such issue
+
+
+def test_doctor_json_exit_code_is_what_doctor_exits_with_under_strict_too(capsys):
+    """docs/doctor.md: `exit_code` is "what doctor exits with". `doctor --strict --json` on a system whose plan
+    has WARN rows exited 1 while its JSON said exit_code 0 (report_json ignored --strict)."""
+    plain = doc(capsys, "doctor", "--system", "h200x8", "--json")
+    assert plain["exit_code"] == 0 and any(c["status"] == "WARN" for c in plain["checks"])
+    strict = doc(capsys, "doctor", "--system", "h200x8", "--strict", "--json", code=1)
+    assert strict["exit_code"] == 1

@@ -83,3 +83,30 @@ def test_the_cli_refuses_a_socket_in_one_line_before_any_contact(tmp_path):
     assert p.returncode == 2, p.stderr
     assert "is a socket, not a regular file" in p.stderr and "Traceback" not in p.stderr
     assert len([ln for ln in p.stderr.splitlines() if ln.startswith("error:")]) == 1
+
+
+def test_a_write_keeps_the_permissions_a_plain_write_would_give(tmp_path):
+    """A replaced file keeps its mode (a 0644 result, a 0755 script), and a new file gets the umask's mode as
+    ``open(path, "w")`` gives it, not mkstemp's private 0600: before, every result m3ctl wrote (bench JSON, a saved
+    inventory, a tune study's profile) came out 0600, and a file it replaced lost its mode."""
+    shared = tmp_path / "bench.json"
+    shared.write_text("old")
+    shared.chmod(0o644)
+    script = tmp_path / "run.sh"
+    script.write_text("old")
+    script.chmod(0o755)
+    write_atomic(shared, "new")
+    write_atomic(script, "new")
+    assert stat.S_IMODE(shared.stat().st_mode) == 0o644 and shared.read_text() == "new"
+    assert stat.S_IMODE(script.stat().st_mode) == 0o755
+    old = os.umask(0o027)
+    try:
+        write_atomic(tmp_path / "new.json", "x")
+        (tmp_path / "plain.json").write_text("x")
+    finally:
+        os.umask(old)
+    assert (
+        stat.S_IMODE((tmp_path / "new.json").stat().st_mode)
+        == stat.S_IMODE((tmp_path / "plain.json").stat().st_mode)
+        == 0o640
+    )

@@ -51,3 +51,20 @@ def test_a_read_only_directory_is_one_line(tmp_path):
     )
     assert p.returncode == 2, p.stderr
     assert "Read-only file system" in p.stderr and "internal error" not in p.stderr
+
+
+def test_a_missing_library_is_one_line_before_anything_is_written(tmp_path, monkeypatch):
+    """m3ctl's own install brings neither torch nor transformers (vLLM does): `pip install .` then `m3ctl dev
+    tiny-model DIR`, as the README's first five minutes run it, was "internal error: ModuleNotFoundError: No module
+    named 'torch'", and scale-model left an empty DIR behind."""
+    from m3ctl.dev import scale_model, tiny_model
+    from m3ctl.errors import ConfigRejected
+
+    real = tiny_model.find_spec
+    monkeypatch.setattr(tiny_model, "find_spec", lambda m: None if m in ("torch", "transformers") else real(m))
+    with pytest.raises(ConfigRejected, match="tiny-model needs torch and transformers") as e:
+        tiny_model.build_tiny_model(tmp_path / "tm")
+    assert "pip install" in (e.value.hint or "") and e.value.exit_code == 3
+    with pytest.raises(ConfigRejected, match="scale-model needs transformers"):
+        scale_model.build_scale_model(tmp_path / "sm")
+    assert not (tmp_path / "tm").exists() and not (tmp_path / "sm").exists()

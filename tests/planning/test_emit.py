@@ -387,3 +387,24 @@ def test_bench_deployment_takes_its_gpu_count_from_the_saved_layout(tmp_path, ti
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+def test_the_docker_form_binds_an_api_key_given_by_another_variable(tmp_path, monkeypatch):
+    """``plan --api-key-env MY_KEY --emit docker`` wrote ``docker run ... -e VLLM_API_KEY`` alone: run where the key
+    is in ``$MY_KEY`` (as the user said) and ``VLLM_API_KEY`` is unset, docker passed no key and vLLM served with no
+    authentication. The form now binds it as the printed plan and the launch do (``VLLM_API_KEY="$MY_KEY" docker
+    run ...``): by name, the value never in the text."""
+    from m3ctl import api
+
+    monkeypatch.setenv("MY_KEY", "sk-emit-secret")
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    p = api.plan(system="h200x8", runtime="docker", api_key_env="MY_KEY")
+    line = render(p, "docker")
+    assert "sk-emit-secret" not in line and line.startswith('VLLM_API_KEY="$MY_KEY" docker run ')
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "docker").write_text('#!/bin/sh\nprintf %s "$VLLM_API_KEY" > "$OUT"\n')
+    (fake / "docker").chmod(0o755)
+    env = {"PATH": f"{fake}:/usr/bin:/bin", "MY_KEY": "sk-emit-secret", "OUT": str(tmp_path / "got")}
+    subprocess.run(["sh", "-c", line], env=env, check=True)
+    assert (tmp_path / "got").read_text() == "sk-emit-secret"

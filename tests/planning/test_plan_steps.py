@@ -11,6 +11,7 @@ from m3ctl import catalog
 from m3ctl.assess.facts import ModelFacts
 from m3ctl.assess.image import image_facts_from_env
 from m3ctl.catalog import ParallelDefaults, Profile
+from m3ctl.checks.doctor import run_doctor
 from m3ctl.errors import BadInput, ConfigRejected
 from m3ctl.hw.inventory import HostInventory
 from m3ctl.planning.plan import (
@@ -163,6 +164,19 @@ def test_variant_of_a_model_the_catalog_does_not_know_warns():
     step_variant(d)
     assert d.vname is None and d.family is None
     assert d.warnings == ["some/model is not a local directory nor a catalog model: facts unchecked, vLLM resolves it"]
+
+
+def test_a_typo_of_a_catalog_model_name_says_which_one_it_is_close_to():
+    """``m3ctl plan --model MiniMax-M3.1-Flsh`` planned ``vllm serve MiniMax-M3.1-Flsh`` with only "not a catalog
+    model: facts unchecked", exit 0; the warning now names the catalog model it is a typo of (doctor's row too)."""
+    d = step_profile_and_runtime(synthetic("h200x8"), PlanRequest(model="MiniMax-M3.1-Flsh"))
+    step_variant(d)
+    unchecked = "MiniMax-M3.1-Flsh is not a local directory nor a catalog model: facts unchecked, vLLM resolves it"
+    assert d.warnings == [f"{unchecked}; did you mean 'MiniMax-M3.1-Flash'?"]
+    row = next(
+        c for c in run_doctor(synthetic("h200x8"), model="MiniMax-M3.1-Flsh").checks if c.id == "model.memory_fit"
+    )
+    assert row.message == "unknown model 'MiniMax-M3.1-Flsh': no sizing facts; did you mean 'MiniMax-M3.1-Flash'?"
 
 
 # Step 5: raw parallel flags.

@@ -259,6 +259,8 @@ def test_a_search_with_no_passing_layout_raises_the_default_layouts_structured_r
     [
         (["--gpu-memory-utilization", "1.5"], "must be > 0 and <= 1"),
         (["--gpu-memory-utilization", "0"], "must be > 0 and <= 1"),
+        (["--gpu-memory-utilization", "92%"], "must be a number > 0 and <= 1"),  # was planned; vLLM's argparse exits
+        (["--gpu-memory-utilization", "abc"], "must be a number > 0 and <= 1"),
         (["--attention-backend", "FLASH_ATTN_NOPE"], "is not one of vLLM 0.32.0's backends"),
         (["--attention-backend", "CUTLASS_MLA"], "is an MLA backend"),
         (["--speculative-config", '{"method": "ngram", "num_speculative_tokens": -2}'], "num_speculative_tokens=-2"),

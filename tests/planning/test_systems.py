@@ -320,3 +320,13 @@ def test_cli_serve_mount_is_part_of_the_plan(tiny_models):
     )
     assert p.returncode == 0, p.stderr
     assert "-v /tmp:/x:ro" in p.stdout
+
+
+def test_the_sizing_api_refuses_an_empty_system_name():
+    """``m3ctl.api.size_systems([","])`` sized every system (an empty item dropped, then nothing left meant all)."""
+    from m3ctl import api
+    from m3ctl.errors import BadInput
+
+    for systems in ([","], ["h200x8,"], ["h200x8", " "], []):
+        with pytest.raises(BadInput, match="empty"):
+            api.size_systems(systems)
