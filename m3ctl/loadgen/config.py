@@ -13,7 +13,7 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, NonNegativeInt, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, Field, field_validator
 
 from m3ctl.errors import BadInput, plain_text
 from m3ctl.loadgen import MAX_REQUEST_TOKENS, WORKLOADS
@@ -180,6 +180,10 @@ def check_precision_metric(v: str) -> str:
     )
 
 
+#: A workload seed: numpy's SeedSequence (arrivals, intervals) takes no negative integer; 64 bits, as vLLM's --seed.
+Seed = Annotated[int, Field(ge=0, le=2**63 - 1)]
+
+
 def cli(**option: Any) -> dict[str, Any]:
     """A field's ``m3ctl bench`` option, as its ``json_schema_extra``: ``cli()`` an option named as the field
     with the field's type, default, bounds and description; keywords as m3ctl.cli.options.model_options reads
@@ -298,9 +302,9 @@ class BenchConfig(BaseModel, defer_build=True):  # its validator built on first 
     )
     ignore_eos: bool = Field(True, description="Ask for exactly --output-len tokens.", json_schema_extra=cli())
     temperature: float = Field(0.0, ge=0, description="Sampling temperature.", json_schema_extra=cli())
-    seed: NonNegativeInt = Field(  # numpy's SeedSequence (arrivals, intervals) takes no negative integer
+    seed: Seed = Field(
         0,
-        description="Workload seed (lengths, order, arrivals), >= 0; the prompt text is fresh every run.",
+        description="Workload seed (lengths, order, arrivals), 0 to 2^63-1; the prompt text is fresh every run.",
         json_schema_extra=cli(),
     )
     prompt_salt: str | None = Field(
