@@ -15,7 +15,7 @@ from m3ctl.checks.base import (
     check,
 )
 from m3ctl.errors import M3Error
-from m3ctl.planning.offline import offline_requested, resolve_offline
+from m3ctl.planning.offline import offline_on_target, offline_requested, on_target_cache, resolve_offline
 from m3ctl.planning.plan import plan
 
 
@@ -25,14 +25,15 @@ def check_memory_fit(ctx: Ctx) -> CheckResult:
         return _r("model.memory_fit", "model", "SKIP", "local model: see model.plan")
     if not ctx.gpu_host and not ctx.model_explicit:  # nothing was sized (run_doctor skips it): not "unknown"
         return _r("model.memory_fit", "model", "SKIP", "no GPU")
-    if ctx.sizing is None:
-        status: Status = "FAIL" if ctx.model_explicit else "SKIP"
+    if ctx.sizing is None:  # could not judge (not a pass), as plan's rule memory.fit says: a WARN, not a FAIL
+        status: Status = "WARN" if ctx.model_explicit else "SKIP"
         close = catalog.close_model(ctx.model)
         return _r(
             "model.memory_fit",
             "model",
             status,
-            f"unknown model {ctx.model!r}: no sizing facts" + (f"; did you mean {close!r}?" if close else ""),
+            f"could not judge: unknown model {ctx.model!r}: no sizing facts"
+            + (f"; did you mean {close!r}?" if close else ""),
             "use a catalog model name (MiniMax-M3.1-Flash, MiniMax-M3) or a local model directory",
         )
     if not ctx.gpu_host:
@@ -168,18 +169,28 @@ def check_offline(ctx: Ctx) -> CheckResult:
     """Under ``HF_HUB_OFFLINE=1``: the model (and its tokenizer and draft) resolve to complete local snapshots
     (m3ctl/planning/offline.py); a missing file is a FAIL naming it. The files are those of the verdict's plan (the
     plan outcome's); where the planner rejects doctor's request or nothing was planned, those of the model planned
-    with the rules skipped (which files exist is asked either way)."""
+    with the rules skipped (which files exist is asked either way). For a catalog system the cache is that host's:
+    a WARN naming what it must hold, the warning plan gives."""
     if not offline_requested():
         return _r("model.offline", "model", "SKIP", "HF_HUB_OFFLINE is not set: the hub is reachable or not needed")
     accepted = ctx.outcome.accepted() if ctx.outcome is not None else None
     try:
-        p = resolve_offline(
+        planned = (
             accepted.unwrap()
             if accepted is not None
             else plan(
                 ctx.inv, PlanRequest(model=ctx.model, name="doctor-check", skip_checks=True, vllm_executable="vllm")
             )
         )
+        if on_target_cache(planned):  # another host's cache, as plan says (m3ctl.planning.offline.offline_on_target)
+            return _r(
+                "model.offline",
+                "model",
+                "WARN",
+                offline_on_target(planned).warnings[-1].removeprefix("offline: "),
+                "run `HF_HUB_OFFLINE=1 m3ctl doctor` on that host to check its cache",
+            )
+        p = resolve_offline(planned)
     except M3Error as e:
         return _r("model.offline", "model", "FAIL", e.message, e.hint)
     return _r(

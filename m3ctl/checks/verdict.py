@@ -148,7 +148,8 @@ def _verdict(ctx: Ctx, checks: list[CheckResult]) -> Verdict:
     ]
     blockers = [f"{c.id}: {c.message}" for c in verdict_checks if c.status == "FAIL"]
     blockers += [b for b in _fatal(ctx) if not any(x.startswith(b.split(":")[0] + ":") for x in blockers)]
-    if ctx.local_model:
+    unknown = ctx.sizing is None and ctx.outcome is not None and ctx.outcome.accepted() is not None
+    if ctx.local_model or unknown:  # the plan's outcome decides (a model without facts: its findings say unjudged)
         fbs = _fallbacks(ctx, verdict_checks) if ctx.chosen is not None else []
         status: VerdictStatus = (
             "not_runnable" if blockers else ("runnable_with_fallbacks" if fbs else "runnable_natively")
@@ -302,9 +303,9 @@ def _doctor_request(ctx: Ctx) -> PlanRequest | None:
     """Doctor's question as a plan request: its flags as ``m3ctl plan`` takes them (the model, ``--variant``,
     the runtime, the port the checks looked at, ``--kv-cache-dtype``, ``--attention``, ``--context`` as
     ``max_model_len``, ``--image``, the raw vLLM arguments after ``--``). The variant, the layout and the fallbacks
-    are the planner's answer (:func:`_plan`). None where nothing can be planned (no GPU, no sizing facts, an unknown
-    variant)."""
-    if ctx.local_model:
+    are the planner's answer (:func:`_plan`). None where nothing can be planned (no GPU, an unknown variant). A hub model m3ctl has no facts for is asked as a local model is, by name only: the plan's rules say
+    what they could not judge."""
+    if ctx.local_model or ctx.sizing is None and ctx.gpu_host and ctx.model_explicit:
         local: dict[str, Any] = {"model": ctx.model, "port": ctx.port}
         if ctx.runtime == "docker":
             local["runtime"] = "docker"

@@ -156,11 +156,41 @@ def resolve_offline(plan, environ: dict[str, str] | None = None):
     )
 
 
+def offline_on_target(plan):
+    """``plan`` for a catalog system (``target_system``) run offline: the offline variables set and the hub references
+    kept, for the target host's HF cache to resolve (vLLM and transformers read the cache themselves under
+    ``HF_HUB_OFFLINE=1``, https://huggingface.co/docs/huggingface_hub/package_reference/environment_variables#hfhuboffline);
+    this machine's cache is not the target's, so it is not checked, and a warning names what the target's must hold."""
+    args = plan.vllm_args or {}
+    spec = args.get("speculative-config")
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError:
+            spec = None
+    refs = [plan.model, args.get("tokenizer"), spec.get("model") if isinstance(spec, dict) else None]
+    held = ", ".join(dict.fromkeys(r for r in refs if isinstance(r, str) and r))
+    note = f"offline: the HF cache on the {plan.target_system} host must hold {held} (this machine's is not checked)"
+    return plan.model_copy(
+        update={"offline": True, "env": {**plan.env, **OFFLINE_ENV}, "warnings": [*plan.warnings, note]}
+    )
+
+
+def on_target_cache(plan) -> bool:
+    """``plan`` reads its hub references from another host's HF cache: planned for a catalog system
+    (``target_system``) with a hub model, not a local directory (a directory given here is this machine's, checked
+    here as for this host)."""
+    return bool(plan.target_system) and not Path(plan.model).expanduser().is_dir()
+
+
 def resolve_if_offline(plan, offline: bool | None = None):
     """``plan`` resolved to checked local snapshots (:func:`resolve_offline`) when ``offline`` is True, or is None
-    and ``HF_HUB_OFFLINE`` is set (:func:`offline_requested`); else ``plan`` itself.
+    and ``HF_HUB_OFFLINE`` is set (:func:`offline_requested`); else ``plan`` itself. A plan for a catalog system's
+    HF cache (:func:`on_target_cache`) is marked offline for that cache instead (:func:`offline_on_target`).
 
     Raises:
         ConfigRejected: as :func:`resolve_offline`.
     """
-    return resolve_offline(plan) if (offline if offline is not None else offline_requested()) else plan
+    if not (offline if offline is not None else offline_requested()):
+        return plan
+    return offline_on_target(plan) if on_target_cache(plan) else resolve_offline(plan)

@@ -83,3 +83,22 @@ def test_doctor_verdict_is_the_plan_outcome_for_raw_vllm_args(system, raw):
     assert all(tok in flags for tok in raw if tok.startswith("--")), where
     if "--max-model-len" in raw:  # the context doctor checks is the raw one
         assert "65536 tokens" in v.summary, where
+
+
+@pytest.mark.parametrize("model", ["someorg/some-model", "MiniMax-M3.1-Flsh"])
+def test_a_model_without_facts_is_could_not_judge_in_both_not_a_fail_in_doctor_and_a_pass_in_plan(model):
+    """A hub id m3ctl has no facts for (or a typo of a catalog name): plan planned it with a warning and exit 0 while
+    doctor FAILed model.memory_fit and said not runnable (exit 1). Now one finding, plan's rule memory.fit at
+    severity unjudged, is both answers: doctor plans the model by name as plan does, its verdict is that outcome
+    and says what could not be judged, and its memory-fit row is a WARN that says so."""
+    inv = inventory_for_system("h200x8")
+    p = plan(inv, PlanRequest(model=model, runtime="process"))
+    (fit,) = [f for f in p.findings() if f.rule == "memory.fit"]
+    assert fit.severity == "unjudged" and fit.message.startswith(f"could not judge whether {model} fits")
+    rep = run_doctor(inv, model=model, host_checks=False)
+    v = rep.verdict
+    assert v.outcome is not None and v.outcome.accepted() is not None and v.outcome.request.model == model
+    assert v.severity == "unjudged" and "could not judge (not a pass): memory.fit" in v.summary
+    row = rep.check("model.memory_fit")
+    assert row.status == "WARN" and row.message.startswith("could not judge: unknown model")
+    assert rep.exit_code() == 0 and rep.exit_code(strict=True) == 1  # plan: exit 0 with the same warning

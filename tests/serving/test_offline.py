@@ -142,9 +142,15 @@ def test_a_draft_model_needs_no_tokenizer_of_its_own(hub, tmp_path):
         resolve_offline(_plan(extra_args=["--load-format", "dummy", "--speculative-config", spec]))
 
 
+def _saved() -> str:
+    """A b200x8 host's inventory as `doctor --save-inventory` saves this host's: no catalog system named (one that
+    names it plans for that system's own host: the last test)."""
+    return ALL["b200x8"]().model_copy(update={"system": None}).model_dump_json()
+
+
 def test_cli_offline_is_automatic_under_hf_hub_offline(hub, tmp_path):
     inv = tmp_path / "b200.json"
-    inv.write_text(ALL["b200x8"]().model_dump_json())
+    inv.write_text(_saved())
     base = ["plan", "--inventory", str(inv), "--skip-checks", "--runtime", "process", "--json"]
     env = {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
     d = json.loads(run_cli(*base, "--model", "org/tiny", env=env, check=True).stdout)
@@ -156,7 +162,7 @@ def test_cli_offline_is_automatic_under_hf_hub_offline(hub, tmp_path):
 
 def test_doctor_fails_offline_naming_the_missing_shard(hub, tmp_path):
     inv = tmp_path / "b200.json"
-    inv.write_text(ALL["b200x8"]().model_dump_json())
+    inv.write_text(_saved())
     env = {"HF_HUB_CACHE": str(hub), "HF_HUB_OFFLINE": "1"}
     args = ["doctor", "--inventory", str(inv), "--model", "org/tiny", "--json"]
     ok = {c["id"]: c for c in json.loads(run_cli(*args, env=env).stdout)["checks"]}["model.offline"]
@@ -165,3 +171,22 @@ def test_doctor_fails_offline_naming_the_missing_shard(hub, tmp_path):
     r = run_cli(*args, env=env)
     bad = {c["id"]: c for c in json.loads(r.stdout)["checks"]}["model.offline"]
     assert r.returncode == 1 and bad["status"] == "FAIL" and "model-00002-of-00002.safetensors" in bad["message"]
+
+
+def test_a_catalog_systems_plan_offline_is_for_that_hosts_cache_and_doctor_says_the_same(hub):
+    """`plan --system NAME --offline` plans for another host: this machine's HF cache is not that host's, so nothing is
+    resolved or checked here (before: it refused a model absent from this machine's cache, exit 3); the plan keeps the
+    hub id, sets the offline variables and warns what the target's cache must hold, and doctor under HF_HUB_OFFLINE=1
+    gives the same finding as a WARN, not a FAIL."""
+    env = {"HF_HUB_CACHE": str(hub)}
+    base = ["--system", "b200x8", "--model", "org/absent", "--skip-checks", "--runtime", "process"]
+    d = json.loads(run_cli("plan", *base, "--offline", "--json", env=env, check=True).stdout)
+    assert d["argv"][2] == "org/absent" and d["env"]["HF_HUB_OFFLINE"] == d["env"]["TRANSFORMERS_OFFLINE"] == "1"
+    note = "offline: the HF cache on the b200x8 host must hold org/absent (this machine's is not checked)"
+    assert note in d["warnings"]
+    r = run_cli("doctor", "--system", "b200x8", "--model", "org/absent", "--json", env={**env, "HF_HUB_OFFLINE": "1"})
+    check = {c["id"]: c for c in json.loads(r.stdout)["checks"]}["model.offline"]
+    assert (check["status"], check["message"]) == ("WARN", note.removeprefix("offline: "))
+    # this host's plan still resolves and checks the cache here
+    p = run_cli("plan", "--model", "org/absent", "--skip-checks", "--offline", env=env)
+    assert p.returncode == 3 and "not in the HF cache" in p.stderr
