@@ -16,7 +16,8 @@ time; a figure a fit has no run to price is "could not judge", never a pass, and
 kind). A kind with fewer valid points than the four parameters is not fitted; ``--yaml`` needs two kinds.
 
     python benchmarks/estimate_fit.py tests/fixtures/estimate-fit/h100 tests/fixtures/estimate-fit/h100b \
-        tests/fixtures/estimate-fit/h100c tests/fixtures/estimate-fit/h200 tests/fixtures/estimate-fit/h200b
+        tests/fixtures/estimate-fit/h100c tests/fixtures/estimate-fit/h200 tests/fixtures/estimate-fit/h200b \
+        tests/fixtures/estimate-fit/h200c
     python benchmarks/estimate_fit.py --yaml RUN_DIR...   # the fitted efficiency block for gpu_peaks.yaml
 
 A run directory holds ``gpu.txt`` (``nvidia-smi --query-gpu=name,... --format=csv``), ``config.json`` (the scale
