@@ -143,8 +143,8 @@ def _memory(c: PlanContext) -> Finding | None:
     if fit is None and c.unit_mib() and not c.facts.weights_gib:  # a GPU host, a model m3ctl has no facts for
         return finding(
             "memory.fit",
-            f"could not judge whether {c.facts.source} fits: no facts for it (not a local directory nor a catalog model; "
-            "vLLM resolves it at start)",
+            f"could not judge whether {c.facts.source} fits: no facts for it (not a local directory nor a catalog "
+            "model; vLLM resolves it at start)",
             "give a local model directory (its config.json and weights are read) or a catalog model name",
             "m3ctl/assess/facts.py (a hub id unknown to the catalog and not cached has no facts)",
             status="WARN",

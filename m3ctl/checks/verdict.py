@@ -303,8 +303,9 @@ def _doctor_request(ctx: Ctx) -> PlanRequest | None:
     """Doctor's question as a plan request: its flags as ``m3ctl plan`` takes them (the model, ``--variant``,
     the runtime, the port the checks looked at, ``--kv-cache-dtype``, ``--attention``, ``--context`` as
     ``max_model_len``, ``--image``, the raw vLLM arguments after ``--``). The variant, the layout and the fallbacks
-    are the planner's answer (:func:`_plan`). None where nothing can be planned (no GPU, an unknown variant). A hub model m3ctl has no facts for is asked as a local model is, by name only: the plan's rules say
-    what they could not judge."""
+    are the planner's answer (:func:`_plan`). None where nothing can be planned (no GPU, an unknown variant). A hub
+    model m3ctl has no facts for is asked as a local model is, by name only: the plan's rules say what they could
+    not judge."""
     if ctx.local_model or ctx.sizing is None and ctx.gpu_host and ctx.model_explicit:
         local: dict[str, Any] = {"model": ctx.model, "port": ctx.port}
         if ctx.runtime == "docker":

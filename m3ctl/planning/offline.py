@@ -111,6 +111,17 @@ def _local(ref: str, revision: str, weights: bool, environ, tokenizer: bool = Tr
     return snap
 
 
+def _spec(args: dict[str, Any]) -> dict[str, Any]:
+    """The ``--speculative-config`` of ``args`` as a dict (given as JSON text or a dict); empty without one."""
+    spec = args.get("speculative-config")
+    if isinstance(spec, str):
+        try:
+            spec = json.loads(spec)
+        except ValueError:
+            spec = None
+    return spec if isinstance(spec, dict) else {}
+
+
 def resolve_offline(plan, environ: dict[str, str] | None = None):
     """``plan`` (a :class:`~m3ctl.planning.plan.LaunchPlan`) with its model, tokenizer and draft model as checked local
     snapshots, the offline variables set, and the paths recorded for read-only mounts. The served model names
@@ -129,13 +140,8 @@ def resolve_offline(plan, environ: dict[str, str] | None = None):
     if isinstance(tok, str) and tok:
         args["tokenizer"] = str(_local(tok, str(args.get("tokenizer-revision") or "main"), False, environ))
         local_paths.append(args["tokenizer"])
-    spec = args.get("speculative-config")
-    if isinstance(spec, str):
-        try:
-            spec = json.loads(spec)
-        except ValueError:
-            spec = None
-    if isinstance(spec, dict) and isinstance(spec.get("model"), str) and spec["model"]:
+    spec = _spec(args)
+    if isinstance(spec.get("model"), str) and spec["model"]:
         # A draft model reads the target's tokenizer (vLLM SpeculativeConfig builds the draft ModelConfig with
         # tokenizer=target_model_config.tokenizer unless the vocabularies differ; vllm/config/speculative.py,
         # https://github.com/vllm-project/vllm/blob/main/vllm/config/speculative.py): it needs none of its own.
@@ -162,13 +168,7 @@ def offline_on_target(plan):
     ``HF_HUB_OFFLINE=1``, https://huggingface.co/docs/huggingface_hub/package_reference/environment_variables#hfhuboffline);
     this machine's cache is not the target's, so it is not checked, and a warning names what the target's must hold."""
     args = plan.vllm_args or {}
-    spec = args.get("speculative-config")
-    if isinstance(spec, str):
-        try:
-            spec = json.loads(spec)
-        except ValueError:
-            spec = None
-    refs = [plan.model, args.get("tokenizer"), spec.get("model") if isinstance(spec, dict) else None]
+    refs = [plan.model, args.get("tokenizer"), _spec(args).get("model")]
     held = ", ".join(dict.fromkeys(r for r in refs if isinstance(r, str) and r))
     note = f"offline: the HF cache on the {plan.target_system} host must hold {held} (this machine's is not checked)"
     return plan.model_copy(
