@@ -101,7 +101,9 @@ def m3_run(a, out: Path, continuous: bool) -> dict:
     ]
     if not continuous:
         cmd.append("--no-continuous-usage")
-    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if p.returncode not in (0, 1) or not out.exists():  # 1: BENCH-INVALID, the result saved and marked
+        raise SystemExit(f"m3ctl bench exited {p.returncode}:\n{p.stderr[-2000:]}")
     return json.loads(out.read_text())
 
 
@@ -127,17 +129,30 @@ def main() -> None:
         f"{a.conc} warmups, ignore_eos; {a.reps} alternating repetitions"
     )
     print(f"{'metric':22s}" + "".join(f"{k:>34s}" for k in rows))
-    for k in KEYS:
+    for k in (*KEYS, "valid"):
         cells = []
         for runs in rows.values():
-            v = [r[k] for r in runs]
+            v = [valid(r) if k == "valid" else r[k] for r in runs]
             cells.append(" / ".join(f"{x:.1f}" if isinstance(x, float) else str(x) for x in v))
         print(f"{k:22s}" + "".join(f"{c:>34s}" for c in cells))
-    print("median ratio m3ctl / vllm:")
+    print("median ratio m3ctl / vllm (runs that measured the metric; TPOT is null in a run streamed in bursts):")
     for k in KEYS[3:]:
-        r = np.median([m[k] for m in rows["m3ctl"]]) / np.median([v[k] for v in rows["vllm"]])
-        r2 = np.median([m[k] for m in rows["m3ctl-no-cont-usage"]]) / np.median([v[k] for v in rows["vllm"]])
-        print(f"  {k:22s} {r:6.2f}   (without continuous usage stats: {r2:5.2f})")
+        r, r2 = (ratio(rows[side], rows["vllm"], k) for side in ("m3ctl", "m3ctl-no-cont-usage"))
+        print(f"  {k:22s} {r:>6s}   (without continuous usage stats: {r2:>5s})")
+
+
+def valid(r: dict) -> str:
+    """vLLM's result has no verdict ("-"); m3ctl's is "yes", or "no: " and the first words of its first reason."""
+    v = r.get("validity")
+    if v is None:
+        return "-"
+    return "yes" if v["valid"] else "no: " + " ".join(str((v["reasons"] or ["?"])[0]).split()[:3])
+
+
+def ratio(ours: list[dict], theirs: list[dict], k: str) -> str:
+    """Median of ``ours``' ``k`` over that of ``theirs`` (runs where ``k`` is null left out); "n/a" if a side has none."""
+    a, b = ([r[k] for r in rs if r[k] is not None] for rs in (ours, theirs))
+    return f"{np.median(a) / np.median(b):.2f}" if a and b else "n/a"
 
 
 if __name__ == "__main__":

@@ -302,9 +302,11 @@ def test_side_by_side_with_vllm_bench_serve(tiny_server, tiny_models, tmp_path):
     assert theirs[0]["total_input_tokens"] == pytest.approx(n * isl, rel=0.01)
 
     # Timing: the server shares this 2-core host with both clients (and other work), so one run of either tool
-    # varies by +-40 % (benchmarks/bench_side_by_side.py prints repeated, alternating runs), and one pair landed
-    # at 2.2x on median TPOT in CI (2.47 vs 5.41 ms). So: a factor-2 bound on one pair, and when one pair is
-    # outside it, two more alternating pairs and the bound on the medians of three.
+    # varies by +-40 % and more (benchmarks/bench_side_by_side.py prints repeated, alternating runs: vLLM's own
+    # output throughput read 314 to 809 tok/s over five runs on one server), one pair landed at 2.2x on median TPOT
+    # in CI (2.47 vs 5.41 ms), and once the medians of three pairs stood 2.1x apart on output throughput (440 vs
+    # 937 tok/s, median TPOT 4.4 vs 3.7 ms). So: a factor-2 bound on one pair, and when one pair is outside it,
+    # four more alternating pairs and the bound on the medians of five.
     def outside_bounds(keys=("output_throughput", "median_tpot_ms", "median_e2el_ms")) -> list[tuple]:
         # A run streamed in bursts has TPOT unmeasured (null, m3ctl.loadgen.metrics.bursts): it says nothing about
         # TPOT, so only runs that measured it count; a side with none leaves TPOT uncompared (the bursts are the
@@ -329,7 +331,7 @@ def test_side_by_side_with_vllm_bench_serve(tiny_server, tiny_models, tmp_path):
         return bad
 
     if outside_bounds():
-        for i in (1, 2):
+        for i in (1, 2, 3, 4):
             theirs.append(theirs_run(i))
             ours.append(ours_run())
             for r in (theirs[-1], ours[-1]):  # a re-run's timings count only if it measured the same work
