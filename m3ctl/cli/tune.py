@@ -230,13 +230,20 @@ def print_study(out: Output, sdir: Path, settings: dict) -> None:
 
 
 def print_resumed(out: Output, tuner) -> None:
-    """A resumed study's interrupted trials: kept from their finished runs, or measured again."""
+    """A resumed study's interrupted trials (printed once the search ended): kept from their finished runs, or, none
+    finished, their configurations open to the search again (measured again only where the budget left a start: a
+    resume with the budget spent measures nothing)."""
     if tuner.interrupted_trials:
         again = [n for n in tuner.interrupted_trials if n not in tuner.recovered_trials]
         out.print(
             f"resumed: trial(s) {tuner.interrupted_trials} had been interrupted"
             + (f"; kept from the runs they had finished: {tuner.recovered_trials}" if tuner.recovered_trials else "")
-            + (f"; no run finished, so measured again (their starts count): {again}" if again else "")
+            + (
+                f"; no run finished, so their configurations were open to the search again as new trials, within the "
+                f"budget, which their interrupted starts count in: {again}"
+                if again
+                else ""
+            )
         )
     cut = [k for k, v in tuner.lost.items() if v.get("relaunched")]
     if cut:

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import abc
+import codecs
 import errno
+import io
+import os
 import signal
 import socket
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, BinaryIO, Literal
 
 from m3ctl.catalog.lazy import lazy_module
 from m3ctl.core.state import Deployment, Registry, StateWriteFailed
@@ -167,17 +170,23 @@ class Runtime(abc.ABC):
         """Bring ``dep.log_path`` up to date (no-op where the server writes it directly)."""
 
     def follow(self, dep: Deployment, poll_s: float = 0.5) -> Iterator[str]:
-        """Yield new log text as it is written, until the caller stops iterating (default: tail the file)."""
+        """Yield new log text as it is written, until the caller stops iterating (default: tail the file as ``tail
+        -F`` does: a relaunch of the name, by ``watch --restart``, a fallback or a new ``serve``, truncates the file
+        or replaces it, and the new server's lines are then followed from the start of the file)."""
         if not dep.log_path:
             return
-        with open(dep.log_path, errors="replace") as f:
-            f.seek(0, 2)
-            while True:
-                chunk = f.read()
-                if chunk:
-                    yield chunk
-                else:
-                    time.sleep(poll_s)
+        path, first = Path(dep.log_path), True
+        while True:
+            try:
+                with open(path, "rb") as f:
+                    if first:
+                        f.seek(0, 2)
+                    first = False
+                    yield from _follow_open(path, f, poll_s)
+            except FileNotFoundError:
+                if first:
+                    raise
+                time.sleep(poll_s)  # removed (`m3ctl stop`): a relaunch writes it again
 
     def verify_released(self, dep: Deployment, rep: StopReport, pids: list[int]) -> None:
         """After stopping: wait up to 5 s for the API port, then ask the GPU library what ``pids`` still hold."""
@@ -188,6 +197,25 @@ class Runtime(abc.ABC):
         rep.pids_checked = list(pids)
         held = gpu_memory_by_pid()
         rep.gpu_memory_left_mib = None if held is None else {p: held[p] for p in pids if p in held}
+
+
+def _follow_open(path: Path, f: BinaryIO, poll_s: float) -> Iterator[str]:
+    """New text of the open log ``f`` as it grows; returns once ``path`` is truncated or names another file."""
+    ino = os.fstat(f.fileno()).st_ino
+    decode = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")("replace"), translate=True).decode
+    while True:
+        chunk = f.read()
+        if chunk:
+            if text := decode(chunk):
+                yield text
+            continue
+        time.sleep(poll_s)
+        try:
+            st = path.stat()
+        except OSError:
+            continue
+        if st.st_ino != ino or st.st_size < f.tell():
+            return
 
 
 def port_in_use(host: str, port: int) -> bool:

@@ -623,7 +623,12 @@ def _no_traceback(lines, events, text, ctx, versions, wrappers) -> Diagnosis | N
                 code = int(m.group(1) or m.group(2))
                 break
     last = _last_lines(lines)
-    if (kill := stackread.killed(events, code, versions, wrappers)) is not None:
+    kill = (
+        stackread.killed(events, code, versions, wrappers)
+        or stackread.engine_gone(lines, code, versions, wrappers)
+        or stackread.api_server_gone(lines, code, versions, wrappers)
+    )
+    if kill is not None:
         return dataclasses.replace(kill, last_lines=last)
     shutdown = next((ln for ln in lines if _SHUTDOWN.search(ln.msg)), None)
     if shutdown is not None and (code is None or code in (0, -15, 143, -2, 130)):

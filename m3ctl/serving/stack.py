@@ -38,6 +38,15 @@ _FH_CURRENT = re.compile(r"^\s*Current thread 0x[0-9a-fA-F]+ \(most recent call 
 _SYNC_NOTE = re.compile(r"\b(CUDA_LAUNCH_BLOCKING|TORCH_USE_CUDA_DSA|AMD_SERIALIZE_KERNEL)\b")
 _EAGER = "--enforce-eager"
 _KILL_CODES = {-9, 137, -15, 143}
+#: vLLM's API server once its engine-core process ended unasked (vLLM 0.32 ``core_client.py``: "MPClient: engine
+#: core exited unexpectedly; starting cleanup"; the API server then shuts itself down); a stop request reaches
+#: the engine core or the API server first, and they say so (``trigger received signal``, ``shutdown triggered``).
+_ENGINE_GONE = re.compile(r"engine core exited unexpectedly")
+_ASKED = re.compile(r"trigger received signal=SIG(TERM|INT)|\[shutdown\] API server: shutdown triggered")
+#: A stop request the API server itself answered (vLLM 0.32 launcher.py, or uvicorn's own line); an API server that
+#: vanished says none of these, while its orphaned engine core stops itself afterwards ("trigger received signal").
+_API_ASKED = re.compile(r"\[shutdown\] API server: shutdown triggered|^Shutting down\b")
+_ENGINE_ASKED = re.compile(r"trigger received signal=SIG(TERM|INT)")
 
 
 def families() -> list[Family]:
@@ -309,6 +318,69 @@ def from_dump(text: str, ctx: DiagContext, versions: dict[str, str]) -> Diagnosi
                 frame=fr.where(),
             )
     return None
+
+
+def engine_gone(
+    lines: Sequence[logtrace.LogLine], code: int | None, versions: dict[str, str], wrappers: tuple[str, ...]
+) -> Diagnosis | None:
+    """The engine-core process vanished with no error of its own (killed from outside, the OOM killer, a fatal
+    signal in native code) and the API server shut down after it: a kill, not the requested shutdown its
+    shutdown lines look like. None when the log does not say so, or a stop request came first."""
+    for ln in lines:
+        if _ASKED.search(ln.msg):
+            return None
+        if _ENGINE_GONE.search(ln.msg):
+            fam = family("kill")
+            fixes = tuple(r.do for r in fam.remedies) if fam else ()
+            return Diagnosis(
+                "engine-killed",
+                "the engine-core process died with no error of its own, unasked (vLLM: engine core exited "
+                "unexpectedly), and the API server shut down after it: a kill from outside (SIGKILL, the OOM "
+                "killer) or a fatal signal in native code",
+                "; then ".join(fixes[:2]),
+                ln.raw.strip()[:300],
+                kind="RUNTIME-DIAG",
+                versions=versions,
+                wrappers=wrappers,
+                fixes=fixes,
+                exit_code=code,
+                family="kill",
+                evidence="no stack of its own",
+                sources=tuple(r.source for r in fam.remedies if r.source) if fam else (),
+            )
+    return None
+
+
+def api_server_gone(
+    lines: Sequence[logtrace.LogLine], code: int | None, versions: dict[str, str], wrappers: tuple[str, ...]
+) -> Diagnosis | None:
+    """The API server process ended without a word of its own (no shutdown line of it, nor uvicorn's) while its
+    engine core, left behind, stopped itself after it: a kill of the API server from outside (``kill -9``, the OOM
+    killer), not the requested shutdown the engine core's own line looks like. None otherwise, or when the
+    runtime saw an exit status other than a kill's."""
+    if code is not None and code not in (-9, 137):
+        return None
+    engine = next((ln for ln in lines if ln.proc != "APIServer" and _ENGINE_ASKED.search(ln.msg)), None)
+    api = [ln for ln in lines if ln.proc == "APIServer"]
+    if engine is None or not api or any(_API_ASKED.search(ln.msg) for ln in lines):
+        return None
+    fam = family("kill")
+    fixes = tuple(r.do for r in fam.remedies) if fam else ()
+    return Diagnosis(
+        "engine-killed",
+        "the API server process ended with no error and no shutdown of its own, and its engine core, left "
+        "behind, stopped itself after it: a kill of the API server from outside (SIGKILL, the OOM killer)",
+        "; then ".join(fixes[:2]),
+        engine.raw.strip()[:300],
+        kind="RUNTIME-DIAG",
+        versions=versions,
+        wrappers=wrappers,
+        fixes=fixes,
+        exit_code=code,
+        family="kill",
+        evidence="no stack of its own",
+        sources=tuple(r.source for r in fam.remedies if r.source) if fam else (),
+    )
 
 
 def killed(

