@@ -330,23 +330,14 @@ def engine_gone(
         if _ASKED.search(ln.msg):
             return None
         if _ENGINE_GONE.search(ln.msg):
-            fam = family("kill")
-            fixes = tuple(r.do for r in fam.remedies) if fam else ()
-            return Diagnosis(
-                "engine-killed",
+            return _kill(
                 "the engine-core process died with no error of its own, unasked (vLLM: engine core exited "
                 "unexpectedly), and the API server shut down after it: a kill from outside (SIGKILL, the OOM "
                 "killer) or a fatal signal in native code",
-                "; then ".join(fixes[:2]),
                 ln.raw.strip()[:300],
-                kind="RUNTIME-DIAG",
-                versions=versions,
-                wrappers=wrappers,
-                fixes=fixes,
-                exit_code=code,
-                family="kill",
-                evidence="no stack of its own",
-                sources=tuple(r.source for r in fam.remedies if r.source) if fam else (),
+                code,
+                versions,
+                wrappers,
             )
     return None
 
@@ -364,22 +355,13 @@ def api_server_gone(
     api = [ln for ln in lines if ln.proc == "APIServer"]
     if engine is None or not api or any(_API_ASKED.search(ln.msg) for ln in lines):
         return None
-    fam = family("kill")
-    fixes = tuple(r.do for r in fam.remedies) if fam else ()
-    return Diagnosis(
-        "engine-killed",
+    return _kill(
         "the API server process ended with no error and no shutdown of its own, and its engine core, left "
         "behind, stopped itself after it: a kill of the API server from outside (SIGKILL, the OOM killer)",
-        "; then ".join(fixes[:2]),
         engine.raw.strip()[:300],
-        kind="RUNTIME-DIAG",
-        versions=versions,
-        wrappers=wrappers,
-        fixes=fixes,
-        exit_code=code,
-        family="kill",
-        evidence="no stack of its own",
-        sources=tuple(r.source for r in fam.remedies if r.source) if fam else (),
+        code,
+        versions,
+        wrappers,
     )
 
 
@@ -394,13 +376,19 @@ def killed(
         return None
     first = noise[0].chain[0]
     quote = (first.header_line or first.lines[0]).raw.strip()[:300]
-    fam = family("kill")
-    fixes = tuple(r.do for r in fam.remedies) if fam else ()
     how = {-9: "SIGKILL", 137: "SIGKILL", -15: "SIGTERM", 143: "SIGTERM"}.get(code or 0)
     cause = (
         (f"the engine was killed ({how})" if how else "the engine died with no stack of its own")
         + f": the log holds only what a killed server leaves behind ({quote[:120]}), so a kill from outside: SIGKILL, SIGTERM or the OOM killer"
     )
+    return _kill(cause, quote, code, versions, wrappers)
+
+
+def _kill(cause: str, quote: str, code: int | None, versions: dict[str, str], wrappers: tuple[str, ...]) -> Diagnosis:
+    """The ``engine-killed`` diagnosis (a kill from outside; no stack of the engine's own) with ``cause``, the log
+    line ``quote`` that shows it, and the remedies of the component family ``kill`` (components.yaml)."""
+    fam = family("kill")
+    fixes = tuple(r.do for r in fam.remedies) if fam else ()
     return Diagnosis(
         "engine-killed",
         cause,
