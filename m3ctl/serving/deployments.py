@@ -146,15 +146,16 @@ def stop(
 
 
 # ----------------------------------------------------------------------------- what `status` and `logs` show
+@dataclass
 class Status:
     """What ``status`` found: ``deployments`` (:class:`StatusRow`: ``deployment``, the record; ``engine``,
     m3ctl.serving.lifecycle.EngineState; ``alive``, ``phase``, ``uptime_s`` in seconds) and ``unreadable``
     ({name: record path} of records that cannot be read). :meth:`to_json` is the ``m3ctl status --json`` list
     (each row: the record, ``alive``, ``phase``, ``uptime_s``, ``engine`` and ``unwatched``: its watching m3ctl
-    process is gone while the engine lives)."""
+    process is gone while the engine lives). A dataclass: a notebook shows its fields."""
 
-    def __init__(self, deployments: list, unreadable: dict[str, str]) -> None:
-        self.deployments, self.unreadable = deployments, unreadable
+    deployments: list[StatusRow]
+    unreadable: dict[str, str]
 
     def to_json(self) -> list[dict[str, Any]]:
         rows = [

@@ -169,6 +169,10 @@ def test_status_cli_and_api_agree(capsys, env, tmp_path):
     )
     assert [r["name"] for r in cli] == ["gone", "broken"] and cli[0]["alive"] is False
     assert cli[1]["phase"] == "unreadable"
+    # what a notebook shows of it: its fields, the record's name and the unreadable one among them
+    assert repr(st).startswith("Status(deployments=[StatusRow(deployment=Deployment(name='gone'") and "broken" in repr(
+        st
+    )
 
 
 def test_tune_defaults_are_declared_once():
