@@ -43,20 +43,26 @@ def test_doctor_without_a_gpu_says_why_and_fits_80_columns():
 
 
 def test_status_shows_the_whole_endpoint_at_80_columns():
-    reg = Registry()
-    reg.save(
-        Deployment(
-            name="a-rather-long-deployment-name",
-            port=18123,
-            served_model_name="MiniMax-M3.1-Flash",
-            model="MiniMax-M3.1-Flash",
-            pid=os.getpid(),
-            phase="ready",
-            image="vllm/vllm-openai:minimax-m3",
-            plan_hash="0d6896fa0535",
+    # the record's server is a process of the test's own: the state dir's teardown (`m3ctl stop --all`) stops what it
+    # records, and with the test process's pid in it, it stopped pytest itself (in a short run of tests)
+    server = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        Registry().save(
+            Deployment(
+                name="a-rather-long-deployment-name",
+                port=18123,
+                served_model_name="MiniMax-M3.1-Flash",
+                model="MiniMax-M3.1-Flash",
+                pid=server.pid,
+                phase="ready",
+                image="vllm/vllm-openai:minimax-m3",
+                plan_hash="0d6896fa0535",
+            )
         )
-    )
-    p = m3ctl80("status")
+        p = m3ctl80("status")
+    finally:
+        server.kill()
+        server.wait()
     assert p.returncode == 0 and "http://127.0.0.1:18123" in p.stdout and long_lines(p.stdout) == [], p.stdout
 
 
