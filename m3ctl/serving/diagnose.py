@@ -42,6 +42,7 @@ from m3ctl.serving.diagnosis import (
     When,
     compiled_patterns,
     component_map,
+    fix_line,
     load_components,
     load_patterns,
     log_patterns,
@@ -304,10 +305,6 @@ def _last_lines(lines: list[logtrace.LogLine], n: int = 3) -> tuple[str, ...]:
         if len(out) == n:
             break
     return tuple(reversed(out))
-
-
-def _join_fixes(fixes: list[str]) -> str:
-    return "; then ".join(fixes[:2]) if fixes else ""
 
 
 def _dedupe(xs: list[str]) -> list[str]:
@@ -595,7 +592,7 @@ def _assemble(ev, block, hit, lines, text, ctx, versions, wrappers) -> Diagnosis
     return Diagnosis(
         fd.fid,
         "; ".join(_dedupe(fd.notes)),
-        _join_fixes(fixes),
+        fix_line(fixes),
         fd.line.strip()[:300],
         fd.comp_name,
         tuple(fd.confirm),
@@ -653,7 +650,7 @@ def _no_traceback(lines, events, text, ctx, versions, wrappers) -> Diagnosis | N
         return Diagnosis(
             "exit-code",
             cause,
-            _join_fixes(fixes),
+            fix_line(fixes),
             (last[-1] if last else f"exit status {code}")[:300],
             kind="RUNTIME-DIAG",
             versions=versions,

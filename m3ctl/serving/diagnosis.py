@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -62,6 +63,15 @@ class DiagContext:
             if a.startswith(flag + "="):
                 return a.split("=", 1)[1]
         return None
+
+
+def fix_line(fixes: Sequence[str]) -> str:
+    """The one-line fix of a diagnosis: its first two remedies, the second after "; then ", or after "; " where it
+    is an alternative to the first (components.yaml writes those "or ..."); "" without remedies."""
+    first = list(fixes[:2])
+    if len(first) < 2:
+        return "".join(first)
+    return first[0] + ("; " if first[1].startswith("or ") else "; then ") + first[1]
 
 
 @dataclass(frozen=True)

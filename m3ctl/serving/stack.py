@@ -30,7 +30,15 @@ import re
 from collections.abc import Sequence
 
 from m3ctl.serving import logtrace
-from m3ctl.serving.diagnosis import DiagContext, Diagnosis, Family, compiled_patterns, component_map, log_patterns
+from m3ctl.serving.diagnosis import (
+    DiagContext,
+    Diagnosis,
+    Family,
+    compiled_patterns,
+    component_map,
+    fix_line,
+    log_patterns,
+)
 
 _TB_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<func>.+?)\s*$')
 _FH_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+) in (?P<func>.+?)\s*$')
@@ -268,7 +276,7 @@ def attach(
     return dataclasses.replace(
         diag,
         cause=cause,
-        fix="; then ".join(fixes[:2]),
+        fix=fix_line(fixes),
         fixes=tuple(fixes),
         component=diag.component or (fam.name if fam and fam.id != "kill" and not diag.async_error else None),
         family=fam.id if fam else None,
@@ -392,7 +400,7 @@ def _kill(cause: str, quote: str, code: int | None, versions: dict[str, str], wr
     return Diagnosis(
         "engine-killed",
         cause,
-        "; then ".join(fixes[:2]),
+        fix_line(fixes),
         quote,
         kind="RUNTIME-DIAG",
         versions=versions,

@@ -21,6 +21,7 @@ import pytest
 
 from m3ctl.serving import logtrace
 from m3ctl.serving.diagnose import DiagContext, diagnose_text
+from m3ctl.serving.diagnosis import fix_line
 from m3ctl.serving.lifecycle import exit_code_of
 from m3ctl.serving.stack import families, without_eager
 from tests.conftest import run_cli
@@ -228,6 +229,14 @@ def test_speculation_failure_says_retry_without_speculation_or_depth_1():
     assert d.family == "spec-decode" and "without speculation" in d.fix and "num_speculative_tokens" in d.fix
     assert "--enforce-eager" not in d.fix and "search vLLM" not in d.fix
     assert any("spec_decode" in s for s in d.sources)
+    # the second remedy is an alternative ("or ..."), not a next step
+    assert "; or retry without speculation" in d.fix and "then or" not in d.fix
+
+
+def test_the_fix_line_joins_a_next_step_with_then_and_an_alternative_without():
+    assert fix_line(["a", "b", "c"]) == "a; then b"
+    assert fix_line(["a", "or b"]) == "a; or b"
+    assert (fix_line(["a"]), fix_line([])) == ("a", "")
 
 
 def test_broken_install_names_the_file_and_the_symbol_and_no_eager_mode():
