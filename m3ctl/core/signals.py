@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from typing import Self
 
@@ -69,19 +70,44 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+#: Seconds after the first signal a :class:`Canceller` took during which another is that one repeated (an impatient
+#: double Ctrl-C, a ``kill`` sent twice): the cancel under way, the result and its file are finished first. A signal
+#: later than that raises at once, the way out of a cancel that hangs. (A double Ctrl-C 50 ms apart once exited with
+#: nothing saved; the cancel, the result and its file take well under this.)
+REPEAT_S = 1.0
+
+_REPEAT_UNTIL: list[float] = [0.0]
+"""time.monotonic() until which a signal of the policy repeats the one a Canceller took."""
+
+
+def _repeated() -> bool:
+    return time.monotonic() < _REPEAT_UNTIL[0]
+
+
+def _guarded_int_handler(signum, frame) -> None:
+    """Python's Ctrl-C handler (raise KeyboardInterrupt), but for a repeat of a signal the policy already took."""
+    if not _repeated():
+        raise KeyboardInterrupt
+
+
 @contextlib.contextmanager
 def stop_signals_as_interrupt() -> Iterator[None]:
     """Inside the block SIGTERM and SIGHUP raise :class:`Terminated`: a server in its own session would
-    otherwise outlive a ``kill`` of m3ctl, and a bench would lose what it measured. Only in the main thread
-    (Python's signal handlers live there); a block inside another keeps the outer handlers' behaviour."""
+    otherwise outlive a ``kill`` of m3ctl, and a bench would lose what it measured. Ctrl-C raises KeyboardInterrupt
+    as Python's own handler does (kept where the caller set another). Any of them within :data:`REPEAT_S` of one a
+    :class:`Canceller` took is that one repeated and is ignored, so what was measured is still saved. Only in the
+    main thread (Python's signal handlers live there); a block inside another keeps the outer handlers' behaviour."""
     if not _main_thread():
         yield
         return
 
     def handler(signum, frame):
-        raise Terminated(signum)
+        if not _repeated():
+            raise Terminated(signum)
 
     old = {s: signal.signal(s, handler) for s in STOP_SIGNALS}
+    if signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+        old[signal.SIGINT] = signal.signal(signal.SIGINT, _guarded_int_handler)
     try:
         yield
     finally:
@@ -97,7 +123,9 @@ signal_policy = stop_signals_as_interrupt
 class Canceller:
     """The measured phase's handlers (m3ctl.loadgen.runner): the first of SIGINT, SIGTERM or SIGHUP calls
     ``cancel`` (the requests in flight are cancelled, what finished is kept) and is remembered in
-    :attr:`signum`; a second raises its :func:`interruption`. Use as a context manager, in the main thread."""
+    :attr:`signum`; another within :data:`REPEAT_S` is that one repeated and changes nothing (here and in
+    :func:`stop_signals_as_interrupt`'s handlers, until the result is saved); a later one raises its
+    :func:`interruption`. Use as a context manager, in the main thread."""
 
     def __init__(self, cancel) -> None:
         self.cancel = cancel
@@ -108,9 +136,10 @@ class Canceller:
         if self.signum is None:
             self.signum = signum
             _SEEN.append(signum)
+            _REPEAT_UNTIL[0] = time.monotonic() + REPEAT_S
             if self.cancel() or _FIRST_ONLY:  # FIRST_ONLY: a run that had ended returns its result
                 return
-        elif _FIRST_ONLY:  # a bench run's own process: the run keeps what finished and returns it
+        elif _FIRST_ONLY or _repeated():  # a bench run's own process, or a repeat: the run keeps what finished
             return
         raise interruption(signum)
 
@@ -162,7 +191,8 @@ def handles_interrupts() -> bool:
     """Whether the policy may take the signals here: the main thread, with Python's Ctrl-C handler in place (a
     caller with a SIGINT handler of its own, or one that ignores SIGINT, keeps its own) or inside
     :func:`first_signal_only`."""
-    return _main_thread() and (signal.getsignal(signal.SIGINT) is signal.default_int_handler or bool(_FIRST_ONLY))
+    ours = (signal.default_int_handler, _guarded_int_handler)
+    return _main_thread() and (signal.getsignal(signal.SIGINT) in ours or bool(_FIRST_ONLY))
 
 
 @contextlib.contextmanager

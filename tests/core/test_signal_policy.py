@@ -64,17 +64,18 @@ def test_the_policy_is_one_module_and_serve_uses_it():
 
 # ----------------------------------------------------------------------------- bench
 @pytest.mark.parametrize(
-    ("sig", "procs", "group"),
+    ("sig", "procs", "group", "times"),
     [
-        (signal.SIGTERM, 1, False),  # `kill`, `timeout`, a CI runner: the m3ctl process only
-        (signal.SIGHUP, 1, False),  # the terminal closed
-        (signal.SIGINT, 1, False),
-        (signal.SIGTERM, 2, True),  # `systemctl stop`, Kubernetes: every process of the group, the workers too
+        (signal.SIGTERM, 1, False, 1),  # `kill`, `timeout`, a CI runner: the m3ctl process only
+        (signal.SIGHUP, 1, False, 1),  # the terminal closed
+        (signal.SIGINT, 1, False, 1),
+        (signal.SIGINT, 1, False, 2),  # an impatient double Ctrl-C, 50 ms apart: once, nothing was saved
+        (signal.SIGTERM, 2, True, 1),  # `systemctl stop`, Kubernetes: every process of the group, the workers too
     ],
-    ids=["sigterm", "sighup", "sigint", "sigterm-group-2procs"],
+    ids=["sigterm", "sighup", "sigint", "sigint-twice", "sigterm-group-2procs"],
 )
 def test_bench_signal_during_the_measured_phase_saves_prints_and_exits_128_plus_n(
-    gt_url, tiny_models, tmp_path, sig, procs, group
+    gt_url, tiny_models, tmp_path, sig, procs, group, times
 ):
     httpx.post(f"{gt_url}/gt/reset")
     out = tmp_path / "partial.json"
@@ -91,7 +92,9 @@ def test_bench_signal_during_the_measured_phase_saves_prints_and_exits_128_plus_
     )
     try:
         _wait(lambda: _finished(gt_url, 4, 50) or p.poll() is not None, what="4 finished requests")
-        (os.killpg if group else os.kill)(p.pid, sig)
+        for i in range(times):
+            time.sleep(0.05 * i)
+            (os.killpg if group else os.kill)(p.pid, sig)
         stdout, err = p.communicate(timeout=60)
     finally:
         if p.poll() is None:
