@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Start-up time of ``m3ctl``: ``--help``, ``plan --system b200x8`` (also with ``--estimate``, which must stay
 under a second) and ``tune --dry-run`` next to a bare
-interpreter (``python -c pass``) and ``python -c "import typer"`` (the floor of any Typer CLI).
+interpreter (``python -c pass``), ``python -c "import typer"`` (the floor of any Typer CLI) and the libraries
+every m3ctl command imports (Typer, rich's console, one pydantic model: :data:`LIBRARIES`).
 
 Each command runs ``--runs`` times in a fresh interpreter (this one, ``python -m m3ctl`` from the checkout), in an
 empty directory, with no ``M3CTL_*`` variable and an empty config directory, output discarded. The table gives,
@@ -41,10 +42,15 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 
+#: The libraries every m3ctl command stands on, without m3ctl: Typer, rich's console and the first pydantic model
+#: built (which loads pydantic's validator core and scans the installed packages' entry points for pydantic plugins).
+LIBRARIES = "import typer, rich.console\nfrom pydantic import BaseModel\nclass M(BaseModel):\n    x: int = 0"
+
 #: (label, argv after the interpreter).
 CASES = [
     ("python -c pass", ["-c", "pass"]),
     ('python -c "import typer"', ["-c", "import typer"]),
+    ("libraries: typer, rich.console, one pydantic model", ["-c", LIBRARIES]),
     ("m3ctl --help", ["-m", "m3ctl", "--help"]),
     ("m3ctl plan --system b200x8", ["-m", "m3ctl", "plan", "--system", "b200x8"]),
     ("m3ctl plan --system h100x8 --estimate", ["-m", "m3ctl", "plan", "--system", "h100x8", "--estimate"]),
