@@ -6,7 +6,7 @@ import typer
 
 from m3ctl import api
 from m3ctl.cli import options as o
-from m3ctl.cli.estimate import show_estimate
+from m3ctl.cli.estimate import number, show_estimate
 from m3ctl.cli.inputs import given_request
 from m3ctl.cli.output import Output, escape
 from m3ctl.cli.render import print_plan
@@ -198,7 +198,7 @@ def _span(e, key: str) -> str:
     if e is None:
         return ""
     f = getattr(e, key)
-    return "n/a" if f is None else f"{f.low:,.0f}-{f.high:,.0f}"
+    return "n/a" if f is None else f"{number(f.low)}-{number(f.high)}"
 
 
 def sizing(out: Output, request, rows: list) -> None:

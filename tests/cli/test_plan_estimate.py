@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 import m3ctl.api
 from tests.conftest import run_cli
 
@@ -63,3 +65,22 @@ def test_plan_systems_estimate_adds_each_serving_systems_estimate():
     assert json.loads(plain.stdout)["systems"][0]["estimate"] is None
     table = run_cli("plan", "--systems", "b200x8", "--estimate")
     assert "tok/s/GPU" in table.stdout and "dominant assumption" in table.stdout
+
+
+def test_plan_estimate_table_never_rounds_a_rate_to_zero():
+    """512 users of 500K-token prompts on an H100: a user decodes well under 1 tok/s; the table once read 0 (as
+    did --systems' column), while the JSON carried the rate."""
+    args = ["--estimate", "--concurrency", "512", "--input-len", "500000", "--output-len", "24000"]
+    p = run_cli("plan", "--system", "h100x8", *args)
+    assert p.returncode == 0, p.stdout + p.stderr
+    row = next(line for line in p.stdout.splitlines() if "decode tok/s per user" in line)
+    cells = [c.strip() for c in row.split("│") if c.strip()][1:]
+    want = m3ctl.api.estimate(system="h100x8", workload={"concurrency": 512, "input_len": 500000, "output_len": 24000})
+    assert want.tok_s_user is not None and 0 < want.tok_s_user.high < 1
+    assert [float(c) for c in cells] == pytest.approx(
+        [want.tok_s_user.low, want.tok_s_user.mid, want.tok_s_user.high], rel=0.05
+    )
+    p = run_cli("plan", "--systems", "h100x8", *args)
+    assert p.returncode == 0, p.stdout + p.stderr
+    row = next(line for line in p.stdout.splitlines() if line.startswith("│ h100x8"))
+    assert f"{want.tok_s_user.low:#.2g}-{want.tok_s_user.high:#.2g}" in row
