@@ -122,7 +122,7 @@ def shape_of(facts: ModelFacts, precision: str, kv_bytes: float) -> tuple[Shape,
             msa["topk_blocks"] = int(cfg["sparse_topk_blocks"])
             msa["index_heads"] = int(cfg.get("sparse_num_index_heads") or facts.num_kv_heads or 1)
             msa["index_dim"] = int(cfg.get("sparse_index_dim") or facts.head_dim or 128)
-        else:
+        elif msa["layers"]:  # dense on every layer (--attention dense): no geometry to assume
             a = peaks().msa_assumed
             msa["topk_blocks"], msa["index_heads"], msa["index_dim"] = (
                 a.topk_blocks,
