@@ -259,6 +259,9 @@ def sizing(out: Output, request, rows: list) -> None:
                 if r.estimate is not None:
                     out.con.print(f"    {r.system}: {escape(r.estimate.dominant)}", soft_wrap=True)
         for r in rows:
+            if r.no_estimate:  # asked for, but the cost model has no data for this row
+                out.con.print(f"  {r.system}: {escape(r.no_estimate)}", soft_wrap=True)
+        for r in rows:
             if not r.serves:
                 out.con.print(f"  {r.system}: {escape(r.rule + ': ' if r.rule else '')}{escape(r.reason or '')}")
             elif r.attention:  # a known fatal issue's fallback, planned by default: its cost and the way back

@@ -84,3 +84,15 @@ def test_plan_estimate_table_never_rounds_a_rate_to_zero():
     assert p.returncode == 0, p.stdout + p.stderr
     row = next(line for line in p.stdout.splitlines() if line.startswith("│ h100x8"))
     assert f"{want.tok_s_user.low:#.2g}-{want.tok_s_user.high:#.2g}" in row
+
+
+def test_plan_systems_estimate_says_why_a_serving_system_has_none():
+    """A catalog model without the facts the cost model needs (local-minimax-m3: no config.json at hand) serves on
+    a B200 but has no estimate: the row says why, in the JSON and under the table (it once vanished silently)."""
+    args = ["plan", "-m", "local-minimax-m3", "--systems", "b200x8", "--estimate"]
+    row = json.loads(run_cli(*args, "--json").stdout)["systems"][0]
+    assert row["serves"] and row["estimate"] is None
+    assert row["no_estimate"].startswith("no estimate for local-minimax-m3: unknown num_layers")
+    p = run_cli(*args)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "b200x8: no estimate for local-minimax-m3" in " ".join(p.stdout.split())
