@@ -122,14 +122,15 @@ def shape_of(facts: ModelFacts, precision: str, kv_bytes: float) -> tuple[Shape,
             msa["topk_blocks"] = int(cfg["sparse_topk_blocks"])
             msa["index_heads"] = int(cfg.get("sparse_num_index_heads") or facts.num_kv_heads or 1)
             msa["index_dim"] = int(cfg.get("sparse_index_dim") or facts.head_dim or 128)
-        elif msa["layers"]:  # dense on every layer (--attention dense): no geometry to assume
+        else:
             a = peaks().msa_assumed
             msa["topk_blocks"], msa["index_heads"], msa["index_dim"] = (
                 a.topk_blocks,
                 facts.num_kv_heads or 1,
                 facts.head_dim or 128,
             )
-            notes.append(f"MSA geometry: {a.topk_blocks} selected blocks (no sparse_attention_config at hand)")
+            if msa["layers"]:  # dense on every layer (--attention dense): no block is selected, nothing to assume
+                notes.append(f"MSA geometry: {a.topk_blocks} selected blocks (no sparse_attention_config at hand)")
     expert_b = w.bytes[precision]
     dense_b = 2.0 if precision in w.experts_only else expert_b
     shape = Shape(
