@@ -11,6 +11,7 @@ import yaml
 import m3ctl.api
 from m3ctl.assess.cost import Layout, Step, step_cost
 from m3ctl.assess.peaks import gpu_peak
+from m3ctl.errors import BadInput
 from m3ctl.planning.estimate import Workload, estimate, figures, findings, split
 from tests.assess.test_cost import GPU, SMALL, _facts
 from tests.conftest import run_cli
@@ -122,6 +123,14 @@ def test_a_bad_estimate_option_is_named_as_its_flag():
     p = run_cli("plan", "--system", "h200x8", "--estimate", "--usd-per-gpu-hour", "0")
     assert p.returncode != 0
     assert "--usd-per-gpu-hour" in p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("field", ["usd_per_gpu_hour", "prefix_cache_hit"])
+def test_a_nan_price_or_hit_rate_is_refused_as_not_a_number(field):
+    """NaN is not out of range: it is no number. The API once said a NaN price 'should be less than or equal to
+    10000' and a NaN hit rate 'should be less than 1'."""
+    with pytest.raises(BadInput, match=f"estimate {field} .*: Input should be a finite number"):
+        m3ctl.api.estimate(system="h200x8", workload={field: float("nan")})
 
 
 def test_the_gpu_price_has_one_name_in_plan_bench_and_tune():
