@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from m3ctl.assess.capability import kv_bytes_per_element
 from m3ctl.assess.cost import Eff, Layout, Shape, Step, step_cost, step_seconds
 from m3ctl.assess.facts import ModelFacts
+from m3ctl.assess.findings import blockers
 from m3ctl.assess.peaks import GpuPeak, Input, gpu_peak, peaks
 from m3ctl.errors import BadInput
 from m3ctl.planning.launchplan import LaunchPlan
@@ -360,6 +361,9 @@ def estimate_plan(plan: LaunchPlan, request: EstimateRequest) -> Estimate:
     TP/EP/DCP/PP and speculation depth (acceptance length assumed anywhere from 1 to depth + 1, and named). The
     request's concurrency is spread exactly over the plan's DP replicas (:func:`split`).
 
+    ``findings``: first the plan's fatal findings (a launch planned only because it was asked for, that does not
+    serve), then what the server would not run as posed (:func:`findings`).
+
     Raises:
         BadInput: a plan without its planning context (loaded from JSON: plan it again), a host without GPUs, or as
             :func:`estimate`.
@@ -396,7 +400,11 @@ def estimate_plan(plan: LaunchPlan, request: EstimateRequest) -> Estimate:
     )
     fit = plan.memory_fit
     kv, context = (fit.capacity_tokens(), fit.context) if fit else (None, None)
-    return e.model_copy(update={"findings": findings(users, layout, kv, context, seqs)})
+    blocked = [  # planned only because asked (--attention msa into a known fatal issue, --skip-checks)
+        f"rule {f.rule} [fatal]: {f.message}: this launch does not serve (priced as if it did)"
+        for f in blockers(plan.findings())
+    ]
+    return e.model_copy(update={"findings": blocked + findings(users, layout, kv, context, seqs)})
 
 
 def findings(wl: Workload, layout: Layout, kv_tokens: int | None, max_len: int | None, seqs: int | None) -> list[str]:

@@ -187,3 +187,13 @@ def test_the_estimate_warns_in_json_and_text():
     p = run_cli("plan", "--system", "h200x8", "--estimate", "--max-model-len", "131072", "--input-len", "200000")
     assert p.returncode == 0, p.stderr
     assert "warning:" in p.stdout and "max model length" in p.stdout
+
+
+def test_a_launch_that_does_not_serve_says_so_in_its_estimate():
+    """--attention msa on an H100 plans into a known fatal issue (the engine dies on every prompt past one MSA
+    block; --systems calls it not serving): its estimate once read as a clean 26-40 tok/s per user, the fatal
+    finding gone from the view. Now it leads the findings; the default (dense) plan carries none."""
+    e = m3ctl.api.estimate(system="h100x8", attention="msa")
+    assert e.findings and e.findings[0].startswith("rule capability.known_issue [fatal]: ")
+    assert e.findings[0].endswith("this launch does not serve (priced as if it did)")
+    assert m3ctl.api.estimate(system="h100x8").findings == []
