@@ -404,14 +404,24 @@ def estimate_plan(plan: LaunchPlan, request: EstimateRequest) -> Estimate:
         f"rule {f.rule} [fatal]: {f.message}: this launch does not serve (priced as if it did)"
         for f in blockers(plan.findings())
     ]
-    return e.model_copy(update={"findings": blocked + findings(users, layout, kv, context, seqs)})
+    budget = plan.scheduler_limits[0] if plan.scheduler_limits else None
+    return e.model_copy(update={"findings": blocked + findings(users, layout, kv, context, seqs, budget)})
 
 
-def findings(wl: Workload, layout: Layout, kv_tokens: int | None, max_len: int | None, seqs: int | None) -> list[str]:
+def findings(
+    wl: Workload,
+    layout: Layout,
+    kv_tokens: int | None,
+    max_len: int | None,
+    seqs: int | None,
+    budget: int | None = None,
+) -> list[str]:
     """What the server would not run as ``wl`` poses it, each saying how the estimate models it: requests longer
     than ``max_len`` (vLLM refuses them; priced as if accepted), more users per replica than ``seqs``
     (max-num-seqs: the rest queue, modelled as not running) or than ``kv_tokens`` hold (vLLM preempts; modelled as
-    if they fit, so optimistic). ``kv_tokens``: KV capacity per replica; None where unknown."""
+    if they fit, so optimistic), a prompt's uncached tokens (beside a step's decoding tokens) beyond ``budget``
+    (max-num-batched-tokens: vLLM prefills it in chunks over several steps; priced as one step, so optimistic).
+    ``kv_tokens``: KV capacity per replica; None where unknown."""
     out: list[str] = []
     length = wl.input_len + wl.output_len
     busiest = split(wl.concurrency, layout.dp)[0]
@@ -431,5 +441,15 @@ def findings(wl: Workload, layout: Layout, kv_tokens: int | None, max_len: int |
             f"{min(busiest, seqs or busiest)} sequences of {length:,} tokens per replica exceed its KV cache "
             f"({kv_tokens:,} tokens, {held} such sequences): vLLM preempts the rest (modelled as if they fit: "
             "optimistic)"
+        )
+    fresh = max(1, round(wl.input_len * (1.0 - wl.prefix_hit)))  # as _steps prefills it
+    running = min(busiest, seqs or busiest)
+    decoding = -(-running // layout.pp) * (1 + wl.spec_depth) if running > 1 else 0  # beside another's prompt
+    if budget and fresh + decoding > budget:
+        beside = f" beside {decoding:,} decoding tokens" if decoding else ""
+        out.append(
+            f"a prompt's {fresh:,} uncached tokens{beside} exceed max-num-batched-tokens {budget:,}: vLLM prefills it "
+            "in chunks over several steps (priced as one step: the prefill time and tok/s optimistic); raise "
+            "--max-num-batched-tokens or lower --input-len"
         )
     return out

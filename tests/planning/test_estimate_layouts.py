@@ -176,6 +176,22 @@ def test_workloads_the_server_cannot_run_as_posed_are_named():
     )
 
 
+def test_a_prompt_beyond_the_token_budget_is_named():
+    """5 users a replica decode 5 tokens a step beside a 1,000-token prompt: 1,005 fit a budget of 1,005, not 1,004
+    (vLLM chunks the rest into further steps; the estimate prices one). One user alone has no decode beside it.
+    Through the plan: an 8,192-token prompt on an H100 with --max-num-batched-tokens 2048 (the estimate once
+    priced its prefill as one step, about 1.5x faster than its own step model prices the four chunks, and said nothing)."""
+    wl = Workload(concurrency=10, input_len=1000, output_len=100)
+    assert findings(wl, Layout(1, dp=2), None, None, None, budget=1005) == []
+    (over,) = findings(wl, Layout(1, dp=2), None, None, None, budget=1004)
+    assert over.startswith("a prompt's 1,000 uncached tokens beside 5 decoding tokens exceed max-num-batched-tokens")
+    one = Workload(concurrency=1, input_len=1000, output_len=100)
+    assert findings(one, Layout(1), None, None, None, budget=1000) == []
+    e = m3ctl.api.estimate(system="h100x8", max_num_batched_tokens=2048, workload={"input_len": 8192})
+    assert any("exceed max-num-batched-tokens 2,048" in f for f in e.findings)
+    assert m3ctl.api.estimate(system="h100x8", workload={"input_len": 8000}).findings == []
+
+
 def test_the_estimate_warns_in_json_and_text():
     e = m3ctl.api.estimate(
         model="MiniMax-M3.1-Flash",
