@@ -258,6 +258,8 @@ def sizing(out: Output, request, rows: list) -> None:
             for r in rows:
                 if r.estimate is not None:
                     out.con.print(f"    {r.system}: {escape(r.estimate.dominant)}", soft_wrap=True)
+                    for f in r.estimate.findings:  # what the server would not run as posed, as plan --estimate warns
+                        out.con.print(f"      [yellow]warning:[/] {escape(f)}", soft_wrap=True)
         for r in rows:
             if r.no_estimate:  # asked for, but the cost model has no data for this row
                 out.con.print(f"  {r.system}: {escape(r.no_estimate)}", soft_wrap=True)

@@ -96,3 +96,17 @@ def test_plan_systems_estimate_says_why_a_serving_system_has_none():
     p = run_cli(*args)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "b200x8: no estimate for local-minimax-m3" in " ".join(p.stdout.split())
+
+
+def test_plan_systems_estimate_warns_as_plan_estimate_does():
+    """64 users of 500K-token prompts: an H100 x8 replica's KV cache holds one such sequence, so vLLM preempts and
+    the estimate (priced as if they fit) is optimistic. plan --estimate warns; --systems printed the same figures
+    without a word. Each row's findings now follow its dominant assumption."""
+    args = ["--estimate", "--concurrency", "64", "--input-len", "500000"]
+    want = m3ctl.api.estimate(system="h100x8", workload={"concurrency": 64, "input_len": 500000}).findings
+    assert any("exceed its KV cache" in f for f in want)
+    p = run_cli("plan", "--systems", "h100x8", *args)
+    assert p.returncode == 0, p.stdout + p.stderr
+    text = " ".join(p.stdout.split())
+    for f in want:
+        assert f"warning: {' '.join(f.split())}" in text
