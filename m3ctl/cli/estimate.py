@@ -29,7 +29,7 @@ def users(e: Any) -> str:
     """The users of an estimate and their split over its replicas (``10 users (2+2+1+1+1+1+1+1 per replica)``)."""
     split = e.users_per_replica
     per = f" ({'+'.join(map(str, split))} per replica)" if len(split) > 1 else ""
-    return f"{e.concurrency} user{'s' if e.concurrency > 1 else ''}{per}"
+    return f"{e.concurrency:,} user{'s' if e.concurrency > 1 else ''}{per}"
 
 
 def show_estimate(out: Output, e: Any) -> None:

@@ -251,7 +251,7 @@ def sizing(out: Output, request, rows: list) -> None:
         if est:
             e = next(r.estimate for r in rows if r.estimate is not None)
             out.con.print(
-                f"  estimates (low-high) for {e.concurrency} users over each row's DP replicas, {e.input_len:,} in / "
+                f"  estimates (low-high) for {e.concurrency:,} users over each row's DP replicas, {e.input_len:,} in / "
                 f"{e.output_len:,} out, before anything runs; each row's dominant assumption:",
                 soft_wrap=True,
             )

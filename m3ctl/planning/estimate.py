@@ -432,14 +432,14 @@ def findings(
         )
     if seqs and busiest > seqs:
         out.append(
-            f"{busiest} users on a replica exceed max-num-seqs {seqs}: {seqs} run and the rest queue (modelled: "
-            f"{seqs} running per replica; queued users wait, which tok/s per user does not show)"
+            f"{busiest:,} users on a replica exceed max-num-seqs {seqs:,}: {seqs:,} run and the rest queue (modelled: "
+            f"{seqs:,} running per replica; queued users wait, which tok/s per user does not show)"
         )
     if kv_tokens is not None and min(busiest, seqs or busiest) * length > kv_tokens:
         held = kv_tokens // length
         out.append(
-            f"{min(busiest, seqs or busiest)} sequences of {length:,} tokens per replica exceed its KV cache "
-            f"({kv_tokens:,} tokens, {held} such sequences): vLLM preempts the rest (modelled as if they fit: "
+            f"{min(busiest, seqs or busiest):,} sequences of {length:,} tokens per replica exceed its KV cache "
+            f"({kv_tokens:,} tokens, {held:,} such sequences): vLLM preempts the rest (modelled as if they fit: "
             "optimistic)"
         )
     fresh = max(1, round(wl.input_len * (1.0 - wl.prefix_hit)))  # as _steps prefills it

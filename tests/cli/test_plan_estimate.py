@@ -110,3 +110,12 @@ def test_plan_systems_estimate_warns_as_plan_estimate_does():
     text = " ".join(p.stdout.split())
     for f in want:
         assert f"warning: {' '.join(f.split())}" in text
+
+
+def test_plan_estimate_counts_users_as_it_counts_tokens():
+    """Thousands separated, as the token counts beside them: '1,000,000 users', not '1000000 users'."""
+    args = ["--estimate", "--concurrency", "1000000"]
+    for view in (["--system", "b200x8"], ["--systems", "b200x8"]):
+        p = run_cli("plan", *view, *args)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "1,000,000 users" in " ".join(p.stdout.split()) and "1000000" not in p.stdout
