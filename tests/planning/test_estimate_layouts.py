@@ -110,6 +110,16 @@ def test_every_catalog_gpu_gets_its_own_peaks_the_longest_name_winning():
         assert found is not None and found[0] == EXPECTED_PEAKS[name], (name, found and found[0])
 
 
+@pytest.mark.parametrize("name", ["NVIDIA GH200 480GB", "NVIDIA GH200 144G HBM3e"])
+def test_a_grace_hopper_is_not_priced_as_an_h200(name):
+    """'H200' is inside 'GH200': a Grace Hopper (96 GB of HBM3 at 4 TB/s on the 480GB part, an Arm host) was priced
+    with the H200's 4.8 TB/s and its host floor read 'measured' on the H200 hosts. A match starts a word now."""
+    assert gpu_peak(name) is None
+    with pytest.raises(BadInput, match="no performance data for GPU"):
+        estimate(_facts(), "fp8", 1.0, name, Layout(1), Workload(4, 512, 64))
+    assert [(gpu_peak(n) or ("",))[0] for n in ("NVIDIA H200", "NVIDIA H200 NVL")] == ["h200", "h200"]
+
+
 def test_one_output_token_has_no_decode_figures():
     e = estimate(_facts(), "fp8", 1.0, "NVIDIA H100 80GB HBM3", Layout(1), Workload(4, 512, 1))
     assert e.tpot_ms is None and e.tok_s_user is None and e.tok_s_gpu.mid > 0
