@@ -7,6 +7,7 @@ day-0 stack (:mod:`m3ctl.assess.dcp`: the context from which indexer DCP pays), 
 the cost model.
 """
 
+import re
 from typing import Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -135,10 +136,16 @@ def peaks() -> PeakTable:
 
 def gpu_peak(gpu_name: str) -> tuple[str, GpuPeak] | None:
     """The peaks of the GPU NVML/amdsmi names ``gpu_name`` (``NVIDIA H100 80GB HBM3``): ``(key, peak)``, or None
-    for a GPU the table does not know. The longest ``match`` substring in the name wins (``GB300`` over ``B300``),
-    whatever the table's order."""
+    for a GPU the table does not know. A ``match`` counts where it starts a word of the name (``H200`` is not in
+    ``GH200``, a Grace Hopper with its own HBM and host); the longest wins (``GB300`` over ``B300``), whatever the
+    table's order."""
     low = gpu_name.lower()
-    hits = [(len(m), key, g) for key, g in peaks().gpus.items() for m in g.match if m.lower() in low]
+    hits = [
+        (len(m), key, g)
+        for key, g in peaks().gpus.items()
+        for m in g.match
+        if re.search(rf"(?<![a-z0-9]){re.escape(m.lower())}", low)
+    ]
     if not hits:
         return None
     _, key, g = max(hits, key=lambda h: h[0])

@@ -6,21 +6,30 @@ from typing import Any
 
 from m3ctl.cli.output import Output, escape
 
-#: (field, label, format) of each figure, in the order shown.
+#: (field, label, decimals) of each figure, in the order shown.
 _ROWS = (
-    ("tok_s_user", "decode tok/s per user", "{:,.0f}"),
-    ("tok_s_gpu", "total tok/s per GPU", "{:,.0f}"),
-    ("tpot_ms", "TPOT (ms)", "{:,.1f}"),
-    ("prefill_s", "prefill of one prompt (s)", "{:,.3f}"),
-    ("tokens_per_dollar", "total tokens per USD", "{:,.0f}"),
+    ("tok_s_user", "decode tok/s per user", 0),
+    ("tok_s_gpu", "total tok/s per GPU", 0),
+    ("tpot_ms", "TPOT (ms)", 1),
+    ("prefill_s", "prefill of one prompt (s)", 3),
+    ("tokens_per_dollar", "total tokens per USD", 0),
 )
+
+
+def number(x: float, decimals: int = 0) -> str:
+    """``x`` with thousands separators and ``decimals`` places, or two significant digits where those places would
+    show fewer (0.18 tok/s per user at a long context reads 0.18, not 0)."""
+    text = f"{x:,.{decimals}f}"
+    if x and len(text.replace(",", "").replace(".", "").lstrip("-0")) < 2:
+        return f"{x:#.2g}"
+    return text
 
 
 def users(e: Any) -> str:
     """The users of an estimate and their split over its replicas (``10 users (2+2+1+1+1+1+1+1 per replica)``)."""
     split = e.users_per_replica
     per = f" ({'+'.join(map(str, split))} per replica)" if len(split) > 1 else ""
-    return f"{e.concurrency} user{'s' if e.concurrency > 1 else ''}{per}"
+    return f"{e.concurrency:,} user{'s' if e.concurrency > 1 else ''}{per}"
 
 
 def show_estimate(out: Output, e: Any) -> None:
@@ -45,10 +54,10 @@ def show_estimate(out: Output, e: Any) -> None:
     )
     for col in ("figure", "low", "mid", "high"):
         t.add_column(col, no_wrap=True, justify="left" if col == "figure" else "right")
-    for key, label, fmt in _ROWS:
+    for key, label, places in _ROWS:
         fig = getattr(e, key)
         if fig is not None:
-            t.add_row(label, fmt.format(fig.low), fmt.format(fig.mid), fmt.format(fig.high))
+            t.add_row(label, number(fig.low, places), number(fig.mid, places), number(fig.high, places))
         elif key in ("tok_s_user", "tpot_ms"):  # one output token: no decode step to price
             t.add_row(label, "n/a", "n/a", "n/a")
     out.con.print(t)

@@ -6,7 +6,7 @@ import typer
 
 from m3ctl import api
 from m3ctl.cli import options as o
-from m3ctl.cli.estimate import show_estimate
+from m3ctl.cli.estimate import number, show_estimate
 from m3ctl.cli.inputs import given_request
 from m3ctl.cli.output import Output, escape
 from m3ctl.cli.render import print_plan
@@ -198,7 +198,7 @@ def _span(e, key: str) -> str:
     if e is None:
         return ""
     f = getattr(e, key)
-    return "n/a" if f is None else f"{f.low:,.0f}-{f.high:,.0f}"
+    return "n/a" if f is None else f"{number(f.low)}-{number(f.high)}"
 
 
 def sizing(out: Output, request, rows: list) -> None:
@@ -251,13 +251,18 @@ def sizing(out: Output, request, rows: list) -> None:
         if est:
             e = next(r.estimate for r in rows if r.estimate is not None)
             out.con.print(
-                f"  estimates (low-high) for {e.concurrency} users over each row's DP replicas, {e.input_len:,} in / "
+                f"  estimates (low-high) for {e.concurrency:,} users over each row's DP replicas, {e.input_len:,} in / "
                 f"{e.output_len:,} out, before anything runs; each row's dominant assumption:",
                 soft_wrap=True,
             )
             for r in rows:
                 if r.estimate is not None:
                     out.con.print(f"    {r.system}: {escape(r.estimate.dominant)}", soft_wrap=True)
+                    for f in r.estimate.findings:  # what the server would not run as posed, as plan --estimate warns
+                        out.con.print(f"      [yellow]warning:[/] {escape(f)}", soft_wrap=True)
+        for r in rows:
+            if r.no_estimate:  # asked for, but the cost model has no data for this row
+                out.con.print(f"  {r.system}: {escape(r.no_estimate)}", soft_wrap=True)
         for r in rows:
             if not r.serves:
                 out.con.print(f"  {r.system}: {escape(r.rule + ': ' if r.rule else '')}{escape(r.reason or '')}")

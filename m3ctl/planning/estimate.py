@@ -29,6 +29,7 @@ from pydantic import BaseModel
 from m3ctl.assess.capability import kv_bytes_per_element
 from m3ctl.assess.cost import Eff, Layout, Shape, Step, step_cost, step_seconds
 from m3ctl.assess.facts import ModelFacts
+from m3ctl.assess.findings import blockers
 from m3ctl.assess.peaks import GpuPeak, Input, gpu_peak, peaks
 from m3ctl.errors import BadInput
 from m3ctl.planning.launchplan import LaunchPlan
@@ -129,7 +130,8 @@ def shape_of(facts: ModelFacts, precision: str, kv_bytes: float) -> tuple[Shape,
                 facts.num_kv_heads or 1,
                 facts.head_dim or 128,
             )
-            notes.append(f"MSA geometry: {a.topk_blocks} selected blocks (no sparse_attention_config at hand)")
+            if msa["layers"]:  # dense on every layer (--attention dense): no block is selected, nothing to assume
+                notes.append(f"MSA geometry: {a.topk_blocks} selected blocks (no sparse_attention_config at hand)")
     expert_b = w.bytes[precision]
     dense_b = 2.0 if precision in w.experts_only else expert_b
     shape = Shape(
@@ -359,6 +361,9 @@ def estimate_plan(plan: LaunchPlan, request: EstimateRequest) -> Estimate:
     TP/EP/DCP/PP and speculation depth (acceptance length assumed anywhere from 1 to depth + 1, and named). The
     request's concurrency is spread exactly over the plan's DP replicas (:func:`split`).
 
+    ``findings``: first the plan's fatal findings (a launch planned only because it was asked for, that does not
+    serve), then what the server would not run as posed (:func:`findings`).
+
     Raises:
         BadInput: a plan without its planning context (loaded from JSON: plan it again), a host without GPUs, or as
             :func:`estimate`.
@@ -395,14 +400,28 @@ def estimate_plan(plan: LaunchPlan, request: EstimateRequest) -> Estimate:
     )
     fit = plan.memory_fit
     kv, context = (fit.capacity_tokens(), fit.context) if fit else (None, None)
-    return e.model_copy(update={"findings": findings(users, layout, kv, context, seqs)})
+    blocked = [  # planned only because asked (--attention msa into a known fatal issue, --skip-checks)
+        f"rule {f.rule} [fatal]: {f.message}: this launch does not serve (priced as if it did)"
+        for f in blockers(plan.findings())
+    ]
+    budget = plan.scheduler_limits[0] if plan.scheduler_limits else None
+    return e.model_copy(update={"findings": blocked + findings(users, layout, kv, context, seqs, budget)})
 
 
-def findings(wl: Workload, layout: Layout, kv_tokens: int | None, max_len: int | None, seqs: int | None) -> list[str]:
+def findings(
+    wl: Workload,
+    layout: Layout,
+    kv_tokens: int | None,
+    max_len: int | None,
+    seqs: int | None,
+    budget: int | None = None,
+) -> list[str]:
     """What the server would not run as ``wl`` poses it, each saying how the estimate models it: requests longer
     than ``max_len`` (vLLM refuses them; priced as if accepted), more users per replica than ``seqs``
     (max-num-seqs: the rest queue, modelled as not running) or than ``kv_tokens`` hold (vLLM preempts; modelled as
-    if they fit, so optimistic). ``kv_tokens``: KV capacity per replica; None where unknown."""
+    if they fit, so optimistic), a prompt's uncached tokens (beside a step's decoding tokens) beyond ``budget``
+    (max-num-batched-tokens: vLLM prefills it in chunks over several steps; priced as one step, so optimistic).
+    ``kv_tokens``: KV capacity per replica; None where unknown."""
     out: list[str] = []
     length = wl.input_len + wl.output_len
     busiest = split(wl.concurrency, layout.dp)[0]
@@ -413,14 +432,24 @@ def findings(wl: Workload, layout: Layout, kv_tokens: int | None, max_len: int |
         )
     if seqs and busiest > seqs:
         out.append(
-            f"{busiest} users on a replica exceed max-num-seqs {seqs}: {seqs} run and the rest queue (modelled: "
-            f"{seqs} running per replica; queued users wait, which tok/s per user does not show)"
+            f"{busiest:,} users on a replica exceed max-num-seqs {seqs:,}: {seqs:,} run and the rest queue (modelled: "
+            f"{seqs:,} running per replica; queued users wait, which tok/s per user does not show)"
         )
     if kv_tokens is not None and min(busiest, seqs or busiest) * length > kv_tokens:
         held = kv_tokens // length
         out.append(
-            f"{min(busiest, seqs or busiest)} sequences of {length:,} tokens per replica exceed its KV cache "
-            f"({kv_tokens:,} tokens, {held} such sequences): vLLM preempts the rest (modelled as if they fit: "
+            f"{min(busiest, seqs or busiest):,} sequences of {length:,} tokens per replica exceed its KV cache "
+            f"({kv_tokens:,} tokens, {held:,} such sequences): vLLM preempts the rest (modelled as if they fit: "
             "optimistic)"
+        )
+    fresh = max(1, round(wl.input_len * (1.0 - wl.prefix_hit)))  # as _steps prefills it
+    running = min(busiest, seqs or busiest)
+    decoding = -(-running // layout.pp) * (1 + wl.spec_depth) if running > 1 else 0  # beside another's prompt
+    if budget and fresh + decoding > budget:
+        beside = f" beside {decoding:,} decoding tokens" if decoding else ""
+        out.append(
+            f"a prompt's {fresh:,} uncached tokens{beside} exceed max-num-batched-tokens {budget:,}: vLLM prefills it "
+            "in chunks over several steps (priced as one step: the prefill time and tok/s optimistic); raise "
+            "--max-num-batched-tokens or lower --input-len"
         )
     return out

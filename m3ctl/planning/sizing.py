@@ -47,6 +47,8 @@ class SizingRow(BaseModel):
             where the checkpoint's own (or the asked) attention runs.
         fallbacks: the plan's fallback paths (:meth:`~m3ctl.planning.outcome.PlanOutcome.fallbacks`: e.g. dense
             attention planned by default for a known fatal issue, with its cost and the way back).
+        estimate: with a workload (``--estimate``), how fast the plan serves it; no_estimate: why a serving row
+            has none (facts the cost model needs unknown, a GPU without peaks), with what to do.
     """
 
     system: str
@@ -72,6 +74,7 @@ class SizingRow(BaseModel):
     attention: str | None = None
     fallbacks: list[str] = []
     estimate: Estimate | None = None
+    no_estimate: str | None = None
 
 
 def plan_on(inventory: HostInventory, request: PlanRequest) -> PlanOutcome:
@@ -93,8 +96,8 @@ def _docker_unless_given(request: PlanRequest) -> PlanRequest:
 def size_system(name: str, request: PlanRequest, workload: EstimateRequest | None = None) -> SizingRow:
     """Plan ``request.model`` on system ``name`` and summarise the planner's answer as a :class:`SizingRow`.
 
-    ``workload``: also estimate how fast the plan serves it (:func:`m3ctl.planning.estimate.estimate_plan`; None
-    where the estimate has no data, e.g. a GPU without peaks).
+    ``workload``: also estimate how fast the plan serves it (:func:`m3ctl.planning.estimate.estimate_plan`; where
+    the estimate has no data, e.g. a GPU without peaks, ``no_estimate`` says why).
 
     Raises:
         UnknownSystem: ``name`` is not in the catalog (exit 2). Planner rejections become rows.
@@ -133,16 +136,17 @@ def size_system(name: str, request: PlanRequest, workload: EstimateRequest | Non
         max_model_len=fit.context if fit else None,
         kv_tokens=fit.capacity_tokens() if fit else None,
         concurrent_sequences=p.dp * fit.concurrent_sequences(fit.context) if fit else None,
-        estimate=_estimate(p, workload) if workload is not None and row["serves"] else None,
+        **(_estimate(p, workload) if workload is not None and row["serves"] else {}),
     )
 
 
-def _estimate(p: LaunchPlan, workload: EstimateRequest) -> Estimate | None:
-    """The plan's estimate, or None where it has no data (the row still says whether the system serves)."""
+def _estimate(p: LaunchPlan, workload: EstimateRequest) -> dict[str, Any]:
+    """The plan's ``estimate``, or where it has no data (facts the cost model needs unknown, a GPU without peaks)
+    ``no_estimate``: why, and what to do (the row still says whether the system serves)."""
     try:
-        return estimate_plan(p, workload)
-    except BadInput:
-        return None
+        return {"estimate": estimate_plan(p, workload)}
+    except BadInput as e:
+        return {"no_estimate": f"{e.message} ({e.hint})" if e.hint else e.message}
 
 
 def size_systems(

@@ -37,6 +37,7 @@ class EstimateRequest(BaseModel):
         0.0,
         ge=0.0,
         lt=1.0,
+        allow_inf_nan=False,
         description="With --estimate: fraction of each prompt served from the prefix cache (no prefill compute; "
         "still attended and counted in total tok/s). Agentic traces (AgentX) hit most of each prompt.",
         json_schema_extra={"cli": {"metavar": "FRACTION"}},
@@ -45,6 +46,7 @@ class EstimateRequest(BaseModel):
         None,
         gt=0,
         le=10_000,
+        allow_inf_nan=False,
         description="With --estimate: USD per GPU-hour, for total tokens per dollar.",
         json_schema_extra={"cli": {"metavar": "USD"}},
     )

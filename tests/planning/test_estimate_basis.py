@@ -102,3 +102,11 @@ def test_a_prompts_prefill_time_judges_its_inputs_at_one_request():
     h200 = _estimate("h200x8", 64, input_len=512)  # 64 sequences a step; one prompt's prefill alone
     assert h200.basis[PREFILL] == "assumed"  # in tok/s per GPU: each of 64 users' requests pays it at c = 64
     assert h200.dominant_by_figure["prefill_s"].startswith(f"{PREFILL} 8-16 (fitted on h100 and h200 at c = 1, runs")
+
+
+def test_a_dense_plan_assumes_no_msa_geometry():
+    """The H100 plans dense attention on every layer (a known MSA issue's fallback): no layer selects blocks, so
+    the estimate names no assumed MSA geometry among what it rests on; an MSA plan (B200) still does."""
+    dense, msa = (m3ctl.api.estimate(system=s, workload={"concurrency": 4}) for s in ("h100x8", "b200x8"))
+    assert not any(a.startswith("MSA geometry") for a in dense.assumptions)
+    assert any(a.startswith("MSA geometry") for a in msa.assumptions)

@@ -11,6 +11,7 @@ import yaml
 import m3ctl.api
 from m3ctl.assess.cost import Layout, Step, step_cost
 from m3ctl.assess.peaks import gpu_peak
+from m3ctl.errors import BadInput
 from m3ctl.planning.estimate import Workload, estimate, figures, findings, split
 from tests.assess.test_cost import GPU, SMALL, _facts
 from tests.conftest import run_cli
@@ -109,6 +110,16 @@ def test_every_catalog_gpu_gets_its_own_peaks_the_longest_name_winning():
         assert found is not None and found[0] == EXPECTED_PEAKS[name], (name, found and found[0])
 
 
+@pytest.mark.parametrize("name", ["NVIDIA GH200 480GB", "NVIDIA GH200 144G HBM3e"])
+def test_a_grace_hopper_is_not_priced_as_an_h200(name):
+    """'H200' is inside 'GH200': a Grace Hopper (96 GB of HBM3 at 4 TB/s on the 480GB part, an Arm host) was priced
+    with the H200's 4.8 TB/s and its host floor read 'measured' on the H200 hosts. A match starts a word now."""
+    assert gpu_peak(name) is None
+    with pytest.raises(BadInput, match="no performance data for GPU"):
+        estimate(_facts(), "fp8", 1.0, name, Layout(1), Workload(4, 512, 64))
+    assert [(gpu_peak(n) or ("",))[0] for n in ("NVIDIA H200", "NVIDIA H200 NVL")] == ["h200", "h200"]
+
+
 def test_one_output_token_has_no_decode_figures():
     e = estimate(_facts(), "fp8", 1.0, "NVIDIA H100 80GB HBM3", Layout(1), Workload(4, 512, 1))
     assert e.tpot_ms is None and e.tok_s_user is None and e.tok_s_gpu.mid > 0
@@ -122,6 +133,14 @@ def test_a_bad_estimate_option_is_named_as_its_flag():
     p = run_cli("plan", "--system", "h200x8", "--estimate", "--usd-per-gpu-hour", "0")
     assert p.returncode != 0
     assert "--usd-per-gpu-hour" in p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("field", ["usd_per_gpu_hour", "prefix_cache_hit"])
+def test_a_nan_price_or_hit_rate_is_refused_as_not_a_number(field):
+    """NaN is not out of range: it is no number. The API once said a NaN price 'should be less than or equal to
+    10000' and a NaN hit rate 'should be less than 1'."""
+    with pytest.raises(BadInput, match=f"estimate {field} .*: Input should be a finite number"):
+        m3ctl.api.estimate(system="h200x8", workload={field: float("nan")})
 
 
 def test_the_gpu_price_has_one_name_in_plan_bench_and_tune():
@@ -167,6 +186,22 @@ def test_workloads_the_server_cannot_run_as_posed_are_named():
     )
 
 
+def test_a_prompt_beyond_the_token_budget_is_named():
+    """5 users a replica decode 5 tokens a step beside a 1,000-token prompt: 1,005 fit a budget of 1,005, not 1,004
+    (vLLM chunks the rest into further steps; the estimate prices one). One user alone has no decode beside it.
+    Through the plan: an 8,192-token prompt on an H100 with --max-num-batched-tokens 2048 (the estimate once
+    priced its prefill as one step, about 1.5x faster than its own step model prices the four chunks, and said nothing)."""
+    wl = Workload(concurrency=10, input_len=1000, output_len=100)
+    assert findings(wl, Layout(1, dp=2), None, None, None, budget=1005) == []
+    (over,) = findings(wl, Layout(1, dp=2), None, None, None, budget=1004)
+    assert over.startswith("a prompt's 1,000 uncached tokens beside 5 decoding tokens exceed max-num-batched-tokens")
+    one = Workload(concurrency=1, input_len=1000, output_len=100)
+    assert findings(one, Layout(1), None, None, None, budget=1000) == []
+    e = m3ctl.api.estimate(system="h100x8", max_num_batched_tokens=2048, workload={"input_len": 8192})
+    assert any("exceed max-num-batched-tokens 2,048" in f for f in e.findings)
+    assert m3ctl.api.estimate(system="h100x8", workload={"input_len": 8000}).findings == []
+
+
 def test_the_estimate_warns_in_json_and_text():
     e = m3ctl.api.estimate(
         model="MiniMax-M3.1-Flash",
@@ -178,3 +213,13 @@ def test_the_estimate_warns_in_json_and_text():
     p = run_cli("plan", "--system", "h200x8", "--estimate", "--max-model-len", "131072", "--input-len", "200000")
     assert p.returncode == 0, p.stderr
     assert "warning:" in p.stdout and "max model length" in p.stdout
+
+
+def test_a_launch_that_does_not_serve_says_so_in_its_estimate():
+    """--attention msa on an H100 plans into a known fatal issue (the engine dies on every prompt past one MSA
+    block; --systems calls it not serving): its estimate once read as a clean 26-40 tok/s per user, the fatal
+    finding gone from the view. Now it leads the findings; the default (dense) plan carries none."""
+    e = m3ctl.api.estimate(system="h100x8", attention="msa")
+    assert e.findings and e.findings[0].startswith("rule capability.known_issue [fatal]: ")
+    assert e.findings[0].endswith("this launch does not serve (priced as if it did)")
+    assert m3ctl.api.estimate(system="h100x8").findings == []
