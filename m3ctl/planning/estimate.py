@@ -437,10 +437,10 @@ def findings(
         )
     if kv_tokens is not None and min(busiest, seqs or busiest) * length > kv_tokens:
         held = kv_tokens // length
+        such = f"{held:,} such sequence{'' if held == 1 else 's'}"
         out.append(
             f"{min(busiest, seqs or busiest):,} sequences of {length:,} tokens per replica exceed its KV cache "
-            f"({kv_tokens:,} tokens, {held:,} such sequences): vLLM preempts the rest (modelled as if they fit: "
-            "optimistic)"
+            f"({kv_tokens:,} tokens, {such}): vLLM preempts the rest (modelled as if they fit: optimistic)"
         )
     fresh = max(1, round(wl.input_len * (1.0 - wl.prefix_hit)))  # as _steps prefills it
     running = min(busiest, seqs or busiest)

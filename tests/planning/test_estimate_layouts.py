@@ -184,6 +184,7 @@ def test_workloads_the_server_cannot_run_as_posed_are_named():
     assert findings(wl, Layout(1, dp=2), kv_tokens=4399, max_len=None, seqs=4)[-1].startswith(
         "4 sequences of 1,100 tokens per replica exceed its KV cache (4,399 tokens, 3 such sequences)"
     )
+    assert "(1,100 tokens, 1 such sequence)" in findings(wl, Layout(1, dp=2), kv_tokens=1100, max_len=None, seqs=4)[-1]
 
 
 def test_a_prompt_beyond_the_token_budget_is_named():
