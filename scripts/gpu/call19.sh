@@ -7,34 +7,14 @@
 #   floor B   a fresh floor-model server, the same bench with another seed
 #   grid B    a fresh scale-model server, decode at c = 1 and 4
 set -u
-R=/tmp/res19; rm -rf "$R"; mkdir -p "$R"
-trap 'tar -czf "$OUT/res.tgz" -C /tmp res19' EXIT
-exec > >(tee "$OUT/call.log") 2>&1
-t0=$(date +%s); STOP_AT=${STOP_AT:-585}
-left() { echo $(( STOP_AT - ($(date +%s) - t0) )); }
-source scripts/gpu/wt-env.sh
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$R/gpu.txt"
+RES=res19 STOP_AT=${STOP_AT:-585}
+source scripts/gpu/call-lib.sh
 lscpu | grep -E "Model name|^CPU\(s\)|MHz" | tee "$R/cpu.txt"
 $M dev tiny-model /tmp/m3t --arch minimax-m3-release --head-dim 128 --overwrite > /dev/null || echo "tiny-model failed"
 cp /tmp/m3t/config.json "$R/floor-config.json"
 $M dev scale-model /tmp/m3b --arch minimax-m3 --layers 2 --quant bf16 --overwrite > /dev/null || { echo "scale-model failed"; exit 1; }
 $M plan --model /tmp/m3b --runtime process --json -- --load-format dummy > "$R/plan.json" 2> "$R/plan.err"
 echo "setup done at $(( $(date +%s) - t0 )) s"
-serve() {  # TAG MODEL PORT
-  echo "== $1 at $(( $(date +%s) - t0 )) s (left $(left) s)"
-  local s0; s0=$(date +%s)
-  timeout -s INT $(( $(left) - 20 )) $M serve --model "$2" --name "$1" --port "$3" --runtime process --detach \
-    -- --load-format dummy > "$R/serve-$1.txt" 2>&1
-  echo "serve $1 rc=$? wall $(( $(date +%s) - s0 )) s"; tail -2 "$R/serve-$1.txt"
-}
-bench() {  # DEP TAG [options]
-  local dep=$1 tag=$2; shift 2
-  [ "$(left)" -gt 40 ] || { echo "bench $tag skipped: $(left) s left"; return; }
-  timeout $(( $(left) - 20 )) $M bench --deployment "$dep" --prompt-text fresh --num-gpus 1 --no-progress \
-    --input-len 1024 --output-len 256 --ignore-eos --output-json "$R/bench-$tag.json" "$@" > "$R/bench-$tag.txt" 2>&1
-  echo "bench $tag rc=$? at $(( $(date +%s) - t0 )) s"; grep -E "concurrency / rate|median TPOT|valid " "$R/bench-$tag.txt" | head -4
-}
-stop() { $M stop "$1" > /dev/null 2>&1; cp "/tmp/m3state/logs/$1.log" "$R/log-$1.txt" 2>/dev/null; }
 serve floorA /tmp/m3t 8046; bench floorA floor-a --concurrency 1,4 --num-prompts 40 --seed 51; stop floorA
 serve gridA /tmp/m3b 8043; bench gridA decode-a --concurrency 1,4,16,64 --seed 21; stop gridA
 serve floorB /tmp/m3t 8047; bench floorB floor-b --concurrency 1,4 --num-prompts 40 --seed 53; stop floorB
