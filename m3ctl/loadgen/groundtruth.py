@@ -46,7 +46,8 @@ draft of ``len(spec_accept)`` tokens per chunk (N16); ``reasoning=content`` stre
 any chunk once that many were written in all, keeping the connections open (a stalled engine);
 ``sse_eol`` frames events with LF, CRLF or CR line ends; ``tokenize`` serves both vLLM tokenizer
 endpoints, ``tokenize`` only, or none (a plain OpenAI-compatible server); ``check_model`` answers 404 with
-vLLM's error body for another model name.
+vLLM's error body for another model name; ``slow_first`` streams the first that many requests at ``slow_itl_ms``
+instead of ``itl_ms`` (a run disturbed part of the way through: two decode paces, m3ctl.loadgen.pace).
 
 Capacity (an overloaded server, for the sweep's early stop): ``max_running`` > 0 lets at most that many
 streams generate at once, as vLLM's ``--max-num-seqs``; a request arriving while all are busy waits, first come
@@ -102,6 +103,8 @@ class GTConfig:
     check_model: bool = False
     burst_every: int = 0  # every Nth streamed request sends all its tokens in its first chunk (0: none)
     max_running: int = 0  # streams generating at once (0: no limit); the others wait
+    slow_first: int = 0  # the first N streamed requests use slow_itl_ms (a disturbed start)
+    slow_itl_ms: float = 0.0
 
 
 _EOL = {"lf": b"\n", "crlf": b"\r\n", "cr": b"\r"}
@@ -140,6 +143,7 @@ class _Stream:
         "chat",
         "conn",
         "cont",
+        "itl",
         "j",
         "k",
         "n",
@@ -182,6 +186,7 @@ class _Stream:
         self.sent = 0
         self.j = 0
         self.admitted = False  # holds one of max_running's slots
+        self.itl = cfg.itl_ms  # ms between tokens (slow_itl_ms for the first slow_first requests)
         self.t_first = t_arrive + cfg.ttft_ms / 1000
         # Hidden reasoning: those tokens are generated but not streamed; the first visible chunk comes after them.
         if chat and self.r and cfg.reasoning == "hidden":
@@ -189,7 +194,7 @@ class _Stream:
             self.sent = self.r
 
     def due(self) -> float:
-        return self.t_first + self.j * self.k * self.cfg.itl_ms / 1000
+        return self.t_first + self.j * self.k * self.itl / 1000
 
     def render(self, ts: float) -> tuple[bytes, bool]:
         """The next chunk (SSE event bytes, stamped ``ts``) and whether the stream is then complete."""
@@ -335,7 +340,7 @@ class _Server:
     def _admit(self, s: _Stream, waited: bool = False) -> None:
         if self.cfg.max_running:
             if waited:  # its first chunk comes ttft (and any hidden reasoning) after it got the slot
-                s.t_first = time.perf_counter() + self.cfg.ttft_ms / 1000 + s.sent * self.cfg.itl_ms / 1000
+                s.t_first = time.perf_counter() + self.cfg.ttft_ms / 1000 + s.sent * s.itl / 1000
             self.running += 1
             s.admitted = True
         self.add(s)
@@ -563,6 +568,8 @@ class _Conn(asyncio.Protocol):
         self._write(_SSE_HEAD)
         s = _Stream(self, cfg, n, chat, cont, want_usage, t_arrive, rec, ptoks)
         s.cached = cached
+        if len(srv.records) <= cfg.slow_first:  # the disturbed start: this one at the slow pace
+            s.itl = cfg.slow_itl_ms
         if cfg.burst_every and len(srv.records) % cfg.burst_every == 0:  # this one arrives in one burst
             s.k = max(s.k, n)
         if s.sent >= n:  # every token hidden: no chunk at all, only usage and [DONE]
@@ -638,6 +645,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--check-model", action="store_true", help="404 for another model name, as vLLM")
     ap.add_argument("--max-running", type=int, default=0, help="streams generating at once; the others wait (0: all)")
     ap.add_argument("--burst-every", type=int, default=0, help="every Nth stream sends all its tokens at once")
+    ap.add_argument("--slow-first", type=int, default=0, help="the first N streams at --slow-itl-ms")
+    ap.add_argument("--slow-itl-ms", type=float, default=0.0, help="the ITL of the first --slow-first streams")
     a = ap.parse_args(argv)
     serve(
         a.port,
@@ -661,6 +670,8 @@ def main(argv: list[str] | None = None) -> None:
             burst_every=a.burst_every,
             check_model=a.check_model,
             max_running=a.max_running,
+            slow_first=a.slow_first,
+            slow_itl_ms=a.slow_itl_ms,
         ),
     )
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from m3ctl.catalog.lazy import lazy_module
 from m3ctl.core.verdict import Judgement
 from m3ctl.errors import BenchServerDown, ChecksFailed, M3Error
-from m3ctl.loadgen import metrics
+from m3ctl.loadgen import metrics, pace
 from m3ctl.loadgen import trace as traces
 from m3ctl.loadgen.client import RequestOutput
 from m3ctl.loadgen.config import BenchConfig
@@ -259,6 +259,9 @@ def _validity(
         if srv and (srv < 0.99 * cli or srv > 1.01 * (cli + slack)) and not cfg.allow_approx:
             reasons.append(f"server generated {srv} tokens but clients counted {cli} (other traffic on the server?)")
     checks = _asked_vs_happened(cfg, ok, res, server, reasons, warnings)
+    steady = decode_pace(cfg, ok, miss)
+    if steady is not None and steady.disturbed:
+        reasons.append(steady.text())
     return {
         "valid": not reasons and not unjudged,
         "reasons": reasons,
@@ -276,7 +279,20 @@ def _validity(
         "reasoning_hidden_responses": hidden,
         "first_chunk_tokens_max": max(first_k) if first_k else None,
         "responses_without_usage": no_usage,
+        "decode_pace": steady.as_dict() if steady is not None else None,
     }
+
+
+def decode_pace(cfg: BenchConfig, ok: list[RequestOutput], unmeasured: dict) -> pace.Pace | None:
+    """The pace check (m3ctl.loadgen.pace) of a closed-loop run: each successful request's TPOT (s) in start order;
+    None where the run is not one pace by design (an open loop, a trace, agentic sessions whose context grows turn
+    by turn), TPOT was not measured, or the run is too short to judge."""
+    if not cfg.concurrency or cfg.request_rate != float("inf") or cfg.trace_path or "tpot" in unmeasured:
+        return None
+    timed = sorted((o for o in ok if o.session < 0 and (o.output_tokens or 0) > 1), key=lambda o: o.start_time)
+    if len(timed) < len(ok):  # sessions, or single-token requests, in the run: not one pace
+        return None
+    return pace.pace([(o.latency - o.ttft) / ((o.output_tokens or 2) - 1) for o in timed], cfg.concurrency)
 
 
 def _client_checks(
