@@ -42,6 +42,7 @@ from typing import Any
 from m3ctl.assess.cost import Layout, Shape
 from m3ctl.assess.facts import facts_from_config
 from m3ctl.assess.peaks import GpuPeak, gpu_peak, peaks
+from m3ctl.loadgen.pace import Pace, pace
 from m3ctl.planning.estimate import Workload, figures, shape_of
 
 #: The fit's coarse grid (HBM and tensor-core fractions of the datasheet peaks, per-step overhead in ms), then a
@@ -78,6 +79,17 @@ class Point:
 
 
 @dataclass(frozen=True)
+class Dropped:
+    """A valid recorded run the fit leaves out (:func:`_steady`): its directory, file and concurrency, its median
+    TPOT by quarter (ms, or "-") and why."""
+
+    run: str
+    what: str
+    quarters_ms: str
+    why: str
+
+
+@dataclass(frozen=True)
 class RunSet:
     """One GPU kind's recorded runs (``runs``: the directory names) with the cost model's inputs for them."""
 
@@ -89,6 +101,7 @@ class RunSet:
     runs: tuple[str, ...] = ()
     floors: dict[str, tuple[tuple[int, float], ...]] = field(default_factory=dict)
     floor_from: dict[str, str] = field(default_factory=dict)
+    dropped: tuple[Dropped, ...] = ()
 
     def has_prefill(self) -> bool:
         return any(p.kind == "prefill" for p in self.points)
@@ -127,19 +140,19 @@ def _runs(path: Path) -> list[dict]:
     return runs
 
 
-def _floors(run_dir: Path) -> tuple[tuple[int, float], ...]:
+def _floors(run_dir: Path, dropped: list[Dropped]) -> tuple[tuple[int, float], ...]:
     """The host's per-step floor measured on the host that served ``run_dir``: ``((concurrency, median TPOT s), ...)``
     from its ``bench-floor.json`` and, where the run went past c = 4, ``bench-floor-high.json``
     (scripts/gpu/hopper_m3_call.sh part ``floor``, with ``FLOOR_HIGH=1`` for c = 16 and 64: a tiny-dimension model of
-    the scale model's layer structure, so a step is nearly all host work), valid runs only, by concurrency; empty
-    without one."""
+    the scale model's layer structure, so a step is nearly all host work), valid and steady runs only (the others
+    appended to ``dropped``), by concurrency; empty without one."""
     files = (run_dir / "bench-floor.json", run_dir / "bench-floor-high.json")
     return tuple(
         sorted(
             (int(r.get("max_concurrency") or 1), r["median_tpot_ms"] / 1e3)
             for f in files
-            for r in _runs(f)
-            if _valid(r) and r.get("median_tpot_ms")
+            for r in _steady(f, run_dir.name, dropped)
+            if r.get("median_tpot_ms")
         )
     )
 
@@ -174,6 +187,53 @@ def _valid(run: dict) -> bool:
     return bool(run.get("completed")) and v.get("valid", True) is not False
 
 
+def recorded_pace(run: dict) -> Pace | None:
+    """The pace check (m3ctl.loadgen.pace: did the run decode at one steady pace?) of a recorded closed-loop run
+    (:func:`_paced`); None when it is too short to judge.
+
+    The bench's own ``validity.decode_pace`` where it wrote one. For a run recorded before the bench did, rebuilt from
+    what the file keeps: each request's end-to-end latency (``latencies``, s, in start order) less the run's median
+    TTFT, over its requested output length less one (the fit's runs ask exact output lengths; TTFT is under 5 % of a
+    1,024 in / 256 out request, so its spread moves a quarter's median little)."""
+    kept = (run.get("validity") or {}).get("decode_pace")
+    if isinstance(kept, dict):
+        z = kept.get("z")
+        ms = tuple(m / 1e3 for m in kept["block_median_tpot_ms"])
+        return Pace(ms, kept["shift_pct"] / 100, math.inf if z is None else z)
+    ttft = run.get("median_ttft_ms") or 0.0
+    lat = [(t - ttft / 1e3) / (run["output_len_requested"] - 1) for t in run.get("latencies") or []]
+    return pace(lat, int(run["max_concurrency"])) if len(lat) == run.get("completed") else None
+
+
+def _paced(run: dict) -> bool:
+    """A run recorded without the bench's ``decode_pace`` block that the pace check applies to: a closed loop (a concurrency, no request rate) of requests of more than one
+    output token (a prefill run, one token out, has no decode pace)."""
+    closed = run.get("max_concurrency") and str(run.get("request_rate")) == "inf"
+    return bool(closed) and (run.get("output_len_requested") or 0) > 1
+
+
+def _steady(path: Path, name: str, dropped: list[Dropped]) -> list[dict]:
+    """The valid runs of ``path`` shown to decode at one steady pace (:func:`recorded_pace`), and those the check
+    does not apply to (:func:`_paced`). The others are appended to ``dropped``: a disturbed run's median belongs to
+    neither of its paces, and a run too short to show its pace is not shown steady (could not judge is no pass)."""
+    kept = []
+    for r in _runs(path):
+        if not _valid(r):
+            continue
+        judged = isinstance((r.get("validity") or {}).get("decode_pace"), dict) or _paced(r)
+        found = recorded_pace(r) if judged else None
+        what = f"{path.name} c={r.get('max_concurrency')}"
+        if judged and found is None:
+            n, c = r.get("completed"), r.get("max_concurrency")
+            dropped.append(Dropped(name, what, "-", f"could not judge: {n} requests, a quarter under two waves of {c}"))
+        elif found is not None and found.disturbed:
+            ms = ", ".join(f"{m * 1e3:.2f}" for m in found.block_medians_s)
+            dropped.append(Dropped(name, what, ms, f"not steady: {found.shift * 100:.1f} % shift"))
+        else:
+            kept.append(r)
+    return kept
+
+
 def _shape(run_dir: Path) -> Shape:
     cfg = _read_json(run_dir / "config.json", dict)
     facts = facts_from_config(cfg, str(run_dir), local=True)
@@ -202,22 +262,25 @@ def load(run_dir: Path, like: RunSet | None = None) -> RunSet:
         raise SystemExit(f"{run_dir}: no config.json, and no earlier run directory of its GPU kind to take it from")
     name = run_dir.name
     points = []
-    for r in _runs(run_dir / "bench-decode.json") + _runs(run_dir / "bench-decode-long.json"):
-        if _valid(r) and r.get("median_tpot_ms"):
+    dropped: list[Dropped] = []
+    decode = [run_dir / "bench-decode.json", run_dir / "bench-decode-long.json"]
+    for r in [r for f in decode for r in _steady(f, name, dropped)]:
+        if r.get("median_tpot_ms"):
             c = int(r.get("max_concurrency") or 1)
             n_in = round(r["total_input_tokens"] / r["completed"])
             n_out = round(r["total_output_tokens"] / r["completed"])
             tpot = r["median_tpot_ms"]
             points.append(Point("decode", c, n_in, n_out, tpot / 1e3, 1e3 / tpot, r["total_token_throughput"], name))
-    for r in _runs(run_dir / "bench-prefill.json"):
-        if _valid(r) and r.get("median_ttft_ms"):
+    for r in _steady(run_dir / "bench-prefill.json", name, dropped):
+        if r.get("median_ttft_ms"):
             n_in = round(r["total_input_tokens"] / r["completed"])
             points.append(Point("prefill", 1, n_in, 1, r["median_ttft_ms"] / 1e3, run=name))
-    if not points:
+    floors = _floors(run_dir, dropped)
+    if not points and not dropped:
         raise SystemExit(f"{run_dir}: no valid decode or prefill run")
-    floors = _floors(run_dir)
     points = [replace(p, floor_s=host_floor(floors, p.concurrency)) for p in points]
-    return RunSet(name, found[0], found[1], points, shape, (name,), {name: floors} if floors else {})
+    own = {name: floors} if floors else {}
+    return RunSet(name, found[0], found[1], points, shape, (name,), own, dropped=tuple(dropped))
 
 
 def load_kinds(run_dirs: list[Path]) -> list[RunSet]:
@@ -238,7 +301,14 @@ def load_kinds(run_dirs: list[Path]) -> list[RunSet]:
             raise SystemExit(f"{d}: serves another model than {', '.join(have.runs)} (same GPU kind {rs.gpu_key})")
         runs = (*have.runs, rs.name)
         floors = {**have.floors, **rs.floors}
-        kinds[rs.gpu_key] = replace(have, name=rs.gpu_key, points=have.points + rs.points, runs=runs, floors=floors)
+        kinds[rs.gpu_key] = replace(
+            have,
+            name=rs.gpu_key,
+            points=have.points + rs.points,
+            runs=runs,
+            floors=floors,
+            dropped=have.dropped + rs.dropped,
+        )
     return [_lend_floors(k) for k in kinds.values()]
 
 
@@ -450,6 +520,18 @@ def _floor_table(sets: list[RunSet]) -> None:
             print(f"| {rs.name} | {run} | {measured or '-'} | {where} |")
 
 
+def _dropped_table(sets: list[RunSet]) -> None:
+    """The valid recorded runs left out because they were not shown to decode at one steady pace (:func:`_steady`)."""
+    gone = [d for rs in sets for d in rs.dropped]
+    if not gone:
+        print("\nNo valid run left out: every decode run was shown to decode at one steady pace.")
+        return
+    print("\nLeft out, not shown to decode at one steady pace (m3ctl.loadgen.pace):\n")
+    print("| run | runs of | median TPOT by quarter, ms | why |\n| --- | --- | --- | --- |")
+    for d in gone:
+        print(f"| {d.run} | {d.what} | {d.quarters_ms} | {d.why} |")
+
+
 def _cross_table(a: RunSet, eff: Eff4, b: RunSet) -> dict[str, list[dict]]:
     """Prints the cross-prediction of ``b`` from ``a``'s fit; returns its rows by figure."""
     print(f"\nFit on {a.name} ({', '.join(a.runs)}), predict {b.name} ({', '.join(b.runs)}):\n")
@@ -497,6 +579,7 @@ def main(argv: list[str] | None = None) -> int:
         runs = ", ".join(rs.runs)
         print(f"| {rs.name} | {runs} | {h:.2f} | {c:.2f} | {o:.1f} | {pre} | {rms:.3f} | {len(rs.points)} |")
     _floor_table(sets)
+    _dropped_table(sets)
     for rs in sets:
         _own(rs, fits[rs.name][0])
     worst = 0.0
