@@ -7,7 +7,6 @@ before launch, 4 launch failed, 130 interrupted); a traceback is shown only with
 
 import atexit
 import contextlib
-import gc
 import importlib
 import os
 import sys
@@ -28,6 +27,7 @@ from typer.main import get_command, get_command_from_info, get_group
 from typer.models import CommandInfo
 
 from m3ctl import __version__
+from m3ctl.cli.gc_pause import gc_paused
 from m3ctl.cli.output import PLAIN_HELP, console, escape
 from m3ctl.errors import EXIT_INTERRUPTED, EXIT_USAGE, BadInput, M3Error
 
@@ -99,24 +99,6 @@ def load_command(name: str):
     return lazy_coercion(
         complete_values(get_command_from_info(info, pretty_exceptions_short=False, rich_markup_mode=None))
     )
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused within (a command's import), and what was created there frozen
-    after it (``gc.freeze``: moved to the permanent generation, so later collections do not walk it again).
-
-    Importing a command creates ~200,000 objects (modules, classes, pydantic validators) and almost no garbage, yet
-    every 700 allocations start a collection: ~100 of them cost ``m3ctl plan`` ~25 ms, a tenth of its start-up.
-    The collector is enabled again on leaving (unless it was off already)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if was:
-            gc.enable()
 
 
 def complete_values(cmd):
