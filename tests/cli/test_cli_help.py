@@ -87,22 +87,23 @@ def _params(cmd):
 
 
 def test_an_option_left_out_coerces_as_typer_does_without_building_its_adapter():
-    """Every option of every command coerces through m3ctl.cli.app.LazyCoercion: no value (an option left out) gives
+    """Every option of every command (and the root's) coerces through m3ctl.cli.app.LazyCoercion: no value (an option left out) gives
     what Typer's own coercion gives, with no TypeAdapter built; a value is Typer's own coercion of it."""
     from typer._coercion import build_runtime_param
 
-    from m3ctl.cli.app import LazyCoercion
+    from m3ctl.cli.app import LazyCoercion, root_command
 
     seen = 0
-    for name in COMMANDS:
-        for p in _params(load_command(name)):
+    root = root_command()
+    for cmd in (root, *(load_command(name) for name in COMMANDS)):
+        for p in root.params if cmd is root else _params(cmd):  # the root's: not every command loaded
             if not hasattr(p, "type_descriptor"):
                 continue
             lazy = p.get_runtime_param()
-            assert isinstance(lazy, LazyCoercion), (name, p.name)
+            assert isinstance(lazy, LazyCoercion), (cmd.name, p.name)
             own = build_runtime_param(p.type_descriptor).coerce(None, param=p, ctx=None)
             assert lazy.coerce(None, param=p, ctx=None) == own and type(own) is type(lazy.coerce(None, p, None))
-            assert lazy.built is None, (name, p.name)
+            assert lazy.built is None, (cmd.name, p.name)
             seen += 1
     assert seen > 100
     plan = load_command("plan")
