@@ -214,8 +214,9 @@ HEAVY = ("torch", "vllm", "transformers", "tokenizers", "docker", "matplotlib", 
 #: (with ssl) and the NVIDIA probe's ctypes and XML parser (m3ctl.hw imports them on first use, m3ctl/catalog/lazy.py).
 NOT_ON_SYSTEM_PLAN = ("http.client", "ssl", "ctypes", "xml.etree")
 #: What `m3ctl --help` loads of m3ctl: the package, the CLI's entry point with its table of commands
-#: (m3ctl.cli.app.COMMANDS), and what the entry point needs to report an error (m3ctl.cli.output, m3ctl.errors).
-HELP_LOADS = {"m3ctl", "m3ctl.cli", "m3ctl.cli.app", "m3ctl.cli.output", "m3ctl.errors"}
+#: (m3ctl.cli.app.COMMANDS), what the entry point needs to report an error (m3ctl.cli.output, m3ctl.errors) and
+#: the collector paused over its imports (m3ctl.cli.gc_pause).
+HELP_LOADS = {"m3ctl", "m3ctl.cli", "m3ctl.cli.app", "m3ctl.cli.gc_pause", "m3ctl.cli.output", "m3ctl.errors"}
 
 
 def loaded_by(*argv: str, cache: Path | None = None) -> list[str]:

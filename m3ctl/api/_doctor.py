@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from m3ctl.api._args import _checked
-from m3ctl.api._plan import _inventory_file, host_inventory, user_defaults
+from m3ctl.api._plan import _inventory_file, inventory_of, user_defaults
 from m3ctl.catalog.vllm_args import read_raw_args, vllm_int
 from m3ctl.checks.doctor import DoctorReport, resolve_image, run_doctor
 from m3ctl.core.files import write_atomic
@@ -101,7 +101,7 @@ def doctor(
         raise BadInput(f"stack {stack!r} is not day0 or recipe", "use stack='recipe' or leave it out")
     if save_inventory is not None:
         check_output_path(Path(save_inventory), "--save-inventory")
-    inv = host_inventory(inventory, system)
+    inv = inventory_of(inventory, system)
     if save_inventory is not None:
         write_atomic(Path(save_inventory), inv.model_dump_json(indent=2))
     return run_doctor(

@@ -43,6 +43,17 @@ def host_inventory(inventory: str | Path | HostInventory | None = None, system: 
     Raises:
         BadInput: both given; an unreadable or invalid inventory file; an unknown system (UnknownSystem).
     """
+    return inventory_of(inventory, system)
+
+
+def inventory_of(inventory: str | Path | HostInventory | None, system: str | None) -> HostInventory:
+    """:func:`host_inventory` for an API verb whose own checked arguments ``inventory`` and ``system`` (annotated as
+    host_inventory's) are passed on: the same inventory and errors, without checking them a second time (its
+    validator is built on its first call: ~2 ms of ``m3ctl plan``).
+
+    Raises:
+        BadInput: as :func:`host_inventory`.
+    """
     if inventory is not None and system:
         raise BadInput("--inventory and --system are mutually exclusive", "give one of them")
     if system:
@@ -166,7 +177,7 @@ def plan(
     req, given = keyed_request(
         plan_request(request, config=config, default_runtime=default_runtime, **knobs), api_key_env
     )
-    p = make_plan(host_inventory(inventory, system), req)
+    p = make_plan(inventory_of(inventory, system), req)
     if given:
         if API_KEY_ENV in p.secret_values():
             raise BadInput(

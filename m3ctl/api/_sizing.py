@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from m3ctl.api._args import _checked
-from m3ctl.api._plan import host_inventory, keyed_request, plan_request
+from m3ctl.api._plan import inventory_of, keyed_request, plan_request
 from m3ctl.assess.request import PlanRequest
 from m3ctl.errors import BadInput
 from m3ctl.hw.inventory import HostInventory
@@ -48,7 +48,7 @@ def plan_list(
 
     req = plan_request(request, config=config, default_runtime=default_runtime, **knobs)
     check_host(req.host)
-    return list_plans(host_inventory(inventory, system), req)
+    return list_plans(inventory_of(inventory, system), req)
 
 
 @_checked

@@ -14,6 +14,7 @@ from pydantic import BaseModel, Field
 
 from m3ctl.assess.capability import kv_bytes_per_element
 from m3ctl.catalog import ModelSpec, Variant
+from m3ctl.catalog.loader import empty_list
 from m3ctl.errors import BadInput
 from m3ctl.hw.host import snapshot_path
 
@@ -80,10 +81,10 @@ class ModelFacts(BaseModel):
     group_size: int | None = None
     precision: str | None = None
     model_type: str | None = None
-    architectures: list[str] = Field(default_factory=list)
+    architectures: list[str] = Field(default_factory=empty_list)
     config_keys: list[str] | None = None
     text_config_nested: bool = False
-    assumed: list[str] = Field(default_factory=list)
+    assumed: list[str] = Field(default_factory=empty_list)
 
     def kv_bytes_per_token(self, kv_dtype: str = "auto") -> int:
         """K and V bytes per token over all layers, all KV heads: ``2 x layers x kv_heads x head_dim x width``

@@ -134,19 +134,29 @@ def peaks() -> PeakTable:
     return data("data/gpu_peaks.yaml", PeakTable)
 
 
+#: :func:`gpu_peak`'s answers: GPU name -> (the table answering, its answer); a table read anew answers anew.
+_FOUND: dict[str, tuple[PeakTable, tuple[str, GpuPeak] | None]] = {}
+
+
 def gpu_peak(gpu_name: str) -> tuple[str, GpuPeak] | None:
     """The peaks of the GPU NVML/amdsmi names ``gpu_name`` (``NVIDIA H100 80GB HBM3``): ``(key, peak)``, or None
     for a GPU the table does not know. A ``match`` counts where it starts a word of the name (``H200`` is not in
     ``GH200``, a Grace Hopper with its own HBM and host); the longest wins (``GB300`` over ``B300``), whatever the
-    table's order."""
+    table's order. Matched once per name and table (a plan asks for each layout it tries: ~2 ms of ``m3ctl plan``)."""
+    table = peaks()
+    known = _FOUND.get(gpu_name)
+    if known is not None and known[0] is table:
+        return known[1]
     low = gpu_name.lower()
     hits = [
         (len(m), key, g)
-        for key, g in peaks().gpus.items()
+        for key, g in table.gpus.items()
         for m in g.match
         if re.search(rf"(?<![a-z0-9]){re.escape(m.lower())}", low)
     ]
-    if not hits:
-        return None
-    _, key, g = max(hits, key=lambda h: h[0])
-    return key, g
+    found = None
+    if hits:
+        _, key, g = max(hits, key=lambda h: h[0])
+        found = (key, g)
+    _FOUND[gpu_name] = (table, found)
+    return found

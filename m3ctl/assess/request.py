@@ -27,7 +27,7 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, PrivateAttr, Va
 
 from m3ctl.catalog import Profile, _explain, load_yaml, yaml_error
 from m3ctl.catalog.lazy import lazy_module
-from m3ctl.catalog.loader import read_user_text
+from m3ctl.catalog.loader import empty_list, read_user_text
 from m3ctl.catalog.vllm_args import _is_option, canon_flag, check_choice, read_raw_args, vllm_int
 from m3ctl.catalog.vllm_values import check_args
 from m3ctl.core.secrets import MASK, is_secret_name, redact_env, redact_raw, secret_flag
@@ -167,11 +167,11 @@ class PlanRequest(BaseModel):
         default=None, ge=1, **knob("Max batched tokens per step.", parser="token_count", metavar="N")
     )
     args: dict[str, Any] = Field(default_factory=dict, validation_alias=AliasChoices("args", "overrides"))
-    extra_args: list[str] = Field(default_factory=list)
+    extra_args: list[str] = Field(default_factory=empty_list)
     env: dict[str, str] = Field(default_factory=dict)
-    pass_env: list[str] = Field(default_factory=list)
+    pass_env: list[str] = Field(default_factory=empty_list)
     image: str | None = None
-    mounts: list[str] = Field(default_factory=list)
+    mounts: list[str] = Field(default_factory=empty_list)
     engine_version: str | None = None
     allow_emulated: bool = Field(
         default=False,

@@ -21,7 +21,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from m3ctl.catalog.loader import SCHEMA_VERSION, _Strict, parse, read_user_text
+from m3ctl.catalog.loader import SCHEMA_VERSION, _Strict, empty_list, parse, read_user_text
 from m3ctl.catalog.loader import M as M
 from m3ctl.catalog.loader import Regex as Regex
 from m3ctl.catalog.loader import _explain as _explain
@@ -68,7 +68,7 @@ class Supports(_Strict):
     dbo: bool = False
     ep: bool = True
     spec_methods: list[str] = Field(default_factory=lambda: ["ngram"])
-    dcp_attention: list[str] = Field(default_factory=list)
+    dcp_attention: list[str] = Field(default_factory=empty_list)
     """Attention types (``gqa``, ``mla``, ``msa``) whose backend returns decode LSE, so DCP works."""
 
 
@@ -107,7 +107,7 @@ class KernelExpect(_Strict):
     moe: list[str] | None = None
     moe_experts: list[str] | None = None
     linear: list[str] | None = None
-    tolerate: list[str] = Field(default_factory=list)
+    tolerate: list[str] = Field(default_factory=empty_list)
 
 
 RuntimeName = Literal["process", "docker"]
@@ -155,7 +155,7 @@ class Profile(_Strict):
     kv_cache_dtypes: dict[str, list[str]] = Field(default_factory=lambda: {"gqa": ["auto"]})
     """KV cache dtypes the engine runs on this architecture, by attention type (field failure F10)."""
     supports: Supports = Field(default_factory=Supports)
-    all2all_backends: list[str] = Field(default_factory=list)
+    all2all_backends: list[str] = Field(default_factory=empty_list)
     """EP all2all backends available in the profile's image (DBO needs a DeepEP/MoRI one)."""
     strategies: dict[int, str] = Field(default_factory=lambda: {1: "tp"})
     """Default parallel strategy by GPU count: ``tp`` (TP=N), ``tep`` (TP=N + EP), ``dep`` (DP=N + EP)."""
@@ -244,14 +244,14 @@ class ModelSpec(_Strict):
 
     schema_version: Literal[1] = 1
     name: str
-    aliases: list[str] = Field(default_factory=list)
+    aliases: list[str] = Field(default_factory=empty_list)
     hf_id: str | None = None
     family: str
-    architectures: list[str] = Field(default_factory=list)
+    architectures: list[str] = Field(default_factory=empty_list)
     attention: Literal["msa", "gqa", "mla"] = "gqa"
     moe: bool = False
     facts: ModelFactsSpec = Field(default_factory=ModelFactsSpec)
-    assumed: list[str] = Field(default_factory=list)
+    assumed: list[str] = Field(default_factory=empty_list)
     base_args: dict[str, FlagValue] = Field(default_factory=dict)
     drafter: Drafter | None = None
     variants: dict[str, Variant] = Field(default_factory=dict)
@@ -300,10 +300,10 @@ class Image(_Strict):
     cuda_version: str | None = None
     rocm_version: str | None = None
     archs: list[str]
-    gfx_targets: list[str] = Field(default_factory=list)
+    gfx_targets: list[str] = Field(default_factory=empty_list)
     env: dict[str, str] = Field(default_factory=dict)
-    assumed: list[str] = Field(default_factory=list)
-    platforms: list[str] = Field(default_factory=list)
+    assumed: list[str] = Field(default_factory=empty_list)
+    platforms: list[str] = Field(default_factory=empty_list)
     """OCI platforms the image is published for (``linux/amd64``, ``linux/arm64``); empty = not recorded (not
     checked). Rule ``image.platform`` checks the host CPU architecture against it (Grace hosts are arm64)."""
     notes: str = ""
@@ -476,7 +476,7 @@ class CudagraphDefaults(_Strict):
     seqs_factor: int = Field(gt=0)
     max_capture_size: int = Field(gt=0)
     by_cc_major: dict[int, int] = Field(default_factory=dict)
-    platforms_without: list[Literal["cpu", "gpu"]] = Field(default_factory=list)
+    platforms_without: list[Literal["cpu", "gpu"]] = Field(default_factory=empty_list)
     source: str
 
 

@@ -42,6 +42,13 @@ def _compiles(v: str) -> str:
     return v
 
 
+def empty_list() -> list[Any]:
+    """A new empty list: the ``default_factory`` of the list fields of the models ``m3ctl plan`` validates. Pydantic
+    reads a factory's signature for each field whose validator it builds, and the builtin ``list``'s is parsed from
+    its text signature by the tokenizer: ~70 us a field, 1.7 ms for the first (its pattern compiled)."""
+    return []
+
+
 #: A data-file string that must be a Python regular expression (a schema error names the field otherwise).
 Regex = Annotated[str, AfterValidator(_compiles)]
 

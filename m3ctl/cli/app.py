@@ -7,7 +7,6 @@ before launch, 4 launch failed, 130 interrupted); a traceback is shown only with
 
 import atexit
 import contextlib
-import gc
 import importlib
 import os
 import sys
@@ -19,6 +18,7 @@ from typing import Annotated, Any
 import typer
 from typer._click.exceptions import NoArgsIsHelpError as _NoCommand
 from typer._click.utils import make_default_short_help
+from typer._coercion import build_runtime_param
 from typer.core import TyperGroup
 from typer.exceptions import Abort as _Abort
 from typer.exceptions import Exit as _Exit
@@ -27,6 +27,7 @@ from typer.main import get_command, get_command_from_info, get_group
 from typer.models import CommandInfo
 
 from m3ctl import __version__
+from m3ctl.cli.gc_pause import gc_paused
 from m3ctl.cli.output import PLAIN_HELP, console, escape
 from m3ctl.errors import EXIT_INTERRUPTED, EXIT_USAGE, BadInput, M3Error
 
@@ -93,27 +94,11 @@ def load_command(name: str):
     if isinstance(obj, typer.Typer):
         cmd = get_group(obj)
         cmd.name = name
-        return complete_values(cmd)
+        return lazy_coercion(complete_values(cmd))
     info = CommandInfo(name=name, callback=obj, context_settings=RAW_ARGS if name in _RAW else None)
-    return complete_values(get_command_from_info(info, pretty_exceptions_short=False, rich_markup_mode=None))
-
-
-@contextlib.contextmanager
-def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector paused within (a command's import), and what was created there frozen
-    after it (``gc.freeze``: moved to the permanent generation, so later collections do not walk it again).
-
-    Importing a command creates ~200,000 objects (modules, classes, pydantic validators) and almost no garbage, yet
-    every 700 allocations start a collection: ~100 of them cost ``m3ctl plan`` ~25 ms, a tenth of its start-up.
-    The collector is enabled again on leaving (unless it was off already)."""
-    was = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        gc.freeze()
-        if was:
-            gc.enable()
+    return lazy_coercion(
+        complete_values(get_command_from_info(info, pretty_exceptions_short=False, rich_markup_mode=None))
+    )
 
 
 def complete_values(cmd):
@@ -129,6 +114,41 @@ def complete_values(cmd):
     for sub in getattr(cmd, "commands", {}).values():
         complete_values(sub)
     return cmd
+
+
+class LazyCoercion:
+    """Typer's coercion of one option's value (its ``RuntimeParam``), built when a value is given: Typer builds a
+    pydantic TypeAdapter for every option of the chosen command before parsing (42 for ``m3ctl plan``, ~5 ms),
+    though an option left out has no value (None) and Typer answers None (``()`` for a repeatable option) without
+    its adapter (typer._coercion.RuntimeParam.coerce: tests/cli/test_cli_help.py checks that they agree)."""
+
+    __slots__ = ("built", "descriptor")
+
+    def __init__(self, descriptor: Any) -> None:
+        self.descriptor = descriptor
+        self.built: Any = None
+
+    def coerce(self, value: Any, param: Any, ctx: Any) -> Any:
+        """``value`` as Typer's own coercion gives it."""
+        if value is None:
+            return () if param.multiple or param.nargs == -1 else None
+        if self.built is None:
+            self.built = build_runtime_param(self.descriptor)
+        return self.built.coerce(value, param=param, ctx=ctx)
+
+
+def lazy_coercion(cmd):
+    """``cmd`` (and its subcommands) with each option's coercion built on its first value (:class:`LazyCoercion`)."""
+    _lazy_params(cmd)
+    for sub in getattr(cmd, "commands", {}).values():
+        lazy_coercion(sub)
+    return cmd
+
+
+def _lazy_params(cmd) -> None:
+    for p in getattr(cmd, "params", []):
+        if getattr(p, "_runtime_param", False) is None and hasattr(p, "type_descriptor"):
+            p._runtime_param = LazyCoercion(p.type_descriptor)
 
 
 class _LazyCommands(MutableMapping):
@@ -291,6 +311,14 @@ def check_repeated(root: Any, args: list[str]) -> None:
         seen.setdefault(p.name, (name, val))
 
 
+def root_command():
+    """The click command of :data:`app`, its own options' coercion built on their first value (:func:`lazy_coercion`:
+    ``--version``, ``--debug`` and the completion options, four adapters every command built, ~1 ms)."""
+    root = get_command(app)
+    _lazy_params(root)  # its commands: each made lazy when loaded (load_command)
+    return root
+
+
 def main(argv: list[str] | None = None) -> int:
     """Console entry point: run the app and map errors to one line + exit code."""
     args = sys.argv[1:] if argv is None else argv
@@ -298,7 +326,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if any(k.startswith("M3CTL_") for k in os.environ):
             warn_unknown_env()  # and refuses a bad value of one m3ctl reads (m3ctl.assess.request.check_env)
-        root = get_command(app)  # built once: the chosen command's options are read by both calls
+        root = root_command()  # built once: the chosen command's options are read by both calls
         check_repeated(root, args)
         with gc_paused() if _command_of(args) in PAUSED_RUNS else contextlib.nullcontext():
             rv = root(args=args, prog_name="m3ctl", standalone_mode=False)  # app(...) would build it again

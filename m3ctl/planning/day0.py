@@ -23,6 +23,7 @@ from m3ctl.assess import capability
 from m3ctl.assess.context import PlanContext
 from m3ctl.assess.dcp import dcp_pays_from
 from m3ctl.catalog import Image, data, find_image, register
+from m3ctl.catalog.loader import empty_list
 from m3ctl.catalog.vllm_args import VllmEngineFacts, VllmFlagTable, engine_facts, flag_table
 
 State = Literal["native", "fallback", "off", "unjudged"]
@@ -60,7 +61,7 @@ class EngineNeed(_Strict):
 
 class EngineReq(_Strict):
     min_vllm: str | None = None
-    needs: list[EngineNeed] = Field(default_factory=list)
+    needs: list[EngineNeed] = Field(default_factory=empty_list)
     missing: str | None = None
     """The pinned engine has no switch for the part at all (why, one line)."""
 
@@ -95,7 +96,7 @@ class Part(_Strict):
     hardware: HardwareReq
     engine: EngineReq
     turn_on: TurnOn
-    requires_any: list[str] = Field(default_factory=list)
+    requires_any: list[str] = Field(default_factory=empty_list)
     min_context: int | None = Field(default=None, gt=0)
     fallback: Fallback | None = None
     sources: list[str] = Field(min_length=1)
@@ -158,14 +159,14 @@ class PartState(BaseModel):
     cost: str = ""
     why: str = ""
     planned: bool = False
-    turn_on: list[str] = Field(default_factory=list)
+    turn_on: list[str] = Field(default_factory=empty_list)
     runs_fallback: bool = False
     """This plan runs the part's documented fallback: a planned part in state ``fallback``, or a part whose fallback
     is no more than its absence (DCP 1, no DBO, no drafter, a kernel no flag selects) and which cannot run natively
     here."""
     assumed: bool = False
     confirm: str | None = None
-    sources: list[str] = Field(default_factory=list)
+    sources: list[str] = Field(default_factory=empty_list)
 
     def line(self) -> str:
         """The part in one line, as plan and doctor word it: its state, the path or fallback, the cost, why, and

@@ -12,6 +12,7 @@ from pydantic import BaseModel, Field, PrivateAttr
 
 from m3ctl.assess.choose import Choice, Rejected
 from m3ctl.assess.rules import Finding, PlanContext
+from m3ctl.catalog.loader import empty_list
 from m3ctl.core.secrets import redact_env
 from m3ctl.planning.day0 import Day0Report
 
@@ -58,8 +59,8 @@ class LaunchPlan(BaseModel):
     port: int
     argv: list[str]
     env: dict[str, str] = Field(default_factory=dict)
-    secret_env_names: list[str] = Field(default_factory=list)
-    gpus: list[int] = Field(default_factory=list)
+    secret_env_names: list[str] = Field(default_factory=empty_list)
+    gpus: list[int] = Field(default_factory=empty_list)
     tp: int = 1
     dp: int = 1
     dcp: int = 1
@@ -69,15 +70,15 @@ class LaunchPlan(BaseModel):
     spec_depth: int = 0
     startup_budget_s: float
     completion_timeout_s: float = 60.0
-    choices: list[Choice] = Field(default_factory=list)
-    rejected: list[Rejected] = Field(default_factory=list)
-    warnings: list[str] = Field(default_factory=list)
-    violations: list[str] = Field(default_factory=list)
-    mounts: list[str] = Field(default_factory=list)
+    choices: list[Choice] = Field(default_factory=empty_list)
+    rejected: list[Rejected] = Field(default_factory=empty_list)
+    warnings: list[str] = Field(default_factory=empty_list)
+    violations: list[str] = Field(default_factory=empty_list)
+    mounts: list[str] = Field(default_factory=empty_list)
     gpu_vendor: str | None = None
-    gpu_devices: list[str] = Field(default_factory=list)
-    python_modules: list[str] = Field(default_factory=list)
-    unset_env: list[str] = Field(default_factory=list)
+    gpu_devices: list[str] = Field(default_factory=empty_list)
+    python_modules: list[str] = Field(default_factory=empty_list)
+    unset_env: list[str] = Field(default_factory=empty_list)
     """Variables removed from the server's inherited environment (one visibility variable on AMD, F05)."""
     request: dict[str, Any] | None = None
     """The merged :class:`~m3ctl.assess.request.PlanRequest` this plan answers (JSON; defaults left out)."""
@@ -87,17 +88,17 @@ class LaunchPlan(BaseModel):
     scheduler_limits: tuple[int, int] | None = Field(default=None, exclude=True)
     """(max-num-batched-tokens, max-num-seqs) the engine will run with: the flags, else vLLM's defaults for this
     GPU (:meth:`m3ctl.assess.rules.PlanContext.scheduler_limits`, m3ctl/data/vllm_defaults.yaml). Not serialized."""
-    layouts: list[dict[str, Any]] = Field(default_factory=list)
+    layouts: list[dict[str, Any]] = Field(default_factory=empty_list)
     """The layouts the search tried (:mod:`m3ctl.assess.search`), each ``{tp, pp, dp, dcp, ep, gpus, verdict,
     rule, message, kv_tokens, max_model_len}``, in the order tried; empty when the request pinned the layout."""
     vllm_args: dict[str, Any] | None = None
     """Typed ``vllm serve`` flags after ``--served-model-name`` ({flag: value}); the launch spec
     (:mod:`m3ctl.planning.launch`) renders every form from them. None in plans saved before they were kept."""
-    served_model_aliases: list[str] = Field(default_factory=list)
+    served_model_aliases: list[str] = Field(default_factory=empty_list)
     """Further names the API answers to (vLLM takes several ``--served-model-name`` values)."""
     offline: bool = False
     """Hub references were resolved to local snapshots (``--offline`` / ``HF_HUB_OFFLINE=1``)."""
-    local_paths: list[str] = Field(default_factory=list)
+    local_paths: list[str] = Field(default_factory=empty_list)
     """Local files/directories the server reads besides the model (tokenizer, draft model): mounted read-only."""
     weights_gib: float | None = None
     """Checkpoint weights (GiB) the plan assumed: sizes the k8s HF-cache claim."""
@@ -114,7 +115,7 @@ class LaunchPlan(BaseModel):
     shell...), for messages that say which key source is expected. Never a value."""
     _secret_values: dict[str, str] = PrivateAttr(default_factory=dict)
     _rules: PlanContext | None = PrivateAttr(default=None)
-    _findings: list[Finding] = PrivateAttr(default_factory=list)
+    _findings: list[Finding] = PrivateAttr(default_factory=empty_list)
 
     def rule_context(self) -> PlanContext | None:
         """The rules' view of this plan (:class:`~m3ctl.assess.rules.PlanContext`: the layout, the variant's

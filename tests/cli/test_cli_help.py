@@ -78,3 +78,35 @@ def test_no_command_shows_the_help_then_one_error_line(capsys):
         assert not any(line.startswith("error: Usage") for line in err), err
         assert err[-2] == "error: no command given" and err[-1].startswith("hint: "), err
         assert all(any(c in line for line in err) for c in cmds), err
+
+
+def _params(cmd):
+    yield from getattr(cmd, "params", [])
+    for sub in getattr(cmd, "commands", {}).values():
+        yield from _params(sub)
+
+
+def test_an_option_left_out_coerces_as_typer_does_without_building_its_adapter():
+    """Every option of every command (and the root's) coerces through m3ctl.cli.app.LazyCoercion: no value (an option left out) gives
+    what Typer's own coercion gives, with no TypeAdapter built; a value is Typer's own coercion of it."""
+    from typer._coercion import build_runtime_param
+
+    from m3ctl.cli.app import LazyCoercion, root_command
+
+    seen = 0
+    root = root_command()
+    for cmd in (root, *(load_command(name) for name in COMMANDS)):
+        for p in root.params if cmd is root else _params(cmd):  # the root's: not every command loaded
+            if not hasattr(p, "type_descriptor"):
+                continue
+            lazy = p.get_runtime_param()
+            assert isinstance(lazy, LazyCoercion), (cmd.name, p.name)
+            own = build_runtime_param(p.type_descriptor).coerce(None, param=p, ctx=None)
+            assert lazy.coerce(None, param=p, ctx=None) == own and type(own) is type(lazy.coerce(None, p, None))
+            assert lazy.built is None, (cmd.name, p.name)
+            seen += 1
+    assert seen > 100
+    plan = load_command("plan")
+    nodes = next(p for p in plan.params if p.name == "nodes")
+    assert nodes.get_runtime_param().coerce("3", param=nodes, ctx=None) == 3
+    assert type(nodes.get_runtime_param().built) is type(build_runtime_param(nodes.type_descriptor))

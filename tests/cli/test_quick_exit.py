@@ -116,3 +116,27 @@ def test_plan_runs_with_the_collector_paused_and_turns_it_on_again(monkeypatch):
         gc.unfreeze()
     assert seen == [False]
     assert gc.isenabled()
+
+
+def test_the_clis_own_imports_run_with_the_collector_paused_and_leave_it_on():
+    """m3ctl.cli imports Typer with the collector paused (m3ctl.cli.gc_pause) and freezes nothing: no collection in
+    every command's start-up before the command is chosen, ``--help`` included."""
+    code = (
+        "import gc\nseen = []\ngc.callbacks.append(lambda phase, info: seen.append(phase))\n"
+        "frozen = gc.get_freeze_count()\nimport m3ctl.cli\n"
+        "print(len(seen), gc.isenabled(), gc.get_freeze_count() == frozen)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("M3CTL_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")])
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ["0", "True", "True"]
+
+
+def test_an_unfrozen_pause_moves_what_it_made_to_the_oldest_generation():
+    gc.unfreeze()  # as nothing is frozen before the CLI's imports
+    with gc_paused(freeze=False):
+        made = [[i] for i in range(1000)]
+    assert gc.isenabled() and gc.get_freeze_count() == 0
+    oldest = {id(o) for o in gc.get_objects(generation=2)}
+    assert all(id(m) in oldest for m in made)

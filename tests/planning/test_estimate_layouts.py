@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 import m3ctl.api
+import m3ctl.assess.peaks as peaks_module
 from m3ctl.assess.cost import Layout, Step, step_cost
 from m3ctl.assess.peaks import gpu_peak
 from m3ctl.errors import BadInput
@@ -118,6 +119,20 @@ def test_a_grace_hopper_is_not_priced_as_an_h200(name):
     with pytest.raises(BadInput, match="no performance data for GPU"):
         estimate(_facts(), "fp8", 1.0, name, Layout(1), Workload(4, 512, 64))
     assert [(gpu_peak(n) or ("",))[0] for n in ("NVIDIA H200", "NVIDIA H200 NVL")] == ["h200", "h200"]
+
+
+def test_a_gpus_peaks_are_the_table_of_the_moment(monkeypatch):
+    """gpu_peak keeps its answer per GPU name for the table that gave it: another table (an edited catalog) answers
+    anew, and the packaged one again as before."""
+    name = "NVIDIA H200"
+    key, peak = gpu_peak(name) or ("", None)
+    assert key == "h200" and gpu_peak(name) == (key, peak)
+    table = peaks_module.peaks()
+    edited = table.model_copy(update={"gpus": {k: g for k, g in table.gpus.items() if k != "h200"}})
+    monkeypatch.setattr(peaks_module, "peaks", lambda: edited)
+    assert gpu_peak(name) is None
+    monkeypatch.undo()
+    assert gpu_peak(name) == (key, peak)
 
 
 def test_one_output_token_has_no_decode_figures():
