@@ -6,7 +6,8 @@ m3ctl/data/gpu_peaks.yaml. This script reads runs of the MiniMax-M3
 scale model (``m3ctl dev scale-model --arch minimax-m3``: real per-layer shapes, fewer layers, dummy weights) served
 by ``m3ctl serve`` on one GPU and measured by ``m3ctl bench`` (scripts/gpu/hopper_m3_call.sh, part ``grid``): a decode
 sweep (concurrency 1..64, 1,024 in / 256 out, exact output lengths) and a prefill sweep (concurrency 1, 1 token out:
-TTFT is one prefill). Run directories of the same GPU kind (read from ``gpu.txt``) are fitted together, any number of
+TTFT is one prefill). A run the bench judged invalid, or one its pace check (m3ctl.loadgen.pace) does not show to decode
+at one steady pace, is left out and listed. Run directories of the same GPU kind (read from ``gpu.txt``) are fitted together, any number of
 them (two servers, two sessions). For each GPU kind it finds the ``(eta_hbm, eta_compute, step overhead, prefill
 overhead)`` that minimise the squared log error of the model's TPOT and prefill time against the measured medians (a
 grid search over the first three, a few thousand model calls; the prefill overhead, which moves only the prefill
@@ -16,8 +17,8 @@ time; a figure a fit has no run to price is "could not judge", never a pass, and
 kind). A kind with fewer valid points than the four parameters is not fitted; ``--yaml`` needs two kinds.
 
     python benchmarks/estimate_fit.py tests/fixtures/estimate-fit/h100 tests/fixtures/estimate-fit/h100b \
-        tests/fixtures/estimate-fit/h100c tests/fixtures/estimate-fit/h200 tests/fixtures/estimate-fit/h200b \
-        tests/fixtures/estimate-fit/h200c
+        tests/fixtures/estimate-fit/h100c tests/fixtures/estimate-fit/h100d tests/fixtures/estimate-fit/h100e \
+        tests/fixtures/estimate-fit/h200 tests/fixtures/estimate-fit/h200b tests/fixtures/estimate-fit/h200c
     python benchmarks/estimate_fit.py --yaml RUN_DIR...   # the fitted efficiency block for gpu_peaks.yaml
 
 A run directory holds ``gpu.txt`` (``nvidia-smi --query-gpu=name,... --format=csv``), ``config.json`` (the scale
@@ -80,8 +81,8 @@ class Point:
 
 @dataclass(frozen=True)
 class Dropped:
-    """A valid recorded run the fit leaves out (:func:`_steady`): its directory, file and concurrency, its median
-    TPOT by quarter (ms, or "-") and why."""
+    """A recorded run the fit leaves out (:func:`_steady`, :func:`_invalid`): its directory, file and concurrency, its
+    median TPOT by quarter (ms, or "-") and why."""
 
     run: str
     what: str
@@ -214,11 +215,13 @@ def _paced(run: dict) -> bool:
 
 def _steady(path: Path, name: str, dropped: list[Dropped]) -> list[dict]:
     """The valid runs of ``path`` shown to decode at one steady pace (:func:`recorded_pace`), and those the check
-    does not apply to (:func:`_paced`). The others are appended to ``dropped``: a disturbed run's median belongs to
+    does not apply to (:func:`_paced`). The others, and the runs the bench judged invalid (:func:`_invalid`), are
+    appended to ``dropped``: a disturbed run's median belongs to
     neither of its paces, and a run too short to show its pace is not shown steady (could not judge is no pass)."""
     kept = []
     for r in _runs(path):
         if not _valid(r):
+            _invalid(r, name, f"{path.name} c={r.get('max_concurrency')}", dropped)
             continue
         judged = isinstance((r.get("validity") or {}).get("decode_pace"), dict) or _paced(r)
         found = recorded_pace(r) if judged else None
@@ -520,13 +523,29 @@ def _floor_table(sets: list[RunSet]) -> None:
             print(f"| {rs.name} | {run} | {measured or '-'} | {where} |")
 
 
+def _invalid(run: dict, name: str, what: str, dropped: list[Dropped]) -> None:
+    """A run the bench itself judged invalid, appended to ``dropped`` with the bench's reason (its pace check's
+    quarters where that was the reason); one that never completed a request is not listed."""
+    if not run.get("completed"):
+        return
+    v = run.get("validity") or {}
+    found = v.get("decode_pace")
+    if isinstance(found, dict) and found.get("disturbed"):
+        ms = ", ".join(f"{m:.2f}" for m in found["block_median_tpot_ms"])
+        dropped.append(Dropped(name, what, ms, f"not steady: {found['shift_pct']:.1f} % shift (the bench's verdict)"))
+        return
+    reasons = v.get("reasons") or ["invalid"]
+    dropped.append(Dropped(name, what, "-", f"the bench's verdict: {reasons[0]}"))
+
+
 def _dropped_table(sets: list[RunSet]) -> None:
-    """The valid recorded runs left out because they were not shown to decode at one steady pace (:func:`_steady`)."""
+    """The recorded runs left out (:func:`_steady`): judged invalid by the bench, or not shown to decode at one steady
+    pace."""
     gone = [d for rs in sets for d in rs.dropped]
     if not gone:
-        print("\nNo valid run left out: every decode run was shown to decode at one steady pace.")
+        print("\nNo run left out: every run is valid, and every decode run was shown to decode at one steady pace.")
         return
-    print("\nLeft out, not shown to decode at one steady pace (m3ctl.loadgen.pace):\n")
+    print("\nLeft out: judged invalid by the bench, or not shown to decode at one steady pace (m3ctl.loadgen.pace):\n")
     print("| run | runs of | median TPOT by quarter, ms | why |\n| --- | --- | --- | --- |")
     for d in gone:
         print(f"| {d.run} | {d.what} | {d.quarters_ms} | {d.why} |")

@@ -10,7 +10,8 @@
 #            for Hopper (the known issue's dense fallback) with the full smoke, then a long-prompt bench (4,096 in).
 #   grid     on that server: the estimate fit's runs (docs/results/estimate-fit.md): a decode sweep at concurrency
 #            1,4,16,64 (1,024 in / 256 out) and a prefill sweep at concurrency 1 (512 to 8,192 in / 1 out; not with
-#            GRID_PREFILL=0); with GRID_LONG=1 also a decode run at c = 16 with 4,096 in / 256 out, staggered.
+#            GRID_PREFILL=0; GRID_C=1,4 for fewer decode levels); with GRID_LONG=1 also a decode run at c = 16
+#            with 4,096 in / 256 out, staggered.
 #   routing  on that server: what greedy decoding of dummy weights does to MoE routing. A dummy model's greedy output
 #            repeats a few tokens, so every user's decode step may route the same few experts; sampling at
 #            temperature 1 draws near-uniform tokens instead. ROUTE_REPS (default 2) alternating decode sweeps at
@@ -76,7 +77,7 @@ if has default || has grid || has routing; then
   if alive; then
     has default && bench long --input-len 4096 --output-len 64 --concurrency 8 --num-prompts 48 --seed 11
     if has grid; then
-      bench decode --input-len 1024 --output-len 256 --ignore-eos --concurrency 1,4,16,64 --seed 21 --power
+      bench decode --input-len 1024 --output-len 256 --ignore-eos --concurrency "${GRID_C:-1,4,16,64}" --seed 21 --power
       [ "${GRID_LONG:-0}" = 1 ] && bench decode-long --input-len 4096 --output-len 256 --ignore-eos --concurrency 16 \
         --seed 22
       [ "${GRID_PREFILL:-1}" = 1 ] && bench prefill --input-len 512,2048,4096,8192 --output-len 1 --concurrency 1 \

@@ -39,7 +39,8 @@ def test_plan_estimate_text_says_the_host_floor_is_measured_where_it_was():
     assert p.returncode == 0, p.stdout + p.stderr
     text = " ".join(p.stdout.split())  # the console wraps long lines
     assert (
-        "host step floor (ms) 1.31-2.04: measured on 3 h100 and h200 hosts at c = 1-4, runs h100c, h100d, h200c" in text
+        "host step floor (ms) 1.31-2.04: measured on 4 h100 and h200 hosts at c = 1-4, runs h100c, h100d, h100e, h200c"
+        in text
     )
     assert "not measured" not in text
 
