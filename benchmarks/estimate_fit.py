@@ -7,7 +7,8 @@ scale model (``m3ctl dev scale-model --arch minimax-m3``: real per-layer shapes,
 by ``m3ctl serve`` on one GPU and measured by ``m3ctl bench`` (scripts/gpu/hopper_m3_call.sh, part ``grid``): a decode
 sweep (concurrency 1..64, 1,024 in / 256 out, exact output lengths) and a prefill sweep (concurrency 1, 1 token out:
 TTFT is one prefill). A run the bench judged invalid, or one its pace check (m3ctl.loadgen.pace) does not show to decode
-at one steady pace, is left out and listed. Run directories of the same GPU kind (read from ``gpu.txt``) are fitted together, any number of
+at one steady pace, is left out and listed. Run directories of the same GPU kind (read from ``gpu.txt``) are fitted
+together, any number of
 them (two servers, two sessions). For each GPU kind it finds the ``(eta_hbm, eta_compute, step overhead, prefill
 overhead)`` that minimise the squared log error of the model's TPOT and prefill time against the measured medians (a
 grid search over the first three, a few thousand model calls; the prefill overhead, which moves only the prefill
@@ -207,8 +208,8 @@ def recorded_pace(run: dict) -> Pace | None:
 
 
 def _paced(run: dict) -> bool:
-    """A run recorded without the bench's ``decode_pace`` block that the pace check applies to: a closed loop (a concurrency, no request rate) of requests of more than one
-    output token (a prefill run, one token out, has no decode pace)."""
+    """A run recorded without the bench's ``decode_pace`` block that the pace check applies to: a closed loop (a
+    concurrency, no request rate) of requests of more than one output token (a prefill run has no decode pace)."""
     closed = run.get("max_concurrency") and str(run.get("request_rate")) == "inf"
     return bool(closed) and (run.get("output_len_requested") or 0) > 1
 
@@ -216,22 +217,21 @@ def _paced(run: dict) -> bool:
 def _steady(path: Path, name: str, dropped: list[Dropped]) -> list[dict]:
     """The valid runs of ``path`` shown to decode at one steady pace (:func:`recorded_pace`), and those the check
     does not apply to (:func:`_paced`). The others, and the runs the bench judged invalid (:func:`_invalid`), are
-    appended to ``dropped``: a disturbed run's median belongs to
-    neither of its paces, and a run too short to show its pace is not shown steady (could not judge is no pass)."""
+    appended to ``dropped``: a disturbed run's median belongs to neither of its paces, and a run too short to show its
+    pace is not shown steady (could not judge is no pass)."""
     kept = []
     for r in _runs(path):
+        what = f"{path.name} c={r.get('max_concurrency')}"
         if not _valid(r):
-            _invalid(r, name, f"{path.name} c={r.get('max_concurrency')}", dropped)
+            _invalid(r, name, what, dropped)
             continue
         judged = isinstance((r.get("validity") or {}).get("decode_pace"), dict) or _paced(r)
         found = recorded_pace(r) if judged else None
-        what = f"{path.name} c={r.get('max_concurrency')}"
         if judged and found is None:
             n, c = r.get("completed"), r.get("max_concurrency")
             dropped.append(Dropped(name, what, "-", f"could not judge: {n} requests, a quarter under two waves of {c}"))
         elif found is not None and found.disturbed:
-            ms = ", ".join(f"{m * 1e3:.2f}" for m in found.block_medians_s)
-            dropped.append(Dropped(name, what, ms, f"not steady: {found.shift * 100:.1f} % shift"))
+            dropped.append(Dropped(name, what, found.quarters_ms(), f"not steady: {found.shift * 100:.1f} % shift"))
         else:
             kept.append(r)
     return kept
@@ -529,10 +529,10 @@ def _invalid(run: dict, name: str, what: str, dropped: list[Dropped]) -> None:
     if not run.get("completed"):
         return
     v = run.get("validity") or {}
-    found = v.get("decode_pace")
-    if isinstance(found, dict) and found.get("disturbed"):
-        ms = ", ".join(f"{m:.2f}" for m in found["block_median_tpot_ms"])
-        dropped.append(Dropped(name, what, ms, f"not steady: {found['shift_pct']:.1f} % shift (the bench's verdict)"))
+    found = recorded_pace(run) if isinstance(v.get("decode_pace"), dict) else None
+    if found is not None and found.disturbed:
+        why = f"not steady: {found.shift * 100:.1f} % shift (the bench's verdict)"
+        dropped.append(Dropped(name, what, found.quarters_ms(), why))
         return
     reasons = v.get("reasons") or ["invalid"]
     dropped.append(Dropped(name, what, "-", f"the bench's verdict: {reasons[0]}"))

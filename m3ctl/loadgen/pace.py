@@ -64,11 +64,15 @@ class Pace:
             "disturbed": self.disturbed,
         }
 
+    def quarters_ms(self) -> str:
+        """The block medians in ms, e.g. ``"1.94, 1.98, 1.55, 1.46"``."""
+        return ", ".join(f"{m * 1e3:.2f}" for m in self.block_medians_s)
+
     def text(self) -> str:
         """The finding in words, for a disturbed run."""
-        ms = ", ".join(f"{m * 1e3:.2f}" for m in self.block_medians_s)
         return (
-            f"decode pace not steady: the median TPOT of each quarter of the requests (in start order) was {ms} ms, "
+            f"decode pace not steady: the median TPOT of each quarter of the requests (in start order) was "
+            f"{self.quarters_ms()} ms, "
             f"a {self.shift:.0%} shift beyond the run's own noise; something disturbed part of the run (other "
             "work on the GPU or host, a server still warming up, or all users started at once): run it again"
         )
